@@ -1,0 +1,167 @@
+//! GEMV and GEMM for every CPU and WGSL kernel (default parameters, f32 and f16
+//! weights) at Gemma 3 1B shapes, plus a memory-bandwidth probe to judge them by.
+//!
+//! Throughput is reported by criterion: bytes for GEMV (weights + vectors, the
+//! op is memory bound) and elements = FLOPs for GEMM (read "Kelem/s" as kFLOP/s,
+//! "Gelem/s" as GFLOP/s). WGSL kernels are timed with GPU timestamp queries when
+//! the adapter has them, by the wall clock around submit + wait otherwise.
+//!
+//!     cargo bench --bench kernels                 # everything
+//!     cargo bench --bench kernels -- gemv/cpu     # a subset (criterion filter)
+//!     KTUNE_BENCH_GPU=0 cargo bench ...           # CPU only
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use rayon::prelude::*;
+
+use ktune::device::CpuCaps;
+use ktune::kernels::verify::{GpuBuffers, HostTensor, make_inputs, output_lens};
+use ktune::kernels::{self, Backend, Caps, CpuArgs, DType, KernelDef, Problem};
+use ktune::testing::test_gpu;
+
+/// Gemma 3 1B: hidden 1152, intermediate 6912. GEMV `n x k` = weight rows x cols.
+const GEMV_SHAPES: &[(usize, usize)] = &[(6912, 1152), (1152, 6912), (1152, 1152)];
+const PREFILL_T: usize = 128;
+
+fn config() -> Criterion {
+    Criterion::default().sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2))
+}
+
+/// Read bandwidth: a parallel sum over 512 MiB (DRAM) and over 1 MiB per thread (cache).
+fn membw(c: &mut Criterion) {
+    let mut g = c.benchmark_group("membw");
+    for (name, bytes) in [("dram_512MiB", 512usize << 20), ("cache_1MiB_per_thread", (1usize << 20) * rayon::current_num_threads())] {
+        let v: Vec<f32> = (0..bytes / 4).map(|i| (i % 7) as f32).collect();
+        g.throughput(Throughput::Bytes(bytes as u64));
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let s: f32 = v.par_chunks(1 << 16).map(sum).sum();
+                black_box(s)
+            })
+        });
+    }
+    g.finish();
+}
+
+/// Sum with 64 independent lanes so the loop vectorizes and is not latency bound.
+fn sum(c: &[f32]) -> f32 {
+    let mut acc = [0f32; 64];
+    for ch in c.chunks_exact(64) {
+        for i in 0..64 {
+            acc[i] += ch[i];
+        }
+    }
+    acc.iter().sum()
+}
+
+fn problems(op: kernels::Op) -> Vec<Problem> {
+    match op {
+        kernels::Op::Gemv => GEMV_SHAPES.iter().map(|&(n, k)| Problem::Gemv { n, k }).collect(),
+        _ => GEMV_SHAPES.iter().map(|&(n, k)| Problem::Gemm { m: PREFILL_T, n, k }).collect(),
+    }
+}
+
+fn throughput(p: &Problem, dtype: DType) -> Throughput {
+    match p {
+        Problem::Gemv { .. } => Throughput::Bytes(p.min_bytes(dtype) as u64),
+        _ => Throughput::Elements(p.flops() as u64),
+    }
+}
+
+fn bench_cpu(c: &mut Criterion, op: kernels::Op) {
+    let caps = CpuCaps::detect();
+    let mut g = c.benchmark_group(format!("{op}/cpu"));
+    for k in kernels::for_op(op).filter(|k| k.backend() == Backend::Cpu) {
+        for &dtype in k.dtypes {
+            for p in problems(op) {
+                let params = k.default_params();
+                if let Err(why) = k.check(Caps::Cpu(&caps), &p, dtype, &params) {
+                    eprintln!("skip {} {dtype} {}: {why}", k.id, p.describe());
+                    continue;
+                }
+                let ins = make_inputs(&p, dtype, 1);
+                let mut outs: Vec<Vec<f32>> = output_lens(&p, dtype).into_iter().map(|n| vec![0.0; n]).collect();
+                g.throughput(throughput(&p, dtype));
+                g.bench_function(BenchmarkId::new(format!("{}/{dtype}", k.id), shape(&p)), |b| {
+                    b.iter(|| {
+                        let args = CpuArgs {
+                            ins: ins.iter().map(HostTensor::as_in).collect(),
+                            outs: outs.iter_mut().map(|v| v.as_mut_slice()).collect(),
+                        };
+                        k.run_cpu(&p, dtype, &params, args).expect("kernel runs")
+                    })
+                });
+            }
+        }
+    }
+    g.finish();
+}
+
+fn bench_gpu(c: &mut Criterion, op: kernels::Op) {
+    if std::env::var("KTUNE_BENCH_GPU").is_ok_and(|v| v == "0") {
+        return;
+    }
+    let Some(gpu) = test_gpu() else { return };
+    let mut g = c.benchmark_group(format!("{op}/wgsl"));
+    let wgsl: Vec<&KernelDef> = kernels::for_op(op).filter(|k| k.backend() == Backend::Wgsl).collect();
+    for k in wgsl {
+        for &dtype in k.dtypes {
+            for p in problems(op) {
+                let params = k.default_params();
+                if let Err(why) = k.check(Caps::Gpu(&gpu.caps), &p, dtype, &params) {
+                    eprintln!("skip {} {dtype} {}: {why}", k.id, p.describe());
+                    continue;
+                }
+                let ins = make_inputs(&p, dtype, 1);
+                let bufs = GpuBuffers::new(&gpu, &p, dtype, &ins);
+                let prog = match k.prepare_wgsl(&gpu, &p, dtype, &params, &bufs.refs()) {
+                    Ok(prog) => prog,
+                    Err(e) => {
+                        eprintln!("skip {} {dtype}: {e}", k.id);
+                        continue;
+                    }
+                };
+                g.throughput(throughput(&p, dtype));
+                g.bench_function(BenchmarkId::new(format!("{}/{dtype}", k.id), shape(&p)), |b| {
+                    b.iter_custom(|iters| {
+                        let reps = iters.min(u32::MAX as u64) as u32;
+                        match gpu.time_program(&prog, reps) {
+                            Ok(Some(per)) => Duration::from_secs_f64(per * iters as f64),
+                            _ => {
+                                let t = Instant::now();
+                                for _ in 0..iters {
+                                    gpu.run(k.id, &[&prog]).expect("kernel runs");
+                                }
+                                t.elapsed()
+                            }
+                        }
+                    })
+                });
+            }
+        }
+    }
+    g.finish();
+}
+
+fn shape(p: &Problem) -> String {
+    match *p {
+        Problem::Gemv { n, k } => format!("{n}x{k}"),
+        Problem::Gemm { m, n, k } => format!("m{m}_{n}x{k}"),
+        _ => p.describe(),
+    }
+}
+
+fn gemv(c: &mut Criterion) {
+    bench_cpu(c, kernels::Op::Gemv);
+    bench_gpu(c, kernels::Op::Gemv);
+}
+
+fn gemm(c: &mut Criterion) {
+    bench_cpu(c, kernels::Op::Gemm);
+    bench_gpu(c, kernels::Op::Gemm);
+}
+
+criterion_group! { name = benches; config = config(); targets = membw, gemv, gemm }
+criterion_main!(benches);

@@ -1,0 +1,33 @@
+//! One module per subcommand: arguments in, a report struct out. `dispatch` renders
+//! the report through `output` and returns the exit code.
+
+pub mod kernels;
+pub mod list_devices;
+
+use crate::cli::{Cli, Command};
+use crate::device::{self, Device};
+use crate::{Result, output};
+
+/// Runs the parsed command line; returns the exit code (0 ok, 1 differences found).
+pub fn dispatch(cli: Cli) -> Result<i32> {
+    match cli.command {
+        Command::ListDevices(args) => {
+            let report = list_devices::run()?;
+            output::print(&output::devices(&report, args.format)?)?;
+            Ok(0)
+        }
+        Command::Kernels(args) => {
+            let report = kernels::run(cli.device.as_deref(), &args)?;
+            output::print(&output::kernels(&report, args.format)?)?;
+            Ok(if report.failed() { 1 } else { 0 })
+        }
+    }
+}
+
+/// Discovers devices and resolves the `--device` selector (validated before any
+/// heavy object is built).
+pub fn pick_device(selector: Option<&str>) -> Result<Device> {
+    let mut devices = device::discover();
+    let i = device::select(&devices, selector)?;
+    Ok(devices.swap_remove(i))
+}

@@ -1,0 +1,358 @@
+//! The wgpu context: one device and queue per adapter, the pipeline cache keyed by
+//! shader, entry point and `override` constants, buffer helpers, programs (the
+//! dispatches of one kernel variant, built once and recorded many times) and
+//! timestamp-query timing.
+//!
+//! Conventions for shaders (see `shaders/`): bindings at `@group(0)` in the op's
+//! buffer order, the uniform block right after them; weight and cache buffers are
+//! declared as `u32` words and decoded with `bitcast<f32>` or `unpack2x16float`
+//! chosen by the `override W_F16: bool` constant, so one shader serves both dtypes
+//! without `SHADER_F16`. GPU buffers are padded to 16 bytes.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::device::{GpuCaps, GpuDevice};
+
+/// A WGSL source file of `shaders/`.
+#[derive(Debug)]
+pub struct Shader {
+    pub name: &'static str,
+    pub source: &'static str,
+}
+
+/// Declares a `Shader` for `shaders/<file>`.
+#[macro_export]
+macro_rules! shader {
+    ($file:literal) => {
+        $crate::gpu::Shader { name: $file, source: include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $file)) }
+    };
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("no GPU adapter could be opened: {0}")]
+    NoAdapter(String),
+    #[error("could not open a device on adapter `{adapter}`: {source}")]
+    RequestDevice { adapter: String, source: wgpu::RequestDeviceError },
+    #[error("shader `{shader}` entry `{entry}` failed validation: {message}")]
+    Pipeline { shader: String, entry: String, message: String },
+    #[error("GPU error while {what}: {message}")]
+    Validation { what: String, message: String },
+    #[error("reading back a GPU buffer failed: {0}")]
+    Map(String),
+    #[error("waiting for the GPU failed: {0}")]
+    Poll(String),
+}
+
+type PipelineKey = (&'static str, String, Vec<(String, u64)>);
+
+/// One opened adapter: device, queue, capabilities, caches. Reused across runs.
+pub struct GpuCtx {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub caps: GpuCaps,
+    pub name: String,
+    modules: Mutex<HashMap<&'static str, Arc<wgpu::ShaderModule>>>,
+    pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
+}
+
+/// One dispatch: pipeline, bind group and workgroup counts.
+pub struct GpuStep {
+    pub label: String,
+    pub pipeline: Arc<wgpu::ComputePipeline>,
+    pub bind_group: wgpu::BindGroup,
+    pub workgroups: [u32; 3],
+}
+
+/// The dispatches of one kernel variant over fixed buffers, in order, plus the
+/// uniform and scratch buffers they own.
+pub struct GpuProgram {
+    pub steps: Vec<GpuStep>,
+    pub owned: Vec<wgpu::Buffer>,
+}
+
+impl GpuProgram {
+    /// Records every step into one compute pass.
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>) {
+        for s in &self.steps {
+            pass.set_pipeline(&s.pipeline);
+            pass.set_bind_group(0, &s.bind_group, &[]);
+            let [x, y, z] = s.workgroups;
+            pass.dispatch_workgroups(x, y, z);
+        }
+    }
+    pub fn dispatches(&self) -> usize {
+        self.steps.len()
+    }
+}
+
+/// Rounds a size up to a multiple of 16 bytes (the widest vector element).
+pub fn padded(bytes: u64) -> u64 {
+    bytes.max(16).div_ceil(16) * 16
+}
+
+/// Workgroup count for `n` items at `per` items per workgroup.
+pub fn groups(n: usize, per: u32) -> u32 {
+    n.div_ceil(per.max(1) as usize) as u32
+}
+
+/// Splits a workgroup count over x and y when it exceeds the per-dimension limit
+/// (65535): kernels recover the linear index as `wid.x + wid.y * nwg.x`.
+pub fn grid_2d(count: u32) -> [u32; 3] {
+    if count <= 65535 {
+        [count.max(1), 1, 1]
+    } else {
+        let y = count.div_ceil(65535);
+        [count.div_ceil(y), y, 1]
+    }
+}
+
+impl GpuCtx {
+    /// Opens a device on the adapter with the features kernels can use.
+    pub fn open(dev: &GpuDevice) -> Result<Arc<GpuCtx>, GpuError> {
+        let adapter = &dev.adapter;
+        let feats = adapter.features();
+        let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        let required_features = feats & wanted;
+        let mut required_limits = wgpu::Limits::downlevel_defaults().using_resolution(adapter.limits());
+        let al = adapter.limits();
+        required_limits.max_storage_buffer_binding_size = al.max_storage_buffer_binding_size;
+        required_limits.max_buffer_size = al.max_buffer_size;
+        required_limits.max_compute_workgroup_storage_size = al.max_compute_workgroup_storage_size;
+        required_limits.max_compute_invocations_per_workgroup = al.max_compute_invocations_per_workgroup;
+        required_limits.max_compute_workgroup_size_x = al.max_compute_workgroup_size_x;
+        required_limits.max_compute_workgroup_size_y = al.max_compute_workgroup_size_y;
+        required_limits.max_compute_workgroup_size_z = al.max_compute_workgroup_size_z;
+        required_limits.max_compute_workgroups_per_dimension = al.max_compute_workgroups_per_dimension;
+        required_limits.max_storage_buffers_per_shader_stage = al.max_storage_buffers_per_shader_stage;
+        required_limits.max_bind_groups = al.max_bind_groups;
+        required_limits.max_bindings_per_bind_group = al.max_bindings_per_bind_group;
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("ktune"),
+            required_features,
+            required_limits,
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&desc))
+            .map_err(|source| GpuError::RequestDevice { adapter: dev.info.name.clone(), source })?;
+        Ok(Arc::new(GpuCtx {
+            device,
+            queue,
+            caps: dev.caps.clone(),
+            name: dev.info.name.clone(),
+            modules: Mutex::new(HashMap::new()),
+            pipelines: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    fn module(&self, shader: &'static Shader) -> Result<Arc<wgpu::ShaderModule>, GpuError> {
+        let mut cache = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = cache.get(shader.name) {
+            return Ok(m.clone());
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let m = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(shader.name),
+            source: wgpu::ShaderSource::Wgsl(Cow::Borrowed(shader.source)),
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Pipeline { shader: shader.name.into(), entry: "(module)".into(), message: e.to_string() });
+        }
+        let m = Arc::new(m);
+        cache.insert(shader.name, m.clone());
+        Ok(m)
+    }
+
+    /// The compute pipeline for `entry` of `shader` with these `override` constants,
+    /// built once and cached.
+    pub fn pipeline(
+        &self,
+        shader: &'static Shader,
+        entry: &str,
+        constants: &[(&str, f64)],
+    ) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
+        let mut sorted: Vec<(String, u64)> = constants.iter().map(|(k, v)| (k.to_string(), v.to_bits())).collect();
+        sorted.sort();
+        let key = (shader.name, entry.to_string(), sorted);
+        if let Some(p) = self.pipelines.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(p.clone());
+        }
+        let module = self.module(shader)?;
+        let label = format!("{}:{}{:?}", shader.name, entry, constants);
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let pipe = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&label),
+            layout: None,
+            module: &module,
+            entry_point: Some(entry),
+            compilation_options: wgpu::PipelineCompilationOptions { constants, zero_initialize_workgroup_memory: false },
+            cache: None,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Pipeline { shader: shader.name.into(), entry: entry.into(), message: e.to_string() });
+        }
+        let pipe = Arc::new(pipe);
+        self.pipelines.lock().unwrap_or_else(|e| e.into_inner()).insert(key, pipe.clone());
+        Ok(pipe)
+    }
+
+    /// A bind group binding `buffers` (whole) at 0.. in order.
+    pub fn bind(&self, label: &str, pipeline: &wgpu::ComputePipeline, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
+        let layout = pipeline.get_bind_group_layout(0);
+        let entries: Vec<wgpu::BindGroupEntry<'_>> =
+            buffers.iter().enumerate().map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() }).collect();
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(label), layout: &layout, entries: &entries })
+    }
+
+    /// One step: pipeline + bind group over `buffers`, with validation errors caught
+    /// and named after the step.
+    pub fn step(
+        &self,
+        label: &str,
+        pipeline: Arc<wgpu::ComputePipeline>,
+        buffers: &[&wgpu::Buffer],
+        workgroups: [u32; 3],
+    ) -> Result<GpuStep, GpuError> {
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let bind_group = self.bind(label, &pipeline, buffers);
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Validation { what: format!("binding `{label}`"), message: e.to_string() });
+        }
+        Ok(GpuStep { label: label.to_string(), pipeline, bind_group, workgroups })
+    }
+
+    /// A uniform buffer holding `words` (u32s; floats go in as `f32::to_bits`).
+    pub fn uniform(&self, label: &str, words: &[u32]) -> wgpu::Buffer {
+        let mut data = words.to_vec();
+        while data.len() % 4 != 0 {
+            data.push(0);
+        }
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: (data.len() * 4) as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&data));
+        buf
+    }
+
+    /// A storage buffer of at least `bytes`, padded to 16 bytes.
+    pub fn storage(&self, label: &str, bytes: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: padded(bytes),
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// A storage buffer initialised with `data` (padded with zeros to 16 bytes).
+    pub fn upload(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
+        let buf = self.storage(label, data.len() as u64);
+        let mut padded_data = data.to_vec();
+        padded_data.resize(padded(data.len() as u64) as usize, 0);
+        self.queue.write_buffer(&buf, 0, &padded_data);
+        buf
+    }
+
+    /// Copies `bytes` of `src` back to the host.
+    pub fn read(&self, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>, GpuError> {
+        let size = padded(bytes);
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
+        enc.copy_buffer_to_buffer(src, 0, &staging, 0, size);
+        self.queue.submit([enc.finish()]);
+        let slice = staging.slice(..);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(GpuError::Map(e.to_string())),
+            Err(e) => return Err(GpuError::Map(e.to_string())),
+        }
+        let out = slice.get_mapped_range().map_err(|e| GpuError::Map(e.to_string()))?[..bytes as usize].to_vec();
+        staging.unmap();
+        Ok(out)
+    }
+
+    /// Blocks until the queue is idle.
+    pub fn wait(&self) -> Result<(), GpuError> {
+        self.device.poll(wgpu::PollType::wait_indefinitely()).map(|_| ()).map_err(|e| GpuError::Poll(e.to_string()))
+    }
+
+    /// Runs `programs` once in one command buffer (one compute pass) and waits,
+    /// catching validation errors.
+    pub fn run(&self, label: &str, programs: &[&GpuProgram]) -> Result<(), GpuError> {
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(label), timestamp_writes: None });
+            for p in programs {
+                p.record(&mut pass);
+            }
+        }
+        self.queue.submit([enc.finish()]);
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Validation { what: format!("running `{label}`"), message: e.to_string() });
+        }
+        self.wait()
+    }
+
+    /// GPU time of `reps` back-to-back executions of `program` in one pass, in
+    /// seconds per execution, from timestamp queries when the adapter has them;
+    /// `None` when it does not (callers then use the wall clock).
+    pub fn time_program(&self, program: &GpuProgram, reps: u32) -> Result<Option<f64>, GpuError> {
+        if !self.caps.timestamp_query {
+            return Ok(None);
+        }
+        let qs = self.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("ktune timing"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2,
+        });
+        let resolve = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("timestamps"),
+            size: 16,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("timed") });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("timed"),
+                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                    query_set: &qs,
+                    beginning_of_pass_write_index: Some(0),
+                    end_of_pass_write_index: Some(1),
+                }),
+            });
+            for _ in 0..reps.max(1) {
+                program.record(&mut pass);
+            }
+        }
+        enc.resolve_query_set(&qs, 0..2, &resolve, 0);
+        self.queue.submit([enc.finish()]);
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Validation { what: "timing".into(), message: e.to_string() });
+        }
+        let bytes = self.read(&resolve, 16)?;
+        let t: &[u64] = bytemuck::cast_slice(&bytes);
+        let period = self.queue.get_timestamp_period() as f64;
+        let ns = t[1].saturating_sub(t[0]) as f64 * period;
+        Ok(Some(ns * 1e-9 / reps.max(1) as f64))
+    }
+}

@@ -1,0 +1,523 @@
+//! The kernel set: the registry of every CPU and WGSL kernel, the contract each one
+//! implements (parameters, validity against a device and a problem, execution), and
+//! the op families that define them.
+//!
+//! A kernel is one implementation of one [`Op`] for one backend with tunable
+//! parameters; a *variant* is a kernel with its parameters fixed ([`Params`]).
+//! Adding a variant touches its shader, its family module and its test only:
+//! the registry gathers `variants()` from every family module.
+
+pub mod attention;
+pub mod elementwise;
+pub mod fused;
+pub mod gemm;
+pub mod gemv;
+pub mod norm;
+pub mod problem;
+pub mod reference;
+pub mod rope;
+pub mod simd;
+pub mod verify;
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use half::f16;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+pub use problem::{Activation, BufSpec, Op, Problem, Role, RopeLayout};
+
+use crate::device::{CpuCaps, GpuCaps};
+use crate::gpu::{GpuCtx, GpuProgram, Shader};
+
+/// Storage type of a variant's weight and cache buffers (activations are f32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DType {
+    F32,
+    F16,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 => 2,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+        }
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for DType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(DType::F32),
+            "f16" => Ok(DType::F16),
+            other => Err(format!("unknown dtype `{other}` (allowed: f32, f16)")),
+        }
+    }
+}
+
+/// Which backend a kernel runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    Wgsl,
+    Cpu,
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Wgsl => "wgsl",
+            Backend::Cpu => "cpu",
+        }
+    }
+}
+
+/// One tunable parameter: its snake_case name (the same in YAML, Rust and as a WGSL
+/// `override` constant), the values the tuner may pick, and the default.
+#[derive(Clone, Debug, Serialize)]
+pub struct ParamSpec {
+    pub name: &'static str,
+    pub values: &'static [u32],
+    pub default: u32,
+    pub help: &'static str,
+}
+
+/// Parameter values of one variant, by name.
+pub type Params = BTreeMap<String, u32>;
+
+/// Read a parameter a kernel declared; falls back to 0 only if the registry let an
+/// unchecked map through, which [`KernelDef::check`] prevents.
+pub fn p(params: &Params, name: &str) -> u32 {
+    params.get(name).copied().unwrap_or(0)
+}
+
+/// Errors from kernel lookup, validity and execution.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("unknown kernel `{id}`; known kernels: {known}")]
+    Unknown { id: String, known: String },
+    #[error("kernel `{kernel}` does not compute `{got}` (it computes `{expected}`)")]
+    WrongOp { kernel: String, expected: Op, got: Op },
+    #[error("variant `{kernel}` is not valid here: {reason}")]
+    Invalid { kernel: String, reason: String },
+    #[error("kernel `{kernel}` got {got} buffers, expected {expected}")]
+    Buffers { kernel: String, expected: usize, got: usize },
+    #[error("kernel `{kernel}`: buffer `{buffer}` has {got} elements, expected {expected}")]
+    BufferLen { kernel: String, buffer: String, expected: usize, got: usize },
+    #[error("kernel `{kernel}`: buffer `{buffer}` must be {expected}")]
+    BufferType { kernel: String, buffer: String, expected: &'static str },
+    #[error("kernel `{0}` is a CPU kernel and needs the CPU device")]
+    NeedsCpu(String),
+    #[error("kernel `{0}` is a WGSL kernel and needs a GPU adapter")]
+    NeedsGpu(String),
+    #[error(transparent)]
+    Gpu(#[from] crate::gpu::GpuError),
+}
+
+/// Read-only buffer handed to a CPU kernel.
+#[derive(Clone, Copy, Debug)]
+pub enum CpuIn<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+}
+
+impl<'a> CpuIn<'a> {
+    pub fn len(&self) -> usize {
+        match self {
+            CpuIn::F32(s) => s.len(),
+            CpuIn::F16(s) => s.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn dtype(&self) -> DType {
+        match self {
+            CpuIn::F32(_) => DType::F32,
+            CpuIn::F16(_) => DType::F16,
+        }
+    }
+    /// The f32 slice, for buffers that are always f32 (activations).
+    pub fn f32(&self) -> &'a [f32] {
+        match *self {
+            CpuIn::F32(s) => s,
+            // The registry checks dtypes against the op's buffer specs before a
+            // kernel runs, so an f16 activation never reaches here.
+            CpuIn::F16(_) => &[],
+        }
+    }
+    /// Element `i` widened to f32.
+    #[inline]
+    pub fn get(&self, i: usize) -> f32 {
+        match self {
+            CpuIn::F32(s) => s[i],
+            CpuIn::F16(s) => s[i].to_f32(),
+        }
+    }
+}
+
+/// The buffers of one CPU kernel call, in the op's binding order:
+/// `ins` are the input/weight/cache buffers, `outs` the outputs.
+pub struct CpuArgs<'a> {
+    pub ins: Vec<CpuIn<'a>>,
+    pub outs: Vec<&'a mut [f32]>,
+}
+
+/// Runs a CPU kernel. Buffer count, lengths and dtypes were checked by the registry.
+pub type CpuRunFn = fn(&Problem, &Params, CpuArgs<'_>) -> Result<(), KernelError>;
+/// Extra validity rules of a CPU kernel (ISA, shapes): `Err(reason)` when invalid.
+pub type CpuCheckFn = fn(&CpuCaps, &Problem, DType, &Params) -> Result<(), String>;
+/// Extra validity rules of a WGSL kernel beyond the generic limits checks.
+pub type WgslCheckFn = fn(&GpuCaps, &Problem, DType, &Params) -> Result<(), String>;
+
+/// Everything a WGSL kernel needs to build its dispatches once.
+pub struct WgslSetup<'a> {
+    pub kernel: &'a KernelDef,
+    pub gpu: &'a GpuCtx,
+    pub problem: &'a Problem,
+    pub dtype: DType,
+    pub params: &'a Params,
+    /// The op's buffers in binding order (see [`Problem::buffers`]).
+    pub bufs: &'a [&'a wgpu::Buffer],
+}
+
+/// Builds the pipelines, uniforms, scratch buffers and bind groups of one variant.
+pub type WgslPrepareFn = fn(&WgslSetup<'_>) -> Result<GpuProgram, KernelError>;
+
+/// A CPU kernel.
+pub struct CpuImpl {
+    pub run: CpuRunFn,
+    pub check: CpuCheckFn,
+}
+
+/// A WGSL kernel.
+pub struct WgslImpl {
+    pub shader: &'static Shader,
+    /// Workgroup size the variant's `override` constants give.
+    pub workgroup_size: fn(&Params) -> [u32; 3],
+    /// Workgroup (shared) memory in bytes, seed 001's `requiredSharedMemory`.
+    pub shared_memory: fn(&Problem, DType, &Params) -> u64,
+    /// Needs `SHADER_F16` (for this dtype).
+    pub needs_f16: fn(DType) -> bool,
+    /// Needs subgroup operations.
+    pub needs_subgroups: bool,
+    pub check: WgslCheckFn,
+    pub prepare: WgslPrepareFn,
+}
+
+pub enum Impl {
+    Cpu(CpuImpl),
+    Wgsl(WgslImpl),
+}
+
+/// One kernel of the set.
+pub struct KernelDef {
+    /// Stable id, used in profiles: `<op>_<name>`, unique across the set.
+    pub id: &'static str,
+    pub op: Op,
+    pub summary: &'static str,
+    pub dtypes: &'static [DType],
+    pub params: &'static [ParamSpec],
+    pub imp: Impl,
+}
+
+/// The device a validity check is made against.
+#[derive(Clone, Copy, Debug)]
+pub enum Caps<'a> {
+    Cpu(&'a CpuCaps),
+    Gpu(&'a GpuCaps),
+}
+
+impl KernelDef {
+    pub fn backend(&self) -> Backend {
+        match self.imp {
+            Impl::Cpu(_) => Backend::Cpu,
+            Impl::Wgsl(_) => Backend::Wgsl,
+        }
+    }
+
+    pub fn default_params(&self) -> Params {
+        self.params.iter().map(|s| (s.name.to_string(), s.default)).collect()
+    }
+
+    /// Every combination of parameter values (the variant space of this kernel).
+    pub fn all_params(&self) -> Vec<Params> {
+        let mut out = vec![Params::new()];
+        for spec in self.params {
+            let mut next = Vec::with_capacity(out.len() * spec.values.len());
+            for base in &out {
+                for &v in spec.values {
+                    let mut p = base.clone();
+                    p.insert(spec.name.to_string(), v);
+                    next.push(p);
+                }
+            }
+            out = next;
+        }
+        out
+    }
+
+    /// Checks names and values of `params` against the declared specs.
+    pub fn check_params(&self, params: &Params) -> Result<(), String> {
+        for name in params.keys() {
+            if !self.params.iter().any(|s| s.name == name) {
+                let known: Vec<_> = self.params.iter().map(|s| s.name).collect();
+                return Err(format!("unknown parameter `{name}` (parameters: {})", known.join(", ")));
+            }
+        }
+        for spec in self.params {
+            match params.get(spec.name) {
+                None => return Err(format!("missing parameter `{}`", spec.name)),
+                Some(v) if !spec.values.contains(v) => {
+                    return Err(format!("parameter `{}` = {v} is not one of {:?}", spec.name, spec.values));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this variant can run `problem` in `dtype` on the device; `Err` says why not.
+    /// This is seed 001's `validateConfig`: dtype, parameters, backend, workgroup size and
+    /// shared memory against the limits, features (f16, subgroups), binding sizes, and the
+    /// kernel's own shape rules.
+    pub fn check(&self, caps: Caps<'_>, problem: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+        if problem.op() != self.op {
+            return Err(format!("computes {}, not {}", self.op, problem.op()));
+        }
+        if !self.dtypes.contains(&dtype) {
+            return Err(format!("no {dtype} variant"));
+        }
+        self.check_params(params)?;
+        match (&self.imp, caps) {
+            (Impl::Cpu(c), Caps::Cpu(cpu)) => (c.check)(cpu, problem, dtype, params),
+            (Impl::Wgsl(w), Caps::Gpu(gpu)) => {
+                if (w.needs_f16)(dtype) && !gpu.shader_f16 {
+                    return Err("needs SHADER_F16, which this adapter lacks".into());
+                }
+                if w.needs_subgroups && !gpu.subgroups {
+                    return Err("needs subgroup operations, which this adapter lacks".into());
+                }
+                let [x, y, z] = (w.workgroup_size)(params);
+                let inv = x * y * z;
+                if inv > gpu.max_invocations_per_workgroup {
+                    return Err(format!(
+                        "workgroup of {inv} invocations exceeds the adapter's {}",
+                        gpu.max_invocations_per_workgroup
+                    ));
+                }
+                let lim = gpu.max_workgroup_size;
+                if x > lim[0] || y > lim[1] || z > lim[2] {
+                    return Err(format!("workgroup size {x}x{y}x{z} exceeds the adapter's {}x{}x{}", lim[0], lim[1], lim[2]));
+                }
+                let shared = (w.shared_memory)(problem, dtype, params);
+                if shared > gpu.max_workgroup_storage as u64 {
+                    return Err(format!(
+                        "needs {shared} bytes of workgroup memory, the adapter has {}",
+                        gpu.max_workgroup_storage
+                    ));
+                }
+                for b in problem.buffers(dtype) {
+                    if b.bytes() > gpu.max_storage_binding {
+                        return Err(format!(
+                            "buffer `{}` is {} bytes, over the adapter's storage binding limit of {}",
+                            b.id,
+                            b.bytes(),
+                            gpu.max_storage_binding
+                        ));
+                    }
+                }
+                (w.check)(gpu, problem, dtype, params)
+            }
+            (Impl::Cpu(_), Caps::Gpu(_)) => Err("CPU kernel; select the CPU device".into()),
+            (Impl::Wgsl(_), Caps::Cpu(_)) => Err("WGSL kernel; select a GPU adapter".into()),
+        }
+    }
+
+    /// Runs a CPU variant. Checks buffer count, lengths and dtypes first.
+    pub fn run_cpu(&self, problem: &Problem, dtype: DType, params: &Params, args: CpuArgs<'_>) -> Result<(), KernelError> {
+        let Impl::Cpu(c) = &self.imp else {
+            return Err(KernelError::NeedsGpu(self.id.to_string()));
+        };
+        let specs = problem.buffers(dtype);
+        let (ins, outs): (Vec<_>, Vec<_>) = specs.iter().partition(|s| !s.is_output());
+        if ins.len() != args.ins.len() || outs.len() != args.outs.len() {
+            return Err(KernelError::Buffers {
+                kernel: self.id.into(),
+                expected: specs.len(),
+                got: args.ins.len() + args.outs.len(),
+            });
+        }
+        for (s, a) in ins.iter().zip(&args.ins) {
+            if a.len() < s.len() {
+                return Err(KernelError::BufferLen { kernel: self.id.into(), buffer: s.id.into(), expected: s.len(), got: a.len() });
+            }
+            if a.dtype() != s.dtype {
+                return Err(KernelError::BufferType {
+                    kernel: self.id.into(),
+                    buffer: s.id.into(),
+                    expected: s.dtype.name(),
+                });
+            }
+        }
+        for (s, a) in outs.iter().zip(&args.outs) {
+            if a.len() < s.len() {
+                return Err(KernelError::BufferLen { kernel: self.id.into(), buffer: s.id.into(), expected: s.len(), got: a.len() });
+            }
+        }
+        (c.run)(problem, params, args)
+    }
+
+    /// Builds the GPU program of a WGSL variant over the given buffers.
+    pub fn prepare_wgsl(
+        &self,
+        gpu: &GpuCtx,
+        problem: &Problem,
+        dtype: DType,
+        params: &Params,
+        bufs: &[&wgpu::Buffer],
+    ) -> Result<GpuProgram, KernelError> {
+        let Impl::Wgsl(w) = &self.imp else {
+            return Err(KernelError::NeedsCpu(self.id.to_string()));
+        };
+        let specs = problem.buffers(dtype);
+        if specs.len() != bufs.len() {
+            return Err(KernelError::Buffers { kernel: self.id.into(), expected: specs.len(), got: bufs.len() });
+        }
+        (w.prepare)(&WgslSetup { kernel: self, gpu, problem, dtype, params, bufs })
+    }
+}
+
+/// Every kernel of the set, in a stable order (op, then id).
+pub fn registry() -> &'static [KernelDef] {
+    static REG: OnceLock<Vec<KernelDef>> = OnceLock::new();
+    REG.get_or_init(|| {
+        let mut all = Vec::new();
+        all.extend(gemv::variants());
+        all.extend(gemm::variants());
+        all.extend(attention::variants());
+        all.extend(norm::variants());
+        all.extend(rope::variants());
+        all.extend(elementwise::variants());
+        all.extend(fused::variants());
+        all.sort_by(|a, b| (a.op, a.id).cmp(&(b.op, b.id)));
+        all
+    })
+}
+
+/// Looks a kernel up by id; the error lists the known ids.
+pub fn find(id: &str) -> Result<&'static KernelDef, KernelError> {
+    registry().iter().find(|k| k.id == id).ok_or_else(|| KernelError::Unknown {
+        id: id.to_string(),
+        known: registry().iter().map(|k| k.id).collect::<Vec<_>>().join(", "),
+    })
+}
+
+/// Kernels of one op.
+pub fn for_op(op: Op) -> impl Iterator<Item = &'static KernelDef> {
+    registry().iter().filter(move |k| k.op == op)
+}
+
+/// Every WGSL shader the set uses, deduplicated by name.
+pub fn shaders() -> Vec<&'static Shader> {
+    let mut out: Vec<&'static Shader> = Vec::new();
+    for k in registry() {
+        if let Impl::Wgsl(w) = &k.imp
+            && !out.iter().any(|s| s.name == w.shader.name)
+        {
+            out.push(w.shader);
+        }
+    }
+    out.sort_by_key(|s| s.name);
+    out
+}
+
+/// sha256 over the shader sources and the registry (ids, ops, dtypes, parameter
+/// spaces): changes whenever a kernel or its space changes. Profiles record it.
+pub fn kernel_set_hash() -> String {
+    let mut h = Sha256::new();
+    for s in shaders() {
+        h.update(s.name.as_bytes());
+        h.update([0]);
+        h.update(s.source.as_bytes());
+        h.update([0]);
+    }
+    for k in registry() {
+        h.update(format!("{}|{}|{:?}|{:?}|", k.id, k.op, k.dtypes, k.backend()).as_bytes());
+        for p in k.params {
+            h.update(format!("{}={:?}/{};", p.name, p.values, p.default).as_bytes());
+        }
+    }
+    hex::encode(h.finalize())
+}
+
+/// Common validity helper: CPU kernels that accept any shape.
+pub fn cpu_any(_: &CpuCaps, _: &Problem, _: DType, _: &Params) -> Result<(), String> {
+    Ok(())
+}
+
+/// Common validity helper: WGSL kernels with no rule beyond the generic checks.
+pub fn wgsl_any(_: &GpuCaps, _: &Problem, _: DType, _: &Params) -> Result<(), String> {
+    Ok(())
+}
+
+/// `needs_f16` for kernels that read f16 through `unpack2x16float` (no feature needed).
+pub fn packed_f16(_: DType) -> bool {
+    false
+}
+
+/// `needs_f16` for kernels with native `enable f16;` storage in their f16 form.
+pub fn native_f16(d: DType) -> bool {
+    d == DType::F16
+}
+
+/// `shared_memory` for kernels that use none.
+pub fn no_shared(_: &Problem, _: DType, _: &Params) -> u64 {
+    0
+}
+
+impl WgslSetup<'_> {
+    /// `1.0` when weights/caches are f16, for the `W_F16` override constant.
+    pub fn w_f16(&self) -> f64 {
+        if self.dtype == DType::F16 { 1.0 } else { 0.0 }
+    }
+
+    /// The common case: one dispatch of `entry` binding every op buffer in order and
+    /// then a uniform block holding `uniform` (u32 words; floats as `to_bits`).
+    pub fn one_step(
+        &self,
+        shader: &'static Shader,
+        entry: &str,
+        constants: &[(&str, f64)],
+        uniform: &[u32],
+        workgroups: [u32; 3],
+    ) -> Result<GpuProgram, KernelError> {
+        let pipe = self.gpu.pipeline(shader, entry, constants)?;
+        let u = self.gpu.uniform(self.kernel.id, uniform);
+        let mut binds: Vec<&wgpu::Buffer> = self.bufs.to_vec();
+        binds.push(&u);
+        let step = self.gpu.step(self.kernel.id, pipe, &binds, workgroups)?;
+        Ok(GpuProgram { steps: vec![step], owned: vec![u] })
+    }
+}
+
+/// Error for a kernel handed a problem of another op (the registry prevents it).
+pub fn wrong_op(k: &KernelDef, p: &Problem) -> KernelError {
+    KernelError::WrongOp { kernel: k.id.to_string(), expected: k.op, got: p.op() }
+}

@@ -1,0 +1,523 @@
+//! Op problems: the shapes an op is asked to compute, the buffers it binds (seed 000:
+//! ids, roles, symbolic shapes) and the test shapes the parity check runs.
+//!
+//! Buffer conventions shared by every kernel of an op, CPU and WGSL alike:
+//! - buffers are listed in binding order: inputs (role input/weight/cache) first,
+//!   then outputs; WGSL binds them at `@group(0) @binding(i)` in this order and
+//!   its uniform block right after the last one;
+//! - activations are always f32; buffers with role `weight` or `cache` are stored
+//!   in the variant's dtype (f32 or f16) and accumulated in f32;
+//! - row-major everywhere; the KV cache is head-major `[kv_heads, kv_cap, head_dim]`.
+
+use serde::Serialize;
+
+use super::DType;
+
+/// What a buffer is for (seed 000's `role`): decides its dtype and how the
+/// runtime lays it out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Input,
+    Weight,
+    Cache,
+    Output,
+}
+
+/// One buffer an op binds.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BufSpec {
+    pub id: &'static str,
+    pub role: Role,
+    /// Symbolic shape, e.g. `["tokens", "hidden"]`.
+    pub dims: Vec<&'static str>,
+    /// Concrete shape for this problem.
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+}
+
+impl BufSpec {
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn is_output(&self) -> bool {
+        self.role == Role::Output
+    }
+    pub fn bytes(&self) -> u64 {
+        (self.len() * self.dtype.size()) as u64
+    }
+}
+
+/// Gated activation used by the MLP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// `silu(gate) * up` (Llama, Qwen, SmolLM2).
+    Silu,
+    /// `gelu_tanh(gate) * up` (Gemma).
+    GeluTanh,
+}
+
+impl Activation {
+    pub fn code(self) -> u32 {
+        match self {
+            Activation::Silu => 0,
+            Activation::GeluTanh => 1,
+        }
+    }
+    /// f64 reference of the activation alone.
+    pub fn apply_f64(self, x: f64) -> f64 {
+        match self {
+            Activation::Silu => x / (1.0 + (-x).exp()),
+            Activation::GeluTanh => {
+                let c = (2.0 / std::f64::consts::PI).sqrt();
+                0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+            }
+        }
+    }
+}
+
+/// Where the rotary pairs live inside a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RopeLayout {
+    /// Hugging Face "rotate half": pair (i, i + rot/2).
+    Half,
+    /// GPT-J / GGUF interleaved: pair (2i, 2i + 1).
+    Interleaved,
+}
+
+impl RopeLayout {
+    pub fn code(self) -> u32 {
+        match self {
+            RopeLayout::Half => 0,
+            RopeLayout::Interleaved => 1,
+        }
+    }
+}
+
+/// One problem for one op. Field docs give the buffers; see [`Problem::buffers`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Problem {
+    /// `y[m,n] = x[m,k] · w[n,k]ᵀ` (a Hugging Face Linear without bias).
+    Gemm { m: usize, n: usize, k: usize },
+    /// `y[n] = w[n,k] · x[k]`.
+    Gemv { n: usize, k: usize },
+    /// Causal grouped-query attention for `tokens` new queries at absolute
+    /// positions `kv_len - tokens ..kv_len`. `q[tokens,heads,head_dim]`,
+    /// `k_cache`/`v_cache[kv_heads,kv_cap,head_dim]` (cache dtype), `out[tokens,heads,head_dim]`.
+    /// `window > 0`: query at position p sees keys in `(p - window, p]`.
+    AttentionPrefill {
+        tokens: usize,
+        kv_len: usize,
+        kv_cap: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        window: usize,
+        scale: f32,
+    },
+    /// One query at position `kv_len - 1`. `q[heads,head_dim]`, caches as above,
+    /// `out[heads,head_dim]`.
+    AttentionDecode {
+        kv_len: usize,
+        kv_cap: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        window: usize,
+        scale: f32,
+    },
+    /// `y = x / sqrt(mean(x²) + eps) * w` (or `* (1 + w)` when `unit_offset`, Gemma).
+    /// `x[rows,dim]`, `w[dim]`, `y[rows,dim]`.
+    RmsNorm { rows: usize, dim: usize, eps: f32, unit_offset: bool },
+    /// `y = (x - mean) / sqrt(var + eps) * w + b`. `x[rows,dim]`, `w[dim]`, `b[dim]`, `y`.
+    LayerNorm { rows: usize, dim: usize, eps: f32 },
+    /// Rotary embedding of `x[tokens,heads,head_dim]` at positions `pos0..pos0+tokens`,
+    /// rotating the first `2 * inv_freq.len()` dims of each head (the rest copied).
+    /// `inv_freq[rot_dim/2]` (f32, llama3 scaling already applied, see `rope::inv_freq`).
+    Rope { tokens: usize, heads: usize, head_dim: usize, rot_dim: usize, pos0: usize, layout: RopeLayout },
+    /// `y = act(gate) * up`. `gate[rows,dim]`, `up[rows,dim]`, `y[rows,dim]`.
+    GatedAct { rows: usize, dim: usize, act: Activation },
+    /// Row softmax. `x[rows,dim]`, `y[rows,dim]`.
+    Softmax { rows: usize, dim: usize },
+    /// `y = a + b`. `a[n]`, `b[n]`, `y[n]`.
+    ResidualAdd { n: usize },
+    /// Fused per-head RMSNorm then RoPE (Gemma 3's q/k norm):
+    /// `x[tokens,heads,head_dim]`, `w[head_dim]`, `inv_freq[rot_dim/2]`, `y[tokens,heads,head_dim]`.
+    QkNormRope {
+        tokens: usize,
+        heads: usize,
+        head_dim: usize,
+        rot_dim: usize,
+        pos0: usize,
+        layout: RopeLayout,
+        eps: f32,
+        unit_offset: bool,
+    },
+    /// Fused gate+up projection with the activation product in the epilogue:
+    /// `x[rows,k]`, `w[2n,k]` (gate rows `0..n`, up rows `n..2n`), `y[rows,n] = act(x·w_gᵀ) * (x·w_uᵀ)`.
+    GateUp { rows: usize, n: usize, k: usize, act: Activation },
+    /// Fused residual add + RMSNorm: `h = x + r`, `y = rmsnorm(h) * w` (or `(1 + w)`).
+    /// `x[rows,dim]`, `r[rows,dim]`, `w[dim]`; outputs `h[rows,dim]`, `y[rows,dim]`.
+    ResidualRmsNorm { rows: usize, dim: usize, eps: f32, unit_offset: bool },
+    /// Q, K and V of one token in one matrix-vector product over the concatenated
+    /// weight `w[nq + 2 nkv, k]`, with an optional bias `b[nq + 2 nkv]` (Qwen):
+    /// `x[k]` → `q[nq]`, `k_out[nkv]`, `v_out[nkv]`.
+    QkvProj { k: usize, nq: usize, nkv: usize, bias: bool },
+}
+
+/// The ops of the kernel set; one per [`Problem`] variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    Gemm,
+    Gemv,
+    AttentionPrefill,
+    AttentionDecode,
+    RmsNorm,
+    LayerNorm,
+    Rope,
+    GatedAct,
+    Softmax,
+    ResidualAdd,
+    QkNormRope,
+    GateUp,
+    ResidualRmsNorm,
+    QkvProj,
+}
+
+impl Op {
+    pub const ALL: [Op; 14] = [
+        Op::Gemm,
+        Op::Gemv,
+        Op::AttentionPrefill,
+        Op::AttentionDecode,
+        Op::RmsNorm,
+        Op::LayerNorm,
+        Op::Rope,
+        Op::GatedAct,
+        Op::Softmax,
+        Op::ResidualAdd,
+        Op::QkNormRope,
+        Op::GateUp,
+        Op::ResidualRmsNorm,
+        Op::QkvProj,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Gemm => "gemm",
+            Op::Gemv => "gemv",
+            Op::AttentionPrefill => "attention_prefill",
+            Op::AttentionDecode => "attention_decode",
+            Op::RmsNorm => "rms_norm",
+            Op::LayerNorm => "layer_norm",
+            Op::Rope => "rope",
+            Op::GatedAct => "gated_act",
+            Op::Softmax => "softmax",
+            Op::ResidualAdd => "residual_add",
+            Op::QkNormRope => "qk_norm_rope",
+            Op::GateUp => "gate_up",
+            Op::ResidualRmsNorm => "residual_rms_norm",
+            Op::QkvProj => "qkv_proj",
+        }
+    }
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+fn b(id: &'static str, role: Role, dims: &[&'static str], shape: &[usize], dtype: DType) -> BufSpec {
+    BufSpec { id, role, dims: dims.to_vec(), shape: shape.to_vec(), dtype }
+}
+
+impl Problem {
+    pub fn op(&self) -> Op {
+        match self {
+            Problem::Gemm { .. } => Op::Gemm,
+            Problem::Gemv { .. } => Op::Gemv,
+            Problem::AttentionPrefill { .. } => Op::AttentionPrefill,
+            Problem::AttentionDecode { .. } => Op::AttentionDecode,
+            Problem::RmsNorm { .. } => Op::RmsNorm,
+            Problem::LayerNorm { .. } => Op::LayerNorm,
+            Problem::Rope { .. } => Op::Rope,
+            Problem::GatedAct { .. } => Op::GatedAct,
+            Problem::Softmax { .. } => Op::Softmax,
+            Problem::ResidualAdd { .. } => Op::ResidualAdd,
+            Problem::QkNormRope { .. } => Op::QkNormRope,
+            Problem::GateUp { .. } => Op::GateUp,
+            Problem::ResidualRmsNorm { .. } => Op::ResidualRmsNorm,
+            Problem::QkvProj { .. } => Op::QkvProj,
+        }
+    }
+
+    /// The buffers this problem binds, in binding order (inputs, then outputs).
+    /// `dtype` is the storage type of `weight` and `cache` buffers.
+    pub fn buffers(&self, dtype: DType) -> Vec<BufSpec> {
+        use Role::*;
+        let f = DType::F32;
+        let d = dtype;
+        match *self {
+            Problem::Gemm { m, n, k } => vec![
+                b("x", Input, &["m", "k"], &[m, k], f),
+                b("w", Weight, &["n", "k"], &[n, k], d),
+                b("y", Output, &["m", "n"], &[m, n], f),
+            ],
+            Problem::Gemv { n, k } => vec![
+                b("x", Input, &["k"], &[k], f),
+                b("w", Weight, &["n", "k"], &[n, k], d),
+                b("y", Output, &["n"], &[n], f),
+            ],
+            Problem::AttentionPrefill { tokens, kv_cap, heads, kv_heads, head_dim, .. } => vec![
+                b("q", Input, &["tokens", "heads", "head_dim"], &[tokens, heads, head_dim], f),
+                b("k_cache", Cache, &["kv_heads", "kv_cap", "head_dim"], &[kv_heads, kv_cap, head_dim], d),
+                b("v_cache", Cache, &["kv_heads", "kv_cap", "head_dim"], &[kv_heads, kv_cap, head_dim], d),
+                b("out", Output, &["tokens", "heads", "head_dim"], &[tokens, heads, head_dim], f),
+            ],
+            Problem::AttentionDecode { kv_cap, heads, kv_heads, head_dim, .. } => vec![
+                b("q", Input, &["heads", "head_dim"], &[heads, head_dim], f),
+                b("k_cache", Cache, &["kv_heads", "kv_cap", "head_dim"], &[kv_heads, kv_cap, head_dim], d),
+                b("v_cache", Cache, &["kv_heads", "kv_cap", "head_dim"], &[kv_heads, kv_cap, head_dim], d),
+                b("out", Output, &["heads", "head_dim"], &[heads, head_dim], f),
+            ],
+            Problem::RmsNorm { rows, dim, .. } => vec![
+                b("x", Input, &["rows", "dim"], &[rows, dim], f),
+                b("w", Weight, &["dim"], &[dim], d),
+                b("y", Output, &["rows", "dim"], &[rows, dim], f),
+            ],
+            Problem::LayerNorm { rows, dim, .. } => vec![
+                b("x", Input, &["rows", "dim"], &[rows, dim], f),
+                b("w", Weight, &["dim"], &[dim], d),
+                b("b", Weight, &["dim"], &[dim], d),
+                b("y", Output, &["rows", "dim"], &[rows, dim], f),
+            ],
+            Problem::Rope { tokens, heads, head_dim, rot_dim, .. } => vec![
+                b("x", Input, &["tokens", "heads", "head_dim"], &[tokens, heads, head_dim], f),
+                b("inv_freq", Input, &["rot_half"], &[rot_dim / 2], f),
+                b("y", Output, &["tokens", "heads", "head_dim"], &[tokens, heads, head_dim], f),
+            ],
+            Problem::GatedAct { rows, dim, .. } => vec![
+                b("gate", Input, &["rows", "dim"], &[rows, dim], f),
+                b("up", Input, &["rows", "dim"], &[rows, dim], f),
+                b("y", Output, &["rows", "dim"], &[rows, dim], f),
+            ],
+            Problem::Softmax { rows, dim } => vec![
+                b("x", Input, &["rows", "dim"], &[rows, dim], f),
+                b("y", Output, &["rows", "dim"], &[rows, dim], f),
+            ],
+            Problem::ResidualAdd { n } => vec![
+                b("a", Input, &["n"], &[n], f),
+                b("b", Input, &["n"], &[n], f),
+                b("y", Output, &["n"], &[n], f),
+            ],
+            Problem::QkNormRope { tokens, heads, head_dim, rot_dim, .. } => vec![
+                b("x", Input, &["tokens", "heads", "head_dim"], &[tokens, heads, head_dim], f),
+                b("w", Weight, &["head_dim"], &[head_dim], d),
+                b("inv_freq", Input, &["rot_half"], &[rot_dim / 2], f),
+                b("y", Output, &["tokens", "heads", "head_dim"], &[tokens, heads, head_dim], f),
+            ],
+            Problem::GateUp { rows, n, k, .. } => vec![
+                b("x", Input, &["rows", "k"], &[rows, k], f),
+                b("w", Weight, &["2n", "k"], &[2 * n, k], d),
+                b("y", Output, &["rows", "n"], &[rows, n], f),
+            ],
+            Problem::ResidualRmsNorm { rows, dim, .. } => vec![
+                b("x", Input, &["rows", "dim"], &[rows, dim], f),
+                b("r", Input, &["rows", "dim"], &[rows, dim], f),
+                b("w", Weight, &["dim"], &[dim], d),
+                b("h", Output, &["rows", "dim"], &[rows, dim], f),
+                b("y", Output, &["rows", "dim"], &[rows, dim], f),
+            ],
+            Problem::QkvProj { k, nq, nkv, bias } => {
+                let n = nq + 2 * nkv;
+                let mut v = vec![
+                    b("x", Input, &["k"], &[k], f),
+                    b("w", Weight, &["nq+2nkv", "k"], &[n, k], d),
+                ];
+                if bias {
+                    v.push(b("bias", Weight, &["nq+2nkv"], &[n], f));
+                }
+                v.push(b("q", Output, &["nq"], &[nq], f));
+                v.push(b("k_out", Output, &["nkv"], &[nkv], f));
+                v.push(b("v_out", Output, &["nkv"], &[nkv], f));
+                v
+            }
+        }
+    }
+
+    /// Floating-point operations (multiply and add count as two) this problem does.
+    pub fn flops(&self) -> f64 {
+        let f = |x: usize| x as f64;
+        match *self {
+            Problem::Gemm { m, n, k } => 2.0 * f(m) * f(n) * f(k),
+            Problem::Gemv { n, k } => 2.0 * f(n) * f(k),
+            Problem::AttentionPrefill { tokens, kv_len, heads, head_dim, window, .. } => {
+                // causal: each query sees about (past + i) keys
+                let past = kv_len - tokens;
+                let mut keys = 0.0;
+                for i in 0..tokens {
+                    let seen = past + i + 1;
+                    keys += f(if window > 0 { seen.min(window) } else { seen });
+                }
+                4.0 * keys * f(heads) * f(head_dim)
+            }
+            Problem::AttentionDecode { kv_len, heads, head_dim, window, .. } => {
+                let seen = if window > 0 { kv_len.min(window) } else { kv_len };
+                4.0 * f(seen) * f(heads) * f(head_dim)
+            }
+            Problem::RmsNorm { rows, dim, .. } => 4.0 * f(rows) * f(dim),
+            Problem::LayerNorm { rows, dim, .. } => 7.0 * f(rows) * f(dim),
+            Problem::Rope { tokens, heads, rot_dim, .. } => 3.0 * f(tokens) * f(heads) * f(rot_dim),
+            Problem::GatedAct { rows, dim, .. } => 10.0 * f(rows) * f(dim),
+            Problem::Softmax { rows, dim } => 5.0 * f(rows) * f(dim),
+            Problem::ResidualAdd { n } => f(n),
+            Problem::QkNormRope { tokens, heads, head_dim, rot_dim, .. } => {
+                f(tokens) * f(heads) * (4.0 * f(head_dim) + 3.0 * f(rot_dim))
+            }
+            Problem::GateUp { rows, n, k, .. } => 4.0 * f(rows) * f(n) * f(k) + 10.0 * f(rows) * f(n),
+            Problem::ResidualRmsNorm { rows, dim, .. } => 5.0 * f(rows) * f(dim),
+            Problem::QkvProj { k, nq, nkv, .. } => 2.0 * f(k) * f(nq + 2 * nkv),
+        }
+    }
+
+    /// Bytes an ideal kernel must move: every buffer read once, every output written once.
+    /// Attention counts the KV cache rows it can see, not the whole capacity.
+    pub fn min_bytes(&self, dtype: DType) -> f64 {
+        let bufs = self.buffers(dtype);
+        match *self {
+            Problem::AttentionPrefill { kv_len, kv_cap, .. } | Problem::AttentionDecode { kv_len, kv_cap, .. } => bufs
+                .iter()
+                .map(|s| {
+                    let bytes = s.bytes() as f64;
+                    if s.role == Role::Cache { bytes * kv_len as f64 / kv_cap as f64 } else { bytes }
+                })
+                .sum(),
+            _ => bufs.iter().map(|s| s.bytes() as f64).sum(),
+        }
+    }
+
+    /// Whether the op is limited by memory traffic (GB/s is its figure of merit)
+    /// rather than arithmetic (GFLOP/s).
+    pub fn is_memory_bound(&self) -> bool {
+        match *self {
+            Problem::Gemm { m, .. } => m < 8,
+            Problem::GateUp { rows, .. } => rows < 8,
+            Problem::AttentionPrefill { tokens, .. } => tokens < 8,
+            _ => true,
+        }
+    }
+
+    /// Short human form, e.g. `gemv n=1152 k=6912`.
+    pub fn describe(&self) -> String {
+        let v = serde_json::to_value(self).unwrap_or_default();
+        let mut s = self.op().name().to_string();
+        if let Some(map) = v.as_object() {
+            for (k, val) in map {
+                if k == "op" {
+                    continue;
+                }
+                let val = match val {
+                    serde_json::Value::String(t) => t.clone(),
+                    other => other.to_string(),
+                };
+                s.push_str(&format!(" {k}={val}"));
+            }
+        }
+        s
+    }
+}
+
+/// Shapes the parity check runs for `op`: small enough for a software adapter,
+/// and including sizes that are not multiples of any tile or vector width.
+pub fn test_problems(op: Op) -> Vec<Problem> {
+    match op {
+        Op::Gemm => vec![
+            Problem::Gemm { m: 1, n: 7, k: 5 },
+            Problem::Gemm { m: 37, n: 53, k: 67 },
+            Problem::Gemm { m: 64, n: 64, k: 64 },
+            Problem::Gemm { m: 70, n: 96, k: 128 },
+            Problem::Gemm { m: 5, n: 130, k: 96 },
+        ],
+        Op::Gemv => vec![
+            Problem::Gemv { n: 1, k: 3 },
+            Problem::Gemv { n: 37, k: 67 },
+            Problem::Gemv { n: 64, k: 256 },
+            Problem::Gemv { n: 129, k: 1000 },
+            Problem::Gemv { n: 300, k: 128 },
+        ],
+        Op::AttentionPrefill => vec![
+            Problem::AttentionPrefill { tokens: 1, kv_len: 1, kv_cap: 1, heads: 1, kv_heads: 1, head_dim: 8, window: 0, scale: 0.35 },
+            Problem::AttentionPrefill { tokens: 7, kv_len: 7, kv_cap: 9, heads: 4, kv_heads: 2, head_dim: 16, window: 0, scale: 0.25 },
+            Problem::AttentionPrefill { tokens: 37, kv_len: 37, kv_cap: 40, heads: 4, kv_heads: 1, head_dim: 64, window: 0, scale: 0.125 },
+            Problem::AttentionPrefill { tokens: 33, kv_len: 45, kv_cap: 48, heads: 6, kv_heads: 2, head_dim: 32, window: 0, scale: 0.18 },
+            Problem::AttentionPrefill { tokens: 50, kv_len: 50, kv_cap: 50, heads: 2, kv_heads: 2, head_dim: 32, window: 16, scale: 0.18 },
+            Problem::AttentionPrefill { tokens: 20, kv_len: 70, kv_cap: 72, heads: 8, kv_heads: 2, head_dim: 128, window: 24, scale: 0.0884 },
+        ],
+        Op::AttentionDecode => vec![
+            Problem::AttentionDecode { kv_len: 1, kv_cap: 1, heads: 1, kv_heads: 1, head_dim: 8, window: 0, scale: 0.35 },
+            Problem::AttentionDecode { kv_len: 37, kv_cap: 40, heads: 4, kv_heads: 2, head_dim: 16, window: 0, scale: 0.25 },
+            Problem::AttentionDecode { kv_len: 300, kv_cap: 301, heads: 4, kv_heads: 1, head_dim: 64, window: 0, scale: 0.125 },
+            Problem::AttentionDecode { kv_len: 517, kv_cap: 600, heads: 8, kv_heads: 2, head_dim: 128, window: 0, scale: 0.0884 },
+            Problem::AttentionDecode { kv_len: 700, kv_cap: 700, heads: 6, kv_heads: 3, head_dim: 32, window: 64, scale: 0.18 },
+        ],
+        Op::RmsNorm => vec![
+            Problem::RmsNorm { rows: 1, dim: 7, eps: 1e-6, unit_offset: false },
+            Problem::RmsNorm { rows: 3, dim: 1152, eps: 1e-6, unit_offset: true },
+            Problem::RmsNorm { rows: 17, dim: 577, eps: 1e-5, unit_offset: false },
+        ],
+        Op::LayerNorm => vec![
+            Problem::LayerNorm { rows: 1, dim: 7, eps: 1e-5 },
+            Problem::LayerNorm { rows: 17, dim: 577, eps: 1e-5 },
+            Problem::LayerNorm { rows: 4, dim: 1024, eps: 1e-6 },
+        ],
+        Op::Rope => vec![
+            Problem::Rope { tokens: 1, heads: 1, head_dim: 8, rot_dim: 8, pos0: 0, layout: RopeLayout::Half },
+            Problem::Rope { tokens: 5, heads: 3, head_dim: 64, rot_dim: 64, pos0: 17, layout: RopeLayout::Half },
+            Problem::Rope { tokens: 7, heads: 4, head_dim: 64, rot_dim: 64, pos0: 3, layout: RopeLayout::Interleaved },
+            Problem::Rope { tokens: 3, heads: 2, head_dim: 96, rot_dim: 32, pos0: 1000, layout: RopeLayout::Half },
+            Problem::Rope { tokens: 2, heads: 5, head_dim: 128, rot_dim: 128, pos0: 8000, layout: RopeLayout::Interleaved },
+        ],
+        Op::GatedAct => vec![
+            Problem::GatedAct { rows: 1, dim: 5, act: Activation::Silu },
+            Problem::GatedAct { rows: 3, dim: 1537, act: Activation::GeluTanh },
+            Problem::GatedAct { rows: 7, dim: 256, act: Activation::Silu },
+        ],
+        Op::Softmax => vec![
+            Problem::Softmax { rows: 1, dim: 1 },
+            Problem::Softmax { rows: 5, dim: 333 },
+            Problem::Softmax { rows: 2, dim: 4099 },
+        ],
+        Op::ResidualAdd => vec![Problem::ResidualAdd { n: 1 }, Problem::ResidualAdd { n: 1155 }, Problem::ResidualAdd { n: 4096 }],
+        Op::QkNormRope => vec![
+            Problem::QkNormRope { tokens: 1, heads: 1, head_dim: 8, rot_dim: 8, pos0: 0, layout: RopeLayout::Half, eps: 1e-6, unit_offset: true },
+            Problem::QkNormRope { tokens: 5, heads: 4, head_dim: 256, rot_dim: 256, pos0: 9, layout: RopeLayout::Half, eps: 1e-6, unit_offset: true },
+            Problem::QkNormRope { tokens: 3, heads: 2, head_dim: 64, rot_dim: 64, pos0: 100, layout: RopeLayout::Interleaved, eps: 1e-5, unit_offset: false },
+        ],
+        Op::GateUp => vec![
+            Problem::GateUp { rows: 1, n: 7, k: 5, act: Activation::Silu },
+            Problem::GateUp { rows: 1, n: 96, k: 130, act: Activation::GeluTanh },
+            Problem::GateUp { rows: 1, n: 300, k: 256, act: Activation::Silu },
+            Problem::GateUp { rows: 9, n: 70, k: 64, act: Activation::GeluTanh },
+            Problem::GateUp { rows: 33, n: 64, k: 96, act: Activation::Silu },
+        ],
+        Op::ResidualRmsNorm => vec![
+            Problem::ResidualRmsNorm { rows: 1, dim: 7, eps: 1e-6, unit_offset: false },
+            Problem::ResidualRmsNorm { rows: 5, dim: 1152, eps: 1e-6, unit_offset: true },
+            Problem::ResidualRmsNorm { rows: 3, dim: 577, eps: 1e-5, unit_offset: false },
+        ],
+        Op::QkvProj => vec![
+            Problem::QkvProj { k: 5, nq: 4, nkv: 2, bias: false },
+            Problem::QkvProj { k: 130, nq: 64, nkv: 16, bias: true },
+            Problem::QkvProj { k: 256, nq: 256, nkv: 128, bias: false },
+            Problem::QkvProj { k: 96, nq: 96, nkv: 32, bias: true },
+        ],
+    }
+}

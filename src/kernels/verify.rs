@@ -1,0 +1,327 @@
+//! The correctness gate: random inputs for a problem, a variant run on the CPU or a
+//! GPU, and the comparison with the f64 reference under dtype-aware tolerances
+//! (seed 004). Used by `kernels --verify`, the tests and the tuner.
+
+use half::f16;
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use super::problem::{BufSpec, Problem, Role};
+use super::{Caps, CpuArgs, CpuIn, DType, Impl, KernelDef, KernelError, Params, reference};
+use crate::gpu::GpuCtx;
+
+/// A host-side tensor in its storage type.
+#[derive(Clone, Debug)]
+pub enum HostTensor {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl HostTensor {
+    pub fn to_f64(&self) -> Vec<f64> {
+        match self {
+            HostTensor::F32(v) => v.iter().map(|&x| x as f64).collect(),
+            HostTensor::F16(v) => v.iter().map(|x| x.to_f64()).collect(),
+        }
+    }
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            HostTensor::F32(v) => bytemuck::cast_slice(v),
+            HostTensor::F16(v) => bytemuck::cast_slice(v),
+        }
+    }
+    pub fn as_in(&self) -> CpuIn<'_> {
+        match self {
+            HostTensor::F32(v) => CpuIn::F32(v),
+            HostTensor::F16(v) => CpuIn::F16(v),
+        }
+    }
+}
+
+/// Value written into output buffers before a run, so elements a kernel forgets to
+/// write show up as errors.
+pub const SENTINEL: f32 = 1.0e4;
+
+/// Deterministic random inputs for `problem` (binding order, inputs only).
+///
+/// Values are uniform in [-1, 1]; `inv_freq` gets real RoPE frequencies; KV cache
+/// rows past `kv_len` hold a large sentinel so reading them is caught.
+pub fn make_inputs(problem: &Problem, dtype: DType, seed: u64) -> Vec<HostTensor> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    problem
+        .buffers(dtype)
+        .iter()
+        .filter(|s| !s.is_output())
+        .map(|spec| {
+            let n = spec.len();
+            let mut v: Vec<f32> = if spec.id == "inv_freq" {
+                reference::rope_inv_freq(10000.0, 2 * n, None)
+            } else {
+                (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+            };
+            if spec.role == Role::Cache {
+                mask_cache_tail(problem, spec, &mut v);
+            }
+            match spec.dtype {
+                DType::F32 => HostTensor::F32(v),
+                DType::F16 => HostTensor::F16(v.into_iter().map(f16::from_f32).collect()),
+            }
+        })
+        .collect()
+}
+
+fn mask_cache_tail(problem: &Problem, spec: &BufSpec, v: &mut [f32]) {
+    let (kv_len, kv_cap, d) = match *problem {
+        Problem::AttentionPrefill { kv_len, kv_cap, head_dim, .. } | Problem::AttentionDecode { kv_len, kv_cap, head_dim, .. } => {
+            (kv_len, kv_cap, head_dim)
+        }
+        _ => return,
+    };
+    let heads = spec.shape[0];
+    for h in 0..heads {
+        for j in kv_len..kv_cap {
+            v[(h * kv_cap + j) * d..][..d].fill(SENTINEL);
+        }
+    }
+}
+
+/// Output lengths of `problem`, binding order.
+pub fn output_lens(problem: &Problem, dtype: DType) -> Vec<usize> {
+    problem.buffers(dtype).iter().filter(|s| s.is_output()).map(BufSpec::len).collect()
+}
+
+/// Runs a CPU variant on host inputs; returns the outputs.
+pub fn run_cpu(k: &KernelDef, problem: &Problem, dtype: DType, params: &Params, ins: &[HostTensor]) -> Result<Vec<Vec<f32>>, KernelError> {
+    let mut outs: Vec<Vec<f32>> = output_lens(problem, dtype).into_iter().map(|n| vec![SENTINEL; n]).collect();
+    let args = CpuArgs { ins: ins.iter().map(HostTensor::as_in).collect(), outs: outs.iter_mut().map(|v| v.as_mut_slice()).collect() };
+    k.run_cpu(problem, dtype, params, args)?;
+    Ok(outs)
+}
+
+/// GPU buffers of one problem, inputs uploaded and outputs filled with the sentinel.
+pub struct GpuBuffers {
+    pub buffers: Vec<wgpu::Buffer>,
+    pub specs: Vec<BufSpec>,
+}
+
+impl GpuBuffers {
+    pub fn new(gpu: &GpuCtx, problem: &Problem, dtype: DType, ins: &[HostTensor]) -> GpuBuffers {
+        let specs = problem.buffers(dtype);
+        let mut inputs = ins.iter();
+        let buffers = specs
+            .iter()
+            .map(|s| {
+                if s.is_output() {
+                    let fill = vec![SENTINEL; s.len()];
+                    gpu.upload(s.id, bytemuck::cast_slice(&fill))
+                } else {
+                    let t = inputs.next().map(HostTensor::bytes).unwrap_or(&[]);
+                    gpu.upload(s.id, t)
+                }
+            })
+            .collect();
+        GpuBuffers { buffers, specs }
+    }
+
+    pub fn refs(&self) -> Vec<&wgpu::Buffer> {
+        self.buffers.iter().collect()
+    }
+
+    pub fn read_outputs(&self, gpu: &GpuCtx) -> Result<Vec<Vec<f32>>, KernelError> {
+        let mut outs = Vec::new();
+        for (s, b) in self.specs.iter().zip(&self.buffers) {
+            if s.is_output() {
+                let bytes = gpu.read(b, (s.len() * 4) as u64)?;
+                outs.push(bytemuck::pod_collect_to_vec(&bytes));
+            }
+        }
+        Ok(outs)
+    }
+}
+
+/// Runs a WGSL variant on host inputs; returns the outputs.
+pub fn run_gpu(
+    gpu: &GpuCtx,
+    k: &KernelDef,
+    problem: &Problem,
+    dtype: DType,
+    params: &Params,
+    ins: &[HostTensor],
+) -> Result<Vec<Vec<f32>>, KernelError> {
+    let bufs = GpuBuffers::new(gpu, problem, dtype, ins);
+    let prog = k.prepare_wgsl(gpu, problem, dtype, params, &bufs.refs())?;
+    gpu.run(k.id, &[&prog])?;
+    bufs.read_outputs(gpu)
+}
+
+/// Tolerance on the error relative to the output's scale.
+pub fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => 2e-4,
+        // Inputs are exactly representable in f16 and accumulation is f32, so the
+        // error budget covers reduction order and fast transcendental functions.
+        DType::F16 => 1e-3,
+    }
+}
+
+/// Outcome of one parity check.
+#[derive(Clone, Debug, Serialize)]
+pub struct Check {
+    pub kernel: String,
+    pub dtype: DType,
+    pub params: Params,
+    pub problem: String,
+    /// Largest absolute difference from the reference over all outputs.
+    pub max_abs_err: f64,
+    /// Largest absolute reference value (the scale errors are judged against).
+    pub scale: f64,
+    pub rel_err: f64,
+    pub tolerance: f64,
+    pub passed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Compares kernel outputs with reference outputs.
+pub fn compare(outs: &[Vec<f32>], want: &[Vec<f64>]) -> (f64, f64) {
+    let mut err: f64 = 0.0;
+    let mut scale: f64 = 0.0;
+    for (o, w) in outs.iter().zip(want) {
+        if o.len() != w.len() {
+            return (f64::INFINITY, 1.0);
+        }
+        for (a, b) in o.iter().zip(w) {
+            let d = (*a as f64 - b).abs();
+            err = if d.is_nan() { f64::INFINITY } else { err.max(d) };
+            scale = scale.max(b.abs());
+        }
+    }
+    (err, scale.max(1e-3))
+}
+
+/// Where a variant runs for a check.
+pub enum Runner<'a> {
+    Cpu,
+    Gpu(&'a GpuCtx),
+}
+
+/// Runs one variant on one problem and judges it against the reference.
+pub fn check_one(runner: &Runner<'_>, k: &KernelDef, problem: &Problem, dtype: DType, params: &Params, seed: u64) -> Check {
+    let ins = make_inputs(problem, dtype, seed);
+    let want = reference::compute(problem, &ins.iter().map(HostTensor::to_f64).collect::<Vec<_>>());
+    let got = match runner {
+        Runner::Cpu => run_cpu(k, problem, dtype, params, &ins),
+        Runner::Gpu(g) => run_gpu(g, k, problem, dtype, params, &ins),
+    };
+    let tol = tolerance(dtype);
+    let base = Check {
+        kernel: k.id.to_string(),
+        dtype,
+        params: params.clone(),
+        problem: problem.describe(),
+        max_abs_err: f64::INFINITY,
+        scale: 0.0,
+        rel_err: f64::INFINITY,
+        tolerance: tol,
+        passed: false,
+        error: None,
+    };
+    match got {
+        Err(e) => Check { error: Some(e.to_string()), ..base },
+        Ok(outs) => {
+            let (err, scale) = compare(&outs, &want);
+            let rel = err / scale;
+            Check { max_abs_err: err, scale, rel_err: rel, passed: rel <= tol, ..base }
+        }
+    }
+}
+
+/// The parameter sets a parity sweep covers for `k`: the defaults, then each
+/// parameter moved through all its values with the others at their defaults
+/// (every value of every parameter is exercised). `all` gives the full product.
+pub fn param_sweep(k: &KernelDef, all: bool) -> Vec<Params> {
+    if all {
+        return k.all_params();
+    }
+    let base = k.default_params();
+    let mut out = vec![base.clone()];
+    for spec in k.params {
+        for &v in spec.values {
+            if v == spec.default {
+                continue;
+            }
+            let mut p = base.clone();
+            p.insert(spec.name.to_string(), v);
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Result of sweeping one kernel over its test problems.
+#[derive(Clone, Debug, Serialize)]
+pub struct KernelVerdict {
+    pub kernel: String,
+    pub backend: &'static str,
+    pub checks: usize,
+    pub failed: usize,
+    /// Worst relative error over the checks that ran.
+    pub worst_rel_err: f64,
+    pub worst_abs_err: f64,
+    /// Variants skipped because they are not valid for a shape or this device.
+    pub skipped: usize,
+    /// Failing checks (all of them) and, when nothing ran, the reason.
+    pub failures: Vec<Check>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_run: Option<String>,
+}
+
+/// Checks every parameter set of `k` (see [`param_sweep`]) in each dtype on every
+/// test problem of its op that the variant accepts on this device.
+pub fn verify_kernel(runner: &Runner<'_>, caps: Caps<'_>, k: &KernelDef, all_params: bool) -> KernelVerdict {
+    let mut v = KernelVerdict {
+        kernel: k.id.to_string(),
+        backend: k.backend().name(),
+        checks: 0,
+        failed: 0,
+        worst_rel_err: 0.0,
+        worst_abs_err: 0.0,
+        skipped: 0,
+        failures: Vec::new(),
+        not_run: None,
+    };
+    let mut last_reason = None;
+    for (pi, params) in param_sweep(k, all_params).iter().enumerate() {
+        for &dtype in k.dtypes {
+            for (qi, problem) in super::problem::test_problems(k.op).iter().enumerate() {
+                if let Err(reason) = k.check(caps, problem, dtype, params) {
+                    v.skipped += 1;
+                    last_reason = Some(reason);
+                    continue;
+                }
+                let seed = 0x5eed ^ ((pi as u64) << 32) ^ ((qi as u64) << 8) ^ dtype as u64;
+                let c = check_one(runner, k, problem, dtype, params, seed);
+                v.checks += 1;
+                if c.rel_err.is_finite() {
+                    v.worst_rel_err = v.worst_rel_err.max(c.rel_err);
+                    v.worst_abs_err = v.worst_abs_err.max(c.max_abs_err);
+                }
+                if !c.passed {
+                    v.failed += 1;
+                    v.worst_rel_err = v.worst_rel_err.max(c.rel_err);
+                    v.failures.push(c);
+                }
+            }
+        }
+    }
+    if v.checks == 0 {
+        v.not_run = last_reason.or_else(|| Some("no test problem".into()));
+    }
+    v
+}
+
+/// Whether `k` runs on the runner's kind of device.
+pub fn runs_on(k: &KernelDef, runner: &Runner<'_>) -> bool {
+    matches!((&k.imp, runner), (Impl::Cpu(_), Runner::Cpu) | (Impl::Wgsl(_), Runner::Gpu(_)))
+}

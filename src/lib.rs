@@ -1,0 +1,15 @@
+//! ktune: an auto-tuner for the compute kernels of transformer decoders.
+//!
+//! The library holds everything; `main.rs` only parses, calls [`commands`] and
+//! prints the error chain. See `DESIGN.md` for the architecture.
+
+pub mod cli;
+pub mod commands;
+pub mod device;
+pub mod error;
+pub mod gpu;
+pub mod kernels;
+pub mod output;
+pub mod testing;
+
+pub use error::{Error, Result};

@@ -1,0 +1,57 @@
+//! Helpers for tests and benchmarks: opening the GPU the suite runs on.
+//!
+//! GPU tests run for real on any adapter, software ones (lavapipe) included. When
+//! none exists they skip loudly, unless `KTUNE_REQUIRE_GPU=1` or `CI=true` (every CI
+//! service sets it), in which case they fail.
+
+use std::sync::{Arc, OnceLock};
+
+use crate::device::{self, Device};
+use crate::gpu::GpuCtx;
+
+/// Environment variable that turns a missing GPU adapter into a test failure.
+pub const REQUIRE_GPU_ENV: &str = "KTUNE_REQUIRE_GPU";
+
+/// Whether a missing GPU adapter fails the GPU tests: `KTUNE_REQUIRE_GPU=1`, or
+/// `CI=true` unless `KTUNE_REQUIRE_GPU=0` says otherwise.
+pub fn gpu_required() -> bool {
+    match std::env::var(REQUIRE_GPU_ENV).as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => std::env::var("CI").is_ok_and(|v| v == "true" || v == "1"),
+    }
+}
+
+/// The first GPU adapter (hardware preferred, software accepted), opened once per
+/// process. `None` (with a loud message) when there is none and it is not required.
+pub fn test_gpu() -> Option<Arc<GpuCtx>> {
+    static GPU: OnceLock<Option<Arc<GpuCtx>>> = OnceLock::new();
+    GPU.get_or_init(|| {
+        let devices = device::discover();
+        let pick = devices
+            .iter()
+            .position(|d| matches!(d, Device::Gpu(g) if !g.info.software))
+            .or_else(|| devices.iter().position(|d| matches!(d, Device::Gpu(_))));
+        let required = gpu_required();
+        match pick.map(|i| &devices[i]) {
+            Some(Device::Gpu(g)) => match GpuCtx::open(g) {
+                Ok(ctx) => Some(ctx),
+                Err(e) if required => panic!("{REQUIRE_GPU_ENV}=1 but the GPU adapter could not be opened: {e}"),
+                Err(e) => {
+                    eprintln!("\n!!!! SKIPPING GPU TESTS: adapter could not be opened: {e} !!!!\n");
+                    None
+                }
+            },
+            _ if required => panic!(
+                "{REQUIRE_GPU_ENV}=1 but no GPU adapter was found (install a Vulkan driver, e.g. mesa-vulkan-drivers)"
+            ),
+            _ => {
+                eprintln!(
+                    "\n!!!! SKIPPING GPU TESTS: no GPU adapter found (install mesa-vulkan-drivers for lavapipe, or set {REQUIRE_GPU_ENV}=1 to fail instead) !!!!\n"
+                );
+                None
+            }
+        }
+    })
+    .clone()
+}

@@ -1,0 +1,55 @@
+//! Parity of every kernel variant against the f64 CPU reference: every CPU kernel on
+//! the CPU, every WGSL kernel on the test GPU (lavapipe in CI; see
+//! `ktune::testing::test_gpu` for when a missing adapter skips and when it fails).
+
+use ktune::device::CpuCaps;
+use ktune::kernels::verify::{self, Runner};
+use ktune::kernels::{self, Backend, Caps};
+use ktune::testing::test_gpu;
+
+fn report(verdicts: &[verify::KernelVerdict]) -> String {
+    let mut s = String::new();
+    for v in verdicts {
+        for f in &v.failures {
+            s.push_str(&format!(
+                "{} {} {:?} on {}: rel err {:.3e} (tol {:.1e}) {}\n",
+                f.kernel,
+                f.dtype,
+                f.params,
+                f.problem,
+                f.rel_err,
+                f.tolerance,
+                f.error.as_deref().unwrap_or("")
+            ));
+        }
+    }
+    s
+}
+
+#[test]
+fn cpu_kernels_match_reference() {
+    let caps = CpuCaps::detect();
+    let mut verdicts = Vec::new();
+    for k in kernels::registry().iter().filter(|k| k.backend() == Backend::Cpu) {
+        let v = verify::verify_kernel(&Runner::Cpu, Caps::Cpu(&caps), k, false);
+        assert!(v.checks > 0, "{} ran no check: {:?}", k.id, v.not_run);
+        verdicts.push(v);
+    }
+    let failed = report(&verdicts);
+    assert!(failed.is_empty(), "CPU parity failures:\n{failed}");
+}
+
+#[test]
+fn wgsl_kernels_match_reference() {
+    let Some(gpu) = test_gpu() else { return };
+    let mut verdicts = Vec::new();
+    let mut ran = 0;
+    for k in kernels::registry().iter().filter(|k| k.backend() == Backend::Wgsl) {
+        let v = verify::verify_kernel(&Runner::Gpu(&gpu), Caps::Gpu(&gpu.caps), k, false);
+        ran += v.checks;
+        verdicts.push(v);
+    }
+    assert!(ran > 0, "no WGSL check ran on {}", gpu.name);
+    let failed = report(&verdicts);
+    assert!(failed.is_empty(), "WGSL parity failures on {}:\n{failed}", gpu.name);
+}

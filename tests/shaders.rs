@@ -1,0 +1,36 @@
+//! Every WGSL shader of the kernel set parses and validates with naga, without a GPU.
+
+use ktune::kernels;
+
+#[test]
+fn every_shader_validates_with_naga() {
+    let shaders = kernels::shaders();
+    assert!(!shaders.is_empty(), "the kernel set has no WGSL shader");
+    let mut failures = Vec::new();
+    for s in shaders {
+        let module = match naga::front::wgsl::parse_str(s.source) {
+            Ok(m) => m,
+            Err(e) => {
+                failures.push(format!("{}: parse error:\n{}", s.name, e.emit_to_string(s.source)));
+                continue;
+            }
+        };
+        let mut v = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all());
+        if let Err(e) = v.validate(&module) {
+            failures.push(format!("{}: validation error: {e:?}", s.name));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn every_shader_file_is_used_by_a_kernel() {
+    let used: Vec<_> = kernels::shaders().iter().map(|s| s.name).collect();
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/shaders");
+    for entry in std::fs::read_dir(dir).expect("shaders/ exists") {
+        let name = entry.expect("dir entry").file_name().to_string_lossy().to_string();
+        if name.ends_with(".wgsl") {
+            assert!(used.contains(&name.as_str()), "shaders/{name} is not used by any kernel in the registry");
+        }
+    }
+}
