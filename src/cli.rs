@@ -21,6 +21,65 @@ pub enum Command {
     ListDevices(ListDevicesArgs),
     /// The kernel set; with --verify, check each variant against the CPU reference.
     Kernels(KernelsArgs),
+    /// Run a model with the kernels a profile selects (or the runtime's defaults).
+    Run(RunArgs),
+}
+
+/// Where a model comes from.
+#[derive(clap::Args, Debug, Clone)]
+#[group(required = true, multiple = false)]
+pub struct ModelSource {
+    /// A built-in model with deterministic synthetic weights (for benchmarking):
+    /// gemma3-1b, gemma3-4b, llama-3.2-1b, llama-3.2-3b, qwen2.5-0.5b, qwen2.5-1.5b, smollm2-135m.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// A Hugging Face model directory (config.json and safetensors weights).
+    #[arg(long, value_name = "DIR")]
+    pub model_dir: Option<std::path::PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub source: ModelSource,
+    /// A profile (YAML) selecting the kernels; without one the runtime picks its own.
+    #[arg(long, value_name = "FILE")]
+    pub profile: Option<std::path::PathBuf>,
+    /// Prompt token ids, comma separated.
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub tokens: Vec<u32>,
+    /// Tokens to generate greedily after the prompt.
+    #[arg(long, default_value_t = 16)]
+    pub max_tokens: usize,
+    /// Context length the KV cache is sized for (default: prompt + max-tokens).
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// Most prompt tokens per prefill pass (longer prompts are processed in chunks).
+    #[arg(long, default_value_t = 512)]
+    pub prefill_chunk: usize,
+    /// Keep only the first N layers (for quick checks on large models).
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Storage type of the weights (without a profile).
+    #[arg(long, default_value = "f32")]
+    pub weight_dtype: String,
+    /// Storage type of the KV cache (without a profile).
+    #[arg(long, default_value = "f32")]
+    pub kv_dtype: String,
+    /// Fusions (without a profile): `all`, `none`, or a list of qkv, gate_up, qk_norm_rope, residual_norm.
+    #[arg(long, default_value = "all")]
+    pub fusion: String,
+    /// One submit per kernel instead of one per token (GPU; without a profile).
+    #[arg(long)]
+    pub no_batch: bool,
+    /// Write the prompt's logits (every position) and the generated ids as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub dump_logits: Option<std::path::PathBuf>,
+    /// Seed of the synthetic weights (--model).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
 }
 
 #[derive(clap::Args, Debug)]

@@ -1,7 +1,7 @@
 //! The top-level error: every module's error gathered in one type that knows its
 //! exit code (0 ok, 1 a check found differences, 2 error).
 
-use crate::{device::DeviceError, gpu::GpuError, kernels::KernelError};
+use crate::{device::DeviceError, gpu::GpuError, kernels::KernelError, model::ModelError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -11,6 +11,12 @@ pub enum Error {
     Gpu(#[from] GpuError),
     #[error(transparent)]
     Kernel(#[from] KernelError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Plan(#[from] crate::plan::PlanError),
+    #[error(transparent)]
+    Runtime(#[from] crate::runtime::RuntimeError),
     #[error("{0}")]
     Usage(String),
     #[error("writing output failed: {0}")]

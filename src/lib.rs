@@ -9,7 +9,10 @@ pub mod device;
 pub mod error;
 pub mod gpu;
 pub mod kernels;
+pub mod model;
 pub mod output;
+pub mod plan;
+pub mod runtime;
 pub mod testing;
 
 pub use error::{Error, Result};

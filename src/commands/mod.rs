@@ -3,6 +3,7 @@
 
 pub mod kernels;
 pub mod list_devices;
+pub mod run;
 
 use crate::cli::{Cli, Command};
 use crate::device::{self, Device};
@@ -20,6 +21,11 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             let report = kernels::run(cli.device.as_deref(), &args)?;
             output::print(&output::kernels(&report, args.format)?)?;
             Ok(if report.failed() { 1 } else { 0 })
+        }
+        Command::Run(args) => {
+            let report = run::run(cli.device.as_deref(), &args)?;
+            output::print(&output::run(&report, args.format)?)?;
+            Ok(0)
         }
     }
 }

@@ -1,7 +1,981 @@
-//! (being written) kernel family `attention`.
+//! Attention: causal grouped-query attention over the head-major KV cache, for
+//! prefill (`tokens` new queries ending at `kv_len`) and decode (one query at
+//! `kv_len - 1`, the op that bounds long-context decoding).
+//!
+//! WGSL prefill: `attention_prefill_naive` (scores materialised in a scratch buffer,
+//! three dispatches: QKᵀ, row softmax, P·V) and `attention_prefill_flash` (tiled
+//! online softmax, K/V tiles in workgroup memory, `block_q` × `block_kv` tiles).
+//! WGSL decode: `attention_decode_stream` (one workgroup per query head streaming the
+//! cache) and `attention_decode_splitkv` (flash decoding: the key range split into
+//! `chunk`-key partials computed by one workgroup per GQA group, so the query heads
+//! sharing a KV head read it once, then a merge pass).
+//! CPU prefill: `attention_prefill_cpu` (rayon over (token, head) rows, per-key online
+//! softmax) and `attention_prefill_tiled_cpu` (rayon over (token block, KV head),
+//! key tiles with materialised score rows, the K/V tile shared by the group's heads).
+//! CPU decode: `attention_decode_heads_cpu` (one task per head, exact two-pass
+//! softmax) and `attention_decode_splitkv_cpu` (the key range split across tasks per
+//! KV head, (m, l, acc) partials merged per head).
+//! The CPU kernels use the SIMD dot products of [`super::simd`] and the f32/f16
+//! `axpy_row` microkernel of this module; every variant takes f32 or f16 caches.
 
-use super::KernelDef;
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use super::gemv::row;
+use super::simd::{self, Isa, Row};
+use super::{
+    CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, p, packed_f16,
+};
+use crate::device::{CpuCaps, GpuCaps};
+use crate::gpu::{GpuError, GpuProgram, GpuStep, Shader, grid_2d, groups};
+use crate::shader;
+
+static PREFILL_NAIVE: Shader = shader!("attention_prefill_naive.wgsl");
+static PREFILL_FLASH: Shader = shader!("attention_prefill_flash.wgsl");
+static DECODE_STREAM: Shader = shader!("attention_decode_stream.wgsl");
+static DECODE_SPLITKV: Shader = shader!("attention_decode_splitkv.wgsl");
+
+const BOTH: &[DType] = &[DType::F32, DType::F16];
+
+/// Query heads one `attention_decode_splitkv` workgroup handles at most (its
+/// per-invocation score and accumulator arrays are sized for this many).
+const SPLITKV_MAX_HEADS: usize = 8;
+
+const NAIVE_PARAMS: &[ParamSpec] = &[ParamSpec {
+    name: "workgroup_size",
+    values: &[64, 128, 256],
+    default: 128,
+    help: "invocations per workgroup of the three passes (scores, softmax rows, P·V)",
+}];
+
+const FLASH_PARAMS: &[ParamSpec] = &[
+    ParamSpec { name: "block_q", values: &[8, 16, 32, 64], default: 16, help: "queries per workgroup (Q tile rows)" },
+    ParamSpec { name: "block_kv", values: &[16, 32, 64], default: 32, help: "keys per K/V tile staged in workgroup memory" },
+    ParamSpec {
+        name: "lanes",
+        values: &[4, 8, 16],
+        default: 8,
+        help: "invocations per query row (workgroup = block_q * lanes); each owns head_dim / (4 * lanes) vec4 output columns",
+    },
+];
+
+const STREAM_PARAMS: &[ParamSpec] = &[
+    ParamSpec {
+        name: "workgroup_size",
+        values: &[64, 128, 256],
+        default: 128,
+        help: "invocations per workgroup (one workgroup per query head)",
+    },
+    ParamSpec {
+        name: "keys_per_thread",
+        values: &[1, 2, 4, 8],
+        default: 2,
+        help: "keys each invocation scores per tile (tile = workgroup_size * keys_per_thread)",
+    },
+];
+
+const SPLITKV_PARAMS: &[ParamSpec] = &[
+    ParamSpec {
+        name: "workgroup_size",
+        values: &[64, 128, 256],
+        default: 128,
+        help: "invocations per workgroup (keys scored per inner tile)",
+    },
+    ParamSpec {
+        name: "chunk",
+        values: &[64, 128, 256, 512, 1024, 2048],
+        default: 256,
+        help: "keys per split (splits = visible keys / chunk)",
+    },
+];
+
+const PREFILL_ROWS_PARAMS: &[ParamSpec] = &[
+    ParamSpec { name: "rows_per_task", values: &[1, 2, 4, 8, 16], default: 4, help: "(token, head) query rows per rayon task" },
+    ParamSpec { name: "isa", values: simd::ISA_VALUES, default: 0, help: simd::ISA_HELP },
+];
+
+const PREFILL_TILED_PARAMS: &[ParamSpec] = &[
+    ParamSpec { name: "block_q", values: &[1, 4, 8, 16, 32], default: 8, help: "tokens per rayon task (times the GQA group's heads)" },
+    ParamSpec { name: "block_kv", values: &[16, 32, 64, 128, 256], default: 64, help: "keys per tile (score rows materialised per tile)" },
+    ParamSpec { name: "isa", values: simd::ISA_VALUES, default: 0, help: simd::ISA_HELP },
+];
+
+const DECODE_HEADS_PARAMS: &[ParamSpec] = &[
+    ParamSpec {
+        name: "keys_per_call",
+        values: &[1, 4],
+        default: 4,
+        help: "K rows per dot-product microkernel call (4: dot4 shares each q load)",
+    },
+    ParamSpec { name: "isa", values: simd::ISA_VALUES, default: 0, help: simd::ISA_HELP },
+];
+
+const DECODE_SPLIT_PARAMS: &[ParamSpec] = &[
+    ParamSpec {
+        name: "chunk",
+        values: &[64, 128, 256, 512, 1024, 2048],
+        default: 256,
+        help: "keys per split task (tasks = kv_heads * visible keys / chunk)",
+    },
+    ParamSpec { name: "isa", values: simd::ISA_VALUES, default: 0, help: simd::ISA_HELP },
+];
 
 pub fn variants() -> Vec<KernelDef> {
-    Vec::new()
+    vec![
+        KernelDef {
+            id: "attention_prefill_naive",
+            op: Op::AttentionPrefill,
+            summary: "scores materialised in a scratch buffer; three dispatches: QKᵀ, row softmax, P·V",
+            dtypes: BOTH,
+            params: NAIVE_PARAMS,
+            imp: Impl::Wgsl(WgslImpl {
+                shader: &PREFILL_NAIVE,
+                workgroup_size: wg_size,
+                shared_memory: shared_naive,
+                needs_f16: packed_f16,
+                needs_subgroups: false,
+                check: check_naive,
+                prepare: prepare_naive,
+            }),
+        },
+        KernelDef {
+            id: "attention_prefill_flash",
+            op: Op::AttentionPrefill,
+            summary: "tiled online softmax: block_q queries per workgroup, K/V tiles of block_kv rows in workgroup memory",
+            dtypes: BOTH,
+            params: FLASH_PARAMS,
+            imp: Impl::Wgsl(WgslImpl {
+                shader: &PREFILL_FLASH,
+                workgroup_size: flash_wg_size,
+                shared_memory: shared_flash,
+                needs_f16: packed_f16,
+                needs_subgroups: false,
+                check: check_flash,
+                prepare: prepare_flash,
+            }),
+        },
+        KernelDef {
+            id: "attention_prefill_cpu",
+            op: Op::AttentionPrefill,
+            summary: "rayon over (token, head) rows; per-key online softmax, SIMD dot and axpy",
+            dtypes: BOTH,
+            params: PREFILL_ROWS_PARAMS,
+            imp: Impl::Cpu(CpuImpl { run: run_prefill_rows, check: check_cpu }),
+        },
+        KernelDef {
+            id: "attention_prefill_tiled_cpu",
+            op: Op::AttentionPrefill,
+            summary: "rayon over (token block, KV head); key tiles with materialised score rows (dot4), K/V tile shared by the GQA group",
+            dtypes: BOTH,
+            params: PREFILL_TILED_PARAMS,
+            imp: Impl::Cpu(CpuImpl { run: run_prefill_tiled, check: check_cpu }),
+        },
+        KernelDef {
+            id: "attention_decode_stream",
+            op: Op::AttentionDecode,
+            summary: "one workgroup per query head streaming the cache; online softmax per tile, coalesced V rows",
+            dtypes: BOTH,
+            params: STREAM_PARAMS,
+            imp: Impl::Wgsl(WgslImpl {
+                shader: &DECODE_STREAM,
+                workgroup_size: wg_size,
+                shared_memory: shared_stream,
+                needs_f16: packed_f16,
+                needs_subgroups: false,
+                check: check_stream,
+                prepare: prepare_stream,
+            }),
+        },
+        KernelDef {
+            id: "attention_decode_splitkv",
+            op: Op::AttentionDecode,
+            summary: "flash decoding: chunk-key splits, one workgroup per GQA group reads each KV row once, then a merge pass",
+            dtypes: BOTH,
+            params: SPLITKV_PARAMS,
+            imp: Impl::Wgsl(WgslImpl {
+                shader: &DECODE_SPLITKV,
+                workgroup_size: wg_size,
+                shared_memory: shared_splitkv,
+                needs_f16: packed_f16,
+                needs_subgroups: false,
+                check: check_splitkv,
+                prepare: prepare_splitkv,
+            }),
+        },
+        KernelDef {
+            id: "attention_decode_heads_cpu",
+            op: Op::AttentionDecode,
+            summary: "one rayon task per head; scores materialised, exact two-pass softmax, SIMD dot/dot4 and axpy",
+            dtypes: BOTH,
+            params: DECODE_HEADS_PARAMS,
+            imp: Impl::Cpu(CpuImpl { run: run_decode_heads, check: check_cpu }),
+        },
+        KernelDef {
+            id: "attention_decode_splitkv_cpu",
+            op: Op::AttentionDecode,
+            summary: "key range split across rayon tasks per KV head (the group's heads share each K/V row); (m, l, acc) partials merged",
+            dtypes: BOTH,
+            params: DECODE_SPLIT_PARAMS,
+            imp: Impl::Cpu(CpuImpl { run: run_decode_splitkv, check: check_cpu }),
+        },
+    ]
+}
+
+// ---------------------------------------------------------------------------
+// Shapes and validity
+
+/// One attention call; decode is `tokens = 1`.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    tokens: usize,
+    kv_len: usize,
+    kv_cap: usize,
+    heads: usize,
+    kv_heads: usize,
+    d: usize,
+    window: usize,
+    scale: f32,
+}
+
+impl Shape {
+    fn of(p: &Problem) -> Option<Shape> {
+        match *p {
+            Problem::AttentionPrefill { tokens, kv_len, kv_cap, heads, kv_heads, head_dim, window, scale } => {
+                Some(Shape { tokens, kv_len, kv_cap, heads, kv_heads, d: head_dim, window, scale })
+            }
+            Problem::AttentionDecode { kv_len, kv_cap, heads, kv_heads, head_dim, window, scale } => {
+                Some(Shape { tokens: 1, kv_len, kv_cap, heads, kv_heads, d: head_dim, window, scale })
+            }
+            _ => None,
+        }
+    }
+
+    /// The shape rules every attention kernel relies on.
+    fn checked(p: &Problem) -> Result<Shape, String> {
+        let s = Shape::of(p).ok_or_else(|| format!("{} is not an attention problem", p.op()))?;
+        if s.d == 0 || s.heads == 0 || s.kv_heads == 0 {
+            return Err("head_dim, heads and kv_heads must be at least 1".into());
+        }
+        if s.heads % s.kv_heads != 0 {
+            return Err(format!("heads = {} is not a multiple of kv_heads = {}", s.heads, s.kv_heads));
+        }
+        if s.tokens == 0 || s.tokens > s.kv_len {
+            return Err(format!("tokens = {} must be in 1..=kv_len ({})", s.tokens, s.kv_len));
+        }
+        if s.kv_len > s.kv_cap {
+            return Err(format!("kv_len = {} exceeds kv_cap = {}", s.kv_len, s.kv_cap));
+        }
+        Ok(s)
+    }
+
+    /// Query heads per KV head.
+    fn group(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+
+    /// Keys `[lo, hi)` the query at token index `i` sees.
+    fn range(&self, i: usize) -> (usize, usize) {
+        let pos = self.kv_len - self.tokens + i;
+        let lo = if self.window > 0 { (pos + 1).saturating_sub(self.window) } else { 0 };
+        (lo, pos + 1)
+    }
+
+    /// Cache row of key `j` of KV head `kh`.
+    fn row_of(&self, kh: usize, j: usize) -> usize {
+        kh * self.kv_cap + j
+    }
+}
+
+fn shape_or_invalid(id: &str, p: &Problem) -> Result<Shape, KernelError> {
+    Shape::checked(p).map_err(|reason| KernelError::Invalid { kernel: id.to_string(), reason })
+}
+
+fn check_cpu(_: &CpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
+    Shape::checked(prob)?;
+    Isa::param_available(p(params, "isa"))
+}
+
+/// Cache elements per 16-byte word (the WGSL kernels' load unit).
+fn per_word(dtype: DType) -> usize {
+    if dtype == DType::F16 { 8 } else { 4 }
+}
+
+/// Shape rules shared by the WGSL kernels: 16-byte cache loads and u32 indexing.
+fn check_wgsl_shape(prob: &Problem, dtype: DType) -> Result<Shape, String> {
+    let s = Shape::checked(prob)?;
+    let need = per_word(dtype);
+    if s.d % need != 0 {
+        return Err(format!("head_dim = {} is not a multiple of {need} (16-byte {dtype} cache loads)", s.d));
+    }
+    let elems = (s.kv_heads * s.kv_cap * s.d).max(s.tokens * s.heads * s.d) as u64;
+    if elems >= u32::MAX as u64 {
+        return Err(format!("{elems} elements overflow the shader's u32 indices"));
+    }
+    Ok(s)
+}
+
+fn wg_size(params: &Params) -> [u32; 3] {
+    [p(params, "workgroup_size"), 1, 1]
+}
+
+fn flash_wg_size(params: &Params) -> [u32; 3] {
+    [p(params, "block_q") * p(params, "lanes"), 1, 1]
+}
+
+/// 16-byte words per cache row must fit one workgroup (V rows are read by
+/// `head_dim / per_word` invocations side by side).
+fn check_row_fits(s: &Shape, dtype: DType, wg: u32) -> Result<(), String> {
+    let words = s.d / per_word(dtype);
+    if words > wg as usize {
+        return Err(format!("head_dim = {} needs {words} invocations per V row, more than workgroup_size = {wg}", s.d));
+    }
+    Ok(())
+}
+
+fn check_grid(caps: &GpuCaps, what: &str, count: usize) -> Result<(), String> {
+    if count > caps.max_workgroups_per_dimension as usize {
+        return Err(format!("{count} {what} exceed the adapter's {} workgroups per dimension", caps.max_workgroups_per_dimension));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// WGSL: prefill
+
+fn scores_bytes(s: &Shape) -> u64 {
+    (s.tokens * s.heads * s.kv_len * 4) as u64
+}
+
+fn shared_naive(_: &Problem, _: DType, params: &Params) -> u64 {
+    4 * p(params, "workgroup_size") as u64
+}
+
+fn check_naive(caps: &GpuCaps, prob: &Problem, dtype: DType, _: &Params) -> Result<(), String> {
+    let s = check_wgsl_shape(prob, dtype)?;
+    let bytes = scores_bytes(&s);
+    let limit = caps.max_storage_binding.min(caps.max_buffer_size);
+    if bytes > limit {
+        return Err(format!("the {bytes}-byte score matrix exceeds the adapter's {limit}-byte storage binding limit"));
+    }
+    if s.tokens * s.heads * s.kv_len >= u32::MAX as usize {
+        return Err("the score matrix overflows the shader's u32 indices".into());
+    }
+    Ok(())
+}
+
+fn prepare_naive(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let sh = shape_or_invalid(s.kernel.id, s.problem)?;
+    let wg = p(s.params, "workgroup_size");
+    let consts = [("WG", wg as f64), ("W_F16", s.w_f16())];
+    let uniform = [sh.tokens, sh.kv_len, sh.kv_cap, sh.heads, sh.kv_heads, sh.d, sh.window].map(|v| v as u32);
+    let mut words = uniform.to_vec();
+    words.push(sh.scale.to_bits());
+    let u = s.gpu.uniform(s.kernel.id, &words);
+    let scores = s.gpu.storage("attention scores", scores_bytes(&sh));
+    let (q, k, v, out) = (s.bufs[0], s.bufs[1], s.bufs[2], s.bufs[3]);
+    let rows = sh.tokens * sh.heads;
+    let words_per_row = sh.d / per_word(s.dtype);
+    let steps = vec![
+        step_at(s, "scores", &consts, &[(0, q), (1, k), (4, &u), (5, &scores)], grid_2d(groups(rows * sh.kv_len, wg)))?,
+        step_at(s, "softmax", &consts, &[(4, &u), (5, &scores)], grid_2d(rows as u32))?,
+        step_at(s, "pv", &consts, &[(2, v), (3, out), (4, &u), (5, &scores)], grid_2d(groups(rows * words_per_row, wg)))?,
+    ];
+    Ok(GpuProgram { steps, owned: vec![u, scores] })
+}
+
+fn shared_flash(prob: &Problem, _: DType, params: &Params) -> u64 {
+    let d = Shape::of(prob).map_or(0, |s| s.d) as u64;
+    let (bq, bkv) = (p(params, "block_q") as u64, p(params, "block_kv") as u64);
+    4 * (bq * d + bkv * d + bq * bkv)
+}
+
+fn check_flash(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    let s = check_wgsl_shape(prob, dtype)?;
+    let lanes = p(params, "lanes") as usize;
+    if s.d > 32 * lanes {
+        return Err(format!(
+            "head_dim = {} needs lanes >= {} (each invocation keeps at most 8 vec4 output columns)",
+            s.d,
+            s.d.div_ceil(32)
+        ));
+    }
+    check_grid(caps, "query blocks", s.tokens.div_ceil(p(params, "block_q") as usize))?;
+    check_grid(caps, "heads", s.heads)
+}
+
+fn prepare_flash(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let sh = shape_or_invalid(s.kernel.id, s.problem)?;
+    let (bq, bkv, lanes) = (p(s.params, "block_q"), p(s.params, "block_kv"), p(s.params, "lanes"));
+    let consts = [("BQ", bq as f64), ("BKV", bkv as f64), ("LANES", lanes as f64), ("HD", sh.d as f64), ("W_F16", s.w_f16())];
+    let mut words: Vec<u32> = [sh.tokens, sh.kv_len, sh.kv_cap, sh.heads, sh.kv_heads, sh.window].iter().map(|&v| v as u32).collect();
+    words.push(sh.scale.to_bits());
+    s.one_step(&PREFILL_FLASH, "main", &consts, &words, [groups(sh.tokens, bq), sh.heads as u32, 1])
+}
+
+// ---------------------------------------------------------------------------
+// WGSL: decode
+
+fn head_dim_of(prob: &Problem) -> u64 {
+    Shape::of(prob).map_or(0, |s| s.d) as u64
+}
+
+fn shared_stream(prob: &Problem, _: DType, params: &Params) -> u64 {
+    let wg = p(params, "workgroup_size") as u64;
+    let kpt = p(params, "keys_per_thread") as u64;
+    // q, tile scores, reduction, slice combine (2 vec4 per invocation)
+    4 * head_dim_of(prob) + 4 * wg * kpt + 4 * wg + 32 * wg
+}
+
+fn check_stream(_: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    let s = check_wgsl_shape(prob, dtype)?;
+    check_row_fits(&s, dtype, p(params, "workgroup_size"))
+}
+
+fn decode_uniform(sh: &Shape) -> Vec<u32> {
+    let mut words: Vec<u32> = [sh.kv_len, sh.kv_cap, sh.heads, sh.kv_heads, sh.window].iter().map(|&v| v as u32).collect();
+    words.push(sh.scale.to_bits());
+    words
+}
+
+fn prepare_stream(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let sh = shape_or_invalid(s.kernel.id, s.problem)?;
+    let (wg, kpt) = (p(s.params, "workgroup_size"), p(s.params, "keys_per_thread"));
+    let consts = [("WG", wg as f64), ("KPT", kpt as f64), ("HD", sh.d as f64), ("W_F16", s.w_f16())];
+    s.one_step(&DECODE_STREAM, "main", &consts, &decode_uniform(&sh), grid_2d(sh.heads as u32))
+}
+
+/// How `attention_decode_splitkv` covers a GQA group: `nsub` workgroups of at most
+/// `gh` heads each per KV head.
+fn splitkv_groups(s: &Shape) -> (usize, usize) {
+    let g = s.group();
+    let nsub = g.div_ceil(SPLITKV_MAX_HEADS);
+    (nsub, g.div_ceil(nsub))
+}
+
+/// Number of `chunk`-key splits of the visible keys.
+fn splitkv_splits(s: &Shape, chunk: usize) -> usize {
+    let (lo, hi) = s.range(0);
+    (hi - lo).div_ceil(chunk.max(1))
+}
+
+fn shared_splitkv(prob: &Problem, _: DType, params: &Params) -> u64 {
+    let wg = p(params, "workgroup_size") as u64;
+    let (d, gh) = match Shape::of(prob) {
+        Some(s) if s.kv_heads > 0 => (s.d as u64, splitkv_groups(&s).1 as u64),
+        _ => (0, 1),
+    };
+    // q of the group, per-head tile probabilities, reductions (2 vec4 per invocation)
+    4 * gh * d + 4 * gh * wg + 32 * wg
+}
+
+fn check_splitkv(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    let s = check_wgsl_shape(prob, dtype)?;
+    check_row_fits(&s, dtype, p(params, "workgroup_size"))?;
+    let splits = splitkv_splits(&s, p(params, "chunk") as usize);
+    check_grid(caps, "splits", splits)?;
+    check_grid(caps, "KV head groups", s.kv_heads * splitkv_groups(&s).0)?;
+    let bytes = (splits * s.heads * (s.d + 2) * 4) as u64;
+    if bytes > caps.max_storage_binding.min(caps.max_buffer_size) {
+        return Err(format!("the {bytes}-byte partial buffer exceeds the adapter's storage binding limit"));
+    }
+    Ok(())
+}
+
+fn prepare_splitkv(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let sh = shape_or_invalid(s.kernel.id, s.problem)?;
+    let (wg, chunk) = (p(s.params, "workgroup_size"), p(s.params, "chunk"));
+    let (nsub, gh) = splitkv_groups(&sh);
+    let splits = splitkv_splits(&sh, chunk as usize);
+    let ml_off = splits * sh.heads * sh.d;
+    let consts = [("WG", wg as f64), ("HD", sh.d as f64), ("GH", gh as f64), ("CHUNK", chunk as f64), ("W_F16", s.w_f16())];
+    let mut words = decode_uniform(&sh);
+    words.extend([nsub as u32, ml_off as u32]);
+    let u = s.gpu.uniform(s.kernel.id, &words);
+    let part = s.gpu.storage("attention partials", ((ml_off + 2 * splits * sh.heads) * 4) as u64);
+    let (q, k, v, out) = (s.bufs[0], s.bufs[1], s.bufs[2], s.bufs[3]);
+    let steps = vec![
+        step_at(s, "split", &consts, &[(0, q), (1, k), (2, v), (4, &u), (5, &part)], [(sh.kv_heads * nsub) as u32, splits as u32, 1])?,
+        step_at(s, "reduce", &consts, &[(3, out), (4, &u), (5, &part)], grid_2d(groups(sh.heads * sh.d, wg)))?,
+    ];
+    Ok(GpuProgram { steps, owned: vec![u, part] })
+}
+
+/// One dispatch of `entry` of the variant's shader binding `binds` at the given
+/// binding numbers (multi-pass kernels bind a different subset per entry point).
+fn step_at(
+    s: &WgslSetup<'_>,
+    entry: &str,
+    constants: &[(&str, f64)],
+    binds: &[(u32, &wgpu::Buffer)],
+    workgroups: [u32; 3],
+) -> Result<GpuStep, KernelError> {
+    let Impl::Wgsl(w) = &s.kernel.imp else {
+        return Err(KernelError::NeedsCpu(s.kernel.id.to_string()));
+    };
+    let pipeline: Arc<wgpu::ComputePipeline> = s.gpu.pipeline(w.shader, entry, constants)?;
+    let label = format!("{}:{entry}", s.kernel.id);
+    let scope = s.gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let layout = pipeline.get_bind_group_layout(0);
+    let entries: Vec<wgpu::BindGroupEntry<'_>> =
+        binds.iter().map(|&(binding, b)| wgpu::BindGroupEntry { binding, resource: b.as_entire_binding() }).collect();
+    let bind_group = s.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(&label), layout: &layout, entries: &entries });
+    if let Some(e) = pollster::block_on(scope.pop()) {
+        return Err(GpuError::Validation { what: format!("binding `{label}`"), message: e.to_string() }.into());
+    }
+    Ok(GpuStep { label, pipeline, bind_group, workgroups })
+}
+
+// ---------------------------------------------------------------------------
+// CPU microkernels
+
+/// `y += a * x` for an f32 or f16 cache row.
+#[inline]
+pub fn axpy_row(isa: Isa, a: f32, x: Row<'_>, y: &mut [f32]) {
+    match x {
+        Row::F32(x) => simd::axpy(isa, a, x, y),
+        Row::F16(x) => {
+            let n = x.len().min(y.len());
+            let (x, y) = (&x[..n], &mut y[..n]);
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `Isa::from_param`/`best` only yield levels the CPU reports.
+                Isa::Avx512 => unsafe { x86::axpy_f16_avx512(a, x, y) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above (the AVX2 level includes F16C).
+                Isa::Simd256 => unsafe { x86::axpy_f16_avx2(a, x, y) },
+                _ => {
+                    for (yi, xi) in y.iter_mut().zip(x) {
+                        *yi += a * xi.to_f32();
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[inline]
+fn scale_in_place(y: &mut [f32], c: f32) {
+    for v in y {
+        *v *= c;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn axpy_f16_avx2(a: f32, x: &[f16], y: &mut [f32]) {
+        let n = x.len().min(y.len());
+        let av = _mm256_set1_ps(a);
+        let mut i = 0;
+        // SAFETY: loads and stores stay in [0, n) of both slices.
+        unsafe {
+            while i + 8 <= n {
+                let xv = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(i) as *const __m128i));
+                let yv = _mm256_fmadd_ps(av, xv, _mm256_loadu_ps(y.as_ptr().add(i)));
+                _mm256_storeu_ps(y.as_mut_ptr().add(i), yv);
+                i += 8;
+            }
+        }
+        while i < n {
+            y[i] += a * x[i].to_f32();
+            i += 1;
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn axpy_f16_avx512(a: f32, x: &[f16], y: &mut [f32]) {
+        let n = x.len().min(y.len());
+        let av = _mm512_set1_ps(a);
+        let mut i = 0;
+        // SAFETY: loads and stores stay in [0, n) of both slices.
+        unsafe {
+            while i + 16 <= n {
+                let xv = _mm512_cvtph_ps(_mm256_loadu_si256(x.as_ptr().add(i) as *const __m256i));
+                let yv = _mm512_fmadd_ps(av, xv, _mm512_loadu_ps(y.as_ptr().add(i)));
+                _mm512_storeu_ps(y.as_mut_ptr().add(i), yv);
+                i += 16;
+            }
+        }
+        while i < n {
+            y[i] += a * x[i].to_f32();
+            i += 1;
+        }
+    }
+}
+
+/// Cache operands of one call.
+#[derive(Clone, Copy)]
+struct Kv<'a> {
+    k: CpuIn<'a>,
+    v: CpuIn<'a>,
+    s: Shape,
+}
+
+impl<'a> Kv<'a> {
+    fn k(&self, kh: usize, j: usize) -> Row<'a> {
+        row(self.k, self.s.row_of(kh, j), self.s.d)
+    }
+    fn v(&self, kh: usize, j: usize) -> Row<'a> {
+        row(self.v, self.s.row_of(kh, j), self.s.d)
+    }
+}
+
+/// One query row with a per-key online softmax: the accumulator is rescaled only
+/// when the running maximum grows.
+fn attend_online(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, (lo, hi): (usize, usize), o: &mut [f32]) {
+    o.fill(0.0);
+    let mut m = f32::NEG_INFINITY;
+    let mut l = 0.0f32;
+    for j in lo..hi {
+        let sc = simd::dot(isa, q, kv.k(kh, j)) * kv.s.scale;
+        if sc > m {
+            let c = (m - sc).exp();
+            if l > 0.0 {
+                scale_in_place(o, c);
+                l *= c;
+            }
+            m = sc;
+        }
+        let pj = (sc - m).exp();
+        l += pj;
+        axpy_row(isa, pj, kv.v(kh, j), o);
+    }
+    scale_in_place(o, 1.0 / l);
+}
+
+/// Scores `scale * q · K[j]` for `j` in `lo..lo + out.len()`, four K rows per
+/// microkernel call when `four`.
+fn scores_into(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, lo: usize, four: bool, out: &mut [f32]) {
+    let n = out.len();
+    let mut c = 0;
+    if four {
+        while c + 4 <= n {
+            let j = lo + c;
+            let r = simd::dot4(isa, q, [kv.k(kh, j), kv.k(kh, j + 1), kv.k(kh, j + 2), kv.k(kh, j + 3)]);
+            for (o, v) in out[c..c + 4].iter_mut().zip(r) {
+                *o = v * kv.s.scale;
+            }
+            c += 4;
+        }
+    }
+    for (cc, o) in out.iter_mut().enumerate().skip(c) {
+        *o = simd::dot(isa, q, kv.k(kh, lo + cc)) * kv.s.scale;
+    }
+}
+
+/// Turns scores into `exp(s - max)` in place; returns `(max, sum)`.
+fn exp_row(sc: &mut [f32]) -> (f32, f32) {
+    let m = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut l = 0.0;
+    for v in sc.iter_mut() {
+        *v = (*v - m).exp();
+        l += *v;
+    }
+    (m, l)
+}
+
+// ---------------------------------------------------------------------------
+// CPU: prefill
+
+fn run_prefill_rows(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let s = shape_or_invalid("attention_prefill_cpu", prob)?;
+    let isa = Isa::from_param(p(params, "isa"));
+    let grain = (p(params, "rows_per_task") as usize).max(1);
+    let kv = Kv { k: a.ins[1], v: a.ins[2], s };
+    let q = a.ins[0].f32();
+    let d = s.d;
+    let out = &mut a.outs[0][..s.tokens * s.heads * d];
+    out.par_chunks_mut(d * grain).enumerate().for_each(|(ci, chunk)| {
+        for (ri, o) in chunk.chunks_mut(d).enumerate() {
+            let r = ci * grain + ri;
+            let (i, h) = (r / s.heads, r % s.heads);
+            attend_online(isa, &kv, &q[r * d..][..d], h / s.group(), s.range(i), o);
+        }
+    });
+    Ok(())
+}
+
+/// `block` tokens starting at `i0`, all query heads of KV head `kh`, over key tiles of
+/// `bkv` rows: scores of every row for the tile first (materialised), then one
+/// rescale per row and the P·V update with each V row shared by all rows.
+/// Returns the outputs, row `(token, g)` at `(t * group + g) * d`.
+fn prefill_block(isa: Isa, kv: &Kv<'_>, q: &[f32], i0: usize, block: usize, kh: usize, bkv: usize) -> Vec<f32> {
+    let s = kv.s;
+    let (g_n, d) = (s.group(), s.d);
+    let rows = block * g_n;
+    let mut acc = vec![0.0f32; rows * d];
+    let mut m = vec![f32::NEG_INFINITY; rows];
+    let mut l = vec![0.0f32; rows];
+    let mut sc = vec![0.0f32; rows * bkv];
+    let klo = s.range(i0).0;
+    let khi = s.range(i0 + block - 1).1;
+    let mut t0 = klo;
+    while t0 < khi {
+        let t1 = (t0 + bkv).min(khi);
+        let n = t1 - t0;
+        for t in 0..block {
+            let (lo, hi) = s.range(i0 + t);
+            let (a, b) = (lo.max(t0), hi.min(t1));
+            for g in 0..g_n {
+                let r = t * g_n + g;
+                let srow = &mut sc[r * bkv..][..n];
+                srow.fill(0.0);
+                if a >= b {
+                    continue;
+                }
+                let h = kh * g_n + g;
+                let qr = &q[((i0 + t) * s.heads + h) * d..][..d];
+                scores_into(isa, kv, qr, kh, a, true, &mut srow[a - t0..b - t0]);
+                let mt = srow[a - t0..b - t0].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mn = m[r].max(mt);
+                let c = (m[r] - mn).exp();
+                if l[r] > 0.0 {
+                    scale_in_place(&mut acc[r * d..][..d], c);
+                    l[r] *= c;
+                }
+                m[r] = mn;
+                for v in srow[a - t0..b - t0].iter_mut() {
+                    *v = (*v - mn).exp();
+                    l[r] += *v;
+                }
+            }
+        }
+        for c in 0..n {
+            let vr = kv.v(kh, t0 + c);
+            for r in 0..rows {
+                let pr = sc[r * bkv + c];
+                if pr != 0.0 {
+                    axpy_row(isa, pr, vr, &mut acc[r * d..][..d]);
+                }
+            }
+        }
+        t0 = t1;
+    }
+    for r in 0..rows {
+        scale_in_place(&mut acc[r * d..][..d], 1.0 / l[r]);
+    }
+    acc
+}
+
+fn run_prefill_tiled(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let s = shape_or_invalid("attention_prefill_tiled_cpu", prob)?;
+    let isa = Isa::from_param(p(params, "isa"));
+    let bq = (p(params, "block_q") as usize).max(1);
+    let bkv = (p(params, "block_kv") as usize).max(1);
+    let kv = Kv { k: a.ins[1], v: a.ins[2], s };
+    let q = a.ins[0].f32();
+    let (g_n, d) = (s.group(), s.d);
+    let tasks: Vec<(usize, usize)> = (0..s.tokens.div_ceil(bq)).flat_map(|b| (0..s.kv_heads).map(move |kh| (b, kh))).collect();
+    let blocks: Vec<(usize, usize, usize, Vec<f32>)> = tasks
+        .par_iter()
+        .map(|&(b, kh)| {
+            let i0 = b * bq;
+            let block = bq.min(s.tokens - i0);
+            (i0, block, kh, prefill_block(isa, &kv, q, i0, block, kh, bkv))
+        })
+        .collect();
+    let out = &mut a.outs[0];
+    for (i0, block, kh, acc) in blocks {
+        for t in 0..block {
+            let dst = ((i0 + t) * s.heads + kh * g_n) * d;
+            out[dst..dst + g_n * d].copy_from_slice(&acc[t * g_n * d..][..g_n * d]);
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// CPU: decode
+
+fn run_decode_heads(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let s = shape_or_invalid("attention_decode_heads_cpu", prob)?;
+    let isa = Isa::from_param(p(params, "isa"));
+    let four = p(params, "keys_per_call") == 4;
+    let kv = Kv { k: a.ins[1], v: a.ins[2], s };
+    let q = a.ins[0].f32();
+    let d = s.d;
+    let (lo, hi) = s.range(0);
+    a.outs[0][..s.heads * d].par_chunks_mut(d).enumerate().for_each(|(h, o)| {
+        let kh = h / s.group();
+        let mut sc = vec![0.0f32; hi - lo];
+        scores_into(isa, &kv, &q[h * d..][..d], kh, lo, four, &mut sc);
+        let (_, l) = exp_row(&mut sc);
+        let inv = 1.0 / l;
+        o.fill(0.0);
+        for (c, pc) in sc.iter().enumerate() {
+            axpy_row(isa, pc * inv, kv.v(kh, lo + c), o);
+        }
+    });
+    Ok(())
+}
+
+/// Softmax state of one query head over one key split.
+struct Partial {
+    m: f32,
+    l: f32,
+    acc: Vec<f32>,
+}
+
+/// Keys `a..b` of KV head `kh` for all the query heads of its group: each K row is
+/// scored against every query of the group, each V row accumulated into all of them.
+fn split_partials(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, a: usize, b: usize) -> Vec<Partial> {
+    let s = kv.s;
+    let (g_n, d, n) = (s.group(), s.d, b - a);
+    let mut sc = vec![0.0f32; g_n * n];
+    for c in 0..n {
+        let kr = kv.k(kh, a + c);
+        for g in 0..g_n {
+            sc[g * n + c] = simd::dot(isa, &q[(kh * g_n + g) * d..][..d], kr) * s.scale;
+        }
+    }
+    let mut parts: Vec<Partial> = sc
+        .chunks_mut(n)
+        .map(|row| {
+            let (m, l) = exp_row(row);
+            Partial { m, l, acc: vec![0.0; d] }
+        })
+        .collect();
+    for c in 0..n {
+        let vr = kv.v(kh, a + c);
+        for (g, part) in parts.iter_mut().enumerate() {
+            axpy_row(isa, sc[g * n + c], vr, &mut part.acc);
+        }
+    }
+    parts
+}
+
+fn run_decode_splitkv(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let s = shape_or_invalid("attention_decode_splitkv_cpu", prob)?;
+    let isa = Isa::from_param(p(params, "isa"));
+    let chunk = (p(params, "chunk") as usize).max(1);
+    let kv = Kv { k: a.ins[1], v: a.ins[2], s };
+    let q = a.ins[0].f32();
+    let (g_n, d) = (s.group(), s.d);
+    let (lo, hi) = s.range(0);
+    let splits = (hi - lo).div_ceil(chunk);
+    // partials[kh * splits + c][g]
+    let partials: Vec<Vec<Partial>> = (0..s.kv_heads * splits)
+        .into_par_iter()
+        .map(|t| {
+            let (kh, c) = (t / splits, t % splits);
+            let a0 = lo + c * chunk;
+            split_partials(isa, &kv, q, kh, a0, (a0 + chunk).min(hi))
+        })
+        .collect();
+    a.outs[0][..s.heads * d].par_chunks_mut(d).enumerate().for_each(|(h, o)| {
+        let (kh, g) = (h / g_n, h % g_n);
+        let mine = &partials[kh * splits..(kh + 1) * splits];
+        let mx = mine.iter().map(|ps| ps[g].m).fold(f32::NEG_INFINITY, f32::max);
+        o.fill(0.0);
+        let mut l = 0.0;
+        for ps in mine {
+            let w = (ps[g].m - mx).exp();
+            l += w * ps[g].l;
+            simd::axpy(isa, w, &ps[g].acc, o);
+        }
+        scale_in_place(o, 1.0 / l);
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::CpuCaps;
+    use crate::kernels::verify::{Runner, check_one};
+    use crate::kernels::{Caps, registry};
+
+    /// Shapes beyond the op's test set: GQA groups wider than one splitkv workgroup
+    /// (12 and 10 heads per KV head), MQA, head_dim not a power of two, a window
+    /// longer than the context, a prefill continuing a long cache.
+    fn extra_problems() -> Vec<Problem> {
+        vec![
+            Problem::AttentionDecode { kv_len: 150, kv_cap: 160, heads: 12, kv_heads: 1, head_dim: 16, window: 0, scale: 0.25 },
+            Problem::AttentionDecode { kv_len: 333, kv_cap: 333, heads: 20, kv_heads: 2, head_dim: 24, window: 100, scale: 0.2 },
+            Problem::AttentionDecode { kv_len: 40, kv_cap: 64, heads: 3, kv_heads: 3, head_dim: 80, window: 4096, scale: 0.11 },
+            Problem::AttentionPrefill { tokens: 9, kv_len: 30, kv_cap: 31, heads: 12, kv_heads: 1, head_dim: 8, window: 0, scale: 0.35 },
+            Problem::AttentionPrefill { tokens: 3, kv_len: 90, kv_cap: 96, heads: 4, kv_heads: 2, head_dim: 24, window: 7, scale: 0.2 },
+        ]
+    }
+
+    fn run_all(runner: &Runner<'_>, caps: Caps<'_>, backend: super::super::Backend) -> usize {
+        let mut ran = 0;
+        let ops = [Op::AttentionPrefill, Op::AttentionDecode];
+        for k in registry().iter().filter(|k| ops.contains(&k.op) && k.backend() == backend) {
+            for prob in extra_problems().iter().filter(|pr| pr.op() == k.op) {
+                for &dtype in k.dtypes {
+                    let params = k.default_params();
+                    if k.check(caps, prob, dtype, &params).is_err() {
+                        continue;
+                    }
+                    let c = check_one(runner, k, prob, dtype, &params, 7);
+                    assert!(c.passed, "{} {dtype} on {}: rel err {:e} {:?}", k.id, c.problem, c.rel_err, c.error);
+                    ran += 1;
+                }
+            }
+        }
+        ran
+    }
+
+    #[test]
+    fn cpu_kernels_handle_wide_groups_and_windows() {
+        let caps = CpuCaps::detect();
+        assert!(run_all(&Runner::Cpu, Caps::Cpu(&caps), super::super::Backend::Cpu) > 0);
+    }
+
+    #[test]
+    fn wgsl_kernels_handle_wide_groups_and_windows() {
+        let Some(gpu) = crate::testing::test_gpu() else { return };
+        assert!(run_all(&Runner::Gpu(&gpu), Caps::Gpu(&gpu.caps), super::super::Backend::Wgsl) > 0);
+    }
+
+    #[test]
+    fn splitkv_covers_wide_groups_with_few_workgroups() {
+        let s = Shape::of(&extra_problems()[0]).expect("attention");
+        assert_eq!(splitkv_groups(&s), (2, 6));
+        let s = Shape::of(&extra_problems()[1]).expect("attention");
+        assert_eq!(splitkv_groups(&s), (2, 5));
+        assert_eq!(splitkv_splits(&s, 64), 2);
+    }
+
+    #[test]
+    fn invalid_shapes_are_rejected_with_reasons() {
+        let bad = Problem::AttentionDecode { kv_len: 10, kv_cap: 8, heads: 4, kv_heads: 2, head_dim: 8, window: 0, scale: 1.0 };
+        assert!(Shape::checked(&bad).unwrap_err().contains("kv_cap"));
+        let bad = Problem::AttentionDecode { kv_len: 4, kv_cap: 8, heads: 6, kv_heads: 4, head_dim: 8, window: 0, scale: 1.0 };
+        assert!(Shape::checked(&bad).unwrap_err().contains("multiple"));
+        let odd = Problem::AttentionDecode { kv_len: 4, kv_cap: 8, heads: 2, kv_heads: 2, head_dim: 12, window: 0, scale: 1.0 };
+        assert!(check_wgsl_shape(&odd, DType::F32).is_ok());
+        assert!(check_wgsl_shape(&odd, DType::F16).unwrap_err().contains("multiple of 8"));
+    }
+}
+#[cfg(test)]
+mod tmp_bench {
+    use crate::kernels::verify::{make_inputs, run_cpu};
+    use crate::kernels::{DType, Problem, find};
+    fn time(id: &str, prob: &Problem, dtype: DType) {
+        let ins = make_inputs(prob, dtype, 1);
+        let k = find(id).unwrap();
+        let params = k.default_params();
+        run_cpu(k, prob, dtype, &params, &ins).unwrap();
+        let t = std::time::Instant::now();
+        for _ in 0..5 { run_cpu(k, prob, dtype, &params, &ins).unwrap(); }
+        let dt = t.elapsed().as_secs_f64() / 5.0;
+        eprintln!("{id} {dtype}: {:.2} ms, {:.1} GB/s", dt * 1e3, prob.min_bytes(dtype) / dt / 1e9);
+    }
+    #[test]
+    fn tmp_bench_decode() {
+        eprintln!("threads {}", rayon::current_num_threads());
+        let prob = Problem::AttentionDecode { kv_len: 8192, kv_cap: 8192, heads: 32, kv_heads: 8, head_dim: 128, window: 0, scale: 0.088 };
+        let g = Problem::Gemv { n: 4096, k: 4096 };
+        for dtype in [DType::F16, DType::F32] {
+            time("gemv_rows_cpu", &g, dtype);
+            time("attention_decode_heads_cpu", &prob, dtype);
+            time("attention_decode_splitkv_cpu", &prob, dtype);
+        }
+    }
 }

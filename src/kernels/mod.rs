@@ -237,6 +237,12 @@ pub struct KernelDef {
     pub imp: Impl,
 }
 
+impl std::fmt::Debug for KernelDef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.id)
+    }
+}
+
 /// The device a validity check is made against.
 #[derive(Clone, Copy, Debug)]
 pub enum Caps<'a> {

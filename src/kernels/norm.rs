@@ -1,7 +1,528 @@
-//! (being written) kernel family `norm`.
+//! Normalisation kernels: RMSNorm (`rms_norm`, with Gemma's `x * (1 + w)` unit
+//! offset) and LayerNorm (`layer_norm`), weights in f32 or f16.
+//!
+//! WGSL: `rms_norm_wg` (one workgroup per row, workgroup-memory tree reduction, any
+//! dim), `rms_norm_subgroup` (one subgroup per row, `subgroupAdd`, several rows per
+//! workgroup, no barriers), `rms_norm_vec4` (16-byte loads, the row held in
+//! registers so x is read once); `layer_norm_wg` (single-read Welford statistics
+//! merged pairwise in workgroup memory) and `layer_norm_subgroup` (exact two-pass
+//! mean / centred variance per subgroup).
+//! CPU: SIMD microkernels (AVX-512 / AVX2+F16C / portable, see
+//! [`super::elementwise::lanes`]) under two orchestrators: rows split over rayon
+//! tasks (`*_rows_cpu`, prefill) and one row's features split over tasks with the
+//! partial statistics combined between phases (`*_split_cpu`, decode).
 
-use super::KernelDef;
+use rayon::prelude::*;
+
+use super::elementwise::lanes::{Elem, Lanes, isa_dispatch};
+use super::elementwise::{ROWS_CPU_PARAMS, SPLIT_CPU_PARAMS, check_isa, grid_fits, par_rows};
+use super::simd::{Isa, Row};
+use super::{
+    CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, p,
+    packed_f16, wrong_op,
+};
+use crate::device::GpuCaps;
+use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
+use crate::shader;
+
+static RMS_WG: Shader = shader!("norm_rms_wg.wgsl");
+static RMS_SG: Shader = shader!("norm_rms_subgroup.wgsl");
+static RMS_VEC4: Shader = shader!("norm_rms_vec4.wgsl");
+static LN_WG: Shader = shader!("norm_layer_wg.wgsl");
+static LN_SG: Shader = shader!("norm_layer_subgroup.wgsl");
+
+const BOTH: &[DType] = &[DType::F32, DType::F16];
+
+const WG_PARAMS: &[ParamSpec] =
+    &[ParamSpec { name: "workgroup_size", values: &[32, 64, 128, 256, 512], default: 128, help: "invocations per row (one workgroup per row)" }];
+
+const SG_PARAMS: &[ParamSpec] = &[
+    ParamSpec { name: "workgroup_size", values: &[32, 64, 128, 256], default: 128, help: "invocations per workgroup" },
+    ParamSpec { name: "rows_per_wg", values: &[1, 2, 4, 8, 16], default: 4, help: "rows per workgroup, one subgroup each" },
+];
+
+const VEC4_PARAMS: &[ParamSpec] = &[
+    ParamSpec { name: "workgroup_size", values: &[64, 128, 256, 512], default: 128, help: "invocations per row (one workgroup per row)" },
+    ParamSpec {
+        name: "vec_per_thread",
+        values: &[1, 2, 4, 8],
+        default: 4,
+        help: "vec4s of the row each invocation holds in registers (row capacity 4 * workgroup_size * vec_per_thread)",
+    },
+];
 
 pub fn variants() -> Vec<KernelDef> {
-    Vec::new()
+    vec![
+        KernelDef {
+            id: "rms_norm_wg",
+            op: Op::RmsNorm,
+            summary: "one workgroup per row, scalar strided loads, workgroup-memory tree reduction; any dim",
+            dtypes: BOTH,
+            params: WG_PARAMS,
+            imp: Impl::Wgsl(WgslImpl {
+                shader: &RMS_WG,
+                workgroup_size: wg_size,
+                shared_memory: shared_wg,
+                needs_f16: packed_f16,
+                needs_subgroups: false,
+                check: check_rows_wg,
+                prepare: prepare_rms_wg,
+            }),
+        },
+        KernelDef {
+            id: "rms_norm_subgroup",
+            op: Op::RmsNorm,
+            summary: "one subgroup per row, subgroupAdd reduction, rows_per_wg rows per workgroup, no barriers; any dim",
+            dtypes: BOTH,
+            params: SG_PARAMS,
+            imp: Impl::Wgsl(WgslImpl {
+                shader: &RMS_SG,
+                workgroup_size: wg_size,
+                shared_memory: super::no_shared,
+                needs_f16: packed_f16,
+                needs_subgroups: true,
+                check: check_rows_sg,
+                prepare: prepare_rms_sg,
+            }),
+        },
+        KernelDef {
+            id: "rms_norm_vec4",
+            op: Op::RmsNorm,
+            summary: "16-byte loads, row held in registers (x read once), workgroup reduction; dim % 4 == 0 and dim <= 4*wg*vpt",
+            dtypes: BOTH,
+            params: VEC4_PARAMS,
+            imp: Impl::Wgsl(WgslImpl {
+                shader: &RMS_VEC4,
+                workgroup_size: wg_size,
+                shared_memory: shared_wg,
+                needs_f16: packed_f16,
+                needs_subgroups: false,
+                check: check_rms_vec4,
+                prepare: prepare_rms_vec4,
+            }),
+        },
+        KernelDef {
+            id: "rms_norm_rows_cpu",
+            op: Op::RmsNorm,
+            summary: "SIMD sum-of-squares and scale microkernels per row; rayon over rows (prefill)",
+            dtypes: BOTH,
+            params: ROWS_CPU_PARAMS,
+            imp: Impl::Cpu(CpuImpl { run: run_rms_rows, check: check_isa }),
+        },
+        KernelDef {
+            id: "rms_norm_split_cpu",
+            op: Op::RmsNorm,
+            summary: "each row's features split over rayon tasks: parallel partial sums of squares, then a parallel scale (decode)",
+            dtypes: BOTH,
+            params: SPLIT_CPU_PARAMS,
+            imp: Impl::Cpu(CpuImpl { run: run_rms_split, check: check_isa }),
+        },
+        KernelDef {
+            id: "layer_norm_wg",
+            op: Op::LayerNorm,
+            summary: "one workgroup per row, single-read Welford statistics merged pairwise (Chan) in workgroup memory; any dim",
+            dtypes: BOTH,
+            params: WG_PARAMS,
+            imp: Impl::Wgsl(WgslImpl {
+                shader: &LN_WG,
+                workgroup_size: wg_size,
+                shared_memory: shared_welford,
+                needs_f16: packed_f16,
+                needs_subgroups: false,
+                check: check_rows_wg,
+                prepare: prepare_ln_wg,
+            }),
+        },
+        KernelDef {
+            id: "layer_norm_subgroup",
+            op: Op::LayerNorm,
+            summary: "one subgroup per row, exact two-pass mean and centred variance with subgroupAdd, no barriers; any dim",
+            dtypes: BOTH,
+            params: SG_PARAMS,
+            imp: Impl::Wgsl(WgslImpl {
+                shader: &LN_SG,
+                workgroup_size: wg_size,
+                shared_memory: super::no_shared,
+                needs_f16: packed_f16,
+                needs_subgroups: true,
+                check: check_rows_sg,
+                prepare: prepare_ln_sg,
+            }),
+        },
+        KernelDef {
+            id: "layer_norm_rows_cpu",
+            op: Op::LayerNorm,
+            summary: "SIMD two-pass mean / centred variance and affine microkernels per row; rayon over rows (prefill)",
+            dtypes: BOTH,
+            params: ROWS_CPU_PARAMS,
+            imp: Impl::Cpu(CpuImpl { run: run_ln_rows, check: check_isa }),
+        },
+        KernelDef {
+            id: "layer_norm_split_cpu",
+            op: Op::LayerNorm,
+            summary: "each row's features split over rayon tasks: parallel sum, parallel centred squares, parallel affine (decode)",
+            dtypes: BOTH,
+            params: SPLIT_CPU_PARAMS,
+            imp: Impl::Cpu(CpuImpl { run: run_ln_split, check: check_isa }),
+        },
+    ]
+}
+
+// ---------------------------------------------------------------------------------
+// WGSL
+// ---------------------------------------------------------------------------------
+
+fn wg_size(params: &Params) -> [u32; 3] {
+    [p(params, "workgroup_size"), 1, 1]
+}
+
+fn shared_wg(_: &Problem, _: DType, params: &Params) -> u64 {
+    4 * p(params, "workgroup_size") as u64
+}
+
+/// Welford triples (count, mean, M2) per invocation.
+fn shared_welford(_: &Problem, _: DType, params: &Params) -> u64 {
+    12 * p(params, "workgroup_size") as u64
+}
+
+fn rows_dim(prob: &Problem) -> (usize, usize) {
+    match *prob {
+        Problem::RmsNorm { rows, dim, .. } | Problem::LayerNorm { rows, dim, .. } => (rows, dim),
+        _ => (0, 0),
+    }
+}
+
+fn check_rows_wg(caps: &GpuCaps, prob: &Problem, _: DType, _: &Params) -> Result<(), String> {
+    grid_fits(caps, rows_dim(prob).0, "one per row")
+}
+
+fn check_rows_sg(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
+    let wg = p(params, "workgroup_size");
+    if caps.subgroup_max_size > wg {
+        return Err(format!("workgroup of {wg} is smaller than the adapter's subgroup size {}", caps.subgroup_max_size));
+    }
+    grid_fits(caps, groups(rows_dim(prob).0, p(params, "rows_per_wg")) as usize, "one per rows_per_wg rows")
+}
+
+fn check_rms_vec4(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
+    let (rows, dim) = rows_dim(prob);
+    if dim % 4 != 0 {
+        return Err(format!("dim = {dim} is not a multiple of 4 (x and y are read as vec4<f32>)"));
+    }
+    let cap = 4 * p(params, "workgroup_size") as usize * p(params, "vec_per_thread") as usize;
+    if dim > cap {
+        return Err(format!("dim = {dim} does not fit the registers of one workgroup (4 * workgroup_size * vec_per_thread = {cap})"));
+    }
+    grid_fits(caps, rows, "one per row")
+}
+
+fn rms_uniform(s: &WgslSetup<'_>) -> Result<(usize, Vec<u32>), KernelError> {
+    match *s.problem {
+        Problem::RmsNorm { rows, dim, eps, unit_offset } => Ok((rows, vec![rows as u32, dim as u32, eps.to_bits(), unit_offset as u32])),
+        _ => Err(wrong_op(s.kernel, s.problem)),
+    }
+}
+
+fn ln_uniform(s: &WgslSetup<'_>) -> Result<(usize, Vec<u32>), KernelError> {
+    match *s.problem {
+        Problem::LayerNorm { rows, dim, eps } => Ok((rows, vec![rows as u32, dim as u32, eps.to_bits()])),
+        _ => Err(wrong_op(s.kernel, s.problem)),
+    }
+}
+
+fn prepare_rms_wg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let (rows, u) = rms_uniform(s)?;
+    let consts = [("WG", p(s.params, "workgroup_size") as f64), ("W_F16", s.w_f16())];
+    s.one_step(&RMS_WG, "main", &consts, &u, grid_2d(rows as u32))
+}
+
+fn prepare_rms_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let (rows, u) = rms_uniform(s)?;
+    let per = p(s.params, "rows_per_wg");
+    let consts = [("WG", p(s.params, "workgroup_size") as f64), ("ROWS", per as f64), ("W_F16", s.w_f16())];
+    s.one_step(&RMS_SG, "main", &consts, &u, grid_2d(groups(rows, per)))
+}
+
+fn prepare_rms_vec4(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let (rows, u) = rms_uniform(s)?;
+    let consts =
+        [("WG", p(s.params, "workgroup_size") as f64), ("VPT", p(s.params, "vec_per_thread") as f64), ("W_F16", s.w_f16())];
+    s.one_step(&RMS_VEC4, "main", &consts, &u, grid_2d(rows as u32))
+}
+
+fn prepare_ln_wg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let (rows, u) = ln_uniform(s)?;
+    let consts = [("WG", p(s.params, "workgroup_size") as f64), ("W_F16", s.w_f16())];
+    s.one_step(&LN_WG, "main", &consts, &u, grid_2d(rows as u32))
+}
+
+fn prepare_ln_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let (rows, u) = ln_uniform(s)?;
+    let per = p(s.params, "rows_per_wg");
+    let consts = [("WG", p(s.params, "workgroup_size") as f64), ("ROWS", per as f64), ("W_F16", s.w_f16())];
+    s.one_step(&LN_SG, "main", &consts, &u, grid_2d(groups(rows, per)))
+}
+
+// ---------------------------------------------------------------------------------
+// CPU microkernels (generic over the lane width, see `elementwise::lanes`)
+// ---------------------------------------------------------------------------------
+
+/// `Σ f(x)` with four independent vector accumulators.
+#[inline(always)]
+fn reduce4<L: Lanes>(l: L, x: &[f32], f: impl Fn(L::V) -> L::V, fs: impl Fn(f32) -> f32) -> f32 {
+    let mut acc = [l.splat(0.0); 4];
+    let mut quads = x.chunks_exact(4 * L::N);
+    for q in &mut quads {
+        for (k, a) in acc.iter_mut().enumerate() {
+            *a = l.add(*a, f(l.load(&q[k * L::N..])));
+        }
+    }
+    let mut rest = quads.remainder().chunks_exact(L::N);
+    for c in &mut rest {
+        acc[0] = l.add(acc[0], f(l.load(c)));
+    }
+    let s = l.hsum(l.add(l.add(acc[0], acc[1]), l.add(acc[2], acc[3])));
+    rest.remainder().iter().fold(s, |a, &v| a + fs(v))
+}
+
+#[inline(always)]
+fn sumsq_k<L: Lanes>(l: L, x: &[f32]) -> f32 {
+    reduce4(l, x, |v| l.mul(v, v), |v| v * v)
+}
+
+#[inline(always)]
+fn sum_k<L: Lanes>(l: L, x: &[f32]) -> f32 {
+    reduce4(l, x, |v| v, |v| v)
+}
+
+/// `Σ (x - mean)²`.
+#[inline(always)]
+fn sqdev_k<L: Lanes>(l: L, x: &[f32], mean: f32) -> f32 {
+    let mv = l.splat(mean);
+    reduce4(
+        l,
+        x,
+        |v| {
+            let t = l.sub(v, mv);
+            l.mul(t, t)
+        },
+        |v| (v - mean) * (v - mean),
+    )
+}
+
+/// `y = x * inv * (w + off)` (RMSNorm apply; `off` = 1 for Gemma's unit offset).
+#[inline(always)]
+fn rms_apply_k<L: Lanes, W: Elem>(l: L, x: &[f32], w: &[W], off: f32, inv: f32, y: &mut [f32]) {
+    let n = y.len();
+    let (x, w) = (&x[..n], &w[..n]);
+    let (ov, iv) = (l.splat(off), l.splat(inv));
+    let mut ys = y.chunks_exact_mut(L::N);
+    for ((yc, xc), wc) in (&mut ys).zip(x.chunks_exact(L::N)).zip(w.chunks_exact(L::N)) {
+        let g = l.add(W::load(l, wc), ov);
+        l.store(yc, l.mul(l.mul(l.load(xc), iv), g));
+    }
+    let t = n - n % L::N;
+    for (i, o) in ys.into_remainder().iter_mut().enumerate() {
+        *o = x[t + i] * inv * (w[t + i].f32() + off);
+    }
+}
+
+/// `y = (x - mean) * rs * w + b` (LayerNorm apply).
+#[inline(always)]
+fn ln_apply_k<L: Lanes, W: Elem>(l: L, x: &[f32], w: &[W], b: &[W], mean: f32, rs: f32, y: &mut [f32]) {
+    let n = y.len();
+    let (x, w, b) = (&x[..n], &w[..n], &b[..n]);
+    let (mv, rv) = (l.splat(mean), l.splat(rs));
+    let mut ys = y.chunks_exact_mut(L::N);
+    for (((yc, xc), wc), bc) in (&mut ys).zip(x.chunks_exact(L::N)).zip(w.chunks_exact(L::N)).zip(b.chunks_exact(L::N)) {
+        let t = l.mul(l.sub(l.load(xc), mv), rv);
+        l.store(yc, l.fma(t, W::load(l, wc), W::load(l, bc)));
+    }
+    let t = n - n % L::N;
+    for (i, o) in ys.into_remainder().iter_mut().enumerate() {
+        *o = (x[t + i] - mean) * rs * w[t + i].f32() + b[t + i].f32();
+    }
+}
+
+/// RMSNorm of consecutive rows `x` (row length `dim`) into `y`.
+#[inline(always)]
+fn rms_rows_k<L: Lanes, W: Elem>(l: L, x: &[f32], w: &[W], dim: usize, eps: f32, off: f32, y: &mut [f32]) {
+    for (xr, yr) in x.chunks_exact(dim).zip(y.chunks_exact_mut(dim)) {
+        let inv = 1.0 / (sumsq_k(l, xr) / dim as f32 + eps).sqrt();
+        rms_apply_k(l, xr, w, off, inv, yr);
+    }
+}
+
+/// LayerNorm of consecutive rows: two-pass mean and centred variance, then affine.
+#[inline(always)]
+fn ln_rows_k<L: Lanes, W: Elem>(l: L, x: &[f32], w: &[W], b: &[W], dim: usize, eps: f32, y: &mut [f32]) {
+    for (xr, yr) in x.chunks_exact(dim).zip(y.chunks_exact_mut(dim)) {
+        let mean = sum_k(l, xr) / dim as f32;
+        let rs = 1.0 / (sqdev_k(l, xr, mean) / dim as f32 + eps).sqrt();
+        ln_apply_k(l, xr, w, b, mean, rs, yr);
+    }
+}
+
+// Dispatchers: one `#[target_feature]` entry per call, over whole row ranges.
+
+#[allow(clippy::too_many_arguments)]
+fn rms_rows(isa: Isa, x: &[f32], w: Row<'_>, dim: usize, eps: f32, off: f32, y: &mut [f32]) {
+    isa_dispatch!(isa, |l| (x: &[f32] = x, w: Row<'_> = w, dim: usize = dim, eps: f32 = eps, off: f32 = off, y: &mut [f32] = y) -> () {
+        match w {
+            Row::F32(w) => rms_rows_k(l, x, w, dim, eps, off, y),
+            Row::F16(w) => rms_rows_k(l, x, w, dim, eps, off, y),
+        }
+    })
+}
+
+fn ln_rows(isa: Isa, x: &[f32], w: Row<'_>, b: Row<'_>, dim: usize, eps: f32, y: &mut [f32]) {
+    isa_dispatch!(isa, |l| (x: &[f32] = x, w: Row<'_> = w, b: Row<'_> = b, dim: usize = dim, eps: f32 = eps, y: &mut [f32] = y) -> () {
+        match (w, b) {
+            (Row::F32(w), Row::F32(b)) => ln_rows_k(l, x, w, b, dim, eps, y),
+            (Row::F16(w), Row::F16(b)) => ln_rows_k(l, x, w, b, dim, eps, y),
+            // Both weights share the variant's dtype (checked by the registry).
+            _ => {}
+        }
+    })
+}
+
+fn sumsq(isa: Isa, x: &[f32]) -> f32 {
+    isa_dispatch!(isa, |l| (x: &[f32] = x) -> f32 { sumsq_k(l, x) })
+}
+
+fn sum(isa: Isa, x: &[f32]) -> f32 {
+    isa_dispatch!(isa, |l| (x: &[f32] = x) -> f32 { sum_k(l, x) })
+}
+
+fn sqdev(isa: Isa, x: &[f32], mean: f32) -> f32 {
+    isa_dispatch!(isa, |l| (x: &[f32] = x, mean: f32 = mean) -> f32 { sqdev_k(l, x, mean) })
+}
+
+fn rms_apply(isa: Isa, x: &[f32], w: Row<'_>, off: f32, inv: f32, y: &mut [f32]) {
+    isa_dispatch!(isa, |l| (x: &[f32] = x, w: Row<'_> = w, off: f32 = off, inv: f32 = inv, y: &mut [f32] = y) -> () {
+        match w {
+            Row::F32(w) => rms_apply_k(l, x, w, off, inv, y),
+            Row::F16(w) => rms_apply_k(l, x, w, off, inv, y),
+        }
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn ln_apply(isa: Isa, x: &[f32], w: Row<'_>, b: Row<'_>, mean: f32, rs: f32, y: &mut [f32]) {
+    isa_dispatch!(isa, |l| (x: &[f32] = x, w: Row<'_> = w, b: Row<'_> = b, mean: f32 = mean, rs: f32 = rs, y: &mut [f32] = y) -> () {
+        match (w, b) {
+            (Row::F32(w), Row::F32(b)) => ln_apply_k(l, x, w, b, mean, rs, y),
+            (Row::F16(w), Row::F16(b)) => ln_apply_k(l, x, w, b, mean, rs, y),
+            _ => {}
+        }
+    })
+}
+
+// ---------------------------------------------------------------------------------
+// CPU kernels
+// ---------------------------------------------------------------------------------
+
+/// Elements `c0 .. c0 + len` of a weight vector.
+fn part(w: CpuIn<'_>, c0: usize, len: usize) -> Row<'_> {
+    match w {
+        CpuIn::F32(s) => Row::F32(&s[c0..c0 + len]),
+        CpuIn::F16(s) => Row::F16(&s[c0..c0 + len]),
+    }
+}
+
+fn run_rms_rows(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::RmsNorm { rows, dim, eps, unit_offset } = *prob else { return Ok(()) };
+    let isa = Isa::from_param(p(params, "isa"));
+    let off = if unit_offset { 1.0 } else { 0.0 };
+    let (x, w) = (a.ins[0].f32(), part(a.ins[1], 0, dim));
+    par_rows(&mut a.outs[0][..rows * dim], dim, params, |first, y| rms_rows(isa, &x[first * dim..], w, dim, eps, off, y));
+    Ok(())
+}
+
+fn run_rms_split(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::RmsNorm { rows, dim, eps, unit_offset } = *prob else { return Ok(()) };
+    let isa = Isa::from_param(p(params, "isa"));
+    let chunk = (p(params, "chunk") as usize).max(1);
+    let off = if unit_offset { 1.0 } else { 0.0 };
+    let (x, w) = (a.ins[0].f32(), a.ins[1]);
+    for (r, y) in a.outs[0][..rows * dim].chunks_mut(dim.max(1)).enumerate() {
+        let xr = &x[r * dim..][..dim];
+        let ss: f32 = xr.par_chunks(chunk).map(|c| sumsq(isa, c)).sum();
+        let inv = 1.0 / (ss / dim as f32 + eps).sqrt();
+        y.par_chunks_mut(chunk).enumerate().for_each(|(i, yc)| {
+            let c0 = i * chunk;
+            rms_apply(isa, &xr[c0..], part(w, c0, yc.len()), off, inv, yc)
+        });
+    }
+    Ok(())
+}
+
+fn run_ln_rows(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::LayerNorm { rows, dim, eps } = *prob else { return Ok(()) };
+    let isa = Isa::from_param(p(params, "isa"));
+    let (x, w, b) = (a.ins[0].f32(), part(a.ins[1], 0, dim), part(a.ins[2], 0, dim));
+    par_rows(&mut a.outs[0][..rows * dim], dim, params, |first, y| ln_rows(isa, &x[first * dim..], w, b, dim, eps, y));
+    Ok(())
+}
+
+fn run_ln_split(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::LayerNorm { rows, dim, eps } = *prob else { return Ok(()) };
+    let isa = Isa::from_param(p(params, "isa"));
+    let chunk = (p(params, "chunk") as usize).max(1);
+    let (x, w, b) = (a.ins[0].f32(), a.ins[1], a.ins[2]);
+    for (r, y) in a.outs[0][..rows * dim].chunks_mut(dim.max(1)).enumerate() {
+        let xr = &x[r * dim..][..dim];
+        let mean = xr.par_chunks(chunk).map(|c| sum(isa, c)).sum::<f32>() / dim as f32;
+        let var = xr.par_chunks(chunk).map(|c| sqdev(isa, c, mean)).sum::<f32>() / dim as f32;
+        let rs = 1.0 / (var + eps).sqrt();
+        y.par_chunks_mut(chunk).enumerate().for_each(|(i, yc)| {
+            let c0 = i * chunk;
+            ln_apply(isa, &xr[c0..], part(w, c0, yc.len()), part(b, c0, yc.len()), mean, rs, yc)
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use half::f16;
+
+    use super::*;
+
+    #[test]
+    fn microkernels_agree_with_f64_on_every_isa() {
+        for n in [1, 7, 8, 31, 32, 33, 64, 65, 577, 1152] {
+            // a large common offset: the centred variance must not cancel
+            let x: Vec<f32> = (0..n).map(|i| 100.0 + ((i * 37 % 101) as f32 / 50.0 - 1.0)).collect();
+            let wf: Vec<f32> = (0..n).map(|i| (i % 13) as f32 / 13.0 - 0.5).collect();
+            let wh: Vec<f16> = wf.iter().map(|&v| f16::from_f32(v)).collect();
+            let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
+            let ss: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+            let dev: f64 = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum();
+            for isa in [Isa::Scalar, Isa::from_param(2), Isa::best()] {
+                assert!((sumsq(isa, &x) as f64 - ss).abs() < 1e-6 * ss, "sumsq {isa:?} n={n}");
+                assert!((sum(isa, &x) as f64 / n as f64 - mean).abs() < 1e-5, "sum {isa:?} n={n}");
+                assert!((sqdev(isa, &x, mean as f32) as f64 - dev).abs() < 1e-3 * dev.max(1.0), "sqdev {isa:?} n={n}");
+                for w in [Row::F32(&wf), Row::F16(&wh)] {
+                    let mut y = vec![0f32; n];
+                    rms_apply(isa, &x, w, 1.0, 0.5, &mut y);
+                    for i in 0..n {
+                        let g = match w {
+                            Row::F32(s) => s[i],
+                            Row::F16(s) => s[i].to_f32(),
+                        };
+                        assert!((y[i] - x[i] * 0.5 * (g + 1.0)).abs() < 1e-4, "rms_apply {isa:?} n={n}");
+                    }
+                    ln_apply(isa, &x, w, w, 100.0, 2.0, &mut y);
+                    for i in 0..n {
+                        let g = match w {
+                            Row::F32(s) => s[i],
+                            Row::F16(s) => s[i].to_f32(),
+                        };
+                        assert!((y[i] - ((x[i] - 100.0) * 2.0 * g + g)).abs() < 1e-4, "ln_apply {isa:?} n={n}");
+                    }
+                }
+            }
+        }
+    }
 }

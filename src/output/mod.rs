@@ -210,3 +210,67 @@ pub fn kernels(r: &KernelsReport, format: Format) -> Result<String> {
     }
     Ok(s)
 }
+
+/// `ktune run`: throughput, generated ids, kernels and time per slot.
+pub fn run(r: &crate::commands::run::RunReport, format: Format) -> Result<String> {
+    if format == Format::Json {
+        return Ok(serde_json::to_string_pretty(r)?);
+    }
+    let mut s = String::new();
+    s.push_str(&format!("device:   {} [{}] {}\n", r.device, r.backend, short(&r.fingerprint)));
+    s.push_str(&format!("model:    {} ({} layers, weights: {})\n", r.model, r.layers, r.weights));
+    s.push_str(&format!(
+        "profile:  {} | weights {} | kv cache {} | batchCommands {}\n",
+        r.profile.as_deref().unwrap_or("(runtime defaults)"),
+        r.weight_dtype,
+        r.kv_dtype,
+        r.batch_commands
+    ));
+    let f = &r.fusion;
+    s.push_str(&format!(
+        "fusion:   qkv {} | gate_up {} | qk_norm_rope {} | residual_norm {}\n",
+        f.qkv, f.gate_up, f.qk_norm_rope, f.residual_norm
+    ));
+    s.push_str(&format!(
+        "prefill:  {} tokens in {:.2} ms = {:.1} tokens/s\n",
+        r.prompt_tokens,
+        r.prefill_seconds * 1e3,
+        r.prefill_tokens_per_sec
+    ));
+    s.push_str(&format!(
+        "decode:   {} tokens in {:.2} ms = {:.2} tokens/s ({} of weights per token = {:.1} GB/s)\n",
+        r.decode_tokens,
+        r.decode_seconds * 1e3,
+        r.decode_tokens_per_sec,
+        bytes(r.weight_bytes),
+        r.decode_gbps
+    ));
+    s.push_str(&format!("dispatches per layer (decode): {}\n", r.dispatches_per_layer));
+    s.push_str(&format!("generated: {:?}\n", r.generated));
+    for w in &r.warnings {
+        s.push_str(&format!("warning: {w}\n"));
+    }
+    #[derive(Tabled)]
+    struct K<'a> {
+        slot: &'a str,
+        kernel: &'a str,
+    }
+    let ks: Vec<K<'_>> = r.kernels.iter().map(|(a, b)| K { slot: a, kernel: b }).collect();
+    s.push_str(&Table::new(ks).with(Style::sharp()).to_string());
+    s.push('\n');
+    #[derive(Tabled)]
+    struct T {
+        slot: String,
+        #[tabled(rename = "prefill ms")]
+        prefill: String,
+        #[tabled(rename = "decode ms/token")]
+        decode: String,
+    }
+    let ts: Vec<T> = r
+        .slots
+        .iter()
+        .map(|x| T { slot: x.slot.to_string(), prefill: format!("{:.3}", x.prefill_ms), decode: format!("{:.3}", x.decode_ms_per_token) })
+        .collect();
+    s.push_str(&Table::new(ts).with(Style::sharp()).to_string());
+    Ok(s)
+}

@@ -1,0 +1,268 @@
+// Decode attention, flash decoding: the visible key range [lo, kv_len) is cut into
+// CHUNK-key splits, processed in parallel, then merged.
+//
+// `split` (workgroup (kv head, head subgroup) x split): the GH query heads of one
+// GQA group that this workgroup owns read the KV head once. Every K row is loaded
+// once (16-byte loads) and scored against all GH queries (pre-scaled in workgroup
+// memory); the workgroup reduces the tile maxima of all heads at once (two vec4 of
+// maxima per invocation), rescales each head's running state, then accumulates P·V
+// for all GH heads from each V row (VL invocations per row, NS rows in flight).
+// It writes each head's unnormalised partial output and its (max, sum) to `part`.
+// `reduce` (one invocation per output element): merges the splits of its head,
+// weighting split s by exp(m_s - max m).
+//
+// Bindings are unique across the module; each entry binds its subset:
+//   split:  q@0 k_cache@1 v_cache@2 dims@4 part@5
+//   reduce: out@3 dims@4 part@5
+// `part` holds nsplit * heads * HD partial outputs, then at ml_off nsplit * heads
+// (max, sum) pairs. K/V are u32 words decoded by W_F16 (vec4<u32> = 4 f32 or 8 f16).
+// HD and GH (<= 8) are specialised by the host; WG must be a power of two.
+
+override WG: u32 = 128;
+override HD: u32 = 64;
+override GH: u32 = 4;
+override CHUNK: u32 = 256;
+override W_F16: bool = false;
+
+struct Dims {
+    kv_len: u32,
+    kv_cap: u32,
+    heads: u32,
+    kv_heads: u32,
+    window: u32,
+    scale: f32,
+    nsub: u32,
+    ml_off: u32,
+}
+
+@group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> kc: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> vc: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<uniform> dims: Dims;
+@group(0) @binding(5) var<storage, read_write> part: array<f32>;
+
+const NEG: f32 = -3.0e38;
+
+var<workgroup> qs: array<vec4<f32>, GH * HD / 4u>;
+var<workgroup> sc: array<f32, GH * WG>;
+var<workgroup> red: array<vec4<f32>, 2u * WG>;
+
+fn lo4(w: vec4<u32>) -> vec4<f32> {
+    if (W_F16) {
+        return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+    }
+    return bitcast<vec4<f32>>(w);
+}
+
+fn hi4(w: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
+}
+
+fn row_words() -> u32 {
+    return select(HD / 4u, HD / 8u, W_F16);
+}
+
+fn first_key() -> u32 {
+    if (dims.window > 0u && dims.kv_len > dims.window) {
+        return dims.kv_len - dims.window;
+    }
+    return 0u;
+}
+
+fn pick(a: vec4<f32>, b: vec4<f32>, g: u32) -> f32 {
+    if (g < 4u) {
+        return a[g];
+    }
+    return b[g - 4u];
+}
+
+@compute @workgroup_size(WG)
+fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    let group = dims.heads / dims.kv_heads;
+    let kh = wid.x / dims.nsub;
+    let g0 = (wid.x % dims.nsub) * GH;
+    let ng = min(GH, group - g0);
+    let h0 = kh * group + g0;
+    let hd4 = HD / 4u;
+    let s0 = first_key() + wid.y * CHUNK;
+    let s1 = min(s0 + CHUNK, dims.kv_len);
+
+    for (var i = tid; i < GH * hd4; i += WG) {
+        let g = i / hd4;
+        var v = vec4<f32>(0.0);
+        if (g < ng) {
+            v = q[(h0 + g) * hd4 + i % hd4] * dims.scale;
+        }
+        qs[i] = v;
+    }
+    workgroupBarrier();
+
+    let vl = row_words();
+    let ns = WG / vl;
+    let slice = tid / vl;
+    let lane = tid % vl;
+    let base = kh * dims.kv_cap;
+    var m: array<f32, 8>;
+    var l: array<f32, 8>;
+    var acc: array<vec4<f32>, 16>;
+    for (var g = 0u; g < 8u; g++) {
+        m[g] = NEG;
+        l[g] = 0.0;
+        acc[2u * g] = vec4<f32>(0.0);
+        acc[2u * g + 1u] = vec4<f32>(0.0);
+    }
+
+    for (var t0 = s0; t0 < s1; t0 += WG) {
+        // one key per invocation, scored against every query head of the group
+        let j = t0 + tid;
+        var s: array<f32, 8>;
+        for (var g = 0u; g < 8u; g++) {
+            s[g] = NEG;
+        }
+        if (j < s1) {
+            var sv: array<vec4<f32>, 8>;
+            for (var g = 0u; g < GH; g++) {
+                sv[g] = vec4<f32>(0.0);
+            }
+            let rb = (base + j) * vl;
+            for (var c = 0u; c < vl; c++) {
+                let w = kc[rb + c];
+                let a = lo4(w);
+                if (W_F16) {
+                    let b = hi4(w);
+                    for (var g = 0u; g < GH; g++) {
+                        sv[g] += qs[g * hd4 + 2u * c] * a + qs[g * hd4 + 2u * c + 1u] * b;
+                    }
+                } else {
+                    for (var g = 0u; g < GH; g++) {
+                        sv[g] += qs[g * hd4 + c] * a;
+                    }
+                }
+            }
+            for (var g = 0u; g < GH; g++) {
+                s[g] = sv[g].x + sv[g].y + sv[g].z + sv[g].w;
+            }
+        }
+        red[2u * tid] = vec4<f32>(s[0], s[1], s[2], s[3]);
+        red[2u * tid + 1u] = vec4<f32>(s[4], s[5], s[6], s[7]);
+        workgroupBarrier();
+        for (var st = WG / 2u; st > 0u; st >>= 1u) {
+            if (tid < st) {
+                red[2u * tid] = max(red[2u * tid], red[2u * (tid + st)]);
+                red[2u * tid + 1u] = max(red[2u * tid + 1u], red[2u * (tid + st) + 1u]);
+            }
+            workgroupBarrier();
+        }
+        let ta = red[0];
+        let tb = red[1];
+        var alpha: array<f32, 8>;
+        for (var g = 0u; g < GH; g++) {
+            let mn = max(m[g], pick(ta, tb, g));
+            alpha[g] = exp(m[g] - mn);
+            m[g] = mn;
+            let p = select(0.0, exp(s[g] - mn), j < s1);
+            l[g] = l[g] * alpha[g] + p;
+            sc[g * WG + tid] = p;
+        }
+        workgroupBarrier();
+        for (var g = 0u; g < GH; g++) {
+            acc[2u * g] *= alpha[g];
+            acc[2u * g + 1u] *= alpha[g];
+        }
+        let n = min(WG, s1 - t0);
+        if (slice < ns) {
+            for (var c = slice; c < n; c += ns) {
+                let w = vc[(base + t0 + c) * vl + lane];
+                let a = lo4(w);
+                if (W_F16) {
+                    let b = hi4(w);
+                    for (var g = 0u; g < GH; g++) {
+                        let p = sc[g * WG + c];
+                        acc[2u * g] += p * a;
+                        acc[2u * g + 1u] += p * b;
+                    }
+                } else {
+                    for (var g = 0u; g < GH; g++) {
+                        acc[2u * g] += sc[g * WG + c] * a;
+                    }
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+
+    // per-head softmax denominators: sum of the per-invocation partials
+    red[2u * tid] = vec4<f32>(l[0], l[1], l[2], l[3]);
+    red[2u * tid + 1u] = vec4<f32>(l[4], l[5], l[6], l[7]);
+    workgroupBarrier();
+    for (var st = WG / 2u; st > 0u; st >>= 1u) {
+        if (tid < st) {
+            red[2u * tid] += red[2u * (tid + st)];
+            red[2u * tid + 1u] += red[2u * (tid + st) + 1u];
+        }
+        workgroupBarrier();
+    }
+    let la = red[0];
+    let lb = red[1];
+    let heads = dims.heads;
+    if (tid < ng) {
+        let mi = dims.ml_off + (wid.y * heads + h0 + tid) * 2u;
+        part[mi] = m[tid];
+        part[mi + 1u] = pick(la, lb, tid);
+    }
+    // partial outputs, one head at a time: sum the NS row slices through `red`
+    let epl = select(4u, 8u, W_F16);
+    for (var g = 0u; g < GH; g++) {
+        workgroupBarrier();
+        if (slice < ns) {
+            red[2u * tid] = acc[2u * g];
+            red[2u * tid + 1u] = acc[2u * g + 1u];
+        }
+        workgroupBarrier();
+        if (tid < vl && g < ng) {
+            var a0 = vec4<f32>(0.0);
+            var a1 = vec4<f32>(0.0);
+            for (var sl = 0u; sl < ns; sl++) {
+                a0 += red[2u * (sl * vl + tid)];
+                a1 += red[2u * (sl * vl + tid) + 1u];
+            }
+            let o = (wid.y * heads + h0 + g) * HD + tid * epl;
+            part[o] = a0.x;
+            part[o + 1u] = a0.y;
+            part[o + 2u] = a0.z;
+            part[o + 3u] = a0.w;
+            if (W_F16) {
+                part[o + 4u] = a1.x;
+                part[o + 5u] = a1.y;
+                part[o + 6u] = a1.z;
+                part[o + 7u] = a1.w;
+            }
+        }
+    }
+}
+
+@compute @workgroup_size(WG)
+fn reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let idx = gid.x + gid.y * nwg.x * WG;
+    let heads = dims.heads;
+    if (idx >= heads * HD) {
+        return;
+    }
+    let h = idx / HD;
+    let keys = dims.kv_len - first_key();
+    let nsplit = (keys + CHUNK - 1u) / CHUNK;
+    var mx = NEG;
+    for (var s = 0u; s < nsplit; s++) {
+        mx = max(mx, part[dims.ml_off + (s * heads + h) * 2u]);
+    }
+    var den = 0.0;
+    var num = 0.0;
+    for (var s = 0u; s < nsplit; s++) {
+        let mi = dims.ml_off + (s * heads + h) * 2u;
+        let w = exp(part[mi] - mx);
+        den += w * part[mi + 1u];
+        num += w * part[s * heads * HD + idx];
+    }
+    out[idx] = num / den;
+}

@@ -1,0 +1,179 @@
+// Decode attention, one workgroup per query head streaming its KV head's cache.
+// One query at position kv_len - 1 sees keys [lo, kv_len) (lo > 0 with a sliding
+// window); cache rows at or past kv_len are never read.
+// The cache is walked in tiles of WG * KPT keys: every invocation scores KPT keys
+// (a whole K row each, 16-byte loads, q pre-scaled in workgroup memory), the
+// workgroup reduces the tile maximum and rescales its running softmax state, then
+// accumulates P·V with V rows read coalesced: VL invocations per row, one 16-byte
+// load each, NS = WG / VL rows in flight. The NS row slices are summed at the end.
+// K/V are u32 words decoded by W_F16: one vec4<u32> holds 4 f32 or 8 packed f16,
+// so head_dim % 4 == 0 (f32) or % 8 == 0 (f16), checked on the host. HD is the
+// head dimension, specialised by the host; WG must be a power of two.
+
+override WG: u32 = 128;
+override KPT: u32 = 2;
+override HD: u32 = 64;
+override W_F16: bool = false;
+
+struct Dims { kv_len: u32, kv_cap: u32, heads: u32, kv_heads: u32, window: u32, scale: f32 }
+
+@group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> kc: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> vc: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<uniform> dims: Dims;
+
+const NEG: f32 = -3.0e38;
+
+var<workgroup> qs: array<vec4<f32>, HD / 4u>;
+var<workgroup> sc: array<f32, WG * KPT>;
+var<workgroup> red: array<f32, WG>;
+var<workgroup> comb: array<vec4<f32>, WG * 2u>;
+
+// First four elements of a 16-byte cache word.
+fn lo4(w: vec4<u32>) -> vec4<f32> {
+    if (W_F16) {
+        return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+    }
+    return bitcast<vec4<f32>>(w);
+}
+
+// Elements 4..8 of a 16-byte word of packed f16.
+fn hi4(w: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
+}
+
+// 16-byte words per cache row.
+fn row_words() -> u32 {
+    return select(HD / 4u, HD / 8u, W_F16);
+}
+
+// Scaled q · K[row].
+fn score(row: u32) -> f32 {
+    let n = row_words();
+    let base = row * n;
+    var s = vec4<f32>(0.0);
+    for (var c = 0u; c < n; c++) {
+        let w = kc[base + c];
+        if (W_F16) {
+            s += qs[2u * c] * lo4(w) + qs[2u * c + 1u] * hi4(w);
+        } else {
+            s += qs[c] * lo4(w);
+        }
+    }
+    return s.x + s.y + s.z + s.w;
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) tid: u32) {
+    let h = wid.x + wid.y * nwg.x;
+    if (h >= dims.heads) {
+        return;
+    }
+    let kh = h / (dims.heads / dims.kv_heads);
+    let hi = dims.kv_len;
+    var lo = 0u;
+    if (dims.window > 0u && hi > dims.window) {
+        lo = hi - dims.window;
+    }
+    for (var i = tid; i < HD / 4u; i += WG) {
+        qs[i] = q[h * (HD / 4u) + i] * dims.scale;
+    }
+    workgroupBarrier();
+
+    let vl = row_words();
+    let ns = WG / vl;
+    let slice = tid / vl;
+    let lane = tid % vl;
+    let base = kh * dims.kv_cap;
+    var m = NEG;
+    var l = 0.0;
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    for (var t0 = lo; t0 < hi; t0 += WG * KPT) {
+        // scores of this tile and the tile maximum
+        var tmax = NEG;
+        for (var r = 0u; r < KPT; r++) {
+            let c = r * WG + tid;
+            var s = NEG;
+            if (t0 + c < hi) {
+                s = score(base + t0 + c);
+            }
+            sc[c] = s;
+            tmax = max(tmax, s);
+        }
+        red[tid] = tmax;
+        workgroupBarrier();
+        for (var st = WG / 2u; st > 0u; st >>= 1u) {
+            if (tid < st) {
+                red[tid] = max(red[tid], red[tid + st]);
+            }
+            workgroupBarrier();
+        }
+        // online softmax: rescale the running state, scores become probabilities
+        let m_new = max(m, red[0]);
+        let alpha = exp(m - m_new);
+        l *= alpha;
+        for (var r = 0u; r < KPT; r++) {
+            let c = r * WG + tid;
+            let p = select(0.0, exp(sc[c] - m_new), t0 + c < hi);
+            sc[c] = p;
+            l += p;
+        }
+        workgroupBarrier();
+        acc0 *= alpha;
+        acc1 *= alpha;
+        let n = min(WG * KPT, hi - t0);
+        if (slice < ns) {
+            for (var c = slice; c < n; c += ns) {
+                let p = sc[c];
+                let w = vc[(base + t0 + c) * vl + lane];
+                acc0 += p * lo4(w);
+                if (W_F16) {
+                    acc1 += p * hi4(w);
+                }
+            }
+        }
+        m = m_new;
+        workgroupBarrier();
+    }
+
+    // softmax denominator: sum of the per-invocation partials
+    red[tid] = l;
+    workgroupBarrier();
+    for (var st = WG / 2u; st > 0u; st >>= 1u) {
+        if (tid < st) {
+            red[tid] += red[tid + st];
+        }
+        workgroupBarrier();
+    }
+    let inv = 1.0 / red[0];
+    // sum the NS row slices
+    if (slice < ns) {
+        comb[2u * tid] = acc0;
+        comb[2u * tid + 1u] = acc1;
+    }
+    workgroupBarrier();
+    if (tid < vl) {
+        var a0 = vec4<f32>(0.0);
+        var a1 = vec4<f32>(0.0);
+        for (var s = 0u; s < ns; s++) {
+            a0 += comb[2u * (s * vl + tid)];
+            a1 += comb[2u * (s * vl + tid) + 1u];
+        }
+        a0 *= inv;
+        let o = h * HD + tid * select(4u, 8u, W_F16);
+        out[o] = a0.x;
+        out[o + 1u] = a0.y;
+        out[o + 2u] = a0.z;
+        out[o + 3u] = a0.w;
+        if (W_F16) {
+            a1 *= inv;
+            out[o + 4u] = a1.x;
+            out[o + 5u] = a1.y;
+            out[o + 6u] = a1.z;
+            out[o + 7u] = a1.w;
+        }
+    }
+}

@@ -1,0 +1,179 @@
+// Prefill attention, FlashAttention-style: workgroup (query block, head) owns BQ
+// consecutive queries of one head and walks the keys they can see in tiles of BKV
+// rows, never materialising the score matrix. Per tile: the K tile is staged in
+// workgroup memory (f32), the BQ x BKV scores go to workgroup memory, the V tile
+// replaces the K tile, and every query row updates its online softmax state
+// (running max m, sum l) and its output accumulator.
+// Invocation layout: LANES invocations per query row (WG = BQ * LANES). A lane
+// scores keys lane, lane + LANES, ... of the tile and owns the vec4 output columns
+// lane, lane + LANES, ... (at most 8: head_dim <= 32 * LANES, checked on the host).
+// Query at token i has position kv_len - tokens + i and sees keys (pos - window, pos]
+// (up to pos when window == 0); K/V rows past the block's last position are never
+// read. Query head h reads KV head h / (heads / kv_heads).
+// K/V are u32 words decoded by W_F16 (vec4<u32> = 4 f32 or 8 packed f16), so
+// head_dim % 4 == 0 (f32) or % 8 == 0 (f16); HD is specialised by the host.
+
+override BQ: u32 = 16;
+override BKV: u32 = 32;
+override LANES: u32 = 8;
+override HD: u32 = 64;
+override W_F16: bool = false;
+
+struct Dims {
+    tokens: u32,
+    kv_len: u32,
+    kv_cap: u32,
+    heads: u32,
+    kv_heads: u32,
+    window: u32,
+    scale: f32,
+}
+
+@group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> kc: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> vc: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(4) var<uniform> dims: Dims;
+
+const NEG: f32 = -3.0e38;
+
+var<workgroup> qs: array<vec4<f32>, BQ * HD / 4u>;
+var<workgroup> kv: array<vec4<f32>, BKV * HD / 4u>;
+var<workgroup> ps: array<f32, BQ * BKV>;
+
+fn lo4(w: vec4<u32>) -> vec4<f32> {
+    if (W_F16) {
+        return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+    }
+    return bitcast<vec4<f32>>(w);
+}
+
+fn hi4(w: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
+}
+
+fn first_key(pos: u32) -> u32 {
+    if (dims.window > 0u && pos + 1u > dims.window) {
+        return pos + 1u - dims.window;
+    }
+    return 0u;
+}
+
+// Stages cache rows t0 .. t0 + BKV (rows past `last` as zeros) of K or V in `kv`.
+fn load_tile(is_v: bool, base: u32, t0: u32, last: u32, tid: u32) {
+    let rw = select(HD / 4u, HD / 8u, W_F16);
+    let hd4 = HD / 4u;
+    for (var idx = tid; idx < BKV * rw; idx += BQ * LANES) {
+        let c = idx / rw;
+        let x = idx % rw;
+        var w = vec4<u32>(0u);
+        if (t0 + c <= last) {
+            let gi = (base + t0 + c) * rw + x;
+            if (is_v) {
+                w = vc[gi];
+            } else {
+                w = kc[gi];
+            }
+        }
+        if (W_F16) {
+            kv[c * hd4 + 2u * x] = lo4(w);
+            kv[c * hd4 + 2u * x + 1u] = hi4(w);
+        } else {
+            kv[c * hd4 + x] = lo4(w);
+        }
+    }
+}
+
+@compute @workgroup_size(BQ * LANES)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    let h = wid.y;
+    let kh = h / (dims.heads / dims.kv_heads);
+    let heads = dims.heads;
+    let past = dims.kv_len - dims.tokens;
+    let i0 = wid.x * BQ;
+    let rows = min(BQ, dims.tokens - i0);
+    let hd4 = HD / 4u;
+    let r = tid / LANES;
+    let lane = tid % LANES;
+    let valid = r < rows;
+
+    for (var idx = tid; idx < BQ * hd4; idx += BQ * LANES) {
+        let rr = idx / hd4;
+        var v = vec4<f32>(0.0);
+        if (rr < rows) {
+            v = q[((i0 + rr) * heads + h) * hd4 + idx % hd4] * dims.scale;
+        }
+        qs[idx] = v;
+    }
+
+    // this row's visible keys [lo_r, pos], the block's [klo, khi]
+    let pos = past + i0 + min(r, rows - 1u);
+    let lo_r = first_key(pos);
+    let klo = first_key(past + i0);
+    let khi = past + i0 + rows - 1u;
+    let base = kh * dims.kv_cap;
+    let ncol = (hd4 + LANES - 1u) / LANES;
+
+    var m = NEG;
+    var l = 0.0;
+    var acc: array<vec4<f32>, 8>;
+    for (var k = 0u; k < 8u; k++) {
+        acc[k] = vec4<f32>(0.0);
+    }
+
+    for (var t0 = klo; t0 <= khi; t0 += BKV) {
+        workgroupBarrier();
+        load_tile(false, base, t0, khi, tid);
+        workgroupBarrier();
+        for (var c = lane; c < BKV; c += LANES) {
+            let j = t0 + c;
+            var s = NEG;
+            if (valid && j >= lo_r && j <= pos) {
+                var a = vec4<f32>(0.0);
+                for (var x = 0u; x < hd4; x++) {
+                    a += qs[r * hd4 + x] * kv[c * hd4 + x];
+                }
+                s = a.x + a.y + a.z + a.w;
+            }
+            ps[r * BKV + c] = s;
+        }
+        workgroupBarrier();
+        load_tile(true, base, t0, khi, tid);
+        workgroupBarrier();
+        var mt = NEG;
+        for (var c = 0u; c < BKV; c++) {
+            mt = max(mt, ps[r * BKV + c]);
+        }
+        let m_new = max(m, mt);
+        let alpha = exp(m - m_new);
+        l *= alpha;
+        for (var k = 0u; k < ncol; k++) {
+            acc[k] *= alpha;
+        }
+        for (var c = 0u; c < BKV; c++) {
+            let sv = ps[r * BKV + c];
+            if (sv > -1.0e38) {
+                let p = exp(sv - m_new);
+                l += p;
+                for (var k = 0u; k < ncol; k++) {
+                    let col = lane + k * LANES;
+                    if (col < hd4) {
+                        acc[k] += p * kv[c * hd4 + col];
+                    }
+                }
+            }
+        }
+        m = m_new;
+    }
+
+    if (valid) {
+        let inv = 1.0 / l;
+        let ob = ((i0 + r) * heads + h) * hd4;
+        for (var k = 0u; k < ncol; k++) {
+            let col = lane + k * LANES;
+            if (col < hd4) {
+                out[ob + col] = acc[k] * inv;
+            }
+        }
+    }
+}

@@ -1,0 +1,182 @@
+// Prefill attention, textbook form: the score matrix is materialised in a scratch
+// buffer `sc[tokens, heads, kv_len]` and the three stages run as three dispatches.
+//   scores  (one invocation per score): sc = scale * q · K[j] for visible keys,
+//           NEG elsewhere (K rows at or past kv_len are never read);
+//   softmax (one workgroup per (token, head) row): max and sum by tree reductions,
+//           the visible scores become probabilities in place;
+//   pv      (one invocation per 16-byte output word): out = Σ_j p_j V[j] over the
+//           row's visible keys.
+// Query at token i has position kv_len - tokens + i and sees keys (pos - window, pos]
+// (every key up to pos when window == 0). Query head h reads KV head h / (heads / kv_heads).
+//
+// Bindings are unique across the module; each entry binds its subset:
+//   scores: q@0 k_cache@1 dims@4 sc@5;  softmax: dims@4 sc@5;  pv: v_cache@2 out@3 dims@4 sc@5
+// K/V are u32 words decoded by W_F16 (vec4<u32> = 4 f32 or 8 packed f16), so
+// head_dim % 4 == 0 (f32) or % 8 == 0 (f16); WG must be a power of two.
+
+override WG: u32 = 128;
+override W_F16: bool = false;
+
+struct Dims {
+    tokens: u32,
+    kv_len: u32,
+    kv_cap: u32,
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    window: u32,
+    scale: f32,
+}
+
+@group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> kc: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> vc: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<uniform> dims: Dims;
+@group(0) @binding(5) var<storage, read_write> sc: array<f32>;
+
+const NEG: f32 = -3.0e38;
+
+var<workgroup> red: array<f32, WG>;
+
+fn lo4(w: vec4<u32>) -> vec4<f32> {
+    if (W_F16) {
+        return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+    }
+    return bitcast<vec4<f32>>(w);
+}
+
+fn hi4(w: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
+}
+
+fn row_words() -> u32 {
+    return select(dims.head_dim / 4u, dims.head_dim / 8u, W_F16);
+}
+
+// Absolute position of the query at token index i.
+fn position(i: u32) -> u32 {
+    return dims.kv_len - dims.tokens + i;
+}
+
+// First key the query at `pos` sees.
+fn first_key(pos: u32) -> u32 {
+    if (dims.window > 0u && pos + 1u > dims.window) {
+        return pos + 1u - dims.window;
+    }
+    return 0u;
+}
+
+@compute @workgroup_size(WG)
+fn scores(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) tid: u32) {
+    let idx = (wid.x + wid.y * nwg.x) * WG + tid;
+    let kv_len = dims.kv_len;
+    if (idx >= dims.tokens * dims.heads * kv_len) {
+        return;
+    }
+    let row = idx / kv_len;
+    let j = idx % kv_len;
+    let i = row / dims.heads;
+    let h = row % dims.heads;
+    let kh = h / (dims.heads / dims.kv_heads);
+    let pos = position(i);
+    var s = NEG;
+    if (j <= pos && j >= first_key(pos)) {
+        let n = row_words();
+        let hd4 = dims.head_dim / 4u;
+        let qb = row * hd4;
+        let kb = (kh * dims.kv_cap + j) * n;
+        var acc = vec4<f32>(0.0);
+        for (var c = 0u; c < n; c++) {
+            let w = kc[kb + c];
+            if (W_F16) {
+                acc += q[qb + 2u * c] * lo4(w) + q[qb + 2u * c + 1u] * hi4(w);
+            } else {
+                acc += q[qb + c] * lo4(w);
+            }
+        }
+        s = (acc.x + acc.y + acc.z + acc.w) * dims.scale;
+    }
+    sc[idx] = s;
+}
+
+@compute @workgroup_size(WG)
+fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) tid: u32) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= dims.tokens * dims.heads) {
+        return;
+    }
+    let pos = position(row / dims.heads);
+    let lo = first_key(pos);
+    let base = row * dims.kv_len;
+    var mx = NEG;
+    for (var j = lo + tid; j <= pos; j += WG) {
+        mx = max(mx, sc[base + j]);
+    }
+    red[tid] = mx;
+    workgroupBarrier();
+    for (var st = WG / 2u; st > 0u; st >>= 1u) {
+        if (tid < st) {
+            red[tid] = max(red[tid], red[tid + st]);
+        }
+        workgroupBarrier();
+    }
+    mx = red[0];
+    workgroupBarrier();
+    var sum = 0.0;
+    for (var j = lo + tid; j <= pos; j += WG) {
+        sum += exp(sc[base + j] - mx);
+    }
+    red[tid] = sum;
+    workgroupBarrier();
+    for (var st = WG / 2u; st > 0u; st >>= 1u) {
+        if (tid < st) {
+            red[tid] += red[tid + st];
+        }
+        workgroupBarrier();
+    }
+    let inv = 1.0 / red[0];
+    for (var j = lo + tid; j <= pos; j += WG) {
+        sc[base + j] = exp(sc[base + j] - mx) * inv;
+    }
+}
+
+@compute @workgroup_size(WG)
+fn pv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+      @builtin(local_invocation_index) tid: u32) {
+    let idx = (wid.x + wid.y * nwg.x) * WG + tid;
+    let n = row_words();
+    if (idx >= dims.tokens * dims.heads * n) {
+        return;
+    }
+    let row = idx / n;
+    let lane = idx % n;
+    let h = row % dims.heads;
+    let kh = h / (dims.heads / dims.kv_heads);
+    let pos = position(row / dims.heads);
+    let base = row * dims.kv_len;
+    let vb = kh * dims.kv_cap;
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    for (var j = first_key(pos); j <= pos; j++) {
+        let p = sc[base + j];
+        let w = vc[(vb + j) * n + lane];
+        a0 += p * lo4(w);
+        if (W_F16) {
+            a1 += p * hi4(w);
+        }
+    }
+    let o = row * dims.head_dim + lane * select(4u, 8u, W_F16);
+    out[o] = a0.x;
+    out[o + 1u] = a0.y;
+    out[o + 2u] = a0.z;
+    out[o + 3u] = a0.w;
+    if (W_F16) {
+        out[o + 4u] = a1.x;
+        out[o + 5u] = a1.y;
+        out[o + 6u] = a1.z;
+        out[o + 7u] = a1.w;
+    }
+}

@@ -1,0 +1,90 @@
+// Fused per-head RMSNorm + RoPE with one subgroup per (token, head): each workgroup
+// owns HEADS consecutive heads, spread over its subgroups; a subgroup loads the head
+// with lane-strided (coalesced) reads, reduces x² with one subgroupAdd and rotates
+// the pairs lane-strided. No workgroup memory, no barriers. Any head_dim; needs
+// SUBGROUP and a workgroup at least one subgroup wide.
+
+override WG: u32 = 64;
+override HEADS: u32 = 2;
+override W_F16: bool = false;
+
+struct Dims {
+    tokens: u32,
+    heads: u32,
+    head_dim: u32,
+    rot_half: u32,
+    pos0: u32,
+    interleaved: u32, // 0 rotate-half pairs (i, i + rot/2), 1 interleaved (2i, 2i + 1)
+    eps: f32,
+    unit_offset: u32, // 1: scale by (1 + w) (Gemma)
+}
+
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read> w: array<u32>;
+@group(0) @binding(2) var<storage, read> inv_freq: array<f32>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<uniform> dims: Dims;
+
+fn wload(i: u32) -> f32 {
+    if (W_F16) {
+        let pair = unpack2x16float(w[i >> 1u]);
+        return select(pair.x, pair.y, (i & 1u) == 1u);
+    }
+    return bitcast<f32>(w[i]);
+}
+
+fn gain(i: u32) -> f32 {
+    let g = wload(i);
+    return select(g, 1.0 + g, dims.unit_offset != 0u);
+}
+
+// cos and sin of pos * f, accurate at far positions: the rounding error of the f32
+// product is recovered with fma (exact where fma is fused, 0 otherwise) and the angle
+// is reduced to [-pi, pi] (Cody-Waite, 2pi head 6.28125 exact in 8 bits) before the
+// hardware sin/cos, which many GPUs only make accurate near zero.
+fn rope_cs(pos: f32, f: f32) -> vec2<f32> {
+    let a = pos * f;
+    let err = fma(pos, f, -a);
+    let turns = round(a * 0.15915494309189535);
+    let r = ((a - turns * 6.28125) - turns * 0.0019353071795864769) + err;
+    return vec2<f32>(cos(r), sin(r));
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) nsg: u32,
+        @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg_size: u32) {
+    let head0 = (wid.x + wid.y * nwg.x) * HEADS;
+    let d = dims.head_dim;
+    let half = dims.rot_half;
+    for (var hh = sg; hh < HEADS; hh += nsg) {
+        let head = head0 + hh;
+        if (head >= dims.tokens * dims.heads) {
+            break;
+        }
+        let base = head * d;
+        var ss = 0.0;
+        for (var c = lane; c < d; c += sg_size) {
+            let v = x[base + c];
+            ss += v * v;
+        }
+        let inv = inverseSqrt(subgroupAdd(ss) / f32(d) + dims.eps);
+        let pos = f32(dims.pos0 + head / dims.heads);
+        for (var i = lane; i < half; i += sg_size) {
+            var a = i;
+            var b = i + half;
+            if (dims.interleaved == 1u) {
+                a = 2u * i;
+                b = a + 1u;
+            }
+            let x0 = x[base + a] * inv * gain(a);
+            let x1 = x[base + b] * inv * gain(b);
+            let cs = rope_cs(pos, inv_freq[i]);
+            y[base + a] = x0 * cs.x - x1 * cs.y;
+            y[base + b] = x1 * cs.x + x0 * cs.y;
+        }
+        for (var c = 2u * half + lane; c < d; c += sg_size) {
+            y[base + c] = x[base + c] * inv * gain(c);
+        }
+    }
+}

@@ -1,0 +1,76 @@
+// Fused Q/K/V projection of one token: one matrix-vector product over the
+// concatenated weight w[nq + 2 nkv, k], optional bias, rows routed to q, k_out and
+// v_out. Each workgroup owns ROWS consecutive rows; every invocation accumulates a
+// partial sum for each of them from one load of x, striding over k by WG, and the
+// workgroup reduces them through workgroup memory. Any k; weights as u32 words
+// decoded by W_F16.
+//
+// Bindings: the bias is always bound at 2 (q, k_out, v_out at 3..5, uniform at 6);
+// without a bias the host binds a small placeholder there and HAS_BIAS is false.
+
+override WG: u32 = 128;
+override ROWS: u32 = 2;
+override W_F16: bool = false;
+override HAS_BIAS: bool = false;
+
+struct Dims { k: u32, nq: u32, nkv: u32 }
+
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read> w: array<u32>;
+@group(0) @binding(2) var<storage, read> bias: array<f32>;
+@group(0) @binding(3) var<storage, read_write> q: array<f32>;
+@group(0) @binding(4) var<storage, read_write> k_out: array<f32>;
+@group(0) @binding(5) var<storage, read_write> v_out: array<f32>;
+@group(0) @binding(6) var<uniform> dims: Dims;
+
+var<workgroup> partial: array<f32, WG * ROWS>;
+
+fn wload(i: u32) -> f32 {
+    if (W_F16) {
+        let pair = unpack2x16float(w[i >> 1u]);
+        return select(pair.x, pair.y, (i & 1u) == 1u);
+    }
+    return bitcast<f32>(w[i]);
+}
+
+fn store(row: u32, v: f32) {
+    var o = v;
+    if (HAS_BIAS) { o += bias[row]; }
+    if (row < dims.nq) {
+        q[row] = o;
+    } else if (row < dims.nq + dims.nkv) {
+        k_out[row - dims.nq] = o;
+    } else {
+        v_out[row - dims.nq - dims.nkv] = o;
+    }
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) tid: u32) {
+    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
+    let k = dims.k;
+    let n = dims.nq + 2u * dims.nkv;
+    var acc: array<f32, 8>; // ROWS <= 8 (checked on the host)
+    for (var r = 0u; r < ROWS; r++) { acc[r] = 0.0; }
+    for (var c = tid; c < k; c += WG) {
+        let xv = x[c];
+        for (var r = 0u; r < ROWS; r++) {
+            let row = min(row0 + r, n - 1u);
+            acc[r] += xv * wload(row * k + c);
+        }
+    }
+    for (var r = 0u; r < ROWS; r++) { partial[r * WG + tid] = acc[r]; }
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (tid < s) {
+            for (var r = 0u; r < ROWS; r++) {
+                partial[r * WG + tid] += partial[r * WG + tid + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    if (tid < ROWS && row0 + tid < n) {
+        store(row0 + tid, partial[tid * WG]);
+    }
+}

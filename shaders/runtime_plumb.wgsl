@@ -1,0 +1,106 @@
+// The runtime's own data movement (not tuned kernels): splitting a fused QKV
+// projection into q, k and v (adding the bias), a broadcast bias add in place,
+// and writing new K/V rows into the head-major cache ([kv_heads, kv_cap, head_dim])
+// as f32 or as packed f16 pairs.
+
+override WG: u32 = 256;
+
+struct Dims {
+    a: u32,   // split: tokens        bias: rows   kv: tokens
+    b: u32,   // split: nq            bias: n      kv: kv_heads
+    c: u32,   // split: nkv           -            kv: head_dim
+    d: u32,   // split: has_bias      -            kv: kv_cap
+    e: u32,   //                                   kv: pos0
+}
+
+@group(0) @binding(0) var<storage, read> src: array<f32>;
+@group(0) @binding(1) var<storage, read> bias: array<f32>;
+@group(0) @binding(2) var<storage, read_write> q: array<f32>;
+@group(0) @binding(3) var<storage, read_write> k: array<f32>;
+@group(0) @binding(4) var<storage, read_write> v: array<f32>;
+@group(0) @binding(5) var<uniform> dims: Dims;
+
+fn linear(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
+    return (wid.x + wid.y * nwg.x) * WG + lid;
+}
+
+@compute @workgroup_size(WG)
+fn split_qkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let i = linear(wid, nwg, lid);
+    let nq = dims.b;
+    let nkv = dims.c;
+    let w = nq + 2u * nkv;
+    if (i >= dims.a * w) {
+        return;
+    }
+    let t = i / w;
+    let j = i % w;
+    var x = src[i];
+    if (dims.d != 0u) {
+        x += bias[j];
+    }
+    if (j < nq) {
+        q[t * nq + j] = x;
+    } else if (j < nq + nkv) {
+        k[t * nkv + j - nq] = x;
+    } else {
+        v[t * nkv + j - nq - nkv] = x;
+    }
+}
+
+@group(0) @binding(0) var<storage, read> badd_bias: array<f32>;
+@group(0) @binding(1) var<storage, read_write> badd_buf: array<f32>;
+@group(0) @binding(2) var<uniform> badd_dims: Dims;
+
+@compute @workgroup_size(WG)
+fn bias_add(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let i = linear(wid, nwg, lid);
+    if (i >= badd_dims.a * badd_dims.b) {
+        return;
+    }
+    badd_buf[i] += badd_bias[i % badd_dims.b];
+}
+
+@group(0) @binding(0) var<storage, read> kv_src: array<f32>;
+@group(0) @binding(1) var<storage, read_write> kv_cache_f32: array<f32>;
+@group(0) @binding(2) var<uniform> kv_dims: Dims;
+
+// One invocation per element: cache[(h * cap + pos0 + t) * d + i] = src[(t * kvh + h) * d + i].
+@compute @workgroup_size(WG)
+fn kv_write_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let i = linear(wid, nwg, lid);
+    let d = kv_dims.c;
+    let kvh = kv_dims.b;
+    if (i >= kv_dims.a * kvh * d) {
+        return;
+    }
+    let t = i / (kvh * d);
+    let h = (i / d) % kvh;
+    let e = i % d;
+    kv_cache_f32[(h * kv_dims.d + kv_dims.e + t) * d + e] = kv_src[i];
+}
+
+@group(0) @binding(0) var<storage, read> kvh_src: array<f32>;
+@group(0) @binding(1) var<storage, read_write> kv_cache_f16: array<u32>;
+@group(0) @binding(2) var<uniform> kvh_dims: Dims;
+
+// One invocation per pair of elements (head_dim is even), packed as two f16.
+@compute @workgroup_size(WG)
+fn kv_write_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let p = linear(wid, nwg, lid);
+    let d = kvh_dims.c;
+    let kvh = kvh_dims.b;
+    let i = p * 2u;
+    if (i >= kvh_dims.a * kvh * d) {
+        return;
+    }
+    let t = i / (kvh * d);
+    let h = (i / d) % kvh;
+    let e = i % d;
+    let dst = (h * kvh_dims.d + kvh_dims.e + t) * d + e;
+    kv_cache_f16[dst / 2u] = pack2x16float(vec2<f32>(kvh_src[i], kvh_src[i + 1u]));
+}

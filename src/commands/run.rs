@@ -1,0 +1,275 @@
+//! `ktune run`: a model (built-in shapes with synthetic weights, or a Hugging Face
+//! directory) executed on one device with the kernels a profile selects or the
+//! runtime's defaults: prefill, greedy decode with the KV cache, throughput, time
+//! per slot, and optionally the logits as JSON.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::cli::RunArgs;
+use crate::device::Device;
+use crate::gpu::GpuCtx;
+use crate::kernels::DType;
+use crate::model::{self, ModelConfig, Weights};
+use crate::plan::select::DeviceCaps;
+use crate::plan::{Fusion, Plan, PlanOptions, Selection, Slot};
+use crate::runtime::{Engine, TensorStore, argmax};
+use crate::{Error, Result};
+
+#[derive(Debug, Serialize)]
+pub struct SlotRow {
+    pub slot: Slot,
+    /// Milliseconds in the prefill pass.
+    pub prefill_ms: f64,
+    /// Milliseconds per decoded token.
+    pub decode_ms_per_token: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RunReport {
+    pub device: String,
+    pub backend: String,
+    pub fingerprint: String,
+    pub model: String,
+    pub weights: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    pub weight_dtype: DType,
+    pub kv_dtype: DType,
+    pub fusion: Fusion,
+    pub batch_commands: bool,
+    pub layers: usize,
+    pub prompt_tokens: usize,
+    pub prefill_seconds: f64,
+    pub prefill_tokens_per_sec: f64,
+    pub decode_tokens: usize,
+    pub decode_seconds: f64,
+    pub decode_tokens_per_sec: f64,
+    /// Weight bytes read per decoded token and the bandwidth that implies.
+    pub weight_bytes: u64,
+    pub decode_gbps: f64,
+    pub generated: Vec<u32>,
+    pub dispatches_per_layer: usize,
+    /// Per-slot times (GPU: timestamp queries of one profiled pass of each kind).
+    pub slots: Vec<SlotRow>,
+    pub kernels: Vec<(String, String)>,
+    pub warnings: Vec<String>,
+}
+
+/// A loaded model: its config, name and weights.
+pub struct LoadedModel {
+    pub name: String,
+    pub config: ModelConfig,
+    pub weights: Arc<Weights>,
+}
+
+/// Loads `--model NAME` (synthetic weights) or `--model-dir DIR`, optionally cut to `layers`.
+pub fn load_model(name: Option<&str>, dir: Option<&PathBuf>, layers: Option<usize>, seed: u64) -> Result<LoadedModel> {
+    let (name, mut config, weights) = match (name, dir) {
+        (Some(n), _) => {
+            let mut c = model::builtin(n)?;
+            if let Some(l) = layers {
+                cut_layers(&mut c, l)?;
+            }
+            let w = Weights::synthetic(&c, seed);
+            (n.to_string(), c, w)
+        }
+        (None, Some(d)) => {
+            let c = ModelConfig::from_config_json(d.join("config.json"))?;
+            let w = Weights::load(d)?;
+            w.check_config(&c)?;
+            (d.display().to_string(), c, w)
+        }
+        (None, None) => return Err(Error::Usage("give --model NAME or --model-dir DIR".into())),
+    };
+    if let (Some(l), Some(_)) = (layers, dir) {
+        cut_layers(&mut config, l)?;
+    }
+    Ok(LoadedModel { name, config, weights: Arc::new(weights) })
+}
+
+fn cut_layers(c: &mut ModelConfig, l: usize) -> Result<()> {
+    if l == 0 || l > c.num_layers {
+        return Err(Error::Usage(format!("--layers {l}: the model has {} layers", c.num_layers)));
+    }
+    c.num_layers = l;
+    c.layer_types.truncate(l);
+    Ok(())
+}
+
+/// Parses `--fusion`.
+pub fn parse_fusion(s: &str) -> Result<Fusion> {
+    match s {
+        "all" => return Ok(Fusion::ALL),
+        "none" => return Ok(Fusion::NONE),
+        _ => {}
+    }
+    let mut f = Fusion::NONE;
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part {
+            "qkv" => f.qkv = true,
+            "gate_up" => f.gate_up = true,
+            "qk_norm_rope" => f.qk_norm_rope = true,
+            "residual_norm" => f.residual_norm = true,
+            other => {
+                return Err(Error::Usage(format!(
+                    "unknown fusion `{other}` (allowed: all, none, or a list of qkv, gate_up, qk_norm_rope, residual_norm)"
+                )));
+            }
+        }
+    }
+    Ok(f)
+}
+
+fn parse_dtype(s: &str, what: &str) -> Result<DType> {
+    s.parse().map_err(|e: String| Error::Usage(format!("{what}: {e}")))
+}
+
+/// The device's capabilities and (for a GPU) an opened context.
+pub fn open_device(device: &Device) -> Result<(DeviceCaps, Option<Arc<GpuCtx>>)> {
+    Ok(match device {
+        Device::Cpu(c) => (DeviceCaps::Cpu(c.clone()), None),
+        Device::Gpu(g) => (DeviceCaps::Gpu(g.caps.clone()), Some(GpuCtx::open(g)?)),
+    })
+}
+
+pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
+    // Validate flags before building anything heavy.
+    let fusion = parse_fusion(&args.fusion)?;
+    let weight_dtype = parse_dtype(&args.weight_dtype, "--weight-dtype")?;
+    let kv_dtype = parse_dtype(&args.kv_dtype, "--kv-dtype")?;
+    if args.tokens.is_empty() {
+        return Err(Error::Usage("give the prompt as --tokens 1,2,3".into()));
+    }
+    if args.profile.is_some() {
+        return Err(Error::Usage("--profile is not supported yet by this build; run without it to use the runtime's defaults".into()));
+    }
+    let device = super::pick_device(selector)?;
+    let m = load_model(args.source.model.as_deref(), args.source.model_dir.as_ref(), args.layers, args.seed)?;
+    let c = &m.config;
+    let prompt = args.tokens.clone();
+    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= c.vocab_size) {
+        return Err(Error::Usage(format!("token id {bad} is outside the vocabulary (size {})", c.vocab_size)));
+    }
+    let context = args.context.unwrap_or(prompt.len() + args.max_tokens).max(prompt.len() + args.max_tokens);
+    let max_tokens = prompt.len().min(args.prefill_chunk.max(1));
+    let opts = PlanOptions { weight_dtype, kv_dtype, max_tokens, context, all_logits: args.dump_logits.is_some(), fusion };
+    let (caps, ctx) = open_device(&device)?;
+    let selection = Selection::defaults(caps);
+    let plan = Plan::new(&m.name, c, opts, selection)?;
+    // Emit both kinds of pass once up front so a kernel that cannot run fails before any work.
+    plan.steps(max_tokens, 0)?;
+    let store: Arc<dyn TensorStore> = m.weights.clone();
+    let batch = !args.no_batch;
+    let mut engine = match ctx {
+        Some(ctx) => Engine::gpu(plan, store, ctx, batch)?,
+        None => Engine::cpu(plan, store)?,
+    };
+    let weight_bytes = engine.plan.weight_bytes();
+
+    // Prefill (timed; on a GPU the pass is also profiled per step).
+    engine.profile_next();
+    let t0 = Instant::now();
+    let rows = engine.forward(&prompt)?;
+    let prefill_seconds = t0.elapsed().as_secs_f64();
+    let prefill_logits = if args.dump_logits.is_some() { rows.clone() } else { Vec::new() };
+    let mut next = argmax(rows.last().map(Vec::as_slice).unwrap_or(&[]));
+    let mut generated = Vec::new();
+    let mut decode_seconds = 0.0;
+    let mut decode_wall = Vec::new();
+    for i in 0..args.max_tokens {
+        generated.push(next);
+        if i + 1 == args.max_tokens {
+            break;
+        }
+        if i == 1 {
+            engine.profile_next();
+        }
+        let t = Instant::now();
+        let r = engine.forward(&[next])?;
+        let dt = t.elapsed().as_secs_f64();
+        decode_wall.push(dt);
+        decode_seconds += dt;
+        next = argmax(&r[0]);
+    }
+    let decode_tokens = decode_wall.len();
+    if let Some(path) = &args.dump_logits {
+        let json = serde_json::json!({ "tokens": prompt, "logits": prefill_logits, "generated": generated });
+        std::fs::write(path, serde_json::to_vec(&json)?).map_err(|e| Error::Usage(format!("writing {}: {e}", path.display())))?;
+    }
+    let per_tok = |s: f64| if decode_tokens > 0 { s * 1e3 / decode_tokens as f64 } else { 0.0 };
+    let gpu = engine.is_gpu();
+    let mut slots: Vec<SlotRow> = Slot::ALL
+        .iter()
+        .filter_map(|&s| {
+            let p = engine.prefill_times.seconds.get(&s).copied();
+            let d = engine.decode_times.seconds.get(&s).copied();
+            if p.is_none() && d.is_none() {
+                return None;
+            }
+            // GPU decode times come from one profiled step, CPU ones from every step.
+            let d_ms = if gpu { d.unwrap_or(0.0) * 1e3 } else { per_tok(d.unwrap_or(0.0)) };
+            Some(SlotRow { slot: s, prefill_ms: p.unwrap_or(0.0) * 1e3, decode_ms_per_token: d_ms })
+        })
+        .collect();
+    slots.sort_by(|a, b| b.decode_ms_per_token.total_cmp(&a.decode_ms_per_token));
+    let decode_tps = if decode_seconds > 0.0 { decode_tokens as f64 / decode_seconds } else { 0.0 };
+    let kernels = kernel_summary(&engine)?;
+    let warnings = engine.plan.selection.warnings.lock().map(|w| w.clone()).unwrap_or_default();
+    Ok(RunReport {
+        device: device.name(),
+        backend: device.backend_name(),
+        fingerprint: device.fingerprint(),
+        model: m.name.clone(),
+        weights: m.weights.origin().to_string(),
+        profile: None,
+        weight_dtype,
+        kv_dtype,
+        fusion,
+        batch_commands: batch,
+        layers: c.num_layers,
+        prompt_tokens: prompt.len(),
+        prefill_seconds,
+        prefill_tokens_per_sec: prompt.len() as f64 / prefill_seconds.max(1e-12),
+        decode_tokens,
+        decode_seconds,
+        decode_tokens_per_sec: decode_tps,
+        weight_bytes,
+        decode_gbps: weight_bytes as f64 * decode_tps / 1e9,
+        generated,
+        dispatches_per_layer: engine.dispatches_per_layer,
+        slots,
+        kernels,
+        warnings,
+    })
+}
+
+/// Which kernel serves each slot (layer 0, prefill and decode).
+fn kernel_summary(engine: &Engine) -> Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    let plan = &engine.plan;
+    let t = plan.options.max_tokens;
+    let mut passes = vec![plan.steps(1, 0)?];
+    if t > 1 {
+        passes.push(plan.steps(t, 0)?);
+    }
+    for steps in passes {
+        for s in steps.iter().filter(|s| s.layer.is_none_or(|l| l == 0)) {
+            if let crate::plan::StepKind::Kernel { kernel, params, .. } = &s.kind {
+                let key = format!("{} ({})", s.slot, kernel.op);
+                let val = if params.is_empty() {
+                    kernel.id.to_string()
+                } else {
+                    format!("{} {}", kernel.id, params.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "))
+                };
+                if !out.iter().any(|(k, v): &(String, String)| k == &key && v == &val) {
+                    out.push((key, val));
+                }
+            }
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,191 @@
+//! Built-in configs of published models, with the shapes of their Hugging Face
+//! `config.json` (for `tune --model NAME` and `run --model NAME` without files).
+
+use super::config::{Architecture, HiddenAct, LayerKind, ModelConfig, RopeScaling};
+use super::{ModelError, Result};
+
+/// Names accepted by [`builtin`], with the checkpoint each one mirrors.
+const MODELS: [(&str, &str); 7] = [
+    ("gemma3-1b", "google/gemma-3-1b-it"),
+    ("gemma3-4b", "google/gemma-3-4b-it (text model)"),
+    ("llama-3.2-1b", "meta-llama/Llama-3.2-1B"),
+    ("llama-3.2-3b", "meta-llama/Llama-3.2-3B"),
+    ("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B"),
+    ("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B"),
+    ("smollm2-135m", "HuggingFaceTB/SmolLM2-135M"),
+];
+
+/// The names of the built-in models.
+pub fn builtin_names() -> Vec<&'static str> {
+    MODELS.iter().map(|(n, _)| *n).collect()
+}
+
+/// The built-in config called `name` (case-insensitive).
+pub fn builtin(name: &str) -> Result<ModelConfig> {
+    let cfg = match name.to_ascii_lowercase().as_str() {
+        "gemma3-1b" => gemma3(1152, 6912, 26, 4, 1, 262_144, 512, 32_768, None),
+        "gemma3-4b" => gemma3(2560, 10_240, 34, 8, 4, 262_208, 1024, 131_072, Some(RopeScaling::Linear { factor: 8.0 })),
+        "llama-3.2-1b" => llama32(2048, 16, 32, 64),
+        "llama-3.2-3b" => llama32(3072, 28, 24, 128),
+        "qwen2.5-0.5b" => qwen25(896, 4864, 24, 14),
+        "qwen2.5-1.5b" => qwen25(1536, 8960, 28, 12),
+        "smollm2-135m" => ModelConfig {
+            architecture: Architecture::Llama,
+            vocab_size: 49_152,
+            hidden_size: 576,
+            intermediate_size: 1536,
+            num_layers: 30,
+            num_heads: 9,
+            num_kv_heads: 3,
+            head_dim: 64,
+            rms_norm_eps: 1e-5,
+            rope_theta: 100_000.0,
+            rope_local_base_freq: None,
+            rope_scaling: None,
+            max_position_embeddings: 8192,
+            tie_word_embeddings: true,
+            hidden_act: HiddenAct::Silu,
+            attention_bias: false,
+            qk_norm: false,
+            sliding_window: None,
+            layer_types: vec![LayerKind::Global; 30],
+            query_pre_attn_scalar: None,
+            final_logit_softcapping: None,
+            attn_logit_softcapping: None,
+            scale_embeddings: false,
+            norm_unit_offset: false,
+            // <|endoftext|> (base); <|im_start|> / <|im_end|> are 1 and 2 in the instruct model.
+            bos_token_id: Some(0),
+            eos_token_ids: vec![0, 2],
+        },
+        _ => return Err(ModelError::UnknownModel { name: name.to_string(), known: known() }),
+    };
+    Ok(cfg)
+}
+
+fn known() -> String {
+    MODELS.iter().map(|(n, hf)| format!("{n} ({hf})")).collect::<Vec<_>>().join(", ")
+}
+
+/// Gemma 3 text models: head_dim 256, 5 local layers then 1 global, local RoPE
+/// base 10 000, global 1 000 000, query_pre_attn_scalar 256.
+#[allow(clippy::too_many_arguments)]
+fn gemma3(
+    hidden: usize,
+    inter: usize,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+    vocab: usize,
+    window: usize,
+    max_pos: usize,
+    scaling: Option<RopeScaling>,
+) -> ModelConfig {
+    ModelConfig {
+        architecture: Architecture::Gemma3,
+        vocab_size: vocab,
+        hidden_size: hidden,
+        intermediate_size: inter,
+        num_layers: layers,
+        num_heads: heads,
+        num_kv_heads: kv_heads,
+        head_dim: 256,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1_000_000.0,
+        rope_local_base_freq: Some(10_000.0),
+        rope_scaling: scaling,
+        max_position_embeddings: max_pos,
+        tie_word_embeddings: true,
+        hidden_act: HiddenAct::GeluPytorchTanh,
+        attention_bias: false,
+        qk_norm: true,
+        sliding_window: Some(window),
+        layer_types: gemma3_pattern(layers, 6),
+        query_pre_attn_scalar: Some(256.0),
+        final_logit_softcapping: None,
+        attn_logit_softcapping: None,
+        scale_embeddings: true,
+        norm_unit_offset: true,
+        bos_token_id: Some(2),
+        // <eos> and <end_of_turn>.
+        eos_token_ids: vec![1, 106],
+    }
+}
+
+/// Gemma 3's `sliding_window_pattern`: every `pattern`-th layer is global.
+pub(super) fn gemma3_pattern(layers: usize, pattern: usize) -> Vec<LayerKind> {
+    (0..layers).map(|i| if pattern > 0 && (i + 1) % pattern == 0 { LayerKind::Global } else { LayerKind::Local }).collect()
+}
+
+/// Llama 3.2: intermediate 8192, 8 KV heads, RoPE 500 000 with llama3 scaling
+/// (32, 1, 4, 8192), tied embeddings, vocabulary 128 256.
+fn llama32(hidden: usize, layers: usize, heads: usize, head_dim: usize) -> ModelConfig {
+    ModelConfig {
+        architecture: Architecture::Llama,
+        vocab_size: 128_256,
+        hidden_size: hidden,
+        intermediate_size: 8192,
+        num_layers: layers,
+        num_heads: heads,
+        num_kv_heads: 8,
+        head_dim,
+        rms_norm_eps: 1e-5,
+        rope_theta: 500_000.0,
+        rope_local_base_freq: None,
+        rope_scaling: Some(RopeScaling::Llama3 {
+            factor: 32.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        }),
+        max_position_embeddings: 131_072,
+        tie_word_embeddings: true,
+        hidden_act: HiddenAct::Silu,
+        attention_bias: false,
+        qk_norm: false,
+        sliding_window: None,
+        layer_types: vec![LayerKind::Global; layers],
+        query_pre_attn_scalar: None,
+        final_logit_softcapping: None,
+        attn_logit_softcapping: None,
+        scale_embeddings: false,
+        norm_unit_offset: false,
+        // <|begin_of_text|>; <|end_of_text|>, <|eom_id|>, <|eot_id|>.
+        bos_token_id: Some(128_000),
+        eos_token_ids: vec![128_001, 128_008, 128_009],
+    }
+}
+
+/// Qwen2.5: 2 KV heads, head_dim 64 or 128 (hidden / heads), biases on Q/K/V,
+/// RoPE 1 000 000, tied embeddings (the small models), vocabulary 151 936.
+fn qwen25(hidden: usize, inter: usize, layers: usize, heads: usize) -> ModelConfig {
+    ModelConfig {
+        architecture: Architecture::Qwen2,
+        vocab_size: 151_936,
+        hidden_size: hidden,
+        intermediate_size: inter,
+        num_layers: layers,
+        num_heads: heads,
+        num_kv_heads: 2,
+        head_dim: hidden / heads,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1_000_000.0,
+        rope_local_base_freq: None,
+        rope_scaling: None,
+        max_position_embeddings: 32_768,
+        tie_word_embeddings: true,
+        hidden_act: HiddenAct::Silu,
+        attention_bias: true,
+        qk_norm: false,
+        sliding_window: None,
+        layer_types: vec![LayerKind::Global; layers],
+        query_pre_attn_scalar: None,
+        final_logit_softcapping: None,
+        attn_logit_softcapping: None,
+        scale_embeddings: false,
+        norm_unit_offset: false,
+        // <|endoftext|>; <|im_end|> ends a chat turn.
+        bos_token_id: Some(151_643),
+        eos_token_ids: vec![151_643, 151_645],
+    }
+}

@@ -1,0 +1,409 @@
+//! [`ModelConfig`]: the shapes and the numerical conventions of one decoder model
+//! (dimensions, RoPE bases and scaling, norms, attention scale, sliding-window layer
+//! pattern, soft-capping, special tokens), its consistency check, and what follows
+//! from it: the Hugging Face tensor names and shapes, the parameter count and the
+//! bytes of weights one decoded token reads.
+
+use serde::{Deserialize, Serialize};
+
+use super::{ModelError, Result};
+use crate::kernels::DType;
+
+/// The decoder families ktune knows how to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Architecture {
+    /// `LlamaForCausalLM` (Llama 3.x, SmolLM2): pre-norm, SwiGLU, no biases.
+    Llama,
+    /// `Qwen2ForCausalLM` (Qwen2.5): Llama plus biases on the Q, K and V projections.
+    Qwen2,
+    /// `Gemma3ForCausalLM` (text): (1 + w) norms, norms around attention and MLP
+    /// ("sandwich"), QK-norm, GeGLU (tanh), scaled embeddings, 5 local : 1 global layers.
+    Gemma3,
+}
+
+impl Architecture {
+    pub fn name(self) -> &'static str {
+        match self {
+            Architecture::Llama => "llama",
+            Architecture::Qwen2 => "qwen2",
+            Architecture::Gemma3 => "gemma3",
+        }
+    }
+
+    /// The `architectures` entry of a Hugging Face `config.json`.
+    pub fn hf_class(self) -> &'static str {
+        match self {
+            Architecture::Llama => "LlamaForCausalLM",
+            Architecture::Qwen2 => "Qwen2ForCausalLM",
+            Architecture::Gemma3 => "Gemma3ForCausalLM",
+        }
+    }
+}
+
+impl std::fmt::Display for Architecture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Attention span of one layer: the whole context, or a sliding window of the last
+/// [`ModelConfig::sliding_window`] positions (Gemma 3's local layers, which also
+/// use their own RoPE base and no RoPE scaling).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerKind {
+    Global,
+    Local,
+}
+
+impl LayerKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            LayerKind::Global => "global",
+            LayerKind::Local => "local",
+        }
+    }
+}
+
+/// The MLP activation (the gate of the gated MLP).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HiddenAct {
+    /// x * sigmoid(x) (SwiGLU).
+    Silu,
+    /// GELU with the tanh approximation (GeGLU), `gelu_pytorch_tanh` in transformers.
+    GeluPytorchTanh,
+}
+
+impl HiddenAct {
+    pub fn name(self) -> &'static str {
+        match self {
+            HiddenAct::Silu => "silu",
+            HiddenAct::GeluPytorchTanh => "gelu_pytorch_tanh",
+        }
+    }
+}
+
+/// RoPE frequency scaling (applied to global layers only).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "rope_type", rename_all = "snake_case")]
+pub enum RopeScaling {
+    /// Every inverse frequency divided by `factor` (Gemma 3 4B and larger).
+    Linear { factor: f64 },
+    /// Llama 3.1+ scaling: long wavelengths divided by `factor`, short ones kept,
+    /// a smooth blend in between.
+    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: usize },
+}
+
+/// Storage type of weights (what a file holds, or what a kernel reads).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dtype {
+    F32,
+    F16,
+    BF16,
+}
+
+impl Dtype {
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::F16 | Dtype::BF16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::F16 => "f16",
+            Dtype::BF16 => "bf16",
+        }
+    }
+}
+
+impl From<DType> for Dtype {
+    fn from(d: DType) -> Dtype {
+        match d {
+            DType::F32 => Dtype::F32,
+            DType::F16 => Dtype::F16,
+        }
+    }
+}
+
+impl std::fmt::Display for Dtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One decoder model's shapes and conventions. Built in ([`super::builtin`]) or
+/// read from a Hugging Face `config.json` ([`ModelConfig::from_config_json`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    /// Width of the MLP's gate and up projections.
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than `num_heads`).
+    pub num_kv_heads: usize,
+    /// Width of one head (not always `hidden_size / num_heads`: Gemma 3).
+    pub head_dim: usize,
+    pub rms_norm_eps: f64,
+    /// RoPE base of global layers.
+    pub rope_theta: f64,
+    /// RoPE base of local (sliding-window) layers, when it differs (Gemma 3: 10 000).
+    pub rope_local_base_freq: Option<f64>,
+    /// Scaling of the global layers' RoPE frequencies.
+    pub rope_scaling: Option<RopeScaling>,
+    pub max_position_embeddings: usize,
+    /// The LM head is the embedding matrix (no `lm_head.weight` tensor).
+    pub tie_word_embeddings: bool,
+    pub hidden_act: HiddenAct,
+    /// Biases on the Q, K and V projections (Qwen2); never on O.
+    pub attention_bias: bool,
+    /// RMSNorm over each query and key head before RoPE (Gemma 3).
+    pub qk_norm: bool,
+    /// Span of local layers: a query at position i sees keys j with i - window < j <= i.
+    pub sliding_window: Option<usize>,
+    /// One entry per layer.
+    pub layer_types: Vec<LayerKind>,
+    /// Attention scores are scaled by `query_pre_attn_scalar^-1/2` instead of
+    /// `head_dim^-1/2` (Gemma).
+    pub query_pre_attn_scalar: Option<f64>,
+    /// logits = cap * tanh(logits / cap).
+    pub final_logit_softcapping: Option<f64>,
+    /// The same on attention scores before the softmax.
+    pub attn_logit_softcapping: Option<f64>,
+    /// Embeddings are multiplied by sqrt(hidden_size) (Gemma).
+    pub scale_embeddings: bool,
+    /// RMSNorm multiplies by (1 + w) instead of w (Gemma).
+    pub norm_unit_offset: bool,
+    pub bos_token_id: Option<u32>,
+    /// Tokens that end generation (base and chat-template ends of the published models).
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl ModelConfig {
+    /// Width of all query heads together.
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    /// Width of all key (or value) heads together.
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// Query heads per key/value head.
+    pub fn gqa_group(&self) -> usize {
+        self.num_heads / self.num_kv_heads.max(1)
+    }
+
+    /// Kind of layer `layer` (global past the last layer).
+    pub fn layer_kind(&self, layer: usize) -> LayerKind {
+        self.layer_types.get(layer).copied().unwrap_or(LayerKind::Global)
+    }
+
+    /// How many layers are local (sliding-window).
+    pub fn num_local_layers(&self) -> usize {
+        self.layer_types.iter().filter(|k| **k == LayerKind::Local).count()
+    }
+
+    /// The window of layer `layer`, None when it attends to the whole context.
+    pub fn layer_sliding_window(&self, layer: usize) -> Option<usize> {
+        match self.layer_kind(layer) {
+            LayerKind::Local => self.sliding_window,
+            LayerKind::Global => None,
+        }
+    }
+
+    /// RoPE base for a kind of layer.
+    pub fn rope_theta_for(&self, kind: LayerKind) -> f64 {
+        match kind {
+            LayerKind::Local => self.rope_local_base_freq.unwrap_or(self.rope_theta),
+            LayerKind::Global => self.rope_theta,
+        }
+    }
+
+    /// RoPE scaling for a kind of layer (local layers are never scaled).
+    pub fn rope_scaling_for(&self, kind: LayerKind) -> Option<&RopeScaling> {
+        match kind {
+            LayerKind::Local => None,
+            LayerKind::Global => self.rope_scaling.as_ref(),
+        }
+    }
+
+    /// The factor attention scores are multiplied by: `query_pre_attn_scalar^-1/2`
+    /// when set, else `head_dim^-1/2`. The same for every layer in the supported
+    /// architectures; see [`ModelConfig::layer_attention_scale`].
+    pub fn attention_scale(&self) -> f64 {
+        1.0 / self.query_pre_attn_scalar.unwrap_or(self.head_dim as f64).sqrt()
+    }
+
+    /// The attention scale of layer `layer`.
+    pub fn layer_attention_scale(&self, _layer: usize) -> f64 {
+        self.attention_scale()
+    }
+
+    /// The factor embeddings are multiplied by after the lookup (sqrt(hidden) for
+    /// Gemma, computed exactly: transformers rounds it to the weights' dtype, which
+    /// for bf16 checkpoints is 34.0 instead of 33.94 for Gemma 3 1B).
+    pub fn embedding_scale(&self) -> f64 {
+        if self.scale_embeddings { (self.hidden_size as f64).sqrt() } else { 1.0 }
+    }
+
+    /// The MLP gate uses GELU (tanh) rather than SiLU.
+    pub fn is_gelu(&self) -> bool {
+        self.hidden_act == HiddenAct::GeluPytorchTanh
+    }
+
+    /// Extra norms after attention and around the MLP (Gemma 3: `post_attention_layernorm`
+    /// normalizes the attention output, `pre_feedforward_layernorm` the MLP input,
+    /// `post_feedforward_layernorm` its output).
+    pub fn sandwich_norms(&self) -> bool {
+        self.architecture == Architecture::Gemma3
+    }
+
+    /// Every tensor of the Hugging Face checkpoint with its shape (`[out, in]` for
+    /// projections), in layer order.
+    pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        let (h, hd, q, kv, inter) = (self.hidden_size, self.head_dim, self.q_dim(), self.kv_dim(), self.intermediate_size);
+        let mut t = vec![("model.embed_tokens.weight".to_string(), vec![self.vocab_size, h])];
+        for l in 0..self.num_layers {
+            let mut add = |name: &str, shape: Vec<usize>| t.push((format!("model.layers.{l}.{name}"), shape));
+            add("input_layernorm.weight", vec![h]);
+            for (p, rows) in [("q", q), ("k", kv), ("v", kv)] {
+                add(&format!("self_attn.{p}_proj.weight"), vec![rows, h]);
+                if self.attention_bias {
+                    add(&format!("self_attn.{p}_proj.bias"), vec![rows]);
+                }
+            }
+            add("self_attn.o_proj.weight", vec![h, q]);
+            if self.qk_norm {
+                add("self_attn.q_norm.weight", vec![hd]);
+                add("self_attn.k_norm.weight", vec![hd]);
+            }
+            add("post_attention_layernorm.weight", vec![h]);
+            if self.sandwich_norms() {
+                add("pre_feedforward_layernorm.weight", vec![h]);
+                add("post_feedforward_layernorm.weight", vec![h]);
+            }
+            add("mlp.gate_proj.weight", vec![inter, h]);
+            add("mlp.up_proj.weight", vec![inter, h]);
+            add("mlp.down_proj.weight", vec![h, inter]);
+        }
+        t.push(("model.norm.weight".to_string(), vec![h]));
+        if !self.tie_word_embeddings {
+            t.push(("lm_head.weight".to_string(), vec![self.vocab_size, h]));
+        }
+        t
+    }
+
+    /// Number of parameters (a tied embedding counted once).
+    pub fn param_count(&self) -> u64 {
+        self.tensor_shapes().iter().map(|(_, s)| s.iter().product::<usize>() as u64).sum()
+    }
+
+    /// Parameters of the transformer layers only (no embedding, final norm or LM head).
+    pub fn layer_param_count(&self) -> u64 {
+        let embed_and_head = (self.vocab_size * self.hidden_size) as u64 * if self.tie_word_embeddings { 1 } else { 2 };
+        self.param_count() - embed_and_head - self.hidden_size as u64
+    }
+
+    /// Bytes of weights one decoded token reads when every weight is stored as
+    /// `dtype`: every layer tensor, the final norm and the LM head once each, plus
+    /// one embedding row (the rest of an untied embedding matrix is never read).
+    pub fn weight_bytes_per_token(&self, dtype: impl Into<Dtype>) -> u64 {
+        let elems = self.layer_param_count() + self.hidden_size as u64 + (self.vocab_size * self.hidden_size) as u64 + self.hidden_size as u64;
+        elems * dtype.into().size() as u64
+    }
+
+    /// Bytes of K and V cache one position of context takes in all layers.
+    pub fn kv_cache_bytes_per_position(&self, dtype: impl Into<Dtype>) -> u64 {
+        (2 * self.num_layers * self.kv_dim() * dtype.into().size()) as u64
+    }
+
+    /// Checks that the fields agree with each other; the error says which do not.
+    pub fn validate(&self) -> Result<()> {
+        let mut bad = Vec::new();
+        for (name, v) in [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_layers", self.num_layers),
+            ("num_heads", self.num_heads),
+            ("num_kv_heads", self.num_kv_heads),
+            ("head_dim", self.head_dim),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ] {
+            if v == 0 {
+                bad.push(format!("{name} is 0"));
+            }
+        }
+        if self.num_kv_heads > 0 && self.num_heads % self.num_kv_heads != 0 {
+            bad.push(format!("num_heads ({}) is not a multiple of num_kv_heads ({})", self.num_heads, self.num_kv_heads));
+        }
+        if self.head_dim % 2 != 0 {
+            bad.push(format!("head_dim ({}) is odd: RoPE rotates pairs", self.head_dim));
+        }
+        if self.layer_types.len() != self.num_layers {
+            bad.push(format!("layer_types has {} entries for {} layers", self.layer_types.len(), self.num_layers));
+        }
+        if self.num_local_layers() > 0 && self.sliding_window.is_none_or(|w| w == 0) {
+            bad.push("local layers need a sliding_window above 0".to_string());
+        }
+        let positive = |v: f64| v.is_finite() && v > 0.0;
+        if !positive(self.rms_norm_eps) {
+            bad.push(format!("rms_norm_eps ({}) must be positive", self.rms_norm_eps));
+        }
+        for (name, v) in [("rope_theta", Some(self.rope_theta)), ("rope_local_base_freq", self.rope_local_base_freq)] {
+            if let Some(v) = v
+                && !(v.is_finite() && v > 1.0)
+            {
+                bad.push(format!("{name} ({v}) must be above 1"));
+            }
+        }
+        for (name, v) in [
+            ("query_pre_attn_scalar", self.query_pre_attn_scalar),
+            ("final_logit_softcapping", self.final_logit_softcapping),
+            ("attn_logit_softcapping", self.attn_logit_softcapping),
+        ] {
+            if let Some(v) = v
+                && !positive(v)
+            {
+                bad.push(format!("{name} ({v}) must be positive"));
+            }
+        }
+        match &self.rope_scaling {
+            None => {}
+            Some(RopeScaling::Linear { factor }) => {
+                if !positive(*factor) {
+                    bad.push(format!("linear rope_scaling factor ({factor}) must be positive"));
+                }
+            }
+            Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
+                if !positive(*factor) || !positive(*low_freq_factor) || !positive(*high_freq_factor) {
+                    bad.push("llama3 rope_scaling factors must be positive".to_string());
+                }
+                if low_freq_factor >= high_freq_factor {
+                    bad.push(format!("llama3 rope_scaling: low_freq_factor ({low_freq_factor}) must be below high_freq_factor ({high_freq_factor})"));
+                }
+                if *original_max_position_embeddings == 0 {
+                    bad.push("llama3 rope_scaling: original_max_position_embeddings is 0".to_string());
+                }
+            }
+        }
+        for t in self.bos_token_id.iter().chain(&self.eos_token_ids) {
+            if *t as usize >= self.vocab_size {
+                bad.push(format!("special token {t} is outside the vocabulary ({})", self.vocab_size));
+            }
+        }
+        if bad.is_empty() { Ok(()) } else { Err(ModelError::Invalid(bad.join("; "))) }
+    }
+}

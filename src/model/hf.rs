@@ -1,0 +1,445 @@
+//! Reads a Hugging Face `config.json` (as written by transformers 4.x: `rope_theta`,
+//! `rope_scaling`, `rope_local_base_freq`, `sliding_window_pattern`; and 5.x:
+//! `rope_parameters`, `layer_types`) into a [`ModelConfig`], for
+//! `LlamaForCausalLM`, `Qwen2ForCausalLM` and `Gemma3ForCausalLM`. Anything that
+//! would change the computation in a way the runtime does not implement is an
+//! error naming the field and its value; keys that do not matter are listed in
+//! [`ParsedConfig::ignored_keys`].
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use super::builtin::gemma3_pattern;
+use super::config::{Architecture, HiddenAct, LayerKind, ModelConfig, RopeScaling};
+use super::{ModelError, Result};
+
+/// A config read from `config.json`, with the keys that were not used.
+#[derive(Clone, Debug)]
+pub struct ParsedConfig {
+    pub config: ModelConfig,
+    /// Keys present in the file that ktune neither uses nor knows to be irrelevant
+    /// (sorted). Worth a warning: a newer transformers may have added something.
+    pub ignored_keys: Vec<String>,
+}
+
+/// Keys that do not affect inference (training, bookkeeping, generation defaults).
+const IRRELEVANT: &[&str] = &[
+    "_name_or_path",
+    "_attn_implementation_autoset",
+    "architectures",
+    "model_type",
+    "torch_dtype",
+    "dtype",
+    "transformers_version",
+    "use_cache",
+    "initializer_range",
+    "attention_dropout",
+    "pad_token_id",
+    "pretraining_tp",
+    "max_window_layers",
+    "cache_implementation",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "tie_word_embeddings",
+    "id2label",
+    "label2id",
+    "sliding_window",
+    "use_sliding_window",
+    "tokenizer_class",
+    "chunk_size_feed_forward",
+    "is_encoder_decoder",
+    "problem_type",
+    "vision_config",
+    "quantization_config",
+    "is_llama_config",
+];
+
+impl ModelConfig {
+    /// Reads `path` (a `config.json`); see [`ModelConfig::parse_config_json`].
+    pub fn from_config_json(path: impl AsRef<Path>) -> Result<ModelConfig> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
+        Ok(ModelConfig::parse_config_json(&text, path)?.config)
+    }
+
+    /// Parses the text of a `config.json`; `path` only names it in errors.
+    pub fn parse_config_json(text: &str, path: &Path) -> Result<ParsedConfig> {
+        let value: Value = serde_json::from_str(text).map_err(|source| ModelError::Json { path: path.to_path_buf(), source })?;
+        let Value::Object(map) = value else {
+            return Err(ModelError::Config { path: path.to_path_buf(), msg: "expected a JSON object at the top level".into() });
+        };
+        let mut r = Reader { map: &map, path, used: BTreeSet::new() };
+        let config = r.config()?;
+        config.validate().map_err(|e| ModelError::Config { path: path.to_path_buf(), msg: e.to_string() })?;
+        let ignored_keys =
+            map.keys().filter(|k| !r.used.contains(k.as_str()) && !IRRELEVANT.contains(&k.as_str())).cloned().collect();
+        Ok(ParsedConfig { config, ignored_keys })
+    }
+}
+
+/// Typed access to the top-level object, remembering which keys were read.
+struct Reader<'a> {
+    map: &'a Map<String, Value>,
+    path: &'a Path,
+    used: BTreeSet<String>,
+}
+
+fn describe(v: &Value) -> String {
+    let s = v.to_string();
+    if s.len() > 60 { format!("{}…", &s[..s.floor_char_boundary(60)]) } else { s }
+}
+
+impl<'a> Reader<'a> {
+    fn config_err(&self, msg: String) -> ModelError {
+        ModelError::Config { path: self.path.to_path_buf(), msg }
+    }
+
+    fn unsupported(&self, what: String) -> ModelError {
+        ModelError::Unsupported { path: self.path.to_path_buf(), what }
+    }
+
+    /// The value of `key`, None when absent or null.
+    fn get(&mut self, key: &str) -> Option<&'a Value> {
+        self.used.insert(key.to_string());
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    fn usize_opt(&mut self, key: &str) -> Result<Option<usize>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => as_usize(v).map(Some).ok_or_else(|| self.config_err(format!("`{key}` must be a non-negative integer, got {}", describe(v)))),
+        }
+    }
+
+    fn usize_req(&mut self, key: &str) -> Result<usize> {
+        self.usize_opt(key)?.ok_or_else(|| self.config_err(format!("missing `{key}`")))
+    }
+
+    fn f64_opt(&mut self, key: &str) -> Result<Option<f64>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| self.config_err(format!("`{key}` must be a number, got {}", describe(v)))),
+        }
+    }
+
+    fn bool_opt(&mut self, key: &str) -> Result<Option<bool>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.config_err(format!("`{key}` must be true or false, got {}", describe(v)))),
+        }
+    }
+
+    fn str_opt(&mut self, key: &str) -> Result<Option<&'a str>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_str().map(Some).ok_or_else(|| self.config_err(format!("`{key}` must be a string, got {}", describe(v)))),
+        }
+    }
+
+    /// `architectures[0]`, checked against `model_type`.
+    fn architecture(&mut self) -> Result<Architecture> {
+        let class = match self.get("architectures") {
+            None => None,
+            Some(Value::Array(a)) if a.len() == 1 => a[0].as_str(),
+            Some(v) => return Err(self.config_err(format!("`architectures` must list one class name, got {}", describe(v)))),
+        };
+        let model_type = self.str_opt("model_type")?;
+        let from_class = match class {
+            None => None,
+            Some("LlamaForCausalLM") => Some(Architecture::Llama),
+            Some("Qwen2ForCausalLM") => Some(Architecture::Qwen2),
+            Some("Gemma3ForCausalLM") => Some(Architecture::Gemma3),
+            Some("Gemma3ForConditionalGeneration") => {
+                return Err(self.unsupported(
+                    "architecture `Gemma3ForConditionalGeneration` (the multimodal checkpoint; its text model's weights are \
+                     named differently): use a text-only Gemma3ForCausalLM checkpoint, or the built-in config"
+                        .into(),
+                ));
+            }
+            Some(other) => {
+                return Err(self.unsupported(format!(
+                    "architecture `{other}` (supported: LlamaForCausalLM, Qwen2ForCausalLM, Gemma3ForCausalLM)"
+                )));
+            }
+        };
+        let from_type = match model_type {
+            None => None,
+            Some("llama") => Some(Architecture::Llama),
+            Some("qwen2") => Some(Architecture::Qwen2),
+            Some("gemma3_text") => Some(Architecture::Gemma3),
+            Some(other) => {
+                return Err(self.unsupported(format!("model_type `{other}` (supported: llama, qwen2, gemma3_text)")));
+            }
+        };
+        match (from_class, from_type) {
+            (Some(a), Some(b)) if a != b => Err(self.config_err(format!(
+                "`architectures` says {} but `model_type` says {}",
+                a.hf_class(),
+                model_type.unwrap_or_default()
+            ))),
+            (Some(a), _) | (None, Some(a)) => Ok(a),
+            (None, None) => Err(self.config_err("neither `architectures` nor `model_type` is given".into())),
+        }
+    }
+
+    fn config(&mut self) -> Result<ModelConfig> {
+        let arch = self.architecture()?;
+        let gemma = arch == Architecture::Gemma3;
+        let vocab_size = self.usize_req("vocab_size")?;
+        let hidden_size = self.usize_req("hidden_size")?;
+        let intermediate_size = self.usize_req("intermediate_size")?;
+        let num_layers = self.usize_req("num_hidden_layers")?;
+        let num_heads = self.usize_req("num_attention_heads")?;
+        let num_kv_heads = self.usize_opt("num_key_value_heads")?.unwrap_or(num_heads);
+        if num_heads == 0 || hidden_size == 0 {
+            return Err(self.config_err("`num_attention_heads` and `hidden_size` must be above 0".into()));
+        }
+        let head_dim = match self.usize_opt("head_dim")? {
+            Some(d) => d,
+            None if gemma => 256,
+            None if hidden_size % num_heads == 0 => hidden_size / num_heads,
+            None => {
+                return Err(self.config_err(format!(
+                    "no `head_dim`, and hidden_size ({hidden_size}) is not a multiple of num_attention_heads ({num_heads})"
+                )));
+            }
+        };
+        let rms_norm_eps = self.f64_opt("rms_norm_eps")?.unwrap_or(1e-6);
+        let max_position_embeddings = self.usize_opt("max_position_embeddings")?.unwrap_or(match arch {
+            Architecture::Llama => 2048,
+            Architecture::Qwen2 => 32_768,
+            Architecture::Gemma3 => 131_072,
+        });
+        let tie_word_embeddings = self.bool_opt("tie_word_embeddings")?.unwrap_or(gemma);
+        let hidden_act = self.hidden_act(gemma)?;
+
+        // Attention variants.
+        if self.bool_opt("mlp_bias")? == Some(true) {
+            return Err(self.unsupported("`mlp_bias: true` (biases on the MLP projections)".into()));
+        }
+        let attention_bias = match arch {
+            // Qwen2 always has Q/K/V biases and no O bias; the key does not exist.
+            Architecture::Qwen2 => true,
+            _ => {
+                if self.bool_opt("attention_bias")? == Some(true) {
+                    return Err(self.unsupported("`attention_bias: true` (it adds a bias to o_proj too)".into()));
+                }
+                false
+            }
+        };
+        if let Some(f) = self.f64_opt("partial_rotary_factor")?
+            && f != 1.0
+        {
+            return Err(self.unsupported(format!("`partial_rotary_factor: {f}` (RoPE on part of each head)")));
+        }
+        if self.bool_opt("use_mrope")? == Some(true) {
+            return Err(self.unsupported("`use_mrope: true` (multimodal RoPE)".into()));
+        }
+        if self.bool_opt("rope_interleaved")? == Some(true) {
+            return Err(self.unsupported("`rope_interleaved: true` (RoPE on adjacent pairs; ktune rotates halves)".into()));
+        }
+        if self.bool_opt("use_bidirectional_attention")? == Some(true) {
+            return Err(self.unsupported("`use_bidirectional_attention: true` (an encoder, not a decoder)".into()));
+        }
+        let (final_logit_softcapping, attn_logit_softcapping, query_pre_attn_scalar) = if gemma {
+            (
+                self.f64_opt("final_logit_softcapping")?,
+                self.f64_opt("attn_logit_softcapping")?,
+                Some(self.f64_opt("query_pre_attn_scalar")?.unwrap_or(256.0)),
+            )
+        } else {
+            (None, None, None)
+        };
+
+        // Which layers are local, and their window.
+        let layer_types = self.layer_types(arch, num_layers)?;
+        let has_local = layer_types.contains(&LayerKind::Local);
+        let sliding_window = match arch {
+            Architecture::Gemma3 => Some(self.usize_opt("sliding_window")?.unwrap_or(4096)),
+            Architecture::Qwen2 => {
+                if self.bool_opt("use_sliding_window")? == Some(true) {
+                    return Err(self.unsupported("`use_sliding_window: true` for Qwen2 (sliding-window attention on upper layers)".into()));
+                }
+                None
+            }
+            Architecture::Llama => None,
+        };
+        if has_local && !gemma {
+            return Err(self.unsupported(format!("sliding_attention layers in a {} model", arch.hf_class())));
+        }
+
+        let (rope_theta, rope_local_base_freq, rope_scaling) = self.rope(gemma)?;
+        let bos_token_id = self.token("bos_token_id")?.and_then(|v| v.first().copied());
+        let eos_token_ids = self.token("eos_token_id")?.unwrap_or_default();
+
+        Ok(ModelConfig {
+            architecture: arch,
+            vocab_size,
+            hidden_size,
+            intermediate_size,
+            num_layers,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rms_norm_eps,
+            rope_theta,
+            rope_local_base_freq: if gemma { rope_local_base_freq } else { None },
+            rope_scaling,
+            max_position_embeddings,
+            tie_word_embeddings,
+            hidden_act,
+            attention_bias,
+            qk_norm: gemma,
+            sliding_window: if has_local { sliding_window } else { None },
+            layer_types,
+            query_pre_attn_scalar,
+            final_logit_softcapping,
+            attn_logit_softcapping,
+            scale_embeddings: gemma,
+            norm_unit_offset: gemma,
+            bos_token_id,
+            eos_token_ids,
+        })
+    }
+
+    fn hidden_act(&mut self, gemma: bool) -> Result<HiddenAct> {
+        // Gemma's key is `hidden_activation` (transformers 4.x); accept either.
+        let (key, name) = match (self.str_opt("hidden_activation")?, self.str_opt("hidden_act")?) {
+            (Some(a), _) => ("hidden_activation", Some(a)),
+            (None, b) => ("hidden_act", b),
+        };
+        match name {
+            None if gemma => Ok(HiddenAct::GeluPytorchTanh),
+            None => Ok(HiddenAct::Silu),
+            Some("silu" | "swish") => Ok(HiddenAct::Silu),
+            Some("gelu_pytorch_tanh" | "gelu_new") => Ok(HiddenAct::GeluPytorchTanh),
+            Some(other) => Err(self.unsupported(format!("`{key}: {other}` (supported: silu, gelu_pytorch_tanh)"))),
+        }
+    }
+
+    /// `layer_types` (transformers 5 and late 4.x), else Gemma 3's
+    /// `sliding_window_pattern` (default 6), else all global.
+    fn layer_types(&mut self, arch: Architecture, layers: usize) -> Result<Vec<LayerKind>> {
+        let pattern = self.usize_opt("sliding_window_pattern")?;
+        let private_pattern = self.usize_opt("_sliding_window_pattern")?;
+        match self.get("layer_types") {
+            Some(Value::Array(a)) => {
+                if a.len() != layers {
+                    return Err(self.config_err(format!("`layer_types` has {} entries for {layers} layers", a.len())));
+                }
+                a.iter()
+                    .map(|v| match v.as_str() {
+                        Some("full_attention") => Ok(LayerKind::Global),
+                        Some("sliding_attention") => Ok(LayerKind::Local),
+                        Some(other) => Err(self.unsupported(format!("layer type `{other}` in `layer_types`"))),
+                        None => Err(self.config_err(format!("`layer_types` entries must be strings, got {}", describe(v)))),
+                    })
+                    .collect()
+            }
+            Some(v) => Err(self.config_err(format!("`layer_types` must be a list, got {}", describe(v)))),
+            None if arch == Architecture::Gemma3 => {
+                let p = pattern.or(private_pattern).unwrap_or(6);
+                if p == 0 {
+                    return Err(self.config_err("`sliding_window_pattern` is 0".into()));
+                }
+                Ok(gemma3_pattern(layers, p))
+            }
+            None => Ok(vec![LayerKind::Global; layers]),
+        }
+    }
+
+    /// (global theta, local theta, global scaling) from `rope_parameters`
+    /// (transformers 5: flat, or one entry per layer type) or from `rope_theta`,
+    /// `rope_local_base_freq` and `rope_scaling` (4.x).
+    fn rope(&mut self, gemma: bool) -> Result<(f64, Option<f64>, Option<RopeScaling>)> {
+        let theta = self.f64_opt("rope_theta")?;
+        let local = self.f64_opt("rope_local_base_freq")?;
+        let scaling = self.get("rope_scaling");
+        let params = self.get("rope_parameters");
+        let default_theta = if gemma { 1_000_000.0 } else { 10_000.0 };
+        let default_local = if gemma { Some(local.unwrap_or(10_000.0)) } else { None };
+        match params {
+            Some(Value::Object(p)) if p.contains_key("full_attention") || p.contains_key("sliding_attention") => {
+                let (g_theta, g_scaling) = match p.get("full_attention") {
+                    Some(v) => self.rope_entry(v, "rope_parameters.full_attention")?,
+                    None => (None, None),
+                };
+                let (l_theta, l_scaling) = match p.get("sliding_attention") {
+                    Some(v) => self.rope_entry(v, "rope_parameters.sliding_attention")?,
+                    None => (None, None),
+                };
+                if l_scaling.is_some() {
+                    return Err(self.unsupported("RoPE scaling on sliding_attention layers".into()));
+                }
+                let local = if gemma { l_theta.or(default_local) } else { l_theta };
+                Ok((g_theta.or(theta).unwrap_or(default_theta), local, g_scaling))
+            }
+            Some(v @ Value::Object(_)) => {
+                let (t, s) = self.rope_entry(v, "rope_parameters")?;
+                Ok((t.or(theta).unwrap_or(default_theta), default_local, s))
+            }
+            Some(v) => Err(self.config_err(format!("`rope_parameters` must be an object, got {}", describe(v)))),
+            None => {
+                let s = match scaling {
+                    Some(v) => self.rope_entry(v, "rope_scaling")?.1,
+                    None => None,
+                };
+                Ok((theta.unwrap_or(default_theta), default_local, s))
+            }
+        }
+    }
+
+    /// One RoPE description: `{"rope_type": ..., "rope_theta": ..., factors}`.
+    fn rope_entry(&self, v: &Value, key: &str) -> Result<(Option<f64>, Option<RopeScaling>)> {
+        let Value::Object(o) = v else {
+            return Err(self.config_err(format!("`{key}` must be an object, got {}", describe(v))));
+        };
+        let theta = match o.get("rope_theta") {
+            None | Some(Value::Null) => None,
+            Some(t) => Some(t.as_f64().ok_or_else(|| self.config_err(format!("`{key}.rope_theta` must be a number")))?),
+        };
+        let num = |name: &str| -> Result<f64> {
+            o.get(name).and_then(Value::as_f64).ok_or_else(|| self.config_err(format!("`{key}` needs a numeric `{name}`")))
+        };
+        let kind = o.get("rope_type").or_else(|| o.get("type")).and_then(Value::as_str).unwrap_or("default");
+        let scaling = match kind {
+            "default" => None,
+            "linear" => Some(RopeScaling::Linear { factor: num("factor")? }),
+            "llama3" => Some(RopeScaling::Llama3 {
+                factor: num("factor")?,
+                low_freq_factor: num("low_freq_factor")?,
+                high_freq_factor: num("high_freq_factor")?,
+                original_max_position_embeddings: o
+                    .get("original_max_position_embeddings")
+                    .and_then(as_usize)
+                    .ok_or_else(|| self.config_err(format!("`{key}` needs an integer `original_max_position_embeddings`")))?,
+            }),
+            other => return Err(self.unsupported(format!("`{key}` type `{other}` (supported: default, linear, llama3)"))),
+        };
+        Ok((theta, scaling))
+    }
+
+    /// A token id or a list of them.
+    fn token(&mut self, key: &str) -> Result<Option<Vec<u32>>> {
+        let bad = |s: &Self, v: &Value| s.config_err(format!("`{key}` must be a token id or a list of them, got {}", describe(v)));
+        match self.get(key) {
+            None => Ok(None),
+            Some(v @ Value::Array(a)) => {
+                a.iter().map(|t| as_usize(t).and_then(|t| u32::try_from(t).ok()).ok_or_else(|| bad(self, v))).collect::<Result<_>>().map(Some)
+            }
+            Some(v) => as_usize(v).and_then(|t| u32::try_from(t).ok()).map(|t| Some(vec![t])).ok_or_else(|| bad(self, v)),
+        }
+    }
+}
+
+/// A non-negative integer (also written as `8.0`).
+fn as_usize(v: &Value) -> Option<usize> {
+    if let Some(u) = v.as_u64() {
+        return usize::try_from(u).ok();
+    }
+    let f = v.as_f64()?;
+    (f >= 0.0 && f.fract() == 0.0 && f < 9.0e15).then_some(f as usize)
+}

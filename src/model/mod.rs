@@ -1,0 +1,56 @@
+//! Models: what a transformer decoder looks like (its [`ModelConfig`], built in for
+//! the published models or read from a Hugging Face `config.json`) and its weights
+//! ([`Weights`], memory-mapped safetensors or deterministic synthetic values).
+//!
+//! Three architectures are covered: Llama (Llama 3.x, SmolLM2), Qwen2 (Qwen2.5) and
+//! Gemma 3 (text). Everything the plan and the runtime need to know about a model
+//! is a field or a method of [`ModelConfig`]; tensors are named as in the Hugging
+//! Face checkpoints ([`ModelConfig::tensor_shapes`]).
+
+mod builtin;
+mod config;
+mod hf;
+mod stfile;
+mod weights;
+
+use std::path::PathBuf;
+
+pub use builtin::{builtin, builtin_names};
+pub use config::{Architecture, Dtype, HiddenAct, LayerKind, ModelConfig, RopeScaling};
+pub use hf::ParsedConfig;
+pub use weights::{TensorMeta, Weights};
+
+/// Errors of the model layer: configs, weight files, tensor lookups.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("unknown model `{name}`; built-in models: {known}")]
+    UnknownModel { name: String, known: String },
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{}: not valid JSON: {source}", path.display())]
+    Json { path: PathBuf, source: serde_json::Error },
+    #[error("{}: {msg}", path.display())]
+    Config { path: PathBuf, msg: String },
+    #[error("{}: {what} is not supported", path.display())]
+    Unsupported { path: PathBuf, what: String },
+    #[error("inconsistent model config: {0}")]
+    Invalid(String),
+    #[error("{}: {msg}", path.display())]
+    File { path: PathBuf, msg: String },
+    #[error("{}: no weights: expected model.safetensors or model.safetensors.index.json", dir.display())]
+    NoWeights { dir: PathBuf },
+    #[error("tensor `{name}` not found in the weights ({count} tensors present)")]
+    MissingTensor { name: String, count: usize },
+    #[error("tensor `{name}` has shape {found:?}, expected {expected:?}")]
+    Shape { name: String, expected: Vec<usize>, found: Vec<usize> },
+    #[error("tensor `{name}` has dtype {dtype}; only F32, F16 and BF16 can be read")]
+    Dtype { name: String, dtype: String },
+    #[error("tensor `{name}`: row {row} is out of range ({rows} rows)")]
+    Row { name: String, row: usize, rows: usize },
+    #[error("output buffer for tensor `{name}` holds {got} values, the tensor has {want}")]
+    Buffer { name: String, want: usize, got: usize },
+    #[error("the weights do not match the config:\n  {}", problems.join("\n  "))]
+    Mismatch { problems: Vec<String> },
+}
+
+pub type Result<T, E = ModelError> = std::result::Result<T, E>;

@@ -1,0 +1,379 @@
+//! [`Weights`]: a model's tensors by Hugging Face name, from memory-mapped
+//! safetensors files (one `model.safetensors` or shards listed in
+//! `model.safetensors.index.json`; F32, F16 or BF16) or synthetic (deterministic
+//! pseudo-random values with the model's shapes, generated on request).
+//!
+//! Nothing is converted or copied until a tensor is asked for, in f32 or f16:
+//! a runtime that wants f16 weights never holds an f32 copy of the model.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use half::f16;
+use rayon::prelude::*;
+use serde::Serialize;
+
+use super::config::{Dtype, ModelConfig};
+use super::stfile::{Entry, StFile, to_f16, to_f32};
+use super::{ModelError, Result};
+
+/// What is known about one tensor without reading it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TensorMeta {
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+}
+
+impl TensorMeta {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// Where a tensor lives.
+#[derive(Clone, Debug)]
+enum Slot {
+    /// In `files[file]`, entry `entry`.
+    File { file: usize, entry: Entry },
+    /// Generated: what kind of values, and the per-tensor stream key.
+    Synthetic { kind: SynthKind, key: u64, shape: Vec<usize> },
+}
+
+/// What synthetic values a tensor gets.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum SynthKind {
+    /// Uniform with standard deviation 0.02 (projections, embeddings).
+    Matrix,
+    /// Uniform around `center` with half-width 0.05 (norm gains: 1, or 0 for (1 + w) norms).
+    Norm { center: f32 },
+    /// Uniform with half-width 0.02.
+    Bias,
+}
+
+/// A model's weights. Cheap to share (`Send + Sync`); reads never mutate.
+#[derive(Debug)]
+pub struct Weights {
+    files: Vec<StFile>,
+    tensors: BTreeMap<String, Slot>,
+    /// Where the weights came from, for messages.
+    origin: String,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ModelError + '_ {
+    move |source| ModelError::Io { path: path.to_path_buf(), source }
+}
+
+impl Weights {
+    /// Loads the weights of a Hugging Face model directory: `model.safetensors.index.json`
+    /// (sharded) if present, else `model.safetensors`.
+    pub fn load(dir: impl AsRef<Path>) -> Result<Weights> {
+        let dir = dir.as_ref();
+        let index = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        if index.is_file() {
+            Weights::load_sharded(&index)
+        } else if single.is_file() {
+            Weights::from_files(&[single])
+        } else {
+            Err(ModelError::NoWeights { dir: dir.to_path_buf() })
+        }
+    }
+
+    /// Loads the shards an index file lists (in its directory); every tensor is
+    /// taken from the shard the index names, and must be there.
+    pub fn load_sharded(index: &Path) -> Result<Weights> {
+        let text = std::fs::read_to_string(index).map_err(io(index))?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|source| ModelError::Json { path: index.to_path_buf(), source })?;
+        let bad = |msg: String| ModelError::File { path: index.to_path_buf(), msg };
+        let Some(map) = v.get("weight_map").and_then(|m| m.as_object()) else {
+            return Err(bad("no `weight_map` object".into()));
+        };
+        let dir = index.parent().unwrap_or(Path::new("."));
+        let mut shard_names: Vec<&str> = Vec::new();
+        let mut wanted: Vec<(&str, &str)> = Vec::new();
+        for (tensor, file) in map {
+            let Some(file) = file.as_str() else { return Err(bad(format!("`weight_map.{tensor}` is not a file name"))) };
+            // Shards are plain file names next to the index, never paths elsewhere.
+            let plain = Path::new(file).file_name().is_some_and(|n| n == file) && file != "." && file != "..";
+            if !plain {
+                return Err(bad(format!("shard name `{file}` (for `{tensor}`) is not a plain file name")));
+            }
+            if !shard_names.contains(&file) {
+                shard_names.push(file);
+            }
+            wanted.push((tensor, file));
+        }
+        if shard_names.is_empty() {
+            return Err(bad("`weight_map` is empty".into()));
+        }
+        let files = shard_names.iter().map(|f| StFile::open(&dir.join(f))).collect::<Result<Vec<_>>>()?;
+        let mut tensors = BTreeMap::new();
+        for (tensor, file) in wanted {
+            let i = shard_names.iter().position(|f| *f == file).unwrap_or(0);
+            let Some(entry) = files[i].tensors.get(tensor) else {
+                return Err(bad(format!("`{tensor}` should be in {file}, which does not hold it")));
+            };
+            tensors.insert(tensor.to_string(), Slot::File { file: i, entry: entry.clone() });
+        }
+        Ok(Weights { files, tensors, origin: index.display().to_string() })
+    }
+
+    /// Loads safetensors files; a tensor name found in two of them is an error.
+    pub fn from_files(paths: &[PathBuf]) -> Result<Weights> {
+        let files = paths.iter().map(|p| StFile::open(p)).collect::<Result<Vec<_>>>()?;
+        let mut tensors = BTreeMap::new();
+        for (i, f) in files.iter().enumerate() {
+            for (name, entry) in &f.tensors {
+                if tensors.insert(name.clone(), Slot::File { file: i, entry: entry.clone() }).is_some() {
+                    return Err(ModelError::File { path: f.path.clone(), msg: format!("tensor `{name}` is also in another file") });
+                }
+            }
+        }
+        let origin = paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
+        Ok(Weights { files, tensors, origin })
+    }
+
+    /// Deterministic pseudo-random weights with the shapes of `config` (values a
+    /// function of `seed`, the tensor name and the element index only, so any part
+    /// can be generated alone, in any order, on any number of threads). Projections
+    /// and embeddings are uniform with standard deviation 0.02, norm gains near 1
+    /// (near 0 for (1 + w) norms), biases small. Nothing is generated until asked for.
+    pub fn synthetic(config: &ModelConfig, seed: u64) -> Weights {
+        let tensors = config
+            .tensor_shapes()
+            .into_iter()
+            .map(|(name, shape)| {
+                let kind = if name.ends_with(".bias") {
+                    SynthKind::Bias
+                } else if name.ends_with("norm.weight") {
+                    SynthKind::Norm { center: if config.norm_unit_offset { 0.0 } else { 1.0 } }
+                } else {
+                    SynthKind::Matrix
+                };
+                let key = splitmix(seed ^ fnv1a(name.as_bytes()));
+                (name, Slot::Synthetic { kind, key, shape })
+            })
+            .collect();
+        Weights { files: Vec::new(), tensors, origin: format!("synthetic (seed {seed})") }
+    }
+
+    /// Where the weights came from (files or "synthetic (seed N)").
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    pub fn is_synthetic(&self) -> bool {
+        self.files.is_empty()
+    }
+
+    /// Names of all tensors, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    fn slot(&self, name: &str) -> Result<&Slot> {
+        self.tensors.get(name).ok_or_else(|| ModelError::MissingTensor { name: name.to_string(), count: self.tensors.len() })
+    }
+
+    /// Dtype (as stored; F32 for synthetic) and shape of `name`.
+    pub fn meta(&self, name: &str) -> Result<TensorMeta> {
+        match self.slot(name)? {
+            Slot::File { entry, .. } => match &entry.dtype {
+                Ok(d) => Ok(TensorMeta { dtype: *d, shape: entry.shape.clone() }),
+                Err(d) => Err(ModelError::Dtype { name: name.to_string(), dtype: d.clone() }),
+            },
+            Slot::Synthetic { shape, .. } => Ok(TensorMeta { dtype: Dtype::F32, shape: shape.clone() }),
+        }
+    }
+
+    /// Checks that `name` has shape `shape`.
+    pub fn check_shape(&self, name: &str, shape: &[usize]) -> Result<TensorMeta> {
+        let meta = self.meta(name)?;
+        if meta.shape != shape {
+            return Err(ModelError::Shape { name: name.to_string(), expected: shape.to_vec(), found: meta.shape });
+        }
+        Ok(meta)
+    }
+
+    /// Checks every tensor `config` needs (name and shape), reporting all problems
+    /// at once. Extra tensors are allowed (a tied checkpoint may still carry `lm_head.weight`).
+    pub fn check_config(&self, config: &ModelConfig) -> Result<()> {
+        let mut problems = Vec::new();
+        for (name, shape) in config.tensor_shapes() {
+            match self.check_shape(&name, &shape) {
+                Ok(_) => {}
+                Err(ModelError::MissingTensor { .. }) => problems.push(format!("missing `{name}` {shape:?}")),
+                Err(e) => problems.push(e.to_string()),
+            }
+        }
+        if problems.is_empty() { Ok(()) } else { Err(ModelError::Mismatch { problems }) }
+    }
+
+    /// Names present that `config` does not use.
+    pub fn unused(&self, config: &ModelConfig) -> Vec<&str> {
+        let used: BTreeSet<String> = config.tensor_shapes().into_iter().map(|(n, _)| n).collect();
+        self.names().filter(|n| !used.contains(*n)).collect()
+    }
+
+    /// `name` as f32 values (row-major), after checking its shape is `shape`.
+    pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let meta = self.check_shape(name, shape)?;
+        let mut out = vec![0f32; meta.numel()];
+        self.read_f32_range(name, 0, &mut out)?;
+        Ok(out)
+    }
+
+    /// `name` as f16 values (row-major, rounded to nearest), after checking its shape.
+    pub fn f16(&self, name: &str, shape: &[usize]) -> Result<Vec<f16>> {
+        let meta = self.check_shape(name, shape)?;
+        let mut out = vec![f16::ZERO; meta.numel()];
+        self.read_f16_range(name, 0, &mut out)?;
+        Ok(out)
+    }
+
+    /// The whole of `name` into `out` (whose length must be the element count) as f32.
+    pub fn read_f32_into(&self, name: &str, out: &mut [f32]) -> Result<()> {
+        self.check_len(name, out.len())?;
+        self.read_f32_range(name, 0, out)
+    }
+
+    /// The whole of `name` into `out` as f16.
+    pub fn read_f16_into(&self, name: &str, out: &mut [f16]) -> Result<()> {
+        self.check_len(name, out.len())?;
+        self.read_f16_range(name, 0, out)
+    }
+
+    fn check_len(&self, name: &str, got: usize) -> Result<()> {
+        let want = self.meta(name)?.numel();
+        if want != got {
+            return Err(ModelError::Buffer { name: name.to_string(), want, got });
+        }
+        Ok(())
+    }
+
+    /// Row `row` of 2-D tensor `name` as f32 (the embedding lookup).
+    pub fn row_f32(&self, name: &str, row: usize) -> Result<Vec<f32>> {
+        let meta = self.meta(name)?;
+        let [rows, cols] = meta.shape[..] else {
+            return Err(ModelError::Shape { name: name.to_string(), expected: vec![0, 0], found: meta.shape });
+        };
+        if row >= rows {
+            return Err(ModelError::Row { name: name.to_string(), row, rows });
+        }
+        let mut out = vec![0f32; cols];
+        self.read_f32_range(name, row * cols, &mut out)?;
+        Ok(out)
+    }
+
+    /// Elements `start..start + out.len()` of `name` (flattened) as f32.
+    pub fn read_f32_range(&self, name: &str, start: usize, out: &mut [f32]) -> Result<()> {
+        match self.slot(name)? {
+            Slot::File { file, entry } => {
+                let (dtype, bytes) = self.file_bytes(name, *file, entry, start, out.len())?;
+                to_f32(dtype, bytes, out);
+            }
+            Slot::Synthetic { kind, key, shape } => {
+                check_range(name, shape, start, out.len())?;
+                synth(*kind, *key, start, out, |v| v);
+            }
+        }
+        Ok(())
+    }
+
+    /// Elements `start..start + out.len()` of `name` (flattened) as f16.
+    pub fn read_f16_range(&self, name: &str, start: usize, out: &mut [f16]) -> Result<()> {
+        match self.slot(name)? {
+            Slot::File { file, entry } => {
+                let (dtype, bytes) = self.file_bytes(name, *file, entry, start, out.len())?;
+                to_f16(dtype, bytes, out);
+            }
+            Slot::Synthetic { kind, key, shape } => {
+                check_range(name, shape, start, out.len())?;
+                synth(*kind, *key, start, out, f16::from_f32);
+            }
+        }
+        Ok(())
+    }
+
+    fn file_bytes(&self, name: &str, file: usize, entry: &Entry, start: usize, len: usize) -> Result<(Dtype, &[u8])> {
+        let dtype = entry.dtype.clone().map_err(|d| ModelError::Dtype { name: name.to_string(), dtype: d })?;
+        check_range(name, &entry.shape, start, len)?;
+        let bytes = self.files[file].bytes(entry);
+        let sz = dtype.size();
+        bytes.get(start * sz..(start + len) * sz).map(|b| (dtype, b)).ok_or_else(|| ModelError::File {
+            path: self.files[file].path.clone(),
+            msg: format!("tensor `{name}`: its bytes do not match its shape"),
+        })
+    }
+
+    /// Bytes the tensors take as stored (for synthetic weights: as f32).
+    pub fn stored_bytes(&self) -> u64 {
+        self.tensors
+            .values()
+            .map(|s| match s {
+                Slot::File { entry, .. } => (entry.end - entry.start) as u64,
+                Slot::Synthetic { shape, .. } => 4 * shape.iter().product::<usize>() as u64,
+            })
+            .sum()
+    }
+}
+
+fn check_range(name: &str, shape: &[usize], start: usize, len: usize) -> Result<()> {
+    let numel: usize = shape.iter().product();
+    if start.checked_add(len).is_none_or(|end| end > numel) {
+        return Err(ModelError::Buffer { name: format!("{name}[{start}..]"), want: numel.saturating_sub(start), got: len });
+    }
+    Ok(())
+}
+
+/// SplitMix64's finalizer: a strong 64-bit mix.
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x0000_0100_0000_01B3))
+}
+
+/// Uniform in [-1, 1) for element `i` of the stream `key`.
+#[inline]
+fn unit(key: u64, i: u64) -> f32 {
+    let z = splitmix(key ^ i.wrapping_mul(0xD1B5_4A32_D192_ED03));
+    ((z >> 40) as f32) * (2.0 / (1u64 << 24) as f32) - 1.0
+}
+
+/// Fills `out` with elements `start..` of a synthetic tensor, in parallel for large ranges.
+fn synth<T: Send>(kind: SynthKind, key: u64, start: usize, out: &mut [T], cast: impl Fn(f32) -> T + Sync) {
+    // Uniform on [-a, a] has standard deviation a / sqrt(3).
+    let (center, half) = match kind {
+        SynthKind::Matrix => (0.0, 0.02 * 3f32.sqrt()),
+        SynthKind::Norm { center } => (center, 0.05),
+        SynthKind::Bias => (0.0, 0.02),
+    };
+    const CHUNK: usize = 1 << 16;
+    let fill = |offset: usize, o: &mut [T]| {
+        for (j, v) in o.iter_mut().enumerate() {
+            *v = cast(center + half * unit(key, (start + offset + j) as u64));
+        }
+    };
+    if out.len() <= CHUNK {
+        fill(0, out);
+    } else {
+        out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, o)| fill(c * CHUNK, o));
+    }
+}

@@ -1,0 +1,673 @@
+//! The execution plan (seed 000): named buffers with roles and sizes (the layout,
+//! computed once for the largest batch of tokens), and the steps of a forward pass
+//! that bind kernel buffers to them, for prefill (many tokens) and decode (one).
+//!
+//! One builder serves the runtime and the tuner: what the tuner measures is what
+//! `run` executes. The plan records which kernel variant serves each slot in each
+//! layer; fusion choices ([`Fusion`]) change which steps exist.
+
+pub mod select;
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+pub use select::{Choice, Selection, Slot};
+
+use crate::kernels::{Activation, DType, KernelDef, Op, Problem, RopeLayout};
+use crate::model::{Architecture, LayerKind, ModelConfig, RopeScaling};
+
+
+/// Errors building a plan.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("slot `{slot}` ({regime}): no {backend} kernel is valid for {problem}: {why}")]
+    NoKernel { slot: String, regime: &'static str, backend: &'static str, problem: String, why: String },
+    #[error("slot `{slot}` layer {layer}: kernel `{kernel}` cannot run {problem}: {why}")]
+    Invalid { slot: String, layer: String, kernel: String, problem: String, why: String },
+    #[error("kernel `{kernel}` computes {got}, but slot `{slot}` needs {want}")]
+    WrongOp { slot: String, kernel: String, got: Op, want: Op },
+    #[error("{0} tokens do not fit: the plan was laid out for at most {1} (prefill) and a context of {2}")]
+    TooManyTokens(usize, usize, usize),
+    #[error("buffer `{name}` is bound as {bound_len} elements but laid out with {len}")]
+    Shape { name: String, bound_len: usize, len: usize },
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// Prefill (a prompt, many tokens) or decode (one token, long context): the two
+/// regimes of seed 003, with different winners.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Regime {
+    Prefill,
+    Decode,
+}
+
+impl Regime {
+    pub fn name(self) -> &'static str {
+        match self {
+            Regime::Prefill => "prefill",
+            Regime::Decode => "decode",
+        }
+    }
+}
+
+/// Whole-plan switches that change which ops exist (seed 001's fused ops).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Fusion {
+    /// Q, K and V from one concatenated weight (one GEMV in decode; one GEMM and a
+    /// split in prefill).
+    pub qkv: bool,
+    /// Gate and up from one concatenated weight with the activation in the epilogue.
+    pub gate_up: bool,
+    /// Per-head RMSNorm + RoPE in one kernel (models with q/k norm: Gemma 3).
+    pub qk_norm_rope: bool,
+    /// Residual add + the following RMSNorm in one kernel.
+    pub residual_norm: bool,
+}
+
+impl Fusion {
+    pub const NONE: Fusion = Fusion { qkv: false, gate_up: false, qk_norm_rope: false, residual_norm: false };
+    pub const ALL: Fusion = Fusion { qkv: true, gate_up: true, qk_norm_rope: true, residual_norm: true };
+
+    /// Every combination (the tuner's fusion space).
+    pub fn all_combinations() -> Vec<Fusion> {
+        (0..16u8)
+            .map(|b| Fusion { qkv: b & 1 != 0, gate_up: b & 2 != 0, qk_norm_rope: b & 4 != 0, residual_norm: b & 8 != 0 })
+            .collect()
+    }
+}
+
+/// Role of a laid-out buffer (seed 000).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BufRole {
+    /// Model weights, uploaded once.
+    Weight,
+    /// Activations, sized for the largest batch of tokens.
+    Activation,
+    /// Per-layer KV cache, sized for the context.
+    Cache,
+    /// Constants computed from the config (RoPE frequencies).
+    Constant,
+}
+
+/// Where a weight buffer's contents come from.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub enum WeightSource {
+    /// One tensor by its Hugging Face name.
+    Tensor(String),
+    /// Tensors concatenated along the rows (fused Q/K/V or gate/up).
+    Concat(Vec<String>),
+}
+
+/// One named buffer of the layout.
+#[derive(Clone, Debug, Serialize)]
+pub struct BufferDecl {
+    pub name: String,
+    pub role: BufRole,
+    pub dtype: DType,
+    /// Elements.
+    pub len: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<WeightSource>,
+    /// RoPE frequencies for constants.
+    #[serde(skip)]
+    pub constant: Option<Vec<f32>>,
+}
+
+impl BufferDecl {
+    pub fn bytes(&self) -> u64 {
+        (self.len * self.dtype.size()) as u64
+    }
+}
+
+/// Index of a buffer in [`Plan::buffers`].
+pub type BufId = usize;
+
+/// Runtime-owned data movement that is not a tuned kernel.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "what", rename_all = "snake_case")]
+pub enum Plumb {
+    /// Rows of `[tokens, nq + 2 nkv]` split into `q[tokens, nq]`, `k`, `v[tokens, nkv]`,
+    /// adding the bias when there is one.
+    SplitQkv { src: BufId, bias: Option<BufId>, q: BufId, k: BufId, v: BufId, tokens: usize, nq: usize, nkv: usize },
+    /// `buf[r, j] += bias[j]` in place.
+    BiasAdd { buf: BufId, bias: BufId, rows: usize, n: usize },
+    /// `k[tokens, kv_heads, head_dim]` and `v` into the head-major caches at `pos0..`.
+    KvWrite { k: BufId, v: BufId, k_cache: BufId, v_cache: BufId, tokens: usize, kv_heads: usize, head_dim: usize, kv_cap: usize, pos0: usize },
+    /// `len` f32 elements from `src[src_off..]` to `dst[dst_off..]`.
+    Copy { src: BufId, src_off: usize, dst: BufId, dst_off: usize, len: usize },
+}
+
+/// What a step does.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepKind {
+    Kernel {
+        #[serde(serialize_with = "select::ser_kernel")]
+        kernel: &'static KernelDef,
+        params: crate::kernels::Params,
+        dtype: DType,
+        problem: Problem,
+        /// Buffers in the problem's binding order.
+        binds: Vec<BufId>,
+    },
+    Plumb(Plumb),
+}
+
+/// One step of a forward pass.
+#[derive(Clone, Debug, Serialize)]
+pub struct Step {
+    pub slot: Slot,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layer: Option<usize>,
+    /// Steps with the same group number are independent of each other (seed 002's
+    /// parallel groups: q/k/v, gate/up) and may run concurrently.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<u32>,
+    pub kind: StepKind,
+}
+
+/// Options that shape the layout.
+#[derive(Clone, Debug, Serialize)]
+pub struct PlanOptions {
+    /// Storage type of the weights.
+    pub weight_dtype: DType,
+    /// Storage type of the KV cache.
+    pub kv_dtype: DType,
+    /// Most tokens one prefill call processes.
+    pub max_tokens: usize,
+    /// Context length the KV cache holds.
+    pub context: usize,
+    /// Compute the logits of every prompt position (for `--dump-logits`), not only the last.
+    pub all_logits: bool,
+    pub fusion: Fusion,
+}
+
+/// A model's plan: layout plus the kernel selection used to emit steps.
+#[derive(Clone, Debug, Serialize)]
+pub struct Plan {
+    pub model: String,
+    pub options: PlanOptions,
+    pub buffers: Vec<BufferDecl>,
+    #[serde(skip)]
+    pub config: ModelConfig,
+    #[serde(skip)]
+    pub selection: Selection,
+    #[serde(skip)]
+    names: BTreeMap<String, BufId>,
+    /// The residual stream's two ping-pong buffers; the embedding goes into `x[0]`.
+    #[serde(skip)]
+    pub x: [BufId; 2],
+    /// Where the logits land: `[rows, vocab]`.
+    #[serde(skip)]
+    pub logits: BufId,
+}
+
+/// Per-layer weight names.
+struct LayerW {
+    input_ln: BufId,
+    post_attn_ln: BufId,
+    pre_ff_ln: Option<BufId>,
+    post_ff_ln: Option<BufId>,
+    q_norm: Option<BufId>,
+    k_norm: Option<BufId>,
+    wq: Option<BufId>,
+    wk: Option<BufId>,
+    wv: Option<BufId>,
+    wqkv: Option<BufId>,
+    bq: Option<BufId>,
+    bk: Option<BufId>,
+    bv: Option<BufId>,
+    bqkv: Option<BufId>,
+    wo: BufId,
+    wg: Option<BufId>,
+    wu: Option<BufId>,
+    wgu: Option<BufId>,
+    wd: BufId,
+    k_cache: BufId,
+    v_cache: BufId,
+}
+
+impl Plan {
+    /// Lays out buffers for `cfg` under `opts`; `selection` picks kernels when steps are emitted.
+    pub fn new(model: &str, cfg: &ModelConfig, opts: PlanOptions, selection: Selection) -> Result<Plan, PlanError> {
+        if opts.max_tokens == 0 || opts.context == 0 || opts.max_tokens > opts.context {
+            return Err(PlanError::Unsupported(format!(
+                "prefill tokens ({}) must be between 1 and the context ({})",
+                opts.max_tokens, opts.context
+            )));
+        }
+        let mut plan = Plan {
+            model: model.to_string(),
+            options: opts,
+            buffers: Vec::new(),
+            config: cfg.clone(),
+            selection,
+            names: BTreeMap::new(),
+            x: [0, 0],
+            logits: 0,
+        };
+        plan.layout()?;
+        Ok(plan)
+    }
+
+    fn add(&mut self, name: String, role: BufRole, dtype: DType, len: usize, source: Option<WeightSource>) -> BufId {
+        let id = self.buffers.len();
+        self.names.insert(name.clone(), id);
+        self.buffers.push(BufferDecl { name, role, dtype, len, source, constant: None });
+        id
+    }
+
+    fn act(&mut self, name: &str, len: usize) -> BufId {
+        self.add(name.to_string(), BufRole::Activation, DType::F32, len.max(1), None)
+    }
+
+    fn weight(&mut self, name: String, len: usize, src: &str) -> BufId {
+        let d = self.options.weight_dtype;
+        self.add(name, BufRole::Weight, d, len, Some(WeightSource::Tensor(src.to_string())))
+    }
+
+    /// Biases and other small f32 weights.
+    fn weight_f32(&mut self, name: String, len: usize, src: WeightSource) -> BufId {
+        self.add(name, BufRole::Weight, DType::F32, len, Some(src))
+    }
+
+    /// A buffer by name.
+    pub fn buffer(&self, name: &str) -> Option<BufId> {
+        self.names.get(name).copied()
+    }
+
+    fn layout(&mut self) -> Result<(), PlanError> {
+        let c = self.config.clone();
+        let t = self.options.max_tokens;
+        let (h, nq, nkv, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        self.x = [self.act("x0", t * h), self.act("x1", t * h)];
+        for (name, len) in [
+            ("xn", t * h),
+            ("q", t * nq),
+            ("k", t * nkv),
+            ("v", t * nkv),
+            ("qn", t * nq),
+            ("kn", t * nkv),
+            ("qr", t * nq),
+            ("kr", t * nkv),
+            ("attn", t * nq),
+            ("o", t * h),
+            ("on", t * h),
+            ("gate", t * inter),
+            ("up", t * inter),
+            ("act", t * inter),
+            ("d", t * h),
+            ("dn", t * h),
+            ("last", h),
+        ] {
+            self.act(name, len);
+        }
+        if self.options.fusion.qkv {
+            self.act("qkv", t * (nq + 2 * nkv));
+        }
+        let logit_rows = if self.options.all_logits { t } else { 1 };
+        self.logits = self.act("logits", logit_rows * c.vocab_size);
+        // RoPE frequencies, one table per base.
+        for kind in [LayerKind::Global, LayerKind::Local] {
+            let f = inv_freq(&c, kind);
+            let id = self.add(format!("inv_freq_{}", kind.name()), BufRole::Constant, DType::F32, f.len(), None);
+            self.buffers[id].constant = Some(f);
+        }
+        for l in 0..c.num_layers {
+            self.layer_weights(l, &c)?;
+        }
+        let w = self.options.weight_dtype;
+        self.add("final_norm".into(), BufRole::Weight, w, h, Some(WeightSource::Tensor("model.norm.weight".into())));
+        let head = if c.tie_word_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
+        self.add("lm_head".into(), BufRole::Weight, w, c.vocab_size * h, Some(WeightSource::Tensor(head.into())));
+        Ok(())
+    }
+
+    fn layer_weights(&mut self, l: usize, c: &ModelConfig) -> Result<(), PlanError> {
+        let (h, hd, nq, nkv, inter) = (c.hidden_size, c.head_dim, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let p = |s: &str| format!("model.layers.{l}.{s}");
+        let gemma = c.architecture == Architecture::Gemma3;
+        self.weight(format!("L{l}.input_ln"), h, &p("input_layernorm.weight"));
+        self.weight(format!("L{l}.post_attn_ln"), h, &p("post_attention_layernorm.weight"));
+        if gemma {
+            self.weight(format!("L{l}.pre_ff_ln"), h, &p("pre_feedforward_layernorm.weight"));
+            self.weight(format!("L{l}.post_ff_ln"), h, &p("post_feedforward_layernorm.weight"));
+        }
+        if c.qk_norm {
+            self.weight(format!("L{l}.q_norm"), hd, &p("self_attn.q_norm.weight"));
+            self.weight(format!("L{l}.k_norm"), hd, &p("self_attn.k_norm.weight"));
+        }
+        let d = self.options.weight_dtype;
+        let names = ["q_proj", "k_proj", "v_proj"].map(|s| p(&format!("self_attn.{s}.weight")));
+        if self.options.fusion.qkv {
+            self.add(format!("L{l}.wqkv"), BufRole::Weight, d, (nq + 2 * nkv) * h, Some(WeightSource::Concat(names.to_vec())));
+            if c.attention_bias {
+                let b = ["q_proj", "k_proj", "v_proj"].map(|s| p(&format!("self_attn.{s}.bias"))).to_vec();
+                self.weight_f32(format!("L{l}.bqkv"), nq + 2 * nkv, WeightSource::Concat(b));
+            }
+        } else {
+            self.weight(format!("L{l}.wq"), nq * h, &names[0]);
+            self.weight(format!("L{l}.wk"), nkv * h, &names[1]);
+            self.weight(format!("L{l}.wv"), nkv * h, &names[2]);
+            if c.attention_bias {
+                self.weight_f32(format!("L{l}.bq"), nq, WeightSource::Tensor(p("self_attn.q_proj.bias")));
+                self.weight_f32(format!("L{l}.bk"), nkv, WeightSource::Tensor(p("self_attn.k_proj.bias")));
+                self.weight_f32(format!("L{l}.bv"), nkv, WeightSource::Tensor(p("self_attn.v_proj.bias")));
+            }
+        }
+        self.weight(format!("L{l}.wo"), h * nq, &p("self_attn.o_proj.weight"));
+        if self.options.fusion.gate_up {
+            let gu = vec![p("mlp.gate_proj.weight"), p("mlp.up_proj.weight")];
+            self.add(format!("L{l}.wgu"), BufRole::Weight, d, 2 * inter * h, Some(WeightSource::Concat(gu)));
+        } else {
+            self.weight(format!("L{l}.wg"), inter * h, &p("mlp.gate_proj.weight"));
+            self.weight(format!("L{l}.wu"), inter * h, &p("mlp.up_proj.weight"));
+        }
+        self.weight(format!("L{l}.wd"), h * inter, &p("mlp.down_proj.weight"));
+        let kv = self.options.kv_dtype;
+        let cache = c.num_kv_heads * self.options.context * hd;
+        self.add(format!("L{l}.k_cache"), BufRole::Cache, kv, cache, None);
+        self.add(format!("L{l}.v_cache"), BufRole::Cache, kv, cache, None);
+        Ok(())
+    }
+
+    fn lw(&self, l: usize) -> LayerW {
+        let g = |s: &str| self.buffer(&format!("L{l}.{s}"));
+        let must = |s: &str| g(s).unwrap_or(usize::MAX);
+        LayerW {
+            input_ln: must("input_ln"),
+            post_attn_ln: must("post_attn_ln"),
+            pre_ff_ln: g("pre_ff_ln"),
+            post_ff_ln: g("post_ff_ln"),
+            q_norm: g("q_norm"),
+            k_norm: g("k_norm"),
+            wq: g("wq"),
+            wk: g("wk"),
+            wv: g("wv"),
+            wqkv: g("wqkv"),
+            bq: g("bq"),
+            bk: g("bk"),
+            bv: g("bv"),
+            bqkv: g("bqkv"),
+            wo: must("wo"),
+            wg: g("wg"),
+            wu: g("wu"),
+            wgu: g("wgu"),
+            wd: must("wd"),
+            k_cache: must("k_cache"),
+            v_cache: must("v_cache"),
+        }
+    }
+
+    fn id(&self, name: &str) -> BufId {
+        self.names.get(name).copied().unwrap_or(usize::MAX)
+    }
+
+    /// Total bytes of the weight buffers (what a decode step must read at least once).
+    pub fn weight_bytes(&self) -> u64 {
+        self.buffers.iter().filter(|b| b.role == BufRole::Weight).map(BufferDecl::bytes).sum()
+    }
+
+    /// Weight bytes a decode step reads: everything except the embedding table when
+    /// it is not also the LM head (only one row of it is read).
+    pub fn decode_read_bytes(&self) -> u64 {
+        self.weight_bytes()
+    }
+
+    /// Steps of one forward pass over `tokens` tokens at positions `pos0..pos0+tokens`.
+    /// The embedding of those tokens must already be in `x[0]`; logits land in
+    /// [`Plan::logits`] (every row when `all_logits` and prefill, else the last).
+    pub fn steps(&self, tokens: usize, pos0: usize) -> Result<Vec<Step>, PlanError> {
+        let o = &self.options;
+        if tokens == 0 || tokens > o.max_tokens || pos0 + tokens > o.context {
+            return Err(PlanError::TooManyTokens(pos0 + tokens, o.max_tokens, o.context));
+        }
+        let regime = if tokens == 1 { Regime::Decode } else { Regime::Prefill };
+        let mut e = Emitter { plan: self, regime, steps: Vec::new(), group: 0 };
+        e.forward(tokens, pos0)?;
+        Ok(e.steps)
+    }
+}
+
+/// RoPE inverse frequencies for one kind of layer: the local base without scaling
+/// on sliding-window layers (Gemma 3), the global base with the configured scaling.
+pub fn inv_freq(c: &ModelConfig, kind: LayerKind) -> Vec<f32> {
+    let rot = c.head_dim;
+    let (theta, scaling) = (c.rope_theta_for(kind), c.rope_scaling_for(kind).cloned());
+    let base: Vec<f64> = (0..rot / 2).map(|i| 1.0 / theta.powf(2.0 * i as f64 / rot as f64)).collect();
+    let scaled: Vec<f64> = match scaling {
+        None => base,
+        Some(RopeScaling::Linear { factor }) => base.iter().map(|f| f / factor).collect(),
+        Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
+            let old = original_max_position_embeddings as f64;
+            let low_wavelen = old / low_freq_factor;
+            let high_wavelen = old / high_freq_factor;
+            base.iter()
+                .map(|&f| {
+                    let wavelen = 2.0 * std::f64::consts::PI / f;
+                    if wavelen < high_wavelen {
+                        f
+                    } else if wavelen > low_wavelen {
+                        f / factor
+                    } else {
+                        let smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                        (1.0 - smooth) * f / factor + smooth * f
+                    }
+                })
+                .collect()
+        }
+    };
+    scaled.into_iter().map(|f| f as f32).collect()
+}
+
+struct Emitter<'a> {
+    plan: &'a Plan,
+    regime: Regime,
+    steps: Vec<Step>,
+    group: u32,
+}
+
+impl Emitter<'_> {
+    fn kernel(&mut self, slot: Slot, layer: Option<usize>, problem: Problem, binds: Vec<BufId>, dtype: DType) -> Result<(), PlanError> {
+        self.kernel_in(slot, layer, None, problem, binds, dtype)
+    }
+
+    fn kernel_in(
+        &mut self,
+        slot: Slot,
+        layer: Option<usize>,
+        group: Option<u32>,
+        problem: Problem,
+        binds: Vec<BufId>,
+        dtype: DType,
+    ) -> Result<(), PlanError> {
+        let choice = self.plan.selection.choose(slot, self.regime, layer, &problem, dtype)?;
+        // Every bound buffer must hold what the problem addresses (seed 000's shape check).
+        for (spec, &b) in problem.buffers(dtype).iter().zip(&binds) {
+            let decl = &self.plan.buffers[b];
+            if decl.len < spec.len() || decl.dtype != spec.dtype {
+                return Err(PlanError::Shape { name: format!("{} ({} as {})", decl.name, decl.dtype, spec.dtype), bound_len: spec.len(), len: decl.len });
+            }
+        }
+        self.steps.push(Step { slot, layer, group, kind: StepKind::Kernel { kernel: choice.kernel, params: choice.params, dtype, problem, binds } });
+        Ok(())
+    }
+
+    fn plumb(&mut self, slot: Slot, layer: Option<usize>, p: Plumb) {
+        self.steps.push(Step { slot, layer, group: None, kind: StepKind::Plumb(p) });
+    }
+
+    fn next_group(&mut self) -> u32 {
+        self.group += 1;
+        self.group
+    }
+
+    /// A projection `y[t, n] = x[t, k] · w[n, k]ᵀ`: GEMV in decode, GEMM in prefill.
+    fn matmul(&mut self, slot: Slot, l: Option<usize>, group: Option<u32>, t: usize, n: usize, k: usize, bufs: [BufId; 3]) -> Result<(), PlanError> {
+        let p = if t == 1 { Problem::Gemv { n, k } } else { Problem::Gemm { m: t, n, k } };
+        self.kernel_in(slot, l, group, p, bufs.to_vec(), self.plan.options.weight_dtype)
+    }
+
+    fn rms(&mut self, l: Option<usize>, rows: usize, dim: usize, x: BufId, w: BufId, y: BufId) -> Result<(), PlanError> {
+        let c = &self.plan.config;
+        let p = Problem::RmsNorm { rows, dim, eps: c.rms_norm_eps as f32, unit_offset: c.norm_unit_offset };
+        self.kernel(Slot::Norm, l, p, vec![x, w, y], self.plan.options.weight_dtype)
+    }
+
+    fn forward(&mut self, t: usize, pos0: usize) -> Result<(), PlanError> {
+        let plan = self.plan;
+        let c = &plan.config;
+        let f = plan.options.fusion;
+        let wd = plan.options.weight_dtype;
+        let (h, hd, nq, nkv, inter) = (c.hidden_size, c.head_dim, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let id = |n: &str| plan.id(n);
+        let (xn, q, k, v, qn, kn, qr, kr) = (id("xn"), id("q"), id("k"), id("v"), id("qn"), id("kn"), id("qr"), id("kr"));
+        let (attn, o, on, gate, up, act, d, dn) = (id("attn"), id("o"), id("on"), id("gate"), id("up"), id("act"), id("d"), id("dn"));
+        let gemma = c.architecture == Architecture::Gemma3;
+        let eps = c.rms_norm_eps as f32;
+        let act_fn = if c.is_gelu() { Activation::GeluTanh } else { Activation::Silu };
+        let mut cur = 0usize; // index into plan.x holding the residual stream
+        let mut normed = false; // xn already holds the next layer's input norm
+        for l in 0..c.num_layers {
+            let w = plan.lw(l);
+            let li = Some(l);
+            let (x, other) = (plan.x[cur], plan.x[1 - cur]);
+            if !normed {
+                self.rms(li, t, h, x, w.input_ln, xn)?;
+            }
+            // Q, K, V.
+            if f.qkv {
+                let (wqkv, bias) = (w.wqkv.unwrap_or(usize::MAX), w.bqkv);
+                if t == 1 {
+                    let p = Problem::QkvProj { k: h, nq, nkv, bias: bias.is_some() };
+                    let mut b = vec![xn, wqkv];
+                    b.extend(bias);
+                    b.extend([q, k, v]);
+                    self.kernel(Slot::FusedQkv, li, p, b, wd)?;
+                } else {
+                    let qkv = id("qkv");
+                    self.matmul(Slot::MatmulQkv, li, None, t, nq + 2 * nkv, h, [xn, wqkv, qkv])?;
+                    self.plumb(Slot::MatmulQkv, li, Plumb::SplitQkv { src: qkv, bias, q, k, v, tokens: t, nq, nkv });
+                }
+            } else {
+                let g = Some(self.next_group());
+                let get = |b: Option<BufId>| b.unwrap_or(usize::MAX);
+                self.matmul(Slot::MatmulQkv, li, g, t, nq, h, [xn, get(w.wq), q])?;
+                self.matmul(Slot::MatmulQkv, li, g, t, nkv, h, [xn, get(w.wk), k])?;
+                self.matmul(Slot::MatmulQkv, li, g, t, nkv, h, [xn, get(w.wv), v])?;
+                for (buf, bias, n) in [(q, w.bq, nq), (k, w.bk, nkv), (v, w.bv, nkv)] {
+                    if let Some(bias) = bias {
+                        self.plumb(Slot::MatmulQkv, li, Plumb::BiasAdd { buf, bias, rows: t, n });
+                    }
+                }
+            }
+            // q/k norm and RoPE.
+            let kind = c.layer_kind(l);
+            let freq = id(&format!("inv_freq_{}", kind.name()));
+            let rot = hd;
+            let layout = RopeLayout::Half;
+            for (src, dst, normed_buf, heads, nw) in [(q, qr, qn, c.num_heads, w.q_norm), (k, kr, kn, c.num_kv_heads, w.k_norm)] {
+                match nw {
+                    Some(nw) if f.qk_norm_rope => {
+                        let p = Problem::QkNormRope { tokens: t, heads, head_dim: hd, rot_dim: rot, pos0, layout, eps, unit_offset: c.norm_unit_offset };
+                        self.kernel(Slot::QkNormRope, li, p, vec![src, nw, freq, dst], wd)?;
+                    }
+                    Some(nw) => {
+                        self.rms(li, t * heads, hd, src, nw, normed_buf)?;
+                        let p = Problem::Rope { tokens: t, heads, head_dim: hd, rot_dim: rot, pos0, layout };
+                        self.kernel(Slot::Rope, li, p, vec![normed_buf, freq, dst], DType::F32)?;
+                    }
+                    None => {
+                        let p = Problem::Rope { tokens: t, heads, head_dim: hd, rot_dim: rot, pos0, layout };
+                        self.kernel(Slot::Rope, li, p, vec![src, freq, dst], DType::F32)?;
+                    }
+                }
+            }
+            let kv_cap = plan.options.context;
+            self.plumb(
+                Slot::KvWrite,
+                li,
+                Plumb::KvWrite { k: kr, v, k_cache: w.k_cache, v_cache: w.v_cache, tokens: t, kv_heads: c.num_kv_heads, head_dim: hd, kv_cap, pos0 },
+            );
+            // Attention.
+            let window = c.layer_sliding_window(l).unwrap_or(0);
+            let scale = c.layer_attention_scale(l) as f32;
+            let kv_len = pos0 + t;
+            let (heads, kv_heads) = (c.num_heads, c.num_kv_heads);
+            let (p, slot) = if t == 1 {
+                (Problem::AttentionDecode { kv_len, kv_cap, heads, kv_heads, head_dim: hd, window, scale }, Slot::AttentionDecode)
+            } else {
+                (Problem::AttentionPrefill { tokens: t, kv_len, kv_cap, heads, kv_heads, head_dim: hd, window, scale }, Slot::AttentionPrefill)
+            };
+            self.kernel(slot, li, p, vec![qr, w.k_cache, w.v_cache, attn], plan.options.kv_dtype)?;
+            self.matmul(Slot::MatmulO, li, None, t, h, nq, [attn, w.wo, o])?;
+            // Residual 1 (+ the MLP's input norm).
+            let (r1, mlp_norm) = if gemma {
+                self.rms(li, t, h, o, w.post_attn_ln, on)?;
+                (on, w.pre_ff_ln.unwrap_or(usize::MAX))
+            } else {
+                (o, w.post_attn_ln)
+            };
+            self.residual_norm(li, t, h, eps, x, r1, mlp_norm, other, xn)?;
+            cur = 1 - cur;
+            let x = plan.x[cur];
+            let other = plan.x[1 - cur];
+            // MLP.
+            if f.gate_up {
+                let p = Problem::GateUp { rows: t, n: inter, k: h, act: act_fn };
+                self.kernel(Slot::FusedGateUp, li, p, vec![xn, w.wgu.unwrap_or(usize::MAX), act], wd)?;
+            } else {
+                let g = Some(self.next_group());
+                self.matmul(Slot::MatmulGateUp, li, g, t, inter, h, [xn, w.wg.unwrap_or(usize::MAX), gate])?;
+                self.matmul(Slot::MatmulGateUp, li, g, t, inter, h, [xn, w.wu.unwrap_or(usize::MAX), up])?;
+                let p = Problem::GatedAct { rows: t, dim: inter, act: act_fn };
+                self.kernel(Slot::Activation, li, p, vec![gate, up, act], DType::F32)?;
+            }
+            self.matmul(Slot::MatmulDown, li, None, t, h, inter, [act, w.wd, d])?;
+            let r2 = if gemma {
+                self.rms(li, t, h, d, w.post_ff_ln.unwrap_or(usize::MAX), dn)?;
+                dn
+            } else {
+                d
+            };
+            // Residual 2 (+ the next layer's input norm, or the final norm).
+            let next_norm = if l + 1 < c.num_layers { plan.lw(l + 1).input_ln } else { id("final_norm") };
+            self.residual_norm(li, t, h, eps, x, r2, next_norm, other, xn)?;
+            cur = 1 - cur;
+            normed = true;
+        }
+        // LM head over the final-normed rows.
+        let (lm, logits) = (id("lm_head"), plan.logits);
+        if t > 1 && plan.options.all_logits {
+            self.matmul(Slot::MatmulLmHead, None, None, t, c.vocab_size, h, [xn, lm, logits])?;
+        } else {
+            let src = if t > 1 {
+                let last = id("last");
+                self.plumb(Slot::MatmulLmHead, None, Plumb::Copy { src: xn, src_off: (t - 1) * h, dst: last, dst_off: 0, len: h });
+                last
+            } else {
+                xn
+            };
+            self.matmul(Slot::MatmulLmHead, None, None, 1, c.vocab_size, h, [src, lm, logits])?;
+        }
+        Ok(())
+    }
+
+    /// `h = x + r` into `h_out`, then `y = rmsnorm(h) * w` into `y`: one fused kernel
+    /// or a residual add and a norm.
+    #[allow(clippy::too_many_arguments)]
+    fn residual_norm(&mut self, l: Option<usize>, t: usize, dim: usize, eps: f32, x: BufId, r: BufId, w: BufId, h_out: BufId, y: BufId) -> Result<(), PlanError> {
+        let c = &self.plan.config;
+        if self.plan.options.fusion.residual_norm {
+            let p = Problem::ResidualRmsNorm { rows: t, dim, eps, unit_offset: c.norm_unit_offset };
+            self.kernel(Slot::ResidualNorm, l, p, vec![x, r, w, h_out, y], self.plan.options.weight_dtype)
+        } else {
+            self.kernel(Slot::Residual, l, Problem::ResidualAdd { n: t * dim }, vec![x, r, h_out], DType::F32)?;
+            self.rms(l, t, dim, h_out, w, y)
+        }
+    }
+}

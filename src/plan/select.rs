@@ -1,0 +1,283 @@
+//! Kernel selection: which variant serves each slot of the plan, per regime and per
+//! layer range, and the runtime's own defaults when a profile says nothing (seed
+//! 002's fallback to auto-selection).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use serde::{Serialize, Serializer};
+
+use super::{PlanError, Regime};
+use crate::device::{CpuCaps, GpuCaps};
+use crate::kernels::{self, Backend, Caps, DType, KernelDef, Op, Params, Problem};
+
+/// One place in the plan that needs a kernel, named as in the profile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Slot {
+    AttentionPrefill,
+    AttentionDecode,
+    MatmulQkv,
+    MatmulO,
+    MatmulGateUp,
+    MatmulDown,
+    MatmulLmHead,
+    Norm,
+    Rope,
+    Activation,
+    Residual,
+    FusedQkv,
+    FusedGateUp,
+    QkNormRope,
+    ResidualNorm,
+    /// The runtime's own KV-cache write (not tuned).
+    KvWrite,
+}
+
+impl Slot {
+    pub const ALL: [Slot; 16] = [
+        Slot::AttentionPrefill,
+        Slot::AttentionDecode,
+        Slot::MatmulQkv,
+        Slot::MatmulO,
+        Slot::MatmulGateUp,
+        Slot::MatmulDown,
+        Slot::MatmulLmHead,
+        Slot::Norm,
+        Slot::Rope,
+        Slot::Activation,
+        Slot::Residual,
+        Slot::FusedQkv,
+        Slot::FusedGateUp,
+        Slot::QkNormRope,
+        Slot::ResidualNorm,
+        Slot::KvWrite,
+    ];
+
+    /// The profile key (seed 002 spelling).
+    pub fn name(self) -> &'static str {
+        match self {
+            Slot::AttentionPrefill => "attention.prefill",
+            Slot::AttentionDecode => "attention.decode",
+            Slot::MatmulQkv => "matmul.qkv_proj",
+            Slot::MatmulO => "matmul.o_proj",
+            Slot::MatmulGateUp => "matmul.gate_up",
+            Slot::MatmulDown => "matmul.down_proj",
+            Slot::MatmulLmHead => "matmul.lm_head",
+            Slot::Norm => "norm",
+            Slot::Rope => "rope",
+            Slot::Activation => "activation",
+            Slot::Residual => "residual",
+            Slot::FusedQkv => "fused.qkv_proj",
+            Slot::FusedGateUp => "fused.gate_up",
+            Slot::QkNormRope => "fused.qk_norm_rope",
+            Slot::ResidualNorm => "fused.residual_norm",
+            Slot::KvWrite => "kv_write",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Slot> {
+        Slot::ALL.into_iter().find(|x| x.name() == s)
+    }
+
+    /// The op a kernel for this slot computes in `regime` (`None`: not tunable).
+    pub fn op(self, regime: Regime) -> Option<Op> {
+        let mm = if regime == Regime::Decode { Op::Gemv } else { Op::Gemm };
+        Some(match self {
+            Slot::AttentionPrefill => Op::AttentionPrefill,
+            Slot::AttentionDecode => Op::AttentionDecode,
+            Slot::MatmulQkv | Slot::MatmulO | Slot::MatmulGateUp | Slot::MatmulDown | Slot::MatmulLmHead => mm,
+            Slot::Norm => Op::RmsNorm,
+            Slot::Rope => Op::Rope,
+            Slot::Activation => Op::GatedAct,
+            Slot::Residual => Op::ResidualAdd,
+            Slot::FusedQkv => Op::QkvProj,
+            Slot::FusedGateUp => Op::GateUp,
+            Slot::QkNormRope => Op::QkNormRope,
+            Slot::ResidualNorm => Op::ResidualRmsNorm,
+            Slot::KvWrite => return None,
+        })
+    }
+}
+
+impl Serialize for Slot {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl std::fmt::Display for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+pub fn ser_kernel<S: Serializer>(k: &&'static KernelDef, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(k.id)
+}
+
+/// A variant: a kernel with its parameters.
+#[derive(Clone, Debug, Serialize)]
+pub struct Choice {
+    #[serde(serialize_with = "ser_kernel")]
+    pub kernel: &'static KernelDef,
+    pub params: Params,
+}
+
+impl Choice {
+    pub fn new(kernel: &'static KernelDef, params: Params) -> Choice {
+        Choice { kernel, params }
+    }
+    pub fn default_of(kernel: &'static KernelDef) -> Choice {
+        Choice { kernel, params: kernel.default_params() }
+    }
+}
+
+/// Capabilities of the device kernels are selected for.
+#[derive(Clone, Debug)]
+pub enum DeviceCaps {
+    Cpu(CpuCaps),
+    Gpu(GpuCaps),
+}
+
+impl DeviceCaps {
+    pub fn caps(&self) -> Caps<'_> {
+        match self {
+            DeviceCaps::Cpu(c) => Caps::Cpu(c),
+            DeviceCaps::Gpu(g) => Caps::Gpu(g),
+        }
+    }
+    pub fn backend(&self) -> Backend {
+        match self {
+            DeviceCaps::Cpu(_) => Backend::Cpu,
+            DeviceCaps::Gpu(_) => Backend::Wgsl,
+        }
+    }
+}
+
+/// Key of an explicit choice.
+pub type SlotKey = (Slot, Regime);
+
+/// Choices for a range of layers (inclusive).
+#[derive(Clone, Debug)]
+pub struct LayerOverride {
+    pub first: usize,
+    pub last: usize,
+    pub slots: BTreeMap<SlotKey, Choice>,
+}
+
+/// Kernel selection for a device: explicit choices (from a profile or the tuner),
+/// per-layer overrides, and the runtime's defaults for everything else.
+#[derive(Debug)]
+pub struct Selection {
+    pub device: DeviceCaps,
+    pub slots: BTreeMap<SlotKey, Choice>,
+    pub layers: Vec<LayerOverride>,
+    /// Explicit choices that could not run a shape and fell back to the default.
+    pub warnings: Mutex<Vec<String>>,
+}
+
+impl Clone for Selection {
+    fn clone(&self) -> Selection {
+        Selection {
+            device: self.device.clone(),
+            slots: self.slots.clone(),
+            layers: self.layers.clone(),
+            warnings: Mutex::new(self.warnings.lock().map(|w| w.clone()).unwrap_or_default()),
+        }
+    }
+}
+
+/// Kernels the runtime prefers per op and backend when nothing is chosen, best first;
+/// any other valid kernel of the op follows in registry order.
+fn preferred(op: Op, backend: Backend) -> &'static [&'static str] {
+    match (op, backend) {
+        (Op::Gemv, Backend::Cpu) => &["gemv_dot4_cpu"],
+        (Op::Gemv, Backend::Wgsl) => &["gemv_subgroup", "gemv_vec", "gemv_wg"],
+        (Op::Gemm, Backend::Cpu) => &["gemm_blocked_cpu", "gemm_crate_cpu"],
+        (Op::Gemm, Backend::Wgsl) => &["gemm_tiled", "gemm_simple"],
+        _ => &[],
+    }
+}
+
+impl Selection {
+    /// Runtime defaults only.
+    pub fn defaults(device: DeviceCaps) -> Selection {
+        Selection { device, slots: BTreeMap::new(), layers: Vec::new(), warnings: Mutex::new(Vec::new()) }
+    }
+
+    fn explicit(&self, key: SlotKey, layer: Option<usize>) -> Option<&Choice> {
+        if let Some(l) = layer {
+            for o in self.layers.iter().rev() {
+                if (o.first..=o.last).contains(&l)
+                    && let Some(c) = o.slots.get(&key)
+                {
+                    return Some(c);
+                }
+            }
+        }
+        self.slots.get(&key)
+    }
+
+    /// The variant serving `slot` for `problem`: the explicit choice when it can run
+    /// the problem, else the default (with a warning when an explicit one was set).
+    pub fn choose(&self, slot: Slot, regime: Regime, layer: Option<usize>, problem: &Problem, dtype: DType) -> Result<Choice, PlanError> {
+        let want = problem.op();
+        if let Some(c) = self.explicit((slot, regime), layer) {
+            if c.kernel.op != want {
+                return Err(PlanError::WrongOp { slot: slot.name().into(), kernel: c.kernel.id.into(), got: c.kernel.op, want });
+            }
+            match c.kernel.check(self.device.caps(), problem, dtype, &c.params) {
+                Ok(()) => return Ok(c.clone()),
+                Err(why) => {
+                    let msg = format!(
+                        "slot `{slot}` layer {}: `{}` cannot run {} ({why}); using the default",
+                        layer.map_or("-".to_string(), |l| l.to_string()),
+                        c.kernel.id,
+                        problem.describe()
+                    );
+                    if let Ok(mut w) = self.warnings.lock()
+                        && !w.contains(&msg)
+                    {
+                        w.push(msg);
+                    }
+                }
+            }
+        }
+        self.default_choice(slot, regime, problem, dtype)
+    }
+
+    /// The runtime's own pick: preferred kernels first, then the rest of the op's
+    /// kernels for this backend, each with default parameters, then any parameters.
+    pub fn default_choice(&self, slot: Slot, regime: Regime, problem: &Problem, dtype: DType) -> Result<Choice, PlanError> {
+        let op = problem.op();
+        let backend = self.device.backend();
+        let caps = self.device.caps();
+        let mut cands: Vec<&'static KernelDef> =
+            preferred(op, backend).iter().filter_map(|id| kernels::find(id).ok()).filter(|k| k.op == op).collect();
+        for k in kernels::for_op(op).filter(|k| k.backend() == backend) {
+            if !cands.iter().any(|c| c.id == k.id) {
+                cands.push(k);
+            }
+        }
+        let mut last_why = format!("no {} kernel computes {op}", backend.name());
+        for k in &cands {
+            let params = k.default_params();
+            match k.check(caps, problem, dtype, &params) {
+                Ok(()) => return Ok(Choice::new(k, params)),
+                Err(why) => last_why = format!("{}: {why}", k.id),
+            }
+        }
+        for k in &cands {
+            if let Some(params) = k.all_params().into_iter().find(|p| k.check(caps, problem, dtype, p).is_ok()) {
+                return Ok(Choice::new(k, params));
+            }
+        }
+        Err(PlanError::NoKernel {
+            slot: slot.name().into(),
+            regime: regime.name(),
+            backend: backend.name(),
+            problem: format!("{} ({dtype})", problem.describe()),
+            why: last_why,
+        })
+    }
+}

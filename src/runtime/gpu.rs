@@ -1,0 +1,239 @@
+//! The GPU executor: plan buffers as wgpu storage buffers (weights uploaded once),
+//! each step's program (pipelines and bind groups) built once and kept; steps
+//! whose shapes move with the position (attention, RoPE, the KV write) get their
+//! uniforms rebuilt as the position advances. With `batch` one command buffer and
+//! one submit per forward pass; without, one submit per step.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::{RuntimeError, SlotTimes};
+use crate::gpu::{GpuCtx, GpuProgram, Shader, grid_2d, groups};
+use crate::kernels::{DType, Params, Problem};
+use crate::plan::{BufId, Plan, Plumb, Step, StepKind};
+use crate::shader;
+
+static PLUMB: Shader = shader!("runtime_plumb.wgsl");
+
+/// Shaders the runtime itself uses (validated with the kernel set's).
+pub fn shaders() -> Vec<&'static Shader> {
+    vec![&PLUMB]
+}
+
+const WG: u32 = 256;
+
+/// What a prepared program was built for; a step whose signature changes is rebuilt.
+#[derive(Clone, PartialEq)]
+enum Sig {
+    Kernel(&'static str, Params, DType, Problem, Vec<BufId>),
+    Plumb(Plumb),
+}
+
+pub struct GpuExec {
+    pub ctx: Arc<GpuCtx>,
+    pub bufs: Vec<wgpu::Buffer>,
+    /// Byte size of each buffer's contents.
+    pub sizes: Vec<u64>,
+    progs: HashMap<(usize, usize), (Sig, Option<GpuProgram>)>,
+    /// One submit per forward pass (seed 002's `batchCommands`).
+    pub batch: bool,
+    /// Time each step with timestamp queries (one pass per step) on the next run.
+    pub profile: bool,
+    /// Programs built since creation (pipelines come from the context's cache).
+    pub programs_built: usize,
+}
+
+fn err(e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Gpu(e.to_string())
+}
+
+impl GpuExec {
+    /// Device buffers for `plan`, weights given as bytes by `fill(buffer index)`.
+    pub fn new(ctx: Arc<GpuCtx>, plan: &Plan, mut fill: impl FnMut(usize) -> Result<Option<Vec<u8>>, RuntimeError>) -> Result<GpuExec, RuntimeError> {
+        let mut bufs = Vec::with_capacity(plan.buffers.len());
+        let mut sizes = Vec::with_capacity(plan.buffers.len());
+        for (i, b) in plan.buffers.iter().enumerate() {
+            if b.bytes() > ctx.caps.max_buffer_size {
+                return Err(RuntimeError::Gpu(format!(
+                    "buffer `{}` needs {} bytes, over the adapter's max buffer size of {}; use a smaller model or the CPU",
+                    b.name,
+                    b.bytes(),
+                    ctx.caps.max_buffer_size
+                )));
+            }
+            let buf = match fill(i)? {
+                Some(bytes) => ctx.upload(&b.name, &bytes),
+                None => match &b.constant {
+                    Some(c) => ctx.upload(&b.name, bytemuck::cast_slice(c)),
+                    None => ctx.storage(&b.name, b.bytes()),
+                },
+            };
+            bufs.push(buf);
+            sizes.push(b.bytes());
+        }
+        Ok(GpuExec { ctx, bufs, sizes, progs: HashMap::new(), batch: true, profile: false, programs_built: 0 })
+    }
+
+    fn sig(step: &Step) -> Sig {
+        match &step.kind {
+            StepKind::Kernel { kernel, params, dtype, problem, binds } => Sig::Kernel(kernel.id, params.clone(), *dtype, problem.clone(), binds.clone()),
+            StepKind::Plumb(p) => Sig::Plumb(p.clone()),
+        }
+    }
+
+    /// Builds (or keeps) the program of every step of this pass.
+    fn prepare(&mut self, tokens: usize, steps: &[Step]) -> Result<(), RuntimeError> {
+        for (i, step) in steps.iter().enumerate() {
+            let sig = Self::sig(step);
+            if let Some((old, _)) = self.progs.get(&(tokens, i))
+                && *old == sig
+            {
+                continue;
+            }
+            let prog = match &step.kind {
+                StepKind::Kernel { kernel, params, dtype, problem, binds } => {
+                    let refs: Vec<&wgpu::Buffer> = binds.iter().map(|&b| &self.bufs[b]).collect();
+                    Some(kernel.prepare_wgsl(&self.ctx, problem, *dtype, params, &refs).map_err(|e| RuntimeError::Kernel {
+                        slot: step.slot.name().into(),
+                        layer: step.layer,
+                        source: e,
+                    })?)
+                }
+                StepKind::Plumb(p) => self.plumb_program(p)?,
+            };
+            self.programs_built += 1;
+            self.progs.insert((tokens, i), (sig, prog));
+        }
+        Ok(())
+    }
+
+    fn plumb_program(&self, p: &Plumb) -> Result<Option<GpuProgram>, RuntimeError> {
+        let ctx = &self.ctx;
+        let consts = [("WG", WG as f64)];
+        let b = |id: BufId| &self.bufs[id];
+        let (entry, words, binds, items): (&str, Vec<u32>, Vec<&wgpu::Buffer>, usize) = match *p {
+            Plumb::Copy { .. } => return Ok(None),
+            Plumb::SplitQkv { src, bias, q, k, v, tokens, nq, nkv } => (
+                "split_qkv",
+                vec![tokens as u32, nq as u32, nkv as u32, bias.is_some() as u32, 0],
+                vec![b(src), bias.map_or(b(src), b), b(q), b(k), b(v)],
+                tokens * (nq + 2 * nkv),
+            ),
+            Plumb::BiasAdd { buf, bias, rows, n } => ("bias_add", vec![rows as u32, n as u32, 0, 0, 0], vec![b(bias), b(buf)], rows * n),
+            Plumb::KvWrite { k, v, k_cache, v_cache, tokens, kv_heads, head_dim, kv_cap, pos0 } => {
+                let f16 = self.sizes[k_cache] == (kv_heads * kv_cap * head_dim * 2) as u64;
+                let entry = if f16 { "kv_write_f16" } else { "kv_write_f32" };
+                let words = vec![tokens as u32, kv_heads as u32, head_dim as u32, kv_cap as u32, pos0 as u32];
+                let n = tokens * kv_heads * head_dim;
+                let items = if f16 { n / 2 } else { n };
+                let pipe = ctx.pipeline(&PLUMB, entry, &consts).map_err(err)?;
+                let mut steps = Vec::new();
+                let mut owned = Vec::new();
+                for (src, dst) in [(k, k_cache), (v, v_cache)] {
+                    let u = ctx.uniform(entry, &words);
+                    steps.push(ctx.step(entry, pipe.clone(), &[b(src), b(dst), &u], grid_2d(groups(items, WG))).map_err(err)?);
+                    owned.push(u);
+                }
+                return Ok(Some(GpuProgram { steps, owned }));
+            }
+        };
+        let pipe = ctx.pipeline(&PLUMB, entry, &consts).map_err(err)?;
+        let u = ctx.uniform(entry, &words);
+        let mut all = binds;
+        all.push(&u);
+        let step = ctx.step(entry, pipe, &all, grid_2d(groups(items, WG))).map_err(err)?;
+        Ok(Some(GpuProgram { steps: vec![step], owned: vec![u] }))
+    }
+
+    /// Runs one forward pass of `tokens` tokens; per-step GPU times go to `times`
+    /// when profiling (timestamp queries), else the pass's wall time goes to `times.total`.
+    pub fn run(&mut self, tokens: usize, steps: &[Step], times: &mut SlotTimes) -> Result<(), RuntimeError> {
+        self.prepare(tokens, steps)?;
+        let profile = self.profile && self.ctx.caps.timestamp_query;
+        let scope = self.ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let n = steps.len() as u32;
+        let qs = profile.then(|| {
+            self.ctx.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("ktune steps"), ty: wgpu::QueryType::Timestamp, count: (2 * n).max(2) })
+        });
+        let mut encoder = Some(self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("forward") }));
+        let mut i = 0usize;
+        while i < steps.len() {
+            let enc = encoder.get_or_insert_with(|| self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") }));
+            if let StepKind::Plumb(Plumb::Copy { src, src_off, dst, dst_off, len }) = steps[i].kind {
+                enc.copy_buffer_to_buffer(&self.bufs[src], (src_off * 4) as u64, &self.bufs[dst], (dst_off * 4) as u64, (len * 4) as u64);
+                i += 1;
+            } else {
+                // One pass over consecutive program steps (or one step when profiling / not batching).
+                let single = profile || !self.batch;
+                let ts = qs.as_ref().map(|q| wgpu::ComputePassTimestampWrites {
+                    query_set: q,
+                    beginning_of_pass_write_index: Some(2 * i as u32),
+                    end_of_pass_write_index: Some(2 * i as u32 + 1),
+                });
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(steps[i].slot.name()), timestamp_writes: ts });
+                loop {
+                    if let Some((_, Some(prog))) = self.progs.get(&(tokens, i)) {
+                        prog.record(&mut pass);
+                    }
+                    i += 1;
+                    if single || i >= steps.len() || matches!(steps[i].kind, StepKind::Plumb(Plumb::Copy { .. })) {
+                        break;
+                    }
+                }
+            }
+            if !self.batch
+                && let Some(enc) = encoder.take()
+            {
+                self.ctx.queue.submit([enc.finish()]);
+            }
+        }
+        let resolve = qs.as_ref().map(|q| {
+            let buf = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("step timestamps"),
+                size: (16 * n as u64).max(16),
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            let enc = encoder.get_or_insert_with(|| self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("resolve") }));
+            enc.resolve_query_set(q, 0..2 * n, &buf, 0);
+            buf
+        });
+        if let Some(enc) = encoder.take() {
+            self.ctx.queue.submit([enc.finish()]);
+        }
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(RuntimeError::Gpu(format!("validation error running the forward pass: {e}")));
+        }
+        self.ctx.wait().map_err(err)?;
+        if let Some(buf) = resolve {
+            let bytes = self.ctx.read(&buf, 16 * n as u64).map_err(err)?;
+            let t: &[u64] = bytemuck::cast_slice(&bytes);
+            let period = self.ctx.queue.get_timestamp_period() as f64;
+            for (k, s) in steps.iter().enumerate() {
+                let ns = t[2 * k + 1].saturating_sub(t[2 * k]) as f64 * period;
+                times.add(s.slot, ns * 1e-9);
+            }
+            self.profile = false;
+        }
+        Ok(())
+    }
+
+    /// GPU dispatches of the prepared steps of layer `l` in the pass of `tokens` tokens.
+    pub fn dispatches(&self, tokens: usize, steps: &[Step], layer: usize) -> usize {
+        steps
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.layer == Some(layer))
+            .map(|(i, _)| self.progs.get(&(tokens, i)).and_then(|(_, p)| p.as_ref()).map_or(0, GpuProgram::dispatches))
+            .sum()
+    }
+
+    pub fn write(&self, id: BufId, data: &[f32]) {
+        self.ctx.queue.write_buffer(&self.bufs[id], 0, bytemuck::cast_slice(data));
+    }
+
+    pub fn read(&self, id: BufId, len: usize) -> Result<Vec<f32>, RuntimeError> {
+        let bytes = self.ctx.read(&self.bufs[id], (len * 4) as u64).map_err(err)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes[..len * 4]))
+    }
+}

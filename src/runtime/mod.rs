@@ -1,0 +1,293 @@
+//! Executes a plan on a backend: weights loaded into the plan's buffers, the
+//! embedding of each token looked up on the host, prefill (a prompt at once) and
+//! decode (one token at a time against the KV cache), greedy generation, and the
+//! time each slot took.
+
+pub mod cpu;
+pub mod gpu;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use half::f16;
+use serde::Serialize;
+
+use crate::gpu::GpuCtx;
+use crate::kernels::{DType, KernelError};
+use crate::plan::{BufRole, Plan, PlanError, Slot, WeightSource};
+use cpu::{CpuExec, HostBuf};
+use gpu::GpuExec;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error("slot `{slot}`{}: {source}", layer.map(|l| format!(" layer {l}")).unwrap_or_default())]
+    Kernel { slot: String, layer: Option<usize>, source: KernelError },
+    #[error("GPU: {0}")]
+    Gpu(String),
+    #[error("weights: {0}")]
+    Weights(String),
+    #[error("token id {id} is outside the vocabulary (size {vocab})")]
+    Token { id: u32, vocab: usize },
+    #[error("the prompt is empty: give at least one token")]
+    EmptyPrompt,
+    #[error("context full: {pos} tokens of {context}; raise --context")]
+    ContextFull { pos: usize, context: usize },
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// Where weights come from: a model file or deterministic synthetic values.
+pub trait TensorStore: Send + Sync {
+    /// The tensor `name` as `dtype` values, row-major, with `len` elements expected.
+    fn load(&self, name: &str, dtype: DType, len: usize) -> Result<HostBuf, RuntimeError>;
+    /// Row `row` of a 2-D tensor as f32 (the embedding lookup).
+    fn row(&self, name: &str, row: usize, cols: usize) -> Result<Vec<f32>, RuntimeError>;
+}
+
+/// Accumulated time per slot, in seconds.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SlotTimes {
+    pub seconds: BTreeMap<Slot, f64>,
+}
+
+impl SlotTimes {
+    pub fn add(&mut self, slot: Slot, s: f64) {
+        *self.seconds.entry(slot).or_insert(0.0) += s;
+    }
+    pub fn total(&self) -> f64 {
+        self.seconds.values().sum()
+    }
+}
+
+enum Exec {
+    Cpu(Box<CpuExec>),
+    Gpu(Box<GpuExec>),
+}
+
+/// A model ready to run on one device.
+pub struct Engine {
+    pub plan: Plan,
+    exec: Exec,
+    store: Arc<dyn TensorStore>,
+    /// Tokens already in the KV cache.
+    pub pos: usize,
+    /// Per-slot times of the last prefill and of all decode steps so far.
+    pub prefill_times: SlotTimes,
+    pub decode_times: SlotTimes,
+    /// Dispatches (GPU) or kernel steps (CPU) in one layer of a decode step.
+    pub dispatches_per_layer: usize,
+}
+
+/// Concatenates `parts` (each row-major with the same column count) along rows.
+fn concat(parts: Vec<HostBuf>) -> HostBuf {
+    let mut it = parts.into_iter();
+    let Some(first) = it.next() else { return HostBuf::F32(Vec::new()) };
+    it.fold(first, |acc, p| match (acc, p) {
+        (HostBuf::F32(mut a), HostBuf::F32(b)) => {
+            a.extend(b);
+            HostBuf::F32(a)
+        }
+        (HostBuf::F16(mut a), HostBuf::F16(b)) => {
+            a.extend(b);
+            HostBuf::F16(a)
+        }
+        (a, _) => a,
+    })
+}
+
+/// Loads buffer `i` of `plan` from `store` (None for activations, caches, constants).
+fn load_buffer(plan: &Plan, store: &dyn TensorStore, i: usize) -> Result<Option<HostBuf>, RuntimeError> {
+    let b = &plan.buffers[i];
+    if b.role != BufRole::Weight {
+        return Ok(None);
+    }
+    let Some(src) = &b.source else { return Ok(None) };
+    let hb = match src {
+        WeightSource::Tensor(name) => store.load(name, b.dtype, b.len)?,
+        WeightSource::Concat(names) => {
+            let per = b.len / names.len().max(1);
+            let lens = concat_lens(plan, names, b.len, per);
+            let parts = names.iter().zip(lens).map(|(n, len)| store.load(n, b.dtype, len)).collect::<Result<Vec<_>, _>>()?;
+            concat(parts)
+        }
+    };
+    Ok(Some(hb))
+}
+
+/// Element counts of the tensors a fused buffer concatenates (Q is larger than K/V).
+fn concat_lens(plan: &Plan, names: &[String], total: usize, even: usize) -> Vec<usize> {
+    let c = &plan.config;
+    if names.len() == 3 {
+        let (nq, nkv) = (c.q_dim(), c.kv_dim());
+        let per_row = total / (nq + 2 * nkv);
+        vec![nq * per_row, nkv * per_row, nkv * per_row]
+    } else {
+        vec![even; names.len()]
+    }
+}
+
+impl Engine {
+    /// Builds the buffers of `plan` on the CPU and loads the weights.
+    pub fn cpu(plan: Plan, store: Arc<dyn TensorStore>) -> Result<Engine, RuntimeError> {
+        let exec = CpuExec::new(&plan, |i| load_buffer(&plan, store.as_ref(), i))?;
+        Engine::finish(plan, Exec::Cpu(Box::new(exec)), store)
+    }
+
+    /// Builds the buffers of `plan` on a GPU and uploads the weights.
+    pub fn gpu(plan: Plan, store: Arc<dyn TensorStore>, ctx: Arc<GpuCtx>, batch: bool) -> Result<Engine, RuntimeError> {
+        let mut exec = GpuExec::new(ctx, &plan, |i| {
+            Ok(load_buffer(&plan, store.as_ref(), i)?.map(|hb| match hb {
+                HostBuf::F32(v) => bytemuck::cast_slice(&v).to_vec(),
+                HostBuf::F16(v) => bytemuck::cast_slice::<f16, u8>(&v).to_vec(),
+            }))
+        })?;
+        exec.batch = batch;
+        Engine::finish(plan, Exec::Gpu(Box::new(exec)), store)
+    }
+
+    fn finish(plan: Plan, exec: Exec, store: Arc<dyn TensorStore>) -> Result<Engine, RuntimeError> {
+        Ok(Engine {
+            plan,
+            exec,
+            store,
+            pos: 0,
+            prefill_times: SlotTimes::default(),
+            decode_times: SlotTimes::default(),
+            dispatches_per_layer: 0,
+        })
+    }
+
+    /// Forgets the KV cache (the next call starts at position 0).
+    pub fn reset(&mut self) {
+        self.pos = 0;
+    }
+
+    /// Asks the GPU backend to time every step of the next forward pass.
+    pub fn profile_next(&mut self) {
+        if let Exec::Gpu(g) = &mut self.exec {
+            g.profile = true;
+        }
+    }
+
+    pub fn is_gpu(&self) -> bool {
+        matches!(self.exec, Exec::Gpu(_))
+    }
+
+    fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>, RuntimeError> {
+        let c = &self.plan.config;
+        let h = c.hidden_size;
+        let scale = c.embedding_scale() as f32;
+        let mut x = Vec::with_capacity(tokens.len() * h);
+        for &t in tokens {
+            if t as usize >= c.vocab_size {
+                return Err(RuntimeError::Token { id: t, vocab: c.vocab_size });
+            }
+            let row = self.store.row("model.embed_tokens.weight", t as usize, h)?;
+            x.extend(row.into_iter().map(|v| v * scale));
+        }
+        Ok(x)
+    }
+
+    /// Runs `tokens` through the model at the current position (a prefill when
+    /// more than one, a decode step when one) and returns the logits: one row per
+    /// token when the plan keeps every row, else the last row.
+    pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, RuntimeError> {
+        if tokens.is_empty() {
+            return Err(RuntimeError::EmptyPrompt);
+        }
+        let ctx = self.plan.options.context;
+        if self.pos + tokens.len() > ctx {
+            return Err(RuntimeError::ContextFull { pos: self.pos + tokens.len(), context: ctx });
+        }
+        let mut out = Vec::new();
+        for chunk in tokens.chunks(self.plan.options.max_tokens) {
+            out = self.forward_chunk(chunk)?;
+        }
+        Ok(out)
+    }
+
+    fn forward_chunk(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, RuntimeError> {
+        let t = tokens.len();
+        let x = self.embed(tokens)?;
+        let steps = self.plan.steps(t, self.pos)?;
+        let decode = t == 1;
+        let mut times = SlotTimes::default();
+        let x0 = self.plan.x[0];
+        let logits = self.plan.logits;
+        let vocab = self.plan.config.vocab_size;
+        let rows = if t > 1 && self.plan.options.all_logits { t } else { 1 };
+        let flat = match &mut self.exec {
+            Exec::Cpu(e) => {
+                e.write(x0, &x)?;
+                e.run(&steps, &mut times)?;
+                self.dispatches_per_layer = steps.iter().filter(|s| s.layer == Some(0)).count();
+                e.read(logits, rows * vocab)?
+            }
+            Exec::Gpu(e) => {
+                e.write(x0, &x);
+                e.run(t, &steps, &mut times)?;
+                self.dispatches_per_layer = e.dispatches(t, &steps, 0);
+                e.read(logits, rows * vocab)?
+            }
+        };
+        self.pos += t;
+        if decode {
+            for (k, v) in times.seconds {
+                *self.decode_times.seconds.entry(k).or_insert(0.0) += v;
+            }
+        } else {
+            self.prefill_times = times;
+        }
+        let cap = self.plan.config.final_logit_softcapping;
+        Ok(flat
+            .chunks(vocab)
+            .map(|r| match cap {
+                Some(c) if c > 0.0 => r.iter().map(|&v| ((v as f64 / c).tanh() * c) as f32).collect(),
+                _ => r.to_vec(),
+            })
+            .collect())
+    }
+}
+
+/// Index of the largest logit (the first on ties): greedy decoding.
+pub fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+impl TensorStore for crate::model::Weights {
+    fn load(&self, name: &str, dtype: DType, len: usize) -> Result<HostBuf, RuntimeError> {
+        let meta = self.meta(name).map_err(|e| RuntimeError::Weights(e.to_string()))?;
+        if meta.numel() != len {
+            return Err(RuntimeError::Weights(format!("tensor `{name}` has {} elements, the plan expects {len}", meta.numel())));
+        }
+        let w = |e: crate::model::ModelError| RuntimeError::Weights(e.to_string());
+        Ok(match dtype {
+            DType::F32 => {
+                let mut v = vec![0.0f32; len];
+                self.read_f32_into(name, &mut v).map_err(w)?;
+                HostBuf::F32(v)
+            }
+            DType::F16 => {
+                let mut v = vec![f16::ZERO; len];
+                self.read_f16_into(name, &mut v).map_err(w)?;
+                HostBuf::F16(v)
+            }
+        })
+    }
+
+    fn row(&self, name: &str, row: usize, cols: usize) -> Result<Vec<f32>, RuntimeError> {
+        let r = self.row_f32(name, row).map_err(|e| RuntimeError::Weights(e.to_string()))?;
+        if r.len() != cols {
+            return Err(RuntimeError::Weights(format!("row {row} of `{name}` has {} values, expected {cols}", r.len())));
+        }
+        Ok(r)
+    }
+}

@@ -1,0 +1,135 @@
+//! The runtime against Hugging Face transformers: tiny random models of each
+//! architecture (tests/fixtures/, made by tools/make_fixtures.py) whose logits at
+//! every prompt position and greedy continuation transformers computed. Checked
+//! on the CPU and on the test GPU (lavapipe in CI), with every fusion off and on:
+//! max |error| <= 1e-3 of the logits' scale, identical greedy tokens.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ktune::commands::run::load_model;
+use ktune::device::CpuCaps;
+use ktune::kernels::DType;
+use ktune::plan::select::DeviceCaps;
+use ktune::plan::{Fusion, Plan, PlanOptions, Selection};
+use ktune::runtime::{Engine, TensorStore, argmax};
+use ktune::testing::test_gpu;
+
+struct Expected {
+    tokens: Vec<u32>,
+    logits: Vec<Vec<f32>>,
+    generated: Vec<u32>,
+}
+
+fn fixtures() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&root)
+        .expect("tests/fixtures exists")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("expected.json").exists())
+        .collect();
+    v.sort();
+    assert!(v.len() >= 4, "expected the llama, qwen2, gemma3 and smollm2 fixtures, found {v:?}");
+    v
+}
+
+fn expected(dir: &Path) -> Expected {
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("expected.json")).expect("read")).expect("json");
+    let ids = |k: &str| v[k].as_array().expect(k).iter().map(|x| x.as_u64().expect("id") as u32).collect::<Vec<_>>();
+    let logits = v["logits"]
+        .as_array()
+        .expect("logits")
+        .iter()
+        .map(|r| r.as_array().expect("row").iter().map(|x| x.as_f64().expect("f") as f32).collect())
+        .collect();
+    Expected { tokens: ids("tokens"), logits, generated: ids("generated") }
+}
+
+enum Dev {
+    Cpu,
+    Gpu(Arc<ktune::gpu::GpuCtx>),
+}
+
+/// Runs the fixture and returns (max abs error / scale, greedy ids).
+fn run(dir: &Path, dev: &Dev, fusion: Fusion, kv: DType, chunk: usize) -> (f64, Vec<u32>, Vec<u32>) {
+    let m = load_model(None, Some(&dir.to_path_buf()), None, 0).expect("fixture loads");
+    let exp = expected(dir);
+    let n_new = exp.generated.len();
+    let opts = PlanOptions {
+        weight_dtype: DType::F32,
+        kv_dtype: kv,
+        max_tokens: chunk.min(exp.tokens.len()),
+        context: exp.tokens.len() + n_new,
+        all_logits: true,
+        fusion,
+    };
+    let caps = match dev {
+        Dev::Cpu => DeviceCaps::Cpu(CpuCaps::detect()),
+        Dev::Gpu(g) => DeviceCaps::Gpu(g.caps.clone()),
+    };
+    let plan = Plan::new("fixture", &m.config, opts, Selection::defaults(caps)).expect("plan");
+    let store: Arc<dyn TensorStore> = m.weights.clone();
+    let mut e = match dev {
+        Dev::Cpu => Engine::cpu(plan, store).expect("engine"),
+        Dev::Gpu(g) => Engine::gpu(plan, store, g.clone(), true).expect("engine"),
+    };
+    // Prefill in chunks of `chunk` tokens; every chunk's rows are compared.
+    let mut rows = Vec::new();
+    for c in exp.tokens.chunks(chunk) {
+        rows.extend(e.forward(c).expect("prefill"));
+    }
+    assert_eq!(rows.len(), exp.logits.len(), "{}: one logits row per prompt token", dir.display());
+    let mut err: f64 = 0.0;
+    let mut scale: f64 = 0.0;
+    for (got, want) in rows.iter().zip(&exp.logits) {
+        for (a, b) in got.iter().zip(want) {
+            err = err.max((*a as f64 - *b as f64).abs());
+            scale = scale.max((*b as f64).abs());
+        }
+    }
+    let mut next = argmax(rows.last().expect("rows"));
+    let mut ids = vec![];
+    for i in 0..n_new {
+        ids.push(next);
+        if i + 1 < n_new {
+            next = argmax(&e.forward(&[next]).expect("decode")[0]);
+        }
+    }
+    (err / scale, ids, exp.generated)
+}
+
+fn check(dev: Dev, what: &str) {
+    let mut failures = Vec::new();
+    for dir in fixtures() {
+        let name = dir.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+        // Whole prompt at once, and in chunks of 7 (prefill against a filled cache).
+        for (fusion, kv, chunk) in [(Fusion::NONE, DType::F32, 64), (Fusion::ALL, DType::F32, 64), (Fusion::ALL, DType::F32, 7)] {
+            let (rel, got, want) = run(&dir, &dev, fusion, kv, chunk);
+            eprintln!("{what} {name} fusion={fusion:?} chunk={chunk}: max err {rel:.2e} of scale, ids {got:?}");
+            if rel > 1e-3 || got != want {
+                failures.push(format!("{name} {fusion:?} chunk {chunk}: rel err {rel:.2e}, ids {got:?} want {want:?}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{what}:\n{}", failures.join("\n"));
+}
+
+#[test]
+fn cpu_logits_match_transformers() {
+    check(Dev::Cpu, "cpu");
+}
+
+#[test]
+fn gpu_logits_match_transformers() {
+    let Some(gpu) = test_gpu() else { return };
+    check(Dev::Gpu(gpu), "gpu");
+}
+
+/// An f16 KV cache stays close (looser: f16 rounding of keys and values).
+#[test]
+fn cpu_f16_cache_stays_close() {
+    for dir in fixtures() {
+        let (rel, _, _) = run(&dir, &Dev::Cpu, Fusion::ALL, DType::F16, 64);
+        assert!(rel < 2e-2, "{}: rel err {rel:.2e} with an f16 cache", dir.display());
+    }
+}
