@@ -40,15 +40,27 @@ fn gain(i: u32) -> f32 {
     return select(g, 1.0 + g, dims.unit_offset != 0u);
 }
 
-// cos and sin of pos * f, accurate at far positions: the rounding error of the f32
-// product is recovered with fma (exact where fma is fused, 0 otherwise) and the angle
-// is reduced to [-pi, pi] (Cody-Waite, 2pi head 6.28125 exact in 8 bits) before the
-// hardware sin/cos, which many GPUs only make accurate near zero.
-fn rope_cs(pos: f32, f: f32) -> vec2<f32> {
-    let a = pos * f;
-    let err = fma(pos, f, -a);
-    let turns = round(a * 0.15915494309189535);
-    let r = ((a - turns * 6.28125) - turns * 0.0019353071795864769) + err;
+// cos and sin of pos * f, accurate at far positions: pos and f are split into 12-bit
+// halves so the four partial products are exact in f32, each is reduced by 2pi in
+// three parts (Cody-Waite, 2pi head 6.28125 exact in 8 bits), and only then do the
+// hardware cos/sin run (accurate near zero only on many GPUs). Exact for positions
+// below 500000 (checked on the host) and f <= 1, as in rope_pair.wgsl.
+const INV_TAU: f32 = 0.15915494309189535;
+const TAU_HI: f32 = 6.28125;
+const TAU_MID: f32 = 0.0019353071693331003;
+const TAU_LO: f32 = 1.0253131677018246e-11;
+
+fn reduce(t: f32) -> f32 {
+    let k = round(t * INV_TAU);
+    return ((t - k * TAU_HI) - k * TAU_MID) - k * TAU_LO;
+}
+
+fn rope_cs(pos: u32, f: f32) -> vec2<f32> {
+    let fh = bitcast<f32>(bitcast<u32>(f) & 0xfffff000u);
+    let fl = f - fh;
+    let ph = f32(pos & 0xfffff000u);
+    let pl = f32(pos & 0xfffu);
+    let r = reduce(reduce(ph * fh) + reduce(ph * fl) + reduce(pl * fh) + reduce(pl * fl));
     return vec2<f32>(cos(r), sin(r));
 }
 
@@ -75,7 +87,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         workgroupBarrier();
     }
     let inv = inverseSqrt(partial[0] / f32(d) + dims.eps);
-    let pos = f32(dims.pos0 + head / dims.heads);
+    let pos = dims.pos0 + head / dims.heads;
     let half = dims.rot_half;
     for (var i = tid; i < half; i += WG) {
         var a = i;

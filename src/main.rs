@@ -1,6 +1,7 @@
 use clap::Parser;
 
 fn main() {
+    quiet_headless_egl();
     let cli = ktune::cli::Cli::parse();
     match ktune::commands::dispatch(cli) {
         Ok(code) => std::process::exit(code),
@@ -14,5 +15,15 @@ fn main() {
             eprintln!("{msg}");
             std::process::exit(e.exit_code());
         }
+    }
+}
+
+/// On a headless machine Mesa's EGL (probed by wgpu's GL backend) tries Wayland and
+/// prints "XDG_RUNTIME_DIR is invalid or not set" to stderr. Without a display there
+/// is nothing to connect to, so point it at the temp dir to keep stderr clean.
+fn quiet_headless_egl() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() && std::env::var_os("WAYLAND_DISPLAY").is_none() {
+        // SAFETY: called first thing in main, before any thread exists.
+        unsafe { std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir()) };
     }
 }

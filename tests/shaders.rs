@@ -1,10 +1,17 @@
-//! Every WGSL shader of the kernel set parses and validates with naga, without a GPU.
+//! Every WGSL shader (the kernel set's and the runtime's plumbing) parses and
+//! validates with naga, without a GPU.
 
-use ktune::kernels;
+use ktune::{kernels, runtime};
+
+fn all_shaders() -> Vec<&'static ktune::gpu::Shader> {
+    let mut v = kernels::shaders();
+    v.extend(runtime::gpu::shaders());
+    v
+}
 
 #[test]
 fn every_shader_validates_with_naga() {
-    let shaders = kernels::shaders();
+    let shaders = all_shaders();
     assert!(!shaders.is_empty(), "the kernel set has no WGSL shader");
     let mut failures = Vec::new();
     for s in shaders {
@@ -25,12 +32,12 @@ fn every_shader_validates_with_naga() {
 
 #[test]
 fn every_shader_file_is_used_by_a_kernel() {
-    let used: Vec<_> = kernels::shaders().iter().map(|s| s.name).collect();
+    let used: Vec<_> = all_shaders().iter().map(|s| s.name).collect();
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/shaders");
     for entry in std::fs::read_dir(dir).expect("shaders/ exists") {
         let name = entry.expect("dir entry").file_name().to_string_lossy().to_string();
         if name.ends_with(".wgsl") {
-            assert!(used.contains(&name.as_str()), "shaders/{name} is not used by any kernel in the registry");
+            assert!(used.contains(&name.as_str()), "shaders/{name} is not used by any kernel in the registry nor by the runtime");
         }
     }
 }

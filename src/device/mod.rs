@@ -11,7 +11,9 @@ pub use cpu::CpuCaps;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
-    #[error("no device matches `{selector}`; devices here:\n{listing}\nselect one with --device cpu, an index, a backend (vulkan, gl, metal, dx12), part of its name, or a fingerprint prefix")]
+    #[error(
+        "no device matches `{selector}`; devices here:\n{listing}\nselect one with --device cpu, an index, a backend (vulkan, gl, metal, dx12), part of its name, or a fingerprint prefix"
+    )]
     NoMatch { selector: String, listing: String },
     #[error("`{selector}` matches several devices ({names}); use an index or a fingerprint prefix")]
     Ambiguous { selector: String, names: String },
@@ -236,9 +238,7 @@ pub fn select(devices: &[Device], selector: Option<&str>) -> Result<usize, Devic
     let matches: Vec<usize> = devices
         .iter()
         .enumerate()
-        .filter(|(_, d)| {
-            (lower.len() >= 4 && d.fingerprint().starts_with(&lower)) || d.name().to_ascii_lowercase().contains(&lower)
-        })
+        .filter(|(_, d)| (lower.len() >= 4 && d.fingerprint().starts_with(&lower)) || d.name().to_ascii_lowercase().contains(&lower))
         .map(|(i, _)| i)
         .collect();
     match matches.len() {

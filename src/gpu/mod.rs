@@ -228,7 +228,7 @@ impl GpuCtx {
     /// A uniform buffer holding `words` (u32s; floats go in as `f32::to_bits`).
     pub fn uniform(&self, label: &str, words: &[u32]) -> wgpu::Buffer {
         let mut data = words.to_vec();
-        while data.len() % 4 != 0 {
+        while !data.len().is_multiple_of(4) {
             data.push(0);
         }
         let buf = self.device.create_buffer(&wgpu::BufferDescriptor {

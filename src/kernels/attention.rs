@@ -953,29 +953,3 @@ mod tests {
         assert!(check_wgsl_shape(&odd, DType::F16).unwrap_err().contains("multiple of 8"));
     }
 }
-#[cfg(test)]
-mod tmp_bench {
-    use crate::kernels::verify::{make_inputs, run_cpu};
-    use crate::kernels::{DType, Problem, find};
-    fn time(id: &str, prob: &Problem, dtype: DType) {
-        let ins = make_inputs(prob, dtype, 1);
-        let k = find(id).unwrap();
-        let params = k.default_params();
-        run_cpu(k, prob, dtype, &params, &ins).unwrap();
-        let t = std::time::Instant::now();
-        for _ in 0..5 { run_cpu(k, prob, dtype, &params, &ins).unwrap(); }
-        let dt = t.elapsed().as_secs_f64() / 5.0;
-        eprintln!("{id} {dtype}: {:.2} ms, {:.1} GB/s", dt * 1e3, prob.min_bytes(dtype) / dt / 1e9);
-    }
-    #[test]
-    fn tmp_bench_decode() {
-        eprintln!("threads {}", rayon::current_num_threads());
-        let prob = Problem::AttentionDecode { kv_len: 8192, kv_cap: 8192, heads: 32, kv_heads: 8, head_dim: 128, window: 0, scale: 0.088 };
-        let g = Problem::Gemv { n: 4096, k: 4096 };
-        for dtype in [DType::F16, DType::F32] {
-            time("gemv_rows_cpu", &g, dtype);
-            time("attention_decode_heads_cpu", &prob, dtype);
-            time("attention_decode_splitkv_cpu", &prob, dtype);
-        }
-    }
-}

@@ -18,8 +18,8 @@ use rayon::prelude::*;
 use self::lanes::{Lanes, isa_dispatch};
 use super::simd::{self, Isa};
 use super::{
-    Activation, CpuArgs, CpuImpl, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, p,
-    packed_f16, wrong_op,
+    Activation, CpuArgs, CpuImpl, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, p, packed_f16,
+    wrong_op,
 };
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
@@ -738,7 +738,7 @@ pub(crate) fn check_threads(caps: &CpuCaps, _: &Problem, _: DType, params: &Para
 // CPU microkernels
 // ---------------------------------------------------------------------------------
 
-const GELU_K: f32 = 1.595_769_1; // 2 * sqrt(2 / pi)
+const GELU_K: f32 = 1.595_769; // 2 * sqrt(2 / pi)
 
 /// The sigmoid argument of the activation: `act(g) = g * sigmoid(k(g))`
 /// (gelu_tanh: `0.5 (1 + tanh(z)) = sigmoid(2z)`).
@@ -1031,7 +1031,7 @@ fn check_scalar(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Re
 
 fn check_vec4(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
     let n = elems(prob);
-    if n % 4 != 0 {
+    if !n.is_multiple_of(4) {
         return Err(format!("n = {n} elements is not a multiple of 4 (the buffers are read as vec4<f32>)"));
     }
     let per = p(params, "workgroup_size") * p(params, "vec_per_thread");

@@ -385,14 +385,28 @@ fn qknr_shape(prob: &Problem) -> Result<(), String> {
     }
 }
 
+/// WGSL angle reduction (shared with `rope_pair.wgsl`) is exact only below
+/// [`super::rope::WGSL_MAX_POSITION`].
+fn qknr_positions(prob: &Problem) -> Result<(), String> {
+    use super::rope::WGSL_MAX_POSITION;
+    match *prob {
+        Problem::QkNormRope { tokens, pos0, .. } if pos0 + tokens > WGSL_MAX_POSITION => {
+            Err(format!("positions up to {} exceed {WGSL_MAX_POSITION}, where the f32 angle reduction stops being exact", pos0 + tokens))
+        }
+        _ => Ok(()),
+    }
+}
+
 fn check_qknr_wg(caps: &GpuCaps, prob: &Problem, _: DType, _: &Params) -> Result<(), String> {
     storage_buffers(caps, 4)?;
+    qknr_positions(prob)?;
     qknr_shape(prob)
 }
 
 fn check_qknr_sg(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
     storage_buffers(caps, 4)?;
     subgroup_fits(caps, params)?;
+    qknr_positions(prob)?;
     qknr_shape(prob)
 }
 

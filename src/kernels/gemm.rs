@@ -608,7 +608,9 @@ impl Micro {
     /// Whether w panels are packed with the AVX2 + F16C transposes.
     #[cfg(target_arch = "x86_64")]
     fn simd_pack(self) -> bool {
-        matches!(self, Micro::Avx2 | Micro::Avx512) && std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c")
+        matches!(self, Micro::Avx2 | Micro::Avx512)
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("f16c")
     }
 
     /// `C = A·B` (or `C += A·B` when `add`) for one MR x NR tile over depth `kc`.

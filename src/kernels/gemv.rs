@@ -13,8 +13,8 @@ use rayon::prelude::*;
 
 use super::simd::{self, Isa, Row};
 use super::{
-    CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup,
-    native_f16, p, packed_f16, wgsl_any, wrong_op,
+    CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, native_f16, p,
+    packed_f16, wgsl_any, wrong_op,
 };
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
@@ -39,7 +39,12 @@ const SG_PARAMS: &[ParamSpec] = &[
 
 const CPU_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "rows_per_task", values: &[8, 16, 32, 64, 128, 256], default: 64, help: "rows per rayon task (dynamic strategy)" },
-    ParamSpec { name: "strategy", values: &[0, 1], default: 0, help: "0 dynamic work stealing by rows_per_task, 1 one static row range per thread" },
+    ParamSpec {
+        name: "strategy",
+        values: &[0, 1],
+        default: 0,
+        help: "0 dynamic work stealing by rows_per_task, 1 one static row range per thread",
+    },
     ParamSpec { name: "isa", values: simd::ISA_VALUES, default: 0, help: simd::ISA_HELP },
 ];
 
@@ -146,7 +151,7 @@ fn dims(s: &WgslSetup<'_>) -> Result<(usize, usize), KernelError> {
 /// k must fill whole 16-byte loads: 4 f32 or 8 f16 weights.
 pub fn vec_alignment(k: usize, dtype: DType) -> Result<(), String> {
     let need = if dtype == DType::F16 { 8 } else { 4 };
-    if k % need != 0 {
+    if !k.is_multiple_of(need) {
         return Err(format!("k = {k} is not a multiple of {need} (16-byte {dtype} loads)"));
     }
     Ok(())
@@ -246,8 +251,8 @@ pub fn gemv_dot4(isa: Isa, x: &[f32], w: CpuIn<'_>, k: usize, first: usize, y: &
         y[i..i + 4].copy_from_slice(&v);
         i += 4;
     }
-    for j in i..n {
-        y[j] = simd::dot(isa, x, row(w, first + j, k));
+    for (j, yj) in y.iter_mut().enumerate().take(n).skip(i) {
+        *yj = simd::dot(isa, x, row(w, first + j, k));
     }
 }
 
@@ -266,4 +271,3 @@ fn run_dot4(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), K
     par_rows(&mut a.outs[0][..n], params, |first, y| gemv_dot4(isa, &x[..k], w, k, first, y));
     Ok(())
 }
-

@@ -323,10 +323,7 @@ impl KernelDef {
                 let [x, y, z] = (w.workgroup_size)(params);
                 let inv = x * y * z;
                 if inv > gpu.max_invocations_per_workgroup {
-                    return Err(format!(
-                        "workgroup of {inv} invocations exceeds the adapter's {}",
-                        gpu.max_invocations_per_workgroup
-                    ));
+                    return Err(format!("workgroup of {inv} invocations exceeds the adapter's {}", gpu.max_invocations_per_workgroup));
                 }
                 let lim = gpu.max_workgroup_size;
                 if x > lim[0] || y > lim[1] || z > lim[2] {
@@ -334,10 +331,7 @@ impl KernelDef {
                 }
                 let shared = (w.shared_memory)(problem, dtype, params);
                 if shared > gpu.max_workgroup_storage as u64 {
-                    return Err(format!(
-                        "needs {shared} bytes of workgroup memory, the adapter has {}",
-                        gpu.max_workgroup_storage
-                    ));
+                    return Err(format!("needs {shared} bytes of workgroup memory, the adapter has {}", gpu.max_workgroup_storage));
                 }
                 for b in problem.buffers(dtype) {
                     if b.bytes() > gpu.max_storage_binding {
@@ -364,22 +358,14 @@ impl KernelDef {
         let specs = problem.buffers(dtype);
         let (ins, outs): (Vec<_>, Vec<_>) = specs.iter().partition(|s| !s.is_output());
         if ins.len() != args.ins.len() || outs.len() != args.outs.len() {
-            return Err(KernelError::Buffers {
-                kernel: self.id.into(),
-                expected: specs.len(),
-                got: args.ins.len() + args.outs.len(),
-            });
+            return Err(KernelError::Buffers { kernel: self.id.into(), expected: specs.len(), got: args.ins.len() + args.outs.len() });
         }
         for (s, a) in ins.iter().zip(&args.ins) {
             if a.len() < s.len() {
                 return Err(KernelError::BufferLen { kernel: self.id.into(), buffer: s.id.into(), expected: s.len(), got: a.len() });
             }
             if a.dtype() != s.dtype {
-                return Err(KernelError::BufferType {
-                    kernel: self.id.into(),
-                    buffer: s.id.into(),
-                    expected: s.dtype.name(),
-                });
+                return Err(KernelError::BufferType { kernel: self.id.into(), buffer: s.id.into(), expected: s.dtype.name() });
             }
         }
         for (s, a) in outs.iter().zip(&args.outs) {
@@ -429,10 +415,10 @@ pub fn registry() -> &'static [KernelDef] {
 
 /// Looks a kernel up by id; the error lists the known ids.
 pub fn find(id: &str) -> Result<&'static KernelDef, KernelError> {
-    registry().iter().find(|k| k.id == id).ok_or_else(|| KernelError::Unknown {
-        id: id.to_string(),
-        known: registry().iter().map(|k| k.id).collect::<Vec<_>>().join(", "),
-    })
+    registry()
+        .iter()
+        .find(|k| k.id == id)
+        .ok_or_else(|| KernelError::Unknown { id: id.to_string(), known: registry().iter().map(|k| k.id).collect::<Vec<_>>().join(", ") })
 }
 
 /// Kernels of one op.

@@ -18,8 +18,8 @@ use super::elementwise::lanes::{Elem, Lanes, isa_dispatch};
 use super::elementwise::{ROWS_CPU_PARAMS, SPLIT_CPU_PARAMS, check_isa, grid_fits, par_rows};
 use super::simd::{Isa, Row};
 use super::{
-    CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, p,
-    packed_f16, wrong_op,
+    CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, p, packed_f16,
+    wrong_op,
 };
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
@@ -33,8 +33,12 @@ static LN_SG: Shader = shader!("norm_layer_subgroup.wgsl");
 
 const BOTH: &[DType] = &[DType::F32, DType::F16];
 
-const WG_PARAMS: &[ParamSpec] =
-    &[ParamSpec { name: "workgroup_size", values: &[32, 64, 128, 256, 512], default: 128, help: "invocations per row (one workgroup per row)" }];
+const WG_PARAMS: &[ParamSpec] = &[ParamSpec {
+    name: "workgroup_size",
+    values: &[32, 64, 128, 256, 512],
+    default: 128,
+    help: "invocations per row (one workgroup per row)",
+}];
 
 const SG_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "workgroup_size", values: &[32, 64, 128, 256], default: 128, help: "invocations per workgroup" },
@@ -245,8 +249,7 @@ fn prepare_rms_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
 
 fn prepare_rms_vec4(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let (rows, u) = rms_uniform(s)?;
-    let consts =
-        [("WG", p(s.params, "workgroup_size") as f64), ("VPT", p(s.params, "vec_per_thread") as f64), ("W_F16", s.w_f16())];
+    let consts = [("WG", p(s.params, "workgroup_size") as f64), ("VPT", p(s.params, "vec_per_thread") as f64), ("W_F16", s.w_f16())];
     s.one_step(&RMS_VEC4, "main", &consts, &u, grid_2d(rows as u32))
 }
 

@@ -123,15 +123,7 @@ pub enum Problem {
     },
     /// One query at position `kv_len - 1`. `q[heads,head_dim]`, caches as above,
     /// `out[heads,head_dim]`.
-    AttentionDecode {
-        kv_len: usize,
-        kv_cap: usize,
-        heads: usize,
-        kv_heads: usize,
-        head_dim: usize,
-        window: usize,
-        scale: f32,
-    },
+    AttentionDecode { kv_len: usize, kv_cap: usize, heads: usize, kv_heads: usize, head_dim: usize, window: usize, scale: f32 },
     /// `y = x / sqrt(mean(x²) + eps) * w` (or `* (1 + w)` when `unit_offset`, Gemma).
     /// `x[rows,dim]`, `w[dim]`, `y[rows,dim]`.
     RmsNorm { rows: usize, dim: usize, eps: f32, unit_offset: bool },
@@ -271,11 +263,9 @@ impl Problem {
                 b("w", Weight, &["n", "k"], &[n, k], d),
                 b("y", Output, &["m", "n"], &[m, n], f),
             ],
-            Problem::Gemv { n, k } => vec![
-                b("x", Input, &["k"], &[k], f),
-                b("w", Weight, &["n", "k"], &[n, k], d),
-                b("y", Output, &["n"], &[n], f),
-            ],
+            Problem::Gemv { n, k } => {
+                vec![b("x", Input, &["k"], &[k], f), b("w", Weight, &["n", "k"], &[n, k], d), b("y", Output, &["n"], &[n], f)]
+            }
             Problem::AttentionPrefill { tokens, kv_cap, heads, kv_heads, head_dim, .. } => vec![
                 b("q", Input, &["tokens", "heads", "head_dim"], &[tokens, heads, head_dim], f),
                 b("k_cache", Cache, &["kv_heads", "kv_cap", "head_dim"], &[kv_heads, kv_cap, head_dim], d),
@@ -309,15 +299,12 @@ impl Problem {
                 b("up", Input, &["rows", "dim"], &[rows, dim], f),
                 b("y", Output, &["rows", "dim"], &[rows, dim], f),
             ],
-            Problem::Softmax { rows, dim } => vec![
-                b("x", Input, &["rows", "dim"], &[rows, dim], f),
-                b("y", Output, &["rows", "dim"], &[rows, dim], f),
-            ],
-            Problem::ResidualAdd { n } => vec![
-                b("a", Input, &["n"], &[n], f),
-                b("b", Input, &["n"], &[n], f),
-                b("y", Output, &["n"], &[n], f),
-            ],
+            Problem::Softmax { rows, dim } => {
+                vec![b("x", Input, &["rows", "dim"], &[rows, dim], f), b("y", Output, &["rows", "dim"], &[rows, dim], f)]
+            }
+            Problem::ResidualAdd { n } => {
+                vec![b("a", Input, &["n"], &[n], f), b("b", Input, &["n"], &[n], f), b("y", Output, &["n"], &[n], f)]
+            }
             Problem::QkNormRope { tokens, heads, head_dim, rot_dim, .. } => vec![
                 b("x", Input, &["tokens", "heads", "head_dim"], &[tokens, heads, head_dim], f),
                 b("w", Weight, &["head_dim"], &[head_dim], d),
@@ -338,10 +325,7 @@ impl Problem {
             ],
             Problem::QkvProj { k, nq, nkv, bias } => {
                 let n = nq + 2 * nkv;
-                let mut v = vec![
-                    b("x", Input, &["k"], &[k], f),
-                    b("w", Weight, &["nq+2nkv", "k"], &[n, k], d),
-                ];
+                let mut v = vec![b("x", Input, &["k"], &[k], f), b("w", Weight, &["nq+2nkv", "k"], &[n, k], d)];
                 if bias {
                     v.push(b("bias", Weight, &["nq+2nkv"], &[n], f));
                 }
@@ -379,9 +363,7 @@ impl Problem {
             Problem::GatedAct { rows, dim, .. } => 10.0 * f(rows) * f(dim),
             Problem::Softmax { rows, dim } => 5.0 * f(rows) * f(dim),
             Problem::ResidualAdd { n } => f(n),
-            Problem::QkNormRope { tokens, heads, head_dim, rot_dim, .. } => {
-                f(tokens) * f(heads) * (4.0 * f(head_dim) + 3.0 * f(rot_dim))
-            }
+            Problem::QkNormRope { tokens, heads, head_dim, rot_dim, .. } => f(tokens) * f(heads) * (4.0 * f(head_dim) + 3.0 * f(rot_dim)),
             Problem::GateUp { rows, n, k, .. } => 4.0 * f(rows) * f(n) * f(k) + 10.0 * f(rows) * f(n),
             Problem::ResidualRmsNorm { rows, dim, .. } => 5.0 * f(rows) * f(dim),
             Problem::QkvProj { k, nq, nkv, .. } => 2.0 * f(k) * f(nq + 2 * nkv),
@@ -459,7 +441,16 @@ pub fn test_problems(op: Op) -> Vec<Problem> {
             Problem::AttentionPrefill { tokens: 37, kv_len: 37, kv_cap: 40, heads: 4, kv_heads: 1, head_dim: 64, window: 0, scale: 0.125 },
             Problem::AttentionPrefill { tokens: 33, kv_len: 45, kv_cap: 48, heads: 6, kv_heads: 2, head_dim: 32, window: 0, scale: 0.18 },
             Problem::AttentionPrefill { tokens: 50, kv_len: 50, kv_cap: 50, heads: 2, kv_heads: 2, head_dim: 32, window: 16, scale: 0.18 },
-            Problem::AttentionPrefill { tokens: 20, kv_len: 70, kv_cap: 72, heads: 8, kv_heads: 2, head_dim: 128, window: 24, scale: 0.0884 },
+            Problem::AttentionPrefill {
+                tokens: 20,
+                kv_len: 70,
+                kv_cap: 72,
+                heads: 8,
+                kv_heads: 2,
+                head_dim: 128,
+                window: 24,
+                scale: 0.0884,
+            },
         ],
         Op::AttentionDecode => vec![
             Problem::AttentionDecode { kv_len: 1, kv_cap: 1, heads: 1, kv_heads: 1, head_dim: 8, window: 0, scale: 0.35 },
@@ -490,16 +481,41 @@ pub fn test_problems(op: Op) -> Vec<Problem> {
             Problem::GatedAct { rows: 3, dim: 1537, act: Activation::GeluTanh },
             Problem::GatedAct { rows: 7, dim: 256, act: Activation::Silu },
         ],
-        Op::Softmax => vec![
-            Problem::Softmax { rows: 1, dim: 1 },
-            Problem::Softmax { rows: 5, dim: 333 },
-            Problem::Softmax { rows: 2, dim: 4099 },
-        ],
+        Op::Softmax => {
+            vec![Problem::Softmax { rows: 1, dim: 1 }, Problem::Softmax { rows: 5, dim: 333 }, Problem::Softmax { rows: 2, dim: 4099 }]
+        }
         Op::ResidualAdd => vec![Problem::ResidualAdd { n: 1 }, Problem::ResidualAdd { n: 1155 }, Problem::ResidualAdd { n: 4096 }],
         Op::QkNormRope => vec![
-            Problem::QkNormRope { tokens: 1, heads: 1, head_dim: 8, rot_dim: 8, pos0: 0, layout: RopeLayout::Half, eps: 1e-6, unit_offset: true },
-            Problem::QkNormRope { tokens: 5, heads: 4, head_dim: 256, rot_dim: 256, pos0: 9, layout: RopeLayout::Half, eps: 1e-6, unit_offset: true },
-            Problem::QkNormRope { tokens: 3, heads: 2, head_dim: 64, rot_dim: 64, pos0: 100, layout: RopeLayout::Interleaved, eps: 1e-5, unit_offset: false },
+            Problem::QkNormRope {
+                tokens: 1,
+                heads: 1,
+                head_dim: 8,
+                rot_dim: 8,
+                pos0: 0,
+                layout: RopeLayout::Half,
+                eps: 1e-6,
+                unit_offset: true,
+            },
+            Problem::QkNormRope {
+                tokens: 5,
+                heads: 4,
+                head_dim: 256,
+                rot_dim: 256,
+                pos0: 9,
+                layout: RopeLayout::Half,
+                eps: 1e-6,
+                unit_offset: true,
+            },
+            Problem::QkNormRope {
+                tokens: 3,
+                heads: 2,
+                head_dim: 64,
+                rot_dim: 64,
+                pos0: 100,
+                layout: RopeLayout::Interleaved,
+                eps: 1e-5,
+                unit_offset: false,
+            },
         ],
         Op::GateUp => vec![
             Problem::GateUp { rows: 1, n: 7, k: 5, act: Activation::Silu },

@@ -30,8 +30,8 @@ pub fn rope_inv_freq(theta: f64, rot_dim: usize, scaling: Option<Llama3Scaling>)
                     } else if wavelen < high_wavelen {
                         f
                     } else {
-                        let smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor)
-                            / (s.high_freq_factor - s.low_freq_factor);
+                        let smooth =
+                            (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
                         (1.0 - smooth) * f / s.factor + smooth * f
                     }
                 }
@@ -204,9 +204,8 @@ pub fn compute(problem: &Problem, ins: &[Vec<f64>]) -> Vec<Vec<f64>> {
         Problem::QkvProj { k, nq, nkv, bias } => {
             let (x, w) = (&ins[0], &ins[1]);
             let n = nq + 2 * nkv;
-            let all: Vec<f64> = (0..n)
-                .map(|j| (0..k).map(|c| x[c] * w[j * k + c]).sum::<f64>() + if bias { ins[2][j] } else { 0.0 })
-                .collect();
+            let all: Vec<f64> =
+                (0..n).map(|j| (0..k).map(|c| x[c] * w[j * k + c]).sum::<f64>() + if bias { ins[2][j] } else { 0.0 }).collect();
             vec![all[..nq].to_vec(), all[nq..nq + nkv].to_vec(), all[nq + nkv..].to_vec()]
         }
     }

@@ -21,8 +21,8 @@ use super::elementwise::{ISA, check_isa, grid_fits};
 use super::reference::{self, Llama3Scaling};
 use super::simd::Isa;
 use super::{
-    CpuArgs, CpuImpl, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, RopeLayout, WgslImpl, WgslSetup, p,
-    packed_f16, wrong_op,
+    CpuArgs, CpuImpl, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, RopeLayout, WgslImpl, WgslSetup, p, packed_f16,
+    wrong_op,
 };
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
@@ -57,10 +57,8 @@ const SHARED_PARAMS: &[ParamSpec] = &[
     },
 ];
 
-const TABLE_CPU_PARAMS: &[ParamSpec] = &[
-    ParamSpec { name: "rows_per_task", values: &[1, 2, 4, 8, 16, 32, 64], default: 8, help: "(token, head) rows per rayon task" },
-    ISA,
-];
+const TABLE_CPU_PARAMS: &[ParamSpec] =
+    &[ParamSpec { name: "rows_per_task", values: &[1, 2, 4, 8, 16, 32, 64], default: 8, help: "(token, head) rows per rayon task" }, ISA];
 
 const TOKEN_CPU_PARAMS: &[ParamSpec] = &[
     ParamSpec {
@@ -363,10 +361,7 @@ fn run_table(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), 
         tables.par_chunks_mut(tl).enumerate().for_each(|(t, tab)| fill_table(g, pos0 + t, inv_freq, tab));
     }
     let d = g.head_dim;
-    a.outs[0][..tokens * g.heads * d]
-        .par_chunks_mut(per * d)
-        .enumerate()
-        .for_each(|(i, y)| rotate_rows(isa, g, x, i * per, &tables, y));
+    a.outs[0][..tokens * g.heads * d].par_chunks_mut(per * d).enumerate().for_each(|(i, y)| rotate_rows(isa, g, x, i * per, &tables, y));
     Ok(())
 }
 

@@ -381,8 +381,8 @@ mod x86 {
         // SAFETY: loads read [i, i+8) with i + 8 <= n.
         unsafe {
             while i + 32 <= n {
-                for l in 0..4 {
-                    a[l] = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(i + 8 * l)), _mm256_loadu_ps(wp.add(i + 8 * l)), a[l]);
+                for (l, al) in a.iter_mut().enumerate() {
+                    *al = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(i + 8 * l)), _mm256_loadu_ps(wp.add(i + 8 * l)), *al);
                 }
                 i += 32;
             }
@@ -409,9 +409,9 @@ mod x86 {
         // SAFETY: loads read [i, i+8) with i + 8 <= n.
         unsafe {
             while i + 32 <= n {
-                for l in 0..4 {
+                for (l, al) in a.iter_mut().enumerate() {
                     let wv = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(i + 8 * l) as *const __m128i));
-                    a[l] = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(i + 8 * l)), wv, a[l]);
+                    *al = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(i + 8 * l)), wv, *al);
                 }
                 i += 32;
             }

@@ -320,7 +320,8 @@ impl ModelConfig {
     /// `dtype`: every layer tensor, the final norm and the LM head once each, plus
     /// one embedding row (the rest of an untied embedding matrix is never read).
     pub fn weight_bytes_per_token(&self, dtype: impl Into<Dtype>) -> u64 {
-        let elems = self.layer_param_count() + self.hidden_size as u64 + (self.vocab_size * self.hidden_size) as u64 + self.hidden_size as u64;
+        let elems =
+            self.layer_param_count() + self.hidden_size as u64 + (self.vocab_size * self.hidden_size) as u64 + self.hidden_size as u64;
         elems * dtype.into().size() as u64
     }
 
@@ -346,10 +347,10 @@ impl ModelConfig {
                 bad.push(format!("{name} is 0"));
             }
         }
-        if self.num_kv_heads > 0 && self.num_heads % self.num_kv_heads != 0 {
+        if self.num_kv_heads > 0 && !self.num_heads.is_multiple_of(self.num_kv_heads) {
             bad.push(format!("num_heads ({}) is not a multiple of num_kv_heads ({})", self.num_heads, self.num_kv_heads));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             bad.push(format!("head_dim ({}) is odd: RoPE rotates pairs", self.head_dim));
         }
         if self.layer_types.len() != self.num_layers {
@@ -382,17 +383,18 @@ impl ModelConfig {
         }
         match &self.rope_scaling {
             None => {}
-            Some(RopeScaling::Linear { factor }) => {
-                if !positive(*factor) {
-                    bad.push(format!("linear rope_scaling factor ({factor}) must be positive"));
-                }
+            Some(RopeScaling::Linear { factor }) if !positive(*factor) => {
+                bad.push(format!("linear rope_scaling factor ({factor}) must be positive"));
             }
+            Some(RopeScaling::Linear { .. }) => {}
             Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
                 if !positive(*factor) || !positive(*low_freq_factor) || !positive(*high_freq_factor) {
                     bad.push("llama3 rope_scaling factors must be positive".to_string());
                 }
                 if low_freq_factor >= high_freq_factor {
-                    bad.push(format!("llama3 rope_scaling: low_freq_factor ({low_freq_factor}) must be below high_freq_factor ({high_freq_factor})"));
+                    bad.push(format!(
+                        "llama3 rope_scaling: low_freq_factor ({low_freq_factor}) must be below high_freq_factor ({high_freq_factor})"
+                    ));
                 }
                 if *original_max_position_embeddings == 0 {
                     bad.push("llama3 rope_scaling: original_max_position_embeddings is 0".to_string());

@@ -74,8 +74,7 @@ impl ModelConfig {
         let mut r = Reader { map: &map, path, used: BTreeSet::new() };
         let config = r.config()?;
         config.validate().map_err(|e| ModelError::Config { path: path.to_path_buf(), msg: e.to_string() })?;
-        let ignored_keys =
-            map.keys().filter(|k| !r.used.contains(k.as_str()) && !IRRELEVANT.contains(&k.as_str())).cloned().collect();
+        let ignored_keys = map.keys().filter(|k| !r.used.contains(k.as_str()) && !IRRELEVANT.contains(&k.as_str())).cloned().collect();
         Ok(ParsedConfig { config, ignored_keys })
     }
 }
@@ -110,7 +109,9 @@ impl<'a> Reader<'a> {
     fn usize_opt(&mut self, key: &str) -> Result<Option<usize>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => as_usize(v).map(Some).ok_or_else(|| self.config_err(format!("`{key}` must be a non-negative integer, got {}", describe(v)))),
+            Some(v) => {
+                as_usize(v).map(Some).ok_or_else(|| self.config_err(format!("`{key}` must be a non-negative integer, got {}", describe(v))))
+            }
         }
     }
 
@@ -160,9 +161,9 @@ impl<'a> Reader<'a> {
                 ));
             }
             Some(other) => {
-                return Err(self.unsupported(format!(
-                    "architecture `{other}` (supported: LlamaForCausalLM, Qwen2ForCausalLM, Gemma3ForCausalLM)"
-                )));
+                return Err(
+                    self.unsupported(format!("architecture `{other}` (supported: LlamaForCausalLM, Qwen2ForCausalLM, Gemma3ForCausalLM)"))
+                );
             }
         };
         let from_type = match model_type {
@@ -427,9 +428,11 @@ impl<'a> Reader<'a> {
         let bad = |s: &Self, v: &Value| s.config_err(format!("`{key}` must be a token id or a list of them, got {}", describe(v)));
         match self.get(key) {
             None => Ok(None),
-            Some(v @ Value::Array(a)) => {
-                a.iter().map(|t| as_usize(t).and_then(|t| u32::try_from(t).ok()).ok_or_else(|| bad(self, v))).collect::<Result<_>>().map(Some)
-            }
+            Some(v @ Value::Array(a)) => a
+                .iter()
+                .map(|t| as_usize(t).and_then(|t| u32::try_from(t).ok()).ok_or_else(|| bad(self, v)))
+                .collect::<Result<_>>()
+                .map(Some),
             Some(v) => as_usize(v).and_then(|t| u32::try_from(t).ok()).map(|t| Some(vec![t])).ok_or_else(|| bad(self, v)),
         }
     }

@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use ::safetensors::SafeTensors;
+use ::safetensors::tensor::Dtype as StDtype;
 use half::{bf16, f16};
 use memmap2::Mmap;
 use rayon::prelude::*;
-use ::safetensors::SafeTensors;
-use ::safetensors::tensor::Dtype as StDtype;
 
 use super::config::Dtype;
 use super::{ModelError, Result};
@@ -132,7 +132,9 @@ pub(super) fn to_f16(dtype: Dtype, src: &[u8], out: &mut [f16]) {
             o.iter_mut().zip(s.chunks_exact(4)).for_each(|(o, b)| *o = f16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
         }
         Dtype::F16 => o.iter_mut().zip(s.chunks_exact(2)).for_each(|(o, b)| *o = f16::from_le_bytes([b[0], b[1]])),
-        Dtype::BF16 => o.iter_mut().zip(s.chunks_exact(2)).for_each(|(o, b)| *o = f16::from_f32(bf16::from_le_bytes([b[0], b[1]]).to_f32())),
+        Dtype::BF16 => {
+            o.iter_mut().zip(s.chunks_exact(2)).for_each(|(o, b)| *o = f16::from_f32(bf16::from_le_bytes([b[0], b[1]]).to_f32()))
+        }
     };
     if out.len() <= PAR_CHUNK {
         conv(src, out);

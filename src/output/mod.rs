@@ -166,12 +166,7 @@ pub fn kernels(r: &KernelsReport, format: Format) -> Result<String> {
             op: k.op.to_string(),
             backend: k.backend.to_string(),
             dtypes: k.dtypes.iter().map(|d| d.name()).collect::<Vec<_>>().join(","),
-            params: k
-                .params
-                .iter()
-                .map(|p| format!("{}={:?}", p.name, p.values).replace(' ', ""))
-                .collect::<Vec<_>>()
-                .join("\n"),
+            params: k.params.iter().map(|p| format!("{}={:?}", p.name, p.values).replace(' ', "")).collect::<Vec<_>>().join("\n"),
             valid: k
                 .validity
                 .iter()

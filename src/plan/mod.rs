@@ -17,7 +17,6 @@ pub use select::{Choice, Selection, Slot};
 use crate::kernels::{Activation, DType, KernelDef, Op, Problem, RopeLayout};
 use crate::model::{Architecture, LayerKind, ModelConfig, RopeScaling};
 
-
 /// Errors building a plan.
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
@@ -73,9 +72,7 @@ impl Fusion {
 
     /// Every combination (the tuner's fusion space).
     pub fn all_combinations() -> Vec<Fusion> {
-        (0..16u8)
-            .map(|b| Fusion { qkv: b & 1 != 0, gate_up: b & 2 != 0, qk_norm_rope: b & 4 != 0, residual_norm: b & 8 != 0 })
-            .collect()
+        (0..16u8).map(|b| Fusion { qkv: b & 1 != 0, gate_up: b & 2 != 0, qk_norm_rope: b & 4 != 0, residual_norm: b & 8 != 0 }).collect()
     }
 }
 
@@ -136,7 +133,17 @@ pub enum Plumb {
     /// `buf[r, j] += bias[j]` in place.
     BiasAdd { buf: BufId, bias: BufId, rows: usize, n: usize },
     /// `k[tokens, kv_heads, head_dim]` and `v` into the head-major caches at `pos0..`.
-    KvWrite { k: BufId, v: BufId, k_cache: BufId, v_cache: BufId, tokens: usize, kv_heads: usize, head_dim: usize, kv_cap: usize, pos0: usize },
+    KvWrite {
+        k: BufId,
+        v: BufId,
+        k_cache: BufId,
+        v_cache: BufId,
+        tokens: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        kv_cap: usize,
+        pos0: usize,
+    },
     /// `len` f32 elements from `src[src_off..]` to `dst[dst_off..]`.
     Copy { src: BufId, src_off: usize, dst: BufId, dst_off: usize, len: usize },
 }
@@ -490,10 +497,19 @@ impl Emitter<'_> {
         for (spec, &b) in problem.buffers(dtype).iter().zip(&binds) {
             let decl = &self.plan.buffers[b];
             if decl.len < spec.len() || decl.dtype != spec.dtype {
-                return Err(PlanError::Shape { name: format!("{} ({} as {})", decl.name, decl.dtype, spec.dtype), bound_len: spec.len(), len: decl.len });
+                return Err(PlanError::Shape {
+                    name: format!("{} ({} as {})", decl.name, decl.dtype, spec.dtype),
+                    bound_len: spec.len(),
+                    len: decl.len,
+                });
             }
         }
-        self.steps.push(Step { slot, layer, group, kind: StepKind::Kernel { kernel: choice.kernel, params: choice.params, dtype, problem, binds } });
+        self.steps.push(Step {
+            slot,
+            layer,
+            group,
+            kind: StepKind::Kernel { kernel: choice.kernel, params: choice.params, dtype, problem, binds },
+        });
         Ok(())
     }
 
@@ -507,7 +523,17 @@ impl Emitter<'_> {
     }
 
     /// A projection `y[t, n] = x[t, k] · w[n, k]ᵀ`: GEMV in decode, GEMM in prefill.
-    fn matmul(&mut self, slot: Slot, l: Option<usize>, group: Option<u32>, t: usize, n: usize, k: usize, bufs: [BufId; 3]) -> Result<(), PlanError> {
+    #[allow(clippy::too_many_arguments)]
+    fn matmul(
+        &mut self,
+        slot: Slot,
+        l: Option<usize>,
+        group: Option<u32>,
+        t: usize,
+        n: usize,
+        k: usize,
+        bufs: [BufId; 3],
+    ) -> Result<(), PlanError> {
         let p = if t == 1 { Problem::Gemv { n, k } } else { Problem::Gemm { m: t, n, k } };
         self.kernel_in(slot, l, group, p, bufs.to_vec(), self.plan.options.weight_dtype)
     }
@@ -573,7 +599,16 @@ impl Emitter<'_> {
             for (src, dst, normed_buf, heads, nw) in [(q, qr, qn, c.num_heads, w.q_norm), (k, kr, kn, c.num_kv_heads, w.k_norm)] {
                 match nw {
                     Some(nw) if f.qk_norm_rope => {
-                        let p = Problem::QkNormRope { tokens: t, heads, head_dim: hd, rot_dim: rot, pos0, layout, eps, unit_offset: c.norm_unit_offset };
+                        let p = Problem::QkNormRope {
+                            tokens: t,
+                            heads,
+                            head_dim: hd,
+                            rot_dim: rot,
+                            pos0,
+                            layout,
+                            eps,
+                            unit_offset: c.norm_unit_offset,
+                        };
                         self.kernel(Slot::QkNormRope, li, p, vec![src, nw, freq, dst], wd)?;
                     }
                     Some(nw) => {
@@ -591,7 +626,17 @@ impl Emitter<'_> {
             self.plumb(
                 Slot::KvWrite,
                 li,
-                Plumb::KvWrite { k: kr, v, k_cache: w.k_cache, v_cache: w.v_cache, tokens: t, kv_heads: c.num_kv_heads, head_dim: hd, kv_cap, pos0 },
+                Plumb::KvWrite {
+                    k: kr,
+                    v,
+                    k_cache: w.k_cache,
+                    v_cache: w.v_cache,
+                    tokens: t,
+                    kv_heads: c.num_kv_heads,
+                    head_dim: hd,
+                    kv_cap,
+                    pos0,
+                },
             );
             // Attention.
             let window = c.layer_sliding_window(l).unwrap_or(0);
@@ -601,7 +646,10 @@ impl Emitter<'_> {
             let (p, slot) = if t == 1 {
                 (Problem::AttentionDecode { kv_len, kv_cap, heads, kv_heads, head_dim: hd, window, scale }, Slot::AttentionDecode)
             } else {
-                (Problem::AttentionPrefill { tokens: t, kv_len, kv_cap, heads, kv_heads, head_dim: hd, window, scale }, Slot::AttentionPrefill)
+                (
+                    Problem::AttentionPrefill { tokens: t, kv_len, kv_cap, heads, kv_heads, head_dim: hd, window, scale },
+                    Slot::AttentionPrefill,
+                )
             };
             self.kernel(slot, li, p, vec![qr, w.k_cache, w.v_cache, attn], plan.options.kv_dtype)?;
             self.matmul(Slot::MatmulO, li, None, t, h, nq, [attn, w.wo, o])?;
@@ -660,7 +708,18 @@ impl Emitter<'_> {
     /// `h = x + r` into `h_out`, then `y = rmsnorm(h) * w` into `y`: one fused kernel
     /// or a residual add and a norm.
     #[allow(clippy::too_many_arguments)]
-    fn residual_norm(&mut self, l: Option<usize>, t: usize, dim: usize, eps: f32, x: BufId, r: BufId, w: BufId, h_out: BufId, y: BufId) -> Result<(), PlanError> {
+    fn residual_norm(
+        &mut self,
+        l: Option<usize>,
+        t: usize,
+        dim: usize,
+        eps: f32,
+        x: BufId,
+        r: BufId,
+        w: BufId,
+        h_out: BufId,
+        y: BufId,
+    ) -> Result<(), PlanError> {
         let c = &self.plan.config;
         if self.plan.options.fusion.residual_norm {
             let p = Problem::ResidualRmsNorm { rows: t, dim, eps, unit_offset: c.norm_unit_offset };

@@ -67,7 +67,12 @@ impl CpuExec {
             let hb = match fill(i)? {
                 Some(h) => {
                     if h.len() != b.len {
-                        return Err(RuntimeError::Internal(format!("buffer `{}` filled with {} elements, expected {}", b.name, h.len(), b.len)));
+                        return Err(RuntimeError::Internal(format!(
+                            "buffer `{}` filled with {} elements, expected {}",
+                            b.name,
+                            h.len(),
+                            b.len
+                        )));
                     }
                     h
                 }
@@ -126,7 +131,7 @@ impl CpuExec {
                 for (&b, v) in out_ids.iter().zip(outs) {
                     self.bufs[b] = HostBuf::F32(v);
                 }
-                res.map_err(|e| RuntimeError::Kernel { slot: step.slot.name().into(), layer: step.layer, source: e })
+                res.map_err(|e| RuntimeError::Kernel { slot: step.slot.name().into(), layer: step.layer, source: Box::new(e) })
             }
             StepKind::Plumb(p) => self.plumb(p),
         }
@@ -159,12 +164,13 @@ impl CpuExec {
                 .map(|job| {
                     let StepKind::Kernel { kernel, params, dtype, problem, binds } = &job.step.kind else { return Ok(()) };
                     let specs = problem.buffers(*dtype);
-                    let ins: Vec<CpuIn<'_>> = specs.iter().zip(binds).filter(|(s, _)| !s.is_output()).map(|(_, &b)| bufs[b].as_in()).collect();
+                    let ins: Vec<CpuIn<'_>> =
+                        specs.iter().zip(binds).filter(|(s, _)| !s.is_output()).map(|(_, &b)| bufs[b].as_in()).collect();
                     let args = CpuArgs { ins, outs: job.outs.iter_mut().map(|v| v.as_mut_slice()).collect() };
                     kernel.run_cpu(problem, *dtype, params, args).map_err(|e| RuntimeError::Kernel {
                         slot: job.step.slot.name().into(),
                         layer: job.step.layer,
-                        source: e,
+                        source: Box::new(e),
                     })
                 })
                 .collect()

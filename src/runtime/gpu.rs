@@ -49,7 +49,11 @@ fn err(e: impl std::fmt::Display) -> RuntimeError {
 
 impl GpuExec {
     /// Device buffers for `plan`, weights given as bytes by `fill(buffer index)`.
-    pub fn new(ctx: Arc<GpuCtx>, plan: &Plan, mut fill: impl FnMut(usize) -> Result<Option<Vec<u8>>, RuntimeError>) -> Result<GpuExec, RuntimeError> {
+    pub fn new(
+        ctx: Arc<GpuCtx>,
+        plan: &Plan,
+        mut fill: impl FnMut(usize) -> Result<Option<Vec<u8>>, RuntimeError>,
+    ) -> Result<GpuExec, RuntimeError> {
         let mut bufs = Vec::with_capacity(plan.buffers.len());
         let mut sizes = Vec::with_capacity(plan.buffers.len());
         for (i, b) in plan.buffers.iter().enumerate() {
@@ -76,13 +80,15 @@ impl GpuExec {
 
     fn sig(step: &Step) -> Sig {
         match &step.kind {
-            StepKind::Kernel { kernel, params, dtype, problem, binds } => Sig::Kernel(kernel.id, params.clone(), *dtype, problem.clone(), binds.clone()),
+            StepKind::Kernel { kernel, params, dtype, problem, binds } => {
+                Sig::Kernel(kernel.id, params.clone(), *dtype, problem.clone(), binds.clone())
+            }
             StepKind::Plumb(p) => Sig::Plumb(p.clone()),
         }
     }
 
     /// Builds (or keeps) the program of every step of this pass.
-    fn prepare(&mut self, tokens: usize, steps: &[Step]) -> Result<(), RuntimeError> {
+    pub fn prepare(&mut self, tokens: usize, steps: &[Step]) -> Result<(), RuntimeError> {
         for (i, step) in steps.iter().enumerate() {
             let sig = Self::sig(step);
             if let Some((old, _)) = self.progs.get(&(tokens, i))
@@ -96,7 +102,7 @@ impl GpuExec {
                     Some(kernel.prepare_wgsl(&self.ctx, problem, *dtype, params, &refs).map_err(|e| RuntimeError::Kernel {
                         slot: step.slot.name().into(),
                         layer: step.layer,
-                        source: e,
+                        source: Box::new(e),
                     })?)
                 }
                 StepKind::Plumb(p) => self.plumb_program(p)?,
@@ -153,12 +159,17 @@ impl GpuExec {
         let scope = self.ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let n = steps.len() as u32;
         let qs = profile.then(|| {
-            self.ctx.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("ktune steps"), ty: wgpu::QueryType::Timestamp, count: (2 * n).max(2) })
+            self.ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("ktune steps"),
+                ty: wgpu::QueryType::Timestamp,
+                count: (2 * n).max(2),
+            })
         });
         let mut encoder = Some(self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("forward") }));
         let mut i = 0usize;
         while i < steps.len() {
-            let enc = encoder.get_or_insert_with(|| self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") }));
+            let enc = encoder
+                .get_or_insert_with(|| self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") }));
             if let StepKind::Plumb(Plumb::Copy { src, src_off, dst, dst_off, len }) = steps[i].kind {
                 enc.copy_buffer_to_buffer(&self.bufs[src], (src_off * 4) as u64, &self.bufs[dst], (dst_off * 4) as u64, (len * 4) as u64);
                 i += 1;
@@ -170,7 +181,8 @@ impl GpuExec {
                     beginning_of_pass_write_index: Some(2 * i as u32),
                     end_of_pass_write_index: Some(2 * i as u32 + 1),
                 });
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(steps[i].slot.name()), timestamp_writes: ts });
+                let mut pass =
+                    enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(steps[i].slot.name()), timestamp_writes: ts });
                 loop {
                     if let Some((_, Some(prog))) = self.progs.get(&(tokens, i)) {
                         prog.record(&mut pass);
@@ -194,7 +206,8 @@ impl GpuExec {
                 usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
                 mapped_at_creation: false,
             });
-            let enc = encoder.get_or_insert_with(|| self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("resolve") }));
+            let enc = encoder
+                .get_or_insert_with(|| self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("resolve") }));
             enc.resolve_query_set(q, 0..2 * n, &buf, 0);
             buf
         });

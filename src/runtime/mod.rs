@@ -23,7 +23,7 @@ pub enum RuntimeError {
     #[error(transparent)]
     Plan(#[from] PlanError),
     #[error("slot `{slot}`{}: {source}", layer.map(|l| format!(" layer {l}")).unwrap_or_default())]
-    Kernel { slot: String, layer: Option<usize>, source: KernelError },
+    Kernel { slot: String, layer: Option<usize>, source: Box<KernelError> },
     #[error("GPU: {0}")]
     Gpu(String),
     #[error("weights: {0}")]
@@ -169,6 +169,17 @@ impl Engine {
         if let Exec::Gpu(g) = &mut self.exec {
             g.profile = true;
         }
+    }
+
+    /// Builds the GPU programs (and compiles their pipelines) of a pass of `tokens`
+    /// tokens at the current position, so that timing does not include it.
+    pub fn warm_up(&mut self, tokens: usize) -> Result<(), RuntimeError> {
+        if let Exec::Gpu(g) = &mut self.exec {
+            let pos = self.pos.min(self.plan.options.context.saturating_sub(tokens));
+            let steps = self.plan.steps(tokens, pos)?;
+            g.prepare(tokens, &steps)?;
+        }
+        Ok(())
     }
 
     pub fn is_gpu(&self) -> bool {
