@@ -23,6 +23,99 @@ pub enum Command {
     Kernels(KernelsArgs),
     /// Run a model with the kernels a profile selects (or the runtime's defaults).
     Run(RunArgs),
+    /// Tune a model's kernels on a device and write the profile (cached).
+    Tune(TuneArgs),
+    /// Cached profiles: list, show, path, clear.
+    Profiles(ProfilesArgs),
+    /// Compare two profiles: choices, times and their noise (exit 1 on a regression).
+    DiffProfiles(DiffArgs),
+    /// Print the JSON Schema of the profile format (for editors).
+    Schema,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct TuneArgs {
+    #[command(flatten)]
+    pub source: ModelSource,
+    /// Time for the whole tune, e.g. 90s, 2m, 1h30m.
+    #[arg(long, default_value = "2m")]
+    pub budget: String,
+    /// Search strategy: auto, exhaustive, halving, random.
+    #[arg(long, default_value = "auto")]
+    pub strategy: String,
+    /// Prompt length the prefill kernels are tuned at.
+    #[arg(long, default_value_t = 128)]
+    pub prefill_tokens: usize,
+    /// Context length (KV cache) the decode kernels are tuned at.
+    #[arg(long, default_value_t = 1024)]
+    pub context: usize,
+    /// Decode tokens per prompt the end-to-end score assumes.
+    #[arg(long, default_value_t = 128)]
+    pub decode_tokens: usize,
+    /// Storage type of the weights.
+    #[arg(long, default_value = "f32")]
+    pub weight_dtype: String,
+    /// Storage type of the KV cache.
+    #[arg(long, default_value = "f32")]
+    pub kv_dtype: String,
+    /// Keep only the first N layers (quick tunes of large models; recorded in the profile's model name).
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Also write the profile here.
+    #[arg(short = 'o', long, value_name = "FILE")]
+    pub output: Option<std::path::PathBuf>,
+    /// Re-tune even when the cache has this profile.
+    #[arg(long)]
+    pub force: bool,
+    /// Seed of the synthetic weights, the inputs and the search.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ProfilesArgs {
+    #[command(subcommand)]
+    pub action: ProfilesAction,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ProfilesAction {
+    /// Every cached profile.
+    List {
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+    },
+    /// Print a cached profile (by key prefix or name) or a profile file.
+    Show { profile: String },
+    /// The cache directory, or the path of one cached profile.
+    Path { profile: Option<String> },
+    /// Remove every cached profile and measurement.
+    Clear,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DiffFormat {
+    Table,
+    Markdown,
+    Json,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DiffArgs {
+    /// The reference profile.
+    pub a: std::path::PathBuf,
+    /// The new profile.
+    pub b: std::path::PathBuf,
+    /// Slowdown (percent) that counts as a regression when it is also beyond the noise.
+    #[arg(long, default_value = "5")]
+    pub threshold: String,
+    #[arg(long, value_enum, default_value_t = DiffFormat::Table)]
+    pub format: DiffFormat,
+    /// Exit 1 when any choice changed, not only on a regression.
+    #[arg(long)]
+    pub fail_on_change: bool,
 }
 
 /// Where a model comes from.

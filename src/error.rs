@@ -17,12 +17,22 @@ pub enum Error {
     Plan(#[from] crate::plan::PlanError),
     #[error(transparent)]
     Runtime(#[from] crate::runtime::RuntimeError),
+    #[error(transparent)]
+    Tune(Box<crate::tuner::TuneError>),
+    #[error(transparent)]
+    Profile(#[from] crate::profile::ProfileError),
     #[error("{0}")]
     Usage(String),
     #[error("writing output failed: {0}")]
     Io(#[from] std::io::Error),
     #[error("serializing output failed: {0}")]
     Json(#[from] serde_json::Error),
+}
+
+impl From<crate::tuner::TuneError> for Error {
+    fn from(e: crate::tuner::TuneError) -> Error {
+        Error::Tune(Box::new(e))
+    }
 }
 
 impl Error {

@@ -12,7 +12,9 @@ pub mod kernels;
 pub mod model;
 pub mod output;
 pub mod plan;
+pub mod profile;
 pub mod runtime;
 pub mod testing;
+pub mod tuner;
 
 pub use error::{Error, Result};

@@ -11,7 +11,7 @@ use ktune::commands::run::load_model;
 use ktune::device::CpuCaps;
 use ktune::kernels::DType;
 use ktune::plan::select::DeviceCaps;
-use ktune::plan::{Fusion, Plan, PlanOptions, Selection};
+use ktune::plan::{Fusion, Parallel, Plan, PlanOptions, Selection};
 use ktune::runtime::{Engine, TensorStore, argmax};
 use ktune::testing::test_gpu;
 
@@ -62,6 +62,7 @@ fn run(dir: &Path, dev: &Dev, fusion: Fusion, kv: DType, chunk: usize) -> (f64, 
         context: exp.tokens.len() + n_new,
         all_logits: true,
         fusion,
+        parallel: Parallel::default(),
     };
     let caps = match dev {
         Dev::Cpu => DeviceCaps::Cpu(CpuCaps::detect()),

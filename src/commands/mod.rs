@@ -3,7 +3,9 @@
 
 pub mod kernels;
 pub mod list_devices;
+pub mod profiles;
 pub mod run;
+pub mod tune;
 
 use crate::cli::{Cli, Command};
 use crate::device::{self, Device};
@@ -24,7 +26,38 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
         }
         Command::Run(args) => {
             let report = run::run(cli.device.as_deref(), &args)?;
+            for w in &report.warnings {
+                output::warn(w);
+            }
             output::print(&output::run(&report, args.format)?)?;
+            Ok(0)
+        }
+        Command::Tune(args) => {
+            let progress = output::TuneProgress::new();
+            let report = tune::run(cli.device.as_deref(), &args, &progress)?;
+            output::print(&output::tune(&report, args.format)?)?;
+            Ok(0)
+        }
+        Command::Profiles(args) => {
+            match profiles::run(&args.action)? {
+                profiles::ProfilesOutput::List(rows) => {
+                    let format = match args.action {
+                        crate::cli::ProfilesAction::List { format } => format,
+                        _ => crate::cli::Format::Table,
+                    };
+                    output::print(&output::profiles(&rows, format)?)?;
+                }
+                profiles::ProfilesOutput::Text(t) => output::print(&t)?,
+            }
+            Ok(0)
+        }
+        Command::DiffProfiles(args) => {
+            let (report, code) = profiles::diff_profiles(&args)?;
+            output::print(&output::diff(&report, args.format)?)?;
+            Ok(code)
+        }
+        Command::Schema => {
+            output::print(&serde_json::to_string_pretty(&crate::profile::json_schema())?)?;
             Ok(0)
         }
     }

@@ -15,7 +15,8 @@ use crate::gpu::GpuCtx;
 use crate::kernels::DType;
 use crate::model::{self, ModelConfig, Weights};
 use crate::plan::select::DeviceCaps;
-use crate::plan::{Fusion, Plan, PlanOptions, Selection, Slot};
+use crate::plan::{Fusion, Parallel, Plan, PlanOptions, Selection, Slot};
+use crate::profile::{ExecSettings, Profile};
 use crate::runtime::{Engine, TensorStore, argmax};
 use crate::{Error, Result};
 
@@ -124,11 +125,19 @@ pub fn parse_fusion(s: &str) -> Result<Fusion> {
     Ok(f)
 }
 
-fn parse_dtype(s: &str, what: &str) -> Result<DType> {
+pub fn parse_dtype(s: &str, what: &str) -> Result<DType> {
     s.parse().map_err(|e: String| Error::Usage(format!("{what}: {e}")))
 }
 
 /// The device's capabilities and (for a GPU) an opened context.
+/// The capabilities of `device`, without opening it.
+pub fn device_caps(device: &Device) -> (DeviceCaps, bool) {
+    match device {
+        Device::Cpu(c) => (DeviceCaps::Cpu(c.clone()), false),
+        Device::Gpu(g) => (DeviceCaps::Gpu(g.caps.clone()), true),
+    }
+}
+
 pub fn open_device(device: &Device) -> Result<(DeviceCaps, Option<Arc<GpuCtx>>)> {
     Ok(match device {
         Device::Cpu(c) => (DeviceCaps::Cpu(c.clone()), None),
@@ -144,9 +153,11 @@ pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
     if args.tokens.is_empty() {
         return Err(Error::Usage("give the prompt as --tokens 1,2,3".into()));
     }
-    if args.profile.is_some() {
-        return Err(Error::Usage("--profile is not supported yet by this build; run without it to use the runtime's defaults".into()));
-    }
+    // A profile is read and validated before the model is loaded.
+    let profile = match &args.profile {
+        Some(p) => Some(Profile::load(p)?),
+        None => None,
+    };
     let device = super::pick_device(selector)?;
     let m = load_model(args.source.model.as_deref(), args.source.model_dir.as_ref(), args.layers, args.seed)?;
     let c = &m.config;
@@ -156,14 +167,36 @@ pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
     }
     let context = args.context.unwrap_or(prompt.len() + args.max_tokens).max(prompt.len() + args.max_tokens);
     let max_tokens = prompt.len().min(args.prefill_chunk.max(1));
-    let opts = PlanOptions { weight_dtype, kv_dtype, max_tokens, context, all_logits: args.dump_logits.is_some(), fusion };
-    let (caps, ctx) = open_device(&device)?;
-    let selection = Selection::defaults(caps);
+    let mut warnings = Vec::new();
+    let (selection, exec) = match &profile {
+        Some(p) => {
+            let (sel, exec, w) = p.resolve(&device, &m.name, c.num_layers)?;
+            warnings.extend(w);
+            (sel, exec)
+        }
+        None => {
+            let (caps, _) = device_caps(&device);
+            (
+                Selection::defaults(caps),
+                ExecSettings { batch: !args.no_batch, fusion, parallel: Parallel::default(), kv_dtype, weight_dtype },
+            )
+        }
+    };
+    let opts = PlanOptions {
+        weight_dtype: exec.weight_dtype,
+        kv_dtype: exec.kv_dtype,
+        max_tokens,
+        context,
+        all_logits: args.dump_logits.is_some(),
+        fusion: exec.fusion,
+        parallel: exec.parallel,
+    };
+    let (_, ctx) = open_device(&device)?;
     let plan = Plan::new(&m.name, c, opts, selection)?;
     // Emit both kinds of pass once up front so a kernel that cannot run fails before any work.
     plan.steps(max_tokens, 0)?;
     let store: Arc<dyn TensorStore> = m.weights.clone();
-    let batch = !args.no_batch;
+    let batch = exec.batch;
     let mut engine = match ctx {
         Some(ctx) => Engine::gpu(plan, store, ctx, batch)?,
         None => Engine::cpu(plan, store)?,
@@ -221,17 +254,17 @@ pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
     slots.sort_by(|a, b| b.decode_ms_per_token.total_cmp(&a.decode_ms_per_token));
     let decode_tps = if decode_seconds > 0.0 { decode_tokens as f64 / decode_seconds } else { 0.0 };
     let kernels = kernel_summary(&engine)?;
-    let warnings = engine.plan.selection.warnings.lock().map(|w| w.clone()).unwrap_or_default();
+    warnings.extend(engine.plan.selection.warnings.lock().map(|w| w.clone()).unwrap_or_default());
     Ok(RunReport {
         device: device.name(),
         backend: device.backend_name(),
         fingerprint: device.fingerprint(),
         model: m.name.clone(),
         weights: m.weights.origin().to_string(),
-        profile: None,
-        weight_dtype,
-        kv_dtype,
-        fusion,
+        profile: args.profile.as_ref().map(|p| p.display().to_string()),
+        weight_dtype: exec.weight_dtype,
+        kv_dtype: exec.kv_dtype,
+        fusion: exec.fusion,
         batch_commands: batch,
         layers: c.num_layers,
         prompt_tokens: prompt.len(),

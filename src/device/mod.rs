@@ -103,6 +103,40 @@ impl Device {
         }
     }
 
+    /// Vendor in profile spelling: nvidia, amd, intel, apple, arm, qualcomm, mesa
+    /// (software adapters), or `unknown`.
+    pub fn vendor(&self) -> String {
+        match self {
+            Device::Gpu(g) => match g.info.vendor_id {
+                0x10de => "nvidia",
+                0x1002 | 0x1022 => "amd",
+                0x8086 => "intel",
+                0x106b => "apple",
+                0x13b5 => "arm",
+                0x5143 => "qualcomm",
+                0x10005 => "mesa",
+                _ if g.info.software => "mesa",
+                _ => "unknown",
+            }
+            .to_string(),
+            Device::Cpu(c) => {
+                let m = c.model.to_lowercase();
+                if m.contains("amd") {
+                    "amd"
+                } else if m.contains("intel") {
+                    "intel"
+                } else if m.contains("apple") {
+                    "apple"
+                } else if c.arch == "aarch64" {
+                    "arm"
+                } else {
+                    "unknown"
+                }
+                .to_string()
+            }
+        }
+    }
+
     pub fn backend_name(&self) -> String {
         match self {
             Device::Gpu(g) => g.info.backend.clone(),

@@ -242,9 +242,6 @@ pub fn run(r: &crate::commands::run::RunReport, format: Format) -> Result<String
     ));
     s.push_str(&format!("dispatches per layer (decode): {}\n", r.dispatches_per_layer));
     s.push_str(&format!("generated: {:?}\n", r.generated));
-    for w in &r.warnings {
-        s.push_str(&format!("warning: {w}\n"));
-    }
     #[derive(Tabled)]
     struct K<'a> {
         slot: &'a str,
@@ -267,5 +264,272 @@ pub fn run(r: &crate::commands::run::RunReport, format: Format) -> Result<String
         .map(|x| T { slot: x.slot.to_string(), prefill: format!("{:.3}", x.prefill_ms), decode: format!("{:.3}", x.decode_ms_per_token) })
         .collect();
     s.push_str(&Table::new(ts).with(Style::sharp()).to_string());
+    Ok(s)
+}
+
+/// A warning on stderr.
+pub fn warn(msg: &str) {
+    eprintln!("ktune: warning: {msg}");
+}
+
+/// The tuner's progress on stderr: one bar per phase (indicatif), notes above it.
+pub struct TuneProgress {
+    bar: std::sync::Mutex<Option<indicatif::ProgressBar>>,
+}
+
+impl TuneProgress {
+    pub fn new() -> TuneProgress {
+        TuneProgress { bar: std::sync::Mutex::new(None) }
+    }
+}
+
+impl Default for TuneProgress {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl crate::tuner::Progress for TuneProgress {
+    fn phase(&self, msg: &str, len: u64) {
+        if let Ok(mut b) = self.bar.lock() {
+            if let Some(old) = b.take() {
+                old.finish_and_clear();
+            }
+            let pb = indicatif::ProgressBar::new(len);
+            pb.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+            if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] [{bar:30}] {pos}/{len} {msg}") {
+                pb.set_style(style.progress_chars("=> "));
+            }
+            pb.set_message(msg.to_string());
+            *b = Some(pb);
+        }
+    }
+    fn tick(&self) {
+        if let Ok(b) = self.bar.lock()
+            && let Some(pb) = b.as_ref()
+        {
+            pb.inc(1);
+        }
+    }
+    fn note(&self, msg: &str) {
+        match self.bar.lock().ok().and_then(|b| b.clone()) {
+            Some(pb) => pb.println(format!("ktune: {msg}")),
+            None => eprintln!("ktune: {msg}"),
+        }
+    }
+    fn done(&self) {
+        if let Ok(mut b) = self.bar.lock()
+            && let Some(pb) = b.take()
+        {
+            pb.finish_and_clear();
+        }
+    }
+}
+
+pub fn tune(r: &crate::commands::tune::TuneReport, format: Format) -> Result<String> {
+    if format == Format::Json {
+        return Ok(serde_json::to_string_pretty(r)?);
+    }
+    let mut s = String::new();
+    s.push_str(&format!("model:    {}\ndevice:   {}\n", r.model, r.device));
+    s.push_str(&format!("profile:  {}{}\n", r.path.display(), if r.cached { " (cached; --force re-tunes)" } else { "" }));
+    if let Some(o) = &r.output {
+        s.push_str(&format!("written:  {}\n", o.display()));
+    }
+    let Some(t) = &r.profile.tuning else { return Ok(s) };
+    s.push_str(&format!(
+        "tuned:    {} strategy, {:.1} s of {:.0} s budget, timing {}{}\n",
+        t.strategy,
+        t.used_s,
+        t.budget_s,
+        t.timing,
+        if r.resumed_slots > 0 { format!(", {} slot races resumed from the cache", r.resumed_slots) } else { String::new() }
+    ));
+    s.push_str(&format!(
+        "space:    {} valid variants, {} ruled out, {} complete combinations over {} fusion choices\n",
+        t.space.variants,
+        t.space.ruled_out.values().sum::<usize>(),
+        t.space.combinations,
+        t.space.fusion_choices
+    ));
+    s.push_str(&format!("limit:    {:.1} GB/s read ({})\n", t.limits.read_gbps, t.limits.read_source));
+    #[derive(Tabled)]
+    struct Row {
+        slot: String,
+        regime: String,
+        chosen: String,
+        #[tabled(rename = "median µs")]
+        median: String,
+        #[tabled(rename = "95% CI µs")]
+        ci: String,
+        #[tabled(rename = "GB/s")]
+        gbps: String,
+        #[tabled(rename = "% BW")]
+        pct: String,
+        #[tabled(rename = "GFLOP/s")]
+        gflops: String,
+        cands: String,
+    }
+    let rows: Vec<Row> = t
+        .slots
+        .iter()
+        .map(|x| {
+            let c = x.candidates.iter().find(|c| c.variant.to_string() == x.chosen);
+            Row {
+                slot: x.slot.clone(),
+                regime: x.regime.clone(),
+                chosen: x.chosen.clone(),
+                median: c.map(|c| format!("{:.1}", c.median_us)).unwrap_or_default(),
+                ci: c.map(|c| format!("{:.1}–{:.1}", c.ci_us[0], c.ci_us[1])).unwrap_or_default(),
+                gbps: c.map(|c| format!("{:.1}", c.gbps)).unwrap_or_default(),
+                pct: c.map(|c| format!("{:.0}%", c.pct_of_bandwidth)).unwrap_or_default(),
+                gflops: c.map(|c| format!("{:.1}", c.gflops)).unwrap_or_default(),
+                cands: format!("{} timed, {} rejected", x.candidates.len(), x.rejected.len()),
+            }
+        })
+        .collect();
+    s.push_str(&Table::new(rows).with(Style::sharp()).to_string());
+    s.push('\n');
+    let e = &t.end_to_end;
+    #[derive(Tabled)]
+    struct E {
+        combination: String,
+        #[tabled(rename = "prefill tok/s")]
+        prefill: String,
+        #[tabled(rename = "decode tok/s")]
+        decode: String,
+        #[tabled(rename = "predicted ms")]
+        predicted: String,
+        chosen: String,
+    }
+    let es: Vec<E> = e
+        .combinations
+        .iter()
+        .map(|c| E {
+            combination: c.label.clone(),
+            prefill: format!("{:.1}", c.result.prefill_tok_s),
+            decode: format!("{:.2}", c.result.decode_tok_s),
+            predicted: if c.predicted_ms > 0.0 { format!("{:.1}", c.predicted_ms) } else { "-".into() },
+            chosen: if c.chosen { "✓".into() } else { String::new() },
+        })
+        .collect();
+    s.push_str(&Table::new(es).with(Style::sharp()).to_string());
+    s.push('\n');
+    s.push_str(&format!(
+        "end to end ({} prompt tokens): tuned {:.1} prefill tok/s, {:.2} decode tok/s; runtime default {:.1} / {:.2} ({:+.1}% / {:+.1}%)\n",
+        e.prefill_tokens,
+        e.tuned.prefill_tok_s,
+        e.tuned.decode_tok_s,
+        e.default.prefill_tok_s,
+        e.default.decode_tok_s,
+        (e.tuned.prefill_tok_s / e.default.prefill_tok_s - 1.0) * 100.0,
+        (e.tuned.decode_tok_s / e.default.decode_tok_s - 1.0) * 100.0
+    ));
+    Ok(s)
+}
+
+pub fn profiles(rows: &[crate::commands::profiles::ProfileRow], format: Format) -> Result<String> {
+    if format == Format::Json {
+        return Ok(serde_json::to_string_pretty(rows)?);
+    }
+    if rows.is_empty() {
+        return Ok("no cached profiles (`ktune tune` makes them)".into());
+    }
+    #[derive(Tabled)]
+    struct Row {
+        key: String,
+        model: String,
+        device: String,
+        date: String,
+        strategy: String,
+        #[tabled(rename = "prefill tok/s")]
+        prefill: String,
+        #[tabled(rename = "decode tok/s")]
+        decode: String,
+    }
+    let r: Vec<Row> = rows
+        .iter()
+        .map(|x| Row {
+            key: short(&x.key),
+            model: x.model.clone(),
+            device: x.device.clone(),
+            date: x.date.clone(),
+            strategy: x.strategy.clone(),
+            prefill: format!("{:.1}", x.prefill_tok_s),
+            decode: format!("{:.2}", x.decode_tok_s),
+        })
+        .collect();
+    Ok(Table::new(r).with(Style::sharp()).to_string())
+}
+
+pub fn diff(r: &crate::profile::diff::DiffReport, format: crate::cli::DiffFormat) -> Result<String> {
+    use crate::cli::DiffFormat;
+    if format == DiffFormat::Json {
+        return Ok(serde_json::to_string_pretty(r)?);
+    }
+    let md = format == DiffFormat::Markdown;
+    let verdict = if r.regressed {
+        format!("❌ regression beyond {}% and the noise", r.threshold_pct)
+    } else if r.changed {
+        "⚠️ choices changed, no regression".to_string()
+    } else {
+        "✅ no change".to_string()
+    };
+    let mut s = String::new();
+    if md {
+        s.push_str(&format!("### ktune profile diff: {verdict}\n\n`{}` → `{}`\n\n", r.a, r.b));
+    } else {
+        s.push_str(&format!("{} → {}\n{verdict}\n", r.a, r.b));
+    }
+    for n in &r.notes {
+        s.push_str(&format!("{}note: {n}\n", if md { "> " } else { "" }));
+    }
+    let table = |rows: Vec<[String; 3]>, head: [&str; 3]| -> String {
+        let mut b = tabled::builder::Builder::default();
+        b.push_record(head);
+        for r in rows {
+            b.push_record(r);
+        }
+        let mut t = b.build();
+        if md {
+            t.with(Style::markdown());
+        } else {
+            t.with(Style::sharp());
+        }
+        t.to_string()
+    };
+    if !r.changes.is_empty() {
+        s.push_str(if md { "\n#### Choices\n\n" } else { "\nchoices:\n" });
+        s.push_str(&table(r.changes.iter().map(|c| [c.what.clone(), c.old.clone(), c.new.clone()]).collect(), ["what", "old", "new"]));
+        s.push('\n');
+    }
+    let timing = |ds: &[crate::profile::diff::TimeDelta]| -> Vec<[String; 3]> {
+        ds.iter()
+            .map(|d| {
+                let mark = if d.regressed {
+                    " ❌"
+                } else if d.improved {
+                    " ✅"
+                } else {
+                    ""
+                };
+                [
+                    d.what.clone(),
+                    format!("{:.2} → {:.2} {}", d.old, d.new, d.unit),
+                    format!("{:+.1}% (noise ±{:.1}%){mark}", d.delta_pct, d.noise_pct),
+                ]
+            })
+            .collect()
+    };
+    if !r.end_to_end.is_empty() {
+        s.push_str(if md { "\n#### End to end\n\n" } else { "\nend to end:\n" });
+        s.push_str(&table(timing(&r.end_to_end), ["pass", "time", "change"]));
+        s.push('\n');
+    }
+    if !r.slots.is_empty() {
+        s.push_str(if md { "\n#### Slots\n\n" } else { "\nslots:\n" });
+        s.push_str(&table(timing(&r.slots), ["slot", "time", "change"]));
+        s.push('\n');
+    }
     Ok(s)
 }

@@ -191,6 +191,22 @@ pub struct PlanOptions {
     /// Compute the logits of every prompt position (for `--dump-logits`), not only the last.
     pub all_logits: bool,
     pub fusion: Fusion,
+    /// Parallel groups (seed 002 `parallel`): q/k/v and gate/up run concurrently.
+    pub parallel: Parallel,
+}
+
+/// Which independent projections form a parallel group (run concurrently on the
+/// CPU; on the GPU they share a pass with no barrier between them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Parallel {
+    pub qkv: bool,
+    pub ffn: bool,
+}
+
+impl Default for Parallel {
+    fn default() -> Parallel {
+        Parallel { qkv: true, ffn: true }
+    }
 }
 
 /// A model's plan: layout plus the kernel selection used to emit steps.
@@ -580,7 +596,7 @@ impl Emitter<'_> {
                     self.plumb(Slot::MatmulQkv, li, Plumb::SplitQkv { src: qkv, bias, q, k, v, tokens: t, nq, nkv });
                 }
             } else {
-                let g = Some(self.next_group());
+                let g = if plan.options.parallel.qkv { Some(self.next_group()) } else { None };
                 let get = |b: Option<BufId>| b.unwrap_or(usize::MAX);
                 self.matmul(Slot::MatmulQkv, li, g, t, nq, h, [xn, get(w.wq), q])?;
                 self.matmul(Slot::MatmulQkv, li, g, t, nkv, h, [xn, get(w.wk), k])?;
@@ -669,7 +685,7 @@ impl Emitter<'_> {
                 let p = Problem::GateUp { rows: t, n: inter, k: h, act: act_fn };
                 self.kernel(Slot::FusedGateUp, li, p, vec![xn, w.wgu.unwrap_or(usize::MAX), act], wd)?;
             } else {
-                let g = Some(self.next_group());
+                let g = if plan.options.parallel.ffn { Some(self.next_group()) } else { None };
                 self.matmul(Slot::MatmulGateUp, li, g, t, inter, h, [xn, w.wg.unwrap_or(usize::MAX), gate])?;
                 self.matmul(Slot::MatmulGateUp, li, g, t, inter, h, [xn, w.wu.unwrap_or(usize::MAX), up])?;
                 let p = Problem::GatedAct { rows: t, dim: inter, act: act_fn };

@@ -79,6 +79,12 @@ impl Slot {
         Slot::ALL.into_iter().find(|x| x.name() == s)
     }
 
+    /// Whether a kernel of `op` may serve this slot in `regime`: the slot's op, or a
+    /// GEMV for lm_head in prefill (only the last position's logits are computed).
+    pub fn accepts(self, regime: Regime, op: Op) -> bool {
+        self.op(regime) == Some(op) || (self == Slot::MatmulLmHead && regime == Regime::Prefill && op == Op::Gemv)
+    }
+
     /// The op a kernel for this slot computes in `regime` (`None`: not tunable).
     pub fn op(self, regime: Regime) -> Option<Op> {
         let mm = if regime == Regime::Decode { Op::Gemv } else { Op::Gemm };
@@ -222,10 +228,9 @@ impl Selection {
     /// the problem, else the default (with a warning when an explicit one was set).
     pub fn choose(&self, slot: Slot, regime: Regime, layer: Option<usize>, problem: &Problem, dtype: DType) -> Result<Choice, PlanError> {
         let want = problem.op();
-        if let Some(c) = self.explicit((slot, regime), layer) {
-            if c.kernel.op != want {
-                return Err(PlanError::WrongOp { slot: slot.name().into(), kernel: c.kernel.id.into(), got: c.kernel.op, want });
-            }
+        // An explicit choice of another op (a GEMV chosen for lm_head, whose prefill
+        // pass is a GEMM when every position's logits are wanted) does not apply.
+        if let Some(c) = self.explicit((slot, regime), layer).filter(|c| c.kernel.op == want) {
             match c.kernel.check(self.device.caps(), problem, dtype, &c.params) {
                 Ok(()) => return Ok(c.clone()),
                 Err(why) => {

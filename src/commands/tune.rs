@@ -1,0 +1,136 @@
+//! `ktune tune`: resolve the model and device, return the cached profile when there
+//! is one (unless --force), else run the tuner under the cache lock and write the
+//! profile atomically to the cache (and to -o).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::run::{load_model, open_device, parse_dtype};
+use crate::cli::TuneArgs;
+use crate::profile::{self, Profile, ProfileDoc};
+use crate::runtime::TensorStore;
+use crate::tuner::cache::Cache;
+use crate::tuner::measure::Strategy;
+use crate::tuner::{self, Progress, Target, TuneOptions};
+use crate::{Error, Result};
+
+#[derive(Debug, Serialize)]
+pub struct TuneReport {
+    pub model: String,
+    pub device: String,
+    pub key: String,
+    /// The cached profile.
+    pub path: PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<PathBuf>,
+    /// Served from the cache without tuning.
+    pub cached: bool,
+    /// Slot races reused from an earlier, interrupted or differently-budgeted run.
+    pub resumed_slots: usize,
+    pub profile: ProfileDoc,
+}
+
+/// Parses a duration: `90`, `90s`, `2m`, `1h30m`, `1.5m`.
+pub fn parse_duration(s: &str) -> Result<Duration> {
+    let bad = || Error::Usage(format!("--budget `{s}`: give a duration such as 90s, 2m or 1h30m"));
+    let t = s.trim();
+    if let Ok(secs) = t.parse::<f64>() {
+        return if secs > 0.0 && secs.is_finite() { Ok(Duration::from_secs_f64(secs)) } else { Err(bad()) };
+    }
+    let mut total = 0.0;
+    let mut num = String::new();
+    for ch in t.chars() {
+        if ch.is_ascii_digit() || ch == '.' {
+            num.push(ch);
+        } else {
+            let v: f64 = num.parse().map_err(|_| bad())?;
+            num.clear();
+            total += v * match ch {
+                'h' => 3600.0,
+                'm' => 60.0,
+                's' => 1.0,
+                _ => return Err(bad()),
+            };
+        }
+    }
+    if !num.is_empty() || total <= 0.0 {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs_f64(total))
+}
+
+pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> Result<TuneReport> {
+    // Flags first, before anything heavy.
+    let budget = parse_duration(&args.budget)?;
+    let strategy = Strategy::parse(&args.strategy)
+        .ok_or_else(|| Error::Usage(format!("--strategy `{}`: allowed are auto, exhaustive, halving, random", args.strategy)))?;
+    let weight_dtype = parse_dtype(&args.weight_dtype, "--weight-dtype")?;
+    let kv_dtype = parse_dtype(&args.kv_dtype, "--kv-dtype")?;
+    if args.prefill_tokens == 0 || args.context <= args.prefill_tokens {
+        return Err(Error::Usage(format!(
+            "--context ({}) must be larger than --prefill-tokens ({}), which must be positive",
+            args.context, args.prefill_tokens
+        )));
+    }
+    let device = super::pick_device(selector)?;
+    let m = load_model(args.source.model.as_deref(), args.source.model_dir.as_ref(), args.layers, args.seed)?;
+    let name = match args.layers {
+        Some(l) if l < m.config.num_layers || args.source.model_dir.is_some() => format!("{}@{l}layers", m.name),
+        _ => m.name.clone(),
+    };
+    let opts = TuneOptions {
+        budget,
+        strategy,
+        prefill_tokens: args.prefill_tokens,
+        context: args.context,
+        decode_tokens: args.decode_tokens,
+        weight_dtype,
+        kv_dtype,
+        seed: args.seed,
+    };
+    let key = tuner::cache_key(&device, &name, &m.config, &opts);
+    let cache = Cache::open().map_err(tuner::TuneError::from)?;
+    let path = cache.profile_path(&key);
+    let finish = |doc: ProfileDoc, cached: bool, resumed: usize| -> Result<TuneReport> {
+        if let Some(out) = &args.output {
+            profile::write_atomic(out, &profile::to_yaml(&doc)?)?;
+        }
+        Ok(TuneReport {
+            model: name.clone(),
+            device: device.name(),
+            key: key.clone(),
+            path: path.clone(),
+            output: args.output.clone(),
+            cached,
+            resumed_slots: resumed,
+            profile: doc,
+        })
+    };
+    let cached = || -> Option<ProfileDoc> {
+        if args.force {
+            return None;
+        }
+        Profile::load(&path).ok().map(|p| p.doc)
+    };
+    if let Some(doc) = cached() {
+        return finish(doc, true, 0);
+    }
+    let _lock = cache
+        .lock(&key, || progress.note("another ktune tune of this model and device is running; waiting for it"))
+        .map_err(tuner::TuneError::from)?;
+    if let Some(doc) = cached() {
+        return finish(doc, true, 0);
+    }
+    let (_, ctx) = open_device(&device)?;
+    let store: Arc<dyn TensorStore> = m.weights.clone();
+    let target = Target { model: &name, config: &m.config, store, device: &device, ctx };
+    let res = tuner::tune(&target, &opts, Some(&cache), !args.force, progress).map_err(|e| Error::Usage(format!("tuning failed: {e}")))?;
+    let text = profile::to_yaml(&res.doc)?;
+    // The written profile must load back (round trip), or nothing is cached.
+    Profile::from_str(&text, &path.display().to_string())?;
+    profile::write_atomic(&path, &text)?;
+    finish(res.doc, false, res.resumed_slots)
+}

@@ -1,0 +1,165 @@
+//! `diff-profiles`: what changed between two profiles (kernel and parameter choices
+//! per slot, execution switches) and how the measured times moved, each delta set
+//! against its noise, so CI can tell a regression from jitter.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::doc::{SlotTuning, Throughput};
+use super::{Profile, ProfileError, entries};
+
+/// A choice that differs.
+#[derive(Clone, Debug, Serialize)]
+pub struct Change {
+    /// `attention.decode`, `matmul.qkv_proj (prefill)`, `layers 0-5: attention`, `execution.batchCommands`, ...
+    pub what: String,
+    pub old: String,
+    pub new: String,
+}
+
+/// A time that moved.
+#[derive(Clone, Debug, Serialize)]
+pub struct TimeDelta {
+    pub what: String,
+    pub old: f64,
+    pub new: f64,
+    pub unit: &'static str,
+    /// Change in cost: positive is slower.
+    pub delta_pct: f64,
+    /// Relative half-widths of both confidence intervals together.
+    pub noise_pct: f64,
+    pub regressed: bool,
+    pub improved: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DiffReport {
+    pub a: String,
+    pub b: String,
+    pub threshold_pct: f64,
+    pub changes: Vec<Change>,
+    pub slots: Vec<TimeDelta>,
+    pub end_to_end: Vec<TimeDelta>,
+    /// A profile without a `tuning` section has no times to compare.
+    pub notes: Vec<String>,
+    pub changed: bool,
+    pub regressed: bool,
+}
+
+fn entry_map(p: &Profile) -> BTreeMap<String, String> {
+    let mut m = BTreeMap::new();
+    let mut add = |prefix: &str, k: &super::KernelsDoc| {
+        for (path, at, _) in entries(k) {
+            let key = format!("{prefix}{path}");
+            match &at.value {
+                super::Entry::One(v) => {
+                    m.insert(key, v.to_string());
+                }
+                super::Entry::PerRegime { prefill, decode } => {
+                    if let Some(v) = prefill {
+                        m.insert(format!("{key} (prefill)"), v.to_string());
+                    }
+                    if let Some(v) = decode {
+                        m.insert(format!("{key} (decode)"), v.to_string());
+                    }
+                }
+            }
+        }
+    };
+    add("", &p.doc.kernels);
+    for (range, k) in &p.doc.layers {
+        add(&format!("layers {range}: "), &k.value);
+    }
+    let e = &p.doc.execution;
+    for (k, v) in [
+        ("execution.batchCommands", e.batch_commands.to_string()),
+        ("execution.kvCacheDtype", format!("{:?}", e.kv_cache_dtype).to_lowercase()),
+        ("execution.weightDtype", format!("{:?}", e.weight_dtype).to_lowercase()),
+        ("execution.fusedQkv", e.fused_qkv.to_string()),
+        ("execution.fusedGateUp", e.fused_gate_up.to_string()),
+        ("execution.fusedQkNormRope", e.fused_qk_norm_rope.to_string()),
+        ("execution.fusedResidualNorm", e.fused_residual_norm.to_string()),
+        ("scheduling.maxParallelKernels", p.doc.scheduling.max_parallel_kernels.to_string()),
+    ] {
+        m.insert(k.to_string(), v);
+    }
+    for name in p.doc.parallel.keys() {
+        m.insert(format!("parallel.{name}"), "on".into());
+    }
+    m
+}
+
+/// Compares a cost (smaller is better) with its confidence intervals.
+fn delta(what: String, old: (f64, [f64; 2]), new: (f64, [f64; 2]), unit: &'static str, threshold_pct: f64) -> TimeDelta {
+    let rel = |(m, ci): (f64, [f64; 2])| if m > 0.0 { (ci[1] - ci[0]) / 2.0 / m * 100.0 } else { 0.0 };
+    let noise = rel(old) + rel(new);
+    let d = if old.0 > 0.0 { (new.0 - old.0) / old.0 * 100.0 } else { 0.0 };
+    // Beyond the threshold and beyond the noise: the intervals do not overlap.
+    let regressed = d > threshold_pct && d > noise && new.1[0] > old.1[1];
+    let improved = -d > threshold_pct && -d > noise && new.1[1] < old.1[0];
+    TimeDelta { what, old: old.0, new: new.0, unit, delta_pct: d, noise_pct: noise, regressed, improved }
+}
+
+fn slot_key(s: &SlotTuning) -> String {
+    format!("{} ({}) {}", s.slot, s.regime, s.problem)
+}
+
+fn chosen_time(s: &SlotTuning) -> Option<(f64, [f64; 2])> {
+    s.candidates.iter().find(|c| c.variant.to_string() == s.chosen).map(|c| (c.median_us, c.ci_us))
+}
+
+fn e2e(t: &Throughput) -> [(&'static str, (f64, [f64; 2])); 2] {
+    [("prefill", (t.prefill_ms, t.prefill_ci_ms)), ("decode (per token)", (t.decode_ms, t.decode_ci_ms))]
+}
+
+/// Compares `a` (the reference) with `b`.
+pub fn diff(a: &Profile, b: &Profile, threshold_pct: f64) -> Result<DiffReport, ProfileError> {
+    if !(threshold_pct.is_finite() && threshold_pct >= 0.0) {
+        return Err(ProfileError::Invalid { path: "--threshold".into(), message: format!("{threshold_pct} is not a percentage ≥ 0") });
+    }
+    let (ma, mb) = (entry_map(a), entry_map(b));
+    let mut changes = Vec::new();
+    let keys: std::collections::BTreeSet<&String> = ma.keys().chain(mb.keys()).collect();
+    for k in keys {
+        let (o, n) = (ma.get(k), mb.get(k));
+        if o != n {
+            let show = |v: Option<&String>| v.cloned().unwrap_or_else(|| "(runtime default)".into());
+            changes.push(Change { what: k.clone(), old: show(o), new: show(n) });
+        }
+    }
+    let mut notes = Vec::new();
+    let mut slots = Vec::new();
+    let mut end_to_end = Vec::new();
+    match (&a.doc.tuning, &b.doc.tuning) {
+        (Some(ta), Some(tb)) => {
+            if ta.fingerprint != tb.fingerprint {
+                notes.push("the profiles were tuned on different devices or drivers: times are not comparable like for like".into());
+            }
+            let old: BTreeMap<String, &SlotTuning> = ta.slots.iter().map(|s| (slot_key(s), s)).collect();
+            for s in &tb.slots {
+                if let (Some(o), Some(nt)) = (old.get(&slot_key(s)), chosen_time(s))
+                    && let Some(ot) = chosen_time(o)
+                {
+                    slots.push(delta(slot_key(s), ot, nt, "us", threshold_pct));
+                }
+            }
+            for ((name, o), (_, n)) in e2e(&ta.end_to_end.tuned).into_iter().zip(e2e(&tb.end_to_end.tuned)) {
+                end_to_end.push(delta(name.to_string(), o, n, "ms", threshold_pct));
+            }
+        }
+        _ => notes.push("a profile has no `tuning` section: only choices are compared".into()),
+    }
+    let regressed = slots.iter().chain(&end_to_end).any(|d| d.regressed);
+    Ok(DiffReport {
+        a: a.origin.clone(),
+        b: b.origin.clone(),
+        threshold_pct,
+        changed: !changes.is_empty(),
+        changes,
+        slots,
+        end_to_end,
+        notes,
+        regressed,
+    })
+}

@@ -1,0 +1,517 @@
+//! The profile document: seed 002's YAML keys as serde types (also the JSON Schema
+//! `ktune schema` prints), plus the `tuning` provenance section. Values that later
+//! validation may reject carry their source position ([`At`]).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use schemars::JsonSchema;
+use serde::de::{self, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// A value with the line and column it was read from (0 when built in code).
+#[derive(Clone, Debug, PartialEq)]
+pub struct At<T> {
+    pub value: T,
+    pub line: u64,
+    pub column: u64,
+}
+
+impl<T> At<T> {
+    pub fn new(value: T) -> At<T> {
+        At { value, line: 0, column: 0 }
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for At<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = serde_saphyr::Spanned::<T>::deserialize(d)?;
+        Ok(At { value: s.value, line: s.referenced.line(), column: s.referenced.column() })
+    }
+}
+
+impl<T: Serialize> Serialize for At<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.value.serialize(s)
+    }
+}
+
+impl<T: JsonSchema> JsonSchema for At<T> {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        T::schema_name()
+    }
+    fn json_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        T::json_schema(g)
+    }
+    fn inline_schema() -> bool {
+        T::inline_schema()
+    }
+}
+
+/// A kernel profile (seed 002), as written on disk.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileDoc {
+    /// Free-form profile name.
+    pub name: String,
+    /// The model the profile was tuned for (a built-in name or the model directory's name).
+    pub model: String,
+    /// Format version: 1.
+    pub version: At<u32>,
+    /// What the device must have for this profile to run.
+    #[serde(default)]
+    pub device: DeviceReq,
+    /// The kernel serving each slot.
+    #[serde(default)]
+    pub kernels: KernelsDoc,
+    /// Whole-plan execution switches.
+    #[serde(default)]
+    pub execution: ExecutionDoc,
+    /// Independent operations run concurrently: `qkv_projections` and/or `ffn_projections`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub parallel: BTreeMap<String, At<Vec<String>>>,
+    /// Per-layer overrides: keys are inclusive layer ranges (`0-5`) or single layers (`7`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub layers: BTreeMap<String, At<KernelsDoc>>,
+    /// Scheduling hints for the parallel groups.
+    #[serde(default)]
+    pub scheduling: SchedulingDoc,
+    /// Where the numbers came from (written by `ktune tune`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tuning: Option<Tuning>,
+}
+
+/// Device requirements.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DeviceReq {
+    /// `cpu` for CPU kernels, `wgsl` for GPU kernels (any wgpu adapter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<At<String>>,
+    /// apple, nvidia, amd, intel, arm, qualcomm, mesa (software), ...; a mismatch warns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vendor: Option<String>,
+    /// Workgroup storage bytes the chosen kernels need.
+    #[serde(default)]
+    pub min_shared_memory: u64,
+    #[serde(default)]
+    pub requires_f16: bool,
+    #[serde(default)]
+    pub requires_subgroups: bool,
+}
+
+/// Kernel choices. Each entry is a variant id (`gemv_subgroup`), a variant with
+/// parameters (`{kernel: gemv_subgroup, params: {wg: 128}}`), or one of those per
+/// regime (`{prefill: ..., decode: ...}`). A plain entry serves every regime whose op
+/// the kernel computes (a GEMM id serves prefill, a GEMV id decode).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KernelsDoc {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention: Option<At<Entry>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matmul: Option<MatmulDoc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub norm: Option<At<Entry>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activation: Option<At<Entry>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope: Option<At<Entry>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub residual: Option<At<Entry>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fused: Option<FusedDoc>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MatmulDoc {
+    /// Every projection not listed below.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<At<Entry>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qkv_proj: Option<At<Entry>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub o_proj: Option<At<Entry>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate_up: Option<At<Entry>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub down_proj: Option<At<Entry>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lm_head: Option<At<Entry>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FusedDoc {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qkv_proj: Option<At<Entry>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate_up: Option<At<Entry>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qk_norm_rope: Option<At<Entry>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub residual_norm: Option<At<Entry>>,
+}
+
+/// A kernel id with its parameters (unlisted parameters take their defaults).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VariantDoc {
+    pub kernel: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub params: BTreeMap<String, u32>,
+}
+
+impl VariantDoc {
+    pub fn id(kernel: &str) -> VariantDoc {
+        VariantDoc { kernel: kernel.into(), params: BTreeMap::new() }
+    }
+}
+
+impl fmt::Display for VariantDoc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.kernel)?;
+        if !self.params.is_empty() {
+            let ps: Vec<String> = self.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            write!(f, "({})", ps.join(","))?;
+        }
+        Ok(())
+    }
+}
+
+/// One slot's entry: one variant, or one per regime.
+#[derive(Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[schemars(untagged)]
+pub enum Entry {
+    One(#[schemars(with = "VariantSchema")] VariantDoc),
+    PerRegime {
+        #[schemars(with = "Option<VariantSchema>")]
+        prefill: Option<VariantDoc>,
+        #[schemars(with = "Option<VariantSchema>")]
+        decode: Option<VariantDoc>,
+    },
+}
+
+/// A variant id, or an id with parameters.
+#[derive(JsonSchema)]
+#[schemars(untagged)]
+#[allow(dead_code)]
+enum VariantSchema {
+    Id(String),
+    WithParams(VariantDoc),
+}
+
+fn variant_out<S: Serializer>(v: &VariantDoc, s: S) -> Result<S::Ok, S::Error> {
+    if v.params.is_empty() { s.serialize_str(&v.kernel) } else { v.serialize(s) }
+}
+
+impl Serialize for Entry {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        struct V<'a>(&'a VariantDoc);
+        impl Serialize for V<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                variant_out(self.0, s)
+            }
+        }
+        match self {
+            Entry::One(v) => variant_out(v, s),
+            Entry::PerRegime { prefill, decode } => {
+                let mut m = s.serialize_map(None)?;
+                if let Some(p) = prefill {
+                    m.serialize_entry("prefill", &V(p))?;
+                }
+                if let Some(d) = decode {
+                    m.serialize_entry("decode", &V(d))?;
+                }
+                m.end()
+            }
+        }
+    }
+}
+
+/// A variant written as an id or as `{kernel, params}`.
+struct VariantIn(VariantDoc);
+
+impl<'de> Deserialize<'de> for VariantIn {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Vis;
+        impl<'de> Visitor<'de> for Vis {
+            type Value = VariantIn;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a kernel id or {kernel: ID, params: {...}}")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<VariantIn, E> {
+                Ok(VariantIn(VariantDoc::id(v)))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<VariantIn, A::Error> {
+                VariantDoc::deserialize(de::value::MapAccessDeserializer::new(map)).map(VariantIn)
+            }
+        }
+        d.deserialize_any(Vis)
+    }
+}
+
+impl<'de> Deserialize<'de> for Entry {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Vis;
+        impl<'de> Visitor<'de> for Vis {
+            type Value = Entry;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a kernel id, {kernel: ID, params: {...}}, or {prefill: ..., decode: ...}")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Entry, E> {
+                Ok(Entry::One(VariantDoc::id(v)))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entry, A::Error> {
+                let mut kernel: Option<String> = None;
+                let mut params: Option<BTreeMap<String, u32>> = None;
+                let mut prefill = None;
+                let mut decode = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "kernel" => kernel = Some(map.next_value()?),
+                        "params" => params = Some(map.next_value()?),
+                        "prefill" => prefill = Some(map.next_value::<VariantIn>()?.0),
+                        "decode" => decode = Some(map.next_value::<VariantIn>()?.0),
+                        other => {
+                            return Err(de::Error::unknown_field(other, &["kernel", "params", "prefill", "decode"]));
+                        }
+                    }
+                }
+                match (kernel, prefill.is_some() || decode.is_some()) {
+                    (Some(_), true) => Err(de::Error::custom("give either `kernel` (with `params`) or `prefill`/`decode`, not both")),
+                    (Some(k), false) => Ok(Entry::One(VariantDoc { kernel: k, params: params.unwrap_or_default() })),
+                    (None, true) if params.is_some() => {
+                        Err(de::Error::custom("`params` belongs inside `prefill: {kernel, params}` or `decode: {kernel, params}`"))
+                    }
+                    (None, true) => Ok(Entry::PerRegime { prefill, decode }),
+                    (None, false) => Err(de::Error::missing_field("kernel")),
+                }
+            }
+        }
+        d.deserialize_any(Vis)
+    }
+}
+
+/// Storage type names in the profile.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum StorageDtype {
+    #[default]
+    F32,
+    F16,
+}
+
+impl StorageDtype {
+    pub fn dtype(self) -> crate::kernels::DType {
+        match self {
+            StorageDtype::F32 => crate::kernels::DType::F32,
+            StorageDtype::F16 => crate::kernels::DType::F16,
+        }
+    }
+    pub fn from_dtype(d: crate::kernels::DType) -> StorageDtype {
+        match d {
+            crate::kernels::DType::F32 => StorageDtype::F32,
+            crate::kernels::DType::F16 => StorageDtype::F16,
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Execution switches (seed 002 `execution`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ExecutionDoc {
+    /// GPU: one command buffer and one submit per forward pass (false: one per kernel).
+    #[serde(default = "yes")]
+    pub batch_commands: bool,
+    /// Storage type of the KV cache.
+    #[serde(default)]
+    pub kv_cache_dtype: StorageDtype,
+    /// Storage type of the weights the profile was tuned for.
+    #[serde(default)]
+    pub weight_dtype: StorageDtype,
+    /// Gate and up from one weight, activation in the epilogue.
+    #[serde(default)]
+    pub fused_gate_up: bool,
+    /// Q, K, V from one weight.
+    #[serde(default)]
+    pub fused_qkv: bool,
+    /// Per-head q/k RMSNorm + RoPE in one kernel (models with q/k norm).
+    #[serde(default)]
+    pub fused_qk_norm_rope: bool,
+    /// Residual add + the next RMSNorm in one kernel.
+    #[serde(default)]
+    pub fused_residual_norm: bool,
+}
+
+impl Default for ExecutionDoc {
+    fn default() -> ExecutionDoc {
+        ExecutionDoc {
+            batch_commands: true,
+            kv_cache_dtype: StorageDtype::F32,
+            weight_dtype: StorageDtype::F32,
+            fused_gate_up: false,
+            fused_qkv: false,
+            fused_qk_norm_rope: false,
+            fused_residual_norm: false,
+        }
+    }
+}
+
+fn three() -> u32 {
+    3
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SchedulingDoc {
+    /// Most kernels of a parallel group in flight at once (1 runs groups sequentially).
+    #[serde(default = "three")]
+    pub max_parallel_kernels: u32,
+    /// Ordering points: `after` a parallel group, `before` an op (attention, activation, ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub barriers: Vec<At<Barrier>>,
+}
+
+impl Default for SchedulingDoc {
+    fn default() -> SchedulingDoc {
+        SchedulingDoc { max_parallel_kernels: 3, barriers: Vec::new() }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Barrier {
+    pub after: String,
+    pub before: String,
+}
+
+/// Provenance of a tuned profile.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Tuning {
+    /// Full sha256 fingerprint of the device.
+    pub fingerprint: String,
+    pub device_name: String,
+    pub ktune_version: String,
+    /// Hash of the kernel set (shader sources and registry).
+    pub kernel_set: String,
+    /// `gpu-timestamps` or `wall-clock`.
+    pub timing: String,
+    /// UTC, RFC 3339.
+    pub date: String,
+    pub strategy: String,
+    pub seed: u64,
+    pub budget_s: f64,
+    pub used_s: f64,
+    pub prefill_tokens: usize,
+    pub context: usize,
+    /// Device limits the achieved figures are compared with.
+    pub limits: Limits,
+    pub space: SpaceSummary,
+    /// Per slot, regime and shape: the candidates measured and those rejected.
+    pub slots: Vec<SlotTuning>,
+    pub end_to_end: EndToEnd,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Measured (CPU) or assumed read bandwidth, GB/s.
+    pub read_gbps: f64,
+    /// Where the bandwidth figure came from.
+    pub read_source: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SpaceSummary {
+    /// Variants valid for at least one slot.
+    pub variants: usize,
+    /// Variants ruled out, by reason.
+    pub ruled_out: BTreeMap<String, usize>,
+    /// Complete combinations (variants per slot, fusion choices, execution flags), as a decimal string.
+    pub combinations: String,
+    pub fusion_choices: usize,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SlotTuning {
+    pub slot: String,
+    pub regime: String,
+    /// The shape measured (one per distinct problem of the slot).
+    pub problem: String,
+    /// Dispatches of this shape per forward pass.
+    pub count: usize,
+    pub chosen: String,
+    pub candidates: Vec<Candidate>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rejected: Vec<Rejected>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Candidate {
+    pub variant: VariantDoc,
+    pub median_us: f64,
+    /// 95% confidence interval of the median.
+    pub ci_us: [f64; 2],
+    /// Median absolute deviation.
+    pub mad_us: f64,
+    pub samples: usize,
+    pub outliers: usize,
+    pub gbps: f64,
+    pub gflops: f64,
+    /// Achieved bandwidth against `limits.read_gbps`.
+    pub pct_of_bandwidth: f64,
+    /// `measured`, or the round it was dropped in (`dropped@2`).
+    pub status: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Rejected {
+    pub variant: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EndToEnd {
+    pub prefill_tokens: usize,
+    pub decode_tokens: usize,
+    pub tuned: Throughput,
+    pub default: Throughput,
+    /// Every complete combination timed end to end.
+    pub combinations: Vec<Combination>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Throughput {
+    pub prefill_tok_s: f64,
+    pub decode_tok_s: f64,
+    /// Median prefill time, ms, with its 95% confidence interval.
+    pub prefill_ms: f64,
+    pub prefill_ci_ms: [f64; 2],
+    /// Median time per decoded token, ms, with its 95% confidence interval.
+    pub decode_ms: f64,
+    pub decode_ci_ms: [f64; 2],
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Combination {
+    /// Fusions and flags, e.g. `fused_qkv+fused_gate_up batch`.
+    pub label: String,
+    pub predicted_ms: f64,
+    pub result: Throughput,
+    pub chosen: bool,
+}

@@ -1,0 +1,522 @@
+//! Profiles: load and validate seed 002's YAML (every error with its line and
+//! column), resolve it into the plan's kernel selection and execution options for
+//! one device, write it back, and compare two of them ([`diff`]).
+
+pub mod diff;
+pub mod doc;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+pub use doc::{At, Entry, ExecutionDoc, KernelsDoc, ProfileDoc, VariantDoc};
+
+use crate::device::Device;
+use crate::kernels::{self, Backend, KernelDef, Op};
+use crate::plan::select::{Choice, DeviceCaps, LayerOverride, SlotKey};
+use crate::plan::{Fusion, Parallel, Regime, Selection, Slot};
+
+/// The format version this build reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Parallel groups a profile may declare, with their members (seed 002 spelling).
+pub const PARALLEL_GROUPS: [(&str, &[&str]); 2] = [
+    ("qkv_projections", &["matmul:q_proj", "matmul:k_proj", "matmul:v_proj"]),
+    ("ffn_projections", &["matmul:gate_proj", "matmul:up_proj"]),
+];
+
+/// Ops a barrier's `before` may name.
+const BARRIER_TARGETS: &[&str] =
+    &["attention", "activation", "silu", "gelu", "o_proj", "down_proj", "rope", "norm", "qk_norm_rope", "residual"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("cannot read profile {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}:{line}:{column}: {message}")]
+    At { path: String, line: u64, column: u64, message: String },
+    #[error("{path}: {message}")]
+    Invalid { path: String, message: String },
+    #[error("profile {path} cannot run on {device}: {message}")]
+    Device { path: String, device: String, message: String },
+    #[error("cannot write profile {path}: {source}")]
+    Write { path: PathBuf, source: std::io::Error },
+    #[error("serializing the profile failed: {0}")]
+    Serialize(String),
+}
+
+/// A loaded, validated profile.
+#[derive(Clone, Debug)]
+pub struct Profile {
+    pub doc: ProfileDoc,
+    /// Where it came from (for messages).
+    pub origin: String,
+}
+
+/// The runtime switches a profile sets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExecSettings {
+    pub batch: bool,
+    pub fusion: Fusion,
+    pub parallel: Parallel,
+    pub kv_dtype: kernels::DType,
+    pub weight_dtype: kernels::DType,
+}
+
+impl ExecSettings {
+    pub fn to_doc(&self) -> (ExecutionDoc, BTreeMap<String, At<Vec<String>>>) {
+        let e = ExecutionDoc {
+            batch_commands: self.batch,
+            kv_cache_dtype: doc::StorageDtype::from_dtype(self.kv_dtype),
+            weight_dtype: doc::StorageDtype::from_dtype(self.weight_dtype),
+            fused_gate_up: self.fusion.gate_up,
+            fused_qkv: self.fusion.qkv,
+            fused_qk_norm_rope: self.fusion.qk_norm_rope,
+            fused_residual_norm: self.fusion.residual_norm,
+        };
+        let mut par = BTreeMap::new();
+        for (name, members) in PARALLEL_GROUPS {
+            let on = if name == "qkv_projections" { self.parallel.qkv } else { self.parallel.ffn };
+            if on {
+                par.insert(name.to_string(), At::new(members.iter().map(|m| m.to_string()).collect()));
+            }
+        }
+        (e, par)
+    }
+}
+
+fn at_err<T>(origin: &str, a: &At<T>, message: String) -> ProfileError {
+    if a.line == 0 {
+        ProfileError::Invalid { path: origin.to_string(), message }
+    } else {
+        ProfileError::At { path: origin.to_string(), line: a.line, column: a.column, message }
+    }
+}
+
+/// The profile slots an entry of `KernelsDoc` may stand for, by YAML path.
+type EntryRef<'a> = (&'static str, &'a At<Entry>, Vec<Slot>);
+
+fn entries(k: &KernelsDoc) -> Vec<EntryRef<'_>> {
+    let mut v: Vec<EntryRef<'_>> = Vec::new();
+    fn put<'a>(v: &mut Vec<EntryRef<'a>>, path: &'static str, e: &'a Option<At<Entry>>, slots: Vec<Slot>) {
+        if let Some(e) = e {
+            v.push((path, e, slots));
+        }
+    }
+    let mut push = |path, e, slots| put(&mut v, path, e, slots);
+    push("attention", &k.attention, vec![Slot::AttentionPrefill, Slot::AttentionDecode]);
+    if let Some(m) = &k.matmul {
+        // `default` first so the specific entries override it.
+        let all = vec![Slot::MatmulQkv, Slot::MatmulO, Slot::MatmulGateUp, Slot::MatmulDown, Slot::MatmulLmHead];
+        push("matmul.default", &m.default, all);
+        push("matmul.qkv_proj", &m.qkv_proj, vec![Slot::MatmulQkv]);
+        push("matmul.o_proj", &m.o_proj, vec![Slot::MatmulO]);
+        push("matmul.gate_up", &m.gate_up, vec![Slot::MatmulGateUp]);
+        push("matmul.down_proj", &m.down_proj, vec![Slot::MatmulDown]);
+        push("matmul.lm_head", &m.lm_head, vec![Slot::MatmulLmHead]);
+    }
+    push("norm", &k.norm, vec![Slot::Norm]);
+    push("activation", &k.activation, vec![Slot::Activation]);
+    push("rope", &k.rope, vec![Slot::Rope]);
+    push("residual", &k.residual, vec![Slot::Residual]);
+    if let Some(f) = &k.fused {
+        push("fused.qkv_proj", &f.qkv_proj, vec![Slot::FusedQkv]);
+        push("fused.gate_up", &f.gate_up, vec![Slot::FusedGateUp]);
+        push("fused.qk_norm_rope", &f.qk_norm_rope, vec![Slot::QkNormRope]);
+        push("fused.residual_norm", &f.residual_norm, vec![Slot::ResidualNorm]);
+    }
+    v
+}
+
+/// Kernels that may serve `slots` (any regime), for error messages.
+fn valid_for(slots: &[Slot], backend: Option<Backend>) -> String {
+    let mut ops: Vec<Op> = Vec::new();
+    for s in slots {
+        for r in [Regime::Prefill, Regime::Decode] {
+            if let Some(op) = s.op(r)
+                && !ops.contains(&op)
+            {
+                ops.push(op);
+            }
+        }
+    }
+    let ids: Vec<&str> =
+        kernels::registry().iter().filter(|k| ops.contains(&k.op) && backend.is_none_or(|b| k.backend() == b)).map(|k| k.id).collect();
+    ids.join(", ")
+}
+
+/// Resolves one variant for `slots`: the kernel exists, computes the slot's op in
+/// `regime` (or in any regime when `None`), parameters are known and in range.
+/// Returns the keys it serves.
+fn resolve_variant(
+    origin: &str,
+    path: &str,
+    at: &At<Entry>,
+    v: &VariantDoc,
+    slots: &[Slot],
+    regime: Option<Regime>,
+    backend: Option<Backend>,
+) -> Result<Vec<(SlotKey, Choice)>, ProfileError> {
+    let k: &'static KernelDef = kernels::find(&v.kernel).map_err(|_| {
+        at_err(origin, at, format!("`{path}`: unknown kernel `{}`; valid kernels for this slot: {}", v.kernel, valid_for(slots, backend)))
+    })?;
+    if let Some(b) = backend
+        && k.backend() != b
+    {
+        return Err(at_err(
+            origin,
+            at,
+            format!(
+                "`{path}`: `{}` is a {} kernel but the profile is for `{}`; valid kernels for this slot: {}",
+                k.id,
+                k.backend().name(),
+                b.name(),
+                valid_for(slots, backend)
+            ),
+        ));
+    }
+    let mut params = k.default_params();
+    for (name, val) in &v.params {
+        params.insert(name.clone(), *val);
+    }
+    k.check_params(&params).map_err(|why| at_err(origin, at, format!("`{path}`: `{}`: {why}", k.id)))?;
+    let regimes: Vec<Regime> = regime.map(|r| vec![r]).unwrap_or_else(|| vec![Regime::Prefill, Regime::Decode]);
+    let mut out = Vec::new();
+    for s in slots {
+        for r in &regimes {
+            let fits = if regime.is_some() { s.accepts(*r, k.op) } else { s.op(*r) == Some(k.op) };
+            if fits {
+                out.push(((*s, *r), Choice::new(k, params.clone())));
+            }
+        }
+    }
+    if out.is_empty() {
+        let want: Vec<String> =
+            regimes.iter().filter_map(|r| slots.first().and_then(|s| s.op(*r)).map(|op| format!("{op} ({})", r.name()))).collect();
+        return Err(at_err(
+            origin,
+            at,
+            format!(
+                "`{path}`: `{}` computes {} but this slot takes {}; valid kernels for this slot: {}",
+                k.id,
+                k.op,
+                want.join(" or "),
+                valid_for(slots, backend)
+            ),
+        ));
+    }
+    Ok(out)
+}
+
+fn resolve_kernels(origin: &str, k: &KernelsDoc, backend: Option<Backend>) -> Result<BTreeMap<SlotKey, Choice>, ProfileError> {
+    let mut map = BTreeMap::new();
+    for (path, at, slots) in entries(k) {
+        let chosen = match &at.value {
+            Entry::One(v) => resolve_variant(origin, path, at, v, &slots, None, backend)?,
+            Entry::PerRegime { prefill, decode } => {
+                let mut c = Vec::new();
+                if let Some(v) = prefill {
+                    c.extend(resolve_variant(origin, path, at, v, &slots, Some(Regime::Prefill), backend)?);
+                }
+                if let Some(v) = decode {
+                    c.extend(resolve_variant(origin, path, at, v, &slots, Some(Regime::Decode), backend)?);
+                }
+                c
+            }
+        };
+        for (key, choice) in chosen {
+            map.insert(key, choice);
+        }
+    }
+    Ok(map)
+}
+
+/// Parses `a-b` or `a` into an inclusive range.
+fn layer_range(s: &str) -> Option<(usize, usize)> {
+    let s = s.trim();
+    match s.split_once('-') {
+        Some((a, b)) => Some((a.trim().parse().ok()?, b.trim().parse().ok()?)),
+        None => s.parse().ok().map(|a| (a, a)),
+    }
+}
+
+impl Profile {
+    /// Parses and validates everything that does not depend on a device or model.
+    pub fn from_str(text: &str, origin: &str) -> Result<Profile, ProfileError> {
+        let doc: ProfileDoc = serde_saphyr::from_str(text).map_err(|e| match e.location() {
+            Some(l) => {
+                ProfileError::At { path: origin.to_string(), line: l.line(), column: l.column(), message: first_line(&e.to_string()) }
+            }
+            None => ProfileError::Invalid { path: origin.to_string(), message: e.to_string() },
+        })?;
+        let p = Profile { doc, origin: origin.to_string() };
+        p.validate()?;
+        Ok(p)
+    }
+
+    pub fn load(path: &Path) -> Result<Profile, ProfileError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Read { path: path.to_path_buf(), source })?;
+        Profile::from_str(&text, &path.display().to_string())
+    }
+
+    fn backend(&self) -> Result<Option<Backend>, ProfileError> {
+        match &self.doc.device.backend {
+            None => Ok(None),
+            Some(a) => match a.value.as_str() {
+                "cpu" => Ok(Some(Backend::Cpu)),
+                "wgsl" => Ok(Some(Backend::Wgsl)),
+                other => Err(at_err(&self.origin, a, format!("device.backend `{other}` is not `cpu` or `wgsl`"))),
+            },
+        }
+    }
+
+    fn validate(&self) -> Result<(), ProfileError> {
+        let d = &self.doc;
+        let o = self.origin.as_str();
+        if d.version.value != FORMAT_VERSION {
+            return Err(at_err(
+                o,
+                &d.version,
+                format!("version {} is not supported (this build reads version {FORMAT_VERSION})", d.version.value),
+            ));
+        }
+        let backend = self.backend()?;
+        resolve_kernels(o, &d.kernels, backend)?;
+        for (name, members) in &d.parallel {
+            let Some((_, want)) = PARALLEL_GROUPS.iter().find(|(n, _)| n == name) else {
+                let known: Vec<&str> = PARALLEL_GROUPS.iter().map(|(n, _)| *n).collect();
+                return Err(at_err(o, members, format!("unknown parallel group `{name}` (known: {})", known.join(", "))));
+            };
+            let mut got: Vec<&str> = members.value.iter().map(String::as_str).collect();
+            got.sort_unstable();
+            let mut w: Vec<&str> = want.to_vec();
+            w.sort_unstable();
+            if got != w {
+                return Err(at_err(o, members, format!("parallel group `{name}` must list exactly {}", want.join(", "))));
+            }
+        }
+        if d.scheduling.max_parallel_kernels == 0 {
+            return Err(ProfileError::Invalid { path: o.into(), message: "scheduling.maxParallelKernels must be at least 1".into() });
+        }
+        for b in &d.scheduling.barriers {
+            if !d.parallel.contains_key(&b.value.after) {
+                return Err(at_err(
+                    o,
+                    b,
+                    format!(
+                        "barrier `after: {}` names no parallel group of this profile (declared: {:?})",
+                        b.value.after,
+                        d.parallel.keys()
+                    ),
+                ));
+            }
+            if !BARRIER_TARGETS.contains(&b.value.before.as_str()) {
+                return Err(at_err(
+                    o,
+                    b,
+                    format!("barrier `before: {}` is not an op (allowed: {})", b.value.before, BARRIER_TARGETS.join(", ")),
+                ));
+            }
+        }
+        let mut ranges: Vec<(usize, usize, &str)> = Vec::new();
+        for (key, k) in &d.layers {
+            let Some((a, b)) = layer_range(key) else {
+                return Err(at_err(o, k, format!("layer range `{key}` is not `N` or `N-M`")));
+            };
+            if a > b {
+                return Err(at_err(o, k, format!("layer range `{key}` runs backwards")));
+            }
+            if let Some((_, _, other)) = ranges.iter().find(|(x, y, _)| a <= *y && *x <= b) {
+                return Err(at_err(o, k, format!("layer range `{key}` overlaps `{other}`")));
+            }
+            ranges.push((a, b, key));
+            resolve_kernels(o, &k.value, backend)?;
+        }
+        Ok(())
+    }
+
+    /// The selection and switches for `device` running a model of `num_layers`
+    /// layers: refuses (error) when the device lacks a requirement; returns warnings
+    /// for a fingerprint, vendor or model mismatch.
+    pub fn resolve(&self, device: &Device, model: &str, num_layers: usize) -> Result<(Selection, ExecSettings, Vec<String>), ProfileError> {
+        let d = &self.doc;
+        let o = self.origin.as_str();
+        let mut warnings = Vec::new();
+        let dev_err = |message: String| ProfileError::Device { path: o.into(), device: device.name(), message };
+        let caps = match device {
+            Device::Cpu(c) => DeviceCaps::Cpu(c.clone()),
+            Device::Gpu(g) => DeviceCaps::Gpu(g.caps.clone()),
+        };
+        let backend = self.backend()?;
+        if let Some(b) = backend
+            && b != caps.backend()
+        {
+            return Err(dev_err(format!(
+                "the profile holds {} kernels and this device runs {} kernels; pick a {} device with --device or tune this one",
+                b.name(),
+                caps.backend().name(),
+                if b == Backend::Cpu { "cpu" } else { "GPU" }
+            )));
+        }
+        if let DeviceCaps::Gpu(g) = &caps {
+            let mut lacks = Vec::new();
+            if d.device.requires_f16 && !g.shader_f16 {
+                lacks.push("SHADER_F16 (requiresF16: true)".to_string());
+            }
+            if d.device.requires_subgroups && !g.subgroups {
+                lacks.push("subgroups (requiresSubgroups: true)".to_string());
+            }
+            if d.device.min_shared_memory > g.max_workgroup_storage as u64 {
+                lacks.push(format!(
+                    "{} bytes of workgroup memory (minSharedMemory; the device has {})",
+                    d.device.min_shared_memory, g.max_workgroup_storage
+                ));
+            }
+            if !lacks.is_empty() {
+                return Err(dev_err(format!("the device lacks {}", lacks.join(", "))));
+            }
+        } else if d.device.requires_f16 || d.device.requires_subgroups || d.device.min_shared_memory > 0 {
+            return Err(dev_err("the profile requires GPU features (f16 shaders, subgroups or shared memory)".into()));
+        }
+        if let Some(v) = &d.device.vendor
+            && !v.eq_ignore_ascii_case(&device.vendor())
+        {
+            warnings.push(format!("profile {o} was tuned for vendor `{v}`, this device is `{}`", device.vendor()));
+        }
+        if let Some(t) = &d.tuning
+            && t.fingerprint != device.fingerprint()
+        {
+            warnings.push(format!(
+                "profile {o} was tuned on another device or driver (fingerprint {}…, this one {}…): its choices may not be the fastest here",
+                &t.fingerprint[..t.fingerprint.len().min(12)],
+                &device.fingerprint()[..12]
+            ));
+        }
+        if d.model != model {
+            warnings.push(format!("profile {o} was tuned for model `{}`, running `{model}`", d.model));
+        }
+        let mut sel = Selection::defaults(caps);
+        sel.slots = resolve_kernels(o, &d.kernels, backend)?;
+        for (key, k) in &d.layers {
+            let (a, b) = layer_range(key).unwrap_or((0, 0));
+            if b >= num_layers {
+                return Err(at_err(o, k, format!("layer range `{key}` is past the model's last layer ({})", num_layers.saturating_sub(1))));
+            }
+            sel.layers.push(LayerOverride { first: a, last: b, slots: resolve_kernels(o, &k.value, backend)? });
+        }
+        let e = &d.execution;
+        let par_on = d.scheduling.max_parallel_kernels > 1;
+        let exec = ExecSettings {
+            batch: e.batch_commands,
+            fusion: Fusion {
+                qkv: e.fused_qkv,
+                gate_up: e.fused_gate_up,
+                qk_norm_rope: e.fused_qk_norm_rope,
+                residual_norm: e.fused_residual_norm,
+            },
+            parallel: Parallel {
+                qkv: par_on && d.parallel.contains_key("qkv_projections"),
+                ffn: par_on && d.parallel.contains_key("ffn_projections"),
+            },
+            kv_dtype: e.kv_cache_dtype.dtype(),
+            weight_dtype: e.weight_dtype.dtype(),
+        };
+        Ok((sel, exec, warnings))
+    }
+
+    /// The YAML text.
+    pub fn to_yaml(&self) -> Result<String, ProfileError> {
+        to_yaml(&self.doc)
+    }
+}
+
+/// The first line of a parser message, without its own `error: line N column M: `
+/// prefix (the position is given separately).
+fn first_line(s: &str) -> String {
+    let l = s.lines().next().unwrap_or(s);
+    let l = l.strip_prefix("error: ").unwrap_or(l);
+    match l.strip_prefix("line ").and_then(|r| r.split_once(": ")) {
+        Some((pos, rest)) if pos.contains("column") => rest.to_string(),
+        _ => l.to_string(),
+    }
+}
+
+pub fn to_yaml(doc: &ProfileDoc) -> Result<String, ProfileError> {
+    let body = serde_saphyr::to_string(doc).map_err(|e| ProfileError::Serialize(e.to_string()))?;
+    Ok(format!("# ktune kernel profile (seed 002 format); `ktune schema` prints its JSON Schema.\n{body}"))
+}
+
+/// Writes `text` to `path` atomically (temp file in the same directory, then rename),
+/// so a reader never sees half a profile and a failed write leaves the old one intact.
+pub fn write_atomic(path: &Path, text: &str) -> Result<(), ProfileError> {
+    let err = |source| ProfileError::Write { path: path.to_path_buf(), source };
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(err)?;
+    let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "profile".into());
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, text).map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        err(e)
+    })
+}
+
+/// The profile entry for one choice.
+pub fn variant_doc(c: &Choice) -> VariantDoc {
+    let defaults = c.kernel.default_params();
+    let params = c.params.iter().filter(|(k, v)| defaults.get(*k) != Some(*v)).map(|(k, v)| (k.clone(), *v)).collect();
+    VariantDoc { kernel: c.kernel.id.to_string(), params }
+}
+
+/// Builds the `kernels` section from explicit per-slot, per-regime choices (entries
+/// collapse to one variant when both regimes agree or only one regime exists).
+pub fn kernels_doc(choices: &BTreeMap<SlotKey, Choice>) -> KernelsDoc {
+    let entry = |slot: Slot| -> Option<At<Entry>> {
+        let p = choices.get(&(slot, Regime::Prefill)).map(variant_doc);
+        let d = choices.get(&(slot, Regime::Decode)).map(variant_doc);
+        let same_op = slot.op(Regime::Prefill) == slot.op(Regime::Decode);
+        let e = match (p, d) {
+            (None, None) => return None,
+            (Some(p), Some(d)) if p == d && same_op => Entry::One(p),
+            (Some(p), Some(d)) if !same_op => {
+                // GEMM for prefill and GEMV for decode: one entry each.
+                Entry::PerRegime { prefill: Some(p), decode: Some(d) }
+            }
+            (p, d) => Entry::PerRegime { prefill: p, decode: d },
+        };
+        Some(At::new(e))
+    };
+    let any = |xs: &[&Option<At<Entry>>]| xs.iter().any(|x| x.is_some());
+    let attention = {
+        let p = choices.get(&(Slot::AttentionPrefill, Regime::Prefill)).map(variant_doc);
+        let d = choices.get(&(Slot::AttentionDecode, Regime::Decode)).map(variant_doc);
+        if p.is_none() && d.is_none() { None } else { Some(At::new(Entry::PerRegime { prefill: p, decode: d })) }
+    };
+    let m = doc::MatmulDoc {
+        default: None,
+        qkv_proj: entry(Slot::MatmulQkv),
+        o_proj: entry(Slot::MatmulO),
+        gate_up: entry(Slot::MatmulGateUp),
+        down_proj: entry(Slot::MatmulDown),
+        lm_head: entry(Slot::MatmulLmHead),
+    };
+    let f = doc::FusedDoc {
+        qkv_proj: entry(Slot::FusedQkv),
+        gate_up: entry(Slot::FusedGateUp),
+        qk_norm_rope: entry(Slot::QkNormRope),
+        residual_norm: entry(Slot::ResidualNorm),
+    };
+    KernelsDoc {
+        attention,
+        matmul: if any(&[&m.qkv_proj, &m.o_proj, &m.gate_up, &m.down_proj, &m.lm_head]) { Some(m) } else { None },
+        norm: entry(Slot::Norm),
+        activation: entry(Slot::Activation),
+        rope: entry(Slot::Rope),
+        residual: entry(Slot::Residual),
+        fused: if any(&[&f.qkv_proj, &f.gate_up, &f.qk_norm_rope, &f.residual_norm]) { Some(f) } else { None },
+    }
+}
+
+/// JSON Schema of the profile format (for editors).
+pub fn json_schema() -> serde_json::Value {
+    serde_json::to_value(schemars::schema_for!(ProfileDoc)).unwrap_or_default()
+}

@@ -1,0 +1,900 @@
+//! `ktune tune`: the search. The plan builder gives every slot's shapes for each
+//! fusion choice; each slot's valid variants are gated by correctness, raced at
+//! those shapes (interleaved rounds, robust statistics, early drops), and the most
+//! promising complete combinations (fusions and execution flags included) are timed
+//! end to end through the runtime against its own default. One deadline bounds it
+//! all; finished slot races are saved as they come so an interrupted tune resumes.
+
+pub mod cache;
+pub mod measure;
+pub mod stats;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::device::Device;
+use crate::gpu::GpuCtx;
+use crate::kernels::problem::test_problems;
+use crate::kernels::verify::{Runner as CheckRunner, check_one};
+use crate::kernels::{self, DType, Impl, KernelDef, Problem};
+use crate::model::ModelConfig;
+use crate::plan::select::{Choice, DeviceCaps, SlotKey};
+use crate::plan::{Fusion, Parallel, Plan, PlanOptions, Regime, Selection, StepKind};
+use crate::profile::doc::{self as pd, Candidate, Combination, DeviceReq, SchedulingDoc, SlotTuning, Throughput, Tuning};
+use crate::profile::{ExecSettings, FORMAT_VERSION, ProfileDoc, kernels_doc, variant_doc};
+use crate::runtime::{Engine, RuntimeError, TensorStore, argmax};
+use cache::Cache;
+use measure::{Cand, FULL_SAMPLES, Runner, Strategy, Workload, race};
+use stats::{Stats, pick, summarize};
+
+/// Relative difference under which two times count as a tie.
+const TIE: f64 = 0.01;
+/// Decode steps timed per end-to-end sample.
+const E2E_DECODE_STEPS: usize = 8;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TuneError {
+    #[error(transparent)]
+    Plan(#[from] crate::plan::PlanError),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error(transparent)]
+    Cache(#[from] cache::CacheError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Options that change what a tune finds (all part of the cache key).
+#[derive(Clone, Debug, Serialize)]
+pub struct TuneOptions {
+    pub budget: Duration,
+    pub strategy: Strategy,
+    pub prefill_tokens: usize,
+    pub context: usize,
+    /// Decode tokens per prompt the end-to-end score assumes.
+    pub decode_tokens: usize,
+    pub weight_dtype: DType,
+    pub kv_dtype: DType,
+    pub seed: u64,
+}
+
+/// What the caller sees of the search as it goes (implemented with progress bars in
+/// `output`; tests pass a silent one).
+pub trait Progress {
+    fn phase(&self, _msg: &str, _len: u64) {}
+    fn tick(&self) {}
+    fn note(&self, _msg: &str) {}
+    fn done(&self) {}
+}
+
+pub struct Silent;
+impl Progress for Silent {}
+
+/// Cache key of a tune: device, model config, kernel set, version, options.
+pub fn cache_key(device: &Device, model: &str, cfg: &ModelConfig, o: &TuneOptions) -> String {
+    let cfg_json = serde_json::to_string(cfg).unwrap_or_default();
+    let opts = format!(
+        "{}|{}|{}|{}|{}|{}|{}|{}",
+        o.budget.as_secs_f64(),
+        o.strategy.name(),
+        o.prefill_tokens,
+        o.context,
+        o.decode_tokens,
+        o.weight_dtype,
+        o.kv_dtype,
+        o.seed
+    );
+    let ks = kernels::kernel_set_hash();
+    cache::sha256_of(&[&device.fingerprint(), model, &cfg_json, &ks, env!("CARGO_PKG_VERSION"), &opts])
+}
+
+/// One slot race: the union of the slot's shapes over every fusion choice.
+struct RaceDef {
+    key: SlotKey,
+    dtype: DType,
+    shapes: Vec<(Problem, usize)>,
+}
+
+/// A finished race, as cached and as reported.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct RaceResult {
+    slot: String,
+    regime: String,
+    problem: String,
+    count: usize,
+    winner: usize,
+    cands: Vec<CandRecord>,
+    rejected: Vec<(String, String)>,
+    /// Per-shape medians of every measured candidate (seconds), by shape description.
+    shape_medians: Vec<BTreeMap<String, f64>>,
+    timestamps: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct CandRecord {
+    kernel: String,
+    params: kernels::Params,
+    stats: Stats,
+    status: String,
+}
+
+/// The end-to-end combination space.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Combo {
+    fusion: Fusion,
+    parallel: Parallel,
+    batch: bool,
+    /// The runtime's own default selection instead of the race winners.
+    default: bool,
+}
+
+impl Combo {
+    fn label(&self) -> String {
+        if self.default {
+            return "runtime default".into();
+        }
+        let f = self.fusion;
+        let mut parts: Vec<&str> = Vec::new();
+        for (on, name) in [
+            (f.qkv, "fused_qkv"),
+            (f.gate_up, "fused_gate_up"),
+            (f.qk_norm_rope, "fused_qk_norm_rope"),
+            (f.residual_norm, "fused_residual_norm"),
+        ] {
+            if on {
+                parts.push(name);
+            }
+        }
+        let mut s = if parts.is_empty() { "unfused".to_string() } else { parts.join("+") };
+        s.push_str(if self.parallel.qkv { " parallel" } else { " sequential" });
+        s.push_str(if self.batch { " batch" } else { " per-kernel-submit" });
+        s
+    }
+}
+
+/// The result of a tune: the profile document and a summary for the report.
+pub struct TuneResult {
+    pub doc: ProfileDoc,
+    pub resumed_slots: usize,
+}
+
+fn throughput(prefill_tokens: usize, prefill: &Stats, decode: &Stats) -> Throughput {
+    Throughput {
+        prefill_tok_s: prefill_tokens as f64 / prefill.median,
+        decode_tok_s: 1.0 / decode.median,
+        prefill_ms: prefill.median * 1e3,
+        prefill_ci_ms: [prefill.ci[0] * 1e3, prefill.ci[1] * 1e3],
+        decode_ms: decode.median * 1e3,
+        decode_ci_ms: [decode.ci[0] * 1e3, decode.ci[1] * 1e3],
+    }
+}
+
+/// Fusion choices that change the plan of `cfg`.
+fn fusions(cfg: &ModelConfig) -> Vec<Fusion> {
+    Fusion::all_combinations().into_iter().filter(|f| cfg.qk_norm || !f.qk_norm_rope).collect()
+}
+
+/// Read bandwidth of this CPU (both cores), GB/s: a parallel sum over 256 MiB.
+pub fn cpu_read_bandwidth() -> f64 {
+    use rayon::prelude::*;
+    let v: Vec<f32> = vec![1.0; 64 << 20];
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let t = Instant::now();
+        // 16 independent accumulators so the sum vectorizes and memory, not the
+        // add latency, bounds it.
+        let s: f32 = v
+            .par_chunks(1 << 16)
+            .map(|c| {
+                let acc = c.chunks_exact(16).fold([0f32; 16], |mut a, x| {
+                    for (ai, xi) in a.iter_mut().zip(x) {
+                        *ai += xi;
+                    }
+                    a
+                });
+                acc.iter().sum::<f32>()
+            })
+            .sum();
+        std::hint::black_box(s);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    (v.len() * 4) as f64 / best / 1e9
+}
+
+/// Copy bandwidth of a GPU (bytes read per second during a buffer-to-buffer copy), GB/s.
+fn gpu_copy_bandwidth(ctx: &GpuCtx) -> f64 {
+    let bytes: u64 = (64u64 << 20).min(ctx.caps.max_buffer_size / 2);
+    let a = ctx.storage("bw a", bytes);
+    let b = ctx.storage("bw b", bytes);
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("bw") });
+        enc.copy_buffer_to_buffer(&a, 0, &b, 0, bytes);
+        ctx.queue.submit([enc.finish()]);
+        if ctx.wait().is_err() {
+            return 0.0;
+        }
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    bytes as f64 / best / 1e9
+}
+
+/// Everything a tune needs about the model and device.
+pub struct Target<'a> {
+    pub model: &'a str,
+    pub config: &'a ModelConfig,
+    pub store: Arc<dyn TensorStore>,
+    pub device: &'a Device,
+    pub ctx: Option<Arc<GpuCtx>>,
+}
+
+fn caps_of(device: &Device) -> DeviceCaps {
+    match device {
+        Device::Cpu(c) => DeviceCaps::Cpu(c.clone()),
+        Device::Gpu(g) => DeviceCaps::Gpu(g.caps.clone()),
+    }
+}
+
+fn plan_options(o: &TuneOptions, fusion: Fusion, parallel: Parallel) -> PlanOptions {
+    PlanOptions {
+        weight_dtype: o.weight_dtype,
+        kv_dtype: o.kv_dtype,
+        max_tokens: o.prefill_tokens,
+        context: o.context,
+        all_logits: false,
+        fusion,
+        parallel,
+    }
+}
+
+/// Kernel steps of both regimes of a plan: (slot, regime, problem, dtype).
+fn kernel_steps(plan: &Plan, o: &TuneOptions) -> Result<KernelSteps, TuneError> {
+    let mut out = Vec::new();
+    for (regime, t, pos) in [(Regime::Prefill, o.prefill_tokens, 0), (Regime::Decode, 1, o.context - 1)] {
+        for s in plan.steps(t, pos)? {
+            if let StepKind::Kernel { problem, dtype, .. } = s.kind {
+                out.push(((s.slot, regime), problem, dtype));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The space: one race per (slot, regime, dtype) with the union of its shapes, and
+/// per fusion choice the kernel steps its plan emits.
+/// The kernel steps of both regimes: (slot, regime, problem, dtype).
+type KernelSteps = Vec<(SlotKey, Problem, DType)>;
+/// Slot races, and per fusion choice the steps its plan emits.
+type Space = (Vec<RaceDef>, Vec<(Fusion, KernelSteps)>);
+
+fn build_space(t: &Target<'_>, o: &TuneOptions) -> Result<Space, TuneError> {
+    let mut races: Vec<RaceDef> = Vec::new();
+    let mut per_fusion = Vec::new();
+    for f in fusions(t.config) {
+        let plan = Plan::new(t.model, t.config, plan_options(o, f, Parallel::default()), Selection::defaults(caps_of(t.device)))?;
+        let steps = kernel_steps(&plan, o)?;
+        let mut counts: BTreeMap<(SlotKey, String), (Problem, DType, usize)> = BTreeMap::new();
+        for (key, p, d) in &steps {
+            counts.entry((*key, p.describe())).or_insert((p.clone(), *d, 0)).2 += 1;
+        }
+        for ((key, _), (p, d, n)) in counts {
+            let r = match races.iter_mut().find(|r| r.key == key && r.dtype == d) {
+                Some(r) => r,
+                None => {
+                    races.push(RaceDef { key, dtype: d, shapes: Vec::new() });
+                    races.last_mut().expect("just pushed")
+                }
+            };
+            match r.shapes.iter_mut().find(|(q, _)| q.describe() == p.describe()) {
+                Some(s) => s.1 = s.1.max(n),
+                None => r.shapes.push((p, n)),
+            }
+        }
+        per_fusion.push((f, steps));
+    }
+    races.sort_by_key(|r| (r.key.1, r.key.0));
+    Ok((races, per_fusion))
+}
+
+/// The parameter sets a strategy searches for `k`. `isa` stays at 0 (the best
+/// instruction set the CPU has: the other values force scalar or narrower paths
+/// for verification and are never faster). Exhaustive and random search the full
+/// product; auto and halving an axis sweep around the defaults (each parameter
+/// through all its values, the others at their defaults), which keeps large spaces
+/// (gemm_blocked_cpu: 375 block-size combinations) within a few minutes.
+fn param_space(k: &KernelDef, strategy: Strategy) -> Vec<kernels::Params> {
+    let full = matches!(strategy, Strategy::Exhaustive | Strategy::Random);
+    let mut v = kernels::verify::param_sweep(k, full);
+    v.retain(|p| p.get("isa").is_none_or(|i| *i == 0));
+    v
+}
+
+/// Candidates of a race: every variant of the op valid on every shape, the
+/// runtime's default first (the tie rule prefers earlier candidates), then
+/// registry order; the rest with the reason they were ruled out.
+fn candidates(r: &RaceDef, caps: &DeviceCaps, strategy: Strategy) -> (Vec<Cand>, Vec<(String, String)>) {
+    let op = r.shapes[0].0.op();
+    let mut valid = Vec::new();
+    let mut ruled = Vec::new();
+    let sel = Selection::defaults(caps.clone());
+    let default = sel.default_choice(r.key.0, r.key.1, &r.shapes[0].0, r.dtype).ok();
+    for k in kernels::for_op(op).filter(|k| k.backend() == caps.backend()) {
+        for params in param_space(k, strategy) {
+            let why = r.shapes.iter().find_map(|(p, _)| k.check(caps.caps(), p, r.dtype, &params).err());
+            let c = Cand { kernel: k, params };
+            match why {
+                None => valid.push(c),
+                Some(w) => ruled.push((pd::VariantDoc { kernel: k.id.into(), params: c.params.clone() }.to_string(), w)),
+            }
+        }
+    }
+    if let Some(d) = default {
+        match valid.iter().position(|c| c.kernel.id == d.kernel.id && c.params == d.params) {
+            Some(i) => {
+                let c = valid.remove(i);
+                valid.insert(0, c);
+            }
+            None => valid.insert(0, Cand { kernel: d.kernel, params: d.params }),
+        }
+    }
+    (valid, ruled)
+}
+
+/// Correctness gate of one variant: the parity check on the op's test shapes it
+/// accepts, and on the real shape when that is cheap to reference.
+fn gate(c: &Cand, r: &RaceDef, caps: &DeviceCaps, ctx: Option<&GpuCtx>, seed: u64) -> Result<(), String> {
+    let runner = match ctx {
+        Some(g) => CheckRunner::Gpu(g),
+        None => CheckRunner::Cpu,
+    };
+    let op = r.shapes[0].0.op();
+    let mut probs: Vec<Problem> =
+        test_problems(op).into_iter().filter(|p| c.kernel.check(caps.caps(), p, r.dtype, &c.params).is_ok()).take(2).collect();
+    if let Some((p, _)) = r.shapes.iter().min_by(|a, b| a.0.flops().total_cmp(&b.0.flops()))
+        && p.flops() < 5e7
+    {
+        probs.push(p.clone());
+    }
+    if probs.is_empty() {
+        return Err("no test shape this variant accepts: cannot check it".into());
+    }
+    for p in &probs {
+        let chk = check_one(&runner, c.kernel, p, r.dtype, &c.params, seed);
+        if !chk.passed {
+            return Err(match chk.error {
+                Some(e) => format!("failed the parity check on {}: {e}", chk.problem),
+                None => format!("failed the parity check on {}: relative error {:.2e} > {:.0e}", chk.problem, chk.rel_err, chk.tolerance),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn race_cache_key(t: &Target<'_>, r: &RaceDef, o: &TuneOptions) -> String {
+    let shapes: Vec<String> = r.shapes.iter().map(|(p, n)| format!("{}x{n}", p.describe())).collect();
+    cache::sha256_of(&[
+        &t.device.fingerprint(),
+        &cache::op_hash(r.shapes[0].0.op()),
+        r.key.0.name(),
+        r.key.1.name(),
+        r.dtype.name(),
+        &shapes.join(";"),
+        o.strategy.name(),
+        &o.seed.to_string(),
+    ])
+}
+
+/// Gate verdicts by (kernel, params, dtype), shared by the races of one tune.
+type GateCache = BTreeMap<(String, String, DType), Result<(), String>>;
+
+fn run_race(t: &Target<'_>, r: &RaceDef, o: &TuneOptions, deadline: Instant, gates: &mut GateCache, progress: &dyn Progress) -> RaceResult {
+    let caps = caps_of(t.device);
+    let (mut cands, mut rejected) = candidates(r, &caps, o.strategy);
+    if o.strategy == Strategy::Random && cands.len() > 8 {
+        use rand::SeedableRng;
+        use rand::seq::SliceRandom;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(o.seed);
+        let first = cands.remove(0);
+        cands.shuffle(&mut rng);
+        cands.truncate(7);
+        cands.insert(0, first);
+    }
+    let mut passed = Vec::new();
+    // Gate in candidate order (the default first); past the deadline the rest are
+    // neither gated nor timed.
+    for c in cands {
+        let name = variant_doc(&Choice::new(c.kernel, c.params.clone())).to_string();
+        if !passed.is_empty() && Instant::now() > deadline {
+            rejected.push((name, "not reached within the budget".into()));
+            continue;
+        }
+        let key = (c.kernel.id.to_string(), format!("{:?}", c.params), r.dtype);
+        let verdict = gates.entry(key).or_insert_with(|| gate(&c, r, &caps, t.ctx.as_deref(), o.seed)).clone();
+        match verdict {
+            Ok(()) => passed.push(c),
+            Err(why) => rejected.push((name, why)),
+        }
+    }
+    let w = Workload::new(r.shapes.clone(), r.dtype, t.ctx.clone(), o.seed);
+    let mut runners: Vec<Runner> = passed.into_iter().map(|c| Runner::new(c, &w)).collect();
+    let n = runners.len() as u64;
+    progress.phase(&format!("{} ({}) {} candidates", r.key.0, r.key.1.name(), n), n * FULL_SAMPLES as u64);
+    race(&mut runners, &w, o.strategy, deadline, o.seed, |_| progress.tick());
+    let stats: Vec<Stats> = runners.iter().map(|x| if x.error.is_some() { Stats::default() } else { x.stats() }).collect();
+    let winner = pick(&stats, TIE).unwrap_or(0);
+    let mut cands = Vec::new();
+    let mut shape_medians = Vec::new();
+    for (i, x) in runners.iter().enumerate() {
+        if let Some(e) = &x.error {
+            rejected
+                .push((variant_doc(&Choice::new(x.cand.kernel, x.cand.params.clone())).to_string(), format!("failed while timing: {e}")));
+        }
+        let status = match (&x.error, x.dropped) {
+            (Some(_), _) => "error".to_string(),
+            (None, Some(round)) => format!("dropped@{round}"),
+            (None, None) if i == winner => "chosen".to_string(),
+            (None, None) => "measured".to_string(),
+        };
+        cands.push(CandRecord { kernel: x.cand.kernel.id.into(), params: x.cand.params.clone(), stats: stats[i].clone(), status });
+        shape_medians.push(x.shape_medians(&w));
+    }
+    let desc = if r.shapes.len() == 1 { r.shapes[0].0.describe() } else { format!("{} shapes", r.shapes.len()) };
+    RaceResult {
+        slot: r.key.0.name().into(),
+        regime: r.key.1.name().into(),
+        problem: desc,
+        count: r.shapes.iter().map(|s| s.1).sum(),
+        winner,
+        cands,
+        rejected,
+        shape_medians,
+        timestamps: runners.first().is_some_and(|x| x.timestamps),
+    }
+}
+
+impl RaceResult {
+    fn winner_choice(&self) -> Option<Choice> {
+        let c = self.cands.get(self.winner).filter(|c| c.stats.n > 0)?;
+        kernels::find(&c.kernel).ok().map(|k| Choice::new(k, c.params.clone()))
+    }
+}
+
+/// One end-to-end sample: prefill of the prompt from an empty cache, then decode
+/// steps; (prefill seconds, median seconds per decoded token).
+fn e2e_sample(engine: &mut Engine, prompt: &[u32]) -> Result<(f64, f64), RuntimeError> {
+    engine.reset();
+    let t0 = Instant::now();
+    let rows = engine.forward(prompt)?;
+    let prefill = t0.elapsed().as_secs_f64();
+    let mut next = argmax(rows.last().map(Vec::as_slice).unwrap_or(&[]));
+    let mut ts = Vec::new();
+    for _ in 0..E2E_DECODE_STEPS {
+        let t = Instant::now();
+        let r = engine.forward(&[next])?;
+        ts.push(t.elapsed().as_secs_f64());
+        next = argmax(&r[0]);
+    }
+    Ok((prefill, summarize(&ts).median))
+}
+
+fn build_engine(t: &Target<'_>, o: &TuneOptions, combo: &Combo, sel: Selection) -> Result<Engine, TuneError> {
+    let mut opts = plan_options(o, combo.fusion, combo.parallel);
+    opts.context = opts.context.max(o.prefill_tokens + E2E_DECODE_STEPS + 1);
+    let plan = Plan::new(t.model, t.config, opts, sel)?;
+    plan.steps(o.prefill_tokens, 0)?;
+    plan.steps(1, o.prefill_tokens)?;
+    let mut e = match &t.ctx {
+        Some(ctx) => Engine::gpu(plan, t.store.clone(), ctx.clone(), combo.batch)?,
+        None => Engine::cpu(plan, t.store.clone())?,
+    };
+    e.warm_up(o.prefill_tokens)?;
+    e.warm_up(1)?;
+    Ok(e)
+}
+
+fn available_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("MemAvailable:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+        .map(|kb| kb * 1024)
+        .unwrap_or(8 << 30)
+}
+
+/// Runs the whole search. `cache` keeps finished races as they come; with `resume`
+/// races already there are reused (an interrupted tune resumes; --force re-measures).
+pub fn tune(
+    t: &Target<'_>,
+    o: &TuneOptions,
+    cache: Option<&Cache>,
+    resume: bool,
+    progress: &dyn Progress,
+) -> Result<TuneResult, TuneError> {
+    let start = Instant::now();
+    let deadline = start + o.budget;
+    let slot_deadline = start + o.budget.mul_f64(0.65);
+    if o.prefill_tokens == 0 || o.context <= o.prefill_tokens {
+        return Err(TuneError::Invalid(format!(
+            "--context ({}) must exceed --prefill-tokens ({}) and both be positive",
+            o.context, o.prefill_tokens
+        )));
+    }
+    let caps = caps_of(t.device);
+    let (limit_gbps, limit_src) = match &t.ctx {
+        None => (cpu_read_bandwidth(), "measured: parallel read of 256 MiB"),
+        Some(ctx) => (gpu_copy_bandwidth(ctx), "measured: 64 MiB buffer copy (bytes read per second)"),
+    };
+    let (races, per_fusion) = build_space(t, o)?;
+
+    // Space summary.
+    let mut ruled_out: BTreeMap<String, usize> = BTreeMap::new();
+    let mut n_valid: BTreeMap<SlotKey, usize> = BTreeMap::new();
+    let mut variants = 0;
+    for r in &races {
+        let (c, rej) = candidates(r, &caps, o.strategy);
+        variants += c.len();
+        *n_valid.entry(r.key).or_default() += c.len();
+        for (_, why) in rej {
+            *ruled_out.entry(why).or_default() += 1;
+        }
+    }
+    let flag_choices: f64 = if t.ctx.is_some() { 4.0 } else { 2.0 };
+    let mut combos_total: f64 = 0.0;
+    for (_, steps) in &per_fusion {
+        let mut keys: Vec<SlotKey> = steps.iter().map(|s| s.0).collect();
+        keys.sort();
+        keys.dedup();
+        let prod: f64 = keys.iter().map(|k| n_valid.get(k).copied().unwrap_or(1).max(1) as f64).product();
+        combos_total += prod * flag_choices;
+    }
+    progress.note(&format!(
+        "{} slot races, {variants} valid variants, {} ruled out by device limits or shapes; {combos_total:.3e} complete combinations over {} fusion choices",
+        races.len(),
+        ruled_out.values().sum::<usize>(),
+        per_fusion.len()
+    ));
+
+    // Slot races, resumed from the cache where already done.
+    let mut results: Vec<RaceResult> = Vec::new();
+    let mut resumed = 0;
+    let mut gates = GateCache::new();
+    for (i, r) in races.iter().enumerate() {
+        let key = race_cache_key(t, r, o);
+        if let Some(done) = cache.filter(|_| resume).and_then(|c| c.get::<RaceResult>("slots", &key)) {
+            resumed += 1;
+            results.push(done);
+            continue;
+        }
+        // Share what is left of the slot budget evenly over the races still to run.
+        let left = slot_deadline.saturating_duration_since(Instant::now());
+        let share = left / (races.len() - i) as u32;
+        let res = run_race(t, r, o, Instant::now() + share, &mut gates, progress);
+        if let Some(c) = cache {
+            c.put("slots", &key, &res)?;
+        }
+        results.push(res);
+    }
+    progress.done();
+
+    let mut winners: BTreeMap<SlotKey, Choice> = BTreeMap::new();
+    for (r, res) in races.iter().zip(&results) {
+        if let Some(c) = res.winner_choice() {
+            winners.insert(r.key, c);
+        }
+    }
+    // Predicted time of each fusion choice from the per-shape medians of the winners.
+    let shape_time = |key: SlotKey, p: &Problem| -> f64 {
+        races
+            .iter()
+            .zip(&results)
+            .find(|(r, _)| r.key == key)
+            .and_then(|(_, res)| res.shape_medians.get(res.winner).and_then(|m| m.get(&p.describe())).copied())
+            .unwrap_or(0.0)
+    };
+    let mut predicted: Vec<(Fusion, f64)> = per_fusion
+        .iter()
+        .map(|(f, steps)| {
+            let mut tot = 0.0;
+            for (key, p, _) in steps {
+                let w = if key.1 == Regime::Decode { o.decode_tokens as f64 } else { 1.0 };
+                tot += w * shape_time(*key, p);
+            }
+            (*f, tot)
+        })
+        .collect();
+    predicted.sort_by(|a, b| a.1.total_cmp(&b.1));
+
+    // End-to-end combinations.
+    let gpu = t.ctx.is_some();
+    // The runtime's own default (what `run` does without a profile) goes first: it is
+    // raced alongside, and wins ties (a profile is only worth its differences).
+    let mut combos: Vec<(Combo, f64)> =
+        vec![(Combo { fusion: Fusion::ALL, parallel: Parallel::default(), batch: true, default: true }, f64::NAN)];
+    let par_on = Parallel::default();
+    let par_off = Parallel { qkv: false, ffn: false };
+    let exhaustive_e2e = matches!(o.strategy, Strategy::Exhaustive | Strategy::Halving);
+    let top = if exhaustive_e2e { predicted.len() } else { 3.min(predicted.len()) };
+    for (f, pred) in predicted.iter().take(top) {
+        combos.push((Combo { fusion: *f, parallel: par_on, batch: true, default: false }, *pred));
+        if exhaustive_e2e {
+            combos.push((Combo { fusion: *f, parallel: par_off, batch: true, default: false }, *pred));
+            if gpu {
+                combos.push((Combo { fusion: *f, parallel: par_on, batch: false, default: false }, *pred));
+                combos.push((Combo { fusion: *f, parallel: par_off, batch: false, default: false }, *pred));
+            }
+        }
+    }
+    if !exhaustive_e2e && let Some((f, pred)) = predicted.first() {
+        combos.push((Combo { fusion: *f, parallel: par_off, batch: true, default: false }, *pred));
+        if gpu {
+            combos.push((Combo { fusion: *f, parallel: par_on, batch: false, default: false }, *pred));
+        }
+    }
+
+    let prompt: Vec<u32> = (0..o.prefill_tokens).map(|i| ((i * 7919 + 13) % t.config.vocab_size) as u32).collect();
+    let weight_bytes = {
+        let plan = Plan::new(t.model, t.config, plan_options(o, Fusion::NONE, par_on), Selection::defaults(caps.clone()))?;
+        plan.weight_bytes()
+    };
+    let interleave = !gpu && weight_bytes.saturating_mul(combos.len() as u64) < available_memory() / 5 * 2;
+    progress
+        .phase(&format!("end to end: {} combinations{}", combos.len(), if interleave { ", interleaved" } else { "" }), combos.len() as u64);
+    let e2e_rounds = 5;
+    let mut samples: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); combos.len()];
+    let mut errors: Vec<Option<String>> = vec![None; combos.len()];
+    let selection_for = |c: &Combo| -> Selection {
+        let mut sel = Selection::defaults(caps.clone());
+        if !c.default {
+            sel.slots = winners.clone();
+        }
+        sel
+    };
+    let mut rng_state = o.seed;
+    if interleave {
+        let mut engines: Vec<Option<Engine>> = Vec::new();
+        for (i, (c, _)) in combos.iter().enumerate() {
+            match build_engine(t, o, c, selection_for(c)) {
+                Ok(e) => engines.push(Some(e)),
+                Err(e) => {
+                    errors[i] = Some(e.to_string());
+                    engines.push(None);
+                }
+            }
+            progress.tick();
+        }
+        for round in 0..e2e_rounds {
+            if round >= 2 && Instant::now() > deadline {
+                break;
+            }
+            // A fixed pseudo-random rotation per round.
+            rng_state = rng_state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let off = (rng_state >> 33) as usize % combos.len().max(1);
+            for j in 0..combos.len() {
+                let i = (j + off) % combos.len();
+                if let Some(e) = engines[i].as_mut() {
+                    match e2e_sample(e, &prompt) {
+                        Ok((p, d)) => {
+                            samples[i].0.push(p);
+                            samples[i].1.push(d);
+                        }
+                        Err(err) => {
+                            errors[i] = Some(err.to_string());
+                            engines[i] = None;
+                        }
+                    }
+                }
+            }
+        }
+    } else {
+        for (i, (c, _)) in combos.iter().enumerate() {
+            if i > 0 && Instant::now() > deadline && !c.default {
+                continue;
+            }
+            match build_engine(t, o, c, selection_for(c)) {
+                Ok(mut e) => {
+                    for round in 0..e2e_rounds {
+                        if round >= 2 && Instant::now() > deadline {
+                            break;
+                        }
+                        match e2e_sample(&mut e, &prompt) {
+                            Ok((p, d)) => {
+                                samples[i].0.push(p);
+                                samples[i].1.push(d);
+                            }
+                            Err(err) => {
+                                errors[i] = Some(err.to_string());
+                                break;
+                            }
+                        }
+                    }
+                }
+                Err(e) => errors[i] = Some(e.to_string()),
+            }
+            progress.tick();
+        }
+    }
+    progress.done();
+    for (i, e) in errors.iter().enumerate() {
+        if let Some(e) = e {
+            progress.note(&format!("combination `{}` failed end to end: {e}", combos[i].0.label()));
+        }
+    }
+
+    // Score: prefill + decode_tokens × per-token decode (one request's time).
+    let score = |i: usize| -> Stats {
+        let (p, d) = &samples[i];
+        let s: Vec<f64> = p.iter().zip(d).map(|(p, d)| p + o.decode_tokens as f64 * d).collect();
+        summarize(&s)
+    };
+    let scores: Vec<Stats> = (0..combos.len()).map(|i| if errors[i].is_some() { Stats::default() } else { score(i) }).collect();
+    let Some(best) = pick(&scores, TIE) else {
+        return Err(TuneError::Invalid("no combination ran end to end; see the notes above".into()));
+    };
+    let thr = |i: usize| throughput(o.prefill_tokens, &summarize(&samples[i].0), &summarize(&samples[i].1));
+    let default_i = 0;
+    let chosen = &combos[best].0;
+    let chosen_sel = selection_for(chosen);
+
+    // The explicit choices of the winner: race winners, or the default's own picks.
+    let mut final_choices: BTreeMap<SlotKey, Choice> = BTreeMap::new();
+    let (_, steps) = per_fusion.iter().find(|(f, _)| *f == chosen.fusion).cloned().unwrap_or((chosen.fusion, Vec::new()));
+    for (key, p, d) in &steps {
+        if let Ok(c) = chosen_sel.choose(key.0, key.1, None, p, *d) {
+            final_choices.entry(*key).or_insert(c);
+        }
+    }
+    // Device requirements of the chosen variants.
+    let mut req = DeviceReq {
+        backend: Some(pd::At::new(caps.backend().name().to_string())),
+        vendor: Some(t.device.vendor()),
+        ..DeviceReq::default()
+    };
+    for (key, p, d) in &steps {
+        if let Some(c) = final_choices.get(key)
+            && let Impl::Wgsl(w) = &c.kernel.imp
+        {
+            req.requires_f16 |= (w.needs_f16)(*d);
+            req.requires_subgroups |= w.needs_subgroups;
+            req.min_shared_memory = req.min_shared_memory.max((w.shared_memory)(p, *d, &c.params));
+        }
+    }
+    let exec = ExecSettings {
+        batch: chosen.batch,
+        fusion: chosen.fusion,
+        parallel: chosen.parallel,
+        kv_dtype: o.kv_dtype,
+        weight_dtype: o.weight_dtype,
+    };
+    let (execution, parallel) = exec.to_doc();
+
+    let slots: Vec<SlotTuning> = results
+        .iter()
+        .zip(&races)
+        .map(|(res, r)| {
+            let w = Workload::describe_work(&r.shapes, r.dtype);
+            let cands = res
+                .cands
+                .iter()
+                .filter(|c| c.stats.n > 0)
+                .map(|c| {
+                    let s = &c.stats;
+                    let gbps = w.0 / s.median / 1e9;
+                    Candidate {
+                        variant: pd::VariantDoc { kernel: c.kernel.clone(), params: c.params.clone() },
+                        median_us: s.median * 1e6,
+                        ci_us: [s.ci[0] * 1e6, s.ci[1] * 1e6],
+                        mad_us: s.mad * 1e6,
+                        samples: s.n,
+                        outliers: s.outliers,
+                        gbps,
+                        gflops: w.1 / s.median / 1e9,
+                        pct_of_bandwidth: if limit_gbps > 0.0 { gbps / limit_gbps * 100.0 } else { 0.0 },
+                        status: c.status.clone(),
+                    }
+                })
+                .collect();
+            SlotTuning {
+                slot: res.slot.clone(),
+                regime: res.regime.clone(),
+                problem: res.problem.clone(),
+                count: res.count,
+                chosen: res
+                    .cands
+                    .get(res.winner)
+                    .map(|c| pd::VariantDoc { kernel: c.kernel.clone(), params: c.params.clone() }.to_string())
+                    .unwrap_or_default(),
+                candidates: cands,
+                rejected: res.rejected.iter().map(|(v, why)| pd::Rejected { variant: v.clone(), reason: why.clone() }).collect(),
+            }
+        })
+        .collect();
+    let timing = if results.iter().any(|r| r.timestamps) { "gpu-timestamps" } else { "wall-clock" };
+    let tuning = Tuning {
+        fingerprint: t.device.fingerprint(),
+        device_name: t.device.name(),
+        ktune_version: env!("CARGO_PKG_VERSION").into(),
+        kernel_set: kernels::kernel_set_hash(),
+        timing: format!("{timing} (slots); wall-clock (end to end)"),
+        date: utc_now(),
+        strategy: o.strategy.name().into(),
+        seed: o.seed,
+        budget_s: o.budget.as_secs_f64(),
+        used_s: start.elapsed().as_secs_f64(),
+        prefill_tokens: o.prefill_tokens,
+        context: o.context,
+        limits: pd::Limits { read_gbps: limit_gbps, read_source: limit_src.into() },
+        space: pd::SpaceSummary { variants, ruled_out, combinations: format!("{combos_total:.3e}"), fusion_choices: per_fusion.len() },
+        slots,
+        end_to_end: pd::EndToEnd {
+            prefill_tokens: o.prefill_tokens,
+            decode_tokens: o.decode_tokens,
+            tuned: thr(best),
+            default: thr(default_i),
+            combinations: combos
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !samples[*i].0.is_empty())
+                .map(|(i, (c, pred))| Combination {
+                    label: c.label(),
+                    predicted_ms: if pred.is_finite() { pred * 1e3 } else { 0.0 },
+                    result: thr(i),
+                    chosen: i == best,
+                })
+                .collect(),
+        },
+    };
+    let doc = ProfileDoc {
+        name: format!("{}-{}-{}", t.model, t.device.vendor(), &t.device.fingerprint()[..8]),
+        model: t.model.into(),
+        version: pd::At::new(FORMAT_VERSION),
+        device: req,
+        kernels: kernels_doc(&final_choices),
+        execution,
+        parallel,
+        layers: BTreeMap::new(),
+        scheduling: SchedulingDoc::default(),
+        tuning: Some(tuning),
+    };
+    Ok(TuneResult { doc, resumed_slots: resumed })
+}
+
+impl Workload {
+    /// Bytes and flops of one composite sample of `shapes`.
+    pub fn describe_work(shapes: &[(Problem, usize)], dtype: DType) -> (f64, f64) {
+        shapes.iter().fold((0.0, 0.0), |(b, f), (p, n)| (b + p.min_bytes(dtype) * *n as f64, f + p.flops() * *n as f64))
+    }
+}
+
+impl Runner {
+    /// Median seconds per shape (by description), from the per-shape samples.
+    fn shape_medians(&self, w: &Workload) -> BTreeMap<String, f64> {
+        let mut m = BTreeMap::new();
+        for (i, (p, _)) in w.shapes.iter().enumerate() {
+            if let Some(s) = self.shape_samples.get(i) {
+                m.insert(p.describe(), summarize(s).median);
+            }
+        }
+        m
+    }
+}
+
+/// Current UTC time, RFC 3339 (seconds).
+pub fn utc_now() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0) as i64;
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // Civil from days (Howard Hinnant).
+    let z = days + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z - era * 146097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}

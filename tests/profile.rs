@@ -1,0 +1,202 @@
+//! Profile loading: every error names its line and column and what is allowed;
+//! a written profile loads back unchanged (round trip); the seed-002 example
+//! (with this kernel set's ids) loads; diff-profiles tells regressions from noise.
+
+use ktune::profile::doc::{Candidate, EndToEnd, SlotTuning, Throughput, Tuning, VariantDoc};
+use ktune::profile::{Profile, ProfileError, diff::diff, to_yaml};
+
+const GOOD: &str = "\
+name: smollm2-cpu
+model: smollm2-135m
+version: 1
+device:
+  backend: cpu
+  vendor: amd
+kernels:
+  attention:
+    prefill: attention_prefill_tiled_cpu
+    decode: {kernel: attention_decode_splitkv_cpu, params: {chunk: 256}}
+  matmul:
+    default: gemm_blocked_cpu
+    qkv_proj: gemv_dot4_cpu
+    lm_head:
+      prefill: gemv_rows_cpu
+      decode: {kernel: gemv_dot4_cpu, params: {rows_per_task: 64}}
+  norm: rms_norm_rows_cpu
+  activation: gated_act_simd_cpu
+  rope: rope_table_cpu
+execution:
+  batchCommands: true
+  kvCacheDtype: f32
+  fusedGateUp: true
+parallel:
+  ffn_projections: [matmul:gate_proj, matmul:up_proj]
+layers:
+  0-5:
+    attention: attention_prefill_cpu
+  6-7:
+    norm: rms_norm_split_cpu
+scheduling:
+  maxParallelKernels: 2
+  barriers:
+    - after: ffn_projections
+      before: activation
+";
+
+fn err(text: &str) -> (u64, u64, String) {
+    match Profile::from_str(text, "p.yaml") {
+        Err(ProfileError::At { line, column, message, .. }) => (line, column, message),
+        Err(e) => panic!("expected a positioned error, got: {e}"),
+        Ok(_) => panic!("expected an error for:\n{text}"),
+    }
+}
+
+#[test]
+fn the_seed_002_shape_loads() {
+    let p = Profile::from_str(GOOD, "good.yaml").expect("loads");
+    assert_eq!(p.doc.model, "smollm2-135m");
+    assert_eq!(p.doc.layers.len(), 2);
+    assert_eq!(p.doc.scheduling.max_parallel_kernels, 2);
+}
+
+#[test]
+fn unknown_kernel_names_its_position_and_the_valid_ones() {
+    let bad = GOOD.replace("norm: rms_norm_rows_cpu", "norm: rms_norm_fastest");
+    let (line, col, msg) = err(&bad);
+    assert_eq!(line, 17, "{msg}");
+    assert_eq!(col, 9, "{msg}");
+    assert!(msg.contains("unknown kernel `rms_norm_fastest`"), "{msg}");
+    // A CPU profile lists the CPU kernels of the slot.
+    assert!(
+        msg.contains("rms_norm_rows_cpu") && msg.contains("rms_norm_split_cpu") && !msg.contains("subgroup"),
+        "lists the valid kernels: {msg}"
+    );
+}
+
+#[test]
+fn a_kernel_of_another_op_is_refused_with_the_slot_op() {
+    let bad = GOOD.replace("rope: rope_table_cpu", "rope: rms_norm_rows_cpu");
+    let (line, _, msg) = err(&bad);
+    assert_eq!(line, 19);
+    assert!(msg.contains("computes rms_norm") && msg.contains("rope"), "{msg}");
+}
+
+#[test]
+fn unknown_keys_are_reported_not_ignored() {
+    let bad = GOOD.replace("  kvCacheDtype: f32", "  kvCacheDtype: f32\n  turbo: true");
+    let (line, _, msg) = err(&bad);
+    assert_eq!(line, 23, "{msg}");
+    assert!(msg.starts_with("unknown field"), "no duplicated position prefix: {msg}");
+    assert!(msg.contains("turbo"), "{msg}");
+}
+
+#[test]
+fn parameters_out_of_range_are_refused() {
+    let bad = GOOD.replace("params: {chunk: 256}", "params: {chunk: 300}");
+    let (line, _, msg) = err(&bad);
+    assert_eq!(line, 9, "the attention entry: {msg}");
+    assert!(msg.contains("chunk") && msg.contains("300") && msg.contains("not one of"), "{msg}");
+    let bad = GOOD.replace("params: {chunk: 256}", "params: {chonk: 256}");
+    assert!(err(&bad).2.contains("unknown parameter `chonk`"));
+}
+
+#[test]
+fn overlapping_or_backwards_layer_ranges_are_refused() {
+    let bad = GOOD.replace("  6-7:", "  5-7:");
+    let (_, _, msg) = err(&bad);
+    assert!(msg.contains("overlaps"), "{msg}");
+    let bad = GOOD.replace("  6-7:", "  7-6:");
+    assert!(err(&bad).2.contains("backwards"));
+    let bad = GOOD.replace("  6-7:", "  six:");
+    assert!(err(&bad).2.contains("not `N` or `N-M`"));
+}
+
+#[test]
+fn malformed_yaml_gives_a_position() {
+    let (line, _, _) = err("name: x\nmodel: [unclosed\nversion: 1\n");
+    assert!(line >= 2);
+    let (line, _, msg) = err("name: x\nmodel: m\nversion: 7\n");
+    assert_eq!(line, 3);
+    assert!(msg.contains("version 7"), "{msg}");
+}
+
+#[test]
+fn bad_parallel_groups_and_barriers_are_refused() {
+    let bad = GOOD.replace("ffn_projections: [matmul:gate_proj, matmul:up_proj]", "ffn_projections: [matmul:gate_proj]");
+    assert!(err(&bad).2.contains("must list exactly"));
+    let bad = GOOD.replace("before: activation", "before: teleport");
+    assert!(err(&bad).2.contains("not an op"));
+}
+
+fn thr(prefill_ms: f64, decode_ms: f64, noise: f64) -> Throughput {
+    Throughput {
+        prefill_tok_s: 128.0 / prefill_ms * 1e3,
+        decode_tok_s: 1e3 / decode_ms,
+        prefill_ms,
+        prefill_ci_ms: [prefill_ms * (1.0 - noise), prefill_ms * (1.0 + noise)],
+        decode_ms,
+        decode_ci_ms: [decode_ms * (1.0 - noise), decode_ms * (1.0 + noise)],
+    }
+}
+
+fn tuned(decode_ms: f64, noise: f64, gemv_us: f64) -> Profile {
+    let mut p = Profile::from_str(GOOD, "x.yaml").expect("loads");
+    let v = VariantDoc::id("gemv_dot4_cpu");
+    p.doc.tuning = Some(Tuning {
+        fingerprint: "f".repeat(64),
+        slots: vec![SlotTuning {
+            slot: "matmul.qkv_proj".into(),
+            regime: "decode".into(),
+            problem: "gemv 576x576".into(),
+            count: 3,
+            chosen: v.to_string(),
+            candidates: vec![Candidate {
+                variant: v,
+                median_us: gemv_us,
+                ci_us: [gemv_us * 0.99, gemv_us * 1.01],
+                samples: 9,
+                ..Default::default()
+            }],
+            rejected: vec![],
+        }],
+        end_to_end: EndToEnd {
+            prefill_tokens: 128,
+            decode_tokens: 128,
+            tuned: thr(100.0, decode_ms, noise),
+            default: thr(100.0, 20.0, noise),
+            combinations: vec![],
+        },
+        ..Default::default()
+    });
+    p
+}
+
+#[test]
+fn a_written_profile_loads_back_identical() {
+    let p = tuned(10.0, 0.01, 50.0);
+    let text = to_yaml(&p.doc).expect("writes");
+    let q = Profile::from_str(&text, "rt.yaml").unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(to_yaml(&q.doc).expect("writes"), text);
+    let d = diff(&p, &q, 5.0).expect("diffs");
+    assert!(!d.changed && !d.regressed, "{d:?}");
+}
+
+#[test]
+fn diff_flags_a_regression_beyond_threshold_and_noise_only() {
+    let a = tuned(10.0, 0.01, 50.0);
+    // 20% slower decode with 1% noise: a regression.
+    let d = diff(&a, &tuned(12.0, 0.01, 50.0), 5.0).expect("diffs");
+    assert!(d.regressed, "{d:?}");
+    // 3% slower: under the threshold.
+    assert!(!diff(&a, &tuned(10.3, 0.01, 50.0), 5.0).expect("diffs").regressed);
+    // 20% slower but the intervals are ±25%: noise.
+    assert!(!diff(&tuned(10.0, 0.25, 50.0), &tuned(12.0, 0.25, 50.0), 5.0).expect("diffs").regressed);
+    // A slot time regression alone also counts.
+    assert!(diff(&a, &tuned(10.0, 0.01, 80.0), 5.0).expect("diffs").regressed);
+    // A changed choice is a change, not a regression.
+    let mut b = tuned(10.0, 0.01, 50.0);
+    b.doc.execution.fused_qkv = true;
+    let d = diff(&a, &b, 5.0).expect("diffs");
+    assert!(d.changed && !d.regressed);
+    assert!(d.changes.iter().any(|c| c.what == "execution.fusedQkv" && c.old == "false" && c.new == "true"));
+}

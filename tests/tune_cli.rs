@@ -1,0 +1,159 @@
+//! `tune`, `run --profile`, `profiles`, `diff-profiles` and `schema`, run as a user
+//! runs them, on the CPU with a tiny fixture model and a short budget.
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+
+fn ktune(cache: &Path) -> Command {
+    let mut c = Command::cargo_bin("ktune").expect("binary built");
+    c.env("KTUNE_CACHE_DIR", cache);
+    c
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+fn expected_generated(name: &str) -> (Vec<u64>, Vec<u64>) {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture(name).join("expected.json")).expect("expected.json")).expect("json");
+    let ids = |k: &str| v[k].as_array().expect("ids").iter().map(|x| x.as_u64().expect("id")).collect();
+    (ids("tokens"), ids("generated"))
+}
+
+fn tune_json(cache: &Path, out: &Path, extra: &[&str]) -> serde_json::Value {
+    let dir = fixture("llama3-tiny");
+    let mut args = vec!["tune", "--device", "cpu", "--model-dir", dir.to_str().expect("utf-8")];
+    args.extend(["--budget", "8s", "--prefill-tokens", "8", "--context", "32", "--decode-tokens", "16", "--format", "json"]);
+    args.extend(["-o", out.to_str().expect("utf-8")]);
+    args.extend(extra);
+    let o = ktune(cache).args(&args).output().expect("runs");
+    assert!(o.status.success(), "tune failed: {}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).expect("JSON report")
+}
+
+#[test]
+fn tune_writes_a_profile_that_runs_correctly_and_is_cached() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cache = tmp.path().join("cache");
+    let out = tmp.path().join("tuned.yaml");
+    let first = tune_json(&cache, &out, &[]);
+    assert_eq!(first["cached"], false);
+    let t = &first["profile"]["tuning"];
+    assert_eq!(t["fingerprint"].as_str().expect("fingerprint").len(), 64);
+    assert!(!t["slots"].as_array().expect("slots").is_empty());
+    assert!(t["end_to_end"]["tuned"]["decode_tok_s"].as_f64().expect("tok/s") > 0.0);
+    assert!(t["end_to_end"]["default"]["decode_tok_s"].as_f64().expect("tok/s") > 0.0);
+    assert!(out.is_file());
+
+    // The tuned kernels compute the same model: greedy tokens as transformers.
+    let (prompt, generated) = expected_generated("llama3-tiny");
+    let toks: Vec<String> = prompt.iter().map(|t| t.to_string()).collect();
+    let o = ktune(&cache)
+        .args(["run", "--device", "cpu", "--model-dir"])
+        .arg(fixture("llama3-tiny"))
+        .args(["--profile", out.to_str().expect("utf-8"), "--tokens", &toks.join(","), "--max-tokens", "8", "--format", "json"])
+        .output()
+        .expect("runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let got: Vec<u64> = r["generated"].as_array().expect("ids").iter().map(|x| x.as_u64().expect("id")).collect();
+    assert_eq!(got, generated);
+    assert!(r["profile"].as_str().expect("profile recorded").ends_with("tuned.yaml"));
+
+    // A repeat is served from the cache.
+    let again = tune_json(&cache, &out, &[]);
+    assert_eq!(again["cached"], true);
+    assert_eq!(again["profile"], first["profile"]);
+
+    // An interrupted tune (profile never written) resumes from the saved slot races.
+    let key = first["key"].as_str().expect("key");
+    std::fs::remove_file(cache.join("profiles").join(format!("{key}.yaml"))).expect("cached profile exists");
+    let resumed = tune_json(&cache, &out, &[]);
+    assert_eq!(resumed["cached"], false);
+    assert!(resumed["resumed_slots"].as_u64().expect("count") > 0);
+
+    // profiles list / path / show / clear.
+    ktune(&cache).args(["profiles", "list"]).assert().success().stdout(predicate::str::contains("llama3-tiny"));
+    ktune(&cache).args(["profiles", "path", &key[..10]]).assert().success().stdout(predicate::str::contains(key));
+    ktune(&cache).args(["profiles", "show", &key[..10]]).assert().success().stdout(predicate::str::contains("tuning:"));
+    ktune(&cache).args(["profiles", "show", "nope-nothing"]).assert().code(2).stderr(predicate::str::contains("profiles list"));
+    ktune(&cache).args(["profiles", "clear"]).assert().success();
+    ktune(&cache).args(["profiles", "list"]).assert().success().stdout(predicate::str::contains("no cached profiles"));
+
+    // diff-profiles: identical is exit 0; markdown fit for a CI comment.
+    ktune(&cache)
+        .args(["diff-profiles", out.to_str().expect("utf-8"), out.to_str().expect("utf-8"), "--format", "markdown"])
+        .assert()
+        .code(0)
+        .stdout(predicate::str::contains("### ktune profile diff"));
+}
+
+#[test]
+fn run_refuses_a_profile_the_device_cannot_meet() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let p = tmp.path().join("gpu.yaml");
+    std::fs::write(&p, "name: g\nmodel: m\nversion: 1\ndevice:\n  backend: wgsl\n  requiresF16: true\n").expect("write");
+    ktune(tmp.path())
+        .args(["run", "--device", "cpu", "--model-dir"])
+        .arg(fixture("llama3-tiny"))
+        .args(["--profile", p.to_str().expect("utf-8"), "--tokens", "1,2", "--max-tokens", "2"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("cannot run on").and(predicate::str::contains("wgsl")));
+    let p2 = tmp.path().join("f16.yaml");
+    std::fs::write(&p2, "name: g\nmodel: m\nversion: 1\ndevice:\n  requiresF16: true\n").expect("write");
+    ktune(tmp.path())
+        .args(["run", "--device", "cpu", "--model-dir"])
+        .arg(fixture("llama3-tiny"))
+        .args(["--profile", p2.to_str().expect("utf-8"), "--tokens", "1,2", "--max-tokens", "2"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("requires GPU features"));
+}
+
+#[test]
+fn invalid_profiles_are_exit_2_with_a_position() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let bad = tmp.path().join("bad.yaml");
+    std::fs::write(&bad, "name: b\nmodel: m\nversion: 1\nkernels:\n  norm: rms_norm_quantum\n").expect("write");
+    ktune(tmp.path())
+        .args(["diff-profiles", bad.to_str().expect("utf-8"), bad.to_str().expect("utf-8")])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("bad.yaml:5:").and(predicate::str::contains("rms_norm_rows_cpu")));
+    let good = tmp.path().join("good.yaml");
+    std::fs::write(&good, "name: g\nmodel: m\nversion: 1\nkernels:\n  norm: rms_norm_rows_cpu\n").expect("write");
+    let changed = tmp.path().join("changed.yaml");
+    std::fs::write(&changed, "name: g\nmodel: m\nversion: 1\nkernels:\n  norm: rms_norm_split_cpu\n").expect("write");
+    let (g, c) = (good.to_str().expect("utf-8"), changed.to_str().expect("utf-8"));
+    ktune(tmp.path()).args(["diff-profiles", g, c]).assert().code(0).stdout(predicate::str::contains("rms_norm_split_cpu"));
+    ktune(tmp.path()).args(["diff-profiles", g, c, "--fail-on-change"]).assert().code(1);
+    ktune(tmp.path()).args(["diff-profiles", g, c, "--threshold", "abc"]).assert().code(2);
+}
+
+#[test]
+fn schema_is_json_schema_of_the_profile() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let o = ktune(tmp.path()).arg("schema").output().expect("runs");
+    assert!(o.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert!(v["$schema"].is_string());
+    for key in ["name", "model", "version", "device", "kernels", "execution", "parallel", "layers", "scheduling", "tuning"] {
+        assert!(v["properties"][key].is_object(), "schema lacks `{key}`");
+    }
+}
+
+#[test]
+fn bad_tune_flags_are_exit_2_before_any_work() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for (flag, val, says) in [("--budget", "soon", "duration"), ("--strategy", "psychic", "exhaustive"), ("--context", "4", "--context")] {
+        ktune(tmp.path())
+            .args(["tune", "--device", "cpu", "--model", "smollm2-135m", flag, val])
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(says));
+    }
+}
