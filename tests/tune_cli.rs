@@ -157,3 +157,59 @@ fn bad_tune_flags_are_exit_2_before_any_work() {
             .stderr(predicate::str::contains(says));
     }
 }
+
+/// The index of the first GPU adapter (`list-devices`), or None with a loud skip
+/// unless GPUs are required (CI), when it fails.
+fn gpu_index(cache: &Path) -> Option<String> {
+    let o = ktune(cache).args(["list-devices", "--format", "json"]).output().expect("runs");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let idx = v["devices"].as_array().expect("devices").iter().find(|d| d["kind"] == "gpu").map(|d| d["index"].to_string());
+    if idx.is_none() {
+        assert!(!ktune::testing::gpu_required(), "a GPU adapter is required (CI / KTUNE_REQUIRE_GPU=1) but none was found");
+        eprintln!("\n!!!! SKIPPING GPU TUNE TEST: no GPU adapter (install mesa-vulkan-drivers) !!!!\n");
+    }
+    idx
+}
+
+#[test]
+fn tune_on_the_gpu_gives_a_profile_that_runs_correctly() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cache = tmp.path().join("cache");
+    let Some(dev) = gpu_index(&cache) else { return };
+    let out = tmp.path().join("gpu.yaml");
+    let dir = fixture("gemma3-tiny");
+    let o = ktune(&cache)
+        .args(["tune", "--device", &dev, "--model-dir"])
+        .arg(&dir)
+        .args(["--budget", "6s", "--prefill-tokens", "8", "--context", "32", "--format", "json", "-o"])
+        .arg(&out)
+        .output()
+        .expect("runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(v["profile"]["device"]["backend"], "wgsl");
+    let (prompt, generated) = expected_generated("gemma3-tiny");
+    let toks: Vec<String> = prompt.iter().map(|t| t.to_string()).collect();
+    let o = ktune(&cache)
+        .args(["run", "--device", &dev, "--model-dir"])
+        .arg(&dir)
+        .arg("--profile")
+        .arg(&out)
+        .args(["--tokens", &toks.join(","), "--max-tokens", "8", "--format", "json"])
+        .output()
+        .expect("runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let got: Vec<u64> = r["generated"].as_array().expect("ids").iter().map(|x| x.as_u64().expect("id")).collect();
+    assert_eq!(got, generated);
+    // The GPU profile refuses the CPU.
+    ktune(&cache)
+        .args(["run", "--device", "cpu", "--model-dir"])
+        .arg(&dir)
+        .arg("--profile")
+        .arg(&out)
+        .args(["--tokens", "1,2", "--max-tokens", "2"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("wgsl kernels"));
+}
