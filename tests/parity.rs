@@ -53,3 +53,18 @@ fn wgsl_kernels_match_reference() {
     let failed = report(&verdicts);
     assert!(failed.is_empty(), "WGSL parity failures on {}:\n{failed}", gpu.name);
 }
+
+/// Issue requirement: every op has at least two WGSL and two CPU kernels, and each
+/// kernel declares tunable parameters.
+#[test]
+fn every_op_has_two_wgsl_and_two_cpu_kernels_with_parameters() {
+    use ktune::kernels::{Op, for_op};
+    for op in Op::ALL {
+        let wgsl = for_op(op).filter(|k| k.backend() == Backend::Wgsl).count();
+        let cpu = for_op(op).filter(|k| k.backend() == Backend::Cpu).count();
+        assert!(wgsl >= 2 && cpu >= 2, "{op}: {wgsl} WGSL and {cpu} CPU kernels");
+        for k in for_op(op) {
+            assert!(!k.params.is_empty(), "{} has no tunable parameter", k.id);
+        }
+    }
+}

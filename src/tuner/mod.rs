@@ -550,6 +550,11 @@ pub fn tune(
         let prod: f64 = keys.iter().map(|k| n_valid.get(k).copied().unwrap_or(1).max(1) as f64).product();
         combos_total += prod * flag_choices;
     }
+    let mut reasons: Vec<(&String, &usize)> = ruled_out.iter().collect();
+    reasons.sort_by(|a, b| b.1.cmp(a.1));
+    for (why, n) in reasons.iter().take(4) {
+        progress.note(&format!("ruled out {n}×: {why}"));
+    }
     progress.note(&format!(
         "{} slot races, {variants} valid variants, {} ruled out by device limits or shapes; {combos_total:.3e} complete combinations over {} fusion choices",
         races.len(),
