@@ -670,10 +670,13 @@ pub fn tune(
             }
             progress.tick();
         }
+        let mut round_time = Duration::ZERO;
         for round in 0..e2e_rounds {
-            if round >= 2 && Instant::now() > deadline {
+            // Two rounds always; more only while another fits in the budget.
+            if round >= 2 && Instant::now() + round_time > deadline {
                 break;
             }
+            let round_start = Instant::now();
             // A fixed pseudo-random rotation per round.
             rng_state = rng_state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             let off = (rng_state >> 33) as usize % combos.len().max(1);
@@ -692,18 +695,26 @@ pub fn tune(
                     }
                 }
             }
+            round_time = round_start.elapsed();
         }
     } else {
+        // One engine at a time (the model is too large to hold several copies).
+        let mut combo_time = Duration::ZERO;
         for (i, (c, _)) in combos.iter().enumerate() {
-            if i > 0 && Instant::now() > deadline && !c.default {
+            // The default and the best predicted combination always; the rest while
+            // one more fits in the budget.
+            if i > 1 && Instant::now() + combo_time > deadline {
                 continue;
             }
+            let combo_start = Instant::now();
             match build_engine(t, o, c, selection_for(c)) {
                 Ok(mut e) => {
+                    let mut sample_time = Duration::ZERO;
                     for round in 0..e2e_rounds {
-                        if round >= 2 && Instant::now() > deadline {
+                        if round >= 2 && Instant::now() + sample_time > deadline {
                             break;
                         }
+                        let t0 = Instant::now();
                         match e2e_sample(&mut e, &prompt) {
                             Ok((p, d)) => {
                                 samples[i].0.push(p);
@@ -714,10 +725,12 @@ pub fn tune(
                                 break;
                             }
                         }
+                        sample_time = t0.elapsed();
                     }
                 }
                 Err(e) => errors[i] = Some(e.to_string()),
             }
+            combo_time = combo_time.max(combo_start.elapsed());
             progress.tick();
         }
     }
