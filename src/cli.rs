@@ -22,7 +22,7 @@ pub enum Command {
     /// The kernel set; with --verify, check each variant against the CPU reference.
     Kernels(KernelsArgs),
     /// Run a model with the kernels a profile selects (or the runtime's defaults).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Tune a model's kernels on a device and write the profile (cached).
     Tune(TuneArgs),
     /// Cached profiles: list, show, path, clear.
@@ -139,8 +139,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub profile: Option<std::path::PathBuf>,
     /// Prompt token ids, comma separated.
-    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    #[arg(long, value_delimiter = ',', num_args = 1.., conflicts_with = "prompt")]
     pub tokens: Vec<u32>,
+    /// Prompt text, encoded with the model directory's tokenizer.json (the
+    /// generated ids are then decoded to text as well).
+    #[arg(long, value_name = "TEXT")]
+    pub prompt: Option<String>,
     /// Tokens to generate greedily after the prompt.
     #[arg(long, default_value_t = 16)]
     pub max_tokens: usize,

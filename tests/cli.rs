@@ -70,3 +70,87 @@ fn unknown_kernel_is_exit_2_naming_known_ones() {
         .stderr(predicate::str::contains("gemv_nonexistent"))
         .stderr(predicate::str::contains("gemv_rows_cpu"));
 }
+
+fn fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+/// `--prompt` text through the fixture's tokenizer.json (tools/make_tokenizer.py):
+/// the prompt ids, the greedy ids and their text are what the Python tokenizer
+/// and transformers give.
+#[test]
+fn run_prompt_is_encoded_and_output_decoded_like_the_python_tokenizer() {
+    let dir = fixture("smollm2-tiny-bf16");
+    let exp: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("tokenizer_expected.json")).expect("read")).expect("json");
+    let prompt = exp["prompt"].as_str().expect("prompt");
+    let max_tokens = exp["max_tokens"].as_u64().expect("max_tokens").to_string();
+    let out = ktune()
+        .arg("run")
+        .arg("--model-dir")
+        .arg(&dir)
+        .args(["--prompt", prompt, "--max-tokens", &max_tokens, "--device", "cpu", "--format", "json"])
+        .output()
+        .expect("runs");
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    assert_eq!(r["prompt"], exp["prompt"]);
+    assert_eq!(r["prompt_ids"], exp["prompt_ids"], "prompt encoding");
+    assert_eq!(r["prompt_tokens"].as_u64(), exp["prompt_ids"].as_array().map(|a| a.len() as u64));
+    assert_eq!(r["generated"], exp["generated"], "greedy ids");
+    assert_eq!(r["text"], exp["text"], "decoded text");
+    assert!(r["tokenizer"].as_str().is_some_and(|p| p.ends_with("tokenizer.json")));
+}
+
+/// The table shows the prompt and the text too; `--tokens` also gets text out.
+#[test]
+fn run_with_tokens_decodes_text_when_there_is_a_tokenizer() {
+    let dir = fixture("smollm2-tiny-bf16");
+    let out = ktune()
+        .arg("run")
+        .arg("--model-dir")
+        .arg(&dir)
+        .args(["--tokens", "318,311,272", "--max-tokens", "2", "--device", "cpu"])
+        .output()
+        .expect("runs");
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(s.contains("text:"), "{s}");
+    ktune()
+        .arg("run")
+        .arg("--model-dir")
+        .arg(&dir)
+        .args(["--prompt", "The kernel", "--max-tokens", "2", "--device", "cpu"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("prompt:   \"The kernel\"").and(predicate::str::contains("text:")));
+}
+
+#[test]
+fn run_prompt_without_tokenizer_json_is_exit_2_suggesting_tokens() {
+    ktune()
+        .arg("run")
+        .arg("--model-dir")
+        .arg(fixture("llama3-tiny"))
+        .args(["--prompt", "hello", "--device", "cpu"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("tokenizer.json").and(predicate::str::contains("does not exist")))
+        .stderr(predicate::str::contains("--tokens"));
+    ktune()
+        .args(["run", "--model", "smollm2-135m", "--prompt", "hello", "--device", "cpu"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("tokenizer.json").and(predicate::str::contains("--tokens")));
+}
+
+#[test]
+fn run_prompt_and_tokens_are_mutually_exclusive() {
+    ktune()
+        .arg("run")
+        .arg("--model-dir")
+        .arg(fixture("smollm2-tiny-bf16"))
+        .args(["--prompt", "hello", "--tokens", "1,2", "--device", "cpu"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--prompt").and(predicate::str::contains("--tokens")));
+}

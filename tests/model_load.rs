@@ -470,3 +470,22 @@ fn synthetic_weights_are_deterministic_and_shaped_like_the_model() {
     assert!(b.iter().all(|v| v.abs() <= 0.02) && b.iter().any(|v| *v != 0.0));
     assert_eq!(qw.stored_bytes(), 4 * qcfg.param_count());
 }
+
+/// A directory without tokenizer.json has no tokenizer; a damaged one is an error
+/// naming the file, never a panic.
+#[test]
+fn tokenizer_json_missing_or_damaged() {
+    use ktune::model::Tokenizer;
+    assert!(Tokenizer::from_dir(fixtures().join("llama3-tiny")).expect("no error").is_none());
+    let tok = Tokenizer::from_dir(fixtures().join("smollm2-tiny-bf16")).expect("loads").expect("present");
+    assert_eq!(tok.vocab_size(), 320, "fills the fixture's vocabulary");
+    let ids = tok.encode("café 42").expect("encodes");
+    assert_eq!(tok.decode(&ids).expect("decodes"), "café 42", "byte-level BPE round-trips");
+    let dir = scratch("tokenizer-damaged");
+    for bad in ["", "{", "{\"model\": 3}", "[1, 2]"] {
+        fs::write(dir.join("tokenizer.json"), bad).unwrap();
+        let e = Tokenizer::from_dir(&dir).expect_err(bad).to_string();
+        assert!(e.contains("tokenizer.json"), "{bad:?}: {e}");
+        assert!(matches!(Tokenizer::from_dir(&dir), Err(ModelError::Tokenizer { .. })));
+    }
+}

@@ -19,6 +19,7 @@ Needs torch, transformers and safetensors from PyPI:
     python3 -m venv /tmp/fx && /tmp/fx/bin/pip install torch transformers safetensors
     /tmp/fx/bin/python tools/make_fixtures.py            # writes tests/fixtures/
     /tmp/fx/bin/python tools/make_fixtures.py --check    # recomputes, compares, writes nothing
+    /tmp/fx/bin/python tools/make_tokenizer.py           # then the tokenizer of smollm2-tiny-bf16
 
 The weights depend on torch's random generator, so rerunning with another torch
 version may produce different (equally valid) fixtures.
@@ -50,6 +51,8 @@ NEW_TOKENS = 8
 # generated step are at least 0.01 apart (checked below).
 INIT_STD = 0.15
 MIN_MARGIN = 0.01
+# Made by tools/make_tokenizer.py, kept when a fixture is rewritten.
+KEEP = ("tokenizer.json", "tokenizer_expected.json")
 
 COMMON = dict(
     hidden_size=64,
@@ -300,6 +303,11 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
             save(model, storage, tmp)
+            # Files made by tools/make_tokenizer.py stay (rerun it afterwards: its
+            # expected ids depend on these weights).
+            for keep in KEEP:
+                if (d / keep).exists():
+                    shutil.copy2(d / keep, tmp / keep)
             if d.exists():
                 shutil.rmtree(d)
             shutil.copytree(tmp, d)

@@ -1,7 +1,9 @@
 //! `ktune run`: a model (built-in shapes with synthetic weights, or a Hugging Face
 //! directory) executed on one device with the kernels a profile selects or the
 //! runtime's defaults: prefill, greedy decode with the KV cache, throughput, time
-//! per slot, and optionally the logits as JSON.
+//! per slot, and optionally the logits as JSON. With a model directory's
+//! `tokenizer.json` the prompt can be text (`--prompt`) and the generated ids are
+//! decoded to text.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,7 +15,7 @@ use crate::cli::RunArgs;
 use crate::device::Device;
 use crate::gpu::GpuCtx;
 use crate::kernels::DType;
-use crate::model::{self, ModelConfig, Weights};
+use crate::model::{self, ModelConfig, TOKENIZER_FILE, Tokenizer, Weights};
 use crate::plan::select::DeviceCaps;
 use crate::plan::{Fusion, Parallel, Plan, PlanOptions, Selection, Slot};
 use crate::profile::{ExecSettings, Profile};
@@ -43,6 +45,11 @@ pub struct RunReport {
     pub fusion: Fusion,
     pub batch_commands: bool,
     pub layers: usize,
+    /// The `--prompt` text, when the prompt was given as text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// The prompt's token ids (`--tokens`, or `--prompt` encoded).
+    pub prompt_ids: Vec<u32>,
     pub prompt_tokens: usize,
     pub prefill_seconds: f64,
     pub prefill_tokens_per_sec: f64,
@@ -53,6 +60,12 @@ pub struct RunReport {
     pub weight_bytes: u64,
     pub decode_gbps: f64,
     pub generated: Vec<u32>,
+    /// The generated ids decoded (special tokens left out), when there is a tokenizer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// The tokenizer.json used, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<String>,
     pub dispatches_per_layer: usize,
     /// Per-slot times (GPU: timestamp queries of one profiled pass of each kind).
     pub slots: Vec<SlotRow>,
@@ -150,9 +163,25 @@ pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
     let fusion = parse_fusion(&args.fusion)?;
     let weight_dtype = parse_dtype(&args.weight_dtype, "--weight-dtype")?;
     let kv_dtype = parse_dtype(&args.kv_dtype, "--kv-dtype")?;
-    if args.tokens.is_empty() {
-        return Err(Error::Usage("give the prompt as --tokens 1,2,3".into()));
-    }
+    let mut warnings = Vec::new();
+    let tokenizer = open_tokenizer(args, &mut warnings)?;
+    let prompt = match (&args.prompt, &tokenizer) {
+        (Some(text), Some(tok)) => {
+            let ids = tok.encode(text)?;
+            if ids.is_empty() {
+                return Err(Error::Usage(format!("--prompt {text:?} encodes to no tokens; give a longer prompt")));
+            }
+            ids
+        }
+        // open_tokenizer fails when --prompt has no tokenizer to use.
+        (Some(_), None) => return Err(Error::Usage("--prompt needs the model's tokenizer.json".into())),
+        (None, _) if args.tokens.is_empty() => {
+            return Err(Error::Usage(
+                "give the prompt as --tokens 1,2,3, or as --prompt TEXT with a model directory that has a tokenizer.json".into(),
+            ));
+        }
+        (None, _) => args.tokens.clone(),
+    };
     // A profile is read and validated before the model is loaded.
     let profile = match &args.profile {
         Some(p) => Some(Profile::load(p)?),
@@ -161,13 +190,15 @@ pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
     let device = super::pick_device(selector)?;
     let m = load_model(args.source.model.as_deref(), args.source.model_dir.as_ref(), args.layers, args.seed)?;
     let c = &m.config;
-    let prompt = args.tokens.clone();
     if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= c.vocab_size) {
-        return Err(Error::Usage(format!("token id {bad} is outside the vocabulary (size {})", c.vocab_size)));
+        let from = match &tokenizer {
+            Some(t) if args.prompt.is_some() => format!(" ({} does not match the model)", t.path().display()),
+            _ => String::new(),
+        };
+        return Err(Error::Usage(format!("token id {bad} is outside the vocabulary (size {}){from}", c.vocab_size)));
     }
     let context = args.context.unwrap_or(prompt.len() + args.max_tokens).max(prompt.len() + args.max_tokens);
     let max_tokens = prompt.len().min(args.prefill_chunk.max(1));
-    let mut warnings = Vec::new();
     let (selection, exec) = match &profile {
         Some(p) => {
             let (sel, exec, w) = p.resolve(&device, &m.name, c.num_layers)?;
@@ -255,6 +286,7 @@ pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
     let decode_tps = if decode_seconds > 0.0 { decode_tokens as f64 / decode_seconds } else { 0.0 };
     let kernels = kernel_summary(&engine)?;
     warnings.extend(engine.plan.selection.warnings.lock().map(|w| w.clone()).unwrap_or_default());
+    let text = tokenizer.as_ref().map(|t| t.decode(&generated)).transpose()?;
     Ok(RunReport {
         device: device.name(),
         backend: device.backend_name(),
@@ -267,6 +299,7 @@ pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
         fusion: exec.fusion,
         batch_commands: batch,
         layers: c.num_layers,
+        prompt: args.prompt.clone(),
         prompt_tokens: prompt.len(),
         prefill_seconds,
         prefill_tokens_per_sec: prompt.len() as f64 / prefill_seconds.max(1e-12),
@@ -276,11 +309,48 @@ pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
         weight_bytes,
         decode_gbps: weight_bytes as f64 * decode_tps / 1e9,
         generated,
+        text,
+        tokenizer: tokenizer.map(|t| t.path().display().to_string()),
+        prompt_ids: prompt,
         dispatches_per_layer: engine.dispatches_per_layer,
         slots,
         kernels,
         warnings,
     })
+}
+
+/// The model directory's tokenizer, if it has one. `--prompt` needs it: without a
+/// directory or a `tokenizer.json` in it, that is a usage error; with `--tokens` a
+/// tokenizer that cannot be read only costs the decoded text (a warning).
+fn open_tokenizer(args: &RunArgs, warnings: &mut Vec<String>) -> Result<Option<Tokenizer>> {
+    let wants_text = args.prompt.is_some();
+    let Some(dir) = args.source.model_dir.as_ref() else {
+        if wants_text {
+            let name = args.source.model.as_deref().unwrap_or("?");
+            return Err(Error::Usage(format!(
+                "--prompt needs a {TOKENIZER_FILE}, and the built-in model `{name}` (synthetic weights) has none; give the prompt as token ids with --tokens 1,2,3"
+            )));
+        }
+        return Ok(None);
+    };
+    let path = dir.join(TOKENIZER_FILE);
+    if !path.is_file() {
+        if wants_text {
+            return Err(Error::Usage(format!(
+                "--prompt needs the model's tokenizer, and {} does not exist; give the prompt as token ids with --tokens 1,2,3",
+                path.display()
+            )));
+        }
+        return Ok(None);
+    }
+    match Tokenizer::from_file(&path) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if wants_text => Err(e.into()),
+        Err(e) => {
+            warnings.push(format!("no text output: {e}"));
+            Ok(None)
+        }
+    }
 }
 
 /// Which kernel serves each slot (layer 0, prefill and decode).

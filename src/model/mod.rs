@@ -5,12 +5,14 @@
 //! Three architectures are covered: Llama (Llama 3.x, SmolLM2), Qwen2 (Qwen2.5) and
 //! Gemma 3 (text). Everything the plan and the runtime need to know about a model
 //! is a field or a method of [`ModelConfig`]; tensors are named as in the Hugging
-//! Face checkpoints ([`ModelConfig::tensor_shapes`]).
+//! Face checkpoints ([`ModelConfig::tensor_shapes`]). A directory's `tokenizer.json`,
+//! when there is one, turns text into ids and back ([`Tokenizer`]).
 
 mod builtin;
 mod config;
 mod hf;
 mod stfile;
+mod tokenizer;
 mod weights;
 
 use std::path::PathBuf;
@@ -18,6 +20,7 @@ use std::path::PathBuf;
 pub use builtin::{builtin, builtin_names};
 pub use config::{Architecture, Dtype, HiddenAct, LayerKind, ModelConfig, RopeScaling};
 pub use hf::ParsedConfig;
+pub use tokenizer::{TOKENIZER_FILE, Tokenizer};
 pub use weights::{TensorMeta, Weights};
 
 /// Errors of the model layer: configs, weight files, tensor lookups.
@@ -49,6 +52,8 @@ pub enum ModelError {
     Row { name: String, row: usize, rows: usize },
     #[error("output buffer for tensor `{name}` holds {got} values, the tensor has {want}")]
     Buffer { name: String, want: usize, got: usize },
+    #[error("{}: {msg}", path.display())]
+    Tokenizer { path: PathBuf, msg: String },
     #[error("the weights do not match the config:\n  {}", problems.join("\n  "))]
     Mismatch { problems: Vec<String> },
 }

@@ -241,7 +241,13 @@ pub fn run(r: &crate::commands::run::RunReport, format: Format) -> Result<String
         r.decode_gbps
     ));
     s.push_str(&format!("dispatches per layer (decode): {}\n", r.dispatches_per_layer));
+    if let Some(p) = &r.prompt {
+        s.push_str(&format!("prompt:   {p:?} = {:?}\n", r.prompt_ids));
+    }
     s.push_str(&format!("generated: {:?}\n", r.generated));
+    if let Some(t) = &r.text {
+        s.push_str(&format!("text:     {t:?}\n"));
+    }
     #[derive(Tabled)]
     struct K<'a> {
         slot: &'a str,
