@@ -2,7 +2,9 @@
 //! architecture (tests/fixtures/, made by tools/make_fixtures.py) whose logits at
 //! every prompt position and greedy continuation transformers computed. Checked
 //! on the CPU and on the test GPU (lavapipe in CI), with every fusion off and on:
-//! max |error| <= 1e-3 of the logits' scale, identical greedy tokens.
+//! max |error| <= 1e-3 of the logits' scale, identical greedy tokens. Also on the
+//! GPU with the LM head split into blocks of vocabulary rows, as a device whose
+//! storage bindings are smaller than the head needs.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -48,10 +50,18 @@ fn expected(dir: &Path) -> Expected {
 enum Dev {
     Cpu,
     Gpu(Arc<ktune::gpu::GpuCtx>),
+    /// The GPU, planned as if its storage binding limit were this many bytes.
+    GpuLimited(Arc<ktune::gpu::GpuCtx>, u64),
 }
 
-/// Runs the fixture and returns (max abs error / scale, greedy ids).
+/// Runs the fixture and returns (max abs error / scale, greedy ids, expected ids).
 fn run(dir: &Path, dev: &Dev, fusion: Fusion, kv: DType, chunk: usize) -> (f64, Vec<u32>, Vec<u32>) {
+    let (rel, got, want, _) = run_blocks(dir, dev, fusion, kv, chunk);
+    (rel, got, want)
+}
+
+/// [`run`], also returning how many blocks the LM head was split into.
+fn run_blocks(dir: &Path, dev: &Dev, fusion: Fusion, kv: DType, chunk: usize) -> (f64, Vec<u32>, Vec<u32>, usize) {
     let m = load_model(None, Some(&dir.to_path_buf()), None, 0).expect("fixture loads");
     let exp = expected(dir);
     let n_new = exp.generated.len();
@@ -67,12 +77,18 @@ fn run(dir: &Path, dev: &Dev, fusion: Fusion, kv: DType, chunk: usize) -> (f64, 
     let caps = match dev {
         Dev::Cpu => DeviceCaps::Cpu(CpuCaps::detect()),
         Dev::Gpu(g) => DeviceCaps::Gpu(g.caps.clone()),
+        Dev::GpuLimited(g, limit) => {
+            let mut caps = g.caps.clone();
+            caps.max_storage_binding = *limit;
+            DeviceCaps::Gpu(caps)
+        }
     };
     let plan = Plan::new("fixture", &m.config, opts, Selection::defaults(caps)).expect("plan");
+    let blocks = plan.lm_head.len();
     let store: Arc<dyn TensorStore> = m.weights.clone();
     let mut e = match dev {
         Dev::Cpu => Engine::cpu(plan, store).expect("engine"),
-        Dev::Gpu(g) => Engine::gpu(plan, store, g.clone(), true).expect("engine"),
+        Dev::Gpu(g) | Dev::GpuLimited(g, _) => Engine::gpu(plan, store, g.clone(), true).expect("engine"),
     };
     // Prefill in chunks of `chunk` tokens; every chunk's rows are compared.
     let mut rows = Vec::new();
@@ -96,7 +112,7 @@ fn run(dir: &Path, dev: &Dev, fusion: Fusion, kv: DType, chunk: usize) -> (f64, 
             next = argmax(&e.forward(&[next]).expect("decode")[0]);
         }
     }
-    (err / scale, ids, exp.generated)
+    (err / scale, ids, exp.generated, blocks)
 }
 
 fn check(dev: Dev, what: &str) {
@@ -133,4 +149,29 @@ fn cpu_f16_cache_stays_close() {
         let (rel, _, _) = run(&dir, &Dev::Cpu, Fusion::ALL, DType::F16, 64);
         assert!(rel < 2e-2, "{}: rel err {rel:.2e} with an f16 cache", dir.display());
     }
+}
+
+/// The LM head in blocks: planned for a binding limit above every layer buffer but
+/// below the head (32 KiB without fusion: the largest layer weights are 128 x 64 f32;
+/// 64 KiB with the fused gate/up), prefilled at once and in chunks of 7 (several
+/// logits rows per block).
+#[test]
+fn gpu_lm_head_in_blocks_matches_transformers() {
+    let Some(gpu) = test_gpu() else { return };
+    let mut failures = Vec::new();
+    let mut split = 0;
+    for dir in fixtures() {
+        let name = dir.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+        for (fusion, limit, chunk) in [(Fusion::NONE, 32 << 10, 64), (Fusion::ALL, 64 << 10, 7)] {
+            let dev = Dev::GpuLimited(gpu.clone(), limit);
+            let (rel, got, want, blocks) = run_blocks(&dir, &dev, fusion, DType::F32, chunk);
+            eprintln!("gpu {name} binding limit {limit}: {blocks} LM-head blocks, max err {rel:.2e} of scale, ids {got:?}");
+            split += usize::from(blocks > 1);
+            if rel > 1e-3 || got != want {
+                failures.push(format!("{name} limit {limit} ({blocks} blocks): rel err {rel:.2e}, ids {got:?} want {want:?}"));
+            }
+        }
+    }
+    assert!(split >= 4, "the limits should split the LM head of every fixture at least once");
+    assert!(failures.is_empty(), "LM head in blocks:\n{}", failures.join("\n"));
 }

@@ -97,6 +97,9 @@ pub enum WeightSource {
     Tensor(String),
     /// Tensors concatenated along the rows (fused Q/K/V or gate/up).
     Concat(Vec<String>),
+    /// The buffer's length of elements of one tensor (flattened) from element
+    /// `start`: a block of rows (one part of an LM head split to fit a GPU binding).
+    Slice { tensor: String, start: usize },
 }
 
 /// One named buffer of the layout.
@@ -224,8 +227,19 @@ pub struct Plan {
     /// The residual stream's two ping-pong buffers; the embedding goes into `x[0]`.
     #[serde(skip)]
     pub x: [BufId; 2],
-    /// Where the logits land: `[rows, vocab]`.
+    /// The LM head, in blocks of vocabulary rows (one block unless the whole head
+    /// or its logits would exceed the device's largest storage binding).
     #[serde(skip)]
+    pub lm_head: Vec<LmBlock>,
+}
+
+/// One block of the LM head: vocabulary rows `start..start + rows`, their weights,
+/// and where their logits land (`[logit rows, rows]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LmBlock {
+    pub start: usize,
+    pub rows: usize,
+    pub weight: BufId,
     pub logits: BufId,
 }
 
@@ -271,7 +285,7 @@ impl Plan {
             selection,
             names: BTreeMap::new(),
             x: [0, 0],
-            logits: 0,
+            lm_head: Vec::new(),
         };
         plan.layout()?;
         Ok(plan)
@@ -332,8 +346,6 @@ impl Plan {
         if self.options.fusion.qkv {
             self.act("qkv", t * (nq + 2 * nkv));
         }
-        let logit_rows = if self.options.all_logits { t } else { 1 };
-        self.logits = self.act("logits", logit_rows * c.vocab_size);
         // RoPE frequencies, one table per base.
         for kind in [LayerKind::Global, LayerKind::Local] {
             let f = inv_freq(&c, kind);
@@ -346,8 +358,28 @@ impl Plan {
         let w = self.options.weight_dtype;
         self.add("final_norm".into(), BufRole::Weight, w, h, Some(WeightSource::Tensor("model.norm.weight".into())));
         let head = if c.tie_word_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
-        self.add("lm_head".into(), BufRole::Weight, w, c.vocab_size * h, Some(WeightSource::Tensor(head.into())));
+        let logit_rows = if self.options.all_logits { t } else { 1 };
+        let blocks = lm_head_blocks(c.vocab_size, h, w.size(), logit_rows, self.binding_limit());
+        for (i, &(start, rows)) in blocks.iter().enumerate() {
+            let (weight, logits) = if blocks.len() == 1 {
+                let src = WeightSource::Tensor(head.into());
+                (self.add("lm_head".into(), BufRole::Weight, w, rows * h, Some(src)), self.act("logits", logit_rows * rows))
+            } else {
+                let src = WeightSource::Slice { tensor: head.into(), start: start * h };
+                let weight = self.add(format!("lm_head.{i}"), BufRole::Weight, w, rows * h, Some(src));
+                (weight, self.act(&format!("logits.{i}"), logit_rows * rows))
+            };
+            self.lm_head.push(LmBlock { start, rows, weight, logits });
+        }
         Ok(())
+    }
+
+    /// Bytes one bound buffer may hold on the plan's device (unlimited on the CPU).
+    fn binding_limit(&self) -> u64 {
+        match &self.selection.device {
+            select::DeviceCaps::Gpu(g) => g.max_storage_binding.min(g.max_buffer_size),
+            select::DeviceCaps::Cpu(_) => u64::MAX,
+        }
     }
 
     fn layer_weights(&mut self, l: usize, c: &ModelConfig) -> Result<(), PlanError> {
@@ -442,8 +474,9 @@ impl Plan {
     }
 
     /// Steps of one forward pass over `tokens` tokens at positions `pos0..pos0+tokens`.
-    /// The embedding of those tokens must already be in `x[0]`; logits land in
-    /// [`Plan::logits`] (every row when `all_logits` and prefill, else the last).
+    /// The embedding of those tokens must already be in `x[0]`; logits land in the
+    /// [`Plan::lm_head`] blocks' buffers (every row when `all_logits` and prefill,
+    /// else the last).
     pub fn steps(&self, tokens: usize, pos0: usize) -> Result<Vec<Step>, PlanError> {
         let o = &self.options;
         if tokens == 0 || tokens > o.max_tokens || pos0 + tokens > o.context {
@@ -454,6 +487,22 @@ impl Plan {
         e.forward(tokens, pos0)?;
         Ok(e.steps)
     }
+}
+
+/// The LM head's blocks of vocabulary rows `(start, rows)`: as few as keep each
+/// block's weights (`hidden` × `dtype_size` bytes a row) and its logits (`logit_rows`
+/// f32 a row) within `limit` bytes, of equal size (a multiple of 64 rows where that
+/// fits) but for the last.
+pub fn lm_head_blocks(vocab: usize, hidden: usize, dtype_size: usize, logit_rows: usize, limit: u64) -> Vec<(usize, usize)> {
+    let row_bytes = (hidden * dtype_size).max(logit_rows * 4).max(1) as u64;
+    let most = usize::try_from(limit / row_bytes).unwrap_or(usize::MAX).max(1);
+    if vocab <= most {
+        return vec![(0, vocab)];
+    }
+    let count = vocab.div_ceil(most);
+    let even = vocab.div_ceil(count);
+    let rows = if even.next_multiple_of(64) <= most { even.next_multiple_of(64) } else { even };
+    (0..vocab).step_by(rows).map(|s| (s, rows.min(vocab - s))).collect()
 }
 
 /// RoPE inverse frequencies for one kind of layer: the local base without scaling
@@ -704,19 +753,18 @@ impl Emitter<'_> {
             cur = 1 - cur;
             normed = true;
         }
-        // LM head over the final-normed rows.
-        let (lm, logits) = (id("lm_head"), plan.logits);
-        if t > 1 && plan.options.all_logits {
-            self.matmul(Slot::MatmulLmHead, None, None, t, c.vocab_size, h, [xn, lm, logits])?;
+        // LM head over the final-normed rows, block by block.
+        let (rows, src) = if t > 1 && plan.options.all_logits {
+            (t, xn)
+        } else if t > 1 {
+            let last = id("last");
+            self.plumb(Slot::MatmulLmHead, None, Plumb::Copy { src: xn, src_off: (t - 1) * h, dst: last, dst_off: 0, len: h });
+            (1, last)
         } else {
-            let src = if t > 1 {
-                let last = id("last");
-                self.plumb(Slot::MatmulLmHead, None, Plumb::Copy { src: xn, src_off: (t - 1) * h, dst: last, dst_off: 0, len: h });
-                last
-            } else {
-                xn
-            };
-            self.matmul(Slot::MatmulLmHead, None, None, 1, c.vocab_size, h, [src, lm, logits])?;
+            (1, xn)
+        };
+        for b in &plan.lm_head {
+            self.matmul(Slot::MatmulLmHead, None, None, rows, b.rows, h, [src, b.weight, b.logits])?;
         }
         Ok(())
     }
@@ -744,5 +792,51 @@ impl Emitter<'_> {
             self.kernel(Slot::Residual, l, Problem::ResidualAdd { n: t * dim }, vec![x, r, h_out], DType::F32)?;
             self.rms(l, t, dim, h_out, w, y)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lm_head_blocks;
+
+    /// Blocks cover the vocabulary in order, without gaps or overlaps, each within the limit.
+    fn check(vocab: usize, hidden: usize, size: usize, rows: usize, limit: u64) -> Vec<(usize, usize)> {
+        let b = lm_head_blocks(vocab, hidden, size, rows, limit);
+        let mut next = 0;
+        for &(start, n) in &b {
+            assert_eq!(start, next, "{b:?}");
+            assert!(n > 0);
+            assert!(((n * hidden * size) as u64) <= limit || n == 1, "weights of {n} rows over {limit}: {b:?}");
+            assert!(((n * rows * 4) as u64) <= limit || n == 1, "logits of {n} rows over {limit}: {b:?}");
+            next += n;
+        }
+        assert_eq!(next, vocab, "{b:?}");
+        b
+    }
+
+    #[test]
+    fn lm_head_fits_in_one_block_when_it_can() {
+        assert_eq!(check(49_152, 576, 4, 1, 128 << 20), vec![(0, 49_152)]);
+        assert_eq!(check(262_144, 1152, 2, 1, u64::MAX), vec![(0, 262_144)]);
+    }
+
+    #[test]
+    fn large_lm_heads_split_into_even_blocks_of_64_rows() {
+        // Gemma 3 1B at f16 under lavapipe's 128 MiB binding: 576 MiB, 5 blocks.
+        let b = check(262_144, 1152, 2, 1, 128 << 20);
+        assert_eq!(b.len(), 5);
+        assert!(b[..4].iter().all(|&(_, n)| n % 64 == 0 && n == b[0].1), "{b:?}");
+        // Gemma 3 4B's odd vocabulary at f32.
+        let b = check(262_208, 2560, 4, 1, 128 << 20);
+        assert_eq!(b.len(), 21);
+        // Many prompt rows of logits bound the block, not the weights.
+        let b = check(262_144, 64, 4, 512, 128 << 20);
+        assert!(b.len() >= 4, "{b:?}");
+    }
+
+    #[test]
+    fn tiny_limits_still_make_progress() {
+        check(100, 64, 4, 1, 1);
+        check(1000, 16, 2, 3, 4096);
     }
 }

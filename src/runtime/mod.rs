@@ -42,6 +42,8 @@ pub enum RuntimeError {
 pub trait TensorStore: Send + Sync {
     /// The tensor `name` as `dtype` values, row-major, with `len` elements expected.
     fn load(&self, name: &str, dtype: DType, len: usize) -> Result<HostBuf, RuntimeError>;
+    /// Elements `start..start + len` of the tensor `name` (flattened) as `dtype` values.
+    fn load_range(&self, name: &str, dtype: DType, start: usize, len: usize) -> Result<HostBuf, RuntimeError>;
     /// Row `row` of a 2-D tensor as f32 (the embedding lookup).
     fn row(&self, name: &str, row: usize, cols: usize) -> Result<Vec<f32>, RuntimeError>;
 }
@@ -112,6 +114,7 @@ fn load_buffer(plan: &Plan, store: &dyn TensorStore, i: usize) -> Result<Option<
             let parts = names.iter().zip(lens).map(|(n, len)| store.load(n, b.dtype, len)).collect::<Result<Vec<_>, _>>()?;
             concat(parts)
         }
+        WeightSource::Slice { tensor, start } => store.load_range(tensor, b.dtype, *start, b.len)?,
     };
     Ok(Some(hb))
 }
@@ -226,22 +229,39 @@ impl Engine {
         let decode = t == 1;
         let mut times = SlotTimes::default();
         let x0 = self.plan.x[0];
-        let logits = self.plan.logits;
         let vocab = self.plan.config.vocab_size;
         let rows = if t > 1 && self.plan.options.all_logits { t } else { 1 };
-        let flat = match &mut self.exec {
+        let blocks = &self.plan.lm_head;
+        // Each LM-head block's logits are `[rows, block rows]`: one read per block.
+        let mut parts = Vec::with_capacity(blocks.len());
+        match &mut self.exec {
             Exec::Cpu(e) => {
                 e.write(x0, &x)?;
                 e.run(&steps, &mut times)?;
                 self.dispatches_per_layer = steps.iter().filter(|s| s.layer == Some(0)).count();
-                e.read(logits, rows * vocab)?
+                for b in blocks {
+                    parts.push(e.read(b.logits, rows * b.rows)?);
+                }
             }
             Exec::Gpu(e) => {
                 e.write(x0, &x);
                 e.run(t, &steps, &mut times)?;
                 self.dispatches_per_layer = e.dispatches(t, &steps, 0);
-                e.read(logits, rows * vocab)?
+                for b in blocks {
+                    parts.push(e.read(b.logits, rows * b.rows)?);
+                }
             }
+        }
+        let flat = if parts.len() == 1 {
+            parts.pop().unwrap_or_default()
+        } else {
+            let mut flat = vec![0.0f32; rows * vocab];
+            for (b, part) in blocks.iter().zip(&parts) {
+                for (r, src) in part.chunks(b.rows).enumerate() {
+                    flat[r * vocab + b.start..r * vocab + b.start + b.rows].copy_from_slice(src);
+                }
+            }
+            flat
         };
         self.pos += t;
         if decode {
@@ -289,6 +309,22 @@ impl TensorStore for crate::model::Weights {
             DType::F16 => {
                 let mut v = vec![f16::ZERO; len];
                 self.read_f16_into(name, &mut v).map_err(w)?;
+                HostBuf::F16(v)
+            }
+        })
+    }
+
+    fn load_range(&self, name: &str, dtype: DType, start: usize, len: usize) -> Result<HostBuf, RuntimeError> {
+        let w = |e: crate::model::ModelError| RuntimeError::Weights(e.to_string());
+        Ok(match dtype {
+            DType::F32 => {
+                let mut v = vec![0.0f32; len];
+                self.read_f32_range(name, start, &mut v).map_err(w)?;
+                HostBuf::F32(v)
+            }
+            DType::F16 => {
+                let mut v = vec![f16::ZERO; len];
+                self.read_f16_range(name, start, &mut v).map_err(w)?;
                 HostBuf::F16(v)
             }
         })
