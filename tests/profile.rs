@@ -200,3 +200,29 @@ fn diff_flags_a_regression_beyond_threshold_and_noise_only() {
     assert!(d.changed && !d.regressed);
     assert!(d.changes.iter().any(|c| c.what == "execution.fusedQkv" && c.old == "false" && c.new == "true"));
 }
+
+/// Every profile shipped in profiles/ loads, names a built-in model, carries its
+/// provenance, and resolves on a device of its backend.
+#[test]
+fn shipped_profiles_load_and_resolve() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).expect("profiles/ exists") {
+        let path = e.expect("entry").path();
+        if path.extension().is_none_or(|x| x != "yaml") {
+            continue;
+        }
+        let p = Profile::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        assert!(ktune::model::builtin_names().contains(&p.doc.model.as_str()), "{}: model {}", path.display(), p.doc.model);
+        let t = p.doc.tuning.as_ref().unwrap_or_else(|| panic!("{} has no tuning section", path.display()));
+        assert_eq!(t.fingerprint.len(), 64);
+        assert!(t.end_to_end.tuned.decode_tok_s > 0.0 && t.end_to_end.default.decode_tok_s > 0.0);
+        if p.doc.device.backend.as_ref().is_some_and(|b| b.value == "cpu") {
+            let cfg = ktune::model::builtin(&p.doc.model).expect("built-in");
+            let dev = ktune::device::Device::Cpu(ktune::device::CpuCaps::detect());
+            p.resolve(&dev, &p.doc.model, cfg.num_layers).unwrap_or_else(|e| panic!("{e}"));
+        }
+        n += 1;
+    }
+    assert!(n >= 4, "expected the four shipped CPU profiles, found {n}");
+}

@@ -31,7 +31,7 @@ use ktune::gpu::GpuCtx;
 use ktune::kernels::DType;
 use ktune::model::{LayerKind, ModelConfig, Weights, builtin, builtin_names};
 use ktune::plan::select::DeviceCaps;
-use ktune::plan::{Fusion, Plan, PlanOptions, Selection};
+use ktune::plan::{Fusion, Parallel, Plan, PlanOptions, Selection};
 use ktune::runtime::{Engine, TensorStore, argmax};
 use ktune::testing::test_gpu;
 
@@ -88,6 +88,7 @@ fn engine(c: &ModelConfig, store: Arc<dyn TensorStore>, gpu: Option<Arc<GpuCtx>>
         context: PROMPT_LEN + DECODE_STEPS,
         all_logits: false,
         fusion: Fusion::ALL,
+        parallel: Parallel::default(),
     };
     let caps = match &gpu {
         Some(g) => DeviceCaps::Gpu(g.caps.clone()),

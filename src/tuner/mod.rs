@@ -425,7 +425,11 @@ fn run_race(t: &Target<'_>, r: &RaceDef, o: &TuneOptions, deadline: Instant, gat
     progress.phase(&format!("{} ({}) {} candidates", r.key.0, r.key.1.name(), n), n * FULL_SAMPLES as u64);
     race(&mut runners, &w, o.strategy, deadline, o.seed, |_| progress.tick());
     let stats: Vec<Stats> = runners.iter().map(|x| if x.error.is_some() { Stats::default() } else { x.stats() }).collect();
-    let winner = pick(&stats, TIE).unwrap_or(0);
+    // Only the survivors compete for the win: a candidate dropped after one noisy
+    // sample must not win on it.
+    let finalists: Vec<Stats> =
+        runners.iter().zip(&stats).map(|(x, s)| if x.dropped.is_some() { Stats::default() } else { s.clone() }).collect();
+    let winner = pick(&finalists, TIE).or_else(|| pick(&stats, TIE)).unwrap_or(0);
     let mut cands = Vec::new();
     let mut shape_medians = Vec::new();
     for (i, x) in runners.iter().enumerate() {
