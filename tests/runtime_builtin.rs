@@ -19,7 +19,7 @@
 //! vocabularies (on lavapipe Gemma 3's LM head exceeds the 128 MiB binding limit
 //! and is split) and prefills every model:
 //!
-//!     cargo test --release --test runtime_builtin -- --ignored    # ~5 min on lavapipe
+//!     cargo test --test runtime_builtin -- --ignored    # ~2.5 min on lavapipe
 //!
 //! Without a GPU adapter the tests skip loudly (fail under CI, see `ktune::testing`).
 
@@ -181,7 +181,7 @@ fn cpu_and_gpu_agree_on_every_builtin_model() {
 
 /// Full vocabularies, every model prefilled (minutes on lavapipe).
 #[test]
-#[ignore = "minutes on a software GPU: cargo test --release --test runtime_builtin -- --ignored"]
+#[ignore = "minutes on a software GPU: cargo test --test runtime_builtin -- --ignored"]
 fn cpu_and_gpu_agree_on_every_builtin_model_full_vocabulary() {
     let Some(gpu) = test_gpu() else { return };
     let failures = compare_all(&gpu, Scope { vocab: None, prefill_below: usize::MAX });
