@@ -14,6 +14,7 @@ pub mod gemm;
 pub mod gemv;
 pub mod norm;
 pub mod problem;
+pub mod quant;
 pub mod reference;
 pub mod rope;
 pub mod simd;
