@@ -1,5 +1,6 @@
 //! GEMV and GEMM for every CPU and WGSL kernel (default parameters, f32 and f16
-//! weights) at Gemma 3 1B shapes, plus a memory-bandwidth probe to judge them by.
+//! weights) at Gemma 3 1B shapes, the CPU ones also with the parameters a quick
+//! sweep picks (`cpu-tuned`), plus a memory-bandwidth probe to judge them by.
 //!
 //! Throughput is reported by criterion: bytes for GEMV (weights + vectors, the
 //! op is memory bound) and elements = FLOPs for GEMM (read "Kelem/s" as kFLOP/s,
@@ -18,7 +19,7 @@ use rayon::prelude::*;
 
 use ktune::device::CpuCaps;
 use ktune::kernels::verify::{GpuBuffers, HostTensor, make_inputs, output_lens};
-use ktune::kernels::{self, Backend, Caps, CpuArgs, DType, KernelDef, Problem};
+use ktune::kernels::{self, Backend, Caps, CpuArgs, DType, KernelDef, Params, Problem, simd};
 use ktune::testing::test_gpu;
 
 /// Gemma 3 1B: hidden 1152, intermediate 6912. GEMV `n x k` = weight rows x cols.
@@ -29,15 +30,18 @@ fn config() -> Criterion {
     Criterion::default().sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2))
 }
 
-/// Read bandwidth: a parallel sum over 512 MiB (DRAM) and over 1 MiB per thread (cache).
+/// Read bandwidth: a parallel SIMD dot product of a buffer with itself (every byte
+/// read once from memory; the second operand hits L1) over 512 MiB (DRAM) and over
+/// 1 MiB per thread (cache), with the best instruction set the CPU has.
 fn membw(c: &mut Criterion) {
     let mut g = c.benchmark_group("membw");
+    let isa = simd::Isa::best();
     for (name, bytes) in [("dram_512MiB", 512usize << 20), ("cache_1MiB_per_thread", (1usize << 20) * rayon::current_num_threads())] {
         let v: Vec<f32> = (0..bytes / 4).map(|i| (i % 7) as f32).collect();
         g.throughput(Throughput::Bytes(bytes as u64));
         g.bench_function(name, |b| {
             b.iter(|| {
-                let s: f32 = v.par_chunks(1 << 16).map(sum).sum();
+                let s: f32 = v.par_chunks(1 << 14).map(|c| simd::dot_f32(isa, c, c)).sum();
                 black_box(s)
             })
         });
@@ -45,16 +49,6 @@ fn membw(c: &mut Criterion) {
     g.finish();
 }
 
-/// Sum with 64 independent lanes so the loop vectorizes and is not latency bound.
-fn sum(c: &[f32]) -> f32 {
-    let mut acc = [0f32; 64];
-    for ch in c.chunks_exact(64) {
-        for i in 0..64 {
-            acc[i] += ch[i];
-        }
-    }
-    acc.iter().sum()
-}
 
 fn problems(op: kernels::Op) -> Vec<Problem> {
     match op {
@@ -94,6 +88,53 @@ fn bench_cpu(c: &mut Criterion, op: kernels::Op) {
                     })
                 });
             }
+        }
+    }
+    g.finish();
+}
+
+/// The tuned CPU variants: for each kernel and shape, every parameter set of the
+/// tuner's axis sweep (`isa` at its best) is timed three times (median), and the
+/// fastest is then measured by criterion as `<kernel>/<dtype>/tuned`. This is what
+/// `ktune tune` would pick for that slot; the ids above are the defaults.
+fn bench_cpu_tuned(c: &mut Criterion, op: kernels::Op) {
+    let caps = CpuCaps::detect();
+    let mut g = c.benchmark_group(format!("{op}/cpu-tuned"));
+    for k in kernels::for_op(op).filter(|k| k.backend() == Backend::Cpu) {
+        let dtype = DType::F32;
+        for p in problems(op) {
+            let ins = make_inputs(&p, dtype, 1);
+            let mut outs: Vec<Vec<f32>> = output_lens(&p, dtype).into_iter().map(|n| vec![0.0; n]).collect();
+            let mut run = |params: &Params| {
+                let args = CpuArgs {
+                    ins: ins.iter().map(HostTensor::as_in).collect(),
+                    outs: outs.iter_mut().map(|v| v.as_mut_slice()).collect(),
+                };
+                k.run_cpu(&p, dtype, params, args).expect("kernel runs")
+            };
+            let mut best: Option<(f64, Params)> = None;
+            for params in kernels::verify::param_sweep(k, false) {
+                if params.get("isa").is_some_and(|i| *i != 0) || k.check(Caps::Cpu(&caps), &p, dtype, &params).is_err() {
+                    continue;
+                }
+                run(&params);
+                let mut t: Vec<f64> = (0..3)
+                    .map(|_| {
+                        let s = Instant::now();
+                        run(&params);
+                        s.elapsed().as_secs_f64()
+                    })
+                    .collect();
+                t.sort_by(f64::total_cmp);
+                if best.as_ref().is_none_or(|(b, _)| t[1] < *b) {
+                    best = Some((t[1], params));
+                }
+            }
+            let Some((_, params)) = best else { continue };
+            let label: Vec<String> = params.iter().filter(|(n, _)| *n != "isa").map(|(n, v)| format!("{n}={v}")).collect();
+            eprintln!("tuned {} {}: {}", k.id, shape(&p), label.join(" "));
+            g.throughput(throughput(&p, dtype));
+            g.bench_function(BenchmarkId::new(format!("{}/{dtype}/tuned", k.id), shape(&p)), |b| b.iter(|| run(&params)));
         }
     }
     g.finish();
@@ -155,11 +196,13 @@ fn shape(p: &Problem) -> String {
 
 fn gemv(c: &mut Criterion) {
     bench_cpu(c, kernels::Op::Gemv);
+    bench_cpu_tuned(c, kernels::Op::Gemv);
     bench_gpu(c, kernels::Op::Gemv);
 }
 
 fn gemm(c: &mut Criterion) {
     bench_cpu(c, kernels::Op::Gemm);
+    bench_cpu_tuned(c, kernels::Op::Gemm);
     bench_gpu(c, kernels::Op::Gemm);
 }
 
