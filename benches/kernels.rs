@@ -49,7 +49,6 @@ fn membw(c: &mut Criterion) {
     g.finish();
 }
 
-
 fn problems(op: kernels::Op) -> Vec<Problem> {
     match op {
         kernels::Op::Gemv => GEMV_SHAPES.iter().map(|&(n, k)| Problem::Gemv { n, k }).collect(),
@@ -106,10 +105,8 @@ fn bench_cpu_tuned(c: &mut Criterion, op: kernels::Op) {
             let ins = make_inputs(&p, dtype, 1);
             let mut outs: Vec<Vec<f32>> = output_lens(&p, dtype).into_iter().map(|n| vec![0.0; n]).collect();
             let mut run = |params: &Params| {
-                let args = CpuArgs {
-                    ins: ins.iter().map(HostTensor::as_in).collect(),
-                    outs: outs.iter_mut().map(|v| v.as_mut_slice()).collect(),
-                };
+                let args =
+                    CpuArgs { ins: ins.iter().map(HostTensor::as_in).collect(), outs: outs.iter_mut().map(|v| v.as_mut_slice()).collect() };
                 k.run_cpu(&p, dtype, params, args).expect("kernel runs")
             };
             let mut best: Option<(f64, Params)> = None;

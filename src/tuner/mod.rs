@@ -181,23 +181,13 @@ fn fusions(cfg: &ModelConfig) -> Vec<Fusion> {
 pub fn cpu_read_bandwidth() -> f64 {
     use rayon::prelude::*;
     let v: Vec<f32> = vec![1.0; 64 << 20];
+    let isa = kernels::simd::Isa::best();
     let mut best = f64::INFINITY;
     for _ in 0..5 {
         let t = Instant::now();
-        // 16 independent accumulators so the sum vectorizes and memory, not the
-        // add latency, bounds it.
-        let s: f32 = v
-            .par_chunks(1 << 16)
-            .map(|c| {
-                let acc = c.chunks_exact(16).fold([0f32; 16], |mut a, x| {
-                    for (ai, xi) in a.iter_mut().zip(x) {
-                        *ai += xi;
-                    }
-                    a
-                });
-                acc.iter().sum::<f32>()
-            })
-            .sum();
+        // The SIMD dot of each chunk with itself: every byte comes from memory once
+        // (the second operand hits L1), at the widest vectors the CPU has.
+        let s: f32 = v.par_chunks(1 << 14).map(|c| kernels::simd::dot_f32(isa, c, c)).sum();
         std::hint::black_box(s);
         best = best.min(t.elapsed().as_secs_f64());
     }
@@ -700,6 +690,27 @@ pub fn tune(
                 }
             }
             round_time = round_start.elapsed();
+            // Racing (auto): after three rounds, a combination every sample of which is
+            // slower than every sample of the current leader stops being timed; its
+            // samples stay for the report. Exhaustive and halving time all to the end.
+            if o.strategy == Strategy::Auto && round >= 2 {
+                let score = |i: usize| -> Vec<f64> {
+                    samples[i].0.iter().zip(&samples[i].1).map(|(p, d)| p + o.decode_tokens as f64 * d).collect()
+                };
+                let alive: Vec<usize> = (0..combos.len()).filter(|&i| engines[i].is_some()).collect();
+                let lead = alive.iter().copied().min_by(|&a, &b| summarize(&score(a)).median.total_cmp(&summarize(&score(b)).median));
+                if let Some(lead) = lead {
+                    let lead_max = score(lead).iter().copied().fold(f64::MIN, f64::max);
+                    for &i in &alive {
+                        if i != lead && score(i).iter().copied().fold(f64::MAX, f64::min) > lead_max {
+                            engines[i] = None;
+                        }
+                    }
+                }
+                if engines.iter().filter(|e| e.is_some()).count() <= 1 {
+                    break;
+                }
+            }
         }
     } else {
         // One engine at a time (the model is too large to hold several copies).
