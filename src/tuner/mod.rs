@@ -241,10 +241,15 @@ fn plan_options(o: &TuneOptions, fusion: Fusion, parallel: Parallel) -> PlanOpti
     }
 }
 
-/// Kernel steps of both regimes of a plan: (slot, regime, problem, dtype).
+/// Kernel steps of both regimes of a plan: (slot, regime, problem, dtype). Decode
+/// steps are taken at the KV length the scored request sees on average (the prompt
+/// plus half the decoded tokens, within the context): attention kernels trade places
+/// with the cache length (split-KV wins at thousands of keys, one task per head at
+/// tens), so racing them at the full context would pick for a request nobody runs.
 fn kernel_steps(plan: &Plan, o: &TuneOptions) -> Result<KernelSteps, TuneError> {
     let mut out = Vec::new();
-    for (regime, t, pos) in [(Regime::Prefill, o.prefill_tokens, 0), (Regime::Decode, 1, o.context - 1)] {
+    let decode_pos = (o.prefill_tokens + o.decode_tokens / 2).min(o.context - 1);
+    for (regime, t, pos) in [(Regime::Prefill, o.prefill_tokens, 0), (Regime::Decode, 1, decode_pos)] {
         for s in plan.steps(t, pos)? {
             if let StepKind::Kernel { problem, dtype, .. } = s.kind {
                 out.push(((s.slot, regime), problem, dtype));
