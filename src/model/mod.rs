@@ -10,6 +10,7 @@
 
 mod builtin;
 mod config;
+pub mod gguf;
 mod hf;
 mod stfile;
 mod tokenizer;
