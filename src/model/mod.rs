@@ -11,6 +11,7 @@
 mod builtin;
 mod config;
 pub mod gguf;
+mod gguf_model;
 mod hf;
 mod stfile;
 mod tokenizer;
@@ -20,9 +21,11 @@ use std::path::PathBuf;
 
 pub use builtin::{builtin, builtin_names};
 pub use config::{Architecture, Dtype, HiddenAct, LayerKind, ModelConfig, RopeScaling};
+pub use gguf::Stored;
+pub use gguf_model::{GgufConfig, Transform, gguf_config};
 pub use hf::ParsedConfig;
 pub use tokenizer::{TOKENIZER_FILE, Tokenizer};
-pub use weights::{TensorMeta, Weights};
+pub use weights::{GgufModel, TensorMeta, Weights};
 
 /// Errors of the model layer: configs, weight files, tensor lookups.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +58,8 @@ pub enum ModelError {
     Buffer { name: String, want: usize, got: usize },
     #[error("{}: {msg}", path.display())]
     Tokenizer { path: PathBuf, msg: String },
+    #[error("tensor `{name}` cannot be block-quantized: {msg}")]
+    Quant { name: String, msg: String },
     #[error("the weights do not match the config:\n  {}", problems.join("\n  "))]
     Mismatch { problems: Vec<String> },
 }
