@@ -228,9 +228,15 @@ def expected(path, arch, prompt):
 
 
 def tokenizer_expected(path):
+    """The prompt text encoded by transformers' tokenizer from the file, 8 greedy
+    tokens continuing it and their text (special tokens skipped)."""
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     ids = tok(PROMPT_TEXT)["input_ids"]
-    return {"prompt": PROMPT_TEXT, "prompt_ids": ids}
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0)
+    gen = out[0, len(ids):].tolist()
+    return {"prompt": PROMPT_TEXT, "prompt_ids": ids, "generated": gen, "text": tok.decode(gen, skip_special_tokens=True)}
 
 
 def main():

@@ -352,6 +352,13 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         decode_seconds += dt;
         next = argmax(&r[0]);
     }
+    // What was held back (a character still cut at the end) goes out as it is.
+    if let Some(tok) = &tokenizer {
+        let text = tok.decode(&generated)?;
+        if text.len() > streamed && text.is_char_boundary(streamed) {
+            stream(&text[streamed..]);
+        }
+    }
     let decode_tokens = decode_wall.len();
     if let Some(path) = &args.dump_logits {
         let json = serde_json::json!({ "tokens": prompt, "logits": prefill_logits, "generated": generated });

@@ -69,7 +69,7 @@ impl Tokenizer {
             }
             None => {
                 return Err(err(
-                    "no tokenizer in the file (`tokenizer.ggml.model` is missing): give the prompt as token ids with --tokens".into()
+                    "no tokenizer in the file (`tokenizer.ggml.model` is missing): give the prompt as token ids with --tokens".into(),
                 ));
             }
         }
