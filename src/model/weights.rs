@@ -159,8 +159,25 @@ impl Weights {
     /// under Hugging Face names (see [`super::gguf_model`]). Tensors ktune does not
     /// know are kept under their GGUF names (listed by [`Weights::unused`]).
     pub fn load_gguf(path: impl AsRef<Path>) -> Result<GgufModel> {
-        let path = path.as_ref();
-        let file = Arc::new(GgufFile::open(path)?);
+        Weights::from_gguf(GgufFile::open(path.as_ref())?)
+    }
+
+    /// [`Weights::load_gguf`] of a GGUF image in memory (`label` names it in messages).
+    pub fn gguf_from_bytes(label: &Path, bytes: Vec<u8>) -> Result<GgufModel> {
+        Weights::from_gguf(GgufFile::parse(label, bytes)?)
+    }
+
+    /// One safetensors image in memory (`label` names it in messages), checked as a file is.
+    pub fn safetensors_from_bytes(label: &Path, bytes: Vec<u8>) -> Result<Weights> {
+        let f = StFile::parse(label, bytes)?;
+        let tensors = f.tensors.iter().map(|(name, entry)| (name.clone(), Slot::File { file: 0, entry: entry.clone() })).collect();
+        Ok(Weights { files: vec![f], gguf: None, tensors, origin: label.display().to_string() })
+    }
+
+    fn from_gguf(file: GgufFile) -> Result<GgufModel> {
+        let file = Arc::new(file);
+        let path = file.path.clone();
+        let path = path.as_path();
         let GgufConfig { config, ignored_keys } = gguf_config(&file)?;
         let mut tensors = BTreeMap::new();
         for (i, t) in file.tensors.iter().enumerate() {
