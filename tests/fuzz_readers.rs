@@ -285,3 +285,18 @@ fn fuzz_profile_reader() {
         }
     });
 }
+
+/// Regression (found by fuzz_gguf_reader with 200000 cases): one bit flipped in
+/// `llama.block_count` (3 -> 65539) made the config check list 655 390 missing
+/// tensors, a 48 MiB allocation for an 80 KB file.
+#[test]
+fn absurd_block_count_is_an_error_not_a_big_table() {
+    let mut seed = std::fs::read(fixture("gguf/smollm2-tiny-q4_0.gguf")).expect("fixture");
+    let key = b"llama.block_count";
+    let at = seed.windows(key.len()).position(|w| w == key).expect("key") + key.len() + 4;
+    seed[at + 2] ^= 1;
+    LARGEST.with(|l| l.set(0));
+    let e = Weights::gguf_from_bytes(Path::new("flip.gguf"), seed).expect_err("corrupt").to_string();
+    assert!(e.contains("`llama.block_count` is 65539"), "{e}");
+    assert!(LARGEST.with(Cell::get) < 1 << 20);
+}

@@ -280,3 +280,54 @@ fn cli_bad_gguf_inputs_exit_2() {
     let out = ktune().args(["run", "--model", "smollm2-135m", "--gguf"]).arg(&cut).args(["--tokens", "1"]).output().expect("runs");
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// `find` replaced by `with` (same length) in a fixture's bytes: the load fails naming `want`.
+fn edited_fails(file: &str, find: &[u8], with: &[u8], want: &str) {
+    let mut bytes = std::fs::read(dir().join(file)).expect("read");
+    let at = bytes.windows(find.len()).position(|w| w == find).unwrap_or_else(|| panic!("{file} has {find:?}"));
+    bytes[at..at + with.len()].copy_from_slice(with);
+    let e = Weights::gguf_from_bytes(Path::new(file), bytes).expect_err("must fail").to_string();
+    assert!(e.contains(want), "{file}: {e}");
+}
+
+/// Metadata ktune needs and does not find, or values it does not implement: errors naming the key.
+#[test]
+fn metadata_errors_name_the_key() {
+    edited_fails("smollm2-tiny-q8_0.gguf", b"llama.block_count", b"llama.block_coun_", "missing metadata `llama.block_count`");
+    edited_fails("qwen2-tiny-f32.gguf", b"qwen2.context_length", b"qwen2.context_lengtX", "missing metadata `qwen2.context_length`");
+    edited_fails("gemma3-tiny-q8_0.gguf", b"linear", b"yarnXX", "`gemma3.rope.scaling.type: yarnXX`");
+    edited_fails(
+        "gemma3-tiny-q8_0.gguf",
+        b"gemma3.attention.sliding_window",
+        b"gemma3.attention.sliding_windoX",
+        "gemma3.attention.sliding_window",
+    );
+    // A quantized tensor with a type ktune cannot decode: named when the config check reads it.
+    let mut bytes = std::fs::read(dir().join("smollm2-tiny-q8_0.gguf")).expect("read");
+    let name = b"blk.0.ffn_down.weight";
+    let at = bytes.windows(name.len()).position(|w| w == name).expect("tensor info");
+    // name, n_dims (u32), 2 dims (u64 each), then the type: Q8_0 (8) -> Q6_K (14) is not a whole number of
+    // 256-element blocks in a 128-wide row, so the reader rejects it naming the tensor.
+    let ty = at + name.len() + 4 + 16;
+    bytes[ty..ty + 4].copy_from_slice(&14u32.to_le_bytes());
+    let e = Weights::gguf_from_bytes(Path::new("q6k"), bytes).expect_err("Q6_K rows").to_string();
+    assert!(e.contains("blk.0.ffn_down.weight") && e.contains("Q6_K"), "{e}");
+}
+
+/// `tune --gguf` runs the tuner on the file's model (a short budget).
+#[test]
+fn cli_tune_takes_a_gguf_file() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let out = ktune()
+        .env("KTUNE_CACHE_DIR", tmp.path())
+        .args(["tune", "--gguf"])
+        .arg(dir().join("qwen2-tiny-q8_0.gguf"))
+        .args(["--budget", "3s", "--prefill-tokens", "8", "--context", "32", "--decode-tokens", "4", "--format", "json", "-o"])
+        .arg(tmp.path().join("p.yaml"))
+        .output()
+        .expect("runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(r["model"].as_str().expect("model").ends_with("qwen2-tiny-q8_0.gguf"), "{r}");
+    assert!(tmp.path().join("p.yaml").is_file());
+}

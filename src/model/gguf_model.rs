@@ -215,6 +215,15 @@ pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
         return Err(m.unsupported(format!("`{}: false` (an encoder, not a decoder)", m.key("attention.causal"))));
     }
     let num_layers = m.usize_req("block_count")?;
+    // Every layer has several tensors: a count beyond the file's tensors is corrupt
+    // (and must not size the per-layer tables built below).
+    if num_layers > f.tensors.len() {
+        return Err(m.err(format!(
+            "`{}` is {num_layers} but the file holds only {} tensors: corrupt metadata",
+            m.key("block_count"),
+            f.tensors.len()
+        )));
+    }
     let hidden_size = m.usize_req("embedding_length")?;
     let intermediate_size = m.usize_req("feed_forward_length")?;
     let num_heads = m.usize_req("attention.head_count")?;

@@ -358,6 +358,12 @@ impl Weights {
     /// Checks every tensor `config` needs (name and shape), reporting all problems
     /// at once. Extra tensors are allowed (a tied checkpoint may still carry `lm_head.weight`).
     pub fn check_config(&self, config: &ModelConfig) -> Result<()> {
+        // Each layer has at least 9 tensors: do not list millions of missing ones.
+        if config.num_layers > self.tensors.len() {
+            return Err(ModelError::Mismatch {
+                problems: vec![format!("the config has {} layers, the weights only {} tensors", config.num_layers, self.tensors.len())],
+            });
+        }
         let mut problems = Vec::new();
         for (name, shape) in config.tensor_shapes() {
             match self.check_shape(&name, &shape) {
