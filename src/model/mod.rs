@@ -1,12 +1,14 @@
 //! Models: what a transformer decoder looks like (its [`ModelConfig`], built in for
-//! the published models or read from a Hugging Face `config.json`) and its weights
-//! ([`Weights`], memory-mapped safetensors or deterministic synthetic values).
+//! the published models, read from a Hugging Face `config.json` or from a GGUF
+//! file's metadata) and its weights ([`Weights`], memory-mapped safetensors or
+//! GGUF, or deterministic synthetic values).
 //!
 //! Three architectures are covered: Llama (Llama 3.x, SmolLM2), Qwen2 (Qwen2.5) and
 //! Gemma 3 (text). Everything the plan and the runtime need to know about a model
 //! is a field or a method of [`ModelConfig`]; tensors are named as in the Hugging
 //! Face checkpoints ([`ModelConfig::tensor_shapes`]). A directory's `tokenizer.json`,
-//! when there is one, turns text into ids and back ([`Tokenizer`]).
+//! when there is one, or a GGUF file's `tokenizer.ggml.*` metadata, turns text
+//! into ids and back ([`Tokenizer`]).
 
 mod builtin;
 mod config;
