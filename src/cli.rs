@@ -129,6 +129,10 @@ pub struct ModelSource {
     /// A Hugging Face model directory (config.json and safetensors weights).
     #[arg(long, value_name = "DIR")]
     pub model_dir: Option<std::path::PathBuf>,
+    /// A GGUF file (llama.cpp's format; architectures llama, qwen2, gemma3;
+    /// tensors F32, F16, BF16, Q8_0, Q4_0, Q4_1). Its tokenizer serves --prompt.
+    #[arg(long, value_name = "FILE")]
+    pub gguf: Option<std::path::PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -141,8 +145,9 @@ pub struct RunArgs {
     /// Prompt token ids, comma separated.
     #[arg(long, value_delimiter = ',', num_args = 1.., conflicts_with = "prompt")]
     pub tokens: Vec<u32>,
-    /// Prompt text, encoded with the model directory's tokenizer.json (the
-    /// generated ids are then decoded to text as well).
+    /// Prompt text, encoded with the model directory's tokenizer.json or the GGUF
+    /// file's tokenizer (the generated ids are then decoded to text as well, and
+    /// streamed as they are produced).
     #[arg(long, value_name = "TEXT")]
     pub prompt: Option<String>,
     /// Tokens to generate greedily after the prompt.
@@ -157,9 +162,11 @@ pub struct RunArgs {
     /// Keep only the first N layers (for quick checks on large models).
     #[arg(long)]
     pub layers: Option<usize>,
-    /// Storage type of the weights (without a profile).
-    #[arg(long, default_value = "f32")]
-    pub weight_dtype: String,
+    /// Storage type of the weights (without a profile): f32 or f16. Default f32;
+    /// with --gguf, what the file's projection matrices are stored as (f16 for
+    /// F16/BF16, f32 for F32 and, until quantized kernels exist, for Q8_0/Q4_0/Q4_1).
+    #[arg(long)]
+    pub weight_dtype: Option<String>,
     /// Storage type of the KV cache (without a profile).
     #[arg(long, default_value = "f32")]
     pub kv_dtype: String,

@@ -25,7 +25,14 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             Ok(if report.failed() { 1 } else { 0 })
         }
         Command::Run(args) => {
-            let report = run::run(cli.device.as_deref(), &args)?;
+            let report = if args.format == crate::cli::Format::Table {
+                let mut stream = output::TextStream::new();
+                let r = run::run_streaming(cli.device.as_deref(), &args, &mut |t| stream.piece(t))?;
+                stream.finish();
+                r
+            } else {
+                run::run(cli.device.as_deref(), &args)?
+            };
             for w in &report.warnings {
                 output::warn(w);
             }

@@ -2,8 +2,9 @@
 //! directory) executed on one device with the kernels a profile selects or the
 //! runtime's defaults: prefill, greedy decode with the KV cache, throughput, time
 //! per slot, and optionally the logits as JSON. With a model directory's
-//! `tokenizer.json` the prompt can be text (`--prompt`) and the generated ids are
-//! decoded to text.
+//! `tokenizer.json` or a GGUF file's tokenizer the prompt can be text
+//! (`--prompt`) and the generated ids are decoded to text, streamed to a sink as
+//! they are produced.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -11,11 +12,13 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::cli::ModelSource;
 use crate::cli::RunArgs;
 use crate::device::Device;
 use crate::gpu::GpuCtx;
 use crate::kernels::DType;
-use crate::model::{self, ModelConfig, TOKENIZER_FILE, Tokenizer, Weights};
+use crate::model::gguf::GgufFile;
+use crate::model::{self, ModelConfig, Stored, TOKENIZER_FILE, Tokenizer, Weights};
 use crate::plan::select::DeviceCaps;
 use crate::plan::{Fusion, Parallel, Plan, PlanOptions, Selection, Slot};
 use crate::profile::{ExecSettings, Profile};
@@ -41,6 +44,9 @@ pub struct RunReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub profile: Option<String>,
     pub weight_dtype: DType,
+    /// How the file stores most projection matrices (`q8_0`, `f16`, …), for a GGUF file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weight_storage: Option<String>,
     pub kv_dtype: DType,
     pub fusion: Fusion,
     pub batch_commands: bool,
@@ -63,7 +69,7 @@ pub struct RunReport {
     /// The generated ids decoded (special tokens left out), when there is a tokenizer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
-    /// The tokenizer.json used, if any.
+    /// The tokenizer used (a tokenizer.json, or the GGUF file), if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokenizer: Option<String>,
     pub dispatches_per_layer: usize,
@@ -78,6 +84,44 @@ pub struct LoadedModel {
     pub name: String,
     pub config: ModelConfig,
     pub weights: Arc<Weights>,
+    /// The GGUF file the model came from (its tokenizer metadata).
+    pub gguf: Option<Arc<GgufFile>>,
+    /// Things worth telling the user (metadata keys ktune did not read).
+    pub warnings: Vec<String>,
+}
+
+/// Loads the model `--model`, `--model-dir` or `--gguf` names, optionally cut to `layers`.
+pub fn load_source(src: &ModelSource, layers: Option<usize>, seed: u64) -> Result<LoadedModel> {
+    match &src.gguf {
+        Some(path) => load_gguf(path, layers),
+        None => load_model(src.model.as_deref(), src.model_dir.as_ref(), layers, seed),
+    }
+}
+
+/// Loads a GGUF file: config from its metadata, weights, checked against each other.
+pub fn load_gguf(path: &std::path::Path, layers: Option<usize>) -> Result<LoadedModel> {
+    let g = Weights::load_gguf(path)?;
+    g.weights.check_config(&g.config)?;
+    let mut config = g.config;
+    if let Some(l) = layers {
+        cut_layers(&mut config, l)?;
+    }
+    let mut warnings = Vec::new();
+    if !g.ignored_keys.is_empty() {
+        warnings.push(format!("{}: metadata not used: {}", path.display(), g.ignored_keys.join(", ")));
+    }
+    Ok(LoadedModel { name: path.display().to_string(), config, weights: Arc::new(g.weights), gguf: Some(g.file), warnings })
+}
+
+/// The runtime weight type for weights stored as `s` when none is asked for.
+pub fn weight_dtype_for(s: Stored) -> DType {
+    match s {
+        Stored::F16 | Stored::BF16 => DType::F16,
+        Stored::F32 => DType::F32,
+        // Until the quantized runtime lands the blocks are dequantized to f32;
+        // then this becomes `Stored::Quant(q) => DType::from(q)`.
+        Stored::Quant(_) => DType::F32,
+    }
 }
 
 /// Loads `--model NAME` (synthetic weights) or `--model-dir DIR`, optionally cut to `layers`.
@@ -102,7 +146,7 @@ pub fn load_model(name: Option<&str>, dir: Option<&PathBuf>, layers: Option<usiz
     if let (Some(l), Some(_)) = (layers, dir) {
         cut_layers(&mut config, l)?;
     }
-    Ok(LoadedModel { name, config, weights: Arc::new(weights) })
+    Ok(LoadedModel { name, config, weights: Arc::new(weights), gguf: None, warnings: Vec::new() })
 }
 
 fn cut_layers(c: &mut ModelConfig, l: usize) -> Result<()> {
@@ -159,12 +203,32 @@ pub fn open_device(device: &Device) -> Result<(DeviceCaps, Option<Arc<GpuCtx>>)>
 }
 
 pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
+    run_streaming(selector, args, &mut |_| {})
+}
+
+/// [`run`], handing the generated text to `stream` piece by piece as tokens are
+/// produced (when there is a tokenizer; a piece ending in an incomplete UTF-8
+/// character waits for the next token).
+pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn FnMut(&str)) -> Result<RunReport> {
     // Validate flags before building anything heavy.
     let fusion = parse_fusion(&args.fusion)?;
-    let weight_dtype = parse_dtype(&args.weight_dtype, "--weight-dtype")?;
+    let asked_dtype = args.weight_dtype.as_deref().map(|d| parse_dtype(d, "--weight-dtype")).transpose()?;
     let kv_dtype = parse_dtype(&args.kv_dtype, "--kv-dtype")?;
     let mut warnings = Vec::new();
-    let tokenizer = open_tokenizer(args, &mut warnings)?;
+    if let Some(p) = &args.source.gguf
+        && !p.is_file()
+    {
+        return Err(Error::Usage(format!("--gguf {}: no such file", p.display())));
+    }
+    // A GGUF file's tokenizer lives in the file: load the model first then.
+    let gguf_model = match &args.source.gguf {
+        Some(p) => Some(load_gguf(p, args.layers)?),
+        None => None,
+    };
+    let tokenizer = match &gguf_model {
+        Some(m) => gguf_tokenizer(m, args, &mut warnings)?,
+        None => open_tokenizer(args, &mut warnings)?,
+    };
     let prompt = match (&args.prompt, &tokenizer) {
         (Some(text), Some(tok)) => {
             let ids = tok.encode(text)?;
@@ -177,7 +241,8 @@ pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
         (Some(_), None) => return Err(Error::Usage("--prompt needs the model's tokenizer.json".into())),
         (None, _) if args.tokens.is_empty() => {
             return Err(Error::Usage(
-                "give the prompt as --tokens 1,2,3, or as --prompt TEXT with a model directory that has a tokenizer.json".into(),
+                "give the prompt as --tokens 1,2,3, or as --prompt TEXT with a model directory that has a tokenizer.json or a GGUF file"
+                    .into(),
             ));
         }
         (None, _) => args.tokens.clone(),
@@ -188,7 +253,23 @@ pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
         None => None,
     };
     let device = super::pick_device(selector)?;
-    let m = load_model(args.source.model.as_deref(), args.source.model_dir.as_ref(), args.layers, args.seed)?;
+    let m = match gguf_model {
+        Some(m) => m,
+        None => load_source(&args.source, args.layers, args.seed)?,
+    };
+    warnings.extend(m.warnings.iter().cloned());
+    let storage = m.gguf.as_ref().and_then(|_| m.weights.matmul_storage());
+    let weight_dtype = match (asked_dtype, storage) {
+        (Some(d), _) => d,
+        (None, Some(s)) => weight_dtype_for(s),
+        (None, None) => DType::F32,
+    };
+    if let Some(Stored::Quant(q)) = storage
+        && weight_dtype_for(Stored::Quant(q)) == DType::F32
+        && asked_dtype.is_none()
+    {
+        warnings.push(format!("the weights are {q} blocks: run dequantized to f32 (the quantized kernels are not in this build)"));
+    }
     let c = &m.config;
     if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= c.vocab_size) {
         let from = match &tokenizer {
@@ -247,8 +328,17 @@ pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
     let mut generated = Vec::new();
     let mut decode_seconds = 0.0;
     let mut decode_wall = Vec::new();
+    let mut streamed = 0usize;
     for i in 0..args.max_tokens {
         generated.push(next);
+        if let Some(tok) = &tokenizer {
+            let text = tok.decode(&generated)?;
+            // Hold back a cut multi-byte character, and text a later token rewrote.
+            if !text.ends_with('\u{FFFD}') && text.len() > streamed && text.is_char_boundary(streamed) {
+                stream(&text[streamed..]);
+                streamed = text.len();
+            }
+        }
         if i + 1 == args.max_tokens {
             break;
         }
@@ -261,6 +351,13 @@ pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
         decode_wall.push(dt);
         decode_seconds += dt;
         next = argmax(&r[0]);
+    }
+    // What was held back (a character still cut at the end) goes out as it is.
+    if let Some(tok) = &tokenizer {
+        let text = tok.decode(&generated)?;
+        if text.len() > streamed && text.is_char_boundary(streamed) {
+            stream(&text[streamed..]);
+        }
     }
     let decode_tokens = decode_wall.len();
     if let Some(path) = &args.dump_logits {
@@ -295,6 +392,12 @@ pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
         weights: m.weights.origin().to_string(),
         profile: args.profile.as_ref().map(|p| p.display().to_string()),
         weight_dtype: exec.weight_dtype,
+        weight_storage: storage.map(|s| match s {
+            Stored::F32 => "f32".to_string(),
+            Stored::F16 => "f16".to_string(),
+            Stored::BF16 => "bf16".to_string(),
+            Stored::Quant(q) => q.name().to_string(),
+        }),
         kv_dtype: exec.kv_dtype,
         fusion: exec.fusion,
         batch_commands: batch,
@@ -317,6 +420,20 @@ pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
         kernels,
         warnings,
     })
+}
+
+/// The GGUF file's tokenizer. `--prompt` needs it; with `--tokens` a tokenizer
+/// that cannot be built only costs the decoded text (a warning).
+fn gguf_tokenizer(m: &LoadedModel, args: &RunArgs, warnings: &mut Vec<String>) -> Result<Option<Tokenizer>> {
+    let Some(file) = &m.gguf else { return Ok(None) };
+    match Tokenizer::from_gguf(file) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if args.prompt.is_some() => Err(e.into()),
+        Err(e) => {
+            warnings.push(format!("no text output: {e}"));
+            Ok(None)
+        }
+    }
 }
 
 /// The model directory's tokenizer, if it has one. `--prompt` needs it: without a

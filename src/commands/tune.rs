@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::run::{load_model, open_device, parse_dtype};
+use super::run::{load_source, open_device, parse_dtype};
 use crate::cli::TuneArgs;
 use crate::profile::{self, Profile, ProfileDoc};
 use crate::runtime::TensorStore;
@@ -76,9 +76,11 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
         )));
     }
     let device = super::pick_device(selector)?;
-    let m = load_model(args.source.model.as_deref(), args.source.model_dir.as_ref(), args.layers, args.seed)?;
+    let m = load_source(&args.source, args.layers, args.seed)?;
     let name = match args.layers {
-        Some(l) if l < m.config.num_layers || args.source.model_dir.is_some() => format!("{}@{l}layers", m.name),
+        Some(l) if l < m.config.num_layers || args.source.model_dir.is_some() || args.source.gguf.is_some() => {
+            format!("{}@{l}layers", m.name)
+        }
         _ => m.name.clone(),
     };
     let opts = TuneOptions {

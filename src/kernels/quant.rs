@@ -78,7 +78,7 @@ impl QFormat {
     }
     /// Bytes of `n` elements on disk; `None` unless `n` is a whole number of blocks.
     pub fn bytes_for(self, n: usize) -> Option<usize> {
-        (n % QK == 0).then(|| n / QK * self.block_bytes())
+        n.is_multiple_of(QK).then(|| n / QK * self.block_bytes())
     }
 }
 
@@ -133,7 +133,7 @@ impl QMatrix {
     }
 
     fn check_shape(format: QFormat, rows: usize, cols: usize) -> Result<usize, QuantError> {
-        if cols % QK != 0 || cols == 0 {
+        if !cols.is_multiple_of(QK) || cols == 0 {
             return Err(QuantError::Cols { format, cols });
         }
         rows.checked_mul(cols / QK).ok_or(QuantError::Len { format, rows, cols, expected: usize::MAX, got: 0 })
@@ -143,7 +143,7 @@ impl QMatrix {
     pub fn from_ggml(format: QFormat, rows: usize, cols: usize, data: &[u8]) -> Result<QMatrix, QuantError> {
         let blocks = Self::check_shape(format, rows, cols)?;
         let bb = format.block_bytes();
-        let expected = blocks.checked_mul(bb).unwrap_or(usize::MAX);
+        let expected = blocks.saturating_mul(bb);
         if data.len() != expected {
             return Err(QuantError::Len { format, rows, cols, expected, got: data.len() });
         }
@@ -176,7 +176,7 @@ impl QMatrix {
     /// (`quantize_row_q8_0_ref`, `quantize_row_q4_0_ref`, `quantize_row_q4_1_ref`).
     pub fn quantize(format: QFormat, rows: usize, cols: usize, x: &[f32]) -> Result<QMatrix, QuantError> {
         let blocks = Self::check_shape(format, rows, cols)?;
-        if x.len() / QK != blocks || x.len() % QK != 0 {
+        if x.len() / QK != blocks || !x.len().is_multiple_of(QK) {
             return Err(QuantError::Len { format, rows, cols, expected: rows.saturating_mul(cols), got: x.len() });
         }
         let (qb, ns) = (format.quant_bytes(), format.scales_per_block());

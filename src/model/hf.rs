@@ -24,6 +24,9 @@ pub struct ParsedConfig {
     pub ignored_keys: Vec<String>,
 }
 
+/// More layers than any published decoder has (per-layer tables are sized by it).
+const MAX_LAYERS: usize = 10_000;
+
 /// Keys that do not affect inference (training, bookkeeping, generation defaults).
 const IRRELEVANT: &[&str] = &[
     "_name_or_path",
@@ -193,6 +196,9 @@ impl<'a> Reader<'a> {
         let hidden_size = self.usize_req("hidden_size")?;
         let intermediate_size = self.usize_req("intermediate_size")?;
         let num_layers = self.usize_req("num_hidden_layers")?;
+        if num_layers > MAX_LAYERS {
+            return Err(self.config_err(format!("`num_hidden_layers` is {num_layers}, more than {MAX_LAYERS}: not a real model")));
+        }
         let num_heads = self.usize_req("num_attention_heads")?;
         let num_kv_heads = self.usize_opt("num_key_value_heads")?.unwrap_or(num_heads);
         if num_heads == 0 || hidden_size == 0 {

@@ -1,15 +1,19 @@
 //! Models: what a transformer decoder looks like (its [`ModelConfig`], built in for
-//! the published models or read from a Hugging Face `config.json`) and its weights
-//! ([`Weights`], memory-mapped safetensors or deterministic synthetic values).
+//! the published models, read from a Hugging Face `config.json` or from a GGUF
+//! file's metadata) and its weights ([`Weights`], memory-mapped safetensors or
+//! GGUF, or deterministic synthetic values).
 //!
 //! Three architectures are covered: Llama (Llama 3.x, SmolLM2), Qwen2 (Qwen2.5) and
 //! Gemma 3 (text). Everything the plan and the runtime need to know about a model
 //! is a field or a method of [`ModelConfig`]; tensors are named as in the Hugging
 //! Face checkpoints ([`ModelConfig::tensor_shapes`]). A directory's `tokenizer.json`,
-//! when there is one, turns text into ids and back ([`Tokenizer`]).
+//! when there is one, or a GGUF file's `tokenizer.ggml.*` metadata, turns text
+//! into ids and back ([`Tokenizer`]).
 
 mod builtin;
 mod config;
+pub mod gguf;
+mod gguf_model;
 mod hf;
 mod stfile;
 mod tokenizer;
@@ -19,9 +23,11 @@ use std::path::PathBuf;
 
 pub use builtin::{builtin, builtin_names};
 pub use config::{Architecture, Dtype, HiddenAct, LayerKind, ModelConfig, RopeScaling};
+pub use gguf::Stored;
+pub use gguf_model::{GgufConfig, Transform, gguf_config};
 pub use hf::ParsedConfig;
 pub use tokenizer::{TOKENIZER_FILE, Tokenizer};
-pub use weights::{TensorMeta, Weights};
+pub use weights::{GgufModel, TensorMeta, Weights};
 
 /// Errors of the model layer: configs, weight files, tensor lookups.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +60,8 @@ pub enum ModelError {
     Buffer { name: String, want: usize, got: usize },
     #[error("{}: {msg}", path.display())]
     Tokenizer { path: PathBuf, msg: String },
+    #[error("tensor `{name}` cannot be block-quantized: {msg}")]
+    Quant { name: String, msg: String },
     #[error("the weights do not match the config:\n  {}", problems.join("\n  "))]
     Mismatch { problems: Vec<String> },
 }

@@ -32,8 +32,24 @@ pub(super) struct Entry {
 /// A mapped file and its tensors.
 pub(super) struct StFile {
     pub path: PathBuf,
-    pub map: Mmap,
+    map: Bytes,
     pub tensors: BTreeMap<String, Entry>,
+}
+
+/// The file's bytes: memory-mapped, or owned (tests and fuzzing parse buffers).
+enum Bytes {
+    Mmap(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mmap(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
 }
 
 impl std::fmt::Debug for StFile {
@@ -59,6 +75,19 @@ impl StFile {
         // memory-mapped loader we rely on the file not being truncated or rewritten
         // while it is mapped (checkpoints are not modified in place).
         let map = unsafe { Mmap::map(&file) }.map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
+        StFile::from_bytes(path, Bytes::Mmap(map))
+    }
+
+    /// Parses a safetensors image held in memory; `path` only names it in messages.
+    pub fn parse(path: &Path, bytes: Vec<u8>) -> Result<StFile> {
+        StFile::from_bytes(path, Bytes::Owned(bytes))
+    }
+
+    fn from_bytes(path: &Path, map: Bytes) -> Result<StFile> {
+        let len = map.len() as u64;
+        if len < 8 {
+            return Err(file_err(path, format!("{len} bytes: too short for a safetensors header")));
+        }
         let mut n = [0u8; 8];
         n.copy_from_slice(&map[..8]);
         let header_len = u64::from_le_bytes(n);
@@ -140,5 +169,74 @@ pub(super) fn to_f16(dtype: Dtype, src: &[u8], out: &mut [f16]) {
         conv(src, out);
     } else {
         out.par_chunks_mut(PAR_CHUNK).zip(src.par_chunks(PAR_CHUNK * sz)).for_each(|(o, s)| conv(s, o));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A safetensors image: header length, JSON header (padded as written), data.
+    fn image(header: &str, data: usize) -> Vec<u8> {
+        let mut v = (header.len() as u64).to_le_bytes().to_vec();
+        v.extend_from_slice(header.as_bytes());
+        v.extend(std::iter::repeat_n(0u8, data));
+        v
+    }
+
+    fn err(bytes: Vec<u8>) -> String {
+        match StFile::parse(Path::new("t.safetensors"), bytes) {
+            Ok(_) => panic!("expected an error"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    const GOOD: &str =
+        r#"{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},"b":{"dtype":"BF16","shape":[4],"data_offsets":[16,24]}}"#;
+
+    #[test]
+    fn a_valid_image_parses() {
+        let f = StFile::parse(Path::new("t"), image(GOOD, 24)).expect("valid");
+        assert_eq!(f.tensors.len(), 2);
+        assert_eq!(f.bytes(&f.tensors["b"]).len(), 8);
+        assert_eq!(f.tensors["b"].dtype, Ok(Dtype::BF16));
+    }
+
+    #[test]
+    fn short_files_and_header_lengths() {
+        assert!(err(vec![1, 0, 0]).contains("too short"));
+        // Header length past the end of the file.
+        let mut v = image(GOOD, 24);
+        let n = v.len() as u64;
+        v[..8].copy_from_slice(&n.to_le_bytes());
+        assert!(err(v).contains("truncated"), "header past the end");
+        // An absurd header length.
+        let mut v = image(GOOD, 24);
+        v[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(err(v).contains("absurd"));
+        // Every truncation of a valid image is an error.
+        let full = image(GOOD, 24);
+        for n in 0..full.len() {
+            assert!(StFile::parse(Path::new("t"), full[..n].to_vec()).is_err(), "{n} bytes parsed");
+        }
+    }
+
+    #[test]
+    fn offsets_and_shapes_must_match_the_data() {
+        // Offsets beyond the data.
+        let h = r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,64]}}"#;
+        assert!(err(image(h, 16)).contains("bad safetensors header"));
+        // dtype x shape disagreeing with the byte range.
+        let h = r#"{"a":{"dtype":"F16","shape":[4],"data_offsets":[0,16]}}"#;
+        assert!(err(image(h, 16)).contains("bad safetensors header"));
+        // Offsets reversed.
+        let h = r#"{"a":{"dtype":"F32","shape":[0],"data_offsets":[16,0]}}"#;
+        assert!(err(image(h, 16)).contains("bad safetensors header"));
+        // Not JSON.
+        assert!(err(image("{not json}", 0)).contains("bad safetensors header"));
+        // A dtype ktune cannot read is kept as an error for that tensor only.
+        let h = r#"{"a":{"dtype":"I64","shape":[2],"data_offsets":[0,16]}}"#;
+        let f = StFile::parse(Path::new("t"), image(h, 16)).expect("parses");
+        assert!(f.tensors["a"].dtype.is_err());
     }
 }

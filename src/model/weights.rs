@@ -1,21 +1,40 @@
 //! [`Weights`]: a model's tensors by Hugging Face name, from memory-mapped
 //! safetensors files (one `model.safetensors` or shards listed in
-//! `model.safetensors.index.json`; F32, F16 or BF16) or synthetic (deterministic
-//! pseudo-random values with the model's shapes, generated on request).
+//! `model.safetensors.index.json`; F32, F16 or BF16), a memory-mapped GGUF file
+//! (F32, F16, BF16, Q8_0, Q4_0, Q4_1; names mapped and llama.cpp's converter
+//! undone, see [`super::gguf_model`]) or synthetic (deterministic pseudo-random
+//! values with the model's shapes, generated on request).
 //!
-//! Nothing is converted or copied until a tensor is asked for, in f32 or f16:
-//! a runtime that wants f16 weights never holds an f32 copy of the model.
+//! Nothing is converted or copied until a tensor is asked for, in f32 or f16
+//! (quantized tensors dequantized) or in a block-quantized format
+//! ([`Weights::load_quant`]: a GGUF file's blocks as they are when the format
+//! matches): a runtime that wants f16 weights never holds an f32 copy of the model.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use half::f16;
 use rayon::prelude::*;
 use serde::Serialize;
 
 use super::config::{Dtype, ModelConfig};
+use super::gguf::{GgufFile, Stored, decode};
+use super::gguf_model::{GgufConfig, Transform, gguf_config, hf_name};
 use super::stfile::{Entry, StFile, to_f16, to_f32};
 use super::{ModelError, Result};
+use crate::kernels::quant::{QFormat, QMatrix};
+
+/// A model read from one GGUF file.
+#[derive(Debug)]
+pub struct GgufModel {
+    pub config: ModelConfig,
+    /// `{arch}.*` metadata keys ktune did not read.
+    pub ignored_keys: Vec<String>,
+    pub weights: Weights,
+    /// The file (its tokenizer metadata).
+    pub file: Arc<GgufFile>,
+}
 
 /// What is known about one tensor without reading it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -37,6 +56,8 @@ enum Slot {
     File { file: usize, entry: Entry },
     /// Generated: what kind of values, and the per-tensor stream key.
     Synthetic { kind: SynthKind, key: u64, shape: Vec<usize> },
+    /// Tensor `tensor` of the GGUF file, served in Hugging Face shape after `tf`.
+    Gguf { tensor: usize, tf: Transform, shape: Vec<usize> },
 }
 
 /// What synthetic values a tensor gets.
@@ -54,6 +75,7 @@ enum SynthKind {
 #[derive(Debug)]
 pub struct Weights {
     files: Vec<StFile>,
+    gguf: Option<Arc<GgufFile>>,
     tensors: BTreeMap<String, Slot>,
     /// Where the weights came from, for messages.
     origin: String,
@@ -115,7 +137,7 @@ impl Weights {
             };
             tensors.insert(tensor.to_string(), Slot::File { file: i, entry: entry.clone() });
         }
-        Ok(Weights { files, tensors, origin: index.display().to_string() })
+        Ok(Weights { files, gguf: None, tensors, origin: index.display().to_string() })
     }
 
     /// Loads safetensors files; a tensor name found in two of them is an error.
@@ -130,7 +152,54 @@ impl Weights {
             }
         }
         let origin = paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
-        Ok(Weights { files, tensors, origin })
+        Ok(Weights { files, gguf: None, tensors, origin })
+    }
+
+    /// Opens a GGUF file: the model config from its metadata and its tensors
+    /// under Hugging Face names (see [`super::gguf_model`]). Tensors ktune does not
+    /// know are kept under their GGUF names (listed by [`Weights::unused`]).
+    pub fn load_gguf(path: impl AsRef<Path>) -> Result<GgufModel> {
+        Weights::from_gguf(GgufFile::open(path.as_ref())?)
+    }
+
+    /// [`Weights::load_gguf`] of a GGUF image in memory (`label` names it in messages).
+    pub fn gguf_from_bytes(label: &Path, bytes: Vec<u8>) -> Result<GgufModel> {
+        Weights::from_gguf(GgufFile::parse(label, bytes)?)
+    }
+
+    /// One safetensors image in memory (`label` names it in messages), checked as a file is.
+    pub fn safetensors_from_bytes(label: &Path, bytes: Vec<u8>) -> Result<Weights> {
+        let f = StFile::parse(label, bytes)?;
+        let tensors = f.tensors.iter().map(|(name, entry)| (name.clone(), Slot::File { file: 0, entry: entry.clone() })).collect();
+        Ok(Weights { files: vec![f], gguf: None, tensors, origin: label.display().to_string() })
+    }
+
+    fn from_gguf(file: GgufFile) -> Result<GgufModel> {
+        let file = Arc::new(file);
+        let path = file.path.clone();
+        let path = path.as_path();
+        let GgufConfig { config, ignored_keys } = gguf_config(&file)?;
+        let mut tensors = BTreeMap::new();
+        for (i, t) in file.tensors.iter().enumerate() {
+            if t.name == "rope_freqs.weight" {
+                continue; // folded into the config's RoPE scaling
+            }
+            let (name, tf) = hf_name(&config, &t.name).unwrap_or_else(|| (t.name.clone(), Transform::None));
+            let shape = t.shape();
+            if let Transform::Unpermute { heads } = tf
+                && (heads == 0 || !shape[0].is_multiple_of(2 * heads))
+            {
+                return Err(ModelError::File {
+                    path: path.to_path_buf(),
+                    msg: format!("tensor `{}` has {} rows, not a whole number of {heads} heads of RoPE pairs", t.name, shape[0]),
+                });
+            }
+            if tensors.insert(name.clone(), Slot::Gguf { tensor: i, tf, shape }).is_some() {
+                return Err(ModelError::File { path: path.to_path_buf(), msg: format!("two tensors map to `{name}`") });
+            }
+        }
+        let weights = Weights { files: Vec::new(), gguf: Some(file.clone()), tensors, origin: path.display().to_string() };
+        Ok(GgufModel { config, ignored_keys, weights, file })
     }
 
     /// Deterministic pseudo-random weights with the shapes of `config` (values a
@@ -154,7 +223,7 @@ impl Weights {
                 (name, Slot::Synthetic { kind, key, shape })
             })
             .collect();
-        Weights { files: Vec::new(), tensors, origin: format!("synthetic (seed {seed})") }
+        Weights { files: Vec::new(), gguf: None, tensors, origin: format!("synthetic (seed {seed})") }
     }
 
     /// Where the weights came from (files or "synthetic (seed N)").
@@ -163,7 +232,7 @@ impl Weights {
     }
 
     pub fn is_synthetic(&self) -> bool {
-        self.files.is_empty()
+        self.files.is_empty() && self.gguf.is_none()
     }
 
     /// Names of all tensors, sorted.
@@ -195,7 +264,86 @@ impl Weights {
                 Err(d) => Err(ModelError::Dtype { name: name.to_string(), dtype: d.clone() }),
             },
             Slot::Synthetic { shape, .. } => Ok(TensorMeta { dtype: Dtype::F32, shape: shape.clone() }),
+            Slot::Gguf { shape, .. } => {
+                let dtype = match self.stored(name)? {
+                    Stored::F32 | Stored::Quant(_) => Dtype::F32,
+                    Stored::F16 => Dtype::F16,
+                    Stored::BF16 => Dtype::BF16,
+                };
+                Ok(TensorMeta { dtype, shape: shape.clone() })
+            }
         }
+    }
+
+    /// How `name` is stored: a float type, or a block-quantized format (GGUF).
+    /// Synthetic tensors are F32. A type ktune cannot read is an error naming it.
+    pub fn stored(&self, name: &str) -> Result<Stored> {
+        match self.slot(name)? {
+            Slot::File { entry, .. } => match &entry.dtype {
+                Ok(Dtype::F32) => Ok(Stored::F32),
+                Ok(Dtype::F16) => Ok(Stored::F16),
+                Ok(Dtype::BF16) => Ok(Stored::BF16),
+                Err(d) => Err(ModelError::Dtype { name: name.to_string(), dtype: d.clone() }),
+            },
+            Slot::Synthetic { .. } => Ok(Stored::F32),
+            Slot::Gguf { tensor, .. } => {
+                let f = self.gguf_file()?;
+                f.stored(&f.tensors[*tensor])
+            }
+        }
+    }
+
+    fn gguf_file(&self) -> Result<&GgufFile> {
+        self.gguf.as_deref().ok_or_else(|| ModelError::Invalid("a GGUF tensor without its file".into()))
+    }
+
+    /// `name` (a matrix: the last dimension is a row) in block format `format`:
+    /// a GGUF file's blocks as stored when they are in `format` (rows reordered
+    /// if the converter permuted them), else the float values quantized with
+    /// [`QMatrix::quantize`] (ggml's reference quantizers).
+    pub fn load_quant(&self, name: &str, format: QFormat) -> Result<QMatrix> {
+        let meta = self.meta(name)?;
+        let cols = meta.shape.last().copied().unwrap_or(1);
+        let rows = meta.numel() / cols.max(1);
+        let qerr = |e: crate::kernels::quant::QuantError| ModelError::Quant { name: name.to_string(), msg: e.to_string() };
+        if let Slot::Gguf { tensor, tf, .. } = self.slot(name)?
+            && *tf != Transform::MinusOne
+            && self.stored(name)? == Stored::Quant(format)
+        {
+            let f = self.gguf_file()?;
+            let t = &f.tensors[*tensor];
+            let data = f.data(t);
+            return match tf {
+                Transform::None => QMatrix::from_ggml(format, rows, cols, data).map_err(qerr),
+                _ => {
+                    let rb = t.row_bytes();
+                    let mut bytes = Vec::with_capacity(data.len());
+                    for r in 0..rows {
+                        let src = tf.source_row(r, rows);
+                        bytes.extend_from_slice(&data[src * rb..(src + 1) * rb]);
+                    }
+                    QMatrix::from_ggml(format, rows, cols, &bytes).map_err(qerr)
+                }
+            };
+        }
+        let mut values = vec![0f32; meta.numel()];
+        self.read_f32_range(name, 0, &mut values)?;
+        QMatrix::quantize(format, rows, cols, &values).map_err(qerr)
+    }
+
+    /// The storage most projection matrices (`*_proj.weight`) have: what a GGUF
+    /// file was quantized to (its embedding and norms are often kept wider).
+    pub fn matmul_storage(&self) -> Option<Stored> {
+        let mut counts: Vec<(Stored, usize)> = Vec::new();
+        for name in self.names().filter(|n| n.ends_with("_proj.weight")) {
+            if let Ok(s) = self.stored(name) {
+                match counts.iter_mut().find(|(k, _)| *k == s) {
+                    Some((_, c)) => *c += 1,
+                    None => counts.push((s, 1)),
+                }
+            }
+        }
+        counts.into_iter().max_by_key(|(_, c)| *c).map(|(s, _)| s)
     }
 
     /// Checks that `name` has shape `shape`.
@@ -210,6 +358,12 @@ impl Weights {
     /// Checks every tensor `config` needs (name and shape), reporting all problems
     /// at once. Extra tensors are allowed (a tied checkpoint may still carry `lm_head.weight`).
     pub fn check_config(&self, config: &ModelConfig) -> Result<()> {
+        // Each layer has at least 9 tensors: do not list millions of missing ones.
+        if config.num_layers > self.tensors.len() {
+            return Err(ModelError::Mismatch {
+                problems: vec![format!("the config has {} layers, the weights only {} tensors", config.num_layers, self.tensors.len())],
+            });
+        }
         let mut problems = Vec::new();
         for (name, shape) in config.tensor_shapes() {
             match self.check_shape(&name, &shape) {
@@ -288,6 +442,10 @@ impl Weights {
                 check_range(name, shape, start, out.len())?;
                 synth(*kind, *key, start, out, |v| v);
             }
+            Slot::Gguf { tensor, tf, shape } => {
+                check_range(name, shape, start, out.len())?;
+                self.gguf_range(*tensor, *tf, start, out)?;
+            }
         }
         Ok(())
     }
@@ -303,6 +461,45 @@ impl Weights {
                 check_range(name, shape, start, out.len())?;
                 synth(*kind, *key, start, out, f16::from_f32);
             }
+            Slot::Gguf { tensor, tf, shape } => {
+                check_range(name, shape, start, out.len())?;
+                let mut tmp = vec![0f32; out.len()];
+                self.gguf_range(*tensor, *tf, start, &mut tmp)?;
+                out.par_iter_mut().zip(tmp.par_iter()).for_each(|(o, v)| *o = f16::from_f32(*v));
+            }
+        }
+        Ok(())
+    }
+
+    /// Elements `start..start + out.len()` (checked) of GGUF tensor `tensor` in
+    /// Hugging Face order, decoded to f32 row by row (in parallel for whole rows).
+    fn gguf_range(&self, tensor: usize, tf: Transform, start: usize, out: &mut [f32]) -> Result<()> {
+        let f = self.gguf_file()?;
+        let t = &f.tensors[tensor];
+        let kind = f.stored(t)?;
+        let (cols, rows, rb) = (t.cols(), t.rows(), t.row_bytes());
+        let data = f.data(t);
+        let row_src = |r: usize| {
+            let s = tf.source_row(r, rows) * rb;
+            &data[s..s + rb]
+        };
+        if start.is_multiple_of(cols) && out.len().is_multiple_of(cols) {
+            let first = start / cols;
+            out.par_chunks_mut(cols).enumerate().for_each(|(i, o)| decode(kind, row_src(first + i), o));
+        } else {
+            let mut row = vec![0f32; cols];
+            let mut done = 0;
+            while done < out.len() {
+                let at = start + done;
+                let (r, c) = (at / cols, at % cols);
+                decode(kind, row_src(r), &mut row);
+                let n = (cols - c).min(out.len() - done);
+                out[done..done + n].copy_from_slice(&row[c..c + n]);
+                done += n;
+            }
+        }
+        if tf == Transform::MinusOne {
+            out.iter_mut().for_each(|v| *v -= 1.0);
         }
         Ok(())
     }
@@ -325,6 +522,10 @@ impl Weights {
             .map(|s| match s {
                 Slot::File { entry, .. } => (entry.end - entry.start) as u64,
                 Slot::Synthetic { shape, .. } => 4 * shape.iter().product::<usize>() as u64,
+                Slot::Gguf { tensor, .. } => self.gguf.as_ref().map_or(0, |f| {
+                    let t = &f.tensors[*tensor];
+                    (t.end - t.start) as u64
+                }),
             })
             .sum()
     }

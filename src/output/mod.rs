@@ -217,7 +217,10 @@ pub fn run(r: &crate::commands::run::RunReport, format: Format) -> Result<String
     s.push_str(&format!(
         "profile:  {} | weights {} | kv cache {} | batchCommands {}\n",
         r.profile.as_deref().unwrap_or("(runtime defaults)"),
-        r.weight_dtype,
+        match &r.weight_storage {
+            Some(st) if st != r.weight_dtype.name() => format!("{} (stored {st})", r.weight_dtype),
+            _ => r.weight_dtype.to_string(),
+        },
         r.kv_dtype,
         r.batch_commands
     ));
@@ -271,6 +274,41 @@ pub fn run(r: &crate::commands::run::RunReport, format: Format) -> Result<String
         .collect();
     s.push_str(&Table::new(ts).with(Style::sharp()).to_string());
     Ok(s)
+}
+
+/// Generated text on stdout as it is produced (`ktune run`, table format),
+/// ended by a newline once something was written.
+pub struct TextStream {
+    wrote: bool,
+}
+
+impl TextStream {
+    pub fn new() -> TextStream {
+        TextStream { wrote: false }
+    }
+
+    /// Writes `piece` and flushes (a closed stdout is not an error here: the report says it again).
+    pub fn piece(&mut self, piece: &str) {
+        let mut out = std::io::stdout().lock();
+        if !self.wrote {
+            let _ = out.write_all(b"output:   ");
+        }
+        let _ = out.write_all(piece.as_bytes());
+        let _ = out.flush();
+        self.wrote = true;
+    }
+
+    pub fn finish(self) {
+        if self.wrote {
+            let _ = std::io::stdout().lock().write_all(b"\n");
+        }
+    }
+}
+
+impl Default for TextStream {
+    fn default() -> Self {
+        TextStream::new()
+    }
 }
 
 /// A warning on stderr.

@@ -1,0 +1,474 @@
+//! A GGUF file as a model: its metadata mapped onto a [`ModelConfig`] (architectures
+//! `llama`, `qwen2`, `gemma3`, as llama.cpp's `convert_hf_to_gguf.py` writes them)
+//! and its tensor names onto the Hugging Face names the plan uses, with the
+//! converter's changes undone on load:
+//!
+//! - `llama`: the converter permutes the rows of Q and K (`LlamaModel.permute`,
+//!   interleaving the two RoPE halves of each head); [`Transform::Unpermute`]
+//!   restores Hugging Face's order (a reordering of whole rows, so quantized
+//!   rows are reordered as they are).
+//! - `gemma3`: the converter stores RMSNorm gains as `1 + w`; the runtime uses
+//!   the Gemma `(1 + w)` form, so [`Transform::MinusOne`] subtracts 1 (in f32, as
+//!   transformers' GGUF loader does).
+//! - `llama` with a `rope_freqs.weight` tensor (Llama 3.1+): the per-frequency
+//!   factors are matched against Llama 3 RoPE scaling.
+//!
+//! Where llama.cpp and transformers' GGUF loader disagree, the file means what
+//! llama.cpp computes: Gemma 3 scales attention by `key_length^-1/2` (transformers
+//! falls back to its config default `query_pre_attn_scalar = 256`).
+
+use std::collections::BTreeSet;
+
+use super::config::{Architecture, HiddenAct, LayerKind, ModelConfig, RopeScaling};
+use super::gguf::{GgufFile, Value};
+use super::{ModelError, Result};
+use crate::kernels::reference::{Llama3Scaling, rope_inv_freq};
+
+/// How a stored tensor differs from the Hugging Face tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transform {
+    None,
+    /// Rows were permuted by llama.cpp's `permute(w, n_head)` with this many heads.
+    Unpermute {
+        heads: usize,
+    },
+    /// 1 was added to every value (Gemma norms).
+    MinusOne,
+}
+
+impl Transform {
+    /// The stored row that holds row `r` of the Hugging Face tensor with `rows` rows.
+    pub fn source_row(self, r: usize, rows: usize) -> usize {
+        match self {
+            Transform::Unpermute { heads } if heads > 0 && rows.is_multiple_of(2 * heads) => {
+                // Stored [head, i, half] holds Hugging Face [head, half, i].
+                let hd = rows / heads;
+                let half = hd / 2;
+                let (h, rem) = (r / hd, r % hd);
+                h * hd + 2 * (rem % half) + rem / half
+            }
+            _ => r,
+        }
+    }
+}
+
+/// A config read from GGUF metadata, with the architecture keys that were not used.
+#[derive(Clone, Debug)]
+pub struct GgufConfig {
+    pub config: ModelConfig,
+    /// `{arch}.*` keys present in the file that ktune did not read (sorted).
+    pub ignored_keys: Vec<String>,
+}
+
+/// The Hugging Face name of GGUF tensor `name` and how to undo the converter, for
+/// `arch`; None for tensors that are not weights of the model (`rope_freqs.weight`)
+/// or that ktune does not know.
+pub fn hf_name(config: &ModelConfig, name: &str) -> Option<(String, Transform)> {
+    let gemma = config.architecture == Architecture::Gemma3;
+    let norm_tf = if gemma { Transform::MinusOne } else { Transform::None };
+    let top = match name {
+        "token_embd.weight" => Some(("model.embed_tokens.weight".to_string(), Transform::None)),
+        "output_norm.weight" => Some(("model.norm.weight".to_string(), norm_tf)),
+        "output.weight" => Some(("lm_head.weight".to_string(), Transform::None)),
+        _ => None,
+    };
+    if top.is_some() {
+        return top;
+    }
+    let rest = name.strip_prefix("blk.")?;
+    let (layer, tail) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let (base, suffix) = tail.rsplit_once('.')?;
+    if suffix != "weight" && suffix != "bias" {
+        return None;
+    }
+    let llama = config.architecture == Architecture::Llama;
+    let (hf, tf) = match base {
+        "attn_norm" => ("input_layernorm", norm_tf),
+        "attn_q" if llama => ("self_attn.q_proj", Transform::Unpermute { heads: config.num_heads }),
+        "attn_k" if llama => ("self_attn.k_proj", Transform::Unpermute { heads: config.num_kv_heads }),
+        "attn_q" => ("self_attn.q_proj", Transform::None),
+        "attn_k" => ("self_attn.k_proj", Transform::None),
+        "attn_v" => ("self_attn.v_proj", Transform::None),
+        "attn_output" => ("self_attn.o_proj", Transform::None),
+        "attn_q_norm" => ("self_attn.q_norm", norm_tf),
+        "attn_k_norm" => ("self_attn.k_norm", norm_tf),
+        "post_attention_norm" if gemma => ("post_attention_layernorm", norm_tf),
+        "ffn_norm" if gemma => ("pre_feedforward_layernorm", norm_tf),
+        "ffn_norm" => ("post_attention_layernorm", norm_tf),
+        "post_ffw_norm" if gemma => ("post_feedforward_layernorm", norm_tf),
+        "ffn_gate" => ("mlp.gate_proj", Transform::None),
+        "ffn_up" => ("mlp.up_proj", Transform::None),
+        "ffn_down" => ("mlp.down_proj", Transform::None),
+        _ => return None,
+    };
+    // Biases of permuted projections are permuted the same way.
+    Some((format!("model.layers.{layer}.{hf}.{suffix}"), tf))
+}
+
+/// Typed access to the metadata, remembering which `{arch}.` keys were read.
+struct Meta<'a> {
+    f: &'a GgufFile,
+    arch: &'a str,
+    used: BTreeSet<String>,
+}
+
+impl<'a> Meta<'a> {
+    fn err(&self, msg: String) -> ModelError {
+        ModelError::Config { path: self.f.path.clone(), msg }
+    }
+    fn unsupported(&self, what: String) -> ModelError {
+        ModelError::Unsupported { path: self.f.path.clone(), what }
+    }
+    fn get(&mut self, key: &str) -> Option<&'a Value> {
+        let full = format!("{}.{key}", self.arch);
+        let v = self.f.get(&full);
+        self.used.insert(full);
+        v
+    }
+    fn key(&self, key: &str) -> String {
+        format!("{}.{key}", self.arch)
+    }
+    /// An integer, or an array of equal integers (per-layer values).
+    fn usize_opt(&mut self, key: &str) -> Result<Option<usize>> {
+        let Some(v) = self.get(key) else { return Ok(None) };
+        let one = |v: &Value| v.as_u64().and_then(|u| usize::try_from(u).ok());
+        let got = match v {
+            Value::Array(a) if !a.is_empty() => {
+                let first = one(&a[0]);
+                if a.iter().any(|x| one(x) != first) {
+                    return Err(self.unsupported(format!("`{}` with different values per layer", self.key(key))));
+                }
+                first
+            }
+            v => one(v),
+        };
+        got.map(Some).ok_or_else(|| {
+            self.err(format!("`{}` must be a non-negative integer, got {} ({})", self.key(key), v.describe(), v.type_name()))
+        })
+    }
+    fn usize_req(&mut self, key: &str) -> Result<usize> {
+        self.usize_opt(key)?.ok_or_else(|| self.err(format!("missing metadata `{}`: not a complete llama.cpp conversion?", self.key(key))))
+    }
+    fn f64_opt(&mut self, key: &str) -> Result<Option<f64>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| self.err(format!("`{}` must be a number, got {} ({})", self.key(key), v.describe(), v.type_name()))),
+        }
+    }
+    fn str_opt(&mut self, key: &str) -> Result<Option<&'a str>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| self.err(format!("`{}` must be a string, got {} ({})", self.key(key), v.describe(), v.type_name()))),
+        }
+    }
+    /// A top-level token id (`tokenizer.ggml.*`).
+    fn token(&self, key: &str) -> Result<Option<u32>> {
+        match self.f.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|t| u32::try_from(t).ok())
+                .map(Some)
+                .ok_or_else(|| self.err(format!("`{key}` must be a token id, got {} ({})", v.describe(), v.type_name()))),
+        }
+    }
+}
+
+/// The model config of a GGUF file.
+pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
+    let path = f.path.clone();
+    let Some(arch_v) = f.get("general.architecture") else {
+        return Err(ModelError::Config { path, msg: "missing metadata `general.architecture`: not a model file?".into() });
+    };
+    let Some(arch_name) = arch_v.as_str() else {
+        return Err(ModelError::Config { path, msg: format!("`general.architecture` must be a string, got {}", arch_v.describe()) });
+    };
+    let arch = match arch_name {
+        "llama" => Architecture::Llama,
+        "qwen2" => Architecture::Qwen2,
+        "gemma3" => Architecture::Gemma3,
+        other => {
+            return Err(ModelError::Unsupported { path, what: format!("GGUF architecture `{other}` (supported: llama, qwen2, gemma3)") });
+        }
+    };
+    if let Some(n) = f.get("split.count").and_then(Value::as_u64)
+        && n > 1
+    {
+        return Err(ModelError::Unsupported {
+            path,
+            what: format!("a split GGUF file (part of {n}): merge the parts first with `llama-gguf-split --merge`"),
+        });
+    }
+    let mut m = Meta { f, arch: arch_name, used: BTreeSet::new() };
+    let gemma = arch == Architecture::Gemma3;
+    if m.usize_opt("expert_count")?.is_some_and(|n| n > 0) {
+        return Err(m.unsupported(format!("`{}` > 0 (a mixture of experts)", m.key("expert_count"))));
+    }
+    if m.get("attention.causal").and_then(Value::as_bool) == Some(false) {
+        return Err(m.unsupported(format!("`{}: false` (an encoder, not a decoder)", m.key("attention.causal"))));
+    }
+    let num_layers = m.usize_req("block_count")?;
+    // Every layer has several tensors: a count beyond the file's tensors is corrupt
+    // (and must not size the per-layer tables built below).
+    if num_layers > f.tensors.len() {
+        return Err(m.err(format!(
+            "`{}` is {num_layers} but the file holds only {} tensors: corrupt metadata",
+            m.key("block_count"),
+            f.tensors.len()
+        )));
+    }
+    let hidden_size = m.usize_req("embedding_length")?;
+    let intermediate_size = m.usize_req("feed_forward_length")?;
+    let num_heads = m.usize_req("attention.head_count")?;
+    let num_kv_heads = m.usize_opt("attention.head_count_kv")?.unwrap_or(num_heads);
+    if num_heads == 0 {
+        return Err(m.err(format!("`{}` is 0", m.key("attention.head_count"))));
+    }
+    let head_dim = match m.usize_opt("attention.key_length")? {
+        Some(d) => d,
+        None if hidden_size % num_heads == 0 => hidden_size / num_heads,
+        None => {
+            return Err(m.err(format!(
+                "no `{}`, and embedding_length ({hidden_size}) is not a multiple of head_count ({num_heads})",
+                m.key("attention.key_length")
+            )));
+        }
+    };
+    if let Some(v) = m.usize_opt("attention.value_length")?
+        && v != head_dim
+    {
+        return Err(m.unsupported(format!("`{}` ({v}) different from the key length ({head_dim})", m.key("attention.value_length"))));
+    }
+    if let Some(r) = m.usize_opt("rope.dimension_count")?
+        && r != head_dim
+    {
+        return Err(m.unsupported(format!("`{}` = {r}: RoPE on part of each {head_dim}-wide head", m.key("rope.dimension_count"))));
+    }
+    let rms_norm_eps = m
+        .f64_opt("attention.layer_norm_rms_epsilon")?
+        .ok_or_else(|| m.err(format!("missing metadata `{}`", m.key("attention.layer_norm_rms_epsilon"))))?;
+    let max_position_embeddings = m.usize_req("context_length")?;
+    let rope_theta = m.f64_opt("rope.freq_base")?.unwrap_or(10_000.0);
+
+    let mut rope_scaling = match m.str_opt("rope.scaling.type")? {
+        None | Some("none") => None,
+        Some("linear") => {
+            let factor = m.f64_opt("rope.scaling.factor")?.ok_or_else(|| {
+                m.err(format!("`{}` is linear but `{}` is missing", m.key("rope.scaling.type"), m.key("rope.scaling.factor")))
+            })?;
+            Some(RopeScaling::Linear { factor })
+        }
+        Some(other) => return Err(m.unsupported(format!("`{}: {other}` (supported: none, linear)", m.key("rope.scaling.type")))),
+    };
+    if rope_scaling.is_none()
+        && let Some(s) = m.f64_opt("rope.scale_linear")?
+        && s != 1.0
+    {
+        rope_scaling = Some(RopeScaling::Linear { factor: s });
+    }
+    if let Some(t) = f.tensor("rope_freqs.weight") {
+        if rope_scaling.is_some() {
+            return Err(m.unsupported("both `rope_freqs.weight` and rope scaling metadata".into()));
+        }
+        let mut factors = vec![0f32; t.numel()];
+        if t.rows() != 1 || factors.len() != head_dim / 2 {
+            return Err(m.err(format!("`rope_freqs.weight` has shape {:?}, expected [{}]", t.shape(), head_dim / 2)));
+        }
+        f.decode_row(t, 0, &mut factors)?;
+        rope_scaling = llama3_from_factors(&factors, rope_theta, head_dim).map_err(|e| m.unsupported(e))?;
+    }
+
+    let (layer_types, sliding_window, rope_local_base_freq, query_pre_attn_scalar, final_cap, attn_cap) = if gemma {
+        let window = m
+            .usize_opt("attention.sliding_window")?
+            .ok_or_else(|| m.err(format!("missing metadata `{}` (Gemma 3's local attention window)", m.key("attention.sliding_window"))))?;
+        // llama.cpp: every 6th layer global unless the file says otherwise.
+        let layer_types = match m.get("attention.sliding_window_pattern") {
+            None => pattern(6, num_layers),
+            Some(Value::Array(a)) => {
+                if a.len() != num_layers {
+                    return Err(m.err(format!(
+                        "`{}` has {} entries for {num_layers} layers",
+                        m.key("attention.sliding_window_pattern"),
+                        a.len()
+                    )));
+                }
+                a.iter()
+                    .map(|v| match v.as_bool() {
+                        Some(true) => Ok(LayerKind::Local),
+                        Some(false) => Ok(LayerKind::Global),
+                        None => Err(m.err(format!("`{}` must hold bools", m.key("attention.sliding_window_pattern")))),
+                    })
+                    .collect::<Result<Vec<_>>>()?
+            }
+            Some(v) => match v.as_u64().and_then(|p| usize::try_from(p).ok()) {
+                Some(p) => pattern(p, num_layers),
+                None => {
+                    return Err(m.err(format!(
+                        "`{}` must be an integer or a list of bools, got {}",
+                        m.key("attention.sliding_window_pattern"),
+                        v.describe()
+                    )));
+                }
+            },
+        };
+        let local_theta = m.f64_opt("rope.freq_base_swa")?.unwrap_or(10_000.0);
+        // llama.cpp: Gemma 3 27B (62 layers) scales by (hidden / heads)^-1/2, the others by key_length^-1/2.
+        let scalar = if num_layers == 62 { hidden_size / num_heads } else { head_dim };
+        let has_local = layer_types.contains(&LayerKind::Local);
+        (
+            layer_types,
+            has_local.then_some(window),
+            Some(local_theta),
+            Some(scalar as f64),
+            m.f64_opt("final_logit_softcapping")?,
+            m.f64_opt("attn_logit_softcapping")?,
+        )
+    } else {
+        (vec![LayerKind::Global; num_layers], None, None, None, None, None)
+    };
+
+    let embed = f.tensor("token_embd.weight");
+    let vocab_size = match m.usize_opt("vocab_size")? {
+        Some(v) => v,
+        None => match (f.get("tokenizer.ggml.tokens").and_then(Value::as_array), embed) {
+            (Some(t), _) => t.len(),
+            (None, Some(e)) => e.shape()[0],
+            (None, None) => return Err(m.err("no vocabulary size: no `vocab_size`, tokens or `token_embd.weight`".into())),
+        },
+    };
+    let attention_bias = match arch {
+        Architecture::Qwen2 => true,
+        _ => {
+            if f.tensor("blk.0.attn_q.bias").is_some() {
+                return Err(m.unsupported(format!("attention biases in a `{arch_name}` model")));
+            }
+            false
+        }
+    };
+    let bos_token_id = m.token("tokenizer.ggml.bos_token_id")?;
+    let mut eos_token_ids = Vec::new();
+    for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
+        if let Some(t) = m.token(key)?
+            && !eos_token_ids.contains(&t)
+        {
+            eos_token_ids.push(t);
+        }
+    }
+    let config = ModelConfig {
+        architecture: arch,
+        vocab_size,
+        hidden_size,
+        intermediate_size,
+        num_layers,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        rms_norm_eps,
+        rope_theta,
+        rope_local_base_freq,
+        rope_scaling,
+        max_position_embeddings,
+        tie_word_embeddings: f.tensor("output.weight").is_none(),
+        hidden_act: if gemma { HiddenAct::GeluPytorchTanh } else { HiddenAct::Silu },
+        attention_bias,
+        qk_norm: gemma,
+        sliding_window,
+        layer_types,
+        query_pre_attn_scalar,
+        final_logit_softcapping: final_cap,
+        attn_logit_softcapping: attn_cap,
+        scale_embeddings: gemma,
+        norm_unit_offset: gemma,
+        bos_token_id,
+        eos_token_ids,
+    };
+    config.validate().map_err(|e| m.err(e.to_string()))?;
+    let prefix = format!("{arch_name}.");
+    let ignored_keys = f.meta.iter().map(|(k, _)| k).filter(|k| k.starts_with(&prefix) && !m.used.contains(*k)).cloned().collect();
+    Ok(GgufConfig { config, ignored_keys })
+}
+
+/// Layer kinds for "every `p`-th layer global" (0: all global).
+fn pattern(p: usize, layers: usize) -> Vec<LayerKind> {
+    (0..layers).map(|i| if p == 0 || (i + 1) % p == 0 { LayerKind::Global } else { LayerKind::Local }).collect()
+}
+
+/// Llama 3 RoPE scaling whose per-frequency divisors are `factors` (as
+/// `convert_hf_to_gguf.py` writes them to `rope_freqs.weight`), None when every
+/// factor is 1.
+fn llama3_from_factors(factors: &[f32], theta: f64, head_dim: usize) -> Result<Option<RopeScaling>, String> {
+    if factors.iter().all(|&f| f == 1.0) {
+        return Ok(None);
+    }
+    let factor = factors.iter().copied().fold(f32::MIN, f32::max) as f64;
+    let plain = rope_inv_freq(theta, head_dim, None);
+    // The published Llama 3.1 / 3.2 parameters: low 1, high 4, original context 8192.
+    for orig in [8192.0, 4096.0, 2048.0, 16384.0, 32768.0, 131072.0] {
+        for (low, high) in [(1.0, 4.0), (1.0, 2.0), (2.0, 4.0)] {
+            let s = Llama3Scaling { factor, low_freq_factor: low, high_freq_factor: high, original_max_position_embeddings: orig };
+            let scaled = rope_inv_freq(theta, head_dim, Some(s));
+            let ok = factors.iter().zip(plain.iter().zip(&scaled)).all(|(&f, (&p, &q))| {
+                let want = p as f64 / q as f64;
+                (f as f64 - want).abs() <= 1e-3 * want
+            });
+            if ok {
+                return Ok(Some(RopeScaling::Llama3 {
+                    factor,
+                    low_freq_factor: low,
+                    high_freq_factor: high,
+                    original_max_position_embeddings: orig as usize,
+                }));
+            }
+        }
+    }
+    Err("`rope_freqs.weight` holds RoPE frequency factors that are not Llama 3 scaling".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unpermute_inverts_llama_cpp_permute() {
+        // permute(w, n_head): w.reshape(n_head, 2, hd/2, ...).swapaxes(1, 2).
+        let (heads, hd) = (3, 8);
+        let rows = heads * hd;
+        let permuted: Vec<usize> = (0..rows)
+            .map(|g| {
+                let (h, rem) = (g / hd, g % hd);
+                let (i, s) = (rem / 2, rem % 2);
+                h * hd + s * (hd / 2) + i
+            })
+            .collect();
+        let tf = Transform::Unpermute { heads };
+        for r in 0..rows {
+            assert_eq!(permuted[tf.source_row(r, rows)], r);
+        }
+    }
+
+    #[test]
+    fn llama3_factors_round_trip() {
+        let (theta, hd) = (500_000.0, 64);
+        let s = Llama3Scaling { factor: 32.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 8192.0 };
+        let plain = rope_inv_freq(theta, hd, None);
+        let scaled = rope_inv_freq(theta, hd, Some(s));
+        let factors: Vec<f32> = plain.iter().zip(&scaled).map(|(p, q)| p / q).collect();
+        let got = llama3_from_factors(&factors, theta, hd).expect("matches");
+        assert_eq!(
+            got,
+            Some(RopeScaling::Llama3 { factor: 32.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 8192 })
+        );
+        assert_eq!(llama3_from_factors(&vec![1.0; hd / 2], theta, hd), Ok(None));
+        let mut odd = factors.clone();
+        odd[0] = 7.0;
+        assert!(llama3_from_factors(&odd, theta, hd).is_err());
+    }
+}

@@ -1,0 +1,302 @@
+//! Fuzzing the readers of untrusted files with proptest: GGUF (header, metadata,
+//! tensor infos, then the model config, every tensor read as f32, quantized
+//! loads and the tokenizer), safetensors (header, then every tensor read) and
+//! profiles (YAML, then validation). Inputs are valid files mutated: bit flips,
+//! truncations, inserted and deleted bytes, and length/count/offset fields
+//! overwritten with boundary values, biased towards the header where the
+//! lengths live.
+//!
+//! Every reader must return (Ok or an error), never panic, and never make a
+//! single allocation larger than the input justifies (a counting global
+//! allocator checks the largest request of each case against 64 x the input
+//! size + 1 MiB).
+//!
+//! Quick by default (proptest's 256 cases per target); a long run:
+//! `PROPTEST_CASES=200000 cargo test --release --test fuzz_readers -- --nocapture`.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use ktune::kernels::quant::QFormat;
+use ktune::model::{Tokenizer, Weights};
+use ktune::profile::Profile;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+/// The system allocator, remembering the largest single request of each thread
+/// (the test threads run in parallel; the big buffers are allocated by the thread
+/// that reads, rayon's workers only fill them).
+struct Counting;
+
+thread_local! {
+    static LARGEST: Cell<usize> = const { Cell::new(0) };
+}
+
+fn note(size: usize) {
+    // try_with: nothing to record while the thread's locals are being torn down.
+    let _ = LARGEST.try_with(|l| l.set(l.get().max(size)));
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note(layout.size());
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note(new_size);
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// One change to a file.
+#[derive(Clone, Debug)]
+enum Mutation {
+    Flip {
+        pos: Pos,
+        bit: u8,
+    },
+    Truncate {
+        pos: Pos,
+    },
+    Insert {
+        pos: Pos,
+        bytes: Vec<u8>,
+    },
+    Delete {
+        pos: Pos,
+        len: usize,
+    },
+    /// A little-endian field of `width` bytes overwritten.
+    Field {
+        pos: Pos,
+        width: usize,
+        value: Boundary,
+    },
+}
+
+/// A position: anywhere, or inside the header (where the lengths and offsets are).
+#[derive(Clone, Debug)]
+struct Pos {
+    header: bool,
+    at: usize,
+}
+
+#[derive(Clone, Debug)]
+enum Boundary {
+    Zero,
+    One,
+    Max,
+    SignBit,
+    U32Max,
+    /// The file's length (plus a small amount).
+    Len(u8),
+    Any(u64),
+}
+
+fn pos() -> impl Strategy<Value = Pos> {
+    (prop::bool::weighted(0.6), any::<usize>()).prop_map(|(header, at)| Pos { header, at })
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    let boundary = prop_oneof![
+        Just(Boundary::Zero),
+        Just(Boundary::One),
+        Just(Boundary::Max),
+        Just(Boundary::SignBit),
+        Just(Boundary::U32Max),
+        any::<u8>().prop_map(Boundary::Len),
+        any::<u64>().prop_map(Boundary::Any),
+    ];
+    prop_oneof![
+        3 => (pos(), 0u8..8).prop_map(|(pos, bit)| Mutation::Flip { pos, bit }),
+        1 => pos().prop_map(|pos| Mutation::Truncate { pos }),
+        1 => (pos(), prop::collection::vec(any::<u8>(), 1..16)).prop_map(|(pos, bytes)| Mutation::Insert { pos, bytes }),
+        1 => (pos(), 1usize..16).prop_map(|(pos, len)| Mutation::Delete { pos, len }),
+        3 => (pos(), prop_oneof![Just(4usize), Just(8usize)], boundary).prop_map(|(pos, width, value)| Mutation::Field { pos, width, value }),
+    ]
+}
+
+/// Applies `muts` to `seed`, whose first `header` bytes hold its lengths and offsets.
+fn mutate(seed: &[u8], header: usize, muts: &[Mutation]) -> Vec<u8> {
+    let mut v = seed.to_vec();
+    for m in muts {
+        if v.is_empty() {
+            break;
+        }
+        let at = |p: &Pos, len: usize| if p.header { p.at % header.clamp(1, len) } else { p.at % len };
+        match m {
+            Mutation::Flip { pos, bit } => {
+                let i = at(pos, v.len());
+                v[i] ^= 1 << bit;
+            }
+            Mutation::Truncate { pos } => {
+                let i = at(pos, v.len());
+                v.truncate(i);
+            }
+            Mutation::Insert { pos, bytes } => {
+                let i = at(pos, v.len());
+                v.splice(i..i, bytes.iter().copied());
+            }
+            Mutation::Delete { pos, len } => {
+                let i = at(pos, v.len());
+                let end = (i + len).min(v.len());
+                v.drain(i..end);
+            }
+            Mutation::Field { pos, width, value } => {
+                let i = at(pos, v.len());
+                let n = v.len() as u64;
+                let x = match value {
+                    Boundary::Zero => 0,
+                    Boundary::One => 1,
+                    Boundary::Max => u64::MAX,
+                    Boundary::SignBit => 1 << 63,
+                    Boundary::U32Max => u32::MAX as u64,
+                    Boundary::Len(d) => n + *d as u64,
+                    Boundary::Any(x) => *x,
+                };
+                let bytes = x.to_le_bytes();
+                let end = (i + width).min(v.len());
+                v[i..end].copy_from_slice(&bytes[..end - i]);
+            }
+        }
+    }
+    v
+}
+
+fn fixture(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(rel)
+}
+
+/// Runs `target` on mutations of `seed` (it returns how far the input got: an
+/// error's stage, or "ok"); returns how many cases ran.
+fn fuzz(what: &str, seed: Vec<u8>, header: usize, target: impl Fn(Vec<u8>) -> &'static str) -> u32 {
+    let stages = std::cell::RefCell::new(std::collections::BTreeMap::<&'static str, u32>::new());
+    let mut runner = TestRunner::new(Config { failure_persistence: None, ..Config::default() });
+    let cases = runner.config().cases;
+    let start = Instant::now();
+    let strategy = prop::collection::vec(mutation(), 1..5);
+    let result = runner.run(&strategy, |muts| {
+        let input = mutate(&seed, header, &muts);
+        let budget = 64 * input.len() + (1 << 20);
+        LARGEST.with(|l| l.set(0));
+        *stages.borrow_mut().entry(target(input)).or_default() += 1;
+        let largest = LARGEST.with(Cell::get);
+        if largest > budget {
+            return Err(TestCaseError::fail(format!("{what}: one allocation of {largest} bytes for a {}-byte input", budget - (1 << 20))));
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{what}: {e}");
+    }
+    eprintln!(
+        "{what}: {cases} mutated inputs in {:.1} s, no panic, no oversized allocation; reached: {:?}",
+        start.elapsed().as_secs_f64(),
+        stages.borrow()
+    );
+    cases
+}
+
+/// The GGUF pipeline `ktune run --gguf` goes through, on an image in memory.
+fn gguf_target(bytes: Vec<u8>) -> &'static str {
+    let Ok(m) = Weights::gguf_from_bytes(Path::new("fuzz.gguf"), bytes) else { return "rejected" };
+    let w = &m.weights;
+    let checked = w.check_config(&m.config).is_ok();
+    let names: Vec<String> = w.names().map(str::to_string).collect();
+    for name in &names {
+        let Ok(meta) = w.meta(name) else { continue };
+        let _ = w.f32(name, &meta.shape);
+        let _ = w.row_f32(name, 0);
+        if meta.shape.len() == 2 {
+            let _ = w.load_quant(name, QFormat::Q8_0);
+        }
+    }
+    let tokenizer = match Tokenizer::from_gguf(&m.file) {
+        Ok(t) => {
+            let _ = t.encode("The kernel reads 42 weights.");
+            let _ = t.decode(&[1, 2, 3, 300]);
+            true
+        }
+        Err(_) => false,
+    };
+    match (checked, tokenizer) {
+        (true, true) => "loaded, tokenizer built",
+        (true, false) => "loaded",
+        (false, _) => "parsed, weights do not match the config",
+    }
+}
+
+/// Where the tensor data of a GGUF seed starts (everything before is header).
+fn gguf_header_len(seed: &[u8]) -> usize {
+    let m = Weights::gguf_from_bytes(Path::new("seed.gguf"), seed.to_vec()).expect("the seed is valid");
+    m.file.tensors.iter().map(|t| t.start).min().unwrap_or(seed.len())
+}
+
+#[test]
+fn fuzz_gguf_reader() {
+    // The smallest fixtures: a quantized llama with a tokenizer, and qwen2 (biases, untied head).
+    for file in ["gguf/smollm2-tiny-q4_0.gguf", "gguf/qwen2-tiny-q8_0.gguf"] {
+        let seed = std::fs::read(fixture(file)).expect("fixture");
+        let header = gguf_header_len(&seed);
+        fuzz(file, seed, header, gguf_target);
+    }
+}
+
+#[test]
+fn fuzz_safetensors_reader() {
+    let seed = std::fs::read(fixture("qwen2-tiny-sharded/model-00004-of-00004.safetensors")).expect("fixture");
+    let header = 8 + u64::from_le_bytes(seed[..8].try_into().expect("8 bytes")) as usize;
+    fuzz("safetensors", seed, header, |bytes| {
+        let Ok(w) = Weights::safetensors_from_bytes(Path::new("fuzz.safetensors"), bytes) else { return "rejected" };
+        let names: Vec<String> = w.names().map(str::to_string).collect();
+        for name in &names {
+            if let Ok(meta) = w.meta(name) {
+                let _ = w.f32(name, &meta.shape);
+                let _ = w.f16(name, &meta.shape);
+            }
+        }
+        "parsed"
+    });
+}
+
+#[test]
+fn fuzz_profile_reader() {
+    let seed = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/llama-3.2-1b-cpu-epyc-2core.yaml")).expect("profile");
+    let header = seed.len();
+    fuzz("profile", seed, header, |bytes| {
+        let text = String::from_utf8_lossy(&bytes);
+        match Profile::from_str(&text, "fuzz.yaml") {
+            Ok(p) => {
+                let _ = p.to_yaml();
+                "valid"
+            }
+            Err(_) => "rejected",
+        }
+    });
+}
+
+/// Regression (found by fuzz_gguf_reader with 200000 cases): one bit flipped in
+/// `llama.block_count` (3 -> 65539) made the config check list 655 390 missing
+/// tensors, a 48 MiB allocation for an 80 KB file.
+#[test]
+fn absurd_block_count_is_an_error_not_a_big_table() {
+    let mut seed = std::fs::read(fixture("gguf/smollm2-tiny-q4_0.gguf")).expect("fixture");
+    let key = b"llama.block_count";
+    let at = seed.windows(key.len()).position(|w| w == key).expect("key") + key.len() + 4;
+    seed[at + 2] ^= 1;
+    LARGEST.with(|l| l.set(0));
+    let e = Weights::gguf_from_bytes(Path::new("flip.gguf"), seed).expect_err("corrupt").to_string();
+    assert!(e.contains("`llama.block_count` is 65539"), "{e}");
+    assert!(LARGEST.with(Cell::get) < 1 << 20);
+}
