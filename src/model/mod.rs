@@ -54,6 +54,8 @@ pub enum ModelError {
     Buffer { name: String, want: usize, got: usize },
     #[error("{}: {msg}", path.display())]
     Tokenizer { path: PathBuf, msg: String },
+    #[error("tensor `{name}` cannot be quantized: {source}")]
+    Quant { name: String, source: crate::kernels::quant::QuantError },
     #[error("the weights do not match the config:\n  {}", problems.join("\n  "))]
     Mismatch { problems: Vec<String> },
 }

@@ -16,6 +16,7 @@ use serde::Serialize;
 use super::config::{Dtype, ModelConfig};
 use super::stfile::{Entry, StFile, to_f16, to_f32};
 use super::{ModelError, Result};
+use crate::kernels::quant::{QFormat, QK, QMatrix, QuantError};
 
 /// What is known about one tensor without reading it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -316,6 +317,50 @@ impl Weights {
             path: self.files[file].path.clone(),
             msg: format!("tensor `{name}`: its bytes do not match its shape"),
         })
+    }
+
+    /// The 2-D tensor `name` (`[rows, cols]`, a Linear weight) block-quantized to
+    /// `format`, quantizing the float values on load (ggml's reference rounding,
+    /// rows in parallel). `cols` must be a multiple of 32.
+    pub fn load_quant(&self, name: &str, format: QFormat) -> Result<QMatrix> {
+        let rows = self.dims2(name)?.0;
+        self.load_quant_rows(name, format, 0, rows)
+    }
+
+    /// Rows `r0..r0 + count` of the 2-D tensor `name` block-quantized to `format`
+    /// (one block of an LM head split to fit a GPU binding).
+    pub fn load_quant_rows(&self, name: &str, format: QFormat, r0: usize, count: usize) -> Result<QMatrix> {
+        let (rows, cols) = self.dims2(name)?;
+        if r0.checked_add(count).is_none_or(|e| e > rows) {
+            return Err(ModelError::Row { name: name.to_string(), row: r0.saturating_add(count), rows });
+        }
+        let quant = |e| ModelError::Quant { name: name.to_string(), source: e };
+        if cols == 0 || !cols.is_multiple_of(QK) {
+            return Err(quant(QuantError::Cols { format, cols }));
+        }
+        // About 1 MiB of f32 per task.
+        let per = ((1 << 18) / cols).max(1);
+        let parts = (0..count.div_ceil(per))
+            .into_par_iter()
+            .map(|c| {
+                let (a, n) = (r0 + c * per, per.min(count - c * per));
+                let mut v = vec![0f32; n * cols];
+                self.read_f32_range(name, a * cols, &mut v)?;
+                QMatrix::quantize(format, n, cols, &v).map_err(quant)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if parts.is_empty() {
+            return Ok(QMatrix { format, rows: 0, cols, quants: Vec::new(), scales: Vec::new() });
+        }
+        QMatrix::concat_rows(&parts).map_err(quant)
+    }
+
+    fn dims2(&self, name: &str) -> Result<(usize, usize)> {
+        let meta = self.meta(name)?;
+        match meta.shape[..] {
+            [rows, cols] => Ok((rows, cols)),
+            _ => Err(ModelError::Shape { name: name.to_string(), expected: vec![0, 0], found: meta.shape }),
+        }
     }
 
     /// Bytes the tensors take as stored (for synthetic weights: as f32).
