@@ -52,7 +52,8 @@ pub struct TuneArgs {
     /// Decode tokens per prompt the end-to-end score assumes.
     #[arg(long, default_value_t = 128)]
     pub decode_tokens: usize,
-    /// Storage type of the weights.
+    /// Storage type of the matrix weights: f32, f16, q8_0, q4_0 or q4_1 (block
+    /// formats quantized on load; the profile records it).
     #[arg(long, default_value = "f32")]
     pub weight_dtype: String,
     /// Storage type of the KV cache.
@@ -157,9 +158,11 @@ pub struct RunArgs {
     /// Keep only the first N layers (for quick checks on large models).
     #[arg(long)]
     pub layers: Option<usize>,
-    /// Storage type of the weights (without a profile).
-    #[arg(long, default_value = "f32")]
-    pub weight_dtype: String,
+    /// Storage type of the matrix weights: f32, f16, or a block format (q8_0,
+    /// q4_0, q4_1: quantized on load). Default f32; with a profile it must match the
+    /// dtype the profile was tuned for.
+    #[arg(long)]
+    pub weight_dtype: Option<String>,
     /// Storage type of the KV cache (without a profile).
     #[arg(long, default_value = "f32")]
     pub kv_dtype: String,

@@ -142,6 +142,15 @@ pub fn parse_dtype(s: &str, what: &str) -> Result<DType> {
     s.parse().map_err(|e: String| Error::Usage(format!("{what}: {e}")))
 }
 
+/// The KV cache's storage type: f32 or f16 (the block formats are for weights).
+pub fn parse_kv_dtype(s: &str) -> Result<DType> {
+    let d = parse_dtype(s, "--kv-dtype")?;
+    if d.is_quant() {
+        return Err(Error::Usage(format!("--kv-dtype {d}: the KV cache is stored as f32 or f16; block formats are for --weight-dtype")));
+    }
+    Ok(d)
+}
+
 /// The device's capabilities and (for a GPU) an opened context.
 /// The capabilities of `device`, without opening it.
 pub fn device_caps(device: &Device) -> (DeviceCaps, bool) {
@@ -161,8 +170,9 @@ pub fn open_device(device: &Device) -> Result<(DeviceCaps, Option<Arc<GpuCtx>>)>
 pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
     // Validate flags before building anything heavy.
     let fusion = parse_fusion(&args.fusion)?;
-    let weight_dtype = parse_dtype(&args.weight_dtype, "--weight-dtype")?;
-    let kv_dtype = parse_dtype(&args.kv_dtype, "--kv-dtype")?;
+    let weight_flag = args.weight_dtype.as_deref().map(|s| parse_dtype(s, "--weight-dtype")).transpose()?;
+    let weight_dtype = weight_flag.unwrap_or(DType::F32);
+    let kv_dtype = parse_kv_dtype(&args.kv_dtype)?;
     let mut warnings = Vec::new();
     let tokenizer = open_tokenizer(args, &mut warnings)?;
     let prompt = match (&args.prompt, &tokenizer) {
@@ -202,6 +212,15 @@ pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
     let (selection, exec) = match &profile {
         Some(p) => {
             let (sel, exec, w) = p.resolve(&device, &m.name, c.num_layers)?;
+            if let Some(want) = weight_flag
+                && want != exec.weight_dtype
+            {
+                return Err(Error::Usage(format!(
+                    "--weight-dtype {want} does not match the profile, which was tuned for {} weights (execution.weightDtype); \
+                     its kernels and timings are for that storage type: tune a profile with --weight-dtype {want}, or drop the flag",
+                    exec.weight_dtype
+                )));
+            }
             warnings.extend(w);
             (sel, exec)
         }

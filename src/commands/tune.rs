@@ -68,7 +68,7 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
     let strategy = Strategy::parse(&args.strategy)
         .ok_or_else(|| Error::Usage(format!("--strategy `{}`: allowed are auto, exhaustive, halving, random", args.strategy)))?;
     let weight_dtype = parse_dtype(&args.weight_dtype, "--weight-dtype")?;
-    let kv_dtype = parse_dtype(&args.kv_dtype, "--kv-dtype")?;
+    let kv_dtype = super::run::parse_kv_dtype(&args.kv_dtype)?;
     if args.prefill_tokens == 0 || args.context <= args.prefill_tokens {
         return Err(Error::Usage(format!(
             "--context ({}) must be larger than --prefill-tokens ({}), which must be positive",
