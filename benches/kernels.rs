@@ -1,9 +1,11 @@
-//! GEMV and GEMM for every CPU and WGSL kernel (default parameters, f32 and f16
-//! weights) at Gemma 3 1B shapes, plus a memory-bandwidth probe to judge them by.
+//! GEMV and GEMM for every CPU and WGSL kernel (default parameters, every weight
+//! dtype it takes: f32, f16 and the block formats q8_0, q4_0, q4_1) at Gemma 3 1B
+//! shapes, plus a memory-bandwidth probe to judge them by.
 //!
-//! Throughput is reported by criterion: bytes for GEMV (weights + vectors, the
-//! op is memory bound) and elements = FLOPs for GEMM (read "Kelem/s" as kFLOP/s,
-//! "Gelem/s" as GFLOP/s). WGSL kernels are timed with GPU timestamp queries when
+//! Throughput is reported by criterion: bytes for GEMV (the bytes actually read:
+//! weights as stored, i.e. quants + scales for the block formats, plus the
+//! vectors; the op is memory bound; GFLOP/s is 2·n·k over the time) and elements =
+//! FLOPs for GEMM (read "Kelem/s" as kFLOP/s, "Gelem/s" as GFLOP/s). WGSL kernels are timed with GPU timestamp queries when
 //! the adapter has them, by the wall clock around submit + wait otherwise.
 //!
 //!     cargo bench --bench kernels                 # everything
