@@ -76,25 +76,34 @@ fn bench_cpu(c: &mut Criterion, op: kernels::Op) {
     let caps = CpuCaps::detect();
     let mut g = c.benchmark_group(format!("{op}/cpu"));
     for k in kernels::for_op(op).filter(|k| k.backend() == Backend::Cpu) {
+        // Defaults, plus int8 activations for the kernels that offer them.
+        let mut variants = vec![(String::new(), k.default_params())];
+        if k.params.iter().any(|s| s.name == "act_bits") {
+            let mut p8 = k.default_params();
+            p8.insert("act_bits".into(), 8);
+            variants.push(("+act8".into(), p8));
+        }
         for &dtype in k.dtypes {
-            for p in problems(op) {
-                let params = k.default_params();
-                if let Err(why) = k.check(Caps::Cpu(&caps), &p, dtype, &params) {
-                    eprintln!("skip {} {dtype} {}: {why}", k.id, p.describe());
-                    continue;
+            for (suffix, params) in &variants {
+                for p in problems(op) {
+                    let params = params.clone();
+                    if let Err(why) = k.check(Caps::Cpu(&caps), &p, dtype, &params) {
+                        eprintln!("skip {} {dtype} {}: {why}", k.id, p.describe());
+                        continue;
+                    }
+                    let ins = make_inputs(&p, dtype, 1);
+                    let mut outs: Vec<Vec<f32>> = output_lens(&p, dtype).into_iter().map(|n| vec![0.0; n]).collect();
+                    g.throughput(throughput(&p, dtype));
+                    g.bench_function(BenchmarkId::new(format!("{}/{dtype}{suffix}", k.id), shape(&p)), |b| {
+                        b.iter(|| {
+                            let args = CpuArgs {
+                                ins: ins.iter().map(HostTensor::as_in).collect(),
+                                outs: outs.iter_mut().map(|v| v.as_mut_slice()).collect(),
+                            };
+                            k.run_cpu(&p, dtype, &params, args).expect("kernel runs")
+                        })
+                    });
                 }
-                let ins = make_inputs(&p, dtype, 1);
-                let mut outs: Vec<Vec<f32>> = output_lens(&p, dtype).into_iter().map(|n| vec![0.0; n]).collect();
-                g.throughput(throughput(&p, dtype));
-                g.bench_function(BenchmarkId::new(format!("{}/{dtype}", k.id), shape(&p)), |b| {
-                    b.iter(|| {
-                        let args = CpuArgs {
-                            ins: ins.iter().map(HostTensor::as_in).collect(),
-                            outs: outs.iter_mut().map(|v| v.as_mut_slice()).collect(),
-                        };
-                        k.run_cpu(&p, dtype, &params, args).expect("kernel runs")
-                    })
-                });
             }
         }
     }
