@@ -1,10 +1,12 @@
-//! GEMV and GEMM for every CPU and WGSL kernel (default parameters, f32 and f16
-//! weights) at Gemma 3 1B shapes, the CPU ones also with the parameters a quick
-//! sweep picks (`cpu-tuned`), plus a memory-bandwidth probe to judge them by.
+//! GEMV and GEMM for every CPU and WGSL kernel (default parameters, every weight
+//! dtype it takes: f32, f16 and the block formats q8_0, q4_0, q4_1) at Gemma 3 1B
+//! shapes, the CPU ones also with the parameters a quick sweep picks
+//! (`cpu-tuned`), plus a memory-bandwidth probe to judge them by.
 //!
-//! Throughput is reported by criterion: bytes for GEMV (weights + vectors, the
-//! op is memory bound) and elements = FLOPs for GEMM (read "Kelem/s" as kFLOP/s,
-//! "Gelem/s" as GFLOP/s). WGSL kernels are timed with GPU timestamp queries when
+//! Throughput is reported by criterion: bytes for GEMV (the bytes actually read:
+//! weights as stored, i.e. quants + scales for the block formats, plus the
+//! vectors; the op is memory bound; GFLOP/s is 2·n·k over the time) and elements =
+//! FLOPs for GEMM (read "Kelem/s" as kFLOP/s, "Gelem/s" as GFLOP/s). WGSL kernels are timed with GPU timestamp queries when
 //! the adapter has them, by the wall clock around submit + wait otherwise.
 //!
 //!     cargo bench --bench kernels                 # everything
@@ -67,25 +69,34 @@ fn bench_cpu(c: &mut Criterion, op: kernels::Op) {
     let caps = CpuCaps::detect();
     let mut g = c.benchmark_group(format!("{op}/cpu"));
     for k in kernels::for_op(op).filter(|k| k.backend() == Backend::Cpu) {
+        // Defaults, plus int8 activations for the kernels that offer them.
+        let mut variants = vec![(String::new(), k.default_params())];
+        if k.params.iter().any(|s| s.name == "act_bits") {
+            let mut p8 = k.default_params();
+            p8.insert("act_bits".into(), 8);
+            variants.push(("+act8".into(), p8));
+        }
         for &dtype in k.dtypes {
-            for p in problems(op) {
-                let params = k.default_params();
-                if let Err(why) = k.check(Caps::Cpu(&caps), &p, dtype, &params) {
-                    eprintln!("skip {} {dtype} {}: {why}", k.id, p.describe());
-                    continue;
+            for (suffix, params) in &variants {
+                for p in problems(op) {
+                    let params = params.clone();
+                    if let Err(why) = k.check(Caps::Cpu(&caps), &p, dtype, &params) {
+                        eprintln!("skip {} {dtype} {}: {why}", k.id, p.describe());
+                        continue;
+                    }
+                    let ins = make_inputs(&p, dtype, 1);
+                    let mut outs: Vec<Vec<f32>> = output_lens(&p, dtype).into_iter().map(|n| vec![0.0; n]).collect();
+                    g.throughput(throughput(&p, dtype));
+                    g.bench_function(BenchmarkId::new(format!("{}/{dtype}{suffix}", k.id), shape(&p)), |b| {
+                        b.iter(|| {
+                            let args = CpuArgs {
+                                ins: ins.iter().map(HostTensor::as_in).collect(),
+                                outs: outs.iter_mut().map(|v| v.as_mut_slice()).collect(),
+                            };
+                            k.run_cpu(&p, dtype, &params, args).expect("kernel runs")
+                        })
+                    });
                 }
-                let ins = make_inputs(&p, dtype, 1);
-                let mut outs: Vec<Vec<f32>> = output_lens(&p, dtype).into_iter().map(|n| vec![0.0; n]).collect();
-                g.throughput(throughput(&p, dtype));
-                g.bench_function(BenchmarkId::new(format!("{}/{dtype}", k.id), shape(&p)), |b| {
-                    b.iter(|| {
-                        let args = CpuArgs {
-                            ins: ins.iter().map(HostTensor::as_in).collect(),
-                            outs: outs.iter_mut().map(|v| v.as_mut_slice()).collect(),
-                        };
-                        k.run_cpu(&p, dtype, &params, args).expect("kernel runs")
-                    })
-                });
             }
         }
     }

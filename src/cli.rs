@@ -52,9 +52,11 @@ pub struct TuneArgs {
     /// Decode tokens per prompt the end-to-end score assumes.
     #[arg(long, default_value_t = 128)]
     pub decode_tokens: usize,
-    /// Storage type of the weights.
-    #[arg(long, default_value = "f32")]
-    pub weight_dtype: String,
+    /// Storage type of the matrix weights: f32, f16, q8_0, q4_0 or q4_1 (block
+    /// formats quantized on load; the profile records it). Default f32; with
+    /// --gguf, what the file's projection matrices are stored as.
+    #[arg(long)]
+    pub weight_dtype: Option<String>,
     /// Storage type of the KV cache.
     #[arg(long, default_value = "f32")]
     pub kv_dtype: String,
@@ -162,9 +164,11 @@ pub struct RunArgs {
     /// Keep only the first N layers (for quick checks on large models).
     #[arg(long)]
     pub layers: Option<usize>,
-    /// Storage type of the weights (without a profile): f32 or f16. Default f32;
-    /// with --gguf, what the file's projection matrices are stored as (f16 for
-    /// F16/BF16, f32 for F32 and, until quantized kernels exist, for Q8_0/Q4_0/Q4_1).
+    /// Storage type of the matrix weights: f32, f16, or a block format (q8_0,
+    /// q4_0, q4_1: quantized on load). Default f32; with --gguf, what the file's
+    /// projection matrices are stored as (f16 for F16/BF16, the block format for
+    /// Q8_0/Q4_0/Q4_1). With a profile it must match the dtype the profile was
+    /// tuned for.
     #[arg(long)]
     pub weight_dtype: Option<String>,
     /// Storage type of the KV cache (without a profile).

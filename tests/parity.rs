@@ -30,7 +30,8 @@ fn report(verdicts: &[verify::KernelVerdict]) -> String {
 fn cpu_kernels_match_reference() {
     let caps = CpuCaps::detect();
     let mut verdicts = Vec::new();
-    for k in kernels::registry().iter().filter(|k| k.backend() == Backend::Cpu) {
+    // The quantized kernels have their own test below.
+    for k in kernels::registry().iter().filter(|k| k.backend() == Backend::Cpu && !k.dtypes.iter().any(|d| d.is_quant())) {
         let v = verify::verify_kernel(&Runner::Cpu, Caps::Cpu(&caps), k, false);
         assert!(v.checks > 0, "{} ran no check: {:?}", k.id, v.not_run);
         verdicts.push(v);
@@ -44,7 +45,7 @@ fn wgsl_kernels_match_reference() {
     let Some(gpu) = test_gpu() else { return };
     let mut verdicts = Vec::new();
     let mut ran = 0;
-    for k in kernels::registry().iter().filter(|k| k.backend() == Backend::Wgsl) {
+    for k in kernels::registry().iter().filter(|k| k.backend() == Backend::Wgsl && !k.dtypes.iter().any(|d| d.is_quant())) {
         let v = verify::verify_kernel(&Runner::Gpu(&gpu), Caps::Gpu(&gpu.caps), k, false);
         ran += v.checks;
         verdicts.push(v);
@@ -67,4 +68,37 @@ fn every_op_has_two_wgsl_and_two_cpu_kernels_with_parameters() {
             assert!(!k.params.is_empty(), "{} has no tunable parameter", k.id);
         }
     }
+}
+
+/// The block-quantized kernels (q8_0, q4_0, q4_1) against the f64 reference over
+/// the dequantized weights, on the CPU and on the test GPU: every one of them runs
+/// checks (shapes with k in whole blocks but not whole tiles, rows not a multiple
+/// of the workgroup's), and every format of every quantized op has both backends.
+#[test]
+fn quantized_kernels_match_dequantized_reference() {
+    use ktune::kernels::{DType, Op, for_op};
+    for op in [Op::Gemv, Op::Gemm, Op::GateUp, Op::QkvProj] {
+        for d in DType::QUANT {
+            for b in [Backend::Cpu, Backend::Wgsl] {
+                assert!(for_op(op).any(|k| k.backend() == b && k.dtypes.contains(d)), "{op}: no {} kernel for {d}", b.name());
+            }
+        }
+    }
+    let quant = |k: &&kernels::KernelDef| k.dtypes.iter().any(|d| d.is_quant());
+    let caps = CpuCaps::detect();
+    let mut verdicts = Vec::new();
+    for k in kernels::registry().iter().filter(quant).filter(|k| k.backend() == Backend::Cpu) {
+        let v = verify::verify_kernel(&Runner::Cpu, Caps::Cpu(&caps), k, false);
+        assert!(v.checks > 0, "{} ran no check: {:?}", k.id, v.not_run);
+        verdicts.push(v);
+    }
+    if let Some(gpu) = test_gpu() {
+        for k in kernels::registry().iter().filter(quant).filter(|k| k.backend() == Backend::Wgsl) {
+            let v = verify::verify_kernel(&Runner::Gpu(&gpu), Caps::Gpu(&gpu.caps), k, false);
+            assert!(v.checks > 0, "{} ran no check on {}: {:?}", k.id, gpu.name, v.not_run);
+            verdicts.push(v);
+        }
+    }
+    let failed = report(&verdicts);
+    assert!(failed.is_empty(), "quantized parity failures:\n{failed}");
 }

@@ -1,8 +1,9 @@
 //! GGUF files against Hugging Face transformers loading the same files: tiny
 //! random llama (SmolLM2), qwen2 and gemma3 models in F32, F16, BF16, Q8_0, Q4_0
 //! and Q4_1 (tests/fixtures/gguf/, made by tools/make_gguf.py the way llama.cpp's
-//! converter writes them: Q/K rows permuted, Gemma norms + 1). Quantized files run
-//! dequantized to f32 (the runtime's f32 path). Checked on the CPU and on the test
+//! converter writes them: Q/K rows permuted, Gemma norms + 1). Each file runs with
+//! the weight type the CLI picks from it (quantized files on the block kernels,
+//! blocks as stored) and dequantized to f32. Checked on the CPU and on the test
 //! GPU (lavapipe in CI): max |error| <= 1e-3 of the logits' scale, identical
 //! greedy tokens. Then the CLI: `--prompt` through the file's tokenizer, the JSON
 //! report, streamed text, and hostile or unsupported files (exit 2).

@@ -213,3 +213,68 @@ fn tune_on_the_gpu_gives_a_profile_that_runs_correctly() {
         .code(2)
         .stderr(predicate::str::contains("wgsl kernels"));
 }
+
+/// `tune --weight-dtype q8_0` races the quantized kernels and records the weight
+/// dtype; the profile runs q8_0 weights and refuses to run another storage type.
+#[test]
+fn a_q8_0_profile_runs_quantized_weights_and_refuses_others() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cache = tmp.path().join("cache");
+    let out = tmp.path().join("q8.yaml");
+    let r = tune_json(&cache, &out, &["--weight-dtype", "q8_0"]);
+    let profile = serde_json::to_string(&r["profile"]).expect("json");
+    assert!(profile.contains(r#""weightDtype":"q8_0""#), "{profile}");
+    assert!(profile.contains("_q_cpu"), "no quantized kernel in the tuned profile: {profile}");
+    let yaml = std::fs::read_to_string(&out).expect("profile written");
+    assert!(yaml.contains("weightDtype: q8_0"), "{yaml}");
+
+    let (prompt, _) = expected_generated("llama3-tiny");
+    let toks: Vec<String> = prompt.iter().map(|t| t.to_string()).collect();
+    let run = |extra: &[&str]| {
+        let mut c = ktune(&cache);
+        c.args(["run", "--device", "cpu", "--model-dir"]).arg(fixture("llama3-tiny"));
+        c.args(["--profile", out.to_str().expect("utf-8"), "--tokens", &toks.join(","), "--max-tokens", "4", "--format", "json"]);
+        c.args(extra);
+        c.output().expect("runs")
+    };
+    let ok = run(&[]);
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&ok.stdout).expect("JSON");
+    assert_eq!(v["generated"].as_array().expect("ids").len(), 4);
+    assert_eq!(v["weight_dtype"], "q8_0");
+    let same = run(&["--weight-dtype", "q8_0"]);
+    assert!(same.status.success(), "{}", String::from_utf8_lossy(&same.stderr));
+    for other in ["f16", "f32", "q4_0"] {
+        let bad = run(&["--weight-dtype", other]);
+        assert_eq!(bad.status.code(), Some(2), "--weight-dtype {other} with a q8_0 profile");
+        let err = String::from_utf8_lossy(&bad.stderr);
+        assert!(err.contains(&format!("--weight-dtype {other}")) && err.contains("tuned for q8_0"), "{err}");
+    }
+}
+
+/// Without a profile every block format runs, and a bad one is a usage error.
+#[test]
+fn run_quantizes_weights_on_load_for_each_block_format() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for d in ["q8_0", "q4_0", "q4_1"] {
+        let o = ktune(tmp.path())
+            .args(["run", "--device", "cpu", "--model-dir"])
+            .arg(fixture("llama3-tiny"))
+            .args(["--tokens", "1,2,3,4,5", "--max-tokens", "3", "--weight-dtype", d, "--format", "json"])
+            .output()
+            .expect("runs");
+        assert!(o.status.success(), "{d}: {}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+        assert_eq!(v["weight_dtype"], d);
+    }
+    ktune(tmp.path())
+        .args(["run", "--device", "cpu", "--model", "smollm2-135m", "--layers", "1", "--tokens", "1", "--weight-dtype", "q5_k"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("q8_0, q4_0, q4_1"));
+    ktune(tmp.path())
+        .args(["run", "--device", "cpu", "--model", "smollm2-135m", "--layers", "1", "--tokens", "1", "--kv-dtype", "q8_0"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("KV cache"));
+}

@@ -113,14 +113,23 @@ pub fn load_gguf(path: &std::path::Path, layers: Option<usize>) -> Result<Loaded
     Ok(LoadedModel { name: path.display().to_string(), config, weights: Arc::new(g.weights), gguf: Some(g.file), warnings })
 }
 
+/// The matrix weight type: `flag` when given, else what a GGUF file's projection
+/// matrices are stored as, else f32.
+pub fn default_weight_dtype(flag: Option<DType>, m: &LoadedModel) -> DType {
+    match (flag, m.gguf.as_ref().and_then(|_| m.weights.matmul_storage())) {
+        (Some(d), _) => d,
+        (None, Some(s)) => weight_dtype_for(s),
+        (None, None) => DType::F32,
+    }
+}
+
 /// The runtime weight type for weights stored as `s` when none is asked for.
 pub fn weight_dtype_for(s: Stored) -> DType {
     match s {
         Stored::F16 | Stored::BF16 => DType::F16,
         Stored::F32 => DType::F32,
-        // Until the quantized runtime lands the blocks are dequantized to f32;
-        // then this becomes `Stored::Quant(q) => DType::from(q)`.
-        Stored::Quant(_) => DType::F32,
+        // The blocks run as stored (no requantization).
+        Stored::Quant(q) => DType::from(q),
     }
 }
 
@@ -186,6 +195,15 @@ pub fn parse_dtype(s: &str, what: &str) -> Result<DType> {
     s.parse().map_err(|e: String| Error::Usage(format!("{what}: {e}")))
 }
 
+/// The KV cache's storage type: f32 or f16 (the block formats are for weights).
+pub fn parse_kv_dtype(s: &str) -> Result<DType> {
+    let d = parse_dtype(s, "--kv-dtype")?;
+    if d.is_quant() {
+        return Err(Error::Usage(format!("--kv-dtype {d}: the KV cache is stored as f32 or f16; block formats are for --weight-dtype")));
+    }
+    Ok(d)
+}
+
 /// The device's capabilities and (for a GPU) an opened context.
 /// The capabilities of `device`, without opening it.
 pub fn device_caps(device: &Device) -> (DeviceCaps, bool) {
@@ -212,8 +230,8 @@ pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
 pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn FnMut(&str)) -> Result<RunReport> {
     // Validate flags before building anything heavy.
     let fusion = parse_fusion(&args.fusion)?;
-    let asked_dtype = args.weight_dtype.as_deref().map(|d| parse_dtype(d, "--weight-dtype")).transpose()?;
-    let kv_dtype = parse_dtype(&args.kv_dtype, "--kv-dtype")?;
+    let weight_flag = args.weight_dtype.as_deref().map(|s| parse_dtype(s, "--weight-dtype")).transpose()?;
+    let kv_dtype = parse_kv_dtype(&args.kv_dtype)?;
     let mut warnings = Vec::new();
     if let Some(p) = &args.source.gguf
         && !p.is_file()
@@ -259,17 +277,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     };
     warnings.extend(m.warnings.iter().cloned());
     let storage = m.gguf.as_ref().and_then(|_| m.weights.matmul_storage());
-    let weight_dtype = match (asked_dtype, storage) {
-        (Some(d), _) => d,
-        (None, Some(s)) => weight_dtype_for(s),
-        (None, None) => DType::F32,
-    };
-    if let Some(Stored::Quant(q)) = storage
-        && weight_dtype_for(Stored::Quant(q)) == DType::F32
-        && asked_dtype.is_none()
-    {
-        warnings.push(format!("the weights are {q} blocks: run dequantized to f32 (the quantized kernels are not in this build)"));
-    }
+    let weight_dtype = default_weight_dtype(weight_flag, &m);
     let c = &m.config;
     if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= c.vocab_size) {
         let from = match &tokenizer {
@@ -283,6 +291,15 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     let (selection, exec) = match &profile {
         Some(p) => {
             let (sel, exec, w) = p.resolve(&device, &m.name, c.num_layers)?;
+            if let Some(want) = weight_flag
+                && want != exec.weight_dtype
+            {
+                return Err(Error::Usage(format!(
+                    "--weight-dtype {want} does not match the profile, which was tuned for {} weights (execution.weightDtype); \
+                     its kernels and timings are for that storage type: tune a profile with --weight-dtype {want}, or drop the flag",
+                    exec.weight_dtype
+                )));
+            }
             warnings.extend(w);
             (sel, exec)
         }

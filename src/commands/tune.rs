@@ -67,8 +67,8 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
     let budget = parse_duration(&args.budget)?;
     let strategy = Strategy::parse(&args.strategy)
         .ok_or_else(|| Error::Usage(format!("--strategy `{}`: allowed are auto, exhaustive, halving, random", args.strategy)))?;
-    let weight_dtype = parse_dtype(&args.weight_dtype, "--weight-dtype")?;
-    let kv_dtype = parse_dtype(&args.kv_dtype, "--kv-dtype")?;
+    let weight_flag = args.weight_dtype.as_deref().map(|d| parse_dtype(d, "--weight-dtype")).transpose()?;
+    let kv_dtype = super::run::parse_kv_dtype(&args.kv_dtype)?;
     if args.prefill_tokens == 0 || args.context <= args.prefill_tokens {
         return Err(Error::Usage(format!(
             "--context ({}) must be larger than --prefill-tokens ({}), which must be positive",
@@ -77,6 +77,7 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
     }
     let device = super::pick_device(selector)?;
     let m = load_source(&args.source, args.layers, args.seed)?;
+    let weight_dtype = super::run::default_weight_dtype(weight_flag, &m);
     let name = match args.layers {
         Some(l) if l < m.config.num_layers || args.source.model_dir.is_some() || args.source.gguf.is_some() => {
             format!("{}@{l}layers", m.name)

@@ -58,6 +58,13 @@ pub struct GpuCtx {
     pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
 }
 
+/// One binding of a step: a whole buffer, or `size` bytes of one from `offset`.
+#[derive(Clone, Copy)]
+pub enum Bind<'a> {
+    Whole(&'a wgpu::Buffer),
+    Range(&'a wgpu::Buffer, u64, u64),
+}
+
 /// One dispatch: pipeline, bind group and workgroup counts.
 pub struct GpuStep {
     pub label: String,
@@ -219,6 +226,38 @@ impl GpuCtx {
     ) -> Result<GpuStep, GpuError> {
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let bind_group = self.bind(label, &pipeline, buffers);
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Validation { what: format!("binding `{label}`"), message: e.to_string() });
+        }
+        Ok(GpuStep { label: label.to_string(), pipeline, bind_group, workgroups })
+    }
+
+    /// One step whose bindings may be byte ranges of buffers (a quantized weight's
+    /// quants and scales regions, bound side by side from one buffer).
+    pub fn step_ranges(
+        &self,
+        label: &str,
+        pipeline: Arc<wgpu::ComputePipeline>,
+        binds: &[Bind<'_>],
+        workgroups: [u32; 3],
+    ) -> Result<GpuStep, GpuError> {
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let layout = pipeline.get_bind_group_layout(0);
+        let entries: Vec<wgpu::BindGroupEntry<'_>> = binds
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: match *b {
+                    Bind::Whole(buf) => buf.as_entire_binding(),
+                    Bind::Range(buf, offset, size) => {
+                        wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: buf, offset, size: wgpu::BufferSize::new(size) })
+                    }
+                },
+            })
+            .collect();
+        let bind_group =
+            self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(label), layout: &layout, entries: &entries });
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(GpuError::Validation { what: format!("binding `{label}`"), message: e.to_string() });
         }

@@ -633,6 +633,8 @@ fn sub_row(w: CpuIn<'_>, r: usize, k: usize, c0: usize, c1: usize) -> Row<'_> {
     match w {
         CpuIn::F32(s) => Row::F32(&s[r * k + c0..r * k + c1]),
         CpuIn::F16(s) => Row::F16(&s[r * k + c0..r * k + c1]),
+        // Float kernels never get a quantized buffer: the registry checks dtypes.
+        CpuIn::Q(_) => Row::F32(&[]),
     }
 }
 
@@ -765,6 +767,17 @@ fn gate_up_panel<'a>(w: CpuIn<'a>, n: usize, k: usize, j0: usize, bn: usize, buf
             for i in 0..2 * bn {
                 let r = if i % 2 == 0 { j0 } else { n + j0 } + i / 2;
                 buf.extend(s[r * k..][..k].iter().map(|h: &f16| h.to_f32()));
+            }
+            let done: &'a Vec<f32> = buf;
+            (0..2 * bn).map(|i| &done[i * k..(i + 1) * k]).collect()
+        }
+        // Float kernels never get a quantized buffer (the registry checks dtypes);
+        // dequantize element-wise rather than fail if one did.
+        CpuIn::Q(_) => {
+            buf.clear();
+            for i in 0..2 * bn {
+                let r = if i % 2 == 0 { j0 } else { n + j0 } + i / 2;
+                buf.extend((0..k).map(|c| w.get(r * k + c)));
             }
             let done: &'a Vec<f32> = buf;
             (0..2 * bn).map(|i| &done[i * k..(i + 1) * k]).collect()

@@ -542,6 +542,7 @@ fn pack_rows_scalar(w: CpuIn<'_>, n: usize, k: usize, r0: usize, count: usize, p
         match w {
             CpuIn::F32(s) => lanes.zip(&s[r * k + pc..][..kb]).for_each(|(d, v)| *d = *v),
             CpuIn::F16(s) => lanes.zip(&s[r * k + pc..][..kb]).for_each(|(d, v)| *d = v.to_f32()),
+            CpuIn::Q(_) => lanes.enumerate().for_each(|(i, d)| *d = w.get(r * k + pc + i)),
         }
     }
 }
@@ -733,6 +734,10 @@ mod x86 {
                     match w {
                         CpuIn::F32(s) => _mm256_loadu_ps(s[off..off + 8].as_ptr()),
                         CpuIn::F16(s) => _mm256_cvtph_ps(_mm_loadu_si128(s[off..off + 8].as_ptr() as *const __m128i)),
+                        CpuIn::Q(_) => {
+                            let t: [f32; 8] = std::array::from_fn(|i| w.get(off + i));
+                            _mm256_loadu_ps(t.as_ptr())
+                        }
                     }
                 };
             }
@@ -749,6 +754,7 @@ mod x86 {
                 out[pp * nr + j] = match w {
                     CpuIn::F32(s) => s[off + pp],
                     CpuIn::F16(s) => s[off + pp].to_f32(),
+                    CpuIn::Q(_) => w.get(off + pp),
                 };
             }
         }
@@ -811,6 +817,9 @@ fn run_crate(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), 
             widen(&w[..n * k], wide);
             crate_gemm(m, n, k, x, wide, y, par)
         }),
+        CpuIn::Q(_) => {
+            return Err(KernelError::BufferType { kernel: "gemm_crate_cpu".into(), buffer: "w".into(), expected: "f32 or f16" });
+        }
     }
     Ok(())
 }

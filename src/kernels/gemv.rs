@@ -217,6 +217,8 @@ pub fn row(w: CpuIn<'_>, r: usize, k: usize) -> Row<'_> {
     match w {
         CpuIn::F32(s) => Row::F32(&s[r * k..(r + 1) * k]),
         CpuIn::F16(s) => Row::F16(&s[r * k..(r + 1) * k]),
+        // Float kernels never get a quantized buffer: the registry checks dtypes.
+        CpuIn::Q(_) => Row::F32(&[]),
     }
 }
 

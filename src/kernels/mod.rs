@@ -14,6 +14,7 @@ pub mod gemm;
 pub mod gemv;
 pub mod norm;
 pub mod problem;
+pub mod qmatmul;
 pub mod quant;
 pub mod reference;
 pub mod rope;
@@ -38,19 +39,76 @@ use crate::gpu::{GpuCtx, GpuProgram, Shader};
 pub enum DType {
     F32,
     F16,
+    /// ggml Q8_0 blocks in the split layout of [`quant::QMatrix`] (weights only).
+    #[serde(rename = "q8_0")]
+    Q8_0,
+    /// ggml Q4_0 blocks (weights only).
+    #[serde(rename = "q4_0")]
+    Q4_0,
+    /// ggml Q4_1 blocks (weights only).
+    #[serde(rename = "q4_1")]
+    Q4_1,
 }
 
 impl DType {
+    /// Every storage type, floats first.
+    pub const ALL: [DType; 5] = [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1];
+    /// The block-quantized storage types.
+    pub const QUANT: &'static [DType] = &[DType::Q8_0, DType::Q4_0, DType::Q4_1];
+
+    /// Bytes per element of a float type. Quantized types have no per-element size
+    /// (a block of 32 elements has one): use [`DType::bytes_for`] for buffer sizes;
+    /// this returns 1 for them (the smallest whole number of bytes an element takes).
     pub fn size(self) -> usize {
         match self {
             DType::F32 => 4,
             DType::F16 => 2,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => 1,
+        }
+    }
+    /// Bytes of a buffer of `n` elements in this type. Quantized: the single-buffer
+    /// GPU layout of [`quant::QMatrix`] (quants padded to 256 bytes, then the f16
+    /// scales) for `n / 32` blocks (a partial block counts whole).
+    pub fn bytes_for(self, n: usize) -> u64 {
+        match self.quant() {
+            None => (n * self.size()) as u64,
+            Some(f) => f.layout(n.div_ceil(quant::QK)).total as u64,
         }
     }
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
             DType::F16 => "f16",
+            DType::Q8_0 => "q8_0",
+            DType::Q4_0 => "q4_0",
+            DType::Q4_1 => "q4_1",
+        }
+    }
+    /// The block format of a quantized type.
+    pub fn quant(self) -> Option<quant::QFormat> {
+        match self {
+            DType::F32 | DType::F16 => None,
+            DType::Q8_0 => Some(quant::QFormat::Q8_0),
+            DType::Q4_0 => Some(quant::QFormat::Q4_0),
+            DType::Q4_1 => Some(quant::QFormat::Q4_1),
+        }
+    }
+    pub fn is_quant(self) -> bool {
+        self.quant().is_some()
+    }
+    /// Storage of the weights that stay floating point when the matrices are in
+    /// this type (norm gains, biases): f32 under a quantized type, else itself.
+    pub fn float_storage(self) -> DType {
+        if self.is_quant() { DType::F32 } else { self }
+    }
+}
+
+impl From<quant::QFormat> for DType {
+    fn from(f: quant::QFormat) -> DType {
+        match f {
+            quant::QFormat::Q8_0 => DType::Q8_0,
+            quant::QFormat::Q4_0 => DType::Q4_0,
+            quant::QFormat::Q4_1 => DType::Q4_1,
         }
     }
 }
@@ -64,11 +122,10 @@ impl std::fmt::Display for DType {
 impl std::str::FromStr for DType {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "f32" => Ok(DType::F32),
-            "f16" => Ok(DType::F16),
-            other => Err(format!("unknown dtype `{other}` (allowed: f32, f16)")),
-        }
+        DType::ALL
+            .into_iter()
+            .find(|d| d.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| format!("unknown dtype `{s}` (allowed: f32, f16, q8_0, q4_0, q4_1)"))
     }
 }
 
@@ -136,13 +193,17 @@ pub enum KernelError {
 pub enum CpuIn<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
+    /// A block-quantized matrix (quants and scales of [`quant::QMatrix`]).
+    Q(quant::QView<'a>),
 }
 
 impl<'a> CpuIn<'a> {
+    /// Elements (for a quantized matrix: whole blocks times 32).
     pub fn len(&self) -> usize {
         match self {
             CpuIn::F32(s) => s.len(),
             CpuIn::F16(s) => s.len(),
+            CpuIn::Q(q) => q.elems(),
         }
     }
     pub fn is_empty(&self) -> bool {
@@ -152,6 +213,14 @@ impl<'a> CpuIn<'a> {
         match self {
             CpuIn::F32(_) => DType::F32,
             CpuIn::F16(_) => DType::F16,
+            CpuIn::Q(q) => q.format.into(),
+        }
+    }
+    /// The quantized view, for buffers declared quantized.
+    pub fn quant(&self) -> Option<quant::QView<'a>> {
+        match *self {
+            CpuIn::Q(q) => Some(q),
+            _ => None,
         }
     }
     /// The f32 slice, for buffers that are always f32 (activations).
@@ -160,15 +229,16 @@ impl<'a> CpuIn<'a> {
             CpuIn::F32(s) => s,
             // The registry checks dtypes against the op's buffer specs before a
             // kernel runs, so an f16 activation never reaches here.
-            CpuIn::F16(_) => &[],
+            CpuIn::F16(_) | CpuIn::Q(_) => &[],
         }
     }
-    /// Element `i` widened to f32.
+    /// Element `i` widened to f32 (dequantized for a quantized matrix).
     #[inline]
     pub fn get(&self, i: usize) -> f32 {
         match self {
             CpuIn::F32(s) => s[i],
             CpuIn::F16(s) => s[i].to_f32(),
+            CpuIn::Q(q) => q.get(i),
         }
     }
 }
@@ -409,6 +479,7 @@ pub fn registry() -> &'static [KernelDef] {
         all.extend(rope::variants());
         all.extend(elementwise::variants());
         all.extend(fused::variants());
+        all.extend(qmatmul::variants());
         all.sort_by(|a, b| (a.op, a.id).cmp(&(b.op, b.id)));
         all
     })

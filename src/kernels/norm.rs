@@ -430,6 +430,8 @@ fn part(w: CpuIn<'_>, c0: usize, len: usize) -> Row<'_> {
     match w {
         CpuIn::F32(s) => Row::F32(&s[c0..c0 + len]),
         CpuIn::F16(s) => Row::F16(&s[c0..c0 + len]),
+        // Norm gains are never quantized: the registry checks dtypes.
+        CpuIn::Q(_) => Row::F32(&[]),
     }
 }
 

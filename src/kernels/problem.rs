@@ -47,7 +47,7 @@ impl BufSpec {
         self.role == Role::Output
     }
     pub fn bytes(&self) -> u64 {
-        (self.len() * self.dtype.size()) as u64
+        self.dtype.bytes_for(self.len())
     }
 }
 
@@ -427,6 +427,8 @@ pub fn test_problems(op: Op) -> Vec<Problem> {
             Problem::Gemm { m: 64, n: 64, k: 64 },
             Problem::Gemm { m: 70, n: 96, k: 128 },
             Problem::Gemm { m: 5, n: 130, k: 96 },
+            // Whole 32-element blocks (the quantized kernels' rule) but not whole tiles.
+            Problem::Gemm { m: 37, n: 53, k: 160 },
         ],
         Op::Gemv => vec![
             Problem::Gemv { n: 1, k: 3 },
@@ -434,6 +436,8 @@ pub fn test_problems(op: Op) -> Vec<Problem> {
             Problem::Gemv { n: 64, k: 256 },
             Problem::Gemv { n: 129, k: 1000 },
             Problem::Gemv { n: 300, k: 128 },
+            // Whole 32-element blocks, rows not a multiple of any workgroup's rows.
+            Problem::Gemv { n: 37, k: 160 },
         ],
         Op::AttentionPrefill => vec![
             Problem::AttentionPrefill { tokens: 1, kv_len: 1, kv_cap: 1, heads: 1, kv_heads: 1, head_dim: 8, window: 0, scale: 0.35 },
@@ -523,6 +527,7 @@ pub fn test_problems(op: Op) -> Vec<Problem> {
             Problem::GateUp { rows: 1, n: 300, k: 256, act: Activation::Silu },
             Problem::GateUp { rows: 9, n: 70, k: 64, act: Activation::GeluTanh },
             Problem::GateUp { rows: 33, n: 64, k: 96, act: Activation::Silu },
+            Problem::GateUp { rows: 3, n: 37, k: 160, act: Activation::GeluTanh },
         ],
         Op::ResidualRmsNorm => vec![
             Problem::ResidualRmsNorm { rows: 1, dim: 7, eps: 1e-6, unit_offset: false },
@@ -534,6 +539,7 @@ pub fn test_problems(op: Op) -> Vec<Problem> {
             Problem::QkvProj { k: 130, nq: 64, nkv: 16, bias: true },
             Problem::QkvProj { k: 256, nq: 256, nkv: 128, bias: false },
             Problem::QkvProj { k: 96, nq: 96, nkv: 32, bias: true },
+            Problem::QkvProj { k: 160, nq: 36, nkv: 6, bias: true },
         ],
     }
 }

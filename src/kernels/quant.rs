@@ -98,6 +98,83 @@ impl std::str::FromStr for QFormat {
     }
 }
 
+/// Alignment of the scales region in the single-buffer GPU layout: a storage
+/// binding offset must be a multiple of the adapter's
+/// `min_storage_buffer_offset_alignment`, which WebGPU caps at 256.
+pub const SCALES_ALIGN: usize = 256;
+
+/// Where the regions of a quantized matrix of `blocks` blocks lie in one buffer:
+/// the quants from byte 0, the f16 scales from `scales_offset` (a multiple of
+/// [`SCALES_ALIGN`]), so the buffer binds as two storage bindings (seed 004's
+/// `matrix` and `scale_bytes`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QLayout {
+    /// Bytes of quantized data (a multiple of 16).
+    pub quants: usize,
+    pub scales_offset: usize,
+    /// Bytes of scales, rounded up to 4 (whole `u32` words).
+    pub scales: usize,
+    /// Bytes of the whole buffer (rounded up to 16).
+    pub total: usize,
+}
+
+impl QFormat {
+    /// The single-buffer layout of `blocks` blocks.
+    pub fn layout(self, blocks: usize) -> QLayout {
+        let quants = blocks * self.quant_bytes();
+        let scales_offset = quants.div_ceil(SCALES_ALIGN) * SCALES_ALIGN;
+        let scales = (blocks * self.scales_per_block() * 2).div_ceil(4) * 4;
+        QLayout { quants, scales_offset, scales, total: scales_offset + scales.max(4).div_ceil(16) * 16 }
+    }
+}
+
+/// A borrowed quantized matrix (or block range of one): what a CPU kernel reads.
+/// The shape comes from the problem; `quants` and `scales` hold whole blocks.
+#[derive(Clone, Copy, Debug)]
+pub struct QView<'a> {
+    pub format: QFormat,
+    pub quants: &'a [u8],
+    pub scales: &'a [f16],
+}
+
+impl<'a> QView<'a> {
+    pub fn blocks(&self) -> usize {
+        (self.quants.len() / self.format.quant_bytes()).min(self.scales.len() / self.format.scales_per_block())
+    }
+    /// Elements the view holds (whole blocks).
+    pub fn elems(&self) -> usize {
+        self.blocks() * QK
+    }
+    /// Quantized bytes and scales of block `b`.
+    #[inline]
+    pub fn block(&self, b: usize) -> (&'a [u8], &'a [f16]) {
+        let (qb, ns) = (self.format.quant_bytes(), self.format.scales_per_block());
+        (&self.quants[b * qb..(b + 1) * qb], &self.scales[b * ns..(b + 1) * ns])
+    }
+    /// Blocks `b0..b0 + count` (a row is `cols / 32` consecutive blocks).
+    #[inline]
+    pub fn blocks_range(&self, b0: usize, count: usize) -> QView<'a> {
+        let (qb, ns) = (self.format.quant_bytes(), self.format.scales_per_block());
+        QView { format: self.format, quants: &self.quants[b0 * qb..(b0 + count) * qb], scales: &self.scales[b0 * ns..(b0 + count) * ns] }
+    }
+    /// Element `i` (flattened), dequantized.
+    pub fn get(&self, i: usize) -> f32 {
+        let mut out = [0f32; QK];
+        let (q, s) = self.block(i / QK);
+        dequantize_block(self.format, q, s, &mut out);
+        out[i % QK]
+    }
+    /// Dequantizes every block of the view into `out` (`elems()` values).
+    pub fn dequantize_into(&self, out: &mut [f32]) {
+        let mut tmp = [0f32; QK];
+        for (b, o) in out.chunks_exact_mut(QK).take(self.blocks()).enumerate() {
+            let (q, s) = self.block(b);
+            dequantize_block(self.format, q, s, &mut tmp);
+            o.copy_from_slice(&tmp);
+        }
+    }
+}
+
 /// A `rows × cols` row-major matrix (a Hugging Face Linear weight, `[out, in]`)
 /// in a block format, split into quantized bytes and scales.
 #[derive(Clone, Debug, PartialEq)]
@@ -118,6 +195,8 @@ pub enum QuantError {
     Cols { format: QFormat, cols: usize },
     #[error("{format} data for {rows}x{cols} must be {expected} bytes, got {got}")]
     Len { format: QFormat, rows: usize, cols: usize, expected: usize, got: usize },
+    #[error("quantized rows: {0}")]
+    Concat(String),
 }
 
 impl QMatrix {
@@ -137,6 +216,52 @@ impl QMatrix {
             return Err(QuantError::Cols { format, cols });
         }
         rows.checked_mul(cols / QK).ok_or(QuantError::Len { format, rows, cols, expected: usize::MAX, got: 0 })
+    }
+
+    pub fn view(&self) -> QView<'_> {
+        QView { format: self.format, quants: &self.quants, scales: &self.scales }
+    }
+
+    /// The single-buffer GPU layout ([`QFormat::layout`]): quants, zero padding,
+    /// scales (little-endian f16), zero padding.
+    pub fn gpu_bytes(&self) -> Vec<u8> {
+        let l = self.format.layout(self.blocks());
+        let mut out = vec![0u8; l.total];
+        out[..self.quants.len()].copy_from_slice(&self.quants);
+        for (i, s) in self.scales.iter().enumerate() {
+            out[l.scales_offset + 2 * i..][..2].copy_from_slice(&s.to_le_bytes());
+        }
+        out
+    }
+
+    /// Stacks matrices with the same format and column count along the rows (the
+    /// fused Q/K/V and gate/up weights): block-wise, since rows are whole blocks.
+    pub fn concat_rows(parts: &[QMatrix]) -> Result<QMatrix, QuantError> {
+        let Some(first) = parts.first() else {
+            return Err(QuantError::Concat("nothing to concatenate".into()));
+        };
+        let mut out = QMatrix { format: first.format, rows: 0, cols: first.cols, quants: Vec::new(), scales: Vec::new() };
+        for p in parts {
+            if p.format != first.format || p.cols != first.cols {
+                return Err(QuantError::Concat(format!(
+                    "{} {}x{} cannot follow {} with {} columns",
+                    p.format, p.rows, p.cols, first.format, first.cols
+                )));
+            }
+            out.rows += p.rows;
+            out.quants.extend_from_slice(&p.quants);
+            out.scales.extend_from_slice(&p.scales);
+        }
+        Ok(out)
+    }
+
+    /// Rows `r0..r0 + count` as a matrix of their own (an LM-head block).
+    pub fn slice_rows(&self, r0: usize, count: usize) -> Result<QMatrix, QuantError> {
+        if r0.checked_add(count).is_none_or(|e| e > self.rows) {
+            return Err(QuantError::Concat(format!("rows {r0}..{} of a {}-row matrix", r0.saturating_add(count), self.rows)));
+        }
+        let v = self.view().blocks_range(r0 * self.blocks_per_row(), count * self.blocks_per_row());
+        Ok(QMatrix { format: self.format, rows: count, cols: self.cols, quants: v.quants.to_vec(), scales: v.scales.to_vec() })
     }
 
     /// Splits a ggml block stream (as stored in GGUF) into quants and scales.
@@ -358,6 +483,37 @@ mod tests {
         raw.extend([0x31u8; 16]);
         let y = QMatrix::from_ggml(QFormat::Q4_1, 1, 32, &raw).unwrap().dequantize();
         assert_eq!((y[0], y[16]), (1.0 * 0.25 - 1.0, 3.0 * 0.25 - 1.0));
+    }
+
+    #[test]
+    fn gpu_layout_puts_scales_at_an_aligned_offset() {
+        for f in QFormat::ALL {
+            let m = QMatrix::quantize(f, 5, 96, &data(480, 3)).unwrap();
+            let l = f.layout(m.blocks());
+            let bytes = m.gpu_bytes();
+            assert_eq!(bytes.len(), l.total);
+            assert_eq!(l.scales_offset % SCALES_ALIGN, 0);
+            assert!(l.scales_offset >= m.quants.len());
+            assert_eq!(&bytes[..m.quants.len()], &m.quants[..]);
+            let s0 = f16::from_le_bytes([bytes[l.scales_offset], bytes[l.scales_offset + 1]]);
+            assert_eq!(s0, m.scales[0]);
+            assert_eq!(crate::kernels::DType::from(f).bytes_for(480), l.total as u64);
+        }
+    }
+
+    #[test]
+    fn concat_and_slice_rows_are_block_wise() {
+        let x = data(7 * 64, 9);
+        for f in QFormat::ALL {
+            let a = QMatrix::quantize(f, 3, 64, &x[..192]).unwrap();
+            let b = QMatrix::quantize(f, 4, 64, &x[192..]).unwrap();
+            let all = QMatrix::quantize(f, 7, 64, &x).unwrap();
+            assert_eq!(QMatrix::concat_rows(&[a.clone(), b.clone()]).unwrap(), all);
+            assert_eq!(all.slice_rows(3, 4).unwrap(), b);
+            assert!(all.slice_rows(5, 3).is_err());
+            let other = QMatrix::quantize(f, 1, 32, &x[..32]).unwrap();
+            assert!(QMatrix::concat_rows(&[a, other]).is_err());
+        }
     }
 
     #[test]

@@ -122,11 +122,24 @@ impl Dtype {
     }
 }
 
-impl From<DType> for Dtype {
-    fn from(d: DType) -> Dtype {
-        match d {
-            DType::F32 => Dtype::F32,
-            DType::F16 => Dtype::F16,
+/// Bytes a number of elements take in a storage type: file dtypes and the
+/// runtime's (block-quantized ones included).
+pub trait ElemBytes {
+    fn bytes_for_elems(&self, n: u64) -> u64;
+}
+
+impl ElemBytes for Dtype {
+    fn bytes_for_elems(&self, n: u64) -> u64 {
+        n * self.size() as u64
+    }
+}
+
+impl ElemBytes for DType {
+    fn bytes_for_elems(&self, n: u64) -> u64 {
+        match self.quant() {
+            // Quants and scales only (the GPU layout's padding is per buffer).
+            Some(f) => n.div_ceil(32) * f.block_bytes() as u64,
+            None => n * self.size() as u64,
         }
     }
 }
@@ -319,15 +332,15 @@ impl ModelConfig {
     /// Bytes of weights one decoded token reads when every weight is stored as
     /// `dtype`: every layer tensor, the final norm and the LM head once each, plus
     /// one embedding row (the rest of an untied embedding matrix is never read).
-    pub fn weight_bytes_per_token(&self, dtype: impl Into<Dtype>) -> u64 {
+    pub fn weight_bytes_per_token(&self, dtype: impl ElemBytes) -> u64 {
         let elems =
             self.layer_param_count() + self.hidden_size as u64 + (self.vocab_size * self.hidden_size) as u64 + self.hidden_size as u64;
-        elems * dtype.into().size() as u64
+        dtype.bytes_for_elems(elems)
     }
 
     /// Bytes of K and V cache one position of context takes in all layers.
-    pub fn kv_cache_bytes_per_position(&self, dtype: impl Into<Dtype>) -> u64 {
-        (2 * self.num_layers * self.kv_dim() * dtype.into().size()) as u64
+    pub fn kv_cache_bytes_per_position(&self, dtype: impl ElemBytes) -> u64 {
+        dtype.bytes_for_elems((2 * self.num_layers * self.kv_dim()) as u64)
     }
 
     /// Checks that the fields agree with each other; the error says which do not.

@@ -60,8 +60,8 @@ pub enum ModelError {
     Buffer { name: String, want: usize, got: usize },
     #[error("{}: {msg}", path.display())]
     Tokenizer { path: PathBuf, msg: String },
-    #[error("tensor `{name}` cannot be block-quantized: {msg}")]
-    Quant { name: String, msg: String },
+    #[error("tensor `{name}` cannot be quantized: {source}")]
+    Quant { name: String, source: crate::kernels::quant::QuantError },
     #[error("the weights do not match the config:\n  {}", problems.join("\n  "))]
     Mismatch { problems: Vec<String> },
 }

@@ -23,7 +23,7 @@ use super::gguf::{GgufFile, Stored, decode};
 use super::gguf_model::{GgufConfig, Transform, gguf_config, hf_name};
 use super::stfile::{Entry, StFile, to_f16, to_f32};
 use super::{ModelError, Result};
-use crate::kernels::quant::{QFormat, QMatrix};
+use crate::kernels::quant::{QFormat, QK, QMatrix, QuantError};
 
 /// A model read from one GGUF file.
 #[derive(Debug)]
@@ -297,40 +297,6 @@ impl Weights {
         self.gguf.as_deref().ok_or_else(|| ModelError::Invalid("a GGUF tensor without its file".into()))
     }
 
-    /// `name` (a matrix: the last dimension is a row) in block format `format`:
-    /// a GGUF file's blocks as stored when they are in `format` (rows reordered
-    /// if the converter permuted them), else the float values quantized with
-    /// [`QMatrix::quantize`] (ggml's reference quantizers).
-    pub fn load_quant(&self, name: &str, format: QFormat) -> Result<QMatrix> {
-        let meta = self.meta(name)?;
-        let cols = meta.shape.last().copied().unwrap_or(1);
-        let rows = meta.numel() / cols.max(1);
-        let qerr = |e: crate::kernels::quant::QuantError| ModelError::Quant { name: name.to_string(), msg: e.to_string() };
-        if let Slot::Gguf { tensor, tf, .. } = self.slot(name)?
-            && *tf != Transform::MinusOne
-            && self.stored(name)? == Stored::Quant(format)
-        {
-            let f = self.gguf_file()?;
-            let t = &f.tensors[*tensor];
-            let data = f.data(t);
-            return match tf {
-                Transform::None => QMatrix::from_ggml(format, rows, cols, data).map_err(qerr),
-                _ => {
-                    let rb = t.row_bytes();
-                    let mut bytes = Vec::with_capacity(data.len());
-                    for r in 0..rows {
-                        let src = tf.source_row(r, rows);
-                        bytes.extend_from_slice(&data[src * rb..(src + 1) * rb]);
-                    }
-                    QMatrix::from_ggml(format, rows, cols, &bytes).map_err(qerr)
-                }
-            };
-        }
-        let mut values = vec![0f32; meta.numel()];
-        self.read_f32_range(name, 0, &mut values)?;
-        QMatrix::quantize(format, rows, cols, &values).map_err(qerr)
-    }
-
     /// The storage most projection matrices (`*_proj.weight`) have: what a GGUF
     /// file was quantized to (its embedding and norms are often kept wider).
     pub fn matmul_storage(&self) -> Option<Stored> {
@@ -513,6 +479,69 @@ impl Weights {
             path: self.files[file].path.clone(),
             msg: format!("tensor `{name}`: its bytes do not match its shape"),
         })
+    }
+
+    /// The 2-D tensor `name` (`[rows, cols]`, a Linear weight) in block format
+    /// `format`: a GGUF file's blocks as stored when they are in `format`, else the
+    /// float values quantized on load (ggml's reference rounding, rows in
+    /// parallel). `cols` must be a multiple of 32.
+    pub fn load_quant(&self, name: &str, format: QFormat) -> Result<QMatrix> {
+        let rows = self.dims2(name)?.0;
+        self.load_quant_rows(name, format, 0, rows)
+    }
+
+    /// Rows `r0..r0 + count` of the 2-D tensor `name` block-quantized to `format`
+    /// (one block of an LM head split to fit a GPU binding).
+    pub fn load_quant_rows(&self, name: &str, format: QFormat, r0: usize, count: usize) -> Result<QMatrix> {
+        let (rows, cols) = self.dims2(name)?;
+        if r0.checked_add(count).is_none_or(|e| e > rows) {
+            return Err(ModelError::Row { name: name.to_string(), row: r0.saturating_add(count), rows });
+        }
+        let quant = |e| ModelError::Quant { name: name.to_string(), source: e };
+        if cols == 0 || !cols.is_multiple_of(QK) {
+            return Err(quant(QuantError::Cols { format, cols }));
+        }
+        // A GGUF file's blocks as stored when they are already in `format` (rows
+        // reordered if the converter permuted them): no requantization.
+        if let Slot::Gguf { tensor, tf, .. } = self.slot(name)?
+            && *tf != Transform::MinusOne
+            && self.stored(name)? == Stored::Quant(format)
+        {
+            let t = &self.gguf_file()?.tensors[*tensor];
+            let (data, rb) = (self.gguf_file()?.data(t), t.row_bytes());
+            let mut bytes = Vec::with_capacity(count * rb);
+            for r in r0..r0 + count {
+                let src = tf.source_row(r, rows);
+                let row = data
+                    .get(src * rb..(src + 1) * rb)
+                    .ok_or_else(|| ModelError::Invalid(format!("tensor `{name}`: row {src} is outside its data")))?;
+                bytes.extend_from_slice(row);
+            }
+            return QMatrix::from_ggml(format, count, cols, &bytes).map_err(quant);
+        }
+        // About 1 MiB of f32 per task.
+        let per = ((1 << 18) / cols).max(1);
+        let parts = (0..count.div_ceil(per))
+            .into_par_iter()
+            .map(|c| {
+                let (a, n) = (r0 + c * per, per.min(count - c * per));
+                let mut v = vec![0f32; n * cols];
+                self.read_f32_range(name, a * cols, &mut v)?;
+                QMatrix::quantize(format, n, cols, &v).map_err(quant)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if parts.is_empty() {
+            return Ok(QMatrix { format, rows: 0, cols, quants: Vec::new(), scales: Vec::new() });
+        }
+        QMatrix::concat_rows(&parts).map_err(quant)
+    }
+
+    fn dims2(&self, name: &str) -> Result<(usize, usize)> {
+        let meta = self.meta(name)?;
+        match meta.shape[..] {
+            [rows, cols] => Ok((rows, cols)),
+            _ => Err(ModelError::Shape { name: name.to_string(), expected: vec![0, 0], found: meta.shape }),
+        }
     }
 
     /// Bytes the tensors take as stored (for synthetic weights: as f32).

@@ -119,7 +119,7 @@ pub struct BufferDecl {
 
 impl BufferDecl {
     pub fn bytes(&self) -> u64 {
-        (self.len * self.dtype.size()) as u64
+        self.dtype.bytes_for(self.len)
     }
 }
 
@@ -307,6 +307,12 @@ impl Plan {
         self.add(name, BufRole::Weight, d, len, Some(WeightSource::Tensor(src.to_string())))
     }
 
+    /// Norm gains: in the weight dtype, or f32 when the matrices are quantized.
+    fn norm_weight(&mut self, name: String, len: usize, src: &str) -> BufId {
+        let d = self.options.weight_dtype.float_storage();
+        self.add(name, BufRole::Weight, d, len, Some(WeightSource::Tensor(src.to_string())))
+    }
+
     /// Biases and other small f32 weights.
     fn weight_f32(&mut self, name: String, len: usize, src: WeightSource) -> BufId {
         self.add(name, BufRole::Weight, DType::F32, len, Some(src))
@@ -356,10 +362,12 @@ impl Plan {
             self.layer_weights(l, &c)?;
         }
         let w = self.options.weight_dtype;
-        self.add("final_norm".into(), BufRole::Weight, w, h, Some(WeightSource::Tensor("model.norm.weight".into())));
+        self.norm_weight("final_norm".into(), h, "model.norm.weight");
         let head = if c.tie_word_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
         let logit_rows = if self.options.all_logits { t } else { 1 };
-        let blocks = lm_head_blocks(c.vocab_size, h, w.size(), logit_rows, self.binding_limit());
+        // A quantized block's buffer adds up to 272 bytes of alignment padding.
+        let limit = if w.is_quant() { self.binding_limit().saturating_sub(512) } else { self.binding_limit() };
+        let blocks = lm_head_blocks_bytes(c.vocab_size, w.bytes_for(h), logit_rows, limit);
         for (i, &(start, rows)) in blocks.iter().enumerate() {
             let (weight, logits) = if blocks.len() == 1 {
                 let src = WeightSource::Tensor(head.into());
@@ -386,15 +394,15 @@ impl Plan {
         let (h, hd, nq, nkv, inter) = (c.hidden_size, c.head_dim, c.q_dim(), c.kv_dim(), c.intermediate_size);
         let p = |s: &str| format!("model.layers.{l}.{s}");
         let gemma = c.architecture == Architecture::Gemma3;
-        self.weight(format!("L{l}.input_ln"), h, &p("input_layernorm.weight"));
-        self.weight(format!("L{l}.post_attn_ln"), h, &p("post_attention_layernorm.weight"));
+        self.norm_weight(format!("L{l}.input_ln"), h, &p("input_layernorm.weight"));
+        self.norm_weight(format!("L{l}.post_attn_ln"), h, &p("post_attention_layernorm.weight"));
         if gemma {
-            self.weight(format!("L{l}.pre_ff_ln"), h, &p("pre_feedforward_layernorm.weight"));
-            self.weight(format!("L{l}.post_ff_ln"), h, &p("post_feedforward_layernorm.weight"));
+            self.norm_weight(format!("L{l}.pre_ff_ln"), h, &p("pre_feedforward_layernorm.weight"));
+            self.norm_weight(format!("L{l}.post_ff_ln"), h, &p("post_feedforward_layernorm.weight"));
         }
         if c.qk_norm {
-            self.weight(format!("L{l}.q_norm"), hd, &p("self_attn.q_norm.weight"));
-            self.weight(format!("L{l}.k_norm"), hd, &p("self_attn.k_norm.weight"));
+            self.norm_weight(format!("L{l}.q_norm"), hd, &p("self_attn.q_norm.weight"));
+            self.norm_weight(format!("L{l}.k_norm"), hd, &p("self_attn.k_norm.weight"));
         }
         let d = self.options.weight_dtype;
         let names = ["q_proj", "k_proj", "v_proj"].map(|s| p(&format!("self_attn.{s}.weight")));
@@ -494,7 +502,13 @@ impl Plan {
 /// f32 a row) within `limit` bytes, of equal size (a multiple of 64 rows where that
 /// fits) but for the last.
 pub fn lm_head_blocks(vocab: usize, hidden: usize, dtype_size: usize, logit_rows: usize, limit: u64) -> Vec<(usize, usize)> {
-    let row_bytes = (hidden * dtype_size).max(logit_rows * 4).max(1) as u64;
+    lm_head_blocks_bytes(vocab, (hidden * dtype_size) as u64, logit_rows, limit)
+}
+
+/// [`lm_head_blocks`] with the bytes of one row of weights given (block-quantized
+/// rows are not a whole number of bytes per element).
+pub fn lm_head_blocks_bytes(vocab: usize, weight_row_bytes: u64, logit_rows: usize, limit: u64) -> Vec<(usize, usize)> {
+    let row_bytes = weight_row_bytes.max(logit_rows as u64 * 4).max(1);
     let most = usize::try_from(limit / row_bytes).unwrap_or(usize::MAX).max(1);
     if vocab <= most {
         return vec![(0, vocab)];
@@ -606,7 +620,7 @@ impl Emitter<'_> {
     fn rms(&mut self, l: Option<usize>, rows: usize, dim: usize, x: BufId, w: BufId, y: BufId) -> Result<(), PlanError> {
         let c = &self.plan.config;
         let p = Problem::RmsNorm { rows, dim, eps: c.rms_norm_eps as f32, unit_offset: c.norm_unit_offset };
-        self.kernel(Slot::Norm, l, p, vec![x, w, y], self.plan.options.weight_dtype)
+        self.kernel(Slot::Norm, l, p, vec![x, w, y], self.plan.options.weight_dtype.float_storage())
     }
 
     fn forward(&mut self, t: usize, pos0: usize) -> Result<(), PlanError> {
@@ -674,7 +688,7 @@ impl Emitter<'_> {
                             eps,
                             unit_offset: c.norm_unit_offset,
                         };
-                        self.kernel(Slot::QkNormRope, li, p, vec![src, nw, freq, dst], wd)?;
+                        self.kernel(Slot::QkNormRope, li, p, vec![src, nw, freq, dst], wd.float_storage())?;
                     }
                     Some(nw) => {
                         self.rms(li, t * heads, hd, src, nw, normed_buf)?;
@@ -787,7 +801,7 @@ impl Emitter<'_> {
         let c = &self.plan.config;
         if self.plan.options.fusion.residual_norm {
             let p = Problem::ResidualRmsNorm { rows: t, dim, eps, unit_offset: c.norm_unit_offset };
-            self.kernel(Slot::ResidualNorm, l, p, vec![x, r, w, h_out, y], self.plan.options.weight_dtype)
+            self.kernel(Slot::ResidualNorm, l, p, vec![x, r, w, h_out, y], self.plan.options.weight_dtype.float_storage())
         } else {
             self.kernel(Slot::Residual, l, Problem::ResidualAdd { n: t * dim }, vec![x, r, h_out], DType::F32)?;
             self.rms(l, t, dim, h_out, w, y)

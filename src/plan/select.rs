@@ -197,19 +197,21 @@ impl Clone for Selection {
 /// any other valid kernel of the op follows in registry order.
 fn preferred(problem: &Problem, backend: Backend) -> &'static [&'static str] {
     match (problem.op(), backend) {
-        (Op::Gemv, Backend::Cpu) => &["gemv_dot4_cpu"],
-        (Op::Gemv, Backend::Wgsl) => &["gemv_subgroup", "gemv_vec", "gemv_wg"],
-        (Op::Gemm, Backend::Cpu) => &["gemm_blocked_cpu", "gemm_crate_cpu"],
-        (Op::Gemm, Backend::Wgsl) => &["gemm_tiled", "gemm_simple"],
+        // Float kernels accept only f32/f16 weights and the `_q` ones only the block
+        // formats, so each list serves both: the first valid entry wins.
+        (Op::Gemv, Backend::Cpu) => &["gemv_dot4_cpu", "gemv_q_cpu"],
+        (Op::Gemv, Backend::Wgsl) => &["gemv_subgroup", "gemv_vec", "gemv_wg", "gemv_q_subgroup", "gemv_q_wg"],
+        (Op::Gemm, Backend::Cpu) => &["gemm_blocked_cpu", "gemm_crate_cpu", "gemm_q_panel_cpu", "gemm_q_rows_cpu"],
+        (Op::Gemm, Backend::Wgsl) => &["gemm_tiled", "gemm_simple", "gemm_q_tiled"],
         // From tunes of the built-in models on the 2-core CPU and on lavapipe: the
         // dot4 orchestrations win decode by 4-5x over the blocked ones.
-        (Op::GateUp, Backend::Cpu) if matches!(problem, Problem::GateUp { rows: 1, .. }) => &["gate_up_dot4_cpu"],
-        (Op::GateUp, Backend::Cpu) => &["gate_up_blocked_cpu"],
-        (Op::QkvProj, Backend::Cpu) => &["qkv_proj_dot4_cpu"],
+        (Op::GateUp, Backend::Cpu) if matches!(problem, Problem::GateUp { rows: 1, .. }) => &["gate_up_dot4_cpu", "gate_up_q_cpu"],
+        (Op::GateUp, Backend::Cpu) => &["gate_up_blocked_cpu", "gate_up_q_cpu"],
+        (Op::QkvProj, Backend::Cpu) => &["qkv_proj_dot4_cpu", "qkv_proj_q_cpu"],
         (Op::AttentionDecode, Backend::Cpu) => &["attention_decode_heads_cpu"],
         (Op::AttentionPrefill, Backend::Cpu) => &["attention_prefill_tiled_cpu"],
-        (Op::GateUp, Backend::Wgsl) => &["gate_up_subgroup"],
-        (Op::QkvProj, Backend::Wgsl) => &["qkv_proj_subgroup"],
+        (Op::GateUp, Backend::Wgsl) => &["gate_up_subgroup", "gate_up_q_wg"],
+        (Op::QkvProj, Backend::Wgsl) => &["qkv_proj_subgroup", "qkv_proj_q_wg"],
         _ => &[],
     }
 }

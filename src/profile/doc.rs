@@ -302,6 +302,12 @@ pub enum StorageDtype {
     #[default]
     F32,
     F16,
+    #[serde(rename = "q8_0")]
+    Q8_0,
+    #[serde(rename = "q4_0")]
+    Q4_0,
+    #[serde(rename = "q4_1")]
+    Q4_1,
 }
 
 impl StorageDtype {
@@ -309,12 +315,18 @@ impl StorageDtype {
         match self {
             StorageDtype::F32 => crate::kernels::DType::F32,
             StorageDtype::F16 => crate::kernels::DType::F16,
+            StorageDtype::Q8_0 => crate::kernels::DType::Q8_0,
+            StorageDtype::Q4_0 => crate::kernels::DType::Q4_0,
+            StorageDtype::Q4_1 => crate::kernels::DType::Q4_1,
         }
     }
     pub fn from_dtype(d: crate::kernels::DType) -> StorageDtype {
         match d {
             crate::kernels::DType::F32 => StorageDtype::F32,
             crate::kernels::DType::F16 => StorageDtype::F16,
+            crate::kernels::DType::Q8_0 => StorageDtype::Q8_0,
+            crate::kernels::DType::Q4_0 => StorageDtype::Q4_0,
+            crate::kernels::DType::Q4_1 => StorageDtype::Q4_1,
         }
     }
 }

@@ -7,6 +7,7 @@ use std::time::Instant;
 use half::f16;
 
 use super::{RuntimeError, SlotTimes};
+use crate::kernels::quant::{QK, QMatrix};
 use crate::kernels::{CpuArgs, CpuIn, DType};
 use crate::plan::{BufId, Plan, Plumb, Step, StepKind};
 
@@ -14,25 +15,50 @@ use crate::plan::{BufId, Plan, Plumb, Step, StepKind};
 pub enum HostBuf {
     F32(Vec<f32>),
     F16(Vec<f16>),
+    /// A block-quantized weight matrix.
+    Q(QMatrix),
 }
 
 impl HostBuf {
+    /// A zeroed buffer (a quantized one as all-zero blocks of 32-element rows).
     pub fn zeros(dtype: DType, len: usize) -> HostBuf {
-        match dtype {
-            DType::F32 => HostBuf::F32(vec![0.0; len]),
-            DType::F16 => HostBuf::F16(vec![f16::ZERO; len]),
+        match (dtype, dtype.quant()) {
+            (_, Some(format)) => {
+                let blocks = len.div_ceil(QK);
+                HostBuf::Q(QMatrix {
+                    format,
+                    rows: blocks,
+                    cols: QK,
+                    quants: vec![0; blocks * format.quant_bytes()],
+                    scales: vec![f16::ZERO; blocks * format.scales_per_block()],
+                })
+            }
+            (DType::F16, _) => HostBuf::F16(vec![f16::ZERO; len]),
+            _ => HostBuf::F32(vec![0.0; len]),
         }
     }
     fn as_in(&self) -> CpuIn<'_> {
         match self {
             HostBuf::F32(v) => CpuIn::F32(v),
             HostBuf::F16(v) => CpuIn::F16(v),
+            HostBuf::Q(m) => CpuIn::Q(m.view()),
         }
     }
+    /// Elements (a quantized matrix: rows x cols).
     pub fn len(&self) -> usize {
         match self {
             HostBuf::F32(v) => v.len(),
             HostBuf::F16(v) => v.len(),
+            HostBuf::Q(m) => m.rows * m.cols,
+        }
+    }
+    /// The bytes of a GPU buffer holding this (a quantized matrix in its
+    /// single-buffer layout).
+    pub fn into_bytes(self) -> Vec<u8> {
+        match self {
+            HostBuf::F32(v) => bytemuck::cast_slice(&v).to_vec(),
+            HostBuf::F16(v) => bytemuck::cast_slice::<f16, u8>(&v).to_vec(),
+            HostBuf::Q(m) => m.gpu_bytes(),
         }
     }
     pub fn is_empty(&self) -> bool {
@@ -244,6 +270,7 @@ impl CpuExec {
                                 }
                             }
                         }
+                        HostBuf::Q(_) => return Err(RuntimeError::Internal("kv_write: the KV cache is never quantized".into())),
                         HostBuf::F16(c) => {
                             for t in 0..tokens {
                                 for h in 0..kv_heads {

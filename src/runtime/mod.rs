@@ -13,6 +13,7 @@ use half::f16;
 use serde::Serialize;
 
 use crate::gpu::GpuCtx;
+use crate::kernels::quant::QMatrix;
 use crate::kernels::{DType, KernelError};
 use crate::plan::{BufRole, Plan, PlanError, Slot, WeightSource};
 use cpu::{CpuExec, HostBuf};
@@ -95,6 +96,10 @@ fn concat(parts: Vec<HostBuf>) -> HostBuf {
             a.extend(b);
             HostBuf::F16(a)
         }
+        (HostBuf::Q(a), HostBuf::Q(b)) => match QMatrix::concat_rows(&[a, b]) {
+            Ok(m) => HostBuf::Q(m),
+            Err(_) => HostBuf::F32(Vec::new()),
+        },
         (a, _) => a,
     })
 }
@@ -140,12 +145,7 @@ impl Engine {
 
     /// Builds the buffers of `plan` on a GPU and uploads the weights.
     pub fn gpu(plan: Plan, store: Arc<dyn TensorStore>, ctx: Arc<GpuCtx>, batch: bool) -> Result<Engine, RuntimeError> {
-        let mut exec = GpuExec::new(ctx, &plan, |i| {
-            Ok(load_buffer(&plan, store.as_ref(), i)?.map(|hb| match hb {
-                HostBuf::F32(v) => bytemuck::cast_slice(&v).to_vec(),
-                HostBuf::F16(v) => bytemuck::cast_slice::<f16, u8>(&v).to_vec(),
-            }))
-        })?;
+        let mut exec = GpuExec::new(ctx, &plan, |i| Ok(load_buffer(&plan, store.as_ref(), i)?.map(HostBuf::into_bytes)))?;
         exec.batch = batch;
         Engine::finish(plan, Exec::Gpu(Box::new(exec)), store)
     }
@@ -300,32 +300,45 @@ impl TensorStore for crate::model::Weights {
             return Err(RuntimeError::Weights(format!("tensor `{name}` has {} elements, the plan expects {len}", meta.numel())));
         }
         let w = |e: crate::model::ModelError| RuntimeError::Weights(e.to_string());
-        Ok(match dtype {
-            DType::F32 => {
-                let mut v = vec![0.0f32; len];
-                self.read_f32_into(name, &mut v).map_err(w)?;
-                HostBuf::F32(v)
-            }
-            DType::F16 => {
+        Ok(match (dtype, dtype.quant()) {
+            (_, Some(format)) => HostBuf::Q(self.load_quant(name, format).map_err(w)?),
+            (DType::F16, _) => {
                 let mut v = vec![f16::ZERO; len];
                 self.read_f16_into(name, &mut v).map_err(w)?;
                 HostBuf::F16(v)
+            }
+            _ => {
+                let mut v = vec![0.0f32; len];
+                self.read_f32_into(name, &mut v).map_err(w)?;
+                HostBuf::F32(v)
             }
         })
     }
 
     fn load_range(&self, name: &str, dtype: DType, start: usize, len: usize) -> Result<HostBuf, RuntimeError> {
         let w = |e: crate::model::ModelError| RuntimeError::Weights(e.to_string());
-        Ok(match dtype {
-            DType::F32 => {
-                let mut v = vec![0.0f32; len];
-                self.read_f32_range(name, start, &mut v).map_err(w)?;
-                HostBuf::F32(v)
+        Ok(match (dtype, dtype.quant()) {
+            (_, Some(format)) => {
+                // A block of whole rows of a 2-D tensor.
+                let meta = self.meta(name).map_err(w)?;
+                let cols = meta.shape.last().copied().unwrap_or(0);
+                if cols == 0 || !start.is_multiple_of(cols) || !len.is_multiple_of(cols) {
+                    return Err(RuntimeError::Weights(format!(
+                        "`{name}`: elements {start}..{} are not whole rows of {cols}, as a quantized slice must be",
+                        start + len
+                    )));
+                }
+                HostBuf::Q(self.load_quant_rows(name, format, start / cols, len / cols).map_err(w)?)
             }
-            DType::F16 => {
+            (DType::F16, _) => {
                 let mut v = vec![f16::ZERO; len];
                 self.read_f16_range(name, start, &mut v).map_err(w)?;
                 HostBuf::F16(v)
+            }
+            _ => {
+                let mut v = vec![0.0f32; len];
+                self.read_f32_range(name, start, &mut v).map_err(w)?;
+                HostBuf::F32(v)
             }
         })
     }

@@ -1,0 +1,149 @@
+// Quantized tiled GEMM y[m,n] = x[m,k] · w[n,k]ᵀ with w in ggml blocks (QFMT:
+// q8_0, q4_0, q4_1). Each workgroup computes a TILE_M x TILE_N tile of y; per
+// step it stages one block column (32 deep) of x and of w in workgroup memory,
+// the weights dequantized on the way in (each invocation decodes whole quant
+// words), and every invocation accumulates a 4x4 register block from it.
+// Needs k % 32 == 0; any m and n.
+//
+// Bindings: x, the weight buffer twice (quants at 1, the scales region at 2), y,
+// the uniform.
+
+override TILE_M: u32 = 64;
+override TILE_N: u32 = 64;
+override QFMT: u32 = 0u;
+// Invocations: (TILE_M / 4) * (TILE_N / 4).
+override WGS: u32 = 256;
+
+struct Dims { m: u32, n: u32, k: u32 }
+
+@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> wq: array<u32>;
+@group(0) @binding(2) var<storage, read> ws: array<u32>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<uniform> dims: Dims;
+
+// x tile [TILE_M][32] and dequantized w tile [TILE_N][33] (padded against bank conflicts).
+var<workgroup> xs: array<f32, TILE_M * 32>;
+var<workgroup> wt: array<f32, TILE_N * 33>;
+
+// Block decoding (shared text of the q*_ shaders): QFMT 0 = q8_0, 1 = q4_0, 2 = q4_1.
+// wq: the quantized bytes as u32 words (8 words per q8_0 block, 4 per 4-bit block),
+// ws: the f16 scales as u32 words (d per block; d, m per block for q4_1).
+
+// Quant words per block.
+fn qwords() -> u32 {
+    return select(4u, 8u, QFMT == 0u);
+}
+
+// Scale d and offset m (0 unless q4_1) of global block b.
+fn qscale(b: u32) -> vec2<f32> {
+    if (QFMT == 2u) {
+        return unpack2x16float(ws[b]);
+    }
+    let pair = unpack2x16float(ws[b >> 1u]);
+    return vec2<f32>(select(pair.x, pair.y, (b & 1u) == 1u), 0.0);
+}
+
+// Word gw of the quants dequantized: q8_0 gives 4 elements in .lo; the 4-bit
+// formats give elements j*4..j*4+3 of the block in .lo and 16 + j*4.. in .hi
+// (ggml nibble order), j = word index within its block.
+struct QWord { lo: vec4<f32>, hi: vec4<f32> }
+
+fn qdecode(gw: u32) -> QWord {
+    let word = wq[gw];
+    let sc = qscale(gw / qwords());
+    if (QFMT == 0u) {
+        let v = (vec4<i32>(bitcast<i32>(word)) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u);
+        return QWord(vec4<f32>(v) * sc.x, vec4<f32>(0.0));
+    }
+    let lo = vec4<f32>((vec4<u32>(word) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u));
+    let hi = vec4<f32>((vec4<u32>(word) >> vec4<u32>(4u, 12u, 20u, 28u)) & vec4<u32>(15u));
+    if (QFMT == 1u) {
+        return QWord((lo - 8.0) * sc.x, (hi - 8.0) * sc.x);
+    }
+    return QWord(lo * sc.x + sc.y, hi * sc.x + sc.y);
+}
+
+// Word wi of a row whose quants start at word `rw`, dotted with the activation row
+// starting at vec4 index `xv`.
+fn qdot(rw: u32, wi: u32, xv: u32) -> f32 {
+    let qw = qwords();
+    let bi = wi / qw;
+    let j = wi % qw;
+    let d = qdecode(rw + wi);
+    if (QFMT == 0u) {
+        return dot(d.lo, x[xv + bi * 8u + j]);
+    }
+    return dot(d.lo, x[xv + bi * 8u + j]) + dot(d.hi, x[xv + bi * 8u + 4u + j]);
+}
+
+@compute @workgroup_size(WGS)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    let tx = tid % (TILE_N / 4u);
+    let ty = tid / (TILE_N / 4u);
+    let m0 = wid.y * TILE_M;
+    let n0 = wid.x * TILE_N;
+    let bpr = dims.k / 32u;
+    let qw = qwords();
+    let kv = dims.k / 4u;
+    var acc: array<f32, 16>;
+    for (var i = 0u; i < 16u; i++) {
+        acc[i] = 0.0;
+    }
+    for (var b = 0u; b < bpr; b++) {
+        for (var i = tid; i < TILE_M * 8u; i += WGS) {
+            let r = i / 8u;
+            let c = i % 8u;
+            var v = vec4<f32>(0.0);
+            if (m0 + r < dims.m) {
+                v = x[(m0 + r) * kv + b * 8u + c];
+            }
+            xs[r * 32u + c * 4u] = v.x;
+            xs[r * 32u + c * 4u + 1u] = v.y;
+            xs[r * 32u + c * 4u + 2u] = v.z;
+            xs[r * 32u + c * 4u + 3u] = v.w;
+        }
+        for (var i = tid; i < TILE_N * qw; i += WGS) {
+            let r = i / qw;
+            let j = i % qw;
+            var d = QWord(vec4<f32>(0.0), vec4<f32>(0.0));
+            if (n0 + r < dims.n) {
+                d = qdecode(((n0 + r) * bpr + b) * qw + j);
+            }
+            let lo = j * 4u;
+            for (var e = 0u; e < 4u; e++) {
+                wt[r * 33u + lo + e] = d.lo[e];
+            }
+            if (QFMT != 0u) {
+                for (var e = 0u; e < 4u; e++) {
+                    wt[r * 33u + 16u + lo + e] = d.hi[e];
+                }
+            }
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < 32u; kk++) {
+            var a: vec4<f32>;
+            var w: vec4<f32>;
+            for (var i = 0u; i < 4u; i++) {
+                a[i] = xs[(ty * 4u + i) * 32u + kk];
+                w[i] = wt[(tx * 4u + i) * 33u + kk];
+            }
+            for (var i = 0u; i < 4u; i++) {
+                for (var j = 0u; j < 4u; j++) {
+                    acc[i * 4u + j] += a[i] * w[j];
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var i = 0u; i < 4u; i++) {
+        let r = m0 + ty * 4u + i;
+        if (r >= dims.m) { break; }
+        for (var j = 0u; j < 4u; j++) {
+            let c = n0 + tx * 4u + j;
+            if (c < dims.n) {
+                y[r * dims.n + c] = acc[i * 4u + j];
+            }
+        }
+    }
+}
