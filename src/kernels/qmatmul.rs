@@ -56,7 +56,6 @@ const TILED_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "tile_m", values: &[16, 32, 64], default: 32, help: "rows of y per workgroup (4 per invocation)" },
     ParamSpec { name: "tile_n", values: &[16, 32, 64, 128], default: 64, help: "columns of y per workgroup (4 per invocation)" },
 ];
-const CPU_ROWS_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK, ISA];
 /// `act_bits`: f32 activations, or int8 ones (see [`verify::tolerance_for`](super::verify::tolerance_for)).
 pub const ACT_BITS: ParamSpec = ParamSpec {
     name: "act_bits",
@@ -66,6 +65,8 @@ pub const ACT_BITS: ParamSpec = ParamSpec {
            (llama.cpp's q8 activations: about 0.5% error, far fewer instructions per weight)",
 };
 const CPU_GEMV_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK, ISA, ACT_BITS];
+/// gate_up and qkv: `act_bits` applies to decode (one token); prefill rows stay f32.
+const CPU_FUSED_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK, ISA, ACT_BITS];
 const CPU_GEMM_ROWS_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "rows_per_task", values: &[4, 8, 16, 32, 64], default: 16, help: "weight rows per rayon task" },
     ParamSpec {
@@ -175,9 +176,9 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef {
             id: "gate_up_q_cpu",
             op: Op::GateUp,
-            summary: "gate and up rows of each feature dequantized once and dotted with every token; activation product; rayon over features",
+            summary: "gate and up rows of each feature dequantized once and dotted with every token (decode: block dots, f32 or int8 activations); activation product; rayon over features",
             dtypes: QUANT,
-            params: CPU_ROWS_PARAMS,
+            params: CPU_FUSED_PARAMS,
             imp: Impl::Cpu(CpuImpl { run: run_gate_up, check: check_cpu }),
         },
         KernelDef {
@@ -199,9 +200,9 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef {
             id: "qkv_proj_q_cpu",
             op: Op::QkvProj,
-            summary: "SIMD block dot products over the concatenated Q/K/V rows, bias added; rayon over rows of all three",
+            summary: "SIMD block dot products over the concatenated Q/K/V rows, f32 or int8 activations, bias added; rayon over rows of all three",
             dtypes: QUANT,
-            params: CPU_ROWS_PARAMS,
+            params: CPU_FUSED_PARAMS,
             imp: Impl::Cpu(CpuImpl { run: run_qkv, check: check_cpu }),
         },
     ]
@@ -439,12 +440,14 @@ pub struct XQ8 {
     pub q: Vec<i8>,
     pub d: Vec<f32>,
     pub sum: Vec<i32>,
+    /// `d * Σ q` per block: the q4_1 minimum's term is `m * dsum`.
+    pub dsum: Vec<f32>,
 }
 
 impl XQ8 {
     pub fn quantize(x: &[f32]) -> XQ8 {
         let blocks = x.len() / QK;
-        let mut out = XQ8 { q: vec![0; blocks * QK], d: vec![0.0; blocks], sum: vec![0; blocks] };
+        let mut out = XQ8 { q: vec![0; blocks * QK], d: vec![0.0; blocks], sum: vec![0; blocks], dsum: vec![0.0; blocks] };
         for (b, xb) in x.chunks_exact(QK).enumerate() {
             let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
@@ -456,6 +459,7 @@ impl XQ8 {
                 s += *q as i32;
             }
             out.sum[b] = s;
+            out.dsum[b] = d * s as f32;
         }
         out
     }
@@ -492,6 +496,25 @@ pub fn dot_q_i8(isa: Isa, x: &XQ8, w: QView<'_>) -> f32 {
         s += sc[0].to_f32() * x.d[b] * dot as f32 + off;
     }
     s
+}
+
+/// A decode activation vector as a kernel's `act_bits` asks: f32, or int8 blocks.
+pub enum ActVec<'a> {
+    F32(&'a [f32]),
+    I8(XQ8),
+}
+
+impl<'a> ActVec<'a> {
+    pub fn new(x: &'a [f32], params: &Params) -> ActVec<'a> {
+        if params.get("act_bits") == Some(&8) { ActVec::I8(XQ8::quantize(x)) } else { ActVec::F32(x) }
+    }
+    #[inline]
+    pub fn dot(&self, isa: Isa, w: QView<'_>) -> f32 {
+        match self {
+            ActVec::F32(x) => dot_q(isa, x, w),
+            ActVec::I8(x) => dot_q_i8(isa, x, w),
+        }
+    }
 }
 
 /// Portable block-by-block dot product.
@@ -662,48 +685,92 @@ mod x86 {
         hsum(_mm256_add_ps(acc, accm))
     }
 
+    /// Σ over 32 lanes of `|w| * sign(x, w)` for signed int8 `w` and `x`, as 8 i32
+    /// sums in f32 (`maddubs` needs one unsigned operand: llama.cpp's sign trick).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn dot_s8(w: __m256i, x: __m256i) -> __m256 {
+        let prod = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+        _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, _mm256_set1_epi16(1)))
+    }
+
+    /// The 32 nibbles of a 4-bit block as unsigned bytes in ggml element order.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn nibbles(q: *const u8) -> __m256i {
+        // SAFETY: the caller passes a pointer to 16 readable bytes.
+        let raw = unsafe { _mm_loadu_si128(q as *const __m128i) };
+        let mask = _mm_set1_epi8(0x0f);
+        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask))
+    }
+
+    /// Block `b`'s integer dot product with `x` (f32 lanes to be summed) and the
+    /// weight scale.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block_i8(format: QFormat, q: &[u8], s: &[f16], x: &super::XQ8, b: usize) -> (__m256, f32) {
+        // SAFETY: the caller keeps b below the block count of `q`, `s` and `x`.
+        unsafe {
+            let xv = _mm256_loadu_si256(x.q.as_ptr().add(32 * b) as *const __m256i);
+            match format {
+                QFormat::Q8_0 => (dot_s8(_mm256_loadu_si256(q.as_ptr().add(32 * b) as *const __m256i), xv), h(s[b])),
+                // Nibbles minus 8 are signed weights: no offset term.
+                QFormat::Q4_0 => (dot_s8(_mm256_sub_epi8(nibbles(q.as_ptr().add(16 * b)), _mm256_set1_epi8(8)), xv), h(s[b])),
+                // Unsigned nibbles times int8 x; the minimum m enters through Σx (`x.dsum`).
+                QFormat::Q4_1 => {
+                    let prod = _mm256_maddubs_epi16(nibbles(q.as_ptr().add(16 * b)), xv);
+                    (_mm256_cvtepi32_ps(_mm256_madd_epi16(prod, _mm256_set1_epi16(1))), h(s[2 * b]))
+                }
+            }
+        }
+    }
+
     /// # Safety
     /// AVX2, FMA and F16C available; `q` holds whole blocks, `s` their scales and
     /// `x` at least as many blocks.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_i8(format: QFormat, q: &[u8], s: &[f16], x: &super::XQ8) -> f32 {
-        let qb = format.quant_bytes();
-        let blocks = q.len() / qb;
-        let ones = _mm256_set1_epi16(1);
-        let mask = _mm_set1_epi8(0x0f);
-        let mut acc = _mm256_setzero_ps();
-        let mut off = 0f32;
-        for b in 0..blocks {
-            // SAFETY: block b reads q[qb*b..qb*(b+1)] and x.q[32b..32b+32].
+        // One loop per format (the match is resolved outside the loop), two blocks
+        // per step into two accumulators so the FMA chains overlap.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn run<const F: u8>(q: &[u8], s: &[f16], x: &super::XQ8) -> f32 {
+            let format = [QFormat::Q8_0, QFormat::Q4_0, QFormat::Q4_1][F as usize];
+            let blocks = q.len() / format.quant_bytes();
+            let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let (mut m0, mut m1) = (0f32, 0f32);
+            let mut b = 0;
+            // SAFETY (every block_i8 call): b < blocks, the block count of q, s and x.
             unsafe {
-                let xv = _mm256_loadu_si256(x.q.as_ptr().add(32 * b) as *const __m256i);
-                let prod = match format {
-                    QFormat::Q8_0 => {
-                        let wv = _mm256_loadu_si256(q.as_ptr().add(32 * b) as *const __m256i);
-                        // |w| * (x with w's sign): u8 x i8 pairs into i16 (at most 2 * 128 * 127).
-                        _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv))
+                while b + 2 <= blocks {
+                    let (p0, d0) = block_i8(format, q, s, x, b);
+                    let (p1, d1) = block_i8(format, q, s, x, b + 1);
+                    a0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * x.d[b]), p0, a0);
+                    a1 = _mm256_fmadd_ps(_mm256_set1_ps(d1 * x.d[b + 1]), p1, a1);
+                    if format == QFormat::Q4_1 {
+                        m0 += h(s[2 * b + 1]) * x.dsum[b];
+                        m1 += h(s[2 * b + 3]) * x.dsum[b + 1];
                     }
-                    QFormat::Q4_0 | QFormat::Q4_1 => {
-                        let raw = _mm_loadu_si128(q.as_ptr().add(16 * b) as *const __m128i);
-                        let lo = _mm_and_si128(raw, mask);
-                        let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
-                        _mm256_maddubs_epi16(_mm256_set_m128i(hi, lo), xv)
+                    b += 2;
+                }
+                if b < blocks {
+                    let (p0, d0) = block_i8(format, q, s, x, b);
+                    a0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * x.d[b]), p0, a0);
+                    if format == QFormat::Q4_1 {
+                        m0 += h(s[2 * b + 1]) * x.dsum[b];
                     }
-                };
-                let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones));
-                let (dw, xd) = match format {
-                    QFormat::Q4_1 => (h(s[2 * b]), x.d[b]),
-                    _ => (h(s[b]), x.d[b]),
-                };
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd), dot, acc);
-                match format {
-                    QFormat::Q4_0 => off -= 8.0 * dw * xd * x.sum[b] as f32,
-                    QFormat::Q4_1 => off += h(s[2 * b + 1]) * xd * x.sum[b] as f32,
-                    QFormat::Q8_0 => {}
                 }
             }
+            hsum(_mm256_add_ps(a0, a1)) + m0 + m1
         }
-        hsum(acc) + off
+        // SAFETY: as the caller's contract.
+        unsafe {
+            match format {
+                QFormat::Q8_0 => run::<0>(q, s, x),
+                QFormat::Q4_0 => run::<1>(q, s, x),
+                QFormat::Q4_1 => run::<2>(q, s, x),
+            }
+        }
     }
 
     /// # Safety
@@ -750,18 +817,10 @@ fn run_gemv(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), K
     let Problem::Gemv { n, k } = *prob else { return Ok(()) };
     let isa = Isa::from_param(p(params, "isa"));
     let (x, w) = (&a.ins[0].f32()[..k], qin("gemv_q_cpu", &a.ins[1])?);
-    if p(params, "act_bits") == 8 {
-        let xq = XQ8::quantize(x);
-        par_rows(&mut a.outs[0][..n], params, |first, y| {
-            for (i, out) in y.iter_mut().enumerate() {
-                *out = dot_q_i8(isa, &xq, qrow(w, first + i, k));
-            }
-        });
-        return Ok(());
-    }
+    let x = ActVec::new(x, params);
     par_rows(&mut a.outs[0][..n], params, |first, y| {
         for (i, out) in y.iter_mut().enumerate() {
-            *out = dot_q(isa, x, qrow(w, first + i, k));
+            *out = x.dot(isa, qrow(w, first + i, k));
         }
     });
     Ok(())
@@ -771,6 +830,7 @@ fn run_qkv(prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), Kernel
     let Problem::QkvProj { k, nq, nkv, bias } = *prob else { return Ok(()) };
     let isa = Isa::from_param(p(params, "isa"));
     let (x, w) = (&a.ins[0].f32()[..k], qin("qkv_proj_q_cpu", &a.ins[1])?);
+    let x = ActVec::new(x, params);
     let b = if bias { Some(a.ins[2].f32()) } else { None };
     let grain = (p(params, "rows_per_task") as usize).max(1);
     let mut outs = a.outs.into_iter();
@@ -783,7 +843,7 @@ fn run_qkv(prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), Kernel
         .chain(vo[..nkv].par_chunks_mut(grain).enumerate().map(|(i, c)| (nq + nkv + i * grain, c)));
     tasks.for_each(|(first, y)| {
         for (i, out) in y.iter_mut().enumerate() {
-            *out = dot_q(isa, x, qrow(w, first + i, k)) + b.map_or(0.0, |b| b[first + i]);
+            *out = x.dot(isa, qrow(w, first + i, k)) + b.map_or(0.0, |b| b[first + i]);
         }
     });
     Ok(())
@@ -892,11 +952,11 @@ fn run_gate_up(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<()
     let (x, w) = (a.ins[0].f32(), qin("gate_up_q_cpu", &a.ins[1])?);
     let y = &mut a.outs[0][..rows * n];
     if rows == 1 {
-        let x = &x[..k];
+        let x = ActVec::new(&x[..k], params);
         par_rows(y, params, |first, yc| {
             for (i, out) in yc.iter_mut().enumerate() {
                 let j = first + i;
-                *out = act_f32(act, dot_q(isa, x, qrow(w, j, k))) * dot_q(isa, x, qrow(w, n + j, k));
+                *out = act_f32(act, x.dot(isa, qrow(w, j, k))) * x.dot(isa, qrow(w, n + j, k));
             }
         });
         return Ok(());
