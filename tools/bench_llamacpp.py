@@ -4,6 +4,7 @@ llama.cpp (llama-cpp-python) on the same files, in the same run, and against the
 memory-bandwidth bound.
 
     /root/ktune-fixtures-venv/bin/python tools/bench_llamacpp.py            # everything (quiet machine!)
+    ... tools/bench_llamacpp.py --check-fixtures   # llama.cpp's greedy tokens on tests/fixtures/gguf/*
     ... tools/bench_llamacpp.py --shapes smollm2-135m --qtypes q8_0 --runs 1 --tune-budget 20s   # quick check
 
 Steps, all results under --out (default target/bench-llamacpp/):
@@ -28,7 +29,9 @@ Steps, all results under --out (default target/bench-llamacpp/):
 
 Bound = read bandwidth / weight bytes read per decoded token (ktune's report:
 every matrix as stored plus the LM head; the same file for both engines).
-Prints a table and writes summary.json.
+Prints a table (`=llama`: how many leading generated ids agree with llama.cpp's;
+random weights make near-ties, and llama.cpp's int8 activations break them its
+own way) and writes summary.json.
 """
 
 import argparse
@@ -164,8 +167,34 @@ def llama_run(gguf, ids, new_tokens, threads):
     }
 
 
+def check_fixtures(threads):
+    """llama.cpp's greedy continuation of each test fixture against the ids the
+    tests expect (transformers'); files llama.cpp cannot load (no tokenizer in
+    the file) are reported as such. Returns the number of mismatches."""
+    from llama_cpp import Llama
+
+    bad = 0
+    for f in sorted((ROOT / "tests/fixtures/gguf").glob("*.gguf")):
+        want = json.loads(f.with_suffix(".json").read_text())
+        try:
+            m = Llama(model_path=str(f), n_ctx=64, n_threads=threads, verbose=False)
+        except Exception as e:  # llama.cpp refuses files without a vocabulary
+            print(f"{f.name}: llama.cpp cannot load it ({e})")
+            continue
+        got = []
+        for tok in m.generate(want["tokens"], temp=0.0, top_k=1, reset=True):
+            got.append(tok)
+            if len(got) == len(want["generated"]):
+                break
+        ok = got == want["generated"]
+        bad += not ok
+        print(f"{f.name}: llama.cpp {'matches' if ok else 'DIFFERS'}: {got} (expected {want['generated']})")
+    return bad
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check-fixtures", action="store_true", help="only compare llama.cpp with the GGUF test fixtures")
     ap.add_argument("--shapes", default="smollm2-135m,llama-3.2-1b")
     ap.add_argument("--qtypes", default="q8_0,q4_1")
     ap.add_argument("--runs", type=int, default=5)
@@ -175,6 +204,8 @@ def main():
     ap.add_argument("--tune-budget", default="3m", help="ktune tune budget per file; 0 skips the tuned profile")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
+    if a.check_fixtures:
+        sys.exit(1 if check_fixtures(a.threads) else 0)
     target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
     out = a.out or target / "bench-llamacpp"
     out.mkdir(parents=True, exist_ok=True)
@@ -229,16 +260,19 @@ def main():
             rows.append({"shape": shape, "qtype": q, "engine": eng, "decode_tokens_per_sec": statistics.median(v),
                          "runs": v, "weight_bytes": weight_bytes, "generated": gen[eng]})
     for r in rows:
+        ref = next(x["generated"] for x in rows if x["shape"] == r["shape"] and x["qtype"] == r["qtype"] and x["engine"] == "llama.cpp")
+        r["same_ids_as_llama_cpp"] = sum(1 for _ in __import__("itertools").takewhile(lambda p: p[0] == p[1], zip(r["generated"], ref)))
+    for r in rows:
         r["bound_tokens_per_sec"] = bw * 1e9 / r["weight_bytes"]
         r["percent_of_bound"] = 100 * r["decode_tokens_per_sec"] / r["bound_tokens_per_sec"]
     (out / "summary.json").write_text(json.dumps({"read_gbps": bw, "threads": a.threads, "prompt_tokens": a.prompt_tokens,
                                                   "new_tokens": a.new_tokens, "rows": rows}, indent=1) + "\n")
     print(f"read bandwidth (membw probe): {bw:.1f} GB/s; {a.threads} threads; prompt {a.prompt_tokens}, "
           f"{a.new_tokens} new tokens; decode tok/s, median of {a.runs} interleaved runs")
-    print(f"{'model':<14} {'type':<5} {'engine':<14} {'tok/s':>8} {'MB/token':>9} {'bound':>8} {'% bound':>8}  runs")
+    print(f"{'model':<14} {'type':<5} {'engine':<14} {'tok/s':>8} {'MB/token':>9} {'bound':>8} {'% bound':>8} {'=llama':>6}  runs")
     for r in rows:
         print(f"{r['shape']:<14} {r['qtype']:<5} {r['engine']:<14} {r['decode_tokens_per_sec']:>8.2f} "
-              f"{r['weight_bytes'] / 1e6:>9.1f} {r['bound_tokens_per_sec']:>8.2f} {r['percent_of_bound']:>7.1f}%  "
+              f"{r['weight_bytes'] / 1e6:>9.1f} {r['bound_tokens_per_sec']:>8.2f} {r['percent_of_bound']:>7.1f}% {r['same_ids_as_llama_cpp']:>6}  "
               + " ".join(f"{x:.1f}" for x in r["runs"]))
     print(f"(files in {out})")
 
