@@ -74,7 +74,11 @@ fn bench_cpu(c: &mut Criterion, op: kernels::Op) {
         if k.params.iter().any(|s| s.name == "act_bits") {
             let mut p8 = k.default_params();
             p8.insert("act_bits".into(), 8);
-            variants.push(("+act8".into(), p8));
+            variants.push(("+act8".into(), p8.clone()));
+            if k.params.iter().any(|s| s.name == "rows_per_pass") {
+                p8.insert("rows_per_pass".into(), 4);
+                variants.push(("+act8x4".into(), p8));
+            }
         }
         for &dtype in k.dtypes {
             for (suffix, params) in &variants {

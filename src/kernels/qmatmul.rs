@@ -64,8 +64,17 @@ pub const ACT_BITS: ParamSpec = ParamSpec {
     help: "activations: 32 f32 (exact dot with the dequantized weights), 8 int8 blocks of 32 with integer dot products \
            (llama.cpp's q8 activations: about 0.5% error, far fewer instructions per weight)",
 };
-const CPU_GEMV_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK, ISA, ACT_BITS];
+/// `rows_per_pass`: with int8 activations, weight rows per pass over the activation blocks.
+pub const ROWS_PER_PASS: ParamSpec = ParamSpec {
+    name: "rows_per_pass",
+    values: &[1, 4],
+    default: 1,
+    help: "weight rows dotted per pass over the int8 activation blocks (act_bits 8): 4 loads each activation block once for \
+           four rows and keeps four accumulator chains (measured: q4_1 +38%, q8_0 -10% single-threaded on AVX2)",
+};
+const CPU_GEMV_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK, ISA, ACT_BITS, ROWS_PER_PASS];
 /// gate_up and qkv: `act_bits` applies to decode (one token); prefill rows stay f32.
+const CPU_QKV_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK, ISA, ACT_BITS, ROWS_PER_PASS];
 const CPU_FUSED_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK, ISA, ACT_BITS];
 const CPU_GEMM_ROWS_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "rows_per_task", values: &[4, 8, 16, 32, 64], default: 16, help: "weight rows per rayon task" },
@@ -202,7 +211,7 @@ pub fn variants() -> Vec<KernelDef> {
             op: Op::QkvProj,
             summary: "SIMD block dot products over the concatenated Q/K/V rows, f32 or int8 activations, bias added; rayon over rows of all three",
             dtypes: QUANT,
-            params: CPU_FUSED_PARAMS,
+            params: CPU_QKV_PARAMS,
             imp: Impl::Cpu(CpuImpl { run: run_qkv, check: check_cpu }),
         },
     ]
@@ -235,6 +244,9 @@ pub fn check_blocks(prob: &Problem, dtype: DType) -> Result<(), String> {
 
 fn check_cpu(_: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
     Isa::param_available(p(params, "isa"))?;
+    if params.get("rows_per_pass").is_some_and(|&r| r != 1) && params.get("act_bits") != Some(&8) {
+        return Err("rows_per_pass 4 needs int8 activations (act_bits 8)".into());
+    }
     check_blocks(prob, dtype)
 }
 
@@ -515,6 +527,35 @@ impl<'a> ActVec<'a> {
             ActVec::I8(x) => dot_q_i8(isa, x, w),
         }
     }
+    /// Rows `first..first + y.len()` of `w` (`k` columns) dotted with this vector
+    /// into `y`; with `four`, int8 activations take four rows per pass on AVX2.
+    pub fn rows(&self, isa: Isa, w: QView<'_>, k: usize, first: usize, y: &mut [f32], four: bool) {
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = four;
+        #[cfg(target_arch = "x86_64")]
+        if let ActVec::I8(x) = self
+            && four
+            && isa != Isa::Scalar
+            && x86::available()
+            && x.d.len() * QK >= k
+        {
+            let mut i = 0;
+            while i + 4 <= y.len() {
+                let r: [QView<'_>; 4] = std::array::from_fn(|j| qrow(w, first + i + j, k));
+                // SAFETY: AVX2/FMA/F16C checked; each row holds k / 32 blocks, as x does (or more).
+                let out = unsafe { x86::dot_i8_x4(w.format, r.map(|v| v.quants), r.map(|v| v.scales), x) };
+                y[i..i + 4].copy_from_slice(&out);
+                i += 4;
+            }
+            for (j, out) in y[i..].iter_mut().enumerate() {
+                *out = self.dot(isa, qrow(w, first + i + j, k));
+            }
+            return;
+        }
+        for (i, out) in y.iter_mut().enumerate() {
+            *out = self.dot(isa, qrow(w, first + i, k));
+        }
+    }
 }
 
 /// Portable block-by-block dot product.
@@ -773,6 +814,43 @@ mod x86 {
         }
     }
 
+    /// Four rows at once: [`dot_i8`] of `x` with each of `q[r]`/`s[r]` (the same
+    /// block count), every activation block loaded once for the four.
+    ///
+    /// # Safety
+    /// As [`dot_i8`], for each row.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_i8_x4(format: QFormat, q: [&[u8]; 4], s: [&[f16]; 4], x: &super::XQ8) -> [f32; 4] {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn run<const F: u8>(q: [&[u8]; 4], s: [&[f16]; 4], x: &super::XQ8) -> [f32; 4] {
+            let format = [QFormat::Q8_0, QFormat::Q4_0, QFormat::Q4_1][F as usize];
+            let blocks = q[0].len() / format.quant_bytes();
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut m = [0f32; 4];
+            for b in 0..blocks {
+                let xd = x.d[b];
+                for r in 0..4 {
+                    // SAFETY: b < blocks, the block count of every row and of x.
+                    let (p, d) = unsafe { block_i8(format, q[r], s[r], x, b) };
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xd), p, acc[r]);
+                    if format == QFormat::Q4_1 {
+                        m[r] += h(s[r][2 * b + 1]) * x.dsum[b];
+                    }
+                }
+            }
+            [hsum(acc[0]) + m[0], hsum(acc[1]) + m[1], hsum(acc[2]) + m[2], hsum(acc[3]) + m[3]]
+        }
+        // SAFETY: as the caller's contract.
+        unsafe {
+            match format {
+                QFormat::Q8_0 => run::<0>(q, s, x),
+                QFormat::Q4_0 => run::<1>(q, s, x),
+                QFormat::Q4_1 => run::<2>(q, s, x),
+            }
+        }
+    }
+
     /// # Safety
     /// AVX2, FMA and F16C available; `q` holds whole blocks, `s` their scales, `out`
     /// 32 values per block.
@@ -818,11 +896,8 @@ fn run_gemv(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), K
     let isa = Isa::from_param(p(params, "isa"));
     let (x, w) = (&a.ins[0].f32()[..k], qin("gemv_q_cpu", &a.ins[1])?);
     let x = ActVec::new(x, params);
-    par_rows(&mut a.outs[0][..n], params, |first, y| {
-        for (i, out) in y.iter_mut().enumerate() {
-            *out = x.dot(isa, qrow(w, first + i, k));
-        }
-    });
+    let four = p(params, "rows_per_pass") == 4;
+    par_rows(&mut a.outs[0][..n], params, |first, y| x.rows(isa, w, k, first, y, four));
     Ok(())
 }
 
@@ -831,6 +906,7 @@ fn run_qkv(prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), Kernel
     let isa = Isa::from_param(p(params, "isa"));
     let (x, w) = (&a.ins[0].f32()[..k], qin("qkv_proj_q_cpu", &a.ins[1])?);
     let x = ActVec::new(x, params);
+    let four = p(params, "rows_per_pass") == 4;
     let b = if bias { Some(a.ins[2].f32()) } else { None };
     let grain = (p(params, "rows_per_task") as usize).max(1);
     let mut outs = a.outs.into_iter();
@@ -842,8 +918,9 @@ fn run_qkv(prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), Kernel
         .chain(ko[..nkv].par_chunks_mut(grain).enumerate().map(|(i, c)| (nq + i * grain, c)))
         .chain(vo[..nkv].par_chunks_mut(grain).enumerate().map(|(i, c)| (nq + nkv + i * grain, c)));
     tasks.for_each(|(first, y)| {
-        for (i, out) in y.iter_mut().enumerate() {
-            *out = x.dot(isa, qrow(w, first + i, k)) + b.map_or(0.0, |b| b[first + i]);
+        x.rows(isa, w, k, first, y, four);
+        if let Some(b) = b {
+            y.iter_mut().zip(&b[first..]).for_each(|(o, b)| *o += b);
         }
     });
     Ok(())
@@ -1038,6 +1115,13 @@ mod tests {
                 assert!((s - v).abs() <= 1e-4 * (1.0 + s.abs()), "{f} row {r}: scalar {s} vs SIMD {v}");
                 // int8 activations: error well under 1% of the absolute sum.
                 assert!((v as f64 - exact).abs() <= 1e-2 * norm, "{f} row {r}: {v} vs {exact} (|sum| {norm})");
+            }
+            // The four-row pass gives each row's single-row result (rows 1..5: a group of four and a tail).
+            let mut y = vec![0f32; rows - 1];
+            ActVec::I8(XQ8::quantize(&x)).rows(Isa::best(), m.view(), k, 1, &mut y, true);
+            for (i, &v) in y.iter().enumerate() {
+                let one = dot_q_i8(Isa::best(), &xq, qrow(m.view(), i + 1, k));
+                assert!((v - one).abs() <= 1e-5 * (1.0 + one.abs()), "{f} row {}: four-row {v} vs one-row {one}", i + 1);
             }
         }
     }

@@ -273,7 +273,8 @@ pub fn check_one(runner: &Runner<'_>, k: &KernelDef, problem: &Problem, dtype: D
 
 /// The parameter sets a parity sweep covers for `k`: the defaults, then each
 /// parameter moved through all its values with the others at their defaults
-/// (every value of every parameter is exercised). `all` gives the full product.
+/// (every value of every parameter is exercised), then all at their last values
+/// together. `all` gives the full product.
 pub fn param_sweep(k: &KernelDef, all: bool) -> Vec<Params> {
     if all {
         return k.all_params();
@@ -289,6 +290,17 @@ pub fn param_sweep(k: &KernelDef, all: bool) -> Vec<Params> {
             p.insert(spec.name.to_string(), v);
             out.push(p);
         }
+    }
+    // Every parameter at its last value together: reaches values that are only
+    // valid in combination (e.g. rows_per_pass 4 needs act_bits 8).
+    let mut last = base.clone();
+    for spec in k.params {
+        if let Some(&v) = spec.values.last() {
+            last.insert(spec.name.to_string(), v);
+        }
+    }
+    if !out.contains(&last) {
+        out.push(last);
     }
     out
 }
