@@ -24,8 +24,8 @@ fn main() {
         let (mut t1, mut t4) = (f64::MAX, f64::MAX);
         for _ in 0..200 {
             let t = Instant::now();
-            for r in 0..n {
-                y[r] = dot_q_i8(Isa::best(), &xq1, m.view().blocks_range(r * k / 32, k / 32));
+            for (r, out) in y.iter_mut().enumerate() {
+                *out = dot_q_i8(Isa::best(), &xq1, m.view().blocks_range(r * k / 32, k / 32));
             }
             t1 = t1.min(t.elapsed().as_secs_f64());
             let t = Instant::now();
