@@ -1,9 +1,10 @@
-//! GEMV and GEMM for every CPU and WGSL kernel (default parameters, every weight
-//! dtype it takes: f32, f16 and the block formats q8_0, q4_0, q4_1) at Gemma 3 1B
-//! shapes, the CPU ones also with the parameters a quick sweep picks
+//! GEMV, the fused RMSNorm + GEMV (`norm_gemv`, decode's input-norm → Q/K/V and
+//! → gate/up) and GEMM for every CPU and WGSL kernel (default parameters, every
+//! weight dtype it takes: f32, f16 and the block formats q8_0, q4_0, q4_1) at
+//! Gemma 3 1B shapes, the CPU ones also with the parameters a quick sweep picks
 //! (`cpu-tuned`), plus a memory-bandwidth probe to judge them by.
 //!
-//! Throughput is reported by criterion: bytes for GEMV (the bytes actually read:
+//! Throughput is reported by criterion: bytes for GEMV and norm_gemv (the bytes actually read:
 //! weights as stored, i.e. quants + scales for the block formats, plus the
 //! vectors; the op is memory bound; GFLOP/s is 2·n·k over the time) and elements =
 //! FLOPs for GEMM (read "Kelem/s" as kFLOP/s, "Gelem/s" as GFLOP/s). WGSL kernels are timed with GPU timestamp queries when
@@ -11,6 +12,7 @@
 //!
 //!     cargo bench --bench kernels                 # everything
 //!     cargo bench --bench kernels -- gemv/cpu     # a subset (criterion filter)
+//!     cargo bench --bench kernels -- norm_gemv    # the fused norm + GEMV only
 //!     KTUNE_BENCH_GPU=0 cargo bench ...           # CPU only
 
 use std::hint::black_box;
@@ -26,6 +28,8 @@ use ktune::testing::test_gpu;
 
 /// Gemma 3 1B: hidden 1152, intermediate 6912. GEMV `n x k` = weight rows x cols.
 const GEMV_SHAPES: &[(usize, usize)] = &[(6912, 1152), (1152, 6912), (1152, 1152)];
+/// Gemma 3 1B's normed projections: gate (or up) and the fused Q/K/V (4 x 256 + 2 x 256 rows).
+const NORM_GEMV_SHAPES: &[(usize, usize)] = &[(6912, 1152), (1536, 1152)];
 const PREFILL_T: usize = 128;
 
 fn config() -> Criterion {
@@ -54,13 +58,14 @@ fn membw(c: &mut Criterion) {
 fn problems(op: kernels::Op) -> Vec<Problem> {
     match op {
         kernels::Op::Gemv => GEMV_SHAPES.iter().map(|&(n, k)| Problem::Gemv { n, k }).collect(),
+        kernels::Op::NormGemv => NORM_GEMV_SHAPES.iter().map(|&(n, k)| Problem::NormGemv { n, k, eps: 1e-6, unit_offset: true }).collect(),
         _ => GEMV_SHAPES.iter().map(|&(n, k)| Problem::Gemm { m: PREFILL_T, n, k }).collect(),
     }
 }
 
 fn throughput(p: &Problem, dtype: DType) -> Throughput {
     match p {
-        Problem::Gemv { .. } => Throughput::Bytes(p.min_bytes(dtype) as u64),
+        Problem::Gemv { .. } | Problem::NormGemv { .. } => Throughput::Bytes(p.min_bytes(dtype) as u64),
         _ => Throughput::Elements(p.flops() as u64),
     }
 }
@@ -200,7 +205,7 @@ fn bench_gpu(c: &mut Criterion, op: kernels::Op) {
 
 fn shape(p: &Problem) -> String {
     match *p {
-        Problem::Gemv { n, k } => format!("{n}x{k}"),
+        Problem::Gemv { n, k } | Problem::NormGemv { n, k, .. } => format!("{n}x{k}"),
         Problem::Gemm { m, n, k } => format!("m{m}_{n}x{k}"),
         _ => p.describe(),
     }
@@ -212,11 +217,17 @@ fn gemv(c: &mut Criterion) {
     bench_gpu(c, kernels::Op::Gemv);
 }
 
+fn norm_gemv(c: &mut Criterion) {
+    bench_cpu(c, kernels::Op::NormGemv);
+    bench_cpu_tuned(c, kernels::Op::NormGemv);
+    bench_gpu(c, kernels::Op::NormGemv);
+}
+
 fn gemm(c: &mut Criterion) {
     bench_cpu(c, kernels::Op::Gemm);
     bench_cpu_tuned(c, kernels::Op::Gemm);
     bench_gpu(c, kernels::Op::Gemm);
 }
 
-criterion_group! { name = benches; config = config(); targets = membw, gemv, gemm }
+criterion_group! { name = benches; config = config(); targets = membw, gemv, norm_gemv, gemm }
 criterion_main!(benches);

@@ -174,7 +174,7 @@ pub struct RunArgs {
     /// Storage type of the KV cache (without a profile).
     #[arg(long, default_value = "f32")]
     pub kv_dtype: String,
-    /// Fusions (without a profile): `all`, `none`, or a list of qkv, gate_up, qk_norm_rope, residual_norm.
+    /// Fusions (without a profile): `all`, `none`, or a list of qkv, gate_up, qk_norm_rope, residual_norm, norm_matmul.
     #[arg(long, default_value = "all")]
     pub fusion: String,
     /// One submit per kernel instead of one per token (GPU; without a profile).

@@ -77,7 +77,7 @@ fn every_op_has_two_wgsl_and_two_cpu_kernels_with_parameters() {
 #[test]
 fn quantized_kernels_match_dequantized_reference() {
     use ktune::kernels::{DType, Op, for_op};
-    for op in [Op::Gemv, Op::Gemm, Op::GateUp, Op::QkvProj] {
+    for op in [Op::Gemv, Op::Gemm, Op::GateUp, Op::QkvProj, Op::NormGemv] {
         for d in DType::QUANT {
             for b in [Backend::Cpu, Backend::Wgsl] {
                 assert!(for_op(op).any(|k| k.backend() == b && k.dtypes.contains(d)), "{op}: no {} kernel for {d}", b.name());

@@ -119,8 +119,12 @@ fn check(dev: Dev, what: &str) {
     let mut failures = Vec::new();
     for dir in fixtures() {
         let name = dir.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
-        // Whole prompt at once, and in chunks of 7 (prefill against a filled cache).
-        for (fusion, kv, chunk) in [(Fusion::NONE, DType::F32, 64), (Fusion::ALL, DType::F32, 64), (Fusion::ALL, DType::F32, 7)] {
+        // Whole prompt at once, and in chunks of 7 (prefill against a filled cache);
+        // the decode norms folded into separate Q/K/V and gate/up projections too.
+        let norm_matmul = Fusion { norm_matmul: true, ..Fusion::NONE };
+        for (fusion, kv, chunk) in
+            [(Fusion::NONE, DType::F32, 64), (Fusion::ALL, DType::F32, 64), (Fusion::ALL, DType::F32, 7), (norm_matmul, DType::F32, 7)]
+        {
             let (rel, got, want) = run(&dir, &dev, fusion, kv, chunk);
             eprintln!("{what} {name} fusion={fusion:?} chunk={chunk}: max err {rel:.2e} of scale, ids {got:?}");
             if rel > 1e-3 || got != want {

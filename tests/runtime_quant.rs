@@ -4,7 +4,9 @@
 //! same numbers, so only accumulation order differs), on the CPU and on the test
 //! GPU (lavapipe in CI), with fusions off and on; and CPU and GPU agree with each
 //! other. A quantized plan keeps norm gains in f32 and stores every matrix
-//! (projections, fused concatenations, LM head) quantized.
+//! (projections, fused concatenations, LM head) quantized. Also: decode with the
+//! norms folded into the projections (`norm_matmul`) gives the logits of the
+//! unfused plan, for f32, f16 and block-quantized weights, CPU and GPU.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -183,5 +185,97 @@ fn q8_0_logits_stay_close_to_f32() {
         // Compare the prompt rows only (greedy continuations may diverge).
         let e = rel_err(&q[..PROMPT.len()], &f[..PROMPT.len()]);
         assert!(e < 0.05, "{}: q8_0 vs f32 logits rel err {e:.3e}", dir.display());
+    }
+}
+
+/// `norm_matmul` (decode: the input norm in the Q/K/V GEMVs, the MLP norm in the
+/// gate/up GEMVs, the final norm in the LM head) against the same plan without it,
+/// every other fusion held fixed: with separate and fused Q/K/V (biases: the qwen2
+/// fixture), separate and fused gate/up, with and without the fused residual norm
+/// (Gemma 3's extra post-norms stay). Every prompt and decode row compared, in f32,
+/// f16 and two block formats, on the CPU and the test GPU.
+#[test]
+fn norm_matmul_decode_matches_unfused_plan() {
+    let gpu = test_gpu();
+    let bases = [
+        Fusion::NONE,
+        Fusion { qkv: true, residual_norm: true, ..Fusion::NONE },
+        Fusion { gate_up: true, qk_norm_rope: true, ..Fusion::NONE },
+        Fusion { norm_matmul: false, ..Fusion::ALL },
+    ];
+    let mut failures = Vec::new();
+    let mut ran = 0;
+    for dir in fixtures() {
+        let m = load_model(None, Some(&dir), None, 0).expect("fixture loads");
+        for dtype in [DType::F32, DType::F16, DType::Q8_0, DType::Q4_1] {
+            for base in bases {
+                let fused = Fusion { norm_matmul: true, ..base };
+                let mut devs: Vec<(String, DeviceCaps, Option<Arc<ktune::gpu::GpuCtx>>)> =
+                    vec![("CPU".into(), DeviceCaps::Cpu(CpuCaps::detect()), None)];
+                if let Some(g) = &gpu {
+                    devs.push((g.name.clone(), DeviceCaps::Gpu(g.caps.clone()), Some(g.clone())));
+                }
+                for (name, caps, ctx) in devs {
+                    let want = logits(&dir, caps.clone(), ctx.clone(), dtype, base, m.weights.clone());
+                    let got = logits(&dir, caps, ctx, dtype, fused, m.weights.clone());
+                    let e = rel_err(&got, &want);
+                    ran += 1;
+                    if e > 1e-4 {
+                        failures.push(format!("{} {dtype} {base:?} {name}: norm_matmul rel err {e:.2e}", dir.display()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(ran >= 4 * 4 * 4, "{ran} comparisons");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The decode plan with `norm_matmul` has no RMSNorm step left that feeds a
+/// projection: Llama-style layers keep none, Gemma 3 only its post-attention and
+/// post-FF norms (and the q/k norms); prefill is unchanged.
+#[test]
+fn norm_matmul_removes_the_norms_that_feed_projections() {
+    use ktune::plan::{Slot, StepKind};
+    for dir in fixtures() {
+        let m = load_model(None, Some(&dir), None, 0).expect("fixture loads");
+        let c = &m.config;
+        for base in [Fusion::NONE, Fusion { norm_matmul: false, ..Fusion::ALL }] {
+            let plan = |f: Fusion| {
+                let opts = PlanOptions {
+                    weight_dtype: DType::F32,
+                    kv_dtype: DType::F32,
+                    max_tokens: 4,
+                    context: 16,
+                    all_logits: false,
+                    fusion: f,
+                    parallel: Parallel::default(),
+                };
+                Plan::new("fixture", c, opts, Selection::defaults(DeviceCaps::Cpu(CpuCaps::detect()))).expect("plan")
+            };
+            let count = |steps: &[ktune::plan::Step], slot: Slot| {
+                steps.iter().filter(|s| s.slot == slot && matches!(s.kind, StepKind::Kernel { .. })).count()
+            };
+            let (off, on) = (plan(base), plan(Fusion { norm_matmul: true, ..base }));
+            let (d_off, d_on) = (off.steps(1, 4).expect("steps"), on.steps(1, 4).expect("steps"));
+            let gemma = c.architecture == ktune::model::Architecture::Gemma3;
+            let kept_norms = if gemma { 2 * c.num_layers } else { 0 } + if c.qk_norm && !base.qk_norm_rope { 2 * c.num_layers } else { 0 };
+            let mlp_norm_kept = if base.gate_up { c.num_layers } else { 0 };
+            let norms = count(&d_on, Slot::Norm) + count(&d_on, Slot::ResidualNorm);
+            assert_eq!(norms, kept_norms + mlp_norm_kept, "{}: {base:?}", dir.display());
+            let projections = if base.qkv { 1 } else { 3 } + if base.gate_up { 0 } else { 2 };
+            assert_eq!(count(&d_on, Slot::NormMatmul), c.num_layers * projections + on.lm_head.len(), "{}: {base:?}", dir.display());
+            // Fewer kernels (the fused Q/K/V split is a runtime copy, as in prefill).
+            let kernels = |s: &[ktune::plan::Step]| s.iter().filter(|s| matches!(s.kind, StepKind::Kernel { .. })).count();
+            assert!(
+                kernels(&d_on) < kernels(&d_off),
+                "{}: {base:?}: {} kernels fused vs {} unfused",
+                dir.display(),
+                kernels(&d_on),
+                kernels(&d_off)
+            );
+            let kinds = |p: &Plan| p.steps(4, 0).expect("steps").iter().map(|s| s.slot).collect::<Vec<_>>();
+            assert_eq!(kinds(&on), kinds(&off), "{}: prefill must not change", dir.display());
+        }
     }
 }

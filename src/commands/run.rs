@@ -181,9 +181,10 @@ pub fn parse_fusion(s: &str) -> Result<Fusion> {
             "gate_up" => f.gate_up = true,
             "qk_norm_rope" => f.qk_norm_rope = true,
             "residual_norm" => f.residual_norm = true,
+            "norm_matmul" => f.norm_matmul = true,
             other => {
                 return Err(Error::Usage(format!(
-                    "unknown fusion `{other}` (allowed: all, none, or a list of qkv, gate_up, qk_norm_rope, residual_norm)"
+                    "unknown fusion `{other}` (allowed: all, none, or a list of qkv, gate_up, qk_norm_rope, residual_norm, norm_matmul)"
                 )));
             }
         }

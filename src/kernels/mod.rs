@@ -13,6 +13,7 @@ pub mod fused;
 pub mod gemm;
 pub mod gemv;
 pub mod norm;
+pub mod norm_gemv;
 pub mod problem;
 pub mod qmatmul;
 pub mod quant;
@@ -480,6 +481,7 @@ pub fn registry() -> &'static [KernelDef] {
         all.extend(elementwise::variants());
         all.extend(fused::variants());
         all.extend(qmatmul::variants());
+        all.extend(norm_gemv::variants());
         all.sort_by(|a, b| (a.op, a.id).cmp(&(b.op, b.id)));
         all
     })

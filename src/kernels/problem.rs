@@ -161,6 +161,12 @@ pub enum Problem {
     /// weight `w[nq + 2 nkv, k]`, with an optional bias `b[nq + 2 nkv]` (Qwen):
     /// `x[k]` → `q[nq]`, `k_out[nkv]`, `v_out[nkv]`.
     QkvProj { k: usize, nq: usize, nkv: usize, bias: bool },
+    /// Fused RMSNorm prologue + matrix-vector product (decode):
+    /// `y[n] = w[n,k] · (x / sqrt(mean(x²) + eps) * g)` (or `* (1 + g)` when
+    /// `unit_offset`, Gemma). `x[k]` (the residual stream), `g[k]` (the norm gain,
+    /// stored as the plan stores norm gains: f32, or f16 with f16 weights), `w[n,k]`, `y[n]`.
+    /// Since `y_r = inv_rms · Σ_c w[r,c] x[c] g[c]`, kernels need no extra pass over `w`.
+    NormGemv { n: usize, k: usize, eps: f32, unit_offset: bool },
 }
 
 /// The ops of the kernel set; one per [`Problem`] variant.
@@ -181,10 +187,11 @@ pub enum Op {
     GateUp,
     ResidualRmsNorm,
     QkvProj,
+    NormGemv,
 }
 
 impl Op {
-    pub const ALL: [Op; 14] = [
+    pub const ALL: [Op; 15] = [
         Op::Gemm,
         Op::Gemv,
         Op::AttentionPrefill,
@@ -199,6 +206,7 @@ impl Op {
         Op::GateUp,
         Op::ResidualRmsNorm,
         Op::QkvProj,
+        Op::NormGemv,
     ];
 
     pub fn name(self) -> &'static str {
@@ -217,6 +225,7 @@ impl Op {
             Op::GateUp => "gate_up",
             Op::ResidualRmsNorm => "residual_rms_norm",
             Op::QkvProj => "qkv_proj",
+            Op::NormGemv => "norm_gemv",
         }
     }
 }
@@ -248,6 +257,7 @@ impl Problem {
             Problem::GateUp { .. } => Op::GateUp,
             Problem::ResidualRmsNorm { .. } => Op::ResidualRmsNorm,
             Problem::QkvProj { .. } => Op::QkvProj,
+            Problem::NormGemv { .. } => Op::NormGemv,
         }
     }
 
@@ -334,6 +344,12 @@ impl Problem {
                 v.push(b("v_out", Output, &["nkv"], &[nkv], f));
                 v
             }
+            Problem::NormGemv { n, k, .. } => vec![
+                b("x", Input, &["k"], &[k], f),
+                b("g", Weight, &["k"], &[k], d.float_storage()),
+                b("w", Weight, &["n", "k"], &[n, k], d),
+                b("y", Output, &["n"], &[n], f),
+            ],
         }
     }
 
@@ -367,6 +383,7 @@ impl Problem {
             Problem::GateUp { rows, n, k, .. } => 4.0 * f(rows) * f(n) * f(k) + 10.0 * f(rows) * f(n),
             Problem::ResidualRmsNorm { rows, dim, .. } => 5.0 * f(rows) * f(dim),
             Problem::QkvProj { k, nq, nkv, .. } => 2.0 * f(k) * f(nq + 2 * nkv),
+            Problem::NormGemv { n, k, .. } => 2.0 * f(n) * f(k) + 4.0 * f(k),
         }
     }
 
@@ -540,6 +557,15 @@ pub fn test_problems(op: Op) -> Vec<Problem> {
             Problem::QkvProj { k: 256, nq: 256, nkv: 128, bias: false },
             Problem::QkvProj { k: 96, nq: 96, nkv: 32, bias: true },
             Problem::QkvProj { k: 160, nq: 36, nkv: 6, bias: true },
+        ],
+        Op::NormGemv => vec![
+            Problem::NormGemv { n: 1, k: 3, eps: 1e-6, unit_offset: false },
+            Problem::NormGemv { n: 37, k: 67, eps: 1e-5, unit_offset: true },
+            Problem::NormGemv { n: 64, k: 256, eps: 1e-6, unit_offset: true },
+            Problem::NormGemv { n: 129, k: 1000, eps: 1e-6, unit_offset: false },
+            Problem::NormGemv { n: 300, k: 128, eps: 1e-5, unit_offset: false },
+            // Whole 32-element blocks, rows not a multiple of any workgroup's rows.
+            Problem::NormGemv { n: 37, k: 160, eps: 1e-6, unit_offset: true },
         ],
     }
 }

@@ -224,7 +224,11 @@ pub fn variants() -> Vec<KernelDef> {
 /// The reduction depth of each op's weight, for the block rule.
 fn depth(prob: &Problem) -> Option<usize> {
     match *prob {
-        Problem::Gemv { k, .. } | Problem::Gemm { k, .. } | Problem::GateUp { k, .. } | Problem::QkvProj { k, .. } => Some(k),
+        Problem::Gemv { k, .. }
+        | Problem::Gemm { k, .. }
+        | Problem::GateUp { k, .. }
+        | Problem::QkvProj { k, .. }
+        | Problem::NormGemv { k, .. } => Some(k),
         _ => None,
     }
 }
@@ -329,7 +333,7 @@ pub fn qfmt(dtype: DType) -> f64 {
 
 /// The bindings of a quantized kernel: the op's buffers in order with the weight
 /// (binding `wi`) expanded into its quants and scales regions, then `extra`.
-fn qbinds<'a>(s: &'a WgslSetup<'a>, wi: usize, extra: &[&'a wgpu::Buffer]) -> Result<Vec<Bind<'a>>, KernelError> {
+pub(super) fn qbinds<'a>(s: &'a WgslSetup<'a>, wi: usize, extra: &[&'a wgpu::Buffer]) -> Result<Vec<Bind<'a>>, KernelError> {
     let spec = s.problem.buffers(s.dtype);
     let (Some(w), Some(fmt)) = (spec.get(wi), s.dtype.quant()) else {
         return Err(KernelError::Invalid { kernel: s.kernel.id.into(), reason: format!("{} is not a quantized format", s.dtype) });

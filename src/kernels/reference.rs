@@ -208,6 +208,11 @@ pub fn compute(problem: &Problem, ins: &[Vec<f64>]) -> Vec<Vec<f64>> {
                 (0..n).map(|j| (0..k).map(|c| x[c] * w[j * k + c]).sum::<f64>() + if bias { ins[2][j] } else { 0.0 }).collect();
             vec![all[..nq].to_vec(), all[nq..nq + nkv].to_vec(), all[nq + nkv..].to_vec()]
         }
+        Problem::NormGemv { n, k, eps, unit_offset } => {
+            let xn = rms_row(&ins[0][..k], &ins[1][..k], eps as f64, unit_offset);
+            let w = &ins[2];
+            vec![(0..n).map(|j| (0..k).map(|c| xn[c] * w[j * k + c]).sum()).collect()]
+        }
     }
 }
 

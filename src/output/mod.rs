@@ -226,8 +226,8 @@ pub fn run(r: &crate::commands::run::RunReport, format: Format) -> Result<String
     ));
     let f = &r.fusion;
     s.push_str(&format!(
-        "fusion:   qkv {} | gate_up {} | qk_norm_rope {} | residual_norm {}\n",
-        f.qkv, f.gate_up, f.qk_norm_rope, f.residual_norm
+        "fusion:   qkv {} | gate_up {} | qk_norm_rope {} | residual_norm {} | norm_matmul {}\n",
+        f.qkv, f.gate_up, f.qk_norm_rope, f.residual_norm, f.norm_matmul
     ));
     s.push_str(&format!(
         "prefill:  {} tokens in {:.2} ms = {:.1} tokens/s\n",

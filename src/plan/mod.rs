@@ -4,7 +4,8 @@
 //!
 //! One builder serves the runtime and the tuner: what the tuner measures is what
 //! `run` executes. The plan records which kernel variant serves each slot in each
-//! layer; fusion choices ([`Fusion`]) change which steps exist.
+//! layer; fusion choices ([`Fusion`]) change which steps exist (`norm_matmul` only
+//! in decode: the RMSNorms that feed projections become their prologue).
 
 pub mod select;
 
@@ -64,15 +65,29 @@ pub struct Fusion {
     pub qk_norm_rope: bool,
     /// Residual add + the following RMSNorm in one kernel.
     pub residual_norm: bool,
+    /// Decode only: an RMSNorm whose output feeds projections runs as their prologue
+    /// ([`Problem::NormGemv`]): the layer's input norm with Q/K/V (one GEMV over the
+    /// concatenated weight with `qkv`), the MLP's input norm with gate and up (unless
+    /// `gate_up` fuses those, which needs the norm materialized), and the final norm
+    /// with the LM head. The residual add before such a norm runs alone.
+    pub norm_matmul: bool,
 }
 
 impl Fusion {
-    pub const NONE: Fusion = Fusion { qkv: false, gate_up: false, qk_norm_rope: false, residual_norm: false };
-    pub const ALL: Fusion = Fusion { qkv: true, gate_up: true, qk_norm_rope: true, residual_norm: true };
+    pub const NONE: Fusion = Fusion { qkv: false, gate_up: false, qk_norm_rope: false, residual_norm: false, norm_matmul: false };
+    pub const ALL: Fusion = Fusion { qkv: true, gate_up: true, qk_norm_rope: true, residual_norm: true, norm_matmul: true };
 
     /// Every combination (the tuner's fusion space).
     pub fn all_combinations() -> Vec<Fusion> {
-        (0..16u8).map(|b| Fusion { qkv: b & 1 != 0, gate_up: b & 2 != 0, qk_norm_rope: b & 4 != 0, residual_norm: b & 8 != 0 }).collect()
+        (0..32u8)
+            .map(|b| Fusion {
+                qkv: b & 1 != 0,
+                gate_up: b & 2 != 0,
+                qk_norm_rope: b & 4 != 0,
+                residual_norm: b & 8 != 0,
+                norm_matmul: b & 16 != 0,
+            })
+            .collect()
     }
 }
 
@@ -617,6 +632,14 @@ impl Emitter<'_> {
         self.kernel_in(slot, l, group, p, bufs.to_vec(), self.plan.options.weight_dtype)
     }
 
+    /// One token's `y[n] = w[n, k] · rmsnorm(x) * g` (decode): `bufs` are x (the
+    /// residual stream), the norm gain g, the weight w and y.
+    fn norm_gemv(&mut self, l: Option<usize>, group: Option<u32>, n: usize, k: usize, bufs: [BufId; 4]) -> Result<(), PlanError> {
+        let c = &self.plan.config;
+        let p = Problem::NormGemv { n, k, eps: c.rms_norm_eps as f32, unit_offset: c.norm_unit_offset };
+        self.kernel_in(Slot::NormMatmul, l, group, p, bufs.to_vec(), self.plan.options.weight_dtype)
+    }
+
     fn rms(&mut self, l: Option<usize>, rows: usize, dim: usize, x: BufId, w: BufId, y: BufId) -> Result<(), PlanError> {
         let c = &self.plan.config;
         let p = Problem::RmsNorm { rows, dim, eps: c.rms_norm_eps as f32, unit_offset: c.norm_unit_offset };
@@ -635,17 +658,35 @@ impl Emitter<'_> {
         let gemma = c.architecture == Architecture::Gemma3;
         let eps = c.rms_norm_eps as f32;
         let act_fn = if c.is_gelu() { Activation::GeluTanh } else { Activation::Silu };
+        // Decode folds the norms that feed projections into them (see `Fusion::norm_matmul`).
+        let nm = f.norm_matmul && t == 1;
+        let mlp_nm = nm && !f.gate_up;
         let mut cur = 0usize; // index into plan.x holding the residual stream
         let mut normed = false; // xn already holds the next layer's input norm
         for l in 0..c.num_layers {
             let w = plan.lw(l);
             let li = Some(l);
             let (x, other) = (plan.x[cur], plan.x[1 - cur]);
-            if !normed {
+            if !normed && !nm {
                 self.rms(li, t, h, x, w.input_ln, xn)?;
             }
             // Q, K, V.
-            if f.qkv {
+            if nm && f.qkv {
+                let qkv = id("qkv");
+                self.norm_gemv(li, None, nq + 2 * nkv, h, [x, w.input_ln, w.wqkv.unwrap_or(usize::MAX), qkv])?;
+                self.plumb(Slot::NormMatmul, li, Plumb::SplitQkv { src: qkv, bias: w.bqkv, q, k, v, tokens: 1, nq, nkv });
+            } else if nm {
+                let g = if plan.options.parallel.qkv { Some(self.next_group()) } else { None };
+                let get = |b: Option<BufId>| b.unwrap_or(usize::MAX);
+                self.norm_gemv(li, g, nq, h, [x, w.input_ln, get(w.wq), q])?;
+                self.norm_gemv(li, g, nkv, h, [x, w.input_ln, get(w.wk), k])?;
+                self.norm_gemv(li, g, nkv, h, [x, w.input_ln, get(w.wv), v])?;
+                for (buf, bias, n) in [(q, w.bq, nq), (k, w.bk, nkv), (v, w.bv, nkv)] {
+                    if let Some(bias) = bias {
+                        self.plumb(Slot::NormMatmul, li, Plumb::BiasAdd { buf, bias, rows: 1, n });
+                    }
+                }
+            } else if f.qkv {
                 let (wqkv, bias) = (w.wqkv.unwrap_or(usize::MAX), w.bqkv);
                 if t == 1 {
                     let p = Problem::QkvProj { k: h, nq, nkv, bias: bias.is_some() };
@@ -739,7 +780,7 @@ impl Emitter<'_> {
             } else {
                 (o, w.post_attn_ln)
             };
-            self.residual_norm(li, t, h, eps, x, r1, mlp_norm, other, xn)?;
+            self.residual_norm(li, t, h, eps, x, r1, mlp_norm, other, xn, mlp_nm)?;
             cur = 1 - cur;
             let x = plan.x[cur];
             let other = plan.x[1 - cur];
@@ -747,6 +788,12 @@ impl Emitter<'_> {
             if f.gate_up {
                 let p = Problem::GateUp { rows: t, n: inter, k: h, act: act_fn };
                 self.kernel(Slot::FusedGateUp, li, p, vec![xn, w.wgu.unwrap_or(usize::MAX), act], wd)?;
+            } else if mlp_nm {
+                let g = if plan.options.parallel.ffn { Some(self.next_group()) } else { None };
+                self.norm_gemv(li, g, inter, h, [x, mlp_norm, w.wg.unwrap_or(usize::MAX), gate])?;
+                self.norm_gemv(li, g, inter, h, [x, mlp_norm, w.wu.unwrap_or(usize::MAX), up])?;
+                let p = Problem::GatedAct { rows: t, dim: inter, act: act_fn };
+                self.kernel(Slot::Activation, li, p, vec![gate, up, act], DType::F32)?;
             } else {
                 let g = if plan.options.parallel.ffn { Some(self.next_group()) } else { None };
                 self.matmul(Slot::MatmulGateUp, li, g, t, inter, h, [xn, w.wg.unwrap_or(usize::MAX), gate])?;
@@ -763,11 +810,17 @@ impl Emitter<'_> {
             };
             // Residual 2 (+ the next layer's input norm, or the final norm).
             let next_norm = if l + 1 < c.num_layers { plan.lw(l + 1).input_ln } else { id("final_norm") };
-            self.residual_norm(li, t, h, eps, x, r2, next_norm, other, xn)?;
+            self.residual_norm(li, t, h, eps, x, r2, next_norm, other, xn, nm)?;
             cur = 1 - cur;
-            normed = true;
+            normed = !nm;
         }
         // LM head over the final-normed rows, block by block.
+        if nm {
+            for b in &plan.lm_head {
+                self.norm_gemv(None, None, b.rows, h, [plan.x[cur], id("final_norm"), b.weight, b.logits])?;
+            }
+            return Ok(());
+        }
         let (rows, src) = if t > 1 && plan.options.all_logits {
             (t, xn)
         } else if t > 1 {
@@ -784,7 +837,8 @@ impl Emitter<'_> {
     }
 
     /// `h = x + r` into `h_out`, then `y = rmsnorm(h) * w` into `y`: one fused kernel
-    /// or a residual add and a norm.
+    /// or a residual add and a norm. With `norm_in_matmul` the norm is the prologue of
+    /// the projections that consume it ([`Emitter::norm_gemv`]): only the add runs.
     #[allow(clippy::too_many_arguments)]
     fn residual_norm(
         &mut self,
@@ -797,9 +851,12 @@ impl Emitter<'_> {
         w: BufId,
         h_out: BufId,
         y: BufId,
+        norm_in_matmul: bool,
     ) -> Result<(), PlanError> {
         let c = &self.plan.config;
-        if self.plan.options.fusion.residual_norm {
+        if norm_in_matmul {
+            self.kernel(Slot::Residual, l, Problem::ResidualAdd { n: t * dim }, vec![x, r, h_out], DType::F32)
+        } else if self.plan.options.fusion.residual_norm {
             let p = Problem::ResidualRmsNorm { rows: t, dim, eps, unit_offset: c.norm_unit_offset };
             self.kernel(Slot::ResidualNorm, l, p, vec![x, r, w, h_out, y], self.plan.options.weight_dtype.float_storage())
         } else {

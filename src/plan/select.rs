@@ -29,12 +29,14 @@ pub enum Slot {
     FusedGateUp,
     QkNormRope,
     ResidualNorm,
+    /// RMSNorm + the projections it feeds, in decode (`Fusion::norm_matmul`).
+    NormMatmul,
     /// The runtime's own KV-cache write (not tuned).
     KvWrite,
 }
 
 impl Slot {
-    pub const ALL: [Slot; 16] = [
+    pub const ALL: [Slot; 17] = [
         Slot::AttentionPrefill,
         Slot::AttentionDecode,
         Slot::MatmulQkv,
@@ -50,6 +52,7 @@ impl Slot {
         Slot::FusedGateUp,
         Slot::QkNormRope,
         Slot::ResidualNorm,
+        Slot::NormMatmul,
         Slot::KvWrite,
     ];
 
@@ -71,6 +74,7 @@ impl Slot {
             Slot::FusedGateUp => "fused.gate_up",
             Slot::QkNormRope => "fused.qk_norm_rope",
             Slot::ResidualNorm => "fused.residual_norm",
+            Slot::NormMatmul => "fused.norm_matmul",
             Slot::KvWrite => "kv_write",
         }
     }
@@ -100,6 +104,7 @@ impl Slot {
             Slot::FusedGateUp => Op::GateUp,
             Slot::QkNormRope => Op::QkNormRope,
             Slot::ResidualNorm => Op::ResidualRmsNorm,
+            Slot::NormMatmul => Op::NormGemv,
             Slot::KvWrite => return None,
         })
     }
@@ -212,6 +217,8 @@ fn preferred(problem: &Problem, backend: Backend) -> &'static [&'static str] {
         (Op::AttentionPrefill, Backend::Cpu) => &["attention_prefill_tiled_cpu"],
         (Op::GateUp, Backend::Wgsl) => &["gate_up_subgroup", "gate_up_q_wg"],
         (Op::QkvProj, Backend::Wgsl) => &["qkv_proj_subgroup", "qkv_proj_q_wg"],
+        (Op::NormGemv, Backend::Cpu) => &["norm_gemv_cpu", "norm_gemv_q_cpu"],
+        (Op::NormGemv, Backend::Wgsl) => &["norm_gemv_subgroup", "norm_gemv_wg", "norm_gemv_q_subgroup", "norm_gemv_q_wg"],
         _ => &[],
     }
 }

@@ -152,6 +152,9 @@ pub struct FusedDoc {
     pub qk_norm_rope: Option<At<Entry>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub residual_norm: Option<At<Entry>>,
+    /// RMSNorm folded into the decode projections it feeds (`norm_gemv_*` kernels).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub norm_matmul: Option<At<Entry>>,
 }
 
 /// A kernel id with its parameters (unlisted parameters take their defaults).
@@ -360,6 +363,10 @@ pub struct ExecutionDoc {
     /// Residual add + the next RMSNorm in one kernel.
     #[serde(default)]
     pub fused_residual_norm: bool,
+    /// Decode: RMSNorm as the prologue of the projections it feeds (Q/K/V, gate/up
+    /// unless fused, the LM head).
+    #[serde(default)]
+    pub fused_norm_matmul: bool,
 }
 
 impl Default for ExecutionDoc {
@@ -372,6 +379,7 @@ impl Default for ExecutionDoc {
             fused_qkv: false,
             fused_qk_norm_rope: false,
             fused_residual_norm: false,
+            fused_norm_matmul: false,
         }
     }
 }

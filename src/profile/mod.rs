@@ -72,6 +72,7 @@ impl ExecSettings {
             fused_qkv: self.fusion.qkv,
             fused_qk_norm_rope: self.fusion.qk_norm_rope,
             fused_residual_norm: self.fusion.residual_norm,
+            fused_norm_matmul: self.fusion.norm_matmul,
         };
         let mut par = BTreeMap::new();
         for (name, members) in PARALLEL_GROUPS {
@@ -123,6 +124,7 @@ fn entries(k: &KernelsDoc) -> Vec<EntryRef<'_>> {
         push("fused.gate_up", &f.gate_up, vec![Slot::FusedGateUp]);
         push("fused.qk_norm_rope", &f.qk_norm_rope, vec![Slot::QkNormRope]);
         push("fused.residual_norm", &f.residual_norm, vec![Slot::ResidualNorm]);
+        push("fused.norm_matmul", &f.norm_matmul, vec![Slot::NormMatmul]);
     }
     v
 }
@@ -412,6 +414,7 @@ impl Profile {
                 gate_up: e.fused_gate_up,
                 qk_norm_rope: e.fused_qk_norm_rope,
                 residual_norm: e.fused_residual_norm,
+                norm_matmul: e.fused_norm_matmul,
             },
             parallel: Parallel {
                 qkv: par_on && d.parallel.contains_key("qkv_projections"),
@@ -504,6 +507,7 @@ pub fn kernels_doc(choices: &BTreeMap<SlotKey, Choice>) -> KernelsDoc {
         gate_up: entry(Slot::FusedGateUp),
         qk_norm_rope: entry(Slot::QkNormRope),
         residual_norm: entry(Slot::ResidualNorm),
+        norm_matmul: entry(Slot::NormMatmul),
     };
     KernelsDoc {
         attention,
@@ -512,7 +516,7 @@ pub fn kernels_doc(choices: &BTreeMap<SlotKey, Choice>) -> KernelsDoc {
         activation: entry(Slot::Activation),
         rope: entry(Slot::Rope),
         residual: entry(Slot::Residual),
-        fused: if any(&[&f.qkv_proj, &f.gate_up, &f.qk_norm_rope, &f.residual_norm]) { Some(f) } else { None },
+        fused: if any(&[&f.qkv_proj, &f.gate_up, &f.qk_norm_rope, &f.residual_norm, &f.norm_matmul]) { Some(f) } else { None },
     }
 }
 

@@ -143,6 +143,7 @@ impl Combo {
             (f.gate_up, "fused_gate_up"),
             (f.qk_norm_rope, "fused_qk_norm_rope"),
             (f.residual_norm, "fused_residual_norm"),
+            (f.norm_matmul, "fused_norm_matmul"),
         ] {
             if on {
                 parts.push(name);

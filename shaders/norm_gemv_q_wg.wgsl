@@ -1,0 +1,124 @@
+// Fused RMSNorm prologue + quantized GEMV (decode): y[n] = w[n,k] · (x * inv_rms * g'),
+// w in ggml blocks (q8_0, q4_0, q4_1 by the QFMT override) read directly and
+// dequantized in registers, g' = g or 1 + g (unit_offset, Gemma), inv_rms =
+// 1 / sqrt(mean(x²) + eps). Since y_r = inv_rms · Σ_c w[r,c]·x[c]·g'[c], w is read
+// once and the normalized vector never stored: each workgroup owns ROWS consecutive
+// rows; every invocation takes quant words (4 or 8 weights each) strided by WG, for
+// all ROWS rows from the same x·g' values, and sums x² of those activations
+// alongside (every activation belongs to exactly one word index); one workgroup
+// reduction of the ROWS + 1 partials, then the row sums are scaled by inv_rms.
+// Needs k % 32 == 0.
+//
+// Bindings: x, the gain (f32), the weight buffer twice (quants at 2, the scales
+// region at 3), y, the uniform.
+
+override WG: u32 = 128;
+override ROWS: u32 = 2;
+override QFMT: u32 = 0u;
+
+struct Dims { n: u32, k: u32, eps: f32, unit_offset: u32 }
+
+@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> g: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> wq: array<u32>;
+@group(0) @binding(3) var<storage, read> ws: array<u32>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+@group(0) @binding(5) var<uniform> dims: Dims;
+
+// Rows 0..ROWS: the partial dot products; row ROWS: the partial sums of squares.
+var<workgroup> partial: array<f32, WG * (ROWS + 1u)>;
+
+// Block decoding (shared text of the q*_ shaders): QFMT 0 = q8_0, 1 = q4_0, 2 = q4_1.
+// wq: the quantized bytes as u32 words (8 words per q8_0 block, 4 per 4-bit block),
+// ws: the f16 scales as u32 words (d per block; d, m per block for q4_1).
+
+// Quant words per block.
+fn qwords() -> u32 {
+    return select(4u, 8u, QFMT == 0u);
+}
+
+// Scale d and offset m (0 unless q4_1) of global block b.
+fn qscale(b: u32) -> vec2<f32> {
+    if (QFMT == 2u) {
+        return unpack2x16float(ws[b]);
+    }
+    let pair = unpack2x16float(ws[b >> 1u]);
+    return vec2<f32>(select(pair.x, pair.y, (b & 1u) == 1u), 0.0);
+}
+
+// Word gw of the quants dequantized: q8_0 gives 4 elements in .lo; the 4-bit
+// formats give elements j*4..j*4+3 of the block in .lo and 16 + j*4.. in .hi
+// (ggml nibble order), j = word index within its block.
+struct QWord { lo: vec4<f32>, hi: vec4<f32> }
+
+fn qdecode(gw: u32) -> QWord {
+    let word = wq[gw];
+    let sc = qscale(gw / qwords());
+    if (QFMT == 0u) {
+        let v = (vec4<i32>(bitcast<i32>(word)) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u);
+        return QWord(vec4<f32>(v) * sc.x, vec4<f32>(0.0));
+    }
+    let lo = vec4<f32>((vec4<u32>(word) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u));
+    let hi = vec4<f32>((vec4<u32>(word) >> vec4<u32>(4u, 12u, 20u, 28u)) & vec4<u32>(15u));
+    if (QFMT == 1u) {
+        return QWord((lo - 8.0) * sc.x, (hi - 8.0) * sc.x);
+    }
+    return QWord(lo * sc.x + sc.y, hi * sc.x + sc.y);
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) tid: u32) {
+    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
+    let qw = qwords();
+    let wpr = dims.k / 32u * qw;
+    let off = vec4<f32>(select(0.0, 1.0, dims.unit_offset != 0u));
+    var acc: array<f32, 8>; // ROWS <= 8 (the parameter's values)
+    for (var r = 0u; r < ROWS; r++) {
+        acc[r] = 0.0;
+    }
+    var ss = 0.0;
+    for (var wi = tid; wi < wpr; wi += WG) {
+        // Word j of block bi covers x[bi*8 + j] (and x[bi*8 + 4 + j] for 4-bit formats).
+        let i0 = (wi / qw) * 8u + wi % qw;
+        let x0 = x[i0];
+        let a0 = x0 * (g[i0] + off);
+        ss += dot(x0, x0);
+        if (QFMT == 0u) {
+            for (var r = 0u; r < ROWS; r++) {
+                let row = row0 + r;
+                if (row < dims.n) {
+                    acc[r] += dot(qdecode(row * wpr + wi).lo, a0);
+                }
+            }
+        } else {
+            let x1 = x[i0 + 4u];
+            let a1 = x1 * (g[i0 + 4u] + off);
+            ss += dot(x1, x1);
+            for (var r = 0u; r < ROWS; r++) {
+                let row = row0 + r;
+                if (row < dims.n) {
+                    let d = qdecode(row * wpr + wi);
+                    acc[r] += dot(d.lo, a0) + dot(d.hi, a1);
+                }
+            }
+        }
+    }
+    for (var r = 0u; r < ROWS; r++) {
+        partial[r * WG + tid] = acc[r];
+    }
+    partial[ROWS * WG + tid] = ss;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (tid < s) {
+            for (var r = 0u; r <= ROWS; r++) {
+                partial[r * WG + tid] += partial[r * WG + tid + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    if (tid < ROWS && row0 + tid < dims.n) {
+        let inv = inverseSqrt(partial[ROWS * WG] / f32(dims.k) + dims.eps);
+        y[row0 + tid] = partial[tid * WG] * inv;
+    }
+}

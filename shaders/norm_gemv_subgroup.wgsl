@@ -1,0 +1,62 @@
+// Fused RMSNorm prologue + GEMV (decode), reduced with subgroup operations:
+// y[n] = w[n,k] · (x * inv_rms * g'), g' = g or 1 + g (unit_offset, Gemma),
+// inv_rms = 1 / sqrt(mean(x²) + eps). Every subgroup first sums x² over k itself
+// (k floats from cache, one subgroupAdd: no workgroup memory, no barrier), then owns
+// whole rows (sg, sg + num_subgroups, ... of the workgroup's ROWS): its lanes load
+// 16 bytes of the row per step, dot them with x·g', and one subgroupAdd finishes the
+// row, scaled by inv_rms. The gain and the weights are vec4<u32> words decoded by
+// W_F16 (4 f32 or 8 packed f16). Needs SUBGROUP and k % 4 == 0 (f32) or k % 8 == 0 (f16).
+
+override WG: u32 = 128;
+override ROWS: u32 = 4;
+override W_F16: bool = false;
+
+struct Dims { n: u32, k: u32, eps: f32, unit_offset: u32 }
+
+@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> g: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<uniform> dims: Dims;
+
+fn h2(v: u32) -> vec2<f32> { return unpack2x16float(v); }
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) nsg: u32,
+        @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg_size: u32) {
+    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
+    let k = dims.k;
+    let vecs = k / 4u;
+    var ss = 0.0;
+    for (var c = lane; c < vecs; c += sg_size) {
+        let v = x[c];
+        ss += dot(v, v);
+    }
+    let inv = inverseSqrt(subgroupAdd(ss) / f32(k) + dims.eps);
+    let off = vec4<f32>(select(0.0, 1.0, dims.unit_offset != 0u));
+    for (var r = sg; r < ROWS; r += nsg) {
+        let row = row0 + r;
+        if (row >= dims.n) { break; }
+        var acc = 0.0;
+        if (W_F16) {
+            let words = k / 8u;
+            for (var c = lane; c < words; c += sg_size) {
+                let q = w[row * words + c];
+                let gq = g[c];
+                let a0 = x[2u * c] * (vec4<f32>(h2(gq.x), h2(gq.y)) + off);
+                let a1 = x[2u * c + 1u] * (vec4<f32>(h2(gq.z), h2(gq.w)) + off);
+                acc += dot(a0, vec4<f32>(h2(q.x), h2(q.y))) + dot(a1, vec4<f32>(h2(q.z), h2(q.w)));
+            }
+        } else {
+            for (var c = lane; c < vecs; c += sg_size) {
+                let a = x[c] * (bitcast<vec4<f32>>(g[c]) + off);
+                acc += dot(a, bitcast<vec4<f32>>(w[row * vecs + c]));
+            }
+        }
+        let total = subgroupAdd(acc);
+        if (lane == 0u) {
+            y[row] = total * inv;
+        }
+    }
+}

@@ -1,0 +1,81 @@
+// Fused RMSNorm prologue + GEMV (decode): y[n] = w[n,k] · (x * inv_rms * g'), with
+// g' = g, or 1 + g when unit_offset (Gemma), and inv_rms = 1 / sqrt(mean(x²) + eps).
+// Since y_r = inv_rms · Σ_c w[r,c]·x[c]·g'[c], the normalized vector is never
+// stored and w is read once: each workgroup owns ROWS consecutive rows; every
+// invocation strides over k by WG, accumulating x[c]·g'[c]·w[r,c] for each row in
+// registers and x[c]² alongside (x and g read once for all ROWS rows); one
+// workgroup tree reduction then sums the ROWS + 1 partials and the epilogue scales
+// the row sums by inv_rms. Any k; the gain and the weights are u32 words decoded by
+// W_F16 (f32 bits or packed f16 pairs).
+
+override WG: u32 = 128;
+override ROWS: u32 = 2;
+override W_F16: bool = false;
+
+struct Dims { n: u32, k: u32, eps: f32, unit_offset: u32 }
+
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read> g: array<u32>;
+@group(0) @binding(2) var<storage, read> w: array<u32>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<uniform> dims: Dims;
+
+// Rows 0..ROWS: the partial dot products; row ROWS: the partial sums of squares.
+var<workgroup> partial: array<f32, WG * (ROWS + 1u)>;
+
+fn gload(i: u32) -> f32 {
+    if (W_F16) {
+        let pair = unpack2x16float(g[i >> 1u]);
+        return select(pair.x, pair.y, (i & 1u) == 1u);
+    }
+    return bitcast<f32>(g[i]);
+}
+
+fn wload(i: u32) -> f32 {
+    if (W_F16) {
+        let pair = unpack2x16float(w[i >> 1u]);
+        return select(pair.x, pair.y, (i & 1u) == 1u);
+    }
+    return bitcast<f32>(w[i]);
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) tid: u32) {
+    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
+    let k = dims.k;
+    let off = select(0.0, 1.0, dims.unit_offset != 0u);
+    var acc: array<f32, 8>; // ROWS <= 8 (the parameter's values)
+    for (var r = 0u; r < ROWS; r++) {
+        acc[r] = 0.0;
+    }
+    var ss = 0.0;
+    for (var c = tid; c < k; c += WG) {
+        let xv = x[c];
+        ss += xv * xv;
+        let xg = xv * (gload(c) + off);
+        for (var r = 0u; r < ROWS; r++) {
+            let row = row0 + r;
+            if (row < dims.n) {
+                acc[r] += xg * wload(row * k + c);
+            }
+        }
+    }
+    for (var r = 0u; r < ROWS; r++) {
+        partial[r * WG + tid] = acc[r];
+    }
+    partial[ROWS * WG + tid] = ss;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (tid < s) {
+            for (var r = 0u; r <= ROWS; r++) {
+                partial[r * WG + tid] += partial[r * WG + tid + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    if (tid < ROWS && row0 + tid < dims.n) {
+        let inv = inverseSqrt(partial[ROWS * WG] / f32(k) + dims.eps);
+        y[row0 + tid] = partial[tid * WG] * inv;
+    }
+}

@@ -1,0 +1,331 @@
+//! Fused RMSNorm prologue + matrix-vector product (decode), `y[n] = w[n,k] ·
+//! (x * inv_rms(x) ∘ g)` ([`Problem::NormGemv`]): the input norm of a layer (or the
+//! final norm) folded into the projection that consumes it, so the normalized
+//! vector never goes through memory and no separate norm kernel runs. The algebra
+//! that makes it free: `y_r = inv_rms · Σ_c w[r,c]·x[c]·g[c]`, so a GPU workgroup
+//! sums `x²` alongside its dot products (k is the hidden size, 1–3K) and scales the
+//! row sums at the end; no extra pass over `w`.
+//!
+//! WGSL: `norm_gemv_wg` (f32/f16 weights, scalar loads, any k, `x²` folded into the
+//! rows' workgroup tree reduction), `norm_gemv_subgroup` (16-byte loads, one
+//! `subgroupAdd` per row), and for the block formats (q8_0, q4_0, q4_1, the `QFMT`
+//! override; the weight buffer bound twice, quants and the 256-byte aligned scales
+//! region, as in [`qmatmul`](super::qmatmul)) `norm_gemv_q_wg` and
+//! `norm_gemv_q_subgroup`.
+//! CPU: `norm_gemv_cpu` (f32/f16: `x` normalized once into a per-call k-vector, then
+//! the rows in parallel with the four-row SIMD dots of [`gemv`](super::gemv)) and
+//! `norm_gemv_q_cpu` (the same prologue, then the block dot products of
+//! `gemv_q_cpu`, with f32 or int8 activations).
+
+use super::gemv::{self, par_rows, vec_alignment};
+use super::qmatmul::{ACT_BITS, XQ8, check_blocks, dot_q, dot_q_i8, qbinds, qfmt};
+use super::quant::{QK, QView};
+use super::simd::{self, Isa};
+use super::{
+    CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, p, packed_f16,
+    wgsl_any, wrong_op,
+};
+use crate::device::{CpuCaps, GpuCaps};
+use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
+use crate::shader;
+
+static NORM_GEMV_WG: Shader = shader!("norm_gemv_wg.wgsl");
+static NORM_GEMV_SG: Shader = shader!("norm_gemv_subgroup.wgsl");
+static NORM_GEMV_Q_WG: Shader = shader!("norm_gemv_q_wg.wgsl");
+static NORM_GEMV_Q_SG: Shader = shader!("norm_gemv_q_subgroup.wgsl");
+
+const FLOAT: &[DType] = &[DType::F32, DType::F16];
+const QUANT: &[DType] = DType::QUANT;
+
+const WG_PARAMS: &[ParamSpec] = &[
+    ParamSpec { name: "workgroup_size", values: &[32, 64, 128, 256], default: 128, help: "invocations per workgroup" },
+    ParamSpec { name: "rows_per_wg", values: &[1, 2, 4, 8], default: 2, help: "output rows per workgroup" },
+];
+const SG_PARAMS: &[ParamSpec] = &[
+    ParamSpec { name: "workgroup_size", values: &[32, 64, 128, 256], default: 128, help: "invocations per workgroup" },
+    ParamSpec { name: "rows_per_wg", values: &[1, 2, 4, 8, 16], default: 4, help: "output rows per workgroup, spread over its subgroups" },
+];
+const ROWS_PER_TASK: ParamSpec =
+    ParamSpec { name: "rows_per_task", values: &[8, 16, 32, 64, 128, 256], default: 64, help: "rows per rayon task (dynamic strategy)" };
+const ISA: ParamSpec = ParamSpec { name: "isa", values: simd::ISA_VALUES, default: 0, help: simd::ISA_HELP };
+const CPU_PARAMS: &[ParamSpec] = &[
+    ROWS_PER_TASK,
+    ParamSpec {
+        name: "strategy",
+        values: &[0, 1],
+        default: 0,
+        help: "0 dynamic work stealing by rows_per_task, 1 one static row range per thread",
+    },
+    ISA,
+];
+const CPU_Q_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK, ISA, ACT_BITS];
+
+pub fn variants() -> Vec<KernelDef> {
+    vec![
+        KernelDef {
+            id: "norm_gemv_wg",
+            op: Op::NormGemv,
+            summary: "scalar loads, any k; ROWS rows per workgroup share x·g; x² summed alongside; one workgroup tree reduction",
+            dtypes: FLOAT,
+            params: WG_PARAMS,
+            imp: Impl::Wgsl(WgslImpl {
+                shader: &NORM_GEMV_WG,
+                workgroup_size: wg_size,
+                shared_memory: shared_rows_plus_one,
+                needs_f16: packed_f16,
+                needs_subgroups: false,
+                check: wgsl_any,
+                prepare: prepare_wg,
+            }),
+        },
+        KernelDef {
+            id: "norm_gemv_subgroup",
+            op: Op::NormGemv,
+            summary: "16-byte loads; each subgroup sums x² itself, then one subgroup per row, subgroupAdd, no barriers",
+            dtypes: FLOAT,
+            params: SG_PARAMS,
+            imp: Impl::Wgsl(WgslImpl {
+                shader: &NORM_GEMV_SG,
+                workgroup_size: wg_size,
+                shared_memory: super::no_shared,
+                needs_f16: packed_f16,
+                needs_subgroups: true,
+                check: check_subgroup,
+                prepare: prepare_sg,
+            }),
+        },
+        KernelDef {
+            id: "norm_gemv_q_wg",
+            op: Op::NormGemv,
+            summary: "quantized blocks dequantized in registers; ROWS rows per workgroup share x·g; x² summed alongside; workgroup reduction",
+            dtypes: QUANT,
+            params: WG_PARAMS,
+            imp: Impl::Wgsl(WgslImpl {
+                shader: &NORM_GEMV_Q_WG,
+                workgroup_size: wg_size,
+                shared_memory: shared_rows_plus_one,
+                needs_f16: packed_f16,
+                needs_subgroups: false,
+                check: check_q_wgsl,
+                prepare: prepare_q_wg,
+            }),
+        },
+        KernelDef {
+            id: "norm_gemv_q_subgroup",
+            op: Op::NormGemv,
+            summary: "quantized blocks dequantized in registers; each subgroup sums x² itself, then one subgroup per row, subgroupAdd",
+            dtypes: QUANT,
+            params: SG_PARAMS,
+            imp: Impl::Wgsl(WgslImpl {
+                shader: &NORM_GEMV_Q_SG,
+                workgroup_size: wg_size,
+                shared_memory: super::no_shared,
+                needs_f16: packed_f16,
+                needs_subgroups: true,
+                check: check_q_subgroup,
+                prepare: prepare_q_sg,
+            }),
+        },
+        KernelDef {
+            id: "norm_gemv_cpu",
+            op: Op::NormGemv,
+            summary: "x normalized once into a k-vector (SIMD sum of squares), then four rows per SIMD dot call; rayon over rows",
+            dtypes: FLOAT,
+            params: CPU_PARAMS,
+            imp: Impl::Cpu(CpuImpl { run: run_float, check: check_cpu }),
+        },
+        KernelDef {
+            id: "norm_gemv_q_cpu",
+            op: Op::NormGemv,
+            summary: "x normalized once into a k-vector, then SIMD block dot products straight from the quants (f32 or int8 activations); rayon over rows",
+            dtypes: QUANT,
+            params: CPU_Q_PARAMS,
+            imp: Impl::Cpu(CpuImpl { run: run_quant, check: check_q_cpu }),
+        },
+    ]
+}
+
+// ---------------------------------------------------------------------------------
+// Validity
+// ---------------------------------------------------------------------------------
+
+fn subgroup_fits(caps: &GpuCaps, params: &Params) -> Result<(), String> {
+    let wg = p(params, "workgroup_size");
+    if caps.subgroup_max_size > wg {
+        return Err(format!("workgroup of {wg} is smaller than the adapter's subgroup size {}", caps.subgroup_max_size));
+    }
+    Ok(())
+}
+
+fn check_subgroup(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    subgroup_fits(caps, params)?;
+    match *prob {
+        Problem::NormGemv { k, .. } => vec_alignment(k, dtype),
+        _ => Ok(()),
+    }
+}
+
+fn check_q_wgsl(_: &GpuCaps, prob: &Problem, dtype: DType, _: &Params) -> Result<(), String> {
+    check_blocks(prob, dtype)
+}
+
+fn check_q_subgroup(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    subgroup_fits(caps, params)?;
+    check_blocks(prob, dtype)
+}
+
+fn check_cpu(_: &CpuCaps, _: &Problem, _: DType, params: &Params) -> Result<(), String> {
+    Isa::param_available(p(params, "isa"))
+}
+
+fn check_q_cpu(_: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    Isa::param_available(p(params, "isa"))?;
+    check_blocks(prob, dtype)
+}
+
+// ---------------------------------------------------------------------------------
+// WGSL
+// ---------------------------------------------------------------------------------
+
+fn wg_size(params: &Params) -> [u32; 3] {
+    [p(params, "workgroup_size"), 1, 1]
+}
+
+/// ROWS partial dot products and one partial sum of squares per invocation.
+fn shared_rows_plus_one(_: &Problem, _: DType, params: &Params) -> u64 {
+    4 * p(params, "workgroup_size") as u64 * (p(params, "rows_per_wg") as u64 + 1)
+}
+
+/// `(n, the uniform block {n, k, eps, unit_offset})`.
+fn uniform(s: &WgslSetup<'_>) -> Result<(usize, [u32; 4]), KernelError> {
+    match *s.problem {
+        Problem::NormGemv { n, k, eps, unit_offset } => Ok((n, [n as u32, k as u32, eps.to_bits(), unit_offset as u32])),
+        _ => Err(wrong_op(s.kernel, s.problem)),
+    }
+}
+
+fn prepare_float(s: &WgslSetup<'_>, shader: &'static Shader) -> Result<GpuProgram, KernelError> {
+    let (n, u) = uniform(s)?;
+    let (wg, rows) = (p(s.params, "workgroup_size"), p(s.params, "rows_per_wg"));
+    let consts = [("WG", wg as f64), ("ROWS", rows as f64), ("W_F16", s.w_f16())];
+    s.one_step(shader, "main", &consts, &u, grid_2d(groups(n, rows)))
+}
+
+fn prepare_wg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    prepare_float(s, &NORM_GEMV_WG)
+}
+
+fn prepare_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    prepare_float(s, &NORM_GEMV_SG)
+}
+
+/// Binds x, the gain, the weight's quants and scales regions, y and the uniform.
+fn prepare_quant(s: &WgslSetup<'_>, shader: &'static Shader) -> Result<GpuProgram, KernelError> {
+    let (n, u) = uniform(s)?;
+    let (wg, rows) = (p(s.params, "workgroup_size"), p(s.params, "rows_per_wg"));
+    let consts = [("WG", wg as f64), ("ROWS", rows as f64), ("QFMT", qfmt(s.dtype))];
+    let pipe = s.gpu.pipeline(shader, "main", &consts)?;
+    let ub = s.gpu.uniform(s.kernel.id, &u);
+    let step = {
+        let binds = qbinds(s, 2, &[&ub])?;
+        s.gpu.step_ranges(s.kernel.id, pipe, &binds, grid_2d(groups(n, rows)))?
+    };
+    Ok(GpuProgram { steps: vec![step], owned: vec![ub] })
+}
+
+fn prepare_q_wg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    prepare_quant(s, &NORM_GEMV_Q_WG)
+}
+
+fn prepare_q_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    prepare_quant(s, &NORM_GEMV_Q_SG)
+}
+
+// ---------------------------------------------------------------------------------
+// CPU
+// ---------------------------------------------------------------------------------
+
+/// The prologue: `x * inv_rms(x) * g` (or `* (1 + g)`) into a fresh k-vector, the sum
+/// of squares with the SIMD dot product of `x` with itself.
+pub fn normalize(isa: Isa, x: &[f32], g: CpuIn<'_>, eps: f32, unit_offset: bool) -> Vec<f32> {
+    if x.is_empty() {
+        return Vec::new();
+    }
+    let inv = 1.0 / (simd::dot_f32(isa, x, x) / x.len() as f32 + eps).sqrt();
+    let off = if unit_offset { 1.0 } else { 0.0 };
+    x.iter().enumerate().map(|(i, &v)| v * inv * (g.get(i) + off)).collect()
+}
+
+fn run_float(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::NormGemv { n, k, eps, unit_offset } = *prob else { return Ok(()) };
+    let isa = Isa::from_param(p(params, "isa"));
+    let xn = normalize(isa, &a.ins[0].f32()[..k], a.ins[1], eps, unit_offset);
+    let w = a.ins[2];
+    par_rows(&mut a.outs[0][..n], params, |first, y| gemv::gemv_dot4(isa, &xn, w, k, first, y));
+    Ok(())
+}
+
+/// Row `r` of a `[_, k]` quantized matrix.
+#[inline]
+fn qrow<'a>(w: QView<'a>, r: usize, k: usize) -> QView<'a> {
+    let bpr = k / QK;
+    w.blocks_range(r * bpr, bpr)
+}
+
+fn run_quant(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::NormGemv { n, k, eps, unit_offset } = *prob else { return Ok(()) };
+    let isa = Isa::from_param(p(params, "isa"));
+    let w = a.ins[2].quant().ok_or_else(|| KernelError::BufferType {
+        kernel: "norm_gemv_q_cpu".into(),
+        buffer: "w".into(),
+        expected: "a quantized matrix",
+    })?;
+    let xn = normalize(isa, &a.ins[0].f32()[..k], a.ins[1], eps, unit_offset);
+    if p(params, "act_bits") == 8 {
+        let xq = XQ8::quantize(&xn);
+        par_rows(&mut a.outs[0][..n], params, |first, y| {
+            for (i, out) in y.iter_mut().enumerate() {
+                *out = dot_q_i8(isa, &xq, qrow(w, first + i, k));
+            }
+        });
+        return Ok(());
+    }
+    par_rows(&mut a.outs[0][..n], params, |first, y| {
+        for (i, out) in y.iter_mut().enumerate() {
+            *out = dot_q(isa, &xn, qrow(w, first + i, k));
+        }
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::verify::{HostTensor, make_inputs, run_cpu};
+    use crate::kernels::{find, reference};
+
+    /// The fused kernel equals the RMSNorm kernel followed by the GEMV kernel (the
+    /// unfused plan's two steps), for both gain conventions.
+    #[test]
+    fn fused_equals_norm_then_gemv() {
+        for unit_offset in [false, true] {
+            let (n, k, eps) = (19, 96, 1e-6);
+            let prob = Problem::NormGemv { n, k, eps, unit_offset };
+            let ins = make_inputs(&prob, DType::F32, 3);
+            let fused =
+                run_cpu(find("norm_gemv_cpu").unwrap(), &prob, DType::F32, &find("norm_gemv_cpu").unwrap().default_params(), &ins).unwrap();
+            let norm = Problem::RmsNorm { rows: 1, dim: k, eps, unit_offset };
+            let f64s: Vec<Vec<f64>> = ins.iter().map(HostTensor::to_f64).collect();
+            let xn = reference::compute(&norm, &[f64s[0].clone(), f64s[1].clone()]).remove(0);
+            let y = reference::compute(&Problem::Gemv { n, k }, &[xn, f64s[2].clone()]).remove(0);
+            for (a, b) in fused[0].iter().zip(&y) {
+                assert!((*a as f64 - b).abs() < 1e-4 * (1.0 + b.abs()), "unit_offset {unit_offset}: {a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn zero_length_activations_normalize_to_nothing() {
+        assert!(normalize(Isa::Scalar, &[], CpuIn::F32(&[]), 1e-6, false).is_empty());
+    }
+}
