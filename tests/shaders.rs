@@ -32,7 +32,7 @@ fn every_shader_validates_with_naga() {
 
 #[test]
 fn every_shader_file_is_used_by_a_kernel() {
-    let used: Vec<_> = all_shaders().iter().map(|s| s.name).collect();
+    let used: Vec<_> = all_shaders().iter().flat_map(|s| std::iter::once(s.name).chain(s.includes.iter().copied())).collect();
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/shaders");
     for entry in std::fs::read_dir(dir).expect("shaders/ exists") {
         let name = entry.expect("dir entry").file_name().to_string_lossy().to_string();

@@ -20,13 +20,27 @@ use crate::device::{GpuCaps, GpuDevice};
 pub struct Shader {
     pub name: &'static str,
     pub source: &'static str,
+    /// Files of `shaders/` appended to `name`'s text (shared WGSL functions).
+    pub includes: &'static [&'static str],
 }
 
-/// Declares a `Shader` for `shaders/<file>`.
+/// Declares a `Shader` for `shaders/<file>`, optionally with a file of shared
+/// functions appended (`shader!("qgemv_wg.wgsl", "qblock.wgsl")`).
 #[macro_export]
 macro_rules! shader {
     ($file:literal) => {
-        $crate::gpu::Shader { name: $file, source: include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $file)) }
+        $crate::gpu::Shader { name: $file, source: include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $file)), includes: &[] }
+    };
+    ($file:literal, $include:literal) => {
+        $crate::gpu::Shader {
+            name: $file,
+            source: concat!(
+                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $file)),
+                "\n",
+                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $include))
+            ),
+            includes: &[$include],
+        }
     };
 }
 
