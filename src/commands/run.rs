@@ -114,13 +114,14 @@ pub fn load_gguf(path: &std::path::Path, layers: Option<usize>) -> Result<Loaded
 }
 
 /// The matrix weight type: `flag` when given, else what a GGUF file's projection
-/// matrices are stored as, else f32.
-pub fn default_weight_dtype(flag: Option<DType>, m: &LoadedModel) -> DType {
-    match (flag, m.gguf.as_ref().and_then(|_| m.weights.matmul_storage())) {
-        (Some(d), _) => d,
-        (None, Some(s)) => weight_dtype_for(s),
-        (None, None) => DType::F32,
-    }
+/// matrices are stored as (`storage`, from [`gguf_storage`]), else f32.
+pub fn default_weight_dtype(flag: Option<DType>, storage: Option<Stored>) -> DType {
+    flag.unwrap_or_else(|| storage.map_or(DType::F32, weight_dtype_for))
+}
+
+/// What a GGUF model's projection matrices are stored as (None for other sources).
+pub fn gguf_storage(m: &LoadedModel) -> Option<Stored> {
+    m.gguf.as_ref().and_then(|_| m.weights.matmul_storage())
 }
 
 /// The runtime weight type for weights stored as `s` when none is asked for.
@@ -277,8 +278,8 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         None => load_source(&args.source, args.layers, args.seed)?,
     };
     warnings.extend(m.warnings.iter().cloned());
-    let storage = m.gguf.as_ref().and_then(|_| m.weights.matmul_storage());
-    let weight_dtype = default_weight_dtype(weight_flag, &m);
+    let storage = gguf_storage(&m);
+    let weight_dtype = default_weight_dtype(weight_flag, storage);
     let c = &m.config;
     if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= c.vocab_size) {
         let from = match &tokenizer {

@@ -77,7 +77,7 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
     }
     let device = super::pick_device(selector)?;
     let m = load_source(&args.source, args.layers, args.seed)?;
-    let weight_dtype = super::run::default_weight_dtype(weight_flag, &m);
+    let weight_dtype = super::run::default_weight_dtype(weight_flag, super::run::gguf_storage(&m));
     let name = match args.layers {
         Some(l) if l < m.config.num_layers || args.source.model_dir.is_some() || args.source.gguf.is_some() => {
             format!("{}@{l}layers", m.name)

@@ -18,8 +18,7 @@
 //! `gemv_q_cpu`, with f32 or int8 activations).
 
 use super::gemv::{self, par_rows, vec_alignment};
-use super::qmatmul::{ACT_BITS, XQ8, check_blocks, dot_q, dot_q_i8, qbinds, qfmt};
-use super::quant::{QK, QView};
+use super::qmatmul::{ACT_BITS, ActVec, check_blocks, qbinds, qfmt};
 use super::simd::{self, Isa};
 use super::{
     CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, p, packed_f16,
@@ -265,13 +264,6 @@ fn run_float(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), 
     Ok(())
 }
 
-/// Row `r` of a `[_, k]` quantized matrix.
-#[inline]
-fn qrow<'a>(w: QView<'a>, r: usize, k: usize) -> QView<'a> {
-    let bpr = k / QK;
-    w.blocks_range(r * bpr, bpr)
-}
-
 fn run_quant(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
     let Problem::NormGemv { n, k, eps, unit_offset } = *prob else { return Ok(()) };
     let isa = Isa::from_param(p(params, "isa"));
@@ -281,20 +273,9 @@ fn run_quant(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), 
         expected: "a quantized matrix",
     })?;
     let xn = normalize(isa, &a.ins[0].f32()[..k], a.ins[1], eps, unit_offset);
-    if p(params, "act_bits") == 8 {
-        let xq = XQ8::quantize(&xn);
-        par_rows(&mut a.outs[0][..n], params, |first, y| {
-            for (i, out) in y.iter_mut().enumerate() {
-                *out = dot_q_i8(isa, &xq, qrow(w, first + i, k));
-            }
-        });
-        return Ok(());
-    }
-    par_rows(&mut a.outs[0][..n], params, |first, y| {
-        for (i, out) in y.iter_mut().enumerate() {
-            *out = dot_q(isa, &xn, qrow(w, first + i, k));
-        }
-    });
+    // The normalized vector as gemv_q_cpu takes it: f32, or int8 blocks (act_bits 8).
+    let x = ActVec::new(&xn, params);
+    par_rows(&mut a.outs[0][..n], params, |first, y| x.rows(isa, w, k, first, y, false));
     Ok(())
 }
 

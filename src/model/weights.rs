@@ -507,8 +507,9 @@ impl Weights {
             && *tf != Transform::MinusOne
             && self.stored(name)? == Stored::Quant(format)
         {
-            let t = &self.gguf_file()?.tensors[*tensor];
-            let (data, rb) = (self.gguf_file()?.data(t), t.row_bytes());
+            let f = self.gguf_file()?;
+            let t = &f.tensors[*tensor];
+            let (data, rb) = (f.data(t), t.row_bytes());
             let mut bytes = Vec::with_capacity(count * rb);
             for r in r0..r0 + count {
                 let src = tf.source_row(r, rows);
