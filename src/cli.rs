@@ -29,6 +29,8 @@ pub enum Command {
     Profiles(ProfilesArgs),
     /// Compare two profiles: choices, times and their noise (exit 1 on a regression).
     DiffProfiles(DiffArgs),
+    /// Measure profiles and the runtime default end to end in one process, interleaved.
+    Bench(BenchArgs),
     /// Print the JSON Schema of the profile format (for editors).
     Schema,
 }
@@ -70,6 +72,38 @@ pub struct TuneArgs {
     #[arg(long)]
     pub force: bool,
     /// Seed of the synthetic weights, the inputs and the search.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub source: ModelSource,
+    /// A profile to measure (repeatable); the first is the reference of the comparisons.
+    #[arg(long, value_name = "FILE")]
+    pub profile: Vec<std::path::PathBuf>,
+    /// Leave out the runtime's default (measured last otherwise).
+    #[arg(long)]
+    pub no_default: bool,
+    /// Prompt tokens of each prefill.
+    #[arg(long, default_value_t = 64)]
+    pub prefill_tokens: usize,
+    /// Decode steps after each prefill (their median time per token is the decode sample).
+    #[arg(long, default_value_t = 16)]
+    pub decode_tokens: usize,
+    /// Rounds; each times every entry once, in a rotating order.
+    #[arg(long, default_value_t = 15)]
+    pub rounds: usize,
+    /// Weight type of the default entry (default: the first profile's, else as `run`).
+    #[arg(long)]
+    pub weight_dtype: Option<String>,
+    /// Keep only the first N layers.
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Seed of the synthetic weights (--model).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     #[arg(long, value_enum, default_value_t = Format::Table)]

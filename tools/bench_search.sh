@@ -1,48 +1,48 @@
 #!/usr/bin/env bash
 # Quality of the search (issue: tuner §6): the `auto` strategy against `exhaustive`
-# for one model on one device, in the same run: tuning time of each, then both
-# profiles and the runtime default timed end to end by `ktune run`, alternating
-# A/B/default rounds so drift hits all alike. Prints a JSON summary.
+# for one model on one device: the tuning time of each, then both profiles and the
+# runtime default measured end to end by `ktune bench` in one process (interleaved
+# rounds, per-round paired ratios against the exhaustive profile). Prints a JSON
+# summary; everything it ran is left in $OUT_DIR/search-DEVICE-MODEL.
 #
-#   tools/bench_search.sh cpu smollm2-135m [auto-budget] [exhaustive-budget]
-#   tools/bench_search.sh llvmpipe smollm2-135m 3m 60m
+#   tools/bench_search.sh cpu smollm2-135m [auto-budget] [exhaustive-budget] [extra tune flags...]
+#   tools/bench_search.sh llvmpipe smollm2-135m 5m 120m --prefill-tokens 16 --context 64
 set -euo pipefail
 dev="${1:-cpu}"; model="${2:-smollm2-135m}"; auto_budget="${3:-2m}"; ex_budget="${4:-60m}"
+shift $(( $# < 4 ? $# : 4 ))
 bin="${KTUNE_BIN:-target/release/ktune}"
+rounds="${ROUNDS:-21}"
 out="${OUT_DIR:-bench-out}/search-$dev-$model"
 mkdir -p "$out"
 export KTUNE_CACHE_DIR="$out/cache"
-common=(--device "$dev" --model "$model" --prefill-tokens 64 --context 512 --force --format json)
+prefill=64; context=512
+# Later flags win: extra flags may override the prefill length and context.
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case "${args[$i]}" in
+    --prefill-tokens) prefill="${args[$((i + 1))]}" ;;
+    --context) context="${args[$((i + 1))]}" ;;
+  esac
+done
+common=(--device "$dev" --model "$model" --prefill-tokens "$prefill" --context "$context" --force --format json)
 /usr/bin/time -f "%e" -o "$out/auto.time" "$bin" tune "${common[@]}" --strategy auto --budget "$auto_budget" -o "$out/auto.yaml" > "$out/auto.json"
 /usr/bin/time -f "%e" -o "$out/exhaustive.time" "$bin" tune "${common[@]}" --strategy exhaustive --budget "$ex_budget" -o "$out/exhaustive.yaml" > "$out/exhaustive.json"
-prompt=$(python3 -c "print(','.join(str((i*7919+13)%49152) for i in range(64)))")
-for round in 1 2 3 4 5; do
-  for p in auto exhaustive default; do
-    prof=(); [ "$p" != default ] && prof=(--profile "$out/$p.yaml")
-    "$bin" run --device "$dev" --model "$model" "${prof[@]}" --tokens "$prompt" --max-tokens 33 --format json > "$out/run-$p-$round.json"
-  done
-done
+"$bin" bench --device "$dev" --model "$model" --profile "$out/exhaustive.yaml" --profile "$out/auto.yaml" \
+  --prefill-tokens "$prefill" --decode-tokens 16 --rounds "$rounds" --format json > "$out/bench.json"
 python3 - "$out" <<'PY'
-import json, statistics, sys, pathlib
+import json, sys, pathlib
 d = pathlib.Path(sys.argv[1])
-res = {}
-for p in ["auto", "exhaustive", "default"]:
-    runs = [json.loads((d / f"run-{p}-{r}.json").read_text()) for r in range(1, 6)]
-    res[p] = {
-        "prefill_tok_s": statistics.median(x["prefill_tokens_per_sec"] for x in runs),
-        "decode_tok_s": statistics.median(x["decode_tokens_per_sec"] for x in runs),
-    }
-for s in ["auto", "exhaustive"]:
-    res[s]["tune_seconds"] = float((d / f"{s}.time").read_text().strip())
-a, e = res["auto"], res["exhaustive"]
-res["auto_vs_exhaustive"] = {
-    "prefill_pct": (a["prefill_tok_s"] / e["prefill_tok_s"] - 1) * 100,
-    "decode_pct": (a["decode_tok_s"] / e["decode_tok_s"] - 1) * 100,
-    "time_pct": a["tune_seconds"] / e["tune_seconds"] * 100,
-}
-res["tuned_vs_default"] = {
-    "prefill_pct": (a["prefill_tok_s"] / res["default"]["prefill_tok_s"] - 1) * 100,
-    "decode_pct": (a["decode_tok_s"] / res["default"]["decode_tok_s"] - 1) * 100,
-}
-print(json.dumps(res, indent=2))
+b = json.loads((d / "bench.json").read_text())
+ex, auto, default = b["entries"]
+t = {s: float((d / f"{s}.time").read_text().strip()) for s in ["auto", "exhaustive"]}
+r = lambda e: {"median": round(e["median"], 2), "ci95": [round(x, 2) for x in e["ci"]]}
+print(json.dumps({
+    "device": b["device"], "model": b["model"], "rounds": b["rounds"],
+    "tune_seconds": t,
+    "tune_time_pct": round(t["auto"] / t["exhaustive"] * 100, 1),
+    "tok_s": {n: {"prefill": r(e["prefill_tok_s"]), "decode": r(e["decode_tok_s"])}
+              for n, e in [("exhaustive", ex), ("auto", auto), ("default", default)]},
+    "auto_vs_exhaustive_pct": {"prefill": r(auto["prefill_vs_first_pct"]), "decode": r(auto["decode_vs_first_pct"])},
+    "default_vs_exhaustive_pct": {"prefill": r(default["prefill_vs_first_pct"]), "decode": r(default["decode_vs_first_pct"])},
+}, indent=2))
 PY

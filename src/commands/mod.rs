@@ -1,6 +1,7 @@
 //! One module per subcommand: arguments in, a report struct out. `dispatch` renders
 //! the report through `output` and returns the exit code.
 
+pub mod bench;
 pub mod kernels;
 pub mod list_devices;
 pub mod profiles;
@@ -62,6 +63,14 @@ pub fn dispatch(cli: Cli) -> Result<i32> {
             let (report, code) = profiles::diff_profiles(&args)?;
             output::print(&output::diff(&report, args.format)?)?;
             Ok(code)
+        }
+        Command::Bench(args) => {
+            let report = bench::run(cli.device.as_deref(), &args)?;
+            for w in &report.warnings {
+                output::warn(w);
+            }
+            output::print(&output::bench(&report, args.format)?)?;
+            Ok(0)
         }
         Command::Schema => {
             output::print(&serde_json::to_string_pretty(&crate::profile::json_schema())?)?;

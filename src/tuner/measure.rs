@@ -147,15 +147,20 @@ impl Runner {
             None => {
                 let ins = &w.inputs[i];
                 let outs = &mut self.outs[i];
-                let t0 = Instant::now();
-                for _ in 0..reps {
-                    let args = CpuArgs {
-                        ins: ins.iter().map(HostTensor::as_in).collect(),
-                        outs: outs.iter_mut().map(|v| v.as_mut_slice()).collect(),
-                    };
-                    k.run_cpu(p, w.dtype, &self.cand.params, args).map_err(|e| e.to_string())?;
-                }
-                Ok(t0.elapsed().as_secs_f64() / reps as f64)
+                let params = &self.cand.params;
+                // On a pool worker, as the runtime runs its passes (see Engine::forward):
+                // the kernel forks from inside the pool.
+                rayon::scope(|_| {
+                    let t0 = Instant::now();
+                    for _ in 0..reps {
+                        let args = CpuArgs {
+                            ins: ins.iter().map(HostTensor::as_in).collect(),
+                            outs: outs.iter_mut().map(|v| v.as_mut_slice()).collect(),
+                        };
+                        k.run_cpu(p, w.dtype, params, args).map_err(|e| e.to_string())?;
+                    }
+                    Ok(t0.elapsed().as_secs_f64() / reps as f64)
+                })
             }
             Some((ctx, _)) => {
                 let prog = &self.progs[i];

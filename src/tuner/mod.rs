@@ -463,16 +463,16 @@ impl RaceResult {
     }
 }
 
-/// One end-to-end sample: prefill of the prompt from an empty cache, then decode
-/// steps; (prefill seconds, median seconds per decoded token).
-fn e2e_sample(engine: &mut Engine, prompt: &[u32]) -> Result<(f64, f64), RuntimeError> {
+/// One end-to-end sample: prefill of the prompt from an empty cache, then `steps`
+/// greedy decode steps; (prefill seconds, median seconds per decoded token).
+pub fn e2e_sample(engine: &mut Engine, prompt: &[u32], steps: usize) -> Result<(f64, f64), RuntimeError> {
     engine.reset();
     let t0 = Instant::now();
     let rows = engine.forward(prompt)?;
     let prefill = t0.elapsed().as_secs_f64();
     let mut next = argmax(rows.last().map(Vec::as_slice).unwrap_or(&[]));
     let mut ts = Vec::new();
-    for _ in 0..E2E_DECODE_STEPS {
+    for _ in 0..steps {
         let t = Instant::now();
         let r = engine.forward(&[next])?;
         ts.push(t.elapsed().as_secs_f64());
@@ -683,7 +683,7 @@ pub fn tune(
             for j in 0..combos.len() {
                 let i = (j + off) % combos.len();
                 if let Some(e) = engines[i].as_mut() {
-                    match e2e_sample(e, &prompt) {
+                    match e2e_sample(e, &prompt, E2E_DECODE_STEPS) {
                         Ok((p, d)) => {
                             samples[i].0.push(p);
                             samples[i].1.push(d);
@@ -736,7 +736,7 @@ pub fn tune(
                             break;
                         }
                         let t0 = Instant::now();
-                        match e2e_sample(&mut e, &prompt) {
+                        match e2e_sample(&mut e, &prompt, E2E_DECODE_STEPS) {
                             Ok((p, d)) => {
                                 samples[i].0.push(p);
                                 samples[i].1.push(d);
