@@ -64,21 +64,49 @@ pub struct Cand {
 }
 
 /// The shapes of one slot with their dispatch counts per pass, inputs built once.
+///
+/// On the CPU each shape's inputs come in enough copies to overflow the last-level
+/// cache (`rotate_bytes`), and consecutive executions cycle through them, as
+/// PyTorch TunableOp's rotating buffers do: in a model pass every layer reads its
+/// own weights and KV cache from memory, so a kernel timed over one hot copy would
+/// be ranked at cache speed (a 576×576 GEMV fits in L2) rather than at the speed
+/// the pass sees.
 pub struct Workload {
     pub dtype: DType,
     pub shapes: Vec<(Problem, usize)>,
-    inputs: Vec<Vec<HostTensor>>,
+    /// Per shape, its input copies (one at least).
+    inputs: Vec<Vec<Vec<HostTensor>>>,
     gpu: Option<(Arc<GpuCtx>, Vec<GpuBuffers>)>,
 }
 
+/// Copies of `bytes` of inputs that together reach `rotate_bytes` (at most 256).
+pub fn rotating_copies(bytes: usize, rotate_bytes: usize) -> usize {
+    if bytes == 0 { 1 } else { rotate_bytes.div_ceil(bytes).clamp(1, 256) }
+}
+
 impl Workload {
-    pub fn new(shapes: Vec<(Problem, usize)>, dtype: DType, gpu: Option<Arc<GpuCtx>>, seed: u64) -> Workload {
-        let inputs: Vec<Vec<HostTensor>> = shapes.iter().map(|(p, _)| make_inputs(p, dtype, seed)).collect();
+    pub fn new(shapes: Vec<(Problem, usize)>, dtype: DType, gpu: Option<Arc<GpuCtx>>, seed: u64, rotate_bytes: usize) -> Workload {
+        let inputs: Vec<Vec<Vec<HostTensor>>> = shapes
+            .iter()
+            .map(|(p, _)| {
+                let first = make_inputs(p, dtype, seed);
+                let bytes: usize = first.iter().map(|t| t.bytes().len()).sum();
+                let n = if gpu.is_some() { 1 } else { rotating_copies(bytes, rotate_bytes) };
+                let mut all = vec![first; n];
+                all.shrink_to_fit();
+                all
+            })
+            .collect();
         let gpu = gpu.map(|ctx| {
-            let bufs = shapes.iter().zip(&inputs).map(|((p, _), ins)| GpuBuffers::new(&ctx, p, dtype, ins)).collect();
+            let bufs = shapes.iter().zip(&inputs).map(|((p, _), ins)| GpuBuffers::new(&ctx, p, dtype, &ins[0])).collect();
             (ctx, bufs)
         });
         Workload { dtype, shapes, inputs, gpu }
+    }
+
+    /// Input copies of shape `i`.
+    pub fn copies(&self, i: usize) -> usize {
+        self.inputs[i].len()
     }
 }
 
@@ -95,6 +123,8 @@ pub struct Runner {
     pub dropped: Option<usize>,
     pub error: Option<String>,
     pub timestamps: bool,
+    /// The input copy the next CPU execution reads (cycles through the copies).
+    next_copy: usize,
 }
 
 impl Runner {
@@ -109,6 +139,7 @@ impl Runner {
             dropped: None,
             error: None,
             timestamps: false,
+            next_copy: 0,
         };
         if let Err(e) = r.prepare(w) {
             r.error = Some(e);
@@ -145,16 +176,18 @@ impl Runner {
         let (p, _) = &w.shapes[i];
         match &w.gpu {
             None => {
-                let ins = &w.inputs[i];
+                let copies = &w.inputs[i];
                 let outs = &mut self.outs[i];
                 let params = &self.cand.params;
+                let next = &mut self.next_copy;
                 // On a pool worker, as the runtime runs its passes (see Engine::forward):
                 // the kernel forks from inside the pool.
                 rayon::scope(|_| {
                     let t0 = Instant::now();
                     for _ in 0..reps {
+                        *next = (*next + 1) % copies.len();
                         let args = CpuArgs {
-                            ins: ins.iter().map(HostTensor::as_in).collect(),
+                            ins: copies[*next].iter().map(HostTensor::as_in).collect(),
                             outs: outs.iter_mut().map(|v| v.as_mut_slice()).collect(),
                         };
                         k.run_cpu(p, w.dtype, params, args).map_err(|e| e.to_string())?;

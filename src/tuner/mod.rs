@@ -415,7 +415,7 @@ fn run_race(t: &Target<'_>, r: &RaceDef, o: &TuneOptions, deadline: Instant, gat
             Err(why) => rejected.push((name, why)),
         }
     }
-    let w = Workload::new(r.shapes.clone(), r.dtype, t.ctx.clone(), o.seed);
+    let w = Workload::new(r.shapes.clone(), r.dtype, t.ctx.clone(), o.seed, rotate_bytes(t.device));
     let mut runners: Vec<Runner> = passed.into_iter().map(|c| Runner::new(c, &w)).collect();
     let n = runners.len() as u64;
     progress.phase(&format!("{} ({}) {} candidates", r.key.0, r.key.1.name(), n), n * FULL_SAMPLES as u64);
@@ -494,6 +494,17 @@ fn build_engine(t: &Target<'_>, o: &TuneOptions, combo: &Combo, sel: Selection) 
     e.warm_up(o.prefill_tokens)?;
     e.warm_up(1)?;
     Ok(e)
+}
+
+/// Bytes of input copies a CPU slot race cycles through: twice the last-level
+/// cache (64 MiB when the size is unknown), so every execution reads from memory as
+/// a layer of the model pass does.
+fn rotate_bytes(device: &Device) -> usize {
+    match device {
+        Device::Cpu(c) if c.cache_l3 > 0 => 2 * c.cache_l3 as usize,
+        Device::Cpu(c) if c.cache_l2 > 0 => 4 * c.cache_l2 as usize,
+        _ => 64 << 20,
+    }
 }
 
 fn available_memory() -> u64 {
