@@ -83,6 +83,34 @@ fn tune_writes_a_profile_that_runs_correctly_and_is_cached() {
     ktune(&cache).args(["profiles", "clear"]).assert().success();
     ktune(&cache).args(["profiles", "list"]).assert().success().stdout(predicate::str::contains("no cached profiles"));
 
+    // bench: the profile and the default end to end in one process.
+    let o = ktune(&cache)
+        .args(["bench", "--device", "cpu", "--model-dir"])
+        .arg(fixture("llama3-tiny"))
+        .args(["--profile", out.to_str().expect("utf-8"), "--rounds", "3", "--prefill-tokens", "8", "--decode-tokens", "4"])
+        .args(["--format", "json"])
+        .output()
+        .expect("runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let b: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let entries = b["entries"].as_array().expect("entries");
+    assert_eq!(entries.len(), 2, "{b}");
+    assert!(entries[0]["name"].as_str().expect("name").ends_with("tuned.yaml"));
+    assert_eq!(entries[1]["name"], "default");
+    for e in entries {
+        assert_eq!(e["prefill_s"].as_array().expect("samples").len(), 3);
+        assert!(e["decode_tok_s"]["median"].as_f64().expect("tok/s") > 0.0);
+    }
+    assert_eq!(entries[0]["decode_vs_first_pct"]["median"].as_f64(), Some(0.0));
+    for bad in [&["--rounds", "2"][..], &["--no-default"][..], &["--profile", "/nonexistent/p.yaml"][..]] {
+        let mut c = ktune(&cache);
+        c.args(["bench", "--device", "cpu", "--model-dir"]).arg(fixture("llama3-tiny")).args(bad);
+        if bad[0] != "--profile" && bad[0] != "--no-default" {
+            c.args(["--profile", out.to_str().expect("utf-8")]);
+        }
+        c.assert().code(2);
+    }
+
     // diff-profiles: identical is exit 0; markdown fit for a CI comment.
     ktune(&cache)
         .args(["diff-profiles", out.to_str().expect("utf-8"), out.to_str().expect("utf-8"), "--format", "markdown"])

@@ -14,7 +14,7 @@ use super::run::{default_weight_dtype, gguf_storage, load_source, open_device, p
 use crate::cli::BenchArgs;
 use crate::plan::{Fusion, Parallel, Plan, PlanOptions, Selection};
 use crate::profile::{ExecSettings, Profile};
-use crate::runtime::{Engine, TensorStore};
+use crate::runtime::{Engine, TensorStore, WeightMemo};
 use crate::tuner::e2e_sample;
 use crate::tuner::stats::summarize;
 use crate::{Error, Result};
@@ -104,6 +104,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs) -> Result<BenchReport> {
     let context = args.prefill_tokens + args.decode_tokens + 1;
     let store: Arc<dyn TensorStore> = m.weights.clone();
     let mut engines = Vec::new();
+    let memo = WeightMemo::default();
     for (name, sel, exec) in setups {
         let opts = PlanOptions {
             weight_dtype: exec.weight_dtype,
@@ -118,7 +119,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs) -> Result<BenchReport> {
         plan.steps(args.prefill_tokens, 0)?;
         let mut e = match &ctx {
             Some(ctx) => Engine::gpu(plan, store.clone(), ctx.clone(), exec.batch)?,
-            None => Engine::cpu(plan, store.clone())?,
+            None => Engine::cpu_shared(plan, store.clone(), &memo)?,
         };
         e.warm_up(args.prefill_tokens)?;
         e.warm_up(1)?;

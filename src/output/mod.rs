@@ -319,11 +319,12 @@ pub fn warn(msg: &str) {
 /// The tuner's progress on stderr: one bar per phase (indicatif), notes above it.
 pub struct TuneProgress {
     bar: std::sync::Mutex<Option<indicatif::ProgressBar>>,
+    start: std::time::Instant,
 }
 
 impl TuneProgress {
     pub fn new() -> TuneProgress {
-        TuneProgress { bar: std::sync::Mutex::new(None) }
+        TuneProgress { bar: std::sync::Mutex::new(None), start: std::time::Instant::now() }
     }
 }
 
@@ -345,6 +346,10 @@ impl crate::tuner::Progress for TuneProgress {
                 pb.set_style(style.progress_chars("=> "));
             }
             pb.set_message(msg.to_string());
+            // Without a terminal the bar is hidden: log the phase with its start time.
+            if pb.is_hidden() {
+                eprintln!("ktune: [{:7.1} s] {msg}", self.start.elapsed().as_secs_f64());
+            }
             *b = Some(pb);
         }
     }

@@ -12,11 +12,14 @@ use crate::kernels::{CpuArgs, CpuIn, DType};
 use crate::plan::{BufId, Plan, Plumb, Step, StepKind};
 
 /// One host buffer in its storage type.
+#[derive(Clone)]
 pub enum HostBuf {
     F32(Vec<f32>),
     F16(Vec<f16>),
     /// A block-quantized weight matrix.
     Q(QMatrix),
+    /// A weight shared with other engines of the same model (read only).
+    Shared(std::sync::Arc<HostBuf>),
 }
 
 impl HostBuf {
@@ -42,6 +45,7 @@ impl HostBuf {
             HostBuf::F32(v) => CpuIn::F32(v),
             HostBuf::F16(v) => CpuIn::F16(v),
             HostBuf::Q(m) => CpuIn::Q(m.view()),
+            HostBuf::Shared(b) => b.as_in(),
         }
     }
     /// Elements (a quantized matrix: rows x cols).
@@ -50,6 +54,7 @@ impl HostBuf {
             HostBuf::F32(v) => v.len(),
             HostBuf::F16(v) => v.len(),
             HostBuf::Q(m) => m.rows * m.cols,
+            HostBuf::Shared(b) => b.len(),
         }
     }
     /// The bytes of a GPU buffer holding this (a quantized matrix in its
@@ -59,6 +64,7 @@ impl HostBuf {
             HostBuf::F32(v) => bytemuck::cast_slice(&v).to_vec(),
             HostBuf::F16(v) => bytemuck::cast_slice::<f16, u8>(&v).to_vec(),
             HostBuf::Q(m) => m.gpu_bytes(),
+            HostBuf::Shared(b) => std::sync::Arc::unwrap_or_clone(b).into_bytes(),
         }
     }
     pub fn is_empty(&self) -> bool {
@@ -72,7 +78,11 @@ pub struct CpuExec {
 }
 
 fn f32s<'a>(bufs: &'a [HostBuf], id: BufId, what: &str) -> Result<&'a [f32], RuntimeError> {
-    match bufs.get(id) {
+    let b = match bufs.get(id) {
+        Some(HostBuf::Shared(b)) => Some(&**b),
+        other => other,
+    };
+    match b {
         Some(HostBuf::F32(v)) => Ok(v),
         _ => Err(RuntimeError::Internal(format!("{what}: buffer {id} is not an f32 buffer"))),
     }
@@ -270,7 +280,9 @@ impl CpuExec {
                                 }
                             }
                         }
-                        HostBuf::Q(_) => return Err(RuntimeError::Internal("kv_write: the KV cache is never quantized".into())),
+                        HostBuf::Q(_) | HostBuf::Shared(_) => {
+                            return Err(RuntimeError::Internal("kv_write: the KV cache is never quantized or shared".into()));
+                        }
                         HostBuf::F16(c) => {
                             for t in 0..tokens {
                                 for h in 0..kv_heads {

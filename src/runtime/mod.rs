@@ -136,10 +136,44 @@ fn concat_lens(plan: &Plan, names: &[String], total: usize, even: usize) -> Vec<
     }
 }
 
+/// Weights loaded once and shared by several CPU engines of one model (the tuner's
+/// end-to-end combinations, `ktune bench`'s entries): each buffer is keyed by its
+/// source, storage type and length, so engines whose plans lay a weight out alike
+/// read the same memory, and building another engine costs no reload.
+#[derive(Default)]
+pub struct WeightMemo {
+    bufs: std::sync::Mutex<BTreeMap<String, Arc<HostBuf>>>,
+}
+
 impl Engine {
     /// Builds the buffers of `plan` on the CPU and loads the weights.
     pub fn cpu(plan: Plan, store: Arc<dyn TensorStore>) -> Result<Engine, RuntimeError> {
         let exec = CpuExec::new(&plan, |i| load_buffer(&plan, store.as_ref(), i))?;
+        Engine::finish(plan, Exec::Cpu(Box::new(exec)), store)
+    }
+
+    /// [`Engine::cpu`] with the weights taken from (and added to) `memo`.
+    pub fn cpu_shared(plan: Plan, store: Arc<dyn TensorStore>, memo: &WeightMemo) -> Result<Engine, RuntimeError> {
+        let exec = CpuExec::new(&plan, |i| {
+            let b = &plan.buffers[i];
+            let key = format!("{:?}|{}|{}", b.source, b.dtype.name(), b.len);
+            if b.role == BufRole::Weight
+                && let Ok(m) = memo.bufs.lock()
+                && let Some(hit) = m.get(&key)
+            {
+                return Ok(Some(HostBuf::Shared(hit.clone())));
+            }
+            Ok(match load_buffer(&plan, store.as_ref(), i)? {
+                Some(hb) => {
+                    let arc = Arc::new(hb);
+                    if let Ok(mut m) = memo.bufs.lock() {
+                        m.insert(key, arc.clone());
+                    }
+                    Some(HostBuf::Shared(arc))
+                }
+                None => None,
+            })
+        })?;
         Engine::finish(plan, Exec::Cpu(Box::new(exec)), store)
     }
 

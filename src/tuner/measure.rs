@@ -288,3 +288,21 @@ pub fn race(runners: &mut [Runner], w: &Workload, strategy: Strategy, deadline: 
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::problem::test_problems;
+    use crate::kernels::{Op, Problem};
+
+    #[test]
+    fn copies_overflow_the_cache_and_large_inputs_are_not_copied() {
+        assert_eq!(rotating_copies(1 << 20, 64 << 20), 64);
+        assert_eq!(rotating_copies(100 << 20, 64 << 20), 1);
+        assert_eq!(rotating_copies(0, 64 << 20), 1);
+        assert_eq!(rotating_copies(1, 64 << 20), 256);
+        let p: Problem = test_problems(Op::Gemv).into_iter().next().expect("a gemv test shape");
+        let w = Workload::new(vec![(p, 1)], DType::F32, None, 0, 1 << 20);
+        assert!(w.copies(0) > 1, "a small shape gets copies: {}", w.copies(0));
+    }
+}

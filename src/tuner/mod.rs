@@ -25,7 +25,7 @@ use crate::plan::select::{Choice, DeviceCaps, SlotKey};
 use crate::plan::{Fusion, Parallel, Plan, PlanOptions, Regime, Selection, StepKind};
 use crate::profile::doc::{self as pd, Candidate, Combination, DeviceReq, SchedulingDoc, SlotTuning, Throughput, Tuning};
 use crate::profile::{ExecSettings, FORMAT_VERSION, ProfileDoc, kernels_doc, variant_doc};
-use crate::runtime::{Engine, RuntimeError, TensorStore, argmax};
+use crate::runtime::{Engine, RuntimeError, TensorStore, WeightMemo, argmax};
 use cache::Cache;
 use measure::{Cand, FULL_SAMPLES, Runner, Strategy, Workload, race};
 use stats::{Stats, pick, summarize};
@@ -481,7 +481,7 @@ pub fn e2e_sample(engine: &mut Engine, prompt: &[u32], steps: usize) -> Result<(
     Ok((prefill, summarize(&ts).median))
 }
 
-fn build_engine(t: &Target<'_>, o: &TuneOptions, combo: &Combo, sel: Selection) -> Result<Engine, TuneError> {
+fn build_engine(t: &Target<'_>, o: &TuneOptions, combo: &Combo, sel: Selection, memo: &WeightMemo) -> Result<Engine, TuneError> {
     let mut opts = plan_options(o, combo.fusion, combo.parallel);
     opts.context = opts.context.max(o.prefill_tokens + E2E_DECODE_STEPS + 1);
     let plan = Plan::new(t.model, t.config, opts, sel)?;
@@ -489,7 +489,7 @@ fn build_engine(t: &Target<'_>, o: &TuneOptions, combo: &Combo, sel: Selection) 
     plan.steps(1, o.prefill_tokens)?;
     let mut e = match &t.ctx {
         Some(ctx) => Engine::gpu(plan, t.store.clone(), ctx.clone(), combo.batch)?,
-        None => Engine::cpu(plan, t.store.clone())?,
+        None => Engine::cpu_shared(plan, t.store.clone(), memo)?,
     };
     e.warm_up(o.prefill_tokens)?;
     e.warm_up(1)?;
@@ -655,7 +655,10 @@ pub fn tune(
         let plan = Plan::new(t.model, t.config, plan_options(o, Fusion::NONE, par_on), Selection::defaults(caps.clone()))?;
         plan.weight_bytes()
     };
-    let interleave = !gpu && weight_bytes.saturating_mul(combos.len() as u64) < available_memory() / 5 * 2;
+    // CPU engines share their weights (a WeightMemo): the fused layouts (QKV, gate/up)
+    // add at most one more copy of those matrices.
+    let memo = WeightMemo::default();
+    let interleave = !gpu && weight_bytes.saturating_mul(2) < available_memory() / 5 * 2;
     progress
         .phase(&format!("end to end: {} combinations{}", combos.len(), if interleave { ", interleaved" } else { "" }), combos.len() as u64);
     let e2e_rounds = 5;
@@ -672,7 +675,7 @@ pub fn tune(
     if interleave {
         let mut engines: Vec<Option<Engine>> = Vec::new();
         for (i, (c, _)) in combos.iter().enumerate() {
-            match build_engine(t, o, c, selection_for(c)) {
+            match build_engine(t, o, c, selection_for(c), &memo) {
                 Ok(e) => engines.push(Some(e)),
                 Err(e) => {
                     errors[i] = Some(e.to_string());
@@ -739,7 +742,7 @@ pub fn tune(
                 continue;
             }
             let combo_start = Instant::now();
-            match build_engine(t, o, c, selection_for(c)) {
+            match build_engine(t, o, c, selection_for(c), &memo) {
                 Ok(mut e) => {
                     let mut sample_time = Duration::ZERO;
                     for round in 0..e2e_rounds {
