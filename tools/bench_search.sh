@@ -6,7 +6,7 @@
 # summary; everything it ran is left in $OUT_DIR/search-DEVICE-MODEL.
 #
 #   tools/bench_search.sh cpu smollm2-135m [auto-budget] [exhaustive-budget] [extra tune flags...]
-#   tools/bench_search.sh llvmpipe smollm2-135m 5m 120m --prefill-tokens 16 --context 64
+#   ROUNDS=9 DECODE_STEPS=8 tools/bench_search.sh llvmpipe smollm2-135m 6m 60m --prefill-tokens 16 --context 64 --layers 4
 set -euo pipefail
 dev="${1:-cpu}"; model="${2:-smollm2-135m}"; auto_budget="${3:-2m}"; ex_budget="${4:-60m}"
 shift $(( $# < 4 ? $# : 4 ))
@@ -15,20 +15,21 @@ rounds="${ROUNDS:-21}"
 out="${OUT_DIR:-bench-out}/search-$dev-$model"
 mkdir -p "$out"
 export KTUNE_CACHE_DIR="$out/cache"
-prefill=64; context=512
-# Later flags win: extra flags may override the prefill length and context.
+prefill=64; context=512; layers=()
+# Extra flags: the prefill length, the context, and --layers N (kept for bench too).
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
   case "${args[$i]}" in
     --prefill-tokens) prefill="${args[$((i + 1))]}" ;;
     --context) context="${args[$((i + 1))]}" ;;
+    --layers) layers=(--layers "${args[$((i + 1))]}") ;;
   esac
 done
-common=(--device "$dev" --model "$model" --prefill-tokens "$prefill" --context "$context" --force --format json)
+common=(--device "$dev" --model "$model" --prefill-tokens "$prefill" --context "$context" "${layers[@]}" --force --format json)
 /usr/bin/time -f "%e" -o "$out/auto.time" "$bin" tune "${common[@]}" --strategy auto --budget "$auto_budget" -o "$out/auto.yaml" > "$out/auto.json"
 /usr/bin/time -f "%e" -o "$out/exhaustive.time" "$bin" tune "${common[@]}" --strategy exhaustive --budget "$ex_budget" -o "$out/exhaustive.yaml" > "$out/exhaustive.json"
 "$bin" bench --device "$dev" --model "$model" --profile "$out/exhaustive.yaml" --profile "$out/auto.yaml" \
-  --prefill-tokens "$prefill" --decode-tokens 16 --rounds "$rounds" --format json > "$out/bench.json"
+  --prefill-tokens "$prefill" --decode-tokens "${DECODE_STEPS:-16}" --rounds "$rounds" "${layers[@]}" --format json > "$out/bench.json"
 python3 - "$out" <<'PY'
 import json, sys, pathlib
 d = pathlib.Path(sys.argv[1])
