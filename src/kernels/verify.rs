@@ -281,16 +281,7 @@ pub fn param_sweep(k: &KernelDef, all: bool) -> Vec<Params> {
     }
     let base = k.default_params();
     let mut out = vec![base.clone()];
-    for spec in k.params {
-        for &v in spec.values {
-            if v == spec.default {
-                continue;
-            }
-            let mut p = base.clone();
-            p.insert(spec.name.to_string(), v);
-            out.push(p);
-        }
-    }
+    out.extend(axis_neighbours(k, &base));
     // Every parameter at its last value together: reaches values that are only
     // valid in combination (e.g. rows_per_pass 4 needs act_bits 8).
     let mut last = base.clone();
@@ -301,6 +292,24 @@ pub fn param_sweep(k: &KernelDef, all: bool) -> Vec<Params> {
     }
     if !out.contains(&last) {
         out.push(last);
+    }
+    out
+}
+
+/// The parameter sets one axis away from `center`: each parameter moved through
+/// its other values with the rest as in `center`.
+pub fn axis_neighbours(k: &KernelDef, center: &Params) -> Vec<Params> {
+    let mut out = Vec::new();
+    for spec in k.params {
+        let at = center.get(spec.name).copied().unwrap_or(spec.default);
+        for &v in spec.values {
+            if v == at {
+                continue;
+            }
+            let mut p = center.clone();
+            p.insert(spec.name.to_string(), v);
+            out.push(p);
+        }
     }
     out
 }

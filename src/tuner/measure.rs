@@ -237,7 +237,17 @@ impl Runner {
 /// Runs the race among `runners` until the strategy is satisfied or `deadline`.
 /// Candidates are sampled in a seeded shuffled order each round so drift hits all
 /// alike; losers are dropped between rounds (halving and racing).
-pub fn race(runners: &mut [Runner], w: &Workload, strategy: Strategy, deadline: Instant, seed: u64, mut tick: impl FnMut(usize)) {
+/// A runner dropped in round `r` is marked `dropped@(first_round + r + 1)`; earlier
+/// drops stand (a descent step races its new candidates against the survivors).
+pub fn race(
+    runners: &mut [Runner],
+    w: &Workload,
+    strategy: Strategy,
+    deadline: Instant,
+    seed: u64,
+    first_round: usize,
+    mut tick: impl FnMut(usize),
+) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let rounds: &[usize] = match strategy {
         Strategy::Exhaustive | Strategy::Random => &[3, 3, 3],
@@ -274,13 +284,13 @@ pub fn race(runners: &mut [Runner], w: &Workload, strategy: Strategy, deadline: 
                     order.sort_by(|a, b| a.1.median.total_cmp(&b.1.median));
                     let keep = order.len().div_ceil(2).max(2);
                     for (i, _) in order.iter().skip(keep) {
-                        runners[*i].dropped = Some(round + 1);
+                        runners[*i].dropped = Some(first_round + round + 1);
                     }
                 }
                 if strategy == Strategy::Auto {
                     for (i, s) in &stats {
                         if runners[*i].dropped.is_none() && s.loses_to(&best) {
-                            runners[*i].dropped = Some(round + 1);
+                            runners[*i].dropped = Some(first_round + round + 1);
                         }
                     }
                 }

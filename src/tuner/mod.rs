@@ -9,7 +9,7 @@ pub mod cache;
 pub mod measure;
 pub mod stats;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -74,6 +74,10 @@ pub struct Silent;
 impl Progress for Silent {}
 
 /// Cache key of a tune: device, model config, kernel set, version, options.
+/// Revision of the search itself: part of every cache key, so a tuner that searches
+/// differently does not return or resume what an older one found.
+const SEARCH_REVISION: &str = "descent-1";
+
 pub fn cache_key(device: &Device, model: &str, cfg: &ModelConfig, o: &TuneOptions) -> String {
     let cfg_json = serde_json::to_string(cfg).unwrap_or_default();
     let opts = format!(
@@ -88,7 +92,7 @@ pub fn cache_key(device: &Device, model: &str, cfg: &ModelConfig, o: &TuneOption
         o.seed
     );
     let ks = kernels::kernel_set_hash();
-    cache::sha256_of(&[&device.fingerprint(), model, &cfg_json, &ks, env!("CARGO_PKG_VERSION"), &opts])
+    cache::sha256_of(&[&device.fingerprint(), model, &cfg_json, &ks, env!("CARGO_PKG_VERSION"), SEARCH_REVISION, &opts])
 }
 
 /// One slot race: the union of the slot's shapes over every fusion choice.
@@ -300,8 +304,9 @@ fn build_space(t: &Target<'_>, o: &TuneOptions) -> Result<Space, TuneError> {
 /// instruction set the CPU has: the other values force scalar or narrower paths
 /// for verification and are never faster). Exhaustive and random search the full
 /// product; auto and halving an axis sweep around the defaults (each parameter
-/// through all its values, the others at their defaults), which keeps large spaces
-/// (gemm_blocked_cpu: 375 block-size combinations) within a few minutes.
+/// through all its values, the others at their defaults) to start from, which keeps
+/// large spaces (gemm_blocked_cpu: 375 block-size combinations) within a few
+/// minutes; [`descent_candidates`] then walks from the best of it.
 fn param_space(k: &KernelDef, strategy: Strategy) -> Vec<kernels::Params> {
     let full = matches!(strategy, Strategy::Exhaustive | Strategy::Random);
     let mut v = kernels::verify::param_sweep(k, full);
@@ -381,7 +386,104 @@ fn race_cache_key(t: &Target<'_>, r: &RaceDef, o: &TuneOptions) -> String {
         &shapes.join(";"),
         o.strategy.name(),
         &o.seed.to_string(),
+        SEARCH_REVISION,
     ])
+}
+
+/// Coordinate-descent steps after the axis sweep (auto and halving).
+const DESCENT_STEPS: usize = 4;
+/// A kernel's best candidate is a descent centre when its median is within this
+/// factor of the race's best.
+const DESCENT_WITHIN: f64 = 1.25;
+/// Rounds of one race (the offset of `dropped@` rounds between descent steps).
+const RACE_ROUNDS: usize = 4;
+
+/// Gates `cands` in order (the default first), pushing those that fail, and those
+/// past the deadline, to `rejected`. With `first_free` the first candidate is gated
+/// even past the deadline (a race needs one).
+#[allow(clippy::too_many_arguments)]
+fn gate_all(
+    cands: Vec<Cand>,
+    r: &RaceDef,
+    caps: &DeviceCaps,
+    t: &Target<'_>,
+    o: &TuneOptions,
+    deadline: Instant,
+    gates: &mut GateCache,
+    rejected: &mut Vec<(String, String)>,
+    first_free: bool,
+) -> Vec<Cand> {
+    let mut passed = Vec::new();
+    for c in cands {
+        let name = variant_doc(&Choice::new(c.kernel, c.params.clone())).to_string();
+        if !(first_free && passed.is_empty()) && Instant::now() > deadline {
+            rejected.push((name, "not reached within the budget".into()));
+            continue;
+        }
+        let key = (c.kernel.id.to_string(), format!("{:?}", c.params), r.dtype);
+        let verdict = gates.entry(key).or_insert_with(|| gate(&c, r, caps, t.ctx.as_deref(), o.seed)).clone();
+        match verdict {
+            Ok(()) => passed.push(c),
+            Err(why) => rejected.push((name, why)),
+        }
+    }
+    passed
+}
+
+/// One coordinate-descent step over the parameters. The axis sweep moves each
+/// parameter with the others at their defaults, so it misses optima where two
+/// parameters move together (a 16-row tile wants 8×8 registers, not the default
+/// 4×4). Each kernel whose best candidate so far is within [`DESCENT_WITHIN`] of
+/// the race's best becomes a centre: proposed are the centre with every parameter at
+/// the best value seen along its axis, then every set one axis away from the
+/// centre, those not yet generated and valid on every shape.
+/// `timed` holds every candidate timed so far with its median.
+fn descent_candidates(
+    timed: &[(&Cand, f64)],
+    r: &RaceDef,
+    caps: &DeviceCaps,
+    seen: &mut BTreeSet<(&'static str, kernels::Params)>,
+    rejected: &mut Vec<(String, String)>,
+) -> Vec<Cand> {
+    let Some(best) = timed.iter().map(|t| t.1).min_by(f64::total_cmp) else { return Vec::new() };
+    let mut centres: BTreeMap<&'static str, (&Cand, f64)> = BTreeMap::new();
+    for &(c, m) in timed {
+        let e = centres.entry(c.kernel.id).or_insert((c, m));
+        if m < e.1 {
+            *e = (c, m);
+        }
+    }
+    let mut out = Vec::new();
+    for (c, m) in centres.into_values() {
+        if m > best * DESCENT_WITHIN {
+            continue;
+        }
+        let k = c.kernel;
+        let mut combined = c.params.clone();
+        for spec in k.params {
+            let along = timed
+                .iter()
+                .filter(|(x, _)| x.kernel.id == k.id && x.params.iter().all(|(n, v)| n == spec.name || c.params.get(n) == Some(v)));
+            if let Some((x, xm)) = along.min_by(|a, b| a.1.total_cmp(&b.1))
+                && *xm < m
+                && let Some(&v) = x.params.get(spec.name)
+            {
+                combined.insert(spec.name.to_string(), v);
+            }
+        }
+        let mut next = vec![combined];
+        next.extend(kernels::verify::axis_neighbours(k, &c.params));
+        for params in next {
+            if params.get("isa").is_some_and(|i| *i != 0) || !seen.insert((k.id, params.clone())) {
+                continue;
+            }
+            match r.shapes.iter().find_map(|(p, _)| k.check(caps.caps(), p, r.dtype, &params).err()) {
+                None => out.push(Cand { kernel: k, params }),
+                Some(why) => rejected.push((pd::VariantDoc { kernel: k.id.into(), params }.to_string(), why)),
+            }
+        }
+    }
+    out
 }
 
 /// Gate verdicts by (kernel, params, dtype), shared by the races of one tune.
@@ -399,27 +501,41 @@ fn run_race(t: &Target<'_>, r: &RaceDef, o: &TuneOptions, deadline: Instant, gat
         cands.truncate(7);
         cands.insert(0, first);
     }
-    let mut passed = Vec::new();
-    // Gate in candidate order (the default first); past the deadline the rest are
-    // neither gated nor timed.
-    for c in cands {
-        let name = variant_doc(&Choice::new(c.kernel, c.params.clone())).to_string();
-        if !passed.is_empty() && Instant::now() > deadline {
-            rejected.push((name, "not reached within the budget".into()));
-            continue;
-        }
-        let key = (c.kernel.id.to_string(), format!("{:?}", c.params), r.dtype);
-        let verdict = gates.entry(key).or_insert_with(|| gate(&c, r, &caps, t.ctx.as_deref(), o.seed)).clone();
-        match verdict {
-            Ok(()) => passed.push(c),
-            Err(why) => rejected.push((name, why)),
+    // Everything the axis sweep generated (valid or not), so the descent below does
+    // not propose it again.
+    let mut seen: BTreeSet<(&'static str, kernels::Params)> = BTreeSet::new();
+    for k in kernels::for_op(r.shapes[0].0.op()).filter(|k| k.backend() == caps.backend()) {
+        for p in param_space(k, o.strategy) {
+            seen.insert((k.id, p));
         }
     }
+    for c in &cands {
+        seen.insert((c.kernel.id, c.params.clone()));
+    }
+    let passed = gate_all(cands, r, &caps, t, o, deadline, gates, &mut rejected, true);
     let w = Workload::new(r.shapes.clone(), r.dtype, t.ctx.clone(), o.seed, rotate_bytes(t.device));
     let mut runners: Vec<Runner> = passed.into_iter().map(|c| Runner::new(c, &w)).collect();
     let n = runners.len() as u64;
     progress.phase(&format!("{} ({}) {} candidates", r.key.0, r.key.1.name(), n), n * FULL_SAMPLES as u64);
-    race(&mut runners, &w, o.strategy, deadline, o.seed, |_| progress.tick());
+    race(&mut runners, &w, o.strategy, deadline, o.seed, 0, |_| progress.tick());
+    if matches!(o.strategy, Strategy::Auto | Strategy::Halving) {
+        for step in 1..=DESCENT_STEPS {
+            if Instant::now() > deadline {
+                break;
+            }
+            let timed: Vec<(&Cand, f64)> =
+                runners.iter().filter(|x| x.error.is_none() && !x.samples.is_empty()).map(|x| (&x.cand, x.stats().median)).collect();
+            let next = descent_candidates(&timed, r, &caps, &mut seen, &mut rejected);
+            let passed = gate_all(next, r, &caps, t, o, deadline, gates, &mut rejected, false);
+            if passed.is_empty() {
+                break;
+            }
+            let n = passed.len() as u64;
+            runners.extend(passed.into_iter().map(|c| Runner::new(c, &w)));
+            progress.phase(&format!("{} ({}) descent {step}: {n} more candidates", r.key.0, r.key.1.name()), n * FULL_SAMPLES as u64);
+            race(&mut runners, &w, o.strategy, deadline, o.seed + step as u64, step * RACE_ROUNDS, |_| progress.tick());
+        }
+    }
     let stats: Vec<Stats> = runners.iter().map(|x| if x.error.is_some() { Stats::default() } else { x.stats() }).collect();
     // Only the survivors compete for the win: a candidate dropped after one noisy
     // sample must not win on it.
@@ -950,4 +1066,59 @@ pub fn utc_now() -> String {
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = if m <= 2 { y + 1 } else { y };
     format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::cpu::CpuCaps;
+    use crate::kernels::{Op, p};
+
+    /// A landscape where two parameters only pay together: moving `mc` alone helps
+    /// a little, moving `kc` alone hurts, both together win by far. The axis sweep
+    /// cannot reach the optimum; the descent must, within its steps.
+    #[test]
+    fn descent_finds_an_optimum_two_axes_away() {
+        let k = kernels::find("gemm_blocked_cpu").expect("gemm_blocked_cpu registered");
+        let caps = DeviceCaps::Cpu(CpuCaps::detect());
+        let prob = test_problems(Op::Gemm).into_iter().max_by_key(|p| p.describe().len()).expect("a gemm test shape");
+        let r = RaceDef { key: (crate::plan::select::Slot::MatmulQkv, Regime::Prefill), dtype: DType::F32, shapes: vec![(prob, 1)] };
+        let cost = |q: &kernels::Params| -> f64 {
+            let (mc, kc, nc) = (p(q, "mc"), p(q, "kc"), p(q, "nc"));
+            let mut c = 10.0 + (nc as f64 - 256.0).abs() / 1000.0;
+            match (mc == 192, kc == 128) {
+                (true, true) => c = 1.0,
+                (true, false) => c -= 1.0,
+                (false, true) => c += 2.0,
+                _ => {}
+            }
+            c
+        };
+        let sweep: Vec<Cand> = param_space(k, Strategy::Auto)
+            .into_iter()
+            .filter(|q| k.check(caps.caps(), &r.shapes[0].0, r.dtype, q).is_ok())
+            .map(|params| Cand { kernel: k, params })
+            .collect();
+        assert!(sweep.len() > 5, "the sweep is valid on the test shape: {} sets", sweep.len());
+        assert!(sweep.iter().all(|c| cost(&c.params) > 1.0), "the axis sweep alone already holds the optimum");
+        let mut seen: BTreeSet<(&'static str, kernels::Params)> = param_space(k, Strategy::Auto).into_iter().map(|q| (k.id, q)).collect();
+        let mut all = sweep;
+        let mut rejected = Vec::new();
+        for _ in 0..DESCENT_STEPS {
+            let timed: Vec<(&Cand, f64)> = all.iter().map(|c| (c, cost(&c.params))).collect();
+            let next = descent_candidates(&timed, &r, &caps, &mut seen, &mut rejected);
+            if next.is_empty() {
+                break;
+            }
+            all.extend(next);
+        }
+        let best = all.iter().map(|c| cost(&c.params)).fold(f64::INFINITY, f64::min);
+        assert_eq!(best, 1.0, "descent stopped at {best}; proposed {} sets", all.len());
+        // Nothing is proposed twice.
+        let mut uniq: Vec<String> = all.iter().map(|c| format!("{:?}", c.params)).collect();
+        let n = uniq.len();
+        uniq.sort();
+        uniq.dedup();
+        assert_eq!(uniq.len(), n);
+    }
 }
