@@ -6,7 +6,7 @@
 # summary; everything it ran is left in $OUT_DIR/search-DEVICE-MODEL.
 #
 #   tools/bench_search.sh cpu smollm2-135m [auto-budget] [exhaustive-budget] [extra tune flags...]
-#   ROUNDS=9 DECODE_STEPS=8 tools/bench_search.sh llvmpipe smollm2-135m 6m 60m --prefill-tokens 16 --context 64 --layers 4
+#   ROUNDS=15 DECODE_STEPS=8 tools/bench_search.sh llvmpipe smollm2-135m 10m 75m --prefill-tokens 16 --context 64 --layers 4
 set -euo pipefail
 dev="${1:-cpu}"; model="${2:-smollm2-135m}"; auto_budget="${3:-2m}"; ex_budget="${4:-60m}"
 shift $(( $# < 4 ? $# : 4 ))

@@ -234,6 +234,14 @@ impl Runner {
     }
 }
 
+/// Samples per candidate in each round of a race (halving and racing between rounds).
+pub fn rounds(strategy: Strategy) -> &'static [usize] {
+    match strategy {
+        Strategy::Exhaustive | Strategy::Random => &[3, 3, 3],
+        Strategy::Halving | Strategy::Auto => &[1, 2, 3, 3],
+    }
+}
+
 /// Runs the race among `runners` until the strategy is satisfied or `deadline`.
 /// Candidates are sampled in a seeded shuffled order each round so drift hits all
 /// alike; losers are dropped between rounds (halving and racing).
@@ -249,10 +257,7 @@ pub fn race(
     mut tick: impl FnMut(usize),
 ) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let rounds: &[usize] = match strategy {
-        Strategy::Exhaustive | Strategy::Random => &[3, 3, 3],
-        Strategy::Halving | Strategy::Auto => &[1, 2, 3, 3],
-    };
+    let rounds = rounds(strategy);
     for (round, &per) in rounds.iter().enumerate() {
         let mut alive: Vec<usize> = (0..runners.len()).filter(|&i| runners[i].dropped.is_none() && runners[i].error.is_none()).collect();
         for _ in 0..per {

@@ -73,11 +73,11 @@ pub trait Progress {
 pub struct Silent;
 impl Progress for Silent {}
 
-/// Cache key of a tune: device, model config, kernel set, version, options.
 /// Revision of the search itself: part of every cache key, so a tuner that searches
 /// differently does not return or resume what an older one found.
 const SEARCH_REVISION: &str = "descent-1";
 
+/// Cache key of a tune: device, model config, kernel set, version, options.
 pub fn cache_key(device: &Device, model: &str, cfg: &ModelConfig, o: &TuneOptions) -> String {
     let cfg_json = serde_json::to_string(cfg).unwrap_or_default();
     let opts = format!(
@@ -300,38 +300,53 @@ fn build_space(t: &Target<'_>, o: &TuneOptions) -> Result<Space, TuneError> {
     Ok((races, per_fusion))
 }
 
-/// The parameter sets a strategy searches for `k`. `isa` stays at 0 (the best
-/// instruction set the CPU has: the other values force scalar or narrower paths
-/// for verification and are never faster). Exhaustive and random search the full
+/// The parameter sets a strategy starts from for `k`. Exhaustive and random search the full
 /// product; auto and halving an axis sweep around the defaults (each parameter
 /// through all its values, the others at their defaults) to start from, which keeps
 /// large spaces (gemm_blocked_cpu: 375 block-size combinations) within a few
 /// minutes; [`descent_candidates`] then walks from the best of it.
 fn param_space(k: &KernelDef, strategy: Strategy) -> Vec<kernels::Params> {
-    let full = matches!(strategy, Strategy::Exhaustive | Strategy::Random);
-    let mut v = kernels::verify::param_sweep(k, full);
-    v.retain(|p| p.get("isa").is_none_or(|i| *i == 0));
-    v
+    kernels::verify::param_sweep(k, matches!(strategy, Strategy::Exhaustive | Strategy::Random))
+}
+
+/// The variants generated for one race, each once; the rejected ones with the
+/// reason (invalid on a shape, failed the gate, not reached within the budget).
+#[derive(Default)]
+struct Generated {
+    seen: BTreeSet<(&'static str, kernels::Params)>,
+    rejected: Vec<(String, String)>,
+}
+
+impl Generated {
+    /// `params` of `k` as a candidate when it was not generated before and is valid
+    /// on every shape of `r` (otherwise the reason is recorded). `isa` stays at 0
+    /// (the best instruction set the CPU has: the other values force scalar or
+    /// narrower paths for verification and are never faster).
+    fn offer(&mut self, k: &'static KernelDef, params: kernels::Params, r: &RaceDef, caps: &DeviceCaps) -> Option<Cand> {
+        if params.get("isa").is_some_and(|i| *i != 0) || !self.seen.insert((k.id, params.clone())) {
+            return None;
+        }
+        match r.shapes.iter().find_map(|(p, _)| k.check(caps.caps(), p, r.dtype, &params).err()) {
+            None => Some(Cand { kernel: k, params }),
+            Some(why) => {
+                self.rejected.push((pd::VariantDoc { kernel: k.id.into(), params }.to_string(), why));
+                None
+            }
+        }
+    }
 }
 
 /// Candidates of a race: every variant of the op valid on every shape, the
 /// runtime's default first (the tie rule prefers earlier candidates), then
 /// registry order; the rest with the reason they were ruled out.
-fn candidates(r: &RaceDef, caps: &DeviceCaps, strategy: Strategy) -> (Vec<Cand>, Vec<(String, String)>) {
+fn candidates(r: &RaceDef, caps: &DeviceCaps, strategy: Strategy) -> (Vec<Cand>, Generated) {
     let op = r.shapes[0].0.op();
     let mut valid = Vec::new();
-    let mut ruled = Vec::new();
+    let mut pool = Generated::default();
     let sel = Selection::defaults(caps.clone());
     let default = sel.default_choice(r.key.0, r.key.1, &r.shapes[0].0, r.dtype).ok();
     for k in kernels::for_op(op).filter(|k| k.backend() == caps.backend()) {
-        for params in param_space(k, strategy) {
-            let why = r.shapes.iter().find_map(|(p, _)| k.check(caps.caps(), p, r.dtype, &params).err());
-            let c = Cand { kernel: k, params };
-            match why {
-                None => valid.push(c),
-                Some(w) => ruled.push((pd::VariantDoc { kernel: k.id.into(), params: c.params.clone() }.to_string(), w)),
-            }
-        }
+        valid.extend(param_space(k, strategy).into_iter().filter_map(|params| pool.offer(k, params, r, caps)));
     }
     if let Some(d) = default {
         match valid.iter().position(|c| c.kernel.id == d.kernel.id && c.params == d.params) {
@@ -339,10 +354,13 @@ fn candidates(r: &RaceDef, caps: &DeviceCaps, strategy: Strategy) -> (Vec<Cand>,
                 let c = valid.remove(i);
                 valid.insert(0, c);
             }
-            None => valid.insert(0, Cand { kernel: d.kernel, params: d.params }),
+            None => {
+                pool.seen.insert((d.kernel.id, d.params.clone()));
+                valid.insert(0, Cand { kernel: d.kernel, params: d.params });
+            }
         }
     }
-    (valid, ruled)
+    (valid, pool)
 }
 
 /// Correctness gate of one variant: the parity check on the op's test shapes it
@@ -395,9 +413,6 @@ const DESCENT_STEPS: usize = 4;
 /// A kernel's best candidate is a descent centre when its median is within this
 /// factor of the race's best.
 const DESCENT_WITHIN: f64 = 1.25;
-/// Rounds of one race (the offset of `dropped@` rounds between descent steps).
-const RACE_ROUNDS: usize = 4;
-
 /// Gates `cands` in order (the default first), pushing those that fail, and those
 /// past the deadline, to `rejected`. With `first_free` the first candidate is gated
 /// even past the deadline (a race needs one).
@@ -438,13 +453,7 @@ fn gate_all(
 /// the best value seen along its axis, then every set one axis away from the
 /// centre, those not yet generated and valid on every shape.
 /// `timed` holds every candidate timed so far with its median.
-fn descent_candidates(
-    timed: &[(&Cand, f64)],
-    r: &RaceDef,
-    caps: &DeviceCaps,
-    seen: &mut BTreeSet<(&'static str, kernels::Params)>,
-    rejected: &mut Vec<(String, String)>,
-) -> Vec<Cand> {
+fn descent_candidates(timed: &[(&Cand, f64)], r: &RaceDef, caps: &DeviceCaps, pool: &mut Generated) -> Vec<Cand> {
     let Some(best) = timed.iter().map(|t| t.1).min_by(f64::total_cmp) else { return Vec::new() };
     let mut centres: BTreeMap<&'static str, (&Cand, f64)> = BTreeMap::new();
     for &(c, m) in timed {
@@ -471,17 +480,8 @@ fn descent_candidates(
                 combined.insert(spec.name.to_string(), v);
             }
         }
-        let mut next = vec![combined];
-        next.extend(kernels::verify::axis_neighbours(k, &c.params));
-        for params in next {
-            if params.get("isa").is_some_and(|i| *i != 0) || !seen.insert((k.id, params.clone())) {
-                continue;
-            }
-            match r.shapes.iter().find_map(|(p, _)| k.check(caps.caps(), p, r.dtype, &params).err()) {
-                None => out.push(Cand { kernel: k, params }),
-                Some(why) => rejected.push((pd::VariantDoc { kernel: k.id.into(), params }.to_string(), why)),
-            }
-        }
+        let next = std::iter::once(combined).chain(kernels::verify::axis_neighbours(k, &c.params));
+        out.extend(next.filter_map(|params| pool.offer(k, params, r, caps)));
     }
     out
 }
@@ -491,7 +491,7 @@ type GateCache = BTreeMap<(String, String, DType), Result<(), String>>;
 
 fn run_race(t: &Target<'_>, r: &RaceDef, o: &TuneOptions, deadline: Instant, gates: &mut GateCache, progress: &dyn Progress) -> RaceResult {
     let caps = caps_of(t.device);
-    let (mut cands, mut rejected) = candidates(r, &caps, o.strategy);
+    let (mut cands, mut pool) = candidates(r, &caps, o.strategy);
     if o.strategy == Strategy::Random && cands.len() > 8 {
         use rand::SeedableRng;
         use rand::seq::SliceRandom;
@@ -501,18 +501,7 @@ fn run_race(t: &Target<'_>, r: &RaceDef, o: &TuneOptions, deadline: Instant, gat
         cands.truncate(7);
         cands.insert(0, first);
     }
-    // Everything the axis sweep generated (valid or not), so the descent below does
-    // not propose it again.
-    let mut seen: BTreeSet<(&'static str, kernels::Params)> = BTreeSet::new();
-    for k in kernels::for_op(r.shapes[0].0.op()).filter(|k| k.backend() == caps.backend()) {
-        for p in param_space(k, o.strategy) {
-            seen.insert((k.id, p));
-        }
-    }
-    for c in &cands {
-        seen.insert((c.kernel.id, c.params.clone()));
-    }
-    let passed = gate_all(cands, r, &caps, t, o, deadline, gates, &mut rejected, true);
+    let passed = gate_all(cands, r, &caps, t, o, deadline, gates, &mut pool.rejected, true);
     let w = Workload::new(r.shapes.clone(), r.dtype, t.ctx.clone(), o.seed, rotate_bytes(t.device));
     let mut runners: Vec<Runner> = passed.into_iter().map(|c| Runner::new(c, &w)).collect();
     let n = runners.len() as u64;
@@ -525,15 +514,17 @@ fn run_race(t: &Target<'_>, r: &RaceDef, o: &TuneOptions, deadline: Instant, gat
             }
             let timed: Vec<(&Cand, f64)> =
                 runners.iter().filter(|x| x.error.is_none() && !x.samples.is_empty()).map(|x| (&x.cand, x.stats().median)).collect();
-            let next = descent_candidates(&timed, r, &caps, &mut seen, &mut rejected);
-            let passed = gate_all(next, r, &caps, t, o, deadline, gates, &mut rejected, false);
+            let next = descent_candidates(&timed, r, &caps, &mut pool);
+            let passed = gate_all(next, r, &caps, t, o, deadline, gates, &mut pool.rejected, false);
             if passed.is_empty() {
                 break;
             }
             let n = passed.len() as u64;
             runners.extend(passed.into_iter().map(|c| Runner::new(c, &w)));
             progress.phase(&format!("{} ({}) descent {step}: {n} more candidates", r.key.0, r.key.1.name()), n * FULL_SAMPLES as u64);
-            race(&mut runners, &w, o.strategy, deadline, o.seed + step as u64, step * RACE_ROUNDS, |_| progress.tick());
+            race(&mut runners, &w, o.strategy, deadline, o.seed + step as u64, step * measure::rounds(o.strategy).len(), |_| {
+                progress.tick()
+            });
         }
     }
     let stats: Vec<Stats> = runners.iter().map(|x| if x.error.is_some() { Stats::default() } else { x.stats() }).collect();
@@ -546,7 +537,7 @@ fn run_race(t: &Target<'_>, r: &RaceDef, o: &TuneOptions, deadline: Instant, gat
     let mut shape_medians = Vec::new();
     for (i, x) in runners.iter().enumerate() {
         if let Some(e) = &x.error {
-            rejected
+            pool.rejected
                 .push((variant_doc(&Choice::new(x.cand.kernel, x.cand.params.clone())).to_string(), format!("failed while timing: {e}")));
         }
         let status = match (&x.error, x.dropped) {
@@ -566,7 +557,7 @@ fn run_race(t: &Target<'_>, r: &RaceDef, o: &TuneOptions, deadline: Instant, gat
         count: r.shapes.iter().map(|s| s.1).sum(),
         winner,
         cands,
-        rejected,
+        rejected: pool.rejected,
         shape_medians,
         timestamps: runners.first().is_some_and(|x| x.timestamps),
     }
@@ -661,10 +652,10 @@ pub fn tune(
     let mut n_valid: BTreeMap<SlotKey, usize> = BTreeMap::new();
     let mut variants = 0;
     for r in &races {
-        let (c, rej) = candidates(r, &caps, o.strategy);
+        let (c, pool) = candidates(r, &caps, o.strategy);
         variants += c.len();
         *n_valid.entry(r.key).or_default() += c.len();
-        for (_, why) in rej {
+        for (_, why) in pool.rejected {
             *ruled_out.entry(why).or_default() += 1;
         }
     }
@@ -1094,19 +1085,14 @@ mod tests {
             }
             c
         };
-        let sweep: Vec<Cand> = param_space(k, Strategy::Auto)
-            .into_iter()
-            .filter(|q| k.check(caps.caps(), &r.shapes[0].0, r.dtype, q).is_ok())
-            .map(|params| Cand { kernel: k, params })
-            .collect();
-        assert!(sweep.len() > 5, "the sweep is valid on the test shape: {} sets", sweep.len());
+        let (sweep, mut pool) = candidates(&r, &caps, Strategy::Auto);
+        let blocked = sweep.iter().filter(|c| c.kernel.id == k.id).count();
+        assert!(blocked > 5, "the sweep of {} is valid on the test shape: {blocked} sets", k.id);
         assert!(sweep.iter().all(|c| cost(&c.params) > 1.0), "the axis sweep alone already holds the optimum");
-        let mut seen: BTreeSet<(&'static str, kernels::Params)> = param_space(k, Strategy::Auto).into_iter().map(|q| (k.id, q)).collect();
         let mut all = sweep;
-        let mut rejected = Vec::new();
         for _ in 0..DESCENT_STEPS {
             let timed: Vec<(&Cand, f64)> = all.iter().map(|c| (c, cost(&c.params))).collect();
-            let next = descent_candidates(&timed, &r, &caps, &mut seen, &mut rejected);
+            let next = descent_candidates(&timed, &r, &caps, &mut pool);
             if next.is_empty() {
                 break;
             }
