@@ -380,10 +380,10 @@ fn damaged_and_hostile_safetensors_give_errors() {
     let e = w.row_f32("w", 2).unwrap_err().to_string();
     assert!(e.contains("row 2"), "{e}");
     let mut small = [0f32; 3];
-    assert!(w.read_f32_into("w", &mut small).is_err());
+    assert!(w.read_into("w", &mut small).is_err());
     let mut out = [0f32; 2];
-    assert!(w.read_f32_range("w", 3, &mut out).is_err());
-    assert!(w.read_f32_range("w", usize::MAX, &mut out).is_err());
+    assert!(w.read_range("w", 3, &mut out).is_err());
+    assert!(w.read_range("w", usize::MAX, &mut out).is_err());
 
     // No weights at all.
     let empty = scratch("empty");

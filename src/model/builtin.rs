@@ -1,7 +1,7 @@
 //! Built-in configs of published models, with the shapes of their Hugging Face
 //! `config.json` (for `tune --model NAME` and `run --model NAME` without files).
 
-use super::config::{Architecture, HiddenAct, LayerKind, ModelConfig, RopeScaling};
+use super::config::{Architecture, Dims, LayerKind, ModelConfig, RopeScaling};
 use super::{ModelError, Result};
 
 /// Names accepted by [`builtin`], with the checkpoint each one mirrors.
@@ -30,33 +30,24 @@ pub fn builtin(name: &str) -> Result<ModelConfig> {
         "qwen2.5-0.5b" => qwen25(896, 4864, 24, 14),
         "qwen2.5-1.5b" => qwen25(1536, 8960, 28, 12),
         "smollm2-135m" => ModelConfig {
-            architecture: Architecture::Llama,
-            vocab_size: 49_152,
-            hidden_size: 576,
-            intermediate_size: 1536,
-            num_layers: 30,
-            num_heads: 9,
-            num_kv_heads: 3,
-            head_dim: 64,
             rms_norm_eps: 1e-5,
             rope_theta: 100_000.0,
-            rope_local_base_freq: None,
-            rope_scaling: None,
             max_position_embeddings: 8192,
-            tie_word_embeddings: true,
-            hidden_act: HiddenAct::Silu,
-            attention_bias: false,
-            qk_norm: false,
-            sliding_window: None,
-            layer_types: vec![LayerKind::Global; 30],
-            query_pre_attn_scalar: None,
-            final_logit_softcapping: None,
-            attn_logit_softcapping: None,
-            scale_embeddings: false,
-            norm_unit_offset: false,
             // <|endoftext|> (base); <|im_start|> / <|im_end|> are 1 and 2 in the instruct model.
             bos_token_id: Some(0),
             eos_token_ids: vec![0, 2],
+            ..ModelConfig::new(
+                Architecture::Llama,
+                Dims {
+                    vocab_size: 49_152,
+                    hidden_size: 576,
+                    intermediate_size: 1536,
+                    num_layers: 30,
+                    num_heads: 9,
+                    num_kv_heads: 3,
+                    head_dim: 64,
+                },
+            )
         },
         _ => return Err(ModelError::UnknownModel { name: name.to_string(), known: known() }),
     };
@@ -81,8 +72,7 @@ fn gemma3(
     max_pos: usize,
     scaling: Option<RopeScaling>,
 ) -> ModelConfig {
-    ModelConfig {
-        architecture: Architecture::Gemma3,
+    let dims = Dims {
         vocab_size: vocab,
         hidden_size: hidden,
         intermediate_size: inter,
@@ -90,25 +80,19 @@ fn gemma3(
         num_heads: heads,
         num_kv_heads: kv_heads,
         head_dim: 256,
-        rms_norm_eps: 1e-6,
+    };
+    ModelConfig {
         rope_theta: 1_000_000.0,
         rope_local_base_freq: Some(10_000.0),
         rope_scaling: scaling,
         max_position_embeddings: max_pos,
-        tie_word_embeddings: true,
-        hidden_act: HiddenAct::GeluPytorchTanh,
-        attention_bias: false,
-        qk_norm: true,
         sliding_window: Some(window),
         layer_types: gemma3_pattern(layers, 6),
         query_pre_attn_scalar: Some(256.0),
-        final_logit_softcapping: None,
-        attn_logit_softcapping: None,
-        scale_embeddings: true,
-        norm_unit_offset: true,
         bos_token_id: Some(2),
         // <eos> and <end_of_turn>.
         eos_token_ids: vec![1, 106],
+        ..ModelConfig::new(Architecture::Gemma3, dims)
     }
 }
 
@@ -120,8 +104,7 @@ pub(super) fn gemma3_pattern(layers: usize, pattern: usize) -> Vec<LayerKind> {
 /// Llama 3.2: intermediate 8192, 8 KV heads, RoPE 500 000 with llama3 scaling
 /// (32, 1, 4, 8192), tied embeddings, vocabulary 128 256.
 fn llama32(hidden: usize, layers: usize, heads: usize, head_dim: usize) -> ModelConfig {
-    ModelConfig {
-        architecture: Architecture::Llama,
+    let dims = Dims {
         vocab_size: 128_256,
         hidden_size: hidden,
         intermediate_size: 8192,
@@ -129,9 +112,10 @@ fn llama32(hidden: usize, layers: usize, heads: usize, head_dim: usize) -> Model
         num_heads: heads,
         num_kv_heads: 8,
         head_dim,
+    };
+    ModelConfig {
         rms_norm_eps: 1e-5,
         rope_theta: 500_000.0,
-        rope_local_base_freq: None,
         rope_scaling: Some(RopeScaling::Llama3 {
             factor: 32.0,
             low_freq_factor: 1.0,
@@ -139,28 +123,17 @@ fn llama32(hidden: usize, layers: usize, heads: usize, head_dim: usize) -> Model
             original_max_position_embeddings: 8192,
         }),
         max_position_embeddings: 131_072,
-        tie_word_embeddings: true,
-        hidden_act: HiddenAct::Silu,
-        attention_bias: false,
-        qk_norm: false,
-        sliding_window: None,
-        layer_types: vec![LayerKind::Global; layers],
-        query_pre_attn_scalar: None,
-        final_logit_softcapping: None,
-        attn_logit_softcapping: None,
-        scale_embeddings: false,
-        norm_unit_offset: false,
         // <|begin_of_text|>; <|end_of_text|>, <|eom_id|>, <|eot_id|>.
         bos_token_id: Some(128_000),
         eos_token_ids: vec![128_001, 128_008, 128_009],
+        ..ModelConfig::new(Architecture::Llama, dims)
     }
 }
 
 /// Qwen2.5: 2 KV heads, head_dim 64 or 128 (hidden / heads), biases on Q/K/V,
 /// RoPE 1 000 000, tied embeddings (the small models), vocabulary 151 936.
 fn qwen25(hidden: usize, inter: usize, layers: usize, heads: usize) -> ModelConfig {
-    ModelConfig {
-        architecture: Architecture::Qwen2,
+    let dims = Dims {
         vocab_size: 151_936,
         hidden_size: hidden,
         intermediate_size: inter,
@@ -168,24 +141,13 @@ fn qwen25(hidden: usize, inter: usize, layers: usize, heads: usize) -> ModelConf
         num_heads: heads,
         num_kv_heads: 2,
         head_dim: hidden / heads,
-        rms_norm_eps: 1e-6,
+    };
+    ModelConfig {
         rope_theta: 1_000_000.0,
-        rope_local_base_freq: None,
-        rope_scaling: None,
         max_position_embeddings: 32_768,
-        tie_word_embeddings: true,
-        hidden_act: HiddenAct::Silu,
-        attention_bias: true,
-        qk_norm: false,
-        sliding_window: None,
-        layer_types: vec![LayerKind::Global; layers],
-        query_pre_attn_scalar: None,
-        final_logit_softcapping: None,
-        attn_logit_softcapping: None,
-        scale_embeddings: false,
-        norm_unit_offset: false,
         // <|endoftext|>; <|im_end|> ends a chat turn.
         bos_token_id: Some(151_643),
         eos_token_ids: vec![151_643, 151_645],
+        ..ModelConfig::new(Architecture::Qwen2, dims)
     }
 }

@@ -10,8 +10,9 @@ use super::{ModelError, Result};
 use crate::kernels::DType;
 
 /// The decoder families ktune knows how to run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr, strum::Display)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum Architecture {
     /// `LlamaForCausalLM` (Llama 3.x, SmolLM2): pre-norm, SwiGLU, no biases.
     Llama,
@@ -24,11 +25,7 @@ pub enum Architecture {
 
 impl Architecture {
     pub fn name(self) -> &'static str {
-        match self {
-            Architecture::Llama => "llama",
-            Architecture::Qwen2 => "qwen2",
-            Architecture::Gemma3 => "gemma3",
-        }
+        self.into()
     }
 
     /// The `architectures` entry of a Hugging Face `config.json`.
@@ -41,17 +38,12 @@ impl Architecture {
     }
 }
 
-impl std::fmt::Display for Architecture {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 /// Attention span of one layer: the whole context, or a sliding window of the last
 /// [`ModelConfig::sliding_window`] positions (Gemma 3's local layers, which also
 /// use their own RoPE base and no RoPE scaling).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, strum::IntoStaticStr)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum LayerKind {
     Global,
     Local,
@@ -59,16 +51,14 @@ pub enum LayerKind {
 
 impl LayerKind {
     pub fn name(self) -> &'static str {
-        match self {
-            LayerKind::Global => "global",
-            LayerKind::Local => "local",
-        }
+        self.into()
     }
 }
 
 /// The MLP activation (the gate of the gated MLP).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum HiddenAct {
     /// x * sigmoid(x) (SwiGLU).
     Silu,
@@ -78,10 +68,7 @@ pub enum HiddenAct {
 
 impl HiddenAct {
     pub fn name(self) -> &'static str {
-        match self {
-            HiddenAct::Silu => "silu",
-            HiddenAct::GeluPytorchTanh => "gelu_pytorch_tanh",
-        }
+        self.into()
     }
 }
 
@@ -97,8 +84,9 @@ pub enum RopeScaling {
 }
 
 /// Storage type of weights (what a file holds, or what a kernel reads).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr, strum::Display)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum Dtype {
     F32,
     F16,
@@ -114,11 +102,7 @@ impl Dtype {
     }
 
     pub fn name(self) -> &'static str {
-        match self {
-            Dtype::F32 => "f32",
-            Dtype::F16 => "f16",
-            Dtype::BF16 => "bf16",
-        }
+        self.into()
     }
 }
 
@@ -141,12 +125,6 @@ impl ElemBytes for DType {
             Some(f) => n.div_ceil(32) * f.block_bytes() as u64,
             None => n * self.size() as u64,
         }
-    }
-}
-
-impl std::fmt::Display for Dtype {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
     }
 }
 
@@ -202,7 +180,56 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
 }
 
+/// The dimensions every decoder has, whatever its architecture.
+#[derive(Clone, Copy, Debug)]
+pub struct Dims {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
 impl ModelConfig {
+    /// A model of `arch` with dimensions `d` and the architecture's fixed traits
+    /// (Gemma 3: GELU-tanh, per-head q/k norms, scaled embeddings, `(1 + w)` norms;
+    /// Qwen2: Q/K/V biases); every optional feature off: all layers global, no RoPE
+    /// scaling, no soft-capping, tied embeddings, no special tokens. Readers and
+    /// built-in configs set what their model has on top (`..ModelConfig::new(..)`).
+    pub fn new(arch: Architecture, d: Dims) -> ModelConfig {
+        let gemma = arch == Architecture::Gemma3;
+        ModelConfig {
+            architecture: arch,
+            vocab_size: d.vocab_size,
+            hidden_size: d.hidden_size,
+            intermediate_size: d.intermediate_size,
+            num_layers: d.num_layers,
+            num_heads: d.num_heads,
+            num_kv_heads: d.num_kv_heads,
+            head_dim: d.head_dim,
+            rms_norm_eps: 1e-6,
+            rope_theta: 10_000.0,
+            rope_local_base_freq: None,
+            rope_scaling: None,
+            max_position_embeddings: 2048,
+            tie_word_embeddings: true,
+            hidden_act: if gemma { HiddenAct::GeluPytorchTanh } else { HiddenAct::Silu },
+            attention_bias: arch == Architecture::Qwen2,
+            qk_norm: gemma,
+            sliding_window: None,
+            layer_types: vec![LayerKind::Global; d.num_layers],
+            query_pre_attn_scalar: None,
+            final_logit_softcapping: None,
+            attn_logit_softcapping: None,
+            scale_embeddings: gemma,
+            norm_unit_offset: gemma,
+            bos_token_id: None,
+            eos_token_ids: Vec::new(),
+        }
+    }
+
     /// Width of all query heads together.
     pub fn q_dim(&self) -> usize {
         self.num_heads * self.head_dim
@@ -420,5 +447,22 @@ impl ModelConfig {
             }
         }
         if bad.is_empty() { Ok(()) } else { Err(ModelError::Invalid(bad.join("; "))) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names profiles, reports and GGUF metadata spell (derived by strum).
+    #[test]
+    fn names_are_the_published_spellings() {
+        let arch: Vec<_> = [Architecture::Llama, Architecture::Qwen2, Architecture::Gemma3].map(Architecture::name).into();
+        assert_eq!(arch, ["llama", "qwen2", "gemma3"]);
+        assert_eq!(Architecture::Gemma3.to_string(), "gemma3");
+        assert_eq!([LayerKind::Global.name(), LayerKind::Local.name()], ["global", "local"]);
+        assert_eq!([HiddenAct::Silu.name(), HiddenAct::GeluPytorchTanh.name()], ["silu", "gelu_pytorch_tanh"]);
+        assert_eq!([Dtype::F32.name(), Dtype::F16.name(), Dtype::BF16.name()], ["f32", "f16", "bf16"]);
+        assert_eq!(Dtype::BF16.to_string(), "bf16");
     }
 }

@@ -11,12 +11,11 @@
 //! sizes are known) and fail with a message naming them when read.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
-use memmap2::Mmap;
 
+use super::bytes::FileBytes;
 use super::{ModelError, Result};
 use crate::kernels::quant::{QFormat, QK, dequantize_block};
 
@@ -255,22 +254,7 @@ pub struct GgufFile {
     index: BTreeMap<String, usize>,
     pub tensors: Vec<GgufTensor>,
     tensor_index: BTreeMap<String, usize>,
-    map: Map,
-}
-
-/// The bytes: memory-mapped (a file) or owned (tests and fuzzing parse buffers).
-enum Map {
-    Mmap(Mmap),
-    Owned(Vec<u8>),
-}
-
-impl Map {
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Map::Mmap(m) => m,
-            Map::Owned(v) => v,
-        }
-    }
+    map: FileBytes,
 }
 
 impl std::fmt::Debug for GgufFile {
@@ -402,20 +386,16 @@ fn min_value_size(ty: u32) -> Option<usize> {
 impl GgufFile {
     /// Maps `path` and parses it (see [`GgufFile::parse`]).
     pub fn open(path: &Path) -> Result<GgufFile> {
-        let file = File::open(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
-        // SAFETY: read-only private map; as for safetensors, the file must not be
-        // truncated or rewritten while mapped (model files are not modified in place).
-        let map = unsafe { Mmap::map(&file) }.map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
-        GgufFile::from_map(path, Map::Mmap(map))
+        GgufFile::from_map(path, FileBytes::map(path)?)
     }
 
     /// Parses a GGUF image held in memory; `path` only names it in messages.
     pub fn parse(path: &Path, bytes: Vec<u8>) -> Result<GgufFile> {
-        GgufFile::from_map(path, Map::Owned(bytes))
+        GgufFile::from_map(path, FileBytes::Owned(bytes))
     }
 
-    fn from_map(path: &Path, map: Map) -> Result<GgufFile> {
-        let b = map.bytes();
+    fn from_map(path: &Path, map: FileBytes) -> Result<GgufFile> {
+        let b = &map[..];
         let mut c = Cursor { b, pos: 0, path };
         let magic = c
             .take(4, &|| "the GGUF magic".into())
@@ -549,7 +529,7 @@ impl GgufFile {
     }
 
     pub fn bytes(&self) -> &[u8] {
-        self.map.bytes()
+        &self.map
     }
 
     /// The value of metadata `key`.

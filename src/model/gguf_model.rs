@@ -19,7 +19,7 @@
 
 use std::collections::BTreeSet;
 
-use super::config::{Architecture, HiddenAct, LayerKind, ModelConfig, RopeScaling};
+use super::config::{Architecture, Dims, LayerKind, ModelConfig, RopeScaling};
 use super::gguf::{GgufFile, Value};
 use super::{ModelError, Result};
 use crate::kernels::reference::{Llama3Scaling, rope_inv_freq};
@@ -150,23 +150,17 @@ impl<'a> Meta<'a> {
     fn usize_req(&mut self, key: &str) -> Result<usize> {
         self.usize_opt(key)?.ok_or_else(|| self.err(format!("missing metadata `{}`: not a complete llama.cpp conversion?", self.key(key))))
     }
+    /// `key` read by `read` (`None` when absent); a value of another type is an error
+    /// naming `what` was expected.
+    fn typed<T>(&mut self, key: &str, what: &str, read: impl Fn(&'a Value) -> Option<T>) -> Result<Option<T>> {
+        let Some(v) = self.get(key) else { return Ok(None) };
+        read(v).map(Some).ok_or_else(|| self.err(format!("`{}` must be {what}, got {} ({})", self.key(key), v.describe(), v.type_name())))
+    }
     fn f64_opt(&mut self, key: &str) -> Result<Option<f64>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(Some)
-                .ok_or_else(|| self.err(format!("`{}` must be a number, got {} ({})", self.key(key), v.describe(), v.type_name()))),
-        }
+        self.typed(key, "a number", Value::as_f64)
     }
     fn str_opt(&mut self, key: &str) -> Result<Option<&'a str>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_str()
-                .map(Some)
-                .ok_or_else(|| self.err(format!("`{}` must be a string, got {} ({})", self.key(key), v.describe(), v.type_name()))),
-        }
+        self.typed(key, "a string", Value::as_str)
     }
     /// A top-level token id (`tokenizer.ggml.*`).
     fn token(&self, key: &str) -> Result<Option<u32>> {
@@ -344,15 +338,10 @@ pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
             (None, None) => return Err(m.err("no vocabulary size: no `vocab_size`, tokens or `token_embd.weight`".into())),
         },
     };
-    let attention_bias = match arch {
-        Architecture::Qwen2 => true,
-        _ => {
-            if f.tensor("blk.0.attn_q.bias").is_some() {
-                return Err(m.unsupported(format!("attention biases in a `{arch_name}` model")));
-            }
-            false
-        }
-    };
+    // Qwen2 has Q/K/V biases (set by the architecture), the others none.
+    if arch != Architecture::Qwen2 && f.tensor("blk.0.attn_q.bias").is_some() {
+        return Err(m.unsupported(format!("attention biases in a `{arch_name}` model")));
+    }
     let bos_token_id = m.token("tokenizer.ggml.bos_token_id")?;
     let mut eos_token_ids = Vec::new();
     for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
@@ -362,33 +351,22 @@ pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
             eos_token_ids.push(t);
         }
     }
+    let dims = Dims { vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, head_dim };
     let config = ModelConfig {
-        architecture: arch,
-        vocab_size,
-        hidden_size,
-        intermediate_size,
-        num_layers,
-        num_heads,
-        num_kv_heads,
-        head_dim,
         rms_norm_eps,
         rope_theta,
         rope_local_base_freq,
         rope_scaling,
         max_position_embeddings,
         tie_word_embeddings: f.tensor("output.weight").is_none(),
-        hidden_act: if gemma { HiddenAct::GeluPytorchTanh } else { HiddenAct::Silu },
-        attention_bias,
-        qk_norm: gemma,
         sliding_window,
         layer_types,
         query_pre_attn_scalar,
         final_logit_softcapping: final_cap,
         attn_logit_softcapping: attn_cap,
-        scale_embeddings: gemma,
-        norm_unit_offset: gemma,
         bos_token_id,
         eos_token_ids,
+        ..ModelConfig::new(arch, dims)
     };
     config.validate().map_err(|e| m.err(e.to_string()))?;
     let prefix = format!("{arch_name}.");

@@ -12,7 +12,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::builtin::gemma3_pattern;
-use super::config::{Architecture, HiddenAct, LayerKind, ModelConfig, RopeScaling};
+use super::config::{Architecture, Dims, HiddenAct, LayerKind, ModelConfig, RopeScaling};
 use super::{ModelError, Result};
 
 /// A config read from `config.json`, with the keys that were not used.
@@ -109,13 +109,15 @@ impl<'a> Reader<'a> {
         self.map.get(key).filter(|v| !v.is_null())
     }
 
+    /// `key` read by `read` (`None` when absent); a value of another type is an error
+    /// naming `what` was expected.
+    fn typed<T>(&mut self, key: &str, what: &str, read: impl Fn(&'a Value) -> Option<T>) -> Result<Option<T>> {
+        let Some(v) = self.get(key) else { return Ok(None) };
+        read(v).map(Some).ok_or_else(|| self.config_err(format!("`{key}` must be {what}, got {}", describe(v))))
+    }
+
     fn usize_opt(&mut self, key: &str) -> Result<Option<usize>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => {
-                as_usize(v).map(Some).ok_or_else(|| self.config_err(format!("`{key}` must be a non-negative integer, got {}", describe(v))))
-            }
-        }
+        self.typed(key, "a non-negative integer", as_usize)
     }
 
     fn usize_req(&mut self, key: &str) -> Result<usize> {
@@ -123,24 +125,15 @@ impl<'a> Reader<'a> {
     }
 
     fn f64_opt(&mut self, key: &str) -> Result<Option<f64>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_f64().map(Some).ok_or_else(|| self.config_err(format!("`{key}` must be a number, got {}", describe(v)))),
-        }
+        self.typed(key, "a number", Value::as_f64)
     }
 
     fn bool_opt(&mut self, key: &str) -> Result<Option<bool>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.config_err(format!("`{key}` must be true or false, got {}", describe(v)))),
-        }
+        self.typed(key, "true or false", Value::as_bool)
     }
 
     fn str_opt(&mut self, key: &str) -> Result<Option<&'a str>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_str().map(Some).ok_or_else(|| self.config_err(format!("`{key}` must be a string, got {}", describe(v)))),
-        }
+        self.typed(key, "a string", Value::as_str)
     }
 
     /// `architectures[0]`, checked against `model_type`.
@@ -227,16 +220,11 @@ impl<'a> Reader<'a> {
         if self.bool_opt("mlp_bias")? == Some(true) {
             return Err(self.unsupported("`mlp_bias: true` (biases on the MLP projections)".into()));
         }
-        let attention_bias = match arch {
-            // Qwen2 always has Q/K/V biases and no O bias; the key does not exist.
-            Architecture::Qwen2 => true,
-            _ => {
-                if self.bool_opt("attention_bias")? == Some(true) {
-                    return Err(self.unsupported("`attention_bias: true` (it adds a bias to o_proj too)".into()));
-                }
-                false
-            }
-        };
+        // Qwen2 always has Q/K/V biases and no O bias (set by the architecture; the
+        // key does not exist); the others none.
+        if arch != Architecture::Qwen2 && self.bool_opt("attention_bias")? == Some(true) {
+            return Err(self.unsupported("`attention_bias: true` (it adds a bias to o_proj too)".into()));
+        }
         if let Some(f) = self.f64_opt("partial_rotary_factor")?
             && f != 1.0
         {
@@ -282,15 +270,8 @@ impl<'a> Reader<'a> {
         let bos_token_id = self.token("bos_token_id")?.and_then(|v| v.first().copied());
         let eos_token_ids = self.token("eos_token_id")?.unwrap_or_default();
 
+        let dims = Dims { vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, head_dim };
         Ok(ModelConfig {
-            architecture: arch,
-            vocab_size,
-            hidden_size,
-            intermediate_size,
-            num_layers,
-            num_heads,
-            num_kv_heads,
-            head_dim,
             rms_norm_eps,
             rope_theta,
             rope_local_base_freq: if gemma { rope_local_base_freq } else { None },
@@ -298,17 +279,14 @@ impl<'a> Reader<'a> {
             max_position_embeddings,
             tie_word_embeddings,
             hidden_act,
-            attention_bias,
-            qk_norm: gemma,
             sliding_window: if has_local { sliding_window } else { None },
             layer_types,
             query_pre_attn_scalar,
             final_logit_softcapping,
             attn_logit_softcapping,
-            scale_embeddings: gemma,
-            norm_unit_offset: gemma,
             bos_token_id,
             eos_token_ids,
+            ..ModelConfig::new(arch, dims)
         })
     }
 

@@ -11,6 +11,7 @@
 //! into ids and back ([`Tokenizer`]).
 
 mod builtin;
+mod bytes;
 mod config;
 pub mod gguf;
 mod gguf_model;
@@ -22,7 +23,7 @@ mod weights;
 use std::path::PathBuf;
 
 pub use builtin::{builtin, builtin_names};
-pub use config::{Architecture, Dtype, HiddenAct, LayerKind, ModelConfig, RopeScaling};
+pub use config::{Architecture, Dims, Dtype, HiddenAct, LayerKind, ModelConfig, RopeScaling};
 pub use gguf::Stored;
 pub use gguf_model::{GgufConfig, Transform, gguf_config};
 pub use hf::ParsedConfig;

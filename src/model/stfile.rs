@@ -4,15 +4,14 @@
 //! f32 or f16 (in parallel for large tensors).
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use ::safetensors::SafeTensors;
 use ::safetensors::tensor::Dtype as StDtype;
 use half::{bf16, f16};
-use memmap2::Mmap;
 use rayon::prelude::*;
 
+use super::bytes::FileBytes;
 use super::config::Dtype;
 use super::{ModelError, Result};
 
@@ -32,24 +31,8 @@ pub(super) struct Entry {
 /// A mapped file and its tensors.
 pub(super) struct StFile {
     pub path: PathBuf,
-    map: Bytes,
+    map: FileBytes,
     pub tensors: BTreeMap<String, Entry>,
-}
-
-/// The file's bytes: memory-mapped, or owned (tests and fuzzing parse buffers).
-enum Bytes {
-    Mmap(Mmap),
-    Owned(Vec<u8>),
-}
-
-impl std::ops::Deref for Bytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            Bytes::Mmap(m) => m,
-            Bytes::Owned(v) => v,
-        }
-    }
 }
 
 impl std::fmt::Debug for StFile {
@@ -66,24 +49,15 @@ impl StFile {
     /// Maps `path` and validates its header: length within the file, JSON, every
     /// tensor's offsets contiguous, inside the data and matching dtype × shape.
     pub fn open(path: &Path) -> Result<StFile> {
-        let file = File::open(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
-        let len = file.metadata().map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?.len();
-        if len < 8 {
-            return Err(file_err(path, format!("{len} bytes: too short for a safetensors header")));
-        }
-        // SAFETY: the map is read-only and private to this process; like every
-        // memory-mapped loader we rely on the file not being truncated or rewritten
-        // while it is mapped (checkpoints are not modified in place).
-        let map = unsafe { Mmap::map(&file) }.map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
-        StFile::from_bytes(path, Bytes::Mmap(map))
+        StFile::from_bytes(path, FileBytes::map(path)?)
     }
 
     /// Parses a safetensors image held in memory; `path` only names it in messages.
     pub fn parse(path: &Path, bytes: Vec<u8>) -> Result<StFile> {
-        StFile::from_bytes(path, Bytes::Owned(bytes))
+        StFile::from_bytes(path, FileBytes::Owned(bytes))
     }
 
-    fn from_bytes(path: &Path, map: Bytes) -> Result<StFile> {
+    fn from_bytes(path: &Path, map: FileBytes) -> Result<StFile> {
         let len = map.len() as u64;
         if len < 8 {
             return Err(file_err(path, format!("{len} bytes: too short for a safetensors header")));
@@ -138,32 +112,46 @@ impl StFile {
 /// Elements per parallel task when converting.
 const PAR_CHUNK: usize = 1 << 16;
 
-/// Converts little-endian `src` of `dtype` into `out` (exactly `src.len() / dtype.size()` values).
-pub(super) fn to_f32(dtype: Dtype, src: &[u8], out: &mut [f32]) {
-    let sz = dtype.size();
-    let conv = |s: &[u8], o: &mut [f32]| match dtype {
-        Dtype::F32 => o.iter_mut().zip(s.chunks_exact(4)).for_each(|(o, b)| *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        Dtype::F16 => o.iter_mut().zip(s.chunks_exact(2)).for_each(|(o, b)| *o = f16::from_le_bytes([b[0], b[1]]).to_f32()),
-        Dtype::BF16 => o.iter_mut().zip(s.chunks_exact(2)).for_each(|(o, b)| *o = bf16::from_le_bytes([b[0], b[1]]).to_f32()),
-    };
-    if out.len() <= PAR_CHUNK {
-        conv(src, out);
-    } else {
-        out.par_chunks_mut(PAR_CHUNK).zip(src.par_chunks(PAR_CHUNK * sz)).for_each(|(o, s)| conv(s, o));
+/// An element type weights are read as: f32, or f16 (F32 and BF16 sources rounded
+/// to nearest, F16 copied).
+pub trait Elem: Copy + Send + Sync + 'static {
+    fn from_f32(v: f32) -> Self;
+    fn from_f16(v: f16) -> Self;
+    /// `out` itself when `Self` is f32 (lets f32 reads skip a staging copy).
+    fn as_f32(out: &mut [Self]) -> Option<&mut [f32]>;
+}
+
+impl Elem for f32 {
+    fn from_f32(v: f32) -> f32 {
+        v
+    }
+    fn from_f16(v: f16) -> f32 {
+        v.to_f32()
+    }
+    fn as_f32(out: &mut [f32]) -> Option<&mut [f32]> {
+        Some(out)
     }
 }
 
-/// As [`to_f32`], into f16 (F32 and BF16 rounded to nearest).
-pub(super) fn to_f16(dtype: Dtype, src: &[u8], out: &mut [f16]) {
+impl Elem for f16 {
+    fn from_f32(v: f32) -> f16 {
+        f16::from_f32(v)
+    }
+    fn from_f16(v: f16) -> f16 {
+        v
+    }
+    fn as_f32(_: &mut [f16]) -> Option<&mut [f32]> {
+        None
+    }
+}
+
+/// Converts little-endian `src` of `dtype` into `out` (exactly `src.len() / dtype.size()` values).
+pub(super) fn decode_le<T: Elem>(dtype: Dtype, src: &[u8], out: &mut [T]) {
     let sz = dtype.size();
-    let conv = |s: &[u8], o: &mut [f16]| match dtype {
-        Dtype::F32 => {
-            o.iter_mut().zip(s.chunks_exact(4)).for_each(|(o, b)| *o = f16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
-        }
-        Dtype::F16 => o.iter_mut().zip(s.chunks_exact(2)).for_each(|(o, b)| *o = f16::from_le_bytes([b[0], b[1]])),
-        Dtype::BF16 => {
-            o.iter_mut().zip(s.chunks_exact(2)).for_each(|(o, b)| *o = f16::from_f32(bf16::from_le_bytes([b[0], b[1]]).to_f32()))
-        }
+    let conv = |s: &[u8], o: &mut [T]| match dtype {
+        Dtype::F32 => o.iter_mut().zip(s.chunks_exact(4)).for_each(|(o, b)| *o = T::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
+        Dtype::F16 => o.iter_mut().zip(s.chunks_exact(2)).for_each(|(o, b)| *o = T::from_f16(f16::from_le_bytes([b[0], b[1]]))),
+        Dtype::BF16 => o.iter_mut().zip(s.chunks_exact(2)).for_each(|(o, b)| *o = T::from_f32(bf16::from_le_bytes([b[0], b[1]]).to_f32())),
     };
     if out.len() <= PAR_CHUNK {
         conv(src, out);

@@ -21,7 +21,7 @@ use serde::Serialize;
 use super::config::{Dtype, ModelConfig};
 use super::gguf::{GgufFile, Stored, decode};
 use super::gguf_model::{GgufConfig, Transform, gguf_config, hf_name};
-use super::stfile::{Entry, StFile, to_f16, to_f32};
+use super::stfile::{Elem, Entry, StFile, decode_le};
 use super::{ModelError, Result};
 use crate::kernels::quant::{QFormat, QK, QMatrix, QuantError};
 
@@ -349,30 +349,26 @@ impl Weights {
 
     /// `name` as f32 values (row-major), after checking its shape is `shape`.
     pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let meta = self.check_shape(name, shape)?;
-        let mut out = vec![0f32; meta.numel()];
-        self.read_f32_range(name, 0, &mut out)?;
-        Ok(out)
+        self.values(name, shape)
     }
 
     /// `name` as f16 values (row-major, rounded to nearest), after checking its shape.
     pub fn f16(&self, name: &str, shape: &[usize]) -> Result<Vec<f16>> {
+        self.values(name, shape)
+    }
+
+    fn values<T: Elem>(&self, name: &str, shape: &[usize]) -> Result<Vec<T>> {
         let meta = self.check_shape(name, shape)?;
-        let mut out = vec![f16::ZERO; meta.numel()];
-        self.read_f16_range(name, 0, &mut out)?;
+        let mut out = vec![T::from_f32(0.0); meta.numel()];
+        self.read_range(name, 0, &mut out)?;
         Ok(out)
     }
 
-    /// The whole of `name` into `out` (whose length must be the element count) as f32.
-    pub fn read_f32_into(&self, name: &str, out: &mut [f32]) -> Result<()> {
+    /// The whole of `name` into `out` (whose length must be the element count) as
+    /// f32 or f16.
+    pub fn read_into<T: Elem>(&self, name: &str, out: &mut [T]) -> Result<()> {
         self.check_len(name, out.len())?;
-        self.read_f32_range(name, 0, out)
-    }
-
-    /// The whole of `name` into `out` as f16.
-    pub fn read_f16_into(&self, name: &str, out: &mut [f16]) -> Result<()> {
-        self.check_len(name, out.len())?;
-        self.read_f16_range(name, 0, out)
+        self.read_range(name, 0, out)
     }
 
     fn check_len(&self, name: &str, got: usize) -> Result<()> {
@@ -393,45 +389,30 @@ impl Weights {
             return Err(ModelError::Row { name: name.to_string(), row, rows });
         }
         let mut out = vec![0f32; cols];
-        self.read_f32_range(name, row * cols, &mut out)?;
+        self.read_range(name, row * cols, &mut out)?;
         Ok(out)
     }
 
-    /// Elements `start..start + out.len()` of `name` (flattened) as f32.
-    pub fn read_f32_range(&self, name: &str, start: usize, out: &mut [f32]) -> Result<()> {
+    /// Elements `start..start + out.len()` of `name` (flattened) as f32 or f16.
+    pub fn read_range<T: Elem>(&self, name: &str, start: usize, out: &mut [T]) -> Result<()> {
         match self.slot(name)? {
             Slot::File { file, entry } => {
                 let (dtype, bytes) = self.file_bytes(name, *file, entry, start, out.len())?;
-                to_f32(dtype, bytes, out);
+                decode_le(dtype, bytes, out);
             }
             Slot::Synthetic { kind, key, shape } => {
                 check_range(name, shape, start, out.len())?;
-                synth(*kind, *key, start, out, |v| v);
+                synth(*kind, *key, start, out, T::from_f32);
             }
             Slot::Gguf { tensor, tf, shape } => {
                 check_range(name, shape, start, out.len())?;
-                self.gguf_range(*tensor, *tf, start, out)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Elements `start..start + out.len()` of `name` (flattened) as f16.
-    pub fn read_f16_range(&self, name: &str, start: usize, out: &mut [f16]) -> Result<()> {
-        match self.slot(name)? {
-            Slot::File { file, entry } => {
-                let (dtype, bytes) = self.file_bytes(name, *file, entry, start, out.len())?;
-                to_f16(dtype, bytes, out);
-            }
-            Slot::Synthetic { kind, key, shape } => {
-                check_range(name, shape, start, out.len())?;
-                synth(*kind, *key, start, out, f16::from_f32);
-            }
-            Slot::Gguf { tensor, tf, shape } => {
-                check_range(name, shape, start, out.len())?;
+                // Decoded row by row to f32 (the block formats' native output).
+                if let Some(out) = T::as_f32(out) {
+                    return self.gguf_range(*tensor, *tf, start, out);
+                }
                 let mut tmp = vec![0f32; out.len()];
                 self.gguf_range(*tensor, *tf, start, &mut tmp)?;
-                out.par_iter_mut().zip(tmp.par_iter()).for_each(|(o, v)| *o = f16::from_f32(*v));
+                out.par_iter_mut().zip(tmp.par_iter()).for_each(|(o, v)| *o = T::from_f32(*v));
             }
         }
         Ok(())
@@ -527,7 +508,7 @@ impl Weights {
             .map(|c| {
                 let (a, n) = (r0 + c * per, per.min(count - c * per));
                 let mut v = vec![0f32; n * cols];
-                self.read_f32_range(name, a * cols, &mut v)?;
+                self.read_range(name, a * cols, &mut v)?;
                 QMatrix::quantize(format, n, cols, &v).map_err(quant)
             })
             .collect::<Result<Vec<_>>>()?;

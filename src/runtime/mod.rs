@@ -342,12 +342,12 @@ impl TensorStore for crate::model::Weights {
             (_, Some(format)) => HostBuf::Q(self.load_quant(name, format).map_err(w)?),
             (DType::F16, _) => {
                 let mut v = vec![f16::ZERO; len];
-                self.read_f16_into(name, &mut v).map_err(w)?;
+                self.read_into(name, &mut v).map_err(w)?;
                 HostBuf::F16(v)
             }
             _ => {
                 let mut v = vec![0.0f32; len];
-                self.read_f32_into(name, &mut v).map_err(w)?;
+                self.read_into(name, &mut v).map_err(w)?;
                 HostBuf::F32(v)
             }
         })
@@ -370,12 +370,12 @@ impl TensorStore for crate::model::Weights {
             }
             (DType::F16, _) => {
                 let mut v = vec![f16::ZERO; len];
-                self.read_f16_range(name, start, &mut v).map_err(w)?;
+                self.read_range(name, start, &mut v).map_err(w)?;
                 HostBuf::F16(v)
             }
             _ => {
                 let mut v = vec![0.0f32; len];
-                self.read_f32_range(name, start, &mut v).map_err(w)?;
+                self.read_range(name, start, &mut v).map_err(w)?;
                 HostBuf::F32(v)
             }
         })
