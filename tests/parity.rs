@@ -116,12 +116,17 @@ fn preferred_kernels_exist_and_compute_their_op() {
         for problem in test_problems(op) {
             for backend in [Backend::Cpu, Backend::Wgsl] {
                 for id in preferred(&problem, backend) {
-                    let k = registry()
-                        .iter()
-                        .find(|k| k.id == *id)
-                        .unwrap_or_else(|| panic!("the {} preference list for {op} names `{id}`, which is not in the registry", backend.name()));
+                    let k = registry().iter().find(|k| k.id == *id).unwrap_or_else(|| {
+                        panic!("the {} preference list for {op} names `{id}`, which is not in the registry", backend.name())
+                    });
                     assert_eq!(k.op, op, "the {} preference list for {op} names `{id}`, which computes {}", backend.name(), k.op);
-                    assert_eq!(k.backend(), backend, "the {} preference list for {op} names `{id}`, a {} kernel", backend.name(), k.backend().name());
+                    assert_eq!(
+                        k.backend(),
+                        backend,
+                        "the {} preference list for {op} names `{id}`, a {} kernel",
+                        backend.name(),
+                        k.backend().name()
+                    );
                     named += 1;
                 }
             }
