@@ -1,11 +1,9 @@
 //! The binary, run as a user runs it: output shape, exit codes, error messages.
 
-use assert_cmd::Command;
-use predicates::prelude::*;
+mod common;
 
-fn ktune() -> Command {
-    Command::cargo_bin("ktune").expect("binary built")
-}
+use common::{fixture, ktune};
+use predicates::prelude::*;
 
 #[test]
 fn list_devices_always_shows_the_cpu() {
@@ -71,17 +69,13 @@ fn unknown_kernel_is_exit_2_naming_known_ones() {
         .stderr(predicate::str::contains("gemv_rows_cpu"));
 }
 
-fn fixture(name: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
-}
-
 /// `--prompt` text through the fixture's tokenizer.json (tools/make_tokenizer.py):
 /// the prompt ids, the greedy ids and their text are what the Python tokenizer
 /// and transformers give.
 #[test]
 fn run_prompt_is_encoded_and_output_decoded_like_the_python_tokenizer() {
     let dir = fixture("smollm2-tiny-bf16");
-    let exp: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("tokenizer_expected.json")).expect("read")).expect("json");
+    let exp = common::read_json(dir.join("tokenizer_expected.json"));
     let prompt = exp["prompt"].as_str().expect("prompt");
     let max_tokens = exp["max_tokens"].as_u64().expect("max_tokens").to_string();
     let out = ktune()

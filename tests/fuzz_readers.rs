@@ -14,11 +14,14 @@
 //! Quick by default (proptest's 256 cases per target); a long run:
 //! `PROPTEST_CASES=200000 cargo test --release --test fuzz_readers -- --nocapture`.
 
+mod common;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
+use common::fixture;
 use ktune::kernels::quant::QFormat;
 use ktune::model::{Tokenizer, Weights};
 use ktune::profile::Profile;
@@ -172,10 +175,6 @@ fn mutate(seed: &[u8], header: usize, muts: &[Mutation]) -> Vec<u8> {
         }
     }
     v
-}
-
-fn fixture(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(rel)
 }
 
 /// Runs `target` on mutations of `seed` (it returns how far the input got: an

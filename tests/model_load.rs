@@ -3,18 +3,17 @@
 //! configs are self-consistent and match the published config.json files; bad
 //! configs and damaged or hostile safetensors files give errors, never panics.
 
+mod common;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use common::fixtures_dir;
 use ktune::model::{Architecture, Dtype, LayerKind, ModelConfig, ModelError, RopeScaling, Weights, builtin, builtin_names};
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
 
 /// Fixture model directories (those with a config.json).
 fn model_dirs() -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = fs::read_dir(fixtures())
+    let mut dirs: Vec<PathBuf> = fs::read_dir(fixtures_dir())
         .expect("tests/fixtures exists")
         .map(|e| e.expect("readable entry").path())
         .filter(|p| p.join("config.json").is_file())
@@ -32,7 +31,7 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn load(name: &str) -> (ModelConfig, Weights) {
-    let dir = fixtures().join(name);
+    let dir = fixtures_dir().join(name);
     let cfg = ModelConfig::from_config_json(dir.join("config.json")).unwrap_or_else(|e| panic!("{name}: {e}"));
     let w = Weights::load(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
     (cfg, w)
@@ -69,7 +68,7 @@ fn every_fixture_loads_with_the_shapes_of_its_config() {
         let last = cfg.vocab_size - 1;
         assert_eq!(w.row_f32("model.embed_tokens.weight", last).unwrap(), embed[last * cfg.hidden_size..]);
         // expected.json agrees with the config.
-        let exp: serde_json::Value = serde_json::from_str(&fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+        let exp = common::read_json(dir.join("expected.json"));
         let tokens = exp["tokens"].as_array().unwrap();
         assert_eq!(tokens.len(), 20);
         assert!(tokens.iter().all(|t| (t.as_u64().unwrap() as usize) < cfg.vocab_size));
@@ -183,7 +182,7 @@ fn published_config_json_files_match_the_builtins() {
         ("qwen2.5-0.5b.json", "qwen2.5-0.5b"),
         ("smollm2-135m.json", "smollm2-135m"),
     ] {
-        let path = fixtures().join("hf-configs").join(file);
+        let path = fixtures_dir().join("hf-configs").join(file);
         let parsed = ModelConfig::parse_config_json(&fs::read_to_string(&path).unwrap(), &path).unwrap_or_else(|e| panic!("{file}: {e}"));
         assert!(parsed.ignored_keys.is_empty(), "{file}: {:?}", parsed.ignored_keys);
         let mut from_file = parsed.config;
@@ -307,7 +306,7 @@ fn bad_config_json_gives_errors_naming_the_problem() {
 /// Copies a fixture into a scratch directory.
 fn copy_fixture(name: &str, test: &str) -> PathBuf {
     let dst = scratch(test);
-    for e in fs::read_dir(fixtures().join(name)).unwrap() {
+    for e in fs::read_dir(fixtures_dir().join(name)).unwrap() {
         let p = e.unwrap().path();
         fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
     }
@@ -476,8 +475,8 @@ fn synthetic_weights_are_deterministic_and_shaped_like_the_model() {
 #[test]
 fn tokenizer_json_missing_or_damaged() {
     use ktune::model::Tokenizer;
-    assert!(Tokenizer::from_dir(fixtures().join("llama3-tiny")).expect("no error").is_none());
-    let tok = Tokenizer::from_dir(fixtures().join("smollm2-tiny-bf16")).expect("loads").expect("present");
+    assert!(Tokenizer::from_dir(fixtures_dir().join("llama3-tiny")).expect("no error").is_none());
+    let tok = Tokenizer::from_dir(fixtures_dir().join("smollm2-tiny-bf16")).expect("loads").expect("present");
     assert_eq!(tok.vocab_size(), 320, "fills the fixture's vocabulary");
     let ids = tok.encode("café 42").expect("encodes");
     assert_eq!(tok.decode(&ids).expect("decodes"), "café 42", "byte-level BPE round-trips");

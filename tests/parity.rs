@@ -102,3 +102,35 @@ fn quantized_kernels_match_dequantized_reference() {
     let failed = report(&verdicts);
     assert!(failed.is_empty(), "quantized parity failures:\n{failed}");
 }
+
+/// The runtime's preference lists (`plan::select::preferred`) name kernels that
+/// exist and compute the op of the problem on that backend: the runtime skips an id
+/// it cannot find, so a typo there would silently change the defaults.
+#[test]
+fn preferred_kernels_exist_and_compute_their_op() {
+    use ktune::kernels::problem::test_problems;
+    use ktune::kernels::{Op, registry};
+    use ktune::plan::select::preferred;
+    let mut named = 0;
+    for op in Op::ALL {
+        for problem in test_problems(op) {
+            for backend in [Backend::Cpu, Backend::Wgsl] {
+                for id in preferred(&problem, backend) {
+                    let k = registry().iter().find(|k| k.id == *id).unwrap_or_else(|| {
+                        panic!("the {} preference list for {op} names `{id}`, which is not in the registry", backend.name())
+                    });
+                    assert_eq!(k.op, op, "the {} preference list for {op} names `{id}`, which computes {}", backend.name(), k.op);
+                    assert_eq!(
+                        k.backend(),
+                        backend,
+                        "the {} preference list for {op} names `{id}`, a {} kernel",
+                        backend.name(),
+                        k.backend().name()
+                    );
+                    named += 1;
+                }
+            }
+        }
+    }
+    assert!(named > 0, "no preference list was reached");
+}

@@ -4,14 +4,14 @@
 //! blocks and values on rounding boundaries. Fixture: tests/fixtures/quant/, made
 //! by tools/make_quant_fixture.py.
 
-use std::path::Path;
+mod common;
 
 use ktune::kernels::quant::{QFormat, QMatrix};
 
 #[test]
 fn quantize_matches_gguf_python_byte_for_byte() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/quant");
-    let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("meta.json")).expect("meta.json")).expect("json");
+    let dir = common::fixture("quant");
+    let meta = common::read_json(dir.join("meta.json"));
     let (rows, cols) = (meta["rows"].as_u64().expect("rows") as usize, meta["cols"].as_u64().expect("cols") as usize);
     let raw = std::fs::read(dir.join("input.f32")).expect("input.f32");
     let x: Vec<f32> = raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();

@@ -8,10 +8,13 @@
 //! greedy tokens. Then the CLI: `--prompt` through the file's tokenizer, the JSON
 //! report, streamed text, and hostile or unsupported files (exit 2).
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::sync::Arc;
 
 use assert_cmd::Command;
+use common::{gguf_dir as dir, gguf_fixtures as files, ids, read_json, tempdir};
 use ktune::commands::run::{load_gguf, weight_dtype_for};
 use ktune::device::CpuCaps;
 use ktune::kernels::DType;
@@ -22,27 +25,8 @@ use ktune::plan::{Fusion, Parallel, Plan, PlanOptions, Selection};
 use ktune::runtime::{Engine, TensorStore, argmax};
 use ktune::testing::test_gpu;
 
-fn dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf")
-}
-
-fn files() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir())
-        .expect("tests/fixtures/gguf exists")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
-        .collect();
-    v.sort();
-    assert!(v.len() >= 9, "expected the smollm2, qwen2 and gemma3 GGUF fixtures, found {v:?}");
-    v
-}
-
 fn expected(gguf: &Path) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(gguf.with_extension("json")).expect("expected json")).expect("json")
-}
-
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().expect("ids").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+    read_json(gguf.with_extension("json"))
 }
 
 enum Dev {
@@ -56,12 +40,7 @@ fn run(path: &Path, dev: &Dev, fusion: Fusion, weights: Option<DType>, chunk: us
     let exp = expected(path);
     let tokens = ids(&exp["tokens"]);
     let want = ids(&exp["generated"]);
-    let logits: Vec<Vec<f32>> = exp["logits"]
-        .as_array()
-        .expect("logits")
-        .iter()
-        .map(|r| r.as_array().expect("row").iter().map(|x| x.as_f64().expect("f") as f32).collect())
-        .collect();
+    let logits = common::logit_rows(&exp["logits"]);
     let weight_dtype = weights.unwrap_or_else(|| weight_dtype_for(m.weights.matmul_storage().expect("projections")));
     let opts = PlanOptions {
         weight_dtype,
@@ -87,14 +66,10 @@ fn run(path: &Path, dev: &Dev, fusion: Fusion, weights: Option<DType>, chunk: us
         rows.extend(e.forward(c).expect("prefill"));
     }
     assert_eq!(rows.len(), logits.len());
-    let (mut err, mut scale) = (0f64, 0f64);
     for (got, want) in rows.iter().zip(&logits) {
         assert_eq!(got.len(), want.len(), "{}: vocabulary size", path.display());
-        for (a, b) in got.iter().zip(want) {
-            err = err.max((*a as f64 - *b as f64).abs());
-            scale = scale.max((*b as f64).abs());
-        }
     }
+    let rel = common::rel_err(&rows, &logits);
     let mut next = argmax(rows.last().expect("rows"));
     let mut got = vec![];
     for i in 0..want.len() {
@@ -103,7 +78,7 @@ fn run(path: &Path, dev: &Dev, fusion: Fusion, weights: Option<DType>, chunk: us
             next = argmax(&e.forward(&[next]).expect("decode")[0]);
         }
     }
-    (err / scale, got, want)
+    (rel, got, want)
 }
 
 fn check(dev: Dev, what: &str) {
@@ -188,7 +163,7 @@ fn load_quant_serves_the_files_blocks() {
         assert_ne!(raw, w.load_quant("model.layers.1.self_attn.k_proj.weight", format).expect("q"));
     }
     // A float source (safetensors) is quantized with QMatrix::quantize.
-    let st = Weights::load(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama3-tiny")).expect("fixture");
+    let st = Weights::load(common::fixture("llama3-tiny")).expect("fixture");
     let name = "model.layers.0.mlp.up_proj.weight";
     let f = st.f32(name, &[128, 64]).expect("f32");
     assert_eq!(st.load_quant(name, QFormat::Q4_1).expect("q"), QMatrix::quantize(QFormat::Q4_1, 128, 64, &f).expect("quantize"));
@@ -206,8 +181,9 @@ fn gemma_norms_are_served_minus_one() {
     }
 }
 
+/// The binary on the CPU.
 fn ktune() -> Command {
-    let mut c = Command::cargo_bin("ktune").expect("binary");
+    let mut c = common::ktune();
     c.arg("--device").arg("cpu");
     c
 }
@@ -255,7 +231,7 @@ fn cli_streams_the_text() {
 /// Damaged, unsupported and conflicting inputs: exit 2 with a message naming the problem.
 #[test]
 fn cli_bad_gguf_inputs_exit_2() {
-    let tmp = tempfile::tempdir().expect("tmp");
+    let tmp = tempdir();
     let good = std::fs::read(dir().join("qwen2-tiny-q8_0.gguf")).expect("read");
     let cut = tmp.path().join("cut.gguf");
     std::fs::write(&cut, &good[..good.len() - 100]).expect("write");
@@ -318,7 +294,7 @@ fn metadata_errors_name_the_key() {
 /// `tune --gguf` runs the tuner on the file's model (a short budget).
 #[test]
 fn cli_tune_takes_a_gguf_file() {
-    let tmp = tempfile::tempdir().expect("tmp");
+    let tmp = tempdir();
     let out = ktune()
         .env("KTUNE_CACHE_DIR", tmp.path())
         .args(["tune", "--gguf"])

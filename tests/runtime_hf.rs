@@ -6,9 +6,12 @@
 //! GPU with the LM head split into blocks of vocabulary rows, as a device whose
 //! storage bindings are smaller than the head needs.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::sync::Arc;
 
+use common::{hf_fixtures as fixtures, ids, read_json, rel_err};
 use ktune::commands::run::load_model;
 use ktune::device::CpuCaps;
 use ktune::kernels::DType;
@@ -23,28 +26,9 @@ struct Expected {
     generated: Vec<u32>,
 }
 
-fn fixtures() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&root)
-        .expect("tests/fixtures exists")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.join("expected.json").exists())
-        .collect();
-    v.sort();
-    assert!(v.len() >= 4, "expected the llama, qwen2, gemma3 and smollm2 fixtures, found {v:?}");
-    v
-}
-
 fn expected(dir: &Path) -> Expected {
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("expected.json")).expect("read")).expect("json");
-    let ids = |k: &str| v[k].as_array().expect(k).iter().map(|x| x.as_u64().expect("id") as u32).collect::<Vec<_>>();
-    let logits = v["logits"]
-        .as_array()
-        .expect("logits")
-        .iter()
-        .map(|r| r.as_array().expect("row").iter().map(|x| x.as_f64().expect("f") as f32).collect())
-        .collect();
-    Expected { tokens: ids("tokens"), logits, generated: ids("generated") }
+    let v = read_json(dir.join("expected.json"));
+    Expected { tokens: ids(&v["tokens"]), logits: common::logit_rows(&v["logits"]), generated: ids(&v["generated"]) }
 }
 
 enum Dev {
@@ -96,14 +80,7 @@ fn run_blocks(dir: &Path, dev: &Dev, fusion: Fusion, kv: DType, chunk: usize) ->
         rows.extend(e.forward(c).expect("prefill"));
     }
     assert_eq!(rows.len(), exp.logits.len(), "{}: one logits row per prompt token", dir.display());
-    let mut err: f64 = 0.0;
-    let mut scale: f64 = 0.0;
-    for (got, want) in rows.iter().zip(&exp.logits) {
-        for (a, b) in got.iter().zip(want) {
-            err = err.max((*a as f64 - *b as f64).abs());
-            scale = scale.max((*b as f64).abs());
-        }
-    }
+    let rel = rel_err(&rows, &exp.logits);
     let mut next = argmax(rows.last().expect("rows"));
     let mut ids = vec![];
     for i in 0..n_new {
@@ -112,7 +89,7 @@ fn run_blocks(dir: &Path, dev: &Dev, fusion: Fusion, kv: DType, chunk: usize) ->
             next = argmax(&e.forward(&[next]).expect("decode")[0]);
         }
     }
-    (err / scale, ids, exp.generated, blocks)
+    (rel, ids, exp.generated, blocks)
 }
 
 fn check(dev: Dev, what: &str) {

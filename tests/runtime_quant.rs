@@ -8,9 +8,12 @@
 //! norms folded into the projections (`norm_matmul`) gives the logits of the
 //! unfused plan, for f32, f16 and block-quantized weights, CPU and GPU.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::sync::Arc;
 
+use common::{hf_fixtures as fixtures, rel_err};
 use ktune::commands::run::load_model;
 use ktune::device::CpuCaps;
 use ktune::kernels::DType;
@@ -62,18 +65,6 @@ impl TensorStore for Dequantized {
     fn row(&self, name: &str, row: usize, cols: usize) -> Result<Vec<f32>, RuntimeError> {
         self.inner.row(name, row, cols)
     }
-}
-
-fn fixtures() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&root)
-        .expect("tests/fixtures exists")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.join("expected.json").exists())
-        .collect();
-    v.sort();
-    assert!(v.len() >= 4, "expected the llama, qwen2, gemma3 and smollm2 fixtures, found {v:?}");
-    v
 }
 
 const PROMPT: [u32; 9] = [1, 17, 42, 99, 3, 250, 7, 128, 64];
@@ -128,19 +119,6 @@ fn logits(
         rows.extend(e.forward(&[next]).expect("decode"));
     }
     rows
-}
-
-fn rel_err(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let (mut err, mut scale) = (0f64, 0f64);
-    for (x, y) in a.iter().zip(b) {
-        assert_eq!(x.len(), y.len());
-        for (p, q) in x.iter().zip(y) {
-            err = err.max((*p as f64 - *q as f64).abs());
-            scale = scale.max((*q as f64).abs());
-        }
-    }
-    if err.is_nan() { f64::INFINITY } else { err / scale.max(1e-6) }
 }
 
 #[test]

@@ -1,26 +1,16 @@
 //! `tune`, `run --profile`, `profiles`, `diff-profiles` and `schema`, run as a user
 //! runs them, on the CPU with a tiny fixture model and a short budget.
 
-use std::path::{Path, PathBuf};
+mod common;
 
-use assert_cmd::Command;
+use std::path::Path;
+
+use common::{fixture, ids_u64, ktune_in as ktune, read_json, tempdir};
 use predicates::prelude::*;
 
-fn ktune(cache: &Path) -> Command {
-    let mut c = Command::cargo_bin("ktune").expect("binary built");
-    c.env("KTUNE_CACHE_DIR", cache);
-    c
-}
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
-}
-
 fn expected_generated(name: &str) -> (Vec<u64>, Vec<u64>) {
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture(name).join("expected.json")).expect("expected.json")).expect("json");
-    let ids = |k: &str| v[k].as_array().expect("ids").iter().map(|x| x.as_u64().expect("id")).collect();
-    (ids("tokens"), ids("generated"))
+    let v = read_json(fixture(name).join("expected.json"));
+    (ids_u64(&v["tokens"]), ids_u64(&v["generated"]))
 }
 
 fn tune_json(cache: &Path, out: &Path, extra: &[&str]) -> serde_json::Value {
@@ -36,7 +26,7 @@ fn tune_json(cache: &Path, out: &Path, extra: &[&str]) -> serde_json::Value {
 
 #[test]
 fn tune_writes_a_profile_that_runs_correctly_and_is_cached() {
-    let tmp = tempfile::tempdir().expect("tempdir");
+    let tmp = tempdir();
     let cache = tmp.path().join("cache");
     let out = tmp.path().join("tuned.yaml");
     let first = tune_json(&cache, &out, &[]);
@@ -59,7 +49,7 @@ fn tune_writes_a_profile_that_runs_correctly_and_is_cached() {
         .expect("runs");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
-    let got: Vec<u64> = r["generated"].as_array().expect("ids").iter().map(|x| x.as_u64().expect("id")).collect();
+    let got = ids_u64(&r["generated"]);
     assert_eq!(got, generated);
     assert!(r["profile"].as_str().expect("profile recorded").ends_with("tuned.yaml"));
 
@@ -121,7 +111,7 @@ fn tune_writes_a_profile_that_runs_correctly_and_is_cached() {
 
 #[test]
 fn run_refuses_a_profile_the_device_cannot_meet() {
-    let tmp = tempfile::tempdir().expect("tempdir");
+    let tmp = tempdir();
     let p = tmp.path().join("gpu.yaml");
     std::fs::write(&p, "name: g\nmodel: m\nversion: 1\ndevice:\n  backend: wgsl\n  requiresF16: true\n").expect("write");
     ktune(tmp.path())
@@ -144,7 +134,7 @@ fn run_refuses_a_profile_the_device_cannot_meet() {
 
 #[test]
 fn invalid_profiles_are_exit_2_with_a_position() {
-    let tmp = tempfile::tempdir().expect("tempdir");
+    let tmp = tempdir();
     let bad = tmp.path().join("bad.yaml");
     std::fs::write(&bad, "name: b\nmodel: m\nversion: 1\nkernels:\n  norm: rms_norm_quantum\n").expect("write");
     ktune(tmp.path())
@@ -164,7 +154,7 @@ fn invalid_profiles_are_exit_2_with_a_position() {
 
 #[test]
 fn schema_is_json_schema_of_the_profile() {
-    let tmp = tempfile::tempdir().expect("tempdir");
+    let tmp = tempdir();
     let o = ktune(tmp.path()).arg("schema").output().expect("runs");
     assert!(o.status.success());
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
@@ -176,7 +166,7 @@ fn schema_is_json_schema_of_the_profile() {
 
 #[test]
 fn bad_tune_flags_are_exit_2_before_any_work() {
-    let tmp = tempfile::tempdir().expect("tempdir");
+    let tmp = tempdir();
     for (flag, val, says) in [("--budget", "soon", "duration"), ("--strategy", "psychic", "exhaustive"), ("--context", "4", "--context")] {
         ktune(tmp.path())
             .args(["tune", "--device", "cpu", "--model", "smollm2-135m", flag, val])
@@ -201,7 +191,7 @@ fn gpu_index(cache: &Path) -> Option<String> {
 
 #[test]
 fn tune_on_the_gpu_gives_a_profile_that_runs_correctly() {
-    let tmp = tempfile::tempdir().expect("tempdir");
+    let tmp = tempdir();
     let cache = tmp.path().join("cache");
     let Some(dev) = gpu_index(&cache) else { return };
     let out = tmp.path().join("gpu.yaml");
@@ -228,7 +218,7 @@ fn tune_on_the_gpu_gives_a_profile_that_runs_correctly() {
         .expect("runs");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
-    let got: Vec<u64> = r["generated"].as_array().expect("ids").iter().map(|x| x.as_u64().expect("id")).collect();
+    let got = ids_u64(&r["generated"]);
     assert_eq!(got, generated);
     // The GPU profile refuses the CPU.
     ktune(&cache)
@@ -246,7 +236,7 @@ fn tune_on_the_gpu_gives_a_profile_that_runs_correctly() {
 /// dtype; the profile runs q8_0 weights and refuses to run another storage type.
 #[test]
 fn a_q8_0_profile_runs_quantized_weights_and_refuses_others() {
-    let tmp = tempfile::tempdir().expect("tempdir");
+    let tmp = tempdir();
     let cache = tmp.path().join("cache");
     let out = tmp.path().join("q8.yaml");
     let r = tune_json(&cache, &out, &["--weight-dtype", "q8_0"]);
@@ -283,7 +273,7 @@ fn a_q8_0_profile_runs_quantized_weights_and_refuses_others() {
 /// Without a profile every block format runs, and a bad one is a usage error.
 #[test]
 fn run_quantizes_weights_on_load_for_each_block_format() {
-    let tmp = tempfile::tempdir().expect("tempdir");
+    let tmp = tempdir();
     for d in ["q8_0", "q4_0", "q4_1"] {
         let o = ktune(tmp.path())
             .args(["run", "--device", "cpu", "--model-dir"])

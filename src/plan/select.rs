@@ -200,7 +200,7 @@ impl Clone for Selection {
 
 /// Kernels the runtime prefers per op and backend when nothing is chosen, best first;
 /// any other valid kernel of the op follows in registry order.
-fn preferred(problem: &Problem, backend: Backend) -> &'static [&'static str] {
+pub fn preferred(problem: &Problem, backend: Backend) -> &'static [&'static str] {
     match (problem.op(), backend) {
         // Float kernels accept only f32/f16 weights and the `_q` ones only the block
         // formats, so each list serves both: the first valid entry wins.
