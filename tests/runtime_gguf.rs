@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use assert_cmd::Command;
-use ktune::commands::run::{load_gguf, weight_dtype_for};
 use ktune::device::CpuCaps;
 use ktune::kernels::DType;
 use ktune::kernels::quant::{QFormat, QMatrix};
@@ -20,6 +19,7 @@ use ktune::model::{Stored, Weights};
 use ktune::plan::select::DeviceCaps;
 use ktune::plan::{Fusion, Parallel, Plan, PlanOptions, Selection};
 use ktune::runtime::{Engine, TensorStore, argmax};
+use ktune::session::{load_gguf, weight_dtype_for};
 use ktune::testing::test_gpu;
 
 fn dir() -> PathBuf {

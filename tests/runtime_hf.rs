@@ -9,12 +9,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ktune::commands::run::load_model;
 use ktune::device::CpuCaps;
 use ktune::kernels::DType;
 use ktune::plan::select::DeviceCaps;
 use ktune::plan::{Fusion, Parallel, Plan, PlanOptions, Selection};
 use ktune::runtime::{Engine, TensorStore, argmax};
+use ktune::session::load_model;
 use ktune::testing::test_gpu;
 
 struct Expected {
