@@ -260,3 +260,43 @@ impl Selection {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The profile keys, in declaration order: renaming a variant must not change
+    /// what profiles and reports spell.
+    #[test]
+    fn slot_names_are_the_profile_keys_and_parse_back() {
+        let names: Vec<&str> = Slot::ALL.iter().map(|s| s.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "attention.prefill",
+                "attention.decode",
+                "matmul.qkv_proj",
+                "matmul.o_proj",
+                "matmul.gate_up",
+                "matmul.down_proj",
+                "matmul.lm_head",
+                "norm",
+                "rope",
+                "activation",
+                "residual",
+                "fused.qkv_proj",
+                "fused.gate_up",
+                "fused.qk_norm_rope",
+                "fused.residual_norm",
+                "fused.norm_matmul",
+                "kv_write",
+            ]
+        );
+        for &s in Slot::ALL {
+            assert_eq!(Slot::from_name(s.name()), Some(s));
+            assert_eq!(s.to_string(), s.name());
+            assert_eq!(serde_json::to_string(&s).expect("serializes"), format!("\"{}\"", s.name()));
+        }
+        assert_eq!(Slot::from_name("matmul"), None);
+    }
+}

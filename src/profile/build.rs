@@ -169,3 +169,16 @@ fn throughput(prefill_tokens: usize, prefill: &Stats, decode: &Stats) -> Through
 fn utc_now() -> String {
     jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    /// The profile's `tuning.date`: RFC 3339 in UTC to the second, as before.
+    #[test]
+    fn dates_are_utc_to_the_second() {
+        let d = super::utc_now();
+        assert_eq!(d.len(), 20, "{d}");
+        let b = d.as_bytes();
+        assert!(b[4] == b'-' && b[7] == b'-' && b[10] == b'T' && b[13] == b':' && b[16] == b':' && b[19] == b'Z', "{d}");
+        assert!(d.starts_with("20"), "{d}");
+    }
+}
