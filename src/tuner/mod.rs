@@ -1,6 +1,6 @@
-//! `ktune tune`: the search, in stages. [`space`]: the plan builder gives every
+//! `ktune tune`: the search, in stages. `space`: the plan builder gives every
 //! slot's shapes for each fusion choice, one race per slot with its valid
-//! variants. [`race`]: each slot's variants are gated by correctness, raced at those
+//! variants. `race`: each slot's variants are gated by correctness, raced at those
 //! shapes (interleaved rounds, robust statistics, early drops) and refined by
 //! coordinate descent. [`e2e`]: the most promising complete combinations (fusions
 //! and execution flags included) are timed end to end through the runtime against
