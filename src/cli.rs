@@ -2,6 +2,8 @@
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use crate::kernels::DType;
+
 #[derive(Parser, Debug)]
 #[command(name = "ktune", version, about = "Auto-tuner for transformer-decoder compute kernels (WGSL and CPU)")]
 pub struct Cli {
@@ -57,11 +59,11 @@ pub struct TuneArgs {
     /// Storage type of the matrix weights: f32, f16, q8_0, q4_0 or q4_1 (block
     /// formats quantized on load; the profile records it). Default f32; with
     /// --gguf, what the file's projection matrices are stored as.
-    #[arg(long)]
-    pub weight_dtype: Option<String>,
+    #[arg(long, value_parser = weight_dtype)]
+    pub weight_dtype: Option<DType>,
     /// Storage type of the KV cache.
-    #[arg(long, default_value = "f32")]
-    pub kv_dtype: String,
+    #[arg(long, default_value = "f32", value_parser = kv_dtype)]
+    pub kv_dtype: DType,
     /// Keep only the first N layers (quick tunes of large models; recorded in the profile's model name).
     #[arg(long)]
     pub layers: Option<usize>,
@@ -98,8 +100,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 15)]
     pub rounds: usize,
     /// Weight type of the default entry (default: the first profile's, else as `run`).
-    #[arg(long)]
-    pub weight_dtype: Option<String>,
+    #[arg(long, value_parser = weight_dtype)]
+    pub weight_dtype: Option<DType>,
     /// Keep only the first N layers.
     #[arg(long)]
     pub layers: Option<usize>,
@@ -203,11 +205,11 @@ pub struct RunArgs {
     /// projection matrices are stored as (f16 for F16/BF16, the block format for
     /// Q8_0/Q4_0/Q4_1). With a profile it must match the dtype the profile was
     /// tuned for.
-    #[arg(long)]
-    pub weight_dtype: Option<String>,
+    #[arg(long, value_parser = weight_dtype)]
+    pub weight_dtype: Option<DType>,
     /// Storage type of the KV cache (without a profile).
-    #[arg(long, default_value = "f32")]
-    pub kv_dtype: String,
+    #[arg(long, default_value = "f32", value_parser = kv_dtype)]
+    pub kv_dtype: DType,
     /// Fusions (without a profile): `all`, `none`, or a list of qkv, gate_up, qk_norm_rope, residual_norm, norm_matmul.
     #[arg(long, default_value = "all")]
     pub fusion: String,
@@ -252,4 +254,18 @@ pub struct KernelsArgs {
 pub enum Format {
     Table,
     Json,
+}
+
+/// `--weight-dtype`: any storage type.
+fn weight_dtype(s: &str) -> Result<DType, String> {
+    s.parse()
+}
+
+/// `--kv-dtype`: f32 or f16 (the block formats are for weights).
+fn kv_dtype(s: &str) -> Result<DType, String> {
+    let d: DType = s.parse()?;
+    if d.is_quant() {
+        return Err("the KV cache is stored as f32 or f16; block formats are for --weight-dtype".into());
+    }
+    Ok(d)
 }

@@ -1,7 +1,25 @@
 //! The top-level error: every module's error gathered in one type that knows its
-//! exit code (0 ok, 1 a check found differences, 2 error).
+//! exit code, and the [`ExitCode`]s themselves (0 ok, 1 a check found differences,
+//! 2 error).
 
 use crate::{device::DeviceError, gpu::GpuError, kernels::KernelError, model::ModelError};
+
+/// How the process ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
+pub enum ExitCode {
+    Success = 0,
+    /// `kernels --verify` found a failing variant, or `diff-profiles` a regression.
+    Differences = 1,
+    /// An [`Error`] (and clap's own usage errors).
+    Error = 2,
+}
+
+impl From<ExitCode> for i32 {
+    fn from(c: ExitCode) -> i32 {
+        c as i32
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -36,10 +54,11 @@ impl From<crate::tuner::TuneError> for Error {
 }
 
 impl Error {
-    /// Process exit code for this error (always 2: differences are not errors, see
-    /// [`crate::commands::Outcome`]).
-    pub fn exit_code(&self) -> i32 {
-        2
+    /// Process exit code for this error: always [`ExitCode::Error`] (differences
+    /// found are not errors: a command reports them with its result, see
+    /// [`crate::app::dispatch`]).
+    pub fn exit_code(&self) -> ExitCode {
+        ExitCode::Error
     }
 }
 

@@ -1,20 +1,29 @@
 //! ktune: an auto-tuner for the compute kernels of transformer decoders.
 //!
-//! The library holds everything; `main.rs` only parses, calls [`commands`] and
-//! prints the error chain. See `DESIGN.md` for the architecture.
+//! The library holds everything; `main.rs` only parses, calls [`app::dispatch`]
+//! and prints the error chain. The application layer: [`commands`] turn arguments
+//! into [`report`] values using [`session`] (device, model, warmed engines) and the
+//! [`tuner`]; [`output`] renders reports and shows [`progress`]. `ARCHITECTURE.md`
+//! at the repository root describes the layout.
 
+pub mod app;
+pub mod atomic;
 pub mod cli;
 pub mod commands;
 pub mod device;
 pub mod error;
 pub mod gpu;
+pub mod hash;
 pub mod kernels;
 pub mod model;
 pub mod output;
 pub mod plan;
 pub mod profile;
+pub mod progress;
+pub mod report;
 pub mod runtime;
+pub mod session;
 pub mod testing;
 pub mod tuner;
 
-pub use error::{Error, Result};
+pub use error::{Error, ExitCode, Result};

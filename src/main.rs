@@ -3,8 +3,8 @@ use clap::Parser;
 fn main() {
     quiet_headless_egl();
     let cli = ktune::cli::Cli::parse();
-    match ktune::commands::dispatch(cli) {
-        Ok(code) => std::process::exit(code),
+    let code = match ktune::app::dispatch(cli) {
+        Ok(code) => code,
         Err(e) => {
             let mut msg = format!("ktune: {e}");
             let mut src = std::error::Error::source(&e);
@@ -13,9 +13,10 @@ fn main() {
                 src = s.source();
             }
             eprintln!("{msg}");
-            std::process::exit(e.exit_code());
+            e.exit_code()
         }
-    }
+    };
+    std::process::exit(code.into());
 }
 
 /// On a headless machine Mesa's EGL (probed by wgpu's GL backend) tries Wayland and

@@ -15,7 +15,6 @@ use std::sync::Arc;
 
 use assert_cmd::Command;
 use common::{gguf_dir as dir, gguf_fixtures as files, ids, read_json, tempdir};
-use ktune::commands::run::{load_gguf, weight_dtype_for};
 use ktune::device::CpuCaps;
 use ktune::kernels::DType;
 use ktune::kernels::quant::{QFormat, QMatrix};
@@ -23,6 +22,7 @@ use ktune::model::{Stored, Weights};
 use ktune::plan::select::DeviceCaps;
 use ktune::plan::{Fusion, Parallel, Plan, PlanOptions, Selection};
 use ktune::runtime::{Engine, TensorStore, argmax};
+use ktune::session::{load_gguf, weight_dtype_for};
 use ktune::testing::test_gpu;
 
 fn expected(gguf: &Path) -> serde_json::Value {

@@ -12,12 +12,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::{hf_fixtures as fixtures, ids, read_json, rel_err};
-use ktune::commands::run::load_model;
 use ktune::device::CpuCaps;
 use ktune::kernels::DType;
 use ktune::plan::select::DeviceCaps;
 use ktune::plan::{Fusion, Parallel, Plan, PlanOptions, Selection};
 use ktune::runtime::{Engine, TensorStore, argmax};
+use ktune::session::load_model;
 use ktune::testing::test_gpu;
 
 struct Expected {

@@ -14,7 +14,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::{hf_fixtures as fixtures, rel_err};
-use ktune::commands::run::load_model;
 use ktune::device::CpuCaps;
 use ktune::kernels::DType;
 use ktune::model::Weights;
@@ -22,6 +21,7 @@ use ktune::plan::select::DeviceCaps;
 use ktune::plan::{BufRole, Fusion, Parallel, Plan, PlanOptions, Selection};
 use ktune::runtime::cpu::HostBuf;
 use ktune::runtime::{Engine, RuntimeError, TensorStore, argmax};
+use ktune::session::load_model;
 use ktune::testing::test_gpu;
 
 /// The weights with every 2-D tensor read through `load`/`load_range` quantized to

@@ -8,57 +8,26 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use serde::Serialize;
-
-use super::run::{default_weight_dtype, gguf_storage, load_source, open_device, parse_dtype};
 use crate::cli::BenchArgs;
-use crate::plan::{Fusion, Parallel, Plan, PlanOptions, Selection};
+use crate::device::DeviceCaps;
+use crate::plan::{Fusion, Parallel, PlanOptions, Selection};
 use crate::profile::{ExecSettings, Profile};
-use crate::runtime::{Engine, TensorStore, WeightMemo};
+use crate::progress::Progress;
+use crate::report::{BenchEntry, BenchReport, Estimate};
+use crate::runtime::{TensorStore, WeightMemo};
+use crate::session::{self, Engines, default_weight_dtype, gguf_storage, load_source};
 use crate::tuner::e2e_sample;
 use crate::tuner::stats::summarize;
 use crate::{Error, Result};
 
-/// A median with its 95% confidence interval.
-#[derive(Clone, Debug, Serialize)]
-pub struct Estimate {
-    pub median: f64,
-    pub ci: [f64; 2],
+/// The median of `v` with its 95% confidence interval.
+fn estimate(v: &[f64]) -> Estimate {
+    let s = summarize(v);
+    Estimate { median: s.median, ci: s.ci }
 }
 
-impl Estimate {
-    fn of(v: &[f64]) -> Estimate {
-        let s = summarize(v);
-        Estimate { median: s.median, ci: s.ci }
-    }
-}
-
-#[derive(Debug, Serialize)]
-pub struct BenchEntry {
-    /// `default`, or the profile's path.
-    pub name: String,
-    pub prefill_tok_s: Estimate,
-    pub decode_tok_s: Estimate,
-    /// Throughput change against the first entry, percent, from per-round ratios.
-    pub prefill_vs_first_pct: Estimate,
-    pub decode_vs_first_pct: Estimate,
-    /// Raw per-round samples: prefill seconds, median seconds per decoded token.
-    pub prefill_s: Vec<f64>,
-    pub decode_s: Vec<f64>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct BenchReport {
-    pub device: String,
-    pub model: String,
-    pub prefill_tokens: usize,
-    pub decode_tokens: usize,
-    pub rounds: usize,
-    pub entries: Vec<BenchEntry>,
-    pub warnings: Vec<String>,
-}
-
-pub fn run(selector: Option<&str>, args: &BenchArgs) -> Result<BenchReport> {
+/// Measures every entry; `progress` sees one step per sample.
+pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) -> Result<BenchReport> {
     if args.rounds < 3 {
         return Err(Error::Usage(format!("--rounds {}: at least 3 rounds are needed for an interval", args.rounds)));
     }
@@ -68,14 +37,15 @@ pub fn run(selector: Option<&str>, args: &BenchArgs) -> Result<BenchReport> {
     if args.profile.is_empty() && args.no_default {
         return Err(Error::Usage("nothing to measure: give --profile FILE or drop --no-default".into()));
     }
-    let weight_flag = args.weight_dtype.as_deref().map(|s| parse_dtype(s, "--weight-dtype")).transpose()?;
+    let weight_flag = args.weight_dtype;
     // Profiles are read and validated before the model is loaded.
     let profiles: Vec<(PathBuf, Profile)> =
         args.profile.iter().map(|p| Profile::load(p).map(|x| (p.clone(), x))).collect::<std::result::Result<_, _>>()?;
-    let device = super::pick_device(selector)?;
+    let device = session::pick_device(selector)?;
     let m = load_source(&args.source, args.layers, args.seed)?;
     let mut warnings = m.warnings.clone();
-    let (caps, ctx) = open_device(&device)?;
+    let caps = DeviceCaps::from(&device);
+    let ctx = session::open_device(&device)?;
     let c = &m.config;
 
     // (name, selection, execution) of every entry: the profiles in order, then the default.
@@ -103,8 +73,9 @@ pub fn run(selector: Option<&str>, args: &BenchArgs) -> Result<BenchReport> {
 
     let context = args.prefill_tokens + args.decode_tokens + 1;
     let store: Arc<dyn TensorStore> = m.weights.clone();
+    // CPU engines share one copy of the weights.
+    let build = Engines { model: &m.name, config: c, store, ctx, memo: Some(WeightMemo::default()), check_decode: false };
     let mut engines = Vec::new();
-    let memo = WeightMemo::default();
     for (name, sel, exec) in setups {
         let opts = PlanOptions {
             weight_dtype: exec.weight_dtype,
@@ -115,36 +86,24 @@ pub fn run(selector: Option<&str>, args: &BenchArgs) -> Result<BenchReport> {
             fusion: exec.fusion,
             parallel: exec.parallel,
         };
-        let plan = Plan::new(&m.name, c, opts, sel)?;
-        plan.steps(args.prefill_tokens, 0)?;
-        let mut e = match &ctx {
-            Some(ctx) => Engine::gpu(plan, store.clone(), ctx.clone(), exec.batch)?,
-            None => Engine::cpu_shared(plan, store.clone(), &memo)?,
-        };
-        e.warm_up(args.prefill_tokens)?;
-        e.warm_up(1)?;
-        engines.push((name, e));
+        engines.push((name, build.build(opts, sel, exec.batch)?));
     }
 
     let prompt: Vec<u32> = (0..args.prefill_tokens).map(|i| ((i * 7919 + 13) % c.vocab_size) as u32).collect();
     let n = engines.len();
     let mut prefill = vec![Vec::new(); n];
     let mut decode = vec![Vec::new(); n];
-    let pb = crate::output::progress((args.rounds * n) as u64, "bench");
+    progress.phase("", (args.rounds * n) as u64);
     for round in 0..args.rounds {
         for j in 0..n {
             let i = (j + round) % n;
             let (p, d) = e2e_sample(&mut engines[i].1, &prompt, args.decode_tokens)?;
             prefill[i].push(p);
             decode[i].push(d);
-            if let Some(pb) = &pb {
-                pb.inc(1);
-            }
+            progress.tick();
         }
     }
-    if let Some(pb) = pb {
-        pb.finish_and_clear();
-    }
+    progress.done();
 
     let tput = |tokens: f64, secs: &[f64]| -> Vec<f64> { secs.iter().map(|s| tokens / s).collect() };
     let vs_first = |mine: &[f64], first: &[f64]| -> Vec<f64> { mine.iter().zip(first).map(|(m, f)| (f / m - 1.0) * 100.0).collect() };
@@ -153,10 +112,10 @@ pub fn run(selector: Option<&str>, args: &BenchArgs) -> Result<BenchReport> {
         .enumerate()
         .map(|(i, (name, _))| BenchEntry {
             name: name.clone(),
-            prefill_tok_s: Estimate::of(&tput(args.prefill_tokens as f64, &prefill[i])),
-            decode_tok_s: Estimate::of(&tput(1.0, &decode[i])),
-            prefill_vs_first_pct: Estimate::of(&vs_first(&prefill[i], &prefill[0])),
-            decode_vs_first_pct: Estimate::of(&vs_first(&decode[i], &decode[0])),
+            prefill_tok_s: estimate(&tput(args.prefill_tokens as f64, &prefill[i])),
+            decode_tok_s: estimate(&tput(1.0, &decode[i])),
+            prefill_vs_first_pct: estimate(&vs_first(&prefill[i], &prefill[0])),
+            decode_vs_first_pct: estimate(&vs_first(&decode[i], &decode[0])),
             prefill_s: prefill[i].clone(),
             decode_s: decode[i].clone(),
         })

@@ -2,55 +2,15 @@
 //! and with `--verify` the parity check of every valid variant against the f64 CPU
 //! reference.
 
-use serde::Serialize;
-
 use crate::cli::KernelsArgs;
 use crate::device::Device;
 use crate::gpu::GpuCtx;
-use crate::kernels::verify::{self, KernelVerdict, Runner};
-use crate::kernels::{self, Caps, DType, KernelDef, ParamSpec, problem::test_problems};
+use crate::kernels::verify::{self, Runner};
+use crate::kernels::{self, Caps, KernelDef, problem::test_problems};
+use crate::progress::Progress;
+use crate::report::{KernelRow, KernelsReport, ValidityRow};
+use crate::session;
 use crate::{Error, Result};
-
-#[derive(Debug, Serialize)]
-pub struct ValidityRow {
-    pub dtype: DType,
-    pub valid: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct KernelRow {
-    pub id: &'static str,
-    pub op: &'static str,
-    pub backend: &'static str,
-    pub dtypes: Vec<DType>,
-    pub params: Vec<ParamSpec>,
-    pub summary: &'static str,
-    /// Validity on the device with default parameters, per dtype, for the op's test shapes.
-    pub validity: Vec<ValidityRow>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub verify: Option<KernelVerdict>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct KernelsReport {
-    pub device: String,
-    pub backend: String,
-    pub fingerprint: String,
-    pub kernel_set_hash: String,
-    pub verified: bool,
-    pub kernels: Vec<KernelRow>,
-}
-
-impl KernelsReport {
-    pub fn failed(&self) -> bool {
-        self.kernels.iter().any(|k| k.verify.as_ref().is_some_and(|v| v.failed > 0))
-    }
-    pub fn checks(&self) -> (usize, usize) {
-        self.kernels.iter().filter_map(|k| k.verify.as_ref()).fold((0, 0), |(c, f), v| (c + v.checks, f + v.failed))
-    }
-}
 
 /// Validity of `k` with default params: valid if any of the op's test shapes is accepted.
 fn validity(k: &KernelDef, caps: Caps<'_>) -> Vec<ValidityRow> {
@@ -70,7 +30,8 @@ fn validity(k: &KernelDef, caps: Caps<'_>) -> Vec<ValidityRow> {
         .collect()
 }
 
-pub fn run(selector: Option<&str>, args: &KernelsArgs) -> Result<KernelsReport> {
+/// The kernel rows; with `--verify`, `progress` sees one step per kernel.
+pub fn run(selector: Option<&str>, args: &KernelsArgs, progress: &dyn Progress) -> Result<KernelsReport> {
     if let Some(op) = &args.op
         && !kernels::Op::ALL.iter().any(|o| o.name() == op)
     {
@@ -80,7 +41,7 @@ pub fn run(selector: Option<&str>, args: &KernelsArgs) -> Result<KernelsReport> 
     if let Some(id) = &args.kernel {
         kernels::find(id)?;
     }
-    let device = super::pick_device(selector)?;
+    let device = session::pick_device(selector)?;
     let gpu = match &device {
         Device::Gpu(g) if args.verify => Some(GpuCtx::open(g)?),
         _ => None,
@@ -98,20 +59,20 @@ pub fn run(selector: Option<&str>, args: &KernelsArgs) -> Result<KernelsReport> 
         .filter(|k| args.op.as_ref().is_none_or(|o| k.op.name() == o))
         .filter(|k| args.kernel.as_ref().is_none_or(|id| k.id == id))
         .collect();
-    let progress = if args.verify { crate::output::progress(selected.len() as u64, "verifying") } else { None };
+    if args.verify {
+        progress.phase("", selected.len() as u64);
+    }
     let mut rows = Vec::new();
     for k in selected {
         let validity = validity(k, caps);
         let verify = if args.verify && verify::runs_on(k, &runner) {
-            if let Some(pb) = &progress {
-                pb.set_message(k.id);
-            }
+            progress.step(k.id);
             Some(verify::verify_kernel(&runner, caps, k, args.all_params))
         } else {
             None
         };
-        if let Some(pb) = &progress {
-            pb.inc(1);
+        if args.verify {
+            progress.tick();
         }
         rows.push(KernelRow {
             id: k.id,
@@ -124,8 +85,8 @@ pub fn run(selector: Option<&str>, args: &KernelsArgs) -> Result<KernelsReport> 
             verify,
         });
     }
-    if let Some(pb) = progress {
-        pb.finish_and_clear();
+    if args.verify {
+        progress.done();
     }
     Ok(KernelsReport {
         device: device.name(),

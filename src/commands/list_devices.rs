@@ -1,16 +1,8 @@
 //! `ktune list-devices`: every adapter on every backend and the CPU.
 
-use serde::Serialize;
-
 use crate::Result;
-use crate::device::{self, DeviceSummary};
-
-#[derive(Debug, Serialize)]
-pub struct DevicesReport {
-    pub devices: Vec<DeviceSummary>,
-    /// Index `--device` picks when not given.
-    pub default_index: usize,
-}
+use crate::device;
+use crate::report::DevicesReport;
 
 pub fn run() -> Result<DevicesReport> {
     let devices = device::discover();

@@ -2,32 +2,14 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
-
 use crate::cli::{DiffArgs, ProfilesAction};
+use crate::error::ExitCode;
 use crate::profile::Profile;
 use crate::profile::diff::{DiffReport, diff};
+use crate::report::{ProfileRow, ProfilesReport};
 use crate::tuner::cache::Cache;
 use crate::tuner::{TuneError, cache};
 use crate::{Error, Result};
-
-#[derive(Debug, Serialize)]
-pub struct ProfileRow {
-    pub key: String,
-    pub name: String,
-    pub model: String,
-    pub device: String,
-    pub date: String,
-    pub strategy: String,
-    pub decode_tok_s: f64,
-    pub prefill_tok_s: f64,
-    pub path: PathBuf,
-}
-
-pub enum ProfilesOutput {
-    List(Vec<ProfileRow>),
-    Text(String),
-}
 
 fn open() -> Result<Cache> {
     Cache::open().map_err(|e| Error::from(TuneError::from(e)))
@@ -53,7 +35,7 @@ fn find(cache: &Cache, what: &str) -> Result<PathBuf> {
     }
 }
 
-pub fn run(action: &ProfilesAction) -> Result<ProfilesOutput> {
+pub fn run(action: &ProfilesAction) -> Result<ProfilesReport> {
     match action {
         ProfilesAction::List { .. } => {
             let c = open()?;
@@ -73,25 +55,25 @@ pub fn run(action: &ProfilesAction) -> Result<ProfilesOutput> {
                     path,
                 });
             }
-            Ok(ProfilesOutput::List(rows))
+            Ok(ProfilesReport::List(rows))
         }
         ProfilesAction::Show { profile } => {
             let c = open()?;
             let path = find(&c, profile)?;
             let p = Profile::load(&path)?;
-            Ok(ProfilesOutput::Text(p.to_yaml()?))
+            Ok(ProfilesReport::Text(p.to_yaml()?))
         }
         ProfilesAction::Path { profile } => match profile {
-            None => Ok(ProfilesOutput::Text(cache::root().map_err(TuneError::from)?.display().to_string())),
+            None => Ok(ProfilesReport::Text(cache::root().map_err(TuneError::from)?.display().to_string())),
             Some(what) => {
                 let c = open()?;
-                Ok(ProfilesOutput::Text(find(&c, what)?.display().to_string()))
+                Ok(ProfilesReport::Text(find(&c, what)?.display().to_string()))
             }
         },
         ProfilesAction::Clear => {
             let c = open()?;
             let n = c.clear().map_err(TuneError::from)?;
-            Ok(ProfilesOutput::Text(format!("removed {n} cached files from {}", c.root.display())))
+            Ok(ProfilesReport::Text(format!("removed {n} cached files from {}", c.root.display())))
         }
     }
 }
@@ -105,11 +87,13 @@ fn parse_pct(s: &str) -> Result<f64> {
         .ok_or_else(|| Error::Usage(format!("--threshold `{s}`: give a percentage such as 5 or 5%")))
 }
 
-pub fn diff_profiles(args: &DiffArgs) -> Result<(DiffReport, i32)> {
+/// The comparison, and `Differences` on a regression (or with `--fail-on-change`
+/// on any changed choice).
+pub fn diff_profiles(args: &DiffArgs) -> Result<(DiffReport, ExitCode)> {
     let threshold = parse_pct(&args.threshold)?;
     let a = Profile::load(&args.a)?;
     let b = Profile::load(&args.b)?;
     let r = diff(&a, &b, threshold)?;
-    let code = if r.regressed || (args.fail_on_change && r.changed) { 1 } else { 0 };
+    let code = if r.regressed || (args.fail_on_change && r.changed) { ExitCode::Differences } else { ExitCode::Success };
     Ok((r, code))
 }

@@ -6,167 +6,18 @@
 //! (`--prompt`) and the generated ids are decoded to text, streamed to a sink as
 //! they are produced.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde::Serialize;
-
-use crate::cli::ModelSource;
 use crate::cli::RunArgs;
-use crate::device::Device;
-use crate::gpu::GpuCtx;
-use crate::kernels::DType;
-use crate::model::gguf::GgufFile;
-use crate::model::{self, ModelConfig, Stored, TOKENIZER_FILE, Tokenizer, Weights};
-use crate::plan::select::DeviceCaps;
-use crate::plan::{Fusion, Parallel, Plan, PlanOptions, Selection, Slot};
+use crate::device::DeviceCaps;
+use crate::model::{Stored, TOKENIZER_FILE, Tokenizer};
+use crate::plan::{Fusion, Parallel, PlanOptions, Selection, Slot};
 use crate::profile::{ExecSettings, Profile};
+use crate::report::{RunReport, SlotRow};
 use crate::runtime::{Engine, TensorStore, argmax};
+use crate::session::{self, Engines, LoadedModel, default_weight_dtype, gguf_storage, load_gguf, load_source};
 use crate::{Error, Result};
-
-#[derive(Debug, Serialize)]
-pub struct SlotRow {
-    pub slot: Slot,
-    /// Milliseconds in the prefill pass.
-    pub prefill_ms: f64,
-    /// Milliseconds per decoded token.
-    pub decode_ms_per_token: f64,
-}
-
-#[derive(Debug, Serialize)]
-pub struct RunReport {
-    pub device: String,
-    pub backend: String,
-    pub fingerprint: String,
-    pub model: String,
-    pub weights: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub profile: Option<String>,
-    pub weight_dtype: DType,
-    /// How the file stores most projection matrices (`q8_0`, `f16`, …), for a GGUF file.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub weight_storage: Option<String>,
-    pub kv_dtype: DType,
-    pub fusion: Fusion,
-    pub batch_commands: bool,
-    pub layers: usize,
-    /// The `--prompt` text, when the prompt was given as text.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub prompt: Option<String>,
-    /// The prompt's token ids (`--tokens`, or `--prompt` encoded).
-    pub prompt_ids: Vec<u32>,
-    pub prompt_tokens: usize,
-    pub prefill_seconds: f64,
-    pub prefill_tokens_per_sec: f64,
-    pub decode_tokens: usize,
-    pub decode_seconds: f64,
-    pub decode_tokens_per_sec: f64,
-    /// Weight bytes read per decoded token and the bandwidth that implies.
-    pub weight_bytes: u64,
-    pub decode_gbps: f64,
-    pub generated: Vec<u32>,
-    /// The generated ids decoded (special tokens left out), when there is a tokenizer.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub text: Option<String>,
-    /// The tokenizer used (a tokenizer.json, or the GGUF file), if any.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tokenizer: Option<String>,
-    pub dispatches_per_layer: usize,
-    /// Per-slot times (GPU: timestamp queries of one profiled pass of each kind).
-    pub slots: Vec<SlotRow>,
-    pub kernels: Vec<(String, String)>,
-    pub warnings: Vec<String>,
-}
-
-/// A loaded model: its config, name and weights.
-pub struct LoadedModel {
-    pub name: String,
-    pub config: ModelConfig,
-    pub weights: Arc<Weights>,
-    /// The GGUF file the model came from (its tokenizer metadata).
-    pub gguf: Option<Arc<GgufFile>>,
-    /// Things worth telling the user (metadata keys ktune did not read).
-    pub warnings: Vec<String>,
-}
-
-/// Loads the model `--model`, `--model-dir` or `--gguf` names, optionally cut to `layers`.
-pub fn load_source(src: &ModelSource, layers: Option<usize>, seed: u64) -> Result<LoadedModel> {
-    match &src.gguf {
-        Some(path) => load_gguf(path, layers),
-        None => load_model(src.model.as_deref(), src.model_dir.as_ref(), layers, seed),
-    }
-}
-
-/// Loads a GGUF file: config from its metadata, weights, checked against each other.
-pub fn load_gguf(path: &std::path::Path, layers: Option<usize>) -> Result<LoadedModel> {
-    let g = Weights::load_gguf(path)?;
-    g.weights.check_config(&g.config)?;
-    let mut config = g.config;
-    if let Some(l) = layers {
-        cut_layers(&mut config, l)?;
-    }
-    let mut warnings = Vec::new();
-    if !g.ignored_keys.is_empty() {
-        warnings.push(format!("{}: metadata not used: {}", path.display(), g.ignored_keys.join(", ")));
-    }
-    Ok(LoadedModel { name: path.display().to_string(), config, weights: Arc::new(g.weights), gguf: Some(g.file), warnings })
-}
-
-/// The matrix weight type: `flag` when given, else what a GGUF file's projection
-/// matrices are stored as (`storage`, from [`gguf_storage`]), else f32.
-pub fn default_weight_dtype(flag: Option<DType>, storage: Option<Stored>) -> DType {
-    flag.unwrap_or_else(|| storage.map_or(DType::F32, weight_dtype_for))
-}
-
-/// What a GGUF model's projection matrices are stored as (None for other sources).
-pub fn gguf_storage(m: &LoadedModel) -> Option<Stored> {
-    m.gguf.as_ref().and_then(|_| m.weights.matmul_storage())
-}
-
-/// The runtime weight type for weights stored as `s` when none is asked for.
-pub fn weight_dtype_for(s: Stored) -> DType {
-    match s {
-        Stored::F16 | Stored::BF16 => DType::F16,
-        Stored::F32 => DType::F32,
-        // The blocks run as stored (no requantization).
-        Stored::Quant(q) => DType::from(q),
-    }
-}
-
-/// Loads `--model NAME` (synthetic weights) or `--model-dir DIR`, optionally cut to `layers`.
-pub fn load_model(name: Option<&str>, dir: Option<&PathBuf>, layers: Option<usize>, seed: u64) -> Result<LoadedModel> {
-    let (name, mut config, weights) = match (name, dir) {
-        (Some(n), _) => {
-            let mut c = model::builtin(n)?;
-            if let Some(l) = layers {
-                cut_layers(&mut c, l)?;
-            }
-            let w = Weights::synthetic(&c, seed);
-            (n.to_string(), c, w)
-        }
-        (None, Some(d)) => {
-            let c = ModelConfig::from_config_json(d.join("config.json"))?;
-            let w = Weights::load(d)?;
-            w.check_config(&c)?;
-            (d.display().to_string(), c, w)
-        }
-        (None, None) => return Err(Error::Usage("give --model NAME or --model-dir DIR".into())),
-    };
-    if let (Some(l), Some(_)) = (layers, dir) {
-        cut_layers(&mut config, l)?;
-    }
-    Ok(LoadedModel { name, config, weights: Arc::new(weights), gguf: None, warnings: Vec::new() })
-}
-
-fn cut_layers(c: &mut ModelConfig, l: usize) -> Result<()> {
-    if l == 0 || l > c.num_layers {
-        return Err(Error::Usage(format!("--layers {l}: the model has {} layers", c.num_layers)));
-    }
-    c.num_layers = l;
-    c.layer_types.truncate(l);
-    Ok(())
-}
 
 /// Parses `--fusion`.
 pub fn parse_fusion(s: &str) -> Result<Fusion> {
@@ -193,35 +44,6 @@ pub fn parse_fusion(s: &str) -> Result<Fusion> {
     Ok(f)
 }
 
-pub fn parse_dtype(s: &str, what: &str) -> Result<DType> {
-    s.parse().map_err(|e: String| Error::Usage(format!("{what}: {e}")))
-}
-
-/// The KV cache's storage type: f32 or f16 (the block formats are for weights).
-pub fn parse_kv_dtype(s: &str) -> Result<DType> {
-    let d = parse_dtype(s, "--kv-dtype")?;
-    if d.is_quant() {
-        return Err(Error::Usage(format!("--kv-dtype {d}: the KV cache is stored as f32 or f16; block formats are for --weight-dtype")));
-    }
-    Ok(d)
-}
-
-/// The device's capabilities and (for a GPU) an opened context.
-/// The capabilities of `device`, without opening it.
-pub fn device_caps(device: &Device) -> (DeviceCaps, bool) {
-    match device {
-        Device::Cpu(c) => (DeviceCaps::Cpu(c.clone()), false),
-        Device::Gpu(g) => (DeviceCaps::Gpu(g.caps.clone()), true),
-    }
-}
-
-pub fn open_device(device: &Device) -> Result<(DeviceCaps, Option<Arc<GpuCtx>>)> {
-    Ok(match device {
-        Device::Cpu(c) => (DeviceCaps::Cpu(c.clone()), None),
-        Device::Gpu(g) => (DeviceCaps::Gpu(g.caps.clone()), Some(GpuCtx::open(g)?)),
-    })
-}
-
 pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
     run_streaming(selector, args, &mut |_| {})
 }
@@ -232,8 +54,8 @@ pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
 pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn FnMut(&str)) -> Result<RunReport> {
     // Validate flags before building anything heavy.
     let fusion = parse_fusion(&args.fusion)?;
-    let weight_flag = args.weight_dtype.as_deref().map(|s| parse_dtype(s, "--weight-dtype")).transpose()?;
-    let kv_dtype = parse_kv_dtype(&args.kv_dtype)?;
+    let weight_flag = args.weight_dtype;
+    let kv_dtype = args.kv_dtype;
     let mut warnings = Vec::new();
     if let Some(p) = &args.source.gguf
         && !p.is_file()
@@ -272,7 +94,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         Some(p) => Some(Profile::load(p)?),
         None => None,
     };
-    let device = super::pick_device(selector)?;
+    let device = session::pick_device(selector)?;
     let m = match gguf_model {
         Some(m) => m,
         None => load_source(&args.source, args.layers, args.seed)?,
@@ -305,13 +127,10 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
             warnings.extend(w);
             (sel, exec)
         }
-        None => {
-            let (caps, _) = device_caps(&device);
-            (
-                Selection::defaults(caps),
-                ExecSettings { batch: !args.no_batch, fusion, parallel: Parallel::default(), kv_dtype, weight_dtype },
-            )
-        }
+        None => (
+            Selection::defaults(DeviceCaps::from(&device)),
+            ExecSettings { batch: !args.no_batch, fusion, parallel: Parallel::default(), kv_dtype, weight_dtype },
+        ),
     };
     let opts = PlanOptions {
         weight_dtype: exec.weight_dtype,
@@ -322,21 +141,13 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         fusion: exec.fusion,
         parallel: exec.parallel,
     };
-    let (_, ctx) = open_device(&device)?;
-    let plan = Plan::new(&m.name, c, opts, selection)?;
-    // Emit both kinds of pass once up front so a kernel that cannot run fails before any work.
-    plan.steps(max_tokens, 0)?;
+    let ctx = session::open_device(&device)?;
     let store: Arc<dyn TensorStore> = m.weights.clone();
     let batch = exec.batch;
-    let mut engine = match ctx {
-        Some(ctx) => Engine::gpu(plan, store, ctx, batch)?,
-        None => Engine::cpu(plan, store)?,
-    };
+    // One engine: its weights need no memo to share them.
+    let engines = Engines { model: &m.name, config: c, store, ctx, memo: None, check_decode: false };
+    let mut engine = engines.build(opts, selection, batch)?;
     let weight_bytes = engine.plan.weight_bytes();
-
-    // Build the GPU programs of both passes first (pipeline compilation is not timed).
-    engine.warm_up(max_tokens)?;
-    engine.warm_up(1)?;
     // Prefill (timed; on a GPU the pass is also profiled per step).
     engine.profile_next();
     let t0 = Instant::now();

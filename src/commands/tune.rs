@@ -2,36 +2,19 @@
 //! is one (unless --force), else run the tuner under the cache lock and write the
 //! profile atomically to the cache (and to -o).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
-
-use super::run::{load_source, open_device, parse_dtype};
 use crate::cli::TuneArgs;
 use crate::profile::{self, Profile, ProfileDoc};
+use crate::progress::Progress;
+use crate::report::TuneReport;
 use crate::runtime::TensorStore;
+use crate::session::{self, default_weight_dtype, gguf_storage, load_source};
 use crate::tuner::cache::Cache;
 use crate::tuner::measure::Strategy;
-use crate::tuner::{self, Progress, Target, TuneOptions};
+use crate::tuner::{self, Target, TuneOptions};
 use crate::{Error, Result};
-
-#[derive(Debug, Serialize)]
-pub struct TuneReport {
-    pub model: String,
-    pub device: String,
-    pub key: String,
-    /// The cached profile.
-    pub path: PathBuf,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub output: Option<PathBuf>,
-    /// Served from the cache without tuning.
-    pub cached: bool,
-    /// Slot races reused from an earlier, interrupted or differently-budgeted run.
-    pub resumed_slots: usize,
-    pub profile: ProfileDoc,
-}
 
 /// Parses a duration: `90`, `90s`, `2m`, `1h30m`, `1.5m`.
 pub fn parse_duration(s: &str) -> Result<Duration> {
@@ -67,17 +50,17 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
     let budget = parse_duration(&args.budget)?;
     let strategy = Strategy::parse(&args.strategy)
         .ok_or_else(|| Error::Usage(format!("--strategy `{}`: allowed are auto, exhaustive, halving, random", args.strategy)))?;
-    let weight_flag = args.weight_dtype.as_deref().map(|d| parse_dtype(d, "--weight-dtype")).transpose()?;
-    let kv_dtype = super::run::parse_kv_dtype(&args.kv_dtype)?;
+    let weight_flag = args.weight_dtype;
+    let kv_dtype = args.kv_dtype;
     if args.prefill_tokens == 0 || args.context <= args.prefill_tokens {
         return Err(Error::Usage(format!(
             "--context ({}) must be larger than --prefill-tokens ({}), which must be positive",
             args.context, args.prefill_tokens
         )));
     }
-    let device = super::pick_device(selector)?;
+    let device = session::pick_device(selector)?;
     let m = load_source(&args.source, args.layers, args.seed)?;
-    let weight_dtype = super::run::default_weight_dtype(weight_flag, super::run::gguf_storage(&m));
+    let weight_dtype = default_weight_dtype(weight_flag, gguf_storage(&m));
     let name = match args.layers {
         Some(l) if l < m.config.num_layers || args.source.model_dir.is_some() || args.source.gguf.is_some() => {
             format!("{}@{l}layers", m.name)
@@ -127,7 +110,7 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
     if let Some(doc) = cached() {
         return finish(doc, true, 0);
     }
-    let (_, ctx) = open_device(&device)?;
+    let ctx = session::open_device(&device)?;
     let store: Arc<dyn TensorStore> = m.weights.clone();
     let target = Target { model: &name, config: &m.config, store, device: &device, ctx };
     let res = tuner::tune(&target, &opts, Some(&cache), !args.force, progress).map_err(|e| Error::Usage(format!("tuning failed: {e}")))?;

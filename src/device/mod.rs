@@ -5,9 +5,10 @@
 pub mod cpu;
 
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 pub use cpu::CpuCaps;
+
+use crate::kernels::{Backend, Caps};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
@@ -62,6 +63,37 @@ pub enum Device {
     Cpu(CpuCaps),
 }
 
+/// Capabilities of the device kernels are selected for (an owned [`Caps`]).
+#[derive(Clone, Debug)]
+pub enum DeviceCaps {
+    Cpu(CpuCaps),
+    Gpu(GpuCaps),
+}
+
+impl DeviceCaps {
+    pub fn caps(&self) -> Caps<'_> {
+        match self {
+            DeviceCaps::Cpu(c) => Caps::Cpu(c),
+            DeviceCaps::Gpu(g) => Caps::Gpu(g),
+        }
+    }
+    pub fn backend(&self) -> Backend {
+        match self {
+            DeviceCaps::Cpu(_) => Backend::Cpu,
+            DeviceCaps::Gpu(_) => Backend::Wgsl,
+        }
+    }
+}
+
+impl From<&Device> for DeviceCaps {
+    fn from(device: &Device) -> DeviceCaps {
+        match device {
+            Device::Cpu(c) => DeviceCaps::Cpu(c.clone()),
+            Device::Gpu(g) => DeviceCaps::Gpu(g.caps.clone()),
+        }
+    }
+}
+
 /// One row of `list-devices`, serializable.
 #[derive(Clone, Debug, Serialize)]
 pub struct DeviceSummary {
@@ -78,10 +110,6 @@ pub struct DeviceSummary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu: Option<CpuCaps>,
     pub fingerprint: String,
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
 }
 
 #[derive(Serialize)]
@@ -151,7 +179,7 @@ impl Device {
             Device::Gpu(g) => serde_json::to_vec(&GpuCanon { kind: "gpu", info: &g.info, caps: &g.caps }),
             Device::Cpu(c) => serde_json::to_vec(&(("kind", "cpu"), c)),
         };
-        sha256_hex(&canon.unwrap_or_default())
+        crate::hash::sha256_hex(canon.unwrap_or_default())
     }
 
     pub fn summary(&self, index: usize) -> DeviceSummary {

@@ -1,6 +1,6 @@
 //! Kernel selection: which variant serves each slot of the plan, per regime and per
-//! layer range, and the runtime's own defaults when a profile says nothing (seed
-//! 002's fallback to auto-selection).
+//! layer range, and the runtime's own defaults when a profile says nothing (the
+//! profile format's fallback to auto-selection).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -8,79 +8,63 @@ use std::sync::Mutex;
 use serde::{Serialize, Serializer};
 
 use super::{PlanError, Regime};
-use crate::device::{CpuCaps, GpuCaps};
-use crate::kernels::{self, Backend, Caps, DType, KernelDef, Op, Params, Problem};
+pub use crate::device::DeviceCaps;
+use crate::kernels::{self, Backend, DType, KernelDef, Op, Params, Problem};
 
 /// One place in the plan that needs a kernel, named as in the profile.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, strum::Display, strum::EnumString, strum::IntoStaticStr, strum::VariantArray,
+)]
 pub enum Slot {
+    #[strum(serialize = "attention.prefill")]
     AttentionPrefill,
+    #[strum(serialize = "attention.decode")]
     AttentionDecode,
+    #[strum(serialize = "matmul.qkv_proj")]
     MatmulQkv,
+    #[strum(serialize = "matmul.o_proj")]
     MatmulO,
+    #[strum(serialize = "matmul.gate_up")]
     MatmulGateUp,
+    #[strum(serialize = "matmul.down_proj")]
     MatmulDown,
+    #[strum(serialize = "matmul.lm_head")]
     MatmulLmHead,
+    #[strum(serialize = "norm")]
     Norm,
+    #[strum(serialize = "rope")]
     Rope,
+    #[strum(serialize = "activation")]
     Activation,
+    #[strum(serialize = "residual")]
     Residual,
+    #[strum(serialize = "fused.qkv_proj")]
     FusedQkv,
+    #[strum(serialize = "fused.gate_up")]
     FusedGateUp,
+    #[strum(serialize = "fused.qk_norm_rope")]
     QkNormRope,
+    #[strum(serialize = "fused.residual_norm")]
     ResidualNorm,
     /// RMSNorm + the projections it feeds, in decode (`Fusion::norm_matmul`).
+    #[strum(serialize = "fused.norm_matmul")]
     NormMatmul,
     /// The runtime's own KV-cache write (not tuned).
+    #[strum(serialize = "kv_write")]
     KvWrite,
 }
 
 impl Slot {
-    pub const ALL: [Slot; 17] = [
-        Slot::AttentionPrefill,
-        Slot::AttentionDecode,
-        Slot::MatmulQkv,
-        Slot::MatmulO,
-        Slot::MatmulGateUp,
-        Slot::MatmulDown,
-        Slot::MatmulLmHead,
-        Slot::Norm,
-        Slot::Rope,
-        Slot::Activation,
-        Slot::Residual,
-        Slot::FusedQkv,
-        Slot::FusedGateUp,
-        Slot::QkNormRope,
-        Slot::ResidualNorm,
-        Slot::NormMatmul,
-        Slot::KvWrite,
-    ];
+    /// Every slot, in declaration order.
+    pub const ALL: &'static [Slot] = <Slot as strum::VariantArray>::VARIANTS;
 
-    /// The profile key (seed 002 spelling).
+    /// The profile key (as spelled in the YAML).
     pub fn name(self) -> &'static str {
-        match self {
-            Slot::AttentionPrefill => "attention.prefill",
-            Slot::AttentionDecode => "attention.decode",
-            Slot::MatmulQkv => "matmul.qkv_proj",
-            Slot::MatmulO => "matmul.o_proj",
-            Slot::MatmulGateUp => "matmul.gate_up",
-            Slot::MatmulDown => "matmul.down_proj",
-            Slot::MatmulLmHead => "matmul.lm_head",
-            Slot::Norm => "norm",
-            Slot::Rope => "rope",
-            Slot::Activation => "activation",
-            Slot::Residual => "residual",
-            Slot::FusedQkv => "fused.qkv_proj",
-            Slot::FusedGateUp => "fused.gate_up",
-            Slot::QkNormRope => "fused.qk_norm_rope",
-            Slot::ResidualNorm => "fused.residual_norm",
-            Slot::NormMatmul => "fused.norm_matmul",
-            Slot::KvWrite => "kv_write",
-        }
+        self.into()
     }
 
     pub fn from_name(s: &str) -> Option<Slot> {
-        Slot::ALL.into_iter().find(|x| x.name() == s)
+        s.parse().ok()
     }
 
     /// Whether a kernel of `op` may serve this slot in `regime`: the slot's op, or a
@@ -116,12 +100,6 @@ impl Serialize for Slot {
     }
 }
 
-impl std::fmt::Display for Slot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 pub fn ser_kernel<S: Serializer>(k: &&'static KernelDef, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(k.id)
 }
@@ -140,28 +118,6 @@ impl Choice {
     }
     pub fn default_of(kernel: &'static KernelDef) -> Choice {
         Choice { kernel, params: kernel.default_params() }
-    }
-}
-
-/// Capabilities of the device kernels are selected for.
-#[derive(Clone, Debug)]
-pub enum DeviceCaps {
-    Cpu(CpuCaps),
-    Gpu(GpuCaps),
-}
-
-impl DeviceCaps {
-    pub fn caps(&self) -> Caps<'_> {
-        match self {
-            DeviceCaps::Cpu(c) => Caps::Cpu(c),
-            DeviceCaps::Gpu(g) => Caps::Gpu(g),
-        }
-    }
-    pub fn backend(&self) -> Backend {
-        match self {
-            DeviceCaps::Cpu(_) => Backend::Cpu,
-            DeviceCaps::Gpu(_) => Backend::Wgsl,
-        }
     }
 }
 
@@ -302,5 +258,45 @@ impl Selection {
             problem: format!("{} ({dtype})", problem.describe()),
             why: last_why,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The profile keys, in declaration order: renaming a variant must not change
+    /// what profiles and reports spell.
+    #[test]
+    fn slot_names_are_the_profile_keys_and_parse_back() {
+        let names: Vec<&str> = Slot::ALL.iter().map(|s| s.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "attention.prefill",
+                "attention.decode",
+                "matmul.qkv_proj",
+                "matmul.o_proj",
+                "matmul.gate_up",
+                "matmul.down_proj",
+                "matmul.lm_head",
+                "norm",
+                "rope",
+                "activation",
+                "residual",
+                "fused.qkv_proj",
+                "fused.gate_up",
+                "fused.qk_norm_rope",
+                "fused.residual_norm",
+                "fused.norm_matmul",
+                "kv_write",
+            ]
+        );
+        for &s in Slot::ALL {
+            assert_eq!(Slot::from_name(s.name()), Some(s));
+            assert_eq!(s.to_string(), s.name());
+            assert_eq!(serde_json::to_string(&s).expect("serializes"), format!("\"{}\"", s.name()));
+        }
+        assert_eq!(Slot::from_name("matmul"), None);
     }
 }

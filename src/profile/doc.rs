@@ -1,4 +1,4 @@
-//! The profile document: seed 002's YAML keys as serde types (also the JSON Schema
+//! The profile document: the profile YAML's keys as serde types (also the JSON Schema
 //! `ktune schema` prints), plus the `tuning` provenance section. Values that later
 //! validation may reject carry their source position ([`At`]).
 

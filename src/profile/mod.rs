@@ -1,7 +1,9 @@
-//! Profiles: load and validate seed 002's YAML (every error with its line and
+//! Profiles: load and validate the profile YAML (every error with its line and
 //! column), resolve it into the plan's kernel selection and execution options for
-//! one device, write it back, and compare two of them ([`diff`]).
+//! one device, write it back, build one from a tune's results ([`build`]), and
+//! compare two of them ([`diff`]).
 
+pub mod build;
 pub mod diff;
 pub mod doc;
 
@@ -18,7 +20,7 @@ use crate::plan::{Fusion, Parallel, Regime, Selection, Slot};
 /// The format version this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
 
-/// Parallel groups a profile may declare, with their members (seed 002 spelling).
+/// Parallel groups a profile may declare, with their members (as spelled in the YAML).
 pub const PARALLEL_GROUPS: [(&str, &[&str]); 2] = [
     ("qkv_projections", &["matmul:q_proj", "matmul:k_proj", "matmul:v_proj"]),
     ("ffn_projections", &["matmul:gate_proj", "matmul:up_proj"]),
@@ -244,12 +246,7 @@ fn layer_range(s: &str) -> Option<(usize, usize)> {
 impl Profile {
     /// Parses and validates everything that does not depend on a device or model.
     pub fn from_str(text: &str, origin: &str) -> Result<Profile, ProfileError> {
-        let doc: ProfileDoc = serde_saphyr::from_str(text).map_err(|e| match e.location() {
-            Some(l) => {
-                ProfileError::At { path: origin.to_string(), line: l.line(), column: l.column(), message: first_line(&e.to_string()) }
-            }
-            None => ProfileError::Invalid { path: origin.to_string(), message: e.to_string() },
-        })?;
+        let doc: ProfileDoc = serde_saphyr::from_str(text).map_err(|e| parse_error(origin, &e))?;
         let p = Profile { doc, origin: origin.to_string() };
         p.validate()?;
         Ok(p)
@@ -344,10 +341,7 @@ impl Profile {
         let o = self.origin.as_str();
         let mut warnings = Vec::new();
         let dev_err = |message: String| ProfileError::Device { path: o.into(), device: device.name(), message };
-        let caps = match device {
-            Device::Cpu(c) => DeviceCaps::Cpu(c.clone()),
-            Device::Gpu(g) => DeviceCaps::Gpu(g.caps.clone()),
-        };
+        let caps = DeviceCaps::from(device);
         let backend = self.backend()?;
         if let Some(b) = backend
             && b != caps.backend()
@@ -432,14 +426,18 @@ impl Profile {
     }
 }
 
-/// The first line of a parser message, without its own `error: line N column M: `
-/// prefix (the position is given separately).
-fn first_line(s: &str) -> String {
-    let l = s.lines().next().unwrap_or(s);
-    let l = l.strip_prefix("error: ").unwrap_or(l);
-    match l.strip_prefix("line ").and_then(|r| r.split_once(": ")) {
-        Some((pos, rest)) if pos.contains("column") => rest.to_string(),
-        _ => l.to_string(),
+/// A YAML or schema error: its position and the parser's message without the
+/// position (the error gives it separately).
+fn parse_error(origin: &str, e: &serde_saphyr::Error) -> ProfileError {
+    use serde_saphyr::MessageFormatter;
+    match e.location() {
+        Some(l) => ProfileError::At {
+            path: origin.to_string(),
+            line: l.line(),
+            column: l.column(),
+            message: serde_saphyr::DefaultMessageFormatter.format_message(e.without_snippet()).into_owned(),
+        },
+        None => ProfileError::Invalid { path: origin.to_string(), message: e.to_string() },
     }
 }
 
@@ -451,16 +449,7 @@ pub fn to_yaml(doc: &ProfileDoc) -> Result<String, ProfileError> {
 /// Writes `text` to `path` atomically (temp file in the same directory, then rename),
 /// so a reader never sees half a profile and a failed write leaves the old one intact.
 pub fn write_atomic(path: &Path, text: &str) -> Result<(), ProfileError> {
-    let err = |source| ProfileError::Write { path: path.to_path_buf(), source };
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(err)?;
-    let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| "profile".into());
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, text).map_err(err)?;
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        err(e)
-    })
+    crate::atomic::write_atomic(path, text.as_bytes()).map_err(|source| ProfileError::Write { path: path.to_path_buf(), source })
 }
 
 /// The profile entry for one choice.
@@ -523,4 +512,25 @@ pub fn kernels_doc(choices: &BTreeMap<SlotKey, Choice>) -> KernelsDoc {
 /// JSON Schema of the profile format (for editors).
 pub fn json_schema() -> serde_json::Value {
     serde_json::to_value(schemars::schema_for!(ProfileDoc)).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The parser's message comes without its own position prefix (the error
+    /// carries line and column separately).
+    #[test]
+    fn parse_errors_give_the_message_and_its_position_apart() {
+        let e = Profile::from_str("name: x\nmodel: m\nversion: 1\nbogus: 3\n", "p.yaml").expect_err("unknown key");
+        match e {
+            ProfileError::At { line, column, message, .. } => {
+                assert_eq!((line, column), (4, 1));
+                assert!(message.starts_with("unknown field `bogus`, expected one of name, model"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = Profile::from_str("name: x\nmodel: m\nversion: one\n", "p.yaml").expect_err("bad version");
+        assert_eq!(e.to_string(), "p.yaml:3:10: invalid u32");
+    }
 }

@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use sha2::{Digest, Sha256};
 
 use crate::kernels::{self, Op};
 
@@ -31,15 +30,6 @@ pub fn root() -> Result<PathBuf, CacheError> {
     directories::ProjectDirs::from("", "", "ktune").map(|p| p.cache_dir().to_path_buf()).ok_or(CacheError::NoDir)
 }
 
-pub fn sha256_of(parts: &[&str]) -> String {
-    let mut h = Sha256::new();
-    for p in parts {
-        h.update(p.as_bytes());
-        h.update([0u8]);
-    }
-    hex::encode(h.finalize())
-}
-
 /// Hash of the kernels of one op (registry entries and their shaders), plus the
 /// tool version (CPU kernels are compiled code).
 pub fn op_hash(op: Op) -> String {
@@ -53,8 +43,7 @@ pub fn op_hash(op: Op) -> String {
             parts.push(w.shader.source.to_string());
         }
     }
-    let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
-    sha256_of(&refs)
+    crate::hash::sha256_parts(&parts)
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> CacheError + '_ {
@@ -108,7 +97,7 @@ impl Cache {
     pub fn put<T: Serialize>(&self, kind: &str, key: &str, value: &T) -> Result<(), CacheError> {
         let path = self.json_path(kind, key);
         let text = serde_json::to_string(value).map_err(|e| io(&path)(std::io::Error::other(e)))?;
-        write_atomic(&path, text.as_bytes())
+        crate::atomic::write_atomic(&path, text.as_bytes()).map_err(io(&path))
     }
 
     /// Every cached profile: (key, path).
@@ -144,15 +133,4 @@ impl Cache {
         }
         Ok(n)
     }
-}
-
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CacheError> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
-    let tmp = dir.join(format!(".{}.{}.tmp", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(), std::process::id()));
-    std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        io(path)(e)
-    })
 }

@@ -1,0 +1,76 @@
+//! The application: runs the parsed command, hands its report to `output` for the
+//! chosen format, and says how the process ends. Warnings and progress go to
+//! stderr, results to stdout.
+
+use crate::Result;
+use crate::cli::{Cli, Command, Format, ProfilesAction};
+use crate::commands::{bench, kernels, list_devices, profiles, run, tune};
+use crate::error::ExitCode;
+use crate::output::{self, Counter, TextStream, TuneProgress};
+use crate::report::{ProfilesReport, SchemaReport};
+
+/// Runs the parsed command line; returns how the process ends when no error did.
+pub fn dispatch(cli: Cli) -> Result<ExitCode> {
+    let device = cli.device.as_deref();
+    match cli.command {
+        Command::ListDevices(args) => {
+            let report = list_devices::run()?;
+            output::print(&output::render(&report, args.format.into())?)?;
+            Ok(ExitCode::Success)
+        }
+        Command::Kernels(args) => {
+            let report = kernels::run(device, &args, &Counter::new("verifying"))?;
+            output::print(&output::render(&report, args.format.into())?)?;
+            Ok(if report.failed() { ExitCode::Differences } else { ExitCode::Success })
+        }
+        Command::Run(args) => {
+            let report = if args.format == Format::Table {
+                // The generated text goes to stdout as it is produced.
+                let mut stream = TextStream::new();
+                let r = run::run_streaming(device, &args, &mut |t| stream.piece(t))?;
+                stream.finish();
+                r
+            } else {
+                run::run(device, &args)?
+            };
+            for w in &report.warnings {
+                output::warn(w);
+            }
+            output::print(&output::render(&report, args.format.into())?)?;
+            Ok(ExitCode::Success)
+        }
+        Command::Tune(args) => {
+            let report = tune::run(device, &args, &TuneProgress::new())?;
+            output::print(&output::render(&report, args.format.into())?)?;
+            Ok(ExitCode::Success)
+        }
+        Command::Profiles(args) => {
+            let report = profiles::run(&args.action)?;
+            // Only `list` has a format; the other actions print their text.
+            let format = match (&args.action, &report) {
+                (ProfilesAction::List { format }, ProfilesReport::List(_)) => *format,
+                _ => Format::Table,
+            };
+            output::print(&output::render(&report, format.into())?)?;
+            Ok(ExitCode::Success)
+        }
+        Command::DiffProfiles(args) => {
+            let (report, code) = profiles::diff_profiles(&args)?;
+            output::print(&output::render(&report, args.format.into())?)?;
+            Ok(code)
+        }
+        Command::Bench(args) => {
+            let report = bench::run(device, &args, &Counter::new("bench"))?;
+            for w in &report.warnings {
+                output::warn(w);
+            }
+            output::print(&output::render(&report, args.format.into())?)?;
+            Ok(ExitCode::Success)
+        }
+        Command::Schema => {
+            let report = SchemaReport(crate::profile::json_schema());
+            output::print(&output::render(&report, output::Format::Json)?)?;
+            Ok(ExitCode::Success)
+        }
+    }
+}

@@ -1,0 +1,43 @@
+//! Atomic file writes: a temporary file in the target's directory, renamed over the
+//! target, so a reader never sees half a file and a failed write leaves the old one.
+
+use std::io::Write;
+use std::path::Path;
+
+/// Writes `bytes` to `path` atomically, creating the directory when needed. The
+/// file gets the permissions a plain create would (0666 less the umask on Unix).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut builder = tempfile::Builder::new();
+    let prefix = format!(".{name}.");
+    builder.prefix(&prefix).suffix(".tmp");
+    #[cfg(unix)]
+    let perms = {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::Permissions::from_mode(0o666)
+    };
+    #[cfg(unix)]
+    builder.permissions(perms);
+    let mut tmp = builder.tempfile_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaces_the_file_and_leaves_no_temporary() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("sub").join("x.yaml");
+        write_atomic(&p, b"one").expect("first write");
+        write_atomic(&p, b"two").expect("second write");
+        assert_eq!(std::fs::read_to_string(&p).expect("read"), "two");
+        let left: Vec<_> = std::fs::read_dir(p.parent().expect("dir")).expect("ls").collect();
+        assert_eq!(left.len(), 1, "{left:?}");
+    }
+}

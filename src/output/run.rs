@@ -1,0 +1,80 @@
+//! `run` as text: throughput, generated ids, kernels and time per slot.
+
+use tabled::settings::Style;
+use tabled::{Table, Tabled};
+
+use super::{Report, bytes, short};
+use crate::report::RunReport;
+
+impl Report for RunReport {
+    fn table(&self) -> String {
+        let r = self;
+        let mut s = String::new();
+        s.push_str(&format!("device:   {} [{}] {}\n", r.device, r.backend, short(&r.fingerprint)));
+        s.push_str(&format!("model:    {} ({} layers, weights: {})\n", r.model, r.layers, r.weights));
+        s.push_str(&format!(
+            "profile:  {} | weights {} | kv cache {} | batchCommands {}\n",
+            r.profile.as_deref().unwrap_or("(runtime defaults)"),
+            match &r.weight_storage {
+                Some(st) if st != r.weight_dtype.name() => format!("{} (stored {st})", r.weight_dtype),
+                _ => r.weight_dtype.to_string(),
+            },
+            r.kv_dtype,
+            r.batch_commands
+        ));
+        let f = &r.fusion;
+        s.push_str(&format!(
+            "fusion:   qkv {} | gate_up {} | qk_norm_rope {} | residual_norm {} | norm_matmul {}\n",
+            f.qkv, f.gate_up, f.qk_norm_rope, f.residual_norm, f.norm_matmul
+        ));
+        s.push_str(&format!(
+            "prefill:  {} tokens in {:.2} ms = {:.1} tokens/s\n",
+            r.prompt_tokens,
+            r.prefill_seconds * 1e3,
+            r.prefill_tokens_per_sec
+        ));
+        s.push_str(&format!(
+            "decode:   {} tokens in {:.2} ms = {:.2} tokens/s ({} of weights per token = {:.1} GB/s)\n",
+            r.decode_tokens,
+            r.decode_seconds * 1e3,
+            r.decode_tokens_per_sec,
+            bytes(r.weight_bytes),
+            r.decode_gbps
+        ));
+        s.push_str(&format!("dispatches per layer (decode): {}\n", r.dispatches_per_layer));
+        if let Some(p) = &r.prompt {
+            s.push_str(&format!("prompt:   {p:?} = {:?}\n", r.prompt_ids));
+        }
+        s.push_str(&format!("generated: {:?}\n", r.generated));
+        if let Some(t) = &r.text {
+            s.push_str(&format!("text:     {t:?}\n"));
+        }
+        #[derive(Tabled)]
+        struct K<'a> {
+            slot: &'a str,
+            kernel: &'a str,
+        }
+        let ks: Vec<K<'_>> = r.kernels.iter().map(|(a, b)| K { slot: a, kernel: b }).collect();
+        s.push_str(&Table::new(ks).with(Style::sharp()).to_string());
+        s.push('\n');
+        #[derive(Tabled)]
+        struct T {
+            slot: String,
+            #[tabled(rename = "prefill ms")]
+            prefill: String,
+            #[tabled(rename = "decode ms/token")]
+            decode: String,
+        }
+        let ts: Vec<T> = r
+            .slots
+            .iter()
+            .map(|x| T {
+                slot: x.slot.to_string(),
+                prefill: format!("{:.3}", x.prefill_ms),
+                decode: format!("{:.3}", x.decode_ms_per_token),
+            })
+            .collect();
+        s.push_str(&Table::new(ts).with(Style::sharp()).to_string());
+        s
+    }
+}

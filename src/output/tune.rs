@@ -1,0 +1,110 @@
+//! `tune` as text: where the profile is, the search space, the slot races and the
+//! end-to-end combinations.
+
+use tabled::settings::Style;
+use tabled::{Table, Tabled};
+
+use super::Report;
+use crate::report::TuneReport;
+
+impl Report for TuneReport {
+    fn table(&self) -> String {
+        let r = self;
+        let mut s = String::new();
+        s.push_str(&format!("model:    {}\ndevice:   {}\n", r.model, r.device));
+        s.push_str(&format!("profile:  {}{}\n", r.path.display(), if r.cached { " (cached; --force re-tunes)" } else { "" }));
+        if let Some(o) = &r.output {
+            s.push_str(&format!("written:  {}\n", o.display()));
+        }
+        let Some(t) = &r.profile.tuning else { return s };
+        s.push_str(&format!(
+            "tuned:    {} strategy, {:.1} s of {:.0} s budget, timing {}{}\n",
+            t.strategy,
+            t.used_s,
+            t.budget_s,
+            t.timing,
+            if r.resumed_slots > 0 { format!(", {} slot races resumed from the cache", r.resumed_slots) } else { String::new() }
+        ));
+        s.push_str(&format!(
+            "space:    {} valid variants, {} ruled out, {} complete combinations over {} fusion choices\n",
+            t.space.variants,
+            t.space.ruled_out.values().sum::<usize>(),
+            t.space.combinations,
+            t.space.fusion_choices
+        ));
+        s.push_str(&format!("limit:    {:.1} GB/s read ({})\n", t.limits.read_gbps, t.limits.read_source));
+        #[derive(Tabled)]
+        struct Row {
+            slot: String,
+            regime: String,
+            chosen: String,
+            #[tabled(rename = "median µs")]
+            median: String,
+            #[tabled(rename = "95% CI µs")]
+            ci: String,
+            #[tabled(rename = "GB/s")]
+            gbps: String,
+            #[tabled(rename = "% BW")]
+            pct: String,
+            #[tabled(rename = "GFLOP/s")]
+            gflops: String,
+            cands: String,
+        }
+        let rows: Vec<Row> = t
+            .slots
+            .iter()
+            .map(|x| {
+                let c = x.candidates.iter().find(|c| c.variant.to_string() == x.chosen);
+                Row {
+                    slot: x.slot.clone(),
+                    regime: x.regime.clone(),
+                    chosen: x.chosen.clone(),
+                    median: c.map(|c| format!("{:.1}", c.median_us)).unwrap_or_default(),
+                    ci: c.map(|c| format!("{:.1}–{:.1}", c.ci_us[0], c.ci_us[1])).unwrap_or_default(),
+                    gbps: c.map(|c| format!("{:.1}", c.gbps)).unwrap_or_default(),
+                    pct: c.map(|c| format!("{:.0}%", c.pct_of_bandwidth)).unwrap_or_default(),
+                    gflops: c.map(|c| format!("{:.1}", c.gflops)).unwrap_or_default(),
+                    cands: format!("{} timed, {} rejected", x.candidates.len(), x.rejected.len()),
+                }
+            })
+            .collect();
+        s.push_str(&Table::new(rows).with(Style::sharp()).to_string());
+        s.push('\n');
+        let e = &t.end_to_end;
+        #[derive(Tabled)]
+        struct E {
+            combination: String,
+            #[tabled(rename = "prefill tok/s")]
+            prefill: String,
+            #[tabled(rename = "decode tok/s")]
+            decode: String,
+            #[tabled(rename = "predicted ms")]
+            predicted: String,
+            chosen: String,
+        }
+        let es: Vec<E> = e
+            .combinations
+            .iter()
+            .map(|c| E {
+                combination: c.label.clone(),
+                prefill: format!("{:.1}", c.result.prefill_tok_s),
+                decode: format!("{:.2}", c.result.decode_tok_s),
+                predicted: if c.predicted_ms > 0.0 { format!("{:.1}", c.predicted_ms) } else { "-".into() },
+                chosen: if c.chosen { "✓".into() } else { String::new() },
+            })
+            .collect();
+        s.push_str(&Table::new(es).with(Style::sharp()).to_string());
+        s.push('\n');
+        s.push_str(&format!(
+            "end to end ({} prompt tokens): tuned {:.1} prefill tok/s, {:.2} decode tok/s; runtime default {:.1} / {:.2} ({:+.1}% / {:+.1}%)\n",
+            e.prefill_tokens,
+            e.tuned.prefill_tok_s,
+            e.tuned.decode_tok_s,
+            e.default.prefill_tok_s,
+            e.default.decode_tok_s,
+            (e.tuned.prefill_tok_s / e.default.prefill_tok_s - 1.0) * 100.0,
+            (e.tuned.decode_tok_s / e.default.decode_tok_s - 1.0) * 100.0
+        ));
+        s
+    }
+}

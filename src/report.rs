@@ -1,0 +1,194 @@
+//! The values commands return: plain serializable data, one type per command.
+//! Commands fill them; `output` renders them (`--format table|json|markdown`).
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::device::DeviceSummary;
+use crate::kernels::verify::KernelVerdict;
+use crate::kernels::{DType, ParamSpec};
+use crate::plan::{Fusion, Slot};
+use crate::profile::ProfileDoc;
+
+/// `ktune list-devices`.
+#[derive(Debug, Serialize)]
+pub struct DevicesReport {
+    pub devices: Vec<DeviceSummary>,
+    /// Index `--device` picks when not given.
+    pub default_index: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ValidityRow {
+    pub dtype: DType,
+    pub valid: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct KernelRow {
+    pub id: &'static str,
+    pub op: &'static str,
+    pub backend: &'static str,
+    pub dtypes: Vec<DType>,
+    pub params: Vec<ParamSpec>,
+    pub summary: &'static str,
+    /// Validity on the device with default parameters, per dtype, for the op's test shapes.
+    pub validity: Vec<ValidityRow>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verify: Option<KernelVerdict>,
+}
+
+/// `ktune kernels [--verify]`.
+#[derive(Debug, Serialize)]
+pub struct KernelsReport {
+    pub device: String,
+    pub backend: String,
+    pub fingerprint: String,
+    pub kernel_set_hash: String,
+    pub verified: bool,
+    pub kernels: Vec<KernelRow>,
+}
+
+impl KernelsReport {
+    pub fn failed(&self) -> bool {
+        self.kernels.iter().any(|k| k.verify.as_ref().is_some_and(|v| v.failed > 0))
+    }
+    pub fn checks(&self) -> (usize, usize) {
+        self.kernels.iter().filter_map(|k| k.verify.as_ref()).fold((0, 0), |(c, f), v| (c + v.checks, f + v.failed))
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct SlotRow {
+    pub slot: Slot,
+    /// Milliseconds in the prefill pass.
+    pub prefill_ms: f64,
+    /// Milliseconds per decoded token.
+    pub decode_ms_per_token: f64,
+}
+
+/// `ktune run`.
+#[derive(Debug, Serialize)]
+pub struct RunReport {
+    pub device: String,
+    pub backend: String,
+    pub fingerprint: String,
+    pub model: String,
+    pub weights: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    pub weight_dtype: DType,
+    /// How the file stores most projection matrices (`q8_0`, `f16`, …), for a GGUF file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weight_storage: Option<String>,
+    pub kv_dtype: DType,
+    pub fusion: Fusion,
+    pub batch_commands: bool,
+    pub layers: usize,
+    /// The `--prompt` text, when the prompt was given as text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// The prompt's token ids (`--tokens`, or `--prompt` encoded).
+    pub prompt_ids: Vec<u32>,
+    pub prompt_tokens: usize,
+    pub prefill_seconds: f64,
+    pub prefill_tokens_per_sec: f64,
+    pub decode_tokens: usize,
+    pub decode_seconds: f64,
+    pub decode_tokens_per_sec: f64,
+    /// Weight bytes read per decoded token and the bandwidth that implies.
+    pub weight_bytes: u64,
+    pub decode_gbps: f64,
+    pub generated: Vec<u32>,
+    /// The generated ids decoded (special tokens left out), when there is a tokenizer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// The tokenizer used (a tokenizer.json, or the GGUF file), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<String>,
+    pub dispatches_per_layer: usize,
+    /// Per-slot times (GPU: timestamp queries of one profiled pass of each kind).
+    pub slots: Vec<SlotRow>,
+    pub kernels: Vec<(String, String)>,
+    pub warnings: Vec<String>,
+}
+
+/// `ktune tune`.
+#[derive(Debug, Serialize)]
+pub struct TuneReport {
+    pub model: String,
+    pub device: String,
+    pub key: String,
+    /// The cached profile.
+    pub path: PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<PathBuf>,
+    /// Served from the cache without tuning.
+    pub cached: bool,
+    /// Slot races reused from an earlier, interrupted or differently-budgeted run.
+    pub resumed_slots: usize,
+    pub profile: ProfileDoc,
+}
+
+/// A median with its 95% confidence interval.
+#[derive(Clone, Debug, Serialize)]
+pub struct Estimate {
+    pub median: f64,
+    pub ci: [f64; 2],
+}
+
+#[derive(Debug, Serialize)]
+pub struct BenchEntry {
+    /// `default`, or the profile's path.
+    pub name: String,
+    pub prefill_tok_s: Estimate,
+    pub decode_tok_s: Estimate,
+    /// Throughput change against the first entry, percent, from per-round ratios.
+    pub prefill_vs_first_pct: Estimate,
+    pub decode_vs_first_pct: Estimate,
+    /// Raw per-round samples: prefill seconds, median seconds per decoded token.
+    pub prefill_s: Vec<f64>,
+    pub decode_s: Vec<f64>,
+}
+
+/// `ktune bench`.
+#[derive(Debug, Serialize)]
+pub struct BenchReport {
+    pub device: String,
+    pub model: String,
+    pub prefill_tokens: usize,
+    pub decode_tokens: usize,
+    pub rounds: usize,
+    pub entries: Vec<BenchEntry>,
+    pub warnings: Vec<String>,
+}
+
+/// One cached profile (`ktune profiles list`).
+#[derive(Debug, Serialize)]
+pub struct ProfileRow {
+    pub key: String,
+    pub name: String,
+    pub model: String,
+    pub device: String,
+    pub date: String,
+    pub strategy: String,
+    pub decode_tok_s: f64,
+    pub prefill_tok_s: f64,
+    pub path: PathBuf,
+}
+
+/// `ktune profiles …`: the cached profiles (`list`), or a text (`show`, `path`, `clear`).
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum ProfilesReport {
+    List(Vec<ProfileRow>),
+    Text(String),
+}
+
+/// `ktune schema`: the profile format's JSON Schema.
+#[derive(Debug, Serialize)]
+#[serde(transparent)]
+pub struct SchemaReport(pub serde_json::Value);

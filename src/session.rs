@@ -1,0 +1,163 @@
+//! What `run`, `bench` and `tune` share before any measuring: the device picked by
+//! `--device` (and its GPU context when it has one), the model a [`ModelSource`]
+//! names (built-in with synthetic weights, a Hugging Face directory, or a GGUF
+//! file), the weight storage type it implies, and warmed-up engines built from a
+//! plan ([`Engines`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::cli::ModelSource;
+use crate::device::{self, Device};
+use crate::gpu::GpuCtx;
+use crate::kernels::DType;
+use crate::model::gguf::GgufFile;
+use crate::model::{self, ModelConfig, Stored, Weights};
+use crate::plan::{Plan, PlanOptions, Selection};
+use crate::runtime::{Engine, RuntimeError, TensorStore, WeightMemo};
+use crate::{Error, Result};
+
+/// Discovers devices and resolves the `--device` selector (validated before any
+/// heavy object is built).
+pub fn pick_device(selector: Option<&str>) -> Result<Device> {
+    let mut devices = device::discover();
+    let i = device::select(&devices, selector)?;
+    Ok(devices.swap_remove(i))
+}
+
+/// Opens `device` for kernels: a wgpu context for a GPU, nothing for the CPU.
+pub fn open_device(device: &Device) -> Result<Option<Arc<GpuCtx>>> {
+    Ok(match device {
+        Device::Cpu(_) => None,
+        Device::Gpu(g) => Some(GpuCtx::open(g)?),
+    })
+}
+
+/// A loaded model: its config, name and weights.
+pub struct LoadedModel {
+    pub name: String,
+    pub config: ModelConfig,
+    pub weights: Arc<Weights>,
+    /// The GGUF file the model came from (its tokenizer metadata).
+    pub gguf: Option<Arc<GgufFile>>,
+    /// Things worth telling the user (metadata keys ktune did not read).
+    pub warnings: Vec<String>,
+}
+
+/// Loads the model `--model`, `--model-dir` or `--gguf` names, optionally cut to `layers`.
+pub fn load_source(src: &ModelSource, layers: Option<usize>, seed: u64) -> Result<LoadedModel> {
+    match &src.gguf {
+        Some(path) => load_gguf(path, layers),
+        None => load_model(src.model.as_deref(), src.model_dir.as_ref(), layers, seed),
+    }
+}
+
+/// Loads a GGUF file: config from its metadata, weights, checked against each other.
+pub fn load_gguf(path: &Path, layers: Option<usize>) -> Result<LoadedModel> {
+    let g = Weights::load_gguf(path)?;
+    g.weights.check_config(&g.config)?;
+    let mut config = g.config;
+    if let Some(l) = layers {
+        cut_layers(&mut config, l)?;
+    }
+    let mut warnings = Vec::new();
+    if !g.ignored_keys.is_empty() {
+        warnings.push(format!("{}: metadata not used: {}", path.display(), g.ignored_keys.join(", ")));
+    }
+    Ok(LoadedModel { name: path.display().to_string(), config, weights: Arc::new(g.weights), gguf: Some(g.file), warnings })
+}
+
+/// Loads `--model NAME` (synthetic weights) or `--model-dir DIR`, optionally cut to `layers`.
+pub fn load_model(name: Option<&str>, dir: Option<&PathBuf>, layers: Option<usize>, seed: u64) -> Result<LoadedModel> {
+    let (name, mut config, weights) = match (name, dir) {
+        (Some(n), _) => {
+            let mut c = model::builtin(n)?;
+            if let Some(l) = layers {
+                cut_layers(&mut c, l)?;
+            }
+            let w = Weights::synthetic(&c, seed);
+            (n.to_string(), c, w)
+        }
+        (None, Some(d)) => {
+            let c = ModelConfig::from_config_json(d.join("config.json"))?;
+            let w = Weights::load(d)?;
+            w.check_config(&c)?;
+            (d.display().to_string(), c, w)
+        }
+        (None, None) => return Err(Error::Usage("give --model NAME or --model-dir DIR".into())),
+    };
+    if let (Some(l), Some(_)) = (layers, dir) {
+        cut_layers(&mut config, l)?;
+    }
+    Ok(LoadedModel { name, config, weights: Arc::new(weights), gguf: None, warnings: Vec::new() })
+}
+
+/// Keeps the first `l` layers of `c` (`--layers`).
+fn cut_layers(c: &mut ModelConfig, l: usize) -> Result<()> {
+    if l == 0 || l > c.num_layers {
+        return Err(Error::Usage(format!("--layers {l}: the model has {} layers", c.num_layers)));
+    }
+    c.num_layers = l;
+    c.layer_types.truncate(l);
+    Ok(())
+}
+
+/// The matrix weight type: `flag` when given, else what a GGUF file's projection
+/// matrices are stored as (`storage`, from [`gguf_storage`]), else f32.
+pub fn default_weight_dtype(flag: Option<DType>, storage: Option<Stored>) -> DType {
+    flag.unwrap_or_else(|| storage.map_or(DType::F32, weight_dtype_for))
+}
+
+/// What a GGUF model's projection matrices are stored as (None for other sources).
+pub fn gguf_storage(m: &LoadedModel) -> Option<Stored> {
+    m.gguf.as_ref().and_then(|_| m.weights.matmul_storage())
+}
+
+/// The runtime weight type for weights stored as `s` when none is asked for.
+pub fn weight_dtype_for(s: Stored) -> DType {
+    match s {
+        Stored::F16 | Stored::BF16 => DType::F16,
+        Stored::F32 => DType::F32,
+        // The blocks run as stored (no requantization).
+        Stored::Quant(q) => DType::from(q),
+    }
+}
+
+/// Builds warmed-up engines of one model on one device: the plan for the given
+/// options and kernel selection, its prefill pass emitted once up front (a kernel
+/// that cannot run fails before any work), the engine, and the GPU programs of
+/// both passes compiled (pipeline compilation is never timed).
+pub struct Engines<'a> {
+    pub model: &'a str,
+    pub config: &'a ModelConfig,
+    pub store: Arc<dyn TensorStore>,
+    /// The GPU context (None: the CPU backend).
+    pub ctx: Option<Arc<GpuCtx>>,
+    /// CPU engines take their weights from (and add them to) this memo, so several
+    /// engines hold one copy; None loads each engine's own.
+    pub memo: Option<WeightMemo>,
+    /// Also emit the decode pass up front (at the position after a full prefill).
+    pub check_decode: bool,
+}
+
+impl Engines<'_> {
+    /// A warmed-up engine for `opts` and `selection`; `batch` is the GPU's one
+    /// submit per pass (ignored on the CPU).
+    pub fn build(&self, opts: PlanOptions, selection: Selection, batch: bool) -> Result<Engine, RuntimeError> {
+        let tokens = opts.max_tokens;
+        let plan = Plan::new(self.model, self.config, opts, selection)?;
+        plan.steps(tokens, 0)?;
+        if self.check_decode {
+            plan.steps(1, tokens)?;
+        }
+        let store = self.store.clone();
+        let mut engine = match (&self.ctx, &self.memo) {
+            (Some(ctx), _) => Engine::gpu(plan, store, ctx.clone(), batch)?,
+            (None, Some(memo)) => Engine::cpu_shared(plan, store, memo)?,
+            (None, None) => Engine::cpu(plan, store)?,
+        };
+        engine.warm_up(tokens)?;
+        engine.warm_up(1)?;
+        Ok(engine)
+    }
+}

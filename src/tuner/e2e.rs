@@ -1,0 +1,326 @@
+//! The end-to-end stage of a tune: the most promising complete combinations
+//! (fusion choices by the time the race winners predict for them, execution flags,
+//! and the runtime's own default) are built into engines and timed through the
+//! runtime, interleaved when memory allows, within what is left of the budget;
+//! the best by one request's time wins (ties go to the default).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use super::measure::Strategy;
+use super::race::Races;
+use super::space::{Space, plan_options};
+use super::stats::{Stats, pick, summarize};
+use super::{Progress, TIE, Target, TuneError, TuneOptions};
+use crate::device::DeviceCaps;
+use crate::plan::select::{Choice, SlotKey};
+use crate::plan::{Fusion, Parallel, Plan, Regime, Selection};
+use crate::runtime::{Engine, RuntimeError, WeightMemo, argmax};
+use crate::session::Engines;
+
+/// Decode steps timed per end-to-end sample.
+pub(crate) const E2E_DECODE_STEPS: usize = 8;
+
+/// The end-to-end combination space.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Combo {
+    pub fusion: Fusion,
+    pub parallel: Parallel,
+    pub batch: bool,
+    /// The runtime's own default selection instead of the race winners.
+    pub default: bool,
+}
+
+impl Combo {
+    pub fn label(&self) -> String {
+        if self.default {
+            return "runtime default".into();
+        }
+        let f = self.fusion;
+        let mut parts: Vec<&str> = Vec::new();
+        for (on, name) in [
+            (f.qkv, "fused_qkv"),
+            (f.gate_up, "fused_gate_up"),
+            (f.qk_norm_rope, "fused_qk_norm_rope"),
+            (f.residual_norm, "fused_residual_norm"),
+            (f.norm_matmul, "fused_norm_matmul"),
+        ] {
+            if on {
+                parts.push(name);
+            }
+        }
+        let mut s = if parts.is_empty() { "unfused".to_string() } else { parts.join("+") };
+        s.push_str(if self.parallel.qkv { " parallel" } else { " sequential" });
+        s.push_str(if self.batch { " batch" } else { " per-kernel-submit" });
+        s
+    }
+}
+
+/// What the end-to-end stage found.
+pub(crate) struct EndToEnd {
+    /// The combinations timed, each with its predicted time (NaN for the default,
+    /// which is first).
+    pub combos: Vec<(Combo, f64)>,
+    /// Per combination: prefill seconds and median decode seconds per token, one
+    /// pair per sample.
+    pub samples: Vec<(Vec<f64>, Vec<f64>)>,
+    /// The winning combination.
+    pub best: usize,
+    /// The slot race winners (what a non-default combination selects).
+    pub winners: BTreeMap<SlotKey, Choice>,
+}
+
+impl EndToEnd {
+    /// The index of the runtime's default among the combinations.
+    pub const DEFAULT: usize = 0;
+
+    /// The kernel selection of combination `c`.
+    pub fn selection(&self, c: &Combo, caps: &DeviceCaps) -> Selection {
+        selection_for(c, caps, &self.winners)
+    }
+}
+
+fn selection_for(c: &Combo, caps: &DeviceCaps, winners: &BTreeMap<SlotKey, Choice>) -> Selection {
+    let mut sel = Selection::defaults(caps.clone());
+    if !c.default {
+        sel.slots = winners.clone();
+    }
+    sel
+}
+
+/// One end-to-end sample: prefill of the prompt from an empty cache, then `steps`
+/// greedy decode steps; (prefill seconds, median seconds per decoded token).
+pub fn e2e_sample(engine: &mut Engine, prompt: &[u32], steps: usize) -> Result<(f64, f64), RuntimeError> {
+    engine.reset();
+    let t0 = Instant::now();
+    let rows = engine.forward(prompt)?;
+    let prefill = t0.elapsed().as_secs_f64();
+    let mut next = argmax(rows.last().map(Vec::as_slice).unwrap_or(&[]));
+    let mut ts = Vec::new();
+    for _ in 0..steps {
+        let t = Instant::now();
+        let r = engine.forward(&[next])?;
+        ts.push(t.elapsed().as_secs_f64());
+        next = argmax(&r[0]);
+    }
+    Ok((prefill, summarize(&ts).median))
+}
+
+/// Memory available to new allocations, bytes (8 GiB when unknown).
+fn available_memory() -> u64 {
+    let Ok(mut sys) = sysinfo::System::new() else { return 8 << 30 };
+    sys.refresh_memory_specifics(sysinfo::MemoryRefreshKind::nothing().with_ram());
+    match sys.available_memory() {
+        0 => 8 << 30,
+        b => b,
+    }
+}
+
+/// Predicted time of one request per fusion choice (from the per-shape medians
+/// of the race winners), fastest first.
+fn predicted(o: &TuneOptions, space: &Space, races: &Races) -> Vec<(Fusion, f64)> {
+    let mut predicted: Vec<(Fusion, f64)> = space
+        .per_fusion
+        .iter()
+        .map(|(f, steps)| {
+            let mut tot = 0.0;
+            for (key, p, _) in steps {
+                let w = if key.1 == Regime::Decode { o.decode_tokens as f64 } else { 1.0 };
+                tot += w * races.shape_time(space, *key, p);
+            }
+            (*f, tot)
+        })
+        .collect();
+    predicted.sort_by(|a, b| a.1.total_cmp(&b.1));
+    predicted
+}
+
+/// The combinations to time, each with its predicted time: the runtime's own
+/// default (what `run` does without a profile) first, since it is raced alongside
+/// and wins ties (a profile is only worth its differences); then the best
+/// predicted fusion choices with the execution flags the strategy tries.
+fn combinations(o: &TuneOptions, predicted: &[(Fusion, f64)], gpu: bool) -> Vec<(Combo, f64)> {
+    let mut combos: Vec<(Combo, f64)> =
+        vec![(Combo { fusion: Fusion::ALL, parallel: Parallel::default(), batch: true, default: true }, f64::NAN)];
+    let par_on = Parallel::default();
+    let par_off = Parallel { qkv: false, ffn: false };
+    let exhaustive_e2e = matches!(o.strategy, Strategy::Exhaustive | Strategy::Halving);
+    let top = if exhaustive_e2e { predicted.len() } else { 3.min(predicted.len()) };
+    for (f, pred) in predicted.iter().take(top) {
+        combos.push((Combo { fusion: *f, parallel: par_on, batch: true, default: false }, *pred));
+        if exhaustive_e2e {
+            combos.push((Combo { fusion: *f, parallel: par_off, batch: true, default: false }, *pred));
+            if gpu {
+                combos.push((Combo { fusion: *f, parallel: par_on, batch: false, default: false }, *pred));
+                combos.push((Combo { fusion: *f, parallel: par_off, batch: false, default: false }, *pred));
+            }
+        }
+    }
+    if !exhaustive_e2e && let Some((f, pred)) = predicted.first() {
+        combos.push((Combo { fusion: *f, parallel: par_off, batch: true, default: false }, *pred));
+        if gpu {
+            combos.push((Combo { fusion: *f, parallel: par_on, batch: false, default: false }, *pred));
+        }
+    }
+    combos
+}
+
+/// Times the combinations until `deadline` and picks the best.
+pub(crate) fn run(
+    t: &Target<'_>,
+    o: &TuneOptions,
+    caps: &DeviceCaps,
+    space: &Space,
+    races: &Races,
+    deadline: Instant,
+    progress: &dyn Progress,
+) -> Result<EndToEnd, TuneError> {
+    let winners = races.winners(space);
+    let predicted = predicted(o, space, races);
+    let gpu = t.ctx.is_some();
+    let combos = combinations(o, &predicted, gpu);
+    let par_on = Parallel::default();
+
+    let prompt: Vec<u32> = (0..o.prefill_tokens).map(|i| ((i * 7919 + 13) % t.config.vocab_size) as u32).collect();
+    let weight_bytes = {
+        let plan = Plan::new(t.model, t.config, plan_options(o, Fusion::NONE, par_on), Selection::defaults(caps.clone()))?;
+        plan.weight_bytes()
+    };
+    // CPU engines share their weights (a WeightMemo): the fused layouts (QKV, gate/up)
+    // add at most one more copy of those matrices.
+    let builder = Engines {
+        model: t.model,
+        config: t.config,
+        store: t.store.clone(),
+        ctx: t.ctx.clone(),
+        memo: Some(WeightMemo::default()),
+        check_decode: true,
+    };
+    let build_engine = |c: &Combo| -> Result<Engine, RuntimeError> {
+        let mut opts = plan_options(o, c.fusion, c.parallel);
+        opts.context = opts.context.max(o.prefill_tokens + E2E_DECODE_STEPS + 1);
+        builder.build(opts, selection_for(c, caps, &winners), c.batch)
+    };
+    let interleave = !gpu && weight_bytes.saturating_mul(2) < available_memory() / 5 * 2;
+    progress
+        .phase(&format!("end to end: {} combinations{}", combos.len(), if interleave { ", interleaved" } else { "" }), combos.len() as u64);
+    let e2e_rounds = 5;
+    let mut samples: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); combos.len()];
+    let mut errors: Vec<Option<String>> = vec![None; combos.len()];
+    let mut rng_state = o.seed;
+    if interleave {
+        let mut engines: Vec<Option<Engine>> = Vec::new();
+        for (i, (c, _)) in combos.iter().enumerate() {
+            match build_engine(c) {
+                Ok(e) => engines.push(Some(e)),
+                Err(e) => {
+                    errors[i] = Some(e.to_string());
+                    engines.push(None);
+                }
+            }
+            progress.tick();
+        }
+        let mut round_time = Duration::ZERO;
+        for round in 0..e2e_rounds {
+            // Two rounds always; more only while another fits in the budget.
+            if round >= 2 && Instant::now() + round_time > deadline {
+                break;
+            }
+            let round_start = Instant::now();
+            // A fixed pseudo-random rotation per round.
+            rng_state = rng_state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let off = (rng_state >> 33) as usize % combos.len().max(1);
+            for j in 0..combos.len() {
+                let i = (j + off) % combos.len();
+                if let Some(e) = engines[i].as_mut() {
+                    match e2e_sample(e, &prompt, E2E_DECODE_STEPS) {
+                        Ok((p, d)) => {
+                            samples[i].0.push(p);
+                            samples[i].1.push(d);
+                        }
+                        Err(err) => {
+                            errors[i] = Some(err.to_string());
+                            engines[i] = None;
+                        }
+                    }
+                }
+            }
+            round_time = round_start.elapsed();
+            // Racing (auto): after three rounds, a combination every sample of which is
+            // slower than every sample of the current leader stops being timed; its
+            // samples stay for the report. Exhaustive and halving time all to the end.
+            if o.strategy == Strategy::Auto && round >= 2 {
+                let score = |i: usize| -> Vec<f64> {
+                    samples[i].0.iter().zip(&samples[i].1).map(|(p, d)| p + o.decode_tokens as f64 * d).collect()
+                };
+                let alive: Vec<usize> = (0..combos.len()).filter(|&i| engines[i].is_some()).collect();
+                let lead = alive.iter().copied().min_by(|&a, &b| summarize(&score(a)).median.total_cmp(&summarize(&score(b)).median));
+                if let Some(lead) = lead {
+                    let lead_max = score(lead).iter().copied().fold(f64::MIN, f64::max);
+                    for &i in &alive {
+                        if i != lead && score(i).iter().copied().fold(f64::MAX, f64::min) > lead_max {
+                            engines[i] = None;
+                        }
+                    }
+                }
+                if engines.iter().filter(|e| e.is_some()).count() <= 1 {
+                    break;
+                }
+            }
+        }
+    } else {
+        // One engine at a time (the model is too large to hold several copies).
+        let mut combo_time = Duration::ZERO;
+        for (i, (c, _)) in combos.iter().enumerate() {
+            // The default and the best predicted combination always; the rest while
+            // one more fits in the budget.
+            if i > 1 && Instant::now() + combo_time > deadline {
+                continue;
+            }
+            let combo_start = Instant::now();
+            match build_engine(c) {
+                Ok(mut e) => {
+                    let mut sample_time = Duration::ZERO;
+                    for round in 0..e2e_rounds {
+                        if round >= 2 && Instant::now() + sample_time > deadline {
+                            break;
+                        }
+                        let t0 = Instant::now();
+                        match e2e_sample(&mut e, &prompt, E2E_DECODE_STEPS) {
+                            Ok((p, d)) => {
+                                samples[i].0.push(p);
+                                samples[i].1.push(d);
+                            }
+                            Err(err) => {
+                                errors[i] = Some(err.to_string());
+                                break;
+                            }
+                        }
+                        sample_time = t0.elapsed();
+                    }
+                }
+                Err(e) => errors[i] = Some(e.to_string()),
+            }
+            combo_time = combo_time.max(combo_start.elapsed());
+            progress.tick();
+        }
+    }
+    progress.done();
+    for (i, e) in errors.iter().enumerate() {
+        if let Some(e) = e {
+            progress.note(&format!("combination `{}` failed end to end: {e}", combos[i].0.label()));
+        }
+    }
+
+    // Score: prefill + decode_tokens × per-token decode (one request's time).
+    let score = |i: usize| -> Stats {
+        let (p, d) = &samples[i];
+        let s: Vec<f64> = p.iter().zip(d).map(|(p, d)| p + o.decode_tokens as f64 * d).collect();
+        summarize(&s)
+    };
+    let scores: Vec<Stats> = (0..combos.len()).map(|i| if errors[i].is_some() { Stats::default() } else { score(i) }).collect();
+    let Some(best) = pick(&scores, TIE) else {
+        return Err(TuneError::Invalid("no combination ran end to end; see the notes above".into()));
+    };
+    Ok(EndToEnd { combos, samples, best, winners })
+}

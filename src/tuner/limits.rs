@@ -1,0 +1,52 @@
+//! The memory bandwidth the slot measurements are compared against: measured once
+//! per tune on the device itself.
+
+use std::time::Instant;
+
+use super::Target;
+use crate::gpu::GpuCtx;
+use crate::kernels;
+
+/// Read bandwidth of the target's device (GB/s) and how it was measured.
+pub(crate) fn measure(t: &Target<'_>) -> (f64, &'static str) {
+    match &t.ctx {
+        None => (cpu_read_bandwidth(), "measured: parallel read of 256 MiB"),
+        Some(ctx) => (gpu_copy_bandwidth(ctx), "measured: 64 MiB buffer copy (bytes read per second)"),
+    }
+}
+
+/// Read bandwidth of this CPU (both cores), GB/s: a parallel sum over 256 MiB.
+pub fn cpu_read_bandwidth() -> f64 {
+    use rayon::prelude::*;
+    let v: Vec<f32> = vec![1.0; 64 << 20];
+    let isa = kernels::simd::Isa::best();
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let t = Instant::now();
+        // The SIMD dot of each chunk with itself: every byte comes from memory once
+        // (the second operand hits L1), at the widest vectors the CPU has.
+        let s: f32 = v.par_chunks(1 << 14).map(|c| kernels::simd::dot_f32(isa, c, c)).sum();
+        std::hint::black_box(s);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    (v.len() * 4) as f64 / best / 1e9
+}
+
+/// Copy bandwidth of a GPU (bytes read per second during a buffer-to-buffer copy), GB/s.
+fn gpu_copy_bandwidth(ctx: &GpuCtx) -> f64 {
+    let bytes: u64 = (64u64 << 20).min(ctx.caps.max_buffer_size / 2);
+    let a = ctx.storage("bw a", bytes);
+    let b = ctx.storage("bw b", bytes);
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("bw") });
+        enc.copy_buffer_to_buffer(&a, 0, &b, 0, bytes);
+        ctx.queue.submit([enc.finish()]);
+        if ctx.wait().is_err() {
+            return 0.0;
+        }
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    bytes as f64 / best / 1e9
+}

@@ -1,0 +1,402 @@
+//! The slot races, the second stage of a tune: each race's candidates are gated by
+//! correctness (the parity check against the CPU reference), timed at the race's
+//! shapes (interleaved rounds, robust statistics, early drops), and walked by
+//! coordinate descent from the best of the axis sweep (auto, halving). Finished
+//! races are cached as they come, so an interrupted tune resumes.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::cache::{self, Cache};
+use super::measure::{self, Cand, FULL_SAMPLES, Runner, Strategy, Workload, race};
+use super::space::{Generated, RaceDef, Space, candidates};
+use super::stats::{Stats, pick, summarize};
+use super::{Progress, SEARCH_REVISION, TIE, Target, TuneError, TuneOptions};
+use crate::device::{Device, DeviceCaps};
+use crate::gpu::GpuCtx;
+use crate::kernels::problem::test_problems;
+use crate::kernels::verify::{Runner as CheckRunner, check_one};
+use crate::kernels::{self, DType, Problem};
+use crate::plan::select::{Choice, SlotKey};
+use crate::profile::variant_doc;
+
+/// A finished race, as cached and as reported.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct RaceResult {
+    pub slot: String,
+    pub regime: String,
+    pub problem: String,
+    pub count: usize,
+    pub winner: usize,
+    pub cands: Vec<CandRecord>,
+    pub rejected: Vec<(String, String)>,
+    /// Per-shape medians of every measured candidate (seconds), by shape description.
+    pub shape_medians: Vec<BTreeMap<String, f64>>,
+    pub timestamps: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct CandRecord {
+    pub kernel: String,
+    pub params: kernels::Params,
+    pub stats: Stats,
+    pub status: String,
+}
+
+/// The races of a tune, in the order of [`Space::races`].
+pub(crate) struct Races {
+    pub results: Vec<RaceResult>,
+    /// How many came from the cache.
+    pub resumed: usize,
+}
+
+impl Races {
+    /// The winner of every race that has one.
+    pub fn winners(&self, space: &Space) -> BTreeMap<SlotKey, Choice> {
+        let mut winners: BTreeMap<SlotKey, Choice> = BTreeMap::new();
+        for (r, res) in space.races.iter().zip(&self.results) {
+            if let Some(c) = res.winner_choice() {
+                winners.insert(r.key, c);
+            }
+        }
+        winners
+    }
+
+    /// The winner's median on shape `p` of the race `key` (seconds; 0 when unknown).
+    pub fn shape_time(&self, space: &Space, key: SlotKey, p: &Problem) -> f64 {
+        space
+            .races
+            .iter()
+            .zip(&self.results)
+            .find(|(r, _)| r.key == key)
+            .and_then(|(_, res)| res.shape_medians.get(res.winner).and_then(|m| m.get(&p.describe())).copied())
+            .unwrap_or(0.0)
+    }
+}
+
+/// Runs every race of `space` until `slot_deadline`, sharing what is left of the
+/// time evenly over the races still to run. `cache` keeps finished races as they
+/// come; with `resume` races already there are reused.
+pub(crate) fn run_all(
+    t: &Target<'_>,
+    o: &TuneOptions,
+    space: &Space,
+    cache: Option<&Cache>,
+    resume: bool,
+    slot_deadline: Instant,
+    progress: &dyn Progress,
+) -> Result<Races, TuneError> {
+    let races = &space.races;
+    let mut results: Vec<RaceResult> = Vec::new();
+    let mut resumed = 0;
+    let mut gates = GateCache::new();
+    for (i, r) in races.iter().enumerate() {
+        let key = race_cache_key(t, r, o);
+        if let Some(done) = cache.filter(|_| resume).and_then(|c| c.get::<RaceResult>("slots", &key)) {
+            resumed += 1;
+            results.push(done);
+            continue;
+        }
+        // Share what is left of the slot budget evenly over the races still to run.
+        let left = slot_deadline.saturating_duration_since(Instant::now());
+        let share = left / (races.len() - i) as u32;
+        let res = run_race(t, r, o, Instant::now() + share, &mut gates, progress);
+        if let Some(c) = cache {
+            c.put("slots", &key, &res)?;
+        }
+        results.push(res);
+    }
+    progress.done();
+    Ok(Races { results, resumed })
+}
+
+/// Correctness gate of one variant: the parity check on the op's test shapes it
+/// accepts, and on the real shape when that is cheap to reference.
+fn gate(c: &Cand, r: &RaceDef, caps: &DeviceCaps, ctx: Option<&GpuCtx>, seed: u64) -> Result<(), String> {
+    let runner = match ctx {
+        Some(g) => CheckRunner::Gpu(g),
+        None => CheckRunner::Cpu,
+    };
+    let op = r.shapes[0].0.op();
+    let mut probs: Vec<Problem> =
+        test_problems(op).into_iter().filter(|p| c.kernel.check(caps.caps(), p, r.dtype, &c.params).is_ok()).take(2).collect();
+    if let Some((p, _)) = r.shapes.iter().min_by(|a, b| a.0.flops().total_cmp(&b.0.flops()))
+        && p.flops() < 5e7
+    {
+        probs.push(p.clone());
+    }
+    if probs.is_empty() {
+        return Err("no test shape this variant accepts: cannot check it".into());
+    }
+    for p in &probs {
+        let chk = check_one(&runner, c.kernel, p, r.dtype, &c.params, seed);
+        if !chk.passed {
+            return Err(match chk.error {
+                Some(e) => format!("failed the parity check on {}: {e}", chk.problem),
+                None => format!("failed the parity check on {}: relative error {:.2e} > {:.0e}", chk.problem, chk.rel_err, chk.tolerance),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn race_cache_key(t: &Target<'_>, r: &RaceDef, o: &TuneOptions) -> String {
+    let shapes: Vec<String> = r.shapes.iter().map(|(p, n)| format!("{}x{n}", p.describe())).collect();
+    crate::hash::sha256_parts::<&[&str]>(&[
+        &t.device.fingerprint(),
+        &cache::op_hash(r.shapes[0].0.op()),
+        r.key.0.name(),
+        r.key.1.name(),
+        r.dtype.name(),
+        &shapes.join(";"),
+        o.strategy.name(),
+        &o.seed.to_string(),
+        SEARCH_REVISION,
+    ])
+}
+
+/// Coordinate-descent steps after the axis sweep (auto and halving).
+pub(crate) const DESCENT_STEPS: usize = 4;
+/// A kernel's best candidate is a descent centre when its median is within this
+/// factor of the race's best.
+const DESCENT_WITHIN: f64 = 1.25;
+/// Gates `cands` in order (the default first), pushing those that fail, and those
+/// past the deadline, to `rejected`. With `first_free` the first candidate is gated
+/// even past the deadline (a race needs one).
+#[allow(clippy::too_many_arguments)]
+fn gate_all(
+    cands: Vec<Cand>,
+    r: &RaceDef,
+    caps: &DeviceCaps,
+    t: &Target<'_>,
+    o: &TuneOptions,
+    deadline: Instant,
+    gates: &mut GateCache,
+    rejected: &mut Vec<(String, String)>,
+    first_free: bool,
+) -> Vec<Cand> {
+    let mut passed = Vec::new();
+    for c in cands {
+        let name = variant_doc(&Choice::new(c.kernel, c.params.clone())).to_string();
+        if !(first_free && passed.is_empty()) && Instant::now() > deadline {
+            rejected.push((name, "not reached within the budget".into()));
+            continue;
+        }
+        let key = (c.kernel.id.to_string(), format!("{:?}", c.params), r.dtype);
+        let verdict = gates.entry(key).or_insert_with(|| gate(&c, r, caps, t.ctx.as_deref(), o.seed)).clone();
+        match verdict {
+            Ok(()) => passed.push(c),
+            Err(why) => rejected.push((name, why)),
+        }
+    }
+    passed
+}
+
+/// One coordinate-descent step over the parameters. The axis sweep moves each
+/// parameter with the others at their defaults, so it misses optima where two
+/// parameters move together (a 16-row tile wants 8×8 registers, not the default
+/// 4×4). Each kernel whose best candidate so far is within [`DESCENT_WITHIN`] of
+/// the race's best becomes a centre: proposed are the centre with every parameter at
+/// the best value seen along its axis, then every set one axis away from the
+/// centre, those not yet generated and valid on every shape.
+/// `timed` holds every candidate timed so far with its median.
+pub(crate) fn descent_candidates(timed: &[(&Cand, f64)], r: &RaceDef, caps: &DeviceCaps, pool: &mut Generated) -> Vec<Cand> {
+    let Some(best) = timed.iter().map(|t| t.1).min_by(f64::total_cmp) else { return Vec::new() };
+    let mut centres: BTreeMap<&'static str, (&Cand, f64)> = BTreeMap::new();
+    for &(c, m) in timed {
+        let e = centres.entry(c.kernel.id).or_insert((c, m));
+        if m < e.1 {
+            *e = (c, m);
+        }
+    }
+    let mut out = Vec::new();
+    for (c, m) in centres.into_values() {
+        if m > best * DESCENT_WITHIN {
+            continue;
+        }
+        let k = c.kernel;
+        let mut combined = c.params.clone();
+        for spec in k.params {
+            let along = timed
+                .iter()
+                .filter(|(x, _)| x.kernel.id == k.id && x.params.iter().all(|(n, v)| n == spec.name || c.params.get(n) == Some(v)));
+            if let Some((x, xm)) = along.min_by(|a, b| a.1.total_cmp(&b.1))
+                && *xm < m
+                && let Some(&v) = x.params.get(spec.name)
+            {
+                combined.insert(spec.name.to_string(), v);
+            }
+        }
+        let next = std::iter::once(combined).chain(kernels::verify::axis_neighbours(k, &c.params));
+        out.extend(next.filter_map(|params| pool.offer(k, params, r, caps)));
+    }
+    out
+}
+
+/// Gate verdicts by (kernel, params, dtype), shared by the races of one tune.
+type GateCache = BTreeMap<(String, String, DType), Result<(), String>>;
+
+fn run_race(t: &Target<'_>, r: &RaceDef, o: &TuneOptions, deadline: Instant, gates: &mut GateCache, progress: &dyn Progress) -> RaceResult {
+    let caps = DeviceCaps::from(t.device);
+    let (mut cands, mut pool) = candidates(r, &caps, o.strategy);
+    if o.strategy == Strategy::Random && cands.len() > 8 {
+        use rand::SeedableRng;
+        use rand::seq::SliceRandom;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(o.seed);
+        let first = cands.remove(0);
+        cands.shuffle(&mut rng);
+        cands.truncate(7);
+        cands.insert(0, first);
+    }
+    let passed = gate_all(cands, r, &caps, t, o, deadline, gates, &mut pool.rejected, true);
+    let w = Workload::new(r.shapes.clone(), r.dtype, t.ctx.clone(), o.seed, rotate_bytes(t.device));
+    let mut runners: Vec<Runner> = passed.into_iter().map(|c| Runner::new(c, &w)).collect();
+    let n = runners.len() as u64;
+    progress.phase(&format!("{} ({}) {} candidates", r.key.0, r.key.1.name(), n), n * FULL_SAMPLES as u64);
+    race(&mut runners, &w, o.strategy, deadline, o.seed, 0, |_| progress.tick());
+    if matches!(o.strategy, Strategy::Auto | Strategy::Halving) {
+        for step in 1..=DESCENT_STEPS {
+            if Instant::now() > deadline {
+                break;
+            }
+            let timed: Vec<(&Cand, f64)> =
+                runners.iter().filter(|x| x.error.is_none() && !x.samples.is_empty()).map(|x| (&x.cand, x.stats().median)).collect();
+            let next = descent_candidates(&timed, r, &caps, &mut pool);
+            let passed = gate_all(next, r, &caps, t, o, deadline, gates, &mut pool.rejected, false);
+            if passed.is_empty() {
+                break;
+            }
+            let n = passed.len() as u64;
+            runners.extend(passed.into_iter().map(|c| Runner::new(c, &w)));
+            progress.phase(&format!("{} ({}) descent {step}: {n} more candidates", r.key.0, r.key.1.name()), n * FULL_SAMPLES as u64);
+            race(&mut runners, &w, o.strategy, deadline, o.seed + step as u64, step * measure::rounds(o.strategy).len(), |_| {
+                progress.tick()
+            });
+        }
+    }
+    let stats: Vec<Stats> = runners.iter().map(|x| if x.error.is_some() { Stats::default() } else { x.stats() }).collect();
+    // Only the survivors compete for the win: a candidate dropped after one noisy
+    // sample must not win on it.
+    let finalists: Vec<Stats> =
+        runners.iter().zip(&stats).map(|(x, s)| if x.dropped.is_some() { Stats::default() } else { s.clone() }).collect();
+    let winner = pick(&finalists, TIE).or_else(|| pick(&stats, TIE)).unwrap_or(0);
+    let mut cands = Vec::new();
+    let mut shape_medians = Vec::new();
+    for (i, x) in runners.iter().enumerate() {
+        if let Some(e) = &x.error {
+            pool.rejected
+                .push((variant_doc(&Choice::new(x.cand.kernel, x.cand.params.clone())).to_string(), format!("failed while timing: {e}")));
+        }
+        let status = match (&x.error, x.dropped) {
+            (Some(_), _) => "error".to_string(),
+            (None, Some(round)) => format!("dropped@{round}"),
+            (None, None) if i == winner => "chosen".to_string(),
+            (None, None) => "measured".to_string(),
+        };
+        cands.push(CandRecord { kernel: x.cand.kernel.id.into(), params: x.cand.params.clone(), stats: stats[i].clone(), status });
+        shape_medians.push(x.shape_medians(&w));
+    }
+    let desc = if r.shapes.len() == 1 { r.shapes[0].0.describe() } else { format!("{} shapes", r.shapes.len()) };
+    RaceResult {
+        slot: r.key.0.name().into(),
+        regime: r.key.1.name().into(),
+        problem: desc,
+        count: r.shapes.iter().map(|s| s.1).sum(),
+        winner,
+        cands,
+        rejected: pool.rejected,
+        shape_medians,
+        timestamps: runners.first().is_some_and(|x| x.timestamps),
+    }
+}
+
+impl RaceResult {
+    pub fn winner_choice(&self) -> Option<Choice> {
+        let c = self.cands.get(self.winner).filter(|c| c.stats.n > 0)?;
+        kernels::find(&c.kernel).ok().map(|k| Choice::new(k, c.params.clone()))
+    }
+}
+
+/// Bytes of input copies a CPU slot race cycles through: twice the last-level
+/// cache (64 MiB when the size is unknown), so every execution reads from memory as
+/// a layer of the model pass does.
+fn rotate_bytes(device: &Device) -> usize {
+    match device {
+        Device::Cpu(c) if c.cache_l3 > 0 => 2 * c.cache_l3 as usize,
+        Device::Cpu(c) if c.cache_l2 > 0 => 4 * c.cache_l2 as usize,
+        _ => 64 << 20,
+    }
+}
+
+impl Workload {
+    /// Bytes and flops of one composite sample of `shapes`.
+    pub fn describe_work(shapes: &[(Problem, usize)], dtype: DType) -> (f64, f64) {
+        shapes.iter().fold((0.0, 0.0), |(b, f), (p, n)| (b + p.min_bytes(dtype) * *n as f64, f + p.flops() * *n as f64))
+    }
+}
+
+impl Runner {
+    /// Median seconds per shape (by description), from the per-shape samples.
+    fn shape_medians(&self, w: &Workload) -> BTreeMap<String, f64> {
+        let mut m = BTreeMap::new();
+        for (i, (p, _)) in w.shapes.iter().enumerate() {
+            if let Some(s) = self.shape_samples.get(i) {
+                m.insert(p.describe(), summarize(s).median);
+            }
+        }
+        m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::cpu::CpuCaps;
+    use crate::kernels::{Op, p};
+    use crate::plan::Regime;
+
+    /// A landscape where two parameters only pay together: moving `mc` alone helps
+    /// a little, moving `kc` alone hurts, both together win by far. The axis sweep
+    /// cannot reach the optimum; the descent must, within its steps.
+    #[test]
+    fn descent_finds_an_optimum_two_axes_away() {
+        let k = kernels::find("gemm_blocked_cpu").expect("gemm_blocked_cpu registered");
+        let caps = DeviceCaps::Cpu(CpuCaps::detect());
+        let prob = test_problems(Op::Gemm).into_iter().max_by_key(|p| p.describe().len()).expect("a gemm test shape");
+        let r = RaceDef { key: (crate::plan::select::Slot::MatmulQkv, Regime::Prefill), dtype: DType::F32, shapes: vec![(prob, 1)] };
+        let cost = |q: &kernels::Params| -> f64 {
+            let (mc, kc, nc) = (p(q, "mc"), p(q, "kc"), p(q, "nc"));
+            let mut c = 10.0 + (nc as f64 - 256.0).abs() / 1000.0;
+            match (mc == 192, kc == 128) {
+                (true, true) => c = 1.0,
+                (true, false) => c -= 1.0,
+                (false, true) => c += 2.0,
+                _ => {}
+            }
+            c
+        };
+        let (sweep, mut pool) = candidates(&r, &caps, Strategy::Auto);
+        let blocked = sweep.iter().filter(|c| c.kernel.id == k.id).count();
+        assert!(blocked > 5, "the sweep of {} is valid on the test shape: {blocked} sets", k.id);
+        assert!(sweep.iter().all(|c| cost(&c.params) > 1.0), "the axis sweep alone already holds the optimum");
+        let mut all = sweep;
+        for _ in 0..DESCENT_STEPS {
+            let timed: Vec<(&Cand, f64)> = all.iter().map(|c| (c, cost(&c.params))).collect();
+            let next = descent_candidates(&timed, &r, &caps, &mut pool);
+            if next.is_empty() {
+                break;
+            }
+            all.extend(next);
+        }
+        let best = all.iter().map(|c| cost(&c.params)).fold(f64::INFINITY, f64::min);
+        assert_eq!(best, 1.0, "descent stopped at {best}; proposed {} sets", all.len());
+        // Nothing is proposed twice.
+        let mut uniq: Vec<String> = all.iter().map(|c| format!("{:?}", c.params)).collect();
+        let n = uniq.len();
+        uniq.sort();
+        uniq.dedup();
+        assert_eq!(uniq.len(), n);
+    }
+}
