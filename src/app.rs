@@ -6,7 +6,7 @@ use crate::Result;
 use crate::cli::{Cli, Command, Format, ProfilesAction};
 use crate::commands::{bench, kernels, list_devices, profiles, run, tune};
 use crate::error::ExitCode;
-use crate::output::{self, Counter, TextStream, TuneProgress};
+use crate::output::{self, Bars, TextStream};
 use crate::report::{ProfilesReport, SchemaReport};
 
 /// Runs the parsed command line; returns how the process ends when no error did.
@@ -19,7 +19,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::Success)
         }
         Command::Kernels(args) => {
-            let report = kernels::run(device, &args, &Counter::new("verifying"))?;
+            let report = kernels::run(device, &args, &Bars::counter("verifying"))?;
             output::print(&output::render(&report, args.format.into())?)?;
             Ok(if report.failed() { ExitCode::Differences } else { ExitCode::Success })
         }
@@ -40,7 +40,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::Success)
         }
         Command::Tune(args) => {
-            let report = tune::run(device, &args, &TuneProgress::new())?;
+            let report = tune::run(device, &args, &Bars::tune())?;
             output::print(&output::render(&report, args.format.into())?)?;
             Ok(ExitCode::Success)
         }
@@ -60,7 +60,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(code)
         }
         Command::Bench(args) => {
-            let report = bench::run(device, &args, &Counter::new("bench"))?;
+            let report = bench::run(device, &args, &Bars::counter("bench"))?;
             for w in &report.warnings {
                 output::warn(w);
             }

@@ -39,15 +39,17 @@ impl CpuCaps {
     }
 }
 
+/// The names among `$name`s that std's `$detect` macro finds on this CPU.
+#[cfg(any(target_arch = "x86", target_arch = "x86_64", target_arch = "aarch64"))]
+macro_rules! detected {
+    ($detect:ident: $($name:tt),*) => {
+        [$(($name, std::arch::$detect!($name))),*].into_iter().filter(|(_, has)| *has).map(|(name, _)| name.to_string()).collect::<Vec<_>>()
+    };
+}
+
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
 fn simd_features() -> Vec<String> {
-    let mut f = Vec::new();
-    macro_rules! probe {
-        ($($name:tt),*) => {$(
-            if std::arch::is_x86_feature_detected!($name) { f.push($name.to_string()); }
-        )*};
-    }
-    probe!("sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512fp16", "avx512bf16", "avx512vnni");
+    let mut f = detected!(is_x86_feature_detected: "sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512fp16", "avx512bf16", "avx512vnni");
     // AMX detection through std is unstable; read CPUID leaf 7 directly. This says
     // what the CPU advertises, not whether the OS lets a process use the tiles.
     if let Some(ext) = raw_cpuid::CpuId::new().get_extended_feature_info() {
@@ -62,14 +64,7 @@ fn simd_features() -> Vec<String> {
 
 #[cfg(target_arch = "aarch64")]
 fn simd_features() -> Vec<String> {
-    let mut f = Vec::new();
-    macro_rules! probe {
-        ($($name:tt),*) => {$(
-            if std::arch::is_aarch64_feature_detected!($name) { f.push($name.to_string()); }
-        )*};
-    }
-    probe!("neon", "fp16", "dotprod", "sve", "sve2", "i8mm", "bf16");
-    f
+    detected!(is_aarch64_feature_detected: "neon", "fp16", "dotprod", "sve", "sve2", "i8mm", "bf16")
 }
 
 #[cfg(not(any(target_arch = "x86", target_arch = "x86_64", target_arch = "aarch64")))]

@@ -16,7 +16,7 @@ use std::io::Write;
 
 use serde::Serialize;
 
-pub use progress::{Counter, TextStream, TuneProgress};
+pub use progress::{Bars, TextStream};
 
 use crate::Result;
 

@@ -3,21 +3,37 @@
 
 use std::io::Write;
 use std::sync::Mutex;
+use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::progress::Progress;
 
-/// A counting bar per phase, `{prefix} [bar] pos/len msg` (`kernels --verify`,
-/// `bench`); nothing is shown until the first phase.
-pub struct Counter {
+/// Progress bars on stderr: one indicatif bar per phase, notes printed above it.
+/// `counter` is the `{prefix} [bar] pos/len msg` bar of `kernels --verify` and
+/// `bench` (each step's name as the message); `tune` the tuner's, with a spinner and
+/// the elapsed time, which logs each phase with its start time when stderr is not a
+/// terminal (the bar is hidden there). Nothing is shown until the first phase.
+pub struct Bars {
+    template: &'static str,
     prefix: &'static str,
+    /// The tuner's start, when phases are logged and steps not shown.
+    tune_start: Option<Instant>,
     bar: Mutex<Option<ProgressBar>>,
 }
 
-impl Counter {
-    pub fn new(prefix: &'static str) -> Counter {
-        Counter { prefix, bar: Mutex::new(None) }
+impl Bars {
+    pub fn counter(prefix: &'static str) -> Bars {
+        Bars { template: "{prefix} [{bar:30}] {pos}/{len} {msg}", prefix, tune_start: None, bar: Mutex::new(None) }
+    }
+
+    pub fn tune() -> Bars {
+        Bars {
+            template: "{spinner} [{elapsed_precise}] [{bar:30}] {pos}/{len} {msg}",
+            prefix: "",
+            tune_start: Some(Instant::now()),
+            bar: Mutex::new(None),
+        }
     }
 
     fn with_bar(&self, f: impl FnOnce(&ProgressBar)) {
@@ -29,16 +45,21 @@ impl Counter {
     }
 }
 
-impl Progress for Counter {
+impl Progress for Bars {
     fn phase(&self, msg: &str, len: u64) {
         let pb = ProgressBar::new(len);
         pb.set_draw_target(ProgressDrawTarget::stderr());
-        if let Ok(style) = ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}") {
+        if let Ok(style) = ProgressStyle::with_template(self.template) {
             pb.set_style(style.progress_chars("=> "));
         }
         pb.set_prefix(self.prefix);
         if !msg.is_empty() {
             pb.set_message(msg.to_string());
+        }
+        if let Some(start) = self.tune_start
+            && pb.is_hidden()
+        {
+            eprintln!("ktune: [{:7.1} s] {msg}", start.elapsed().as_secs_f64());
         }
         if let Ok(mut b) = self.bar.lock()
             && let Some(old) = b.replace(pb)
@@ -47,7 +68,9 @@ impl Progress for Counter {
         }
     }
     fn step(&self, what: &str) {
-        self.with_bar(|pb| pb.set_message(what.to_string()));
+        if self.tune_start.is_none() {
+            self.with_bar(|pb| pb.set_message(what.to_string()));
+        }
     }
     fn tick(&self) {
         self.with_bar(|pb| pb.inc(1));
@@ -99,64 +122,5 @@ impl TextStream {
 impl Default for TextStream {
     fn default() -> Self {
         TextStream::new()
-    }
-}
-
-/// The tuner's progress on stderr: one bar per phase (indicatif), notes above it.
-pub struct TuneProgress {
-    bar: Mutex<Option<ProgressBar>>,
-    start: std::time::Instant,
-}
-
-impl TuneProgress {
-    pub fn new() -> TuneProgress {
-        TuneProgress { bar: Mutex::new(None), start: std::time::Instant::now() }
-    }
-}
-
-impl Default for TuneProgress {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Progress for TuneProgress {
-    fn phase(&self, msg: &str, len: u64) {
-        if let Ok(mut b) = self.bar.lock() {
-            if let Some(old) = b.take() {
-                old.finish_and_clear();
-            }
-            let pb = ProgressBar::new(len);
-            pb.set_draw_target(ProgressDrawTarget::stderr());
-            if let Ok(style) = ProgressStyle::with_template("{spinner} [{elapsed_precise}] [{bar:30}] {pos}/{len} {msg}") {
-                pb.set_style(style.progress_chars("=> "));
-            }
-            pb.set_message(msg.to_string());
-            // Without a terminal the bar is hidden: log the phase with its start time.
-            if pb.is_hidden() {
-                eprintln!("ktune: [{:7.1} s] {msg}", self.start.elapsed().as_secs_f64());
-            }
-            *b = Some(pb);
-        }
-    }
-    fn tick(&self) {
-        if let Ok(b) = self.bar.lock()
-            && let Some(pb) = b.as_ref()
-        {
-            pb.inc(1);
-        }
-    }
-    fn note(&self, msg: &str) {
-        match self.bar.lock().ok().and_then(|b| b.clone()) {
-            Some(pb) => pb.println(format!("ktune: {msg}")),
-            None => eprintln!("ktune: {msg}"),
-        }
-    }
-    fn done(&self) {
-        if let Ok(mut b) = self.bar.lock()
-            && let Some(pb) = b.take()
-        {
-            pb.finish_and_clear();
-        }
     }
 }
