@@ -186,13 +186,13 @@ fn fusions(cfg: &ModelConfig) -> Vec<Fusion> {
 pub fn cpu_read_bandwidth() -> f64 {
     use rayon::prelude::*;
     let v: Vec<f32> = vec![1.0; 64 << 20];
-    let isa = kernels::simd::Isa::best();
+    let isa = kernels::cpu::Isa::best();
     let mut best = f64::INFINITY;
     for _ in 0..5 {
         let t = Instant::now();
         // The SIMD dot of each chunk with itself: every byte comes from memory once
         // (the second operand hits L1), at the widest vectors the CPU has.
-        let s: f32 = v.par_chunks(1 << 14).map(|c| kernels::simd::dot_f32(isa, c, c)).sum();
+        let s: f32 = v.par_chunks(1 << 14).map(|c| kernels::cpu::dot_f32(isa, c, c)).sum();
         std::hint::black_box(s);
         best = best.min(t.elapsed().as_secs_f64());
     }
@@ -918,7 +918,7 @@ pub fn tune(
         {
             req.requires_f16 |= (w.needs_f16)(*d);
             req.requires_subgroups |= w.needs_subgroups;
-            req.min_shared_memory = req.min_shared_memory.max((w.shared_memory)(p, *d, &c.params));
+            req.min_shared_memory = req.min_shared_memory.max((w.shared_memory)(p, *d, &c.params).unwrap_or_default());
         }
     }
     let exec = ExecSettings {
@@ -1063,7 +1063,7 @@ pub fn utc_now() -> String {
 mod tests {
     use super::*;
     use crate::device::cpu::CpuCaps;
-    use crate::kernels::{Op, p};
+    use crate::kernels::{Op, param};
 
     /// A landscape where two parameters only pay together: moving `mc` alone helps
     /// a little, moving `kc` alone hurts, both together win by far. The axis sweep
@@ -1075,7 +1075,7 @@ mod tests {
         let prob = test_problems(Op::Gemm).into_iter().max_by_key(|p| p.describe().len()).expect("a gemm test shape");
         let r = RaceDef { key: (crate::plan::select::Slot::MatmulQkv, Regime::Prefill), dtype: DType::F32, shapes: vec![(prob, 1)] };
         let cost = |q: &kernels::Params| -> f64 {
-            let (mc, kc, nc) = (p(q, "mc"), p(q, "kc"), p(q, "nc"));
+            let (mc, kc, nc) = (param(q, "mc").unwrap(), param(q, "kc").unwrap(), param(q, "nc").unwrap());
             let mut c = 10.0 + (nc as f64 - 256.0).abs() / 1000.0;
             match (mc == 192, kc == 128) {
                 (true, true) => c = 1.0,

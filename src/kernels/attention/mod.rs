@@ -15,17 +15,18 @@
 //! CPU decode: `attention_decode_heads_cpu` (one task per head, exact two-pass
 //! softmax) and `attention_decode_splitkv_cpu` (the key range split across tasks per
 //! KV head, (m, l, acc) partials merged per head).
-//! The CPU kernels use the SIMD dot products of [`super::simd`] and the f32/f16
-//! `axpy_row` microkernel of this module; every variant takes f32 or f16 caches.
+//! The CPU kernels use the SIMD dot products and the f32/f16 `axpy_row` of
+//! [`super::cpu`]; every variant takes f32 or f16 caches.
 
 use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::gemv::row;
-use super::simd::{self, Isa, Row};
+use super::cpu::{self, ISA, Isa, Row, axpy_row, row};
+use super::wgsl::{shared_wg, wg_size};
 use super::{
-    CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, p, packed_f16,
+    CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, packed_f16, param,
+    wrong_op,
 };
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuError, GpuProgram, GpuStep, Shader, grid_2d, groups};
@@ -90,15 +91,13 @@ const SPLITKV_PARAMS: &[ParamSpec] = &[
     },
 ];
 
-const PREFILL_ROWS_PARAMS: &[ParamSpec] = &[
-    ParamSpec { name: "rows_per_task", values: &[1, 2, 4, 8, 16], default: 4, help: "(token, head) query rows per rayon task" },
-    ParamSpec { name: "isa", values: simd::ISA_VALUES, default: 0, help: simd::ISA_HELP },
-];
+const PREFILL_ROWS_PARAMS: &[ParamSpec] =
+    &[ParamSpec { name: "rows_per_task", values: &[1, 2, 4, 8, 16], default: 4, help: "(token, head) query rows per rayon task" }, ISA];
 
 const PREFILL_TILED_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "block_q", values: &[1, 4, 8, 16, 32], default: 8, help: "tokens per rayon task (times the GQA group's heads)" },
     ParamSpec { name: "block_kv", values: &[16, 32, 64, 128, 256], default: 64, help: "keys per tile (score rows materialised per tile)" },
-    ParamSpec { name: "isa", values: simd::ISA_VALUES, default: 0, help: simd::ISA_HELP },
+    ISA,
 ];
 
 const DECODE_HEADS_PARAMS: &[ParamSpec] = &[
@@ -108,7 +107,7 @@ const DECODE_HEADS_PARAMS: &[ParamSpec] = &[
         default: 4,
         help: "K rows per dot-product microkernel call (4: dot4 shares each q load)",
     },
-    ParamSpec { name: "isa", values: simd::ISA_VALUES, default: 0, help: simd::ISA_HELP },
+    ISA,
 ];
 
 const DECODE_SPLIT_PARAMS: &[ParamSpec] = &[
@@ -118,7 +117,7 @@ const DECODE_SPLIT_PARAMS: &[ParamSpec] = &[
         default: 256,
         help: "keys per split task (tasks = kv_heads * visible keys / chunk)",
     },
-    ParamSpec { name: "isa", values: simd::ISA_VALUES, default: 0, help: simd::ISA_HELP },
+    ISA,
 ];
 
 pub fn variants() -> Vec<KernelDef> {
@@ -132,7 +131,7 @@ pub fn variants() -> Vec<KernelDef> {
             imp: Impl::Wgsl(WgslImpl {
                 shader: &PREFILL_NAIVE,
                 workgroup_size: wg_size,
-                shared_memory: shared_naive,
+                shared_memory: shared_wg,
                 needs_f16: packed_f16,
                 needs_subgroups: false,
                 check: check_naive,
@@ -287,13 +286,18 @@ impl Shape {
     }
 }
 
-fn shape_or_invalid(id: &str, p: &Problem) -> Result<Shape, KernelError> {
-    Shape::checked(p).map_err(|reason| KernelError::Invalid { kernel: id.to_string(), reason })
+/// The checked shape of a CPU kernel's problem: [`wrong_op`] for another op
+/// (prefill and decode included), `Invalid` for a shape the kernels cannot run.
+fn shape_or_invalid(kd: &KernelDef, p: &Problem) -> Result<Shape, KernelError> {
+    if p.op() != kd.op {
+        return Err(wrong_op(kd, p));
+    }
+    Shape::checked(p).map_err(|reason| KernelError::Invalid { kernel: kd.id.to_string(), reason })
 }
 
 fn check_cpu(_: &CpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
     Shape::checked(prob)?;
-    Isa::param_available(p(params, "isa"))
+    Isa::param_available(param(params, "isa")?)
 }
 
 /// Cache elements per 16-byte word (the WGSL kernels' load unit).
@@ -315,12 +319,8 @@ fn check_wgsl_shape(prob: &Problem, dtype: DType) -> Result<Shape, String> {
     Ok(s)
 }
 
-fn wg_size(params: &Params) -> [u32; 3] {
-    [p(params, "workgroup_size"), 1, 1]
-}
-
-fn flash_wg_size(params: &Params) -> [u32; 3] {
-    [p(params, "block_q") * p(params, "lanes"), 1, 1]
+fn flash_wg_size(params: &Params) -> Result<[u32; 3], KernelError> {
+    Ok([param(params, "block_q")? * param(params, "lanes")?, 1, 1])
 }
 
 /// 16-byte words per cache row must fit one workgroup (V rows are read by
@@ -347,10 +347,6 @@ fn scores_bytes(s: &Shape) -> u64 {
     (s.tokens * s.heads * s.kv_len * 4) as u64
 }
 
-fn shared_naive(_: &Problem, _: DType, params: &Params) -> u64 {
-    4 * p(params, "workgroup_size") as u64
-}
-
 fn check_naive(caps: &GpuCaps, prob: &Problem, dtype: DType, _: &Params) -> Result<(), String> {
     let s = check_wgsl_shape(prob, dtype)?;
     let bytes = scores_bytes(&s);
@@ -365,8 +361,8 @@ fn check_naive(caps: &GpuCaps, prob: &Problem, dtype: DType, _: &Params) -> Resu
 }
 
 fn prepare_naive(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let sh = shape_or_invalid(s.kernel.id, s.problem)?;
-    let wg = p(s.params, "workgroup_size");
+    let sh = shape_or_invalid(s.kernel, s.problem)?;
+    let wg = s.param("workgroup_size")?;
     let consts = [("WG", wg as f64), ("W_F16", s.w_f16())];
     let uniform = [sh.tokens, sh.kv_len, sh.kv_cap, sh.heads, sh.kv_heads, sh.d, sh.window].map(|v| v as u32);
     let mut words = uniform.to_vec();
@@ -384,15 +380,15 @@ fn prepare_naive(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     Ok(GpuProgram { steps, owned: vec![u, scores] })
 }
 
-fn shared_flash(prob: &Problem, _: DType, params: &Params) -> u64 {
+fn shared_flash(prob: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
     let d = Shape::of(prob).map_or(0, |s| s.d) as u64;
-    let (bq, bkv) = (p(params, "block_q") as u64, p(params, "block_kv") as u64);
-    4 * (bq * d + bkv * d + bq * bkv)
+    let (bq, bkv) = (param(params, "block_q")? as u64, param(params, "block_kv")? as u64);
+    Ok(4 * (bq * d + bkv * d + bq * bkv))
 }
 
 fn check_flash(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
     let s = check_wgsl_shape(prob, dtype)?;
-    let lanes = p(params, "lanes") as usize;
+    let lanes = param(params, "lanes")? as usize;
     if s.d > 32 * lanes {
         return Err(format!(
             "head_dim = {} needs lanes >= {} (each invocation keeps at most 8 vec4 output columns)",
@@ -400,17 +396,17 @@ fn check_flash(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) ->
             s.d.div_ceil(32)
         ));
     }
-    check_grid(caps, "query blocks", s.tokens.div_ceil(p(params, "block_q") as usize))?;
+    check_grid(caps, "query blocks", s.tokens.div_ceil(param(params, "block_q")? as usize))?;
     check_grid(caps, "heads", s.heads)
 }
 
 fn prepare_flash(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let sh = shape_or_invalid(s.kernel.id, s.problem)?;
-    let (bq, bkv, lanes) = (p(s.params, "block_q"), p(s.params, "block_kv"), p(s.params, "lanes"));
+    let sh = shape_or_invalid(s.kernel, s.problem)?;
+    let (bq, bkv, lanes) = (s.param("block_q")?, s.param("block_kv")?, s.param("lanes")?);
     let consts = [("BQ", bq as f64), ("BKV", bkv as f64), ("LANES", lanes as f64), ("HD", sh.d as f64), ("W_F16", s.w_f16())];
     let mut words: Vec<u32> = [sh.tokens, sh.kv_len, sh.kv_cap, sh.heads, sh.kv_heads, sh.window].iter().map(|&v| v as u32).collect();
     words.push(sh.scale.to_bits());
-    s.one_step(&PREFILL_FLASH, "main", &consts, &words, [groups(sh.tokens, bq), sh.heads as u32, 1])
+    s.one_step("main", &consts, &words, [groups(sh.tokens, bq), sh.heads as u32, 1])
 }
 
 // ---------------------------------------------------------------------------
@@ -420,16 +416,16 @@ fn head_dim_of(prob: &Problem) -> u64 {
     Shape::of(prob).map_or(0, |s| s.d) as u64
 }
 
-fn shared_stream(prob: &Problem, _: DType, params: &Params) -> u64 {
-    let wg = p(params, "workgroup_size") as u64;
-    let kpt = p(params, "keys_per_thread") as u64;
+fn shared_stream(prob: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
+    let wg = param(params, "workgroup_size")? as u64;
+    let kpt = param(params, "keys_per_thread")? as u64;
     // q, tile scores, reduction, slice combine (2 vec4 per invocation)
-    4 * head_dim_of(prob) + 4 * wg * kpt + 4 * wg + 32 * wg
+    Ok(4 * head_dim_of(prob) + 4 * wg * kpt + 4 * wg + 32 * wg)
 }
 
 fn check_stream(_: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
     let s = check_wgsl_shape(prob, dtype)?;
-    check_row_fits(&s, dtype, p(params, "workgroup_size"))
+    check_row_fits(&s, dtype, param(params, "workgroup_size")?)
 }
 
 fn decode_uniform(sh: &Shape) -> Vec<u32> {
@@ -439,10 +435,10 @@ fn decode_uniform(sh: &Shape) -> Vec<u32> {
 }
 
 fn prepare_stream(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let sh = shape_or_invalid(s.kernel.id, s.problem)?;
-    let (wg, kpt) = (p(s.params, "workgroup_size"), p(s.params, "keys_per_thread"));
+    let sh = shape_or_invalid(s.kernel, s.problem)?;
+    let (wg, kpt) = (s.param("workgroup_size")?, s.param("keys_per_thread")?);
     let consts = [("WG", wg as f64), ("KPT", kpt as f64), ("HD", sh.d as f64), ("W_F16", s.w_f16())];
-    s.one_step(&DECODE_STREAM, "main", &consts, &decode_uniform(&sh), grid_2d(sh.heads as u32))
+    s.one_step("main", &consts, &decode_uniform(&sh), grid_2d(sh.heads as u32))
 }
 
 /// How `attention_decode_splitkv` covers a GQA group: `nsub` workgroups of at most
@@ -459,20 +455,20 @@ fn splitkv_splits(s: &Shape, chunk: usize) -> usize {
     (hi - lo).div_ceil(chunk.max(1))
 }
 
-fn shared_splitkv(prob: &Problem, _: DType, params: &Params) -> u64 {
-    let wg = p(params, "workgroup_size") as u64;
+fn shared_splitkv(prob: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
+    let wg = param(params, "workgroup_size")? as u64;
     let (d, gh) = match Shape::of(prob) {
         Some(s) if s.kv_heads > 0 => (s.d as u64, splitkv_groups(&s).1 as u64),
         _ => (0, 1),
     };
     // q of the group, per-head tile probabilities, reductions (2 vec4 per invocation)
-    4 * gh * d + 4 * gh * wg + 32 * wg
+    Ok(4 * gh * d + 4 * gh * wg + 32 * wg)
 }
 
 fn check_splitkv(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
     let s = check_wgsl_shape(prob, dtype)?;
-    check_row_fits(&s, dtype, p(params, "workgroup_size"))?;
-    let splits = splitkv_splits(&s, p(params, "chunk") as usize);
+    check_row_fits(&s, dtype, param(params, "workgroup_size")?)?;
+    let splits = splitkv_splits(&s, param(params, "chunk")? as usize);
     check_grid(caps, "splits", splits)?;
     check_grid(caps, "KV head groups", s.kv_heads * splitkv_groups(&s).0)?;
     let bytes = (splits * s.heads * (s.d + 2) * 4) as u64;
@@ -483,8 +479,8 @@ fn check_splitkv(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) 
 }
 
 fn prepare_splitkv(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let sh = shape_or_invalid(s.kernel.id, s.problem)?;
-    let (wg, chunk) = (p(s.params, "workgroup_size"), p(s.params, "chunk"));
+    let sh = shape_or_invalid(s.kernel, s.problem)?;
+    let (wg, chunk) = (s.param("workgroup_size")?, s.param("chunk")?);
     let (nsub, gh) = splitkv_groups(&sh);
     let splits = splitkv_splits(&sh, chunk as usize);
     let ml_off = splits * sh.heads * sh.d;
@@ -510,10 +506,7 @@ fn step_at(
     binds: &[(u32, &wgpu::Buffer)],
     workgroups: [u32; 3],
 ) -> Result<GpuStep, KernelError> {
-    let Impl::Wgsl(w) = &s.kernel.imp else {
-        return Err(KernelError::NeedsCpu(s.kernel.id.to_string()));
-    };
-    let pipeline: Arc<wgpu::ComputePipeline> = s.gpu.pipeline(w.shader, entry, constants)?;
+    let pipeline: Arc<wgpu::ComputePipeline> = s.gpu.pipeline(s.shader(), entry, constants)?;
     let label = format!("{}:{entry}", s.kernel.id);
     let scope = s.gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
     let layout = pipeline.get_bind_group_layout(0);
@@ -527,83 +520,12 @@ fn step_at(
 }
 
 // ---------------------------------------------------------------------------
-// CPU microkernels
-
-/// `y += a * x` for an f32 or f16 cache row.
-#[inline]
-pub fn axpy_row(isa: Isa, a: f32, x: Row<'_>, y: &mut [f32]) {
-    match x {
-        Row::F32(x) => simd::axpy(isa, a, x, y),
-        Row::F16(x) => {
-            let n = x.len().min(y.len());
-            let (x, y) = (&x[..n], &mut y[..n]);
-            match isa {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `Isa::from_param`/`best` only yield levels the CPU reports.
-                Isa::Avx512 => unsafe { x86::axpy_f16_avx512(a, x, y) },
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: as above (the AVX2 level includes F16C).
-                Isa::Simd256 => unsafe { x86::axpy_f16_avx2(a, x, y) },
-                _ => {
-                    for (yi, xi) in y.iter_mut().zip(x) {
-                        *yi += a * xi.to_f32();
-                    }
-                }
-            }
-        }
-    }
-}
+// CPU orchestration
 
 #[inline]
 fn scale_in_place(y: &mut [f32], c: f32) {
     for v in y {
         *v *= c;
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use half::f16;
-    use std::arch::x86_64::*;
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn axpy_f16_avx2(a: f32, x: &[f16], y: &mut [f32]) {
-        let n = x.len().min(y.len());
-        let av = _mm256_set1_ps(a);
-        let mut i = 0;
-        // SAFETY: loads and stores stay in [0, n) of both slices.
-        unsafe {
-            while i + 8 <= n {
-                let xv = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(i) as *const __m128i));
-                let yv = _mm256_fmadd_ps(av, xv, _mm256_loadu_ps(y.as_ptr().add(i)));
-                _mm256_storeu_ps(y.as_mut_ptr().add(i), yv);
-                i += 8;
-            }
-        }
-        while i < n {
-            y[i] += a * x[i].to_f32();
-            i += 1;
-        }
-    }
-
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn axpy_f16_avx512(a: f32, x: &[f16], y: &mut [f32]) {
-        let n = x.len().min(y.len());
-        let av = _mm512_set1_ps(a);
-        let mut i = 0;
-        // SAFETY: loads and stores stay in [0, n) of both slices.
-        unsafe {
-            while i + 16 <= n {
-                let xv = _mm512_cvtph_ps(_mm256_loadu_si256(x.as_ptr().add(i) as *const __m256i));
-                let yv = _mm512_fmadd_ps(av, xv, _mm512_loadu_ps(y.as_ptr().add(i)));
-                _mm512_storeu_ps(y.as_mut_ptr().add(i), yv);
-                i += 16;
-            }
-        }
-        while i < n {
-            y[i] += a * x[i].to_f32();
-            i += 1;
-        }
     }
 }
 
@@ -631,7 +553,7 @@ fn attend_online(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, (lo, hi): (usize, 
     let mut m = f32::NEG_INFINITY;
     let mut l = 0.0f32;
     for j in lo..hi {
-        let sc = simd::dot(isa, q, kv.k(kh, j)) * kv.s.scale;
+        let sc = cpu::dot(isa, q, kv.k(kh, j)) * kv.s.scale;
         if sc > m {
             let c = (m - sc).exp();
             if l > 0.0 {
@@ -655,7 +577,7 @@ fn scores_into(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, lo: usize, four: boo
     if four {
         while c + 4 <= n {
             let j = lo + c;
-            let r = simd::dot4(isa, q, [kv.k(kh, j), kv.k(kh, j + 1), kv.k(kh, j + 2), kv.k(kh, j + 3)]);
+            let r = cpu::dot4(isa, q, [kv.k(kh, j), kv.k(kh, j + 1), kv.k(kh, j + 2), kv.k(kh, j + 3)]);
             for (o, v) in out[c..c + 4].iter_mut().zip(r) {
                 *o = v * kv.s.scale;
             }
@@ -663,7 +585,7 @@ fn scores_into(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, lo: usize, four: boo
         }
     }
     for (cc, o) in out.iter_mut().enumerate().skip(c) {
-        *o = simd::dot(isa, q, kv.k(kh, lo + cc)) * kv.s.scale;
+        *o = cpu::dot(isa, q, kv.k(kh, lo + cc)) * kv.s.scale;
     }
 }
 
@@ -681,10 +603,10 @@ fn exp_row(sc: &mut [f32]) -> (f32, f32) {
 // ---------------------------------------------------------------------------
 // CPU: prefill
 
-fn run_prefill_rows(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let s = shape_or_invalid("attention_prefill_cpu", prob)?;
-    let isa = Isa::from_param(p(params, "isa"));
-    let grain = (p(params, "rows_per_task") as usize).max(1);
+fn run_prefill_rows(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let s = shape_or_invalid(kd, prob)?;
+    let isa = Isa::of(params)?;
+    let grain = (param(params, "rows_per_task")? as usize).max(1);
     let kv = Kv { k: a.ins[1], v: a.ins[2], s };
     let q = a.ins[0].f32();
     let d = s.d;
@@ -761,11 +683,11 @@ fn prefill_block(isa: Isa, kv: &Kv<'_>, q: &[f32], i0: usize, block: usize, kh: 
     acc
 }
 
-fn run_prefill_tiled(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let s = shape_or_invalid("attention_prefill_tiled_cpu", prob)?;
-    let isa = Isa::from_param(p(params, "isa"));
-    let bq = (p(params, "block_q") as usize).max(1);
-    let bkv = (p(params, "block_kv") as usize).max(1);
+fn run_prefill_tiled(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let s = shape_or_invalid(kd, prob)?;
+    let isa = Isa::of(params)?;
+    let bq = (param(params, "block_q")? as usize).max(1);
+    let bkv = (param(params, "block_kv")? as usize).max(1);
     let kv = Kv { k: a.ins[1], v: a.ins[2], s };
     let q = a.ins[0].f32();
     let (g_n, d) = (s.group(), s.d);
@@ -791,10 +713,10 @@ fn run_prefill_tiled(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Res
 // ---------------------------------------------------------------------------
 // CPU: decode
 
-fn run_decode_heads(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let s = shape_or_invalid("attention_decode_heads_cpu", prob)?;
-    let isa = Isa::from_param(p(params, "isa"));
-    let four = p(params, "keys_per_call") == 4;
+fn run_decode_heads(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let s = shape_or_invalid(kd, prob)?;
+    let isa = Isa::of(params)?;
+    let four = param(params, "keys_per_call")? == 4;
     let kv = Kv { k: a.ins[1], v: a.ins[2], s };
     let q = a.ins[0].f32();
     let d = s.d;
@@ -829,7 +751,7 @@ fn split_partials(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, a: usize, b: usiz
     for c in 0..n {
         let kr = kv.k(kh, a + c);
         for g in 0..g_n {
-            sc[g * n + c] = simd::dot(isa, &q[(kh * g_n + g) * d..][..d], kr) * s.scale;
+            sc[g * n + c] = cpu::dot(isa, &q[(kh * g_n + g) * d..][..d], kr) * s.scale;
         }
     }
     let mut parts: Vec<Partial> = sc
@@ -848,10 +770,10 @@ fn split_partials(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, a: usize, b: usiz
     parts
 }
 
-fn run_decode_splitkv(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let s = shape_or_invalid("attention_decode_splitkv_cpu", prob)?;
-    let isa = Isa::from_param(p(params, "isa"));
-    let chunk = (p(params, "chunk") as usize).max(1);
+fn run_decode_splitkv(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let s = shape_or_invalid(kd, prob)?;
+    let isa = Isa::of(params)?;
+    let chunk = (param(params, "chunk")? as usize).max(1);
     let kv = Kv { k: a.ins[1], v: a.ins[2], s };
     let q = a.ins[0].f32();
     let (g_n, d) = (s.group(), s.d);
@@ -875,7 +797,7 @@ fn run_decode_splitkv(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Re
         for ps in mine {
             let w = (ps[g].m - mx).exp();
             l += w * ps[g].l;
-            simd::axpy(isa, w, &ps[g].acc, o);
+            cpu::axpy(isa, w, &ps[g].acc, o);
         }
         scale_in_place(o, 1.0 / l);
     });

@@ -1,5 +1,6 @@
-//! Normalisation kernels: RMSNorm (`rms_norm`, with Gemma's `x * (1 + w)` unit
-//! offset) and LayerNorm (`layer_norm`), weights in f32 or f16.
+//! The norm family: RMSNorm (`rms_norm`, with Gemma's `x * (1 + w)` unit offset)
+//! and LayerNorm (`layer_norm`), weights in f32 or f16, here; the fused residual add
+//! + RMSNorm in [`residual`].
 //!
 //! WGSL: `rms_norm_wg` (one workgroup per row, workgroup-memory tree reduction, any
 //! dim), `rms_norm_subgroup` (one subgroup per row, `subgroupAdd`, several rows per
@@ -8,17 +9,18 @@
 //! merged pairwise in workgroup memory) and `layer_norm_subgroup` (exact two-pass
 //! mean / centred variance per subgroup).
 //! CPU: SIMD microkernels (AVX-512 / AVX2+F16C / portable, see
-//! [`super::elementwise::lanes`]) under two orchestrators: rows split over rayon
+//! [`super::cpu::lanes`]) under two orchestrators: rows split over rayon
 //! tasks (`*_rows_cpu`, prefill) and one row's features split over tasks with the
 //! partial statistics combined between phases (`*_split_cpu`, decode).
 
 use rayon::prelude::*;
 
-use super::elementwise::lanes::{Elem, Lanes, isa_dispatch};
-use super::elementwise::{ROWS_CPU_PARAMS, SPLIT_CPU_PARAMS, check_isa, grid_fits, par_rows};
-use super::simd::{Isa, Row};
+pub mod residual;
+
+use super::cpu::{Elem, Isa, Lanes, ROWS_PARAMS, Row, RowSplit, SPLIT_PARAMS, check_isa, isa_dispatch, par_rows};
+use super::wgsl::{grid_fits, shared_wg, subgroup_fits, wg_size};
 use super::{
-    CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, p, packed_f16,
+    CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, packed_f16, param,
     wrong_op,
 };
 use crate::device::GpuCaps;
@@ -55,7 +57,14 @@ const VEC4_PARAMS: &[ParamSpec] = &[
     },
 ];
 
+/// Every kernel of the norm family.
 pub fn variants() -> Vec<KernelDef> {
+    let mut all = norm_variants();
+    all.extend(residual::variants());
+    all
+}
+
+fn norm_variants() -> Vec<KernelDef> {
     vec![
         KernelDef {
             id: "rms_norm_wg",
@@ -70,7 +79,7 @@ pub fn variants() -> Vec<KernelDef> {
                 needs_f16: packed_f16,
                 needs_subgroups: false,
                 check: check_rows_wg,
-                prepare: prepare_rms_wg,
+                prepare: prepare_wg,
             }),
         },
         KernelDef {
@@ -82,11 +91,11 @@ pub fn variants() -> Vec<KernelDef> {
             imp: Impl::Wgsl(WgslImpl {
                 shader: &RMS_SG,
                 workgroup_size: wg_size,
-                shared_memory: super::no_shared,
+                shared_memory: crate::kernels::no_shared,
                 needs_f16: packed_f16,
                 needs_subgroups: true,
                 check: check_rows_sg,
-                prepare: prepare_rms_sg,
+                prepare: prepare_sg,
             }),
         },
         KernelDef {
@@ -110,7 +119,7 @@ pub fn variants() -> Vec<KernelDef> {
             op: Op::RmsNorm,
             summary: "SIMD sum-of-squares and scale microkernels per row; rayon over rows (prefill)",
             dtypes: BOTH,
-            params: ROWS_CPU_PARAMS,
+            params: ROWS_PARAMS,
             imp: Impl::Cpu(CpuImpl { run: run_rms_rows, check: check_isa }),
         },
         KernelDef {
@@ -118,7 +127,7 @@ pub fn variants() -> Vec<KernelDef> {
             op: Op::RmsNorm,
             summary: "each row's features split over rayon tasks: parallel partial sums of squares, then a parallel scale (decode)",
             dtypes: BOTH,
-            params: SPLIT_CPU_PARAMS,
+            params: SPLIT_PARAMS,
             imp: Impl::Cpu(CpuImpl { run: run_rms_split, check: check_isa }),
         },
         KernelDef {
@@ -134,7 +143,7 @@ pub fn variants() -> Vec<KernelDef> {
                 needs_f16: packed_f16,
                 needs_subgroups: false,
                 check: check_rows_wg,
-                prepare: prepare_ln_wg,
+                prepare: prepare_wg,
             }),
         },
         KernelDef {
@@ -146,11 +155,11 @@ pub fn variants() -> Vec<KernelDef> {
             imp: Impl::Wgsl(WgslImpl {
                 shader: &LN_SG,
                 workgroup_size: wg_size,
-                shared_memory: super::no_shared,
+                shared_memory: crate::kernels::no_shared,
                 needs_f16: packed_f16,
                 needs_subgroups: true,
                 check: check_rows_sg,
-                prepare: prepare_ln_sg,
+                prepare: prepare_sg,
             }),
         },
         KernelDef {
@@ -158,7 +167,7 @@ pub fn variants() -> Vec<KernelDef> {
             op: Op::LayerNorm,
             summary: "SIMD two-pass mean / centred variance and affine microkernels per row; rayon over rows (prefill)",
             dtypes: BOTH,
-            params: ROWS_CPU_PARAMS,
+            params: ROWS_PARAMS,
             imp: Impl::Cpu(CpuImpl { run: run_ln_rows, check: check_isa }),
         },
         KernelDef {
@@ -166,7 +175,7 @@ pub fn variants() -> Vec<KernelDef> {
             op: Op::LayerNorm,
             summary: "each row's features split over rayon tasks: parallel sum, parallel centred squares, parallel affine (decode)",
             dtypes: BOTH,
-            params: SPLIT_CPU_PARAMS,
+            params: SPLIT_PARAMS,
             imp: Impl::Cpu(CpuImpl { run: run_ln_split, check: check_isa }),
         },
     ]
@@ -176,17 +185,9 @@ pub fn variants() -> Vec<KernelDef> {
 // WGSL
 // ---------------------------------------------------------------------------------
 
-fn wg_size(params: &Params) -> [u32; 3] {
-    [p(params, "workgroup_size"), 1, 1]
-}
-
-fn shared_wg(_: &Problem, _: DType, params: &Params) -> u64 {
-    4 * p(params, "workgroup_size") as u64
-}
-
 /// Welford triples (count, mean, M2) per invocation.
-fn shared_welford(_: &Problem, _: DType, params: &Params) -> u64 {
-    12 * p(params, "workgroup_size") as u64
+fn shared_welford(_: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
+    Ok(12 * param(params, "workgroup_size")? as u64)
 }
 
 fn rows_dim(prob: &Problem) -> (usize, usize) {
@@ -201,11 +202,8 @@ fn check_rows_wg(caps: &GpuCaps, prob: &Problem, _: DType, _: &Params) -> Result
 }
 
 fn check_rows_sg(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
-    let wg = p(params, "workgroup_size");
-    if caps.subgroup_max_size > wg {
-        return Err(format!("workgroup of {wg} is smaller than the adapter's subgroup size {}", caps.subgroup_max_size));
-    }
-    grid_fits(caps, groups(rows_dim(prob).0, p(params, "rows_per_wg")) as usize, "one per rows_per_wg rows")
+    subgroup_fits(caps, params)?;
+    grid_fits(caps, groups(rows_dim(prob).0, param(params, "rows_per_wg")?) as usize, "one per rows_per_wg rows")
 }
 
 fn check_rms_vec4(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
@@ -213,61 +211,46 @@ fn check_rms_vec4(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> 
     if dim % 4 != 0 {
         return Err(format!("dim = {dim} is not a multiple of 4 (x and y are read as vec4<f32>)"));
     }
-    let cap = 4 * p(params, "workgroup_size") as usize * p(params, "vec_per_thread") as usize;
+    let cap = 4 * param(params, "workgroup_size")? as usize * param(params, "vec_per_thread")? as usize;
     if dim > cap {
         return Err(format!("dim = {dim} does not fit the registers of one workgroup (4 * workgroup_size * vec_per_thread = {cap})"));
     }
     grid_fits(caps, rows, "one per row")
 }
 
-fn rms_uniform(s: &WgslSetup<'_>) -> Result<(usize, Vec<u32>), KernelError> {
+/// The uniform block of an RMSNorm (`rows, dim, eps, unit_offset`) or LayerNorm
+/// (`rows, dim, eps`) problem, and its row count.
+fn norm_uniform(s: &WgslSetup<'_>) -> Result<(usize, Vec<u32>), KernelError> {
     match *s.problem {
         Problem::RmsNorm { rows, dim, eps, unit_offset } => Ok((rows, vec![rows as u32, dim as u32, eps.to_bits(), unit_offset as u32])),
-        _ => Err(wrong_op(s.kernel, s.problem)),
-    }
-}
-
-fn ln_uniform(s: &WgslSetup<'_>) -> Result<(usize, Vec<u32>), KernelError> {
-    match *s.problem {
         Problem::LayerNorm { rows, dim, eps } => Ok((rows, vec![rows as u32, dim as u32, eps.to_bits()])),
         _ => Err(wrong_op(s.kernel, s.problem)),
     }
 }
 
-fn prepare_rms_wg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let (rows, u) = rms_uniform(s)?;
-    let consts = [("WG", p(s.params, "workgroup_size") as f64), ("W_F16", s.w_f16())];
-    s.one_step(&RMS_WG, "main", &consts, &u, grid_2d(rows as u32))
+/// One prepare for the one-workgroup-per-row shaders (`rms_norm_wg`, `layer_norm_wg`).
+fn prepare_wg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let (rows, u) = norm_uniform(s)?;
+    let consts = [("WG", s.param("workgroup_size")? as f64), ("W_F16", s.w_f16())];
+    s.one_step("main", &consts, &u, grid_2d(rows as u32))
 }
 
-fn prepare_rms_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let (rows, u) = rms_uniform(s)?;
-    let per = p(s.params, "rows_per_wg");
-    let consts = [("WG", p(s.params, "workgroup_size") as f64), ("ROWS", per as f64), ("W_F16", s.w_f16())];
-    s.one_step(&RMS_SG, "main", &consts, &u, grid_2d(groups(rows, per)))
+/// One prepare for the subgroup-per-row shaders (`rms_norm_subgroup`, `layer_norm_subgroup`).
+fn prepare_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let (rows, u) = norm_uniform(s)?;
+    let per = s.param("rows_per_wg")?;
+    let consts = [("WG", s.param("workgroup_size")? as f64), ("ROWS", per as f64), ("W_F16", s.w_f16())];
+    s.one_step("main", &consts, &u, grid_2d(groups(rows, per)))
 }
 
 fn prepare_rms_vec4(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let (rows, u) = rms_uniform(s)?;
-    let consts = [("WG", p(s.params, "workgroup_size") as f64), ("VPT", p(s.params, "vec_per_thread") as f64), ("W_F16", s.w_f16())];
-    s.one_step(&RMS_VEC4, "main", &consts, &u, grid_2d(rows as u32))
-}
-
-fn prepare_ln_wg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let (rows, u) = ln_uniform(s)?;
-    let consts = [("WG", p(s.params, "workgroup_size") as f64), ("W_F16", s.w_f16())];
-    s.one_step(&LN_WG, "main", &consts, &u, grid_2d(rows as u32))
-}
-
-fn prepare_ln_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let (rows, u) = ln_uniform(s)?;
-    let per = p(s.params, "rows_per_wg");
-    let consts = [("WG", p(s.params, "workgroup_size") as f64), ("ROWS", per as f64), ("W_F16", s.w_f16())];
-    s.one_step(&LN_SG, "main", &consts, &u, grid_2d(groups(rows, per)))
+    let (rows, u) = norm_uniform(s)?;
+    let consts = [("WG", s.param("workgroup_size")? as f64), ("VPT", s.param("vec_per_thread")? as f64), ("W_F16", s.w_f16())];
+    s.one_step("main", &consts, &u, grid_2d(rows as u32))
 }
 
 // ---------------------------------------------------------------------------------
-// CPU microkernels (generic over the lane width, see `elementwise::lanes`)
+// CPU microkernels (generic over the lane width, see `cpu::lanes`)
 // ---------------------------------------------------------------------------------
 
 /// `Σ f(x)` with four independent vector accumulators.
@@ -425,6 +408,18 @@ fn ln_apply(isa: Isa, x: &[f32], w: Row<'_>, b: Row<'_>, mean: f32, rs: f32, y: 
 // CPU kernels
 // ---------------------------------------------------------------------------------
 
+/// The norm gain `w` (or `1 + w`, Gemma) widened to f32 once per call.
+pub fn gains(w: CpuIn<'_>, dim: usize, unit_offset: bool) -> Vec<f32> {
+    let off = if unit_offset { 1.0 } else { 0.0 };
+    (0..dim).map(|i| w.get(i) + off).collect()
+}
+
+/// `1 / sqrt(mean + eps)` from a sum of squares over `dim` elements.
+#[inline]
+pub fn inv_rms(ss: f32, dim: usize, eps: f32) -> f32 {
+    1.0 / (ss / dim as f32 + eps).sqrt()
+}
+
 /// Elements `c0 .. c0 + len` of a weight vector.
 fn part(w: CpuIn<'_>, c0: usize, len: usize) -> Row<'_> {
     match w {
@@ -435,19 +430,19 @@ fn part(w: CpuIn<'_>, c0: usize, len: usize) -> Row<'_> {
     }
 }
 
-fn run_rms_rows(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Problem::RmsNorm { rows, dim, eps, unit_offset } = *prob else { return Ok(()) };
-    let isa = Isa::from_param(p(params, "isa"));
+fn run_rms_rows(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::RmsNorm { rows, dim, eps, unit_offset } = *prob else { return Err(wrong_op(kd, prob)) };
+    let isa = Isa::of(params)?;
     let off = if unit_offset { 1.0 } else { 0.0 };
     let (x, w) = (a.ins[0].f32(), part(a.ins[1], 0, dim));
-    par_rows(&mut a.outs[0][..rows * dim], dim, params, |first, y| rms_rows(isa, &x[first * dim..], w, dim, eps, off, y));
+    par_rows(&mut a.outs[0][..rows * dim], dim, RowSplit::of(params)?, |first, y| rms_rows(isa, &x[first * dim..], w, dim, eps, off, y));
     Ok(())
 }
 
-fn run_rms_split(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Problem::RmsNorm { rows, dim, eps, unit_offset } = *prob else { return Ok(()) };
-    let isa = Isa::from_param(p(params, "isa"));
-    let chunk = (p(params, "chunk") as usize).max(1);
+fn run_rms_split(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::RmsNorm { rows, dim, eps, unit_offset } = *prob else { return Err(wrong_op(kd, prob)) };
+    let isa = Isa::of(params)?;
+    let chunk = (param(params, "chunk")? as usize).max(1);
     let off = if unit_offset { 1.0 } else { 0.0 };
     let (x, w) = (a.ins[0].f32(), a.ins[1]);
     for (r, y) in a.outs[0][..rows * dim].chunks_mut(dim.max(1)).enumerate() {
@@ -462,18 +457,18 @@ fn run_rms_split(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<
     Ok(())
 }
 
-fn run_ln_rows(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Problem::LayerNorm { rows, dim, eps } = *prob else { return Ok(()) };
-    let isa = Isa::from_param(p(params, "isa"));
+fn run_ln_rows(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::LayerNorm { rows, dim, eps } = *prob else { return Err(wrong_op(kd, prob)) };
+    let isa = Isa::of(params)?;
     let (x, w, b) = (a.ins[0].f32(), part(a.ins[1], 0, dim), part(a.ins[2], 0, dim));
-    par_rows(&mut a.outs[0][..rows * dim], dim, params, |first, y| ln_rows(isa, &x[first * dim..], w, b, dim, eps, y));
+    par_rows(&mut a.outs[0][..rows * dim], dim, RowSplit::of(params)?, |first, y| ln_rows(isa, &x[first * dim..], w, b, dim, eps, y));
     Ok(())
 }
 
-fn run_ln_split(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Problem::LayerNorm { rows, dim, eps } = *prob else { return Ok(()) };
-    let isa = Isa::from_param(p(params, "isa"));
-    let chunk = (p(params, "chunk") as usize).max(1);
+fn run_ln_split(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::LayerNorm { rows, dim, eps } = *prob else { return Err(wrong_op(kd, prob)) };
+    let isa = Isa::of(params)?;
+    let chunk = (param(params, "chunk")? as usize).max(1);
     let (x, w, b) = (a.ins[0].f32(), a.ins[1], a.ins[2]);
     for (r, y) in a.outs[0][..rows * dim].chunks_mut(dim.max(1)).enumerate() {
         let xr = &x[r * dim..][..dim];

@@ -10,22 +10,22 @@
 //! rows' workgroup tree reduction), `norm_gemv_subgroup` (16-byte loads, one
 //! `subgroupAdd` per row), and for the block formats (q8_0, q4_0, q4_1, the `QFMT`
 //! override; the weight buffer bound twice, quants and the 256-byte aligned scales
-//! region, as in [`qmatmul`](super::qmatmul)) `norm_gemv_q_wg` and
+//! region, as in [`quant`](super::quant)) `norm_gemv_q_wg` and
 //! `norm_gemv_q_subgroup`.
 //! CPU: `norm_gemv_cpu` (f32/f16: `x` normalized once into a per-call k-vector, then
-//! the rows in parallel with the four-row SIMD dots of [`gemv`](super::gemv)) and
+//! the rows in parallel with the four-row SIMD dots of the float GEMV) and
 //! `norm_gemv_q_cpu` (the same prologue, then the block dot products of
 //! `gemv_q_cpu`, with f32 or int8 activations).
 
-use super::gemv::{self, par_rows, vec_alignment};
-use super::qmatmul::{ACT_BITS, ActVec, check_blocks, qbinds, qfmt};
-use super::simd::{self, Isa};
-use super::{
-    CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, p, packed_f16,
-    wgsl_any, wrong_op,
-};
-use crate::device::{CpuCaps, GpuCaps};
+use super::gemv_dot4;
+use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
+use crate::kernels::cpu::{self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_TASK, RowSplit, STRATEGY, check_isa, par_rows};
+use crate::kernels::wgsl::{ROWS_SG_PARAMS, ROWS_WG_PARAMS, check_blocks, qbinds, qfmt, subgroup_fits, vec_alignment, wg_size};
+use crate::kernels::{
+    CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, packed_f16, param,
+    wrong_op,
+};
 use crate::shader;
 
 static NORM_GEMV_WG: Shader = shader!("norm_gemv_wg.wgsl");
@@ -36,28 +36,10 @@ static NORM_GEMV_Q_SG: Shader = shader!("norm_gemv_q_subgroup.wgsl", "qblock.wgs
 const FLOAT: &[DType] = &[DType::F32, DType::F16];
 const QUANT: &[DType] = DType::QUANT;
 
-const WG_PARAMS: &[ParamSpec] = &[
-    ParamSpec { name: "workgroup_size", values: &[32, 64, 128, 256], default: 128, help: "invocations per workgroup" },
-    ParamSpec { name: "rows_per_wg", values: &[1, 2, 4, 8], default: 2, help: "output rows per workgroup" },
-];
-const SG_PARAMS: &[ParamSpec] = &[
-    ParamSpec { name: "workgroup_size", values: &[32, 64, 128, 256], default: 128, help: "invocations per workgroup" },
-    ParamSpec { name: "rows_per_wg", values: &[1, 2, 4, 8, 16], default: 4, help: "output rows per workgroup, spread over its subgroups" },
-];
-const ROWS_PER_TASK: ParamSpec =
-    ParamSpec { name: "rows_per_task", values: &[8, 16, 32, 64, 128, 256], default: 64, help: "rows per rayon task (dynamic strategy)" };
-const ISA: ParamSpec = ParamSpec { name: "isa", values: simd::ISA_VALUES, default: 0, help: simd::ISA_HELP };
-const CPU_PARAMS: &[ParamSpec] = &[
-    ROWS_PER_TASK,
-    ParamSpec {
-        name: "strategy",
-        values: &[0, 1],
-        default: 0,
-        help: "0 dynamic work stealing by rows_per_task, 1 one static row range per thread",
-    },
-    ISA,
-];
-const CPU_Q_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK, ISA, ACT_BITS];
+const CPU_PARAMS: &[ParamSpec] =
+    &[ParamSpec { name: "rows_per_task", help: "rows per rayon task (dynamic strategy)", ..ROWS_PER_TASK }, STRATEGY, ISA];
+const CPU_Q_PARAMS: &[ParamSpec] =
+    &[ParamSpec { name: "rows_per_task", help: "rows per rayon task (dynamic strategy)", ..ROWS_PER_TASK }, ISA, ACT_BITS];
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
@@ -66,15 +48,15 @@ pub fn variants() -> Vec<KernelDef> {
             op: Op::NormGemv,
             summary: "scalar loads, any k; ROWS rows per workgroup share x·g; x² summed alongside; one workgroup tree reduction",
             dtypes: FLOAT,
-            params: WG_PARAMS,
+            params: ROWS_WG_PARAMS,
             imp: Impl::Wgsl(WgslImpl {
                 shader: &NORM_GEMV_WG,
                 workgroup_size: wg_size,
                 shared_memory: shared_rows_plus_one,
                 needs_f16: packed_f16,
                 needs_subgroups: false,
-                check: wgsl_any,
-                prepare: prepare_wg,
+                check: crate::kernels::wgsl_any,
+                prepare: prepare_float,
             }),
         },
         KernelDef {
@@ -82,15 +64,15 @@ pub fn variants() -> Vec<KernelDef> {
             op: Op::NormGemv,
             summary: "16-byte loads; each subgroup sums x² itself, then one subgroup per row, subgroupAdd, no barriers",
             dtypes: FLOAT,
-            params: SG_PARAMS,
+            params: ROWS_SG_PARAMS,
             imp: Impl::Wgsl(WgslImpl {
                 shader: &NORM_GEMV_SG,
                 workgroup_size: wg_size,
-                shared_memory: super::no_shared,
+                shared_memory: crate::kernels::no_shared,
                 needs_f16: packed_f16,
                 needs_subgroups: true,
                 check: check_subgroup,
-                prepare: prepare_sg,
+                prepare: prepare_float,
             }),
         },
         KernelDef {
@@ -98,7 +80,7 @@ pub fn variants() -> Vec<KernelDef> {
             op: Op::NormGemv,
             summary: "quantized blocks dequantized in registers; ROWS rows per workgroup share x·g; x² summed alongside; workgroup reduction",
             dtypes: QUANT,
-            params: WG_PARAMS,
+            params: ROWS_WG_PARAMS,
             imp: Impl::Wgsl(WgslImpl {
                 shader: &NORM_GEMV_Q_WG,
                 workgroup_size: wg_size,
@@ -106,7 +88,7 @@ pub fn variants() -> Vec<KernelDef> {
                 needs_f16: packed_f16,
                 needs_subgroups: false,
                 check: check_q_wgsl,
-                prepare: prepare_q_wg,
+                prepare: prepare_quant,
             }),
         },
         KernelDef {
@@ -114,15 +96,15 @@ pub fn variants() -> Vec<KernelDef> {
             op: Op::NormGemv,
             summary: "quantized blocks dequantized in registers; each subgroup sums x² itself, then one subgroup per row, subgroupAdd",
             dtypes: QUANT,
-            params: SG_PARAMS,
+            params: ROWS_SG_PARAMS,
             imp: Impl::Wgsl(WgslImpl {
                 shader: &NORM_GEMV_Q_SG,
                 workgroup_size: wg_size,
-                shared_memory: super::no_shared,
+                shared_memory: crate::kernels::no_shared,
                 needs_f16: packed_f16,
                 needs_subgroups: true,
                 check: check_q_subgroup,
-                prepare: prepare_q_sg,
+                prepare: prepare_quant,
             }),
         },
         KernelDef {
@@ -131,7 +113,7 @@ pub fn variants() -> Vec<KernelDef> {
             summary: "x normalized once into a k-vector (SIMD sum of squares), then four rows per SIMD dot call; rayon over rows",
             dtypes: FLOAT,
             params: CPU_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_float, check: check_cpu }),
+            imp: Impl::Cpu(CpuImpl { run: run_float, check: check_isa }),
         },
         KernelDef {
             id: "norm_gemv_q_cpu",
@@ -139,7 +121,7 @@ pub fn variants() -> Vec<KernelDef> {
             summary: "x normalized once into a k-vector, then SIMD block dot products straight from the quants (f32 or int8 activations); rayon over rows",
             dtypes: QUANT,
             params: CPU_Q_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_quant, check: check_q_cpu }),
+            imp: Impl::Cpu(CpuImpl { run: run_quant, check: cpu::check_quant }),
         },
     ]
 }
@@ -147,14 +129,6 @@ pub fn variants() -> Vec<KernelDef> {
 // ---------------------------------------------------------------------------------
 // Validity
 // ---------------------------------------------------------------------------------
-
-fn subgroup_fits(caps: &GpuCaps, params: &Params) -> Result<(), String> {
-    let wg = p(params, "workgroup_size");
-    if caps.subgroup_max_size > wg {
-        return Err(format!("workgroup of {wg} is smaller than the adapter's subgroup size {}", caps.subgroup_max_size));
-    }
-    Ok(())
-}
 
 fn check_subgroup(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
     subgroup_fits(caps, params)?;
@@ -173,26 +147,13 @@ fn check_q_subgroup(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Param
     check_blocks(prob, dtype)
 }
 
-fn check_cpu(_: &CpuCaps, _: &Problem, _: DType, params: &Params) -> Result<(), String> {
-    Isa::param_available(p(params, "isa"))
-}
-
-fn check_q_cpu(_: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
-    Isa::param_available(p(params, "isa"))?;
-    check_blocks(prob, dtype)
-}
-
 // ---------------------------------------------------------------------------------
 // WGSL
 // ---------------------------------------------------------------------------------
 
-fn wg_size(params: &Params) -> [u32; 3] {
-    [p(params, "workgroup_size"), 1, 1]
-}
-
 /// ROWS partial dot products and one partial sum of squares per invocation.
-fn shared_rows_plus_one(_: &Problem, _: DType, params: &Params) -> u64 {
-    4 * p(params, "workgroup_size") as u64 * (p(params, "rows_per_wg") as u64 + 1)
+fn shared_rows_plus_one(_: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
+    Ok(4 * param(params, "workgroup_size")? as u64 * (param(params, "rows_per_wg")? as u64 + 1))
 }
 
 /// `(n, the uniform block {n, k, eps, unit_offset})`.
@@ -203,41 +164,26 @@ fn uniform(s: &WgslSetup<'_>) -> Result<(usize, [u32; 4]), KernelError> {
     }
 }
 
-fn prepare_float(s: &WgslSetup<'_>, shader: &'static Shader) -> Result<GpuProgram, KernelError> {
+/// One prepare for both float shaders.
+fn prepare_float(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let (n, u) = uniform(s)?;
-    let (wg, rows) = (p(s.params, "workgroup_size"), p(s.params, "rows_per_wg"));
+    let (wg, rows) = (s.param("workgroup_size")?, s.param("rows_per_wg")?);
     let consts = [("WG", wg as f64), ("ROWS", rows as f64), ("W_F16", s.w_f16())];
-    s.one_step(shader, "main", &consts, &u, grid_2d(groups(n, rows)))
+    s.one_step("main", &consts, &u, grid_2d(groups(n, rows)))
 }
 
-fn prepare_wg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    prepare_float(s, &NORM_GEMV_WG)
-}
-
-fn prepare_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    prepare_float(s, &NORM_GEMV_SG)
-}
-
-/// Binds x, the gain, the weight's quants and scales regions, y and the uniform.
-fn prepare_quant(s: &WgslSetup<'_>, shader: &'static Shader) -> Result<GpuProgram, KernelError> {
+/// One prepare for both block-format shaders: binds x, the gain, the weight's quants and scales regions, y and the uniform.
+fn prepare_quant(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let (n, u) = uniform(s)?;
-    let (wg, rows) = (p(s.params, "workgroup_size"), p(s.params, "rows_per_wg"));
+    let (wg, rows) = (s.param("workgroup_size")?, s.param("rows_per_wg")?);
     let consts = [("WG", wg as f64), ("ROWS", rows as f64), ("QFMT", qfmt(s.dtype))];
-    let pipe = s.gpu.pipeline(shader, "main", &consts)?;
+    let pipe = s.gpu.pipeline(s.shader(), "main", &consts)?;
     let ub = s.gpu.uniform(s.kernel.id, &u);
     let step = {
         let binds = qbinds(s, 2, &[&ub])?;
         s.gpu.step_ranges(s.kernel.id, pipe, &binds, grid_2d(groups(n, rows)))?
     };
     Ok(GpuProgram { steps: vec![step], owned: vec![ub] })
-}
-
-fn prepare_q_wg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    prepare_quant(s, &NORM_GEMV_Q_WG)
-}
-
-fn prepare_q_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    prepare_quant(s, &NORM_GEMV_Q_SG)
 }
 
 // ---------------------------------------------------------------------------------
@@ -250,23 +196,23 @@ pub fn normalize(isa: Isa, x: &[f32], g: CpuIn<'_>, eps: f32, unit_offset: bool)
     if x.is_empty() {
         return Vec::new();
     }
-    let inv = 1.0 / (simd::dot_f32(isa, x, x) / x.len() as f32 + eps).sqrt();
+    let inv = 1.0 / (cpu::dot_f32(isa, x, x) / x.len() as f32 + eps).sqrt();
     let off = if unit_offset { 1.0 } else { 0.0 };
     x.iter().enumerate().map(|(i, &v)| v * inv * (g.get(i) + off)).collect()
 }
 
-fn run_float(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Problem::NormGemv { n, k, eps, unit_offset } = *prob else { return Ok(()) };
-    let isa = Isa::from_param(p(params, "isa"));
+fn run_float(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::NormGemv { n, k, eps, unit_offset } = *prob else { return Err(wrong_op(kd, prob)) };
+    let isa = Isa::of(params)?;
     let xn = normalize(isa, &a.ins[0].f32()[..k], a.ins[1], eps, unit_offset);
     let w = a.ins[2];
-    par_rows(&mut a.outs[0][..n], params, |first, y| gemv::gemv_dot4(isa, &xn, w, k, first, y));
+    par_rows(&mut a.outs[0][..n], 1, RowSplit::of(params)?, |first, y| gemv_dot4(isa, &xn, w, k, first, y));
     Ok(())
 }
 
-fn run_quant(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Problem::NormGemv { n, k, eps, unit_offset } = *prob else { return Ok(()) };
-    let isa = Isa::from_param(p(params, "isa"));
+fn run_quant(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::NormGemv { n, k, eps, unit_offset } = *prob else { return Err(wrong_op(kd, prob)) };
+    let isa = Isa::of(params)?;
     let w = a.ins[2].quant().ok_or_else(|| KernelError::BufferType {
         kernel: "norm_gemv_q_cpu".into(),
         buffer: "w".into(),
@@ -274,8 +220,8 @@ fn run_quant(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), 
     })?;
     let xn = normalize(isa, &a.ins[0].f32()[..k], a.ins[1], eps, unit_offset);
     // The normalized vector as gemv_q_cpu takes it: f32, or int8 blocks (act_bits 8).
-    let x = ActVec::new(&xn, params);
-    par_rows(&mut a.outs[0][..n], params, |first, y| x.rows(isa, w, k, first, y, false));
+    let x = ActVec::new(&xn, params)?;
+    par_rows(&mut a.outs[0][..n], 1, RowSplit::dynamic(params)?, |first, y| x.rows(isa, w, k, first, y, false));
     Ok(())
 }
 

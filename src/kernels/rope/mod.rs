@@ -1,7 +1,7 @@
-//! Rotary position embedding (`rope`): rotate-half (Hugging Face) and interleaved
+//! The RoPE family: rotary position embedding (`rope`): rotate-half (Hugging Face) and interleaved
 //! (GPT-J / GGUF) pair layouts, partial rotary (`rot_dim < head_dim`, the rest
 //! copied), and [`inv_freq`], the inverse frequencies (with llama3 scaling) the
-//! runtime uploads.
+//! runtime uploads; the fused per-head RMSNorm + RoPE is in [`qk_norm`].
 //!
 //! WGSL: `rope_pair` (one invocation per pair, each forming its own angle) and
 //! `rope_shared` (one workgroup per token and group of heads, cos/sin computed once
@@ -16,13 +16,14 @@
 
 use rayon::prelude::*;
 
-use super::elementwise::lanes::{Lanes, isa_dispatch};
-use super::elementwise::{ISA, check_isa, grid_fits};
+pub mod qk_norm;
+
+use super::cpu::{ISA, Isa, Lanes, check_isa, isa_dispatch};
 use super::reference::{self, Llama3Scaling};
-use super::simd::Isa;
+use super::wgsl::{grid_fits, wg_size};
 use super::{
-    CpuArgs, CpuImpl, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, RopeLayout, WgslImpl, WgslSetup, p, packed_f16,
-    wrong_op,
+    CpuArgs, CpuImpl, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, RopeLayout, WgslImpl, WgslSetup, packed_f16,
+    param, wrong_op,
 };
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
@@ -70,7 +71,14 @@ const TOKEN_CPU_PARAMS: &[ParamSpec] = &[
     ISA,
 ];
 
+/// Every kernel of the RoPE family.
 pub fn variants() -> Vec<KernelDef> {
+    let mut all = rope_variants();
+    all.extend(qk_norm::variants());
+    all
+}
+
+fn rope_variants() -> Vec<KernelDef> {
     vec![
         KernelDef {
             id: "rope_pair",
@@ -81,7 +89,7 @@ pub fn variants() -> Vec<KernelDef> {
             imp: Impl::Wgsl(WgslImpl {
                 shader: &ROPE_PAIR,
                 workgroup_size: wg_size,
-                shared_memory: super::no_shared,
+                shared_memory: crate::kernels::no_shared,
                 needs_f16: packed_f16,
                 needs_subgroups: false,
                 check: check_pair,
@@ -162,13 +170,13 @@ fn check_wgsl(prob: &Problem) -> Result<(), String> {
 fn check_pair(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
     check_wgsl(prob)?;
     let (n, _) = pair_slots(prob);
-    grid_fits(caps, groups(n, p(params, "workgroup_size")) as usize, "one per workgroup_size pairs")
+    grid_fits(caps, groups(n, param(params, "workgroup_size")?) as usize, "one per workgroup_size pairs")
 }
 
 fn check_shared(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
     check_wgsl(prob)?;
     if let Problem::Rope { tokens, heads, .. } = *prob {
-        grid_fits(caps, tokens * heads.div_ceil(p(params, "heads_per_wg") as usize), "one per token and heads_per_wg heads")?;
+        grid_fits(caps, tokens * heads.div_ceil(param(params, "heads_per_wg")? as usize), "one per token and heads_per_wg heads")?;
     }
     Ok(())
 }
@@ -176,10 +184,6 @@ fn check_shared(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Re
 // ---------------------------------------------------------------------------------
 // WGSL
 // ---------------------------------------------------------------------------------
-
-fn wg_size(params: &Params) -> [u32; 3] {
-    [p(params, "workgroup_size"), 1, 1]
-}
 
 /// Capacity of the cos/sin table of `rope_shared`: rot/2 rounded up to a power of
 /// two, so few pipelines cover every model.
@@ -190,8 +194,8 @@ fn half_cap(prob: &Problem) -> usize {
     }
 }
 
-fn shared_table(prob: &Problem, _: DType, _: &Params) -> u64 {
-    8 * half_cap(prob) as u64
+fn shared_table(prob: &Problem, _: DType, _: &Params) -> Result<u64, KernelError> {
+    Ok(8 * half_cap(prob) as u64)
 }
 
 /// Invocations of `rope_pair` (pairs plus copied dims, over all heads) and rot/2.
@@ -213,17 +217,17 @@ fn uniform(s: &WgslSetup<'_>) -> Result<Vec<u32>, KernelError> {
 
 fn prepare_pair(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let u = uniform(s)?;
-    let wg = p(s.params, "workgroup_size");
+    let wg = s.param("workgroup_size")?;
     let (n, _) = pair_slots(s.problem);
-    s.one_step(&ROPE_PAIR, "main", &[("WG", wg as f64)], &u, grid_2d(groups(n, wg)))
+    s.one_step("main", &[("WG", wg as f64)], &u, grid_2d(groups(n, wg)))
 }
 
 fn prepare_shared(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let u = uniform(s)?;
     let Problem::Rope { tokens, heads, .. } = *s.problem else { return Err(wrong_op(s.kernel, s.problem)) };
-    let (wg, per) = (p(s.params, "workgroup_size"), p(s.params, "heads_per_wg"));
+    let (wg, per) = (s.param("workgroup_size")?, s.param("heads_per_wg")?);
     let consts = [("WG", wg as f64), ("HEADS", per as f64), ("HALF_CAP", half_cap(s.problem) as f64)];
-    s.one_step(&ROPE_SHARED, "main", &consts, &u, grid_2d((tokens * heads.div_ceil(per as usize)) as u32))
+    s.one_step("main", &consts, &u, grid_2d((tokens * heads.div_ceil(per as usize)) as u32))
 }
 
 // ---------------------------------------------------------------------------------
@@ -350,10 +354,10 @@ fn geom(prob: &Problem) -> Option<(usize, usize, Geom)> {
     }
 }
 
-fn run_table(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Some((tokens, pos0, g)) = geom(prob) else { return Ok(()) };
-    let isa = Isa::from_param(p(params, "isa"));
-    let per = (p(params, "rows_per_task") as usize).max(1);
+fn run_table(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Some((tokens, pos0, g)) = geom(prob) else { return Err(wrong_op(kd, prob)) };
+    let isa = Isa::of(params)?;
+    let per = (param(params, "rows_per_task")? as usize).max(1);
     let (x, inv_freq) = (a.ins[0].f32(), a.ins[1].f32());
     let tl = g.table_len();
     let mut tables = vec![0f32; tokens * tl];
@@ -365,10 +369,10 @@ fn run_table(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), 
     Ok(())
 }
 
-fn run_token(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Some((tokens, pos0, g)) = geom(prob) else { return Ok(()) };
-    let isa = Isa::from_param(p(params, "isa"));
-    let per = (p(params, "heads_per_task") as usize).max(1).min(g.heads);
+fn run_token(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Some((tokens, pos0, g)) = geom(prob) else { return Err(wrong_op(kd, prob)) };
+    let isa = Isa::of(params)?;
+    let per = (param(params, "heads_per_task")? as usize).max(1).min(g.heads);
     let (x, inv_freq) = (a.ins[0].f32(), a.ins[1].f32());
     let d = g.head_dim;
     a.outs[0][..tokens * g.heads * d].par_chunks_mut(g.heads * d).enumerate().for_each(|(t, yt)| {

@@ -1,0 +1,411 @@
+//! The lane-width abstraction the CPU microkernels are written against: a kernel is
+//! written once, generic over [`Lanes`], and [`isa_dispatch!`] instantiates it inside
+//! a `#[target_feature]` function per instruction set (AVX-512F: 16 lanes,
+//! AVX2+FMA+F16C: 8 lanes) or with the portable 8-lane arrays the compiler vectorises
+//! for the baseline target (the `isa = 1` scalar level, and every level on other
+//! architectures). The AVX paths only differ from the portable one in these
+//! primitives, each one instruction. Also the vector `exp` the activation and
+//! softmax kernels share.
+
+use half::f16;
+
+/// Vector primitives of one instruction set. Methods are `#[inline(always)]` so a
+/// generic kernel collapses into the `#[target_feature]` function that calls it.
+pub trait Lanes: Copy {
+    type V: Copy;
+    /// Lanes per vector.
+    const N: usize;
+    fn splat(self, a: f32) -> Self::V;
+    /// Loads `s[..N]` (panics when `s` is shorter).
+    fn load(self, s: &[f32]) -> Self::V;
+    /// Loads `s[..N]` halves widened to f32.
+    fn load_f16(self, s: &[f16]) -> Self::V;
+    /// Stores into `s[..N]`.
+    fn store(self, s: &mut [f32], v: Self::V);
+    fn add(self, a: Self::V, b: Self::V) -> Self::V;
+    fn sub(self, a: Self::V, b: Self::V) -> Self::V;
+    fn mul(self, a: Self::V, b: Self::V) -> Self::V;
+    fn div(self, a: Self::V, b: Self::V) -> Self::V;
+    fn max(self, a: Self::V, b: Self::V) -> Self::V;
+    fn min(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `a * b + c`.
+    fn fma(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// Round to the nearest integer.
+    fn round(self, a: Self::V) -> Self::V;
+    /// `2^n` for integral `n` in `[-126, 127]`.
+    fn pow2i(self, n: Self::V) -> Self::V;
+    fn hsum(self, a: Self::V) -> f32;
+    fn hmax(self, a: Self::V) -> f32;
+    /// Swaps lanes `2i` and `2i + 1`.
+    fn swap_pairs(self, a: Self::V) -> Self::V;
+}
+
+/// A weight element (f32 or f16), loadable as lanes.
+pub trait Elem: Copy + Send + Sync + 'static {
+    fn f32(self) -> f32;
+    fn load<L: Lanes>(l: L, s: &[Self]) -> L::V;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn load<L: Lanes>(l: L, s: &[f32]) -> L::V {
+        l.load(s)
+    }
+}
+
+impl Elem for f16 {
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline(always)]
+    fn load<L: Lanes>(l: L, s: &[f16]) -> L::V {
+        l.load_f16(s)
+    }
+}
+
+/// Portable 8-lane arrays: plain loops the compiler vectorises for the target.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Portable;
+
+#[inline(always)]
+fn map2(a: [f32; 8], b: [f32; 8], f: impl Fn(f32, f32) -> f32) -> [f32; 8] {
+    std::array::from_fn(|i| f(a[i], b[i]))
+}
+
+impl Lanes for Portable {
+    type V = [f32; 8];
+    const N: usize = 8;
+    #[inline(always)]
+    fn splat(self, a: f32) -> [f32; 8] {
+        [a; 8]
+    }
+    #[inline(always)]
+    fn load(self, s: &[f32]) -> [f32; 8] {
+        let mut v = [0.0; 8];
+        v.copy_from_slice(&s[..8]);
+        v
+    }
+    #[inline(always)]
+    fn load_f16(self, s: &[f16]) -> [f32; 8] {
+        let s = &s[..8];
+        std::array::from_fn(|i| s[i].to_f32())
+    }
+    #[inline(always)]
+    fn store(self, s: &mut [f32], v: [f32; 8]) {
+        s[..8].copy_from_slice(&v);
+    }
+    #[inline(always)]
+    fn add(self, a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        map2(a, b, |x, y| x + y)
+    }
+    #[inline(always)]
+    fn sub(self, a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        map2(a, b, |x, y| x - y)
+    }
+    #[inline(always)]
+    fn mul(self, a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        map2(a, b, |x, y| x * y)
+    }
+    #[inline(always)]
+    fn div(self, a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        map2(a, b, |x, y| x / y)
+    }
+    #[inline(always)]
+    fn max(self, a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        map2(a, b, |x, y| if x > y { x } else { y })
+    }
+    #[inline(always)]
+    fn min(self, a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        map2(a, b, |x, y| if x < y { x } else { y })
+    }
+    #[inline(always)]
+    fn fma(self, a: [f32; 8], b: [f32; 8], c: [f32; 8]) -> [f32; 8] {
+        std::array::from_fn(|i| a[i] * b[i] + c[i])
+    }
+    #[inline(always)]
+    fn round(self, a: [f32; 8]) -> [f32; 8] {
+        a.map(f32::round)
+    }
+    #[inline(always)]
+    fn pow2i(self, n: [f32; 8]) -> [f32; 8] {
+        n.map(|v| f32::from_bits(((v as i32 + 127) as u32) << 23))
+    }
+    #[inline(always)]
+    fn hsum(self, a: [f32; 8]) -> f32 {
+        ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
+    }
+    #[inline(always)]
+    fn hmax(self, a: [f32; 8]) -> f32 {
+        a.iter().fold(f32::MIN, |m, &v| if v > m { v } else { m })
+    }
+    #[inline(always)]
+    fn swap_pairs(self, a: [f32; 8]) -> [f32; 8] {
+        [a[1], a[0], a[3], a[2], a[5], a[4], a[7], a[6]]
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub use x86::{Avx2, Avx512};
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use half::f16;
+    use std::arch::x86_64::*;
+
+    use super::Lanes;
+
+    const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+
+    /// AVX2 + FMA + F16C, 8 lanes. Exists only where the CPU has them.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Avx2(());
+
+    impl Avx2 {
+        /// # Safety
+        /// The CPU must support AVX2, FMA and F16C.
+        #[inline(always)]
+        pub unsafe fn new_unchecked() -> Avx2 {
+            Avx2(())
+        }
+    }
+
+    // SAFETY (every `unsafe` block of this impl): an `Avx2` value exists only on a
+    // CPU with AVX2+FMA+F16C (see `new_unchecked`), and loads/stores go through
+    // slices checked to hold 8 elements.
+    impl Lanes for Avx2 {
+        type V = __m256;
+        const N: usize = 8;
+        #[inline(always)]
+        fn splat(self, a: f32) -> __m256 {
+            unsafe { _mm256_set1_ps(a) }
+        }
+        #[inline(always)]
+        fn load(self, s: &[f32]) -> __m256 {
+            let s = &s[..8];
+            unsafe { _mm256_loadu_ps(s.as_ptr()) }
+        }
+        #[inline(always)]
+        fn load_f16(self, s: &[f16]) -> __m256 {
+            let s = &s[..8];
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr() as *const __m128i)) }
+        }
+        #[inline(always)]
+        fn store(self, s: &mut [f32], v: __m256) {
+            let s = &mut s[..8];
+            unsafe { _mm256_storeu_ps(s.as_mut_ptr(), v) }
+        }
+        #[inline(always)]
+        fn add(self, a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_add_ps(a, b) }
+        }
+        #[inline(always)]
+        fn sub(self, a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_sub_ps(a, b) }
+        }
+        #[inline(always)]
+        fn mul(self, a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_mul_ps(a, b) }
+        }
+        #[inline(always)]
+        fn div(self, a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_div_ps(a, b) }
+        }
+        #[inline(always)]
+        fn max(self, a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_max_ps(a, b) }
+        }
+        #[inline(always)]
+        fn min(self, a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_min_ps(a, b) }
+        }
+        #[inline(always)]
+        fn fma(self, a: __m256, b: __m256, c: __m256) -> __m256 {
+            unsafe { _mm256_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
+        fn round(self, a: __m256) -> __m256 {
+            unsafe { _mm256_round_ps::<NEAREST>(a) }
+        }
+        #[inline(always)]
+        fn pow2i(self, n: __m256) -> __m256 {
+            unsafe { _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)))) }
+        }
+        #[inline(always)]
+        fn hsum(self, a: __m256) -> f32 {
+            unsafe {
+                let s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
+            }
+        }
+        #[inline(always)]
+        fn hmax(self, a: __m256) -> f32 {
+            unsafe {
+                let s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+                let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+                _mm_cvtss_f32(_mm_max_ss(s, _mm_shuffle_ps::<1>(s, s)))
+            }
+        }
+        #[inline(always)]
+        fn swap_pairs(self, a: __m256) -> __m256 {
+            unsafe { _mm256_permute_ps::<0xB1>(a) }
+        }
+    }
+
+    /// AVX-512F, 16 lanes. Exists only where the CPU has it.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Avx512(());
+
+    impl Avx512 {
+        /// # Safety
+        /// The CPU must support AVX-512F.
+        #[inline(always)]
+        pub unsafe fn new_unchecked() -> Avx512 {
+            Avx512(())
+        }
+    }
+
+    // SAFETY (every `unsafe` block of this impl): an `Avx512` value exists only on
+    // a CPU with AVX-512F (see `new_unchecked`), and loads/stores go through
+    // slices checked to hold 16 elements.
+    impl Lanes for Avx512 {
+        type V = __m512;
+        const N: usize = 16;
+        #[inline(always)]
+        fn splat(self, a: f32) -> __m512 {
+            unsafe { _mm512_set1_ps(a) }
+        }
+        #[inline(always)]
+        fn load(self, s: &[f32]) -> __m512 {
+            let s = &s[..16];
+            unsafe { _mm512_loadu_ps(s.as_ptr()) }
+        }
+        #[inline(always)]
+        fn load_f16(self, s: &[f16]) -> __m512 {
+            let s = &s[..16];
+            unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr() as *const __m256i)) }
+        }
+        #[inline(always)]
+        fn store(self, s: &mut [f32], v: __m512) {
+            let s = &mut s[..16];
+            unsafe { _mm512_storeu_ps(s.as_mut_ptr(), v) }
+        }
+        #[inline(always)]
+        fn add(self, a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_add_ps(a, b) }
+        }
+        #[inline(always)]
+        fn sub(self, a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_sub_ps(a, b) }
+        }
+        #[inline(always)]
+        fn mul(self, a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_mul_ps(a, b) }
+        }
+        #[inline(always)]
+        fn div(self, a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_div_ps(a, b) }
+        }
+        #[inline(always)]
+        fn max(self, a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_max_ps(a, b) }
+        }
+        #[inline(always)]
+        fn min(self, a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_min_ps(a, b) }
+        }
+        #[inline(always)]
+        fn fma(self, a: __m512, b: __m512, c: __m512) -> __m512 {
+            unsafe { _mm512_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
+        fn round(self, a: __m512) -> __m512 {
+            unsafe { _mm512_roundscale_ps::<NEAREST>(a) }
+        }
+        #[inline(always)]
+        fn pow2i(self, n: __m512) -> __m512 {
+            unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)))) }
+        }
+        #[inline(always)]
+        fn hsum(self, a: __m512) -> f32 {
+            unsafe { _mm512_reduce_add_ps(a) }
+        }
+        #[inline(always)]
+        fn hmax(self, a: __m512) -> f32 {
+            unsafe { _mm512_reduce_max_ps(a) }
+        }
+        #[inline(always)]
+        fn swap_pairs(self, a: __m512) -> __m512 {
+            unsafe { _mm512_permute_ps::<0xB1>(a) }
+        }
+    }
+}
+
+/// Runs `$body` with `$l` bound to the [`Lanes`] of `$isa`, inside a function
+/// compiled for that instruction set (`#[target_feature]`), so the generic
+/// kernels it calls are inlined and vectorised for it. The arguments are passed
+/// explicitly (`name: type = value`): the body cannot capture.
+macro_rules! isa_dispatch {
+    ($isa:expr, |$l:ident| ($($arg:ident : $ty:ty = $val:expr),* $(,)?) -> $ret:ty $body:block) => {{
+        match $isa {
+            #[cfg(target_arch = "x86_64")]
+            $crate::kernels::cpu::Isa::Avx512 => {
+                #[target_feature(enable = "avx512f")]
+                fn run($($arg: $ty),*) -> $ret {
+                    // SAFETY: this function is compiled for and only called with AVX-512F.
+                    let $l = unsafe { $crate::kernels::cpu::lanes::Avx512::new_unchecked() };
+                    $body
+                }
+                // SAFETY: `Isa::best`/`from_param` yield Avx512 only where the CPU reports avx512f.
+                unsafe { run($($val),*) }
+            }
+            #[cfg(target_arch = "x86_64")]
+            $crate::kernels::cpu::Isa::Simd256 => {
+                #[target_feature(enable = "avx2,fma,f16c")]
+                fn run($($arg: $ty),*) -> $ret {
+                    // SAFETY: this function is compiled for and only called with AVX2+FMA+F16C.
+                    let $l = unsafe { $crate::kernels::cpu::lanes::Avx2::new_unchecked() };
+                    $body
+                }
+                // SAFETY: `Isa::best`/`from_param` yield Simd256 on x86 only where the CPU
+                // reports avx2, fma and f16c.
+                unsafe { run($($val),*) }
+            }
+            _ => {
+                fn run($($arg: $ty),*) -> $ret {
+                    let $l = $crate::kernels::cpu::lanes::Portable;
+                    $body
+                }
+                run($($val),*)
+            }
+        }
+    }};
+}
+pub(crate) use isa_dispatch;
+
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+const EXP_P: [f32; 6] = [1.987_569_1e-4, 1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5];
+
+/// `e^x` per lane (Cephes `expf`: exact-split range reduction by ln 2, degree-6
+/// polynomial; relative error about 1e-7). Inputs are clamped to
+/// `[-87.3, 88]`, so very negative inputs give about 1e-38 rather than 0.
+#[inline(always)]
+pub fn exp<L: Lanes>(l: L, x: L::V) -> L::V {
+    let x = l.min(l.max(x, l.splat(-87.3)), l.splat(88.0));
+    let n = l.round(l.mul(x, l.splat(LOG2E)));
+    let r = l.fma(n, l.splat(-LN2_HI), x);
+    let r = l.fma(n, l.splat(-LN2_LO), r);
+    let mut q = l.splat(EXP_P[0]);
+    for c in &EXP_P[1..] {
+        q = l.fma(q, r, l.splat(*c));
+    }
+    let e = l.add(l.fma(q, l.mul(r, r), r), l.splat(1.0));
+    l.mul(e, l.pow2i(n))
+}
