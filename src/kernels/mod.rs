@@ -332,6 +332,66 @@ pub struct KernelDef {
     pub imp: Impl,
 }
 
+impl WgslImpl {
+    /// A WGSL kernel with the common rules: workgroup `[workgroup_size, 1, 1]`, no
+    /// workgroup memory, f16 read packed in u32 words (no feature), no subgroups, no
+    /// check beyond the generic ones. The builder methods below change one rule each.
+    pub const fn new(shader: &'static Shader, prepare: WgslPrepareFn) -> WgslImpl {
+        WgslImpl {
+            shader,
+            workgroup_size: wgsl::wg_size,
+            shared_memory: no_shared,
+            needs_f16: packed_f16,
+            needs_subgroups: false,
+            check: wgsl_any,
+            prepare,
+        }
+    }
+    pub const fn workgroup(self, workgroup_size: fn(&Params) -> Result<[u32; 3], KernelError>) -> WgslImpl {
+        WgslImpl { workgroup_size, ..self }
+    }
+    pub const fn shared(self, shared_memory: fn(&Problem, DType, &Params) -> Result<u64, KernelError>) -> WgslImpl {
+        WgslImpl { shared_memory, ..self }
+    }
+    /// Native f16 storage (`enable f16;`) in the f16 form: needs `SHADER_F16`.
+    pub const fn native_f16(self) -> WgslImpl {
+        WgslImpl { needs_f16: native_f16, ..self }
+    }
+    pub const fn subgroups(self) -> WgslImpl {
+        WgslImpl { needs_subgroups: true, ..self }
+    }
+    pub const fn check(self, check: WgslCheckFn) -> WgslImpl {
+        WgslImpl { check, ..self }
+    }
+}
+
+impl KernelDef {
+    /// A CPU kernel.
+    pub const fn cpu(
+        id: &'static str,
+        op: Op,
+        dtypes: &'static [DType],
+        params: &'static [ParamSpec],
+        summary: &'static str,
+        run: CpuRunFn,
+        check: CpuCheckFn,
+    ) -> KernelDef {
+        KernelDef { id, op, summary, dtypes, params, imp: Impl::Cpu(CpuImpl { run, check }) }
+    }
+
+    /// A WGSL kernel.
+    pub const fn wgsl(
+        id: &'static str,
+        op: Op,
+        dtypes: &'static [DType],
+        params: &'static [ParamSpec],
+        summary: &'static str,
+        imp: WgslImpl,
+    ) -> KernelDef {
+        KernelDef { id, op, summary, dtypes, params, imp: Impl::Wgsl(imp) }
+    }
+}
+
 impl std::fmt::Debug for KernelDef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.id)

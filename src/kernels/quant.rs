@@ -422,16 +422,8 @@ pub fn dequantize_block(format: QFormat, q: &[u8], s: &[f16], out: &mut [f32; QK
 mod tests {
     use super::*;
 
-    fn data(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s as f32 / u32::MAX as f32 - 0.5) * 0.2
-            })
-            .collect()
+    fn data(n: usize, seed: u64) -> Vec<f32> {
+        crate::kernels::cpu::testdata::uniform(n, seed, -0.1, 0.1)
     }
 
     #[test]

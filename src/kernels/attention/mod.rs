@@ -23,11 +23,8 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use super::cpu::{self, ISA, Isa, Row, axpy_row, row};
-use super::wgsl::{shared_wg, wg_size};
-use super::{
-    CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, packed_f16, param,
-    wrong_op,
-};
+use super::wgsl::shared_wg;
+use super::{CpuArgs, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuError, GpuProgram, GpuStep, Shader, grid_2d, groups};
 use crate::shader;
@@ -122,102 +119,74 @@ const DECODE_SPLIT_PARAMS: &[ParamSpec] = &[
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
-        KernelDef {
-            id: "attention_prefill_naive",
-            op: Op::AttentionPrefill,
-            summary: "scores materialised in a scratch buffer; three dispatches: QKᵀ, row softmax, P·V",
-            dtypes: BOTH,
-            params: NAIVE_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &PREFILL_NAIVE,
-                workgroup_size: wg_size,
-                shared_memory: shared_wg,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_naive,
-                prepare: prepare_naive,
-            }),
-        },
-        KernelDef {
-            id: "attention_prefill_flash",
-            op: Op::AttentionPrefill,
-            summary: "tiled online softmax: block_q queries per workgroup, K/V tiles of block_kv rows in workgroup memory",
-            dtypes: BOTH,
-            params: FLASH_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &PREFILL_FLASH,
-                workgroup_size: flash_wg_size,
-                shared_memory: shared_flash,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_flash,
-                prepare: prepare_flash,
-            }),
-        },
-        KernelDef {
-            id: "attention_prefill_cpu",
-            op: Op::AttentionPrefill,
-            summary: "rayon over (token, head) rows; per-key online softmax, SIMD dot and axpy",
-            dtypes: BOTH,
-            params: PREFILL_ROWS_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_prefill_rows, check: check_cpu }),
-        },
-        KernelDef {
-            id: "attention_prefill_tiled_cpu",
-            op: Op::AttentionPrefill,
-            summary: "rayon over (token block, KV head); key tiles with materialised score rows (dot4), K/V tile shared by the GQA group",
-            dtypes: BOTH,
-            params: PREFILL_TILED_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_prefill_tiled, check: check_cpu }),
-        },
-        KernelDef {
-            id: "attention_decode_stream",
-            op: Op::AttentionDecode,
-            summary: "one workgroup per query head streaming the cache; online softmax per tile, coalesced V rows",
-            dtypes: BOTH,
-            params: STREAM_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &DECODE_STREAM,
-                workgroup_size: wg_size,
-                shared_memory: shared_stream,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_stream,
-                prepare: prepare_stream,
-            }),
-        },
-        KernelDef {
-            id: "attention_decode_splitkv",
-            op: Op::AttentionDecode,
-            summary: "flash decoding: chunk-key splits, one workgroup per GQA group reads each KV row once, then a merge pass",
-            dtypes: BOTH,
-            params: SPLITKV_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &DECODE_SPLITKV,
-                workgroup_size: wg_size,
-                shared_memory: shared_splitkv,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_splitkv,
-                prepare: prepare_splitkv,
-            }),
-        },
-        KernelDef {
-            id: "attention_decode_heads_cpu",
-            op: Op::AttentionDecode,
-            summary: "one rayon task per head; scores materialised, exact two-pass softmax, SIMD dot/dot4 and axpy",
-            dtypes: BOTH,
-            params: DECODE_HEADS_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_decode_heads, check: check_cpu }),
-        },
-        KernelDef {
-            id: "attention_decode_splitkv_cpu",
-            op: Op::AttentionDecode,
-            summary: "key range split across rayon tasks per KV head (the group's heads share each K/V row); (m, l, acc) partials merged",
-            dtypes: BOTH,
-            params: DECODE_SPLIT_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_decode_splitkv, check: check_cpu }),
-        },
+        KernelDef::wgsl(
+            "attention_prefill_naive",
+            Op::AttentionPrefill,
+            BOTH,
+            NAIVE_PARAMS,
+            "scores materialised in a scratch buffer; three dispatches: QKᵀ, row softmax, P·V",
+            WgslImpl::new(&PREFILL_NAIVE, prepare_naive).shared(shared_wg).check(check_naive),
+        ),
+        KernelDef::wgsl(
+            "attention_prefill_flash",
+            Op::AttentionPrefill,
+            BOTH,
+            FLASH_PARAMS,
+            "tiled online softmax: block_q queries per workgroup, K/V tiles of block_kv rows in workgroup memory",
+            WgslImpl::new(&PREFILL_FLASH, prepare_flash).workgroup(flash_wg_size).shared(shared_flash).check(check_flash),
+        ),
+        KernelDef::cpu(
+            "attention_prefill_cpu",
+            Op::AttentionPrefill,
+            BOTH,
+            PREFILL_ROWS_PARAMS,
+            "rayon over (token, head) rows; per-key online softmax, SIMD dot and axpy",
+            run_prefill_rows,
+            check_cpu,
+        ),
+        KernelDef::cpu(
+            "attention_prefill_tiled_cpu",
+            Op::AttentionPrefill,
+            BOTH,
+            PREFILL_TILED_PARAMS,
+            "rayon over (token block, KV head); key tiles with materialised score rows (dot4), K/V tile shared by the GQA group",
+            run_prefill_tiled,
+            check_cpu,
+        ),
+        KernelDef::wgsl(
+            "attention_decode_stream",
+            Op::AttentionDecode,
+            BOTH,
+            STREAM_PARAMS,
+            "one workgroup per query head streaming the cache; online softmax per tile, coalesced V rows",
+            WgslImpl::new(&DECODE_STREAM, prepare_stream).shared(shared_stream).check(check_stream),
+        ),
+        KernelDef::wgsl(
+            "attention_decode_splitkv",
+            Op::AttentionDecode,
+            BOTH,
+            SPLITKV_PARAMS,
+            "flash decoding: chunk-key splits, one workgroup per GQA group reads each KV row once, then a merge pass",
+            WgslImpl::new(&DECODE_SPLITKV, prepare_splitkv).shared(shared_splitkv).check(check_splitkv),
+        ),
+        KernelDef::cpu(
+            "attention_decode_heads_cpu",
+            Op::AttentionDecode,
+            BOTH,
+            DECODE_HEADS_PARAMS,
+            "one rayon task per head; scores materialised, exact two-pass softmax, SIMD dot/dot4 and axpy",
+            run_decode_heads,
+            check_cpu,
+        ),
+        KernelDef::cpu(
+            "attention_decode_splitkv_cpu",
+            Op::AttentionDecode,
+            BOTH,
+            DECODE_SPLIT_PARAMS,
+            "key range split across rayon tasks per KV head (the group's heads share each K/V row); (m, l, acc) partials merged",
+            run_decode_splitkv,
+            check_cpu,
+        ),
     ]
 }
 

@@ -21,10 +21,7 @@ use rayon::prelude::*;
 
 use super::cpu::{ISA, Isa, with_scratch};
 use super::wgsl::vec_alignment;
-use super::{
-    CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, packed_f16, param,
-    wrong_op,
-};
+use super::{CpuArgs, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, groups};
 use crate::shader;
@@ -87,54 +84,40 @@ pub fn variants() -> Vec<KernelDef> {
 
 fn gemm_variants() -> Vec<KernelDef> {
     vec![
-        KernelDef {
-            id: "gemm_simple",
-            op: Op::Gemm,
-            summary: "one column and rows_per_thread rows of y per invocation, scalar loads, any shape",
-            dtypes: BOTH,
-            params: SIMPLE_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &GEMM_SIMPLE,
-                workgroup_size: simple_wg,
-                shared_memory: crate::kernels::no_shared,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_simple,
-                prepare: prepare_simple,
-            }),
-        },
-        KernelDef {
-            id: "gemm_tiled",
-            op: Op::Gemm,
-            summary: "x and w tiles in workgroup memory via 16-byte loads, reg_m x reg_n outputs per invocation",
-            dtypes: BOTH,
-            params: TILED_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &GEMM_TILED,
-                workgroup_size: tiled_wg,
-                shared_memory: tiled_shared,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_tiled,
-                prepare: prepare_tiled,
-            }),
-        },
-        KernelDef {
-            id: "gemm_blocked_cpu",
-            op: Op::Gemm,
-            summary: "cache-blocked, packed panels (f16 widened while packing), MR x NR FMA microkernel; rayon over tokens or features",
-            dtypes: BOTH,
-            params: BLOCKED_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_blocked, check: check_blocked }),
-        },
-        KernelDef {
-            id: "gemm_crate_cpu",
-            op: Op::Gemm,
-            summary: "the `gemm` crate (f16 weights widened to f32 first), the yardstick for gemm_blocked_cpu",
-            dtypes: BOTH,
-            params: CRATE_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_crate, check: crate::kernels::cpu_any }),
-        },
+        KernelDef::wgsl(
+            "gemm_simple",
+            Op::Gemm,
+            BOTH,
+            SIMPLE_PARAMS,
+            "one column and rows_per_thread rows of y per invocation, scalar loads, any shape",
+            WgslImpl::new(&GEMM_SIMPLE, prepare_simple).workgroup(simple_wg).check(check_simple),
+        ),
+        KernelDef::wgsl(
+            "gemm_tiled",
+            Op::Gemm,
+            BOTH,
+            TILED_PARAMS,
+            "x and w tiles in workgroup memory via 16-byte loads, reg_m x reg_n outputs per invocation",
+            WgslImpl::new(&GEMM_TILED, prepare_tiled).workgroup(tiled_wg).shared(tiled_shared).check(check_tiled),
+        ),
+        KernelDef::cpu(
+            "gemm_blocked_cpu",
+            Op::Gemm,
+            BOTH,
+            BLOCKED_PARAMS,
+            "cache-blocked, packed panels (f16 widened while packing), MR x NR FMA microkernel; rayon over tokens or features",
+            run_blocked,
+            check_blocked,
+        ),
+        KernelDef::cpu(
+            "gemm_crate_cpu",
+            Op::Gemm,
+            BOTH,
+            CRATE_PARAMS,
+            "the `gemm` crate (f16 weights widened to f32 first), the yardstick for gemm_blocked_cpu",
+            run_crate,
+            crate::kernels::cpu_any,
+        ),
     ]
 }
 
@@ -856,8 +839,8 @@ fn crate_gemm(m: usize, n: usize, k: usize, x: &[f32], w: &[f32], y: &mut [f32],
 mod tests {
     use super::*;
 
-    fn data(len: usize, seed: u32) -> Vec<f32> {
-        (0..len).map(|i| ((i as u32).wrapping_mul(2654435761) ^ seed) % 2001).map(|v| v as f32 / 1000.0 - 1.0).collect()
+    fn data(len: usize, seed: u64) -> Vec<f32> {
+        crate::kernels::cpu::testdata::signed(len, seed)
     }
 
     fn reference(m: usize, n: usize, k: usize, x: &[f32], w: &[f32]) -> Vec<f64> {

@@ -23,11 +23,10 @@ use crate::kernels::cpu::{
     rows_times_tokens, scatter_row_blocks,
 };
 use crate::kernels::wgsl::{
-    ROWS_WG_PARAMS, WORKGROUP_SIZE, check_blocks, grid_dim, one_q_step, qfmt, storage_buffers, subgroup_fits, vec_alignment, wg_size,
+    ROWS_WG_PARAMS, WORKGROUP_SIZE, check_blocks, grid_dim, one_q_step, qfmt, storage_buffers, subgroup_fits, vec_alignment,
 };
 use crate::kernels::{
-    Activation, CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup,
-    packed_f16, param, wrong_op,
+    Activation, CpuArgs, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op,
 };
 use crate::shader;
 
@@ -65,94 +64,65 @@ const CPU_Q_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK, ISA, ACT_BITS];
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
-        KernelDef {
-            id: "gate_up_wg",
-            op: Op::GateUp,
-            summary: "GEMV style: gate and up rows of ROWS features share each x load, workgroup reduction; grid z = token row",
-            dtypes: BOTH,
-            params: GATE_UP_WG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &GATE_UP_WG,
-                workgroup_size: wg_size,
-                shared_memory: shared_gate_up,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_gate_up_wg,
-                prepare: prepare_rows,
-            }),
-        },
-        KernelDef {
-            id: "gate_up_subgroup",
-            op: Op::GateUp,
-            summary: "16-byte loads, one subgroup per feature streaming its gate and up rows together, subgroupAdd",
-            dtypes: BOTH,
-            params: GATE_UP_SG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &GATE_UP_SG,
-                workgroup_size: wg_size,
-                shared_memory: crate::kernels::no_shared,
-                needs_f16: packed_f16,
-                needs_subgroups: true,
-                check: check_gate_up_sg,
-                prepare: prepare_rows,
-            }),
-        },
-        KernelDef {
-            id: "gate_up_tiled",
-            op: Op::GateUp,
-            summary: "prefill GEMM: 16x16 workgroup, x/gate/up tiles in workgroup memory, thread_m x thread_n register blocking",
-            dtypes: BOTH,
-            params: GATE_UP_TILED_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &GATE_UP_TILED,
-                workgroup_size: tiled_size,
-                shared_memory: shared_tiled,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_gate_up_tiled,
-                prepare: prepare_gate_up_tiled,
-            }),
-        },
-        KernelDef {
-            id: "gate_up_dot4_cpu",
-            op: Op::GateUp,
-            summary: "dot4 over interleaved gate/up rows (two features per x load); rayon over tokens and features",
-            dtypes: BOTH,
-            params: ROW_CPU_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_gate_up_dot4, check: check_isa }),
-        },
-        KernelDef {
-            id: "gate_up_blocked_cpu",
-            op: Op::GateUp,
-            summary: "GEMM style: rayon over feature blocks, f32 weight panel packed once, 2-token x 4-row register microkernel",
-            dtypes: BOTH,
-            params: BLOCKED_CPU_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_gate_up_blocked, check: check_isa }),
-        },
-        KernelDef {
-            id: "gate_up_q_wg",
-            op: Op::GateUp,
-            summary: "quantized gate and up rows dequantized in registers, workgroup reduction, activation product in the epilogue",
-            dtypes: DType::QUANT,
-            params: ROWS_WG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &QGATE_UP_WG,
-                workgroup_size: wg_size,
-                shared_memory: shared_gate_up,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_q_wgsl,
-                prepare: prepare_q,
-            }),
-        },
-        KernelDef {
-            id: "gate_up_q_cpu",
-            op: Op::GateUp,
-            summary: "gate and up rows of each feature dequantized once and dotted with every token (decode: block dots, f32 or int8 activations); activation product; rayon over features",
-            dtypes: DType::QUANT,
-            params: CPU_Q_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_gate_up_q, check: check_quant }),
-        },
+        KernelDef::wgsl(
+            "gate_up_wg",
+            Op::GateUp,
+            BOTH,
+            GATE_UP_WG_PARAMS,
+            "GEMV style: gate and up rows of ROWS features share each x load, workgroup reduction; grid z = token row",
+            WgslImpl::new(&GATE_UP_WG, prepare_rows).shared(shared_gate_up).check(check_gate_up_wg),
+        ),
+        KernelDef::wgsl(
+            "gate_up_subgroup",
+            Op::GateUp,
+            BOTH,
+            GATE_UP_SG_PARAMS,
+            "16-byte loads, one subgroup per feature streaming its gate and up rows together, subgroupAdd",
+            WgslImpl::new(&GATE_UP_SG, prepare_rows).subgroups().check(check_gate_up_sg),
+        ),
+        KernelDef::wgsl(
+            "gate_up_tiled",
+            Op::GateUp,
+            BOTH,
+            GATE_UP_TILED_PARAMS,
+            "prefill GEMM: 16x16 workgroup, x/gate/up tiles in workgroup memory, thread_m x thread_n register blocking",
+            WgslImpl::new(&GATE_UP_TILED, prepare_gate_up_tiled).workgroup(tiled_size).shared(shared_tiled).check(check_gate_up_tiled),
+        ),
+        KernelDef::cpu(
+            "gate_up_dot4_cpu",
+            Op::GateUp,
+            BOTH,
+            ROW_CPU_PARAMS,
+            "dot4 over interleaved gate/up rows (two features per x load); rayon over tokens and features",
+            run_gate_up_dot4,
+            check_isa,
+        ),
+        KernelDef::cpu(
+            "gate_up_blocked_cpu",
+            Op::GateUp,
+            BOTH,
+            BLOCKED_CPU_PARAMS,
+            "GEMM style: rayon over feature blocks, f32 weight panel packed once, 2-token x 4-row register microkernel",
+            run_gate_up_blocked,
+            check_isa,
+        ),
+        KernelDef::wgsl(
+            "gate_up_q_wg",
+            Op::GateUp,
+            DType::QUANT,
+            ROWS_WG_PARAMS,
+            "quantized gate and up rows dequantized in registers, workgroup reduction, activation product in the epilogue",
+            WgslImpl::new(&QGATE_UP_WG, prepare_q).shared(shared_gate_up).check(check_q_wgsl),
+        ),
+        KernelDef::cpu(
+            "gate_up_q_cpu",
+            Op::GateUp,
+            DType::QUANT,
+            CPU_Q_PARAMS,
+            "gate and up rows of each feature dequantized once and dotted with every token (decode: block dots, f32 or int8 activations); activation product; rayon over features",
+            run_gate_up_q,
+            check_quant,
+        ),
     ]
 }
 

@@ -20,11 +20,8 @@ pub mod qkv;
 pub mod quant;
 
 use super::cpu::{self, ISA, Isa, ROWS_PER_TASK, RowSplit, STRATEGY, check_isa, par_rows, row};
-use super::wgsl::{ROWS_SG_PARAMS, ROWS_WG_PARAMS, shared_rows, subgroup_fits, vec_alignment, wg_size};
-use super::{
-    CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, native_f16,
-    packed_f16, wgsl_any, wrong_op,
-};
+use super::wgsl::{ROWS_SG_PARAMS, ROWS_WG_PARAMS, shared_rows, subgroup_fits, vec_alignment};
+use super::{CpuArgs, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, wrong_op};
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::shader;
@@ -51,86 +48,48 @@ pub fn variants() -> Vec<KernelDef> {
 
 fn gemv_variants() -> Vec<KernelDef> {
     vec![
-        KernelDef {
-            id: "gemv_wg",
-            op: Op::Gemv,
-            summary: "scalar loads, any k; ROWS rows per workgroup share x; workgroup tree reduction",
-            dtypes: BOTH,
-            params: ROWS_WG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &GEMV_WG,
-                workgroup_size: wg_size,
-                shared_memory: shared_rows,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: wgsl_any,
-                prepare: prepare,
-            }),
-        },
-        KernelDef {
-            id: "gemv_vec",
-            op: Op::Gemv,
-            summary: "16-byte vector loads (4 f32 or 8 f16 weights), register partials, workgroup reduction",
-            dtypes: BOTH,
-            params: ROWS_WG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &GEMV_VEC,
-                workgroup_size: wg_size,
-                shared_memory: shared_rows,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_vec,
-                prepare: prepare,
-            }),
-        },
-        KernelDef {
-            id: "gemv_subgroup",
-            op: Op::Gemv,
-            summary: "16-byte loads, one subgroup per row, subgroupAdd reduction, no barriers",
-            dtypes: BOTH,
-            params: ROWS_SG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &GEMV_SUBGROUP,
-                workgroup_size: wg_size,
-                shared_memory: crate::kernels::no_shared,
-                needs_f16: packed_f16,
-                needs_subgroups: true,
-                check: check_subgroup,
-                prepare: prepare,
-            }),
-        },
-        KernelDef {
-            id: "gemv_f16native",
-            op: Op::Gemv,
-            summary: "native f16 weight storage (enable f16), vec4<f16> loads, f32 accumulation",
-            dtypes: &[DType::F16],
-            params: ROWS_WG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &GEMV_F16,
-                workgroup_size: wg_size,
-                shared_memory: shared_rows,
-                needs_f16: native_f16,
-                needs_subgroups: false,
-                check: check_f16native,
-                prepare: prepare,
-            }),
-        },
-        KernelDef {
-            id: "gemv_rows_cpu",
-            op: Op::Gemv,
-            summary: "one SIMD dot product per row; rayon over rows",
-            dtypes: BOTH,
-            params: CPU_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_rows, check: check_isa }),
-        },
-        KernelDef {
-            id: "gemv_dot4_cpu",
-            op: Op::Gemv,
-            summary: "four rows per SIMD microkernel call sharing each x load; rayon over rows",
-            dtypes: BOTH,
-            params: CPU_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_dot4, check: check_isa }),
-        },
+        KernelDef::wgsl(
+            "gemv_wg",
+            Op::Gemv,
+            BOTH,
+            ROWS_WG_PARAMS,
+            "scalar loads, any k; ROWS rows per workgroup share x; workgroup tree reduction",
+            WgslImpl::new(&GEMV_WG, prepare).shared(shared_rows),
+        ),
+        KernelDef::wgsl(
+            "gemv_vec",
+            Op::Gemv,
+            BOTH,
+            ROWS_WG_PARAMS,
+            "16-byte vector loads (4 f32 or 8 f16 weights), register partials, workgroup reduction",
+            WgslImpl::new(&GEMV_VEC, prepare).shared(shared_rows).check(check_vec),
+        ),
+        KernelDef::wgsl(
+            "gemv_subgroup",
+            Op::Gemv,
+            BOTH,
+            ROWS_SG_PARAMS,
+            "16-byte loads, one subgroup per row, subgroupAdd reduction, no barriers",
+            WgslImpl::new(&GEMV_SUBGROUP, prepare).subgroups().check(check_subgroup),
+        ),
+        KernelDef::wgsl(
+            "gemv_f16native",
+            Op::Gemv,
+            &[DType::F16],
+            ROWS_WG_PARAMS,
+            "native f16 weight storage (enable f16), vec4<f16> loads, f32 accumulation",
+            WgslImpl::new(&GEMV_F16, prepare).shared(shared_rows).native_f16().check(check_f16native),
+        ),
+        KernelDef::cpu("gemv_rows_cpu", Op::Gemv, BOTH, CPU_PARAMS, "one SIMD dot product per row; rayon over rows", run_rows, check_isa),
+        KernelDef::cpu(
+            "gemv_dot4_cpu",
+            Op::Gemv,
+            BOTH,
+            CPU_PARAMS,
+            "four rows per SIMD microkernel call sharing each x load; rayon over rows",
+            run_dot4,
+            check_isa,
+        ),
     ]
 }
 

@@ -21,11 +21,8 @@ use super::gemv_dot4;
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::kernels::cpu::{self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_TASK, RowSplit, STRATEGY, check_isa, par_rows};
-use crate::kernels::wgsl::{ROWS_SG_PARAMS, ROWS_WG_PARAMS, check_blocks, qbinds, qfmt, subgroup_fits, vec_alignment, wg_size};
-use crate::kernels::{
-    CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, packed_f16, param,
-    wrong_op,
-};
+use crate::kernels::wgsl::{ROWS_SG_PARAMS, ROWS_WG_PARAMS, check_blocks, qbinds, qfmt, subgroup_fits, vec_alignment};
+use crate::kernels::{CpuArgs, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::shader;
 
 static NORM_GEMV_WG: Shader = shader!("norm_gemv_wg.wgsl");
@@ -43,86 +40,56 @@ const CPU_Q_PARAMS: &[ParamSpec] =
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
-        KernelDef {
-            id: "norm_gemv_wg",
-            op: Op::NormGemv,
-            summary: "scalar loads, any k; ROWS rows per workgroup share x·g; x² summed alongside; one workgroup tree reduction",
-            dtypes: FLOAT,
-            params: ROWS_WG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &NORM_GEMV_WG,
-                workgroup_size: wg_size,
-                shared_memory: shared_rows_plus_one,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: crate::kernels::wgsl_any,
-                prepare: prepare_float,
-            }),
-        },
-        KernelDef {
-            id: "norm_gemv_subgroup",
-            op: Op::NormGemv,
-            summary: "16-byte loads; each subgroup sums x² itself, then one subgroup per row, subgroupAdd, no barriers",
-            dtypes: FLOAT,
-            params: ROWS_SG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &NORM_GEMV_SG,
-                workgroup_size: wg_size,
-                shared_memory: crate::kernels::no_shared,
-                needs_f16: packed_f16,
-                needs_subgroups: true,
-                check: check_subgroup,
-                prepare: prepare_float,
-            }),
-        },
-        KernelDef {
-            id: "norm_gemv_q_wg",
-            op: Op::NormGemv,
-            summary: "quantized blocks dequantized in registers; ROWS rows per workgroup share x·g; x² summed alongside; workgroup reduction",
-            dtypes: QUANT,
-            params: ROWS_WG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &NORM_GEMV_Q_WG,
-                workgroup_size: wg_size,
-                shared_memory: shared_rows_plus_one,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_q_wgsl,
-                prepare: prepare_quant,
-            }),
-        },
-        KernelDef {
-            id: "norm_gemv_q_subgroup",
-            op: Op::NormGemv,
-            summary: "quantized blocks dequantized in registers; each subgroup sums x² itself, then one subgroup per row, subgroupAdd",
-            dtypes: QUANT,
-            params: ROWS_SG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &NORM_GEMV_Q_SG,
-                workgroup_size: wg_size,
-                shared_memory: crate::kernels::no_shared,
-                needs_f16: packed_f16,
-                needs_subgroups: true,
-                check: check_q_subgroup,
-                prepare: prepare_quant,
-            }),
-        },
-        KernelDef {
-            id: "norm_gemv_cpu",
-            op: Op::NormGemv,
-            summary: "x normalized once into a k-vector (SIMD sum of squares), then four rows per SIMD dot call; rayon over rows",
-            dtypes: FLOAT,
-            params: CPU_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_float, check: check_isa }),
-        },
-        KernelDef {
-            id: "norm_gemv_q_cpu",
-            op: Op::NormGemv,
-            summary: "x normalized once into a k-vector, then SIMD block dot products straight from the quants (f32 or int8 activations); rayon over rows",
-            dtypes: QUANT,
-            params: CPU_Q_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_quant, check: cpu::check_quant }),
-        },
+        KernelDef::wgsl(
+            "norm_gemv_wg",
+            Op::NormGemv,
+            FLOAT,
+            ROWS_WG_PARAMS,
+            "scalar loads, any k; ROWS rows per workgroup share x·g; x² summed alongside; one workgroup tree reduction",
+            WgslImpl::new(&NORM_GEMV_WG, prepare_float).shared(shared_rows_plus_one),
+        ),
+        KernelDef::wgsl(
+            "norm_gemv_subgroup",
+            Op::NormGemv,
+            FLOAT,
+            ROWS_SG_PARAMS,
+            "16-byte loads; each subgroup sums x² itself, then one subgroup per row, subgroupAdd, no barriers",
+            WgslImpl::new(&NORM_GEMV_SG, prepare_float).subgroups().check(check_subgroup),
+        ),
+        KernelDef::wgsl(
+            "norm_gemv_q_wg",
+            Op::NormGemv,
+            QUANT,
+            ROWS_WG_PARAMS,
+            "quantized blocks dequantized in registers; ROWS rows per workgroup share x·g; x² summed alongside; workgroup reduction",
+            WgslImpl::new(&NORM_GEMV_Q_WG, prepare_quant).shared(shared_rows_plus_one).check(check_q_wgsl),
+        ),
+        KernelDef::wgsl(
+            "norm_gemv_q_subgroup",
+            Op::NormGemv,
+            QUANT,
+            ROWS_SG_PARAMS,
+            "quantized blocks dequantized in registers; each subgroup sums x² itself, then one subgroup per row, subgroupAdd",
+            WgslImpl::new(&NORM_GEMV_Q_SG, prepare_quant).subgroups().check(check_q_subgroup),
+        ),
+        KernelDef::cpu(
+            "norm_gemv_cpu",
+            Op::NormGemv,
+            FLOAT,
+            CPU_PARAMS,
+            "x normalized once into a k-vector (SIMD sum of squares), then four rows per SIMD dot call; rayon over rows",
+            run_float,
+            check_isa,
+        ),
+        KernelDef::cpu(
+            "norm_gemv_q_cpu",
+            Op::NormGemv,
+            QUANT,
+            CPU_Q_PARAMS,
+            "x normalized once into a k-vector, then SIMD block dot products straight from the quants (f32 or int8 activations); rayon over rows",
+            run_quant,
+            cpu::check_quant,
+        ),
     ]
 }
 

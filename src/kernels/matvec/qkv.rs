@@ -17,12 +17,9 @@ use crate::device::GpuCaps;
 use crate::gpu::{Bind, GpuProgram, Shader, grid_2d, groups};
 use crate::kernels::cpu::{self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_PASS, ROWS_PER_TASK, check_isa, check_quant, qin, sub_row};
 use crate::kernels::wgsl::{
-    ROWS_SG_PARAMS, ROWS_WG_PARAMS, check_blocks, qbinds, qfmt, shared_rows, storage_buffers, subgroup_fits, vec_alignment, wg_size,
+    ROWS_SG_PARAMS, ROWS_WG_PARAMS, check_blocks, qbinds, qfmt, shared_rows, storage_buffers, subgroup_fits, vec_alignment,
 };
-use crate::kernels::{
-    CpuArgs, CpuImpl, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, outs, packed_f16, param,
-    wrong_op,
-};
+use crate::kernels::{CpuArgs, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, outs, param, wrong_op};
 use crate::shader;
 
 static QKV_WG: Shader = shader!("fused_qkv_proj_wg.wgsl");
@@ -56,78 +53,57 @@ const CPU_Q_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK, ISA, ACT_BITS, ROWS_PER_PASS
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
-        KernelDef {
-            id: "qkv_proj_wg",
-            op: Op::QkvProj,
-            summary: "scalar loads, any k; ROWS rows per workgroup share x; workgroup reduction; bias and q/k/v routing in the epilogue",
-            dtypes: BOTH,
-            params: ROWS_WG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &QKV_WG,
-                workgroup_size: wg_size,
-                shared_memory: shared_rows,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_qkv_wg,
-                prepare: prepare,
-            }),
-        },
-        KernelDef {
-            id: "qkv_proj_subgroup",
-            op: Op::QkvProj,
-            summary: "16-byte loads, one subgroup per row, subgroupAdd; bias and q/k/v routing in the epilogue",
-            dtypes: BOTH,
-            params: ROWS_SG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &QKV_SG,
-                workgroup_size: wg_size,
-                shared_memory: crate::kernels::no_shared,
-                needs_f16: packed_f16,
-                needs_subgroups: true,
-                check: check_qkv_sg,
-                prepare: prepare,
-            }),
-        },
-        KernelDef {
-            id: "qkv_proj_dot4_cpu",
-            op: Op::QkvProj,
-            summary: "one rayon pass over the rows of q, k and v together, four rows per SIMD call, bias in the epilogue",
-            dtypes: BOTH,
-            params: ROW_CPU_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_qkv_dot4, check: check_isa }),
-        },
-        KernelDef {
-            id: "qkv_proj_splitk_cpu",
-            op: Op::QkvProj,
-            summary: "split-k: rayon over slices of k, each task dot4s every row over its slice, partials summed with the bias",
-            dtypes: BOTH,
-            params: SPLITK_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_qkv_splitk, check: check_isa }),
-        },
-        KernelDef {
-            id: "qkv_proj_q_wg",
-            op: Op::QkvProj,
-            summary: "one quantized GEMV over the concatenated Q/K/V weight, bias and routing in the epilogue, workgroup reduction",
-            dtypes: DType::QUANT,
-            params: ROWS_WG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &QQKV_WG,
-                workgroup_size: wg_size,
-                shared_memory: shared_rows,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_q_wgsl,
-                prepare: prepare_q,
-            }),
-        },
-        KernelDef {
-            id: "qkv_proj_q_cpu",
-            op: Op::QkvProj,
-            summary: "SIMD block dot products over the concatenated Q/K/V rows, f32 or int8 activations, bias added; rayon over rows of all three",
-            dtypes: DType::QUANT,
-            params: CPU_Q_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_qkv_q, check: check_quant }),
-        },
+        KernelDef::wgsl(
+            "qkv_proj_wg",
+            Op::QkvProj,
+            BOTH,
+            ROWS_WG_PARAMS,
+            "scalar loads, any k; ROWS rows per workgroup share x; workgroup reduction; bias and q/k/v routing in the epilogue",
+            WgslImpl::new(&QKV_WG, prepare).shared(shared_rows).check(check_qkv_wg),
+        ),
+        KernelDef::wgsl(
+            "qkv_proj_subgroup",
+            Op::QkvProj,
+            BOTH,
+            ROWS_SG_PARAMS,
+            "16-byte loads, one subgroup per row, subgroupAdd; bias and q/k/v routing in the epilogue",
+            WgslImpl::new(&QKV_SG, prepare).subgroups().check(check_qkv_sg),
+        ),
+        KernelDef::cpu(
+            "qkv_proj_dot4_cpu",
+            Op::QkvProj,
+            BOTH,
+            ROW_CPU_PARAMS,
+            "one rayon pass over the rows of q, k and v together, four rows per SIMD call, bias in the epilogue",
+            run_qkv_dot4,
+            check_isa,
+        ),
+        KernelDef::cpu(
+            "qkv_proj_splitk_cpu",
+            Op::QkvProj,
+            BOTH,
+            SPLITK_PARAMS,
+            "split-k: rayon over slices of k, each task dot4s every row over its slice, partials summed with the bias",
+            run_qkv_splitk,
+            check_isa,
+        ),
+        KernelDef::wgsl(
+            "qkv_proj_q_wg",
+            Op::QkvProj,
+            DType::QUANT,
+            ROWS_WG_PARAMS,
+            "one quantized GEMV over the concatenated Q/K/V weight, bias and routing in the epilogue, workgroup reduction",
+            WgslImpl::new(&QQKV_WG, prepare_q).shared(shared_rows).check(check_q_wgsl),
+        ),
+        KernelDef::cpu(
+            "qkv_proj_q_cpu",
+            Op::QkvProj,
+            DType::QUANT,
+            CPU_Q_PARAMS,
+            "SIMD block dot products over the concatenated Q/K/V rows, f32 or int8 activations, bias added; rayon over rows of all three",
+            run_qkv_q,
+            check_quant,
+        ),
     ]
 }
 

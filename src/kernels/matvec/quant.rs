@@ -11,10 +11,8 @@
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::kernels::cpu::{ACT_BITS, ActVec, ISA, Isa, ROWS_PER_PASS, ROWS_PER_TASK, RowSplit, check_quant, par_rows, qin};
-use crate::kernels::wgsl::{ROWS_SG_PARAMS, ROWS_WG_PARAMS, check_blocks, one_q_step, qfmt, shared_rows, subgroup_fits, wg_size};
-use crate::kernels::{
-    CpuArgs, CpuImpl, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, packed_f16, param, wrong_op,
-};
+use crate::kernels::wgsl::{ROWS_SG_PARAMS, ROWS_WG_PARAMS, check_blocks, one_q_step, qfmt, shared_rows, subgroup_fits};
+use crate::kernels::{CpuArgs, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::shader;
 
 static QGEMV_WG: Shader = shader!("qgemv_wg.wgsl", "qblock.wgsl");
@@ -24,46 +22,31 @@ const CPU_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK, ISA, ACT_BITS, ROWS_PER_PASS];
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
-        KernelDef {
-            id: "gemv_q_wg",
-            op: Op::Gemv,
-            summary: "quantized blocks read as u32 words, dequantized in registers; ROWS rows per workgroup; workgroup reduction",
-            dtypes: DType::QUANT,
-            params: ROWS_WG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &QGEMV_WG,
-                workgroup_size: wg_size,
-                shared_memory: shared_rows,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_wgsl,
-                prepare: prepare,
-            }),
-        },
-        KernelDef {
-            id: "gemv_q_subgroup",
-            op: Op::Gemv,
-            summary: "quantized blocks dequantized in registers; one subgroup per row, subgroupAdd, no barriers",
-            dtypes: DType::QUANT,
-            params: ROWS_SG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &QGEMV_SG,
-                workgroup_size: wg_size,
-                shared_memory: crate::kernels::no_shared,
-                needs_f16: packed_f16,
-                needs_subgroups: true,
-                check: check_subgroup,
-                prepare: prepare,
-            }),
-        },
-        KernelDef {
-            id: "gemv_q_cpu",
-            op: Op::Gemv,
-            summary: "SIMD block dot products (AVX2+FMA, scalar fallback) straight from the quants, f32 or int8 activations; rayon over rows",
-            dtypes: DType::QUANT,
-            params: CPU_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_gemv, check: check_quant }),
-        },
+        KernelDef::wgsl(
+            "gemv_q_wg",
+            Op::Gemv,
+            DType::QUANT,
+            ROWS_WG_PARAMS,
+            "quantized blocks read as u32 words, dequantized in registers; ROWS rows per workgroup; workgroup reduction",
+            WgslImpl::new(&QGEMV_WG, prepare).shared(shared_rows).check(check_wgsl),
+        ),
+        KernelDef::wgsl(
+            "gemv_q_subgroup",
+            Op::Gemv,
+            DType::QUANT,
+            ROWS_SG_PARAMS,
+            "quantized blocks dequantized in registers; one subgroup per row, subgroupAdd, no barriers",
+            WgslImpl::new(&QGEMV_SG, prepare).subgroups().check(check_subgroup),
+        ),
+        KernelDef::cpu(
+            "gemv_q_cpu",
+            Op::Gemv,
+            DType::QUANT,
+            CPU_PARAMS,
+            "SIMD block dot products (AVX2+FMA, scalar fallback) straight from the quants, f32 or int8 activations; rayon over rows",
+            run_gemv,
+            check_quant,
+        ),
     ]
 }
 

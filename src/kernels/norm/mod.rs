@@ -18,11 +18,8 @@ use rayon::prelude::*;
 pub mod residual;
 
 use super::cpu::{Elem, Isa, Lanes, ROWS_PARAMS, Row, RowSplit, SPLIT_PARAMS, check_isa, isa_dispatch, par_rows};
-use super::wgsl::{grid_fits, shared_wg, subgroup_fits, wg_size};
-use super::{
-    CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, packed_f16, param,
-    wrong_op,
-};
+use super::wgsl::{grid_fits, shared_wg, subgroup_fits};
+use super::{CpuArgs, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::shader;
@@ -66,118 +63,82 @@ pub fn variants() -> Vec<KernelDef> {
 
 fn norm_variants() -> Vec<KernelDef> {
     vec![
-        KernelDef {
-            id: "rms_norm_wg",
-            op: Op::RmsNorm,
-            summary: "one workgroup per row, scalar strided loads, workgroup-memory tree reduction; any dim",
-            dtypes: BOTH,
-            params: WG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &RMS_WG,
-                workgroup_size: wg_size,
-                shared_memory: shared_wg,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_rows_wg,
-                prepare: prepare_wg,
-            }),
-        },
-        KernelDef {
-            id: "rms_norm_subgroup",
-            op: Op::RmsNorm,
-            summary: "one subgroup per row, subgroupAdd reduction, rows_per_wg rows per workgroup, no barriers; any dim",
-            dtypes: BOTH,
-            params: SG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &RMS_SG,
-                workgroup_size: wg_size,
-                shared_memory: crate::kernels::no_shared,
-                needs_f16: packed_f16,
-                needs_subgroups: true,
-                check: check_rows_sg,
-                prepare: prepare_sg,
-            }),
-        },
-        KernelDef {
-            id: "rms_norm_vec4",
-            op: Op::RmsNorm,
-            summary: "16-byte loads, row held in registers (x read once), workgroup reduction; dim % 4 == 0 and dim <= 4*wg*vpt",
-            dtypes: BOTH,
-            params: VEC4_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &RMS_VEC4,
-                workgroup_size: wg_size,
-                shared_memory: shared_wg,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_rms_vec4,
-                prepare: prepare_rms_vec4,
-            }),
-        },
-        KernelDef {
-            id: "rms_norm_rows_cpu",
-            op: Op::RmsNorm,
-            summary: "SIMD sum-of-squares and scale microkernels per row; rayon over rows (prefill)",
-            dtypes: BOTH,
-            params: ROWS_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_rms_rows, check: check_isa }),
-        },
-        KernelDef {
-            id: "rms_norm_split_cpu",
-            op: Op::RmsNorm,
-            summary: "each row's features split over rayon tasks: parallel partial sums of squares, then a parallel scale (decode)",
-            dtypes: BOTH,
-            params: SPLIT_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_rms_split, check: check_isa }),
-        },
-        KernelDef {
-            id: "layer_norm_wg",
-            op: Op::LayerNorm,
-            summary: "one workgroup per row, single-read Welford statistics merged pairwise (Chan) in workgroup memory; any dim",
-            dtypes: BOTH,
-            params: WG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &LN_WG,
-                workgroup_size: wg_size,
-                shared_memory: shared_welford,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_rows_wg,
-                prepare: prepare_wg,
-            }),
-        },
-        KernelDef {
-            id: "layer_norm_subgroup",
-            op: Op::LayerNorm,
-            summary: "one subgroup per row, exact two-pass mean and centred variance with subgroupAdd, no barriers; any dim",
-            dtypes: BOTH,
-            params: SG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &LN_SG,
-                workgroup_size: wg_size,
-                shared_memory: crate::kernels::no_shared,
-                needs_f16: packed_f16,
-                needs_subgroups: true,
-                check: check_rows_sg,
-                prepare: prepare_sg,
-            }),
-        },
-        KernelDef {
-            id: "layer_norm_rows_cpu",
-            op: Op::LayerNorm,
-            summary: "SIMD two-pass mean / centred variance and affine microkernels per row; rayon over rows (prefill)",
-            dtypes: BOTH,
-            params: ROWS_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_ln_rows, check: check_isa }),
-        },
-        KernelDef {
-            id: "layer_norm_split_cpu",
-            op: Op::LayerNorm,
-            summary: "each row's features split over rayon tasks: parallel sum, parallel centred squares, parallel affine (decode)",
-            dtypes: BOTH,
-            params: SPLIT_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_ln_split, check: check_isa }),
-        },
+        KernelDef::wgsl(
+            "rms_norm_wg",
+            Op::RmsNorm,
+            BOTH,
+            WG_PARAMS,
+            "one workgroup per row, scalar strided loads, workgroup-memory tree reduction; any dim",
+            WgslImpl::new(&RMS_WG, prepare_wg).shared(shared_wg).check(check_rows_wg),
+        ),
+        KernelDef::wgsl(
+            "rms_norm_subgroup",
+            Op::RmsNorm,
+            BOTH,
+            SG_PARAMS,
+            "one subgroup per row, subgroupAdd reduction, rows_per_wg rows per workgroup, no barriers; any dim",
+            WgslImpl::new(&RMS_SG, prepare_sg).subgroups().check(check_rows_sg),
+        ),
+        KernelDef::wgsl(
+            "rms_norm_vec4",
+            Op::RmsNorm,
+            BOTH,
+            VEC4_PARAMS,
+            "16-byte loads, row held in registers (x read once), workgroup reduction; dim % 4 == 0 and dim <= 4*wg*vpt",
+            WgslImpl::new(&RMS_VEC4, prepare_rms_vec4).shared(shared_wg).check(check_rms_vec4),
+        ),
+        KernelDef::cpu(
+            "rms_norm_rows_cpu",
+            Op::RmsNorm,
+            BOTH,
+            ROWS_PARAMS,
+            "SIMD sum-of-squares and scale microkernels per row; rayon over rows (prefill)",
+            run_rms_rows,
+            check_isa,
+        ),
+        KernelDef::cpu(
+            "rms_norm_split_cpu",
+            Op::RmsNorm,
+            BOTH,
+            SPLIT_PARAMS,
+            "each row's features split over rayon tasks: parallel partial sums of squares, then a parallel scale (decode)",
+            run_rms_split,
+            check_isa,
+        ),
+        KernelDef::wgsl(
+            "layer_norm_wg",
+            Op::LayerNorm,
+            BOTH,
+            WG_PARAMS,
+            "one workgroup per row, single-read Welford statistics merged pairwise (Chan) in workgroup memory; any dim",
+            WgslImpl::new(&LN_WG, prepare_wg).shared(shared_welford).check(check_rows_wg),
+        ),
+        KernelDef::wgsl(
+            "layer_norm_subgroup",
+            Op::LayerNorm,
+            BOTH,
+            SG_PARAMS,
+            "one subgroup per row, exact two-pass mean and centred variance with subgroupAdd, no barriers; any dim",
+            WgslImpl::new(&LN_SG, prepare_sg).subgroups().check(check_rows_sg),
+        ),
+        KernelDef::cpu(
+            "layer_norm_rows_cpu",
+            Op::LayerNorm,
+            BOTH,
+            ROWS_PARAMS,
+            "SIMD two-pass mean / centred variance and affine microkernels per row; rayon over rows (prefill)",
+            run_ln_rows,
+            check_isa,
+        ),
+        KernelDef::cpu(
+            "layer_norm_split_cpu",
+            Op::LayerNorm,
+            BOTH,
+            SPLIT_PARAMS,
+            "each row's features split over rayon tasks: parallel sum, parallel centred squares, parallel affine (decode)",
+            run_ln_split,
+            check_isa,
+        ),
     ]
 }
 

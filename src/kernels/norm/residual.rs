@@ -14,11 +14,8 @@ use super::{gains, inv_rms};
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::kernels::cpu::{self, ISA, Isa, check_isa};
-use crate::kernels::wgsl::{WORKGROUP_SIZE, shared_wg, storage_buffers, subgroup_fits, wg_size};
-use crate::kernels::{
-    CpuArgs, CpuImpl, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, outs, packed_f16, param,
-    wrong_op,
-};
+use crate::kernels::wgsl::{WORKGROUP_SIZE, shared_wg, storage_buffers, subgroup_fits};
+use crate::kernels::{CpuArgs, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, outs, param, wrong_op};
 use crate::shader;
 
 static RESNORM_WG: Shader = shader!("fused_residual_rms_norm_wg.wgsl");
@@ -36,54 +33,40 @@ const RESNORM_SPLIT_PARAMS: &[ParamSpec] =
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
-        KernelDef {
-            id: "residual_rms_norm_wg",
-            op: Op::ResidualRmsNorm,
-            summary: "one workgroup per row: h written and h² accumulated in one pass, workgroup reduction, scale pass",
-            dtypes: BOTH,
-            params: WG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &RESNORM_WG,
-                workgroup_size: wg_size,
-                shared_memory: shared_wg,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_resnorm_wg,
-                prepare: prepare_resnorm_wg,
-            }),
-        },
-        KernelDef {
-            id: "residual_rms_norm_subgroup",
-            op: Op::ResidualRmsNorm,
-            summary: "one subgroup per row, several rows per workgroup, subgroupAdd reduction, no barriers",
-            dtypes: BOTH,
-            params: SG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &RESNORM_SG,
-                workgroup_size: wg_size,
-                shared_memory: crate::kernels::no_shared,
-                needs_f16: packed_f16,
-                needs_subgroups: true,
-                check: check_resnorm_sg,
-                prepare: prepare_resnorm_sg,
-            }),
-        },
-        KernelDef {
-            id: "residual_rms_norm_rows_cpu",
-            op: Op::ResidualRmsNorm,
-            summary: "rayon over rows (prefill): fused SIMD add + sum of squares, then SIMD scale pass per row",
-            dtypes: BOTH,
-            params: RESNORM_ROWS_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_resnorm_rows, check: check_isa }),
-        },
-        KernelDef {
-            id: "residual_rms_norm_split_cpu",
-            op: Op::ResidualRmsNorm,
-            summary: "rayon over chunks of each row (decode): partial sums of squares per chunk, reduced, then a parallel scale pass",
-            dtypes: BOTH,
-            params: RESNORM_SPLIT_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_resnorm_split, check: check_isa }),
-        },
+        KernelDef::wgsl(
+            "residual_rms_norm_wg",
+            Op::ResidualRmsNorm,
+            BOTH,
+            WG_PARAMS,
+            "one workgroup per row: h written and h² accumulated in one pass, workgroup reduction, scale pass",
+            WgslImpl::new(&RESNORM_WG, prepare_resnorm_wg).shared(shared_wg).check(check_resnorm_wg),
+        ),
+        KernelDef::wgsl(
+            "residual_rms_norm_subgroup",
+            Op::ResidualRmsNorm,
+            BOTH,
+            SG_PARAMS,
+            "one subgroup per row, several rows per workgroup, subgroupAdd reduction, no barriers",
+            WgslImpl::new(&RESNORM_SG, prepare_resnorm_sg).subgroups().check(check_resnorm_sg),
+        ),
+        KernelDef::cpu(
+            "residual_rms_norm_rows_cpu",
+            Op::ResidualRmsNorm,
+            BOTH,
+            RESNORM_ROWS_PARAMS,
+            "rayon over rows (prefill): fused SIMD add + sum of squares, then SIMD scale pass per row",
+            run_resnorm_rows,
+            check_isa,
+        ),
+        KernelDef::cpu(
+            "residual_rms_norm_split_cpu",
+            Op::ResidualRmsNorm,
+            BOTH,
+            RESNORM_SPLIT_PARAMS,
+            "rayon over chunks of each row (decode): partial sums of squares per chunk, reduced, then a parallel scale pass",
+            run_resnorm_split,
+            check_isa,
+        ),
     ]
 }
 

@@ -20,11 +20,8 @@ pub mod qk_norm;
 
 use super::cpu::{ISA, Isa, Lanes, check_isa, isa_dispatch};
 use super::reference::{self, Llama3Scaling};
-use super::wgsl::{grid_fits, wg_size};
-use super::{
-    CpuArgs, CpuImpl, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, RopeLayout, WgslImpl, WgslSetup, packed_f16,
-    param, wrong_op,
-};
+use super::wgsl::grid_fits;
+use super::{CpuArgs, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, RopeLayout, WgslImpl, WgslSetup, param, wrong_op};
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::shader;
@@ -80,54 +77,40 @@ pub fn variants() -> Vec<KernelDef> {
 
 fn rope_variants() -> Vec<KernelDef> {
     vec![
-        KernelDef {
-            id: "rope_pair",
-            op: Op::Rope,
-            summary: "one invocation per rotary pair (or copied dim), each with its own exactly-reduced angle",
-            dtypes: F32_ONLY,
-            params: PAIR_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &ROPE_PAIR,
-                workgroup_size: wg_size,
-                shared_memory: crate::kernels::no_shared,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_pair,
-                prepare: prepare_pair,
-            }),
-        },
-        KernelDef {
-            id: "rope_shared",
-            op: Op::Rope,
-            summary: "one workgroup per (token, heads_per_wg heads): cos/sin once per frequency in workgroup memory, reused across heads",
-            dtypes: F32_ONLY,
-            params: SHARED_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &ROPE_SHARED,
-                workgroup_size: wg_size,
-                shared_memory: shared_table,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_shared,
-                prepare: prepare_shared,
-            }),
-        },
-        KernelDef {
-            id: "rope_table_cpu",
-            op: Op::Rope,
-            summary: "cos/sin table for all tokens built in parallel first, then SIMD rotation of (token, head) rows in parallel (prefill)",
-            dtypes: F32_ONLY,
-            params: TABLE_CPU_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_table, check: check_cpu }),
-        },
-        KernelDef {
-            id: "rope_token_cpu",
-            op: Op::Rope,
-            summary: "fused: each task computes its token's cos/sin then SIMD-rotates heads_per_task heads (decode splits heads)",
-            dtypes: F32_ONLY,
-            params: TOKEN_CPU_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_token, check: check_cpu }),
-        },
+        KernelDef::wgsl(
+            "rope_pair",
+            Op::Rope,
+            F32_ONLY,
+            PAIR_PARAMS,
+            "one invocation per rotary pair (or copied dim), each with its own exactly-reduced angle",
+            WgslImpl::new(&ROPE_PAIR, prepare_pair).check(check_pair),
+        ),
+        KernelDef::wgsl(
+            "rope_shared",
+            Op::Rope,
+            F32_ONLY,
+            SHARED_PARAMS,
+            "one workgroup per (token, heads_per_wg heads): cos/sin once per frequency in workgroup memory, reused across heads",
+            WgslImpl::new(&ROPE_SHARED, prepare_shared).shared(shared_table).check(check_shared),
+        ),
+        KernelDef::cpu(
+            "rope_table_cpu",
+            Op::Rope,
+            F32_ONLY,
+            TABLE_CPU_PARAMS,
+            "cos/sin table for all tokens built in parallel first, then SIMD rotation of (token, head) rows in parallel (prefill)",
+            run_table,
+            check_cpu,
+        ),
+        KernelDef::cpu(
+            "rope_token_cpu",
+            Op::Rope,
+            F32_ONLY,
+            TOKEN_CPU_PARAMS,
+            "fused: each task computes its token's cos/sin then SIMD-rotates heads_per_task heads (decode splits heads)",
+            run_token,
+            check_cpu,
+        ),
     ]
 }
 

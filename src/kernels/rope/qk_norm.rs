@@ -15,10 +15,9 @@ use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::kernels::cpu::{self, ISA, Isa, Row, check_isa};
 use crate::kernels::norm::{gains, inv_rms};
-use crate::kernels::wgsl::{shared_wg, storage_buffers, subgroup_fits, wg_size};
+use crate::kernels::wgsl::{shared_wg, storage_buffers, subgroup_fits};
 use crate::kernels::{
-    CpuArgs, CpuImpl, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, RopeLayout, WgslImpl, WgslSetup, packed_f16,
-    param, wrong_op,
+    CpuArgs, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, RopeLayout, WgslImpl, WgslSetup, param, wrong_op,
 };
 use crate::shader;
 
@@ -38,54 +37,40 @@ const HEADS_CPU_PARAMS: &[ParamSpec] =
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
-        KernelDef {
-            id: "qk_norm_rope_wg",
-            op: Op::QkNormRope,
-            summary: "one workgroup per (token, head): workgroup-memory x² reduction, then normalize + rotate whole pairs",
-            dtypes: BOTH,
-            params: QKNR_WG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &QKNR_WG,
-                workgroup_size: wg_size,
-                shared_memory: shared_wg,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_qknr_wg,
-                prepare: prepare_qknr_wg,
-            }),
-        },
-        KernelDef {
-            id: "qk_norm_rope_subgroup",
-            op: Op::QkNormRope,
-            summary: "one subgroup per (token, head), subgroupAdd reduction, several heads per workgroup, no barriers",
-            dtypes: BOTH,
-            params: QKNR_SG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &QKNR_SG,
-                workgroup_size: wg_size,
-                shared_memory: crate::kernels::no_shared,
-                needs_f16: packed_f16,
-                needs_subgroups: true,
-                check: check_qknr_sg,
-                prepare: prepare_qknr_sg,
-            }),
-        },
-        KernelDef {
-            id: "qk_norm_rope_heads_cpu",
-            op: Op::QkNormRope,
-            summary: "rayon over (token, head) rows: SIMD x² and scale passes, then rotation with per-head sin/cos",
-            dtypes: BOTH,
-            params: HEADS_CPU_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_qknr_heads, check: check_qknr_cpu }),
-        },
-        KernelDef {
-            id: "qk_norm_rope_table_cpu",
-            op: Op::QkNormRope,
-            summary: "sin/cos table per token computed once in parallel, then one fused normalize+rotate pass per head",
-            dtypes: BOTH,
-            params: HEADS_CPU_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_qknr_table, check: check_qknr_cpu }),
-        },
+        KernelDef::wgsl(
+            "qk_norm_rope_wg",
+            Op::QkNormRope,
+            BOTH,
+            QKNR_WG_PARAMS,
+            "one workgroup per (token, head): workgroup-memory x² reduction, then normalize + rotate whole pairs",
+            WgslImpl::new(&QKNR_WG, prepare_qknr_wg).shared(shared_wg).check(check_qknr_wg),
+        ),
+        KernelDef::wgsl(
+            "qk_norm_rope_subgroup",
+            Op::QkNormRope,
+            BOTH,
+            QKNR_SG_PARAMS,
+            "one subgroup per (token, head), subgroupAdd reduction, several heads per workgroup, no barriers",
+            WgslImpl::new(&QKNR_SG, prepare_qknr_sg).subgroups().check(check_qknr_sg),
+        ),
+        KernelDef::cpu(
+            "qk_norm_rope_heads_cpu",
+            Op::QkNormRope,
+            BOTH,
+            HEADS_CPU_PARAMS,
+            "rayon over (token, head) rows: SIMD x² and scale passes, then rotation with per-head sin/cos",
+            run_qknr_heads,
+            check_qknr_cpu,
+        ),
+        KernelDef::cpu(
+            "qk_norm_rope_table_cpu",
+            Op::QkNormRope,
+            BOTH,
+            HEADS_CPU_PARAMS,
+            "sin/cos table per token computed once in parallel, then one fused normalize+rotate pass per head",
+            run_qknr_table,
+            check_qknr_cpu,
+        ),
     ]
 }
 
@@ -256,7 +241,7 @@ mod tests {
     #[test]
     fn qk_norm_rope_stays_exact_at_far_positions() {
         use crate::kernels::verify::{Runner, check_one};
-        use crate::kernels::{Caps, for_op};
+        use crate::kernels::{Caps, Impl, for_op};
         let probs = [
             Problem::QkNormRope {
                 tokens: 3,
