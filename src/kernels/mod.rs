@@ -365,30 +365,30 @@ impl WgslImpl {
     }
 }
 
-impl KernelDef {
-    /// A CPU kernel.
-    pub const fn cpu(
-        id: &'static str,
-        op: Op,
-        dtypes: &'static [DType],
-        params: &'static [ParamSpec],
-        summary: &'static str,
-        run: CpuRunFn,
-        check: CpuCheckFn,
-    ) -> KernelDef {
-        KernelDef { id, op, summary, dtypes, params, imp: Impl::Cpu(CpuImpl { run, check }) }
+impl From<CpuImpl> for Impl {
+    fn from(c: CpuImpl) -> Impl {
+        Impl::Cpu(c)
     }
+}
 
-    /// A WGSL kernel.
-    pub const fn wgsl(
+impl From<WgslImpl> for Impl {
+    fn from(w: WgslImpl) -> Impl {
+        Impl::Wgsl(w)
+    }
+}
+
+impl KernelDef {
+    /// A kernel of the set: a [`CpuImpl`] or a [`WgslImpl`] with its id, op, storage
+    /// types, parameter space and one-line summary.
+    pub fn new(
         id: &'static str,
         op: Op,
         dtypes: &'static [DType],
         params: &'static [ParamSpec],
         summary: &'static str,
-        imp: WgslImpl,
+        imp: impl Into<Impl>,
     ) -> KernelDef {
-        KernelDef { id, op, summary, dtypes, params, imp: Impl::Wgsl(imp) }
+        KernelDef { id, op, summary, dtypes, params, imp: imp.into() }
     }
 }
 

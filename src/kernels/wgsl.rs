@@ -8,7 +8,7 @@
 use super::quant::QK;
 use super::{DType, KernelError, ParamSpec, Params, Problem, WgslSetup, param};
 use crate::device::GpuCaps;
-use crate::gpu::{Bind, GpuProgram};
+use crate::gpu::{Bind, GpuProgram, grid_2d, groups};
 
 /// `workgroup_size` with the common range.
 pub const WORKGROUP_SIZE: ParamSpec =
@@ -158,4 +158,24 @@ pub fn one_q_step(
         s.gpu.step_ranges(s.kernel.id, pipe, &binds, workgroups)?
     };
     Ok(GpuProgram { steps: vec![step], owned: vec![u] })
+}
+
+/// One workgroup per row (the norm-style shaders: `WG`, `W_F16`).
+pub fn one_wg_per_row(s: &WgslSetup<'_>, rows: usize, uniform: &[u32]) -> Result<GpuProgram, KernelError> {
+    let consts = [("WG", s.param("workgroup_size")? as f64), ("W_F16", s.w_f16())];
+    s.one_step("main", &consts, uniform, grid_2d(rows as u32))
+}
+
+/// One subgroup per row, the parameter `per_param` rows per workgroup (passed to the
+/// shader as `per_const`; with `WG` and `W_F16`).
+pub fn subgroup_per_row(
+    s: &WgslSetup<'_>,
+    rows: usize,
+    uniform: &[u32],
+    per_param: &str,
+    per_const: &str,
+) -> Result<GpuProgram, KernelError> {
+    let per = s.param(per_param)?;
+    let consts = [("WG", s.param("workgroup_size")? as f64), (per_const, per as f64), ("W_F16", s.w_f16())];
+    s.one_step("main", &consts, uniform, grid_2d(groups(rows, per)))
 }

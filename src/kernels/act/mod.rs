@@ -20,7 +20,9 @@ use super::cpu::{
     static_ranges,
 };
 use super::wgsl::{grid_fits, shared_wg, subgroup_fits};
-use super::{Activation, CpuArgs, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
+use super::{
+    Activation, CpuArgs, CpuImpl, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op,
+};
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::shader;
@@ -65,7 +67,7 @@ const STATIC_CPU_PARAMS: &[ParamSpec] = &[THREADS];
 pub fn variants() -> Vec<KernelDef> {
     vec![
         // gated_act
-        KernelDef::wgsl(
+        KernelDef::new(
             "gated_act_scalar",
             Op::GatedAct,
             F32_ONLY,
@@ -73,7 +75,7 @@ pub fn variants() -> Vec<KernelDef> {
             "one element per invocation, any n; activation specialised as a pipeline constant",
             WgslImpl::new(&SCALAR, prepare_scalar).check(check_scalar),
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "gated_act_vec4",
             Op::GatedAct,
             F32_ONLY,
@@ -81,26 +83,24 @@ pub fn variants() -> Vec<KernelDef> {
             "16-byte vec4 loads, vec_per_thread vec4s per invocation; n % 4 == 0",
             WgslImpl::new(&VEC4, prepare_vec4).check(check_vec4),
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "gated_act_simd_cpu",
             Op::GatedAct,
             F32_ONLY,
             ELEM_CPU_PARAMS,
             "SIMD microkernel (AVX-512/AVX2/portable) with a polynomial exp and sigmoid; rayon over element chunks",
-            run_gated_simd,
-            check_isa,
+            CpuImpl { run: run_gated_simd, check: check_isa },
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "gated_act_static_cpu",
             Op::GatedAct,
             F32_ONLY,
             STATIC_CPU_PARAMS,
             "scalar libm exp per element (reference-accurate); one static contiguous range per thread",
-            run_gated_static,
-            check_threads,
+            CpuImpl { run: run_gated_static, check: check_threads },
         ),
         // softmax
-        KernelDef::wgsl(
+        KernelDef::new(
             "softmax_wg",
             Op::Softmax,
             F32_ONLY,
@@ -108,7 +108,7 @@ pub fn variants() -> Vec<KernelDef> {
             "three passes (max, sum of exp, write), one workgroup per row, workgroup-memory tree reductions",
             WgslImpl::new(&SOFTMAX_WG, prepare_softmax_rows).shared(shared_wg).check(check_rows_grid),
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "softmax_online",
             Op::Softmax,
             F32_ONLY,
@@ -116,7 +116,7 @@ pub fn variants() -> Vec<KernelDef> {
             "online softmax: max and sum fused in one pass per invocation, (max, sum) pairs merged in workgroup memory",
             WgslImpl::new(&SOFTMAX_ONLINE, prepare_softmax_rows).shared(shared_wg_pairs).check(check_rows_grid),
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "softmax_subgroup",
             Op::Softmax,
             F32_ONLY,
@@ -124,26 +124,24 @@ pub fn variants() -> Vec<KernelDef> {
             "online softmax, one subgroup per row (subgroupMax + subgroupAdd), several rows per workgroup, no barriers",
             WgslImpl::new(&SOFTMAX_SG, prepare_softmax_sg).subgroups().check(check_softmax_sg),
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "softmax_rows_cpu",
             Op::Softmax,
             F32_ONLY,
             ROWS_PARAMS,
             "three-pass SIMD row microkernel (max, exp and sum, scale); rayon over rows (prefill)",
-            run_softmax_rows,
-            check_isa,
+            CpuImpl { run: run_softmax_rows, check: check_isa },
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "softmax_split_cpu",
             Op::Softmax,
             F32_ONLY,
             SPLIT_PARAMS,
             "online (max, sum) SIMD pass over feature chunks in parallel, merged, then a parallel write (decode: few long rows)",
-            run_softmax_split,
-            check_isa,
+            CpuImpl { run: run_softmax_split, check: check_isa },
         ),
         // residual_add
-        KernelDef::wgsl(
+        KernelDef::new(
             "residual_add_scalar",
             Op::ResidualAdd,
             F32_ONLY,
@@ -151,7 +149,7 @@ pub fn variants() -> Vec<KernelDef> {
             "one element per invocation, any n",
             WgslImpl::new(&SCALAR, prepare_scalar).check(check_scalar),
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "residual_add_vec4",
             Op::ResidualAdd,
             F32_ONLY,
@@ -159,23 +157,21 @@ pub fn variants() -> Vec<KernelDef> {
             "16-byte vec4 loads, vec_per_thread vec4s per invocation; n % 4 == 0",
             WgslImpl::new(&VEC4, prepare_vec4).check(check_vec4),
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "residual_add_simd_cpu",
             Op::ResidualAdd,
             F32_ONLY,
             ELEM_CPU_PARAMS,
             "explicit SIMD add (AVX-512/AVX2/portable); rayon over element chunks",
-            run_add_simd,
-            check_isa,
+            CpuImpl { run: run_add_simd, check: check_isa },
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "residual_add_static_cpu",
             Op::ResidualAdd,
             F32_ONLY,
             STATIC_CPU_PARAMS,
             "autovectorised add over one static contiguous range per thread (threads = 1: single-threaded)",
-            run_add_static,
-            check_threads,
+            CpuImpl { run: run_add_static, check: check_threads },
         ),
     ]
 }

@@ -24,7 +24,7 @@ use rayon::prelude::*;
 
 use super::cpu::{self, ISA, Isa, Row, axpy_row, row};
 use super::wgsl::shared_wg;
-use super::{CpuArgs, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
+use super::{CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuError, GpuProgram, GpuStep, Shader, grid_2d, groups};
 use crate::shader;
@@ -119,7 +119,7 @@ const DECODE_SPLIT_PARAMS: &[ParamSpec] = &[
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
-        KernelDef::wgsl(
+        KernelDef::new(
             "attention_prefill_naive",
             Op::AttentionPrefill,
             BOTH,
@@ -127,7 +127,7 @@ pub fn variants() -> Vec<KernelDef> {
             "scores materialised in a scratch buffer; three dispatches: QKᵀ, row softmax, P·V",
             WgslImpl::new(&PREFILL_NAIVE, prepare_naive).shared(shared_wg).check(check_naive),
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "attention_prefill_flash",
             Op::AttentionPrefill,
             BOTH,
@@ -135,25 +135,23 @@ pub fn variants() -> Vec<KernelDef> {
             "tiled online softmax: block_q queries per workgroup, K/V tiles of block_kv rows in workgroup memory",
             WgslImpl::new(&PREFILL_FLASH, prepare_flash).workgroup(flash_wg_size).shared(shared_flash).check(check_flash),
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "attention_prefill_cpu",
             Op::AttentionPrefill,
             BOTH,
             PREFILL_ROWS_PARAMS,
             "rayon over (token, head) rows; per-key online softmax, SIMD dot and axpy",
-            run_prefill_rows,
-            check_cpu,
+            CpuImpl { run: run_prefill_rows, check: check_cpu },
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "attention_prefill_tiled_cpu",
             Op::AttentionPrefill,
             BOTH,
             PREFILL_TILED_PARAMS,
             "rayon over (token block, KV head); key tiles with materialised score rows (dot4), K/V tile shared by the GQA group",
-            run_prefill_tiled,
-            check_cpu,
+            CpuImpl { run: run_prefill_tiled, check: check_cpu },
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "attention_decode_stream",
             Op::AttentionDecode,
             BOTH,
@@ -161,7 +159,7 @@ pub fn variants() -> Vec<KernelDef> {
             "one workgroup per query head streaming the cache; online softmax per tile, coalesced V rows",
             WgslImpl::new(&DECODE_STREAM, prepare_stream).shared(shared_stream).check(check_stream),
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "attention_decode_splitkv",
             Op::AttentionDecode,
             BOTH,
@@ -169,23 +167,21 @@ pub fn variants() -> Vec<KernelDef> {
             "flash decoding: chunk-key splits, one workgroup per GQA group reads each KV row once, then a merge pass",
             WgslImpl::new(&DECODE_SPLITKV, prepare_splitkv).shared(shared_splitkv).check(check_splitkv),
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "attention_decode_heads_cpu",
             Op::AttentionDecode,
             BOTH,
             DECODE_HEADS_PARAMS,
             "one rayon task per head; scores materialised, exact two-pass softmax, SIMD dot/dot4 and axpy",
-            run_decode_heads,
-            check_cpu,
+            CpuImpl { run: run_decode_heads, check: check_cpu },
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "attention_decode_splitkv_cpu",
             Op::AttentionDecode,
             BOTH,
             DECODE_SPLIT_PARAMS,
             "key range split across rayon tasks per KV head (the group's heads share each K/V row); (m, l, acc) partials merged",
-            run_decode_splitkv,
-            check_cpu,
+            CpuImpl { run: run_decode_splitkv, check: check_cpu },
         ),
     ]
 }

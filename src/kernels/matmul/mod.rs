@@ -21,7 +21,7 @@ use rayon::prelude::*;
 
 use super::cpu::{ISA, Isa, with_scratch};
 use super::wgsl::vec_alignment;
-use super::{CpuArgs, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
+use super::{CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, groups};
 use crate::shader;
@@ -77,14 +77,12 @@ const CRATE_PARAMS: &[ParamSpec] = &[ParamSpec {
 
 /// Every kernel of the matrix-matrix family.
 pub fn variants() -> Vec<KernelDef> {
-    let mut all = gemm_variants();
-    all.extend(quant::variants());
-    all
+    [gemm_variants(), quant::variants()].into_iter().flatten().collect()
 }
 
 fn gemm_variants() -> Vec<KernelDef> {
     vec![
-        KernelDef::wgsl(
+        KernelDef::new(
             "gemm_simple",
             Op::Gemm,
             BOTH,
@@ -92,7 +90,7 @@ fn gemm_variants() -> Vec<KernelDef> {
             "one column and rows_per_thread rows of y per invocation, scalar loads, any shape",
             WgslImpl::new(&GEMM_SIMPLE, prepare_simple).workgroup(simple_wg).check(check_simple),
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "gemm_tiled",
             Op::Gemm,
             BOTH,
@@ -100,23 +98,21 @@ fn gemm_variants() -> Vec<KernelDef> {
             "x and w tiles in workgroup memory via 16-byte loads, reg_m x reg_n outputs per invocation",
             WgslImpl::new(&GEMM_TILED, prepare_tiled).workgroup(tiled_wg).shared(tiled_shared).check(check_tiled),
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "gemm_blocked_cpu",
             Op::Gemm,
             BOTH,
             BLOCKED_PARAMS,
             "cache-blocked, packed panels (f16 widened while packing), MR x NR FMA microkernel; rayon over tokens or features",
-            run_blocked,
-            check_blocked,
+            CpuImpl { run: run_blocked, check: check_blocked },
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "gemm_crate_cpu",
             Op::Gemm,
             BOTH,
             CRATE_PARAMS,
             "the `gemm` crate (f16 weights widened to f32 first), the yardstick for gemm_blocked_cpu",
-            run_crate,
-            crate::kernels::cpu_any,
+            CpuImpl { run: run_crate, check: crate::kernels::cpu_any },
         ),
     ]
 }

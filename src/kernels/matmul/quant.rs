@@ -15,7 +15,9 @@ use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, groups};
 use crate::kernels::cpu::{ISA, Isa, check_quant, dequantize, par_row_blocks, qin, qrow, rows_times_tokens, scatter_row_blocks};
 use crate::kernels::wgsl::{check_blocks, grid_dim, one_q_step, qfmt};
-use crate::kernels::{CpuArgs, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
+use crate::kernels::{
+    CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op,
+};
 use crate::shader;
 
 static QGEMM_TILED: Shader = shader!("qgemm_tiled.wgsl", "qblock.wgsl");
@@ -44,7 +46,7 @@ const CPU_PANEL_PARAMS: &[ParamSpec] = &[
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
-        KernelDef::wgsl(
+        KernelDef::new(
             "gemm_q_tiled",
             Op::Gemm,
             DType::QUANT,
@@ -52,23 +54,21 @@ pub fn variants() -> Vec<KernelDef> {
             "block columns of w dequantized into workgroup memory with the x tile; 4x4 register blocks",
             WgslImpl::new(&QGEMM_TILED, prepare_tiled).workgroup(tiled_wg).shared(tiled_shared).check(check_tiled),
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "gemm_q_rows_cpu",
             Op::Gemm,
             DType::QUANT,
             CPU_GEMM_ROWS_PARAMS,
             "each weight row dequantized once into L1, dotted with tiles of tokens; rayon over rows",
-            run_gemm_rows,
-            check_quant,
+            CpuImpl { run: run_gemm_rows, check: check_quant },
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "gemm_q_panel_cpu",
             Op::Gemm,
             DType::QUANT,
             CPU_PANEL_PARAMS,
             "nc weight rows dequantized into an f32 panel, then the cache-blocked f32 GEMM microkernel",
-            run_gemm_panel,
-            check_quant,
+            CpuImpl { run: run_gemm_panel, check: check_quant },
         ),
     ]
 }

@@ -26,7 +26,8 @@ use crate::kernels::wgsl::{
     ROWS_WG_PARAMS, WORKGROUP_SIZE, check_blocks, grid_dim, one_q_step, qfmt, storage_buffers, subgroup_fits, vec_alignment,
 };
 use crate::kernels::{
-    Activation, CpuArgs, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op,
+    Activation, CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param,
+    wrong_op,
 };
 use crate::shader;
 
@@ -64,7 +65,7 @@ const CPU_Q_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK, ISA, ACT_BITS];
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
-        KernelDef::wgsl(
+        KernelDef::new(
             "gate_up_wg",
             Op::GateUp,
             BOTH,
@@ -72,7 +73,7 @@ pub fn variants() -> Vec<KernelDef> {
             "GEMV style: gate and up rows of ROWS features share each x load, workgroup reduction; grid z = token row",
             WgslImpl::new(&GATE_UP_WG, prepare_rows).shared(shared_gate_up).check(check_gate_up_wg),
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "gate_up_subgroup",
             Op::GateUp,
             BOTH,
@@ -80,7 +81,7 @@ pub fn variants() -> Vec<KernelDef> {
             "16-byte loads, one subgroup per feature streaming its gate and up rows together, subgroupAdd",
             WgslImpl::new(&GATE_UP_SG, prepare_rows).subgroups().check(check_gate_up_sg),
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "gate_up_tiled",
             Op::GateUp,
             BOTH,
@@ -88,25 +89,23 @@ pub fn variants() -> Vec<KernelDef> {
             "prefill GEMM: 16x16 workgroup, x/gate/up tiles in workgroup memory, thread_m x thread_n register blocking",
             WgslImpl::new(&GATE_UP_TILED, prepare_gate_up_tiled).workgroup(tiled_size).shared(shared_tiled).check(check_gate_up_tiled),
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "gate_up_dot4_cpu",
             Op::GateUp,
             BOTH,
             ROW_CPU_PARAMS,
             "dot4 over interleaved gate/up rows (two features per x load); rayon over tokens and features",
-            run_gate_up_dot4,
-            check_isa,
+            CpuImpl { run: run_gate_up_dot4, check: check_isa },
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "gate_up_blocked_cpu",
             Op::GateUp,
             BOTH,
             BLOCKED_CPU_PARAMS,
             "GEMM style: rayon over feature blocks, f32 weight panel packed once, 2-token x 4-row register microkernel",
-            run_gate_up_blocked,
-            check_isa,
+            CpuImpl { run: run_gate_up_blocked, check: check_isa },
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "gate_up_q_wg",
             Op::GateUp,
             DType::QUANT,
@@ -114,14 +113,13 @@ pub fn variants() -> Vec<KernelDef> {
             "quantized gate and up rows dequantized in registers, workgroup reduction, activation product in the epilogue",
             WgslImpl::new(&QGATE_UP_WG, prepare_q).shared(shared_gate_up).check(check_q_wgsl),
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "gate_up_q_cpu",
             Op::GateUp,
             DType::QUANT,
             CPU_Q_PARAMS,
             "gate and up rows of each feature dequantized once and dotted with every token (decode: block dots, f32 or int8 activations); activation product; rayon over features",
-            run_gate_up_q,
-            check_quant,
+            CpuImpl { run: run_gate_up_q, check: check_quant },
         ),
     ]
 }

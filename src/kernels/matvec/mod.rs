@@ -21,7 +21,7 @@ pub mod quant;
 
 use super::cpu::{self, ISA, Isa, ROWS_PER_TASK, RowSplit, STRATEGY, check_isa, par_rows, row};
 use super::wgsl::{ROWS_SG_PARAMS, ROWS_WG_PARAMS, shared_rows, subgroup_fits, vec_alignment};
-use super::{CpuArgs, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, wrong_op};
+use super::{CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, wrong_op};
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::shader;
@@ -38,17 +38,12 @@ const CPU_PARAMS: &[ParamSpec] =
 
 /// Every kernel of the matrix-vector family.
 pub fn variants() -> Vec<KernelDef> {
-    let mut all = gemv_variants();
-    all.extend(quant::variants());
-    all.extend(norm_gemv::variants());
-    all.extend(gate_up::variants());
-    all.extend(qkv::variants());
-    all
+    [gemv_variants(), quant::variants(), norm_gemv::variants(), gate_up::variants(), qkv::variants()].into_iter().flatten().collect()
 }
 
 fn gemv_variants() -> Vec<KernelDef> {
     vec![
-        KernelDef::wgsl(
+        KernelDef::new(
             "gemv_wg",
             Op::Gemv,
             BOTH,
@@ -56,7 +51,7 @@ fn gemv_variants() -> Vec<KernelDef> {
             "scalar loads, any k; ROWS rows per workgroup share x; workgroup tree reduction",
             WgslImpl::new(&GEMV_WG, prepare).shared(shared_rows),
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "gemv_vec",
             Op::Gemv,
             BOTH,
@@ -64,7 +59,7 @@ fn gemv_variants() -> Vec<KernelDef> {
             "16-byte vector loads (4 f32 or 8 f16 weights), register partials, workgroup reduction",
             WgslImpl::new(&GEMV_VEC, prepare).shared(shared_rows).check(check_vec),
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "gemv_subgroup",
             Op::Gemv,
             BOTH,
@@ -72,7 +67,7 @@ fn gemv_variants() -> Vec<KernelDef> {
             "16-byte loads, one subgroup per row, subgroupAdd reduction, no barriers",
             WgslImpl::new(&GEMV_SUBGROUP, prepare).subgroups().check(check_subgroup),
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "gemv_f16native",
             Op::Gemv,
             &[DType::F16],
@@ -80,15 +75,21 @@ fn gemv_variants() -> Vec<KernelDef> {
             "native f16 weight storage (enable f16), vec4<f16> loads, f32 accumulation",
             WgslImpl::new(&GEMV_F16, prepare).shared(shared_rows).native_f16().check(check_f16native),
         ),
-        KernelDef::cpu("gemv_rows_cpu", Op::Gemv, BOTH, CPU_PARAMS, "one SIMD dot product per row; rayon over rows", run_rows, check_isa),
-        KernelDef::cpu(
+        KernelDef::new(
+            "gemv_rows_cpu",
+            Op::Gemv,
+            BOTH,
+            CPU_PARAMS,
+            "one SIMD dot product per row; rayon over rows",
+            CpuImpl { run: run_rows, check: check_isa },
+        ),
+        KernelDef::new(
             "gemv_dot4_cpu",
             Op::Gemv,
             BOTH,
             CPU_PARAMS,
             "four rows per SIMD microkernel call sharing each x load; rayon over rows",
-            run_dot4,
-            check_isa,
+            CpuImpl { run: run_dot4, check: check_isa },
         ),
     ]
 }

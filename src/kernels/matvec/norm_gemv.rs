@@ -22,7 +22,9 @@ use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::kernels::cpu::{self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_TASK, RowSplit, STRATEGY, check_isa, par_rows};
 use crate::kernels::wgsl::{ROWS_SG_PARAMS, ROWS_WG_PARAMS, check_blocks, qbinds, qfmt, subgroup_fits, vec_alignment};
-use crate::kernels::{CpuArgs, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
+use crate::kernels::{
+    CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op,
+};
 use crate::shader;
 
 static NORM_GEMV_WG: Shader = shader!("norm_gemv_wg.wgsl");
@@ -40,7 +42,7 @@ const CPU_Q_PARAMS: &[ParamSpec] =
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
-        KernelDef::wgsl(
+        KernelDef::new(
             "norm_gemv_wg",
             Op::NormGemv,
             FLOAT,
@@ -48,7 +50,7 @@ pub fn variants() -> Vec<KernelDef> {
             "scalar loads, any k; ROWS rows per workgroup share x·g; x² summed alongside; one workgroup tree reduction",
             WgslImpl::new(&NORM_GEMV_WG, prepare_float).shared(shared_rows_plus_one),
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "norm_gemv_subgroup",
             Op::NormGemv,
             FLOAT,
@@ -56,7 +58,7 @@ pub fn variants() -> Vec<KernelDef> {
             "16-byte loads; each subgroup sums x² itself, then one subgroup per row, subgroupAdd, no barriers",
             WgslImpl::new(&NORM_GEMV_SG, prepare_float).subgroups().check(check_subgroup),
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "norm_gemv_q_wg",
             Op::NormGemv,
             QUANT,
@@ -64,7 +66,7 @@ pub fn variants() -> Vec<KernelDef> {
             "quantized blocks dequantized in registers; ROWS rows per workgroup share x·g; x² summed alongside; workgroup reduction",
             WgslImpl::new(&NORM_GEMV_Q_WG, prepare_quant).shared(shared_rows_plus_one).check(check_q_wgsl),
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "norm_gemv_q_subgroup",
             Op::NormGemv,
             QUANT,
@@ -72,23 +74,21 @@ pub fn variants() -> Vec<KernelDef> {
             "quantized blocks dequantized in registers; each subgroup sums x² itself, then one subgroup per row, subgroupAdd",
             WgslImpl::new(&NORM_GEMV_Q_SG, prepare_quant).subgroups().check(check_q_subgroup),
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "norm_gemv_cpu",
             Op::NormGemv,
             FLOAT,
             CPU_PARAMS,
             "x normalized once into a k-vector (SIMD sum of squares), then four rows per SIMD dot call; rayon over rows",
-            run_float,
-            check_isa,
+            CpuImpl { run: run_float, check: check_isa },
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "norm_gemv_q_cpu",
             Op::NormGemv,
             QUANT,
             CPU_Q_PARAMS,
             "x normalized once into a k-vector, then SIMD block dot products straight from the quants (f32 or int8 activations); rayon over rows",
-            run_quant,
-            cpu::check_quant,
+            CpuImpl { run: run_quant, check: cpu::check_quant },
         ),
     ]
 }

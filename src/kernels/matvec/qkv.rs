@@ -19,7 +19,9 @@ use crate::kernels::cpu::{self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_PASS, ROWS_
 use crate::kernels::wgsl::{
     ROWS_SG_PARAMS, ROWS_WG_PARAMS, check_blocks, qbinds, qfmt, shared_rows, storage_buffers, subgroup_fits, vec_alignment,
 };
-use crate::kernels::{CpuArgs, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, outs, param, wrong_op};
+use crate::kernels::{
+    CpuArgs, CpuImpl, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, outs, param, wrong_op,
+};
 use crate::shader;
 
 static QKV_WG: Shader = shader!("fused_qkv_proj_wg.wgsl");
@@ -53,7 +55,7 @@ const CPU_Q_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK, ISA, ACT_BITS, ROWS_PER_PASS
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
-        KernelDef::wgsl(
+        KernelDef::new(
             "qkv_proj_wg",
             Op::QkvProj,
             BOTH,
@@ -61,7 +63,7 @@ pub fn variants() -> Vec<KernelDef> {
             "scalar loads, any k; ROWS rows per workgroup share x; workgroup reduction; bias and q/k/v routing in the epilogue",
             WgslImpl::new(&QKV_WG, prepare).shared(shared_rows).check(check_qkv_wg),
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "qkv_proj_subgroup",
             Op::QkvProj,
             BOTH,
@@ -69,25 +71,23 @@ pub fn variants() -> Vec<KernelDef> {
             "16-byte loads, one subgroup per row, subgroupAdd; bias and q/k/v routing in the epilogue",
             WgslImpl::new(&QKV_SG, prepare).subgroups().check(check_qkv_sg),
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "qkv_proj_dot4_cpu",
             Op::QkvProj,
             BOTH,
             ROW_CPU_PARAMS,
             "one rayon pass over the rows of q, k and v together, four rows per SIMD call, bias in the epilogue",
-            run_qkv_dot4,
-            check_isa,
+            CpuImpl { run: run_qkv_dot4, check: check_isa },
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "qkv_proj_splitk_cpu",
             Op::QkvProj,
             BOTH,
             SPLITK_PARAMS,
             "split-k: rayon over slices of k, each task dot4s every row over its slice, partials summed with the bias",
-            run_qkv_splitk,
-            check_isa,
+            CpuImpl { run: run_qkv_splitk, check: check_isa },
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "qkv_proj_q_wg",
             Op::QkvProj,
             DType::QUANT,
@@ -95,14 +95,13 @@ pub fn variants() -> Vec<KernelDef> {
             "one quantized GEMV over the concatenated Q/K/V weight, bias and routing in the epilogue, workgroup reduction",
             WgslImpl::new(&QQKV_WG, prepare_q).shared(shared_rows).check(check_q_wgsl),
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "qkv_proj_q_cpu",
             Op::QkvProj,
             DType::QUANT,
             CPU_Q_PARAMS,
             "SIMD block dot products over the concatenated Q/K/V rows, f32 or int8 activations, bias added; rayon over rows of all three",
-            run_qkv_q,
-            check_quant,
+            CpuImpl { run: run_qkv_q, check: check_quant },
         ),
     ]
 }

@@ -12,7 +12,9 @@ use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::kernels::cpu::{ACT_BITS, ActVec, ISA, Isa, ROWS_PER_PASS, ROWS_PER_TASK, RowSplit, check_quant, par_rows, qin};
 use crate::kernels::wgsl::{ROWS_SG_PARAMS, ROWS_WG_PARAMS, check_blocks, one_q_step, qfmt, shared_rows, subgroup_fits};
-use crate::kernels::{CpuArgs, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
+use crate::kernels::{
+    CpuArgs, CpuImpl, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op,
+};
 use crate::shader;
 
 static QGEMV_WG: Shader = shader!("qgemv_wg.wgsl", "qblock.wgsl");
@@ -22,7 +24,7 @@ const CPU_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK, ISA, ACT_BITS, ROWS_PER_PASS];
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
-        KernelDef::wgsl(
+        KernelDef::new(
             "gemv_q_wg",
             Op::Gemv,
             DType::QUANT,
@@ -30,7 +32,7 @@ pub fn variants() -> Vec<KernelDef> {
             "quantized blocks read as u32 words, dequantized in registers; ROWS rows per workgroup; workgroup reduction",
             WgslImpl::new(&QGEMV_WG, prepare).shared(shared_rows).check(check_wgsl),
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "gemv_q_subgroup",
             Op::Gemv,
             DType::QUANT,
@@ -38,14 +40,13 @@ pub fn variants() -> Vec<KernelDef> {
             "quantized blocks dequantized in registers; one subgroup per row, subgroupAdd, no barriers",
             WgslImpl::new(&QGEMV_SG, prepare).subgroups().check(check_subgroup),
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "gemv_q_cpu",
             Op::Gemv,
             DType::QUANT,
             CPU_PARAMS,
             "SIMD block dot products (AVX2+FMA, scalar fallback) straight from the quants, f32 or int8 activations; rayon over rows",
-            run_gemv,
-            check_quant,
+            CpuImpl { run: run_gemv, check: check_quant },
         ),
     ]
 }

@@ -18,8 +18,8 @@ use rayon::prelude::*;
 pub mod residual;
 
 use super::cpu::{Elem, Isa, Lanes, ROWS_PARAMS, Row, RowSplit, SPLIT_PARAMS, check_isa, isa_dispatch, par_rows};
-use super::wgsl::{grid_fits, shared_wg, subgroup_fits};
-use super::{CpuArgs, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
+use super::wgsl::{grid_fits, one_wg_per_row, shared_wg, subgroup_fits, subgroup_per_row};
+use super::{CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::shader;
@@ -56,14 +56,12 @@ const VEC4_PARAMS: &[ParamSpec] = &[
 
 /// Every kernel of the norm family.
 pub fn variants() -> Vec<KernelDef> {
-    let mut all = norm_variants();
-    all.extend(residual::variants());
-    all
+    [norm_variants(), residual::variants()].into_iter().flatten().collect()
 }
 
 fn norm_variants() -> Vec<KernelDef> {
     vec![
-        KernelDef::wgsl(
+        KernelDef::new(
             "rms_norm_wg",
             Op::RmsNorm,
             BOTH,
@@ -71,7 +69,7 @@ fn norm_variants() -> Vec<KernelDef> {
             "one workgroup per row, scalar strided loads, workgroup-memory tree reduction; any dim",
             WgslImpl::new(&RMS_WG, prepare_wg).shared(shared_wg).check(check_rows_wg),
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "rms_norm_subgroup",
             Op::RmsNorm,
             BOTH,
@@ -79,7 +77,7 @@ fn norm_variants() -> Vec<KernelDef> {
             "one subgroup per row, subgroupAdd reduction, rows_per_wg rows per workgroup, no barriers; any dim",
             WgslImpl::new(&RMS_SG, prepare_sg).subgroups().check(check_rows_sg),
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "rms_norm_vec4",
             Op::RmsNorm,
             BOTH,
@@ -87,25 +85,23 @@ fn norm_variants() -> Vec<KernelDef> {
             "16-byte loads, row held in registers (x read once), workgroup reduction; dim % 4 == 0 and dim <= 4*wg*vpt",
             WgslImpl::new(&RMS_VEC4, prepare_rms_vec4).shared(shared_wg).check(check_rms_vec4),
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "rms_norm_rows_cpu",
             Op::RmsNorm,
             BOTH,
             ROWS_PARAMS,
             "SIMD sum-of-squares and scale microkernels per row; rayon over rows (prefill)",
-            run_rms_rows,
-            check_isa,
+            CpuImpl { run: run_rms_rows, check: check_isa },
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "rms_norm_split_cpu",
             Op::RmsNorm,
             BOTH,
             SPLIT_PARAMS,
             "each row's features split over rayon tasks: parallel partial sums of squares, then a parallel scale (decode)",
-            run_rms_split,
-            check_isa,
+            CpuImpl { run: run_rms_split, check: check_isa },
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "layer_norm_wg",
             Op::LayerNorm,
             BOTH,
@@ -113,7 +109,7 @@ fn norm_variants() -> Vec<KernelDef> {
             "one workgroup per row, single-read Welford statistics merged pairwise (Chan) in workgroup memory; any dim",
             WgslImpl::new(&LN_WG, prepare_wg).shared(shared_welford).check(check_rows_wg),
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "layer_norm_subgroup",
             Op::LayerNorm,
             BOTH,
@@ -121,23 +117,21 @@ fn norm_variants() -> Vec<KernelDef> {
             "one subgroup per row, exact two-pass mean and centred variance with subgroupAdd, no barriers; any dim",
             WgslImpl::new(&LN_SG, prepare_sg).subgroups().check(check_rows_sg),
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "layer_norm_rows_cpu",
             Op::LayerNorm,
             BOTH,
             ROWS_PARAMS,
             "SIMD two-pass mean / centred variance and affine microkernels per row; rayon over rows (prefill)",
-            run_ln_rows,
-            check_isa,
+            CpuImpl { run: run_ln_rows, check: check_isa },
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "layer_norm_split_cpu",
             Op::LayerNorm,
             BOTH,
             SPLIT_PARAMS,
             "each row's features split over rayon tasks: parallel sum, parallel centred squares, parallel affine (decode)",
-            run_ln_split,
-            check_isa,
+            CpuImpl { run: run_ln_split, check: check_isa },
         ),
     ]
 }
@@ -179,29 +173,31 @@ fn check_rms_vec4(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> 
     grid_fits(caps, rows, "one per row")
 }
 
-/// The uniform block of an RMSNorm (`rows, dim, eps, unit_offset`) or LayerNorm
+/// The uniform block of an RMSNorm or residual RMSNorm (`rows, dim, eps,
+/// unit_offset`) or LayerNorm
 /// (`rows, dim, eps`) problem, and its row count.
 fn norm_uniform(s: &WgslSetup<'_>) -> Result<(usize, Vec<u32>), KernelError> {
     match *s.problem {
-        Problem::RmsNorm { rows, dim, eps, unit_offset } => Ok((rows, vec![rows as u32, dim as u32, eps.to_bits(), unit_offset as u32])),
+        Problem::RmsNorm { rows, dim, eps, unit_offset } | Problem::ResidualRmsNorm { rows, dim, eps, unit_offset } => {
+            Ok((rows, vec![rows as u32, dim as u32, eps.to_bits(), unit_offset as u32]))
+        }
         Problem::LayerNorm { rows, dim, eps } => Ok((rows, vec![rows as u32, dim as u32, eps.to_bits()])),
         _ => Err(wrong_op(s.kernel, s.problem)),
     }
 }
 
-/// One prepare for the one-workgroup-per-row shaders (`rms_norm_wg`, `layer_norm_wg`).
-fn prepare_wg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+/// One prepare for the one-workgroup-per-row shaders (`rms_norm_wg`, `layer_norm_wg`,
+/// `residual_rms_norm_wg`).
+pub(super) fn prepare_wg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let (rows, u) = norm_uniform(s)?;
-    let consts = [("WG", s.param("workgroup_size")? as f64), ("W_F16", s.w_f16())];
-    s.one_step("main", &consts, &u, grid_2d(rows as u32))
+    one_wg_per_row(s, rows, &u)
 }
 
-/// One prepare for the subgroup-per-row shaders (`rms_norm_subgroup`, `layer_norm_subgroup`).
-fn prepare_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+/// One prepare for the subgroup-per-row shaders (`rms_norm_subgroup`,
+/// `layer_norm_subgroup`, `residual_rms_norm_subgroup`).
+pub(super) fn prepare_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let (rows, u) = norm_uniform(s)?;
-    let per = s.param("rows_per_wg")?;
-    let consts = [("WG", s.param("workgroup_size")? as f64), ("ROWS", per as f64), ("W_F16", s.w_f16())];
-    s.one_step("main", &consts, &u, grid_2d(groups(rows, per)))
+    subgroup_per_row(s, rows, &u, "rows_per_wg", "ROWS")
 }
 
 fn prepare_rms_vec4(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {

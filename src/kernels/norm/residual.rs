@@ -10,12 +10,12 @@
 
 use rayon::prelude::*;
 
-use super::{gains, inv_rms};
+use super::{gains, inv_rms, prepare_sg, prepare_wg};
 use crate::device::GpuCaps;
-use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
+use crate::gpu::Shader;
 use crate::kernels::cpu::{self, ISA, Isa, check_isa};
 use crate::kernels::wgsl::{WORKGROUP_SIZE, shared_wg, storage_buffers, subgroup_fits};
-use crate::kernels::{CpuArgs, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, outs, param, wrong_op};
+use crate::kernels::{CpuArgs, CpuImpl, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, outs, param, wrong_op};
 use crate::shader;
 
 static RESNORM_WG: Shader = shader!("fused_residual_rms_norm_wg.wgsl");
@@ -33,39 +33,37 @@ const RESNORM_SPLIT_PARAMS: &[ParamSpec] =
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
-        KernelDef::wgsl(
+        KernelDef::new(
             "residual_rms_norm_wg",
             Op::ResidualRmsNorm,
             BOTH,
             WG_PARAMS,
             "one workgroup per row: h written and h² accumulated in one pass, workgroup reduction, scale pass",
-            WgslImpl::new(&RESNORM_WG, prepare_resnorm_wg).shared(shared_wg).check(check_resnorm_wg),
+            WgslImpl::new(&RESNORM_WG, prepare_wg).shared(shared_wg).check(check_resnorm_wg),
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "residual_rms_norm_subgroup",
             Op::ResidualRmsNorm,
             BOTH,
             SG_PARAMS,
             "one subgroup per row, several rows per workgroup, subgroupAdd reduction, no barriers",
-            WgslImpl::new(&RESNORM_SG, prepare_resnorm_sg).subgroups().check(check_resnorm_sg),
+            WgslImpl::new(&RESNORM_SG, prepare_sg).subgroups().check(check_resnorm_sg),
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "residual_rms_norm_rows_cpu",
             Op::ResidualRmsNorm,
             BOTH,
             RESNORM_ROWS_PARAMS,
             "rayon over rows (prefill): fused SIMD add + sum of squares, then SIMD scale pass per row",
-            run_resnorm_rows,
-            check_isa,
+            CpuImpl { run: run_resnorm_rows, check: check_isa },
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "residual_rms_norm_split_cpu",
             Op::ResidualRmsNorm,
             BOTH,
             RESNORM_SPLIT_PARAMS,
             "rayon over chunks of each row (decode): partial sums of squares per chunk, reduced, then a parallel scale pass",
-            run_resnorm_split,
-            check_isa,
+            CpuImpl { run: run_resnorm_split, check: check_isa },
         ),
     ]
 }
@@ -77,28 +75,6 @@ fn check_resnorm_wg(caps: &GpuCaps, _: &Problem, _: DType, _: &Params) -> Result
 fn check_resnorm_sg(caps: &GpuCaps, _: &Problem, _: DType, params: &Params) -> Result<(), String> {
     storage_buffers(caps, 5)?;
     subgroup_fits(caps, params)
-}
-
-fn resnorm_uniform(s: &WgslSetup<'_>) -> Result<(usize, Vec<u32>), KernelError> {
-    match *s.problem {
-        Problem::ResidualRmsNorm { rows, dim, eps, unit_offset } => {
-            Ok((rows, vec![rows as u32, dim as u32, eps.to_bits(), unit_offset as u32]))
-        }
-        _ => Err(wrong_op(s.kernel, s.problem)),
-    }
-}
-
-fn prepare_resnorm_wg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let (rows, u) = resnorm_uniform(s)?;
-    let consts = [("WG", s.param("workgroup_size")? as f64), ("W_F16", s.w_f16())];
-    s.one_step("main", &consts, &u, grid_2d(rows as u32))
-}
-
-fn prepare_resnorm_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let (rows, u) = resnorm_uniform(s)?;
-    let per = s.param("rows_per_wg")?;
-    let consts = [("WG", s.param("workgroup_size")? as f64), ("ROWS", per as f64), ("W_F16", s.w_f16())];
-    s.one_step("main", &consts, &u, grid_2d(groups(rows, per)))
 }
 
 /// Rows in parallel; per row one fused add + sum-of-squares pass and one scale pass.

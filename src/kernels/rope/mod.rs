@@ -21,7 +21,9 @@ pub mod qk_norm;
 use super::cpu::{ISA, Isa, Lanes, check_isa, isa_dispatch};
 use super::reference::{self, Llama3Scaling};
 use super::wgsl::grid_fits;
-use super::{CpuArgs, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, RopeLayout, WgslImpl, WgslSetup, param, wrong_op};
+use super::{
+    CpuArgs, CpuImpl, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, RopeLayout, WgslImpl, WgslSetup, param, wrong_op,
+};
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::shader;
@@ -70,14 +72,12 @@ const TOKEN_CPU_PARAMS: &[ParamSpec] = &[
 
 /// Every kernel of the RoPE family.
 pub fn variants() -> Vec<KernelDef> {
-    let mut all = rope_variants();
-    all.extend(qk_norm::variants());
-    all
+    [rope_variants(), qk_norm::variants()].into_iter().flatten().collect()
 }
 
 fn rope_variants() -> Vec<KernelDef> {
     vec![
-        KernelDef::wgsl(
+        KernelDef::new(
             "rope_pair",
             Op::Rope,
             F32_ONLY,
@@ -85,7 +85,7 @@ fn rope_variants() -> Vec<KernelDef> {
             "one invocation per rotary pair (or copied dim), each with its own exactly-reduced angle",
             WgslImpl::new(&ROPE_PAIR, prepare_pair).check(check_pair),
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "rope_shared",
             Op::Rope,
             F32_ONLY,
@@ -93,23 +93,21 @@ fn rope_variants() -> Vec<KernelDef> {
             "one workgroup per (token, heads_per_wg heads): cos/sin once per frequency in workgroup memory, reused across heads",
             WgslImpl::new(&ROPE_SHARED, prepare_shared).shared(shared_table).check(check_shared),
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "rope_table_cpu",
             Op::Rope,
             F32_ONLY,
             TABLE_CPU_PARAMS,
             "cos/sin table for all tokens built in parallel first, then SIMD rotation of (token, head) rows in parallel (prefill)",
-            run_table,
-            check_cpu,
+            CpuImpl { run: run_table, check: check_cpu },
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "rope_token_cpu",
             Op::Rope,
             F32_ONLY,
             TOKEN_CPU_PARAMS,
             "fused: each task computes its token's cos/sin then SIMD-rotates heads_per_task heads (decode splits heads)",
-            run_token,
-            check_cpu,
+            CpuImpl { run: run_token, check: check_cpu },
         ),
     ]
 }

@@ -12,12 +12,12 @@ use rayon::prelude::*;
 
 use super::WGSL_MAX_POSITION;
 use crate::device::{CpuCaps, GpuCaps};
-use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
+use crate::gpu::{GpuProgram, Shader};
 use crate::kernels::cpu::{self, ISA, Isa, Row, check_isa};
 use crate::kernels::norm::{gains, inv_rms};
-use crate::kernels::wgsl::{shared_wg, storage_buffers, subgroup_fits};
+use crate::kernels::wgsl::{one_wg_per_row, shared_wg, storage_buffers, subgroup_fits, subgroup_per_row};
 use crate::kernels::{
-    CpuArgs, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, RopeLayout, WgslImpl, WgslSetup, param, wrong_op,
+    CpuArgs, CpuImpl, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, RopeLayout, WgslImpl, WgslSetup, param, wrong_op,
 };
 use crate::shader;
 
@@ -37,7 +37,7 @@ const HEADS_CPU_PARAMS: &[ParamSpec] =
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
-        KernelDef::wgsl(
+        KernelDef::new(
             "qk_norm_rope_wg",
             Op::QkNormRope,
             BOTH,
@@ -45,7 +45,7 @@ pub fn variants() -> Vec<KernelDef> {
             "one workgroup per (token, head): workgroup-memory x² reduction, then normalize + rotate whole pairs",
             WgslImpl::new(&QKNR_WG, prepare_qknr_wg).shared(shared_wg).check(check_qknr_wg),
         ),
-        KernelDef::wgsl(
+        KernelDef::new(
             "qk_norm_rope_subgroup",
             Op::QkNormRope,
             BOTH,
@@ -53,23 +53,21 @@ pub fn variants() -> Vec<KernelDef> {
             "one subgroup per (token, head), subgroupAdd reduction, several heads per workgroup, no barriers",
             WgslImpl::new(&QKNR_SG, prepare_qknr_sg).subgroups().check(check_qknr_sg),
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "qk_norm_rope_heads_cpu",
             Op::QkNormRope,
             BOTH,
             HEADS_CPU_PARAMS,
             "rayon over (token, head) rows: SIMD x² and scale passes, then rotation with per-head sin/cos",
-            run_qknr_heads,
-            check_qknr_cpu,
+            CpuImpl { run: run_qknr_heads, check: check_qknr_cpu },
         ),
-        KernelDef::cpu(
+        KernelDef::new(
             "qk_norm_rope_table_cpu",
             Op::QkNormRope,
             BOTH,
             HEADS_CPU_PARAMS,
             "sin/cos table per token computed once in parallel, then one fused normalize+rotate pass per head",
-            run_qknr_table,
-            check_qknr_cpu,
+            CpuImpl { run: run_qknr_table, check: check_qknr_cpu },
         ),
     ]
 }
@@ -136,15 +134,12 @@ fn qknr_uniform(s: &WgslSetup<'_>) -> Result<(usize, Vec<u32>), KernelError> {
 
 fn prepare_qknr_wg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let (heads, u) = qknr_uniform(s)?;
-    let consts = [("WG", s.param("workgroup_size")? as f64), ("W_F16", s.w_f16())];
-    s.one_step("main", &consts, &u, grid_2d(heads as u32))
+    one_wg_per_row(s, heads, &u)
 }
 
 fn prepare_qknr_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let (heads, u) = qknr_uniform(s)?;
-    let per = s.param("heads_per_wg")?;
-    let consts = [("WG", s.param("workgroup_size")? as f64), ("HEADS", per as f64), ("W_F16", s.w_f16())];
-    s.one_step("main", &consts, &u, grid_2d(groups(heads, per)))
+    subgroup_per_row(s, heads, &u, "heads_per_wg", "HEADS")
 }
 
 /// Where the two elements of rotary pair `i` sit in a head.
@@ -156,34 +151,65 @@ fn pair(layout: RopeLayout, i: usize, half: usize) -> (usize, usize) {
     }
 }
 
+/// The operands of one CPU call and the (token, head) orchestration both CPU
+/// variants share: rayon over chunks of `heads_per_task` rows, `head(row, x_row,
+/// inv_rms, y_row)` per row.
+struct QkCall<'a> {
+    tokens: usize,
+    heads: usize,
+    d: usize,
+    pos0: usize,
+    layout: RopeLayout,
+    isa: Isa,
+    g: Vec<f32>,
+    x: &'a [f32],
+    inv_freq: &'a [f32],
+}
+
+impl<'a> QkCall<'a> {
+    fn new(kd: &KernelDef, prob: &Problem, params: &Params, a: &CpuArgs<'a>) -> Result<(QkCall<'a>, f32, usize), KernelError> {
+        let Problem::QkNormRope { tokens, heads, head_dim: d, rot_dim, pos0, layout, eps, unit_offset } = *prob else {
+            return Err(wrong_op(kd, prob));
+        };
+        let per = (param(params, "heads_per_task")? as usize).max(1);
+        let (x, inv_freq) = (a.ins[0].f32(), &a.ins[2].f32()[..rot_dim / 2]);
+        let g = gains(a.ins[1], d, unit_offset);
+        Ok((QkCall { tokens, heads, d, pos0, layout, isa: Isa::of(params)?, g, x, inv_freq }, eps, per))
+    }
+
+    fn half(&self) -> usize {
+        self.inv_freq.len()
+    }
+
+    fn each_head(&self, y: &mut [f32], eps: f32, per: usize, head: impl Fn(usize, &[f32], f32, &mut [f32]) + Sync + Send) {
+        let d = self.d;
+        y[..self.tokens * self.heads * d].par_chunks_mut(per * d).enumerate().for_each(|(ci, chunk)| {
+            for (hi, yh) in chunk.chunks_mut(d).enumerate() {
+                let row = ci * per + hi;
+                let xh = &self.x[row * d..][..d];
+                let inv = inv_rms(cpu::dot(self.isa, xh, Row::F32(xh)), d, eps);
+                head(row, xh, inv, yh);
+            }
+        });
+    }
+}
+
 /// Two passes per head: SIMD scale into `y`, then rotation in place with f32 sin/cos
 /// evaluated for this head (angle formed and reduced in f64, so far positions stay exact).
 fn run_qknr_heads(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Problem::QkNormRope { tokens, heads, head_dim: d, rot_dim, pos0, layout, eps, unit_offset } = *prob else {
-        return Err(wrong_op(kd, prob));
-    };
-    let isa = Isa::of(params)?;
-    let per = (param(params, "heads_per_task")? as usize).max(1);
-    let g = gains(a.ins[1], d, unit_offset);
-    let (x, inv_freq) = (a.ins[0].f32(), &a.ins[2].f32()[..rot_dim / 2]);
-    let half = inv_freq.len();
-    let y = &mut a.outs[0][..tokens * heads * d];
-    y.par_chunks_mut(per * d).enumerate().for_each(|(ci, chunk)| {
-        for (hi, yh) in chunk.chunks_mut(d).enumerate() {
-            let head = ci * per + hi;
-            let xh = &x[head * d..][..d];
-            let inv = inv_rms(cpu::dot(isa, xh, Row::F32(xh)), d, eps);
-            cpu::scale_mul(isa, xh, inv, &g, yh);
-            let pos = (pos0 + head / heads) as f64;
-            for (i, f) in inv_freq.iter().enumerate() {
-                // exact angle in f64, reduced to [-pi, pi], then f32 sin/cos
-                let a = pos * *f as f64;
-                let (sn, cs) = ((a - (a / std::f64::consts::TAU).round() * std::f64::consts::TAU) as f32).sin_cos();
-                let (ia, ib) = pair(layout, i, half);
-                let (x0, x1) = (yh[ia], yh[ib]);
-                yh[ia] = x0 * cs - x1 * sn;
-                yh[ib] = x1 * cs + x0 * sn;
-            }
+    let (c, eps, per) = QkCall::new(kd, prob, params, &a)?;
+    let half = c.half();
+    c.each_head(&mut a.outs[0], eps, per, |row, xh, inv, yh| {
+        cpu::scale_mul(c.isa, xh, inv, &c.g, yh);
+        let pos = (c.pos0 + row / c.heads) as f64;
+        for (i, f) in c.inv_freq.iter().enumerate() {
+            // exact angle in f64, reduced to [-pi, pi], then f32 sin/cos
+            let a = pos * *f as f64;
+            let (sn, cs) = ((a - (a / std::f64::consts::TAU).round() * std::f64::consts::TAU) as f32).sin_cos();
+            let (ia, ib) = pair(c.layout, i, half);
+            let (x0, x1) = (yh[ia], yh[ib]);
+            yh[ia] = x0 * cs - x1 * sn;
+            yh[ib] = x1 * cs + x0 * sn;
         }
     });
     Ok(())
@@ -193,41 +219,30 @@ fn run_qknr_heads(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArg
 /// tokens), then one pass per head that normalizes and rotates each pair straight
 /// from `x` into `y`; dims past `rot_dim` go through the SIMD scale microkernel.
 fn run_qknr_table(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Problem::QkNormRope { tokens, heads, head_dim: d, rot_dim, pos0, layout, eps, unit_offset } = *prob else {
-        return Err(wrong_op(kd, prob));
-    };
-    let isa = Isa::of(params)?;
-    let per = (param(params, "heads_per_task")? as usize).max(1);
-    let g = gains(a.ins[1], d, unit_offset);
-    let (x, inv_freq) = (a.ins[0].f32(), &a.ins[2].f32()[..rot_dim / 2]);
-    let half = inv_freq.len();
-    let mut table = vec![(0f32, 0f32); tokens * half];
+    let (c, eps, per) = QkCall::new(kd, prob, params, &a)?;
+    let half = c.half();
+    let mut table = vec![(0f32, 0f32); c.tokens * half];
     if half > 0 {
         table.par_chunks_mut(half).enumerate().for_each(|(t, tc)| {
-            let pos = (pos0 + t) as f64;
-            for (e, f) in tc.iter_mut().zip(inv_freq) {
+            let pos = (c.pos0 + t) as f64;
+            for (e, f) in tc.iter_mut().zip(c.inv_freq) {
                 let (sn, cs) = (pos * *f as f64).sin_cos();
                 *e = (cs as f32, sn as f32);
             }
         });
     }
-    let y = &mut a.outs[0][..tokens * heads * d];
-    y.par_chunks_mut(per * d).enumerate().for_each(|(ci, chunk)| {
-        for (hi, yh) in chunk.chunks_mut(d).enumerate() {
-            let head = ci * per + hi;
-            let xh = &x[head * d..][..d];
-            let inv = inv_rms(cpu::dot(isa, xh, Row::F32(xh)), d, eps);
-            let cs = &table[(head / heads) * half..][..half];
-            for (i, &(c, s)) in cs.iter().enumerate() {
-                let (ia, ib) = pair(layout, i, half);
-                let x0 = xh[ia] * inv * g[ia];
-                let x1 = xh[ib] * inv * g[ib];
-                yh[ia] = x0 * c - x1 * s;
-                yh[ib] = x1 * c + x0 * s;
-            }
-            let r = 2 * half;
-            cpu::scale_mul(isa, &xh[r..], inv, &g[r..], &mut yh[r..]);
+    c.each_head(&mut a.outs[0], eps, per, |row, xh, inv, yh| {
+        let g = &c.g;
+        let cs = &table[(row / c.heads) * half..][..half];
+        for (i, &(co, s)) in cs.iter().enumerate() {
+            let (ia, ib) = pair(c.layout, i, half);
+            let x0 = xh[ia] * inv * g[ia];
+            let x1 = xh[ib] * inv * g[ib];
+            yh[ia] = x0 * co - x1 * s;
+            yh[ib] = x1 * co + x0 * s;
         }
+        let r = 2 * half;
+        cpu::scale_mul(c.isa, &xh[r..], inv, &g[r..], &mut yh[r..]);
     });
     Ok(())
 }
