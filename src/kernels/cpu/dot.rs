@@ -10,7 +10,7 @@
 use half::f16;
 
 use super::Isa;
-use super::lanes::Elem;
+use super::lanes::{Elem, Lanes, isa_dispatch};
 
 /// A row of weights in either storage type.
 #[derive(Clone, Copy)]
@@ -100,33 +100,33 @@ fn dot4_w<W: Weight>(isa: Isa, x: &[f32], w: [&[W]; 4], one: fn(Isa, &[f32], &[W
 
 /// `y[i] += a * x[i]`.
 pub fn axpy(isa: Isa, a: f32, x: &[f32], y: &mut [f32]) {
-    axpy_w(isa, a, x, y)
+    axpy_row(isa, a, Row::F32(x), y)
 }
 
-/// `y += a * x` for an f32 or f16 row.
+/// `y += a * x` for an f32 or f16 row (one FMA per lane on the SIMD levels).
 #[inline]
 pub fn axpy_row(isa: Isa, a: f32, x: Row<'_>, y: &mut [f32]) {
-    match x {
-        Row::F32(x) => axpy_w(isa, a, x, y),
-        Row::F16(x) => axpy_w(isa, a, x, y),
-    }
+    isa_dispatch!(isa, |l| (a: f32 = a, x: Row<'_> = x, y: &mut [f32] = y) -> () {
+        match x {
+            Row::F32(x) => axpy_k(l, a, x, y),
+            Row::F16(x) => axpy_k(l, a, x, y),
+        }
+    })
 }
 
-fn axpy_w<W: Weight>(isa: Isa, a: f32, x: &[W], y: &mut [f32]) {
+#[inline(always)]
+fn axpy_k<L: Lanes, W: Elem>(l: L, a: f32, x: &[W], y: &mut [f32]) {
     let n = x.len().min(y.len());
     let (x, y) = (&x[..n], &mut y[..n]);
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::from_param`/`best` only yield levels the CPU reports.
-        Isa::Avx512 => unsafe { x86::axpy_avx512(a, x, y) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above (the AVX2 level includes F16C).
-        Isa::Simd256 => unsafe { x86::axpy_avx2(a, x, y) },
-        _ => {
-            for (yi, xi) in y.iter_mut().zip(x) {
-                *yi += a * xi.f32();
-            }
-        }
+    let av = l.splat(a);
+    let mut ys = y.chunks_exact_mut(L::N);
+    for (yc, xc) in (&mut ys).zip(x.chunks_exact(L::N)) {
+        let v = l.fma(av, W::load(l, xc), l.load(yc));
+        l.store(yc, v);
+    }
+    let t = n - n % L::N;
+    for (i, o) in ys.into_remainder().iter_mut().enumerate() {
+        *o += a * x[t + i].f32();
     }
 }
 
@@ -403,44 +403,6 @@ pub(crate) mod x86 {
             }
         }
         out
-    }
-
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn axpy_avx512<W: super::Weight>(a: f32, x: &[W], y: &mut [f32]) {
-        let n = x.len();
-        let av = _mm512_set1_ps(a);
-        let mut i = 0;
-        // SAFETY: loads/stores in [0, n) for both slices of length n.
-        unsafe {
-            while i + 16 <= n {
-                let yv = _mm512_fmadd_ps(av, W::load16(x.as_ptr().add(i)), _mm512_loadu_ps(y.as_ptr().add(i)));
-                _mm512_storeu_ps(y.as_mut_ptr().add(i), yv);
-                i += 16;
-            }
-        }
-        while i < n {
-            y[i] += a * x[i].f32();
-            i += 1;
-        }
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn axpy_avx2<W: super::Weight>(a: f32, x: &[W], y: &mut [f32]) {
-        let n = x.len();
-        let av = _mm256_set1_ps(a);
-        let mut i = 0;
-        // SAFETY: loads/stores in [0, n) for both slices of length n.
-        unsafe {
-            while i + 8 <= n {
-                let yv = _mm256_fmadd_ps(av, W::load8(x.as_ptr().add(i)), _mm256_loadu_ps(y.as_ptr().add(i)));
-                _mm256_storeu_ps(y.as_mut_ptr().add(i), yv);
-                i += 8;
-            }
-        }
-        while i < n {
-            y[i] += a * x[i].f32();
-            i += 1;
-        }
     }
 
     #[target_feature(enable = "avx2,fma")]

@@ -161,6 +161,99 @@ mod x86 {
 
     const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 
+    /// The [`Lanes`] impl of an x86 instruction set from its intrinsics: the
+    /// element-wise primitives are one intrinsic each, the others an expression of
+    /// the named argument. Every body runs in `unsafe`: a value of the type exists
+    /// only on a CPU with its features, and loads/stores go through slices checked
+    /// to hold `N` elements.
+    macro_rules! x86_lanes {
+        (
+            $t:ty, $v:ty, $n:literal,
+            splat: $splat:ident, load: $load:ident, store: $store:ident,
+            add: $add:ident, sub: $sub:ident, mul: $mul:ident, div: $div:ident,
+            max: $max:ident, min: $min:ident, fma: $fma:ident,
+            load_f16: |$hp:ident| $load_f16:expr,
+            round: |$ra:ident| $round:expr,
+            pow2i: |$pn:ident| $pow2i:expr,
+            hsum: |$sa:ident| $hsum:expr,
+            hmax: |$ma:ident| $hmax:expr,
+            swap_pairs: |$wa:ident| $swap:expr $(,)?
+        ) => {
+            // SAFETY (every `unsafe` block of this impl): see the macro's doc.
+            impl Lanes for $t {
+                type V = $v;
+                const N: usize = $n;
+                #[inline(always)]
+                fn splat(self, a: f32) -> $v {
+                    unsafe { $splat(a) }
+                }
+                #[inline(always)]
+                fn load(self, s: &[f32]) -> $v {
+                    let s = &s[..$n];
+                    unsafe { $load(s.as_ptr()) }
+                }
+                #[inline(always)]
+                fn load_f16(self, s: &[f16]) -> $v {
+                    let $hp = s[..$n].as_ptr();
+                    unsafe { $load_f16 }
+                }
+                #[inline(always)]
+                fn store(self, s: &mut [f32], v: $v) {
+                    let s = &mut s[..$n];
+                    unsafe { $store(s.as_mut_ptr(), v) }
+                }
+                #[inline(always)]
+                fn add(self, a: $v, b: $v) -> $v {
+                    unsafe { $add(a, b) }
+                }
+                #[inline(always)]
+                fn sub(self, a: $v, b: $v) -> $v {
+                    unsafe { $sub(a, b) }
+                }
+                #[inline(always)]
+                fn mul(self, a: $v, b: $v) -> $v {
+                    unsafe { $mul(a, b) }
+                }
+                #[inline(always)]
+                fn div(self, a: $v, b: $v) -> $v {
+                    unsafe { $div(a, b) }
+                }
+                #[inline(always)]
+                fn max(self, a: $v, b: $v) -> $v {
+                    unsafe { $max(a, b) }
+                }
+                #[inline(always)]
+                fn min(self, a: $v, b: $v) -> $v {
+                    unsafe { $min(a, b) }
+                }
+                #[inline(always)]
+                fn fma(self, a: $v, b: $v, c: $v) -> $v {
+                    unsafe { $fma(a, b, c) }
+                }
+                #[inline(always)]
+                fn round(self, $ra: $v) -> $v {
+                    unsafe { $round }
+                }
+                #[inline(always)]
+                fn pow2i(self, $pn: $v) -> $v {
+                    unsafe { $pow2i }
+                }
+                #[inline(always)]
+                fn hsum(self, $sa: $v) -> f32 {
+                    unsafe { $hsum }
+                }
+                #[inline(always)]
+                fn hmax(self, $ma: $v) -> f32 {
+                    unsafe { $hmax }
+                }
+                #[inline(always)]
+                fn swap_pairs(self, $wa: $v) -> $v {
+                    unsafe { $swap }
+                }
+            }
+        };
+    }
+
     /// AVX2 + FMA + F16C, 8 lanes. Exists only where the CPU has them.
     #[derive(Clone, Copy, Debug)]
     pub struct Avx2(());
@@ -177,84 +270,25 @@ mod x86 {
     // SAFETY (every `unsafe` block of this impl): an `Avx2` value exists only on a
     // CPU with AVX2+FMA+F16C (see `new_unchecked`), and loads/stores go through
     // slices checked to hold 8 elements.
-    impl Lanes for Avx2 {
-        type V = __m256;
-        const N: usize = 8;
-        #[inline(always)]
-        fn splat(self, a: f32) -> __m256 {
-            unsafe { _mm256_set1_ps(a) }
-        }
-        #[inline(always)]
-        fn load(self, s: &[f32]) -> __m256 {
-            let s = &s[..8];
-            unsafe { _mm256_loadu_ps(s.as_ptr()) }
-        }
-        #[inline(always)]
-        fn load_f16(self, s: &[f16]) -> __m256 {
-            let s = &s[..8];
-            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr() as *const __m128i)) }
-        }
-        #[inline(always)]
-        fn store(self, s: &mut [f32], v: __m256) {
-            let s = &mut s[..8];
-            unsafe { _mm256_storeu_ps(s.as_mut_ptr(), v) }
-        }
-        #[inline(always)]
-        fn add(self, a: __m256, b: __m256) -> __m256 {
-            unsafe { _mm256_add_ps(a, b) }
-        }
-        #[inline(always)]
-        fn sub(self, a: __m256, b: __m256) -> __m256 {
-            unsafe { _mm256_sub_ps(a, b) }
-        }
-        #[inline(always)]
-        fn mul(self, a: __m256, b: __m256) -> __m256 {
-            unsafe { _mm256_mul_ps(a, b) }
-        }
-        #[inline(always)]
-        fn div(self, a: __m256, b: __m256) -> __m256 {
-            unsafe { _mm256_div_ps(a, b) }
-        }
-        #[inline(always)]
-        fn max(self, a: __m256, b: __m256) -> __m256 {
-            unsafe { _mm256_max_ps(a, b) }
-        }
-        #[inline(always)]
-        fn min(self, a: __m256, b: __m256) -> __m256 {
-            unsafe { _mm256_min_ps(a, b) }
-        }
-        #[inline(always)]
-        fn fma(self, a: __m256, b: __m256, c: __m256) -> __m256 {
-            unsafe { _mm256_fmadd_ps(a, b, c) }
-        }
-        #[inline(always)]
-        fn round(self, a: __m256) -> __m256 {
-            unsafe { _mm256_round_ps::<NEAREST>(a) }
-        }
-        #[inline(always)]
-        fn pow2i(self, n: __m256) -> __m256 {
-            unsafe { _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)))) }
-        }
-        #[inline(always)]
-        fn hsum(self, a: __m256) -> f32 {
-            unsafe {
-                let s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
-                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-                _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
-            }
-        }
-        #[inline(always)]
-        fn hmax(self, a: __m256) -> f32 {
-            unsafe {
-                let s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
-                let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-                _mm_cvtss_f32(_mm_max_ss(s, _mm_shuffle_ps::<1>(s, s)))
-            }
-        }
-        #[inline(always)]
-        fn swap_pairs(self, a: __m256) -> __m256 {
-            unsafe { _mm256_permute_ps::<0xB1>(a) }
-        }
+    x86_lanes! {
+        Avx2, __m256, 8,
+        splat: _mm256_set1_ps, load: _mm256_loadu_ps, store: _mm256_storeu_ps,
+        add: _mm256_add_ps, sub: _mm256_sub_ps, mul: _mm256_mul_ps, div: _mm256_div_ps,
+        max: _mm256_max_ps, min: _mm256_min_ps, fma: _mm256_fmadd_ps,
+        load_f16: |p| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+        round: |a| _mm256_round_ps::<NEAREST>(a),
+        pow2i: |n| _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)))),
+        hsum: |a| {
+            let s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
+        },
+        hmax: |a| {
+            let s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+            let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+            _mm_cvtss_f32(_mm_max_ss(s, _mm_shuffle_ps::<1>(s, s)))
+        },
+        swap_pairs: |a| _mm256_permute_ps::<0xB1>(a),
     }
 
     /// AVX-512F, 16 lanes. Exists only where the CPU has it.
@@ -273,76 +307,17 @@ mod x86 {
     // SAFETY (every `unsafe` block of this impl): an `Avx512` value exists only on
     // a CPU with AVX-512F (see `new_unchecked`), and loads/stores go through
     // slices checked to hold 16 elements.
-    impl Lanes for Avx512 {
-        type V = __m512;
-        const N: usize = 16;
-        #[inline(always)]
-        fn splat(self, a: f32) -> __m512 {
-            unsafe { _mm512_set1_ps(a) }
-        }
-        #[inline(always)]
-        fn load(self, s: &[f32]) -> __m512 {
-            let s = &s[..16];
-            unsafe { _mm512_loadu_ps(s.as_ptr()) }
-        }
-        #[inline(always)]
-        fn load_f16(self, s: &[f16]) -> __m512 {
-            let s = &s[..16];
-            unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr() as *const __m256i)) }
-        }
-        #[inline(always)]
-        fn store(self, s: &mut [f32], v: __m512) {
-            let s = &mut s[..16];
-            unsafe { _mm512_storeu_ps(s.as_mut_ptr(), v) }
-        }
-        #[inline(always)]
-        fn add(self, a: __m512, b: __m512) -> __m512 {
-            unsafe { _mm512_add_ps(a, b) }
-        }
-        #[inline(always)]
-        fn sub(self, a: __m512, b: __m512) -> __m512 {
-            unsafe { _mm512_sub_ps(a, b) }
-        }
-        #[inline(always)]
-        fn mul(self, a: __m512, b: __m512) -> __m512 {
-            unsafe { _mm512_mul_ps(a, b) }
-        }
-        #[inline(always)]
-        fn div(self, a: __m512, b: __m512) -> __m512 {
-            unsafe { _mm512_div_ps(a, b) }
-        }
-        #[inline(always)]
-        fn max(self, a: __m512, b: __m512) -> __m512 {
-            unsafe { _mm512_max_ps(a, b) }
-        }
-        #[inline(always)]
-        fn min(self, a: __m512, b: __m512) -> __m512 {
-            unsafe { _mm512_min_ps(a, b) }
-        }
-        #[inline(always)]
-        fn fma(self, a: __m512, b: __m512, c: __m512) -> __m512 {
-            unsafe { _mm512_fmadd_ps(a, b, c) }
-        }
-        #[inline(always)]
-        fn round(self, a: __m512) -> __m512 {
-            unsafe { _mm512_roundscale_ps::<NEAREST>(a) }
-        }
-        #[inline(always)]
-        fn pow2i(self, n: __m512) -> __m512 {
-            unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)))) }
-        }
-        #[inline(always)]
-        fn hsum(self, a: __m512) -> f32 {
-            unsafe { _mm512_reduce_add_ps(a) }
-        }
-        #[inline(always)]
-        fn hmax(self, a: __m512) -> f32 {
-            unsafe { _mm512_reduce_max_ps(a) }
-        }
-        #[inline(always)]
-        fn swap_pairs(self, a: __m512) -> __m512 {
-            unsafe { _mm512_permute_ps::<0xB1>(a) }
-        }
+    x86_lanes! {
+        Avx512, __m512, 16,
+        splat: _mm512_set1_ps, load: _mm512_loadu_ps, store: _mm512_storeu_ps,
+        add: _mm512_add_ps, sub: _mm512_sub_ps, mul: _mm512_mul_ps, div: _mm512_div_ps,
+        max: _mm512_max_ps, min: _mm512_min_ps, fma: _mm512_fmadd_ps,
+        load_f16: |p| _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)),
+        round: |a| _mm512_roundscale_ps::<NEAREST>(a),
+        pow2i: |n| _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)))),
+        hsum: |a| _mm512_reduce_add_ps(a),
+        hmax: |a| _mm512_reduce_max_ps(a),
+        swap_pairs: |a| _mm512_permute_ps::<0xB1>(a),
     }
 }
 

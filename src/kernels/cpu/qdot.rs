@@ -211,6 +211,18 @@ mod x86 {
 
     use crate::kernels::cpu::dot::x86::hsum256 as hsum;
 
+    /// `$run::<F>(args)` with the const `F` of the block format: one loop per format,
+    /// the format resolved outside it.
+    macro_rules! by_format {
+        ($format:expr, $run:ident($($arg:expr),*)) => {
+            match $format {
+                QFormat::Q8_0 => $run::<0>($($arg),*),
+                QFormat::Q4_0 => $run::<1>($($arg),*),
+                QFormat::Q4_1 => $run::<2>($($arg),*),
+            }
+        };
+    }
+
     #[inline]
     #[target_feature(enable = "f16c")]
     fn h(v: f16) -> f32 {
@@ -408,13 +420,7 @@ mod x86 {
             hsum(_mm256_add_ps(a0, a1)) + m0 + m1
         }
         // SAFETY: as the caller's contract.
-        unsafe {
-            match format {
-                QFormat::Q8_0 => run::<0>(q, s, x),
-                QFormat::Q4_0 => run::<1>(q, s, x),
-                QFormat::Q4_1 => run::<2>(q, s, x),
-            }
-        }
+        unsafe { by_format!(format, run(q, s, x)) }
     }
 
     /// Four rows at once: [`dot_i8`] of `x` with each of `q[r]`/`s[r]` (the same
@@ -445,13 +451,7 @@ mod x86 {
             [hsum(acc[0]) + m[0], hsum(acc[1]) + m[1], hsum(acc[2]) + m[2], hsum(acc[3]) + m[3]]
         }
         // SAFETY: as the caller's contract.
-        unsafe {
-            match format {
-                QFormat::Q8_0 => run::<0>(q, s, x),
-                QFormat::Q4_0 => run::<1>(q, s, x),
-                QFormat::Q4_1 => run::<2>(q, s, x),
-            }
-        }
+        unsafe { by_format!(format, run(q, s, x)) }
     }
 
     /// # Safety

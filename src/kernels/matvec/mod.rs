@@ -151,18 +151,21 @@ pub fn gemv_dot4(isa: Isa, x: &[f32], w: CpuIn<'_>, k: usize, first: usize, y: &
     }
 }
 
-fn run_rows(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+/// A row-parallel float GEMV over one of the microkernels above.
+type GemvMicro = fn(Isa, &[f32], CpuIn<'_>, usize, usize, &mut [f32]);
+
+fn run_gemv(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>, micro: GemvMicro) -> Result<(), KernelError> {
     let Problem::Gemv { n, k } = *prob else { return Err(wrong_op(kd, prob)) };
     let isa = Isa::of(params)?;
     let (x, w) = (a.ins[0].f32(), a.ins[1]);
-    par_rows(&mut a.outs[0][..n], 1, RowSplit::of(params)?, |first, y| gemv_rows(isa, &x[..k], w, k, first, y));
+    par_rows(&mut a.outs[0][..n], 1, RowSplit::of(params)?, |first, y| micro(isa, &x[..k], w, k, first, y));
     Ok(())
 }
 
-fn run_dot4(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Problem::Gemv { n, k } = *prob else { return Err(wrong_op(kd, prob)) };
-    let isa = Isa::of(params)?;
-    let (x, w) = (a.ins[0].f32(), a.ins[1]);
-    par_rows(&mut a.outs[0][..n], 1, RowSplit::of(params)?, |first, y| gemv_dot4(isa, &x[..k], w, k, first, y));
-    Ok(())
+fn run_rows(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), KernelError> {
+    run_gemv(kd, prob, params, a, gemv_rows)
+}
+
+fn run_dot4(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), KernelError> {
+    run_gemv(kd, prob, params, a, gemv_dot4)
 }
