@@ -158,6 +158,12 @@ pub struct ParamSpec {
     pub help: &'static str,
 }
 
+impl ParamSpec {
+    pub const fn new(name: &'static str, values: &'static [u32], default: u32, help: &'static str) -> ParamSpec {
+        ParamSpec { name, values, default, help }
+    }
+}
+
 /// Parameter values of one variant, by name.
 pub type Params = BTreeMap<String, u32>;
 
@@ -558,13 +564,22 @@ impl KernelDef {
 pub fn registry() -> &'static [KernelDef] {
     static REG: OnceLock<Vec<KernelDef>> = OnceLock::new();
     REG.get_or_init(|| {
-        let mut all = Vec::new();
-        all.extend(matvec::variants());
-        all.extend(matmul::variants());
-        all.extend(attention::variants());
-        all.extend(norm::variants());
-        all.extend(rope::variants());
-        all.extend(act::variants());
+        let families = [
+            matvec::variants(),
+            matvec::quant::variants(),
+            matvec::norm_gemv::variants(),
+            matvec::gate_up::variants(),
+            matvec::qkv::variants(),
+            matmul::variants(),
+            matmul::quant::variants(),
+            attention::variants(),
+            norm::variants(),
+            norm::residual::variants(),
+            rope::variants(),
+            rope::qk_norm::variants(),
+            act::variants(),
+        ];
+        let mut all: Vec<KernelDef> = families.into_iter().flatten().collect();
         all.sort_by(|a, b| (a.op, a.id).cmp(&(b.op, b.id)));
         all
     })

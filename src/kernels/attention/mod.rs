@@ -40,12 +40,8 @@ const BOTH: &[DType] = &[DType::F32, DType::F16];
 /// per-invocation score and accumulator arrays are sized for this many).
 const SPLITKV_MAX_HEADS: usize = 8;
 
-const NAIVE_PARAMS: &[ParamSpec] = &[ParamSpec {
-    name: "workgroup_size",
-    values: &[64, 128, 256],
-    default: 128,
-    help: "invocations per workgroup of the three passes (scores, softmax rows, P·V)",
-}];
+const NAIVE_PARAMS: &[ParamSpec] =
+    &[ParamSpec::new("workgroup_size", &[64, 128, 256], 128, "invocations per workgroup of the three passes (scores, softmax rows, P·V)")];
 
 const FLASH_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "block_q", values: &[8, 16, 32, 64], default: 16, help: "queries per workgroup (Q tile rows)" },
@@ -59,33 +55,13 @@ const FLASH_PARAMS: &[ParamSpec] = &[
 ];
 
 const STREAM_PARAMS: &[ParamSpec] = &[
-    ParamSpec {
-        name: "workgroup_size",
-        values: &[64, 128, 256],
-        default: 128,
-        help: "invocations per workgroup (one workgroup per query head)",
-    },
-    ParamSpec {
-        name: "keys_per_thread",
-        values: &[1, 2, 4, 8],
-        default: 2,
-        help: "keys each invocation scores per tile (tile = workgroup_size * keys_per_thread)",
-    },
+    ParamSpec::new("workgroup_size", &[64, 128, 256], 128, "invocations per workgroup (one workgroup per query head)"),
+    ParamSpec::new("keys_per_thread", &[1, 2, 4, 8], 2, "keys each invocation scores per tile (tile = workgroup_size * keys_per_thread)"),
 ];
 
 const SPLITKV_PARAMS: &[ParamSpec] = &[
-    ParamSpec {
-        name: "workgroup_size",
-        values: &[64, 128, 256],
-        default: 128,
-        help: "invocations per workgroup (keys scored per inner tile)",
-    },
-    ParamSpec {
-        name: "chunk",
-        values: &[64, 128, 256, 512, 1024, 2048],
-        default: 256,
-        help: "keys per split (splits = visible keys / chunk)",
-    },
+    ParamSpec::new("workgroup_size", &[64, 128, 256], 128, "invocations per workgroup (keys scored per inner tile)"),
+    ParamSpec::new("chunk", &[64, 128, 256, 512, 1024, 2048], 256, "keys per split (splits = visible keys / chunk)"),
 ];
 
 const PREFILL_ROWS_PARAMS: &[ParamSpec] =
@@ -97,25 +73,11 @@ const PREFILL_TILED_PARAMS: &[ParamSpec] = &[
     ISA,
 ];
 
-const DECODE_HEADS_PARAMS: &[ParamSpec] = &[
-    ParamSpec {
-        name: "keys_per_call",
-        values: &[1, 4],
-        default: 4,
-        help: "K rows per dot-product microkernel call (4: dot4 shares each q load)",
-    },
-    ISA,
-];
+const DECODE_HEADS_PARAMS: &[ParamSpec] =
+    &[ParamSpec::new("keys_per_call", &[1, 4], 4, "K rows per dot-product microkernel call (4: dot4 shares each q load)"), ISA];
 
-const DECODE_SPLIT_PARAMS: &[ParamSpec] = &[
-    ParamSpec {
-        name: "chunk",
-        values: &[64, 128, 256, 512, 1024, 2048],
-        default: 256,
-        help: "keys per split task (tasks = kv_heads * visible keys / chunk)",
-    },
-    ISA,
-];
+const DECODE_SPLIT_PARAMS: &[ParamSpec] =
+    &[ParamSpec::new("chunk", &[64, 128, 256, 512, 1024, 2048], 256, "keys per split task (tasks = kv_heads * visible keys / chunk)"), ISA];
 
 pub fn variants() -> Vec<KernelDef> {
     vec![

@@ -165,13 +165,12 @@ mod x86 {
     /// element-wise primitives are one intrinsic each, the others an expression of
     /// the named argument. Every body runs in `unsafe`: a value of the type exists
     /// only on a CPU with its features, and loads/stores go through slices checked
-    /// to hold `N` elements.
+    /// to hold `N` elements. Also declares the type and its `new_unchecked`.
     macro_rules! x86_lanes {
         (
-            $t:ty, $v:ty, $n:literal,
+            $(#[$doc:meta])* $t:ident ($features:literal), $v:ty, $n:literal,
             splat: $splat:ident, load: $load:ident, store: $store:ident,
-            add: $add:ident, sub: $sub:ident, mul: $mul:ident, div: $div:ident,
-            max: $max:ident, min: $min:ident, fma: $fma:ident,
+            binary: [$($op:ident: $opf:ident),*], fma: $fma:ident,
             load_f16: |$hp:ident| $load_f16:expr,
             round: |$ra:ident| $round:expr,
             pow2i: |$pn:ident| $pow2i:expr,
@@ -179,6 +178,18 @@ mod x86 {
             hmax: |$ma:ident| $hmax:expr,
             swap_pairs: |$wa:ident| $swap:expr $(,)?
         ) => {
+            $(#[$doc])*
+            #[derive(Clone, Copy, Debug)]
+            pub struct $t(());
+
+            impl $t {
+                #[doc = concat!("# Safety\nThe CPU must support ", $features, ".")]
+                #[inline(always)]
+                pub unsafe fn new_unchecked() -> $t {
+                    $t(())
+                }
+            }
+
             // SAFETY (every `unsafe` block of this impl): see the macro's doc.
             impl Lanes for $t {
                 type V = $v;
@@ -202,30 +213,12 @@ mod x86 {
                     let s = &mut s[..$n];
                     unsafe { $store(s.as_mut_ptr(), v) }
                 }
-                #[inline(always)]
-                fn add(self, a: $v, b: $v) -> $v {
-                    unsafe { $add(a, b) }
-                }
-                #[inline(always)]
-                fn sub(self, a: $v, b: $v) -> $v {
-                    unsafe { $sub(a, b) }
-                }
-                #[inline(always)]
-                fn mul(self, a: $v, b: $v) -> $v {
-                    unsafe { $mul(a, b) }
-                }
-                #[inline(always)]
-                fn div(self, a: $v, b: $v) -> $v {
-                    unsafe { $div(a, b) }
-                }
-                #[inline(always)]
-                fn max(self, a: $v, b: $v) -> $v {
-                    unsafe { $max(a, b) }
-                }
-                #[inline(always)]
-                fn min(self, a: $v, b: $v) -> $v {
-                    unsafe { $min(a, b) }
-                }
+                $(
+                    #[inline(always)]
+                    fn $op(self, a: $v, b: $v) -> $v {
+                        unsafe { $opf(a, b) }
+                    }
+                )*
                 #[inline(always)]
                 fn fma(self, a: $v, b: $v, c: $v) -> $v {
                     unsafe { $fma(a, b, c) }
@@ -254,27 +247,12 @@ mod x86 {
         };
     }
 
-    /// AVX2 + FMA + F16C, 8 lanes. Exists only where the CPU has them.
-    #[derive(Clone, Copy, Debug)]
-    pub struct Avx2(());
-
-    impl Avx2 {
-        /// # Safety
-        /// The CPU must support AVX2, FMA and F16C.
-        #[inline(always)]
-        pub unsafe fn new_unchecked() -> Avx2 {
-            Avx2(())
-        }
-    }
-
-    // SAFETY (every `unsafe` block of this impl): an `Avx2` value exists only on a
-    // CPU with AVX2+FMA+F16C (see `new_unchecked`), and loads/stores go through
-    // slices checked to hold 8 elements.
     x86_lanes! {
-        Avx2, __m256, 8,
+        /// AVX2 + FMA + F16C, 8 lanes. Exists only where the CPU has them.
+        Avx2 ("AVX2, FMA and F16C"), __m256, 8,
         splat: _mm256_set1_ps, load: _mm256_loadu_ps, store: _mm256_storeu_ps,
-        add: _mm256_add_ps, sub: _mm256_sub_ps, mul: _mm256_mul_ps, div: _mm256_div_ps,
-        max: _mm256_max_ps, min: _mm256_min_ps, fma: _mm256_fmadd_ps,
+        binary: [add: _mm256_add_ps, sub: _mm256_sub_ps, mul: _mm256_mul_ps, div: _mm256_div_ps, max: _mm256_max_ps, min: _mm256_min_ps],
+        fma: _mm256_fmadd_ps,
         load_f16: |p| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
         round: |a| _mm256_round_ps::<NEAREST>(a),
         pow2i: |n| _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)))),
@@ -291,27 +269,12 @@ mod x86 {
         swap_pairs: |a| _mm256_permute_ps::<0xB1>(a),
     }
 
-    /// AVX-512F, 16 lanes. Exists only where the CPU has it.
-    #[derive(Clone, Copy, Debug)]
-    pub struct Avx512(());
-
-    impl Avx512 {
-        /// # Safety
-        /// The CPU must support AVX-512F.
-        #[inline(always)]
-        pub unsafe fn new_unchecked() -> Avx512 {
-            Avx512(())
-        }
-    }
-
-    // SAFETY (every `unsafe` block of this impl): an `Avx512` value exists only on
-    // a CPU with AVX-512F (see `new_unchecked`), and loads/stores go through
-    // slices checked to hold 16 elements.
     x86_lanes! {
-        Avx512, __m512, 16,
+        /// AVX-512F, 16 lanes. Exists only where the CPU has it.
+        Avx512 ("AVX-512F"), __m512, 16,
         splat: _mm512_set1_ps, load: _mm512_loadu_ps, store: _mm512_storeu_ps,
-        add: _mm512_add_ps, sub: _mm512_sub_ps, mul: _mm512_mul_ps, div: _mm512_div_ps,
-        max: _mm512_max_ps, min: _mm512_min_ps, fma: _mm512_fmadd_ps,
+        binary: [add: _mm512_add_ps, sub: _mm512_sub_ps, mul: _mm512_mul_ps, div: _mm512_div_ps, max: _mm512_max_ps, min: _mm512_min_ps],
+        fma: _mm512_fmadd_ps,
         load_f16: |p| _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)),
         round: |a| _mm512_roundscale_ps::<NEAREST>(a),
         pow2i: |n| _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)))),

@@ -121,24 +121,20 @@ pub const ISA_HELP: &str = "instruction set: 0 best available (AVX-512 > AVX2 > 
 pub const ISA: ParamSpec = ParamSpec { name: "isa", values: ISA_VALUES, default: 0, help: ISA_HELP };
 
 /// The `threads` parameter of the static-range kernels.
-pub const THREADS: ParamSpec = ParamSpec {
-    name: "threads",
-    values: &[0, 1, 2, 4, 8, 16],
-    default: 0,
-    help: "contiguous static ranges, one per thread: 0 all of rayon's threads, 1 single-threaded",
-};
+pub const THREADS: ParamSpec = ParamSpec::new(
+    "threads",
+    &[0, 1, 2, 4, 8, 16],
+    0,
+    "contiguous static ranges, one per thread: 0 all of rayon's threads, 1 single-threaded",
+);
 
 /// `rows_per_task` over the weight rows of a matrix-vector kernel.
 pub const ROWS_PER_TASK: ParamSpec =
     ParamSpec { name: "rows_per_task", values: &[8, 16, 32, 64, 128, 256], default: 64, help: "weight rows per rayon task" };
 
 /// `strategy` of [`par_rows`] without the single-threaded choice.
-pub const STRATEGY: ParamSpec = ParamSpec {
-    name: "strategy",
-    values: &[0, 1],
-    default: 0,
-    help: "0 dynamic work stealing by rows_per_task, 1 one static row range per thread",
-};
+pub const STRATEGY: ParamSpec =
+    ParamSpec::new("strategy", &[0, 1], 0, "0 dynamic work stealing by rows_per_task, 1 one static row range per thread");
 
 /// Row-wise kernels under [`par_rows`] (norms, softmax).
 pub const ROWS_PARAMS: &[ParamSpec] = &[

@@ -46,18 +46,8 @@ const TILED_PARAMS: &[ParamSpec] = &[
 ];
 
 const BLOCKED_PARAMS: &[ParamSpec] = &[
-    ParamSpec {
-        name: "mc",
-        values: &[48, 96, 144, 192, 384],
-        default: 96,
-        help: "rows of x per L2 block (and per task when splitting tokens)",
-    },
-    ParamSpec {
-        name: "nc",
-        values: &[64, 128, 256, 512, 1024],
-        default: 256,
-        help: "rows of w per packed block (and per task when splitting features)",
-    },
+    ParamSpec::new("mc", &[48, 96, 144, 192, 384], 96, "rows of x per L2 block (and per task when splitting tokens)"),
+    ParamSpec::new("nc", &[64, 128, 256, 512, 1024], 256, "rows of w per packed block (and per task when splitting features)"),
     ParamSpec { name: "kc", values: &[64, 128, 256, 384, 512], default: 256, help: "depth of a packed block (k per pass)" },
     ParamSpec {
         name: "split",
@@ -68,19 +58,14 @@ const BLOCKED_PARAMS: &[ParamSpec] = &[
     ISA,
 ];
 
-const CRATE_PARAMS: &[ParamSpec] = &[ParamSpec {
-    name: "threads",
-    values: &[0, 1, 2, 4],
-    default: 0,
-    help: "gemm crate parallelism: 0 Rayon over the whole pool, 1 Parallelism::None, t > 1 Rayon(t)",
-}];
+const CRATE_PARAMS: &[ParamSpec] = &[ParamSpec::new(
+    "threads",
+    &[0, 1, 2, 4],
+    0,
+    "gemm crate parallelism: 0 Rayon over the whole pool, 1 Parallelism::None, t > 1 Rayon(t)",
+)];
 
-/// Every kernel of the matrix-matrix family.
 pub fn variants() -> Vec<KernelDef> {
-    [gemm_variants(), quant::variants()].into_iter().flatten().collect()
-}
-
-fn gemm_variants() -> Vec<KernelDef> {
     vec![
         KernelDef::new(
             "gemm_simple",

@@ -29,12 +29,7 @@ const TILED_PARAMS: &[ParamSpec] = &[
 
 const CPU_GEMM_ROWS_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "rows_per_task", values: &[4, 8, 16, 32, 64], default: 16, help: "weight rows per rayon task" },
-    ParamSpec {
-        name: "tokens_per_tile",
-        values: &[4, 16, 64],
-        default: 16,
-        help: "tokens swept per dequantized weight row while it is in L1",
-    },
+    ParamSpec::new("tokens_per_tile", &[4, 16, 64], 16, "tokens swept per dequantized weight row while it is in L1"),
     ISA,
 ];
 

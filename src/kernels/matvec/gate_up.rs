@@ -51,15 +51,8 @@ const GATE_UP_TILED_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "thread_n", values: &[1, 2, 4], default: 2, help: "features per invocation (tile width 16*thread_n)" },
     ParamSpec { name: "tile_k", values: &[8, 16, 32], default: 16, help: "k staged in workgroup memory per step" },
 ];
-const BLOCKED_CPU_PARAMS: &[ParamSpec] = &[
-    ParamSpec {
-        name: "block_n",
-        values: &[8, 16, 32, 64, 128],
-        default: 32,
-        help: "features per rayon task; its weight panel is reused by every token",
-    },
-    ISA,
-];
+const BLOCKED_CPU_PARAMS: &[ParamSpec] =
+    &[ParamSpec::new("block_n", &[8, 16, 32, 64, 128], 32, "features per rayon task; its weight panel is reused by every token"), ISA];
 /// `act_bits` applies to decode (one token); prefill rows stay f32.
 const CPU_Q_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK, ISA, ACT_BITS];
 

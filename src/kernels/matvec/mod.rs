@@ -36,12 +36,7 @@ const BOTH: &[DType] = &[DType::F32, DType::F16];
 const CPU_PARAMS: &[ParamSpec] =
     &[ParamSpec { name: "rows_per_task", help: "rows per rayon task (dynamic strategy)", ..ROWS_PER_TASK }, STRATEGY, ISA];
 
-/// Every kernel of the matrix-vector family.
 pub fn variants() -> Vec<KernelDef> {
-    [gemv_variants(), quant::variants(), norm_gemv::variants(), gate_up::variants(), qkv::variants()].into_iter().flatten().collect()
-}
-
-fn gemv_variants() -> Vec<KernelDef> {
     vec![
         KernelDef::new(
             "gemv_wg",

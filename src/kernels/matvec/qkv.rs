@@ -32,18 +32,8 @@ const BOTH: &[DType] = &[DType::F32, DType::F16];
 
 /// Shared with gate_up's dot4 kernel.
 pub(super) const ROW_CPU_PARAMS: &[ParamSpec] = &[
-    ParamSpec {
-        name: "rows_per_task",
-        values: &[8, 16, 32, 64, 128, 256],
-        default: 32,
-        help: "output rows per rayon task (dynamic strategy)",
-    },
-    ParamSpec {
-        name: "strategy",
-        values: &[0, 1],
-        default: 0,
-        help: "0 dynamic work stealing by rows_per_task, 1 one static row range per thread",
-    },
+    ParamSpec::new("rows_per_task", &[8, 16, 32, 64, 128, 256], 32, "output rows per rayon task (dynamic strategy)"),
+    ParamSpec::new("strategy", &[0, 1], 0, "0 dynamic work stealing by rows_per_task, 1 one static row range per thread"),
     ISA,
 ];
 

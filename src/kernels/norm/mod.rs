@@ -32,12 +32,8 @@ static LN_SG: Shader = shader!("norm_layer_subgroup.wgsl");
 
 const BOTH: &[DType] = &[DType::F32, DType::F16];
 
-const WG_PARAMS: &[ParamSpec] = &[ParamSpec {
-    name: "workgroup_size",
-    values: &[32, 64, 128, 256, 512],
-    default: 128,
-    help: "invocations per row (one workgroup per row)",
-}];
+const WG_PARAMS: &[ParamSpec] =
+    &[ParamSpec::new("workgroup_size", &[32, 64, 128, 256, 512], 128, "invocations per row (one workgroup per row)")];
 
 const SG_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "workgroup_size", values: &[32, 64, 128, 256], default: 128, help: "invocations per workgroup" },
@@ -54,12 +50,7 @@ const VEC4_PARAMS: &[ParamSpec] = &[
     },
 ];
 
-/// Every kernel of the norm family.
 pub fn variants() -> Vec<KernelDef> {
-    [norm_variants(), residual::variants()].into_iter().flatten().collect()
-}
-
-fn norm_variants() -> Vec<KernelDef> {
     vec![
         KernelDef::new(
             "rms_norm_wg",

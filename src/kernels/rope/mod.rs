@@ -49,12 +49,7 @@ const PAIR_PARAMS: &[ParamSpec] =
 
 const SHARED_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "workgroup_size", values: &[32, 64, 128, 256], default: 64, help: "invocations per workgroup" },
-    ParamSpec {
-        name: "heads_per_wg",
-        values: &[1, 2, 4, 8, 16, 32],
-        default: 4,
-        help: "heads of one token per workgroup, sharing its cos/sin table",
-    },
+    ParamSpec::new("heads_per_wg", &[1, 2, 4, 8, 16, 32], 4, "heads of one token per workgroup, sharing its cos/sin table"),
 ];
 
 const TABLE_CPU_PARAMS: &[ParamSpec] =
@@ -70,12 +65,7 @@ const TOKEN_CPU_PARAMS: &[ParamSpec] = &[
     ISA,
 ];
 
-/// Every kernel of the RoPE family.
 pub fn variants() -> Vec<KernelDef> {
-    [rope_variants(), qk_norm::variants()].into_iter().flatten().collect()
-}
-
-fn rope_variants() -> Vec<KernelDef> {
     vec![
         KernelDef::new(
             "rope_pair",
