@@ -179,3 +179,16 @@ pub fn subgroup_per_row(
     let consts = [("WG", s.param("workgroup_size")? as f64), (per_const, per as f64), ("W_F16", s.w_f16())];
     s.one_step("main", &consts, uniform, grid_2d(groups(rows, per)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn k_must_be_whole_blocks() {
+        assert!(check_blocks(&Problem::Gemv { n: 4, k: 48 }, DType::Q8_0).is_err());
+        assert!(check_blocks(&Problem::Gemv { n: 4, k: 0 }, DType::Q4_0).is_err());
+        assert!(check_blocks(&Problem::Gemm { m: 3, n: 4, k: 64 }, DType::Q4_1).is_ok());
+        assert!(check_blocks(&Problem::Gemm { m: 3, n: 4, k: 64 }, DType::F32).is_err());
+    }
+}

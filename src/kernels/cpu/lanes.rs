@@ -291,29 +291,13 @@ mod x86 {
 macro_rules! isa_dispatch {
     ($isa:expr, |$l:ident| ($($arg:ident : $ty:ty = $val:expr),* $(,)?) -> $ret:ty $body:block) => {{
         match $isa {
+            // SAFETY (both x86 arms): `Isa::best`/`from_param` yield Avx512 only where the
+            // CPU reports avx512f, and Simd256 on x86 only where it reports avx2, fma
+            // and f16c; the function is compiled for and only called with them.
             #[cfg(target_arch = "x86_64")]
-            $crate::kernels::cpu::Isa::Avx512 => {
-                #[target_feature(enable = "avx512f")]
-                fn run($($arg: $ty),*) -> $ret {
-                    // SAFETY: this function is compiled for and only called with AVX-512F.
-                    let $l = unsafe { $crate::kernels::cpu::lanes::Avx512::new_unchecked() };
-                    $body
-                }
-                // SAFETY: `Isa::best`/`from_param` yield Avx512 only where the CPU reports avx512f.
-                unsafe { run($($val),*) }
-            }
+            $crate::kernels::cpu::Isa::Avx512 => $crate::kernels::cpu::lanes::isa_arm!("avx512f", Avx512, |$l| ($($arg: $ty = $val),*) -> $ret $body),
             #[cfg(target_arch = "x86_64")]
-            $crate::kernels::cpu::Isa::Simd256 => {
-                #[target_feature(enable = "avx2,fma,f16c")]
-                fn run($($arg: $ty),*) -> $ret {
-                    // SAFETY: this function is compiled for and only called with AVX2+FMA+F16C.
-                    let $l = unsafe { $crate::kernels::cpu::lanes::Avx2::new_unchecked() };
-                    $body
-                }
-                // SAFETY: `Isa::best`/`from_param` yield Simd256 on x86 only where the CPU
-                // reports avx2, fma and f16c.
-                unsafe { run($($val),*) }
-            }
+            $crate::kernels::cpu::Isa::Simd256 => $crate::kernels::cpu::lanes::isa_arm!("avx2,fma,f16c", Avx2, |$l| ($($arg: $ty = $val),*) -> $ret $body),
             _ => {
                 fn run($($arg: $ty),*) -> $ret {
                     let $l = $crate::kernels::cpu::lanes::Portable;
@@ -324,6 +308,24 @@ macro_rules! isa_dispatch {
         }
     }};
 }
+
+/// One x86 arm of [`isa_dispatch!`]: `$body` in a function compiled with `$features`,
+/// `$l` the lanes type `$lanes` of that instruction set.
+#[cfg(target_arch = "x86_64")]
+macro_rules! isa_arm {
+    ($features:literal, $lanes:ident, |$l:ident| ($($arg:ident : $ty:ty = $val:expr),*) -> $ret:ty $body:block) => {{
+        #[target_feature(enable = $features)]
+        fn run($($arg: $ty),*) -> $ret {
+            // SAFETY: this function is compiled for and only called with `$features`.
+            let $l = unsafe { $crate::kernels::cpu::lanes::$lanes::new_unchecked() };
+            $body
+        }
+        // SAFETY: the dispatching `Isa` was detected on this CPU (see `isa_dispatch!`).
+        unsafe { run($($val),*) }
+    }};
+}
+#[cfg(target_arch = "x86_64")]
+pub(crate) use isa_arm;
 pub(crate) use isa_dispatch;
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
