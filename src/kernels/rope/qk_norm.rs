@@ -199,7 +199,7 @@ impl<'a> QkCall<'a> {
 fn run_qknr_heads(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
     let (c, eps, per) = QkCall::new(kd, prob, params, &a)?;
     let half = c.half();
-    c.each_head(&mut a.outs[0], eps, per, |row, xh, inv, yh| {
+    c.each_head(a.outs[0], eps, per, |row, xh, inv, yh| {
         cpu::scale_mul(c.isa, xh, inv, &c.g, yh);
         let pos = (c.pos0 + row / c.heads) as f64;
         for (i, f) in c.inv_freq.iter().enumerate() {
@@ -231,7 +231,7 @@ fn run_qknr_table(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArg
             }
         });
     }
-    c.each_head(&mut a.outs[0], eps, per, |row, xh, inv, yh| {
+    c.each_head(a.outs[0], eps, per, |row, xh, inv, yh| {
         let g = &c.g;
         let cs = &table[(row / c.heads) * half..][..half];
         for (i, &(co, s)) in cs.iter().enumerate() {
