@@ -66,6 +66,8 @@ pub enum DType {
 impl DType {
     /// Every storage type, floats first.
     pub const ALL: [DType; 5] = [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1];
+    /// The float storage types.
+    pub const FLOAT: &'static [DType] = &[DType::F32, DType::F16];
     /// The block-quantized storage types.
     pub const QUANT: &'static [DType] = &[DType::Q8_0, DType::Q4_0, DType::Q4_1];
 
@@ -786,14 +788,13 @@ mod tests {
     /// float kernels each, ids prefixed by the op.
     #[test]
     fn every_fused_op_has_two_wgsl_and_two_cpu_float_kernels() {
-        const BOTH: &[DType] = &[DType::F32, DType::F16];
         for op in [Op::QkNormRope, Op::GateUp, Op::ResidualRmsNorm, Op::QkvProj] {
             let ks: Vec<_> = for_op(op).filter(|k| k.dtypes != DType::QUANT).collect();
             let wgsl = ks.iter().filter(|k| matches!(k.imp, Impl::Wgsl(_))).count();
             assert!(wgsl >= 2 && ks.len() - wgsl >= 2, "{op}: {wgsl} WGSL of {} kernels", ks.len());
             for k in &ks {
                 assert!(k.id.starts_with(op.name()), "{} does not start with {op}", k.id);
-                assert_eq!(k.dtypes, BOTH, "{} lacks a dtype", k.id);
+                assert_eq!(k.dtypes, DType::FLOAT, "{} lacks a dtype", k.id);
             }
         }
     }

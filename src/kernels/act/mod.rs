@@ -1,4 +1,4 @@
-//! Elementwise and row-wise ops of the MLP and attention glue: the gated activation
+//! The activation family: elementwise and row-wise ops of the MLP and attention glue: the gated activation
 //! (`gated_act`, `silu(gate) * up` or `gelu_tanh(gate) * up`), row softmax
 //! (`softmax`) and the residual add (`residual_add`).
 //!
@@ -7,8 +7,7 @@
 //! reductions (`softmax_wg`), online single pass with a workgroup (max, sum) merge
 //! (`softmax_online`) and one subgroup per row (`softmax_subgroup`).
 //! CPU: AVX-512 / AVX2 / portable microkernels (vectorised exp and sigmoid, written
-//! once over [`cpu::lanes`](super::cpu::lanes)) under
-//! rayon chunking, and a second kernel per op with another orchestration: static
+//! once over [`cpu::lanes`](super::cpu::lanes)) under rayon chunking, and a second kernel per op with another orchestration: static
 //! per-thread ranges with libm (`*_static_cpu`), or a feature-split online softmax
 //! for few long rows (`softmax_split_cpu`, decode).
 

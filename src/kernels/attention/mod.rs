@@ -34,8 +34,6 @@ static PREFILL_FLASH: Shader = shader!("attention_prefill_flash.wgsl");
 static DECODE_STREAM: Shader = shader!("attention_decode_stream.wgsl");
 static DECODE_SPLITKV: Shader = shader!("attention_decode_splitkv.wgsl");
 
-const BOTH: &[DType] = &[DType::F32, DType::F16];
-
 /// Query heads one `attention_decode_splitkv` workgroup handles at most (its
 /// per-invocation score and accumulator arrays are sized for this many).
 const SPLITKV_MAX_HEADS: usize = 8;
@@ -84,7 +82,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "attention_prefill_naive",
             Op::AttentionPrefill,
-            BOTH,
+            DType::FLOAT,
             NAIVE_PARAMS,
             "scores materialised in a scratch buffer; three dispatches: QKᵀ, row softmax, P·V",
             WgslImpl::new(&PREFILL_NAIVE, prepare_naive).shared(shared_wg).check(check_naive),
@@ -92,7 +90,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "attention_prefill_flash",
             Op::AttentionPrefill,
-            BOTH,
+            DType::FLOAT,
             FLASH_PARAMS,
             "tiled online softmax: block_q queries per workgroup, K/V tiles of block_kv rows in workgroup memory",
             WgslImpl::new(&PREFILL_FLASH, prepare_flash).workgroup(flash_wg_size).shared(shared_flash).check(check_flash),
@@ -100,7 +98,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "attention_prefill_cpu",
             Op::AttentionPrefill,
-            BOTH,
+            DType::FLOAT,
             PREFILL_ROWS_PARAMS,
             "rayon over (token, head) rows; per-key online softmax, SIMD dot and axpy",
             CpuImpl { run: run_prefill_rows, check: check_cpu },
@@ -108,7 +106,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "attention_prefill_tiled_cpu",
             Op::AttentionPrefill,
-            BOTH,
+            DType::FLOAT,
             PREFILL_TILED_PARAMS,
             "rayon over (token block, KV head); key tiles with materialised score rows (dot4), K/V tile shared by the GQA group",
             CpuImpl { run: run_prefill_tiled, check: check_cpu },
@@ -116,7 +114,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "attention_decode_stream",
             Op::AttentionDecode,
-            BOTH,
+            DType::FLOAT,
             STREAM_PARAMS,
             "one workgroup per query head streaming the cache; online softmax per tile, coalesced V rows",
             WgslImpl::new(&DECODE_STREAM, prepare_stream).shared(shared_stream).check(check_stream),
@@ -124,7 +122,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "attention_decode_splitkv",
             Op::AttentionDecode,
-            BOTH,
+            DType::FLOAT,
             SPLITKV_PARAMS,
             "flash decoding: chunk-key splits, one workgroup per GQA group reads each KV row once, then a merge pass",
             WgslImpl::new(&DECODE_SPLITKV, prepare_splitkv).shared(shared_splitkv).check(check_splitkv),
@@ -132,7 +130,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "attention_decode_heads_cpu",
             Op::AttentionDecode,
-            BOTH,
+            DType::FLOAT,
             DECODE_HEADS_PARAMS,
             "one rayon task per head; scores materialised, exact two-pass softmax, SIMD dot/dot4 and axpy",
             CpuImpl { run: run_decode_heads, check: check_cpu },
@@ -140,7 +138,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "attention_decode_splitkv_cpu",
             Op::AttentionDecode,
-            BOTH,
+            DType::FLOAT,
             DECODE_SPLIT_PARAMS,
             "key range split across rayon tasks per KV head (the group's heads share each K/V row); (m, l, acc) partials merged",
             CpuImpl { run: run_decode_splitkv, check: check_cpu },

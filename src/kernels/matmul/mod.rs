@@ -29,8 +29,6 @@ use crate::shader;
 static GEMM_SIMPLE: Shader = shader!("gemm_simple.wgsl");
 static GEMM_TILED: Shader = shader!("gemm_tiled.wgsl");
 
-const BOTH: &[DType] = &[DType::F32, DType::F16];
-
 const SIMPLE_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "workgroup_x", values: &[8, 16, 32, 64], default: 16, help: "invocations per workgroup along n (columns of y)" },
     ParamSpec { name: "workgroup_y", values: &[1, 2, 4, 8, 16], default: 4, help: "invocations per workgroup along m (rows of y)" },
@@ -70,7 +68,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "gemm_simple",
             Op::Gemm,
-            BOTH,
+            DType::FLOAT,
             SIMPLE_PARAMS,
             "one column and rows_per_thread rows of y per invocation, scalar loads, any shape",
             WgslImpl::new(&GEMM_SIMPLE, prepare_simple).workgroup(simple_wg).check(check_simple),
@@ -78,7 +76,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "gemm_tiled",
             Op::Gemm,
-            BOTH,
+            DType::FLOAT,
             TILED_PARAMS,
             "x and w tiles in workgroup memory via 16-byte loads, reg_m x reg_n outputs per invocation",
             WgslImpl::new(&GEMM_TILED, prepare_tiled).workgroup(tiled_wg).shared(tiled_shared).check(check_tiled),
@@ -86,7 +84,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "gemm_blocked_cpu",
             Op::Gemm,
-            BOTH,
+            DType::FLOAT,
             BLOCKED_PARAMS,
             "cache-blocked, packed panels (f16 widened while packing), MR x NR FMA microkernel; rayon over tokens or features",
             CpuImpl { run: run_blocked, check: check_blocked },
@@ -94,7 +92,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "gemm_crate_cpu",
             Op::Gemm,
-            BOTH,
+            DType::FLOAT,
             CRATE_PARAMS,
             "the `gemm` crate (f16 weights widened to f32 first), the yardstick for gemm_blocked_cpu",
             CpuImpl { run: run_crate, check: crate::kernels::cpu_any },

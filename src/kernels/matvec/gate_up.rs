@@ -36,8 +36,6 @@ static GATE_UP_SG: Shader = shader!("fused_gate_up_subgroup.wgsl");
 static GATE_UP_TILED: Shader = shader!("fused_gate_up_tiled.wgsl");
 static QGATE_UP_WG: Shader = shader!("qgate_up_wg.wgsl", "qblock.wgsl");
 
-const BOTH: &[DType] = &[DType::F32, DType::F16];
-
 const GATE_UP_WG_PARAMS: &[ParamSpec] = &[
     WORKGROUP_SIZE,
     ParamSpec { name: "rows_per_wg", values: &[1, 2, 4], default: 2, help: "features (gate and up row pairs) per workgroup" },
@@ -61,7 +59,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "gate_up_wg",
             Op::GateUp,
-            BOTH,
+            DType::FLOAT,
             GATE_UP_WG_PARAMS,
             "GEMV style: gate and up rows of ROWS features share each x load, workgroup reduction; grid z = token row",
             WgslImpl::new(&GATE_UP_WG, prepare_rows).shared(shared_gate_up).check(check_gate_up_wg),
@@ -69,7 +67,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "gate_up_subgroup",
             Op::GateUp,
-            BOTH,
+            DType::FLOAT,
             GATE_UP_SG_PARAMS,
             "16-byte loads, one subgroup per feature streaming its gate and up rows together, subgroupAdd",
             WgslImpl::new(&GATE_UP_SG, prepare_rows).subgroups().check(check_gate_up_sg),
@@ -77,7 +75,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "gate_up_tiled",
             Op::GateUp,
-            BOTH,
+            DType::FLOAT,
             GATE_UP_TILED_PARAMS,
             "prefill GEMM: 16x16 workgroup, x/gate/up tiles in workgroup memory, thread_m x thread_n register blocking",
             WgslImpl::new(&GATE_UP_TILED, prepare_gate_up_tiled).workgroup(tiled_size).shared(shared_tiled).check(check_gate_up_tiled),
@@ -85,7 +83,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "gate_up_dot4_cpu",
             Op::GateUp,
-            BOTH,
+            DType::FLOAT,
             ROW_CPU_PARAMS,
             "dot4 over interleaved gate/up rows (two features per x load); rayon over tokens and features",
             CpuImpl { run: run_gate_up_dot4, check: check_isa },
@@ -93,7 +91,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "gate_up_blocked_cpu",
             Op::GateUp,
-            BOTH,
+            DType::FLOAT,
             BLOCKED_CPU_PARAMS,
             "GEMM style: rayon over feature blocks, f32 weight panel packed once, 2-token x 4-row register microkernel",
             CpuImpl { run: run_gate_up_blocked, check: check_isa },

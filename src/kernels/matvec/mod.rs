@@ -6,13 +6,15 @@
 //! [`qkv`] (the Q/K/V projections of one token in one pass). Block formats of the
 //! GEMV are in [`quant`]; each fused op's module holds its float and block forms.
 //!
-//! This file: float GEMV.
-//! WGSL: `gemv_wg` (scalar loads, any k, workgroup tree reduction), `gemv_vec`
+//! This file, float GEMV. WGSL: `gemv_wg` (scalar loads, any k, workgroup tree reduction), `gemv_vec`
 //! (16-byte loads, workgroup reduction), `gemv_subgroup` (16-byte loads, one
 //! `subgroupAdd` per row), `gemv_f16native` (`enable f16` storage).
 //! CPU: `gemv_rows_cpu` (one row at a time) and `gemv_dot4_cpu` (four rows share
 //! each activation load), both SIMD microkernels under a rayon orchestrator that
 //! splits rows (dynamic grain or one static range per thread).
+//!
+//! A new GEMV variant is its shader, one `KernelDef::new` line in `variants()` below
+//! (reusing `prepare` when it takes `WG`/`ROWS`), and its test.
 
 pub mod gate_up;
 pub mod norm_gemv;
@@ -31,17 +33,18 @@ static GEMV_VEC: Shader = shader!("gemv_vec.wgsl");
 static GEMV_SUBGROUP: Shader = shader!("gemv_subgroup.wgsl");
 static GEMV_F16: Shader = shader!("gemv_f16.wgsl");
 
-const BOTH: &[DType] = &[DType::F32, DType::F16];
-
-const CPU_PARAMS: &[ParamSpec] =
-    &[ParamSpec { name: "rows_per_task", help: "rows per rayon task (dynamic strategy)", ..ROWS_PER_TASK }, STRATEGY, ISA];
+/// `rows_per_task` of the float GEMV orchestrators (dynamic strategy).
+pub(super) const ROWS_PER_TASK_DYN: ParamSpec =
+    ParamSpec { name: "rows_per_task", help: "rows per rayon task (dynamic strategy)", ..ROWS_PER_TASK };
+/// The row-parallel GEMV orchestration: grain, strategy and ISA.
+pub(super) const CPU_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK_DYN, STRATEGY, ISA];
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
         KernelDef::new(
             "gemv_wg",
             Op::Gemv,
-            BOTH,
+            DType::FLOAT,
             ROWS_WG_PARAMS,
             "scalar loads, any k; ROWS rows per workgroup share x; workgroup tree reduction",
             WgslImpl::new(&GEMV_WG, prepare).shared(shared_rows),
@@ -49,7 +52,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "gemv_vec",
             Op::Gemv,
-            BOTH,
+            DType::FLOAT,
             ROWS_WG_PARAMS,
             "16-byte vector loads (4 f32 or 8 f16 weights), register partials, workgroup reduction",
             WgslImpl::new(&GEMV_VEC, prepare).shared(shared_rows).check(check_vec),
@@ -57,7 +60,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "gemv_subgroup",
             Op::Gemv,
-            BOTH,
+            DType::FLOAT,
             ROWS_SG_PARAMS,
             "16-byte loads, one subgroup per row, subgroupAdd reduction, no barriers",
             WgslImpl::new(&GEMV_SUBGROUP, prepare).subgroups().check(check_subgroup),
@@ -73,7 +76,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "gemv_rows_cpu",
             Op::Gemv,
-            BOTH,
+            DType::FLOAT,
             CPU_PARAMS,
             "one SIMD dot product per row; rayon over rows",
             CpuImpl { run: run_rows, check: check_isa },
@@ -81,7 +84,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "gemv_dot4_cpu",
             Op::Gemv,
-            BOTH,
+            DType::FLOAT,
             CPU_PARAMS,
             "four rows per SIMD microkernel call sharing each x load; rayon over rows",
             CpuImpl { run: run_dot4, check: check_isa },

@@ -17,10 +17,10 @@
 //! `norm_gemv_q_cpu` (the same prologue, then the block dot products of
 //! `gemv_q_cpu`, with f32 or int8 activations).
 
-use super::gemv_dot4;
+use super::{CPU_PARAMS, ROWS_PER_TASK_DYN, gemv_dot4};
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
-use crate::kernels::cpu::{self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_TASK, RowSplit, STRATEGY, check_isa, par_rows};
+use crate::kernels::cpu::{self, ACT_BITS, ActVec, ISA, Isa, RowSplit, check_isa, par_rows};
 use crate::kernels::wgsl::{ROWS_SG_PARAMS, ROWS_WG_PARAMS, check_blocks, qbinds, qfmt, subgroup_fits, vec_alignment};
 use crate::kernels::{
     CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op,
@@ -32,20 +32,16 @@ static NORM_GEMV_SG: Shader = shader!("norm_gemv_subgroup.wgsl");
 static NORM_GEMV_Q_WG: Shader = shader!("norm_gemv_q_wg.wgsl", "qblock.wgsl");
 static NORM_GEMV_Q_SG: Shader = shader!("norm_gemv_q_subgroup.wgsl", "qblock.wgsl");
 
-const FLOAT: &[DType] = &[DType::F32, DType::F16];
 const QUANT: &[DType] = DType::QUANT;
 
-const CPU_PARAMS: &[ParamSpec] =
-    &[ParamSpec { name: "rows_per_task", help: "rows per rayon task (dynamic strategy)", ..ROWS_PER_TASK }, STRATEGY, ISA];
-const CPU_Q_PARAMS: &[ParamSpec] =
-    &[ParamSpec { name: "rows_per_task", help: "rows per rayon task (dynamic strategy)", ..ROWS_PER_TASK }, ISA, ACT_BITS];
+const CPU_Q_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK_DYN, ISA, ACT_BITS];
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
         KernelDef::new(
             "norm_gemv_wg",
             Op::NormGemv,
-            FLOAT,
+            DType::FLOAT,
             ROWS_WG_PARAMS,
             "scalar loads, any k; ROWS rows per workgroup share x·g; x² summed alongside; one workgroup tree reduction",
             WgslImpl::new(&NORM_GEMV_WG, prepare_float).shared(shared_rows_plus_one),
@@ -53,7 +49,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "norm_gemv_subgroup",
             Op::NormGemv,
-            FLOAT,
+            DType::FLOAT,
             ROWS_SG_PARAMS,
             "16-byte loads; each subgroup sums x² itself, then one subgroup per row, subgroupAdd, no barriers",
             WgslImpl::new(&NORM_GEMV_SG, prepare_float).subgroups().check(check_subgroup),
@@ -77,7 +73,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "norm_gemv_cpu",
             Op::NormGemv,
-            FLOAT,
+            DType::FLOAT,
             CPU_PARAMS,
             "x normalized once into a k-vector (SIMD sum of squares), then four rows per SIMD dot call; rayon over rows",
             CpuImpl { run: run_float, check: check_isa },

@@ -28,8 +28,6 @@ static QKV_WG: Shader = shader!("fused_qkv_proj_wg.wgsl");
 static QKV_SG: Shader = shader!("fused_qkv_proj_subgroup.wgsl");
 static QQKV_WG: Shader = shader!("qqkv_proj_wg.wgsl", "qblock.wgsl");
 
-const BOTH: &[DType] = &[DType::F32, DType::F16];
-
 /// Shared with gate_up's dot4 kernel.
 pub(super) const ROW_CPU_PARAMS: &[ParamSpec] = &[
     ParamSpec::new("rows_per_task", &[8, 16, 32, 64, 128, 256], 32, "output rows per rayon task (dynamic strategy)"),
@@ -48,7 +46,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "qkv_proj_wg",
             Op::QkvProj,
-            BOTH,
+            DType::FLOAT,
             ROWS_WG_PARAMS,
             "scalar loads, any k; ROWS rows per workgroup share x; workgroup reduction; bias and q/k/v routing in the epilogue",
             WgslImpl::new(&QKV_WG, prepare).shared(shared_rows).check(check_qkv_wg),
@@ -56,7 +54,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "qkv_proj_subgroup",
             Op::QkvProj,
-            BOTH,
+            DType::FLOAT,
             ROWS_SG_PARAMS,
             "16-byte loads, one subgroup per row, subgroupAdd; bias and q/k/v routing in the epilogue",
             WgslImpl::new(&QKV_SG, prepare).subgroups().check(check_qkv_sg),
@@ -64,7 +62,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "qkv_proj_dot4_cpu",
             Op::QkvProj,
-            BOTH,
+            DType::FLOAT,
             ROW_CPU_PARAMS,
             "one rayon pass over the rows of q, k and v together, four rows per SIMD call, bias in the epilogue",
             CpuImpl { run: run_qkv_dot4, check: check_isa },
@@ -72,7 +70,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "qkv_proj_splitk_cpu",
             Op::QkvProj,
-            BOTH,
+            DType::FLOAT,
             SPLITK_PARAMS,
             "split-k: rayon over slices of k, each task dot4s every row over its slice, partials summed with the bias",
             CpuImpl { run: run_qkv_splitk, check: check_isa },

@@ -30,8 +30,6 @@ static RMS_VEC4: Shader = shader!("norm_rms_vec4.wgsl");
 static LN_WG: Shader = shader!("norm_layer_wg.wgsl");
 static LN_SG: Shader = shader!("norm_layer_subgroup.wgsl");
 
-const BOTH: &[DType] = &[DType::F32, DType::F16];
-
 const WG_PARAMS: &[ParamSpec] =
     &[ParamSpec::new("workgroup_size", &[32, 64, 128, 256, 512], 128, "invocations per row (one workgroup per row)")];
 
@@ -55,7 +53,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "rms_norm_wg",
             Op::RmsNorm,
-            BOTH,
+            DType::FLOAT,
             WG_PARAMS,
             "one workgroup per row, scalar strided loads, workgroup-memory tree reduction; any dim",
             WgslImpl::new(&RMS_WG, prepare_wg).shared(shared_wg).check(check_rows_wg),
@@ -63,7 +61,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "rms_norm_subgroup",
             Op::RmsNorm,
-            BOTH,
+            DType::FLOAT,
             SG_PARAMS,
             "one subgroup per row, subgroupAdd reduction, rows_per_wg rows per workgroup, no barriers; any dim",
             WgslImpl::new(&RMS_SG, prepare_sg).subgroups().check(check_rows_sg),
@@ -71,7 +69,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "rms_norm_vec4",
             Op::RmsNorm,
-            BOTH,
+            DType::FLOAT,
             VEC4_PARAMS,
             "16-byte loads, row held in registers (x read once), workgroup reduction; dim % 4 == 0 and dim <= 4*wg*vpt",
             WgslImpl::new(&RMS_VEC4, prepare_rms_vec4).shared(shared_wg).check(check_rms_vec4),
@@ -79,7 +77,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "rms_norm_rows_cpu",
             Op::RmsNorm,
-            BOTH,
+            DType::FLOAT,
             ROWS_PARAMS,
             "SIMD sum-of-squares and scale microkernels per row; rayon over rows (prefill)",
             CpuImpl { run: run_rms_rows, check: check_isa },
@@ -87,7 +85,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "rms_norm_split_cpu",
             Op::RmsNorm,
-            BOTH,
+            DType::FLOAT,
             SPLIT_PARAMS,
             "each row's features split over rayon tasks: parallel partial sums of squares, then a parallel scale (decode)",
             CpuImpl { run: run_rms_split, check: check_isa },
@@ -95,7 +93,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "layer_norm_wg",
             Op::LayerNorm,
-            BOTH,
+            DType::FLOAT,
             WG_PARAMS,
             "one workgroup per row, single-read Welford statistics merged pairwise (Chan) in workgroup memory; any dim",
             WgslImpl::new(&LN_WG, prepare_wg).shared(shared_welford).check(check_rows_wg),
@@ -103,7 +101,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "layer_norm_subgroup",
             Op::LayerNorm,
-            BOTH,
+            DType::FLOAT,
             SG_PARAMS,
             "one subgroup per row, exact two-pass mean and centred variance with subgroupAdd, no barriers; any dim",
             WgslImpl::new(&LN_SG, prepare_sg).subgroups().check(check_rows_sg),
@@ -111,7 +109,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "layer_norm_rows_cpu",
             Op::LayerNorm,
-            BOTH,
+            DType::FLOAT,
             ROWS_PARAMS,
             "SIMD two-pass mean / centred variance and affine microkernels per row; rayon over rows (prefill)",
             CpuImpl { run: run_ln_rows, check: check_isa },
@@ -119,7 +117,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "layer_norm_split_cpu",
             Op::LayerNorm,
-            BOTH,
+            DType::FLOAT,
             SPLIT_PARAMS,
             "each row's features split over rayon tasks: parallel sum, parallel centred squares, parallel affine (decode)",
             CpuImpl { run: run_ln_split, check: check_isa },

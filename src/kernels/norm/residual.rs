@@ -21,8 +21,6 @@ use crate::shader;
 static RESNORM_WG: Shader = shader!("fused_residual_rms_norm_wg.wgsl");
 static RESNORM_SG: Shader = shader!("fused_residual_rms_norm_subgroup.wgsl");
 
-const BOTH: &[DType] = &[DType::F32, DType::F16];
-
 const WG_PARAMS: &[ParamSpec] = &[WORKGROUP_SIZE];
 const SG_PARAMS: &[ParamSpec] =
     &[WORKGROUP_SIZE, ParamSpec { name: "rows_per_wg", values: &[1, 2, 4, 8], default: 4, help: "rows per workgroup, one subgroup each" }];
@@ -36,7 +34,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "residual_rms_norm_wg",
             Op::ResidualRmsNorm,
-            BOTH,
+            DType::FLOAT,
             WG_PARAMS,
             "one workgroup per row: h written and h² accumulated in one pass, workgroup reduction, scale pass",
             WgslImpl::new(&RESNORM_WG, prepare_wg).shared(shared_wg).check(check_resnorm_wg),
@@ -44,7 +42,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "residual_rms_norm_subgroup",
             Op::ResidualRmsNorm,
-            BOTH,
+            DType::FLOAT,
             SG_PARAMS,
             "one subgroup per row, several rows per workgroup, subgroupAdd reduction, no barriers",
             WgslImpl::new(&RESNORM_SG, prepare_sg).subgroups().check(check_resnorm_sg),
@@ -52,7 +50,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "residual_rms_norm_rows_cpu",
             Op::ResidualRmsNorm,
-            BOTH,
+            DType::FLOAT,
             RESNORM_ROWS_PARAMS,
             "rayon over rows (prefill): fused SIMD add + sum of squares, then SIMD scale pass per row",
             CpuImpl { run: run_resnorm_rows, check: check_isa },
@@ -60,7 +58,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "residual_rms_norm_split_cpu",
             Op::ResidualRmsNorm,
-            BOTH,
+            DType::FLOAT,
             RESNORM_SPLIT_PARAMS,
             "rayon over chunks of each row (decode): partial sums of squares per chunk, reduced, then a parallel scale pass",
             CpuImpl { run: run_resnorm_split, check: check_isa },

@@ -24,8 +24,6 @@ use crate::shader;
 static QKNR_WG: Shader = shader!("fused_qk_norm_rope_wg.wgsl");
 static QKNR_SG: Shader = shader!("fused_qk_norm_rope_subgroup.wgsl");
 
-const BOTH: &[DType] = &[DType::F32, DType::F16];
-
 const QKNR_WG_PARAMS: &[ParamSpec] =
     &[ParamSpec { name: "workgroup_size", values: &[32, 64, 128, 256], default: 64, help: "invocations per (token, head) workgroup" }];
 const QKNR_SG_PARAMS: &[ParamSpec] = &[
@@ -40,7 +38,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "qk_norm_rope_wg",
             Op::QkNormRope,
-            BOTH,
+            DType::FLOAT,
             QKNR_WG_PARAMS,
             "one workgroup per (token, head): workgroup-memory x² reduction, then normalize + rotate whole pairs",
             WgslImpl::new(&QKNR_WG, prepare_qknr_wg).shared(shared_wg).check(check_qknr_wg),
@@ -48,7 +46,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "qk_norm_rope_subgroup",
             Op::QkNormRope,
-            BOTH,
+            DType::FLOAT,
             QKNR_SG_PARAMS,
             "one subgroup per (token, head), subgroupAdd reduction, several heads per workgroup, no barriers",
             WgslImpl::new(&QKNR_SG, prepare_qknr_sg).subgroups().check(check_qknr_sg),
@@ -56,7 +54,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "qk_norm_rope_heads_cpu",
             Op::QkNormRope,
-            BOTH,
+            DType::FLOAT,
             HEADS_CPU_PARAMS,
             "rayon over (token, head) rows: SIMD x² and scale passes, then rotation with per-head sin/cos",
             CpuImpl { run: run_qknr_heads, check: check_qknr_cpu },
@@ -64,7 +62,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "qk_norm_rope_table_cpu",
             Op::QkNormRope,
-            BOTH,
+            DType::FLOAT,
             HEADS_CPU_PARAMS,
             "sin/cos table per token computed once in parallel, then one fused normalize+rotate pass per head",
             CpuImpl { run: run_qknr_table, check: check_qknr_cpu },
@@ -289,7 +287,7 @@ mod tests {
                 (Impl::Wgsl(_), None) => continue,
             };
             for prob in &probs {
-                for dtype in BOTH {
+                for dtype in DType::FLOAT {
                     let params = k.default_params();
                     if k.check(caps, prob, *dtype, &params).is_err() {
                         continue;
