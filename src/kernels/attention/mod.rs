@@ -211,6 +211,13 @@ impl Shape {
     }
 }
 
+/// What every CPU attention kernel starts from: the checked shape, the ISA level,
+/// the caches and the queries.
+fn cpu_call<'a>(kd: &KernelDef, prob: &Problem, params: &Params, a: &CpuArgs<'a>) -> Result<(Shape, Isa, Kv<'a>, &'a [f32]), KernelError> {
+    let s = shape_or_invalid(kd, prob)?;
+    Ok((s, Isa::of(params)?, Kv { k: a.ins[1], v: a.ins[2], s }, a.ins[0].f32()))
+}
+
 /// The checked shape of a CPU kernel's problem: [`wrong_op`] for another op
 /// (prefill and decode included), `Invalid` for a shape the kernels cannot run.
 fn shape_or_invalid(kd: &KernelDef, p: &Problem) -> Result<Shape, KernelError> {
@@ -529,11 +536,8 @@ fn exp_row(sc: &mut [f32]) -> (f32, f32) {
 // CPU: prefill
 
 fn run_prefill_rows(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let s = shape_or_invalid(kd, prob)?;
-    let isa = Isa::of(params)?;
+    let (s, isa, kv, q) = cpu_call(kd, prob, params, &a)?;
     let grain = (param(params, "rows_per_task")? as usize).max(1);
-    let kv = Kv { k: a.ins[1], v: a.ins[2], s };
-    let q = a.ins[0].f32();
     let d = s.d;
     let out = &mut a.outs[0][..s.tokens * s.heads * d];
     out.par_chunks_mut(d * grain).enumerate().for_each(|(ci, chunk)| {
@@ -609,12 +613,9 @@ fn prefill_block(isa: Isa, kv: &Kv<'_>, q: &[f32], i0: usize, block: usize, kh: 
 }
 
 fn run_prefill_tiled(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let s = shape_or_invalid(kd, prob)?;
-    let isa = Isa::of(params)?;
+    let (s, isa, kv, q) = cpu_call(kd, prob, params, &a)?;
     let bq = (param(params, "block_q")? as usize).max(1);
     let bkv = (param(params, "block_kv")? as usize).max(1);
-    let kv = Kv { k: a.ins[1], v: a.ins[2], s };
-    let q = a.ins[0].f32();
     let (g_n, d) = (s.group(), s.d);
     let tasks: Vec<(usize, usize)> = (0..s.tokens.div_ceil(bq)).flat_map(|b| (0..s.kv_heads).map(move |kh| (b, kh))).collect();
     let blocks: Vec<(usize, usize, usize, Vec<f32>)> = tasks
@@ -639,11 +640,8 @@ fn run_prefill_tiled(kd: &KernelDef, prob: &Problem, params: &Params, mut a: Cpu
 // CPU: decode
 
 fn run_decode_heads(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let s = shape_or_invalid(kd, prob)?;
-    let isa = Isa::of(params)?;
+    let (s, isa, kv, q) = cpu_call(kd, prob, params, &a)?;
     let four = param(params, "keys_per_call")? == 4;
-    let kv = Kv { k: a.ins[1], v: a.ins[2], s };
-    let q = a.ins[0].f32();
     let d = s.d;
     let (lo, hi) = s.range(0);
     a.outs[0][..s.heads * d].par_chunks_mut(d).enumerate().for_each(|(h, o)| {
@@ -696,11 +694,8 @@ fn split_partials(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, a: usize, b: usiz
 }
 
 fn run_decode_splitkv(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let s = shape_or_invalid(kd, prob)?;
-    let isa = Isa::of(params)?;
+    let (s, isa, kv, q) = cpu_call(kd, prob, params, &a)?;
     let chunk = (param(params, "chunk")? as usize).max(1);
-    let kv = Kv { k: a.ins[1], v: a.ins[2], s };
-    let q = a.ins[0].f32();
     let (g_n, d) = (s.group(), s.d);
     let (lo, hi) = s.range(0);
     let splits = (hi - lo).div_ceil(chunk);

@@ -19,6 +19,18 @@ pub enum Row<'a> {
     F16(&'a [f16]),
 }
 
+/// `$e` with `$w` bound to the f32 or the f16 slice of a [`Row`] (one generic body
+/// for both storage types).
+macro_rules! with_row {
+    ($row:expr, |$w:ident| $e:expr) => {
+        match $row {
+            $crate::kernels::cpu::Row::F32($w) => $e,
+            $crate::kernels::cpu::Row::F16($w) => $e,
+        }
+    };
+}
+pub(crate) use with_row;
+
 /// A weight element the SIMD microkernels load (f32, or f16 widened on load).
 #[cfg(target_arch = "x86_64")]
 pub trait Weight: Elem + x86::Load {}
@@ -107,10 +119,7 @@ pub fn axpy(isa: Isa, a: f32, x: &[f32], y: &mut [f32]) {
 #[inline]
 pub fn axpy_row(isa: Isa, a: f32, x: Row<'_>, y: &mut [f32]) {
     isa_dispatch!(isa, |l| (a: f32 = a, x: Row<'_> = x, y: &mut [f32] = y) -> () {
-        match x {
-            Row::F32(x) => axpy_k(l, a, x, y),
-            Row::F16(x) => axpy_k(l, a, x, y),
-        }
+        with_row!(x, |x| axpy_k(l, a, x, y))
     })
 }
 

@@ -39,35 +39,6 @@ const CPU_PANEL_PARAMS: &[ParamSpec] = &[
     ISA,
 ];
 
-pub fn variants() -> Vec<KernelDef> {
-    vec![
-        KernelDef::new(
-            "gemm_q_tiled",
-            Op::Gemm,
-            DType::QUANT,
-            TILED_PARAMS,
-            "block columns of w dequantized into workgroup memory with the x tile; 4x4 register blocks",
-            WgslImpl::new(&QGEMM_TILED, prepare_tiled).workgroup(tiled_wg).shared(tiled_shared).check(check_tiled),
-        ),
-        KernelDef::new(
-            "gemm_q_rows_cpu",
-            Op::Gemm,
-            DType::QUANT,
-            CPU_GEMM_ROWS_PARAMS,
-            "each weight row dequantized once into L1, dotted with tiles of tokens; rayon over rows",
-            CpuImpl { run: run_gemm_rows, check: check_quant },
-        ),
-        KernelDef::new(
-            "gemm_q_panel_cpu",
-            Op::Gemm,
-            DType::QUANT,
-            CPU_PANEL_PARAMS,
-            "nc weight rows dequantized into an f32 panel, then the cache-blocked f32 GEMM microkernel",
-            CpuImpl { run: run_gemm_panel, check: check_quant },
-        ),
-    ]
-}
-
 fn check_tiled(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
     check_blocks(prob, dtype)?;
     if let Problem::Gemm { m, n, .. } = *prob {
@@ -123,4 +94,33 @@ fn run_gemm_panel(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArg
         }
     }
     Ok(())
+}
+
+pub fn variants() -> Vec<KernelDef> {
+    vec![
+        KernelDef::new(
+            "gemm_q_tiled",
+            Op::Gemm,
+            DType::QUANT,
+            TILED_PARAMS,
+            "block columns of w dequantized into workgroup memory with the x tile; 4x4 register blocks",
+            WgslImpl::new(&QGEMM_TILED, prepare_tiled).workgroup(tiled_wg).shared(tiled_shared).check(check_tiled),
+        ),
+        KernelDef::new(
+            "gemm_q_rows_cpu",
+            Op::Gemm,
+            DType::QUANT,
+            CPU_GEMM_ROWS_PARAMS,
+            "each weight row dequantized once into L1, dotted with tiles of tokens; rayon over rows",
+            CpuImpl { run: run_gemm_rows, check: check_quant },
+        ),
+        KernelDef::new(
+            "gemm_q_panel_cpu",
+            Op::Gemm,
+            DType::QUANT,
+            CPU_PANEL_PARAMS,
+            "nc weight rows dequantized into an f32 panel, then the cache-blocked f32 GEMM microkernel",
+            CpuImpl { run: run_gemm_panel, check: check_quant },
+        ),
+    ]
 }

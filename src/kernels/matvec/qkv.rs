@@ -41,59 +41,6 @@ const SPLITK_PARAMS: &[ParamSpec] =
 /// `act_bits` applies to decode (one token); prefill rows stay f32.
 const CPU_Q_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK, ISA, ACT_BITS, ROWS_PER_PASS];
 
-pub fn variants() -> Vec<KernelDef> {
-    vec![
-        KernelDef::new(
-            "qkv_proj_wg",
-            Op::QkvProj,
-            DType::FLOAT,
-            ROWS_WG_PARAMS,
-            "scalar loads, any k; ROWS rows per workgroup share x; workgroup reduction; bias and q/k/v routing in the epilogue",
-            WgslImpl::new(&QKV_WG, prepare).shared(shared_rows).check(check_qkv_wg),
-        ),
-        KernelDef::new(
-            "qkv_proj_subgroup",
-            Op::QkvProj,
-            DType::FLOAT,
-            ROWS_SG_PARAMS,
-            "16-byte loads, one subgroup per row, subgroupAdd; bias and q/k/v routing in the epilogue",
-            WgslImpl::new(&QKV_SG, prepare).subgroups().check(check_qkv_sg),
-        ),
-        KernelDef::new(
-            "qkv_proj_dot4_cpu",
-            Op::QkvProj,
-            DType::FLOAT,
-            ROW_CPU_PARAMS,
-            "one rayon pass over the rows of q, k and v together, four rows per SIMD call, bias in the epilogue",
-            CpuImpl { run: run_qkv_dot4, check: check_isa },
-        ),
-        KernelDef::new(
-            "qkv_proj_splitk_cpu",
-            Op::QkvProj,
-            DType::FLOAT,
-            SPLITK_PARAMS,
-            "split-k: rayon over slices of k, each task dot4s every row over its slice, partials summed with the bias",
-            CpuImpl { run: run_qkv_splitk, check: check_isa },
-        ),
-        KernelDef::new(
-            "qkv_proj_q_wg",
-            Op::QkvProj,
-            DType::QUANT,
-            ROWS_WG_PARAMS,
-            "one quantized GEMV over the concatenated Q/K/V weight, bias and routing in the epilogue, workgroup reduction",
-            WgslImpl::new(&QQKV_WG, prepare_q).shared(shared_rows).check(check_q_wgsl),
-        ),
-        KernelDef::new(
-            "qkv_proj_q_cpu",
-            Op::QkvProj,
-            DType::QUANT,
-            CPU_Q_PARAMS,
-            "SIMD block dot products over the concatenated Q/K/V rows, f32 or int8 activations, bias added; rayon over rows of all three",
-            CpuImpl { run: run_qkv_q, check: check_quant },
-        ),
-    ]
-}
-
 fn check_qkv_wg(caps: &GpuCaps, _: &Problem, _: DType, _: &Params) -> Result<(), String> {
     storage_buffers(caps, 6)
 }
@@ -253,4 +200,57 @@ fn run_qkv_splitk(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_
         *dst = s;
     }
     Ok(())
+}
+
+pub fn variants() -> Vec<KernelDef> {
+    vec![
+        KernelDef::new(
+            "qkv_proj_wg",
+            Op::QkvProj,
+            DType::FLOAT,
+            ROWS_WG_PARAMS,
+            "scalar loads, any k; ROWS rows per workgroup share x; workgroup reduction; bias and q/k/v routing in the epilogue",
+            WgslImpl::new(&QKV_WG, prepare).shared(shared_rows).check(check_qkv_wg),
+        ),
+        KernelDef::new(
+            "qkv_proj_subgroup",
+            Op::QkvProj,
+            DType::FLOAT,
+            ROWS_SG_PARAMS,
+            "16-byte loads, one subgroup per row, subgroupAdd; bias and q/k/v routing in the epilogue",
+            WgslImpl::new(&QKV_SG, prepare).subgroups().check(check_qkv_sg),
+        ),
+        KernelDef::new(
+            "qkv_proj_dot4_cpu",
+            Op::QkvProj,
+            DType::FLOAT,
+            ROW_CPU_PARAMS,
+            "one rayon pass over the rows of q, k and v together, four rows per SIMD call, bias in the epilogue",
+            CpuImpl { run: run_qkv_dot4, check: check_isa },
+        ),
+        KernelDef::new(
+            "qkv_proj_splitk_cpu",
+            Op::QkvProj,
+            DType::FLOAT,
+            SPLITK_PARAMS,
+            "split-k: rayon over slices of k, each task dot4s every row over its slice, partials summed with the bias",
+            CpuImpl { run: run_qkv_splitk, check: check_isa },
+        ),
+        KernelDef::new(
+            "qkv_proj_q_wg",
+            Op::QkvProj,
+            DType::QUANT,
+            ROWS_WG_PARAMS,
+            "one quantized GEMV over the concatenated Q/K/V weight, bias and routing in the epilogue, workgroup reduction",
+            WgslImpl::new(&QQKV_WG, prepare_q).shared(shared_rows).check(check_q_wgsl),
+        ),
+        KernelDef::new(
+            "qkv_proj_q_cpu",
+            Op::QkvProj,
+            DType::QUANT,
+            CPU_Q_PARAMS,
+            "SIMD block dot products over the concatenated Q/K/V rows, f32 or int8 activations, bias added; rayon over rows of all three",
+            CpuImpl { run: run_qkv_q, check: check_quant },
+        ),
+    ]
 }

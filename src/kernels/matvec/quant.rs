@@ -22,6 +22,33 @@ static QGEMV_SG: Shader = shader!("qgemv_subgroup.wgsl", "qblock.wgsl");
 
 const CPU_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK, ISA, ACT_BITS, ROWS_PER_PASS];
 
+fn check_wgsl(_: &GpuCaps, prob: &Problem, dtype: DType, _: &Params) -> Result<(), String> {
+    check_blocks(prob, dtype)
+}
+
+fn check_subgroup(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    subgroup_fits(caps, params)?;
+    check_blocks(prob, dtype)
+}
+
+/// One prepare for both block-format GEMV shaders.
+fn prepare(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let Problem::Gemv { n, k } = *s.problem else { return Err(wrong_op(s.kernel, s.problem)) };
+    let (wg, rows) = (s.param("workgroup_size")?, s.param("rows_per_wg")?);
+    let consts = [("WG", wg as f64), ("ROWS", rows as f64), ("QFMT", qfmt(s.dtype))];
+    one_q_step(s, 1, &consts, &[n as u32, k as u32], grid_2d(groups(n, rows)))
+}
+
+fn run_gemv(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::Gemv { n, k } = *prob else { return Err(wrong_op(kd, prob)) };
+    let isa = Isa::of(params)?;
+    let (x, w) = (&a.ins[0].f32()[..k], qin("gemv_q_cpu", &a.ins[1])?);
+    let x = ActVec::new(x, params)?;
+    let four = param(params, "rows_per_pass")? == 4;
+    par_rows(&mut a.outs[0][..n], 1, RowSplit::dynamic(params)?, |first, y| x.rows(isa, w, k, first, y, four));
+    Ok(())
+}
+
 pub fn variants() -> Vec<KernelDef> {
     vec![
         KernelDef::new(
@@ -49,33 +76,6 @@ pub fn variants() -> Vec<KernelDef> {
             CpuImpl { run: run_gemv, check: check_quant },
         ),
     ]
-}
-
-fn check_wgsl(_: &GpuCaps, prob: &Problem, dtype: DType, _: &Params) -> Result<(), String> {
-    check_blocks(prob, dtype)
-}
-
-fn check_subgroup(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
-    subgroup_fits(caps, params)?;
-    check_blocks(prob, dtype)
-}
-
-/// One prepare for both block-format GEMV shaders.
-fn prepare(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let Problem::Gemv { n, k } = *s.problem else { return Err(wrong_op(s.kernel, s.problem)) };
-    let (wg, rows) = (s.param("workgroup_size")?, s.param("rows_per_wg")?);
-    let consts = [("WG", wg as f64), ("ROWS", rows as f64), ("QFMT", qfmt(s.dtype))];
-    one_q_step(s, 1, &consts, &[n as u32, k as u32], grid_2d(groups(n, rows)))
-}
-
-fn run_gemv(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Problem::Gemv { n, k } = *prob else { return Err(wrong_op(kd, prob)) };
-    let isa = Isa::of(params)?;
-    let (x, w) = (&a.ins[0].f32()[..k], qin("gemv_q_cpu", &a.ins[1])?);
-    let x = ActVec::new(x, params)?;
-    let four = param(params, "rows_per_pass")? == 4;
-    par_rows(&mut a.outs[0][..n], 1, RowSplit::dynamic(params)?, |first, y| x.rows(isa, w, k, first, y, four));
-    Ok(())
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ use rayon::prelude::*;
 
 pub mod residual;
 
+use super::cpu::dot::with_row;
 use super::cpu::{Elem, Isa, Lanes, ROWS_PARAMS, Row, RowSplit, SPLIT_PARAMS, check_isa, isa_dispatch, par_rows};
 use super::wgsl::{grid_fits, one_wg_per_row, shared_wg, subgroup_fits, subgroup_per_row};
 use super::{CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
@@ -300,10 +301,7 @@ fn ln_rows_k<L: Lanes, W: Elem>(l: L, x: &[f32], w: &[W], b: &[W], dim: usize, e
 #[allow(clippy::too_many_arguments)]
 fn rms_rows(isa: Isa, x: &[f32], w: Row<'_>, dim: usize, eps: f32, off: f32, y: &mut [f32]) {
     isa_dispatch!(isa, |l| (x: &[f32] = x, w: Row<'_> = w, dim: usize = dim, eps: f32 = eps, off: f32 = off, y: &mut [f32] = y) -> () {
-        match w {
-            Row::F32(w) => rms_rows_k(l, x, w, dim, eps, off, y),
-            Row::F16(w) => rms_rows_k(l, x, w, dim, eps, off, y),
-        }
+        with_row!(w, |w| rms_rows_k(l, x, w, dim, eps, off, y))
     })
 }
 
@@ -332,10 +330,7 @@ fn sqdev(isa: Isa, x: &[f32], mean: f32) -> f32 {
 
 fn rms_apply(isa: Isa, x: &[f32], w: Row<'_>, off: f32, inv: f32, y: &mut [f32]) {
     isa_dispatch!(isa, |l| (x: &[f32] = x, w: Row<'_> = w, off: f32 = off, inv: f32 = inv, y: &mut [f32] = y) -> () {
-        match w {
-            Row::F32(w) => rms_apply_k(l, x, w, off, inv, y),
-            Row::F16(w) => rms_apply_k(l, x, w, off, inv, y),
-        }
+        with_row!(w, |w| rms_apply_k(l, x, w, off, inv, y))
     })
 }
 

@@ -29,43 +29,6 @@ const RESNORM_ROWS_PARAMS: &[ParamSpec] =
 const RESNORM_SPLIT_PARAMS: &[ParamSpec] =
     &[ParamSpec { name: "chunk", values: &[256, 512, 1024, 2048, 4096], default: 1024, help: "elements of a row per rayon task" }, ISA];
 
-pub fn variants() -> Vec<KernelDef> {
-    vec![
-        KernelDef::new(
-            "residual_rms_norm_wg",
-            Op::ResidualRmsNorm,
-            DType::FLOAT,
-            WG_PARAMS,
-            "one workgroup per row: h written and h² accumulated in one pass, workgroup reduction, scale pass",
-            WgslImpl::new(&RESNORM_WG, prepare_wg).shared(shared_wg).check(check_resnorm_wg),
-        ),
-        KernelDef::new(
-            "residual_rms_norm_subgroup",
-            Op::ResidualRmsNorm,
-            DType::FLOAT,
-            SG_PARAMS,
-            "one subgroup per row, several rows per workgroup, subgroupAdd reduction, no barriers",
-            WgslImpl::new(&RESNORM_SG, prepare_sg).subgroups().check(check_resnorm_sg),
-        ),
-        KernelDef::new(
-            "residual_rms_norm_rows_cpu",
-            Op::ResidualRmsNorm,
-            DType::FLOAT,
-            RESNORM_ROWS_PARAMS,
-            "rayon over rows (prefill): fused SIMD add + sum of squares, then SIMD scale pass per row",
-            CpuImpl { run: run_resnorm_rows, check: check_isa },
-        ),
-        KernelDef::new(
-            "residual_rms_norm_split_cpu",
-            Op::ResidualRmsNorm,
-            DType::FLOAT,
-            RESNORM_SPLIT_PARAMS,
-            "rayon over chunks of each row (decode): partial sums of squares per chunk, reduced, then a parallel scale pass",
-            CpuImpl { run: run_resnorm_split, check: check_isa },
-        ),
-    ]
-}
-
 fn check_resnorm_wg(caps: &GpuCaps, _: &Problem, _: DType, _: &Params) -> Result<(), String> {
     storage_buffers(caps, 5)
 }
@@ -131,4 +94,41 @@ fn run_resnorm_split(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs
         });
     });
     Ok(())
+}
+
+pub fn variants() -> Vec<KernelDef> {
+    vec![
+        KernelDef::new(
+            "residual_rms_norm_wg",
+            Op::ResidualRmsNorm,
+            DType::FLOAT,
+            WG_PARAMS,
+            "one workgroup per row: h written and h² accumulated in one pass, workgroup reduction, scale pass",
+            WgslImpl::new(&RESNORM_WG, prepare_wg).shared(shared_wg).check(check_resnorm_wg),
+        ),
+        KernelDef::new(
+            "residual_rms_norm_subgroup",
+            Op::ResidualRmsNorm,
+            DType::FLOAT,
+            SG_PARAMS,
+            "one subgroup per row, several rows per workgroup, subgroupAdd reduction, no barriers",
+            WgslImpl::new(&RESNORM_SG, prepare_sg).subgroups().check(check_resnorm_sg),
+        ),
+        KernelDef::new(
+            "residual_rms_norm_rows_cpu",
+            Op::ResidualRmsNorm,
+            DType::FLOAT,
+            RESNORM_ROWS_PARAMS,
+            "rayon over rows (prefill): fused SIMD add + sum of squares, then SIMD scale pass per row",
+            CpuImpl { run: run_resnorm_rows, check: check_isa },
+        ),
+        KernelDef::new(
+            "residual_rms_norm_split_cpu",
+            Op::ResidualRmsNorm,
+            DType::FLOAT,
+            RESNORM_SPLIT_PARAMS,
+            "rayon over chunks of each row (decode): partial sums of squares per chunk, reduced, then a parallel scale pass",
+            CpuImpl { run: run_resnorm_split, check: check_isa },
+        ),
+    ]
 }
