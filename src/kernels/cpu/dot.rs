@@ -31,6 +31,19 @@ macro_rules! with_row {
 }
 pub(crate) use with_row;
 
+/// `$e` with `$a` and `$b` bound to the slices of two rows of the same storage type
+/// (the registry checks both against the variant's dtype; mixed rows do nothing).
+macro_rules! with_row_pair {
+    ($ra:expr, $rb:expr, |$a:ident, $b:ident| $e:expr) => {
+        match ($ra, $rb) {
+            ($crate::kernels::cpu::Row::F32($a), $crate::kernels::cpu::Row::F32($b)) => $e,
+            ($crate::kernels::cpu::Row::F16($a), $crate::kernels::cpu::Row::F16($b)) => $e,
+            _ => {}
+        }
+    };
+}
+pub(crate) use with_row_pair;
+
 /// A weight element the SIMD microkernels load (f32, or f16 widened on load).
 #[cfg(target_arch = "x86_64")]
 pub trait Weight: Elem + x86::Load {}

@@ -17,7 +17,7 @@ use rayon::prelude::*;
 
 pub mod residual;
 
-use super::cpu::dot::with_row;
+use super::cpu::dot::{with_row, with_row_pair};
 use super::cpu::{Elem, Isa, Lanes, ROWS_PARAMS, Row, RowSplit, SPLIT_PARAMS, check_isa, isa_dispatch, par_rows};
 use super::wgsl::{grid_fits, one_wg_per_row, shared_wg, subgroup_fits, subgroup_per_row};
 use super::{CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
@@ -307,12 +307,7 @@ fn rms_rows(isa: Isa, x: &[f32], w: Row<'_>, dim: usize, eps: f32, off: f32, y: 
 
 fn ln_rows(isa: Isa, x: &[f32], w: Row<'_>, b: Row<'_>, dim: usize, eps: f32, y: &mut [f32]) {
     isa_dispatch!(isa, |l| (x: &[f32] = x, w: Row<'_> = w, b: Row<'_> = b, dim: usize = dim, eps: f32 = eps, y: &mut [f32] = y) -> () {
-        match (w, b) {
-            (Row::F32(w), Row::F32(b)) => ln_rows_k(l, x, w, b, dim, eps, y),
-            (Row::F16(w), Row::F16(b)) => ln_rows_k(l, x, w, b, dim, eps, y),
-            // Both weights share the variant's dtype (checked by the registry).
-            _ => {}
-        }
+        with_row_pair!(w, b, |w, b| ln_rows_k(l, x, w, b, dim, eps, y))
     })
 }
 
@@ -337,11 +332,7 @@ fn rms_apply(isa: Isa, x: &[f32], w: Row<'_>, off: f32, inv: f32, y: &mut [f32])
 #[allow(clippy::too_many_arguments)]
 fn ln_apply(isa: Isa, x: &[f32], w: Row<'_>, b: Row<'_>, mean: f32, rs: f32, y: &mut [f32]) {
     isa_dispatch!(isa, |l| (x: &[f32] = x, w: Row<'_> = w, b: Row<'_> = b, mean: f32 = mean, rs: f32 = rs, y: &mut [f32] = y) -> () {
-        match (w, b) {
-            (Row::F32(w), Row::F32(b)) => ln_apply_k(l, x, w, b, mean, rs, y),
-            (Row::F16(w), Row::F16(b)) => ln_apply_k(l, x, w, b, mean, rs, y),
-            _ => {}
-        }
+        with_row_pair!(w, b, |w, b| ln_apply_k(l, x, w, b, mean, rs, y))
     })
 }
 
