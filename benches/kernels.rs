@@ -23,7 +23,7 @@ use rayon::prelude::*;
 
 use ktune::device::CpuCaps;
 use ktune::kernels::verify::{GpuBuffers, HostTensor, make_inputs, output_lens};
-use ktune::kernels::{self, Backend, Caps, CpuArgs, DType, KernelDef, Params, Problem, simd};
+use ktune::kernels::{self, Backend, Caps, CpuArgs, DType, KernelDef, Params, Problem, cpu as simd};
 use ktune::testing::test_gpu;
 
 /// Gemma 3 1B: hidden 1152, intermediate 6912. GEMV `n x k` = weight rows x cols.

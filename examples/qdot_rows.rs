@@ -7,9 +7,9 @@
 //! Measured (2-core EPYC, other work paused): q8_0 19.2 vs 17.3 GB/s, q4_0 8.9 vs
 //! 8.6, q4_1 6.2 vs 8.6 (one-row vs four-row): hence a tunable, not a fixed choice.
 
-use ktune::kernels::qmatmul::{ActVec, XQ8, dot_q_i8};
+use ktune::kernels::cpu::Isa;
+use ktune::kernels::cpu::{ActVec, XQ8, dot_q_i8};
 use ktune::kernels::quant::{QFormat, QMatrix};
-use ktune::kernels::simd::Isa;
 use std::time::Instant;
 fn main() {
     let (n, k) = (6912usize, 1152usize);

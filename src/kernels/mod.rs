@@ -6,54 +6,68 @@
 //! parameters; a *variant* is a kernel with its parameters fixed ([`Params`]).
 //! Adding a variant touches its shader, its family module and its test only:
 //! the registry gathers `variants()` from every family module.
+//!
+//! Families, one directory per op family holding all its variants (float and block
+//! formats, WGSL and CPU, fused forms beside the op they produce): [`matvec`]
+//! (GEMV, RMSNorm-prologue GEMV, and the decode projections gate_up and qkv_proj),
+//! [`matmul`] (GEMM), [`attention`], [`norm`] (RMSNorm, LayerNorm, residual +
+//! RMSNorm), [`rope`] (RoPE, per-head norm + RoPE), [`act`] (gated activation,
+//! residual add, softmax). Shared layers: [`cpu`] (the one SIMD and orchestration
+//! layer of every CPU kernel) and [`wgsl`] (the rules and bindings WGSL kernels share).
 
+pub mod act;
 pub mod attention;
-pub mod elementwise;
-pub mod fused;
-pub mod gemm;
-pub mod gemv;
+pub mod cpu;
+pub mod matmul;
+pub mod matvec;
 pub mod norm;
-pub mod norm_gemv;
 pub mod problem;
-pub mod qmatmul;
 pub mod quant;
 pub mod reference;
 pub mod rope;
-pub mod simd;
 pub mod verify;
+pub mod wgsl;
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use half::f16;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 pub use problem::{Activation, BufSpec, Op, Problem, Role, RopeLayout};
 
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuCtx, GpuProgram, Shader};
+use crate::hash::Hasher;
 
 /// Storage type of a variant's weight and cache buffers (activations are f32).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, strum::IntoStaticStr, strum::EnumIter, strum::Display,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum DType {
     F32,
     F16,
     /// ggml Q8_0 blocks in the split layout of [`quant::QMatrix`] (weights only).
     #[serde(rename = "q8_0")]
+    #[strum(serialize = "q8_0")]
     Q8_0,
     /// ggml Q4_0 blocks (weights only).
     #[serde(rename = "q4_0")]
+    #[strum(serialize = "q4_0")]
     Q4_0,
     /// ggml Q4_1 blocks (weights only).
     #[serde(rename = "q4_1")]
+    #[strum(serialize = "q4_1")]
     Q4_1,
 }
 
 impl DType {
     /// Every storage type, floats first.
     pub const ALL: [DType; 5] = [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1];
+    /// The float storage types.
+    pub const FLOAT: &'static [DType] = &[DType::F32, DType::F16];
     /// The block-quantized storage types.
     pub const QUANT: &'static [DType] = &[DType::Q8_0, DType::Q4_0, DType::Q4_1];
 
@@ -77,13 +91,7 @@ impl DType {
         }
     }
     pub fn name(self) -> &'static str {
-        match self {
-            DType::F32 => "f32",
-            DType::F16 => "f16",
-            DType::Q8_0 => "q8_0",
-            DType::Q4_0 => "q4_0",
-            DType::Q4_1 => "q4_1",
-        }
+        self.into()
     }
     /// The block format of a quantized type.
     pub fn quant(self) -> Option<quant::QFormat> {
@@ -114,19 +122,14 @@ impl From<quant::QFormat> for DType {
     }
 }
 
-impl std::fmt::Display for DType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 impl std::str::FromStr for DType {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        DType::ALL
-            .into_iter()
-            .find(|d| d.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| format!("unknown dtype `{s}` (allowed: f32, f16, q8_0, q4_0, q4_1)"))
+        use strum::IntoEnumIterator;
+        DType::iter().find(|d| d.name().eq_ignore_ascii_case(s)).ok_or_else(|| {
+            let allowed: Vec<&str> = DType::iter().map(DType::name).collect();
+            format!("unknown dtype `{s}` (allowed: {})", allowed.join(", "))
+        })
     }
 }
 
@@ -157,13 +160,22 @@ pub struct ParamSpec {
     pub help: &'static str,
 }
 
+impl ParamSpec {
+    pub const fn new(name: &'static str, values: &'static [u32], default: u32, help: &'static str) -> ParamSpec {
+        ParamSpec { name, values, default, help }
+    }
+}
+
 /// Parameter values of one variant, by name.
 pub type Params = BTreeMap<String, u32>;
 
-/// Read a parameter a kernel declared; falls back to 0 only if the registry let an
-/// unchecked map through, which [`KernelDef::check`] prevents.
-pub fn p(params: &Params, name: &str) -> u32 {
-    params.get(name).copied().unwrap_or(0)
+/// Reads parameter `name` of a variant. A name the map lacks (a typo in a kernel,
+/// or a map that skipped [`KernelDef::check_params`]) is an error, never a default.
+pub fn param(params: &Params, name: &str) -> Result<u32, KernelError> {
+    params.get(name).copied().ok_or_else(|| KernelError::Param {
+        name: name.to_string(),
+        known: params.keys().map(String::as_str).collect::<Vec<_>>().join(", "),
+    })
 }
 
 /// Errors from kernel lookup, validity and execution.
@@ -181,12 +193,21 @@ pub enum KernelError {
     BufferLen { kernel: String, buffer: String, expected: usize, got: usize },
     #[error("kernel `{kernel}`: buffer `{buffer}` must be {expected}")]
     BufferType { kernel: String, buffer: String, expected: &'static str },
+    #[error("no parameter `{name}` in this variant (it has: {known})")]
+    Param { name: String, known: String },
     #[error("kernel `{0}` is a CPU kernel and needs the CPU device")]
     NeedsCpu(String),
     #[error("kernel `{0}` is a WGSL kernel and needs a GPU adapter")]
     NeedsGpu(String),
     #[error(transparent)]
     Gpu(#[from] crate::gpu::GpuError),
+}
+
+/// Validity checks report reasons as text; a parameter lookup error becomes one.
+impl From<KernelError> for String {
+    fn from(e: KernelError) -> String {
+        e.to_string()
+    }
 }
 
 /// Read-only buffer handed to a CPU kernel.
@@ -251,8 +272,16 @@ pub struct CpuArgs<'a> {
     pub outs: Vec<&'a mut [f32]>,
 }
 
-/// Runs a CPU kernel. Buffer count, lengths and dtypes were checked by the registry.
-pub type CpuRunFn = fn(&Problem, &Params, CpuArgs<'_>) -> Result<(), KernelError>;
+/// The `N` output buffers of a CPU call, by value (the registry checked the count;
+/// a mismatch is a `Buffers` error, not a panic).
+pub fn outs<'a, const N: usize>(kd: &KernelDef, outs: Vec<&'a mut [f32]>) -> Result<[&'a mut [f32]; N], KernelError> {
+    let got = outs.len();
+    outs.try_into().map_err(|_| KernelError::Buffers { kernel: kd.id.to_string(), expected: N, got })
+}
+
+/// Runs a CPU kernel (itself, for its id in errors). Buffer count, lengths and
+/// dtypes were checked by the registry; a problem of another op is [`wrong_op`].
+pub type CpuRunFn = fn(&KernelDef, &Problem, &Params, CpuArgs<'_>) -> Result<(), KernelError>;
 /// Extra validity rules of a CPU kernel (ISA, shapes): `Err(reason)` when invalid.
 pub type CpuCheckFn = fn(&CpuCaps, &Problem, DType, &Params) -> Result<(), String>;
 /// Extra validity rules of a WGSL kernel beyond the generic limits checks.
@@ -261,6 +290,8 @@ pub type WgslCheckFn = fn(&GpuCaps, &Problem, DType, &Params) -> Result<(), Stri
 /// Everything a WGSL kernel needs to build its dispatches once.
 pub struct WgslSetup<'a> {
     pub kernel: &'a KernelDef,
+    /// The kernel's shader ([`WgslImpl::shader`]), so one prepare serves a family.
+    shader: &'static Shader,
     pub gpu: &'a GpuCtx,
     pub problem: &'a Problem,
     pub dtype: DType,
@@ -282,9 +313,9 @@ pub struct CpuImpl {
 pub struct WgslImpl {
     pub shader: &'static Shader,
     /// Workgroup size the variant's `override` constants give.
-    pub workgroup_size: fn(&Params) -> [u32; 3],
-    /// Workgroup (shared) memory in bytes, seed 001's `requiredSharedMemory`.
-    pub shared_memory: fn(&Problem, DType, &Params) -> u64,
+    pub workgroup_size: fn(&Params) -> Result<[u32; 3], KernelError>,
+    /// Workgroup (shared) memory in bytes (`requiredSharedMemory`).
+    pub shared_memory: fn(&Problem, DType, &Params) -> Result<u64, KernelError>,
     /// Needs `SHADER_F16` (for this dtype).
     pub needs_f16: fn(DType) -> bool,
     /// Needs subgroup operations.
@@ -307,6 +338,66 @@ pub struct KernelDef {
     pub dtypes: &'static [DType],
     pub params: &'static [ParamSpec],
     pub imp: Impl,
+}
+
+impl WgslImpl {
+    /// A WGSL kernel with the common rules: workgroup `[workgroup_size, 1, 1]`, no
+    /// workgroup memory, f16 read packed in u32 words (no feature), no subgroups, no
+    /// check beyond the generic ones. The builder methods below change one rule each.
+    pub const fn new(shader: &'static Shader, prepare: WgslPrepareFn) -> WgslImpl {
+        WgslImpl {
+            shader,
+            workgroup_size: wgsl::wg_size,
+            shared_memory: no_shared,
+            needs_f16: packed_f16,
+            needs_subgroups: false,
+            check: wgsl_any,
+            prepare,
+        }
+    }
+    pub const fn workgroup(self, workgroup_size: fn(&Params) -> Result<[u32; 3], KernelError>) -> WgslImpl {
+        WgslImpl { workgroup_size, ..self }
+    }
+    pub const fn shared(self, shared_memory: fn(&Problem, DType, &Params) -> Result<u64, KernelError>) -> WgslImpl {
+        WgslImpl { shared_memory, ..self }
+    }
+    /// Native f16 storage (`enable f16;`) in the f16 form: needs `SHADER_F16`.
+    pub const fn native_f16(self) -> WgslImpl {
+        WgslImpl { needs_f16: native_f16, ..self }
+    }
+    pub const fn subgroups(self) -> WgslImpl {
+        WgslImpl { needs_subgroups: true, ..self }
+    }
+    pub const fn check(self, check: WgslCheckFn) -> WgslImpl {
+        WgslImpl { check, ..self }
+    }
+}
+
+impl From<CpuImpl> for Impl {
+    fn from(c: CpuImpl) -> Impl {
+        Impl::Cpu(c)
+    }
+}
+
+impl From<WgslImpl> for Impl {
+    fn from(w: WgslImpl) -> Impl {
+        Impl::Wgsl(w)
+    }
+}
+
+impl KernelDef {
+    /// A kernel of the set: a [`CpuImpl`] or a [`WgslImpl`] with its id, op, storage
+    /// types, parameter space and one-line summary.
+    pub fn new(
+        id: &'static str,
+        op: Op,
+        dtypes: &'static [DType],
+        params: &'static [ParamSpec],
+        summary: &'static str,
+        imp: impl Into<Impl>,
+    ) -> KernelDef {
+        KernelDef { id, op, summary, dtypes, params, imp: imp.into() }
+    }
 }
 
 impl std::fmt::Debug for KernelDef {
@@ -372,7 +463,7 @@ impl KernelDef {
     }
 
     /// Whether this variant can run `problem` in `dtype` on the device; `Err` says why not.
-    /// This is seed 001's `validateConfig`: dtype, parameters, backend, workgroup size and
+    /// This is `validateConfig`: dtype, parameters, backend, workgroup size and
     /// shared memory against the limits, features (f16, subgroups), binding sizes, and the
     /// kernel's own shape rules.
     pub fn check(&self, caps: Caps<'_>, problem: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
@@ -392,7 +483,7 @@ impl KernelDef {
                 if w.needs_subgroups && !gpu.subgroups {
                     return Err("needs subgroup operations, which this adapter lacks".into());
                 }
-                let [x, y, z] = (w.workgroup_size)(params);
+                let [x, y, z] = (w.workgroup_size)(params)?;
                 let inv = x * y * z;
                 if inv > gpu.max_invocations_per_workgroup {
                     return Err(format!("workgroup of {inv} invocations exceeds the adapter's {}", gpu.max_invocations_per_workgroup));
@@ -401,7 +492,7 @@ impl KernelDef {
                 if x > lim[0] || y > lim[1] || z > lim[2] {
                     return Err(format!("workgroup size {x}x{y}x{z} exceeds the adapter's {}x{}x{}", lim[0], lim[1], lim[2]));
                 }
-                let shared = (w.shared_memory)(problem, dtype, params);
+                let shared = (w.shared_memory)(problem, dtype, params)?;
                 if shared > gpu.max_workgroup_storage as u64 {
                     return Err(format!("needs {shared} bytes of workgroup memory, the adapter has {}", gpu.max_workgroup_storage));
                 }
@@ -427,6 +518,9 @@ impl KernelDef {
         let Impl::Cpu(c) = &self.imp else {
             return Err(KernelError::NeedsGpu(self.id.to_string()));
         };
+        if problem.op() != self.op {
+            return Err(wrong_op(self, problem));
+        }
         let specs = problem.buffers(dtype);
         let (ins, outs): (Vec<_>, Vec<_>) = specs.iter().partition(|s| !s.is_output());
         if ins.len() != args.ins.len() || outs.len() != args.outs.len() {
@@ -445,7 +539,7 @@ impl KernelDef {
                 return Err(KernelError::BufferLen { kernel: self.id.into(), buffer: s.id.into(), expected: s.len(), got: a.len() });
             }
         }
-        (c.run)(problem, params, args)
+        (c.run)(self, problem, params, args)
     }
 
     /// Builds the GPU program of a WGSL variant over the given buffers.
@@ -464,7 +558,7 @@ impl KernelDef {
         if specs.len() != bufs.len() {
             return Err(KernelError::Buffers { kernel: self.id.into(), expected: specs.len(), got: bufs.len() });
         }
-        (w.prepare)(&WgslSetup { kernel: self, gpu, problem, dtype, params, bufs })
+        (w.prepare)(&WgslSetup { kernel: self, shader: w.shader, gpu, problem, dtype, params, bufs })
     }
 }
 
@@ -472,16 +566,22 @@ impl KernelDef {
 pub fn registry() -> &'static [KernelDef] {
     static REG: OnceLock<Vec<KernelDef>> = OnceLock::new();
     REG.get_or_init(|| {
-        let mut all = Vec::new();
-        all.extend(gemv::variants());
-        all.extend(gemm::variants());
-        all.extend(attention::variants());
-        all.extend(norm::variants());
-        all.extend(rope::variants());
-        all.extend(elementwise::variants());
-        all.extend(fused::variants());
-        all.extend(qmatmul::variants());
-        all.extend(norm_gemv::variants());
+        let families = [
+            matvec::variants(),
+            matvec::quant::variants(),
+            matvec::norm_gemv::variants(),
+            matvec::gate_up::variants(),
+            matvec::qkv::variants(),
+            matmul::variants(),
+            matmul::quant::variants(),
+            attention::variants(),
+            norm::variants(),
+            norm::residual::variants(),
+            rope::variants(),
+            rope::qk_norm::variants(),
+            act::variants(),
+        ];
+        let mut all: Vec<KernelDef> = families.into_iter().flatten().collect();
         all.sort_by(|a, b| (a.op, a.id).cmp(&(b.op, b.id)));
         all
     })
@@ -517,20 +617,17 @@ pub fn shaders() -> Vec<&'static Shader> {
 /// sha256 over the shader sources and the registry (ids, ops, dtypes, parameter
 /// spaces): changes whenever a kernel or its space changes. Profiles record it.
 pub fn kernel_set_hash() -> String {
-    let mut h = Sha256::new();
+    let mut h = Hasher::new();
     for s in shaders() {
-        h.update(s.name.as_bytes());
-        h.update([0]);
-        h.update(s.source.as_bytes());
-        h.update([0]);
+        h.part(s.name).part(s.source);
     }
     for k in registry() {
-        h.update(format!("{}|{}|{:?}|{:?}|", k.id, k.op, k.dtypes, k.backend()).as_bytes());
+        h.update(format!("{}|{}|{:?}|{:?}|", k.id, k.op, k.dtypes, k.backend()));
         for p in k.params {
-            h.update(format!("{}={:?}/{};", p.name, p.values, p.default).as_bytes());
+            h.update(format!("{}={:?}/{};", p.name, p.values, p.default));
         }
     }
-    hex::encode(h.finalize())
+    h.finish()
 }
 
 /// Common validity helper: CPU kernels that accept any shape.
@@ -554,27 +651,46 @@ pub fn native_f16(d: DType) -> bool {
 }
 
 /// `shared_memory` for kernels that use none.
-pub fn no_shared(_: &Problem, _: DType, _: &Params) -> u64 {
-    0
+pub fn no_shared(_: &Problem, _: DType, _: &Params) -> Result<u64, KernelError> {
+    Ok(0)
 }
 
 impl WgslSetup<'_> {
+    /// The shader of the variant being prepared (its [`WgslImpl::shader`]).
+    pub fn shader(&self) -> &'static Shader {
+        self.shader
+    }
+
+    /// Parameter `name` of the variant being prepared.
+    pub fn param(&self, name: &str) -> Result<u32, KernelError> {
+        param(self.params, name)
+    }
+
     /// `1.0` when weights/caches are f16, for the `W_F16` override constant.
     pub fn w_f16(&self) -> f64 {
         if self.dtype == DType::F16 { 1.0 } else { 0.0 }
     }
 
-    /// The common case: one dispatch of `entry` binding every op buffer in order and
-    /// then a uniform block holding `uniform` (u32 words; floats as `to_bits`).
+    /// `("W_F16", 1.0 or 0.0)` for shaders that read f16 packed in u32 words; none for
+    /// shaders with native f16 storage (`enable f16;`), which have no such constant.
+    pub fn w_f16_const(&self) -> Option<(&'static str, f64)> {
+        match &self.kernel.imp {
+            Impl::Wgsl(w) if (w.needs_f16)(DType::F16) => None,
+            _ => Some(("W_F16", self.w_f16())),
+        }
+    }
+
+    /// The common case: one dispatch of the variant's shader at `entry` binding every
+    /// op buffer in order and then a uniform block holding `uniform` (u32 words;
+    /// floats as `to_bits`).
     pub fn one_step(
         &self,
-        shader: &'static Shader,
         entry: &str,
         constants: &[(&str, f64)],
         uniform: &[u32],
         workgroups: [u32; 3],
     ) -> Result<GpuProgram, KernelError> {
-        let pipe = self.gpu.pipeline(shader, entry, constants)?;
+        let pipe = self.gpu.pipeline(self.shader(), entry, constants)?;
         let u = self.gpu.uniform(self.kernel.id, uniform);
         let mut binds: Vec<&wgpu::Buffer> = self.bufs.to_vec();
         binds.push(&u);
@@ -586,4 +702,97 @@ impl WgslSetup<'_> {
 /// Error for a kernel handed a problem of another op (the registry prevents it).
 pub fn wrong_op(k: &KernelDef, p: &Problem) -> KernelError {
     KernelError::WrongOp { kernel: k.id.to_string(), expected: k.op, got: p.op() }
+}
+
+#[cfg(test)]
+mod tests {
+    use strum::IntoEnumIterator;
+
+    use super::*;
+
+    #[test]
+    fn op_and_dtype_names_are_the_profile_strings() {
+        let ops: Vec<&str> = Op::iter().map(Op::name).collect();
+        assert_eq!(
+            ops,
+            [
+                "gemm",
+                "gemv",
+                "attention_prefill",
+                "attention_decode",
+                "rms_norm",
+                "layer_norm",
+                "rope",
+                "gated_act",
+                "softmax",
+                "residual_add",
+                "qk_norm_rope",
+                "gate_up",
+                "residual_rms_norm",
+                "qkv_proj",
+                "norm_gemv",
+            ]
+        );
+        assert_eq!(Op::ALL.to_vec(), Op::iter().collect::<Vec<_>>());
+        for op in Op::ALL {
+            assert_eq!(op.name().parse::<Op>().unwrap(), op);
+            assert_eq!(op.to_string(), op.name());
+            assert_eq!(serde_json::to_value(op).unwrap(), op.name());
+        }
+        let dtypes: Vec<&str> = DType::iter().map(DType::name).collect();
+        assert_eq!(dtypes, ["f32", "f16", "q8_0", "q4_0", "q4_1"]);
+        assert_eq!(DType::ALL.to_vec(), DType::iter().collect::<Vec<_>>());
+        for d in DType::ALL {
+            assert_eq!(d.name().to_uppercase().parse::<DType>().unwrap(), d);
+            assert_eq!(d.to_string(), d.name());
+            assert_eq!(serde_json::to_value(d).unwrap(), d.name());
+        }
+        assert_eq!("bf16".parse::<DType>().unwrap_err(), "unknown dtype `bf16` (allowed: f32, f16, q8_0, q4_0, q4_1)");
+    }
+
+    #[test]
+    fn a_typo_in_a_parameter_name_is_an_error_not_zero() {
+        let k = find("gemv_wg").unwrap();
+        let params = k.default_params();
+        assert_eq!(param(&params, "rows_per_wg").unwrap(), 2);
+        let err = param(&params, "rows_per_wgg").unwrap_err();
+        assert!(matches!(err, KernelError::Param { ref name, .. } if name == "rows_per_wgg"), "{err}");
+        assert!(err.to_string().contains("rows_per_wg, workgroup_size"), "{err}");
+        // A kernel reading a parameter its variant lacks fails its validity check.
+        let Impl::Wgsl(w) = &k.imp else { panic!("gemv_wg is a WGSL kernel") };
+        let mut missing = params.clone();
+        missing.remove("workgroup_size");
+        assert!((w.workgroup_size)(&missing).is_err());
+    }
+
+    /// Every CPU kernel handed a problem of another op reports `WrongOp`, as the WGSL
+    /// side does, whether called through the registry or directly.
+    #[test]
+    fn cpu_kernels_given_another_ops_problem_error() {
+        let other = |op: Op| if op == Op::Gemv { Problem::ResidualAdd { n: 4 } } else { Problem::Gemv { n: 4, k: 32 } };
+        for k in registry() {
+            let Impl::Cpu(c) = &k.imp else { continue };
+            let prob = other(k.op);
+            let params = k.default_params();
+            let direct = (c.run)(k, &prob, &params, CpuArgs { ins: vec![], outs: vec![] });
+            assert!(matches!(direct, Err(KernelError::WrongOp { .. })), "{}: {direct:?}", k.id);
+            let via = k.run_cpu(&prob, k.dtypes[0], &params, CpuArgs { ins: vec![], outs: vec![] });
+            assert!(matches!(via, Err(KernelError::WrongOp { .. })), "{}: {via:?}", k.id);
+        }
+    }
+
+    /// The fused ops keep a float variety on both backends: two WGSL and two CPU
+    /// float kernels each, ids prefixed by the op.
+    #[test]
+    fn every_fused_op_has_two_wgsl_and_two_cpu_float_kernels() {
+        for op in [Op::QkNormRope, Op::GateUp, Op::ResidualRmsNorm, Op::QkvProj] {
+            let ks: Vec<_> = for_op(op).filter(|k| k.dtypes != DType::QUANT).collect();
+            let wgsl = ks.iter().filter(|k| matches!(k.imp, Impl::Wgsl(_))).count();
+            assert!(wgsl >= 2 && ks.len() - wgsl >= 2, "{op}: {wgsl} WGSL of {} kernels", ks.len());
+            for k in &ks {
+                assert!(k.id.starts_with(op.name()), "{} does not start with {op}", k.id);
+                assert_eq!(k.dtypes, DType::FLOAT, "{} lacks a dtype", k.id);
+            }
+        }
+    }
 }

@@ -1,5 +1,5 @@
-//! Op problems: the shapes an op is asked to compute, the buffers it binds (seed 000:
-//! ids, roles, symbolic shapes) and the test shapes the parity check runs.
+//! Op problems: the shapes an op is asked to compute, the buffers it binds (ids,
+//! roles, symbolic shapes) and the test shapes the parity check runs.
 //!
 //! Buffer conventions shared by every kernel of an op, CPU and WGSL alike:
 //! - buffers are listed in binding order: inputs (role input/weight/cache) first,
@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::DType;
 
-/// What a buffer is for (seed 000's `role`): decides its dtype and how the
+/// What a buffer is for (its `role`): decides its dtype and how the
 /// runtime lays it out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -169,9 +169,26 @@ pub enum Problem {
     NormGemv { n: usize, k: usize, eps: f32, unit_offset: bool },
 }
 
-/// The ops of the kernel set; one per [`Problem`] variant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+/// The ops of the kernel set; one per [`Problem`] variant. Names (`gemm`,
+/// `attention_prefill`, ...) come from the snake_case of the variant, for serde and
+/// strum alike (display, parsing, iteration).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    strum::IntoStaticStr,
+    strum::EnumIter,
+    strum::EnumString,
+    strum::Display,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum Op {
     Gemm,
     Gemv,
@@ -210,29 +227,7 @@ impl Op {
     ];
 
     pub fn name(self) -> &'static str {
-        match self {
-            Op::Gemm => "gemm",
-            Op::Gemv => "gemv",
-            Op::AttentionPrefill => "attention_prefill",
-            Op::AttentionDecode => "attention_decode",
-            Op::RmsNorm => "rms_norm",
-            Op::LayerNorm => "layer_norm",
-            Op::Rope => "rope",
-            Op::GatedAct => "gated_act",
-            Op::Softmax => "softmax",
-            Op::ResidualAdd => "residual_add",
-            Op::QkNormRope => "qk_norm_rope",
-            Op::GateUp => "gate_up",
-            Op::ResidualRmsNorm => "residual_rms_norm",
-            Op::QkvProj => "qkv_proj",
-            Op::NormGemv => "norm_gemv",
-        }
-    }
-}
-
-impl std::fmt::Display for Op {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+        self.into()
     }
 }
 

@@ -1,6 +1,6 @@
 //! Block-quantized weight formats, bit-compatible with ggml/llama.cpp (Q8_0,
-//! Q4_0, Q4_1), and the split layout the quantized kernels read (seed 004's
-//! policy: a `quants` byte buffer and a `scales` buffer, bound side by side).
+//! Q4_0, Q4_1), and the split layout the quantized kernels read (a
+//! `quants` byte buffer and a `scales` buffer, bound side by side).
 //!
 //! A ggml block covers 32 consecutive elements of a row:
 //! - Q8_0: `f16 d; i8 qs[32]` (34 bytes), `x = qs[j] * d`
@@ -105,8 +105,8 @@ pub const SCALES_ALIGN: usize = 256;
 
 /// Where the regions of a quantized matrix of `blocks` blocks lie in one buffer:
 /// the quants from byte 0, the f16 scales from `scales_offset` (a multiple of
-/// [`SCALES_ALIGN`]), so the buffer binds as two storage bindings (seed 004's
-/// `matrix` and `scale_bytes`).
+/// [`SCALES_ALIGN`]), so the buffer binds as two storage bindings (the
+/// `matrix` and `scale_bytes` of the profile format).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QLayout {
     /// Bytes of quantized data (a multiple of 16).
@@ -422,16 +422,8 @@ pub fn dequantize_block(format: QFormat, q: &[u8], s: &[f16], out: &mut [f32; QK
 mod tests {
     use super::*;
 
-    fn data(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s as f32 / u32::MAX as f32 - 0.5) * 0.2
-            })
-            .collect()
+    fn data(n: usize, seed: u64) -> Vec<f32> {
+        crate::kernels::cpu::testdata::uniform(n, seed, -0.1, 0.1)
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The correctness gate: random inputs for a problem, a variant run on the CPU or a
-//! GPU, and the comparison with the f64 reference under dtype-aware tolerances
-//! (seed 004). Used by `kernels --verify`, the tests and the tuner.
+//! GPU, and the comparison with the f64 reference under dtype-aware tolerances.
+//! Used by `kernels --verify`, the tests and the tuner.
 
 use std::borrow::Cow;
 

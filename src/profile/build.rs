@@ -46,7 +46,7 @@ pub(crate) fn profile_doc(f: &Findings<'_>) -> ProfileDoc {
         {
             req.requires_f16 |= (w.needs_f16)(*d);
             req.requires_subgroups |= w.needs_subgroups;
-            req.min_shared_memory = req.min_shared_memory.max((w.shared_memory)(p, *d, &c.params));
+            req.min_shared_memory = req.min_shared_memory.max((w.shared_memory)(p, *d, &c.params).unwrap_or_default());
         }
     }
     let exec = ExecSettings {

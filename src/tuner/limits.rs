@@ -19,13 +19,13 @@ pub(crate) fn measure(t: &Target<'_>) -> (f64, &'static str) {
 pub fn cpu_read_bandwidth() -> f64 {
     use rayon::prelude::*;
     let v: Vec<f32> = vec![1.0; 64 << 20];
-    let isa = kernels::simd::Isa::best();
+    let isa = kernels::cpu::Isa::best();
     let mut best = f64::INFINITY;
     for _ in 0..5 {
         let t = Instant::now();
         // The SIMD dot of each chunk with itself: every byte comes from memory once
         // (the second operand hits L1), at the widest vectors the CPU has.
-        let s: f32 = v.par_chunks(1 << 14).map(|c| kernels::simd::dot_f32(isa, c, c)).sum();
+        let s: f32 = v.par_chunks(1 << 14).map(|c| kernels::cpu::dot_f32(isa, c, c)).sum();
         std::hint::black_box(s);
         best = best.min(t.elapsed().as_secs_f64());
     }

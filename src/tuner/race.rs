@@ -354,7 +354,7 @@ impl Runner {
 mod tests {
     use super::*;
     use crate::device::cpu::CpuCaps;
-    use crate::kernels::{Op, p};
+    use crate::kernels::{Op, param};
     use crate::plan::Regime;
 
     /// A landscape where two parameters only pay together: moving `mc` alone helps
@@ -367,7 +367,7 @@ mod tests {
         let prob = test_problems(Op::Gemm).into_iter().max_by_key(|p| p.describe().len()).expect("a gemm test shape");
         let r = RaceDef { key: (crate::plan::select::Slot::MatmulQkv, Regime::Prefill), dtype: DType::F32, shapes: vec![(prob, 1)] };
         let cost = |q: &kernels::Params| -> f64 {
-            let (mc, kc, nc) = (p(q, "mc"), p(q, "kc"), p(q, "nc"));
+            let (mc, kc, nc) = (param(q, "mc").unwrap_or(0), param(q, "kc").unwrap_or(0), param(q, "nc").unwrap_or(0));
             let mut c = 10.0 + (nc as f64 - 256.0).abs() / 1000.0;
             match (mc == 192, kc == 128) {
                 (true, true) => c = 1.0,

@@ -1,7 +1,7 @@
-//! Rotary position embedding (`rope`): rotate-half (Hugging Face) and interleaved
+//! The RoPE family: rotary position embedding (`rope`): rotate-half (Hugging Face) and interleaved
 //! (GPT-J / GGUF) pair layouts, partial rotary (`rot_dim < head_dim`, the rest
 //! copied), and [`inv_freq`], the inverse frequencies (with llama3 scaling) the
-//! runtime uploads.
+//! runtime uploads; the fused per-head RMSNorm + RoPE is in [`qk_norm`].
 //!
 //! WGSL: `rope_pair` (one invocation per pair, each forming its own angle) and
 //! `rope_shared` (one workgroup per token and group of heads, cos/sin computed once
@@ -16,13 +16,13 @@
 
 use rayon::prelude::*;
 
-use super::elementwise::lanes::{Lanes, isa_dispatch};
-use super::elementwise::{ISA, check_isa, grid_fits};
+pub mod qk_norm;
+
+use super::cpu::{ISA, Isa, Lanes, check_isa, isa_dispatch};
 use super::reference::{self, Llama3Scaling};
-use super::simd::Isa;
+use super::wgsl::grid_fits;
 use super::{
-    CpuArgs, CpuImpl, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, RopeLayout, WgslImpl, WgslSetup, p, packed_f16,
-    wrong_op,
+    CpuArgs, CpuImpl, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, RopeLayout, WgslImpl, WgslSetup, param, wrong_op,
 };
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
@@ -49,12 +49,7 @@ const PAIR_PARAMS: &[ParamSpec] =
 
 const SHARED_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "workgroup_size", values: &[32, 64, 128, 256], default: 64, help: "invocations per workgroup" },
-    ParamSpec {
-        name: "heads_per_wg",
-        values: &[1, 2, 4, 8, 16, 32],
-        default: 4,
-        help: "heads of one token per workgroup, sharing its cos/sin table",
-    },
+    ParamSpec::new("heads_per_wg", &[1, 2, 4, 8, 16, 32], 4, "heads of one token per workgroup, sharing its cos/sin table"),
 ];
 
 const TABLE_CPU_PARAMS: &[ParamSpec] =
@@ -72,54 +67,38 @@ const TOKEN_CPU_PARAMS: &[ParamSpec] = &[
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
-        KernelDef {
-            id: "rope_pair",
-            op: Op::Rope,
-            summary: "one invocation per rotary pair (or copied dim), each with its own exactly-reduced angle",
-            dtypes: F32_ONLY,
-            params: PAIR_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &ROPE_PAIR,
-                workgroup_size: wg_size,
-                shared_memory: super::no_shared,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_pair,
-                prepare: prepare_pair,
-            }),
-        },
-        KernelDef {
-            id: "rope_shared",
-            op: Op::Rope,
-            summary: "one workgroup per (token, heads_per_wg heads): cos/sin once per frequency in workgroup memory, reused across heads",
-            dtypes: F32_ONLY,
-            params: SHARED_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &ROPE_SHARED,
-                workgroup_size: wg_size,
-                shared_memory: shared_table,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_shared,
-                prepare: prepare_shared,
-            }),
-        },
-        KernelDef {
-            id: "rope_table_cpu",
-            op: Op::Rope,
-            summary: "cos/sin table for all tokens built in parallel first, then SIMD rotation of (token, head) rows in parallel (prefill)",
-            dtypes: F32_ONLY,
-            params: TABLE_CPU_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_table, check: check_cpu }),
-        },
-        KernelDef {
-            id: "rope_token_cpu",
-            op: Op::Rope,
-            summary: "fused: each task computes its token's cos/sin then SIMD-rotates heads_per_task heads (decode splits heads)",
-            dtypes: F32_ONLY,
-            params: TOKEN_CPU_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_token, check: check_cpu }),
-        },
+        KernelDef::new(
+            "rope_pair",
+            Op::Rope,
+            F32_ONLY,
+            PAIR_PARAMS,
+            "one invocation per rotary pair (or copied dim), each with its own exactly-reduced angle",
+            WgslImpl::new(&ROPE_PAIR, prepare_pair).check(check_pair),
+        ),
+        KernelDef::new(
+            "rope_shared",
+            Op::Rope,
+            F32_ONLY,
+            SHARED_PARAMS,
+            "one workgroup per (token, heads_per_wg heads): cos/sin once per frequency in workgroup memory, reused across heads",
+            WgslImpl::new(&ROPE_SHARED, prepare_shared).shared(shared_table).check(check_shared),
+        ),
+        KernelDef::new(
+            "rope_table_cpu",
+            Op::Rope,
+            F32_ONLY,
+            TABLE_CPU_PARAMS,
+            "cos/sin table for all tokens built in parallel first, then SIMD rotation of (token, head) rows in parallel (prefill)",
+            CpuImpl { run: run_table, check: check_cpu },
+        ),
+        KernelDef::new(
+            "rope_token_cpu",
+            Op::Rope,
+            F32_ONLY,
+            TOKEN_CPU_PARAMS,
+            "fused: each task computes its token's cos/sin then SIMD-rotates heads_per_task heads (decode splits heads)",
+            CpuImpl { run: run_token, check: check_cpu },
+        ),
     ]
 }
 
@@ -162,13 +141,13 @@ fn check_wgsl(prob: &Problem) -> Result<(), String> {
 fn check_pair(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
     check_wgsl(prob)?;
     let (n, _) = pair_slots(prob);
-    grid_fits(caps, groups(n, p(params, "workgroup_size")) as usize, "one per workgroup_size pairs")
+    grid_fits(caps, groups(n, param(params, "workgroup_size")?) as usize, "one per workgroup_size pairs")
 }
 
 fn check_shared(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
     check_wgsl(prob)?;
     if let Problem::Rope { tokens, heads, .. } = *prob {
-        grid_fits(caps, tokens * heads.div_ceil(p(params, "heads_per_wg") as usize), "one per token and heads_per_wg heads")?;
+        grid_fits(caps, tokens * heads.div_ceil(param(params, "heads_per_wg")? as usize), "one per token and heads_per_wg heads")?;
     }
     Ok(())
 }
@@ -176,10 +155,6 @@ fn check_shared(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Re
 // ---------------------------------------------------------------------------------
 // WGSL
 // ---------------------------------------------------------------------------------
-
-fn wg_size(params: &Params) -> [u32; 3] {
-    [p(params, "workgroup_size"), 1, 1]
-}
 
 /// Capacity of the cos/sin table of `rope_shared`: rot/2 rounded up to a power of
 /// two, so few pipelines cover every model.
@@ -190,8 +165,8 @@ fn half_cap(prob: &Problem) -> usize {
     }
 }
 
-fn shared_table(prob: &Problem, _: DType, _: &Params) -> u64 {
-    8 * half_cap(prob) as u64
+fn shared_table(prob: &Problem, _: DType, _: &Params) -> Result<u64, KernelError> {
+    Ok(8 * half_cap(prob) as u64)
 }
 
 /// Invocations of `rope_pair` (pairs plus copied dims, over all heads) and rot/2.
@@ -213,17 +188,17 @@ fn uniform(s: &WgslSetup<'_>) -> Result<Vec<u32>, KernelError> {
 
 fn prepare_pair(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let u = uniform(s)?;
-    let wg = p(s.params, "workgroup_size");
+    let wg = s.param("workgroup_size")?;
     let (n, _) = pair_slots(s.problem);
-    s.one_step(&ROPE_PAIR, "main", &[("WG", wg as f64)], &u, grid_2d(groups(n, wg)))
+    s.one_step("main", &[("WG", wg as f64)], &u, grid_2d(groups(n, wg)))
 }
 
 fn prepare_shared(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let u = uniform(s)?;
     let Problem::Rope { tokens, heads, .. } = *s.problem else { return Err(wrong_op(s.kernel, s.problem)) };
-    let (wg, per) = (p(s.params, "workgroup_size"), p(s.params, "heads_per_wg"));
+    let (wg, per) = (s.param("workgroup_size")?, s.param("heads_per_wg")?);
     let consts = [("WG", wg as f64), ("HEADS", per as f64), ("HALF_CAP", half_cap(s.problem) as f64)];
-    s.one_step(&ROPE_SHARED, "main", &consts, &u, grid_2d((tokens * heads.div_ceil(per as usize)) as u32))
+    s.one_step("main", &consts, &u, grid_2d((tokens * heads.div_ceil(per as usize)) as u32))
 }
 
 // ---------------------------------------------------------------------------------
@@ -350,10 +325,10 @@ fn geom(prob: &Problem) -> Option<(usize, usize, Geom)> {
     }
 }
 
-fn run_table(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Some((tokens, pos0, g)) = geom(prob) else { return Ok(()) };
-    let isa = Isa::from_param(p(params, "isa"));
-    let per = (p(params, "rows_per_task") as usize).max(1);
+fn run_table(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Some((tokens, pos0, g)) = geom(prob) else { return Err(wrong_op(kd, prob)) };
+    let isa = Isa::of(params)?;
+    let per = (param(params, "rows_per_task")? as usize).max(1);
     let (x, inv_freq) = (a.ins[0].f32(), a.ins[1].f32());
     let tl = g.table_len();
     let mut tables = vec![0f32; tokens * tl];
@@ -365,10 +340,10 @@ fn run_table(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), 
     Ok(())
 }
 
-fn run_token(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Some((tokens, pos0, g)) = geom(prob) else { return Ok(()) };
-    let isa = Isa::from_param(p(params, "isa"));
-    let per = (p(params, "heads_per_task") as usize).max(1).min(g.heads);
+fn run_token(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Some((tokens, pos0, g)) = geom(prob) else { return Err(wrong_op(kd, prob)) };
+    let isa = Isa::of(params)?;
+    let per = (param(params, "heads_per_task")? as usize).max(1).min(g.heads);
     let (x, inv_freq) = (a.ins[0].f32(), a.ins[1].f32());
     let d = g.head_dim;
     a.outs[0][..tokens * g.heads * d].par_chunks_mut(g.heads * d).enumerate().for_each(|(t, yt)| {

@@ -15,18 +15,16 @@
 //! CPU decode: `attention_decode_heads_cpu` (one task per head, exact two-pass
 //! softmax) and `attention_decode_splitkv_cpu` (the key range split across tasks per
 //! KV head, (m, l, acc) partials merged per head).
-//! The CPU kernels use the SIMD dot products of [`super::simd`] and the f32/f16
-//! `axpy_row` microkernel of this module; every variant takes f32 or f16 caches.
+//! The CPU kernels use the SIMD dot products and the f32/f16 `axpy_row` of
+//! [`super::cpu`]; every variant takes f32 or f16 caches.
 
 use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::gemv::row;
-use super::simd::{self, Isa, Row};
-use super::{
-    CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, p, packed_f16,
-};
+use super::cpu::{self, ISA, Isa, Row, axpy_row, row};
+use super::wgsl::shared_wg;
+use super::{CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuError, GpuProgram, GpuStep, Shader, grid_2d, groups};
 use crate::shader;
@@ -36,18 +34,12 @@ static PREFILL_FLASH: Shader = shader!("attention_prefill_flash.wgsl");
 static DECODE_STREAM: Shader = shader!("attention_decode_stream.wgsl");
 static DECODE_SPLITKV: Shader = shader!("attention_decode_splitkv.wgsl");
 
-const BOTH: &[DType] = &[DType::F32, DType::F16];
-
 /// Query heads one `attention_decode_splitkv` workgroup handles at most (its
 /// per-invocation score and accumulator arrays are sized for this many).
 const SPLITKV_MAX_HEADS: usize = 8;
 
-const NAIVE_PARAMS: &[ParamSpec] = &[ParamSpec {
-    name: "workgroup_size",
-    values: &[64, 128, 256],
-    default: 128,
-    help: "invocations per workgroup of the three passes (scores, softmax rows, P·V)",
-}];
+const NAIVE_PARAMS: &[ParamSpec] =
+    &[ParamSpec::new("workgroup_size", &[64, 128, 256], 128, "invocations per workgroup of the three passes (scores, softmax rows, P·V)")];
 
 const FLASH_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "block_q", values: &[8, 16, 32, 64], default: 16, help: "queries per workgroup (Q tile rows)" },
@@ -61,164 +53,96 @@ const FLASH_PARAMS: &[ParamSpec] = &[
 ];
 
 const STREAM_PARAMS: &[ParamSpec] = &[
-    ParamSpec {
-        name: "workgroup_size",
-        values: &[64, 128, 256],
-        default: 128,
-        help: "invocations per workgroup (one workgroup per query head)",
-    },
-    ParamSpec {
-        name: "keys_per_thread",
-        values: &[1, 2, 4, 8],
-        default: 2,
-        help: "keys each invocation scores per tile (tile = workgroup_size * keys_per_thread)",
-    },
+    ParamSpec::new("workgroup_size", &[64, 128, 256], 128, "invocations per workgroup (one workgroup per query head)"),
+    ParamSpec::new("keys_per_thread", &[1, 2, 4, 8], 2, "keys each invocation scores per tile (tile = workgroup_size * keys_per_thread)"),
 ];
 
 const SPLITKV_PARAMS: &[ParamSpec] = &[
-    ParamSpec {
-        name: "workgroup_size",
-        values: &[64, 128, 256],
-        default: 128,
-        help: "invocations per workgroup (keys scored per inner tile)",
-    },
-    ParamSpec {
-        name: "chunk",
-        values: &[64, 128, 256, 512, 1024, 2048],
-        default: 256,
-        help: "keys per split (splits = visible keys / chunk)",
-    },
+    ParamSpec::new("workgroup_size", &[64, 128, 256], 128, "invocations per workgroup (keys scored per inner tile)"),
+    ParamSpec::new("chunk", &[64, 128, 256, 512, 1024, 2048], 256, "keys per split (splits = visible keys / chunk)"),
 ];
 
-const PREFILL_ROWS_PARAMS: &[ParamSpec] = &[
-    ParamSpec { name: "rows_per_task", values: &[1, 2, 4, 8, 16], default: 4, help: "(token, head) query rows per rayon task" },
-    ParamSpec { name: "isa", values: simd::ISA_VALUES, default: 0, help: simd::ISA_HELP },
-];
+const PREFILL_ROWS_PARAMS: &[ParamSpec] =
+    &[ParamSpec { name: "rows_per_task", values: &[1, 2, 4, 8, 16], default: 4, help: "(token, head) query rows per rayon task" }, ISA];
 
 const PREFILL_TILED_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "block_q", values: &[1, 4, 8, 16, 32], default: 8, help: "tokens per rayon task (times the GQA group's heads)" },
     ParamSpec { name: "block_kv", values: &[16, 32, 64, 128, 256], default: 64, help: "keys per tile (score rows materialised per tile)" },
-    ParamSpec { name: "isa", values: simd::ISA_VALUES, default: 0, help: simd::ISA_HELP },
+    ISA,
 ];
 
-const DECODE_HEADS_PARAMS: &[ParamSpec] = &[
-    ParamSpec {
-        name: "keys_per_call",
-        values: &[1, 4],
-        default: 4,
-        help: "K rows per dot-product microkernel call (4: dot4 shares each q load)",
-    },
-    ParamSpec { name: "isa", values: simd::ISA_VALUES, default: 0, help: simd::ISA_HELP },
-];
+const DECODE_HEADS_PARAMS: &[ParamSpec] =
+    &[ParamSpec::new("keys_per_call", &[1, 4], 4, "K rows per dot-product microkernel call (4: dot4 shares each q load)"), ISA];
 
-const DECODE_SPLIT_PARAMS: &[ParamSpec] = &[
-    ParamSpec {
-        name: "chunk",
-        values: &[64, 128, 256, 512, 1024, 2048],
-        default: 256,
-        help: "keys per split task (tasks = kv_heads * visible keys / chunk)",
-    },
-    ParamSpec { name: "isa", values: simd::ISA_VALUES, default: 0, help: simd::ISA_HELP },
-];
+const DECODE_SPLIT_PARAMS: &[ParamSpec] =
+    &[ParamSpec::new("chunk", &[64, 128, 256, 512, 1024, 2048], 256, "keys per split task (tasks = kv_heads * visible keys / chunk)"), ISA];
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
-        KernelDef {
-            id: "attention_prefill_naive",
-            op: Op::AttentionPrefill,
-            summary: "scores materialised in a scratch buffer; three dispatches: QKᵀ, row softmax, P·V",
-            dtypes: BOTH,
-            params: NAIVE_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &PREFILL_NAIVE,
-                workgroup_size: wg_size,
-                shared_memory: shared_naive,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_naive,
-                prepare: prepare_naive,
-            }),
-        },
-        KernelDef {
-            id: "attention_prefill_flash",
-            op: Op::AttentionPrefill,
-            summary: "tiled online softmax: block_q queries per workgroup, K/V tiles of block_kv rows in workgroup memory",
-            dtypes: BOTH,
-            params: FLASH_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &PREFILL_FLASH,
-                workgroup_size: flash_wg_size,
-                shared_memory: shared_flash,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_flash,
-                prepare: prepare_flash,
-            }),
-        },
-        KernelDef {
-            id: "attention_prefill_cpu",
-            op: Op::AttentionPrefill,
-            summary: "rayon over (token, head) rows; per-key online softmax, SIMD dot and axpy",
-            dtypes: BOTH,
-            params: PREFILL_ROWS_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_prefill_rows, check: check_cpu }),
-        },
-        KernelDef {
-            id: "attention_prefill_tiled_cpu",
-            op: Op::AttentionPrefill,
-            summary: "rayon over (token block, KV head); key tiles with materialised score rows (dot4), K/V tile shared by the GQA group",
-            dtypes: BOTH,
-            params: PREFILL_TILED_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_prefill_tiled, check: check_cpu }),
-        },
-        KernelDef {
-            id: "attention_decode_stream",
-            op: Op::AttentionDecode,
-            summary: "one workgroup per query head streaming the cache; online softmax per tile, coalesced V rows",
-            dtypes: BOTH,
-            params: STREAM_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &DECODE_STREAM,
-                workgroup_size: wg_size,
-                shared_memory: shared_stream,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_stream,
-                prepare: prepare_stream,
-            }),
-        },
-        KernelDef {
-            id: "attention_decode_splitkv",
-            op: Op::AttentionDecode,
-            summary: "flash decoding: chunk-key splits, one workgroup per GQA group reads each KV row once, then a merge pass",
-            dtypes: BOTH,
-            params: SPLITKV_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &DECODE_SPLITKV,
-                workgroup_size: wg_size,
-                shared_memory: shared_splitkv,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_splitkv,
-                prepare: prepare_splitkv,
-            }),
-        },
-        KernelDef {
-            id: "attention_decode_heads_cpu",
-            op: Op::AttentionDecode,
-            summary: "one rayon task per head; scores materialised, exact two-pass softmax, SIMD dot/dot4 and axpy",
-            dtypes: BOTH,
-            params: DECODE_HEADS_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_decode_heads, check: check_cpu }),
-        },
-        KernelDef {
-            id: "attention_decode_splitkv_cpu",
-            op: Op::AttentionDecode,
-            summary: "key range split across rayon tasks per KV head (the group's heads share each K/V row); (m, l, acc) partials merged",
-            dtypes: BOTH,
-            params: DECODE_SPLIT_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_decode_splitkv, check: check_cpu }),
-        },
+        KernelDef::new(
+            "attention_prefill_naive",
+            Op::AttentionPrefill,
+            DType::FLOAT,
+            NAIVE_PARAMS,
+            "scores materialised in a scratch buffer; three dispatches: QKᵀ, row softmax, P·V",
+            WgslImpl::new(&PREFILL_NAIVE, prepare_naive).shared(shared_wg).check(check_naive),
+        ),
+        KernelDef::new(
+            "attention_prefill_flash",
+            Op::AttentionPrefill,
+            DType::FLOAT,
+            FLASH_PARAMS,
+            "tiled online softmax: block_q queries per workgroup, K/V tiles of block_kv rows in workgroup memory",
+            WgslImpl::new(&PREFILL_FLASH, prepare_flash).workgroup(flash_wg_size).shared(shared_flash).check(check_flash),
+        ),
+        KernelDef::new(
+            "attention_prefill_cpu",
+            Op::AttentionPrefill,
+            DType::FLOAT,
+            PREFILL_ROWS_PARAMS,
+            "rayon over (token, head) rows; per-key online softmax, SIMD dot and axpy",
+            CpuImpl { run: run_prefill_rows, check: check_cpu },
+        ),
+        KernelDef::new(
+            "attention_prefill_tiled_cpu",
+            Op::AttentionPrefill,
+            DType::FLOAT,
+            PREFILL_TILED_PARAMS,
+            "rayon over (token block, KV head); key tiles with materialised score rows (dot4), K/V tile shared by the GQA group",
+            CpuImpl { run: run_prefill_tiled, check: check_cpu },
+        ),
+        KernelDef::new(
+            "attention_decode_stream",
+            Op::AttentionDecode,
+            DType::FLOAT,
+            STREAM_PARAMS,
+            "one workgroup per query head streaming the cache; online softmax per tile, coalesced V rows",
+            WgslImpl::new(&DECODE_STREAM, prepare_stream).shared(shared_stream).check(check_stream),
+        ),
+        KernelDef::new(
+            "attention_decode_splitkv",
+            Op::AttentionDecode,
+            DType::FLOAT,
+            SPLITKV_PARAMS,
+            "flash decoding: chunk-key splits, one workgroup per GQA group reads each KV row once, then a merge pass",
+            WgslImpl::new(&DECODE_SPLITKV, prepare_splitkv).shared(shared_splitkv).check(check_splitkv),
+        ),
+        KernelDef::new(
+            "attention_decode_heads_cpu",
+            Op::AttentionDecode,
+            DType::FLOAT,
+            DECODE_HEADS_PARAMS,
+            "one rayon task per head; scores materialised, exact two-pass softmax, SIMD dot/dot4 and axpy",
+            CpuImpl { run: run_decode_heads, check: check_cpu },
+        ),
+        KernelDef::new(
+            "attention_decode_splitkv_cpu",
+            Op::AttentionDecode,
+            DType::FLOAT,
+            DECODE_SPLIT_PARAMS,
+            "key range split across rayon tasks per KV head (the group's heads share each K/V row); (m, l, acc) partials merged",
+            CpuImpl { run: run_decode_splitkv, check: check_cpu },
+        ),
     ]
 }
 
@@ -287,13 +211,25 @@ impl Shape {
     }
 }
 
-fn shape_or_invalid(id: &str, p: &Problem) -> Result<Shape, KernelError> {
-    Shape::checked(p).map_err(|reason| KernelError::Invalid { kernel: id.to_string(), reason })
+/// What every CPU attention kernel starts from: the checked shape, the ISA level,
+/// the caches and the queries.
+fn cpu_call<'a>(kd: &KernelDef, prob: &Problem, params: &Params, a: &CpuArgs<'a>) -> Result<(Shape, Isa, Kv<'a>, &'a [f32]), KernelError> {
+    let s = shape_or_invalid(kd, prob)?;
+    Ok((s, Isa::of(params)?, Kv { k: a.ins[1], v: a.ins[2], s }, a.ins[0].f32()))
+}
+
+/// The checked shape of a CPU kernel's problem: [`wrong_op`] for another op
+/// (prefill and decode included), `Invalid` for a shape the kernels cannot run.
+fn shape_or_invalid(kd: &KernelDef, p: &Problem) -> Result<Shape, KernelError> {
+    if p.op() != kd.op {
+        return Err(wrong_op(kd, p));
+    }
+    Shape::checked(p).map_err(|reason| KernelError::Invalid { kernel: kd.id.to_string(), reason })
 }
 
 fn check_cpu(_: &CpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
     Shape::checked(prob)?;
-    Isa::param_available(p(params, "isa"))
+    Isa::param_available(param(params, "isa")?)
 }
 
 /// Cache elements per 16-byte word (the WGSL kernels' load unit).
@@ -315,12 +251,8 @@ fn check_wgsl_shape(prob: &Problem, dtype: DType) -> Result<Shape, String> {
     Ok(s)
 }
 
-fn wg_size(params: &Params) -> [u32; 3] {
-    [p(params, "workgroup_size"), 1, 1]
-}
-
-fn flash_wg_size(params: &Params) -> [u32; 3] {
-    [p(params, "block_q") * p(params, "lanes"), 1, 1]
+fn flash_wg_size(params: &Params) -> Result<[u32; 3], KernelError> {
+    Ok([param(params, "block_q")? * param(params, "lanes")?, 1, 1])
 }
 
 /// 16-byte words per cache row must fit one workgroup (V rows are read by
@@ -347,10 +279,6 @@ fn scores_bytes(s: &Shape) -> u64 {
     (s.tokens * s.heads * s.kv_len * 4) as u64
 }
 
-fn shared_naive(_: &Problem, _: DType, params: &Params) -> u64 {
-    4 * p(params, "workgroup_size") as u64
-}
-
 fn check_naive(caps: &GpuCaps, prob: &Problem, dtype: DType, _: &Params) -> Result<(), String> {
     let s = check_wgsl_shape(prob, dtype)?;
     let bytes = scores_bytes(&s);
@@ -365,8 +293,8 @@ fn check_naive(caps: &GpuCaps, prob: &Problem, dtype: DType, _: &Params) -> Resu
 }
 
 fn prepare_naive(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let sh = shape_or_invalid(s.kernel.id, s.problem)?;
-    let wg = p(s.params, "workgroup_size");
+    let sh = shape_or_invalid(s.kernel, s.problem)?;
+    let wg = s.param("workgroup_size")?;
     let consts = [("WG", wg as f64), ("W_F16", s.w_f16())];
     let uniform = [sh.tokens, sh.kv_len, sh.kv_cap, sh.heads, sh.kv_heads, sh.d, sh.window].map(|v| v as u32);
     let mut words = uniform.to_vec();
@@ -384,15 +312,15 @@ fn prepare_naive(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     Ok(GpuProgram { steps, owned: vec![u, scores] })
 }
 
-fn shared_flash(prob: &Problem, _: DType, params: &Params) -> u64 {
+fn shared_flash(prob: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
     let d = Shape::of(prob).map_or(0, |s| s.d) as u64;
-    let (bq, bkv) = (p(params, "block_q") as u64, p(params, "block_kv") as u64);
-    4 * (bq * d + bkv * d + bq * bkv)
+    let (bq, bkv) = (param(params, "block_q")? as u64, param(params, "block_kv")? as u64);
+    Ok(4 * (bq * d + bkv * d + bq * bkv))
 }
 
 fn check_flash(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
     let s = check_wgsl_shape(prob, dtype)?;
-    let lanes = p(params, "lanes") as usize;
+    let lanes = param(params, "lanes")? as usize;
     if s.d > 32 * lanes {
         return Err(format!(
             "head_dim = {} needs lanes >= {} (each invocation keeps at most 8 vec4 output columns)",
@@ -400,17 +328,17 @@ fn check_flash(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) ->
             s.d.div_ceil(32)
         ));
     }
-    check_grid(caps, "query blocks", s.tokens.div_ceil(p(params, "block_q") as usize))?;
+    check_grid(caps, "query blocks", s.tokens.div_ceil(param(params, "block_q")? as usize))?;
     check_grid(caps, "heads", s.heads)
 }
 
 fn prepare_flash(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let sh = shape_or_invalid(s.kernel.id, s.problem)?;
-    let (bq, bkv, lanes) = (p(s.params, "block_q"), p(s.params, "block_kv"), p(s.params, "lanes"));
+    let sh = shape_or_invalid(s.kernel, s.problem)?;
+    let (bq, bkv, lanes) = (s.param("block_q")?, s.param("block_kv")?, s.param("lanes")?);
     let consts = [("BQ", bq as f64), ("BKV", bkv as f64), ("LANES", lanes as f64), ("HD", sh.d as f64), ("W_F16", s.w_f16())];
     let mut words: Vec<u32> = [sh.tokens, sh.kv_len, sh.kv_cap, sh.heads, sh.kv_heads, sh.window].iter().map(|&v| v as u32).collect();
     words.push(sh.scale.to_bits());
-    s.one_step(&PREFILL_FLASH, "main", &consts, &words, [groups(sh.tokens, bq), sh.heads as u32, 1])
+    s.one_step("main", &consts, &words, [groups(sh.tokens, bq), sh.heads as u32, 1])
 }
 
 // ---------------------------------------------------------------------------
@@ -420,16 +348,16 @@ fn head_dim_of(prob: &Problem) -> u64 {
     Shape::of(prob).map_or(0, |s| s.d) as u64
 }
 
-fn shared_stream(prob: &Problem, _: DType, params: &Params) -> u64 {
-    let wg = p(params, "workgroup_size") as u64;
-    let kpt = p(params, "keys_per_thread") as u64;
+fn shared_stream(prob: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
+    let wg = param(params, "workgroup_size")? as u64;
+    let kpt = param(params, "keys_per_thread")? as u64;
     // q, tile scores, reduction, slice combine (2 vec4 per invocation)
-    4 * head_dim_of(prob) + 4 * wg * kpt + 4 * wg + 32 * wg
+    Ok(4 * head_dim_of(prob) + 4 * wg * kpt + 4 * wg + 32 * wg)
 }
 
 fn check_stream(_: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
     let s = check_wgsl_shape(prob, dtype)?;
-    check_row_fits(&s, dtype, p(params, "workgroup_size"))
+    check_row_fits(&s, dtype, param(params, "workgroup_size")?)
 }
 
 fn decode_uniform(sh: &Shape) -> Vec<u32> {
@@ -439,10 +367,10 @@ fn decode_uniform(sh: &Shape) -> Vec<u32> {
 }
 
 fn prepare_stream(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let sh = shape_or_invalid(s.kernel.id, s.problem)?;
-    let (wg, kpt) = (p(s.params, "workgroup_size"), p(s.params, "keys_per_thread"));
+    let sh = shape_or_invalid(s.kernel, s.problem)?;
+    let (wg, kpt) = (s.param("workgroup_size")?, s.param("keys_per_thread")?);
     let consts = [("WG", wg as f64), ("KPT", kpt as f64), ("HD", sh.d as f64), ("W_F16", s.w_f16())];
-    s.one_step(&DECODE_STREAM, "main", &consts, &decode_uniform(&sh), grid_2d(sh.heads as u32))
+    s.one_step("main", &consts, &decode_uniform(&sh), grid_2d(sh.heads as u32))
 }
 
 /// How `attention_decode_splitkv` covers a GQA group: `nsub` workgroups of at most
@@ -459,20 +387,20 @@ fn splitkv_splits(s: &Shape, chunk: usize) -> usize {
     (hi - lo).div_ceil(chunk.max(1))
 }
 
-fn shared_splitkv(prob: &Problem, _: DType, params: &Params) -> u64 {
-    let wg = p(params, "workgroup_size") as u64;
+fn shared_splitkv(prob: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
+    let wg = param(params, "workgroup_size")? as u64;
     let (d, gh) = match Shape::of(prob) {
         Some(s) if s.kv_heads > 0 => (s.d as u64, splitkv_groups(&s).1 as u64),
         _ => (0, 1),
     };
     // q of the group, per-head tile probabilities, reductions (2 vec4 per invocation)
-    4 * gh * d + 4 * gh * wg + 32 * wg
+    Ok(4 * gh * d + 4 * gh * wg + 32 * wg)
 }
 
 fn check_splitkv(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
     let s = check_wgsl_shape(prob, dtype)?;
-    check_row_fits(&s, dtype, p(params, "workgroup_size"))?;
-    let splits = splitkv_splits(&s, p(params, "chunk") as usize);
+    check_row_fits(&s, dtype, param(params, "workgroup_size")?)?;
+    let splits = splitkv_splits(&s, param(params, "chunk")? as usize);
     check_grid(caps, "splits", splits)?;
     check_grid(caps, "KV head groups", s.kv_heads * splitkv_groups(&s).0)?;
     let bytes = (splits * s.heads * (s.d + 2) * 4) as u64;
@@ -483,8 +411,8 @@ fn check_splitkv(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) 
 }
 
 fn prepare_splitkv(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let sh = shape_or_invalid(s.kernel.id, s.problem)?;
-    let (wg, chunk) = (p(s.params, "workgroup_size"), p(s.params, "chunk"));
+    let sh = shape_or_invalid(s.kernel, s.problem)?;
+    let (wg, chunk) = (s.param("workgroup_size")?, s.param("chunk")?);
     let (nsub, gh) = splitkv_groups(&sh);
     let splits = splitkv_splits(&sh, chunk as usize);
     let ml_off = splits * sh.heads * sh.d;
@@ -510,10 +438,7 @@ fn step_at(
     binds: &[(u32, &wgpu::Buffer)],
     workgroups: [u32; 3],
 ) -> Result<GpuStep, KernelError> {
-    let Impl::Wgsl(w) = &s.kernel.imp else {
-        return Err(KernelError::NeedsCpu(s.kernel.id.to_string()));
-    };
-    let pipeline: Arc<wgpu::ComputePipeline> = s.gpu.pipeline(w.shader, entry, constants)?;
+    let pipeline: Arc<wgpu::ComputePipeline> = s.gpu.pipeline(s.shader(), entry, constants)?;
     let label = format!("{}:{entry}", s.kernel.id);
     let scope = s.gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
     let layout = pipeline.get_bind_group_layout(0);
@@ -527,83 +452,12 @@ fn step_at(
 }
 
 // ---------------------------------------------------------------------------
-// CPU microkernels
-
-/// `y += a * x` for an f32 or f16 cache row.
-#[inline]
-pub fn axpy_row(isa: Isa, a: f32, x: Row<'_>, y: &mut [f32]) {
-    match x {
-        Row::F32(x) => simd::axpy(isa, a, x, y),
-        Row::F16(x) => {
-            let n = x.len().min(y.len());
-            let (x, y) = (&x[..n], &mut y[..n]);
-            match isa {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `Isa::from_param`/`best` only yield levels the CPU reports.
-                Isa::Avx512 => unsafe { x86::axpy_f16_avx512(a, x, y) },
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: as above (the AVX2 level includes F16C).
-                Isa::Simd256 => unsafe { x86::axpy_f16_avx2(a, x, y) },
-                _ => {
-                    for (yi, xi) in y.iter_mut().zip(x) {
-                        *yi += a * xi.to_f32();
-                    }
-                }
-            }
-        }
-    }
-}
+// CPU orchestration
 
 #[inline]
 fn scale_in_place(y: &mut [f32], c: f32) {
     for v in y {
         *v *= c;
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use half::f16;
-    use std::arch::x86_64::*;
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn axpy_f16_avx2(a: f32, x: &[f16], y: &mut [f32]) {
-        let n = x.len().min(y.len());
-        let av = _mm256_set1_ps(a);
-        let mut i = 0;
-        // SAFETY: loads and stores stay in [0, n) of both slices.
-        unsafe {
-            while i + 8 <= n {
-                let xv = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(i) as *const __m128i));
-                let yv = _mm256_fmadd_ps(av, xv, _mm256_loadu_ps(y.as_ptr().add(i)));
-                _mm256_storeu_ps(y.as_mut_ptr().add(i), yv);
-                i += 8;
-            }
-        }
-        while i < n {
-            y[i] += a * x[i].to_f32();
-            i += 1;
-        }
-    }
-
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn axpy_f16_avx512(a: f32, x: &[f16], y: &mut [f32]) {
-        let n = x.len().min(y.len());
-        let av = _mm512_set1_ps(a);
-        let mut i = 0;
-        // SAFETY: loads and stores stay in [0, n) of both slices.
-        unsafe {
-            while i + 16 <= n {
-                let xv = _mm512_cvtph_ps(_mm256_loadu_si256(x.as_ptr().add(i) as *const __m256i));
-                let yv = _mm512_fmadd_ps(av, xv, _mm512_loadu_ps(y.as_ptr().add(i)));
-                _mm512_storeu_ps(y.as_mut_ptr().add(i), yv);
-                i += 16;
-            }
-        }
-        while i < n {
-            y[i] += a * x[i].to_f32();
-            i += 1;
-        }
     }
 }
 
@@ -631,7 +485,7 @@ fn attend_online(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, (lo, hi): (usize, 
     let mut m = f32::NEG_INFINITY;
     let mut l = 0.0f32;
     for j in lo..hi {
-        let sc = simd::dot(isa, q, kv.k(kh, j)) * kv.s.scale;
+        let sc = cpu::dot(isa, q, kv.k(kh, j)) * kv.s.scale;
         if sc > m {
             let c = (m - sc).exp();
             if l > 0.0 {
@@ -655,7 +509,7 @@ fn scores_into(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, lo: usize, four: boo
     if four {
         while c + 4 <= n {
             let j = lo + c;
-            let r = simd::dot4(isa, q, [kv.k(kh, j), kv.k(kh, j + 1), kv.k(kh, j + 2), kv.k(kh, j + 3)]);
+            let r = cpu::dot4(isa, q, [kv.k(kh, j), kv.k(kh, j + 1), kv.k(kh, j + 2), kv.k(kh, j + 3)]);
             for (o, v) in out[c..c + 4].iter_mut().zip(r) {
                 *o = v * kv.s.scale;
             }
@@ -663,7 +517,7 @@ fn scores_into(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, lo: usize, four: boo
         }
     }
     for (cc, o) in out.iter_mut().enumerate().skip(c) {
-        *o = simd::dot(isa, q, kv.k(kh, lo + cc)) * kv.s.scale;
+        *o = cpu::dot(isa, q, kv.k(kh, lo + cc)) * kv.s.scale;
     }
 }
 
@@ -681,12 +535,9 @@ fn exp_row(sc: &mut [f32]) -> (f32, f32) {
 // ---------------------------------------------------------------------------
 // CPU: prefill
 
-fn run_prefill_rows(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let s = shape_or_invalid("attention_prefill_cpu", prob)?;
-    let isa = Isa::from_param(p(params, "isa"));
-    let grain = (p(params, "rows_per_task") as usize).max(1);
-    let kv = Kv { k: a.ins[1], v: a.ins[2], s };
-    let q = a.ins[0].f32();
+fn run_prefill_rows(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let (s, isa, kv, q) = cpu_call(kd, prob, params, &a)?;
+    let grain = (param(params, "rows_per_task")? as usize).max(1);
     let d = s.d;
     let out = &mut a.outs[0][..s.tokens * s.heads * d];
     out.par_chunks_mut(d * grain).enumerate().for_each(|(ci, chunk)| {
@@ -761,13 +612,10 @@ fn prefill_block(isa: Isa, kv: &Kv<'_>, q: &[f32], i0: usize, block: usize, kh: 
     acc
 }
 
-fn run_prefill_tiled(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let s = shape_or_invalid("attention_prefill_tiled_cpu", prob)?;
-    let isa = Isa::from_param(p(params, "isa"));
-    let bq = (p(params, "block_q") as usize).max(1);
-    let bkv = (p(params, "block_kv") as usize).max(1);
-    let kv = Kv { k: a.ins[1], v: a.ins[2], s };
-    let q = a.ins[0].f32();
+fn run_prefill_tiled(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let (s, isa, kv, q) = cpu_call(kd, prob, params, &a)?;
+    let bq = (param(params, "block_q")? as usize).max(1);
+    let bkv = (param(params, "block_kv")? as usize).max(1);
     let (g_n, d) = (s.group(), s.d);
     let tasks: Vec<(usize, usize)> = (0..s.tokens.div_ceil(bq)).flat_map(|b| (0..s.kv_heads).map(move |kh| (b, kh))).collect();
     let blocks: Vec<(usize, usize, usize, Vec<f32>)> = tasks
@@ -791,12 +639,9 @@ fn run_prefill_tiled(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Res
 // ---------------------------------------------------------------------------
 // CPU: decode
 
-fn run_decode_heads(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let s = shape_or_invalid("attention_decode_heads_cpu", prob)?;
-    let isa = Isa::from_param(p(params, "isa"));
-    let four = p(params, "keys_per_call") == 4;
-    let kv = Kv { k: a.ins[1], v: a.ins[2], s };
-    let q = a.ins[0].f32();
+fn run_decode_heads(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let (s, isa, kv, q) = cpu_call(kd, prob, params, &a)?;
+    let four = param(params, "keys_per_call")? == 4;
     let d = s.d;
     let (lo, hi) = s.range(0);
     a.outs[0][..s.heads * d].par_chunks_mut(d).enumerate().for_each(|(h, o)| {
@@ -829,7 +674,7 @@ fn split_partials(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, a: usize, b: usiz
     for c in 0..n {
         let kr = kv.k(kh, a + c);
         for g in 0..g_n {
-            sc[g * n + c] = simd::dot(isa, &q[(kh * g_n + g) * d..][..d], kr) * s.scale;
+            sc[g * n + c] = cpu::dot(isa, &q[(kh * g_n + g) * d..][..d], kr) * s.scale;
         }
     }
     let mut parts: Vec<Partial> = sc
@@ -848,12 +693,9 @@ fn split_partials(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, a: usize, b: usiz
     parts
 }
 
-fn run_decode_splitkv(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let s = shape_or_invalid("attention_decode_splitkv_cpu", prob)?;
-    let isa = Isa::from_param(p(params, "isa"));
-    let chunk = (p(params, "chunk") as usize).max(1);
-    let kv = Kv { k: a.ins[1], v: a.ins[2], s };
-    let q = a.ins[0].f32();
+fn run_decode_splitkv(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let (s, isa, kv, q) = cpu_call(kd, prob, params, &a)?;
+    let chunk = (param(params, "chunk")? as usize).max(1);
     let (g_n, d) = (s.group(), s.d);
     let (lo, hi) = s.range(0);
     let splits = (hi - lo).div_ceil(chunk);
@@ -875,7 +717,7 @@ fn run_decode_splitkv(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Re
         for ps in mine {
             let w = (ps[g].m - mx).exp();
             l += w * ps[g].l;
-            simd::axpy(isa, w, &ps[g].acc, o);
+            cpu::axpy(isa, w, &ps[g].acc, o);
         }
         scale_in_place(o, 1.0 / l);
     });

@@ -1,4 +1,4 @@
-//! Prefill matrix-matrix product (GEMM), `y[m,n] = x[m,k] · w[n,k]ᵀ` (a Hugging Face
+//! The matrix-matrix family: prefill GEMM, `y[m,n] = x[m,k] · w[n,k]ᵀ` (a Hugging Face
 //! Linear, weight row-major `[n,k]`): the op that bounds prefill speed, judged in
 //! GFLOP/s.
 //!
@@ -8,28 +8,26 @@
 //! CPU: `gemm_blocked_cpu` (our own cache-blocked GEMM: x packed into MR-row panels,
 //! w packed into NR-row panels with f16 → f32 conversion, an MR x NR register-blocked
 //! FMA microkernel, rayon over tokens or features) and `gemm_crate_cpu` (the `gemm`
-//! crate, as the yardstick the tuner measures ours against).
+//! crate, as the yardstick the tuner measures ours against). Block-format weights:
+//! [`quant`]. The register-blocked microkernels and w packing stay here: they are
+//! GEMM-specific (the quantized panel kernel reuses them).
+
+pub mod quant;
 
 use std::cell::RefCell;
-use std::thread::LocalKey;
 
 use half::f16;
 use rayon::prelude::*;
 
-use super::gemv::vec_alignment;
-use super::simd::{self, Isa};
-use super::{
-    CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, p, packed_f16,
-    wrong_op,
-};
+use super::cpu::{ISA, Isa, with_scratch};
+use super::wgsl::vec_alignment;
+use super::{CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, groups};
 use crate::shader;
 
 static GEMM_SIMPLE: Shader = shader!("gemm_simple.wgsl");
 static GEMM_TILED: Shader = shader!("gemm_tiled.wgsl");
-
-const BOTH: &[DType] = &[DType::F32, DType::F16];
 
 const SIMPLE_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "workgroup_x", values: &[8, 16, 32, 64], default: 16, help: "invocations per workgroup along n (columns of y)" },
@@ -46,18 +44,8 @@ const TILED_PARAMS: &[ParamSpec] = &[
 ];
 
 const BLOCKED_PARAMS: &[ParamSpec] = &[
-    ParamSpec {
-        name: "mc",
-        values: &[48, 96, 144, 192, 384],
-        default: 96,
-        help: "rows of x per L2 block (and per task when splitting tokens)",
-    },
-    ParamSpec {
-        name: "nc",
-        values: &[64, 128, 256, 512, 1024],
-        default: 256,
-        help: "rows of w per packed block (and per task when splitting features)",
-    },
+    ParamSpec::new("mc", &[48, 96, 144, 192, 384], 96, "rows of x per L2 block (and per task when splitting tokens)"),
+    ParamSpec::new("nc", &[64, 128, 256, 512, 1024], 256, "rows of w per packed block (and per task when splitting features)"),
     ParamSpec { name: "kc", values: &[64, 128, 256, 384, 512], default: 256, help: "depth of a packed block (k per pass)" },
     ParamSpec {
         name: "split",
@@ -65,66 +53,50 @@ const BLOCKED_PARAMS: &[ParamSpec] = &[
         default: 0,
         help: "rayon split: 0 auto (features unless n is too narrow, balanced), 1 tokens (m) by mc, 2 features (n) by nc",
     },
-    ParamSpec { name: "isa", values: simd::ISA_VALUES, default: 0, help: simd::ISA_HELP },
+    ISA,
 ];
 
-const CRATE_PARAMS: &[ParamSpec] = &[ParamSpec {
-    name: "threads",
-    values: &[0, 1, 2, 4],
-    default: 0,
-    help: "gemm crate parallelism: 0 Rayon over the whole pool, 1 Parallelism::None, t > 1 Rayon(t)",
-}];
+const CRATE_PARAMS: &[ParamSpec] = &[ParamSpec::new(
+    "threads",
+    &[0, 1, 2, 4],
+    0,
+    "gemm crate parallelism: 0 Rayon over the whole pool, 1 Parallelism::None, t > 1 Rayon(t)",
+)];
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
-        KernelDef {
-            id: "gemm_simple",
-            op: Op::Gemm,
-            summary: "one column and rows_per_thread rows of y per invocation, scalar loads, any shape",
-            dtypes: BOTH,
-            params: SIMPLE_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &GEMM_SIMPLE,
-                workgroup_size: simple_wg,
-                shared_memory: super::no_shared,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_simple,
-                prepare: prepare_simple,
-            }),
-        },
-        KernelDef {
-            id: "gemm_tiled",
-            op: Op::Gemm,
-            summary: "x and w tiles in workgroup memory via 16-byte loads, reg_m x reg_n outputs per invocation",
-            dtypes: BOTH,
-            params: TILED_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &GEMM_TILED,
-                workgroup_size: tiled_wg,
-                shared_memory: tiled_shared,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_tiled,
-                prepare: prepare_tiled,
-            }),
-        },
-        KernelDef {
-            id: "gemm_blocked_cpu",
-            op: Op::Gemm,
-            summary: "cache-blocked, packed panels (f16 widened while packing), MR x NR FMA microkernel; rayon over tokens or features",
-            dtypes: BOTH,
-            params: BLOCKED_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_blocked, check: check_blocked }),
-        },
-        KernelDef {
-            id: "gemm_crate_cpu",
-            op: Op::Gemm,
-            summary: "the `gemm` crate (f16 weights widened to f32 first), the yardstick for gemm_blocked_cpu",
-            dtypes: BOTH,
-            params: CRATE_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_crate, check: super::cpu_any }),
-        },
+        KernelDef::new(
+            "gemm_simple",
+            Op::Gemm,
+            DType::FLOAT,
+            SIMPLE_PARAMS,
+            "one column and rows_per_thread rows of y per invocation, scalar loads, any shape",
+            WgslImpl::new(&GEMM_SIMPLE, prepare_simple).workgroup(simple_wg).check(check_simple),
+        ),
+        KernelDef::new(
+            "gemm_tiled",
+            Op::Gemm,
+            DType::FLOAT,
+            TILED_PARAMS,
+            "x and w tiles in workgroup memory via 16-byte loads, reg_m x reg_n outputs per invocation",
+            WgslImpl::new(&GEMM_TILED, prepare_tiled).workgroup(tiled_wg).shared(tiled_shared).check(check_tiled),
+        ),
+        KernelDef::new(
+            "gemm_blocked_cpu",
+            Op::Gemm,
+            DType::FLOAT,
+            BLOCKED_PARAMS,
+            "cache-blocked, packed panels (f16 widened while packing), MR x NR FMA microkernel; rayon over tokens or features",
+            CpuImpl { run: run_blocked, check: check_blocked },
+        ),
+        KernelDef::new(
+            "gemm_crate_cpu",
+            Op::Gemm,
+            DType::FLOAT,
+            CRATE_PARAMS,
+            "the `gemm` crate (f16 weights widened to f32 first), the yardstick for gemm_blocked_cpu",
+            CpuImpl { run: run_crate, check: crate::kernels::cpu_any },
+        ),
     ]
 }
 
@@ -132,26 +104,26 @@ pub fn variants() -> Vec<KernelDef> {
 // WGSL
 // ---------------------------------------------------------------------------------
 
-fn simple_wg(params: &Params) -> [u32; 3] {
-    [p(params, "workgroup_x"), p(params, "workgroup_y"), 1]
+fn simple_wg(params: &Params) -> Result<[u32; 3], KernelError> {
+    Ok([param(params, "workgroup_x")?, param(params, "workgroup_y")?, 1])
 }
 
-fn tiled_threads(params: &Params) -> (u32, u32) {
-    let (tm, tn) = (p(params, "tile_m"), p(params, "tile_n"));
-    let (rm, rn) = (p(params, "reg_m").max(1), p(params, "reg_n").max(1));
-    (tm / rm, tn / rn)
+fn tiled_threads(params: &Params) -> Result<(u32, u32), KernelError> {
+    let (tm, tn) = (param(params, "tile_m")?, param(params, "tile_n")?);
+    let (rm, rn) = (param(params, "reg_m")?.max(1), param(params, "reg_n")?.max(1));
+    Ok((tm / rm, tn / rn))
 }
 
-fn tiled_wg(params: &Params) -> [u32; 3] {
-    let (ty, tx) = tiled_threads(params);
-    [tx * ty, 1, 1]
+fn tiled_wg(params: &Params) -> Result<[u32; 3], KernelError> {
+    let (ty, tx) = tiled_threads(params)?;
+    Ok([tx * ty, 1, 1])
 }
 
 /// The x tile `[tile_m, tile_k]` and the w tile `[tile_n, tile_k]` as f32, each row
 /// padded by one vec4 (16 bytes) against bank conflicts.
-fn tiled_shared(_: &Problem, _: DType, params: &Params) -> u64 {
-    let (tm, tn, tk) = (p(params, "tile_m") as u64, p(params, "tile_n") as u64, p(params, "tile_k") as u64);
-    16 * (tm + tn) * (tk / 4 + 1)
+fn tiled_shared(_: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
+    let (tm, tn, tk) = (param(params, "tile_m")? as u64, param(params, "tile_n")? as u64, param(params, "tile_k")? as u64);
+    Ok(16 * (tm + tn) * (tk / 4 + 1))
 }
 
 fn gemm_dims(prob: &Problem) -> Option<(usize, usize, usize)> {
@@ -175,36 +147,36 @@ fn check_grid(caps: &GpuCaps, gx: u32, gy: u32) -> Result<(), String> {
     Ok(())
 }
 
-fn simple_grid(m: usize, n: usize, params: &Params) -> (u32, u32) {
-    let rows = p(params, "workgroup_y") * p(params, "rows_per_thread");
-    (groups(n, p(params, "workgroup_x")), groups(m, rows))
+fn simple_grid(m: usize, n: usize, params: &Params) -> Result<(u32, u32), KernelError> {
+    let rows = param(params, "workgroup_y")? * param(params, "rows_per_thread")?;
+    Ok((groups(n, param(params, "workgroup_x")?), groups(m, rows)))
 }
 
 fn check_simple(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
     let Some((m, n, _)) = gemm_dims(prob) else { return Ok(()) };
-    let (gx, gy) = simple_grid(m, n, params);
+    let (gx, gy) = simple_grid(m, n, params)?;
     check_grid(caps, gx, gy)
 }
 
 fn prepare_simple(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let (m, n, k) = dims(s)?;
     let consts = [
-        ("WG_X", p(s.params, "workgroup_x") as f64),
-        ("WG_Y", p(s.params, "workgroup_y") as f64),
-        ("ROWS", p(s.params, "rows_per_thread") as f64),
+        ("WG_X", s.param("workgroup_x")? as f64),
+        ("WG_Y", s.param("workgroup_y")? as f64),
+        ("ROWS", s.param("rows_per_thread")? as f64),
         ("W_F16", s.w_f16()),
     ];
-    let (gx, gy) = simple_grid(m, n, s.params);
-    s.one_step(&GEMM_SIMPLE, "main", &consts, &[m as u32, n as u32, k as u32], [gx.max(1), gy.max(1), 1])
+    let (gx, gy) = simple_grid(m, n, s.params)?;
+    s.one_step("main", &consts, &[m as u32, n as u32, k as u32], [gx.max(1), gy.max(1), 1])
 }
 
-fn tiled_grid(m: usize, n: usize, params: &Params) -> (u32, u32) {
-    (groups(n, p(params, "tile_n")), groups(m, p(params, "tile_m")))
+fn tiled_grid(m: usize, n: usize, params: &Params) -> Result<(u32, u32), KernelError> {
+    Ok((groups(n, param(params, "tile_n")?), groups(m, param(params, "tile_m")?)))
 }
 
 fn check_tiled(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
-    let (tm, tn, tk) = (p(params, "tile_m"), p(params, "tile_n"), p(params, "tile_k"));
-    let (rm, rn) = (p(params, "reg_m"), p(params, "reg_n"));
+    let (tm, tn, tk) = (param(params, "tile_m")?, param(params, "tile_n")?, param(params, "tile_k")?);
+    let (rm, rn) = (param(params, "reg_m")?, param(params, "reg_n")?);
     if rm == 0 || rn == 0 || tm % rm != 0 || tn % rn != 0 {
         return Err(format!("tile {tm}x{tn} is not a whole number of {rm}x{rn} register blocks"));
     }
@@ -216,24 +188,24 @@ fn check_tiled(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) ->
     }
     let Some((m, n, k)) = gemm_dims(prob) else { return Ok(()) };
     vec_alignment(k, dtype)?;
-    let (gx, gy) = tiled_grid(m, n, params);
+    let (gx, gy) = tiled_grid(m, n, params)?;
     check_grid(caps, gx, gy)
 }
 
 fn prepare_tiled(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let (m, n, k) = dims(s)?;
-    let [wgs, _, _] = tiled_wg(s.params);
+    let [wgs, _, _] = tiled_wg(s.params)?;
     let consts = [
-        ("TILE_M", p(s.params, "tile_m") as f64),
-        ("TILE_N", p(s.params, "tile_n") as f64),
-        ("TILE_K", p(s.params, "tile_k") as f64),
-        ("REG_M", p(s.params, "reg_m") as f64),
-        ("REG_N", p(s.params, "reg_n") as f64),
+        ("TILE_M", s.param("tile_m")? as f64),
+        ("TILE_N", s.param("tile_n")? as f64),
+        ("TILE_K", s.param("tile_k")? as f64),
+        ("REG_M", s.param("reg_m")? as f64),
+        ("REG_N", s.param("reg_n")? as f64),
         ("WGS", wgs as f64),
         ("W_F16", s.w_f16()),
     ];
-    let (gx, gy) = tiled_grid(m, n, s.params);
-    s.one_step(&GEMM_TILED, "main", &consts, &[m as u32, n as u32, k as u32], [gx.max(1), gy.max(1), 1])
+    let (gx, gy) = tiled_grid(m, n, s.params)?;
+    s.one_step("main", &consts, &[m as u32, n as u32, k as u32], [gx.max(1), gy.max(1), 1])
 }
 
 // ---------------------------------------------------------------------------------
@@ -241,7 +213,7 @@ fn prepare_tiled(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
 // ---------------------------------------------------------------------------------
 
 fn check_blocked(_: &CpuCaps, _: &Problem, _: DType, params: &Params) -> Result<(), String> {
-    Isa::param_available(p(params, "isa"))
+    Isa::param_available(param(params, "isa")?)
 }
 
 /// Cache block sizes of [`gemm_blocked`]; rounded up to the microkernel's MR / NR.
@@ -274,11 +246,11 @@ impl Split {
     }
 }
 
-fn run_blocked(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Problem::Gemm { m, n, k } = *prob else { return Ok(()) };
-    let micro = Micro::for_isa(Isa::from_param(p(params, "isa")));
-    let blk = Blocking { mc: p(params, "mc") as usize, nc: p(params, "nc") as usize, kc: p(params, "kc") as usize };
-    let split = Split::from_param(p(params, "split"));
+fn run_blocked(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::Gemm { m, n, k } = *prob else { return Err(wrong_op(kd, prob)) };
+    let micro = Micro::for_isa(Isa::of(params)?);
+    let blk = Blocking { mc: param(params, "mc")? as usize, nc: param(params, "nc")? as usize, kc: param(params, "kc")? as usize };
+    let split = Split::from_param(param(params, "split")?);
     gemm_blocked(micro, blk, split, m, n, k, a.ins[0].f32(), a.ins[1], &mut a.outs[0][..m * n]);
     Ok(())
 }
@@ -290,21 +262,6 @@ thread_local! {
     static PACK_W: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// f16 weights widened for the `gemm` crate.
     static WIDE_W: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Runs `f` on a reusable per-thread buffer of `len` floats (contents unspecified),
-/// so repeated calls do not fault fresh pages in; a fresh buffer when the thread's
-/// one is already in use (a nested call on a rayon worker).
-fn with_scratch<R>(key: &'static LocalKey<RefCell<Vec<f32>>>, len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    key.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut v) => {
-            if v.len() < len {
-                v.resize(len, 0.0);
-            }
-            f(&mut v[..len])
-        }
-        Err(_) => f(&mut vec![0.0; len]),
-    })
 }
 
 /// `y` shared by feature-parallel tasks that write disjoint column ranges.
@@ -609,9 +566,7 @@ impl Micro {
     /// Whether w panels are packed with the AVX2 + F16C transposes.
     #[cfg(target_arch = "x86_64")]
     fn simd_pack(self) -> bool {
-        matches!(self, Micro::Avx2 | Micro::Avx512)
-            && std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("f16c")
+        matches!(self, Micro::Avx2 | Micro::Avx512) && crate::kernels::cpu::features().avx2
     }
 
     /// `C = A·B` (or `C += A·B` when `add`) for one MR x NR tile over depth `kc`.
@@ -796,9 +751,9 @@ mod x86 {
 // CPU: the gemm crate
 // ---------------------------------------------------------------------------------
 
-fn run_crate(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Problem::Gemm { m, n, k } = *prob else { return Ok(()) };
-    let par = match p(params, "threads") {
+fn run_crate(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::Gemm { m, n, k } = *prob else { return Err(wrong_op(kd, prob)) };
+    let par = match param(params, "threads")? {
         1 => gemm::Parallelism::None,
         t => gemm::Parallelism::Rayon(t as usize),
     };
@@ -863,8 +818,8 @@ fn crate_gemm(m: usize, n: usize, k: usize, x: &[f32], w: &[f32], y: &mut [f32],
 mod tests {
     use super::*;
 
-    fn data(len: usize, seed: u32) -> Vec<f32> {
-        (0..len).map(|i| ((i as u32).wrapping_mul(2654435761) ^ seed) % 2001).map(|v| v as f32 / 1000.0 - 1.0).collect()
+    fn data(len: usize, seed: u64) -> Vec<f32> {
+        crate::kernels::cpu::testdata::signed(len, seed)
     }
 
     fn reference(m: usize, n: usize, k: usize, x: &[f32], w: &[f32]) -> Vec<f64> {

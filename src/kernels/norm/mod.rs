@@ -1,5 +1,6 @@
-//! Normalisation kernels: RMSNorm (`rms_norm`, with Gemma's `x * (1 + w)` unit
-//! offset) and LayerNorm (`layer_norm`), weights in f32 or f16.
+//! The norm family: RMSNorm (`rms_norm`, with Gemma's `x * (1 + w)` unit offset)
+//! and LayerNorm (`layer_norm`), weights in f32 or f16, here; the fused residual add
+//! + RMSNorm in [`residual`].
 //!
 //! WGSL: `rms_norm_wg` (one workgroup per row, workgroup-memory tree reduction, any
 //! dim), `rms_norm_subgroup` (one subgroup per row, `subgroupAdd`, several rows per
@@ -8,19 +9,18 @@
 //! merged pairwise in workgroup memory) and `layer_norm_subgroup` (exact two-pass
 //! mean / centred variance per subgroup).
 //! CPU: SIMD microkernels (AVX-512 / AVX2+F16C / portable, see
-//! [`super::elementwise::lanes`]) under two orchestrators: rows split over rayon
+//! [`super::cpu::lanes`]) under two orchestrators: rows split over rayon
 //! tasks (`*_rows_cpu`, prefill) and one row's features split over tasks with the
 //! partial statistics combined between phases (`*_split_cpu`, decode).
 
 use rayon::prelude::*;
 
-use super::elementwise::lanes::{Elem, Lanes, isa_dispatch};
-use super::elementwise::{ROWS_CPU_PARAMS, SPLIT_CPU_PARAMS, check_isa, grid_fits, par_rows};
-use super::simd::{Isa, Row};
-use super::{
-    CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, p, packed_f16,
-    wrong_op,
-};
+pub mod residual;
+
+use super::cpu::dot::{with_row, with_row_pair};
+use super::cpu::{Elem, Isa, Lanes, ROWS_PARAMS, Row, RowSplit, SPLIT_PARAMS, check_isa, isa_dispatch, par_rows};
+use super::wgsl::{grid_fits, one_wg_per_row, shared_wg, subgroup_fits, subgroup_per_row};
+use super::{CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::shader;
@@ -31,14 +31,8 @@ static RMS_VEC4: Shader = shader!("norm_rms_vec4.wgsl");
 static LN_WG: Shader = shader!("norm_layer_wg.wgsl");
 static LN_SG: Shader = shader!("norm_layer_subgroup.wgsl");
 
-const BOTH: &[DType] = &[DType::F32, DType::F16];
-
-const WG_PARAMS: &[ParamSpec] = &[ParamSpec {
-    name: "workgroup_size",
-    values: &[32, 64, 128, 256, 512],
-    default: 128,
-    help: "invocations per row (one workgroup per row)",
-}];
+const WG_PARAMS: &[ParamSpec] =
+    &[ParamSpec::new("workgroup_size", &[32, 64, 128, 256, 512], 128, "invocations per row (one workgroup per row)")];
 
 const SG_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "workgroup_size", values: &[32, 64, 128, 256], default: 128, help: "invocations per workgroup" },
@@ -57,118 +51,78 @@ const VEC4_PARAMS: &[ParamSpec] = &[
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
-        KernelDef {
-            id: "rms_norm_wg",
-            op: Op::RmsNorm,
-            summary: "one workgroup per row, scalar strided loads, workgroup-memory tree reduction; any dim",
-            dtypes: BOTH,
-            params: WG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &RMS_WG,
-                workgroup_size: wg_size,
-                shared_memory: shared_wg,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_rows_wg,
-                prepare: prepare_rms_wg,
-            }),
-        },
-        KernelDef {
-            id: "rms_norm_subgroup",
-            op: Op::RmsNorm,
-            summary: "one subgroup per row, subgroupAdd reduction, rows_per_wg rows per workgroup, no barriers; any dim",
-            dtypes: BOTH,
-            params: SG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &RMS_SG,
-                workgroup_size: wg_size,
-                shared_memory: super::no_shared,
-                needs_f16: packed_f16,
-                needs_subgroups: true,
-                check: check_rows_sg,
-                prepare: prepare_rms_sg,
-            }),
-        },
-        KernelDef {
-            id: "rms_norm_vec4",
-            op: Op::RmsNorm,
-            summary: "16-byte loads, row held in registers (x read once), workgroup reduction; dim % 4 == 0 and dim <= 4*wg*vpt",
-            dtypes: BOTH,
-            params: VEC4_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &RMS_VEC4,
-                workgroup_size: wg_size,
-                shared_memory: shared_wg,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_rms_vec4,
-                prepare: prepare_rms_vec4,
-            }),
-        },
-        KernelDef {
-            id: "rms_norm_rows_cpu",
-            op: Op::RmsNorm,
-            summary: "SIMD sum-of-squares and scale microkernels per row; rayon over rows (prefill)",
-            dtypes: BOTH,
-            params: ROWS_CPU_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_rms_rows, check: check_isa }),
-        },
-        KernelDef {
-            id: "rms_norm_split_cpu",
-            op: Op::RmsNorm,
-            summary: "each row's features split over rayon tasks: parallel partial sums of squares, then a parallel scale (decode)",
-            dtypes: BOTH,
-            params: SPLIT_CPU_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_rms_split, check: check_isa }),
-        },
-        KernelDef {
-            id: "layer_norm_wg",
-            op: Op::LayerNorm,
-            summary: "one workgroup per row, single-read Welford statistics merged pairwise (Chan) in workgroup memory; any dim",
-            dtypes: BOTH,
-            params: WG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &LN_WG,
-                workgroup_size: wg_size,
-                shared_memory: shared_welford,
-                needs_f16: packed_f16,
-                needs_subgroups: false,
-                check: check_rows_wg,
-                prepare: prepare_ln_wg,
-            }),
-        },
-        KernelDef {
-            id: "layer_norm_subgroup",
-            op: Op::LayerNorm,
-            summary: "one subgroup per row, exact two-pass mean and centred variance with subgroupAdd, no barriers; any dim",
-            dtypes: BOTH,
-            params: SG_PARAMS,
-            imp: Impl::Wgsl(WgslImpl {
-                shader: &LN_SG,
-                workgroup_size: wg_size,
-                shared_memory: super::no_shared,
-                needs_f16: packed_f16,
-                needs_subgroups: true,
-                check: check_rows_sg,
-                prepare: prepare_ln_sg,
-            }),
-        },
-        KernelDef {
-            id: "layer_norm_rows_cpu",
-            op: Op::LayerNorm,
-            summary: "SIMD two-pass mean / centred variance and affine microkernels per row; rayon over rows (prefill)",
-            dtypes: BOTH,
-            params: ROWS_CPU_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_ln_rows, check: check_isa }),
-        },
-        KernelDef {
-            id: "layer_norm_split_cpu",
-            op: Op::LayerNorm,
-            summary: "each row's features split over rayon tasks: parallel sum, parallel centred squares, parallel affine (decode)",
-            dtypes: BOTH,
-            params: SPLIT_CPU_PARAMS,
-            imp: Impl::Cpu(CpuImpl { run: run_ln_split, check: check_isa }),
-        },
+        KernelDef::new(
+            "rms_norm_wg",
+            Op::RmsNorm,
+            DType::FLOAT,
+            WG_PARAMS,
+            "one workgroup per row, scalar strided loads, workgroup-memory tree reduction; any dim",
+            WgslImpl::new(&RMS_WG, prepare_wg).shared(shared_wg).check(check_rows_wg),
+        ),
+        KernelDef::new(
+            "rms_norm_subgroup",
+            Op::RmsNorm,
+            DType::FLOAT,
+            SG_PARAMS,
+            "one subgroup per row, subgroupAdd reduction, rows_per_wg rows per workgroup, no barriers; any dim",
+            WgslImpl::new(&RMS_SG, prepare_sg).subgroups().check(check_rows_sg),
+        ),
+        KernelDef::new(
+            "rms_norm_vec4",
+            Op::RmsNorm,
+            DType::FLOAT,
+            VEC4_PARAMS,
+            "16-byte loads, row held in registers (x read once), workgroup reduction; dim % 4 == 0 and dim <= 4*wg*vpt",
+            WgslImpl::new(&RMS_VEC4, prepare_rms_vec4).shared(shared_wg).check(check_rms_vec4),
+        ),
+        KernelDef::new(
+            "rms_norm_rows_cpu",
+            Op::RmsNorm,
+            DType::FLOAT,
+            ROWS_PARAMS,
+            "SIMD sum-of-squares and scale microkernels per row; rayon over rows (prefill)",
+            CpuImpl { run: run_rms_rows, check: check_isa },
+        ),
+        KernelDef::new(
+            "rms_norm_split_cpu",
+            Op::RmsNorm,
+            DType::FLOAT,
+            SPLIT_PARAMS,
+            "each row's features split over rayon tasks: parallel partial sums of squares, then a parallel scale (decode)",
+            CpuImpl { run: run_rms_split, check: check_isa },
+        ),
+        KernelDef::new(
+            "layer_norm_wg",
+            Op::LayerNorm,
+            DType::FLOAT,
+            WG_PARAMS,
+            "one workgroup per row, single-read Welford statistics merged pairwise (Chan) in workgroup memory; any dim",
+            WgslImpl::new(&LN_WG, prepare_wg).shared(shared_welford).check(check_rows_wg),
+        ),
+        KernelDef::new(
+            "layer_norm_subgroup",
+            Op::LayerNorm,
+            DType::FLOAT,
+            SG_PARAMS,
+            "one subgroup per row, exact two-pass mean and centred variance with subgroupAdd, no barriers; any dim",
+            WgslImpl::new(&LN_SG, prepare_sg).subgroups().check(check_rows_sg),
+        ),
+        KernelDef::new(
+            "layer_norm_rows_cpu",
+            Op::LayerNorm,
+            DType::FLOAT,
+            ROWS_PARAMS,
+            "SIMD two-pass mean / centred variance and affine microkernels per row; rayon over rows (prefill)",
+            CpuImpl { run: run_ln_rows, check: check_isa },
+        ),
+        KernelDef::new(
+            "layer_norm_split_cpu",
+            Op::LayerNorm,
+            DType::FLOAT,
+            SPLIT_PARAMS,
+            "each row's features split over rayon tasks: parallel sum, parallel centred squares, parallel affine (decode)",
+            CpuImpl { run: run_ln_split, check: check_isa },
+        ),
     ]
 }
 
@@ -176,17 +130,9 @@ pub fn variants() -> Vec<KernelDef> {
 // WGSL
 // ---------------------------------------------------------------------------------
 
-fn wg_size(params: &Params) -> [u32; 3] {
-    [p(params, "workgroup_size"), 1, 1]
-}
-
-fn shared_wg(_: &Problem, _: DType, params: &Params) -> u64 {
-    4 * p(params, "workgroup_size") as u64
-}
-
 /// Welford triples (count, mean, M2) per invocation.
-fn shared_welford(_: &Problem, _: DType, params: &Params) -> u64 {
-    12 * p(params, "workgroup_size") as u64
+fn shared_welford(_: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
+    Ok(12 * param(params, "workgroup_size")? as u64)
 }
 
 fn rows_dim(prob: &Problem) -> (usize, usize) {
@@ -201,11 +147,8 @@ fn check_rows_wg(caps: &GpuCaps, prob: &Problem, _: DType, _: &Params) -> Result
 }
 
 fn check_rows_sg(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
-    let wg = p(params, "workgroup_size");
-    if caps.subgroup_max_size > wg {
-        return Err(format!("workgroup of {wg} is smaller than the adapter's subgroup size {}", caps.subgroup_max_size));
-    }
-    grid_fits(caps, groups(rows_dim(prob).0, p(params, "rows_per_wg")) as usize, "one per rows_per_wg rows")
+    subgroup_fits(caps, params)?;
+    grid_fits(caps, groups(rows_dim(prob).0, param(params, "rows_per_wg")?) as usize, "one per rows_per_wg rows")
 }
 
 fn check_rms_vec4(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
@@ -213,61 +156,48 @@ fn check_rms_vec4(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> 
     if dim % 4 != 0 {
         return Err(format!("dim = {dim} is not a multiple of 4 (x and y are read as vec4<f32>)"));
     }
-    let cap = 4 * p(params, "workgroup_size") as usize * p(params, "vec_per_thread") as usize;
+    let cap = 4 * param(params, "workgroup_size")? as usize * param(params, "vec_per_thread")? as usize;
     if dim > cap {
         return Err(format!("dim = {dim} does not fit the registers of one workgroup (4 * workgroup_size * vec_per_thread = {cap})"));
     }
     grid_fits(caps, rows, "one per row")
 }
 
-fn rms_uniform(s: &WgslSetup<'_>) -> Result<(usize, Vec<u32>), KernelError> {
+/// The uniform block of an RMSNorm or residual RMSNorm (`rows, dim, eps,
+/// unit_offset`) or LayerNorm
+/// (`rows, dim, eps`) problem, and its row count.
+fn norm_uniform(s: &WgslSetup<'_>) -> Result<(usize, Vec<u32>), KernelError> {
     match *s.problem {
-        Problem::RmsNorm { rows, dim, eps, unit_offset } => Ok((rows, vec![rows as u32, dim as u32, eps.to_bits(), unit_offset as u32])),
-        _ => Err(wrong_op(s.kernel, s.problem)),
-    }
-}
-
-fn ln_uniform(s: &WgslSetup<'_>) -> Result<(usize, Vec<u32>), KernelError> {
-    match *s.problem {
+        Problem::RmsNorm { rows, dim, eps, unit_offset } | Problem::ResidualRmsNorm { rows, dim, eps, unit_offset } => {
+            Ok((rows, vec![rows as u32, dim as u32, eps.to_bits(), unit_offset as u32]))
+        }
         Problem::LayerNorm { rows, dim, eps } => Ok((rows, vec![rows as u32, dim as u32, eps.to_bits()])),
         _ => Err(wrong_op(s.kernel, s.problem)),
     }
 }
 
-fn prepare_rms_wg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let (rows, u) = rms_uniform(s)?;
-    let consts = [("WG", p(s.params, "workgroup_size") as f64), ("W_F16", s.w_f16())];
-    s.one_step(&RMS_WG, "main", &consts, &u, grid_2d(rows as u32))
+/// One prepare for the one-workgroup-per-row shaders (`rms_norm_wg`, `layer_norm_wg`,
+/// `residual_rms_norm_wg`).
+pub(super) fn prepare_wg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let (rows, u) = norm_uniform(s)?;
+    one_wg_per_row(s, rows, &u)
 }
 
-fn prepare_rms_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let (rows, u) = rms_uniform(s)?;
-    let per = p(s.params, "rows_per_wg");
-    let consts = [("WG", p(s.params, "workgroup_size") as f64), ("ROWS", per as f64), ("W_F16", s.w_f16())];
-    s.one_step(&RMS_SG, "main", &consts, &u, grid_2d(groups(rows, per)))
+/// One prepare for the subgroup-per-row shaders (`rms_norm_subgroup`,
+/// `layer_norm_subgroup`, `residual_rms_norm_subgroup`).
+pub(super) fn prepare_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let (rows, u) = norm_uniform(s)?;
+    subgroup_per_row(s, rows, &u, "rows_per_wg", "ROWS")
 }
 
 fn prepare_rms_vec4(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let (rows, u) = rms_uniform(s)?;
-    let consts = [("WG", p(s.params, "workgroup_size") as f64), ("VPT", p(s.params, "vec_per_thread") as f64), ("W_F16", s.w_f16())];
-    s.one_step(&RMS_VEC4, "main", &consts, &u, grid_2d(rows as u32))
-}
-
-fn prepare_ln_wg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let (rows, u) = ln_uniform(s)?;
-    let consts = [("WG", p(s.params, "workgroup_size") as f64), ("W_F16", s.w_f16())];
-    s.one_step(&LN_WG, "main", &consts, &u, grid_2d(rows as u32))
-}
-
-fn prepare_ln_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let (rows, u) = ln_uniform(s)?;
-    let per = p(s.params, "rows_per_wg");
-    let consts = [("WG", p(s.params, "workgroup_size") as f64), ("ROWS", per as f64), ("W_F16", s.w_f16())];
-    s.one_step(&LN_SG, "main", &consts, &u, grid_2d(groups(rows, per)))
+    let (rows, u) = norm_uniform(s)?;
+    let consts = [("WG", s.param("workgroup_size")? as f64), ("VPT", s.param("vec_per_thread")? as f64), ("W_F16", s.w_f16())];
+    s.one_step("main", &consts, &u, grid_2d(rows as u32))
 }
 
 // ---------------------------------------------------------------------------------
-// CPU microkernels (generic over the lane width, see `elementwise::lanes`)
+// CPU microkernels (generic over the lane width, see `cpu::lanes`)
 // ---------------------------------------------------------------------------------
 
 /// `Σ f(x)` with four independent vector accumulators.
@@ -371,21 +301,13 @@ fn ln_rows_k<L: Lanes, W: Elem>(l: L, x: &[f32], w: &[W], b: &[W], dim: usize, e
 #[allow(clippy::too_many_arguments)]
 fn rms_rows(isa: Isa, x: &[f32], w: Row<'_>, dim: usize, eps: f32, off: f32, y: &mut [f32]) {
     isa_dispatch!(isa, |l| (x: &[f32] = x, w: Row<'_> = w, dim: usize = dim, eps: f32 = eps, off: f32 = off, y: &mut [f32] = y) -> () {
-        match w {
-            Row::F32(w) => rms_rows_k(l, x, w, dim, eps, off, y),
-            Row::F16(w) => rms_rows_k(l, x, w, dim, eps, off, y),
-        }
+        with_row!(w, |w| rms_rows_k(l, x, w, dim, eps, off, y))
     })
 }
 
 fn ln_rows(isa: Isa, x: &[f32], w: Row<'_>, b: Row<'_>, dim: usize, eps: f32, y: &mut [f32]) {
     isa_dispatch!(isa, |l| (x: &[f32] = x, w: Row<'_> = w, b: Row<'_> = b, dim: usize = dim, eps: f32 = eps, y: &mut [f32] = y) -> () {
-        match (w, b) {
-            (Row::F32(w), Row::F32(b)) => ln_rows_k(l, x, w, b, dim, eps, y),
-            (Row::F16(w), Row::F16(b)) => ln_rows_k(l, x, w, b, dim, eps, y),
-            // Both weights share the variant's dtype (checked by the registry).
-            _ => {}
-        }
+        with_row_pair!(w, b, |w, b| ln_rows_k(l, x, w, b, dim, eps, y))
     })
 }
 
@@ -403,27 +325,32 @@ fn sqdev(isa: Isa, x: &[f32], mean: f32) -> f32 {
 
 fn rms_apply(isa: Isa, x: &[f32], w: Row<'_>, off: f32, inv: f32, y: &mut [f32]) {
     isa_dispatch!(isa, |l| (x: &[f32] = x, w: Row<'_> = w, off: f32 = off, inv: f32 = inv, y: &mut [f32] = y) -> () {
-        match w {
-            Row::F32(w) => rms_apply_k(l, x, w, off, inv, y),
-            Row::F16(w) => rms_apply_k(l, x, w, off, inv, y),
-        }
+        with_row!(w, |w| rms_apply_k(l, x, w, off, inv, y))
     })
 }
 
 #[allow(clippy::too_many_arguments)]
 fn ln_apply(isa: Isa, x: &[f32], w: Row<'_>, b: Row<'_>, mean: f32, rs: f32, y: &mut [f32]) {
     isa_dispatch!(isa, |l| (x: &[f32] = x, w: Row<'_> = w, b: Row<'_> = b, mean: f32 = mean, rs: f32 = rs, y: &mut [f32] = y) -> () {
-        match (w, b) {
-            (Row::F32(w), Row::F32(b)) => ln_apply_k(l, x, w, b, mean, rs, y),
-            (Row::F16(w), Row::F16(b)) => ln_apply_k(l, x, w, b, mean, rs, y),
-            _ => {}
-        }
+        with_row_pair!(w, b, |w, b| ln_apply_k(l, x, w, b, mean, rs, y))
     })
 }
 
 // ---------------------------------------------------------------------------------
 // CPU kernels
 // ---------------------------------------------------------------------------------
+
+/// The norm gain `w` (or `1 + w`, Gemma) widened to f32 once per call.
+pub fn gains(w: CpuIn<'_>, dim: usize, unit_offset: bool) -> Vec<f32> {
+    let off = if unit_offset { 1.0 } else { 0.0 };
+    (0..dim).map(|i| w.get(i) + off).collect()
+}
+
+/// `1 / sqrt(mean + eps)` from a sum of squares over `dim` elements.
+#[inline]
+pub fn inv_rms(ss: f32, dim: usize, eps: f32) -> f32 {
+    1.0 / (ss / dim as f32 + eps).sqrt()
+}
 
 /// Elements `c0 .. c0 + len` of a weight vector.
 fn part(w: CpuIn<'_>, c0: usize, len: usize) -> Row<'_> {
@@ -435,19 +362,19 @@ fn part(w: CpuIn<'_>, c0: usize, len: usize) -> Row<'_> {
     }
 }
 
-fn run_rms_rows(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Problem::RmsNorm { rows, dim, eps, unit_offset } = *prob else { return Ok(()) };
-    let isa = Isa::from_param(p(params, "isa"));
+fn run_rms_rows(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::RmsNorm { rows, dim, eps, unit_offset } = *prob else { return Err(wrong_op(kd, prob)) };
+    let isa = Isa::of(params)?;
     let off = if unit_offset { 1.0 } else { 0.0 };
     let (x, w) = (a.ins[0].f32(), part(a.ins[1], 0, dim));
-    par_rows(&mut a.outs[0][..rows * dim], dim, params, |first, y| rms_rows(isa, &x[first * dim..], w, dim, eps, off, y));
+    par_rows(&mut a.outs[0][..rows * dim], dim, RowSplit::of(params)?, |first, y| rms_rows(isa, &x[first * dim..], w, dim, eps, off, y));
     Ok(())
 }
 
-fn run_rms_split(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Problem::RmsNorm { rows, dim, eps, unit_offset } = *prob else { return Ok(()) };
-    let isa = Isa::from_param(p(params, "isa"));
-    let chunk = (p(params, "chunk") as usize).max(1);
+fn run_rms_split(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::RmsNorm { rows, dim, eps, unit_offset } = *prob else { return Err(wrong_op(kd, prob)) };
+    let isa = Isa::of(params)?;
+    let chunk = (param(params, "chunk")? as usize).max(1);
     let off = if unit_offset { 1.0 } else { 0.0 };
     let (x, w) = (a.ins[0].f32(), a.ins[1]);
     for (r, y) in a.outs[0][..rows * dim].chunks_mut(dim.max(1)).enumerate() {
@@ -462,18 +389,18 @@ fn run_rms_split(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<
     Ok(())
 }
 
-fn run_ln_rows(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Problem::LayerNorm { rows, dim, eps } = *prob else { return Ok(()) };
-    let isa = Isa::from_param(p(params, "isa"));
+fn run_ln_rows(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::LayerNorm { rows, dim, eps } = *prob else { return Err(wrong_op(kd, prob)) };
+    let isa = Isa::of(params)?;
     let (x, w, b) = (a.ins[0].f32(), part(a.ins[1], 0, dim), part(a.ins[2], 0, dim));
-    par_rows(&mut a.outs[0][..rows * dim], dim, params, |first, y| ln_rows(isa, &x[first * dim..], w, b, dim, eps, y));
+    par_rows(&mut a.outs[0][..rows * dim], dim, RowSplit::of(params)?, |first, y| ln_rows(isa, &x[first * dim..], w, b, dim, eps, y));
     Ok(())
 }
 
-fn run_ln_split(prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Problem::LayerNorm { rows, dim, eps } = *prob else { return Ok(()) };
-    let isa = Isa::from_param(p(params, "isa"));
-    let chunk = (p(params, "chunk") as usize).max(1);
+fn run_ln_split(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::LayerNorm { rows, dim, eps } = *prob else { return Err(wrong_op(kd, prob)) };
+    let isa = Isa::of(params)?;
+    let chunk = (param(params, "chunk")? as usize).max(1);
     let (x, w, b) = (a.ins[0].f32(), a.ins[1], a.ins[2]);
     for (r, y) in a.outs[0][..rows * dim].chunks_mut(dim.max(1)).enumerate() {
         let xr = &x[r * dim..][..dim];

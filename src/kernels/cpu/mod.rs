@@ -1,0 +1,320 @@
+//! The one CPU layer every CPU kernel is written against: the instruction-set level
+//! ([`Isa`], detected once per process), the `isa` and `threads` parameters and their
+//! validity checks, the rayon orchestrators that split rows or elements over the
+//! pool, weight-row views, and the single-threaded SIMD microkernels: the lane-width
+//! abstraction ([`lanes`]), f32/f16 dot products and axpy ([`dot`]) and the block
+//! (quantized) dot products ([`qdot`]).
+//!
+//! Kernels expose the instruction set as the `isa` parameter so the tuner can compare
+//! levels (`0` = best available, `2` = AVX2+FMA / NEON, `1` = portable scalar).
+
+pub mod dot;
+pub mod lanes;
+pub mod qdot;
+#[cfg(test)]
+pub(crate) mod testdata;
+
+use std::cell::RefCell;
+use std::sync::OnceLock;
+use std::thread::LocalKey;
+
+use rayon::prelude::*;
+
+pub use dot::{Row, add_sumsq, axpy, axpy_row, dot, dot_f16, dot_f32, dot2x4, dot4, dot4_f16, dot4_f32, scale_mul};
+pub(crate) use lanes::isa_dispatch;
+pub use lanes::{Elem, Lanes};
+pub use qdot::{
+    ACT_BITS, ActVec, ROWS_PER_PASS, XQ8, check_quant, dequantize, dot_q, dot_q_i8, par_row_blocks, qin, qrow, rows_times_tokens,
+    scatter_row_blocks,
+};
+
+use super::{CpuIn, DType, KernelError, ParamSpec, Params, Problem, param};
+use crate::device::CpuCaps;
+
+/// What this CPU offers the microkernels, probed once per process.
+#[derive(Clone, Copy, Debug)]
+pub struct Features {
+    pub avx512f: bool,
+    /// AVX2 + FMA + F16C, the 256-bit x86 level.
+    pub avx2: bool,
+    pub neon: bool,
+}
+
+/// The instruction-set features of this CPU (the only detection in the kernel set).
+pub fn features() -> Features {
+    static F: OnceLock<Features> = OnceLock::new();
+    *F.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            Features { avx512f: has!("avx512f"), avx2: has!("avx2") && has!("fma") && has!("f16c"), neon: false }
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            Features { avx512f: false, avx2: false, neon: std::arch::is_aarch64_feature_detected!("neon") }
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        {
+            Features { avx512f: false, avx2: false, neon: false }
+        }
+    })
+}
+
+/// Instruction-set level of a microkernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    Scalar,
+    /// AVX2 + FMA (+ F16C for f16 rows) on x86, NEON on aarch64.
+    Simd256,
+    /// AVX-512F on x86.
+    Avx512,
+}
+
+impl Isa {
+    /// The widest level this CPU supports.
+    pub fn best() -> Isa {
+        let f = features();
+        if f.avx512f {
+            Isa::Avx512
+        } else if f.avx2 || f.neon {
+            Isa::Simd256
+        } else {
+            Isa::Scalar
+        }
+    }
+
+    /// From the `isa` kernel parameter: 0 best, 1 scalar, 2 AVX2/NEON; never above `best()`.
+    pub fn from_param(v: u32) -> Isa {
+        let best = Isa::best();
+        let want = match v {
+            1 => Isa::Scalar,
+            2 => Isa::Simd256,
+            _ => best,
+        };
+        if want as u8 > best as u8 { best } else { want }
+    }
+
+    /// The level the variant's `isa` parameter asks for.
+    pub fn of(params: &Params) -> Result<Isa, KernelError> {
+        Ok(Isa::from_param(param(params, "isa")?))
+    }
+
+    /// Whether the `isa` parameter value is available on this CPU (for validity checks).
+    pub fn param_available(v: u32) -> Result<(), String> {
+        match v {
+            2 if Isa::best() == Isa::Scalar => Err("isa=2 needs AVX2+FMA+F16C or NEON".into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the 256-bit x86 path (AVX2+FMA+F16C) may run at this level.
+    #[inline]
+    pub fn avx2(self) -> bool {
+        self != Isa::Scalar && features().avx2
+    }
+}
+
+/// The `isa` parameter values and help, shared by every CPU kernel.
+pub const ISA_VALUES: &[u32] = &[0, 1, 2];
+pub const ISA_HELP: &str = "instruction set: 0 best available (AVX-512 > AVX2 > NEON), 1 scalar, 2 AVX2+FMA or NEON";
+/// The `isa` parameter.
+pub const ISA: ParamSpec = ParamSpec { name: "isa", values: ISA_VALUES, default: 0, help: ISA_HELP };
+
+/// The `threads` parameter of the static-range kernels.
+pub const THREADS: ParamSpec = ParamSpec::new(
+    "threads",
+    &[0, 1, 2, 4, 8, 16],
+    0,
+    "contiguous static ranges, one per thread: 0 all of rayon's threads, 1 single-threaded",
+);
+
+/// `rows_per_task` over the weight rows of a matrix-vector kernel.
+pub const ROWS_PER_TASK: ParamSpec =
+    ParamSpec { name: "rows_per_task", values: &[8, 16, 32, 64, 128, 256], default: 64, help: "weight rows per rayon task" };
+
+/// `strategy` of [`par_rows`] without the single-threaded choice.
+pub const STRATEGY: ParamSpec =
+    ParamSpec::new("strategy", &[0, 1], 0, "0 dynamic work stealing by rows_per_task, 1 one static row range per thread");
+
+/// Row-wise kernels under [`par_rows`] (norms, softmax).
+pub const ROWS_PARAMS: &[ParamSpec] = &[
+    ParamSpec { name: "rows_per_task", values: &[1, 2, 4, 8, 16, 32], default: 4, help: "rows per rayon task (dynamic strategy)" },
+    ParamSpec {
+        name: "strategy",
+        values: &[0, 1, 2],
+        default: 0,
+        help: "0 dynamic work stealing by rows_per_task, 1 one static row range per thread, 2 single-threaded",
+    },
+    ISA,
+];
+
+/// Row-wise kernels that split one row's features over tasks (decode).
+pub const SPLIT_PARAMS: &[ParamSpec] = &[
+    ParamSpec {
+        name: "chunk",
+        values: &[256, 512, 1024, 2048, 4096, 8192],
+        default: 1024,
+        help: "features per rayon task within one row (decode: one long row split over threads)",
+    },
+    ISA,
+];
+
+/// CPU kernels whose only rule is the `isa` level.
+pub fn check_isa(_: &CpuCaps, _: &Problem, _: DType, params: &Params) -> Result<(), String> {
+    Isa::param_available(param(params, "isa")?)
+}
+
+/// CPU kernels with a `threads` parameter: no more threads than the process has.
+pub fn check_threads(caps: &CpuCaps, _: &Problem, _: DType, params: &Params) -> Result<(), String> {
+    let t = param(params, "threads")? as usize;
+    if t > caps.threads.max(1) {
+        return Err(format!("threads = {t} exceeds the {} threads this process may use", caps.threads));
+    }
+    Ok(())
+}
+
+/// How [`par_rows`] splits rows over the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowSplit {
+    /// Dynamic work stealing, this many rows per task.
+    Dynamic(usize),
+    /// One static range per thread.
+    PerThread,
+    /// All rows on the calling thread.
+    Caller,
+}
+
+impl RowSplit {
+    /// From the `strategy` (0 dynamic, 1 per thread, 2 calling thread) and
+    /// `rows_per_task` parameters.
+    pub fn of(params: &Params) -> Result<RowSplit, KernelError> {
+        Ok(match param(params, "strategy")? {
+            2 => RowSplit::Caller,
+            1 => RowSplit::PerThread,
+            _ => RowSplit::dynamic(params)?,
+        })
+    }
+
+    /// Dynamic by `rows_per_task`, for kernels without a `strategy` parameter.
+    pub fn dynamic(params: &Params) -> Result<RowSplit, KernelError> {
+        Ok(RowSplit::Dynamic((param(params, "rows_per_task")? as usize).max(1)))
+    }
+}
+
+/// Splits `y` (`rows` rows of `dim`) into row ranges as `split` says and runs
+/// `f(first_row, rows_chunk)` on each.
+pub fn par_rows(y: &mut [f32], dim: usize, split: RowSplit, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    let rows = y.len().checked_div(dim).unwrap_or(0);
+    if rows == 0 {
+        return;
+    }
+    let y = &mut y[..rows * dim];
+    let grain = match split {
+        RowSplit::Caller => {
+            f(0, y);
+            return;
+        }
+        RowSplit::PerThread => rows.div_ceil(rayon::current_num_threads()).max(1),
+        RowSplit::Dynamic(g) => g.max(1),
+    };
+    y.par_chunks_mut(grain * dim).enumerate().for_each(|(i, chunk)| f(i * grain, chunk));
+}
+
+/// Splits a flat `y` into chunks of `grain` elements run in parallel (`f(first, chunk)`);
+/// a problem no larger than one chunk runs on the calling thread.
+pub fn par_elems(y: &mut [f32], grain: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    let grain = grain.max(1);
+    if y.len() <= grain {
+        f(0, y);
+        return;
+    }
+    y.par_chunks_mut(grain).enumerate().for_each(|(i, chunk)| f(i * grain, chunk));
+}
+
+/// Splits a flat `y` into `threads` contiguous ranges (0: rayon's pool size).
+pub fn static_ranges(y: &mut [f32], threads: u32, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    let t = if threads == 0 { rayon::current_num_threads() } else { threads as usize }.max(1);
+    if t == 1 || y.len() < 2 {
+        f(0, y);
+        return;
+    }
+    let grain = y.len().div_ceil(t).max(1);
+    y.par_chunks_mut(grain).enumerate().for_each(|(i, chunk)| f(i * grain, chunk));
+}
+
+/// Row `r` of a row-major `[_, k]` float weight.
+#[inline]
+pub fn row(w: CpuIn<'_>, r: usize, k: usize) -> Row<'_> {
+    sub_row(w, r, k, 0, k)
+}
+
+/// Columns `c0..c1` of row `r` of a row-major `[_, k]` float weight.
+#[inline]
+pub fn sub_row(w: CpuIn<'_>, r: usize, k: usize, c0: usize, c1: usize) -> Row<'_> {
+    match w {
+        CpuIn::F32(s) => Row::F32(&s[r * k + c0..r * k + c1]),
+        CpuIn::F16(s) => Row::F16(&s[r * k + c0..r * k + c1]),
+        // Float kernels never get a quantized buffer: the registry checks dtypes.
+        CpuIn::Q(_) => Row::F32(&[]),
+    }
+}
+
+/// Runs `f` on the per-thread scratch buffer `key` grown to `len` floats (a fresh
+/// buffer when the key is already borrowed by a caller up the stack).
+pub fn with_scratch<R>(key: &'static LocalKey<RefCell<Vec<f32>>>, len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    key.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut v) => {
+            if v.len() < len {
+                v.resize(len, 0.0);
+            }
+            f(&mut v[..len])
+        }
+        Err(_) => f(&mut vec![0.0; len]),
+    })
+}
+
+/// Merges two online softmax partials `(max, sum of exp(x - max))`.
+#[inline]
+pub fn merge_stats(a: (f32, f32), b: (f32, f32)) -> (f32, f32) {
+    let m = a.0.max(b.0);
+    let s = a.1 * (a.0 - m).exp() + b.1 * (b.0 - m).exp();
+    (m, s)
+}
+
+/// The gated activation in f32 (`silu` or tanh-approximated `gelu`) as the fused
+/// projection kernels compute it.
+#[inline]
+pub fn act_f32(act: super::Activation, g: f32) -> f32 {
+    match act {
+        super::Activation::Silu => g / (1.0 + (-g).exp()),
+        super::Activation::GeluTanh => 0.5 * g * (1.0 + (0.797_884_6 * (g + 0.044715 * g * g * g)).tanh()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn par_rows_visits_every_row_once_under_each_strategy() {
+        for strategy in [0, 1, 2] {
+            let params: Params = [("strategy".to_string(), strategy), ("rows_per_task".to_string(), 3)].into();
+            let mut y = vec![0f32; 7 * 5];
+            par_rows(&mut y, 5, RowSplit::of(&params).unwrap(), |first, chunk| {
+                for (r, row) in chunk.chunks_mut(5).enumerate() {
+                    row.fill((first + r) as f32);
+                }
+            });
+            for (r, row) in y.chunks(5).enumerate() {
+                assert!(row.iter().all(|&v| v == r as f32), "strategy {strategy} row {r}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_missing_orchestration_parameter_is_an_error() {
+        let params: Params = [("strategy".to_string(), 0)].into();
+        let err = RowSplit::of(&params).unwrap_err();
+        assert!(err.to_string().contains("rows_per_task"), "{err}");
+    }
+}

@@ -1,0 +1,607 @@
+//! Block-format (quantized) microkernels of the CPU layer: dot products of f32 or
+//! int8-block activations with rows of ggml blocks read straight from the quants
+//! (AVX2+FMA+F16C, portable fallback), SIMD dequantization, the decode activation
+//! vector a kernel's `act_bits` asks for ([`ActVec`]), and the "dequantize a few
+//! weight rows once, dot them with every token" step the prefill kernels share.
+//! Also the `act_bits` / `rows_per_pass` parameters and the validity rule of every
+//! CPU block-format kernel.
+
+use std::cell::RefCell;
+
+use super::dot::dot_f32;
+use super::{Isa, with_scratch};
+use crate::device::CpuCaps;
+use crate::kernels::quant::{QFormat, QK, QView, dequantize_block};
+use crate::kernels::wgsl::check_blocks;
+use crate::kernels::{CpuIn, DType, KernelError, ParamSpec, Params, Problem, param};
+
+/// `act_bits`: f32 activations, or int8 ones (see [`verify::tolerance_for`](crate::kernels::verify::tolerance_for)).
+pub const ACT_BITS: ParamSpec = ParamSpec {
+    name: "act_bits",
+    values: &[32, 8],
+    default: 32,
+    help: "activations: 32 f32 (exact dot with the dequantized weights), 8 int8 blocks of 32 with integer dot products \
+           (llama.cpp's q8 activations: about 0.5% error, far fewer instructions per weight)",
+};
+/// `rows_per_pass`: with int8 activations, weight rows per pass over the activation blocks.
+pub const ROWS_PER_PASS: ParamSpec = ParamSpec {
+    name: "rows_per_pass",
+    values: &[1, 4],
+    default: 1,
+    help: "weight rows dotted per pass over the int8 activation blocks (act_bits 8): 4 loads each activation block once for \
+           four rows and keeps four accumulator chains (measured: q4_1 +38%, q8_0 -10% single-threaded on AVX2)",
+};
+
+/// CPU block-format kernels: the `isa` level, `rows_per_pass` 4 only with int8
+/// activations, and k in whole blocks.
+pub fn check_quant(_: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    Isa::param_available(param(params, "isa")?)?;
+    if params.get("rows_per_pass").is_some_and(|&r| r != 1) && params.get("act_bits") != Some(&8) {
+        return Err("rows_per_pass 4 needs int8 activations (act_bits 8)".into());
+    }
+    check_blocks(prob, dtype)
+}
+
+/// `Σ x[i] * w[i]` where `w` is the dequantized view (`x.len()` = `w.elems()`).
+pub fn dot_q(isa: Isa, x: &[f32], w: QView<'_>) -> f32 {
+    let blocks = w.blocks().min(x.len() / QK);
+    let w = w.blocks_range(0, blocks);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa.avx2() {
+            // SAFETY: `isa.avx2()` checked AVX2, FMA and F16C; lengths are whole blocks of `x`.
+            return unsafe {
+                match w.format {
+                    QFormat::Q8_0 => x86::dot_q8_0(x, w.quants, w.scales),
+                    QFormat::Q4_0 => x86::dot_q4_0(x, w.quants, w.scales),
+                    QFormat::Q4_1 => x86::dot_q4_1(x, w.quants, w.scales),
+                }
+            };
+        }
+    }
+    let _ = isa;
+    dot_q_scalar(x, w)
+}
+
+/// Activations quantized to int8 blocks of 32 (llama.cpp's q8_0 activations):
+/// per block `d = max|x| / 127`, `q = round(x / d)`, and `Σ q` for the offset terms.
+pub struct XQ8 {
+    pub q: Vec<i8>,
+    pub d: Vec<f32>,
+    pub sum: Vec<i32>,
+    /// `d * Σ q` per block: the q4_1 minimum's term is `m * dsum`.
+    pub dsum: Vec<f32>,
+}
+
+impl XQ8 {
+    pub fn quantize(x: &[f32]) -> XQ8 {
+        let blocks = x.len() / QK;
+        let mut out = XQ8 { q: vec![0; blocks * QK], d: vec![0.0; blocks], sum: vec![0; blocks], dsum: vec![0.0; blocks] };
+        for (b, xb) in x.chunks_exact(QK).enumerate() {
+            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            out.d[b] = d;
+            let mut s = 0i32;
+            for (q, &v) in out.q[b * QK..(b + 1) * QK].iter_mut().zip(xb) {
+                *q = (v * id).round() as i8;
+                s += *q as i32;
+            }
+            out.sum[b] = s;
+            out.dsum[b] = d * s as f32;
+        }
+        out
+    }
+}
+
+/// `Σ x[i] * w[i]` with `x` as int8 blocks: integer dot products per block, scaled
+/// by both blocks' scales (and the q4 offsets through `Σ q`).
+pub fn dot_q_i8(isa: Isa, x: &XQ8, w: QView<'_>) -> f32 {
+    let blocks = w.blocks().min(x.d.len());
+    let w = w.blocks_range(0, blocks);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa.avx2() {
+            // SAFETY: `isa.avx2()` checked AVX2, FMA and F16C; `x` holds `blocks` blocks.
+            return unsafe { x86::dot_i8(w.format, w.quants, w.scales, x) };
+        }
+    }
+    let _ = isa;
+    let mut s = 0f32;
+    for b in 0..blocks {
+        let (q, sc) = w.block(b);
+        let xq = &x.q[b * QK..(b + 1) * QK];
+        let (dot, off) = match w.format {
+            QFormat::Q8_0 => (q.iter().zip(xq).map(|(&a, &c)| a as i8 as i32 * c as i32).sum::<i32>(), 0.0),
+            QFormat::Q4_0 | QFormat::Q4_1 => {
+                let d: i32 = (0..QK / 2).map(|j| (q[j] & 15) as i32 * xq[j] as i32 + (q[j] >> 4) as i32 * xq[j + QK / 2] as i32).sum();
+                let off = match w.format {
+                    QFormat::Q4_0 => -8.0 * sc[0].to_f32() * x.d[b] * x.sum[b] as f32,
+                    _ => sc[1].to_f32() * x.d[b] * x.sum[b] as f32,
+                };
+                (d, off)
+            }
+        };
+        s += sc[0].to_f32() * x.d[b] * dot as f32 + off;
+    }
+    s
+}
+
+/// A decode activation vector as a kernel's `act_bits` asks: f32, or int8 blocks.
+pub enum ActVec<'a> {
+    F32(&'a [f32]),
+    I8(XQ8),
+}
+
+impl<'a> ActVec<'a> {
+    pub fn new(x: &'a [f32], params: &Params) -> Result<ActVec<'a>, KernelError> {
+        Ok(if param(params, "act_bits")? == 8 { ActVec::I8(XQ8::quantize(x)) } else { ActVec::F32(x) })
+    }
+    #[inline]
+    pub fn dot(&self, isa: Isa, w: QView<'_>) -> f32 {
+        match self {
+            ActVec::F32(x) => dot_q(isa, x, w),
+            ActVec::I8(x) => dot_q_i8(isa, x, w),
+        }
+    }
+    /// Rows `first..first + y.len()` of `w` (`k` columns) dotted with this vector
+    /// into `y`; with `four`, int8 activations take four rows per pass on AVX2.
+    pub fn rows(&self, isa: Isa, w: QView<'_>, k: usize, first: usize, y: &mut [f32], four: bool) {
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = four;
+        #[cfg(target_arch = "x86_64")]
+        if let ActVec::I8(x) = self
+            && four
+            && isa.avx2()
+            && x.d.len() * QK >= k
+        {
+            let mut i = 0;
+            while i + 4 <= y.len() {
+                let r: [QView<'_>; 4] = std::array::from_fn(|j| qrow(w, first + i + j, k));
+                // SAFETY: AVX2/FMA/F16C checked; each row holds k / 32 blocks, as x does (or more).
+                let out = unsafe { x86::dot_i8_x4(w.format, r.map(|v| v.quants), r.map(|v| v.scales), x) };
+                y[i..i + 4].copy_from_slice(&out);
+                i += 4;
+            }
+            for (j, out) in y[i..].iter_mut().enumerate() {
+                *out = self.dot(isa, qrow(w, first + i + j, k));
+            }
+            return;
+        }
+        for (i, out) in y.iter_mut().enumerate() {
+            *out = self.dot(isa, qrow(w, first + i, k));
+        }
+    }
+}
+
+/// Portable block-by-block dot product.
+pub fn dot_q_scalar(x: &[f32], w: QView<'_>) -> f32 {
+    let mut tmp = [0f32; QK];
+    let mut s = 0f32;
+    for b in 0..w.blocks() {
+        let (q, sc) = w.block(b);
+        dequantize_block(w.format, q, sc, &mut tmp);
+        s += super::dot::dot_f32_scalar(&x[b * QK..(b + 1) * QK], &tmp);
+    }
+    s
+}
+
+/// Dequantizes a view into `out` (SIMD where available).
+pub fn dequantize(isa: Isa, w: QView<'_>, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa.avx2() {
+            let blocks = w.blocks().min(out.len() / QK);
+            // SAFETY: as in `dot_q`; `out` holds `blocks * 32` values.
+            unsafe { x86::dequantize(w.format, &w.quants[..blocks * w.format.quant_bytes()], w.scales, &mut out[..blocks * QK]) };
+            return;
+        }
+    }
+    let _ = isa;
+    w.dequantize_into(out);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use half::f16;
+
+    use super::QFormat;
+
+    use crate::kernels::cpu::dot::x86::hsum256 as hsum;
+
+    /// `$run::<F>(args)` with the const `F` of the block format: one loop per format,
+    /// the format resolved outside it.
+    macro_rules! by_format {
+        ($format:expr, $run:ident($($arg:expr),*)) => {
+            match $format {
+                QFormat::Q8_0 => $run::<0>($($arg),*),
+                QFormat::Q4_0 => $run::<1>($($arg),*),
+                QFormat::Q4_1 => $run::<2>($($arg),*),
+            }
+        };
+    }
+
+    #[inline]
+    #[target_feature(enable = "f16c")]
+    fn h(v: f16) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(v.to_bits() as i32)))
+    }
+
+    /// The 32 weights of a q8_0 block as four vectors of 8 (unscaled).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn q8(q: *const u8) -> [__m256; 4] {
+        // SAFETY: the caller passes a pointer to 32 readable bytes.
+        let raw = unsafe { _mm256_loadu_si256(q as *const __m256i) };
+        let (lo, hi) = (_mm256_castsi256_si128(raw), _mm256_extracti128_si256(raw, 1));
+        [
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))),
+        ]
+    }
+
+    /// The 32 nibbles of a 4-bit block (elements 0..32 in ggml order) as four vectors.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn q4(q: *const u8) -> [__m256; 4] {
+        // SAFETY: the caller passes a pointer to 16 readable bytes.
+        let raw = unsafe { _mm_loadu_si128(q as *const __m128i) };
+        let mask = _mm_set1_epi8(0x0f);
+        let lo = _mm_and_si128(raw, mask);
+        let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+        [
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)),
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))),
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)),
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))),
+        ]
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dot32(v: [__m256; 4], x: *const f32) -> __m256 {
+        // SAFETY: the caller passes a pointer to 32 readable floats.
+        unsafe {
+            let mut p = _mm256_mul_ps(v[0], _mm256_loadu_ps(x));
+            p = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(x.add(8)), p);
+            p = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(x.add(16)), p);
+            _mm256_fmadd_ps(v[3], _mm256_loadu_ps(x.add(24)), p)
+        }
+    }
+
+    /// # Safety
+    /// AVX2, FMA and F16C available; `q` holds whole blocks, `s` one scale per block
+    /// and `x` 32 values per block.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_q8_0(x: &[f32], q: &[u8], s: &[f16]) -> f32 {
+        let blocks = q.len() / 32;
+        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut b = 0;
+        // SAFETY: block b reads q[32b..32b+32] and x[32b..32b+32], inside the slices.
+        unsafe {
+            while b + 2 <= blocks {
+                let p0 = dot32(q8(q.as_ptr().add(32 * b)), x.as_ptr().add(32 * b));
+                let p1 = dot32(q8(q.as_ptr().add(32 * b + 32)), x.as_ptr().add(32 * b + 32));
+                a0 = _mm256_fmadd_ps(_mm256_set1_ps(h(s[b])), p0, a0);
+                a1 = _mm256_fmadd_ps(_mm256_set1_ps(h(s[b + 1])), p1, a1);
+                b += 2;
+            }
+            if b < blocks {
+                let p0 = dot32(q8(q.as_ptr().add(32 * b)), x.as_ptr().add(32 * b));
+                a0 = _mm256_fmadd_ps(_mm256_set1_ps(h(s[b])), p0, a0);
+            }
+        }
+        hsum(_mm256_add_ps(a0, a1))
+    }
+
+    /// # Safety
+    /// As [`dot_q8_0`], with 16 bytes per block.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_q4_0(x: &[f32], q: &[u8], s: &[f16]) -> f32 {
+        let blocks = q.len() / 16;
+        let eight = _mm256_set1_ps(8.0);
+        let mut acc = _mm256_setzero_ps();
+        #[allow(clippy::needless_range_loop)]
+        for b in 0..blocks {
+            // SAFETY: block b reads q[16b..16b+16] and x[32b..32b+32].
+            unsafe {
+                let v = q4(q.as_ptr().add(16 * b));
+                let v = [_mm256_sub_ps(v[0], eight), _mm256_sub_ps(v[1], eight), _mm256_sub_ps(v[2], eight), _mm256_sub_ps(v[3], eight)];
+                let p = dot32(v, x.as_ptr().add(32 * b));
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(h(s[b])), p, acc);
+            }
+        }
+        hsum(acc)
+    }
+
+    /// # Safety
+    /// As [`dot_q8_0`], with 16 bytes and two scales (d, m) per block.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_q4_1(x: &[f32], q: &[u8], s: &[f16]) -> f32 {
+        let blocks = q.len() / 16;
+        let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        #[allow(clippy::needless_range_loop)]
+        for b in 0..blocks {
+            // SAFETY: block b reads q[16b..16b+16] and x[32b..32b+32].
+            unsafe {
+                let xp = x.as_ptr().add(32 * b);
+                let p = dot32(q4(q.as_ptr().add(16 * b)), xp);
+                let sx = _mm256_add_ps(
+                    _mm256_add_ps(_mm256_loadu_ps(xp), _mm256_loadu_ps(xp.add(8))),
+                    _mm256_add_ps(_mm256_loadu_ps(xp.add(16)), _mm256_loadu_ps(xp.add(24))),
+                );
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(h(s[2 * b])), p, acc);
+                accm = _mm256_fmadd_ps(_mm256_set1_ps(h(s[2 * b + 1])), sx, accm);
+            }
+        }
+        hsum(_mm256_add_ps(acc, accm))
+    }
+
+    /// Σ over 32 lanes of `|w| * sign(x, w)` for signed int8 `w` and `x`, as 8 i32
+    /// sums in f32 (`maddubs` needs one unsigned operand: llama.cpp's sign trick).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn dot_s8(w: __m256i, x: __m256i) -> __m256 {
+        let prod = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+        _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, _mm256_set1_epi16(1)))
+    }
+
+    /// The 32 nibbles of a 4-bit block as unsigned bytes in ggml element order.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn nibbles(q: *const u8) -> __m256i {
+        // SAFETY: the caller passes a pointer to 16 readable bytes.
+        let raw = unsafe { _mm_loadu_si128(q as *const __m128i) };
+        let mask = _mm_set1_epi8(0x0f);
+        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask))
+    }
+
+    /// Block `b`'s integer dot product with `x` (f32 lanes to be summed) and the
+    /// weight scale.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block_i8(format: QFormat, q: &[u8], s: &[f16], x: &super::super::XQ8, b: usize) -> (__m256, f32) {
+        // SAFETY: the caller keeps b below the block count of `q`, `s` and `x`.
+        unsafe {
+            let xv = _mm256_loadu_si256(x.q.as_ptr().add(32 * b) as *const __m256i);
+            match format {
+                QFormat::Q8_0 => (dot_s8(_mm256_loadu_si256(q.as_ptr().add(32 * b) as *const __m256i), xv), h(s[b])),
+                // Nibbles minus 8 are signed weights: no offset term.
+                QFormat::Q4_0 => (dot_s8(_mm256_sub_epi8(nibbles(q.as_ptr().add(16 * b)), _mm256_set1_epi8(8)), xv), h(s[b])),
+                // Unsigned nibbles times int8 x; the minimum m enters through Σx (`x.dsum`).
+                QFormat::Q4_1 => {
+                    let prod = _mm256_maddubs_epi16(nibbles(q.as_ptr().add(16 * b)), xv);
+                    (_mm256_cvtepi32_ps(_mm256_madd_epi16(prod, _mm256_set1_epi16(1))), h(s[2 * b]))
+                }
+            }
+        }
+    }
+
+    /// # Safety
+    /// AVX2, FMA and F16C available; `q` holds whole blocks, `s` their scales and
+    /// `x` at least as many blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_i8(format: QFormat, q: &[u8], s: &[f16], x: &super::super::XQ8) -> f32 {
+        // One loop per format (the match is resolved outside the loop), two blocks
+        // per step into two accumulators so the FMA chains overlap.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn run<const F: u8>(q: &[u8], s: &[f16], x: &super::super::XQ8) -> f32 {
+            let format = [QFormat::Q8_0, QFormat::Q4_0, QFormat::Q4_1][F as usize];
+            let blocks = q.len() / format.quant_bytes();
+            let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let (mut m0, mut m1) = (0f32, 0f32);
+            let mut b = 0;
+            // SAFETY (every block_i8 call): b < blocks, the block count of q, s and x.
+            unsafe {
+                while b + 2 <= blocks {
+                    let (p0, d0) = block_i8(format, q, s, x, b);
+                    let (p1, d1) = block_i8(format, q, s, x, b + 1);
+                    a0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * x.d[b]), p0, a0);
+                    a1 = _mm256_fmadd_ps(_mm256_set1_ps(d1 * x.d[b + 1]), p1, a1);
+                    if format == QFormat::Q4_1 {
+                        m0 += h(s[2 * b + 1]) * x.dsum[b];
+                        m1 += h(s[2 * b + 3]) * x.dsum[b + 1];
+                    }
+                    b += 2;
+                }
+                if b < blocks {
+                    let (p0, d0) = block_i8(format, q, s, x, b);
+                    a0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * x.d[b]), p0, a0);
+                    if format == QFormat::Q4_1 {
+                        m0 += h(s[2 * b + 1]) * x.dsum[b];
+                    }
+                }
+            }
+            hsum(_mm256_add_ps(a0, a1)) + m0 + m1
+        }
+        // SAFETY: as the caller's contract.
+        unsafe { by_format!(format, run(q, s, x)) }
+    }
+
+    /// Four rows at once: [`dot_i8`] of `x` with each of `q[r]`/`s[r]` (the same
+    /// block count), every activation block loaded once for the four.
+    ///
+    /// # Safety
+    /// As [`dot_i8`], for each row.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_i8_x4(format: QFormat, q: [&[u8]; 4], s: [&[f16]; 4], x: &super::super::XQ8) -> [f32; 4] {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn run<const F: u8>(q: [&[u8]; 4], s: [&[f16]; 4], x: &super::super::XQ8) -> [f32; 4] {
+            let format = [QFormat::Q8_0, QFormat::Q4_0, QFormat::Q4_1][F as usize];
+            let blocks = q[0].len() / format.quant_bytes();
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut m = [0f32; 4];
+            for b in 0..blocks {
+                let xd = x.d[b];
+                for r in 0..4 {
+                    // SAFETY: b < blocks, the block count of every row and of x.
+                    let (p, d) = unsafe { block_i8(format, q[r], s[r], x, b) };
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xd), p, acc[r]);
+                    if format == QFormat::Q4_1 {
+                        m[r] += h(s[r][2 * b + 1]) * x.dsum[b];
+                    }
+                }
+            }
+            [hsum(acc[0]) + m[0], hsum(acc[1]) + m[1], hsum(acc[2]) + m[2], hsum(acc[3]) + m[3]]
+        }
+        // SAFETY: as the caller's contract.
+        unsafe { by_format!(format, run(q, s, x)) }
+    }
+
+    /// # Safety
+    /// AVX2, FMA and F16C available; `q` holds whole blocks, `s` their scales, `out`
+    /// 32 values per block.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dequantize(format: QFormat, q: &[u8], s: &[f16], out: &mut [f32]) {
+        let qb = format.quant_bytes();
+        let blocks = q.len() / qb;
+        for b in 0..blocks {
+            // SAFETY: block b reads q[qb*b..qb*(b+1)] and writes out[32b..32b+32].
+            unsafe {
+                let (v, d, m) = match format {
+                    QFormat::Q8_0 => (q8(q.as_ptr().add(32 * b)), h(s[b]), 0.0),
+                    QFormat::Q4_0 => (q4(q.as_ptr().add(16 * b)), h(s[b]), -8.0 * h(s[b])),
+                    QFormat::Q4_1 => (q4(q.as_ptr().add(16 * b)), h(s[2 * b]), h(s[2 * b + 1])),
+                };
+                let (dv, mv) = (_mm256_set1_ps(d), _mm256_set1_ps(m));
+                let o = out.as_mut_ptr().add(32 * b);
+                for (i, vi) in v.into_iter().enumerate() {
+                    _mm256_storeu_ps(o.add(8 * i), _mm256_fmadd_ps(vi, dv, mv));
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Row access and the dequantize-once prefill step
+// ---------------------------------------------------------------------------------
+
+pub fn qin<'a>(k: &str, a: &CpuIn<'a>) -> Result<QView<'a>, KernelError> {
+    a.quant().ok_or_else(|| KernelError::BufferType { kernel: k.into(), buffer: "w".into(), expected: "a quantized matrix" })
+}
+
+/// Row `r` of a `[_, k]` quantized matrix.
+#[inline]
+pub fn qrow<'a>(w: QView<'a>, r: usize, k: usize) -> QView<'a> {
+    let bpr = k / QK;
+    w.blocks_range(r * bpr, bpr)
+}
+
+thread_local! {
+    /// Dequantized weight rows of one rayon task.
+    static ROWS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `y[t, r]` for rows `r0..r0 + count` of `w` and every token: each row dequantized
+/// once into L1, then dotted with the tokens `tile` at a time. Returns `[count][m]`.
+#[allow(clippy::too_many_arguments)]
+pub fn rows_times_tokens(isa: Isa, x: &[f32], m: usize, k: usize, w: QView<'_>, r0: usize, count: usize, tile: usize) -> Vec<f32> {
+    let mut out = vec![0f32; count * m];
+    with_scratch(&ROWS, count * k, |buf| {
+        for i in 0..count {
+            dequantize(isa, qrow(w, r0 + i, k), &mut buf[i * k..(i + 1) * k]);
+        }
+        for t0 in (0..m).step_by(tile.max(1)) {
+            for i in 0..count {
+                let wr = &buf[i * k..(i + 1) * k];
+                for t in t0..(t0 + tile).min(m) {
+                    out[i * m + t] = dot_f32(isa, &x[t * k..(t + 1) * k], wr);
+                }
+            }
+        }
+    });
+    out
+}
+
+/// Runs `f(r0, count)` for blocks of `grain` weight rows of `n` in parallel; each
+/// returns its rows' outputs for every token as `[count][m]`.
+pub fn par_row_blocks(n: usize, grain: usize, f: impl Fn(usize, usize) -> Vec<f32> + Sync + Send) -> Vec<(usize, usize, Vec<f32>)> {
+    use rayon::prelude::*;
+    (0..n.div_ceil(grain))
+        .into_par_iter()
+        .map(|c| {
+            let r0 = c * grain;
+            let count = grain.min(n - r0);
+            (r0, count, f(r0, count))
+        })
+        .collect()
+}
+
+/// Writes the `[count][m]` row blocks of [`par_row_blocks`] into the token-major
+/// `y[m, n]`.
+pub fn scatter_row_blocks(parts: Vec<(usize, usize, Vec<f32>)>, m: usize, n: usize, y: &mut [f32]) {
+    for (r0, count, part) in parts {
+        for i in 0..count {
+            for t in 0..m {
+                y[t * n + r0 + i] = part[i * m + t];
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::quant::QMatrix;
+
+    fn data(n: usize, seed: u64) -> Vec<f32> {
+        super::super::testdata::signed(n, seed)
+    }
+
+    #[test]
+    fn simd_and_scalar_block_dots_agree_with_dequantized_dots() {
+        let (rows, k) = (5, 32 * 9);
+        let x = data(k, 1);
+        for f in QFormat::ALL {
+            let m = QMatrix::quantize(f, rows, k, &data(rows * k, 2)).unwrap();
+            let deq = m.dequantize();
+            for r in 0..rows {
+                let want: f64 = (0..k).map(|i| x[i] as f64 * deq[r * k + i] as f64).sum();
+                for isa in [Isa::Scalar, Isa::best()] {
+                    let got = dot_q(isa, &x, qrow(m.view(), r, k));
+                    assert!((got as f64 - want).abs() < 1e-4 * (1.0 + want.abs()), "{f} {isa:?} row {r}: {got} vs {want}");
+                }
+                let mut out = vec![0f32; k];
+                dequantize(Isa::best(), qrow(m.view(), r, k), &mut out);
+                for (a, b) in out.iter().zip(&deq[r * k..(r + 1) * k]) {
+                    // q4_1's q * d + m is one fused rounding in SIMD, two in scalar.
+                    assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()), "{f} SIMD dequantize row {r}: {a} vs {b}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn int8_activation_dots_agree_scalar_simd_and_stay_close() {
+        let (rows, k) = (6, 32 * 12);
+        let x = data(k, 5);
+        let xq = XQ8::quantize(&x);
+        for f in QFormat::ALL {
+            let m = QMatrix::quantize(f, rows, k, &data(rows * k, 6)).unwrap();
+            let deq = m.dequantize();
+            for r in 0..rows {
+                let exact: f64 = (0..k).map(|i| x[i] as f64 * deq[r * k + i] as f64).sum();
+                let norm: f64 = (0..k).map(|i| (x[i] as f64 * deq[r * k + i] as f64).abs()).sum();
+                let s = dot_q_i8(Isa::Scalar, &xq, qrow(m.view(), r, k));
+                let v = dot_q_i8(Isa::best(), &xq, qrow(m.view(), r, k));
+                assert!((s - v).abs() <= 1e-4 * (1.0 + s.abs()), "{f} row {r}: scalar {s} vs SIMD {v}");
+                // int8 activations: error well under 1% of the absolute sum.
+                assert!((v as f64 - exact).abs() <= 1e-2 * norm, "{f} row {r}: {v} vs {exact} (|sum| {norm})");
+            }
+            // The four-row pass gives each row's single-row result (rows 1..5: a group of four and a tail).
+            let mut y = vec![0f32; rows - 1];
+            ActVec::I8(XQ8::quantize(&x)).rows(Isa::best(), m.view(), k, 1, &mut y, true);
+            for (i, &v) in y.iter().enumerate() {
+                let one = dot_q_i8(Isa::best(), &xq, qrow(m.view(), i + 1, k));
+                assert!((v - one).abs() <= 1e-5 * (1.0 + one.abs()), "{f} row {}: four-row {v} vs one-row {one}", i + 1);
+            }
+        }
+    }
+}

@@ -1,0 +1,351 @@
+//! The gate and up projections with the activation product in the epilogue
+//! (`gate_up`, `y = act(x·w_gateᵀ) * (x·w_upᵀ)` over one concatenated `[2n, k]`
+//! weight): a GEMV in decode and a GEMM in prefill whose output is the MLP's gated
+//! activation. It lives in the matrix-vector family (the projection it fuses is the
+//! bulk of its work); float and block-format variants are both here.
+//!
+//! WGSL: `gate_up_wg` (GEMV style, gate and up rows of ROWS features share each x
+//! load, workgroup reduction), `gate_up_subgroup` (16-byte loads, one subgroup per
+//! feature), `gate_up_tiled` (prefill GEMM with register blocking), `gate_up_q_wg`
+//! (block formats). CPU: `gate_up_dot4_cpu` (dot4 over interleaved gate/up rows),
+//! `gate_up_blocked_cpu` (feature blocks with a packed f32 panel and the 2x4
+//! microkernel) and `gate_up_q_cpu` (block dot products in decode, each row
+//! dequantized once in prefill).
+
+use half::f16;
+use rayon::prelude::*;
+
+use super::qkv::ROW_CPU_PARAMS;
+use crate::device::GpuCaps;
+use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
+use crate::kernels::cpu::{
+    self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_TASK, RowSplit, act_f32, check_isa, check_quant, par_row_blocks, par_rows, qin, qrow, row,
+    rows_times_tokens, scatter_row_blocks,
+};
+use crate::kernels::wgsl::{
+    ROWS_WG_PARAMS, WORKGROUP_SIZE, check_blocks, grid_dim, one_q_step, qfmt, storage_buffers, subgroup_fits, vec_alignment,
+};
+use crate::kernels::{
+    Activation, CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param,
+    wrong_op,
+};
+use crate::shader;
+
+static GATE_UP_WG: Shader = shader!("fused_gate_up_wg.wgsl");
+static GATE_UP_SG: Shader = shader!("fused_gate_up_subgroup.wgsl");
+static GATE_UP_TILED: Shader = shader!("fused_gate_up_tiled.wgsl");
+static QGATE_UP_WG: Shader = shader!("qgate_up_wg.wgsl", "qblock.wgsl");
+
+const GATE_UP_WG_PARAMS: &[ParamSpec] = &[
+    WORKGROUP_SIZE,
+    ParamSpec { name: "rows_per_wg", values: &[1, 2, 4], default: 2, help: "features (gate and up row pairs) per workgroup" },
+];
+const GATE_UP_SG_PARAMS: &[ParamSpec] = &[
+    WORKGROUP_SIZE,
+    ParamSpec { name: "rows_per_wg", values: &[1, 2, 4, 8, 16], default: 4, help: "features per workgroup, spread over its subgroups" },
+];
+const GATE_UP_TILED_PARAMS: &[ParamSpec] = &[
+    ParamSpec { name: "thread_m", values: &[1, 2, 4], default: 2, help: "token rows per invocation (tile height 16*thread_m)" },
+    ParamSpec { name: "thread_n", values: &[1, 2, 4], default: 2, help: "features per invocation (tile width 16*thread_n)" },
+    ParamSpec { name: "tile_k", values: &[8, 16, 32], default: 16, help: "k staged in workgroup memory per step" },
+];
+const BLOCKED_CPU_PARAMS: &[ParamSpec] =
+    &[ParamSpec::new("block_n", &[8, 16, 32, 64, 128], 32, "features per rayon task; its weight panel is reused by every token"), ISA];
+/// `act_bits` applies to decode (one token); prefill rows stay f32.
+const CPU_Q_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK, ISA, ACT_BITS];
+
+pub fn variants() -> Vec<KernelDef> {
+    vec![
+        KernelDef::new(
+            "gate_up_wg",
+            Op::GateUp,
+            DType::FLOAT,
+            GATE_UP_WG_PARAMS,
+            "GEMV style: gate and up rows of ROWS features share each x load, workgroup reduction; grid z = token row",
+            WgslImpl::new(&GATE_UP_WG, prepare_rows).shared(shared_gate_up).check(check_gate_up_wg),
+        ),
+        KernelDef::new(
+            "gate_up_subgroup",
+            Op::GateUp,
+            DType::FLOAT,
+            GATE_UP_SG_PARAMS,
+            "16-byte loads, one subgroup per feature streaming its gate and up rows together, subgroupAdd",
+            WgslImpl::new(&GATE_UP_SG, prepare_rows).subgroups().check(check_gate_up_sg),
+        ),
+        KernelDef::new(
+            "gate_up_tiled",
+            Op::GateUp,
+            DType::FLOAT,
+            GATE_UP_TILED_PARAMS,
+            "prefill GEMM: 16x16 workgroup, x/gate/up tiles in workgroup memory, thread_m x thread_n register blocking",
+            WgslImpl::new(&GATE_UP_TILED, prepare_gate_up_tiled).workgroup(tiled_size).shared(shared_tiled).check(check_gate_up_tiled),
+        ),
+        KernelDef::new(
+            "gate_up_dot4_cpu",
+            Op::GateUp,
+            DType::FLOAT,
+            ROW_CPU_PARAMS,
+            "dot4 over interleaved gate/up rows (two features per x load); rayon over tokens and features",
+            CpuImpl { run: run_gate_up_dot4, check: check_isa },
+        ),
+        KernelDef::new(
+            "gate_up_blocked_cpu",
+            Op::GateUp,
+            DType::FLOAT,
+            BLOCKED_CPU_PARAMS,
+            "GEMM style: rayon over feature blocks, f32 weight panel packed once, 2-token x 4-row register microkernel",
+            CpuImpl { run: run_gate_up_blocked, check: check_isa },
+        ),
+        KernelDef::new(
+            "gate_up_q_wg",
+            Op::GateUp,
+            DType::QUANT,
+            ROWS_WG_PARAMS,
+            "quantized gate and up rows dequantized in registers, workgroup reduction, activation product in the epilogue",
+            WgslImpl::new(&QGATE_UP_WG, prepare_q).shared(shared_gate_up).check(check_q_wgsl),
+        ),
+        KernelDef::new(
+            "gate_up_q_cpu",
+            Op::GateUp,
+            DType::QUANT,
+            CPU_Q_PARAMS,
+            "gate and up rows of each feature dequantized once and dotted with every token (decode: block dots, f32 or int8 activations); activation product; rayon over features",
+            CpuImpl { run: run_gate_up_q, check: check_quant },
+        ),
+    ]
+}
+
+fn tiled_size(_: &Params) -> Result<[u32; 3], KernelError> {
+    Ok([16, 16, 1])
+}
+
+/// A gate and an up partial per invocation and feature.
+fn shared_gate_up(_: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
+    Ok(8 * param(params, "workgroup_size")? as u64 * param(params, "rows_per_wg")? as u64)
+}
+
+/// x tile (16·thread_m × tile_k) plus gate and up tiles (16·thread_n × tile_k each), f32.
+fn shared_tiled(_: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
+    let (tm, tn, tk) = (param(params, "thread_m")? as u64, param(params, "thread_n")? as u64, param(params, "tile_k")? as u64);
+    Ok(4 * 16 * tk * (tm + 2 * tn))
+}
+
+fn check_gate_up_wg(caps: &GpuCaps, prob: &Problem, _: DType, _: &Params) -> Result<(), String> {
+    storage_buffers(caps, 3)?;
+    match *prob {
+        Problem::GateUp { rows, .. } => grid_dim(caps, rows, "z (one per token row)"),
+        _ => Ok(()),
+    }
+}
+
+fn check_gate_up_sg(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    storage_buffers(caps, 3)?;
+    subgroup_fits(caps, params)?;
+    match *prob {
+        Problem::GateUp { rows, k, .. } => {
+            vec_alignment(k, dtype)?;
+            grid_dim(caps, rows, "z (one per token row)")
+        }
+        _ => Ok(()),
+    }
+}
+
+fn check_gate_up_tiled(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
+    storage_buffers(caps, 3)?;
+    match *prob {
+        Problem::GateUp { rows, n, .. } => {
+            grid_dim(caps, groups(n, 16 * param(params, "thread_n")?) as usize, "x (feature tiles)")?;
+            grid_dim(caps, groups(rows, 16 * param(params, "thread_m")?) as usize, "y (token tiles)")
+        }
+        _ => Ok(()),
+    }
+}
+
+fn check_q_wgsl(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    check_blocks(prob, dtype)?;
+    if let Problem::GateUp { rows, n, .. } = *prob {
+        grid_dim(caps, groups(n, param(params, "rows_per_wg")?) as usize, "features")?;
+        grid_dim(caps, rows, "tokens")?;
+    }
+    Ok(())
+}
+
+fn gate_up_dims(s: &WgslSetup<'_>) -> Result<(usize, usize, usize, Activation), KernelError> {
+    match *s.problem {
+        Problem::GateUp { rows, n, k, act } => Ok((rows, n, k, act)),
+        _ => Err(wrong_op(s.kernel, s.problem)),
+    }
+}
+
+/// One prepare for the GEMV-style shaders (`gate_up_wg`, `gate_up_subgroup`).
+fn prepare_rows(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let (rows, n, k, act) = gate_up_dims(s)?;
+    let (wg, per) = (s.param("workgroup_size")?, s.param("rows_per_wg")?);
+    let consts = [("WG", wg as f64), ("ROWS", per as f64), ("W_F16", s.w_f16())];
+    let [gx, gy, _] = grid_2d(groups(n, per));
+    s.one_step("main", &consts, &[n as u32, k as u32, act.code()], [gx, gy, rows as u32])
+}
+
+fn prepare_gate_up_tiled(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let (rows, n, k, act) = gate_up_dims(s)?;
+    let (tm, tn, tk) = (s.param("thread_m")?, s.param("thread_n")?, s.param("tile_k")?);
+    let consts = [("TM", tm as f64), ("TN", tn as f64), ("TK", tk as f64), ("W_F16", s.w_f16())];
+    let grid = [groups(n, 16 * tn), groups(rows, 16 * tm), 1];
+    s.one_step("main", &consts, &[rows as u32, n as u32, k as u32, act.code()], grid)
+}
+
+fn prepare_q(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let Problem::GateUp { rows, n, k, act } = *s.problem else { return Err(wrong_op(s.kernel, s.problem)) };
+    let (wg, per) = (s.param("workgroup_size")?, s.param("rows_per_wg")?);
+    let consts = [("WG", wg as f64), ("ROWS", per as f64), ("QFMT", qfmt(s.dtype))];
+    let uniform = [rows as u32, n as u32, k as u32, act.code()];
+    one_q_step(s, 1, &consts, &uniform, [groups(n, per).max(1), (rows as u32).max(1), 1])
+}
+
+/// Features `first..first + y.len()` of one token: gate and up rows of two features
+/// go through one dot4 call (x loaded once for four rows).
+#[allow(clippy::too_many_arguments)]
+fn gate_up_dot4(isa: Isa, x: &[f32], w: CpuIn<'_>, n: usize, k: usize, act: Activation, first: usize, y: &mut [f32]) {
+    let len = y.len();
+    let mut j = 0;
+    while j + 2 <= len {
+        let f = first + j;
+        let v = cpu::dot4(isa, x, [row(w, f, k), row(w, n + f, k), row(w, f + 1, k), row(w, n + f + 1, k)]);
+        y[j] = act_f32(act, v[0]) * v[1];
+        y[j + 1] = act_f32(act, v[2]) * v[3];
+        j += 2;
+    }
+    if j < len {
+        let f = first + j;
+        y[j] = act_f32(act, cpu::dot(isa, x, row(w, f, k))) * cpu::dot(isa, x, row(w, n + f, k));
+    }
+}
+
+/// Token rows in parallel, and within each token its features split by [`par_rows`].
+fn run_gate_up_dot4(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::GateUp { rows, n, k, act } = *prob else { return Err(wrong_op(kd, prob)) };
+    if n == 0 {
+        return Ok(());
+    }
+    let isa = Isa::of(params)?;
+    let (x, w) = (a.ins[0].f32(), a.ins[1]);
+    let split = RowSplit::of(params)?;
+    a.outs[0][..rows * n].par_chunks_mut(n).enumerate().for_each(|(t, yt)| {
+        let xt = &x[t * k..][..k];
+        par_rows(yt, 1, split, |first, y| gate_up_dot4(isa, xt, w, n, k, act, first, y));
+    });
+    Ok(())
+}
+
+/// Gate and up rows of features `j0..j0 + bn`, interleaved (g0, u0, g1, u1, ...),
+/// as f32: borrowed for f32 weights, converted once into `buf` for f16.
+fn gate_up_panel<'a>(w: CpuIn<'a>, n: usize, k: usize, j0: usize, bn: usize, buf: &'a mut Vec<f32>) -> Vec<&'a [f32]> {
+    match w {
+        CpuIn::F32(s) => (0..2 * bn).map(|i| &s[(if i % 2 == 0 { j0 } else { n + j0 } + i / 2) * k..][..k]).collect(),
+        CpuIn::F16(s) => {
+            buf.clear();
+            buf.reserve(2 * bn * k);
+            for i in 0..2 * bn {
+                let r = if i % 2 == 0 { j0 } else { n + j0 } + i / 2;
+                buf.extend(s[r * k..][..k].iter().map(|h: &f16| h.to_f32()));
+            }
+            let done: &'a Vec<f32> = buf;
+            (0..2 * bn).map(|i| &done[i * k..(i + 1) * k]).collect()
+        }
+        // Float kernels never get a quantized buffer (the registry checks dtypes);
+        // dequantize element-wise rather than fail if one did.
+        CpuIn::Q(_) => {
+            buf.clear();
+            for i in 0..2 * bn {
+                let r = if i % 2 == 0 { j0 } else { n + j0 } + i / 2;
+                buf.extend((0..k).map(|c| w.get(r * k + c)));
+            }
+            let done: &'a Vec<f32> = buf;
+            (0..2 * bn).map(|i| &done[i * k..(i + 1) * k]).collect()
+        }
+    }
+}
+
+/// GEMM-style: each rayon task owns a block of features, packs its gate/up weight
+/// panel once and sweeps all tokens two at a time through the 2x4 microkernel, so
+/// every weight load feeds two tokens and every x load four rows.
+fn run_gate_up_blocked(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::GateUp { rows, n, k, act } = *prob else { return Err(wrong_op(kd, prob)) };
+    if n == 0 || rows == 0 {
+        return Ok(());
+    }
+    let isa = Isa::of(params)?;
+    let bn_max = (param(params, "block_n")? as usize).max(1);
+    let (x, w) = (a.ins[0].f32(), a.ins[1]);
+    let blocks: Vec<(usize, usize, Vec<f32>)> = (0..n.div_ceil(bn_max))
+        .into_par_iter()
+        .map(|b| {
+            let j0 = b * bn_max;
+            let bn = bn_max.min(n - j0);
+            let mut buf = Vec::new();
+            let panel = gate_up_panel(w, n, k, j0, bn, &mut buf);
+            let mut out = vec![0f32; rows * bn];
+            let mut t = 0;
+            while t < rows {
+                let two = t + 1 < rows;
+                let x0 = &x[t * k..][..k];
+                let x1 = if two { &x[(t + 1) * k..][..k] } else { x0 };
+                let mut jj = 0;
+                while jj + 2 <= bn {
+                    let quad = [panel[2 * jj], panel[2 * jj + 1], panel[2 * jj + 2], panel[2 * jj + 3]];
+                    let v = if two { cpu::dot2x4(isa, x0, x1, quad) } else { [cpu::dot4_f32(isa, x0, quad), [0.0; 4]] };
+                    out[t * bn + jj] = act_f32(act, v[0][0]) * v[0][1];
+                    out[t * bn + jj + 1] = act_f32(act, v[0][2]) * v[0][3];
+                    if two {
+                        out[(t + 1) * bn + jj] = act_f32(act, v[1][0]) * v[1][1];
+                        out[(t + 1) * bn + jj + 1] = act_f32(act, v[1][2]) * v[1][3];
+                    }
+                    jj += 2;
+                }
+                if jj < bn {
+                    let (gr, ur) = (panel[2 * jj], panel[2 * jj + 1]);
+                    for (tt, xt) in [x0, x1].into_iter().enumerate().take(if two { 2 } else { 1 }) {
+                        out[(t + tt) * bn + jj] = act_f32(act, cpu::dot_f32(isa, xt, gr)) * cpu::dot_f32(isa, xt, ur);
+                    }
+                }
+                t += 2;
+            }
+            (j0, bn, out)
+        })
+        .collect();
+    let y = &mut a.outs[0][..rows * n];
+    for (j0, bn, out) in blocks {
+        for t in 0..rows {
+            y[t * n + j0..][..bn].copy_from_slice(&out[t * bn..][..bn]);
+        }
+    }
+    Ok(())
+}
+
+fn run_gate_up_q(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::GateUp { rows, n, k, act } = *prob else { return Err(wrong_op(kd, prob)) };
+    if n == 0 || rows == 0 {
+        return Ok(());
+    }
+    let isa = Isa::of(params)?;
+    let (x, w) = (a.ins[0].f32(), qin(kd.id, &a.ins[1])?);
+    let y = &mut a.outs[0][..rows * n];
+    if rows == 1 {
+        let x = ActVec::new(&x[..k], params)?;
+        par_rows(y, 1, RowSplit::dynamic(params)?, |first, yc| {
+            for (i, out) in yc.iter_mut().enumerate() {
+                let j = first + i;
+                *out = act_f32(act, x.dot(isa, qrow(w, j, k))) * x.dot(isa, qrow(w, n + j, k));
+            }
+        });
+        return Ok(());
+    }
+    let grain = (param(params, "rows_per_task")? as usize).max(1);
+    let parts = par_row_blocks(n, grain, |j0, count| {
+        let g = rows_times_tokens(isa, x, rows, k, w, j0, count, 16);
+        let u = rows_times_tokens(isa, x, rows, k, w, n + j0, count, 16);
+        g.iter().zip(&u).map(|(&g, &u)| act_f32(act, g) * u).collect()
+    });
+    scatter_row_blocks(parts, rows, n, y);
+    Ok(())
+}

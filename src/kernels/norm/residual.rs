@@ -1,0 +1,134 @@
+//! Residual add + RMSNorm in one pass (`residual_rms_norm`): `h = x + r` written
+//! and `y = rms_norm(h)` from the same read, the norm that follows every residual
+//! add of a decoder layer. Part of the norm family (its output is a norm).
+//!
+//! WGSL: `residual_rms_norm_wg` (one workgroup per row: h written and h² accumulated
+//! in one pass, workgroup reduction, scale pass), `residual_rms_norm_subgroup` (one
+//! subgroup per row). CPU: `residual_rms_norm_rows_cpu` (rayon over rows, prefill)
+//! and `residual_rms_norm_split_cpu` (rayon over chunks of each row, decode), both on
+//! the fused add + sum-of-squares and scale microkernels of [`cpu::dot`].
+
+use rayon::prelude::*;
+
+use super::{gains, inv_rms, prepare_sg, prepare_wg};
+use crate::device::GpuCaps;
+use crate::gpu::Shader;
+use crate::kernels::cpu::{self, ISA, Isa, check_isa};
+use crate::kernels::wgsl::{WORKGROUP_SIZE, shared_wg, storage_buffers, subgroup_fits};
+use crate::kernels::{CpuArgs, CpuImpl, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, outs, param, wrong_op};
+use crate::shader;
+
+static RESNORM_WG: Shader = shader!("fused_residual_rms_norm_wg.wgsl");
+static RESNORM_SG: Shader = shader!("fused_residual_rms_norm_subgroup.wgsl");
+
+const WG_PARAMS: &[ParamSpec] = &[WORKGROUP_SIZE];
+const SG_PARAMS: &[ParamSpec] =
+    &[WORKGROUP_SIZE, ParamSpec { name: "rows_per_wg", values: &[1, 2, 4, 8], default: 4, help: "rows per workgroup, one subgroup each" }];
+const RESNORM_ROWS_PARAMS: &[ParamSpec] =
+    &[ParamSpec { name: "rows_per_task", values: &[1, 2, 4, 8, 16, 32], default: 4, help: "rows per rayon task" }, ISA];
+const RESNORM_SPLIT_PARAMS: &[ParamSpec] =
+    &[ParamSpec { name: "chunk", values: &[256, 512, 1024, 2048, 4096], default: 1024, help: "elements of a row per rayon task" }, ISA];
+
+fn check_resnorm_wg(caps: &GpuCaps, _: &Problem, _: DType, _: &Params) -> Result<(), String> {
+    storage_buffers(caps, 5)
+}
+
+fn check_resnorm_sg(caps: &GpuCaps, _: &Problem, _: DType, params: &Params) -> Result<(), String> {
+    storage_buffers(caps, 5)?;
+    subgroup_fits(caps, params)
+}
+
+/// Rows in parallel; per row one fused add + sum-of-squares pass and one scale pass.
+fn run_resnorm_rows(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::ResidualRmsNorm { rows, dim, eps, unit_offset } = *prob else { return Err(wrong_op(kd, prob)) };
+    if rows == 0 || dim == 0 {
+        return Ok(());
+    }
+    let isa = Isa::of(params)?;
+    let per = (param(params, "rows_per_task")? as usize).max(1) * dim;
+    let g = gains(a.ins[2], dim, unit_offset);
+    let (x, r) = (a.ins[0].f32(), a.ins[1].f32());
+    let [h, y] = outs::<2>(kd, a.outs)?;
+    let (h, y) = (&mut h[..rows * dim], &mut y[..rows * dim]);
+    h.par_chunks_mut(per).zip(y.par_chunks_mut(per)).enumerate().for_each(|(ci, (hc, yc))| {
+        let base = ci * per;
+        for (ri, (hr, yr)) in hc.chunks_mut(dim).zip(yc.chunks_mut(dim)).enumerate() {
+            let o = base + ri * dim;
+            let ss = cpu::add_sumsq(isa, &x[o..o + dim], &r[o..o + dim], hr);
+            cpu::scale_mul(isa, hr, inv_rms(ss, dim, eps), &g, yr);
+        }
+    });
+    Ok(())
+}
+
+/// Each row split into `chunk`-element pieces processed in parallel: partial sums of
+/// squares per piece (with h written), a reduction per row, then a parallel scale
+/// pass over the same pieces. Parallel even for one row (decode).
+fn run_resnorm_split(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::ResidualRmsNorm { rows, dim, eps, unit_offset } = *prob else { return Err(wrong_op(kd, prob)) };
+    if rows == 0 || dim == 0 {
+        return Ok(());
+    }
+    let isa = Isa::of(params)?;
+    let cs = (param(params, "chunk")? as usize).max(1);
+    let g = gains(a.ins[2], dim, unit_offset);
+    let (x, r) = (&a.ins[0].f32()[..rows * dim], &a.ins[1].f32()[..rows * dim]);
+    let [h, y] = outs::<2>(kd, a.outs)?;
+    let (h, y) = (&mut h[..rows * dim], &mut y[..rows * dim]);
+    let sums: Vec<f32> = h
+        .par_chunks_mut(dim)
+        .zip(x.par_chunks(dim))
+        .zip(r.par_chunks(dim))
+        .map(|((hr, xr), rr)| {
+            hr.par_chunks_mut(cs)
+                .zip(xr.par_chunks(cs))
+                .zip(rr.par_chunks(cs))
+                .map(|((hc, xc), rc)| cpu::add_sumsq(isa, xc, rc, hc))
+                .sum::<f32>()
+        })
+        .collect();
+    y.par_chunks_mut(dim).zip(h.par_chunks(dim)).zip(sums.par_iter()).for_each(|((yr, hr), &ss)| {
+        let inv = inv_rms(ss, dim, eps);
+        yr.par_chunks_mut(cs).zip(hr.par_chunks(cs)).zip(g.par_chunks(cs)).for_each(|((yc, hc), gc)| {
+            cpu::scale_mul(isa, hc, inv, gc, yc);
+        });
+    });
+    Ok(())
+}
+
+pub fn variants() -> Vec<KernelDef> {
+    vec![
+        KernelDef::new(
+            "residual_rms_norm_wg",
+            Op::ResidualRmsNorm,
+            DType::FLOAT,
+            WG_PARAMS,
+            "one workgroup per row: h written and h² accumulated in one pass, workgroup reduction, scale pass",
+            WgslImpl::new(&RESNORM_WG, prepare_wg).shared(shared_wg).check(check_resnorm_wg),
+        ),
+        KernelDef::new(
+            "residual_rms_norm_subgroup",
+            Op::ResidualRmsNorm,
+            DType::FLOAT,
+            SG_PARAMS,
+            "one subgroup per row, several rows per workgroup, subgroupAdd reduction, no barriers",
+            WgslImpl::new(&RESNORM_SG, prepare_sg).subgroups().check(check_resnorm_sg),
+        ),
+        KernelDef::new(
+            "residual_rms_norm_rows_cpu",
+            Op::ResidualRmsNorm,
+            DType::FLOAT,
+            RESNORM_ROWS_PARAMS,
+            "rayon over rows (prefill): fused SIMD add + sum of squares, then SIMD scale pass per row",
+            CpuImpl { run: run_resnorm_rows, check: check_isa },
+        ),
+        KernelDef::new(
+            "residual_rms_norm_split_cpu",
+            Op::ResidualRmsNorm,
+            DType::FLOAT,
+            RESNORM_SPLIT_PARAMS,
+            "rayon over chunks of each row (decode): partial sums of squares per chunk, reduced, then a parallel scale pass",
+            CpuImpl { run: run_resnorm_split, check: check_isa },
+        ),
+    ]
+}
