@@ -3,6 +3,7 @@
 // strided elements, rescaling s when m grows; the WG pairs are merged through
 // workgroup memory with (m, s) + (m', s') = (M, s e^(m-M) + s' e^(m'-M)); a second
 // pass writes y = exp(x - M) / S. Two reads of the row instead of three. Any dim.
+// Includes: softmax.wgsl (row pieces).
 
 override WG: u32 = 128;
 
@@ -15,9 +16,6 @@ struct Dims { rows: u32, dim: u32 }
 var<workgroup> pm: array<f32, WG>;
 var<workgroup> ps: array<f32, WG>;
 
-// Finite stand-in for -inf: an empty partial (m = NEG, s = 0) merges as a no-op.
-const NEG: f32 = -3.0e38;
-
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) tid: u32) {
@@ -28,19 +26,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let d = dims.dim;
     let base = row * d;
 
-    var m = NEG;
-    var s = 0.0;
-    for (var c = tid; c < d; c += WG) {
-        let v = x[base + c];
-        if (v > m) {
-            s = s * exp(m - v) + 1.0;
-            m = v;
-        } else {
-            s += exp(v - m);
-        }
-    }
-    pm[tid] = m;
-    ps[tid] = s;
+    let ms = online_row(base, tid, WG, d);
+    pm[tid] = ms.x;
+    ps[tid] = ms.y;
     workgroupBarrier();
     for (var k = WG / 2u; k > 0u; k >>= 1u) {
         if (tid < k) {
@@ -52,9 +40,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         workgroupBarrier();
     }
-    let row_max = pm[0];
-    let inv = 1.0 / ps[0];
-    for (var c = tid; c < d; c += WG) {
-        y[base + c] = exp(x[base + c] - row_max) * inv;
-    }
+    softmax_write(base, tid, WG, d, pm[0], 1.0 / ps[0]);
 }

@@ -3,6 +3,7 @@
 // merge with subgroupMax then subgroupAdd of s * exp(m - M), and a second pass
 // writes y = exp(x - M) / S. ROWS rows per workgroup, spread over its subgroups:
 // suited to many short rows. Needs SUBGROUP and a workgroup at least one subgroup wide.
+// Includes: softmax.wgsl (row pieces).
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
@@ -12,8 +13,6 @@ struct Dims { rows: u32, dim: u32 }
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read_write> y: array<f32>;
 @group(0) @binding(2) var<uniform> dims: Dims;
-
-const NEG: f32 = -3.0e38;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -27,22 +26,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             break;
         }
         let base = row * d;
-        var m = NEG;
-        var s = 0.0;
-        for (var c = lane; c < d; c += sg_size) {
-            let v = x[base + c];
-            if (v > m) {
-                s = s * exp(m - v) + 1.0;
-                m = v;
-            } else {
-                s += exp(v - m);
-            }
-        }
-        let row_max = subgroupMax(m);
-        let total = subgroupAdd(s * exp(m - row_max));
-        let inv = 1.0 / total;
-        for (var c = lane; c < d; c += sg_size) {
-            y[base + c] = exp(x[base + c] - row_max) * inv;
-        }
+        let ms = online_row(base, lane, sg_size, d);
+        let row_max = subgroupMax(ms.x);
+        let total = subgroupAdd(ms.y * exp(ms.x - row_max));
+        softmax_write(base, lane, sg_size, d, row_max, 1.0 / total);
     }
 }

@@ -2,6 +2,7 @@
 // through workgroup memory; (2) the sum of exp(x - max), reduced the same way;
 // (3) y = exp(x - max) / sum. The row is read three times (from cache after the
 // first) and the max is exact before any exponential is taken. Any dim.
+// Includes: softmax.wgsl (row pieces), reduce_wg.wgsl (the trees).
 
 override WG: u32 = 128;
 
@@ -23,36 +24,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let d = dims.dim;
     let base = row * d;
 
-    var m = -3.0e38;
+    var m = NEG;
     for (var c = tid; c < d; c += WG) {
         m = max(m, x[base + c]);
     }
-    partial[tid] = m;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (tid < s) {
-            partial[tid] = max(partial[tid], partial[tid + s]);
-        }
-        workgroupBarrier();
-    }
-    let row_max = partial[0];
+    let row_max = wg_max(tid, m);
     workgroupBarrier();
 
     var sum = 0.0;
     for (var c = tid; c < d; c += WG) {
         sum += exp(x[base + c] - row_max);
     }
-    partial[tid] = sum;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (tid < s) {
-            partial[tid] += partial[tid + s];
-        }
-        workgroupBarrier();
-    }
-    let inv = 1.0 / partial[0];
-
-    for (var c = tid; c < d; c += WG) {
-        y[base + c] = exp(x[base + c] - row_max) * inv;
-    }
+    let inv = 1.0 / wg_sum(tid, sum);
+    softmax_write(base, tid, WG, d, row_max, inv);
 }

@@ -7,10 +7,10 @@
 //
 // Bindings: the bias is always bound at 2 (q, k_out, v_out at 3..5, uniform at 6);
 // without a bias the host binds a small placeholder there and HAS_BIAS is false.
+// Includes: qkv_store.wgsl (the routing), reduce_wg.wgsl (the tree), wload.wgsl.
 
 override WG: u32 = 128;
 override ROWS: u32 = 2;
-override W_F16: bool = false;
 override HAS_BIAS: bool = false;
 
 struct Dims { k: u32, nq: u32, nkv: u32 }
@@ -25,25 +25,7 @@ struct Dims { k: u32, nq: u32, nkv: u32 }
 
 var<workgroup> partial: array<f32, WG * ROWS>;
 
-fn wload(i: u32) -> f32 {
-    if (W_F16) {
-        let pair = unpack2x16float(w[i >> 1u]);
-        return select(pair.x, pair.y, (i & 1u) == 1u);
-    }
-    return bitcast<f32>(w[i]);
-}
-
-fn store(row: u32, v: f32) {
-    var o = v;
-    if (HAS_BIAS) { o += bias[row]; }
-    if (row < dims.nq) {
-        q[row] = o;
-    } else if (row < dims.nq + dims.nkv) {
-        k_out[row - dims.nq] = o;
-    } else {
-        v_out[row - dims.nq - dims.nkv] = o;
-    }
-}
+fn wload(i: u32) -> f32 { return wpick(w[wword(i)], i); }
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -61,16 +43,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
     }
     for (var r = 0u; r < ROWS; r++) { partial[r * WG + tid] = acc[r]; }
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (tid < s) {
-            for (var r = 0u; r < ROWS; r++) {
-                partial[r * WG + tid] += partial[r * WG + tid + s];
-            }
-        }
-        workgroupBarrier();
-    }
+    wg_sum_rows(tid, ROWS);
     if (tid < ROWS && row0 + tid < n) {
-        store(row0 + tid, partial[tid * WG]);
+        qkv_store(row0 + tid, partial[tid * WG]);
     }
 }

@@ -4,10 +4,10 @@
 // subgroupAdd, then rereads its own h and writes y = h * inv_rms * w (or (1 + w)).
 // No workgroup memory, no barriers: suited to short rows and many of them. Any dim;
 // needs SUBGROUP and a workgroup at least one subgroup wide.
+// Includes: rms.wgsl (row pieces), wload.wgsl (W_F16).
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
-override W_F16: bool = false;
 
 struct Dims { rows: u32, dim: u32, eps: f32, unit_offset: u32 }
 
@@ -18,13 +18,7 @@ struct Dims { rows: u32, dim: u32, eps: f32, unit_offset: u32 }
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 @group(0) @binding(5) var<uniform> dims: Dims;
 
-fn wload(i: u32) -> f32 {
-    if (W_F16) {
-        let pair = unpack2x16float(w[i >> 1u]);
-        return select(pair.x, pair.y, (i & 1u) == 1u);
-    }
-    return bitcast<f32>(w[i]);
-}
+fn wload(i: u32) -> f32 { return wpick(w[wword(i)], i); }
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -43,10 +37,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             h[base + c] = v;
             ss += v * v;
         }
-        let inv = inverseSqrt(subgroupAdd(ss) / f32(d) + dims.eps);
+        let inv = rms_inv(subgroupAdd(ss), d, dims.eps);
         for (var c = lane; c < d; c += sg_size) {
-            let g = wload(c);
-            y[base + c] = h[base + c] * inv * select(g, 1.0 + g, unit);
+            y[base + c] = h[base + c] * inv * rms_gain(wload(c), unit);
         }
     }
 }

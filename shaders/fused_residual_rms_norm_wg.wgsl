@@ -3,9 +3,9 @@
 // accumulating h², the workgroup reduces through workgroup memory, then every
 // invocation rereads the h it wrote itself and writes y. Any dim; the norm weight
 // is read as u32 words decoded by W_F16.
+// Includes: rms.wgsl (row pieces), reduce_wg.wgsl (the tree), wload.wgsl (W_F16).
 
 override WG: u32 = 128;
-override W_F16: bool = false;
 
 struct Dims { rows: u32, dim: u32, eps: f32, unit_offset: u32 }
 
@@ -18,13 +18,7 @@ struct Dims { rows: u32, dim: u32, eps: f32, unit_offset: u32 }
 
 var<workgroup> partial: array<f32, WG>;
 
-fn wload(i: u32) -> f32 {
-    if (W_F16) {
-        let pair = unpack2x16float(w[i >> 1u]);
-        return select(pair.x, pair.y, (i & 1u) == 1u);
-    }
-    return bitcast<f32>(w[i]);
-}
+fn wload(i: u32) -> f32 { return wpick(w[wword(i)], i); }
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -41,18 +35,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         h[base + c] = v;
         ss += v * v;
     }
-    partial[tid] = ss;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (tid < s) {
-            partial[tid] += partial[tid + s];
-        }
-        workgroupBarrier();
-    }
-    let inv = inverseSqrt(partial[0] / f32(d) + dims.eps);
+    let inv = rms_inv(wg_sum(tid, ss), d, dims.eps);
     let unit = dims.unit_offset != 0u;
     for (var c = tid; c < d; c += WG) {
-        let g = wload(c);
-        y[base + c] = h[base + c] * inv * select(g, 1.0 + g, unit);
+        y[base + c] = h[base + c] * inv * rms_gain(wload(c), unit);
     }
 }

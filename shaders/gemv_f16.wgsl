@@ -1,6 +1,6 @@
 // GEMV with native f16 weight storage (`enable f16`, needs SHADER_F16): weights
 // read as vec4<f16>, widened and accumulated in f32, workgroup reduction.
-// Needs k % 4 == 0.
+// Needs k % 4 == 0. Includes: reduce_wg.wgsl (the tree).
 enable f16;
 
 override WG: u32 = 128;
@@ -30,15 +30,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
     }
     for (var r = 0u; r < ROWS; r++) { partial[r * WG + tid] = acc[r]; }
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (tid < s) {
-            for (var r = 0u; r < ROWS; r++) {
-                partial[r * WG + tid] += partial[r * WG + tid + s];
-            }
-        }
-        workgroupBarrier();
-    }
+    wg_sum_rows(tid, ROWS);
     if (tid < ROWS && row0 + tid < dims.n) {
         y[row0 + tid] = partial[tid * WG];
     }

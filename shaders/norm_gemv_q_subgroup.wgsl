@@ -23,8 +23,7 @@ struct Dims { n: u32, k: u32, eps: f32, unit_offset: u32 }
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 @group(0) @binding(5) var<uniform> dims: Dims;
 
-// Block decoding (qwords, qscale, qdecode, qdot): shaders/qblock.wgsl, appended
-// by `shader!`.
+// Includes: qblock.wgsl (block decoding: qwords, qscale, qdecode, qdot).
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

@@ -28,8 +28,8 @@ struct Dims { n: u32, k: u32, eps: f32, unit_offset: u32 }
 // Rows 0..ROWS: the partial dot products; row ROWS: the partial sums of squares.
 var<workgroup> partial: array<f32, WG * (ROWS + 1u)>;
 
-// Block decoding (qwords, qscale, qdecode, qdot): shaders/qblock.wgsl, appended
-// by `shader!`.
+// Includes: qblock.wgsl (block decoding: qwords, qscale, qdecode, qdot),
+// reduce_wg.wgsl (the tree).
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -73,15 +73,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         partial[r * WG + tid] = acc[r];
     }
     partial[ROWS * WG + tid] = ss;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (tid < s) {
-            for (var r = 0u; r <= ROWS; r++) {
-                partial[r * WG + tid] += partial[r * WG + tid + s];
-            }
-        }
-        workgroupBarrier();
-    }
+    wg_sum_rows(tid, ROWS + 1u);
     if (tid < ROWS && row0 + tid < dims.n) {
         let inv = inverseSqrt(partial[ROWS * WG] / f32(dims.k) + dims.eps);
         y[row0 + tid] = partial[tid * WG] * inv;

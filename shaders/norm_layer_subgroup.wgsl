@@ -3,10 +3,10 @@
 // squares (subgroupAdd), then writes y = (x - mean) * rsqrt(var + eps) * w + b.
 // ROWS rows per workgroup spread over its subgroups; no workgroup memory, no
 // barriers. Any dim; needs SUBGROUP and a workgroup at least one subgroup wide.
+// w and b are u32 words decoded by W_F16 (wload.wgsl).
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
-override W_F16: bool = false;
 
 struct Dims { rows: u32, dim: u32, eps: f32 }
 
@@ -16,21 +16,8 @@ struct Dims { rows: u32, dim: u32, eps: f32 }
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<uniform> dims: Dims;
 
-fn wload(i: u32) -> f32 {
-    if (W_F16) {
-        let pair = unpack2x16float(w[i >> 1u]);
-        return select(pair.x, pair.y, (i & 1u) == 1u);
-    }
-    return bitcast<f32>(w[i]);
-}
-
-fn bload(i: u32) -> f32 {
-    if (W_F16) {
-        let pair = unpack2x16float(b[i >> 1u]);
-        return select(pair.x, pair.y, (i & 1u) == 1u);
-    }
-    return bitcast<f32>(b[i]);
-}
+fn wload(i: u32) -> f32 { return wpick(w[wword(i)], i); }
+fn bload(i: u32) -> f32 { return wpick(b[wword(i)], i); }
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

@@ -3,10 +3,9 @@
 // over its WG-strided elements (count, mean, M2), and the workgroup merges the WG
 // triples pairwise in a tree (Chan et al.: M2 = M2a + M2b + delta² na nb / n), which
 // stays accurate when |mean| >> std, unlike sum and sum of squares. Any dim; w and
-// b are read as u32 words decoded by W_F16.
+// b are read as u32 words decoded by W_F16 (wload.wgsl).
 
 override WG: u32 = 128;
-override W_F16: bool = false;
 
 struct Dims { rows: u32, dim: u32, eps: f32 }
 
@@ -20,21 +19,8 @@ var<workgroup> pn: array<f32, WG>;
 var<workgroup> pmean: array<f32, WG>;
 var<workgroup> pm2: array<f32, WG>;
 
-fn wload(i: u32) -> f32 {
-    if (W_F16) {
-        let pair = unpack2x16float(w[i >> 1u]);
-        return select(pair.x, pair.y, (i & 1u) == 1u);
-    }
-    return bitcast<f32>(w[i]);
-}
-
-fn bload(i: u32) -> f32 {
-    if (W_F16) {
-        let pair = unpack2x16float(b[i >> 1u]);
-        return select(pair.x, pair.y, (i & 1u) == 1u);
-    }
-    return bitcast<f32>(b[i]);
-}
+fn wload(i: u32) -> f32 { return wpick(w[wword(i)], i); }
+fn bload(i: u32) -> f32 { return wpick(b[wword(i)], i); }
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

@@ -3,10 +3,10 @@
 // reduces x² with one subgroupAdd, then writes y = x * inv_rms * w (or (1 + w)).
 // No workgroup memory, no barriers: suited to many short rows (prefill). Any dim;
 // needs SUBGROUP and a workgroup at least one subgroup wide.
+// Includes: rms.wgsl (row pieces), wload.wgsl (W_F16).
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
-override W_F16: bool = false;
 
 struct Dims { rows: u32, dim: u32, eps: f32, unit_offset: u32 }
 
@@ -15,13 +15,7 @@ struct Dims { rows: u32, dim: u32, eps: f32, unit_offset: u32 }
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> dims: Dims;
 
-fn wload(i: u32) -> f32 {
-    if (W_F16) {
-        let pair = unpack2x16float(w[i >> 1u]);
-        return select(pair.x, pair.y, (i & 1u) == 1u);
-    }
-    return bitcast<f32>(w[i]);
-}
+fn wload(i: u32) -> f32 { return wpick(w[wword(i)], i); }
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -29,21 +23,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg_size: u32) {
     let row0 = (wid.x + wid.y * nwg.x) * ROWS;
     let d = dims.dim;
-    let off = select(0.0, 1.0, dims.unit_offset != 0u);
+    let unit = dims.unit_offset != 0u;
     for (var rr = sg; rr < ROWS; rr += nsg) {
         let row = row0 + rr;
         if (row >= dims.rows) {
             break;
         }
         let base = row * d;
-        var ss = 0.0;
-        for (var c = lane; c < d; c += sg_size) {
-            let v = x[base + c];
-            ss += v * v;
-        }
-        let inv = inverseSqrt(subgroupAdd(ss) / f32(d) + dims.eps);
-        for (var c = lane; c < d; c += sg_size) {
-            y[base + c] = x[base + c] * inv * (wload(c) + off);
-        }
+        let inv = rms_inv(subgroupAdd(row_sumsq(base, lane, sg_size, d)), d, dims.eps);
+        rms_write(base, 0u, lane, sg_size, d, inv, unit);
     }
 }

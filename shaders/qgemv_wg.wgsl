@@ -21,8 +21,8 @@ struct Dims { n: u32, k: u32 }
 
 var<workgroup> partial: array<f32, WG * ROWS>;
 
-// Block decoding (qwords, qscale, qdecode, qdot): shaders/qblock.wgsl, appended
-// by `shader!`.
+// Includes: qblock.wgsl (block decoding: qwords, qscale, qdecode, qdot),
+// reduce_wg.wgsl (the tree).
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -40,15 +40,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
     }
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (tid < s) {
-            for (var r = 0u; r < ROWS; r++) {
-                partial[r * WG + tid] += partial[r * WG + tid + s];
-            }
-        }
-        workgroupBarrier();
-    }
+    wg_sum_rows(tid, ROWS);
     if (tid < ROWS && row0 + tid < dims.n) {
         y[row0 + tid] = partial[tid * WG];
     }

@@ -25,8 +25,8 @@ struct Dims { k: u32, nq: u32, nkv: u32 }
 
 var<workgroup> partial: array<f32, WG * ROWS>;
 
-// Block decoding (qwords, qscale, qdecode, qdot): shaders/qblock.wgsl, appended
-// by `shader!`.
+// Includes: qblock.wgsl (block decoding: qwords, qscale, qdecode, qdot),
+// qkv_store.wgsl (the routing), reduce_wg.wgsl (the tree).
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -45,27 +45,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
     }
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (tid < s) {
-            for (var r = 0u; r < ROWS; r++) {
-                partial[r * WG + tid] += partial[r * WG + tid + s];
-            }
-        }
-        workgroupBarrier();
-    }
-    let row = row0 + tid;
-    if (tid < ROWS && row < n) {
-        var v = partial[tid * WG];
-        if (HAS_BIAS) {
-            v += bias[row];
-        }
-        if (row < dims.nq) {
-            q[row] = v;
-        } else if (row < dims.nq + dims.nkv) {
-            k_out[row - dims.nq] = v;
-        } else {
-            v_out[row - dims.nq - dims.nkv] = v;
-        }
+    wg_sum_rows(tid, ROWS);
+    if (tid < ROWS && row0 + tid < n) {
+        qkv_store(row0 + tid, partial[tid * WG]);
     }
 }

@@ -24,22 +24,21 @@ pub struct Shader {
     pub includes: &'static [&'static str],
 }
 
-/// Declares a `Shader` for `shaders/<file>`, optionally with a file of shared
-/// functions appended (`shader!("qgemv_wg.wgsl", "qblock.wgsl")`).
+/// Declares a `Shader` for `shaders/<file>` with any number of files of shared
+/// WGSL (functions, constants, `override`s) appended in order:
+/// `shader!("gemv_wg.wgsl", "reduce_wg.wgsl", "wload.wgsl")`. WGSL module-scope
+/// declarations may come in any order, so an include can use what the main file
+/// declares (its contract is in its header) and the other way round.
 #[macro_export]
 macro_rules! shader {
-    ($file:literal) => {
-        $crate::gpu::Shader { name: $file, source: include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $file)), includes: &[] }
-    };
-    ($file:literal, $include:literal) => {
+    ($file:literal $(, $include:literal)* $(,)?) => {
         $crate::gpu::Shader {
             name: $file,
             source: concat!(
                 include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $file)),
-                "\n",
-                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $include))
+                $("\n", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $include)),)*
             ),
-            includes: &[$include],
+            includes: &[$($include),*],
         }
     };
 }
