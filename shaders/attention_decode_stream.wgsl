@@ -77,7 +77,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             sc[c] = s;
             tmax = max(tmax, s);
         }
-        let tile_max = wg_max(tid, tmax);
+        let tile_max = row_max(tmax, tid);
         // online softmax: rescale the running state, scores become probabilities
         let m_new = max(m, tile_max);
         let alpha = exp(m - m_new);
@@ -107,7 +107,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 
     // softmax denominator: sum of the per-invocation partials
-    let inv = 1.0 / wg_sum(tid, l);
+    let inv = 1.0 / row_sum(l, tid);
     // sum the NS row slices
     if (slice < ns) {
         comb[2u * tid] = acc0;

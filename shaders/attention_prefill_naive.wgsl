@@ -86,13 +86,13 @@ fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     for (var j = lo + tid; j <= pos; j += WG) {
         mx = max(mx, sc[base + j]);
     }
-    mx = wg_max(tid, mx);
+    mx = row_max(mx, tid);
     workgroupBarrier();
     var sum = 0.0;
     for (var j = lo + tid; j <= pos; j += WG) {
         sum += exp(sc[base + j] - mx);
     }
-    let inv = 1.0 / wg_sum(tid, sum);
+    let inv = 1.0 / row_sum(sum, tid);
     for (var j = lo + tid; j <= pos; j += WG) {
         sc[base + j] = exp(sc[base + j] - mx) * inv;
     }

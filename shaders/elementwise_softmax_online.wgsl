@@ -2,31 +2,18 @@
 // workgroup per row: every invocation keeps a running (max m, sum s) over its
 // strided elements, rescaling s when m grows; the WG pairs are merged through
 // workgroup memory with (m, s) + (m', s') = (M, s e^(m-M) + s' e^(m'-M)); a second
-// pass writes y = exp(x - M) / S. Two reads of the row instead of three. Any dim.
-// Includes: softmax.wgsl (row pieces).
+// pass writes y = exp(x - M) / S. Two reads of the row instead of three.
+// Includes: elementwise_softmax.wgsl (interface, row pieces), row_wg.wgsl (entry
+// point).
 
 override WG: u32 = 128;
-
-struct Dims { rows: u32, dim: u32 }
-
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> y: array<f32>;
-@group(0) @binding(2) var<uniform> dims: Dims;
 
 var<workgroup> pm: array<f32, WG>;
 var<workgroup> ps: array<f32, WG>;
 
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) tid: u32) {
-    let row = wid.x + wid.y * nwg.x;
-    if (row >= dims.rows) {
-        return;
-    }
-    let d = dims.dim;
-    let base = row * d;
-
-    let ms = online_row(base, tid, WG, d);
+fn run_row(row: u32, tid: u32, stride: u32) {
+    let base = row * dims.dim;
+    let ms = online_row(base, tid, stride, dims.dim);
     pm[tid] = ms.x;
     ps[tid] = ms.y;
     workgroupBarrier();
@@ -40,5 +27,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         workgroupBarrier();
     }
-    softmax_write(base, tid, WG, d, pm[0], 1.0 / ps[0]);
+    softmax_write(base, tid, stride, dims.dim, pm[0], 1.0 / ps[0]);
 }

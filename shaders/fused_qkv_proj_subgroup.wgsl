@@ -7,7 +7,8 @@
 //
 // Bindings: the bias is always bound at 2 (q, k_out, v_out at 3..5, uniform at 6);
 // without a bias the host binds a small placeholder there and HAS_BIAS is false.
-// Includes: qkv_store.wgsl (the routing), wload.wgsl (W_F16, 16-byte words).
+// Includes: row_sg.wgsl (entry point), reduce_sg.wgsl, qkv_store.wgsl (the routing),
+// wload.wgsl (W_F16, 16-byte words).
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
@@ -23,25 +24,20 @@ struct Dims { k: u32, nq: u32, nkv: u32 }
 @group(0) @binding(5) var<storage, read_write> v_out: array<f32>;
 @group(0) @binding(6) var<uniform> dims: Dims;
 
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) nsg: u32,
-        @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg_size: u32) {
-    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
-    let k = dims.k;
-    let n = dims.nq + 2u * dims.nkv;
-    let words = wwords16(k);
-    for (var r = sg; r < ROWS; r += nsg) {
-        let row = row0 + r;
-        if (row >= n) { break; }
-        var acc = 0.0;
-        for (var c = lane; c < words; c += sg_size) {
-            let xi = wx16(c);
-            acc += wdot16(w[row * words + c], x[xi.x], x[xi.y]);
-        }
-        let total = subgroupAdd(acc);
-        if (lane == 0u) {
-            qkv_store(row, total);
-        }
+// Rows of the concatenated weight: q, k, v.
+fn row_count() -> u32 {
+    return dims.nq + 2u * dims.nkv;
+}
+
+fn run_row(row: u32, lane: u32, stride: u32) {
+    let words = wwords16(dims.k);
+    var acc = 0.0;
+    for (var c = lane; c < words; c += stride) {
+        let xi = wx16(c);
+        acc += wdot16(w[row * words + c], x[xi.x], x[xi.y]);
+    }
+    let total = row_sum(acc, lane);
+    if (lane == 0u) {
+        qkv_store(row, total);
     }
 }

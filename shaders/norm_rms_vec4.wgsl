@@ -44,7 +44,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             ss += dot(v[k], v[k]);
         }
     }
-    let inv = inverseSqrt(wg_sum(tid, ss) / f32(dims.dim) + dims.eps);
+    let inv = inverseSqrt(row_sum(ss, tid) / f32(dims.dim) + dims.eps);
     let off = select(0.0, 1.0, dims.unit_offset != 0u);
     for (var k = 0u; k < VPT; k++) {
         let q = tid + k * WG;

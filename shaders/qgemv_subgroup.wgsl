@@ -19,24 +19,21 @@ struct Dims { n: u32, k: u32 }
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<uniform> dims: Dims;
 
-// Includes: qblock.wgsl (block decoding: qwords, qscale, qdecode, qdot).
+// Includes: qblock.wgsl (block decoding: qwords, qscale, qdecode, qdot),
+// row_sg.wgsl (entry point), reduce_sg.wgsl.
 
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) nsg: u32,
-        @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg_size: u32) {
-    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
+fn row_count() -> u32 {
+    return dims.n;
+}
+
+fn run_row(row: u32, lane: u32, stride: u32) {
     let wpr = dims.k / 32u * qwords();
-    for (var r = sg; r < ROWS; r += nsg) {
-        let row = row0 + r;
-        if (row >= dims.n) { break; }
-        var acc = 0.0;
-        for (var wi = lane; wi < wpr; wi += sg_size) {
-            acc += qdot(row * wpr, wi, 0u);
-        }
-        let total = subgroupAdd(acc);
-        if (lane == 0u) {
-            y[row] = total;
-        }
+    var acc = 0.0;
+    for (var wi = lane; wi < wpr; wi += stride) {
+        acc += qdot(row * wpr, wi, 0u);
+    }
+    let total = row_sum(acc, lane);
+    if (lane == 0u) {
+        y[row] = total;
     }
 }

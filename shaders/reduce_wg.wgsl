@@ -21,16 +21,18 @@ fn wg_sum_rows(tid: u32, nrows: u32) {
     }
 }
 
-// The sum of v over the workgroup, returned to every invocation. partial[0] holds it
-// until the next write: a caller that reduces again puts a barrier between.
-fn wg_sum(tid: u32, v: f32) -> f32 {
+// The sum of v over the workgroup, returned to every invocation (tid: its
+// local_invocation_index). partial[0] holds it until the next write: a caller that
+// reduces again puts a barrier between. reduce_sg.wgsl has the subgroup versions of
+// row_sum and row_max, so a row body can be written once for both.
+fn row_sum(v: f32, tid: u32) -> f32 {
     partial[tid] = v;
     wg_sum_rows(tid, 1u);
     return partial[0];
 }
 
-// The maximum of v over the workgroup, as wg_sum.
-fn wg_max(tid: u32, v: f32) -> f32 {
+// The maximum of v over the workgroup, as row_sum.
+fn row_max(v: f32, tid: u32) -> f32 {
     partial[tid] = v;
     workgroupBarrier();
     for (var s = WG / 2u; s > 0u; s >>= 1u) {

@@ -22,7 +22,7 @@ use crate::shader;
 
 static GEMV_WG: Shader = shader!("gemv_wg.wgsl", "reduce_wg.wgsl", "wload.wgsl");
 static GEMV_VEC: Shader = shader!("gemv_vec.wgsl", "reduce_wg.wgsl", "wload.wgsl");
-static GEMV_SUBGROUP: Shader = shader!("gemv_subgroup.wgsl", "wload.wgsl");
+static GEMV_SUBGROUP: Shader = shader!("gemv_subgroup.wgsl", "row_sg.wgsl", "reduce_sg.wgsl", "wload.wgsl");
 static GEMV_F16: Shader = shader!("gemv_f16.wgsl", "reduce_wg.wgsl");
 
 const BOTH: &[DType] = &[DType::F32, DType::F16];

@@ -1,8 +1,18 @@
-// Row softmax pieces shared by the elementwise softmax shaders
-// (`shader!(FILE, .., "softmax.wgsl")`). A row of d values starting at `base` is
-// walked by one workgroup or one subgroup, invocation `first` taking c = first,
-// first + stride, ... They read the including shader's `x: array<f32>` and write its
-// `y: array<f32>`.
+// Row softmax y = exp(x - max) / Σ exp(x - max): the interface and the row pieces of
+// elementwise_softmax_wg, _online and _subgroup (`shader!(VARIANT,
+// "elementwise_softmax.wgsl", ..)`). A row of d values starting at `base` is walked
+// by one workgroup or one subgroup, invocation `first` taking c = first,
+// first + stride, ... Any dim.
+
+struct Dims { rows: u32, dim: u32 }
+
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@group(0) @binding(2) var<uniform> dims: Dims;
+
+fn row_count() -> u32 {
+    return dims.rows;
+}
 
 // Finite stand-in for -inf: an empty partial (m = NEG, s = 0) merges as a no-op.
 const NEG: f32 = -3.0e38;
