@@ -23,6 +23,7 @@ override WG: u32 = 128;
 override HD: u32 = 64;
 override GH: u32 = 4;
 override CHUNK: u32 = 256;
+override W_F16: bool = false;
 
 struct Dims {
     kv_len: u32,

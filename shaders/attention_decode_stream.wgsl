@@ -15,6 +15,7 @@
 override WG: u32 = 128;
 override KPT: u32 = 2;
 override HD: u32 = 64;
+override W_F16: bool = false;
 
 struct Dims { kv_len: u32, kv_cap: u32, heads: u32, kv_heads: u32, window: u32, scale: f32 }
 

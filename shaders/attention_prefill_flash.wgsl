@@ -18,6 +18,7 @@ override BQ: u32 = 16;
 override BKV: u32 = 32;
 override LANES: u32 = 8;
 override HD: u32 = 64;
+override W_F16: bool = false;
 
 struct Dims {
     tokens: u32,

@@ -16,6 +16,7 @@
 // Includes: attention.wgsl, reduce_wg.wgsl (the trees), wload.wgsl (W_F16, 16-byte words).
 
 override WG: u32 = 128;
+override W_F16: bool = false;
 
 struct Dims {
     tokens: u32,

@@ -9,6 +9,7 @@
 override TM: u32 = 2;  // token rows per invocation (<= 4)
 override TN: u32 = 2;  // features per invocation (<= 4)
 override TK: u32 = 16; // k per stage
+override W_F16: bool = false;
 
 override BM: u32 = 16u * TM;
 override BN: u32 = 16u * TN;

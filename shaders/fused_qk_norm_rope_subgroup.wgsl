@@ -4,10 +4,11 @@
 // the pairs lane-strided. No workgroup memory, no barriers. Needs SUBGROUP and a
 // workgroup at least one subgroup wide.
 // Includes: fused_qk_norm_rope.wgsl (interface, head body), reduce_sg.wgsl, rms.wgsl,
-// rope.wgsl, wload.wgsl.
+// rotary.wgsl, wload.wgsl.
 
 override WG: u32 = 64;
 override HEADS: u32 = 2;
+override W_F16: bool = false;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

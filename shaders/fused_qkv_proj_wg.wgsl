@@ -11,6 +11,7 @@
 
 override WG: u32 = 128;
 override ROWS: u32 = 2;
+override W_F16: bool = false;
 override HAS_BIAS: bool = false;
 
 struct Dims { k: u32, nq: u32, nkv: u32 }

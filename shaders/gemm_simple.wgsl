@@ -7,6 +7,7 @@
 override WG_X: u32 = 16;
 override WG_Y: u32 = 4;
 override ROWS: u32 = 1; // <= 4 (the host offers 1, 2, 4)
+override W_F16: bool = false;
 
 struct Dims { m: u32, n: u32, k: u32 }
 

@@ -7,6 +7,7 @@
 
 override WG: u32 = 128;
 override ROWS: u32 = 2;
+override W_F16: bool = false;
 
 struct Dims { n: u32, k: u32 }
 

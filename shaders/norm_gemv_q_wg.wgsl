@@ -8,28 +8,15 @@
 // alongside (every activation belongs to exactly one word index); one workgroup
 // reduction of the ROWS + 1 partials, then the row sums are scaled by inv_rms.
 // Needs k % 32 == 0.
-//
-// Bindings: x, the gain (f32), the weight buffer twice (quants at 2, the scales
-// region at 3), y, the uniform.
+// Includes: norm_gemv_q.wgsl (interface), qblock.wgsl (block decoding),
+// reduce_wg.wgsl (the tree).
 
 override WG: u32 = 128;
 override ROWS: u32 = 2;
 override QFMT: u32 = 0u;
 
-struct Dims { n: u32, k: u32, eps: f32, unit_offset: u32 }
-
-@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> g: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> wq: array<u32>;
-@group(0) @binding(3) var<storage, read> ws: array<u32>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
-@group(0) @binding(5) var<uniform> dims: Dims;
-
 // Rows 0..ROWS: the partial dot products; row ROWS: the partial sums of squares.
 var<workgroup> partial: array<f32, WG * (ROWS + 1u)>;
-
-// Includes: qblock.wgsl (block decoding: qwords, qscale, qdecode, qdot),
-// reduce_wg.wgsl (the tree).
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

@@ -8,6 +8,7 @@
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
+override W_F16: bool = false;
 
 fn run_row(row: u32, lane: u32, stride: u32) {
     let d = dims.dim;

@@ -7,6 +7,7 @@
 // wload.wgsl.
 
 override WG: u32 = 128;
+override W_F16: bool = false;
 
 var<workgroup> pn: array<f32, WG>;
 var<workgroup> pmean: array<f32, WG>;

@@ -8,3 +8,4 @@
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
+override W_F16: bool = false;

@@ -7,6 +7,7 @@
 
 override WG: u32 = 128;
 override VPT: u32 = 4;
+override W_F16: bool = false;
 
 struct Dims { rows: u32, dim: u32, eps: f32, unit_offset: u32 }
 

@@ -5,5 +5,6 @@
 // reduce_wg.wgsl (the tree), rms.wgsl, wload.wgsl.
 
 override WG: u32 = 128;
+override W_F16: bool = false;
 
 var<workgroup> partial: array<f32, WG>;

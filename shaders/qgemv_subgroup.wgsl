@@ -3,28 +3,12 @@
 // its lanes stride over the row's quant words (dequantized in registers, QFMT
 // selects q8_0 / q4_0 / q4_1) and one subgroupAdd finishes the row; no workgroup
 // memory, no barriers. Needs SUBGROUP and k % 32 == 0.
-//
-// Bindings: x, the weight buffer twice (quants at 1, the scales region at 2), y,
-// the uniform.
+// Includes: qgemv.wgsl (interface), qblock.wgsl (block decoding), row_sg.wgsl
+// (entry point), reduce_sg.wgsl.
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
 override QFMT: u32 = 0u;
-
-struct Dims { n: u32, k: u32 }
-
-@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> wq: array<u32>;
-@group(0) @binding(2) var<storage, read> ws: array<u32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<uniform> dims: Dims;
-
-// Includes: qblock.wgsl (block decoding: qwords, qscale, qdecode, qdot),
-// row_sg.wgsl (entry point), reduce_sg.wgsl.
-
-fn row_count() -> u32 {
-    return dims.n;
-}
 
 fn run_row(row: u32, lane: u32, stride: u32) {
     let wpr = dims.k / 32u * qwords();

@@ -3,26 +3,14 @@
 // ROWS consecutive rows; every invocation takes quant words (4 or 8 weights each)
 // strided by WG, for all ROWS rows from the same x loads, then the workgroup
 // reduces WG partials per row through workgroup memory. Needs k % 32 == 0.
-//
-// Bindings: x, the weight buffer twice (quants at 1, the scales region at 2), y,
-// the uniform.
+// Includes: qgemv.wgsl (interface), qblock.wgsl (block decoding), reduce_wg.wgsl
+// (the tree).
 
 override WG: u32 = 128;
 override ROWS: u32 = 2;
 override QFMT: u32 = 0u;
 
-struct Dims { n: u32, k: u32 }
-
-@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> wq: array<u32>;
-@group(0) @binding(2) var<storage, read> ws: array<u32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<uniform> dims: Dims;
-
 var<workgroup> partial: array<f32, WG * ROWS>;
-
-// Includes: qblock.wgsl (block decoding: qwords, qscale, qdecode, qdot),
-// reduce_wg.wgsl (the tree).
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

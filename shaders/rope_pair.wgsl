@@ -4,23 +4,10 @@
 // (interleaved) and the slots after them copy one pass-through dim each. Every
 // invocation forms its own angle: the most parallel layout, the most trig work
 // (heads times the cos/sin of rope_shared). Any shape with rot_dim <= head_dim.
-// Includes: rope.wgsl (the exactly reduced angles, the pairs, the rotation).
+// Includes: rope.wgsl (interface), rotary.wgsl (the exactly reduced angles, the
+// pairs, the rotation).
 
 override WG: u32 = 128;
-
-struct Dims {
-    tokens: u32,
-    heads: u32,
-    head_dim: u32,
-    rot_half: u32,
-    pos0: u32,
-    interleaved: u32, // 0 rotate half, 1 interleaved
-}
-
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> inv_freq: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<uniform> dims: Dims;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

@@ -4,26 +4,12 @@
 // so the trig work is shared by HEADS heads (decode: all heads of the token in a
 // few workgroups; prefill: many tokens). HALF_CAP >= rot/2 sizes the table (set by
 // the host from the problem). Pairs: (i, i + rot/2) or (2i, 2i + 1); dims past
-// rot_dim copied. Includes: rope.wgsl (the exactly reduced angles, the pairs, the
-// rotation).
+// rot_dim copied. Includes: rope.wgsl (interface), rotary.wgsl (the exactly reduced
+// angles, the pairs, the rotation).
 
 override WG: u32 = 64;
 override HEADS: u32 = 4;
 override HALF_CAP: u32 = 64;
-
-struct Dims {
-    tokens: u32,
-    heads: u32,
-    head_dim: u32,
-    rot_half: u32,
-    pos0: u32,
-    interleaved: u32,
-}
-
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> inv_freq: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<uniform> dims: Dims;
 
 var<workgroup> cs: array<vec2<f32>, HALF_CAP>;
 

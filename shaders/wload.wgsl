@@ -1,13 +1,13 @@
 // Weight, gain, bias and KV-cache words, shared by every shader that reads such a
 // buffer (`shader!(FILE, .., "wload.wgsl")`): the buffers are bound as u32 words
 // (or 16-byte vec4<u32> words) holding f32 bits, or two packed f16 per u32 when
-// W_F16, so one shader serves both dtypes without SHADER_F16. This file declares the
-// W_F16 override; its functions take words and indices, never a binding, so the
-// including shader reads its own buffers: `wpick(w[wword(i)], i)` is element i of
-// `w`, `wdot16(w[rw + c], x[xi.x], x[xi.y])` with `xi = xr + wx16(c)` the dot of
-// 16-byte word c of a row with the activations it multiplies.
-
-override W_F16: bool = false;
+// W_F16, so one shader serves both dtypes without SHADER_F16. The including shader
+// declares `override W_F16: bool` (includes declare no overrides: every one a shader
+// has stays in its own file, declared before anything that uses it); the functions
+// take words and indices, never a binding, so the shader reads its own buffers:
+// `wpick(w[wword(i)], i)` is element i of `w`, `wdot16(w[rw + c], x[xi.x], x[xi.y])`
+// with `xi = xr + wx16(c)` the dot of 16-byte word c of a row with the activations
+// it multiplies.
 
 // Index of the u32 word holding element i.
 fn wword(i: u32) -> u32 {

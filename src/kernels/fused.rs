@@ -23,8 +23,8 @@ use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::shader;
 
-static QKNR_WG: Shader = shader!("fused_qk_norm_rope_wg.wgsl", "fused_qk_norm_rope.wgsl", "row_wg.wgsl", "reduce_wg.wgsl", "rms.wgsl", "rope.wgsl", "wload.wgsl");
-static QKNR_SG: Shader = shader!("fused_qk_norm_rope_subgroup.wgsl", "fused_qk_norm_rope.wgsl", "reduce_sg.wgsl", "rms.wgsl", "rope.wgsl", "wload.wgsl");
+static QKNR_WG: Shader = shader!("fused_qk_norm_rope_wg.wgsl", "fused_qk_norm_rope.wgsl", "row_wg.wgsl", "reduce_wg.wgsl", "rms.wgsl", "rotary.wgsl", "wload.wgsl");
+static QKNR_SG: Shader = shader!("fused_qk_norm_rope_subgroup.wgsl", "fused_qk_norm_rope.wgsl", "reduce_sg.wgsl", "rms.wgsl", "rotary.wgsl", "wload.wgsl");
 static GATE_UP_WG: Shader = shader!("fused_gate_up_wg.wgsl", "act.wgsl", "reduce_wg.wgsl", "wload.wgsl");
 static GATE_UP_SG: Shader = shader!("fused_gate_up_subgroup.wgsl", "act.wgsl", "wload.wgsl");
 static GATE_UP_TILED: Shader = shader!("fused_gate_up_tiled.wgsl", "act.wgsl", "wload.wgsl");
