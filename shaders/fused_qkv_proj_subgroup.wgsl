@@ -25,11 +25,6 @@ struct Dims { k: u32, nq: u32, nkv: u32 }
 @group(0) @binding(5) var<storage, read_write> v_out: array<f32>;
 @group(0) @binding(6) var<uniform> dims: Dims;
 
-// Rows of the concatenated weight: q, k, v.
-fn row_count() -> u32 {
-    return dims.nq + 2u * dims.nkv;
-}
-
 fn run_row(row: u32, lane: u32, stride: u32) {
     let words = wwords16(dims.k);
     var acc = 0.0;

@@ -7,7 +7,8 @@
 //
 // Bindings: the bias is always bound at 2 (q, k_out, v_out at 3..5, uniform at 6);
 // without a bias the host binds a small placeholder there and HAS_BIAS is false.
-// Includes: qkv_store.wgsl (the routing), reduce_wg.wgsl (the tree), wload.wgsl.
+// Includes: block_wg.wgsl (entry point), reduce_wg.wgsl (the tree), qkv_store.wgsl
+// (the routing), wload.wgsl.
 
 override WG: u32 = 128;
 override ROWS: u32 = 2;
@@ -28,12 +29,9 @@ var<workgroup> partial: array<f32, WG * ROWS>;
 
 fn wload(i: u32) -> f32 { return wpick(w[wword(i)], i); }
 
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) tid: u32) {
-    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
+fn block_partials(row0: u32, tid: u32) -> u32 {
     let k = dims.k;
-    let n = dims.nq + 2u * dims.nkv;
+    let n = row_count();
     var acc: array<f32, 8>; // ROWS <= 8 (checked on the host)
     for (var r = 0u; r < ROWS; r++) { acc[r] = 0.0; }
     for (var c = tid; c < k; c += WG) {
@@ -44,8 +42,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
     }
     for (var r = 0u; r < ROWS; r++) { partial[r * WG + tid] = acc[r]; }
-    wg_sum_rows(tid, ROWS);
-    if (tid < ROWS && row0 + tid < n) {
-        qkv_store(row0 + tid, partial[tid * WG]);
-    }
+    return ROWS;
+}
+
+fn block_store(row: u32, r: u32) {
+    qkv_store(row, partial[r * WG]);
 }

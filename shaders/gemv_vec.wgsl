@@ -2,7 +2,8 @@
 // Needs k % 4 == 0 (f32 weights) or k % 8 == 0 (f16 weights): each load is one
 // vec4<u32>, i.e. 4 f32 weights or 8 packed f16 weights. Each workgroup owns ROWS
 // rows; partial sums are kept in registers and reduced through workgroup memory.
-// Includes: reduce_wg.wgsl (the tree), wload.wgsl (W_F16, 16-byte words).
+// Includes: block_wg.wgsl (entry point), reduce_wg.wgsl (the tree), wload.wgsl
+// (W_F16, 16-byte words).
 
 override WG: u32 = 128;
 override ROWS: u32 = 2;
@@ -17,10 +18,11 @@ struct Dims { n: u32, k: u32 }
 
 var<workgroup> partial: array<f32, WG * ROWS>;
 
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) tid: u32) {
-    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
+fn row_count() -> u32 {
+    return dims.n;
+}
+
+fn block_partials(row0: u32, tid: u32) -> u32 {
     let words = wwords16(dims.k);
     var acc: array<f32, 8>; // ROWS <= 8 (checked on the host)
     for (var r = 0u; r < ROWS; r++) { acc[r] = 0.0; }
@@ -34,8 +36,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
     }
     for (var r = 0u; r < ROWS; r++) { partial[r * WG + tid] = acc[r]; }
-    wg_sum_rows(tid, ROWS);
-    if (tid < ROWS && row0 + tid < dims.n) {
-        y[row0 + tid] = partial[tid * WG];
-    }
+    return ROWS;
+}
+
+fn block_store(row: u32, r: u32) {
+    y[row] = partial[r * WG];
 }

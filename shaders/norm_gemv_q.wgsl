@@ -15,3 +15,7 @@ struct Dims { n: u32, k: u32, eps: f32, unit_offset: u32 }
 @group(0) @binding(3) var<storage, read> ws: array<u32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 @group(0) @binding(5) var<uniform> dims: Dims;
+
+fn row_count() -> u32 {
+    return dims.n;
+}

@@ -9,7 +9,7 @@
 // reduction of the ROWS + 1 partials, then the row sums are scaled by inv_rms.
 // Needs k % 32 == 0.
 // Includes: norm_gemv_q.wgsl (interface), qblock.wgsl (block decoding),
-// reduce_wg.wgsl (the tree).
+// block_wg.wgsl (entry point), reduce_wg.wgsl (the tree).
 
 override WG: u32 = 128;
 override ROWS: u32 = 2;
@@ -18,10 +18,7 @@ override QFMT: u32 = 0u;
 // Rows 0..ROWS: the partial dot products; row ROWS: the partial sums of squares.
 var<workgroup> partial: array<f32, WG * (ROWS + 1u)>;
 
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) tid: u32) {
-    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
+fn block_partials(row0: u32, tid: u32) -> u32 {
     let qw = qwords();
     let wpr = dims.k / 32u * qw;
     let off = vec4<f32>(select(0.0, 1.0, dims.unit_offset != 0u));
@@ -60,9 +57,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         partial[r * WG + tid] = acc[r];
     }
     partial[ROWS * WG + tid] = ss;
-    wg_sum_rows(tid, ROWS + 1u);
-    if (tid < ROWS && row0 + tid < dims.n) {
-        let inv = inverseSqrt(partial[ROWS * WG] / f32(dims.k) + dims.eps);
-        y[row0 + tid] = partial[tid * WG] * inv;
-    }
+    return ROWS + 1u;
+}
+
+fn block_store(row: u32, r: u32) {
+    let inv = inverseSqrt(partial[ROWS * WG] / f32(dims.k) + dims.eps);
+    y[row] = partial[r * WG] * inv;
 }

@@ -6,8 +6,8 @@
 // registers and x[c]² alongside (x and g read once for all ROWS rows); one
 // workgroup tree reduction then sums the ROWS + 1 partials and the epilogue scales
 // the row sums by inv_rms. Any k; the gain and the weights are u32 words decoded by
-// W_F16 (f32 bits or packed f16 pairs). Includes: reduce_wg.wgsl (the tree),
-// wload.wgsl (W_F16).
+// W_F16 (f32 bits or packed f16 pairs). Includes: block_wg.wgsl (entry point),
+// reduce_wg.wgsl (the tree), wload.wgsl (W_F16).
 
 override WG: u32 = 128;
 override ROWS: u32 = 2;
@@ -27,10 +27,11 @@ var<workgroup> partial: array<f32, WG * (ROWS + 1u)>;
 fn gload(i: u32) -> f32 { return wpick(g[wword(i)], i); }
 fn wload(i: u32) -> f32 { return wpick(w[wword(i)], i); }
 
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) tid: u32) {
-    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
+fn row_count() -> u32 {
+    return dims.n;
+}
+
+fn block_partials(row0: u32, tid: u32) -> u32 {
     let k = dims.k;
     let off = select(0.0, 1.0, dims.unit_offset != 0u);
     var acc: array<f32, 8>; // ROWS <= 8 (the parameter's values)
@@ -53,9 +54,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         partial[r * WG + tid] = acc[r];
     }
     partial[ROWS * WG + tid] = ss;
-    wg_sum_rows(tid, ROWS + 1u);
-    if (tid < ROWS && row0 + tid < dims.n) {
-        let inv = inverseSqrt(partial[ROWS * WG] / f32(k) + dims.eps);
-        y[row0 + tid] = partial[tid * WG] * inv;
-    }
+    return ROWS + 1u;
+}
+
+fn block_store(row: u32, r: u32) {
+    let inv = inverseSqrt(partial[ROWS * WG] / f32(dims.k) + dims.eps);
+    y[row] = partial[r * WG] * inv;
 }

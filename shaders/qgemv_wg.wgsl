@@ -3,8 +3,8 @@
 // ROWS consecutive rows; every invocation takes quant words (4 or 8 weights each)
 // strided by WG, for all ROWS rows from the same x loads, then the workgroup
 // reduces WG partials per row through workgroup memory. Needs k % 32 == 0.
-// Includes: qgemv.wgsl (interface), qblock.wgsl (block decoding), reduce_wg.wgsl
-// (the tree).
+// Includes: qgemv.wgsl (interface), qblock.wgsl (block decoding), block_wg.wgsl
+// (entry point), reduce_wg.wgsl (the tree).
 
 override WG: u32 = 128;
 override ROWS: u32 = 2;
@@ -12,10 +12,7 @@ override QFMT: u32 = 0u;
 
 var<workgroup> partial: array<f32, WG * ROWS>;
 
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) tid: u32) {
-    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
+fn block_partials(row0: u32, tid: u32) -> u32 {
     let wpr = dims.k / 32u * qwords();
     for (var r = 0u; r < ROWS; r++) {
         partial[r * WG + tid] = 0.0;
@@ -28,8 +25,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
     }
-    wg_sum_rows(tid, ROWS);
-    if (tid < ROWS && row0 + tid < dims.n) {
-        y[row0 + tid] = partial[tid * WG];
-    }
+    return ROWS;
+}
+
+fn block_store(row: u32, r: u32) {
+    y[row] = partial[r * WG];
 }

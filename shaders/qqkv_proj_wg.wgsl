@@ -26,13 +26,11 @@ struct Dims { k: u32, nq: u32, nkv: u32 }
 var<workgroup> partial: array<f32, WG * ROWS>;
 
 // Includes: qblock.wgsl (block decoding: qwords, qscale, qdecode, qdot),
-// qkv_store.wgsl (the routing), reduce_wg.wgsl (the tree).
+// block_wg.wgsl (entry point), reduce_wg.wgsl (the tree), qkv_store.wgsl (the
+// routing).
 
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) tid: u32) {
-    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
-    let n = dims.nq + 2u * dims.nkv;
+fn block_partials(row0: u32, tid: u32) -> u32 {
+    let n = row_count();
     let wpr = dims.k / 32u * qwords();
     for (var r = 0u; r < ROWS; r++) {
         partial[r * WG + tid] = 0.0;
@@ -45,8 +43,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
     }
-    wg_sum_rows(tid, ROWS);
-    if (tid < ROWS && row0 + tid < n) {
-        qkv_store(row0 + tid, partial[tid * WG]);
-    }
+    return ROWS;
+}
+
+fn block_store(row: u32, r: u32) {
+    qkv_store(row, partial[r * WG]);
 }

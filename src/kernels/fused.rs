@@ -23,14 +23,31 @@ use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::shader;
 
-static QKNR_WG: Shader = shader!("fused_qk_norm_rope_wg.wgsl", "fused_qk_norm_rope.wgsl", "row_wg.wgsl", "reduce_wg.wgsl", "rms.wgsl", "rotary.wgsl", "wload.wgsl");
-static QKNR_SG: Shader = shader!("fused_qk_norm_rope_subgroup.wgsl", "fused_qk_norm_rope.wgsl", "reduce_sg.wgsl", "rms.wgsl", "rotary.wgsl", "wload.wgsl");
+static QKNR_WG: Shader = shader!(
+    "fused_qk_norm_rope_wg.wgsl",
+    "fused_qk_norm_rope.wgsl",
+    "row_wg.wgsl",
+    "reduce_wg.wgsl",
+    "rms.wgsl",
+    "rotary.wgsl",
+    "wload.wgsl"
+);
+static QKNR_SG: Shader =
+    shader!("fused_qk_norm_rope_subgroup.wgsl", "fused_qk_norm_rope.wgsl", "reduce_sg.wgsl", "rms.wgsl", "rotary.wgsl", "wload.wgsl");
 static GATE_UP_WG: Shader = shader!("fused_gate_up_wg.wgsl", "act.wgsl", "reduce_wg.wgsl", "wload.wgsl");
 static GATE_UP_SG: Shader = shader!("fused_gate_up_subgroup.wgsl", "act.wgsl", "wload.wgsl");
 static GATE_UP_TILED: Shader = shader!("fused_gate_up_tiled.wgsl", "act.wgsl", "wload.wgsl");
-static RESNORM_WG: Shader = shader!("fused_residual_rms_norm_wg.wgsl", "fused_residual_rms_norm.wgsl", "row_wg.wgsl", "reduce_wg.wgsl", "rms.wgsl", "wload.wgsl");
-static RESNORM_SG: Shader = shader!("fused_residual_rms_norm_subgroup.wgsl", "fused_residual_rms_norm.wgsl", "row_sg.wgsl", "reduce_sg.wgsl", "rms.wgsl", "wload.wgsl");
-static QKV_WG: Shader = shader!("fused_qkv_proj_wg.wgsl", "qkv_store.wgsl", "reduce_wg.wgsl", "wload.wgsl");
+static RESNORM_WG: Shader =
+    shader!("fused_residual_rms_norm_wg.wgsl", "fused_residual_rms_norm.wgsl", "row_wg.wgsl", "reduce_wg.wgsl", "rms.wgsl", "wload.wgsl");
+static RESNORM_SG: Shader = shader!(
+    "fused_residual_rms_norm_subgroup.wgsl",
+    "fused_residual_rms_norm.wgsl",
+    "row_sg.wgsl",
+    "reduce_sg.wgsl",
+    "rms.wgsl",
+    "wload.wgsl"
+);
+static QKV_WG: Shader = shader!("fused_qkv_proj_wg.wgsl", "block_wg.wgsl", "reduce_wg.wgsl", "qkv_store.wgsl", "wload.wgsl");
 static QKV_SG: Shader = shader!("fused_qkv_proj_subgroup.wgsl", "row_sg.wgsl", "reduce_sg.wgsl", "qkv_store.wgsl", "wload.wgsl");
 
 const BOTH: &[DType] = &[DType::F32, DType::F16];

@@ -20,10 +20,10 @@ use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::shader;
 
-static GEMV_WG: Shader = shader!("gemv_wg.wgsl", "reduce_wg.wgsl", "wload.wgsl");
-static GEMV_VEC: Shader = shader!("gemv_vec.wgsl", "reduce_wg.wgsl", "wload.wgsl");
+static GEMV_WG: Shader = shader!("gemv_wg.wgsl", "block_wg.wgsl", "reduce_wg.wgsl", "wload.wgsl");
+static GEMV_VEC: Shader = shader!("gemv_vec.wgsl", "block_wg.wgsl", "reduce_wg.wgsl", "wload.wgsl");
 static GEMV_SUBGROUP: Shader = shader!("gemv_subgroup.wgsl", "row_sg.wgsl", "reduce_sg.wgsl", "wload.wgsl");
-static GEMV_F16: Shader = shader!("gemv_f16.wgsl", "reduce_wg.wgsl");
+static GEMV_F16: Shader = shader!("gemv_f16.wgsl", "block_wg.wgsl", "reduce_wg.wgsl");
 
 const BOTH: &[DType] = &[DType::F32, DType::F16];
 

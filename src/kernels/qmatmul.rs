@@ -32,11 +32,11 @@ use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{Bind, GpuProgram, Shader, grid_2d, groups};
 use crate::shader;
 
-static QGEMV_WG: Shader = shader!("qgemv_wg.wgsl", "qgemv.wgsl", "qblock.wgsl", "reduce_wg.wgsl");
+static QGEMV_WG: Shader = shader!("qgemv_wg.wgsl", "qgemv.wgsl", "qblock.wgsl", "block_wg.wgsl", "reduce_wg.wgsl");
 static QGEMV_SG: Shader = shader!("qgemv_subgroup.wgsl", "qgemv.wgsl", "qblock.wgsl", "row_sg.wgsl", "reduce_sg.wgsl");
 static QGEMM_TILED: Shader = shader!("qgemm_tiled.wgsl", "qblock.wgsl");
 static QGATE_UP_WG: Shader = shader!("qgate_up_wg.wgsl", "qblock.wgsl", "act.wgsl", "reduce_wg.wgsl");
-static QQKV_WG: Shader = shader!("qqkv_proj_wg.wgsl", "qblock.wgsl", "qkv_store.wgsl", "reduce_wg.wgsl");
+static QQKV_WG: Shader = shader!("qqkv_proj_wg.wgsl", "qblock.wgsl", "block_wg.wgsl", "reduce_wg.wgsl", "qkv_store.wgsl");
 
 const QUANT: &[DType] = DType::QUANT;
 
