@@ -17,6 +17,7 @@
 // `part` holds nsplit * heads * HD partial outputs, then at ml_off nsplit * heads
 // (max, sum) pairs. K/V are u32 words decoded by W_F16 (vec4<u32> = 4 f32 or 8 f16).
 // HD and GH (<= 8) are specialised by the host; WG must be a power of two.
+// Includes: attention.wgsl, wload.wgsl (W_F16, 16-byte words).
 
 override WG: u32 = 128;
 override HD: u32 = 64;
@@ -42,32 +43,13 @@ struct Dims {
 @group(0) @binding(4) var<uniform> dims: Dims;
 @group(0) @binding(5) var<storage, read_write> part: array<f32>;
 
-const NEG: f32 = -3.0e38;
-
 var<workgroup> qs: array<vec4<f32>, GH * HD / 4u>;
 var<workgroup> sc: array<f32, GH * WG>;
 var<workgroup> red: array<vec4<f32>, 2u * WG>;
 
-fn lo4(w: vec4<u32>) -> vec4<f32> {
-    if (W_F16) {
-        return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
-    }
-    return bitcast<vec4<f32>>(w);
-}
-
-fn hi4(w: vec4<u32>) -> vec4<f32> {
-    return vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
-}
-
-fn row_words() -> u32 {
-    return select(HD / 4u, HD / 8u, W_F16);
-}
-
-fn first_key() -> u32 {
-    if (dims.window > 0u && dims.kv_len > dims.window) {
-        return dims.kv_len - dims.window;
-    }
-    return 0u;
+// First key of the query (at position kv_len - 1).
+fn first_key_decode() -> u32 {
+    return first_key(dims.kv_len - 1u, dims.window);
 }
 
 fn pick(a: vec4<f32>, b: vec4<f32>, g: u32) -> f32 {
@@ -85,7 +67,7 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let ng = min(GH, group - g0);
     let h0 = kh * group + g0;
     let hd4 = HD / 4u;
-    let s0 = first_key() + wid.y * CHUNK;
+    let s0 = first_key_decode() + wid.y * CHUNK;
     let s1 = min(s0 + CHUNK, dims.kv_len);
 
     for (var i = tid; i < GH * hd4; i += WG) {
@@ -98,7 +80,7 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     }
     workgroupBarrier();
 
-    let vl = row_words();
+    let vl = wwords16(HD);
     let ns = WG / vl;
     let slice = tid / vl;
     let lane = tid % vl;
@@ -128,16 +110,9 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             let rb = (base + j) * vl;
             for (var c = 0u; c < vl; c++) {
                 let w = kc[rb + c];
-                let a = lo4(w);
-                if (W_F16) {
-                    let b = hi4(w);
-                    for (var g = 0u; g < GH; g++) {
-                        sv[g] += qs[g * hd4 + 2u * c] * a + qs[g * hd4 + 2u * c + 1u] * b;
-                    }
-                } else {
-                    for (var g = 0u; g < GH; g++) {
-                        sv[g] += qs[g * hd4 + c] * a;
-                    }
+                for (var g = 0u; g < GH; g++) {
+                    let qi = g * hd4 + wx16(c);
+                    sv[g] += wmul16(w, qs[qi.x], qs[qi.y]);
                 }
             }
             for (var g = 0u; g < GH; g++) {
@@ -174,17 +149,13 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         if (slice < ns) {
             for (var c = slice; c < n; c += ns) {
                 let w = vc[(base + t0 + c) * vl + lane];
-                let a = lo4(w);
-                if (W_F16) {
-                    let b = hi4(w);
-                    for (var g = 0u; g < GH; g++) {
-                        let p = sc[g * WG + c];
-                        acc[2u * g] += p * a;
+                let a = wlo4(w);
+                let b = whi4(w);
+                for (var g = 0u; g < GH; g++) {
+                    let p = sc[g * WG + c];
+                    acc[2u * g] += p * a;
+                    if (W_F16) {
                         acc[2u * g + 1u] += p * b;
-                    }
-                } else {
-                    for (var g = 0u; g < GH; g++) {
-                        acc[2u * g] += sc[g * WG + c] * a;
                     }
                 }
             }
@@ -250,7 +221,7 @@ fn reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
         return;
     }
     let h = idx / HD;
-    let keys = dims.kv_len - first_key();
+    let keys = dims.kv_len - first_key_decode();
     let nsplit = (keys + CHUNK - 1u) / CHUNK;
     var mx = NEG;
     for (var s = 0u; s < nsplit; s++) {

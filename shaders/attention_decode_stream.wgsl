@@ -9,6 +9,8 @@
 // K/V are u32 words decoded by W_F16: one vec4<u32> holds 4 f32 or 8 packed f16,
 // so head_dim % 4 == 0 (f32) or % 8 == 0 (f16), checked on the host. HD is the
 // head dimension, specialised by the host; WG must be a power of two.
+// Includes: attention.wgsl, reduce_wg.wgsl (the trees), wload.wgsl (W_F16, 16-byte
+// words).
 
 override WG: u32 = 128;
 override KPT: u32 = 2;
@@ -23,43 +25,19 @@ struct Dims { kv_len: u32, kv_cap: u32, heads: u32, kv_heads: u32, window: u32, 
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 @group(0) @binding(4) var<uniform> dims: Dims;
 
-const NEG: f32 = -3.0e38;
-
 var<workgroup> qs: array<vec4<f32>, HD / 4u>;
 var<workgroup> sc: array<f32, WG * KPT>;
-var<workgroup> red: array<f32, WG>;
+var<workgroup> partial: array<f32, WG>;
 var<workgroup> comb: array<vec4<f32>, WG * 2u>;
-
-// First four elements of a 16-byte cache word.
-fn lo4(w: vec4<u32>) -> vec4<f32> {
-    if (W_F16) {
-        return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
-    }
-    return bitcast<vec4<f32>>(w);
-}
-
-// Elements 4..8 of a 16-byte word of packed f16.
-fn hi4(w: vec4<u32>) -> vec4<f32> {
-    return vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
-}
-
-// 16-byte words per cache row.
-fn row_words() -> u32 {
-    return select(HD / 4u, HD / 8u, W_F16);
-}
 
 // Scaled q · K[row].
 fn score(row: u32) -> f32 {
-    let n = row_words();
+    let n = wwords16(HD);
     let base = row * n;
     var s = vec4<f32>(0.0);
     for (var c = 0u; c < n; c++) {
-        let w = kc[base + c];
-        if (W_F16) {
-            s += qs[2u * c] * lo4(w) + qs[2u * c + 1u] * hi4(w);
-        } else {
-            s += qs[c] * lo4(w);
-        }
+        let qi = wx16(c);
+        s += wmul16(kc[base + c], qs[qi.x], qs[qi.y]);
     }
     return s.x + s.y + s.z + s.w;
 }
@@ -71,18 +49,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (h >= dims.heads) {
         return;
     }
-    let kh = h / (dims.heads / dims.kv_heads);
+    let kh = kv_head(h, dims.heads, dims.kv_heads);
     let hi = dims.kv_len;
-    var lo = 0u;
-    if (dims.window > 0u && hi > dims.window) {
-        lo = hi - dims.window;
-    }
+    let lo = first_key(hi - 1u, dims.window);
     for (var i = tid; i < HD / 4u; i += WG) {
         qs[i] = q[h * (HD / 4u) + i] * dims.scale;
     }
     workgroupBarrier();
 
-    let vl = row_words();
+    let vl = wwords16(HD);
     let ns = WG / vl;
     let slice = tid / vl;
     let lane = tid % vl;
@@ -103,16 +78,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             sc[c] = s;
             tmax = max(tmax, s);
         }
-        red[tid] = tmax;
-        workgroupBarrier();
-        for (var st = WG / 2u; st > 0u; st >>= 1u) {
-            if (tid < st) {
-                red[tid] = max(red[tid], red[tid + st]);
-            }
-            workgroupBarrier();
-        }
+        let tile_max = row_max(tmax, tid);
         // online softmax: rescale the running state, scores become probabilities
-        let m_new = max(m, red[0]);
+        let m_new = max(m, tile_max);
         let alpha = exp(m - m_new);
         l *= alpha;
         for (var r = 0u; r < KPT; r++) {
@@ -129,9 +97,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             for (var c = slice; c < n; c += ns) {
                 let p = sc[c];
                 let w = vc[(base + t0 + c) * vl + lane];
-                acc0 += p * lo4(w);
+                acc0 += p * wlo4(w);
                 if (W_F16) {
-                    acc1 += p * hi4(w);
+                    acc1 += p * whi4(w);
                 }
             }
         }
@@ -140,15 +108,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 
     // softmax denominator: sum of the per-invocation partials
-    red[tid] = l;
-    workgroupBarrier();
-    for (var st = WG / 2u; st > 0u; st >>= 1u) {
-        if (tid < st) {
-            red[tid] += red[tid + st];
-        }
-        workgroupBarrier();
-    }
-    let inv = 1.0 / red[0];
+    let inv = 1.0 / row_sum(l, tid);
     // sum the NS row slices
     if (slice < ns) {
         comb[2u * tid] = acc0;

@@ -12,6 +12,7 @@
 // read. Query head h reads KV head h / (heads / kv_heads).
 // K/V are u32 words decoded by W_F16 (vec4<u32> = 4 f32 or 8 packed f16), so
 // head_dim % 4 == 0 (f32) or % 8 == 0 (f16); HD is specialised by the host.
+// Includes: attention.wgsl, wload.wgsl (W_F16, 16-byte words).
 
 override BQ: u32 = 16;
 override BKV: u32 = 32;
@@ -35,33 +36,13 @@ struct Dims {
 @group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(4) var<uniform> dims: Dims;
 
-const NEG: f32 = -3.0e38;
-
 var<workgroup> qs: array<vec4<f32>, BQ * HD / 4u>;
 var<workgroup> kv: array<vec4<f32>, BKV * HD / 4u>;
 var<workgroup> ps: array<f32, BQ * BKV>;
 
-fn lo4(w: vec4<u32>) -> vec4<f32> {
-    if (W_F16) {
-        return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
-    }
-    return bitcast<vec4<f32>>(w);
-}
-
-fn hi4(w: vec4<u32>) -> vec4<f32> {
-    return vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
-}
-
-fn first_key(pos: u32) -> u32 {
-    if (dims.window > 0u && pos + 1u > dims.window) {
-        return pos + 1u - dims.window;
-    }
-    return 0u;
-}
-
 // Stages cache rows t0 .. t0 + BKV (rows past `last` as zeros) of K or V in `kv`.
 fn load_tile(is_v: bool, base: u32, t0: u32, last: u32, tid: u32) {
-    let rw = select(HD / 4u, HD / 8u, W_F16);
+    let rw = wwords16(HD);
     let hd4 = HD / 4u;
     for (var idx = tid; idx < BKV * rw; idx += BQ * LANES) {
         let c = idx / rw;
@@ -75,11 +56,10 @@ fn load_tile(is_v: bool, base: u32, t0: u32, last: u32, tid: u32) {
                 w = kc[gi];
             }
         }
+        let ti = c * hd4 + wx16(x);
+        kv[ti.x] = wlo4(w);
         if (W_F16) {
-            kv[c * hd4 + 2u * x] = lo4(w);
-            kv[c * hd4 + 2u * x + 1u] = hi4(w);
-        } else {
-            kv[c * hd4 + x] = lo4(w);
+            kv[ti.y] = whi4(w);
         }
     }
 }
@@ -87,7 +67,7 @@ fn load_tile(is_v: bool, base: u32, t0: u32, last: u32, tid: u32) {
 @compute @workgroup_size(BQ * LANES)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     let h = wid.y;
-    let kh = h / (dims.heads / dims.kv_heads);
+    let kh = kv_head(h, dims.heads, dims.kv_heads);
     let heads = dims.heads;
     let past = dims.kv_len - dims.tokens;
     let i0 = wid.x * BQ;
@@ -108,8 +88,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
     // this row's visible keys [lo_r, pos], the block's [klo, khi]
     let pos = past + i0 + min(r, rows - 1u);
-    let lo_r = first_key(pos);
-    let klo = first_key(past + i0);
+    let lo_r = first_key(pos, dims.window);
+    let klo = first_key(past + i0, dims.window);
     let khi = past + i0 + rows - 1u;
     let base = kh * dims.kv_cap;
     let ncol = (hd4 + LANES - 1u) / LANES;

@@ -13,6 +13,7 @@
 //   scores: q@0 k_cache@1 dims@4 sc@5;  softmax: dims@4 sc@5;  pv: v_cache@2 out@3 dims@4 sc@5
 // K/V are u32 words decoded by W_F16 (vec4<u32> = 4 f32 or 8 packed f16), so
 // head_dim % 4 == 0 (f32) or % 8 == 0 (f16); WG must be a power of two.
+// Includes: attention.wgsl, reduce_wg.wgsl (the trees), wload.wgsl (W_F16, 16-byte words).
 
 override WG: u32 = 128;
 override W_F16: bool = false;
@@ -35,36 +36,11 @@ struct Dims {
 @group(0) @binding(4) var<uniform> dims: Dims;
 @group(0) @binding(5) var<storage, read_write> sc: array<f32>;
 
-const NEG: f32 = -3.0e38;
-
-var<workgroup> red: array<f32, WG>;
-
-fn lo4(w: vec4<u32>) -> vec4<f32> {
-    if (W_F16) {
-        return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
-    }
-    return bitcast<vec4<f32>>(w);
-}
-
-fn hi4(w: vec4<u32>) -> vec4<f32> {
-    return vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
-}
-
-fn row_words() -> u32 {
-    return select(dims.head_dim / 4u, dims.head_dim / 8u, W_F16);
-}
+var<workgroup> partial: array<f32, WG>;
 
 // Absolute position of the query at token index i.
 fn position(i: u32) -> u32 {
     return dims.kv_len - dims.tokens + i;
-}
-
-// First key the query at `pos` sees.
-fn first_key(pos: u32) -> u32 {
-    if (dims.window > 0u && pos + 1u > dims.window) {
-        return pos + 1u - dims.window;
-    }
-    return 0u;
 }
 
 @compute @workgroup_size(WG)
@@ -79,22 +55,18 @@ fn scores(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let j = idx % kv_len;
     let i = row / dims.heads;
     let h = row % dims.heads;
-    let kh = h / (dims.heads / dims.kv_heads);
+    let kh = kv_head(h, dims.heads, dims.kv_heads);
     let pos = position(i);
     var s = NEG;
-    if (j <= pos && j >= first_key(pos)) {
-        let n = row_words();
+    if (j <= pos && j >= first_key(pos, dims.window)) {
+        let n = wwords16(dims.head_dim);
         let hd4 = dims.head_dim / 4u;
         let qb = row * hd4;
         let kb = (kh * dims.kv_cap + j) * n;
         var acc = vec4<f32>(0.0);
         for (var c = 0u; c < n; c++) {
-            let w = kc[kb + c];
-            if (W_F16) {
-                acc += q[qb + 2u * c] * lo4(w) + q[qb + 2u * c + 1u] * hi4(w);
-            } else {
-                acc += q[qb + c] * lo4(w);
-            }
+            let qi = qb + wx16(c);
+            acc += wmul16(kc[kb + c], q[qi.x], q[qi.y]);
         }
         s = (acc.x + acc.y + acc.z + acc.w) * dims.scale;
     }
@@ -109,35 +81,19 @@ fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
         return;
     }
     let pos = position(row / dims.heads);
-    let lo = first_key(pos);
+    let lo = first_key(pos, dims.window);
     let base = row * dims.kv_len;
     var mx = NEG;
     for (var j = lo + tid; j <= pos; j += WG) {
         mx = max(mx, sc[base + j]);
     }
-    red[tid] = mx;
-    workgroupBarrier();
-    for (var st = WG / 2u; st > 0u; st >>= 1u) {
-        if (tid < st) {
-            red[tid] = max(red[tid], red[tid + st]);
-        }
-        workgroupBarrier();
-    }
-    mx = red[0];
+    mx = row_max(mx, tid);
     workgroupBarrier();
     var sum = 0.0;
     for (var j = lo + tid; j <= pos; j += WG) {
         sum += exp(sc[base + j] - mx);
     }
-    red[tid] = sum;
-    workgroupBarrier();
-    for (var st = WG / 2u; st > 0u; st >>= 1u) {
-        if (tid < st) {
-            red[tid] += red[tid + st];
-        }
-        workgroupBarrier();
-    }
-    let inv = 1.0 / red[0];
+    let inv = 1.0 / row_sum(sum, tid);
     for (var j = lo + tid; j <= pos; j += WG) {
         sc[base + j] = exp(sc[base + j] - mx) * inv;
     }
@@ -147,25 +103,25 @@ fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
 fn pv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
       @builtin(local_invocation_index) tid: u32) {
     let idx = (wid.x + wid.y * nwg.x) * WG + tid;
-    let n = row_words();
+    let n = wwords16(dims.head_dim);
     if (idx >= dims.tokens * dims.heads * n) {
         return;
     }
     let row = idx / n;
     let lane = idx % n;
     let h = row % dims.heads;
-    let kh = h / (dims.heads / dims.kv_heads);
+    let kh = kv_head(h, dims.heads, dims.kv_heads);
     let pos = position(row / dims.heads);
     let base = row * dims.kv_len;
     let vb = kh * dims.kv_cap;
     var a0 = vec4<f32>(0.0);
     var a1 = vec4<f32>(0.0);
-    for (var j = first_key(pos); j <= pos; j++) {
+    for (var j = first_key(pos, dims.window); j <= pos; j++) {
         let p = sc[base + j];
         let w = vc[(vb + j) * n + lane];
-        a0 += p * lo4(w);
+        a0 += p * wlo4(w);
         if (W_F16) {
-            a1 += p * hi4(w);
+            a1 += p * whi4(w);
         }
     }
     let o = row * dims.head_dim + lane * select(4u, 8u, W_F16);

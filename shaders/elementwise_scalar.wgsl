@@ -2,7 +2,7 @@
 // and `residual_add` (y = a + b). Any n; every invocation does one load per input
 // and one store, so adjacent invocations touch adjacent words (coalesced).
 // The activation is a problem constant (ACT: 0 silu, 1 gelu_tanh), specialised in
-// the pipeline rather than branched on per element.
+// the pipeline rather than branched on per element. Includes: act.wgsl.
 
 override WG: u32 = 256;
 override ACT: u32 = 0;
@@ -14,17 +14,6 @@ struct Dims { n: u32 }
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> dims: Dims;
 
-// Both activations as g * sigmoid(k): silu k = g, gelu_tanh k = 2 * sqrt(2/pi) *
-// (g + 0.044715 g^3) (0.5 (1 + tanh(z)) = sigmoid(2z)). k is clamped so exp never
-// overflows (the result is 0 to f32 precision there anyway).
-fn act(g: f32) -> f32 {
-    var k = g;
-    if (ACT == 1u) {
-        k = 1.5957691216057308 * (g + 0.044715 * g * g * g);
-    }
-    return g / (1.0 + exp(-max(k, -80.0)));
-}
-
 fn index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
     return (wid.x + wid.y * nwg.x) * WG + lid;
 }
@@ -34,7 +23,7 @@ fn gated_act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
              @builtin(local_invocation_index) lid: u32) {
     let i = index(wid, nwg, lid);
     if (i < dims.n) {
-        y[i] = act(in0[i]) * in1[i];
+        y[i] = act(in0[i], ACT == 1u) * in1[i];
     }
 }
 

@@ -3,46 +3,15 @@
 // merge with subgroupMax then subgroupAdd of s * exp(m - M), and a second pass
 // writes y = exp(x - M) / S. ROWS rows per workgroup, spread over its subgroups:
 // suited to many short rows. Needs SUBGROUP and a workgroup at least one subgroup wide.
+// Includes: elementwise_softmax.wgsl (interface, row pieces), row_sg.wgsl (entry
+// point), reduce_sg.wgsl.
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
 
-struct Dims { rows: u32, dim: u32 }
-
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> y: array<f32>;
-@group(0) @binding(2) var<uniform> dims: Dims;
-
-const NEG: f32 = -3.0e38;
-
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) nsg: u32,
-        @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg_size: u32) {
-    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
-    let d = dims.dim;
-    for (var rr = sg; rr < ROWS; rr += nsg) {
-        let row = row0 + rr;
-        if (row >= dims.rows) {
-            break;
-        }
-        let base = row * d;
-        var m = NEG;
-        var s = 0.0;
-        for (var c = lane; c < d; c += sg_size) {
-            let v = x[base + c];
-            if (v > m) {
-                s = s * exp(m - v) + 1.0;
-                m = v;
-            } else {
-                s += exp(v - m);
-            }
-        }
-        let row_max = subgroupMax(m);
-        let total = subgroupAdd(s * exp(m - row_max));
-        let inv = 1.0 / total;
-        for (var c = lane; c < d; c += sg_size) {
-            y[base + c] = exp(x[base + c] - row_max) * inv;
-        }
-    }
+fn run_row(row: u32, lane: u32, stride: u32) {
+    let base = row * dims.dim;
+    let ms = online_row(base, lane, stride, dims.dim);
+    let mx = row_max(ms.x, lane);
+    softmax_write(base, lane, stride, dims.dim, mx, 1.0 / row_sum(ms.y * exp(ms.x - mx), lane));
 }

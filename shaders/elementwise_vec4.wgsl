@@ -2,7 +2,8 @@
 // (y = act(gate) * up) and `residual_add` (y = a + b). A workgroup owns WG * VPT
 // consecutive vec4s; invocation `lid` handles vec4 lid, lid + WG, ... so every
 // load instruction of the workgroup is still contiguous. Needs n % 4 == 0 (checked
-// on the host): the buffers are bound as arrays of vec4.
+// on the host): the buffers are bound as arrays of vec4. The activation (ACT: 0
+// silu, 1 gelu_tanh) is act.wgsl's, per component.
 
 override WG: u32 = 128;
 override VPT: u32 = 2;
@@ -15,15 +16,6 @@ struct Dims { n4: u32 }
 @group(0) @binding(2) var<storage, read_write> y: array<vec4<f32>>;
 @group(0) @binding(3) var<uniform> dims: Dims;
 
-// silu or gelu_tanh as g * sigmoid(k), see elementwise_scalar.wgsl.
-fn act(g: vec4<f32>) -> vec4<f32> {
-    var k = g;
-    if (ACT == 1u) {
-        k = 1.5957691216057308 * (g + 0.044715 * g * g * g);
-    }
-    return g / (1.0 + exp(-max(k, vec4<f32>(-80.0))));
-}
-
 fn first(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return (wid.x + wid.y * nwg.x) * WG * VPT;
 }
@@ -35,7 +27,7 @@ fn gated_act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     for (var v = 0u; v < VPT; v++) {
         let i = base + v * WG;
         if (i < dims.n4) {
-            y[i] = act(in0[i]) * in1[i];
+            y[i] = act4(in0[i], ACT == 1u) * in1[i];
         }
     }
 }

@@ -4,7 +4,7 @@
 // matching gate and up weight tiles in workgroup memory (zero-padded at the edges),
 // then every invocation accumulates TM x TN gate and up sums in registers (rows
 // ly + 16i, features lx + 16j) and applies the activation product at the end.
-// Any shape; weights as u32 words decoded by W_F16.
+// Any shape; weights as u32 words decoded by W_F16. Includes: act.wgsl, wload.wgsl.
 
 override TM: u32 = 2;  // token rows per invocation (<= 4)
 override TN: u32 = 2;  // features per invocation (<= 4)
@@ -25,21 +25,7 @@ var<workgroup> xs: array<f32, 16u * TM * TK>;
 var<workgroup> gs: array<f32, 16u * TN * TK>;
 var<workgroup> us: array<f32, 16u * TN * TK>;
 
-fn wload(i: u32) -> f32 {
-    if (W_F16) {
-        let pair = unpack2x16float(w[i >> 1u]);
-        return select(pair.x, pair.y, (i & 1u) == 1u);
-    }
-    return bitcast<f32>(w[i]);
-}
-
-fn act(g: f32) -> f32 {
-    if (dims.act == 1u) {
-        let t = tanh(clamp(0.7978845608028654 * (g + 0.044715 * g * g * g), -15.0, 15.0));
-        return 0.5 * g * (1.0 + t);
-    }
-    return g / (1.0 + exp(-g));
-}
+fn wload(i: u32) -> f32 { return wpick(w[wword(i)], i); }
 
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
@@ -98,7 +84,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         for (var j = 0u; j < TN; j++) {
             let f = n0 + lid.x + 16u * j;
             if (r < rows && f < n) {
-                y[r * n + f] = act(ag[i * TN + j]) * au[i * TN + j];
+                y[r * n + f] = act(ag[i * TN + j], dims.act == 1u) * au[i * TN + j];
             }
         }
     }

@@ -4,6 +4,7 @@
 // of all ROWS features from one load of x, the workgroup reduces the 2·ROWS partials
 // through workgroup memory and the first ROWS invocations apply the activation
 // product. Any k; weights as u32 words decoded by W_F16 (f32 bits or f16 pairs).
+// Includes: act.wgsl, reduce_wg.wgsl (the tree), wload.wgsl (W_F16).
 
 override WG: u32 = 128;
 override ROWS: u32 = 2;
@@ -18,21 +19,7 @@ struct Dims { n: u32, k: u32, act: u32 } // act: 0 silu, 1 gelu_tanh
 
 var<workgroup> partial: array<f32, 2u * WG * ROWS>;
 
-fn wload(i: u32) -> f32 {
-    if (W_F16) {
-        let pair = unpack2x16float(w[i >> 1u]);
-        return select(pair.x, pair.y, (i & 1u) == 1u);
-    }
-    return bitcast<f32>(w[i]);
-}
-
-fn act(g: f32) -> f32 {
-    if (dims.act == 1u) {
-        let t = tanh(clamp(0.7978845608028654 * (g + 0.044715 * g * g * g), -15.0, 15.0));
-        return 0.5 * g * (1.0 + t);
-    }
-    return g / (1.0 + exp(-g));
-}
+fn wload(i: u32) -> f32 { return wpick(w[wword(i)], i); }
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -53,18 +40,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
     }
     for (var r = 0u; r < 2u * ROWS; r++) { partial[r * WG + tid] = acc[r]; }
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (tid < s) {
-            for (var r = 0u; r < 2u * ROWS; r++) {
-                partial[r * WG + tid] += partial[r * WG + tid + s];
-            }
-        }
-        workgroupBarrier();
-    }
+    wg_sum_rows(tid, 2u * ROWS);
     if (tid < ROWS && j0 + tid < n) {
         let g = partial[(2u * tid) * WG];
         let u = partial[(2u * tid + 1u) * WG];
-        y[t * n + j0 + tid] = act(g) * u;
+        y[t * n + j0 + tid] = act(g, dims.act == 1u) * u;
     }
 }

@@ -7,6 +7,8 @@
 //
 // Bindings: the bias is always bound at 2 (q, k_out, v_out at 3..5, uniform at 6);
 // without a bias the host binds a small placeholder there and HAS_BIAS is false.
+// Includes: row_sg.wgsl (entry point), reduce_sg.wgsl, qkv_store.wgsl (the routing),
+// wload.wgsl (W_F16, 16-byte words).
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
@@ -23,46 +25,15 @@ struct Dims { k: u32, nq: u32, nkv: u32 }
 @group(0) @binding(5) var<storage, read_write> v_out: array<f32>;
 @group(0) @binding(6) var<uniform> dims: Dims;
 
-fn h2(v: u32) -> vec2<f32> { return unpack2x16float(v); }
-
-fn store(row: u32, v: f32) {
-    var o = v;
-    if (HAS_BIAS) { o += bias[row]; }
-    if (row < dims.nq) {
-        q[row] = o;
-    } else if (row < dims.nq + dims.nkv) {
-        k_out[row - dims.nq] = o;
-    } else {
-        v_out[row - dims.nq - dims.nkv] = o;
+fn run_row(row: u32, lane: u32, stride: u32) {
+    let words = wwords16(dims.k);
+    var acc = 0.0;
+    for (var c = lane; c < words; c += stride) {
+        let xi = wx16(c);
+        acc += wdot16(w[row * words + c], x[xi.x], x[xi.y]);
     }
-}
-
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) nsg: u32,
-        @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg_size: u32) {
-    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
-    let k = dims.k;
-    let n = dims.nq + 2u * dims.nkv;
-    for (var r = sg; r < ROWS; r += nsg) {
-        let row = row0 + r;
-        if (row >= n) { break; }
-        var acc = 0.0;
-        if (W_F16) {
-            let words = k / 8u;
-            for (var c = lane; c < words; c += sg_size) {
-                let qw = w[row * words + c];
-                acc += dot(x[2u * c], vec4<f32>(h2(qw.x), h2(qw.y))) + dot(x[2u * c + 1u], vec4<f32>(h2(qw.z), h2(qw.w)));
-            }
-        } else {
-            let vecs = k / 4u;
-            for (var c = lane; c < vecs; c += sg_size) {
-                acc += dot(x[c], bitcast<vec4<f32>>(w[row * vecs + c]));
-            }
-        }
-        let total = subgroupAdd(acc);
-        if (lane == 0u) {
-            store(row, total);
-        }
+    let total = row_sum(acc, lane);
+    if (lane == 0u) {
+        qkv_store(row, total);
     }
 }

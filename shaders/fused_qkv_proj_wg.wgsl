@@ -7,6 +7,8 @@
 //
 // Bindings: the bias is always bound at 2 (q, k_out, v_out at 3..5, uniform at 6);
 // without a bias the host binds a small placeholder there and HAS_BIAS is false.
+// Includes: block_wg.wgsl (entry point), reduce_wg.wgsl (the tree), qkv_store.wgsl
+// (the routing), wload.wgsl.
 
 override WG: u32 = 128;
 override ROWS: u32 = 2;
@@ -25,32 +27,11 @@ struct Dims { k: u32, nq: u32, nkv: u32 }
 
 var<workgroup> partial: array<f32, WG * ROWS>;
 
-fn wload(i: u32) -> f32 {
-    if (W_F16) {
-        let pair = unpack2x16float(w[i >> 1u]);
-        return select(pair.x, pair.y, (i & 1u) == 1u);
-    }
-    return bitcast<f32>(w[i]);
-}
+fn wload(i: u32) -> f32 { return wpick(w[wword(i)], i); }
 
-fn store(row: u32, v: f32) {
-    var o = v;
-    if (HAS_BIAS) { o += bias[row]; }
-    if (row < dims.nq) {
-        q[row] = o;
-    } else if (row < dims.nq + dims.nkv) {
-        k_out[row - dims.nq] = o;
-    } else {
-        v_out[row - dims.nq - dims.nkv] = o;
-    }
-}
-
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) tid: u32) {
-    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
+fn block_partials(row0: u32, tid: u32) -> u32 {
     let k = dims.k;
-    let n = dims.nq + 2u * dims.nkv;
+    let n = row_count();
     var acc: array<f32, 8>; // ROWS <= 8 (checked on the host)
     for (var r = 0u; r < ROWS; r++) { acc[r] = 0.0; }
     for (var c = tid; c < k; c += WG) {
@@ -61,16 +42,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
     }
     for (var r = 0u; r < ROWS; r++) { partial[r * WG + tid] = acc[r]; }
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (tid < s) {
-            for (var r = 0u; r < ROWS; r++) {
-                partial[r * WG + tid] += partial[r * WG + tid + s];
-            }
-        }
-        workgroupBarrier();
-    }
-    if (tid < ROWS && row0 + tid < n) {
-        store(row0 + tid, partial[tid * WG]);
-    }
+    return ROWS;
+}
+
+fn block_store(row: u32, r: u32) {
+    qkv_store(row, partial[r * WG]);
 }

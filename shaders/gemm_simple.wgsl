@@ -2,7 +2,7 @@
 // one column j of y (one row of w) and ROWS consecutive rows of y, and walks k
 // once, reading each weight a single time for all ROWS rows. No workgroup memory,
 // scalar loads, any shape (bounds checks on both edges). Weights as u32 words
-// decoded by W_F16 (f32 bits or packed f16 pairs).
+// decoded by W_F16 (f32 bits or packed f16 pairs). Includes: wload.wgsl (W_F16).
 
 override WG_X: u32 = 16;
 override WG_Y: u32 = 4;
@@ -16,13 +16,7 @@ struct Dims { m: u32, n: u32, k: u32 }
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> dims: Dims;
 
-fn wload(i: u32) -> f32 {
-    if (W_F16) {
-        let pair = unpack2x16float(w[i >> 1u]);
-        return select(pair.x, pair.y, (i & 1u) == 1u);
-    }
-    return bitcast<f32>(w[i]);
-}
+fn wload(i: u32) -> f32 { return wpick(w[wword(i)], i); }
 
 @compute @workgroup_size(WG_X, WG_Y)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {

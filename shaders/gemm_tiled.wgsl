@@ -10,7 +10,7 @@
 // padded by one vec4 so the invocations of a wave spread over the memory banks.
 //
 // Needs k % 4 == 0 (f32 weights) or k % 8 == 0 (f16 weights), TILE_K % 8 == 0,
-// REG_M, REG_N <= 8; any m and n.
+// REG_M, REG_N <= 8; any m and n. Includes: wload.wgsl (W_F16, 16-byte words).
 
 override TILE_M: u32 = 64;
 override TILE_N: u32 = 64;
@@ -30,8 +30,6 @@ struct Dims { m: u32, n: u32, k: u32 }
 // row r of a tile, vec4 c along k, at r * (TILE_K / 4 + 1) + c
 var<workgroup> xs: array<vec4<f32>, TILE_M * (TILE_K / 4u + 1u)>;
 var<workgroup> ws: array<vec4<f32>, TILE_N * (TILE_K / 4u + 1u)>;
-
-fn h2(v: u32) -> vec2<f32> { return unpack2x16float(v); }
 
 @compute @workgroup_size(WGS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
@@ -63,33 +61,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
             xs[r * ks + c] = v;
         }
-        if (W_F16) {
-            let kv8 = TILE_K / 8u;
-            let k8 = k / 8u;
-            for (var e = tid; e < TILE_N * kv8; e += WGS) {
-                let r = e / kv8;
-                let c = e % kv8;
-                let gc = k0 / 8u + c;
-                var lo = vec4<f32>(0.0);
-                var hi = vec4<f32>(0.0);
-                if (n0 + r < n && gc < k8) {
-                    let q = w[(n0 + r) * k8 + gc];
-                    lo = vec4<f32>(h2(q.x), h2(q.y));
-                    hi = vec4<f32>(h2(q.z), h2(q.w));
-                }
-                ws[r * ks + 2u * c] = lo;
-                ws[r * ks + 2u * c + 1u] = hi;
+        // w: words of 4 f32 or 8 f16, each widened to one or two vec4 of the tile row
+        let kvw = wwords16(TILE_K);
+        let kw = wwords16(k);
+        for (var e = tid; e < TILE_N * kvw; e += WGS) {
+            let r = e / kvw;
+            let c = e % kvw;
+            let gc = wwords16(k0) + c;
+            var q = vec4<u32>(0u);
+            if (n0 + r < n && gc < kw) {
+                q = w[(n0 + r) * kw + gc];
             }
-        } else {
-            for (var e = tid; e < TILE_N * kv; e += WGS) {
-                let r = e / kv;
-                let c = e % kv;
-                let gc = k0 / 4u + c;
-                var v = vec4<f32>(0.0);
-                if (n0 + r < n && gc < k4) {
-                    v = bitcast<vec4<f32>>(w[(n0 + r) * k4 + gc]);
-                }
-                ws[r * ks + c] = v;
+            let ti = r * ks + wx16(c);
+            ws[ti.x] = wlo4(q);
+            if (W_F16) {
+                ws[ti.y] = whi4(q);
             }
         }
         workgroupBarrier();

@@ -1,6 +1,6 @@
 // GEMV with native f16 weight storage (`enable f16`, needs SHADER_F16): weights
 // read as vec4<f16>, widened and accumulated in f32, workgroup reduction.
-// Needs k % 4 == 0.
+// Needs k % 4 == 0. Includes: block_wg.wgsl (entry point), reduce_wg.wgsl (the tree).
 enable f16;
 
 override WG: u32 = 128;
@@ -15,10 +15,11 @@ struct Dims { n: u32, k: u32 }
 
 var<workgroup> partial: array<f32, WG * ROWS>;
 
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) tid: u32) {
-    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
+fn row_count() -> u32 {
+    return dims.n;
+}
+
+fn block_partials(row0: u32, tid: u32) -> u32 {
     let vecs = dims.k / 4u;
     var acc: array<f32, 8>; // ROWS <= 8 (checked on the host)
     for (var r = 0u; r < ROWS; r++) { acc[r] = 0.0; }
@@ -30,16 +31,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
     }
     for (var r = 0u; r < ROWS; r++) { partial[r * WG + tid] = acc[r]; }
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (tid < s) {
-            for (var r = 0u; r < ROWS; r++) {
-                partial[r * WG + tid] += partial[r * WG + tid + s];
-            }
-        }
-        workgroupBarrier();
-    }
-    if (tid < ROWS && row0 + tid < dims.n) {
-        y[row0 + tid] = partial[tid * WG];
-    }
+    return ROWS;
+}
+
+fn block_store(row: u32, r: u32) {
+    y[row] = partial[r * WG];
 }

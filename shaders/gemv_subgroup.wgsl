@@ -1,7 +1,9 @@
 // GEMV y[n] = w[n,k] · x[k] reduced with subgroup operations: each subgroup owns
-// whole rows (rows ROWS*wg + sg, + num_subgroups, ...), loads 16 bytes per lane
-// per step and finishes with one subgroupAdd; no workgroup memory, no barriers.
-// Needs SUBGROUP and k % 4 == 0 (f32) or k % 8 == 0 (f16).
+// whole rows (row_sg.wgsl: ROWS per workgroup, spread over its subgroups), loads 16
+// bytes per lane per step and finishes with one subgroupAdd; no workgroup memory, no
+// barriers. Needs SUBGROUP and k % 4 == 0 (f32) or k % 8 == 0 (f16).
+// Includes: row_sg.wgsl (entry point), reduce_sg.wgsl, wload.wgsl (W_F16, 16-byte
+// words).
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
@@ -14,33 +16,19 @@ struct Dims { n: u32, k: u32 }
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> dims: Dims;
 
-fn h2(v: u32) -> vec2<f32> { return unpack2x16float(v); }
+fn row_count() -> u32 {
+    return dims.n;
+}
 
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) nsg: u32,
-        @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg_size: u32) {
-    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
-    let k = dims.k;
-    for (var r = sg; r < ROWS; r += nsg) {
-        let row = row0 + r;
-        if (row >= dims.n) { break; }
-        var acc = 0.0;
-        if (W_F16) {
-            let words = k / 8u;
-            for (var c = lane; c < words; c += sg_size) {
-                let q = w[row * words + c];
-                acc += dot(x[2u * c], vec4<f32>(h2(q.x), h2(q.y))) + dot(x[2u * c + 1u], vec4<f32>(h2(q.z), h2(q.w)));
-            }
-        } else {
-            let vecs = k / 4u;
-            for (var c = lane; c < vecs; c += sg_size) {
-                acc += dot(x[c], bitcast<vec4<f32>>(w[row * vecs + c]));
-            }
-        }
-        let total = subgroupAdd(acc);
-        if (lane == 0u) {
-            y[row] = total;
-        }
+fn run_row(row: u32, lane: u32, stride: u32) {
+    let words = wwords16(dims.k);
+    var acc = 0.0;
+    for (var c = lane; c < words; c += stride) {
+        let xi = wx16(c);
+        acc += wdot16(w[row * words + c], x[xi.x], x[xi.y]);
+    }
+    let total = row_sum(acc, lane);
+    if (lane == 0u) {
+        y[row] = total;
     }
 }

@@ -2,7 +2,8 @@
 // Each workgroup owns ROWS consecutive rows; every invocation accumulates a partial
 // sum for each of them (x read once for all ROWS rows), striding over k by WG, then
 // the workgroup reduces WG partials per row. Any k; weights as u32 words decoded by
-// W_F16 (f32 bits or packed f16 pairs).
+// W_F16 (f32 bits or packed f16 pairs). Includes: block_wg.wgsl (entry point),
+// reduce_wg.wgsl (the tree), wload.wgsl (W_F16).
 
 override WG: u32 = 128;
 override ROWS: u32 = 2;
@@ -17,18 +18,13 @@ struct Dims { n: u32, k: u32 }
 
 var<workgroup> partial: array<f32, WG * ROWS>;
 
-fn wload(i: u32) -> f32 {
-    if (W_F16) {
-        let pair = unpack2x16float(w[i >> 1u]);
-        return select(pair.x, pair.y, (i & 1u) == 1u);
-    }
-    return bitcast<f32>(w[i]);
+fn wload(i: u32) -> f32 { return wpick(w[wword(i)], i); }
+
+fn row_count() -> u32 {
+    return dims.n;
 }
 
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) tid: u32) {
-    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
+fn block_partials(row0: u32, tid: u32) -> u32 {
     let k = dims.k;
     for (var r = 0u; r < ROWS; r++) {
         partial[r * WG + tid] = 0.0;
@@ -42,16 +38,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
     }
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (tid < s) {
-            for (var r = 0u; r < ROWS; r++) {
-                partial[r * WG + tid] += partial[r * WG + tid + s];
-            }
-        }
-        workgroupBarrier();
-    }
-    if (tid < ROWS && row0 + tid < dims.n) {
-        y[row0 + tid] = partial[tid * WG];
-    }
+    return ROWS;
+}
+
+fn block_store(row: u32, r: u32) {
+    y[row] = partial[r * WG];
 }

@@ -6,25 +6,11 @@
 // sg + num_subgroups, ... of the workgroup's ROWS): its lanes stride over the row's
 // quant words, dot them with x·g', and one subgroupAdd finishes the row, scaled by
 // inv_rms; no workgroup memory, no barriers. Needs SUBGROUP and k % 32 == 0.
-//
-// Bindings: x, the gain (f32), the weight buffer twice (quants at 2, the scales
-// region at 3), y, the uniform.
+// Includes: norm_gemv_q.wgsl (interface), qblock.wgsl (block decoding).
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
 override QFMT: u32 = 0u;
-
-struct Dims { n: u32, k: u32, eps: f32, unit_offset: u32 }
-
-@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> g: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> wq: array<u32>;
-@group(0) @binding(3) var<storage, read> ws: array<u32>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
-@group(0) @binding(5) var<uniform> dims: Dims;
-
-// Block decoding (qwords, qscale, qdecode, qdot): shaders/qblock.wgsl, appended
-// by `shader!`.
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

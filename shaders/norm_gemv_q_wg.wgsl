@@ -8,33 +8,17 @@
 // alongside (every activation belongs to exactly one word index); one workgroup
 // reduction of the ROWS + 1 partials, then the row sums are scaled by inv_rms.
 // Needs k % 32 == 0.
-//
-// Bindings: x, the gain (f32), the weight buffer twice (quants at 2, the scales
-// region at 3), y, the uniform.
+// Includes: norm_gemv_q.wgsl (interface), qblock.wgsl (block decoding),
+// block_wg.wgsl (entry point), reduce_wg.wgsl (the tree).
 
 override WG: u32 = 128;
 override ROWS: u32 = 2;
 override QFMT: u32 = 0u;
 
-struct Dims { n: u32, k: u32, eps: f32, unit_offset: u32 }
-
-@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> g: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> wq: array<u32>;
-@group(0) @binding(3) var<storage, read> ws: array<u32>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
-@group(0) @binding(5) var<uniform> dims: Dims;
-
 // Rows 0..ROWS: the partial dot products; row ROWS: the partial sums of squares.
 var<workgroup> partial: array<f32, WG * (ROWS + 1u)>;
 
-// Block decoding (qwords, qscale, qdecode, qdot): shaders/qblock.wgsl, appended
-// by `shader!`.
-
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) tid: u32) {
-    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
+fn block_partials(row0: u32, tid: u32) -> u32 {
     let qw = qwords();
     let wpr = dims.k / 32u * qw;
     let off = vec4<f32>(select(0.0, 1.0, dims.unit_offset != 0u));
@@ -73,17 +57,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         partial[r * WG + tid] = acc[r];
     }
     partial[ROWS * WG + tid] = ss;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (tid < s) {
-            for (var r = 0u; r <= ROWS; r++) {
-                partial[r * WG + tid] += partial[r * WG + tid + s];
-            }
-        }
-        workgroupBarrier();
-    }
-    if (tid < ROWS && row0 + tid < dims.n) {
-        let inv = inverseSqrt(partial[ROWS * WG] / f32(dims.k) + dims.eps);
-        y[row0 + tid] = partial[tid * WG] * inv;
-    }
+    return ROWS + 1u;
+}
+
+fn block_store(row: u32, r: u32) {
+    let inv = inverseSqrt(partial[ROWS * WG] / f32(dims.k) + dims.eps);
+    y[row] = partial[r * WG] * inv;
 }

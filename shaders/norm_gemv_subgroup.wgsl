@@ -6,6 +6,7 @@
 // 16 bytes of the row per step, dot them with x·g', and one subgroupAdd finishes the
 // row, scaled by inv_rms. The gain and the weights are vec4<u32> words decoded by
 // W_F16 (4 f32 or 8 packed f16). Needs SUBGROUP and k % 4 == 0 (f32) or k % 8 == 0 (f16).
+// Includes: wload.wgsl (W_F16, 16-byte words).
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
@@ -18,8 +19,6 @@ struct Dims { n: u32, k: u32, eps: f32, unit_offset: u32 }
 @group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<uniform> dims: Dims;
-
-fn h2(v: u32) -> vec2<f32> { return unpack2x16float(v); }
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -35,24 +34,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     let inv = inverseSqrt(subgroupAdd(ss) / f32(k) + dims.eps);
     let off = vec4<f32>(select(0.0, 1.0, dims.unit_offset != 0u));
+    let words = wwords16(k);
     for (var r = sg; r < ROWS; r += nsg) {
         let row = row0 + r;
         if (row >= dims.n) { break; }
         var acc = 0.0;
-        if (W_F16) {
-            let words = k / 8u;
-            for (var c = lane; c < words; c += sg_size) {
-                let q = w[row * words + c];
-                let gq = g[c];
-                let a0 = x[2u * c] * (vec4<f32>(h2(gq.x), h2(gq.y)) + off);
-                let a1 = x[2u * c + 1u] * (vec4<f32>(h2(gq.z), h2(gq.w)) + off);
-                acc += dot(a0, vec4<f32>(h2(q.x), h2(q.y))) + dot(a1, vec4<f32>(h2(q.z), h2(q.w)));
-            }
-        } else {
-            for (var c = lane; c < vecs; c += sg_size) {
-                let a = x[c] * (bitcast<vec4<f32>>(g[c]) + off);
-                acc += dot(a, bitcast<vec4<f32>>(w[row * vecs + c]));
-            }
+        for (var c = lane; c < words; c += sg_size) {
+            let xi = wx16(c);
+            let gq = g[c];
+            let a0 = x[xi.x] * (wlo4(gq) + off);
+            let a1 = x[xi.y] * (whi4(gq) + off);
+            acc += wdot16(w[row * words + c], a0, a1);
         }
         let total = subgroupAdd(acc);
         if (lane == 0u) {

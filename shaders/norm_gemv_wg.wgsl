@@ -6,7 +6,8 @@
 // registers and x[c]² alongside (x and g read once for all ROWS rows); one
 // workgroup tree reduction then sums the ROWS + 1 partials and the epilogue scales
 // the row sums by inv_rms. Any k; the gain and the weights are u32 words decoded by
-// W_F16 (f32 bits or packed f16 pairs).
+// W_F16 (f32 bits or packed f16 pairs). Includes: block_wg.wgsl (entry point),
+// reduce_wg.wgsl (the tree), wload.wgsl (W_F16).
 
 override WG: u32 = 128;
 override ROWS: u32 = 2;
@@ -23,26 +24,14 @@ struct Dims { n: u32, k: u32, eps: f32, unit_offset: u32 }
 // Rows 0..ROWS: the partial dot products; row ROWS: the partial sums of squares.
 var<workgroup> partial: array<f32, WG * (ROWS + 1u)>;
 
-fn gload(i: u32) -> f32 {
-    if (W_F16) {
-        let pair = unpack2x16float(g[i >> 1u]);
-        return select(pair.x, pair.y, (i & 1u) == 1u);
-    }
-    return bitcast<f32>(g[i]);
+fn gload(i: u32) -> f32 { return wpick(g[wword(i)], i); }
+fn wload(i: u32) -> f32 { return wpick(w[wword(i)], i); }
+
+fn row_count() -> u32 {
+    return dims.n;
 }
 
-fn wload(i: u32) -> f32 {
-    if (W_F16) {
-        let pair = unpack2x16float(w[i >> 1u]);
-        return select(pair.x, pair.y, (i & 1u) == 1u);
-    }
-    return bitcast<f32>(w[i]);
-}
-
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) tid: u32) {
-    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
+fn block_partials(row0: u32, tid: u32) -> u32 {
     let k = dims.k;
     let off = select(0.0, 1.0, dims.unit_offset != 0u);
     var acc: array<f32, 8>; // ROWS <= 8 (the parameter's values)
@@ -65,17 +54,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         partial[r * WG + tid] = acc[r];
     }
     partial[ROWS * WG + tid] = ss;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (tid < s) {
-            for (var r = 0u; r <= ROWS; r++) {
-                partial[r * WG + tid] += partial[r * WG + tid + s];
-            }
-        }
-        workgroupBarrier();
-    }
-    if (tid < ROWS && row0 + tid < dims.n) {
-        let inv = inverseSqrt(partial[ROWS * WG] / f32(k) + dims.eps);
-        y[row0 + tid] = partial[tid * WG] * inv;
-    }
+    return ROWS + 1u;
+}
+
+fn block_store(row: u32, r: u32) {
+    let inv = inverseSqrt(partial[ROWS * WG] / f32(dims.k) + dims.eps);
+    y[row] = partial[r * WG] * inv;
 }

@@ -1,54 +1,25 @@
-// LayerNorm y = (x - mean) / sqrt(var + eps) * w + b with one workgroup per row and
-// a single read of x for the statistics: every invocation runs Welford's update
-// over its WG-strided elements (count, mean, M2), and the workgroup merges the WG
-// triples pairwise in a tree (Chan et al.: M2 = M2a + M2b + delta² na nb / n), which
-// stays accurate when |mean| >> std, unlike sum and sum of squares. Any dim; w and
-// b are read as u32 words decoded by W_F16.
+// LayerNorm with one workgroup per row and a single read of x for the statistics:
+// every invocation runs Welford's update over its WG-strided elements (count, mean,
+// M2), and the workgroup merges the WG triples pairwise in a tree (Chan et al.:
+// M2 = M2a + M2b + delta² na nb / n), which stays accurate when |mean| >> std, unlike
+// sum and sum of squares.
+// Includes: norm_layer.wgsl (interface, output pass), row_wg.wgsl (entry point),
+// wload.wgsl.
 
 override WG: u32 = 128;
 override W_F16: bool = false;
-
-struct Dims { rows: u32, dim: u32, eps: f32 }
-
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> w: array<u32>;
-@group(0) @binding(2) var<storage, read> b: array<u32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<uniform> dims: Dims;
 
 var<workgroup> pn: array<f32, WG>;
 var<workgroup> pmean: array<f32, WG>;
 var<workgroup> pm2: array<f32, WG>;
 
-fn wload(i: u32) -> f32 {
-    if (W_F16) {
-        let pair = unpack2x16float(w[i >> 1u]);
-        return select(pair.x, pair.y, (i & 1u) == 1u);
-    }
-    return bitcast<f32>(w[i]);
-}
-
-fn bload(i: u32) -> f32 {
-    if (W_F16) {
-        let pair = unpack2x16float(b[i >> 1u]);
-        return select(pair.x, pair.y, (i & 1u) == 1u);
-    }
-    return bitcast<f32>(b[i]);
-}
-
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) tid: u32) {
-    let row = wid.x + wid.y * nwg.x;
-    if (row >= dims.rows) {
-        return;
-    }
+fn run_row(row: u32, tid: u32, stride: u32) {
     let d = dims.dim;
     let base = row * d;
     var n = 0.0;
     var mean = 0.0;
     var m2 = 0.0;
-    for (var c = tid; c < d; c += WG) {
+    for (var c = tid; c < d; c += stride) {
         let v = x[base + c];
         n += 1.0;
         let delta = v - mean;
@@ -73,9 +44,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         workgroupBarrier();
     }
-    let row_mean = pmean[0];
-    let rs = inverseSqrt(pm2[0] / f32(d) + dims.eps);
-    for (var c = tid; c < d; c += WG) {
-        y[base + c] = (x[base + c] - row_mean) * rs * wload(c) + bload(c);
-    }
+    layer_write(base, tid, stride, pmean[0], inverseSqrt(pm2[0] / f32(d) + dims.eps));
 }

@@ -3,6 +3,7 @@
 // workgroup reduces x² through workgroup memory, and y is written from the
 // registers: x is read from memory exactly once. Needs dim % 4 == 0 and
 // dim <= 4 * WG * VPT (checked on the host); VPT <= 8.
+// Includes: reduce_wg.wgsl (the tree), wload.wgsl (W_F16).
 
 override WG: u32 = 128;
 override VPT: u32 = 4;
@@ -44,15 +45,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             ss += dot(v[k], v[k]);
         }
     }
-    partial[tid] = ss;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (tid < s) {
-            partial[tid] += partial[tid + s];
-        }
-        workgroupBarrier();
-    }
-    let inv = inverseSqrt(partial[0] / f32(dims.dim) + dims.eps);
+    let inv = inverseSqrt(row_sum(ss, tid) / f32(dims.dim) + dims.eps);
     let off = select(0.0, 1.0, dims.unit_offset != 0u);
     for (var k = 0u; k < VPT; k++) {
         let q = tid + k * WG;

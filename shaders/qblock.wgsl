@@ -1,6 +1,6 @@
 // Block decoding shared by the quantized shaders (qgemv_*, qgemm_tiled, qgate_up_wg,
-// qqkv_proj_wg, norm_gemv_q_*): `shader!(FILE, "qblock.wgsl")` appends this file to
-// each. It reads the including shader's `override QFMT: u32`, `wq` and `ws`
+// qqkv_proj_wg, norm_gemv_q_*): `shader!(FILE, "qblock.wgsl", ..)` appends this file
+// to each. It reads the including shader's `override QFMT: u32`, `wq` and `ws`
 // bindings (array<u32>), and for `qdot` its `x: array<vec4<f32>>`.
 // QFMT 0 = q8_0, 1 = q4_0, 2 = q4_1.
 // wq: the quantized bytes as u32 words (8 words per q8_0 block, 4 per 4-bit block),

@@ -21,16 +21,8 @@ struct Dims { rows: u32, n: u32, k: u32, act: u32 } // act: 0 silu, 1 gelu_tanh
 
 var<workgroup> partial: array<f32, 2 * WG * ROWS>;
 
-// Block decoding (qwords, qscale, qdecode, qdot): shaders/qblock.wgsl, appended
-// by `shader!`.
-
-fn act(g: f32) -> f32 {
-    if (dims.act == 1u) {
-        let t = tanh(clamp(0.7978845608028654 * (g + 0.044715 * g * g * g), -15.0, 15.0));
-        return 0.5 * g * (1.0 + t);
-    }
-    return g / (1.0 + exp(-g));
-}
+// Includes: qblock.wgsl (block decoding: qwords, qscale, qdecode, qdot), act.wgsl,
+// reduce_wg.wgsl (the tree).
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
@@ -51,16 +43,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
     }
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (tid < s) {
-            for (var r = 0u; r < 2u * ROWS; r++) {
-                partial[r * WG + tid] += partial[r * WG + tid + s];
-            }
-        }
-        workgroupBarrier();
-    }
+    wg_sum_rows(tid, 2u * ROWS);
     if (tid < ROWS && j0 + tid < n && t < dims.rows) {
-        y[t * n + j0 + tid] = act(partial[tid * WG]) * partial[(ROWS + tid) * WG];
+        y[t * n + j0 + tid] = act(partial[tid * WG], dims.act == 1u) * partial[(ROWS + tid) * WG];
     }
 }

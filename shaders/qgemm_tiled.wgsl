@@ -26,8 +26,7 @@ struct Dims { m: u32, n: u32, k: u32 }
 var<workgroup> xs: array<f32, TILE_M * 32>;
 var<workgroup> wt: array<f32, TILE_N * 33>;
 
-// Block decoding (qwords, qscale, qdecode, qdot): shaders/qblock.wgsl, appended
-// by `shader!`.
+// Includes: qblock.wgsl (block decoding: qwords, qscale, qdecode, qdot).
 
 @compute @workgroup_size(WGS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {

@@ -3,31 +3,16 @@
 // ROWS consecutive rows; every invocation takes quant words (4 or 8 weights each)
 // strided by WG, for all ROWS rows from the same x loads, then the workgroup
 // reduces WG partials per row through workgroup memory. Needs k % 32 == 0.
-//
-// Bindings: x, the weight buffer twice (quants at 1, the scales region at 2), y,
-// the uniform.
+// Includes: qgemv.wgsl (interface), qblock.wgsl (block decoding), block_wg.wgsl
+// (entry point), reduce_wg.wgsl (the tree).
 
 override WG: u32 = 128;
 override ROWS: u32 = 2;
 override QFMT: u32 = 0u;
 
-struct Dims { n: u32, k: u32 }
-
-@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> wq: array<u32>;
-@group(0) @binding(2) var<storage, read> ws: array<u32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<uniform> dims: Dims;
-
 var<workgroup> partial: array<f32, WG * ROWS>;
 
-// Block decoding (qwords, qscale, qdecode, qdot): shaders/qblock.wgsl, appended
-// by `shader!`.
-
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) tid: u32) {
-    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
+fn block_partials(row0: u32, tid: u32) -> u32 {
     let wpr = dims.k / 32u * qwords();
     for (var r = 0u; r < ROWS; r++) {
         partial[r * WG + tid] = 0.0;
@@ -40,16 +25,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
     }
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (tid < s) {
-            for (var r = 0u; r < ROWS; r++) {
-                partial[r * WG + tid] += partial[r * WG + tid + s];
-            }
-        }
-        workgroupBarrier();
-    }
-    if (tid < ROWS && row0 + tid < dims.n) {
-        y[row0 + tid] = partial[tid * WG];
-    }
+    return ROWS;
+}
+
+fn block_store(row: u32, r: u32) {
+    y[row] = partial[r * WG];
 }

@@ -25,14 +25,12 @@ struct Dims { k: u32, nq: u32, nkv: u32 }
 
 var<workgroup> partial: array<f32, WG * ROWS>;
 
-// Block decoding (qwords, qscale, qdecode, qdot): shaders/qblock.wgsl, appended
-// by `shader!`.
+// Includes: qblock.wgsl (block decoding: qwords, qscale, qdecode, qdot),
+// block_wg.wgsl (entry point), reduce_wg.wgsl (the tree), qkv_store.wgsl (the
+// routing).
 
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) tid: u32) {
-    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
-    let n = dims.nq + 2u * dims.nkv;
+fn block_partials(row0: u32, tid: u32) -> u32 {
+    let n = row_count();
     let wpr = dims.k / 32u * qwords();
     for (var r = 0u; r < ROWS; r++) {
         partial[r * WG + tid] = 0.0;
@@ -45,27 +43,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
     }
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (tid < s) {
-            for (var r = 0u; r < ROWS; r++) {
-                partial[r * WG + tid] += partial[r * WG + tid + s];
-            }
-        }
-        workgroupBarrier();
-    }
-    let row = row0 + tid;
-    if (tid < ROWS && row < n) {
-        var v = partial[tid * WG];
-        if (HAS_BIAS) {
-            v += bias[row];
-        }
-        if (row < dims.nq) {
-            q[row] = v;
-        } else if (row < dims.nq + dims.nkv) {
-            k_out[row - dims.nq] = v;
-        } else {
-            v_out[row - dims.nq - dims.nkv] = v;
-        }
-    }
+    return ROWS;
+}
+
+fn block_store(row: u32, r: u32) {
+    qkv_store(row, partial[r * WG]);
 }

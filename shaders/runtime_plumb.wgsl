@@ -63,24 +63,29 @@ fn bias_add(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     badd_buf[i] += badd_bias[i % badd_dims.b];
 }
 
+// Cache index of element i of the new rows src[tokens, kv_heads, head_dim]:
+// cache[(h * cap + pos0 + t) * d + e] for i = (t * kvh + h) * d + e.
+fn kv_index(i: u32, kd: Dims) -> u32 {
+    let d = kd.c;
+    let kvh = kd.b;
+    let t = i / (kvh * d);
+    let h = (i / d) % kvh;
+    let e = i % d;
+    return (h * kd.d + kd.e + t) * d + e;
+}
+
 @group(0) @binding(0) var<storage, read> kv_src: array<f32>;
 @group(0) @binding(1) var<storage, read_write> kv_cache_f32: array<f32>;
 @group(0) @binding(2) var<uniform> kv_dims: Dims;
 
-// One invocation per element: cache[(h * cap + pos0 + t) * d + i] = src[(t * kvh + h) * d + i].
+// One invocation per element.
 @compute @workgroup_size(WG)
 fn kv_write_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
     let i = linear(wid, nwg, lid);
-    let d = kv_dims.c;
-    let kvh = kv_dims.b;
-    if (i >= kv_dims.a * kvh * d) {
-        return;
+    if (i < kv_dims.a * kv_dims.b * kv_dims.c) {
+        kv_cache_f32[kv_index(i, kv_dims)] = kv_src[i];
     }
-    let t = i / (kvh * d);
-    let h = (i / d) % kvh;
-    let e = i % d;
-    kv_cache_f32[(h * kv_dims.d + kv_dims.e + t) * d + e] = kv_src[i];
 }
 
 @group(0) @binding(0) var<storage, read> kvh_src: array<f32>;
@@ -91,16 +96,8 @@ fn kv_write_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
 @compute @workgroup_size(WG)
 fn kv_write_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
-    let p = linear(wid, nwg, lid);
-    let d = kvh_dims.c;
-    let kvh = kvh_dims.b;
-    let i = p * 2u;
-    if (i >= kvh_dims.a * kvh * d) {
-        return;
+    let i = linear(wid, nwg, lid) * 2u;
+    if (i < kvh_dims.a * kvh_dims.b * kvh_dims.c) {
+        kv_cache_f16[kv_index(i, kvh_dims) / 2u] = pack2x16float(vec2<f32>(kvh_src[i], kvh_src[i + 1u]));
     }
-    let t = i / (kvh * d);
-    let h = (i / d) % kvh;
-    let e = i % d;
-    let dst = (h * kvh_dims.d + kvh_dims.e + t) * d + e;
-    kv_cache_f16[dst / 2u] = pack2x16float(vec2<f32>(kvh_src[i], kvh_src[i + 1u]));
 }

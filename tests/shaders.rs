@@ -41,3 +41,20 @@ fn every_shader_file_is_used_by_a_kernel() {
         }
     }
 }
+
+/// Includes (files that shaders append, never a kernel's own file) declare no
+/// `override`: an override declared in an appended include, after an array sized by
+/// overrides, trips naga's pipeline-constant pass (a panic at pipeline creation, not
+/// at validation). Each shader keeps its overrides in its own file.
+#[test]
+fn includes_declare_no_override() {
+    let shaders = all_shaders();
+    let mains: Vec<_> = shaders.iter().map(|s| s.name).collect();
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/shaders");
+    for include in shaders.iter().flat_map(|s| s.includes.iter().copied()) {
+        assert!(!mains.contains(&include), "shaders/{include} is both a kernel's shader and an include");
+        let text = std::fs::read_to_string(format!("{dir}/{include}")).expect("include exists");
+        let line = text.lines().find(|l| l.trim_start().starts_with("override "));
+        assert!(line.is_none(), "shaders/{include} declares an override: {}", line.unwrap_or_default());
+    }
+}

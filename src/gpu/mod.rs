@@ -6,8 +6,9 @@
 //! Conventions for shaders (see `shaders/`): bindings at `@group(0)` in the op's
 //! buffer order, the uniform block right after them; weight and cache buffers are
 //! declared as `u32` words and decoded with `bitcast<f32>` or `unpack2x16float`
-//! chosen by the `override W_F16: bool` constant, so one shader serves both dtypes
-//! without `SHADER_F16`. GPU buffers are padded to 16 bytes.
+//! chosen by the `override W_F16: bool` constant (the decoders are in
+//! `shaders/wload.wgsl`), so one shader serves both dtypes without `SHADER_F16`.
+//! GPU buffers are padded to 16 bytes.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -20,26 +21,26 @@ use crate::device::{GpuCaps, GpuDevice};
 pub struct Shader {
     pub name: &'static str,
     pub source: &'static str,
-    /// Files of `shaders/` appended to `name`'s text (shared WGSL functions).
+    /// Files of `shaders/` appended to `name`'s text (shared WGSL), in order.
     pub includes: &'static [&'static str],
 }
 
-/// Declares a `Shader` for `shaders/<file>`, optionally with a file of shared
-/// functions appended (`shader!("qgemv_wg.wgsl", "qblock.wgsl")`).
+/// Declares a `Shader` for `shaders/<file>` with any number of files of shared
+/// WGSL appended in order: `shader!("gemv_wg.wgsl", "reduce_wg.wgsl", "wload.wgsl")`.
+/// Module-scope declarations may come in any order, so an include uses what the
+/// main file declares (each include states its contract in its header) and the
+/// other way round; includes declare no `override` (a shader's overrides stay in
+/// its own file, ahead of their uses).
 #[macro_export]
 macro_rules! shader {
-    ($file:literal) => {
-        $crate::gpu::Shader { name: $file, source: include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $file)), includes: &[] }
-    };
-    ($file:literal, $include:literal) => {
+    ($file:literal $(, $include:literal)* $(,)?) => {
         $crate::gpu::Shader {
             name: $file,
             source: concat!(
                 include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $file)),
-                "\n",
-                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $include))
+                $("\n", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $include)),)*
             ),
-            includes: &[$include],
+            includes: &[$($include),*],
         }
     };
 }

@@ -29,10 +29,10 @@ use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuError, GpuProgram, GpuStep, Shader, grid_2d, groups};
 use crate::shader;
 
-static PREFILL_NAIVE: Shader = shader!("attention_prefill_naive.wgsl");
-static PREFILL_FLASH: Shader = shader!("attention_prefill_flash.wgsl");
-static DECODE_STREAM: Shader = shader!("attention_decode_stream.wgsl");
-static DECODE_SPLITKV: Shader = shader!("attention_decode_splitkv.wgsl");
+static PREFILL_NAIVE: Shader = shader!("attention_prefill_naive.wgsl", "attention.wgsl", "reduce_wg.wgsl", "wload.wgsl");
+static PREFILL_FLASH: Shader = shader!("attention_prefill_flash.wgsl", "attention.wgsl", "wload.wgsl");
+static DECODE_STREAM: Shader = shader!("attention_decode_stream.wgsl", "attention.wgsl", "reduce_wg.wgsl", "wload.wgsl");
+static DECODE_SPLITKV: Shader = shader!("attention_decode_splitkv.wgsl", "attention.wgsl", "wload.wgsl");
 
 /// Query heads one `attention_decode_splitkv` workgroup handles at most (its
 /// per-invocation score and accumulator arrays are sized for this many).

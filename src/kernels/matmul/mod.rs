@@ -26,8 +26,8 @@ use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, groups};
 use crate::shader;
 
-static GEMM_SIMPLE: Shader = shader!("gemm_simple.wgsl");
-static GEMM_TILED: Shader = shader!("gemm_tiled.wgsl");
+static GEMM_SIMPLE: Shader = shader!("gemm_simple.wgsl", "wload.wgsl");
+static GEMM_TILED: Shader = shader!("gemm_tiled.wgsl", "wload.wgsl");
 
 const SIMPLE_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "workgroup_x", values: &[8, 16, 32, 64], default: 16, help: "invocations per workgroup along n (columns of y)" },

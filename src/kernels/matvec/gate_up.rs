@@ -31,10 +31,10 @@ use crate::kernels::{
 };
 use crate::shader;
 
-static GATE_UP_WG: Shader = shader!("fused_gate_up_wg.wgsl");
-static GATE_UP_SG: Shader = shader!("fused_gate_up_subgroup.wgsl");
-static GATE_UP_TILED: Shader = shader!("fused_gate_up_tiled.wgsl");
-static QGATE_UP_WG: Shader = shader!("qgate_up_wg.wgsl", "qblock.wgsl");
+static GATE_UP_WG: Shader = shader!("fused_gate_up_wg.wgsl", "act.wgsl", "reduce_wg.wgsl", "wload.wgsl");
+static GATE_UP_SG: Shader = shader!("fused_gate_up_subgroup.wgsl", "act.wgsl", "wload.wgsl");
+static GATE_UP_TILED: Shader = shader!("fused_gate_up_tiled.wgsl", "act.wgsl", "wload.wgsl");
+static QGATE_UP_WG: Shader = shader!("qgate_up_wg.wgsl", "qblock.wgsl", "act.wgsl", "reduce_wg.wgsl");
 
 const GATE_UP_WG_PARAMS: &[ParamSpec] = &[
     WORKGROUP_SIZE,

@@ -28,10 +28,10 @@ use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::shader;
 
-static GEMV_WG: Shader = shader!("gemv_wg.wgsl");
-static GEMV_VEC: Shader = shader!("gemv_vec.wgsl");
-static GEMV_SUBGROUP: Shader = shader!("gemv_subgroup.wgsl");
-static GEMV_F16: Shader = shader!("gemv_f16.wgsl");
+static GEMV_WG: Shader = shader!("gemv_wg.wgsl", "block_wg.wgsl", "reduce_wg.wgsl", "wload.wgsl");
+static GEMV_VEC: Shader = shader!("gemv_vec.wgsl", "block_wg.wgsl", "reduce_wg.wgsl", "wload.wgsl");
+static GEMV_SUBGROUP: Shader = shader!("gemv_subgroup.wgsl", "row_sg.wgsl", "reduce_sg.wgsl", "wload.wgsl");
+static GEMV_F16: Shader = shader!("gemv_f16.wgsl", "block_wg.wgsl", "reduce_wg.wgsl");
 
 /// `rows_per_task` of the float GEMV orchestrators (dynamic strategy).
 pub(super) const ROWS_PER_TASK_DYN: ParamSpec =

@@ -24,9 +24,9 @@ use crate::kernels::{
 };
 use crate::shader;
 
-static QKV_WG: Shader = shader!("fused_qkv_proj_wg.wgsl");
-static QKV_SG: Shader = shader!("fused_qkv_proj_subgroup.wgsl");
-static QQKV_WG: Shader = shader!("qqkv_proj_wg.wgsl", "qblock.wgsl");
+static QKV_WG: Shader = shader!("fused_qkv_proj_wg.wgsl", "block_wg.wgsl", "reduce_wg.wgsl", "qkv_store.wgsl", "wload.wgsl");
+static QKV_SG: Shader = shader!("fused_qkv_proj_subgroup.wgsl", "row_sg.wgsl", "reduce_sg.wgsl", "qkv_store.wgsl", "wload.wgsl");
+static QQKV_WG: Shader = shader!("qqkv_proj_wg.wgsl", "qblock.wgsl", "block_wg.wgsl", "reduce_wg.wgsl", "qkv_store.wgsl");
 
 /// Shared with gate_up's dot4 kernel.
 pub(super) const ROW_CPU_PARAMS: &[ParamSpec] = &[

@@ -18,8 +18,16 @@ use crate::kernels::wgsl::{WORKGROUP_SIZE, shared_wg, storage_buffers, subgroup_
 use crate::kernels::{CpuArgs, CpuImpl, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, outs, param, wrong_op};
 use crate::shader;
 
-static RESNORM_WG: Shader = shader!("fused_residual_rms_norm_wg.wgsl");
-static RESNORM_SG: Shader = shader!("fused_residual_rms_norm_subgroup.wgsl");
+static RESNORM_WG: Shader =
+    shader!("fused_residual_rms_norm_wg.wgsl", "fused_residual_rms_norm.wgsl", "row_wg.wgsl", "reduce_wg.wgsl", "rms.wgsl", "wload.wgsl");
+static RESNORM_SG: Shader = shader!(
+    "fused_residual_rms_norm_subgroup.wgsl",
+    "fused_residual_rms_norm.wgsl",
+    "row_sg.wgsl",
+    "reduce_sg.wgsl",
+    "rms.wgsl",
+    "wload.wgsl"
+);
 
 const WG_PARAMS: &[ParamSpec] = &[WORKGROUP_SIZE];
 const SG_PARAMS: &[ParamSpec] =

@@ -21,8 +21,17 @@ use crate::kernels::{
 };
 use crate::shader;
 
-static QKNR_WG: Shader = shader!("fused_qk_norm_rope_wg.wgsl");
-static QKNR_SG: Shader = shader!("fused_qk_norm_rope_subgroup.wgsl");
+static QKNR_WG: Shader = shader!(
+    "fused_qk_norm_rope_wg.wgsl",
+    "fused_qk_norm_rope.wgsl",
+    "row_wg.wgsl",
+    "reduce_wg.wgsl",
+    "rms.wgsl",
+    "rotary.wgsl",
+    "wload.wgsl"
+);
+static QKNR_SG: Shader =
+    shader!("fused_qk_norm_rope_subgroup.wgsl", "fused_qk_norm_rope.wgsl", "reduce_sg.wgsl", "rms.wgsl", "rotary.wgsl", "wload.wgsl");
 
 const QKNR_WG_PARAMS: &[ParamSpec] =
     &[ParamSpec { name: "workgroup_size", values: &[32, 64, 128, 256], default: 64, help: "invocations per (token, head) workgroup" }];

@@ -1,0 +1,19 @@
+// Pieces shared by the attention shaders (`shader!(FILE, .., "attention.wgsl")`);
+// pure functions. K/V cache rows are read with wload.wgsl's 16-byte words.
+
+// Finite stand-in for -inf (masked scores, an empty running softmax state).
+const NEG: f32 = -3.0e38;
+
+// First key the query at position `pos` sees: keys (pos - window, pos], every key up
+// to pos when window == 0.
+fn first_key(pos: u32, window: u32) -> u32 {
+    if (window > 0u && pos + 1u > window) {
+        return pos + 1u - window;
+    }
+    return 0u;
+}
+
+// The KV head query head h reads (grouped-query attention).
+fn kv_head(h: u32, heads: u32, kv_heads: u32) -> u32 {
+    return h / (heads / kv_heads);
+}
