@@ -113,7 +113,8 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
     let ctx = session::open_device(&device)?;
     let store: Arc<dyn TensorStore> = m.weights.clone();
     let target = Target { model: &name, config: &m.config, store, device: &device, ctx };
-    let res = tuner::tune(&target, &opts, Some(&cache), !args.force, progress).map_err(|e| Error::Usage(format!("tuning failed: {e}")))?;
+    let res = tuner::tune(&target, &opts, Some(&cache), !args.force, progress, profile::build::profile_doc)
+        .map_err(|e| Error::Usage(format!("tuning failed: {e}")))?;
     let text = profile::to_yaml(&res.doc)?;
     // The written profile must load back (round trip), or nothing is cached.
     Profile::from_str(&text, &path.display().to_string())?;

@@ -4,11 +4,9 @@
 
 pub mod cpu;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use cpu::CpuCaps;
-
-use crate::kernels::{Backend, Caps};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
@@ -61,6 +59,30 @@ pub struct GpuDevice {
 pub enum Device {
     Gpu(Box<GpuDevice>),
     Cpu(CpuCaps),
+}
+
+/// Which backend a kernel runs on: WGSL on a wgpu adapter, or the CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    Wgsl,
+    Cpu,
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Wgsl => "wgsl",
+            Backend::Cpu => "cpu",
+        }
+    }
+}
+
+/// The device a validity check is made against.
+#[derive(Clone, Copy, Debug)]
+pub enum Caps<'a> {
+    Cpu(&'a CpuCaps),
+    Gpu(&'a GpuCaps),
 }
 
 /// Capabilities of the device kernels are selected for (an owned [`Caps`]).

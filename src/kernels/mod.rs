@@ -36,6 +36,7 @@ use serde::{Deserialize, Serialize};
 
 pub use problem::{Activation, BufSpec, Op, Problem, Role, RopeLayout};
 
+pub use crate::device::{Backend, Caps};
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuCtx, GpuProgram, Shader};
 use crate::hash::Hasher;
@@ -130,23 +131,6 @@ impl std::str::FromStr for DType {
             let allowed: Vec<&str> = DType::iter().map(DType::name).collect();
             format!("unknown dtype `{s}` (allowed: {})", allowed.join(", "))
         })
-    }
-}
-
-/// Which backend a kernel runs on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Backend {
-    Wgsl,
-    Cpu,
-}
-
-impl Backend {
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Wgsl => "wgsl",
-            Backend::Cpu => "cpu",
-        }
     }
 }
 
@@ -385,7 +369,29 @@ impl From<WgslImpl> for Impl {
     }
 }
 
+/// How a variant is named in reports and profiles: `id`, or `id(a=1,b=2)` with
+/// the parameters given.
+pub fn variant_label(id: &str, params: &Params) -> String {
+    if params.is_empty() {
+        return id.to_string();
+    }
+    let ps: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("{id}({})", ps.join(","))
+}
+
 impl KernelDef {
+    /// The parameters of `params` that differ from this kernel's defaults (what a
+    /// profile writes).
+    pub fn non_default(&self, params: &Params) -> Params {
+        let defaults = self.default_params();
+        params.iter().filter(|(k, v)| defaults.get(*k) != Some(*v)).map(|(k, v)| (k.clone(), *v)).collect()
+    }
+
+    /// The variant's name: its id and the parameters that differ from the defaults.
+    pub fn label(&self, params: &Params) -> String {
+        variant_label(self.id, &self.non_default(params))
+    }
+
     /// A kernel of the set: a [`CpuImpl`] or a [`WgslImpl`] with its id, op, storage
     /// types, parameter space and one-line summary.
     pub fn new(
@@ -404,13 +410,6 @@ impl std::fmt::Debug for KernelDef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.id)
     }
-}
-
-/// The device a validity check is made against.
-#[derive(Clone, Copy, Debug)]
-pub enum Caps<'a> {
-    Cpu(&'a CpuCaps),
-    Gpu(&'a GpuCaps),
 }
 
 impl KernelDef {

@@ -174,12 +174,7 @@ impl VariantDoc {
 
 impl fmt::Display for VariantDoc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.kernel)?;
-        if !self.params.is_empty() {
-            let ps: Vec<String> = self.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            write!(f, "({})", ps.join(","))?;
-        }
-        Ok(())
+        f.write_str(&crate::kernels::variant_label(&self.kernel, &self.params))
     }
 }
 

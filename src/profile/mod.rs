@@ -454,9 +454,7 @@ pub fn write_atomic(path: &Path, text: &str) -> Result<(), ProfileError> {
 
 /// The profile entry for one choice.
 pub fn variant_doc(c: &Choice) -> VariantDoc {
-    let defaults = c.kernel.default_params();
-    let params = c.params.iter().filter(|(k, v)| defaults.get(*k) != Some(*v)).map(|(k, v)| (k.clone(), *v)).collect();
-    VariantDoc { kernel: c.kernel.id.to_string(), params }
+    VariantDoc { kernel: c.kernel.id.to_string(), params: c.kernel.non_default(&c.params) }
 }
 
 /// Builds the `kernels` section from explicit per-slot, per-regime choices (entries

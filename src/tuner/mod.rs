@@ -25,7 +25,6 @@ use crate::device::{Device, DeviceCaps};
 use crate::gpu::GpuCtx;
 use crate::kernels::{self, DType};
 use crate::model::ModelConfig;
-use crate::profile::ProfileDoc;
 use crate::runtime::{RuntimeError, TensorStore};
 use cache::Cache;
 use measure::Strategy;
@@ -94,9 +93,10 @@ pub struct Target<'a> {
     pub ctx: Option<Arc<GpuCtx>>,
 }
 
-/// The result of a tune: the profile document and a summary for the report.
-pub struct TuneResult {
-    pub doc: ProfileDoc,
+/// The result of a tune: what `finish` made of the findings (the profile document)
+/// and a summary for the report.
+pub struct TuneResult<D> {
+    pub doc: D,
     pub resumed_slots: usize,
 }
 
@@ -115,15 +115,18 @@ pub(crate) struct Findings<'a> {
     pub used_s: f64,
 }
 
-/// Runs the whole search. `cache` keeps finished races as they come; with `resume`
-/// races already there are reused (an interrupted tune resumes; --force re-measures).
-pub fn tune(
+/// Runs the whole search and hands its findings to `finish` (the profile builder,
+/// [`crate::profile::build::profile_doc`]: the tuner measures, the profile module
+/// writes). `cache` keeps finished races as they come; with `resume` races already
+/// there are reused (an interrupted tune resumes; --force re-measures).
+pub(crate) fn tune<D>(
     t: &Target<'_>,
     o: &TuneOptions,
     cache: Option<&Cache>,
     resume: bool,
     progress: &dyn Progress,
-) -> Result<TuneResult, TuneError> {
+    finish: impl FnOnce(&Findings<'_>) -> D,
+) -> Result<TuneResult<D>, TuneError> {
     let start = Instant::now();
     let deadline = start + o.budget;
     let slot_deadline = start + o.budget.mul_f64(0.65);
@@ -148,5 +151,5 @@ pub fn tune(
         e2e: &e2e,
         used_s: start.elapsed().as_secs_f64(),
     };
-    Ok(TuneResult { doc: crate::profile::build::profile_doc(&findings), resumed_slots: races.resumed })
+    Ok(TuneResult { doc: finish(&findings), resumed_slots: races.resumed })
 }

@@ -20,7 +20,6 @@ use crate::kernels::problem::test_problems;
 use crate::kernels::verify::{Runner as CheckRunner, check_one};
 use crate::kernels::{self, DType, Problem};
 use crate::plan::select::{Choice, SlotKey};
-use crate::profile::variant_doc;
 
 /// A finished race, as cached and as reported.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -179,7 +178,7 @@ fn gate_all(
 ) -> Vec<Cand> {
     let mut passed = Vec::new();
     for c in cands {
-        let name = variant_doc(&Choice::new(c.kernel, c.params.clone())).to_string();
+        let name = c.kernel.label(&c.params);
         if !(first_free && passed.is_empty()) && Instant::now() > deadline {
             rejected.push((name, "not reached within the budget".into()));
             continue;
@@ -286,8 +285,7 @@ fn run_race(t: &Target<'_>, r: &RaceDef, o: &TuneOptions, deadline: Instant, gat
     let mut shape_medians = Vec::new();
     for (i, x) in runners.iter().enumerate() {
         if let Some(e) = &x.error {
-            pool.rejected
-                .push((variant_doc(&Choice::new(x.cand.kernel, x.cand.params.clone())).to_string(), format!("failed while timing: {e}")));
+            pool.rejected.push((x.cand.kernel.label(&x.cand.params), format!("failed while timing: {e}")));
         }
         let status = match (&x.error, x.dropped) {
             (Some(_), _) => "error".to_string(),

@@ -12,7 +12,6 @@ use crate::kernels::{self, DType, KernelDef, Problem};
 use crate::model::ModelConfig;
 use crate::plan::select::SlotKey;
 use crate::plan::{Fusion, Parallel, Plan, PlanOptions, Regime, Selection, StepKind};
-use crate::profile::doc as pd;
 
 /// One slot race: the union of the slot's shapes over every fusion choice.
 pub(crate) struct RaceDef {
@@ -172,7 +171,7 @@ impl Generated {
         match r.shapes.iter().find_map(|(p, _)| k.check(caps.caps(), p, r.dtype, &params).err()) {
             None => Some(Cand { kernel: k, params }),
             Some(why) => {
-                self.rejected.push((pd::VariantDoc { kernel: k.id.into(), params }.to_string(), why));
+                self.rejected.push((kernels::variant_label(k.id, &params), why));
                 None
             }
         }
