@@ -8,7 +8,8 @@
 //!
 //! This file, float GEMV. WGSL: `gemv_wg` (scalar loads, any k, workgroup tree reduction), `gemv_vec`
 //! (16-byte loads, workgroup reduction), `gemv_subgroup` (16-byte loads, one
-//! `subgroupAdd` per row), `gemv_f16native` (`enable f16` storage).
+//! `subgroupAdd` per row), `gemv_f16native` (`enable f16` storage), `gemv_thread`
+//! (one invocation per row, no reduction).
 //! CPU: `gemv_rows_cpu` (one row at a time) and `gemv_dot4_cpu` (four rows share
 //! each activation load), both SIMD microkernels under a rayon orchestrator that
 //! splits rows (dynamic grain or one static range per thread).
@@ -32,6 +33,11 @@ static GEMV_WG: Shader = shader!("gemv_wg.wgsl", "block_wg.wgsl", "reduce_wg.wgs
 static GEMV_VEC: Shader = shader!("gemv_vec.wgsl", "block_wg.wgsl", "reduce_wg.wgsl", "wload.wgsl");
 static GEMV_SUBGROUP: Shader = shader!("gemv_subgroup.wgsl", "row_sg.wgsl", "reduce_sg.wgsl", "wload.wgsl");
 static GEMV_F16: Shader = shader!("gemv_f16.wgsl", "block_wg.wgsl", "reduce_wg.wgsl");
+static GEMV_THREAD: Shader = shader!("gemv_thread.wgsl", "wload.wgsl");
+
+/// One invocation per row: only the workgroup size is tuned.
+const THREAD_PARAMS: &[ParamSpec] =
+    &[ParamSpec { name: "workgroup_size", values: &[32, 64, 128, 256], default: 64, help: "invocations (rows) per workgroup" }];
 
 /// `rows_per_task` of the float GEMV orchestrators (dynamic strategy).
 pub(super) const ROWS_PER_TASK_DYN: ParamSpec =
@@ -74,6 +80,14 @@ pub fn variants() -> Vec<KernelDef> {
             WgslImpl::new(&GEMV_F16, prepare).shared(shared_rows).native_f16().check(check_f16native),
         ),
         KernelDef::new(
+            "gemv_thread",
+            Op::Gemv,
+            DType::FLOAT,
+            THREAD_PARAMS,
+            "one invocation per row, 16-byte loads into two register accumulators; no workgroup memory, no barrier",
+            WgslImpl::new(&GEMV_THREAD, prepare_thread).check(check_vec),
+        ),
+        KernelDef::new(
             "gemv_rows_cpu",
             Op::Gemv,
             DType::FLOAT,
@@ -99,6 +113,14 @@ fn prepare(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let (wg, rows) = (s.param("workgroup_size")?, s.param("rows_per_wg")?);
     let consts: Vec<_> = [("WG", wg as f64), ("ROWS", rows as f64)].into_iter().chain(s.w_f16_const()).collect();
     s.one_step("main", &consts, &[n as u32, k as u32], grid_2d(groups(n, rows)))
+}
+
+/// `gemv_thread`: a workgroup of `WG` rows.
+fn prepare_thread(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let (n, k) = dims(s)?;
+    let wg = s.param("workgroup_size")?;
+    let consts: Vec<_> = [("WG", wg as f64)].into_iter().chain(s.w_f16_const()).collect();
+    s.one_step("main", &consts, &[n as u32, k as u32], grid_2d(groups(n, wg)))
 }
 
 fn dims(s: &WgslSetup<'_>) -> Result<(usize, usize), KernelError> {
