@@ -23,7 +23,7 @@ use rayon::prelude::*;
 
 use ktune::device::CpuCaps;
 use ktune::kernels::verify::{GpuBuffers, HostTensor, make_inputs, output_lens};
-use ktune::kernels::{self, Backend, Caps, CpuArgs, DType, KernelDef, Params, Problem, cpu as simd};
+use ktune::kernels::{self, Backend, Caps, CpuArgs, DType, KernelDef, Params, Problem, cpu};
 use ktune::testing::test_gpu;
 
 /// Gemma 3 1B: hidden 1152, intermediate 6912. GEMV `n x k` = weight rows x cols.
@@ -41,13 +41,13 @@ fn config() -> Criterion {
 /// 1 MiB per thread (cache), with the best instruction set the CPU has.
 fn membw(c: &mut Criterion) {
     let mut g = c.benchmark_group("membw");
-    let isa = simd::Isa::best();
+    let isa = cpu::Isa::best();
     for (name, bytes) in [("dram_512MiB", 512usize << 20), ("cache_1MiB_per_thread", (1usize << 20) * rayon::current_num_threads())] {
         let v: Vec<f32> = (0..bytes / 4).map(|i| (i % 7) as f32).collect();
         g.throughput(Throughput::Bytes(bytes as u64));
         g.bench_function(name, |b| {
             b.iter(|| {
-                let s: f32 = v.par_chunks(1 << 14).map(|c| simd::dot_f32(isa, c, c)).sum();
+                let s: f32 = v.par_chunks(1 << 14).map(|c| cpu::dot_f32(isa, c, c)).sum();
                 black_box(s)
             })
         });

@@ -1,5 +1,5 @@
 //! Profile loading: every error names its line and column and what is allowed;
-//! a written profile loads back unchanged (round trip); the seed-002 example
+//! a written profile loads back unchanged (round trip); the example
 //! (with this kernel set's ids) loads; diff-profiles tells regressions from noise.
 
 use ktune::profile::doc::{Candidate, EndToEnd, SlotTuning, Throughput, Tuning, VariantDoc};

@@ -1,4 +1,4 @@
-//! The execution plan (seed 000): named buffers with roles and sizes (the layout,
+//! The execution plan: named buffers with roles and sizes (the layout,
 //! computed once for the largest batch of tokens), and the steps of a forward pass
 //! that bind kernel buffers to them, for prefill (many tokens) and decode (one).
 //!
@@ -36,7 +36,7 @@ pub enum PlanError {
 }
 
 /// Prefill (a prompt, many tokens) or decode (one token, long context): the two
-/// regimes of seed 003, with different winners.
+/// regimes, with different winners.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Regime {
@@ -53,7 +53,7 @@ impl Regime {
     }
 }
 
-/// Whole-plan switches that change which ops exist (seed 001's fused ops).
+/// Whole-plan switches that change which ops exist (the fused ops).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 pub struct Fusion {
     /// Q, K and V from one concatenated weight (one GEMV in decode; one GEMM and a
@@ -91,7 +91,7 @@ impl Fusion {
     }
 }
 
-/// Role of a laid-out buffer (seed 000).
+/// Role of a laid-out buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BufRole {
@@ -188,7 +188,7 @@ pub struct Step {
     pub slot: Slot,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub layer: Option<usize>,
-    /// Steps with the same group number are independent of each other (seed 002's
+    /// Steps with the same group number are independent of each other (the profile's
     /// parallel groups: q/k/v, gate/up) and may run concurrently.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub group: Option<u32>,
@@ -209,7 +209,7 @@ pub struct PlanOptions {
     /// Compute the logits of every prompt position (for `--dump-logits`), not only the last.
     pub all_logits: bool,
     pub fusion: Fusion,
-    /// Parallel groups (seed 002 `parallel`): q/k/v and gate/up run concurrently.
+    /// Parallel groups (the profile's `parallel`): q/k/v and gate/up run concurrently.
     pub parallel: Parallel,
 }
 
@@ -587,7 +587,7 @@ impl Emitter<'_> {
         dtype: DType,
     ) -> Result<(), PlanError> {
         let choice = self.plan.selection.choose(slot, self.regime, layer, &problem, dtype)?;
-        // Every bound buffer must hold what the problem addresses (seed 000's shape check).
+        // Every bound buffer must hold what the problem addresses (the plan's shape check).
         for (spec, &b) in problem.buffers(dtype).iter().zip(&binds) {
             let decl = &self.plan.buffers[b];
             if decl.len < spec.len() || decl.dtype != spec.dtype {

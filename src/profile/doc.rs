@@ -48,7 +48,7 @@ impl<T: JsonSchema> JsonSchema for At<T> {
     }
 }
 
-/// A kernel profile (seed 002), as written on disk.
+/// A kernel profile, as written on disk.
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProfileDoc {
@@ -333,7 +333,7 @@ fn yes() -> bool {
     true
 }
 
-/// Execution switches (seed 002 `execution`).
+/// Execution switches (the profile's `execution` section).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ExecutionDoc {

@@ -443,7 +443,7 @@ fn parse_error(origin: &str, e: &serde_saphyr::Error) -> ProfileError {
 
 pub fn to_yaml(doc: &ProfileDoc) -> Result<String, ProfileError> {
     let body = serde_saphyr::to_string(doc).map_err(|e| ProfileError::Serialize(e.to_string()))?;
-    Ok(format!("# ktune kernel profile (seed 002 format); `ktune schema` prints its JSON Schema.\n{body}"))
+    Ok(format!("# ktune kernel profile; `ktune schema` prints its JSON Schema.\n{body}"))
 }
 
 /// Writes `text` to `path` atomically (temp file in the same directory, then rename),

@@ -35,7 +35,7 @@ pub struct GpuExec {
     /// Byte size of each buffer's contents.
     pub sizes: Vec<u64>,
     progs: HashMap<(usize, usize), (Sig, Option<GpuProgram>)>,
-    /// One submit per forward pass (seed 002's `batchCommands`).
+    /// One submit per forward pass (the profile's `execution.batchCommands`).
     pub batch: bool,
     /// Time each step with timestamp queries (one pass per step) on the next run.
     pub profile: bool,
