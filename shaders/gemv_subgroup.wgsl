@@ -2,23 +2,12 @@
 // whole rows (row_sg.wgsl: ROWS per workgroup, spread over its subgroups), loads 16
 // bytes per lane per step and finishes with one subgroupAdd; no workgroup memory, no
 // barriers. Needs SUBGROUP and k % 4 == 0 (f32) or k % 8 == 0 (f16).
-// Includes: row_sg.wgsl (entry point), reduce_sg.wgsl, wload.wgsl (W_F16, 16-byte
+// Includes: gemv16.wgsl (bindings), row_sg.wgsl (entry point), reduce_sg.wgsl, wload.wgsl (W_F16, 16-byte
 // words).
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
 override W_F16: bool = false;
-
-struct Dims { n: u32, k: u32 }
-
-@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<uniform> dims: Dims;
-
-fn row_count() -> u32 {
-    return dims.n;
-}
 
 fn run_row(row: u32, lane: u32, stride: u32) {
     let words = wwords16(dims.k);

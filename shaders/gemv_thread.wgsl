@@ -5,17 +5,10 @@
 // short to share among a workgroup; on a discrete GPU the rows of a workgroup are
 // read uncoalesced, which the tuner measures.
 // Needs k % 4 == 0 (f32 weights) or k % 8 == 0 (f16 weights).
-// Includes: wload.wgsl (W_F16, 16-byte words).
+// Includes: gemv16.wgsl (bindings), wload.wgsl (W_F16, 16-byte words).
 
 override WG: u32 = 64;
 override W_F16: bool = false;
-
-struct Dims { n: u32, k: u32 }
-
-@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<uniform> dims: Dims;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {

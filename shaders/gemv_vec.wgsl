@@ -2,25 +2,14 @@
 // Needs k % 4 == 0 (f32 weights) or k % 8 == 0 (f16 weights): each load is one
 // vec4<u32>, i.e. 4 f32 weights or 8 packed f16 weights. Each workgroup owns ROWS
 // rows; partial sums are kept in registers and reduced through workgroup memory.
-// Includes: block_wg.wgsl (entry point), reduce_wg.wgsl (the tree), wload.wgsl
+// Includes: gemv16.wgsl (bindings), block_wg.wgsl (entry point), reduce_wg.wgsl (the tree), wload.wgsl
 // (W_F16, 16-byte words).
 
 override WG: u32 = 128;
 override ROWS: u32 = 2;
 override W_F16: bool = false;
 
-struct Dims { n: u32, k: u32 }
-
-@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<uniform> dims: Dims;
-
 var<workgroup> partial: array<f32, WG * ROWS>;
-
-fn row_count() -> u32 {
-    return dims.n;
-}
 
 fn block_partials(row0: u32, tid: u32) -> u32 {
     let words = wwords16(dims.k);
