@@ -39,6 +39,8 @@ pub enum Error {
     Tune(Box<crate::tuner::TuneError>),
     #[error(transparent)]
     Profile(#[from] crate::profile::ProfileError),
+    #[error(transparent)]
+    Session(#[from] crate::session::SessionError),
     #[error("{0}")]
     Usage(String),
     #[error("writing output failed: {0}")]

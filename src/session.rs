@@ -8,14 +8,33 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::cli::ModelSource;
+use crate::device::DeviceError;
 use crate::device::{self, Device};
 use crate::gpu::GpuCtx;
+use crate::gpu::GpuError;
 use crate::kernels::DType;
+use crate::model::ModelError;
 use crate::model::gguf::GgufFile;
 use crate::model::{self, ModelConfig, Stored, Weights};
 use crate::plan::{Plan, PlanOptions, Selection};
 use crate::runtime::{Engine, RuntimeError, TensorStore, WeightMemo};
-use crate::{Error, Result};
+
+/// What can go wrong before any measuring: the device selector, opening the
+/// adapter, the model source and its options (gathered into the top-level error
+/// like every module's).
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("{0}")]
+    Usage(String),
+}
+
+pub type Result<T, E = SessionError> = std::result::Result<T, E>;
 
 /// Discovers devices and resolves the `--device` selector (validated before any
 /// heavy object is built).
@@ -84,7 +103,7 @@ pub fn load_model(name: Option<&str>, dir: Option<&PathBuf>, layers: Option<usiz
             w.check_config(&c)?;
             (d.display().to_string(), c, w)
         }
-        (None, None) => return Err(Error::Usage("give --model NAME or --model-dir DIR".into())),
+        (None, None) => return Err(SessionError::Usage("give --model NAME or --model-dir DIR".into())),
     };
     if let (Some(l), Some(_)) = (layers, dir) {
         cut_layers(&mut config, l)?;
@@ -95,7 +114,7 @@ pub fn load_model(name: Option<&str>, dir: Option<&PathBuf>, layers: Option<usiz
 /// Keeps the first `l` layers of `c` (`--layers`).
 fn cut_layers(c: &mut ModelConfig, l: usize) -> Result<()> {
     if l == 0 || l > c.num_layers {
-        return Err(Error::Usage(format!("--layers {l}: the model has {} layers", c.num_layers)));
+        return Err(SessionError::Usage(format!("--layers {l}: the model has {} layers", c.num_layers)));
     }
     c.num_layers = l;
     c.layer_types.truncate(l);
