@@ -19,15 +19,11 @@ use crate::model::{self, ModelConfig, Stored, Weights};
 use crate::plan::{Plan, PlanOptions, Selection};
 use crate::runtime::{Engine, RuntimeError, TensorStore, WeightMemo};
 
-/// What can go wrong before any measuring: the device selector, opening the
-/// adapter, the model source and its options (gathered into the top-level error
-/// like every module's).
+/// What can go wrong loading a model source: the files, or options that do not fit
+/// it (gathered into the top-level error like every module's; the device selector
+/// and the adapter report their own errors).
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
-    #[error(transparent)]
-    Device(#[from] DeviceError),
-    #[error(transparent)]
-    Gpu(#[from] GpuError),
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error("{0}")]
@@ -38,14 +34,14 @@ pub type Result<T, E = SessionError> = std::result::Result<T, E>;
 
 /// Discovers devices and resolves the `--device` selector (validated before any
 /// heavy object is built).
-pub fn pick_device(selector: Option<&str>) -> Result<Device> {
+pub fn pick_device(selector: Option<&str>) -> Result<Device, DeviceError> {
     let mut devices = device::discover();
     let i = device::select(&devices, selector)?;
     Ok(devices.swap_remove(i))
 }
 
 /// Opens `device` for kernels: a wgpu context for a GPU, nothing for the CPU.
-pub fn open_device(device: &Device) -> Result<Option<Arc<GpuCtx>>> {
+pub fn open_device(device: &Device) -> Result<Option<Arc<GpuCtx>>, GpuError> {
     Ok(match device {
         Device::Cpu(_) => None,
         Device::Gpu(g) => Some(GpuCtx::open(g)?),
