@@ -7,7 +7,7 @@
 //
 // Bindings: the bias is always bound at 2 (q, k_out, v_out at 3..5, uniform at 6);
 // without a bias the host binds a small placeholder there and HAS_BIAS is false.
-// Includes: row_sg.wgsl (entry point), reduce_sg.wgsl, qkv_store.wgsl (the routing),
+// Includes: row_dot16.wgsl (the lane dot), row_sg.wgsl (entry point), reduce_sg.wgsl, qkv_store.wgsl (the routing),
 // wload.wgsl (W_F16, 16-byte words).
 
 override WG: u32 = 128;
@@ -26,13 +26,7 @@ struct Dims { k: u32, nq: u32, nkv: u32 }
 @group(0) @binding(6) var<uniform> dims: Dims;
 
 fn run_row(row: u32, lane: u32, stride: u32) {
-    let words = wwords16(dims.k);
-    var acc = 0.0;
-    for (var c = lane; c < words; c += stride) {
-        let xi = wx16(c);
-        acc += wdot16(w[row * words + c], x[xi.x], x[xi.y]);
-    }
-    let total = row_sum(acc, lane);
+    let total = row_sum(row_dot16(row, lane, stride), lane);
     if (lane == 0u) {
         qkv_store(row, total);
     }

@@ -166,17 +166,11 @@ pub fn one_wg_per_row(s: &WgslSetup<'_>, rows: usize, uniform: &[u32]) -> Result
     s.one_step("main", &consts, uniform, grid_2d(rows as u32))
 }
 
-/// One subgroup per row, the parameter `per_param` rows per workgroup (passed to the
-/// shader as `per_const`; with `WG` and `W_F16`).
-pub fn subgroup_per_row(
-    s: &WgslSetup<'_>,
-    rows: usize,
-    uniform: &[u32],
-    per_param: &str,
-    per_const: &str,
-) -> Result<GpuProgram, KernelError> {
+/// One subgroup per row (the shaders' shared `row_sg.wgsl` entry point), the
+/// parameter `per_param` rows per workgroup, passed as `ROWS` with `WG` and `W_F16`.
+pub fn subgroup_per_row(s: &WgslSetup<'_>, rows: usize, uniform: &[u32], per_param: &str) -> Result<GpuProgram, KernelError> {
     let per = s.param(per_param)?;
-    let consts = [("WG", s.param("workgroup_size")? as f64), (per_const, per as f64), ("W_F16", s.w_f16())];
+    let consts = [("WG", s.param("workgroup_size")? as f64), ("ROWS", per as f64), ("W_F16", s.w_f16())];
     s.one_step("main", &consts, uniform, grid_2d(groups(rows, per)))
 }
 

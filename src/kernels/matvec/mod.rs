@@ -31,7 +31,8 @@ use crate::shader;
 
 static GEMV_WG: Shader = shader!("gemv_wg.wgsl", "block_wg.wgsl", "reduce_wg.wgsl", "wload.wgsl");
 static GEMV_VEC: Shader = shader!("gemv_vec.wgsl", "gemv16.wgsl", "block_wg.wgsl", "reduce_wg.wgsl", "wload.wgsl");
-static GEMV_SUBGROUP: Shader = shader!("gemv_subgroup.wgsl", "gemv16.wgsl", "row_sg.wgsl", "reduce_sg.wgsl", "wload.wgsl");
+static GEMV_SUBGROUP: Shader =
+    shader!("gemv_subgroup.wgsl", "gemv16.wgsl", "row_dot16.wgsl", "row_sg.wgsl", "reduce_sg.wgsl", "wload.wgsl");
 static GEMV_F16: Shader = shader!("gemv_f16.wgsl", "block_wg.wgsl", "reduce_wg.wgsl");
 static GEMV_THREAD: Shader = shader!("gemv_thread.wgsl", "gemv16.wgsl", "wload.wgsl");
 

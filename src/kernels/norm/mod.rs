@@ -187,7 +187,7 @@ pub(super) fn prepare_wg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
 /// `layer_norm_subgroup`, `residual_rms_norm_subgroup`).
 pub(super) fn prepare_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let (rows, u) = norm_uniform(s)?;
-    subgroup_per_row(s, rows, &u, "rows_per_wg", "ROWS")
+    subgroup_per_row(s, rows, &u, "rows_per_wg")
 }
 
 fn prepare_rms_vec4(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {

@@ -30,8 +30,15 @@ static QKNR_WG: Shader = shader!(
     "rotary.wgsl",
     "wload.wgsl"
 );
-static QKNR_SG: Shader =
-    shader!("fused_qk_norm_rope_subgroup.wgsl", "fused_qk_norm_rope.wgsl", "reduce_sg.wgsl", "rms.wgsl", "rotary.wgsl", "wload.wgsl");
+static QKNR_SG: Shader = shader!(
+    "fused_qk_norm_rope_subgroup.wgsl",
+    "fused_qk_norm_rope.wgsl",
+    "row_sg.wgsl",
+    "reduce_sg.wgsl",
+    "rms.wgsl",
+    "rotary.wgsl",
+    "wload.wgsl"
+);
 
 const QKNR_WG_PARAMS: &[ParamSpec] =
     &[ParamSpec { name: "workgroup_size", values: &[32, 64, 128, 256], default: 64, help: "invocations per (token, head) workgroup" }];
@@ -146,7 +153,7 @@ fn prepare_qknr_wg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
 
 fn prepare_qknr_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let (heads, u) = qknr_uniform(s)?;
-    subgroup_per_row(s, heads, &u, "heads_per_wg", "HEADS")
+    subgroup_per_row(s, heads, &u, "heads_per_wg")
 }
 
 /// Where the two elements of rotary pair `i` sit in a head.
