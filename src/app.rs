@@ -15,12 +15,12 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::ListDevices(args) => {
             let report = list_devices::run()?;
-            output::print(&output::render(&report, args.format.into())?)?;
+            output::emit(&report, args.format.into())?;
             Ok(ExitCode::Success)
         }
         Command::Kernels(args) => {
             let report = kernels::run(device, &args, &Bars::counter("verifying"))?;
-            output::print(&output::render(&report, args.format.into())?)?;
+            output::emit(&report, args.format.into())?;
             Ok(if report.failed() { ExitCode::Differences } else { ExitCode::Success })
         }
         Command::Run(args) => {
@@ -36,12 +36,12 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             for w in &report.warnings {
                 output::warn(w);
             }
-            output::print(&output::render(&report, args.format.into())?)?;
+            output::emit(&report, args.format.into())?;
             Ok(ExitCode::Success)
         }
         Command::Tune(args) => {
             let report = tune::run(device, &args, &Bars::tune())?;
-            output::print(&output::render(&report, args.format.into())?)?;
+            output::emit(&report, args.format.into())?;
             Ok(ExitCode::Success)
         }
         Command::Profiles(args) => {
@@ -51,12 +51,12 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 (ProfilesAction::List { format }, ProfilesReport::List(_)) => *format,
                 _ => Format::Table,
             };
-            output::print(&output::render(&report, format.into())?)?;
+            output::emit(&report, format.into())?;
             Ok(ExitCode::Success)
         }
         Command::DiffProfiles(args) => {
             let (report, code) = profiles::diff_profiles(&args)?;
-            output::print(&output::render(&report, args.format.into())?)?;
+            output::emit(&report, args.format.into())?;
             Ok(code)
         }
         Command::Bench(args) => {
@@ -64,12 +64,12 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             for w in &report.warnings {
                 output::warn(w);
             }
-            output::print(&output::render(&report, args.format.into())?)?;
+            output::emit(&report, args.format.into())?;
             Ok(ExitCode::Success)
         }
         Command::Schema => {
             let report = SchemaReport(crate::profile::json_schema());
-            output::print(&output::render(&report, output::Format::Json)?)?;
+            output::emit(&report, output::Format::Json)?;
             Ok(ExitCode::Success)
         }
     }

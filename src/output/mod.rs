@@ -67,6 +67,11 @@ pub fn render<R: Report + ?Sized>(report: &R, format: Format) -> Result<String> 
     })
 }
 
+/// Renders `report` in `format` and writes it to stdout.
+pub fn emit<R: Report + ?Sized>(report: &R, format: Format) -> Result<()> {
+    print(&render(report, format)?)
+}
+
 /// Writes rendered output to stdout.
 pub fn print(text: &str) -> Result<()> {
     let mut out = std::io::stdout().lock();
