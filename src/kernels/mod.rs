@@ -47,6 +47,7 @@ use crate::hash::Hasher;
 )]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
+#[allow(non_camel_case_types)] // ggml's type names (Q4_K, IQ4_XS)
 pub enum DType {
     F32,
     F16,
@@ -62,15 +63,81 @@ pub enum DType {
     #[serde(rename = "q4_1")]
     #[strum(serialize = "q4_1")]
     Q4_1,
+    /// ggml Q5_0 blocks (weights only).
+    #[serde(rename = "q5_0")]
+    #[strum(serialize = "q5_0")]
+    Q5_0,
+    /// ggml Q5_1 blocks (weights only).
+    #[serde(rename = "q5_1")]
+    #[strum(serialize = "q5_1")]
+    Q5_1,
+    /// ggml Q2_K super-blocks (weights only).
+    #[serde(rename = "q2_k")]
+    #[strum(serialize = "q2_k")]
+    Q2_K,
+    /// ggml Q3_K super-blocks (weights only).
+    #[serde(rename = "q3_k")]
+    #[strum(serialize = "q3_k")]
+    Q3_K,
+    /// ggml Q4_K super-blocks (weights only).
+    #[serde(rename = "q4_k")]
+    #[strum(serialize = "q4_k")]
+    Q4_K,
+    /// ggml Q5_K super-blocks (weights only).
+    #[serde(rename = "q5_k")]
+    #[strum(serialize = "q5_k")]
+    Q5_K,
+    /// ggml Q6_K super-blocks (weights only).
+    #[serde(rename = "q6_k")]
+    #[strum(serialize = "q6_k")]
+    Q6_K,
+    /// ggml IQ4_NL blocks (weights only).
+    #[serde(rename = "iq4_nl")]
+    #[strum(serialize = "iq4_nl")]
+    IQ4_NL,
+    /// ggml IQ4_XS super-blocks (weights only).
+    #[serde(rename = "iq4_xs")]
+    #[strum(serialize = "iq4_xs")]
+    IQ4_XS,
 }
 
 impl DType {
     /// Every storage type, floats first.
-    pub const ALL: [DType; 5] = [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1];
+    pub const ALL: [DType; 14] = [
+        DType::F32,
+        DType::F16,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
+    ];
     /// The float storage types.
     pub const FLOAT: &'static [DType] = &[DType::F32, DType::F16];
     /// The block-quantized storage types.
-    pub const QUANT: &'static [DType] = &[DType::Q8_0, DType::Q4_0, DType::Q4_1];
+    pub const QUANT: &'static [DType] = &[
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
+    ];
+    /// The block formats of 32 elements that predate the super-block formats.
+    pub const QUANT_32: &'static [DType] = &[DType::Q8_0, DType::Q4_0, DType::Q4_1];
 
     /// Bytes per element of a float type. Quantized types have no per-element size
     /// (a block of 32 elements has one): use [`DType::bytes_for`] for buffer sizes;
@@ -79,7 +146,7 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::F16 => 2,
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => 1,
+            _ => 1,
         }
     }
     /// Bytes of a buffer of `n` elements in this type. Quantized: the single-buffer
@@ -88,7 +155,7 @@ impl DType {
     pub fn bytes_for(self, n: usize) -> u64 {
         match self.quant() {
             None => (n * self.size()) as u64,
-            Some(f) => f.layout(n.div_ceil(quant::QK)).total as u64,
+            Some(f) => f.layout(f.blocks_for(n)).total as u64,
         }
     }
     pub fn name(self) -> &'static str {
@@ -101,6 +168,15 @@ impl DType {
             DType::Q8_0 => Some(quant::QFormat::Q8_0),
             DType::Q4_0 => Some(quant::QFormat::Q4_0),
             DType::Q4_1 => Some(quant::QFormat::Q4_1),
+            DType::Q5_0 => Some(quant::QFormat::Q5_0),
+            DType::Q5_1 => Some(quant::QFormat::Q5_1),
+            DType::Q2_K => Some(quant::QFormat::Q2_K),
+            DType::Q3_K => Some(quant::QFormat::Q3_K),
+            DType::Q4_K => Some(quant::QFormat::Q4_K),
+            DType::Q5_K => Some(quant::QFormat::Q5_K),
+            DType::Q6_K => Some(quant::QFormat::Q6_K),
+            DType::IQ4_NL => Some(quant::QFormat::IQ4_NL),
+            DType::IQ4_XS => Some(quant::QFormat::IQ4_XS),
         }
     }
     pub fn is_quant(self) -> bool {
@@ -119,6 +195,15 @@ impl From<quant::QFormat> for DType {
             quant::QFormat::Q8_0 => DType::Q8_0,
             quant::QFormat::Q4_0 => DType::Q4_0,
             quant::QFormat::Q4_1 => DType::Q4_1,
+            quant::QFormat::Q5_0 => DType::Q5_0,
+            quant::QFormat::Q5_1 => DType::Q5_1,
+            quant::QFormat::Q2_K => DType::Q2_K,
+            quant::QFormat::Q3_K => DType::Q3_K,
+            quant::QFormat::Q4_K => DType::Q4_K,
+            quant::QFormat::Q5_K => DType::Q5_K,
+            quant::QFormat::Q6_K => DType::Q6_K,
+            quant::QFormat::IQ4_NL => DType::IQ4_NL,
+            quant::QFormat::IQ4_XS => DType::IQ4_XS,
         }
     }
 }

@@ -188,7 +188,7 @@ pub fn tolerance(dtype: DType) -> f64 {
         DType::F16 => 1e-3,
         // The reference uses the dequantized weights, so only f32 accumulation
         // order differs; the weights' spread of magnitudes costs a little more.
-        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => 5e-4,
+        _ => 5e-4,
     }
 }
 

@@ -5,7 +5,6 @@
 //! `QFMT` override and the weight bound twice: quants, then the 256-byte aligned
 //! scales region).
 
-use super::quant::QK;
 use super::{DType, KernelError, ParamSpec, Params, Problem, WgslSetup, param};
 use crate::device::GpuCaps;
 use crate::gpu::{Bind, GpuProgram, grid_2d, groups};
@@ -100,21 +99,20 @@ pub fn check_blocks(prob: &Problem, dtype: DType) -> Result<(), String> {
     if !dtype.is_quant() {
         return Err(format!("{dtype} is not a quantized format"));
     }
+    let be = dtype.quant().map_or(1, |f| f.block_elems());
     match depth(prob) {
-        Some(k) if k == 0 || !k.is_multiple_of(QK) => {
-            Err(format!("k = {k} is not a positive multiple of {QK} (the {dtype} block size); quantized rows are whole blocks"))
+        Some(k) if k == 0 || !k.is_multiple_of(be) => {
+            Err(format!("k = {k} is not a positive multiple of {be} (the {dtype} block size); quantized rows are whole blocks"))
         }
         _ => Ok(()),
     }
 }
 
 /// The `QFMT` override value of a quantized dtype.
+/// (qblock.wgsl: 0 q8_0, 1 q4_0, 2 q4_1, 3 q5_0, 4 q5_1, 5 q2_k, 6 q3_k, 7 q4_k,
+/// 8 q5_k, 9 q6_k, 10 iq4_nl, 11 iq4_xs: the order of [`QFormat::ALL`](super::quant::QFormat::ALL).)
 pub fn qfmt(dtype: DType) -> f64 {
-    match dtype {
-        DType::Q4_0 => 1.0,
-        DType::Q4_1 => 2.0,
-        _ => 0.0,
-    }
+    dtype.quant().and_then(|f| super::quant::QFormat::ALL.iter().position(|&g| g == f)).unwrap_or(0) as f64
 }
 
 /// The bindings of a quantized kernel: the op's buffers in order with the weight
@@ -124,7 +122,7 @@ pub fn qbinds<'a>(s: &'a WgslSetup<'a>, wi: usize, extra: &[&'a wgpu::Buffer]) -
     let (Some(w), Some(fmt)) = (spec.get(wi), s.dtype.quant()) else {
         return Err(KernelError::Invalid { kernel: s.kernel.id.into(), reason: format!("{} is not a quantized format", s.dtype) });
     };
-    let l = fmt.layout(w.len() / QK);
+    let l = fmt.layout(fmt.blocks_for(w.len()));
     let buf = s.bufs[wi];
     if buf.size() < l.total as u64 {
         return Err(KernelError::BufferLen {

@@ -17,7 +17,7 @@ use half::{bf16, f16};
 
 use super::bytes::FileBytes;
 use super::{ModelError, Result};
-use crate::kernels::quant::{QFormat, QK, dequantize_block};
+use crate::kernels::quant::{QFormat, dequantize_block, split_block};
 
 /// "GGUF" as a little-endian u32 at the start of the file.
 const MAGIC: &[u8; 4] = b"GGUF";
@@ -554,9 +554,11 @@ impl GgufFile {
     pub fn stored(&self, t: &GgufTensor) -> Result<Stored> {
         t.ty.kind().ok_or_else(|| {
             self.err(format!(
-                "tensor `{}` is stored as {}, which ktune cannot read yet (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1): \
-                 convert the model with one of those types (llama-quantize … Q8_0)",
-                t.name, t.ty.name
+                "tensor `{}` is stored as {}, which ktune cannot read yet (supported: F32, F16, BF16, {}): \
+                 convert the model with one of those types (llama-quantize … Q4_K_M)",
+                t.name,
+                t.ty.name,
+                QFormat::ALL.map(|f| f.name().to_uppercase()).join(", ")
             ))
         })
     }
@@ -582,15 +584,13 @@ pub fn decode(kind: Stored, src: &[u8], out: &mut [f32]) {
         Stored::F16 => out.iter_mut().zip(src.chunks_exact(2)).for_each(|(o, b)| *o = f16::from_le_bytes([b[0], b[1]]).to_f32()),
         Stored::BF16 => out.iter_mut().zip(src.chunks_exact(2)).for_each(|(o, b)| *o = bf16::from_le_bytes([b[0], b[1]]).to_f32()),
         Stored::Quant(f) => {
-            let (bb, ns) = (f.block_bytes(), f.scales_per_block());
-            let mut tmp = [0f32; QK];
-            for (block, o) in src.chunks_exact(bb).zip(out.chunks_exact_mut(QK)) {
-                let mut s = [f16::ZERO; 2];
-                for (k, s) in s.iter_mut().enumerate().take(ns) {
-                    *s = f16::from_le_bytes([block[2 * k], block[2 * k + 1]]);
-                }
-                dequantize_block(f, &block[2 * ns..], &s[..ns], &mut tmp);
-                o.copy_from_slice(&tmp);
+            let (bb, be) = (f.block_bytes(), f.block_elems());
+            let (mut q, mut s) = (Vec::with_capacity(bb), Vec::with_capacity(2));
+            for (block, o) in src.chunks_exact(bb).zip(out.chunks_exact_mut(be)) {
+                q.clear();
+                s.clear();
+                split_block(f.header(), block, &mut q, &mut s);
+                dequantize_block(f, &q, &s, o);
             }
         }
     }

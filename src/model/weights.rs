@@ -1,7 +1,7 @@
 //! [`Weights`]: a model's tensors by Hugging Face name, from memory-mapped
 //! safetensors files (one `model.safetensors` or shards listed in
 //! `model.safetensors.index.json`; F32, F16 or BF16), a memory-mapped GGUF file
-//! (F32, F16, BF16, Q8_0, Q4_0, Q4_1; names mapped and llama.cpp's converter
+//! (F32, F16, BF16 and the block formats of [`QFormat`]; names mapped and llama.cpp's converter
 //! undone, see [`super::gguf_model`]) or synthetic (deterministic pseudo-random
 //! values with the model's shapes, generated on request).
 //!
@@ -23,7 +23,7 @@ use super::gguf::{GgufFile, Stored, decode};
 use super::gguf_model::{GgufConfig, Transform, gguf_config, hf_name};
 use super::stfile::{Elem, Entry, StFile, decode_le};
 use super::{ModelError, Result};
-use crate::kernels::quant::{QFormat, QK, QMatrix, QuantError};
+use crate::kernels::quant::{QFormat, QMatrix, QuantError};
 
 /// A model read from one GGUF file.
 #[derive(Debug)]
@@ -479,7 +479,7 @@ impl Weights {
             return Err(ModelError::Row { name: name.to_string(), row: r0.saturating_add(count), rows });
         }
         let quant = |e| ModelError::Quant { name: name.to_string(), source: e };
-        if cols == 0 || !cols.is_multiple_of(QK) {
+        if cols == 0 || !cols.is_multiple_of(format.block_elems()) {
             return Err(quant(QuantError::Cols { format, cols }));
         }
         // A GGUF file's blocks as stored when they are already in `format` (rows

@@ -296,6 +296,7 @@ impl<'de> Deserialize<'de> for Entry {
 /// Storage type names in the profile.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
+#[allow(non_camel_case_types)] // ggml's type names (Q4_K, IQ4_XS)
 pub enum StorageDtype {
     #[default]
     F32,
@@ -306,6 +307,24 @@ pub enum StorageDtype {
     Q4_0,
     #[serde(rename = "q4_1")]
     Q4_1,
+    #[serde(rename = "q5_0")]
+    Q5_0,
+    #[serde(rename = "q5_1")]
+    Q5_1,
+    #[serde(rename = "q2_k")]
+    Q2_K,
+    #[serde(rename = "q3_k")]
+    Q3_K,
+    #[serde(rename = "q4_k")]
+    Q4_K,
+    #[serde(rename = "q5_k")]
+    Q5_K,
+    #[serde(rename = "q6_k")]
+    Q6_K,
+    #[serde(rename = "iq4_nl")]
+    IQ4_NL,
+    #[serde(rename = "iq4_xs")]
+    IQ4_XS,
 }
 
 impl StorageDtype {
@@ -316,6 +335,15 @@ impl StorageDtype {
             StorageDtype::Q8_0 => crate::kernels::DType::Q8_0,
             StorageDtype::Q4_0 => crate::kernels::DType::Q4_0,
             StorageDtype::Q4_1 => crate::kernels::DType::Q4_1,
+            StorageDtype::Q5_0 => crate::kernels::DType::Q5_0,
+            StorageDtype::Q5_1 => crate::kernels::DType::Q5_1,
+            StorageDtype::Q2_K => crate::kernels::DType::Q2_K,
+            StorageDtype::Q3_K => crate::kernels::DType::Q3_K,
+            StorageDtype::Q4_K => crate::kernels::DType::Q4_K,
+            StorageDtype::Q5_K => crate::kernels::DType::Q5_K,
+            StorageDtype::Q6_K => crate::kernels::DType::Q6_K,
+            StorageDtype::IQ4_NL => crate::kernels::DType::IQ4_NL,
+            StorageDtype::IQ4_XS => crate::kernels::DType::IQ4_XS,
         }
     }
     pub fn from_dtype(d: crate::kernels::DType) -> StorageDtype {
@@ -325,6 +353,15 @@ impl StorageDtype {
             crate::kernels::DType::Q8_0 => StorageDtype::Q8_0,
             crate::kernels::DType::Q4_0 => StorageDtype::Q4_0,
             crate::kernels::DType::Q4_1 => StorageDtype::Q4_1,
+            crate::kernels::DType::Q5_0 => StorageDtype::Q5_0,
+            crate::kernels::DType::Q5_1 => StorageDtype::Q5_1,
+            crate::kernels::DType::Q2_K => StorageDtype::Q2_K,
+            crate::kernels::DType::Q3_K => StorageDtype::Q3_K,
+            crate::kernels::DType::Q4_K => StorageDtype::Q4_K,
+            crate::kernels::DType::Q5_K => StorageDtype::Q5_K,
+            crate::kernels::DType::Q6_K => StorageDtype::Q6_K,
+            crate::kernels::DType::IQ4_NL => StorageDtype::IQ4_NL,
+            crate::kernels::DType::IQ4_XS => StorageDtype::IQ4_XS,
         }
     }
 }

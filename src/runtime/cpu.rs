@@ -7,7 +7,7 @@ use std::time::Instant;
 use half::f16;
 
 use super::{RuntimeError, SlotTimes};
-use crate::kernels::quant::{QK, QMatrix};
+use crate::kernels::quant::QMatrix;
 use crate::kernels::{CpuArgs, CpuIn, DType};
 use crate::plan::{BufId, Plan, Plumb, Step, StepKind};
 
@@ -23,15 +23,15 @@ pub enum HostBuf {
 }
 
 impl HostBuf {
-    /// A zeroed buffer (a quantized one as all-zero blocks of 32-element rows).
+    /// A zeroed buffer (a quantized one as all-zero blocks, one block a row).
     pub fn zeros(dtype: DType, len: usize) -> HostBuf {
         match (dtype, dtype.quant()) {
             (_, Some(format)) => {
-                let blocks = len.div_ceil(QK);
+                let blocks = format.blocks_for(len);
                 HostBuf::Q(QMatrix {
                     format,
                     rows: blocks,
-                    cols: QK,
+                    cols: format.block_elems(),
                     quants: vec![0; blocks * format.quant_bytes()],
                     scales: vec![f16::ZERO; blocks * format.scales_per_block()],
                 })

@@ -11,7 +11,7 @@ use std::cell::RefCell;
 use super::dot::dot_f32;
 use super::{Isa, with_scratch};
 use crate::device::CpuCaps;
-use crate::kernels::quant::{QFormat, QK, QView, dequantize_block};
+use crate::kernels::quant::{GROUP, QFormat, QK, QView, Unpacked, dequantize_block, unpack};
 use crate::kernels::wgsl::check_blocks;
 use crate::kernels::{CpuIn, DType, KernelError, ParamSpec, Params, Problem, param};
 
@@ -36,15 +36,25 @@ pub const ROWS_PER_PASS: ParamSpec = ParamSpec {
 /// activations, and k in whole blocks.
 pub fn check_quant(_: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
     Isa::param_available(param(params, "isa")?)?;
-    if params.get("rows_per_pass").is_some_and(|&r| r != 1) && params.get("act_bits") != Some(&8) {
-        return Err("rows_per_pass 4 needs int8 activations (act_bits 8)".into());
+    if params.get("rows_per_pass").is_some_and(|&r| r != 1) {
+        if params.get("act_bits") != Some(&8) {
+            return Err("rows_per_pass 4 needs int8 activations (act_bits 8)".into());
+        }
+        if !dtype.quant().is_some_and(four_row_path) {
+            return Err(format!("rows_per_pass 4 has a path for q8_0, q4_0 and q4_1 only, not {dtype}"));
+        }
     }
     check_blocks(prob, dtype)
 }
 
+/// Whether `format` has the dedicated four-row int8 pass (`rows_per_pass` 4).
+pub fn four_row_path(format: QFormat) -> bool {
+    matches!(format, QFormat::Q8_0 | QFormat::Q4_0 | QFormat::Q4_1)
+}
+
 /// `Σ x[i] * w[i]` where `w` is the dequantized view (`x.len()` = `w.elems()`).
 pub fn dot_q(isa: Isa, x: &[f32], w: QView<'_>) -> f32 {
-    let blocks = w.blocks().min(x.len() / QK);
+    let blocks = w.blocks().min(x.len() / w.format.block_elems());
     let w = w.blocks_range(0, blocks);
     #[cfg(target_arch = "x86_64")]
     {
@@ -55,6 +65,7 @@ pub fn dot_q(isa: Isa, x: &[f32], w: QView<'_>) -> f32 {
                     QFormat::Q8_0 => x86::dot_q8_0(x, w.quants, w.scales),
                     QFormat::Q4_0 => x86::dot_q4_0(x, w.quants, w.scales),
                     QFormat::Q4_1 => x86::dot_q4_1(x, w.quants, w.scales),
+                    _ => x86::dot_unpacked(x, w),
                 }
             };
         }
@@ -71,24 +82,35 @@ pub struct XQ8 {
     pub sum: Vec<i32>,
     /// `d * Σ q` per block: the q4_1 minimum's term is `m * dsum`.
     pub dsum: Vec<f32>,
+    /// `d * Σ q` per 16 elements (two per block): the offset terms of the formats
+    /// whose minimum changes every 16 elements (Q2_K) or 32.
+    pub dsum16: Vec<f32>,
 }
 
 impl XQ8 {
     pub fn quantize(x: &[f32]) -> XQ8 {
         let blocks = x.len() / QK;
-        let mut out = XQ8 { q: vec![0; blocks * QK], d: vec![0.0; blocks], sum: vec![0; blocks], dsum: vec![0.0; blocks] };
+        let mut out = XQ8 {
+            q: vec![0; blocks * QK],
+            d: vec![0.0; blocks],
+            sum: vec![0; blocks],
+            dsum: vec![0.0; blocks],
+            dsum16: vec![0.0; 2 * blocks],
+        };
         for (b, xb) in x.chunks_exact(QK).enumerate() {
             let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
             let id = if d != 0.0 { 1.0 / d } else { 0.0 };
             out.d[b] = d;
-            let mut s = 0i32;
-            for (q, &v) in out.q[b * QK..(b + 1) * QK].iter_mut().zip(xb) {
+            let mut s = [0i32; 2];
+            for (j, (q, &v)) in out.q[b * QK..(b + 1) * QK].iter_mut().zip(xb).enumerate() {
                 *q = (v * id).round() as i8;
-                s += *q as i32;
+                s[j / GROUP] += *q as i32;
             }
-            out.sum[b] = s;
-            out.dsum[b] = d * s as f32;
+            out.sum[b] = s[0] + s[1];
+            out.dsum[b] = d * out.sum[b] as f32;
+            out.dsum16[2 * b] = d * s[0] as f32;
+            out.dsum16[2 * b + 1] = d * s[1] as f32;
         }
         out
     }
@@ -97,32 +119,30 @@ impl XQ8 {
 /// `Σ x[i] * w[i]` with `x` as int8 blocks: integer dot products per block, scaled
 /// by both blocks' scales (and the q4 offsets through `Σ q`).
 pub fn dot_q_i8(isa: Isa, x: &XQ8, w: QView<'_>) -> f32 {
-    let blocks = w.blocks().min(x.d.len());
+    let per = w.format.block_elems() / QK;
+    let blocks = w.blocks().min(x.d.len() / per);
     let w = w.blocks_range(0, blocks);
     #[cfg(target_arch = "x86_64")]
     {
         if isa.avx2() {
             // SAFETY: `isa.avx2()` checked AVX2, FMA and F16C; `x` holds `blocks` blocks.
-            return unsafe { x86::dot_i8(w.format, w.quants, w.scales, x) };
+            return unsafe {
+                if four_row_path(w.format) { x86::dot_i8(w.format, w.quants, w.scales, x) } else { x86::dot_i8_unpacked(x, w) }
+            };
         }
     }
     let _ = isa;
     let mut s = 0f32;
+    let mut u = Unpacked::default();
     for b in 0..blocks {
         let (q, sc) = w.block(b);
-        let xq = &x.q[b * QK..(b + 1) * QK];
-        let (dot, off) = match w.format {
-            QFormat::Q8_0 => (q.iter().zip(xq).map(|(&a, &c)| a as i8 as i32 * c as i32).sum::<i32>(), 0.0),
-            QFormat::Q4_0 | QFormat::Q4_1 => {
-                let d: i32 = (0..QK / 2).map(|j| (q[j] & 15) as i32 * xq[j] as i32 + (q[j] >> 4) as i32 * xq[j + QK / 2] as i32).sum();
-                let off = match w.format {
-                    QFormat::Q4_0 => -8.0 * sc[0].to_f32() * x.d[b] * x.sum[b] as f32,
-                    _ => sc[1].to_f32() * x.d[b] * x.sum[b] as f32,
-                };
-                (d, off)
-            }
-        };
-        s += sc[0].to_f32() * x.d[b] * dot as f32 + off;
+        unpack(w.format, q, sc, &mut u);
+        for g in 0..w.format.block_elems() / GROUP {
+            let xb = (b * per) + g / 2;
+            let xq = &x.q[(b * per) * QK + g * GROUP..][..GROUP];
+            let dot: i32 = u.vals[g * GROUP..(g + 1) * GROUP].iter().zip(xq).map(|(&a, &c)| a as i32 * c as i32).sum();
+            s += u.scale[g] * x.d[xb] * dot as f32 + u.off[g] * x.dsum16[2 * xb + g % 2];
+        }
     }
     s
 }
@@ -154,6 +174,7 @@ impl<'a> ActVec<'a> {
             && four
             && isa.avx2()
             && x.d.len() * QK >= k
+            && four_row_path(w.format)
         {
             let mut i = 0;
             while i + 4 <= y.len() {
@@ -176,12 +197,13 @@ impl<'a> ActVec<'a> {
 
 /// Portable block-by-block dot product.
 pub fn dot_q_scalar(x: &[f32], w: QView<'_>) -> f32 {
-    let mut tmp = [0f32; QK];
+    let be = w.format.block_elems();
+    let mut tmp = [0f32; crate::kernels::quant::QK_K];
     let mut s = 0f32;
     for b in 0..w.blocks() {
         let (q, sc) = w.block(b);
-        dequantize_block(w.format, q, sc, &mut tmp);
-        s += super::dot::dot_f32_scalar(&x[b * QK..(b + 1) * QK], &tmp);
+        dequantize_block(w.format, q, sc, &mut tmp[..be]);
+        s += super::dot::dot_f32_scalar(&x[b * be..(b + 1) * be], &tmp[..be]);
     }
     s
 }
@@ -191,9 +213,17 @@ pub fn dequantize(isa: Isa, w: QView<'_>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         if isa.avx2() {
-            let blocks = w.blocks().min(out.len() / QK);
-            // SAFETY: as in `dot_q`; `out` holds `blocks * 32` values.
-            unsafe { x86::dequantize(w.format, &w.quants[..blocks * w.format.quant_bytes()], w.scales, &mut out[..blocks * QK]) };
+            let be = w.format.block_elems();
+            let blocks = w.blocks().min(out.len() / be);
+            let w = w.blocks_range(0, blocks);
+            // SAFETY: as in `dot_q`; `out` holds `blocks * block_elems` values.
+            unsafe {
+                if four_row_path(w.format) {
+                    x86::dequantize(w.format, w.quants, w.scales, &mut out[..blocks * be])
+                } else {
+                    x86::dequantize_unpacked(w, &mut out[..blocks * be])
+                }
+            };
             return;
         }
     }
@@ -207,7 +237,7 @@ mod x86 {
 
     use half::f16;
 
-    use super::QFormat;
+    use super::{GROUP, QFormat, QK, QView, Unpacked, unpack};
 
     use crate::kernels::cpu::dot::x86::hsum256 as hsum;
 
@@ -219,6 +249,7 @@ mod x86 {
                 QFormat::Q8_0 => $run::<0>($($arg),*),
                 QFormat::Q4_0 => $run::<1>($($arg),*),
                 QFormat::Q4_1 => $run::<2>($($arg),*),
+                _ => unreachable!("only the formats of `four_row_path` have a dedicated loop"),
             }
         };
     }
@@ -377,6 +408,7 @@ mod x86 {
                     let prod = _mm256_maddubs_epi16(nibbles(q.as_ptr().add(16 * b)), xv);
                     (_mm256_cvtepi32_ps(_mm256_madd_epi16(prod, _mm256_set1_epi16(1))), h(s[2 * b]))
                 }
+                _ => unreachable!("block_i8 serves the formats of `four_row_path`"),
             }
         }
     }
@@ -468,11 +500,120 @@ mod x86 {
                     QFormat::Q8_0 => (q8(q.as_ptr().add(32 * b)), h(s[b]), 0.0),
                     QFormat::Q4_0 => (q4(q.as_ptr().add(16 * b)), h(s[b]), -8.0 * h(s[b])),
                     QFormat::Q4_1 => (q4(q.as_ptr().add(16 * b)), h(s[2 * b]), h(s[2 * b + 1])),
+                    _ => unreachable!("dequantize serves the formats of `four_row_path`"),
                 };
                 let (dv, mv) = (_mm256_set1_ps(d), _mm256_set1_ps(m));
                 let o = out.as_mut_ptr().add(32 * b);
                 for (i, vi) in v.into_iter().enumerate() {
                     _mm256_storeu_ps(o.add(8 * i), _mm256_fmadd_ps(vi, dv, mv));
+                }
+            }
+        }
+    }
+
+    /// 16 unpacked int8 values as two vectors of 8 f32.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn vals16(v: *const i8) -> (__m256, __m256) {
+        // SAFETY: the caller passes a pointer to 16 readable bytes.
+        let raw = unsafe { _mm_loadu_si128(v as *const __m128i) };
+        (_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(raw, 8))))
+    }
+
+    /// f32 activations against a format without a dedicated loop: each block
+    /// unpacked ([`unpack`](crate::kernels::quant::unpack)) into int8 values with
+    /// a scale and offset per 16, then 16-wide FMAs.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available; `x` holds `w.elems()` values.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_unpacked(x: &[f32], w: QView<'_>) -> f32 {
+        let be = w.format.block_elems();
+        let offset = w.format.has_offset();
+        let mut u = Unpacked::default();
+        let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for b in 0..w.blocks() {
+            let (q, s) = w.block(b);
+            unpack(w.format, q, s, &mut u);
+            for g in 0..be / GROUP {
+                // SAFETY: group g of block b reads x[be*b + 16g..][..16], inside x.
+                unsafe {
+                    let xp = x.as_ptr().add(be * b + GROUP * g);
+                    let (v0, v1) = vals16(u.vals.as_ptr().add(GROUP * g));
+                    let (x0, x1) = (_mm256_loadu_ps(xp), _mm256_loadu_ps(xp.add(8)));
+                    let p = _mm256_fmadd_ps(v1, x1, _mm256_mul_ps(v0, x0));
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(u.scale[g]), p, acc);
+                    if offset {
+                        accm = _mm256_fmadd_ps(_mm256_set1_ps(u.off[g]), _mm256_add_ps(x0, x1), accm);
+                    }
+                }
+            }
+        }
+        hsum(_mm256_add_ps(acc, accm))
+    }
+
+    /// int8 activations against a format without a dedicated loop: unpacked
+    /// int8 weights, 32-lane integer dots per activation block, the two 16-element
+    /// groups' scales applied per half.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C available; `x` holds at least `w.elems() / 32` blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_i8_unpacked(x: &super::super::XQ8, w: QView<'_>) -> f32 {
+        let be = w.format.block_elems();
+        let per = be / QK;
+        let offset = w.format.has_offset();
+        let mut u = Unpacked::default();
+        let mut acc = _mm256_setzero_ps();
+        let mut m = 0f32;
+        for b in 0..w.blocks() {
+            let (q, s) = w.block(b);
+            unpack(w.format, q, s, &mut u);
+            for a in 0..per {
+                let xb = b * per + a;
+                // SAFETY: activation block xb holds 32 values of x.q; the unpacked block 32 per a.
+                unsafe {
+                    let wv = _mm256_loadu_si256(u.vals.as_ptr().add(QK * a) as *const __m256i);
+                    let xv = _mm256_loadu_si256(x.q.as_ptr().add(QK * xb) as *const __m256i);
+                    let p = dot_s8(wv, xv);
+                    let xd = x.d[xb];
+                    let sc = _mm256_set_m128(_mm_set1_ps(u.scale[2 * a + 1] * xd), _mm_set1_ps(u.scale[2 * a] * xd));
+                    acc = _mm256_fmadd_ps(sc, p, acc);
+                }
+                if offset {
+                    m += u.off[2 * a] * x.dsum16[2 * xb] + u.off[2 * a + 1] * x.dsum16[2 * xb + 1];
+                }
+            }
+        }
+        hsum(acc) + m
+    }
+
+    /// Dequantizes blocks of a format without a dedicated loop (bit-identical to
+    /// the reference: products and sums rounded separately).
+    ///
+    /// # Safety
+    /// AVX2 available; `out` holds `w.elems()` values.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dequantize_unpacked(w: QView<'_>, out: &mut [f32]) {
+        let be = w.format.block_elems();
+        let offset = w.format.has_offset();
+        let mut u = Unpacked::default();
+        for b in 0..w.blocks() {
+            let (q, s) = w.block(b);
+            unpack(w.format, q, s, &mut u);
+            for g in 0..be / GROUP {
+                // SAFETY: writes out[be*b + 16g..][..16], inside out.
+                unsafe {
+                    let (v0, v1) = vals16(u.vals.as_ptr().add(GROUP * g));
+                    let sc = _mm256_set1_ps(u.scale[g]);
+                    let (mut y0, mut y1) = (_mm256_mul_ps(v0, sc), _mm256_mul_ps(v1, sc));
+                    if offset {
+                        let o = _mm256_set1_ps(u.off[g]);
+                        (y0, y1) = (_mm256_add_ps(y0, o), _mm256_add_ps(y1, o));
+                    }
+                    let op = out.as_mut_ptr().add(be * b + GROUP * g);
+                    _mm256_storeu_ps(op, y0);
+                    _mm256_storeu_ps(op.add(8), y1);
                 }
             }
         }
@@ -490,7 +631,7 @@ pub fn qin<'a>(k: &str, a: &CpuIn<'a>) -> Result<QView<'a>, KernelError> {
 /// Row `r` of a `[_, k]` quantized matrix.
 #[inline]
 pub fn qrow<'a>(w: QView<'a>, r: usize, k: usize) -> QView<'a> {
-    let bpr = k / QK;
+    let bpr = k / w.format.block_elems();
     w.blocks_range(r * bpr, bpr)
 }
 
@@ -557,7 +698,7 @@ mod tests {
 
     #[test]
     fn simd_and_scalar_block_dots_agree_with_dequantized_dots() {
-        let (rows, k) = (5, 32 * 9);
+        let (rows, k) = (5, 256 * 3);
         let x = data(k, 1);
         for f in QFormat::ALL {
             let m = QMatrix::quantize(f, rows, k, &data(rows * k, 2)).unwrap();
@@ -580,7 +721,7 @@ mod tests {
 
     #[test]
     fn int8_activation_dots_agree_scalar_simd_and_stay_close() {
-        let (rows, k) = (6, 32 * 12);
+        let (rows, k) = (6, 256 * 2);
         let x = data(k, 5);
         let xq = XQ8::quantize(&x);
         for f in QFormat::ALL {
@@ -595,7 +736,8 @@ mod tests {
                 // int8 activations: error well under 1% of the absolute sum.
                 assert!((v as f64 - exact).abs() <= 1e-2 * norm, "{f} row {r}: {v} vs {exact} (|sum| {norm})");
             }
-            // The four-row pass gives each row's single-row result (rows 1..5: a group of four and a tail).
+            // The four-row pass gives each row's single-row result (rows 1..5: a group
+            // of four and a tail); the other formats go row by row.
             let mut y = vec![0f32; rows - 1];
             ActVec::I8(XQ8::quantize(&x)).rows(Isa::best(), m.view(), k, 1, &mut y, true);
             for (i, &v) in y.iter().enumerate() {

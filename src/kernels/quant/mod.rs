@@ -1,84 +1,159 @@
-//! Block-quantized weight formats, bit-compatible with ggml/llama.cpp (Q8_0,
-//! Q4_0, Q4_1), and the split layout the quantized kernels read (a
-//! `quants` byte buffer and a `scales` buffer, bound side by side).
+//! Block-quantized weight formats, bit-compatible with ggml/llama.cpp: the
+//! 32-element blocks Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL, and the 256-element
+//! super-blocks Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS; and the split layout the
+//! quantized kernels read (a `quants` byte buffer and a `scales` buffer, bound
+//! side by side).
 //!
-//! A ggml block covers 32 consecutive elements of a row:
-//! - Q8_0: `f16 d; i8 qs[32]` (34 bytes), `x = qs[j] * d`
-//! - Q4_0: `f16 d; u8 qs[16]` (18 bytes), `x[j] = (lo(qs[j]) - 8) * d`, `x[j + 16] = (hi(qs[j]) - 8) * d`
-//! - Q4_1: `f16 d; f16 m; u8 qs[16]` (20 bytes), `x[j] = lo(qs[j]) * d + m`, `x[j + 16] = hi(qs[j]) * d + m`
-//!
-//! [`QMatrix`] keeps the quantized bytes of every block (32 for Q8_0, 16 for the
-//! 4-bit formats, nibble order as in ggml) contiguous and 4-byte aligned in
-//! `quants`, and the per-block f16 `d` (and `m` for Q4_1, interleaved `d, m`) in
-//! `scales`: GPU kernels read both as `array<u32>` without unaligned access, CPU
-//! kernels read the same bytes. [`QMatrix::from_ggml`] and [`QMatrix::to_ggml`]
-//! convert from and to the on-disk block stream losslessly.
+//! A ggml block is a byte record; its f16 header fields (`d`, and `m` or `dmin`,
+//! and IQ4_XS's u16 `scales_h`) sit at fixed offsets ([`QFormat::header`]). The
+//! split layout moves those 16-bit fields into `scales` (one to two per block)
+//! and keeps every other byte of the block, in on-disk order, in `quants`
+//! ([`QFormat::quant_bytes`], always a multiple of 4): GPU kernels read both as
+//! `array<u32>` without unaligned access, CPU kernels read the same bytes.
+//! [`QMatrix::from_ggml`] and [`QMatrix::to_ggml`] convert from and to the
+//! on-disk block stream losslessly. How each format's bytes become values:
+//! [`decode`] (bit-identical to `gguf.quants.dequantize`); how floats become
+//! blocks: [`encode`].
+
+mod decode;
+mod encode;
+
+pub use decode::{GROUP, IQ4_LEVELS, Unpacked, dequantize_block, unpack};
+pub use encode::quantize_block;
 
 use half::f16;
 use serde::{Deserialize, Serialize};
 
-/// Elements per block, for every format here.
+/// Elements per block of the 32-element formats (and per activation block of the
+/// int8 dot paths).
 pub const QK: usize = 32;
+/// Elements per super-block of the K-quants and IQ4_XS.
+pub const QK_K: usize = 256;
 
 /// A block-quantized storage format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[allow(non_camel_case_types)] // ggml's type names (Q4_K, IQ4_XS)
 pub enum QFormat {
     Q8_0,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
+    #[serde(rename = "q2_k")]
+    Q2_K,
+    #[serde(rename = "q3_k")]
+    Q3_K,
+    #[serde(rename = "q4_k")]
+    Q4_K,
+    #[serde(rename = "q5_k")]
+    Q5_K,
+    #[serde(rename = "q6_k")]
+    Q6_K,
+    #[serde(rename = "iq4_nl")]
+    IQ4_NL,
+    #[serde(rename = "iq4_xs")]
+    IQ4_XS,
+}
+
+/// Geometry of one format: ggml type id, name, elements and bytes per block, and
+/// the byte offsets of its 16-bit header fields (in the order they go to `scales`).
+struct Geometry {
+    ggml: u32,
+    name: &'static str,
+    elems: usize,
+    bytes: usize,
+    header: &'static [usize],
+}
+
+const fn geo(ggml: u32, name: &'static str, elems: usize, bytes: usize, header: &'static [usize]) -> Geometry {
+    Geometry { ggml, name, elems, bytes, header }
 }
 
 impl QFormat {
-    pub const ALL: [QFormat; 3] = [QFormat::Q8_0, QFormat::Q4_0, QFormat::Q4_1];
+    pub const ALL: [QFormat; 12] = [
+        QFormat::Q8_0,
+        QFormat::Q4_0,
+        QFormat::Q4_1,
+        QFormat::Q5_0,
+        QFormat::Q5_1,
+        QFormat::Q2_K,
+        QFormat::Q3_K,
+        QFormat::Q4_K,
+        QFormat::Q5_K,
+        QFormat::Q6_K,
+        QFormat::IQ4_NL,
+        QFormat::IQ4_XS,
+    ];
+
+    fn geometry(self) -> Geometry {
+        match self {
+            QFormat::Q8_0 => geo(8, "q8_0", 32, 34, &[0]),
+            QFormat::Q4_0 => geo(2, "q4_0", 32, 18, &[0]),
+            QFormat::Q4_1 => geo(3, "q4_1", 32, 20, &[0, 2]),
+            QFormat::Q5_0 => geo(6, "q5_0", 32, 22, &[0]),
+            QFormat::Q5_1 => geo(7, "q5_1", 32, 24, &[0, 2]),
+            // scales[16], qs[64], d, dmin
+            QFormat::Q2_K => geo(10, "q2_k", 256, 84, &[80, 82]),
+            // hmask[32], qs[64], scales[12], d
+            QFormat::Q3_K => geo(11, "q3_k", 256, 110, &[108]),
+            // d, dmin, scales[12], qs[128]
+            QFormat::Q4_K => geo(12, "q4_k", 256, 144, &[0, 2]),
+            // d, dmin, scales[12], qh[32], qs[128]
+            QFormat::Q5_K => geo(13, "q5_k", 256, 176, &[0, 2]),
+            // ql[128], qh[64], scales[16], d
+            QFormat::Q6_K => geo(14, "q6_k", 256, 210, &[208]),
+            QFormat::IQ4_NL => geo(20, "iq4_nl", 32, 18, &[0]),
+            // d, scales_h (u16), scales_l[4], qs[128]
+            QFormat::IQ4_XS => geo(23, "iq4_xs", 256, 136, &[0, 2]),
+        }
+    }
 
     pub fn name(self) -> &'static str {
-        match self {
-            QFormat::Q8_0 => "q8_0",
-            QFormat::Q4_0 => "q4_0",
-            QFormat::Q4_1 => "q4_1",
-        }
+        self.geometry().name
     }
     /// The ggml type id (GGUF tensor info `type`).
     pub fn ggml_type(self) -> u32 {
-        match self {
-            QFormat::Q8_0 => 8,
-            QFormat::Q4_0 => 2,
-            QFormat::Q4_1 => 3,
-        }
+        self.geometry().ggml
     }
     pub fn from_ggml_type(t: u32) -> Option<QFormat> {
         QFormat::ALL.into_iter().find(|f| f.ggml_type() == t)
     }
+    /// Elements per block (32, or 256 for the super-block formats).
+    pub fn block_elems(self) -> usize {
+        self.geometry().elems
+    }
     /// Bytes of one block on disk (ggml layout).
     pub fn block_bytes(self) -> usize {
-        match self {
-            QFormat::Q8_0 => 34,
-            QFormat::Q4_0 => 18,
-            QFormat::Q4_1 => 20,
-        }
+        self.geometry().bytes
     }
-    /// Quantized bytes per block in [`QMatrix::quants`].
+    /// Byte offsets in a disk block of the 16-bit fields that go to `scales`.
+    pub fn header(self) -> &'static [usize] {
+        self.geometry().header
+    }
+    /// Quantized bytes per block in [`QMatrix::quants`] (a multiple of 4).
     pub fn quant_bytes(self) -> usize {
-        match self {
-            QFormat::Q8_0 => 32,
-            QFormat::Q4_0 | QFormat::Q4_1 => 16,
-        }
+        self.block_bytes() - 2 * self.scales_per_block()
     }
-    /// f16 scale values per block in [`QMatrix::scales`] (`d`, or `d, m`).
+    /// 16-bit values per block in [`QMatrix::scales`] (`d`; `d, m`; `d, dmin`; IQ4_XS `d, scales_h`).
     pub fn scales_per_block(self) -> usize {
-        match self {
-            QFormat::Q8_0 | QFormat::Q4_0 => 1,
-            QFormat::Q4_1 => 2,
-        }
+        self.header().len()
+    }
+    /// Whether values carry an additive per-group offset (`m`, `dmin`).
+    pub fn has_offset(self) -> bool {
+        matches!(self, QFormat::Q4_1 | QFormat::Q5_1 | QFormat::Q2_K | QFormat::Q4_K | QFormat::Q5_K)
     }
     /// Bits per weight including the scales.
     pub fn bits_per_weight(self) -> f64 {
-        self.block_bytes() as f64 * 8.0 / QK as f64
+        self.block_bytes() as f64 * 8.0 / self.block_elems() as f64
     }
     /// Bytes of `n` elements on disk; `None` unless `n` is a whole number of blocks.
     pub fn bytes_for(self, n: usize) -> Option<usize> {
-        n.is_multiple_of(QK).then(|| n / QK * self.block_bytes())
+        n.is_multiple_of(self.block_elems()).then(|| n / self.block_elems() * self.block_bytes())
+    }
+    /// Blocks of `n` elements (a partial block counts whole).
+    pub fn blocks_for(self, n: usize) -> usize {
+        n.div_ceil(self.block_elems())
     }
 }
 
@@ -91,10 +166,10 @@ impl std::fmt::Display for QFormat {
 impl std::str::FromStr for QFormat {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        QFormat::ALL
-            .into_iter()
-            .find(|f| f.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| format!("unknown quantized format `{s}` (allowed: q8_0, q4_0, q4_1)"))
+        QFormat::ALL.into_iter().find(|f| f.name().eq_ignore_ascii_case(s)).ok_or_else(|| {
+            let names: Vec<_> = QFormat::ALL.iter().map(|f| f.name()).collect();
+            format!("unknown quantized format `{s}` (allowed: {})", names.join(", "))
+        })
     }
 }
 
@@ -143,7 +218,7 @@ impl<'a> QView<'a> {
     }
     /// Elements the view holds (whole blocks).
     pub fn elems(&self) -> usize {
-        self.blocks() * QK
+        self.blocks() * self.format.block_elems()
     }
     /// Quantized bytes and scales of block `b`.
     #[inline]
@@ -151,7 +226,7 @@ impl<'a> QView<'a> {
         let (qb, ns) = (self.format.quant_bytes(), self.format.scales_per_block());
         (&self.quants[b * qb..(b + 1) * qb], &self.scales[b * ns..(b + 1) * ns])
     }
-    /// Blocks `b0..b0 + count` (a row is `cols / 32` consecutive blocks).
+    /// Blocks `b0..b0 + count` (a row is `cols / block_elems` consecutive blocks).
     #[inline]
     pub fn blocks_range(&self, b0: usize, count: usize) -> QView<'a> {
         let (qb, ns) = (self.format.quant_bytes(), self.format.scales_per_block());
@@ -159,25 +234,25 @@ impl<'a> QView<'a> {
     }
     /// Element `i` (flattened), dequantized.
     pub fn get(&self, i: usize) -> f32 {
-        let mut out = [0f32; QK];
-        let (q, s) = self.block(i / QK);
-        dequantize_block(self.format, q, s, &mut out);
-        out[i % QK]
+        let be = self.format.block_elems();
+        let mut out = [0f32; QK_K];
+        let (q, s) = self.block(i / be);
+        dequantize_block(self.format, q, s, &mut out[..be]);
+        out[i % be]
     }
     /// Dequantizes every block of the view into `out` (`elems()` values).
     pub fn dequantize_into(&self, out: &mut [f32]) {
-        let mut tmp = [0f32; QK];
-        for (b, o) in out.chunks_exact_mut(QK).take(self.blocks()).enumerate() {
+        let be = self.format.block_elems();
+        for (b, o) in out.chunks_exact_mut(be).take(self.blocks()).enumerate() {
             let (q, s) = self.block(b);
-            dequantize_block(self.format, q, s, &mut tmp);
-            o.copy_from_slice(&tmp);
+            dequantize_block(self.format, q, s, o);
         }
     }
 }
 
 /// A `rows × cols` row-major matrix (a Hugging Face Linear weight, `[out, in]`)
 /// in a block format, split into quantized bytes and scales.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct QMatrix {
     pub format: QFormat,
     pub rows: usize,
@@ -188,10 +263,19 @@ pub struct QMatrix {
     pub scales: Vec<f16>,
 }
 
+/// Equal blocks: the 16-bit header fields compare by their bits (IQ4_XS keeps a
+/// bit field there, which may read as a NaN f16).
+impl PartialEq for QMatrix {
+    fn eq(&self, o: &QMatrix) -> bool {
+        (self.format, self.rows, self.cols, &self.quants) == (o.format, o.rows, o.cols, &o.quants)
+            && self.scales.iter().map(|s| s.to_bits()).eq(o.scales.iter().map(|s| s.to_bits()))
+    }
+}
+
 /// Why a block stream cannot be a [`QMatrix`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QuantError {
-    #[error("{format} needs rows of a multiple of {QK} elements, got {cols} columns")]
+    #[error("{format} needs rows of a multiple of {} elements, got {cols} columns", format.block_elems())]
     Cols { format: QFormat, cols: usize },
     #[error("{format} data for {rows}x{cols} must be {expected} bytes, got {got}")]
     Len { format: QFormat, rows: usize, cols: usize, expected: usize, got: usize },
@@ -201,10 +285,10 @@ pub enum QuantError {
 
 impl QMatrix {
     pub fn blocks(&self) -> usize {
-        self.rows * self.cols / QK
+        self.rows * self.blocks_per_row()
     }
     pub fn blocks_per_row(&self) -> usize {
-        self.cols / QK
+        self.cols / self.format.block_elems()
     }
     /// Bytes the kernels read (quants and scales).
     pub fn bytes(&self) -> usize {
@@ -212,10 +296,11 @@ impl QMatrix {
     }
 
     fn check_shape(format: QFormat, rows: usize, cols: usize) -> Result<usize, QuantError> {
-        if !cols.is_multiple_of(QK) || cols == 0 {
+        let be = format.block_elems();
+        if !cols.is_multiple_of(be) || cols == 0 {
             return Err(QuantError::Cols { format, cols });
         }
-        rows.checked_mul(cols / QK).ok_or(QuantError::Len { format, rows, cols, expected: usize::MAX, got: 0 })
+        rows.checked_mul(cols / be).ok_or(QuantError::Len { format, rows, cols, expected: usize::MAX, got: 0 })
     }
 
     pub fn view(&self) -> QView<'_> {
@@ -272,42 +357,46 @@ impl QMatrix {
         if data.len() != expected {
             return Err(QuantError::Len { format, rows, cols, expected, got: data.len() });
         }
-        let (qb, ns) = (format.quant_bytes(), format.scales_per_block());
+        let (qb, header) = (format.quant_bytes(), format.header());
         let mut quants = Vec::with_capacity(blocks * qb);
-        let mut scales = Vec::with_capacity(blocks * ns);
+        let mut scales = Vec::with_capacity(blocks * header.len());
         for block in data.chunks_exact(bb) {
-            for s in 0..ns {
-                scales.push(f16::from_le_bytes([block[2 * s], block[2 * s + 1]]));
-            }
-            quants.extend_from_slice(&block[2 * ns..]);
+            split_block(header, block, &mut quants, &mut scales);
         }
         Ok(QMatrix { format, rows, cols, quants, scales })
     }
 
     /// The ggml block stream (inverse of [`QMatrix::from_ggml`]).
     pub fn to_ggml(&self) -> Vec<u8> {
-        let (qb, ns) = (self.format.quant_bytes(), self.format.scales_per_block());
+        let (qb, header) = (self.format.quant_bytes(), self.format.header());
+        let ns = header.len();
         let mut out = Vec::with_capacity(self.blocks() * self.format.block_bytes());
         for b in 0..self.blocks() {
-            for s in &self.scales[b * ns..(b + 1) * ns] {
-                out.extend_from_slice(&s.to_le_bytes());
+            let (q, s) = (&self.quants[b * qb..(b + 1) * qb], &self.scales[b * ns..(b + 1) * ns]);
+            let (mut at, mut qi) = (0, 0);
+            for (&o, v) in header.iter().zip(s) {
+                out.extend_from_slice(&q[qi..qi + o - at]);
+                qi += o - at;
+                out.extend_from_slice(&v.to_le_bytes());
+                at = o + 2;
             }
-            out.extend_from_slice(&self.quants[b * qb..(b + 1) * qb]);
+            out.extend_from_slice(&q[qi..]);
         }
         out
     }
 
-    /// Quantizes row-major f32 values exactly as ggml's reference quantizers
-    /// (`quantize_row_q8_0_ref`, `quantize_row_q4_0_ref`, `quantize_row_q4_1_ref`).
+    /// Quantizes row-major f32 values: ggml's reference quantizers for the
+    /// 32-element formats, a round-to-nearest quantizer for the others ([`encode`]).
     pub fn quantize(format: QFormat, rows: usize, cols: usize, x: &[f32]) -> Result<QMatrix, QuantError> {
         let blocks = Self::check_shape(format, rows, cols)?;
-        if x.len() / QK != blocks || !x.len().is_multiple_of(QK) {
+        let be = format.block_elems();
+        if x.len() != blocks * be {
             return Err(QuantError::Len { format, rows, cols, expected: rows.saturating_mul(cols), got: x.len() });
         }
         let (qb, ns) = (format.quant_bytes(), format.scales_per_block());
         let mut quants = vec![0u8; blocks * qb];
         let mut scales = vec![f16::ZERO; blocks * ns];
-        for (b, xb) in x.chunks_exact(QK).enumerate() {
+        for (b, xb) in x.chunks_exact(be).enumerate() {
             let q = &mut quants[b * qb..(b + 1) * qb];
             let s = &mut scales[b * ns..(b + 1) * ns];
             quantize_block(format, xb, q, s);
@@ -315,9 +404,9 @@ impl QMatrix {
         Ok(QMatrix { format, rows, cols, quants, scales })
     }
 
-    /// Dequantizes block `b` into 32 values.
+    /// Dequantizes block `b` into `block_elems` values.
     #[inline]
-    pub fn dequantize_block(&self, b: usize, out: &mut [f32; QK]) {
+    pub fn dequantize_block(&self, b: usize, out: &mut [f32]) {
         let (qb, ns) = (self.format.quant_bytes(), self.format.scales_per_block());
         dequantize_block(self.format, &self.quants[b * qb..(b + 1) * qb], &self.scales[b * ns..(b + 1) * ns], out);
     }
@@ -325,10 +414,9 @@ impl QMatrix {
     /// Dequantizes row `r` into `out` (`cols` values).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let bpr = self.blocks_per_row();
-        let mut tmp = [0f32; QK];
-        for j in 0..bpr {
-            self.dequantize_block(r * bpr + j, &mut tmp);
-            out[j * QK..(j + 1) * QK].copy_from_slice(&tmp);
+        let be = self.format.block_elems();
+        for (j, o) in out[..self.cols].chunks_exact_mut(be).enumerate() {
+            self.dequantize_block(r * bpr + j, o);
         }
     }
 
@@ -342,80 +430,16 @@ impl QMatrix {
     }
 }
 
-/// Quantizes one block of 32 values (ggml reference rounding).
-pub fn quantize_block(format: QFormat, x: &[f32], q: &mut [u8], s: &mut [f16]) {
-    debug_assert_eq!(x.len(), QK);
-    match format {
-        QFormat::Q8_0 => {
-            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
-            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-            s[0] = f16::from_f32(d);
-            for (qj, &v) in q.iter_mut().zip(x) {
-                // roundf: half away from zero.
-                *qj = (v * id).round() as i8 as u8;
-            }
-        }
-        QFormat::Q4_0 => {
-            let (mut amax, mut max) = (0f32, 0f32);
-            for &v in x {
-                if amax < v.abs() {
-                    amax = v.abs();
-                    max = v;
-                }
-            }
-            let d = max / -8.0;
-            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-            s[0] = f16::from_f32(d);
-            for j in 0..QK / 2 {
-                let x0 = ((x[j] * id + 8.5) as i8).min(15) as u8;
-                let x1 = ((x[j + QK / 2] * id + 8.5) as i8).min(15) as u8;
-                q[j] = x0 | (x1 << 4);
-            }
-        }
-        QFormat::Q4_1 => {
-            let (mut min, mut max) = (f32::MAX, -f32::MAX);
-            for &v in x {
-                min = min.min(v);
-                max = max.max(v);
-            }
-            let d = (max - min) / 15.0;
-            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-            s[0] = f16::from_f32(d);
-            s[1] = f16::from_f32(min);
-            for j in 0..QK / 2 {
-                let x0 = (((x[j] - min) * id + 0.5) as i8).min(15) as u8;
-                let x1 = (((x[j + QK / 2] - min) * id + 0.5) as i8).min(15) as u8;
-                q[j] = x0 | (x1 << 4);
-            }
-        }
+/// Appends one disk block's bytes to `quants` and its 16-bit header fields (at
+/// the offsets `header`) to `scales`.
+pub fn split_block(header: &[usize], block: &[u8], quants: &mut Vec<u8>, scales: &mut Vec<f16>) {
+    let mut at = 0;
+    for &o in header {
+        quants.extend_from_slice(&block[at..o]);
+        scales.push(f16::from_le_bytes([block[o], block[o + 1]]));
+        at = o + 2;
     }
-}
-
-/// Dequantizes one block: `q` its quantized bytes, `s` its f16 scales.
-#[inline]
-pub fn dequantize_block(format: QFormat, q: &[u8], s: &[f16], out: &mut [f32; QK]) {
-    let d = s[0].to_f32();
-    match format {
-        QFormat::Q8_0 => {
-            for (o, &v) in out.iter_mut().zip(q) {
-                *o = (v as i8) as f32 * d;
-            }
-        }
-        QFormat::Q4_0 => {
-            for j in 0..QK / 2 {
-                out[j] = ((q[j] & 0x0f) as i32 - 8) as f32 * d;
-                out[j + QK / 2] = ((q[j] >> 4) as i32 - 8) as f32 * d;
-            }
-        }
-        QFormat::Q4_1 => {
-            let m = s[1].to_f32();
-            for j in 0..QK / 2 {
-                out[j] = (q[j] & 0x0f) as f32 * d + m;
-                out[j + QK / 2] = (q[j] >> 4) as f32 * d + m;
-            }
-        }
-    }
+    quants.extend_from_slice(&block[at..]);
 }
 
 #[cfg(test)]
@@ -429,17 +453,24 @@ mod tests {
     #[test]
     fn ggml_round_trip_is_lossless() {
         for f in QFormat::ALL {
-            let m = QMatrix::quantize(f, 3, 64, &data(192, 1)).unwrap();
+            let m = QMatrix::quantize(f, 3, 512, &data(1536, 1)).unwrap();
             let raw = m.to_ggml();
-            assert_eq!(raw.len(), f.bytes_for(192).unwrap());
-            assert_eq!(QMatrix::from_ggml(f, 3, 64, &raw).unwrap(), m);
+            assert_eq!(raw.len(), f.bytes_for(1536).unwrap());
+            assert_eq!(QMatrix::from_ggml(f, 3, 512, &raw).unwrap(), m, "{f}");
+            // Header fields land where ggml keeps them: every header offset holds
+            // the block's scale bytes.
+            for (b, block) in raw.chunks_exact(f.block_bytes()).enumerate() {
+                for (h, &o) in f.header().iter().enumerate() {
+                    assert_eq!(&block[o..o + 2], &m.scales[b * f.scales_per_block() + h].to_le_bytes(), "{f} block {b}");
+                }
+            }
         }
     }
 
     #[test]
     fn quantization_error_is_within_half_a_step() {
         let x = data(32 * 40, 7);
-        for f in QFormat::ALL {
+        for f in [QFormat::Q8_0, QFormat::Q4_0, QFormat::Q4_1] {
             let m = QMatrix::quantize(f, 40, 32, &x).unwrap();
             let y = m.dequantize();
             for b in 0..40 {
@@ -478,9 +509,35 @@ mod tests {
     }
 
     #[test]
+    fn super_block_formats_quantize_close_to_the_input() {
+        // Round-to-nearest with 6-bit (Q2_K: 4-bit) sub-block scales: the error
+        // stays a fraction of the block's range, per format's levels.
+        let x = data(256 * 8, 11);
+        for (f, levels) in [
+            (QFormat::Q5_0, 32.0),
+            (QFormat::Q5_1, 32.0),
+            (QFormat::IQ4_NL, 8.0),
+            (QFormat::Q2_K, 2.0),
+            (QFormat::Q3_K, 4.0),
+            (QFormat::Q4_K, 8.0),
+            (QFormat::Q5_K, 16.0),
+            (QFormat::Q6_K, 32.0),
+            (QFormat::IQ4_XS, 8.0),
+        ] {
+            let m = QMatrix::quantize(f, 8, 256, &x).unwrap();
+            let y = m.dequantize();
+            let err = x.iter().zip(&y).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            // Inputs span [-0.1, 0.1].
+            assert!(err <= 0.2 / levels * 1.2, "{f}: max error {err}");
+            let rms = (x.iter().zip(&y).map(|(a, b)| (a - b).powi(2)).sum::<f32>() / x.len() as f32).sqrt();
+            assert!(rms <= 0.2 / levels / 2.5, "{f}: rms error {rms}");
+        }
+    }
+
+    #[test]
     fn gpu_layout_puts_scales_at_an_aligned_offset() {
         for f in QFormat::ALL {
-            let m = QMatrix::quantize(f, 5, 96, &data(480, 3)).unwrap();
+            let m = QMatrix::quantize(f, 5, 512, &data(2560, 3)).unwrap();
             let l = f.layout(m.blocks());
             let bytes = m.gpu_bytes();
             assert_eq!(bytes.len(), l.total);
@@ -489,21 +546,22 @@ mod tests {
             assert_eq!(&bytes[..m.quants.len()], &m.quants[..]);
             let s0 = f16::from_le_bytes([bytes[l.scales_offset], bytes[l.scales_offset + 1]]);
             assert_eq!(s0, m.scales[0]);
-            assert_eq!(crate::kernels::DType::from(f).bytes_for(480), l.total as u64);
+            assert_eq!(crate::kernels::DType::from(f).bytes_for(2560), l.total as u64);
+            assert_eq!(f.quant_bytes() % 4, 0, "{f}: quant words must be whole u32s");
         }
     }
 
     #[test]
     fn concat_and_slice_rows_are_block_wise() {
-        let x = data(7 * 64, 9);
+        let x = data(7 * 256, 9);
         for f in QFormat::ALL {
-            let a = QMatrix::quantize(f, 3, 64, &x[..192]).unwrap();
-            let b = QMatrix::quantize(f, 4, 64, &x[192..]).unwrap();
-            let all = QMatrix::quantize(f, 7, 64, &x).unwrap();
+            let a = QMatrix::quantize(f, 3, 256, &x[..768]).unwrap();
+            let b = QMatrix::quantize(f, 4, 256, &x[768..]).unwrap();
+            let all = QMatrix::quantize(f, 7, 256, &x).unwrap();
             assert_eq!(QMatrix::concat_rows(&[a.clone(), b.clone()]).unwrap(), all);
             assert_eq!(all.slice_rows(3, 4).unwrap(), b);
             assert!(all.slice_rows(5, 3).is_err());
-            let other = QMatrix::quantize(f, 1, 32, &x[..32]).unwrap();
+            let other = QMatrix::quantize(f, 1, 512, &x[..512]).unwrap();
             assert!(QMatrix::concat_rows(&[a, other]).is_err());
         }
     }
@@ -513,7 +571,10 @@ mod tests {
         assert!(matches!(QMatrix::from_ggml(QFormat::Q8_0, 1, 33, &[0; 34]), Err(QuantError::Cols { .. })));
         assert!(matches!(QMatrix::from_ggml(QFormat::Q4_1, 2, 32, &[0; 20]), Err(QuantError::Len { .. })));
         assert!(QMatrix::from_ggml(QFormat::Q4_0, usize::MAX / 2, 64, &[0; 18]).is_err());
-        assert!("q5_0".parse::<QFormat>().is_err());
+        assert!(matches!(QMatrix::from_ggml(QFormat::Q4_K, 1, 128, &[0; 72]), Err(QuantError::Cols { .. })));
+        assert!(matches!(QMatrix::from_ggml(QFormat::Q6_K, 1, 256, &[0; 209]), Err(QuantError::Len { .. })));
+        assert!("q7_0".parse::<QFormat>().is_err());
+        assert_eq!("Q4_K".parse::<QFormat>(), Ok(QFormat::Q4_K));
         assert_eq!("Q4_1".parse::<QFormat>(), Ok(QFormat::Q4_1));
     }
 }
