@@ -4,6 +4,7 @@
 //! file), the weight storage type it implies, and warmed-up engines built from a
 //! plan ([`Engines`]).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -126,6 +127,24 @@ pub fn default_weight_dtype(flag: Option<DType>, storage: Option<Stored>) -> DTy
 /// What a GGUF model's projection matrices are stored as (None for other sources).
 pub fn gguf_storage(m: &LoadedModel) -> Option<Stored> {
     m.gguf.as_ref().and_then(|_| m.weights.matmul_storage())
+}
+
+/// The matrices of a GGUF model stored in another type than `weight_dtype`, each
+/// with the runtime type of its own storage ([`PlanOptions::matrix_formats`]):
+/// empty when `flag` (`--weight-dtype`) asks for one type for all, or for other sources.
+///
+/// [`PlanOptions::matrix_formats`]: crate::plan::PlanOptions::matrix_formats
+pub fn matrix_formats(m: &LoadedModel, weight_dtype: DType, flag: Option<DType>) -> BTreeMap<String, DType> {
+    if flag.is_some() || m.gguf.is_none() {
+        return BTreeMap::new();
+    }
+    m.weights
+        .names()
+        .filter(|n| n.ends_with(".weight"))
+        .filter(|n| m.weights.meta(n).is_ok_and(|t| t.shape.len() == 2))
+        .filter_map(|n| Some((n.to_string(), weight_dtype_for(m.weights.stored(n).ok()?))))
+        .filter(|&(_, d)| d != weight_dtype)
+        .collect()
 }
 
 /// The runtime weight type for weights stored as `s` when none is asked for.

@@ -83,6 +83,7 @@ fn prompt(vocab: usize) -> Vec<u32> {
 fn engine(c: &ModelConfig, store: Arc<dyn TensorStore>, gpu: Option<Arc<GpuCtx>>, prefill: bool) -> Engine {
     let opts = PlanOptions {
         weight_dtype: DType::F16,
+        matrix_formats: Default::default(),
         kv_dtype: DType::F32,
         max_tokens: if prefill { PROMPT_LEN } else { 1 },
         context: PROMPT_LEN + DECODE_STEPS,

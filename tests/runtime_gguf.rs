@@ -22,7 +22,7 @@ use ktune::model::{Stored, Weights};
 use ktune::plan::select::DeviceCaps;
 use ktune::plan::{Fusion, Parallel, Plan, PlanOptions, Selection};
 use ktune::runtime::{Engine, TensorStore, argmax};
-use ktune::session::{load_gguf, weight_dtype_for};
+use ktune::session::{load_gguf, matrix_formats, weight_dtype_for};
 use ktune::testing::test_gpu;
 
 fn expected(gguf: &Path) -> serde_json::Value {
@@ -44,6 +44,7 @@ fn run(path: &Path, dev: &Dev, fusion: Fusion, weights: Option<DType>, chunk: us
     let weight_dtype = weights.unwrap_or_else(|| weight_dtype_for(m.weights.matmul_storage().expect("projections")));
     let opts = PlanOptions {
         weight_dtype,
+        matrix_formats: matrix_formats(&m, weight_dtype, weights),
         kv_dtype: DType::F32,
         max_tokens: chunk.min(tokens.len()),
         context: tokens.len() + want.len(),

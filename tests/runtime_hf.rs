@@ -51,6 +51,7 @@ fn run_blocks(dir: &Path, dev: &Dev, fusion: Fusion, kv: DType, chunk: usize) ->
     let n_new = exp.generated.len();
     let opts = PlanOptions {
         weight_dtype: DType::F32,
+        matrix_formats: Default::default(),
         kv_dtype: kv,
         max_tokens: chunk.min(exp.tokens.len()),
         context: exp.tokens.len() + n_new,

@@ -82,6 +82,7 @@ fn logits(
     let m = load_model(None, Some(&dir.to_path_buf()), None, 0).expect("fixture loads");
     let opts = PlanOptions {
         weight_dtype: dtype,
+        matrix_formats: Default::default(),
         kv_dtype: DType::F32,
         max_tokens: 4,
         context: PROMPT.len() + DECODE,
@@ -222,6 +223,7 @@ fn norm_matmul_removes_the_norms_that_feed_projections() {
             let plan = |f: Fusion| {
                 let opts = PlanOptions {
                     weight_dtype: DType::F32,
+                    matrix_formats: Default::default(),
                     kv_dtype: DType::F32,
                     max_tokens: 4,
                     context: 16,

@@ -79,6 +79,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
     for (name, sel, exec) in setups {
         let opts = PlanOptions {
             weight_dtype: exec.weight_dtype,
+            matrix_formats: session::matrix_formats(&m, exec.weight_dtype, weight_flag),
             kv_dtype: exec.kv_dtype,
             max_tokens: args.prefill_tokens,
             context,

@@ -132,8 +132,10 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
             ExecSettings { batch: !args.no_batch, fusion, parallel: Parallel::default(), kv_dtype, weight_dtype },
         ),
     };
+    let matrix_formats = session::matrix_formats(&m, exec.weight_dtype, weight_flag);
     let opts = PlanOptions {
         weight_dtype: exec.weight_dtype,
+        matrix_formats,
         kv_dtype: exec.kv_dtype,
         max_tokens,
         context,

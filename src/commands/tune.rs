@@ -74,6 +74,7 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
         context: args.context,
         decode_tokens: args.decode_tokens,
         weight_dtype,
+        matrix_formats: session::matrix_formats(&m, weight_dtype, weight_flag),
         kv_dtype,
         seed: args.seed,
     };

@@ -441,6 +441,8 @@ pub fn test_problems(op: Op) -> Vec<Problem> {
             Problem::Gemm { m: 5, n: 130, k: 96 },
             // Whole 32-element blocks (the quantized kernels' rule) but not whole tiles.
             Problem::Gemm { m: 37, n: 53, k: 160 },
+            // Whole 256-element super-blocks (the K-quants and IQ4_XS).
+            Problem::Gemm { m: 9, n: 37, k: 512 },
         ],
         Op::Gemv => vec![
             Problem::Gemv { n: 1, k: 3 },

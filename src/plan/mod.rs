@@ -200,6 +200,12 @@ pub struct Step {
 pub struct PlanOptions {
     /// Storage type of the weights.
     pub weight_dtype: DType,
+    /// Matrices (by Hugging Face tensor name) kept in another storage type than
+    /// `weight_dtype`: a GGUF file's mixed formats (a `Q4_K_M` file holds Q4_K,
+    /// Q6_K, Q5_0 and Q8_0 tensors), each run on kernels for its own format. A
+    /// fused weight (Q/K/V, gate/up) is fused only where its parts share one.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub matrix_formats: BTreeMap<String, DType>,
     /// Storage type of the KV cache.
     pub kv_dtype: DType,
     /// Most tokens one prefill call processes.
@@ -211,6 +217,14 @@ pub struct PlanOptions {
     pub fusion: Fusion,
     /// Parallel groups (the profile's `parallel`): q/k/v and gate/up run concurrently.
     pub parallel: Parallel,
+}
+
+impl PlanOptions {
+    /// The storage type of matrix `tensor`: its own when the file keeps it in
+    /// another format ([`PlanOptions::matrix_formats`]), else `weight_dtype`.
+    pub fn matrix_dtype(&self, tensor: &str) -> DType {
+        self.matrix_formats.get(tensor).copied().unwrap_or(self.weight_dtype)
+    }
 }
 
 /// Which independent projections form a parallel group (run concurrently on the
@@ -318,8 +332,17 @@ impl Plan {
     }
 
     fn weight(&mut self, name: String, len: usize, src: &str) -> BufId {
-        let d = self.options.weight_dtype;
+        let d = self.options.matrix_dtype(src);
         self.add(name, BufRole::Weight, d, len, Some(WeightSource::Tensor(src.to_string())))
+    }
+
+    /// A fused weight of `parts` when they share one storage type (None: keep them apart).
+    fn fused_weight(&mut self, name: String, len: usize, parts: Vec<String>) -> Option<BufId> {
+        let d = self.options.matrix_dtype(&parts[0]);
+        parts
+            .iter()
+            .all(|p| self.options.matrix_dtype(p) == d)
+            .then(|| self.add(name, BufRole::Weight, d, len, Some(WeightSource::Concat(parts))))
     }
 
     /// Norm gains: in the weight dtype, or f32 when the matrices are quantized.
@@ -376,9 +399,9 @@ impl Plan {
         for l in 0..c.num_layers {
             self.layer_weights(l, &c)?;
         }
-        let w = self.options.weight_dtype;
         self.norm_weight("final_norm".into(), h, "model.norm.weight");
         let head = if c.tie_word_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
+        let w = self.options.matrix_dtype(head);
         let logit_rows = if self.options.all_logits { t } else { 1 };
         // A quantized block's buffer adds up to 272 bytes of alignment padding.
         let limit = if w.is_quant() { self.binding_limit().saturating_sub(512) } else { self.binding_limit() };
@@ -419,10 +442,9 @@ impl Plan {
             self.norm_weight(format!("L{l}.q_norm"), hd, &p("self_attn.q_norm.weight"));
             self.norm_weight(format!("L{l}.k_norm"), hd, &p("self_attn.k_norm.weight"));
         }
-        let d = self.options.weight_dtype;
         let names = ["q_proj", "k_proj", "v_proj"].map(|s| p(&format!("self_attn.{s}.weight")));
-        if self.options.fusion.qkv {
-            self.add(format!("L{l}.wqkv"), BufRole::Weight, d, (nq + 2 * nkv) * h, Some(WeightSource::Concat(names.to_vec())));
+        let fused_qkv = self.options.fusion.qkv && self.fused_weight(format!("L{l}.wqkv"), (nq + 2 * nkv) * h, names.to_vec()).is_some();
+        if fused_qkv {
             if c.attention_bias {
                 let b = ["q_proj", "k_proj", "v_proj"].map(|s| p(&format!("self_attn.{s}.bias"))).to_vec();
                 self.weight_f32(format!("L{l}.bqkv"), nq + 2 * nkv, WeightSource::Concat(b));
@@ -438,10 +460,8 @@ impl Plan {
             }
         }
         self.weight(format!("L{l}.wo"), h * nq, &p("self_attn.o_proj.weight"));
-        if self.options.fusion.gate_up {
-            let gu = vec![p("mlp.gate_proj.weight"), p("mlp.up_proj.weight")];
-            self.add(format!("L{l}.wgu"), BufRole::Weight, d, 2 * inter * h, Some(WeightSource::Concat(gu)));
-        } else {
+        let gu = vec![p("mlp.gate_proj.weight"), p("mlp.up_proj.weight")];
+        if !(self.options.fusion.gate_up && self.fused_weight(format!("L{l}.wgu"), 2 * inter * h, gu).is_some()) {
             self.weight(format!("L{l}.wg"), inter * h, &p("mlp.gate_proj.weight"));
             self.weight(format!("L{l}.wu"), inter * h, &p("mlp.up_proj.weight"));
         }
@@ -479,6 +499,11 @@ impl Plan {
             k_cache: must("k_cache"),
             v_cache: must("v_cache"),
         }
+    }
+
+    /// The storage type of buffer `b` (f32 for an id the plan does not hold).
+    pub fn dtype_of(&self, b: BufId) -> DType {
+        self.buffers.get(b).map_or(DType::F32, |d| d.dtype)
     }
 
     fn id(&self, name: &str) -> BufId {
@@ -629,7 +654,7 @@ impl Emitter<'_> {
         bufs: [BufId; 3],
     ) -> Result<(), PlanError> {
         let p = if t == 1 { Problem::Gemv { n, k } } else { Problem::Gemm { m: t, n, k } };
-        self.kernel_in(slot, l, group, p, bufs.to_vec(), self.plan.options.weight_dtype)
+        self.kernel_in(slot, l, group, p, bufs.to_vec(), self.plan.dtype_of(bufs[1]))
     }
 
     /// One token's `y[n] = w[n, k] · rmsnorm(x) * g` (decode): `bufs` are x (the
@@ -637,7 +662,7 @@ impl Emitter<'_> {
     fn norm_gemv(&mut self, l: Option<usize>, group: Option<u32>, n: usize, k: usize, bufs: [BufId; 4]) -> Result<(), PlanError> {
         let c = &self.plan.config;
         let p = Problem::NormGemv { n, k, eps: c.rms_norm_eps as f32, unit_offset: c.norm_unit_offset };
-        self.kernel_in(Slot::NormMatmul, l, group, p, bufs.to_vec(), self.plan.options.weight_dtype)
+        self.kernel_in(Slot::NormMatmul, l, group, p, bufs.to_vec(), self.plan.dtype_of(bufs[2]))
     }
 
     fn rms(&mut self, l: Option<usize>, rows: usize, dim: usize, x: BufId, w: BufId, y: BufId) -> Result<(), PlanError> {
@@ -660,18 +685,20 @@ impl Emitter<'_> {
         let act_fn = if c.is_gelu() { Activation::GeluTanh } else { Activation::Silu };
         // Decode folds the norms that feed projections into them (see `Fusion::norm_matmul`).
         let nm = f.norm_matmul && t == 1;
-        let mlp_nm = nm && !f.gate_up;
         let mut cur = 0usize; // index into plan.x holding the residual stream
         let mut normed = false; // xn already holds the next layer's input norm
         for l in 0..c.num_layers {
             let w = plan.lw(l);
+            // A layer whose parts differ in storage type runs them unfused.
+            let (fused_qkv, fused_gu) = (f.qkv && w.wqkv.is_some(), f.gate_up && w.wgu.is_some());
+            let mlp_nm = nm && !fused_gu;
             let li = Some(l);
             let (x, other) = (plan.x[cur], plan.x[1 - cur]);
             if !normed && !nm {
                 self.rms(li, t, h, x, w.input_ln, xn)?;
             }
             // Q, K, V.
-            if nm && f.qkv {
+            if nm && fused_qkv {
                 let qkv = id("qkv");
                 self.norm_gemv(li, None, nq + 2 * nkv, h, [x, w.input_ln, w.wqkv.unwrap_or(usize::MAX), qkv])?;
                 self.plumb(Slot::NormMatmul, li, Plumb::SplitQkv { src: qkv, bias: w.bqkv, q, k, v, tokens: 1, nq, nkv });
@@ -686,14 +713,14 @@ impl Emitter<'_> {
                         self.plumb(Slot::NormMatmul, li, Plumb::BiasAdd { buf, bias, rows: 1, n });
                     }
                 }
-            } else if f.qkv {
+            } else if fused_qkv {
                 let (wqkv, bias) = (w.wqkv.unwrap_or(usize::MAX), w.bqkv);
                 if t == 1 {
                     let p = Problem::QkvProj { k: h, nq, nkv, bias: bias.is_some() };
                     let mut b = vec![xn, wqkv];
                     b.extend(bias);
                     b.extend([q, k, v]);
-                    self.kernel(Slot::FusedQkv, li, p, b, wd)?;
+                    self.kernel(Slot::FusedQkv, li, p, b, plan.dtype_of(wqkv))?;
                 } else {
                     let qkv = id("qkv");
                     self.matmul(Slot::MatmulQkv, li, None, t, nq + 2 * nkv, h, [xn, wqkv, qkv])?;
@@ -785,9 +812,10 @@ impl Emitter<'_> {
             let x = plan.x[cur];
             let other = plan.x[1 - cur];
             // MLP.
-            if f.gate_up {
+            if fused_gu {
                 let p = Problem::GateUp { rows: t, n: inter, k: h, act: act_fn };
-                self.kernel(Slot::FusedGateUp, li, p, vec![xn, w.wgu.unwrap_or(usize::MAX), act], wd)?;
+                let wgu = w.wgu.unwrap_or(usize::MAX);
+                self.kernel(Slot::FusedGateUp, li, p, vec![xn, wgu, act], plan.dtype_of(wgu))?;
             } else if mlp_nm {
                 let g = if plan.options.parallel.ffn { Some(self.next_group()) } else { None };
                 self.norm_gemv(li, g, inter, h, [x, mlp_norm, w.wg.unwrap_or(usize::MAX), gate])?;

@@ -58,6 +58,9 @@ pub struct TuneOptions {
     /// Decode tokens per prompt the end-to-end score assumes.
     pub decode_tokens: usize,
     pub weight_dtype: DType,
+    /// Matrices a GGUF file keeps in other formats than `weight_dtype` (see
+    /// [`PlanOptions::matrix_formats`](crate::plan::PlanOptions::matrix_formats)).
+    pub matrix_formats: std::collections::BTreeMap<String, DType>,
     pub kv_dtype: DType,
     pub seed: u64,
 }
@@ -69,8 +72,10 @@ const SEARCH_REVISION: &str = "descent-1";
 /// Cache key of a tune: device, model config, kernel set, version, options.
 pub fn cache_key(device: &Device, model: &str, cfg: &ModelConfig, o: &TuneOptions) -> String {
     let cfg_json = serde_json::to_string(cfg).unwrap_or_default();
+    // A file's mixed matrix formats change the plan (and every slot's race).
+    let formats: String = o.matrix_formats.iter().map(|(t, d)| format!("|{t}={d}")).collect();
     let opts = format!(
-        "{}|{}|{}|{}|{}|{}|{}|{}",
+        "{}|{}|{}|{}|{}|{}|{}|{}{}",
         o.budget.as_secs_f64(),
         o.strategy.name(),
         o.prefill_tokens,
@@ -78,7 +83,8 @@ pub fn cache_key(device: &Device, model: &str, cfg: &ModelConfig, o: &TuneOption
         o.decode_tokens,
         o.weight_dtype,
         o.kv_dtype,
-        o.seed
+        o.seed,
+        formats
     );
     let ks = kernels::kernel_set_hash();
     crate::hash::sha256_parts::<&[&str]>(&[&device.fingerprint(), model, &cfg_json, &ks, env!("CARGO_PKG_VERSION"), SEARCH_REVISION, &opts])

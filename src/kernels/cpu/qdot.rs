@@ -237,7 +237,7 @@ mod x86 {
 
     use half::f16;
 
-    use super::{GROUP, QFormat, QK, QView, Unpacked, unpack};
+    use super::{GROUP, QFormat, QK, QView, Unpacked};
 
     use crate::kernels::cpu::dot::x86::hsum256 as hsum;
 
@@ -511,6 +511,120 @@ mod x86 {
         }
     }
 
+    /// The 32 values of a Q5_0, Q5_1 or IQ4_NL block (quant bytes `q`) as int8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn vals32(format: QFormat, q: &[u8]) -> __m256i {
+        let l = crate::kernels::quant::IQ4_LEVELS;
+        if format == QFormat::IQ4_NL {
+            assert!(q.len() >= 16);
+            // SAFETY: 16 readable bytes each.
+            let (t, n) = unsafe { (_mm_loadu_si128(l.as_ptr() as *const __m128i), nibbles(q.as_ptr())) };
+            return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), n);
+        }
+        assert!(q.len() >= 20);
+        // SAFETY: bytes 4..20 of q.
+        let n = unsafe { nibbles(q.as_ptr().add(4)) };
+        let bits = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
+        let spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(bits as i32),
+            _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0),
+        );
+        let set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)), _mm256_set1_epi8(-1));
+        let x = _mm256_or_si256(n, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+        if format == QFormat::Q5_0 { _mm256_sub_epi8(x, _mm256_set1_epi8(16)) } else { x }
+    }
+
+    /// The block's values into `v` with AVX2 (the scalar
+    /// [`unpack_vals`](crate::kernels::quant::unpack_vals) for the 32-element
+    /// formats with a loop of their own).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn unpack_vals_simd(format: QFormat, q: &[u8], v: &mut [i8; crate::kernels::quant::QK_K]) {
+        let m4 = _mm256_set1_epi8(0x0f);
+        let vp = v.as_mut_ptr() as *mut __m256i;
+        let load = |o: usize| {
+            assert!(o + 32 <= q.len());
+            // SAFETY: 32 bytes from offset o, inside q (checked above).
+            unsafe { _mm256_loadu_si256(q.as_ptr().add(o) as *const __m256i) }
+        };
+        let lo = |x: __m256i| _mm256_and_si256(x, m4);
+        let hi = |x: __m256i| _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+        // 0xff in the bytes whose bit `mask` is set.
+        let bit = |x: __m256i, mask: i8| {
+            let m = _mm256_set1_epi8(mask);
+            _mm256_cmpeq_epi8(_mm256_and_si256(x, m), m)
+        };
+        let levels = {
+            let l = crate::kernels::quant::IQ4_LEVELS;
+            // SAFETY: 16 readable bytes.
+            let t = unsafe { _mm_loadu_si128(l.as_ptr() as *const __m128i) };
+            _mm256_set_m128i(t, t)
+        };
+        // SAFETY (every store): vp indexes 32-byte chunks 0..8 of the 256-byte `v`.
+        unsafe {
+            match format {
+                QFormat::Q5_0 | QFormat::Q5_1 | QFormat::IQ4_NL => _mm256_storeu_si256(vp, vals32(format, q)),
+                QFormat::Q4_K | QFormat::Q5_K => {
+                    let (qh, qs) = if format == QFormat::Q5_K { (Some(load(12)), 44) } else { (None, 12) };
+                    for j in 0..4 {
+                        let raw = load(qs + 32 * j);
+                        let (mut a, mut b) = (lo(raw), hi(raw));
+                        if let Some(h) = qh {
+                            let sixteen = _mm256_set1_epi8(0x10);
+                            a = _mm256_or_si256(a, _mm256_and_si256(bit(h, (1u8 << (2 * j)) as i8), sixteen));
+                            b = _mm256_or_si256(b, _mm256_and_si256(bit(h, (1u8 << (2 * j + 1)) as i8), sixteen));
+                        }
+                        _mm256_storeu_si256(vp.add(2 * j), a);
+                        _mm256_storeu_si256(vp.add(2 * j + 1), b);
+                    }
+                }
+                QFormat::Q2_K | QFormat::Q3_K => {
+                    let three = _mm256_set1_epi8(3);
+                    let (hm, qs) = if format == QFormat::Q3_K { (Some(load(0)), 32) } else { (None, 16) };
+                    for h in 0..2 {
+                        let raw = load(qs + 32 * h);
+                        for sh in 0..4 {
+                            let mut x = _mm256_and_si256(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(2 * sh as i32)), three);
+                            if let Some(m) = hm {
+                                let off = _mm256_andnot_si256(bit(m, (1u8 << (4 * h + sh)) as i8), _mm256_set1_epi8(4));
+                                x = _mm256_sub_epi8(x, off);
+                            }
+                            _mm256_storeu_si256(vp.add(4 * h + sh), x);
+                        }
+                    }
+                }
+                QFormat::Q6_K => {
+                    let (three, bias) = (_mm256_set1_epi8(3), _mm256_set1_epi8(32));
+                    for h in 0..2 {
+                        let (l0, l1, qh) = (load(64 * h), load(64 * h + 32), load(128 + 32 * h));
+                        let high = |k: i32| _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(k)), three), 4);
+                        for (sh, low) in [lo(l0), lo(l1), hi(l0), hi(l1)].into_iter().enumerate() {
+                            let x = _mm256_sub_epi8(_mm256_or_si256(low, high(2 * sh as i32)), bias);
+                            _mm256_storeu_si256(vp.add(4 * h + sh), x);
+                        }
+                    }
+                }
+                QFormat::IQ4_XS => {
+                    for ib in 0..8 {
+                        assert!(4 + 16 * ib + 16 <= q.len());
+                        let n = nibbles(q.as_ptr().add(4 + 16 * ib));
+                        _mm256_storeu_si256(vp.add(ib), _mm256_shuffle_epi8(levels, n));
+                    }
+                }
+                QFormat::Q8_0 | QFormat::Q4_0 | QFormat::Q4_1 => crate::kernels::quant::unpack_vals(format, q, v),
+            }
+        }
+    }
+
+    /// [`unpack`](crate::kernels::quant::unpack) with the values through AVX2.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn unpack_simd(format: QFormat, q: &[u8], s: &[f16], u: &mut Unpacked) {
+        unpack_vals_simd(format, q, &mut u.vals);
+        crate::kernels::quant::unpack_scales(format, q, s, &mut u.scale, &mut u.off);
+    }
+
     /// 16 unpacked int8 values as two vectors of 8 f32.
     #[inline]
     #[target_feature(enable = "avx2")]
@@ -529,12 +643,37 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_unpacked(x: &[f32], w: QView<'_>) -> f32 {
         let be = w.format.block_elems();
+        if be == QK {
+            // The 32-element formats: values straight into registers, no unpack.
+            let ns = w.format.scales_per_block();
+            let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            for b in 0..w.blocks() {
+                let (q, s) = w.block(b);
+                let v = vals32(w.format, q);
+                let (lo, hi) = (_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+                let f = |x: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x));
+                let vv = [f(lo), f(_mm_srli_si128(lo, 8)), f(hi), f(_mm_srli_si128(hi, 8))];
+                // SAFETY: block b reads x[32b..32b+32], inside x.
+                unsafe {
+                    let xp = x.as_ptr().add(QK * b);
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(h(s[0])), dot32(vv, xp), acc);
+                    if ns == 2 {
+                        let sx = _mm256_add_ps(
+                            _mm256_add_ps(_mm256_loadu_ps(xp), _mm256_loadu_ps(xp.add(8))),
+                            _mm256_add_ps(_mm256_loadu_ps(xp.add(16)), _mm256_loadu_ps(xp.add(24))),
+                        );
+                        accm = _mm256_fmadd_ps(_mm256_set1_ps(h(s[1])), sx, accm);
+                    }
+                }
+            }
+            return hsum(_mm256_add_ps(acc, accm));
+        }
         let offset = w.format.has_offset();
         let mut u = Unpacked::default();
         let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         for b in 0..w.blocks() {
             let (q, s) = w.block(b);
-            unpack(w.format, q, s, &mut u);
+            unpack_simd(w.format, q, s, &mut u);
             for g in 0..be / GROUP {
                 // SAFETY: group g of block b reads x[be*b + 16g..][..16], inside x.
                 unsafe {
@@ -561,6 +700,21 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_i8_unpacked(x: &super::super::XQ8, w: QView<'_>) -> f32 {
         let be = w.format.block_elems();
+        if be == QK {
+            let ns = w.format.scales_per_block();
+            let (mut a0, mut m) = (_mm256_setzero_ps(), 0f32);
+            for b in 0..w.blocks() {
+                let (q, s) = w.block(b);
+                // SAFETY: activation block b holds 32 values of x.q.
+                let xv = unsafe { _mm256_loadu_si256(x.q.as_ptr().add(QK * b) as *const __m256i) };
+                let p = dot_s8(vals32(w.format, q), xv);
+                a0 = _mm256_fmadd_ps(_mm256_set1_ps(h(s[0]) * x.d[b]), p, a0);
+                if ns == 2 {
+                    m += h(s[1]) * x.dsum[b];
+                }
+            }
+            return hsum(a0) + m;
+        }
         let per = be / QK;
         let offset = w.format.has_offset();
         let mut u = Unpacked::default();
@@ -568,7 +722,7 @@ mod x86 {
         let mut m = 0f32;
         for b in 0..w.blocks() {
             let (q, s) = w.block(b);
-            unpack(w.format, q, s, &mut u);
+            unpack_simd(w.format, q, s, &mut u);
             for a in 0..per {
                 let xb = b * per + a;
                 // SAFETY: activation block xb holds 32 values of x.q; the unpacked block 32 per a.
@@ -600,7 +754,7 @@ mod x86 {
         let mut u = Unpacked::default();
         for b in 0..w.blocks() {
             let (q, s) = w.block(b);
-            unpack(w.format, q, s, &mut u);
+            unpack_simd(w.format, q, s, &mut u);
             for g in 0..be / GROUP {
                 // SAFETY: writes out[be*b + 16g..][..16], inside out.
                 unsafe {

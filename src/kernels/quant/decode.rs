@@ -58,19 +58,17 @@ pub fn scale_iq4xs(ib: usize, scales_l: &[u8], scales_h: u16) -> i32 {
 /// Unpacks one block (`q` its quant bytes, `s` its 16-bit header fields) into `u`:
 /// `format.block_elems()` values and `block_elems / 16` scales and offsets.
 pub fn unpack(format: QFormat, q: &[u8], s: &[f16], u: &mut Unpacked) {
-    let d = s[0].to_f32();
-    let (v, sc, off) = (&mut u.vals, &mut u.scale, &mut u.off);
-    // The 32-element formats: one scale (and offset) for both groups.
-    let mut flat = |m: f32| {
-        sc[..2].fill(d);
-        off[..2].fill(m);
-    };
+    unpack_vals(format, q, &mut u.vals);
+    unpack_scales(format, q, s, &mut u.scale, &mut u.off);
+}
+
+/// The integer values of one block ([`Unpacked::vals`]).
+pub fn unpack_vals(format: QFormat, q: &[u8], v: &mut [i8; QK_K]) {
     match format {
         QFormat::Q8_0 => {
             for (o, &b) in v[..32].iter_mut().zip(q) {
                 *o = b as i8;
             }
-            flat(0.0);
         }
         QFormat::Q4_0 | QFormat::Q4_1 | QFormat::IQ4_NL => {
             for j in 0..16 {
@@ -81,7 +79,6 @@ pub fn unpack(format: QFormat, q: &[u8], s: &[f16], u: &mut Unpacked) {
                     _ => (IQ4_LEVELS[lo as usize], IQ4_LEVELS[hi as usize]),
                 };
             }
-            flat(if format == QFormat::Q4_1 { s[1].to_f32() } else { 0.0 });
         }
         QFormat::Q5_0 | QFormat::Q5_1 => {
             let qh = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
@@ -93,59 +90,33 @@ pub fn unpack(format: QFormat, q: &[u8], s: &[f16], u: &mut Unpacked) {
                 v[j] = ((qs[j] & 0x0f) | h0) as i8 - bias;
                 v[j + 16] = ((qs[j] >> 4) | h1) as i8 - bias;
             }
-            flat(if format == QFormat::Q5_1 { s[1].to_f32() } else { 0.0 });
         }
-        QFormat::Q2_K => {
-            let (scales, qs) = (&q[..16], &q[16..80]);
-            let dmin = s[1].to_f32();
-            for h in 0..2 {
-                for sh in 0..4 {
-                    for l in 0..32 {
-                        v[128 * h + 32 * sh + l] = ((qs[32 * h + l] >> (2 * sh)) & 3) as i8;
-                    }
-                }
-            }
-            for g in 0..16 {
-                sc[g] = d * (scales[g] & 0x0f) as f32;
-                off[g] = -(dmin * (scales[g] >> 4) as f32);
-            }
-        }
-        QFormat::Q3_K => {
-            let (hmask, qs, scales) = (&q[..32], &q[32..96], &q[96..108]);
+        QFormat::Q2_K | QFormat::Q3_K => {
+            let (hmask, qs) = if format == QFormat::Q3_K { (&q[..32], &q[32..96]) } else { (&q[..0], &q[16..80]) };
             for h in 0..2 {
                 for sh in 0..4 {
                     let bit = 4 * h + sh;
                     for l in 0..32 {
                         let low = ((qs[32 * h + l] >> (2 * sh)) & 3) as i8;
-                        v[128 * h + 32 * sh + l] = low - if (hmask[l] >> bit) & 1 == 1 { 0 } else { 4 };
+                        // Q3_K: the offset is 4 unless the high bit is set.
+                        let high = if hmask.is_empty() || (hmask[l] >> bit) & 1 == 1 { 0 } else { 4 };
+                        v[128 * h + 32 * sh + l] = low - high;
                     }
                 }
-            }
-            for (g, &k) in scales_q3k(scales).iter().enumerate() {
-                sc[g] = d * k as f32;
             }
         }
         QFormat::Q4_K | QFormat::Q5_K => {
-            let scales = &q[..12];
             let (qh, qs) = if format == QFormat::Q5_K { (&q[12..44], &q[44..172]) } else { (&q[..0], &q[12..140]) };
-            let dmin = s[1].to_f32();
             for g in 0..8 {
                 let (j, t) = (g / 2, g % 2);
                 for l in 0..32 {
-                    let mut x = (qs[32 * j + l] >> (4 * t)) & 0x0f;
-                    if !qh.is_empty() {
-                        x |= ((qh[l] >> g) & 1) << 4;
-                    }
-                    v[32 * g + l] = x as i8;
+                    let high = if qh.is_empty() { 0 } else { ((qh[l] >> g) & 1) << 4 };
+                    v[32 * g + l] = (((qs[32 * j + l] >> (4 * t)) & 0x0f) | high) as i8;
                 }
-                let (k, m) = scale_min_k4(g, scales);
-                let (dl, ml) = (d * k as f32, dmin * m as f32);
-                sc[2 * g..2 * g + 2].fill(dl);
-                off[2 * g..2 * g + 2].fill(-ml);
             }
         }
         QFormat::Q6_K => {
-            let (ql, qh, scales) = (&q[..128], &q[128..192], &q[192..208]);
+            let (ql, qh) = (&q[..128], &q[128..192]);
             for h in 0..2 {
                 for sh in 0..4 {
                     let (c, t) = (sh % 2, sh / 2);
@@ -156,20 +127,59 @@ pub fn unpack(format: QFormat, q: &[u8], s: &[f16], u: &mut Unpacked) {
                     }
                 }
             }
-            for g in 0..16 {
-                sc[g] = d * scales[g] as i8 as f32;
-            }
         }
         QFormat::IQ4_XS => {
-            let (scales_l, qs) = (&q[..4], &q[4..132]);
-            let scales_h = s[1].to_bits();
+            let qs = &q[4..132];
             for ib in 0..8 {
                 for j in 0..16 {
                     let b = qs[16 * ib + j];
                     v[32 * ib + j] = IQ4_LEVELS[(b & 0x0f) as usize];
                     v[32 * ib + 16 + j] = IQ4_LEVELS[(b >> 4) as usize];
                 }
-                let dl = d * (scale_iq4xs(ib, scales_l, scales_h) - 32) as f32;
+            }
+        }
+    }
+}
+
+/// The per-16-element scales and offsets of one block ([`Unpacked::scale`], [`Unpacked::off`]).
+pub fn unpack_scales(format: QFormat, q: &[u8], s: &[f16], sc: &mut [f32; QK_K / GROUP], off: &mut [f32; QK_K / GROUP]) {
+    let d = s[0].to_f32();
+    match format {
+        // The 32-element formats: one scale (and offset) for both groups.
+        QFormat::Q8_0 | QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q5_0 | QFormat::Q5_1 | QFormat::IQ4_NL => {
+            sc[..2].fill(d);
+            off[..2].fill(if format.has_offset() { s[1].to_f32() } else { 0.0 });
+        }
+        QFormat::Q2_K => {
+            let dmin = s[1].to_f32();
+            for (g, &b) in q[..16].iter().enumerate() {
+                sc[g] = d * (b & 0x0f) as f32;
+                off[g] = -(dmin * (b >> 4) as f32);
+            }
+        }
+        QFormat::Q3_K => {
+            for (g, &k) in scales_q3k(&q[96..108]).iter().enumerate() {
+                sc[g] = d * k as f32;
+            }
+        }
+        QFormat::Q4_K | QFormat::Q5_K => {
+            let dmin = s[1].to_f32();
+            for g in 0..8 {
+                let (k, m) = scale_min_k4(g, &q[..12]);
+                let (dl, ml) = (d * k as f32, dmin * m as f32);
+                sc[2 * g..2 * g + 2].fill(dl);
+                off[2 * g..2 * g + 2].fill(-ml);
+            }
+        }
+        QFormat::Q6_K => {
+            for (g, &b) in q[192..208].iter().enumerate() {
+                sc[g] = d * b as i8 as f32;
+            }
+        }
+        QFormat::IQ4_XS => {
+            let scales_h = s[1].to_bits();
+            for ib in 0..8 {
+                let dl = d * (scale_iq4xs(ib, &q[..4], scales_h) - 32) as f32;
                 sc[2 * ib..2 * ib + 2].fill(dl);
             }
         }

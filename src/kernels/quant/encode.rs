@@ -178,9 +178,9 @@ fn quantize_q2k(x: &[f32], q: &mut [u8], s: &mut [f16]) {
     }
     let qs = &mut q[16..80];
     qs.fill(0);
-    for i in 0..256 {
+    for (i, &e) in x.iter().enumerate() {
         let g = i / GROUP;
-        let c = code(x[i] + dmin * mn[g] as f32, d * sc[g] as f32, 0, 3) as u8;
+        let c = code(e + dmin * mn[g] as f32, d * sc[g] as f32, 0, 3) as u8;
         let (h, sh, l) = (i / 128, (i % 128) / 32, i % 32);
         qs[32 * h + l] |= c << (2 * sh);
     }
