@@ -138,6 +138,9 @@ pub struct LayerOverride {
 pub struct Selection {
     pub device: DeviceCaps,
     pub slots: BTreeMap<SlotKey, Choice>,
+    /// Choices for matrices in another storage type than the plan's weight type
+    /// (a file's mixed block formats): tried first for a problem of that type.
+    pub formats: BTreeMap<(DType, SlotKey), Choice>,
     pub layers: Vec<LayerOverride>,
     /// Explicit choices that could not run a shape and fell back to the default.
     pub warnings: Mutex<Vec<String>>,
@@ -148,6 +151,7 @@ impl Clone for Selection {
         Selection {
             device: self.device.clone(),
             slots: self.slots.clone(),
+            formats: self.formats.clone(),
             layers: self.layers.clone(),
             warnings: Mutex::new(self.warnings.lock().map(|w| w.clone()).unwrap_or_default()),
         }
@@ -182,7 +186,7 @@ pub fn preferred(problem: &Problem, backend: Backend) -> &'static [&'static str]
 impl Selection {
     /// Runtime defaults only.
     pub fn defaults(device: DeviceCaps) -> Selection {
-        Selection { device, slots: BTreeMap::new(), layers: Vec::new(), warnings: Mutex::new(Vec::new()) }
+        Selection { device, slots: BTreeMap::new(), formats: BTreeMap::new(), layers: Vec::new(), warnings: Mutex::new(Vec::new()) }
     }
 
     fn explicit(&self, key: SlotKey, layer: Option<usize>) -> Option<&Choice> {
@@ -202,6 +206,11 @@ impl Selection {
     /// the problem, else the default (with a warning when an explicit one was set).
     pub fn choose(&self, slot: Slot, regime: Regime, layer: Option<usize>, problem: &Problem, dtype: DType) -> Result<Choice, PlanError> {
         let want = problem.op();
+        if let Some(c) = self.formats.get(&(dtype, (slot, regime))).filter(|c| c.kernel.op == want)
+            && c.kernel.check(self.device.caps(), problem, dtype, &c.params).is_ok()
+        {
+            return Ok(c.clone());
+        }
         // An explicit choice of another op (a GEMV chosen for lm_head, whose prefill
         // pass is a GEMM when every position's logits are wanted) does not apply.
         if let Some(c) = self.explicit((slot, regime), layer).filter(|c| c.kernel.op == want) {

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use super::doc::{self as pd, Candidate, Combination, DeviceReq, SchedulingDoc, SlotTuning, Throughput, Tuning};
-use super::{ExecSettings, FORMAT_VERSION, ProfileDoc, kernels_doc};
+use super::{ExecSettings, FORMAT_VERSION, ProfileDoc, kernels_doc_with_formats};
 use crate::kernels::{self, Impl};
 use crate::plan::select::{Choice, SlotKey};
 use crate::tuner::Findings;
@@ -28,10 +28,16 @@ pub(crate) fn profile_doc(f: &Findings<'_>) -> ProfileDoc {
 
     // The explicit choices of the winner: race winners, or the default's own picks.
     let mut final_choices: BTreeMap<SlotKey, Choice> = BTreeMap::new();
+    let mut final_formats: BTreeMap<(kernels::DType, SlotKey), Choice> = BTreeMap::new();
+    let extra = o.extra_formats();
     let (_, steps) = space.per_fusion.iter().find(|(f, _)| *f == chosen.fusion).cloned().unwrap_or((chosen.fusion, Vec::new()));
     for (key, p, d) in &steps {
         if let Ok(c) = chosen_sel.choose(key.0, key.1, None, p, *d) {
-            final_choices.entry(*key).or_insert(c);
+            if extra.contains(d) {
+                final_formats.entry((*d, *key)).or_insert(c);
+            } else {
+                final_choices.entry(*key).or_insert(c);
+            }
         }
     }
     // Device requirements of the chosen variants.
@@ -145,7 +151,7 @@ pub(crate) fn profile_doc(f: &Findings<'_>) -> ProfileDoc {
         model: t.model.into(),
         version: pd::At::new(FORMAT_VERSION),
         device: req,
-        kernels: kernels_doc(&final_choices),
+        kernels: kernels_doc_with_formats(&final_choices, &final_formats),
         execution,
         parallel,
         layers: BTreeMap::new(),

@@ -121,6 +121,12 @@ pub struct KernelsDoc {
     pub residual: Option<At<Entry>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fused: Option<FusedDoc>,
+    /// Choices for the matrices a file keeps in another block format than
+    /// `execution.weightDtype` (a `Q4_K_M` file's Q6_K and Q5_0 tensors), by format
+    /// name (`q6_k: {matmul: {down_proj: ...}}`); a slot not listed there uses the
+    /// entry above.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub formats: BTreeMap<String, KernelsDoc>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

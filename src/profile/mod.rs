@@ -280,6 +280,7 @@ impl Profile {
         }
         let backend = self.backend()?;
         resolve_kernels(o, &d.kernels, backend)?;
+        resolve_formats(o, &d.kernels, backend)?;
         for (name, members) in &d.parallel {
             let Some((_, want)) = PARALLEL_GROUPS.iter().find(|(n, _)| n == name) else {
                 let known: Vec<&str> = PARALLEL_GROUPS.iter().map(|(n, _)| *n).collect();
@@ -392,6 +393,7 @@ impl Profile {
         }
         let mut sel = Selection::defaults(caps);
         sel.slots = resolve_kernels(o, &d.kernels, backend)?;
+        sel.formats = resolve_formats(o, &d.kernels, backend)?;
         for (key, k) in &d.layers {
             let (a, b) = layer_range(key).unwrap_or((0, 0));
             if b >= num_layers {
@@ -504,7 +506,48 @@ pub fn kernels_doc(choices: &BTreeMap<SlotKey, Choice>) -> KernelsDoc {
         rope: entry(Slot::Rope),
         residual: entry(Slot::Residual),
         fused: if any(&[&f.qkv_proj, &f.gate_up, &f.qk_norm_rope, &f.residual_norm, &f.norm_matmul]) { Some(f) } else { None },
+        formats: BTreeMap::new(),
     }
+}
+
+/// [`kernels_doc`] of the main choices plus, under `formats`, those of a file's
+/// other matrix formats.
+pub fn kernels_doc_with_formats(choices: &BTreeMap<SlotKey, Choice>, formats: &BTreeMap<(kernels::DType, SlotKey), Choice>) -> KernelsDoc {
+    let mut doc = kernels_doc(choices);
+    let mut by: BTreeMap<kernels::DType, BTreeMap<SlotKey, Choice>> = BTreeMap::new();
+    for ((d, key), c) in formats {
+        by.entry(*d).or_default().insert(*key, c.clone());
+    }
+    doc.formats = by.into_iter().map(|(d, c)| (d.name().to_string(), kernels_doc(&c))).collect();
+    doc
+}
+
+/// The choices under `kernels.formats`: each key a block format, each value
+/// kernel choices as in `kernels`.
+fn resolve_formats(
+    origin: &str,
+    k: &KernelsDoc,
+    backend: Option<Backend>,
+) -> Result<BTreeMap<(kernels::DType, SlotKey), Choice>, ProfileError> {
+    let mut out = BTreeMap::new();
+    for (name, sub) in &k.formats {
+        let dtype = name.parse::<kernels::DType>().ok().filter(|d| d.is_quant() || *d == kernels::DType::F16).ok_or_else(|| {
+            ProfileError::Invalid {
+                path: origin.into(),
+                message: format!("kernels.formats: `{name}` is not a weight storage format (e.g. q6_k, q5_0, q8_0, f16)"),
+            }
+        })?;
+        if !sub.formats.is_empty() {
+            return Err(ProfileError::Invalid {
+                path: origin.into(),
+                message: format!("kernels.formats.{name} cannot hold `formats` itself"),
+            });
+        }
+        for (key, c) in resolve_kernels(origin, sub, backend)? {
+            out.insert((dtype, key), c);
+        }
+    }
+    Ok(out)
 }
 
 /// JSON Schema of the profile format (for editors).

@@ -4,16 +4,14 @@
 //! runtime, interleaved when memory allows, within what is left of the budget;
 //! the best by one request's time wins (ties go to the default).
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use super::measure::Strategy;
-use super::race::Races;
+use super::race::{Races, Winners};
 use super::space::{Space, plan_options};
 use super::stats::{Stats, pick, summarize};
 use super::{Progress, TIE, Target, TuneError, TuneOptions};
 use crate::device::DeviceCaps;
-use crate::plan::select::{Choice, SlotKey};
 use crate::plan::{Fusion, Parallel, Plan, Regime, Selection};
 use crate::runtime::{Engine, RuntimeError, WeightMemo, argmax};
 use crate::session::Engines;
@@ -67,7 +65,7 @@ pub(crate) struct EndToEnd {
     /// The winning combination.
     pub best: usize,
     /// The slot race winners (what a non-default combination selects).
-    pub winners: BTreeMap<SlotKey, Choice>,
+    pub winners: Winners,
 }
 
 impl EndToEnd {
@@ -80,10 +78,11 @@ impl EndToEnd {
     }
 }
 
-fn selection_for(c: &Combo, caps: &DeviceCaps, winners: &BTreeMap<SlotKey, Choice>) -> Selection {
+fn selection_for(c: &Combo, caps: &DeviceCaps, winners: &Winners) -> Selection {
     let mut sel = Selection::defaults(caps.clone());
     if !c.default {
-        sel.slots = winners.clone();
+        sel.slots = winners.slots.clone();
+        sel.formats = winners.formats.clone();
     }
     sel
 }
@@ -175,7 +174,7 @@ pub(crate) fn run(
     deadline: Instant,
     progress: &dyn Progress,
 ) -> Result<EndToEnd, TuneError> {
-    let winners = races.winners(space);
+    let winners = races.winners(space, &o.extra_formats());
     let predicted = predicted(o, space, races);
     let gpu = t.ctx.is_some();
     let combos = combinations(o, &predicted, gpu);

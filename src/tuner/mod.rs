@@ -65,6 +65,15 @@ pub struct TuneOptions {
     pub seed: u64,
 }
 
+impl TuneOptions {
+    /// The storage types of a file's matrices besides the weight type (and the
+    /// types the other slots run in): their races choose per format.
+    pub fn extra_formats(&self) -> std::collections::BTreeSet<DType> {
+        let own = [self.weight_dtype, self.kv_dtype, self.weight_dtype.float_storage(), DType::F32];
+        self.matrix_formats.values().copied().filter(|d| !own.contains(d)).collect()
+    }
+}
+
 /// Revision of the search itself: part of every cache key, so a tuner that searches
 /// differently does not return or resume what an older one found.
 const SEARCH_REVISION: &str = "descent-1";

@@ -51,16 +51,31 @@ pub(crate) struct Races {
     pub resumed: usize,
 }
 
+/// Race winners as a selection holds them ([`Selection::slots`], [`Selection::formats`]).
+///
+/// [`Selection::slots`]: crate::plan::Selection::slots
+/// [`Selection::formats`]: crate::plan::Selection::formats
+#[derive(Clone, Debug, Default)]
+pub struct Winners {
+    pub slots: BTreeMap<SlotKey, Choice>,
+    pub formats: BTreeMap<(DType, SlotKey), Choice>,
+}
+
 impl Races {
-    /// The winner of every race that has one.
-    pub fn winners(&self, space: &Space) -> BTreeMap<SlotKey, Choice> {
-        let mut winners: BTreeMap<SlotKey, Choice> = BTreeMap::new();
+    /// The winner of every race that has one: by slot, and by (format, slot) for
+    /// the races of a file's other matrix formats (`extra`).
+    pub fn winners(&self, space: &Space, extra: &std::collections::BTreeSet<DType>) -> Winners {
+        let mut w = Winners::default();
         for (r, res) in space.races.iter().zip(&self.results) {
             if let Some(c) = res.winner_choice() {
-                winners.insert(r.key, c);
+                if extra.contains(&r.dtype) {
+                    w.formats.insert((r.dtype, r.key), c);
+                } else {
+                    w.slots.insert(r.key, c);
+                }
             }
         }
-        winners
+        w
     }
 
     /// The winner's median on shape `p` of the race `key` (seconds; 0 when unknown).
