@@ -209,3 +209,43 @@ fn inconsistent_vocabularies_are_errors() {
         }
     }
 }
+
+/// The published chat templates (tests/fixtures/chat_templates/) render one user
+/// turn as transformers' `apply_chat_template` does (today's date in Llama 3.2's
+/// written DATE on both sides).
+#[test]
+fn chat_templates_render_as_transformers() {
+    use ktune::model::ChatTemplate;
+    let dir = fixtures_dir().join("chat_templates");
+    let exp: Json = serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let date = regex::Regex::new("Today Date: [^\n]*").unwrap();
+    let exp = exp.as_object().unwrap();
+    assert_eq!(exp.len(), 4, "gemma3, llama3.2, qwen2.5, smollm2");
+    for (file, e) in exp {
+        let t = ChatTemplate {
+            source: std::fs::read_to_string(dir.join(file)).unwrap(),
+            bos_token: e["bos_token"].as_str().map(str::to_string),
+            eos_token: e["eos_token"].as_str().map(str::to_string),
+            path: dir.join(file),
+        };
+        let got = t.render_user(e["prompt"].as_str().unwrap()).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(date.replace_all(&got, "Today Date: DATE"), e["text"].as_str().unwrap(), "{file}");
+    }
+}
+
+/// The Gemma 3 fixture's own template, encoded as `apply_chat_template(tokenize=True)`:
+/// the BOS the template writes is the only one.
+#[test]
+fn gguf_chat_template_encodes_as_transformers() {
+    use ktune::model::ChatTemplate;
+    let f = open("gemma3");
+    let tok = Tokenizer::from_gguf(&f).unwrap();
+    let t = ChatTemplate::from_gguf(&f).unwrap().expect("the fixture has a template");
+    assert_eq!(t.bos_token.as_deref(), Some("<bos>"));
+    let chat = &expected("gemma3")["chat"];
+    let text = t.render_user(chat["prompt"].as_str().unwrap()).unwrap();
+    assert_eq!(text, chat["text"].as_str().unwrap());
+    let want: Vec<u32> = chat["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    assert_eq!(tok.encode_with(&text, false).unwrap(), want);
+    assert!(ChatTemplate::from_gguf(&open("llama")).unwrap().is_none());
+}
