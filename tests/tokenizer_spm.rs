@@ -217,7 +217,7 @@ fn inconsistent_vocabularies_are_errors() {
 fn chat_templates_render_as_transformers() {
     use ktune::model::ChatTemplate;
     let dir = fixtures_dir().join("chat_templates");
-    let exp: Json = serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let exp: Json = serde_json::from_str(&std::fs::read_to_string(dir.join("rendered.json")).unwrap()).unwrap();
     let date = regex::Regex::new("Today Date: [^\n]*").unwrap();
     let exp = exp.as_object().unwrap();
     assert_eq!(exp.len(), 4, "gemma3, llama3.2, qwen2.5, smollm2");

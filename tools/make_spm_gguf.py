@@ -290,7 +290,7 @@ def main():
     templates = rendered_templates()
     if args.check:
         bad = 0
-        if json.loads((TEMPLATES / "expected.json").read_text()) != templates:
+        if json.loads((TEMPLATES / "rendered.json").read_text()) != templates:
             print("chat templates: rendered text differs")
             bad += 1
         for name, (_, exp) in results.items():
@@ -304,7 +304,7 @@ def main():
         (OUT / f"{name}.gguf").write_bytes(data)
         (OUT / f"{name}.json").write_text(json.dumps(exp, indent=1, ensure_ascii=False) + "\n")
         print(f"wrote {name}.gguf ({len(data)} bytes) and {name}.json")
-    (TEMPLATES / "expected.json").write_text(json.dumps(templates, indent=1, ensure_ascii=False) + "\n")
+    (TEMPLATES / "rendered.json").write_text(json.dumps(templates, indent=1, ensure_ascii=False) + "\n")
 
 
 if __name__ == "__main__":
