@@ -188,9 +188,19 @@ pub struct RunArgs {
     /// streamed as they are produced).
     #[arg(long, value_name = "TEXT")]
     pub prompt: Option<String>,
-    /// Tokens to generate greedily after the prompt.
+    /// Give --prompt as one user turn of the model's chat template (the GGUF
+    /// file's `tokenizer.chat_template`, or `chat_template` in the directory's
+    /// tokenizer_config.json), with the assistant's generation prompt after it;
+    /// generation also stops at the end-of-turn token.
+    #[arg(long, requires = "prompt")]
+    pub chat: bool,
+    /// Tokens to generate greedily after the prompt (fewer when an end-of-sequence
+    /// token comes first).
     #[arg(long, default_value_t = 16)]
     pub max_tokens: usize,
+    /// Generate --max-tokens tokens even past an end-of-sequence or end-of-turn token.
+    #[arg(long)]
+    pub ignore_eos: bool,
     /// Context length the KV cache is sized for (default: prompt + max-tokens).
     #[arg(long)]
     pub context: Option<usize>,

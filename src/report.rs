@@ -70,6 +70,17 @@ pub struct SlotRow {
     pub decode_ms_per_token: f64,
 }
 
+/// Why `run` stopped generating.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, strum::Display)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum StopReason {
+    /// `--max-tokens` were generated.
+    MaxTokens,
+    /// An end-of-sequence or end-of-turn token was generated (it is the last id).
+    Eos,
+}
+
 /// `ktune run`.
 #[derive(Debug, Serialize)]
 pub struct RunReport {
@@ -103,6 +114,10 @@ pub struct RunReport {
     pub weight_bytes: u64,
     pub decode_gbps: f64,
     pub generated: Vec<u32>,
+    /// Why generation stopped.
+    pub stop_reason: StopReason,
+    /// The prompt was rendered with the model's chat template (`--chat`).
+    pub chat: bool,
     /// The generated ids decoded (special tokens left out), when there is a tokenizer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,

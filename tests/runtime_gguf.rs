@@ -309,3 +309,52 @@ fn cli_tune_takes_a_gguf_file() {
     assert!(r["model"].as_str().expect("model").ends_with("qwen2-tiny-q8_0.gguf"), "{r}");
     assert!(tmp.path().join("p.yaml").is_file());
 }
+
+/// Generation stops at the first end-of-sequence id (the report says why), unless
+/// `--ignore-eos`: the Gemma 3 fixture greedily repeats id 68, made its EOS here.
+#[test]
+fn cli_stops_at_eos_unless_ignored() {
+    let tmp = tempdir();
+    let mut bytes = std::fs::read(dir().join("gemma3-tiny-f16.gguf")).expect("read");
+    let key = b"tokenizer.ggml.eos_token_id";
+    let at = bytes.windows(key.len()).position(|w| w == key).expect("the fixture has an EOS id") + key.len();
+    assert_eq!(bytes[at..at + 4], 4u32.to_le_bytes(), "a uint32");
+    bytes[at + 4..at + 8].copy_from_slice(&68u32.to_le_bytes());
+    let path = tmp.path().join("eos68.gguf");
+    std::fs::write(&path, bytes).expect("write");
+    let exp = expected(&dir().join("gemma3-tiny-f16.gguf"));
+    assert_eq!(ids(&exp["generated"])[0], 68, "the fixture's first greedy id");
+    let tokens: Vec<String> = ids(&exp["tokens"]).iter().map(u32::to_string).collect();
+    let report = |extra: &[&str]| -> serde_json::Value {
+        let out = ktune()
+            .args(["run", "--device", "cpu", "--gguf"])
+            .arg(&path)
+            .args(["--tokens", &tokens.join(","), "--max-tokens", "5", "--format", "json"])
+            .args(extra)
+            .output()
+            .expect("runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("json report")
+    };
+    let r = report(&[]);
+    assert_eq!(ids(&r["generated"]), [68]);
+    assert_eq!(r["stop_reason"], "eos");
+    assert_eq!(r["decode_tokens"], 0);
+    let r = report(&["--ignore-eos"]);
+    assert_eq!(ids(&r["generated"]), ids(&exp["generated"])[..5]);
+    assert_eq!(r["stop_reason"], "max_tokens");
+}
+
+/// `--chat` without a chat template in the file: exit 2, saying so.
+#[test]
+fn cli_chat_without_a_template_exits_2() {
+    let out = ktune()
+        .args(["run", "--device", "cpu", "--gguf"])
+        .arg(dir().join("smollm2-tiny-q8_0.gguf"))
+        .args(["--prompt", "hello", "--chat"])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no chat template") && err.contains("without --chat"), "{err}");
+}

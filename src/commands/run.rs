@@ -3,18 +3,21 @@
 //! runtime's defaults: prefill, greedy decode with the KV cache, throughput, time
 //! per slot, and optionally the logits as JSON. With a model directory's
 //! `tokenizer.json` or a GGUF file's tokenizer the prompt can be text
-//! (`--prompt`) and the generated ids are decoded to text, streamed to a sink as
-//! they are produced.
+//! (`--prompt`, with `--chat` rendered as one user turn of the model's chat
+//! template) and the generated ids are decoded to text, streamed to a sink as
+//! they are produced. Generation stops at the first end-of-sequence id (the
+//! config's, and under `--chat` the vocabulary's end-of-turn token) unless
+//! `--ignore-eos`.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::cli::RunArgs;
 use crate::device::DeviceCaps;
-use crate::model::{Stored, TOKENIZER_FILE, Tokenizer};
+use crate::model::{ChatTemplate, END_OF_TURN_TOKENS, Stored, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, Tokenizer};
 use crate::plan::{Fusion, Parallel, PlanOptions, Selection, Slot};
 use crate::profile::{ExecSettings, Profile};
-use crate::report::{RunReport, SlotRow};
+use crate::report::{RunReport, SlotRow, StopReason};
 use crate::runtime::{Engine, TensorStore, argmax};
 use crate::session::{self, Engines, LoadedModel, default_weight_dtype, gguf_storage, load_gguf, load_source};
 use crate::{Error, Result};
@@ -73,7 +76,14 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     };
     let prompt = match (&args.prompt, &tokenizer) {
         (Some(text), Some(tok)) => {
-            let ids = tok.encode(text)?;
+            let ids = if args.chat {
+                // As apply_chat_template(tokenize=True): the template writes the special
+                // tokens it wants (a BOS among them), the post-processor adds none.
+                let template = chat_template(gguf_model.as_ref(), args)?;
+                tok.encode_with(&template.render_user(text)?, false)?
+            } else {
+                tok.encode(text)?
+            };
             if ids.is_empty() {
                 return Err(Error::Usage(format!("--prompt {text:?} encodes to no tokens; give a longer prompt")));
             }
@@ -161,8 +171,18 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     let mut decode_seconds = 0.0;
     let mut decode_wall = Vec::new();
     let mut streamed = 0usize;
+    // The ids that end generation: the config's EOS ids, and under --chat the
+    // vocabulary's end-of-turn token (Gemma, ChatML, Llama 3).
+    let mut stop_ids = c.eos_token_ids.clone();
+    if args.chat
+        && let Some(tok) = &tokenizer
+    {
+        stop_ids.extend(END_OF_TURN_TOKENS.iter().filter_map(|t| tok.token_to_id(t)));
+    }
+    let mut stop_reason = StopReason::MaxTokens;
     for i in 0..args.max_tokens {
         generated.push(next);
+        let at_eos = !args.ignore_eos && stop_ids.contains(&next);
         if let Some(tok) = &tokenizer {
             let text = tok.decode(&generated)?;
             // Hold back a cut multi-byte character, and text a later token rewrote.
@@ -170,6 +190,10 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
                 stream(&text[streamed..]);
                 streamed = text.len();
             }
+        }
+        if at_eos {
+            stop_reason = StopReason::Eos;
+            break;
         }
         if i + 1 == args.max_tokens {
             break;
@@ -244,6 +268,8 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         weight_bytes,
         decode_gbps: weight_bytes as f64 * decode_tps / 1e9,
         generated,
+        stop_reason,
+        chat: args.chat,
         text,
         tokenizer: tokenizer.map(|t| t.path().display().to_string()),
         prompt_ids: prompt,
@@ -251,6 +277,19 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         slots,
         kernels,
         warnings,
+    })
+}
+
+/// The chat template `--chat` renders the prompt with: the GGUF file's, or the
+/// model directory's `tokenizer_config.json`'s. Without one, a usage error.
+fn chat_template(gguf: Option<&LoadedModel>, args: &RunArgs) -> Result<ChatTemplate> {
+    let (found, place) = match (gguf.and_then(|m| m.gguf.as_ref()), &args.source.model_dir) {
+        (Some(file), _) => (ChatTemplate::from_gguf(file)?, format!("{} (no `tokenizer.chat_template`)", file.path.display())),
+        (None, Some(dir)) => (ChatTemplate::from_dir(dir)?, format!("{} (no `chat_template` in {TOKENIZER_CONFIG_FILE})", dir.display())),
+        (None, None) => (None, "a built-in model".to_string()),
+    };
+    found.ok_or_else(|| {
+        Error::Usage(format!("--chat: the model has no chat template: {place}; use --prompt without --chat (the text as it is)"))
     })
 }
 

@@ -8,10 +8,12 @@
 //! is a field or a method of [`ModelConfig`]; tensors are named as in the Hugging
 //! Face checkpoints ([`ModelConfig::tensor_shapes`]). A directory's `tokenizer.json`,
 //! when there is one, or a GGUF file's `tokenizer.ggml.*` metadata, turns text
-//! into ids and back ([`Tokenizer`]).
+//! into ids and back ([`Tokenizer`]); its chat template ([`ChatTemplate`]) turns a
+//! prompt into a chat turn.
 
 mod builtin;
 mod bytes;
+mod chat;
 mod config;
 pub mod gguf;
 mod gguf_model;
@@ -23,6 +25,7 @@ mod weights;
 use std::path::PathBuf;
 
 pub use builtin::{builtin, builtin_names};
+pub use chat::{ChatTemplate, END_OF_TURN_TOKENS, TOKENIZER_CONFIG_FILE};
 pub use config::{Architecture, Dims, Dtype, HiddenAct, LayerKind, ModelConfig, RopeScaling};
 pub use gguf::Stored;
 pub use gguf_model::{GgufConfig, Transform, gguf_config};
@@ -61,6 +64,8 @@ pub enum ModelError {
     Buffer { name: String, want: usize, got: usize },
     #[error("{}: {msg}", path.display())]
     Tokenizer { path: PathBuf, msg: String },
+    #[error("{}: {msg}", path.display())]
+    Chat { path: PathBuf, msg: String },
     #[error("tensor `{name}` cannot be quantized: {source}")]
     Quant { name: String, source: crate::kernels::quant::QuantError },
     #[error("the weights do not match the config:\n  {}", problems.join("\n  "))]

@@ -43,9 +43,10 @@ impl Report for RunReport {
         ));
         s.push_str(&format!("dispatches per layer (decode): {}\n", r.dispatches_per_layer));
         if let Some(p) = &r.prompt {
-            s.push_str(&format!("prompt:   {p:?} = {:?}\n", r.prompt_ids));
+            let chat = if r.chat { " (chat template)" } else { "" };
+            s.push_str(&format!("prompt:   {p:?}{chat} = {:?}\n", r.prompt_ids));
         }
-        s.push_str(&format!("generated: {:?}\n", r.generated));
+        s.push_str(&format!("generated: {:?} (stopped: {})\n", r.generated, r.stop_reason));
         if let Some(t) = &r.text {
             s.push_str(&format!("text:     {t:?}\n"));
         }

@@ -1,0 +1,152 @@
+//! [`ChatTemplate`]: a model's chat template (the GGUF `tokenizer.chat_template`
+//! string, or `chat_template` in a Hugging Face directory's
+//! `tokenizer_config.json`) rendered with minijinja the way transformers'
+//! `apply_chat_template` renders it: `trim_blocks` and `lstrip_blocks`, Python
+//! string methods (`.strip()`, `.startswith()`, … through minijinja-contrib's
+//! pycompat), `raise_exception`, `strftime_now`, `tojson`, and the vocabulary's
+//! `bos_token` / `eos_token` as variables.
+//!
+//! `ktune run --chat` renders `--prompt` as one user turn with
+//! `add_generation_prompt = true`. The rendered text is encoded without the
+//! tokenizer's post-processor (as `apply_chat_template(tokenize=True)` does), so a
+//! template that writes the BOS itself gets exactly one.
+
+use std::path::{Path, PathBuf};
+
+use minijinja::{Environment, Error as JinjaError, ErrorKind, context};
+use serde_json::Value as Json;
+
+use super::gguf::{GgufFile, Value};
+use super::{ModelError, Result};
+
+/// The file a Hugging Face model directory keeps its chat template (and special
+/// token names) in.
+pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+
+/// Tokens that end a chat turn in the published templates (Gemma, ChatML,
+/// Llama 3): generation under `--chat` stops at any of them the vocabulary has.
+pub const END_OF_TURN_TOKENS: [&str; 3] = ["<end_of_turn>", "<|im_end|>", "<|eot_id|>"];
+
+/// A chat template and the special-token texts it renders with.
+#[derive(Clone, Debug)]
+pub struct ChatTemplate {
+    pub source: String,
+    pub bos_token: Option<String>,
+    pub eos_token: Option<String>,
+    /// Where it was read from, for messages.
+    pub path: PathBuf,
+}
+
+impl ChatTemplate {
+    /// The template of a GGUF file (`tokenizer.chat_template`), BOS/EOS spelled as
+    /// its vocabulary spells them; `Ok(None)` without a template.
+    pub fn from_gguf(f: &GgufFile) -> Result<Option<ChatTemplate>> {
+        let err = |msg: String| ModelError::Chat { path: f.path.clone(), msg };
+        let Some(v) = f.get("tokenizer.chat_template") else { return Ok(None) };
+        let source = v.as_str().ok_or_else(|| err(format!("`tokenizer.chat_template` must be a string, got {}", v.type_name())))?;
+        let tokens = f.get("tokenizer.ggml.tokens").and_then(Value::as_array);
+        let token = |key: &str| -> Option<String> {
+            let id = f.get(key)?.as_u64()?;
+            tokens?.get(usize::try_from(id).ok()?)?.as_str().map(str::to_string)
+        };
+        Ok(Some(ChatTemplate {
+            source: source.to_string(),
+            bos_token: token("tokenizer.ggml.bos_token_id"),
+            eos_token: token("tokenizer.ggml.eos_token_id"),
+            path: f.path.clone(),
+        }))
+    }
+
+    /// The template of a model directory's `tokenizer_config.json` (a string, or
+    /// the `default` entry of a list of named templates); `Ok(None)` when there is
+    /// no such file or it has no template.
+    pub fn from_dir(dir: &Path) -> Result<Option<ChatTemplate>> {
+        let path = dir.join(TOKENIZER_CONFIG_FILE);
+        if !path.is_file() {
+            return Ok(None);
+        }
+        let bytes = std::fs::read(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
+        let doc: Json = serde_json::from_slice(&bytes).map_err(|source| ModelError::Json { path: path.clone(), source })?;
+        let source = match &doc["chat_template"] {
+            Json::Null => return Ok(None),
+            Json::String(s) => s.clone(),
+            Json::Array(named) => {
+                let default = named.iter().find(|t| t["name"] == "default").and_then(|t| t["template"].as_str());
+                match default {
+                    Some(s) => s.to_string(),
+                    None => {
+                        return Err(ModelError::Chat { path, msg: "`chat_template` lists templates but none named `default`".into() });
+                    }
+                }
+            }
+            other => return Err(ModelError::Chat { path, msg: format!("`chat_template` must be a string, got {other}") }),
+        };
+        // A special token is a string or an AddedToken object with its `content`.
+        let token = |key: &str| match &doc[key] {
+            Json::String(s) => Some(s.clone()),
+            Json::Object(o) => o.get("content").and_then(Json::as_str).map(str::to_string),
+            _ => None,
+        };
+        Ok(Some(ChatTemplate { source, bos_token: token("bos_token"), eos_token: token("eos_token"), path }))
+    }
+
+    /// `prompt` as one user turn, followed by the assistant's generation prompt.
+    pub fn render_user(&self, prompt: &str) -> Result<String> {
+        let messages = vec![context! { role => "user", content => prompt }];
+        self.render(context! {
+            messages => messages,
+            add_generation_prompt => true,
+            bos_token => self.bos_token.clone(),
+            eos_token => self.eos_token.clone(),
+        })
+    }
+
+    fn render(&self, ctx: minijinja::Value) -> Result<String> {
+        let err = |e: JinjaError| {
+            let mut msg = format!("the chat template does not render: {e}");
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                msg.push_str(&format!(": {s}"));
+                source = s.source();
+            }
+            ModelError::Chat { path: self.path.clone(), msg }
+        };
+        let mut env = Environment::new();
+        // As transformers' sandboxed Jinja environment.
+        let syntax = minijinja::syntax::SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build();
+        env.set_syntax(syntax.map_err(err)?);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> Result<String, JinjaError> {
+            Err(JinjaError::new(ErrorKind::InvalidOperation, format!("the template raised: {msg}")))
+        });
+        env.add_function("strftime_now", |format: String| -> Result<String, JinjaError> {
+            jiff::fmt::strtime::format(&format, &jiff::ZonedDateTime::now())
+                .map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, format!("strftime_now({format:?}): {e}")))
+        });
+        env.add_template("chat", &self.source).map_err(err)?;
+        env.get_template("chat").and_then(|t| t.render(ctx)).map_err(err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn template(source: &str) -> ChatTemplate {
+        ChatTemplate { source: source.into(), bos_token: Some("<s>".into()), eos_token: None, path: "t".into() }
+    }
+
+    #[test]
+    fn python_string_methods_and_loop_controls() {
+        let t = template(
+            "{{ bos_token }}{% for m in messages %}{% if m.content.startswith('  ') %}{{ m.content.strip() }}{% break %}{% endif %}{% endfor %}",
+        );
+        assert_eq!(t.render_user("  hi  ").unwrap(), "<s>hi");
+    }
+
+    #[test]
+    fn raise_exception_is_an_error_with_its_message() {
+        let e = template("{{ raise_exception('roles must alternate') }}").render_user("x").unwrap_err().to_string();
+        assert!(e.contains("roles must alternate"), "{e}");
+    }
+}
