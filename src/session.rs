@@ -129,22 +129,27 @@ pub fn gguf_storage(m: &LoadedModel) -> Option<Stored> {
     m.gguf.as_ref().and_then(|_| m.weights.matmul_storage())
 }
 
-/// The matrices of a GGUF model stored in another type than `weight_dtype`, each
-/// with the runtime type of its own storage ([`PlanOptions::matrix_formats`]):
-/// empty when `flag` (`--weight-dtype`) asks for one type for all, or for other sources.
+/// The matrices that run in another type than `weight_dtype`, each with its own
+/// ([`PlanOptions::matrix_formats`]): a GGUF file's matrices stored in other
+/// formats (kept as stored unless `flag`, `--weight-dtype`, asks for one type);
+/// and, when quantizing on load to a super-block format, the matrices whose rows
+/// are not whole super-blocks, in the format llama.cpp's quantizer falls back to
+/// ([`QFormat::for_row`](crate::kernels::quant::QFormat::for_row)).
 ///
 /// [`PlanOptions::matrix_formats`]: crate::plan::PlanOptions::matrix_formats
 pub fn matrix_formats(m: &LoadedModel, weight_dtype: DType, flag: Option<DType>) -> BTreeMap<String, DType> {
-    if flag.is_some() || m.gguf.is_none() {
-        return BTreeMap::new();
+    let matrices = m.weights.names().filter(|n| n.ends_with(".weight")).filter_map(|n| {
+        let meta = m.weights.meta(n).ok()?;
+        (meta.shape.len() == 2).then(|| (n.to_string(), meta.shape[1]))
+    });
+    if flag.is_none() && m.gguf.is_some() {
+        return matrices
+            .filter_map(|(n, _)| Some((n.clone(), weight_dtype_for(m.weights.stored(&n).ok()?))))
+            .filter(|&(_, d)| d != weight_dtype)
+            .collect();
     }
-    m.weights
-        .names()
-        .filter(|n| n.ends_with(".weight"))
-        .filter(|n| m.weights.meta(n).is_ok_and(|t| t.shape.len() == 2))
-        .filter_map(|n| Some((n.to_string(), weight_dtype_for(m.weights.stored(n).ok()?))))
-        .filter(|&(_, d)| d != weight_dtype)
-        .collect()
+    let Some(f) = weight_dtype.quant() else { return BTreeMap::new() };
+    matrices.map(|(n, cols)| (n, DType::from(f.for_row(cols)))).filter(|&(_, d)| d != weight_dtype).collect()
 }
 
 /// The runtime weight type for weights stored as `s` when none is asked for.

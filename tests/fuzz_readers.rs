@@ -23,7 +23,9 @@ use std::time::Instant;
 
 use common::fixture;
 use ktune::kernels::quant::QFormat;
-use ktune::model::{Tokenizer, Weights};
+use ktune::model::Stored;
+use ktune::model::gguf::GgufFile;
+use ktune::model::{ChatTemplate, Tokenizer, Weights};
 use ktune::profile::Profile;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -219,6 +221,10 @@ fn gguf_target(bytes: Vec<u8>) -> &'static str {
         let _ = w.row_f32(name, 0);
         if meta.shape.len() == 2 {
             let _ = w.load_quant(name, QFormat::Q8_0);
+            // As stored: every block format's own reader.
+            if let Ok(Stored::Quant(f)) = w.stored(name) {
+                let _ = w.load_quant(name, f);
+            }
         }
     }
     let tokenizer = match Tokenizer::from_gguf(&m.file) {
@@ -267,6 +273,32 @@ fn fuzz_safetensors_reader() {
         }
         "parsed"
     });
+}
+
+/// A SentencePiece vocabulary and chat template read from a mutated GGUF header
+/// (tokens, scores, token types, special ids, the template text).
+fn vocabulary_target(bytes: Vec<u8>) -> &'static str {
+    let Ok(f) = GgufFile::parse(Path::new("fuzz.gguf"), bytes) else { return "rejected" };
+    let template = ChatTemplate::from_gguf(&f).ok().flatten().map(|t| t.render_user("Hi there").is_ok());
+    match Tokenizer::from_gguf(&f) {
+        Ok(t) => {
+            let ids = t.encode("The kernel reads 42 weights, 漢字 🦀.").unwrap_or_default();
+            let _ = t.decode(&ids);
+            let _ = t.decode(&[0, 1, 2, 3, 300, u32::MAX]);
+            if template == Some(true) { "vocabulary and template" } else { "vocabulary" }
+        }
+        Err(_) => "parsed, vocabulary rejected",
+    }
+}
+
+#[test]
+fn fuzz_vocabulary_reader() {
+    // Tokenizer-only files: every byte is header.
+    for file in ["spm/gemma3.gguf", "spm/llama.gguf"] {
+        let seed = std::fs::read(fixture(file)).expect("fixture");
+        let header = seed.len();
+        fuzz(file, seed, header, vocabulary_target);
+    }
 }
 
 #[test]

@@ -153,7 +153,7 @@ fn load_quant_serves_the_files_blocks() {
             let f = w.f32(name, &meta.shape).expect("f32");
             assert_eq!(q.dequantize(), f, "{file} {name}: blocks and f32 path differ");
             // The other formats: quantized from the dequantized values.
-            for other in QFormat::ALL.into_iter().filter(|o| *o != format) {
+            for other in QFormat::ALL.into_iter().filter(|o| *o != format && q.cols.is_multiple_of(o.block_elems())) {
                 let r = w.load_quant(name, other).expect("requantized");
                 assert_eq!(r, QMatrix::quantize(other, q.rows, q.cols, &f).expect("quantize"));
             }

@@ -274,7 +274,9 @@ fn a_q8_0_profile_runs_quantized_weights_and_refuses_others() {
 #[test]
 fn run_quantizes_weights_on_load_for_each_block_format() {
     let tmp = tempdir();
-    for d in ["q8_0", "q4_0", "q4_1"] {
+    // Every format; the tiny model's 64-element rows are not whole super-blocks,
+    // so the K-quants run its matrices in llama.cpp's fallback formats.
+    for d in ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "q4_k", "q6_k", "iq4_xs"] {
         let o = ktune(tmp.path())
             .args(["run", "--device", "cpu", "--model-dir"])
             .arg(fixture("llama3-tiny"))
@@ -286,10 +288,10 @@ fn run_quantizes_weights_on_load_for_each_block_format() {
         assert_eq!(v["weight_dtype"], d);
     }
     ktune(tmp.path())
-        .args(["run", "--device", "cpu", "--model", "smollm2-135m", "--layers", "1", "--tokens", "1", "--weight-dtype", "q5_k"])
+        .args(["run", "--device", "cpu", "--model", "smollm2-135m", "--layers", "1", "--tokens", "1", "--weight-dtype", "q7_k"])
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("q8_0, q4_0, q4_1"));
+        .stderr(predicate::str::contains("q8_0, q4_0, q4_1, q5_0"));
     ktune(tmp.path())
         .args(["run", "--device", "cpu", "--model", "smollm2-135m", "--layers", "1", "--tokens", "1", "--kv-dtype", "q8_0"])
         .assert()

@@ -824,14 +824,20 @@ mod tests {
             assert_eq!(serde_json::to_value(op).unwrap(), op.name());
         }
         let dtypes: Vec<&str> = DType::iter().map(DType::name).collect();
-        assert_eq!(dtypes, ["f32", "f16", "q8_0", "q4_0", "q4_1"]);
+        assert_eq!(
+            dtypes,
+            ["f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"]
+        );
         assert_eq!(DType::ALL.to_vec(), DType::iter().collect::<Vec<_>>());
         for d in DType::ALL {
             assert_eq!(d.name().to_uppercase().parse::<DType>().unwrap(), d);
             assert_eq!(d.to_string(), d.name());
             assert_eq!(serde_json::to_value(d).unwrap(), d.name());
         }
-        assert_eq!("bf16".parse::<DType>().unwrap_err(), "unknown dtype `bf16` (allowed: f32, f16, q8_0, q4_0, q4_1)");
+        assert_eq!(
+            "bf16".parse::<DType>().unwrap_err(),
+            "unknown dtype `bf16` (allowed: f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs)"
+        );
     }
 
     #[test]
@@ -870,7 +876,7 @@ mod tests {
     #[test]
     fn every_fused_op_has_two_wgsl_and_two_cpu_float_kernels() {
         for op in [Op::QkNormRope, Op::GateUp, Op::ResidualRmsNorm, Op::QkvProj] {
-            let ks: Vec<_> = for_op(op).filter(|k| k.dtypes != DType::QUANT).collect();
+            let ks: Vec<_> = for_op(op).filter(|k| !k.dtypes.iter().any(|d| d.is_quant())).collect();
             let wgsl = ks.iter().filter(|k| matches!(k.imp, Impl::Wgsl(_))).count();
             assert!(wgsl >= 2 && ks.len() - wgsl >= 2, "{op}: {wgsl} WGSL of {} kernels", ks.len());
             for k in &ks {

@@ -783,11 +783,12 @@ mod tests {
     #[test]
     fn unsupported_types_fail_when_read_naming_the_tensor() {
         let mut w = W::new(3, 1, 0);
-        w.tensor("blk.0.ffn_down.weight", &[256], 14, 0);
-        w.pad_data(210);
-        let f = w.parse().expect("Q6_K is bounds-checked and accepted");
+        // IQ2_XXS (id 16): 66 bytes per 256 elements, geometry known, decoding not.
+        w.tensor("blk.0.ffn_down.weight", &[256], 16, 0);
+        w.pad_data(66);
+        let f = w.parse().expect("IQ2_XXS is bounds-checked and accepted");
         let t = f.tensor("blk.0.ffn_down.weight").expect("t");
-        let e = f.stored(t).expect_err("Q6_K").to_string();
-        assert!(e.contains("blk.0.ffn_down.weight") && e.contains("Q6_K"), "{e}");
+        let e = f.stored(t).expect_err("IQ2_XXS").to_string();
+        assert!(e.contains("blk.0.ffn_down.weight") && e.contains("IQ2_XXS") && e.contains("Q4_K"), "{e}");
     }
 }

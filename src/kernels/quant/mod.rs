@@ -151,6 +151,22 @@ impl QFormat {
     pub fn bytes_for(self, n: usize) -> Option<usize> {
         n.is_multiple_of(self.block_elems()).then(|| n / self.block_elems() * self.block_bytes())
     }
+    /// The format llama.cpp's quantizer uses instead of this one for a row of
+    /// `cols` elements that is not whole super-blocks (`llama-quant.cpp`: Q4_K →
+    /// Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, Q2_K / Q3_K / IQ4_XS → IQ4_NL); itself when
+    /// the row is whole blocks.
+    pub fn for_row(self, cols: usize) -> QFormat {
+        if cols.is_multiple_of(self.block_elems()) {
+            return self;
+        }
+        match self {
+            QFormat::Q4_K => QFormat::Q5_0,
+            QFormat::Q5_K => QFormat::Q5_1,
+            QFormat::Q6_K => QFormat::Q8_0,
+            QFormat::Q2_K | QFormat::Q3_K | QFormat::IQ4_XS => QFormat::IQ4_NL,
+            f => f,
+        }
+    }
     /// Blocks of `n` elements (a partial block counts whole).
     pub fn blocks_for(self, n: usize) -> usize {
         n.div_ceil(self.block_elems())
