@@ -56,9 +56,10 @@ pub struct TuneArgs {
     /// Decode tokens per prompt the end-to-end score assumes.
     #[arg(long, default_value_t = 128)]
     pub decode_tokens: usize,
-    /// Storage type of the matrix weights: f32, f16, q8_0, q4_0 or q4_1 (block
-    /// formats quantized on load; the profile records it). Default f32; with
-    /// --gguf, what the file's projection matrices are stored as.
+    /// Storage type of the matrix weights: f32, f16 or a block format (q8_0, q4_0,
+    /// q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs: quantized on
+    /// load; the profile records it). Default f32; with --gguf, each matrix as the
+    /// file stores it.
     #[arg(long, value_parser = weight_dtype)]
     pub weight_dtype: Option<DType>,
     /// Storage type of the KV cache.
@@ -168,7 +169,8 @@ pub struct ModelSource {
     #[arg(long, value_name = "DIR")]
     pub model_dir: Option<std::path::PathBuf>,
     /// A GGUF file (llama.cpp's format; architectures llama, qwen2, gemma3;
-    /// tensors F32, F16, BF16, Q8_0, Q4_0, Q4_1). Its tokenizer serves --prompt.
+    /// tensors F32, F16, BF16 and ggml's block formats Q8_0 … Q6_K, IQ4_NL,
+    /// IQ4_XS). Its tokenizer serves --prompt.
     #[arg(long, value_name = "FILE")]
     pub gguf: Option<std::path::PathBuf>,
 }
@@ -211,10 +213,10 @@ pub struct RunArgs {
     #[arg(long)]
     pub layers: Option<usize>,
     /// Storage type of the matrix weights: f32, f16, or a block format (q8_0,
-    /// q4_0, q4_1: quantized on load). Default f32; with --gguf, what the file's
-    /// projection matrices are stored as (f16 for F16/BF16, the block format for
-    /// Q8_0/Q4_0/Q4_1). With a profile it must match the dtype the profile was
-    /// tuned for.
+    /// q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs:
+    /// quantized on load). Default f32; with --gguf, each matrix as the file
+    /// stores it (f16 for F16/BF16). With a profile it must match the dtype the
+    /// profile was tuned for.
     #[arg(long, value_parser = weight_dtype)]
     pub weight_dtype: Option<DType>,
     /// Storage type of the KV cache (without a profile).
