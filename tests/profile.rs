@@ -226,3 +226,29 @@ fn shipped_profiles_load_and_resolve() {
     }
     assert!(n >= 4, "expected the four shipped CPU profiles, found {n}");
 }
+
+/// A file's other matrix formats get their own choices under `kernels.formats`:
+/// they resolve into the selection by format, and a name that is not a weight
+/// format, or a kernel of the wrong op there, is refused.
+#[test]
+fn per_format_choices_resolve_and_bad_ones_are_refused() {
+    use ktune::kernels::DType;
+    use ktune::plan::{Regime, Slot};
+    let text = GOOD.replace(
+        "  rope: rope_table_cpu\n",
+        "  rope: rope_table_cpu\n  formats:\n    q6_k:\n      matmul:\n        down_proj: {kernel: gemv_q_cpu, params: {act_bits: 8}}\n",
+    );
+    let p = Profile::from_str(&text, "f.yaml").expect("loads");
+    let dev = ktune::device::Device::Cpu(ktune::device::CpuCaps::detect());
+    let (sel, _, _) = p.resolve(&dev, "smollm2-135m", 30).expect("resolves");
+    let c = sel.formats.get(&(DType::Q6_K, (Slot::MatmulDown, Regime::Decode))).expect("a q6_k choice for down_proj decode");
+    assert_eq!((c.kernel.id, c.params.get("act_bits")), ("gemv_q_cpu", Some(&8)));
+    assert!(!sel.formats.keys().any(|(d, _)| *d != DType::Q6_K));
+    // Not a storage format.
+    let bad = text.replace("    q6_k:\n", "    q9_z:\n");
+    let e = Profile::from_str(&bad, "f.yaml").expect_err("unknown format").to_string();
+    assert!(e.contains("q9_z") && e.contains("q6_k"), "{e}");
+    // A kernel of another op under a format.
+    let bad = text.replace("down_proj: {kernel: gemv_q_cpu", "down_proj: {kernel: rms_norm_rows_cpu");
+    assert!(Profile::from_str(&bad, "f.yaml").is_err());
+}
