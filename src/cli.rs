@@ -196,6 +196,10 @@ pub struct RunArgs {
     /// generation also stops at the end-of-turn token.
     #[arg(long, requires = "prompt")]
     pub chat: bool,
+    /// With --chat: a Jinja chat template file to use instead of the model's (a
+    /// file without `tokenizer.chat_template`, or another format of turns).
+    #[arg(long, value_name = "FILE", requires = "chat")]
+    pub chat_template: Option<std::path::PathBuf>,
     /// Tokens to generate greedily after the prompt (fewer when an end-of-sequence
     /// token comes first).
     #[arg(long, default_value_t = 16)]

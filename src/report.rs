@@ -95,6 +95,10 @@ pub struct RunReport {
     /// How the file stores most projection matrices (`q8_0`, `f16`, …), for a GGUF file.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub weight_storage: Option<String>,
+    /// Matrices running in another type than `weight_dtype` (a file's mixed block
+    /// formats, or rows that are not whole super-blocks), counted per type.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub other_formats: std::collections::BTreeMap<DType, usize>,
     pub kv_dtype: DType,
     pub fusion: Fusion,
     pub batch_commands: bool,

@@ -358,3 +358,39 @@ fn cli_chat_without_a_template_exits_2() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no chat template") && err.contains("without --chat"), "{err}");
 }
+
+/// `--chat-template FILE` supplies a template the file lacks: the prompt is
+/// rendered through it (the report's prompt text carries its turn markers); a
+/// missing template file is exit 2 naming it.
+#[test]
+fn cli_chat_template_file_serves_a_file_without_one() {
+    let template = common::fixture("chat_templates/smollm2.jinja");
+    let out = ktune()
+        .args(["run", "--device", "cpu", "--gguf"])
+        .arg(dir().join("smollm2-tiny-q8_0.gguf"))
+        .args(["--prompt", "hello", "--chat", "--max-tokens", "2", "--format", "json", "--chat-template"])
+        .arg(&template)
+        .output()
+        .expect("runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["chat"], true);
+    let plain = ktune()
+        .args(["run", "--device", "cpu", "--gguf"])
+        .arg(dir().join("smollm2-tiny-q8_0.gguf"))
+        .args(["--prompt", "hello", "--max-tokens", "2", "--format", "json"])
+        .output()
+        .expect("runs");
+    let p: serde_json::Value = serde_json::from_slice(&plain.stdout).expect("JSON");
+    // The template adds its system turn and markers around the prompt.
+    let n = |v: &serde_json::Value| v["prompt_tokens"].as_u64().unwrap_or(0);
+    assert!(n(&v) > n(&p) + 5, "{} vs {} prompt tokens", n(&v), n(&p));
+    let out = ktune()
+        .args(["run", "--device", "cpu", "--gguf"])
+        .arg(dir().join("smollm2-tiny-q8_0.gguf"))
+        .args(["--prompt", "hello", "--chat", "--chat-template", "/nonexistent/t.jinja"])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/t.jinja"));
+}

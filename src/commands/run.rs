@@ -143,6 +143,10 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         ),
     };
     let matrix_formats = session::matrix_formats(&m, exec.weight_dtype, weight_flag);
+    let mut other_formats = std::collections::BTreeMap::new();
+    for d in matrix_formats.values() {
+        *other_formats.entry(*d).or_insert(0usize) += 1;
+    }
     let opts = PlanOptions {
         weight_dtype: exec.weight_dtype,
         matrix_formats,
@@ -248,6 +252,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         weights: m.weights.origin().to_string(),
         profile: args.profile.as_ref().map(|p| p.display().to_string()),
         weight_dtype: exec.weight_dtype,
+        other_formats,
         weight_storage: storage.map(|s| match s {
             Stored::F32 => "f32".to_string(),
             Stored::F16 => "f16".to_string(),
@@ -283,13 +288,22 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
 /// The chat template `--chat` renders the prompt with: the GGUF file's, or the
 /// model directory's `tokenizer_config.json`'s. Without one, a usage error.
 fn chat_template(gguf: Option<&LoadedModel>, args: &RunArgs) -> Result<ChatTemplate> {
+    if let Some(path) = &args.chat_template {
+        let file = gguf.and_then(|m| m.gguf.as_ref());
+        let from_dir = match &args.source.model_dir {
+            Some(dir) => ChatTemplate::from_dir(dir)?.map(|t| (t.bos_token, t.eos_token)),
+            None => None,
+        };
+        let (bos, eos) = file.map(|f| ChatTemplate::gguf_specials(f)).or(from_dir).unwrap_or((None, None));
+        return Ok(ChatTemplate::from_file(path, bos, eos)?);
+    }
     let (found, place) = match (gguf.and_then(|m| m.gguf.as_ref()), &args.source.model_dir) {
         (Some(file), _) => (ChatTemplate::from_gguf(file)?, format!("{} (no `tokenizer.chat_template`)", file.path.display())),
         (None, Some(dir)) => (ChatTemplate::from_dir(dir)?, format!("{} (no `chat_template` in {TOKENIZER_CONFIG_FILE})", dir.display())),
         (None, None) => (None, "a built-in model".to_string()),
     };
     found.ok_or_else(|| {
-        Error::Usage(format!("--chat: the model has no chat template: {place}; use --prompt without --chat (the text as it is)"))
+        Error::Usage(format!("--chat: the model has no chat template: {place}; give one with --chat-template FILE.jinja, or use --prompt without --chat (the text as it is)"))
     })
 }
 

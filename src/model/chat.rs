@@ -44,17 +44,25 @@ impl ChatTemplate {
         let err = |msg: String| ModelError::Chat { path: f.path.clone(), msg };
         let Some(v) = f.get("tokenizer.chat_template") else { return Ok(None) };
         let source = v.as_str().ok_or_else(|| err(format!("`tokenizer.chat_template` must be a string, got {}", v.type_name())))?;
+        let (bos_token, eos_token) = Self::gguf_specials(f);
+        Ok(Some(ChatTemplate { source: source.to_string(), bos_token, eos_token, path: f.path.clone() }))
+    }
+
+    /// The BOS and EOS token texts of a GGUF file's vocabulary.
+    pub fn gguf_specials(f: &GgufFile) -> (Option<String>, Option<String>) {
         let tokens = f.get("tokenizer.ggml.tokens").and_then(Value::as_array);
         let token = |key: &str| -> Option<String> {
             let id = f.get(key)?.as_u64()?;
             tokens?.get(usize::try_from(id).ok()?)?.as_str().map(str::to_string)
         };
-        Ok(Some(ChatTemplate {
-            source: source.to_string(),
-            bos_token: token("tokenizer.ggml.bos_token_id"),
-            eos_token: token("tokenizer.ggml.eos_token_id"),
-            path: f.path.clone(),
-        }))
+        (token("tokenizer.ggml.bos_token_id"), token("tokenizer.ggml.eos_token_id"))
+    }
+
+    /// A template from a Jinja file (`--chat-template`), with the model's BOS and
+    /// EOS token texts.
+    pub fn from_file(path: &Path, bos_token: Option<String>, eos_token: Option<String>) -> Result<ChatTemplate> {
+        let source = std::fs::read_to_string(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
+        Ok(ChatTemplate { source, bos_token, eos_token, path: path.to_path_buf() })
     }
 
     /// The template of a model directory's `tokenizer_config.json` (a string, or

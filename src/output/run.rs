@@ -15,9 +15,13 @@ impl Report for RunReport {
         s.push_str(&format!(
             "profile:  {} | weights {} | kv cache {} | batchCommands {}\n",
             r.profile.as_deref().unwrap_or("(runtime defaults)"),
-            match &r.weight_storage {
-                Some(st) if st != r.weight_dtype.name() => format!("{} (stored {st})", r.weight_dtype),
-                _ => r.weight_dtype.to_string(),
+            {
+                let main = match &r.weight_storage {
+                    Some(st) if st != r.weight_dtype.name() => format!("{} (stored {st})", r.weight_dtype),
+                    _ => r.weight_dtype.to_string(),
+                };
+                let others: Vec<String> = r.other_formats.iter().map(|(d, n)| format!("{n} {d}")).collect();
+                if others.is_empty() { main } else { format!("{main} + matrices in {}", others.join(", ")) }
             },
             r.kv_dtype,
             r.batch_commands
