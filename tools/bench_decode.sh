@@ -18,7 +18,8 @@
 # Knobs (environment): MODELS (space separated; default "smollm2-135m gemma3-1b"),
 # MAX_TOKENS (generated tokens, default 32), PROMPT_TOKENS (default 8), RUNS
 # (default 5), THREADS (rayon and torch threads, default 2), PYTHON (with torch and
-# transformers; default /root/ktune-fixtures-venv/bin/python if present, else python3),
+# transformers; default target/venv-py/bin/python, the tools venv of
+# tools/requirements.txt, if present, else python3),
 # OUT.
 #
 # Run it on a quiet machine: with other work on the cores, PyTorch's OpenMP threads
@@ -35,7 +36,7 @@ THREADS=${THREADS:-2}
 TARGET=${CARGO_TARGET_DIR:-target}
 OUT=${OUT:-$TARGET/bench-decode}
 if [[ -z "${PYTHON:-}" ]]; then
-    if [[ -x /root/ktune-fixtures-venv/bin/python ]]; then PYTHON=/root/ktune-fixtures-venv/bin/python; else PYTHON=python3; fi
+    if [[ -x target/venv-py/bin/python ]]; then PYTHON=target/venv-py/bin/python; else PYTHON=python3; fi
 fi
 if (( MAX_TOKENS < 2 )); then
     echo "bench_decode.sh: MAX_TOKENS must be at least 2 (decode steps follow the prefill's token)" >&2

@@ -3,7 +3,8 @@
 llama.cpp (llama-cpp-python) on the same files, in the same run, and against the
 memory-bandwidth bound.
 
-    /root/ktune-fixtures-venv/bin/python tools/bench_llamacpp.py            # everything (quiet machine!)
+    target/venv-py/bin/pip install llama-cpp-python   # the tools venv (tools/requirements.txt) plus llama.cpp's bindings
+    target/venv-py/bin/python tools/bench_llamacpp.py            # everything (quiet machine!)
     ... tools/bench_llamacpp.py --check-fixtures   # llama.cpp's greedy tokens on tests/fixtures/gguf/*
     ... tools/bench_llamacpp.py --shapes smollm2-135m --qtypes q8_0 --runs 1 --tune-budget 20s   # quick check
 

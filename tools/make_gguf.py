@@ -24,8 +24,9 @@ query_pre_attn_scalar at its default (256), and it ignores rope scaling keys:
 the config is corrected to what the file means (query_pre_attn_scalar =
 head_dim, linear RoPE scaling as written) before the model is built.
 
-    /root/ktune-fixtures-venv/bin/python tools/make_gguf.py           # writes tests/fixtures/gguf/
-    /root/ktune-fixtures-venv/bin/python tools/make_gguf.py --check   # recomputes expected, compares
+    python3 -m venv target/venv-py && target/venv-py/bin/pip install -r tools/requirements.txt
+    target/venv-py/bin/python tools/make_gguf.py           # writes tests/fixtures/gguf/
+    target/venv-py/bin/python tools/make_gguf.py --check   # recomputes expected, compares
 """
 
 import argparse

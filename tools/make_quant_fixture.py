@@ -4,7 +4,11 @@ quantized by the `gguf` Python package (`gguf.quants.quantize`, llama.cpp's
 reference quantizers), for Q8_0, Q4_0 and Q4_1. tests/quant_gguf.rs checks that
 `QMatrix::quantize` produces the same bytes.
 
-Run with the fixtures venv: /root/ktune-fixtures-venv/bin/python tools/make_quant_fixture.py
+Run with the repo's tools venv (in the ignored target/; tools/requirements.txt
+pins gguf and numpy):
+
+    python3 -m venv target/venv-py && target/venv-py/bin/pip install -r tools/requirements.txt
+    target/venv-py/bin/python tools/make_quant_fixture.py
 """
 import json
 from pathlib import Path
