@@ -1,9 +1,12 @@
 //! GGUF files against Hugging Face transformers loading the same files: tiny
 //! random llama (SmolLM2), qwen2 and gemma3 models in F32, F16, BF16, Q8_0, Q4_0
 //! and Q4_1 (tests/fixtures/gguf/, made by tools/make_gguf.py the way llama.cpp's
-//! converter writes them: Q/K rows permuted, Gemma norms + 1). Each file runs with
-//! the weight type the CLI picks from it (quantized files on the block kernels,
-//! blocks as stored) and dequantized to f32. Checked on the CPU and on the test
+//! converter writes them: Q/K rows permuted, Gemma norms + 1), and a llama with
+//! 256-element rows quantized by llama.cpp's own llama-quantize to Q4_K_M, Q5_K_M,
+//! Q6_K, Q2_K, Q3_K_M, Q5_1, IQ4_NL and IQ4_XS (llama-k-*.gguf, made by
+//! tools/make_kquant_gguf.py: each file mixes formats per tensor). Each file runs
+//! with the weight types the CLI picks from it (every matrix on the block kernels
+//! of its own format, blocks as stored) and dequantized to f32. Checked on the CPU and on the test
 //! GPU (lavapipe in CI): max |error| <= 1e-3 of the logits' scale, identical
 //! greedy tokens. Then the CLI: `--prompt` through the file's tokenizer, the JSON
 //! report, streamed text, and hostile or unsupported files (exit 2).
