@@ -1,8 +1,8 @@
 // Fused RMSNorm prologue + quantized GEMV (decode): y[n] = w[n,k] · (x * inv_rms * g'),
-// w in ggml blocks (QFMT: q8_0, q4_0, q4_1) dequantized in registers (qblock.wgsl),
+// w in ggml blocks (QFMT: any ggml block format) dequantized in registers (qblock.wgsl),
 // g' = g or 1 + g (unit_offset, Gemma), inv_rms = 1 / sqrt(mean(x²) + eps): the
 // interface of norm_gemv_q_wg and norm_gemv_q_subgroup (`shader!(VARIANT,
-// "norm_gemv_q.wgsl", ..)`). Needs k % 32 == 0.
+// "norm_gemv_q.wgsl", ..)`). Needs k a whole number of blocks (qbe()).
 //
 // Bindings: x, the gain (f32), the weight buffer twice (quants at 2, the scales
 // region at 3), y, the uniform.

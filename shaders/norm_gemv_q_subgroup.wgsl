@@ -5,7 +5,7 @@
 // itself (k floats from cache, one subgroupAdd), then owns whole rows (sg,
 // sg + num_subgroups, ... of the workgroup's ROWS): its lanes stride over the row's
 // quant words, dot them with x·g', and one subgroupAdd finishes the row, scaled by
-// inv_rms; no workgroup memory, no barriers. Needs SUBGROUP and k % 32 == 0.
+// inv_rms; no workgroup memory, no barriers. Needs SUBGROUP and k a whole number of blocks (qbe()).
 // Includes: norm_gemv_q.wgsl (interface), qblock.wgsl (block decoding).
 
 override WG: u32 = 128;
@@ -17,8 +17,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) nsg: u32,
         @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg_size: u32) {
     let row0 = (wid.x + wid.y * nwg.x) * ROWS;
-    let qw = qwords();
-    let wpr = dims.k / 32u * qw;
+    let qu = qunits();
+    let wpr = dims.k / qbe() * qu;
     var ss = 0.0;
     for (var c = lane; c < dims.k / 4u; c += sg_size) {
         let v = x[c];
@@ -31,12 +31,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if (row >= dims.n) { break; }
         var acc = 0.0;
         for (var wi = lane; wi < wpr; wi += sg_size) {
-            // Word j of block bi covers x[bi*8 + j] (and x[bi*8 + 4 + j] for 4-bit formats).
-            let i0 = (wi / qw) * 8u + wi % qw;
+            // Unit j of block bi covers x at qpos(j) within the block (two halves but for q8_0).
+            let base = (wi / qu) * (qbe() / 4u);
+            let p = qpos(wi % qu);
+            let i0 = base + p.x / 4u;
+            let i1 = base + p.y / 4u;
             let d = qdecode(row * wpr + wi);
             acc += dot(d.lo, x[i0] * (g[i0] + off));
             if (QFMT != 0u) {
-                acc += dot(d.hi, x[i0 + 4u] * (g[i0 + 4u] + off));
+                acc += dot(d.hi, x[i1] * (g[i1] + off));
             }
         }
         let total = subgroupAdd(acc);

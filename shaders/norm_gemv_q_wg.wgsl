@@ -1,5 +1,5 @@
 // Fused RMSNorm prologue + quantized GEMV (decode): y[n] = w[n,k] · (x * inv_rms * g'),
-// w in ggml blocks (q8_0, q4_0, q4_1 by the QFMT override) read directly and
+// w in ggml blocks (any ggml block format by the QFMT override) read directly and
 // dequantized in registers, g' = g or 1 + g (unit_offset, Gemma), inv_rms =
 // 1 / sqrt(mean(x²) + eps). Since y_r = inv_rms · Σ_c w[r,c]·x[c]·g'[c], w is read
 // once and the normalized vector never stored: each workgroup owns ROWS consecutive
@@ -7,7 +7,7 @@
 // all ROWS rows from the same x·g' values, and sums x² of those activations
 // alongside (every activation belongs to exactly one word index); one workgroup
 // reduction of the ROWS + 1 partials, then the row sums are scaled by inv_rms.
-// Needs k % 32 == 0.
+// Needs k a whole number of blocks (qbe()).
 // Includes: norm_gemv_q.wgsl (interface), qblock.wgsl (block decoding),
 // block_wg.wgsl (entry point), reduce_wg.wgsl (the tree).
 
@@ -19,8 +19,8 @@ override QFMT: u32 = 0u;
 var<workgroup> partial: array<f32, WG * (ROWS + 1u)>;
 
 fn block_partials(row0: u32, tid: u32) -> u32 {
-    let qw = qwords();
-    let wpr = dims.k / 32u * qw;
+    let qu = qunits();
+    let wpr = dims.k / qbe() * qu;
     let off = vec4<f32>(select(0.0, 1.0, dims.unit_offset != 0u));
     var acc: array<f32, 8>; // ROWS <= 8 (the parameter's values)
     for (var r = 0u; r < ROWS; r++) {
@@ -28,8 +28,11 @@ fn block_partials(row0: u32, tid: u32) -> u32 {
     }
     var ss = 0.0;
     for (var wi = tid; wi < wpr; wi += WG) {
-        // Word j of block bi covers x[bi*8 + j] (and x[bi*8 + 4 + j] for 4-bit formats).
-        let i0 = (wi / qw) * 8u + wi % qw;
+        // Unit j of block bi covers x at qpos(j) within the block (two halves but for q8_0).
+        let base = (wi / qu) * (qbe() / 4u);
+        let p = qpos(wi % qu);
+        let i0 = base + p.x / 4u;
+        let i1 = base + p.y / 4u;
         let x0 = x[i0];
         let a0 = x0 * (g[i0] + off);
         ss += dot(x0, x0);
@@ -41,8 +44,8 @@ fn block_partials(row0: u32, tid: u32) -> u32 {
                 }
             }
         } else {
-            let x1 = x[i0 + 4u];
-            let a1 = x1 * (g[i0 + 4u] + off);
+            let x1 = x[i1];
+            let a1 = x1 * (g[i1] + off);
             ss += dot(x1, x1);
             for (var r = 0u; r < ROWS; r++) {
                 let row = row0 + r;

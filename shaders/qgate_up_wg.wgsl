@@ -1,8 +1,8 @@
 // Quantized fused gate+up: y[t, j] = act(x[t]·w[j]) * (x[t]·w[n + j]) with w[2n, k]
-// in ggml blocks (QFMT: q8_0, q4_0, q4_1) dequantized in registers. Workgroup
+// in ggml blocks (QFMT: any ggml block format) dequantized in registers. Workgroup
 // (wid.x, t) owns ROWS features of token t; each invocation strides over quant
 // words for the gate and up rows of all of them, the workgroup reduces through
-// workgroup memory and applies the activation in the epilogue. Needs k % 32 == 0.
+// workgroup memory and applies the activation in the epilogue. Needs k a whole number of blocks (qbe()).
 //
 // Bindings: x, the weight buffer twice (quants at 1, the scales region at 2), y,
 // the uniform.
@@ -21,7 +21,7 @@ struct Dims { rows: u32, n: u32, k: u32, act: u32 } // act: 0 silu, 1 gelu_tanh
 
 var<workgroup> partial: array<f32, 2 * WG * ROWS>;
 
-// Includes: qblock.wgsl (block decoding: qwords, qscale, qdecode, qdot), act.wgsl,
+// Includes: qblock.wgsl (block decoding: qunits, qpos, qdecode, qdot), act.wgsl,
 // reduce_wg.wgsl (the tree).
 
 @compute @workgroup_size(WG)
@@ -29,7 +29,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let j0 = wid.x * ROWS;
     let t = wid.y;
     let n = dims.n;
-    let wpr = dims.k / 32u * qwords();
+    let wpr = dims.k / qbe() * qunits();
     let xv = t * (dims.k / 4u);
     for (var r = 0u; r < 2u * ROWS; r++) {
         partial[r * WG + tid] = 0.0;

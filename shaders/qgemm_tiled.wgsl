@@ -3,7 +3,7 @@
 // step it stages one block column (32 deep) of x and of w in workgroup memory,
 // the weights dequantized on the way in (each invocation decodes whole quant
 // words), and every invocation accumulates a 4x4 register block from it.
-// Needs k % 32 == 0; any m and n.
+// Needs k a whole number of blocks (qbe()); any m and n.
 //
 // Bindings: x, the weight buffer twice (quants at 1, the scales region at 2), y,
 // the uniform.
@@ -26,7 +26,7 @@ struct Dims { m: u32, n: u32, k: u32 }
 var<workgroup> xs: array<f32, TILE_M * 32>;
 var<workgroup> wt: array<f32, TILE_N * 33>;
 
-// Includes: qblock.wgsl (block decoding: qwords, qscale, qdecode, qdot).
+// Includes: qblock.wgsl (block decoding: qunits, qpos, qchunk, qdecode).
 
 @compute @workgroup_size(WGS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
@@ -34,14 +34,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let ty = tid / (TILE_N / 4u);
     let m0 = wid.y * TILE_M;
     let n0 = wid.x * TILE_N;
-    let bpr = dims.k / 32u;
-    let qw = qwords();
+    // Blocks per row, and the 32-element chunks (one step each) per block.
+    let bpr = dims.k / qbe();
+    let cpb = qbe() / 32u;
     let kv = dims.k / 4u;
     var acc: array<f32, 16>;
     for (var i = 0u; i < 16u; i++) {
         acc[i] = 0.0;
     }
-    for (var b = 0u; b < bpr; b++) {
+    for (var b = 0u; b < dims.k / 32u; b++) {
         for (var i = tid; i < TILE_M * 8u; i += WGS) {
             let r = i / 8u;
             let c = i % 8u;
@@ -54,20 +55,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             xs[r * 32u + c * 4u + 2u] = v.z;
             xs[r * 32u + c * 4u + 3u] = v.w;
         }
-        for (var i = tid; i < TILE_N * qw; i += WGS) {
-            let r = i / qw;
-            let j = i % qw;
+        let blk = b / cpb;
+        let ch = qchunk(b % cpb);
+        for (var i = tid; i < TILE_N * ch.y; i += WGS) {
+            let r = i / ch.y;
+            let u = ch.x + i % ch.y;
             var d = QWord(vec4<f32>(0.0), vec4<f32>(0.0));
             if (n0 + r < dims.n) {
-                d = qdecode(((n0 + r) * bpr + b) * qw + j);
+                d = qdecode(((n0 + r) * bpr + blk) * qunits() + u);
             }
-            let lo = j * 4u;
-            for (var e = 0u; e < 4u; e++) {
-                wt[r * 33u + lo + e] = d.lo[e];
-            }
-            if (QFMT != 0u) {
+            let p = qpos(u) % vec2<u32>(32u);
+            if (ch.z != 1u) {
                 for (var e = 0u; e < 4u; e++) {
-                    wt[r * 33u + 16u + lo + e] = d.hi[e];
+                    wt[r * 33u + p.x + e] = d.lo[e];
+                }
+            }
+            if (ch.z != 0u) {
+                for (var e = 0u; e < 4u; e++) {
+                    wt[r * 33u + p.y + e] = d.hi[e];
                 }
             }
         }

@@ -1,7 +1,7 @@
-// Quantized GEMV y[n] = w[n,k] · x[k], w in ggml blocks (QFMT: q8_0, q4_0, q4_1)
+// Quantized GEMV y[n] = w[n,k] · x[k], w in ggml blocks (QFMT: any ggml block format)
 // read directly and dequantized in registers (qblock.wgsl): the interface of
 // qgemv_wg and qgemv_subgroup (`shader!(VARIANT, "qgemv.wgsl", ..)`). Needs
-// k % 32 == 0.
+// k a whole number of blocks (qbe()).
 //
 // Bindings: x, the weight buffer twice (quants at 1, the scales region at 2), y,
 // the uniform.

@@ -1,8 +1,8 @@
-// Quantized GEMV y[n] = w[n,k] · x[k], w in ggml blocks (q8_0, q4_0, q4_1 by the
+// Quantized GEMV y[n] = w[n,k] · x[k], w in ggml blocks (any ggml block format by the
 // QFMT override) read directly and dequantized in registers. Each workgroup owns
 // ROWS consecutive rows; every invocation takes quant words (4 or 8 weights each)
 // strided by WG, for all ROWS rows from the same x loads, then the workgroup
-// reduces WG partials per row through workgroup memory. Needs k % 32 == 0.
+// reduces WG partials per row through workgroup memory. Needs k a whole number of blocks (qbe()).
 // Includes: qgemv.wgsl (interface), qblock.wgsl (block decoding), block_wg.wgsl
 // (entry point), reduce_wg.wgsl (the tree).
 
@@ -13,7 +13,7 @@ override QFMT: u32 = 0u;
 var<workgroup> partial: array<f32, WG * ROWS>;
 
 fn block_partials(row0: u32, tid: u32) -> u32 {
-    let wpr = dims.k / 32u * qwords();
+    let wpr = dims.k / qbe() * qunits();
     for (var r = 0u; r < ROWS; r++) {
         partial[r * WG + tid] = 0.0;
     }

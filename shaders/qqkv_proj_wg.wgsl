@@ -2,7 +2,7 @@
 // the concatenated weight w[nq + 2 nkv, k] in ggml blocks (QFMT: q8_0, q4_0, q4_1,
 // dequantized in registers), optional bias, rows routed to q, k_out and v_out.
 // Each workgroup owns ROWS consecutive rows; invocations stride over quant words
-// and the workgroup reduces through workgroup memory. Needs k % 32 == 0.
+// and the workgroup reduces through workgroup memory. Needs k a whole number of blocks (qbe()).
 //
 // Bindings: x, the weight buffer twice (quants at 1, scales region at 2), the bias
 // at 3 (a placeholder when HAS_BIAS is false), q, k_out, v_out, the uniform.
@@ -25,13 +25,13 @@ struct Dims { k: u32, nq: u32, nkv: u32 }
 
 var<workgroup> partial: array<f32, WG * ROWS>;
 
-// Includes: qblock.wgsl (block decoding: qwords, qscale, qdecode, qdot),
+// Includes: qblock.wgsl (block decoding: qunits, qpos, qdecode, qdot),
 // block_wg.wgsl (entry point), reduce_wg.wgsl (the tree), qkv_store.wgsl (the
 // routing).
 
 fn block_partials(row0: u32, tid: u32) -> u32 {
     let n = row_count();
-    let wpr = dims.k / 32u * qwords();
+    let wpr = dims.k / qbe() * qunits();
     for (var r = 0u; r < ROWS; r++) {
         partial[r * WG + tid] = 0.0;
     }

@@ -136,8 +136,6 @@ impl DType {
         DType::IQ4_NL,
         DType::IQ4_XS,
     ];
-    /// The block formats of 32 elements that predate the super-block formats.
-    pub const QUANT_32: &'static [DType] = &[DType::Q8_0, DType::Q4_0, DType::Q4_1];
 
     /// Bytes per element of a float type. Quantized types have no per-element size
     /// (a block of 32 elements has one): use [`DType::bytes_for`] for buffer sizes;

@@ -101,7 +101,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "gemm_q_tiled",
             Op::Gemm,
-            DType::QUANT_32,
+            DType::QUANT,
             TILED_PARAMS,
             "block columns of w dequantized into workgroup memory with the x tile; 4x4 register blocks",
             WgslImpl::new(&QGEMM_TILED, prepare_tiled).workgroup(tiled_wg).shared(tiled_shared).check(check_tiled),

@@ -99,7 +99,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "gate_up_q_wg",
             Op::GateUp,
-            DType::QUANT_32,
+            DType::QUANT,
             ROWS_WG_PARAMS,
             "quantized gate and up rows dequantized in registers, workgroup reduction, activation product in the epilogue",
             WgslImpl::new(&QGATE_UP_WG, prepare_q).shared(shared_gate_up).check(check_q_wgsl),

@@ -57,7 +57,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "norm_gemv_q_wg",
             Op::NormGemv,
-            DType::QUANT_32,
+            DType::QUANT,
             ROWS_WG_PARAMS,
             "quantized blocks dequantized in registers; ROWS rows per workgroup share x·g; x² summed alongside; workgroup reduction",
             WgslImpl::new(&NORM_GEMV_Q_WG, prepare_quant).shared(shared_rows_plus_one).check(check_q_wgsl),
@@ -65,7 +65,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "norm_gemv_q_subgroup",
             Op::NormGemv,
-            DType::QUANT_32,
+            DType::QUANT,
             ROWS_SG_PARAMS,
             "quantized blocks dequantized in registers; each subgroup sums x² itself, then one subgroup per row, subgroupAdd",
             WgslImpl::new(&NORM_GEMV_Q_SG, prepare_quant).subgroups().check(check_q_subgroup),

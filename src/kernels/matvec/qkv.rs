@@ -240,7 +240,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "qkv_proj_q_wg",
             Op::QkvProj,
-            DType::QUANT_32,
+            DType::QUANT,
             ROWS_WG_PARAMS,
             "one quantized GEMV over the concatenated Q/K/V weight, bias and routing in the epilogue, workgroup reduction",
             WgslImpl::new(&QQKV_WG, prepare_q).shared(shared_rows).check(check_q_wgsl),

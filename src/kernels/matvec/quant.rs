@@ -54,7 +54,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "gemv_q_wg",
             Op::Gemv,
-            DType::QUANT_32,
+            DType::QUANT,
             ROWS_WG_PARAMS,
             "quantized blocks read as u32 words, dequantized in registers; ROWS rows per workgroup; workgroup reduction",
             WgslImpl::new(&QGEMV_WG, prepare).shared(shared_rows).check(check_wgsl),
@@ -62,7 +62,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "gemv_q_subgroup",
             Op::Gemv,
-            DType::QUANT_32,
+            DType::QUANT,
             ROWS_SG_PARAMS,
             "quantized blocks dequantized in registers; one subgroup per row, subgroupAdd, no barriers",
             WgslImpl::new(&QGEMV_SG, prepare).subgroups().check(check_subgroup),
