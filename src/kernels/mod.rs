@@ -121,21 +121,8 @@ impl DType {
     ];
     /// The float storage types.
     pub const FLOAT: &'static [DType] = &[DType::F32, DType::F16];
-    /// The block-quantized storage types.
-    pub const QUANT: &'static [DType] = &[
-        DType::Q8_0,
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::Q5_1,
-        DType::Q2_K,
-        DType::Q3_K,
-        DType::Q4_K,
-        DType::Q5_K,
-        DType::Q6_K,
-        DType::IQ4_NL,
-        DType::IQ4_XS,
-    ];
+    /// The block-quantized storage types (every one after the floats).
+    pub const QUANT: &'static [DType] = (&DType::ALL).split_at(2).1;
 
     /// Bytes per element of a float type. Quantized types have no per-element size
     /// (a block of 32 elements has one): use [`DType::bytes_for`] for buffer sizes;
@@ -827,6 +814,8 @@ mod tests {
             ["f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"]
         );
         assert_eq!(DType::ALL.to_vec(), DType::iter().collect::<Vec<_>>());
+        let quant: Vec<DType> = quant::QFormat::ALL.into_iter().map(DType::from).collect();
+        assert_eq!(DType::QUANT.to_vec(), quant);
         for d in DType::ALL {
             assert_eq!(d.name().to_uppercase().parse::<DType>().unwrap(), d);
             assert_eq!(d.to_string(), d.name());
