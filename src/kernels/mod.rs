@@ -122,7 +122,7 @@ impl DType {
     /// The float storage types.
     pub const FLOAT: &'static [DType] = &[DType::F32, DType::F16];
     /// The block-quantized storage types (every one after the floats).
-    pub const QUANT: &'static [DType] = (&DType::ALL).split_at(2).1;
+    pub const QUANT: &'static [DType] = DType::ALL.split_at(2).1;
 
     /// Bytes per element of a float type. Quantized types have no per-element size
     /// (a block of 32 elements has one): use [`DType::bytes_for`] for buffer sizes;
