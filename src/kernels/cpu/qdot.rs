@@ -715,6 +715,36 @@ mod x86 {
             }
             return hsum(a0) + m;
         }
+        if w.format == QFormat::Q4_K {
+            // Q4_K straight from the quants: each 32-byte group of nibbles is two
+            // 32-element sub-blocks (low, high), unsigned, so `maddubs` needs no
+            // sign trick; the minimum enters through the activation block's Σx.
+            let (m4, ones) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi16(1));
+            let (mut a0, mut a1, mut m) = (_mm256_setzero_ps(), _mm256_setzero_ps(), 0f32);
+            for b in 0..w.blocks() {
+                let (q, s) = w.block(b);
+                let (d, dmin) = (h(s[0]), h(s[1]));
+                assert!(q.len() >= 140);
+                for jj in 0..4 {
+                    let xb = 8 * b + 2 * jj;
+                    let (sc0, m0) = crate::kernels::quant::scale_min_k4(2 * jj, &q[..12]);
+                    let (sc1, m1) = crate::kernels::quant::scale_min_k4(2 * jj + 1, &q[..12]);
+                    // SAFETY: bytes 12 + 32jj .. + 32 of q (checked above); activation blocks xb, xb + 1.
+                    unsafe {
+                        let raw = _mm256_loadu_si256(q.as_ptr().add(12 + 32 * jj) as *const __m256i);
+                        let (lo, hi) = (_mm256_and_si256(raw, m4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
+                        let x0 = _mm256_loadu_si256(x.q.as_ptr().add(QK * xb) as *const __m256i);
+                        let x1 = _mm256_loadu_si256(x.q.as_ptr().add(QK * (xb + 1)) as *const __m256i);
+                        let p0 = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), ones));
+                        let p1 = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), ones));
+                        a0 = _mm256_fmadd_ps(_mm256_set1_ps(d * sc0 as f32 * x.d[xb]), p0, a0);
+                        a1 = _mm256_fmadd_ps(_mm256_set1_ps(d * sc1 as f32 * x.d[xb + 1]), p1, a1);
+                    }
+                    m -= dmin * (m0 as f32 * x.dsum[xb] + m1 as f32 * x.dsum[xb + 1]);
+                }
+            }
+            return hsum(_mm256_add_ps(a0, a1)) + m;
+        }
         let per = be / QK;
         let offset = w.format.has_offset();
         let mut u = Unpacked::default();
