@@ -79,7 +79,6 @@ pub fn dot_q(isa: Isa, x: &[f32], w: QView<'_>) -> f32 {
 pub struct XQ8 {
     pub q: Vec<i8>,
     pub d: Vec<f32>,
-    pub sum: Vec<i32>,
     /// `d * Σ q` per block: the q4_1 minimum's term is `m * dsum`.
     pub dsum: Vec<f32>,
     /// `d * Σ q` per 16 elements (two per block): the offset terms of the formats
@@ -90,13 +89,7 @@ pub struct XQ8 {
 impl XQ8 {
     pub fn quantize(x: &[f32]) -> XQ8 {
         let blocks = x.len() / QK;
-        let mut out = XQ8 {
-            q: vec![0; blocks * QK],
-            d: vec![0.0; blocks],
-            sum: vec![0; blocks],
-            dsum: vec![0.0; blocks],
-            dsum16: vec![0.0; 2 * blocks],
-        };
+        let mut out = XQ8 { q: vec![0; blocks * QK], d: vec![0.0; blocks], dsum: vec![0.0; blocks], dsum16: vec![0.0; 2 * blocks] };
         for (b, xb) in x.chunks_exact(QK).enumerate() {
             let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
@@ -107,8 +100,7 @@ impl XQ8 {
                 *q = (v * id).round() as i8;
                 s[j / GROUP] += *q as i32;
             }
-            out.sum[b] = s[0] + s[1];
-            out.dsum[b] = d * out.sum[b] as f32;
+            out.dsum[b] = d * (s[0] + s[1]) as f32;
             out.dsum16[2 * b] = d * s[0] as f32;
             out.dsum16[2 * b + 1] = d * s[1] as f32;
         }
@@ -304,6 +296,19 @@ mod x86 {
         }
     }
 
+    /// 32 floats from `x` summed into 8 lanes (the `Σx` a block minimum multiplies).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn sum32(x: *const f32) -> __m256 {
+        // SAFETY: the caller passes a pointer to 32 readable floats.
+        unsafe {
+            _mm256_add_ps(
+                _mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x.add(8))),
+                _mm256_add_ps(_mm256_loadu_ps(x.add(16)), _mm256_loadu_ps(x.add(24))),
+            )
+        }
+    }
+
     /// # Safety
     /// AVX2, FMA and F16C available; `q` holds whole blocks, `s` one scale per block
     /// and `x` 32 values per block.
@@ -361,10 +366,7 @@ mod x86 {
             unsafe {
                 let xp = x.as_ptr().add(32 * b);
                 let p = dot32(q4(q.as_ptr().add(16 * b)), xp);
-                let sx = _mm256_add_ps(
-                    _mm256_add_ps(_mm256_loadu_ps(xp), _mm256_loadu_ps(xp.add(8))),
-                    _mm256_add_ps(_mm256_loadu_ps(xp.add(16)), _mm256_loadu_ps(xp.add(24))),
-                );
+                let sx = sum32(xp);
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(h(s[2 * b])), p, acc);
                 accm = _mm256_fmadd_ps(_mm256_set1_ps(h(s[2 * b + 1])), sx, accm);
             }
@@ -511,16 +513,24 @@ mod x86 {
         }
     }
 
+    /// The IQ4 levels in both lanes: the `pshufb` table that maps nibbles to values.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn iq4_table() -> __m256i {
+        let l = crate::kernels::quant::IQ4_LEVELS;
+        // SAFETY: the 16 bytes of the table.
+        let t = unsafe { _mm_loadu_si128(l.as_ptr() as *const __m128i) };
+        _mm256_set_m128i(t, t)
+    }
+
     /// The 32 values of a Q5_0, Q5_1 or IQ4_NL block (quant bytes `q`) as int8 lanes.
     #[inline]
     #[target_feature(enable = "avx2")]
     fn vals32(format: QFormat, q: &[u8]) -> __m256i {
-        let l = crate::kernels::quant::IQ4_LEVELS;
         if format == QFormat::IQ4_NL {
             assert!(q.len() >= 16);
-            // SAFETY: 16 readable bytes each.
-            let (t, n) = unsafe { (_mm_loadu_si128(l.as_ptr() as *const __m128i), nibbles(q.as_ptr())) };
-            return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), n);
+            // SAFETY: 16 readable bytes.
+            return _mm256_shuffle_epi8(iq4_table(), unsafe { nibbles(q.as_ptr()) });
         }
         assert!(q.len() >= 20);
         // SAFETY: bytes 4..20 of q.
@@ -555,12 +565,7 @@ mod x86 {
             let m = _mm256_set1_epi8(mask);
             _mm256_cmpeq_epi8(_mm256_and_si256(x, m), m)
         };
-        let levels = {
-            let l = crate::kernels::quant::IQ4_LEVELS;
-            // SAFETY: 16 readable bytes.
-            let t = unsafe { _mm_loadu_si128(l.as_ptr() as *const __m128i) };
-            _mm256_set_m128i(t, t)
-        };
+        let levels = iq4_table();
         // SAFETY (every store): vp indexes 32-byte chunks 0..8 of the 256-byte `v`.
         unsafe {
             match format {
@@ -658,11 +663,7 @@ mod x86 {
                     let xp = x.as_ptr().add(QK * b);
                     acc = _mm256_fmadd_ps(_mm256_set1_ps(h(s[0])), dot32(vv, xp), acc);
                     if ns == 2 {
-                        let sx = _mm256_add_ps(
-                            _mm256_add_ps(_mm256_loadu_ps(xp), _mm256_loadu_ps(xp.add(8))),
-                            _mm256_add_ps(_mm256_loadu_ps(xp.add(16)), _mm256_loadu_ps(xp.add(24))),
-                        );
-                        accm = _mm256_fmadd_ps(_mm256_set1_ps(h(s[1])), sx, accm);
+                        accm = _mm256_fmadd_ps(_mm256_set1_ps(h(s[1])), sum32(xp), accm);
                     }
                 }
             }
