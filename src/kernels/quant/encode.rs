@@ -107,18 +107,7 @@ fn code(v: f32, step: f32, lo: i32, top: i32) -> i32 {
 /// Q4_K / Q5_K: per 32-element sub-block `x = d*sc*q - dmin*m`, q in 0..=15 (31).
 fn quantize_q45k(format: QFormat, x: &[f32], q: &mut [u8], s: &mut [f16]) {
     let top = if format == QFormat::Q4_K { 15 } else { 31 };
-    let mut scale = [0f32; 8];
-    let mut min = [0f32; 8];
-    for g in 0..8 {
-        let b = &x[32 * g..32 * g + 32];
-        let lo = b.iter().fold(0f32, |m, &v| m.min(v));
-        let hi = b.iter().fold(lo, |m, &v| m.max(v));
-        scale[g] = (hi - lo) / top as f32;
-        min[g] = -lo;
-    }
-    let (d, dmin) = header_pair(&scale, &min, 63.0, s);
-    let sc: [u8; 8] = std::array::from_fn(|g| code(scale[g], d, 0, 63) as u8);
-    let mn: [u8; 8] = std::array::from_fn(|g| code(min[g], dmin, 0, 63) as u8);
+    let (d, dmin, sc, mn) = range_scales::<8>(x, top, 63, s);
     let packed = &mut q[..12];
     for j in 0..4 {
         packed[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
@@ -149,30 +138,46 @@ fn quantize_q45k(format: QFormat, x: &[f32], q: &mut [u8], s: &mut [f16]) {
     }
 }
 
-/// The super-block scale `d` and minimum scale `dmin` for per-group values of up
-/// to `levels` steps, stored in `s[0]`, `s[1]` and returned as stored (f16).
-fn header_pair(scale: &[f32], min: &[f32], levels: f32, s: &mut [f16]) -> (f32, f32) {
-    let smax = scale.iter().fold(0f32, |m, &v| m.max(v));
-    let mmax = min.iter().fold(0f32, |m, &v| m.max(v));
-    s[0] = f16::from_f32(smax / levels);
-    s[1] = f16::from_f32(mmax / levels);
-    (s[0].to_f32(), s[1].to_f32())
+/// Groups with a minimum (Q2_K, Q4_K, Q5_K: `x = d*sc*q - dmin*m`): per group of
+/// `x.len() / G` values, the step for `levels` steps from its minimum (at most 0)
+/// to its maximum, and that minimum negated; the super-block scales `d` and
+/// `dmin` (stored in `s[0]`, `s[1]`, returned as stored) for codes of up to
+/// `code_max`; and each group's scale and minimum codes.
+fn range_scales<const G: usize>(x: &[f32], levels: i32, code_max: i32, s: &mut [f16]) -> (f32, f32, [u8; G], [u8; G]) {
+    let n = x.len() / G;
+    let mut scale = [0f32; G];
+    let mut min = [0f32; G];
+    for (g, b) in x.chunks_exact(n).enumerate() {
+        let lo = b.iter().fold(0f32, |m, &v| m.min(v));
+        let hi = b.iter().fold(lo, |m, &v| m.max(v));
+        scale[g] = (hi - lo) / levels as f32;
+        min[g] = -lo;
+    }
+    let top = |v: &[f32]| v.iter().fold(0f32, |m, &v| m.max(v));
+    s[0] = f16::from_f32(top(&scale) / code_max as f32);
+    s[1] = f16::from_f32(top(&min) / code_max as f32);
+    let (d, dmin) = (s[0].to_f32(), s[1].to_f32());
+    let sc = std::array::from_fn(|g| code(scale[g], d, 0, code_max) as u8);
+    let mn = std::array::from_fn(|g| code(min[g], dmin, 0, code_max) as u8);
+    (d, dmin, sc, mn)
+}
+
+/// Symmetric groups (Q3_K, Q6_K, IQ4_XS: `x = d*sc*q`): per group of `x.len() / G`
+/// values the scale that maps its value of largest magnitude to `-top`; the
+/// super-block scale `d` (stored in `s[0]`, returned as stored) that makes those
+/// scales integers in `lo..=hi`; and the integer scales.
+fn signed_scales<const G: usize>(x: &[f32], top: f32, lo: i32, hi: i32, s: &mut [f16]) -> (f32, [i32; G]) {
+    let n = x.len() / G;
+    let scale: [f32; G] = std::array::from_fn(|g| signed_max(&x[n * g..n * (g + 1)]) / -top);
+    let amax = scale.iter().fold(0f32, |m, &v| m.max(v.abs()));
+    s[0] = f16::from_f32(amax / hi as f32);
+    let d = s[0].to_f32();
+    (d, std::array::from_fn(|g| code(scale[g], d, lo, hi)))
 }
 
 /// Q2_K: per 16 elements `x = d*(sc&15)*q - dmin*(sc>>4)`, q in 0..=3.
 fn quantize_q2k(x: &[f32], q: &mut [u8], s: &mut [f16]) {
-    let mut scale = [0f32; 16];
-    let mut min = [0f32; 16];
-    for g in 0..16 {
-        let b = &x[GROUP * g..GROUP * (g + 1)];
-        let lo = b.iter().fold(0f32, |m, &v| m.min(v));
-        let hi = b.iter().fold(lo, |m, &v| m.max(v));
-        scale[g] = (hi - lo) / 3.0;
-        min[g] = -lo;
-    }
-    let (d, dmin) = header_pair(&scale, &min, 15.0, s);
-    let sc: [u8; 16] = std::array::from_fn(|g| code(scale[g], d, 0, 15) as u8);
-    let mn: [u8; 16] = std::array::from_fn(|g| code(min[g], dmin, 0, 15) as u8);
+    let (d, dmin, sc, mn) = range_scales::<16>(x, 3, 15, s);
     for g in 0..16 {
         q[g] = sc[g] | (mn[g] << 4);
     }
@@ -188,11 +193,7 @@ fn quantize_q2k(x: &[f32], q: &mut [u8], s: &mut [f16]) {
 
 /// Q3_K: per 16 elements `x = d*(sc-32)*q`, q in -4..=3, signed 6-bit scales.
 fn quantize_q3k(x: &[f32], q: &mut [u8], s: &mut [f16]) {
-    let scale: [f32; 16] = std::array::from_fn(|g| signed_max(&x[GROUP * g..GROUP * (g + 1)]) / -4.0);
-    let amax = scale.iter().fold(0f32, |m, &v| m.max(v.abs()));
-    s[0] = f16::from_f32(amax / 31.0);
-    let d = s[0].to_f32();
-    let sc: [i32; 16] = std::array::from_fn(|g| code(scale[g], d, -32, 31));
+    let (d, sc) = signed_scales::<16>(x, 4.0, -32, 31, s);
     let (hmask, rest) = q.split_at_mut(32);
     let (qs, scales) = rest.split_at_mut(64);
     hmask.fill(0);
@@ -217,11 +218,7 @@ fn quantize_q3k(x: &[f32], q: &mut [u8], s: &mut [f16]) {
 
 /// Q6_K: per 16 elements `x = d*sc*q`, q in -32..=31, int8 scales.
 fn quantize_q6k(x: &[f32], q: &mut [u8], s: &mut [f16]) {
-    let scale: [f32; 16] = std::array::from_fn(|g| signed_max(&x[GROUP * g..GROUP * (g + 1)]) / -32.0);
-    let amax = scale.iter().fold(0f32, |m, &v| m.max(v.abs()));
-    s[0] = f16::from_f32(amax / 127.0);
-    let d = s[0].to_f32();
-    let sc: [i32; 16] = std::array::from_fn(|g| code(scale[g], d, -128, 127));
+    let (d, sc) = signed_scales::<16>(x, 32.0, -128, 127, s);
     let (ql, rest) = q.split_at_mut(128);
     let (qh, scales) = rest.split_at_mut(64);
     ql.fill(0);
@@ -240,11 +237,8 @@ fn quantize_q6k(x: &[f32], q: &mut [u8], s: &mut [f16]) {
 
 /// IQ4_XS: per 32 elements `x = d*(ls-32)*level[q]`, 6-bit scales.
 fn quantize_iq4xs(x: &[f32], q: &mut [u8], s: &mut [f16]) {
-    let scale: [f32; 8] = std::array::from_fn(|ib| signed_max(&x[32 * ib..32 * ib + 32]) / IQ4_LEVELS[0] as f32);
-    let amax = scale.iter().fold(0f32, |m, &v| m.max(v.abs()));
-    s[0] = f16::from_f32(amax / 31.0);
-    let d = s[0].to_f32();
-    let ls: [i32; 8] = std::array::from_fn(|ib| code(scale[ib], d, -32, 31) + 32);
+    let (d, sc) = signed_scales::<8>(x, -(IQ4_LEVELS[0] as f32), -32, 31, s);
+    let ls = sc.map(|k| k + 32);
     let mut scales_h = 0u16;
     let (scales_l, qs) = q.split_at_mut(4);
     scales_l.fill(0);
