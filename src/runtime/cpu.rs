@@ -194,10 +194,13 @@ impl CpuExec {
             jobs.push(Job { step, out_ids, outs });
         }
         let bufs = &self.bufs;
-        let results: Vec<Result<(), RuntimeError>> = {
-            use rayon::prelude::*;
-            jobs.par_iter_mut()
-                .map(|job| {
+        let mut results: Vec<Result<(), RuntimeError>> = jobs.iter().map(|_| Ok(())).collect();
+        {
+            // One pool task per kernel; each kernel's own parallel loop then runs
+            // inline on its task's thread.
+            crate::kernels::cpu::pool::for_chunks_mut2(&mut jobs, 1, &mut results, 1, |_, job, res| {
+                let job = &mut job[0];
+                res[0] = (|| {
                     let StepKind::Kernel { kernel, params, dtype, problem, binds } = &job.step.kind else { return Ok(()) };
                     let specs = problem.buffers(*dtype);
                     let ins: Vec<CpuIn<'_>> =
@@ -208,9 +211,9 @@ impl CpuExec {
                         layer: job.step.layer,
                         source: Box::new(e),
                     })
-                })
-                .collect()
-        };
+                })();
+            });
+        }
         for job in jobs {
             for (b, v) in job.out_ids.into_iter().zip(job.outs) {
                 self.bufs[b] = HostBuf::F32(v);

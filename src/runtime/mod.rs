@@ -271,11 +271,9 @@ impl Engine {
         match &mut self.exec {
             Exec::Cpu(e) => {
                 e.write(x0, &x)?;
-                // The whole pass runs on a pool worker: the kernels' parallel loops
-                // then fork from inside the pool, where the other workers are still
-                // spinning between kernels, instead of each kernel waking them from
-                // sleep and putting this thread to sleep until they finish.
-                rayon::scope(|_| e.run(&steps, &mut times))?;
+                // The kernels' parallel loops run on the persistent spinning pool
+                // (kernels::cpu::pool), whose caller is this thread.
+                e.run(&steps, &mut times)?;
                 self.dispatches_per_layer = steps.iter().filter(|s| s.layer == Some(0)).count();
                 for b in blocks {
                     parts.push(e.read(b.logits, rows * b.rows)?);

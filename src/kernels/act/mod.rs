@@ -11,11 +11,9 @@
 //! per-thread ranges with libm (`*_static_cpu`), or a feature-split online softmax
 //! for few long rows (`softmax_split_cpu`, decode).
 
-use rayon::prelude::*;
-
 use super::cpu::lanes::{self, Lanes};
 use super::cpu::{
-    ISA, Isa, ROWS_PARAMS, RowSplit, SPLIT_PARAMS, THREADS, check_isa, check_threads, isa_dispatch, merge_stats, par_elems, par_rows,
+    ISA, Isa, ROWS_PARAMS, RowSplit, SPLIT_PARAMS, THREADS, check_isa, check_threads, isa_dispatch, merge_stats, par_elems, par_rows, pool,
     static_ranges,
 };
 use super::wgsl::{grid_fits, shared_wg, subgroup_fits};
@@ -416,9 +414,9 @@ fn run_softmax_split(kd: &KernelDef, prob: &Problem, params: &Params, mut a: Cpu
     let x = a.ins[0].f32();
     for (r, y) in a.outs[0][..rows * dim].chunks_mut(dim.max(1)).enumerate() {
         let xr = &x[r * dim..][..dim];
-        let (m, s) = xr.par_chunks(chunk).map(|c| online_stats(isa, c)).reduce(|| (f32::MIN, 0.0), merge_stats);
+        let (m, s) = pool::map_reduce(xr, chunk, (f32::MIN, 0.0), |c| online_stats(isa, c), merge_stats);
         let inv = 1.0 / s;
-        y.par_chunks_mut(chunk).enumerate().for_each(|(i, yc)| exp_scale(isa, &xr[i * chunk..], m, inv, yc));
+        pool::for_chunks_mut(y, chunk, |i, yc| exp_scale(isa, &xr[i * chunk..], m, inv, yc));
     }
     Ok(())
 }

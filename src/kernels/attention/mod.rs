@@ -20,8 +20,6 @@
 
 use std::sync::Arc;
 
-use rayon::prelude::*;
-
 use super::cpu::{self, ISA, Isa, Row, axpy_row, row};
 use super::wgsl::shared_wg;
 use super::{CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
@@ -540,7 +538,7 @@ fn run_prefill_rows(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuA
     let grain = (param(params, "rows_per_task")? as usize).max(1);
     let d = s.d;
     let out = &mut a.outs[0][..s.tokens * s.heads * d];
-    out.par_chunks_mut(d * grain).enumerate().for_each(|(ci, chunk)| {
+    cpu::pool::for_chunks_mut(out, d * grain, |ci, chunk| {
         for (ri, o) in chunk.chunks_mut(d).enumerate() {
             let r = ci * grain + ri;
             let (i, h) = (r / s.heads, r % s.heads);
@@ -618,14 +616,12 @@ fn run_prefill_tiled(kd: &KernelDef, prob: &Problem, params: &Params, mut a: Cpu
     let bkv = (param(params, "block_kv")? as usize).max(1);
     let (g_n, d) = (s.group(), s.d);
     let tasks: Vec<(usize, usize)> = (0..s.tokens.div_ceil(bq)).flat_map(|b| (0..s.kv_heads).map(move |kh| (b, kh))).collect();
-    let blocks: Vec<(usize, usize, usize, Vec<f32>)> = tasks
-        .par_iter()
-        .map(|&(b, kh)| {
-            let i0 = b * bq;
-            let block = bq.min(s.tokens - i0);
-            (i0, block, kh, prefill_block(isa, &kv, q, i0, block, kh, bkv))
-        })
-        .collect();
+    let mut blocks: Vec<(usize, usize, usize, Vec<f32>)> =
+        tasks.iter().map(|&(b, kh)| (b * bq, bq.min(s.tokens - b * bq), kh, Vec::new())).collect();
+    cpu::pool::for_chunks_mut(&mut blocks, 1, |_, t| {
+        let (i0, block, kh, acc) = &mut t[0];
+        *acc = prefill_block(isa, &kv, q, *i0, *block, *kh, bkv);
+    });
     let out = &mut a.outs[0];
     for (i0, block, kh, acc) in blocks {
         for t in 0..block {
@@ -639,21 +635,27 @@ fn run_prefill_tiled(kd: &KernelDef, prob: &Problem, params: &Params, mut a: Cpu
 // ---------------------------------------------------------------------------
 // CPU: decode
 
+thread_local! {
+    /// One query head's score row (decode), reused across calls.
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 fn run_decode_heads(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
     let (s, isa, kv, q) = cpu_call(kd, prob, params, &a)?;
     let four = param(params, "keys_per_call")? == 4;
     let d = s.d;
     let (lo, hi) = s.range(0);
-    a.outs[0][..s.heads * d].par_chunks_mut(d).enumerate().for_each(|(h, o)| {
+    cpu::pool::for_chunks_mut(&mut a.outs[0][..s.heads * d], d, |h, o| {
         let kh = h / s.group();
-        let mut sc = vec![0.0f32; hi - lo];
-        scores_into(isa, &kv, &q[h * d..][..d], kh, lo, four, &mut sc);
-        let (_, l) = exp_row(&mut sc);
-        let inv = 1.0 / l;
-        o.fill(0.0);
-        for (c, pc) in sc.iter().enumerate() {
-            axpy_row(isa, pc * inv, kv.v(kh, lo + c), o);
-        }
+        cpu::with_scratch(&SCORES, hi - lo, |sc| {
+            scores_into(isa, &kv, &q[h * d..][..d], kh, lo, four, sc);
+            let (_, l) = exp_row(sc);
+            let inv = 1.0 / l;
+            o.fill(0.0);
+            for (c, pc) in sc.iter().enumerate() {
+                axpy_row(isa, pc * inv, kv.v(kh, lo + c), o);
+            }
+        })
     });
     Ok(())
 }
@@ -700,15 +702,13 @@ fn run_decode_splitkv(kd: &KernelDef, prob: &Problem, params: &Params, mut a: Cp
     let (lo, hi) = s.range(0);
     let splits = (hi - lo).div_ceil(chunk);
     // partials[kh * splits + c][g]
-    let partials: Vec<Vec<Partial>> = (0..s.kv_heads * splits)
-        .into_par_iter()
-        .map(|t| {
-            let (kh, c) = (t / splits, t % splits);
-            let a0 = lo + c * chunk;
-            split_partials(isa, &kv, q, kh, a0, (a0 + chunk).min(hi))
-        })
-        .collect();
-    a.outs[0][..s.heads * d].par_chunks_mut(d).enumerate().for_each(|(h, o)| {
+    let mut partials: Vec<Vec<Partial>> = (0..s.kv_heads * splits).map(|_| Vec::new()).collect();
+    cpu::pool::for_chunks_mut(&mut partials, 1, |t, p| {
+        let (kh, c) = (t / splits, t % splits);
+        let a0 = lo + c * chunk;
+        p[0] = split_partials(isa, &kv, q, kh, a0, (a0 + chunk).min(hi));
+    });
+    cpu::pool::for_chunks_mut(&mut a.outs[0][..s.heads * d], d, |h, o| {
         let (kh, g) = (h / g_n, h % g_n);
         let mine = &partials[kh * splits..(kh + 1) * splits];
         let mx = mine.iter().map(|ps| ps[g].m).fold(f32::NEG_INFINITY, f32::max);

@@ -10,6 +10,7 @@
 
 pub mod dot;
 pub mod lanes;
+pub mod pool;
 pub mod qdot;
 #[cfg(test)]
 pub(crate) mod testdata;
@@ -17,8 +18,6 @@ pub(crate) mod testdata;
 use std::cell::RefCell;
 use std::sync::OnceLock;
 use std::thread::LocalKey;
-
-use rayon::prelude::*;
 
 pub use dot::{Row, add_sumsq, axpy, axpy_row, dot, dot_f16, dot_f32, dot2x4, dot4, dot4_f16, dot4_f32, scale_mul};
 pub(crate) use lanes::isa_dispatch;
@@ -214,10 +213,10 @@ pub fn par_rows(y: &mut [f32], dim: usize, split: RowSplit, f: impl Fn(usize, &m
             f(0, y);
             return;
         }
-        RowSplit::PerThread => rows.div_ceil(rayon::current_num_threads()).max(1),
+        RowSplit::PerThread => rows.div_ceil(pool::pool().threads()).max(1),
         RowSplit::Dynamic(g) => g.max(1),
     };
-    y.par_chunks_mut(grain * dim).enumerate().for_each(|(i, chunk)| f(i * grain, chunk));
+    pool::for_chunks_mut(y, grain * dim, |i, chunk| f(i * grain, chunk));
 }
 
 /// Splits a flat `y` into chunks of `grain` elements run in parallel (`f(first, chunk)`);
@@ -228,18 +227,18 @@ pub fn par_elems(y: &mut [f32], grain: usize, f: impl Fn(usize, &mut [f32]) + Sy
         f(0, y);
         return;
     }
-    y.par_chunks_mut(grain).enumerate().for_each(|(i, chunk)| f(i * grain, chunk));
+    pool::for_chunks_mut(y, grain, |i, chunk| f(i * grain, chunk));
 }
 
-/// Splits a flat `y` into `threads` contiguous ranges (0: rayon's pool size).
+/// Splits a flat `y` into `threads` contiguous ranges (0: the pool's threads).
 pub fn static_ranges(y: &mut [f32], threads: u32, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
-    let t = if threads == 0 { rayon::current_num_threads() } else { threads as usize }.max(1);
+    let t = if threads == 0 { pool::pool().threads() } else { threads as usize }.max(1);
     if t == 1 || y.len() < 2 {
         f(0, y);
         return;
     }
     let grain = y.len().div_ceil(t).max(1);
-    y.par_chunks_mut(grain).enumerate().for_each(|(i, chunk)| f(i * grain, chunk));
+    pool::for_chunks_mut(y, grain, |i, chunk| f(i * grain, chunk));
 }
 
 /// Row `r` of a row-major `[_, k]` float weight.

@@ -19,7 +19,7 @@ use std::cell::RefCell;
 use half::f16;
 use rayon::prelude::*;
 
-use super::cpu::{ISA, Isa, with_scratch};
+use super::cpu::{self, ISA, Isa, with_scratch};
 use super::wgsl::vec_alignment;
 use super::{CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::device::{CpuCaps, GpuCaps};
@@ -286,7 +286,7 @@ pub fn gemm_blocked(micro: Micro, blk: Blocking, split: Split, m: usize, n: usiz
         return;
     }
     let (mr, nr) = (micro.mr(), micro.nr());
-    let threads = rayon::current_num_threads().max(1);
+    let threads = cpu::pool::pool().threads().max(1);
     let mut mc = blk.mc.max(1).next_multiple_of(mr);
     let mut nc = blk.nc.max(1).next_multiple_of(nr);
     let kc = blk.kc.max(1);
@@ -311,7 +311,7 @@ pub fn gemm_blocked(micro: Micro, blk: Blocking, split: Split, m: usize, n: usiz
         let xp: &[f32] = xp;
         let job = Job { micro, m, n, k, kc, mc, mp, x: xp, w };
         if tokens {
-            y[..m * n].par_chunks_mut(mc * n).enumerate().for_each(|(t, rows)| {
+            cpu::pool::for_chunks_mut(&mut y[..m * n], mc * n, |t, rows| {
                 let i0 = t * mc;
                 let mb = rows.len() / n;
                 // SAFETY: `rows` is exactly y rows i0..i0+mb.
@@ -319,7 +319,7 @@ pub fn gemm_blocked(micro: Micro, blk: Blocking, split: Split, m: usize, n: usiz
             });
         } else {
             let out = SharedOut(y.as_mut_ptr());
-            (0..n.div_ceil(nc)).into_par_iter().for_each(|t| {
+            cpu::pool::for_each(n.div_ceil(nc), |t| {
                 let j0 = t * nc;
                 let nb = nc.min(n - j0);
                 // SAFETY: every task writes only columns j0..j0+nb of all m rows of y
@@ -436,7 +436,7 @@ pub fn pack_x(x: &[f32], m: usize, k: usize, kc: usize, mr: usize, out: &mut [f3
     let mut pc = 0;
     while pc < k {
         let kb = kc.min(k - pc);
-        out[pc * mp..][..mp * kb].par_chunks_mut(mr * kb).enumerate().for_each(|(q, panel)| {
+        cpu::pool::for_chunks_mut(&mut out[pc * mp..][..mp * kb], mr * kb, |q, panel| {
             for i in 0..mr {
                 let r = q * mr + i;
                 if r < m {

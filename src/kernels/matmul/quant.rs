@@ -8,8 +8,6 @@
 //! into an f32 panel, then the cache-blocked f32 GEMM of [`super`]). k must be a
 //! whole number of 32-element blocks.
 
-use rayon::prelude::*;
-
 use super::{Blocking, Micro, Split, gemm_blocked};
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, groups};
@@ -87,7 +85,7 @@ fn run_gemm_panel(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArg
     let mut tmp = vec![0f32; m * nc.min(n)];
     for j0 in (0..n).step_by(nc) {
         let nb = nc.min(n - j0);
-        panel[..nb * k].par_chunks_mut(k).enumerate().for_each(|(i, row)| dequantize(isa, qrow(w, j0 + i, k), row));
+        crate::kernels::cpu::pool::for_chunks_mut(&mut panel[..nb * k], k, |i, row| dequantize(isa, qrow(w, j0 + i, k), row));
         gemm_blocked(micro, blk, Split::Auto, m, nb, k, x, CpuIn::F32(&panel[..nb * k]), &mut tmp[..m * nb]);
         for t in 0..m {
             y[t * n + j0..][..nb].copy_from_slice(&tmp[t * nb..][..nb]);

@@ -15,7 +15,7 @@ use rayon::prelude::*;
 use super::gemv_dot4;
 use crate::device::GpuCaps;
 use crate::gpu::{Bind, GpuProgram, Shader, grid_2d, groups};
-use crate::kernels::cpu::{self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_PASS, ROWS_PER_TASK, check_isa, check_quant, qin, sub_row};
+use crate::kernels::cpu::{self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_PASS, ROWS_PER_TASK, check_isa, check_quant, pool, qin, sub_row};
 use crate::kernels::wgsl::{
     ROWS_SG_PARAMS, ROWS_WG_PARAMS, check_blocks, qbinds, qfmt, shared_rows, storage_buffers, subgroup_fits, vec_alignment,
 };
@@ -119,20 +119,17 @@ fn qkv_rows(
     f: impl Fn(usize, &mut [f32]) + Sync + Send,
 ) -> Result<(), KernelError> {
     let [q, ko, vo] = outs::<3>(kd, outs_)?;
-    let tasks = q[..nq]
-        .par_chunks_mut(grain)
-        .enumerate()
-        .map(|(i, c)| (i * grain, c))
-        .chain(ko[..nkv].par_chunks_mut(grain).enumerate().map(|(i, c)| (nq + i * grain, c)))
-        .chain(vo[..nkv].par_chunks_mut(grain).enumerate().map(|(i, c)| (nq + nkv + i * grain, c)));
-    tasks.for_each(|(first, y)| {
+    let grain = grain.max(1);
+    let run = |first: usize, y: &mut [f32]| {
         f(first, y);
         if let Some(b) = bias {
             for (i, v) in y.iter_mut().enumerate() {
                 *v += b[first + i];
             }
         }
-    });
+    };
+    // One pool pass over the chunks of all three (no barrier between them).
+    pool::for_chunks_mut3([&mut q[..nq], &mut ko[..nkv], &mut vo[..nkv]], grain, |part, i, y| run([0, nq, nq + nkv][part] + i * grain, y));
     Ok(())
 }
 
@@ -144,7 +141,7 @@ fn run_qkv_dot4(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>)
     let (x, w) = (&a.ins[0].f32()[..k], a.ins[1]);
     let b = if bias { Some(a.ins[2].f32()) } else { None };
     let grain = match param(params, "strategy")? {
-        1 => n.div_ceil(rayon::current_num_threads()).max(1),
+        1 => n.div_ceil(pool::pool().threads()).max(1),
         _ => (param(params, "rows_per_task")? as usize).max(1),
     };
     qkv_rows(kd, a.outs, nq, nkv, grain, b, |first, y| gemv_dot4(isa, x, w, k, first, y))

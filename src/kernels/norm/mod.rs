@@ -13,12 +13,10 @@
 //! tasks (`*_rows_cpu`, prefill) and one row's features split over tasks with the
 //! partial statistics combined between phases (`*_split_cpu`, decode).
 
-use rayon::prelude::*;
-
 pub mod residual;
 
 use super::cpu::dot::{with_row, with_row_pair};
-use super::cpu::{Elem, Isa, Lanes, ROWS_PARAMS, Row, RowSplit, SPLIT_PARAMS, check_isa, isa_dispatch, par_rows};
+use super::cpu::{Elem, Isa, Lanes, ROWS_PARAMS, Row, RowSplit, SPLIT_PARAMS, check_isa, isa_dispatch, par_rows, pool};
 use super::wgsl::{grid_fits, one_wg_per_row, shared_wg, subgroup_fits, subgroup_per_row};
 use super::{CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::device::GpuCaps;
@@ -379,9 +377,9 @@ fn run_rms_split(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs
     let (x, w) = (a.ins[0].f32(), a.ins[1]);
     for (r, y) in a.outs[0][..rows * dim].chunks_mut(dim.max(1)).enumerate() {
         let xr = &x[r * dim..][..dim];
-        let ss: f32 = xr.par_chunks(chunk).map(|c| sumsq(isa, c)).sum();
+        let ss: f32 = pool::sum_chunks(xr, chunk, |c| sumsq(isa, c));
         let inv = 1.0 / (ss / dim as f32 + eps).sqrt();
-        y.par_chunks_mut(chunk).enumerate().for_each(|(i, yc)| {
+        pool::for_chunks_mut(y, chunk, |i, yc| {
             let c0 = i * chunk;
             rms_apply(isa, &xr[c0..], part(w, c0, yc.len()), off, inv, yc)
         });
@@ -404,10 +402,10 @@ fn run_ln_split(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<
     let (x, w, b) = (a.ins[0].f32(), a.ins[1], a.ins[2]);
     for (r, y) in a.outs[0][..rows * dim].chunks_mut(dim.max(1)).enumerate() {
         let xr = &x[r * dim..][..dim];
-        let mean = xr.par_chunks(chunk).map(|c| sum(isa, c)).sum::<f32>() / dim as f32;
-        let var = xr.par_chunks(chunk).map(|c| sqdev(isa, c, mean)).sum::<f32>() / dim as f32;
+        let mean = pool::sum_chunks(xr, chunk, |c| sum(isa, c)) / dim as f32;
+        let var = pool::sum_chunks(xr, chunk, |c| sqdev(isa, c, mean)) / dim as f32;
         let rs = 1.0 / (var + eps).sqrt();
-        y.par_chunks_mut(chunk).enumerate().for_each(|(i, yc)| {
+        pool::for_chunks_mut(y, chunk, |i, yc| {
             let c0 = i * chunk;
             ln_apply(isa, &xr[c0..], part(w, c0, yc.len()), part(b, c0, yc.len()), mean, rs, yc)
         });

@@ -8,8 +8,6 @@
 //! and `residual_rms_norm_split_cpu` (rayon over chunks of each row, decode), both on
 //! the fused add + sum-of-squares and scale microkernels of [`cpu::dot`].
 
-use rayon::prelude::*;
-
 use super::{gains, inv_rms, prepare_sg, prepare_wg};
 use crate::device::GpuCaps;
 use crate::gpu::Shader;
@@ -58,7 +56,7 @@ fn run_resnorm_rows(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<
     let (x, r) = (a.ins[0].f32(), a.ins[1].f32());
     let [h, y] = outs::<2>(kd, a.outs)?;
     let (h, y) = (&mut h[..rows * dim], &mut y[..rows * dim]);
-    h.par_chunks_mut(per).zip(y.par_chunks_mut(per)).enumerate().for_each(|(ci, (hc, yc))| {
+    cpu::pool::for_chunks_mut2(h, per, y, per, |ci, hc, yc| {
         let base = ci * per;
         for (ri, (hr, yr)) in hc.chunks_mut(dim).zip(yc.chunks_mut(dim)).enumerate() {
             let o = base + ri * dim;
@@ -83,24 +81,34 @@ fn run_resnorm_split(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs
     let (x, r) = (&a.ins[0].f32()[..rows * dim], &a.ins[1].f32()[..rows * dim]);
     let [h, y] = outs::<2>(kd, a.outs)?;
     let (h, y) = (&mut h[..rows * dim], &mut y[..rows * dim]);
-    let sums: Vec<f32> = h
-        .par_chunks_mut(dim)
-        .zip(x.par_chunks(dim))
-        .zip(r.par_chunks(dim))
-        .map(|((hr, xr), rr)| {
-            hr.par_chunks_mut(cs)
-                .zip(xr.par_chunks(cs))
-                .zip(rr.par_chunks(cs))
-                .map(|((hc, xc), rc)| cpu::add_sumsq(isa, xc, rc, hc))
-                .sum::<f32>()
-        })
-        .collect();
-    y.par_chunks_mut(dim).zip(h.par_chunks(dim)).zip(sums.par_iter()).for_each(|((yr, hr), &ss)| {
-        let inv = inv_rms(ss, dim, eps);
-        yr.par_chunks_mut(cs).zip(hr.par_chunks(cs)).zip(g.par_chunks(cs)).for_each(|((yc, hc), gc)| {
-            cpu::scale_mul(isa, hc, inv, gc, yc);
+    // Per row: h = x + r with partial sums of squares per piece, then the scale.
+    for (row, (hr, yr)) in h.chunks_mut(dim).zip(y.chunks_mut(dim)).enumerate() {
+        let (xr, rr) = (&x[row * dim..][..dim], &r[row * dim..][..dim]);
+        let pieces = dim.div_ceil(cs);
+        let parts: [std::sync::Mutex<f32>; 64] = std::array::from_fn(|_| std::sync::Mutex::new(0.0));
+        // Pieces grouped into at most 64 runs, one partial each (summed in order).
+        let per_run = pieces.div_ceil(64);
+        cpu::pool::for_chunks_mut(hr, per_run * cs, |run, hrun| {
+            let c0 = run * per_run * cs;
+            let ss: f32 = hrun
+                .chunks_mut(cs)
+                .enumerate()
+                .map(|(j, hc)| {
+                    let o = c0 + j * cs;
+                    cpu::add_sumsq(isa, &xr[o..o + hc.len()], &rr[o..o + hc.len()], hc)
+                })
+                .sum();
+            if let Ok(mut p) = parts[run].lock() {
+                *p = ss;
+            }
         });
-    });
+        let ss: f32 = parts.iter().filter_map(|p| p.lock().ok().map(|v| *v)).sum();
+        let inv = inv_rms(ss, dim, eps);
+        cpu::pool::for_chunks_mut(yr, cs, |i, yc| {
+            let o = i * cs;
+            cpu::scale_mul(isa, &hr[o..o + yc.len()], inv, &g[o..o + yc.len()], yc);
+        });
+    }
     Ok(())
 }
 

@@ -14,11 +14,9 @@
 //! both per task, each task computing its token's cos/sin and rotating a group of
 //! heads (decode: the heads of one token split over threads).
 
-use rayon::prelude::*;
-
 pub mod qk_norm;
 
-use super::cpu::{ISA, Isa, Lanes, check_isa, isa_dispatch};
+use super::cpu::{self, ISA, Isa, Lanes, check_isa, isa_dispatch};
 use super::reference::{self, Llama3Scaling};
 use super::wgsl::grid_fits;
 use super::{
@@ -333,10 +331,10 @@ fn run_table(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>
     let tl = g.table_len();
     let mut tables = vec![0f32; tokens * tl];
     if tl > 0 {
-        tables.par_chunks_mut(tl).enumerate().for_each(|(t, tab)| fill_table(g, pos0 + t, inv_freq, tab));
+        cpu::pool::for_chunks_mut(&mut tables, tl, |t, tab| fill_table(g, pos0 + t, inv_freq, tab));
     }
     let d = g.head_dim;
-    a.outs[0][..tokens * g.heads * d].par_chunks_mut(per * d).enumerate().for_each(|(i, y)| rotate_rows(isa, g, x, i * per, &tables, y));
+    cpu::pool::for_chunks_mut(&mut a.outs[0][..tokens * g.heads * d], per * d, |i, y| rotate_rows(isa, g, x, i * per, &tables, y));
     Ok(())
 }
 
@@ -346,12 +344,10 @@ fn run_token(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>
     let per = (param(params, "heads_per_task")? as usize).max(1).min(g.heads);
     let (x, inv_freq) = (a.ins[0].f32(), a.ins[1].f32());
     let d = g.head_dim;
-    a.outs[0][..tokens * g.heads * d].par_chunks_mut(g.heads * d).enumerate().for_each(|(t, yt)| {
-        yt.par_chunks_mut(per * d).enumerate().for_each(|(c, y)| {
-            let mut table = vec![0f32; g.table_len()];
-            fill_table(g, pos0 + t, inv_freq, &mut table);
-            rotate_token_rows(isa, g, x, t * g.heads + c * per, &table, y);
-        })
+    cpu::pool::for_row_chunks_mut(&mut a.outs[0][..tokens * g.heads * d], g.heads * d, per * d, |t, c, y| {
+        let mut table = vec![0f32; g.table_len()];
+        fill_table(g, pos0 + t, inv_freq, &mut table);
+        rotate_token_rows(isa, g, x, t * g.heads + c * per, &table, y);
     });
     Ok(())
 }

@@ -8,8 +8,6 @@
 //! scale passes, then rotation with per-head sin/cos) and `qk_norm_rope_table_cpu`
 //! (a sin/cos table per token first, then one fused normalize + rotate pass).
 
-use rayon::prelude::*;
-
 use super::WGSL_MAX_POSITION;
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader};
@@ -197,7 +195,7 @@ impl<'a> QkCall<'a> {
 
     fn each_head(&self, y: &mut [f32], eps: f32, per: usize, head: impl Fn(usize, &[f32], f32, &mut [f32]) + Sync + Send) {
         let d = self.d;
-        y[..self.tokens * self.heads * d].par_chunks_mut(per * d).enumerate().for_each(|(ci, chunk)| {
+        cpu::pool::for_chunks_mut(&mut y[..self.tokens * self.heads * d], per * d, |ci, chunk| {
             for (hi, yh) in chunk.chunks_mut(d).enumerate() {
                 let row = ci * per + hi;
                 let xh = &self.x[row * d..][..d];
@@ -237,7 +235,7 @@ fn run_qknr_table(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArg
     let half = c.half();
     let mut table = vec![(0f32, 0f32); c.tokens * half];
     if half > 0 {
-        table.par_chunks_mut(half).enumerate().for_each(|(t, tc)| {
+        cpu::pool::for_chunks_mut(&mut table, half, |t, tc| {
             let pos = (c.pos0 + t) as f64;
             for (e, f) in tc.iter_mut().zip(c.inv_freq) {
                 let (sn, cs) = (pos * *f as f64).sin_cos();

@@ -1,0 +1,516 @@
+//! A persistent thread pool for the CPU kernels: workers that spin between
+//! kernels instead of sleeping, so a decode step's hundreds of sub-0.1 ms kernels
+//! do not each pay a wake-up.
+//!
+//! Why not rayon here: rayon's workers go to sleep shortly after their deque runs
+//! dry and its spin time is not a setting; a call from outside the pool injects a
+//! job through a queue that allocates a block every 63 jobs; a parallel iterator
+//! splits recursively through `join`. A decode step needs none of that: one
+//! caller hands out `n` independent tasks, the workers claim them through one
+//! atomic counter, the caller takes its share and waits for the rest. That is
+//! what [`Pool::run`] does, with no allocation per call. Rayon stays where it
+//! fits (weight loading, the prefill GEMM's blocked loops).
+//!
+//! How long idle workers spin before they park is [`Pool::set_spin`] (the
+//! profile's `exec.spin_us`); parked workers are woken through a condition
+//! variable. A task that calls [`Pool::run`] again (a parallel group's kernels
+//! run concurrently, each with its own parallel loop) runs its inner tasks
+//! inline, and so does a second caller while the pool is busy: never a deadlock.
+
+use std::cell::{Cell, UnsafeCell};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Most participants (the caller and its workers) of one pool.
+pub const MAX_THREADS: usize = 256;
+
+type Task<'a> = dyn Fn(usize) + Sync + 'a;
+
+struct Shared {
+    /// `epoch << 32 | next task index`: a worker claims a task of the current job
+    /// by a compare-and-swap that fails when the job changed under it.
+    claim: AtomicU64,
+    /// The current job's task count and body, written by the caller before the
+    /// `claim` store that publishes the job (Release) and read by a worker only
+    /// after a successful claim of one of its tasks (Acquire), while the caller
+    /// is still waiting for that task: valid for exactly as long as it is read.
+    tasks: AtomicUsize,
+    job: UnsafeCell<Option<*const Task<'static>>>,
+    /// Tasks of the current job finished.
+    done: AtomicUsize,
+    /// A task of the current job panicked.
+    panicked: AtomicBool,
+    /// Spin time before parking, in nanoseconds.
+    spin_ns: AtomicU64,
+    sleepers: AtomicUsize,
+    /// Participants that take tasks (workers with a higher index stay idle).
+    active: AtomicUsize,
+    lock: Mutex<()>,
+    wake: Condvar,
+    shutdown: AtomicBool,
+}
+
+// SAFETY: `job` is written only by the one caller holding `Pool::busy`, before the
+// Release store that publishes it, and read by workers only after an Acquire claim
+// of a task of that job and before that task is reported done (see `Shared`).
+unsafe impl Sync for Shared {}
+unsafe impl Send for Shared {}
+
+thread_local! {
+    /// Set while this thread runs a pool task (nested calls run inline).
+    static IN_TASK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The persistent pool: `threads - 1` workers plus the calling thread.
+pub struct Pool {
+    shared: Arc<Shared>,
+    threads: usize,
+    busy: Mutex<()>,
+    workers: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// Spin time of a new pool (the profile can set another).
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(2000);
+
+/// The process-wide pool, as many participants as rayon's pool has threads
+/// (`RAYON_NUM_THREADS`, else the available parallelism).
+pub fn pool() -> &'static Pool {
+    static POOL: OnceLock<Pool> = OnceLock::new();
+    POOL.get_or_init(|| Pool::new(rayon::current_num_threads()))
+}
+
+impl Pool {
+    /// A pool of `threads` participants (at least 1; `threads - 1` workers).
+    pub fn new(threads: usize) -> Pool {
+        let threads = threads.clamp(1, MAX_THREADS);
+        let shared = Arc::new(Shared {
+            claim: AtomicU64::new(0),
+            tasks: AtomicUsize::new(0),
+            job: UnsafeCell::new(None),
+            done: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
+            spin_ns: AtomicU64::new(DEFAULT_SPIN.as_nanos() as u64),
+            sleepers: AtomicUsize::new(0),
+            active: AtomicUsize::new(threads),
+            lock: Mutex::new(()),
+            wake: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+        });
+        let workers = (1..threads)
+            .map(|i| {
+                let s = shared.clone();
+                std::thread::Builder::new().name(format!("ktune-pool-{i}")).spawn(move || worker(&s, i)).expect("spawning a pool worker")
+            })
+            .collect();
+        Pool { shared, threads, busy: Mutex::new(()), workers }
+    }
+
+    /// Participants that take tasks (workers + the caller).
+    pub fn threads(&self) -> usize {
+        self.shared.active.load(Relaxed)
+    }
+
+    /// Threads the pool was built with (the most [`Pool::set_threads`] allows).
+    pub fn capacity(&self) -> usize {
+        self.threads
+    }
+
+    /// Lets only `n` participants (the caller and `n - 1` workers) take tasks;
+    /// the profile's `exec.threads`. Clamped to `1..=capacity`.
+    pub fn set_threads(&self, n: usize) {
+        self.shared.active.store(n.clamp(1, self.threads), Relaxed);
+    }
+
+    /// How long idle workers spin before parking.
+    pub fn set_spin(&self, d: Duration) {
+        self.shared.spin_ns.store(d.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
+    }
+
+    pub fn spin(&self) -> Duration {
+        Duration::from_nanos(self.shared.spin_ns.load(Relaxed))
+    }
+
+    /// Runs `f(0..tasks)`, each index once, spread over the pool; returns when all
+    /// have finished. Inline on the calling thread when there is one task, one
+    /// thread, a task of this pool calls it, or another caller holds the pool.
+    pub fn run(&self, tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+        if tasks == 0 {
+            return;
+        }
+        let inline = tasks == 1 || self.threads() == 1 || IN_TASK.with(Cell::get);
+        let guard = if inline { None } else { self.busy.try_lock().ok() };
+        let Some(_guard) = guard else {
+            for i in 0..tasks {
+                f(i);
+            }
+            return;
+        };
+        let s = &*self.shared;
+        // SAFETY: only the holder of `busy` writes `job`; no worker reads it until
+        // the claim below publishes the new epoch, and the previous job's readers
+        // all finished (the previous call waited for `done == tasks`). The
+        // lifetime is erased: this function returns only after every task of
+        // this job is done, so no worker touches `f` after it ends.
+        unsafe {
+            let erased: *const Task<'static> = std::mem::transmute::<*const Task<'_>, *const Task<'static>>(f as *const Task<'_>);
+            *s.job.get() = Some(erased);
+        }
+        s.tasks.store(tasks, Relaxed);
+        s.done.store(0, Relaxed);
+        s.panicked.store(false, Relaxed);
+        let epoch = (s.claim.load(Relaxed) >> 32).wrapping_add(1) & 0xffff_ffff;
+        s.claim.store(epoch << 32, SeqCst);
+        if s.sleepers.load(SeqCst) > 0 {
+            let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.wake.notify_all();
+        }
+        // The caller takes tasks too, then waits for the workers' last ones.
+        let mine = work(s, epoch);
+        let mut spins = 0u32;
+        while s.done.load(Acquire) + mine < tasks && mine < tasks {
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(1024) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        if s.panicked.load(Acquire) {
+            resume_unwind(Box::new("a pool task panicked"));
+        }
+    }
+}
+
+/// Claims and runs tasks of job `epoch` until none is left; returns how many this
+/// thread ran (a worker adds them to `done`, the caller counts its own).
+fn work(s: &Shared, epoch: u64) -> usize {
+    let mut ran = 0;
+    let tasks = s.tasks.load(Relaxed);
+    loop {
+        let c = s.claim.load(Acquire);
+        let i = (c & 0xffff_ffff) as usize;
+        if c >> 32 != epoch || i >= tasks {
+            return ran;
+        }
+        if s.claim.compare_exchange_weak(c, c + 1, AcqRel, Relaxed).is_err() {
+            continue;
+        }
+        // SAFETY: task `i` of this job is claimed and not yet done, so the caller
+        // is still inside `run` and `job` holds its live body (see `Shared`).
+        let f = unsafe { (*s.job.get()).map(|p| &*p) };
+        if let Some(f) = f {
+            let was = IN_TASK.with(|t| t.replace(true));
+            if catch_unwind(AssertUnwindSafe(|| f(i))).is_err() {
+                s.panicked.store(true, Release);
+            }
+            IN_TASK.with(|t| t.set(was));
+        }
+        ran += 1;
+    }
+}
+
+fn worker(s: &Shared, index: usize) {
+    let mut seen = s.claim.load(Acquire) >> 32;
+    loop {
+        // Wait for a new job: spin, then park.
+        let start = Instant::now();
+        let mut spins = 0u32;
+        let epoch = loop {
+            if s.shutdown.load(Relaxed) {
+                return;
+            }
+            let e = s.claim.load(Acquire) >> 32;
+            if e != seen {
+                break e;
+            }
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(256) && start.elapsed().as_nanos() as u64 >= s.spin_ns.load(Relaxed) {
+                let mut g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+                s.sleepers.fetch_add(1, SeqCst);
+                while s.claim.load(SeqCst) >> 32 == seen && !s.shutdown.load(SeqCst) {
+                    g = s.wake.wait(g).unwrap_or_else(|e| e.into_inner());
+                }
+                s.sleepers.fetch_sub(1, SeqCst);
+                drop(g);
+                spins = 0;
+            } else {
+                std::hint::spin_loop();
+            }
+        };
+        seen = epoch;
+        if index >= s.active.load(Relaxed) {
+            continue;
+        }
+        let ran = work(s, epoch);
+        if ran > 0 {
+            s.done.fetch_add(ran, Release);
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, SeqCst);
+        {
+            let _g = self.shared.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.wake.notify_all();
+        }
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+/// Runs `f(i)` for `i in 0..tasks` on the process pool.
+pub fn for_each(tasks: usize, f: impl Fn(usize) + Sync) {
+    pool().run(tasks, &f);
+}
+
+/// Chunks handed out in runs of consecutive chunks, at most four runs per
+/// participant: one atomic claim per run, not per chunk (a claim is a contended
+/// cache line between cores; a GEMV of 576 rows in chunks of 8 would pay 72).
+/// Returns (runs, chunks per run).
+fn runs(chunks: usize) -> (usize, usize) {
+    let per = chunks.div_ceil(4 * pool().threads()).max(1);
+    (chunks.div_ceil(per), per)
+}
+
+/// Splits `y` into chunks of `grain` elements and runs `f(chunk index, chunk)` on
+/// each, over the process pool.
+pub fn for_chunks_mut<T: Send>(y: &mut [T], grain: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    let grain = grain.max(1);
+    let (len, ptr) = (y.len(), SendPtr(y.as_mut_ptr()));
+    let (runs, per) = runs(len.div_ceil(grain));
+    pool().run(runs, &|r| {
+        for i in r * per..((r + 1) * per).min(len.div_ceil(grain)) {
+            let start = i * grain;
+            let n = grain.min(len - start);
+            // SAFETY: chunk i is elements start..start+n, disjoint from every other
+            // chunk, inside `y`, which is exclusively borrowed for this call.
+            let chunk = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(start), n) };
+            f(i, chunk)
+        }
+    });
+}
+
+/// [`for_chunks_mut`] over two slices split alike (`a` by `grain_a`, `b` by
+/// `grain_b`, the same number of chunks).
+pub fn for_chunks_mut2<A: Send, B: Send>(
+    a: &mut [A],
+    grain_a: usize,
+    b: &mut [B],
+    grain_b: usize,
+    f: impl Fn(usize, &mut [A], &mut [B]) + Sync,
+) {
+    let (ga, gb) = (grain_a.max(1), grain_b.max(1));
+    let tasks = a.len().div_ceil(ga).min(b.len().div_ceil(gb));
+    let (la, pa, lb, pb) = (a.len(), SendPtr(a.as_mut_ptr()), b.len(), SendPtr(b.as_mut_ptr()));
+    let (runs, per) = runs(tasks);
+    pool().run(runs, &|r| {
+        for i in r * per..((r + 1) * per).min(tasks) {
+            let (sa, sb) = (i * ga, i * gb);
+            // SAFETY: as in `for_chunks_mut`, for each slice.
+            let (ca, cb) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(pa.get().add(sa), ga.min(la - sa)),
+                    std::slice::from_raw_parts_mut(pb.get().add(sb), gb.min(lb - sb)),
+                )
+            };
+            f(i, ca, cb)
+        }
+    });
+}
+
+/// [`for_chunks_mut`] over the chunks of several slices in one pass:
+/// `f(slice index, chunk index within it, chunk)`.
+pub fn for_chunks_mut3<T: Send>(parts: [&mut [T]; 3], grain: usize, f: impl Fn(usize, usize, &mut [T]) + Sync) {
+    let grain = grain.max(1);
+    let counts = parts.each_ref().map(|p| p.len().div_ceil(grain));
+    let lens = parts.each_ref().map(|p| p.len());
+    let ptrs = parts.map(|p| SendPtr(p.as_mut_ptr()));
+    let total: usize = counts.iter().sum();
+    let (runs, per) = runs(total);
+    pool().run(runs, &|r| {
+        for t in r * per..((r + 1) * per).min(total) {
+            let (mut part, mut i) = (0, t);
+            while i >= counts[part] {
+                i -= counts[part];
+                part += 1;
+            }
+            let start = i * grain;
+            // SAFETY: chunk i of slice `part` is this chunk's alone (as in `for_chunks_mut`).
+            let chunk = unsafe { std::slice::from_raw_parts_mut(ptrs[part].get().add(start), grain.min(lens[part] - start)) };
+            f(part, i, chunk)
+        }
+    });
+}
+
+/// `y` as rows of `row_len` elements, each split into chunks of `grain` (the
+/// last of a row may be shorter): `f(row, chunk index within the row, chunk)`,
+/// every chunk of every row over the pool.
+pub fn for_row_chunks_mut<T: Send>(y: &mut [T], row_len: usize, grain: usize, f: impl Fn(usize, usize, &mut [T]) + Sync) {
+    let (row_len, grain) = (row_len.max(1), grain.max(1));
+    let rows = y.len() / row_len;
+    let per_row = row_len.div_ceil(grain);
+    let ptr = SendPtr(y.as_mut_ptr());
+    let total = rows * per_row;
+    let (runs, per) = runs(total);
+    pool().run(runs, &|r| {
+        for t in r * per..((r + 1) * per).min(total) {
+            let (row, c) = (t / per_row, t % per_row);
+            let start = c * grain;
+            // SAFETY: chunk c of row `row` is elements row*row_len+start.. of `y`,
+            // disjoint from every other (row, chunk), inside the exclusive borrow.
+            let chunk = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(row * row_len + start), grain.min(row_len - start)) };
+            f(row, c, chunk)
+        }
+    });
+}
+
+/// The sum of `f(chunk)` over the chunks of `grain` elements of `x`, in chunk
+/// order (the same result whichever thread ran which chunk).
+pub fn sum_chunks(x: &[f32], grain: usize, f: impl Fn(&[f32]) -> f32 + Sync) -> f32 {
+    map_reduce(x, grain, 0.0, f, |a, b| a + b)
+}
+
+/// `reduce` over `map(chunk)` of the chunks of `grain` elements of `x`, combined
+/// in chunk order: each participant maps a contiguous run of chunks.
+pub fn map_reduce<T: Copy + Send + Sync>(
+    x: &[f32],
+    grain: usize,
+    identity: T,
+    map: impl Fn(&[f32]) -> T + Sync,
+    reduce: impl Fn(T, T) -> T + Sync,
+) -> T {
+    let grain = grain.max(1);
+    let chunks = x.len().div_ceil(grain);
+    let parts = chunks.min(pool().threads()).clamp(1, 64);
+    let per = chunks.div_ceil(parts);
+    let slots: [Mutex<Option<T>>; 64] = std::array::from_fn(|_| Mutex::new(None));
+    pool().run(parts, &|p| {
+        let acc = (p * per..((p + 1) * per).min(chunks)).fold(identity, |acc, c| {
+            let s = c * grain;
+            reduce(acc, map(&x[s..(s + grain).min(x.len())]))
+        });
+        if let Ok(mut slot) = slots[p].lock() {
+            *slot = Some(acc);
+        }
+    });
+    slots[..parts].iter().filter_map(|m| m.lock().ok().and_then(|v| *v)).fold(identity, &reduce)
+}
+
+struct SendPtr<T>(*mut T);
+impl<T> Clone for SendPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SendPtr<T> {}
+// SAFETY: used only to hand disjoint sub-slices of one exclusively borrowed slice
+// to the pool's tasks.
+unsafe impl<T> Send for SendPtr<T> {}
+unsafe impl<T> Sync for SendPtr<T> {}
+impl<T> SendPtr<T> {
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_task_runs_once_on_pools_of_every_size() {
+        for threads in [1, 2, 3, 8] {
+            let p = Pool::new(threads);
+            for tasks in [0, 1, 2, 7, 100, 1000] {
+                let hits: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(0)).collect();
+                for _ in 0..5 {
+                    p.run(tasks, &|i| {
+                        hits[i].fetch_add(1, Relaxed);
+                    });
+                }
+                assert!(hits.iter().all(|h| h.load(Relaxed) == 5), "threads {threads} tasks {tasks}");
+            }
+        }
+    }
+
+    #[test]
+    fn parked_workers_wake_for_the_next_job() {
+        let p = Pool::new(3);
+        p.set_spin(Duration::ZERO);
+        for round in 0..20 {
+            std::thread::sleep(Duration::from_micros(200));
+            let n = AtomicUsize::new(0);
+            p.run(64, &|_| {
+                n.fetch_add(1, Relaxed);
+            });
+            assert_eq!(n.load(Relaxed), 64, "round {round}");
+        }
+    }
+
+    #[test]
+    fn nested_calls_and_concurrent_callers_run_inline() {
+        let p = Arc::new(Pool::new(2));
+        let total = AtomicUsize::new(0);
+        p.run(4, &|_| {
+            p.run(3, &|_| {
+                total.fetch_add(1, Relaxed);
+            })
+        });
+        assert_eq!(total.load(Relaxed), 12);
+        let callers: Vec<_> = (0..4)
+            .map(|_| {
+                let p = p.clone();
+                std::thread::spawn(move || {
+                    let n = AtomicUsize::new(0);
+                    for _ in 0..50 {
+                        p.run(16, &|_| {
+                            n.fetch_add(1, Relaxed);
+                        });
+                    }
+                    n.load(Relaxed)
+                })
+            })
+            .collect();
+        for c in callers {
+            assert_eq!(c.join().unwrap(), 800);
+        }
+    }
+
+    #[test]
+    fn a_panicking_task_reaches_the_caller_and_the_pool_goes_on() {
+        let p = Pool::new(2);
+        let r = catch_unwind(AssertUnwindSafe(|| p.run(8, &|i| assert!(i != 5, "task 5"))));
+        assert!(r.is_err());
+        let n = AtomicUsize::new(0);
+        p.run(8, &|_| {
+            n.fetch_add(1, Relaxed);
+        });
+        assert_eq!(n.load(Relaxed), 8);
+    }
+
+    #[test]
+    fn chunk_helpers_cover_the_slices_and_reduce_in_order() {
+        let mut y = vec![0usize; 1001];
+        for_chunks_mut(&mut y, 64, |c, chunk| chunk.iter_mut().enumerate().for_each(|(j, v)| *v = c * 64 + j));
+        assert!(y.iter().enumerate().all(|(i, &v)| v == i));
+        let (mut a, mut b) = (vec![0f32; 30], vec![0f32; 10]);
+        for_chunks_mut2(&mut a, 3, &mut b, 1, |i, ca, cb| {
+            ca.fill(i as f32);
+            cb[0] = i as f32;
+        });
+        assert!((0..10).all(|i| b[i] == i as f32 && a[3 * i..3 * i + 3].iter().all(|&v| v == i as f32)));
+        // Rows of 10 in chunks of 4: 4, 4, 2 per row, never across a row.
+        let mut z = vec![(0usize, 0usize); 50];
+        for_row_chunks_mut(&mut z, 10, 4, |row, c, chunk| chunk.fill((row, c)));
+        assert!(z.iter().enumerate().all(|(i, &v)| v == (i / 10, (i % 10) / 4)), "{z:?}");
+        let x: Vec<f32> = (0..1000).map(|i| i as f32).collect();
+        assert_eq!(sum_chunks(&x, 7, |c| c.iter().sum()), 499_500.0);
+        let m = map_reduce(&x, 10, f32::MIN, |c| c.iter().fold(f32::MIN, |m, &v| m.max(v)), f32::max);
+        assert_eq!(m, 999.0);
+    }
+}
