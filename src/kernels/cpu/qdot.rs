@@ -399,18 +399,27 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn block_i8(format: QFormat, q: &[u8], s: &[f16], x: &super::super::XQ8, b: usize) -> (__m256, f32) {
         // SAFETY: the caller keeps b below the block count of `q`, `s` and `x`.
+        unsafe { (block_dot_i8(format, q.as_ptr(), x.q.as_ptr(), b), h(s[if format == QFormat::Q4_1 { 2 * b } else { b }])) }
+    }
+
+    /// Block `b`'s integer dot product of the quants at `q` with the int8
+    /// activations at `xq` (f32 lanes to be summed), unscaled.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block_dot_i8(format: QFormat, q: *const u8, xq: *const i8, b: usize) -> __m256 {
+        // SAFETY: the caller keeps b below the block count of both.
         unsafe {
-            let xv = _mm256_loadu_si256(x.q.as_ptr().add(32 * b) as *const __m256i);
+            let xv = _mm256_loadu_si256(xq.add(32 * b) as *const __m256i);
             match format {
-                QFormat::Q8_0 => (dot_s8(_mm256_loadu_si256(q.as_ptr().add(32 * b) as *const __m256i), xv), h(s[b])),
+                QFormat::Q8_0 => dot_s8(_mm256_loadu_si256(q.add(32 * b) as *const __m256i), xv),
                 // Nibbles minus 8 are signed weights: no offset term.
-                QFormat::Q4_0 => (dot_s8(_mm256_sub_epi8(nibbles(q.as_ptr().add(16 * b)), _mm256_set1_epi8(8)), xv), h(s[b])),
+                QFormat::Q4_0 => dot_s8(_mm256_sub_epi8(nibbles(q.add(16 * b)), _mm256_set1_epi8(8)), xv),
                 // Unsigned nibbles times int8 x; the minimum m enters through Σx (`x.dsum`).
                 QFormat::Q4_1 => {
-                    let prod = _mm256_maddubs_epi16(nibbles(q.as_ptr().add(16 * b)), xv);
-                    (_mm256_cvtepi32_ps(_mm256_madd_epi16(prod, _mm256_set1_epi16(1))), h(s[2 * b]))
+                    let prod = _mm256_maddubs_epi16(nibbles(q.add(16 * b)), xv);
+                    _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, _mm256_set1_epi16(1)))
                 }
-                _ => unreachable!("block_i8 serves the formats of `four_row_path`"),
+                _ => unreachable!("block_dot_i8 serves the formats of `four_row_path`"),
             }
         }
     }
@@ -428,30 +437,55 @@ mod x86 {
             let format = [QFormat::Q8_0, QFormat::Q4_0, QFormat::Q4_1][F as usize];
             let blocks = q.len() / format.quant_bytes();
             let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-            let (mut m0, mut m1) = (0f32, 0f32);
+            let mut mins = _mm256_setzero_ps();
+            let (sp, xd, xs) = (s.as_ptr() as *const __m128i, x.d.as_ptr(), x.dsum.as_ptr());
+            let mut comb = [0f32; 8];
             let mut b = 0;
-            // SAFETY (every block_i8 call): b < blocks, the block count of q, s and x.
+            // SAFETY (every pointer read and block_i8 call): b + 8 <= blocks, the
+            // block count of q, s (one f16 a block, two for Q4_1) and x.
             unsafe {
-                while b + 2 <= blocks {
-                    let (p0, d0) = block_i8(format, q, s, x, b);
-                    let (p1, d1) = block_i8(format, q, s, x, b + 1);
-                    a0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * x.d[b]), p0, a0);
-                    a1 = _mm256_fmadd_ps(_mm256_set1_ps(d1 * x.d[b + 1]), p1, a1);
-                    if format == QFormat::Q4_1 {
-                        m0 += h(s[2 * b + 1]) * x.dsum[b];
-                        m1 += h(s[2 * b + 3]) * x.dsum[b + 1];
+                // Eight blocks a step: their weight scales widened in one F16C
+                // conversion and multiplied by the activation scales in one vector
+                // (Q4_1: the minima times Σx accumulate as a vector too), then each
+                // block's integer dot scaled by a broadcast from `comb`.
+                while b + 8 <= blocks {
+                    let d = if format == QFormat::Q4_1 {
+                        // (d, m) pairs: d0 m0 d1 m1 .. d7 m7 -> d0..d7 and m0..m7.
+                        let lo = _mm256_cvtph_ps(_mm_loadu_si128(sp.add(b / 4)));
+                        let hi = _mm256_cvtph_ps(_mm_loadu_si128(sp.add(b / 4 + 1)));
+                        let even =
+                            _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0b10_00_10_00)), 0xD8));
+                        let odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0b11_01_11_01)), 0xD8));
+                        mins = _mm256_fmadd_ps(odd, _mm256_loadu_ps(xs.add(b)), mins);
+                        even
+                    } else {
+                        _mm256_cvtph_ps(_mm_loadu_si128(sp.add(b / 8)))
+                    };
+                    _mm256_storeu_ps(comb.as_mut_ptr(), _mm256_mul_ps(d, _mm256_loadu_ps(xd.add(b))));
+                    let mut j = 0;
+                    while j < 8 {
+                        let p0 = block_dot_i8(format, q.as_ptr(), x.q.as_ptr(), b + j);
+                        let p1 = block_dot_i8(format, q.as_ptr(), x.q.as_ptr(), b + j + 1);
+                        a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(&comb[j]), p0, a0);
+                        a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(&comb[j + 1]), p1, a1);
+                        j += 2;
                     }
-                    b += 2;
-                }
-                if b < blocks {
-                    let (p0, d0) = block_i8(format, q, s, x, b);
-                    a0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * x.d[b]), p0, a0);
-                    if format == QFormat::Q4_1 {
-                        m0 += h(s[2 * b + 1]) * x.dsum[b];
-                    }
+                    b += 8;
                 }
             }
-            hsum(_mm256_add_ps(a0, a1)) + m0 + m1
+            let mut m0 = hsum(mins);
+            // SAFETY: b < blocks, as above.
+            unsafe {
+                while b < blocks {
+                    let (p0, d0) = block_i8(format, q, s, x, b);
+                    a0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * x.d[b]), p0, a0);
+                    if format == QFormat::Q4_1 {
+                        m0 += h(s[2 * b + 1]) * x.dsum[b];
+                    }
+                    b += 1;
+                }
+            }
+            hsum(_mm256_add_ps(a0, a1)) + m0
         }
         // SAFETY: as the caller's contract.
         unsafe { by_format!(format, run(q, s, x)) }
@@ -849,15 +883,10 @@ pub fn rows_times_tokens(isa: Isa, x: &[f32], m: usize, k: usize, w: QView<'_>, 
 /// Runs `f(r0, count)` for blocks of `grain` weight rows of `n` in parallel; each
 /// returns its rows' outputs for every token as `[count][m]`.
 pub fn par_row_blocks(n: usize, grain: usize, f: impl Fn(usize, usize) -> Vec<f32> + Sync + Send) -> Vec<(usize, usize, Vec<f32>)> {
-    use rayon::prelude::*;
-    (0..n.div_ceil(grain))
-        .into_par_iter()
-        .map(|c| {
-            let r0 = c * grain;
-            let count = grain.min(n - r0);
-            (r0, count, f(r0, count))
-        })
-        .collect()
+    let mut parts: Vec<(usize, usize, Vec<f32>)> =
+        (0..n.div_ceil(grain)).map(|c| (c * grain, grain.min(n - c * grain), Vec::new())).collect();
+    super::pool::for_chunks_mut(&mut parts, 1, |_, p| p[0].2 = f(p[0].0, p[0].1));
+    parts
 }
 
 /// Writes the `[count][m]` row blocks of [`par_row_blocks`] into the token-major
@@ -900,6 +929,22 @@ mod tests {
                     // q4_1's q * d + m is one fused rounding in SIMD, two in scalar.
                     assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()), "{f} SIMD dequantize row {r}: {a} vs {b}");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn int8_block_dots_of_the_32_element_formats_take_eight_blocks_a_step_and_a_tail() {
+        // 11 blocks: one step of eight blocks (vector scales) and a tail of three.
+        let k = 32 * 11;
+        let x = data(k, 7);
+        let xq = XQ8::quantize(&x);
+        for f in QFormat::ALL.into_iter().filter(|&f| four_row_path(f)) {
+            let m = QMatrix::quantize(f, 3, k, &data(3 * k, 8)).unwrap();
+            for r in 0..3 {
+                let s = dot_q_i8(Isa::Scalar, &xq, qrow(m.view(), r, k));
+                let v = dot_q_i8(Isa::best(), &xq, qrow(m.view(), r, k));
+                assert!((s - v).abs() <= 1e-4 * (1.0 + s.abs()), "{f} row {r}: scalar {s} vs SIMD {v}");
             }
         }
     }
