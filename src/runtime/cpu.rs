@@ -1,6 +1,7 @@
 //! The CPU executor: plan buffers as host vectors, kernel steps through the CPU
-//! kernels of the registry, parallel groups (q/k/v, gate/up) run concurrently with
-//! rayon, and the runtime's own data movement (QKV split, bias, KV-cache write).
+//! kernels of the registry, parallel groups (q/k/v, gate/up) run concurrently on
+//! the kernels' thread pool (`kernels::cpu::pool`), and the runtime's own data
+//! movement (QKV split, bias, KV-cache write).
 
 use std::time::Instant;
 

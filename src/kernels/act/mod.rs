@@ -7,7 +7,7 @@
 //! reductions (`softmax_wg`), online single pass with a workgroup (max, sum) merge
 //! (`softmax_online`) and one subgroup per row (`softmax_subgroup`).
 //! CPU: AVX-512 / AVX2 / portable microkernels (vectorised exp and sigmoid, written
-//! once over [`cpu::lanes`](super::cpu::lanes)) under rayon chunking, and a second kernel per op with another orchestration: static
+//! once over [`cpu::lanes`](super::cpu::lanes)) under pool chunking, and a second kernel per op with another orchestration: static
 //! per-thread ranges with libm (`*_static_cpu`), or a feature-split online softmax
 //! for few long rows (`softmax_split_cpu`, decode).
 
@@ -54,7 +54,7 @@ const ELEM_CPU_PARAMS: &[ParamSpec] = &[
         name: "elems_per_task",
         values: &[2048, 8192, 32768, 131072],
         default: 8192,
-        help: "elements per rayon task (a problem no larger runs on the calling thread)",
+        help: "elements per pool task (a problem no larger runs on the calling thread)",
     },
     ISA,
 ];
@@ -85,7 +85,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::GatedAct,
             F32_ONLY,
             ELEM_CPU_PARAMS,
-            "SIMD microkernel (AVX-512/AVX2/portable) with a polynomial exp and sigmoid; rayon over element chunks",
+            "SIMD microkernel (AVX-512/AVX2/portable) with a polynomial exp and sigmoid; pool over element chunks",
             CpuImpl { run: run_gated_simd, check: check_isa },
         ),
         KernelDef::new(
@@ -126,7 +126,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::Softmax,
             F32_ONLY,
             ROWS_PARAMS,
-            "three-pass SIMD row microkernel (max, exp and sum, scale); rayon over rows (prefill)",
+            "three-pass SIMD row microkernel (max, exp and sum, scale); pool over rows (prefill)",
             CpuImpl { run: run_softmax_rows, check: check_isa },
         ),
         KernelDef::new(
@@ -159,7 +159,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::ResidualAdd,
             F32_ONLY,
             ELEM_CPU_PARAMS,
-            "explicit SIMD add (AVX-512/AVX2/portable); rayon over element chunks",
+            "explicit SIMD add (AVX-512/AVX2/portable); pool over element chunks",
             CpuImpl { run: run_add_simd, check: check_isa },
         ),
         KernelDef::new(

@@ -9,8 +9,8 @@
 //! cache) and `attention_decode_splitkv` (flash decoding: the key range split into
 //! `chunk`-key partials computed by one workgroup per GQA group, so the query heads
 //! sharing a KV head read it once, then a merge pass).
-//! CPU prefill: `attention_prefill_cpu` (rayon over (token, head) rows, per-key online
-//! softmax) and `attention_prefill_tiled_cpu` (rayon over (token block, KV head),
+//! CPU prefill: `attention_prefill_cpu` (pool over (token, head) rows, per-key online
+//! softmax) and `attention_prefill_tiled_cpu` (pool over (token block, KV head),
 //! key tiles with materialised score rows, the K/V tile shared by the group's heads).
 //! CPU decode: `attention_decode_heads_cpu` (one task per head, exact two-pass
 //! softmax) and `attention_decode_splitkv_cpu` (the key range split across tasks per
@@ -61,10 +61,10 @@ const SPLITKV_PARAMS: &[ParamSpec] = &[
 ];
 
 const PREFILL_ROWS_PARAMS: &[ParamSpec] =
-    &[ParamSpec { name: "rows_per_task", values: &[1, 2, 4, 8, 16], default: 4, help: "(token, head) query rows per rayon task" }, ISA];
+    &[ParamSpec { name: "rows_per_task", values: &[1, 2, 4, 8, 16], default: 4, help: "(token, head) query rows per pool task" }, ISA];
 
 const PREFILL_TILED_PARAMS: &[ParamSpec] = &[
-    ParamSpec { name: "block_q", values: &[1, 4, 8, 16, 32], default: 8, help: "tokens per rayon task (times the GQA group's heads)" },
+    ParamSpec { name: "block_q", values: &[1, 4, 8, 16, 32], default: 8, help: "tokens per pool task (times the GQA group's heads)" },
     ParamSpec { name: "block_kv", values: &[16, 32, 64, 128, 256], default: 64, help: "keys per tile (score rows materialised per tile)" },
     ISA,
 ];
@@ -98,7 +98,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::AttentionPrefill,
             DType::FLOAT,
             PREFILL_ROWS_PARAMS,
-            "rayon over (token, head) rows; per-key online softmax, SIMD dot and axpy",
+            "pool over (token, head) rows; per-key online softmax, SIMD dot and axpy",
             CpuImpl { run: run_prefill_rows, check: check_cpu },
         ),
         KernelDef::new(
@@ -106,7 +106,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::AttentionPrefill,
             DType::FLOAT,
             PREFILL_TILED_PARAMS,
-            "rayon over (token block, KV head); key tiles with materialised score rows (dot4), K/V tile shared by the GQA group",
+            "pool over (token block, KV head); key tiles with materialised score rows (dot4), K/V tile shared by the GQA group",
             CpuImpl { run: run_prefill_tiled, check: check_cpu },
         ),
         KernelDef::new(
@@ -130,7 +130,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::AttentionDecode,
             DType::FLOAT,
             DECODE_HEADS_PARAMS,
-            "one rayon task per head; scores materialised, exact two-pass softmax, SIMD dot/dot4 and axpy",
+            "one pool task per head; scores materialised, exact two-pass softmax, SIMD dot/dot4 and axpy",
             CpuImpl { run: run_decode_heads, check: check_cpu },
         ),
         KernelDef::new(
@@ -138,7 +138,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::AttentionDecode,
             DType::FLOAT,
             DECODE_SPLIT_PARAMS,
-            "key range split across rayon tasks per KV head (the group's heads share each K/V row); (m, l, acc) partials merged",
+            "key range split across pool tasks per KV head (the group's heads share each K/V row); (m, l, acc) partials merged",
             CpuImpl { run: run_decode_splitkv, check: check_cpu },
         ),
     ]

@@ -1,6 +1,6 @@
 //! The one CPU layer every CPU kernel is written against: the instruction-set level
 //! ([`Isa`], detected once per process), the `isa` and `threads` parameters and their
-//! validity checks, the rayon orchestrators that split rows or elements over the
+//! validity checks, the pool orchestrators that split rows or elements over the
 //! pool, weight-row views, and the single-threaded SIMD microkernels: the lane-width
 //! abstraction ([`lanes`]), f32/f16 dot products and axpy ([`dot`]) and the block
 //! (quantized) dot products ([`qdot`]).
@@ -124,12 +124,12 @@ pub const THREADS: ParamSpec = ParamSpec::new(
     "threads",
     &[0, 1, 2, 4, 8, 16],
     0,
-    "contiguous static ranges, one per thread: 0 all of rayon's threads, 1 single-threaded",
+    "contiguous static ranges, one per thread: 0 all of the pool.s threads, 1 single-threaded",
 );
 
 /// `rows_per_task` over the weight rows of a matrix-vector kernel.
 pub const ROWS_PER_TASK: ParamSpec =
-    ParamSpec { name: "rows_per_task", values: &[8, 16, 32, 64, 128, 256], default: 64, help: "weight rows per rayon task" };
+    ParamSpec { name: "rows_per_task", values: &[8, 16, 32, 64, 128, 256], default: 64, help: "weight rows per pool task" };
 
 /// `strategy` of [`par_rows`] without the single-threaded choice.
 pub const STRATEGY: ParamSpec =
@@ -137,7 +137,7 @@ pub const STRATEGY: ParamSpec =
 
 /// Row-wise kernels under [`par_rows`] (norms, softmax).
 pub const ROWS_PARAMS: &[ParamSpec] = &[
-    ParamSpec { name: "rows_per_task", values: &[1, 2, 4, 8, 16, 32], default: 4, help: "rows per rayon task (dynamic strategy)" },
+    ParamSpec { name: "rows_per_task", values: &[1, 2, 4, 8, 16, 32], default: 4, help: "rows per pool task (dynamic strategy)" },
     ParamSpec {
         name: "strategy",
         values: &[0, 1, 2],
@@ -153,7 +153,7 @@ pub const SPLIT_PARAMS: &[ParamSpec] = &[
         name: "chunk",
         values: &[256, 512, 1024, 2048, 4096, 8192],
         default: 1024,
-        help: "features per rayon task within one row (decode: one long row split over threads)",
+        help: "features per pool task within one row (decode: one long row split over threads)",
     },
     ISA,
 ];

@@ -855,7 +855,7 @@ pub fn qrow<'a>(w: QView<'a>, r: usize, k: usize) -> QView<'a> {
 }
 
 thread_local! {
-    /// Dequantized weight rows of one rayon task.
+    /// Dequantized weight rows of one pool task.
     static ROWS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 

@@ -26,7 +26,7 @@ const TILED_PARAMS: &[ParamSpec] = &[
 ];
 
 const CPU_GEMM_ROWS_PARAMS: &[ParamSpec] = &[
-    ParamSpec { name: "rows_per_task", values: &[4, 8, 16, 32, 64], default: 16, help: "weight rows per rayon task" },
+    ParamSpec { name: "rows_per_task", values: &[4, 8, 16, 32, 64], default: 16, help: "weight rows per pool task" },
     ParamSpec::new("tokens_per_tile", &[4, 16, 64], 16, "tokens swept per dequantized weight row while it is in L1"),
     ISA,
 ];
@@ -109,7 +109,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::Gemm,
             DType::QUANT,
             CPU_GEMM_ROWS_PARAMS,
-            "each weight row dequantized once into L1, dotted with tiles of tokens; rayon over rows",
+            "each weight row dequantized once into L1, dotted with tiles of tokens; pool over rows",
             CpuImpl { run: run_gemm_rows, check: check_quant },
         ),
         KernelDef::new(

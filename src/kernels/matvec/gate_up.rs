@@ -109,7 +109,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::GateUp,
             DType::QUANT,
             CPU_Q_PARAMS,
-            "gate and up rows of each feature dequantized once and dotted with every token (decode: block dots, f32 or int8 activations); activation product; rayon over features",
+            "gate and up rows of each feature dequantized once and dotted with every token (decode: block dots, f32 or int8 activations); activation product; pool over features",
             CpuImpl { run: run_gate_up_q, check: check_quant },
         ),
     ]

@@ -11,7 +11,7 @@
 //! `subgroupAdd` per row), `gemv_f16native` (`enable f16` storage), `gemv_thread`
 //! (one invocation per row, no reduction).
 //! CPU: `gemv_rows_cpu` (one row at a time) and `gemv_dot4_cpu` (four rows share
-//! each activation load), both SIMD microkernels under a rayon orchestrator that
+//! each activation load), both SIMD microkernels under a pool orchestrator that
 //! splits rows (dynamic grain or one static range per thread).
 //!
 //! A new GEMV variant is its shader, one `KernelDef::new` line in `variants()` below
@@ -42,7 +42,7 @@ const THREAD_PARAMS: &[ParamSpec] =
 
 /// `rows_per_task` of the float GEMV orchestrators (dynamic strategy).
 pub(super) const ROWS_PER_TASK_DYN: ParamSpec =
-    ParamSpec { name: "rows_per_task", help: "rows per rayon task (dynamic strategy)", ..ROWS_PER_TASK };
+    ParamSpec { name: "rows_per_task", help: "rows per pool task (dynamic strategy)", ..ROWS_PER_TASK };
 /// The row-parallel GEMV orchestration: grain, strategy and ISA.
 pub(super) const CPU_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK_DYN, STRATEGY, ISA];
 
@@ -93,7 +93,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::Gemv,
             DType::FLOAT,
             CPU_PARAMS,
-            "one SIMD dot product per row; rayon over rows",
+            "one SIMD dot product per row; pool over rows",
             CpuImpl { run: run_rows, check: check_isa },
         ),
         KernelDef::new(
@@ -101,7 +101,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::Gemv,
             DType::FLOAT,
             CPU_PARAMS,
-            "four rows per SIMD microkernel call sharing each x load; rayon over rows",
+            "four rows per SIMD microkernel call sharing each x load; pool over rows",
             CpuImpl { run: run_dot4, check: check_isa },
         ),
     ]

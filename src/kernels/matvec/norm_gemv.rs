@@ -75,7 +75,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::NormGemv,
             DType::FLOAT,
             CPU_PARAMS,
-            "x normalized once into a k-vector (SIMD sum of squares), then four rows per SIMD dot call; rayon over rows",
+            "x normalized once into a k-vector (SIMD sum of squares), then four rows per SIMD dot call; pool over rows",
             CpuImpl { run: run_float, check: check_isa },
         ),
         KernelDef::new(
@@ -83,7 +83,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::NormGemv,
             QUANT,
             CPU_Q_PARAMS,
-            "x normalized once into a k-vector, then SIMD block dot products straight from the quants (f32 or int8 activations); rayon over rows",
+            "x normalized once into a k-vector, then SIMD block dot products straight from the quants (f32 or int8 activations); pool over rows",
             CpuImpl { run: run_quant, check: cpu::check_quant },
         ),
     ]

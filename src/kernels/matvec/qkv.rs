@@ -5,7 +5,7 @@
 //!
 //! WGSL: `qkv_proj_wg` (scalar loads, any k, workgroup reduction), `qkv_proj_subgroup`
 //! (16-byte loads, one subgroup per row), `qkv_proj_q_wg` (block formats, `QFMT`).
-//! CPU: `qkv_proj_dot4_cpu` (one rayon pass over the rows of q, k and v together,
+//! CPU: `qkv_proj_dot4_cpu` (one pool pass over the rows of q, k and v together,
 //! four rows per SIMD call), `qkv_proj_splitk_cpu` (slices of k in parallel, partials
 //! summed with the bias) and `qkv_proj_q_cpu` (block dot products, f32 or int8
 //! activations).
@@ -31,7 +31,7 @@ static QQKV_WG: Shader = shader!("qqkv_proj_wg.wgsl", "qblock.wgsl", "block_wg.w
 
 /// Shared with gate_up's dot4 kernel.
 pub(super) const ROW_CPU_PARAMS: &[ParamSpec] = &[
-    ParamSpec::new("rows_per_task", &[8, 16, 32, 64, 128, 256], 32, "output rows per rayon task (dynamic strategy)"),
+    ParamSpec::new("rows_per_task", &[8, 16, 32, 64, 128, 256], 32, "output rows per pool task (dynamic strategy)"),
     ParamSpec::new("strategy", &[0, 1], 0, "0 dynamic work stealing by rows_per_task, 1 one static row range per thread"),
     ISA,
 ];
@@ -105,7 +105,7 @@ fn prepare_q(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     Ok(GpuProgram { steps: vec![step], owned })
 }
 
-/// Runs `f(first_row, chunk)` over chunks of `grain` rows of q, k and v in one rayon
+/// Runs `f(first_row, chunk)` over chunks of `grain` rows of q, k and v in one pool
 /// pass (chained, so the three share the pool without a barrier between them), row
 /// numbers counted through the concatenated weight, then adds the bias.
 #[allow(clippy::too_many_arguments)]
@@ -223,7 +223,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::QkvProj,
             DType::FLOAT,
             ROW_CPU_PARAMS,
-            "one rayon pass over the rows of q, k and v together, four rows per SIMD call, bias in the epilogue",
+            "one pool pass over the rows of q, k and v together, four rows per SIMD call, bias in the epilogue",
             CpuImpl { run: run_qkv_dot4, check: check_isa },
         ),
         KernelDef::new(
@@ -247,7 +247,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::QkvProj,
             DType::QUANT,
             CPU_Q_PARAMS,
-            "SIMD block dot products over the concatenated Q/K/V rows, f32 or int8 activations, bias added; rayon over rows of all three",
+            "SIMD block dot products over the concatenated Q/K/V rows, f32 or int8 activations, bias added; pool over rows of all three",
             CpuImpl { run: run_qkv_q, check: check_quant },
         ),
     ]

@@ -6,7 +6,7 @@
 //! twice, quants and the 256-byte aligned scales region): `gemv_q_wg` (workgroup
 //! reduction), `gemv_q_subgroup` (subgroupAdd). CPU: `gemv_q_cpu` (AVX2/FMA block dot
 //! products of [`cpu::qdot`](crate::kernels::cpu::qdot), f32 or int8 activations,
-//! rayon over rows). Every kernel needs k to be a whole number of 32-element blocks.
+//! pool over rows). Every kernel needs k to be a whole number of 32-element blocks.
 
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
@@ -72,7 +72,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::Gemv,
             DType::QUANT,
             CPU_PARAMS,
-            "SIMD block dot products (AVX2+FMA, scalar fallback) straight from the quants, f32 or int8 activations; rayon over rows",
+            "SIMD block dot products (AVX2+FMA, scalar fallback) straight from the quants, f32 or int8 activations; pool over rows",
             CpuImpl { run: run_gemv, check: check_quant },
         ),
     ]

@@ -9,7 +9,7 @@
 //! merged pairwise in workgroup memory) and `layer_norm_subgroup` (exact two-pass
 //! mean / centred variance per subgroup).
 //! CPU: SIMD microkernels (AVX-512 / AVX2+F16C / portable, see
-//! [`super::cpu::lanes`]) under two orchestrators: rows split over rayon
+//! [`super::cpu::lanes`]) under two orchestrators: rows split over pool
 //! tasks (`*_rows_cpu`, prefill) and one row's features split over tasks with the
 //! partial statistics combined between phases (`*_split_cpu`, decode).
 
@@ -78,7 +78,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::RmsNorm,
             DType::FLOAT,
             ROWS_PARAMS,
-            "SIMD sum-of-squares and scale microkernels per row; rayon over rows (prefill)",
+            "SIMD sum-of-squares and scale microkernels per row; pool over rows (prefill)",
             CpuImpl { run: run_rms_rows, check: check_isa },
         ),
         KernelDef::new(
@@ -86,7 +86,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::RmsNorm,
             DType::FLOAT,
             SPLIT_PARAMS,
-            "each row's features split over rayon tasks: parallel partial sums of squares, then a parallel scale (decode)",
+            "each row's features split over pool tasks: parallel partial sums of squares, then a parallel scale (decode)",
             CpuImpl { run: run_rms_split, check: check_isa },
         ),
         KernelDef::new(
@@ -110,7 +110,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::LayerNorm,
             DType::FLOAT,
             ROWS_PARAMS,
-            "SIMD two-pass mean / centred variance and affine microkernels per row; rayon over rows (prefill)",
+            "SIMD two-pass mean / centred variance and affine microkernels per row; pool over rows (prefill)",
             CpuImpl { run: run_ln_rows, check: check_isa },
         ),
         KernelDef::new(
@@ -118,7 +118,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::LayerNorm,
             DType::FLOAT,
             SPLIT_PARAMS,
-            "each row's features split over rayon tasks: parallel sum, parallel centred squares, parallel affine (decode)",
+            "each row's features split over pool tasks: parallel sum, parallel centred squares, parallel affine (decode)",
             CpuImpl { run: run_ln_split, check: check_isa },
         ),
     ]

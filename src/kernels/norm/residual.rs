@@ -4,8 +4,8 @@
 //!
 //! WGSL: `residual_rms_norm_wg` (one workgroup per row: h written and h² accumulated
 //! in one pass, workgroup reduction, scale pass), `residual_rms_norm_subgroup` (one
-//! subgroup per row). CPU: `residual_rms_norm_rows_cpu` (rayon over rows, prefill)
-//! and `residual_rms_norm_split_cpu` (rayon over chunks of each row, decode), both on
+//! subgroup per row). CPU: `residual_rms_norm_rows_cpu` (pool over rows, prefill)
+//! and `residual_rms_norm_split_cpu` (pool over chunks of each row, decode), both on
 //! the fused add + sum-of-squares and scale microkernels of [`cpu::dot`].
 
 use super::{gains, inv_rms, prepare_sg, prepare_wg};
@@ -31,9 +31,9 @@ const WG_PARAMS: &[ParamSpec] = &[WORKGROUP_SIZE];
 const SG_PARAMS: &[ParamSpec] =
     &[WORKGROUP_SIZE, ParamSpec { name: "rows_per_wg", values: &[1, 2, 4, 8], default: 4, help: "rows per workgroup, one subgroup each" }];
 const RESNORM_ROWS_PARAMS: &[ParamSpec] =
-    &[ParamSpec { name: "rows_per_task", values: &[1, 2, 4, 8, 16, 32], default: 4, help: "rows per rayon task" }, ISA];
+    &[ParamSpec { name: "rows_per_task", values: &[1, 2, 4, 8, 16, 32], default: 4, help: "rows per pool task" }, ISA];
 const RESNORM_SPLIT_PARAMS: &[ParamSpec] =
-    &[ParamSpec { name: "chunk", values: &[256, 512, 1024, 2048, 4096], default: 1024, help: "elements of a row per rayon task" }, ISA];
+    &[ParamSpec { name: "chunk", values: &[256, 512, 1024, 2048, 4096], default: 1024, help: "elements of a row per pool task" }, ISA];
 
 fn check_resnorm_wg(caps: &GpuCaps, _: &Problem, _: DType, _: &Params) -> Result<(), String> {
     storage_buffers(caps, 5)
@@ -135,7 +135,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::ResidualRmsNorm,
             DType::FLOAT,
             RESNORM_ROWS_PARAMS,
-            "rayon over rows (prefill): fused SIMD add + sum of squares, then SIMD scale pass per row",
+            "pool over rows (prefill): fused SIMD add + sum of squares, then SIMD scale pass per row",
             CpuImpl { run: run_resnorm_rows, check: check_isa },
         ),
         KernelDef::new(
@@ -143,7 +143,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::ResidualRmsNorm,
             DType::FLOAT,
             RESNORM_SPLIT_PARAMS,
-            "rayon over chunks of each row (decode): partial sums of squares per chunk, reduced, then a parallel scale pass",
+            "pool over chunks of each row (decode): partial sums of squares per chunk, reduced, then a parallel scale pass",
             CpuImpl { run: run_resnorm_split, check: check_isa },
         ),
     ]

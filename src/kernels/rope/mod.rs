@@ -51,14 +51,14 @@ const SHARED_PARAMS: &[ParamSpec] = &[
 ];
 
 const TABLE_CPU_PARAMS: &[ParamSpec] =
-    &[ParamSpec { name: "rows_per_task", values: &[1, 2, 4, 8, 16, 32, 64], default: 8, help: "(token, head) rows per rayon task" }, ISA];
+    &[ParamSpec { name: "rows_per_task", values: &[1, 2, 4, 8, 16, 32, 64], default: 8, help: "(token, head) rows per pool task" }, ISA];
 
 const TOKEN_CPU_PARAMS: &[ParamSpec] = &[
     ParamSpec {
         name: "heads_per_task",
         values: &[1, 2, 4, 8, 16, 32, 64],
         default: 8,
-        help: "heads of one token per rayon task; each task computes that token's cos/sin",
+        help: "heads of one token per pool task; each task computes that token's cos/sin",
     },
     ISA,
 ];

@@ -4,7 +4,7 @@
 //!
 //! WGSL: `qk_norm_rope_wg` (one workgroup per (token, head), workgroup-memory x²
 //! reduction) and `qk_norm_rope_subgroup` (one subgroup per (token, head), several
-//! heads per workgroup). CPU: `qk_norm_rope_heads_cpu` (rayon over rows: SIMD x² and
+//! heads per workgroup). CPU: `qk_norm_rope_heads_cpu` (pool over rows: SIMD x² and
 //! scale passes, then rotation with per-head sin/cos) and `qk_norm_rope_table_cpu`
 //! (a sin/cos table per token first, then one fused normalize + rotate pass).
 
@@ -45,7 +45,7 @@ const QKNR_SG_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "heads_per_wg", values: &[1, 2, 4, 8], default: 2, help: "heads per workgroup, one subgroup each" },
 ];
 const HEADS_CPU_PARAMS: &[ParamSpec] =
-    &[ParamSpec { name: "heads_per_task", values: &[1, 2, 4, 8, 16, 32], default: 4, help: "(token, head) rows per rayon task" }, ISA];
+    &[ParamSpec { name: "heads_per_task", values: &[1, 2, 4, 8, 16, 32], default: 4, help: "(token, head) rows per pool task" }, ISA];
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
@@ -70,7 +70,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::QkNormRope,
             DType::FLOAT,
             HEADS_CPU_PARAMS,
-            "rayon over (token, head) rows: SIMD x² and scale passes, then rotation with per-head sin/cos",
+            "pool over (token, head) rows: SIMD x² and scale passes, then rotation with per-head sin/cos",
             CpuImpl { run: run_qknr_heads, check: check_qknr_cpu },
         ),
         KernelDef::new(
@@ -164,7 +164,7 @@ fn pair(layout: RopeLayout, i: usize, half: usize) -> (usize, usize) {
 }
 
 /// The operands of one CPU call and the (token, head) orchestration both CPU
-/// variants share: rayon over chunks of `heads_per_task` rows, `head(row, x_row,
+/// variants share: pool over chunks of `heads_per_task` rows, `head(row, x_row,
 /// inv_rms, y_row)` per row.
 struct QkCall<'a> {
     tokens: usize,
