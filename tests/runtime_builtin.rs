@@ -188,3 +188,36 @@ fn cpu_and_gpu_agree_on_every_builtin_model_full_vocabulary() {
     let failures = compare_all(&gpu, Scope { vocab: None, prefill_below: usize::MAX });
     assert!(failures.is_empty(), "CPU and GPU disagree:\n{}", failures.join("\n"));
 }
+
+/// A compiled schedule moved to another position (`Plan::rebase`) is the schedule
+/// `Plan::steps` builds there: every built-in model (sliding-window Gemma layers
+/// included), decode and prefill, several positions.
+#[test]
+fn rebased_schedules_equal_fresh_ones() {
+    for name in ktune::model::builtin_names() {
+        let c = reduced(name, Some(512));
+        let opts = PlanOptions {
+            weight_dtype: DType::F32,
+            matrix_formats: Default::default(),
+            kv_dtype: DType::F32,
+            max_tokens: 8,
+            context: 64,
+            all_logits: false,
+            fusion: Fusion::ALL,
+            parallel: Parallel::default(),
+        };
+        let plan = Plan::new("builtin", &c, opts, Selection::defaults(DeviceCaps::Cpu(CpuCaps::detect()))).expect("plan");
+        for tokens in [1, 8] {
+            let mut compiled = plan.steps(tokens, 0).expect("steps");
+            for pos in [3, 17, 40, 56] {
+                assert!(plan.rebase(&mut compiled, tokens, pos).expect("rebase"), "{name}: kernel no longer valid at {pos}");
+                let fresh = plan.steps(tokens, pos).expect("steps");
+                assert_eq!(
+                    serde_json::to_value(&compiled).expect("json"),
+                    serde_json::to_value(&fresh).expect("json"),
+                    "{name}: {tokens} tokens at {pos}"
+                );
+            }
+        }
+    }
+}

@@ -206,11 +206,10 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
             engine.profile_next();
         }
         let t = Instant::now();
-        let r = engine.forward(&[next])?;
+        next = argmax(engine.decode_step(next)?);
         let dt = t.elapsed().as_secs_f64();
         decode_wall.push(dt);
         decode_seconds += dt;
-        next = argmax(&r[0]);
     }
     // What was held back (a character still cut at the end) goes out as it is.
     if let Some(tok) = &tokenizer {

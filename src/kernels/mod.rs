@@ -321,16 +321,32 @@ impl<'a> CpuIn<'a> {
 
 /// The buffers of one CPU kernel call, in the op's binding order:
 /// `ins` are the input/weight/cache buffers, `outs` the outputs.
+/// Inline vectors (no heap allocation for the buffer counts of any op), so a
+/// decode step builds its calls without allocating.
 pub struct CpuArgs<'a> {
-    pub ins: Vec<CpuIn<'a>>,
-    pub outs: Vec<&'a mut [f32]>,
+    pub ins: CpuIns<'a>,
+    pub outs: CpuOuts<'a>,
 }
+
+/// The input buffers of a CPU call (inline up to 6).
+pub type CpuIns<'a> = smallvec::SmallVec<[CpuIn<'a>; 6]>;
+/// The output buffers of a CPU call (inline up to 4).
+pub type CpuOuts<'a> = smallvec::SmallVec<[&'a mut [f32]; 4]>;
 
 /// The `N` output buffers of a CPU call, by value (the registry checked the count;
 /// a mismatch is a `Buffers` error, not a panic).
-pub fn outs<'a, const N: usize>(kd: &KernelDef, outs: Vec<&'a mut [f32]>) -> Result<[&'a mut [f32]; N], KernelError> {
+pub fn outs<'a, const N: usize>(kd: &KernelDef, outs: CpuOuts<'a>) -> Result<[&'a mut [f32]; N], KernelError> {
     let got = outs.len();
-    outs.try_into().map_err(|_| KernelError::Buffers { kernel: kd.id.to_string(), expected: N, got })
+    let err = || KernelError::Buffers { kernel: kd.id.to_string(), expected: N, got };
+    if got != N {
+        return Err(err());
+    }
+    let mut it = outs.into_iter();
+    let arr: [Option<&'a mut [f32]>; N] = std::array::from_fn(|_| it.next());
+    if arr.iter().any(Option::is_none) {
+        return Err(err());
+    }
+    Ok(arr.map(|o| o.unwrap_or_default()))
 }
 
 /// Runs a CPU kernel (itself, for its id in errors). Buffer count, lengths and
@@ -611,6 +627,16 @@ impl KernelDef {
         (c.run)(self, problem, params, args)
     }
 
+    /// Runs a CPU variant on buffers a plan bound and shape-checked when it was
+    /// built (`plan::Plan::steps`): no per-call check, no allocation. A buffer
+    /// shorter than the problem is still a bounds panic, never memory unsafety.
+    pub fn run_cpu_planned(&self, problem: &Problem, params: &Params, args: CpuArgs<'_>) -> Result<(), KernelError> {
+        let Impl::Cpu(c) = &self.imp else {
+            return Err(KernelError::NeedsGpu(self.id.to_string()));
+        };
+        (c.run)(self, problem, params, args)
+    }
+
     /// Builds the GPU program of a WGSL variant over the given buffers.
     pub fn prepare_wgsl(
         &self,
@@ -851,9 +877,9 @@ mod tests {
             let Impl::Cpu(c) = &k.imp else { continue };
             let prob = other(k.op);
             let params = k.default_params();
-            let direct = (c.run)(k, &prob, &params, CpuArgs { ins: vec![], outs: vec![] });
+            let direct = (c.run)(k, &prob, &params, CpuArgs { ins: Default::default(), outs: Default::default() });
             assert!(matches!(direct, Err(KernelError::WrongOp { .. })), "{}: {direct:?}", k.id);
-            let via = k.run_cpu(&prob, k.dtypes[0], &params, CpuArgs { ins: vec![], outs: vec![] });
+            let via = k.run_cpu(&prob, k.dtypes[0], &params, CpuArgs { ins: Default::default(), outs: Default::default() });
             assert!(matches!(via, Err(KernelError::WrongOp { .. })), "{}: {via:?}", k.id);
         }
     }

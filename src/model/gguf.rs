@@ -584,14 +584,25 @@ pub fn decode(kind: Stored, src: &[u8], out: &mut [f32]) {
         Stored::F16 => out.iter_mut().zip(src.chunks_exact(2)).for_each(|(o, b)| *o = f16::from_le_bytes([b[0], b[1]]).to_f32()),
         Stored::BF16 => out.iter_mut().zip(src.chunks_exact(2)).for_each(|(o, b)| *o = bf16::from_le_bytes([b[0], b[1]]).to_f32()),
         Stored::Quant(f) => {
-            let (bb, be) = (f.block_bytes(), f.block_elems());
-            let (mut q, mut s) = (Vec::with_capacity(bb), Vec::with_capacity(2));
-            for (block, o) in src.chunks_exact(bb).zip(out.chunks_exact_mut(be)) {
-                q.clear();
-                s.clear();
-                split_block(f.header(), block, &mut q, &mut s);
-                dequantize_block(f, &q, &s, o);
+            thread_local! {
+                /// One block's quants and header, reused (decoding a row allocates nothing).
+                static BLOCK: std::cell::RefCell<(Vec<u8>, Vec<f16>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
             }
+            let (bb, be) = (f.block_bytes(), f.block_elems());
+            BLOCK.with(|cell| {
+                let mut fresh = (Vec::new(), Vec::new());
+                let mut held = cell.try_borrow_mut();
+                let (q, s) = match held.as_deref_mut() {
+                    Ok(b) => b,
+                    Err(_) => &mut fresh,
+                };
+                for (block, o) in src.chunks_exact(bb).zip(out.chunks_exact_mut(be)) {
+                    q.clear();
+                    s.clear();
+                    split_block(f.header(), block, q, s);
+                    dequantize_block(f, q, s, o);
+                }
+            })
         }
     }
 }

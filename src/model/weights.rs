@@ -393,6 +393,25 @@ impl Weights {
         Ok(out)
     }
 
+    /// [`Weights::row_f32`] into `out` (`out.len()` must be the row length), with
+    /// no allocation: the embedding lookup of a decode step.
+    pub fn row_f32_into(&self, name: &str, row: usize, out: &mut [f32]) -> Result<()> {
+        let shape: &[usize] = match self.slot(name)? {
+            Slot::File { entry, .. } => &entry.shape,
+            Slot::Synthetic { shape, .. } | Slot::Gguf { shape, .. } => shape,
+        };
+        let &[rows, cols] = shape else {
+            return Err(ModelError::Shape { name: name.to_string(), expected: vec![0, 0], found: shape.to_vec() });
+        };
+        if row >= rows {
+            return Err(ModelError::Row { name: name.to_string(), row, rows });
+        }
+        if out.len() != cols {
+            return Err(ModelError::Shape { name: name.to_string(), expected: vec![rows, out.len()], found: shape.to_vec() });
+        }
+        self.read_range(name, row * cols, out)
+    }
+
     /// Elements `start..start + out.len()` of `name` (flattened) as f32 or f16.
     pub fn read_range<T: Elem>(&self, name: &str, start: usize, out: &mut [T]) -> Result<()> {
         match self.slot(name)? {
@@ -430,7 +449,10 @@ impl Weights {
             let s = tf.source_row(r, rows) * rb;
             &data[s..s + rb]
         };
-        if start.is_multiple_of(cols) && out.len().is_multiple_of(cols) {
+        if start.is_multiple_of(cols) && out.len() == cols {
+            // One row (an embedding lookup): on this thread.
+            decode(kind, row_src(start / cols), out);
+        } else if start.is_multiple_of(cols) && out.len().is_multiple_of(cols) {
             let first = start / cols;
             out.par_chunks_mut(cols).enumerate().for_each(|(i, o)| decode(kind, row_src(first + i), o));
         } else {

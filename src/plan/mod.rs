@@ -178,6 +178,10 @@ pub enum StepKind {
         problem: Problem,
         /// Buffers in the problem's binding order.
         binds: Vec<BufId>,
+        /// Bit i set: `binds[i]` is an output (computed once with the plan's
+        /// shape check, so an executor needs no per-call buffer list).
+        #[serde(skip)]
+        outputs: u32,
     },
     Plumb(Plumb),
 }
@@ -525,6 +529,36 @@ impl Plan {
     /// The embedding of those tokens must already be in `x[0]`; logits land in the
     /// [`Plan::lm_head`] blocks' buffers (every row when `all_logits` and prefill,
     /// else the last).
+    /// Moves steps built by [`Plan::steps`] for `tokens` tokens to position
+    /// `pos0` in place (RoPE positions, attention lengths, KV-cache writes): a
+    /// compiled schedule replayed for the next token without rebuilding it.
+    /// Returns false when a moved attention step's kernel can no longer run its
+    /// problem (rebuild with [`Plan::steps`] then, which chooses again).
+    pub fn rebase(&self, steps: &mut [Step], tokens: usize, pos0: usize) -> Result<bool, PlanError> {
+        let o = &self.options;
+        if tokens == 0 || tokens > o.max_tokens || pos0 + tokens > o.context {
+            return Err(PlanError::TooManyTokens(pos0 + tokens, o.max_tokens, o.context));
+        }
+        let caps = self.selection.device.caps();
+        for s in steps {
+            match &mut s.kind {
+                StepKind::Kernel { kernel, params, dtype, problem, .. } => match problem {
+                    Problem::Rope { pos0: p, .. } | Problem::QkNormRope { pos0: p, .. } => *p = pos0,
+                    Problem::AttentionDecode { kv_len, .. } | Problem::AttentionPrefill { kv_len, .. } => {
+                        *kv_len = pos0 + tokens;
+                        if kernel.check(caps, problem, *dtype, params).is_err() {
+                            return Ok(false);
+                        }
+                    }
+                    _ => {}
+                },
+                StepKind::Plumb(Plumb::KvWrite { pos0: p, .. }) => *p = pos0,
+                StepKind::Plumb(_) => {}
+            }
+        }
+        Ok(true)
+    }
+
     pub fn steps(&self, tokens: usize, pos0: usize) -> Result<Vec<Step>, PlanError> {
         let o = &self.options;
         if tokens == 0 || tokens > o.max_tokens || pos0 + tokens > o.context {
@@ -612,8 +646,19 @@ impl Emitter<'_> {
         dtype: DType,
     ) -> Result<(), PlanError> {
         let choice = self.plan.selection.choose(slot, self.regime, layer, &problem, dtype)?;
-        // Every bound buffer must hold what the problem addresses (the plan's shape check).
-        for (spec, &b) in problem.buffers(dtype).iter().zip(&binds) {
+        // Every bound buffer must hold what the problem addresses (the plan's shape
+        // check: what lets an executor skip the per-call check).
+        let specs = problem.buffers(dtype);
+        if specs.len() != binds.len() || specs.len() > 32 {
+            return Err(PlanError::Unsupported(format!(
+                "{} buffers bound for {} ({} expected)",
+                binds.len(),
+                problem.describe(),
+                specs.len()
+            )));
+        }
+        let outputs = specs.iter().enumerate().filter(|(_, s)| s.is_output()).fold(0u32, |m, (i, _)| m | (1 << i));
+        for (spec, &b) in specs.iter().zip(&binds) {
             let decl = &self.plan.buffers[b];
             if decl.len < spec.len() || decl.dtype != spec.dtype {
                 return Err(PlanError::Shape {
@@ -627,7 +672,7 @@ impl Emitter<'_> {
             slot,
             layer,
             group,
-            kind: StepKind::Kernel { kernel: choice.kernel, params: choice.params, dtype, problem, binds },
+            kind: StepKind::Kernel { kernel: choice.kernel, params: choice.params, dtype, problem, binds, outputs },
         });
         Ok(())
     }

@@ -96,6 +96,44 @@ fn f32s_mut<'a>(bufs: &'a mut [HostBuf], id: BufId, what: &str) -> Result<&'a mu
     }
 }
 
+/// A kernel step's output buffers, taken out of the executor while it runs.
+type Taken = smallvec::SmallVec<[(BufId, Vec<f32>); 4]>;
+
+/// An f32 buffer's values, through a shared weight.
+fn f32_of(b: &HostBuf) -> Option<&[f32]> {
+    match b {
+        HostBuf::F32(v) => Some(v),
+        HostBuf::Shared(b) => f32_of(b),
+        _ => None,
+    }
+}
+
+/// Buffer `a` mutably and buffer `b` shared (two different buffers).
+fn two<'a>(bufs: &'a mut [HostBuf], a: BufId, b: BufId, what: &str) -> Result<(&'a mut HostBuf, &'a HostBuf), RuntimeError> {
+    if a == b || a >= bufs.len() || b >= bufs.len() {
+        return Err(RuntimeError::Internal(format!("{what}: buffers {a} and {b} must be two different buffers")));
+    }
+    Ok(if a < b {
+        let (lo, hi) = bufs.split_at_mut(b);
+        (&mut lo[a], &hi[0])
+    } else {
+        let (lo, hi) = bufs.split_at_mut(a);
+        (&mut hi[0], &lo[b])
+    })
+}
+
+/// Runs a kernel step on `bufs` (its inputs) and `outs` (its taken outputs).
+fn call(bufs: &[HostBuf], step: &Step, outs: &mut Taken) -> Result<(), RuntimeError> {
+    let StepKind::Kernel { kernel, params, problem, binds, outputs, .. } = &step.kind else { return Ok(()) };
+    let ins = binds.iter().enumerate().filter(|(i, _)| outputs & (1 << i) == 0).map(|(_, &b)| bufs[b].as_in()).collect();
+    let args = CpuArgs { ins, outs: outs.iter_mut().map(|(_, v)| v.as_mut_slice()).collect() };
+    kernel.run_cpu_planned(problem, params, args).map_err(|e| RuntimeError::Kernel {
+        slot: step.slot.name().into(),
+        layer: step.layer,
+        source: Box::new(e),
+    })
+}
+
 impl CpuExec {
     /// Host buffers for `plan`, weights filled by `fill(buffer index, decl)`.
     pub fn new(plan: &Plan, mut fill: impl FnMut(usize) -> Result<Option<HostBuf>, RuntimeError>) -> Result<CpuExec, RuntimeError> {
@@ -123,7 +161,9 @@ impl CpuExec {
         Ok(CpuExec { bufs })
     }
 
-    /// Runs `steps` in order, timing each slot.
+    /// Runs `steps` in order, timing each slot. Allocates nothing: kernel calls
+    /// are built in inline vectors from the steps' precomputed output masks, and
+    /// run without the per-call check (the plan checked the bindings).
     pub fn run(&mut self, steps: &[Step], times: &mut SlotTimes) -> Result<(), RuntimeError> {
         let mut i = 0;
         while i < steps.len() {
@@ -150,25 +190,33 @@ impl CpuExec {
         Ok(())
     }
 
+    /// Takes a kernel step's output buffers out of `bufs` (left empty, no
+    /// allocation) in binding order.
+    fn take_outs(&mut self, step: &Step) -> Result<Taken, RuntimeError> {
+        let mut outs = Taken::new();
+        if let StepKind::Kernel { kernel, binds, outputs, .. } = &step.kind {
+            for (i, &b) in binds.iter().enumerate() {
+                if outputs & (1 << i) != 0 {
+                    outs.push((b, std::mem::take(f32s_mut(&mut self.bufs, b, kernel.id)?)));
+                }
+            }
+        }
+        Ok(outs)
+    }
+
+    fn put_back(&mut self, outs: Taken) {
+        for (b, v) in outs {
+            self.bufs[b] = HostBuf::F32(v);
+        }
+    }
+
     fn run_one(&mut self, step: &Step) -> Result<(), RuntimeError> {
         match &step.kind {
-            StepKind::Kernel { kernel, params, dtype, problem, binds } => {
-                let specs = problem.buffers(*dtype);
-                let out_ids: Vec<BufId> = specs.iter().zip(binds).filter(|(s, _)| s.is_output()).map(|(_, &b)| b).collect();
-                let mut outs: Vec<Vec<f32>> = Vec::with_capacity(out_ids.len());
-                for &b in &out_ids {
-                    outs.push(std::mem::take(f32s_mut(&mut self.bufs, b, kernel.id)?));
-                }
-                let res = {
-                    let ins: Vec<CpuIn<'_>> =
-                        specs.iter().zip(binds).filter(|(s, _)| !s.is_output()).map(|(_, &b)| self.bufs[b].as_in()).collect();
-                    let args = CpuArgs { ins, outs: outs.iter_mut().map(|v| v.as_mut_slice()).collect() };
-                    kernel.run_cpu(problem, *dtype, params, args)
-                };
-                for (&b, v) in out_ids.iter().zip(outs) {
-                    self.bufs[b] = HostBuf::F32(v);
-                }
-                res.map_err(|e| RuntimeError::Kernel { slot: step.slot.name().into(), layer: step.layer, source: Box::new(e) })
+            StepKind::Kernel { .. } => {
+                let mut outs = self.take_outs(step)?;
+                let res = call(&self.bufs, step, &mut outs);
+                self.put_back(outs);
+                res
             }
             StepKind::Plumb(p) => self.plumb(p),
         }
@@ -176,70 +224,41 @@ impl CpuExec {
 
     /// Independent kernels run concurrently; each writes its own outputs.
     fn run_group(&mut self, steps: &[Step]) -> Result<(), RuntimeError> {
-        struct Job<'s> {
-            step: &'s Step,
-            out_ids: Vec<BufId>,
-            outs: Vec<Vec<f32>>,
-        }
-        let mut jobs = Vec::new();
-        for step in steps {
-            let StepKind::Kernel { kernel, dtype, problem, binds, .. } = &step.kind else {
-                return self.run_sequential(steps);
-            };
-            let specs = problem.buffers(*dtype);
-            let out_ids: Vec<BufId> = specs.iter().zip(binds).filter(|(s, _)| s.is_output()).map(|(_, &b)| b).collect();
-            let mut outs = Vec::new();
-            for &b in &out_ids {
-                outs.push(std::mem::take(f32s_mut(&mut self.bufs, b, kernel.id)?));
+        if steps.iter().any(|s| !matches!(s.kind, StepKind::Kernel { .. })) {
+            for s in steps {
+                self.run_one(s)?;
             }
-            jobs.push(Job { step, out_ids, outs });
+            return Ok(());
         }
-        let bufs = &self.bufs;
-        let mut results: Vec<Result<(), RuntimeError>> = jobs.iter().map(|_| Ok(())).collect();
+        let mut jobs: smallvec::SmallVec<[(Taken, Result<(), RuntimeError>); 4]> = smallvec::SmallVec::new();
+        for step in steps {
+            jobs.push((self.take_outs(step)?, Ok(())));
+        }
         {
             // One pool task per kernel; each kernel's own parallel loop then runs
             // inline on its task's thread.
-            crate::kernels::cpu::pool::for_chunks_mut2(&mut jobs, 1, &mut results, 1, |_, job, res| {
-                let job = &mut job[0];
-                res[0] = (|| {
-                    let StepKind::Kernel { kernel, params, dtype, problem, binds } = &job.step.kind else { return Ok(()) };
-                    let specs = problem.buffers(*dtype);
-                    let ins: Vec<CpuIn<'_>> =
-                        specs.iter().zip(binds).filter(|(s, _)| !s.is_output()).map(|(_, &b)| bufs[b].as_in()).collect();
-                    let args = CpuArgs { ins, outs: job.outs.iter_mut().map(|v| v.as_mut_slice()).collect() };
-                    kernel.run_cpu(problem, *dtype, params, args).map_err(|e| RuntimeError::Kernel {
-                        slot: job.step.slot.name().into(),
-                        layer: job.step.layer,
-                        source: Box::new(e),
-                    })
-                })();
+            let bufs = &self.bufs;
+            crate::kernels::cpu::pool::for_chunks_mut(&mut jobs, 1, |i, job| {
+                let (outs, res) = &mut job[0];
+                *res = call(bufs, &steps[i], outs);
             });
         }
-        for job in jobs {
-            for (b, v) in job.out_ids.into_iter().zip(job.outs) {
-                self.bufs[b] = HostBuf::F32(v);
+        let mut first_err = Ok(());
+        for (outs, res) in jobs {
+            self.put_back(outs);
+            if first_err.is_ok() {
+                first_err = res;
             }
         }
-        results.into_iter().collect()
-    }
-
-    fn run_sequential(&mut self, steps: &[Step]) -> Result<(), RuntimeError> {
-        for s in steps {
-            self.run_one(s)?;
-        }
-        Ok(())
+        first_err
     }
 
     fn plumb(&mut self, p: &Plumb) -> Result<(), RuntimeError> {
         match *p {
             Plumb::SplitQkv { src, bias, q, k, v, tokens, nq, nkv } => {
                 let w = nq + 2 * nkv;
-                let mut outs = [q, k, v].map(|id| f32s_mut(&mut self.bufs, id, "split_qkv").map(std::mem::take));
-                let mut taken = Vec::new();
-                for o in outs.iter_mut() {
-                    taken.push(std::mem::replace(o, Ok(Vec::new()))?);
-                }
-                {
+                let mut taken = [q, k, v].map(|id| f32s_mut(&mut self.bufs, id, "split_qkv").map(std::mem::take));
+                let res: Result<(), RuntimeError> = (|| {
                     let s = f32s(&self.bufs, src, "split_qkv")?;
                     let b = match bias {
                         Some(b) => Some(f32s(&self.bufs, b, "split_qkv bias")?),
@@ -248,7 +267,8 @@ impl CpuExec {
                     for t in 0..tokens {
                         let row = &s[t * w..(t + 1) * w];
                         for (part, (off, n)) in [(0usize, nq), (nq, nkv), (nq + nkv, nkv)].into_iter().enumerate() {
-                            let dst = &mut taken[part][t * n..(t + 1) * n];
+                            let Ok(dst) = &mut taken[part] else { continue };
+                            let dst = &mut dst[t * n..(t + 1) * n];
                             dst.copy_from_slice(&row[off..off + n]);
                             if let Some(b) = b {
                                 for (d, bb) in dst.iter_mut().zip(&b[off..off + n]) {
@@ -257,25 +277,32 @@ impl CpuExec {
                             }
                         }
                     }
-                }
+                    Ok(())
+                })();
                 for (id, vv) in [q, k, v].into_iter().zip(taken) {
-                    self.bufs[id] = HostBuf::F32(vv);
+                    self.bufs[id] = HostBuf::F32(vv?);
                 }
+                res?;
             }
             Plumb::BiasAdd { buf, bias, rows, n } => {
-                let b = f32s(&self.bufs, bias, "bias_add")?.to_vec();
-                let y = f32s_mut(&mut self.bufs, buf, "bias_add")?;
+                let (y, b) = two(&mut self.bufs, buf, bias, "bias_add")?;
+                let (HostBuf::F32(y), Some(b)) = (y, f32_of(b)) else {
+                    return Err(RuntimeError::Internal("bias_add: buffers are not f32".into()));
+                };
                 for r in 0..rows {
-                    for (d, bb) in y[r * n..(r + 1) * n].iter_mut().zip(&b) {
+                    for (d, bb) in y[r * n..(r + 1) * n].iter_mut().zip(b) {
                         *d += bb;
                     }
                 }
             }
             Plumb::KvWrite { k, v, k_cache, v_cache, tokens, kv_heads, head_dim, kv_cap, pos0 } => {
                 for (src, dst) in [(k, k_cache), (v, v_cache)] {
-                    let s = f32s(&self.bufs, src, "kv_write")?.to_vec();
                     let write = |h: usize, t: usize| ((h * kv_cap + pos0 + t) * head_dim, (t * kv_heads + h) * head_dim);
-                    match &mut self.bufs[dst] {
+                    let (cache, s) = two(&mut self.bufs, dst, src, "kv_write")?;
+                    let Some(s) = f32_of(s) else {
+                        return Err(RuntimeError::Internal("kv_write: the new keys/values are not f32".into()));
+                    };
+                    match cache {
                         HostBuf::F32(c) => {
                             for t in 0..tokens {
                                 for h in 0..kv_heads {
@@ -301,8 +328,11 @@ impl CpuExec {
                 }
             }
             Plumb::Copy { src, src_off, dst, dst_off, len } => {
-                let s = f32s(&self.bufs, src, "copy")?[src_off..src_off + len].to_vec();
-                f32s_mut(&mut self.bufs, dst, "copy")?[dst_off..dst_off + len].copy_from_slice(&s);
+                let (d, s) = two(&mut self.bufs, dst, src, "copy")?;
+                let (HostBuf::F32(d), Some(s)) = (d, f32_of(s)) else {
+                    return Err(RuntimeError::Internal("copy: buffers are not f32".into()));
+                };
+                d[dst_off..dst_off + len].copy_from_slice(&s[src_off..src_off + len]);
             }
         }
         Ok(())
@@ -318,5 +348,10 @@ impl CpuExec {
     /// The first `len` elements of an f32 buffer.
     pub fn read(&self, id: BufId, len: usize) -> Result<Vec<f32>, RuntimeError> {
         Ok(f32s(&self.bufs, id, "read")?[..len].to_vec())
+    }
+
+    /// The first `len` elements of an f32 buffer, borrowed.
+    pub fn view(&self, id: BufId, len: usize) -> Result<&[f32], RuntimeError> {
+        Ok(&f32s(&self.bufs, id, "read")?[..len])
     }
 }

@@ -80,7 +80,7 @@ impl GpuExec {
 
     fn sig(step: &Step) -> Sig {
         match &step.kind {
-            StepKind::Kernel { kernel, params, dtype, problem, binds } => {
+            StepKind::Kernel { kernel, params, dtype, problem, binds, .. } => {
                 Sig::Kernel(kernel.id, params.clone(), *dtype, problem.clone(), binds.clone())
             }
             StepKind::Plumb(p) => Sig::Plumb(p.clone()),
@@ -97,7 +97,7 @@ impl GpuExec {
                 continue;
             }
             let prog = match &step.kind {
-                StepKind::Kernel { kernel, params, dtype, problem, binds } => {
+                StepKind::Kernel { kernel, params, dtype, problem, binds, .. } => {
                     let refs: Vec<&wgpu::Buffer> = binds.iter().map(|&b| &self.bufs[b]).collect();
                     Some(kernel.prepare_wgsl(&self.ctx, problem, *dtype, params, &refs).map_err(|e| RuntimeError::Kernel {
                         slot: step.slot.name().into(),

@@ -47,6 +47,12 @@ pub trait TensorStore: Send + Sync {
     fn load_range(&self, name: &str, dtype: DType, start: usize, len: usize) -> Result<HostBuf, RuntimeError>;
     /// Row `row` of a 2-D tensor as f32 (the embedding lookup).
     fn row(&self, name: &str, row: usize, cols: usize) -> Result<Vec<f32>, RuntimeError>;
+    /// [`TensorStore::row`] into `out` (`cols` = `out.len()`); a store that can
+    /// decode in place overrides it so a decode step allocates nothing.
+    fn row_into(&self, name: &str, row: usize, out: &mut [f32]) -> Result<(), RuntimeError> {
+        out.copy_from_slice(&self.row(name, row, out.len())?);
+        Ok(())
+    }
 }
 
 /// Accumulated time per slot, in seconds.
@@ -81,6 +87,15 @@ pub struct Engine {
     pub decode_times: SlotTimes,
     /// Dispatches (GPU) or kernel steps (CPU) in one layer of a decode step.
     pub dispatches_per_layer: usize,
+    /// Compiled schedules: the steps of a pass of `n` tokens (kernel choices,
+    /// parameters, bindings resolved once), moved to each call's position by
+    /// [`Plan::rebase`] instead of being built again.
+    schedules: Vec<(usize, Vec<crate::plan::Step>)>,
+    /// Reused per call: the embedded tokens, the last pass's per-slot times and
+    /// the logits (`rows` rows of the vocabulary).
+    x: Vec<f32>,
+    pass_times: SlotTimes,
+    logits: Vec<f32>,
 }
 
 /// Concatenates `parts` (each row-major with the same column count) along rows.
@@ -193,6 +208,10 @@ impl Engine {
             prefill_times: SlotTimes::default(),
             decode_times: SlotTimes::default(),
             dispatches_per_layer: 0,
+            schedules: Vec::new(),
+            x: Vec::new(),
+            pass_times: SlotTimes::default(),
+            logits: Vec::new(),
         })
     }
 
@@ -223,19 +242,51 @@ impl Engine {
         matches!(self.exec, Exec::Gpu(_))
     }
 
-    fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>, RuntimeError> {
+    /// The tokens' scaled embedding rows into `self.x` (reused).
+    fn embed(&mut self, tokens: &[u32]) -> Result<(), RuntimeError> {
         let c = &self.plan.config;
         let h = c.hidden_size;
         let scale = c.embedding_scale() as f32;
-        let mut x = Vec::with_capacity(tokens.len() * h);
-        for &t in tokens {
+        self.x.resize(tokens.len() * h, 0.0);
+        for (&t, out) in tokens.iter().zip(self.x.chunks_mut(h)) {
             if t as usize >= c.vocab_size {
                 return Err(RuntimeError::Token { id: t, vocab: c.vocab_size });
             }
-            let row = self.store.row("model.embed_tokens.weight", t as usize, h)?;
-            x.extend(row.into_iter().map(|v| v * scale));
+            self.store.row_into("model.embed_tokens.weight", t as usize, out)?;
+            out.iter_mut().for_each(|v| *v *= scale);
         }
-        Ok(x)
+        Ok(())
+    }
+
+    /// The compiled schedule of a pass of `t` tokens at `pos`: built on first use,
+    /// then moved to `pos` in place (rebuilt only when a kernel can no longer run
+    /// the moved problem).
+    fn schedule(&mut self, t: usize, pos: usize) -> Result<usize, RuntimeError> {
+        if let Some(i) = self.schedules.iter().position(|(n, _)| *n == t) {
+            if self.plan.rebase(&mut self.schedules[i].1, t, pos)? {
+                return Ok(i);
+            }
+            self.schedules[i].1 = self.plan.steps(t, pos)?;
+            return Ok(i);
+        }
+        // Decode, and the few prefill sizes a caller uses, stay compiled.
+        if self.schedules.len() >= 4 {
+            self.schedules.remove(1.min(self.schedules.len() - 1));
+        }
+        self.schedules.push((t, self.plan.steps(t, pos)?));
+        Ok(self.schedules.len() - 1)
+    }
+
+    /// One decode step: `token` at the current position; the logits, borrowed
+    /// from the engine (valid until the next call). On the CPU it allocates
+    /// nothing once the first step has compiled its schedule.
+    pub fn decode_step(&mut self, token: u32) -> Result<&[f32], RuntimeError> {
+        let ctx = self.plan.options.context;
+        if self.pos + 1 > ctx {
+            return Err(RuntimeError::ContextFull { pos: self.pos + 1, context: ctx });
+        }
+        self.forward_chunk(&[token])?;
+        Ok(&self.logits)
     }
 
     /// Runs `tokens` through the model at the current position (a prefill when
@@ -249,72 +300,79 @@ impl Engine {
         if self.pos + tokens.len() > ctx {
             return Err(RuntimeError::ContextFull { pos: self.pos + tokens.len(), context: ctx });
         }
-        let mut out = Vec::new();
         for chunk in tokens.chunks(self.plan.options.max_tokens) {
-            out = self.forward_chunk(chunk)?;
+            self.forward_chunk(chunk)?;
         }
-        Ok(out)
+        Ok(self.logits.chunks(self.plan.config.vocab_size.max(1)).map(<[f32]>::to_vec).collect())
     }
 
-    fn forward_chunk(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, RuntimeError> {
+    /// Runs one chunk; its logits land in `self.logits` (softcapped).
+    fn forward_chunk(&mut self, tokens: &[u32]) -> Result<(), RuntimeError> {
         let t = tokens.len();
-        let x = self.embed(tokens)?;
-        let steps = self.plan.steps(t, self.pos)?;
+        self.embed(tokens)?;
+        let si = self.schedule(t, self.pos)?;
         let decode = t == 1;
-        let mut times = SlotTimes::default();
+        for v in self.pass_times.seconds.values_mut() {
+            *v = 0.0;
+        }
         let x0 = self.plan.x[0];
         let vocab = self.plan.config.vocab_size;
         let rows = if t > 1 && self.plan.options.all_logits { t } else { 1 };
+        self.logits.resize(rows * vocab, 0.0);
+        let steps = &self.schedules[si].1;
         let blocks = &self.plan.lm_head;
         // Each LM-head block's logits are `[rows, block rows]`: one read per block.
-        let mut parts = Vec::with_capacity(blocks.len());
         match &mut self.exec {
             Exec::Cpu(e) => {
-                e.write(x0, &x)?;
+                e.write(x0, &self.x)?;
                 // The kernels' parallel loops run on the persistent spinning pool
                 // (kernels::cpu::pool), whose caller is this thread.
-                e.run(&steps, &mut times)?;
+                e.run(steps, &mut self.pass_times)?;
                 self.dispatches_per_layer = steps.iter().filter(|s| s.layer == Some(0)).count();
                 for b in blocks {
-                    parts.push(e.read(b.logits, rows * b.rows)?);
+                    let part = e.view(b.logits, rows * b.rows)?;
+                    scatter(&mut self.logits, part, b.start, b.rows, vocab);
                 }
             }
             Exec::Gpu(e) => {
-                e.write(x0, &x);
-                e.run(t, &steps, &mut times)?;
-                self.dispatches_per_layer = e.dispatches(t, &steps, 0);
+                e.write(x0, &self.x);
+                e.run(t, steps, &mut self.pass_times)?;
+                self.dispatches_per_layer = e.dispatches(t, steps, 0);
                 for b in blocks {
-                    parts.push(e.read(b.logits, rows * b.rows)?);
+                    let part = e.read(b.logits, rows * b.rows)?;
+                    scatter(&mut self.logits, &part, b.start, b.rows, vocab);
                 }
             }
         }
-        let flat = if parts.len() == 1 {
-            parts.pop().unwrap_or_default()
-        } else {
-            let mut flat = vec![0.0f32; rows * vocab];
-            for (b, part) in blocks.iter().zip(&parts) {
-                for (r, src) in part.chunks(b.rows).enumerate() {
-                    flat[r * vocab + b.start..r * vocab + b.start + b.rows].copy_from_slice(src);
-                }
-            }
-            flat
-        };
         self.pos += t;
         if decode {
-            for (k, v) in times.seconds {
-                *self.decode_times.seconds.entry(k).or_insert(0.0) += v;
+            for (k, v) in &self.pass_times.seconds {
+                if let Some(d) = self.decode_times.seconds.get_mut(k) {
+                    *d += v;
+                } else {
+                    self.decode_times.seconds.insert(*k, *v);
+                }
             }
         } else {
-            self.prefill_times = times;
+            self.prefill_times = self.pass_times.clone();
         }
-        let cap = self.plan.config.final_logit_softcapping;
-        Ok(flat
-            .chunks(vocab)
-            .map(|r| match cap {
-                Some(c) if c > 0.0 => r.iter().map(|&v| ((v as f64 / c).tanh() * c) as f32).collect(),
-                _ => r.to_vec(),
-            })
-            .collect())
+        if let Some(c) = self.plan.config.final_logit_softcapping
+            && c > 0.0
+        {
+            self.logits.iter_mut().for_each(|v| *v = ((*v as f64 / c).tanh() * c) as f32);
+        }
+        Ok(())
+    }
+}
+
+/// One LM-head block's `[rows, block_rows]` logits into the `[rows, vocab]` rows.
+fn scatter(logits: &mut [f32], part: &[f32], start: usize, block_rows: usize, vocab: usize) {
+    if block_rows == vocab {
+        logits[..part.len()].copy_from_slice(part);
+        return;
+    }
+    for (r, src) in part.chunks(block_rows.max(1)).enumerate() {
+        logits[r * vocab + start..r * vocab + start + block_rows].copy_from_slice(src);
     }
 }
 
@@ -377,6 +435,10 @@ impl TensorStore for crate::model::Weights {
                 HostBuf::F32(v)
             }
         })
+    }
+
+    fn row_into(&self, name: &str, row: usize, out: &mut [f32]) -> Result<(), RuntimeError> {
+        self.row_f32_into(name, row, out).map_err(|e| RuntimeError::Weights(e.to_string()))
     }
 
     fn row(&self, name: &str, row: usize, cols: usize) -> Result<Vec<f32>, RuntimeError> {

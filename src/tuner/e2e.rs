@@ -95,12 +95,11 @@ pub fn e2e_sample(engine: &mut Engine, prompt: &[u32], steps: usize) -> Result<(
     let rows = engine.forward(prompt)?;
     let prefill = t0.elapsed().as_secs_f64();
     let mut next = argmax(rows.last().map(Vec::as_slice).unwrap_or(&[]));
-    let mut ts = Vec::new();
+    let mut ts = Vec::with_capacity(steps);
     for _ in 0..steps {
         let t = Instant::now();
-        let r = engine.forward(&[next])?;
+        next = argmax(engine.decode_step(next)?);
         ts.push(t.elapsed().as_secs_f64());
-        next = argmax(&r[0]);
     }
     Ok((prefill, summarize(&ts).median))
 }

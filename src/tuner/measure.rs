@@ -180,9 +180,9 @@ impl Runner {
                 let outs = &mut self.outs[i];
                 let params = &self.cand.params;
                 let next = &mut self.next_copy;
-                // On a pool worker, as the runtime runs its passes (see Engine::forward):
-                // the kernel forks from inside the pool.
-                rayon::scope(|_| {
+                // On the calling thread, as the runtime runs its passes: the
+                // kernel's parallel loops go to the kernels' pool.
+                {
                     let t0 = Instant::now();
                     for _ in 0..reps {
                         *next = (*next + 1) % copies.len();
@@ -193,7 +193,7 @@ impl Runner {
                         k.run_cpu(p, w.dtype, params, args).map_err(|e| e.to_string())?;
                     }
                     Ok(t0.elapsed().as_secs_f64() / reps as f64)
-                })
+                }
             }
             Some((ctx, _)) => {
                 let prog = &self.progs[i];

@@ -647,7 +647,7 @@ fn run_decode_heads(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuA
     let (lo, hi) = s.range(0);
     cpu::pool::for_chunks_mut(&mut a.outs[0][..s.heads * d], d, |h, o| {
         let kh = h / s.group();
-        cpu::with_scratch(&SCORES, hi - lo, |sc| {
+        cpu::with_scratch_cap(&SCORES, hi - lo, s.kv_cap, |sc| {
             scores_into(isa, &kv, &q[h * d..][..d], kh, lo, four, sc);
             let (_, l) = exp_row(sc);
             let inv = 1.0 / l;

@@ -261,8 +261,18 @@ pub fn sub_row(w: CpuIn<'_>, r: usize, k: usize, c0: usize, c1: usize) -> Row<'_
 /// Runs `f` on the per-thread scratch buffer `key` grown to `len` floats (a fresh
 /// buffer when the key is already borrowed by a caller up the stack).
 pub fn with_scratch<R>(key: &'static LocalKey<RefCell<Vec<f32>>>, len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    with_scratch_cap(key, len, len, f)
+}
+
+/// [`with_scratch`] that reserves room for `cap` floats the first time, so a
+/// buffer that grows with the sequence (a score row) is allocated once.
+pub fn with_scratch_cap<R>(key: &'static LocalKey<RefCell<Vec<f32>>>, len: usize, cap: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     key.with(|cell| match cell.try_borrow_mut() {
         Ok(mut v) => {
+            if v.capacity() < cap.max(len) {
+                let more = cap.max(len) - v.len();
+                v.reserve_exact(more);
+            }
             if v.len() < len {
                 v.resize(len, 0.0);
             }
@@ -270,6 +280,59 @@ pub fn with_scratch<R>(key: &'static LocalKey<RefCell<Vec<f32>>>, len: usize, f:
         }
         Err(_) => f(&mut vec![0.0; len]),
     })
+}
+
+thread_local! {
+    /// Spare vectors of this thread for [`Scratch`].
+    static SPARE: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A per-call f32 vector (a norm's widened gains, a normalized activation) taken
+/// from this thread's spares and given back when dropped: after the first calls
+/// a kernel's temporaries cost no allocation.
+pub struct Scratch(Vec<f32>);
+
+impl Scratch {
+    /// `len` zeros.
+    pub fn zeroed(len: usize) -> Scratch {
+        let mut v = SPARE.try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop())).ok().flatten().unwrap_or_default();
+        v.clear();
+        v.resize(len, 0.0);
+        Scratch(v)
+    }
+
+    /// `f(i)` for `i in 0..len`.
+    pub fn from_fn(len: usize, f: impl Fn(usize) -> f32) -> Scratch {
+        let mut s = Scratch::zeroed(len);
+        s.iter_mut().enumerate().for_each(|(i, v)| *v = f(i));
+        s
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Vec<f32>;
+    fn deref(&self) -> &Vec<f32> {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Scratch {
+    fn deref_mut(&mut self) -> &mut Vec<f32> {
+        &mut self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let v = std::mem::take(&mut self.0);
+        let _ = SPARE.try_with(|s| {
+            if let Ok(mut s) = s.try_borrow_mut()
+                && s.len() < 32
+            {
+                s.push(v);
+            }
+        });
+    }
 }
 
 /// Merges two online softmax partials `(max, sum of exp(x - max))`.

@@ -86,10 +86,53 @@ pub struct XQ8 {
     pub dsum16: Vec<f32>,
 }
 
+/// The buffers of a dropped [`XQ8`], kept for the next one (no `Drop` of its own).
+struct SpareXq8(Vec<i8>, Vec<f32>, Vec<f32>, Vec<f32>);
+
+thread_local! {
+    /// Spare activation buffers of this thread (see `Drop for XQ8`).
+    static SPARE_XQ8: std::cell::RefCell<Vec<SpareXq8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A quantized activation vector goes back to its thread's spares when dropped,
+/// so quantizing the next one (every projection of a decode step) reuses its
+/// buffers instead of allocating.
+impl Drop for XQ8 {
+    fn drop(&mut self) {
+        if self.q.capacity() == 0 {
+            return;
+        }
+        let spare = SpareXq8(
+            std::mem::take(&mut self.q),
+            std::mem::take(&mut self.d),
+            std::mem::take(&mut self.dsum),
+            std::mem::take(&mut self.dsum16),
+        );
+        let _ = SPARE_XQ8.try_with(|s| {
+            if let Ok(mut s) = s.try_borrow_mut()
+                && s.len() < 8
+            {
+                s.push(spare);
+            }
+        });
+    }
+}
+
 impl XQ8 {
     pub fn quantize(x: &[f32]) -> XQ8 {
         let blocks = x.len() / QK;
-        let mut out = XQ8 { q: vec![0; blocks * QK], d: vec![0.0; blocks], dsum: vec![0.0; blocks], dsum16: vec![0.0; 2 * blocks] };
+        let SpareXq8(q, d, dsum, dsum16) = SPARE_XQ8
+            .try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()))
+            .ok()
+            .flatten()
+            .unwrap_or(SpareXq8(Vec::new(), Vec::new(), Vec::new(), Vec::new()));
+        let mut out = XQ8 { q, d, dsum, dsum16 };
+        out.q.clear();
+        out.q.resize(blocks * QK, 0);
+        for (v, n) in [(&mut out.d, blocks), (&mut out.dsum, blocks), (&mut out.dsum16, 2 * blocks)] {
+            v.clear();
+            v.resize(n, 0.0);
+        }
         for (b, xb) in x.chunks_exact(QK).enumerate() {
             let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;

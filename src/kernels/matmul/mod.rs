@@ -967,7 +967,7 @@ mod tests {
                     let mut y = vec![0.0; m * n];
                     let run = |y: &mut Vec<f32>| {
                         let w_in = if dt == DType::F32 { CpuIn::F32(&w) } else { CpuIn::F16(&wh) };
-                        let args = CpuArgs { ins: vec![CpuIn::F32(&x), w_in], outs: vec![y.as_mut_slice()] };
+                        let args = CpuArgs { ins: smallvec::smallvec![CpuIn::F32(&x), w_in], outs: smallvec::smallvec![y.as_mut_slice()] };
                         kd.run_cpu(&prob, dt, &params, args).expect("run");
                     };
                     run(&mut y);

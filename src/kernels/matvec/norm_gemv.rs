@@ -155,13 +155,13 @@ fn prepare_quant(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
 
 /// The prologue: `x * inv_rms(x) * g` (or `* (1 + g)`) into a fresh k-vector, the sum
 /// of squares with the SIMD dot product of `x` with itself.
-pub fn normalize(isa: Isa, x: &[f32], g: CpuIn<'_>, eps: f32, unit_offset: bool) -> Vec<f32> {
+pub fn normalize(isa: Isa, x: &[f32], g: CpuIn<'_>, eps: f32, unit_offset: bool) -> cpu::Scratch {
     if x.is_empty() {
-        return Vec::new();
+        return cpu::Scratch::zeroed(0);
     }
     let inv = 1.0 / (cpu::dot_f32(isa, x, x) / x.len() as f32 + eps).sqrt();
     let off = if unit_offset { 1.0 } else { 0.0 };
-    x.iter().enumerate().map(|(i, &v)| v * inv * (g.get(i) + off)).collect()
+    cpu::Scratch::from_fn(x.len(), |i| x[i] * inv * (g.get(i) + off))
 }
 
 fn run_float(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {

@@ -111,7 +111,7 @@ fn prepare_q(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
 #[allow(clippy::too_many_arguments)]
 fn qkv_rows(
     kd: &KernelDef,
-    outs_: Vec<&mut [f32]>,
+    outs_: crate::kernels::CpuOuts<'_>,
     nq: usize,
     nkv: usize,
     grain: usize,

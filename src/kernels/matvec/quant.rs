@@ -88,8 +88,8 @@ mod tests {
         let k = crate::kernels::find("gemv_q_cpu").unwrap();
         let prob = Problem::Gemv { n: 2, k: 32 };
         let (x, w) = (vec![0f32; 32], vec![0f32; 64]);
-        let mut y = vec![0f32; 2];
-        let args = CpuArgs { ins: vec![CpuIn::F32(&x), CpuIn::F32(&w)], outs: vec![&mut y] };
+        let mut y = [0f32; 2];
+        let args = CpuArgs { ins: smallvec::smallvec![CpuIn::F32(&x), CpuIn::F32(&w)], outs: smallvec::smallvec![&mut y[..]] };
         assert!(k.run_cpu(&prob, DType::Q8_0, &k.default_params(), args).is_err());
     }
 }

@@ -339,9 +339,9 @@ fn ln_apply(isa: Isa, x: &[f32], w: Row<'_>, b: Row<'_>, mean: f32, rs: f32, y: 
 // ---------------------------------------------------------------------------------
 
 /// The norm gain `w` (or `1 + w`, Gemma) widened to f32 once per call.
-pub fn gains(w: CpuIn<'_>, dim: usize, unit_offset: bool) -> Vec<f32> {
+pub fn gains(w: CpuIn<'_>, dim: usize, unit_offset: bool) -> super::cpu::Scratch {
     let off = if unit_offset { 1.0 } else { 0.0 };
-    (0..dim).map(|i| w.get(i) + off).collect()
+    super::cpu::Scratch::from_fn(dim, |i| w.get(i) + off)
 }
 
 /// `1 / sqrt(mean + eps)` from a sum of squares over `dim` elements.

@@ -329,7 +329,7 @@ fn run_table(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>
     let per = (param(params, "rows_per_task")? as usize).max(1);
     let (x, inv_freq) = (a.ins[0].f32(), a.ins[1].f32());
     let tl = g.table_len();
-    let mut tables = vec![0f32; tokens * tl];
+    let mut tables = cpu::Scratch::zeroed(tokens * tl);
     if tl > 0 {
         cpu::pool::for_chunks_mut(&mut tables, tl, |t, tab| fill_table(g, pos0 + t, inv_freq, tab));
     }
@@ -345,7 +345,7 @@ fn run_token(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>
     let (x, inv_freq) = (a.ins[0].f32(), a.ins[1].f32());
     let d = g.head_dim;
     cpu::pool::for_row_chunks_mut(&mut a.outs[0][..tokens * g.heads * d], g.heads * d, per * d, |t, c, y| {
-        let mut table = vec![0f32; g.table_len()];
+        let mut table = cpu::Scratch::zeroed(g.table_len());
         fill_table(g, pos0 + t, inv_freq, &mut table);
         rotate_token_rows(isa, g, x, t * g.heads + c * per, &table, y);
     });
@@ -400,7 +400,7 @@ mod tests {
                     want[a] = (x[a] as f64 * c - x[b] as f64 * s) as f32;
                     want[b] = (x[b] as f64 * c + x[a] as f64 * s) as f32;
                 }
-                let mut table = vec![0f32; g.table_len()];
+                let mut table = cpu::Scratch::zeroed(g.table_len());
                 fill_table(g, pos, &freqs, &mut table);
                 for isa in [Isa::Scalar, Isa::from_param(2), Isa::best()] {
                     let mut y = vec![f32::NAN; d];

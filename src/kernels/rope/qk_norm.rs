@@ -173,7 +173,7 @@ struct QkCall<'a> {
     pos0: usize,
     layout: RopeLayout,
     isa: Isa,
-    g: Vec<f32>,
+    g: cpu::Scratch,
     x: &'a [f32],
     inv_freq: &'a [f32],
 }
