@@ -252,3 +252,22 @@ fn per_format_choices_resolve_and_bad_ones_are_refused() {
     let bad = text.replace("down_proj: {kernel: gemv_q_cpu", "down_proj: {kernel: rms_norm_rows_cpu");
     assert!(Profile::from_str(&bad, "f.yaml").is_err());
 }
+
+/// The tuned CPU thread count (`execution.cpuThreads`) resolves into the execution
+/// settings; a profile without it (every profile written before it existed) runs
+/// on all threads; a negative count is refused.
+#[test]
+fn cpu_threads_resolve_and_old_profiles_default_to_all() {
+    let dev = ktune::device::Device::Cpu(ktune::device::CpuCaps::detect());
+    let (_, exec, _) = Profile::from_str(GOOD, "f.yaml").expect("loads").resolve(&dev, "smollm2-135m", 30).expect("resolves");
+    assert_eq!(exec.threads, 0, "no cpuThreads: all threads");
+    let text = GOOD.replace("execution:\n", "execution:\n  cpuThreads: 1\n");
+    assert_ne!(text, GOOD, "the fixture has an execution section");
+    let p = Profile::from_str(&text, "f.yaml").expect("loads");
+    let (_, exec, _) = p.resolve(&dev, "smollm2-135m", 30).expect("resolves");
+    assert_eq!(exec.threads, 1);
+    // Written back, the count stays.
+    let again = Profile::from_str(&to_yaml(&p.doc).expect("yaml"), "g.yaml").expect("loads back");
+    assert_eq!(again.doc.execution.cpu_threads, 1);
+    assert!(Profile::from_str(&GOOD.replace("execution:\n", "execution:\n  cpuThreads: -2\n"), "f.yaml").is_err());
+}

@@ -67,6 +67,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
             parallel: Parallel::default(),
             kv_dtype: crate::kernels::DType::F32,
             weight_dtype,
+            threads: 0,
         };
         setups.push(("default".into(), Selection::defaults(caps.clone()), exec));
     }
@@ -87,7 +88,9 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
             fusion: exec.fusion,
             parallel: exec.parallel,
         };
-        engines.push((name, build.build(opts, sel, exec.batch)?));
+        let mut engine = build.build(opts, sel, exec.batch)?;
+        engine.set_cpu_threads(exec.threads);
+        engines.push((name, engine));
     }
 
     let prompt: Vec<u32> = (0..args.prefill_tokens).map(|i| ((i * 7919 + 13) % c.vocab_size) as u32).collect();

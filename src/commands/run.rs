@@ -139,7 +139,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         }
         None => (
             Selection::defaults(DeviceCaps::from(&device)),
-            ExecSettings { batch: !args.no_batch, fusion, parallel: Parallel::default(), kv_dtype, weight_dtype },
+            ExecSettings { batch: !args.no_batch, fusion, parallel: Parallel::default(), kv_dtype, weight_dtype, threads: 0 },
         ),
     };
     let matrix_formats = session::matrix_formats(&m, exec.weight_dtype, weight_flag);
@@ -163,6 +163,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     // One engine: its weights need no memo to share them.
     let engines = Engines { model: &m.name, config: c, store, ctx, memo: None, check_decode: false };
     let mut engine = engines.build(opts, selection, batch)?;
+    engine.set_cpu_threads(exec.threads);
     let weight_bytes = engine.plan.weight_bytes();
     // Prefill (timed; on a GPU the pass is also profiled per step).
     engine.profile_next();

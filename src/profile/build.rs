@@ -61,6 +61,7 @@ pub(crate) fn profile_doc(f: &Findings<'_>) -> ProfileDoc {
         parallel: chosen.parallel,
         kv_dtype: o.kv_dtype,
         weight_dtype: o.weight_dtype,
+        threads: chosen.threads,
     };
     let (execution, parallel) = exec.to_doc();
 

@@ -405,6 +405,14 @@ pub struct ExecutionDoc {
     /// unless fused, the LM head).
     #[serde(default)]
     pub fused_norm_matmul: bool,
+    /// CPU: threads the kernels run on (the tuned thread count; absent or 0: all
+    /// the process may use; more than the machine has: all of them).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cpu_threads: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 impl Default for ExecutionDoc {
@@ -418,6 +426,7 @@ impl Default for ExecutionDoc {
             fused_qk_norm_rope: false,
             fused_residual_norm: false,
             fused_norm_matmul: false,
+            cpu_threads: 0,
         }
     }
 }

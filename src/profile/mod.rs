@@ -62,6 +62,8 @@ pub struct ExecSettings {
     pub parallel: Parallel,
     pub kv_dtype: kernels::DType,
     pub weight_dtype: kernels::DType,
+    /// CPU: threads the kernels' pool runs on (0: all of them).
+    pub threads: usize,
 }
 
 impl ExecSettings {
@@ -75,6 +77,7 @@ impl ExecSettings {
             fused_qk_norm_rope: self.fusion.qk_norm_rope,
             fused_residual_norm: self.fusion.residual_norm,
             fused_norm_matmul: self.fusion.norm_matmul,
+            cpu_threads: self.threads as u32,
         };
         let mut par = BTreeMap::new();
         for (name, members) in PARALLEL_GROUPS {
@@ -418,6 +421,7 @@ impl Profile {
             },
             kv_dtype: e.kv_cache_dtype.dtype(),
             weight_dtype: e.weight_dtype.dtype(),
+            threads: e.cpu_threads as usize,
         };
         Ok((sel, exec, warnings))
     }

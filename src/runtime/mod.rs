@@ -96,6 +96,8 @@ pub struct Engine {
     x: Vec<f32>,
     pass_times: SlotTimes,
     logits: Vec<f32>,
+    /// CPU: threads the kernels' pool runs this engine's passes on (0: all).
+    cpu_threads: usize,
 }
 
 /// Concatenates `parts` (each row-major with the same column count) along rows.
@@ -212,7 +214,19 @@ impl Engine {
             x: Vec::new(),
             pass_times: SlotTimes::default(),
             logits: Vec::new(),
+            cpu_threads: 0,
         })
+    }
+
+    /// CPU: run this engine's passes on `threads` of the kernels' pool (0: all;
+    /// more than the pool has: all). Set per engine, applied at each pass, so
+    /// engines of different profiles in one process keep their own.
+    pub fn set_cpu_threads(&mut self, threads: usize) {
+        self.cpu_threads = threads;
+    }
+
+    pub fn cpu_threads(&self) -> usize {
+        self.cpu_threads
     }
 
     /// Forgets the KV cache (the next call starts at position 0).
@@ -324,6 +338,8 @@ impl Engine {
         // Each LM-head block's logits are `[rows, block rows]`: one read per block.
         match &mut self.exec {
             Exec::Cpu(e) => {
+                let pool = crate::kernels::cpu::pool::pool();
+                pool.set_threads(if self.cpu_threads == 0 { pool.capacity() } else { self.cpu_threads });
                 e.write(x0, &self.x)?;
                 // The kernels' parallel loops run on the persistent spinning pool
                 // (kernels::cpu::pool), whose caller is this thread.

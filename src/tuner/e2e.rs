@@ -27,6 +27,8 @@ pub(crate) struct Combo {
     pub batch: bool,
     /// The runtime's own default selection instead of the race winners.
     pub default: bool,
+    /// CPU: threads of the kernels' pool (0: all).
+    pub threads: usize,
 }
 
 impl Combo {
@@ -50,6 +52,9 @@ impl Combo {
         let mut s = if parts.is_empty() { "unfused".to_string() } else { parts.join("+") };
         s.push_str(if self.parallel.qkv { " parallel" } else { " sequential" });
         s.push_str(if self.batch { " batch" } else { " per-kernel-submit" });
+        if self.threads > 0 {
+            s.push_str(&format!(" {} threads", self.threads));
+        }
         s
     }
 }
@@ -138,26 +143,43 @@ fn predicted(o: &TuneOptions, space: &Space, races: &Races) -> Vec<(Fusion, f64)
 /// and wins ties (a profile is only worth its differences); then the best
 /// predicted fusion choices with the execution flags the strategy tries.
 fn combinations(o: &TuneOptions, predicted: &[(Fusion, f64)], gpu: bool) -> Vec<(Combo, f64)> {
+    combinations_with_threads(o, predicted, gpu, crate::kernels::cpu::pool::pool().capacity())
+}
+
+/// [`combinations`] on a CPU of `cpus` threads: the best predicted combination
+/// also on fewer threads (powers of two below `cpus`, and `cpus - 1`), since a
+/// small model's kernels may run faster on fewer cores than they pay to share.
+fn combinations_with_threads(o: &TuneOptions, predicted: &[(Fusion, f64)], gpu: bool, cpus: usize) -> Vec<(Combo, f64)> {
     let mut combos: Vec<(Combo, f64)> =
-        vec![(Combo { fusion: Fusion::ALL, parallel: Parallel::default(), batch: true, default: true }, f64::NAN)];
+        vec![(Combo { fusion: Fusion::ALL, parallel: Parallel::default(), batch: true, default: true, threads: 0 }, f64::NAN)];
     let par_on = Parallel::default();
     let par_off = Parallel { qkv: false, ffn: false };
     let exhaustive_e2e = matches!(o.strategy, Strategy::Exhaustive | Strategy::Halving);
     let top = if exhaustive_e2e { predicted.len() } else { 3.min(predicted.len()) };
     for (f, pred) in predicted.iter().take(top) {
-        combos.push((Combo { fusion: *f, parallel: par_on, batch: true, default: false }, *pred));
+        combos.push((Combo { fusion: *f, parallel: par_on, batch: true, default: false, threads: 0 }, *pred));
         if exhaustive_e2e {
-            combos.push((Combo { fusion: *f, parallel: par_off, batch: true, default: false }, *pred));
+            combos.push((Combo { fusion: *f, parallel: par_off, batch: true, default: false, threads: 0 }, *pred));
             if gpu {
-                combos.push((Combo { fusion: *f, parallel: par_on, batch: false, default: false }, *pred));
-                combos.push((Combo { fusion: *f, parallel: par_off, batch: false, default: false }, *pred));
+                combos.push((Combo { fusion: *f, parallel: par_on, batch: false, default: false, threads: 0 }, *pred));
+                combos.push((Combo { fusion: *f, parallel: par_off, batch: false, default: false, threads: 0 }, *pred));
             }
         }
     }
     if !exhaustive_e2e && let Some((f, pred)) = predicted.first() {
-        combos.push((Combo { fusion: *f, parallel: par_off, batch: true, default: false }, *pred));
+        combos.push((Combo { fusion: *f, parallel: par_off, batch: true, default: false, threads: 0 }, *pred));
         if gpu {
-            combos.push((Combo { fusion: *f, parallel: par_on, batch: false, default: false }, *pred));
+            combos.push((Combo { fusion: *f, parallel: par_on, batch: false, default: false, threads: 0 }, *pred));
+        }
+    }
+    if !gpu && let Some((f, pred)) = predicted.first() {
+        let mut counts: Vec<usize> = (0..).map(|i| 1usize << i).take_while(|&n| n < cpus).collect();
+        if cpus > 2 {
+            counts.push(cpus - 1);
+        }
+        counts.dedup();
+        for n in counts {
+            combos.push((Combo { fusion: *f, parallel: par_on, batch: true, default: false, threads: n }, *pred));
         }
     }
     combos
@@ -197,7 +219,9 @@ pub(crate) fn run(
     let build_engine = |c: &Combo| -> Result<Engine, RuntimeError> {
         let mut opts = plan_options(o, c.fusion, c.parallel);
         opts.context = opts.context.max(o.prefill_tokens + E2E_DECODE_STEPS + 1);
-        builder.build(opts, selection_for(c, caps, &winners), c.batch)
+        let mut e = builder.build(opts, selection_for(c, caps, &winners), c.batch)?;
+        e.set_cpu_threads(c.threads);
+        Ok(e)
     };
     let interleave = !gpu && weight_bytes.saturating_mul(2) < available_memory() / 5 * 2;
     progress
