@@ -40,16 +40,25 @@ pub fn check_quant(_: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) -
         if params.get("act_bits") != Some(&8) {
             return Err("rows_per_pass 4 needs int8 activations (act_bits 8)".into());
         }
-        if !dtype.quant().is_some_and(four_row_path) {
-            return Err(format!("rows_per_pass 4 has a path for q8_0, q4_0 and q4_1 only, not {dtype}"));
+        if !dtype.quant().is_some_and(direct_i8) {
+            return Err(format!(
+                "rows_per_pass 4 has a path for the 32-element formats (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl) only, not {dtype}"
+            ));
         }
     }
     check_blocks(prob, dtype)
 }
 
-/// Whether `format` has the dedicated four-row int8 pass (`rows_per_pass` 4).
+/// Whether `format` has dedicated f32-activation loops (dot, dequantize).
 pub fn four_row_path(format: QFormat) -> bool {
     matches!(format, QFormat::Q8_0 | QFormat::Q4_0 | QFormat::Q4_1)
+}
+
+/// Whether `format` has the direct int8-activation block dot (values straight
+/// into registers, eight blocks' scales a step) and the four-row pass
+/// (`rows_per_pass` 4): the 32-element formats.
+pub fn direct_i8(format: QFormat) -> bool {
+    matches!(format, QFormat::Q8_0 | QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q5_0 | QFormat::Q5_1 | QFormat::IQ4_NL)
 }
 
 /// `Σ x[i] * w[i]` where `w` is the dequantized view (`x.len()` = `w.elems()`).
@@ -161,9 +170,7 @@ pub fn dot_q_i8(isa: Isa, x: &XQ8, w: QView<'_>) -> f32 {
     {
         if isa.avx2() {
             // SAFETY: `isa.avx2()` checked AVX2, FMA and F16C; `x` holds `blocks` blocks.
-            return unsafe {
-                if four_row_path(w.format) { x86::dot_i8(w.format, w.quants, w.scales, x) } else { x86::dot_i8_unpacked(x, w) }
-            };
+            return unsafe { if direct_i8(w.format) { x86::dot_i8(w.format, w.quants, w.scales, x) } else { x86::dot_i8_unpacked(x, w) } };
         }
     }
     let _ = isa;
@@ -209,7 +216,7 @@ impl<'a> ActVec<'a> {
             && four
             && isa.avx2()
             && x.d.len() * QK >= k
-            && four_row_path(w.format)
+            && direct_i8(w.format)
         {
             let mut i = 0;
             while i + 4 <= y.len() {
@@ -276,17 +283,29 @@ mod x86 {
 
     use crate::kernels::cpu::dot::x86::hsum256 as hsum;
 
-    /// `$run::<F>(args)` with the const `F` of the block format: one loop per format,
-    /// the format resolved outside it.
+    /// `$run::<F>(args)` with the const `F` of the block format (an index into
+    /// `I8_FORMATS`): one loop per format, the format resolved outside it.
     macro_rules! by_format {
         ($format:expr, $run:ident($($arg:expr),*)) => {
             match $format {
                 QFormat::Q8_0 => $run::<0>($($arg),*),
                 QFormat::Q4_0 => $run::<1>($($arg),*),
                 QFormat::Q4_1 => $run::<2>($($arg),*),
-                _ => unreachable!("only the formats of `four_row_path` have a dedicated loop"),
+                QFormat::Q5_0 => $run::<3>($($arg),*),
+                QFormat::Q5_1 => $run::<4>($($arg),*),
+                QFormat::IQ4_NL => $run::<5>($($arg),*),
+                _ => unreachable!("only the formats of `direct_i8` have a direct int8 loop"),
             }
         };
+    }
+
+    /// The formats of `by_format`, by index.
+    const I8_FORMATS: [QFormat; 6] = [QFormat::Q8_0, QFormat::Q4_0, QFormat::Q4_1, QFormat::Q5_0, QFormat::Q5_1, QFormat::IQ4_NL];
+
+    /// Formats whose blocks carry a minimum (`d, m` header pairs).
+    #[inline]
+    fn has_min(format: QFormat) -> bool {
+        matches!(format, QFormat::Q4_1 | QFormat::Q5_1)
     }
 
     #[inline]
@@ -442,7 +461,7 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn block_i8(format: QFormat, q: &[u8], s: &[f16], x: &super::super::XQ8, b: usize) -> (__m256, f32) {
         // SAFETY: the caller keeps b below the block count of `q`, `s` and `x`.
-        unsafe { (block_dot_i8(format, q.as_ptr(), x.q.as_ptr(), b), h(s[if format == QFormat::Q4_1 { 2 * b } else { b }])) }
+        unsafe { (block_dot_i8(format, q.as_ptr(), x.q.as_ptr(), b), h(s[if has_min(format) { 2 * b } else { b }])) }
     }
 
     /// Block `b`'s integer dot product of the quants at `q` with the int8
@@ -462,7 +481,17 @@ mod x86 {
                     let prod = _mm256_maddubs_epi16(nibbles(q.add(16 * b)), xv);
                     _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, _mm256_set1_epi16(1)))
                 }
-                _ => unreachable!("block_dot_i8 serves the formats of `four_row_path`"),
+                // Five-bit values (high bits from qh): signed for Q5_0 and, through
+                // the non-linear table, IQ4_NL; unsigned with a minimum for Q5_1.
+                QFormat::Q5_0 | QFormat::IQ4_NL => {
+                    let qb = format.quant_bytes();
+                    dot_s8(vals32(format, std::slice::from_raw_parts(q.add(qb * b), qb)), xv)
+                }
+                QFormat::Q5_1 => {
+                    let prod = _mm256_maddubs_epi16(vals32(format, std::slice::from_raw_parts(q.add(20 * b), 20)), xv);
+                    _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, _mm256_set1_epi16(1)))
+                }
+                _ => unreachable!("block_dot_i8 serves the formats of `direct_i8`"),
             }
         }
     }
@@ -477,7 +506,7 @@ mod x86 {
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn run<const F: u8>(q: &[u8], s: &[f16], x: &super::super::XQ8) -> f32 {
-            let format = [QFormat::Q8_0, QFormat::Q4_0, QFormat::Q4_1][F as usize];
+            let format = I8_FORMATS[F as usize];
             let blocks = q.len() / format.quant_bytes();
             let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
             let mut mins = _mm256_setzero_ps();
@@ -492,7 +521,7 @@ mod x86 {
                 // (Q4_1: the minima times Σx accumulate as a vector too), then each
                 // block's integer dot scaled by a broadcast from `comb`.
                 while b + 8 <= blocks {
-                    let d = if format == QFormat::Q4_1 {
+                    let d = if has_min(format) {
                         // (d, m) pairs: d0 m0 d1 m1 .. d7 m7 -> d0..d7 and m0..m7.
                         let lo = _mm256_cvtph_ps(_mm_loadu_si128(sp.add(b / 4)));
                         let hi = _mm256_cvtph_ps(_mm_loadu_si128(sp.add(b / 4 + 1)));
@@ -522,7 +551,7 @@ mod x86 {
                 while b < blocks {
                     let (p0, d0) = block_i8(format, q, s, x, b);
                     a0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * x.d[b]), p0, a0);
-                    if format == QFormat::Q4_1 {
+                    if has_min(format) {
                         m0 += h(s[2 * b + 1]) * x.dsum[b];
                     }
                     b += 1;
@@ -544,7 +573,7 @@ mod x86 {
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn run<const F: u8>(q: [&[u8]; 4], s: [&[f16]; 4], x: &super::super::XQ8) -> [f32; 4] {
-            let format = [QFormat::Q8_0, QFormat::Q4_0, QFormat::Q4_1][F as usize];
+            let format = I8_FORMATS[F as usize];
             let blocks = q[0].len() / format.quant_bytes();
             let mut acc = [_mm256_setzero_ps(); 4];
             let mut m = [0f32; 4];
@@ -554,7 +583,7 @@ mod x86 {
                     // SAFETY: b < blocks, the block count of every row and of x.
                     let (p, d) = unsafe { block_i8(format, q[r], s[r], x, b) };
                     acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xd), p, acc[r]);
-                    if format == QFormat::Q4_1 {
+                    if has_min(format) {
                         m[r] += h(s[r][2 * b + 1]) * x.dsum[b];
                     }
                 }
@@ -982,7 +1011,7 @@ mod tests {
         let k = 32 * 11;
         let x = data(k, 7);
         let xq = XQ8::quantize(&x);
-        for f in QFormat::ALL.into_iter().filter(|&f| four_row_path(f)) {
+        for f in QFormat::ALL.into_iter().filter(|&f| direct_i8(f)) {
             let m = QMatrix::quantize(f, 3, k, &data(3 * k, 8)).unwrap();
             for r in 0..3 {
                 let s = dot_q_i8(Isa::Scalar, &xq, qrow(m.view(), r, k));
