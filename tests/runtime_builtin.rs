@@ -221,3 +221,46 @@ fn rebased_schedules_equal_fresh_ones() {
         }
     }
 }
+
+/// An explicit choice that cannot run its step falls back to the default, and the
+/// warning stays with the compiled step (the selection itself is immutable): the
+/// engine reports it once, whatever number of passes ran.
+#[test]
+fn a_fallback_warning_stays_with_the_step() {
+    use ktune::kernels::find;
+    use ktune::plan::select::{Choice, Slot};
+    use ktune::plan::{Regime, StepKind};
+    let c = reduced("smollm2-135m", Some(512));
+    let opts = PlanOptions {
+        weight_dtype: DType::F32,
+        matrix_formats: Default::default(),
+        kv_dtype: DType::F32,
+        max_tokens: 4,
+        context: 16,
+        all_logits: false,
+        fusion: Fusion::NONE,
+        parallel: Parallel::default(),
+    };
+    let mut sel = Selection::defaults(DeviceCaps::Cpu(CpuCaps::detect()));
+    // A block-format GEMV for an f32 LM head: it cannot run it.
+    let k = find("gemv_q_cpu").expect("kernel");
+    sel.slots.insert((Slot::MatmulLmHead, Regime::Decode), Choice::new(k, k.default_params()));
+    let plan = Plan::new("builtin", &c, opts, sel).expect("plan");
+    let steps = plan.steps(1, 3).expect("steps");
+    let head: Vec<_> = steps.iter().filter(|s| s.slot == Slot::MatmulLmHead).collect();
+    assert!(!head.is_empty());
+    for s in &head {
+        let StepKind::Kernel { kernel, .. } = &s.kind else { panic!("a kernel step") };
+        assert_ne!(kernel.id, "gemv_q_cpu", "the default serves");
+        let w = s.warning.as_deref().expect("a warning");
+        assert!(w.contains("gemv_q_cpu") && w.contains("using the default"), "{w}");
+    }
+    assert!(steps.iter().filter(|s| s.slot != Slot::MatmulLmHead).all(|s| s.warning.is_none()));
+    let store: Arc<dyn TensorStore> = Arc::new(ktune::model::Weights::synthetic(&c, 0));
+    let mut e = Engine::cpu(plan, store).expect("engine");
+    e.forward(&[1, 2, 3]).expect("prefill");
+    for t in 0..3 {
+        e.decode_step(t).expect("decode");
+    }
+    assert_eq!(e.warnings().len(), 1, "{:?}", e.warnings());
+}

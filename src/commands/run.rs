@@ -242,7 +242,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     slots.sort_by(|a, b| b.decode_ms_per_token.total_cmp(&a.decode_ms_per_token));
     let decode_tps = if decode_seconds > 0.0 { decode_tokens as f64 / decode_seconds } else { 0.0 };
     let kernels = kernel_summary(&engine)?;
-    warnings.extend(engine.plan.selection.warnings.lock().map(|w| w.clone()).unwrap_or_default());
+    warnings.extend(engine.warnings());
     let text = tokenizer.as_ref().map(|t| t.decode(&generated)).transpose()?;
     Ok(RunReport {
         device: device.name(),

@@ -197,6 +197,9 @@ pub struct Step {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub group: Option<u32>,
     pub kind: StepKind,
+    /// The explicit choice for this step could not run it and the default serves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
 }
 
 /// Options that shape the layout.
@@ -645,7 +648,7 @@ impl Emitter<'_> {
         binds: Vec<BufId>,
         dtype: DType,
     ) -> Result<(), PlanError> {
-        let choice = self.plan.selection.choose(slot, self.regime, layer, &problem, dtype)?;
+        let (choice, warning) = self.plan.selection.choose_noting(slot, self.regime, layer, &problem, dtype)?;
         // Every bound buffer must hold what the problem addresses (the plan's shape
         // check: what lets an executor skip the per-call check).
         let specs = problem.buffers(dtype);
@@ -673,12 +676,13 @@ impl Emitter<'_> {
             layer,
             group,
             kind: StepKind::Kernel { kernel: choice.kernel, params: choice.params, dtype, problem, binds, outputs },
+            warning,
         });
         Ok(())
     }
 
     fn plumb(&mut self, slot: Slot, layer: Option<usize>, p: Plumb) {
-        self.steps.push(Step { slot, layer, group: None, kind: StepKind::Plumb(p) });
+        self.steps.push(Step { slot, layer, group: None, kind: StepKind::Plumb(p), warning: None });
     }
 
     fn next_group(&mut self) -> u32 {

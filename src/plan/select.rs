@@ -3,7 +3,6 @@
 //! profile format's fallback to auto-selection).
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 
 use serde::{Serialize, Serializer};
 
@@ -134,7 +133,9 @@ pub struct LayerOverride {
 
 /// Kernel selection for a device: explicit choices (from a profile or the tuner),
 /// per-layer overrides, and the runtime's defaults for everything else.
-#[derive(Debug)]
+/// Immutable once built: what a choice had to fall back from comes back with the
+/// choice ([`Selection::choose`]) and stays with the compiled step.
+#[derive(Clone, Debug)]
 pub struct Selection {
     pub device: DeviceCaps,
     pub slots: BTreeMap<SlotKey, Choice>,
@@ -142,20 +143,6 @@ pub struct Selection {
     /// (a file's mixed block formats): tried first for a problem of that type.
     pub formats: BTreeMap<(DType, SlotKey), Choice>,
     pub layers: Vec<LayerOverride>,
-    /// Explicit choices that could not run a shape and fell back to the default.
-    pub warnings: Mutex<Vec<String>>,
-}
-
-impl Clone for Selection {
-    fn clone(&self) -> Selection {
-        Selection {
-            device: self.device.clone(),
-            slots: self.slots.clone(),
-            formats: self.formats.clone(),
-            layers: self.layers.clone(),
-            warnings: Mutex::new(self.warnings.lock().map(|w| w.clone()).unwrap_or_default()),
-        }
-    }
 }
 
 /// Kernels the runtime prefers per op and backend when nothing is chosen, best first;
@@ -186,7 +173,7 @@ pub fn preferred(problem: &Problem, backend: Backend) -> &'static [&'static str]
 impl Selection {
     /// Runtime defaults only.
     pub fn defaults(device: DeviceCaps) -> Selection {
-        Selection { device, slots: BTreeMap::new(), formats: BTreeMap::new(), layers: Vec::new(), warnings: Mutex::new(Vec::new()) }
+        Selection { device, slots: BTreeMap::new(), formats: BTreeMap::new(), layers: Vec::new() }
     }
 
     fn explicit(&self, key: SlotKey, layer: Option<usize>) -> Option<&Choice> {
@@ -205,33 +192,42 @@ impl Selection {
     /// The variant serving `slot` for `problem`: the explicit choice when it can run
     /// the problem, else the default (with a warning when an explicit one was set).
     pub fn choose(&self, slot: Slot, regime: Regime, layer: Option<usize>, problem: &Problem, dtype: DType) -> Result<Choice, PlanError> {
+        self.choose_noting(slot, regime, layer, problem, dtype).map(|(c, _)| c)
+    }
+
+    /// [`Selection::choose`], with the warning when an explicit choice could not
+    /// run the problem and the default serves instead.
+    pub fn choose_noting(
+        &self,
+        slot: Slot,
+        regime: Regime,
+        layer: Option<usize>,
+        problem: &Problem,
+        dtype: DType,
+    ) -> Result<(Choice, Option<String>), PlanError> {
         let want = problem.op();
         if let Some(c) = self.formats.get(&(dtype, (slot, regime))).filter(|c| c.kernel.op == want)
             && c.kernel.check(self.device.caps(), problem, dtype, &c.params).is_ok()
         {
-            return Ok(c.clone());
+            return Ok((c.clone(), None));
         }
         // An explicit choice of another op (a GEMV chosen for lm_head, whose prefill
         // pass is a GEMM when every position's logits are wanted) does not apply.
+        let mut warning = None;
         if let Some(c) = self.explicit((slot, regime), layer).filter(|c| c.kernel.op == want) {
             match c.kernel.check(self.device.caps(), problem, dtype, &c.params) {
-                Ok(()) => return Ok(c.clone()),
+                Ok(()) => return Ok((c.clone(), None)),
                 Err(why) => {
-                    let msg = format!(
+                    warning = Some(format!(
                         "slot `{slot}` layer {}: `{}` cannot run {} ({why}); using the default",
                         layer.map_or("-".to_string(), |l| l.to_string()),
                         c.kernel.id,
                         problem.describe()
-                    );
-                    if let Ok(mut w) = self.warnings.lock()
-                        && !w.contains(&msg)
-                    {
-                        w.push(msg);
-                    }
+                    ));
                 }
             }
         }
-        self.default_choice(slot, regime, problem, dtype)
+        Ok((self.default_choice(slot, regime, problem, dtype)?, warning))
     }
 
     /// The runtime's own pick: preferred kernels first, then the rest of the op's

@@ -229,6 +229,18 @@ impl Engine {
         self.cpu_threads
     }
 
+    /// The compiled steps' warnings (explicit choices that fell back to the
+    /// default), each once.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w: Vec<String> = Vec::new();
+        for m in self.schedules.iter().flat_map(|(_, s)| s).filter_map(|s| s.warning.as_ref()) {
+            if !w.contains(m) {
+                w.push(m.clone());
+            }
+        }
+        w
+    }
+
     /// Forgets the KV cache (the next call starts at position 0).
     pub fn reset(&mut self) {
         self.pos = 0;
