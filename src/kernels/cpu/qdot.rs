@@ -142,22 +142,41 @@ impl XQ8 {
             v.clear();
             v.resize(n, 0.0);
         }
+        #[cfg(target_arch = "x86_64")]
+        let simd = Isa::best().avx2();
         for (b, xb) in x.chunks_exact(QK).enumerate() {
-            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
-            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let qb = &mut out.q[b * QK..(b + 1) * QK];
+            #[cfg(target_arch = "x86_64")]
+            let (d, s) = if simd {
+                // SAFETY: AVX2 checked; 32 values in, 32 codes out.
+                unsafe { x86::quantize_block(xb, qb) }
+            } else {
+                quantize_block(xb, qb)
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let (d, s) = quantize_block(xb, qb);
             out.d[b] = d;
-            let mut s = [0i32; 2];
-            for (j, (q, &v)) in out.q[b * QK..(b + 1) * QK].iter_mut().zip(xb).enumerate() {
-                *q = (v * id).round() as i8;
-                s[j / GROUP] += *q as i32;
-            }
             out.dsum[b] = d * (s[0] + s[1]) as f32;
             out.dsum16[2 * b] = d * s[0] as f32;
             out.dsum16[2 * b + 1] = d * s[1] as f32;
         }
         out
     }
+}
+
+/// One block of 32 activations to int8 codes (`d = max|x| / 127`, codes rounded
+/// to nearest, ties to even, as the SIMD conversion does): the scale and the
+/// codes' sums over each half.
+fn quantize_block(xb: &[f32], q: &mut [i8]) -> (f32, [i32; 2]) {
+    let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut s = [0i32; 2];
+    for (j, (q, &v)) in q.iter_mut().zip(xb).enumerate() {
+        *q = (v * id).round_ties_even() as i8;
+        s[j / GROUP] += *q as i32;
+    }
+    (d, s)
 }
 
 /// `Σ x[i] * w[i]` with `x` as int8 blocks: integer dot products per block, scaled
@@ -470,8 +489,16 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn block_dot_i8(format: QFormat, q: *const u8, xq: *const i8, b: usize) -> __m256 {
         // SAFETY: the caller keeps b below the block count of both.
+        unsafe { block_dot_xv(format, q, _mm256_loadu_si256(xq.add(32 * b) as *const __m256i), b) }
+    }
+
+    /// [`block_dot_i8`] with block `b`'s activations already loaded (`xv`), so
+    /// several rows share one load.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block_dot_xv(format: QFormat, q: *const u8, xv: __m256i, b: usize) -> __m256 {
+        // SAFETY: the caller keeps b below the block count of `q`.
         unsafe {
-            let xv = _mm256_loadu_si256(xq.add(32 * b) as *const __m256i);
             match format {
                 QFormat::Q8_0 => dot_s8(_mm256_loadu_si256(q.add(32 * b) as *const __m256i), xv),
                 // Nibbles minus 8 are signed weights: no offset term.
@@ -521,19 +548,7 @@ mod x86 {
                 // (Q4_1: the minima times Σx accumulate as a vector too), then each
                 // block's integer dot scaled by a broadcast from `comb`.
                 while b + 8 <= blocks {
-                    let d = if has_min(format) {
-                        // (d, m) pairs: d0 m0 d1 m1 .. d7 m7 -> d0..d7 and m0..m7.
-                        let lo = _mm256_cvtph_ps(_mm_loadu_si128(sp.add(b / 4)));
-                        let hi = _mm256_cvtph_ps(_mm_loadu_si128(sp.add(b / 4 + 1)));
-                        let even =
-                            _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0b10_00_10_00)), 0xD8));
-                        let odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0b11_01_11_01)), 0xD8));
-                        mins = _mm256_fmadd_ps(odd, _mm256_loadu_ps(xs.add(b)), mins);
-                        even
-                    } else {
-                        _mm256_cvtph_ps(_mm_loadu_si128(sp.add(b / 8)))
-                    };
-                    _mm256_storeu_ps(comb.as_mut_ptr(), _mm256_mul_ps(d, _mm256_loadu_ps(xd.add(b))));
+                    scales8(format, sp, xd, xs, b, &mut comb, &mut mins);
                     let mut j = 0;
                     while j < 8 {
                         let p0 = block_dot_i8(format, q.as_ptr(), x.q.as_ptr(), b + j);
@@ -563,6 +578,78 @@ mod x86 {
         unsafe { by_format!(format, run(q, s, x)) }
     }
 
+    /// [`super::quantize_block`] with AVX2: the same codes (conversion rounds to
+    /// nearest, ties to even), scale and half sums.
+    ///
+    /// # Safety
+    /// AVX2 available; `xb` and `q` hold 32 values.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn quantize_block(xb: &[f32], q: &mut [i8]) -> (f32, [i32; 2]) {
+        assert!(xb.len() >= 32 && q.len() >= 32);
+        // SAFETY: 32 readable floats and 32 writable bytes (asserted).
+        unsafe {
+            let p = xb.as_ptr();
+            let v = [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))];
+            let sign = _mm256_set1_ps(-0.0);
+            let m = _mm256_max_ps(
+                _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])),
+            );
+            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+            let d = amax / 127.0;
+            let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+            let i = v.map(|x| _mm256_cvtps_epi32(_mm256_mul_ps(x, id)));
+            let half = |a: __m256i, b: __m256i| {
+                let s = _mm256_add_epi32(a, b);
+                let s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+                let s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0b01_00_11_10));
+                _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0b10_11_00_01)))
+            };
+            let sums = [half(i[0], i[1]), half(i[2], i[3])];
+            // int32 -> int16 -> int8 (saturating; |code| <= 127), then undo the
+            // packs' lane interleave.
+            let a = _mm256_packs_epi32(i[0], i[1]);
+            let b = _mm256_packs_epi32(i[2], i[3]);
+            let c = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(a, b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, c);
+            (d, sums)
+        }
+    }
+
+    /// Blocks `b..b + 8` of one row: their weight scales (`sp`: the row's f16
+    /// headers as 16-byte words) widened by one F16C conversion and multiplied by
+    /// the activation scales `xd` into `comb`; for formats with a minimum, the
+    /// minima times the activation sums `xs` added to `mins`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scales8(
+        format: QFormat,
+        sp: *const __m128i,
+        xd: *const f32,
+        xs: *const f32,
+        b: usize,
+        comb: &mut [f32; 8],
+        mins: &mut __m256,
+    ) {
+        // SAFETY: the caller keeps b + 8 within the row's blocks and x's.
+        unsafe {
+            let d = if has_min(format) {
+                // (d, m) pairs: d0 m0 d1 m1 .. d7 m7 -> d0..d7 and m0..m7.
+                let lo = _mm256_cvtph_ps(_mm_loadu_si128(sp.add(b / 4)));
+                let hi = _mm256_cvtph_ps(_mm_loadu_si128(sp.add(b / 4 + 1)));
+                let even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0b10_00_10_00)), 0xD8));
+                let odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0b11_01_11_01)), 0xD8));
+                *mins = _mm256_fmadd_ps(odd, _mm256_loadu_ps(xs.add(b)), *mins);
+                even
+            } else {
+                _mm256_cvtph_ps(_mm_loadu_si128(sp.add(b / 8)))
+            };
+            _mm256_storeu_ps(comb.as_mut_ptr(), _mm256_mul_ps(d, _mm256_loadu_ps(xd.add(b))));
+        }
+    }
+
     /// Four rows at once: [`dot_i8`] of `x` with each of `q[r]`/`s[r]` (the same
     /// block count), every activation block loaded once for the four.
     ///
@@ -577,7 +664,32 @@ mod x86 {
             let blocks = q[0].len() / format.quant_bytes();
             let mut acc = [_mm256_setzero_ps(); 4];
             let mut m = [0f32; 4];
-            for b in 0..blocks {
+            let mut mins = [_mm256_setzero_ps(); 4];
+            let mut comb = [[0f32; 8]; 4];
+            let (xd, xs, xq) = (x.d.as_ptr(), x.dsum.as_ptr(), x.q.as_ptr());
+            let mut b = 0;
+            // SAFETY: b + 8 <= blocks, the block count of every row and of x.
+            unsafe {
+                // Eight blocks a step, as in `dot_i8`; each activation block is
+                // loaded once for the four rows.
+                while b + 8 <= blocks {
+                    for r in 0..4 {
+                        scales8(format, s[r].as_ptr() as *const __m128i, xd, xs, b, &mut comb[r], &mut mins[r]);
+                    }
+                    for j in 0..8 {
+                        let xv = _mm256_loadu_si256(xq.add(32 * (b + j)) as *const __m256i);
+                        for ((a, qr), cr) in acc.iter_mut().zip(&q).zip(&comb) {
+                            let p = block_dot_xv(format, qr.as_ptr(), xv, b + j);
+                            *a = _mm256_fmadd_ps(_mm256_broadcast_ss(&cr[j]), p, *a);
+                        }
+                    }
+                    b += 8;
+                }
+            }
+            for r in 0..4 {
+                m[r] = hsum(mins[r]);
+            }
+            for b in b..blocks {
                 let xd = x.d[b];
                 for r in 0..4 {
                     // SAFETY: b < blocks, the block count of every row and of x.
@@ -1006,17 +1118,39 @@ mod tests {
     }
 
     #[test]
+    fn simd_activation_quantization_gives_the_scalar_codes() {
+        // Random blocks, a block of exact ties (x/d = k + 0.5) and a zero block.
+        let mut blocks: Vec<Vec<f32>> = (0..20).map(|i| data(32, 100 + i)).collect();
+        blocks.push((0..32).map(|j| if j == 0 { 127.0 } else { (j as f32 - 16.0) + 0.5 }).collect());
+        blocks.push(vec![0.0; 32]);
+        for (n, xb) in blocks.iter().enumerate() {
+            let (mut a, mut b) = ([0i8; 32], [0i8; 32]);
+            let want = quantize_block(xb, &mut a);
+            #[cfg(target_arch = "x86_64")]
+            if Isa::best().avx2() {
+                // SAFETY: AVX2 checked.
+                let got = unsafe { x86::quantize_block(xb, &mut b) };
+                assert_eq!((got, b), (want, a), "block {n}");
+            }
+            let _ = &mut b;
+        }
+    }
+
+    #[test]
     fn int8_block_dots_of_the_32_element_formats_take_eight_blocks_a_step_and_a_tail() {
         // 11 blocks: one step of eight blocks (vector scales) and a tail of three.
         let k = 32 * 11;
         let x = data(k, 7);
         let xq = XQ8::quantize(&x);
         for f in QFormat::ALL.into_iter().filter(|&f| direct_i8(f)) {
-            let m = QMatrix::quantize(f, 3, k, &data(3 * k, 8)).unwrap();
-            for r in 0..3 {
+            let m = QMatrix::quantize(f, 5, k, &data(5 * k, 8)).unwrap();
+            let mut four = vec![0f32; 5];
+            ActVec::I8(XQ8::quantize(&x)).rows(Isa::best(), m.view(), k, 0, &mut four, true);
+            for (r, &fr) in four.iter().enumerate() {
                 let s = dot_q_i8(Isa::Scalar, &xq, qrow(m.view(), r, k));
                 let v = dot_q_i8(Isa::best(), &xq, qrow(m.view(), r, k));
                 assert!((s - v).abs() <= 1e-4 * (1.0 + s.abs()), "{f} row {r}: scalar {s} vs SIMD {v}");
+                assert!((fr - v).abs() <= 1e-5 * (1.0 + v.abs()), "{f} row {r}: four-row {fr} vs one-row {v}");
             }
         }
     }
