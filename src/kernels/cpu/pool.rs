@@ -11,8 +11,8 @@
 //! what [`Pool::run`] does, with no allocation per call. Rayon stays where it
 //! fits (weight loading, the prefill GEMM's blocked loops).
 //!
-//! How long idle workers spin before they park is [`Pool::set_spin`] (the
-//! profile's `exec.spin_us`); parked workers are woken through a condition
+//! How long idle workers spin before they park is [`Pool::set_spin`] (2 ms by
+//! default; not yet a profile setting); parked workers are woken through a condition
 //! variable. A task that calls [`Pool::run`] again (a parallel group's kernels
 //! run concurrently, each with its own parallel loop) runs its inner tasks
 //! inline, and so does a second caller while the pool is busy: never a deadlock.
@@ -118,7 +118,7 @@ impl Pool {
     }
 
     /// Lets only `n` participants (the caller and `n - 1` workers) take tasks;
-    /// the profile's `exec.threads`. Clamped to `1..=capacity`.
+    /// the profile's `execution.cpuThreads`. Clamped to `1..=capacity`.
     pub fn set_threads(&self, n: usize) {
         self.shared.active.store(n.clamp(1, self.threads), Relaxed);
     }
