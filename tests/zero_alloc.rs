@@ -3,7 +3,9 @@
 //! thread (the kernels' pool workers included), on each tiny Hugging Face fixture
 //! (Llama, Qwen 2 with biases, Gemma 3, SmolLM2), for f32, f16 and block-quantized
 //! weights, with the runtime's default kernels (and, for the block formats, with
-//! int8 activations on every decode projection), fusions off and on.
+//! int8 activations on every decode projection), fusions off and on; then every
+//! CPU kernel of every decode slot, with each value of each of its parameters
+//! (what a tuned profile can choose), on one fixture per dtype.
 //!
 //! One test in this binary, so no other test allocates while it counts.
 
@@ -15,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 
 use ktune::device::CpuCaps;
 use ktune::kernels::DType;
-use ktune::kernels::{Params, find};
+use ktune::kernels::{Impl, Params, find, for_op};
 use ktune::plan::select::{Choice, DeviceCaps, Slot};
 use ktune::plan::{Fusion, Parallel, Plan, PlanOptions, Regime, Selection};
 use ktune::runtime::{Engine, TensorStore, argmax};
@@ -65,6 +67,41 @@ const COUNTED: usize = 12;
 
 /// The defaults, or every quantized decode projection on int8 activations
 /// (quantized once per call into reused buffers) and four rows a pass.
+/// Runs `WARM` then `COUNTED` decode steps after a prompt; the allocations of the
+/// counted ones.
+fn count_decode_allocs(
+    m: &ktune::session::LoadedModel,
+    store: &Arc<dyn TensorStore>,
+    dtype: DType,
+    fusion: Fusion,
+    sel: Selection,
+) -> usize {
+    let opts = PlanOptions {
+        weight_dtype: dtype,
+        matrix_formats: Default::default(),
+        kv_dtype: DType::F32,
+        max_tokens: PROMPT.len(),
+        context: PROMPT.len() + WARM + COUNTED + 1,
+        all_logits: false,
+        fusion,
+        parallel: Parallel::default(),
+    };
+    let plan = Plan::new("fixture", &m.config, opts, sel).expect("plan");
+    let mut e = Engine::cpu(plan, store.clone()).expect("engine");
+    let rows = e.forward(&PROMPT).expect("prefill");
+    let mut next = argmax(rows.last().expect("logits"));
+    for _ in 0..WARM {
+        next = argmax(e.decode_step(next).expect("decode"));
+    }
+    ALLOCS.store(0, SeqCst);
+    COUNTING.store(true, SeqCst);
+    for _ in 0..COUNTED {
+        next = argmax(e.decode_step(next).expect("decode"));
+    }
+    COUNTING.store(false, SeqCst);
+    ALLOCS.load(SeqCst)
+}
+
 fn selection(caps: &DeviceCaps, int8: bool) -> Selection {
     let mut sel = Selection::defaults(caps.clone());
     if int8 {
@@ -99,30 +136,7 @@ fn cpu_decode_steps_allocate_nothing() {
                 if int8 && !dtype.is_quant() {
                     continue;
                 }
-                let opts = PlanOptions {
-                    weight_dtype: dtype,
-                    matrix_formats: Default::default(),
-                    kv_dtype: DType::F32,
-                    max_tokens: PROMPT.len(),
-                    context: PROMPT.len() + WARM + COUNTED + 1,
-                    all_logits: false,
-                    fusion,
-                    parallel: Parallel::default(),
-                };
-                let plan = Plan::new("fixture", &m.config, opts, selection(&caps, int8)).expect("plan");
-                let mut e = Engine::cpu(plan, store.clone()).expect("engine");
-                let rows = e.forward(&PROMPT).expect("prefill");
-                let mut next = argmax(rows.last().expect("logits"));
-                for _ in 0..WARM {
-                    next = argmax(e.decode_step(next).expect("decode"));
-                }
-                ALLOCS.store(0, SeqCst);
-                COUNTING.store(true, SeqCst);
-                for _ in 0..COUNTED {
-                    next = argmax(e.decode_step(next).expect("decode"));
-                }
-                COUNTING.store(false, SeqCst);
-                let n = ALLOCS.load(SeqCst);
+                let n = count_decode_allocs(&m, &store, dtype, fusion, selection(&caps, int8));
                 if n > 0 {
                     failures.push(format!(
                         "{} {dtype} fusion {fusion:?} int8 {int8}: {n} allocations in {COUNTED} decode steps",
@@ -132,5 +146,38 @@ fn cpu_decode_steps_allocate_nothing() {
             }
         }
     }
+    // every CPU kernel a profile can put in a decode slot, each parameter value
+    let dir = common::hf_fixtures().into_iter().find(|d| d.ends_with("gemma3-tiny")).expect("the Gemma 3 fixture");
+    let m = load_model(None, Some(&dir), None, 0).expect("fixture loads");
+    let store: Arc<dyn TensorStore> = m.weights.clone();
+    let mut variants = 0;
+    for &slot in Slot::ALL {
+        let Some(op) = slot.op(Regime::Decode) else { continue };
+        let fused = matches!(slot, Slot::FusedQkv | Slot::FusedGateUp | Slot::QkNormRope | Slot::ResidualNorm | Slot::NormMatmul);
+        // norm_matmul takes the QKV and gate/up projections over when on
+        let fusion = if fused { Fusion { norm_matmul: slot == Slot::NormMatmul, ..Fusion::ALL } } else { Fusion::NONE };
+        for k in for_op(op).filter(|k| matches!(k.imp, Impl::Cpu(_))) {
+            let mut params_list = vec![k.default_params()];
+            for spec in k.params {
+                for &v in spec.values.iter().filter(|&&v| v != spec.default) {
+                    let mut p = k.default_params();
+                    p.insert(spec.name.into(), v);
+                    params_list.push(p);
+                }
+            }
+            for dtype in [DType::F32, DType::F16, DType::Q8_0, DType::Q4_1].into_iter().filter(|d| k.dtypes.contains(d)) {
+                for p in &params_list {
+                    let mut sel = Selection::defaults(caps.clone());
+                    sel.slots.insert((slot, Regime::Decode), Choice::new(k, p.clone()));
+                    variants += 1;
+                    let n = count_decode_allocs(&m, &store, dtype, fusion, sel);
+                    if n > 0 {
+                        failures.push(format!("{} {} {p:?} {dtype}: {n} allocations in {COUNTED} decode steps", slot.name(), k.id));
+                    }
+                }
+            }
+        }
+    }
+    assert!(variants > 50, "only {variants} kernel variants swept");
     assert!(failures.is_empty(), "decode steps allocated:\n{}", failures.join("\n"));
 }

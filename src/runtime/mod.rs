@@ -162,15 +162,25 @@ pub struct WeightMemo {
     bufs: std::sync::Mutex<BTreeMap<String, Arc<HostBuf>>>,
 }
 
+/// The kernels' shared temporaries sized for one token of `plan`'s model on
+/// every pool thread, so no decode step allocates whichever worker runs what.
+fn reserve_cpu_spares(plan: &Plan) {
+    let c = &plan.config;
+    let floats = c.hidden_size.max(c.intermediate_size).max(c.num_heads * c.head_dim).max((c.num_heads + 2 * c.num_kv_heads) * c.head_dim);
+    crate::kernels::cpu::reserve_spares(crate::kernels::cpu::pool::pool().threads(), floats);
+}
+
 impl Engine {
     /// Builds the buffers of `plan` on the CPU and loads the weights.
     pub fn cpu(plan: Plan, store: Arc<dyn TensorStore>) -> Result<Engine, RuntimeError> {
+        reserve_cpu_spares(&plan);
         let exec = CpuExec::new(&plan, |i| load_buffer(&plan, store.as_ref(), i))?;
         Engine::finish(plan, Exec::Cpu(Box::new(exec)), store)
     }
 
     /// [`Engine::cpu`] with the weights taken from (and added to) `memo`.
     pub fn cpu_shared(plan: Plan, store: Arc<dyn TensorStore>, memo: &WeightMemo) -> Result<Engine, RuntimeError> {
+        reserve_cpu_spares(&plan);
         let exec = CpuExec::new(&plan, |i| {
             let b = &plan.buffers[i];
             let key = format!("{:?}|{}|{}", b.source, b.dtype.name(), b.len);

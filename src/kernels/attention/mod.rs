@@ -636,7 +636,9 @@ fn run_prefill_tiled(kd: &KernelDef, prob: &Problem, params: &Params, mut a: Cpu
 // CPU: decode
 
 thread_local! {
-    /// One query head's score row (decode), reused across calls.
+    /// Every query head's score row (decode), held by the calling thread and
+    /// reused across calls: the pool's workers get their rows from it, so which
+    /// worker runs which head never decides whether a call allocates.
     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -645,9 +647,10 @@ fn run_decode_heads(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuA
     let four = param(params, "keys_per_call")? == 4;
     let d = s.d;
     let (lo, hi) = s.range(0);
-    cpu::pool::for_chunks_mut(&mut a.outs[0][..s.heads * d], d, |h, o| {
-        let kh = h / s.group();
-        cpu::with_scratch_cap(&SCORES, hi - lo, s.kv_cap, |sc| {
+    let n = hi - lo; // at least the query's own key
+    cpu::with_scratch_cap(&SCORES, s.heads * n, s.heads * s.kv_cap, |scores| {
+        cpu::pool::for_chunks_mut2(&mut a.outs[0][..s.heads * d], d, scores, n, |h, o, sc| {
+            let kh = h / s.group();
             scores_into(isa, &kv, &q[h * d..][..d], kh, lo, four, sc);
             let (_, l) = exp_row(sc);
             let inv = 1.0 / l;
@@ -660,39 +663,39 @@ fn run_decode_heads(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuA
     Ok(())
 }
 
-/// Softmax state of one query head over one key split.
-struct Partial {
-    m: f32,
-    l: f32,
-    acc: Vec<f32>,
+thread_local! {
+    /// Split-KV decode: every split's partial softmax states and score rows, held
+    /// by the calling thread and sized for the cache once.
+    static SPLIT_PARTS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    static SPLIT_SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Keys `a..b` of KV head `kh` for all the query heads of its group: each K row is
-/// scored against every query of the group, each V row accumulated into all of them.
-fn split_partials(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, a: usize, b: usize) -> Vec<Partial> {
+/// scored against every query of the group, each V row accumulated into all of
+/// them. `parts` gets per query head `[max, sum, acc[d]]`; `sc` holds the group's
+/// score rows (`g_n * (b - a)` floats at least).
+#[allow(clippy::too_many_arguments)]
+fn split_partials(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, a: usize, b: usize, parts: &mut [f32], sc: &mut [f32]) {
     let s = kv.s;
     let (g_n, d, n) = (s.group(), s.d, b - a);
-    let mut sc = vec![0.0f32; g_n * n];
     for c in 0..n {
         let kr = kv.k(kh, a + c);
         for g in 0..g_n {
             sc[g * n + c] = cpu::dot(isa, &q[(kh * g_n + g) * d..][..d], kr) * s.scale;
         }
     }
-    let mut parts: Vec<Partial> = sc
-        .chunks_mut(n)
-        .map(|row| {
-            let (m, l) = exp_row(row);
-            Partial { m, l, acc: vec![0.0; d] }
-        })
-        .collect();
+    for (row, part) in sc[..g_n * n].chunks_mut(n).zip(parts.chunks_mut(d + 2)) {
+        let (m, l) = exp_row(row);
+        part[0] = m;
+        part[1] = l;
+        part[2..].fill(0.0);
+    }
     for c in 0..n {
         let vr = kv.v(kh, a + c);
-        for (g, part) in parts.iter_mut().enumerate() {
-            axpy_row(isa, sc[g * n + c], vr, &mut part.acc);
+        for (g, part) in parts.chunks_mut(d + 2).enumerate() {
+            axpy_row(isa, sc[g * n + c], vr, &mut part[2..]);
         }
     }
-    parts
 }
 
 fn run_decode_splitkv(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
@@ -701,25 +704,32 @@ fn run_decode_splitkv(kd: &KernelDef, prob: &Problem, params: &Params, mut a: Cp
     let (g_n, d) = (s.group(), s.d);
     let (lo, hi) = s.range(0);
     let splits = (hi - lo).div_ceil(chunk);
-    // partials[kh * splits + c][g]
-    let mut partials: Vec<Vec<Partial>> = (0..s.kv_heads * splits).map(|_| Vec::new()).collect();
-    cpu::pool::for_chunks_mut(&mut partials, 1, |t, p| {
-        let (kh, c) = (t / splits, t % splits);
-        let a0 = lo + c * chunk;
-        p[0] = split_partials(isa, &kv, q, kh, a0, (a0 + chunk).min(hi));
-    });
-    cpu::pool::for_chunks_mut(&mut a.outs[0][..s.heads * d], d, |h, o| {
-        let (kh, g) = (h / g_n, h % g_n);
-        let mine = &partials[kh * splits..(kh + 1) * splits];
-        let mx = mine.iter().map(|ps| ps[g].m).fold(f32::NEG_INFINITY, f32::max);
-        o.fill(0.0);
-        let mut l = 0.0;
-        for ps in mine {
-            let w = (ps[g].m - mx).exp();
-            l += w * ps[g].l;
-            cpu::axpy(isa, w, &ps[g].acc, o);
-        }
-        scale_in_place(o, 1.0 / l);
+    let most = s.kv_heads * s.kv_cap.div_ceil(chunk);
+    let (per_part, per_sc) = (g_n * (d + 2), g_n * chunk.min(hi - lo));
+    // parts[(kh * splits + c) * per_part ..]: query head g's [max, sum, acc]
+    cpu::with_scratch_cap(&SPLIT_PARTS, s.kv_heads * splits * per_part, most * per_part, |parts| {
+        cpu::with_scratch_cap(&SPLIT_SCORES, s.kv_heads * splits * per_sc, most * g_n * chunk, |scores| {
+            cpu::pool::for_chunks_mut2(parts, per_part, scores, per_sc, |t, p, sc| {
+                let (kh, c) = (t / splits, t % splits);
+                let a0 = lo + c * chunk;
+                split_partials(isa, &kv, q, kh, a0, (a0 + chunk).min(hi), p, sc);
+            });
+        });
+        let parts = &*parts;
+        cpu::pool::for_chunks_mut(&mut a.outs[0][..s.heads * d], d, |h, o| {
+            let (kh, g) = (h / g_n, h % g_n);
+            let mine = |c: usize| &parts[(kh * splits + c) * per_part + g * (d + 2)..][..d + 2];
+            let mx = (0..splits).map(|c| mine(c)[0]).fold(f32::NEG_INFINITY, f32::max);
+            o.fill(0.0);
+            let mut l = 0.0;
+            for c in 0..splits {
+                let p = mine(c);
+                let w = (p[0] - mx).exp();
+                l += w * p[1];
+                cpu::axpy(isa, w, &p[2..], o);
+            }
+            scale_in_place(o, 1.0 / l);
+        });
     });
     Ok(())
 }

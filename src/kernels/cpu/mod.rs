@@ -282,20 +282,93 @@ pub fn with_scratch_cap<R>(key: &'static LocalKey<RefCell<Vec<f32>>>, len: usize
     })
 }
 
-thread_local! {
-    /// Spare vectors of this thread for [`Scratch`].
-    static SPARE: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
+/// Buffers given back by dropped temporaries ([`Scratch`], the int8 activation
+/// blocks), shared by every thread: a pool worker that runs a kernel for the
+/// first time takes a buffer another thread gave back instead of allocating,
+/// so whether a decode step allocates never depends on which worker ran what.
+/// [`reserve_spares`] fills them up front for a model's sizes.
+pub struct Spares<T> {
+    list: std::sync::Mutex<Vec<T>>,
+}
+
+/// At most this many buffers are kept per kind (more are freed).
+const SPARES_KEPT: usize = 256;
+
+impl<T> Spares<T> {
+    pub const fn new() -> Spares<T> {
+        Spares { list: std::sync::Mutex::new(Vec::new()) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<T>> {
+        self.list.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The smallest kept buffer that `fits` (sizes by `size`), else the largest
+    /// (the caller grows it): a small request never takes the buffer a large
+    /// one needs.
+    pub fn take(&self, fits: impl Fn(&T) -> bool, size: impl Fn(&T) -> usize) -> Option<T> {
+        let mut l = self.lock();
+        let fitting = l.iter().enumerate().filter(|(_, v)| fits(v)).min_by_key(|(_, v)| size(v)).map(|(i, _)| i);
+        let i = fitting.or_else(|| l.iter().enumerate().max_by_key(|(_, v)| size(v)).map(|(i, _)| i))?;
+        Some(l.swap_remove(i))
+    }
+
+    /// Keeps `v` for the next [`Spares::take`].
+    pub fn give(&self, v: T) {
+        let mut l = self.lock();
+        if l.len() < SPARES_KEPT {
+            l.push(v);
+        }
+    }
+
+    /// Makes sure `count` kept buffers `fit`, adding `make()`s.
+    pub fn ensure(&self, count: usize, fits: impl Fn(&T) -> bool, make: impl Fn() -> T) {
+        let mut l = self.lock();
+        let have = l.iter().filter(|v| fits(v)).count();
+        for _ in have..count.min(SPARES_KEPT) {
+            if l.len() >= SPARES_KEPT {
+                let small = l.iter().position(|v| !fits(v));
+                match small {
+                    Some(i) => drop(l.swap_remove(i)),
+                    None => break,
+                }
+            }
+            l.push(make());
+        }
+    }
+}
+
+impl<T> Default for Spares<T> {
+    fn default() -> Spares<T> {
+        Spares::new()
+    }
+}
+
+/// Spare vectors for [`Scratch`].
+static SPARE: Spares<Vec<f32>> = Spares::new();
+
+/// Live temporaries one thread can hold at once (a norm's gains, a normalized
+/// activation, a RoPE table, inside a kernel run by a parallel group).
+const LIVE_PER_THREAD: usize = 4;
+
+/// Fills the shared spares for kernels whose vectors are at most `floats` long
+/// on `threads` threads (the runtime calls it when it builds an engine), so
+/// the first decode steps on every worker find their buffers ready.
+pub fn reserve_spares(threads: usize, floats: usize) {
+    let n = threads.max(1) * LIVE_PER_THREAD;
+    SPARE.ensure(n, |v| v.capacity() >= floats, || Vec::with_capacity(floats));
+    qdot::reserve_spares(threads.max(1) * 2, floats);
 }
 
 /// A per-call f32 vector (a norm's widened gains, a normalized activation) taken
-/// from this thread's spares and given back when dropped: after the first calls
-/// a kernel's temporaries cost no allocation.
+/// from the shared spares and given back when dropped: after the first calls
+/// (or [`reserve_spares`]) a kernel's temporaries cost no allocation.
 pub struct Scratch(Vec<f32>);
 
 impl Scratch {
     /// `len` zeros.
     pub fn zeroed(len: usize) -> Scratch {
-        let mut v = SPARE.try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop())).ok().flatten().unwrap_or_default();
+        let mut v = SPARE.take(|v| v.capacity() >= len, Vec::capacity).unwrap_or_default();
         v.clear();
         v.resize(len, 0.0);
         Scratch(v)
@@ -325,13 +398,9 @@ impl std::ops::DerefMut for Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         let v = std::mem::take(&mut self.0);
-        let _ = SPARE.try_with(|s| {
-            if let Ok(mut s) = s.try_borrow_mut()
-                && s.len() < 32
-            {
-                s.push(v);
-            }
-        });
+        if v.capacity() > 0 {
+            SPARE.give(v);
+        }
     }
 }
 

@@ -50,6 +50,8 @@ struct Shared {
     lock: Mutex<()>,
     wake: Condvar,
     shutdown: AtomicBool,
+    /// Workers that have started (the pool waits for all of them).
+    started: AtomicUsize,
 }
 
 // SAFETY: `job` is written only by the one caller holding `Pool::busy`, before the
@@ -97,6 +99,7 @@ impl Pool {
             lock: Mutex::new(()),
             wake: Condvar::new(),
             shutdown: AtomicBool::new(false),
+            started: AtomicUsize::new(0),
         });
         let workers = (1..threads)
             .map(|i| {
@@ -104,6 +107,11 @@ impl Pool {
                 std::thread::Builder::new().name(format!("ktune-pool-{i}")).spawn(move || worker(&s, i)).expect("spawning a pool worker")
             })
             .collect();
+        // Every worker is running before the pool is used: a thread's own start-up
+        // (std records its name) never lands inside a caller's first passes.
+        while shared.started.load(Acquire) + 1 < threads {
+            std::thread::yield_now();
+        }
         Pool { shared, threads, busy: Mutex::new(()), workers }
     }
 
@@ -212,6 +220,7 @@ fn work(s: &Shared, epoch: u64) -> usize {
 }
 
 fn worker(s: &Shared, index: usize) {
+    s.started.fetch_add(1, Release);
     let mut seen = s.claim.load(Acquire) >> 32;
     loop {
         // Wait for a new job: spin, then park.

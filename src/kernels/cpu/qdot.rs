@@ -98,12 +98,35 @@ pub struct XQ8 {
 /// The buffers of a dropped [`XQ8`], kept for the next one (no `Drop` of its own).
 struct SpareXq8(Vec<i8>, Vec<f32>, Vec<f32>, Vec<f32>);
 
-thread_local! {
-    /// Spare activation buffers of this thread (see `Drop for XQ8`).
-    static SPARE_XQ8: std::cell::RefCell<Vec<SpareXq8>> = const { std::cell::RefCell::new(Vec::new()) };
+/// Spare activation buffers (see `Drop for XQ8`), shared by every thread.
+static SPARE_XQ8: super::Spares<SpareXq8> = super::Spares::new();
+
+impl SpareXq8 {
+    /// Room for `k` activations without growing.
+    fn fits(&self, k: usize) -> bool {
+        let blocks = k / QK;
+        self.0.capacity() >= blocks * QK && self.1.capacity() >= blocks && self.2.capacity() >= blocks && self.3.capacity() >= 2 * blocks
+    }
 }
 
-/// A quantized activation vector goes back to its thread's spares when dropped,
+/// `count` spare activation buffers for rows of up to `k` elements.
+pub(super) fn reserve_spares(count: usize, k: usize) {
+    let blocks = k.div_ceil(QK);
+    SPARE_XQ8.ensure(
+        count,
+        |s| s.fits(blocks * QK),
+        || {
+            SpareXq8(
+                Vec::with_capacity(blocks * QK),
+                Vec::with_capacity(blocks),
+                Vec::with_capacity(blocks),
+                Vec::with_capacity(2 * blocks),
+            )
+        },
+    );
+}
+
+/// A quantized activation vector goes back to the shared spares when dropped,
 /// so quantizing the next one (every projection of a decode step) reuses its
 /// buffers instead of allocating.
 impl Drop for XQ8 {
@@ -111,30 +134,20 @@ impl Drop for XQ8 {
         if self.q.capacity() == 0 {
             return;
         }
-        let spare = SpareXq8(
+        SPARE_XQ8.give(SpareXq8(
             std::mem::take(&mut self.q),
             std::mem::take(&mut self.d),
             std::mem::take(&mut self.dsum),
             std::mem::take(&mut self.dsum16),
-        );
-        let _ = SPARE_XQ8.try_with(|s| {
-            if let Ok(mut s) = s.try_borrow_mut()
-                && s.len() < 8
-            {
-                s.push(spare);
-            }
-        });
+        ));
     }
 }
 
 impl XQ8 {
     pub fn quantize(x: &[f32]) -> XQ8 {
         let blocks = x.len() / QK;
-        let SpareXq8(q, d, dsum, dsum16) = SPARE_XQ8
-            .try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()))
-            .ok()
-            .flatten()
-            .unwrap_or(SpareXq8(Vec::new(), Vec::new(), Vec::new(), Vec::new()));
+        let SpareXq8(q, d, dsum, dsum16) =
+            SPARE_XQ8.take(|s| s.fits(x.len()), |s| s.0.capacity()).unwrap_or(SpareXq8(Vec::new(), Vec::new(), Vec::new(), Vec::new()));
         let mut out = XQ8 { q, d, dsum, dsum16 };
         out.q.clear();
         out.q.resize(blocks * QK, 0);

@@ -16,7 +16,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use super::qkv::ROW_CPU_PARAMS;
-use crate::device::GpuCaps;
+use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::kernels::cpu::{
     self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_TASK, RowSplit, act_f32, check_isa, check_quant, par_row_blocks, par_rows, qin, qrow, row,
@@ -93,8 +93,8 @@ pub fn variants() -> Vec<KernelDef> {
             Op::GateUp,
             DType::FLOAT,
             BLOCKED_CPU_PARAMS,
-            "GEMM style: rayon over feature blocks, f32 weight panel packed once, 2-token x 4-row register microkernel",
-            CpuImpl { run: run_gate_up_blocked, check: check_isa },
+            "GEMM style (prefill): rayon over feature blocks, f32 weight panel packed once, 2-token x 4-row register microkernel",
+            CpuImpl { run: run_gate_up_blocked, check: check_blocked },
         ),
         KernelDef::new(
             "gate_up_q_wg",
@@ -263,6 +263,17 @@ fn gate_up_panel<'a>(w: CpuIn<'a>, n: usize, k: usize, j0: usize, bn: usize, buf
             let done: &'a Vec<f32> = buf;
             (0..2 * bn).map(|i| &done[i * k..(i + 1) * k]).collect()
         }
+    }
+}
+
+/// The packed panel pays off only when several tokens reuse it: one token
+/// (decode) goes to `gate_up_dot4_cpu`, which reads the rows in place.
+fn check_blocked(caps: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    match *prob {
+        Problem::GateUp { rows, .. } if rows < 2 => {
+            Err("gate_up_blocked_cpu packs a weight panel for several tokens; one token uses gate_up_dot4_cpu".into())
+        }
+        _ => check_isa(caps, prob, dtype, params),
     }
 }
 

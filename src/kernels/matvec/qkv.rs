@@ -10,8 +10,6 @@
 //! summed with the bias) and `qkv_proj_q_cpu` (block dot products, f32 or int8
 //! activations).
 
-use rayon::prelude::*;
-
 use super::gemv_dot4;
 use crate::device::GpuCaps;
 use crate::gpu::{Bind, GpuProgram, Shader, grid_2d, groups};
@@ -168,31 +166,29 @@ fn run_qkv_splitk(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_
     let n = nq + 2 * nkv;
     let (x, w) = (&a.ins[0].f32()[..k], a.ins[1]);
     let slice = k.div_ceil((param(params, "k_split")? as usize).max(1)).div_ceil(16).max(1) * 16;
-    let partials: Vec<Vec<f32>> = (0..k.div_ceil(slice))
-        .into_par_iter()
-        .map(|s| {
-            let (c0, c1) = (s * slice, ((s + 1) * slice).min(k));
-            let xs = &x[c0..c1];
-            let mut part = vec![0f32; n];
-            let mut r = 0;
-            while r + 4 <= n {
-                let rows4 =
-                    [sub_row(w, r, k, c0, c1), sub_row(w, r + 1, k, c0, c1), sub_row(w, r + 2, k, c0, c1), sub_row(w, r + 3, k, c0, c1)];
-                part[r..r + 4].copy_from_slice(&cpu::dot4(isa, xs, rows4));
-                r += 4;
-            }
-            for (j, v) in part.iter_mut().enumerate().skip(r) {
-                *v = cpu::dot(isa, xs, sub_row(w, j, k, c0, c1));
-            }
-            part
-        })
-        .collect();
+    let slices = k.div_ceil(slice);
+    // partials[s * n + j]: row j over slice s of k
+    let mut partials = cpu::Scratch::zeroed(slices * n);
+    cpu::pool::for_chunks_mut(&mut partials, n, |s, part| {
+        let (c0, c1) = (s * slice, ((s + 1) * slice).min(k));
+        let xs = &x[c0..c1];
+        let mut r = 0;
+        while r + 4 <= n {
+            let rows4 =
+                [sub_row(w, r, k, c0, c1), sub_row(w, r + 1, k, c0, c1), sub_row(w, r + 2, k, c0, c1), sub_row(w, r + 3, k, c0, c1)];
+            part[r..r + 4].copy_from_slice(&cpu::dot4(isa, xs, rows4));
+            r += 4;
+        }
+        for (j, v) in part.iter_mut().enumerate().skip(r) {
+            *v = cpu::dot(isa, xs, sub_row(w, j, k, c0, c1));
+        }
+    });
     let b = if bias { Some(a.ins[2].f32()) } else { None };
     let [q, ko, vo] = outs::<3>(kd, a.outs)?;
     let dests = q[..nq].iter_mut().chain(ko[..nkv].iter_mut()).chain(vo[..nkv].iter_mut());
     for (j, dst) in dests.enumerate() {
         let mut s = b.map_or(0.0, |b| b[j]);
-        for part in &partials {
+        for part in partials.chunks_exact(n) {
             s += part[j];
         }
         *dst = s;
@@ -231,7 +227,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::QkvProj,
             DType::FLOAT,
             SPLITK_PARAMS,
-            "split-k: rayon over slices of k, each task dot4s every row over its slice, partials summed with the bias",
+            "split-k: the pool over slices of k, each task dot4s every row over its slice, partials summed with the bias",
             CpuImpl { run: run_qkv_splitk, check: check_isa },
         ),
         KernelDef::new(

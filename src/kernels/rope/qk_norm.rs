@@ -233,20 +233,23 @@ fn run_qknr_heads(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArg
 fn run_qknr_table(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
     let (c, eps, per) = QkCall::new(kd, prob, params, &a)?;
     let half = c.half();
-    let mut table = vec![(0f32, 0f32); c.tokens * half];
+    // (cos, sin) pairs, `2 * half` floats a token, from the shared spares
+    let mut table = cpu::Scratch::zeroed(c.tokens * 2 * half);
     if half > 0 {
-        cpu::pool::for_chunks_mut(&mut table, half, |t, tc| {
+        cpu::pool::for_chunks_mut(&mut table, 2 * half, |t, tc| {
             let pos = (c.pos0 + t) as f64;
-            for (e, f) in tc.iter_mut().zip(c.inv_freq) {
+            for (e, f) in tc.chunks_exact_mut(2).zip(c.inv_freq) {
                 let (sn, cs) = (pos * *f as f64).sin_cos();
-                *e = (cs as f32, sn as f32);
+                e[0] = cs as f32;
+                e[1] = sn as f32;
             }
         });
     }
     c.each_head(a.outs[0], eps, per, |row, xh, inv, yh| {
         let g = &c.g;
-        let cs = &table[(row / c.heads) * half..][..half];
-        for (i, &(co, s)) in cs.iter().enumerate() {
+        let cs = &table[(row / c.heads) * 2 * half..][..2 * half];
+        for (i, e) in cs.chunks_exact(2).enumerate() {
+            let (co, s) = (e[0], e[1]);
             let (ia, ib) = pair(c.layout, i, half);
             let x0 = xh[ia] * inv * g[ia];
             let x1 = xh[ib] * inv * g[ib];
