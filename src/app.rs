@@ -46,9 +46,13 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::Profiles(args) => {
             let report = profiles::run(&args.action)?;
-            // Only `list` has a format; the other actions print their text.
+            // `list` and the bundle actions have a format; the others print their text.
             let format = match (&args.action, &report) {
                 (ProfilesAction::List { format }, ProfilesReport::List(_)) => *format,
+                (
+                    ProfilesAction::Export { format, .. } | ProfilesAction::Import { format, .. } | ProfilesAction::Merge { format, .. },
+                    ProfilesReport::Bundle(_),
+                ) => *format,
                 _ => Format::Table,
             };
             output::emit(&report, format.into())?;

@@ -85,9 +85,18 @@ pub struct TuneArgs {
 pub struct BenchArgs {
     #[command(flatten)]
     pub source: ModelSource,
-    /// A profile to measure (repeatable); the first is the reference of the comparisons.
+    /// A profile to measure (repeatable); the first is the reference of the
+    /// comparisons. Without one, the cached profile `run` would use is measured
+    /// (when there is one) beside the runtime's default.
     #[arg(long, value_name = "FILE")]
     pub profile: Vec<std::path::PathBuf>,
+    /// Do not look for a cached profile (measure only --profile files and the default).
+    #[arg(long, conflicts_with = "profile")]
+    pub no_profile: bool,
+    /// Measure a cached profile only when it was tuned on this very device (exit 2
+    /// when the cache has only one of the same class).
+    #[arg(long, conflicts_with_all = ["profile", "no_profile"])]
+    pub strict_device: bool,
     /// Leave out the runtime's default (measured last otherwise).
     #[arg(long)]
     pub no_default: bool,
@@ -132,6 +141,35 @@ pub enum ProfilesAction {
     Path { profile: Option<String> },
     /// Remove every cached profile and measurement.
     Clear,
+    /// Write the cached profiles (of one model, with --model) to a bundle
+    /// (`.tar.zst`) that `profiles import` reads on another machine.
+    Export {
+        /// Only the profiles of this model: its name as `profiles list` shows it, or
+        /// the last component of a model directory or GGUF file (`.gguf` optional).
+        #[arg(long)]
+        model: Option<String>,
+        #[arg(short = 'o', long, value_name = "FILE")]
+        output: std::path::PathBuf,
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+    },
+    /// Add the profiles of bundles to the cache (validated: manifest, checksums,
+    /// schema, kernel set); a conflict keeps the better measured end-to-end time.
+    Import {
+        #[arg(required = true, value_name = "BUNDLE")]
+        bundles: Vec<std::path::PathBuf>,
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+    },
+    /// Merge bundles into one (conflicts resolved as `import` does).
+    Merge {
+        #[arg(required = true, value_name = "BUNDLE")]
+        bundles: Vec<std::path::PathBuf>,
+        #[arg(short = 'o', long, value_name = "FILE")]
+        output: std::path::PathBuf,
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -179,9 +217,18 @@ pub struct ModelSource {
 pub struct RunArgs {
     #[command(flatten)]
     pub source: ModelSource,
-    /// A profile (YAML) selecting the kernels; without one the runtime picks its own.
+    /// A profile (YAML) selecting the kernels. Without one, the best cached
+    /// profile `ktune tune` wrote for this device and model is used (see the
+    /// README's "Which cached profile a run uses"), else the runtime's defaults.
     #[arg(long, value_name = "FILE")]
     pub profile: Option<std::path::PathBuf>,
+    /// Use the runtime's defaults even when a cached profile fits.
+    #[arg(long, conflicts_with = "profile")]
+    pub no_profile: bool,
+    /// Use only a cached profile tuned on this very device: exit 2 instead of
+    /// falling back to one tuned on another device of the same class.
+    #[arg(long, conflicts_with_all = ["profile", "no_profile"])]
+    pub strict_device: bool,
     /// Prompt token ids, comma separated.
     #[arg(long, value_delimiter = ',', num_args = 1.., conflicts_with = "prompt")]
     pub tokens: Vec<u32>,
@@ -223,7 +270,8 @@ pub struct RunArgs {
     /// profile was tuned for.
     #[arg(long, value_parser = weight_dtype)]
     pub weight_dtype: Option<DType>,
-    /// Storage type of the KV cache (without a profile).
+    /// Storage type of the KV cache (without a profile; a cached profile is used
+    /// only when it was tuned with this KV dtype).
     #[arg(long, default_value = "f32", value_parser = kv_dtype)]
     pub kv_dtype: DType,
     /// Fusions (without a profile): `all`, `none`, or a list of qkv, gate_up, qk_norm_rope, residual_norm, norm_matmul.

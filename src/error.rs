@@ -40,6 +40,8 @@ pub enum Error {
     #[error(transparent)]
     Profile(#[from] crate::profile::ProfileError),
     #[error(transparent)]
+    Bundle(#[from] crate::profile::bundle::BundleError),
+    #[error(transparent)]
     Session(#[from] crate::session::SessionError),
     #[error("{0}")]
     Usage(String),

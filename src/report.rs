@@ -205,6 +205,19 @@ pub struct ProfileRow {
 pub enum ProfilesReport {
     List(Vec<ProfileRow>),
     Text(String),
+    Bundle(BundleReport),
+}
+
+/// `ktune profiles export|import|merge`: what became of each profile, and the
+/// bundle written (export, merge).
+#[derive(Debug, Serialize)]
+pub struct BundleReport {
+    pub action: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub written: Option<PathBuf>,
+    /// Profiles in the written bundle, or added and replaced in the cache.
+    pub count: usize,
+    pub profiles: Vec<crate::profile::bundle::Outcome>,
 }
 
 /// `ktune schema`: the profile format's JSON Schema.

@@ -60,6 +60,16 @@ pub struct LoadedModel {
     pub warnings: Vec<String>,
 }
 
+/// The model's name in profiles: its name, with `@Nlayers` when `--layers` cut it
+/// (always for a directory or file, whose configs vary; for a built-in model only
+/// when fewer than its own layers).
+pub fn profile_model_name(m: &LoadedModel, src: &ModelSource, layers: Option<usize>) -> String {
+    match layers {
+        Some(l) if l < m.config.num_layers || src.model_dir.is_some() || src.gguf.is_some() => format!("{}@{l}layers", m.name),
+        _ => m.name.clone(),
+    }
+}
+
 /// Loads the model `--model`, `--model-dir` or `--gguf` names, optionally cut to `layers`.
 pub fn load_source(src: &ModelSource, layers: Option<usize>, seed: u64) -> Result<LoadedModel> {
     match &src.gguf {

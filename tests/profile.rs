@@ -60,6 +60,26 @@ fn the_seed_002_shape_loads() {
 }
 
 #[test]
+fn a_profile_of_another_kernel_set_keeps_what_still_validates() {
+    // An id this build does not have (in a slot, in a layer override, a parameter
+    // value out of range), as a newer or older ktune may have written.
+    let other = GOOD
+        .replace("norm: rms_norm_rows_cpu", "norm: rms_norm_fastest")
+        .replace("attention: attention_prefill_cpu", "attention: attention_from_the_future_cpu")
+        .replace("params: {chunk: 256}", "params: {chunk: 3}");
+    assert!(Profile::from_str(&other, "other.yaml").is_err(), "strict loading refuses it");
+    let (p, dropped) = Profile::from_str_salvaged(&other, "other.yaml").expect("salvaged");
+    assert_eq!(dropped, vec!["kernels.attention", "kernels.norm", "layers.0-5.attention"]);
+    assert!(p.doc.kernels.norm.is_none() && p.doc.kernels.attention.is_none());
+    // What validates is kept as it was.
+    assert_eq!(p.doc.kernels.rope, Profile::from_str(GOOD, "good.yaml").expect("loads").doc.kernels.rope);
+    assert!(p.doc.kernels.matmul.is_some());
+    // A good profile salvages to itself; a broken document is still an error.
+    assert!(Profile::from_str_salvaged(GOOD, "good.yaml").expect("loads").1.is_empty());
+    assert!(Profile::from_str_salvaged(&GOOD.replace("version: 1", "version: 9"), "v.yaml").is_err());
+}
+
+#[test]
 fn unknown_kernel_names_its_position_and_the_valid_ones() {
     let bad = GOOD.replace("norm: rms_norm_rows_cpu", "norm: rms_norm_fastest");
     let (line, col, msg) = err(&bad);

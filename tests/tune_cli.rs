@@ -109,6 +109,180 @@ fn tune_writes_a_profile_that_runs_correctly_and_is_cached() {
         .stdout(predicate::str::contains("### ktune profile diff"));
 }
 
+fn run_json(cache: &Path, extra: &[&str]) -> std::process::Output {
+    let (prompt, _) = expected_generated("llama3-tiny");
+    let toks: Vec<String> = prompt.iter().map(|t| t.to_string()).collect();
+    ktune(cache)
+        .args(["run", "--device", "cpu", "--model-dir"])
+        .arg(fixture("llama3-tiny"))
+        .args(["--tokens", &toks.join(","), "--max-tokens", "8", "--format", "json"])
+        .args(extra)
+        .output()
+        .expect("runs")
+}
+
+fn ok_json(o: &std::process::Output) -> serde_json::Value {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).expect("JSON")
+}
+
+#[test]
+fn run_and_bench_use_the_cached_profile_of_this_device() {
+    let tmp = tempdir();
+    let cache = tmp.path().join("cache");
+    let out = tmp.path().join("tuned.yaml");
+    let (_, generated) = expected_generated("llama3-tiny");
+    // Nothing cached yet: the runtime's defaults.
+    let r = ok_json(&run_json(&cache, &[]));
+    assert!(r["profile"].is_null(), "{}", r["profile"]);
+
+    let tuned = tune_json(&cache, &out, &[]);
+    let key = tuned["key"].as_str().expect("key").to_string();
+    let t = &tuned["profile"]["tuning"];
+    assert_eq!(t["model_hash"].as_str().expect("model hash").len(), 64);
+    assert_eq!(t["device_class"]["kind"], "cpu");
+
+    // tune, then run with no flag: the cached profile, named in the report.
+    let r = ok_json(&run_json(&cache, &[]));
+    let label = r["profile"].as_str().expect("a profile is used");
+    assert!(label.starts_with(&format!("cached {}", &key[..8])), "{label}");
+    assert!(label.contains("(tuned 20") && label.contains(", 8s"), "{label}");
+    assert_eq!(ids_u64(&r["generated"]), generated, "the tuned kernels compute the model");
+    // --no-profile forces the defaults; another KV dtype has no tuned profile.
+    assert!(ok_json(&run_json(&cache, &["--no-profile"]))["profile"].is_null());
+    assert!(ok_json(&run_json(&cache, &["--kv-dtype", "f16"]))["profile"].is_null());
+    // Another model (fewer layers) is not served by this profile.
+    assert!(ok_json(&run_json(&cache, &["--layers", "1"]))["profile"].is_null());
+
+    // bench's entries: the cached profile, then the default.
+    let o = ktune(&cache)
+        .args(["bench", "--device", "cpu", "--model-dir"])
+        .arg(fixture("llama3-tiny"))
+        .args(["--rounds", "3", "--prefill-tokens", "8", "--decode-tokens", "4", "--format", "json"])
+        .output()
+        .expect("runs");
+    let b = ok_json(&o);
+    let names: Vec<&str> = b["entries"].as_array().expect("entries").iter().map(|e| e["name"].as_str().expect("name")).collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(names[0].starts_with("cached ") && names[1] == "default", "{names:?}");
+
+    // A profile of the same class tuned on another device: used, with a warning
+    // naming both devices; --strict-device refuses it (exit 2).
+    let path = cache.join("profiles").join(format!("{key}.yaml"));
+    let text = std::fs::read_to_string(&path).expect("cached profile");
+    let fp = t["fingerprint"].as_str().expect("fingerprint");
+    let other = "0123456789abcdef".repeat(4);
+    std::fs::write(&path, text.replace(fp, &other).replace(t["device_name"].as_str().expect("name"), "Colleague CPU")).expect("write");
+    let o = run_json(&cache, &[]);
+    let r = ok_json(&o);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(r["profile"].as_str().expect("used").contains("on Colleague CPU"), "{}", r["profile"]);
+    assert!(stderr.contains("same class") && stderr.contains("Colleague CPU") && stderr.contains("0123456789ab"), "{stderr}");
+    assert_eq!(ids_u64(&r["generated"]), generated);
+    let o = run_json(&cache, &["--strict-device"]);
+    assert_eq!(o.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("--strict-device") && stderr.contains("Colleague CPU"), "{stderr}");
+
+    // Tuned with another kernel set: used, with one line saying to re-tune.
+    std::fs::write(&path, text.replace(t["kernel_set"].as_str().expect("kernel set"), &other)).expect("write");
+    let o = run_json(&cache, &[]);
+    let r = ok_json(&o);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(r["profile"].as_str().expect("used").starts_with("cached "));
+    assert_eq!(stderr.matches("another kernel set").count(), 1, "{stderr}");
+    assert!(stderr.contains("re-tune"), "{stderr}");
+    // One that no longer loads at all (a document this build cannot read) is skipped, saying so.
+    std::fs::write(&path, text.replace("version: 1", "version: 7")).expect("write");
+    let o = run_json(&cache, &[]);
+    let r = ok_json(&o);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(r["profile"].is_null());
+    assert!(stderr.contains("skipped it") && stderr.contains("re-tune"), "{stderr}");
+    // Garbage in the cache is not this model's profile: ignored.
+    std::fs::write(cache.join("profiles").join("junk.yaml"), "{{ not yaml").expect("write");
+    assert!(ok_json(&run_json(&cache, &[]))["profile"].is_null());
+}
+
+#[test]
+fn bundles_carry_profiles_to_a_clean_cache() {
+    let tmp = tempdir();
+    let cache = tmp.path().join("cache");
+    let out = tmp.path().join("tuned.yaml");
+    let tuned = tune_json(&cache, &out, &[]);
+    let key = tuned["key"].as_str().expect("key").to_string();
+    let b1 = tmp.path().join("b1.tar.zst");
+    let e = ktune(&cache)
+        .args(["profiles", "export", "--model", "llama3-tiny", "-o"])
+        .arg(&b1)
+        .args(["--format", "json"])
+        .output()
+        .expect("runs");
+    let e = ok_json(&e);
+    assert_eq!(e["count"], 1, "{e}");
+    // No profile of another model: exit 2, nothing written.
+    let none = tmp.path().join("none.tar.zst");
+    ktune(&cache).args(["profiles", "export", "--model", "gemma3-1b", "-o"]).arg(&none).assert().code(2);
+    assert!(!none.exists());
+
+    // A clean cache imports it, and `run` uses it.
+    let clean = tmp.path().join("clean");
+    let i = ok_json(&ktune(&clean).args(["profiles", "import"]).arg(&b1).args(["--format", "json"]).output().expect("runs"));
+    assert_eq!(i["count"], 1, "{i}");
+    assert_eq!(i["profiles"][0]["action"], "added");
+    let r = ok_json(&run_json(&clean, &[]));
+    assert!(r["profile"].as_str().expect("used").starts_with(&format!("cached {}", &key[..8])), "{}", r["profile"]);
+    // Again: identical, nothing written.
+    let i = ok_json(&ktune(&clean).args(["profiles", "import"]).arg(&b1).args(["--format", "json"]).output().expect("runs"));
+    assert_eq!((i["count"].as_u64(), i["profiles"][0]["action"].as_str()), (Some(0), Some("identical")));
+
+    // merge: one profile under one key however often it comes.
+    let m = tmp.path().join("m.tar.zst");
+    let j = ok_json(
+        &ktune(&clean).args(["profiles", "merge"]).arg(&b1).arg(&b1).arg("-o").arg(&m).args(["--format", "json"]).output().expect("runs"),
+    );
+    assert_eq!(j["count"], 1, "{j}");
+
+    // diff-profiles over bundles: pairs by model and device class, the counts first.
+    ktune(&clean)
+        .args(["diff-profiles"])
+        .arg(&b1)
+        .arg(&m)
+        .args(["--format", "markdown"])
+        .assert()
+        .code(0)
+        .stdout(predicate::str::contains("0 regressed · 0 improved · 0 changed · 1 unchanged · 0 added · 0 removed"));
+    // Against a profile of another model: one pair added, one removed.
+    let other = tmp.path().join("other.yaml");
+    let model = tuned["profile"]["model"].as_str().expect("model");
+    let text = std::fs::read_to_string(&out).expect("profile");
+    assert!(text.contains(&format!("model: {model}\n")), "{text}");
+    std::fs::write(&other, text.replace(&format!("model: {model}\n"), "model: another-model\n")).expect("write");
+    ktune(&clean)
+        .args(["diff-profiles"])
+        .arg(&b1)
+        .arg(&other)
+        .args(["--fail-on-change"])
+        .assert()
+        .code(1)
+        .stdout(predicate::str::contains("1 added · 1 removed"));
+
+    // Damaged bundles: exit 2 naming the problem, the cache untouched.
+    let before = std::fs::read_dir(clean.join("profiles")).expect("cache").count();
+    let bytes = std::fs::read(&b1).expect("bundle");
+    let cut = tmp.path().join("cut.tar.zst");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).expect("write");
+    let plain = tmp.path().join("plain.tar.zst");
+    std::fs::write(&plain, b"not a bundle at all").expect("write");
+    for (bad, says) in [(&cut, "truncated"), (&plain, "zstd")] {
+        let o = ktune(&clean).args(["profiles", "import"]).arg(&b1).arg(bad).output().expect("runs");
+        assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(stderr.contains(bad.to_str().expect("utf-8")) && stderr.contains(says), "{stderr}");
+    }
+    assert_eq!(std::fs::read_dir(clean.join("profiles")).expect("cache").count(), before);
+}
+
 #[test]
 fn run_refuses_a_profile_the_device_cannot_meet() {
     let tmp = tempdir();

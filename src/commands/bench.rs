@@ -11,11 +11,12 @@ use std::sync::Arc;
 use crate::cli::BenchArgs;
 use crate::device::DeviceCaps;
 use crate::plan::{Fusion, Parallel, PlanOptions, Selection};
-use crate::profile::{ExecSettings, Profile};
+use crate::profile::{ExecSettings, Profile, lookup};
 use crate::progress::Progress;
 use crate::report::{BenchEntry, BenchReport, Estimate};
 use crate::runtime::{TensorStore, WeightMemo};
 use crate::session::{self, Engines, default_weight_dtype, gguf_storage, load_source};
+use crate::tuner;
 use crate::tuner::e2e_sample;
 use crate::tuner::stats::summarize;
 use crate::{Error, Result};
@@ -34,9 +35,6 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
     if args.prefill_tokens == 0 || args.decode_tokens == 0 {
         return Err(Error::Usage("--prefill-tokens and --decode-tokens must be positive".into()));
     }
-    if args.profile.is_empty() && args.no_default {
-        return Err(Error::Usage("nothing to measure: give --profile FILE or drop --no-default".into()));
-    }
     let weight_flag = args.weight_dtype;
     // Profiles are read and validated before the model is loaded.
     let profiles: Vec<(PathBuf, Profile)> =
@@ -50,10 +48,35 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
 
     // (name, selection, execution) of every entry: the profiles in order, then the default.
     let mut setups: Vec<(String, Selection, ExecSettings)> = Vec::new();
+    let profile_name = session::profile_model_name(&m, &args.source, args.layers);
     for (path, p) in &profiles {
-        let (sel, exec, w) = p.resolve(&device, &m.name, c.num_layers)?;
+        let (sel, exec, w) = p.resolve(&device, &profile_name, c.num_layers)?;
         warnings.extend(w.into_iter().map(|w| format!("{}: {w}", path.display())));
         setups.push((path.display().to_string(), sel, exec));
+    }
+    if profiles.is_empty() && !args.no_profile {
+        // The cached profile `run` would use (same rules), measured as the first entry.
+        let weight_dtype = default_weight_dtype(weight_flag, gguf_storage(&m));
+        let formats = session::matrix_formats(&m, weight_dtype, weight_flag);
+        let want = lookup::Want {
+            model: &profile_name,
+            model_hash: tuner::model_hash(c, &formats),
+            weight_dtype,
+            kv_dtype: crate::kernels::DType::F32,
+            prefill_tokens: args.prefill_tokens,
+            context: args.prefill_tokens + args.decode_tokens + 1,
+            strict_device: args.strict_device,
+        };
+        let found = lookup::find(&device, &want)?;
+        warnings.extend(found.warnings);
+        if let Some(f) = found.found {
+            let (sel, exec, mut w) = f.profile.resolve(&device, &profile_name, c.num_layers)?;
+            if f.by_class {
+                w.retain(|x| !x.contains("was tuned on another device"));
+            }
+            warnings.extend(w);
+            setups.push((f.label, sel, exec));
+        }
     }
     if !args.no_default {
         // The default runs the weights the profiles were tuned for (else the flag or the file's type).
@@ -72,6 +95,12 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
         setups.push(("default".into(), Selection::defaults(caps.clone()), exec));
     }
 
+    if setups.is_empty() {
+        return Err(Error::Usage(
+            "nothing to measure: no --profile and no cached profile for this device and model; give --profile FILE, tune first, or drop --no-default"
+                .into(),
+        ));
+    }
     let context = args.prefill_tokens + args.decode_tokens + 1;
     let store: Arc<dyn TensorStore> = m.weights.clone();
     // CPU engines share one copy of the weights.

@@ -5,8 +5,9 @@ use std::path::{Path, PathBuf};
 use crate::cli::{DiffArgs, ProfilesAction};
 use crate::error::ExitCode;
 use crate::profile::Profile;
-use crate::profile::diff::{DiffReport, diff};
-use crate::report::{ProfileRow, ProfilesReport};
+use crate::profile::bundle::{self, Item, Outcome, Set};
+use crate::profile::diff::{DiffOut, diff, diff_sets};
+use crate::report::{BundleReport, ProfileRow, ProfilesReport};
 use crate::tuner::cache::Cache;
 use crate::tuner::{TuneError, cache};
 use crate::{Error, Result};
@@ -70,12 +71,132 @@ pub fn run(action: &ProfilesAction) -> Result<ProfilesReport> {
                 Ok(ProfilesReport::Text(find(&c, what)?.display().to_string()))
             }
         },
+        ProfilesAction::Export { model, output, .. } => export(model.as_deref(), output),
+        ProfilesAction::Import { bundles, .. } => import(bundles),
+        ProfilesAction::Merge { bundles, output, .. } => merge(bundles, output),
         ProfilesAction::Clear => {
             let c = open()?;
             let n = c.clear().map_err(TuneError::from)?;
             Ok(ProfilesReport::Text(format!("removed {n} cached files from {}", c.root.display())))
         }
     }
+}
+
+/// The cached profiles that validate with this build, as bundle items (the others
+/// as `skipped` outcomes).
+fn cached_items(c: &Cache, model: Option<&str>) -> Result<(Vec<Item>, Vec<Outcome>)> {
+    let mut items = Vec::new();
+    let mut skipped = Vec::new();
+    for (key, path) in c.profiles().map_err(TuneError::from)? {
+        let Ok(text) = std::fs::read_to_string(&path) else { continue };
+        let origin = path.display().to_string();
+        if let Some(m) = model {
+            // Filter on the document's model before validating it.
+            let doc_model = serde_saphyr::from_str::<crate::profile::ProfileDoc>(&text).map(|d| d.model).unwrap_or_default();
+            // The name, or a directory's or file's last component, with or without `@Nlayers`.
+            let name = doc_model.split('@').next().unwrap_or_default();
+            let base = name.rsplit(['/', '\\']).next().unwrap_or_default();
+            if doc_model != m && name != m && base != m && base.strip_suffix(".gguf") != Some(m) {
+                continue;
+            }
+        }
+        match Item::new(&key, text, origin.clone()) {
+            Ok(i) => items.push(i),
+            Err(reason) => {
+                skipped.push(Outcome { key, model: String::new(), device: String::new(), origin, action: "skipped".into(), reason })
+            }
+        }
+    }
+    Ok((items, skipped))
+}
+
+fn write_bundle(set: &Set, output: &Path) -> Result<()> {
+    let bytes = set.to_bundle().map_err(|e| Error::Usage(format!("writing bundle {}: {e}", output.display())))?;
+    crate::atomic::write_atomic(output, &bytes).map_err(|e| Error::Usage(format!("cannot write {}: {e}", output.display())))
+}
+
+fn export(model: Option<&str>, output: &Path) -> Result<ProfilesReport> {
+    let c = open()?;
+    let (items, mut outcomes) = cached_items(&c, model)?;
+    if items.is_empty() {
+        let of = model.map(|m| format!(" of model `{m}`")).unwrap_or_default();
+        return Err(Error::Usage(format!(
+            "no cached profile{of} to export from {} (`ktune profiles list` shows the cache; `ktune tune` fills it)",
+            c.root.display()
+        )));
+    }
+    let mut set = Set::default();
+    for i in items {
+        outcomes.push(set.add(i));
+    }
+    write_bundle(&set, output)?;
+    Ok(ProfilesReport::Bundle(BundleReport {
+        action: "export",
+        written: Some(output.to_path_buf()),
+        count: set.items.len(),
+        profiles: outcomes,
+    }))
+}
+
+fn read_bundles(paths: &[PathBuf], set: &mut Set, outcomes: &mut Vec<Outcome>) -> Result<Vec<String>> {
+    let mut taken = Vec::new();
+    for p in paths {
+        let (items, skipped) = bundle::read(p)?;
+        outcomes.extend(skipped);
+        for i in items {
+            let o = set.add(i);
+            if o.action == "added" || o.action == "replaced" {
+                taken.push(o.key.clone());
+            }
+            outcomes.push(o);
+        }
+    }
+    Ok(taken)
+}
+
+fn import(paths: &[PathBuf]) -> Result<ProfilesReport> {
+    // Every bundle is read and checked before the cache changes.
+    for p in paths {
+        bundle::read(p)?;
+    }
+    let c = open()?;
+    let (existing, _) = cached_items(&c, None)?;
+    let mut set = Set::default();
+    for i in existing {
+        set.add(i);
+    }
+    let mut outcomes = Vec::new();
+    let taken = read_bundles(paths, &mut set, &mut outcomes)?;
+    let mut written = std::collections::BTreeSet::new();
+    for key in &taken {
+        if !written.insert(key.clone()) {
+            continue;
+        }
+        let item = &set.items[key];
+        let path = c.profile_path(key);
+        // The tune lock of the key: an import never races a tune writing it.
+        let _lock = c.lock(key, || {}).map_err(TuneError::from)?;
+        crate::atomic::write_atomic(&path, item.text.as_bytes())
+            .map_err(|e| Error::Usage(format!("cannot write {}: {e}", path.display())))?;
+    }
+    // A key replaced twice within the import is written once, as its final winner.
+    Ok(ProfilesReport::Bundle(BundleReport { action: "import", written: None, count: written.len(), profiles: outcomes }))
+}
+
+fn merge(paths: &[PathBuf], output: &Path) -> Result<ProfilesReport> {
+    let mut set = Set::default();
+    let mut outcomes = Vec::new();
+    read_bundles(paths, &mut set, &mut outcomes)?;
+    if set.items.is_empty() {
+        return Err(Error::Usage("the bundles hold no profile this ktune can use; nothing written".into()));
+    }
+    write_bundle(&set, output)?;
+    Ok(ProfilesReport::Bundle(BundleReport {
+        action: "merge",
+        written: Some(output.to_path_buf()),
+        count: set.items.len(),
+        profiles: outcomes,
+    }))
 }
 
 /// Parses `5`, `5%` or `2.5`.
@@ -87,13 +208,31 @@ fn parse_pct(s: &str) -> Result<f64> {
         .ok_or_else(|| Error::Usage(format!("--threshold `{s}`: give a percentage such as 5 or 5%")))
 }
 
+/// Whether `path` is a bundle (zstd magic) rather than a profile (YAML text).
+fn is_bundle(path: &Path) -> bool {
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok() && magic == [0x28, 0xb5, 0x2f, 0xfd]
+}
+
+/// The profiles of a bundle (those this build can read), or the one profile of a file.
+fn profile_set(path: &Path) -> Result<Vec<Profile>> {
+    if !is_bundle(path) {
+        return Ok(vec![Profile::load(path)?]);
+    }
+    let (items, _) = bundle::read(path)?;
+    items.into_iter().map(|i| Profile::from_str(&i.text, &i.origin).map_err(Error::from)).collect()
+}
+
 /// The comparison, and `Differences` on a regression (or with `--fail-on-change`
-/// on any changed choice).
-pub fn diff_profiles(args: &DiffArgs) -> Result<(DiffReport, ExitCode)> {
+/// on any changed choice). Bundles are compared pair by pair (model, device class).
+pub fn diff_profiles(args: &DiffArgs) -> Result<(DiffOut, ExitCode)> {
     let threshold = parse_pct(&args.threshold)?;
-    let a = Profile::load(&args.a)?;
-    let b = Profile::load(&args.b)?;
-    let r = diff(&a, &b, threshold)?;
-    let code = if r.regressed || (args.fail_on_change && r.changed) { ExitCode::Differences } else { ExitCode::Success };
+    let r = if is_bundle(&args.a) || is_bundle(&args.b) {
+        let (a, b) = (profile_set(&args.a)?, profile_set(&args.b)?);
+        DiffOut::Sets(diff_sets(&args.a.display().to_string(), &a, &args.b.display().to_string(), &b, threshold)?)
+    } else {
+        DiffOut::One(diff(&Profile::load(&args.a)?, &Profile::load(&args.b)?, threshold)?)
+    };
+    let code = if r.regressed() || (args.fail_on_change && r.changed()) { ExitCode::Differences } else { ExitCode::Success };
     Ok((r, code))
 }

@@ -16,10 +16,11 @@ use crate::cli::RunArgs;
 use crate::device::DeviceCaps;
 use crate::model::{ChatTemplate, END_OF_TURN_TOKENS, Stored, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, Tokenizer};
 use crate::plan::{Fusion, Parallel, PlanOptions, Selection, Slot};
-use crate::profile::{ExecSettings, Profile};
+use crate::profile::{ExecSettings, Profile, lookup};
 use crate::report::{RunReport, SlotRow, StopReason};
 use crate::runtime::{Engine, TensorStore, argmax};
 use crate::session::{self, Engines, LoadedModel, default_weight_dtype, gguf_storage, load_gguf, load_source};
+use crate::tuner;
 use crate::{Error, Result};
 
 /// Parses `--fusion`.
@@ -122,9 +123,41 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     }
     let context = args.context.unwrap_or(prompt.len() + args.max_tokens).max(prompt.len() + args.max_tokens);
     let max_tokens = prompt.len().min(args.prefill_chunk.max(1));
+    // Without --profile (or --no-profile): the best cached profile for this device,
+    // model, weights and KV cache (profile::lookup).
+    let profile_name = session::profile_model_name(&m, &args.source, args.layers);
+    let mut profile_label = args.profile.as_ref().map(|p| p.display().to_string());
+    let mut by_class = false;
+    let profile = match profile {
+        Some(p) => Some(p),
+        None if args.no_profile => None,
+        None => {
+            let formats = session::matrix_formats(&m, weight_dtype, weight_flag);
+            let want = lookup::Want {
+                model: &profile_name,
+                model_hash: tuner::model_hash(c, &formats),
+                weight_dtype,
+                kv_dtype,
+                prefill_tokens: prompt.len(),
+                context,
+                strict_device: args.strict_device,
+            };
+            let found = lookup::find(&device, &want)?;
+            warnings.extend(found.warnings);
+            found.found.map(|f| {
+                profile_label = Some(f.label);
+                by_class = f.by_class;
+                f.profile
+            })
+        }
+    };
     let (selection, exec) = match &profile {
         Some(p) => {
-            let (sel, exec, w) = p.resolve(&device, &m.name, c.num_layers)?;
+            let (sel, exec, mut w) = p.resolve(&device, &profile_name, c.num_layers)?;
+            if by_class {
+                // The lookup's warning names both devices.
+                w.retain(|x| !x.contains("was tuned on another device"));
+            }
             if let Some(want) = weight_flag
                 && want != exec.weight_dtype
             {
@@ -250,7 +283,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         fingerprint: device.fingerprint(),
         model: m.name.clone(),
         weights: m.weights.origin().to_string(),
-        profile: args.profile.as_ref().map(|p| p.display().to_string()),
+        profile: profile_label,
         weight_dtype: exec.weight_dtype,
         other_formats,
         weight_storage: storage.map(|s| match s {

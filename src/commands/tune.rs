@@ -61,12 +61,7 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
     let device = session::pick_device(selector)?;
     let m = load_source(&args.source, args.layers, args.seed)?;
     let weight_dtype = default_weight_dtype(weight_flag, gguf_storage(&m));
-    let name = match args.layers {
-        Some(l) if l < m.config.num_layers || args.source.model_dir.is_some() || args.source.gguf.is_some() => {
-            format!("{}@{l}layers", m.name)
-        }
-        _ => m.name.clone(),
-    };
+    let name = session::profile_model_name(&m, &args.source, args.layers);
     let opts = TuneOptions {
         budget,
         strategy,

@@ -2,10 +2,12 @@
 //! capabilities kernels are checked against, stable fingerprints (sha256 over a
 //! canonical serialization), and the `--device` selector every command shares.
 
+pub mod class;
 pub mod cpu;
 
 use serde::{Deserialize, Serialize};
 
+pub use class::DeviceClass;
 pub use cpu::CpuCaps;
 
 #[derive(Debug, thiserror::Error)]

@@ -4,13 +4,44 @@ use tabled::settings::Style;
 use tabled::{Table, Tabled};
 
 use super::{Report, short};
-use crate::report::ProfilesReport;
+use crate::report::{BundleReport, ProfilesReport};
+
+fn bundle_table(b: &BundleReport) -> String {
+    #[derive(Tabled)]
+    struct Row {
+        key: String,
+        model: String,
+        device: String,
+        action: String,
+        from: String,
+        reason: String,
+    }
+    let rows: Vec<Row> = b
+        .profiles
+        .iter()
+        .map(|o| Row {
+            key: short(&o.key),
+            model: o.model.clone(),
+            device: o.device.clone(),
+            action: o.action.clone(),
+            from: o.origin.clone(),
+            reason: o.reason.clone(),
+        })
+        .collect();
+    let mut text = if rows.is_empty() { String::new() } else { Table::new(rows).with(Style::sharp()).to_string() + "\n" };
+    text += &match (&b.written, b.action) {
+        (Some(p), _) => format!("wrote {} profiles to {}", b.count, p.display()),
+        (None, _) => format!("{} profiles added to or replaced in the cache", b.count),
+    };
+    text
+}
 
 impl Report for ProfilesReport {
     fn table(&self) -> String {
         let rows = match self {
             ProfilesReport::List(rows) => rows,
             ProfilesReport::Text(t) => return t.clone(),
+            ProfilesReport::Bundle(b) => return bundle_table(b),
         };
         if rows.is_empty() {
             return "no cached profiles (`ktune tune` makes them)".into();

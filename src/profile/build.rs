@@ -113,6 +113,8 @@ pub(crate) fn profile_doc(f: &Findings<'_>) -> ProfileDoc {
         device_name: t.device.name(),
         ktune_version: env!("CARGO_PKG_VERSION").into(),
         kernel_set: kernels::kernel_set_hash(),
+        device_class: Some(t.device.class()),
+        model_hash: Some(crate::tuner::model_hash(t.config, &o.matrix_formats)),
         timing: format!("{timing} (slots); wall-clock (end to end)"),
         date: utc_now(),
         strategy: o.strategy.name().into(),

@@ -164,3 +164,132 @@ pub fn diff(a: &Profile, b: &Profile, threshold_pct: f64) -> Result<DiffReport, 
         regressed,
     })
 }
+
+/// One (model, device) of a set diff.
+#[derive(Clone, Debug, Serialize)]
+pub struct PairDiff {
+    pub model: String,
+    /// The device class (or the device, for a profile without one).
+    pub device: String,
+    /// `regressed`, `improved`, `changed`, `unchanged`, `added` (only in the new
+    /// set) or `removed` (only in the reference).
+    pub status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diff: Option<DiffReport>,
+}
+
+/// `diff-profiles` over bundles (or a bundle and a profile): the profiles paired
+/// by model and device class, each pair compared as two profiles are.
+#[derive(Clone, Debug, Serialize)]
+pub struct SetDiff {
+    pub a: String,
+    pub b: String,
+    pub threshold_pct: f64,
+    pub pairs: Vec<PairDiff>,
+    pub regressions: usize,
+    pub improvements: usize,
+    pub changed: usize,
+    pub unchanged: usize,
+    pub added: usize,
+    pub removed: usize,
+    pub regressed: bool,
+    /// Anything but `unchanged` pairs.
+    pub any_change: bool,
+}
+
+/// Two profiles, or two sets of them.
+#[derive(Clone, Debug, Serialize)]
+#[serde(untagged)]
+pub enum DiffOut {
+    One(DiffReport),
+    Sets(SetDiff),
+}
+
+impl DiffOut {
+    pub fn regressed(&self) -> bool {
+        match self {
+            DiffOut::One(d) => d.regressed,
+            DiffOut::Sets(s) => s.regressed,
+        }
+    }
+    pub fn changed(&self) -> bool {
+        match self {
+            DiffOut::One(d) => d.changed,
+            DiffOut::Sets(s) => s.any_change,
+        }
+    }
+}
+
+/// The pairing key of a profile: its model and its device class (the
+/// fingerprint's device for a profile without a class).
+fn pair_key(p: &Profile) -> (String, String) {
+    let device = match &p.doc.tuning {
+        Some(t) => match &t.device_class {
+            Some(c) => c.to_string(),
+            None => format!("{} ({}…)", t.device_name, &t.fingerprint[..t.fingerprint.len().min(12)]),
+        },
+        None => p.doc.device.backend.as_ref().map(|b| b.value.clone()).unwrap_or_else(|| "any device".into()),
+    };
+    (p.doc.model.clone(), device)
+}
+
+/// Per key, the profile with the best measured end-to-end time.
+fn by_pair(set: &[Profile]) -> BTreeMap<(String, String), &Profile> {
+    let mut m: BTreeMap<(String, String), &Profile> = BTreeMap::new();
+    for p in set {
+        let e = super::lookup::e2e_seconds(&p.doc);
+        m.entry(pair_key(p))
+            .and_modify(|q| {
+                if e < super::lookup::e2e_seconds(&q.doc) {
+                    *q = p
+                }
+            })
+            .or_insert(p);
+    }
+    m
+}
+
+/// Compares the reference set `a` with `b`, pair by pair.
+pub fn diff_sets(a_name: &str, a: &[Profile], b_name: &str, b: &[Profile], threshold_pct: f64) -> Result<SetDiff, ProfileError> {
+    let (ma, mb) = (by_pair(a), by_pair(b));
+    let keys: std::collections::BTreeSet<&(String, String)> = ma.keys().chain(mb.keys()).collect();
+    let mut pairs = Vec::new();
+    for k in keys {
+        let (model, device) = k.clone();
+        let pair = match (ma.get(k), mb.get(k)) {
+            (Some(x), Some(y)) => {
+                let d = diff(x, y, threshold_pct)?;
+                let status = if d.regressed {
+                    "regressed"
+                } else if d.end_to_end.iter().chain(&d.slots).any(|t| t.improved) {
+                    "improved"
+                } else if d.changed {
+                    "changed"
+                } else {
+                    "unchanged"
+                };
+                PairDiff { model, device, status, diff: Some(d) }
+            }
+            (None, Some(_)) => PairDiff { model, device, status: "added", diff: None },
+            _ => PairDiff { model, device, status: "removed", diff: None },
+        };
+        pairs.push(pair);
+    }
+    let count = |s: &str| pairs.iter().filter(|p| p.status == s).count();
+    let (regressions, improvements, changed, unchanged, added, removed) =
+        (count("regressed"), count("improved"), count("changed"), count("unchanged"), count("added"), count("removed"));
+    Ok(SetDiff {
+        a: a_name.into(),
+        b: b_name.into(),
+        threshold_pct,
+        regressed: regressions > 0,
+        any_change: unchanged < pairs.len(),
+        pairs,
+        regressions,
+        improvements,
+        changed,
+        unchanged,
+        added,
+        removed,
+    })
+}

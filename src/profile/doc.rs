@@ -469,6 +469,16 @@ pub struct Tuning {
     pub ktune_version: String,
     /// Hash of the kernel set (shader sources and registry).
     pub kernel_set: String,
+    /// The device's class (vendor, family, backend, driver major; CPU: ISA and
+    /// cores): a profile of the same class serves a device without its own.
+    /// Absent in profiles written before classes existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_class: Option<crate::device::DeviceClass>,
+    /// sha256 of the model's configuration and its matrices' storage formats: a
+    /// cached profile is used only for the same model (absent in older profiles:
+    /// the model name decides).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_hash: Option<String>,
     /// `gpu-timestamps` or `wall-clock`.
     pub timing: String,
     /// UTC, RFC 3339.

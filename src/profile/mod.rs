@@ -4,8 +4,10 @@
 //! compare two of them ([`diff`]).
 
 pub mod build;
+pub mod bundle;
 pub mod diff;
 pub mod doc;
+pub mod lookup;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -40,6 +42,8 @@ pub enum ProfileError {
     Invalid { path: String, message: String },
     #[error("profile {path} cannot run on {device}: {message}")]
     Device { path: String, device: String, message: String },
+    #[error("{message}")]
+    NotThisDevice { message: String },
     #[error("cannot write profile {path}: {source}")]
     Write { path: PathBuf, source: std::io::Error },
     #[error("serializing the profile failed: {0}")]
@@ -237,6 +241,70 @@ fn resolve_kernels(origin: &str, k: &KernelsDoc, backend: Option<Backend>) -> Re
     Ok(map)
 }
 
+/// A kernel entry by path, mutable, with the slots it serves.
+type EntryMut<'a> = (&'static str, &'a mut Option<At<Entry>>, Vec<Slot>);
+
+/// The entries of `k` by path, mutable (the same list as [`entries`]).
+fn entries_mut(k: &mut KernelsDoc) -> Vec<EntryMut<'_>> {
+    let mut v = vec![
+        ("attention", &mut k.attention, vec![Slot::AttentionPrefill, Slot::AttentionDecode]),
+        ("norm", &mut k.norm, vec![Slot::Norm]),
+        ("activation", &mut k.activation, vec![Slot::Activation]),
+        ("rope", &mut k.rope, vec![Slot::Rope]),
+        ("residual", &mut k.residual, vec![Slot::Residual]),
+    ];
+    if let Some(m) = &mut k.matmul {
+        let all = vec![Slot::MatmulQkv, Slot::MatmulO, Slot::MatmulGateUp, Slot::MatmulDown, Slot::MatmulLmHead];
+        v.push(("matmul.default", &mut m.default, all));
+        v.push(("matmul.qkv_proj", &mut m.qkv_proj, vec![Slot::MatmulQkv]));
+        v.push(("matmul.o_proj", &mut m.o_proj, vec![Slot::MatmulO]));
+        v.push(("matmul.gate_up", &mut m.gate_up, vec![Slot::MatmulGateUp]));
+        v.push(("matmul.down_proj", &mut m.down_proj, vec![Slot::MatmulDown]));
+        v.push(("matmul.lm_head", &mut m.lm_head, vec![Slot::MatmulLmHead]));
+    }
+    if let Some(f) = &mut k.fused {
+        v.push(("fused.qkv_proj", &mut f.qkv_proj, vec![Slot::FusedQkv]));
+        v.push(("fused.gate_up", &mut f.gate_up, vec![Slot::FusedGateUp]));
+        v.push(("fused.qk_norm_rope", &mut f.qk_norm_rope, vec![Slot::QkNormRope]));
+        v.push(("fused.residual_norm", &mut f.residual_norm, vec![Slot::ResidualNorm]));
+        v.push(("fused.norm_matmul", &mut f.norm_matmul, vec![Slot::NormMatmul]));
+    }
+    v
+}
+
+/// Removes the entries of `k` that do not resolve (an unknown kernel, a parameter
+/// value this build does not have), saying which under `prefix` in `dropped`.
+fn prune_kernels(origin: &str, prefix: &str, k: &mut KernelsDoc, backend: Option<Backend>, dropped: &mut Vec<String>) {
+    for (path, entry, slots) in entries_mut(k) {
+        let Some(at) = entry.as_ref() else { continue };
+        let one = match &at.value {
+            Entry::One(v) => resolve_variant(origin, path, at, v, &slots, None, backend).map(|_| ()),
+            Entry::PerRegime { prefill, decode } => prefill
+                .iter()
+                .map(|v| (v, Regime::Prefill))
+                .chain(decode.iter().map(|v| (v, Regime::Decode)))
+                .try_for_each(|(v, r)| resolve_variant(origin, path, at, v, &slots, Some(r), backend).map(|_| ())),
+        };
+        if one.is_err() {
+            dropped.push(format!("{prefix}{path}"));
+            *entry = None;
+        }
+    }
+    let names: Vec<String> = k.formats.keys().cloned().collect();
+    for name in names {
+        let known = name.parse::<kernels::DType>().ok().is_some_and(|d| d.is_quant() || d == kernels::DType::F16);
+        match k.formats.get_mut(&name) {
+            Some(sub) if known && sub.formats.is_empty() => {
+                prune_kernels(origin, &format!("{prefix}formats.{name}."), sub, backend, dropped)
+            }
+            _ => {
+                dropped.push(format!("{prefix}formats.{name}"));
+                k.formats.remove(&name);
+            }
+        }
+    }
+}
+
 /// Parses `a-b` or `a` into an inclusive range.
 fn layer_range(s: &str) -> Option<(usize, usize)> {
     let s = s.trim();
@@ -253,6 +321,27 @@ impl Profile {
         let p = Profile { doc, origin: origin.to_string() };
         p.validate()?;
         Ok(p)
+    }
+
+    /// [`Profile::from_str`] for a profile written by another build of ktune (a
+    /// cached one whose kernel set changed): kernel entries this build does not
+    /// know (an id, a parameter value) are dropped, so their slots take the
+    /// runtime's choice, and named in the returned list; anything else invalid
+    /// is still an error.
+    pub fn from_str_salvaged(text: &str, origin: &str) -> Result<(Profile, Vec<String>), ProfileError> {
+        let doc: ProfileDoc = serde_saphyr::from_str(text).map_err(|e| parse_error(origin, &e))?;
+        let mut p = Profile { doc, origin: origin.to_string() };
+        if p.validate().is_ok() {
+            return Ok((p, Vec::new()));
+        }
+        let backend = p.backend()?;
+        let mut dropped = Vec::new();
+        prune_kernels(origin, "kernels.", &mut p.doc.kernels, backend, &mut dropped);
+        for (key, layer) in p.doc.layers.iter_mut() {
+            prune_kernels(origin, &format!("layers.{key}."), &mut layer.value, backend, &mut dropped);
+        }
+        p.validate()?;
+        Ok((p, dropped))
     }
 
     pub fn load(path: &Path) -> Result<Profile, ProfileError> {

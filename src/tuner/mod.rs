@@ -78,6 +78,16 @@ impl TuneOptions {
 /// differently does not return or resume what an older one found.
 const SEARCH_REVISION: &str = "descent-1";
 
+/// The model's identity for profile lookup: sha256 of its configuration and of
+/// the storage format of every matrix that is not in the weight dtype (written to
+/// a profile's `tuning.model_hash`; `run` and `bench` use a cached profile only
+/// for the same hash).
+pub fn model_hash(cfg: &ModelConfig, matrix_formats: &std::collections::BTreeMap<String, DType>) -> String {
+    let cfg_json = serde_json::to_string(cfg).unwrap_or_default();
+    let formats: String = matrix_formats.iter().map(|(t, d)| format!("|{t}={d}")).collect();
+    crate::hash::sha256_parts::<&[&str]>(&[&cfg_json, &formats])
+}
+
 /// Cache key of a tune: device, model config, kernel set, version, options.
 pub fn cache_key(device: &Device, model: &str, cfg: &ModelConfig, o: &TuneOptions) -> String {
     let cfg_json = serde_json::to_string(cfg).unwrap_or_default();
