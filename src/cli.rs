@@ -156,8 +156,11 @@ pub enum ProfilesAction {
     /// Add the profiles of bundles to the cache (validated: manifest, checksums,
     /// schema, kernel set); a conflict keeps the better measured end-to-end time.
     Import {
-        #[arg(required = true, value_name = "BUNDLE")]
+        #[arg(required_unless_present = "shipped", value_name = "BUNDLE")]
         bundles: Vec<std::path::PathBuf>,
+        /// Also import the profiles shipped in the repository's `profiles/` (built in).
+        #[arg(long)]
+        shipped: bool,
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
     },

@@ -236,6 +236,13 @@ fn bundles_carry_profiles_to_a_clean_cache() {
     let i = ok_json(&ktune(&clean).args(["profiles", "import"]).arg(&b1).args(["--format", "json"]).output().expect("runs"));
     assert_eq!((i["count"].as_u64(), i["profiles"][0]["action"].as_str()), (Some(0), Some("identical")));
 
+    // The profiles shipped in profiles/ are built in: a bundle of their own.
+    let shipped = tmp.path().join("shipped");
+    let i = ok_json(&ktune(&shipped).args(["profiles", "import", "--shipped", "--format", "json"]).output().expect("runs"));
+    let n = std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles")).expect("profiles/").count();
+    assert_eq!(i["count"].as_u64(), Some(n as u64), "{i}");
+    ktune(&shipped).args(["profiles", "list"]).assert().success().stdout(predicate::str::contains("llama-3.2-1b"));
+
     // merge: one profile under one key however often it comes.
     let m = tmp.path().join("m.tar.zst");
     let j = ok_json(

@@ -72,7 +72,7 @@ pub fn run(action: &ProfilesAction) -> Result<ProfilesReport> {
             }
         },
         ProfilesAction::Export { model, output, .. } => export(model.as_deref(), output),
-        ProfilesAction::Import { bundles, .. } => import(bundles),
+        ProfilesAction::Import { bundles, shipped, .. } => import(bundles, *shipped),
         ProfilesAction::Merge { bundles, output, .. } => merge(bundles, output),
         ProfilesAction::Clear => {
             let c = open()?;
@@ -154,7 +154,7 @@ fn read_bundles(paths: &[PathBuf], set: &mut Set, outcomes: &mut Vec<Outcome>) -
     Ok(taken)
 }
 
-fn import(paths: &[PathBuf]) -> Result<ProfilesReport> {
+fn import(paths: &[PathBuf], with_shipped: bool) -> Result<ProfilesReport> {
     // Every bundle is read and checked before the cache changes.
     for p in paths {
         bundle::read(p)?;
@@ -166,7 +166,18 @@ fn import(paths: &[PathBuf]) -> Result<ProfilesReport> {
         set.add(i);
     }
     let mut outcomes = Vec::new();
-    let taken = read_bundles(paths, &mut set, &mut outcomes)?;
+    let mut taken = read_bundles(paths, &mut set, &mut outcomes)?;
+    if with_shipped {
+        let (items, skipped) = bundle::shipped();
+        outcomes.extend(skipped);
+        for i in items {
+            let o = set.add(i);
+            if o.action == "added" || o.action == "replaced" {
+                taken.push(o.key.clone());
+            }
+            outcomes.push(o);
+        }
+    }
     let mut written = std::collections::BTreeSet::new();
     for key in &taken {
         if !written.insert(key.clone()) {

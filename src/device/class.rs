@@ -107,8 +107,11 @@ fn gpu_family(vendor: &str, info: &GpuInfo) -> String {
     if name.is_empty() { "unknown".into() } else { name }
 }
 
-/// The first number in the driver's version text (`Mesa 25.0.7` → 25, `580.95.05` → 580).
+/// The driver's major version: the number after `Mesa` when the text names Mesa
+/// (GL's `4.5 (Core Profile) Mesa 22.3.6` → 22), else the first number
+/// (`580.95.05` → 580).
 fn driver_major(text: &str) -> Option<u32> {
+    let text = text.find("Mesa").map_or(text, |i| &text[i..]);
     let start = text.find(|c: char| c.is_ascii_digit())?;
     let digits: String = text[start..].chars().take_while(char::is_ascii_digit).collect();
     digits.parse().ok()
@@ -168,6 +171,8 @@ mod tests {
         let lvp2 = gpu_class("mesa", &info("llvmpipe (LLVM 20.1.0, 512 bits)", 0x10005, 0, "Mesa 25.2.1"));
         assert_eq!(lvp, lvp2);
         assert_eq!(driver_major("no digits"), None);
+        assert_eq!(driver_major("4.5 (Core Profile) Mesa 22.3.6"), Some(22));
+        assert_eq!(driver_major("llvmpipe Mesa 22.3.6 (LLVM 15.0.6)"), Some(22));
     }
 
     #[test]

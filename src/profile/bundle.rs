@@ -5,9 +5,14 @@
 //! measured end-to-end time) and `profiles/<key>.yaml`.
 //!
 //! Reading never unpacks to disk: entries are read into memory by name (sizes
-//! bounded), every profile is checked against the manifest's checksum, loaded
-//! with this build's validation (schema, kernel ids and parameters) and its kernel
-//! set compared with this build's; what fails is skipped with its reason.
+//! bounded), every profile is checked against the manifest's checksum and loaded
+//! with this build's validation (schema, kernel ids and parameters); what fails is
+//! skipped with its reason. One tuned with another kernel set whose choices all
+//! still validate is taken, marked stale (it loses any conflict to a current one,
+//! and `run` warns when it uses it).
+//!
+//! The profiles shipped in the repository's `profiles/` are built into the binary
+//! ([`shipped`]), a bundle `profiles import --shipped` reads.
 //!
 //! Two profiles under one key (the same device, model, options and kernel set)
 //! are a conflict: the one with the shorter measured end-to-end time (prefill
@@ -80,6 +85,9 @@ pub struct Item {
     pub sha256: String,
     /// Where it came from, for messages.
     pub origin: String,
+    /// Tuned with another kernel set than this build's (its choices all still
+    /// validate; one that does not is refused).
+    pub stale: bool,
 }
 
 impl Item {
@@ -93,16 +101,19 @@ impl Item {
         let Some(t) = &p.doc.tuning else {
             return Err("no `tuning` section: not a tuned profile".into());
         };
-        let ks = kernels::kernel_set_hash();
-        if t.kernel_set != ks {
-            return Err(format!(
-                "tuned with another kernel set (ktune {}, {}…; this build {}…): re-tune it with this ktune",
-                t.ktune_version,
-                &t.kernel_set[..t.kernel_set.len().min(8)],
-                &ks[..8]
-            ));
-        }
-        Ok(Item { key: key.to_lowercase(), sha256: crate::hash::sha256_hex(&text), text, doc: p.doc, origin })
+        let stale = t.kernel_set != kernels::kernel_set_hash();
+        Ok(Item { key: key.to_lowercase(), sha256: crate::hash::sha256_hex(&text), text, doc: p.doc, origin, stale })
+    }
+
+    /// Why a stale profile is taken anyway, for the outcome.
+    fn stale_note(&self) -> String {
+        let t = self.doc.tuning.clone().unwrap_or_default();
+        format!(
+            "tuned with another kernel set (ktune {}, {}…; this build {}…): every choice still validates, `run` uses it with a warning; re-tune for this build",
+            t.ktune_version,
+            &t.kernel_set[..t.kernel_set.len().min(8)],
+            &kernels::kernel_set_hash()[..8]
+        )
     }
 
     pub fn e2e_seconds(&self) -> Option<f64> {
@@ -110,9 +121,13 @@ impl Item {
         s.is_finite().then_some(s)
     }
 
-    /// Whether `self` beats `other` under the same key: the shorter measured
-    /// end-to-end time, then the smaller content hash.
+    /// Whether `self` beats `other` under the same key: one of this build's kernel
+    /// set over a stale one, then the shorter measured end-to-end time, then the
+    /// smaller content hash.
     pub fn beats(&self, other: &Item) -> bool {
+        if self.stale != other.stale {
+            return !self.stale;
+        }
         let (a, b) = (self.e2e_seconds().unwrap_or(f64::INFINITY), other.e2e_seconds().unwrap_or(f64::INFINITY));
         if a != b {
             return a < b;
@@ -173,6 +188,9 @@ impl Set {
             action: "added".into(),
             reason: String::new(),
         };
+        if item.stale {
+            out.reason = item.stale_note();
+        }
         if let Some(old) = self.items.get(&item.key) {
             if old.sha256 == item.sha256 {
                 out.action = "identical".into();
@@ -185,7 +203,8 @@ impl Set {
                 return out;
             }
             out.action = "replaced".into();
-            out.reason = format!("better: {why}");
+            let stale = std::mem::take(&mut out.reason);
+            out.reason = if stale.is_empty() { format!("better: {why}") } else { format!("better: {why}; {stale}") };
         }
         self.items.insert(item.key.clone(), item);
         out
@@ -217,6 +236,36 @@ impl Set {
         let raw = tar.into_inner()?;
         zstd::encode_all(raw.as_slice(), 19)
     }
+}
+
+/// The profiles of the repository's `profiles/`, built in (file name, text).
+const SHIPPED: &[(&str, &str)] = &[
+    ("gemma3-1b-cpu-epyc-2core.yaml", include_str!("../../profiles/gemma3-1b-cpu-epyc-2core.yaml")),
+    ("gemma3-4b-cpu-epyc-2core.yaml", include_str!("../../profiles/gemma3-4b-cpu-epyc-2core.yaml")),
+    ("llama-3.2-1b-cpu-epyc-2core.yaml", include_str!("../../profiles/llama-3.2-1b-cpu-epyc-2core.yaml")),
+    ("llama-3.2-3b-cpu-epyc-2core.yaml", include_str!("../../profiles/llama-3.2-3b-cpu-epyc-2core.yaml")),
+];
+
+/// The shipped profiles as bundle items (keyed by the sha256 of their text), and
+/// a `skipped` outcome for any this build cannot load.
+pub fn shipped() -> (Vec<Item>, Vec<Outcome>) {
+    let mut items = Vec::new();
+    let mut skipped = Vec::new();
+    for (name, text) in SHIPPED {
+        let origin = format!("shipped:profiles/{name}");
+        match Item::new(&crate::hash::sha256_hex(text), text.to_string(), origin.clone()) {
+            Ok(i) => items.push(i),
+            Err(reason) => skipped.push(Outcome {
+                key: crate::hash::sha256_hex(text),
+                model: String::new(),
+                device: String::new(),
+                origin,
+                action: "skipped".into(),
+                reason,
+            }),
+        }
+    }
+    (items, skipped)
 }
 
 /// Reads a bundle: the profiles that validate, and an outcome `skipped` (with the
@@ -328,6 +377,23 @@ mod tests {
     }
 
     #[test]
+    fn every_file_of_profiles_is_built_in_and_loads() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles");
+        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+            .expect("profiles/")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .filter(|n| n.ends_with(".yaml"))
+            .collect();
+        on_disk.sort();
+        let built_in: Vec<String> = SHIPPED.iter().map(|(n, _)| n.to_string()).collect();
+        assert_eq!(built_in, on_disk, "add new files of profiles/ to SHIPPED");
+        let (items, skipped) = shipped();
+        assert!(skipped.is_empty(), "{skipped:?}");
+        assert_eq!(items.len(), SHIPPED.len());
+    }
+
+    #[test]
     fn a_bundle_round_trips_and_checks_what_it_holds() {
         let dir = tempfile::tempdir().expect("tmp");
         let mut set = Set::default();
@@ -340,8 +406,17 @@ mod tests {
         assert_eq!(items.iter().map(|i| i.doc.name.as_str()).collect::<Vec<_>>(), ["one", "two"]);
         // Bad keys never become file names.
         assert!(Item::new("../../etc/passwd", items[0].text.clone(), "x".into()).is_err());
-        // A profile of another kernel set is refused with the reason.
+        // A profile of another kernel set is taken, marked stale, and loses to a
+        // current one under the same key whatever their times.
         let other = items[0].text.replace(&kernels::kernel_set_hash(), &"0".repeat(64));
-        assert!(Item::new(&"d".repeat(64), other, "x".into()).expect_err("refused").contains("kernel set"));
+        let stale = Item::new(&items[0].key, other, "old.yaml".into()).expect("still validates");
+        assert!(stale.stale && !items[0].stale);
+        let mut set = Set::default();
+        assert!(set.add(stale.clone()).reason.contains("another kernel set"));
+        assert_eq!(set.add(items[0].clone()).action, "replaced");
+        assert_eq!(set.add(stale).action, "kept");
+        // A profile that does not load is refused with the reason.
+        let broken = items[0].text.replace("version: 1", "version: 3");
+        assert!(Item::new(&"d".repeat(64), broken, "x".into()).expect_err("refused").contains("version"));
     }
 }
