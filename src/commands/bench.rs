@@ -92,7 +92,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
             weight_dtype,
             threads: 0,
         };
-        setups.push(("default".into(), Selection::defaults(caps.clone()), exec));
+        setups.push(("default".into(), Selection::runtime(caps.clone()), exec));
     }
 
     if setups.is_empty() {

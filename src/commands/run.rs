@@ -1,6 +1,7 @@
 //! `ktune run`: a model (built-in shapes with synthetic weights, or a Hugging Face
-//! directory) executed on one device with the kernels a profile selects or the
-//! runtime's defaults: prefill, greedy decode with the KV cache, throughput, time
+//! directory) executed on one device with the kernels a profile selects (`--profile`,
+//! else the cached profile `tune` wrote for this device and model: `profile::lookup`)
+//! or the runtime's defaults: prefill, greedy decode with the KV cache, throughput, time
 //! per slot, and optionally the logits as JSON. With a model directory's
 //! `tokenizer.json` or a GGUF file's tokenizer the prompt can be text
 //! (`--prompt`, with `--chat` rendered as one user turn of the model's chat
@@ -171,7 +172,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
             (sel, exec)
         }
         None => (
-            Selection::defaults(DeviceCaps::from(&device)),
+            Selection::runtime(DeviceCaps::from(&device)),
             ExecSettings { batch: !args.no_batch, fusion, parallel: Parallel::default(), kv_dtype, weight_dtype, threads: 0 },
         ),
     };

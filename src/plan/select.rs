@@ -143,6 +143,13 @@ pub struct Selection {
     /// (a file's mixed block formats): tried first for a problem of that type.
     pub formats: BTreeMap<(DType, SlotKey), Choice>,
     pub layers: Vec<LayerOverride>,
+    /// Defaults for CPU projections on block-format weights: int8 activation
+    /// blocks (llama.cpp's q8 activations, about 0.5% error) with the four-row
+    /// pass where the format has it, instead of f32 activations (exact against the
+    /// dequantized weights). On in [`Selection::runtime`], what `run` and `bench`
+    /// use without a profile (the choice the tuner makes on every CPU measured);
+    /// off in [`Selection::defaults`], the exact reference tests compare with.
+    pub int8_activations: bool,
 }
 
 /// Kernels the runtime prefers per op and backend when nothing is chosen, best first;
@@ -173,7 +180,34 @@ pub fn preferred(problem: &Problem, backend: Backend) -> &'static [&'static str]
 impl Selection {
     /// Runtime defaults only.
     pub fn defaults(device: DeviceCaps) -> Selection {
-        Selection { device, slots: BTreeMap::new(), formats: BTreeMap::new(), layers: Vec::new() }
+        Selection { device, slots: BTreeMap::new(), formats: BTreeMap::new(), layers: Vec::new(), int8_activations: false }
+    }
+
+    /// The runtime's defaults as `run` and `bench` use them: [`Selection::defaults`]
+    /// with int8 activations for CPU projections on block-format weights.
+    pub fn runtime(device: DeviceCaps) -> Selection {
+        let int8 = matches!(device, DeviceCaps::Cpu(_));
+        Selection { int8_activations: int8, ..Selection::defaults(device) }
+    }
+
+    /// The parameter sets a default choice of `k` tries, best first: with
+    /// `int8_activations`, `act_bits 8` (and `rows_per_pass 4`) on block formats,
+    /// then the kernel's own defaults.
+    fn default_params(&self, k: &KernelDef, dtype: DType) -> Vec<Params> {
+        let base = k.default_params();
+        let mut v = Vec::new();
+        if self.int8_activations && dtype.is_quant() && base.contains_key("act_bits") {
+            let mut p = base.clone();
+            p.insert("act_bits".into(), 8);
+            if base.contains_key("rows_per_pass") {
+                let mut p4 = p.clone();
+                p4.insert("rows_per_pass".into(), 4);
+                v.push(p4);
+            }
+            v.push(p);
+        }
+        v.push(base);
+        v
     }
 
     fn explicit(&self, key: SlotKey, layer: Option<usize>) -> Option<&Choice> {
@@ -245,10 +279,11 @@ impl Selection {
         }
         let mut last_why = format!("no {} kernel computes {op}", backend.name());
         for k in &cands {
-            let params = k.default_params();
-            match k.check(caps, problem, dtype, &params) {
-                Ok(()) => return Ok(Choice::new(k, params)),
-                Err(why) => last_why = format!("{}: {why}", k.id),
+            for params in self.default_params(k, dtype) {
+                match k.check(caps, problem, dtype, &params) {
+                    Ok(()) => return Ok(Choice::new(k, params)),
+                    Err(why) => last_why = format!("{}: {why}", k.id),
+                }
             }
         }
         for k in &cands {

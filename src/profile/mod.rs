@@ -483,7 +483,7 @@ impl Profile {
         if d.model != model {
             warnings.push(format!("profile {o} was tuned for model `{}`, running `{model}`", d.model));
         }
-        let mut sel = Selection::defaults(caps);
+        let mut sel = Selection::runtime(caps);
         sel.slots = resolve_kernels(o, &d.kernels, backend)?;
         sel.formats = resolve_formats(o, &d.kernels, backend)?;
         for (key, k) in &d.layers {

@@ -84,7 +84,7 @@ impl EndToEnd {
 }
 
 fn selection_for(c: &Combo, caps: &DeviceCaps, winners: &Winners) -> Selection {
-    let mut sel = Selection::defaults(caps.clone());
+    let mut sel = Selection::runtime(caps.clone());
     if !c.default {
         sel.slots = winners.slots.clone();
         sel.formats = winners.formats.clone();

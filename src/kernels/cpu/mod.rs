@@ -34,6 +34,8 @@ use crate::device::CpuCaps;
 #[derive(Clone, Copy, Debug)]
 pub struct Features {
     pub avx512f: bool,
+    /// AVX-512 VNNI with BW and VL (and AVX2): `vpdpbusd` on 256-bit registers.
+    pub vnni: bool,
     /// AVX2 + FMA + F16C, the 256-bit x86 level.
     pub avx2: bool,
     pub neon: bool,
@@ -46,15 +48,17 @@ pub fn features() -> Features {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
-            Features { avx512f: has!("avx512f"), avx2: has!("avx2") && has!("fma") && has!("f16c"), neon: false }
+            let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+            let vnni = avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni");
+            Features { avx512f: has!("avx512f"), vnni, avx2, neon: false }
         }
         #[cfg(target_arch = "aarch64")]
         {
-            Features { avx512f: false, avx2: false, neon: std::arch::is_aarch64_feature_detected!("neon") }
+            Features { avx512f: false, vnni: false, avx2: false, neon: std::arch::is_aarch64_feature_detected!("neon") }
         }
         #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         {
-            Features { avx512f: false, avx2: false, neon: false }
+            Features { avx512f: false, vnni: false, avx2: false, neon: false }
         }
     })
 }
@@ -110,6 +114,12 @@ impl Isa {
     #[inline]
     pub fn avx2(self) -> bool {
         self != Isa::Scalar && features().avx2
+    }
+
+    /// AVX-512 VNNI integer dots (the best level on a CPU that has them; `isa 2`
+    /// keeps the AVX2 ones).
+    pub fn vnni(self) -> bool {
+        self == Isa::Avx512 && features().vnni
     }
 }
 

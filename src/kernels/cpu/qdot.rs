@@ -202,7 +202,14 @@ pub fn dot_q_i8(isa: Isa, x: &XQ8, w: QView<'_>) -> f32 {
     {
         if isa.avx2() {
             // SAFETY: `isa.avx2()` checked AVX2, FMA and F16C; `x` holds `blocks` blocks.
-            return unsafe { if direct_i8(w.format) { x86::dot_i8(w.format, w.quants, w.scales, x) } else { x86::dot_i8_unpacked(x, w) } };
+            return unsafe {
+                match (direct_i8(w.format), isa.vnni()) {
+                    // SAFETY (vnni): `isa.vnni()` checked AVX-512F/BW/VL/VNNI too.
+                    (true, true) => x86::vnni::dot_i8(w.format, w.quants, w.scales, x),
+                    (true, false) => x86::avx2::dot_i8(w.format, w.quants, w.scales, x),
+                    (false, _) => x86::dot_i8_unpacked(x, w),
+                }
+            };
         }
     }
     let _ = isa;
@@ -254,7 +261,10 @@ impl<'a> ActVec<'a> {
             while i + 4 <= y.len() {
                 let r: [QView<'_>; 4] = std::array::from_fn(|j| qrow(w, first + i + j, k));
                 // SAFETY: AVX2/FMA/F16C checked; each row holds k / 32 blocks, as x does (or more).
-                let out = unsafe { x86::dot_i8_x4(w.format, r.map(|v| v.quants), r.map(|v| v.scales), x) };
+                let (q, s) = (r.map(|v| v.quants), r.map(|v| v.scales));
+                // SAFETY (vnni): `isa.vnni()` checked AVX-512F/BW/VL/VNNI too.
+                let out =
+                    unsafe { if isa.vnni() { x86::vnni::dot_i8_x4(w.format, q, s, x) } else { x86::avx2::dot_i8_x4(w.format, q, s, x) } };
                 y[i..i + 4].copy_from_slice(&out);
                 i += 4;
             }
@@ -487,110 +497,198 @@ mod x86 {
         _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask))
     }
 
-    /// Block `b`'s integer dot product with `x` (f32 lanes to be summed) and the
-    /// weight scale.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn block_i8(format: QFormat, q: &[u8], s: &[f16], x: &super::super::XQ8, b: usize) -> (__m256, f32) {
-        // SAFETY: the caller keeps b below the block count of `q`, `s` and `x`.
-        unsafe { (block_dot_i8(format, q.as_ptr(), x.q.as_ptr(), b), h(s[if has_min(format) { 2 * b } else { b }])) }
-    }
+    /// The direct int8 loops (the formats of `direct_i8`), stamped out once per
+    /// instruction set: `$sdot` dots signed weights with int8 activations, `$udot`
+    /// unsigned ones (formats with a minimum), each into 8 f32 lanes; everything
+    /// else is shared. `avx2`: `maddubs` + `madd` (llama.cpp's sign trick);
+    /// `vnni`: AVX-512 VNNI's `vpdpbusd` on 256-bit registers (one instruction for
+    /// the 32 products and their sums by four, no 16-bit intermediate).
+    macro_rules! int8_loops {
+        ($name:ident, $feat:literal, $sdot:ident, $udot:ident) => {
+            pub mod $name {
+                use super::*;
 
-    /// Block `b`'s integer dot product of the quants at `q` with the int8
-    /// activations at `xq` (f32 lanes to be summed), unscaled.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn block_dot_i8(format: QFormat, q: *const u8, xq: *const i8, b: usize) -> __m256 {
-        // SAFETY: the caller keeps b below the block count of both.
-        unsafe { block_dot_xv(format, q, _mm256_loadu_si256(xq.add(32 * b) as *const __m256i), b) }
-    }
+                /// Block `b`'s integer dot product with `x` (f32 lanes to be summed) and the
+                /// weight scale.
+                #[inline]
+                #[target_feature(enable = $feat)]
+                unsafe fn block_i8(format: QFormat, q: &[u8], s: &[f16], x: &crate::kernels::cpu::XQ8, b: usize) -> (__m256, f32) {
+                    // SAFETY: the caller keeps b below the block count of `q`, `s` and `x`.
+                    unsafe { (block_dot_i8(format, q.as_ptr(), x.q.as_ptr(), b), h(s[if has_min(format) { 2 * b } else { b }])) }
+                }
 
-    /// [`block_dot_i8`] with block `b`'s activations already loaded (`xv`), so
-    /// several rows share one load.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn block_dot_xv(format: QFormat, q: *const u8, xv: __m256i, b: usize) -> __m256 {
-        // SAFETY: the caller keeps b below the block count of `q`.
-        unsafe {
-            match format {
-                QFormat::Q8_0 => dot_s8(_mm256_loadu_si256(q.add(32 * b) as *const __m256i), xv),
-                // Nibbles minus 8 are signed weights: no offset term.
-                QFormat::Q4_0 => dot_s8(_mm256_sub_epi8(nibbles(q.add(16 * b)), _mm256_set1_epi8(8)), xv),
-                // Unsigned nibbles times int8 x; the minimum m enters through Σx (`x.dsum`).
-                QFormat::Q4_1 => {
-                    let prod = _mm256_maddubs_epi16(nibbles(q.add(16 * b)), xv);
-                    _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, _mm256_set1_epi16(1)))
+                /// Block `b`'s integer dot product of the quants at `q` with the int8
+                /// activations at `xq` (f32 lanes to be summed), unscaled.
+                #[inline]
+                #[target_feature(enable = $feat)]
+                unsafe fn block_dot_i8(format: QFormat, q: *const u8, xq: *const i8, b: usize) -> __m256 {
+                    // SAFETY: the caller keeps b below the block count of both.
+                    unsafe { block_dot_xv(format, q, _mm256_loadu_si256(xq.add(32 * b) as *const __m256i), b) }
                 }
-                // Five-bit values (high bits from qh): signed for Q5_0 and, through
-                // the non-linear table, IQ4_NL; unsigned with a minimum for Q5_1.
-                QFormat::Q5_0 | QFormat::IQ4_NL => {
-                    let qb = format.quant_bytes();
-                    dot_s8(vals32(format, std::slice::from_raw_parts(q.add(qb * b), qb)), xv)
-                }
-                QFormat::Q5_1 => {
-                    let prod = _mm256_maddubs_epi16(vals32(format, std::slice::from_raw_parts(q.add(20 * b), 20)), xv);
-                    _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, _mm256_set1_epi16(1)))
-                }
-                _ => unreachable!("block_dot_i8 serves the formats of `direct_i8`"),
-            }
-        }
-    }
 
-    /// # Safety
-    /// AVX2, FMA and F16C available; `q` holds whole blocks, `s` their scales and
-    /// `x` at least as many blocks.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_i8(format: QFormat, q: &[u8], s: &[f16], x: &super::super::XQ8) -> f32 {
-        // One loop per format (the match is resolved outside the loop), two blocks
-        // per step into two accumulators so the FMA chains overlap.
-        #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn run<const F: u8>(q: &[u8], s: &[f16], x: &super::super::XQ8) -> f32 {
-            let format = I8_FORMATS[F as usize];
-            let blocks = q.len() / format.quant_bytes();
-            let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-            let mut mins = _mm256_setzero_ps();
-            let (sp, xd, xs) = (s.as_ptr() as *const __m128i, x.d.as_ptr(), x.dsum.as_ptr());
-            let mut comb = [0f32; 8];
-            let mut b = 0;
-            // SAFETY (every pointer read and block_i8 call): b + 8 <= blocks, the
-            // block count of q, s (one f16 a block, two for Q4_1) and x.
-            unsafe {
-                // Eight blocks a step: their weight scales widened in one F16C
-                // conversion and multiplied by the activation scales in one vector
-                // (Q4_1: the minima times Σx accumulate as a vector too), then each
-                // block's integer dot scaled by a broadcast from `comb`.
-                while b + 8 <= blocks {
-                    scales8(format, sp, xd, xs, b, &mut comb, &mut mins);
-                    let mut j = 0;
-                    while j < 8 {
-                        let p0 = block_dot_i8(format, q.as_ptr(), x.q.as_ptr(), b + j);
-                        let p1 = block_dot_i8(format, q.as_ptr(), x.q.as_ptr(), b + j + 1);
-                        a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(&comb[j]), p0, a0);
-                        a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(&comb[j + 1]), p1, a1);
-                        j += 2;
+                /// [`block_dot_i8`] with block `b`'s activations already loaded (`xv`), so
+                /// several rows share one load.
+                #[inline]
+                #[target_feature(enable = $feat)]
+                unsafe fn block_dot_xv(format: QFormat, q: *const u8, xv: __m256i, b: usize) -> __m256 {
+                    // SAFETY: the caller keeps b below the block count of `q`.
+                    unsafe {
+                        match format {
+                            QFormat::Q8_0 => $sdot(_mm256_loadu_si256(q.add(32 * b) as *const __m256i), xv),
+                            // Nibbles minus 8 are signed weights: no offset term.
+                            QFormat::Q4_0 => $sdot(_mm256_sub_epi8(nibbles(q.add(16 * b)), _mm256_set1_epi8(8)), xv),
+                            // Unsigned nibbles times int8 x; the minimum m enters through Σx (`x.dsum`).
+                            QFormat::Q4_1 => $udot(nibbles(q.add(16 * b)), xv),
+                            // Five-bit values (high bits from qh): signed for Q5_0 and, through
+                            // the non-linear table, IQ4_NL; unsigned with a minimum for Q5_1.
+                            QFormat::Q5_0 | QFormat::IQ4_NL => {
+                                let qb = format.quant_bytes();
+                                $sdot(vals32(format, std::slice::from_raw_parts(q.add(qb * b), qb)), xv)
+                            }
+                            QFormat::Q5_1 => $udot(vals32(format, std::slice::from_raw_parts(q.add(20 * b), 20)), xv),
+                            _ => unreachable!("block_dot_i8 serves the formats of `direct_i8`"),
+                        }
                     }
-                    b += 8;
                 }
-            }
-            let mut m0 = hsum(mins);
-            // SAFETY: b < blocks, as above.
-            unsafe {
-                while b < blocks {
-                    let (p0, d0) = block_i8(format, q, s, x, b);
-                    a0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * x.d[b]), p0, a0);
-                    if has_min(format) {
-                        m0 += h(s[2 * b + 1]) * x.dsum[b];
+
+                /// # Safety
+                /// AVX2, FMA and F16C available; `q` holds whole blocks, `s` their scales and
+                /// `x` at least as many blocks.
+                #[target_feature(enable = $feat)]
+                pub unsafe fn dot_i8(format: QFormat, q: &[u8], s: &[f16], x: &crate::kernels::cpu::XQ8) -> f32 {
+                    // One loop per format (the match is resolved outside the loop), two blocks
+                    // per step into two accumulators so the FMA chains overlap.
+                    #[inline]
+                    #[target_feature(enable = $feat)]
+                    unsafe fn run<const F: u8>(q: &[u8], s: &[f16], x: &crate::kernels::cpu::XQ8) -> f32 {
+                        let format = I8_FORMATS[F as usize];
+                        let blocks = q.len() / format.quant_bytes();
+                        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                        let mut mins = _mm256_setzero_ps();
+                        let (sp, xd, xs) = (s.as_ptr() as *const __m128i, x.d.as_ptr(), x.dsum.as_ptr());
+                        let mut comb = [0f32; 8];
+                        let mut b = 0;
+                        // SAFETY (every pointer read and block_i8 call): b + 8 <= blocks, the
+                        // block count of q, s (one f16 a block, two for Q4_1) and x.
+                        unsafe {
+                            // Eight blocks a step: their weight scales widened in one F16C
+                            // conversion and multiplied by the activation scales in one vector
+                            // (Q4_1: the minima times Σx accumulate as a vector too), then each
+                            // block's integer dot scaled by a broadcast from `comb`.
+                            while b + 8 <= blocks {
+                                scales8(format, sp, xd, xs, b, &mut comb, &mut mins);
+                                let mut j = 0;
+                                while j < 8 {
+                                    let p0 = block_dot_i8(format, q.as_ptr(), x.q.as_ptr(), b + j);
+                                    let p1 = block_dot_i8(format, q.as_ptr(), x.q.as_ptr(), b + j + 1);
+                                    a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(&comb[j]), p0, a0);
+                                    a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(&comb[j + 1]), p1, a1);
+                                    j += 2;
+                                }
+                                b += 8;
+                            }
+                        }
+                        let mut m0 = hsum(mins);
+                        // SAFETY: b < blocks, as above.
+                        unsafe {
+                            while b < blocks {
+                                let (p0, d0) = block_i8(format, q, s, x, b);
+                                a0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * x.d[b]), p0, a0);
+                                if has_min(format) {
+                                    m0 += h(s[2 * b + 1]) * x.dsum[b];
+                                }
+                                b += 1;
+                            }
+                        }
+                        hsum(_mm256_add_ps(a0, a1)) + m0
                     }
-                    b += 1;
+                    // SAFETY: as the caller's contract.
+                    unsafe { by_format!(format, run(q, s, x)) }
+                }
+
+                /// Four rows at once: [`dot_i8`] of `x` with each of `q[r]`/`s[r]` (the same
+                /// block count), every activation block loaded once for the four.
+                ///
+                /// # Safety
+                /// As [`dot_i8`], for each row.
+                #[target_feature(enable = $feat)]
+                pub unsafe fn dot_i8_x4(format: QFormat, q: [&[u8]; 4], s: [&[f16]; 4], x: &crate::kernels::cpu::XQ8) -> [f32; 4] {
+                    #[inline]
+                    #[target_feature(enable = $feat)]
+                    unsafe fn run<const F: u8>(q: [&[u8]; 4], s: [&[f16]; 4], x: &crate::kernels::cpu::XQ8) -> [f32; 4] {
+                        let format = I8_FORMATS[F as usize];
+                        let blocks = q[0].len() / format.quant_bytes();
+                        let mut acc = [_mm256_setzero_ps(); 4];
+                        let mut m = [0f32; 4];
+                        let mut mins = [_mm256_setzero_ps(); 4];
+                        let mut comb = [[0f32; 8]; 4];
+                        let (xd, xs, xq) = (x.d.as_ptr(), x.dsum.as_ptr(), x.q.as_ptr());
+                        let mut b = 0;
+                        // SAFETY: b + 8 <= blocks, the block count of every row and of x.
+                        unsafe {
+                            // Eight blocks a step, as in `dot_i8`; each activation block is
+                            // loaded once for the four rows.
+                            while b + 8 <= blocks {
+                                for r in 0..4 {
+                                    scales8(format, s[r].as_ptr() as *const __m128i, xd, xs, b, &mut comb[r], &mut mins[r]);
+                                }
+                                for j in 0..8 {
+                                    let xv = _mm256_loadu_si256(xq.add(32 * (b + j)) as *const __m256i);
+                                    for ((a, qr), cr) in acc.iter_mut().zip(&q).zip(&comb) {
+                                        let p = block_dot_xv(format, qr.as_ptr(), xv, b + j);
+                                        *a = _mm256_fmadd_ps(_mm256_broadcast_ss(&cr[j]), p, *a);
+                                    }
+                                }
+                                b += 8;
+                            }
+                        }
+                        for r in 0..4 {
+                            m[r] = hsum(mins[r]);
+                        }
+                        for b in b..blocks {
+                            let xd = x.d[b];
+                            for r in 0..4 {
+                                // SAFETY: b < blocks, the block count of every row and of x.
+                                let (p, d) = unsafe { block_i8(format, q[r], s[r], x, b) };
+                                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xd), p, acc[r]);
+                                if has_min(format) {
+                                    m[r] += h(s[r][2 * b + 1]) * x.dsum[b];
+                                }
+                            }
+                        }
+                        [hsum(acc[0]) + m[0], hsum(acc[1]) + m[1], hsum(acc[2]) + m[2], hsum(acc[3]) + m[3]]
+                    }
+                    // SAFETY: as the caller's contract.
+                    unsafe { by_format!(format, run(q, s, x)) }
                 }
             }
-            hsum(_mm256_add_ps(a0, a1)) + m0
-        }
-        // SAFETY: as the caller's contract.
-        unsafe { by_format!(format, run(q, s, x)) }
+        };
     }
 
+    int8_loops!(avx2, "avx2,fma,f16c", dot_s8, dot_u8);
+    int8_loops!(vnni, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", dot_s8_vnni, dot_u8_vnni);
+
+    /// Unsigned `w` (bytes 0..=255) times signed int8 `x`, summed by four into 8
+    /// f32 lanes (`maddubs` saturates pairs at ±32767, far above 2 × 31 × 127).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn dot_u8(w: __m256i, x: __m256i) -> __m256 {
+        _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)))
+    }
+
+    /// [`dot_s8`] with VNNI: `|w|` unsigned times `sign(x, w)` in one `vpdpbusd`.
+    #[inline]
+    #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+    fn dot_s8_vnni(w: __m256i, x: __m256i) -> __m256 {
+        _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)))
+    }
+
+    /// [`dot_u8`] with VNNI.
+    #[inline]
+    #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+    fn dot_u8_vnni(w: __m256i, x: __m256i) -> __m256 {
+        _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x))
+    }
     /// [`super::quantize_block`] with AVX2: the same codes (conversion rounds to
     /// nearest, ties to even), scale and half sums.
     ///
@@ -661,62 +759,6 @@ mod x86 {
             };
             _mm256_storeu_ps(comb.as_mut_ptr(), _mm256_mul_ps(d, _mm256_loadu_ps(xd.add(b))));
         }
-    }
-
-    /// Four rows at once: [`dot_i8`] of `x` with each of `q[r]`/`s[r]` (the same
-    /// block count), every activation block loaded once for the four.
-    ///
-    /// # Safety
-    /// As [`dot_i8`], for each row.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_i8_x4(format: QFormat, q: [&[u8]; 4], s: [&[f16]; 4], x: &super::super::XQ8) -> [f32; 4] {
-        #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn run<const F: u8>(q: [&[u8]; 4], s: [&[f16]; 4], x: &super::super::XQ8) -> [f32; 4] {
-            let format = I8_FORMATS[F as usize];
-            let blocks = q[0].len() / format.quant_bytes();
-            let mut acc = [_mm256_setzero_ps(); 4];
-            let mut m = [0f32; 4];
-            let mut mins = [_mm256_setzero_ps(); 4];
-            let mut comb = [[0f32; 8]; 4];
-            let (xd, xs, xq) = (x.d.as_ptr(), x.dsum.as_ptr(), x.q.as_ptr());
-            let mut b = 0;
-            // SAFETY: b + 8 <= blocks, the block count of every row and of x.
-            unsafe {
-                // Eight blocks a step, as in `dot_i8`; each activation block is
-                // loaded once for the four rows.
-                while b + 8 <= blocks {
-                    for r in 0..4 {
-                        scales8(format, s[r].as_ptr() as *const __m128i, xd, xs, b, &mut comb[r], &mut mins[r]);
-                    }
-                    for j in 0..8 {
-                        let xv = _mm256_loadu_si256(xq.add(32 * (b + j)) as *const __m256i);
-                        for ((a, qr), cr) in acc.iter_mut().zip(&q).zip(&comb) {
-                            let p = block_dot_xv(format, qr.as_ptr(), xv, b + j);
-                            *a = _mm256_fmadd_ps(_mm256_broadcast_ss(&cr[j]), p, *a);
-                        }
-                    }
-                    b += 8;
-                }
-            }
-            for r in 0..4 {
-                m[r] = hsum(mins[r]);
-            }
-            for b in b..blocks {
-                let xd = x.d[b];
-                for r in 0..4 {
-                    // SAFETY: b < blocks, the block count of every row and of x.
-                    let (p, d) = unsafe { block_i8(format, q[r], s[r], x, b) };
-                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xd), p, acc[r]);
-                    if has_min(format) {
-                        m[r] += h(s[r][2 * b + 1]) * x.dsum[b];
-                    }
-                }
-            }
-            [hsum(acc[0]) + m[0], hsum(acc[1]) + m[1], hsum(acc[2]) + m[2], hsum(acc[3]) + m[3]]
-        }
-        // SAFETY: as the caller's contract.
-        unsafe { by_format!(format, run(q, s, x)) }
     }
 
     /// # Safety
@@ -1164,6 +1206,38 @@ mod tests {
                 let v = dot_q_i8(Isa::best(), &xq, qrow(m.view(), r, k));
                 assert!((s - v).abs() <= 1e-4 * (1.0 + s.abs()), "{f} row {r}: scalar {s} vs SIMD {v}");
                 assert!((fr - v).abs() <= 1e-5 * (1.0 + v.abs()), "{f} row {r}: four-row {fr} vs one-row {v}");
+            }
+        }
+    }
+
+    #[test]
+    fn vnni_int8_dots_equal_the_avx2_ones_bit_for_bit() {
+        // The same integer sums by four (vpdpbusd against maddubs + madd), so the
+        // same floats; one row, four rows, a tail, and Q8_0 codes of -128 and 127.
+        if !Isa::best().vnni() {
+            eprintln!("SKIPPED: this CPU has no AVX-512 VNNI (the AVX2 dots serve); nothing to compare");
+            return;
+        }
+        let k = 32 * 11;
+        let x = data(k, 9);
+        let xq = XQ8::quantize(&x);
+        for f in QFormat::ALL.into_iter().filter(|&f| direct_i8(f)) {
+            let mut m = QMatrix::quantize(f, 6, k, &data(6 * k, 10)).unwrap();
+            if f == QFormat::Q8_0 {
+                for (i, q) in m.quants.iter_mut().enumerate().take(64) {
+                    *q = if i % 2 == 0 { 0x80 } else { 0x7f };
+                }
+            }
+            let (mut v4, mut a4) = (vec![0f32; 6], vec![0f32; 6]);
+            ActVec::I8(XQ8::quantize(&x)).rows(Isa::best(), m.view(), k, 0, &mut v4, true);
+            ActVec::I8(XQ8::quantize(&x)).rows(Isa::Simd256, m.view(), k, 0, &mut a4, true);
+            assert_eq!(v4, a4, "{f}: four-row pass");
+            for r in 0..6 {
+                let v = dot_q_i8(Isa::best(), &xq, qrow(m.view(), r, k));
+                let a = dot_q_i8(Isa::Simd256, &xq, qrow(m.view(), r, k));
+                let s = dot_q_i8(Isa::Scalar, &xq, qrow(m.view(), r, k));
+                assert_eq!(v.to_bits(), a.to_bits(), "{f} row {r}: vnni {v} avx2 {a}");
+                assert!((v - s).abs() <= 1e-4 * (1.0 + s.abs()), "{f} row {r}: vnni {v} scalar {s}");
             }
         }
     }
