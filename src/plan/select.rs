@@ -165,7 +165,7 @@ pub fn preferred(problem: &Problem, backend: Backend) -> &'static [&'static str]
         // From tunes of the built-in models on the 2-core CPU and on lavapipe: the
         // dot4 orchestrations win decode by 4-5x over the blocked ones.
         (Op::GateUp, Backend::Cpu) if matches!(problem, Problem::GateUp { rows: 1, .. }) => &["gate_up_dot4_cpu", "gate_up_q_cpu"],
-        (Op::GateUp, Backend::Cpu) => &["gate_up_blocked_cpu", "gate_up_q_cpu"],
+        (Op::GateUp, Backend::Cpu) => &["gate_up_blocked_cpu", "gate_up_q_panel_cpu", "gate_up_q_cpu"],
         (Op::QkvProj, Backend::Cpu) => &["qkv_proj_dot4_cpu", "qkv_proj_q_cpu"],
         (Op::AttentionDecode, Backend::Cpu) => &["attention_decode_heads_cpu"],
         (Op::AttentionPrefill, Backend::Cpu) => &["attention_prefill_tiled_cpu"],

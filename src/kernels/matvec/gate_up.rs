@@ -53,6 +53,16 @@ const BLOCKED_CPU_PARAMS: &[ParamSpec] =
     &[ParamSpec::new("block_n", &[8, 16, 32, 64, 128], 32, "features per rayon task; its weight panel is reused by every token"), ISA];
 /// `act_bits` applies to decode (one token); prefill rows stay f32.
 const CPU_Q_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK, ISA, ACT_BITS];
+const CPU_Q_PANEL_PARAMS: &[ParamSpec] = &[
+    ParamSpec {
+        name: "nc",
+        values: &[32, 64, 128, 256],
+        default: 128,
+        help: "features per panel: their gate and up rows dequantized into one f32 panel",
+    },
+    ParamSpec { name: "kc", values: &[128, 256, 512], default: 256, help: "depth of a packed block of the f32 GEMM" },
+    ISA,
+];
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
@@ -111,6 +121,15 @@ pub fn variants() -> Vec<KernelDef> {
             CPU_Q_PARAMS,
             "gate and up rows of each feature dequantized once and dotted with every token (decode: block dots, f32 or int8 activations); activation product; pool over features",
             CpuImpl { run: run_gate_up_q, check: check_quant },
+        ),
+        KernelDef::new(
+            "gate_up_q_panel_cpu",
+            Op::GateUp,
+            DType::QUANT,
+            CPU_Q_PANEL_PARAMS,
+            "GEMM style (prefill): the gate and up rows of nc features dequantized into one f32 panel, the cache-blocked f32 GEMM \
+             microkernel over it, activation product on the way out",
+            CpuImpl { run: run_gate_up_q_panel, check: check_q_panel },
         ),
     ]
 }
@@ -328,6 +347,59 @@ fn run_gate_up_blocked(kd: &KernelDef, prob: &Problem, params: &Params, mut a: C
     for (j0, bn, out) in blocks {
         for t in 0..rows {
             y[t * n + j0..][..bn].copy_from_slice(&out[t * bn..][..bn]);
+        }
+    }
+    Ok(())
+}
+
+fn check_q_panel(caps: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    match *prob {
+        Problem::GateUp { rows, .. } if rows < 2 => {
+            Err("gate_up_q_panel_cpu dequantizes a weight panel for several tokens; one token uses gate_up_q_cpu".into())
+        }
+        _ => check_quant(caps, prob, dtype, params),
+    }
+}
+
+/// Prefill over block formats as `gemm_q_panel_cpu` does a projection: per block of
+/// `nc` features, their gate rows then their up rows dequantized into one panel
+/// (`2·nc × k`), one blocked GEMM of every token against it, and the activation
+/// product of each feature's two columns written to `y`.
+fn run_gate_up_q_panel(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    use crate::kernels::matmul::{Blocking, Micro, Split, gemm_blocked};
+    let Problem::GateUp { rows, n, k, act } = *prob else { return Err(wrong_op(kd, prob)) };
+    if n == 0 || rows == 0 {
+        return Ok(());
+    }
+    let isa = Isa::of(params)?;
+    let (x, w) = (a.ins[0].f32(), qin(kd.id, &a.ins[1])?);
+    let y = &mut a.outs[0][..rows * n];
+    let nc = (param(params, "nc")? as usize).clamp(1, n);
+    let blk = Blocking { mc: 96, nc: 128.min(2 * nc), kc: (param(params, "kc")? as usize).max(1) };
+    let mut panel = vec![0f32; 2 * nc * k];
+    let mut tmp = vec![0f32; rows * 2 * nc];
+    for j0 in (0..n).step_by(nc) {
+        let nb = nc.min(n - j0);
+        cpu::pool::for_chunks_mut(&mut panel[..2 * nb * k], k, |i, r| {
+            let src = if i < nb { j0 + i } else { n + j0 + i - nb };
+            cpu::dequantize(isa, qrow(w, src, k), r)
+        });
+        gemm_blocked(
+            Micro::for_isa(isa),
+            blk,
+            Split::Auto,
+            rows,
+            2 * nb,
+            k,
+            x,
+            CpuIn::F32(&panel[..2 * nb * k]),
+            &mut tmp[..rows * 2 * nb],
+        );
+        for t in 0..rows {
+            let (g, u) = tmp[t * 2 * nb..][..2 * nb].split_at(nb);
+            for ((out, &g), &u) in y[t * n + j0..][..nb].iter_mut().zip(g).zip(u) {
+                *out = act_f32(act, g) * u;
+            }
         }
     }
     Ok(())
