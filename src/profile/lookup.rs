@@ -160,7 +160,7 @@ pub fn find(device: &Device, want: &Want<'_>) -> Result<Lookup, ProfileError> {
     for c in cands {
         let short = &c.key[..c.key.len().min(8)];
         let t = c.doc.tuning.clone().expect("matches() requires tuning");
-        let retune = format!("re-tune with `ktune tune --force` (model {})", want.model);
+        let retune = format!("re-tune it with this build (`ktune tune`, model {})", want.model);
         if !c.exact && want.strict_device {
             return Err(ProfileError::NotThisDevice {
                 message: format!(
