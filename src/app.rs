@@ -4,7 +4,7 @@
 
 use crate::Result;
 use crate::cli::{Cli, Command, Format, ProfilesAction};
-use crate::commands::{bench, kernels, list_devices, profiles, run, tune};
+use crate::commands::{bench, completions, kernels, list_devices, man, profiles, report as html_report, run, tune};
 use crate::error::ExitCode;
 use crate::output::{self, Bars, TextStream};
 use crate::report::{ProfilesReport, SchemaReport};
@@ -41,6 +41,11 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::Tune(args) => {
             let report = tune::run(device, &args, &Bars::tune())?;
+            // `--report`: the page of the profile beside each copy of it (the cached
+            // one, then -o), each naming the copy it sits beside.
+            for (html, yaml) in report.reports.iter().zip(std::iter::once(&report.path).chain(&report.output)) {
+                output::report_html::write(&html_report::single(yaml, report.profile.clone(), html), html)?;
+            }
             output::emit(&report, args.format.into())?;
             Ok(ExitCode::Success)
         }
@@ -69,6 +74,20 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 output::warn(w);
             }
             output::emit(&report, args.format.into())?;
+            Ok(ExitCode::Success)
+        }
+        Command::Report(args) => {
+            let report = html_report::run(&args)?;
+            output::report_html::write(&report, &report.output)?;
+            output::emit(&report, output::Format::Table)?;
+            Ok(ExitCode::Success)
+        }
+        Command::Completions(args) => {
+            output::emit(&completions::run(args.shell)?, output::Format::Table)?;
+            Ok(ExitCode::Success)
+        }
+        Command::Man(args) => {
+            output::emit(&man::run(args.output.as_deref())?, output::Format::Table)?;
             Ok(ExitCode::Success)
         }
         Command::Schema => {

@@ -35,6 +35,43 @@ pub enum Command {
     Bench(BenchArgs),
     /// Print the JSON Schema of the profile format (for editors).
     Schema,
+    /// Draw profiles as one self-contained HTML page: every slot's candidates, a
+    /// roofline per device, end to end against the runtime default, and the diff
+    /// of each profile with the first.
+    Report(ReportArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(CompletionsArgs),
+    /// Print ktune's man page (roff), or with -o DIR write one page per subcommand.
+    Man(ManArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ReportArgs {
+    /// Profile YAML files, or cached profiles by key prefix or name (`profiles
+    /// list`); the first is the reference the others are compared with.
+    #[arg(required = true, value_name = "PROFILE")]
+    pub profiles: Vec<String>,
+    /// The HTML file to write (written whole or not at all).
+    #[arg(short = 'o', long, value_name = "FILE")]
+    pub output: std::path::PathBuf,
+    /// Slowdown (percent) the comparisons call a regression when it is also beyond the noise.
+    #[arg(long, default_value = "5")]
+    pub threshold: String,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CompletionsArgs {
+    /// The shell: bash, zsh, fish, elvish or powershell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ManArgs {
+    /// Write `ktune.1` and one page per subcommand (`ktune-tune.1`, ...) into this
+    /// directory instead of printing the main page.
+    #[arg(short = 'o', long, value_name = "DIR")]
+    pub output: Option<std::path::PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -71,6 +108,10 @@ pub struct TuneArgs {
     /// Also write the profile here.
     #[arg(short = 'o', long, value_name = "FILE")]
     pub output: Option<std::path::PathBuf>,
+    /// Also write an HTML report (`ktune report`) beside the profile: the cached
+    /// `<key>.html`, and with -o `<file>.html` beside that file.
+    #[arg(long)]
+    pub report: bool,
     /// Re-tune even when the cache has this profile.
     #[arg(long)]
     pub force: bool,

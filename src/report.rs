@@ -149,6 +149,9 @@ pub struct TuneReport {
     pub cached: bool,
     /// Slot races reused from an earlier, interrupted or differently-budgeted run.
     pub resumed_slots: usize,
+    /// HTML reports to write beside the profile (`--report`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reports: Vec<PathBuf>,
     pub profile: ProfileDoc,
 }
 
@@ -224,3 +227,33 @@ pub struct BundleReport {
 #[derive(Debug, Serialize)]
 #[serde(transparent)]
 pub struct SchemaReport(pub serde_json::Value);
+
+/// One profile of a `ktune report`.
+#[derive(Debug, Serialize)]
+pub struct ReportedProfile {
+    /// The file it was read from.
+    pub origin: String,
+    /// Its kernel choices, flattened: (`matmul.qkv_proj (decode)`, `gemv_dot4_cpu(rows_per_task=64)`).
+    pub choices: Vec<(String, String)>,
+    pub profile: ProfileDoc,
+}
+
+/// `ktune report` (and `tune --report`): the profiles to draw and each later
+/// profile compared with the first; `output` draws the HTML page.
+#[derive(Debug, Serialize)]
+pub struct HtmlReport {
+    /// The HTML file.
+    pub output: PathBuf,
+    pub ktune_version: String,
+    pub profiles: Vec<ReportedProfile>,
+    /// `diff(first, other)` for every later profile.
+    pub diffs: Vec<crate::profile::diff::DiffReport>,
+}
+
+/// `ktune completions` and `ktune man`: text for stdout, or the files written.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GeneratedReport {
+    Text(String),
+    Files(Vec<PathBuf>),
+}

@@ -4,8 +4,11 @@
 //! [`crate::progress::Progress`].
 
 pub mod bench;
+pub mod completions;
 pub mod kernels;
 pub mod list_devices;
+pub mod man;
 pub mod profiles;
+pub mod report;
 pub mod run;
 pub mod tune;

@@ -45,6 +45,12 @@ pub fn parse_duration(s: &str) -> Result<Duration> {
     Ok(Duration::from_secs_f64(total))
 }
 
+/// Where `--report` puts the HTML report of the profile at `yaml`: the same name
+/// with `.html` (`.report.html` when the profile itself ends in `.html`).
+pub fn html_beside(yaml: &std::path::Path) -> std::path::PathBuf {
+    if yaml.extension().is_some_and(|e| e == "html") { yaml.with_extension("report.html") } else { yaml.with_extension("html") }
+}
+
 pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> Result<TuneReport> {
     // Flags first, before anything heavy.
     let budget = parse_duration(&args.budget)?;
@@ -88,6 +94,7 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
             output: args.output.clone(),
             cached,
             resumed_slots: resumed,
+            reports: if args.report { std::iter::once(&path).chain(&args.output).map(|p| html_beside(p)).collect() } else { Vec::new() },
             profile: doc,
         })
     };

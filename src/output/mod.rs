@@ -9,6 +9,7 @@ mod diff;
 mod kernels;
 mod profiles;
 mod progress;
+pub mod report_html;
 mod run;
 mod tune;
 
@@ -85,6 +86,18 @@ pub fn print(text: &str) -> Result<()> {
 /// A warning on stderr.
 pub fn warn(msg: &str) {
     eprintln!("ktune: warning: {msg}");
+}
+
+impl Report for crate::report::GeneratedReport {
+    /// The generated text as it is (a completion script, a man page), or the files written.
+    fn table(&self) -> String {
+        match self {
+            crate::report::GeneratedReport::Text(t) => t.clone(),
+            crate::report::GeneratedReport::Files(files) => {
+                files.iter().map(|f| format!("wrote {}", f.display())).collect::<Vec<_>>().join("\n")
+            }
+        }
+    }
 }
 
 impl Report for crate::report::SchemaReport {

@@ -16,6 +16,9 @@ impl Report for TuneReport {
         if let Some(o) = &r.output {
             s.push_str(&format!("written:  {}\n", o.display()));
         }
+        for h in &r.reports {
+            s.push_str(&format!("report:   {}\n", h.display()));
+        }
         let Some(t) = &r.profile.tuning else { return s };
         s.push_str(&format!(
             "tuned:    {} strategy, {:.1} s of {:.0} s budget, timing {}{}\n",
