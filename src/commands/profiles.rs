@@ -18,22 +18,7 @@ fn open() -> Result<Cache> {
 
 /// A profile file path, or a cached profile by key prefix or name.
 fn find(cache: &Cache, what: &str) -> Result<PathBuf> {
-    let p = Path::new(what);
-    if p.is_file() {
-        return Ok(p.to_path_buf());
-    }
-    let all = cache.profiles().map_err(TuneError::from)?;
-    let hits: Vec<&(String, PathBuf)> =
-        all.iter().filter(|(k, path)| k.starts_with(what) || Profile::load(path).map(|p| p.doc.name == what).unwrap_or(false)).collect();
-    match hits.as_slice() {
-        [(_, path)] => Ok(path.clone()),
-        [] => Err(Error::Usage(format!("no cached profile or file matches `{what}`; `ktune profiles list` shows the cache"))),
-        many => Err(Error::Usage(format!(
-            "`{what}` matches {} cached profiles ({}); give a longer key prefix",
-            many.len(),
-            many.iter().map(|(k, _)| &k[..12]).collect::<Vec<_>>().join(", ")
-        ))),
-    }
+    crate::profile::lookup::find_file_or_cached(cache, what).map_err(Error::Usage)
 }
 
 pub fn run(action: &ProfilesAction) -> Result<ProfilesReport> {

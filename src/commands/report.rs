@@ -121,27 +121,11 @@ fn find(cache: &mut Option<Cache>, what: &str) -> Result<PathBuf> {
     if p.is_file() {
         return Ok(p.to_path_buf());
     }
-    if p.extension().is_some_and(|e| e == "yaml" || e == "yml") || what.contains(std::path::MAIN_SEPARATOR) {
-        return Err(Error::Usage(format!(
-            "profile file `{what}` does not exist; give a profile YAML file, or a cached profile's key prefix or name"
-        )));
-    }
     let c = match cache {
         Some(c) => c,
         None => cache.insert(Cache::open().map_err(TuneError::from)?),
     };
-    let all = c.profiles().unwrap_or_default();
-    let hits: Vec<&(String, PathBuf)> =
-        all.iter().filter(|(k, path)| k.starts_with(what) || Profile::load(path).is_ok_and(|p| p.doc.name == what)).collect();
-    match hits.as_slice() {
-        [(_, path)] => Ok(path.clone()),
-        [] => Err(Error::Usage(format!("no profile file or cached profile matches `{what}`; `ktune profiles list` shows the cache"))),
-        many => Err(Error::Usage(format!(
-            "`{what}` matches {} cached profiles ({}); give a longer key prefix",
-            many.len(),
-            many.iter().map(|(k, _)| k.chars().take(12).collect::<String>()).collect::<Vec<_>>().join(", ")
-        ))),
-    }
+    crate::profile::lookup::find_file_or_cached(c, what).map_err(Error::Usage)
 }
 
 #[cfg(test)]

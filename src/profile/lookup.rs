@@ -56,6 +56,30 @@ pub struct Lookup {
     pub warnings: Vec<String>,
 }
 
+/// A profile file, or a cached profile by key prefix or `name` (what `profiles
+/// show`, `profiles path` and `report` take); `Err` says what to give instead.
+pub fn find_file_or_cached(cache: &cache::Cache, what: &str) -> Result<PathBuf, String> {
+    let p = std::path::Path::new(what);
+    if p.is_file() {
+        return Ok(p.to_path_buf());
+    }
+    if p.extension().is_some_and(|e| e == "yaml" || e == "yml") || what.contains(std::path::MAIN_SEPARATOR) {
+        return Err(format!("profile file `{what}` does not exist; give a profile YAML file, or a cached profile's key prefix or name"));
+    }
+    let all = cache.profiles().unwrap_or_default();
+    let hits: Vec<&(String, PathBuf)> =
+        all.iter().filter(|(k, path)| k.starts_with(what) || Profile::load(path).is_ok_and(|p| p.doc.name == what)).collect();
+    match hits.as_slice() {
+        [(_, path)] => Ok(path.clone()),
+        [] => Err(format!("no profile file or cached profile matches `{what}`; `ktune profiles list` shows the cache")),
+        many => Err(format!(
+            "`{what}` matches {} cached profiles ({}); give a longer key prefix",
+            many.len(),
+            many.iter().map(|(k, _)| k.chars().take(12).collect::<String>()).collect::<Vec<_>>().join(", ")
+        )),
+    }
+}
+
 /// `90s`, `2m`, `1h30m`.
 fn human_duration(secs: f64) -> String {
     let s = secs.round() as u64;
