@@ -209,10 +209,55 @@ fn cli_prompt_through_the_gguf_tokenizer() {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json report");
         assert_eq!(ids(&r["prompt_ids"]), ids(&exp["prompt_ids"]), "{file}: prompt ids");
-        assert_eq!(ids(&r["generated"]), ids(&exp["generated"]), "{file}: generated ids");
-        assert_eq!(r["text"], exp["text"], "{file}: text");
+        let (got, want) = (ids(&r["generated"]), ids(&exp["generated"]));
+        if got == want {
+            assert_eq!(r["text"], exp["text"], "{file}: text");
+        } else {
+            greedy_up_to_a_near_tie(&path, &ids(&exp["prompt_ids"]), &got, &want);
+        }
         assert_eq!(r["weight_storage"], file.rsplit('-').next().expect("type"));
     }
+}
+
+/// The runtime's default computes block-format projections with int8
+/// activations (as llama.cpp does), so on a tiny random model a greedy step may
+/// pick another token where two logits nearly tie: `got` must equal `want` up to
+/// the first difference, and there the logits ktune computes for that context
+/// must put the two tokens within int8-activation error of each other (2% of the
+/// logits' scale).
+fn greedy_up_to_a_near_tie(path: &Path, prompt: &[u32], got: &[u32], want: &[u32]) {
+    let i = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
+    assert!(i < got.len() && i < want.len(), "{}: generated {got:?}, expected {want:?}", path.display());
+    let context: Vec<String> = prompt.iter().chain(&want[..i]).map(|t| t.to_string()).collect();
+    let tmp = tempdir();
+    let dump = tmp.path().join("logits.json");
+    let out = ktune()
+        .args(["run", "--gguf"])
+        .arg(path)
+        .args(["--tokens", &context.join(","), "--max-tokens", "1", "--format", "json", "--dump-logits"])
+        .arg(&dump)
+        .output()
+        .expect("runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let d = read_json(&dump);
+    assert_eq!(ids(&d["generated"]), [got[i]], "the same choice from the same context");
+    let last: Vec<f64> = d["logits"]
+        .as_array()
+        .and_then(|l| l.last())
+        .and_then(|l| l.as_array())
+        .expect("logits")
+        .iter()
+        .map(|v| v.as_f64().expect("f64"))
+        .collect();
+    let scale = last.iter().fold(0f64, |m, v| m.max(v.abs()));
+    let gap = (last[got[i] as usize] - last[want[i] as usize]).abs();
+    assert!(
+        gap <= 0.02 * scale,
+        "{}: step {i} chose {} over the expected {} by {gap} (logit scale {scale}): not a near-tie",
+        path.display(),
+        got[i],
+        want[i]
+    );
 }
 
 /// Table format streams the text before the report.

@@ -160,12 +160,12 @@ pub fn preferred(problem: &Problem, backend: Backend) -> &'static [&'static str]
         // formats, so each list serves both: the first valid entry wins.
         (Op::Gemv, Backend::Cpu) => &["gemv_dot4_cpu", "gemv_q_cpu"],
         (Op::Gemv, Backend::Wgsl) => &["gemv_subgroup", "gemv_vec", "gemv_wg", "gemv_q_subgroup", "gemv_q_wg"],
-        (Op::Gemm, Backend::Cpu) => &["gemm_blocked_cpu", "gemm_crate_cpu", "gemm_q_panel_cpu", "gemm_q_rows_cpu"],
+        (Op::Gemm, Backend::Cpu) => &["gemm_blocked_cpu", "gemm_crate_cpu", "gemm_q_i8_cpu", "gemm_q_panel_cpu", "gemm_q_rows_cpu"],
         (Op::Gemm, Backend::Wgsl) => &["gemm_tiled", "gemm_simple", "gemm_q_tiled"],
         // From tunes of the built-in models on the 2-core CPU and on lavapipe: the
         // dot4 orchestrations win decode by 4-5x over the blocked ones.
         (Op::GateUp, Backend::Cpu) if matches!(problem, Problem::GateUp { rows: 1, .. }) => &["gate_up_dot4_cpu", "gate_up_q_cpu"],
-        (Op::GateUp, Backend::Cpu) => &["gate_up_blocked_cpu", "gate_up_q_panel_cpu", "gate_up_q_cpu"],
+        (Op::GateUp, Backend::Cpu) => &["gate_up_blocked_cpu", "gate_up_q_i8_cpu", "gate_up_q_panel_cpu", "gate_up_q_cpu"],
         (Op::QkvProj, Backend::Cpu) => &["qkv_proj_dot4_cpu", "qkv_proj_q_cpu"],
         (Op::AttentionDecode, Backend::Cpu) => &["attention_decode_heads_cpu"],
         (Op::AttentionPrefill, Backend::Cpu) => &["attention_prefill_tiled_cpu"],
@@ -195,6 +195,11 @@ impl Selection {
     /// then the kernel's own defaults.
     fn default_params(&self, k: &KernelDef, dtype: DType) -> Vec<Params> {
         let base = k.default_params();
+        // A kernel that only has int8 activations is not a default of the exact
+        // selection.
+        if !self.int8_activations && dtype.is_quant() && base.get("act_bits") == Some(&8) {
+            return Vec::new();
+        }
         let mut v = Vec::new();
         if self.int8_activations && dtype.is_quant() && base.contains_key("act_bits") {
             let mut p = base.clone();

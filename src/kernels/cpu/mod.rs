@@ -12,6 +12,7 @@ pub mod dot;
 pub mod lanes;
 pub mod pool;
 pub mod qdot;
+pub mod qgemm;
 #[cfg(test)]
 pub(crate) mod testdata;
 

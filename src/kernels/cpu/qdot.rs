@@ -61,6 +61,19 @@ pub fn direct_i8(format: QFormat) -> bool {
     matches!(format, QFormat::Q8_0 | QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q5_0 | QFormat::Q5_1 | QFormat::IQ4_NL)
 }
 
+/// One block's int8 values, scales and offsets ([`unpack`]), through AVX2 where
+/// `isa` allows.
+pub fn unpack_fast(isa: Isa, format: QFormat, q: &[u8], s: &[half::f16], u: &mut Unpacked) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: AVX2 checked.
+        unsafe { x86::unpack_simd(format, q, s, u) };
+        return;
+    }
+    let _ = isa;
+    unpack(format, q, s, u);
+}
+
 /// `Σ x[i] * w[i]` where `w` is the dequantized view (`x.len()` = `w.elems()`).
 pub fn dot_q(isa: Isa, x: &[f32], w: QView<'_>) -> f32 {
     let blocks = w.blocks().min(x.len() / w.format.block_elems());
@@ -898,7 +911,7 @@ mod x86 {
     /// [`unpack`](crate::kernels::quant::unpack) with the values through AVX2.
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn unpack_simd(format: QFormat, q: &[u8], s: &[f16], u: &mut Unpacked) {
+    pub(super) fn unpack_simd(format: QFormat, q: &[u8], s: &[f16], u: &mut Unpacked) {
         unpack_vals_simd(format, q, &mut u.vals);
         crate::kernels::quant::unpack_scales(format, q, s, &mut u.scale, &mut u.off);
     }

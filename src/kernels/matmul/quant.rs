@@ -4,13 +4,15 @@
 //! WGSL: `gemm_q_tiled` (block columns of w dequantized into workgroup memory with
 //! the x tile, 4x4 register blocks; `QFMT` override, weight bound as quants and
 //! scales). CPU: `gemm_q_rows_cpu` (each weight row dequantized once into L1, dotted
-//! with tiles of tokens) and `gemm_q_panel_cpu` (blocks of weight rows dequantized
-//! into an f32 panel, then the cache-blocked f32 GEMM of [`super`]). k must be a
-//! whole number of 32-element blocks.
+//! with tiles of tokens), `gemm_q_panel_cpu` (blocks of weight rows dequantized
+//! into an f32 panel, then the cache-blocked f32 GEMM of [`super`]) and
+//! `gemm_q_i8_cpu` (int8 activations, VNNI tiles: [`crate::kernels::cpu::qgemm`]).
+//! k must be a whole number of 32-element blocks.
 
 use super::{Blocking, Micro, Split, gemm_blocked};
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, groups};
+use crate::kernels::cpu::qgemm::{I8_GEMM_PARAMS, XPanel, check_i8_gemm, rows_times_tokens_i8};
 use crate::kernels::cpu::{ISA, Isa, check_quant, dequantize, par_row_blocks, qin, qrow, rows_times_tokens, scatter_row_blocks};
 use crate::kernels::wgsl::{check_blocks, grid_dim, one_q_step, qfmt};
 use crate::kernels::{
@@ -73,6 +75,17 @@ fn run_gemm_rows(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs
     Ok(())
 }
 
+fn run_gemm_i8(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::Gemm { m, n, k } = *prob else { return Err(wrong_op(kd, prob)) };
+    let isa = if param(params, "isa")? == 1 { Isa::Scalar } else { Isa::best() };
+    let (x, w) = (a.ins[0].f32(), qin(kd.id, &a.ins[1])?);
+    let xp = XPanel::quantize(&x[..m * k], m, k);
+    let grain = (param(params, "rows_per_task")? as usize).max(1);
+    let parts = par_row_blocks(n, grain, |r0, count| rows_times_tokens_i8(isa, &xp, w, r0, count));
+    scatter_row_blocks(parts, m, n, &mut a.outs[0][..m * n]);
+    Ok(())
+}
+
 fn run_gemm_panel(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
     let Problem::Gemm { m, n, k } = *prob else { return Err(wrong_op(kd, prob)) };
     let isa = Isa::of(params)?;
@@ -111,6 +124,14 @@ pub fn variants() -> Vec<KernelDef> {
             CPU_GEMM_ROWS_PARAMS,
             "each weight row dequantized once into L1, dotted with tiles of tokens; pool over rows",
             CpuImpl { run: run_gemm_rows, check: check_quant },
+        ),
+        KernelDef::new(
+            "gemm_q_i8_cpu",
+            Op::Gemm,
+            DType::QUANT,
+            I8_GEMM_PARAMS,
+            "activations quantized to int8 blocks once; weight rows unpacked per task to one int8 layout; VNNI 4x4 tiles",
+            CpuImpl { run: run_gemm_i8, check: check_i8_gemm },
         ),
         KernelDef::new(
             "gemm_q_panel_cpu",

@@ -18,6 +18,7 @@ use rayon::prelude::*;
 use super::qkv::ROW_CPU_PARAMS;
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
+use crate::kernels::cpu::qgemm::{I8_GEMM_PARAMS, XPanel, check_i8_gemm, rows_times_tokens_i8};
 use crate::kernels::cpu::{
     self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_TASK, RowSplit, act_f32, check_isa, check_quant, par_row_blocks, par_rows, qin, qrow, row,
     rows_times_tokens, scatter_row_blocks,
@@ -130,6 +131,15 @@ pub fn variants() -> Vec<KernelDef> {
             "GEMM style (prefill): the gate and up rows of nc features dequantized into one f32 panel, the cache-blocked f32 GEMM \
              microkernel over it, activation product on the way out",
             CpuImpl { run: run_gate_up_q_panel, check: check_q_panel },
+        ),
+        KernelDef::new(
+            "gate_up_q_i8_cpu",
+            Op::GateUp,
+            DType::QUANT,
+            I8_GEMM_PARAMS,
+            "GEMM style (prefill): tokens quantized to int8 blocks once, gate and up rows unpacked per task to one int8 layout, \
+             VNNI 4x4 tiles, activation product on the way out",
+            CpuImpl { run: run_gate_up_q_i8, check: check_q_i8 },
         ),
     ]
 }
@@ -402,6 +412,34 @@ fn run_gate_up_q_panel(kd: &KernelDef, prob: &Problem, params: &Params, mut a: C
             }
         }
     }
+    Ok(())
+}
+
+fn check_q_i8(caps: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    match *prob {
+        Problem::GateUp { rows, .. } if rows < 2 => Err("gate_up_q_i8_cpu is a prefill GEMM; one token uses gate_up_q_cpu".into()),
+        _ => check_i8_gemm(caps, prob, dtype, params),
+    }
+}
+
+/// Prefill over block formats with int8 activations: the tokens quantized once,
+/// then per task of features their gate and up rows through the int8 tile kernel
+/// ([`rows_times_tokens_i8`]) and the activation product.
+fn run_gate_up_q_i8(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::GateUp { rows, n, k, act } = *prob else { return Err(wrong_op(kd, prob)) };
+    if n == 0 || rows == 0 {
+        return Ok(());
+    }
+    let isa = if param(params, "isa")? == 1 { Isa::Scalar } else { Isa::best() };
+    let (x, w) = (a.ins[0].f32(), qin(kd.id, &a.ins[1])?);
+    let xp = XPanel::quantize(&x[..rows * k], rows, k);
+    let grain = (param(params, "rows_per_task")? as usize).max(1);
+    let parts = par_row_blocks(n, grain, |j0, count| {
+        let g = rows_times_tokens_i8(isa, &xp, w, j0, count);
+        let u = rows_times_tokens_i8(isa, &xp, w, n + j0, count);
+        g.iter().zip(&u).map(|(&g, &u)| act_f32(act, g) * u).collect()
+    });
+    scatter_row_blocks(parts, rows, n, &mut a.outs[0][..rows * n]);
     Ok(())
 }
 
