@@ -548,8 +548,9 @@ mod x86 {
                     unsafe {
                         match format {
                             QFormat::Q8_0 => $sdot(_mm256_loadu_si256(q.add(32 * b) as *const __m256i), xv),
-                            // Nibbles minus 8 are signed weights: no offset term.
-                            QFormat::Q4_0 => $sdot(_mm256_sub_epi8(nibbles(q.add(16 * b)), _mm256_set1_epi8(8)), xv),
+                            // The nibbles as unsigned weights (no sign trick); their -8
+                            // enters as a minimum of -8d through Σx (`x.dsum`), as Q4_1's does.
+                            QFormat::Q4_0 => $udot(nibbles(q.add(16 * b)), xv),
                             // Unsigned nibbles times int8 x; the minimum m enters through Σx (`x.dsum`).
                             QFormat::Q4_1 => $udot(nibbles(q.add(16 * b)), xv),
                             // Five-bit values (high bits from qh): signed for Q5_0 and, through
@@ -607,9 +608,7 @@ mod x86 {
                             while b < blocks {
                                 let (p0, d0) = block_i8(format, q, s, x, b);
                                 a0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * x.d[b]), p0, a0);
-                                if has_min(format) {
-                                    m0 += h(s[2 * b + 1]) * x.dsum[b];
-                                }
+                                m0 += block_min(format, s, b, d0) * x.dsum[b];
                                 b += 1;
                             }
                         }
@@ -664,9 +663,7 @@ mod x86 {
                                 // SAFETY: b < blocks, the block count of every row and of x.
                                 let (p, d) = unsafe { block_i8(format, q[r], s[r], x, b) };
                                 acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xd), p, acc[r]);
-                                if has_min(format) {
-                                    m[r] += h(s[r][2 * b + 1]) * x.dsum[b];
-                                }
+                                m[r] += block_min(format, s[r], b, d) * x.dsum[b];
                             }
                         }
                         [hsum(acc[0]) + m[0], hsum(acc[1]) + m[1], hsum(acc[2]) + m[2], hsum(acc[3]) + m[3]]
@@ -744,7 +741,8 @@ mod x86 {
 
     /// Blocks `b..b + 8` of one row: their weight scales (`sp`: the row's f16
     /// headers as 16-byte words) widened by one F16C conversion and multiplied by
-    /// the activation scales `xd` into `comb`; for formats with a minimum, the
+    /// the activation scales `xd` into `comb`; for formats with a minimum (and
+    /// Q4_0, whose nibbles the int8 loops take unsigned: a minimum of -8d), the
     /// minima times the activation sums `xs` added to `mins`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -768,9 +766,26 @@ mod x86 {
                 *mins = _mm256_fmadd_ps(odd, _mm256_loadu_ps(xs.add(b)), *mins);
                 even
             } else {
-                _mm256_cvtph_ps(_mm_loadu_si128(sp.add(b / 8)))
+                let d = _mm256_cvtph_ps(_mm_loadu_si128(sp.add(b / 8)));
+                if format == QFormat::Q4_0 {
+                    // The int8 loops take Q4_0's nibbles unsigned: a minimum of -8d.
+                    *mins = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(-8.0)), _mm256_loadu_ps(xs.add(b)), *mins);
+                }
+                d
             };
             _mm256_storeu_ps(comb.as_mut_ptr(), _mm256_mul_ps(d, _mm256_loadu_ps(xd.add(b))));
+        }
+    }
+
+    /// The minimum of block `b` (scale `d`) as the int8 loops see it: Q4_1's and
+    /// Q5_1's stored one, -8d for Q4_0 (its nibbles taken unsigned), else 0.
+    #[inline]
+    #[target_feature(enable = "f16c")]
+    fn block_min(format: QFormat, s: &[f16], b: usize, d: f32) -> f32 {
+        match format {
+            QFormat::Q4_0 => -8.0 * d,
+            f if has_min(f) => h(s[2 * b + 1]),
+            _ => 0.0,
         }
     }
 
