@@ -20,7 +20,7 @@ use super::XQ8;
 use super::qdot::{check_quant, unpack_fast};
 use super::{Isa, features};
 use crate::device::CpuCaps;
-use crate::kernels::quant::{GROUP, QK, QView, Unpacked};
+use crate::kernels::quant::{GROUP, QFormat, QK, QView, Unpacked};
 use crate::kernels::{DType, ParamSpec, Params, Problem, param};
 
 /// The parameters of the int8 GEMM kernels (`gemm_q_i8_cpu`, `gate_up_q_i8_cpu`).
@@ -100,6 +100,10 @@ impl Panel {
         self.goff.resize(rows * k / GROUP, 0.0);
         let be = w.format.block_elems();
         let per_row = k / be;
+        if matches!(w.format, QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q8_0) {
+            self.pack_32(w, r0, rows, k);
+            return;
+        }
         let mut u = Unpacked::default();
         for i in 0..rows {
             for b in 0..per_row {
@@ -114,6 +118,42 @@ impl Panel {
                     self.lane_s[(e0 + g * GROUP) / LANE..][..GROUP / LANE].fill(s);
                     self.goff[e0 / GROUP + g] = u.off[g] - 128.0 * s;
                 }
+            }
+        }
+    }
+}
+
+impl Panel {
+    /// The 32-element formats with one scale a block, straight from their bytes
+    /// (loops the compiler vectorizes): Q4_0 and Q4_1 keep their nibbles as the
+    /// unsigned values (offsets -8d and m), Q8_0 its codes plus 128 (offset -128d).
+    fn pack_32(&mut self, w: QView<'_>, r0: usize, rows: usize, k: usize) {
+        let per_row = k / QK;
+        for i in 0..rows {
+            for b in 0..per_row {
+                let (q, s) = w.block((r0 + i) * per_row + b);
+                let e0 = i * k + b * QK;
+                let out: &mut [u8; QK] = (&mut self.vals[e0..e0 + QK]).try_into().expect("one block");
+                let d = s[0].to_f32();
+                let off = match w.format {
+                    QFormat::Q8_0 => {
+                        for (o, &c) in out.iter_mut().zip(&q[..QK]) {
+                            *o = c ^ 0x80;
+                        }
+                        -128.0 * d
+                    }
+                    _ => {
+                        let q: &[u8; 16] = q[..16].try_into().expect("16 bytes of nibbles");
+                        let (lo, hi) = out.split_at_mut(16);
+                        for j in 0..16 {
+                            lo[j] = q[j] & 0x0f;
+                            hi[j] = q[j] >> 4;
+                        }
+                        if w.format == QFormat::Q4_1 { s[1].to_f32() } else { -8.0 * d }
+                    }
+                };
+                self.lane_s[e0 / LANE..][..QK / LANE].fill(d);
+                self.goff[e0 / GROUP..][..QK / GROUP].fill(off);
             }
         }
     }
@@ -276,7 +316,7 @@ mod vnni {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::quant::{QFormat, QMatrix};
+    use crate::kernels::quant::QMatrix;
 
     fn data(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed;
