@@ -1,18 +1,21 @@
 //! The int8 GEMM of the CPU layer (prefill on block-format weights): activations
 //! quantized once per token to int8 blocks of 32 (as the decode kernels'
-//! [`XQ8`]), weight rows unpacked once per pool task into one uniform layout
-//! whatever their format, then integer dot products of 64 elements per
-//! instruction (AVX-512 VNNI `vpdpbusd`) in a 4-row × 4-token register tile.
+//! [`XQ8`]), weight rows unpacked once per pool task into one row-interleaved
+//! layout whatever their format, then AVX-512 VNNI `vpdpbusd` with each of the
+//! 16 lanes a different weight row (llama.cpp's repacked CPU layout, here built
+//! per task instead of kept beside the weights).
 //!
-//! The uniform layout ([`Panel`]) is what lets every block format share one
-//! microkernel: a weight's value is `scale[g] * v + off[g]` with `v` an int8
-//! value and `g` its group of 16 ([`Unpacked`]). `vpdpbusd` multiplies unsigned
-//! by signed bytes, so a row keeps `v ^ 0x80 = v + 128` (0..=255) and the group's
-//! offset becomes `off - 128 * scale`; the activations stay signed. Per 64
-//! elements and (row, token) pair: one `vpdpbusd` (sums of four products in 16
-//! lanes, four lanes per group of 16), one conversion, one multiply of the two
-//! lane scales (row: the group's scale; token: the block's), one FMA. The offsets
-//! enter the same accumulators 16 groups at a time (`off'[g] * d * Σq[g]`).
+//! The layout ([`Panel`]): a weight's value is `scale * u + off` with `u` an
+//! unsigned byte and one scale and offset per row and *scale group* (32 elements
+//! where the format's scales span 32, else 16: Q2_K, Q3_K, Q6_K). Rows go in
+//! blocks of 16; for each scale group, each run of 4 elements of the 16 rows is
+//! one 64-byte vector. A `vpdpbusd` of that vector with 4 activation bytes
+//! broadcast adds 4 products into each row's lane, so a scale group's integer
+//! dot products accumulate in registers with no per-block conversion; then one
+//! conversion and two FMAs per group and token apply `scale · d` and
+//! `off · d · Σq`. Values come from the formats' bytes directly for Q4_0, Q4_1
+//! and Q8_0 (nibbles as they are with offsets -8d or m; Q8_0 codes + 128 with
+//! -128d), else from [`Unpacked`] (`v + 128`, offset `off - 128 · scale`).
 
 use std::cell::RefCell;
 
@@ -25,7 +28,7 @@ use crate::kernels::{DType, ParamSpec, Params, Problem, param};
 
 /// The parameters of the int8 GEMM kernels (`gemm_q_i8_cpu`, `gate_up_q_i8_cpu`).
 pub const I8_GEMM_PARAMS: &[ParamSpec] = &[
-    ParamSpec { name: "rows_per_task", values: &[8, 16, 32, 64], default: 32, help: "weight rows unpacked per pool task" },
+    ParamSpec { name: "rows_per_task", values: &[16, 32, 64, 128], default: 32, help: "weight rows unpacked per pool task" },
     ParamSpec {
         name: "act_bits",
         values: &[8],
@@ -41,8 +44,7 @@ pub const I8_GEMM_PARAMS: &[ParamSpec] = &[
 ];
 
 /// The int8 GEMM kernels: VNNI at `isa` 0 only (AVX2's `maddubs` would saturate
-/// on the unsigned uniform layout; the f32 panel kernels serve those CPUs), and
-/// several tokens (one token is a GEMV's work).
+/// on unsigned bytes up to 255; the f32 panel kernels serve those CPUs).
 pub fn check_i8_gemm(caps: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
     check_quant(caps, prob, dtype, params)?;
     if param(params, "isa")? == 0 && !i8_gemm_simd(Isa::best()) {
@@ -51,8 +53,16 @@ pub fn check_i8_gemm(caps: &CpuCaps, prob: &Problem, dtype: DType, params: &Para
     Ok(())
 }
 
-/// Elements per lane of a `vpdpbusd` (its four products' sum).
+/// Weight rows per interleaved block (the lanes of a 512-bit vector).
+const RB: usize = 16;
+/// Elements per `vpdpbusd` lane.
 const LANE: usize = 4;
+
+/// Elements sharing one scale and offset in the panel: 16 for the formats whose
+/// scales change every 16 elements, else 32.
+fn scale_group(format: QFormat) -> usize {
+    if matches!(format, QFormat::Q2_K | QFormat::Q3_K | QFormat::Q6_K) { GROUP } else { QK }
+}
 
 /// Activations of `m` tokens as int8 blocks, laid out for [`rows_times_tokens_i8`].
 pub struct XPanel {
@@ -60,100 +70,111 @@ pub struct XPanel {
     pub m: usize,
     /// `[m][k]` int8 codes.
     q: Vec<i8>,
-    /// `[m][k / 4]`: the block scale `d` of each lane (8 lanes a block).
-    lane_d: Vec<f32>,
+    /// `[m][k / 32]` block scales `d`.
+    d: Vec<f32>,
     /// `[m][k / 16]`: `d * Σ q` per group of 16.
-    gsum: Vec<f32>,
+    sum16: Vec<f32>,
+    /// `[m][k / 32]`: `d * Σ q` per block.
+    sum32: Vec<f32>,
 }
 
 impl XPanel {
     /// Quantizes the `m` rows of `x` (`[m][k]`, k a multiple of 32).
     pub fn quantize(x: &[f32], m: usize, k: usize) -> XPanel {
-        let (mut q, mut lane_d, mut gsum) = (vec![0i8; m * k], vec![0f32; m * k / LANE], vec![0f32; m * k / GROUP]);
+        let nb = k / QK;
+        let mut p = XPanel { k, m, q: vec![0; m * k], d: vec![0.0; m * nb], sum16: vec![0.0; m * 2 * nb], sum32: vec![0.0; m * nb] };
         for t in 0..m {
             let xq = XQ8::quantize(&x[t * k..(t + 1) * k]);
-            q[t * k..(t + 1) * k].copy_from_slice(&xq.q[..k]);
-            for (b, &d) in xq.d.iter().enumerate() {
-                lane_d[(t * k + b * QK) / LANE..][..QK / LANE].fill(d);
-            }
-            gsum[t * k / GROUP..][..k / GROUP].copy_from_slice(&xq.dsum16[..k / GROUP]);
+            p.q[t * k..(t + 1) * k].copy_from_slice(&xq.q[..k]);
+            p.d[t * nb..][..nb].copy_from_slice(&xq.d[..nb]);
+            p.sum32[t * nb..][..nb].copy_from_slice(&xq.dsum[..nb]);
+            p.sum16[t * 2 * nb..][..2 * nb].copy_from_slice(&xq.dsum16[..2 * nb]);
         }
-        XPanel { k, m, q, lane_d, gsum }
+        p
+    }
+
+    /// `d` (per scale group) and `d · Σq` over a scale group of `sg` elements.
+    fn group_sums(&self, sg: usize) -> &[f32] {
+        if sg == GROUP { &self.sum16 } else { &self.sum32 }
     }
 }
 
-/// Weight rows in the uniform layout (see the module docs), reused by a thread.
+/// Weight rows in the interleaved layout (see the module docs), reused by a thread.
 #[derive(Default)]
 struct Panel {
-    /// `[rows][k]`: `v ^ 0x80`.
+    /// Scale group size (16 or 32) and the number of row blocks.
+    sg: usize,
+    blocks: usize,
+    /// `[block][group][run of 4][row 16][4]`.
     vals: Vec<u8>,
-    /// `[rows][k / 4]`: the group scale of each lane.
-    lane_s: Vec<f32>,
-    /// `[rows][k / 16]`: `off - 128 * scale` per group.
-    goff: Vec<f32>,
+    /// `[block][group][row 16]`.
+    scale: Vec<f32>,
+    off: Vec<f32>,
 }
 
 impl Panel {
     fn pack(&mut self, isa: Isa, w: QView<'_>, r0: usize, rows: usize, k: usize) {
-        self.vals.resize(rows * k, 0);
-        self.lane_s.resize(rows * k / LANE, 0.0);
-        self.goff.resize(rows * k / GROUP, 0.0);
+        let sg = scale_group(w.format);
+        let (blocks, groups) = (rows.div_ceil(RB), k / sg);
+        self.sg = sg;
+        self.blocks = blocks;
+        self.vals.clear();
+        self.vals.resize(blocks * RB * k, 0);
+        self.scale.clear();
+        self.scale.resize(blocks * groups * RB, 0.0);
+        self.off.clear();
+        self.off.resize(blocks * groups * RB, 0.0);
         let be = w.format.block_elems();
         let per_row = k / be;
-        if matches!(w.format, QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q8_0) {
-            self.pack_32(w, r0, rows, k);
-            return;
-        }
         let mut u = Unpacked::default();
+        let mut row = vec![0u8; k];
+        let (mut sc, mut of) = (vec![0f32; groups], vec![0f32; groups]);
         for i in 0..rows {
             for b in 0..per_row {
                 let (q, s) = w.block((r0 + i) * per_row + b);
-                unpack_fast(isa, w.format, q, s, &mut u);
-                let e0 = i * k + b * be;
-                for (o, &v) in self.vals[e0..e0 + be].iter_mut().zip(&u.vals[..be]) {
-                    *o = (v as u8) ^ 0x80;
-                }
-                for g in 0..be / GROUP {
-                    let s = u.scale[g];
-                    self.lane_s[(e0 + g * GROUP) / LANE..][..GROUP / LANE].fill(s);
-                    self.goff[e0 / GROUP + g] = u.off[g] - 128.0 * s;
-                }
-            }
-        }
-    }
-}
-
-impl Panel {
-    /// The 32-element formats with one scale a block, straight from their bytes
-    /// (loops the compiler vectorizes): Q4_0 and Q4_1 keep their nibbles as the
-    /// unsigned values (offsets -8d and m), Q8_0 its codes plus 128 (offset -128d).
-    fn pack_32(&mut self, w: QView<'_>, r0: usize, rows: usize, k: usize) {
-        let per_row = k / QK;
-        for i in 0..rows {
-            for b in 0..per_row {
-                let (q, s) = w.block((r0 + i) * per_row + b);
-                let e0 = i * k + b * QK;
-                let out: &mut [u8; QK] = (&mut self.vals[e0..e0 + QK]).try_into().expect("one block");
-                let d = s[0].to_f32();
-                let off = match w.format {
+                let e0 = b * be;
+                let vals = &mut row[e0..e0 + be];
+                match w.format {
                     QFormat::Q8_0 => {
-                        for (o, &c) in out.iter_mut().zip(&q[..QK]) {
+                        for (o, &c) in vals.iter_mut().zip(&q[..QK]) {
                             *o = c ^ 0x80;
                         }
-                        -128.0 * d
+                        let d = s[0].to_f32();
+                        (sc[b], of[b]) = (d, -128.0 * d);
                     }
-                    _ => {
-                        let q: &[u8; 16] = q[..16].try_into().expect("16 bytes of nibbles");
-                        let (lo, hi) = out.split_at_mut(16);
+                    QFormat::Q4_0 | QFormat::Q4_1 => {
+                        let (lo, hi) = vals.split_at_mut(16);
                         for j in 0..16 {
                             lo[j] = q[j] & 0x0f;
                             hi[j] = q[j] >> 4;
                         }
-                        if w.format == QFormat::Q4_1 { s[1].to_f32() } else { -8.0 * d }
+                        let d = s[0].to_f32();
+                        (sc[b], of[b]) = (d, if w.format == QFormat::Q4_1 { s[1].to_f32() } else { -8.0 * d });
                     }
-                };
-                self.lane_s[e0 / LANE..][..QK / LANE].fill(d);
-                self.goff[e0 / GROUP..][..QK / GROUP].fill(off);
+                    _ => {
+                        unpack_fast(isa, w.format, q, s, &mut u);
+                        for (o, &v) in vals.iter_mut().zip(&u.vals[..be]) {
+                            *o = (v as u8) ^ 0x80;
+                        }
+                        // Unpacked has a scale and offset per 16; a group of 32 takes
+                        // the first of its two (equal for these formats).
+                        for g in 0..be / sg {
+                            let j = g * sg / GROUP;
+                            (sc[e0 / sg + g], of[e0 / sg + g]) = (u.scale[j], u.off[j] - 128.0 * u.scale[j]);
+                        }
+                    }
+                }
+            }
+            // Interleave: row i of block i / 16, lane i % 16.
+            let (blk, lane) = (i / RB, i % RB);
+            for g in 0..groups {
+                let base = (blk * groups + g) * sg * RB;
+                for r in 0..sg / LANE {
+                    let dst = base + r * RB * LANE + lane * LANE;
+                    self.vals[dst..dst + LANE].copy_from_slice(&row[g * sg + r * LANE..][..LANE]);
+                }
+                self.scale[(blk * groups + g) * RB + lane] = sc[g];
+                self.off[(blk * groups + g) * RB + lane] = of[g];
             }
         }
     }
@@ -169,8 +190,8 @@ pub fn i8_gemm_simd(isa: Isa) -> bool {
 }
 
 /// `y[t, r]` for rows `r0..r0 + count` of `w` and every token of `x`: the rows
-/// unpacked once, then the int8 tile kernel (VNNI when `isa` has it, else the
-/// portable loops of the same arithmetic). Returns `[count][m]`.
+/// packed once, then the interleaved int8 kernel (VNNI when `isa` has it, else
+/// the portable loops of the same arithmetic). Returns `[count][m]`.
 pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count: usize) -> Vec<f32> {
     let (m, k) = (x.m, x.k);
     let mut out = vec![0f32; count * m];
@@ -179,7 +200,7 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
         #[cfg(target_arch = "x86_64")]
         if i8_gemm_simd(isa) {
             // SAFETY: AVX-512F/BW/VL/VNNI checked; the panel holds `count` rows of k
-            // and `x` m tokens of k (k a multiple of 32).
+            // in whole blocks of 16 and `x` m tokens of k (k a multiple of 32).
             unsafe { vnni::rows_times_tokens(p, x, count, &mut out) };
             return;
         }
@@ -192,20 +213,27 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
     out
 }
 
-/// The portable loops: per group of 16, the integer sum of products, scaled as
-/// the SIMD lanes are (`scale * d`), plus the group's offset term.
+/// The portable loops: per scale group, each row's integer sum of products, then
+/// `scale · d · Σ + off · d · Σq`, as the SIMD lanes do.
 fn scalar(p: &Panel, x: &XPanel, count: usize, out: &mut [f32]) {
-    let (m, k) = (x.m, x.k);
+    let (m, k, sg) = (x.m, x.k, p.sg);
+    let groups = k / sg;
+    let sums = x.group_sums(sg);
     for i in 0..count {
+        let (blk, lane) = (i / RB, i % RB);
         for t in 0..m {
             let mut acc = 0f32;
-            for g in 0..k / GROUP {
-                let e = g * GROUP;
-                let wv = &p.vals[i * k + e..][..GROUP];
-                let xv = &x.q[t * k + e..][..GROUP];
-                let dot: i32 = wv.iter().zip(xv).map(|(&a, &b)| a as i32 * b as i32).sum();
-                let scale = p.lane_s[(i * k + e) / LANE] * x.lane_d[(t * k + e) / LANE];
-                acc += scale * dot as f32 + p.goff[(i * k) / GROUP + g] * x.gsum[(t * k) / GROUP + g];
+            for g in 0..groups {
+                let base = (blk * groups + g) * sg * RB;
+                let mut dot = 0i32;
+                for r in 0..sg / LANE {
+                    let wv = &p.vals[base + r * RB * LANE + lane * LANE..][..LANE];
+                    let xv = &x.q[t * k + g * sg + r * LANE..][..LANE];
+                    dot += wv.iter().zip(xv).map(|(&a, &b)| a as i32 * b as i32).sum::<i32>();
+                }
+                let j = (blk * groups + g) * RB + lane;
+                let d = x.d[t * (k / QK) + g * sg / QK];
+                acc += p.scale[j] * d * dot as f32 + p.off[j] * sums[t * groups + g];
             }
             out[i * m + t] = acc;
         }
@@ -216,98 +244,109 @@ fn scalar(p: &Panel, x: &XPanel, count: usize, out: &mut [f32]) {
 mod vnni {
     use std::arch::x86_64::*;
 
-    use super::{GROUP, LANE, Panel, XPanel};
+    use super::{LANE, Panel, QK, RB, XPanel};
 
-    /// Every (row, token) of the panel and `x` in 4 × 4 tiles (then the rows and
-    /// tokens left over one at a time).
+    /// Every (row, token): two row blocks (32 rows) × 4 tokens a tile, then what
+    /// is left one block and one token at a time.
     ///
     /// # Safety
-    /// AVX-512F/BW/VL/VNNI available; `p` holds `count` rows of `x.k`.
+    /// AVX-512F/BW/VL/VNNI available; `p` holds `count` rows of `x.k` (in whole
+    /// blocks of 16).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     pub unsafe fn rows_times_tokens(p: &Panel, x: &XPanel, count: usize, out: &mut [f32]) {
-        let (m, k) = (x.m, x.k);
-        let mut i = 0;
-        while i < count {
-            let r = if count - i >= 4 { 4 } else { 1 };
+        let m = x.m;
+        let mut b = 0;
+        while b < p.blocks {
+            let r = if p.blocks - b >= 2 { 2 } else { 1 };
             let mut t = 0;
             while t < m {
                 let n = if m - t >= 4 { 4 } else { 1 };
-                // SAFETY: rows i..i + r < count and tokens t..t + n < m, each with k
-                // elements in the layouts of `Panel` and `XPanel`.
+                // SAFETY: blocks b..b + r < p.blocks and tokens t..t + n < m.
                 unsafe {
-                    match (r, n) {
-                        (4, 4) => tile::<4, 4>(p, x, i, t, k, m, out),
-                        (4, _) => tile::<4, 1>(p, x, i, t, k, m, out),
-                        (_, 4) => tile::<1, 4>(p, x, i, t, k, m, out),
-                        _ => tile::<1, 1>(p, x, i, t, k, m, out),
+                    match (r, n, p.sg == QK) {
+                        (2, 4, true) => tile::<2, 4, 8>(p, x, b, t, count, out),
+                        (2, 4, false) => tile::<2, 4, 4>(p, x, b, t, count, out),
+                        (2, _, true) => tile::<2, 1, 8>(p, x, b, t, count, out),
+                        (2, _, false) => tile::<2, 1, 4>(p, x, b, t, count, out),
+                        (_, 4, true) => tile::<1, 4, 8>(p, x, b, t, count, out),
+                        (_, 4, false) => tile::<1, 4, 4>(p, x, b, t, count, out),
+                        (_, _, true) => tile::<1, 1, 8>(p, x, b, t, count, out),
+                        (_, _, false) => tile::<1, 1, 4>(p, x, b, t, count, out),
                     }
                 }
                 t += n;
             }
-            i += r;
+            b += r;
         }
     }
 
-    /// Rows `i..i + R` times tokens `t..t + T` into `out[row][token]` (`[count][m]`).
-    // Index loops over the register arrays: each (row, token) pairs two of them.
+    /// Row blocks `b..b + R` times tokens `t..t + T`; `RUNS` runs of 4 elements
+    /// per scale group (8: groups of 32, 4: of 16). Writes rows below `count` of
+    /// `out[row][token]` (`[count][m]`).
+    // Index loops over the register arrays: each (block, token) pairs two of them.
     #[allow(clippy::needless_range_loop)]
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn tile<const R: usize, const T: usize>(p: &Panel, x: &XPanel, i: usize, t: usize, k: usize, m: usize, out: &mut [f32]) {
+    unsafe fn tile<const R: usize, const T: usize, const RUNS: usize>(
+        p: &Panel,
+        x: &XPanel,
+        b: usize,
+        t: usize,
+        count: usize,
+        out: &mut [f32],
+    ) {
+        let (m, k) = (x.m, x.k);
+        let sg = RUNS * LANE;
+        let groups = k / sg;
+        let nb = k / QK;
+        let sums = x.group_sums(sg);
         let mut acc = [[_mm512_setzero_ps(); T]; R];
-        let (vals, lane_s, goff) = (p.vals.as_ptr(), p.lane_s.as_ptr(), p.goff.as_ptr());
-        let (xq, lane_d, gsum) = (x.q.as_ptr(), x.lane_d.as_ptr(), x.gsum.as_ptr());
-        // SAFETY (every load): rows i..i + R of the panel and tokens t..t + T of x
-        // exist (the caller); element offsets stay below k per row (full steps of 64
-        // below k, the masked tail reads only its valid bytes and lanes).
+        let (vals, scale, off) = (p.vals.as_ptr(), p.scale.as_ptr(), p.off.as_ptr());
+        let (xq, xd, xs) = (x.q.as_ptr(), x.d.as_ptr(), sums.as_ptr());
+        // SAFETY (every read): blocks b..b + R and groups below `groups` are inside
+        // the panel; tokens t..t + T and elements below k inside x (the caller).
         unsafe {
-            // One step of 64 elements (two blocks of 32); `bmask`/`lmask` keep the
-            // bytes and lanes of a 32-element tail.
-            let step = |acc: &mut [[__m512; T]; R], e: usize, bmask: u64, lmask: u16| {
-                let mut w = [_mm512_setzero_si512(); R];
-                let mut s = [_mm512_setzero_ps(); R];
-                for r in 0..R {
-                    w[r] = _mm512_maskz_loadu_epi8(bmask, vals.add((i + r) * k + e) as *const i8);
-                    s[r] = _mm512_maskz_loadu_ps(lmask, lane_s.add(((i + r) * k + e) / LANE));
-                }
-                for c in 0..T {
-                    let xv = _mm512_maskz_loadu_epi8(bmask, xq.add((t + c) * k + e));
-                    let xd = _mm512_maskz_loadu_ps(lmask, lane_d.add(((t + c) * k + e) / LANE));
+            for g in 0..groups {
+                let mut dot = [[_mm512_setzero_si512(); T]; R];
+                for run in 0..RUNS {
+                    let mut w = [_mm512_setzero_si512(); R];
                     for r in 0..R {
-                        let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[r], xv);
-                        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s[r], xd), acc[r][c]);
+                        w[r] = _mm512_loadu_si512(vals.add((((b + r) * groups + g) * RUNS + run) * RB * LANE) as *const __m512i);
+                    }
+                    for c in 0..T {
+                        let xv = _mm512_set1_epi32((xq.add((t + c) * k + g * sg + run * LANE) as *const i32).read_unaligned());
+                        for r in 0..R {
+                            dot[r][c] = _mm512_dpbusd_epi32(dot[r][c], w[r], xv);
+                        }
                     }
                 }
-            };
-            let mut e = 0;
-            while e + 64 <= k {
-                step(&mut acc, e, u64::MAX, u16::MAX);
-                e += 64;
-            }
-            if e < k {
-                step(&mut acc, e, (1u64 << (k - e)) - 1, (1u16 << ((k - e) / LANE)) - 1);
-            }
-            // The offsets, 16 groups a vector: off'[g] * d * Σq[g].
-            let groups = k / GROUP;
-            let mut g = 0;
-            while g < groups {
-                let lmask: u16 = if groups - g >= 16 { u16::MAX } else { (1u16 << (groups - g)) - 1 };
+                let mut s = [_mm512_setzero_ps(); R];
                 let mut o = [_mm512_setzero_ps(); R];
                 for r in 0..R {
-                    o[r] = _mm512_maskz_loadu_ps(lmask, goff.add((i + r) * groups + g));
+                    s[r] = _mm512_loadu_ps(scale.add(((b + r) * groups + g) * RB));
+                    o[r] = _mm512_loadu_ps(off.add(((b + r) * groups + g) * RB));
                 }
                 for c in 0..T {
-                    let xs = _mm512_maskz_loadu_ps(lmask, gsum.add((t + c) * groups + g));
+                    let d = _mm512_set1_ps(*xd.add((t + c) * nb + g * sg / QK));
+                    let sum = _mm512_set1_ps(*xs.add((t + c) * groups + g));
                     for r in 0..R {
-                        acc[r][c] = _mm512_fmadd_ps(o[r], xs, acc[r][c]);
+                        let a = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot[r][c]), d), s[r], acc[r][c]);
+                        acc[r][c] = _mm512_fmadd_ps(o[r], sum, a);
                     }
                 }
-                g += 16;
             }
         }
+        let mut lanes = [0f32; RB];
         for r in 0..R {
             for c in 0..T {
-                out[(i + r) * m + t + c] = _mm512_reduce_add_ps(acc[r][c]);
+                // SAFETY: 16 writable floats.
+                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc[r][c]) };
+                for (l, &v) in lanes.iter().enumerate() {
+                    let row = (b + r) * RB + l;
+                    if row < count {
+                        out[row * m + t + c] = v;
+                    }
+                }
             }
         }
     }
@@ -335,7 +374,7 @@ mod tests {
     fn int8_gemm_tiles_agree_with_the_scalar_loops_and_the_f32_product() {
         for format in [QFormat::Q4_0, QFormat::Q8_0, QFormat::Q4_1, QFormat::Q4_K, QFormat::Q6_K, QFormat::IQ4_NL] {
             let k = if format.block_elems() == 256 { 512 } else { 96 };
-            let (n, m) = (7, 6);
+            let (n, m) = (37, 6);
             let wf = data(n * k, 3);
             let w = QMatrix::quantize(format, n, k, &wf).expect("quantizes");
             let x = data(m * k, 5);
