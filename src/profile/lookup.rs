@@ -2,8 +2,9 @@
 //!
 //! A cached profile (`<cache>/profiles/*.yaml`, written by `tune` or `profiles
 //! import`) serves a run when:
-//! - **must match**: the model (name, and `tuning.model_hash`: its configuration,
-//!   layers included, and every matrix's storage format), the weight dtype
+//! - **must match**: the model (name — for a file or directory its last path
+//!   component — and `tuning.model_hash`: its configuration, layers included,
+//!   and every matrix's storage format), the weight dtype
 //!   (`execution.weightDtype`), the KV cache dtype, and the kernel backend;
 //! - **device**: this device's own fingerprint first; else a profile tuned on a
 //!   device of the same class ([`DeviceClass`]), with a warning naming both (or an
@@ -115,11 +116,21 @@ struct Candidate {
     e2e: f64,
 }
 
+/// Whether a profile's model name names this model: equal, or (a file or
+/// directory given by path) the same last path component where the model hash
+/// (configuration and weight formats) already matched, so `--gguf ./m.gguf` finds
+/// what `--gguf /abs/path/m.gguf` tuned.
+fn same_model(profile: &str, this: &str, hashed: bool) -> bool {
+    let last = |s: &str| s.rsplit(['/', '\\']).next().unwrap_or(s).to_string();
+    profile == this || (hashed && last(profile) == last(this))
+}
+
 /// Whether `doc` is for this model, weights, KV cache and backend; `Some(exact)`
 /// when its device is this one (`true`) or of its class (`false`).
 fn matches(doc: &ProfileDoc, want: &Want<'_>, fingerprint: &str, class: &DeviceClass, backend: Backend) -> Option<bool> {
     let t = doc.tuning.as_ref()?;
-    if doc.model != want.model
+    let hashed = t.model_hash.as_ref().is_some_and(|h| *h == want.model_hash);
+    if !same_model(&doc.model, want.model, hashed)
         || t.model_hash.as_ref().is_some_and(|h| *h != want.model_hash)
         || doc.execution.weight_dtype.dtype() != want.weight_dtype
         || doc.execution.kv_cache_dtype.dtype() != want.kv_dtype
@@ -242,7 +253,16 @@ pub fn find(device: &Device, want: &Want<'_>) -> Result<Lookup, ProfileError> {
 
 #[cfg(test)]
 mod tests {
-    use super::human_duration;
+    use super::{human_duration, same_model};
+
+    #[test]
+    fn a_model_file_matches_by_its_name_wherever_it_was_given_from() {
+        assert!(same_model("smollm2-135m", "smollm2-135m", false));
+        assert!(same_model("/abs/real/m.Q4_0.gguf@4layers", "real/m.Q4_0.gguf@4layers", true));
+        assert!(!same_model("/abs/real/m.Q4_0.gguf", "real/m.Q4_0.gguf", false), "only where the model hash matched");
+        assert!(!same_model("/abs/real/m.Q4_0.gguf", "real/other.gguf", true));
+        assert!(!same_model("/abs/real/m.Q4_0.gguf@4layers", "real/m.Q4_0.gguf", true));
+    }
 
     #[test]
     fn durations_read_as_budgets() {
