@@ -121,7 +121,9 @@ struct Candidate {
 /// (configuration and weight formats) already matched, so `--gguf ./m.gguf` finds
 /// what `--gguf /abs/path/m.gguf` tuned.
 fn same_model(profile: &str, this: &str, hashed: bool) -> bool {
-    let last = |s: &str| s.rsplit(['/', '\\']).next().unwrap_or(s).to_string();
+    fn last(s: &str) -> &str {
+        s.rsplit(['/', '\\']).next().unwrap_or(s)
+    }
     profile == this || (hashed && last(profile) == last(this))
 }
 

@@ -93,7 +93,7 @@ impl XPanel {
         p
     }
 
-    /// `d` (per scale group) and `d · Σq` over a scale group of `sg` elements.
+    /// `d · Σq` per scale group of `sg` elements (16 or 32), per token.
     fn group_sums(&self, sg: usize) -> &[f32] {
         if sg == GROUP { &self.sum16 } else { &self.sum32 }
     }
@@ -110,6 +110,10 @@ struct Panel {
     /// `[block][group][row 16]`.
     scale: Vec<f32>,
     off: Vec<f32>,
+    /// One row's values, scales and offsets before they are interleaved.
+    row: Vec<u8>,
+    row_scale: Vec<f32>,
+    row_off: Vec<f32>,
 }
 
 impl Panel {
@@ -127,8 +131,10 @@ impl Panel {
         let be = w.format.block_elems();
         let per_row = k / be;
         let mut u = Unpacked::default();
-        let mut row = vec![0u8; k];
-        let (mut sc, mut of) = (vec![0f32; groups], vec![0f32; groups]);
+        let (row, sc, of) = (&mut self.row, &mut self.row_scale, &mut self.row_off);
+        row.resize(k, 0);
+        sc.resize(groups, 0.0);
+        of.resize(groups, 0.0);
         for i in 0..rows {
             for b in 0..per_row {
                 let (q, s) = w.block((r0 + i) * per_row + b);

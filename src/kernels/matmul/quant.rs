@@ -6,7 +6,7 @@
 //! scales). CPU: `gemm_q_rows_cpu` (each weight row dequantized once into L1, dotted
 //! with tiles of tokens), `gemm_q_panel_cpu` (blocks of weight rows dequantized
 //! into an f32 panel, then the cache-blocked f32 GEMM of [`super`]) and
-//! `gemm_q_i8_cpu` (int8 activations, VNNI tiles: [`crate::kernels::cpu::qgemm`]).
+//! `gemm_q_i8_cpu` (int8 activations, interleaved rows, VNNI: [`crate::kernels::cpu::qgemm`]).
 //! k must be a whole number of 32-element blocks.
 
 use super::{Blocking, Micro, Split, gemm_blocked};
@@ -77,7 +77,7 @@ fn run_gemm_rows(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs
 
 fn run_gemm_i8(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
     let Problem::Gemm { m, n, k } = *prob else { return Err(wrong_op(kd, prob)) };
-    let isa = if param(params, "isa")? == 1 { Isa::Scalar } else { Isa::best() };
+    let isa = Isa::of(params)?;
     let (x, w) = (a.ins[0].f32(), qin(kd.id, &a.ins[1])?);
     let xp = XPanel::quantize(&x[..m * k], m, k);
     let grain = (param(params, "rows_per_task")? as usize).max(1);
@@ -130,7 +130,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::Gemm,
             DType::QUANT,
             I8_GEMM_PARAMS,
-            "activations quantized to int8 blocks once; weight rows unpacked per task to one int8 layout; VNNI 4x4 tiles",
+            "activations quantized to int8 blocks once; weight rows interleaved 16 to a vector per task; VNNI tiles of 32 rows x 4 tokens",
             CpuImpl { run: run_gemm_i8, check: check_i8_gemm },
         ),
         KernelDef::new(

@@ -137,8 +137,8 @@ pub fn variants() -> Vec<KernelDef> {
             Op::GateUp,
             DType::QUANT,
             I8_GEMM_PARAMS,
-            "GEMM style (prefill): tokens quantized to int8 blocks once, gate and up rows unpacked per task to one int8 layout, \
-             VNNI 4x4 tiles, activation product on the way out",
+            "GEMM style (prefill): tokens quantized to int8 blocks once, gate and up rows interleaved 16 to a vector per task, \
+             VNNI tiles of 32 rows x 4 tokens, activation product on the way out",
             CpuImpl { run: run_gate_up_q_i8, check: check_q_i8 },
         ),
     ]
@@ -430,7 +430,7 @@ fn run_gate_up_q_i8(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuA
     if n == 0 || rows == 0 {
         return Ok(());
     }
-    let isa = if param(params, "isa")? == 1 { Isa::Scalar } else { Isa::best() };
+    let isa = Isa::of(params)?;
     let (x, w) = (a.ins[0].f32(), qin(kd.id, &a.ins[1])?);
     let xp = XPanel::quantize(&x[..rows * k], rows, k);
     let grain = (param(params, "rows_per_task")? as usize).max(1);
