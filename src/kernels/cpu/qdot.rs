@@ -219,6 +219,8 @@ pub fn dot_q_i8(isa: Isa, x: &XQ8, w: QView<'_>) -> f32 {
                 match (direct_i8(w.format), isa.vnni()) {
                     // SAFETY (vnni): `isa.vnni()` checked AVX-512F/BW/VL/VNNI too.
                     (true, true) => x86::vnni::dot_i8(w.format, w.quants, w.scales, x),
+                    (false, true) if w.format == QFormat::Q4_K => x86::kq::dot_q4k(w.quants, w.scales, x),
+                    (false, true) if w.format == QFormat::Q6_K => x86::kq::dot_q6k(w.quants, w.scales, x),
                     (true, false) => x86::avx2::dot_i8(w.format, w.quants, w.scales, x),
                     (false, _) => x86::dot_i8_unpacked(x, w),
                 }
@@ -677,6 +679,141 @@ mod x86 {
 
     int8_loops!(avx2, "avx2,fma,f16c", dot_s8, dot_u8);
     int8_loops!(vnni, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", dot_s8_vnni, dot_u8_vnni);
+
+    /// The int8 decode dots of the two super-block formats of the Q4_K_M files
+    /// (Q4_K, Q6_K) with AVX-512 VNNI: 64 weights a `vpdpbusd` (unsigned codes,
+    /// the offsets through the activation sums), each super-block's 8 or 16
+    /// sub-block scales times the activation scales built as one vector and spread
+    /// over the product lanes with a permute, so a super-block costs a handful of
+    /// vector operations and no scalar scale arithmetic per sub-block.
+    pub mod kq {
+        use std::arch::x86_64::*;
+
+        use half::f16;
+
+        use super::super::XQ8;
+        use super::h;
+
+        const K1: u32 = 0x3f3f3f3f;
+        const K2: u32 = 0x0f0f0f0f;
+        const K3: u32 = 0x03030303;
+
+        /// Q4_K's 12 packed bytes to 8 scales (bytes 0..8) and 8 minima (8..16),
+        /// ggml's `get_scale_min_k4` for all eight sub-blocks at once.
+        #[inline]
+        fn scales_mins(q: &[u8]) -> [u32; 4] {
+            let w = |i: usize| u32::from_le_bytes([q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]]);
+            let (u0, u1, u2) = (w(0), w(1), w(2));
+            [u0 & K1, (u2 & K2) | (((u0 >> 6) & K3) << 4), u1 & K1, ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4)]
+        }
+
+        /// Lanes `i` of a permute index: `base + i / per`.
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        fn spread(base: i32, per: i32) -> __m512i {
+            let mut v = [0i32; 16];
+            for (i, e) in v.iter_mut().enumerate() {
+                *e = base + i as i32 / per;
+            }
+            // SAFETY: 16 i32 are one 512-bit vector.
+            unsafe { _mm512_loadu_si512(v.as_ptr() as *const _) }
+        }
+
+        /// `Σ x[i] * w[i]` of one Q4_K row (`q`: 144-byte blocks less their
+        /// 4-byte header, i.e. 140 bytes each; `s`: d, dmin per block).
+        ///
+        /// # Safety
+        /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C available; `x` holds 8 blocks
+        /// of 32 per block of `q`.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        pub unsafe fn dot_q4k(q: &[u8], s: &[f16], x: &XQ8) -> f32 {
+            const QB: usize = 140;
+            let blocks = q.len() / QB;
+            assert!(s.len() >= 2 * blocks && x.d.len() >= 8 * blocks && x.q.len() >= 256 * blocks && x.dsum.len() >= 8 * blocks);
+            let m4 = _mm512_set1_epi8(0x0f);
+            // Sub-blocks 4t, 4t + 1 (C) and 4t + 2, 4t + 3 (D), 16 int32 lanes each.
+            let idx = [spread(0, 8), spread(2, 8), spread(4, 8), spread(6, 8)];
+            let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            let mut mins = _mm256_setzero_ps();
+            for b in 0..blocks {
+                let qb = &q[QB * b..QB * (b + 1)];
+                let (d, dmin) = (h(s[2 * b]), h(s[2 * b + 1]));
+                let sm = scales_mins(qb);
+                // SAFETY: the block's 140 bytes, its 8 activation blocks (asserted above).
+                unsafe {
+                    let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(sm.as_ptr() as *const __m128i)));
+                    let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(sm.as_ptr().add(2) as *const __m128i)));
+                    let xd = _mm256_loadu_ps(x.d.as_ptr().add(8 * b));
+                    let f = _mm512_zextps256_ps512(_mm256_mul_ps(_mm256_mul_ps(sc, xd), _mm256_set1_ps(d)));
+                    mins = _mm256_fmadd_ps(_mm256_mul_ps(mn, _mm256_set1_ps(dmin)), _mm256_loadu_ps(x.dsum.as_ptr().add(8 * b)), mins);
+                    let xq = x.q.as_ptr().add(256 * b);
+                    for t in 0..2 {
+                        let raw = _mm512_loadu_si512(qb.as_ptr().add(12 + 64 * t) as *const _);
+                        let lo = _mm512_and_si512(raw, m4);
+                        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), m4);
+                        // lo: sub-blocks 4t | 4t + 2, hi: 4t + 1 | 4t + 3.
+                        let c = _mm512_shuffle_i64x2::<0b0100_0100>(lo, hi);
+                        let dd = _mm512_shuffle_i64x2::<0b1110_1110>(lo, hi);
+                        let pc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c, _mm512_loadu_si512(xq.add(128 * t) as *const _));
+                        let pd = _mm512_dpbusd_epi32(_mm512_setzero_si512(), dd, _mm512_loadu_si512(xq.add(128 * t + 64) as *const _));
+                        a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pc), _mm512_permutexvar_ps(idx[2 * t], f), a0);
+                        a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pd), _mm512_permutexvar_ps(idx[2 * t + 1], f), a1);
+                    }
+                }
+            }
+            _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) - super::hsum(mins)
+        }
+
+        /// `Σ x[i] * w[i]` of one Q6_K row (`q`: 208-byte blocks less their f16
+        /// scale: ql, qh, 16 int8 scales; `s`: d per block). Codes 0..63 go in
+        /// unsigned; the -32 enters as `-32 d sc Σx` per 16 elements.
+        ///
+        /// # Safety
+        /// As [`dot_q4k`].
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        pub unsafe fn dot_q6k(q: &[u8], s: &[f16], x: &XQ8) -> f32 {
+            const QB: usize = 208;
+            let blocks = q.len() / QB;
+            assert!(s.len() >= blocks && x.d.len() >= 8 * blocks && x.q.len() >= 256 * blocks && x.dsum16.len() >= 16 * blocks);
+            let (m4, m3) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(3));
+            // 16 sub-blocks of 16: the activation scale of sub-block g is x.d[g / 2].
+            let xd_idx = spread(0, 2);
+            let idx = [spread(0, 4), spread(4, 4), spread(8, 4), spread(12, 4)];
+            // qh shifts: 0 | 2 for elements 0..64 of a half, 4 | 6 for 64..128.
+            let sh_a = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(2));
+            let sh_b = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(6));
+            let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            let mut off = _mm512_setzero_ps();
+            for b in 0..blocks {
+                let qb = &q[QB * b..QB * (b + 1)];
+                let d = h(s[b]);
+                // SAFETY: the block's 208 bytes, its 8 activation blocks (asserted above).
+                unsafe {
+                    let sc = _mm512_mul_ps(
+                        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qb.as_ptr().add(192) as *const __m128i))),
+                        _mm512_set1_ps(d),
+                    );
+                    off = _mm512_fmadd_ps(sc, _mm512_loadu_ps(x.dsum16.as_ptr().add(16 * b)), off);
+                    let xd = _mm512_permutexvar_ps(xd_idx, _mm512_zextps256_ps512(_mm256_loadu_ps(x.d.as_ptr().add(8 * b))));
+                    let f = _mm512_mul_ps(sc, xd);
+                    let xq = x.q.as_ptr().add(256 * b);
+                    for half in 0..2 {
+                        let ql = _mm512_loadu_si512(qb.as_ptr().add(64 * half) as *const _);
+                        let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(qb.as_ptr().add(128 + 32 * half) as *const __m256i));
+                        let ha = _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srlv_epi16(qh, sh_a), m3));
+                        let hb = _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srlv_epi16(qh, sh_b), m3));
+                        let va = _mm512_or_si512(_mm512_and_si512(ql, m4), ha);
+                        let vb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4), hb);
+                        let pa = _mm512_dpbusd_epi32(_mm512_setzero_si512(), va, _mm512_loadu_si512(xq.add(128 * half) as *const _));
+                        let pb = _mm512_dpbusd_epi32(_mm512_setzero_si512(), vb, _mm512_loadu_si512(xq.add(128 * half + 64) as *const _));
+                        a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pa), _mm512_permutexvar_ps(idx[2 * half], f), a0);
+                        a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pb), _mm512_permutexvar_ps(idx[2 * half + 1], f), a1);
+                    }
+                }
+            }
+            _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) - 32.0 * _mm512_reduce_add_ps(off)
+        }
+    }
 
     /// Unsigned `w` (bytes 0..=255) times signed int8 `x`, summed by four into 8
     /// f32 lanes (`maddubs` saturates pairs at ±32767, far above 2 × 31 × 127).
