@@ -13,9 +13,12 @@
 //! broadcast adds 4 products into each row's lane, so a scale group's integer
 //! dot products accumulate in registers with no per-block conversion; then one
 //! conversion and two FMAs per group and token apply `scale · d` and
-//! `off · d · Σq`. Values come from the formats' bytes directly for Q4_0, Q4_1
-//! and Q8_0 (nibbles as they are with offsets -8d or m; Q8_0 codes + 128 with
-//! -128d), else from [`Unpacked`] (`v + 128`, offset `off - 128 · scale`).
+//! `off · d · Σq`. Values come from the formats' bytes directly for Q4_0, Q4_1,
+//! Q4_K and Q8_0 (nibbles as they are with offsets -8d, m or -dmin·m; Q8_0 codes
+//! + 128 with -128d), else from [`Unpacked`] (`v + 128`, offset `off - 128 ·
+//! scale`). Packing reads each of a block's 16 rows front to back into staging
+//! rows, then transposes 32 elements of the 16 rows at a time (a 16 x 8 dword
+//! transpose in AVX-512 registers).
 
 use std::cell::RefCell;
 
@@ -23,7 +26,7 @@ use super::XQ8;
 use super::qdot::{check_quant, unpack_fast};
 use super::{Isa, features};
 use crate::device::CpuCaps;
-use crate::kernels::quant::{GROUP, QFormat, QK, QView, Unpacked};
+use crate::kernels::quant::{GROUP, QFormat, QK, QView, Unpacked, scale_min_k4};
 use crate::kernels::{DType, ParamSpec, Params, Problem, param};
 
 /// The parameters of the int8 GEMM kernels (`gemm_q_i8_cpu`, `gate_up_q_i8_cpu`).
@@ -110,78 +113,186 @@ struct Panel {
     /// `[block][group][row 16]`.
     scale: Vec<f32>,
     off: Vec<f32>,
-    /// One row's values, scales and offsets before they are interleaved.
+    /// The 16 rows' values of a row block, and one format block's scales and
+    /// offsets, before they are interleaved.
     row: Vec<u8>,
     row_scale: Vec<f32>,
     row_off: Vec<f32>,
 }
 
 impl Panel {
+    /// Packs rows `r0..r0 + rows` of `w`: per row block, each of the 16 rows'
+    /// values into a staging area (and its scales and offsets straight into
+    /// place), then every 32 elements of the 16 rows transposed by runs of 4 into
+    /// the panel (one 16 x 8 dword transpose, AVX-512 where the SIMD kernel runs).
+    /// Rows past `rows` in the last block are zeros.
     fn pack(&mut self, isa: Isa, w: QView<'_>, r0: usize, rows: usize, k: usize) {
         let sg = scale_group(w.format);
         let (blocks, groups) = (rows.div_ceil(RB), k / sg);
         self.sg = sg;
         self.blocks = blocks;
-        self.vals.clear();
+        // Every value, scale and offset is written below: no clearing.
         self.vals.resize(blocks * RB * k, 0);
-        self.scale.clear();
         self.scale.resize(blocks * groups * RB, 0.0);
-        self.off.clear();
         self.off.resize(blocks * groups * RB, 0.0);
         let be = w.format.block_elems();
         let per_row = k / be;
         let mut u = Unpacked::default();
-        let (row, sc, of) = (&mut self.row, &mut self.row_scale, &mut self.row_off);
-        row.resize(k, 0);
-        sc.resize(groups, 0.0);
-        of.resize(groups, 0.0);
-        for i in 0..rows {
-            for b in 0..per_row {
-                let (q, s) = w.block((r0 + i) * per_row + b);
-                let e0 = b * be;
-                let vals = &mut row[e0..e0 + be];
-                match w.format {
-                    QFormat::Q8_0 => {
-                        for (o, &c) in vals.iter_mut().zip(&q[..QK]) {
-                            *o = c ^ 0x80;
-                        }
-                        let d = s[0].to_f32();
-                        (sc[b], of[b]) = (d, -128.0 * d);
+        let stage = &mut self.row;
+        stage.resize(RB * k, 0);
+        let (sc, of) = (&mut self.row_scale, &mut self.row_off);
+        sc.resize(be / sg, 0.0);
+        of.resize(be / sg, 0.0);
+        #[cfg(target_arch = "x86_64")]
+        let simd = i8_gemm_simd(isa);
+        for blk in 0..blocks {
+            // Each row of the block read front to back (one stream at a time for
+            // the prefetcher) into the staging rows.
+            for lane in 0..RB {
+                let i = blk * RB + lane;
+                let row = &mut stage[lane * k..(lane + 1) * k];
+                if i >= rows {
+                    row.fill(0);
+                    for g in 0..groups {
+                        (self.scale[(blk * groups + g) * RB + lane], self.off[(blk * groups + g) * RB + lane]) = (0.0, 0.0);
                     }
-                    QFormat::Q4_0 | QFormat::Q4_1 => {
-                        let (lo, hi) = vals.split_at_mut(16);
-                        for j in 0..16 {
-                            lo[j] = q[j] & 0x0f;
-                            hi[j] = q[j] >> 4;
-                        }
-                        let d = s[0].to_f32();
-                        (sc[b], of[b]) = (d, if w.format == QFormat::Q4_1 { s[1].to_f32() } else { -8.0 * d });
-                    }
-                    _ => {
-                        unpack_fast(isa, w.format, q, s, &mut u);
-                        for (o, &v) in vals.iter_mut().zip(&u.vals[..be]) {
-                            *o = (v as u8) ^ 0x80;
-                        }
-                        // Unpacked has a scale and offset per 16; a group of 32 takes
-                        // the first of its two (equal for these formats).
-                        for g in 0..be / sg {
-                            let j = g * sg / GROUP;
-                            (sc[e0 / sg + g], of[e0 / sg + g]) = (u.scale[j], u.off[j] - 128.0 * u.scale[j]);
-                        }
+                    continue;
+                }
+                for b in 0..per_row {
+                    let e0 = b * be;
+                    let (q, s) = w.block((r0 + i) * per_row + b);
+                    unpack_block(isa, w.format, q, s, &mut row[e0..e0 + be], sc, of, &mut u);
+                    for g in 0..be / sg {
+                        let j = (blk * groups + e0 / sg + g) * RB + lane;
+                        (self.scale[j], self.off[j]) = (sc[g], of[g]);
                     }
                 }
             }
-            // Interleave: row i of block i / 16, lane i % 16.
-            let (blk, lane) = (i / RB, i % RB);
-            for g in 0..groups {
-                let base = (blk * groups + g) * sg * RB;
-                for r in 0..sg / LANE {
-                    let dst = base + r * RB * LANE + lane * LANE;
-                    self.vals[dst..dst + LANE].copy_from_slice(&row[g * sg + r * LANE..][..LANE]);
+            for c in 0..k / QK {
+                // Elements 32c.. of the 16 rows: 8 runs of 64 bytes at RB * 32c
+                // within the block (whatever the scale group).
+                let dst = &mut self.vals[blk * k * RB + RB * QK * c..][..RB * QK];
+                let src = &stage[QK * c..];
+                #[cfg(target_arch = "x86_64")]
+                if simd {
+                    // SAFETY: AVX-512F checked; src holds 16 rows of k from 32c, dst 512 bytes.
+                    unsafe { transpose16x8(src.as_ptr(), k, dst.as_mut_ptr()) };
+                    continue;
                 }
-                self.scale[(blk * groups + g) * RB + lane] = sc[g];
-                self.off[(blk * groups + g) * RB + lane] = of[g];
+                for lane in 0..RB {
+                    for r in 0..QK / LANE {
+                        dst[r * RB * LANE + lane * LANE..][..LANE].copy_from_slice(&src[lane * k + r * LANE..][..LANE]);
+                    }
+                }
             }
+        }
+    }
+}
+
+/// One format block of one row as unsigned bytes `u` with `value = sc · u + of`
+/// per scale group: Q4_0, Q4_1, Q4_K nibbles as they are (offsets -8d, m, -dmin·m),
+/// Q8_0 codes + 128 (-128d), the other formats through [`Unpacked`] (`v + 128`).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn unpack_block(isa: Isa, format: QFormat, q: &[u8], s: &[half::f16], vals: &mut [u8], sc: &mut [f32], of: &mut [f32], u: &mut Unpacked) {
+    match format {
+        QFormat::Q8_0 => {
+            let (q, vals): (&[u8; QK], &mut [u8; QK]) = (q[..QK].try_into().unwrap(), (&mut vals[..QK]).try_into().unwrap());
+            for (o, &c) in vals.iter_mut().zip(q) {
+                *o = c ^ 0x80;
+            }
+            let d = s[0].to_f32();
+            (sc[0], of[0]) = (d, -128.0 * d);
+        }
+        QFormat::Q4_0 | QFormat::Q4_1 => {
+            let q: &[u8; 16] = q[..16].try_into().unwrap();
+            let (lo, hi) = vals[..QK].split_at_mut(16);
+            let (lo, hi): (&mut [u8; 16], &mut [u8; 16]) = (lo.try_into().unwrap(), hi.try_into().unwrap());
+            for j in 0..16 {
+                lo[j] = q[j] & 0x0f;
+                hi[j] = q[j] >> 4;
+            }
+            let d = s[0].to_f32();
+            (sc[0], of[0]) = (d, if format == QFormat::Q4_1 { s[1].to_f32() } else { -8.0 * d });
+        }
+        QFormat::Q4_K => {
+            let (d, dmin) = (s[0].to_f32(), s[1].to_f32());
+            for jj in 0..4 {
+                let raw: &[u8; 32] = q[12 + 32 * jj..][..32].try_into().unwrap();
+                let (lo, hi) = vals[64 * jj..64 * jj + 64].split_at_mut(32);
+                let (lo, hi): (&mut [u8; 32], &mut [u8; 32]) = (lo.try_into().unwrap(), hi.try_into().unwrap());
+                for l in 0..32 {
+                    lo[l] = raw[l] & 0x0f;
+                    hi[l] = raw[l] >> 4;
+                }
+            }
+            for g in 0..8 {
+                let (k, m) = scale_min_k4(g, &q[..12]);
+                (sc[g], of[g]) = (d * k as f32, -dmin * m as f32);
+            }
+        }
+        _ => {
+            let be = format.block_elems();
+            unpack_fast(isa, format, q, s, u);
+            for (o, &v) in vals.iter_mut().zip(&u.vals[..be]) {
+                *o = (v as u8) ^ 0x80;
+            }
+            // Unpacked has a scale and offset per 16; a group of 32 takes the
+            // first of its two (equal for these formats).
+            let sg = scale_group(format);
+            for g in 0..be / sg {
+                let j = g * sg / GROUP;
+                (sc[g], of[g]) = (u.scale[j], u.off[j] - 128.0 * u.scale[j]);
+            }
+        }
+    }
+}
+
+/// 16 rows of 32 bytes (`src`, rows `stride` apart) to 8 runs of 64 bytes: run
+/// `r` holds bytes `4r..4r + 4` of each row in turn (a 16 x 8 transpose of dwords:
+/// rows i and i + 8 in one register, two 8 x 8 transposes side by side).
+///
+/// # Safety
+/// AVX-512F available; `src` readable for 15 strides plus 32 bytes, `dst` writable
+/// for 512.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose16x8(src: *const u8, stride: usize, dst: *mut u8) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's bounds.
+    unsafe {
+        let z: [__m512i; 8] = std::array::from_fn(|i| {
+            let a = _mm256_loadu_si256(src.add(i * stride) as *const __m256i);
+            let b = _mm256_loadu_si256(src.add((i + 8) * stride) as *const __m256i);
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
+        });
+        let t = [
+            _mm512_unpacklo_epi32(z[0], z[1]),
+            _mm512_unpackhi_epi32(z[0], z[1]),
+            _mm512_unpacklo_epi32(z[2], z[3]),
+            _mm512_unpackhi_epi32(z[2], z[3]),
+            _mm512_unpacklo_epi32(z[4], z[5]),
+            _mm512_unpackhi_epi32(z[4], z[5]),
+            _mm512_unpacklo_epi32(z[6], z[7]),
+            _mm512_unpackhi_epi32(z[6], z[7]),
+        ];
+        // u[c] (c < 4): columns c (low 128 of each half) and c + 4 (high) of rows
+        // 0..4 | 8..12; u[c + 4] the same of rows 4..8 | 12..16.
+        let u = [
+            _mm512_unpacklo_epi64(t[0], t[2]),
+            _mm512_unpackhi_epi64(t[0], t[2]),
+            _mm512_unpacklo_epi64(t[1], t[3]),
+            _mm512_unpackhi_epi64(t[1], t[3]),
+            _mm512_unpacklo_epi64(t[4], t[6]),
+            _mm512_unpackhi_epi64(t[4], t[6]),
+            _mm512_unpacklo_epi64(t[5], t[7]),
+            _mm512_unpackhi_epi64(t[5], t[7]),
+        ];
+        let lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+        let hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+        for c in 0..4 {
+            _mm512_storeu_si512(dst.add(64 * c) as *mut _, _mm512_permutex2var_epi64(u[c], lo, u[c + 4]));
+            _mm512_storeu_si512(dst.add(64 * (c + 4)) as *mut _, _mm512_permutex2var_epi64(u[c], hi, u[c + 4]));
         }
     }
 }
