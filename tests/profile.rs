@@ -291,3 +291,23 @@ fn cpu_threads_resolve_and_old_profiles_default_to_all() {
     assert_eq!(again.doc.execution.cpu_threads, 1);
     assert!(Profile::from_str(&GOOD.replace("execution:\n", "execution:\n  cpuThreads: -2\n"), "f.yaml").is_err());
 }
+
+/// The tuned idle spin of the CPU pool's workers (`execution.cpuSpinUs`) resolves
+/// into the execution settings and survives a write; absent (older profiles) it is
+/// 0, the pool's default; a negative or fractional value is refused.
+#[test]
+fn cpu_spin_resolves_and_old_profiles_keep_the_default() {
+    let dev = ktune::device::Device::Cpu(ktune::device::CpuCaps::detect());
+    let (_, exec, _) = Profile::from_str(GOOD, "f.yaml").expect("loads").resolve(&dev, "smollm2-135m", 30).expect("resolves");
+    assert_eq!(exec.spin_us, 0, "no cpuSpinUs: the pool's default");
+    let text = GOOD.replace("execution:\n", "execution:\n  cpuSpinUs: 20000\n");
+    let p = Profile::from_str(&text, "f.yaml").expect("loads");
+    let (_, exec, _) = p.resolve(&dev, "smollm2-135m", 30).expect("resolves");
+    assert_eq!(exec.spin_us, 20_000);
+    let again = Profile::from_str(&to_yaml(&p.doc).expect("yaml"), "g.yaml").expect("loads back");
+    assert_eq!(again.doc.execution.cpu_spin_us, 20_000);
+    for bad in ["-5", "1.5", "lots"] {
+        let e = Profile::from_str(&GOOD.replace("execution:\n", &format!("execution:\n  cpuSpinUs: {bad}\n")), "f.yaml");
+        assert!(e.is_err(), "cpuSpinUs: {bad} accepted");
+    }
+}

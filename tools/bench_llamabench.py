@@ -27,6 +27,14 @@ Per file:
     of `ktune run`: every matrix as stored plus the LM head; the same file for
     both engines), as tokens per second; each engine's decode rate as a share of it.
 
+ 5. Greedy tokens side by side: --greedy-tokens tokens of --greedy-prompt from
+    llama.cpp's `llama-simple` (greedy; it prints the prompt, then the pieces)
+    and from `ktune run --prompt ... --profile TUNED`, as text (llama-simple
+    prints no ids): identical, or where they first differ. A difference after
+    a near-tie of two logits is expected between engines whose arithmetic
+    differs (int8 activations, another summation order); tests/runtime_gguf.rs
+    checks ktune's ids against transformers' with that rule.
+
 Prints a markdown table and writes --out (JSON). Run it on a quiet machine: both
 engines use every thread they are given.
 """
@@ -70,6 +78,20 @@ def ktune_round(ktune, model, profile, p, n):
     return res
 
 
+def greedy(a, model, profile):
+    """(llama.cpp's continuation, ktune's) of a.greedy_prompt as text."""
+    simple = Path(a.llama_bench).parent / "llama-simple"
+    out = run([simple, "-m", model, "-n", a.greedy_tokens, a.greedy_prompt])
+    # llama-simple echoes the prompt (a BOS piece first when the file adds one).
+    i = out.find(a.greedy_prompt)
+    llama = out[i + len(a.greedy_prompt):] if i >= 0 else out
+    cmd = [a.ktune, "run", "--device", "cpu", "--gguf", model, "--prompt", a.greedy_prompt, "--max-tokens", a.greedy_tokens, "--format", "json"]
+    if profile:
+        cmd += ["--profile", profile]
+    r = json.loads(run(cmd))
+    return llama.rstrip("\n"), r.get("text") or ""
+
+
 def spread(xs):
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
@@ -86,6 +108,8 @@ def main():
     ap.add_argument("--ktune", default=str(ROOT / "target/release/ktune"))
     ap.add_argument("--llama-bench", default=str(Path(os.environ.get("LLAMACPP_BUILD", ROOT / "target/llama.cpp-build")) / "bin/llama-bench"))
     ap.add_argument("--out", default=str(ROOT / "target/bench-llamabench/summary.json"))
+    ap.add_argument("--greedy-prompt", default="The capital of France is")
+    ap.add_argument("--greedy-tokens", type=int, default=16, help="0: no greedy comparison")
     a = ap.parse_args()
     files = a.files or sorted(str(p) for p in (ROOT / "target/real").glob("*.gguf"))
     if not files:
@@ -137,6 +161,16 @@ def main():
                     "prefill": spread([k[0] / l[0] for k, l in zip(rows[eng], rows["llama"])]),
                     "decode": spread([k[1] / l[1] for k, l in zip(rows[eng], rows["llama"])]),
                 }
+        if a.greedy_tokens > 0:
+            llama_text, ktune_text = greedy(a, f, profile)
+            same = next((i for i, (x, y) in enumerate(zip(llama_text, ktune_text)) if x != y), min(len(llama_text), len(ktune_text)))
+            entry["greedy"] = {
+                "prompt": a.greedy_prompt,
+                "llama": llama_text,
+                "ktune": ktune_text,
+                "identical": llama_text == ktune_text,
+                "common_prefix_chars": same,
+            }
         summary["files"].append(entry)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(summary, indent=1))
@@ -154,6 +188,16 @@ def main():
                 f"| {e['file']} | {'llama.cpp' if eng == 'llama' else 'ktune ' + eng} | {fmt(e[eng]['prefill'])} | {fmt(e[eng]['decode'])} | "
                 f"{fmt(vs['prefill'], 2) + 'x' if vs else '-'} | {fmt(vs['decode'], 2) + 'x' if vs else '-'} | {f'{pct:.0f}%' if pct else '-'} |"
             )
+    if any("greedy" in e for e in summary["files"]):
+        print(f"\nGreedy continuations of {a.greedy_prompt!r} ({a.greedy_tokens} tokens; ktune with the tuned profile)\n")
+        print("| file | llama.cpp | ktune | same |")
+        print("|---|---|---|---|")
+        for e in summary["files"]:
+            g = e.get("greedy")
+            if g:
+                cell = lambda t: repr(t).replace("|", "\\|")
+                verdict = "identical" if g["identical"] else f"first {g['common_prefix_chars']} characters"
+                print(f"| {e['file']} | {cell(g['llama'])} | {cell(g['ktune'])} | {verdict} |")
     print(f"\nwritten {a.out}")
 
 

@@ -91,6 +91,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
             kv_dtype: crate::kernels::DType::F32,
             weight_dtype,
             threads: 0,
+            spin_us: 0,
         };
         setups.push(("default".into(), Selection::runtime(caps.clone()), exec));
     }
@@ -119,6 +120,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
         };
         let mut engine = build.build(opts, sel, exec.batch)?;
         engine.set_cpu_threads(exec.threads);
+        engine.set_cpu_spin_us(exec.spin_us);
         engines.push((name, engine));
     }
 

@@ -62,6 +62,7 @@ pub(crate) fn profile_doc(f: &Findings<'_>) -> ProfileDoc {
         kv_dtype: o.kv_dtype,
         weight_dtype: o.weight_dtype,
         threads: chosen.threads,
+        spin_us: chosen.spin_us,
     };
     let (execution, parallel) = exec.to_doc();
 

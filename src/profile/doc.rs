@@ -409,6 +409,11 @@ pub struct ExecutionDoc {
     /// the process may use; more than the machine has: all of them).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cpu_threads: u32,
+    /// CPU: how long idle workers of the kernels' pool spin between kernels
+    /// before they park, in microseconds (the tuned value; absent or 0: the
+    /// pool's default, 2000).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cpu_spin_us: u32,
 }
 
 fn is_zero(v: &u32) -> bool {
@@ -427,6 +432,7 @@ impl Default for ExecutionDoc {
             fused_residual_norm: false,
             fused_norm_matmul: false,
             cpu_threads: 0,
+            cpu_spin_us: 0,
         }
     }
 }

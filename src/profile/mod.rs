@@ -68,6 +68,9 @@ pub struct ExecSettings {
     pub weight_dtype: kernels::DType,
     /// CPU: threads the kernels' pool runs on (0: all of them).
     pub threads: usize,
+    /// CPU: how long idle pool workers spin before parking, µs (0: the pool's
+    /// default).
+    pub spin_us: u32,
 }
 
 impl ExecSettings {
@@ -82,6 +85,7 @@ impl ExecSettings {
             fused_residual_norm: self.fusion.residual_norm,
             fused_norm_matmul: self.fusion.norm_matmul,
             cpu_threads: self.threads as u32,
+            cpu_spin_us: self.spin_us,
         };
         let mut par = BTreeMap::new();
         for (name, members) in PARALLEL_GROUPS {
@@ -511,6 +515,7 @@ impl Profile {
             kv_dtype: e.kv_cache_dtype.dtype(),
             weight_dtype: e.weight_dtype.dtype(),
             threads: e.cpu_threads as usize,
+            spin_us: e.cpu_spin_us,
         };
         Ok((sel, exec, warnings))
     }

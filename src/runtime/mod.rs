@@ -98,6 +98,8 @@ pub struct Engine {
     logits: Vec<f32>,
     /// CPU: threads the kernels' pool runs this engine's passes on (0: all).
     cpu_threads: usize,
+    /// CPU: idle spin of the pool's workers, µs (0: the pool's default).
+    cpu_spin_us: u32,
 }
 
 /// Concatenates `parts` (each row-major with the same column count) along rows.
@@ -225,6 +227,7 @@ impl Engine {
             pass_times: SlotTimes::default(),
             logits: Vec::new(),
             cpu_threads: 0,
+            cpu_spin_us: 0,
         })
     }
 
@@ -237,6 +240,13 @@ impl Engine {
 
     pub fn cpu_threads(&self) -> usize {
         self.cpu_threads
+    }
+
+    /// CPU: how long the pool's idle workers spin before parking during this
+    /// engine's passes, µs (0: the pool's default, 2 ms). Per engine, as
+    /// [`Engine::set_cpu_threads`].
+    pub fn set_cpu_spin_us(&mut self, us: u32) {
+        self.cpu_spin_us = us;
     }
 
     /// The compiled steps' warnings (explicit choices that fell back to the
@@ -362,6 +372,11 @@ impl Engine {
             Exec::Cpu(e) => {
                 let pool = crate::kernels::cpu::pool::pool();
                 pool.set_threads(if self.cpu_threads == 0 { pool.capacity() } else { self.cpu_threads });
+                pool.set_spin(if self.cpu_spin_us == 0 {
+                    crate::kernels::cpu::pool::DEFAULT_SPIN
+                } else {
+                    std::time::Duration::from_micros(self.cpu_spin_us as u64)
+                });
                 e.write(x0, &self.x)?;
                 // The kernels' parallel loops run on the persistent spinning pool
                 // (kernels::cpu::pool), whose caller is this thread.

@@ -19,6 +19,10 @@ use crate::session::Engines;
 /// Decode steps timed per end-to-end sample.
 pub(crate) const E2E_DECODE_STEPS: usize = 8;
 
+/// The spin times (µs) the end-to-end stage tries beside the pool's default
+/// (2 ms) for the best predicted combination on a CPU.
+pub(crate) const SPIN_CHOICES_US: [u32; 2] = [100, 20_000];
+
 /// The end-to-end combination space.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Combo {
@@ -29,6 +33,9 @@ pub(crate) struct Combo {
     pub default: bool,
     /// CPU: threads of the kernels' pool (0: all).
     pub threads: usize,
+    /// CPU: how long idle pool workers spin before they park, µs (0: the pool's
+    /// default, 2 ms).
+    pub spin_us: u32,
 }
 
 impl Combo {
@@ -54,6 +61,9 @@ impl Combo {
         s.push_str(if self.batch { " batch" } else { " per-kernel-submit" });
         if self.threads > 0 {
             s.push_str(&format!(" {} threads", self.threads));
+        }
+        if self.spin_us > 0 {
+            s.push_str(&format!(" spin {} us", self.spin_us));
         }
         s
     }
@@ -151,25 +161,25 @@ fn combinations(o: &TuneOptions, predicted: &[(Fusion, f64)], gpu: bool) -> Vec<
 /// small model's kernels may run faster on fewer cores than they pay to share.
 fn combinations_with_threads(o: &TuneOptions, predicted: &[(Fusion, f64)], gpu: bool, cpus: usize) -> Vec<(Combo, f64)> {
     let mut combos: Vec<(Combo, f64)> =
-        vec![(Combo { fusion: Fusion::ALL, parallel: Parallel::default(), batch: true, default: true, threads: 0 }, f64::NAN)];
+        vec![(Combo { fusion: Fusion::ALL, parallel: Parallel::default(), batch: true, default: true, threads: 0, spin_us: 0 }, f64::NAN)];
     let par_on = Parallel::default();
     let par_off = Parallel { qkv: false, ffn: false };
     let exhaustive_e2e = matches!(o.strategy, Strategy::Exhaustive | Strategy::Halving);
     let top = if exhaustive_e2e { predicted.len() } else { 3.min(predicted.len()) };
     for (f, pred) in predicted.iter().take(top) {
-        combos.push((Combo { fusion: *f, parallel: par_on, batch: true, default: false, threads: 0 }, *pred));
+        combos.push((Combo { fusion: *f, parallel: par_on, batch: true, default: false, threads: 0, spin_us: 0 }, *pred));
         if exhaustive_e2e {
-            combos.push((Combo { fusion: *f, parallel: par_off, batch: true, default: false, threads: 0 }, *pred));
+            combos.push((Combo { fusion: *f, parallel: par_off, batch: true, default: false, threads: 0, spin_us: 0 }, *pred));
             if gpu {
-                combos.push((Combo { fusion: *f, parallel: par_on, batch: false, default: false, threads: 0 }, *pred));
-                combos.push((Combo { fusion: *f, parallel: par_off, batch: false, default: false, threads: 0 }, *pred));
+                combos.push((Combo { fusion: *f, parallel: par_on, batch: false, default: false, threads: 0, spin_us: 0 }, *pred));
+                combos.push((Combo { fusion: *f, parallel: par_off, batch: false, default: false, threads: 0, spin_us: 0 }, *pred));
             }
         }
     }
     if !exhaustive_e2e && let Some((f, pred)) = predicted.first() {
-        combos.push((Combo { fusion: *f, parallel: par_off, batch: true, default: false, threads: 0 }, *pred));
+        combos.push((Combo { fusion: *f, parallel: par_off, batch: true, default: false, threads: 0, spin_us: 0 }, *pred));
         if gpu {
-            combos.push((Combo { fusion: *f, parallel: par_on, batch: false, default: false, threads: 0 }, *pred));
+            combos.push((Combo { fusion: *f, parallel: par_on, batch: false, default: false, threads: 0, spin_us: 0 }, *pred));
         }
     }
     if !gpu && let Some((f, pred)) = predicted.first() {
@@ -179,7 +189,12 @@ fn combinations_with_threads(o: &TuneOptions, predicted: &[(Fusion, f64)], gpu: 
         }
         counts.dedup();
         for n in counts {
-            combos.push((Combo { fusion: *f, parallel: par_on, batch: true, default: false, threads: n }, *pred));
+            combos.push((Combo { fusion: *f, parallel: par_on, batch: true, default: false, threads: n, spin_us: 0 }, *pred));
+        }
+        // How long idle workers spin between kernels before parking: shorter
+        // frees the cores sooner, longer never pays a wake-up inside a pass.
+        for spin_us in SPIN_CHOICES_US {
+            combos.push((Combo { fusion: *f, parallel: par_on, batch: true, default: false, threads: 0, spin_us }, *pred));
         }
     }
     combos
@@ -221,6 +236,7 @@ pub(crate) fn run(
         opts.context = opts.context.max(o.prefill_tokens + E2E_DECODE_STEPS + 1);
         let mut e = builder.build(opts, selection_for(c, caps, &winners), c.batch)?;
         e.set_cpu_threads(c.threads);
+        e.set_cpu_spin_us(c.spin_us);
         Ok(e)
     };
     let interleave = !gpu && weight_bytes.saturating_mul(2) < available_memory() / 5 * 2;

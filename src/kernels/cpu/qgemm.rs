@@ -15,7 +15,7 @@
 //! conversion and two FMAs per group and token apply `scale · d` and
 //! `off · d · Σq`. Values come from the formats' bytes directly for Q4_0, Q4_1,
 //! Q4_K and Q8_0 (nibbles as they are with offsets -8d, m or -dmin·m; Q8_0 codes
-//! + 128 with -128d), else from [`Unpacked`] (`v + 128`, offset `off - 128 ·
+//! plus 128 with -128d), else from [`Unpacked`] (`v + 128`, offset `off - 128 ·
 //! scale`). Packing reads each of a block's 16 rows front to back into staging
 //! rows, then transposes 32 elements of the 16 rows at a time (a 16 x 8 dword
 //! transpose in AVX-512 registers).
