@@ -276,15 +276,20 @@ fn per_format_choices_resolve_and_bad_ones_are_refused() {
 /// The tuned CPU thread count (`execution.cpuThreads`) resolves into the execution
 /// settings; a profile without it (every profile written before it existed) runs
 /// on all threads; a negative count is refused.
+/// A profile text loaded and resolved on this CPU for the fixture's model.
+fn load_and_resolve(text: &str) -> (Profile, ktune::profile::ExecSettings) {
+    let dev = ktune::device::Device::Cpu(ktune::device::CpuCaps::detect());
+    let p = Profile::from_str(text, "f.yaml").expect("loads");
+    let (_, exec, _) = p.resolve(&dev, "smollm2-135m", 30).expect("resolves");
+    (p, exec)
+}
+
 #[test]
 fn cpu_threads_resolve_and_old_profiles_default_to_all() {
-    let dev = ktune::device::Device::Cpu(ktune::device::CpuCaps::detect());
-    let (_, exec, _) = Profile::from_str(GOOD, "f.yaml").expect("loads").resolve(&dev, "smollm2-135m", 30).expect("resolves");
-    assert_eq!(exec.threads, 0, "no cpuThreads: all threads");
+    assert_eq!(load_and_resolve(GOOD).1.threads, 0, "no cpuThreads: all threads");
     let text = GOOD.replace("execution:\n", "execution:\n  cpuThreads: 1\n");
     assert_ne!(text, GOOD, "the fixture has an execution section");
-    let p = Profile::from_str(&text, "f.yaml").expect("loads");
-    let (_, exec, _) = p.resolve(&dev, "smollm2-135m", 30).expect("resolves");
+    let (p, exec) = load_and_resolve(&text);
     assert_eq!(exec.threads, 1);
     // Written back, the count stays.
     let again = Profile::from_str(&to_yaml(&p.doc).expect("yaml"), "g.yaml").expect("loads back");
@@ -297,12 +302,8 @@ fn cpu_threads_resolve_and_old_profiles_default_to_all() {
 /// 0, the pool's default; a negative or fractional value is refused.
 #[test]
 fn cpu_spin_resolves_and_old_profiles_keep_the_default() {
-    let dev = ktune::device::Device::Cpu(ktune::device::CpuCaps::detect());
-    let (_, exec, _) = Profile::from_str(GOOD, "f.yaml").expect("loads").resolve(&dev, "smollm2-135m", 30).expect("resolves");
-    assert_eq!(exec.spin_us, 0, "no cpuSpinUs: the pool's default");
-    let text = GOOD.replace("execution:\n", "execution:\n  cpuSpinUs: 20000\n");
-    let p = Profile::from_str(&text, "f.yaml").expect("loads");
-    let (_, exec, _) = p.resolve(&dev, "smollm2-135m", 30).expect("resolves");
+    assert_eq!(load_and_resolve(GOOD).1.spin_us, 0, "no cpuSpinUs: the pool's default");
+    let (p, exec) = load_and_resolve(&GOOD.replace("execution:\n", "execution:\n  cpuSpinUs: 20000\n"));
     assert_eq!(exec.spin_us, 20_000);
     let again = Profile::from_str(&to_yaml(&p.doc).expect("yaml"), "g.yaml").expect("loads back");
     assert_eq!(again.doc.execution.cpu_spin_us, 20_000);

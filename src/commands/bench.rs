@@ -119,8 +119,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
             parallel: exec.parallel,
         };
         let mut engine = build.build(opts, sel, exec.batch)?;
-        engine.set_cpu_threads(exec.threads);
-        engine.set_cpu_spin_us(exec.spin_us);
+        engine.set_cpu_pool(exec.threads, exec.spin_us);
         engines.push((name, engine));
     }
 

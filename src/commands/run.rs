@@ -197,8 +197,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     // One engine: its weights need no memo to share them.
     let engines = Engines { model: &m.name, config: c, store, ctx, memo: None, check_decode: false };
     let mut engine = engines.build(opts, selection, batch)?;
-    engine.set_cpu_threads(exec.threads);
-    engine.set_cpu_spin_us(exec.spin_us);
+    engine.set_cpu_pool(exec.threads, exec.spin_us);
     let weight_bytes = engine.plan.weight_bytes();
     // Prefill (timed; on a GPU the pass is also profiled per step).
     engine.profile_next();

@@ -232,21 +232,12 @@ impl Engine {
     }
 
     /// CPU: run this engine's passes on `threads` of the kernels' pool (0: all;
-    /// more than the pool has: all). Set per engine, applied at each pass, so
-    /// engines of different profiles in one process keep their own.
-    pub fn set_cpu_threads(&mut self, threads: usize) {
+    /// more than the pool has: all), its idle workers spinning `spin_us` µs
+    /// before they park (0: the pool's default, 2 ms). Set per engine, applied at
+    /// each pass, so engines of different profiles in one process keep their own.
+    pub fn set_cpu_pool(&mut self, threads: usize, spin_us: u32) {
         self.cpu_threads = threads;
-    }
-
-    pub fn cpu_threads(&self) -> usize {
-        self.cpu_threads
-    }
-
-    /// CPU: how long the pool's idle workers spin before parking during this
-    /// engine's passes, µs (0: the pool's default, 2 ms). Per engine, as
-    /// [`Engine::set_cpu_threads`].
-    pub fn set_cpu_spin_us(&mut self, us: u32) {
-        self.cpu_spin_us = us;
+        self.cpu_spin_us = spin_us;
     }
 
     /// The compiled steps' warnings (explicit choices that fell back to the

@@ -39,6 +39,12 @@ pub(crate) struct Combo {
 }
 
 impl Combo {
+    /// A combination of the race winners with these switches, on all threads
+    /// with the pool's default spin.
+    fn raced(fusion: Fusion, parallel: Parallel, batch: bool) -> Combo {
+        Combo { fusion, parallel, batch, default: false, threads: 0, spin_us: 0 }
+    }
+
     pub fn label(&self) -> String {
         if self.default {
             return "runtime default".into();
@@ -160,26 +166,25 @@ fn combinations(o: &TuneOptions, predicted: &[(Fusion, f64)], gpu: bool) -> Vec<
 /// also on fewer threads (powers of two below `cpus`, and `cpus - 1`), since a
 /// small model's kernels may run faster on fewer cores than they pay to share.
 fn combinations_with_threads(o: &TuneOptions, predicted: &[(Fusion, f64)], gpu: bool, cpus: usize) -> Vec<(Combo, f64)> {
-    let mut combos: Vec<(Combo, f64)> =
-        vec![(Combo { fusion: Fusion::ALL, parallel: Parallel::default(), batch: true, default: true, threads: 0, spin_us: 0 }, f64::NAN)];
+    let mut combos: Vec<(Combo, f64)> = vec![(Combo { default: true, ..Combo::raced(Fusion::ALL, Parallel::default(), true) }, f64::NAN)];
     let par_on = Parallel::default();
     let par_off = Parallel { qkv: false, ffn: false };
     let exhaustive_e2e = matches!(o.strategy, Strategy::Exhaustive | Strategy::Halving);
     let top = if exhaustive_e2e { predicted.len() } else { 3.min(predicted.len()) };
     for (f, pred) in predicted.iter().take(top) {
-        combos.push((Combo { fusion: *f, parallel: par_on, batch: true, default: false, threads: 0, spin_us: 0 }, *pred));
+        combos.push((Combo::raced(*f, par_on, true), *pred));
         if exhaustive_e2e {
-            combos.push((Combo { fusion: *f, parallel: par_off, batch: true, default: false, threads: 0, spin_us: 0 }, *pred));
+            combos.push((Combo::raced(*f, par_off, true), *pred));
             if gpu {
-                combos.push((Combo { fusion: *f, parallel: par_on, batch: false, default: false, threads: 0, spin_us: 0 }, *pred));
-                combos.push((Combo { fusion: *f, parallel: par_off, batch: false, default: false, threads: 0, spin_us: 0 }, *pred));
+                combos.push((Combo::raced(*f, par_on, false), *pred));
+                combos.push((Combo::raced(*f, par_off, false), *pred));
             }
         }
     }
     if !exhaustive_e2e && let Some((f, pred)) = predicted.first() {
-        combos.push((Combo { fusion: *f, parallel: par_off, batch: true, default: false, threads: 0, spin_us: 0 }, *pred));
+        combos.push((Combo::raced(*f, par_off, true), *pred));
         if gpu {
-            combos.push((Combo { fusion: *f, parallel: par_on, batch: false, default: false, threads: 0, spin_us: 0 }, *pred));
+            combos.push((Combo::raced(*f, par_on, false), *pred));
         }
     }
     if !gpu && let Some((f, pred)) = predicted.first() {
@@ -189,12 +194,12 @@ fn combinations_with_threads(o: &TuneOptions, predicted: &[(Fusion, f64)], gpu: 
         }
         counts.dedup();
         for n in counts {
-            combos.push((Combo { fusion: *f, parallel: par_on, batch: true, default: false, threads: n, spin_us: 0 }, *pred));
+            combos.push((Combo { threads: n, ..Combo::raced(*f, par_on, true) }, *pred));
         }
         // How long idle workers spin between kernels before parking: shorter
         // frees the cores sooner, longer never pays a wake-up inside a pass.
         for spin_us in SPIN_CHOICES_US {
-            combos.push((Combo { fusion: *f, parallel: par_on, batch: true, default: false, threads: 0, spin_us }, *pred));
+            combos.push((Combo { spin_us, ..Combo::raced(*f, par_on, true) }, *pred));
         }
     }
     combos
@@ -235,8 +240,7 @@ pub(crate) fn run(
         let mut opts = plan_options(o, c.fusion, c.parallel);
         opts.context = opts.context.max(o.prefill_tokens + E2E_DECODE_STEPS + 1);
         let mut e = builder.build(opts, selection_for(c, caps, &winners), c.batch)?;
-        e.set_cpu_threads(c.threads);
-        e.set_cpu_spin_us(c.spin_us);
+        e.set_cpu_pool(c.threads, c.spin_us);
         Ok(e)
     };
     let interleave = !gpu && weight_bytes.saturating_mul(2) < available_memory() / 5 * 2;

@@ -693,19 +693,7 @@ mod x86 {
 
         use super::super::XQ8;
         use super::h;
-
-        const K1: u32 = 0x3f3f3f3f;
-        const K2: u32 = 0x0f0f0f0f;
-        const K3: u32 = 0x03030303;
-
-        /// Q4_K's 12 packed bytes to 8 scales (bytes 0..8) and 8 minima (8..16),
-        /// ggml's `get_scale_min_k4` for all eight sub-blocks at once.
-        #[inline]
-        fn scales_mins(q: &[u8]) -> [u32; 4] {
-            let w = |i: usize| u32::from_le_bytes([q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]]);
-            let (u0, u1, u2) = (w(0), w(1), w(2));
-            [u0 & K1, (u2 & K2) | (((u0 >> 6) & K3) << 4), u1 & K1, ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4)]
-        }
+        use crate::kernels::quant::scales_mins_k4;
 
         /// Lanes `i` of a permute index: `base + i / per`.
         #[inline]
@@ -738,11 +726,11 @@ mod x86 {
             for b in 0..blocks {
                 let qb = &q[QB * b..QB * (b + 1)];
                 let (d, dmin) = (h(s[2 * b]), h(s[2 * b + 1]));
-                let sm = scales_mins(qb);
+                let sm = scales_mins_k4(qb);
                 // SAFETY: the block's 140 bytes, its 8 activation blocks (asserted above).
                 unsafe {
                     let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(sm.as_ptr() as *const __m128i)));
-                    let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(sm.as_ptr().add(2) as *const __m128i)));
+                    let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(sm.as_ptr().add(8) as *const __m128i)));
                     let xd = _mm256_loadu_ps(x.d.as_ptr().add(8 * b));
                     let f = _mm512_zextps256_ps512(_mm256_mul_ps(_mm256_mul_ps(sc, xd), _mm256_set1_ps(d)));
                     mins = _mm256_fmadd_ps(_mm256_mul_ps(mn, _mm256_set1_ps(dmin)), _mm256_loadu_ps(x.dsum.as_ptr().add(8 * b)), mins);

@@ -26,7 +26,7 @@ use super::XQ8;
 use super::qdot::{check_quant, unpack_fast};
 use super::{Isa, features};
 use crate::device::CpuCaps;
-use crate::kernels::quant::{GROUP, QFormat, QK, QView, Unpacked, scale_min_k4};
+use crate::kernels::quant::{GROUP, QFormat, QK, QView, Unpacked, scales_mins_k4};
 use crate::kernels::{DType, ParamSpec, Params, Problem, param};
 
 /// The parameters of the int8 GEMM kernels (`gemm_q_i8_cpu`, `gate_up_q_i8_cpu`).
@@ -226,9 +226,9 @@ fn unpack_block(isa: Isa, format: QFormat, q: &[u8], s: &[half::f16], vals: &mut
                     hi[l] = raw[l] >> 4;
                 }
             }
+            let sm = scales_mins_k4(q);
             for g in 0..8 {
-                let (k, m) = scale_min_k4(g, &q[..12]);
-                (sc[g], of[g]) = (d * k as f32, -dmin * m as f32);
+                (sc[g], of[g]) = (d * sm[g] as f32, -dmin * sm[8 + g] as f32);
             }
         }
         _ => {
@@ -266,28 +266,19 @@ unsafe fn transpose16x8(src: *const u8, stride: usize, dst: *mut u8) {
             let b = _mm256_loadu_si256(src.add((i + 8) * stride) as *const __m256i);
             _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
         });
-        let t = [
-            _mm512_unpacklo_epi32(z[0], z[1]),
-            _mm512_unpackhi_epi32(z[0], z[1]),
-            _mm512_unpacklo_epi32(z[2], z[3]),
-            _mm512_unpackhi_epi32(z[2], z[3]),
-            _mm512_unpacklo_epi32(z[4], z[5]),
-            _mm512_unpackhi_epi32(z[4], z[5]),
-            _mm512_unpacklo_epi32(z[6], z[7]),
-            _mm512_unpackhi_epi32(z[6], z[7]),
-        ];
+        // t[2p], t[2p + 1]: rows 2p and 2p + 1 interleaved by dwords (low, high
+        // pair of each 128-bit lane).
+        let t: [__m512i; 8] = std::array::from_fn(|i| {
+            let (a, b) = (z[i & !1], z[i | 1]);
+            if i % 2 == 0 { _mm512_unpacklo_epi32(a, b) } else { _mm512_unpackhi_epi32(a, b) }
+        });
         // u[c] (c < 4): columns c (low 128 of each half) and c + 4 (high) of rows
         // 0..4 | 8..12; u[c + 4] the same of rows 4..8 | 12..16.
-        let u = [
-            _mm512_unpacklo_epi64(t[0], t[2]),
-            _mm512_unpackhi_epi64(t[0], t[2]),
-            _mm512_unpacklo_epi64(t[1], t[3]),
-            _mm512_unpackhi_epi64(t[1], t[3]),
-            _mm512_unpacklo_epi64(t[4], t[6]),
-            _mm512_unpackhi_epi64(t[4], t[6]),
-            _mm512_unpacklo_epi64(t[5], t[7]),
-            _mm512_unpackhi_epi64(t[5], t[7]),
-        ];
+        let u: [__m512i; 8] = std::array::from_fn(|i| {
+            let (h, c) = (i / 4, i % 4);
+            let (a, b) = (t[4 * h + c / 2], t[4 * h + c / 2 + 2]);
+            if c % 2 == 0 { _mm512_unpacklo_epi64(a, b) } else { _mm512_unpackhi_epi64(a, b) }
+        });
         let lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
         let hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
         for c in 0..4 {

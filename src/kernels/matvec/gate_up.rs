@@ -362,13 +362,17 @@ fn run_gate_up_blocked(kd: &KernelDef, prob: &Problem, params: &Params, mut a: C
     Ok(())
 }
 
-fn check_q_panel(caps: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+/// The GEMM-style block-format kernels serve prefill: one token is refused with
+/// `why` (and sent to `gate_up_q_cpu`), else the `base` check decides.
+fn prefill_only(why: &str, prob: &Problem, base: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
     match *prob {
-        Problem::GateUp { rows, .. } if rows < 2 => {
-            Err("gate_up_q_panel_cpu dequantizes a weight panel for several tokens; one token uses gate_up_q_cpu".into())
-        }
-        _ => check_quant(caps, prob, dtype, params),
+        Problem::GateUp { rows, .. } if rows < 2 => Err(format!("{why}; one token uses gate_up_q_cpu")),
+        _ => base(),
     }
+}
+
+fn check_q_panel(caps: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    prefill_only("gate_up_q_panel_cpu dequantizes a weight panel for several tokens", prob, || check_quant(caps, prob, dtype, params))
 }
 
 /// Prefill over block formats as `gemm_q_panel_cpu` does a projection: per block of
@@ -416,10 +420,7 @@ fn run_gate_up_q_panel(kd: &KernelDef, prob: &Problem, params: &Params, mut a: C
 }
 
 fn check_q_i8(caps: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
-    match *prob {
-        Problem::GateUp { rows, .. } if rows < 2 => Err("gate_up_q_i8_cpu is a prefill GEMM; one token uses gate_up_q_cpu".into()),
-        _ => check_i8_gemm(caps, prob, dtype, params),
-    }
+    prefill_only("gate_up_q_i8_cpu is a prefill GEMM", prob, || check_i8_gemm(caps, prob, dtype, params))
 }
 
 /// Prefill over block formats with int8 activations: the tokens quantized once,

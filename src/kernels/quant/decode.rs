@@ -39,6 +39,23 @@ pub fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
     if j < 4 { (s[j] & 63, s[j + 4] & 63) } else { ((s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4)) }
 }
 
+/// All eight sub-blocks' [`scale_min_k4`] at once: the 6-bit scales in bytes
+/// 0..8, the minima in 8..16 (ggml's `utmp` unpacking, four 32-bit words).
+#[inline]
+pub fn scales_mins_k4(s: &[u8]) -> [u8; 16] {
+    const K1: u32 = 0x3f3f3f3f;
+    const K2: u32 = 0x0f0f0f0f;
+    const K3: u32 = 0x03030303;
+    let w = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (u0, u1, u2) = (w(0), w(1), w(2));
+    let words = [u0 & K1, (u2 & K2) | (((u0 >> 6) & K3) << 4), u1 & K1, ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4)];
+    let mut out = [0u8; 16];
+    for (o, w) in out.chunks_exact_mut(4).zip(words) {
+        o.copy_from_slice(&w.to_le_bytes());
+    }
+    out
+}
+
 /// The 16 signed 6-bit scales of a Q3_K block's 12 packed scale bytes.
 #[inline]
 pub fn scales_q3k(s: &[u8]) -> [i8; 16] {
@@ -197,6 +214,26 @@ pub fn dequantize_block(format: QFormat, q: &[u8], s: &[f16], out: &mut [f32]) {
         for (o, &v) in o.iter_mut().zip(v) {
             // Without an offset, `+ 0.0` would turn a -0.0 into +0.0.
             *o = if offset { sc * v as f32 + off } else { sc * v as f32 };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{scale_min_k4, scales_mins_k4};
+
+    #[test]
+    fn all_k4_scales_at_once_equal_them_one_by_one() {
+        let mut seed = 7u32;
+        for _ in 0..200 {
+            let s: [u8; 12] = std::array::from_fn(|_| {
+                seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
+                (seed >> 24) as u8
+            });
+            let all = scales_mins_k4(&s);
+            for j in 0..8 {
+                assert_eq!((all[j], all[8 + j]), scale_min_k4(j, &s), "sub-block {j} of {s:?}");
+            }
         }
     }
 }

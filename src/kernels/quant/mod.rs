@@ -18,7 +18,7 @@
 mod decode;
 mod encode;
 
-pub use decode::{GROUP, IQ4_LEVELS, Unpacked, dequantize_block, scale_min_k4, unpack, unpack_scales, unpack_vals};
+pub use decode::{GROUP, IQ4_LEVELS, Unpacked, dequantize_block, scale_min_k4, scales_mins_k4, unpack, unpack_scales, unpack_vals};
 pub use encode::quantize_block;
 
 use half::f16;
