@@ -312,3 +312,24 @@ fn cpu_spin_resolves_and_old_profiles_keep_the_default() {
         assert!(e.is_err(), "cpuSpinUs: {bad} accepted");
     }
 }
+
+/// The tuned prefetch distance of the int8 decode dots (`execution.cpuPrefetchBytes`)
+/// resolves and survives a write; absent (older profiles) it is None, the runtime's
+/// default; 0 (no prefetch) is a value of its own; past the largest distance, or
+/// not a whole number, it is refused with the field's name.
+#[test]
+fn cpu_prefetch_resolves_and_old_profiles_keep_the_default() {
+    assert_eq!(load_and_resolve(GOOD).1.prefetch, None, "no cpuPrefetchBytes: the default");
+    for v in [0u32, 4096] {
+        let (p, exec) = load_and_resolve(&GOOD.replace("execution:\n", &format!("execution:\n  cpuPrefetchBytes: {v}\n")));
+        assert_eq!(exec.prefetch, Some(v));
+        let again = Profile::from_str(&to_yaml(&p.doc).expect("yaml"), "g.yaml").expect("loads back");
+        assert_eq!(again.doc.execution.cpu_prefetch_bytes, Some(v));
+    }
+    let e = Profile::from_str(&GOOD.replace("execution:\n", "execution:\n  cpuPrefetchBytes: 1000000\n"), "f.yaml").expect_err("too far");
+    assert!(e.to_string().contains("cpuPrefetchBytes"), "{e}");
+    for bad in ["-5", "1.5", "far"] {
+        let e = Profile::from_str(&GOOD.replace("execution:\n", &format!("execution:\n  cpuPrefetchBytes: {bad}\n")), "f.yaml");
+        assert!(e.is_err(), "cpuPrefetchBytes: {bad} accepted");
+    }
+}

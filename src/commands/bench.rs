@@ -92,6 +92,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
             weight_dtype,
             threads: 0,
             spin_us: 0,
+            prefetch: None,
         };
         setups.push(("default".into(), Selection::runtime(caps.clone()), exec));
     }
@@ -119,7 +120,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
             parallel: exec.parallel,
         };
         let mut engine = build.build(opts, sel, exec.batch)?;
-        engine.set_cpu_pool(exec.threads, exec.spin_us);
+        engine.set_cpu_pool(exec.threads, exec.spin_us, exec.prefetch);
         engines.push((name, engine));
     }
 

@@ -173,7 +173,16 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         }
         None => (
             Selection::runtime(DeviceCaps::from(&device)),
-            ExecSettings { batch: !args.no_batch, fusion, parallel: Parallel::default(), kv_dtype, weight_dtype, threads: 0, spin_us: 0 },
+            ExecSettings {
+                batch: !args.no_batch,
+                fusion,
+                parallel: Parallel::default(),
+                kv_dtype,
+                weight_dtype,
+                threads: 0,
+                spin_us: 0,
+                prefetch: None,
+            },
         ),
     };
     let matrix_formats = session::matrix_formats(&m, exec.weight_dtype, weight_flag);
@@ -197,7 +206,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     // One engine: its weights need no memo to share them.
     let engines = Engines { model: &m.name, config: c, store, ctx, memo: None, check_decode: false };
     let mut engine = engines.build(opts, selection, batch)?;
-    engine.set_cpu_pool(exec.threads, exec.spin_us);
+    engine.set_cpu_pool(exec.threads, exec.spin_us, exec.prefetch);
     let weight_bytes = engine.plan.weight_bytes();
     // Prefill (timed; on a GPU the pass is also profiled per step).
     engine.profile_next();

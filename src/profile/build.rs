@@ -63,6 +63,7 @@ pub(crate) fn profile_doc(f: &Findings<'_>) -> ProfileDoc {
         weight_dtype: o.weight_dtype,
         threads: chosen.threads,
         spin_us: chosen.spin_us,
+        prefetch: chosen.prefetch,
     };
     let (execution, parallel) = exec.to_doc();
 

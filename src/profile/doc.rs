@@ -414,6 +414,11 @@ pub struct ExecutionDoc {
     /// pool's default, 2000).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cpu_spin_us: u32,
+    /// CPU: how far ahead (bytes) the int8 decode dots prefetch the weight rows
+    /// they stream (the tuned value; 0: no prefetch; absent: the runtime's
+    /// default, 2048; at most 65536).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_prefetch_bytes: Option<u32>,
 }
 
 fn is_zero(v: &u32) -> bool {
@@ -433,6 +438,7 @@ impl Default for ExecutionDoc {
             fused_norm_matmul: false,
             cpu_threads: 0,
             cpu_spin_us: 0,
+            cpu_prefetch_bytes: None,
         }
     }
 }

@@ -71,6 +71,9 @@ pub struct ExecSettings {
     /// CPU: how long idle pool workers spin before parking, µs (0: the pool's
     /// default).
     pub spin_us: u32,
+    /// CPU: the int8 decode dots' prefetch distance, bytes (None: the
+    /// runtime's default, `kernels::cpu::DEFAULT_PREFETCH`; 0: none).
+    pub prefetch: Option<u32>,
 }
 
 impl ExecSettings {
@@ -86,6 +89,7 @@ impl ExecSettings {
             fused_norm_matmul: self.fusion.norm_matmul,
             cpu_threads: self.threads as u32,
             cpu_spin_us: self.spin_us,
+            cpu_prefetch_bytes: self.prefetch,
         };
         let mut par = BTreeMap::new();
         for (name, members) in PARALLEL_GROUPS {
@@ -390,6 +394,17 @@ impl Profile {
                 return Err(at_err(o, members, format!("parallel group `{name}` must list exactly {}", want.join(", "))));
             }
         }
+        if let Some(b) = d.execution.cpu_prefetch_bytes
+            && b > crate::kernels::cpu::MAX_PREFETCH
+        {
+            return Err(ProfileError::Invalid {
+                path: o.into(),
+                message: format!(
+                    "execution.cpuPrefetchBytes {b} is past the largest prefetch distance, {}: give a value up to that (0 for none) or remove the field for the default",
+                    crate::kernels::cpu::MAX_PREFETCH
+                ),
+            });
+        }
         if d.scheduling.max_parallel_kernels == 0 {
             return Err(ProfileError::Invalid { path: o.into(), message: "scheduling.maxParallelKernels must be at least 1".into() });
         }
@@ -516,6 +531,7 @@ impl Profile {
             weight_dtype: e.weight_dtype.dtype(),
             threads: e.cpu_threads as usize,
             spin_us: e.cpu_spin_us,
+            prefetch: e.cpu_prefetch_bytes,
         };
         Ok((sel, exec, warnings))
     }

@@ -100,6 +100,7 @@ pub struct Engine {
     cpu_threads: usize,
     /// CPU: idle spin of the pool's workers, µs (0: the pool's default).
     cpu_spin_us: u32,
+    cpu_prefetch: Option<u32>,
 }
 
 /// Concatenates `parts` (each row-major with the same column count) along rows.
@@ -228,16 +229,20 @@ impl Engine {
             logits: Vec::new(),
             cpu_threads: 0,
             cpu_spin_us: 0,
+            cpu_prefetch: None,
         })
     }
 
     /// CPU: run this engine's passes on `threads` of the kernels' pool (0: all;
     /// more than the pool has: all), its idle workers spinning `spin_us` µs
-    /// before they park (0: the pool's default, 2 ms). Set per engine, applied at
-    /// each pass, so engines of different profiles in one process keep their own.
-    pub fn set_cpu_pool(&mut self, threads: usize, spin_us: u32) {
+    /// before they park (0: the pool's default, 2 ms), its int8 decode dots
+    /// prefetching `prefetch` bytes ahead (None: the default). Set per engine,
+    /// applied at each pass, so engines of different profiles in one process keep
+    /// their own.
+    pub fn set_cpu_pool(&mut self, threads: usize, spin_us: u32, prefetch: Option<u32>) {
         self.cpu_threads = threads;
         self.cpu_spin_us = spin_us;
+        self.cpu_prefetch = prefetch;
     }
 
     /// The compiled steps' warnings (explicit choices that fell back to the
@@ -368,6 +373,7 @@ impl Engine {
                 } else {
                     std::time::Duration::from_micros(self.cpu_spin_us as u64)
                 });
+                crate::kernels::cpu::set_prefetch_bytes(self.cpu_prefetch.unwrap_or(crate::kernels::cpu::DEFAULT_PREFETCH));
                 e.write(x0, &self.x)?;
                 // The kernels' parallel loops run on the persistent spinning pool
                 // (kernels::cpu::pool), whose caller is this thread.

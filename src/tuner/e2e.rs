@@ -23,6 +23,10 @@ pub(crate) const E2E_DECODE_STEPS: usize = 8;
 /// (2 ms) for the best predicted combination on a CPU.
 pub(crate) const SPIN_CHOICES_US: [u32; 2] = [100, 20_000];
 
+/// The prefetch distances (bytes; 0: none) of the int8 decode dots the
+/// end-to-end stage tries beside the runtime's default (2048) on a CPU.
+pub(crate) const PREFETCH_CHOICES: [u32; 3] = [0, 1024, 4096];
+
 /// The end-to-end combination space.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Combo {
@@ -36,13 +40,16 @@ pub(crate) struct Combo {
     /// CPU: how long idle pool workers spin before they park, µs (0: the pool's
     /// default, 2 ms).
     pub spin_us: u32,
+    /// CPU: the int8 decode dots' prefetch distance, bytes (None: the runtime's
+    /// default).
+    pub prefetch: Option<u32>,
 }
 
 impl Combo {
     /// A combination of the race winners with these switches, on all threads
     /// with the pool's default spin.
     fn raced(fusion: Fusion, parallel: Parallel, batch: bool) -> Combo {
-        Combo { fusion, parallel, batch, default: false, threads: 0, spin_us: 0 }
+        Combo { fusion, parallel, batch, default: false, threads: 0, spin_us: 0, prefetch: None }
     }
 
     pub fn label(&self) -> String {
@@ -70,6 +77,9 @@ impl Combo {
         }
         if self.spin_us > 0 {
             s.push_str(&format!(" spin {} us", self.spin_us));
+        }
+        if let Some(p) = self.prefetch {
+            s.push_str(&format!(" prefetch {p} B"));
         }
         s
     }
@@ -181,6 +191,15 @@ fn combinations_with_threads(o: &TuneOptions, predicted: &[(Fusion, f64)], gpu: 
             }
         }
     }
+    // The raced kernels with every fusion this model has, as the runtime's default
+    // fuses: the races time kernels on warm caches, where a fusion that saves a
+    // pass over the activations or a second norm looks worth less than it is.
+    if !exhaustive_e2e
+        && let Some((f, pred)) = predicted.iter().max_by_key(|(f, _)| fused_count(*f))
+        && !predicted.iter().take(top).any(|(g, _)| g == f)
+    {
+        combos.push((Combo::raced(*f, par_on, true), *pred));
+    }
     if !exhaustive_e2e && let Some((f, pred)) = predicted.first() {
         combos.push((Combo::raced(*f, par_off, true), *pred));
         if gpu {
@@ -201,8 +220,40 @@ fn combinations_with_threads(o: &TuneOptions, predicted: &[(Fusion, f64)], gpu: 
         for spin_us in SPIN_CHOICES_US {
             combos.push((Combo { spin_us, ..Combo::raced(*f, par_on, true) }, *pred));
         }
+        // How far ahead the decode dots prefetch the weight rows they stream:
+        // what hides the memory latency best depends on the memory system.
+        for p in PREFETCH_CHOICES {
+            combos.push((Combo { prefetch: Some(p), ..Combo::raced(*f, par_on, true) }, *pred));
+        }
     }
     combos
+}
+
+/// How many fusions `f` turns on.
+fn fused_count(f: Fusion) -> usize {
+    [f.qkv, f.gate_up, f.qk_norm_rope, f.residual_norm, f.norm_matmul].iter().filter(|&&on| on).count()
+}
+
+/// A relative gain a combination must show over the runtime's default, as the
+/// median of their per-round ratios, to be chosen instead of it (a profile is only
+/// worth its differences, and on a shared or throttling machine a run of lucky
+/// rounds is worth less than that).
+const DEFAULT_MARGIN: f64 = 0.02;
+
+/// The combination to keep when every round timed each one once (interleaved):
+/// each one's per-round ratios to the default (index 0; a machine-wide slowdown
+/// during one round cancels), the lowest median ratio wins, and the default stays
+/// unless that median beats it by [`DEFAULT_MARGIN`]. None when the default has no
+/// samples (the caller then compares medians).
+fn pick_paired(scores: &[Vec<f64>]) -> Option<usize> {
+    let base = scores.first().filter(|s| !s.is_empty())?;
+    let ratio = |s: &Vec<f64>| -> f64 {
+        let r: Vec<f64> = s.iter().zip(base).map(|(a, b)| a / b).collect();
+        if r.is_empty() { f64::INFINITY } else { summarize(&r).median }
+    };
+    let ratios: Vec<f64> = scores.iter().map(ratio).collect();
+    let best = (1..scores.len()).min_by(|&a, &b| ratios[a].total_cmp(&ratios[b]))?;
+    Some(if ratios[best] < 1.0 - DEFAULT_MARGIN { best } else { 0 })
 }
 
 /// Times the combinations until `deadline` and picks the best.
@@ -240,7 +291,7 @@ pub(crate) fn run(
         let mut opts = plan_options(o, c.fusion, c.parallel);
         opts.context = opts.context.max(o.prefill_tokens + E2E_DECODE_STEPS + 1);
         let mut e = builder.build(opts, selection_for(c, caps, &winners), c.batch)?;
-        e.set_cpu_pool(c.threads, c.spin_us);
+        e.set_cpu_pool(c.threads, c.spin_us, c.prefetch);
         Ok(e)
     };
     let interleave = !gpu && weight_bytes.saturating_mul(2) < available_memory() / 5 * 2;
@@ -361,8 +412,45 @@ pub(crate) fn run(
         summarize(&s)
     };
     let scores: Vec<Stats> = (0..combos.len()).map(|i| if errors[i].is_some() { Stats::default() } else { score(i) }).collect();
-    let Some(best) = pick(&scores, TIE) else {
+    let paired = if interleave && errors[0].is_none() {
+        let per_round = |i: usize| -> Vec<f64> {
+            if errors[i].is_some() {
+                return Vec::new();
+            }
+            let (p, d) = &samples[i];
+            p.iter().zip(d).map(|(p, d)| p + o.decode_tokens as f64 * d).collect()
+        };
+        pick_paired(&(0..combos.len()).map(per_round).collect::<Vec<_>>())
+    } else {
+        None
+    };
+    let Some(best) = paired.or_else(|| pick(&scores, TIE)) else {
         return Err(TuneError::Invalid("no combination ran end to end; see the notes above".into()));
     };
     Ok(EndToEnd { combos, samples, best, winners })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rounds whose speed swings by ±25% together for every combination: a
+    /// combination 10% faster in every round wins, one that merely had its fast
+    /// rounds where the default had slow ones does not, and a gain under the
+    /// margin leaves the default.
+    #[test]
+    fn paired_ratios_pick_a_steady_gain_and_keep_the_default_otherwise() {
+        let machine = [1.0, 1.25, 0.8, 1.2, 0.75];
+        let default: Vec<f64> = machine.to_vec();
+        let steady: Vec<f64> = machine.iter().map(|m| 0.9 * m).collect();
+        // Lower median than the default's (0.95 < 1.0), but in each round as slow or slower.
+        let lucky = vec![1.0, 1.3, 0.95, 1.2, 0.8];
+        assert_eq!(pick_paired(&[default.clone(), lucky.clone(), steady.clone()]), Some(2));
+        assert_eq!(pick_paired(&[default.clone(), lucky.clone()]), Some(0), "no steady gain: the default stays");
+        let slight: Vec<f64> = machine.iter().map(|m| 0.99 * m).collect();
+        assert_eq!(pick_paired(&[default.clone(), slight]), Some(0), "1% is within the margin");
+        // A combination stopped after three rounds is compared over those rounds.
+        assert_eq!(pick_paired(&[default, steady[..3].to_vec()]), Some(1));
+        assert_eq!(pick_paired(&[Vec::new(), vec![1.0]]), None, "no default samples: medians decide");
+    }
 }

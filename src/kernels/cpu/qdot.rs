@@ -591,7 +591,10 @@ mod x86 {
                             // conversion and multiplied by the activation scales in one vector
                             // (Q4_1: the minima times Σx accumulate as a vector too), then each
                             // block's integer dot scaled by a broadcast from `comb`.
+                            let pf = crate::kernels::cpu::prefetch_bytes();
+                            let qb8 = 8 * format.quant_bytes();
                             while b + 8 <= blocks {
+                                prefetch(q.as_ptr().wrapping_add(b * format.quant_bytes()), pf, qb8);
                                 scales8(format, sp, xd, xs, b, &mut comb, &mut mins);
                                 let mut j = 0;
                                 while j < 8 {
@@ -642,7 +645,12 @@ mod x86 {
                         unsafe {
                             // Eight blocks a step, as in `dot_i8`; each activation block is
                             // loaded once for the four rows.
+                            let pf = crate::kernels::cpu::prefetch_bytes();
+                            let qb8 = 8 * format.quant_bytes();
                             while b + 8 <= blocks {
+                                for qr in &q {
+                                    prefetch(qr.as_ptr().wrapping_add(b * format.quant_bytes()), pf, qb8);
+                                }
                                 for r in 0..4 {
                                     scales8(format, s[r].as_ptr() as *const __m128i, xd, xs, b, &mut comb[r], &mut mins[r]);
                                 }
@@ -723,8 +731,10 @@ mod x86 {
             let idx = [spread(0, 8), spread(2, 8), spread(4, 8), spread(6, 8)];
             let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
             let mut mins = _mm256_setzero_ps();
+            let pf = crate::kernels::cpu::prefetch_bytes();
             for b in 0..blocks {
                 let qb = &q[QB * b..QB * (b + 1)];
+                super::prefetch(qb.as_ptr(), pf, QB);
                 let (d, dmin) = (h(s[2 * b]), h(s[2 * b + 1]));
                 let sm = scales_mins_k4(qb);
                 // SAFETY: the block's 140 bytes, its 8 activation blocks (asserted above).
@@ -772,8 +782,10 @@ mod x86 {
             let sh_b = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(6));
             let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
             let mut off = _mm512_setzero_ps();
+            let pf = crate::kernels::cpu::prefetch_bytes();
             for b in 0..blocks {
                 let qb = &q[QB * b..QB * (b + 1)];
+                super::prefetch(qb.as_ptr(), pf, QB);
                 let d = h(s[b]);
                 // SAFETY: the block's 208 bytes, its 8 activation blocks (asserted above).
                 unsafe {
@@ -800,6 +812,24 @@ mod x86 {
                 }
             }
             _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) - 32.0 * _mm512_reduce_add_ps(off)
+        }
+    }
+
+    /// Prefetches into L1 the `len` bytes `ahead` bytes past `p`, a line at a
+    /// time (none when `ahead` is 0). The address may lie past the end of the
+    /// row or of the allocation: a prefetch never faults, and a task's next row
+    /// follows its current one.
+    #[inline]
+    #[target_feature(enable = "sse")]
+    fn prefetch(p: *const u8, ahead: usize, len: usize) {
+        if ahead == 0 {
+            return;
+        }
+        let p = p.wrapping_add(ahead);
+        let mut o = 0;
+        while o < len {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o) as *const i8);
+            o += 64;
         }
     }
 
