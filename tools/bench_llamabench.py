@@ -14,7 +14,7 @@ bound. Standard library only.
     python3 tools/bench_llamabench.py --files target/real/SmolLM2-135M-Instruct.Q4_1.gguf --rounds 3
 
 Per file:
- 1. A tuned profile: `ktune tune --device cpu --gguf FILE` (cached; --tune-budget,
+ 1. A tuned profile: `ktune tune --device cpu --gguf FILE --force` (tuned anew; --tune-budget,
     prefill/decode shaped like the benchmark's request). --no-tune measures the
     runtime default only.
  2. --rounds rounds, alternating: `llama-bench -m FILE -t THREADS -p P -n N -r 1
@@ -134,7 +134,8 @@ def main():
         print(f"== {name}", file=sys.stderr)
         profile, gbps = None, None
         if not a.no_tune:
-            t = json.loads(run([a.ktune, "tune", "--device", "cpu", "--gguf", f, "--budget", a.tune_budget, "--prefill-tokens", a.prompt, "--format", "json"]))
+            # --force: a profile cached by an older build would not measure this one.
+            t = json.loads(run([a.ktune, "tune", "--device", "cpu", "--gguf", f, "--budget", a.tune_budget, "--prefill-tokens", a.prompt, "--force", "--format", "json"]))
             profile = t["path"]
             m = re.search(r"read_gbps:\s*([0-9.eE+-]+)", Path(profile).read_text())
             gbps = float(m.group(1)) if m else None

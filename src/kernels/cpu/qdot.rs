@@ -11,7 +11,7 @@ use std::cell::RefCell;
 use super::dot::dot_f32;
 use super::{Isa, with_scratch};
 use crate::device::CpuCaps;
-use crate::kernels::quant::{GROUP, QFormat, QK, QView, Unpacked, dequantize_block, unpack};
+use crate::kernels::quant::{GROUP, QFormat, QK, QK_K, QView, Unpacked, dequantize_block, unpack};
 use crate::kernels::wgsl::check_blocks;
 use crate::kernels::{CpuIn, DType, KernelError, ParamSpec, Params, Problem, param};
 
@@ -106,6 +106,11 @@ pub struct XQ8 {
     /// `d * Σ q` per 16 elements (two per block): the offset terms of the formats
     /// whose minimum changes every 16 elements (Q2_K) or 32.
     pub dsum16: Vec<f32>,
+    /// One scale for each 256 elements (llama.cpp's q8_K activations, what its
+    /// K-quant dots take): `d` repeats over the 8 blocks of a super-block, so
+    /// every block loop stays right, and the K-quant dots sum whole super-blocks
+    /// in integers before one conversion.
+    pub per256: bool,
 }
 
 /// The buffers of a dropped [`XQ8`], kept for the next one (no `Drop` of its own).
@@ -157,11 +162,22 @@ impl Drop for XQ8 {
 }
 
 impl XQ8 {
+    /// `x` as int8 blocks of 32, each with its own scale.
     pub fn quantize(x: &[f32]) -> XQ8 {
+        XQ8::quantize_as(x, false)
+    }
+
+    /// `x` as int8 codes with one scale per 256 elements (when `x` holds whole
+    /// super-blocks; else as [`XQ8::quantize`]).
+    pub fn quantize_k(x: &[f32]) -> XQ8 {
+        XQ8::quantize_as(x, x.len().is_multiple_of(QK_K))
+    }
+
+    fn quantize_as(x: &[f32], per256: bool) -> XQ8 {
         let blocks = x.len() / QK;
         let SpareXq8(q, d, dsum, dsum16) =
             SPARE_XQ8.take(|s| s.fits(x.len()), |s| s.0.capacity()).unwrap_or(SpareXq8(Vec::new(), Vec::new(), Vec::new(), Vec::new()));
-        let mut out = XQ8 { q, d, dsum, dsum16 };
+        let mut out = XQ8 { q, d, dsum, dsum16, per256 };
         out.q.clear();
         out.q.resize(blocks * QK, 0);
         for (v, n) in [(&mut out.d, blocks), (&mut out.dsum, blocks), (&mut out.dsum16, 2 * blocks)] {
@@ -170,17 +186,23 @@ impl XQ8 {
         }
         #[cfg(target_arch = "x86_64")]
         let simd = Isa::best().avx2();
+        let mut shared = 0f32;
         for (b, xb) in x.chunks_exact(QK).enumerate() {
             let qb = &mut out.q[b * QK..(b + 1) * QK];
+            // The super-block's largest magnitude, once per 8 blocks.
+            if per256 && b % 8 == 0 {
+                shared = x[b * QK..(b + 8) * QK].iter().fold(0f32, |m, v| m.max(v.abs()));
+            }
+            let amax = if per256 { Some(shared) } else { None };
             #[cfg(target_arch = "x86_64")]
             let (d, s) = if simd {
                 // SAFETY: AVX2 checked; 32 values in, 32 codes out.
-                unsafe { x86::quantize_block(xb, qb) }
+                unsafe { x86::quantize_block(xb, qb, amax) }
             } else {
-                quantize_block(xb, qb)
+                quantize_block(xb, qb, amax)
             };
             #[cfg(not(target_arch = "x86_64"))]
-            let (d, s) = quantize_block(xb, qb);
+            let (d, s) = quantize_block(xb, qb, amax);
             out.d[b] = d;
             out.dsum[b] = d * (s[0] + s[1]) as f32;
             out.dsum16[2 * b] = d * s[0] as f32;
@@ -192,9 +214,10 @@ impl XQ8 {
 
 /// One block of 32 activations to int8 codes (`d = max|x| / 127`, codes rounded
 /// to nearest, ties to even, as the SIMD conversion does): the scale and the
-/// codes' sums over each half.
-fn quantize_block(xb: &[f32], q: &mut [i8]) -> (f32, [i32; 2]) {
-    let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+/// codes' sums over each half. `amax`: the largest magnitude of a wider group
+/// the scale is shared with (else the block's own).
+fn quantize_block(xb: &[f32], q: &mut [i8], amax: Option<f32>) -> (f32, [i32; 2]) {
+    let amax = amax.unwrap_or_else(|| xb.iter().fold(0f32, |m, v| m.max(v.abs())));
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut s = [0i32; 2];
@@ -217,6 +240,12 @@ pub fn dot_q_i8(isa: Isa, x: &XQ8, w: QView<'_>) -> f32 {
             // SAFETY: `isa.avx2()` checked AVX2, FMA and F16C; `x` holds `blocks` blocks.
             return unsafe {
                 match (direct_i8(w.format), isa.vnni()) {
+                    // One activation scale per super-block: whole super-blocks summed
+                    // in integers (llama.cpp's q4_K x q8_K).
+                    (false, true) if x.per256 && w.format == QFormat::Q4_K => x86::kq8_vnni::dot_q4k(w.quants, w.scales, x),
+                    (false, true) if x.per256 && w.format == QFormat::Q6_K => x86::kq8_vnni::dot_q6k(w.quants, w.scales, x),
+                    (false, false) if x.per256 && w.format == QFormat::Q4_K => x86::kq8_avx2::dot_q4k(w.quants, w.scales, x),
+                    (false, false) if x.per256 && w.format == QFormat::Q6_K => x86::kq8_avx2::dot_q6k(w.quants, w.scales, x),
                     // SAFETY (vnni): `isa.vnni()` checked AVX-512F/BW/VL/VNNI too.
                     (true, true) => x86::vnni::dot_i8(w.format, w.quants, w.scales, x),
                     (false, true) if w.format == QFormat::Q4_K => x86::kq::dot_q4k(w.quants, w.scales, x),
@@ -243,6 +272,18 @@ pub fn dot_q_i8(isa: Isa, x: &XQ8, w: QView<'_>) -> f32 {
     s
 }
 
+/// Whether int8 dots with `format` weights take activations with one scale per
+/// 256 ([`XQ8::quantize_k`]): Q4_K and Q6_K on a CPU with AVX2.
+pub fn per256_dots(format: QFormat) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return matches!(format, QFormat::Q4_K | QFormat::Q6_K) && Isa::best().avx2();
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = format;
+        false
+    }
+}
+
 /// A decode activation vector as a kernel's `act_bits` asks: f32, or int8 blocks.
 pub enum ActVec<'a> {
     F32(&'a [f32]),
@@ -250,8 +291,15 @@ pub enum ActVec<'a> {
 }
 
 impl<'a> ActVec<'a> {
-    pub fn new(x: &'a [f32], params: &Params) -> Result<ActVec<'a>, KernelError> {
-        Ok(if param(params, "act_bits")? == 8 { ActVec::I8(XQ8::quantize(x)) } else { ActVec::F32(x) })
+    /// `x` for dots with weights of `format`: with `act_bits 8`, int8 blocks, with
+    /// one scale per super-block for the K-quants whose dots sum super-blocks in
+    /// integers on x86 (as llama.cpp quantizes their activations, q8_K).
+    pub fn new(x: &'a [f32], params: &Params, format: QFormat) -> Result<ActVec<'a>, KernelError> {
+        Ok(if param(params, "act_bits")? == 8 {
+            ActVec::I8(if per256_dots(format) { XQ8::quantize_k(x) } else { XQ8::quantize(x) })
+        } else {
+            ActVec::F32(x)
+        })
     }
     #[inline]
     pub fn dot(&self, isa: Isa, w: QView<'_>) -> f32 {
@@ -297,7 +345,7 @@ impl<'a> ActVec<'a> {
 /// Portable block-by-block dot product.
 pub fn dot_q_scalar(x: &[f32], w: QView<'_>) -> f32 {
     let be = w.format.block_elems();
-    let mut tmp = [0f32; crate::kernels::quant::QK_K];
+    let mut tmp = [0f32; QK_K];
     let mut s = 0f32;
     for b in 0..w.blocks() {
         let (q, sc) = w.block(b);
@@ -815,6 +863,162 @@ mod x86 {
         }
     }
 
+    /// `acc + Σ pairs a·b` of 16-bit lanes into 32-bit ones: `vpmaddwd` + add.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn dpw_avx2(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
+    }
+
+    /// [`dpw_avx2`] in one VNNI `vpdpwssd`.
+    #[inline]
+    #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+    fn dpw_vnni(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        _mm256_dpwssd_epi32(acc, a, b)
+    }
+
+    /// The K-quant dots against activations with one scale per super-block
+    /// ([`XQ8::per256`](super::XQ8)), as llama.cpp's q4_K/q6_K x q8_K: the codes
+    /// times the int8 activations by `maddubs` (pairs into 16 bits), times the
+    /// sub-block scales into 32-bit lanes by `$dpw`, a whole super-block summed in
+    /// integers, then one conversion and one multiply by `d · d_x`. The offsets
+    /// (Q4_K's minima, Q6_K's -32) go through the activation sums in f32.
+    macro_rules! kq8_loops {
+        ($name:ident, $feat:literal, $dpw:ident) => {
+            pub mod $name {
+                use std::arch::x86_64::*;
+
+                use half::f16;
+
+                use super::super::XQ8;
+                use super::{h, hsum, prefetch, $dpw};
+                use crate::kernels::quant::scales_mins_k4;
+
+                /// `vpshufb` masks that broadcast 16-bit lane `i` (of each 128-bit half).
+                #[inline]
+                #[target_feature(enable = "avx2")]
+                fn lane16(lo: u8, hi: u8) -> __m256i {
+                    let (a, b) = ((2 * lo) as i8, (2 * hi) as i8);
+                    let l = _mm_set1_epi16(i16::from_le_bytes([a as u8, (a + 1) as u8]));
+                    let r = _mm_set1_epi16(i16::from_le_bytes([b as u8, (b + 1) as u8]));
+                    _mm256_set_m128i(r, l)
+                }
+
+                /// `Σ x[i] * w[i]` of one Q4_K row (`q`: 140-byte blocks, i.e. the
+                /// 144-byte blocks less d and dmin; `s`: d, dmin per block).
+                ///
+                /// # Safety
+                /// The features of `$feat` available; `x` has one scale per 256
+                /// (`per256`) and 8 blocks of 32 per block of `q`.
+                #[target_feature(enable = $feat)]
+                pub unsafe fn dot_q4k(q: &[u8], s: &[f16], x: &XQ8) -> f32 {
+                    const QB: usize = 140;
+                    let blocks = q.len() / QB;
+                    assert!(s.len() >= 2 * blocks && x.d.len() >= 8 * blocks && x.q.len() >= 256 * blocks && x.dsum.len() >= 8 * blocks);
+                    let m4 = _mm256_set1_epi8(0x0f);
+                    // Sub-block j's scale over all 16 lanes.
+                    let pick: [__m256i; 8] = std::array::from_fn(|j| lane16(j as u8, j as u8));
+                    let (mut acc, mut mins) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                    let pf = crate::kernels::cpu::prefetch_bytes();
+                    for b in 0..blocks {
+                        let qb = &q[QB * b..QB * (b + 1)];
+                        prefetch(qb.as_ptr(), pf, QB);
+                        let (d, dmin) = (h(s[2 * b]), h(s[2 * b + 1]));
+                        let sm = scales_mins_k4(qb);
+                        // SAFETY: the block's 140 bytes and its 256 activations (asserted above).
+                        unsafe {
+                            let sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64(sm.as_ptr() as *const __m128i)));
+                            let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(sm.as_ptr().add(8) as *const __m128i)));
+                            mins =
+                                _mm256_fmadd_ps(_mm256_mul_ps(mn, _mm256_set1_ps(dmin)), _mm256_loadu_ps(x.dsum.as_ptr().add(8 * b)), mins);
+                            let xq = x.q.as_ptr().add(256 * b);
+                            let mut ai = _mm256_setzero_si256();
+                            for jj in 0..4 {
+                                // 32 bytes: sub-block 2jj in the low nibbles, 2jj + 1 in the high.
+                                let raw = _mm256_loadu_si256(qb.as_ptr().add(12 + 32 * jj) as *const __m256i);
+                                let lo = _mm256_and_si256(raw, m4);
+                                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4);
+                                let p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(xq.add(64 * jj) as *const __m256i));
+                                let p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256(xq.add(64 * jj + 32) as *const __m256i));
+                                ai = $dpw(ai, p0, _mm256_shuffle_epi8(sc, pick[2 * jj]));
+                                ai = $dpw(ai, p1, _mm256_shuffle_epi8(sc, pick[2 * jj + 1]));
+                            }
+                            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ai), _mm256_set1_ps(d * x.d[8 * b]), acc);
+                        }
+                    }
+                    hsum(acc) - hsum(mins)
+                }
+
+                /// `Σ x[i] * w[i]` of one Q6_K row (`q`: 208-byte blocks less their f16
+                /// scale: ql, qh, 16 int8 scales; `s`: d per block). Codes 0..63
+                /// unsigned; the -32 enters as `-32 d sc Σx` per 16 elements.
+                ///
+                /// # Safety
+                /// As [`dot_q4k`].
+                #[target_feature(enable = $feat)]
+                pub unsafe fn dot_q6k(q: &[u8], s: &[f16], x: &XQ8) -> f32 {
+                    const QB: usize = 208;
+                    let blocks = q.len() / QB;
+                    assert!(s.len() >= blocks && x.d.len() >= 8 * blocks && x.q.len() >= 256 * blocks && x.dsum16.len() >= 16 * blocks);
+                    let (m4, m3) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
+                    // The k-th 32 elements of a half take scales 2k (first 16) and 2k + 1.
+                    let pick: [__m256i; 4] = std::array::from_fn(|k| lane16(2 * k as u8, 2 * k as u8 + 1));
+                    let (mut acc, mut off) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                    let pf = crate::kernels::cpu::prefetch_bytes();
+                    for b in 0..blocks {
+                        let qb = &q[QB * b..QB * (b + 1)];
+                        prefetch(qb.as_ptr(), pf, QB);
+                        let d = h(s[b]);
+                        // SAFETY: the block's 208 bytes and its 256 activations (asserted above).
+                        unsafe {
+                            let sc8 = _mm_loadu_si128(qb.as_ptr().add(192) as *const __m128i);
+                            let dv = _mm256_set1_ps(d);
+                            let scf0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), dv);
+                            let scf1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc8))), dv);
+                            let ds = x.dsum16.as_ptr().add(16 * b);
+                            off = _mm256_fmadd_ps(scf0, _mm256_loadu_ps(ds), off);
+                            off = _mm256_fmadd_ps(scf1, _mm256_loadu_ps(ds.add(8)), off);
+                            let xq = x.q.as_ptr().add(256 * b);
+                            let mut ai = _mm256_setzero_si256();
+                            for half in 0..2 {
+                                // This half's 8 scales as 16-bit lanes, in both 128-bit halves.
+                                let sc =
+                                    _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(if half == 0 { sc8 } else { _mm_srli_si128::<8>(sc8) }));
+                                let ql0 = _mm256_loadu_si256(qb.as_ptr().add(64 * half) as *const __m256i);
+                                let ql1 = _mm256_loadu_si256(qb.as_ptr().add(64 * half + 32) as *const __m256i);
+                                let qh = _mm256_loadu_si256(qb.as_ptr().add(128 + 32 * half) as *const __m256i);
+                                let v = [
+                                    _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m3))),
+                                    _mm256_or_si256(
+                                        _mm256_and_si256(ql1, m4),
+                                        _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<2>(qh), m3)),
+                                    ),
+                                    _mm256_or_si256(
+                                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                                        _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<4>(qh), m3)),
+                                    ),
+                                    _mm256_or_si256(
+                                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                                        _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srli_epi16::<6>(qh), m3)),
+                                    ),
+                                ];
+                                for (k, vk) in v.into_iter().enumerate() {
+                                    let p = _mm256_maddubs_epi16(vk, _mm256_loadu_si256(xq.add(128 * half + 32 * k) as *const __m256i));
+                                    ai = $dpw(ai, p, _mm256_shuffle_epi8(sc, pick[k]));
+                                }
+                            }
+                            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ai), _mm256_set1_ps(d * x.d[8 * b]), acc);
+                        }
+                    }
+                    hsum(acc) - 32.0 * hsum(off)
+                }
+            }
+        };
+    }
+
+    kq8_loops!(kq8_avx2, "avx2,fma,f16c", dpw_avx2);
+    kq8_loops!(kq8_vnni, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", dpw_vnni);
+
     /// Prefetches into L1 the `len` bytes `ahead` bytes past `p`, a line at a
     /// time (none when `ahead` is 0). The address may lie past the end of the
     /// row or of the allocation: a prefetch never faults, and a task's next row
@@ -860,7 +1064,7 @@ mod x86 {
     /// # Safety
     /// AVX2 available; `xb` and `q` hold 32 values.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn quantize_block(xb: &[f32], q: &mut [i8]) -> (f32, [i32; 2]) {
+    pub unsafe fn quantize_block(xb: &[f32], q: &mut [i8], amax: Option<f32>) -> (f32, [i32; 2]) {
         assert!(xb.len() >= 32 && q.len() >= 32);
         // SAFETY: 32 readable floats and 32 writable bytes (asserted).
         unsafe {
@@ -873,7 +1077,7 @@ mod x86 {
             );
             let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
             let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-            let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+            let amax = amax.unwrap_or_else(|| _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2))));
             let d = amax / 127.0;
             let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
             let i = v.map(|x| _mm256_cvtps_epi32(_mm256_mul_ps(x, id)));
@@ -1363,11 +1567,11 @@ mod tests {
         blocks.push(vec![0.0; 32]);
         for (n, xb) in blocks.iter().enumerate() {
             let (mut a, mut b) = ([0i8; 32], [0i8; 32]);
-            let want = quantize_block(xb, &mut a);
+            let want = quantize_block(xb, &mut a, None);
             #[cfg(target_arch = "x86_64")]
             if Isa::best().avx2() {
                 // SAFETY: AVX2 checked.
-                let got = unsafe { x86::quantize_block(xb, &mut b) };
+                let got = unsafe { x86::quantize_block(xb, &mut b, None) };
                 assert_eq!((got, b), (want, a), "block {n}");
             }
             let _ = &mut b;
@@ -1423,31 +1627,56 @@ mod tests {
                 assert!((v - s).abs() <= 1e-4 * (1.0 + s.abs()), "{f} row {r}: vnni {v} scalar {s}");
             }
         }
+        // The K-quant dots on one scale per super-block: vpdpwssd against madd + add.
+        let k = 256 * 3;
+        let x = data(k, 11);
+        let xk = XQ8::quantize_k(&x);
+        for f in [QFormat::Q4_K, QFormat::Q6_K] {
+            let m = QMatrix::quantize(f, 4, k, &data(4 * k, 12)).unwrap();
+            for r in 0..4 {
+                let v = dot_q_i8(Isa::best(), &xk, qrow(m.view(), r, k));
+                let a = dot_q_i8(Isa::Simd256, &xk, qrow(m.view(), r, k));
+                assert_eq!(v.to_bits(), a.to_bits(), "{f} row {r} (per 256): vnni {v} avx2 {a}");
+            }
+        }
     }
 
     #[test]
     fn int8_activation_dots_agree_scalar_simd_and_stay_close() {
         let (rows, k) = (6, 256 * 2);
         let x = data(k, 5);
-        let xq = XQ8::quantize(&x);
+        // Both activation forms: a scale per 32, and one per 256 (q8_K: what the
+        // K-quant dots sum in integers), each against the portable loop.
+        for (xq, what) in [(XQ8::quantize(&x), "per 32"), (XQ8::quantize_k(&x), "per 256")] {
+            activation_dots_close(&x, &xq, rows, k, what);
+        }
+        let xk = XQ8::quantize_k(&x);
+        assert!(xk.per256 && xk.d.chunks(8).all(|c| c.iter().all(|&d| d == c[0])), "one scale per super-block");
+        // The shared scale is the super-block's largest magnitude over 127.
+        let amax = x[..256].iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert_eq!(xk.d[0], amax / 127.0);
+    }
+
+    fn activation_dots_close(x: &[f32], xq: &XQ8, rows: usize, k: usize, what: &str) {
         for f in QFormat::ALL {
             let m = QMatrix::quantize(f, rows, k, &data(rows * k, 6)).unwrap();
             let deq = m.dequantize();
             for r in 0..rows {
                 let exact: f64 = (0..k).map(|i| x[i] as f64 * deq[r * k + i] as f64).sum();
                 let norm: f64 = (0..k).map(|i| (x[i] as f64 * deq[r * k + i] as f64).abs()).sum();
-                let s = dot_q_i8(Isa::Scalar, &xq, qrow(m.view(), r, k));
-                let v = dot_q_i8(Isa::best(), &xq, qrow(m.view(), r, k));
-                assert!((s - v).abs() <= 1e-4 * (1.0 + s.abs()), "{f} row {r}: scalar {s} vs SIMD {v}");
+                let s = dot_q_i8(Isa::Scalar, xq, qrow(m.view(), r, k));
+                let v = dot_q_i8(Isa::best(), xq, qrow(m.view(), r, k));
+                assert!((s - v).abs() <= 1e-4 * (1.0 + s.abs()), "{f} row {r} ({what}): scalar {s} vs SIMD {v}");
                 // int8 activations: error well under 1% of the absolute sum.
-                assert!((v as f64 - exact).abs() <= 1e-2 * norm, "{f} row {r}: {v} vs {exact} (|sum| {norm})");
+                assert!((v as f64 - exact).abs() <= 1e-2 * norm, "{f} row {r} ({what}): {v} vs {exact} (|sum| {norm})");
             }
             // The four-row pass gives each row's single-row result (rows 1..5: a group
             // of four and a tail); the other formats go row by row.
             let mut y = vec![0f32; rows - 1];
-            ActVec::I8(XQ8::quantize(&x)).rows(Isa::best(), m.view(), k, 1, &mut y, true);
+            let again = if xq.per256 { XQ8::quantize_k(x) } else { XQ8::quantize(x) };
+            ActVec::I8(again).rows(Isa::best(), m.view(), k, 1, &mut y, true);
             for (i, &v) in y.iter().enumerate() {
-                let one = dot_q_i8(Isa::best(), &xq, qrow(m.view(), i + 1, k));
+                let one = dot_q_i8(Isa::best(), xq, qrow(m.view(), i + 1, k));
                 assert!((v - one).abs() <= 1e-5 * (1.0 + one.abs()), "{f} row {}: four-row {v} vs one-row {one}", i + 1);
             }
         }

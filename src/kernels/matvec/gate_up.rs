@@ -453,7 +453,7 @@ fn run_gate_up_q(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs
     let (x, w) = (a.ins[0].f32(), qin(kd.id, &a.ins[1])?);
     let y = &mut a.outs[0][..rows * n];
     if rows == 1 {
-        let x = ActVec::new(&x[..k], params)?;
+        let x = ActVec::new(&x[..k], params, w.format)?;
         par_rows(y, 1, RowSplit::dynamic(params)?, |first, yc| {
             for (i, out) in yc.iter_mut().enumerate() {
                 let j = first + i;

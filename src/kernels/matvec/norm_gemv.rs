@@ -183,7 +183,7 @@ fn run_quant(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>
     })?;
     let xn = normalize(isa, &a.ins[0].f32()[..k], a.ins[1], eps, unit_offset);
     // The normalized vector as gemv_q_cpu takes it: f32, or int8 blocks (act_bits 8).
-    let x = ActVec::new(&xn, params)?;
+    let x = ActVec::new(&xn, params, w.format)?;
     par_rows(&mut a.outs[0][..n], 1, RowSplit::dynamic(params)?, |first, y| x.rows(isa, w, k, first, y, false));
     Ok(())
 }

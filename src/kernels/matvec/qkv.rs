@@ -150,7 +150,7 @@ fn run_qkv_q(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) ->
     let Problem::QkvProj { k, nq, nkv, bias } = *prob else { return Err(wrong_op(kd, prob)) };
     let isa = Isa::of(params)?;
     let (x, w) = (&a.ins[0].f32()[..k], qin(kd.id, &a.ins[1])?);
-    let x = ActVec::new(x, params)?;
+    let x = ActVec::new(x, params, w.format)?;
     let four = param(params, "rows_per_pass")? == 4;
     let b = if bias { Some(a.ins[2].f32()) } else { None };
     let grain = (param(params, "rows_per_task")? as usize).max(1);

@@ -43,7 +43,7 @@ fn run_gemv(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>)
     let Problem::Gemv { n, k } = *prob else { return Err(wrong_op(kd, prob)) };
     let isa = Isa::of(params)?;
     let (x, w) = (&a.ins[0].f32()[..k], qin("gemv_q_cpu", &a.ins[1])?);
-    let x = ActVec::new(x, params)?;
+    let x = ActVec::new(x, params, w.format)?;
     let four = param(params, "rows_per_pass")? == 4;
     par_rows(&mut a.outs[0][..n], 1, RowSplit::dynamic(params)?, |first, y| x.rows(isa, w, k, first, y, four));
     Ok(())
