@@ -118,6 +118,17 @@ pub struct TuneArgs {
     /// Seed of the synthetic weights, the inputs and the search.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// GPU: the L2 cache size (bytes; K, M, G suffixes: KiB, MiB, GiB) the slot
+    /// races' rotating input copies must overflow (twice it in copies). Default:
+    /// an estimate for the adapter's vendor and class.
+    #[arg(long, value_name = "BYTES", value_parser = byte_size)]
+    pub gpu_l2_bytes: Option<u64>,
+    /// GPU: tune (and record in the profile's `execution.trustedShaders`, which
+    /// `run` and `bench` then follow) shader modules built without wgpu's runtime
+    /// bounds checks (`create_shader_module_trusted`, unchecked; each kernel's
+    /// host-side check already bounds its accesses).
+    #[arg(long)]
+    pub trusted_shaders: bool,
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
 }
@@ -159,6 +170,13 @@ pub struct BenchArgs {
     /// Seed of the synthetic weights (--model).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// GPU: build shader modules without wgpu's runtime bounds checks
+    /// (`create_shader_module_trusted`, unchecked; each kernel's host-side check
+    /// already bounds its accesses) for every entry; a
+    /// profile tuned with them uses them anyway. Faster on drivers that do not bound accesses
+    /// natively.
+    #[arg(long)]
+    pub trusted_shaders: bool,
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
 }
@@ -330,6 +348,13 @@ pub struct RunArgs {
     /// Seed of the synthetic weights (--model).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// GPU: build shader modules without wgpu's runtime bounds checks
+    /// (`create_shader_module_trusted`, unchecked; each kernel's host-side check
+    /// already bounds its accesses); a profile tuned
+    /// with them uses them anyway. Faster on drivers that do not bound accesses
+    /// natively.
+    #[arg(long)]
+    pub trusted_shaders: bool,
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
 }
@@ -354,6 +379,10 @@ pub struct KernelsArgs {
     /// With --verify: every combination of parameter values, not each value once.
     #[arg(long)]
     pub all_params: bool,
+    /// With --verify on a GPU: check the variants built as trusted shader modules
+    /// (`create_shader_module_trusted`, no runtime bounds checks).
+    #[arg(long)]
+    pub trusted_shaders: bool,
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
 }
@@ -376,4 +405,44 @@ fn kv_dtype(s: &str) -> Result<DType, String> {
         return Err("the KV cache is stored as f32 or f16; block formats are for --weight-dtype".into());
     }
     Ok(d)
+}
+
+/// A size in bytes: an integer with an optional K, M or G suffix (KiB, MiB, GiB;
+/// `KiB`/`MiB`/`GiB`/`KB`/`MB`/`GB` read alike), positive.
+pub fn byte_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    if digits.is_empty() {
+        return Err(format!("`{s}` is not a size in bytes: give a positive integer, optionally with K, M or G (e.g. 50M)"));
+    }
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        other => return Err(format!("`{s}`: unknown unit `{other}`; allowed are K, M, G (KiB, MiB, GiB)")),
+    };
+    let n: u64 = digits.parse().map_err(|_| format!("`{s}` is too large"))?;
+    let bytes = n.checked_mul(1u64 << shift).ok_or_else(|| format!("`{s}` is too large"))?;
+    if bytes == 0 {
+        return Err("the size must be positive".into());
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::byte_size;
+
+    #[test]
+    fn byte_sizes_take_suffixes_and_refuse_zero_negative_and_junk() {
+        assert_eq!(byte_size("4096"), Ok(4096));
+        assert_eq!(byte_size("50M"), Ok(50 << 20));
+        assert_eq!(byte_size("2GiB"), Ok(2 << 30));
+        assert_eq!(byte_size("64k"), Ok(64 << 10));
+        for bad in ["0", "-5", "", "M", "12X", "99999999999999999999", "18446744073709551615G"] {
+            assert!(byte_size(bad).is_err(), "{bad} accepted");
+        }
+    }
 }

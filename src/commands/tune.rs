@@ -65,6 +65,11 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
         )));
     }
     let device = session::pick_device(selector)?;
+    if matches!(device, crate::device::Device::Cpu(_)) && args.gpu_l2_bytes.is_some() {
+        return Err(Error::Usage(
+            "--gpu-l2-bytes applies to GPU devices; on the CPU the races rotate past its measured last-level cache".into(),
+        ));
+    }
     let m = load_source(&args.source, args.layers, args.seed)?;
     let weight_dtype = default_weight_dtype(weight_flag, gguf_storage(&m));
     let name = session::profile_model_name(&m, &args.source, args.layers);
@@ -78,6 +83,8 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
         matrix_formats: session::matrix_formats(&m, weight_dtype, weight_flag),
         kv_dtype,
         seed: args.seed,
+        gpu_l2_bytes: args.gpu_l2_bytes,
+        trusted_shaders: args.trusted_shaders && !matches!(device, crate::device::Device::Cpu(_)),
     };
     let key = tuner::cache_key(&device, &name, &m.config, &opts);
     let cache = Cache::open().map_err(tuner::TuneError::from)?;
@@ -113,7 +120,7 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
     if let Some(doc) = cached() {
         return finish(doc, true, 0);
     }
-    let ctx = session::open_device(&device)?;
+    let ctx = session::open_device(&device, opts.trusted_shaders)?;
     let store: Arc<dyn TensorStore> = m.weights.clone();
     let target = Target { model: &name, config: &m.config, store, device: &device, ctx };
     let res = tuner::tune(&target, &opts, Some(&cache), !args.force, progress, profile::build::profile_doc)
