@@ -16,33 +16,9 @@ use crate::tuner::measure::Strategy;
 use crate::tuner::{self, Target, TuneOptions};
 use crate::{Error, Result};
 
-/// Parses a duration: `90`, `90s`, `2m`, `1h30m`, `1.5m`.
+/// Parses a duration: `90`, `90s`, `2m`, `1h30m`, `1.5m` (see [`crate::cli::duration`]).
 pub fn parse_duration(s: &str) -> Result<Duration> {
-    let bad = || Error::Usage(format!("--budget `{s}`: give a duration such as 90s, 2m or 1h30m"));
-    let t = s.trim();
-    if let Ok(secs) = t.parse::<f64>() {
-        return if secs > 0.0 && secs.is_finite() { Ok(Duration::from_secs_f64(secs)) } else { Err(bad()) };
-    }
-    let mut total = 0.0;
-    let mut num = String::new();
-    for ch in t.chars() {
-        if ch.is_ascii_digit() || ch == '.' {
-            num.push(ch);
-        } else {
-            let v: f64 = num.parse().map_err(|_| bad())?;
-            num.clear();
-            total += v * match ch {
-                'h' => 3600.0,
-                'm' => 60.0,
-                's' => 1.0,
-                _ => return Err(bad()),
-            };
-        }
-    }
-    if !num.is_empty() || total <= 0.0 {
-        return Err(bad());
-    }
-    Ok(Duration::from_secs_f64(total))
+    crate::cli::duration(s).map_err(|e| Error::Usage(format!("--budget {e}")))
 }
 
 /// Where `--report` puts the HTML report of the profile at `yaml`: the same name

@@ -10,6 +10,7 @@
 
 pub mod cache;
 pub mod e2e;
+pub mod kbench;
 mod limits;
 pub mod measure;
 pub(crate) mod race;
