@@ -208,6 +208,8 @@ pub struct KernelBenchReport {
     pub rows: Vec<KernelBenchRow>,
     /// Shapes no WGSL variant accepts on this adapter, with the model.
     pub skipped: Vec<String>,
+    /// Shapes whose every variant failed to build or run, with the first failure.
+    pub errors: Vec<String>,
 }
 
 /// One shape's best variant.
@@ -238,9 +240,9 @@ pub struct KernelBenchRow {
 }
 
 impl KernelBenchReport {
-    /// Whether a winner failed its parity check.
+    /// Whether a winner failed its parity check, or a shape had no variant that ran.
     pub fn failed(&self) -> bool {
-        self.rows.iter().any(|r| r.check != "passed")
+        !self.errors.is_empty() || self.rows.iter().any(|r| r.check != "passed")
     }
 }
 

@@ -47,6 +47,7 @@ fn bench_kernels_reports_each_shape_against_measured_limits() {
         (m["method"].as_str(), m["cache_bytes"].as_u64(), m["rotate_bytes"].as_u64()),
         (Some("rotate"), Some(4 << 20), Some(8 << 20))
     );
+    assert_eq!(v["errors"].as_array().map(Vec::len), Some(0), "{}", v["errors"]);
     let rows = v["rows"].as_array().expect("rows");
     // Llama 3.2 1B: GEMV gate/up in f16, q8_0, q4_0 and down in f16; the norm; decode attention.
     assert_eq!(rows.len(), 6, "{rows:?}");

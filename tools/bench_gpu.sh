@@ -16,7 +16,10 @@ OUT=${OUT:-target/bench-gpu}
 mkdir -p "$OUT"
 cargo build --release --quiet
 bin=target/release/ktune
-"$bin" bench-kernels --format json "$@" > "$OUT/bench-kernels.json"
+# Exit 1 (a winner failed its parity check): still print what was measured.
+rc=0
+"$bin" bench-kernels --format json "$@" > "$OUT/bench-kernels.json" || rc=$?
+if [ "$rc" -ge 2 ]; then exit "$rc"; fi
 # A summary of the JSON, one line per shape.
 python3 - "$OUT/bench-kernels.json" <<'PY'
 import json, sys
@@ -32,5 +35,8 @@ for x in r["rows"]:
           f"{x['gbps']:8.1f} {x['pct_of_bandwidth']:5.0f} {x['gflops']:9.1f} {x['pct_of_peak_flops']:6.1f}  {x['check']}")
 for s in r["skipped"]:
     print(f"no WGSL variant: {s}")
+for s in r["errors"]:
+    print(f"failed: {s}")
 PY
 echo "JSON: $OUT/bench-kernels.json"
+exit "$rc"

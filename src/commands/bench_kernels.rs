@@ -68,15 +68,24 @@ pub fn run(selector: Option<&str>, args: &BenchKernelsArgs, progress: &dyn Progr
     progress.phase("", entries.len() as u64);
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
+    let mut errors = Vec::new();
     let mut timestamps = false;
     for (i, e) in entries.iter().enumerate() {
         progress.step(&format!("{} {} {}", e.model, e.what, e.dtype));
         let left = args.budget.saturating_sub(start.elapsed());
         let deadline = Instant::now() + kbench::share(left, entries.len() - i);
-        let Some(b) = kbench::best_variant(&ctx, e, &opts, deadline) else {
-            skipped.push(format!("{}: {} {} ({})", e.model, e.what, e.dtype, e.problem.describe()));
-            progress.tick();
-            continue;
+        let b = match kbench::best_variant(&ctx, e, &opts, deadline) {
+            Ok(Some(b)) => b,
+            Ok(None) => {
+                skipped.push(format!("{}: {} {} ({})", e.model, e.what, e.dtype, e.problem.describe()));
+                progress.tick();
+                continue;
+            }
+            Err(why) => {
+                errors.push(format!("{}: {} {} ({}): {why}", e.model, e.what, e.dtype, e.problem.describe()));
+                progress.tick();
+                continue;
+            }
         };
         timestamps |= b.timestamps;
         let gbps = e.problem.min_bytes(e.dtype) / b.median_s / 1e9;
@@ -119,5 +128,6 @@ pub fn run(selector: Option<&str>, args: &BenchKernelsArgs, progress: &dyn Progr
         context,
         rows,
         skipped,
+        errors,
     })
 }

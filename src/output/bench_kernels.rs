@@ -65,6 +65,9 @@ impl Report for KernelBenchReport {
         for x in &r.skipped {
             s.push_str(&format!("\nno WGSL variant for {x}"));
         }
+        for x in &r.errors {
+            s.push_str(&format!("\nfailed: {x}"));
+        }
         s
     }
 }

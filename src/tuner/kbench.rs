@@ -202,38 +202,57 @@ pub struct Best {
     pub timestamps: bool,
 }
 
-/// The candidates of `entry` on this adapter.
+/// The candidates of `entry` on this adapter, in the order they are prepared:
+/// every kernel's first valid set (its defaults when valid) first, then the rest
+/// of each kernel's sweep taken in turns, so a short budget still races every
+/// kernel.
 fn candidates(ctx: &GpuCtx, entry: &Entry, quick: bool) -> Vec<Cand> {
     let caps = Caps::Gpu(&ctx.caps);
-    let mut out = Vec::new();
-    for k in kernels::for_op(entry.problem.op()).filter(|k| k.backend() == Backend::Wgsl && k.dtypes.contains(&entry.dtype)) {
-        let sets = if quick { vec![k.default_params()] } else { verify::param_sweep(k, false) };
-        for params in sets {
-            if k.check(caps, &entry.problem, entry.dtype, &params).is_ok()
-                && !out.iter().any(|c: &Cand| c.kernel.id == k.id && c.params == params)
-            {
-                out.push(Cand { kernel: k, params });
+    let per_kernel: Vec<Vec<Cand>> = kernels::for_op(entry.problem.op())
+        .filter(|k| k.backend() == Backend::Wgsl && k.dtypes.contains(&entry.dtype))
+        .map(|k| {
+            let sets = if quick { vec![k.default_params()] } else { verify::param_sweep(k, false) };
+            let mut valid: Vec<Params> = Vec::new();
+            for params in sets {
+                if k.check(caps, &entry.problem, entry.dtype, &params).is_ok() && !valid.contains(&params) {
+                    valid.push(params);
+                }
             }
-        }
-    }
-    out
+            valid.into_iter().map(|params| Cand { kernel: k, params }).collect()
+        })
+        .collect();
+    let longest = per_kernel.iter().map(Vec::len).max().unwrap_or(0);
+    (0..longest).flat_map(|i| per_kernel.iter().filter_map(move |c| c.get(i).cloned())).collect()
 }
 
 /// Races the valid variants of `entry` until `deadline` and checks the winner.
-/// `None` when no WGSL variant accepts the shape on this adapter.
-pub fn best_variant(ctx: &std::sync::Arc<GpuCtx>, entry: &Entry, o: &RaceOptions, deadline: Instant) -> Option<Best> {
+/// `Ok(None)` when no WGSL variant accepts the shape on this adapter; an error
+/// when every variant failed to build or run (the first failure).
+pub fn best_variant(ctx: &std::sync::Arc<GpuCtx>, entry: &Entry, o: &RaceOptions, deadline: Instant) -> Result<Option<Best>, String> {
     let cands = candidates(ctx, entry, o.quick);
     if cands.is_empty() {
-        return None;
+        return Ok(None);
     }
     let rotate = usize::try_from(o.rotation.rotate_bytes).unwrap_or(usize::MAX);
     let w = Workload::new(vec![(entry.problem.clone(), 1)], entry.dtype, Some(ctx.clone()), o.seed, rotate);
-    let mut runners: Vec<Runner> = cands.into_iter().map(|c| Runner::new(c, &w)).collect();
+    // Each kernel's first set is prepared (and timed) whatever the time; further
+    // sets only while the entry's share lasts.
+    let kernels_n = cands.iter().map(|c| c.kernel.id).collect::<std::collections::BTreeSet<_>>().len();
+    let mut runners: Vec<Runner> = Vec::new();
+    for (i, c) in cands.into_iter().enumerate() {
+        if i >= kernels_n && Instant::now() > deadline {
+            break;
+        }
+        runners.push(Runner::new(c, &w));
+    }
     race(&mut runners, &w, Strategy::Auto, deadline, o.seed, 0, |_| {});
     let stats: Vec<_> = runners.iter().map(|r| if r.error.is_some() { Default::default() } else { r.stats() }).collect();
     let finalists: Vec<_> =
         runners.iter().zip(&stats).map(|(r, s)| if r.dropped.is_some() { Default::default() } else { s.clone() }).collect();
-    let i = pick(&finalists, 0.01).or_else(|| pick(&stats, 0.01))?;
+    let Some(i) = pick(&finalists, 0.01).or_else(|| pick(&stats, 0.01)) else {
+        let first = runners.iter().find_map(|r| r.error.as_ref().map(|e| format!("{}: {e}", r.cand.kernel.label(&r.cand.params))));
+        return Err(format!("every variant failed while timing ({})", first.unwrap_or_else(|| "no sample".into())));
+    };
     let r = &runners[i];
     let failed_check = test_problems(entry.problem.op())
         .into_iter()
@@ -245,7 +264,7 @@ pub fn best_variant(ctx: &std::sync::Arc<GpuCtx>, entry: &Entry, o: &RaceOptions
             Some(e) => format!("{}: {e}", c.problem),
             None => format!("{}: relative error {:.2e} > {:.0e}", c.problem, c.rel_err, c.tolerance),
         });
-    Some(Best {
+    Ok(Some(Best {
         kernel: r.cand.kernel,
         params: r.cand.params.clone(),
         median_s: stats[i].median,
@@ -253,7 +272,7 @@ pub fn best_variant(ctx: &std::sync::Arc<GpuCtx>, entry: &Entry, o: &RaceOptions
         copies: w.copies(0),
         failed_check,
         timestamps: r.timestamps,
-    })
+    }))
 }
 
 /// Time left per entry when `left` is shared by `entries` (at least 50 ms each).
@@ -295,5 +314,21 @@ mod tests {
         gpu.run("copy", &[&GpuProgram { steps: vec![step], owned: Vec::new() }]).expect("runs");
         let back: Vec<u32> = bytemuck::pod_collect_to_vec(&gpu.read(&dst, 4096 * 4).expect("reads"));
         assert_eq!(back, data);
+    }
+
+    /// A sweep lists every kernel once before any kernel's second set, and only
+    /// sets valid on the shape; `quick` keeps the first of each.
+    #[test]
+    fn sweeps_take_every_kernel_before_any_second_set() {
+        let Some(gpu) = crate::testing::test_gpu() else { return };
+        let e = Entry { model: "m".into(), what: "decode", problem: Problem::Gemv { n: 256, k: 512 }, dtype: DType::F16 };
+        let all = candidates(&gpu, &e, false);
+        let quick = candidates(&gpu, &e, true);
+        let kernels: std::collections::BTreeSet<_> = all.iter().map(|c| c.kernel.id).collect();
+        assert!(kernels.len() >= 2 && all.len() > kernels.len(), "{} sets of {} kernels", all.len(), kernels.len());
+        let first: std::collections::BTreeSet<_> = all[..kernels.len()].iter().map(|c| c.kernel.id).collect();
+        assert_eq!(first, kernels, "a kernel's second set came before another kernel's first");
+        assert!(all.iter().all(|c| c.kernel.check(Caps::Gpu(&gpu.caps), &e.problem, e.dtype, &c.params).is_ok()));
+        assert!(quick.len() <= kernels.len() && quick.iter().all(|c| c.params == c.kernel.default_params()));
     }
 }
