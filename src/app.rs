@@ -4,7 +4,7 @@
 
 use crate::Result;
 use crate::cli::{Cli, Command, Format, ProfilesAction};
-use crate::commands::{bench, completions, kernels, list_devices, man, profiles, report as html_report, run, tune};
+use crate::commands::{bench, bench_kernels, completions, kernels, list_devices, man, profiles, report as html_report, run, tune};
 use crate::error::ExitCode;
 use crate::output::{self, Bars, TextStream};
 use crate::report::{ProfilesReport, SchemaReport};
@@ -75,6 +75,11 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
             output::emit(&report, args.format.into())?;
             Ok(ExitCode::Success)
+        }
+        Command::BenchKernels(args) => {
+            let report = bench_kernels::run(device, &args, &Bars::counter("bench-kernels"))?;
+            output::emit(&report, args.format.into())?;
+            Ok(if report.failed() { ExitCode::Differences } else { ExitCode::Success })
         }
         Command::Report(args) => {
             let report = html_report::run(&args)?;

@@ -33,6 +33,10 @@ pub enum Command {
     DiffProfiles(DiffArgs),
     /// Measure profiles and the runtime default end to end in one process, interleaved.
     Bench(BenchArgs),
+    /// Every WGSL family's best variant at Gemma 3 1B and Llama 3.2 1B shapes on a
+    /// GPU adapter: GB/s and GFLOP/s against the adapter's copy bandwidth and FMA
+    /// peak, both measured in the same run.
+    BenchKernels(BenchKernelsArgs),
     /// Print the JSON Schema of the profile format (for editors).
     Schema,
     /// Draw profiles as one self-contained HTML page: every slot's candidates, a
@@ -118,6 +122,17 @@ pub struct TuneArgs {
     /// Seed of the synthetic weights, the inputs and the search.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// GPU: the L2 cache size (bytes; K, M, G suffixes: KiB, MiB, GiB) the slot
+    /// races' rotating input copies must overflow (twice it in copies). Default:
+    /// an estimate for the adapter's vendor and class.
+    #[arg(long, value_name = "BYTES", value_parser = byte_size)]
+    pub gpu_l2_bytes: Option<u64>,
+    /// GPU: tune (and record in the profile's `execution.trustedShaders`, which
+    /// `run` and `bench` then follow) shader modules built without wgpu's runtime
+    /// bounds checks (`create_shader_module_trusted`, unchecked; each kernel's
+    /// host-side check already bounds its accesses).
+    #[arg(long)]
+    pub trusted_shaders: bool,
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
 }
@@ -157,6 +172,51 @@ pub struct BenchArgs {
     #[arg(long)]
     pub layers: Option<usize>,
     /// Seed of the synthetic weights (--model).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// GPU: build shader modules without wgpu's runtime bounds checks
+    /// (`create_shader_module_trusted`, unchecked; each kernel's host-side check
+    /// already bounds its accesses) for every entry; a
+    /// profile tuned with them uses them anyway. Faster on drivers that do not bound accesses
+    /// natively.
+    #[arg(long)]
+    pub trusted_shaders: bool,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchKernelsArgs {
+    /// Built-in models whose shapes are measured, comma separated.
+    #[arg(long, value_delimiter = ',', default_values_t = ["gemma3-1b".to_string(), "llama-3.2-1b".to_string()])]
+    pub models: Vec<String>,
+    /// Only these ops, comma separated (gemv, gemm, attention_decode, rms_norm, ...).
+    #[arg(long, value_delimiter = ',')]
+    pub op: Vec<String>,
+    /// Each kernel at its default parameters only (no sweep), 32 prompt tokens
+    /// and a 256-token context unless given.
+    #[arg(long)]
+    pub quick: bool,
+    /// Prompt tokens of the prefill shapes (default 128; 32 with --quick).
+    #[arg(long)]
+    pub prefill_tokens: Option<usize>,
+    /// Context (KV length) of the decode attention shape (default 1024; 256 with --quick).
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// Time for all the races together, e.g. 90s, 2m (each shape gets its share;
+    /// every variant still gets one sample).
+    #[arg(long, default_value = "2m", value_parser = duration)]
+    pub budget: std::time::Duration,
+    /// The GPU L2 cache size (bytes; K, M, G suffixes: KiB, MiB, GiB) the rotating
+    /// input copies must overflow (twice it in copies). Default: an estimate for
+    /// the adapter's vendor and class.
+    #[arg(long, value_name = "BYTES", value_parser = byte_size)]
+    pub gpu_l2_bytes: Option<u64>,
+    /// Build shader modules without wgpu's runtime bounds checks
+    /// (`create_shader_module_trusted`, unchecked).
+    #[arg(long)]
+    pub trusted_shaders: bool,
+    /// Seed of the inputs and the races.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     #[arg(long, value_enum, default_value_t = Format::Table)]
@@ -330,6 +390,13 @@ pub struct RunArgs {
     /// Seed of the synthetic weights (--model).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// GPU: build shader modules without wgpu's runtime bounds checks
+    /// (`create_shader_module_trusted`, unchecked; each kernel's host-side check
+    /// already bounds its accesses); a profile tuned
+    /// with them uses them anyway. Faster on drivers that do not bound accesses
+    /// natively.
+    #[arg(long)]
+    pub trusted_shaders: bool,
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
 }
@@ -354,6 +421,10 @@ pub struct KernelsArgs {
     /// With --verify: every combination of parameter values, not each value once.
     #[arg(long)]
     pub all_params: bool,
+    /// With --verify on a GPU: check the variants built as trusted shader modules
+    /// (`create_shader_module_trusted`, no runtime bounds checks).
+    #[arg(long)]
+    pub trusted_shaders: bool,
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
 }
@@ -376,4 +447,73 @@ fn kv_dtype(s: &str) -> Result<DType, String> {
         return Err("the KV cache is stored as f32 or f16; block formats are for --weight-dtype".into());
     }
     Ok(d)
+}
+
+/// A duration: `90`, `90s`, `2m`, `1h30m`, `1.5m`; positive.
+pub fn duration(s: &str) -> Result<std::time::Duration, String> {
+    let bad = || format!("`{s}`: give a duration such as 90s, 2m or 1h30m");
+    let t = s.trim();
+    if let Ok(secs) = t.parse::<f64>() {
+        return if secs > 0.0 && secs.is_finite() { Ok(std::time::Duration::from_secs_f64(secs)) } else { Err(bad()) };
+    }
+    let mut total = 0.0;
+    let mut num = String::new();
+    for ch in t.chars() {
+        if ch.is_ascii_digit() || ch == '.' {
+            num.push(ch);
+        } else {
+            let v: f64 = num.parse().map_err(|_| bad())?;
+            num.clear();
+            total += v * match ch {
+                'h' => 3600.0,
+                'm' => 60.0,
+                's' => 1.0,
+                _ => return Err(bad()),
+            };
+        }
+    }
+    if !num.is_empty() || total <= 0.0 || !f64::is_finite(total) {
+        return Err(bad());
+    }
+    Ok(std::time::Duration::from_secs_f64(total))
+}
+
+/// A size in bytes: an integer with an optional K, M or G suffix (KiB, MiB, GiB;
+/// `KiB`/`MiB`/`GiB`/`KB`/`MB`/`GB` read alike), positive.
+pub fn byte_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    if digits.is_empty() {
+        return Err(format!("`{s}` is not a size in bytes: give a positive integer, optionally with K, M or G (e.g. 50M)"));
+    }
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        other => return Err(format!("`{s}`: unknown unit `{other}`; allowed are K, M, G (KiB, MiB, GiB)")),
+    };
+    let n: u64 = digits.parse().map_err(|_| format!("`{s}` is too large"))?;
+    let bytes = n.checked_mul(1u64 << shift).ok_or_else(|| format!("`{s}` is too large"))?;
+    if bytes == 0 {
+        return Err("the size must be positive".into());
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::byte_size;
+
+    #[test]
+    fn byte_sizes_take_suffixes_and_refuse_zero_negative_and_junk() {
+        assert_eq!(byte_size("4096"), Ok(4096));
+        assert_eq!(byte_size("50M"), Ok(50 << 20));
+        assert_eq!(byte_size("2GiB"), Ok(2 << 30));
+        assert_eq!(byte_size("64k"), Ok(64 << 10));
+        for bad in ["0", "-5", "", "M", "12X", "99999999999999999999", "18446744073709551615G"] {
+            assert!(byte_size(bad).is_err(), "{bad} accepted");
+        }
+    }
 }

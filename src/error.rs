@@ -38,6 +38,8 @@ pub enum Error {
     #[error(transparent)]
     Tune(Box<crate::tuner::TuneError>),
     #[error(transparent)]
+    KernelBench(#[from] crate::tuner::kbench::KBenchError),
+    #[error(transparent)]
     Profile(#[from] crate::profile::ProfileError),
     #[error(transparent)]
     Bundle(#[from] crate::profile::bundle::BundleError),

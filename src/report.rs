@@ -188,6 +188,64 @@ pub struct BenchReport {
     pub warnings: Vec<String>,
 }
 
+/// `ktune bench-kernels`: each WGSL family's best variant at model shapes,
+/// against the adapter's limits measured in the same run.
+#[derive(Debug, Serialize)]
+pub struct KernelBenchReport {
+    pub device: String,
+    pub backend: String,
+    /// `gpu-timestamps` or `wall-clock`.
+    pub timing: String,
+    pub trusted_shaders: bool,
+    /// How the races kept their inputs out of the L2 (`rotate`: copies of twice
+    /// it), as a profile records it.
+    pub measurement: crate::profile::doc::Measurement,
+    /// Copy bandwidth (read + write) and f32 FMA peak, measured in this run.
+    pub limits: crate::tuner::kbench::Peaks,
+    pub quick: bool,
+    pub prefill_tokens: usize,
+    pub context: usize,
+    pub rows: Vec<KernelBenchRow>,
+    /// Shapes no WGSL variant accepts on this adapter, with the model.
+    pub skipped: Vec<String>,
+    /// Shapes whose every variant failed to build or run, with the first failure.
+    pub errors: Vec<String>,
+}
+
+/// One shape's best variant.
+#[derive(Debug, Serialize)]
+pub struct KernelBenchRow {
+    pub model: String,
+    /// Where the shape sits in the forward pass.
+    pub what: String,
+    pub op: String,
+    pub problem: String,
+    pub dtype: DType,
+    /// The winner, `kernel{param=value,...}`.
+    pub kernel: String,
+    /// Variants raced.
+    pub candidates: usize,
+    /// Input copies the executions rotated through.
+    pub copies: usize,
+    pub median_us: f64,
+    /// Minimum bytes moved (inputs once, outputs once) per second.
+    pub gbps: f64,
+    pub gflops: f64,
+    /// `gbps` against the copy kernel's bandwidth.
+    pub pct_of_bandwidth: f64,
+    /// `gflops` against the FMA kernel's peak.
+    pub pct_of_peak_flops: f64,
+    /// The winner's parity check: `passed`, or why it failed.
+    pub check: String,
+}
+
+impl KernelBenchReport {
+    /// Whether a winner failed its parity check, or a shape had no variant that ran.
+    pub fn failed(&self) -> bool {
+        !self.errors.is_empty() || self.rows.iter().any(|r| r.check != "passed")
+    }
+}
+
 /// One cached profile (`ktune profiles list`).
 #[derive(Debug, Serialize)]
 pub struct ProfileRow {

@@ -41,11 +41,13 @@ pub fn pick_device(selector: Option<&str>) -> Result<Device, DeviceError> {
     Ok(devices.swap_remove(i))
 }
 
-/// Opens `device` for kernels: a wgpu context for a GPU, nothing for the CPU.
-pub fn open_device(device: &Device) -> Result<Option<Arc<GpuCtx>>, GpuError> {
+/// Opens `device` for kernels: a wgpu context for a GPU (its shader modules
+/// trusted, without runtime bounds checks, with `trusted_shaders`), nothing for
+/// the CPU.
+pub fn open_device(device: &Device, trusted_shaders: bool) -> Result<Option<Arc<GpuCtx>>, GpuError> {
     Ok(match device {
         Device::Cpu(_) => None,
-        Device::Gpu(g) => Some(GpuCtx::open(g)?),
+        Device::Gpu(g) => Some(GpuCtx::open(g)?.with_trusted_shaders(trusted_shaders)),
     })
 }
 

@@ -134,3 +134,64 @@ fn preferred_kernels_exist_and_compute_their_op() {
     }
     assert!(named > 0, "no preference list was reached");
 }
+
+/// Trusted shader modules (`create_shader_module_trusted` without runtime bounds
+/// checks, `--trusted-shaders`) compute what the checked ones do: per op, its first
+/// float WGSL kernel and its first block-format one, with default parameters, on
+/// two test shapes of each dtype they accept, against the f64 reference. Pipelines of
+/// the two kinds are cached apart (the cache key holds the kind).
+#[test]
+fn trusted_wgsl_kernels_match_reference_one_per_family() {
+    use ktune::kernels::Op;
+    use ktune::kernels::problem::test_problems;
+    use ktune::kernels::verify::{GpuBuffers, check_one, make_inputs};
+    let Some(gpu) = test_gpu() else { return };
+    let trusted = gpu.with_trusted_shaders(true);
+    assert!(trusted.trusted_shaders() && !gpu.trusted_shaders());
+    let caps = Caps::Gpu(&gpu.caps);
+    let mut failures = String::new();
+    let mut families = 0;
+    let mut quant_families = 0;
+    for op in Op::ALL {
+        let wgsl: Vec<_> = kernels::for_op(op).filter(|k| k.backend() == Backend::Wgsl).collect();
+        let float = wgsl.iter().find(|k| !k.dtypes.iter().any(|d| d.is_quant()));
+        let quant = wgsl.iter().find(|k| k.dtypes.iter().any(|d| d.is_quant()));
+        let mut ran_op = 0;
+        for k in float.into_iter().chain(quant) {
+            let params = k.default_params();
+            let mut ran = 0;
+            for &dtype in k.dtypes {
+                let accepted = test_problems(op).into_iter().filter(|p| k.check(caps, p, dtype, &params).is_ok());
+                // Two shapes per dtype: a representative check, not the full sweep.
+                for (qi, p) in accepted.take(2).enumerate() {
+                    let p = &p;
+                    let c = check_one(&Runner::Gpu(&trusted), k, p, dtype, &params, 0x7a57 ^ qi as u64);
+                    ran += 1;
+                    if !c.passed {
+                        failures.push_str(&format!("{} {dtype} on {}: rel err {:.3e} {:?}\n", k.id, c.problem, c.rel_err, c.error));
+                    }
+                }
+            }
+            assert!(ran > 0, "{} ran no trusted check on {}", k.id, gpu.name);
+            if k.dtypes.iter().any(|d| d.is_quant()) {
+                quant_families += 1;
+            }
+            ran_op += ran;
+        }
+        assert!(ran_op > 0, "{op}: no WGSL kernel checked trusted");
+        families += 1;
+    }
+    assert_eq!(families, Op::ALL.len());
+    assert!(quant_families >= 3, "only {quant_families} block-format families checked");
+    assert!(failures.is_empty(), "trusted WGSL parity failures on {}:\n{failures}", gpu.name);
+
+    // The pipeline cache keeps the two kinds apart, and reuses each.
+    let k = kernels::for_op(Op::Gemv).find(|k| k.backend() == Backend::Wgsl).expect("a WGSL GEMV");
+    let p = test_problems(Op::Gemv).into_iter().find(|p| k.check(caps, p, k.dtypes[0], &k.default_params()).is_ok()).expect("a shape");
+    let d = k.dtypes[0];
+    let bufs = GpuBuffers::new(&gpu, &p, d, &make_inputs(&p, d, 1));
+    let prog = |g: &ktune::gpu::GpuCtx| k.prepare_wgsl(g, &p, d, &k.default_params(), &bufs.refs()).expect("prepares");
+    let (a, b, c) = (prog(&gpu), prog(&trusted), prog(&trusted));
+    assert!(!std::sync::Arc::ptr_eq(&a.steps[0].pipeline, &b.steps[0].pipeline), "trusted and checked share a pipeline");
+    assert!(std::sync::Arc::ptr_eq(&b.steps[0].pipeline, &c.steps[0].pipeline), "the trusted pipeline is not cached");
+}

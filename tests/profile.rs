@@ -2,7 +2,7 @@
 //! a written profile loads back unchanged (round trip); the example
 //! (with this kernel set's ids) loads; diff-profiles tells regressions from noise.
 
-use ktune::profile::doc::{Candidate, EndToEnd, SlotTuning, Throughput, Tuning, VariantDoc};
+use ktune::profile::doc::{Candidate, EndToEnd, Measurement, SlotTuning, Throughput, Tuning, VariantDoc};
 use ktune::profile::{Profile, ProfileError, diff::diff, to_yaml};
 
 const GOOD: &str = "\
@@ -164,12 +164,20 @@ fn tuned(decode_ms: f64, noise: f64, gemv_us: f64) -> Profile {
     let v = VariantDoc::id("gemv_dot4_cpu");
     p.doc.tuning = Some(Tuning {
         fingerprint: "f".repeat(64),
+        measurement: Some(Measurement {
+            method: "rotate".into(),
+            cache_bytes: 50 << 20,
+            cache_source: "estimate: nvidia hopper".into(),
+            rotate_bytes: 100 << 20,
+            max_copies: 12,
+        }),
         slots: vec![SlotTuning {
             slot: "matmul.qkv_proj".into(),
             regime: "decode".into(),
             problem: "gemv 576x576".into(),
             count: 3,
             chosen: v.to_string(),
+            copies: Some(12),
             candidates: vec![Candidate {
                 variant: v,
                 median_us: gemv_us,
@@ -332,4 +340,68 @@ fn cpu_prefetch_resolves_and_old_profiles_keep_the_default() {
         let e = Profile::from_str(&GOOD.replace("execution:\n", &format!("execution:\n  cpuPrefetchBytes: {bad}\n")), "f.yaml");
         assert!(e.is_err(), "cpuPrefetchBytes: {bad} accepted");
     }
+}
+
+/// `execution.trustedShaders` (tuned with `--trusted-shaders`) resolves and
+/// survives a write; absent (every older profile) the modules stay checked; a
+/// value that is not a boolean is refused.
+#[test]
+fn trusted_shaders_resolve_and_old_profiles_stay_checked() {
+    assert!(!load_and_resolve(GOOD).1.trusted_shaders, "no trustedShaders: checked modules");
+    let (p, exec) = load_and_resolve(&GOOD.replace("execution:\n", "execution:\n  trustedShaders: true\n"));
+    assert!(exec.trusted_shaders);
+    let text = to_yaml(&p.doc).expect("yaml");
+    assert!(text.contains("trustedShaders: true"), "{text}");
+    assert!(Profile::from_str(&text, "g.yaml").expect("loads back").doc.execution.trusted_shaders);
+    // Written without it, the key is left out (older readers see what they know).
+    assert!(!to_yaml(&load_and_resolve(GOOD).0.doc).expect("yaml").contains("trustedShaders"));
+    assert!(Profile::from_str(&GOOD.replace("execution:\n", "execution:\n  trustedShaders: maybe\n"), "f.yaml").is_err());
+}
+
+/// `tuning.measurement` (how the slot races rotated their inputs past the cache)
+/// and each slot's `copies` survive a write; a tuning section without them (every
+/// profile written before they were recorded, the shipped ones included) loads
+/// with none, and the profile's JSON Schema accepts both.
+#[test]
+fn measurement_round_trips_and_old_tuning_sections_load_without_it() {
+    let p = tuned(10.0, 0.01, 50.0);
+    let text = to_yaml(&p.doc).expect("writes");
+    assert!(text.contains("method: rotate") && text.contains("copies: 12"), "{text}");
+    let q = Profile::from_str(&text, "m.yaml").unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let m = q.doc.tuning.as_ref().and_then(|t| t.measurement.clone()).expect("measurement kept");
+    assert_eq!((m.method.as_str(), m.cache_bytes, m.rotate_bytes, m.max_copies), ("rotate", 50 << 20, 100 << 20, 12));
+    assert_eq!(q.doc.tuning.as_ref().map(|t| t.slots[0].copies), Some(Some(12)));
+    // The same profile without the new keys: an older ktune's output.
+    let old: String = text
+        .lines()
+        .scan(false, |skip, l| {
+            if l.trim_start().starts_with("measurement:") {
+                *skip = true;
+                return Some(None);
+            }
+            if *skip && l.starts_with("    ") {
+                return Some(None);
+            }
+            *skip = false;
+            Some(if l.trim_start().starts_with("copies:") { None } else { Some(l) })
+        })
+        .flatten()
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(!old.contains("measurement") && !old.contains("copies:"), "{old}");
+    let o = Profile::from_str(&old, "old.yaml").unwrap_or_else(|e| panic!("{e}\n{old}"));
+    let t = o.doc.tuning.as_ref().expect("tuning kept");
+    assert!(t.measurement.is_none() && t.slots[0].copies.is_none());
+    let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/gemma3-1b-cpu-epyc-2core.yaml");
+    let s = Profile::load(&shipped).unwrap_or_else(|e| panic!("{e}"));
+    assert!(s.doc.tuning.as_ref().is_some_and(|t| t.measurement.is_none()), "the shipped profile predates the field");
+    // The schema `ktune schema` prints knows the new keys and requires none of them.
+    let schema = ktune::profile::json_schema();
+    let defs = &schema["$defs"];
+    for (def, key) in [("Tuning", "measurement"), ("SlotTuning", "copies"), ("ExecutionDoc", "trustedShaders")] {
+        assert!(defs[def]["properties"][key].is_object(), "{def} lacks `{key}` in the schema");
+        let required = defs[def]["required"].as_array().cloned().unwrap_or_default();
+        assert!(!required.iter().any(|r| r == key), "{def}.{key} is required: old profiles would not validate");
+    }
+    assert!(defs["Measurement"]["properties"]["rotate_bytes"].is_object());
 }

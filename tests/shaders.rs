@@ -6,6 +6,7 @@ use ktune::{kernels, runtime};
 fn all_shaders() -> Vec<&'static ktune::gpu::Shader> {
     let mut v = kernels::shaders();
     v.extend(runtime::gpu::shaders());
+    v.extend(ktune::tuner::kbench::shaders());
     v
 }
 

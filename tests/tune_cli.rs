@@ -355,6 +355,20 @@ fn bad_tune_flags_are_exit_2_before_any_work() {
             .code(2)
             .stderr(predicate::str::contains(says));
     }
+    // A cache size must be a positive number of bytes: a clear message, exit 2.
+    for bad in ["--gpu-l2-bytes=-5", "--gpu-l2-bytes=0", "--gpu-l2-bytes=lots"] {
+        ktune(tmp.path())
+            .args(["tune", "--device", "cpu", "--model", "smollm2-135m", bad])
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains("size").or(predicate::str::contains("positive")));
+    }
+    // It is a GPU setting.
+    ktune(tmp.path())
+        .args(["tune", "--device", "cpu", "--model", "smollm2-135m", "--gpu-l2-bytes", "4M"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("GPU"));
 }
 
 /// The index of the first GPU adapter (`list-devices`), or None with a loud skip
@@ -382,11 +396,22 @@ fn tune_on_the_gpu_gives_a_profile_that_runs_correctly() {
         .arg(&dir)
         .args(["--budget", "6s", "--prefill-tokens", "8", "--context", "32", "--format", "json", "-o"])
         .arg(&out)
+        // A 1 MiB L2: the tiny model's slots get several input copies; trusted
+        // shader modules for the tune and (from the profile) for the run below.
+        .args(["--gpu-l2-bytes", "1M", "--trusted-shaders"])
         .output()
         .expect("runs");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
     assert_eq!(v["profile"]["device"]["backend"], "wgsl");
+    assert_eq!(v["profile"]["execution"]["trustedShaders"], true);
+    let m = &v["profile"]["tuning"]["measurement"];
+    assert_eq!(m["method"], "rotate", "{m}");
+    assert_eq!((m["cache_bytes"].as_u64(), m["rotate_bytes"].as_u64()), (Some(1 << 20), Some(2 << 20)), "{m}");
+    assert_eq!(m["cache_source"], "--gpu-l2-bytes");
+    assert!(m["max_copies"].as_u64().is_some_and(|c| c > 1), "{m}");
+    let slots = v["profile"]["tuning"]["slots"].as_array().expect("slots");
+    assert!(slots.iter().all(|s| s["copies"].as_u64().is_some_and(|c| c >= 1)), "every slot records its copies");
     let (prompt, generated) = expected_generated("gemma3-tiny");
     let toks: Vec<String> = prompt.iter().map(|t| t.to_string()).collect();
     let o = ktune(&cache)

@@ -43,7 +43,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
     let m = load_source(&args.source, args.layers, args.seed)?;
     let mut warnings = m.warnings.clone();
     let caps = DeviceCaps::from(&device);
-    let ctx = session::open_device(&device)?;
+    let ctx = session::open_device(&device, false)?;
     let c = &m.config;
 
     // (name, selection, execution) of every entry: the profiles in order, then the default.
@@ -93,6 +93,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
             threads: 0,
             spin_us: 0,
             prefetch: None,
+            trusted_shaders: args.trusted_shaders,
         };
         setups.push(("default".into(), Selection::runtime(caps.clone()), exec));
     }
@@ -106,9 +107,11 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
     let context = args.prefill_tokens + args.decode_tokens + 1;
     let store: Arc<dyn TensorStore> = m.weights.clone();
     // CPU engines share one copy of the weights.
-    let build = Engines { model: &m.name, config: c, store, ctx, memo: Some(WeightMemo::default()), check_decode: false };
+    let mut build = Engines { model: &m.name, config: c, store, ctx: ctx.clone(), memo: Some(WeightMemo::default()), check_decode: false };
     let mut engines = Vec::new();
     for (name, sel, exec) in setups {
+        // Each entry's shader modules as its profile (or the flag) asks.
+        build.ctx = ctx.as_ref().map(|g| g.with_trusted_shaders(exec.trusted_shaders || args.trusted_shaders));
         let opts = PlanOptions {
             weight_dtype: exec.weight_dtype,
             matrix_formats: session::matrix_formats(&m, exec.weight_dtype, weight_flag),

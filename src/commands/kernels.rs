@@ -43,7 +43,7 @@ pub fn run(selector: Option<&str>, args: &KernelsArgs, progress: &dyn Progress) 
     }
     let device = session::pick_device(selector)?;
     let gpu = match &device {
-        Device::Gpu(g) if args.verify => Some(GpuCtx::open(g)?),
+        Device::Gpu(g) if args.verify => Some(GpuCtx::open(g)?.with_trusted_shaders(args.trusted_shaders)),
         _ => None,
     };
     let caps = match &device {

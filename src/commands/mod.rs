@@ -4,6 +4,7 @@
 //! [`crate::progress::Progress`].
 
 pub mod bench;
+pub mod bench_kernels;
 pub mod completions;
 pub mod kernels;
 pub mod list_devices;

@@ -182,6 +182,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
                 threads: 0,
                 spin_us: 0,
                 prefetch: None,
+                trusted_shaders: args.trusted_shaders,
             },
         ),
     };
@@ -200,7 +201,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         fusion: exec.fusion,
         parallel: exec.parallel,
     };
-    let ctx = session::open_device(&device)?;
+    let ctx = session::open_device(&device, exec.trusted_shaders || args.trusted_shaders)?;
     let store: Arc<dyn TensorStore> = m.weights.clone();
     let batch = exec.batch;
     // One engine: its weights need no memo to share them.

@@ -16,33 +16,9 @@ use crate::tuner::measure::Strategy;
 use crate::tuner::{self, Target, TuneOptions};
 use crate::{Error, Result};
 
-/// Parses a duration: `90`, `90s`, `2m`, `1h30m`, `1.5m`.
+/// Parses a duration: `90`, `90s`, `2m`, `1h30m`, `1.5m` (see [`crate::cli::duration`]).
 pub fn parse_duration(s: &str) -> Result<Duration> {
-    let bad = || Error::Usage(format!("--budget `{s}`: give a duration such as 90s, 2m or 1h30m"));
-    let t = s.trim();
-    if let Ok(secs) = t.parse::<f64>() {
-        return if secs > 0.0 && secs.is_finite() { Ok(Duration::from_secs_f64(secs)) } else { Err(bad()) };
-    }
-    let mut total = 0.0;
-    let mut num = String::new();
-    for ch in t.chars() {
-        if ch.is_ascii_digit() || ch == '.' {
-            num.push(ch);
-        } else {
-            let v: f64 = num.parse().map_err(|_| bad())?;
-            num.clear();
-            total += v * match ch {
-                'h' => 3600.0,
-                'm' => 60.0,
-                's' => 1.0,
-                _ => return Err(bad()),
-            };
-        }
-    }
-    if !num.is_empty() || total <= 0.0 {
-        return Err(bad());
-    }
-    Ok(Duration::from_secs_f64(total))
+    crate::cli::duration(s).map_err(|e| Error::Usage(format!("--budget {e}")))
 }
 
 /// Where `--report` puts the HTML report of the profile at `yaml`: the same name
@@ -65,6 +41,11 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
         )));
     }
     let device = session::pick_device(selector)?;
+    if matches!(device, crate::device::Device::Cpu(_)) && args.gpu_l2_bytes.is_some() {
+        return Err(Error::Usage(
+            "--gpu-l2-bytes applies to GPU devices; on the CPU the races rotate past its measured last-level cache".into(),
+        ));
+    }
     let m = load_source(&args.source, args.layers, args.seed)?;
     let weight_dtype = default_weight_dtype(weight_flag, gguf_storage(&m));
     let name = session::profile_model_name(&m, &args.source, args.layers);
@@ -78,6 +59,8 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
         matrix_formats: session::matrix_formats(&m, weight_dtype, weight_flag),
         kv_dtype,
         seed: args.seed,
+        gpu_l2_bytes: args.gpu_l2_bytes,
+        trusted_shaders: args.trusted_shaders && !matches!(device, crate::device::Device::Cpu(_)),
     };
     let key = tuner::cache_key(&device, &name, &m.config, &opts);
     let cache = Cache::open().map_err(tuner::TuneError::from)?;
@@ -113,7 +96,7 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
     if let Some(doc) = cached() {
         return finish(doc, true, 0);
     }
-    let ctx = session::open_device(&device)?;
+    let ctx = session::open_device(&device, opts.trusted_shaders)?;
     let store: Arc<dyn TensorStore> = m.weights.clone();
     let target = Target { model: &name, config: &m.config, store, device: &device, ctx };
     let res = tuner::tune(&target, &opts, Some(&cache), !args.force, progress, profile::build::profile_doc)

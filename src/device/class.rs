@@ -63,6 +63,65 @@ impl Device {
     }
 }
 
+/// A GPU's last-level cache as the slot races must overflow it: bytes and where the
+/// figure comes from. wgpu does not report cache sizes, so this is an estimate per
+/// vendor and class, erring large (a larger estimate only costs memory for more
+/// copies; a smaller one would time weights that stay in the cache).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct L2Estimate {
+    pub bytes: u64,
+    pub source: String,
+}
+
+const MIB: u64 = 1 << 20;
+
+impl Device {
+    /// The last-level cache of this GPU (`None` for the CPU): per vendor and
+    /// architecture family; a software adapter (lavapipe) runs on the host, whose
+    /// last-level cache it is.
+    pub fn gpu_l2_estimate(&self) -> Option<L2Estimate> {
+        let Device::Gpu(g) = self else { return None };
+        let vendor = self.vendor();
+        Some(gpu_l2(&vendor, &g.info, || {
+            let c = CpuCaps::detect();
+            if c.cache_l3 > 0 { c.cache_l3 } else { c.cache_l2 }
+        }))
+    }
+}
+
+/// [`Device::gpu_l2_estimate`] from the adapter's identity; `host_llc` is asked
+/// only for software adapters.
+pub fn gpu_l2(vendor: &str, info: &GpuInfo, host_llc: impl FnOnce() -> u64) -> L2Estimate {
+    let family = gpu_family(vendor, info);
+    let est = |mib: u64, what: &str| L2Estimate { bytes: mib * MIB, source: format!("estimate: {what}") };
+    if info.software {
+        let llc = host_llc();
+        return if llc > 0 {
+            L2Estimate { bytes: llc, source: "estimate: software adapter, the host's last-level cache".into() }
+        } else {
+            est(64, "software adapter, host cache unknown")
+        };
+    }
+    match (vendor, family.as_str()) {
+        ("nvidia", "maxwell") => est(4, "nvidia maxwell"),
+        ("nvidia", "pascal") => est(4, "nvidia pascal"),
+        ("nvidia", "turing") => est(6, "nvidia turing"),
+        // GA100 (A100, device ids 0x20xx) has 40 MB; the GA10x parts 6 MB.
+        ("nvidia", "ampere") if info.device_id >> 8 == 0x20 => est(40, "nvidia ampere ga100"),
+        ("nvidia", "ampere") => est(6, "nvidia ampere ga10x"),
+        ("nvidia", "ada") => est(72, "nvidia ada (ad102)"),
+        ("nvidia", "hopper") => est(50, "nvidia hopper"),
+        ("nvidia", "blackwell") => est(128, "nvidia blackwell"),
+        ("nvidia", _) => est(128, "nvidia, unknown generation"),
+        // Instinct MI300 has a 256 MB Infinity Cache; Radeon parts up to 128 MB.
+        ("amd", f) if f.contains("mi3") => est(256, "amd instinct mi300"),
+        ("amd", _) => est(128, "amd (infinity cache)"),
+        ("apple", _) => est(96, "apple (system level cache)"),
+        ("intel", _) => est(32, "intel"),
+        _ => est(128, "unknown vendor"),
+    }
+}
+
 fn gpu_class(vendor: &str, info: &GpuInfo) -> DeviceClass {
     DeviceClass {
         kind: "gpu".into(),
@@ -146,6 +205,40 @@ fn cpu_family(c: &CpuCaps) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    fn gpu_info(name: &str, vendor_id: u32, device_id: u32, software: bool) -> GpuInfo {
+        GpuInfo {
+            name: name.into(),
+            backend: "Vulkan".into(),
+            device_type: if software { "Cpu".into() } else { "DiscreteGpu".into() },
+            vendor_id,
+            device_id,
+            driver: String::new(),
+            driver_info: String::new(),
+            software,
+        }
+    }
+
+    /// The L2 estimates per vendor and class: an H100 50 MB, an RTX 4090 72 MB,
+    /// an A100 40 MB against a GA102's 6 MB; lavapipe the host's last-level cache
+    /// (asked only for a software adapter).
+    #[test]
+    fn l2_estimates_follow_vendor_and_class() {
+        let no_host = || -> u64 { panic!("a hardware adapter must not ask for the host cache") };
+        let mib = |m: u64| m << 20;
+        assert_eq!(gpu_l2("nvidia", &gpu_info("NVIDIA H100 80GB HBM3", 0x10de, 0x2330, false), no_host).bytes, mib(50));
+        assert_eq!(gpu_l2("nvidia", &gpu_info("NVIDIA GeForce RTX 4090", 0x10de, 0x2684, false), no_host).bytes, mib(72));
+        assert_eq!(gpu_l2("nvidia", &gpu_info("NVIDIA A100", 0x10de, 0x20b0, false), no_host).bytes, mib(40));
+        assert_eq!(gpu_l2("nvidia", &gpu_info("NVIDIA GeForce RTX 3090", 0x10de, 0x2204, false), no_host).bytes, mib(6));
+        let h100 = gpu_l2("nvidia", &gpu_info("NVIDIA H100", 0x10de, 0x2330, false), no_host);
+        assert!(h100.source.contains("hopper"), "{}", h100.source);
+        let lvp = gpu_l2("mesa", &gpu_info("llvmpipe (LLVM 19.1.7, 256 bits)", 0x10005, 0, true), || mib(32));
+        assert_eq!(lvp.bytes, mib(32));
+        assert!(lvp.source.contains("host"), "{}", lvp.source);
+        assert_eq!(gpu_l2("mesa", &gpu_info("llvmpipe", 0x10005, 0, true), || 0).bytes, mib(64));
+        assert!(gpu_l2("acme", &gpu_info("Acme GPU", 0x1234, 1, false), no_host).bytes >= mib(64));
+    }
+
     use super::*;
 
     fn info(name: &str, vendor_id: u32, device_id: u32, driver_info: &str) -> GpuInfo {

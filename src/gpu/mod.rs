@@ -3,6 +3,12 @@
 //! dispatches of one kernel variant, built once and recorded many times) and
 //! timestamp-query timing.
 //!
+//! Shader modules are built checked (wgpu's runtime bounds checks) or, on
+//! request, trusted ([`GpuCtx::with_trusted_shaders`]): `create_shader_module_trusted`
+//! with [`wgpu::ShaderRuntimeChecks::unchecked`], for kernels whose every access the
+//! host has already bounded (each kernel's `check` validates the shapes against the
+//! bound buffers before a program is built). Both kinds share one cache, keyed by it.
+//!
 //! Conventions for shaders (see `shaders/`): bindings at `@group(0)` in the op's
 //! buffer order, the uniform block right after them; weight and cache buffers are
 //! declared as `u32` words and decoded with `bitcast<f32>` or `unpack2x16float`
@@ -61,16 +67,23 @@ pub enum GpuError {
     Poll(String),
 }
 
-type PipelineKey = (&'static str, String, Vec<(String, u64)>);
+/// (shader, entry, sorted override constants, trusted module).
+type PipelineKey = (&'static str, String, Vec<(String, u64)>, bool);
+type ModuleCache = Arc<Mutex<HashMap<(&'static str, bool), Arc<wgpu::ShaderModule>>>>;
+type PipelineCache = Arc<Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>>;
 
 /// One opened adapter: device, queue, capabilities, caches. Reused across runs.
+/// Views of one device that differ only in [`GpuCtx::trusted_shaders`] share the
+/// device, the queue and the caches.
 pub struct GpuCtx {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     pub caps: GpuCaps,
     pub name: String,
-    modules: Mutex<HashMap<&'static str, Arc<wgpu::ShaderModule>>>,
-    pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
+    /// Shader modules built without wgpu's runtime checks (see the module doc).
+    trusted: bool,
+    modules: ModuleCache,
+    pipelines: PipelineCache,
 }
 
 /// One binding of a step: a whole buffer, or `size` bytes of one from `offset`.
@@ -166,26 +179,59 @@ impl GpuCtx {
             queue,
             caps: dev.caps.clone(),
             name: dev.info.name.clone(),
-            modules: Mutex::new(HashMap::new()),
-            pipelines: Mutex::new(HashMap::new()),
+            trusted: false,
+            modules: Arc::default(),
+            pipelines: Arc::default(),
         }))
+    }
+
+    /// This device with shader modules built trusted (`true`: no runtime bounds
+    /// checks) or checked; the same context when it already is. Device, queue and
+    /// caches are shared (the caches are keyed by the kind of module).
+    pub fn with_trusted_shaders(self: &Arc<Self>, trusted: bool) -> Arc<GpuCtx> {
+        if self.trusted == trusted {
+            return self.clone();
+        }
+        Arc::new(GpuCtx {
+            device: self.device.clone(),
+            queue: self.queue.clone(),
+            caps: self.caps.clone(),
+            name: self.name.clone(),
+            trusted,
+            modules: self.modules.clone(),
+            pipelines: self.pipelines.clone(),
+        })
+    }
+
+    /// Whether this context builds its shader modules without runtime checks.
+    pub fn trusted_shaders(&self) -> bool {
+        self.trusted
     }
 
     fn module(&self, shader: &'static Shader) -> Result<Arc<wgpu::ShaderModule>, GpuError> {
         let mut cache = self.modules.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(m) = cache.get(shader.name) {
+        if let Some(m) = cache.get(&(shader.name, self.trusted)) {
             return Ok(m.clone());
         }
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let m = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(shader.name),
-            source: wgpu::ShaderSource::Wgsl(Cow::Borrowed(shader.source)),
-        });
+        let desc =
+            wgpu::ShaderModuleDescriptor { label: Some(shader.name), source: wgpu::ShaderSource::Wgsl(Cow::Borrowed(shader.source)) };
+        let m = if self.trusted {
+            // SAFETY: the shaders of `shaders/` index their buffers only within the
+            // sizes the host binds: every kernel's `check` validates the problem's
+            // shapes against the device limits and the buffers `Problem::buffers`
+            // sizes, and a program is only built for a problem that passed it; the
+            // loops are bounded by uniforms derived from those shapes. The parity
+            // tests run every family with trusted modules (tests/parity.rs).
+            unsafe { self.device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
+        } else {
+            self.device.create_shader_module(desc)
+        };
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(GpuError::Pipeline { shader: shader.name.into(), entry: "(module)".into(), message: e.to_string() });
         }
         let m = Arc::new(m);
-        cache.insert(shader.name, m.clone());
+        cache.insert((shader.name, self.trusted), m.clone());
         Ok(m)
     }
 
@@ -199,12 +245,12 @@ impl GpuCtx {
     ) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
         let mut sorted: Vec<(String, u64)> = constants.iter().map(|(k, v)| (k.to_string(), v.to_bits())).collect();
         sorted.sort();
-        let key = (shader.name, entry.to_string(), sorted);
+        let key = (shader.name, entry.to_string(), sorted, self.trusted);
         if let Some(p) = self.pipelines.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(p.clone());
         }
         let module = self.module(shader)?;
-        let label = format!("{}:{}{:?}", shader.name, entry, constants);
+        let label = format!("{}:{}{:?}{}", shader.name, entry, constants, if self.trusted { " trusted" } else { "" });
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let pipe = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&label),
@@ -369,7 +415,14 @@ impl GpuCtx {
     /// seconds per execution, from timestamp queries when the adapter has them;
     /// `None` when it does not (callers then use the wall clock).
     pub fn time_program(&self, program: &GpuProgram, reps: u32) -> Result<Option<f64>, GpuError> {
-        if !self.caps.timestamp_query {
+        self.time_programs(std::slice::from_ref(program), 0, reps)
+    }
+
+    /// As [`GpuCtx::time_program`], execution `r` running `programs[(first + r) %
+    /// len]`: the same kernel over rotating copies of its buffers, so that no
+    /// execution finds its inputs in the cache the previous one left them in.
+    pub fn time_programs(&self, programs: &[GpuProgram], first: usize, reps: u32) -> Result<Option<f64>, GpuError> {
+        if !self.caps.timestamp_query || programs.is_empty() {
             return Ok(None);
         }
         let qs = self.device.create_query_set(&wgpu::QuerySetDescriptor {
@@ -394,8 +447,8 @@ impl GpuCtx {
                     end_of_pass_write_index: Some(1),
                 }),
             });
-            for _ in 0..reps.max(1) {
-                program.record(&mut pass);
+            for r in 0..reps.max(1) as usize {
+                programs[(first + r) % programs.len()].record(&mut pass);
             }
         }
         enc.resolve_query_set(&qs, 0..2, &resolve, 0);

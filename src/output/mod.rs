@@ -4,6 +4,7 @@
 //! only this module turns them into text.
 
 mod bench;
+mod bench_kernels;
 mod devices;
 mod diff;
 mod kernels;

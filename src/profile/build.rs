@@ -17,7 +17,7 @@ use crate::tuner::stats::{Stats, summarize};
 
 /// The profile document of a finished tune.
 pub(crate) fn profile_doc(f: &Findings<'_>) -> ProfileDoc {
-    let Findings { target: t, options: o, caps, limits, space, races, e2e, used_s } = *f;
+    let Findings { target: t, options: o, caps, limits, rotation, space, races, e2e, used_s } = *f;
     let (limit_gbps, limit_src) = limits;
     let EndToEnd { combos, samples, best, .. } = e2e;
     let best = *best;
@@ -64,6 +64,7 @@ pub(crate) fn profile_doc(f: &Findings<'_>) -> ProfileDoc {
         threads: chosen.threads,
         spin_us: chosen.spin_us,
         prefetch: chosen.prefetch,
+        trusted_shaders: o.trusted_shaders && t.ctx.is_some(),
     };
     let (execution, parallel) = exec.to_doc();
 
@@ -104,6 +105,7 @@ pub(crate) fn profile_doc(f: &Findings<'_>) -> ProfileDoc {
                     .get(res.winner)
                     .map(|c| pd::VariantDoc { kernel: c.kernel.clone(), params: c.params.clone() }.to_string())
                     .unwrap_or_default(),
+                copies: res.copies.iter().copied().max(),
                 candidates: cands,
                 rejected: res.rejected.iter().map(|(v, why)| pd::Rejected { variant: v.clone(), reason: why.clone() }).collect(),
             }
@@ -118,6 +120,13 @@ pub(crate) fn profile_doc(f: &Findings<'_>) -> ProfileDoc {
         device_class: Some(t.device.class()),
         model_hash: Some(crate::tuner::model_hash(t.config, &o.matrix_formats)),
         timing: format!("{timing} (slots); wall-clock (end to end)"),
+        measurement: Some(pd::Measurement {
+            method: crate::tuner::measure::Rotation::METHOD.into(),
+            cache_bytes: rotation.cache_bytes,
+            cache_source: rotation.cache_source.clone(),
+            rotate_bytes: rotation.rotate_bytes,
+            max_copies: races.results.iter().flat_map(|r| r.copies.iter().copied()).max().unwrap_or(1),
+        }),
         date: utc_now(),
         strategy: o.strategy.name().into(),
         seed: o.seed,

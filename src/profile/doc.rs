@@ -419,6 +419,15 @@ pub struct ExecutionDoc {
     /// default, 2048; at most 65536).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_prefetch_bytes: Option<u32>,
+    /// GPU: shader modules built without wgpu's runtime bounds checks
+    /// (`create_shader_module_trusted`, unchecked), as the profile was tuned
+    /// (`tune --trusted-shaders`); absent: checked modules.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub trusted_shaders: bool,
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
 }
 
 fn is_zero(v: &u32) -> bool {
@@ -439,6 +448,7 @@ impl Default for ExecutionDoc {
             cpu_threads: 0,
             cpu_spin_us: 0,
             cpu_prefetch_bytes: None,
+            trusted_shaders: false,
         }
     }
 }
@@ -493,6 +503,10 @@ pub struct Tuning {
     pub model_hash: Option<String>,
     /// `gpu-timestamps` or `wall-clock`.
     pub timing: String,
+    /// How the slot races kept their inputs out of the caches (absent in
+    /// profiles written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measurement: Option<Measurement>,
     /// UTC, RFC 3339.
     pub date: String,
     pub strategy: String,
@@ -507,6 +521,26 @@ pub struct Tuning {
     /// Per slot, regime and shape: the candidates measured and those rejected.
     pub slots: Vec<SlotTuning>,
     pub end_to_end: EndToEnd,
+}
+
+/// How the slot races timed memory rather than cache (`tuning.measurement`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Measurement {
+    /// `rotate`: consecutive executions of a kernel read distinct copies of its
+    /// inputs (weights included), together `rotate_bytes`, so none finds them in
+    /// the cache the previous one filled.
+    pub method: String,
+    /// The cache the copies overflow, bytes (GPU: L2; CPU: the last-level cache).
+    pub cache_bytes: u64,
+    /// Where `cache_bytes` comes from: an estimate per vendor and class, the
+    /// host's caches, or `--gpu-l2-bytes`.
+    pub cache_source: String,
+    /// Bytes of input copies each shape's executions cycle through.
+    pub rotate_bytes: u64,
+    /// Most copies any slot's shape rotated through (1: its inputs alone exceed
+    /// `rotate_bytes`).
+    pub max_copies: usize,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
@@ -540,6 +574,10 @@ pub struct SlotTuning {
     /// Dispatches of this shape per forward pass.
     pub count: usize,
     pub chosen: String,
+    /// Input copies the executions of this shape rotated through (absent in
+    /// older profiles; see `tuning.measurement`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copies: Option<usize>,
     pub candidates: Vec<Candidate>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rejected: Vec<Rejected>,

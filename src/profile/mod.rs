@@ -74,6 +74,8 @@ pub struct ExecSettings {
     /// CPU: the int8 decode dots' prefetch distance, bytes (None: the
     /// runtime's default, `kernels::cpu::DEFAULT_PREFETCH`; 0: none).
     pub prefetch: Option<u32>,
+    /// GPU: shader modules without runtime bounds checks (`--trusted-shaders`).
+    pub trusted_shaders: bool,
 }
 
 impl ExecSettings {
@@ -90,6 +92,7 @@ impl ExecSettings {
             cpu_threads: self.threads as u32,
             cpu_spin_us: self.spin_us,
             cpu_prefetch_bytes: self.prefetch,
+            trusted_shaders: self.trusted_shaders,
         };
         let mut par = BTreeMap::new();
         for (name, members) in PARALLEL_GROUPS {
@@ -532,6 +535,7 @@ impl Profile {
             threads: e.cpu_threads as usize,
             spin_us: e.cpu_spin_us,
             prefetch: e.cpu_prefetch_bytes,
+            trusted_shaders: e.trusted_shaders,
         };
         Ok((sel, exec, warnings))
     }

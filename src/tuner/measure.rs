@@ -65,18 +65,23 @@ pub struct Cand {
 
 /// The shapes of one slot with their dispatch counts per pass, inputs built once.
 ///
-/// On the CPU each shape's inputs come in enough copies to overflow the last-level
-/// cache (`rotate_bytes`), and consecutive executions cycle through them, as
-/// PyTorch TunableOp's rotating buffers do: in a model pass every layer reads its
-/// own weights and KV cache from memory, so a kernel timed over one hot copy would
-/// be ranked at cache speed (a 576×576 GEMV fits in L2) rather than at the speed
-/// the pass sees.
+/// Each shape's inputs come in enough copies to overflow the last-level cache
+/// (`rotate_bytes`), and consecutive executions cycle through them, as PyTorch
+/// TunableOp's rotating buffers do: in a model pass every layer reads its own
+/// weights and KV cache from memory, so a kernel timed over one hot copy would be
+/// ranked at cache speed (a 576×576 GEMV fits in L2) rather than at the speed the
+/// pass sees. On the CPU the copies are host tensors (the last-level cache); on a
+/// GPU they are separate buffers, each with the inputs of its own seed
+/// ([`copy_seed`]), against the adapter's L2 (50–128 MB on current GPUs).
 pub struct Workload {
     pub dtype: DType,
     pub shapes: Vec<(Problem, usize)>,
-    /// Per shape, its input copies (one at least).
+    /// CPU: per shape, its input copies (one at least).
     inputs: Vec<Vec<Vec<HostTensor>>>,
-    gpu: Option<(Arc<GpuCtx>, Vec<GpuBuffers>)>,
+    /// Per shape, how many input copies executions rotate through.
+    copies: Vec<usize>,
+    /// GPU: per shape, one set of buffers per copy.
+    gpu: Option<(Arc<GpuCtx>, Vec<Vec<GpuBuffers>>)>,
 }
 
 /// Copies of `bytes` of inputs that together reach `rotate_bytes` (at most 256).
@@ -84,29 +89,49 @@ pub fn rotating_copies(bytes: usize, rotate_bytes: usize) -> usize {
     if bytes == 0 { 1 } else { rotate_bytes.div_ceil(bytes).clamp(1, 256) }
 }
 
+/// The seed of input copy `copy` of a GPU workload built with `seed`.
+pub fn copy_seed(seed: u64, copy: usize) -> u64 {
+    seed.wrapping_add((copy as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
 impl Workload {
     pub fn new(shapes: Vec<(Problem, usize)>, dtype: DType, gpu: Option<Arc<GpuCtx>>, seed: u64, rotate_bytes: usize) -> Workload {
-        let inputs: Vec<Vec<Vec<HostTensor>>> = shapes
-            .iter()
-            .map(|(p, _)| {
-                let first = make_inputs(p, dtype, seed);
-                let bytes: usize = first.iter().map(|t| t.bytes().len()).sum();
-                let n = if gpu.is_some() { 1 } else { rotating_copies(bytes, rotate_bytes) };
-                let mut all = vec![first; n];
-                all.shrink_to_fit();
-                all
-            })
-            .collect();
-        let gpu = gpu.map(|ctx| {
-            let bufs = shapes.iter().zip(&inputs).map(|((p, _), ins)| GpuBuffers::new(&ctx, p, dtype, &ins[0])).collect();
-            (ctx, bufs)
-        });
-        Workload { dtype, shapes, inputs, gpu }
+        let mut inputs = Vec::new();
+        let mut copies = Vec::new();
+        let mut gpu_bufs = Vec::new();
+        for (p, _) in &shapes {
+            let first = make_inputs(p, dtype, seed);
+            let bytes: usize = first.iter().map(|t| t.bytes().len()).sum();
+            let n = rotating_copies(bytes, rotate_bytes);
+            copies.push(n);
+            match &gpu {
+                None => {
+                    let mut all = vec![first; n];
+                    all.shrink_to_fit();
+                    inputs.push(all);
+                }
+                Some(ctx) => {
+                    // Distinct contents per copy: a test can tell the copies apart
+                    // by their results, and no driver can merge them.
+                    let mut bufs = vec![GpuBuffers::new(ctx, p, dtype, &first)];
+                    bufs.extend((1..n).map(|c| GpuBuffers::new(ctx, p, dtype, &make_inputs(p, dtype, copy_seed(seed, c)))));
+                    gpu_bufs.push(bufs);
+                    inputs.push(Vec::new());
+                }
+            }
+        }
+        let gpu = gpu.map(|ctx| (ctx, gpu_bufs));
+        Workload { dtype, shapes, inputs, copies, gpu }
     }
 
     /// Input copies of shape `i`.
     pub fn copies(&self, i: usize) -> usize {
-        self.inputs[i].len()
+        self.copies[i]
+    }
+
+    /// The GPU buffers of copy `copy` of shape `i` (None on the CPU).
+    pub fn gpu_buffers(&self, i: usize, copy: usize) -> Option<&GpuBuffers> {
+        self.gpu.as_ref().and_then(|(_, b)| b.get(i)).and_then(|c| c.get(copy))
     }
 }
 
@@ -115,7 +140,8 @@ impl Workload {
 pub struct Runner {
     pub cand: Cand,
     outs: Vec<Vec<Vec<f32>>>,
-    progs: Vec<GpuProgram>,
+    /// GPU: per shape, one program per input copy.
+    progs: Vec<Vec<GpuProgram>>,
     reps: Vec<u32>,
     pub samples: Vec<f64>,
     /// Per-shape seconds of each sample.
@@ -123,7 +149,7 @@ pub struct Runner {
     pub dropped: Option<usize>,
     pub error: Option<String>,
     pub timestamps: bool,
-    /// The input copy the next CPU execution reads (cycles through the copies).
+    /// The input copy the next execution reads (cycles through the copies).
     next_copy: usize,
 }
 
@@ -155,9 +181,12 @@ impl Runner {
             }
             Some((ctx, bufs)) => {
                 self.timestamps = ctx.caps.timestamp_query;
-                for ((p, _), b) in w.shapes.iter().zip(bufs) {
-                    let prog = k.prepare_wgsl(ctx, p, w.dtype, &self.cand.params, &b.refs()).map_err(|e| e.to_string())?;
-                    self.progs.push(prog);
+                for ((p, _), copies) in w.shapes.iter().zip(bufs) {
+                    let progs = copies
+                        .iter()
+                        .map(|b| k.prepare_wgsl(ctx, p, w.dtype, &self.cand.params, &b.refs()).map_err(|e| e.to_string()))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    self.progs.push(progs);
                 }
             }
         }
@@ -196,11 +225,13 @@ impl Runner {
                 }
             }
             Some((ctx, _)) => {
-                let prog = &self.progs[i];
-                if let Some(t) = ctx.time_program(prog, reps).map_err(|e| e.to_string())? {
+                let progs = &self.progs[i];
+                let first = self.next_copy;
+                self.next_copy = (first + reps as usize) % progs.len().max(1);
+                if let Some(t) = ctx.time_programs(progs, first, reps).map_err(|e| e.to_string())? {
                     return Ok(t);
                 }
-                let all: Vec<&GpuProgram> = (0..reps).map(|_| prog).collect();
+                let all: Vec<&GpuProgram> = (0..reps as usize).map(|r| &progs[(first + r) % progs.len()]).collect();
                 let t0 = Instant::now();
                 ctx.run(k.id, &all).map_err(|e| e.to_string())?;
                 Ok(t0.elapsed().as_secs_f64() / reps as f64)
@@ -231,6 +262,54 @@ impl Runner {
 
     pub fn stats(&self) -> Stats {
         summarize(&self.samples)
+    }
+
+    /// GPU: the program of shape `i` over input copy `copy`.
+    pub fn program(&self, i: usize, copy: usize) -> Option<&GpuProgram> {
+        self.progs.get(i).and_then(|p| p.get(copy))
+    }
+}
+
+/// How slot races keep the caches from flattering a kernel: the cache its input
+/// copies must overflow, and the bytes of copies they rotate through (twice it).
+/// Recorded in the profile (`tuning.measurement`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Rotation {
+    /// Bytes of the cache the copies overflow (GPU: L2; CPU: the last-level cache).
+    pub cache_bytes: u64,
+    /// Where `cache_bytes` comes from (an estimate per vendor and class, a
+    /// measurement of the host, or `--gpu-l2-bytes`).
+    pub cache_source: String,
+    /// Bytes of input copies each shape's executions cycle through.
+    pub rotate_bytes: u64,
+}
+
+impl Rotation {
+    /// The method's name in the profile.
+    pub const METHOD: &'static str = "rotate";
+
+    /// Copies of twice `cache_bytes`.
+    pub fn over(cache_bytes: u64, cache_source: impl Into<String>) -> Rotation {
+        Rotation { cache_bytes, cache_source: cache_source.into(), rotate_bytes: cache_bytes.saturating_mul(2) }
+    }
+
+    /// The rotation for `device`: a GPU's L2 (`l2_override`, else the estimate for
+    /// its vendor and class), the CPU's last-level cache (64 MiB of copies when the
+    /// size is unknown). `l2_override` applies to GPUs only.
+    pub fn for_device(device: &crate::device::Device, l2_override: Option<u64>) -> Rotation {
+        use crate::device::Device;
+        match device {
+            Device::Gpu(_) => match (l2_override, device.gpu_l2_estimate()) {
+                (Some(b), _) => Rotation::over(b, "--gpu-l2-bytes"),
+                (None, Some(e)) => Rotation::over(e.bytes, e.source),
+                (None, None) => Rotation::over(128 << 20, "estimate: unknown GPU"),
+            },
+            Device::Cpu(c) if c.cache_l3 > 0 => Rotation::over(c.cache_l3, "cpu last-level cache (L3)"),
+            Device::Cpu(c) if c.cache_l2 > 0 => {
+                Rotation { cache_bytes: c.cache_l2, cache_source: "cpu L2 (no L3)".into(), rotate_bytes: 4 * c.cache_l2 }
+            }
+            Device::Cpu(_) => Rotation { cache_bytes: 0, cache_source: "cpu cache size unknown".into(), rotate_bytes: 64 << 20 },
+        }
     }
 }
 
@@ -319,5 +398,61 @@ mod tests {
         let p: Problem = test_problems(Op::Gemv).into_iter().next().expect("a gemv test shape");
         let w = Workload::new(vec![(p, 1)], DType::F32, None, 0, 1 << 20);
         assert!(w.copies(0) > 1, "a small shape gets copies: {}", w.copies(0));
+    }
+
+    /// The rotation is twice the cache, from the override when one is given, and
+    /// the recorded method names it.
+    #[test]
+    fn rotation_is_twice_the_cache_and_the_cpu_keeps_its_own() {
+        let r = Rotation::over(50 << 20, "--gpu-l2-bytes");
+        assert_eq!((r.cache_bytes, r.rotate_bytes, r.cache_source.as_str()), (50 << 20, 100 << 20, "--gpu-l2-bytes"));
+        assert_eq!(Rotation::METHOD, "rotate");
+        let cpu = crate::device::CpuCaps::detect();
+        let l3 = cpu.cache_l3;
+        let r = Rotation::for_device(&crate::device::Device::Cpu(cpu), Some(1 << 20));
+        if l3 > 0 {
+            assert_eq!((r.cache_bytes, r.rotate_bytes), (l3, 2 * l3), "the CPU ignores a GPU L2 override");
+        }
+        assert!(r.rotate_bytes >= 1 << 20);
+    }
+
+    /// On a GPU the copies are distinct buffers with distinct contents, and each
+    /// copy's program computes on its own buffers: every copy's outputs match the
+    /// reference over that copy's inputs, and differ from the other copies'.
+    #[test]
+    fn gpu_copies_are_distinct_buffers_each_computing_its_own_inputs() {
+        use crate::kernels::verify::{compare, tolerance};
+        use crate::kernels::{Backend, Caps, reference};
+        let Some(gpu) = crate::testing::test_gpu() else { return };
+        let p = Problem::Gemv { n: 64, k: 128 };
+        let seed = 7;
+        let one: usize = make_inputs(&p, DType::F32, seed).iter().map(|t| t.bytes().len()).sum();
+        let w = Workload::new(vec![(p.clone(), 1)], DType::F32, Some(gpu.clone()), seed, one * 3);
+        assert_eq!(w.copies(0), 3);
+        let k = crate::kernels::registry()
+            .iter()
+            .find(|k| {
+                k.backend() == Backend::Wgsl
+                    && k.op == Op::Gemv
+                    && k.check(Caps::Gpu(&gpu.caps), &p, DType::F32, &k.default_params()).is_ok()
+            })
+            .expect("a WGSL f32 GEMV valid on the test GPU");
+        let mut r = Runner::new(Cand { kernel: k, params: k.default_params() }, &w);
+        assert!(r.error.is_none(), "{:?}", r.error);
+        r.sample(&w);
+        assert!(r.samples.first().is_some_and(|t| *t > 0.0), "{:?}", r.samples);
+        let mut seen: Vec<Vec<Vec<f32>>> = Vec::new();
+        for c in 0..3 {
+            let prog = r.program(0, c).expect("a program per copy");
+            gpu.run("copy check", &[prog]).expect("runs");
+            let outs = w.gpu_buffers(0, c).expect("buffers per copy").read_outputs(&gpu).expect("reads");
+            let ins = make_inputs(&p, DType::F32, copy_seed(seed, c));
+            let want = reference::compute(&p, &ins.iter().map(HostTensor::to_f64).collect::<Vec<_>>());
+            let (err, scale) = compare(&outs, &want);
+            assert!(err / scale <= tolerance(DType::F32), "copy {c}: relative error {:.2e}", err / scale);
+            assert!(!seen.contains(&outs), "copy {c} computed what an earlier copy did");
+            seen.push(outs);
+        }
+        assert!(r.program(0, 3).is_none());
     }
 }

@@ -10,6 +10,7 @@
 
 pub mod cache;
 pub mod e2e;
+pub mod kbench;
 mod limits;
 pub mod measure;
 pub(crate) mod race;
@@ -63,9 +64,20 @@ pub struct TuneOptions {
     pub matrix_formats: std::collections::BTreeMap<String, DType>,
     pub kv_dtype: DType,
     pub seed: u64,
+    /// `--gpu-l2-bytes`: the GPU L2 the slot races' input copies overflow (None:
+    /// the estimate for the adapter; see [`measure::Rotation`]).
+    pub gpu_l2_bytes: Option<u64>,
+    /// `--trusted-shaders`: shader modules without runtime bounds checks (recorded
+    /// as the profile's `execution.trustedShaders`).
+    pub trusted_shaders: bool,
 }
 
 impl TuneOptions {
+    /// The options that change how a slot is measured, for the cache keys.
+    pub fn measurement_key(&self) -> String {
+        format!("l2={:?}|trusted={}", self.gpu_l2_bytes, self.trusted_shaders)
+    }
+
     /// The storage types of a file's matrices besides the weight type (and the
     /// types the other slots run in): their races choose per format.
     pub fn extra_formats(&self) -> std::collections::BTreeSet<DType> {
@@ -76,7 +88,8 @@ impl TuneOptions {
 
 /// Revision of the search itself: part of every cache key, so a tuner that searches
 /// differently does not return or resume what an older one found.
-const SEARCH_REVISION: &str = "descent-1";
+/// (`rotate-1`: GPU races rotate input copies past the adapter's L2.)
+const SEARCH_REVISION: &str = "descent-1-rotate-1";
 
 /// The model's identity for profile lookup: sha256 of its configuration and of
 /// the storage format of every matrix that is not in the weight dtype (written to
@@ -94,7 +107,7 @@ pub fn cache_key(device: &Device, model: &str, cfg: &ModelConfig, o: &TuneOption
     // A file's mixed matrix formats change the plan (and every slot's race).
     let formats: String = o.matrix_formats.iter().map(|(t, d)| format!("|{t}={d}")).collect();
     let opts = format!(
-        "{}|{}|{}|{}|{}|{}|{}|{}{}",
+        "{}|{}|{}|{}|{}|{}|{}|{}|{}{}",
         o.budget.as_secs_f64(),
         o.strategy.name(),
         o.prefill_tokens,
@@ -103,6 +116,7 @@ pub fn cache_key(device: &Device, model: &str, cfg: &ModelConfig, o: &TuneOption
         o.weight_dtype,
         o.kv_dtype,
         o.seed,
+        o.measurement_key(),
         formats
     );
     let ks = kernels::kernel_set_hash();
@@ -133,6 +147,8 @@ pub(crate) struct Findings<'a> {
     pub caps: &'a DeviceCaps,
     /// Read bandwidth (GB/s) and how it was measured.
     pub limits: (f64, &'static str),
+    /// How the slot races kept the caches out of their timings.
+    pub rotation: &'a measure::Rotation,
     pub space: &'a space::Space,
     pub races: &'a race::Races,
     pub e2e: &'a e2e::EndToEnd,
@@ -163,6 +179,7 @@ pub(crate) fn tune<D>(
     }
     let caps = DeviceCaps::from(t.device);
     let limits = limits::measure(t);
+    let rotation = measure::Rotation::for_device(t.device, o.gpu_l2_bytes);
     let space = space::survey(t, o, &caps, progress)?;
     let races = race::run_all(t, o, &space, cache, resume, slot_deadline, progress)?;
     let e2e = e2e::run(t, o, &caps, &space, &races, deadline, progress)?;
@@ -171,6 +188,7 @@ pub(crate) fn tune<D>(
         options: o,
         caps: &caps,
         limits,
+        rotation: &rotation,
         space: &space,
         races: &races,
         e2e: &e2e,

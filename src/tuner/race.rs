@@ -10,11 +10,11 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::cache::{self, Cache};
-use super::measure::{self, Cand, FULL_SAMPLES, Runner, Strategy, Workload, race};
+use super::measure::{self, Cand, FULL_SAMPLES, Rotation, Runner, Strategy, Workload, race};
 use super::space::{Generated, RaceDef, Space, candidates};
 use super::stats::{Stats, pick, summarize};
 use super::{Progress, SEARCH_REVISION, TIE, Target, TuneError, TuneOptions};
-use crate::device::{Device, DeviceCaps};
+use crate::device::DeviceCaps;
 use crate::gpu::GpuCtx;
 use crate::kernels::problem::test_problems;
 use crate::kernels::verify::{Runner as CheckRunner, check_one};
@@ -34,6 +34,9 @@ pub(crate) struct RaceResult {
     /// Per-shape medians of every measured candidate (seconds), by shape description.
     pub shape_medians: Vec<BTreeMap<String, f64>>,
     pub timestamps: bool,
+    /// Per shape, the input copies the executions rotated through.
+    #[serde(default)]
+    pub copies: Vec<usize>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -167,6 +170,7 @@ fn race_cache_key(t: &Target<'_>, r: &RaceDef, o: &TuneOptions) -> String {
         &shapes.join(";"),
         o.strategy.name(),
         &o.seed.to_string(),
+        &o.measurement_key(),
         SEARCH_REVISION,
     ])
 }
@@ -265,7 +269,8 @@ fn run_race(t: &Target<'_>, r: &RaceDef, o: &TuneOptions, deadline: Instant, gat
         cands.insert(0, first);
     }
     let passed = gate_all(cands, r, &caps, t, o, deadline, gates, &mut pool.rejected, true);
-    let w = Workload::new(r.shapes.clone(), r.dtype, t.ctx.clone(), o.seed, rotate_bytes(t.device));
+    let rotate = Rotation::for_device(t.device, o.gpu_l2_bytes).rotate_bytes;
+    let w = Workload::new(r.shapes.clone(), r.dtype, t.ctx.clone(), o.seed, usize::try_from(rotate).unwrap_or(usize::MAX));
     let mut runners: Vec<Runner> = passed.into_iter().map(|c| Runner::new(c, &w)).collect();
     let n = runners.len() as u64;
     progress.phase(&format!("{} ({}) {} candidates", r.key.0, r.key.1.name(), n), n * FULL_SAMPLES as u64);
@@ -322,6 +327,7 @@ fn run_race(t: &Target<'_>, r: &RaceDef, o: &TuneOptions, deadline: Instant, gat
         rejected: pool.rejected,
         shape_medians,
         timestamps: runners.first().is_some_and(|x| x.timestamps),
+        copies: (0..w.shapes.len()).map(|i| w.copies(i)).collect(),
     }
 }
 
@@ -329,17 +335,6 @@ impl RaceResult {
     pub fn winner_choice(&self) -> Option<Choice> {
         let c = self.cands.get(self.winner).filter(|c| c.stats.n > 0)?;
         kernels::find(&c.kernel).ok().map(|k| Choice::new(k, c.params.clone()))
-    }
-}
-
-/// Bytes of input copies a CPU slot race cycles through: twice the last-level
-/// cache (64 MiB when the size is unknown), so every execution reads from memory as
-/// a layer of the model pass does.
-fn rotate_bytes(device: &Device) -> usize {
-    match device {
-        Device::Cpu(c) if c.cache_l3 > 0 => 2 * c.cache_l3 as usize,
-        Device::Cpu(c) if c.cache_l2 > 0 => 4 * c.cache_l2 as usize,
-        _ => 64 << 20,
     }
 }
 
