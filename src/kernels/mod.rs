@@ -664,6 +664,7 @@ pub fn registry() -> &'static [KernelDef] {
         let families = [
             matvec::variants(),
             matvec::quant::variants(),
+            matvec::qdp4a::variants(),
             matvec::norm_gemv::variants(),
             matvec::gate_up::variants(),
             matvec::qkv::variants(),

@@ -452,6 +452,8 @@ pub fn test_problems(op: Op) -> Vec<Problem> {
             Problem::Gemv { n: 300, k: 128 },
             // Whole 32-element blocks, rows not a multiple of any workgroup's rows.
             Problem::Gemv { n: 37, k: 160 },
+            // Whole 256-element super-blocks (the K-quants), rows as above.
+            Problem::Gemv { n: 37, k: 512 },
         ],
         Op::AttentionPrefill => vec![
             Problem::AttentionPrefill { tokens: 1, kv_len: 1, kv_cap: 1, heads: 1, kv_heads: 1, head_dim: 8, window: 0, scale: 0.35 },

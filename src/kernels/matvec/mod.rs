@@ -4,7 +4,9 @@
 //! [`norm_gemv`] (RMSNorm prologue + GEMV), [`gate_up`] (gate and up projections
 //! with the activation product in the epilogue, decode and prefill forms) and
 //! [`qkv`] (the Q/K/V projections of one token in one pass). Block formats of the
-//! GEMV are in [`quant`]; each fused op's module holds its float and block forms.
+//! GEMV are in [`quant`] and, second generation (activation quantized once,
+//! `dot4I8Packed` block dots, register accumulators, split-K), in [`qdp4a`]; each
+//! fused op's module holds its float and block forms.
 //!
 //! This file, float GEMV. WGSL: `gemv_wg` (scalar loads, any k, workgroup tree reduction), `gemv_vec`
 //! (16-byte loads, workgroup reduction), `gemv_subgroup` (16-byte loads, one
@@ -19,6 +21,7 @@
 
 pub mod gate_up;
 pub mod norm_gemv;
+pub mod qdp4a;
 pub mod qkv;
 pub mod quant;
 

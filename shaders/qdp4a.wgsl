@@ -1,0 +1,376 @@
+// The second-generation quantized GEMV y[n] = w[n,k] · x[k] (gemv_q_dp4a_wg,
+// gemv_q_dp4a_subgroup: `shader!(VARIANT, "qdp4a.wgsl", ..)`), three entry points
+// over one set of bindings, each binding the subset it uses:
+//
+//   quantize    x -> xq, xs: the activation once per call, in ACT form, per
+//               32-element block: ACT 8 int8 codes (q8_1 style: d = amax / 127,
+//               four codes a u32), 16 f16 pairs, 32 f32 copies; xs[block] =
+//               (d, sum of the block's values as the GEMV sees them: d * Σq).
+//   main        (the variant's file) every invocation accumulates, in registers,
+//               ROWS rows' dots over its share of the weight "items" (VW quant
+//               words of a 16-byte segment of a block) sharing each activation
+//               load, then one reduction at the end. The int8 form dots four
+//               codes at a time with dot4I8Packed; unsigned weight codes (q4_0,
+//               q4_1, q4_k nibbles) go in as they are and their offsets
+//               (-8 d, m, -dmin m) come through the activation block sums xs.y.
+//               SPLIT > 1: workgroup (g, s) covers the s-th of SPLIT ranges of a
+//               row's blocks and writes part[s * n + row].
+//   sum_splits  y[row] = Σ_s part[s * n + row] in a fixed order.
+//
+// Uses the variant's overrides WG, ROWS (<= 8), QFMT (0 q8_0, 1 q4_0, 2 q4_1,
+// 7 q4_k, 9 q6_k: kernels::wgsl::qfmt), VW (1, 2 or 4 words per item), ACT
+// (8, 16, 32) and SPLIT. Weights in the split layout of kernels::quant::QMatrix:
+// wq the quant bytes (bound padded to 16 bytes), ws the 16-bit header fields.
+// Needs k a whole number of blocks.
+
+struct Dims { n: u32, k: u32 }
+
+@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> wq: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> ws: array<u32>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<uniform> dims: Dims;
+@group(0) @binding(5) var<storage, read_write> xq: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read_write> xs: array<vec2<f32>>;
+@group(0) @binding(7) var<storage, read_write> part: array<f32>;
+
+// ---------------------------------------------------------------- quantize
+
+@compute @workgroup_size(64)
+fn quantize(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let b = gid.x + gid.y * nwg.x * 64u;
+    if (b >= dims.k / 32u) {
+        return;
+    }
+    var v: array<vec4<f32>, 8>;
+    var amax = 0.0;
+    for (var i = 0u; i < 8u; i++) {
+        v[i] = x[8u * b + i];
+        let a = abs(v[i]);
+        amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+    }
+    if (ACT == 8u) {
+        let d = amax / 127.0;
+        let id = select(0.0, 1.0 / d, d > 0.0);
+        var qsum = 0;
+        var packed: array<u32, 8>;
+        for (var i = 0u; i < 8u; i++) {
+            let q = vec4<i32>(round(v[i] * id));
+            qsum += q.x + q.y + q.z + q.w;
+            packed[i] = pack4xI8(q);
+        }
+        xq[2u * b] = vec4<u32>(packed[0], packed[1], packed[2], packed[3]);
+        xq[2u * b + 1u] = vec4<u32>(packed[4], packed[5], packed[6], packed[7]);
+        xs[b] = vec2<f32>(d, d * f32(qsum));
+    } else if (ACT == 16u) {
+        var s = 0.0;
+        for (var i = 0u; i < 8u; i += 2u) {
+            let w = vec4<u32>(pack2x16float(v[i].xy), pack2x16float(v[i].zw),
+                              pack2x16float(v[i + 1u].xy), pack2x16float(v[i + 1u].zw));
+            xq[4u * b + i / 2u] = w;
+            let r0 = vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+            let r1 = vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
+            s += dot(r0, vec4<f32>(1.0)) + dot(r1, vec4<f32>(1.0));
+        }
+        xs[b] = vec2<f32>(1.0, s);
+    } else {
+        var s = 0.0;
+        for (var i = 0u; i < 8u; i++) {
+            xq[8u * b + i] = bitcast<vec4<u32>>(v[i]);
+            s += dot(v[i], vec4<f32>(1.0));
+        }
+        xs[b] = vec2<f32>(1.0, s);
+    }
+}
+
+// -------------------------------------------------------------- sum_splits
+
+@compute @workgroup_size(64)
+fn sum_splits(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = gid.x + gid.y * nwg.x * 64u;
+    if (row >= dims.n) {
+        return;
+    }
+    var s = 0.0;
+    for (var i = 0u; i < SPLIT; i++) {
+        s += part[i * dims.n + row];
+    }
+    y[row] = s;
+}
+
+// ------------------------------------------------------------ block layout
+
+// Elements per block.
+fn dq_be() -> u32 {
+    return select(32u, 256u, QFMT == 7u || QFMT == 9u);
+}
+
+// Quant words per block (QFormat::quant_bytes / 4).
+fn dq_wpb() -> u32 {
+    switch QFMT {
+        case 0u: { return 8u; }
+        case 7u: { return 35u; }
+        case 9u: { return 52u; }
+        default: { return 4u; }
+    }
+}
+
+// 16-byte segments per block (an item is VW words of one).
+fn dq_nseg() -> u32 {
+    switch QFMT {
+        case 0u: { return 2u; }
+        case 7u: { return 8u; }
+        case 9u: { return 4u; }
+        default: { return 1u; }
+    }
+}
+
+// Activation streams a segment dots against (one per group of codes sharing a
+// weight scale and an activation block): q8_0 1, q4_0 / q4_1 2 (low and high
+// nibbles), q4_k 2 (low nibbles: sub-block 2jj, high: 2jj + 1), q6_k 4.
+fn dq_nstreams() -> u32 {
+    switch QFMT {
+        case 0u: { return 1u; }
+        case 9u: { return 4u; }
+        default: { return 2u; }
+    }
+}
+
+// The first activation quad (4 elements) of stream s of segment j of block b.
+fn dq_squad(b: u32, j: u32, s: u32) -> u32 {
+    switch QFMT {
+        case 0u: { return 8u * b + 4u * j; }
+        case 7u: { return 64u * b + 16u * (j / 2u) + 4u * (j % 2u) + 8u * s; }
+        case 9u: { return 64u * b + 32u * (j / 2u) + 8u * s + 4u * (j % 2u); }
+        default: { return 8u * b + 4u * s; }
+    }
+}
+
+// The 32-element activation block of stream s of segment j of block b.
+fn dq_sblock(b: u32, j: u32, s: u32) -> u32 {
+    switch QFMT {
+        case 7u: { return 8u * b + 2u * (j / 2u) + s; }
+        case 9u: { return 8u * b + 4u * (j / 2u) + s; }
+        default: { return b; }
+    }
+}
+
+// Header field i of global block gb, as f16.
+fn dq_half(gb: u32, i: u32) -> f32 {
+    let idx = gb * select(1u, 2u, QFMT == 2u || QFMT == 7u) + i;
+    let p = unpack2x16float(ws[idx >> 1u]);
+    return select(p.x, p.y, (idx & 1u) == 1u);
+}
+
+// Quant word i (global word index).
+fn dq_w1(i: u32) -> u32 {
+    return wq[i >> 2u][i & 3u];
+}
+
+// VW quant words from word i (in .x, .xy or .xyzw): one 16-byte (or 8-byte) load
+// where the format's blocks keep segments 16-byte aligned (all but q4_k's
+// 140-byte blocks), word by word otherwise.
+fn dq_wload(i: u32) -> vec4<u32> {
+    if (QFMT != 7u) {
+        if (VW == 4u) {
+            return wq[i >> 2u];
+        }
+        if (VW == 2u) {
+            let v = wq[i >> 2u];
+            return select(vec4<u32>(v.xy, 0u, 0u), vec4<u32>(v.zw, 0u, 0u), (i & 2u) != 0u);
+        }
+    }
+    var out = vec4<u32>(0u);
+    for (var t = 0u; t < VW; t++) {
+        out[t] = dq_w1(i + t);
+    }
+    return out;
+}
+
+// ------------------------------------------------------------- activation
+
+// The activation of the current item: VW quads per stream (stream s at
+// xa[4 * s + t]; ACT 8 a packed word in .x, ACT 16 two f16 pairs in .xy, ACT 32
+// four f32 bits) and each stream's block (d, sum).
+var<private> xa: array<vec4<u32>, 16>;
+var<private> xd: array<vec2<f32>, 4>;
+
+fn dq_aquad(q: u32) -> vec4<u32> {
+    if (ACT == 8u) {
+        return vec4<u32>(xq[q >> 2u][q & 3u], 0u, 0u, 0u);
+    }
+    if (ACT == 16u) {
+        let v = xq[q >> 1u];
+        return select(vec4<u32>(v.xy, 0u, 0u), vec4<u32>(v.zw, 0u, 0u), (q & 1u) == 1u);
+    }
+    return xq[q];
+}
+
+fn dq_load_act(b: u32, j: u32, p: u32) {
+    for (var s = 0u; s < dq_nstreams(); s++) {
+        let q0 = dq_squad(b, j, s) + p * VW;
+        xd[s] = xs[dq_sblock(b, j, s)];
+        if (ACT == 8u && VW == 4u) {
+            let v = xq[q0 >> 2u];
+            xa[4u * s] = vec4<u32>(v.x, 0u, 0u, 0u);
+            xa[4u * s + 1u] = vec4<u32>(v.y, 0u, 0u, 0u);
+            xa[4u * s + 2u] = vec4<u32>(v.z, 0u, 0u, 0u);
+            xa[4u * s + 3u] = vec4<u32>(v.w, 0u, 0u, 0u);
+        } else {
+            for (var t = 0u; t < VW; t++) {
+                xa[4u * s + t] = dq_aquad(q0 + t);
+            }
+        }
+    }
+}
+
+// Σ over the item's VW words of w (four signed 8-bit codes a word) · stream s,
+// in activation units (times xd[s].x gives the dot).
+fn dq_sdot(w: vec4<u32>, s: u32) -> f32 {
+    if (ACT == 8u) {
+        var acc = 0;
+        for (var t = 0u; t < VW; t++) {
+            acc += dot4I8Packed(w[t], xa[4u * s + t].x);
+        }
+        return f32(acc);
+    }
+    var acc = 0.0;
+    for (var t = 0u; t < VW; t++) {
+        let wv = vec4<f32>(unpack4xI8(w[t]));
+        let a = xa[4u * s + t];
+        if (ACT == 16u) {
+            acc += dot(wv, vec4<f32>(unpack2x16float(a.x), unpack2x16float(a.y)));
+        } else {
+            acc += dot(wv, bitcast<vec4<f32>>(a));
+        }
+    }
+    return acc;
+}
+
+// ------------------------------------------------------------ weight dots
+
+// Byte i of the three q4_k scale words.
+fn dq_kbyte(sc: vec3<u32>, i: u32) -> u32 {
+    return (sc[i >> 2u] >> ((i & 3u) * 8u)) & 0xffu;
+}
+
+// Q4_K: the 6-bit scale and minimum of sub-block g (ggml's get_scale_min_k4).
+fn dq_k4(sc: vec3<u32>, g: u32) -> vec2<f32> {
+    if (g < 4u) {
+        return vec2<f32>(f32(dq_kbyte(sc, g) & 63u), f32(dq_kbyte(sc, g + 4u) & 63u));
+    }
+    let s = (dq_kbyte(sc, g + 4u) & 15u) | ((dq_kbyte(sc, g - 4u) >> 6u) << 4u);
+    let m = (dq_kbyte(sc, g + 4u) >> 4u) | ((dq_kbyte(sc, g) >> 6u) << 4u);
+    return vec2<f32>(f32(s), f32(m));
+}
+
+// Four 6-bit codes a word (0..63) as signed bytes v - 32.
+fn dq_s6(v: vec4<u32>) -> vec4<u32> {
+    let b = v ^ vec4<u32>(0x20202020u);
+    let s = b & vec4<u32>(0x20202020u);
+    return b | (s << vec4<u32>(1u)) | (s << vec4<u32>(2u));
+}
+
+// Signed byte i of word w, as f32.
+fn dq_sbyte(w: u32, i: u32) -> f32 {
+    return f32((bitcast<i32>(w) << (24u - 8u * i)) >> 24u);
+}
+
+// The contribution of item (segment j, part p) of global block gb to its row,
+// against the activation loaded by dq_load_act.
+fn dq_item(gb: u32, j: u32, p: u32) -> f32 {
+    let base = gb * dq_wpb();
+    let lo4 = vec4<u32>(0x0f0f0f0fu);
+    switch QFMT {
+        case 0u: {
+            let w = dq_wload(base + 4u * j + p * VW);
+            return dq_half(gb, 0u) * xd[0].x * dq_sdot(w, 0u);
+        }
+        case 1u, 2u: {
+            let w = dq_wload(base + p * VW);
+            let d = dq_half(gb, 0u);
+            var r = d * (xd[0].x * dq_sdot(w & lo4, 0u) + xd[1].x * dq_sdot((w >> vec4<u32>(4u)) & lo4, 1u));
+            if (p == 0u) {
+                let off = select(-8.0 * d, dq_half(gb, 1u), QFMT == 2u);
+                // Both streams are halves of the same activation block.
+                r += off * xd[0].y;
+            }
+            return r;
+        }
+        case 7u: {
+            let jj = j / 2u;
+            let w = dq_wload(base + 3u + 8u * jj + 4u * (j % 2u) + p * VW);
+            let sc = vec3<u32>(dq_w1(base), dq_w1(base + 1u), dq_w1(base + 2u));
+            let a = dq_k4(sc, 2u * jj);
+            let c = dq_k4(sc, 2u * jj + 1u);
+            var r = dq_half(gb, 0u) * (a.x * xd[0].x * dq_sdot(w & lo4, 0u)
+                                     + c.x * xd[1].x * dq_sdot((w >> vec4<u32>(4u)) & lo4, 1u));
+            if (j % 2u == 0u && p == 0u) {
+                r -= dq_half(gb, 1u) * (a.y * xd[0].y + c.y * xd[1].y);
+            }
+            return r;
+        }
+        default: {
+            // q6_k: segment j = 2 n + l16 covers l = 16 l16 .. + 16 of half n.
+            let n = j / 2u;
+            let l16 = j % 2u;
+            let o = 16u * n + 4u * l16 + p * VW;
+            let qla = dq_wload(base + o);
+            let qlb = dq_wload(base + o + 8u);
+            let qh = dq_wload(base + 32u + 8u * n + 4u * l16 + p * VW);
+            let h3 = vec4<u32>(0x03030303u);
+            let s0 = dq_w1(base + 48u + 2u * n);
+            let s1 = dq_w1(base + 49u + 2u * n);
+            // scales 8 n + l16 + 2 q: bytes l16, l16 + 2 of s0 and of s1.
+            let r = dq_sbyte(s0, l16) * xd[0].x * dq_sdot(dq_s6((qla & lo4) | ((qh & h3) << vec4<u32>(4u))), 0u)
+                  + dq_sbyte(s0, l16 + 2u) * xd[1].x * dq_sdot(dq_s6((qlb & lo4) | (((qh >> vec4<u32>(2u)) & h3) << vec4<u32>(4u))), 1u)
+                  + dq_sbyte(s1, l16) * xd[2].x * dq_sdot(dq_s6(((qla >> vec4<u32>(4u)) & lo4) | (((qh >> vec4<u32>(4u)) & h3) << vec4<u32>(4u))), 2u)
+                  + dq_sbyte(s1, l16 + 2u) * xd[3].x * dq_sdot(dq_s6(((qlb >> vec4<u32>(4u)) & lo4) | (((qh >> vec4<u32>(6u)) & h3) << vec4<u32>(4u))), 3u);
+            return dq_half(gb, 0u) * r;
+        }
+    }
+}
+
+// ------------------------------------------------------------ accumulation
+
+// Register accumulators of the workgroup's ROWS rows (ROWS <= 8).
+var<private> acc: array<f32, 8>;
+
+// Where a workgroup works: its first row and its split, from its linear index.
+fn dq_group(wid: vec3<u32>, nwg: vec3<u32>) -> vec2<u32> {
+    let g = wid.x + wid.y * nwg.x;
+    return vec2<u32>((g / SPLIT) * ROWS, g % SPLIT);
+}
+
+// Invocation tid's share of the items of rows row0 .. row0 + ROWS in split s:
+// items strided by WG, each item's activation loaded once for all rows.
+fn dq_accumulate(row0: u32, s: u32, tid: u32) {
+    for (var r = 0u; r < ROWS; r++) {
+        acc[r] = 0.0;
+    }
+    let nb = dims.k / dq_be();
+    let parts = 4u / VW;
+    let per_block = dq_nseg() * parts;
+    let b0 = nb * s / SPLIT;
+    let b1 = nb * (s + 1u) / SPLIT;
+    let last = dims.n - 1u;
+    for (var i = b0 * per_block + tid; i < b1 * per_block; i += WG) {
+        let b = i / per_block;
+        let rem = i % per_block;
+        let j = rem / parts;
+        let p = rem % parts;
+        dq_load_act(b, j, p);
+        for (var r = 0u; r < ROWS; r++) {
+            acc[r] += dq_item(min(row0 + r, last) * nb + b, j, p);
+        }
+    }
+}
+
+// Row row0 + r's total from split s.
+fn dq_store(row: u32, s: u32, v: f32) {
+    if (SPLIT == 1u) {
+        y[row] = v;
+    } else {
+        part[s * dims.n + row] = v;
+    }
+}
