@@ -242,18 +242,20 @@ const DEFAULT_MARGIN: f64 = 0.02;
 
 /// The combination to keep when every round timed each one once (interleaved):
 /// each one's per-round ratios to the default (index 0; a machine-wide slowdown
-/// during one round cancels), the lowest median ratio wins, and the default stays
-/// unless that median beats it by [`DEFAULT_MARGIN`]. None when the default has no
-/// samples (the caller then compares medians).
+/// during one round cancels). A combination qualifies when it was faster than the
+/// default in every round it shared with it (at least two; under no difference
+/// that happens by chance with odds 1 in 2^rounds) and its median ratio beats
+/// the default by [`DEFAULT_MARGIN`]; the lowest median ratio among those wins,
+/// else the default stays. None when the default has no samples (the caller then
+/// compares medians).
 fn pick_paired(scores: &[Vec<f64>]) -> Option<usize> {
     let base = scores.first().filter(|s| !s.is_empty())?;
-    let ratio = |s: &Vec<f64>| -> f64 {
+    let ratio = |s: &Vec<f64>| -> Option<f64> {
         let r: Vec<f64> = s.iter().zip(base).map(|(a, b)| a / b).collect();
-        if r.is_empty() { f64::INFINITY } else { summarize(&r).median }
+        (r.len() >= 2 && r.iter().all(|&x| x < 1.0)).then(|| summarize(&r).median).filter(|&m| m < 1.0 - DEFAULT_MARGIN)
     };
-    let ratios: Vec<f64> = scores.iter().map(ratio).collect();
-    let best = (1..scores.len()).min_by(|&a, &b| ratios[a].total_cmp(&ratios[b]))?;
-    Some(if ratios[best] < 1.0 - DEFAULT_MARGIN { best } else { 0 })
+    let best = (1..scores.len()).filter_map(|i| ratio(&scores[i]).map(|m| (i, m))).min_by(|a, b| a.1.total_cmp(&b.1));
+    Some(best.map_or(0, |(i, _)| i))
 }
 
 /// Times the combinations until `deadline` and picks the best.
@@ -436,8 +438,8 @@ mod tests {
 
     /// Rounds whose speed swings by ±25% together for every combination: a
     /// combination 10% faster in every round wins, one that merely had its fast
-    /// rounds where the default had slow ones does not, and a gain under the
-    /// margin leaves the default.
+    /// rounds where the default had slow ones does not, nor one slower in a round,
+    /// and a gain under the margin leaves the default.
     #[test]
     fn paired_ratios_pick_a_steady_gain_and_keep_the_default_otherwise() {
         let machine = [1.0, 1.25, 0.8, 1.2, 0.75];
@@ -449,6 +451,9 @@ mod tests {
         assert_eq!(pick_paired(&[default.clone(), lucky.clone()]), Some(0), "no steady gain: the default stays");
         let slight: Vec<f64> = machine.iter().map(|m| 0.99 * m).collect();
         assert_eq!(pick_paired(&[default.clone(), slight]), Some(0), "1% is within the margin");
+        // Faster by 10% in four rounds, slower in one: not a steady gain.
+        let mostly: Vec<f64> = machine.iter().enumerate().map(|(i, m)| if i == 2 { 1.05 * m } else { 0.9 * m }).collect();
+        assert_eq!(pick_paired(&[default.clone(), mostly]), Some(0), "one round against it");
         // A combination stopped after three rounds is compared over those rounds.
         assert_eq!(pick_paired(&[default, steady[..3].to_vec()]), Some(1));
         assert_eq!(pick_paired(&[Vec::new(), vec![1.0]]), None, "no default samples: medians decide");
