@@ -8,7 +8,11 @@
 //! WGSL decode: `attention_decode_stream` (one workgroup per query head streaming the
 //! cache) and `attention_decode_splitkv` (flash decoding: the key range split into
 //! `chunk`-key partials computed by one workgroup per GQA group, so the query heads
-//! sharing a KV head read it once, then a merge pass).
+//! sharing a KV head read it once, then a merge pass) and
+//! `attention_decode_splitkv_sg` (the same split-KV partials, one subgroup per
+//! `chunk`-key partial with no workgroup memory or barriers: the lanes split each
+//! K/V row's 16-byte words, a `subgroupAdd` gives the scores of `heads_per_wg`
+//! query heads; merged by `attention_decode_splitkv`'s `reduce`).
 //! CPU prefill: `attention_prefill_cpu` (pool over (token, head) rows, per-key online
 //! softmax) and `attention_prefill_tiled_cpu` (pool over (token block, KV head),
 //! key tiles with materialised score rows, the K/V tile shared by the group's heads).
@@ -21,7 +25,7 @@
 use std::sync::Arc;
 
 use super::cpu::{self, ISA, Isa, Row, axpy_row, row};
-use super::wgsl::shared_wg;
+use super::wgsl::{shared_wg, subgroup_fits};
 use super::{CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuError, GpuProgram, GpuStep, Shader, grid_2d, groups};
@@ -31,10 +35,15 @@ static PREFILL_NAIVE: Shader = shader!("attention_prefill_naive.wgsl", "attentio
 static PREFILL_FLASH: Shader = shader!("attention_prefill_flash.wgsl", "attention.wgsl", "wload.wgsl");
 static DECODE_STREAM: Shader = shader!("attention_decode_stream.wgsl", "attention.wgsl", "reduce_wg.wgsl", "wload.wgsl");
 static DECODE_SPLITKV: Shader = shader!("attention_decode_splitkv.wgsl", "attention.wgsl", "wload.wgsl");
+static DECODE_SPLITKV_SG: Shader = shader!("attention_decode_splitkv_sg.wgsl", "attention.wgsl", "wload.wgsl");
 
 /// Query heads one `attention_decode_splitkv` workgroup handles at most (its
 /// per-invocation score and accumulator arrays are sized for this many).
 const SPLITKV_MAX_HEADS: usize = 8;
+
+/// Accumulator slots (16-byte words of one head) of one `attention_decode_splitkv_sg`
+/// lane: `heads_per_wg * words per lane` must fit.
+const SPLITKV_SG_SLOTS: usize = 16;
 
 const NAIVE_PARAMS: &[ParamSpec] =
     &[ParamSpec::new("workgroup_size", &[64, 128, 256], 128, "invocations per workgroup of the three passes (scores, softmax rows, P·V)")];
@@ -58,6 +67,12 @@ const STREAM_PARAMS: &[ParamSpec] = &[
 const SPLITKV_PARAMS: &[ParamSpec] = &[
     ParamSpec::new("workgroup_size", &[64, 128, 256], 128, "invocations per workgroup (keys scored per inner tile)"),
     ParamSpec::new("chunk", &[64, 128, 256, 512, 1024, 2048], 256, "keys per split (splits = visible keys / chunk)"),
+];
+
+const SPLITKV_SG_PARAMS: &[ParamSpec] = &[
+    ParamSpec::new("workgroup_size", &[32, 64, 128, 256], 128, "invocations per workgroup (its subgroups compute partials side by side)"),
+    ParamSpec::new("heads_per_wg", &[1, 2, 4, 8], 4, "query heads of one GQA group per workgroup (sharing each K/V row load)"),
+    ParamSpec::new("chunk", &[16, 32, 64, 128, 256, 512], 64, "keys per subgroup partial (partials = visible keys / chunk)"),
 ];
 
 const PREFILL_ROWS_PARAMS: &[ParamSpec] =
@@ -124,6 +139,14 @@ pub fn variants() -> Vec<KernelDef> {
             SPLITKV_PARAMS,
             "flash decoding: chunk-key splits, one workgroup per GQA group reads each KV row once, then a merge pass",
             WgslImpl::new(&DECODE_SPLITKV, prepare_splitkv).shared(shared_splitkv).check(check_splitkv),
+        ),
+        KernelDef::new(
+            "attention_decode_splitkv_sg",
+            Op::AttentionDecode,
+            DType::FLOAT,
+            SPLITKV_SG_PARAMS,
+            "flash decoding with subgroups: one subgroup per chunk-key partial, lanes split each K/V row, subgroupAdd scores; splitkv's merge",
+            WgslImpl::new(&DECODE_SPLITKV_SG, prepare_splitkv_sg).subgroups().check(check_splitkv_sg),
         ),
         KernelDef::new(
             "attention_decode_heads_cpu",
@@ -427,6 +450,93 @@ fn prepare_splitkv(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     Ok(GpuProgram { steps, owned: vec![u, part] })
 }
 
+/// How `attention_decode_splitkv_sg` lays out one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SgPlan {
+    /// Workgroups per KV head and query heads per workgroup (`GH`).
+    nsub: usize,
+    gh: usize,
+    /// 16-byte words of a cache row each lane takes at most (`WPL`).
+    wpl: usize,
+    /// Partials per workgroup (`SPW`) and in all.
+    spw: usize,
+    parts: usize,
+}
+
+impl SgPlan {
+    /// `None` when the adapter reports no subgroup size.
+    fn of(s: &Shape, dtype: DType, caps: &GpuCaps, wg: u32, heads_per_wg: u32, chunk: u32) -> Option<SgPlan> {
+        let sg_min = caps.subgroup_min_size as usize;
+        if sg_min == 0 {
+            return None;
+        }
+        let gh = (heads_per_wg as usize).clamp(1, s.group());
+        let nsub = s.group().div_ceil(gh);
+        let gh = s.group().div_ceil(nsub);
+        let wpl = (s.d / per_word(dtype)).div_ceil(sg_min);
+        let spw = (wg as usize / sg_min).max(1);
+        Some(SgPlan { nsub, gh, wpl, spw, parts: splitkv_splits(s, chunk as usize) })
+    }
+
+    fn workgroups_y(&self) -> usize {
+        self.parts.div_ceil(self.spw)
+    }
+}
+
+fn check_splitkv_sg(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    let s = check_wgsl_shape(prob, dtype)?;
+    subgroup_fits(caps, params)?;
+    let (wg, hpw, chunk) = (param(params, "workgroup_size")?, param(params, "heads_per_wg")?, param(params, "chunk")?);
+    let p = SgPlan::of(&s, dtype, caps, wg, hpw, chunk).ok_or("the adapter reports no subgroup size")?;
+    if p.gh * p.wpl > SPLITKV_SG_SLOTS {
+        return Err(format!(
+            "head_dim = {} is {} words per lane on subgroups of {}, times {} heads per workgroup is over the {SPLITKV_SG_SLOTS} accumulator slots; lower heads_per_wg",
+            s.d, p.wpl, caps.subgroup_min_size, p.gh
+        ));
+    }
+    check_grid(caps, "partial blocks", p.workgroups_y())?;
+    check_grid(caps, "KV head groups", s.kv_heads * p.nsub)?;
+    let floats = p.parts * s.heads * (s.d + 2);
+    if floats as u64 >= u32::MAX as u64 {
+        return Err(format!("{floats} partial values overflow the shader's u32 indices"));
+    }
+    let bytes = (floats * 4) as u64;
+    if bytes > caps.max_storage_binding.min(caps.max_buffer_size) {
+        return Err(format!("the {bytes}-byte partial buffer exceeds the adapter's storage binding limit"));
+    }
+    Ok(())
+}
+
+fn prepare_splitkv_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let sh = shape_or_invalid(s.kernel, s.problem)?;
+    let (wg, hpw, chunk) = (s.param("workgroup_size")?, s.param("heads_per_wg")?, s.param("chunk")?);
+    let p = SgPlan::of(&sh, s.dtype, &s.gpu.caps, wg, hpw, chunk)
+        .ok_or_else(|| KernelError::Invalid { kernel: s.kernel.id.to_string(), reason: "the adapter reports no subgroup size".into() })?;
+    let ml_off = p.parts * sh.heads * sh.d;
+    let consts = [
+        ("WG", wg as f64),
+        ("HD", sh.d as f64),
+        ("GH", p.gh as f64),
+        ("CHUNK", chunk as f64),
+        ("SPW", p.spw as f64),
+        ("WPL", p.wpl as f64),
+        ("W_F16", s.w_f16()),
+    ];
+    // splitkv's merge, over the same partial layout with CHUNK keys per partial
+    let merge = [("WG", wg as f64), ("HD", sh.d as f64), ("CHUNK", chunk as f64), ("W_F16", s.w_f16())];
+    let mut words = decode_uniform(&sh);
+    words.extend([p.nsub as u32, ml_off as u32]);
+    let u = s.gpu.uniform(s.kernel.id, &words);
+    let part = s.gpu.storage("attention partials", ((ml_off + 2 * p.parts * sh.heads) * 4) as u64);
+    let (q, k, v, out) = (s.bufs[0], s.bufs[1], s.bufs[2], s.bufs[3]);
+    let grid = [(sh.kv_heads * p.nsub) as u32, p.workgroups_y() as u32, 1];
+    let steps = vec![
+        step_with(s, s.shader(), "split", &consts, &[(0, q), (1, k), (2, v), (4, &u), (5, &part)], grid)?,
+        step_with(s, &DECODE_SPLITKV, "reduce", &merge, &[(3, out), (4, &u), (5, &part)], grid_2d(groups(sh.heads * sh.d, wg)))?,
+    ];
+    Ok(GpuProgram { steps, owned: vec![u, part] })
+}
+
 /// One dispatch of `entry` of the variant's shader binding `binds` at the given
 /// binding numbers (multi-pass kernels bind a different subset per entry point).
 fn step_at(
@@ -436,7 +546,19 @@ fn step_at(
     binds: &[(u32, &wgpu::Buffer)],
     workgroups: [u32; 3],
 ) -> Result<GpuStep, KernelError> {
-    let pipeline: Arc<wgpu::ComputePipeline> = s.gpu.pipeline(s.shader(), entry, constants)?;
+    step_with(s, s.shader(), entry, constants, binds, workgroups)
+}
+
+/// [`step_at`] with an entry point of another shader (a shared merge pass).
+fn step_with(
+    s: &WgslSetup<'_>,
+    shader: &'static Shader,
+    entry: &str,
+    constants: &[(&str, f64)],
+    binds: &[(u32, &wgpu::Buffer)],
+    workgroups: [u32; 3],
+) -> Result<GpuStep, KernelError> {
+    let pipeline: Arc<wgpu::ComputePipeline> = s.gpu.pipeline(shader, entry, constants)?;
     let label = format!("{}:{entry}", s.kernel.id);
     let scope = s.gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
     let layout = pipeline.get_bind_group_layout(0);
@@ -792,6 +914,131 @@ mod tests {
         let s = Shape::of(&extra_problems()[1]).expect("attention");
         assert_eq!(splitkv_groups(&s), (2, 5));
         assert_eq!(splitkv_splits(&s, 64), 2);
+    }
+
+    fn sg_params(wg: u32, hpw: u32, chunk: u32) -> Params {
+        let k = crate::kernels::find("attention_decode_splitkv_sg").expect("registered");
+        let mut p = k.default_params();
+        p.insert("workgroup_size".into(), wg);
+        p.insert("heads_per_wg".into(), hpw);
+        p.insert("chunk".into(), chunk);
+        p
+    }
+
+    /// GQA groups of 1, 4, 6 and 12 heads per KV head, key counts that are no
+    /// multiple of the chunk, a window, head_dim 8 to 128, every heads_per_wg: each
+    /// combination must be valid on the test adapter and match the reference.
+    #[test]
+    fn splitkv_sg_matches_reference_over_heads_per_wg_and_chunks() {
+        let Some(gpu) = crate::testing::test_gpu() else { return };
+        if !gpu.caps.subgroups {
+            return;
+        }
+        let k = crate::kernels::find("attention_decode_splitkv_sg").expect("registered");
+        let probs = [
+            Problem::AttentionDecode { kv_len: 1, kv_cap: 4, heads: 2, kv_heads: 2, head_dim: 8, window: 0, scale: 0.35 },
+            Problem::AttentionDecode { kv_len: 77, kv_cap: 80, heads: 8, kv_heads: 2, head_dim: 32, window: 0, scale: 0.2 },
+            Problem::AttentionDecode { kv_len: 301, kv_cap: 320, heads: 12, kv_heads: 2, head_dim: 64, window: 0, scale: 0.125 },
+            Problem::AttentionDecode { kv_len: 150, kv_cap: 160, heads: 12, kv_heads: 1, head_dim: 16, window: 0, scale: 0.25 },
+            Problem::AttentionDecode { kv_len: 333, kv_cap: 333, heads: 4, kv_heads: 4, head_dim: 24, window: 100, scale: 0.2 },
+        ];
+        let wg = gpu.caps.subgroup_max_size.clamp(32, 256);
+        let mut ran = 0;
+        for prob in &probs {
+            for hpw in [1, 2, 4, 8] {
+                for chunk in [16, 64] {
+                    let params = sg_params(wg, hpw, chunk);
+                    for dtype in [DType::F32, DType::F16] {
+                        if check_wgsl_shape(prob, dtype).is_err() {
+                            continue; // head_dim 24 has no f16 form
+                        }
+                        if let Err(e) = k.check(Caps::Gpu(&gpu.caps), prob, dtype, &params) {
+                            panic!("{dtype} {hpw} heads/wg chunk {chunk} rejected on {}: {e}", gpu.name);
+                        }
+                        let c = check_one(&Runner::Gpu(&gpu), k, prob, dtype, &params, 11);
+                        assert!(c.passed, "{dtype} heads/wg {hpw} chunk {chunk} on {}: rel err {:e} {:?}", c.problem, c.rel_err, c.error);
+                        ran += 1;
+                    }
+                }
+            }
+        }
+        assert!(ran >= 60, "only {ran} checks ran");
+        // head_dim 128 (one whole subgroup-wide row or more per lane) at the default parameters
+        let big = Problem::AttentionDecode { kv_len: 517, kv_cap: 600, heads: 8, kv_heads: 2, head_dim: 128, window: 0, scale: 0.0884 };
+        let params = sg_params(wg, 2, 64);
+        for dtype in [DType::F32, DType::F16] {
+            let c = check_one(&Runner::Gpu(&gpu), k, &big, dtype, &params, 5);
+            assert!(c.passed, "{dtype} on {}: rel err {:e} {:?}", c.problem, c.rel_err, c.error);
+        }
+    }
+
+    #[test]
+    fn splitkv_sg_validity_gives_reasons() {
+        let k = crate::kernels::find("attention_decode_splitkv_sg").expect("registered");
+        let caps = GpuCaps {
+            shader_f16: true,
+            subgroups: true,
+            subgroup_min_size: 8,
+            subgroup_max_size: 32,
+            timestamp_query: true,
+            max_workgroup_storage: 16384,
+            max_invocations_per_workgroup: 256,
+            max_workgroup_size: [256, 256, 64],
+            max_workgroups_per_dimension: 65535,
+            max_storage_binding: 1 << 30,
+            max_buffer_size: 1 << 30,
+            max_storage_buffers_per_stage: 8,
+        };
+        let reason = |p: &Problem, d: DType, params: &Params, c: &GpuCaps| k.check(Caps::Gpu(c), p, d, params).unwrap_err();
+        let p = Problem::AttentionDecode { kv_len: 100, kv_cap: 128, heads: 16, kv_heads: 2, head_dim: 128, window: 0, scale: 0.1 };
+        assert!(k.check(Caps::Gpu(&caps), &p, DType::F32, &sg_params(128, 4, 64)).is_ok());
+        // 32 words per row over 8 lanes = 4 per lane; 8 heads need 32 slots
+        assert!(reason(&p, DType::F32, &sg_params(128, 8, 64), &caps).contains("lower heads_per_wg"));
+        // f16 rows are half as many words: 8 heads fit
+        assert!(k.check(Caps::Gpu(&caps), &p, DType::F16, &sg_params(128, 8, 64)).is_ok());
+        let wide = Problem::AttentionDecode { kv_len: 100, kv_cap: 128, heads: 4, kv_heads: 4, head_dim: 1024, window: 0, scale: 0.1 };
+        assert!(reason(&wide, DType::F32, &sg_params(128, 1, 64), &caps).contains("words per lane"));
+        // head_dim not whole 16-byte words
+        let odd = Problem::AttentionDecode { kv_len: 4, kv_cap: 8, heads: 2, kv_heads: 2, head_dim: 12, window: 0, scale: 1.0 };
+        assert!(reason(&odd, DType::F16, &sg_params(128, 1, 64), &caps).contains("multiple of 8"));
+        // no subgroups; a workgroup narrower than a subgroup
+        assert!(reason(&p, DType::F32, &sg_params(128, 4, 64), &GpuCaps { subgroups: false, ..caps.clone() }).contains("subgroup"));
+        assert!(
+            reason(&p, DType::F32, &sg_params(32, 4, 64), &GpuCaps { subgroup_max_size: 64, ..caps.clone() }).contains("subgroup size 64")
+        );
+        // more partial blocks than the grid allows
+        let long = Problem::AttentionDecode { kv_len: 1 << 20, kv_cap: 1 << 20, heads: 2, kv_heads: 2, head_dim: 8, window: 0, scale: 0.1 };
+        assert!(
+            reason(&long, DType::F32, &sg_params(32, 1, 16), &GpuCaps { max_workgroups_per_dimension: 1024, ..caps })
+                .contains("partial blocks")
+        );
+    }
+
+    #[test]
+    fn splitkv_sg_plan_clamps_heads_to_the_group() {
+        let caps_min = |n: u32| GpuCaps {
+            shader_f16: false,
+            subgroups: true,
+            subgroup_min_size: n,
+            subgroup_max_size: 64,
+            timestamp_query: false,
+            max_workgroup_storage: 16384,
+            max_invocations_per_workgroup: 256,
+            max_workgroup_size: [256, 256, 64],
+            max_workgroups_per_dimension: 65535,
+            max_storage_binding: 1 << 30,
+            max_buffer_size: 1 << 30,
+            max_storage_buffers_per_stage: 8,
+        };
+        // 6 heads per KV head, 8 asked: one workgroup of 6; 4 asked: two of 3
+        let s =
+            Shape::of(&Problem::AttentionDecode { kv_len: 300, kv_cap: 300, heads: 12, kv_heads: 2, head_dim: 64, window: 0, scale: 0.1 })
+                .expect("attention");
+        let p = SgPlan::of(&s, DType::F32, &caps_min(32), 128, 8, 64).expect("subgroups");
+        assert_eq!((p.nsub, p.gh, p.wpl, p.spw, p.parts, p.workgroups_y()), (1, 6, 1, 4, 5, 2));
+        let p = SgPlan::of(&s, DType::F16, &caps_min(4), 64, 4, 64).expect("subgroups");
+        assert_eq!((p.nsub, p.gh, p.wpl, p.spw), (2, 3, 2, 16));
+        assert!(SgPlan::of(&s, DType::F32, &caps_min(0), 64, 4, 64).is_none());
     }
 
     #[test]
