@@ -55,3 +55,22 @@ pub fn test_gpu() -> Option<Arc<GpuCtx>> {
     })
     .clone()
 }
+
+/// The limits of a typical desktop adapter with subgroups of 8 to 32 lanes and
+/// shader f16, for validity tests that vary one field at a time.
+pub fn typical_gpu_caps() -> crate::device::GpuCaps {
+    crate::device::GpuCaps {
+        shader_f16: true,
+        subgroups: true,
+        subgroup_min_size: 8,
+        subgroup_max_size: 32,
+        timestamp_query: true,
+        max_workgroup_storage: 16384,
+        max_invocations_per_workgroup: 256,
+        max_workgroup_size: [256, 256, 64],
+        max_workgroups_per_dimension: 65535,
+        max_storage_binding: 1 << 30,
+        max_buffer_size: 1 << 30,
+        max_storage_buffers_per_stage: 8,
+    }
+}

@@ -3,23 +3,8 @@
 
 mod common;
 
-use std::path::Path;
-
-use common::{ktune_in as ktune, tempdir};
+use common::{gpu_index, ktune_in as ktune, tempdir};
 use predicates::prelude::*;
-
-/// The index of the first GPU adapter, or None with a loud skip unless GPUs are
-/// required (CI), when it fails.
-fn gpu_index(cache: &Path) -> Option<String> {
-    let o = ktune(cache).args(["list-devices", "--format", "json"]).output().expect("runs");
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
-    let idx = v["devices"].as_array().expect("devices").iter().find(|d| d["kind"] == "gpu").map(|d| d["index"].to_string());
-    if idx.is_none() {
-        assert!(!ktune::testing::gpu_required(), "a GPU adapter is required (CI / KTUNE_REQUIRE_GPU=1) but none was found");
-        eprintln!("\n!!!! SKIPPING GPU BENCH-KERNELS TEST: no GPU adapter (install mesa-vulkan-drivers) !!!!\n");
-    }
-    idx
-}
 
 fn positive(v: &serde_json::Value, what: &str) -> f64 {
     let x = v.as_f64().unwrap_or_else(|| panic!("{what} missing or not a number: {v}"));
@@ -30,7 +15,7 @@ fn positive(v: &serde_json::Value, what: &str) -> f64 {
 #[test]
 fn bench_kernels_reports_each_shape_against_measured_limits() {
     let tmp = tempdir();
-    let Some(dev) = gpu_index(tmp.path()) else { return };
+    let Some(dev) = gpu_index(tmp.path(), "BENCH-KERNELS") else { return };
     let o = ktune(tmp.path())
         .args(["bench-kernels", "--device", &dev, "--quick", "--models", "llama-3.2-1b"])
         .args(["--op", "gemv,rms_norm,attention_decode", "--prefill-tokens", "8", "--context", "64", "--budget", "5s"])

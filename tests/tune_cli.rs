@@ -5,7 +5,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{fixture, ids_u64, ktune_in as ktune, read_json, tempdir};
+use common::{fixture, gpu_index, ids_u64, ktune_in as ktune, read_json, tempdir};
 use predicates::prelude::*;
 
 fn expected_generated(name: &str) -> (Vec<u64>, Vec<u64>) {
@@ -371,24 +371,11 @@ fn bad_tune_flags_are_exit_2_before_any_work() {
         .stderr(predicate::str::contains("GPU"));
 }
 
-/// The index of the first GPU adapter (`list-devices`), or None with a loud skip
-/// unless GPUs are required (CI), when it fails.
-fn gpu_index(cache: &Path) -> Option<String> {
-    let o = ktune(cache).args(["list-devices", "--format", "json"]).output().expect("runs");
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
-    let idx = v["devices"].as_array().expect("devices").iter().find(|d| d["kind"] == "gpu").map(|d| d["index"].to_string());
-    if idx.is_none() {
-        assert!(!ktune::testing::gpu_required(), "a GPU adapter is required (CI / KTUNE_REQUIRE_GPU=1) but none was found");
-        eprintln!("\n!!!! SKIPPING GPU TUNE TEST: no GPU adapter (install mesa-vulkan-drivers) !!!!\n");
-    }
-    idx
-}
-
 #[test]
 fn tune_on_the_gpu_gives_a_profile_that_runs_correctly() {
     let tmp = tempdir();
     let cache = tmp.path().join("cache");
-    let Some(dev) = gpu_index(&cache) else { return };
+    let Some(dev) = gpu_index(&cache, "TUNE") else { return };
     let out = tmp.path().join("gpu.yaml");
     let dir = fixture("gemma3-tiny");
     let o = ktune(&cache)

@@ -229,6 +229,12 @@ fn combinations_with_threads(o: &TuneOptions, predicted: &[(Fusion, f64)], gpu: 
     combos
 }
 
+/// One request's time per sample: prefill + `decode_tokens` × the per-token decode
+/// (the end-to-end score).
+fn request_times((prefill, decode): &(Vec<f64>, Vec<f64>), decode_tokens: usize) -> Vec<f64> {
+    prefill.iter().zip(decode).map(|(p, d)| p + decode_tokens as f64 * d).collect()
+}
+
 /// How many fusions `f` turns on.
 fn fused_count(f: Fusion) -> usize {
     [f.qkv, f.gate_up, f.qk_norm_rope, f.residual_norm, f.norm_matmul].iter().filter(|&&on| on).count()
@@ -345,9 +351,7 @@ pub(crate) fn run(
             // slower than every sample of the current leader stops being timed; its
             // samples stay for the report. Exhaustive and halving time all to the end.
             if o.strategy == Strategy::Auto && round >= 2 {
-                let score = |i: usize| -> Vec<f64> {
-                    samples[i].0.iter().zip(&samples[i].1).map(|(p, d)| p + o.decode_tokens as f64 * d).collect()
-                };
+                let score = |i: usize| request_times(&samples[i], o.decode_tokens);
                 let alive: Vec<usize> = (0..combos.len()).filter(|&i| engines[i].is_some()).collect();
                 let lead = alive.iter().copied().min_by(|&a, &b| summarize(&score(a)).median.total_cmp(&summarize(&score(b)).median));
                 if let Some(lead) = lead {
@@ -407,25 +411,11 @@ pub(crate) fn run(
         }
     }
 
-    // Score: prefill + decode_tokens × per-token decode (one request's time).
-    let score = |i: usize| -> Stats {
-        let (p, d) = &samples[i];
-        let s: Vec<f64> = p.iter().zip(d).map(|(p, d)| p + o.decode_tokens as f64 * d).collect();
-        summarize(&s)
-    };
-    let scores: Vec<Stats> = (0..combos.len()).map(|i| if errors[i].is_some() { Stats::default() } else { score(i) }).collect();
-    let paired = if interleave && errors[0].is_none() {
-        let per_round = |i: usize| -> Vec<f64> {
-            if errors[i].is_some() {
-                return Vec::new();
-            }
-            let (p, d) = &samples[i];
-            p.iter().zip(d).map(|(p, d)| p + o.decode_tokens as f64 * d).collect()
-        };
-        pick_paired(&(0..combos.len()).map(per_round).collect::<Vec<_>>())
-    } else {
-        None
-    };
+    // Each round's request times of the combinations that ran (none for a failed one).
+    let times: Vec<Vec<f64>> =
+        (0..combos.len()).map(|i| if errors[i].is_some() { Vec::new() } else { request_times(&samples[i], o.decode_tokens) }).collect();
+    let scores: Vec<Stats> = (0..combos.len()).map(|i| if errors[i].is_some() { Stats::default() } else { summarize(&times[i]) }).collect();
+    let paired = if interleave && errors[0].is_none() { pick_paired(&times) } else { None };
     let Some(best) = paired.or_else(|| pick(&scores, TIE)) else {
         return Err(TuneError::Invalid("no combination ran end to end; see the notes above".into()));
     };

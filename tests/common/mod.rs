@@ -89,6 +89,20 @@ pub fn ktune_in(cache: &Path) -> Command {
     c
 }
 
+/// The `list-devices` index of the first GPU adapter, for `--device`; None with a
+/// loud skip naming `what` unless GPUs are required (CI / KTUNE_REQUIRE_GPU=1),
+/// when it fails.
+pub fn gpu_index(cache: &Path, what: &str) -> Option<String> {
+    let o = ktune_in(cache).args(["list-devices", "--format", "json"]).output().expect("runs");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let idx = v["devices"].as_array().expect("devices").iter().find(|d| d["kind"] == "gpu").map(|d| d["index"].to_string());
+    if idx.is_none() {
+        assert!(!ktune::testing::gpu_required(), "a GPU adapter is required (CI / KTUNE_REQUIRE_GPU=1) but none was found");
+        eprintln!("\n!!!! SKIPPING GPU {what} TEST: no GPU adapter (install mesa-vulkan-drivers) !!!!\n");
+    }
+    idx
+}
+
 /// A fresh temporary directory, removed when dropped.
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().expect("tempdir")

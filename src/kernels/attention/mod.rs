@@ -975,20 +975,7 @@ mod tests {
     #[test]
     fn splitkv_sg_validity_gives_reasons() {
         let k = crate::kernels::find("attention_decode_splitkv_sg").expect("registered");
-        let caps = GpuCaps {
-            shader_f16: true,
-            subgroups: true,
-            subgroup_min_size: 8,
-            subgroup_max_size: 32,
-            timestamp_query: true,
-            max_workgroup_storage: 16384,
-            max_invocations_per_workgroup: 256,
-            max_workgroup_size: [256, 256, 64],
-            max_workgroups_per_dimension: 65535,
-            max_storage_binding: 1 << 30,
-            max_buffer_size: 1 << 30,
-            max_storage_buffers_per_stage: 8,
-        };
+        let caps = crate::testing::typical_gpu_caps();
         let reason = |p: &Problem, d: DType, params: &Params, c: &GpuCaps| k.check(Caps::Gpu(c), p, d, params).unwrap_err();
         let p = Problem::AttentionDecode { kv_len: 100, kv_cap: 128, heads: 16, kv_heads: 2, head_dim: 128, window: 0, scale: 0.1 };
         assert!(k.check(Caps::Gpu(&caps), &p, DType::F32, &sg_params(128, 4, 64)).is_ok());
@@ -1018,17 +1005,10 @@ mod tests {
     fn splitkv_sg_plan_clamps_heads_to_the_group() {
         let caps_min = |n: u32| GpuCaps {
             shader_f16: false,
-            subgroups: true,
             subgroup_min_size: n,
             subgroup_max_size: 64,
             timestamp_query: false,
-            max_workgroup_storage: 16384,
-            max_invocations_per_workgroup: 256,
-            max_workgroup_size: [256, 256, 64],
-            max_workgroups_per_dimension: 65535,
-            max_storage_binding: 1 << 30,
-            max_buffer_size: 1 << 30,
-            max_storage_buffers_per_stage: 8,
+            ..crate::testing::typical_gpu_caps()
         };
         // 6 heads per KV head, 8 asked: one workgroup of 6; 4 asked: two of 3
         let s =

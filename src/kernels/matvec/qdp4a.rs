@@ -189,20 +189,7 @@ mod tests {
     use crate::testing::test_gpu;
 
     fn caps() -> GpuCaps {
-        GpuCaps {
-            shader_f16: true,
-            subgroups: true,
-            subgroup_min_size: 8,
-            subgroup_max_size: 32,
-            timestamp_query: true,
-            max_workgroup_storage: 16384,
-            max_invocations_per_workgroup: 256,
-            max_workgroup_size: [256, 256, 64],
-            max_workgroups_per_dimension: 65535,
-            max_storage_binding: 1 << 30,
-            max_buffer_size: 1 << 30,
-            max_storage_buffers_per_stage: 8,
-        }
+        crate::testing::typical_gpu_caps()
     }
 
     fn with(k: &KernelDef, kv: &[(&str, u32)]) -> Params {
