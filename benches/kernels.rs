@@ -14,6 +14,7 @@
 //!     cargo bench --bench kernels -- gemv/cpu     # a subset (criterion filter)
 //!     cargo bench --bench kernels -- norm_gemv    # the fused norm + GEMV only
 //!     KTUNE_BENCH_GPU=0 cargo bench ...           # CPU only
+//!     cargo bench --bench kernels -- repack       # Q4_K decode dots: rows vs the repacked X8 layout
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -229,5 +230,34 @@ fn gemm(c: &mut Criterion) {
     bench_gpu(c, kernels::Op::Gemm);
 }
 
-criterion_group! { name = benches; config = config(); targets = membw, gemv, norm_gemv, gemm }
+/// The Q4_K int8 decode dots on the row layout and on the repacked `X8` layout
+/// (`execution.cpuRepack`), on the kernels' pool as `gemv_q_cpu` runs them (64 rows
+/// a task): Llama 3.2 1B's up projection (8192 x 2048, 18.9 MB: cache-resident
+/// on a CPU with a 32 MB L3, where the dots' instruction count decides) and four
+/// of them stacked (75 MB, read from DRAM, where both should meet the bandwidth).
+fn repack(c: &mut Criterion) {
+    use ktune::kernels::cpu::{ActVec, RowSplit, XQ8, par_rows};
+    use ktune::kernels::quant::{QFormat, QMatrix};
+    let mut g = c.benchmark_group("repack");
+    let k = 2048;
+    for rows in [8192usize, 32768] {
+        let x: Vec<f32> = (0..rows * k).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+        let m = QMatrix::quantize(QFormat::Q4_K, rows, k, &x).expect("whole super-blocks");
+        let x8 = m.repack_x8();
+        let act = ActVec::I8(XQ8::quantize_k(&x[..k]));
+        let mut y = vec![0f32; rows];
+        g.throughput(Throughput::Bytes(m.bytes() as u64));
+        for (name, w) in [("q4_k_rows", &m), ("q4_k_x8", &x8)] {
+            g.bench_function(BenchmarkId::new(name, format!("{rows}x{k}")), |b| {
+                b.iter(|| {
+                    par_rows(&mut y, 1, RowSplit::Dynamic(64), |first, yc| act.rows(cpu::Isa::best(), w.view(), k, first, yc, false));
+                    black_box(&y);
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group! { name = benches; config = config(); targets = membw, gemv, norm_gemv, gemm, repack }
 criterion_main!(benches);

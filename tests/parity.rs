@@ -195,3 +195,71 @@ fn trusted_wgsl_kernels_match_reference_one_per_family() {
     assert!(!std::sync::Arc::ptr_eq(&a.steps[0].pipeline, &b.steps[0].pipeline), "trusted and checked share a pipeline");
     assert!(std::sync::Arc::ptr_eq(&b.steps[0].pipeline, &c.steps[0].pipeline), "the trusted pipeline is not cached");
 }
+
+/// Q4_K weights repacked at load (`execution.cpuRepack`, the `X8` layout) give
+/// every CPU kernel that takes Q4_K the results of the row layout: the decode dots
+/// through their 8-row path, everything else through the gathered blocks. Shapes
+/// of whole groups of 8 rows (the repack leaves other matrices as they are).
+#[test]
+fn repacked_q4k_weights_give_the_row_layout_results() {
+    use ktune::kernels::DType;
+    use ktune::kernels::problem::Activation;
+    use ktune::kernels::problem::Problem;
+    use ktune::kernels::quant::Layout;
+    use verify::HostTensor;
+    let problems = [
+        Problem::Gemv { n: 40, k: 512 },
+        Problem::Gemv { n: 64, k: 256 },
+        Problem::Gemm { m: 5, n: 48, k: 512 },
+        Problem::Gemm { m: 1, n: 16, k: 256 },
+        Problem::GateUp { rows: 1, n: 24, k: 512, act: Activation::Silu },
+        Problem::GateUp { rows: 3, n: 80, k: 256, act: Activation::GeluTanh },
+        Problem::QkvProj { k: 512, nq: 32, nkv: 16, bias: true },
+        Problem::NormGemv { n: 72, k: 256, eps: 1e-6, unit_offset: true },
+    ];
+    let caps = CpuCaps::detect();
+    let mut repacked_runs = 0;
+    for k in kernels::registry().iter().filter(|k| k.backend() == Backend::Cpu && k.dtypes.contains(&DType::Q4_K)) {
+        for p in &problems {
+            if p.op() != k.op {
+                continue;
+            }
+            let mut param_sets = vec![k.default_params()];
+            if k.params.iter().any(|s| s.name == "act_bits") {
+                for bits in [8, 32] {
+                    let mut ps = k.default_params();
+                    ps.insert("act_bits".into(), bits);
+                    param_sets.push(ps);
+                }
+            }
+            for params in param_sets {
+                if k.check(Caps::Cpu(&caps), p, DType::Q4_K, &params).is_err() {
+                    continue;
+                }
+                let rows = verify::make_inputs(p, DType::Q4_K, 11);
+                let mut packed = false;
+                let x8: Vec<HostTensor> = rows
+                    .iter()
+                    .map(|t| match t {
+                        HostTensor::Q(m) if m.can_repack_x8() => {
+                            packed = true;
+                            HostTensor::Q(m.repack_x8())
+                        }
+                        t => t.clone(),
+                    })
+                    .collect();
+                assert!(packed, "{} {p:?}: no matrix of whole 8-row groups", k.id);
+                assert!(x8.iter().any(|t| matches!(t, HostTensor::Q(m) if matches!(m.layout, Layout::X8 { .. }))));
+                let want = verify::run_cpu(k, p, DType::Q4_K, &params, &rows).expect("row layout runs");
+                let got = verify::run_cpu(k, p, DType::Q4_K, &params, &x8).expect("repacked layout runs");
+                for (w, g) in want.iter().zip(&got) {
+                    for (i, (a, b)) in w.iter().zip(g).enumerate() {
+                        assert!((a - b).abs() <= 1e-4 * (1.0 + a.abs()), "{} {p:?} {params:?}: [{i}] rows {a} vs repacked {b}", k.id);
+                    }
+                }
+                repacked_runs += 1;
+            }
+        }
+    }
+    assert!(repacked_runs >= 10, "only {repacked_runs} repacked runs");
+}

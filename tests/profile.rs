@@ -342,6 +342,30 @@ fn cpu_prefetch_resolves_and_old_profiles_keep_the_default() {
     }
 }
 
+/// `execution.cpuRepack` (the formats a CPU engine repacks at load) resolves and
+/// survives a write; absent (every older profile) nothing is repacked and the key
+/// is not written; a format without a repacked layout is refused with the field
+/// and the allowed values named.
+#[test]
+fn cpu_repack_resolves_and_old_profiles_repack_nothing() {
+    use ktune::kernels::quant::QFormat;
+    let (p0, exec0) = load_and_resolve(GOOD);
+    assert!(exec0.repack.is_empty(), "no cpuRepack: every matrix as stored");
+    assert!(!to_yaml(&p0.doc).expect("yaml").contains("cpuRepack"));
+    let (p, exec) = load_and_resolve(&GOOD.replace("execution:\n", "execution:\n  cpuRepack: [q4_k]\n"));
+    assert_eq!(exec.repack, vec![QFormat::Q4_K]);
+    let text = to_yaml(&p.doc).expect("yaml");
+    let again = Profile::from_str(&text, "g.yaml").unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(again.doc.execution.cpu_repack, vec!["q4_k".to_string()]);
+    for bad in ["[q8_0]", "[q4_k, f16]", "q4_k"] {
+        let e = Profile::from_str(&GOOD.replace("execution:\n", &format!("execution:\n  cpuRepack: {bad}\n")), "f.yaml");
+        let e = e.expect_err(bad).to_string();
+        assert!(e.contains("cpuRepack") || e.contains("sequence"), "{bad}: {e}");
+    }
+    let e = Profile::from_str(&GOOD.replace("execution:\n", "execution:\n  cpuRepack: [q8_0]\n"), "f.yaml").expect_err("q8_0");
+    assert!(e.to_string().contains("q4_k"), "names what is allowed: {e}");
+}
+
 /// `execution.trustedShaders` (tuned with `--trusted-shaders`) resolves and
 /// survives a write; absent (every older profile) the modules stay checked; a
 /// value that is not a boolean is refused.

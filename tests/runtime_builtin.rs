@@ -82,6 +82,7 @@ fn prompt(vocab: usize) -> Vec<u32> {
 
 fn engine(c: &ModelConfig, store: Arc<dyn TensorStore>, gpu: Option<Arc<GpuCtx>>, prefill: bool) -> Engine {
     let opts = PlanOptions {
+        cpu_repack: Vec::new(),
         weight_dtype: DType::F16,
         matrix_formats: Default::default(),
         kv_dtype: DType::F32,
@@ -197,6 +198,7 @@ fn rebased_schedules_equal_fresh_ones() {
     for name in ktune::model::builtin_names() {
         let c = reduced(name, Some(512));
         let opts = PlanOptions {
+            cpu_repack: Vec::new(),
             weight_dtype: DType::F32,
             matrix_formats: Default::default(),
             kv_dtype: DType::F32,
@@ -232,6 +234,7 @@ fn a_fallback_warning_stays_with_the_step() {
     use ktune::plan::{Regime, StepKind};
     let c = reduced("smollm2-135m", Some(512));
     let opts = PlanOptions {
+        cpu_repack: Vec::new(),
         weight_dtype: DType::F32,
         matrix_formats: Default::default(),
         kv_dtype: DType::F32,

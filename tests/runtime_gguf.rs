@@ -39,6 +39,22 @@ enum Dev {
 
 /// Runs a fixture: (max abs error / scale, greedy ids, expected ids).
 fn run(path: &Path, dev: &Dev, fusion: Fusion, weights: Option<DType>, chunk: usize) -> (f64, Vec<u32>, Vec<u32>) {
+    let (rel, got, want, _) = run_with(path, dev, fusion, weights, chunk, &[], false);
+    (rel, got, want)
+}
+
+/// [`run`] with the CPU's repacked formats (`execution.cpuRepack`) and, with
+/// `runtime`, the runtime's own selection (int8 activations for the block
+/// formats) instead of the exact defaults; also returns the logits.
+fn run_with(
+    path: &Path,
+    dev: &Dev,
+    fusion: Fusion,
+    weights: Option<DType>,
+    chunk: usize,
+    repack: &[QFormat],
+    runtime: bool,
+) -> (f64, Vec<u32>, Vec<u32>, Vec<Vec<f32>>) {
     let m = load_gguf(path, None).expect("fixture loads");
     let exp = expected(path);
     let tokens = ids(&exp["tokens"]);
@@ -46,6 +62,7 @@ fn run(path: &Path, dev: &Dev, fusion: Fusion, weights: Option<DType>, chunk: us
     let logits = common::logit_rows(&exp["logits"]);
     let weight_dtype = weights.unwrap_or_else(|| weight_dtype_for(m.weights.matmul_storage().expect("projections")));
     let opts = PlanOptions {
+        cpu_repack: repack.to_vec(),
         weight_dtype,
         matrix_formats: matrix_formats(&m, weight_dtype, weights),
         kv_dtype: DType::F32,
@@ -59,7 +76,8 @@ fn run(path: &Path, dev: &Dev, fusion: Fusion, weights: Option<DType>, chunk: us
         Dev::Cpu => DeviceCaps::Cpu(CpuCaps::detect()),
         Dev::Gpu(g) => DeviceCaps::Gpu(g.caps.clone()),
     };
-    let plan = Plan::new("fixture", &m.config, opts, Selection::defaults(caps)).expect("plan");
+    let sel = if runtime { Selection::runtime(caps) } else { Selection::defaults(caps) };
+    let plan = Plan::new("fixture", &m.config, opts, sel).expect("plan");
     let store: Arc<dyn TensorStore> = m.weights.clone();
     let mut e = match dev {
         Dev::Cpu => Engine::cpu(plan, store).expect("engine"),
@@ -79,10 +97,33 @@ fn run(path: &Path, dev: &Dev, fusion: Fusion, weights: Option<DType>, chunk: us
     for i in 0..want.len() {
         got.push(next);
         if i + 1 < want.len() {
-            next = argmax(&e.forward(&[next]).expect("decode")[0]);
+            let row = e.forward(&[next]).expect("decode").remove(0);
+            next = argmax(&row);
+            rows.push(row);
         }
     }
-    (rel, got, want)
+    (rel, got, want, rows)
+}
+
+/// Q4_K matrices repacked at load (`execution.cpuRepack: [q4_k]`, 8-row records)
+/// on the llama-quantize Q4_K_M fixture, whose Q4_K matrices all have whole 8-row
+/// groups: with the exact selection (f32 activations, blocks gathered back) it
+/// matches transformers as the stored layout does; with the runtime's int8
+/// selection (the 8-row decode dots, prefill from the records) every prompt and
+/// decode logit matches the stored layout's within 1e-4 of the scale, same ids.
+#[test]
+fn cpu_repacked_q4k_matches_transformers_and_the_stored_layout() {
+    let path = files().into_iter().find(|p| p.to_string_lossy().ends_with("llama-k-q4_k_m.gguf")).expect("the Q4_K_M fixture");
+    let repack = [QFormat::Q4_K];
+    let (rel, got, want, _) = run_with(&path, &Dev::Cpu, Fusion::ALL, None, 64, &repack, false);
+    assert!(rel <= 1e-3 && got == want, "repacked, exact selection: rel err {rel:.2e}, ids {got:?} want {want:?}");
+    for (fusion, chunk) in [(Fusion::ALL, 64), (Fusion::NONE, 3)] {
+        let (_, ids_rows, _, rows) = run_with(&path, &Dev::Cpu, fusion, None, chunk, &[], true);
+        let (_, ids_x8, _, x8) = run_with(&path, &Dev::Cpu, fusion, None, chunk, &repack, true);
+        let e = common::rel_err(&x8, &rows);
+        assert!(e <= 1e-4, "{fusion:?} chunk {chunk}: repacked vs stored rel err {e:.2e}");
+        assert_eq!(ids_x8, ids_rows, "{fusion:?} chunk {chunk}");
+    }
 }
 
 fn check(dev: Dev, what: &str) {

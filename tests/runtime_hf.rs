@@ -50,6 +50,7 @@ fn run_blocks(dir: &Path, dev: &Dev, fusion: Fusion, kv: DType, chunk: usize) ->
     let exp = expected(dir);
     let n_new = exp.generated.len();
     let opts = PlanOptions {
+        cpu_repack: Vec::new(),
         weight_dtype: DType::F32,
         matrix_formats: Default::default(),
         kv_dtype: kv,

@@ -81,6 +81,7 @@ fn logits(
 ) -> Vec<Vec<f32>> {
     let m = load_model(None, Some(&dir.to_path_buf()), None, 0).expect("fixture loads");
     let opts = PlanOptions {
+        cpu_repack: Vec::new(),
         weight_dtype: dtype,
         matrix_formats: Default::default(),
         kv_dtype: DType::F32,
@@ -222,6 +223,7 @@ fn norm_matmul_removes_the_norms_that_feed_projections() {
         for base in [Fusion::NONE, Fusion { norm_matmul: false, ..Fusion::ALL }] {
             let plan = |f: Fusion| {
                 let opts = PlanOptions {
+                    cpu_repack: Vec::new(),
                     weight_dtype: DType::F32,
                     matrix_formats: Default::default(),
                     kv_dtype: DType::F32,

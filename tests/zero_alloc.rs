@@ -77,6 +77,7 @@ fn count_decode_allocs(
     sel: Selection,
 ) -> usize {
     let opts = PlanOptions {
+        cpu_repack: Vec::new(),
         weight_dtype: dtype,
         matrix_formats: Default::default(),
         kv_dtype: DType::F32,

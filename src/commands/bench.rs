@@ -93,6 +93,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
             threads: 0,
             spin_us: 0,
             prefetch: None,
+            repack: Vec::new(),
             trusted_shaders: args.trusted_shaders,
         };
         setups.push(("default".into(), Selection::runtime(caps.clone()), exec));
@@ -113,6 +114,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
         // Each entry's shader modules as its profile (or the flag) asks.
         build.ctx = ctx.as_ref().map(|g| g.with_trusted_shaders(exec.trusted_shaders || args.trusted_shaders));
         let opts = PlanOptions {
+            cpu_repack: exec.repack.clone(),
             weight_dtype: exec.weight_dtype,
             matrix_formats: session::matrix_formats(&m, exec.weight_dtype, weight_flag),
             kv_dtype: exec.kv_dtype,

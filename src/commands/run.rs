@@ -182,6 +182,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
                 threads: 0,
                 spin_us: 0,
                 prefetch: None,
+                repack: Vec::new(),
                 trusted_shaders: args.trusted_shaders,
             },
         ),
@@ -192,6 +193,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         *other_formats.entry(*d).or_insert(0usize) += 1;
     }
     let opts = PlanOptions {
+        cpu_repack: exec.repack.clone(),
         weight_dtype: exec.weight_dtype,
         matrix_formats,
         kv_dtype: exec.kv_dtype,

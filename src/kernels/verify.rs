@@ -56,7 +56,14 @@ impl HostTensor {
 fn quantize_spec(spec: &BufSpec, format: QFormat, v: &[f32]) -> QMatrix {
     let cols = spec.shape.last().copied().unwrap_or(0);
     let rows = v.len().checked_div(cols).unwrap_or(0);
-    QMatrix::quantize(format, rows, cols, v).unwrap_or(QMatrix { format, rows: 0, cols: 0, quants: Vec::new(), scales: Vec::new() })
+    QMatrix::quantize(format, rows, cols, v).unwrap_or(QMatrix {
+        format,
+        rows: 0,
+        cols: 0,
+        quants: Vec::new(),
+        scales: Vec::new(),
+        layout: Default::default(),
+    })
 }
 
 /// Value written into output buffers before a run, so elements a kernel forgets to

@@ -535,7 +535,7 @@ impl Weights {
             })
             .collect::<Result<Vec<_>>>()?;
         if parts.is_empty() {
-            return Ok(QMatrix { format, rows: 0, cols, quants: Vec::new(), scales: Vec::new() });
+            return Ok(QMatrix { format, rows: 0, cols, quants: Vec::new(), scales: Vec::new(), layout: Default::default() });
         }
         QMatrix::concat_rows(&parts).map_err(quant)
     }

@@ -651,6 +651,7 @@ fn profile_section(h: &mut String, i: usize, p: &ReportedProfile) -> Result<()> 
         if e.cpu_threads > 0 { format!(", {} CPU threads", e.cpu_threads) } else { String::new() }
             + &if e.cpu_spin_us > 0 { format!(", workers spin {} µs", e.cpu_spin_us) } else { String::new() }
             + &e.cpu_prefetch_bytes.map(|b| format!(", decode dots prefetch {b} B ahead")).unwrap_or_default()
+            + &if e.cpu_repack.is_empty() { String::new() } else { format!(", {} repacked at load", e.cpu_repack.join(", ")) }
     );
     Ok(())
 }

@@ -224,6 +224,12 @@ pub struct PlanOptions {
     pub fusion: Fusion,
     /// Parallel groups (the profile's `parallel`): q/k/v and gate/up run concurrently.
     pub parallel: Parallel,
+    /// CPU: the block formats whose matrices a CPU engine repacks at load for its
+    /// decode dots (the profile's `execution.cpuRepack`; today Q4_K, into
+    /// [`Layout::X8`](crate::kernels::quant::Layout::X8), matrices of whole groups
+    /// of 8 rows). GPU engines ignore it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cpu_repack: Vec<crate::kernels::quant::QFormat>,
 }
 
 impl PlanOptions {

@@ -419,6 +419,11 @@ pub struct ExecutionDoc {
     /// default, 2048; at most 65536).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_prefetch_bytes: Option<u32>,
+    /// CPU: block formats whose matrices are repacked at load for the decode
+    /// dots (today `q4_k`: 8 rows interleaved, the `X8` layout); absent or empty:
+    /// every matrix as stored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cpu_repack: Vec<String>,
     /// GPU: shader modules built without wgpu's runtime bounds checks
     /// (`create_shader_module_trusted`, unchecked), as the profile was tuned
     /// (`tune --trusted-shaders`); absent: checked modules.
@@ -448,6 +453,7 @@ impl Default for ExecutionDoc {
             cpu_threads: 0,
             cpu_spin_us: 0,
             cpu_prefetch_bytes: None,
+            cpu_repack: Vec::new(),
             trusted_shaders: false,
         }
     }

@@ -58,8 +58,11 @@ pub struct Profile {
     pub origin: String,
 }
 
+/// The block formats with a repacked CPU layout (`execution.cpuRepack`).
+pub const REPACKABLE: [crate::kernels::quant::QFormat; 1] = [crate::kernels::quant::QFormat::Q4_K];
+
 /// The runtime switches a profile sets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExecSettings {
     pub batch: bool,
     pub fusion: Fusion,
@@ -74,6 +77,8 @@ pub struct ExecSettings {
     /// CPU: the int8 decode dots' prefetch distance, bytes (None: the
     /// runtime's default, `kernels::cpu::DEFAULT_PREFETCH`; 0: none).
     pub prefetch: Option<u32>,
+    /// CPU: the block formats repacked at load ([`PlanOptions::cpu_repack`](crate::plan::PlanOptions::cpu_repack)).
+    pub repack: Vec<crate::kernels::quant::QFormat>,
     /// GPU: shader modules without runtime bounds checks (`--trusted-shaders`).
     pub trusted_shaders: bool,
 }
@@ -92,6 +97,7 @@ impl ExecSettings {
             cpu_threads: self.threads as u32,
             cpu_spin_us: self.spin_us,
             cpu_prefetch_bytes: self.prefetch,
+            cpu_repack: self.repack.iter().map(|f| f.name().to_string()).collect(),
             trusted_shaders: self.trusted_shaders,
         };
         let mut par = BTreeMap::new();
@@ -397,6 +403,18 @@ impl Profile {
                 return Err(at_err(o, members, format!("parallel group `{name}` must list exactly {}", want.join(", "))));
             }
         }
+        for f in &d.execution.cpu_repack {
+            if !REPACKABLE.iter().any(|r| r.name() == f.as_str()) {
+                let allowed: Vec<_> = REPACKABLE.iter().map(|r| r.name()).collect();
+                return Err(ProfileError::Invalid {
+                    path: o.into(),
+                    message: format!(
+                        "execution.cpuRepack lists `{f}`, which has no repacked layout: list only {} or remove the field",
+                        allowed.join(", ")
+                    ),
+                });
+            }
+        }
         if let Some(b) = d.execution.cpu_prefetch_bytes
             && b > crate::kernels::cpu::MAX_PREFETCH
         {
@@ -535,6 +553,7 @@ impl Profile {
             threads: e.cpu_threads as usize,
             spin_us: e.cpu_spin_us,
             prefetch: e.cpu_prefetch_bytes,
+            repack: e.cpu_repack.iter().filter_map(|f| f.parse().ok()).collect(),
             trusted_shaders: e.trusted_shaders,
         };
         Ok((sel, exec, warnings))

@@ -35,6 +35,7 @@ impl HostBuf {
                     cols: format.block_elems(),
                     quants: vec![0; blocks * format.quant_bytes()],
                     scales: vec![f16::ZERO; blocks * format.scales_per_block()],
+                    layout: Default::default(),
                 })
             }
             (DType::F16, _) => HostBuf::F16(vec![f16::ZERO; len]),

@@ -165,6 +165,15 @@ pub struct WeightMemo {
     bufs: std::sync::Mutex<BTreeMap<String, Arc<HostBuf>>>,
 }
 
+/// A loaded CPU weight in the layout the plan asks for its format
+/// ([`PlanOptions::cpu_repack`](crate::plan::PlanOptions::cpu_repack)).
+fn repack_cpu(plan: &Plan, b: HostBuf) -> HostBuf {
+    match b {
+        HostBuf::Q(m) if plan.options.cpu_repack.contains(&m.format) && m.can_repack_x8() => HostBuf::Q(m.repack_x8()),
+        b => b,
+    }
+}
+
 /// The kernels' shared temporaries sized for one token of `plan`'s model on
 /// every pool thread, so no decode step allocates whichever worker runs what.
 fn reserve_cpu_spares(plan: &Plan) {
@@ -177,7 +186,7 @@ impl Engine {
     /// Builds the buffers of `plan` on the CPU and loads the weights.
     pub fn cpu(plan: Plan, store: Arc<dyn TensorStore>) -> Result<Engine, RuntimeError> {
         reserve_cpu_spares(&plan);
-        let exec = CpuExec::new(&plan, |i| load_buffer(&plan, store.as_ref(), i))?;
+        let exec = CpuExec::new(&plan, |i| Ok(load_buffer(&plan, store.as_ref(), i)?.map(|b| repack_cpu(&plan, b))))?;
         Engine::finish(plan, Exec::Cpu(Box::new(exec)), store)
     }
 
@@ -186,14 +195,14 @@ impl Engine {
         reserve_cpu_spares(&plan);
         let exec = CpuExec::new(&plan, |i| {
             let b = &plan.buffers[i];
-            let key = format!("{:?}|{}|{}", b.source, b.dtype.name(), b.len);
+            let key = format!("{:?}|{}|{}|{:?}", b.source, b.dtype.name(), b.len, plan.options.cpu_repack);
             if b.role == BufRole::Weight
                 && let Ok(m) = memo.bufs.lock()
                 && let Some(hit) = m.get(&key)
             {
                 return Ok(Some(HostBuf::Shared(hit.clone())));
             }
-            Ok(match load_buffer(&plan, store.as_ref(), i)? {
+            Ok(match load_buffer(&plan, store.as_ref(), i)?.map(|b| repack_cpu(&plan, b)) {
                 Some(hb) => {
                     let arc = Arc::new(hb);
                     if let Ok(mut m) = memo.bufs.lock() {

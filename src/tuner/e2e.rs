@@ -43,13 +43,15 @@ pub(crate) struct Combo {
     /// CPU: the int8 decode dots' prefetch distance, bytes (None: the runtime's
     /// default).
     pub prefetch: Option<u32>,
+    /// CPU: the formats of [`crate::profile::REPACKABLE`] repacked at load.
+    pub repack: bool,
 }
 
 impl Combo {
     /// A combination of the race winners with these switches, on all threads
     /// with the pool's default spin.
     fn raced(fusion: Fusion, parallel: Parallel, batch: bool) -> Combo {
-        Combo { fusion, parallel, batch, default: false, threads: 0, spin_us: 0, prefetch: None }
+        Combo { fusion, parallel, batch, default: false, threads: 0, spin_us: 0, prefetch: None, repack: false }
     }
 
     pub fn label(&self) -> String {
@@ -80,6 +82,9 @@ impl Combo {
         }
         if let Some(p) = self.prefetch {
             s.push_str(&format!(" prefetch {p} B"));
+        }
+        if self.repack {
+            s.push_str(" repacked");
         }
         s
     }
@@ -225,6 +230,11 @@ fn combinations_with_threads(o: &TuneOptions, predicted: &[(Fusion, f64)], gpu: 
         for p in PREFETCH_CHOICES {
             combos.push((Combo { prefetch: Some(p), ..Combo::raced(*f, par_on, true) }, *pred));
         }
+        // The repacked weight layouts, where the model has matrices of such a format.
+        let formats = std::iter::once(o.weight_dtype).chain(o.matrix_formats.values().copied());
+        if formats.filter_map(|d| d.quant()).any(|f| crate::profile::REPACKABLE.contains(&f)) {
+            combos.push((Combo { repack: true, ..Combo::raced(*f, par_on, true) }, *pred));
+        }
     }
     combos
 }
@@ -298,6 +308,9 @@ pub(crate) fn run(
     let build_engine = |c: &Combo| -> Result<Engine, RuntimeError> {
         let mut opts = plan_options(o, c.fusion, c.parallel);
         opts.context = opts.context.max(o.prefill_tokens + E2E_DECODE_STEPS + 1);
+        if c.repack {
+            opts.cpu_repack = crate::profile::REPACKABLE.to_vec();
+        }
         let mut e = builder.build(opts, selection_for(c, caps, &winners), c.batch)?;
         e.set_cpu_pool(c.threads, c.spin_us, c.prefetch);
         Ok(e)

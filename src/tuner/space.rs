@@ -43,6 +43,7 @@ fn fusions(cfg: &ModelConfig) -> Vec<Fusion> {
 
 pub(crate) fn plan_options(o: &TuneOptions, fusion: Fusion, parallel: Parallel) -> PlanOptions {
     PlanOptions {
+        cpu_repack: Vec::new(),
         weight_dtype: o.weight_dtype,
         matrix_formats: o.matrix_formats.clone(),
         kv_dtype: o.kv_dtype,

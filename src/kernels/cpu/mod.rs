@@ -13,6 +13,7 @@ pub mod lanes;
 pub mod pool;
 pub mod qdot;
 pub mod qgemm;
+pub mod qx8;
 #[cfg(test)]
 pub(crate) mod testdata;
 
@@ -25,8 +26,8 @@ pub use dot::{Row, add_sumsq, axpy, axpy_row, dot, dot_f16, dot_f32, dot2x4, dot
 pub(crate) use lanes::isa_dispatch;
 pub use lanes::{Elem, Lanes};
 pub use qdot::{
-    ACT_BITS, ActVec, ROWS_PER_PASS, XQ8, check_quant, dequantize, dot_q, dot_q_i8, par_row_blocks, qin, qrow, rows_times_tokens,
-    scatter_row_blocks,
+    ACT_BITS, ActVec, ROWS_PER_PASS, XQ8, check_quant, dequantize, dequantize_row, dot_q, dot_q_i8, par_row_blocks, qin, qrow,
+    rows_times_tokens, scatter_row_blocks,
 };
 
 use super::{CpuIn, DType, KernelError, ParamSpec, Params, Problem, param};

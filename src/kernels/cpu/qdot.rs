@@ -11,7 +11,7 @@ use std::cell::RefCell;
 use super::dot::dot_f32;
 use super::{Isa, with_scratch};
 use crate::device::CpuCaps;
-use crate::kernels::quant::{GROUP, QFormat, QK, QK_K, QView, Unpacked, dequantize_block, unpack};
+use crate::kernels::quant::{GROUP, Layout, QFormat, QK, QK_K, QView, Unpacked, dequantize_block, unpack};
 use crate::kernels::wgsl::check_blocks;
 use crate::kernels::{CpuIn, DType, KernelError, ParamSpec, Params, Problem, param};
 
@@ -309,6 +309,29 @@ impl<'a> ActVec<'a> {
     /// Rows `first..first + y.len()` of `w` (`k` columns) dotted with this vector
     /// into `y`; with `four`, int8 activations take four rows per pass on AVX2.
     pub fn rows(&self, isa: Isa, w: QView<'_>, k: usize, first: usize, y: &mut [f32], four: bool) {
+        if let Layout::X8 { bpr } = w.layout {
+            match self {
+                ActVec::I8(x) => super::qx8::rows_x8(isa, x, w, first, y),
+                // f32 activations: block by block, each gathered back to its split form.
+                ActVec::F32(x) => {
+                    for (i, out) in y.iter_mut().enumerate() {
+                        let r = first + i;
+                        *out = (0..bpr)
+                            .map(|c| {
+                                w.with_block(r * bpr + c, |q, s| {
+                                    dot_q(
+                                        isa,
+                                        &x[QK_K * c..QK_K * (c + 1)],
+                                        QView { format: w.format, quants: q, scales: s, layout: Layout::Rows },
+                                    )
+                                })
+                            })
+                            .sum();
+                    }
+                }
+            }
+            return;
+        }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = four;
         #[cfg(target_arch = "x86_64")]
@@ -351,6 +374,14 @@ pub fn dot_q_scalar(x: &[f32], w: QView<'_>) -> f32 {
         s += super::dot::dot_f32_scalar(&x[b * be..(b + 1) * be], &tmp[..be]);
     }
     s
+}
+
+/// Row `r` (of `k` columns) of `w` dequantized into `out`, whatever its layout.
+pub fn dequantize_row(isa: Isa, w: QView<'_>, r: usize, k: usize, out: &mut [f32]) {
+    let Layout::X8 { bpr } = w.layout else { return dequantize(isa, qrow(w, r, k), out) };
+    for (c, o) in out.chunks_exact_mut(QK_K).take(bpr).enumerate() {
+        w.with_block(r * bpr + c, |q, s| dequantize(isa, QView { format: w.format, quants: q, scales: s, layout: Layout::Rows }, o));
+    }
 }
 
 /// Dequantizes a view into `out` (SIMD where available).
@@ -1363,7 +1394,7 @@ pub fn rows_times_tokens(isa: Isa, x: &[f32], m: usize, k: usize, w: QView<'_>, 
     let mut out = vec![0f32; count * m];
     with_scratch(&ROWS, count * k, |buf| {
         for i in 0..count {
-            dequantize(isa, qrow(w, r0 + i, k), &mut buf[i * k..(i + 1) * k]);
+            dequantize_row(isa, w, r0 + i, k, &mut buf[i * k..(i + 1) * k]);
         }
         for t0 in (0..m).step_by(tile.max(1)) {
             for i in 0..count {

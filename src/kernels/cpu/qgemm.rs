@@ -26,7 +26,7 @@ use super::XQ8;
 use super::qdot::{check_quant, unpack_fast};
 use super::{Isa, features};
 use crate::device::CpuCaps;
-use crate::kernels::quant::{GROUP, QFormat, QK, QView, Unpacked, scales_mins_k4};
+use crate::kernels::quant::{GROUP, Layout, QFormat, QK, QK_K, QView, Unpacked, X8_BYTES, X8_ROWS, scales_mins_k4};
 use crate::kernels::{DType, ParamSpec, Params, Problem, param};
 
 /// The parameters of the int8 GEMM kernels (`gemm_q_i8_cpu`, `gate_up_q_i8_cpu`).
@@ -160,8 +160,12 @@ impl Panel {
                 }
                 for b in 0..per_row {
                     let e0 = b * be;
-                    let (q, s) = w.block((r0 + i) * per_row + b);
-                    unpack_block(isa, w.format, q, s, &mut row[e0..e0 + be], sc, of, &mut u);
+                    if let Layout::X8 { bpr } = w.layout {
+                        unpack_x8(w, r0 + i, b, bpr, &mut row[e0..e0 + be], sc, of);
+                    } else {
+                        let (q, s) = w.block((r0 + i) * per_row + b);
+                        unpack_block(isa, w.format, q, s, &mut row[e0..e0 + be], sc, of, &mut u);
+                    }
                     for g in 0..be / sg {
                         let j = (blk * groups + e0 / sg + g) * RB + lane;
                         (self.scale[j], self.off[j]) = (sc[g], of[g]);
@@ -186,6 +190,31 @@ impl Panel {
                 }
             }
         }
+    }
+}
+
+/// [`unpack_block`] of Q4_K block `c` of row `r` of a [`Layout::X8`] matrix
+/// (rows of `bpr` blocks), read from its repacked record.
+fn unpack_x8(w: QView<'_>, r: usize, c: usize, bpr: usize, vals: &mut [u8], sc: &mut [f32], of: &mut [f32]) {
+    let (g, i) = (r / X8_ROWS, r % X8_ROWS);
+    let rec: &[u8; X8_BYTES] = w.quants[(g * bpr + c) * X8_BYTES..][..X8_BYTES].try_into().unwrap();
+    let s = &w.scales[(g * bpr + c) * 2 * X8_ROWS..][..2 * X8_ROWS];
+    let (d, dmin) = (s[i].to_f32(), s[X8_ROWS + i].to_f32());
+    let vals: &mut [u8; QK_K] = (&mut vals[..QK_K]).try_into().unwrap();
+    for p in 0..4 {
+        // The row's 8 runs of 4 bytes gathered into the 32 bytes of the row layout.
+        let mut raw = [0u8; 32];
+        for t in 0..8 {
+            raw[4 * t..4 * t + 4].copy_from_slice(&rec[128 + 32 * (8 * p + t) + 4 * i..][..4]);
+        }
+        let (lo, hi) = vals[64 * p..64 * p + 64].split_at_mut(32);
+        for l in 0..32 {
+            lo[l] = raw[l] & 0x0f;
+            hi[l] = raw[l] >> 4;
+        }
+    }
+    for j in 0..8 {
+        (sc[j], of[j]) = (d * rec[8 * j + i] as f32, -dmin * rec[64 + 8 * j + i] as f32);
     }
 }
 

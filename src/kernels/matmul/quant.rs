@@ -13,7 +13,7 @@ use super::{Blocking, Micro, Split, gemm_blocked};
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, groups};
 use crate::kernels::cpu::qgemm::{I8_GEMM_PARAMS, XPanel, check_i8_gemm, rows_times_tokens_i8};
-use crate::kernels::cpu::{ISA, Isa, check_quant, dequantize, par_row_blocks, qin, qrow, rows_times_tokens, scatter_row_blocks};
+use crate::kernels::cpu::{ISA, Isa, check_quant, dequantize_row, par_row_blocks, qin, rows_times_tokens, scatter_row_blocks};
 use crate::kernels::wgsl::{check_blocks, grid_dim, one_q_step, qfmt};
 use crate::kernels::{
     CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op,
@@ -98,7 +98,7 @@ fn run_gemm_panel(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArg
     let mut tmp = vec![0f32; m * nc.min(n)];
     for j0 in (0..n).step_by(nc) {
         let nb = nc.min(n - j0);
-        crate::kernels::cpu::pool::for_chunks_mut(&mut panel[..nb * k], k, |i, row| dequantize(isa, qrow(w, j0 + i, k), row));
+        crate::kernels::cpu::pool::for_chunks_mut(&mut panel[..nb * k], k, |i, row| dequantize_row(isa, w, j0 + i, k, row));
         gemm_blocked(micro, blk, Split::Auto, m, nb, k, x, CpuIn::F32(&panel[..nb * k]), &mut tmp[..m * nb]);
         for t in 0..m {
             y[t * n + j0..][..nb].copy_from_slice(&tmp[t * nb..][..nb]);

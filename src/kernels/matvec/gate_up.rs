@@ -20,7 +20,7 @@ use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::kernels::cpu::qgemm::{I8_GEMM_PARAMS, XPanel, check_i8_gemm, rows_times_tokens_i8};
 use crate::kernels::cpu::{
-    self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_TASK, RowSplit, act_f32, check_isa, check_quant, par_row_blocks, par_rows, qin, qrow, row,
+    self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_TASK, RowSplit, act_f32, check_isa, check_quant, par_row_blocks, par_rows, qin, row,
     rows_times_tokens, scatter_row_blocks,
 };
 use crate::kernels::wgsl::{
@@ -396,7 +396,7 @@ fn run_gate_up_q_panel(kd: &KernelDef, prob: &Problem, params: &Params, mut a: C
         let nb = nc.min(n - j0);
         cpu::pool::for_chunks_mut(&mut panel[..2 * nb * k], k, |i, r| {
             let src = if i < nb { j0 + i } else { n + j0 + i - nb };
-            cpu::dequantize(isa, qrow(w, src, k), r)
+            cpu::qdot::dequantize_row(isa, w, src, k, r)
         });
         gemm_blocked(
             Micro::for_isa(isa),
@@ -455,9 +455,17 @@ fn run_gate_up_q(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs
     if rows == 1 {
         let x = ActVec::new(&x[..k], params, w.format)?;
         par_rows(y, 1, RowSplit::dynamic(params)?, |first, yc| {
-            for (i, out) in yc.iter_mut().enumerate() {
-                let j = first + i;
-                *out = act_f32(act, x.dot(isa, qrow(w, j, k))) * x.dot(isa, qrow(w, n + j, k));
+            // The up rows of each run of 64 into a stack buffer, the gate rows
+            // into `yc`, then combined (every layout's `rows` path).
+            for (c, yc) in yc.chunks_mut(64).enumerate() {
+                let j0 = first + 64 * c;
+                let mut up = [0f32; 64];
+                let up = &mut up[..yc.len()];
+                x.rows(isa, w, k, j0, yc, false);
+                x.rows(isa, w, k, n + j0, up, false);
+                for (g, u) in yc.iter_mut().zip(up.iter()) {
+                    *g = act_f32(act, *g) * u;
+                }
             }
         });
         return Ok(());

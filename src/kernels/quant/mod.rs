@@ -17,9 +17,11 @@
 
 mod decode;
 mod encode;
+mod repack;
 
 pub use decode::{GROUP, IQ4_LEVELS, Unpacked, dequantize_block, scale_min_k4, scales_mins_k4, unpack, unpack_scales, unpack_vals};
 pub use encode::quantize_block;
+pub use repack::{X8_BYTES, X8_ROWS, pack_scales_mins_k4};
 
 use half::f16;
 use serde::{Deserialize, Serialize};
@@ -226,42 +228,82 @@ pub struct QView<'a> {
     pub format: QFormat,
     pub quants: &'a [u8],
     pub scales: &'a [f16],
+    /// The order of the blocks ([`Layout::X8`]: repacked, read through
+    /// [`QView::with_block`] or the dedicated dots).
+    pub layout: Layout,
+}
+
+/// How a matrix's blocks lie in `quants` and `scales`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// Row after row, each row's blocks in order (the on-disk order).
+    #[default]
+    Rows,
+    /// Q4_K repacked for the CPU's int8 decode dots (llama.cpp's `REPACK` idea, in
+    /// a layout of ours): 8 rows interleaved per super-block column, unpacked 6-bit
+    /// scales and minima, the codes of the 8 rows in 4-byte runs so one 32-byte
+    /// load holds 4 codes of each row (the `repack` module's docs); rows of `bpr`
+    /// super-blocks.
+    X8 { bpr: usize },
 }
 
 impl<'a> QView<'a> {
     pub fn blocks(&self) -> usize {
-        (self.quants.len() / self.format.quant_bytes()).min(self.scales.len() / self.format.scales_per_block())
+        let qb = if self.layout == Layout::Rows { self.format.quant_bytes() } else { X8_BYTES / X8_ROWS };
+        (self.quants.len() / qb).min(self.scales.len() / self.format.scales_per_block())
     }
     /// Elements the view holds (whole blocks).
     pub fn elems(&self) -> usize {
         self.blocks() * self.format.block_elems()
     }
-    /// Quantized bytes and scales of block `b`.
+    /// Quantized bytes and scales of block `b` (of the [`Layout::Rows`] order:
+    /// a repacked view is read through [`QView::with_block`]).
     #[inline]
     pub fn block(&self, b: usize) -> (&'a [u8], &'a [f16]) {
+        debug_assert_eq!(self.layout, Layout::Rows, "a repacked matrix read block by block");
         let (qb, ns) = (self.format.quant_bytes(), self.format.scales_per_block());
         (&self.quants[b * qb..(b + 1) * qb], &self.scales[b * ns..(b + 1) * ns])
     }
     /// Blocks `b0..b0 + count` (a row is `cols / block_elems` consecutive blocks).
     #[inline]
     pub fn blocks_range(&self, b0: usize, count: usize) -> QView<'a> {
+        debug_assert_eq!(self.layout, Layout::Rows, "a repacked matrix sliced by blocks");
         let (qb, ns) = (self.format.quant_bytes(), self.format.scales_per_block());
-        QView { format: self.format, quants: &self.quants[b0 * qb..(b0 + count) * qb], scales: &self.scales[b0 * ns..(b0 + count) * ns] }
+        QView {
+            format: self.format,
+            quants: &self.quants[b0 * qb..(b0 + count) * qb],
+            scales: &self.scales[b0 * ns..(b0 + count) * ns],
+            layout: Layout::Rows,
+        }
     }
-    /// Element `i` (flattened), dequantized.
+    /// Element `i` (flattened, row-major), dequantized.
     pub fn get(&self, i: usize) -> f32 {
         let be = self.format.block_elems();
         let mut out = [0f32; QK_K];
-        let (q, s) = self.block(i / be);
-        dequantize_block(self.format, q, s, &mut out[..be]);
+        self.with_block(i / be, |q, s| dequantize_block(self.format, q, s, &mut out[..be]));
         out[i % be]
     }
-    /// Dequantizes every block of the view into `out` (`elems()` values).
+    /// Dequantizes every block of the view into `out` (`elems()` values, row-major).
     pub fn dequantize_into(&self, out: &mut [f32]) {
         let be = self.format.block_elems();
         for (b, o) in out.chunks_exact_mut(be).take(self.blocks()).enumerate() {
-            let (q, s) = self.block(b);
-            dequantize_block(self.format, q, s, o);
+            self.with_block(b, |q, s| dequantize_block(self.format, q, s, o));
+        }
+    }
+    /// `f(quants, scales)` of block `b` (numbered row after row) in the row-major
+    /// split form whatever the layout: a repacked block is gathered into stack
+    /// copies first.
+    #[inline]
+    pub fn with_block<R>(&self, b: usize, f: impl FnOnce(&[u8], &[f16]) -> R) -> R {
+        match self.layout {
+            Layout::Rows => {
+                let (q, s) = self.block(b);
+                f(q, s)
+            }
+            Layout::X8 { bpr } => {
+                let (q, s) = repack::gather_x8(self, b / bpr, b % bpr, bpr);
+                f(&q, &s)
+            }
         }
     }
 }
@@ -277,13 +319,15 @@ pub struct QMatrix {
     pub quants: Vec<u8>,
     /// `rows * cols / 32` blocks of [`QFormat::scales_per_block`] f16 values.
     pub scales: Vec<f16>,
+    /// The order of the blocks in `quants` and `scales`.
+    pub layout: Layout,
 }
 
 /// Equal blocks: the 16-bit header fields compare by their bits (IQ4_XS keeps a
 /// bit field there, which may read as a NaN f16).
 impl PartialEq for QMatrix {
     fn eq(&self, o: &QMatrix) -> bool {
-        (self.format, self.rows, self.cols, &self.quants) == (o.format, o.rows, o.cols, &o.quants)
+        (self.format, self.rows, self.cols, self.layout, &self.quants) == (o.format, o.rows, o.cols, o.layout, &o.quants)
             && self.scales.iter().map(|s| s.to_bits()).eq(o.scales.iter().map(|s| s.to_bits()))
     }
 }
@@ -320,12 +364,15 @@ impl QMatrix {
     }
 
     pub fn view(&self) -> QView<'_> {
-        QView { format: self.format, quants: &self.quants, scales: &self.scales }
+        QView { format: self.format, quants: &self.quants, scales: &self.scales, layout: self.layout }
     }
 
     /// The single-buffer GPU layout ([`QFormat::layout`]): quants, zero padding,
     /// scales (little-endian f16), zero padding.
     pub fn gpu_bytes(&self) -> Vec<u8> {
+        if self.layout != Layout::Rows {
+            return self.to_rows().gpu_bytes();
+        }
         let l = self.format.layout(self.blocks());
         let mut out = vec![0u8; l.total];
         out[..self.quants.len()].copy_from_slice(&self.quants);
@@ -341,8 +388,12 @@ impl QMatrix {
         let Some(first) = parts.first() else {
             return Err(QuantError::Concat("nothing to concatenate".into()));
         };
-        let mut out = QMatrix { format: first.format, rows: 0, cols: first.cols, quants: Vec::new(), scales: Vec::new() };
+        let mut out =
+            QMatrix { format: first.format, rows: 0, cols: first.cols, quants: Vec::new(), scales: Vec::new(), layout: Layout::Rows };
         for p in parts {
+            if p.layout != Layout::Rows {
+                return Err(QuantError::Concat(format!("a repacked {} matrix cannot be concatenated", p.format)));
+            }
             if p.format != first.format || p.cols != first.cols {
                 return Err(QuantError::Concat(format!(
                     "{} {}x{} cannot follow {} with {} columns",
@@ -358,11 +409,21 @@ impl QMatrix {
 
     /// Rows `r0..r0 + count` as a matrix of their own (an LM-head block).
     pub fn slice_rows(&self, r0: usize, count: usize) -> Result<QMatrix, QuantError> {
+        if self.layout != Layout::Rows {
+            return self.to_rows().slice_rows(r0, count);
+        }
         if r0.checked_add(count).is_none_or(|e| e > self.rows) {
             return Err(QuantError::Concat(format!("rows {r0}..{} of a {}-row matrix", r0.saturating_add(count), self.rows)));
         }
         let v = self.view().blocks_range(r0 * self.blocks_per_row(), count * self.blocks_per_row());
-        Ok(QMatrix { format: self.format, rows: count, cols: self.cols, quants: v.quants.to_vec(), scales: v.scales.to_vec() })
+        Ok(QMatrix {
+            format: self.format,
+            rows: count,
+            cols: self.cols,
+            quants: v.quants.to_vec(),
+            scales: v.scales.to_vec(),
+            layout: Layout::Rows,
+        })
     }
 
     /// Splits a ggml block stream (as stored in GGUF) into quants and scales.
@@ -379,11 +440,14 @@ impl QMatrix {
         for block in data.chunks_exact(bb) {
             split_block(header, block, &mut quants, &mut scales);
         }
-        Ok(QMatrix { format, rows, cols, quants, scales })
+        Ok(QMatrix { format, rows, cols, quants, scales, layout: Layout::Rows })
     }
 
     /// The ggml block stream (inverse of [`QMatrix::from_ggml`]).
     pub fn to_ggml(&self) -> Vec<u8> {
+        if self.layout != Layout::Rows {
+            return self.to_rows().to_ggml();
+        }
         let (qb, header) = (self.format.quant_bytes(), self.format.header());
         let ns = header.len();
         let mut out = Vec::with_capacity(self.blocks() * self.format.block_bytes());
@@ -417,7 +481,7 @@ impl QMatrix {
             let s = &mut scales[b * ns..(b + 1) * ns];
             quantize_block(format, xb, q, s);
         }
-        Ok(QMatrix { format, rows, cols, quants, scales })
+        Ok(QMatrix { format, rows, cols, quants, scales, layout: Layout::Rows })
     }
 
     /// Dequantizes block `b` into `block_elems` values.

@@ -1,0 +1,248 @@
+//! Decode dots over repacked Q4_K weights ([`Layout::X8`]): 8 rows at a time,
+//! one 32-bit lane per row, so a super-block column of the 8 rows costs 64
+//! `vpdpbusd` (or `maddubs` + `madd` on AVX2) against broadcast activations, the
+//! sub-block scales applied to the 8 rows' integer sums at once, and no
+//! per-row scale unpacking, conversion or horizontal sum: about a third of the
+//! instructions of the one-row dots ([`super::qdot`]), which keep Q4_K decode
+//! compute-bound on a 2-core machine. The activations are the q8_K form
+//! ([`XQ8::quantize_k`](super::XQ8::quantize_k), one scale per 256); the
+//! portable loop also takes one scale per 32.
+//!
+//! Every variant computes the same thing in the same order: per column, the
+//! integer sum `Σ_j sc_j Σ q·x` of each row, converted once and multiplied by
+//! `d · d_x`; the minima's term `Σ_j mn_j · dsum_j` in f32, times `dmin`; so the
+//! SIMD and portable results agree to the last bit (tests below).
+
+use half::f16;
+
+use super::{Isa, XQ8};
+use crate::kernels::quant::{Layout, QK, QView, X8_BYTES, X8_ROWS};
+
+/// Rows `first..first + y.len()` of the [`Layout::X8`] matrix `w` dotted with
+/// `x` into `y`: whole groups of 8 rows, a partial group at either end computed
+/// whole into a stack buffer.
+pub fn rows_x8(isa: Isa, x: &XQ8, w: QView<'_>, first: usize, y: &mut [f32]) {
+    let Layout::X8 { bpr } = w.layout else { return };
+    let end = first + y.len();
+    let mut r = first;
+    while r < end {
+        let g = r / X8_ROWS;
+        let (lo, hi) = (g * X8_ROWS, ((g + 1) * X8_ROWS).min(end));
+        let out = group(isa, x, w, bpr, g);
+        y[r - first..hi - first].copy_from_slice(&out[r - lo..hi - lo]);
+        r = hi;
+    }
+}
+
+/// The 8 dot products of rows `8 g..8 g + 8`.
+#[inline]
+fn group(isa: Isa, x: &XQ8, w: QView<'_>, bpr: usize, g: usize) -> [f32; X8_ROWS] {
+    let rec = &w.quants[g * bpr * X8_BYTES..(g + 1) * bpr * X8_BYTES];
+    let sc = &w.scales[g * bpr * 2 * X8_ROWS..(g + 1) * bpr * 2 * X8_ROWS];
+    #[cfg(target_arch = "x86_64")]
+    if x.per256 && isa.avx2() && x.q.len() >= bpr * 256 && x.d.len() >= 8 * bpr && x.dsum.len() >= 8 * bpr {
+        // SAFETY: AVX2/FMA/F16C checked (VNNI too for `vnni`); `rec`, `sc` hold
+        // `bpr` records, `x` as many super-blocks (checked above).
+        return unsafe { if isa.vnni() { x86::vnni::group(rec, sc, x, bpr) } else { x86::avx2::group(rec, sc, x, bpr) } };
+    }
+    let _ = isa;
+    group_portable(rec, sc, x, bpr)
+}
+
+/// The portable loop: `x` with one scale per 256 or per 32.
+fn group_portable(rec: &[u8], sc: &[f16], x: &XQ8, bpr: usize) -> [f32; X8_ROWS] {
+    let mut acc = [0f32; X8_ROWS];
+    let mut accm = [0f32; X8_ROWS];
+    for c in 0..bpr {
+        let r = &rec[c * X8_BYTES..(c + 1) * X8_BYTES];
+        let s = &sc[c * 2 * X8_ROWS..(c + 1) * 2 * X8_ROWS];
+        let xq = &x.q[256 * c..256 * (c + 1)];
+        for i in 0..X8_ROWS {
+            // Per sub-block integer sums (4-byte run t of pair p: elements 64p + 4t.. low, 64p + 32 + 4t.. high).
+            let mut sub = [0i32; 8];
+            for p in 0..4 {
+                for t in 0..8 {
+                    let o = 128 + 32 * (8 * p + t) + 4 * i;
+                    for b in 0..4 {
+                        let v = r[o + b];
+                        sub[2 * p] += (v & 0x0f) as i32 * xq[64 * p + 4 * t + b] as i32;
+                        sub[2 * p + 1] += (v >> 4) as i32 * xq[64 * p + 32 + 4 * t + b] as i32;
+                    }
+                }
+            }
+            let (d, dmin) = (s[i].to_f32(), s[X8_ROWS + i].to_f32());
+            let mut ms = 0f32;
+            for j in 0..8 {
+                ms = (r[64 + 8 * j + i] as f32).mul_add(x.dsum[8 * c + j], ms);
+            }
+            if x.per256 {
+                let isum: i32 = sub.iter().enumerate().map(|(j, s)| s * r[8 * j + i] as i32).sum();
+                acc[i] = (isum as f32).mul_add(d * x.d[8 * c], acc[i]);
+            } else {
+                for (j, sj) in sub.iter().enumerate() {
+                    acc[i] = ((sj * r[8 * j + i] as i32) as f32).mul_add(d * x.d[8 * c + j], acc[i]);
+                }
+            }
+            accm[i] = ms.mul_add(dmin, accm[i]);
+        }
+    }
+    std::array::from_fn(|i| acc[i] - accm[i])
+}
+
+const _: () = assert!(QK * 8 == 256);
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    /// One group's columns: `$dp(acc, u8 codes, s8 activations)` adds 4-element
+    /// dot products into 32-bit lanes (`vpdpbusd`, or `maddubs` + `madd`).
+    macro_rules! x8_loops {
+        ($name:ident, $feat:literal, $dp:ident) => {
+            pub mod $name {
+                use std::arch::x86_64::*;
+
+                use half::f16;
+
+                use super::super::super::XQ8;
+                use super::super::{X8_BYTES, X8_ROWS};
+                use super::$dp;
+
+                /// # Safety
+                /// The features of `$feat`; `rec` holds `bpr` records, `sc` their
+                /// 16 scales each, `x` `bpr` super-blocks with one scale per 256.
+                #[target_feature(enable = $feat)]
+                pub unsafe fn group(rec: &[u8], sc: &[f16], x: &XQ8, bpr: usize) -> [f32; X8_ROWS] {
+                    assert!(rec.len() >= bpr * X8_BYTES && sc.len() >= bpr * 16 && x.q.len() >= 256 * bpr && x.dsum.len() >= 8 * bpr);
+                    let m4 = _mm256_set1_epi8(0x0f);
+                    let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                    let pf = crate::kernels::cpu::prefetch_bytes();
+                    for c in 0..bpr {
+                        // SAFETY: record c, its scales and super-block c of x (asserted above).
+                        unsafe {
+                            let r = rec.as_ptr().add(c * X8_BYTES);
+                            if pf != 0 {
+                                let p = r.wrapping_add(pf);
+                                for l in 0..X8_BYTES / 64 {
+                                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * l) as *const i8);
+                                }
+                            }
+                            let xq = x.q.as_ptr().add(256 * c);
+                            let mut isum = _mm256_setzero_si256();
+                            for p in 0..4 {
+                                let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                                for t in 0..8 {
+                                    let w = _mm256_loadu_si256(r.add(128 + 32 * (8 * p + t)) as *const __m256i);
+                                    let wl = _mm256_and_si256(w, m4);
+                                    let wh = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
+                                    let xl = _mm256_set1_epi32((xq.add(64 * p + 4 * t) as *const i32).read_unaligned());
+                                    let xh = _mm256_set1_epi32((xq.add(64 * p + 32 + 4 * t) as *const i32).read_unaligned());
+                                    lo = $dp(lo, wl, xl);
+                                    hi = $dp(hi, wh, xh);
+                                }
+                                let sl = _mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(16 * p) as *const __m128i));
+                                let sh = _mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(16 * p + 8) as *const __m128i));
+                                isum = _mm256_add_epi32(isum, _mm256_add_epi32(_mm256_mullo_epi32(lo, sl), _mm256_mullo_epi32(hi, sh)));
+                            }
+                            let s = sc.as_ptr().add(16 * c) as *const __m128i;
+                            let d = _mm256_cvtph_ps(_mm_loadu_si128(s));
+                            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(s.add(1)));
+                            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(x.d[8 * c])), acc);
+                            let mut ms = _mm256_setzero_ps();
+                            for j in 0..8 {
+                                let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(64 + 8 * j) as *const __m128i)));
+                                ms = _mm256_fmadd_ps(mn, _mm256_set1_ps(x.dsum[8 * c + j]), ms);
+                            }
+                            accm = _mm256_fmadd_ps(ms, dmin, accm);
+                        }
+                    }
+                    let mut out = [0f32; X8_ROWS];
+                    // SAFETY: 8 floats into an 8-float array.
+                    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc, accm)) };
+                    out
+                }
+            }
+        };
+    }
+
+    use std::arch::x86_64::*;
+
+    /// `acc + Σ4 u·s` per 32-bit lane with AVX2 (`u` ≤ 15, so `maddubs` never saturates).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn dp_avx2(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+    }
+
+    /// [`dp_avx2`] in one `vpdpbusd`.
+    #[inline]
+    #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+    fn dp_vnni(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, u, s)
+    }
+
+    x8_loops!(avx2, "avx2,fma,f16c", dp_avx2);
+    x8_loops!(vnni, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", dp_vnni);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::cpu::qdot::{ActVec, dot_q_i8};
+    use crate::kernels::cpu::qrow;
+    use crate::kernels::quant::{QFormat, QMatrix};
+
+    fn data(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn x8_dots_agree_simd_and_portable_and_match_the_row_dots() {
+        let (rows, k) = (24, 768);
+        let m = QMatrix::quantize(QFormat::Q4_K, rows, k, &data(rows * k, 3)).unwrap();
+        let x8 = m.repack_x8();
+        let xv = data(k, 9);
+        for per256 in [true, false] {
+            let xq = if per256 { XQ8::quantize_k(&xv) } else { XQ8::quantize(&xv) };
+            let mut want = vec![0f32; rows];
+            for (r, o) in want.iter_mut().enumerate() {
+                *o = dot_q_i8(Isa::Scalar, &xq, qrow(m.view(), r, k));
+            }
+            for isa in [Isa::Scalar, Isa::Simd256, Isa::best()] {
+                // Unaligned ranges: partial groups at both ends.
+                for (first, len) in [(0, rows), (3, 13), (8, 8), (17, 7)] {
+                    let mut y = vec![0f32; len];
+                    rows_x8(isa, &xq, x8.view(), first, &mut y);
+                    for (i, &v) in y.iter().enumerate() {
+                        let w = want[first + i];
+                        assert!((v - w).abs() <= 1e-4 * (1.0 + w.abs()), "{isa:?} per256 {per256} row {}: {v} vs {w}", first + i);
+                    }
+                    let mut p = vec![0f32; len];
+                    for (i, o) in p.iter_mut().enumerate() {
+                        let r = first + i;
+                        let g = r / X8_ROWS;
+                        let Layout::X8 { bpr } = x8.layout else { unreachable!() };
+                        let v = x8.view();
+                        let rec = &v.quants[g * bpr * X8_BYTES..(g + 1) * bpr * X8_BYTES];
+                        let sc = &v.scales[g * bpr * 16..(g + 1) * bpr * 16];
+                        *o = group_portable(rec, sc, &xq, bpr)[r % X8_ROWS];
+                    }
+                    if per256 {
+                        assert_eq!(y, p, "{isa:?}: SIMD and portable bit for bit");
+                    }
+                }
+            }
+            // Through the decode activation vector, as the kernels call it.
+            let act = ActVec::I8(xq);
+            let mut y = vec![0f32; rows];
+            act.rows(Isa::best(), x8.view(), k, 0, &mut y, false);
+            for (v, w) in y.iter().zip(&want) {
+                assert!((v - w).abs() <= 1e-4 * (1.0 + w.abs()));
+            }
+        }
+    }
+}
