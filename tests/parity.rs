@@ -263,3 +263,26 @@ fn repacked_q4k_weights_give_the_row_layout_results() {
     }
     assert!(repacked_runs >= 10, "only {repacked_runs} repacked runs");
 }
+
+/// Every kernel accepts at least one of its op's test shapes for every storage
+/// type it lists (default parameters; WGSL kernels on a typical GPU's limits):
+/// the tuner's parity gate admits a variant only through those shapes, so a
+/// missing one silently drops the kernel from every race on that type (the
+/// K-quant prefill gate/up kernels were, until a whole-super-block prefill shape).
+#[test]
+fn every_kernel_and_storage_type_has_a_test_shape() {
+    use ktune::kernels::problem::test_problems;
+    let cpu = CpuCaps::detect();
+    let gpu = ktune::testing::typical_gpu_caps();
+    let mut missing = Vec::new();
+    for k in kernels::registry() {
+        let caps = if k.backend() == Backend::Cpu { Caps::Cpu(&cpu) } else { Caps::Gpu(&gpu) };
+        let params = k.default_params();
+        for &d in k.dtypes {
+            if !test_problems(k.op).iter().any(|p| k.check(caps, p, d, &params).is_ok()) {
+                missing.push(format!("{} on {d}", k.id));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "no test shape accepted:\n{}", missing.join("\n"));
+}

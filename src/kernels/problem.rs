@@ -544,6 +544,10 @@ pub fn test_problems(op: Op) -> Vec<Problem> {
             Problem::GateUp { rows: 9, n: 70, k: 64, act: Activation::GeluTanh },
             Problem::GateUp { rows: 33, n: 64, k: 96, act: Activation::Silu },
             Problem::GateUp { rows: 3, n: 37, k: 160, act: Activation::GeluTanh },
+            // Several tokens on whole 256-element super-blocks: the prefill kernels'
+            // only check for the K-quants (without it the tuner's parity gate could not
+            // admit them, and a K-quant model's fused gate/up prefill ran a decode kernel).
+            Problem::GateUp { rows: 5, n: 40, k: 512, act: Activation::Silu },
         ],
         Op::ResidualRmsNorm => vec![
             Problem::ResidualRmsNorm { rows: 1, dim: 7, eps: 1e-6, unit_offset: false },
