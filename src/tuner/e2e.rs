@@ -18,6 +18,8 @@ use crate::session::Engines;
 
 /// Decode steps timed per end-to-end sample.
 pub(crate) const E2E_DECODE_STEPS: usize = 8;
+/// Rounds of the head-to-head check of a winner against the default.
+const CONFIRM_ROUNDS: usize = 4;
 
 /// The spin times (µs) the end-to-end stage tries beside the pool's default
 /// (2 ms) for the best predicted combination on a CPU.
@@ -297,7 +299,7 @@ pub(crate) fn run(
     };
     // CPU engines share their weights (a WeightMemo): the fused layouts (QKV, gate/up)
     // add at most one more copy of those matrices.
-    let builder = Engines {
+    let builder = || Engines {
         model: t.model,
         config: t.config,
         store: t.store.clone(),
@@ -305,16 +307,18 @@ pub(crate) fn run(
         memo: Some(WeightMemo::default()),
         check_decode: true,
     };
-    let build_engine = |c: &Combo| -> Result<Engine, RuntimeError> {
+    let build_with = |b: &Engines<'_>, c: &Combo| -> Result<Engine, RuntimeError> {
         let mut opts = plan_options(o, c.fusion, c.parallel);
         opts.context = opts.context.max(o.prefill_tokens + E2E_DECODE_STEPS + 1);
         if c.repack {
             opts.cpu_repack = crate::profile::REPACKABLE.to_vec();
         }
-        let mut e = builder.build(opts, selection_for(c, caps, &winners), c.batch)?;
+        let mut e = b.build(opts, selection_for(c, caps, &winners), c.batch)?;
         e.set_cpu_pool(c.threads, c.spin_us, c.prefetch);
         Ok(e)
     };
+    let shared = builder();
+    let build_engine = |c: &Combo| build_with(&shared, c);
     let interleave = !gpu && weight_bytes.saturating_mul(2) < available_memory() / 5 * 2;
     progress
         .phase(&format!("end to end: {} combinations{}", combos.len(), if interleave { ", interleaved" } else { "" }), combos.len() as u64);
@@ -429,9 +433,41 @@ pub(crate) fn run(
         (0..combos.len()).map(|i| if errors[i].is_some() { Vec::new() } else { request_times(&samples[i], o.decode_tokens) }).collect();
     let scores: Vec<Stats> = (0..combos.len()).map(|i| if errors[i].is_some() { Stats::default() } else { summarize(&times[i]) }).collect();
     let paired = if interleave && errors[0].is_none() { pick_paired(&times) } else { None };
-    let Some(best) = paired.or_else(|| pick(&scores, TIE)) else {
+    let Some(mut best) = paired.or_else(|| pick(&scores, TIE)) else {
         return Err(TuneError::Invalid("no combination ran end to end; see the notes above".into()));
     };
+    // A winner other than the default meets it again head to head: two engines
+    // alone (every other engine and weight copy of the stage dropped), alternating
+    // first and second, the same rule. The stage's many engines share one process's
+    // memory and caches, which can favour one layout over another (a repacked
+    // combination won every round of the stage, then lost 20% in `ktune bench`).
+    if best != 0 && interleave && errors[0].is_none() {
+        drop(shared);
+        let fresh = builder();
+        if let (Ok(mut d), Ok(mut b)) = (build_with(&fresh, &combos[0].0), build_with(&fresh, &combos[best].0)) {
+            progress.phase(&format!("end to end: `{}` against the default, head to head", combos[best].0.label()), CONFIRM_ROUNDS as u64);
+            let mut t: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+            for round in 0..CONFIRM_ROUNDS {
+                for i in if round % 2 == 0 { [0, 1] } else { [1, 0] } {
+                    let e = if i == 0 { &mut d } else { &mut b };
+                    if let Ok((p, dd)) = e2e_sample(e, &prompt, E2E_DECODE_STEPS) {
+                        t[i].push(p + o.decode_tokens as f64 * dd);
+                    }
+                }
+                progress.tick();
+            }
+            progress.done();
+            if t[0].len() == t[1].len() && pick_paired(&t) != Some(1) {
+                progress.note(&format!(
+                    "`{}` did not beat the runtime default head to head (request {:.1} vs {:.1} ms, medians): the default stays",
+                    combos[best].0.label(),
+                    summarize(&t[1]).median * 1e3,
+                    summarize(&t[0]).median * 1e3
+                ));
+                best = 0;
+            }
+        }
+    }
     Ok(EndToEnd { combos, samples, best, winners })
 }
 
