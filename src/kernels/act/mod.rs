@@ -327,7 +327,9 @@ fn online_k<L: Lanes>(l: L, x: &[f32]) -> (f32, f32) {
 // CPU kernels
 // ---------------------------------------------------------------------------------
 
-fn gated_simd(isa: Isa, act: Activation, gate: &[f32], up: &[f32], y: &mut [f32]) {
+/// `y = act(gate) * up` with the SIMD exponential (what the fused gate/up kernels
+/// apply to their blocks of features, as the separate activation kernel does).
+pub(crate) fn gated_simd(isa: Isa, act: Activation, gate: &[f32], up: &[f32], y: &mut [f32]) {
     isa_dispatch!(isa, |l| (act: Activation = act, gate: &[f32] = gate, up: &[f32] = up, y: &mut [f32] = y) -> () {
         gated_k(l, act, gate, up, y)
     })

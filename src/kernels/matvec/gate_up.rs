@@ -18,6 +18,7 @@ use rayon::prelude::*;
 use super::qkv::ROW_CPU_PARAMS;
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
+use crate::kernels::act::gated_simd;
 use crate::kernels::cpu::qgemm::{I8_GEMM_PARAMS, XPanel, check_i8_gemm, rows_times_tokens_i8};
 use crate::kernels::cpu::{
     self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_TASK, RowSplit, act_f32, check_isa, check_quant, par_row_blocks, par_rows, qin, row,
@@ -411,9 +412,7 @@ fn run_gate_up_q_panel(kd: &KernelDef, prob: &Problem, params: &Params, mut a: C
         );
         for t in 0..rows {
             let (g, u) = tmp[t * 2 * nb..][..2 * nb].split_at(nb);
-            for ((out, &g), &u) in y[t * n + j0..][..nb].iter_mut().zip(g).zip(u) {
-                *out = act_f32(act, g) * u;
-            }
+            gated_simd(isa, act, g, u, &mut y[t * n + j0..][..nb]);
         }
     }
     Ok(())
@@ -438,7 +437,9 @@ fn run_gate_up_q_i8(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuA
     let parts = par_row_blocks(n, grain, |j0, count| {
         let g = rows_times_tokens_i8(isa, &xp, w, j0, count);
         let u = rows_times_tokens_i8(isa, &xp, w, n + j0, count);
-        g.iter().zip(&u).map(|(&g, &u)| act_f32(act, g) * u).collect()
+        let mut y = vec![0f32; g.len()];
+        gated_simd(isa, act, &g, &u, &mut y);
+        y
     });
     scatter_row_blocks(parts, rows, n, &mut a.outs[0][..rows * n]);
     Ok(())
@@ -459,13 +460,11 @@ fn run_gate_up_q(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs
             // into `yc`, then combined (every layout's `rows` path).
             for (c, yc) in yc.chunks_mut(64).enumerate() {
                 let j0 = first + 64 * c;
-                let mut up = [0f32; 64];
-                let up = &mut up[..yc.len()];
-                x.rows(isa, w, k, j0, yc, false);
+                let (mut gate, mut up) = ([0f32; 64], [0f32; 64]);
+                let (gate, up) = (&mut gate[..yc.len()], &mut up[..yc.len()]);
+                x.rows(isa, w, k, j0, gate, false);
                 x.rows(isa, w, k, n + j0, up, false);
-                for (g, u) in yc.iter_mut().zip(up.iter()) {
-                    *g = act_f32(act, *g) * u;
-                }
+                gated_simd(isa, act, gate, up, yc);
             }
         });
         return Ok(());
@@ -474,7 +473,9 @@ fn run_gate_up_q(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs
     let parts = par_row_blocks(n, grain, |j0, count| {
         let g = rows_times_tokens(isa, x, rows, k, w, j0, count, 16);
         let u = rows_times_tokens(isa, x, rows, k, w, n + j0, count, 16);
-        g.iter().zip(&u).map(|(&g, &u)| act_f32(act, g) * u).collect()
+        let mut y = vec![0f32; g.len()];
+        gated_simd(isa, act, &g, &u, &mut y);
+        y
     });
     scatter_row_blocks(parts, rows, n, y);
     Ok(())
