@@ -26,17 +26,34 @@ use std::time::{Duration, Instant};
 /// Most participants (the caller and its workers) of one pool.
 pub const MAX_THREADS: usize = 256;
 
+/// The fields of the claim word: index and task count 20 bits each, the epoch 24.
+const TASK_SHIFT: u32 = 20;
+const EPOCH_SHIFT: u32 = 40;
+const FIELD: u64 = (1 << TASK_SHIFT) - 1;
+const FIELD_EPOCH: u64 = (1 << (64 - EPOCH_SHIFT)) - 1;
+/// Most tasks of one job handed to the workers (a larger job runs inline).
+const MAX_TASKS: usize = FIELD as usize;
+
+/// The claim word of task `index` of a job of `tasks` tasks in `epoch`.
+fn pack(epoch: u64, tasks: usize, index: usize) -> u64 {
+    (epoch & FIELD_EPOCH) << EPOCH_SHIFT | (tasks as u64 & FIELD) << TASK_SHIFT | (index as u64 & FIELD)
+}
+
 type Task<'a> = dyn Fn(usize) + Sync + 'a;
 
 struct Shared {
-    /// `epoch << 32 | next task index`: a worker claims a task of the current job
-    /// by a compare-and-swap that fails when the job changed under it.
+    /// `epoch << 40 | task count << 20 | next task index` ([`pack`]): a worker
+    /// claims a task of the current job by a compare-and-swap that fails when the
+    /// job changed under it. The count travels in the same word as the index: a
+    /// worker that read the count apart (an earlier version) could take a late
+    /// job's larger count for a finished job's, claim an index past that job's
+    /// end, run a task of a job whose caller had returned, and count it into the
+    /// next job's `done` (a crash in `rms_norm_split`'s back-to-back jobs).
     claim: AtomicU64,
-    /// The current job's task count and body, written by the caller before the
-    /// `claim` store that publishes the job (Release) and read by a worker only
-    /// after a successful claim of one of its tasks (Acquire), while the caller
-    /// is still waiting for that task: valid for exactly as long as it is read.
-    tasks: AtomicUsize,
+    /// The current job's body, written by the caller before the `claim` store
+    /// that publishes the job (Release) and read by a worker only after a
+    /// successful claim of one of its tasks (Acquire), while the caller is still
+    /// waiting for that task: valid for exactly as long as it is read.
     job: UnsafeCell<Option<*const Task<'static>>>,
     /// Tasks of the current job finished.
     done: AtomicUsize,
@@ -89,7 +106,6 @@ impl Pool {
         let threads = threads.clamp(1, MAX_THREADS);
         let shared = Arc::new(Shared {
             claim: AtomicU64::new(0),
-            tasks: AtomicUsize::new(0),
             job: UnsafeCell::new(None),
             done: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
@@ -147,7 +163,7 @@ impl Pool {
         if tasks == 0 {
             return;
         }
-        let inline = tasks == 1 || self.threads() == 1 || IN_TASK.with(Cell::get);
+        let inline = tasks == 1 || tasks > MAX_TASKS || self.threads() == 1 || IN_TASK.with(Cell::get);
         let guard = if inline { None } else { self.busy.try_lock().ok() };
         let Some(_guard) = guard else {
             for i in 0..tasks {
@@ -165,11 +181,10 @@ impl Pool {
             let erased: *const Task<'static> = std::mem::transmute::<*const Task<'_>, *const Task<'static>>(f as *const Task<'_>);
             *s.job.get() = Some(erased);
         }
-        s.tasks.store(tasks, Relaxed);
         s.done.store(0, Relaxed);
         s.panicked.store(false, Relaxed);
-        let epoch = (s.claim.load(Relaxed) >> 32).wrapping_add(1) & 0xffff_ffff;
-        s.claim.store(epoch << 32, SeqCst);
+        let epoch = (s.claim.load(Relaxed) >> EPOCH_SHIFT).wrapping_add(1) & FIELD_EPOCH;
+        s.claim.store(pack(epoch, tasks, 0), SeqCst);
         if s.sleepers.load(SeqCst) > 0 {
             let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
@@ -195,11 +210,10 @@ impl Pool {
 /// thread ran (a worker adds them to `done`, the caller counts its own).
 fn work(s: &Shared, epoch: u64) -> usize {
     let mut ran = 0;
-    let tasks = s.tasks.load(Relaxed);
     loop {
         let c = s.claim.load(Acquire);
-        let i = (c & 0xffff_ffff) as usize;
-        if c >> 32 != epoch || i >= tasks {
+        let (tasks, i) = (((c >> TASK_SHIFT) & FIELD) as usize, (c & FIELD) as usize);
+        if c >> EPOCH_SHIFT != epoch || i >= tasks {
             return ran;
         }
         if s.claim.compare_exchange_weak(c, c + 1, AcqRel, Relaxed).is_err() {
@@ -221,7 +235,7 @@ fn work(s: &Shared, epoch: u64) -> usize {
 
 fn worker(s: &Shared, index: usize) {
     s.started.fetch_add(1, Release);
-    let mut seen = s.claim.load(Acquire) >> 32;
+    let mut seen = s.claim.load(Acquire) >> EPOCH_SHIFT;
     loop {
         // Wait for a new job: spin, then park.
         let start = Instant::now();
@@ -230,7 +244,7 @@ fn worker(s: &Shared, index: usize) {
             if s.shutdown.load(Relaxed) {
                 return;
             }
-            let e = s.claim.load(Acquire) >> 32;
+            let e = s.claim.load(Acquire) >> EPOCH_SHIFT;
             if e != seen {
                 break e;
             }
@@ -238,7 +252,7 @@ fn worker(s: &Shared, index: usize) {
             if spins.is_multiple_of(256) && start.elapsed().as_nanos() as u64 >= s.spin_ns.load(Relaxed) {
                 let mut g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
                 s.sleepers.fetch_add(1, SeqCst);
-                while s.claim.load(SeqCst) >> 32 == seen && !s.shutdown.load(SeqCst) {
+                while s.claim.load(SeqCst) >> EPOCH_SHIFT == seen && !s.shutdown.load(SeqCst) {
                     g = s.wake.wait(g).unwrap_or_else(|e| e.into_inner());
                 }
                 s.sleepers.fetch_sub(1, SeqCst);
@@ -444,6 +458,53 @@ mod tests {
                 }
                 assert!(hits.iter().all(|h| h.load(Relaxed) == 5), "threads {threads} tasks {tasks}");
             }
+        }
+    }
+
+    /// Back-to-back jobs of a few tasks each (as `rms_norm_split` alternates a
+    /// reduction and a chunked write per row): no task of a job runs after its
+    /// `run` returned. A task checks the job it belongs to is still the caller's
+    /// current one.
+    #[test]
+    fn no_task_outlives_its_job() {
+        for threads in [2, 3] {
+            let p = Pool::new(threads);
+            p.set_spin(Duration::from_millis(5));
+            let current = AtomicUsize::new(0);
+            let stale = AtomicUsize::new(0);
+            for job in 1..300_000usize {
+                current.store(job, SeqCst);
+                // Small and large jobs in turn: a worker that paired a finished
+                // small job's epoch with the next large job's count claimed past
+                // the small job's end.
+                let tasks = if job % 2 == 0 { 2 } else { 9 };
+                p.run(tasks, &|i| {
+                    std::hint::black_box(i);
+                    if current.load(SeqCst) != job || i >= tasks {
+                        stale.fetch_add(1, Relaxed);
+                    }
+                });
+            }
+            assert_eq!(stale.load(Relaxed), 0, "{threads} threads: tasks ran after their job returned");
+        }
+    }
+
+    /// The shape of `rms_norm_split`: per row a reduction over chunks, then a
+    /// chunked write that depends on it, back to back on the process pool.
+    #[test]
+    fn reductions_and_chunked_writes_alternate_safely() {
+        let x: Vec<f32> = (0..576).map(|i| (i % 13) as f32 * 0.1).collect();
+        let mut y = vec![0f32; 576];
+        let want: f32 = x.iter().map(|v| v * v).sum();
+        for round in 0..100_000 {
+            let chunk = 32 + 32 * (round % 4);
+            let ss = sum_chunks(&x, chunk, |c| c.iter().map(|v| v * v).sum());
+            assert!((ss - want).abs() < 1e-3 * want, "round {round}");
+            for_chunks_mut(&mut y, chunk, |i, yc| {
+                for (j, o) in yc.iter_mut().enumerate() {
+                    *o = x[i * chunk + j] * ss;
+                }
+            });
         }
     }
 
