@@ -58,8 +58,7 @@ pub struct Profile {
     pub origin: String,
 }
 
-/// The block formats with a repacked CPU layout (`execution.cpuRepack`).
-pub const REPACKABLE: [crate::kernels::quant::QFormat; 1] = [crate::kernels::quant::QFormat::Q4_K];
+pub use crate::kernels::quant::REPACKABLE;
 
 /// The runtime switches a profile sets.
 #[derive(Clone, Debug, PartialEq, Eq)]

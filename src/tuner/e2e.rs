@@ -45,7 +45,7 @@ pub(crate) struct Combo {
     /// CPU: the int8 decode dots' prefetch distance, bytes (None: the runtime's
     /// default).
     pub prefetch: Option<u32>,
-    /// CPU: the formats of [`crate::profile::REPACKABLE`] repacked at load.
+    /// CPU: the formats of [`crate::kernels::quant::REPACKABLE`] repacked at load.
     pub repack: bool,
 }
 
@@ -234,7 +234,7 @@ fn combinations_with_threads(o: &TuneOptions, predicted: &[(Fusion, f64)], gpu: 
         }
         // The repacked weight layouts, where the model has matrices of such a format.
         let formats = std::iter::once(o.weight_dtype).chain(o.matrix_formats.values().copied());
-        if formats.filter_map(|d| d.quant()).any(|f| crate::profile::REPACKABLE.contains(&f)) {
+        if formats.filter_map(|d| d.quant()).any(|f| crate::kernels::quant::REPACKABLE.contains(&f)) {
             combos.push((Combo { repack: true, ..Combo::raced(*f, par_on, true) }, *pred));
         }
     }
@@ -311,7 +311,7 @@ pub(crate) fn run(
         let mut opts = plan_options(o, c.fusion, c.parallel);
         opts.context = opts.context.max(o.prefill_tokens + E2E_DECODE_STEPS + 1);
         if c.repack {
-            opts.cpu_repack = crate::profile::REPACKABLE.to_vec();
+            opts.cpu_repack = crate::kernels::quant::REPACKABLE.to_vec();
         }
         let mut e = b.build(opts, selection_for(c, caps, &winners), c.batch)?;
         e.set_cpu_pool(c.threads, c.spin_us, c.prefetch);

@@ -25,6 +25,9 @@ use half::f16;
 
 use super::{Layout, QFormat, QMatrix, QView, scales_mins_k4};
 
+/// The block formats with a repacked CPU layout (the profile's `execution.cpuRepack`).
+pub const REPACKABLE: [QFormat; 1] = [QFormat::Q4_K];
+
 /// Rows interleaved in one [`Layout::X8`] record.
 pub const X8_ROWS: usize = 8;
 /// Bytes of one [`Layout::X8`] record in `quants` (8 rows' super-blocks).
