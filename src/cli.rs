@@ -193,6 +193,10 @@ pub struct BenchKernelsArgs {
     /// Only these ops, comma separated (gemv, gemm, attention_decode, rms_norm, ...).
     #[arg(long, value_delimiter = ',')]
     pub op: Vec<String>,
+    /// Only these kernels race, comma separated ids (`ktune kernels`); the shapes
+    /// are those of their ops.
+    #[arg(long, value_delimiter = ',')]
+    pub kernel: Vec<String>,
     /// Each kernel at its default parameters only (no sweep), 32 prompt tokens
     /// and a 256-token context unless given.
     #[arg(long)]

@@ -66,6 +66,8 @@ fn bench_kernels_refuses_bad_flags_with_exit_2() {
     let tmp = tempdir();
     for (args, says) in [
         (vec!["--op", "telepathy"], "telepathy"),
+        (vec!["--kernel", "attention_prefill_psychic"], "attention_prefill_psychic"),
+        (vec!["--kernel", "attention_prefill_cpu"], "CPU kernel"),
         (vec!["--gpu-l2-bytes=-1"], "size"),
         (vec!["--models", "gpt-9"], "gpt-9"),
         (vec!["--budget", "soon"], "duration"),

@@ -32,6 +32,14 @@ pub fn run(selector: Option<&str>, args: &BenchKernelsArgs, progress: &dyn Progr
             }
         }
     }
+    let mut only: Vec<&'static str> = Vec::new();
+    for id in &args.kernel {
+        match crate::kernels::find(id) {
+            Ok(k) if k.backend() == crate::kernels::Backend::Wgsl => only.push(k.id),
+            Ok(_) => return Err(Error::Usage(format!("--kernel `{id}` is a CPU kernel; bench-kernels races WGSL kernels"))),
+            Err(e) => return Err(Error::Usage(format!("--kernel: {e}"))),
+        }
+    }
     let configs =
         args.models.iter().map(|m| crate::model::builtin(m).map(|c| (m.clone(), c))).collect::<std::result::Result<Vec<_>, _>>()?;
     if configs.is_empty() {
@@ -57,14 +65,17 @@ pub fn run(selector: Option<&str>, args: &BenchKernelsArgs, progress: &dyn Progr
     if !ops.is_empty() {
         entries.retain(|e| ops.contains(&e.problem.op()));
     }
+    if !only.is_empty() {
+        entries.retain(|e| only.iter().any(|id| crate::kernels::find(id).is_ok_and(|k| k.op == e.problem.op())));
+    }
     if entries.is_empty() {
-        return Err(Error::Usage("no shape of these models is of the ops given with --op".into()));
+        return Err(Error::Usage("no shape of these models is of the ops given with --op / --kernel".into()));
     }
 
     progress.phase("limits", 0);
     let limits = kbench::peaks(&ctx, COPY_BYTES)?;
     let start = Instant::now();
-    let opts = RaceOptions { quick: args.quick, rotation: rotation.clone(), seed: args.seed };
+    let opts = RaceOptions { quick: args.quick, rotation: rotation.clone(), seed: args.seed, only };
     progress.phase("", entries.len() as u64);
     let mut rows = Vec::new();
     let mut skipped = Vec::new();

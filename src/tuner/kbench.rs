@@ -184,6 +184,8 @@ pub struct RaceOptions {
     pub quick: bool,
     pub rotation: Rotation,
     pub seed: u64,
+    /// Only these kernel ids race (all of the op's WGSL kernels when empty).
+    pub only: Vec<&'static str>,
 }
 
 /// An entry's best variant.
@@ -206,10 +208,11 @@ pub struct Best {
 /// every kernel's first valid set (its defaults when valid) first, then the rest
 /// of each kernel's sweep taken in turns, so a short budget still races every
 /// kernel.
-fn candidates(ctx: &GpuCtx, entry: &Entry, quick: bool) -> Vec<Cand> {
+fn candidates(ctx: &GpuCtx, entry: &Entry, quick: bool, only: &[&str]) -> Vec<Cand> {
     let caps = Caps::Gpu(&ctx.caps);
     let per_kernel: Vec<Vec<Cand>> = kernels::for_op(entry.problem.op())
         .filter(|k| k.backend() == Backend::Wgsl && k.dtypes.contains(&entry.dtype))
+        .filter(|k| only.is_empty() || only.contains(&k.id))
         .map(|k| {
             let sets = if quick { vec![k.default_params()] } else { verify::param_sweep(k, false) };
             let mut valid: Vec<Params> = Vec::new();
@@ -229,7 +232,7 @@ fn candidates(ctx: &GpuCtx, entry: &Entry, quick: bool) -> Vec<Cand> {
 /// `Ok(None)` when no WGSL variant accepts the shape on this adapter; an error
 /// when every variant failed to build or run (the first failure).
 pub fn best_variant(ctx: &std::sync::Arc<GpuCtx>, entry: &Entry, o: &RaceOptions, deadline: Instant) -> Result<Option<Best>, String> {
-    let cands = candidates(ctx, entry, o.quick);
+    let cands = candidates(ctx, entry, o.quick, &o.only);
     if cands.is_empty() {
         return Ok(None);
     }
@@ -322,13 +325,16 @@ mod tests {
     fn sweeps_take_every_kernel_before_any_second_set() {
         let Some(gpu) = crate::testing::test_gpu() else { return };
         let e = Entry { model: "m".into(), what: "decode", problem: Problem::Gemv { n: 256, k: 512 }, dtype: DType::F16 };
-        let all = candidates(&gpu, &e, false);
-        let quick = candidates(&gpu, &e, true);
+        let all = candidates(&gpu, &e, false, &[]);
+        let quick = candidates(&gpu, &e, true, &[]);
         let kernels: std::collections::BTreeSet<_> = all.iter().map(|c| c.kernel.id).collect();
         assert!(kernels.len() >= 2 && all.len() > kernels.len(), "{} sets of {} kernels", all.len(), kernels.len());
         let first: std::collections::BTreeSet<_> = all[..kernels.len()].iter().map(|c| c.kernel.id).collect();
         assert_eq!(first, kernels, "a kernel's second set came before another kernel's first");
         assert!(all.iter().all(|c| c.kernel.check(Caps::Gpu(&gpu.caps), &e.problem, e.dtype, &c.params).is_ok()));
         assert!(quick.len() <= kernels.len() && quick.iter().all(|c| c.params == c.kernel.default_params()));
+        let one = *kernels.iter().next().expect("a kernel");
+        let only = candidates(&gpu, &e, false, &[one]);
+        assert!(!only.is_empty() && only.iter().all(|c| c.kernel.id == one), "--kernel {one} raced others");
     }
 }

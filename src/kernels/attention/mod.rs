@@ -4,7 +4,14 @@
 //!
 //! WGSL prefill: `attention_prefill_naive` (scores materialised in a scratch buffer,
 //! three dispatches: QKᵀ, row softmax, P·V) and `attention_prefill_flash` (tiled
-//! online softmax, K/V tiles in workgroup memory, `block_q` × `block_kv` tiles).
+//! online softmax, K/V tiles in workgroup memory, `block_q` × `block_kv` tiles),
+//! `attention_prefill_flash2_sg` and `attention_prefill_flash2` (one body,
+//! `flash2.wgsl`: the heads of a GQA group share each K/V tile, `lanes` invocations
+//! per query row split head_dim and hold its Q slice in registers, a reduce-scatter
+//! over the row's lanes gives each lane whole scores, one exponential per score; K/V
+//! staged in workgroup memory, padded or not, or read straight from the cache; the
+//! row collectives are subgroup shuffles, or workgroup memory and barriers on
+//! adapters without subgroups).
 //! WGSL decode: `attention_decode_stream` (one workgroup per query head streaming the
 //! cache) and `attention_decode_splitkv` (flash decoding: the key range split into
 //! `chunk`-key partials computed by one workgroup per GQA group, so the query heads
@@ -33,6 +40,8 @@ use crate::shader;
 
 static PREFILL_NAIVE: Shader = shader!("attention_prefill_naive.wgsl", "attention.wgsl", "reduce_wg.wgsl", "wload.wgsl");
 static PREFILL_FLASH: Shader = shader!("attention_prefill_flash.wgsl", "attention.wgsl", "wload.wgsl");
+static PREFILL_FLASH2: Shader = shader!("attention_prefill_flash2.wgsl", "flash2.wgsl", "attention.wgsl", "wload.wgsl");
+static PREFILL_FLASH2_SG: Shader = shader!("attention_prefill_flash2_sg.wgsl", "flash2.wgsl", "attention.wgsl", "wload.wgsl");
 static DECODE_STREAM: Shader = shader!("attention_decode_stream.wgsl", "attention.wgsl", "reduce_wg.wgsl", "wload.wgsl");
 static DECODE_SPLITKV: Shader = shader!("attention_decode_splitkv.wgsl", "attention.wgsl", "wload.wgsl");
 static DECODE_SPLITKV_SG: Shader = shader!("attention_decode_splitkv_sg.wgsl", "attention.wgsl", "wload.wgsl");
@@ -57,6 +66,33 @@ const FLASH_PARAMS: &[ParamSpec] = &[
         default: 8,
         help: "invocations per query row (workgroup = block_q * lanes); each owns head_dim / (4 * lanes) vec4 output columns",
     },
+];
+
+/// Register words (16-byte cache words of a row) one `attention_prefill_flash2*` lane
+/// holds at most: `head_dim / (4 or 8) <= FLASH2_WORDS * lanes`.
+const FLASH2_WORDS: usize = 8;
+
+const FLASH2_PARAMS: &[ParamSpec] = &[
+    ParamSpec::new("block_q", &[4, 8, 16, 32], 8, "query tokens per workgroup (Q tile), each with the heads_per_wg heads of its group"),
+    ParamSpec::new(
+        "heads_per_wg",
+        &[1, 2, 4, 8],
+        4,
+        "query heads of one GQA group per workgroup sharing each K/V tile (at most the group)",
+    ),
+    ParamSpec::new("block_kv", &[16, 32, 64], 32, "keys per K/V tile (scores held in registers, block_kv / lanes per lane)"),
+    ParamSpec::new(
+        "lanes",
+        &[4, 8, 16],
+        8,
+        "invocations per query row splitting head_dim (workgroup = block_q * heads_per_wg * lanes); each holds its Q slice and output columns",
+    ),
+    ParamSpec::new(
+        "kv_tile",
+        &[0, 1, 2],
+        1,
+        "0: K/V rows read straight from the cache; 1: K/V tiles staged in workgroup memory; 2: staged with rows padded by 16 bytes",
+    ),
 ];
 
 const STREAM_PARAMS: &[ParamSpec] = &[
@@ -107,6 +143,26 @@ pub fn variants() -> Vec<KernelDef> {
             FLASH_PARAMS,
             "tiled online softmax: block_q queries per workgroup, K/V tiles of block_kv rows in workgroup memory",
             WgslImpl::new(&PREFILL_FLASH, prepare_flash).workgroup(flash_wg_size).shared(shared_flash).check(check_flash),
+        ),
+        KernelDef::new(
+            "attention_prefill_flash2",
+            Op::AttentionPrefill,
+            DType::FLOAT,
+            FLASH2_PARAMS,
+            "flash v2 without subgroups: GQA heads share K/V tiles, Q slices in registers, head_dim split over lanes, workgroup-memory row reductions",
+            WgslImpl::new(&PREFILL_FLASH2, prepare_flash2).workgroup(flash2_wg_size).shared(shared_flash2).check(check_flash2),
+        ),
+        KernelDef::new(
+            "attention_prefill_flash2_sg",
+            Op::AttentionPrefill,
+            DType::FLOAT,
+            FLASH2_PARAMS,
+            "flash v2 on subgroups: GQA heads share K/V tiles, Q slices in registers, head_dim split over lanes, shuffle reduce-scatter scores",
+            WgslImpl::new(&PREFILL_FLASH2_SG, prepare_flash2)
+                .workgroup(flash2_wg_size)
+                .shared(shared_flash2_sg)
+                .subgroups()
+                .check(check_flash2_sg),
         ),
         KernelDef::new(
             "attention_prefill_cpu",
@@ -360,6 +416,151 @@ fn prepare_flash(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let mut words: Vec<u32> = [sh.tokens, sh.kv_len, sh.kv_cap, sh.heads, sh.kv_heads, sh.window].iter().map(|&v| v as u32).collect();
     words.push(sh.scale.to_bits());
     s.one_step("main", &consts, &words, [groups(sh.tokens, bq), sh.heads as u32, 1])
+}
+
+/// How `attention_prefill_flash2*` lays out one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Flash2Plan {
+    /// Query tokens and heads per workgroup (`BQ`, `GH`), lanes per query row.
+    bq: usize,
+    gh: usize,
+    lanes: usize,
+    /// Head sub-blocks per KV head (`nsub` workgroups along y per KV head).
+    nsub: usize,
+    /// 16-byte words per cache row (`RW`) and per lane at most (`NW`).
+    rw: usize,
+    nw: usize,
+    bkv: usize,
+    stage: bool,
+    /// Words of padding after each staged row (`PAD`).
+    pad: usize,
+}
+
+impl Flash2Plan {
+    fn of(s: &Shape, dtype: DType, params: &Params) -> Result<Flash2Plan, KernelError> {
+        let gh = (param(params, "heads_per_wg")? as usize).clamp(1, s.group());
+        let lanes = param(params, "lanes")? as usize;
+        let rw = s.d / per_word(dtype);
+        let tile = param(params, "kv_tile")?;
+        Ok(Flash2Plan {
+            bq: param(params, "block_q")? as usize,
+            gh,
+            lanes,
+            nsub: s.group().div_ceil(gh),
+            rw,
+            nw: rw.div_ceil(lanes.max(1)),
+            bkv: param(params, "block_kv")? as usize,
+            stage: tile > 0,
+            pad: usize::from(tile == 2),
+        })
+    }
+
+    fn invocations(&self) -> u64 {
+        (self.bq * self.gh * self.lanes) as u64
+    }
+
+    /// 16-byte words of the staged K/V tile (`TILE`; 1 without staging, an array
+    /// must have an element).
+    fn tile_words(&self) -> usize {
+        if self.stage { self.bkv * (self.rw + self.pad) } else { 1 }
+    }
+
+    /// Bytes of the staged K/V tile, if any.
+    fn tile_bytes(&self) -> u64 {
+        if self.stage { 16 * self.tile_words() as u64 } else { 0 }
+    }
+
+    fn grid(&self, s: &Shape) -> [u32; 3] {
+        [s.tokens.div_ceil(self.bq) as u32, (s.kv_heads * self.nsub) as u32, 1]
+    }
+}
+
+/// The plan of a call, or zero heads/head_dim for a problem of another op (the
+/// registry's generic checks run before the kernel's own).
+fn flash2_plan(prob: &Problem, dtype: DType, params: &Params) -> Result<Flash2Plan, KernelError> {
+    let s = Shape::of(prob).filter(|s| s.kv_heads > 0 && s.heads % s.kv_heads == 0).unwrap_or(Shape {
+        tokens: 1,
+        kv_len: 1,
+        kv_cap: 1,
+        heads: 1,
+        kv_heads: 1,
+        d: 0,
+        window: 0,
+        scale: 1.0,
+    });
+    Flash2Plan::of(&s, dtype, params)
+}
+
+/// The upper bound (heads_per_wg before it is clamped to the group).
+fn flash2_wg_size(params: &Params) -> Result<[u32; 3], KernelError> {
+    Ok([param(params, "block_q")? * param(params, "heads_per_wg")? * param(params, "lanes")?, 1, 1])
+}
+
+fn shared_flash2_sg(prob: &Problem, dtype: DType, params: &Params) -> Result<u64, KernelError> {
+    Ok(flash2_plan(prob, dtype, params)?.tile_bytes())
+}
+
+/// The tile, the reduce-scatter buffer (LANES partials per invocation), the row
+/// values and the tile's probabilities.
+fn shared_flash2(prob: &Problem, dtype: DType, params: &Params) -> Result<u64, KernelError> {
+    let p = flash2_plan(prob, dtype, params)?;
+    let inv = p.invocations();
+    Ok(p.tile_bytes() + 4 * (inv * p.lanes as u64 + inv + (p.bq * p.gh * p.bkv) as u64))
+}
+
+fn check_flash2_common(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<Flash2Plan, String> {
+    let s = check_wgsl_shape(prob, dtype)?;
+    let p = Flash2Plan::of(&s, dtype, params).map_err(|e| e.to_string())?;
+    if p.nw > FLASH2_WORDS {
+        return Err(format!(
+            "head_dim = {} is {} {dtype} words of 16 bytes, {} per lane over {} lanes, more than the {FLASH2_WORDS} a lane holds; raise lanes",
+            s.d, p.rw, p.nw, p.lanes
+        ));
+    }
+    if p.bkv % p.lanes != 0 || p.bkv / p.lanes > 16 {
+        return Err(format!("block_kv = {} must be a multiple of lanes = {} and at most 16 keys per lane", p.bkv, p.lanes));
+    }
+    check_grid(caps, "query blocks", s.tokens.div_ceil(p.bq))?;
+    check_grid(caps, "KV head blocks", s.kv_heads * p.nsub)?;
+    Ok(p)
+}
+
+fn check_flash2(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    check_flash2_common(caps, prob, dtype, params).map(|_| ())
+}
+
+fn check_flash2_sg(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    let p = check_flash2_common(caps, prob, dtype, params)?;
+    let sg_min = caps.subgroup_min_size as usize;
+    if sg_min == 0 {
+        return Err("the adapter reports no subgroup size".into());
+    }
+    if p.lanes > sg_min {
+        return Err(format!("rows of lanes = {} need subgroups at least that wide; the adapter's smallest is {sg_min}", p.lanes));
+    }
+    Ok(())
+}
+
+fn prepare_flash2(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let sh = shape_or_invalid(s.kernel, s.problem)?;
+    let p = Flash2Plan::of(&sh, s.dtype, s.params)?;
+    let consts = [
+        ("BQ", p.bq as f64),
+        ("GH", p.gh as f64),
+        ("BKV", p.bkv as f64),
+        ("LANES", p.lanes as f64),
+        ("HD", sh.d as f64),
+        ("RW", p.rw as f64),
+        ("NW", p.nw as f64),
+        ("STAGE", if p.stage { 1.0 } else { 0.0 }),
+        ("PAD", p.pad as f64),
+        ("TILE", p.tile_words() as f64),
+        ("W_F16", s.w_f16()),
+    ];
+    let mut words: Vec<u32> = [sh.tokens, sh.kv_len, sh.kv_cap, sh.heads, sh.kv_heads, sh.window].iter().map(|&v| v as u32).collect();
+    words.push(sh.scale.to_bits());
+    words.push(p.nsub as u32);
+    s.one_step("main", &consts, &words, p.grid(&sh))
 }
 
 // ---------------------------------------------------------------------------
@@ -1019,6 +1220,147 @@ mod tests {
         let p = SgPlan::of(&s, DType::F16, &caps_min(4), 64, 4, 64).expect("subgroups");
         assert_eq!((p.nsub, p.gh, p.wpl, p.spw), (2, 3, 2, 16));
         assert!(SgPlan::of(&s, DType::F32, &caps_min(0), 64, 4, 64).is_none());
+    }
+
+    fn flash2_params(bq: u32, hpw: u32, bkv: u32, lanes: u32, tile: u32) -> Params {
+        let k = crate::kernels::find("attention_prefill_flash2").expect("registered");
+        let mut p = k.default_params();
+        for (name, v) in [("block_q", bq), ("heads_per_wg", hpw), ("block_kv", bkv), ("lanes", lanes), ("kv_tile", tile)] {
+            p.insert(name.into(), v);
+        }
+        p
+    }
+
+    /// Both flash2 forms over every lanes and K/V tile form (with four Q tile / head
+    /// block / key tile combinations) their validity allows on the test adapter, at shapes of the models (head_dim 64 with a GQA group of 4,
+    /// head_dim 256 with one KV head, Gemma 3's), a group of 6 (no multiple of
+    /// heads_per_wg), a window and a prefill continuing a cache, in f32 and f16;
+    /// and the subgroup form's defaults accept head_dim 256 (Gemma 3) in f16 on an
+    /// adapter with 16 KiB of workgroup memory and subgroups of 8 or more.
+    #[test]
+    fn flash2_matches_reference_over_its_parameters() {
+        let Some(gpu) = crate::testing::test_gpu() else { return };
+        let probs = [
+            Problem::AttentionPrefill { tokens: 19, kv_len: 19, kv_cap: 24, heads: 8, kv_heads: 2, head_dim: 64, window: 0, scale: 0.125 },
+            Problem::AttentionPrefill {
+                tokens: 13,
+                kv_len: 40,
+                kv_cap: 41,
+                heads: 4,
+                kv_heads: 1,
+                head_dim: 256,
+                window: 0,
+                scale: 0.0625,
+            },
+            Problem::AttentionPrefill { tokens: 21, kv_len: 29, kv_cap: 32, heads: 12, kv_heads: 2, head_dim: 32, window: 9, scale: 0.18 },
+        ];
+        let mut ran = 0;
+        for id in ["attention_prefill_flash2", "attention_prefill_flash2_sg"] {
+            let k = crate::kernels::find(id).expect("registered");
+            let rejects = k.check(Caps::Gpu(&gpu.caps), &probs[1], DType::F16, &k.default_params()).is_err();
+            if rejects
+                && id.ends_with("_sg")
+                && gpu.caps.subgroups
+                && gpu.caps.subgroup_min_size >= 8
+                && gpu.caps.max_workgroup_storage >= 16384
+            {
+                panic!("{id} rejects head_dim 256 f16 at its defaults on {}", gpu.name);
+            }
+            for prob in &probs {
+                for dtype in [DType::F32, DType::F16] {
+                    // every lanes and K/V tile form, with Q tiles, head blocks and
+                    // key tiles from smallest to largest
+                    for (bq, hpw, bkv) in [(4, 1, 16), (8, 4, 32), (32, 2, 64), (16, 8, 16)] {
+                        for lanes in [4, 8, 16] {
+                            for tile in [0, 1, 2] {
+                                let params = flash2_params(bq, hpw, bkv, lanes, tile);
+                                if k.check(Caps::Gpu(&gpu.caps), prob, dtype, &params).is_err() {
+                                    continue;
+                                }
+                                let c = check_one(&Runner::Gpu(&gpu), k, prob, dtype, &params, 3);
+                                assert!(c.passed, "{id} {dtype} {params:?} on {}: rel err {:e} {:?}", c.problem, c.rel_err, c.error);
+                                ran += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(ran >= 60, "only {ran} checks ran");
+    }
+
+    #[test]
+    fn flash2_validity_gives_reasons() {
+        let k = crate::kernels::find("attention_prefill_flash2_sg").expect("registered");
+        let tree = crate::kernels::find("attention_prefill_flash2").expect("registered");
+        let caps = crate::testing::typical_gpu_caps();
+        let reason = |k: &KernelDef, p: &Problem, d: DType, params: &Params, c: &GpuCaps| k.check(Caps::Gpu(c), p, d, params).unwrap_err();
+        let gemma = Problem::AttentionPrefill {
+            tokens: 128,
+            kv_len: 128,
+            kv_cap: 128,
+            heads: 4,
+            kv_heads: 1,
+            head_dim: 256,
+            window: 0,
+            scale: 0.0625,
+        };
+        assert!(k.check(Caps::Gpu(&caps), &gemma, DType::F16, &flash2_params(8, 4, 32, 8, 1)).is_ok());
+        // 64 f32 words per row over 4 lanes is 16 per lane
+        assert!(reason(k, &gemma, DType::F32, &flash2_params(8, 4, 32, 4, 0), &caps).contains("raise lanes"));
+        // the staged f16 tile of 32 keys is 32 * 32 * 16 bytes, 32 * 33 * 16 padded
+        assert!(reason(k, &gemma, DType::F16, &flash2_params(8, 4, 32, 8, 2), &caps).contains("workgroup memory"));
+        // the staged f32 tile of 64 keys is 64 * 64 * 16 bytes; straight reads need none
+        assert!(reason(k, &gemma, DType::F32, &flash2_params(4, 4, 64, 16, 1), &caps).contains("workgroup memory"));
+        let wide = GpuCaps { subgroup_min_size: 16, ..caps.clone() };
+        assert!(k.check(Caps::Gpu(&wide), &gemma, DType::F32, &flash2_params(4, 4, 64, 16, 0)).is_ok());
+        // the tree form's reduce buffers count too
+        assert!(
+            reason(tree, &gemma, DType::F16, &flash2_params(16, 1, 16, 16, 0), &GpuCaps { max_workgroup_storage: 8192, ..caps.clone() })
+                .contains("workgroup memory")
+        );
+        // more invocations than a workgroup may have
+        assert!(reason(k, &gemma, DType::F16, &flash2_params(32, 4, 32, 8, 1), &caps).contains("invocations"));
+        // no subgroups; rows wider than the adapter's smallest subgroup
+        assert!(
+            reason(k, &gemma, DType::F16, &flash2_params(8, 4, 32, 8, 1), &GpuCaps { subgroups: false, ..caps.clone() })
+                .contains("subgroup")
+        );
+        assert!(
+            tree.check(Caps::Gpu(&GpuCaps { subgroups: false, ..caps.clone() }), &gemma, DType::F16, &flash2_params(4, 4, 32, 4, 0))
+                .is_ok()
+        );
+        assert!(
+            reason(k, &gemma, DType::F16, &flash2_params(4, 4, 32, 16, 1), &GpuCaps { subgroup_min_size: 8, ..caps.clone() })
+                .contains("smallest is 8")
+        );
+        // head_dim not whole 16-byte words
+        let odd = Problem::AttentionPrefill { tokens: 4, kv_len: 4, kv_cap: 8, heads: 2, kv_heads: 2, head_dim: 12, window: 0, scale: 1.0 };
+        assert!(reason(tree, &odd, DType::F16, &flash2_params(8, 4, 32, 8, 1), &caps).contains("multiple of 8"));
+    }
+
+    /// heads_per_wg is clamped to the group; a group it does not divide takes
+    /// ceil(group / heads_per_wg) workgroups per KV head.
+    #[test]
+    fn flash2_plan_covers_the_group() {
+        let llama = Shape::of(&Problem::AttentionPrefill {
+            tokens: 128,
+            kv_len: 128,
+            kv_cap: 128,
+            heads: 32,
+            kv_heads: 8,
+            head_dim: 64,
+            window: 0,
+            scale: 0.125,
+        })
+        .expect("attention");
+        let p = Flash2Plan::of(&llama, DType::F16, &flash2_params(8, 8, 32, 4, 1)).expect("params");
+        assert_eq!((p.gh, p.nsub, p.rw, p.nw, p.grid(&llama)), (4, 1, 8, 2, [16, 8, 1]));
+        let six = Shape { heads: 12, kv_heads: 2, ..llama };
+        let p = Flash2Plan::of(&six, DType::F32, &flash2_params(16, 4, 32, 16, 0)).expect("params");
+        assert_eq!((p.gh, p.nsub, p.rw, p.nw, p.grid(&six), p.tile_bytes()), (4, 2, 16, 1, [8, 4, 1], 0));
+        let p = Flash2Plan::of(&six, DType::F32, &flash2_params(16, 4, 32, 16, 2)).expect("params");
+        assert_eq!((p.tile_words(), p.tile_bytes()), (32 * 17, 16 * 32 * 17));
     }
 
     #[test]
