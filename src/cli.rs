@@ -391,6 +391,14 @@ pub struct RunArgs {
     /// Write the prompt's logits (every position) and the generated ids as JSON.
     #[arg(long, value_name = "FILE")]
     pub dump_logits: Option<std::path::PathBuf>,
+    /// An image (PNG or JPEG) for a multimodal model (a Gemma3ForConditionalGeneration
+    /// directory): run through its vision tower, its projected tokens take the
+    /// place of the prompt's image tokens. With --tokens, give the ids expanded as
+    /// transformers' processor does (start-of-image, the image token once per
+    /// soft token, end-of-image); with --prompt, write `<start_of_image>` where the
+    /// image goes.
+    #[arg(long, value_name = "FILE")]
+    pub image: Option<std::path::PathBuf>,
     /// Seed of the synthetic weights (--model).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

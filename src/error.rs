@@ -45,6 +45,8 @@ pub enum Error {
     Bundle(#[from] crate::profile::bundle::BundleError),
     #[error(transparent)]
     Session(#[from] crate::session::SessionError),
+    #[error(transparent)]
+    Image(#[from] crate::runtime::image::ImageError),
     #[error("{0}")]
     Usage(String),
     #[error("writing output failed: {0}")]

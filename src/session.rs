@@ -60,6 +60,9 @@ pub struct LoadedModel {
     pub gguf: Option<Arc<GgufFile>>,
     /// Things worth telling the user (metadata keys ktune did not read).
     pub warnings: Vec<String>,
+    /// The vision tower and projector of a multimodal checkpoint (their weights
+    /// are in `weights`, checked against it).
+    pub vision: Option<model::VisionConfig>,
 }
 
 /// The model's name in profiles: its name, with `@Nlayers` when `--layers` cut it
@@ -92,11 +95,12 @@ pub fn load_gguf(path: &Path, layers: Option<usize>) -> Result<LoadedModel> {
     if !g.ignored_keys.is_empty() {
         warnings.push(format!("{}: metadata not used: {}", path.display(), g.ignored_keys.join(", ")));
     }
-    Ok(LoadedModel { name: path.display().to_string(), config, weights: Arc::new(g.weights), gguf: Some(g.file), warnings })
+    Ok(LoadedModel { name: path.display().to_string(), config, weights: Arc::new(g.weights), gguf: Some(g.file), warnings, vision: None })
 }
 
 /// Loads `--model NAME` (synthetic weights) or `--model-dir DIR`, optionally cut to `layers`.
 pub fn load_model(name: Option<&str>, dir: Option<&PathBuf>, layers: Option<usize>, seed: u64) -> Result<LoadedModel> {
+    let mut vision = None;
     let (name, mut config, weights) = match (name, dir) {
         (Some(n), _) => {
             let mut c = model::builtin(n)?;
@@ -107,9 +111,16 @@ pub fn load_model(name: Option<&str>, dir: Option<&PathBuf>, layers: Option<usiz
             (n.to_string(), c, w)
         }
         (None, Some(d)) => {
-            let c = ModelConfig::from_config_json(d.join("config.json"))?;
+            let path = d.join("config.json");
+            let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
+            let parsed = ModelConfig::parse_config_json(&text, &path)?;
+            let c = parsed.config;
             let w = Weights::load(d)?;
             w.check_config(&c)?;
+            if let Some(v) = &parsed.vision {
+                w.check_vision(v)?;
+            }
+            vision = parsed.vision;
             (d.display().to_string(), c, w)
         }
         (None, None) => return Err(SessionError::Usage("give --model NAME or --model-dir DIR".into())),
@@ -117,7 +128,7 @@ pub fn load_model(name: Option<&str>, dir: Option<&PathBuf>, layers: Option<usiz
     if let (Some(l), Some(_)) = (layers, dir) {
         cut_layers(&mut config, l)?;
     }
-    Ok(LoadedModel { name, config, weights: Arc::new(weights), gguf: None, warnings: Vec::new() })
+    Ok(LoadedModel { name, config, weights: Arc::new(weights), gguf: None, warnings: Vec::new(), vision })
 }
 
 /// Keeps the first `l` layers of `c` (`--layers`).

@@ -11,12 +11,13 @@ use std::path::{Path, PathBuf};
 use common::fixtures_dir;
 use ktune::model::{Architecture, Dtype, LayerKind, ModelConfig, ModelError, RopeScaling, Weights, builtin, builtin_names};
 
-/// Fixture model directories (those with a config.json).
+/// Fixture model directories (those with a config.json), but the multimodal one
+/// (tests/runtime_vision.rs checks it: its tower's tensors are beside the text model's).
 fn model_dirs() -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = fs::read_dir(fixtures_dir())
         .expect("tests/fixtures exists")
         .map(|e| e.expect("readable entry").path())
-        .filter(|p| p.join("config.json").is_file())
+        .filter(|p| p.join("config.json").is_file() && !p.join("vision_expected.json").is_file())
         .collect();
     dirs.sort();
     dirs

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use crate::cli::RunArgs;
 use crate::device::DeviceCaps;
-use crate::model::{ChatTemplate, END_OF_TURN_TOKENS, Stored, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, Tokenizer};
+use crate::model::{ChatTemplate, END_OF_TURN_TOKENS, Stored, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, Tokenizer, VisionConfig};
 use crate::plan::{Fusion, Parallel, PlanOptions, Selection, Slot};
 use crate::profile::{ExecSettings, Profile, lookup};
 use crate::report::{RunReport, SlotRow, StopReason};
@@ -76,8 +76,19 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         Some(m) => gguf_tokenizer(m, args, &mut warnings)?,
         None => open_tokenizer(args, &mut warnings)?,
     };
+    // With --image the model must be multimodal: read its config before the prompt
+    // (the processor's expansion of `<start_of_image>` needs the image tokens).
+    let vision = match &args.image {
+        Some(path) => Some(image_config(args, path)?),
+        None => None,
+    };
     let prompt = match (&args.prompt, &tokenizer) {
         (Some(text), Some(tok)) => {
+            let text = match &vision {
+                Some(v) => expand_image_prompt(text, tok, v)?,
+                None => text.clone(),
+            };
+            let text = text.as_str();
             let ids = if args.chat {
                 // As apply_chat_template(tokenize=True): the template writes the special
                 // tokens it wants (a BOS among them), the post-processor adds none.
@@ -122,6 +133,33 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         };
         return Err(Error::Usage(format!("token id {bad} is outside the vocabulary (size {}){from}", c.vocab_size)));
     }
+    // The image: its pixels (bad files refused before the tower is built), the
+    // tower and projector, the soft tokens that replace the image tokens.
+    let soft_tokens = match (&args.image, &vision) {
+        (Some(path), Some(v)) => {
+            let count = prompt.iter().filter(|&&t| t == v.image_token_id).count();
+            if count != v.mm_tokens_per_image {
+                return Err(Error::Usage(format!(
+                    "the prompt holds {count} image tokens (id {}); one image needs exactly {}: start-of-image {}, the image token {} \
+                     {} times, end-of-image {} (as transformers' processor expands it; with --prompt write <start_of_image> once)",
+                    v.image_token_id, v.mm_tokens_per_image, v.boi_token_id, v.image_token_id, v.mm_tokens_per_image, v.eoi_token_id
+                )));
+            }
+            let pixels = crate::runtime::image::load_image(path, v.image_size)?;
+            let tower = crate::runtime::vision::VisionEngine::new(v, &m.weights)?;
+            let t0 = Instant::now();
+            let out = tower.encode(&pixels)?;
+            warnings.push(format!(
+                "image {}: {} patches through the vision tower in {:.3} s (CPU), {} soft tokens",
+                path.display(),
+                v.num_patches(),
+                t0.elapsed().as_secs_f64(),
+                v.mm_tokens_per_image
+            ));
+            Some((v.image_token_id, out.tokens))
+        }
+        _ => None,
+    };
     let context = args.context.unwrap_or(prompt.len() + args.max_tokens).max(prompt.len() + args.max_tokens);
     let max_tokens = prompt.len().min(args.prefill_chunk.max(1));
     // Without --profile (or --no-profile): the best cached profile for this device,
@@ -214,7 +252,10 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     // Prefill (timed; on a GPU the pass is also profiled per step).
     engine.profile_next();
     let t0 = Instant::now();
-    let rows = engine.forward(&prompt)?;
+    let rows = match soft_tokens {
+        Some((id, rows)) => engine.forward_with_soft_tokens(&prompt, id, rows)?,
+        None => engine.forward(&prompt)?,
+    };
     let prefill_seconds = t0.elapsed().as_secs_f64();
     let prefill_logits = if args.dump_logits.is_some() { rows.clone() } else { Vec::new() };
     let mut next = argmax(rows.last().map(Vec::as_slice).unwrap_or(&[]));
@@ -370,6 +411,38 @@ fn gguf_tokenizer(m: &LoadedModel, args: &RunArgs, warnings: &mut Vec<String>) -
 /// The model directory's tokenizer, if it has one. `--prompt` needs it: without a
 /// directory or a `tokenizer.json` in it, that is a usage error; with `--tokens` a
 /// tokenizer that cannot be read only costs the decoded text (a warning).
+/// The vision config of the `--model-dir` a `--image` run needs.
+fn image_config(args: &RunArgs, path: &std::path::Path) -> Result<VisionConfig> {
+    let Some(dir) = &args.source.model_dir else {
+        return Err(Error::Usage(format!(
+            "--image {}: images need a multimodal model directory (--model-dir with a Gemma3ForConditionalGeneration config)",
+            path.display()
+        )));
+    };
+    let cfg = dir.join("config.json");
+    let text = std::fs::read_to_string(&cfg).map_err(|source| crate::model::ModelError::Io { path: cfg.clone(), source })?;
+    match crate::model::ModelConfig::parse_config_json(&text, &cfg)?.vision {
+        Some(v) => Ok(v),
+        None => Err(Error::Usage(format!("--image: {} is a text-only model (no vision_config)", cfg.display()))),
+    }
+}
+
+/// The prompt with its one `<start_of_image>` expanded as Gemma 3's processor
+/// expands it: `"\n\n<start_of_image>" + "<image_soft_token>" x mm_tokens_per_image
+/// + "<end_of_image>\n\n"` (the tokens' spellings from the tokenizer).
+fn expand_image_prompt(text: &str, tok: &Tokenizer, v: &VisionConfig) -> Result<String> {
+    let name = |id: u32| {
+        tok.id_to_token(id).ok_or_else(|| Error::Usage(format!("the tokenizer has no token for id {id} (the config's image tokens)")))
+    };
+    let (boi, image, eoi) = (name(v.boi_token_id)?, name(v.image_token_id)?, name(v.eoi_token_id)?);
+    let count = text.matches(boi.as_str()).count();
+    if count != 1 {
+        return Err(Error::Usage(format!("--prompt holds {boi} {count} times; write it once, where the image goes")));
+    }
+    let full = format!("\n\n{boi}{}{eoi}\n\n", image.repeat(v.mm_tokens_per_image));
+    Ok(text.replacen(boi.as_str(), &full, 1))
+}
+
 fn open_tokenizer(args: &RunArgs, warnings: &mut Vec<String>) -> Result<Option<Tokenizer>> {
     let wants_text = args.prompt.is_some();
     let Some(dir) = args.source.model_dir.as_ref() else {

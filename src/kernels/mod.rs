@@ -26,6 +26,7 @@ pub mod quant;
 pub mod reference;
 pub mod rope;
 pub mod verify;
+pub mod vision;
 pub mod wgsl;
 
 use std::collections::BTreeMap;
@@ -676,6 +677,7 @@ pub fn registry() -> &'static [KernelDef] {
             rope::variants(),
             rope::qk_norm::variants(),
             act::variants(),
+            vision::variants(),
         ];
         let mut all: Vec<KernelDef> = families.into_iter().flatten().collect();
         all.sort_by(|a, b| (a.op, a.id).cmp(&(b.op, b.id)));
@@ -827,6 +829,10 @@ mod tests {
                 "residual_rms_norm",
                 "qkv_proj",
                 "norm_gemv",
+                "patch_embed",
+                "linear",
+                "attention_full",
+                "avg_pool",
             ]
         );
         assert_eq!(Op::ALL.to_vec(), Op::iter().collect::<Vec<_>>());

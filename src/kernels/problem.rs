@@ -167,6 +167,23 @@ pub enum Problem {
     /// stored as the plan stores norm gains: f32, or f16 with f16 weights), `w[n,k]`, `y[n]`.
     /// Since `y_r = inv_rms · Σ_c w[r,c] x[c] g[c]`, kernels need no extra pass over `w`.
     NormGemv { n: usize, k: usize, eps: f32, unit_offset: bool },
+    /// Patch embedding of a vision tower: a 2-D convolution with kernel = stride =
+    /// `patch`, no padding (SigLIP's `Conv2d(channels, hidden, patch, patch)`).
+    /// `pixels[channels, image, image]`, `w[hidden, channels * patch * patch]` (the
+    /// conv weight `[hidden, channels, patch, patch]` flattened), `b[hidden]`;
+    /// `y[patches, hidden]` with patches row-major over the `(image / patch)²` grid.
+    PatchEmbed { channels: usize, image: usize, patch: usize, hidden: usize },
+    /// A Hugging Face Linear with bias, optionally followed by GELU (tanh):
+    /// `y[m,n] = act(x[m,k] · w[n,k]ᵀ + b[n])`.
+    Linear { m: usize, n: usize, k: usize, gelu: bool },
+    /// Bidirectional (non-causal) multi-head attention over one sequence, every
+    /// query seeing every key (a vision encoder): `q`, `k`, `v`, `out`
+    /// `[tokens, heads, head_dim]`, all f32 activations.
+    AttentionFull { tokens: usize, heads: usize, head_dim: usize, scale: f32 },
+    /// Average pool of a square grid of tokens: `x[side * side, dim]` (row-major
+    /// grid) to `y[(side / kernel)², dim]`, each output the mean of a `kernel x kernel`
+    /// window with stride `kernel` (Gemma 3's `AvgPool2d` in the projector).
+    AvgPool { side: usize, kernel: usize, dim: usize },
 }
 
 /// The ops of the kernel set; one per [`Problem`] variant. Names (`gemm`,
@@ -205,10 +222,14 @@ pub enum Op {
     ResidualRmsNorm,
     QkvProj,
     NormGemv,
+    PatchEmbed,
+    Linear,
+    AttentionFull,
+    AvgPool,
 }
 
 impl Op {
-    pub const ALL: [Op; 15] = [
+    pub const ALL: [Op; 19] = [
         Op::Gemm,
         Op::Gemv,
         Op::AttentionPrefill,
@@ -224,10 +245,24 @@ impl Op {
         Op::ResidualRmsNorm,
         Op::QkvProj,
         Op::NormGemv,
+        Op::PatchEmbed,
+        Op::Linear,
+        Op::AttentionFull,
+        Op::AvgPool,
     ];
+
+    /// The vision tower's own ops (issue 16), CPU kernels only so far: their WGSL
+    /// kernels are not written yet, so a vision tower runs on the CPU and the
+    /// checks that every op has WGSL kernels skip these. Empty once they exist.
+    pub const CPU_ONLY: [Op; 4] = [Op::PatchEmbed, Op::Linear, Op::AttentionFull, Op::AvgPool];
 
     pub fn name(self) -> &'static str {
         self.into()
+    }
+
+    /// Whether the op has WGSL kernels (every op but [`Op::CPU_ONLY`]).
+    pub fn has_wgsl(self) -> bool {
+        !Op::CPU_ONLY.contains(&self)
     }
 }
 
@@ -253,6 +288,10 @@ impl Problem {
             Problem::ResidualRmsNorm { .. } => Op::ResidualRmsNorm,
             Problem::QkvProj { .. } => Op::QkvProj,
             Problem::NormGemv { .. } => Op::NormGemv,
+            Problem::PatchEmbed { .. } => Op::PatchEmbed,
+            Problem::Linear { .. } => Op::Linear,
+            Problem::AttentionFull { .. } => Op::AttentionFull,
+            Problem::AvgPool { .. } => Op::AvgPool,
         }
     }
 
@@ -345,6 +384,35 @@ impl Problem {
                 b("w", Weight, &["n", "k"], &[n, k], d),
                 b("y", Output, &["n"], &[n], f),
             ],
+            Problem::PatchEmbed { channels, image, patch, hidden } => {
+                let side = image.checked_div(patch).unwrap_or(0);
+                vec![
+                    b("pixels", Input, &["channels", "image", "image"], &[channels, image, image], f),
+                    b("w", Weight, &["hidden", "channels*patch*patch"], &[hidden, channels * patch * patch], d),
+                    b("b", Weight, &["hidden"], &[hidden], d),
+                    b("y", Output, &["patches", "hidden"], &[side * side, hidden], f),
+                ]
+            }
+            Problem::Linear { m, n, k, .. } => vec![
+                b("x", Input, &["m", "k"], &[m, k], f),
+                b("w", Weight, &["n", "k"], &[n, k], d),
+                b("b", Weight, &["n"], &[n], d),
+                b("y", Output, &["m", "n"], &[m, n], f),
+            ],
+            Problem::AttentionFull { tokens, heads, head_dim, .. } => {
+                let dims = &["tokens", "heads", "head_dim"];
+                let shape = &[tokens, heads, head_dim];
+                vec![
+                    b("q", Input, dims, shape, f),
+                    b("k", Input, dims, shape, f),
+                    b("v", Input, dims, shape, f),
+                    b("out", Output, dims, shape, f),
+                ]
+            }
+            Problem::AvgPool { side, kernel, dim } => {
+                let out = side.checked_div(kernel).unwrap_or(0);
+                vec![b("x", Input, &["side*side", "dim"], &[side * side, dim], f), b("y", Output, &["pooled", "dim"], &[out * out, dim], f)]
+            }
         }
     }
 
@@ -379,6 +447,13 @@ impl Problem {
             Problem::ResidualRmsNorm { rows, dim, .. } => 5.0 * f(rows) * f(dim),
             Problem::QkvProj { k, nq, nkv, .. } => 2.0 * f(k) * f(nq + 2 * nkv),
             Problem::NormGemv { n, k, .. } => 2.0 * f(n) * f(k) + 4.0 * f(k),
+            Problem::PatchEmbed { channels, image, patch, hidden } => {
+                let side = image.checked_div(patch).unwrap_or(0);
+                2.0 * f(side * side) * f(hidden) * f(channels * patch * patch)
+            }
+            Problem::Linear { m, n, k, gelu } => 2.0 * f(m) * f(n) * f(k) + if gelu { 10.0 } else { 1.0 } * f(m) * f(n),
+            Problem::AttentionFull { tokens, heads, head_dim, .. } => 4.0 * f(tokens) * f(tokens) * f(heads) * f(head_dim),
+            Problem::AvgPool { side, dim, .. } => f(side * side) * f(dim),
         }
     }
 
@@ -404,7 +479,9 @@ impl Problem {
         match *self {
             Problem::Gemm { m, .. } => m < 8,
             Problem::GateUp { rows, .. } => rows < 8,
-            Problem::AttentionPrefill { tokens, .. } => tokens < 8,
+            Problem::AttentionPrefill { tokens, .. } | Problem::AttentionFull { tokens, .. } => tokens < 8,
+            Problem::Linear { m, .. } => m < 8,
+            Problem::PatchEmbed { .. } => false,
             _ => true,
         }
     }
@@ -569,6 +646,30 @@ pub fn test_problems(op: Op) -> Vec<Problem> {
             Problem::NormGemv { n: 300, k: 128, eps: 1e-5, unit_offset: false },
             // Whole 32-element blocks, rows not a multiple of any workgroup's rows.
             Problem::NormGemv { n: 37, k: 160, eps: 1e-6, unit_offset: true },
+        ],
+        Op::PatchEmbed => vec![
+            Problem::PatchEmbed { channels: 1, image: 12, patch: 4, hidden: 5 },
+            Problem::PatchEmbed { channels: 3, image: 32, patch: 8, hidden: 16 },
+            // SigLIP's patch of 14 (rows of 14 pixels: no vector width divides them).
+            Problem::PatchEmbed { channels: 3, image: 28, patch: 14, hidden: 37 },
+        ],
+        Op::Linear => vec![
+            Problem::Linear { m: 1, n: 7, k: 5, gelu: false },
+            Problem::Linear { m: 37, n: 53, k: 67, gelu: true },
+            Problem::Linear { m: 16, n: 64, k: 128, gelu: true },
+            Problem::Linear { m: 5, n: 130, k: 96, gelu: false },
+        ],
+        Op::AttentionFull => vec![
+            Problem::AttentionFull { tokens: 1, heads: 1, head_dim: 8, scale: 0.35 },
+            Problem::AttentionFull { tokens: 16, heads: 2, head_dim: 16, scale: 0.25 },
+            Problem::AttentionFull { tokens: 37, heads: 3, head_dim: 24, scale: 0.2 },
+            Problem::AttentionFull { tokens: 64, heads: 4, head_dim: 72, scale: 0.118 },
+        ],
+        Op::AvgPool => vec![
+            Problem::AvgPool { side: 5, kernel: 1, dim: 3 },
+            Problem::AvgPool { side: 4, kernel: 2, dim: 8 },
+            Problem::AvgPool { side: 6, kernel: 3, dim: 5 },
+            Problem::AvgPool { side: 8, kernel: 4, dim: 37 },
         ],
     }
 }

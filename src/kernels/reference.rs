@@ -213,6 +213,73 @@ pub fn compute(problem: &Problem, ins: &[Vec<f64>]) -> Vec<Vec<f64>> {
             let w = &ins[2];
             vec![(0..n).map(|j| (0..k).map(|c| xn[c] * w[j * k + c]).sum()).collect()]
         }
+        Problem::PatchEmbed { channels, image, patch, hidden } => {
+            let (px, w, bias) = (&ins[0], &ins[1], &ins[2]);
+            let side = image / patch;
+            let kk = channels * patch * patch;
+            let mut y = vec![0.0; side * side * hidden];
+            for py in 0..side {
+                for pxx in 0..side {
+                    for j in 0..hidden {
+                        let mut acc = bias[j];
+                        for c in 0..channels {
+                            for ky in 0..patch {
+                                for kx in 0..patch {
+                                    let pixel = px[(c * image + py * patch + ky) * image + pxx * patch + kx];
+                                    acc += pixel * w[j * kk + (c * patch + ky) * patch + kx];
+                                }
+                            }
+                        }
+                        y[(py * side + pxx) * hidden + j] = acc;
+                    }
+                }
+            }
+            vec![y]
+        }
+        Problem::Linear { m, n, k, gelu } => {
+            let (x, w, bias) = (&ins[0], &ins[1], &ins[2]);
+            let gelu_f = |v: f64| if gelu { super::Activation::GeluTanh.apply_f64(v) } else { v };
+            vec![(0..m * n).map(|i| gelu_f((0..k).map(|c| x[i / n * k + c] * w[i % n * k + c]).sum::<f64>() + bias[i % n])).collect()]
+        }
+        Problem::AttentionFull { tokens, heads, head_dim, scale } => {
+            // Every query sees every key: causal attention of the last query over all
+            // keys, once per query, with the keys in the cache layout.
+            let d = head_dim;
+            let to_cache = |x: &[f64]| {
+                let mut c = vec![0.0; heads * tokens * d];
+                for t in 0..tokens {
+                    for h in 0..heads {
+                        c[(h * tokens + t) * d..][..d].copy_from_slice(&x[(t * heads + h) * d..][..d]);
+                    }
+                }
+                c
+            };
+            let (kc, vc) = (to_cache(&ins[1]), to_cache(&ins[2]));
+            let mut out = Vec::with_capacity(tokens * heads * d);
+            for t in 0..tokens {
+                let q = &ins[0][t * heads * d..][..heads * d];
+                out.extend(attention(q, &kc, &vc, 1, tokens - 1, tokens, heads, heads, d, 0, scale as f64));
+            }
+            vec![out]
+        }
+        Problem::AvgPool { side, kernel, dim } => {
+            let out = side / kernel;
+            let mut y = vec![0.0; out * out * dim];
+            for oy in 0..out {
+                for ox in 0..out {
+                    for c in 0..dim {
+                        let mut s = 0.0;
+                        for ky in 0..kernel {
+                            for kx in 0..kernel {
+                                s += ins[0][((oy * kernel + ky) * side + ox * kernel + kx) * dim + c];
+                            }
+                        }
+                        y[(oy * out + ox) * dim + c] = s / (kernel * kernel) as f64;
+                    }
+                }
+            }
+            vec![y]
+        }
     }
 }
 

@@ -1,7 +1,9 @@
 //! Reads a Hugging Face `config.json` (as written by transformers 4.x: `rope_theta`,
 //! `rope_scaling`, `rope_local_base_freq`, `sliding_window_pattern`; and 5.x:
 //! `rope_parameters`, `layer_types`) into a [`ModelConfig`], for
-//! `LlamaForCausalLM`, `Qwen2ForCausalLM` and `Gemma3ForCausalLM`. Anything that
+//! `LlamaForCausalLM`, `Qwen2ForCausalLM` and `Gemma3ForCausalLM`, and
+//! `Gemma3ForConditionalGeneration` (its `text_config` as a Gemma 3 text model, its
+//! `vision_config` as a [`VisionConfig`]). Anything that
 //! would change the computation in a way the runtime does not implement is an
 //! error naming the field and its value; keys that do not matter are listed in
 //! [`ParsedConfig::ignored_keys`].
@@ -13,6 +15,7 @@ use serde_json::{Map, Value};
 
 use super::builtin::gemma3_pattern;
 use super::config::{Architecture, Dims, HiddenAct, LayerKind, ModelConfig, RopeScaling};
+use super::vision::VisionConfig;
 use super::{ModelError, Result};
 
 /// A config read from `config.json`, with the keys that were not used.
@@ -22,6 +25,84 @@ pub struct ParsedConfig {
     /// Keys present in the file that ktune neither uses nor knows to be irrelevant
     /// (sorted). Worth a warning: a newer transformers may have added something.
     pub ignored_keys: Vec<String>,
+    /// The vision tower and projector of a multimodal checkpoint
+    /// (`Gemma3ForConditionalGeneration`), whose text model is `config`.
+    pub vision: Option<VisionConfig>,
+}
+
+/// `Gemma3TextConfig`'s defaults: a multimodal checkpoint's `text_config` holds
+/// only the values that differ from them (transformers saves a diff).
+const GEMMA3_TEXT_DEFAULTS: &[(&str, f64)] = &[
+    ("vocab_size", 262_208.0),
+    ("hidden_size", 2304.0),
+    ("intermediate_size", 9216.0),
+    ("num_hidden_layers", 26.0),
+    ("num_attention_heads", 8.0),
+    ("num_key_value_heads", 4.0),
+    ("head_dim", 256.0),
+    ("max_position_embeddings", 131_072.0),
+    ("rms_norm_eps", 1e-6),
+    ("bos_token_id", 2.0),
+    ("eos_token_id", 1.0),
+    ("query_pre_attn_scalar", 256.0),
+    ("sliding_window", 4096.0),
+];
+
+/// `SiglipVisionConfig`'s defaults (likewise a diff in `vision_config`).
+const SIGLIP_DEFAULTS: &[(&str, f64)] = &[
+    ("hidden_size", 768.0),
+    ("intermediate_size", 3072.0),
+    ("num_hidden_layers", 12.0),
+    ("num_attention_heads", 12.0),
+    ("num_channels", 3.0),
+    ("image_size", 224.0),
+    ("patch_size", 16.0),
+    ("layer_norm_eps", 1e-6),
+];
+
+/// `Gemma3Config`'s defaults for the image tokens.
+const GEMMA3_MM_DEFAULTS: &[(&str, f64)] =
+    &[("mm_tokens_per_image", 256.0), ("image_token_index", 262_144.0), ("boi_token_index", 255_999.0), ("eoi_token_index", 256_000.0)];
+
+/// Keys of the multimodal wrapper that do not affect inference, beside [`IRRELEVANT`].
+const MM_IRRELEVANT: &[&str] = &["text_config", "vision_config", "image_token_id", "boi_token_id", "eoi_token_id"];
+
+/// Vision-config keys that do not change the computation of a SigLIP tower
+/// without a pooling head.
+const VISION_IRRELEVANT: &[&str] = &[
+    "model_type",
+    "attention_dropout",
+    "dtype",
+    "torch_dtype",
+    "vision_use_head",
+    "_name_or_path",
+    "architectures",
+    "transformers_version",
+    "initializer_range",
+    "id2label",
+    "label2id",
+    "return_dict",
+    "output_attentions",
+    "output_hidden_states",
+    "chunk_size_feed_forward",
+    "problem_type",
+    "is_encoder_decoder",
+    "tokenizer_class",
+];
+
+fn with_defaults(obj: Option<&Value>, defaults: &[(&str, f64)]) -> Map<String, Value> {
+    let mut m = match obj {
+        Some(Value::Object(o)) => o.clone(),
+        _ => Map::new(),
+    };
+    for (k, v) in defaults {
+        if !m.contains_key(*k) {
+            let n = serde_json::Number::from_f64(*v).map(Value::Number).unwrap_or(Value::Null);
+            let n = if v.fract() == 0.0 { Value::from(*v as u64) } else { n };
+            m.insert(k.to_string(), n);
+        }
+    }
+    m
 }
 
 /// More layers than any published decoder has (per-layer tables are sized by it).
@@ -74,12 +155,131 @@ impl ModelConfig {
         let Value::Object(map) = value else {
             return Err(ModelError::Config { path: path.to_path_buf(), msg: "expected a JSON object at the top level".into() });
         };
+        if is_multimodal(&map) {
+            return parse_multimodal(&map, path);
+        }
         let mut r = Reader { map: &map, path, used: BTreeSet::new() };
         let config = r.config()?;
         config.validate().map_err(|e| ModelError::Config { path: path.to_path_buf(), msg: e.to_string() })?;
         let ignored_keys = map.keys().filter(|k| !r.used.contains(k.as_str()) && !IRRELEVANT.contains(&k.as_str())).cloned().collect();
-        Ok(ParsedConfig { config, ignored_keys })
+        Ok(ParsedConfig { config, ignored_keys, vision: None })
     }
+}
+
+/// `Gemma3ForConditionalGeneration` (or `model_type: gemma3`).
+fn is_multimodal(map: &Map<String, Value>) -> bool {
+    let class = map.get("architectures").and_then(Value::as_array).and_then(|a| a.first()).and_then(Value::as_str);
+    class == Some("Gemma3ForConditionalGeneration") || map.get("model_type").and_then(Value::as_str) == Some("gemma3")
+}
+
+/// A multimodal Gemma 3 config: the text model from `text_config` (Gemma 3
+/// text defaults for what it leaves out), the tower from `vision_config`, the
+/// image tokens and end-of-sequence ids from the top level.
+fn parse_multimodal(map: &Map<String, Value>, path: &Path) -> Result<ParsedConfig> {
+    let err = |msg: String| ModelError::Config { path: path.to_path_buf(), msg };
+    if let Some(t) = map.get("model_type").and_then(Value::as_str)
+        && t != "gemma3"
+    {
+        return Err(err(format!("`architectures` says Gemma3ForConditionalGeneration but `model_type` says {t} (expected gemma3)")));
+    }
+    for key in ["text_config", "vision_config"] {
+        if let Some(v) = map.get(key).filter(|v| !v.is_null() && !v.is_object()) {
+            return Err(err(format!("`{key}` must be an object, got {}", describe(v))));
+        }
+    }
+    let mut text = with_defaults(map.get("text_config"), GEMMA3_TEXT_DEFAULTS);
+    text.remove("architectures");
+    match text.get("model_type").and_then(Value::as_str) {
+        None | Some("gemma3_text") => {
+            text.insert("model_type".into(), Value::from("gemma3_text"));
+        }
+        Some(other) => {
+            return Err(ModelError::Unsupported {
+                path: path.to_path_buf(),
+                what: format!("text_config.model_type `{other}` in a Gemma 3 multimodal config"),
+            });
+        }
+    }
+    // The top level's end-of-sequence ids (the chat's end of turn among them) win.
+    for key in ["eos_token_id", "bos_token_id"] {
+        if let Some(v) = map.get(key).filter(|v| !v.is_null()) {
+            text.insert(key.into(), v.clone());
+        }
+    }
+    let mut r = Reader { map: &text, path, used: BTreeSet::new() };
+    let mut config = r.config()?;
+    // Gemma3ForConditionalGeneration's head never soft-caps its logits (only
+    // Gemma3ForCausalLM reads `final_logit_softcapping`; the published Gemma 3
+    // configs leave it null anyway).
+    config.final_logit_softcapping = None;
+    config.validate().map_err(|e| err(e.to_string()))?;
+    let mut ignored: Vec<String> = text
+        .keys()
+        .filter(|k| !r.used.contains(k.as_str()) && !IRRELEVANT.contains(&k.as_str()))
+        .map(|k| format!("text_config.{k}"))
+        .collect();
+
+    let vis = with_defaults(map.get("vision_config"), SIGLIP_DEFAULTS);
+    let mut vr = Reader { map: &vis, path, used: BTreeSet::new() };
+    if let Some(model_type) = vr.str_opt("model_type")?
+        && model_type != "siglip_vision_model"
+    {
+        return Err(ModelError::Unsupported {
+            path: path.to_path_buf(),
+            what: format!("vision_config.model_type `{model_type}` (supported: siglip_vision_model)"),
+        });
+    }
+    let act = vr.str_opt("hidden_act")?.unwrap_or("gelu_pytorch_tanh");
+    if !matches!(act, "gelu_pytorch_tanh" | "gelu_new") {
+        return Err(ModelError::Unsupported {
+            path: path.to_path_buf(),
+            what: format!("vision_config.hidden_act `{act}` (supported: gelu_pytorch_tanh)"),
+        });
+    }
+    // Gemma 3 reads the last hidden state: a pooling head, if any, is never used.
+    vr.bool_opt("vision_use_head")?;
+    let top = with_defaults(Some(&Value::Object(map.clone())), GEMMA3_MM_DEFAULTS);
+    let mut tr = Reader { map: &top, path, used: BTreeSet::new() };
+    let token = |tr: &mut Reader<'_>, key: &str, alias: &str| -> Result<u32> {
+        let v = match tr.usize_opt(alias)? {
+            Some(v) => v,
+            None => tr.usize_req(key)?,
+        };
+        u32::try_from(v).map_err(|_| err(format!("`{key}` {v} is not a token id")))
+    };
+    let vision = VisionConfig {
+        hidden_size: vr.usize_req("hidden_size")?,
+        intermediate_size: vr.usize_req("intermediate_size")?,
+        num_layers: vr.usize_req("num_hidden_layers")?,
+        num_heads: vr.usize_req("num_attention_heads")?,
+        num_channels: vr.usize_req("num_channels")?,
+        image_size: vr.usize_req("image_size")?,
+        patch_size: vr.usize_req("patch_size")?,
+        layer_norm_eps: vr.f64_opt("layer_norm_eps")?.unwrap_or(1e-6),
+        mm_tokens_per_image: tr.usize_req("mm_tokens_per_image")?,
+        image_token_id: token(&mut tr, "image_token_index", "image_token_id")?,
+        boi_token_id: token(&mut tr, "boi_token_index", "boi_token_id")?,
+        eoi_token_id: token(&mut tr, "eoi_token_index", "eoi_token_id")?,
+        text_hidden_size: config.hidden_size,
+    };
+    vision.validate(config.vocab_size).map_err(|e| err(e.to_string()))?;
+    ignored.extend(
+        vis.keys()
+            .filter(|k| !vr.used.contains(k.as_str()) && !VISION_IRRELEVANT.contains(&k.as_str()))
+            .map(|k| format!("vision_config.{k}")),
+    );
+    ignored.extend(
+        map.keys()
+            .filter(|k| {
+                !tr.used.contains(k.as_str())
+                    && !IRRELEVANT.contains(&k.as_str())
+                    && !MM_IRRELEVANT.contains(&k.as_str())
+                    && !["eos_token_id", "bos_token_id"].contains(&k.as_str())
+            })
+            .cloned(),
+    );
+    ignored.sort();
+    Ok(ParsedConfig { config, ignored_keys: ignored, vision: Some(vision) })
 }
 
 /// Typed access to the top-level object, remembering which keys were read.
@@ -149,13 +349,6 @@ impl<'a> Reader<'a> {
             Some("LlamaForCausalLM") => Some(Architecture::Llama),
             Some("Qwen2ForCausalLM") => Some(Architecture::Qwen2),
             Some("Gemma3ForCausalLM") => Some(Architecture::Gemma3),
-            Some("Gemma3ForConditionalGeneration") => {
-                return Err(self.unsupported(
-                    "architecture `Gemma3ForConditionalGeneration` (the multimodal checkpoint; its text model's weights are \
-                     named differently): use a text-only Gemma3ForCausalLM checkpoint, or the built-in config"
-                        .into(),
-                ));
-            }
             Some(other) => {
                 return Err(
                     self.unsupported(format!("architecture `{other}` (supported: LlamaForCausalLM, Qwen2ForCausalLM, Gemma3ForCausalLM)"))

@@ -4,7 +4,8 @@
 //! GGUF, or deterministic synthetic values).
 //!
 //! Three architectures are covered: Llama (Llama 3.x, SmolLM2), Qwen2 (Qwen2.5) and
-//! Gemma 3 (text). Everything the plan and the runtime need to know about a model
+//! Gemma 3 (text, and the SigLIP vision tower of its multimodal checkpoints:
+//! [`VisionConfig`]). Everything the plan and the runtime need to know about a model
 //! is a field or a method of [`ModelConfig`]; tensors are named as in the Hugging
 //! Face checkpoints ([`ModelConfig::tensor_shapes`]). A directory's `tokenizer.json`,
 //! when there is one, or a GGUF file's `tokenizer.ggml.*` metadata, turns text
@@ -20,6 +21,7 @@ mod gguf_model;
 mod hf;
 mod stfile;
 mod tokenizer;
+pub mod vision;
 mod weights;
 
 use std::path::PathBuf;
@@ -31,6 +33,7 @@ pub use gguf::Stored;
 pub use gguf_model::{GgufConfig, Transform, gguf_config};
 pub use hf::ParsedConfig;
 pub use tokenizer::{TOKENIZER_FILE, Tokenizer};
+pub use vision::VisionConfig;
 pub use weights::{GgufModel, TensorMeta, Weights};
 
 /// Errors of the model layer: configs, weight files, tensor lookups.

@@ -81,6 +81,37 @@ pub struct Weights {
     origin: String,
 }
 
+/// The name ktune uses for a tensor of a Hugging Face checkpoint: a multimodal
+/// checkpoint's text model (`language_model.model.*` and `language_model.lm_head.*`
+/// as the published Gemma 3 files and transformers 5's `save_pretrained` write it,
+/// `model.language_model.*` as transformers 5 names it in memory) under the
+/// text-only names (`model.*`, `lm_head.*`); its tower under
+/// `vision_tower.vision_model.*` (published files; transformers 5 saves
+/// `vision_tower.*`) and its projector under `multi_modal_projector.*`, without
+/// the `model.` prefix of the in-memory names; every other name as it is.
+pub fn canonical_name(name: &str) -> String {
+    const MAP: &[(&str, &str)] = &[
+        ("model.language_model.", "model."),
+        ("language_model.model.", "model."),
+        ("language_model.lm_head.", "lm_head."),
+        ("model.vision_tower.", "vision_tower."),
+        ("model.multi_modal_projector.", "multi_modal_projector."),
+    ];
+    let mut n = name.to_string();
+    for (from, to) in MAP {
+        if let Some(rest) = n.strip_prefix(from) {
+            n = format!("{to}{rest}");
+            break;
+        }
+    }
+    if let Some(rest) = n.strip_prefix("vision_tower.")
+        && !rest.starts_with("vision_model.")
+    {
+        n = format!("vision_tower.vision_model.{rest}");
+    }
+    n
+}
+
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ModelError + '_ {
     move |source| ModelError::Io { path: path.to_path_buf(), source }
 }
@@ -135,7 +166,7 @@ impl Weights {
             let Some(entry) = files[i].tensors.get(tensor) else {
                 return Err(bad(format!("`{tensor}` should be in {file}, which does not hold it")));
             };
-            tensors.insert(tensor.to_string(), Slot::File { file: i, entry: entry.clone() });
+            tensors.insert(canonical_name(tensor), Slot::File { file: i, entry: entry.clone() });
         }
         Ok(Weights { files, gguf: None, tensors, origin: index.display().to_string() })
     }
@@ -146,7 +177,7 @@ impl Weights {
         let mut tensors = BTreeMap::new();
         for (i, f) in files.iter().enumerate() {
             for (name, entry) in &f.tensors {
-                if tensors.insert(name.clone(), Slot::File { file: i, entry: entry.clone() }).is_some() {
+                if tensors.insert(canonical_name(name), Slot::File { file: i, entry: entry.clone() }).is_some() {
                     return Err(ModelError::File { path: f.path.clone(), msg: format!("tensor `{name}` is also in another file") });
                 }
             }
@@ -170,7 +201,7 @@ impl Weights {
     /// One safetensors image in memory (`label` names it in messages), checked as a file is.
     pub fn safetensors_from_bytes(label: &Path, bytes: Vec<u8>) -> Result<Weights> {
         let f = StFile::parse(label, bytes)?;
-        let tensors = f.tensors.iter().map(|(name, entry)| (name.clone(), Slot::File { file: 0, entry: entry.clone() })).collect();
+        let tensors = f.tensors.iter().map(|(name, entry)| (canonical_name(name), Slot::File { file: 0, entry: entry.clone() })).collect();
         Ok(Weights { files: vec![f], gguf: None, tensors, origin: label.display().to_string() })
     }
 
@@ -332,6 +363,30 @@ impl Weights {
         }
         let mut problems = Vec::new();
         for (name, shape) in config.tensor_shapes() {
+            match self.check_shape(&name, &shape) {
+                Ok(_) => {}
+                Err(ModelError::MissingTensor { .. }) => problems.push(format!("missing `{name}` {shape:?}")),
+                Err(e) => problems.push(e.to_string()),
+            }
+        }
+        if problems.is_empty() { Ok(()) } else { Err(ModelError::Mismatch { problems }) }
+    }
+
+    /// Checks every tensor of a vision tower and projector (name and shape),
+    /// reporting all problems at once (a projector whose output width is not the
+    /// text model's among them).
+    pub fn check_vision(&self, vision: &super::VisionConfig) -> Result<()> {
+        if vision.num_layers > self.tensors.len() {
+            return Err(ModelError::Mismatch {
+                problems: vec![format!(
+                    "the vision config has {} layers, the weights only {} tensors",
+                    vision.num_layers,
+                    self.tensors.len()
+                )],
+            });
+        }
+        let mut problems = Vec::new();
+        for (name, shape) in vision.tensor_shapes() {
             match self.check_shape(&name, &shape) {
                 Ok(_) => {}
                 Err(ModelError::MissingTensor { .. }) => problems.push(format!("missing `{name}` {shape:?}")),

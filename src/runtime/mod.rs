@@ -5,6 +5,8 @@
 
 pub mod cpu;
 pub mod gpu;
+pub mod image;
+pub mod vision;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -31,6 +33,8 @@ pub enum RuntimeError {
     Weights(String),
     #[error("token id {id} is outside the vocabulary (size {vocab})")]
     Token { id: u32, vocab: usize },
+    #[error("the prompt holds {tokens} image tokens (id {placeholder}) but the image gives {rows} soft tokens")]
+    SoftTokens { placeholder: u32, tokens: usize, rows: usize },
     #[error("the prompt is empty: give at least one token")]
     EmptyPrompt,
     #[error("context full: {pos} tokens of {context}; raise --context")]
@@ -101,6 +105,16 @@ pub struct Engine {
     /// CPU: idle spin of the pool's workers, µs (0: the pool's default).
     cpu_spin_us: u32,
     cpu_prefetch: Option<u32>,
+    /// Soft tokens (an image's projected tokens) that replace the embeddings of
+    /// a placeholder id during one [`Engine::forward_with_soft_tokens`].
+    soft: Option<SoftTokens>,
+}
+
+/// Rows that take the place of a placeholder token's embedding, in order.
+struct SoftTokens {
+    id: u32,
+    rows: Vec<f32>,
+    next: usize,
 }
 
 /// Concatenates `parts` (each row-major with the same column count) along rows.
@@ -239,6 +253,7 @@ impl Engine {
             cpu_threads: 0,
             cpu_spin_us: 0,
             cpu_prefetch: None,
+            soft: None,
         })
     }
 
@@ -300,6 +315,18 @@ impl Engine {
         let scale = c.embedding_scale() as f32;
         self.x.resize(tokens.len() * h, 0.0);
         for (&t, out) in tokens.iter().zip(self.x.chunks_mut(h)) {
+            // A placeholder takes the next soft token as it is (not scaled), as
+            // transformers' masked_scatter of the image features does.
+            if let Some(s) = &mut self.soft
+                && t == s.id
+            {
+                let Some(row) = s.rows.get(s.next * h..(s.next + 1) * h) else {
+                    return Err(RuntimeError::Internal(format!("more placeholder tokens {} than soft tokens", s.id)));
+                };
+                out.copy_from_slice(row);
+                s.next += 1;
+                continue;
+            }
             if t as usize >= c.vocab_size {
                 return Err(RuntimeError::Token { id: t, vocab: c.vocab_size });
             }
@@ -355,6 +382,21 @@ impl Engine {
             self.forward_chunk(chunk)?;
         }
         Ok(self.logits.chunks(self.plan.config.vocab_size.max(1)).map(<[f32]>::to_vec).collect())
+    }
+
+    /// [`Engine::forward`] with the embedding of every `placeholder` token replaced,
+    /// in order, by the next row of `rows` (`[count, hidden]`: an image's projected
+    /// soft tokens), exactly as many rows as the tokens hold placeholders.
+    pub fn forward_with_soft_tokens(&mut self, tokens: &[u32], placeholder: u32, rows: Vec<f32>) -> Result<Vec<Vec<f32>>, RuntimeError> {
+        let h = self.plan.config.hidden_size.max(1);
+        let count = tokens.iter().filter(|&&t| t == placeholder).count();
+        if rows.len() != count * h {
+            return Err(RuntimeError::SoftTokens { placeholder, tokens: count, rows: rows.len() / h });
+        }
+        self.soft = Some(SoftTokens { id: placeholder, rows, next: 0 });
+        let out = self.forward(tokens);
+        self.soft = None;
+        out
     }
 
     /// Runs one chunk; its logits land in `self.logits` (softcapped).

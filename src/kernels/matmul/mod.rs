@@ -43,7 +43,7 @@ const TILED_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "reg_n", values: &[4, 8], default: 4, help: "columns of y per invocation (register block)" },
 ];
 
-const BLOCKED_PARAMS: &[ParamSpec] = &[
+pub(crate) const BLOCKED_PARAMS: &[ParamSpec] = &[
     ParamSpec::new("mc", &[48, 96, 144, 192, 384], 96, "rows of x per L2 block (and per task when splitting tokens)"),
     ParamSpec::new("nc", &[64, 128, 256, 512, 1024], 256, "rows of w per packed block (and per task when splitting features)"),
     ParamSpec { name: "kc", values: &[64, 128, 256, 384, 512], default: 256, help: "depth of a packed block (k per pass)" },

@@ -1,0 +1,199 @@
+//! The vision tower on the CPU: a SigLIP encoder and Gemma 3's multimodal
+//! projector run as a sequence of registered kernels (patch embedding, LayerNorm,
+//! Linear with bias and GELU, bidirectional attention, residual adds, the average
+//! pool, the projector's `(1 + w)` RMSNorm and GEMM), each op's kernel picked
+//! like the runtime's defaults (the preference list, then any valid kernel of the
+//! op) or forced per op ([`VisionEngine::with_kernel`]).
+//!
+//! One image in (`[channels, image, image]` pixels, normalized as the image
+//! processor does: [`super::image`]), the tower's last hidden state
+//! (`[patches, hidden]`, after `post_layernorm`) and the projected soft tokens
+//! (`[mm_tokens_per_image, text hidden]`) out, as transformers'
+//! `vision_tower(...).last_hidden_state` and `get_image_features` return them.
+
+use std::collections::BTreeMap;
+
+use super::RuntimeError;
+use crate::device::CpuCaps;
+use crate::kernels::{self, Backend, Caps, CpuArgs, CpuIn, DType, KernelDef, Op, Params, Problem};
+use crate::model::vision::{PROJECTOR, TOWER};
+use crate::model::{VisionConfig, Weights};
+use crate::plan::select::preferred;
+
+/// One encoder layer's weights (f32, as stored: Linear weights `[out, in]`).
+struct Layer {
+    ln1: (Vec<f32>, Vec<f32>),
+    ln2: (Vec<f32>, Vec<f32>),
+    q: (Vec<f32>, Vec<f32>),
+    k: (Vec<f32>, Vec<f32>),
+    v: (Vec<f32>, Vec<f32>),
+    o: (Vec<f32>, Vec<f32>),
+    fc1: (Vec<f32>, Vec<f32>),
+    fc2: (Vec<f32>, Vec<f32>),
+}
+
+/// What one image becomes.
+#[derive(Clone, Debug)]
+pub struct VisionOutput {
+    /// The tower's last hidden state, `[patches, hidden]`.
+    pub features: Vec<f32>,
+    /// The projected soft tokens, `[mm_tokens_per_image, text hidden]`.
+    pub tokens: Vec<f32>,
+}
+
+/// A loaded vision tower and projector with the kernel of each op.
+pub struct VisionEngine {
+    pub config: VisionConfig,
+    patch: (Vec<f32>, Vec<f32>),
+    pos: Vec<f32>,
+    layers: Vec<Layer>,
+    post: (Vec<f32>, Vec<f32>),
+    mm_norm: Vec<f32>,
+    /// `mm_input_projection_weight` transposed to a Linear's `[text hidden, vision hidden]`.
+    mm_proj: Vec<f32>,
+    caps: CpuCaps,
+    forced: BTreeMap<Op, (&'static KernelDef, Params)>,
+}
+
+fn w(weights: &Weights, name: &str, shape: &[usize]) -> Result<Vec<f32>, RuntimeError> {
+    weights.f32(name, shape).map_err(|e| RuntimeError::Weights(e.to_string()))
+}
+
+impl VisionEngine {
+    /// Loads the tower and projector weights of `config` from `weights`.
+    pub fn new(config: &VisionConfig, weights: &Weights) -> Result<VisionEngine, RuntimeError> {
+        let c = config;
+        let (h, i, p) = (c.hidden_size, c.intermediate_size, c.patch_size);
+        let pair = |name: &str, out: usize, inp: Option<usize>| -> Result<(Vec<f32>, Vec<f32>), RuntimeError> {
+            let shape: Vec<usize> = match inp {
+                Some(k) => vec![out, k],
+                None => vec![out],
+            };
+            Ok((w(weights, &format!("{name}.weight"), &shape)?, w(weights, &format!("{name}.bias"), &[out])?))
+        };
+        let e = format!("{TOWER}.embeddings");
+        let patch = (
+            w(weights, &format!("{e}.patch_embedding.weight"), &[h, c.num_channels, p, p])?,
+            w(weights, &format!("{e}.patch_embedding.bias"), &[h])?,
+        );
+        let pos = w(weights, &format!("{e}.position_embedding.weight"), &[c.num_patches(), h])?;
+        let layers = (0..c.num_layers)
+            .map(|l| {
+                let n = format!("{TOWER}.encoder.layers.{l}");
+                Ok(Layer {
+                    ln1: pair(&format!("{n}.layer_norm1"), h, None)?,
+                    ln2: pair(&format!("{n}.layer_norm2"), h, None)?,
+                    q: pair(&format!("{n}.self_attn.q_proj"), h, Some(h))?,
+                    k: pair(&format!("{n}.self_attn.k_proj"), h, Some(h))?,
+                    v: pair(&format!("{n}.self_attn.v_proj"), h, Some(h))?,
+                    o: pair(&format!("{n}.self_attn.out_proj"), h, Some(h))?,
+                    fc1: pair(&format!("{n}.mlp.fc1"), i, Some(h))?,
+                    fc2: pair(&format!("{n}.mlp.fc2"), h, Some(i))?,
+                })
+            })
+            .collect::<Result<Vec<_>, RuntimeError>>()?;
+        let post = pair(&format!("{TOWER}.post_layernorm"), h, None)?;
+        let mm_norm = w(weights, &format!("{PROJECTOR}.mm_soft_emb_norm.weight"), &[h])?;
+        let t = c.text_hidden_size;
+        let proj = w(weights, &format!("{PROJECTOR}.mm_input_projection_weight"), &[h, t])?;
+        let mut mm_proj = vec![0f32; t * h];
+        for r in 0..h {
+            for col in 0..t {
+                mm_proj[col * h + r] = proj[r * t + col];
+            }
+        }
+        Ok(VisionEngine { config: c.clone(), patch, pos, layers, post, mm_norm, mm_proj, caps: CpuCaps::detect(), forced: BTreeMap::new() })
+    }
+
+    /// Runs `op` with `kernel` (its default parameters) instead of the default choice.
+    pub fn with_kernel(mut self, kernel: &'static KernelDef) -> VisionEngine {
+        self.forced.insert(kernel.op, (kernel, kernel.default_params()));
+        self
+    }
+
+    /// The kernel that runs `problem`: the forced one, else the first valid of the
+    /// CPU preference list, else the first valid CPU kernel of the op.
+    fn choose(&self, problem: &Problem) -> Result<(&'static KernelDef, Params), RuntimeError> {
+        let caps = Caps::Cpu(&self.caps);
+        if let Some((k, p)) = self.forced.get(&problem.op()) {
+            k.check(caps, problem, DType::F32, p)
+                .map_err(|reason| kernel_err(problem, kernels::KernelError::Invalid { kernel: k.id.into(), reason }))?;
+            return Ok((*k, p.clone()));
+        }
+        let listed = preferred(problem, Backend::Cpu).iter().filter_map(|id| kernels::find(id).ok());
+        let rest = kernels::for_op(problem.op()).filter(|k| k.backend() == Backend::Cpu);
+        let mut reasons = Vec::new();
+        for k in listed.chain(rest) {
+            let p = k.default_params();
+            match k.check(caps, problem, DType::F32, &p) {
+                Ok(()) => return Ok((k, p)),
+                Err(r) => reasons.push(format!("{}: {r}", k.id)),
+            }
+        }
+        Err(RuntimeError::Internal(format!("no CPU kernel can run {}: {}", problem.describe(), reasons.join("; "))))
+    }
+
+    /// Runs one op: `ins` in binding order, `out` its single output.
+    fn op(&self, problem: &Problem, ins: &[&[f32]], out: &mut [f32]) -> Result<(), RuntimeError> {
+        let (k, params) = self.choose(problem)?;
+        let args = CpuArgs { ins: ins.iter().map(|s| CpuIn::F32(s)).collect(), outs: smallvec::smallvec![out] };
+        k.run_cpu(problem, DType::F32, &params, args).map_err(|e| kernel_err(problem, e))
+    }
+
+    /// The tower and the projector over one image of normalized pixels
+    /// (`[channels, image, image]`).
+    pub fn encode(&self, pixels: &[f32]) -> Result<VisionOutput, RuntimeError> {
+        let c = &self.config;
+        let (h, inter, n) = (c.hidden_size, c.intermediate_size, c.num_patches());
+        let want = c.num_channels * c.image_size * c.image_size;
+        if pixels.len() != want {
+            return Err(RuntimeError::Internal(format!("{} pixel values for a {want}-value image", pixels.len())));
+        }
+        let eps = c.layer_norm_eps as f32;
+        let mut x = vec![0f32; n * h];
+        let mut t = vec![0f32; n * h];
+        self.op(
+            &Problem::PatchEmbed { channels: c.num_channels, image: c.image_size, patch: c.patch_size, hidden: h },
+            &[pixels, &self.patch.0, &self.patch.1],
+            &mut t,
+        )?;
+        self.op(&Problem::ResidualAdd { n: n * h }, &[&t, &self.pos], &mut x)?;
+        let ln = Problem::LayerNorm { rows: n, dim: h, eps };
+        let lin = |out: usize, k: usize, gelu: bool| Problem::Linear { m: n, n: out, k, gelu };
+        let heads = c.num_heads;
+        let attn = Problem::AttentionFull { tokens: n, heads, head_dim: c.head_dim(), scale: (c.head_dim() as f64).powf(-0.5) as f32 };
+        let (mut q, mut k, mut v, mut a) = (vec![0f32; n * h], vec![0f32; n * h], vec![0f32; n * h], vec![0f32; n * h]);
+        let mut mid = vec![0f32; n * inter];
+        for layer in &self.layers {
+            self.op(&ln, &[&x, &layer.ln1.0, &layer.ln1.1], &mut t)?;
+            self.op(&lin(h, h, false), &[&t, &layer.q.0, &layer.q.1], &mut q)?;
+            self.op(&lin(h, h, false), &[&t, &layer.k.0, &layer.k.1], &mut k)?;
+            self.op(&lin(h, h, false), &[&t, &layer.v.0, &layer.v.1], &mut v)?;
+            self.op(&attn, &[&q, &k, &v], &mut a)?;
+            self.op(&lin(h, h, false), &[&a, &layer.o.0, &layer.o.1], &mut t)?;
+            self.op(&Problem::ResidualAdd { n: n * h }, &[&x, &t], &mut a)?;
+            std::mem::swap(&mut x, &mut a);
+            self.op(&ln, &[&x, &layer.ln2.0, &layer.ln2.1], &mut t)?;
+            self.op(&lin(inter, h, true), &[&t, &layer.fc1.0, &layer.fc1.1], &mut mid)?;
+            self.op(&lin(h, inter, false), &[&mid, &layer.fc2.0, &layer.fc2.1], &mut t)?;
+            self.op(&Problem::ResidualAdd { n: n * h }, &[&x, &t], &mut a)?;
+            std::mem::swap(&mut x, &mut a);
+        }
+        let mut features = vec![0f32; n * h];
+        self.op(&ln, &[&x, &self.post.0, &self.post.1], &mut features)?;
+        // Projector: pool the patch grid, (1 + w) RMSNorm, project to the text width.
+        let m = c.mm_tokens_per_image;
+        let mut pooled = vec![0f32; m * h];
+        self.op(&Problem::AvgPool { side: c.patches_per_side(), kernel: c.pool_kernel(), dim: h }, &[&features], &mut pooled)?;
+        let mut normed = vec![0f32; m * h];
+        self.op(&Problem::RmsNorm { rows: m, dim: h, eps, unit_offset: true }, &[&pooled, &self.mm_norm], &mut normed)?;
+        let th = c.text_hidden_size;
+        let mut tokens = vec![0f32; m * th];
+        self.op(&Problem::Gemm { m, n: th, k: h }, &[&normed, &self.mm_proj], &mut tokens)?;
+        Ok(VisionOutput { features, tokens })
+    }
+}
+
+fn kernel_err(problem: &Problem, e: kernels::KernelError) -> RuntimeError {
+    RuntimeError::Kernel { slot: format!("vision {}", problem.op()), layer: None, source: Box::new(e) }
+}
