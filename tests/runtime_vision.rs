@@ -110,6 +110,7 @@ fn tower_and_projector_match_transformers_with_every_kernel() {
 
 fn text_engine(m: &LoadedModel, tokens: usize, context: usize, chunk: usize, fusion: Fusion) -> Engine {
     let opts = PlanOptions {
+        cpu_repack: Vec::new(),
         weight_dtype: DType::F32,
         matrix_formats: Default::default(),
         kv_dtype: DType::F32,
