@@ -3,12 +3,18 @@
 // 16·TM token rows by 16·TN features; per k-step of TK it stages the x tile and the
 // matching gate and up weight tiles in workgroup memory (zero-padded at the edges),
 // then every invocation accumulates TM x TN gate and up sums in registers (rows
-// ly + 16i, features lx + 16j) and applies the activation product at the end.
-// Any shape; weights as u32 words decoded by W_F16. Includes: act.wgsl, wload.wgsl.
+// ly + 16i, features lx + 16j) from vec4 dot products and applies the activation
+// product at the end. Any shape; weights as u32 words decoded by W_F16. Includes:
+// act.wgsl, wload.wgsl.
+//
+// Tiles are vec4 rows of TK / 4 + 1 vec4: TK / 4 is 2, 4 or 8, so the row stride is
+// odd in 16-byte units and the 8 invocations of a quarter wave that read 8 different
+// weight rows (lx, one 128-bit load each) hit 8 different groups of 4 banks; the two
+// x rows of a wave (ly, ly + 1) fall in different banks too.
 
 override TM: u32 = 2;  // token rows per invocation (<= 4)
 override TN: u32 = 2;  // features per invocation (<= 4)
-override TK: u32 = 16; // k per stage
+override TK: u32 = 16; // k per stage (a multiple of 8)
 override W_F16: bool = false;
 
 override BM: u32 = 16u * TM;
@@ -21,9 +27,10 @@ struct Dims { rows: u32, n: u32, k: u32, act: u32 } // act: 0 silu, 1 gelu_tanh
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> dims: Dims;
 
-var<workgroup> xs: array<f32, 16u * TM * TK>;
-var<workgroup> gs: array<f32, 16u * TN * TK>;
-var<workgroup> us: array<f32, 16u * TN * TK>;
+// row r of a tile, vec4 c along k, at r * (TK / 4 + 1) + c
+var<workgroup> xs: array<vec4<f32>, 16u * TM * (TK / 4u + 1u)>;
+var<workgroup> gs: array<vec4<f32>, 16u * TN * (TK / 4u + 1u)>;
+var<workgroup> us: array<vec4<f32>, 16u * TN * (TK / 4u + 1u)>;
 
 fn wload(i: u32) -> f32 { return wpick(w[wword(i)], i); }
 
@@ -41,39 +48,48 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         ag[i] = 0.0;
         au[i] = 0.0;
     }
+    let kv = TK / 4u;      // vec4 per tile row
+    let ks = TK / 4u + 1u; // padded row stride, in vec4
     for (var k0 = 0u; k0 < k; k0 += TK) {
-        for (var e = tid; e < BM * TK; e += 256u) {
-            let r = e / TK;
-            let c = e % TK;
+        for (var e = tid; e < BM * kv; e += 256u) {
+            let r = e / kv;
+            let c = e % kv;
             let gr = m0 + r;
-            let gc = k0 + c;
-            xs[e] = select(0.0, x[min(gr, rows - 1u) * k + min(gc, k - 1u)], gr < rows && gc < k);
+            let row = min(gr, rows - 1u) * k;
+            var v = vec4<f32>(0.0);
+            for (var q = 0u; q < 4u; q++) {
+                let gc = k0 + 4u * c + q;
+                v[q] = select(0.0, x[row + min(gc, k - 1u)], gr < rows && gc < k);
+            }
+            xs[r * ks + c] = v;
         }
-        for (var e = tid; e < BN * TK; e += 256u) {
-            let r = e / TK;
-            let c = e % TK;
+        for (var e = tid; e < BN * kv; e += 256u) {
+            let r = e / kv;
+            let c = e % kv;
             let j = n0 + r;
-            let gc = k0 + c;
-            let ok = j < n && gc < k;
             let jj = min(j, n - 1u);
-            let cc = min(gc, k - 1u);
-            gs[e] = select(0.0, wload(jj * k + cc), ok);
-            us[e] = select(0.0, wload((n + jj) * k + cc), ok);
+            var g = vec4<f32>(0.0);
+            var u = vec4<f32>(0.0);
+            for (var q = 0u; q < 4u; q++) {
+                let gc = k0 + 4u * c + q;
+                let ok = j < n && gc < k;
+                let cc = min(gc, k - 1u);
+                g[q] = select(0.0, wload(jj * k + cc), ok);
+                u[q] = select(0.0, wload((n + jj) * k + cc), ok);
+            }
+            gs[r * ks + c] = g;
+            us[r * ks + c] = u;
         }
         workgroupBarrier();
-        for (var c = 0u; c < TK; c++) {
-            var a: array<f32, 4>;
-            var bg: array<f32, 4>;
-            var bu: array<f32, 4>;
-            for (var i = 0u; i < TM; i++) { a[i] = xs[(lid.y + 16u * i) * TK + c]; }
+        for (var c = 0u; c < kv; c++) {
+            var a: array<vec4<f32>, 4>;
+            for (var i = 0u; i < TM; i++) { a[i] = xs[(lid.y + 16u * i) * ks + c]; }
             for (var j = 0u; j < TN; j++) {
-                bg[j] = gs[(lid.x + 16u * j) * TK + c];
-                bu[j] = us[(lid.x + 16u * j) * TK + c];
-            }
-            for (var i = 0u; i < TM; i++) {
-                for (var j = 0u; j < TN; j++) {
-                    ag[i * TN + j] += a[i] * bg[j];
-                    au[i * TN + j] += a[i] * bu[j];
+                let bg = gs[(lid.x + 16u * j) * ks + c];
+                let bu = us[(lid.x + 16u * j) * ks + c];
+                for (var i = 0u; i < TM; i++) {
+                    ag[i * TN + j] += dot(a[i], bg);
+                    au[i * TN + j] += dot(a[i], bu);
                 }
             }
         }

@@ -72,5 +72,6 @@ pub fn typical_gpu_caps() -> crate::device::GpuCaps {
         max_storage_binding: 1 << 30,
         max_buffer_size: 1 << 30,
         max_storage_buffers_per_stage: 8,
+        coop_matrix: Vec::new(),
     }
 }

@@ -59,3 +59,54 @@ fn includes_declare_no_override() {
         assert!(line.is_none(), "shaders/{include} declares an override: {}", line.unwrap_or_default());
     }
 }
+
+/// Instructions of a SPIR-V module, by opcode.
+fn spirv_opcodes(words: &[u32]) -> Vec<u16> {
+    let mut ops = Vec::new();
+    let mut i = 5; // after the header
+    while i < words.len() {
+        let len = (words[i] >> 16) as usize;
+        ops.push((words[i] & 0xffff) as u16);
+        i += len.max(1);
+    }
+    ops
+}
+
+/// The cooperative-matrix shaders cannot run on the software adapter (no matrix
+/// units), so beyond naga's validation above they go through naga's SPIR-V backend,
+/// what wgpu's Vulkan path does with them, at the default overrides and at the
+/// largest tiling the host admits, and must come out as cooperative-matrix loads,
+/// multiply-adds and stores.
+#[test]
+fn cooperative_matrix_shaders_translate_to_spirv() {
+    const TYPE: u16 = 4456; // OpTypeCooperativeMatrixKHR
+    const LOAD: u16 = 4457;
+    const STORE: u16 = 4458;
+    const MULADD: u16 = 4459;
+    let coop: Vec<_> = all_shaders().into_iter().filter(|s| s.source.contains("enable wgpu_cooperative_matrix;")).collect();
+    assert!(coop.len() >= 2, "expected the 8x8 and 16x16 cooperative-matrix GEMMs, found {}", coop.len());
+    let settings: [&[(&str, f64)]; 2] =
+        [&[], &[("SG_M", 4.0), ("MAT_M", 4.0), ("MAT_N", 2.0), ("TILE_K", 64.0), ("WGS", 512.0), ("QFMT", 7.0)]];
+    for s in coop {
+        let module = naga::front::wgsl::parse_str(s.source).unwrap_or_else(|e| panic!("{}: {}", s.name, e.emit_to_string(s.source)));
+        let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{}: {e:?}", s.name));
+        for consts in settings {
+            let mut pc = naga::back::PipelineConstants::default();
+            for &(k, v) in consts {
+                pc.insert(k.to_string(), v);
+            }
+            let entry = Some((naga::ShaderStage::Compute, "main"));
+            let (m, i) = naga::back::pipeline_constants::process_overrides(&module, &info, entry, &pc)
+                .unwrap_or_else(|e| panic!("{} {consts:?}: {e:?}", s.name));
+            let opts = naga::back::spv::Options { lang_version: (1, 3), ..Default::default() };
+            let pipe = naga::back::spv::PipelineOptions { shader_stage: naga::ShaderStage::Compute, entry_point: "main".into() };
+            let words = naga::back::spv::write_vec(&m, &i, &opts, Some(&pipe)).unwrap_or_else(|e| panic!("{} {consts:?}: {e:?}", s.name));
+            let ops = spirv_opcodes(&words);
+            for (op, what) in [(TYPE, "matrix type"), (LOAD, "load"), (MULADD, "multiply-add"), (STORE, "store")] {
+                assert!(ops.contains(&op), "{} {consts:?}: no cooperative-matrix {what} in the SPIR-V", s.name);
+            }
+        }
+    }
+}

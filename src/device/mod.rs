@@ -35,6 +35,40 @@ pub struct GpuCaps {
     pub max_storage_binding: u64,
     pub max_buffer_size: u64,
     pub max_storage_buffers_per_stage: u32,
+    /// The cooperative-matrix configurations the adapter reports
+    /// (`Adapter::cooperative_matrix_properties`, subgroup scope; Vulkan
+    /// `VK_KHR_cooperative_matrix`, Metal simdgroup matrices), when wgpu also offers
+    /// `EXPERIMENTAL_COOPERATIVE_MATRIX`; empty otherwise (and then not part of the
+    /// fingerprint, which stays what it was for such adapters).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub coop_matrix: Vec<CoopShape>,
+}
+
+/// One cooperative-matrix configuration: `C[m x n] += A[m x k] · B[k x n]` with A
+/// and B of type `ab` and C of type `cr` (`f16`, `f32`, `i32`, `u32`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CoopShape {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub ab: &'static str,
+    pub cr: &'static str,
+}
+
+impl GpuCaps {
+    /// Whether the adapter runs square `size` cooperative matrices of f16 inputs
+    /// accumulated in f32 (the only shapes naga 30's WGSL has: `coop_mat8x8`,
+    /// `coop_mat16x16`); `Err` says what it reports instead.
+    pub fn coop_f16_f32(&self, size: u32) -> Result<(), String> {
+        if self.coop_matrix.iter().any(|c| c.m == size && c.n == size && c.k == size && c.ab == "f16" && c.cr == "f32") {
+            return Ok(());
+        }
+        if self.coop_matrix.is_empty() {
+            return Err("no cooperative matrices (the adapter lacks EXPERIMENTAL_COOPERATIVE_MATRIX or reports no configuration)".into());
+        }
+        let have: Vec<String> = self.coop_matrix.iter().map(|c| format!("{}x{}x{} {}->{}", c.m, c.n, c.k, c.ab, c.cr)).collect();
+        Err(format!("no {size}x{size}x{size} f16->f32 cooperative matrix (the adapter reports {})", have.join(", ")))
+    }
 }
 
 /// Identity of an adapter as wgpu reports it.
@@ -254,7 +288,26 @@ fn caps_of(adapter: &wgpu::Adapter) -> GpuCaps {
         max_storage_binding: l.max_storage_buffer_binding_size,
         max_buffer_size: l.max_buffer_size,
         max_storage_buffers_per_stage: l.max_storage_buffers_per_shader_stage,
+        coop_matrix: coop_shapes(adapter),
     }
+}
+
+/// The adapter's cooperative-matrix configurations, when wgpu offers the feature.
+fn coop_shapes(adapter: &wgpu::Adapter) -> Vec<CoopShape> {
+    if !adapter.features().contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+        return Vec::new();
+    }
+    let name = |t: wgpu::CooperativeScalarType| match t {
+        wgpu::CooperativeScalarType::F16 => "f16",
+        wgpu::CooperativeScalarType::F32 => "f32",
+        wgpu::CooperativeScalarType::I32 => "i32",
+        wgpu::CooperativeScalarType::U32 => "u32",
+    };
+    adapter
+        .cooperative_matrix_properties()
+        .into_iter()
+        .map(|p| CoopShape { m: p.m_size, n: p.n_size, k: p.k_size, ab: name(p.ab_type), cr: name(p.cr_type) })
+        .collect()
 }
 
 fn info_of(adapter: &wgpu::Adapter) -> GpuInfo {

@@ -149,8 +149,19 @@ impl GpuCtx {
     pub fn open(dev: &GpuDevice) -> Result<Arc<GpuCtx>, GpuError> {
         let adapter = &dev.adapter;
         let feats = adapter.features();
-        let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        let wanted = wgpu::Features::SHADER_F16
+            | wgpu::Features::SUBGROUP
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         let required_features = feats & wanted;
+        let experimental_features = if required_features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+            // SAFETY: the only experimental feature requested is cooperative matrices,
+            // used by the `gemm_q_coop*` shaders alone, and only on the shapes the
+            // adapter reports (`GpuCaps::coop_f16_f32`).
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        };
         let mut required_limits = wgpu::Limits::downlevel_defaults().using_resolution(adapter.limits());
         let al = adapter.limits();
         required_limits.max_storage_buffer_binding_size = al.max_storage_buffer_binding_size;
@@ -168,7 +179,7 @@ impl GpuCtx {
             label: Some("ktune"),
             required_features,
             required_limits,
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            experimental_features,
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         };

@@ -154,10 +154,11 @@ fn shared_gate_up(_: &Problem, _: DType, params: &Params) -> Result<u64, KernelE
     Ok(8 * param(params, "workgroup_size")? as u64 * param(params, "rows_per_wg")? as u64)
 }
 
-/// x tile (16·thread_m × tile_k) plus gate and up tiles (16·thread_n × tile_k each), f32.
+/// x tile (16·thread_m rows) plus gate and up tiles (16·thread_n rows each) of
+/// tile_k f32, each row padded by one vec4 (an odd row stride in 16-byte units).
 fn shared_tiled(_: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
     let (tm, tn, tk) = (param(params, "thread_m")? as u64, param(params, "thread_n")? as u64, param(params, "tile_k")? as u64);
-    Ok(4 * 16 * tk * (tm + 2 * tn))
+    Ok(16 * 16 * (tk / 4 + 1) * (tm + 2 * tn))
 }
 
 fn check_gate_up_wg(caps: &GpuCaps, prob: &Problem, _: DType, _: &Params) -> Result<(), String> {
@@ -182,6 +183,10 @@ fn check_gate_up_sg(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Param
 
 fn check_gate_up_tiled(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
     storage_buffers(caps, 3)?;
+    let tk = param(params, "tile_k")?;
+    if tk == 0 || tk % 8 != 0 {
+        return Err(format!("tile_k = {tk} is not a multiple of 8 (vec4 tile rows of an odd padded stride)"));
+    }
     match *prob {
         Problem::GateUp { rows, n, .. } => {
             grid_dim(caps, groups(n, 16 * param(params, "thread_n")?) as usize, "x (feature tiles)")?;
