@@ -26,7 +26,9 @@ use super::XQ8;
 use super::qdot::{check_quant, unpack_fast};
 use super::{Isa, features};
 use crate::device::CpuCaps;
-use crate::kernels::quant::{GROUP, Layout, QFormat, QK, QK_K, QView, Unpacked, X8_BYTES, X8_ROWS, scales_mins_k4};
+use crate::kernels::quant::{
+    GROUP, Layout, QFormat, QK, QK_K, QView, Unpacked, X8_BYTES, X8_ROWS, scales_mins_k4, x8_row_codes, x8_scale_min,
+};
 use crate::kernels::{DType, ParamSpec, Params, Problem, param};
 
 /// The parameters of the int8 GEMM kernels (`gemm_q_i8_cpu`, `gate_up_q_i8_cpu`).
@@ -202,11 +204,7 @@ fn unpack_x8(w: QView<'_>, r: usize, c: usize, bpr: usize, vals: &mut [u8], sc: 
     let (d, dmin) = (s[i].to_f32(), s[X8_ROWS + i].to_f32());
     let vals: &mut [u8; QK_K] = (&mut vals[..QK_K]).try_into().unwrap();
     for p in 0..4 {
-        // The row's 8 runs of 4 bytes gathered into the 32 bytes of the row layout.
-        let mut raw = [0u8; 32];
-        for t in 0..8 {
-            raw[4 * t..4 * t + 4].copy_from_slice(&rec[128 + 32 * (8 * p + t) + 4 * i..][..4]);
-        }
+        let raw = x8_row_codes(rec, i, p);
         let (lo, hi) = vals[64 * p..64 * p + 64].split_at_mut(32);
         for l in 0..32 {
             lo[l] = raw[l] & 0x0f;
@@ -214,7 +212,8 @@ fn unpack_x8(w: QView<'_>, r: usize, c: usize, bpr: usize, vals: &mut [u8], sc: 
         }
     }
     for j in 0..8 {
-        (sc[j], of[j]) = (d * rec[8 * j + i] as f32, -dmin * rec[64 + 8 * j + i] as f32);
+        let (s, m) = x8_scale_min(rec, i, j);
+        (sc[j], of[j]) = (d * s as f32, -dmin * m as f32);
     }
 }
 

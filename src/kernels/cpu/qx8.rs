@@ -16,7 +16,7 @@
 use half::f16;
 
 use super::{Isa, XQ8};
-use crate::kernels::quant::{Layout, QK, QView, X8_BYTES, X8_ROWS};
+use crate::kernels::quant::{Layout, QK, QView, X8_BYTES, X8_ROWS, x8_row_codes, x8_scale_min};
 
 /// Rows `first..first + y.len()` of the [`Layout::X8`] matrix `w` dotted with
 /// `x` into `y`: whole groups of 8 rows, a partial group at either end computed
@@ -58,29 +58,23 @@ fn group_portable(rec: &[u8], sc: &[f16], x: &XQ8, bpr: usize) -> [f32; X8_ROWS]
         let s = &sc[c * 2 * X8_ROWS..(c + 1) * 2 * X8_ROWS];
         let xq = &x.q[256 * c..256 * (c + 1)];
         for i in 0..X8_ROWS {
-            // Per sub-block integer sums (4-byte run t of pair p: elements 64p + 4t.. low, 64p + 32 + 4t.. high).
+            // Per sub-block integer sums (code byte l of pair p: element 64p + l low, 64p + 32 + l high).
             let mut sub = [0i32; 8];
             for p in 0..4 {
-                for t in 0..8 {
-                    let o = 128 + 32 * (8 * p + t) + 4 * i;
-                    for b in 0..4 {
-                        let v = r[o + b];
-                        sub[2 * p] += (v & 0x0f) as i32 * xq[64 * p + 4 * t + b] as i32;
-                        sub[2 * p + 1] += (v >> 4) as i32 * xq[64 * p + 32 + 4 * t + b] as i32;
-                    }
+                for (l, v) in x8_row_codes(r, i, p).into_iter().enumerate() {
+                    sub[2 * p] += (v & 0x0f) as i32 * xq[64 * p + l] as i32;
+                    sub[2 * p + 1] += (v >> 4) as i32 * xq[64 * p + 32 + l] as i32;
                 }
             }
             let (d, dmin) = (s[i].to_f32(), s[X8_ROWS + i].to_f32());
-            let mut ms = 0f32;
-            for j in 0..8 {
-                ms = (r[64 + 8 * j + i] as f32).mul_add(x.dsum[8 * c + j], ms);
-            }
+            let sm: [(u8, u8); 8] = std::array::from_fn(|j| x8_scale_min(r, i, j));
+            let ms = sm.iter().zip(&x.dsum[8 * c..8 * c + 8]).fold(0f32, |ms, (&(_, m), &ds)| (m as f32).mul_add(ds, ms));
             if x.per256 {
-                let isum: i32 = sub.iter().enumerate().map(|(j, s)| s * r[8 * j + i] as i32).sum();
+                let isum: i32 = sub.iter().zip(&sm).map(|(s, &(sc, _))| s * sc as i32).sum();
                 acc[i] = (isum as f32).mul_add(d * x.d[8 * c], acc[i]);
             } else {
-                for (j, sj) in sub.iter().enumerate() {
-                    acc[i] = ((sj * r[8 * j + i] as i32) as f32).mul_add(d * x.d[8 * c + j], acc[i]);
+                for ((s, &(sc, _)), &dx) in sub.iter().zip(&sm).zip(&x.d[8 * c..8 * c + 8]) {
+                    acc[i] = ((s * sc as i32) as f32).mul_add(d * dx, acc[i]);
                 }
             }
             accm[i] = ms.mul_add(dmin, accm[i]);
@@ -188,17 +182,8 @@ mod tests {
     use super::*;
     use crate::kernels::cpu::qdot::{ActVec, dot_q_i8};
     use crate::kernels::cpu::qrow;
+    use crate::kernels::cpu::testdata::signed as data;
     use crate::kernels::quant::{QFormat, QMatrix};
-
-    fn data(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
 
     #[test]
     fn x8_dots_agree_simd_and_portable_and_match_the_row_dots() {

@@ -107,6 +107,23 @@ impl QMatrix {
     }
 }
 
+/// Row `i`'s 32 Q4_K code bytes of sub-block pair `p` from an X8 record, in the
+/// split layout's order (byte `l`: element `64 p + l` low, `64 p + 32 + l` high).
+#[inline]
+pub fn x8_row_codes(rec: &[u8], i: usize, p: usize) -> [u8; 32] {
+    let mut q = [0u8; 32];
+    for t in 0..8 {
+        q[4 * t..4 * t + 4].copy_from_slice(&rec[128 + 32 * (8 * p + t) + 4 * i..][..4]);
+    }
+    q
+}
+
+/// Row `i`'s 6-bit scale and minimum of sub-block `j` from an X8 record.
+#[inline]
+pub fn x8_scale_min(rec: &[u8], i: usize, j: usize) -> (u8, u8) {
+    (rec[8 * j + i], rec[64 + 8 * j + i])
+}
+
 /// Block `c` of row `r` of a [`Layout::X8`] view in the split form (140 quant
 /// bytes; `d`, `dmin`).
 pub(super) fn gather_x8(w: &QView<'_>, r: usize, c: usize, bpr: usize) -> ([u8; Q4K_QB], [f16; 2]) {
@@ -115,16 +132,12 @@ pub(super) fn gather_x8(w: &QView<'_>, r: usize, c: usize, bpr: usize) -> ([u8; 
     let sc = &w.scales[(g * bpr + c) * 2 * X8_ROWS..][..2 * X8_ROWS];
     let mut sm = [0u8; 16];
     for j in 0..8 {
-        sm[j] = rec[8 * j + i];
-        sm[8 + j] = rec[64 + 8 * j + i];
+        (sm[j], sm[8 + j]) = x8_scale_min(rec, i, j);
     }
     let mut q = [0u8; Q4K_QB];
     q[..12].copy_from_slice(&pack_scales_mins_k4(&sm));
     for p in 0..4 {
-        for t in 0..8 {
-            let src = 128 + 32 * (8 * p + t) + 4 * i;
-            q[12 + 32 * p + 4 * t..][..4].copy_from_slice(&rec[src..src + 4]);
-        }
+        q[12 + 32 * p..][..32].copy_from_slice(&x8_row_codes(rec, i, p));
     }
     (q, [sc[i], sc[X8_ROWS + i]])
 }
@@ -134,14 +147,7 @@ mod tests {
     use super::*;
 
     fn q4k(rows: usize, cols: usize, seed: u64) -> QMatrix {
-        let mut s = seed;
-        let x: Vec<f32> = (0..rows * cols)
-            .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
-            })
-            .collect();
-        QMatrix::quantize(QFormat::Q4_K, rows, cols, &x).unwrap()
+        QMatrix::quantize(QFormat::Q4_K, rows, cols, &crate::kernels::cpu::testdata::signed(rows * cols, seed)).unwrap()
     }
 
     #[test]
