@@ -171,6 +171,11 @@ pub struct BenchEntry {
     /// Throughput change against the first entry, percent, from per-round ratios.
     pub prefill_vs_first_pct: Estimate,
     pub decode_vs_first_pct: Estimate,
+    /// Bytes of weights a decode step reads (the plan's weight buffers).
+    pub decode_read_bytes: u64,
+    /// Decode against the read-bandwidth bound (`read_gbps` of the same round over
+    /// `decode_read_bytes` per token), percent, from per-round ratios.
+    pub decode_pct_of_bound: Estimate,
     /// Raw per-round samples: prefill seconds, median seconds per decoded token.
     pub prefill_s: Vec<f64>,
     pub decode_s: Vec<f64>,
@@ -184,6 +189,11 @@ pub struct BenchReport {
     pub prefill_tokens: usize,
     pub decode_tokens: usize,
     pub rounds: usize,
+    /// The device's read bandwidth, GB/s, measured once per round between the
+    /// entries' samples (the machine's bound drifts with its load).
+    pub read_gbps: Estimate,
+    /// How `read_gbps` was measured.
+    pub read_source: String,
     pub entries: Vec<BenchEntry>,
     pub warnings: Vec<String>,
 }

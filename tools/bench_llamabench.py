@@ -22,10 +22,12 @@ Per file:
     --gguf FILE --profile TUNED` (the tuned profile and the runtime default, each
     one prefill of P tokens and N decode steps a round, three rounds: its medians).
  3. Ratios ktune / llama.cpp per round; the report gives their median and range.
- 4. Bound: the profile's measured read bandwidth (`limits.read_gbps`, the tuner's
-    probe) over the bytes a decoded token reads (ktune's own count, `weight_bytes`
-    of `ktune run`: every matrix as stored plus the LM head; the same file for
-    both engines), as tokens per second; each engine's decode rate as a share of it.
+ 4. Bound: the read bandwidth `ktune bench` measures in each round (`read_gbps`:
+    a parallel read of 256 MiB on all threads, best of 5, between its samples)
+    over the bytes a decoded token reads (ktune's own count, `weight_bytes` of
+    `ktune run`: every matrix as stored plus the LM head; the same file for both
+    engines), as tokens per second; each engine's decode rate in a round as a
+    share of that round's bound (the machine's bandwidth drifts with its load).
 
  5. Greedy tokens side by side: --greedy-tokens tokens of --greedy-prompt from
     llama.cpp's `llama-simple` (greedy; it prints the prompt, then the pieces)
@@ -71,7 +73,7 @@ def ktune_round(ktune, model, profile, p, n):
     if profile:
         cmd += ["--profile", profile]
     out = json.loads(run(cmd))
-    res = {}
+    res = {"read_gbps": out["read_gbps"]["median"]}
     for e in out["entries"]:
         key = "default" if e["name"] == "default" else "tuned"
         res[key] = (e["prefill_tok_s"]["median"], e["decode_tok_s"]["median"])
@@ -132,30 +134,40 @@ def main():
     for f in files:
         name = Path(f).name
         print(f"== {name}", file=sys.stderr)
-        profile, gbps = None, None
+        profile, profile_gbps = None, None
         if not a.no_tune:
             # --force: a profile cached by an older build would not measure this one.
             t = json.loads(run([a.ktune, "tune", "--device", "cpu", "--gguf", f, "--budget", a.tune_budget, "--prefill-tokens", a.prompt, "--force", "--format", "json"]))
             profile = t["path"]
             m = re.search(r"read_gbps:\s*([0-9.eE+-]+)", Path(profile).read_text())
-            gbps = float(m.group(1)) if m else None
+            profile_gbps = float(m.group(1)) if m else None
         r = json.loads(run([a.ktune, "run", "--device", "cpu", "--gguf", f, "--prompt", "Hi", "--max-tokens", 1, "--format", "json"]))
         weight_bytes = r["weight_bytes"]
         rows = {"llama": [], "tuned": [], "default": []}
+        gbps = []
         for i in range(a.rounds):
             rows["llama"].append(llama_round(a.llama_bench, f, a.threads, a.prompt, a.gen))
             k = ktune_round(a.ktune, f, profile, a.prompt, a.gen)
+            gbps.append(k.pop("read_gbps"))
             for key, v in k.items():
                 rows[key].append(v)
-            print(f"   round {i + 1}: llama {rows['llama'][-1]}, ktune {k}", file=sys.stderr)
-        entry = {"file": name, "weight_bytes": weight_bytes, "read_gbps": gbps, "profile": profile}
-        bound = gbps * 1e9 / weight_bytes if gbps else None
-        entry["bound_tok_s"] = bound
+            print(f"   round {i + 1}: llama {rows['llama'][-1]}, ktune {k}, read {gbps[-1]:.1f} GB/s", file=sys.stderr)
+        bounds = [g * 1e9 / weight_bytes for g in gbps]
+        entry = {
+            "file": name,
+            "weight_bytes": weight_bytes,
+            "read_gbps": spread(gbps),
+            "bound_tok_s": spread(bounds),
+            "profile_read_gbps": profile_gbps,
+            "profile": profile,
+        }
         for eng in ("llama", "tuned", "default"):
             if rows[eng]:
-                entry[eng] = {"prefill": spread([p for p, _ in rows[eng]]), "decode": spread([d for _, d in rows[eng]])}
-                if bound:
-                    entry[eng]["decode_pct_of_bound"] = 100 * entry[eng]["decode"]["median"] / bound
+                entry[eng] = {
+                    "prefill": spread([p for p, _ in rows[eng]]),
+                    "decode": spread([d for _, d in rows[eng]]),
+                    "decode_pct_of_bound": spread([100 * d / b for (_, d), b in zip(rows[eng], bounds)]),
+                }
         for eng in ("tuned", "default"):
             if rows[eng]:
                 entry[f"{eng}_vs_llama"] = {
@@ -176,18 +188,19 @@ def main():
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(summary, indent=1))
     print(f"{summary['cpu']}, {a.threads} threads, {summary['llama_cpp']}, pp{a.prompt}/tg{a.gen}, {a.rounds} alternating rounds (median [min-max])\n")
+    fmt = lambda s, p=1: f"{s['median']:.{p}f} [{s['min']:.{p}f}-{s['max']:.{p}f}]"
+    print("Read bound per file (GB/s, measured by `ktune bench` each round): " + ", ".join(f"{e['file']} {fmt(e['read_gbps'])}" for e in summary["files"]) + "\n")
     print("| file | engine | prefill tok/s | decode tok/s | prefill vs llama.cpp | decode vs llama.cpp | decode % of bound |")
     print("|---|---|---|---|---|---|---|")
-    fmt = lambda s, p=1: f"{s['median']:.{p}f} [{s['min']:.{p}f}-{s['max']:.{p}f}]"
     for e in summary["files"]:
         for eng in ("llama", "tuned", "default"):
             if eng not in e:
                 continue
             vs = e.get(f"{eng}_vs_llama")
-            pct = e[eng].get("decode_pct_of_bound")
+            pct = e[eng]["decode_pct_of_bound"]
             print(
                 f"| {e['file']} | {'llama.cpp' if eng == 'llama' else 'ktune ' + eng} | {fmt(e[eng]['prefill'])} | {fmt(e[eng]['decode'])} | "
-                f"{fmt(vs['prefill'], 2) + 'x' if vs else '-'} | {fmt(vs['decode'], 2) + 'x' if vs else '-'} | {f'{pct:.0f}%' if pct else '-'} |"
+                f"{fmt(vs['prefill'], 2) + 'x' if vs else '-'} | {fmt(vs['decode'], 2) + 'x' if vs else '-'} | {fmt(pct, 0)}% |"
             )
     if any("greedy" in e for e in summary["files"]):
         print(f"\nGreedy continuations of {a.greedy_prompt!r} ({a.greedy_tokens} tokens; ktune with the tuned profile)\n")

@@ -133,8 +133,13 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
     let n = engines.len();
     let mut prefill = vec![Vec::new(); n];
     let mut decode = vec![Vec::new(); n];
+    let mut read_gbps = Vec::new();
+    let mut read_source = "";
     progress.phase("", (args.rounds * n) as u64);
     for round in 0..args.rounds {
+        let (bw, src) = tuner::device_read_bandwidth(ctx.as_deref());
+        read_gbps.push(bw);
+        read_source = src;
         for j in 0..n {
             let i = (j + round) % n;
             let (p, d) = e2e_sample(&mut engines[i].1, &prompt, args.decode_tokens)?;
@@ -146,12 +151,17 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
     progress.done();
 
     let tput = |tokens: f64, secs: &[f64]| -> Vec<f64> { secs.iter().map(|s| tokens / s).collect() };
+    let pct_of_bound = |bytes: u64, secs: &[f64]| -> Vec<f64> {
+        secs.iter().zip(&read_gbps).map(|(s, bw)| 100.0 * bytes as f64 / s / (bw * 1e9)).collect()
+    };
     let vs_first = |mine: &[f64], first: &[f64]| -> Vec<f64> { mine.iter().zip(first).map(|(m, f)| (f / m - 1.0) * 100.0).collect() };
     let entries = engines
         .iter()
         .enumerate()
-        .map(|(i, (name, _))| BenchEntry {
+        .map(|(i, (name, engine))| BenchEntry {
             name: name.clone(),
+            decode_read_bytes: engine.plan.decode_read_bytes(),
+            decode_pct_of_bound: estimate(&pct_of_bound(engine.plan.decode_read_bytes(), &decode[i])),
             prefill_tok_s: estimate(&tput(args.prefill_tokens as f64, &prefill[i])),
             decode_tok_s: estimate(&tput(1.0, &decode[i])),
             prefill_vs_first_pct: estimate(&vs_first(&prefill[i], &prefill[0])),
@@ -166,6 +176,8 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
         prefill_tokens: args.prefill_tokens,
         decode_tokens: args.decode_tokens,
         rounds: args.rounds,
+        read_gbps: estimate(&read_gbps),
+        read_source: read_source.into(),
         entries,
         warnings,
     })

@@ -528,8 +528,9 @@ impl Plan {
         self.buffers.iter().filter(|b| b.role == BufRole::Weight).map(BufferDecl::bytes).sum()
     }
 
-    /// Weight bytes a decode step reads: everything except the embedding table when
-    /// it is not also the LM head (only one row of it is read).
+    /// Weight bytes a decode step reads: every weight buffer of the plan. The
+    /// embedding table is not one (the runtime copies a token's row outside the
+    /// plan) unless it is also the LM head, which reads all of it.
     pub fn decode_read_bytes(&self) -> u64 {
         self.weight_bytes()
     }

@@ -9,7 +9,13 @@ use crate::kernels;
 
 /// Read bandwidth of the target's device (GB/s) and how it was measured.
 pub(crate) fn measure(t: &Target<'_>) -> (f64, &'static str) {
-    match &t.ctx {
+    device_read_bandwidth(t.ctx.as_deref())
+}
+
+/// Read bandwidth (GB/s) of the CPU (`None`) or of a GPU, and how it was measured:
+/// what `tune` records as `limits.read_gbps`, and what `bench` measures each round.
+pub fn device_read_bandwidth(ctx: Option<&GpuCtx>) -> (f64, &'static str) {
+    match ctx {
         None => (cpu_read_bandwidth(), "measured: parallel read of 256 MiB"),
         Some(ctx) => (gpu_copy_bandwidth(ctx), "measured: 64 MiB buffer copy (bytes read per second)"),
     }

@@ -32,7 +32,7 @@ use measure::Strategy;
 
 pub use crate::progress::{Progress, Silent};
 pub use e2e::e2e_sample;
-pub use limits::cpu_read_bandwidth;
+pub use limits::{cpu_read_bandwidth, device_read_bandwidth};
 
 /// Relative difference under which two times count as a tie.
 const TIE: f64 = 0.01;
