@@ -170,6 +170,11 @@ pub fn preferred(problem: &Problem, backend: Backend) -> &'static [&'static str]
         (Op::QkvProj, Backend::Cpu) => &["qkv_proj_dot4_cpu", "qkv_proj_q_cpu"],
         (Op::AttentionDecode, Backend::Cpu) => &["attention_decode_heads_cpu"],
         (Op::AttentionPrefill, Backend::Cpu) => &["attention_prefill_tiled_cpu"],
+        // `bench-kernels --quick` on lavapipe, Llama 3.2 1B shapes: the subgroup
+        // variants won both races at their default parameters; without subgroups the
+        // plain flash2 / split-KV ones follow.
+        (Op::AttentionPrefill, Backend::Wgsl) => &["attention_prefill_flash2_sg", "attention_prefill_flash2", "attention_prefill_flash"],
+        (Op::AttentionDecode, Backend::Wgsl) => &["attention_decode_splitkv_sg", "attention_decode_splitkv"],
         (Op::GateUp, Backend::Wgsl) => &["gate_up_subgroup", "gate_up_q_wg"],
         (Op::QkvProj, Backend::Wgsl) => &["qkv_proj_subgroup", "qkv_proj_q_wg"],
         (Op::NormGemv, Backend::Cpu) => &["norm_gemv_cpu", "norm_gemv_q_cpu"],
