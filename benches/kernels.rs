@@ -230,6 +230,34 @@ fn gemm(c: &mut Criterion) {
     bench_gpu(c, kernels::Op::Gemm);
 }
 
+/// The int8 prefill GEMM's work for one pool task, single-threaded: 256 weight
+/// rows of 2048 (packed to the interleaved panel, 32 rows at a time as
+/// `gemm_q_i8_cpu` with `rows_per_task 32` packs them) times 64 tokens, for
+/// the formats packed straight from their bytes (Q8_0, Q4_0) and one packed
+/// through the staging rows (Q4_K). Throughput in multiply-adds.
+fn i8_gemm(c: &mut Criterion) {
+    use ktune::kernels::cpu::qgemm::{XPanel, rows_times_tokens_i8};
+    use ktune::kernels::quant::{QFormat, QMatrix};
+    let mut g = c.benchmark_group("i8_gemm");
+    let (rows, k, m) = (256usize, 2048usize, 64usize);
+    let w: Vec<f32> = (0..rows * k).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+    let x: Vec<f32> = (0..m * k).map(|i| ((i * 104729) % 997) as f32 / 498.5 - 1.0).collect();
+    let xp = XPanel::quantize(&x, m, k);
+    g.throughput(Throughput::Elements((rows * k * m) as u64));
+    for f in [QFormat::Q8_0, QFormat::Q4_0, QFormat::Q4_K] {
+        let q = QMatrix::quantize(f, rows, k, &w).expect("whole blocks");
+        g.bench_function(BenchmarkId::new(format!("{f:?}").to_lowercase(), format!("{rows}x{k}x{m}")), |b| {
+            b.iter(|| {
+                for r0 in (0..rows).step_by(32) {
+                    black_box(rows_times_tokens_i8(cpu::Isa::best(), &xp, q.view(), r0, 32));
+                }
+            })
+        });
+    }
+    g.bench_function(BenchmarkId::new("quantize_activations", format!("{m}x{k}")), |b| b.iter(|| black_box(XPanel::quantize(&x, m, k))));
+    g.finish();
+}
+
 /// The Q4_K int8 decode dots on the row layout and on the repacked `X8` layout
 /// (`execution.cpuRepack`), on the kernels' pool as `gemv_q_cpu` runs them (64 rows
 /// a task): Llama 3.2 1B's up projection (8192 x 2048, 18.9 MB: cache-resident
@@ -259,5 +287,5 @@ fn repack(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group! { name = benches; config = config(); targets = membw, gemv, norm_gemv, gemm, repack }
+criterion_group! { name = benches; config = config(); targets = membw, gemv, norm_gemv, gemm, i8_gemm, repack }
 criterion_main!(benches);
