@@ -1418,15 +1418,16 @@ pub fn par_row_blocks(n: usize, grain: usize, f: impl Fn(usize, usize) -> Vec<f3
 }
 
 /// Writes the `[count][m]` row blocks of [`par_row_blocks`] into the token-major
-/// `y[m, n]`.
+/// `y[m, n]`, one token row per pool task (each gathers its column of every
+/// block; serially this transpose was 6% of a 1B-shaped Q8_0 prefill).
 pub fn scatter_row_blocks(parts: Vec<(usize, usize, Vec<f32>)>, m: usize, n: usize, y: &mut [f32]) {
-    for (r0, count, part) in parts {
-        for i in 0..count {
-            for t in 0..m {
-                y[t * n + r0 + i] = part[i * m + t];
+    super::pool::for_chunks_mut(&mut y[..m * n], n, |t, row| {
+        for (r0, count, part) in &parts {
+            for (i, o) in row[*r0..*r0 + *count].iter_mut().enumerate() {
+                *o = part[i * m + t];
             }
         }
-    }
+    });
 }
 
 #[cfg(test)]

@@ -449,9 +449,15 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
         p.pack(isa, w, r0, count, k);
         #[cfg(target_arch = "x86_64")]
         if i8_gemm_simd(isa) {
+            // The weight bytes of the next `count` rows, which this thread most
+            // likely packs next (pool tasks come in runs of consecutive chunks):
+            // fetched into L2 while these rows compute, so the packing, which
+            // otherwise waits on DRAM, overlaps the arithmetic.
+            let rb = row_bytes(w, k);
+            let next = &w.quants[((r0 + count) * rb).min(w.quants.len())..((r0 + 2 * count) * rb).min(w.quants.len())];
             // SAFETY: AVX-512F/BW/VL/VNNI checked; the panel holds `count` rows of k
             // in whole blocks of 16 and `x` m tokens of k (k a multiple of 32).
-            unsafe { vnni::rows_times_tokens(p, x, count, &mut out) };
+            unsafe { vnni::rows_times_tokens(p, x, count, &mut out, next) };
             return;
         }
         scalar(p, x, count, &mut out);
@@ -461,6 +467,15 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
         Err(_) => run(&mut Panel::default()),
     });
     out
+}
+
+/// Bytes of `quants` per weight row of `k` elements (an X8 record holds 8 rows'
+/// blocks: an eighth of it per row).
+fn row_bytes(w: QView<'_>, k: usize) -> usize {
+    match w.layout {
+        Layout::Rows => k / w.format.block_elems() * w.format.quant_bytes(),
+        Layout::X8 { .. } => k / w.format.block_elems() * X8_BYTES / X8_ROWS,
+    }
 }
 
 /// The portable loops: per scale group, each row's integer sum of products, then
@@ -503,13 +518,22 @@ mod vnni {
     /// AVX-512F/BW/VL/VNNI available; `p` holds `count` rows of `x.k` (in whole
     /// blocks of 16).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn rows_times_tokens(p: &Panel, x: &XPanel, count: usize, out: &mut [f32]) {
+    pub unsafe fn rows_times_tokens(p: &Panel, x: &XPanel, count: usize, out: &mut [f32], next: &[u8]) {
         let m = x.m;
+        // `next` (bytes to bring into L2) spread over the tiles, a share per tile.
+        let tiles = p.blocks.div_ceil(2) * (m / 4 + m % 4);
+        let lines = next.len().div_ceil(64);
+        let per_tile = lines.div_ceil(tiles.max(1));
+        let mut line = 0;
         let mut b = 0;
         while b < p.blocks {
             let r = if p.blocks - b >= 2 { 2 } else { 1 };
             let mut t = 0;
             while t < m {
+                for _ in 0..per_tile.min(lines - line) {
+                    _mm_prefetch::<_MM_HINT_T1>(next.as_ptr().wrapping_add(64 * line) as *const i8);
+                    line += 1;
+                }
                 let n = if m - t >= 4 { 4 } else { 1 };
                 // SAFETY: blocks b..b + r < p.blocks and tokens t..t + n < m.
                 unsafe {
