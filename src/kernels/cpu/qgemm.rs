@@ -81,19 +81,36 @@ pub struct XPanel {
     sum16: Vec<f32>,
     /// `[m][k / 32]`: `d * Σ q` per block.
     sum32: Vec<f32>,
+    /// `[m][k / 32]`: `Σ q` per block (the integer correction of a biased panel).
+    isum: Vec<i32>,
 }
 
 impl XPanel {
     /// Quantizes the `m` rows of `x` (`[m][k]`, k a multiple of 32).
+    /// The tokens are quantized in parallel on the pool, one token a task.
     pub fn quantize(x: &[f32], m: usize, k: usize) -> XPanel {
         let nb = k / QK;
-        let mut p = XPanel { k, m, q: vec![0; m * k], d: vec![0.0; m * nb], sum16: vec![0.0; m * 2 * nb], sum32: vec![0.0; m * nb] };
-        for t in 0..m {
+        let mut toks: Vec<Option<(XQ8, Vec<i32>)>> = (0..m).map(|_| None).collect();
+        super::pool::for_chunks_mut(&mut toks, 1, |t, slot| {
             let xq = XQ8::quantize(&x[t * k..(t + 1) * k]);
+            let isum = xq.q[..k].chunks_exact(QK).map(|b| b.iter().map(|&v| v as i32).sum()).collect();
+            slot[0] = Some((xq, isum));
+        });
+        let mut p = XPanel {
+            k,
+            m,
+            q: vec![0; m * k],
+            d: vec![0.0; m * nb],
+            sum16: vec![0.0; m * 2 * nb],
+            sum32: vec![0.0; m * nb],
+            isum: Vec::with_capacity(m * nb),
+        };
+        for (t, (xq, isum)) in toks.into_iter().flatten().enumerate() {
             p.q[t * k..(t + 1) * k].copy_from_slice(&xq.q[..k]);
             p.d[t * nb..][..nb].copy_from_slice(&xq.d[..nb]);
             p.sum32[t * nb..][..nb].copy_from_slice(&xq.dsum[..nb]);
             p.sum16[t * 2 * nb..][..2 * nb].copy_from_slice(&xq.dsum16[..2 * nb]);
+            p.isum.extend(isum);
         }
         p
     }
@@ -115,6 +132,10 @@ struct Panel {
     /// `[block][group][row 16]`.
     scale: Vec<f32>,
     off: Vec<f32>,
+    /// Non-zero when every offset is `-bias · scale` (Q8_0: 128, Q4_0: 8, packed
+    /// directly): the SIMD tiles then start each group's integer sums at
+    /// `-bias · Σq` and skip the offset's multiply-add.
+    bias: i32,
     /// The 16 rows' values of a row block, and one format block's scales and
     /// offsets, before they are interleaved.
     row: Vec<u8>,
@@ -137,6 +158,7 @@ impl Panel {
         self.vals.resize(blocks * RB * k, 0);
         self.scale.resize(blocks * groups * RB, 0.0);
         self.off.resize(blocks * groups * RB, 0.0);
+        self.bias = 0;
         #[cfg(target_arch = "x86_64")]
         if i8_gemm_simd(isa) && direct(w) {
             // SAFETY: AVX-512F/BW checked; the panel is sized for `rows` rows of k
@@ -375,6 +397,11 @@ mod direct {
         let format = w.format;
         let qb = format.quant_bytes();
         let per_row = k / QK;
+        p.bias = match format {
+            QFormat::Q8_0 => 128,
+            QFormat::Q4_0 => 8,
+            _ => 0,
+        };
         assert!(w.quants.len() >= (r0 + rows) * per_row * qb && w.scales.len() >= (r0 + rows) * per_row * format.scales_per_block());
         // Scales and offsets, one per block of 32 (these formats' scale group).
         for blk in 0..p.blocks {
@@ -535,17 +562,22 @@ mod vnni {
                     line += 1;
                 }
                 let n = if m - t >= 4 { 4 } else { 1 };
-                // SAFETY: blocks b..b + r < p.blocks and tokens t..t + n < m.
+                // SAFETY: blocks b..b + r < p.blocks and tokens t..t + n < m; a
+                // biased panel has groups of 32 (the formats that set it).
                 unsafe {
-                    match (r, n, p.sg == QK) {
-                        (2, 4, true) => tile::<2, 4, 8>(p, x, b, t, count, out),
-                        (2, 4, false) => tile::<2, 4, 4>(p, x, b, t, count, out),
-                        (2, _, true) => tile::<2, 1, 8>(p, x, b, t, count, out),
-                        (2, _, false) => tile::<2, 1, 4>(p, x, b, t, count, out),
-                        (_, 4, true) => tile::<1, 4, 8>(p, x, b, t, count, out),
-                        (_, 4, false) => tile::<1, 4, 4>(p, x, b, t, count, out),
-                        (_, _, true) => tile::<1, 1, 8>(p, x, b, t, count, out),
-                        (_, _, false) => tile::<1, 1, 4>(p, x, b, t, count, out),
+                    match (r, n, p.sg == QK, p.bias != 0) {
+                        (2, 4, true, true) => tile::<2, 4, 8, true>(p, x, b, t, count, out),
+                        (2, _, true, true) => tile::<2, 1, 8, true>(p, x, b, t, count, out),
+                        (_, 4, true, true) => tile::<1, 4, 8, true>(p, x, b, t, count, out),
+                        (_, _, true, true) => tile::<1, 1, 8, true>(p, x, b, t, count, out),
+                        (2, 4, true, _) => tile::<2, 4, 8, false>(p, x, b, t, count, out),
+                        (2, 4, false, _) => tile::<2, 4, 4, false>(p, x, b, t, count, out),
+                        (2, _, true, _) => tile::<2, 1, 8, false>(p, x, b, t, count, out),
+                        (2, _, false, _) => tile::<2, 1, 4, false>(p, x, b, t, count, out),
+                        (_, 4, true, _) => tile::<1, 4, 8, false>(p, x, b, t, count, out),
+                        (_, 4, false, _) => tile::<1, 4, 4, false>(p, x, b, t, count, out),
+                        (_, _, true, _) => tile::<1, 1, 8, false>(p, x, b, t, count, out),
+                        (_, _, false, _) => tile::<1, 1, 4, false>(p, x, b, t, count, out),
                     }
                 }
                 t += n;
@@ -556,12 +588,15 @@ mod vnni {
 
     /// Row blocks `b..b + R` times tokens `t..t + T`; `RUNS` runs of 4 elements
     /// per scale group (8: groups of 32, 4: of 16). Writes rows below `count` of
-    /// `out[row][token]` (`[count][m]`).
+    /// `out[row][token]` (`[count][m]`). `BIAS` (the panel's, groups of 32): the
+    /// offsets are `-bias · scale`, folded into the integer sums' starting value
+    /// (`scale · d · (Σuq - bias · Σq)`: one multiply-add a group and token
+    /// fewer per 16 rows).
     // Index loops over the register arrays: each (block, token) pairs two of them.
     #[allow(clippy::needless_range_loop)]
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn tile<const R: usize, const T: usize, const RUNS: usize>(
+    unsafe fn tile<const R: usize, const T: usize, const RUNS: usize, const BIAS: bool>(
         p: &Panel,
         x: &XPanel,
         b: usize,
@@ -582,6 +617,14 @@ mod vnni {
         unsafe {
             for g in 0..groups {
                 let mut dot = [[_mm512_setzero_si512(); T]; R];
+                if BIAS {
+                    for c in 0..T {
+                        let start = _mm512_set1_epi32(-p.bias * x.isum[(t + c) * nb + g]);
+                        for r in 0..R {
+                            dot[r][c] = start;
+                        }
+                    }
+                }
                 for run in 0..RUNS {
                     let mut w = [_mm512_setzero_si512(); R];
                     for r in 0..R {
@@ -605,7 +648,7 @@ mod vnni {
                     let sum = _mm512_set1_ps(*xs.add((t + c) * groups + g));
                     for r in 0..R {
                         let a = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot[r][c]), d), s[r], acc[r][c]);
-                        acc[r][c] = _mm512_fmadd_ps(o[r], sum, a);
+                        acc[r][c] = if BIAS { a } else { _mm512_fmadd_ps(o[r], sum, a) };
                     }
                 }
             }
