@@ -372,14 +372,16 @@ unsafe fn transpose_store(z: [std::arch::x86_64::__m512i; 8], dst: *mut u8) {
 /// direct reads measured 7% slower than staged: its 32-byte code runs are read
 /// twice, once per nibble, at a stride that crosses cache lines.)
 fn direct(w: QView<'_>) -> bool {
-    w.layout == Layout::Rows && matches!(w.format, QFormat::Q8_0 | QFormat::Q4_0 | QFormat::Q4_1)
+    w.layout == Layout::Rows && matches!(w.format, QFormat::Q8_0 | QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q5_0 | QFormat::Q5_1)
 }
 
 /// Packing without the staging rows: each 32 elements of the 16 rows of a row
 /// block come from the weight's bytes straight into registers (Q8_0 codes with
-/// the sign bit flipped, `+ 128`; Q4_0 / Q4_1 nibbles split), then one
+/// the sign bit flipped, `+ 128`; Q4_0 / Q4_1 nibbles split; Q5_0 / Q5_1 nibbles
+/// with their fifth bits from a byte mask of `qh`), then one
 /// [`transpose_store`]. The panel is the one [`Panel::pack_staged`] writes, bit
-/// for bit (tested), at one pass over the weights instead of three (unpack,
+/// for bit (tested; Q5_0 / Q5_1 as their 5-bit codes where the staged path has
+/// `v + 128`, the same values), at one pass over the weights instead of three (unpack,
 /// stage, transpose). Single thread, 256 x 2048 weights times 64 tokens
 /// (`examples`-style timing of `rows_times_tokens_i8`, alternating builds):
 /// Q8_0 157 -> 218 GOPS, Q4_0 205 -> 220.
@@ -392,7 +394,7 @@ mod direct {
     /// # Safety
     /// AVX-512F/BW available; `p` sized for `rows` rows of `k` ([`Panel::pack`]);
     /// `w` in rows of blocks ([`super::direct`]) holding rows `r0..r0 + rows` of `k`.
-    #[target_feature(enable = "avx2,avx512f,avx512bw")]
+    #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
     pub unsafe fn pack(p: &mut Panel, w: QView<'_>, r0: usize, rows: usize, k: usize) {
         let format = w.format;
         let qb = format.quant_bytes();
@@ -400,6 +402,7 @@ mod direct {
         p.bias = match format {
             QFormat::Q8_0 => 128,
             QFormat::Q4_0 => 8,
+            QFormat::Q5_0 => 16,
             _ => 0,
         };
         assert!(w.quants.len() >= (r0 + rows) * per_row * qb && w.scales.len() >= (r0 + rows) * per_row * format.scales_per_block());
@@ -417,7 +420,8 @@ mod direct {
                         match format {
                             QFormat::Q8_0 => (d, -128.0 * d),
                             QFormat::Q4_0 => (d, -8.0 * d),
-                            // Q4_1 (super::direct admits no other format).
+                            QFormat::Q5_0 => (d, -16.0 * d),
+                            // Q4_1, Q5_1 (super::direct admits no other format).
                             _ => (d, s[1].to_f32()),
                         }
                     };
@@ -439,13 +443,15 @@ mod direct {
                     // SAFETY: block (r, c) of w (asserted above); each read stays
                     // inside that block's quant bytes.
                     unsafe {
-                        if format == QFormat::Q8_0 {
-                            _mm256_xor_si256(_mm256_loadu_si256(base.add((r * per_row + c) * qb) as *const __m256i), flip)
-                        } else {
-                            // Q4_0 / Q4_1: elements 0..16 in the low nibbles, 16..32 in the high.
-                            let q = _mm_loadu_si128(base.add((r * per_row + c) * qb) as *const __m128i);
-                            let (lo, hi) = (_mm_and_si128(q, m4), _mm_and_si128(_mm_srli_epi16::<4>(q), m4));
-                            _mm256_set_m128i(hi, lo)
+                        let blk = base.add((r * per_row + c) * qb);
+                        match format {
+                            QFormat::Q8_0 => _mm256_xor_si256(_mm256_loadu_si256(blk as *const __m256i), flip),
+                            QFormat::Q4_0 | QFormat::Q4_1 => nibbles(blk, m4),
+                            _ => {
+                                // Q5_0 / Q5_1: `qh` (bit e: element e's fifth bit), then the nibbles.
+                                let qh = (blk as *const u32).read_unaligned();
+                                _mm256_or_si256(nibbles(blk.add(4), m4), _mm256_maskz_mov_epi8(qh, _mm256_set1_epi8(0x10)))
+                            }
                         }
                     }
                 };
@@ -454,6 +460,19 @@ mod direct {
                 unsafe { transpose_store(z, p.vals.as_mut_ptr().add(blk * k * RB + RB * QK * c)) };
             }
         }
+    }
+
+    /// 16 bytes of nibbles at `q` as 32 values: elements 0..16 from the low
+    /// nibbles, 16..32 from the high (Q4_0, Q4_1, and the low bits of Q5_0, Q5_1).
+    ///
+    /// # Safety
+    /// AVX2 available; `q` readable for 16 bytes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn nibbles(q: *const u8, m4: __m128i) -> __m256i {
+        // SAFETY: the caller's bounds.
+        let q = unsafe { _mm_loadu_si128(q as *const __m128i) };
+        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(q), m4), _mm_and_si128(q, m4))
     }
 }
 
@@ -719,7 +738,7 @@ mod tests {
             eprintln!("SKIPPED direct_packing_is_the_staged_packing: no AVX-512 VNNI on this CPU");
             return;
         }
-        for format in [QFormat::Q8_0, QFormat::Q4_0, QFormat::Q4_1] {
+        for format in [QFormat::Q8_0, QFormat::Q4_0, QFormat::Q4_1, QFormat::Q5_0, QFormat::Q5_1] {
             let k = 160;
             let n = 45;
             let w = QMatrix::quantize(format, n, k, &data(n * k, 11)).expect("quantizes");
@@ -734,6 +753,15 @@ mod tests {
                 b.scale.resize(a.scale.len(), f32::NAN);
                 b.off.resize(a.off.len(), f32::NAN);
                 b.pack_staged(Isa::best(), w.view(), r0, rows, k);
+                if matches!(format, QFormat::Q5_0 | QFormat::Q5_1) {
+                    // Raw 5-bit codes here, `v + 128` staged: the same values.
+                    for (e, (&ua, &ub)) in a.vals.iter().zip(&b.vals).enumerate() {
+                        let j = e / (RB * QK) * RB + e % (RB * LANE) / LANE;
+                        let (va, vb) = (a.scale[j] * ua as f32 + a.off[j], b.scale[j] * ub as f32 + b.off[j]);
+                        assert!((va - vb).abs() <= 1e-6 * (1.0 + vb.abs()), "{format:?} rows {r0}+{rows} element {e}: {va} vs {vb}");
+                    }
+                    continue;
+                }
                 assert_eq!(a.vals, b.vals, "{format:?} rows {r0}+{rows}: values");
                 assert_eq!(
                     a.scale.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
