@@ -234,7 +234,8 @@ fn gemm(c: &mut Criterion) {
 /// rows of 2048 (packed to the interleaved panel, 32 rows at a time as
 /// `gemm_q_i8_cpu` with `rows_per_task 32` packs them) times 64 tokens, for
 /// the formats packed straight from their bytes (Q8_0, Q4_0) and one packed
-/// through the staging rows (Q4_K). Throughput in multiply-adds.
+/// through the staging rows (Q4_K: own offsets; Q6_K: the folded -128 · scale).
+/// Throughput in multiply-adds.
 fn i8_gemm(c: &mut Criterion) {
     use ktune::kernels::cpu::qgemm::{XPanel, rows_times_tokens_i8};
     use ktune::kernels::quant::{QFormat, QMatrix};
@@ -244,7 +245,7 @@ fn i8_gemm(c: &mut Criterion) {
     let x: Vec<f32> = (0..m * k).map(|i| ((i * 104729) % 997) as f32 / 498.5 - 1.0).collect();
     let xp = XPanel::quantize(&x, m, k);
     g.throughput(Throughput::Elements((rows * k * m) as u64));
-    for f in [QFormat::Q8_0, QFormat::Q4_0, QFormat::Q4_K] {
+    for f in [QFormat::Q8_0, QFormat::Q4_0, QFormat::Q4_K, QFormat::Q6_K] {
         let q = QMatrix::quantize(f, rows, k, &w).expect("whole blocks");
         g.bench_function(BenchmarkId::new(format!("{f:?}").to_lowercase(), format!("{rows}x{k}x{m}")), |b| {
             b.iter(|| {

@@ -81,8 +81,10 @@ pub struct XPanel {
     sum16: Vec<f32>,
     /// `[m][k / 32]`: `d * Σ q` per block.
     sum32: Vec<f32>,
-    /// `[m][k / 32]`: `Σ q` per block (the integer correction of a biased panel).
+    /// `[m][k / 32]`: `Σ q` per block, and `[m][k / 16]` per half block (the
+    /// integer corrections of a biased panel).
     isum: Vec<i32>,
+    isum16: Vec<i32>,
 }
 
 impl XPanel {
@@ -93,8 +95,8 @@ impl XPanel {
         let mut toks: Vec<Option<(XQ8, Vec<i32>)>> = (0..m).map(|_| None).collect();
         super::pool::for_chunks_mut(&mut toks, 1, |t, slot| {
             let xq = XQ8::quantize(&x[t * k..(t + 1) * k]);
-            let isum = xq.q[..k].chunks_exact(QK).map(|b| b.iter().map(|&v| v as i32).sum()).collect();
-            slot[0] = Some((xq, isum));
+            let isum16 = xq.q[..k].chunks_exact(GROUP).map(|b| b.iter().map(|&v| v as i32).sum()).collect();
+            slot[0] = Some((xq, isum16));
         });
         let mut p = XPanel {
             k,
@@ -104,13 +106,15 @@ impl XPanel {
             sum16: vec![0.0; m * 2 * nb],
             sum32: vec![0.0; m * nb],
             isum: Vec::with_capacity(m * nb),
+            isum16: Vec::with_capacity(m * 2 * nb),
         };
-        for (t, (xq, isum)) in toks.into_iter().flatten().enumerate() {
+        for (t, (xq, isum16)) in toks.into_iter().flatten().enumerate() {
             p.q[t * k..(t + 1) * k].copy_from_slice(&xq.q[..k]);
             p.d[t * nb..][..nb].copy_from_slice(&xq.d[..nb]);
             p.sum32[t * nb..][..nb].copy_from_slice(&xq.dsum[..nb]);
             p.sum16[t * 2 * nb..][..2 * nb].copy_from_slice(&xq.dsum16[..2 * nb]);
-            p.isum.extend(isum);
+            p.isum.extend(isum16.chunks_exact(2).map(|h| h[0] + h[1]));
+            p.isum16.extend(isum16);
         }
         p
     }
@@ -132,8 +136,9 @@ struct Panel {
     /// `[block][group][row 16]`.
     scale: Vec<f32>,
     off: Vec<f32>,
-    /// Non-zero when every offset is `-bias · scale` (Q8_0: 128, Q4_0: 8, packed
-    /// directly): the SIMD tiles then start each group's integer sums at
+    /// Non-zero when every offset is `-bias · scale` (packed directly: Q8_0 128,
+    /// Q4_0 8, Q5_0 16; staged: 128 where the format has no offset of its own,
+    /// e.g. Q6_K, IQ4_NL): the SIMD tiles then start each group's integer sums at
     /// `-bias · Σq` and skip the offset's multiply-add.
     bias: i32,
     /// The 16 rows' values of a row block, and one format block's scales and
@@ -228,6 +233,9 @@ impl Panel {
                 }
             }
         }
+        // Values `v + 128` with no offset of the format's own: every offset is
+        // exactly `-128 · scale`.
+        self.bias = if self.off.iter().zip(&self.scale).all(|(&o, &sc)| o == -128.0 * sc) { 128 } else { 0 };
     }
 }
 
@@ -555,7 +563,7 @@ fn scalar(p: &Panel, x: &XPanel, count: usize, out: &mut [f32]) {
 mod vnni {
     use std::arch::x86_64::*;
 
-    use super::{LANE, Panel, QK, RB, XPanel};
+    use super::{GROUP, LANE, Panel, QK, RB, XPanel};
 
     /// Every (row, token): two row blocks (32 rows) × 4 tokens a tile, then what
     /// is left one block and one token at a time.
@@ -581,22 +589,25 @@ mod vnni {
                     line += 1;
                 }
                 let n = if m - t >= 4 { 4 } else { 1 };
-                // SAFETY: blocks b..b + r < p.blocks and tokens t..t + n < m; a
-                // biased panel has groups of 32 (the formats that set it).
+                // SAFETY: blocks b..b + r < p.blocks and tokens t..t + n < m.
                 unsafe {
                     match (r, n, p.sg == QK, p.bias != 0) {
                         (2, 4, true, true) => tile::<2, 4, 8, true>(p, x, b, t, count, out),
+                        (2, 4, false, true) => tile::<2, 4, 4, true>(p, x, b, t, count, out),
                         (2, _, true, true) => tile::<2, 1, 8, true>(p, x, b, t, count, out),
+                        (2, _, false, true) => tile::<2, 1, 4, true>(p, x, b, t, count, out),
                         (_, 4, true, true) => tile::<1, 4, 8, true>(p, x, b, t, count, out),
+                        (_, 4, false, true) => tile::<1, 4, 4, true>(p, x, b, t, count, out),
                         (_, _, true, true) => tile::<1, 1, 8, true>(p, x, b, t, count, out),
-                        (2, 4, true, _) => tile::<2, 4, 8, false>(p, x, b, t, count, out),
-                        (2, 4, false, _) => tile::<2, 4, 4, false>(p, x, b, t, count, out),
-                        (2, _, true, _) => tile::<2, 1, 8, false>(p, x, b, t, count, out),
-                        (2, _, false, _) => tile::<2, 1, 4, false>(p, x, b, t, count, out),
-                        (_, 4, true, _) => tile::<1, 4, 8, false>(p, x, b, t, count, out),
-                        (_, 4, false, _) => tile::<1, 4, 4, false>(p, x, b, t, count, out),
-                        (_, _, true, _) => tile::<1, 1, 8, false>(p, x, b, t, count, out),
-                        (_, _, false, _) => tile::<1, 1, 4, false>(p, x, b, t, count, out),
+                        (_, _, false, true) => tile::<1, 1, 4, true>(p, x, b, t, count, out),
+                        (2, 4, true, false) => tile::<2, 4, 8, false>(p, x, b, t, count, out),
+                        (2, 4, false, false) => tile::<2, 4, 4, false>(p, x, b, t, count, out),
+                        (2, _, true, false) => tile::<2, 1, 8, false>(p, x, b, t, count, out),
+                        (2, _, false, false) => tile::<2, 1, 4, false>(p, x, b, t, count, out),
+                        (_, 4, true, false) => tile::<1, 4, 8, false>(p, x, b, t, count, out),
+                        (_, 4, false, false) => tile::<1, 4, 4, false>(p, x, b, t, count, out),
+                        (_, _, true, false) => tile::<1, 1, 8, false>(p, x, b, t, count, out),
+                        (_, _, false, false) => tile::<1, 1, 4, false>(p, x, b, t, count, out),
                     }
                 }
                 t += n;
@@ -607,8 +618,8 @@ mod vnni {
 
     /// Row blocks `b..b + R` times tokens `t..t + T`; `RUNS` runs of 4 elements
     /// per scale group (8: groups of 32, 4: of 16). Writes rows below `count` of
-    /// `out[row][token]` (`[count][m]`). `BIAS` (the panel's, groups of 32): the
-    /// offsets are `-bias · scale`, folded into the integer sums' starting value
+    /// `out[row][token]` (`[count][m]`). `BIAS` (the panel's): the offsets are
+    /// `-bias · scale`, folded into the integer sums' starting value
     /// (`scale · d · (Σuq - bias · Σq)`: one multiply-add a group and token
     /// fewer per 16 rows).
     // Index loops over the register arrays: each (block, token) pairs two of them.
@@ -628,6 +639,7 @@ mod vnni {
         let groups = k / sg;
         let nb = k / QK;
         let sums = x.group_sums(sg);
+        let isums = if sg == GROUP { &x.isum16 } else { &x.isum };
         let mut acc = [[_mm512_setzero_ps(); T]; R];
         let (vals, scale, off) = (p.vals.as_ptr(), p.scale.as_ptr(), p.off.as_ptr());
         let (xq, xd, xs) = (x.q.as_ptr(), x.d.as_ptr(), sums.as_ptr());
@@ -638,7 +650,7 @@ mod vnni {
                 let mut dot = [[_mm512_setzero_si512(); T]; R];
                 if BIAS {
                     for c in 0..T {
-                        let start = _mm512_set1_epi32(-p.bias * x.isum[(t + c) * nb + g]);
+                        let start = _mm512_set1_epi32(-p.bias * isums[(t + c) * groups + g]);
                         for r in 0..R {
                             dot[r][c] = start;
                         }
