@@ -6,8 +6,9 @@
 //! with `f16_tiles` the tiles are f16, half the workgroup memory;
 //! `QFMT` override, weight bound as quants and scales), `gemm_q_coop16` /
 //! `gemm_q_coop8` / `gemm_q_mma_emu` (the matrix-tile GEMM on cooperative matrices
-//! and its plain-loop emulation: [`super::mma`], registered here). CPU: `gemm_q_rows_cpu` (each weight row dequantized once into
-//! L1, dotted with tiles of tokens), `gemm_q_panel_cpu` (blocks of weight rows
+//! and its plain-loop emulation: [`super::mma`], registered here). CPU:
+//! `gemm_q_rows_cpu` (each weight row dequantized once into L1, dotted with tiles
+//! of tokens), `gemm_q_panel_cpu` (blocks of weight rows
 //! dequantized into an f32 panel, then the cache-blocked f32 GEMM of [`super`]) and
 //! `gemm_q_i8_cpu` (int8 activations, interleaved rows, VNNI:
 //! [`crate::kernels::cpu::qgemm`]).
