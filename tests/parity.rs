@@ -7,6 +7,26 @@ use ktune::kernels::verify::{self, Runner};
 use ktune::kernels::{self, Backend, Caps};
 use ktune::testing::test_gpu;
 
+/// The matrix-unit GEMMs (`*_coop8/16`) run only where the adapter reports their
+/// matrix shape; elsewhere they must run no check and say why (no cooperative
+/// matrices, or a generic limit checked first: on lavapipe the workgroup memory).
+/// Their tiling runs everywhere as the `*_mma_emu` variants. Returns whether `k`
+/// was such a refusal (its verdict then holds nothing to report).
+fn coop_refused(k: &kernels::KernelDef, gpu: &ktune::gpu::GpuCtx, v: &verify::KernelVerdict) -> bool {
+    if !k.id.contains("_coop") || !gpu.caps.coop_matrix.is_empty() {
+        return false;
+    }
+    let reason = v.not_run.clone().unwrap_or_default();
+    assert!(
+        v.checks == 0 && (reason.contains("cooperative matri") || reason.contains("workgroup memory")),
+        "{} on {}: {} checks, {reason}",
+        k.id,
+        gpu.name,
+        v.checks
+    );
+    true
+}
+
 fn report(verdicts: &[verify::KernelVerdict]) -> String {
     let mut s = String::new();
     for v in verdicts {
@@ -47,6 +67,10 @@ fn wgsl_kernels_match_reference() {
     let mut ran = 0;
     for k in kernels::registry().iter().filter(|k| k.backend() == Backend::Wgsl && !k.dtypes.iter().any(|d| d.is_quant())) {
         let v = verify::verify_kernel(&Runner::Gpu(&gpu), Caps::Gpu(&gpu.caps), k, false);
+        if coop_refused(k, &gpu, &v) {
+            continue;
+        }
+        assert!(v.checks > 0 || !k.id.contains("_mma_emu"), "{} ran no check on {}: {:?}", k.id, gpu.name, v.not_run);
         ran += v.checks;
         verdicts.push(v);
     }
@@ -98,18 +122,7 @@ fn quantized_kernels_match_dequantized_reference() {
     if let Some(gpu) = test_gpu() {
         for k in kernels::registry().iter().filter(quant).filter(|k| k.backend() == Backend::Wgsl) {
             let v = verify::verify_kernel(&Runner::Gpu(&gpu), Caps::Gpu(&gpu.caps), k, false);
-            // The matrix-unit GEMMs run only where the adapter reports their matrix
-            // shape; elsewhere they must say so (their tiling runs as gemm_q_mma_emu).
-            if k.id.starts_with("gemm_q_coop") && gpu.caps.coop_matrix.is_empty() {
-                // (The generic limits come first: on lavapipe the workgroup memory.)
-                let reason = v.not_run.clone().unwrap_or_default();
-                assert!(
-                    v.checks == 0 && (reason.contains("cooperative matri") || reason.contains("workgroup memory")),
-                    "{} on {}: {} checks, {reason}",
-                    k.id,
-                    gpu.name,
-                    v.checks
-                );
+            if coop_refused(k, &gpu, &v) {
                 continue;
             }
             assert!(v.checks > 0, "{} ran no check on {}: {:?}", k.id, gpu.name, v.not_run);
@@ -171,12 +184,12 @@ fn trusted_wgsl_kernels_match_reference_one_per_family() {
     let mut quant_families = 0;
     for op in Op::ALL.into_iter().filter(|op| op.has_wgsl()) {
         let wgsl: Vec<_> = kernels::for_op(op).filter(|k| k.backend() == Backend::Wgsl).collect();
-        let float = wgsl.iter().find(|k| !k.dtypes.iter().any(|d| d.is_quant()));
-        // the first block-format kernel this adapter runs (the matrix-unit GEMMs
-        // need matrix shapes a software adapter does not report)
+        // the first float and the first block-format kernel this adapter runs (the
+        // matrix-unit GEMMs need matrix shapes a software adapter does not report)
         let runs = |k: &&&kernels::KernelDef| {
             k.dtypes.iter().any(|&d| test_problems(op).iter().any(|p| k.check(caps, p, d, &k.default_params()).is_ok()))
         };
+        let float = wgsl.iter().filter(|k| !k.dtypes.iter().any(|d| d.is_quant())).find(runs);
         let quant = wgsl.iter().filter(|k| k.dtypes.iter().any(|d| d.is_quant())).find(runs);
         let mut ran_op = 0;
         for k in float.into_iter().chain(quant) {
@@ -296,7 +309,7 @@ fn every_kernel_and_storage_type_has_a_test_shape() {
     use ktune::kernels::problem::test_problems;
     let cpu = CpuCaps::detect();
     let gpu = ktune::testing::typical_gpu_caps();
-    // The matrix-unit GEMMs on a GPU that has matrix units (16x16x16 f16 -> f32,
+    // The matrix-unit GEMMs (and gate_up) on a GPU that has matrix units (16x16x16 f16 -> f32,
     // subgroups of 32, as NVIDIA's Vulkan driver reports).
     let coop = ktune::device::GpuCaps {
         subgroup_min_size: 32,
@@ -311,7 +324,7 @@ fn every_kernel_and_storage_type_has_a_test_shape() {
     for k in kernels::registry() {
         let caps = match k.backend() {
             Backend::Cpu => Caps::Cpu(&cpu),
-            _ if k.id.starts_with("gemm_q_coop") => Caps::Gpu(&coop),
+            _ if k.id.contains("_coop") => Caps::Gpu(&coop),
             _ => Caps::Gpu(&gpu),
         };
         let params = k.default_params();

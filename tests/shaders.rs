@@ -84,9 +84,18 @@ fn cooperative_matrix_shaders_translate_to_spirv() {
     const STORE: u16 = 4458;
     const MULADD: u16 = 4459;
     let coop: Vec<_> = all_shaders().into_iter().filter(|s| s.source.contains("enable wgpu_cooperative_matrix;")).collect();
-    assert!(coop.len() >= 2, "expected the 8x8 and 16x16 cooperative-matrix GEMMs, found {}", coop.len());
-    let settings: [&[(&str, f64)]; 2] =
-        [&[], &[("SG_M", 4.0), ("MAT_M", 4.0), ("MAT_N", 2.0), ("TILE_K", 64.0), ("WGS", 512.0), ("QFMT", 7.0)]];
+    // 8x8 and 16x16, over block-format and over float weights (each also gate_up)
+    let names: Vec<_> = coop.iter().map(|s| s.name).collect();
+    for want in ["qgemm_coop8.wgsl", "qgemm_coop16.wgsl", "gemm_coop8.wgsl", "gemm_coop16.wgsl"] {
+        assert!(names.contains(&want), "{want} missing from the cooperative-matrix shaders {names:?}");
+    }
+    // defaults; the largest gemm tiling the host admits; gate_up (two weight
+    // matrices) at its largest, f16 weights; each shader takes the overrides it declares
+    let settings: [&[(&str, f64)]; 3] = [
+        &[],
+        &[("SG_M", 4.0), ("MAT_M", 4.0), ("MAT_N", 2.0), ("TILE_K", 64.0), ("WGS", 512.0), ("QFMT", 7.0)],
+        &[("SG_M", 2.0), ("SG_N", 4.0), ("MAT_M", 2.0), ("MAT_N", 2.0), ("W_MATS", 2.0), ("WGS", 256.0), ("QFMT", 9.0), ("W_F16", 1.0)],
+    ];
     for s in coop {
         let module = naga::front::wgsl::parse_str(s.source).unwrap_or_else(|e| panic!("{}: {}", s.name, e.emit_to_string(s.source)));
         let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
@@ -94,7 +103,7 @@ fn cooperative_matrix_shaders_translate_to_spirv() {
             .unwrap_or_else(|e| panic!("{}: {e:?}", s.name));
         for consts in settings {
             let mut pc = naga::back::PipelineConstants::default();
-            for &(k, v) in consts {
+            for &(k, v) in consts.iter().filter(|(k, _)| s.source.contains(&format!("override {k}:"))) {
                 pc.insert(k.to_string(), v);
             }
             let entry = Some((naga::ShaderStage::Compute, "main"));

@@ -391,6 +391,9 @@ pub struct WgslImpl {
     pub needs_f16: fn(DType) -> bool,
     /// Needs subgroup operations.
     pub needs_subgroups: bool,
+    /// Other shaders a parameter of the variant selects in its `prepare` (e.g. the
+    /// f16-tile form of a GEMM): validated and hashed with the set like `shader`.
+    pub alt_shaders: &'static [&'static Shader],
     pub check: WgslCheckFn,
     pub prepare: WgslPrepareFn,
 }
@@ -422,6 +425,7 @@ impl WgslImpl {
             shared_memory: no_shared,
             needs_f16: packed_f16,
             needs_subgroups: false,
+            alt_shaders: &[],
             check: wgsl_any,
             prepare,
         }
@@ -438,6 +442,10 @@ impl WgslImpl {
     }
     pub const fn subgroups(self) -> WgslImpl {
         WgslImpl { needs_subgroups: true, ..self }
+    }
+    /// Shaders a parameter selects instead of `shader` ([`WgslSetup::with_shader`]).
+    pub const fn alt_shaders(self, alt_shaders: &'static [&'static Shader]) -> WgslImpl {
+        WgslImpl { alt_shaders, ..self }
     }
     pub const fn check(self, check: WgslCheckFn) -> WgslImpl {
         WgslImpl { check, ..self }
@@ -702,10 +710,12 @@ pub fn for_op(op: Op) -> impl Iterator<Item = &'static KernelDef> {
 pub fn shaders() -> Vec<&'static Shader> {
     let mut out: Vec<&'static Shader> = Vec::new();
     for k in registry() {
-        if let Impl::Wgsl(w) = &k.imp
-            && !out.iter().any(|s| s.name == w.shader.name)
-        {
-            out.push(w.shader);
+        if let Impl::Wgsl(w) = &k.imp {
+            for sh in std::iter::once(w.shader).chain(w.alt_shaders.iter().copied()) {
+                if !out.iter().any(|s| s.name == sh.name) {
+                    out.push(sh);
+                }
+            }
         }
     }
     out.sort_by_key(|s| s.name);
@@ -757,6 +767,12 @@ impl WgslSetup<'_> {
     /// The shader of the variant being prepared (its [`WgslImpl::shader`]).
     pub fn shader(&self) -> &'static Shader {
         self.shader
+    }
+
+    /// The same setup with one of the variant's [`WgslImpl::alt_shaders`] (chosen by
+    /// a parameter) in place of its shader.
+    pub fn with_shader(&self, shader: &'static Shader) -> WgslSetup<'_> {
+        WgslSetup { shader, ..*self }
     }
 
     /// Parameter `name` of the variant being prepared.

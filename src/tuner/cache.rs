@@ -41,6 +41,7 @@ pub fn op_hash(op: Op) -> String {
         }
         if let kernels::Impl::Wgsl(w) = &k.imp {
             parts.push(w.shader.source.to_string());
+            parts.extend(w.alt_shaders.iter().map(|s| s.source.to_string()));
         }
     }
     crate::hash::sha256_parts(&parts)

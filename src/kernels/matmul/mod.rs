@@ -4,7 +4,10 @@
 //!
 //! WGSL: `gemm_simple` (one column and `rows_per_thread` rows per invocation, scalar
 //! loads, any shape) and `gemm_tiled` (workgroup-memory tiles of x and w staged with
-//! 16-byte loads, each invocation accumulating a `reg_m x reg_n` register block).
+//! 16-byte loads, each invocation accumulating a `reg_m x reg_n` register block),
+//! `gemm_coop16` / `gemm_coop8` / `gemm_mma_emu` (the matrix-tile GEMM on
+//! cooperative matrices and its plain-loop emulation, shared with the block formats
+//! and gate_up: [`mma`]).
 //! CPU: `gemm_blocked_cpu` (our own cache-blocked GEMM: x packed into MR-row panels,
 //! w packed into NR-row panels with f16 → f32 conversion, an MR x NR register-blocked
 //! FMA microkernel, rayon over tokens or features) and `gemm_crate_cpu` (the `gemm`
@@ -12,6 +15,7 @@
 //! [`quant`]. The register-blocked microkernels and w packing stay here: they are
 //! GEMM-specific (the quantized panel kernel reuses them).
 
+pub mod mma;
 pub mod quant;
 
 use std::cell::RefCell;
@@ -64,7 +68,7 @@ const CRATE_PARAMS: &[ParamSpec] = &[ParamSpec::new(
 )];
 
 pub fn variants() -> Vec<KernelDef> {
-    vec![
+    let mut v = vec![
         KernelDef::new(
             "gemm_simple",
             Op::Gemm,
@@ -97,7 +101,10 @@ pub fn variants() -> Vec<KernelDef> {
             "the `gemm` crate (f16 weights widened to f32 first), the yardstick for gemm_blocked_cpu",
             CpuImpl { run: run_crate, check: crate::kernels::cpu_any },
         ),
-    ]
+    ];
+    // the matrix-tile GEMMs (mma.rs) after the SIMT ones
+    v.splice(2..2, mma::gemm_variants());
+    v
 }
 
 // ---------------------------------------------------------------------------------

@@ -3,14 +3,12 @@
 //!
 //! WGSL: `gemm_q_tiled` (`tile_k` of w dequantized into workgroup memory with the x
 //! tile, vec4 tile rows padded to an odd stride, `reg_m x reg_n` register blocks;
+//! with `f16_tiles` the tiles are f16, half the workgroup memory;
 //! `QFMT` override, weight bound as quants and scales), `gemm_q_coop16` /
-//! `gemm_q_coop8` (wgpu's experimental cooperative matrices: x and the dequantized
-//! weights as f16 tiles in workgroup memory, f32 accumulators, a tiling of subgroups x
-//! matrices per subgroup; valid only where the adapter reports that square f16 -> f32
-//! shape, see [`GpuCaps::coop_f16_f32`]) and `gemm_q_mma_emu` (the same tiling with the
-//! matrix operations as plain loops: how the coop tiling runs and is tested on adapters
-//! without matrix units). CPU: `gemm_q_rows_cpu` (each weight row dequantized once into
-//! L1, dotted with tiles of tokens), `gemm_q_panel_cpu` (blocks of weight rows
+//! `gemm_q_coop8` / `gemm_q_mma_emu` (the matrix-tile GEMM on cooperative matrices
+//! and its plain-loop emulation: [`super::mma`], registered here). CPU:
+//! `gemm_q_rows_cpu` (each weight row dequantized once into L1, dotted with tiles
+//! of tokens), `gemm_q_panel_cpu` (blocks of weight rows
 //! dequantized into an f32 panel, then the cache-blocked f32 GEMM of [`super`]) and
 //! `gemm_q_i8_cpu` (int8 activations, interleaved rows, VNNI:
 //! [`crate::kernels::cpu::qgemm`]).
@@ -27,10 +25,10 @@ use crate::kernels::{
 };
 use crate::shader;
 
-static QGEMM_TILED: Shader = shader!("qgemm_tiled.wgsl", "qblock.wgsl");
-static QGEMM_COOP16: Shader = shader!("qgemm_coop16.wgsl", "qgemm_coop.wgsl", "qgemm_mma.wgsl", "qblock.wgsl");
-static QGEMM_COOP8: Shader = shader!("qgemm_coop8.wgsl", "qgemm_coop.wgsl", "qgemm_mma.wgsl", "qblock.wgsl");
-static QGEMM_MMA_EMU: Shader = shader!("qgemm_mma_emu.wgsl", "qgemm_mma.wgsl", "qblock.wgsl");
+static QGEMM_TILED: Shader = shader!("qgemm_tiled.wgsl", "qgemm_tiled_body.wgsl", "qblock.wgsl");
+static QGEMM_TILED_F16: Shader = shader!("qgemm_tiled_f16.wgsl", "qgemm_tiled_body.wgsl", "qblock.wgsl");
+/// The f16-tile form `f16_tiles = 1` selects.
+static TILED_ALT: &[&Shader] = &[&QGEMM_TILED_F16];
 
 const TILED_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "tile_m", values: &[16, 32, 64, 128], default: 32, help: "rows of y per workgroup" },
@@ -49,34 +47,17 @@ const TILED_PARAMS: &[ParamSpec] = &[
         default: 0,
         help: "1: two tile buffers, the next step staged while this one is read (one barrier per step instead of two)",
     },
+    F16_TILES,
 ];
 
-/// The matrix-tile tiling the cooperative-matrix kernels and their plain-loop
-/// emulation share (`shaders/qgemm_mma.wgsl`).
-const SG_M: ParamSpec = ParamSpec { name: "sg_m", values: &[1, 2, 4], default: 2, help: "subgroups per workgroup along m" };
-const SG_N: ParamSpec = ParamSpec { name: "sg_n", values: &[1, 2, 4], default: 2, help: "subgroups per workgroup along n" };
-const MAT_M: ParamSpec = ParamSpec { name: "mat_m", values: &[1, 2, 4], default: 2, help: "matrices per subgroup along m" };
-const MAT_N: ParamSpec = ParamSpec { name: "mat_n", values: &[1, 2, 4], default: 2, help: "matrices per subgroup along n" };
-const MMA_TILE_K: ParamSpec = ParamSpec {
-    name: "tile_k",
-    values: &[32, 64],
-    default: 32,
-    help: "depth staged in workgroup memory per step (whole 32-element block chunks)",
+/// Workgroup tiles as f16 (`qgemm_tiled_f16.wgsl`): half the workgroup memory, x and
+/// the dequantized weights rounded to f16, f32 accumulation; needs SHADER_F16.
+pub(crate) const F16_TILES: ParamSpec = ParamSpec {
+    name: "f16_tiles",
+    values: &[0, 1],
+    default: 0,
+    help: "1: workgroup tiles stored as f16 (half the memory, so larger tiles fit; needs SHADER_F16), f32 accumulation",
 };
-/// Marks the f16 rounding of the activations (the matrix units' input type), which
-/// the parity check judges with the f16-activation tolerance.
-const ACT_F16: ParamSpec =
-    ParamSpec { name: "act_bits", values: &[16], default: 16, help: "activations rounded to f16 in workgroup memory (matrix input type)" };
-const COOP_PARAMS: &[ParamSpec] = &[SG_M, SG_N, MAT_M, MAT_N, MMA_TILE_K, ACT_F16];
-const EMU_PARAMS: &[ParamSpec] = &[
-    ParamSpec { name: "mat", values: &[8, 16], default: 16, help: "side of the emulated square matrices (8x8x8 or 16x16x16)" },
-    SG_M,
-    SG_N,
-    MAT_M,
-    MAT_N,
-    MMA_TILE_K,
-    ACT_F16,
-];
 
 const CPU_GEMM_ROWS_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "rows_per_task", values: &[4, 8, 16, 32, 64], default: 16, help: "weight rows per pool task" },
@@ -100,6 +81,9 @@ fn check_tiled(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) ->
     if rm > 8 || rn > 8 {
         return Err(format!("register block {rm}x{rn} exceeds the shader's 8x8 accumulator array"));
     }
+    if param(params, "f16_tiles")? == 1 && !caps.shader_f16 {
+        return Err("f16_tiles = 1 needs SHADER_F16 (f16 workgroup tiles), which this adapter lacks".into());
+    }
     let tk = param(params, "tile_k")?;
     if tk == 0 || tk % 32 != 0 {
         return Err(format!("tile_k = {tk} is not a whole number of 32-element block chunks"));
@@ -117,11 +101,12 @@ fn tiled_wg(params: &Params) -> Result<[u32; 3], KernelError> {
 }
 
 /// The x tile `[tile_m, tile_k]` and the dequantized w tile `[tile_n, tile_k]` as
-/// f32, each row padded by one vec4 (an odd row stride in 16-byte units); twice
-/// with `double_buf`.
+/// f32 (f16 with `f16_tiles`), each row padded by one vec4 (an odd row stride in
+/// vec4 units); twice with `double_buf`.
 fn tiled_shared(_: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
     let (tm, tn, tk) = (param(params, "tile_m")? as u64, param(params, "tile_n")? as u64, param(params, "tile_k")? as u64);
-    Ok(16 * (tm + tn) * (tk / 4 + 1) * (1 + param(params, "double_buf")?.min(1) as u64))
+    let vec4 = if param(params, "f16_tiles")? == 1 { 8 } else { 16 };
+    Ok(vec4 * (tm + tn) * (tk / 4 + 1) * (1 + param(params, "double_buf")?.min(1) as u64))
 }
 
 fn prepare_tiled(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
@@ -138,116 +123,10 @@ fn prepare_tiled(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
         ("DOUBLE_BUF", s.param("double_buf")?.min(1) as f64),
         ("QFMT", qfmt(s.dtype)),
     ];
-    one_q_step(s, 1, &consts, &[m as u32, n as u32, k as u32], [groups(n, tn).max(1), groups(m, tm).max(1), 1])
-}
-
-/// Lanes of a subgroup in the matrix tiling (the coop shaders need subgroups of
-/// exactly this size; the emulation groups invocations by it).
-const MMA_LANES: u32 = 32;
-
-/// The matrix tiling of a variant: (subgroups along m, along n, matrices per
-/// subgroup along m, along n, tile_k).
-fn mma_tiling(params: &Params) -> Result<(u32, u32, u32, u32, u32), KernelError> {
-    Ok((param(params, "sg_m")?, param(params, "sg_n")?, param(params, "mat_m")?, param(params, "mat_n")?, param(params, "tile_k")?))
-}
-
-fn mma_wg(params: &Params) -> Result<[u32; 3], KernelError> {
-    let (sm, sn, ..) = mma_tiling(params)?;
-    Ok([sm * sn * MMA_LANES, 1, 1])
-}
-
-/// f16 x and w tiles (rows of tile_k + 8 halves) and one f32 result matrix per subgroup.
-fn mma_shared(params: &Params, mat: u32) -> Result<u64, KernelError> {
-    let (sm, sn, mm, mn, tk) = mma_tiling(params)?;
-    let (tm, tn) = ((sm * mm * mat) as u64, (sn * mn * mat) as u64);
-    Ok(2 * (tm + tn) * (tk as u64 + 8) + 4 * (sm * sn * mat * mat) as u64)
-}
-
-fn coop16_shared(_: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
-    mma_shared(params, 16)
-}
-
-fn coop8_shared(_: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
-    mma_shared(params, 8)
-}
-
-fn emu_shared(_: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
-    mma_shared(params, param(params, "mat")?)
-}
-
-/// What the tiling needs of any adapter (both the coop shaders and the emulation).
-fn check_mma(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params, mat: u32) -> Result<(), String> {
-    check_blocks(prob, dtype)?;
-    if !caps.shader_f16 {
-        return Err("needs SHADER_F16 (f16 tiles in workgroup memory), which this adapter lacks".into());
+    let grid = [groups(n, tn).max(1), groups(m, tm).max(1), 1];
+    if s.param("f16_tiles")? == 1 {
+        return one_q_step(&s.with_shader(&QGEMM_TILED_F16), 1, &consts, &[m as u32, n as u32, k as u32], grid);
     }
-    let (sm, sn, mm, mn, tk) = mma_tiling(params)?;
-    if mm > 4 || mm * mn > 8 {
-        return Err(format!("{mm}x{mn} matrices per subgroup exceed the shader's 4 A matrices and 8 accumulators"));
-    }
-    if tk % 32 != 0 || tk % mat != 0 {
-        return Err(format!("tile_k = {tk} is not a whole number of 32-element block chunks and of {mat}-deep matrices"));
-    }
-    if let Problem::Gemm { m, n, .. } = *prob {
-        grid_dim(caps, groups(n, sn * mn * mat) as usize, "n")?;
-        grid_dim(caps, groups(m, sm * mm * mat) as usize, "m")?;
-    }
-    Ok(())
-}
-
-fn check_coop(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params, mat: u32) -> Result<(), String> {
-    caps.coop_f16_f32(mat)?;
-    if caps.subgroup_min_size != MMA_LANES || caps.subgroup_max_size != MMA_LANES {
-        return Err(format!(
-            "the matrix tiling needs subgroups of exactly {MMA_LANES} invocations; the adapter's are {}..{}",
-            caps.subgroup_min_size, caps.subgroup_max_size
-        ));
-    }
-    check_mma(caps, prob, dtype, params, mat)
-}
-
-fn check_coop16(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
-    check_coop(caps, prob, dtype, params, 16)
-}
-
-fn check_coop8(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
-    check_coop(caps, prob, dtype, params, 8)
-}
-
-fn check_emu(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
-    let mat = param(params, "mat")?;
-    let (_, _, mm, mn, _) = mma_tiling(params)?;
-    if mm * mn * mat * mat / MMA_LANES > 64 {
-        return Err(format!("{mm}x{mn} matrices of {mat}x{mat} need more than the shader's 64 accumulators per invocation"));
-    }
-    check_mma(caps, prob, dtype, params, mat)
-}
-
-/// One prepare for the coop shaders and the emulation (which alone takes `MAT` as
-/// an override; the coop shaders fix it with their matrix type).
-fn prepare_mma(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let Problem::Gemm { m, n, k } = *s.problem else { return Err(wrong_op(s.kernel, s.problem)) };
-    let (sm, sn, mm, mn, tk) = mma_tiling(s.params)?;
-    let shader = s.shader();
-    let (mat, emu) = match shader.name {
-        n if n == QGEMM_COOP16.name => (16, false),
-        n if n == QGEMM_COOP8.name => (8, false),
-        _ => (s.param("mat")?, true),
-    };
-    let [wgs, _, _] = mma_wg(s.params)?;
-    let mut consts = vec![
-        ("SG_M", sm as f64),
-        ("SG_N", sn as f64),
-        ("MAT_M", mm as f64),
-        ("MAT_N", mn as f64),
-        ("TILE_K", tk as f64),
-        ("WGS", wgs as f64),
-        ("QFMT", qfmt(s.dtype)),
-    ];
-    if emu {
-        consts.push(("MAT", mat as f64));
-    }
-    let grid = [groups(n, sn * mn * mat).max(1), groups(m, sm * mm * mat).max(1), 1];
     one_q_step(s, 1, &consts, &[m as u32, n as u32, k as u32], grid)
 }
 
@@ -295,41 +174,15 @@ fn run_gemm_panel(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArg
 }
 
 pub fn variants() -> Vec<KernelDef> {
-    vec![
+    let mut v = vec![
         KernelDef::new(
             "gemm_q_tiled",
             Op::Gemm,
             DType::QUANT,
             TILED_PARAMS,
-            "tile_k of w dequantized into workgroup memory with the x tile (vec4 rows, padded to an odd stride), optionally double-buffered; reg_m x reg_n register blocks",
-            WgslImpl::new(&QGEMM_TILED, prepare_tiled).workgroup(tiled_wg).shared(tiled_shared).check(check_tiled),
-        ),
-        KernelDef::new(
-            "gemm_q_coop16",
-            Op::Gemm,
-            DType::QUANT,
-            COOP_PARAMS,
-            "16x16x16 cooperative matrices (matrix units): x and dequantized w as f16 tiles in workgroup memory, f32 accumulators; \
-             sg_m x sg_n subgroups of mat_m x mat_n matrices",
-            WgslImpl::new(&QGEMM_COOP16, prepare_mma).workgroup(mma_wg).shared(coop16_shared).subgroups().check(check_coop16),
-        ),
-        KernelDef::new(
-            "gemm_q_coop8",
-            Op::Gemm,
-            DType::QUANT,
-            COOP_PARAMS,
-            "8x8x8 cooperative matrices (matrix units): x and dequantized w as f16 tiles in workgroup memory, f32 accumulators; \
-             sg_m x sg_n subgroups of mat_m x mat_n matrices",
-            WgslImpl::new(&QGEMM_COOP8, prepare_mma).workgroup(mma_wg).shared(coop8_shared).subgroups().check(check_coop8),
-        ),
-        KernelDef::new(
-            "gemm_q_mma_emu",
-            Op::Gemm,
-            DType::QUANT,
-            EMU_PARAMS,
-            "the tiling of gemm_q_coop8/16 (same f16 tiles, matrix bases and result slots) with the matrix operations as plain loops \
-             over 32-invocation groups",
-            WgslImpl::new(&QGEMM_MMA_EMU, prepare_mma).workgroup(mma_wg).shared(emu_shared).check(check_emu),
+            "tile_k of w dequantized into workgroup memory with the x tile (vec4 rows, padded to an odd stride; f32 or f16), optionally \
+             double-buffered; reg_m x reg_n register blocks",
+            WgslImpl::new(&QGEMM_TILED, prepare_tiled).workgroup(tiled_wg).shared(tiled_shared).alt_shaders(TILED_ALT).check(check_tiled),
         ),
         KernelDef::new(
             "gemm_q_rows_cpu",
@@ -355,7 +208,10 @@ pub fn variants() -> Vec<KernelDef> {
             "nc weight rows dequantized into an f32 panel, then the cache-blocked f32 GEMM microkernel",
             CpuImpl { run: run_gemm_panel, check: check_quant },
         ),
-    ]
+    ];
+    // the matrix-tile GEMMs (matmul/mma.rs) after the SIMT one
+    v.splice(1..1, super::mma::gemm_q_variants());
+    v
 }
 
 #[cfg(test)]
@@ -453,5 +309,13 @@ mod tests {
         assert!(valid("gemm_q_tiled", &with("gemm_q_tiled", &[("reg_m", 2), ("tile_m", 16)]), &c));
         let r = reason("gemm_q_tiled", &with("gemm_q_tiled", &[("reg_m", 2), ("tile_m", 16), ("tile_k", 64)]), &c);
         assert!(r.contains("21760 bytes"), "{r}");
+        // f16 tiles: half of it fits, and a 128x64 tile at depth 32 (8·192·9 bytes, 16·192·9 as f32)
+        let f16 = with("gemm_q_tiled", &[("reg_m", 2), ("tile_m", 16), ("tile_k", 64), ("f16_tiles", 1)]);
+        assert!(valid("gemm_q_tiled", &f16, &c));
+        let big = [("tile_m", 128), ("tile_n", 64), ("reg_m", 8), ("reg_n", 8), ("f16_tiles", 1)];
+        assert!(valid("gemm_q_tiled", &with("gemm_q_tiled", &big), &c));
+        assert!(!valid("gemm_q_tiled", &with("gemm_q_tiled", &big[..4]), &c));
+        let r = reason("gemm_q_tiled", &f16, &GpuCaps { shader_f16: false, ..c.clone() });
+        assert!(r.contains("SHADER_F16"), "{r}");
     }
 }

@@ -7,7 +7,10 @@
 //! WGSL: `gate_up_wg` (GEMV style, gate and up rows of ROWS features share each x
 //! load, workgroup reduction), `gate_up_subgroup` (16-byte loads, one subgroup per
 //! feature), `gate_up_tiled` (prefill GEMM with register blocking), `gate_up_q_wg`
-//! (block formats). CPU: `gate_up_dot4_cpu` (dot4 over interleaved gate/up rows),
+//! (block formats), and on the matrix-tile GEMM's tiling (cooperative matrices or
+//! their emulation, gate and up accumulated side by side, the activation in the
+//! epilogue): `gate_up_coop16/8`, `gate_up_mma_emu` and the block-format
+//! `gate_up_q_coop16/8`, `gate_up_q_mma_emu` ([`crate::kernels::matmul::mma`]). CPU: `gate_up_dot4_cpu` (dot4 over interleaved gate/up rows),
 //! `gate_up_blocked_cpu` (feature blocks with a packed f32 panel and the 2x4
 //! microkernel) and `gate_up_q_cpu` (block dot products in decode, each row
 //! dequantized once in prefill).
@@ -67,7 +70,7 @@ const CPU_Q_PANEL_PARAMS: &[ParamSpec] = &[
 ];
 
 pub fn variants() -> Vec<KernelDef> {
-    vec![
+    let mut v = vec![
         KernelDef::new(
             "gate_up_wg",
             Op::GateUp,
@@ -142,7 +145,10 @@ pub fn variants() -> Vec<KernelDef> {
              VNNI tiles of 32 rows x 4 tokens, activation product on the way out",
             CpuImpl { run: run_gate_up_q_i8, check: check_q_i8 },
         ),
-    ]
+    ];
+    // prefill on the matrix-tile GEMM's tiling (matmul/mma.rs)
+    v.extend(crate::kernels::matmul::mma::gate_up_variants());
+    v
 }
 
 fn tiled_size(_: &Params) -> Result<[u32; 3], KernelError> {

@@ -1,0 +1,33 @@
+// Float GEMM y[m,n] = x[m,k] · w[n,k]ᵀ, or with W_MATS = 2 the fused gate_up y[m,n] =
+// act(x · w[0..n]ᵀ) · (x · w[n..2n]ᵀ), on 16x16x16 cooperative matrices (wgpu's
+// EXPERIMENTAL_COOPERATIVE_MATRIX): x and w f32 or f16 (W_F16: 16-byte words of packed
+// f16, wload.wgsl), staged as f16 in workgroup memory, f32 accumulation. Entry point
+// mma_coop.wgsl, tiles and output mma.wgsl, weight staging mma_f.wgsl, the activation
+// act.wgsl. Needs k a multiple of 4 (f32) or 8 (f16); any m and n.
+enable f16;
+enable wgpu_cooperative_matrix;
+
+alias CoopA = coop_mat16x16<f16, A>;
+alias CoopB = coop_mat16x16<f16, B>;
+alias CoopC = coop_mat16x16<f32, C>;
+const MAT: u32 = 16u;
+
+override SG_M: u32 = 2;   // subgroups along m
+override SG_N: u32 = 2;   // subgroups along n
+override MAT_M: u32 = 2;  // matrices per subgroup along m (<= 4)
+override MAT_N: u32 = 2;  // matrices per subgroup along n
+override TILE_K: u32 = 32; // 32 or 64
+override W_MATS: u32 = 1u; // weight matrices: 1 gemm, 2 gate_up (gate and up)
+override WGS: u32 = 128;  // SG_M * SG_N * 32
+override W_F16: bool = false;
+
+struct Dims { m: u32, n: u32, k: u32, act: u32 } // act (gate_up): 0 silu, 1 gelu_tanh
+
+@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(0) @binding(3) var<uniform> dims: Dims;
+
+var<workgroup> xs: array<f16, SG_M * MAT_M * 16u * (TILE_K + 8u)>;
+var<workgroup> wt: array<f16, W_MATS * SG_N * MAT_N * 16u * (TILE_K + 8u)>;
+var<workgroup> cs: array<f32, W_MATS * SG_M * SG_N * 16u * 16u>;
