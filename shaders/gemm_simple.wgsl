@@ -1,8 +1,8 @@
-// GEMM y[m,n] = x[m,k] · w[n,k]ᵀ, the straightforward way: each invocation owns
-// one column j of y (one row of w) and ROWS consecutive rows of y, and walks k
-// once, reading each weight a single time for all ROWS rows. No workgroup memory,
-// scalar loads, any shape (bounds checks on both edges). Weights as u32 words
-// decoded by W_F16 (f32 bits or packed f16 pairs). Includes: wload.wgsl (W_F16).
+// GEMM y[m,n] = x[m,k] · w[n,k]ᵀ, the straightforward way: the body is
+// gemm_col.wgsl (one column and ROWS rows of y per invocation, scalar loads, any
+// shape), x read as a row-major matrix, the epilogue a plain store. Weights as u32
+// words decoded by W_F16 (f32 bits or packed f16 pairs).
+// Includes: gemm_col.wgsl, wload.wgsl (W_F16).
 
 override WG_X: u32 = 16;
 override WG_Y: u32 = 4;
@@ -18,26 +18,13 @@ struct Dims { m: u32, n: u32, k: u32 }
 
 fn wload(i: u32) -> f32 { return wpick(w[wword(i)], i); }
 
+fn xload(row: u32, c: u32) -> f32 { return x[row * dims.k + c]; }
+
+fn gemm_store(row: u32, col: u32, v: f32) {
+    y[row * dims.n + col] = v;
+}
+
 @compute @workgroup_size(WG_X, WG_Y)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let col = gid.x;
-    let row0 = gid.y * ROWS;
-    if (col >= dims.n || row0 >= dims.m) {
-        return;
-    }
-    let k = dims.k;
-    var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
-    for (var c = 0u; c < k; c++) {
-        let wv = wload(col * k + c);
-        for (var r = 0u; r < ROWS; r++) {
-            // rows past m repeat the last row; their results are not stored
-            let row = min(row0 + r, dims.m - 1u);
-            acc[r] += x[row * k + c] * wv;
-        }
-    }
-    for (var r = 0u; r < ROWS; r++) {
-        if (row0 + r < dims.m) {
-            y[(row0 + r) * dims.n + col] = acc[r];
-        }
-    }
+    gemm_col(gid);
 }

@@ -80,8 +80,9 @@ fn wgsl_kernels_match_reference() {
 }
 
 /// Issue requirement: every op has at least two WGSL and two CPU kernels, and each
-/// kernel declares tunable parameters. The vision ops of `Op::CPU_ONLY` have CPU
-/// kernels only so far (and none of WGSL, so the list cannot go stale).
+/// kernel declares tunable parameters. An op of `Op::CPU_ONLY` (none now: the
+/// vision ops have their WGSL kernels) has CPU kernels only (and none of WGSL, so
+/// the list cannot go stale).
 #[test]
 fn every_op_has_two_wgsl_and_two_cpu_kernels_with_parameters() {
     use ktune::kernels::{Op, for_op};

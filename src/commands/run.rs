@@ -135,7 +135,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     }
     // The image: its pixels (bad files refused before the tower is built), the
     // tower and projector, the soft tokens that replace the image tokens.
-    let soft_tokens = match (&args.image, &vision) {
+    let image = match (&args.image, &vision) {
         (Some(path), Some(v)) => {
             let count = prompt.iter().filter(|&&t| t == v.image_token_id).count();
             if count != v.mm_tokens_per_image {
@@ -145,18 +145,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
                     v.image_token_id, v.mm_tokens_per_image, v.boi_token_id, v.image_token_id, v.mm_tokens_per_image, v.eoi_token_id
                 )));
             }
-            let pixels = crate::runtime::image::load_image(path, v.image_size)?;
-            let tower = crate::runtime::vision::VisionEngine::new(v, &m.weights)?;
-            let t0 = Instant::now();
-            let out = tower.encode(&pixels)?;
-            warnings.push(format!(
-                "image {}: {} patches through the vision tower in {:.3} s (CPU), {} soft tokens",
-                path.display(),
-                v.num_patches(),
-                t0.elapsed().as_secs_f64(),
-                v.mm_tokens_per_image
-            ));
-            Some((v.image_token_id, out.tokens))
+            Some((path, v, crate::runtime::image::load_image(path, v.image_size)?))
         }
         _ => None,
     };
@@ -242,6 +231,25 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         parallel: exec.parallel,
     };
     let ctx = session::open_device(&device, exec.trusted_shaders || args.trusted_shaders)?;
+    // The image through the tower and projector on the selected device.
+    let soft_tokens = match image {
+        Some((path, v, pixels)) => {
+            let t0 = Instant::now();
+            let (out, on) = match &ctx {
+                Some(ctx) => (crate::runtime::vision_gpu::VisionGpu::new(v, &m.weights, ctx.clone())?.encode(&pixels)?, "GPU"),
+                None => (crate::runtime::vision::VisionEngine::new(v, &m.weights)?.encode(&pixels)?, "CPU"),
+            };
+            warnings.push(format!(
+                "image {}: {} patches through the vision tower in {:.3} s ({on}), {} soft tokens",
+                path.display(),
+                v.num_patches(),
+                t0.elapsed().as_secs_f64(),
+                v.mm_tokens_per_image
+            ));
+            Some((v.image_token_id, out.tokens))
+        }
+        None => None,
+    };
     let store: Arc<dyn TensorStore> = m.weights.clone();
     let batch = exec.batch;
     // One engine: its weights need no memo to share them.

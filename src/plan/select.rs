@@ -163,6 +163,12 @@ pub fn preferred(problem: &Problem, backend: Backend) -> &'static [&'static str]
         (Op::Gemv, Backend::Wgsl) => &["gemv_subgroup", "gemv_vec", "gemv_wg", "gemv_q_subgroup", "gemv_q_wg"],
         (Op::Gemm, Backend::Cpu) => &["gemm_blocked_cpu", "gemm_crate_cpu", "gemm_q_i8_cpu", "gemm_q_panel_cpu", "gemm_q_rows_cpu"],
         (Op::Gemm, Backend::Wgsl) => &["gemm_tiled", "gemm_simple", "gemm_q_tiled"],
+        // The vision tower's ops on a GPU: the tiled forms first (the simple ones
+        // take any shape).
+        (Op::PatchEmbed, Backend::Wgsl) => &["patch_embed_im2col", "patch_embed_direct"],
+        (Op::Linear, Backend::Wgsl) => &["linear_tiled", "linear_simple"],
+        (Op::AttentionFull, Backend::Wgsl) => &["attention_full_flash", "attention_full_rows"],
+        (Op::AvgPool, Backend::Wgsl) => &["avg_pool_window", "avg_pool_separable"],
         // From tunes of the built-in models on the 2-core CPU and on lavapipe: the
         // dot4 orchestrations win decode by 4-5x over the blocked ones.
         (Op::GateUp, Backend::Cpu) if matches!(problem, Problem::GateUp { rows: 1, .. }) => &["gate_up_dot4_cpu", "gate_up_q_cpu"],

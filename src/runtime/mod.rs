@@ -7,6 +7,7 @@ pub mod cpu;
 pub mod gpu;
 pub mod image;
 pub mod vision;
+pub mod vision_gpu;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -197,3 +197,38 @@ impl VisionEngine {
 fn kernel_err(problem: &Problem, e: kernels::KernelError) -> RuntimeError {
     RuntimeError::Kernel { slot: format!("vision {}", problem.op()), layer: None, source: Box::new(e) }
 }
+
+/// A weight and its bias.
+pub(super) type Pair<'a> = (&'a [f32], &'a [f32]);
+
+/// One encoder layer's weights as the ops read them: LayerNorm 1, q, k, v,
+/// out_proj, LayerNorm 2, fc1, fc2 (each a weight and its bias).
+pub(super) type LayerWeights<'a> = [Pair<'a>; 8];
+
+/// The loaded weights of a [`VisionEngine`], for the GPU sibling
+/// ([`super::vision_gpu`]), which uploads them.
+pub(super) struct TowerWeights<'a> {
+    pub patch: Pair<'a>,
+    pub pos: &'a [f32],
+    pub layers: Vec<LayerWeights<'a>>,
+    pub post: Pair<'a>,
+    pub mm_norm: &'a [f32],
+    /// `[text hidden, vision hidden]` (a Linear's layout).
+    pub mm_proj: &'a [f32],
+}
+
+impl VisionEngine {
+    pub(super) fn weights(&self) -> TowerWeights<'_> {
+        fn p(x: &(Vec<f32>, Vec<f32>)) -> Pair<'_> {
+            (&x.0, &x.1)
+        }
+        TowerWeights {
+            patch: p(&self.patch),
+            pos: &self.pos,
+            layers: self.layers.iter().map(|l| [p(&l.ln1), p(&l.q), p(&l.k), p(&l.v), p(&l.o), p(&l.ln2), p(&l.fc1), p(&l.fc2)]).collect(),
+            post: p(&self.post),
+            mm_norm: &self.mm_norm,
+            mm_proj: &self.mm_proj,
+        }
+    }
+}

@@ -293,8 +293,10 @@ mod tests {
     fn gemma_entries_cover_every_op_at_its_shapes() {
         let cfg = crate::model::builtin("gemma3-1b").expect("built in");
         let e = entries("gemma3-1b", &cfg, 64, 512);
-        // The vision ops have no WGSL kernel to measure yet.
-        for op in Op::ALL.into_iter().filter(|op| op.has_wgsl()) {
+        // The entries are a text pass's: the vision tower's ops (issue 16) are
+        // not in one, and bench-kernels does not measure them yet.
+        let vision = [Op::PatchEmbed, Op::Linear, Op::AttentionFull, Op::AvgPool];
+        for op in Op::ALL.into_iter().filter(|op| op.has_wgsl() && !vision.contains(op)) {
             assert!(e.iter().any(|x| x.problem.op() == op), "{op} has no entry");
         }
         assert!(e.iter().any(|x| x.problem == Problem::Gemv { n: 6912, k: 1152 } && x.dtype == DType::Q4_0));

@@ -751,7 +751,7 @@ fn step_at(
 }
 
 /// [`step_at`] with an entry point of another shader (a shared merge pass).
-fn step_with(
+pub(crate) fn step_with(
     s: &WgslSetup<'_>,
     shader: &'static Shader,
     entry: &str,

@@ -30,16 +30,16 @@ use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, groups};
 use crate::shader;
 
-static GEMM_SIMPLE: Shader = shader!("gemm_simple.wgsl", "wload.wgsl");
-static GEMM_TILED: Shader = shader!("gemm_tiled.wgsl", "wload.wgsl");
+static GEMM_SIMPLE: Shader = shader!("gemm_simple.wgsl", "gemm_col.wgsl", "wload.wgsl");
+static GEMM_TILED: Shader = shader!("gemm_tiled.wgsl", "gemm_tile.wgsl", "wload.wgsl");
 
-const SIMPLE_PARAMS: &[ParamSpec] = &[
+pub(crate) const SIMPLE_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "workgroup_x", values: &[8, 16, 32, 64], default: 16, help: "invocations per workgroup along n (columns of y)" },
     ParamSpec { name: "workgroup_y", values: &[1, 2, 4, 8, 16], default: 4, help: "invocations per workgroup along m (rows of y)" },
     ParamSpec { name: "rows_per_thread", values: &[1, 2, 4], default: 1, help: "rows of y per invocation, sharing each weight load" },
 ];
 
-const TILED_PARAMS: &[ParamSpec] = &[
+pub(crate) const TILED_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "tile_m", values: &[16, 32, 64, 128], default: 64, help: "rows of y per workgroup" },
     ParamSpec { name: "tile_n", values: &[16, 32, 64, 128], default: 64, help: "columns of y per workgroup" },
     ParamSpec { name: "tile_k", values: &[8, 16, 32], default: 16, help: "depth of the x and w tiles staged in workgroup memory per step" },
@@ -111,7 +111,7 @@ pub fn variants() -> Vec<KernelDef> {
 // WGSL
 // ---------------------------------------------------------------------------------
 
-fn simple_wg(params: &Params) -> Result<[u32; 3], KernelError> {
+pub(crate) fn simple_wg(params: &Params) -> Result<[u32; 3], KernelError> {
     Ok([param(params, "workgroup_x")?, param(params, "workgroup_y")?, 1])
 }
 
@@ -121,14 +121,14 @@ fn tiled_threads(params: &Params) -> Result<(u32, u32), KernelError> {
     Ok((tm / rm, tn / rn))
 }
 
-fn tiled_wg(params: &Params) -> Result<[u32; 3], KernelError> {
+pub(crate) fn tiled_wg(params: &Params) -> Result<[u32; 3], KernelError> {
     let (ty, tx) = tiled_threads(params)?;
     Ok([tx * ty, 1, 1])
 }
 
 /// The x tile `[tile_m, tile_k]` and the w tile `[tile_n, tile_k]` as f32, each row
 /// padded by one vec4 (16 bytes) against bank conflicts.
-fn tiled_shared(_: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
+pub(crate) fn tiled_shared(_: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
     let (tm, tn, tk) = (param(params, "tile_m")? as u64, param(params, "tile_n")? as u64, param(params, "tile_k")? as u64);
     Ok(16 * (tm + tn) * (tk / 4 + 1))
 }
@@ -154,34 +154,25 @@ fn check_grid(caps: &GpuCaps, gx: u32, gy: u32) -> Result<(), String> {
     Ok(())
 }
 
-fn simple_grid(m: usize, n: usize, params: &Params) -> Result<(u32, u32), KernelError> {
+pub(crate) fn simple_grid(m: usize, n: usize, params: &Params) -> Result<(u32, u32), KernelError> {
     let rows = param(params, "workgroup_y")? * param(params, "rows_per_thread")?;
     Ok((groups(n, param(params, "workgroup_x")?), groups(m, rows)))
 }
 
 fn check_simple(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
     let Some((m, n, _)) = gemm_dims(prob) else { return Ok(()) };
+    simple_rules(caps, m, n, params)
+}
+
+/// The column GEMM's grid (`gemm_col.wgsl`) for a `[m, n]` output.
+pub(crate) fn simple_rules(caps: &GpuCaps, m: usize, n: usize, params: &Params) -> Result<(), String> {
     let (gx, gy) = simple_grid(m, n, params)?;
     check_grid(caps, gx, gy)
 }
 
-fn prepare_simple(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let (m, n, k) = dims(s)?;
-    let consts = [
-        ("WG_X", s.param("workgroup_x")? as f64),
-        ("WG_Y", s.param("workgroup_y")? as f64),
-        ("ROWS", s.param("rows_per_thread")? as f64),
-        ("W_F16", s.w_f16()),
-    ];
-    let (gx, gy) = simple_grid(m, n, s.params)?;
-    s.one_step("main", &consts, &[m as u32, n as u32, k as u32], [gx.max(1), gy.max(1), 1])
-}
-
-fn tiled_grid(m: usize, n: usize, params: &Params) -> Result<(u32, u32), KernelError> {
-    Ok((groups(n, param(params, "tile_n")?), groups(m, param(params, "tile_m")?)))
-}
-
-fn check_tiled(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+/// The rules of the `gemm_tile.wgsl` body: whole register blocks, at most 8x8 of
+/// them, whole 16-byte f16 loads per tile step, k in whole 16-byte loads, the grid.
+pub(crate) fn tiled_rules(caps: &GpuCaps, m: usize, n: usize, k: usize, dtype: DType, params: &Params) -> Result<(), String> {
     let (tm, tn, tk) = (param(params, "tile_m")?, param(params, "tile_n")?, param(params, "tile_k")?);
     let (rm, rn) = (param(params, "reg_m")?, param(params, "reg_n")?);
     if rm == 0 || rn == 0 || tm % rm != 0 || tn % rn != 0 {
@@ -193,24 +184,57 @@ fn check_tiled(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) ->
     if tk % 8 != 0 {
         return Err(format!("tile_k = {tk} is not a multiple of 8 (one 16-byte load of f16 weights)"));
     }
-    let Some((m, n, k)) = gemm_dims(prob) else { return Ok(()) };
     vec_alignment(k, dtype)?;
     let (gx, gy) = tiled_grid(m, n, params)?;
     check_grid(caps, gx, gy)
 }
 
+/// The override constants of the `gemm_tile.wgsl` body.
+pub(crate) fn tiled_consts(params: &Params, w_f16: f64) -> Result<[(&'static str, f64); 7], KernelError> {
+    let [wgs, _, _] = tiled_wg(params)?;
+    Ok([
+        ("TILE_M", param(params, "tile_m")? as f64),
+        ("TILE_N", param(params, "tile_n")? as f64),
+        ("TILE_K", param(params, "tile_k")? as f64),
+        ("REG_M", param(params, "reg_m")? as f64),
+        ("REG_N", param(params, "reg_n")? as f64),
+        ("WGS", wgs as f64),
+        ("W_F16", w_f16),
+    ])
+}
+
+/// The override constants of the `gemm_col.wgsl` body.
+pub(crate) fn simple_consts(params: &Params, w_f16: f64) -> Result<[(&'static str, f64); 4], KernelError> {
+    Ok([
+        ("WG_X", param(params, "workgroup_x")? as f64),
+        ("WG_Y", param(params, "workgroup_y")? as f64),
+        ("ROWS", param(params, "rows_per_thread")? as f64),
+        ("W_F16", w_f16),
+    ])
+}
+
+fn prepare_simple(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let (m, n, k) = dims(s)?;
+    let consts = simple_consts(s.params, s.w_f16())?;
+    let (gx, gy) = simple_grid(m, n, s.params)?;
+    s.one_step("main", &consts, &[m as u32, n as u32, k as u32], [gx.max(1), gy.max(1), 1])
+}
+
+pub(crate) fn tiled_grid(m: usize, n: usize, params: &Params) -> Result<(u32, u32), KernelError> {
+    Ok((groups(n, param(params, "tile_n")?), groups(m, param(params, "tile_m")?)))
+}
+
+fn check_tiled(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    match gemm_dims(prob) {
+        Some((m, n, k)) => tiled_rules(caps, m, n, k, dtype, params),
+        // (no shape: the parameter rules alone, on a problem k = 8 always meets)
+        None => tiled_rules(caps, 0, 0, 8, dtype, params),
+    }
+}
+
 fn prepare_tiled(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let (m, n, k) = dims(s)?;
-    let [wgs, _, _] = tiled_wg(s.params)?;
-    let consts = [
-        ("TILE_M", s.param("tile_m")? as f64),
-        ("TILE_N", s.param("tile_n")? as f64),
-        ("TILE_K", s.param("tile_k")? as f64),
-        ("REG_M", s.param("reg_m")? as f64),
-        ("REG_N", s.param("reg_n")? as f64),
-        ("WGS", wgs as f64),
-        ("W_F16", s.w_f16()),
-    ];
+    let consts = tiled_consts(s.params, s.w_f16())?;
     let (gx, gy) = tiled_grid(m, n, s.params)?;
     s.one_step("main", &consts, &[m as u32, n as u32, k as u32], [gx.max(1), gy.max(1), 1])
 }

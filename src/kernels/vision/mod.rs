@@ -19,13 +19,18 @@
 //!   `avg_pool_window_cpu` (each output sums its window) and
 //!   `avg_pool_separable_cpu` (pool along x into a row of partial sums, then along y).
 //!
-//! WGSL variants of these ops are not written yet: a vision tower runs on the CPU.
+//!
+//! WGSL: [`wgsl`] (`patch_embed_im2col`, `patch_embed_direct`, `linear_tiled`,
+//! `linear_simple`, `attention_full_rows`, `attention_full_flash`,
+//! `avg_pool_window`, `avg_pool_separable`).
 
 use super::cpu::{ISA, Isa, Row, RowSplit, axpy, check_isa, dot, par_rows, row, with_scratch};
 use super::matmul::{BLOCKED_PARAMS, Blocking, Micro, Split, gemm_blocked};
 use super::{CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, param, wrong_op};
 use crate::device::CpuCaps;
 use std::cell::RefCell;
+
+pub mod wgsl;
 
 const F32: &[DType] = &[DType::F32];
 
@@ -52,6 +57,12 @@ const POOL_PARAMS: &[ParamSpec] = &[ParamSpec {
 }];
 
 pub fn variants() -> Vec<KernelDef> {
+    let mut v = cpu_variants();
+    v.extend(wgsl::variants());
+    v
+}
+
+fn cpu_variants() -> Vec<KernelDef> {
     vec![
         KernelDef::new(
             "patch_embed_im2col_cpu",

@@ -1,0 +1,32 @@
+// The projector's average pool: the [side, side] grid of dim-wide rows pooled over
+// kernel x kernel windows with stride kernel, one output value per invocation (each
+// sums its window's column). Linear index over a 2D grid (`wid.x + wid.y * nwg.x`).
+
+override WG: u32 = 128;
+
+struct Dims { side: u32, kernel: u32, dim: u32, out: u32 }
+
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@group(0) @binding(2) var<uniform> dims: Dims;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let i = (wid.x + wid.y * nwg.x) * WG + lid;
+    let dim = dims.dim;
+    let kn = dims.kernel;
+    if (i >= dims.out * dims.out * dim) {
+        return;
+    }
+    let c = i % dim;
+    let o = i / dim;
+    let y0 = (o / dims.out) * kn;
+    let x0 = (o % dims.out) * kn;
+    var s = 0.0;
+    for (var ky = 0u; ky < kn; ky++) {
+        for (var kx = 0u; kx < kn; kx++) {
+            s += x[((y0 + ky) * dims.side + x0 + kx) * dim + c];
+        }
+    }
+    y[i] = s / f32(kn * kn);
+}

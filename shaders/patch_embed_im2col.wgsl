@@ -1,0 +1,29 @@
+// im2col for patch_embed_im2col: the image's patches laid out as the rows of a
+// [patches, channels * patch * patch] matrix (each row in the conv weight's
+// flattening: channel, then ky, then kx), one element per invocation; the second
+// dispatch is linear_tiled over it. Linear workgroup index over a 2D grid
+// (`wid.x + wid.y * nwg.x`).
+
+override WG: u32 = 256;
+
+struct Dims { patches: u32, k: u32, image: u32, psize: u32, side: u32 }
+
+@group(0) @binding(0) var<storage, read> pixels: array<f32>;
+@group(0) @binding(1) var<storage, read_write> cols: array<f32>;
+@group(0) @binding(2) var<uniform> dims: Dims;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let i = (wid.x + wid.y * nwg.x) * WG + lid;
+    if (i >= dims.patches * dims.k) {
+        return;
+    }
+    let p = i / dims.k;
+    let c = i % dims.k;
+    let pp = dims.psize * dims.psize;
+    let ch = c / pp;
+    let r = c % pp;
+    let yy = (p / dims.side) * dims.psize + r / dims.psize;
+    let xx = (p % dims.side) * dims.psize + r % dims.psize;
+    cols[i] = pixels[(ch * dims.image + yy) * dims.image + xx];
+}

@@ -1,0 +1,176 @@
+//! The vision path on a GPU (lavapipe in CI) against Hugging Face transformers:
+//! the tiny `Gemma3ForConditionalGeneration` of tests/fixtures/gemma3-vision-tiny
+//! (tools/make_vision_fixture.py). The tower and projector run with the vision
+//! ops' WGSL kernels ([`VisionGpu`]), the text model on the GPU engine; checked at
+//! the CPU test's tolerances (tests/runtime_vision.rs): features and soft tokens
+//! within 1e-4 of their scale with every WGSL kernel of every vision op, logits
+//! within 1e-3 and identical greedy tokens; and `ktune run --image` on the GPU.
+//! Without an adapter these tests skip loudly, unless KTUNE_REQUIRE_GPU=1.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use common::{fixture, gpu_index, ids, ktune_in, logit_rows, read_json, rel_err, tempdir};
+use ktune::gpu::GpuCtx;
+use ktune::kernels::{self, Backend, DType, Op};
+use ktune::plan::select::DeviceCaps;
+use ktune::plan::{Fusion, Parallel, Plan, PlanOptions, Selection};
+use ktune::runtime::image::load_image;
+use ktune::runtime::vision::VisionEngine;
+use ktune::runtime::vision_gpu::VisionGpu;
+use ktune::runtime::{Engine, TensorStore, argmax};
+use ktune::session::{LoadedModel, load_model};
+use ktune::testing::test_gpu;
+
+fn dir() -> PathBuf {
+    fixture("gemma3-vision-tiny")
+}
+
+fn expected() -> serde_json::Value {
+    read_json(dir().join("vision_expected.json"))
+}
+
+fn floats(v: &serde_json::Value) -> Vec<f32> {
+    v.as_array().expect("array").iter().map(|x| x.as_f64().expect("number") as f32).collect()
+}
+
+fn load() -> LoadedModel {
+    load_model(None, Some(&dir()), None, 0).expect("the multimodal fixture loads")
+}
+
+fn rel(got: &[f32], want: &[f32]) -> f64 {
+    rel_err(&[got.to_vec()], &[want.to_vec()])
+}
+
+/// The tower and projector on the GPU with the default kernels, then with each
+/// WGSL kernel of each vision op (and of LayerNorm) forced in turn; and the GPU's
+/// features against the CPU engine's.
+#[test]
+fn gpu_tower_and_projector_match_transformers_with_every_kernel() {
+    let Some(gpu) = test_gpu() else { return };
+    let m = load();
+    let v = m.vision.as_ref().expect("vision");
+    let exp = expected();
+    let pixels = floats(&exp["pixel_values"]);
+    let features: Vec<f32> = logit_rows(&exp["features"]).concat();
+    let projected: Vec<f32> = logit_rows(&exp["projected"]).concat();
+    let tower = || VisionGpu::new(v, &m.weights, gpu.clone()).expect("tower on the GPU");
+    let mut runs: Vec<(String, VisionGpu)> = vec![("defaults".into(), tower())];
+    for op in [Op::PatchEmbed, Op::Linear, Op::AttentionFull, Op::AvgPool, Op::LayerNorm] {
+        for k in kernels::for_op(op).filter(|k| k.backend() == Backend::Wgsl) {
+            runs.push((k.id.to_string(), tower().with_kernel(k)));
+        }
+    }
+    let mut failures = Vec::new();
+    for (name, t) in &runs {
+        let out = t.encode(&pixels).expect("encode");
+        let (ef, ep) = (rel(&out.features, &features), rel(&out.tokens, &projected));
+        eprintln!("{} {name}: features err {ef:.2e}, projected err {ep:.2e} of scale", gpu.name);
+        if ef > 1e-4 || ep > 1e-4 {
+            failures.push(format!("{name}: features {ef:.2e}, projected {ep:.2e}"));
+        }
+    }
+    // two WGSL kernels of each of the five ops, and the defaults
+    assert!(runs.len() >= 11, "{} runs", runs.len());
+    assert!(failures.is_empty(), "on {}:\n{}", gpu.name, failures.join("\n"));
+    // the same image on the CPU engine: the two devices agree
+    let cpu = VisionEngine::new(v, &m.weights).expect("tower").encode(&pixels).expect("encode");
+    let out = runs[0].1.encode(&pixels).expect("encode");
+    let (df, dp) = (rel(&out.features, &cpu.features), rel(&out.tokens, &cpu.tokens));
+    assert!(df <= 1e-4 && dp <= 1e-4, "GPU vs CPU: features {df:.2e}, projected {dp:.2e}");
+    // a wrong-sized image is refused, not read past
+    let err = runs[0].1.encode(&pixels[1..]).unwrap_err().to_string();
+    assert!(err.contains("pixel values"), "{err}");
+}
+
+fn text_engine(m: &LoadedModel, gpu: &Arc<GpuCtx>, tokens: usize, context: usize, chunk: usize, fusion: Fusion) -> Engine {
+    let opts = PlanOptions {
+        cpu_repack: Vec::new(),
+        weight_dtype: DType::F32,
+        matrix_formats: Default::default(),
+        kv_dtype: DType::F32,
+        max_tokens: chunk.min(tokens),
+        context,
+        all_logits: true,
+        fusion,
+        parallel: Parallel::default(),
+    };
+    let plan = Plan::new("fixture", &m.config, opts, Selection::defaults(DeviceCaps::Gpu(gpu.caps.clone()))).expect("plan");
+    let store: Arc<dyn TensorStore> = m.weights.clone();
+    Engine::gpu(plan, store, gpu.clone(), true).expect("engine")
+}
+
+/// Tower, projector and text model all on the GPU: the prompt with the image's
+/// soft tokens, every position's logits and the greedy continuation, prefilled
+/// at once and in chunks that split the image.
+#[test]
+fn gpu_image_prompt_logits_and_greedy_tokens_match_transformers() {
+    let Some(gpu) = test_gpu() else { return };
+    let m = load();
+    let v = m.vision.as_ref().expect("vision");
+    let exp = expected();
+    let tokens = ids(&exp["tokens"]);
+    let want_logits = logit_rows(&exp["logits"]);
+    let want_ids = ids(&exp["generated"]);
+    let pixels = load_image(&dir().join("image.png"), v.image_size).expect("image");
+    let soft = VisionGpu::new(v, &m.weights, gpu.clone()).expect("tower").encode(&pixels).expect("encode").tokens;
+    let mut failures = Vec::new();
+    for (fusion, chunk) in [(Fusion::NONE, 64), (Fusion::ALL, 64), (Fusion::ALL, 7)] {
+        let mut e = text_engine(&m, &gpu, tokens.len(), tokens.len() + want_ids.len(), chunk, fusion);
+        assert!(e.is_gpu());
+        let mut rows = Vec::new();
+        let mut used = 0;
+        for c in tokens.chunks(chunk) {
+            let n = c.iter().filter(|&&t| t == v.image_token_id).count() * m.config.hidden_size;
+            rows.extend(e.forward_with_soft_tokens(c, v.image_token_id, soft[used..used + n].to_vec()).expect("prefill"));
+            used += n;
+        }
+        let err = rel_err(&rows, &want_logits);
+        let mut next = argmax(rows.last().expect("rows"));
+        let mut got = Vec::new();
+        for i in 0..want_ids.len() {
+            got.push(next);
+            if i + 1 < want_ids.len() {
+                next = argmax(&e.forward(&[next]).expect("decode")[0]);
+            }
+        }
+        eprintln!("{} fusion {fusion:?} chunk {chunk}: logits err {err:.2e} of scale, ids {got:?}", gpu.name);
+        if err > 1e-3 || got != want_ids {
+            failures.push(format!("{fusion:?} chunk {chunk}: err {err:.2e}, ids {got:?} want {want_ids:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "on {}:\n{}", gpu.name, failures.join("\n"));
+}
+
+/// `ktune run --image` on the GPU adapter: the tower runs there (its note says
+/// so), the logits and greedy ids are transformers'.
+#[test]
+fn run_with_an_image_on_the_gpu_matches_transformers_end_to_end() {
+    let cache = tempdir();
+    let Some(index) = gpu_index(cache.path(), "run --image") else { return };
+    let exp = expected();
+    let tokens: Vec<String> = ids(&exp["tokens"]).iter().map(u32::to_string).collect();
+    let tmp = tempdir();
+    let dump = tmp.path().join("logits.json");
+    let out = ktune_in(cache.path())
+        .arg("run")
+        .arg("--model-dir")
+        .arg(dir())
+        .arg("--image")
+        .arg(dir().join("image.png"))
+        .args(["--tokens", &tokens.join(","), "--max-tokens", "8", "--ignore-eos", "--device", &index, "--format", "json"])
+        .arg("--dump-logits")
+        .arg(&dump)
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stderr: {stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("(GPU)") || stderr.contains("(GPU)"), "the tower did not run on the GPU: {stdout} {stderr}");
+    let d = read_json(&dump);
+    assert_eq!(ids(&d["generated"]), ids(&exp["generated"]), "greedy ids");
+    let err = rel_err(&logit_rows(&d["logits"]), &logit_rows(&exp["logits"]));
+    assert!(err <= 1e-3, "logits err {err:.2e}");
+}
