@@ -1,7 +1,8 @@
 // GEMV y[n] = w[n,k] · x[k] with a workgroup-memory tree reduction.
 // Each workgroup owns ROWS consecutive rows; every invocation accumulates a partial
-// sum for each of them (x read once for all ROWS rows), striding over k by WG, then
-// the workgroup reduces WG partials per row. Any k; weights as u32 words decoded by
+// sum for each of them in registers (x read once for all ROWS rows; rows past n
+// recompute the last row, never stored), striding over k by WG, then leaves them
+// in workgroup memory once and the workgroup reduces WG partials per row. Any k; weights as u32 words decoded by
 // W_F16 (f32 bits or packed f16 pairs). Includes: block_wg.wgsl (entry point),
 // reduce_wg.wgsl (the tree), wload.wgsl (W_F16).
 
@@ -26,17 +27,16 @@ fn row_count() -> u32 {
 
 fn block_partials(row0: u32, tid: u32) -> u32 {
     let k = dims.k;
-    for (var r = 0u; r < ROWS; r++) {
-        partial[r * WG + tid] = 0.0;
-    }
+    let last = dims.n - 1u;
+    var acc: array<f32, 8>;
     for (var c = tid; c < k; c += WG) {
         let xv = x[c];
         for (var r = 0u; r < ROWS; r++) {
-            let row = row0 + r;
-            if (row < dims.n) {
-                partial[r * WG + tid] += xv * wload(row * k + c);
-            }
+            acc[r] += xv * wload(min(row0 + r, last) * k + c);
         }
+    }
+    for (var r = 0u; r < ROWS; r++) {
+        partial[r * WG + tid] = acc[r];
     }
     return ROWS;
 }

@@ -1,38 +1,46 @@
-// The second-generation quantized GEMV y[n] = w[n,k] · x[k] (gemv_q_dp4a_wg,
-// gemv_q_dp4a_subgroup: `shader!(VARIANT, "qdp4a.wgsl", ..)`), three entry points
-// over one set of bindings, each binding the subset it uses:
+// The second-generation quantized projections' shared core (`shader!(VARIANT,
+// FAMILY, MAIN, "qdp4a.wgsl", ..)`): the GEMV (gemv_q_dp4a_*, family include
+// qdp4a_gemv.wgsl), the fused gate+up (gate_up_q_dp4a_*, qdp4a_gate_up.wgsl) and
+// the fused Q/K/V projection (qkv_proj_q_dp4a_*, qdp4a_qkv.wgsl); the entry `main`
+// comes from qdp4a_main_wg.wgsl (workgroup tree) or qdp4a_main_sg.wgsl
+// (subgroupAdd). Entry points over one set of bindings, each binding the subset
+// it uses:
 //
 //   quantize    x -> xq, xs: the activation once per call, in ACT form, per
 //               32-element block: ACT 8 int8 codes (q8_1 style: d = amax / 127,
 //               four codes a u32), 16 f16 pairs, 32 f32 copies; xs[block] =
 //               (d, sum of the block's values as the GEMV sees them: d * Σq).
-//   main        (the variant's file) every invocation accumulates, in registers,
-//               ROWS rows' dots over its share of the weight "items" (VW quant
-//               words of a 16-byte segment of a block) sharing each activation
-//               load, then one reduction at the end. The int8 form dots four
-//               codes at a time with dot4I8Packed; unsigned weight codes (q4_0,
-//               q4_1, q4_k nibbles) go in as they are and their offsets
-//               (-8 d, m, -dmin m) come through the activation block sums xs.y.
-//               SPLIT > 1: workgroup (g, s) covers the s-th of SPLIT ranges of a
-//               row's blocks and writes part[s * n + row].
-//   sum_splits  y[row] = Σ_s part[s * n + row] in a fixed order.
+//               Every weight row of the call (gate and up, or Q, K and V) dots
+//               this one copy.
+//   main        every invocation accumulates, in registers, the workgroup's
+//               dq_nacc() weight rows' dots over its share of the weight "items"
+//               (VW quant words of a 16-byte segment of a block) sharing each
+//               activation load, then one reduction at the end. The int8 form
+//               dots four codes at a time with dot4I8Packed; unsigned weight
+//               codes (q4_0, q4_1, q4_k nibbles) go in as they are and their
+//               offsets (-8 d, m, -dmin m) come through the activation block
+//               sums xs.y. SPLIT > 1: workgroup (g, s) covers the s-th of SPLIT
+//               ranges of a row's blocks (the family writes partials and its
+//               `sum_splits` entry finishes).
 //
+// The family include declares `struct Dims` (with at least `k`), `dims` at
+// binding 4, its outputs, and supplies
+//   fn dq_nrows() -> u32          outputs (row groups of ROWS cover them)
+//   fn dq_nacc() -> u32           accumulators per workgroup (<= 16)
+//   fn dq_row(row0, r) -> u32     the weight row of accumulator r (clamped in range)
+//   fn dq_out(row0, s, r)         invocation r < ROWS stores output row0 + r of
+//                                 split s from dq_total(r) (.. of the main include)
 // Uses the variant's overrides WG, ROWS (<= 8), QFMT (0 q8_0, 1 q4_0, 2 q4_1,
 // 7 q4_k, 9 q6_k: kernels::wgsl::qfmt), VW (1, 2 or 4 words per item), ACT
 // (8, 16, 32) and SPLIT. Weights in the split layout of kernels::quant::QMatrix:
 // wq the quant bytes (bound padded to 16 bytes), ws the 16-bit header fields.
 // Needs k a whole number of blocks.
 
-struct Dims { n: u32, k: u32 }
-
 @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> wq: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> ws: array<u32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<uniform> dims: Dims;
 @group(0) @binding(5) var<storage, read_write> xq: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read_write> xs: array<vec2<f32>>;
-@group(0) @binding(7) var<storage, read_write> part: array<f32>;
 
 // ---------------------------------------------------------------- quantize
 
@@ -81,21 +89,6 @@ fn quantize(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
         }
         xs[b] = vec2<f32>(1.0, s);
     }
-}
-
-// -------------------------------------------------------------- sum_splits
-
-@compute @workgroup_size(64)
-fn sum_splits(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let row = gid.x + gid.y * nwg.x * 64u;
-    if (row >= dims.n) {
-        return;
-    }
-    var s = 0.0;
-    for (var i = 0u; i < SPLIT; i++) {
-        s += part[i * dims.n + row];
-    }
-    y[row] = s;
 }
 
 // ------------------------------------------------------------ block layout
@@ -333,19 +326,20 @@ fn dq_item(gb: u32, j: u32, p: u32) -> f32 {
 
 // ------------------------------------------------------------ accumulation
 
-// Register accumulators of the workgroup's ROWS rows (ROWS <= 8).
-var<private> acc: array<f32, 8>;
+// Register accumulators of the workgroup's dq_nacc() weight rows (<= 16).
+var<private> acc: array<f32, 16>;
 
-// Where a workgroup works: its first row and its split, from its linear index.
+// Where a workgroup works: its first output row and its split, from its linear index.
 fn dq_group(wid: vec3<u32>, nwg: vec3<u32>) -> vec2<u32> {
     let g = wid.x + wid.y * nwg.x;
     return vec2<u32>((g / SPLIT) * ROWS, g % SPLIT);
 }
 
-// Invocation tid's share of the items of rows row0 .. row0 + ROWS in split s:
+// Invocation tid's share of the items of the workgroup's weight rows in split s:
 // items strided by WG, each item's activation loaded once for all rows.
 fn dq_accumulate(row0: u32, s: u32, tid: u32) {
-    for (var r = 0u; r < ROWS; r++) {
+    let nacc = dq_nacc();
+    for (var r = 0u; r < nacc; r++) {
         acc[r] = 0.0;
     }
     let nb = dims.k / dq_be();
@@ -353,24 +347,14 @@ fn dq_accumulate(row0: u32, s: u32, tid: u32) {
     let per_block = dq_nseg() * parts;
     let b0 = nb * s / SPLIT;
     let b1 = nb * (s + 1u) / SPLIT;
-    let last = dims.n - 1u;
     for (var i = b0 * per_block + tid; i < b1 * per_block; i += WG) {
         let b = i / per_block;
         let rem = i % per_block;
         let j = rem / parts;
         let p = rem % parts;
         dq_load_act(b, j, p);
-        for (var r = 0u; r < ROWS; r++) {
-            acc[r] += dq_item(min(row0 + r, last) * nb + b, j, p);
+        for (var r = 0u; r < nacc; r++) {
+            acc[r] += dq_item(dq_row(row0, r) * nb + b, j, p);
         }
-    }
-}
-
-// Row row0 + r's total from split s.
-fn dq_store(row: u32, s: u32, v: f32) {
-    if (SPLIT == 1u) {
-        y[row] = v;
-    } else {
-        part[s * dims.n + row] = v;
     }
 }

@@ -1,8 +1,9 @@
 // Quantized fused gate+up: y[t, j] = act(x[t]·w[j]) * (x[t]·w[n + j]) with w[2n, k]
 // in ggml blocks (QFMT: any ggml block format) dequantized in registers. Workgroup
 // (wid.x, t) owns ROWS features of token t; each invocation strides over quant
-// words for the gate and up rows of all of them, the workgroup reduces through
-// workgroup memory and applies the activation in the epilogue. Needs k a whole number of blocks (qbe()).
+// words for the gate and up rows of all of them into register accumulators
+// (features past n recompute the last one, never stored), the workgroup reduces
+// them through workgroup memory once and applies the activation in the epilogue. Needs k a whole number of blocks (qbe()).
 //
 // Bindings: x, the weight buffer twice (quants at 1, the scales region at 2), y,
 // the uniform.
@@ -31,17 +32,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let n = dims.n;
     let wpr = dims.k / qbe() * qunits();
     let xv = t * (dims.k / 4u);
-    for (var r = 0u; r < 2u * ROWS; r++) {
-        partial[r * WG + tid] = 0.0;
-    }
+    let last = n - 1u;
+    var acc: array<f32, 16>;
     for (var wi = tid; wi < wpr; wi += WG) {
         for (var r = 0u; r < ROWS; r++) {
-            let j = j0 + r;
-            if (j < n) {
-                partial[r * WG + tid] += qdot(j * wpr, wi, xv);
-                partial[(ROWS + r) * WG + tid] += qdot((n + j) * wpr, wi, xv);
-            }
+            let j = min(j0 + r, last);
+            acc[r] += qdot(j * wpr, wi, xv);
+            acc[ROWS + r] += qdot((n + j) * wpr, wi, xv);
         }
+    }
+    for (var r = 0u; r < 2u * ROWS; r++) {
+        partial[r * WG + tid] = acc[r];
     }
     wg_sum_rows(tid, 2u * ROWS);
     if (tid < ROWS && j0 + tid < n && t < dims.rows) {

@@ -1,8 +1,9 @@
 // Quantized GEMV y[n] = w[n,k] · x[k], w in ggml blocks (any ggml block format by the
 // QFMT override) read directly and dequantized in registers. Each workgroup owns
 // ROWS consecutive rows; every invocation takes quant words (4 or 8 weights each)
-// strided by WG, for all ROWS rows from the same x loads, then the workgroup
-// reduces WG partials per row through workgroup memory. Needs k a whole number of blocks (qbe()).
+// strided by WG, for all ROWS rows from the same x loads, into register
+// accumulators (rows past n recompute the last row, never stored), then the
+// workgroup reduces WG partials per row through workgroup memory once. Needs k a whole number of blocks (qbe()).
 // Includes: qgemv.wgsl (interface), qblock.wgsl (block decoding), block_wg.wgsl
 // (entry point), reduce_wg.wgsl (the tree).
 
@@ -14,16 +15,15 @@ var<workgroup> partial: array<f32, WG * ROWS>;
 
 fn block_partials(row0: u32, tid: u32) -> u32 {
     let wpr = dims.k / qbe() * qunits();
-    for (var r = 0u; r < ROWS; r++) {
-        partial[r * WG + tid] = 0.0;
-    }
+    let last = dims.n - 1u;
+    var acc: array<f32, 8>;
     for (var wi = tid; wi < wpr; wi += WG) {
         for (var r = 0u; r < ROWS; r++) {
-            let row = row0 + r;
-            if (row < dims.n) {
-                partial[r * WG + tid] += qdot(row * wpr, wi, 0u);
-            }
+            acc[r] += qdot(min(row0 + r, last) * wpr, wi, 0u);
         }
+    }
+    for (var r = 0u; r < ROWS; r++) {
+        partial[r * WG + tid] = acc[r];
     }
     return ROWS;
 }

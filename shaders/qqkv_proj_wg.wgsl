@@ -2,7 +2,8 @@
 // the concatenated weight w[nq + 2 nkv, k] in ggml blocks (QFMT: q8_0, q4_0, q4_1,
 // dequantized in registers), optional bias, rows routed to q, k_out and v_out.
 // Each workgroup owns ROWS consecutive rows; invocations stride over quant words
-// and the workgroup reduces through workgroup memory. Needs k a whole number of blocks (qbe()).
+// into register accumulators (rows past the end recompute the last row, never
+// stored) and the workgroup reduces them through workgroup memory once. Needs k a whole number of blocks (qbe()).
 //
 // Bindings: x, the weight buffer twice (quants at 1, scales region at 2), the bias
 // at 3 (a placeholder when HAS_BIAS is false), q, k_out, v_out, the uniform.
@@ -32,16 +33,15 @@ var<workgroup> partial: array<f32, WG * ROWS>;
 fn block_partials(row0: u32, tid: u32) -> u32 {
     let n = row_count();
     let wpr = dims.k / qbe() * qunits();
-    for (var r = 0u; r < ROWS; r++) {
-        partial[r * WG + tid] = 0.0;
-    }
+    let last = n - 1u;
+    var acc: array<f32, 8>;
     for (var wi = tid; wi < wpr; wi += WG) {
         for (var r = 0u; r < ROWS; r++) {
-            let row = row0 + r;
-            if (row < n) {
-                partial[r * WG + tid] += qdot(row * wpr, wi, 0u);
-            }
+            acc[r] += qdot(min(row0 + r, last) * wpr, wi, 0u);
         }
+    }
+    for (var r = 0u; r < ROWS; r++) {
+        partial[r * WG + tid] = acc[r];
     }
     return ROWS;
 }

@@ -128,7 +128,7 @@ pub struct Entry {
 }
 
 /// The shapes of one forward pass of `cfg` worth a row each: decode projections
-/// (f16, and the q8_0 and q4_0 block formats), the prefill GEMM over `tokens`,
+/// (f16, and the q8_0 and q4_0 block formats; the fused gate+up and qkv too), the prefill GEMM over `tokens`,
 /// attention over `tokens` new tokens and one token at `context`, and the norms,
 /// RoPE and elementwise ops at `tokens` rows. Every op of the kernel set appears.
 pub fn entries(model: &str, cfg: &ModelConfig, tokens: usize, context: usize) -> Vec<Entry> {
@@ -145,7 +145,11 @@ pub fn entries(model: &str, cfg: &ModelConfig, tokens: usize, context: usize) ->
         e("decode gate/up", Problem::Gemv { n: inter, k: h }, DType::Q4_0),
         e("decode down", Problem::Gemv { n: h, k: inter }, DType::F16),
         e("decode gate+up fused", Problem::GateUp { rows: 1, n: inter, k: h, act }, DType::F16),
+        e("decode gate+up fused", Problem::GateUp { rows: 1, n: inter, k: h, act }, DType::Q8_0),
+        e("decode gate+up fused", Problem::GateUp { rows: 1, n: inter, k: h, act }, DType::Q4_0),
         e("decode qkv fused", Problem::QkvProj { k: h, nq: heads * hd, nkv: kv_heads * hd, bias: cfg.attention_bias }, DType::F16),
+        e("decode qkv fused", Problem::QkvProj { k: h, nq: heads * hd, nkv: kv_heads * hd, bias: cfg.attention_bias }, DType::Q8_0),
+        e("decode qkv fused", Problem::QkvProj { k: h, nq: heads * hd, nkv: kv_heads * hd, bias: cfg.attention_bias }, DType::Q4_0),
         e("decode norm+o/qkv", Problem::NormGemv { n: heads * hd, k: h, eps, unit_offset }, DType::F16),
         e("prefill gate/up", Problem::Gemm { m: tokens, n: inter, k: h }, DType::F16),
         e("prefill gate/up", Problem::Gemm { m: tokens, n: inter, k: h }, DType::Q8_0),

@@ -7,10 +7,13 @@
 //! WGSL: `gate_up_wg` (GEMV style, gate and up rows of ROWS features share each x
 //! load, workgroup reduction), `gate_up_subgroup` (16-byte loads, one subgroup per
 //! feature), `gate_up_tiled` (prefill GEMM with register blocking), `gate_up_q_wg`
-//! (block formats), and on the matrix-tile GEMM's tiling (cooperative matrices or
-//! their emulation, gate and up accumulated side by side, the activation in the
-//! epilogue): `gate_up_coop16/8`, `gate_up_mma_emu` and the block-format
-//! `gate_up_q_coop16/8`, `gate_up_q_mma_emu` ([`crate::kernels::matmul::mma`]). CPU: `gate_up_dot4_cpu` (dot4 over interleaved gate/up rows),
+//! (block formats), `gate_up_q_dp4a_wg` / `_subgroup` (decode, second generation:
+//! the token quantized once for the gate and up rows, int8 block dots; the shared
+//! program is in [`qdp4a`](super::qdp4a)), and on the matrix-tile GEMM's tiling
+//! (cooperative matrices or their emulation, gate and up accumulated side by side,
+//! the activation in the epilogue): `gate_up_coop16/8`, `gate_up_mma_emu` and the
+//! block-format `gate_up_q_coop16/8`, `gate_up_q_mma_emu`
+//! ([`crate::kernels::matmul::mma`]). CPU: `gate_up_dot4_cpu` (dot4 over interleaved gate/up rows),
 //! `gate_up_blocked_cpu` (feature blocks with a packed f32 panel and the 2x4
 //! microkernel) and `gate_up_q_cpu` (block dot products in decode, each row
 //! dequantized once in prefill).
@@ -18,6 +21,7 @@
 use half::f16;
 use rayon::prelude::*;
 
+use super::qdp4a;
 use super::qkv::ROW_CPU_PARAMS;
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
@@ -40,6 +44,10 @@ static GATE_UP_WG: Shader = shader!("fused_gate_up_wg.wgsl", "act.wgsl", "reduce
 static GATE_UP_SG: Shader = shader!("fused_gate_up_subgroup.wgsl", "act.wgsl", "wload.wgsl");
 static GATE_UP_TILED: Shader = shader!("fused_gate_up_tiled.wgsl", "act.wgsl", "wload.wgsl");
 static QGATE_UP_WG: Shader = shader!("qgate_up_wg.wgsl", "qblock.wgsl", "act.wgsl", "reduce_wg.wgsl");
+static QGATE_UP_DP4A_WG: Shader =
+    shader!("qgate_up_dp4a_wg.wgsl", "qdp4a_gate_up.wgsl", "qdp4a_main_wg.wgsl", "qdp4a.wgsl", "act.wgsl", "reduce_wg.wgsl");
+static QGATE_UP_DP4A_SG: Shader =
+    shader!("qgate_up_dp4a_subgroup.wgsl", "qdp4a_gate_up.wgsl", "qdp4a_main_sg.wgsl", "qdp4a.wgsl", "act.wgsl");
 
 const GATE_UP_WG_PARAMS: &[ParamSpec] = &[
     WORKGROUP_SIZE,
@@ -118,6 +126,24 @@ pub fn variants() -> Vec<KernelDef> {
             ROWS_WG_PARAMS,
             "quantized gate and up rows dequantized in registers, workgroup reduction, activation product in the epilogue",
             WgslImpl::new(&QGATE_UP_WG, prepare_q).shared(shared_gate_up).check(check_q_wgsl),
+        ),
+        KernelDef::new(
+            "gate_up_q_dp4a_wg",
+            Op::GateUp,
+            qdp4a::DTYPES,
+            qdp4a::PARAMS,
+            "decode: the token quantized once (int8 blocks, or f16 / f32) for the gate and the up rows, dot4I8Packed block dots, \
+             16-byte quant loads; ROWS features' gate and up rows share each activation load in registers, one workgroup \
+             reduction, the activation product in registers (after the split-K sum)",
+            WgslImpl::new(&QGATE_UP_DP4A_WG, qdp4a::prepare).shared(qdp4a::shared).check(qdp4a::check),
+        ),
+        KernelDef::new(
+            "gate_up_q_dp4a_subgroup",
+            Op::GateUp,
+            qdp4a::DTYPES,
+            qdp4a::PARAMS,
+            "as gate_up_q_dp4a_wg, finished by one subgroupAdd per gate and up row and one pass over the subgroups",
+            WgslImpl::new(&QGATE_UP_DP4A_SG, qdp4a::prepare).shared(qdp4a::shared_sg).subgroups().check(qdp4a::check_subgroup),
         ),
         KernelDef::new(
             "gate_up_q_cpu",

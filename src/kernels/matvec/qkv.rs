@@ -4,13 +4,16 @@
 //! matrix-vector family; float and block-format variants are both here.
 //!
 //! WGSL: `qkv_proj_wg` (scalar loads, any k, workgroup reduction), `qkv_proj_subgroup`
-//! (16-byte loads, one subgroup per row), `qkv_proj_q_wg` (block formats, `QFMT`).
+//! (16-byte loads, one subgroup per row), `qkv_proj_q_wg` (block formats, `QFMT`),
+//! `qkv_proj_q_dp4a_wg` / `_subgroup` (second generation: the input quantized once
+//! for the Q, K and V rows, int8 block dots; the shared program is in
+//! [`qdp4a`](super::qdp4a)).
 //! CPU: `qkv_proj_dot4_cpu` (one pool pass over the rows of q, k and v together,
 //! four rows per SIMD call), `qkv_proj_splitk_cpu` (slices of k in parallel, partials
 //! summed with the bias) and `qkv_proj_q_cpu` (block dot products, f32 or int8
 //! activations).
 
-use super::gemv_dot4;
+use super::{gemv_dot4, qdp4a};
 use crate::device::GpuCaps;
 use crate::gpu::{Bind, GpuProgram, Shader, grid_2d, groups};
 use crate::kernels::cpu::{self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_PASS, ROWS_PER_TASK, check_isa, check_quant, pool, qin, sub_row};
@@ -26,6 +29,10 @@ static QKV_WG: Shader = shader!("fused_qkv_proj_wg.wgsl", "block_wg.wgsl", "redu
 static QKV_SG: Shader =
     shader!("fused_qkv_proj_subgroup.wgsl", "row_dot16.wgsl", "row_sg.wgsl", "reduce_sg.wgsl", "qkv_store.wgsl", "wload.wgsl");
 static QQKV_WG: Shader = shader!("qqkv_proj_wg.wgsl", "qblock.wgsl", "block_wg.wgsl", "reduce_wg.wgsl", "qkv_store.wgsl");
+static QQKV_DP4A_WG: Shader =
+    shader!("qqkv_proj_dp4a_wg.wgsl", "qdp4a_qkv.wgsl", "qdp4a_main_wg.wgsl", "qdp4a.wgsl", "qkv_store.wgsl", "reduce_wg.wgsl");
+static QQKV_DP4A_SG: Shader =
+    shader!("qqkv_proj_dp4a_subgroup.wgsl", "qdp4a_qkv.wgsl", "qdp4a_main_sg.wgsl", "qdp4a.wgsl", "qkv_store.wgsl");
 
 /// Shared with gate_up's dot4 kernel.
 pub(super) const ROW_CPU_PARAMS: &[ParamSpec] = &[
@@ -237,6 +244,24 @@ pub fn variants() -> Vec<KernelDef> {
             ROWS_WG_PARAMS,
             "one quantized GEMV over the concatenated Q/K/V weight, bias and routing in the epilogue, workgroup reduction",
             WgslImpl::new(&QQKV_WG, prepare_q).shared(shared_rows).check(check_q_wgsl),
+        ),
+        KernelDef::new(
+            "qkv_proj_q_dp4a_wg",
+            Op::QkvProj,
+            qdp4a::DTYPES,
+            qdp4a::PARAMS_NO_SPLIT,
+            "the normed input quantized once (int8 blocks, or f16 / f32) for the Q, K and V rows, dot4I8Packed block dots, \
+             16-byte quant loads, ROWS rows share each activation load in registers; one workgroup reduction, bias and \
+             q/k/v routing in the epilogue",
+            WgslImpl::new(&QQKV_DP4A_WG, qdp4a::prepare).shared(qdp4a::shared).check(qdp4a::check),
+        ),
+        KernelDef::new(
+            "qkv_proj_q_dp4a_subgroup",
+            Op::QkvProj,
+            qdp4a::DTYPES,
+            qdp4a::PARAMS_NO_SPLIT,
+            "as qkv_proj_q_dp4a_wg, finished by one subgroupAdd per row and one pass over the subgroups",
+            WgslImpl::new(&QQKV_DP4A_SG, qdp4a::prepare).shared(qdp4a::shared_sg).subgroups().check(qdp4a::check_subgroup),
         ),
         KernelDef::new(
             "qkv_proj_q_cpu",
