@@ -59,7 +59,7 @@ impl Combo {
 
     /// The formats [`Combo::repack`] names.
     pub fn repack_formats(&self) -> Vec<crate::kernels::quant::QFormat> {
-        crate::kernels::quant::REPACKABLE.iter().enumerate().filter(|(j, _)| self.repack >> j & 1 == 1).map(|(_, &f)| f).collect()
+        crate::kernels::quant::REPACKABLE.iter().enumerate().filter(|(j, _)| (self.repack >> j) & 1 == 1).map(|(_, &f)| f).collect()
     }
 
     pub fn label(&self) -> String {

@@ -411,9 +411,9 @@ mod tests {
             for act in [ActVec::I8(XQ8::quantize(&xv)), ActVec::F32(&xv)] {
                 let mut y = vec![0f32; rows];
                 act.rows(Isa::best(), v, k, 0, &mut y, false);
-                for r in 0..rows {
+                for (r, &v) in y.iter().enumerate() {
                     let w = act.dot(Isa::best(), qrow(m.view(), r, k));
-                    assert!((y[r] - w).abs() <= 1e-4 * (1.0 + w.abs()), "{format} row {r}: {} vs {w}", y[r]);
+                    assert!((v - w).abs() <= 1e-4 * (1.0 + w.abs()), "{format} row {r}: {v} vs {w}");
                 }
             }
         }
