@@ -259,27 +259,32 @@ fn i8_gemm(c: &mut Criterion) {
     g.finish();
 }
 
-/// The Q4_K int8 decode dots on the row layout and on the repacked `X8` layout
+/// The int8 decode dots on the row layout and on the repacked `X8` layout
 /// (`execution.cpuRepack`), on the kernels' pool as `gemv_q_cpu` runs them (64 rows
-/// a task): Llama 3.2 1B's up projection (8192 x 2048, 18.9 MB: cache-resident
-/// on a CPU with a 32 MB L3, where the dots' instruction count decides) and four
-/// of them stacked (75 MB, read from DRAM, where both should meet the bandwidth).
+/// a task): Llama 3.2 1B's up projection (8192 x 2048; Q4_K 18.9 MB: cache-resident
+/// on a CPU with a 32 MB L3, where the dots' instruction count decides) in Q4_K,
+/// Q4_0, Q8_0 and IQ4_NL, and four of them stacked in Q4_K (75 MB, read from DRAM,
+/// where both should meet the bandwidth). The row layout of the 32-element formats
+/// takes its four-row pass (`rows_per_pass: 4`), as tuned.
 fn repack(c: &mut Criterion) {
     use ktune::kernels::cpu::{ActVec, RowSplit, XQ8, par_rows};
     use ktune::kernels::quant::{QFormat, QMatrix};
     let mut g = c.benchmark_group("repack");
     let k = 2048;
-    for rows in [8192usize, 32768] {
+    for (format, rows) in
+        [(QFormat::Q4_K, 8192usize), (QFormat::Q4_K, 32768), (QFormat::Q4_0, 8192), (QFormat::Q8_0, 8192), (QFormat::IQ4_NL, 8192)]
+    {
         let x: Vec<f32> = (0..rows * k).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
-        let m = QMatrix::quantize(QFormat::Q4_K, rows, k, &x).expect("whole super-blocks");
+        let m = QMatrix::quantize(format, rows, k, &x).expect("whole blocks");
         let x8 = m.repack_x8();
-        let act = ActVec::I8(XQ8::quantize_k(&x[..k]));
+        let k4 = format == QFormat::Q4_K;
+        let act = ActVec::I8(if k4 { XQ8::quantize_k(&x[..k]) } else { XQ8::quantize(&x[..k]) });
         let mut y = vec![0f32; rows];
         g.throughput(Throughput::Bytes(m.bytes() as u64));
-        for (name, w) in [("q4_k_rows", &m), ("q4_k_x8", &x8)] {
-            g.bench_function(BenchmarkId::new(name, format!("{rows}x{k}")), |b| {
+        for (layout, w) in [("rows", &m), ("x8", &x8)] {
+            g.bench_function(BenchmarkId::new(format!("{}_{layout}", format.name()), format!("{rows}x{k}")), |b| {
                 b.iter(|| {
-                    par_rows(&mut y, 1, RowSplit::Dynamic(64), |first, yc| act.rows(cpu::Isa::best(), w.view(), k, first, yc, false));
+                    par_rows(&mut y, 1, RowSplit::Dynamic(64), |first, yc| act.rows(cpu::Isa::best(), w.view(), k, first, yc, !k4));
                     black_box(&y);
                 })
             });

@@ -238,7 +238,24 @@ fn trusted_wgsl_kernels_match_reference_one_per_family() {
 /// of whole groups of 8 rows (the repack leaves other matrices as they are).
 #[test]
 fn repacked_q4k_weights_give_the_row_layout_results() {
+    let runs = repacked_weights_give_the_row_layout_results(ktune::kernels::DType::Q4_K);
+    assert!(runs >= 10, "only {runs} repacked runs");
+}
+
+/// The same for the 32-element formats with a repacked layout (Q4_0, Q8_0,
+/// IQ4_NL: one block column of 8 rows a record).
+#[test]
+fn repacked_q4_0_q8_0_iq4_nl_weights_give_the_row_layout_results() {
     use ktune::kernels::DType;
+    for dtype in [DType::Q4_0, DType::Q8_0, DType::IQ4_NL] {
+        let runs = repacked_weights_give_the_row_layout_results(dtype);
+        assert!(runs >= 10, "{dtype}: only {runs} repacked runs");
+    }
+}
+
+/// Every CPU kernel taking `dtype` on the test shapes, with the weights in rows
+/// and repacked: the runs compared.
+fn repacked_weights_give_the_row_layout_results(dtype: ktune::kernels::DType) -> usize {
     use ktune::kernels::problem::Activation;
     use ktune::kernels::problem::Problem;
     use ktune::kernels::quant::Layout;
@@ -255,7 +272,7 @@ fn repacked_q4k_weights_give_the_row_layout_results() {
     ];
     let caps = CpuCaps::detect();
     let mut repacked_runs = 0;
-    for k in kernels::registry().iter().filter(|k| k.backend() == Backend::Cpu && k.dtypes.contains(&DType::Q4_K)) {
+    for k in kernels::registry().iter().filter(|k| k.backend() == Backend::Cpu && k.dtypes.contains(&dtype)) {
         for p in &problems {
             if p.op() != k.op {
                 continue;
@@ -269,10 +286,10 @@ fn repacked_q4k_weights_give_the_row_layout_results() {
                 }
             }
             for params in param_sets {
-                if k.check(Caps::Cpu(&caps), p, DType::Q4_K, &params).is_err() {
+                if k.check(Caps::Cpu(&caps), p, dtype, &params).is_err() {
                     continue;
                 }
-                let rows = verify::make_inputs(p, DType::Q4_K, 11);
+                let rows = verify::make_inputs(p, dtype, 11);
                 let mut packed = false;
                 let x8: Vec<HostTensor> = rows
                     .iter()
@@ -286,18 +303,22 @@ fn repacked_q4k_weights_give_the_row_layout_results() {
                     .collect();
                 assert!(packed, "{} {p:?}: no matrix of whole 8-row groups", k.id);
                 assert!(x8.iter().any(|t| matches!(t, HostTensor::Q(m) if matches!(m.layout, Layout::X8 { .. }))));
-                let want = verify::run_cpu(k, p, DType::Q4_K, &params, &rows).expect("row layout runs");
-                let got = verify::run_cpu(k, p, DType::Q4_K, &params, &x8).expect("repacked layout runs");
+                let want = verify::run_cpu(k, p, dtype, &params, &rows).expect("row layout runs");
+                let got = verify::run_cpu(k, p, dtype, &params, &x8).expect("repacked layout runs");
                 for (w, g) in want.iter().zip(&got) {
                     for (i, (a, b)) in w.iter().zip(g).enumerate() {
-                        assert!((a - b).abs() <= 1e-4 * (1.0 + a.abs()), "{} {p:?} {params:?}: [{i}] rows {a} vs repacked {b}", k.id);
+                        assert!(
+                            (a - b).abs() <= 1e-4 * (1.0 + a.abs()),
+                            "{} {dtype} {p:?} {params:?}: [{i}] rows {a} vs repacked {b}",
+                            k.id
+                        );
                     }
                 }
                 repacked_runs += 1;
             }
         }
     }
-    assert!(repacked_runs >= 10, "only {repacked_runs} repacked runs");
+    repacked_runs
 }
 
 /// Every kernel accepts at least one of its op's test shapes for every storage

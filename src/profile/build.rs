@@ -64,7 +64,7 @@ pub(crate) fn profile_doc(f: &Findings<'_>) -> ProfileDoc {
         threads: chosen.threads,
         spin_us: chosen.spin_us,
         prefetch: chosen.prefetch,
-        repack: if chosen.repack { crate::profile::REPACKABLE.to_vec() } else { Vec::new() },
+        repack: chosen.repack_formats(),
         trusted_shaders: o.trusted_shaders && t.ctx.is_some(),
     };
     let (execution, parallel) = exec.to_doc();

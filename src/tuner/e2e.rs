@@ -45,15 +45,21 @@ pub(crate) struct Combo {
     /// CPU: the int8 decode dots' prefetch distance, bytes (None: the runtime's
     /// default).
     pub prefetch: Option<u32>,
-    /// CPU: the formats of [`crate::kernels::quant::REPACKABLE`] repacked at load.
-    pub repack: bool,
+    /// CPU: the formats repacked at load, a bit per entry of
+    /// [`crate::kernels::quant::REPACKABLE`] (0: none).
+    pub repack: u8,
 }
 
 impl Combo {
     /// A combination of the race winners with these switches, on all threads
     /// with the pool's default spin.
     fn raced(fusion: Fusion, parallel: Parallel, batch: bool) -> Combo {
-        Combo { fusion, parallel, batch, default: false, threads: 0, spin_us: 0, prefetch: None, repack: false }
+        Combo { fusion, parallel, batch, default: false, threads: 0, spin_us: 0, prefetch: None, repack: 0 }
+    }
+
+    /// The formats [`Combo::repack`] names.
+    pub fn repack_formats(&self) -> Vec<crate::kernels::quant::QFormat> {
+        crate::kernels::quant::REPACKABLE.iter().enumerate().filter(|(j, _)| (self.repack >> j) & 1 == 1).map(|(_, &f)| f).collect()
     }
 
     pub fn label(&self) -> String {
@@ -85,8 +91,9 @@ impl Combo {
         if let Some(p) = self.prefetch {
             s.push_str(&format!(" prefetch {p} B"));
         }
-        if self.repack {
-            s.push_str(" repacked");
+        if self.repack != 0 {
+            let names: Vec<_> = self.repack_formats().iter().map(|f| f.name()).collect();
+            s.push_str(&format!(" repacked {}", names.join(",")));
         }
         s
     }
@@ -232,13 +239,31 @@ fn combinations_with_threads(o: &TuneOptions, predicted: &[(Fusion, f64)], gpu: 
         for p in PREFETCH_CHOICES {
             combos.push((Combo { prefetch: Some(p), ..Combo::raced(*f, par_on, true) }, *pred));
         }
-        // The repacked weight layouts, where the model has matrices of such a format.
-        let formats = std::iter::once(o.weight_dtype).chain(o.matrix_formats.values().copied());
-        if formats.filter_map(|d| d.quant()).any(|f| crate::kernels::quant::REPACKABLE.contains(&f)) {
-            combos.push((Combo { repack: true, ..Combo::raced(*f, par_on, true) }, *pred));
+        // The repacked weight layouts, per format the model has matrices of (a
+        // layout can win on one format's dots and lose on another's), and all of
+        // them together where there are several.
+        let dtypes: Vec<_> = std::iter::once(o.weight_dtype).chain(o.matrix_formats.values().copied()).collect();
+        for repack in repack_choices(&dtypes) {
+            combos.push((Combo { repack, ..Combo::raced(*f, par_on, true) }, *pred));
         }
     }
     combos
+}
+
+/// The repack sets the end-to-end stage races: one per format of
+/// [`crate::kernels::quant::REPACKABLE`] the model's matrices come in (`dtypes`:
+/// its weight type and those of the matrices stored otherwise), as [`Combo::repack`]
+/// bits, then all of those together where there are two or more.
+pub(crate) fn repack_choices(dtypes: &[crate::kernels::DType]) -> Vec<u8> {
+    let formats: Vec<_> = dtypes.iter().filter_map(|d| d.quant()).collect();
+    let bits: Vec<u8> =
+        crate::kernels::quant::REPACKABLE.iter().enumerate().filter(|(_, f)| formats.contains(f)).map(|(j, _)| 1u8 << j).collect();
+    let all = bits.iter().fold(0, |a, b| a | b);
+    let mut out = bits.clone();
+    if bits.len() > 1 {
+        out.push(all);
+    }
+    out
 }
 
 /// One request's time per sample: prefill + `decode_tokens` × the per-token decode
@@ -310,8 +335,8 @@ pub(crate) fn run(
     let build_with = |b: &Engines<'_>, c: &Combo| -> Result<Engine, RuntimeError> {
         let mut opts = plan_options(o, c.fusion, c.parallel);
         opts.context = opts.context.max(o.prefill_tokens + E2E_DECODE_STEPS + 1);
-        if c.repack {
-            opts.cpu_repack = crate::kernels::quant::REPACKABLE.to_vec();
+        if c.repack != 0 {
+            opts.cpu_repack = c.repack_formats();
         }
         let mut e = b.build(opts, selection_for(c, caps, &winners), c.batch)?;
         e.set_cpu_pool(c.threads, c.spin_us, c.prefetch);
@@ -474,6 +499,28 @@ pub(crate) fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A repack set per repackable format present, and all of them together where
+    /// there are several; none for a model without such matrices.
+    #[test]
+    fn repack_races_one_set_per_format_present_and_their_union() {
+        use crate::kernels::DType;
+        use crate::kernels::quant::QFormat;
+        let sets = |d: &[DType]| -> Vec<Vec<QFormat>> {
+            repack_choices(d)
+                .into_iter()
+                .map(|repack| Combo { repack, ..Combo::raced(Fusion::NONE, Parallel::default(), true) }.repack_formats())
+                .collect()
+        };
+        assert!(sets(&[DType::F16, DType::Q6_K]).is_empty());
+        assert_eq!(sets(&[DType::Q4_K, DType::Q6_K]), vec![vec![QFormat::Q4_K]]);
+        assert_eq!(
+            sets(&[DType::Q4_0, DType::Q8_0, DType::Q6_K, DType::Q4_0]),
+            vec![vec![QFormat::Q4_0], vec![QFormat::Q8_0], vec![QFormat::Q4_0, QFormat::Q8_0]]
+        );
+        let c = Combo { repack: repack_choices(&[DType::IQ4_NL, DType::Q4_K])[2], ..Combo::raced(Fusion::NONE, Parallel::default(), true) };
+        assert!(c.label().ends_with("repacked q4_k,iq4_nl"), "{}", c.label());
+    }
 
     /// Rounds whose speed swings by ±25% together for every combination: a
     /// combination 10% faster in every round wins, one that merely had its fast

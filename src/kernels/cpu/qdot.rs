@@ -316,12 +316,13 @@ impl<'a> ActVec<'a> {
                 ActVec::F32(x) => {
                     for (i, out) in y.iter_mut().enumerate() {
                         let r = first + i;
+                        let be = w.format.block_elems();
                         *out = (0..bpr)
                             .map(|c| {
                                 w.with_block(r * bpr + c, |q, s| {
                                     dot_q(
                                         isa,
-                                        &x[QK_K * c..QK_K * (c + 1)],
+                                        &x[be * c..be * (c + 1)],
                                         QView { format: w.format, quants: q, scales: s, layout: Layout::Rows },
                                     )
                                 })
@@ -379,7 +380,7 @@ pub fn dot_q_scalar(x: &[f32], w: QView<'_>) -> f32 {
 /// Row `r` (of `k` columns) of `w` dequantized into `out`, whatever its layout.
 pub fn dequantize_row(isa: Isa, w: QView<'_>, r: usize, k: usize, out: &mut [f32]) {
     let Layout::X8 { bpr } = w.layout else { return dequantize(isa, qrow(w, r, k), out) };
-    for (c, o) in out.chunks_exact_mut(QK_K).take(bpr).enumerate() {
+    for (c, o) in out.chunks_exact_mut(w.format.block_elems()).take(bpr).enumerate() {
         w.with_block(r * bpr + c, |q, s| dequantize(isa, QView { format: w.format, quants: q, scales: s, layout: Layout::Rows }, o));
     }
 }

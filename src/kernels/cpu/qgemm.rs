@@ -203,11 +203,16 @@ impl Panel {
                 }
                 for b in 0..per_row {
                     let e0 = b * be;
-                    if let Layout::X8 { bpr } = w.layout {
+                    if let Layout::X8 { bpr } = w.layout
+                        && w.format == QFormat::Q4_K
+                    {
                         unpack_x8(w, r0 + i, b, bpr, &mut row[e0..e0 + be], sc, of);
                     } else {
-                        let (q, s) = w.block((r0 + i) * per_row + b);
-                        unpack_block(isa, w.format, q, s, &mut row[e0..e0 + be], sc, of, &mut u);
+                        // The row layout's block, or a repacked 32-element block
+                        // gathered back (16 or 32 code bytes: a few loads).
+                        w.with_block((r0 + i) * per_row + b, |q, s| {
+                            unpack_block(isa, w.format, q, s, &mut row[e0..e0 + be], sc, of, &mut u)
+                        });
                     }
                     for g in 0..be / sg {
                         let j = (blk * groups + e0 / sg + g) * RB + lane;

@@ -1,4 +1,4 @@
-//! Decode dots over repacked Q4_K weights ([`Layout::X8`]): 8 rows at a time,
+//! Decode dots over repacked weights ([`Layout::X8`]): 8 rows at a time,
 //! one 32-bit lane per row, so a super-block column of the 8 rows costs 64
 //! `vpdpbusd` (or `maddubs` + `madd` on AVX2) against broadcast activations, the
 //! sub-block scales applied to the 8 rows' integer sums at once, and no
@@ -12,11 +12,19 @@
 //! integer sum `Σ_j sc_j Σ q·x` of each row, converted once and multiplied by
 //! `d · d_x`; the minima's term `Σ_j mn_j · dsum_j` in f32, times `dmin`; so the
 //! SIMD and portable results agree to the last bit (tests below).
+//!
+//! Q4_0, Q8_0 and IQ4_NL (32-element blocks, the activations with a scale per
+//! 32) go the same way, a block column of the 8 rows at a time: Q4_0's unsigned
+//! nibbles in 8 `vpdpbusd`, its `-8` through the activations' block sums
+//! (`-8 d Σx`, as the row int8 dots take it); Q8_0's signed codes and IQ4_NL's
+//! table values (one `vpshufb` a load) by llama.cpp's sign trick (`|w|` times
+//! `x` with `w`'s sign); per block, each row's integer sum converted once and
+//! multiplied by `d · d_x` in 8 lanes.
 
 use half::f16;
 
 use super::{Isa, XQ8};
-use crate::kernels::quant::{Layout, QK, QView, X8_BYTES, X8_ROWS, x8_row_codes, x8_scale_min};
+use crate::kernels::quant::{IQ4_LEVELS, Layout, QFormat, QK, QView, X8_BYTES, X8_ROWS, x8_record_bytes, x8_row_codes, x8_scale_min};
 
 /// Rows `first..first + y.len()` of the [`Layout::X8`] matrix `w` dotted with
 /// `x` into `y`: whole groups of 8 rows, a partial group at either end computed
@@ -37,8 +45,27 @@ pub fn rows_x8(isa: Isa, x: &XQ8, w: QView<'_>, first: usize, y: &mut [f32]) {
 /// The 8 dot products of rows `8 g..8 g + 8`.
 #[inline]
 fn group(isa: Isa, x: &XQ8, w: QView<'_>, bpr: usize, g: usize) -> [f32; X8_ROWS] {
-    let rec = &w.quants[g * bpr * X8_BYTES..(g + 1) * bpr * X8_BYTES];
-    let sc = &w.scales[g * bpr * 2 * X8_ROWS..(g + 1) * bpr * 2 * X8_ROWS];
+    let (rb, ns) = (x8_record_bytes(w.format), w.format.scales_per_block() * X8_ROWS);
+    let rec = &w.quants[g * bpr * rb..(g + 1) * bpr * rb];
+    let sc = &w.scales[g * bpr * ns..(g + 1) * bpr * ns];
+    if w.format != QFormat::Q4_K {
+        #[cfg(target_arch = "x86_64")]
+        if isa.avx2() && x.q.len() >= bpr * QK && x.d.len() >= bpr && x.dsum.len() >= bpr {
+            // SAFETY: AVX2/FMA/F16C checked (VNNI too for `vnni`); `rec`, `sc` hold
+            // `bpr` records, `x` as many blocks (checked above).
+            return unsafe {
+                match (w.format, isa.vnni()) {
+                    (QFormat::Q4_0, true) => x86::vnni::group32::<0>(rec, sc, x, bpr),
+                    (QFormat::Q8_0, true) => x86::vnni::group32::<1>(rec, sc, x, bpr),
+                    (_, true) => x86::vnni::group32::<2>(rec, sc, x, bpr),
+                    (QFormat::Q4_0, false) => x86::avx2::group32::<0>(rec, sc, x, bpr),
+                    (QFormat::Q8_0, false) => x86::avx2::group32::<1>(rec, sc, x, bpr),
+                    (_, false) => x86::avx2::group32::<2>(rec, sc, x, bpr),
+                }
+            };
+        }
+        return group32_portable(w.format, rec, sc, x, bpr);
+    }
     #[cfg(target_arch = "x86_64")]
     if x.per256 && isa.avx2() && x.q.len() >= bpr * 256 && x.d.len() >= 8 * bpr && x.dsum.len() >= 8 * bpr {
         // SAFETY: AVX2/FMA/F16C checked (VNNI too for `vnni`); `rec`, `sc` hold
@@ -81,6 +108,43 @@ fn group_portable(rec: &[u8], sc: &[f16], x: &XQ8, bpr: usize) -> [f32; X8_ROWS]
         }
     }
     std::array::from_fn(|i| acc[i] - accm[i])
+}
+
+/// The portable loop of the 32-element formats (`x`: a scale per 32, or per 256
+/// repeated over its blocks).
+fn group32_portable(format: QFormat, rec: &[u8], sc: &[f16], x: &XQ8, bpr: usize) -> [f32; X8_ROWS] {
+    let rb = x8_record_bytes(format);
+    let mut acc = [0f32; X8_ROWS];
+    let mut accm = [0f32; X8_ROWS];
+    let val = |n: u8| if format == QFormat::IQ4_NL { IQ4_LEVELS[n as usize] as i32 } else { n as i32 };
+    for c in 0..bpr {
+        let r = &rec[c * rb..(c + 1) * rb];
+        let xq = &x.q[QK * c..QK * (c + 1)];
+        for i in 0..X8_ROWS {
+            let mut isum = 0i32;
+            if format == QFormat::Q8_0 {
+                for t in 0..8 {
+                    for l in 0..4 {
+                        isum += r[32 * t + 4 * i + l] as i8 as i32 * xq[4 * t + l] as i32;
+                    }
+                }
+            } else {
+                // Byte l of a row's 16: element l (low nibble) and l + 16 (high).
+                for t in 0..4 {
+                    for l in 0..4 {
+                        let v = r[32 * t + 4 * i + l];
+                        isum += val(v & 0x0f) * xq[4 * t + l] as i32 + val(v >> 4) * xq[16 + 4 * t + l] as i32;
+                    }
+                }
+            }
+            let d = sc[X8_ROWS * c + i].to_f32();
+            acc[i] = (isum as f32).mul_add(d * x.d[c], acc[i]);
+            if format == QFormat::Q4_0 {
+                accm[i] = d.mul_add(x.dsum[c], accm[i]);
+            }
+        }
+    }
+    std::array::from_fn(|i| (-8f32).mul_add(accm[i], acc[i]))
 }
 
 const _: () = assert!(QK * 8 == 256);
@@ -153,13 +217,97 @@ mod x86 {
                     unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc, accm)) };
                     out
                 }
+
+                /// `acc + Σ4 w·s` per 32-bit lane for signed `w` (|w| ≤ 128): `|w|`
+                /// times `s` with `w`'s sign (llama.cpp's sign trick).
+                #[inline]
+                #[target_feature(enable = $feat)]
+                fn dps(acc: __m256i, w: __m256i, s: __m256i) -> __m256i {
+                    $dp(acc, _mm256_sign_epi8(w, w), _mm256_sign_epi8(s, w))
+                }
+
+                /// One group's block columns of a 32-element format (`F`: 0 Q4_0,
+                /// 1 Q8_0, 2 IQ4_NL), as [`super::super::group32_portable`] computes them.
+                ///
+                /// # Safety
+                /// The features of `$feat`; `rec` holds `bpr` records of the format, `sc`
+                /// their 8 scales each, `x` `bpr` blocks (codes, scales and sums).
+                #[target_feature(enable = $feat)]
+                pub unsafe fn group32<const F: u8>(rec: &[u8], sc: &[f16], x: &XQ8, bpr: usize) -> [f32; X8_ROWS] {
+                    let rb = if F == 1 { 256 } else { 128 };
+                    assert!(
+                        rec.len() >= bpr * rb && sc.len() >= bpr * 8 && x.q.len() >= 32 * bpr && x.d.len() >= bpr && x.dsum.len() >= bpr
+                    );
+                    let m4 = _mm256_set1_epi8(0x0f);
+                    // SAFETY: the 16 bytes of the table.
+                    let table = unsafe {
+                        let t = _mm_loadu_si128(crate::kernels::quant::IQ4_LEVELS.as_ptr() as *const __m128i);
+                        _mm256_set_m128i(t, t)
+                    };
+                    let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                    let pf = crate::kernels::cpu::prefetch_bytes();
+                    for c in 0..bpr {
+                        // SAFETY: record c, its scales and block c of x (asserted above).
+                        unsafe {
+                            let r = rec.as_ptr().add(c * rb);
+                            if pf != 0 {
+                                let p = r.wrapping_add(pf);
+                                for l in 0..rb / 64 {
+                                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * l) as *const i8);
+                                }
+                            }
+                            let xq = x.q.as_ptr().add(32 * c);
+                            let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                            if F == 1 {
+                                for t in 0..4 {
+                                    let w0 = _mm256_loadu_si256(r.add(64 * t) as *const __m256i);
+                                    let w1 = _mm256_loadu_si256(r.add(64 * t + 32) as *const __m256i);
+                                    lo = dps(lo, w0, _mm256_set1_epi32((xq.add(8 * t) as *const i32).read_unaligned()));
+                                    hi = dps(hi, w1, _mm256_set1_epi32((xq.add(8 * t + 4) as *const i32).read_unaligned()));
+                                }
+                            } else {
+                                for t in 0..4 {
+                                    let w = _mm256_loadu_si256(r.add(32 * t) as *const __m256i);
+                                    let wl = _mm256_and_si256(w, m4);
+                                    let wh = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
+                                    if F == 0 {
+                                        lo = $dp(lo, wl, _mm256_set1_epi32((xq.add(4 * t) as *const i32).read_unaligned()));
+                                        hi = $dp(hi, wh, _mm256_set1_epi32((xq.add(16 + 4 * t) as *const i32).read_unaligned()));
+                                    } else {
+                                        lo = dps(
+                                            lo,
+                                            _mm256_shuffle_epi8(table, wl),
+                                            _mm256_set1_epi32((xq.add(4 * t) as *const i32).read_unaligned()),
+                                        );
+                                        hi = dps(
+                                            hi,
+                                            _mm256_shuffle_epi8(table, wh),
+                                            _mm256_set1_epi32((xq.add(16 + 4 * t) as *const i32).read_unaligned()),
+                                        );
+                                    }
+                                }
+                            }
+                            let d = _mm256_cvtph_ps(_mm_loadu_si128(sc.as_ptr().add(8 * c) as *const __m128i));
+                            let isum = _mm256_add_epi32(lo, hi);
+                            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(x.d[c])), acc);
+                            if F == 0 {
+                                accm = _mm256_fmadd_ps(d, _mm256_set1_ps(x.dsum[c]), accm);
+                            }
+                        }
+                    }
+                    let mut out = [0f32; X8_ROWS];
+                    // SAFETY: 8 floats into an 8-float array.
+                    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_fnmadd_ps(_mm256_set1_ps(8.0), accm, acc)) };
+                    out
+                }
             }
         };
     }
 
     use std::arch::x86_64::*;
 
-    /// `acc + Σ4 u·s` per 32-bit lane with AVX2 (`u` ≤ 15, so `maddubs` never saturates).
+    /// `acc + Σ4 u·s` per 32-bit lane with AVX2 (`u` ≤ 128, so `maddubs`' pairs,
+    /// at most 2 · 128 · 127, never saturate).
     #[inline]
     #[target_feature(enable = "avx2")]
     fn dp_avx2(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
@@ -227,6 +375,46 @@ mod tests {
             act.rows(Isa::best(), x8.view(), k, 0, &mut y, false);
             for (v, w) in y.iter().zip(&want) {
                 assert!((v - w).abs() <= 1e-4 * (1.0 + w.abs()));
+            }
+        }
+    }
+    #[test]
+    fn x8_dots_of_the_32_element_formats_agree_simd_and_portable_and_match_the_row_dots() {
+        let (rows, k) = (24, 320);
+        let xv = data(k, 4);
+        let xq = XQ8::quantize(&xv);
+        for format in [QFormat::Q4_0, QFormat::Q8_0, QFormat::IQ4_NL] {
+            let m = QMatrix::quantize(format, rows, k, &data(rows * k, 6)).unwrap();
+            let x8 = m.repack_x8();
+            let Layout::X8 { bpr } = x8.layout else { panic!("{format} not repacked") };
+            let (v, rb) = (x8.view(), x8_record_bytes(format));
+            let want: Vec<f32> = (0..rows).map(|r| dot_q_i8(Isa::Scalar, &xq, qrow(m.view(), r, k))).collect();
+            let portable: Vec<f32> = (0..rows)
+                .map(|r| {
+                    let g = r / X8_ROWS;
+                    let (rec, sc) = (&v.quants[g * bpr * rb..(g + 1) * bpr * rb], &v.scales[g * bpr * 8..(g + 1) * bpr * 8]);
+                    group32_portable(format, rec, sc, &xq, bpr)[r % X8_ROWS]
+                })
+                .collect();
+            for (r, (p, w)) in portable.iter().zip(&want).enumerate() {
+                assert!((p - w).abs() <= 1e-4 * (1.0 + w.abs()), "{format} row {r}: {p} vs the row dot {w}");
+            }
+            for isa in [Isa::Scalar, Isa::Simd256, Isa::best()] {
+                for (first, len) in [(0, rows), (3, 13), (8, 8), (17, 7)] {
+                    let mut y = vec![0f32; len];
+                    rows_x8(isa, &xq, v, first, &mut y);
+                    assert_eq!(y, portable[first..first + len], "{format} {isa:?}: SIMD and portable bit for bit");
+                }
+            }
+            // Through the decode activation vectors, as the kernels call them (f32:
+            // each block gathered back).
+            for act in [ActVec::I8(XQ8::quantize(&xv)), ActVec::F32(&xv)] {
+                let mut y = vec![0f32; rows];
+                act.rows(Isa::best(), v, k, 0, &mut y, false);
+                for (r, &v) in y.iter().enumerate() {
+                    let w = act.dot(Isa::best(), qrow(m.view(), r, k));
+                    assert!((v - w).abs() <= 1e-4 * (1.0 + w.abs()), "{format} row {r}: {v} vs {w}");
+                }
             }
         }
     }

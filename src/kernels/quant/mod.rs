@@ -21,7 +21,7 @@ mod repack;
 
 pub use decode::{GROUP, IQ4_LEVELS, Unpacked, dequantize_block, scale_min_k4, scales_mins_k4, unpack, unpack_scales, unpack_vals};
 pub use encode::quantize_block;
-pub use repack::{REPACKABLE, X8_BYTES, X8_ROWS, pack_scales_mins_k4, x8_row_codes, x8_scale_min};
+pub use repack::{REPACKABLE, X8_BYTES, X8_ROWS, pack_scales_mins_k4, x8_record_bytes, x8_row_codes, x8_row_runs, x8_scale_min};
 
 use half::f16;
 use serde::{Deserialize, Serialize};
@@ -239,17 +239,18 @@ pub enum Layout {
     /// Row after row, each row's blocks in order (the on-disk order).
     #[default]
     Rows,
-    /// Q4_K repacked for the CPU's int8 decode dots (llama.cpp's `REPACK` idea, in
-    /// a layout of ours): 8 rows interleaved per super-block column, unpacked 6-bit
-    /// scales and minima, the codes of the 8 rows in 4-byte runs so one 32-byte
-    /// load holds 4 codes of each row (the `repack` module's docs); rows of `bpr`
-    /// super-blocks.
+    /// Q4_K, Q4_0, Q8_0 or IQ4_NL repacked for the CPU's int8 decode dots
+    /// (llama.cpp's `REPACK` idea, in a layout of ours): 8 rows interleaved per
+    /// block column, their header fields side by side (Q4_K: unpacked 6-bit scales
+    /// and minima too), the codes of the 8 rows in 4-byte runs so one 32-byte load
+    /// holds 4 code bytes of each row (the `repack` module's docs); rows of `bpr`
+    /// blocks.
     X8 { bpr: usize },
 }
 
 impl<'a> QView<'a> {
     pub fn blocks(&self) -> usize {
-        let qb = if self.layout == Layout::Rows { self.format.quant_bytes() } else { X8_BYTES / X8_ROWS };
+        let qb = if self.layout == Layout::Rows { self.format.quant_bytes() } else { x8_record_bytes(self.format) / X8_ROWS };
         (self.quants.len() / qb).min(self.scales.len() / self.format.scales_per_block())
     }
     /// Elements the view holds (whole blocks).
@@ -302,7 +303,7 @@ impl<'a> QView<'a> {
             }
             Layout::X8 { bpr } => {
                 let (q, s) = repack::gather_x8(self, b / bpr, b % bpr, bpr);
-                f(&q, &s)
+                f(&q[..self.format.quant_bytes()], &s[..self.format.scales_per_block()])
             }
         }
     }

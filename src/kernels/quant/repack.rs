@@ -1,39 +1,72 @@
-//! Repacked weight layouts: a Q4_K matrix reordered at load time for the CPU's
-//! int8 decode dots ([`Layout::X8`]), as llama.cpp's CPU `REPACK` buffers
-//! reorder Q4_0/Q4_K rows into interleaved groups, in a layout of ours made for
-//! `vpdpbusd`.
+//! Repacked weight layouts: Q4_K, Q4_0, Q8_0 and IQ4_NL matrices reordered at
+//! load time for the CPU's int8 decode dots ([`Layout::X8`]), as llama.cpp's CPU
+//! `REPACK` buffers reorder Q4_0/Q8_0/Q4_K/IQ4_NL rows into interleaved groups, in
+//! a layout of ours made for `vpdpbusd`.
 //!
-//! Rows go in groups of [`X8_ROWS`]; a group's super-block column `c` (of `bpr`
-//! per row) is one record of [`X8_BYTES`] bytes at `(g * bpr + c) * X8_BYTES` in
-//! `quants`, and 16 f16 values at `(g * bpr + c) * 16` in `scales`:
-//! - `scales`: `d` of rows 0..8, then `dmin` of rows 0..8;
-//! - bytes `0..64`: the 6-bit scale of sub-block `j` of row `i` at `8 j + i`;
-//! - bytes `64..128`: the 6-bit minimum of sub-block `j` of row `i` at `64 + 8 j + i`;
-//! - bytes `128..1152`: the codes. Q4_K keeps in byte `32 p + l` of a row the codes
-//!   of elements `64 p + l` (low nibble) and `64 p + 32 + l` (high nibble); the
-//!   record puts the 4 bytes `32 p + 4 t ..` of row `i` at `128 + 32 (8 p + t) + 4 i`,
-//!   so one 32-byte load holds, in 32-bit lane `i`, four codes of row `i` (low
-//!   nibbles: sub-block `2 p`, high: `2 p + 1`), and one `vpdpbusd` against four
-//!   broadcast activations gives the 8 rows' partial sums side by side.
+//! Rows go in groups of [`X8_ROWS`]; a group's block column `c` (of `bpr` per
+//! row) is one record of [`x8_record_bytes`] bytes at `(g * bpr + c) * bytes` in
+//! `quants`, and its 8 rows' 16-bit header fields at `(g * bpr + c) * 8 * ns` in
+//! `scales` (`ns` fields a block: field `f` of row `i` at `8 f + i`, so one F16C
+//! conversion widens a field of the 8 rows into 8 lanes). A group's records are
+//! consecutive, so the 8 rows stream front to back together. In every format a
+//! record keeps the code bytes in 4-byte runs: run `t` of row `i` (the block's
+//! code bytes `4 t..4 t + 4` in the split layout) at `codes + 32 t + 4 i`, so one
+//! 32-byte load holds, in 32-bit lane `i`, four code bytes of row `i`, and one
+//! `vpdpbusd` against four broadcast activations gives the 8 rows' partial sums
+//! side by side.
 //!
-//! The record is 32 bytes larger than the 8 blocks it holds (the scales and minima
-//! unpacked from 12 bytes to 16); a dot pays no per-row unpacking, horizontal sum
-//! or scale conversion for it. The repack is lossless: [`gather_x8`] gives back
-//! each block in the split form, bit for bit (tests below).
+//! - Q4_K ([`X8_BYTES`] = 1152 bytes a record, one super-block column):
+//!   `scales`: `d` of rows 0..8, then `dmin` of rows 0..8; bytes `0..64`: the 6-bit
+//!   scale of sub-block `j` of row `i` at `8 j + i`; bytes `64..128`: the 6-bit
+//!   minimum at `64 + 8 j + i`; bytes `128..1152`: the 32 runs of the 128 code
+//!   bytes (byte `32 p + l` of a row holds elements `64 p + l`, low nibble, and
+//!   `64 p + 32 + l`, high), so a load's low nibbles are 4 codes of sub-block
+//!   `2 p` and its high ones of `2 p + 1`. The record is 32 bytes larger than the
+//!   8 blocks it holds (the scales and minima unpacked from 12 bytes to 16).
+//! - Q4_0 and IQ4_NL (128 bytes, one 32-element block column): `scales`: `d` of
+//!   rows 0..8; the 4 runs of a row's 16 code bytes (byte `l`: element `l` low
+//!   nibble, `l + 16` high): load `t`'s low nibbles are elements `4 t..4 t + 4` of
+//!   each row, its high ones `16 + 4 t..`. Q4_0's nibbles stay unsigned (its `-8`
+//!   enters through the activations' block sums, as the row int8 dots take it);
+//!   IQ4_NL's go through the non-linear table (`vpshufb`) first.
+//! - Q8_0 (256 bytes, one block column): `scales`: `d` of rows 0..8; the 8 runs of
+//!   a row's 32 signed codes (load `t`: elements `4 t..4 t + 4`).
+//!
+//! A record of the 32-element formats is one block column and not several: a
+//! group's columns lie one after another either way, so grouping 4 or 8 columns
+//! into a record would give the same bytes in the same order (the scales live in
+//! their own buffer) and only add a column-count condition; one column a record
+//! repacks every matrix of whole 8-row groups. The repacks add no bytes there.
+//!
+//! A dot pays no per-row unpacking, horizontal sum or scale conversion for the
+//! layout. The repack is lossless: [`gather_x8`] gives back each block in the
+//! split form, bit for bit (tests below).
 
 use half::f16;
 
 use super::{Layout, QFormat, QMatrix, QView, scales_mins_k4};
 
 /// The block formats with a repacked CPU layout (the profile's `execution.cpuRepack`).
-pub const REPACKABLE: [QFormat; 1] = [QFormat::Q4_K];
+pub const REPACKABLE: [QFormat; 4] = [QFormat::Q4_K, QFormat::Q4_0, QFormat::Q8_0, QFormat::IQ4_NL];
 
 /// Rows interleaved in one [`Layout::X8`] record.
 pub const X8_ROWS: usize = 8;
-/// Bytes of one [`Layout::X8`] record in `quants` (8 rows' super-blocks).
+/// Bytes of one Q4_K [`Layout::X8`] record in `quants` (8 rows' super-blocks).
 pub const X8_BYTES: usize = 1152;
 /// Bytes of a Q4_K block in the split layout (less `d`, `dmin`): 12 scale bytes, 128 code bytes.
 const Q4K_QB: usize = 140;
+
+/// Bytes of one [`Layout::X8`] record of `format` in `quants`: 8 rows' blocks of
+/// one column (Q4_K's with its scales and minima unpacked).
+pub fn x8_record_bytes(format: QFormat) -> usize {
+    if format == QFormat::Q4_K { X8_BYTES } else { X8_ROWS * format.quant_bytes() }
+}
+
+/// Where a block's code bytes lie: their offset in the split form, their count,
+/// and the offset of their runs in an X8 record.
+fn x8_codes(format: QFormat) -> (usize, usize, usize) {
+    if format == QFormat::Q4_K { (12, 128, 128) } else { (0, format.quant_bytes(), 0) }
+}
 
 /// The 12 packed scale bytes of a Q4_K block from its eight 6-bit scales (bytes
 /// 0..8) and minima (8..16): the inverse of [`scales_mins_k4`].
@@ -49,9 +82,10 @@ pub fn pack_scales_mins_k4(sm: &[u8; 16]) -> [u8; 12] {
 }
 
 impl QMatrix {
-    /// Whether [`QMatrix::repack_x8`] applies: Q4_K in rows, whole groups of 8 rows.
+    /// Whether [`QMatrix::repack_x8`] applies: a format of [`REPACKABLE`] in rows,
+    /// whole groups of 8 rows.
     pub fn can_repack_x8(&self) -> bool {
-        self.format == QFormat::Q4_K && self.layout == Layout::Rows && self.rows.is_multiple_of(X8_ROWS) && self.rows > 0
+        REPACKABLE.contains(&self.format) && self.layout == Layout::Rows && self.rows.is_multiple_of(X8_ROWS) && self.rows > 0
     }
 
     /// This matrix in [`Layout::X8`] (itself, cloned, when [`QMatrix::can_repack_x8`] is false).
@@ -61,26 +95,30 @@ impl QMatrix {
         }
         let bpr = self.blocks_per_row();
         let groups = self.rows / X8_ROWS;
-        let mut quants = vec![0u8; groups * bpr * X8_BYTES];
-        let mut scales = vec![f16::ZERO; groups * bpr * 2 * X8_ROWS];
+        let (qb, ns, rb) = (self.format.quant_bytes(), self.format.scales_per_block(), x8_record_bytes(self.format));
+        let (src, len, dst) = x8_codes(self.format);
+        let mut quants = vec![0u8; groups * bpr * rb];
+        let mut scales = vec![f16::ZERO; groups * bpr * ns * X8_ROWS];
         for g in 0..groups {
             for c in 0..bpr {
-                let rec = &mut quants[(g * bpr + c) * X8_BYTES..][..X8_BYTES];
-                let sc = &mut scales[(g * bpr + c) * 2 * X8_ROWS..][..2 * X8_ROWS];
+                let rec = &mut quants[(g * bpr + c) * rb..][..rb];
+                let sc = &mut scales[(g * bpr + c) * ns * X8_ROWS..][..ns * X8_ROWS];
                 for i in 0..X8_ROWS {
                     let b = (g * X8_ROWS + i) * bpr + c;
-                    let q = &self.quants[b * Q4K_QB..(b + 1) * Q4K_QB];
-                    (sc[i], sc[X8_ROWS + i]) = (self.scales[2 * b], self.scales[2 * b + 1]);
-                    let sm = scales_mins_k4(&q[..12]);
-                    for j in 0..8 {
-                        rec[8 * j + i] = sm[j];
-                        rec[64 + 8 * j + i] = sm[8 + j];
+                    let q = &self.quants[b * qb..(b + 1) * qb];
+                    for f in 0..ns {
+                        sc[f * X8_ROWS + i] = self.scales[ns * b + f];
                     }
-                    for p in 0..4 {
-                        for t in 0..8 {
-                            let dst = 128 + 32 * (8 * p + t) + 4 * i;
-                            rec[dst..dst + 4].copy_from_slice(&q[12 + 32 * p + 4 * t..][..4]);
+                    if self.format == QFormat::Q4_K {
+                        let sm = scales_mins_k4(&q[..12]);
+                        for j in 0..8 {
+                            rec[8 * j + i] = sm[j];
+                            rec[64 + 8 * j + i] = sm[8 + j];
                         }
+                    }
+                    for t in 0..len / 4 {
+                        let at = dst + 32 * t + 4 * i;
+                        rec[at..at + 4].copy_from_slice(&q[src + 4 * t..][..4]);
                     }
                 }
             }
@@ -107,39 +145,53 @@ impl QMatrix {
     }
 }
 
+/// Row `i`'s code bytes from the runs at `at` of an X8 record into `out` (whose
+/// length, a multiple of 4, says how many): the split layout's order.
+#[inline]
+pub fn x8_row_runs(rec: &[u8], i: usize, at: usize, out: &mut [u8]) {
+    for (t, o) in out.chunks_exact_mut(4).enumerate() {
+        o.copy_from_slice(&rec[at + 32 * t + 4 * i..][..4]);
+    }
+}
+
 /// Row `i`'s 32 Q4_K code bytes of sub-block pair `p` from an X8 record, in the
 /// split layout's order (byte `l`: element `64 p + l` low, `64 p + 32 + l` high).
 #[inline]
 pub fn x8_row_codes(rec: &[u8], i: usize, p: usize) -> [u8; 32] {
     let mut q = [0u8; 32];
-    for t in 0..8 {
-        q[4 * t..4 * t + 4].copy_from_slice(&rec[128 + 32 * (8 * p + t) + 4 * i..][..4]);
-    }
+    x8_row_runs(rec, i, 128 + 256 * p, &mut q);
     q
 }
 
-/// Row `i`'s 6-bit scale and minimum of sub-block `j` from an X8 record.
+/// Row `i`'s 6-bit scale and minimum of sub-block `j` from a Q4_K X8 record.
 #[inline]
 pub fn x8_scale_min(rec: &[u8], i: usize, j: usize) -> (u8, u8) {
     (rec[8 * j + i], rec[64 + 8 * j + i])
 }
 
-/// Block `c` of row `r` of a [`Layout::X8`] view in the split form (140 quant
-/// bytes; `d`, `dmin`).
+/// Block `c` of row `r` of a [`Layout::X8`] view in the split form: the quant
+/// bytes (the first `quant_bytes` of the array) and the header fields (the first
+/// `scales_per_block`).
 pub(super) fn gather_x8(w: &QView<'_>, r: usize, c: usize, bpr: usize) -> ([u8; Q4K_QB], [f16; 2]) {
     let (g, i) = (r / X8_ROWS, r % X8_ROWS);
-    let rec = &w.quants[(g * bpr + c) * X8_BYTES..][..X8_BYTES];
-    let sc = &w.scales[(g * bpr + c) * 2 * X8_ROWS..][..2 * X8_ROWS];
-    let mut sm = [0u8; 16];
-    for j in 0..8 {
-        (sm[j], sm[8 + j]) = x8_scale_min(rec, i, j);
-    }
+    let (ns, rb) = (w.format.scales_per_block(), x8_record_bytes(w.format));
+    let rec = &w.quants[(g * bpr + c) * rb..][..rb];
+    let sc = &w.scales[(g * bpr + c) * ns * X8_ROWS..][..ns * X8_ROWS];
     let mut q = [0u8; Q4K_QB];
-    q[..12].copy_from_slice(&pack_scales_mins_k4(&sm));
-    for p in 0..4 {
-        q[12 + 32 * p..][..32].copy_from_slice(&x8_row_codes(rec, i, p));
+    let mut s = [f16::ZERO; 2];
+    for (f, o) in s.iter_mut().enumerate().take(ns) {
+        *o = sc[f * X8_ROWS + i];
     }
-    (q, [sc[i], sc[X8_ROWS + i]])
+    if w.format == QFormat::Q4_K {
+        let mut sm = [0u8; 16];
+        for j in 0..8 {
+            (sm[j], sm[8 + j]) = x8_scale_min(rec, i, j);
+        }
+        q[..12].copy_from_slice(&pack_scales_mins_k4(&sm));
+    }
+    let (src, len, at) = x8_codes(w.format);
+    x8_row_runs(rec, i, at, &mut q[src..src + len]);
+    (q, s)
 }
 
 #[cfg(test)]
@@ -176,9 +228,46 @@ mod tests {
         x.view().dequantize_into(&mut b);
         assert_eq!(a, b);
         assert_eq!(x.view().get(5 * 512 + 300), m.view().get(5 * 512 + 300));
-        // Not 8 rows a group, or not Q4_K: unchanged.
+        // Not 8 rows a group, or a format without a repacked layout: unchanged.
         assert_eq!(q4k(12, 256, 1).repack_x8().layout, Layout::Rows);
-        let q8 = QMatrix::quantize(QFormat::Q8_0, 8, 64, &[0.5; 512]).unwrap();
-        assert_eq!(q8.repack_x8(), q8);
+        let q6 = QMatrix::quantize(QFormat::Q6_K, 8, 256, &crate::kernels::cpu::testdata::signed(8 * 256, 2)).unwrap();
+        assert!(!q6.can_repack_x8());
+        assert_eq!(q6.repack_x8(), q6);
+    }
+
+    #[test]
+    fn x8_repack_of_the_32_element_formats_is_lossless_and_interleaves_by_runs() {
+        for format in [QFormat::Q4_0, QFormat::Q8_0, QFormat::IQ4_NL] {
+            let (rows, cols) = (16, 96);
+            let m = QMatrix::quantize(format, rows, cols, &crate::kernels::cpu::testdata::signed(rows * cols, 5)).unwrap();
+            assert!(m.can_repack_x8(), "{format}");
+            let x = m.repack_x8();
+            let qb = format.quant_bytes();
+            assert_eq!(x.layout, Layout::X8 { bpr: 3 }, "{format}");
+            assert_eq!((x.quants.len(), x.scales.len()), (m.quants.len(), m.scales.len()), "{format}: no bytes added");
+            assert_eq!(x8_record_bytes(format), 8 * qb);
+            assert_ne!(x.quants, m.quants, "{format}");
+            // Record (group 1, column 2): run t of row i at 32 t + 4 i, the 8 rows' d side by side.
+            let rec = &x.quants[(3 + 2) * 8 * qb..][..8 * qb];
+            for i in 0..8 {
+                let b = (8 + i) * 3 + 2;
+                for t in 0..qb / 4 {
+                    assert_eq!(rec[32 * t + 4 * i..][..4], m.quants[b * qb + 4 * t..][..4], "{format} row {i} run {t}");
+                }
+                assert_eq!(x.scales[(3 + 2) * 8 + i].to_bits(), m.scales[b].to_bits());
+            }
+            assert_eq!(x.to_rows(), m, "{format}");
+            assert_eq!(x.to_ggml(), m.to_ggml(), "{format}");
+            let (mut a, mut b) = (vec![0f32; rows * cols], vec![0f32; rows * cols]);
+            m.view().dequantize_into(&mut a);
+            x.view().dequantize_into(&mut b);
+            assert_eq!(a, b, "{format}");
+            assert_eq!(x.view().blocks(), m.blocks());
+            assert_eq!(x.view().get(13 * cols + 70), m.view().get(13 * cols + 70));
+        }
+        // Q8_0's codes go through as they are (signed, -128 included).
+        let mut m = QMatrix::quantize(QFormat::Q8_0, 8, 32, &crate::kernels::cpu::testdata::signed(256, 1)).unwrap();
+        m.quants[5] = 0x80;
+        assert_eq!(m.repack_x8().to_rows(), m);
     }
 }
