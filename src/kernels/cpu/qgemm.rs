@@ -533,7 +533,7 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
 fn row_bytes(w: QView<'_>, k: usize) -> usize {
     match w.layout {
         Layout::Rows => k / w.format.block_elems() * w.format.quant_bytes(),
-        Layout::X8 { .. } => k / w.format.block_elems() * X8_BYTES / X8_ROWS,
+        Layout::X8 { .. } => k / w.format.block_elems() * crate::kernels::quant::x8_record_bytes(w.format) / X8_ROWS,
     }
 }
 
