@@ -171,6 +171,18 @@ impl Panel {
             unsafe { direct::pack(self, w, r0, rows, k) };
             return;
         }
+        #[cfg(target_arch = "x86_64")]
+        if let Layout::X8 { bpr } = w.layout
+            && i8_gemm_simd(isa)
+            && matches!(w.format, QFormat::Q8_0 | QFormat::Q4_0)
+            && r0.is_multiple_of(X8_ROWS)
+            && bpr * QK == k
+        {
+            // SAFETY: AVX-512F/BW checked; the panel is sized for `rows` rows of k;
+            // `w` holds whole 8-row groups of `bpr` records, r0 starts a group.
+            unsafe { direct::pack_x8(self, w, r0, rows, k) };
+            return;
+        }
         self.pack_staged(isa, w, r0, rows, k);
     }
 
@@ -402,7 +414,7 @@ fn direct(w: QView<'_>) -> bool {
 mod direct {
     use std::arch::x86_64::*;
 
-    use super::{Panel, QFormat, QK, QView, RB, transpose_store};
+    use super::{Panel, QFormat, QK, QView, RB, X8_ROWS, transpose_store};
 
     /// # Safety
     /// AVX-512F/BW available; `p` sized for `rows` rows of `k` ([`Panel::pack`]);
@@ -471,6 +483,77 @@ mod direct {
                 let z: [__m512i; 8] = std::array::from_fn(|i| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(row(i)), row(i + 8)));
                 // SAFETY: 512 bytes of the panel's block `blk` at elements 32c.
                 unsafe { transpose_store(z, p.vals.as_mut_ptr().add(blk * k * RB + RB * QK * c)) };
+            }
+        }
+    }
+
+    /// [`pack`] from Q4_0 / Q8_0 [`Layout::X8`](super::Layout::X8) records: a
+    /// record's run `t` is 4 code bytes of each of its 8 rows side by side, so two
+    /// records (rows 0..8 and 8..16 of a row block) give the panel's run of the 16
+    /// rows by two 32-byte loads, no transpose (Q4_0: runs `t` and `t + 4` from
+    /// the low and high nibbles; Q8_0: the sign bit flipped).
+    ///
+    /// # Safety
+    /// AVX-512F/BW available; `p` sized for `rows` rows of `k`; `w` X8 with
+    /// `k / 32` records a group, holding rows `r0..r0 + rows` (`r0` a multiple of 8).
+    #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
+    pub unsafe fn pack_x8(p: &mut Panel, w: QView<'_>, r0: usize, rows: usize, k: usize) {
+        let format = w.format;
+        let bpr = k / QK;
+        let rec = crate::kernels::quant::x8_record_bytes(format);
+        let g0 = r0 / X8_ROWS;
+        let groups_here = rows.div_ceil(X8_ROWS);
+        assert!(w.quants.len() >= (g0 + groups_here) * bpr * rec && w.scales.len() >= (g0 + groups_here) * bpr * X8_ROWS);
+        p.bias = if format == QFormat::Q8_0 { 128 } else { 8 };
+        let off_k = p.bias as f32;
+        let base = w.quants.as_ptr();
+        let m4 = _mm512_set1_epi8(0x0f);
+        let flip = _mm256_set1_epi8(-128);
+        for blk in 0..p.blocks {
+            // The two 8-row groups of this row block (the second may lie past `rows`).
+            let ga = 2 * blk;
+            let has_b = 2 * blk + 1 < groups_here;
+            for c in 0..bpr {
+                for lane in 0..RB {
+                    let (gi, i) = (ga + lane / X8_ROWS, lane % X8_ROWS);
+                    let j = (blk * bpr + c) * RB + lane;
+                    (p.scale[j], p.off[j]) = if blk * RB + lane < rows {
+                        let d = w.scales[((g0 + gi) * bpr + c) * X8_ROWS + i].to_f32();
+                        (d, -off_k * d)
+                    } else {
+                        (0.0, 0.0)
+                    };
+                }
+                // SAFETY: records (g0 + ga, c) and (g0 + ga + 1, c) lie inside
+                // `quants` (asserted; the second only when it exists); 512 panel
+                // bytes of block `blk` at group c.
+                unsafe {
+                    let ra = base.add(((g0 + ga) * bpr + c) * rec);
+                    let rb = base.add(((g0 + ga + 1) * bpr + c) * rec);
+                    let dst = p.vals.as_mut_ptr().add(blk * k * RB + RB * QK * c);
+                    // Run t of both groups (Q8_0: sign bits flipped); rows past the
+                    // last group are zeros, as the staged packing leaves them.
+                    let run = |t: usize| -> __m512i {
+                        let q8 = format == QFormat::Q8_0;
+                        let load = |r: *const u8| {
+                            let v = _mm256_loadu_si256(r.add(32 * t) as *const __m256i);
+                            if q8 { _mm256_xor_si256(v, flip) } else { v }
+                        };
+                        let b = if has_b { load(rb) } else { _mm256_setzero_si256() };
+                        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load(ra)), b)
+                    };
+                    if format == QFormat::Q8_0 {
+                        for t in 0..8 {
+                            _mm512_storeu_si512(dst.add(64 * t) as *mut _, run(t));
+                        }
+                    } else {
+                        for t in 0..4 {
+                            let v = run(t);
+                            _mm512_storeu_si512(dst.add(64 * t) as *mut _, _mm512_and_si512(v, m4));
+                            _mm512_storeu_si512(dst.add(64 * (t + 4)) as *mut _, _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4));
+                        }
+                    }
+                }
             }
         }
     }
@@ -743,6 +826,45 @@ mod tests {
                     assert!((a - b).abs() <= 1e-4 * scale, "{format:?} r{r} t{t}: simd {a} scalar {b}");
                     assert!((a - exact).abs() <= 1e-2 * scale, "{format:?} r{r} t{t}: {a} vs {exact}");
                 }
+            }
+        }
+    }
+
+    /// The panel packed straight from Q4_0 / Q8_0 X8 records is the one the staged
+    /// path gathers from them, bit for bit: whole and half row blocks, groups
+    /// from an offset.
+    #[test]
+    fn x8_packing_is_the_staged_packing() {
+        if !i8_gemm_simd(Isa::best()) {
+            eprintln!("SKIPPED x8_packing_is_the_staged_packing: no AVX-512 VNNI on this CPU");
+            return;
+        }
+        for format in [QFormat::Q8_0, QFormat::Q4_0] {
+            let (n, k) = (56, 160);
+            let x8 = QMatrix::quantize(format, n, k, &data(n * k, 13)).expect("quantizes").repack_x8();
+            assert!(matches!(x8.layout, Layout::X8 { .. }));
+            for (r0, rows) in [(0, n), (8, 24), (16, 8), (40, 16)] {
+                let (mut a, mut b) = (Panel::default(), Panel::default());
+                a.pack(Isa::best(), x8.view(), r0, rows, k);
+                assert_eq!(a.bias, if format == QFormat::Q8_0 { 128 } else { 8 });
+                b.sg = a.sg;
+                b.blocks = a.blocks;
+                b.vals.resize(a.vals.len(), 0xaa);
+                b.scale.resize(a.scale.len(), f32::NAN);
+                b.off.resize(a.off.len(), f32::NAN);
+                b.pack_staged(Isa::best(), x8.view(), r0, rows, k);
+                let first = a.vals.iter().zip(&b.vals).position(|(u, v)| u != v);
+                assert!(first.is_none(), "{format:?} rows {r0}+{rows}: values differ first at byte {first:?} of {}", a.vals.len());
+                assert_eq!(
+                    a.scale.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    b.scale.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{format:?}: scales"
+                );
+                assert_eq!(
+                    a.off.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    b.off.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{format:?}: offsets"
+                );
             }
         }
     }
