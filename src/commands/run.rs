@@ -133,9 +133,9 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         };
         return Err(Error::Usage(format!("token id {bad} is outside the vocabulary (size {}){from}", c.vocab_size)));
     }
-    // The image: its pixels (bad files refused before the tower is built), the
-    // tower and projector, the soft tokens that replace the image tokens.
-    let soft_tokens = match (&args.image, &vision) {
+    // The image: its pixels (bad files refused before the tower is built; the
+    // tower runs once the profile's choices are known).
+    let image_pixels = match (&args.image, &vision) {
         (Some(path), Some(v)) => {
             let count = prompt.iter().filter(|&&t| t == v.image_token_id).count();
             if count != v.mm_tokens_per_image {
@@ -145,18 +145,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
                     v.image_token_id, v.mm_tokens_per_image, v.boi_token_id, v.image_token_id, v.mm_tokens_per_image, v.eoi_token_id
                 )));
             }
-            let pixels = crate::runtime::image::load_image(path, v.image_size)?;
-            let tower = crate::runtime::vision::VisionEngine::new(v, &m.weights)?;
-            let t0 = Instant::now();
-            let out = tower.encode(&pixels)?;
-            warnings.push(format!(
-                "image {}: {} patches through the vision tower in {:.3} s (CPU), {} soft tokens",
-                path.display(),
-                v.num_patches(),
-                t0.elapsed().as_secs_f64(),
-                v.mm_tokens_per_image
-            ));
-            Some((v.image_token_id, out.tokens))
+            Some((path, v, crate::runtime::image::load_image(path, v.image_size)?))
         }
         _ => None,
     };
@@ -225,6 +214,24 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
             },
         ),
     };
+    // The tower and projector (with the profile's `vision` choices), the soft
+    // tokens that replace the image tokens.
+    let soft_tokens = match image_pixels {
+        Some((path, v, pixels)) => {
+            let tower = crate::runtime::vision::VisionEngine::new(v, &m.weights)?.with_selection(&selection)?;
+            let t0 = Instant::now();
+            let out = tower.encode(&pixels)?;
+            warnings.push(format!(
+                "image {}: {} patches through the vision tower in {:.3} s (CPU), {} soft tokens",
+                path.display(),
+                v.num_patches(),
+                t0.elapsed().as_secs_f64(),
+                v.mm_tokens_per_image
+            ));
+            Some((v.image_token_id, out.tokens))
+        }
+        None => None,
+    };
     let matrix_formats = session::matrix_formats(&m, exec.weight_dtype, weight_flag);
     let mut other_formats = std::collections::BTreeMap::new();
     for d in matrix_formats.values() {
@@ -248,6 +255,9 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     let engines = Engines { model: &m.name, config: c, store, ctx, memo: None, check_decode: false };
     let mut engine = engines.build(opts, selection, batch)?;
     engine.set_cpu_pool(exec.threads, exec.spin_us, exec.prefetch);
+    if args.causal_image {
+        engine.image_attention = crate::runtime::ImageAttention::Causal;
+    }
     let weight_bytes = engine.plan.weight_bytes();
     // Prefill (timed; on a GPU the pass is also profiled per step).
     engine.profile_next();
