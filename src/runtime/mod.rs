@@ -136,12 +136,15 @@ pub enum ImageAttention {
     Causal,
 }
 
+/// One prefill pass of a prompt: `(start, end, block)`, see [`prefill_passes`].
+pub type PrefillPass = (usize, usize, (usize, usize));
+
 /// The passes of a prompt of `tokens`: `(start, end, block)`, at most `chunk`
 /// tokens each, where `block` is the run of `image` tokens in the pass (indices in
 /// `tokens`; `(0, 0)` for none). With an image id, a pass never splits a run nor
 /// holds two (each pass has one bidirectional block); a run longer than `chunk`
 /// is an error.
-pub fn prefill_passes(tokens: &[u32], chunk: usize, image: Option<u32>) -> Result<Vec<(usize, usize, (usize, usize))>, RuntimeError> {
+pub fn prefill_passes(tokens: &[u32], chunk: usize, image: Option<u32>) -> Result<Vec<PrefillPass>, RuntimeError> {
     let chunk = chunk.max(1);
     let Some(id) = image else {
         return Ok((0..tokens.len()).step_by(chunk).map(|s| (s, (s + chunk).min(tokens.len()), (0, 0))).collect());
