@@ -13,6 +13,24 @@ fn first_key(pos: u32, window: u32) -> u32 {
     return 0u;
 }
 
+// Keys [key_lo, key_hi] (bounds included) the prefill query at position `pos` sees:
+// first_key..pos, widened to the whole bidirectional block [b0, b1) (an image's
+// tokens; b0 == b1: none) when pos lies in it. Neither bound decreases with pos.
+fn key_lo(pos: u32, window: u32, b0: u32, b1: u32) -> u32 {
+    let lo = first_key(pos, window);
+    if (pos >= b0 && pos < b1) {
+        return min(lo, b0);
+    }
+    return lo;
+}
+
+fn key_hi(pos: u32, b0: u32, b1: u32) -> u32 {
+    if (pos >= b0 && pos < b1) {
+        return b1 - 1u;
+    }
+    return pos;
+}
+
 // The KV head query head h reads (grouped-query attention).
 fn kv_head(h: u32, heads: u32, kv_heads: u32) -> u32 {
     return h / (heads / kv_heads);

@@ -28,6 +28,9 @@ struct Dims {
     kv_heads: u32,
     window: u32,
     scale: f32,
+    // the bidirectional block [b0, b1) (b0 == b1: none)
+    b0: u32,
+    b1: u32,
 }
 
 @group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
@@ -86,11 +89,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         qs[idx] = v;
     }
 
-    // this row's visible keys [lo_r, pos], the block's [klo, khi]
+    // this row's visible keys [lo_r, hi_r], the block's [klo, khi]
     let pos = past + i0 + min(r, rows - 1u);
-    let lo_r = first_key(pos, dims.window);
-    let klo = first_key(past + i0, dims.window);
-    let khi = past + i0 + rows - 1u;
+    let lo_r = key_lo(pos, dims.window, dims.b0, dims.b1);
+    let hi_r = key_hi(pos, dims.b0, dims.b1);
+    let klo = key_lo(past + i0, dims.window, dims.b0, dims.b1);
+    let khi = key_hi(past + i0 + rows - 1u, dims.b0, dims.b1);
     let base = kh * dims.kv_cap;
     let ncol = (hd4 + LANES - 1u) / LANES;
 
@@ -108,7 +112,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var c = lane; c < BKV; c += LANES) {
             let j = t0 + c;
             var s = NEG;
-            if (valid && j >= lo_r && j <= pos) {
+            if (valid && j >= lo_r && j <= hi_r) {
                 var a = vec4<f32>(0.0);
                 for (var x = 0u; x < hd4; x++) {
                     a += qs[r * hd4 + x] * kv[c * hd4 + x];

@@ -7,7 +7,8 @@
 //   pv      (one invocation per 16-byte output word): out = Σ_j p_j V[j] over the
 //           row's visible keys.
 // Query at token i has position kv_len - tokens + i and sees keys (pos - window, pos]
-// (every key up to pos when window == 0). Query head h reads KV head h / (heads / kv_heads).
+// (every key up to pos when window == 0), and every key of the bidirectional block
+// [b0, b1) when pos lies in it (attention.wgsl's key_lo, key_hi). Query head h reads KV head h / (heads / kv_heads).
 //
 // Bindings are unique across the module; each entry binds its subset:
 //   scores: q@0 k_cache@1 dims@4 sc@5;  softmax: dims@4 sc@5;  pv: v_cache@2 out@3 dims@4 sc@5
@@ -27,6 +28,9 @@ struct Dims {
     head_dim: u32,
     window: u32,
     scale: f32,
+    // the bidirectional block [b0, b1) (b0 == b1: none)
+    b0: u32,
+    b1: u32,
 }
 
 @group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
@@ -58,7 +62,7 @@ fn scores(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let kh = kv_head(h, dims.heads, dims.kv_heads);
     let pos = position(i);
     var s = NEG;
-    if (j <= pos && j >= first_key(pos, dims.window)) {
+    if (j <= key_hi(pos, dims.b0, dims.b1) && j >= key_lo(pos, dims.window, dims.b0, dims.b1)) {
         let n = wwords16(dims.head_dim);
         let hd4 = dims.head_dim / 4u;
         let qb = row * hd4;
@@ -81,20 +85,21 @@ fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
         return;
     }
     let pos = position(row / dims.heads);
-    let lo = first_key(pos, dims.window);
+    let lo = key_lo(pos, dims.window, dims.b0, dims.b1);
+    let hi = key_hi(pos, dims.b0, dims.b1);
     let base = row * dims.kv_len;
     var mx = NEG;
-    for (var j = lo + tid; j <= pos; j += WG) {
+    for (var j = lo + tid; j <= hi; j += WG) {
         mx = max(mx, sc[base + j]);
     }
     mx = row_max(mx, tid);
     workgroupBarrier();
     var sum = 0.0;
-    for (var j = lo + tid; j <= pos; j += WG) {
+    for (var j = lo + tid; j <= hi; j += WG) {
         sum += exp(sc[base + j] - mx);
     }
     let inv = 1.0 / row_sum(sum, tid);
-    for (var j = lo + tid; j <= pos; j += WG) {
+    for (var j = lo + tid; j <= hi; j += WG) {
         sc[base + j] = exp(sc[base + j] - mx) * inv;
     }
 }
@@ -116,7 +121,8 @@ fn pv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<
     let vb = kh * dims.kv_cap;
     var a0 = vec4<f32>(0.0);
     var a1 = vec4<f32>(0.0);
-    for (var j = first_key(pos, dims.window); j <= pos; j++) {
+    let hi = key_hi(pos, dims.b0, dims.b1);
+    for (var j = key_lo(pos, dims.window, dims.b0, dims.b1); j <= hi; j++) {
         let p = sc[base + j];
         let w = vc[(vb + j) * n + lane];
         a0 += p * wlo4(w);

@@ -25,7 +25,8 @@
 // straight from the cache (rows past the block's last position are never read
 // either way).
 // Query at token i has position kv_len - tokens + i and sees keys (pos - window,
-// pos]; query head h reads KV head h / (heads / kv_heads).
+// pos], and the whole bidirectional block [b0, b1) when pos lies in it (key_lo,
+// key_hi); query head h reads KV head h / (heads / kv_heads).
 // K/V are u32 words decoded by W_F16 (vec4<u32> = 4 f32 or 8 packed f16); the host
 // specialises HD, RW (= HD / 4 or HD / 8 words per row), NW (= ceil(RW / LANES) <= 8),
 // BKV / LANES <= 16, PAD (0 or 1), TILE (BKV * (RW + PAD), or 1 without staging).
@@ -42,6 +43,9 @@ struct Dims {
     scale: f32,
     // workgroups per KV head along y (head sub-blocks of GH heads)
     nsub: u32,
+    // the bidirectional block [b0, b1) (b0 == b1: none)
+    b0: u32,
+    b1: u32,
 }
 
 @group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
@@ -97,11 +101,12 @@ fn flash2(wid: vec3<u32>, tid: u32, flat: u32) {
     let valid = ti < ntok && g0 + g < group;
     let hd4 = HD / 4u;
 
-    // this row's visible keys [lo_r, pos], the block's [klo, khi]
+    // this row's visible keys [lo_r, hi_r], the block's [klo, khi]
     let pos = past + i0 + min(ti, ntok - 1u);
-    let lo_r = first_key(pos, dims.window);
-    let klo = first_key(past + i0, dims.window);
-    let khi = past + i0 + ntok - 1u;
+    let lo_r = key_lo(pos, dims.window, dims.b0, dims.b1);
+    let hi_r = key_hi(pos, dims.b0, dims.b1);
+    let klo = key_lo(past + i0, dims.window, dims.b0, dims.b1);
+    let khi = key_hi(past + i0 + ntok - 1u, dims.b0, dims.b1);
     let base = kh * dims.kv_cap;
 
     // the lane's query words, pre-scaled (.x elements 0..4, .y 4..8 of an f16 word)
@@ -156,7 +161,7 @@ fn flash2(wid: vec3<u32>, tid: u32, flat: u32) {
             let s_full = lanes_scatter(v, flat);
             let j = t0 + gi * LANES + lane;
             var s = NEG;
-            if (valid && j >= lo_r && j <= pos) {
+            if (valid && j >= lo_r && j <= hi_r) {
                 s = s_full;
             }
             sc[gi] = s;

@@ -82,6 +82,10 @@ pub struct ManArgs {
 pub struct TuneArgs {
     #[command(flatten)]
     pub source: ModelSource,
+    /// Leave the vision tower's slots (`vision.*`, `projector`) out of the tune of a
+    /// multimodal model (they keep the runtime's defaults).
+    #[arg(long)]
+    pub no_vision: bool,
     /// Time for the whole tune, e.g. 90s, 2m, 1h30m.
     #[arg(long, default_value = "2m")]
     pub budget: String,
@@ -399,6 +403,11 @@ pub struct RunArgs {
     /// image goes.
     #[arg(long, value_name = "FILE")]
     pub image: Option<std::path::PathBuf>,
+    /// With --image: the image's tokens attend causally, like text (transformers
+    /// without `token_type_ids`), instead of to every token of the image, as
+    /// Gemma 3's processor asks (its `token_type_ids`).
+    #[arg(long, requires = "image")]
+    pub causal_image: bool,
     /// Seed of the synthetic weights (--model).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

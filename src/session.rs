@@ -100,14 +100,19 @@ pub fn load_gguf(path: &Path, layers: Option<usize>) -> Result<LoadedModel> {
 
 /// Loads `--model NAME` (synthetic weights) or `--model-dir DIR`, optionally cut to `layers`.
 pub fn load_model(name: Option<&str>, dir: Option<&PathBuf>, layers: Option<usize>, seed: u64) -> Result<LoadedModel> {
-    let mut vision = None;
+    let vision;
     let (name, mut config, weights) = match (name, dir) {
         (Some(n), _) => {
             let mut c = model::builtin(n)?;
             if let Some(l) = layers {
                 cut_layers(&mut c, l)?;
             }
-            let w = Weights::synthetic(&c, seed);
+            let mut w = Weights::synthetic(&c, seed);
+            // A built-in multimodal model has its tower too (synthetic weights).
+            vision = model::builtin_vision(n);
+            if let Some(v) = &vision {
+                w = w.with_synthetic_vision(v, seed);
+            }
             (n.to_string(), c, w)
         }
         (None, Some(d)) => {

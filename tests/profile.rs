@@ -437,3 +437,65 @@ fn measurement_round_trips_and_old_tuning_sections_load_without_it() {
     }
     assert!(defs["Measurement"]["properties"]["rotate_bytes"].is_object());
 }
+
+/// The vision slots (`kernels.vision`): they resolve into the selection under the
+/// `vision` regime, whatever the profile's backend; a profile without them (every
+/// profile written before they existed) leaves the tower its defaults; an
+/// unknown kernel, one of another op, per-regime entries and vision entries in a
+/// layer override or a format are refused with the reason.
+#[test]
+fn vision_slots_resolve_and_bad_ones_are_refused() {
+    use ktune::plan::{Regime, Slot};
+    let dev = ktune::device::Device::Cpu(ktune::device::CpuCaps::detect());
+    let text = GOOD.replace(
+        "  rope: rope_table_cpu\n",
+        "  rope: rope_table_cpu\n  vision:\n    patch_embed: patch_embed_direct_cpu\n    attention: attention_full_rows_cpu\n    \
+         mlp: linear_dot_cpu\n    norm: layer_norm_split_cpu\n    pool: avg_pool_separable_cpu\n    projector: gemm_crate_cpu\n",
+    );
+    let p = Profile::from_str(&text, "v.yaml").expect("loads");
+    let (sel, _, _) = p.resolve(&dev, "smollm2-135m", 30).expect("resolves");
+    let got: Vec<(Slot, &str)> =
+        Slot::VISION.iter().filter_map(|&s| sel.slots.get(&(s, Regime::Vision)).map(|c| (s, c.kernel.id))).collect();
+    assert_eq!(
+        got,
+        [
+            (Slot::VisionPatchEmbed, "patch_embed_direct_cpu"),
+            (Slot::VisionAttention, "attention_full_rows_cpu"),
+            (Slot::VisionMlp, "linear_dot_cpu"),
+            (Slot::VisionNorm, "layer_norm_split_cpu"),
+            (Slot::VisionPool, "avg_pool_separable_cpu"),
+            (Slot::Projector, "gemm_crate_cpu"),
+        ]
+    );
+    // Written back, the section reads the same.
+    let again = Profile::from_str(&to_yaml(&p.doc).expect("yaml"), "again.yaml").expect("loads back");
+    let entries = |p: &Profile| {
+        let v = p.doc.kernels.vision.clone().expect("a vision section");
+        [v.patch_embed, v.attention, v.mlp, v.norm, v.pool, v.projector].map(|e| e.map(|a| a.value))
+    };
+    assert_eq!(entries(&again), entries(&p));
+    // No vision section: nothing chosen for the tower.
+    let (sel, _, _) = Profile::from_str(GOOD, "g.yaml").expect("loads").resolve(&dev, "smollm2-135m", 30).expect("resolves");
+    assert!(sel.slots.keys().all(|(s, r)| !s.is_vision() && *r != Regime::Vision));
+    // An unknown kernel: its position and the slot's kernels.
+    let (line, _, msg) = err(&text.replace("mlp: linear_dot_cpu", "mlp: linear_turbo_cpu"));
+    assert_eq!(line, 23, "{msg}");
+    assert!(msg.contains("vision.mlp") && msg.contains("unknown kernel `linear_turbo_cpu`"), "{msg}");
+    assert!(msg.contains("linear_blocked_cpu") && msg.contains("linear_dot_cpu"), "lists the valid kernels: {msg}");
+    // A kernel of another op.
+    let (_, _, msg) = err(&text.replace("pool: avg_pool_separable_cpu", "pool: layer_norm_split_cpu"));
+    assert!(msg.contains("vision.pool") && msg.contains("computes layer_norm") && msg.contains("avg_pool"), "{msg}");
+    // One kernel per vision slot: no prefill/decode entries.
+    let (_, _, msg) = err(&text.replace("norm: layer_norm_split_cpu", "norm: {prefill: layer_norm_split_cpu}"));
+    assert!(msg.contains("vision.norm") && msg.contains("no prefill or decode"), "{msg}");
+    // Not per layer, not per format.
+    let bad = GOOD.replace("  6-7:\n    norm: rms_norm_split_cpu\n", "  6-7:\n    vision:\n      norm: layer_norm_split_cpu\n");
+    let (_, _, msg) = err(&bad);
+    assert!(msg.contains("layers.6-7") && msg.contains("vision"), "{msg}");
+    let bad = GOOD.replace(
+        "  rope: rope_table_cpu\n",
+        "  rope: rope_table_cpu\n  formats:\n    q6_k:\n      vision:\n        norm: layer_norm_split_cpu\n",
+    );
+    let e = Profile::from_str(&bad, "f.yaml").expect_err("vision under a format").to_string();
+    assert!(e.contains("formats.q6_k") && e.contains("vision"), "{e}");
+}

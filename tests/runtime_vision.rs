@@ -2,7 +2,9 @@
 //! `Gemma3ForConditionalGeneration` of tests/fixtures/gemma3-vision-tiny (made by
 //! tools/make_vision_fixture.py) with its image, the image processor's pixels,
 //! the tower's last hidden state, the projected soft tokens, the logits of a
-//! prompt holding the image and the greedy continuation.
+//! prompt holding the image and the greedy continuation: with the image tokens
+//! attending to each other (`tt_*`: transformers given the `token_type_ids` of
+//! Gemma 3's processor, the runtime's default) and causally (without them).
 //!
 //! Checked on the CPU: pixels as the processor computes them (exactly for an
 //! image of the tower's size, within resampling differences for one that is
@@ -18,13 +20,15 @@ use std::sync::Arc;
 
 use common::{fixture, ids, ktune_in, logit_rows, read_json, rel_err, tempdir};
 use ktune::device::CpuCaps;
+use ktune::gpu::GpuCtx;
 use ktune::kernels::{self, Backend, DType, Op};
 use ktune::plan::select::DeviceCaps;
 use ktune::plan::{Fusion, Parallel, Plan, PlanOptions, Selection};
 use ktune::runtime::image::load_image;
 use ktune::runtime::vision::VisionEngine;
-use ktune::runtime::{Engine, TensorStore, argmax};
+use ktune::runtime::{Engine, ImageAttention, RuntimeError, TensorStore, argmax, prefill_passes};
 use ktune::session::{LoadedModel, load_model};
+use ktune::testing::test_gpu;
 
 fn dir() -> PathBuf {
     fixture("gemma3-vision-tiny")
@@ -109,6 +113,10 @@ fn tower_and_projector_match_transformers_with_every_kernel() {
 }
 
 fn text_engine(m: &LoadedModel, tokens: usize, context: usize, chunk: usize, fusion: Fusion) -> Engine {
+    text_engine_on(m, tokens, context, chunk, fusion, None)
+}
+
+fn text_engine_on(m: &LoadedModel, tokens: usize, context: usize, chunk: usize, fusion: Fusion, gpu: Option<Arc<GpuCtx>>) -> Engine {
     let opts = PlanOptions {
         cpu_repack: Vec::new(),
         weight_dtype: DType::F32,
@@ -120,14 +128,120 @@ fn text_engine(m: &LoadedModel, tokens: usize, context: usize, chunk: usize, fus
         fusion,
         parallel: Parallel::default(),
     };
-    let plan = Plan::new("fixture", &m.config, opts, Selection::defaults(DeviceCaps::Cpu(CpuCaps::detect()))).expect("plan");
+    let caps = match &gpu {
+        Some(g) => DeviceCaps::Gpu(g.caps.clone()),
+        None => DeviceCaps::Cpu(CpuCaps::detect()),
+    };
+    let plan = Plan::new("fixture", &m.config, opts, Selection::defaults(caps)).expect("plan");
     let store: Arc<dyn TensorStore> = m.weights.clone();
-    Engine::cpu(plan, store).expect("engine")
+    match gpu {
+        Some(g) => Engine::gpu(plan, store, g, true).expect("GPU engine"),
+        None => Engine::cpu(plan, store).expect("engine"),
+    }
 }
 
-/// The prompt with the image's soft tokens in place of its image tokens: every
-/// position's logits and the greedy continuation, prefilled at once and in chunks
-/// that split the image.
+/// The soft tokens of the fixture's image.
+fn soft_tokens(m: &LoadedModel) -> Vec<f32> {
+    let v = m.vision.as_ref().expect("vision");
+    let pixels = load_image(&dir().join("image.png"), v.image_size).expect("image");
+    VisionEngine::new(v, &m.weights).expect("tower").encode(&pixels).expect("encode").tokens
+}
+
+/// Prefills the prompt with the image's soft tokens in one call (the engine cuts
+/// its passes around the image), then decodes greedily: the prompt's logits and
+/// the ids.
+fn image_prompt(e: &mut Engine, m: &LoadedModel, tokens: &[u32], soft: &[f32], new: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
+    let v = m.vision.as_ref().expect("vision");
+    let rows = e.forward_with_soft_tokens(tokens, v.image_token_id, soft.to_vec()).expect("prefill");
+    let mut next = argmax(rows.last().expect("rows"));
+    let mut got = Vec::new();
+    for i in 0..new {
+        got.push(next);
+        if i + 1 < new {
+            next = argmax(&e.forward(&[next]).expect("decode")[0]);
+        }
+    }
+    (rows, got)
+}
+
+/// With the image tokens attending to each other (the runtime's default, as
+/// Gemma 3's processor asks through `token_type_ids`): every position's logits
+/// and the greedy continuation match transformers given those `token_type_ids`,
+/// prefilled at once and in passes the engine cuts around the image (a pass of 7
+/// tokens would split it, one of 3 cannot hold it); the causal logits differ.
+#[test]
+fn bidirectional_image_attention_matches_transformers_token_type_ids() {
+    let m = load();
+    let exp = expected();
+    let tokens = ids(&exp["tokens"]);
+    let want_logits = logit_rows(&exp["tt_logits"]);
+    let want_ids = ids(&exp["tt_generated"]);
+    assert_ne!(want_logits, logit_rows(&exp["logits"]));
+    let soft = soft_tokens(&m);
+    let mut failures = Vec::new();
+    for (fusion, chunk) in [(Fusion::NONE, 64), (Fusion::ALL, 64), (Fusion::ALL, 7), (Fusion::NONE, 4)] {
+        let mut e = text_engine(&m, tokens.len(), tokens.len() + want_ids.len(), chunk, fusion);
+        assert_eq!(e.image_attention, ImageAttention::Bidirectional, "the default");
+        let (rows, got) = image_prompt(&mut e, &m, &tokens, &soft, want_ids.len());
+        // A call returns its last pass's rows (every row with one pass).
+        let err = rel_err(&rows, &want_logits[want_logits.len() - rows.len()..]);
+        eprintln!("bidirectional, fusion {fusion:?} chunk {chunk}: logits err {err:.2e} of scale ({} rows), ids {got:?}", rows.len());
+        if err > 1e-3 || got != want_ids {
+            failures.push(format!("{fusion:?} chunk {chunk}: err {err:.2e}, ids {got:?} want {want_ids:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // Causal image attention gives transformers' logits without token_type_ids,
+    // not these.
+    let mut e = text_engine(&m, tokens.len(), tokens.len(), 64, Fusion::NONE);
+    e.image_attention = ImageAttention::Causal;
+    let (rows, _) = image_prompt(&mut e, &m, &tokens, &soft, 1);
+    assert!(rel_err(&rows, &want_logits) > 1e-2, "bidirectional attention must change the logits");
+    assert!(rel_err(&rows, &logit_rows(&exp["logits"])) <= 1e-3);
+    // An image longer than a pass is refused with the reason.
+    let mut e = text_engine(&m, tokens.len(), tokens.len(), 3, Fusion::NONE);
+    let v = m.vision.as_ref().expect("vision");
+    let err = e.forward_with_soft_tokens(&tokens, v.image_token_id, soft.clone()).unwrap_err();
+    assert!(matches!(err, RuntimeError::ImageChunk { tokens: 4, chunk: 3 }), "{err}");
+    assert!(err.to_string().contains("--prefill-chunk"), "{err}");
+}
+
+/// The same on the GPU (lavapipe here): the WGSL prefill kernel's bidirectional block.
+#[test]
+fn bidirectional_image_attention_on_the_gpu() {
+    let Some(gpu) = test_gpu() else { return };
+    let m = load();
+    let exp = expected();
+    let tokens = ids(&exp["tokens"]);
+    let want_logits = logit_rows(&exp["tt_logits"]);
+    let want_ids = ids(&exp["tt_generated"]);
+    let soft = soft_tokens(&m);
+    for chunk in [64, 7] {
+        let mut e = text_engine_on(&m, tokens.len(), tokens.len() + want_ids.len(), chunk, Fusion::ALL, Some(gpu.clone()));
+        let (rows, got) = image_prompt(&mut e, &m, &tokens, &soft, want_ids.len());
+        let err = rel_err(&rows, &want_logits[want_logits.len() - rows.len()..]);
+        eprintln!("GPU bidirectional chunk {chunk}: logits err {err:.2e} of scale ({} rows), ids {got:?}", rows.len());
+        assert!(err <= 1e-3 && got == want_ids, "chunk {chunk}: err {err:.2e}, ids {got:?} want {want_ids:?}");
+    }
+}
+
+/// The passes a prompt is cut into: never through an image, one image a pass.
+#[test]
+fn prefill_passes_keep_each_image_whole() {
+    let img = 9;
+    let t = [1, 2, 9, 9, 9, 3, 4, 9, 9, 5];
+    assert_eq!(prefill_passes(&t, 4, None).unwrap(), vec![(0, 4, (0, 0)), (4, 8, (0, 0)), (8, 10, (0, 0))]);
+    assert_eq!(prefill_passes(&t, 4, Some(img)).unwrap(), vec![(0, 2, (0, 0)), (2, 6, (2, 5)), (6, 10, (7, 9))]);
+    // Two images that would share a pass get one each.
+    assert_eq!(prefill_passes(&t, 64, Some(img)).unwrap(), vec![(0, 7, (2, 5)), (7, 10, (7, 9))]);
+    assert_eq!(prefill_passes(&t, 3, Some(img)).unwrap(), vec![(0, 2, (0, 0)), (2, 5, (2, 5)), (5, 7, (0, 0)), (7, 10, (7, 9))]);
+    assert!(matches!(prefill_passes(&t, 2, Some(img)), Err(RuntimeError::ImageChunk { tokens: 3, chunk: 2 })));
+}
+
+/// The prompt with the image's soft tokens in place of its image tokens, the
+/// image attended causally: every position's logits and the greedy continuation
+/// (transformers without `token_type_ids`), prefilled at once and in chunks that
+/// split the image.
 #[test]
 fn image_prompt_logits_and_greedy_tokens_match_transformers() {
     let m = load();
@@ -141,6 +255,8 @@ fn image_prompt_logits_and_greedy_tokens_match_transformers() {
     let mut failures = Vec::new();
     for (fusion, chunk) in [(Fusion::NONE, 64), (Fusion::ALL, 64), (Fusion::ALL, 7)] {
         let mut e = text_engine(&m, tokens.len(), tokens.len() + want_ids.len(), chunk, fusion);
+        // Causal: calls may split the image.
+        e.image_attention = ImageAttention::Causal;
         // One call per chunk (a call returns its last chunk's rows), each with
         // the soft tokens of its own image tokens.
         let mut rows = Vec::new();
@@ -186,6 +302,10 @@ fn soft_tokens_must_match_the_image_tokens() {
 }
 
 fn run_image(image: &Path, tokens: &[u32], dump: Option<&Path>) -> std::process::Output {
+    run_image_with(image, tokens, dump, &[])
+}
+
+fn run_image_with(image: &Path, tokens: &[u32], dump: Option<&Path>, extra: &[&str]) -> std::process::Output {
     let cache = tempdir();
     let list: Vec<String> = tokens.iter().map(u32::to_string).collect();
     let mut cmd = ktune_in(cache.path());
@@ -194,6 +314,7 @@ fn run_image(image: &Path, tokens: &[u32], dump: Option<&Path>) -> std::process:
     if let Some(d) = dump {
         cmd.arg("--dump-logits").arg(d);
     }
+    cmd.args(extra);
     cmd.output().expect("runs")
 }
 
@@ -203,13 +324,22 @@ fn run_with_an_image_matches_transformers_end_to_end() {
     let tokens = ids(&exp["tokens"]);
     let tmp = tempdir();
     let dump = tmp.path().join("logits.json");
-    let out = run_image(&dir().join("image.png"), &tokens, Some(&dump));
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
-    let d = read_json(&dump);
-    assert_eq!(ids(&d["generated"]), ids(&exp["generated"]), "greedy ids");
-    // The runtime's CPU defaults (the same kernels: f32 weights give no int8 path).
-    let err = rel_err(&logit_rows(&d["logits"]), &logit_rows(&exp["logits"]));
-    assert!(err <= 1e-3, "logits err {err:.2e}");
+    // By default the image's tokens attend to each other (the processor's
+    // token_type_ids); --causal-image gives transformers' logits without them.
+    for (extra, logits, generated) in [(&[][..], "tt_logits", "tt_generated"), (&["--causal-image"][..], "logits", "generated")] {
+        let out = run_image_with(&dir().join("image.png"), &tokens, Some(&dump), extra);
+        assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+        let d = read_json(&dump);
+        assert_eq!(ids(&d["generated"]), ids(&exp[generated]), "greedy ids {extra:?}");
+        // The runtime's CPU defaults (the same kernels: f32 weights give no int8 path).
+        let err = rel_err(&logit_rows(&d["logits"]), &logit_rows(&exp[logits]));
+        assert!(err <= 1e-3, "logits err {err:.2e} {extra:?}");
+    }
+    // A pass too short for the image is refused with the reason.
+    let out = run_image_with(&dir().join("image.png"), &tokens, None, &["--prefill-chunk", "3"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--prefill-chunk") && !err.contains("panicked"), "{err}");
 }
 
 #[test]
@@ -294,6 +424,12 @@ fn published_gemma3_4b_config_parses() {
     let v = parsed.vision.expect("vision");
     assert_eq!((v.num_patches(), v.pool_kernel(), v.head_dim(), v.mm_tokens_per_image), (4096, 4, 72, 256));
     assert_eq!((v.image_token_id, v.boi_token_id, v.eoi_token_id, v.text_hidden_size), (262_144, 255_999, 256_000, 2560));
+    // The built-in gemma3-4b has this tower, with synthetic weights of its shapes.
+    assert_eq!(ktune::model::builtin_vision("gemma3-4b").as_ref(), Some(&v));
+    assert_eq!(ktune::model::builtin_vision("gemma3-1b"), None);
+    let m = load_model(Some("gemma3-4b"), None, None, 0).expect("built in");
+    assert_eq!(m.vision.as_ref(), Some(&v));
+    m.weights.check_vision(&v).expect("the tower's synthetic weights");
     // A vision tower whose patches do not pool to the token count is refused.
     let bad = text.replace("\"mm_tokens_per_image\": 256", "\"mm_tokens_per_image\": 100");
     let err = ktune::model::ModelConfig::parse_config_json(&bad, Path::new("config.json")).unwrap_err().to_string();

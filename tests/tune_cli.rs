@@ -491,3 +491,74 @@ fn run_quantizes_weights_on_load_for_each_block_format() {
         .code(2)
         .stderr(predicate::str::contains("KV cache"));
 }
+
+/// A multimodal model's tune races the vision tower's ops as the `vision` regime
+/// at the tower's shapes and writes the winners under `kernels.vision`; the
+/// profile runs the image prompt as transformers does (the processor's
+/// token_type_ids); `--no-vision` leaves the slots out; a profile naming an
+/// unknown vision kernel is exit 2 with its position.
+#[test]
+fn tune_of_a_multimodal_model_tunes_the_vision_slots() {
+    let dir = fixture("gemma3-vision-tiny");
+    let tmp = tempdir();
+    let cache = tmp.path().join("cache");
+    let tune = |out: &Path, extra: &[&str]| -> serde_json::Value {
+        let o = ktune(&cache)
+            .args(["tune", "--device", "cpu", "--model-dir"])
+            .arg(&dir)
+            .args(["--budget", "12s", "--prefill-tokens", "8", "--context", "32", "--decode-tokens", "8", "--format", "json", "-o"])
+            .arg(out)
+            .args(extra)
+            .output()
+            .expect("runs");
+        assert!(o.status.success(), "tune failed: {}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).expect("JSON report")
+    };
+    let out = tmp.path().join("vision.yaml");
+    let r = tune(&out, &[]);
+    let vision = &r["profile"]["kernels"]["vision"];
+    for slot in ["patch_embed", "attention", "mlp", "norm", "pool", "projector"] {
+        assert!(vision[slot].is_string() || vision[slot].is_object(), "kernels.vision.{slot}: {vision}");
+    }
+    let slots = r["profile"]["tuning"]["slots"].as_array().expect("slots");
+    let raced: Vec<&str> = slots.iter().filter(|s| s["regime"] == "vision").filter_map(|s| s["slot"].as_str()).collect();
+    assert_eq!(raced.len(), 6, "{raced:?}");
+    for s in ["vision.patch_embed", "vision.attention", "vision.mlp", "vision.norm", "vision.pool", "projector"] {
+        assert!(raced.contains(&s), "{s} raced: {raced:?}");
+    }
+    // The vision.mlp race holds the tower's three Linear shapes (16 patches).
+    let mlp = slots.iter().find(|s| s["slot"] == "vision.mlp").expect("mlp race");
+    assert_eq!(mlp["problem"], "3 shapes", "{mlp}");
+    // The tuned profile runs the image prompt as transformers does.
+    let exp = read_json(dir.join("vision_expected.json"));
+    let toks: Vec<String> = ids_u64(&exp["tokens"]).iter().map(u64::to_string).collect();
+    let run = |profile: &Path| {
+        ktune(&cache)
+            .args(["run", "--device", "cpu", "--model-dir"])
+            .arg(&dir)
+            .arg("--image")
+            .arg(dir.join("image.png"))
+            .arg("--profile")
+            .arg(profile)
+            .args(["--tokens", &toks.join(","), "--max-tokens", "8", "--ignore-eos", "--format", "json"])
+            .output()
+            .expect("runs")
+    };
+    let o = run(&out);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let got: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(ids_u64(&got["generated"]), ids_u64(&exp["tt_generated"]));
+    // --no-vision: no vision races, no vision section.
+    let plain = tune(&tmp.path().join("plain.yaml"), &["--no-vision"]);
+    assert!(plain["profile"]["kernels"]["vision"].is_null(), "{}", plain["profile"]["kernels"]);
+    assert!(plain["profile"]["tuning"]["slots"].as_array().expect("slots").iter().all(|s| s["regime"] != "vision"));
+    // An unknown vision kernel: exit 2 with the line and the slot's kernels.
+    let text = std::fs::read_to_string(&out).expect("profile");
+    let bad = tmp.path().join("bad.yaml");
+    let mlp_kernel = vision["mlp"].as_str().map(str::to_string).unwrap_or_else(|| vision["mlp"]["kernel"].as_str().expect("id").into());
+    std::fs::write(&bad, text.replacen(&mlp_kernel, "linear_warp_cpu", 1)).expect("write");
+    let o = run(&bad);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("bad.yaml:") && err.contains("linear_warp_cpu") && err.contains("linear_blocked_cpu"), "{err}");
+}

@@ -133,9 +133,9 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         };
         return Err(Error::Usage(format!("token id {bad} is outside the vocabulary (size {}){from}", c.vocab_size)));
     }
-    // The image: its pixels (bad files refused before the tower is built), the
-    // tower and projector, the soft tokens that replace the image tokens.
-    let image = match (&args.image, &vision) {
+    // The image: its pixels (bad files refused before the tower is built; the
+    // tower runs once the device and the profile's choices are known).
+    let image_pixels = match (&args.image, &vision) {
         (Some(path), Some(v)) => {
             let count = prompt.iter().filter(|&&t| t == v.image_token_id).count();
             if count != v.mm_tokens_per_image {
@@ -231,13 +231,15 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         parallel: exec.parallel,
     };
     let ctx = session::open_device(&device, exec.trusted_shaders || args.trusted_shaders)?;
-    // The image through the tower and projector on the selected device.
-    let soft_tokens = match image {
+    // The image through the tower and projector on the selected device (on the
+    // CPU with the profile's `vision` choices; the tuner races those on the CPU
+    // only, so a GPU tower takes the WGSL defaults).
+    let soft_tokens = match image_pixels {
         Some((path, v, pixels)) => {
             let t0 = Instant::now();
             let (out, on) = match &ctx {
                 Some(ctx) => (crate::runtime::vision_gpu::VisionGpu::new(v, &m.weights, ctx.clone())?.encode(&pixels)?, "GPU"),
-                None => (crate::runtime::vision::VisionEngine::new(v, &m.weights)?.encode(&pixels)?, "CPU"),
+                None => (crate::runtime::vision::VisionEngine::new(v, &m.weights)?.with_selection(&selection)?.encode(&pixels)?, "CPU"),
             };
             warnings.push(format!(
                 "image {}: {} patches through the vision tower in {:.3} s ({on}), {} soft tokens",
@@ -256,6 +258,9 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     let engines = Engines { model: &m.name, config: c, store, ctx, memo: None, check_decode: false };
     let mut engine = engines.build(opts, selection, batch)?;
     engine.set_cpu_pool(exec.threads, exec.spin_us, exec.prefetch);
+    if args.causal_image {
+        engine.image_attention = crate::runtime::ImageAttention::Causal;
+    }
     let weight_bytes = engine.plan.weight_bytes();
     // Prefill (timed; on a GPU the pass is also profiled per step).
     engine.profile_next();

@@ -61,6 +61,7 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
         seed: args.seed,
         gpu_l2_bytes: args.gpu_l2_bytes,
         trusted_shaders: args.trusted_shaders && !matches!(device, crate::device::Device::Cpu(_)),
+        vision: if args.no_vision { None } else { m.vision.clone() },
     };
     let key = tuner::cache_key(&device, &name, &m.config, &opts);
     let cache = Cache::open().map_err(tuner::TuneError::from)?;

@@ -35,7 +35,7 @@ use std::sync::OnceLock;
 use half::f16;
 use serde::{Deserialize, Serialize};
 
-pub use problem::{Activation, BufSpec, Op, Problem, Role, RopeLayout};
+pub use problem::{Activation, BufSpec, Op, Problem, Role, RopeLayout, attention_keys};
 
 pub use crate::device::{Backend, Caps};
 use crate::device::{CpuCaps, GpuCaps};

@@ -99,6 +99,19 @@ impl RopeLayout {
     }
 }
 
+fn is_zero(v: &usize) -> bool {
+    *v == 0
+}
+
+/// Keys `[lo, hi)` the query at absolute position `pos` sees: `(pos - window, pos]`
+/// (every key up to `pos` when `window == 0`), widened to the whole bidirectional
+/// block `[bidi.0, bidi.1)` when `pos` lies in it (transformers' causal or sliding
+/// mask OR'ed with the same-image mask). The bounds never decrease with `pos`.
+pub fn attention_keys(pos: usize, window: usize, bidi: (usize, usize)) -> (usize, usize) {
+    let lo = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
+    if pos >= bidi.0 && pos < bidi.1 { (lo.min(bidi.0), bidi.1) } else { (lo, pos + 1) }
+}
+
 /// One problem for one op. Field docs give the buffers; see [`Problem::buffers`].
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -111,6 +124,11 @@ pub enum Problem {
     /// positions `kv_len - tokens ..kv_len`. `q[tokens,heads,head_dim]`,
     /// `k_cache`/`v_cache[kv_heads,kv_cap,head_dim]` (cache dtype), `out[tokens,heads,head_dim]`.
     /// `window > 0`: query at position p sees keys in `(p - window, p]`.
+    /// `bidi_start < bidi_end`: a block of positions attended bidirectionally (Gemma
+    /// 3's image tokens with the processor's `token_type_ids`): a query inside it
+    /// also sees every key of the block, later ones included; the block lies within
+    /// this call's tokens. Equal (0, 0): plain causal attention (not serialized, so
+    /// text-only problems read as before). See [`attention_keys`].
     AttentionPrefill {
         tokens: usize,
         kv_len: usize,
@@ -120,6 +138,10 @@ pub enum Problem {
         head_dim: usize,
         window: usize,
         scale: f32,
+        #[serde(skip_serializing_if = "is_zero")]
+        bidi_start: usize,
+        #[serde(skip_serializing_if = "is_zero")]
+        bidi_end: usize,
     },
     /// One query at position `kv_len - 1`. `q[heads,head_dim]`, caches as above,
     /// `out[heads,head_dim]`.
@@ -422,13 +444,13 @@ impl Problem {
         match *self {
             Problem::Gemm { m, n, k } => 2.0 * f(m) * f(n) * f(k),
             Problem::Gemv { n, k } => 2.0 * f(n) * f(k),
-            Problem::AttentionPrefill { tokens, kv_len, heads, head_dim, window, .. } => {
+            Problem::AttentionPrefill { tokens, kv_len, heads, head_dim, window, bidi_start, bidi_end, .. } => {
                 // causal: each query sees about (past + i) keys
-                let past = kv_len - tokens;
+                let past = kv_len.saturating_sub(tokens);
                 let mut keys = 0.0;
                 for i in 0..tokens {
-                    let seen = past + i + 1;
-                    keys += f(if window > 0 { seen.min(window) } else { seen });
+                    let (lo, hi) = attention_keys(past + i, window, (bidi_start, bidi_end));
+                    keys += f(hi - lo);
                 }
                 4.0 * keys * f(heads) * f(head_dim)
             }
@@ -533,11 +555,66 @@ pub fn test_problems(op: Op) -> Vec<Problem> {
             Problem::Gemv { n: 37, k: 512 },
         ],
         Op::AttentionPrefill => vec![
-            Problem::AttentionPrefill { tokens: 1, kv_len: 1, kv_cap: 1, heads: 1, kv_heads: 1, head_dim: 8, window: 0, scale: 0.35 },
-            Problem::AttentionPrefill { tokens: 7, kv_len: 7, kv_cap: 9, heads: 4, kv_heads: 2, head_dim: 16, window: 0, scale: 0.25 },
-            Problem::AttentionPrefill { tokens: 37, kv_len: 37, kv_cap: 40, heads: 4, kv_heads: 1, head_dim: 64, window: 0, scale: 0.125 },
-            Problem::AttentionPrefill { tokens: 33, kv_len: 45, kv_cap: 48, heads: 6, kv_heads: 2, head_dim: 32, window: 0, scale: 0.18 },
-            Problem::AttentionPrefill { tokens: 50, kv_len: 50, kv_cap: 50, heads: 2, kv_heads: 2, head_dim: 32, window: 16, scale: 0.18 },
+            Problem::AttentionPrefill {
+                tokens: 1,
+                kv_len: 1,
+                kv_cap: 1,
+                heads: 1,
+                kv_heads: 1,
+                head_dim: 8,
+                window: 0,
+                scale: 0.35,
+                bidi_start: 0,
+                bidi_end: 0,
+            },
+            Problem::AttentionPrefill {
+                tokens: 7,
+                kv_len: 7,
+                kv_cap: 9,
+                heads: 4,
+                kv_heads: 2,
+                head_dim: 16,
+                window: 0,
+                scale: 0.25,
+                bidi_start: 0,
+                bidi_end: 0,
+            },
+            Problem::AttentionPrefill {
+                tokens: 37,
+                kv_len: 37,
+                kv_cap: 40,
+                heads: 4,
+                kv_heads: 1,
+                head_dim: 64,
+                window: 0,
+                scale: 0.125,
+                bidi_start: 0,
+                bidi_end: 0,
+            },
+            Problem::AttentionPrefill {
+                tokens: 33,
+                kv_len: 45,
+                kv_cap: 48,
+                heads: 6,
+                kv_heads: 2,
+                head_dim: 32,
+                window: 0,
+                scale: 0.18,
+                bidi_start: 0,
+                bidi_end: 0,
+            },
+            Problem::AttentionPrefill {
+                tokens: 50,
+                kv_len: 50,
+                kv_cap: 50,
+                heads: 2,
+                kv_heads: 2,
+                head_dim: 32,
+                window: 16,
+                scale: 0.18,
+                bidi_start: 0,
+                bidi_end: 0,
+            },
             Problem::AttentionPrefill {
                 tokens: 20,
                 kv_len: 70,
@@ -547,6 +624,34 @@ pub fn test_problems(op: Op) -> Vec<Problem> {
                 head_dim: 128,
                 window: 24,
                 scale: 0.0884,
+                bidi_start: 0,
+                bidi_end: 0,
+            },
+            // A bidirectional block (an image's tokens) inside a prefill continuing a
+            // cache, without and with a sliding window shorter than the block.
+            Problem::AttentionPrefill {
+                tokens: 33,
+                kv_len: 45,
+                kv_cap: 48,
+                heads: 6,
+                kv_heads: 2,
+                head_dim: 32,
+                window: 0,
+                scale: 0.18,
+                bidi_start: 17,
+                bidi_end: 34,
+            },
+            Problem::AttentionPrefill {
+                tokens: 40,
+                kv_len: 40,
+                kv_cap: 40,
+                heads: 4,
+                kv_heads: 1,
+                head_dim: 16,
+                window: 8,
+                scale: 0.25,
+                bidi_start: 5,
+                bidi_end: 25,
             },
         ],
         Op::AttentionDecode => vec![

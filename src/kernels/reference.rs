@@ -61,7 +61,8 @@ fn rope_head(x: &mut [f64], inv_freq: &[f64], pos: f64, layout: RopeLayout) {
     }
 }
 
-/// Causal GQA attention for queries at absolute positions `pos0..pos0+t`.
+/// Causal GQA attention for queries at absolute positions `pos0..pos0+t`, the keys
+/// of each as [`super::attention_keys`] says (window, bidirectional block).
 #[allow(clippy::too_many_arguments)]
 fn attention(
     q: &[f64],
@@ -75,16 +76,17 @@ fn attention(
     d: usize,
     window: usize,
     scale: f64,
+    bidi: (usize, usize),
 ) -> Vec<f64> {
     let group = heads / kv_heads;
     let mut out = vec![0.0; t * heads * d];
     for i in 0..t {
         let pos = pos0 + i;
-        let lo = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
+        let (lo, end) = super::attention_keys(pos, window, bidi);
         for h in 0..heads {
             let kh = h / group;
             let qv = &q[(i * heads + h) * d..][..d];
-            let scores: Vec<f64> = (lo..=pos)
+            let scores: Vec<f64> = (lo..end)
                 .map(|j| {
                     let kv = &kc[(kh * kv_cap + j) * d..][..d];
                     qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f64>() * scale
@@ -94,7 +96,7 @@ fn attention(
             let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
             let z: f64 = e.iter().sum();
             let o = &mut out[(i * heads + h) * d..][..d];
-            for (jj, j) in (lo..=pos).enumerate() {
+            for (jj, j) in (lo..end).enumerate() {
                 let vv = &vc[(kh * kv_cap + j) * d..][..d];
                 for c in 0..d {
                     o[c] += e[jj] / z * vv[c];
@@ -123,11 +125,25 @@ pub fn compute(problem: &Problem, ins: &[Vec<f64>]) -> Vec<Vec<f64>> {
             let (x, w) = (&ins[0], &ins[1]);
             vec![(0..n).map(|j| (0..k).map(|c| x[c] * w[j * k + c]).sum()).collect()]
         }
-        Problem::AttentionPrefill { tokens, kv_len, kv_cap, heads, kv_heads, head_dim, window, scale } => {
-            vec![attention(&ins[0], &ins[1], &ins[2], tokens, kv_len - tokens, kv_cap, heads, kv_heads, head_dim, window, scale as f64)]
+        Problem::AttentionPrefill { tokens, kv_len, kv_cap, heads, kv_heads, head_dim, window, scale, bidi_start, bidi_end } => {
+            let bidi = (bidi_start, bidi_end);
+            vec![attention(
+                &ins[0],
+                &ins[1],
+                &ins[2],
+                tokens,
+                kv_len - tokens,
+                kv_cap,
+                heads,
+                kv_heads,
+                head_dim,
+                window,
+                scale as f64,
+                bidi,
+            )]
         }
         Problem::AttentionDecode { kv_len, kv_cap, heads, kv_heads, head_dim, window, scale } => {
-            vec![attention(&ins[0], &ins[1], &ins[2], 1, kv_len - 1, kv_cap, heads, kv_heads, head_dim, window, scale as f64)]
+            vec![attention(&ins[0], &ins[1], &ins[2], 1, kv_len - 1, kv_cap, heads, kv_heads, head_dim, window, scale as f64, (0, 0))]
         }
         Problem::RmsNorm { rows, dim, eps, unit_offset } => {
             let mut y = Vec::with_capacity(rows * dim);
@@ -258,7 +274,7 @@ pub fn compute(problem: &Problem, ins: &[Vec<f64>]) -> Vec<Vec<f64>> {
             let mut out = Vec::with_capacity(tokens * heads * d);
             for t in 0..tokens {
                 let q = &ins[0][t * heads * d..][..heads * d];
-                out.extend(attention(q, &kc, &vc, 1, tokens - 1, tokens, heads, heads, d, 0, scale as f64));
+                out.extend(attention(q, &kc, &vc, 1, tokens - 1, tokens, heads, heads, d, 0, scale as f64, (0, 0)));
             }
             vec![out]
         }

@@ -2,12 +2,12 @@
 //! `config.json` (for `tune --model NAME` and `run --model NAME` without files).
 
 use super::config::{Architecture, Dims, LayerKind, ModelConfig, RopeScaling};
-use super::{ModelError, Result};
+use super::{ModelError, Result, VisionConfig};
 
 /// Names accepted by [`builtin`], with the checkpoint each one mirrors.
 const MODELS: [(&str, &str); 7] = [
     ("gemma3-1b", "google/gemma-3-1b-it"),
-    ("gemma3-4b", "google/gemma-3-4b-it (text model)"),
+    ("gemma3-4b", "google/gemma-3-4b-it (text model and SigLIP vision tower)"),
     ("llama-3.2-1b", "meta-llama/Llama-3.2-1B"),
     ("llama-3.2-3b", "meta-llama/Llama-3.2-3B"),
     ("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B"),
@@ -18,6 +18,30 @@ const MODELS: [(&str, &str); 7] = [
 /// The names of the built-in models.
 pub fn builtin_names() -> Vec<&'static str> {
     MODELS.iter().map(|(n, _)| *n).collect()
+}
+
+/// The vision tower and projector of the built-in model `name`, if it has one:
+/// gemma3-4b's SigLIP So400m tower (896 px images, 14 px patches, 27 layers of
+/// width 1152) pooled 4x4 to 256 soft tokens, as its published `config.json`.
+pub fn builtin_vision(name: &str) -> Option<VisionConfig> {
+    match name.to_ascii_lowercase().as_str() {
+        "gemma3-4b" => Some(VisionConfig {
+            hidden_size: 1152,
+            intermediate_size: 4304,
+            num_layers: 27,
+            num_heads: 16,
+            num_channels: 3,
+            image_size: 896,
+            patch_size: 14,
+            layer_norm_eps: 1e-6,
+            mm_tokens_per_image: 256,
+            image_token_id: 262_144,
+            boi_token_id: 255_999,
+            eoi_token_id: 256_000,
+            text_hidden_size: 2560,
+        }),
+        _ => None,
+    }
 }
 
 /// The built-in config called `name` (case-insensitive).

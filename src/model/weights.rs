@@ -257,6 +257,26 @@ impl Weights {
         Weights { files: Vec::new(), gguf: None, tensors, origin: format!("synthetic (seed {seed})") }
     }
 
+    /// [`Weights::synthetic`] weights plus the vision tower's and projector's
+    /// (LayerNorm gains near 1, the projector's `(1 + w)` norm gain near 0,
+    /// biases small, the rest as projections).
+    pub fn with_synthetic_vision(mut self, vision: &super::VisionConfig, seed: u64) -> Weights {
+        for (name, shape) in vision.tensor_shapes() {
+            let kind = if name.ends_with(".bias") {
+                SynthKind::Bias
+            } else if name.ends_with("mm_soft_emb_norm.weight") {
+                SynthKind::Norm { center: 0.0 }
+            } else if name.contains("layer_norm") || name.contains("post_layernorm") {
+                SynthKind::Norm { center: 1.0 }
+            } else {
+                SynthKind::Matrix
+            };
+            let key = splitmix(seed ^ fnv1a(name.as_bytes()));
+            self.tensors.insert(name, Slot::Synthetic { kind, key, shape });
+        }
+        self
+    }
+
     /// Where the weights came from (files or "synthetic (seed N)").
     pub fn origin(&self) -> &str {
         &self.origin

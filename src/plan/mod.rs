@@ -36,12 +36,14 @@ pub enum PlanError {
 }
 
 /// Prefill (a prompt, many tokens) or decode (one token, long context): the two
-/// regimes, with different winners.
+/// regimes of the text model, with different winners; and the vision tower's
+/// own (one image through the tower and projector: the `vision.*` slots).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Regime {
     Prefill,
     Decode,
+    Vision,
 }
 
 impl Regime {
@@ -49,6 +51,7 @@ impl Regime {
         match self {
             Regime::Prefill => "prefill",
             Regime::Decode => "decode",
+            Regime::Vision => "vision",
         }
     }
 }
@@ -554,8 +557,15 @@ impl Plan {
             match &mut s.kind {
                 StepKind::Kernel { kernel, params, dtype, problem, .. } => match problem {
                     Problem::Rope { pos0: p, .. } | Problem::QkNormRope { pos0: p, .. } => *p = pos0,
-                    Problem::AttentionDecode { kv_len, .. } | Problem::AttentionPrefill { kv_len, .. } => {
+                    Problem::AttentionDecode { kv_len, .. } => {
                         *kv_len = pos0 + tokens;
+                        if kernel.check(caps, problem, *dtype, params).is_err() {
+                            return Ok(false);
+                        }
+                    }
+                    // The moved pass is causal until [`Plan::set_bidirectional`] says otherwise.
+                    Problem::AttentionPrefill { kv_len, bidi_start, bidi_end, .. } => {
+                        (*kv_len, *bidi_start, *bidi_end) = (pos0 + tokens, 0, 0);
                         if kernel.check(caps, problem, *dtype, params).is_err() {
                             return Ok(false);
                         }
@@ -564,6 +574,29 @@ impl Plan {
                 },
                 StepKind::Plumb(Plumb::KvWrite { pos0: p, .. }) => *p = pos0,
                 StepKind::Plumb(_) => {}
+            }
+        }
+        Ok(true)
+    }
+
+    /// Makes the prefill attention of `steps` (a pass built by [`Plan::steps`] or moved
+    /// by [`Plan::rebase`]) attend bidirectionally within the positions `block`
+    /// (`[start, end)`, inside the pass; `start == end`: causal again): Gemma 3's
+    /// image tokens, as its processor's `token_type_ids` ask. Every other step is
+    /// unchanged. Returns false when a kernel cannot run the changed problem.
+    pub fn set_bidirectional(&self, steps: &mut [Step], block: (usize, usize)) -> Result<bool, PlanError> {
+        let caps = self.selection.device.caps();
+        for s in steps {
+            if let StepKind::Kernel { kernel, params, dtype, problem, .. } = &mut s.kind
+                && let Problem::AttentionPrefill { bidi_start, bidi_end, .. } = problem
+            {
+                if (*bidi_start, *bidi_end) == block {
+                    continue;
+                }
+                (*bidi_start, *bidi_end) = block;
+                if kernel.check(caps, problem, *dtype, params).is_err() {
+                    return Ok(false);
+                }
             }
         }
         Ok(true)
@@ -850,7 +883,18 @@ impl Emitter<'_> {
                 (Problem::AttentionDecode { kv_len, kv_cap, heads, kv_heads, head_dim: hd, window, scale }, Slot::AttentionDecode)
             } else {
                 (
-                    Problem::AttentionPrefill { tokens: t, kv_len, kv_cap, heads, kv_heads, head_dim: hd, window, scale },
+                    Problem::AttentionPrefill {
+                        tokens: t,
+                        kv_len,
+                        kv_cap,
+                        heads,
+                        kv_heads,
+                        head_dim: hd,
+                        window,
+                        scale,
+                        bidi_start: 0,
+                        bidi_end: 0,
+                    },
                     Slot::AttentionPrefill,
                 )
             };

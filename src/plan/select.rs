@@ -52,6 +52,26 @@ pub enum Slot {
     /// The runtime's own KV-cache write (not tuned).
     #[strum(serialize = "kv_write")]
     KvWrite,
+    /// The vision tower's patch embedding (regime [`Regime::Vision`], as every
+    /// slot below).
+    #[strum(serialize = "vision.patch_embed")]
+    VisionPatchEmbed,
+    /// The tower's bidirectional attention over the patches.
+    #[strum(serialize = "vision.attention")]
+    VisionAttention,
+    /// The tower's Linear layers (bias, GELU epilogue): the MLP's fc1 and fc2 and the
+    /// attention's q, k, v and out projections, one op.
+    #[strum(serialize = "vision.mlp")]
+    VisionMlp,
+    /// The tower's LayerNorms.
+    #[strum(serialize = "vision.norm")]
+    VisionNorm,
+    /// The projector's average pool of the patch grid.
+    #[strum(serialize = "vision.pool")]
+    VisionPool,
+    /// The projector's GEMM to the text model's width.
+    #[strum(serialize = "projector")]
+    Projector,
 }
 
 impl Slot {
@@ -73,10 +93,34 @@ impl Slot {
         self.op(regime) == Some(op) || (self == Slot::MatmulLmHead && regime == Regime::Prefill && op == Op::Gemv)
     }
 
-    /// The op a kernel for this slot computes in `regime` (`None`: not tunable).
+    /// The slots of the vision tower and projector ([`Regime::Vision`]).
+    pub const VISION: &'static [Slot] =
+        &[Slot::VisionPatchEmbed, Slot::VisionAttention, Slot::VisionMlp, Slot::VisionNorm, Slot::VisionPool, Slot::Projector];
+
+    /// Whether this is a slot of the vision tower (regime [`Regime::Vision`] only).
+    pub fn is_vision(self) -> bool {
+        Slot::VISION.contains(&self)
+    }
+
+    /// The regimes this slot exists in.
+    pub fn regimes(self) -> &'static [Regime] {
+        if self.is_vision() { &[Regime::Vision] } else { &[Regime::Prefill, Regime::Decode] }
+    }
+
+    /// The op a kernel for this slot computes in `regime` (`None`: not tunable, or
+    /// not a regime of the slot).
     pub fn op(self, regime: Regime) -> Option<Op> {
+        if self.is_vision() != (regime == Regime::Vision) {
+            return None;
+        }
         let mm = if regime == Regime::Decode { Op::Gemv } else { Op::Gemm };
         Some(match self {
+            Slot::VisionPatchEmbed => Op::PatchEmbed,
+            Slot::VisionAttention => Op::AttentionFull,
+            Slot::VisionMlp => Op::Linear,
+            Slot::VisionNorm => Op::LayerNorm,
+            Slot::VisionPool => Op::AvgPool,
+            Slot::Projector => Op::Gemm,
             Slot::AttentionPrefill => Op::AttentionPrefill,
             Slot::AttentionDecode => Op::AttentionDecode,
             Slot::MatmulQkv | Slot::MatmulO | Slot::MatmulGateUp | Slot::MatmulDown | Slot::MatmulLmHead => mm,
@@ -350,6 +394,12 @@ mod tests {
                 "fused.residual_norm",
                 "fused.norm_matmul",
                 "kv_write",
+                "vision.patch_embed",
+                "vision.attention",
+                "vision.mlp",
+                "vision.norm",
+                "vision.pool",
+                "projector",
             ]
         );
         for &s in Slot::ALL {

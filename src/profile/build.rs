@@ -40,6 +40,14 @@ pub(crate) fn profile_doc(f: &Findings<'_>) -> ProfileDoc {
             }
         }
     }
+    // The vision regime's race winners (the tower is no part of the end-to-end runs).
+    for (r, res) in space.races.iter().zip(&races.results) {
+        if r.key.1 == crate::plan::Regime::Vision
+            && let Some(c) = res.winner_choice()
+        {
+            final_choices.insert(r.key, c);
+        }
+    }
     // Device requirements of the chosen variants.
     let mut req = DeviceReq {
         backend: Some(pd::At::new(caps.backend().name().to_string())),

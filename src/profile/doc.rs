@@ -121,6 +121,11 @@ pub struct KernelsDoc {
     pub residual: Option<At<Entry>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fused: Option<FusedDoc>,
+    /// The vision tower's and projector's kernels (a multimodal model's image
+    /// path; regime `vision`). Absent, or a slot left out: the runtime's defaults.
+    /// Only in the top-level `kernels`, not per layer or per format.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vision: Option<VisionDoc>,
     /// Choices for the matrices a file keeps in another block format than
     /// `execution.weightDtype` (a `Q4_K_M` file's Q6_K and Q5_0 tensors), by format
     /// name (`q6_k: {matmul: {down_proj: ...}}`); a slot not listed there uses the
@@ -161,6 +166,30 @@ pub struct FusedDoc {
     /// RMSNorm folded into the decode projections it feeds (`norm_gemv_*` kernels).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub norm_matmul: Option<At<Entry>>,
+}
+
+/// The vision slots: one variant each (they have one regime).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VisionDoc {
+    /// The patch embedding (`vision.patch_embed`: a patch_embed kernel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patch_embed: Option<At<Entry>>,
+    /// The tower's bidirectional attention (`vision.attention`: an attention_full kernel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention: Option<At<Entry>>,
+    /// The tower's Linear layers, MLP and attention projections (`vision.mlp`: a linear kernel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlp: Option<At<Entry>>,
+    /// The tower's LayerNorms (`vision.norm`: a layer_norm kernel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub norm: Option<At<Entry>>,
+    /// The projector's average pool (`vision.pool`: an avg_pool kernel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<At<Entry>>,
+    /// The projector's GEMM to the text width (`projector`: a gemm kernel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub projector: Option<At<Entry>>,
 }
 
 /// A kernel id with its parameters (unlisted parameters take their defaults).

@@ -151,6 +151,14 @@ fn entries(k: &KernelsDoc) -> Vec<EntryRef<'_>> {
         push("fused.residual_norm", &f.residual_norm, vec![Slot::ResidualNorm]);
         push("fused.norm_matmul", &f.norm_matmul, vec![Slot::NormMatmul]);
     }
+    if let Some(vd) = &k.vision {
+        push("vision.patch_embed", &vd.patch_embed, vec![Slot::VisionPatchEmbed]);
+        push("vision.attention", &vd.attention, vec![Slot::VisionAttention]);
+        push("vision.mlp", &vd.mlp, vec![Slot::VisionMlp]);
+        push("vision.norm", &vd.norm, vec![Slot::VisionNorm]);
+        push("vision.pool", &vd.pool, vec![Slot::VisionPool]);
+        push("vision.projector", &vd.projector, vec![Slot::Projector]);
+    }
     v
 }
 
@@ -158,7 +166,7 @@ fn entries(k: &KernelsDoc) -> Vec<EntryRef<'_>> {
 fn valid_for(slots: &[Slot], backend: Option<Backend>) -> String {
     let mut ops: Vec<Op> = Vec::new();
     for s in slots {
-        for r in [Regime::Prefill, Regime::Decode] {
+        for &r in s.regimes() {
             if let Some(op) = s.op(r)
                 && !ops.contains(&op)
             {
@@ -183,6 +191,8 @@ fn resolve_variant(
     regime: Option<Regime>,
     backend: Option<Backend>,
 ) -> Result<Vec<(SlotKey, Choice)>, ProfileError> {
+    // The vision tower runs on the CPU whatever device runs the text model.
+    let backend = if slots.iter().any(|s| s.is_vision()) { None } else { backend };
     let k: &'static KernelDef = kernels::find(&v.kernel).map_err(|_| {
         at_err(origin, at, format!("`{path}`: unknown kernel `{}`; valid kernels for this slot: {}", v.kernel, valid_for(slots, backend)))
     })?;
@@ -206,7 +216,12 @@ fn resolve_variant(
         params.insert(name.clone(), *val);
     }
     k.check_params(&params).map_err(|why| at_err(origin, at, format!("`{path}`: `{}`: {why}", k.id)))?;
-    let regimes: Vec<Regime> = regime.map(|r| vec![r]).unwrap_or_else(|| vec![Regime::Prefill, Regime::Decode]);
+    // A vision entry has one variant: its slots' one regime.
+    if regime.is_some() && slots.iter().any(|s| s.is_vision()) {
+        return Err(at_err(origin, at, format!("`{path}`: a vision slot has no prefill or decode entries; give one kernel")));
+    }
+    let regimes: Vec<Regime> =
+        regime.map(|r| vec![r]).unwrap_or_else(|| slots.first().map_or(vec![Regime::Prefill, Regime::Decode], |s| s.regimes().to_vec()));
     let mut out = Vec::new();
     for s in slots {
         for r in &regimes {
@@ -284,6 +299,14 @@ fn entries_mut(k: &mut KernelsDoc) -> Vec<EntryMut<'_>> {
         v.push(("fused.qk_norm_rope", &mut f.qk_norm_rope, vec![Slot::QkNormRope]));
         v.push(("fused.residual_norm", &mut f.residual_norm, vec![Slot::ResidualNorm]));
         v.push(("fused.norm_matmul", &mut f.norm_matmul, vec![Slot::NormMatmul]));
+    }
+    if let Some(vd) = &mut k.vision {
+        v.push(("vision.patch_embed", &mut vd.patch_embed, vec![Slot::VisionPatchEmbed]));
+        v.push(("vision.attention", &mut vd.attention, vec![Slot::VisionAttention]));
+        v.push(("vision.mlp", &mut vd.mlp, vec![Slot::VisionMlp]));
+        v.push(("vision.norm", &mut vd.norm, vec![Slot::VisionNorm]));
+        v.push(("vision.pool", &mut vd.pool, vec![Slot::VisionPool]));
+        v.push(("vision.projector", &mut vd.projector, vec![Slot::Projector]));
     }
     v
 }
@@ -460,6 +483,13 @@ impl Profile {
                 return Err(at_err(o, k, format!("layer range `{key}` overlaps `{other}`")));
             }
             ranges.push((a, b, key));
+            if k.value.vision.is_some() {
+                return Err(at_err(
+                    o,
+                    k,
+                    format!("layers.{key}: `vision` applies to the whole tower; give it under the top-level `kernels`"),
+                ));
+            }
             resolve_kernels(o, &k.value, backend)?;
         }
         Ok(())
@@ -634,6 +664,15 @@ pub fn kernels_doc(choices: &BTreeMap<SlotKey, Choice>) -> KernelsDoc {
         residual_norm: entry(Slot::ResidualNorm),
         norm_matmul: entry(Slot::NormMatmul),
     };
+    let one = |slot: Slot| choices.get(&(slot, Regime::Vision)).map(|c| At::new(Entry::One(variant_doc(c))));
+    let vd = doc::VisionDoc {
+        patch_embed: one(Slot::VisionPatchEmbed),
+        attention: one(Slot::VisionAttention),
+        mlp: one(Slot::VisionMlp),
+        norm: one(Slot::VisionNorm),
+        pool: one(Slot::VisionPool),
+        projector: one(Slot::Projector),
+    };
     KernelsDoc {
         attention,
         matmul: if any(&[&m.qkv_proj, &m.o_proj, &m.gate_up, &m.down_proj, &m.lm_head]) { Some(m) } else { None },
@@ -642,6 +681,7 @@ pub fn kernels_doc(choices: &BTreeMap<SlotKey, Choice>) -> KernelsDoc {
         rope: entry(Slot::Rope),
         residual: entry(Slot::Residual),
         fused: if any(&[&f.qkv_proj, &f.gate_up, &f.qk_norm_rope, &f.residual_norm, &f.norm_matmul]) { Some(f) } else { None },
+        vision: if any(&[&vd.patch_embed, &vd.attention, &vd.mlp, &vd.norm, &vd.pool, &vd.projector]) { Some(vd) } else { None },
         formats: BTreeMap::new(),
     }
 }
@@ -677,6 +717,12 @@ fn resolve_formats(
             return Err(ProfileError::Invalid {
                 path: origin.into(),
                 message: format!("kernels.formats.{name} cannot hold `formats` itself"),
+            });
+        }
+        if sub.vision.is_some() {
+            return Err(ProfileError::Invalid {
+                path: origin.into(),
+                message: format!("kernels.formats.{name} cannot hold `vision` (the tower's f32 kernels): give it under `kernels`"),
             });
         }
         for (key, c) in resolve_kernels(origin, sub, backend)? {

@@ -36,6 +36,10 @@ pub enum RuntimeError {
     Token { id: u32, vocab: usize },
     #[error("the prompt holds {tokens} image tokens (id {placeholder}) but the image gives {rows} soft tokens")]
     SoftTokens { placeholder: u32, tokens: usize, rows: usize },
+    #[error(
+        "an image of {tokens} tokens does not fit a prefill chunk of {chunk} tokens (its tokens attend to each other, so one pass holds them all): raise --prefill-chunk"
+    )]
+    ImageChunk { tokens: usize, chunk: usize },
     #[error("the prompt is empty: give at least one token")]
     EmptyPrompt,
     #[error("context full: {pos} tokens of {context}; raise --context")]
@@ -109,6 +113,9 @@ pub struct Engine {
     /// Soft tokens (an image's projected tokens) that replace the embeddings of
     /// a placeholder id during one [`Engine::forward_with_soft_tokens`].
     soft: Option<SoftTokens>,
+    /// How the soft tokens of an image attend to each other (the default:
+    /// bidirectionally, as Gemma 3's processor asks).
+    pub image_attention: ImageAttention,
 }
 
 /// Rows that take the place of a placeholder token's embedding, in order.
@@ -116,6 +123,79 @@ struct SoftTokens {
     id: u32,
     rows: Vec<f32>,
     next: usize,
+}
+
+/// How the tokens of one image (a run of consecutive placeholders) attend to each other.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ImageAttention {
+    /// Every token of an image sees every token of that image, later ones
+    /// included, besides the causal (or sliding-window) keys: what transformers
+    /// computes with the `token_type_ids` Gemma 3's processor returns.
+    #[default]
+    Bidirectional,
+    /// Causal like text: transformers without `token_type_ids`.
+    Causal,
+}
+
+/// One prefill pass of a prompt: `(start, end, block)`, see [`prefill_passes`].
+pub type PrefillPass = (usize, usize, (usize, usize));
+
+/// The passes of a prompt of `tokens`: `(start, end, block)`, at most `chunk`
+/// tokens each, where `block` is the run of `image` tokens in the pass (indices in
+/// `tokens`; `(0, 0)` for none). With an image id, a pass never splits a run nor
+/// holds two (each pass has one bidirectional block); a run longer than `chunk`
+/// is an error.
+pub fn prefill_passes(tokens: &[u32], chunk: usize, image: Option<u32>) -> Result<Vec<PrefillPass>, RuntimeError> {
+    let chunk = chunk.max(1);
+    let Some(id) = image else {
+        return Ok((0..tokens.len()).step_by(chunk).map(|s| (s, (s + chunk).min(tokens.len()), (0, 0))).collect());
+    };
+    // The runs of image tokens, [start, end).
+    let mut runs = Vec::new();
+    let mut i = 0;
+    while i < tokens.len() {
+        if tokens[i] == id {
+            let s = i;
+            while i < tokens.len() && tokens[i] == id {
+                i += 1;
+            }
+            if i - s > chunk {
+                return Err(RuntimeError::ImageChunk { tokens: i - s, chunk });
+            }
+            runs.push((s, i));
+        } else {
+            i += 1;
+        }
+    }
+    let mut passes = Vec::new();
+    let (mut start, mut r) = (0, 0);
+    while start < tokens.len() {
+        let mut end = (start + chunk).min(tokens.len());
+        let mut block = (0, 0);
+        // The first run not wholly before this pass.
+        while r < runs.len() && runs[r].1 <= start {
+            r += 1;
+        }
+        if let Some(&(s, e)) = runs.get(r)
+            && s < end
+        {
+            if s > start && e > end {
+                // The run would be cut: the pass ends where it starts.
+                end = s;
+            } else {
+                block = (s, e);
+                // Stop before the next run, if it begins in this pass.
+                if let Some(&(s2, _)) = runs.get(r + 1)
+                    && s2 < end
+                {
+                    end = s2;
+                }
+            }
+        }
+        passes.push((start, end, block));
+        start = end;
+    }
+    Ok(passes)
 }
 
 /// Concatenates `parts` (each row-major with the same column count) along rows.
@@ -255,6 +335,7 @@ impl Engine {
             cpu_spin_us: 0,
             cpu_prefetch: None,
             soft: None,
+            image_attention: ImageAttention::default(),
         })
     }
 
@@ -364,7 +445,7 @@ impl Engine {
         if self.pos + 1 > ctx {
             return Err(RuntimeError::ContextFull { pos: self.pos + 1, context: ctx });
         }
-        self.forward_chunk(&[token])?;
+        self.forward_chunk(&[token], (0, 0))?;
         Ok(&self.logits)
     }
 
@@ -379,15 +460,23 @@ impl Engine {
         if self.pos + tokens.len() > ctx {
             return Err(RuntimeError::ContextFull { pos: self.pos + tokens.len(), context: ctx });
         }
-        for chunk in tokens.chunks(self.plan.options.max_tokens) {
-            self.forward_chunk(chunk)?;
+        let image = self.soft.as_ref().filter(|_| self.image_attention == ImageAttention::Bidirectional).map(|s| s.id);
+        // The passes' blocks are indices into `tokens`: positions from where the call starts.
+        let pos0 = self.pos;
+        for (start, end, (bs, be)) in prefill_passes(tokens, self.plan.options.max_tokens, image)? {
+            let block = if bs < be { (pos0 + bs, pos0 + be) } else { (0, 0) };
+            self.forward_chunk(&tokens[start..end], block)?;
         }
         Ok(self.logits.chunks(self.plan.config.vocab_size.max(1)).map(<[f32]>::to_vec).collect())
     }
 
     /// [`Engine::forward`] with the embedding of every `placeholder` token replaced,
     /// in order, by the next row of `rows` (`[count, hidden]`: an image's projected
-    /// soft tokens), exactly as many rows as the tokens hold placeholders.
+    /// soft tokens), exactly as many rows as the tokens hold placeholders. Each run
+    /// of placeholders is one image: with [`ImageAttention::Bidirectional`] (the
+    /// engine's `image_attention`) its tokens attend to each other, so a run must
+    /// be whole in one call (and fit one prefill pass); the passes are cut so that
+    /// none splits a run.
     pub fn forward_with_soft_tokens(&mut self, tokens: &[u32], placeholder: u32, rows: Vec<f32>) -> Result<Vec<Vec<f32>>, RuntimeError> {
         let h = self.plan.config.hidden_size.max(1);
         let count = tokens.iter().filter(|&&t| t == placeholder).count();
@@ -400,11 +489,16 @@ impl Engine {
         out
     }
 
-    /// Runs one chunk; its logits land in `self.logits` (softcapped).
-    fn forward_chunk(&mut self, tokens: &[u32]) -> Result<(), RuntimeError> {
+    /// Runs one chunk; its logits land in `self.logits` (softcapped). `block`: the
+    /// positions `[start, end)` within it attended bidirectionally (`(0, 0)`: none).
+    fn forward_chunk(&mut self, tokens: &[u32], block: (usize, usize)) -> Result<(), RuntimeError> {
         let t = tokens.len();
         self.embed(tokens)?;
         let si = self.schedule(t, self.pos)?;
+        // A schedule comes back causal; a pass of one token has no block to widen.
+        if t > 1 && block.0 < block.1 && !self.plan.set_bidirectional(&mut self.schedules[si].1, block)? {
+            return Err(RuntimeError::Internal(format!("a prefill attention kernel refuses the bidirectional block {block:?}")));
+        }
         let decode = t == 1;
         for v in self.pass_times.seconds.values_mut() {
             *v = 0.0;

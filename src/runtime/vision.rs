@@ -3,7 +3,8 @@
 //! Linear with bias and GELU, bidirectional attention, residual adds, the average
 //! pool, the projector's `(1 + w)` RMSNorm and GEMM), each op's kernel picked
 //! like the runtime's defaults (the preference list, then any valid kernel of the
-//! op) or forced per op ([`VisionEngine::with_kernel`]).
+//! op) or forced per op ([`VisionEngine::with_kernel`], or a profile's `vision`
+//! slots through [`VisionEngine::with_selection`]).
 //!
 //! One image in (`[channels, image, image]` pixels, normalized as the image
 //! processor does: [`super::image`]), the tower's last hidden state
@@ -18,7 +19,8 @@ use crate::device::CpuCaps;
 use crate::kernels::{self, Backend, Caps, CpuArgs, CpuIn, DType, KernelDef, Op, Params, Problem};
 use crate::model::vision::{PROJECTOR, TOWER};
 use crate::model::{VisionConfig, Weights};
-use crate::plan::select::preferred;
+use crate::plan::Regime;
+use crate::plan::select::{Selection, Slot, preferred};
 
 /// One encoder layer's weights (f32, as stored: Linear weights `[out, in]`).
 struct Layer {
@@ -109,6 +111,29 @@ impl VisionEngine {
     pub fn with_kernel(mut self, kernel: &'static KernelDef) -> VisionEngine {
         self.forced.insert(kernel.op, (kernel, kernel.default_params()));
         self
+    }
+
+    /// Runs the op of each vision slot chosen in `selection` (a profile's
+    /// `vision` section, [`Regime::Vision`]) with that choice; the other ops keep
+    /// the defaults. A choice this CPU tower cannot run (a WGSL kernel, another
+    /// op than the slot's) is an error naming the slot.
+    pub fn with_selection(mut self, selection: &Selection) -> Result<VisionEngine, RuntimeError> {
+        for &slot in Slot::VISION {
+            let Some(c) = selection.slots.get(&(slot, Regime::Vision)) else { continue };
+            let bad = |why: String| RuntimeError::Kernel {
+                slot: slot.name().into(),
+                layer: None,
+                source: Box::new(kernels::KernelError::Invalid { kernel: c.kernel.id.into(), reason: why }),
+            };
+            if c.kernel.backend() != Backend::Cpu {
+                return Err(bad(format!("a {} kernel; the vision tower runs on the CPU", c.kernel.backend().name())));
+            }
+            if slot.op(Regime::Vision) != Some(c.kernel.op) {
+                return Err(bad(format!("computes {}, not this slot's op", c.kernel.op)));
+            }
+            self.forced.insert(c.kernel.op, (c.kernel, c.params.clone()));
+        }
+        Ok(self)
     }
 
     /// The kernel that runs `problem`: the forced one, else the first valid of the

@@ -155,7 +155,18 @@ pub fn entries(model: &str, cfg: &ModelConfig, tokens: usize, context: usize) ->
         e("prefill gate/up", Problem::Gemm { m: tokens, n: inter, k: h }, DType::Q8_0),
         e(
             "prefill attention",
-            Problem::AttentionPrefill { tokens, kv_len: tokens, kv_cap: tokens, heads, kv_heads, head_dim: hd, window: 0, scale },
+            Problem::AttentionPrefill {
+                tokens,
+                kv_len: tokens,
+                kv_cap: tokens,
+                heads,
+                kv_heads,
+                head_dim: hd,
+                window: 0,
+                scale,
+                bidi_start: 0,
+                bidi_end: 0,
+            },
             DType::F16,
         ),
         e(

@@ -70,6 +70,9 @@ pub struct TuneOptions {
     /// `--trusted-shaders`: shader modules without runtime bounds checks (recorded
     /// as the profile's `execution.trustedShaders`).
     pub trusted_shaders: bool,
+    /// The model's vision tower, whose ops race as the `vision` regime (None: a
+    /// text-only model, or `--no-vision`).
+    pub vision: Option<crate::model::VisionConfig>,
 }
 
 impl TuneOptions {
@@ -105,7 +108,11 @@ pub fn model_hash(cfg: &ModelConfig, matrix_formats: &std::collections::BTreeMap
 pub fn cache_key(device: &Device, model: &str, cfg: &ModelConfig, o: &TuneOptions) -> String {
     let cfg_json = serde_json::to_string(cfg).unwrap_or_default();
     // A file's mixed matrix formats change the plan (and every slot's race).
-    let formats: String = o.matrix_formats.iter().map(|(t, d)| format!("|{t}={d}")).collect();
+    let mut formats: String = o.matrix_formats.iter().map(|(t, d)| format!("|{t}={d}")).collect();
+    // The vision races are part of a tune of a tower (none without one: older keys hold).
+    if let Some(v) = &o.vision {
+        formats.push_str(&format!("|vision={}", serde_json::to_string(v).unwrap_or_default()));
+    }
     let opts = format!(
         "{}|{}|{}|{}|{}|{}|{}|{}|{}{}",
         o.budget.as_secs_f64(),

@@ -237,16 +237,18 @@ struct Shape {
     d: usize,
     window: usize,
     scale: f32,
+    /// The bidirectional block `[start, end)` of a prefill (equal: none).
+    bidi: (usize, usize),
 }
 
 impl Shape {
     fn of(p: &Problem) -> Option<Shape> {
         match *p {
-            Problem::AttentionPrefill { tokens, kv_len, kv_cap, heads, kv_heads, head_dim, window, scale } => {
-                Some(Shape { tokens, kv_len, kv_cap, heads, kv_heads, d: head_dim, window, scale })
+            Problem::AttentionPrefill { tokens, kv_len, kv_cap, heads, kv_heads, head_dim, window, scale, bidi_start, bidi_end } => {
+                Some(Shape { tokens, kv_len, kv_cap, heads, kv_heads, d: head_dim, window, scale, bidi: (bidi_start, bidi_end) })
             }
             Problem::AttentionDecode { kv_len, kv_cap, heads, kv_heads, head_dim, window, scale } => {
-                Some(Shape { tokens: 1, kv_len, kv_cap, heads, kv_heads, d: head_dim, window, scale })
+                Some(Shape { tokens: 1, kv_len, kv_cap, heads, kv_heads, d: head_dim, window, scale, bidi: (0, 0) })
             }
             _ => None,
         }
@@ -267,6 +269,14 @@ impl Shape {
         if s.kv_len > s.kv_cap {
             return Err(format!("kv_len = {} exceeds kv_cap = {}", s.kv_len, s.kv_cap));
         }
+        let (b0, b1) = s.bidi;
+        if b0 != b1 && (b0 > b1 || b0 < s.kv_len - s.tokens || b1 > s.kv_len) {
+            return Err(format!(
+                "the bidirectional block [{b0}, {b1}) must lie within this call's positions [{}, {})",
+                s.kv_len - s.tokens,
+                s.kv_len
+            ));
+        }
         Ok(s)
     }
 
@@ -276,10 +286,15 @@ impl Shape {
     }
 
     /// Keys `[lo, hi)` the query at token index `i` sees.
+    /// (Never decreasing with `i`, bounds included: a block of queries sees the keys
+    /// between its first query's `lo` and its last query's `hi`.)
     fn range(&self, i: usize) -> (usize, usize) {
-        let pos = self.kv_len - self.tokens + i;
-        let lo = if self.window > 0 { (pos + 1).saturating_sub(self.window) } else { 0 };
-        (lo, pos + 1)
+        super::attention_keys(self.kv_len - self.tokens + i, self.window, self.bidi)
+    }
+
+    /// The bidirectional block as the WGSL prefill kernels' last two uniform words.
+    fn bidi_words(&self) -> [u32; 2] {
+        [self.bidi.0 as u32, self.bidi.1 as u32]
     }
 
     /// Cache row of key `j` of KV head `kh`.
@@ -376,6 +391,7 @@ fn prepare_naive(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let uniform = [sh.tokens, sh.kv_len, sh.kv_cap, sh.heads, sh.kv_heads, sh.d, sh.window].map(|v| v as u32);
     let mut words = uniform.to_vec();
     words.push(sh.scale.to_bits());
+    words.extend(sh.bidi_words());
     let u = s.gpu.uniform(s.kernel.id, &words);
     let scores = s.gpu.storage("attention scores", scores_bytes(&sh));
     let (q, k, v, out) = (s.bufs[0], s.bufs[1], s.bufs[2], s.bufs[3]);
@@ -415,6 +431,7 @@ fn prepare_flash(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let consts = [("BQ", bq as f64), ("BKV", bkv as f64), ("LANES", lanes as f64), ("HD", sh.d as f64), ("W_F16", s.w_f16())];
     let mut words: Vec<u32> = [sh.tokens, sh.kv_len, sh.kv_cap, sh.heads, sh.kv_heads, sh.window].iter().map(|&v| v as u32).collect();
     words.push(sh.scale.to_bits());
+    words.extend(sh.bidi_words());
     s.one_step("main", &consts, &words, [groups(sh.tokens, bq), sh.heads as u32, 1])
 }
 
@@ -487,6 +504,7 @@ fn flash2_plan(prob: &Problem, dtype: DType, params: &Params) -> Result<Flash2Pl
         d: 0,
         window: 0,
         scale: 1.0,
+        bidi: (0, 0),
     });
     Flash2Plan::of(&s, dtype, params)
 }
@@ -560,6 +578,7 @@ fn prepare_flash2(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let mut words: Vec<u32> = [sh.tokens, sh.kv_len, sh.kv_cap, sh.heads, sh.kv_heads, sh.window].iter().map(|&v| v as u32).collect();
     words.push(sh.scale.to_bits());
     words.push(p.nsub as u32);
+    words.extend(sh.bidi_words());
     s.one_step("main", &consts, &words, p.grid(&sh))
 }
 
@@ -1072,8 +1091,30 @@ mod tests {
             Problem::AttentionDecode { kv_len: 150, kv_cap: 160, heads: 12, kv_heads: 1, head_dim: 16, window: 0, scale: 0.25 },
             Problem::AttentionDecode { kv_len: 333, kv_cap: 333, heads: 20, kv_heads: 2, head_dim: 24, window: 100, scale: 0.2 },
             Problem::AttentionDecode { kv_len: 40, kv_cap: 64, heads: 3, kv_heads: 3, head_dim: 80, window: 4096, scale: 0.11 },
-            Problem::AttentionPrefill { tokens: 9, kv_len: 30, kv_cap: 31, heads: 12, kv_heads: 1, head_dim: 8, window: 0, scale: 0.35 },
-            Problem::AttentionPrefill { tokens: 3, kv_len: 90, kv_cap: 96, heads: 4, kv_heads: 2, head_dim: 24, window: 7, scale: 0.2 },
+            Problem::AttentionPrefill {
+                tokens: 9,
+                kv_len: 30,
+                kv_cap: 31,
+                heads: 12,
+                kv_heads: 1,
+                head_dim: 8,
+                window: 0,
+                scale: 0.35,
+                bidi_start: 0,
+                bidi_end: 0,
+            },
+            Problem::AttentionPrefill {
+                tokens: 3,
+                kv_len: 90,
+                kv_cap: 96,
+                heads: 4,
+                kv_heads: 2,
+                head_dim: 24,
+                window: 7,
+                scale: 0.2,
+                bidi_start: 0,
+                bidi_end: 0,
+            },
         ]
     }
 
@@ -1241,7 +1282,18 @@ mod tests {
     fn flash2_matches_reference_over_its_parameters() {
         let Some(gpu) = crate::testing::test_gpu() else { return };
         let probs = [
-            Problem::AttentionPrefill { tokens: 19, kv_len: 19, kv_cap: 24, heads: 8, kv_heads: 2, head_dim: 64, window: 0, scale: 0.125 },
+            Problem::AttentionPrefill {
+                tokens: 19,
+                kv_len: 19,
+                kv_cap: 24,
+                heads: 8,
+                kv_heads: 2,
+                head_dim: 64,
+                window: 0,
+                scale: 0.125,
+                bidi_start: 0,
+                bidi_end: 0,
+            },
             Problem::AttentionPrefill {
                 tokens: 13,
                 kv_len: 40,
@@ -1251,8 +1303,21 @@ mod tests {
                 head_dim: 256,
                 window: 0,
                 scale: 0.0625,
+                bidi_start: 0,
+                bidi_end: 0,
             },
-            Problem::AttentionPrefill { tokens: 21, kv_len: 29, kv_cap: 32, heads: 12, kv_heads: 2, head_dim: 32, window: 9, scale: 0.18 },
+            Problem::AttentionPrefill {
+                tokens: 21,
+                kv_len: 29,
+                kv_cap: 32,
+                heads: 12,
+                kv_heads: 2,
+                head_dim: 32,
+                window: 9,
+                scale: 0.18,
+                bidi_start: 14,
+                bidi_end: 25,
+            },
         ];
         let mut ran = 0;
         for id in ["attention_prefill_flash2", "attention_prefill_flash2_sg"] {
@@ -1304,6 +1369,8 @@ mod tests {
             head_dim: 256,
             window: 0,
             scale: 0.0625,
+            bidi_start: 0,
+            bidi_end: 0,
         };
         assert!(k.check(Caps::Gpu(&caps), &gemma, DType::F16, &flash2_params(8, 4, 32, 8, 1)).is_ok());
         // 64 f32 words per row over 4 lanes is 16 per lane
@@ -1335,7 +1402,18 @@ mod tests {
                 .contains("smallest is 8")
         );
         // head_dim not whole 16-byte words
-        let odd = Problem::AttentionPrefill { tokens: 4, kv_len: 4, kv_cap: 8, heads: 2, kv_heads: 2, head_dim: 12, window: 0, scale: 1.0 };
+        let odd = Problem::AttentionPrefill {
+            tokens: 4,
+            kv_len: 4,
+            kv_cap: 8,
+            heads: 2,
+            kv_heads: 2,
+            head_dim: 12,
+            window: 0,
+            scale: 1.0,
+            bidi_start: 0,
+            bidi_end: 0,
+        };
         assert!(reason(tree, &odd, DType::F16, &flash2_params(8, 4, 32, 8, 1), &caps).contains("multiple of 8"));
     }
 
@@ -1352,6 +1430,8 @@ mod tests {
             head_dim: 64,
             window: 0,
             scale: 0.125,
+            bidi_start: 0,
+            bidi_end: 0,
         })
         .expect("attention");
         let p = Flash2Plan::of(&llama, DType::F16, &flash2_params(8, 8, 32, 4, 1)).expect("params");
