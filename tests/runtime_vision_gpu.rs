@@ -99,12 +99,18 @@ fn text_engine(m: &LoadedModel, gpu: &Arc<GpuCtx>, tokens: usize, context: usize
     };
     let plan = Plan::new("fixture", &m.config, opts, Selection::defaults(DeviceCaps::Gpu(gpu.caps.clone()))).expect("plan");
     let store: Arc<dyn TensorStore> = m.weights.clone();
-    Engine::gpu(plan, store, gpu.clone(), true).expect("engine")
+    let mut e = Engine::gpu(plan, store, gpu.clone(), true).expect("engine");
+    // Causal over the image, as the fixture's `logits` / `generated` were computed
+    // (without token_type_ids), so chunks may split the image; the bidirectional
+    // default is checked on the GPU by tests/runtime_vision.rs and end to end below.
+    e.image_attention = ktune::runtime::ImageAttention::Causal;
+    e
 }
 
 /// Tower, projector and text model all on the GPU: the prompt with the image's
 /// soft tokens, every position's logits and the greedy continuation, prefilled
-/// at once and in chunks that split the image.
+/// at once and in chunks that split the image (causal image attention, as the
+/// fixture's `logits` were computed).
 #[test]
 fn gpu_image_prompt_logits_and_greedy_tokens_match_transformers() {
     let Some(gpu) = test_gpu() else { return };
@@ -170,7 +176,9 @@ fn run_with_an_image_on_the_gpu_matches_transformers_end_to_end() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("(GPU)") || stderr.contains("(GPU)"), "the tower did not run on the GPU: {stdout} {stderr}");
     let d = read_json(&dump);
-    assert_eq!(ids(&d["generated"]), ids(&exp["generated"]), "greedy ids");
-    let err = rel_err(&logit_rows(&d["logits"]), &logit_rows(&exp["logits"]));
+    // `run --image` attends bidirectionally inside the image by default: transformers
+    // given the processor's token_type_ids (`tt_*`).
+    assert_eq!(ids(&d["generated"]), ids(&exp["tt_generated"]), "greedy ids");
+    let err = rel_err(&logit_rows(&d["logits"]), &logit_rows(&exp["tt_logits"]));
     assert!(err <= 1e-3, "logits err {err:.2e}");
 }
