@@ -830,6 +830,27 @@ mod tests {
         }
     }
 
+    /// Rows `r0..r0 + rows` of `w` packed as [`Panel::pack`] packs them, and by the
+    /// staged path into a panel of the same sizes (filled with junk first).
+    fn packed_and_staged(w: QView<'_>, r0: usize, rows: usize, k: usize) -> (Panel, Panel) {
+        let (mut a, mut b) = (Panel::default(), Panel::default());
+        a.pack(Isa::best(), w, r0, rows, k);
+        b.sg = a.sg;
+        b.blocks = a.blocks;
+        b.vals.resize(a.vals.len(), 0xaa);
+        b.scale.resize(a.scale.len(), f32::NAN);
+        b.off.resize(a.off.len(), f32::NAN);
+        b.pack_staged(Isa::best(), w, r0, rows, k);
+        (a, b)
+    }
+
+    /// Two panels' scales and offsets bit for bit.
+    fn assert_same_scales(a: &Panel, b: &Panel, format: QFormat) {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a.scale), bits(&b.scale), "{format:?}: scales");
+        assert_eq!(bits(&a.off), bits(&b.off), "{format:?}: offsets");
+    }
+
     /// The panel packed straight from Q4_0 / Q8_0 X8 records is the one the staged
     /// path gathers from them, bit for bit: whole and half row blocks, groups
     /// from an offset.
@@ -844,27 +865,11 @@ mod tests {
             let x8 = QMatrix::quantize(format, n, k, &data(n * k, 13)).expect("quantizes").repack_x8();
             assert!(matches!(x8.layout, Layout::X8 { .. }));
             for (r0, rows) in [(0, n), (8, 24), (16, 8), (40, 16)] {
-                let (mut a, mut b) = (Panel::default(), Panel::default());
-                a.pack(Isa::best(), x8.view(), r0, rows, k);
+                let (a, b) = packed_and_staged(x8.view(), r0, rows, k);
                 assert_eq!(a.bias, if format == QFormat::Q8_0 { 128 } else { 8 });
-                b.sg = a.sg;
-                b.blocks = a.blocks;
-                b.vals.resize(a.vals.len(), 0xaa);
-                b.scale.resize(a.scale.len(), f32::NAN);
-                b.off.resize(a.off.len(), f32::NAN);
-                b.pack_staged(Isa::best(), x8.view(), r0, rows, k);
                 let first = a.vals.iter().zip(&b.vals).position(|(u, v)| u != v);
                 assert!(first.is_none(), "{format:?} rows {r0}+{rows}: values differ first at byte {first:?} of {}", a.vals.len());
-                assert_eq!(
-                    a.scale.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    b.scale.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    "{format:?}: scales"
-                );
-                assert_eq!(
-                    a.off.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    b.off.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    "{format:?}: offsets"
-                );
+                assert_same_scales(&a, &b, format);
             }
         }
     }
@@ -883,15 +888,7 @@ mod tests {
             let w = QMatrix::quantize(format, n, k, &data(n * k, 11)).expect("quantizes");
             assert!(direct(w.view()));
             for (r0, rows) in [(0, n), (3, 21), (29, 16)] {
-                let (mut a, mut b) = (Panel::default(), Panel::default());
-                a.pack(Isa::best(), w.view(), r0, rows, k);
-                // The staged path on the same sizes.
-                b.sg = a.sg;
-                b.blocks = a.blocks;
-                b.vals.resize(a.vals.len(), 0xaa);
-                b.scale.resize(a.scale.len(), f32::NAN);
-                b.off.resize(a.off.len(), f32::NAN);
-                b.pack_staged(Isa::best(), w.view(), r0, rows, k);
+                let (a, b) = packed_and_staged(w.view(), r0, rows, k);
                 if matches!(format, QFormat::Q5_0 | QFormat::Q5_1) {
                     // Raw 5-bit codes here, `v + 128` staged: the same values.
                     for (e, (&ua, &ub)) in a.vals.iter().zip(&b.vals).enumerate() {
@@ -902,16 +899,7 @@ mod tests {
                     continue;
                 }
                 assert_eq!(a.vals, b.vals, "{format:?} rows {r0}+{rows}: values");
-                assert_eq!(
-                    a.scale.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    b.scale.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    "{format:?}: scales"
-                );
-                assert_eq!(
-                    a.off.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    b.off.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    "{format:?}: offsets"
-                );
+                assert_same_scales(&a, &b, format);
             }
         }
     }
