@@ -15,9 +15,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
+use common::vision::{dir, expected, floats, load};
 use common::{fixture, ids, ktune_in, logit_rows, read_json, rel_err, tempdir};
 use ktune::device::CpuCaps;
 use ktune::gpu::GpuCtx;
@@ -29,22 +30,6 @@ use ktune::runtime::vision::VisionEngine;
 use ktune::runtime::{Engine, ImageAttention, RuntimeError, TensorStore, argmax, prefill_passes};
 use ktune::session::{LoadedModel, load_model};
 use ktune::testing::test_gpu;
-
-fn dir() -> PathBuf {
-    fixture("gemma3-vision-tiny")
-}
-
-fn expected() -> serde_json::Value {
-    read_json(dir().join("vision_expected.json"))
-}
-
-fn floats(v: &serde_json::Value) -> Vec<f32> {
-    v.as_array().expect("array").iter().map(|x| x.as_f64().expect("number") as f32).collect()
-}
-
-fn load() -> LoadedModel {
-    load_model(None, Some(&dir()), None, 0).expect("the multimodal fixture loads")
-}
 
 #[test]
 fn multimodal_config_and_weights_load() {

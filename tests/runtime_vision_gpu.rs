@@ -9,10 +9,10 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::{fixture, gpu_index, ids, ktune_in, logit_rows, read_json, rel_err, tempdir};
+use common::vision::{dir, expected, floats, load};
+use common::{gpu_index, ids, ktune_in, logit_rows, read_json, rel_err, tempdir};
 use ktune::gpu::GpuCtx;
 use ktune::kernels::{self, Backend, DType, Op};
 use ktune::plan::select::DeviceCaps;
@@ -21,24 +21,8 @@ use ktune::runtime::image::load_image;
 use ktune::runtime::vision::VisionEngine;
 use ktune::runtime::vision_gpu::VisionGpu;
 use ktune::runtime::{Engine, TensorStore, argmax};
-use ktune::session::{LoadedModel, load_model};
+use ktune::session::LoadedModel;
 use ktune::testing::test_gpu;
-
-fn dir() -> PathBuf {
-    fixture("gemma3-vision-tiny")
-}
-
-fn expected() -> serde_json::Value {
-    read_json(dir().join("vision_expected.json"))
-}
-
-fn floats(v: &serde_json::Value) -> Vec<f32> {
-    v.as_array().expect("array").iter().map(|x| x.as_f64().expect("number") as f32).collect()
-}
-
-fn load() -> LoadedModel {
-    load_model(None, Some(&dir()), None, 0).expect("the multimodal fixture loads")
-}
 
 fn rel(got: &[f32], want: &[f32]) -> f64 {
     rel_err(&[got.to_vec()], &[want.to_vec()])

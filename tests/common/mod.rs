@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
 
+pub mod vision;
+
 /// `tests/fixtures/`.
 pub fn fixtures_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
