@@ -247,6 +247,18 @@ pub struct KernelBenchRow {
     pub pct_of_peak_flops: f64,
     /// The winner's parity check: `passed`, or why it failed.
     pub check: String,
+    /// Every variant that produced a time, fastest first: `kernel{params}`,
+    /// median µs and GB/s (what a new adapter's figures need to tell kernel
+    /// designs apart, not only the winner).
+    pub variants: Vec<VariantTime>,
+}
+
+/// One raced variant of a `bench-kernels` row.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct VariantTime {
+    pub kernel: String,
+    pub median_us: f64,
+    pub gbps: f64,
 }
 
 impl KernelBenchReport {

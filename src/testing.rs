@@ -73,5 +73,6 @@ pub fn typical_gpu_caps() -> crate::device::GpuCaps {
         max_buffer_size: 1 << 30,
         max_storage_buffers_per_stage: 8,
         coop_matrix: Vec::new(),
+        software: false,
     }
 }

@@ -34,8 +34,8 @@ fn bench_kernels_reports_each_shape_against_measured_limits() {
     );
     assert_eq!(v["errors"].as_array().map(Vec::len), Some(0), "{}", v["errors"]);
     let rows = v["rows"].as_array().expect("rows");
-    // Llama 3.2 1B: GEMV gate/up in f16, q8_0, q4_0 and down in f16; the norm; decode attention.
-    assert_eq!(rows.len(), 6, "{rows:?}");
+    // Llama 3.2 1B: GEMV gate/up in f16, q8_0, q4_0, q4_k and down in f16; the norm; decode attention.
+    assert_eq!(rows.len(), 7, "{rows:?}");
     for op in ["gemv", "rms_norm", "attention_decode"] {
         assert!(rows.iter().any(|r| r["op"] == op), "no {op} row");
     }
@@ -52,6 +52,12 @@ fn bench_kernels_reports_each_shape_against_measured_limits() {
         assert_eq!(r["check"], "passed", "{what}");
         assert!(r["kernel"].as_str().is_some_and(|k| !k.is_empty()));
         assert!(us < 1e7, "{what}: {us} µs");
+        // Every raced variant with its time, fastest first, the winner among them.
+        let vs = r["variants"].as_array().expect("variants");
+        assert!(!vs.is_empty() && vs.len() as u64 <= r["candidates"].as_u64().unwrap_or(0), "{what}: {vs:?}");
+        let times: Vec<f64> = vs.iter().map(|v| positive(&v["median_us"], &format!("{what}: variant time"))).collect();
+        assert!(times.windows(2).all(|w| w[0] <= w[1]), "{what}: variants not fastest first: {times:?}");
+        assert!(vs.iter().any(|v| v["kernel"] == r["kernel"] && v["median_us"] == r["median_us"]), "{what}: winner not listed");
     }
     // The 8192 x 2048 f16 GEMV (32 MiB) is one copy; the 2048-wide norm many.
     let gemv = rows.iter().find(|r| r["op"] == "gemv" && r["dtype"] == "f16" && r["what"] == "decode gate/up").expect("f16 gemv");

@@ -10,7 +10,7 @@ use crate::device::Device;
 use crate::kernels::{Op, variant_label};
 use crate::profile::doc::Measurement;
 use crate::progress::Progress;
-use crate::report::{KernelBenchReport, KernelBenchRow};
+use crate::report::{KernelBenchReport, KernelBenchRow, VariantTime};
 use crate::session;
 use crate::tuner::kbench::{self, RaceOptions};
 use crate::tuner::measure::Rotation;
@@ -116,6 +116,11 @@ pub fn run(selector: Option<&str>, args: &BenchKernelsArgs, progress: &dyn Progr
             pct_of_bandwidth: gbps / limits.copy_gbps * 100.0,
             pct_of_peak_flops: gflops / limits.fma_gflops * 100.0,
             check: b.failed_check.map_or_else(|| "passed".to_string(), |why| format!("failed: {why}")),
+            variants: b
+                .all
+                .iter()
+                .map(|(kernel, s)| VariantTime { kernel: kernel.clone(), median_us: s * 1e6, gbps: e.problem.min_bytes(e.dtype) / s / 1e9 })
+                .collect(),
         });
         progress.tick();
     }

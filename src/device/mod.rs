@@ -42,6 +42,11 @@ pub struct GpuCaps {
     /// fingerprint, which stays what it was for such adapters).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub coop_matrix: Vec<CoopShape>,
+    /// A software rasterizer (lavapipe, llvmpipe, WARP): the runtime's default
+    /// kernel order differs from a hardware GPU's (`plan::select::preferred`).
+    /// Not serialized, so not part of the fingerprint.
+    #[serde(skip)]
+    pub software: bool,
 }
 
 /// One cooperative-matrix configuration: `C[m x n] += A[m x k] · B[k x n]` with A
@@ -289,6 +294,7 @@ fn caps_of(adapter: &wgpu::Adapter) -> GpuCaps {
         max_buffer_size: l.max_buffer_size,
         max_storage_buffers_per_stage: l.max_storage_buffers_per_shader_stage,
         coop_matrix: coop_shapes(adapter),
+        software: info.device_type == wgpu::DeviceType::Cpu,
     }
 }
 

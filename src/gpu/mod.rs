@@ -84,6 +84,22 @@ pub struct GpuCtx {
     trusted: bool,
     modules: ModuleCache,
     pipelines: PipelineCache,
+    /// What a program being rebuilt leaves to its successor ([`GpuCtx::rebuild`]).
+    recycle: Mutex<Recycle>,
+}
+
+/// One binding of a bind group as built: binding number, buffer, offset and size
+/// (`None`: to the buffer's end). Each step keeps its own, so that a rebuild of
+/// the same kernel over the same buffers finds its bind group again.
+pub type BindEntry = (u32, wgpu::Buffer, u64, Option<u64>);
+
+/// The uniform and scratch buffers and the bind groups of a program being
+/// rebuilt, open to the thread that rebuilds it.
+#[derive(Default)]
+struct Recycle {
+    thread: Option<std::thread::ThreadId>,
+    buffers: Vec<wgpu::Buffer>,
+    groups: Vec<(Arc<wgpu::ComputePipeline>, Vec<BindEntry>, wgpu::BindGroup)>,
 }
 
 /// One binding of a step: a whole buffer, or `size` bytes of one from `offset`.
@@ -93,12 +109,24 @@ pub enum Bind<'a> {
     Range(&'a wgpu::Buffer, u64, u64),
 }
 
+impl Bind<'_> {
+    /// This binding at `binding`.
+    pub fn entry(&self, binding: u32) -> BindEntry {
+        match *self {
+            Bind::Whole(b) => (binding, b.clone(), 0, None),
+            Bind::Range(b, offset, size) => (binding, b.clone(), offset, Some(size)),
+        }
+    }
+}
+
 /// One dispatch: pipeline, bind group and workgroup counts.
 pub struct GpuStep {
     pub label: String,
     pub pipeline: Arc<wgpu::ComputePipeline>,
     pub bind_group: wgpu::BindGroup,
     pub workgroups: [u32; 3],
+    /// What `bind_group` binds.
+    pub binds: Vec<BindEntry>,
 }
 
 /// The dispatches of one kernel variant over fixed buffers, in order, plus the
@@ -193,6 +221,7 @@ impl GpuCtx {
             trusted: false,
             modules: Arc::default(),
             pipelines: Arc::default(),
+            recycle: Mutex::default(),
         }))
     }
 
@@ -211,6 +240,7 @@ impl GpuCtx {
             trusted,
             modules: self.modules.clone(),
             pipelines: self.pipelines.clone(),
+            recycle: Mutex::default(),
         })
     }
 
@@ -279,16 +309,52 @@ impl GpuCtx {
         Ok(pipe)
     }
 
-    /// A bind group binding `buffers` (whole) at 0.. in order.
-    pub fn bind(&self, label: &str, pipeline: &wgpu::ComputePipeline, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
+    /// The bind group of `entries` for `pipeline`'s group 0, with validation
+    /// errors caught and named after `label`; during a [`GpuCtx::rebuild`], the
+    /// old program's group when it binds the same buffers to the same pipeline.
+    pub fn bind_group(
+        &self,
+        label: &str,
+        pipeline: &Arc<wgpu::ComputePipeline>,
+        entries: &[BindEntry],
+    ) -> Result<wgpu::BindGroup, GpuError> {
+        if let Some(g) = self.recycled_group(pipeline, entries) {
+            return Ok(g);
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let layout = pipeline.get_bind_group_layout(0);
-        let entries: Vec<wgpu::BindGroupEntry<'_>> =
-            buffers.iter().enumerate().map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() }).collect();
-        self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(label), layout: &layout, entries: &entries })
+        let wgpu_entries: Vec<wgpu::BindGroupEntry<'_>> = entries
+            .iter()
+            .map(|(binding, buffer, offset, size)| wgpu::BindGroupEntry {
+                binding: *binding,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer,
+                    offset: *offset,
+                    size: size.and_then(wgpu::BufferSize::new),
+                }),
+            })
+            .collect();
+        let group =
+            self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(label), layout: &layout, entries: &wgpu_entries });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Validation { what: format!("binding `{label}`"), message: e.to_string() });
+        }
+        Ok(group)
     }
 
-    /// One step: pipeline + bind group over `buffers`, with validation errors caught
-    /// and named after the step.
+    /// One step: `pipeline` and the bind group of `entries` (see [`GpuCtx::bind_group`]).
+    pub fn step_entries(
+        &self,
+        label: String,
+        pipeline: Arc<wgpu::ComputePipeline>,
+        entries: Vec<BindEntry>,
+        workgroups: [u32; 3],
+    ) -> Result<GpuStep, GpuError> {
+        let bind_group = self.bind_group(&label, &pipeline, &entries)?;
+        Ok(GpuStep { label, pipeline, bind_group, workgroups, binds: entries })
+    }
+
+    /// One step: pipeline + bind group over `buffers` (binding i: buffers[i], whole).
     pub fn step(
         &self,
         label: &str,
@@ -296,12 +362,8 @@ impl GpuCtx {
         buffers: &[&wgpu::Buffer],
         workgroups: [u32; 3],
     ) -> Result<GpuStep, GpuError> {
-        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let bind_group = self.bind(label, &pipeline, buffers);
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(GpuError::Validation { what: format!("binding `{label}`"), message: e.to_string() });
-        }
-        Ok(GpuStep { label: label.to_string(), pipeline, bind_group, workgroups })
+        let entries = buffers.iter().enumerate().map(|(i, b)| (i as u32, (*b).clone(), 0, None)).collect();
+        self.step_entries(label.to_string(), pipeline, entries, workgroups)
     }
 
     /// One step whose bindings may be byte ranges of buffers (a quantized weight's
@@ -313,27 +375,45 @@ impl GpuCtx {
         binds: &[Bind<'_>],
         workgroups: [u32; 3],
     ) -> Result<GpuStep, GpuError> {
-        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let layout = pipeline.get_bind_group_layout(0);
-        let entries: Vec<wgpu::BindGroupEntry<'_>> = binds
-            .iter()
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: match *b {
-                    Bind::Whole(buf) => buf.as_entire_binding(),
-                    Bind::Range(buf, offset, size) => {
-                        wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: buf, offset, size: wgpu::BufferSize::new(size) })
-                    }
-                },
-            })
-            .collect();
-        let bind_group =
-            self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(label), layout: &layout, entries: &entries });
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(GpuError::Validation { what: format!("binding `{label}`"), message: e.to_string() });
+        let entries = binds.iter().enumerate().map(|(i, b)| b.entry(i as u32)).collect();
+        self.step_entries(label.to_string(), pipeline, entries, workgroups)
+    }
+
+    /// Runs `build` (a kernel's `prepare` for a problem that differs from `old`'s
+    /// in values only, e.g. a decode step's position) with `old`'s uniform and
+    /// scratch buffers and bind groups open to it: [`GpuCtx::uniform`] and
+    /// [`GpuCtx::storage`] hand back an old buffer of the same size and usage
+    /// (uniforms rewritten), [`GpuCtx::bind_group`] an old group of the same
+    /// pipeline and bindings. What is not taken is dropped. A decode token then
+    /// costs queue writes instead of buffer and bind-group creation.
+    pub fn rebuild<R>(&self, old: GpuProgram, build: impl FnOnce() -> R) -> R {
+        {
+            let mut r = self.recycle.lock().unwrap_or_else(|e| e.into_inner());
+            r.thread = Some(std::thread::current().id());
+            r.buffers = old.owned;
+            r.groups = old.steps.into_iter().map(|s| (s.pipeline, s.binds, s.bind_group)).collect();
         }
-        Ok(GpuStep { label: label.to_string(), pipeline, bind_group, workgroups })
+        let out = build();
+        *self.recycle.lock().unwrap_or_else(|e| e.into_inner()) = Recycle::default();
+        out
+    }
+
+    fn recycled_buffer(&self, size: u64, usage: wgpu::BufferUsages) -> Option<wgpu::Buffer> {
+        let mut r = self.recycle.lock().unwrap_or_else(|e| e.into_inner());
+        if r.thread != Some(std::thread::current().id()) {
+            return None;
+        }
+        let i = r.buffers.iter().position(|b| b.size() == size && b.usage() == usage)?;
+        Some(r.buffers.swap_remove(i))
+    }
+
+    fn recycled_group(&self, pipeline: &Arc<wgpu::ComputePipeline>, entries: &[BindEntry]) -> Option<wgpu::BindGroup> {
+        let mut r = self.recycle.lock().unwrap_or_else(|e| e.into_inner());
+        if r.thread != Some(std::thread::current().id()) {
+            return None;
+        }
+        let i = r.groups.iter().position(|(p, e, _)| Arc::ptr_eq(p, pipeline) && e.as_slice() == entries)?;
+        Some(r.groups.swap_remove(i).2)
     }
 
     /// A uniform buffer holding `words` (u32s; floats go in as `f32::to_bits`).
@@ -342,11 +422,9 @@ impl GpuCtx {
         while !data.len().is_multiple_of(4) {
             data.push(0);
         }
-        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size: (data.len() * 4) as u64,
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
+        let (size, usage) = ((data.len() * 4) as u64, wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST);
+        let buf = self.recycled_buffer(size, usage).unwrap_or_else(|| {
+            self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: false })
         });
         self.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&data));
         buf
@@ -354,11 +432,9 @@ impl GpuCtx {
 
     /// A storage buffer of at least `bytes`, padded to 16 bytes.
     pub fn storage(&self, label: &str, bytes: u64) -> wgpu::Buffer {
-        self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size: padded(bytes),
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
+        let (size, usage) = (padded(bytes), wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC);
+        self.recycled_buffer(size, usage).unwrap_or_else(|| {
+            self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: false })
         })
     }
 
@@ -369,6 +445,25 @@ impl GpuCtx {
         padded_data.resize(padded(data.len() as u64) as usize, 0);
         self.queue.write_buffer(&buf, 0, &padded_data);
         buf
+    }
+
+    /// The first `bytes` of a mappable buffer whose contents are already there
+    /// (the submit that filled it has been waited for): map, copy out, unmap.
+    pub fn read_mapped(&self, staging: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>, GpuError> {
+        let slice = staging.slice(..padded(bytes).min(staging.size()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(GpuError::Map(e.to_string())),
+            Err(e) => return Err(GpuError::Map(e.to_string())),
+        }
+        let out = slice.get_mapped_range().map_err(|e| GpuError::Map(e.to_string()))?[..bytes as usize].to_vec();
+        staging.unmap();
+        Ok(out)
     }
 
     /// Copies `bytes` of `src` back to the host.

@@ -222,7 +222,7 @@ pub fn preferred(problem: &Problem, backend: Backend) -> &'static [&'static str]
         (Op::AttentionPrefill, Backend::Cpu) => &["attention_prefill_tiled_cpu"],
         // `bench-kernels --quick` on lavapipe, Llama 3.2 1B shapes: the subgroup
         // variants won both races at their default parameters; without subgroups the
-        // plain flash2 / split-KV ones follow.
+        // plain flash2 / split-KV ones follow. (Hardware GPUs: `preferred_on`.)
         (Op::AttentionPrefill, Backend::Wgsl) => &["attention_prefill_flash2_sg", "attention_prefill_flash2", "attention_prefill_flash"],
         (Op::AttentionDecode, Backend::Wgsl) => &["attention_decode_splitkv_sg", "attention_decode_splitkv"],
         (Op::GateUp, Backend::Wgsl) => &["gate_up_subgroup", "gate_up_q_wg"],
@@ -230,6 +230,26 @@ pub fn preferred(problem: &Problem, backend: Backend) -> &'static [&'static str]
         (Op::NormGemv, Backend::Cpu) => &["norm_gemv_cpu", "norm_gemv_q_cpu"],
         (Op::NormGemv, Backend::Wgsl) => &["norm_gemv_subgroup", "norm_gemv_wg", "norm_gemv_q_subgroup", "norm_gemv_q_wg"],
         _ => &[],
+    }
+}
+
+/// [`preferred`] for the device at hand: on a hardware GPU the attention order
+/// measured on one (`bench-kernels` on an NVIDIA H200, Vulkan, 2026-11-26, each
+/// row's variants raced interleaved): decode at 1024 keys, `stream` 6.8 µs against
+/// `splitkv` 84 and `splitkv_sg` 442 (Llama 3.2 1B; Gemma 3 1B 26 / 134 / 276),
+/// and the tune's decode slot at 193 keys `splitkv` 3.3x faster than `splitkv_sg`;
+/// prefill over 128 tokens, `flash2` 64-71 µs against `flash2_sg` 70-90. The
+/// software order (lavapipe's, above) stays for software adapters.
+pub fn preferred_on(problem: &Problem, device: &DeviceCaps) -> &'static [&'static str] {
+    let hardware_gpu = matches!(device, DeviceCaps::Gpu(c) if !c.software);
+    match (problem.op(), device.backend()) {
+        (Op::AttentionDecode, Backend::Wgsl) if hardware_gpu => {
+            &["attention_decode_stream", "attention_decode_splitkv", "attention_decode_splitkv_sg"]
+        }
+        (Op::AttentionPrefill, Backend::Wgsl) if hardware_gpu => {
+            &["attention_prefill_flash2", "attention_prefill_flash2_sg", "attention_prefill_flash"]
+        }
+        (_, backend) => preferred(problem, backend),
     }
 }
 
@@ -335,7 +355,7 @@ impl Selection {
         let backend = self.device.backend();
         let caps = self.device.caps();
         let mut cands: Vec<&'static KernelDef> =
-            preferred(problem, backend).iter().filter_map(|id| kernels::find(id).ok()).filter(|k| k.op == op).collect();
+            preferred_on(problem, &self.device).iter().filter_map(|id| kernels::find(id).ok()).filter(|k| k.op == op).collect();
         for k in kernels::for_op(op).filter(|k| k.backend() == backend) {
             if !cands.iter().any(|c| c.id == k.id) {
                 cands.push(k);
@@ -368,6 +388,53 @@ impl Selection {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::GpuCaps;
+    use crate::kernels::Caps;
+
+    /// Without a profile, a hardware GPU gets the attention kernels measured
+    /// fastest on one (stream decode, flash2 prefill) and a software adapter
+    /// lavapipe's (the subgroup variants); where the first cannot run the shape,
+    /// the next serves.
+    #[test]
+    fn default_attention_follows_the_kind_of_gpu() {
+        // The H200's limits (Vulkan); lavapipe's differ, but only the kind matters here.
+        let hw = GpuCaps {
+            subgroup_min_size: 32,
+            subgroup_max_size: 32,
+            max_workgroup_storage: 49152,
+            max_invocations_per_workgroup: 1024,
+            max_workgroup_size: [1024, 1024, 64],
+            ..crate::testing::typical_gpu_caps()
+        };
+        let sw = GpuCaps { software: true, ..hw.clone() };
+        let decode = Problem::AttentionDecode { kv_len: 300, kv_cap: 1024, heads: 32, kv_heads: 8, head_dim: 64, window: 0, scale: 0.125 };
+        let prefill = Problem::AttentionPrefill {
+            tokens: 64,
+            kv_len: 64,
+            kv_cap: 1024,
+            heads: 32,
+            kv_heads: 8,
+            head_dim: 64,
+            window: 0,
+            scale: 0.125,
+            bidi_start: 0,
+            bidi_end: 0,
+        };
+        let pick = |caps: &GpuCaps, p: &Problem, slot: Slot, regime: Regime| {
+            Selection::runtime(DeviceCaps::Gpu(caps.clone())).default_choice(slot, regime, p, DType::F32).expect("a kernel").kernel.id
+        };
+        assert_eq!(pick(&hw, &decode, Slot::AttentionDecode, Regime::Decode), "attention_decode_stream");
+        assert_eq!(pick(&sw, &decode, Slot::AttentionDecode, Regime::Decode), "attention_decode_splitkv_sg");
+        assert_eq!(pick(&hw, &prefill, Slot::AttentionPrefill, Regime::Prefill), "attention_prefill_flash2");
+        assert_eq!(pick(&sw, &prefill, Slot::AttentionPrefill, Regime::Prefill), "attention_prefill_flash2_sg");
+        // A head wider than stream's largest workgroup: another kernel serves.
+        let wide = Problem::AttentionDecode { kv_len: 30, kv_cap: 64, heads: 2, kv_heads: 2, head_dim: 2048, window: 0, scale: 0.1 };
+        let k = crate::kernels::find("attention_decode_stream").expect("registered");
+        assert!(k.check(Caps::Gpu(&hw), &wide, DType::F32, &k.default_params()).is_err());
+        let serving =
+            Selection::runtime(DeviceCaps::Gpu(hw.clone())).default_choice(Slot::AttentionDecode, Regime::Decode, &wide, DType::F32);
+        assert!(serving.is_ok_and(|c| c.kernel.id != "attention_decode_stream"));
+    }
 
     /// The profile keys, in declaration order: renaming a variant must not change
     /// what profiles and reports spell.

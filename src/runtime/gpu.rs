@@ -1,8 +1,10 @@
 //! The GPU executor: plan buffers as wgpu storage buffers (weights uploaded once),
 //! each step's program (pipelines and bind groups) built once and kept; steps
-//! whose shapes move with the position (attention, RoPE, the KV write) get their
-//! uniforms rebuilt as the position advances. With `batch` one command buffer and
-//! one submit per forward pass; without, one submit per step.
+//! whose shapes move with the position (attention, RoPE, the KV write) are rebuilt
+//! as the position advances, reusing the old program's uniform and scratch buffers
+//! and bind groups ([`GpuCtx::rebuild`]: queue writes, no allocation). With `batch`
+//! one command buffer and one submit per forward pass, the logits' copy to
+//! persistent staging buffers included, and one wait; without, one submit per step.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,6 +31,18 @@ enum Sig {
     Plumb(Plumb),
 }
 
+impl Sig {
+    /// Whether `other` is the same kernel (or plumbing entry) with the same
+    /// parameters over the same buffers, whatever the problem's values.
+    fn same_program(&self, other: &Sig) -> bool {
+        match (self, other) {
+            (Sig::Kernel(a, pa, da, _, ba), Sig::Kernel(b, pb, db, _, bb)) => a == b && pa == pb && da == db && ba == bb,
+            (Sig::Plumb(a), Sig::Plumb(b)) => std::mem::discriminant(a) == std::mem::discriminant(b),
+            _ => false,
+        }
+    }
+}
+
 pub struct GpuExec {
     pub ctx: Arc<GpuCtx>,
     pub bufs: Vec<wgpu::Buffer>,
@@ -41,6 +55,8 @@ pub struct GpuExec {
     pub profile: bool,
     /// Programs built since creation (pipelines come from the context's cache).
     pub programs_built: usize,
+    /// Mappable buffers the reads of [`GpuExec::run`] land in, one per buffer read.
+    staging: HashMap<BufId, wgpu::Buffer>,
 }
 
 fn err(e: impl std::fmt::Display) -> RuntimeError {
@@ -75,7 +91,7 @@ impl GpuExec {
             bufs.push(buf);
             sizes.push(b.bytes());
         }
-        Ok(GpuExec { ctx, bufs, sizes, progs: HashMap::new(), batch: true, profile: false, programs_built: 0 })
+        Ok(GpuExec { ctx, bufs, sizes, progs: HashMap::new(), batch: true, profile: false, programs_built: 0, staging: HashMap::new() })
     }
 
     fn sig(step: &Step) -> Sig {
@@ -96,16 +112,25 @@ impl GpuExec {
             {
                 continue;
             }
-            let prog = match &step.kind {
-                StepKind::Kernel { kernel, params, dtype, problem, binds, .. } => {
-                    let refs: Vec<&wgpu::Buffer> = binds.iter().map(|&b| &self.bufs[b]).collect();
-                    Some(kernel.prepare_wgsl(&self.ctx, problem, *dtype, params, &refs).map_err(|e| RuntimeError::Kernel {
-                        slot: step.slot.name().into(),
-                        layer: step.layer,
-                        source: Box::new(e),
-                    })?)
+            let old = self.progs.remove(&(tokens, i));
+            let build = || -> Result<Option<GpuProgram>, RuntimeError> {
+                match &step.kind {
+                    StepKind::Kernel { kernel, params, dtype, problem, binds, .. } => {
+                        let refs: Vec<&wgpu::Buffer> = binds.iter().map(|&b| &self.bufs[b]).collect();
+                        Ok(Some(kernel.prepare_wgsl(&self.ctx, problem, *dtype, params, &refs).map_err(|e| RuntimeError::Kernel {
+                            slot: step.slot.name().into(),
+                            layer: step.layer,
+                            source: Box::new(e),
+                        })?))
+                    }
+                    StepKind::Plumb(p) => self.plumb_program(p),
                 }
-                StepKind::Plumb(p) => self.plumb_program(p)?,
+            };
+            // The same kernel over the same buffers with other values (a decode
+            // step's position): its buffers and bind groups carry over.
+            let prog = match old {
+                Some((old, Some(prog))) if old.same_program(&sig) => self.ctx.rebuild(prog, build)?,
+                _ => build()?,
             };
             self.programs_built += 1;
             self.progs.insert((tokens, i), (sig, prog));
@@ -151,10 +176,30 @@ impl GpuExec {
         Ok(Some(GpuProgram { steps: vec![step], owned: vec![u] }))
     }
 
-    /// Runs one forward pass of `tokens` tokens; per-step GPU times go to `times`
-    /// when profiling (timestamp queries), else the pass's wall time goes to `times.total`.
-    pub fn run(&mut self, tokens: usize, steps: &[Step], times: &mut SlotTimes) -> Result<(), RuntimeError> {
+    /// Runs one forward pass of `tokens` tokens and returns the first `len` floats
+    /// of each buffer of `reads` (copied to persistent staging buffers in the same
+    /// submit, one wait for both); per-step GPU times go to `times` when profiling
+    /// (timestamp queries), else the pass's wall time goes to `times.total`.
+    pub fn run(
+        &mut self,
+        tokens: usize,
+        steps: &[Step],
+        times: &mut SlotTimes,
+        reads: &[(BufId, usize)],
+    ) -> Result<Vec<Vec<f32>>, RuntimeError> {
         self.prepare(tokens, steps)?;
+        for &(id, len) in reads {
+            let size = crate::gpu::padded((len * 4) as u64);
+            if self.staging.get(&id).is_none_or(|b| b.size() < size) {
+                let buf = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("readback"),
+                    size,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                self.staging.insert(id, buf);
+            }
+        }
         let profile = self.profile && self.ctx.caps.timestamp_query;
         let scope = self.ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let n = steps.len() as u32;
@@ -211,6 +256,14 @@ impl GpuExec {
             enc.resolve_query_set(q, 0..2 * n, &buf, 0);
             buf
         });
+        if !reads.is_empty() {
+            let enc = encoder
+                .get_or_insert_with(|| self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("read") }));
+            for &(id, len) in reads {
+                let size = crate::gpu::padded((len * 4) as u64).min(self.bufs[id].size());
+                enc.copy_buffer_to_buffer(&self.bufs[id], 0, &self.staging[&id], 0, size);
+            }
+        }
         if let Some(enc) = encoder.take() {
             self.ctx.queue.submit([enc.finish()]);
         }
@@ -228,7 +281,12 @@ impl GpuExec {
             }
             self.profile = false;
         }
-        Ok(())
+        let mut out = Vec::with_capacity(reads.len());
+        for &(id, len) in reads {
+            let bytes = self.ctx.read_mapped(&self.staging[&id], (len * 4) as u64).map_err(err)?;
+            out.push(bytemuck::pod_collect_to_vec(&bytes));
+        }
+        Ok(out)
     }
 
     /// GPU dispatches of the prepared steps of layer `l` in the pass of `tokens` tokens.
@@ -248,5 +306,43 @@ impl GpuExec {
     pub fn read(&self, id: BufId, len: usize) -> Result<Vec<f32>, RuntimeError> {
         let bytes = self.ctx.read(&self.bufs[id], (len * 4) as u64).map_err(err)?;
         Ok(bytemuck::pod_collect_to_vec(&bytes[..len * 4]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::kernels::{DType, Problem, find};
+    use crate::testing::test_gpu;
+
+    /// A decode step rebuilt for the next position takes over its predecessor's
+    /// uniform and scratch buffers and bind groups (no creation), and computes
+    /// what a program built from scratch for that position computes.
+    #[test]
+    fn a_rebuilt_step_reuses_its_buffers_and_computes_the_same() {
+        let Some(gpu) = test_gpu() else { return };
+        let k = find("attention_decode_splitkv").expect("registered");
+        let params = k.default_params();
+        let (heads, kv_heads, d, cap) = (4usize, 2usize, 32usize, 256usize);
+        let at = |kv_len| Problem::AttentionDecode { kv_len, kv_cap: cap, heads, kv_heads, head_dim: d, window: 0, scale: 0.2 };
+        let data = |n: usize, s: u32| -> Vec<f32> {
+            (0..n as u32).map(|i| ((i.wrapping_mul(2654435761) ^ s) % 1000) as f32 / 500.0 - 1.0).collect()
+        };
+        let q = gpu.upload("q", bytemuck::cast_slice(&data(heads * d, 1)));
+        let kc = gpu.upload("k", bytemuck::cast_slice(&data(kv_heads * cap * d, 2)));
+        let vc = gpu.upload("v", bytemuck::cast_slice(&data(kv_heads * cap * d, 3)));
+        let (out1, out2) = (gpu.storage("out1", (heads * d * 4) as u64), gpu.storage("out2", (heads * d * 4) as u64));
+        // 100 and 120 keys: the same number of 256-key splits, so same-size scratch.
+        let old = k.prepare_wgsl(&gpu, &at(100), DType::F32, &params, &[&q, &kc, &vc, &out1]).expect("builds");
+        let (old_owned, old_groups): (Vec<wgpu::Buffer>, Vec<wgpu::BindGroup>) =
+            (old.owned.clone(), old.steps.iter().map(|s| s.bind_group.clone()).collect());
+        let rebuilt = gpu.rebuild(old, || k.prepare_wgsl(&gpu, &at(120), DType::F32, &params, &[&q, &kc, &vc, &out1])).expect("rebuilds");
+        assert_eq!(rebuilt.owned, old_owned, "uniform and scratch buffers carried over");
+        assert_eq!(rebuilt.steps.iter().map(|s| s.bind_group.clone()).collect::<Vec<_>>(), old_groups, "bind groups carried over");
+        let fresh = k.prepare_wgsl(&gpu, &at(120), DType::F32, &params, &[&q, &kc, &vc, &out2]).expect("builds");
+        assert!(fresh.owned.iter().all(|b| !old_owned.contains(b)), "outside a rebuild, new buffers");
+        gpu.run("rebuilt", &[&rebuilt, &fresh]).expect("runs");
+        let (a, b) = (gpu.read(&out1, (heads * d * 4) as u64).expect("reads"), gpu.read(&out2, (heads * d * 4) as u64).expect("reads"));
+        assert_eq!(a, b, "the rebuilt program computes what a fresh one does");
+        assert!(a.iter().any(|&x| x != 0), "an output was written");
     }
 }

@@ -18,7 +18,7 @@ use serde::Serialize;
 use crate::gpu::GpuCtx;
 use crate::kernels::quant::QMatrix;
 use crate::kernels::{DType, KernelError};
-use crate::plan::{BufRole, Plan, PlanError, Slot, WeightSource};
+use crate::plan::{BufId, BufRole, Plan, PlanError, Slot, WeightSource};
 use cpu::{CpuExec, HostBuf};
 use gpu::GpuExec;
 
@@ -532,11 +532,11 @@ impl Engine {
             }
             Exec::Gpu(e) => {
                 e.write(x0, &self.x);
-                e.run(t, steps, &mut self.pass_times)?;
+                let reads: Vec<(BufId, usize)> = blocks.iter().map(|b| (b.logits, rows * b.rows)).collect();
+                let parts = e.run(t, steps, &mut self.pass_times, &reads)?;
                 self.dispatches_per_layer = e.dispatches(t, steps, 0);
-                for b in blocks {
-                    let part = e.read(b.logits, rows * b.rows)?;
-                    scatter(&mut self.logits, &part, b.start, b.rows, vocab);
+                for (b, part) in blocks.iter().zip(&parts) {
+                    scatter(&mut self.logits, part, b.start, b.rows, vocab);
                 }
             }
         }

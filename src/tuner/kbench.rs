@@ -110,6 +110,30 @@ pub fn fma_peak(ctx: &GpuCtx) -> Result<f64, GpuError> {
     }
 }
 
+/// Keeps the GPU busy with the FMA kernel for about `d` (wall clock, at least one
+/// execution), so that the timings that follow see the clocks of a sustained
+/// load: an idle GPU runs slow clocks (an H200 idles at 345 MHz SM) and raises
+/// them only under load, and a race's first samples would otherwise time it on
+/// the way up (first seen on an H200: the same GEMV timed 11 µs after a
+/// minute of parity checks and 52 µs as the first work of a fresh machine).
+pub fn warm_up(ctx: &GpuCtx, d: std::time::Duration) -> Result<(), GpuError> {
+    let (wg, iters, groups) = (256u32, 512u32, 256u32);
+    let coef: [f32; 12] = [1.0, 1.0, 1.0, 1.0, 0.999, 0.999, 0.999, 0.999, 1e-3, 1e-3, 1e-3, 1e-3];
+    let coef = ctx.upload("warm-up coef", bytemuck::cast_slice(&coef));
+    let pipe = ctx.pipeline(&FMA, "fma_chain", &[("WG", wg as f64), ("ITERS", iters as f64)])?;
+    let out = ctx.storage("warm-up out", groups as u64 * wg as u64 * 16);
+    let step = ctx.step("warm-up", pipe, &[&coef, &out], grid_2d(groups))?;
+    let prog = GpuProgram { steps: vec![step], owned: vec![out] };
+    let t0 = Instant::now();
+    let mut batch = 1usize;
+    while t0.elapsed() < d {
+        let all: Vec<&GpuProgram> = (0..batch).map(|_| &prog).collect();
+        ctx.run("warm-up", &all)?;
+        batch = (batch * 2).min(256);
+    }
+    Ok(())
+}
+
 /// Both limits.
 pub fn peaks(ctx: &GpuCtx, copy_bytes: u64) -> Result<Peaks, GpuError> {
     let (copy_gbps, copy_bytes) = copy_bandwidth(ctx, copy_bytes)?;
@@ -128,7 +152,7 @@ pub struct Entry {
 }
 
 /// The shapes of one forward pass of `cfg` worth a row each: decode projections
-/// (f16, and the q8_0 and q4_0 block formats; the fused gate+up and qkv too), the prefill GEMM over `tokens`,
+/// (f16, and the q8_0, q4_0 and q4_k block formats; the fused gate+up and qkv too), the prefill GEMM over `tokens`,
 /// attention over `tokens` new tokens and one token at `context`, and the norms,
 /// RoPE and elementwise ops at `tokens` rows. Every op of the kernel set appears.
 pub fn entries(model: &str, cfg: &ModelConfig, tokens: usize, context: usize) -> Vec<Entry> {
@@ -143,10 +167,12 @@ pub fn entries(model: &str, cfg: &ModelConfig, tokens: usize, context: usize) ->
         e("decode gate/up", Problem::Gemv { n: inter, k: h }, DType::F16),
         e("decode gate/up", Problem::Gemv { n: inter, k: h }, DType::Q8_0),
         e("decode gate/up", Problem::Gemv { n: inter, k: h }, DType::Q4_0),
+        e("decode gate/up", Problem::Gemv { n: inter, k: h }, DType::Q4_K),
         e("decode down", Problem::Gemv { n: h, k: inter }, DType::F16),
         e("decode gate+up fused", Problem::GateUp { rows: 1, n: inter, k: h, act }, DType::F16),
         e("decode gate+up fused", Problem::GateUp { rows: 1, n: inter, k: h, act }, DType::Q8_0),
         e("decode gate+up fused", Problem::GateUp { rows: 1, n: inter, k: h, act }, DType::Q4_0),
+        e("decode gate+up fused", Problem::GateUp { rows: 1, n: inter, k: h, act }, DType::Q4_K),
         e("decode qkv fused", Problem::QkvProj { k: h, nq: heads * hd, nkv: kv_heads * hd, bias: cfg.attention_bias }, DType::F16),
         e("decode qkv fused", Problem::QkvProj { k: h, nq: heads * hd, nkv: kv_heads * hd, bias: cfg.attention_bias }, DType::Q8_0),
         e("decode qkv fused", Problem::QkvProj { k: h, nq: heads * hd, nkv: kv_heads * hd, bias: cfg.attention_bias }, DType::Q4_0),
@@ -217,6 +243,9 @@ pub struct Best {
     /// The winner's parity check on the op's test shapes (None: it passed).
     pub failed_check: Option<String>,
     pub timestamps: bool,
+    /// Every variant with a time (the winner included), fastest first: label
+    /// and median seconds.
+    pub all: Vec<(String, f64)>,
 }
 
 /// The candidates of `entry` on this adapter, in the order they are prepared:
@@ -272,6 +301,13 @@ pub fn best_variant(ctx: &std::sync::Arc<GpuCtx>, entry: &Entry, o: &RaceOptions
         return Err(format!("every variant failed while timing ({})", first.unwrap_or_else(|| "no sample".into())));
     };
     let r = &runners[i];
+    let mut all: Vec<(String, f64)> = runners
+        .iter()
+        .zip(&stats)
+        .filter(|(r, s)| r.error.is_none() && s.n > 0 && s.median.is_finite())
+        .map(|(r, s)| (kernels::variant_label(r.cand.kernel.id, &r.cand.params), s.median))
+        .collect();
+    all.sort_by(|a, b| a.1.total_cmp(&b.1));
     let failed_check = test_problems(entry.problem.op())
         .into_iter()
         .filter(|p| r.cand.kernel.check(Caps::Gpu(&ctx.caps), p, entry.dtype, &r.cand.params).is_ok())
@@ -290,6 +326,7 @@ pub fn best_variant(ctx: &std::sync::Arc<GpuCtx>, entry: &Entry, o: &RaceOptions
         copies: w.copies(0),
         failed_check,
         timestamps: r.timestamps,
+        all,
     }))
 }
 

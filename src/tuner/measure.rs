@@ -56,6 +56,9 @@ pub const FULL_SAMPLES: usize = 9;
 /// Shortest stretch of work one sample times (repetitions are calibrated to it).
 const MIN_SAMPLE_S: f64 = 0.002;
 
+/// Sustained GPU load before each GPU race ([`super::kbench::warm_up`]).
+const GPU_WARM_UP: std::time::Duration = std::time::Duration::from_millis(60);
+
 /// One variant competing for a slot.
 #[derive(Clone, Debug)]
 pub struct Cand {
@@ -335,6 +338,11 @@ pub fn race(
     first_round: usize,
     mut tick: impl FnMut(usize),
 ) {
+    if let Some((ctx, _)) = &w.gpu {
+        // A race's samples are short bursts: bring the clocks up first. A
+        // failure here shows again in the samples, where it is reported.
+        let _ = super::kbench::warm_up(ctx, GPU_WARM_UP);
+    }
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let rounds = rounds(strategy);
     for (round, &per) in rounds.iter().enumerate() {

@@ -35,7 +35,7 @@ use super::cpu::{self, ISA, Isa, Row, axpy_row, row};
 use super::wgsl::{shared_wg, subgroup_fits};
 use super::{CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::device::{CpuCaps, GpuCaps};
-use crate::gpu::{GpuError, GpuProgram, GpuStep, Shader, grid_2d, groups};
+use crate::gpu::{GpuProgram, GpuStep, Shader, grid_2d, groups};
 use crate::shader;
 
 static PREFILL_NAIVE: Shader = shader!("attention_prefill_naive.wgsl", "attention.wgsl", "reduce_wg.wgsl", "wload.wgsl");
@@ -780,15 +780,8 @@ pub(crate) fn step_with(
 ) -> Result<GpuStep, KernelError> {
     let pipeline: Arc<wgpu::ComputePipeline> = s.gpu.pipeline(shader, entry, constants)?;
     let label = format!("{}:{entry}", s.kernel.id);
-    let scope = s.gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let layout = pipeline.get_bind_group_layout(0);
-    let entries: Vec<wgpu::BindGroupEntry<'_>> =
-        binds.iter().map(|&(binding, b)| wgpu::BindGroupEntry { binding, resource: b.as_entire_binding() }).collect();
-    let bind_group = s.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(&label), layout: &layout, entries: &entries });
-    if let Some(e) = pollster::block_on(scope.pop()) {
-        return Err(GpuError::Validation { what: format!("binding `{label}`"), message: e.to_string() }.into());
-    }
-    Ok(GpuStep { label, pipeline, bind_group, workgroups })
+    let entries = binds.iter().map(|&(binding, b)| (binding, b.clone(), 0, None)).collect();
+    Ok(s.gpu.step_entries(label, pipeline, entries, workgroups)?)
 }
 
 // ---------------------------------------------------------------------------

@@ -186,25 +186,8 @@ fn step(
 ) -> Result<GpuStep, KernelError> {
     let pipe = s.gpu.pipeline(s.shader(), entry, consts)?;
     let label = format!("{}:{entry}", s.kernel.id);
-    let scope = s.gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let entries: Vec<wgpu::BindGroupEntry<'_>> = binds
-        .iter()
-        .map(|&(binding, b)| wgpu::BindGroupEntry {
-            binding,
-            resource: match b {
-                Bind::Whole(buf) => buf.as_entire_binding(),
-                Bind::Range(buf, offset, size) => {
-                    wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: buf, offset, size: wgpu::BufferSize::new(size) })
-                }
-            },
-        })
-        .collect();
-    let layout = pipe.get_bind_group_layout(0);
-    let bind_group = s.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(&label), layout: &layout, entries: &entries });
-    if let Some(e) = pollster::block_on(scope.pop()) {
-        return Err(crate::gpu::GpuError::Validation { what: format!("binding `{label}`"), message: e.to_string() }.into());
-    }
-    Ok(GpuStep { label, pipeline: pipe, bind_group, workgroups: groups })
+    let entries = binds.iter().map(|&(binding, b)| b.entry(binding)).collect();
+    Ok(s.gpu.step_entries(label, pipe, entries, groups)?)
 }
 
 /// The program of every second-generation kernel: `quantize` (the activation
