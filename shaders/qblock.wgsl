@@ -95,14 +95,24 @@ fn iq4(n: vec4<u32>) -> vec4<f32> {
     return vec4<f32>(lut[n.x], lut[n.y], lut[n.z], lut[n.w]);
 }
 
-// Q4_K / Q5_K: the 6-bit scale and minimum of sub-block g (0..8) of block b.
-fn scale_min_k4(b: u32, g: u32) -> vec2<f32> {
+// Q4_K / Q5_K: the scales and minimums of sub-blocks g and g + 1 (g even) of
+// block b, (sc g, m g, sc g+1, m g+1), from the block's three scale words: three
+// loads (a byte at a time, the two sub-blocks took up to twelve).
+fn scale_min_k4_pair(b: u32, g: u32) -> vec4<f32> {
+    let w0 = qw4(b, 0u);
+    let w1 = qw4(b, 4u);
     if (g < 4u) {
-        return vec2<f32>(f32(qbyte(b, g) & 63u), f32(qbyte(b, g + 4u) & 63u));
+        let sh = vec2<u32>(8u * g, 8u * g + 8u);
+        let s = (vec2<u32>(w0) >> sh) & vec2<u32>(63u);
+        let m = (vec2<u32>(w1) >> sh) & vec2<u32>(63u);
+        return vec4<f32>(f32(s.x), f32(m.x), f32(s.y), f32(m.y));
     }
-    let sc = (qbyte(b, g + 4u) & 15u) | ((qbyte(b, g - 4u) >> 6u) << 4u);
-    let m = (qbyte(b, g + 4u) >> 4u) | ((qbyte(b, g) >> 6u) << 4u);
-    return vec2<f32>(f32(sc), f32(m));
+    let w2 = qw4(b, 8u);
+    let sh = vec2<u32>(8u * (g - 4u), 8u * (g - 3u));
+    let lo = (vec2<u32>(w2) >> sh) & vec2<u32>(255u);
+    let s = (lo & vec2<u32>(15u)) | (((vec2<u32>(w0) >> sh) & vec2<u32>(0xc0u)) >> vec2<u32>(2u));
+    let m = (lo >> vec2<u32>(4u)) | (((vec2<u32>(w1) >> sh) & vec2<u32>(0xc0u)) >> vec2<u32>(2u));
+    return vec4<f32>(f32(s.x), f32(m.x), f32(s.y), f32(m.y));
 }
 
 // Q3_K: the signed 6-bit scale of group g (0..16) of block b (its scales at byte 96).
@@ -224,11 +234,10 @@ fn qdecode(gu: u32) -> QWord {
                 lo |= ((qh >> vec4<u32>(g)) & vec4<u32>(1u)) << vec4<u32>(4u);
                 hi |= ((qh >> vec4<u32>(g + 1u)) & vec4<u32>(1u)) << vec4<u32>(4u);
             }
-            let d = qhalf(b, 0u);
-            let dmin = qhalf(b, 1u);
-            let a = scale_min_k4(b, g);
-            let c = scale_min_k4(b, g + 1u);
-            return QWord(vec4<f32>(lo) * (d * a.x) - dmin * a.y, vec4<f32>(hi) * (d * c.x) - dmin * c.y);
+            // d and dmin: the block's one header word (qspb() = 2).
+            let dm = unpack2x16float(ws[b]);
+            let sm = scale_min_k4_pair(b, g);
+            return QWord(vec4<f32>(lo) * (dm.x * sm.x) - dm.y * sm.y, vec4<f32>(hi) * (dm.x * sm.z) - dm.y * sm.w);
         }
         case 9u: {
             let h = j / 16u;
