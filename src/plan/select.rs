@@ -225,7 +225,7 @@ pub fn preferred(problem: &Problem, backend: Backend) -> &'static [&'static str]
         // plain flash2 / split-KV ones follow. (Hardware GPUs: `preferred_on`.)
         (Op::AttentionPrefill, Backend::Wgsl) => &["attention_prefill_flash2_sg", "attention_prefill_flash2", "attention_prefill_flash"],
         (Op::AttentionDecode, Backend::Wgsl) => &["attention_decode_splitkv_sg", "attention_decode_splitkv"],
-        (Op::GateUp, Backend::Wgsl) => &["gate_up_subgroup", "gate_up_q_wg"],
+        (Op::GateUp, Backend::Wgsl) => &["gate_up_subgroup", "gate_up_q_subgroup", "gate_up_q_wg"],
         (Op::QkvProj, Backend::Wgsl) => &["qkv_proj_subgroup", "qkv_proj_q_wg"],
         (Op::NormGemv, Backend::Cpu) => &["norm_gemv_cpu", "norm_gemv_q_cpu"],
         (Op::NormGemv, Backend::Wgsl) => &["norm_gemv_subgroup", "norm_gemv_wg", "norm_gemv_q_subgroup", "norm_gemv_q_wg"],

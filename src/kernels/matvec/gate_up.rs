@@ -7,7 +7,8 @@
 //! WGSL: `gate_up_wg` (GEMV style, gate and up rows of ROWS features share each x
 //! load, workgroup reduction), `gate_up_subgroup` (16-byte loads, one subgroup per
 //! feature), `gate_up_tiled` (prefill GEMM with register blocking), `gate_up_q_wg`
-//! (block formats), `gate_up_q_dp4a_wg` / `_subgroup` (decode, second generation:
+//! (block formats), `gate_up_q_subgroup` (block formats, a subgroup per feature),
+//! `gate_up_q_dp4a_wg` / `_subgroup` (decode, second generation:
 //! the token quantized once for the gate and up rows, int8 block dots; the shared
 //! program is in [`qdp4a`](super::qdp4a)), and on the matrix-tile GEMM's tiling
 //! (cooperative matrices or their emulation, gate and up accumulated side by side,
@@ -32,7 +33,7 @@ use crate::kernels::cpu::{
     rows_times_tokens, scatter_row_blocks,
 };
 use crate::kernels::wgsl::{
-    ROWS_WG_PARAMS, WORKGROUP_SIZE, check_blocks, grid_dim, one_q_step, qfmt, storage_buffers, subgroup_fits, vec_alignment,
+    ROWS_WG_PARAMS, WORKGROUP_SIZE, check_blocks, grid_dim, grid_fits, one_q_step, qfmt, storage_buffers, subgroup_fits, vec_alignment,
 };
 use crate::kernels::{
     Activation, CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param,
@@ -44,6 +45,7 @@ static GATE_UP_WG: Shader = shader!("fused_gate_up_wg.wgsl", "act.wgsl", "reduce
 static GATE_UP_SG: Shader = shader!("fused_gate_up_subgroup.wgsl", "act.wgsl", "wload.wgsl");
 static GATE_UP_TILED: Shader = shader!("fused_gate_up_tiled.wgsl", "act.wgsl", "wload.wgsl");
 static QGATE_UP_WG: Shader = shader!("qgate_up_wg.wgsl", "qblock.wgsl", "act.wgsl", "reduce_wg.wgsl");
+static QGATE_UP_SG: Shader = shader!("qgate_up_subgroup.wgsl", "qblock.wgsl", "act.wgsl");
 static QGATE_UP_DP4A_WG: Shader =
     shader!("qgate_up_dp4a_wg.wgsl", "qdp4a_gate_up.wgsl", "qdp4a_main_wg.wgsl", "qdp4a.wgsl", "act.wgsl", "reduce_wg.wgsl");
 static QGATE_UP_DP4A_SG: Shader =
@@ -126,6 +128,15 @@ pub fn variants() -> Vec<KernelDef> {
             ROWS_WG_PARAMS,
             "quantized gate and up rows dequantized in registers, workgroup reduction, activation product in the epilogue",
             WgslImpl::new(&QGATE_UP_WG, prepare_q).shared(shared_gate_up).check(check_q_wgsl),
+        ),
+        KernelDef::new(
+            "gate_up_q_subgroup",
+            Op::GateUp,
+            DType::QUANT,
+            GATE_UP_SG_PARAMS,
+            "quantized gate and up rows dequantized in registers, one subgroup per feature striding both rows (each activation \
+             load feeds both), subgroupAdd, activation product by lane 0; no workgroup memory",
+            WgslImpl::new(&QGATE_UP_SG, prepare_q_sg).subgroups().check(check_q_subgroup),
         ),
         KernelDef::new(
             "gate_up_q_dp4a_wg",
@@ -237,6 +248,16 @@ fn check_q_wgsl(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -
     Ok(())
 }
 
+fn check_q_subgroup(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    subgroup_fits(caps, params)?;
+    check_blocks(prob, dtype)?;
+    if let Problem::GateUp { rows, n, .. } = *prob {
+        grid_fits(caps, groups(n, param(params, "rows_per_wg")?) as usize, "features")?;
+        grid_dim(caps, rows, "z (one per token row)")?;
+    }
+    Ok(())
+}
+
 fn gate_up_dims(s: &WgslSetup<'_>) -> Result<(usize, usize, usize, Activation), KernelError> {
     match *s.problem {
         Problem::GateUp { rows, n, k, act } => Ok((rows, n, k, act)),
@@ -267,6 +288,15 @@ fn prepare_q(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let consts = [("WG", wg as f64), ("ROWS", per as f64), ("QFMT", qfmt(s.dtype))];
     let uniform = [rows as u32, n as u32, k as u32, act.code()];
     one_q_step(s, 1, &consts, &uniform, [groups(n, per).max(1), (rows as u32).max(1), 1])
+}
+
+/// `gate_up_q_subgroup`: ROWS features a workgroup over the 2D grid, tokens along z.
+fn prepare_q_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let Problem::GateUp { rows, n, k, act } = *s.problem else { return Err(wrong_op(s.kernel, s.problem)) };
+    let (wg, per) = (s.param("workgroup_size")?, s.param("rows_per_wg")?);
+    let consts = [("WG", wg as f64), ("ROWS", per as f64), ("QFMT", qfmt(s.dtype))];
+    let [gx, gy, _] = grid_2d(groups(n, per));
+    one_q_step(s, 1, &consts, &[rows as u32, n as u32, k as u32, act.code()], [gx, gy, (rows as u32).max(1)])
 }
 
 /// Features `first..first + y.len()` of one token: gate and up rows of two features
