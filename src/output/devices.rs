@@ -41,6 +41,12 @@ impl Report for DevicesReport {
                         if c.timestamp_query {
                             feats.push("timestamps".into());
                         }
+                        if !c.coop_matrix.is_empty() {
+                            // `coop 16x16x16 f16->f32, ...`: the shapes the matrix-unit kernels can use.
+                            let shapes: Vec<String> =
+                                c.coop_matrix.iter().map(|m| format!("{}x{}x{} {}->{}", m.m, m.n, m.k, m.ab, m.cr)).collect();
+                            feats.push(format!("coop {}", shapes.join(" ")));
+                        }
                         DeviceRow {
                             index: format!("{}{mark}", d.index),
                             name: g.name.clone(),
