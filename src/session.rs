@@ -157,6 +157,22 @@ pub fn gguf_storage(m: &LoadedModel) -> Option<Stored> {
     m.gguf.as_ref().and_then(|_| m.weights.matmul_storage())
 }
 
+/// The block formats a CPU engine repacks without a profile
+/// ([`crate::kernels::quant::default_repack`]: Q4_0 of short-row models on
+/// AVX-512 VNNI); none on a GPU.
+pub fn default_cpu_repack(
+    device: &Device,
+    c: &crate::model::ModelConfig,
+    weight_dtype: DType,
+    matrix_formats: &BTreeMap<String, DType>,
+) -> Vec<crate::kernels::quant::QFormat> {
+    if !matches!(device, Device::Cpu(_)) {
+        return Vec::new();
+    }
+    let formats: Vec<_> = std::iter::once(weight_dtype).chain(matrix_formats.values().copied()).filter_map(|d| d.quant()).collect();
+    crate::kernels::quant::default_repack(crate::kernels::cpu::Isa::best().vnni(), c.hidden_size.max(c.intermediate_size), &formats)
+}
+
 /// The matrices that run in another type than `weight_dtype`, each with its own
 /// ([`PlanOptions::matrix_formats`]): a GGUF file's matrices stored in other
 /// formats (kept as stored unless `flag`, `--weight-dtype`, asks for one type);

@@ -93,7 +93,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
             threads: 0,
             spin_us: 0,
             prefetch: None,
-            repack: Vec::new(),
+            repack: session::default_cpu_repack(&device, c, weight_dtype, &session::matrix_formats(&m, weight_dtype, weight_flag)),
             trusted_shaders: args.trusted_shaders,
         };
         setups.push(("default".into(), Selection::runtime(caps.clone()), exec));

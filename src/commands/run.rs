@@ -209,7 +209,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
                 threads: 0,
                 spin_us: 0,
                 prefetch: None,
-                repack: Vec::new(),
+                repack: session::default_cpu_repack(&device, c, weight_dtype, &session::matrix_formats(&m, weight_dtype, weight_flag)),
                 trusted_shaders: args.trusted_shaders,
             },
         ),

@@ -314,7 +314,18 @@ pub(crate) fn run(
     let winners = races.winners(space, &o.extra_formats());
     let predicted = predicted(o, space, races);
     let gpu = t.ctx.is_some();
-    let combos = combinations(o, &predicted, gpu);
+    let mut combos = combinations(o, &predicted, gpu);
+    if !gpu {
+        // The runtime default repacks what `run` without a profile does.
+        let formats: Vec<_> = std::iter::once(o.weight_dtype).chain(o.matrix_formats.values().copied()).filter_map(|d| d.quant()).collect();
+        let longest = t.config.hidden_size.max(t.config.intermediate_size);
+        let default = crate::kernels::quant::default_repack(crate::kernels::cpu::Isa::best().vnni(), longest, &formats);
+        combos[0].0.repack = crate::kernels::quant::REPACKABLE
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| default.contains(f))
+            .fold(0u8, |bits, (j, _)| bits | (1 << j));
+    }
     let par_on = Parallel::default();
 
     let prompt: Vec<u32> = (0..o.prefill_tokens).map(|i| ((i * 7919 + 13) % t.config.vocab_size) as u32).collect();

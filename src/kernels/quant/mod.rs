@@ -21,7 +21,10 @@ mod repack;
 
 pub use decode::{GROUP, IQ4_LEVELS, Unpacked, dequantize_block, scale_min_k4, scales_mins_k4, unpack, unpack_scales, unpack_vals};
 pub use encode::quantize_block;
-pub use repack::{REPACKABLE, X8_BYTES, X8_ROWS, pack_scales_mins_k4, x8_record_bytes, x8_row_codes, x8_row_runs, x8_scale_min};
+pub use repack::{
+    DEFAULT_REPACK_MAX_ROW, REPACKABLE, X8_BYTES, X8_ROWS, default_repack, pack_scales_mins_k4, x8_record_bytes, x8_row_codes, x8_row_runs,
+    x8_scale_min,
+};
 
 use half::f16;
 use serde::{Deserialize, Serialize};
