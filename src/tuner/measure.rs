@@ -321,6 +321,43 @@ pub fn rounds(strategy: Strategy) -> &'static [usize] {
     }
 }
 
+/// When a race stops sampling. Past `soft`, only candidates without a sample get
+/// one (each candidate gets a number while that is cheap); past `hard`, none does,
+/// except the first sample of a race that has none (a race needs a winner). A
+/// slot race's `hard` is its share of the budget plus a grace ([`Deadline::share`]),
+/// so races whose samples take seconds (the vision tower's ops at their real
+/// shapes) stop near their share instead of timing every candidate once.
+#[derive(Clone, Copy, Debug)]
+pub struct Deadline {
+    pub soft: Instant,
+    pub hard: Option<Instant>,
+}
+
+impl Deadline {
+    /// No hard stop: past `at`, every candidate still gets its one sample.
+    pub fn soft(at: Instant) -> Deadline {
+        Deadline { soft: at, hard: None }
+    }
+
+    /// A race's share of the budget from now: soft at `share`, hard a quarter of
+    /// it later.
+    pub fn share(share: std::time::Duration) -> Deadline {
+        let soft = Instant::now() + share;
+        Deadline { soft, hard: Some(soft + share / 4) }
+    }
+
+    /// Past the soft deadline.
+    pub fn passed(&self) -> bool {
+        Instant::now() > self.soft
+    }
+
+    /// Past the hard deadline: nothing more is prepared or sampled (but a race's
+    /// first candidate).
+    pub fn exhausted(&self) -> bool {
+        self.hard.is_some_and(|h| Instant::now() > h)
+    }
+}
+
 /// Runs the race among `runners` until the strategy is satisfied or `deadline`.
 /// Candidates are sampled in a seeded shuffled order each round so drift hits all
 /// alike; losers are dropped between rounds (halving and racing).
@@ -330,7 +367,7 @@ pub fn race(
     runners: &mut [Runner],
     w: &Workload,
     strategy: Strategy,
-    deadline: Instant,
+    deadline: Deadline,
     seed: u64,
     first_round: usize,
     mut tick: impl FnMut(usize),
@@ -342,15 +379,19 @@ pub fn race(
         for _ in 0..per {
             alive.shuffle(&mut rng);
             for &i in &alive {
-                // Past the deadline, only candidates without any sample still get one.
-                if Instant::now() > deadline && !runners[i].samples.is_empty() {
+                // Past the deadline, only candidates without any sample still get one;
+                // past the hard deadline, only a race's first.
+                if deadline.passed() && !runners[i].samples.is_empty() {
+                    continue;
+                }
+                if deadline.exhausted() && runners.iter().any(|r| !r.samples.is_empty()) {
                     continue;
                 }
                 runners[i].sample(w);
                 tick(i);
             }
         }
-        if Instant::now() > deadline {
+        if deadline.passed() {
             break;
         }
         let alive: Vec<usize> = (0..runners.len()).filter(|&i| runners[i].dropped.is_none() && runners[i].error.is_none()).collect();
