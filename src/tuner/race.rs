@@ -5,7 +5,7 @@
 //! races are cached as they come, so an interrupted tune resumes.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -258,18 +258,45 @@ pub(crate) fn descent_candidates(timed: &[(&Cand, f64)], r: &RaceDef, caps: &Dev
 /// Gate verdicts by (kernel, params, dtype), shared by the races of one tune.
 type GateCache = BTreeMap<(String, String, DType), Result<(), String>>;
 
+/// A candidate whose warm-up took this many times the fastest one's is not raced.
+const TOO_SLOW: f64 = 8.0;
+/// ... when its warm-up took at least this long (seconds): below it, one run says
+/// little (first-call costs, scheduling) and sampling is cheap anyway.
+const TOO_SLOW_MIN_S: f64 = 0.05;
+
 /// Runners for `cands` (each warmed up once per shape) while `deadline` is not
 /// exhausted; with `first_free` the first is prepared in any case (a race needs
-/// one). The rest are rejected as not reached.
+/// one), and the fastest warm-up so far still fits before its hard stop. The
+/// rest are rejected as not reached, and those whose warm-up took
+/// [`TOO_SLOW`] times the fastest's (the per-query attention at a tower's 4096
+/// patches: 30x the flash kernel, tens of seconds a run) as too slow to race,
+/// without the samples that would cost the race its share.
 fn prepare(cands: Vec<Cand>, w: &Workload, deadline: Deadline, rejected: &mut Vec<(String, String)>, first_free: bool) -> Vec<Runner> {
     let mut out: Vec<Runner> = Vec::new();
+    let mut best = f64::INFINITY;
     for c in cands {
-        if !(first_free && out.is_empty()) && deadline.exhausted() {
+        // Exhausted, or would be before even the fastest warm-up so far is over.
+        let fits = || deadline.hard.is_none_or(|h| best.is_infinite() || Instant::now() + Duration::from_secs_f64(best) <= h);
+        if !(first_free && out.is_empty()) && (deadline.exhausted() || !fits()) {
             rejected.push((c.kernel.label(&c.params), NOT_REACHED.into()));
             continue;
         }
-        out.push(Runner::new(c, w));
+        let r = Runner::new(c, w);
+        if r.error.is_none() {
+            best = best.min(r.warm_up);
+        }
+        out.push(r);
     }
+    out.retain(|x| {
+        let slow = x.error.is_none() && x.warm_up >= TOO_SLOW_MIN_S && x.warm_up > TOO_SLOW * best;
+        if slow {
+            rejected.push((
+                x.cand.kernel.label(&x.cand.params),
+                format!("too slow to race: a warm-up of {:.3} s, {:.0}x the fastest", x.warm_up, x.warm_up / best),
+            ));
+        }
+        !slow
+    });
     out
 }
 
@@ -460,7 +487,6 @@ mod tests {
     fn a_race_past_its_budget_measures_only_its_first_candidate() {
         use crate::plan::select::Slot;
         use std::sync::Arc;
-        use std::time::Duration;
         let config = crate::model::builtin("smollm2-135m").expect("built-in config");
         let device = crate::device::Device::Cpu(CpuCaps::detect());
         let t = Target {

@@ -114,6 +114,15 @@ fn cpu_variants() -> Vec<KernelDef> {
             CpuImpl { run: run_linear_dot, check: check_isa },
         ),
         KernelDef::new(
+            "attention_full_flash_cpu",
+            Op::AttentionFull,
+            F32,
+            ATTN_FLASH_PARAMS,
+            "bidirectional flash attention on the GEMM microkernel: per head and NR queries, MR x NR score tiles per block of keys, \
+             online softmax across the queries' lanes, O^T += V^T P; K/V packed once; (head, query panel) tasks over the pool",
+            CpuImpl { run: run_attn_flash, check: check_isa },
+        ),
+        KernelDef::new(
             "attention_full_rows_cpu",
             Op::AttentionFull,
             F32,
@@ -128,15 +137,6 @@ fn cpu_variants() -> Vec<KernelDef> {
             ATTN_TILED_PARAMS,
             "bidirectional, flash style: keys in blocks of block_k with an online softmax (running max and sum, rescaled output)",
             CpuImpl { run: run_attn_tiled, check: check_isa },
-        ),
-        KernelDef::new(
-            "attention_full_flash_cpu",
-            Op::AttentionFull,
-            F32,
-            ATTN_FLASH_PARAMS,
-            "bidirectional flash attention on the GEMM microkernel: per head and NR queries, MR x NR score tiles per block of keys, \
-             online softmax across the queries' lanes, O^T += V^T P; K/V packed once; (head, query panel) tasks over the pool",
-            CpuImpl { run: run_attn_flash, check: check_isa },
         ),
         KernelDef::new(
             "avg_pool_window_cpu",
