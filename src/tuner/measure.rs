@@ -149,8 +149,7 @@ pub struct Runner {
     pub dropped: Option<usize>,
     pub error: Option<String>,
     pub timestamps: bool,
-    /// Seconds of the warm-up: one execution of every shape, weighted by its count
-    /// as a sample is (0 until prepared).
+    /// Wall seconds of the warm-up: one execution of every shape (0 until prepared).
     pub warm_up: f64,
     /// The input copy the next execution reads (cycles through the copies).
     next_copy: usize,
@@ -197,7 +196,7 @@ impl Runner {
         // Warm up once per shape and calibrate repetitions.
         for i in 0..w.shapes.len() {
             let t = self.time_shape(w, i, 1)?;
-            self.warm_up += t * w.shapes[i].1 as f64;
+            self.warm_up += t;
             let reps = (MIN_SAMPLE_S / t.max(1e-9)).ceil().clamp(1.0, 2000.0) as u32;
             self.reps.push(reps);
         }
