@@ -15,6 +15,7 @@
 //!     cargo bench --bench kernels -- norm_gemv    # the fused norm + GEMV only
 //!     KTUNE_BENCH_GPU=0 cargo bench ...           # CPU only
 //!     cargo bench --bench kernels -- repack       # Q4_K decode dots: rows vs the repacked X8 layout
+//!     cargo bench --bench kernels -- vision       # the SigLIP tower's CPU ops at gemma3-4b's shapes
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -293,5 +294,56 @@ fn repack(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group! { name = benches; config = config(); targets = membw, gemv, norm_gemv, gemm, i8_gemm, repack }
+/// The vision tower's CPU ops (issue 16) at gemma3-4b's SigLIP shapes (width 1152,
+/// 16 heads of 72, MLP 4304): each op's runtime default (the CPU preference list)
+/// at 896 px (4096 patches, one image's real work), and every CPU kernel of the op
+/// at 448 px (1024 patches: the per-query attention kernels take tens of seconds
+/// at 4096). Throughput in FLOPs ("Gelem/s" = GFLOP/s); a layer is 4 of the first
+/// Linear, one of each MLP Linear and one attention.
+fn vision(c: &mut Criterion) {
+    use ktune::plan::select::preferred;
+    let caps = CpuCaps::detect();
+    let (h, inter, heads) = (1152usize, 4304usize, 16usize);
+    let d = h / heads;
+    let shapes = |image: usize| {
+        let n = (image / 14) * (image / 14);
+        vec![
+            Problem::PatchEmbed { channels: 3, image, patch: 14, hidden: h },
+            Problem::Linear { m: n, n: h, k: h, gelu: false },
+            Problem::Linear { m: n, n: inter, k: h, gelu: true },
+            Problem::Linear { m: n, n: h, k: inter, gelu: false },
+            Problem::AttentionFull { tokens: n, heads, head_dim: d, scale: (d as f32).powf(-0.5) },
+        ]
+    };
+    let mut g = c.benchmark_group("vision/cpu");
+    g.sample_size(10).warm_up_time(Duration::from_millis(200)).measurement_time(Duration::from_secs(3));
+    for (image, all) in [(896usize, false), (448, true)] {
+        for p in shapes(image) {
+            let valid =
+                |k: &&KernelDef| k.backend() == Backend::Cpu && k.check(Caps::Cpu(&caps), &p, DType::F32, &k.default_params()).is_ok();
+            let default =
+                preferred(&p, Backend::Cpu).iter().filter_map(|id| kernels::find(id).ok()).chain(kernels::for_op(p.op())).find(valid);
+            let kernels: Vec<&KernelDef> =
+                if all { kernels::for_op(p.op()).filter(valid).collect() } else { default.into_iter().collect() };
+            let ins = make_inputs(&p, DType::F32, 1);
+            let mut outs: Vec<Vec<f32>> = output_lens(&p, DType::F32).into_iter().map(|n| vec![0.0; n]).collect();
+            g.throughput(Throughput::Elements(p.flops() as u64));
+            for k in kernels {
+                let params = k.default_params();
+                g.bench_function(BenchmarkId::new(k.id, format!("{image}px/{}", p.describe())), |b| {
+                    b.iter(|| {
+                        let args = CpuArgs {
+                            ins: ins.iter().map(HostTensor::as_in).collect(),
+                            outs: outs.iter_mut().map(|v| v.as_mut_slice()).collect(),
+                        };
+                        k.run_cpu(&p, DType::F32, &params, args).expect("kernel runs")
+                    })
+                });
+            }
+        }
+    }
+    g.finish();
+}
+
+criterion_group! { name = benches; config = config(); targets = membw, gemv, norm_gemv, gemm, i8_gemm, repack, vision }
 criterion_main!(benches);

@@ -213,6 +213,12 @@ pub fn preferred(problem: &Problem, backend: Backend) -> &'static [&'static str]
         (Op::Linear, Backend::Wgsl) => &["linear_tiled", "linear_simple"],
         (Op::AttentionFull, Backend::Wgsl) => &["attention_full_flash", "attention_full_rows"],
         (Op::AvgPool, Backend::Wgsl) => &["avg_pool_window", "avg_pool_separable"],
+        // On the CPU (the tower's runtime): the packed-GEMM forms first; the
+        // attention on the GEMM microkernel (flash) before the per-query ones.
+        (Op::PatchEmbed, Backend::Cpu) => &["patch_embed_im2col_cpu", "patch_embed_direct_cpu"],
+        (Op::Linear, Backend::Cpu) => &["linear_blocked_cpu", "linear_dot_cpu"],
+        (Op::AttentionFull, Backend::Cpu) => &["attention_full_flash_cpu", "attention_full_tiled_cpu", "attention_full_rows_cpu"],
+        (Op::AvgPool, Backend::Cpu) => &["avg_pool_window_cpu", "avg_pool_separable_cpu"],
         // From tunes of the built-in models on the 2-core CPU and on lavapipe: the
         // dot4 orchestrations win decode by 4-5x over the blocked ones.
         (Op::GateUp, Backend::Cpu) if matches!(problem, Problem::GateUp { rows: 1, .. }) => &["gate_up_dot4_cpu", "gate_up_q_cpu"],

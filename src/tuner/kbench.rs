@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::measure::{Cand, Rotation, Runner, Strategy, Workload, race};
+use super::measure::{Cand, Deadline, Rotation, Runner, Strategy, Workload, race};
 use super::stats::pick;
 use crate::gpu::{GpuCtx, GpuError, GpuProgram, Shader, grid_2d};
 use crate::kernels::problem::{Activation, RopeLayout, test_problems};
@@ -292,7 +292,7 @@ pub fn best_variant(ctx: &std::sync::Arc<GpuCtx>, entry: &Entry, o: &RaceOptions
         }
         runners.push(Runner::new(c, &w));
     }
-    race(&mut runners, &w, Strategy::Auto, deadline, o.seed, 0, |_| {});
+    race(&mut runners, &w, Strategy::Auto, Deadline::soft(deadline), o.seed, 0, |_| {});
     let stats: Vec<_> = runners.iter().map(|r| if r.error.is_some() { Default::default() } else { r.stats() }).collect();
     let finalists: Vec<_> =
         runners.iter().zip(&stats).map(|(r, s)| if r.dropped.is_some() { Default::default() } else { s.clone() }).collect();

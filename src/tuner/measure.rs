@@ -152,6 +152,8 @@ pub struct Runner {
     pub dropped: Option<usize>,
     pub error: Option<String>,
     pub timestamps: bool,
+    /// Wall seconds of the warm-up: one execution of every shape (0 until prepared).
+    pub warm_up: f64,
     /// The input copy the next execution reads (cycles through the copies).
     next_copy: usize,
 }
@@ -168,6 +170,7 @@ impl Runner {
             dropped: None,
             error: None,
             timestamps: false,
+            warm_up: 0.0,
             next_copy: 0,
         };
         if let Err(e) = r.prepare(w) {
@@ -196,6 +199,7 @@ impl Runner {
         // Warm up once per shape and calibrate repetitions.
         for i in 0..w.shapes.len() {
             let t = self.time_shape(w, i, 1)?;
+            self.warm_up += t;
             let reps = (MIN_SAMPLE_S / t.max(1e-9)).ceil().clamp(1.0, 2000.0) as u32;
             self.reps.push(reps);
         }
@@ -324,6 +328,43 @@ pub fn rounds(strategy: Strategy) -> &'static [usize] {
     }
 }
 
+/// When a race stops sampling. Past `soft`, only candidates without a sample get
+/// one (each candidate gets a number while that is cheap); past `hard`, none does,
+/// except the first sample of a race that has none (a race needs a winner). A
+/// slot race's `hard` is its share of the budget plus a grace ([`Deadline::share`]),
+/// so races whose samples take seconds (the vision tower's ops at their real
+/// shapes) stop near their share instead of timing every candidate once.
+#[derive(Clone, Copy, Debug)]
+pub struct Deadline {
+    pub soft: Instant,
+    pub hard: Option<Instant>,
+}
+
+impl Deadline {
+    /// No hard stop: past `at`, every candidate still gets its one sample.
+    pub fn soft(at: Instant) -> Deadline {
+        Deadline { soft: at, hard: None }
+    }
+
+    /// A race's share of the budget from now: soft at `share`, hard a quarter of
+    /// it later.
+    pub fn share(share: std::time::Duration) -> Deadline {
+        let soft = Instant::now() + share;
+        Deadline { soft, hard: Some(soft + share / 4) }
+    }
+
+    /// Past the soft deadline.
+    pub fn passed(&self) -> bool {
+        Instant::now() > self.soft
+    }
+
+    /// Past the hard deadline: nothing more is prepared or sampled (but a race's
+    /// first candidate).
+    pub fn exhausted(&self) -> bool {
+        self.hard.is_some_and(|h| Instant::now() > h)
+    }
+}
+
 /// Runs the race among `runners` until the strategy is satisfied or `deadline`.
 /// Candidates are sampled in a seeded shuffled order each round so drift hits all
 /// alike; losers are dropped between rounds (halving and racing).
@@ -333,7 +374,7 @@ pub fn race(
     runners: &mut [Runner],
     w: &Workload,
     strategy: Strategy,
-    deadline: Instant,
+    deadline: Deadline,
     seed: u64,
     first_round: usize,
     mut tick: impl FnMut(usize),
@@ -350,15 +391,19 @@ pub fn race(
         for _ in 0..per {
             alive.shuffle(&mut rng);
             for &i in &alive {
-                // Past the deadline, only candidates without any sample still get one.
-                if Instant::now() > deadline && !runners[i].samples.is_empty() {
+                // Past the deadline, only candidates without any sample still get one;
+                // past the hard deadline, only a race's first.
+                if deadline.passed() && !runners[i].samples.is_empty() {
+                    continue;
+                }
+                if deadline.exhausted() && runners.iter().any(|r| !r.samples.is_empty()) {
                     continue;
                 }
                 runners[i].sample(w);
                 tick(i);
             }
         }
-        if Instant::now() > deadline {
+        if deadline.passed() {
             break;
         }
         let alive: Vec<usize> = (0..runners.len()).filter(|&i| runners[i].dropped.is_none() && runners[i].error.is_none()).collect();

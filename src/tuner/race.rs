@@ -5,12 +5,12 @@
 //! races are cached as they come, so an interrupted tune resumes.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use super::cache::{self, Cache};
-use super::measure::{self, Cand, FULL_SAMPLES, Rotation, Runner, Strategy, Workload, race};
+use super::measure::{self, Cand, Deadline, FULL_SAMPLES, Rotation, Runner, Strategy, Workload, race};
 use super::space::{Generated, RaceDef, Space, candidates};
 use super::stats::{Stats, pick, summarize};
 use super::{Progress, SEARCH_REVISION, TIE, Target, TuneError, TuneOptions};
@@ -94,8 +94,10 @@ impl Races {
 }
 
 /// Runs every race of `space` until `slot_deadline`, sharing what is left of the
-/// time evenly over the races still to run. `cache` keeps finished races as they
-/// come; with `resume` races already there are reused.
+/// time evenly over the races still to run (each race's [`Deadline::share`]: past
+/// its share plus a quarter, a race prepares and samples nothing more but its
+/// first candidate). `cache` keeps finished races as they come; with `resume`
+/// races already there are reused.
 pub(crate) fn run_all(
     t: &Target<'_>,
     o: &TuneOptions,
@@ -119,7 +121,7 @@ pub(crate) fn run_all(
         // Share what is left of the slot budget evenly over the races still to run.
         let left = slot_deadline.saturating_duration_since(Instant::now());
         let share = left / (races.len() - i) as u32;
-        let res = run_race(t, r, o, Instant::now() + share, &mut gates, progress);
+        let res = run_race(t, r, o, Deadline::share(share), &mut gates, progress);
         if let Some(c) = cache {
             c.put("slots", &key, &res)?;
         }
@@ -199,7 +201,7 @@ fn gate_all(
     for c in cands {
         let name = c.kernel.label(&c.params);
         if !(first_free && passed.is_empty()) && Instant::now() > deadline {
-            rejected.push((name, "not reached within the budget".into()));
+            rejected.push((name, NOT_REACHED.into()));
             continue;
         }
         let key = (c.kernel.id.to_string(), format!("{:?}", c.params), r.dtype);
@@ -256,7 +258,63 @@ pub(crate) fn descent_candidates(timed: &[(&Cand, f64)], r: &RaceDef, caps: &Dev
 /// Gate verdicts by (kernel, params, dtype), shared by the races of one tune.
 type GateCache = BTreeMap<(String, String, DType), Result<(), String>>;
 
-fn run_race(t: &Target<'_>, r: &RaceDef, o: &TuneOptions, deadline: Instant, gates: &mut GateCache, progress: &dyn Progress) -> RaceResult {
+/// A candidate whose warm-up took this many times the fastest one's is not raced.
+const TOO_SLOW: f64 = 8.0;
+/// ... when its warm-up took at least this long (seconds): below it, one run says
+/// little (first-call costs, scheduling) and sampling is cheap anyway.
+const TOO_SLOW_MIN_S: f64 = 0.05;
+
+/// Runners for `cands` (each warmed up once per shape) while `deadline` is not
+/// exhausted; with `first_free` the first is prepared in any case (a race needs
+/// one), and the fastest warm-up so far still fits before its hard stop. The
+/// rest are rejected as not reached, and those whose warm-up took
+/// [`TOO_SLOW`] times the fastest's (the per-query attention at a tower's 4096
+/// patches: 30x the flash kernel, tens of seconds a run) as too slow to race,
+/// without the samples that would cost the race its share.
+fn prepare(cands: Vec<Cand>, w: &Workload, deadline: Deadline, rejected: &mut Vec<(String, String)>, first_free: bool) -> Vec<Runner> {
+    let mut out: Vec<Runner> = Vec::new();
+    let mut best = f64::INFINITY;
+    for c in cands {
+        // Exhausted, or would be before even the fastest warm-up so far is over.
+        let fits = || deadline.hard.is_none_or(|h| best.is_infinite() || Instant::now() + Duration::from_secs_f64(best) <= h);
+        if !(first_free && out.is_empty()) && (deadline.exhausted() || !fits()) {
+            rejected.push((c.kernel.label(&c.params), NOT_REACHED.into()));
+            continue;
+        }
+        let r = Runner::new(c, w);
+        if r.error.is_none() {
+            best = best.min(r.warm_up);
+        }
+        out.push(r);
+    }
+    out.retain(|x| {
+        let slow = x.error.is_none() && x.warm_up >= TOO_SLOW_MIN_S && x.warm_up > TOO_SLOW * best;
+        if slow {
+            rejected.push((
+                x.cand.kernel.label(&x.cand.params),
+                format!("too slow to race: a warm-up of {:.3} s, {:.0}x the fastest", x.warm_up, x.warm_up / best),
+            ));
+        }
+        !slow
+    });
+    out
+}
+
+/// Not prepared, or prepared and never sampled, before the race's deadline.
+const NOT_REACHED: &str = "not reached within the budget";
+
+/// Runs one race within `deadline`: gates, prepares (a warm-up run per shape) and
+/// samples candidates while its time lasts; those it did not reach are rejected
+/// as such, so the race's cost is bounded by its share of the budget whatever a
+/// sample costs (but its first candidate's).
+fn run_race(
+    t: &Target<'_>,
+    r: &RaceDef,
+    o: &TuneOptions,
+    deadline: Deadline,
+    gates: &mut GateCache,
+    progress: &dyn Progress,
+) -> RaceResult {
     let caps = DeviceCaps::from(t.device);
     let (mut cands, mut pool) = candidates(r, &caps, o.strategy);
     if o.strategy == Strategy::Random && cands.len() > 8 {
@@ -268,33 +326,42 @@ fn run_race(t: &Target<'_>, r: &RaceDef, o: &TuneOptions, deadline: Instant, gat
         cands.truncate(7);
         cands.insert(0, first);
     }
-    let passed = gate_all(cands, r, &caps, t, o, deadline, gates, &mut pool.rejected, true);
+    let passed = gate_all(cands, r, &caps, t, o, deadline.soft, gates, &mut pool.rejected, true);
     let rotate = Rotation::for_device(t.device, o.gpu_l2_bytes).rotate_bytes;
     let w = Workload::new(r.shapes.clone(), r.dtype, t.ctx.clone(), o.seed, usize::try_from(rotate).unwrap_or(usize::MAX));
-    let mut runners: Vec<Runner> = passed.into_iter().map(|c| Runner::new(c, &w)).collect();
+    let mut runners = prepare(passed, &w, deadline, &mut pool.rejected, true);
     let n = runners.len() as u64;
     progress.phase(&format!("{} ({}) {} candidates", r.key.0, r.key.1.name(), n), n * FULL_SAMPLES as u64);
     race(&mut runners, &w, o.strategy, deadline, o.seed, 0, |_| progress.tick());
     if matches!(o.strategy, Strategy::Auto | Strategy::Halving) {
         for step in 1..=DESCENT_STEPS {
-            if Instant::now() > deadline {
+            if deadline.passed() {
                 break;
             }
             let timed: Vec<(&Cand, f64)> =
                 runners.iter().filter(|x| x.error.is_none() && !x.samples.is_empty()).map(|x| (&x.cand, x.stats().median)).collect();
             let next = descent_candidates(&timed, r, &caps, &mut pool);
-            let passed = gate_all(next, r, &caps, t, o, deadline, gates, &mut pool.rejected, false);
+            let passed = gate_all(next, r, &caps, t, o, deadline.soft, gates, &mut pool.rejected, false);
+            let passed = prepare(passed, &w, deadline, &mut pool.rejected, false);
             if passed.is_empty() {
                 break;
             }
             let n = passed.len() as u64;
-            runners.extend(passed.into_iter().map(|c| Runner::new(c, &w)));
+            runners.extend(passed);
             progress.phase(&format!("{} ({}) descent {step}: {n} more candidates", r.key.0, r.key.1.name()), n * FULL_SAMPLES as u64);
             race(&mut runners, &w, o.strategy, deadline, o.seed + step as u64, step * measure::rounds(o.strategy).len(), |_| {
                 progress.tick()
             });
         }
     }
+    // Prepared but never sampled (the race's time ran out first): not reached.
+    runners.retain(|x| {
+        let unreached = x.error.is_none() && x.samples.is_empty();
+        if unreached {
+            pool.rejected.push((x.cand.kernel.label(&x.cand.params), NOT_REACHED.into()));
+        }
+        !unreached
+    });
     let stats: Vec<Stats> = runners.iter().map(|x| if x.error.is_some() { Stats::default() } else { x.stats() }).collect();
     // Only the survivors compete for the win: a candidate dropped after one noisy
     // sample must not win on it.
@@ -406,5 +473,79 @@ mod tests {
         uniq.sort();
         uniq.dedup();
         assert_eq!(uniq.len(), n);
+    }
+
+    /// A race whose time runs out after its gate (the gate's parity checks are
+    /// cheap; preparing a candidate warms it up at the real shapes, and a sample
+    /// times them: seconds each for the vision tower's ops) prepares and samples
+    /// its first candidate (the runtime's default) once and nothing else: every
+    /// other variant is rejected as not reached. A race that ignored its budget
+    /// past the gate would warm up and time all of them. No clock decides the
+    /// verdict: the hard stop is past before the race starts, the soft one an hour
+    /// away (so the gate runs every candidate).
+    #[test]
+    fn a_race_past_its_budget_measures_only_its_first_candidate() {
+        use crate::plan::select::Slot;
+        use std::sync::Arc;
+        let config = crate::model::builtin("smollm2-135m").expect("built-in config");
+        let device = crate::device::Device::Cpu(CpuCaps::detect());
+        let t = Target {
+            model: "smollm2-135m",
+            config: &config,
+            store: Arc::new(crate::model::Weights::synthetic(&config, 0)),
+            device: &device,
+            ctx: None,
+        };
+        let o = TuneOptions {
+            budget: Duration::from_millis(1),
+            strategy: Strategy::Auto,
+            prefill_tokens: 8,
+            context: 32,
+            decode_tokens: 8,
+            weight_dtype: DType::F32,
+            matrix_formats: BTreeMap::new(),
+            kv_dtype: DType::F32,
+            seed: 1,
+            gpu_l2_bytes: None,
+            trusted_shaders: false,
+            vision: None,
+        };
+        let caps = DeviceCaps::from(&device);
+        // A tiny tower's attention (64 patches, 2 heads of 16), as the vision regime races it.
+        let r = RaceDef {
+            key: (Slot::VisionAttention, Regime::Vision),
+            dtype: DType::F32,
+            shapes: vec![(Problem::AttentionFull { tokens: 64, heads: 2, head_dim: 16, scale: 0.25 }, 2)],
+        };
+        let (all, _) = candidates(&r, &caps, Strategy::Auto);
+        assert!(all.len() > 3, "the op has several candidates: {}", all.len());
+        let spent = Deadline { soft: Instant::now() + Duration::from_secs(3600), hard: Some(Instant::now()) };
+        let res = run_race(&t, &r, &o, spent, &mut GateCache::new(), &crate::progress::Silent);
+        assert_eq!(res.cands.len(), 1, "only the first candidate is measured: {:?}", res.cands);
+        assert_eq!(res.cands[0].kernel, all[0].kernel.id, "the runtime's default");
+        assert_eq!(res.cands[0].stats.n, 1, "one sample: {:?}", res.cands[0].stats);
+        let unreached = res.rejected.iter().filter(|(_, why)| why == NOT_REACHED).count();
+        assert_eq!(unreached, all.len() - 1, "{:?}", res.rejected);
+    }
+
+    /// The race itself: past the hard deadline only a race without any sample gets
+    /// one (its first candidate), where the soft rule alone (`bench-kernels`) gives
+    /// every prepared candidate its one sample.
+    #[test]
+    fn past_the_hard_deadline_a_race_samples_one_candidate_once() {
+        let caps = DeviceCaps::Cpu(CpuCaps::detect());
+        let p = Problem::AttentionFull { tokens: 16, heads: 2, head_dim: 16, scale: 0.25 };
+        let r = RaceDef { key: (crate::plan::select::Slot::VisionAttention, Regime::Vision), dtype: DType::F32, shapes: vec![(p, 1)] };
+        let (cands, _) = candidates(&r, &caps, Strategy::Auto);
+        let w = Workload::new(r.shapes.clone(), DType::F32, None, 1, 1 << 16);
+        let sampled = |deadline: Deadline| -> Vec<usize> {
+            let mut runners: Vec<Runner> = cands.iter().take(4).map(|c| Runner::new(c.clone(), &w)).collect();
+            race(&mut runners, &w, Strategy::Auto, deadline, 1, 0, |_| {});
+            runners.iter().map(|x| x.samples.len()).collect()
+        };
+        let now = Instant::now();
+        let hard = sampled(Deadline { soft: now, hard: Some(now) });
+        assert_eq!((hard.iter().sum::<usize>(), hard.iter().filter(|&&n| n > 0).count()), (1, 1), "{hard:?}");
+        assert_eq!(sampled(Deadline::soft(now)), vec![1; 4], "the soft rule: one sample each");
     }
 }

@@ -14,7 +14,13 @@
 //!   `linear_dot_cpu` (one SIMD dot per output element, rows over the pool).
 //! - `attention_full` (bidirectional attention over the patch sequence):
 //!   `attention_full_rows_cpu` (exact two-pass softmax per query and head) and
-//!   `attention_full_tiled_cpu` (flash style: key blocks with an online softmax).
+//!   `attention_full_tiled_cpu` (flash style: key blocks with an online softmax),
+//!   both one query and head at a time, and `attention_full_flash_cpu`: flash
+//!   attention on the packed-GEMM microkernel ([`super::matmul::Micro`]): per head
+//!   and panel of NR queries, a block of keys' scores as MR-key x NR-query tiles,
+//!   the online softmax across the panel's queries in SIMD lanes, the values
+//!   accumulated as `Oᵀ += Vᵀ·P` by the same microkernel (K and V packed once per
+//!   call into its panels).
 //! - `avg_pool` (the projector's pool to `mm_tokens_per_image`):
 //!   `avg_pool_window_cpu` (each output sums its window) and
 //!   `avg_pool_separable_cpu` (pool along x into a row of partial sums, then along y).
@@ -24,7 +30,8 @@
 //! `linear_simple`, `attention_full_rows`, `attention_full_flash`,
 //! `avg_pool_window`, `avg_pool_separable`).
 
-use super::cpu::{ISA, Isa, Row, RowSplit, axpy, check_isa, dot, par_rows, row, with_scratch};
+use super::cpu::lanes::{self, Lanes, isa_dispatch};
+use super::cpu::{ISA, Isa, Row, RowSplit, axpy, check_isa, dot, par_rows, pool, row, with_scratch};
 use super::matmul::{BLOCKED_PARAMS, Blocking, Micro, Split, gemm_blocked};
 use super::{CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, param, wrong_op};
 use crate::device::CpuCaps;
@@ -46,6 +53,16 @@ const ATTN_ROWS_PARAMS: &[ParamSpec] =
 const ATTN_TILED_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "queries_per_task", values: &[1, 2, 4, 8, 16], default: 4, help: "queries (all heads) per pool task" },
     ParamSpec { name: "block_k", values: &[16, 32, 64, 128, 256], default: 64, help: "keys per block of the online softmax" },
+    ISA,
+];
+
+const ATTN_FLASH_PARAMS: &[ParamSpec] = &[
+    ParamSpec {
+        name: "block_k",
+        values: &[64, 128, 256, 512, 1024],
+        default: 256,
+        help: "keys per block of the online softmax (rounded up to the microkernel's rows)",
+    },
     ISA,
 ];
 
@@ -95,6 +112,15 @@ fn cpu_variants() -> Vec<KernelDef> {
             ROW_TASK_PARAMS,
             "one SIMD dot per output element with bias and GELU-tanh in its epilogue; rows of x over the pool",
             CpuImpl { run: run_linear_dot, check: check_isa },
+        ),
+        KernelDef::new(
+            "attention_full_flash_cpu",
+            Op::AttentionFull,
+            F32,
+            ATTN_FLASH_PARAMS,
+            "bidirectional flash attention on the GEMM microkernel: per head and NR queries, MR x NR score tiles per block of keys, \
+             online softmax across the queries' lanes, O^T += V^T P; K/V packed once; (head, query panel) tasks over the pool",
+            CpuImpl { run: run_attn_flash, check: check_isa },
         ),
         KernelDef::new(
             "attention_full_rows_cpu",
@@ -168,16 +194,45 @@ fn blocking(params: &Params) -> Result<(Micro, Blocking, Split), KernelError> {
     Ok((micro, blk, Split::from_param(param(params, "split")?)))
 }
 
-/// `y[r, j] = act(y[r, j] + b[j])` over rows of `n`.
-fn bias_act(y: &mut [f32], b: CpuIn<'_>, n: usize, gelu: bool) {
+/// `y[r, j] = act(y[r, j] + b[j])` over rows of `n`, in SIMD lanes of `isa`
+/// (GELU-tanh as `s * sigmoid(2z)` with the vector exp, as `gated_act` computes it).
+fn bias_act(isa: Isa, y: &mut [f32], b: CpuIn<'_>, n: usize, gelu: bool) {
+    let wide: Vec<f32>;
+    let b: &[f32] = match b {
+        CpuIn::F32(s) => &s[..n],
+        _ => {
+            wide = (0..n).map(|j| b.get(j)).collect();
+            &wide
+        }
+    };
     par_rows(y, n, RowSplit::Dynamic(16), |_, rows| {
         for yr in rows.chunks_mut(n) {
-            for (j, v) in yr.iter_mut().enumerate() {
-                let s = *v + b.get(j);
-                *v = if gelu { gelu_tanh(s) } else { s };
-            }
+            isa_dispatch!(isa, |l| (y: &mut [f32] = yr, b: &[f32] = b, gelu: bool = gelu) -> () { bias_act_k(l, y, b, gelu) })
         }
     });
+}
+
+/// `2 sqrt(2 / pi)`: GELU-tanh's `0.5 (1 + tanh(z)) = sigmoid(2z)`.
+const GELU_K: f32 = 1.595_769;
+
+#[inline(always)]
+fn bias_act_k<L: Lanes>(l: L, y: &mut [f32], b: &[f32], gelu: bool) {
+    let n = y.len();
+    let vn = n - n % L::N;
+    for c in (0..vn).step_by(L::N) {
+        let s = l.add(l.load(&y[c..]), l.load(&b[c..]));
+        let v = if gelu {
+            let arg = l.mul(l.mul(s, l.splat(GELU_K)), l.fma(l.mul(s, s), l.splat(0.044715), l.splat(1.0)));
+            l.div(s, l.add(l.splat(1.0), lanes::exp(l, l.sub(l.splat(0.0), arg))))
+        } else {
+            s
+        };
+        l.store(&mut y[c..], v);
+    }
+    for j in vn..n {
+        let s = y[j] + b[j];
+        y[j] = if gelu { gelu_tanh(s) } else { s };
+    }
 }
 
 /// GELU with the tanh approximation (`gelu_pytorch_tanh`), in f32.
@@ -191,6 +246,12 @@ thread_local! {
     static PATCHES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// Per-task scores of the attention kernels.
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// K and V of every head packed into microkernel panels (the calling thread).
+    static ATTN_PACK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The flash kernel's output, head-major (the calling thread).
+    static ATTN_HEADS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// One flash task's query panel, scores, Oᵀ, running maxima and sums.
+    static ATTN_TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// Per-task row of sums of the separable pool.
     static POOL_ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
@@ -229,7 +290,7 @@ fn run_patch_im2col(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuA
         }
         gemm_blocked(micro, blk, split, patches, hidden, kk, cols, w, y);
     });
-    bias_act(y, b, hidden, false);
+    bias_act(Isa::of(params)?, y, b, hidden, false);
     Ok(())
 }
 
@@ -268,7 +329,7 @@ fn run_linear_blocked(kd: &KernelDef, prob: &Problem, params: &Params, mut a: Cp
     let (micro, blk, split) = blocking(params)?;
     let y = &mut a.outs[0][..m * n];
     gemm_blocked(micro, blk, split, m, n, k, &a.ins[0].f32()[..m * k], a.ins[1], y);
-    bias_act(y, a.ins[2], n, gelu);
+    bias_act(Isa::of(params)?, y, a.ins[2], n, gelu);
     Ok(())
 }
 
@@ -375,6 +436,181 @@ fn run_attn_tiled(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArg
         })
     });
     Ok(())
+}
+
+/// Widest query panel (the microkernels' NR).
+const MAX_NR: usize = 64;
+
+fn run_attn_flash(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let (t, heads, d, scale) = attn_dims(kd, prob)?;
+    let isa = Isa::of(params)?;
+    let micro = Micro::for_isa(isa);
+    let (mr, nr) = (micro.mr(), micro.nr());
+    let bk = (param(params, "block_k")? as usize).max(1).next_multiple_of(mr);
+    let width = heads * d;
+    let out = &mut a.outs[0][..t * width];
+    if out.is_empty() {
+        return Ok(());
+    }
+    debug_assert!(nr <= MAX_NR);
+    let (q, k, v) = (a.ins[0].f32(), a.ins[1].f32(), a.ins[2].f32());
+    let (kpanels, dpanels, qpanels) = (t.div_ceil(mr), d.div_ceil(mr), t.div_ceil(nr));
+    // Per head: K as MR-key panels over depth d (`[p][i] = K[key s*MR + i, p]`), and
+    // V as MR-dimension panels over the keys (`[j][i] = V[j, dim g*MR + i]`), zero
+    // past the last key / dimension: the A panels of the score and value tiles.
+    let (k_len, v_len) = (kpanels * mr * d, dpanels * t * mr);
+    with_scratch(&ATTN_PACK, heads * (k_len + v_len), |pack| {
+        let (kp, vp) = pack.split_at_mut(heads * k_len);
+        pool::for_chunks_mut(kp, mr * d, |c, panel| {
+            let (h, s) = (c / kpanels, c % kpanels);
+            for i in 0..mr {
+                let key = s * mr + i;
+                let src = (key < t).then(|| &k[key * width + h * d..][..d]);
+                for p in 0..d {
+                    panel[p * mr + i] = src.map_or(0.0, |r| r[p]);
+                }
+            }
+        });
+        pool::for_chunks_mut(vp, t * mr, |c, panel| {
+            let (h, g) = (c / dpanels, c % dpanels);
+            let c0 = g * mr;
+            let cols = mr.min(d - c0);
+            for (j, dst) in panel.chunks_exact_mut(mr).enumerate() {
+                dst[..cols].copy_from_slice(&v[j * width + h * d + c0..][..cols]);
+                dst[cols..].fill(0.0);
+            }
+        });
+        let (kp, vp): (&[f32], &[f32]) = (kp, vp);
+        let dp = dpanels * mr;
+        // The output head-major, NR-query panels padded: `[head][query][d]`; one
+        // task per (head, query panel), heads outermost so the threads share a
+        // head's K/V in cache.
+        with_scratch(&ATTN_HEADS, heads * qpanels * nr * d, |hout| {
+            pool::for_chunks_mut(hout, nr * d, |c, chunk| {
+                let (h, b) = (c / qpanels, c % qpanels);
+                let (q0, kh, vh) = (b * nr, &kp[h * k_len..][..k_len], &vp[h * v_len..][..v_len]);
+                with_scratch(&ATTN_TILE, d * nr + bk * nr + dp * nr + 2 * nr, |sc| {
+                    let (qp, rest) = sc.split_at_mut(d * nr);
+                    let (s, rest) = rest.split_at_mut(bk * nr);
+                    let (ot, rest) = rest.split_at_mut(dp * nr);
+                    let (mx, sum) = rest.split_at_mut(nr);
+                    // The query panel, scaled: `[p][j] = scale * Q[q0 + j, p]`.
+                    for j in 0..nr {
+                        let src = (q0 + j < t).then(|| &q[(q0 + j) * width + h * d..][..d]);
+                        for p in 0..d {
+                            qp[p * nr + j] = src.map_or(0.0, |r| r[p] * scale);
+                        }
+                    }
+                    let mut j0 = 0;
+                    while j0 < t {
+                        let nk = bk.min(t - j0);
+                        // Scores: MR keys x NR queries per tile, key-major.
+                        for (i, sp) in (j0 / mr..(j0 + nk).div_ceil(mr)).enumerate() {
+                            // SAFETY: the K panel holds d*MR floats, the query panel
+                            // d*NR; tile i is rows i*MR.. of `s` (bk >= (i+1)*MR rows of NR).
+                            unsafe { micro.run(d, &kh[sp * mr * d..][..mr * d], qp, s.as_mut_ptr().add(i * mr * nr), nr, false) };
+                        }
+                        let first = j0 == 0;
+                        let s = &mut s[..nk * nr];
+                        online_softmax(isa, s, nr, mx, sum, ot, first);
+                        // Oᵀ (+)= Vᵀ·P over this block's keys.
+                        for g in 0..dpanels {
+                            // SAFETY: the V panel slice holds nk*MR floats, P nk*NR;
+                            // rows g*MR.. of Oᵀ are MR rows of NR floats.
+                            unsafe { micro.run(nk, &vh[(g * t + j0) * mr..][..nk * mr], s, ot.as_mut_ptr().add(g * mr * nr), nr, !first) };
+                        }
+                        j0 += nk;
+                    }
+                    for (j, o) in chunk.chunks_exact_mut(d).enumerate() {
+                        let inv = 1.0 / sum[j];
+                        for (p, x) in o.iter_mut().enumerate() {
+                            *x = ot[p * nr + j] * inv;
+                        }
+                    }
+                });
+            });
+            // Head-major panels to `[query][head * d]`.
+            let hout: &[f32] = hout;
+            par_rows(out, width, RowSplit::Dynamic(64), |first, rows| {
+                for (i, orow) in rows.chunks_mut(width).enumerate() {
+                    for (h, o) in orow.chunks_exact_mut(d).enumerate() {
+                        o.copy_from_slice(&hout[(h * qpanels * nr + first + i) * d..][..d]);
+                    }
+                }
+            });
+        });
+    });
+    Ok(())
+}
+
+/// One block of the online softmax over key-major scores `s` (`[key][nr]`, one
+/// query per lane): the running maxima `mx` and sums `sum` updated, Oᵀ's rows
+/// (`ot`, `[dim][nr]`) rescaled to the new maxima, `s` turned into `exp(s - max)`.
+/// On the `first` block the state starts from it (`ot` is then overwritten).
+fn online_softmax(isa: Isa, s: &mut [f32], nr: usize, mx: &mut [f32], sum: &mut [f32], ot: &mut [f32], first: bool) {
+    isa_dispatch!(isa, |l| (s: &mut [f32] = s, nr: usize = nr, mx: &mut [f32] = mx, sum: &mut [f32] = sum, ot: &mut [f32] = ot, first: bool = first) -> () {
+        online_softmax_k(l, s, nr, mx, sum, ot, first)
+    })
+}
+
+#[inline(always)]
+fn online_softmax_k<L: Lanes>(l: L, s: &mut [f32], nr: usize, mx: &mut [f32], sum: &mut [f32], ot: &mut [f32], first: bool) {
+    let mut bm = [f32::NEG_INFINITY; MAX_NR];
+    let bm = &mut bm[..nr];
+    // Lanes in whole vectors, the rest (none for the microkernels' NR) one by one.
+    let vn = nr - nr % L::N;
+    for row in s.chunks_exact(nr) {
+        for c in (0..vn).step_by(L::N) {
+            let v = l.max(l.load(&bm[c..]), l.load(&row[c..]));
+            l.store(&mut bm[c..], v);
+        }
+        for c in vn..nr {
+            bm[c] = bm[c].max(row[c]);
+        }
+    }
+    if first {
+        mx.copy_from_slice(bm);
+        sum.fill(0.0);
+    } else {
+        let mut r = [0f32; MAX_NR];
+        let r = &mut r[..nr];
+        for c in (0..vn).step_by(L::N) {
+            let (old, new) = (l.load(&mx[c..]), l.max(l.load(&mx[c..]), l.load(&bm[c..])));
+            let f = lanes::exp(l, l.sub(old, new));
+            l.store(&mut r[c..], f);
+            l.store(&mut mx[c..], new);
+            let v = l.mul(l.load(&sum[c..]), f);
+            l.store(&mut sum[c..], v);
+        }
+        for c in vn..nr {
+            let new = mx[c].max(bm[c]);
+            r[c] = (mx[c] - new).exp();
+            mx[c] = new;
+            sum[c] *= r[c];
+        }
+        for row in ot.chunks_exact_mut(nr) {
+            for c in (0..vn).step_by(L::N) {
+                let v = l.mul(l.load(&row[c..]), l.load(&r[c..]));
+                l.store(&mut row[c..], v);
+            }
+            for c in vn..nr {
+                row[c] *= r[c];
+            }
+        }
+    }
+    for row in s.chunks_exact_mut(nr) {
+        for c in (0..vn).step_by(L::N) {
+            let e = lanes::exp(l, l.sub(l.load(&row[c..]), l.load(&mx[c..])));
+            l.store(&mut row[c..], e);
+            let v = l.add(l.load(&sum[c..]), e);
+            l.store(&mut sum[c..], v);
+        }
+        for c in vn..nr {
+            let e = (row[c] - mx[c]).exp();
+            row[c] = e;
+            sum[c] += e;
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------
