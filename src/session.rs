@@ -1,7 +1,7 @@
 //! What `run`, `bench` and `tune` share before any measuring: the device picked by
 //! `--device` (and its GPU context when it has one), the model a [`ModelSource`]
 //! names (built-in with synthetic weights, a Hugging Face directory, or a GGUF
-//! file), the weight storage type it implies, and warmed-up engines built from a
+//! file, with `run --mmproj` its vision projector file), the weight storage type it implies, and warmed-up engines built from a
 //! plan ([`Engines`]).
 
 use std::collections::BTreeMap;
