@@ -22,8 +22,9 @@
 //! vocabulary) and hands the soft tokens over as embeddings, with no id. ktune's
 //! prompt holds a placeholder id per soft token, as transformers' processor
 //! does: `<image_soft_token>`, looked up in the text GGUF's vocabulary like the
-//! other two (Gemma 3's GGUF files carry it, id 262144, from the checkpoint's
-//! added tokens).
+//! other two (the converter copies it from the checkpoint's added tokens; in
+//! Gemma 3's checkpoints it is id 262144, inside their 262208-row embedding). A
+//! vocabulary without the three tokens is refused with the reason.
 
 use std::path::Path;
 
