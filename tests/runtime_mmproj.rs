@@ -2,6 +2,7 @@
 //! projector (`mmproj`), both written by llama.cpp's own converter from the tiny
 //! random checkpoint of tests/fixtures/gemma3-vision-tiny
 //! (tools/make_mmproj_fixture.py, tests/fixtures/gemma3-vision-gguf), checked
+//! (the projector in f32, and in f16 as published projector files hold it)
 //! against the numbers the Hugging Face directory is checked against
 //! (`vision_expected.json`, transformers): the vision config read from `clip.*`
 //! metadata and the text vocabulary, the tower's features and soft tokens, and
@@ -47,21 +48,24 @@ fn gguf_pair_config_and_weights_match_the_checkpoint() {
 }
 
 /// Tower and projector from the mmproj file against transformers: the features
-/// exactly as from the checkpoint (f32 in the file), the soft tokens within the
-/// f16 rounding of the input projection.
+/// as from the checkpoint (f32 in the file), the soft tokens within the f16
+/// rounding of the input projection; from the f16 file, both within f16 rounding.
 #[test]
 fn gguf_tower_and_projector_match_transformers() {
-    let m = load_gguf_pair();
-    let v = m.vision.as_ref().expect("vision");
+    let (text, mmproj) = gguf_pair();
     let exp = expected();
-    let pixels = load_image(&dir().join("image.png"), v.image_size).expect("image");
-    let out = VisionEngine::new(v, &m.weights).expect("tower").encode(&pixels).expect("encode");
     let features: Vec<f32> = logit_rows(&exp["features"]).concat();
     let projected: Vec<f32> = logit_rows(&exp["projected"]).concat();
-    let (ef, ep) = (rel(&out.features, &features), rel(&out.tokens, &projected));
-    eprintln!("mmproj: features err {ef:.2e}, projected err {ep:.2e} of scale");
-    assert!(ef <= 1e-4, "features err {ef:.2e}");
-    assert!(ep <= 2e-3, "projected err {ep:.2e}");
+    for (file, tol_features, tol_projected) in [(mmproj.clone(), 1e-4, 2e-3), (mmproj.with_file_name("mmproj-f16.gguf"), 2e-3, 2e-3)] {
+        let m = ktune::session::load_gguf_mmproj(&text, &file, None).expect("loads");
+        let v = m.vision.as_ref().expect("vision");
+        let pixels = load_image(&dir().join("image.png"), v.image_size).expect("image");
+        let out = VisionEngine::new(v, &m.weights).expect("tower").encode(&pixels).expect("encode");
+        let (ef, ep) = (rel(&out.features, &features), rel(&out.tokens, &projected));
+        eprintln!("{}: features err {ef:.2e}, projected err {ep:.2e} of scale", file.display());
+        assert!(ef <= tol_features, "{}: features err {ef:.2e}", file.display());
+        assert!(ep <= tol_projected, "{}: projected err {ep:.2e}", file.display());
+    }
 }
 
 fn run_pair(text: &Path, mmproj: &Path, image: &Path, extra: &[&str], dump: Option<&Path>) -> std::process::Output {
@@ -84,19 +88,23 @@ fn run_pair(text: &Path, mmproj: &Path, image: &Path, extra: &[&str], dump: Opti
 #[test]
 fn run_gguf_pair_matches_transformers_end_to_end() {
     let (text, mmproj) = gguf_pair();
+    let f16 = mmproj.with_file_name("mmproj-f16.gguf");
     let exp = expected();
     let tmp = tempdir();
     let dump = tmp.path().join("logits.json");
-    for (extra, logits, generated) in
-        [(&["--device", "cpu"][..], "tt_logits", "tt_generated"), (&["--device", "cpu", "--causal-image"][..], "logits", "generated")]
-    {
-        let out = run_pair(&text, &mmproj, &dir().join("image.png"), extra, Some(&dump));
+    for (file, extra, logits, generated) in [
+        (&mmproj, &["--device", "cpu"][..], "tt_logits", "tt_generated"),
+        (&mmproj, &["--device", "cpu", "--causal-image"][..], "logits", "generated"),
+        // The tower's matrices in f16, as the published projector files hold them.
+        (&f16, &["--device", "cpu"][..], "tt_logits", "tt_generated"),
+    ] {
+        let out = run_pair(&text, file, &dir().join("image.png"), extra, Some(&dump));
         assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
         let d = read_json(&dump);
-        assert_eq!(ids(&d["generated"]), ids(&exp[generated]), "greedy ids {extra:?}");
+        assert_eq!(ids(&d["generated"]), ids(&exp[generated]), "greedy ids {} {extra:?}", file.display());
         let err = rel_err(&logit_rows(&d["logits"]), &logit_rows(&exp[logits]));
-        eprintln!("{extra:?}: logits err {err:.2e} of scale");
-        assert!(err <= 1e-3, "logits err {err:.2e} {extra:?}");
+        eprintln!("{} {extra:?}: logits err {err:.2e} of scale", file.display());
+        assert!(err <= 1e-3, "{} logits err {err:.2e} {extra:?}", file.display());
     }
 }
 
@@ -110,15 +118,18 @@ fn run_gguf_pair_on_the_gpu_matches_transformers() {
     let exp = expected();
     let tmp = tempdir();
     let dump = tmp.path().join("logits.json");
-    let out = run_pair(&text, &mmproj, &dir().join("image.png"), &["--device", &index], Some(&dump));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "stderr: {stderr}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("(GPU)") || stderr.contains("(GPU)"), "the tower did not run on the GPU: {stdout} {stderr}");
-    let d = read_json(&dump);
-    assert_eq!(ids(&d["generated"]), ids(&exp["tt_generated"]), "greedy ids");
-    let err = rel_err(&logit_rows(&d["logits"]), &logit_rows(&exp["tt_logits"]));
-    assert!(err <= 1e-3, "logits err {err:.2e}");
+    for file in [mmproj.clone(), mmproj.with_file_name("mmproj-f16.gguf")] {
+        let out = run_pair(&text, &file, &dir().join("image.png"), &["--device", &index], Some(&dump));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "stderr: {stderr}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("(GPU)") || stderr.contains("(GPU)"), "the tower did not run on the GPU: {stdout} {stderr}");
+        let d = read_json(&dump);
+        assert_eq!(ids(&d["generated"]), ids(&exp["tt_generated"]), "greedy ids {}", file.display());
+        let err = rel_err(&logit_rows(&d["logits"]), &logit_rows(&exp["tt_logits"]));
+        eprintln!("GPU {}: logits err {err:.2e} of scale", file.display());
+        assert!(err <= 1e-3, "{}: logits err {err:.2e}", file.display());
+    }
 }
 
 fn assert_exit_2(out: &std::process::Output, why: &[&str], case: &str) {

