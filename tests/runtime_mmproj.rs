@@ -198,8 +198,38 @@ fn bad_mmproj_use_exits_2_with_the_reason() {
     std::fs::write(&other_path, other).expect("write");
     let out = run_pair(&text, &other_path, &image, &["--device", "cpu"], None);
     assert_exit_2(&out, &["llama4", "supported: gemma3"], "projector type");
+    // A text model of the right width without the image tokens (a text-only Gemma 3).
+    let text_only = fixture("gguf/gemma3-tiny-f16.gguf");
+    let out = run_pair(&text_only, &mmproj, &image, &["--device", "cpu"], None);
+    assert_exit_2(&out, &["<image_soft_token>", "gemma3-tiny-f16.gguf"], "no image tokens");
     // A projector for another text model: llama-k-q6_k.gguf is 256 wide.
     let wide = fixture("gguf/llama-k-q6_k.gguf");
     let out = run_pair(&wide, &mmproj, &image, &["--device", "cpu"], None);
     assert_exit_2(&out, &["width 64", "hidden size 256", "same checkpoint"], "width");
+}
+
+/// With --prompt the text GGUF's tokenizer encodes the prompt and its one
+/// `<start_of_image>` becomes the processor's expansion: the image's tokens in
+/// the vocabulary's ids.
+#[test]
+fn prompt_text_expands_the_image_with_the_gguf_vocabulary() {
+    let (text, mmproj) = gguf_pair();
+    let cache = tempdir();
+    let out = ktune_in(cache.path())
+        .arg("run")
+        .arg("--gguf")
+        .arg(&text)
+        .arg("--mmproj")
+        .arg(&mmproj)
+        .arg("--image")
+        .arg(dir().join("image.png"))
+        .args(["--prompt", "The kernel <start_of_image> reads", "--max-tokens", "2", "--device", "cpu", "--format", "json"])
+        .output()
+        .expect("runs");
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let prompt = ids(&report["prompt_ids"]);
+    let at = prompt.iter().position(|&t| t == 251).expect("<start_of_image>");
+    assert_eq!(prompt[at..at + 6], [251, 250, 250, 250, 250, 252], "{prompt:?}");
+    assert_eq!(prompt.iter().filter(|&&t| t == 250).count(), 4, "{prompt:?}");
 }
