@@ -173,6 +173,17 @@ fn bad_mmproj_use_exits_2_with_the_reason() {
         .output()
         .expect("runs");
     assert_exit_2(&out, &["--image"], "no --image");
+    // An image for a GGUF text model without its projector.
+    let out = ktune_in(cache.path())
+        .arg("run")
+        .arg("--gguf")
+        .arg(&text)
+        .arg("--image")
+        .arg(&image)
+        .args(["--tokens", "2,3", "--device", "cpu"])
+        .output()
+        .expect("runs");
+    assert_exit_2(&out, &["--mmproj"], "no --mmproj");
     // Not a GGUF file, a truncated one, a missing one, the text model itself.
     let bytes = std::fs::read(&mmproj).expect("mmproj");
     let truncated = tmp.path().join("truncated.gguf");

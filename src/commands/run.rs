@@ -1,5 +1,5 @@
-//! `ktune run`: a model (built-in shapes with synthetic weights, or a Hugging Face
-//! directory) executed on one device with the kernels a profile selects (`--profile`,
+//! `ktune run`: a model (built-in shapes with synthetic weights, a Hugging Face
+//! directory or a GGUF file) executed on one device with the kernels a profile selects (`--profile`,
 //! else the cached profile `tune` wrote for this device and model: `profile::lookup`)
 //! or the runtime's defaults: prefill, greedy decode with the KV cache, throughput, time
 //! per slot, and optionally the logits as JSON. With a model directory's
@@ -8,7 +8,9 @@
 //! template) and the generated ids are decoded to text, streamed to a sink as
 //! they are produced. Generation stops at the first end-of-sequence id (the
 //! config's, and under `--chat` the vocabulary's end-of-turn token) unless
-//! `--ignore-eos`.
+//! `--ignore-eos`. With `--image` a multimodal model (a Gemma 3 directory, or a
+//! GGUF text model with its `--mmproj` vision projector) runs the image through
+//! its vision tower first; the soft tokens replace the prompt's image tokens.
 
 use std::sync::Arc;
 use std::time::Instant;
