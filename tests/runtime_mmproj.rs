@@ -43,6 +43,20 @@ fn gguf_pair_config_and_weights_match_the_checkpoint() {
         let err = rel(&a, &b);
         assert!(err <= tol, "{name}: err {err:.2e} of scale");
     }
+    // Without `clip.vision.projector.scale_factor` (the published Gemma 3 files,
+    // whose pooling is clip.cpp's default) the pool is 4 patches per side: the
+    // same file with the key renamed in place pools the 4 x 4 patches to 1 token.
+    let (text, mmproj) = gguf_pair();
+    let mut bytes = std::fs::read(&mmproj).expect("mmproj");
+    let key = b"clip.vision.projector.scale_factor";
+    let at = bytes.windows(key.len()).position(|w| w == key).expect("the key");
+    bytes[at + key.len() - 1] = b'X';
+    let tmp = tempdir();
+    let renamed = tmp.path().join("default-pool.gguf");
+    std::fs::write(&renamed, bytes).expect("write");
+    let d = ktune::session::load_gguf_mmproj(&text, &renamed, None).expect("loads");
+    let dv = d.vision.as_ref().expect("vision");
+    assert_eq!((dv.pool_kernel(), dv.mm_tokens_per_image), (4, 1));
     // Gemma's (1 + w) soft-embedding norm stored as 1 + w by the converter.
     assert!(m.weights.f32("multi_modal_projector.mm_soft_emb_norm.weight", &[32]).expect("norm").iter().any(|&x| x.abs() < 0.5));
 }
