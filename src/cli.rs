@@ -396,13 +396,18 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub dump_logits: Option<std::path::PathBuf>,
     /// An image (PNG or JPEG) for a multimodal model (a Gemma3ForConditionalGeneration
-    /// directory): run through its vision tower, its projected tokens take the
+    /// directory, or a GGUF file with its --mmproj): run through its vision tower, its projected tokens take the
     /// place of the prompt's image tokens. With --tokens, give the ids expanded as
     /// transformers' processor does (start-of-image, the image token once per
     /// soft token, end-of-image); with --prompt, write `<start_of_image>` where the
     /// image goes.
     #[arg(long, value_name = "FILE")]
     pub image: Option<std::path::PathBuf>,
+    /// With --gguf and --image: the vision projector file that belongs to the GGUF
+    /// text model (llama.cpp's `mmproj-*.gguf`, from `convert_hf_to_gguf.py --mmproj`;
+    /// projector type gemma3): the vision tower and projector the image runs through.
+    #[arg(long, value_name = "FILE", requires = "image")]
+    pub mmproj: Option<std::path::PathBuf>,
     /// With --image: the image's tokens attend causally, like text (transformers
     /// without `token_type_ids`), instead of to every token of the image, as
     /// Gemma 3's processor asks (its `token_type_ids`).

@@ -1,7 +1,7 @@
 //! What `run`, `bench` and `tune` share before any measuring: the device picked by
 //! `--device` (and its GPU context when it has one), the model a [`ModelSource`]
 //! names (built-in with synthetic weights, a Hugging Face directory, or a GGUF
-//! file), the weight storage type it implies, and warmed-up engines built from a
+//! file, with `run --mmproj` its vision projector file), the weight storage type it implies, and warmed-up engines built from a
 //! plan ([`Engines`]).
 
 use std::collections::BTreeMap;
@@ -96,6 +96,27 @@ pub fn load_gguf(path: &Path, layers: Option<usize>) -> Result<LoadedModel> {
         warnings.push(format!("{}: metadata not used: {}", path.display(), g.ignored_keys.join(", ")));
     }
     Ok(LoadedModel { name: path.display().to_string(), config, weights: Arc::new(g.weights), gguf: Some(g.file), warnings, vision: None })
+}
+
+/// Loads a text GGUF file with the vision projector file llama.cpp pairs it with
+/// (`--mmproj`): the tower's config from the projector's `clip.*` metadata, the
+/// image tokens from the text model's vocabulary, the tower's tensors under the
+/// canonical vision names ([`model::mmproj`]), checked against the config.
+pub fn load_gguf_mmproj(path: &Path, mmproj: &Path, layers: Option<usize>) -> Result<LoadedModel> {
+    let mut m = load_gguf(path, layers)?;
+    let file = Arc::new(GgufFile::open(mmproj)?);
+    let vocab = m.gguf.as_ref().and_then(|g| g.get("tokenizer.ggml.tokens")).and_then(|v| v.as_array());
+    let vision = model::mmproj::mmproj_config(&file, &m.config, path, vocab)?;
+    let Some(weights) = Arc::get_mut(&mut m.weights) else {
+        return Err(SessionError::Usage("the text model's weights are shared before the projector is added".into()));
+    };
+    let skipped = weights.add_gguf(file, model::mmproj::mmproj_name)?;
+    weights.check_vision(&vision)?;
+    if !skipped.is_empty() {
+        m.warnings.push(format!("{}: tensors not used: {}", mmproj.display(), skipped.join(", ")));
+    }
+    m.vision = Some(vision);
+    Ok(m)
 }
 
 /// Loads `--model NAME` (synthetic weights) or `--model-dir DIR`, optionally cut to `layers`.

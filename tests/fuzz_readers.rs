@@ -1,6 +1,7 @@
 //! Fuzzing the readers of untrusted files with proptest: GGUF (header, metadata,
 //! tensor infos, then the model config, every tensor read as f32, quantized
-//! loads and the tokenizer), safetensors (header, then every tensor read) and
+//! loads and the tokenizer; a vision projector file paired with a text model, its
+//! tower run), safetensors (header, then every tensor read) and
 //! profiles (YAML, then validation). Inputs are valid files mutated: bit flips,
 //! truncations, inserted and deleted bytes, and length/count/offset fields
 //! overwritten with boundary values, biased towards the header where the
@@ -25,8 +26,9 @@ use common::fixture;
 use ktune::kernels::quant::QFormat;
 use ktune::model::Stored;
 use ktune::model::gguf::GgufFile;
-use ktune::model::{ChatTemplate, Tokenizer, Weights};
+use ktune::model::{ChatTemplate, Tokenizer, Weights, mmproj};
 use ktune::profile::Profile;
+use ktune::runtime::vision::VisionEngine;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
@@ -256,6 +258,39 @@ fn fuzz_gguf_reader() {
         let header = gguf_header_len(&seed);
         fuzz(file, seed, header, gguf_target);
     }
+}
+
+/// The vision projector pipeline of `ktune run --gguf --mmproj` on a mutated
+/// mmproj image in memory, paired with the fixture's text model: metadata into a
+/// vision config, tensors added under the canonical names, checked, and the tower
+/// run on a blank image when they match.
+fn mmproj_target(text: &[u8], bytes: Vec<u8>) -> &'static str {
+    let Ok(file) = GgufFile::parse(Path::new("fuzz-mmproj.gguf"), bytes) else { return "rejected" };
+    let mut m = Weights::gguf_from_bytes(Path::new("text.gguf"), text.to_vec()).expect("the text model");
+    let vocab = m.file.get("tokenizer.ggml.tokens").and_then(|v| v.as_array());
+    let Ok(v) = mmproj::mmproj_config(&file, &m.config, Path::new("text.gguf"), vocab) else { return "parsed, config refused" };
+    if m.weights.add_gguf(std::sync::Arc::new(file), mmproj::mmproj_name).is_err() || m.weights.check_vision(&v).is_err() {
+        return "config read, tensors do not match it";
+    }
+    let pixels = vec![0f32; v.num_channels * v.image_size * v.image_size];
+    match VisionEngine::new(&v, &m.weights).and_then(|t| t.encode(&pixels)) {
+        Ok(_) => "tower ran",
+        Err(_) => "tower refused",
+    }
+}
+
+#[test]
+fn fuzz_mmproj_reader() {
+    let text = std::fs::read(fixture("gemma3-vision-gguf/text.gguf")).expect("fixture");
+    let seed = std::fs::read(fixture("gemma3-vision-gguf/mmproj.gguf")).expect("fixture");
+    let header = gguf_header_len_of(&seed);
+    fuzz("gemma3-vision-gguf/mmproj.gguf", seed, header, |b| mmproj_target(&text, b));
+}
+
+/// Where the tensor data of any GGUF seed starts (a projector has no model config).
+fn gguf_header_len_of(seed: &[u8]) -> usize {
+    let f = GgufFile::parse(Path::new("seed.gguf"), seed.to_vec()).expect("the seed is valid");
+    f.tensors.iter().map(|t| t.start).min().unwrap_or(seed.len())
 }
 
 #[test]

@@ -1,5 +1,5 @@
-//! `ktune run`: a model (built-in shapes with synthetic weights, or a Hugging Face
-//! directory) executed on one device with the kernels a profile selects (`--profile`,
+//! `ktune run`: a model (built-in shapes with synthetic weights, a Hugging Face
+//! directory or a GGUF file) executed on one device with the kernels a profile selects (`--profile`,
 //! else the cached profile `tune` wrote for this device and model: `profile::lookup`)
 //! or the runtime's defaults: prefill, greedy decode with the KV cache, throughput, time
 //! per slot, and optionally the logits as JSON. With a model directory's
@@ -8,7 +8,9 @@
 //! template) and the generated ids are decoded to text, streamed to a sink as
 //! they are produced. Generation stops at the first end-of-sequence id (the
 //! config's, and under `--chat` the vocabulary's end-of-turn token) unless
-//! `--ignore-eos`.
+//! `--ignore-eos`. With `--image` a multimodal model (a Gemma 3 directory, or a
+//! GGUF text model with its `--mmproj` vision projector) runs the image through
+//! its vision tower first; the soft tokens replace the prompt's image tokens.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -20,7 +22,7 @@ use crate::plan::{Fusion, Parallel, PlanOptions, Selection, Slot};
 use crate::profile::{ExecSettings, Profile, lookup};
 use crate::report::{RunReport, SlotRow, StopReason};
 use crate::runtime::{Engine, TensorStore, argmax};
-use crate::session::{self, Engines, LoadedModel, default_weight_dtype, gguf_storage, load_gguf, load_source};
+use crate::session::{self, Engines, LoadedModel, default_weight_dtype, gguf_storage, load_gguf, load_gguf_mmproj, load_source};
 use crate::tuner;
 use crate::{Error, Result};
 
@@ -67,10 +69,25 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     {
         return Err(Error::Usage(format!("--gguf {}: no such file", p.display())));
     }
-    // A GGUF file's tokenizer lives in the file: load the model first then.
-    let gguf_model = match &args.source.gguf {
-        Some(p) => Some(load_gguf(p, args.layers)?),
-        None => None,
+    // clap's `requires` cannot name a member of the model-source group: checked here.
+    if let (Some(p), None) = (&args.mmproj, &args.source.gguf) {
+        return Err(Error::Usage(format!(
+            "--mmproj {}: a vision projector pairs with a GGUF text model: give --gguf TEXT.gguf (a --model-dir checkpoint \
+             holds its own vision tower)",
+            p.display()
+        )));
+    }
+    if let Some(p) = &args.mmproj
+        && !p.is_file()
+    {
+        return Err(Error::Usage(format!("--mmproj {}: no such file", p.display())));
+    }
+    // A GGUF file's tokenizer lives in the file: load the model first then (with
+    // its vision projector, whose image tokens come from that vocabulary).
+    let gguf_model = match (&args.source.gguf, &args.mmproj) {
+        (Some(p), Some(mm)) => Some(load_gguf_mmproj(p, mm, args.layers)?),
+        (Some(p), None) => Some(load_gguf(p, args.layers)?),
+        (None, _) => None,
     };
     let tokenizer = match &gguf_model {
         Some(m) => gguf_tokenizer(m, args, &mut warnings)?,
@@ -78,9 +95,10 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     };
     // With --image the model must be multimodal: read its config before the prompt
     // (the processor's expansion of `<start_of_image>` needs the image tokens).
-    let vision = match &args.image {
-        Some(path) => Some(image_config(args, path)?),
-        None => None,
+    let vision = match (&args.image, gguf_model.as_ref().and_then(|m| m.vision.as_ref())) {
+        (Some(_), Some(v)) => Some(v.clone()),
+        (Some(path), None) => Some(image_config(args, path)?),
+        (None, _) => None,
     };
     let prompt = match (&args.prompt, &tokenizer) {
         (Some(text), Some(tok)) => {
@@ -428,7 +446,8 @@ fn gguf_tokenizer(m: &LoadedModel, args: &RunArgs, warnings: &mut Vec<String>) -
 fn image_config(args: &RunArgs, path: &std::path::Path) -> Result<VisionConfig> {
     let Some(dir) = &args.source.model_dir else {
         return Err(Error::Usage(format!(
-            "--image {}: images need a multimodal model directory (--model-dir with a Gemma3ForConditionalGeneration config)",
+            "--image {}: images need a multimodal model: a directory (--model-dir with a Gemma3ForConditionalGeneration config), \
+             or a GGUF text model with its vision projector (--gguf TEXT.gguf --mmproj MMPROJ.gguf)",
             path.display()
         )));
     };

@@ -19,6 +19,7 @@ mod config;
 pub mod gguf;
 mod gguf_model;
 mod hf;
+pub mod mmproj;
 mod stfile;
 mod tokenizer;
 pub mod vision;

@@ -56,8 +56,8 @@ enum Slot {
     File { file: usize, entry: Entry },
     /// Generated: what kind of values, and the per-tensor stream key.
     Synthetic { kind: SynthKind, key: u64, shape: Vec<usize> },
-    /// Tensor `tensor` of the GGUF file, served in Hugging Face shape after `tf`.
-    Gguf { tensor: usize, tf: Transform, shape: Vec<usize> },
+    /// Tensor `tensor` of GGUF file `file`, served in Hugging Face shape after `tf`.
+    Gguf { file: usize, tensor: usize, tf: Transform, shape: Vec<usize> },
 }
 
 /// What synthetic values a tensor gets.
@@ -75,7 +75,8 @@ enum SynthKind {
 #[derive(Debug)]
 pub struct Weights {
     files: Vec<StFile>,
-    gguf: Option<Arc<GgufFile>>,
+    /// GGUF files (a text model, and the vision projector `--mmproj` pairs with it).
+    gguf: Vec<Arc<GgufFile>>,
     tensors: BTreeMap<String, Slot>,
     /// Where the weights came from, for messages.
     origin: String,
@@ -168,7 +169,7 @@ impl Weights {
             };
             tensors.insert(canonical_name(tensor), Slot::File { file: i, entry: entry.clone() });
         }
-        Ok(Weights { files, gguf: None, tensors, origin: index.display().to_string() })
+        Ok(Weights { files, gguf: Vec::new(), tensors, origin: index.display().to_string() })
     }
 
     /// Loads safetensors files; a tensor name found in two of them is an error.
@@ -183,7 +184,7 @@ impl Weights {
             }
         }
         let origin = paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
-        Ok(Weights { files, gguf: None, tensors, origin })
+        Ok(Weights { files, gguf: Vec::new(), tensors, origin })
     }
 
     /// Opens a GGUF file: the model config from its metadata and its tensors
@@ -202,7 +203,7 @@ impl Weights {
     pub fn safetensors_from_bytes(label: &Path, bytes: Vec<u8>) -> Result<Weights> {
         let f = StFile::parse(label, bytes)?;
         let tensors = f.tensors.iter().map(|(name, entry)| (canonical_name(name), Slot::File { file: 0, entry: entry.clone() })).collect();
-        Ok(Weights { files: vec![f], gguf: None, tensors, origin: label.display().to_string() })
+        Ok(Weights { files: vec![f], gguf: Vec::new(), tensors, origin: label.display().to_string() })
     }
 
     fn from_gguf(file: GgufFile) -> Result<GgufModel> {
@@ -225,12 +226,36 @@ impl Weights {
                     msg: format!("tensor `{}` has {} rows, not a whole number of {heads} heads of RoPE pairs", t.name, shape[0]),
                 });
             }
-            if tensors.insert(name.clone(), Slot::Gguf { tensor: i, tf, shape }).is_some() {
+            if tensors.insert(name.clone(), Slot::Gguf { file: 0, tensor: i, tf, shape }).is_some() {
                 return Err(ModelError::File { path: path.to_path_buf(), msg: format!("two tensors map to `{name}`") });
             }
         }
-        let weights = Weights { files: Vec::new(), gguf: Some(file.clone()), tensors, origin: path.display().to_string() };
+        let weights = Weights { files: Vec::new(), gguf: vec![file.clone()], tensors, origin: path.display().to_string() };
         Ok(GgufModel { config, ignored_keys, weights, file })
+    }
+
+    /// Adds the tensors of a second GGUF file (a vision projector, `--mmproj`),
+    /// each under the name `map` gives it (and its transform); the names `map`
+    /// refuses are returned (tensors left out). A name already present is an error.
+    pub fn add_gguf(&mut self, file: Arc<GgufFile>, map: impl Fn(&str) -> Option<(String, Transform)>) -> Result<Vec<String>> {
+        let index = self.gguf.len();
+        let mut skipped = Vec::new();
+        for (i, t) in file.tensors.iter().enumerate() {
+            let Some((name, tf)) = map(&t.name) else {
+                skipped.push(t.name.clone());
+                continue;
+            };
+            if self.tensors.contains_key(&name) {
+                return Err(ModelError::File {
+                    path: file.path.clone(),
+                    msg: format!("tensor `{}` maps to `{name}`, which the model already has", t.name),
+                });
+            }
+            self.tensors.insert(name, Slot::Gguf { file: index, tensor: i, tf, shape: t.shape() });
+        }
+        self.origin = format!("{}, {}", self.origin, file.path.display());
+        self.gguf.push(file);
+        Ok(skipped)
     }
 
     /// Deterministic pseudo-random weights with the shapes of `config` (values a
@@ -254,7 +279,7 @@ impl Weights {
                 (name, Slot::Synthetic { kind, key, shape })
             })
             .collect();
-        Weights { files: Vec::new(), gguf: None, tensors, origin: format!("synthetic (seed {seed})") }
+        Weights { files: Vec::new(), gguf: Vec::new(), tensors, origin: format!("synthetic (seed {seed})") }
     }
 
     /// [`Weights::synthetic`] weights plus the vision tower's and projector's
@@ -283,7 +308,7 @@ impl Weights {
     }
 
     pub fn is_synthetic(&self) -> bool {
-        self.files.is_empty() && self.gguf.is_none()
+        self.files.is_empty() && self.gguf.is_empty()
     }
 
     /// Names of all tensors, sorted.
@@ -337,15 +362,15 @@ impl Weights {
                 Err(d) => Err(ModelError::Dtype { name: name.to_string(), dtype: d.clone() }),
             },
             Slot::Synthetic { .. } => Ok(Stored::F32),
-            Slot::Gguf { tensor, .. } => {
-                let f = self.gguf_file()?;
+            Slot::Gguf { file, tensor, .. } => {
+                let f = self.gguf_file(*file)?;
                 f.stored(&f.tensors[*tensor])
             }
         }
     }
 
-    fn gguf_file(&self) -> Result<&GgufFile> {
-        self.gguf.as_deref().ok_or_else(|| ModelError::Invalid("a GGUF tensor without its file".into()))
+    fn gguf_file(&self, file: usize) -> Result<&GgufFile> {
+        self.gguf.get(file).map(|f| f.as_ref()).ok_or_else(|| ModelError::Invalid("a GGUF tensor without its file".into()))
     }
 
     /// The storage most projection matrices (`*_proj.weight`) have: what a GGUF
@@ -498,14 +523,14 @@ impl Weights {
                 check_range(name, shape, start, out.len())?;
                 synth(*kind, *key, start, out, T::from_f32);
             }
-            Slot::Gguf { tensor, tf, shape } => {
+            Slot::Gguf { file, tensor, tf, shape } => {
                 check_range(name, shape, start, out.len())?;
                 // Decoded row by row to f32 (the block formats' native output).
                 if let Some(out) = T::as_f32(out) {
-                    return self.gguf_range(*tensor, *tf, start, out);
+                    return self.gguf_range(*file, *tensor, *tf, start, out);
                 }
                 let mut tmp = vec![0f32; out.len()];
-                self.gguf_range(*tensor, *tf, start, &mut tmp)?;
+                self.gguf_range(*file, *tensor, *tf, start, &mut tmp)?;
                 out.par_iter_mut().zip(tmp.par_iter()).for_each(|(o, v)| *o = T::from_f32(*v));
             }
         }
@@ -514,8 +539,8 @@ impl Weights {
 
     /// Elements `start..start + out.len()` (checked) of GGUF tensor `tensor` in
     /// Hugging Face order, decoded to f32 row by row (in parallel for whole rows).
-    fn gguf_range(&self, tensor: usize, tf: Transform, start: usize, out: &mut [f32]) -> Result<()> {
-        let f = self.gguf_file()?;
+    fn gguf_range(&self, file: usize, tensor: usize, tf: Transform, start: usize, out: &mut [f32]) -> Result<()> {
+        let f = self.gguf_file(file)?;
         let t = &f.tensors[tensor];
         let kind = f.stored(t)?;
         let (cols, rows, rb) = (t.cols(), t.rows(), t.row_bytes());
@@ -581,11 +606,11 @@ impl Weights {
         }
         // A GGUF file's blocks as stored when they are already in `format` (rows
         // reordered if the converter permuted them): no requantization.
-        if let Slot::Gguf { tensor, tf, .. } = self.slot(name)?
+        if let Slot::Gguf { file, tensor, tf, .. } = self.slot(name)?
             && *tf != Transform::MinusOne
             && self.stored(name)? == Stored::Quant(format)
         {
-            let f = self.gguf_file()?;
+            let f = self.gguf_file(*file)?;
             let t = &f.tensors[*tensor];
             let (data, rb) = (f.data(t), t.row_bytes());
             let mut bytes = Vec::with_capacity(count * rb);
@@ -630,7 +655,7 @@ impl Weights {
             .map(|s| match s {
                 Slot::File { entry, .. } => (entry.end - entry.start) as u64,
                 Slot::Synthetic { shape, .. } => 4 * shape.iter().product::<usize>() as u64,
-                Slot::Gguf { tensor, .. } => self.gguf.as_ref().map_or(0, |f| {
+                Slot::Gguf { file, tensor, .. } => self.gguf.get(*file).map_or(0, |f| {
                     let t = &f.tensors[*tensor];
                     (t.end - t.start) as u64
                 }),

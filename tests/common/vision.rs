@@ -23,3 +23,15 @@ pub fn floats(v: &serde_json::Value) -> Vec<f32> {
 pub fn load() -> LoadedModel {
     load_model(None, Some(&dir()), None, 0).expect("the multimodal fixture loads")
 }
+
+/// `tests/fixtures/gemma3-vision-gguf`: the same model as llama.cpp's converter
+/// writes it, a text GGUF and its vision projector (tools/make_mmproj_fixture.py).
+pub fn gguf_pair() -> (PathBuf, PathBuf) {
+    let d = fixture("gemma3-vision-gguf");
+    (d.join("text.gguf"), d.join("mmproj.gguf"))
+}
+
+pub fn load_gguf_pair() -> LoadedModel {
+    let (text, mmproj) = gguf_pair();
+    ktune::session::load_gguf_mmproj(&text, &mmproj, None).expect("the GGUF pair loads")
+}
