@@ -86,6 +86,11 @@ pub struct TuneArgs {
     /// multimodal model (they keep the runtime's defaults).
     #[arg(long)]
     pub no_vision: bool,
+    /// With --gguf: the text model's vision projector file (llama.cpp's
+    /// `mmproj-*.gguf`, projector type gemma3), whose tower the tune races as for a
+    /// Hugging Face multimodal directory (`run --gguf --mmproj --image` then uses it).
+    #[arg(long, value_name = "FILE")]
+    pub mmproj: Option<std::path::PathBuf>,
     /// Time for the whole tune, e.g. 90s, 2m, 1h30m.
     #[arg(long, default_value = "2m")]
     pub budget: String,

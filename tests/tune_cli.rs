@@ -562,3 +562,61 @@ fn tune_of_a_multimodal_model_tunes_the_vision_slots() {
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("bad.yaml:") && err.contains("linear_warp_cpu") && err.contains("linear_blocked_cpu"), "{err}");
 }
+
+/// `tune --gguf TEXT --mmproj MMPROJ`: the projector's tower is raced as a
+/// multimodal directory's is, and `run` with that profile and the same pair gives
+/// transformers' greedy ids for the image prompt; `--mmproj` without `--gguf`
+/// exits 2 naming the fix.
+#[test]
+fn tune_of_a_gguf_pair_tunes_the_projector_tower() {
+    let pair = fixture("gemma3-vision-gguf");
+    let hf = fixture("gemma3-vision-tiny");
+    let (text, mmproj) = (pair.join("text.gguf"), pair.join("mmproj.gguf"));
+    let tmp = tempdir();
+    let cache = tmp.path().join("cache");
+    let out = tmp.path().join("pair.yaml");
+    let o = ktune(&cache)
+        .args(["tune", "--device", "cpu", "--gguf"])
+        .arg(&text)
+        .arg("--mmproj")
+        .arg(&mmproj)
+        .args(["--budget", "12s", "--prefill-tokens", "8", "--context", "32", "--decode-tokens", "8", "--format", "json", "-o"])
+        .arg(&out)
+        .output()
+        .expect("runs");
+    assert!(o.status.success(), "tune failed: {}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON report");
+    let raced: Vec<&str> = r["profile"]["tuning"]["slots"]
+        .as_array()
+        .expect("slots")
+        .iter()
+        .filter(|s| s["regime"] == "vision")
+        .filter_map(|s| s["slot"].as_str())
+        .collect();
+    for s in ["vision.patch_embed", "vision.attention", "vision.mlp", "vision.norm", "vision.pool", "projector"] {
+        assert!(raced.contains(&s), "{s} raced: {raced:?}");
+    }
+    let exp = read_json(hf.join("vision_expected.json"));
+    let toks: Vec<String> = ids_u64(&exp["tokens"]).iter().map(u64::to_string).collect();
+    let o = ktune(&cache)
+        .args(["run", "--device", "cpu", "--gguf"])
+        .arg(&text)
+        .arg("--mmproj")
+        .arg(&mmproj)
+        .arg("--image")
+        .arg(hf.join("image.png"))
+        .arg("--profile")
+        .arg(&out)
+        .args(["--tokens", &toks.join(","), "--max-tokens", "8", "--ignore-eos", "--format", "json"])
+        .output()
+        .expect("runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let got: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(ids_u64(&got["generated"]), ids_u64(&exp["tt_generated"]));
+    ktune(&cache)
+        .args(["tune", "--device", "cpu", "--model", "smollm2-135m", "--budget", "5s", "--mmproj"])
+        .arg(&mmproj)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--gguf TEXT.gguf"));
+}
