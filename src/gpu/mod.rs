@@ -466,32 +466,24 @@ impl GpuCtx {
         Ok(out)
     }
 
-    /// Copies `bytes` of `src` back to the host.
-    pub fn read(&self, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>, GpuError> {
-        let size = padded(bytes);
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+    /// A mappable buffer of `bytes` (padded) that copies land in for reading back.
+    pub fn staging(&self, bytes: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
-            size,
+            size: padded(bytes),
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
-        });
+        })
+    }
+
+    /// Copies `bytes` of `src` back to the host (through a new staging buffer).
+    pub fn read(&self, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>, GpuError> {
+        let size = padded(bytes);
+        let staging = self.staging(bytes);
         let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
         enc.copy_buffer_to_buffer(src, 0, &staging, 0, size);
         self.queue.submit([enc.finish()]);
-        let slice = staging.slice(..);
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        self.wait()?;
-        match rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(GpuError::Map(e.to_string())),
-            Err(e) => return Err(GpuError::Map(e.to_string())),
-        }
-        let out = slice.get_mapped_range().map_err(|e| GpuError::Map(e.to_string()))?[..bytes as usize].to_vec();
-        staging.unmap();
-        Ok(out)
+        self.read_mapped(&staging, bytes)
     }
 
     /// Blocks until the queue is idle.

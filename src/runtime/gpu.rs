@@ -189,15 +189,8 @@ impl GpuExec {
     ) -> Result<Vec<Vec<f32>>, RuntimeError> {
         self.prepare(tokens, steps)?;
         for &(id, len) in reads {
-            let size = crate::gpu::padded((len * 4) as u64);
-            if self.staging.get(&id).is_none_or(|b| b.size() < size) {
-                let buf = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("readback"),
-                    size,
-                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                });
-                self.staging.insert(id, buf);
+            if self.staging.get(&id).is_none_or(|b| b.size() < crate::gpu::padded((len * 4) as u64)) {
+                self.staging.insert(id, self.ctx.staging((len * 4) as u64));
             }
         }
         let profile = self.profile && self.ctx.caps.timestamp_query;
@@ -301,11 +294,6 @@ impl GpuExec {
 
     pub fn write(&self, id: BufId, data: &[f32]) {
         self.ctx.queue.write_buffer(&self.bufs[id], 0, bytemuck::cast_slice(data));
-    }
-
-    pub fn read(&self, id: BufId, len: usize) -> Result<Vec<f32>, RuntimeError> {
-        let bytes = self.ctx.read(&self.bufs[id], (len * 4) as u64).map_err(err)?;
-        Ok(bytemuck::pod_collect_to_vec(&bytes[..len * 4]))
     }
 }
 
