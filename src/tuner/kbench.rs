@@ -86,23 +86,32 @@ pub fn copy_bandwidth(ctx: &GpuCtx, bytes: u64) -> Result<(f64, u64), GpuError> 
     Ok((2.0 * bytes as f64 / t / 1e9, bytes))
 }
 
+/// Workgroup size and chain length of the FMA kernel: `groups` workgroups do
+/// `groups * FMA_WG * FMA_ITERS * 64` FLOPs.
+const FMA_WG: u32 = 256;
+const FMA_ITERS: u32 = 512;
+
+/// One execution of the FMA-chain kernel over `groups` workgroups.
+fn fma_program(ctx: &GpuCtx, groups: u32) -> Result<GpuProgram, GpuError> {
+    let coef: [f32; 12] = [1.0, 1.0, 1.0, 1.0, 0.999, 0.999, 0.999, 0.999, 1e-3, 1e-3, 1e-3, 1e-3];
+    let coef = ctx.upload("bench fma coef", bytemuck::cast_slice(&coef));
+    let pipe = ctx.pipeline(&FMA, "fma_chain", &[("WG", FMA_WG as f64), ("ITERS", FMA_ITERS as f64)])?;
+    let out = ctx.storage("bench fma out", groups as u64 * FMA_WG as u64 * 16);
+    let step = ctx.step("bench fma", pipe, &[&coef, &out], grid_2d(groups))?;
+    Ok(GpuProgram { steps: vec![step], owned: vec![coef, out] })
+}
+
 /// The FMA-chain kernel, grown until one execution takes at least 5 ms (or the
 /// grid is as large as it may be): f32 GFLOP/s.
 pub fn fma_peak(ctx: &GpuCtx) -> Result<f64, GpuError> {
-    let (wg, iters) = (256u32, 512u32);
-    let coef: [f32; 12] = [1.0, 1.0, 1.0, 1.0, 0.999, 0.999, 0.999, 0.999, 1e-3, 1e-3, 1e-3, 1e-3];
-    let coef = ctx.upload("bench fma coef", bytemuck::cast_slice(&coef));
-    let pipe = ctx.pipeline(&FMA, "fma_chain", &[("WG", wg as f64), ("ITERS", iters as f64)])?;
     let max_groups = (ctx.caps.max_workgroups_per_dimension as u64 * 64).min(1 << 20) as u32;
     let mut groups = 256u32;
     loop {
-        let out = ctx.storage("bench fma out", groups as u64 * wg as u64 * 16);
-        let step = ctx.step("bench fma", pipe.clone(), &[&coef, &out], grid_2d(groups))?;
-        let prog = GpuProgram { steps: vec![step], owned: vec![out] };
+        let prog = fma_program(ctx, groups)?;
         let one = best_time(ctx, &prog, 1)?;
         if one >= 0.005 || groups >= max_groups {
             let t = best_time(ctx, &prog, reps_for(one))?;
-            let flops = groups as f64 * wg as f64 * iters as f64 * 64.0;
+            let flops = groups as f64 * FMA_WG as f64 * FMA_ITERS as f64 * 64.0;
             return Ok(flops / t / 1e9);
         }
         let grow = (0.006 / one.max(1e-7)).ceil().clamp(2.0, 64.0) as u32;
@@ -117,13 +126,7 @@ pub fn fma_peak(ctx: &GpuCtx) -> Result<f64, GpuError> {
 /// the way up (first seen on an H200: the same GEMV timed 11 µs after a
 /// minute of parity checks and 52 µs as the first work of a fresh machine).
 pub fn warm_up(ctx: &GpuCtx, d: std::time::Duration) -> Result<(), GpuError> {
-    let (wg, iters, groups) = (256u32, 512u32, 256u32);
-    let coef: [f32; 12] = [1.0, 1.0, 1.0, 1.0, 0.999, 0.999, 0.999, 0.999, 1e-3, 1e-3, 1e-3, 1e-3];
-    let coef = ctx.upload("warm-up coef", bytemuck::cast_slice(&coef));
-    let pipe = ctx.pipeline(&FMA, "fma_chain", &[("WG", wg as f64), ("ITERS", iters as f64)])?;
-    let out = ctx.storage("warm-up out", groups as u64 * wg as u64 * 16);
-    let step = ctx.step("warm-up", pipe, &[&coef, &out], grid_2d(groups))?;
-    let prog = GpuProgram { steps: vec![step], owned: vec![out] };
+    let prog = fma_program(ctx, 256)?;
     let t0 = Instant::now();
     let mut batch = 1usize;
     while t0.elapsed() < d {
