@@ -179,8 +179,7 @@ pub fn gguf_storage(m: &LoadedModel) -> Option<Stored> {
 }
 
 /// The block formats a CPU engine repacks without a profile
-/// ([`crate::kernels::quant::default_repack`]: Q4_0 of short-row models on
-/// AVX-512 VNNI); none on a GPU.
+/// ([`crate::plan::default_cpu_repack`]); none on a GPU.
 pub fn default_cpu_repack(
     device: &Device,
     c: &crate::model::ModelConfig,
@@ -190,8 +189,7 @@ pub fn default_cpu_repack(
     if !matches!(device, Device::Cpu(_)) {
         return Vec::new();
     }
-    let formats: Vec<_> = std::iter::once(weight_dtype).chain(matrix_formats.values().copied()).filter_map(|d| d.quant()).collect();
-    crate::kernels::quant::default_repack(crate::kernels::cpu::Isa::best().vnni(), c.hidden_size.max(c.intermediate_size), &formats)
+    crate::plan::default_cpu_repack(c, std::iter::once(weight_dtype).chain(matrix_formats.values().copied()))
 }
 
 /// The matrices that run in another type than `weight_dtype`, each with its own

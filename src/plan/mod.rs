@@ -235,6 +235,16 @@ pub struct PlanOptions {
     pub cpu_repack: Vec<crate::kernels::quant::QFormat>,
 }
 
+/// The block formats a CPU engine repacks when no profile says, for a model of
+/// config `c` whose matrices come in `dtypes`
+/// ([`crate::kernels::quant::default_repack`]: Q4_0 of short-row models on
+/// AVX-512 VNNI). What `run`/`bench` use without a profile and the tuner's
+/// runtime-default combination.
+pub fn default_cpu_repack(c: &ModelConfig, dtypes: impl IntoIterator<Item = DType>) -> Vec<crate::kernels::quant::QFormat> {
+    let formats: Vec<_> = dtypes.into_iter().filter_map(|d| d.quant()).collect();
+    crate::kernels::quant::default_repack(crate::kernels::cpu::Isa::best().vnni(), c.hidden_size.max(c.intermediate_size), &formats)
+}
+
 impl PlanOptions {
     /// The storage type of matrix `tensor`: its own when the file keeps it in
     /// another format ([`PlanOptions::matrix_formats`]), else `weight_dtype`.

@@ -266,6 +266,11 @@ pub(crate) fn repack_choices(dtypes: &[crate::kernels::DType]) -> Vec<u8> {
     out
 }
 
+/// [`Combo::repack`] bits of `formats` (the inverse of [`Combo::repack_formats`]).
+fn repack_bits(formats: &[crate::kernels::quant::QFormat]) -> u8 {
+    crate::kernels::quant::REPACKABLE.iter().enumerate().filter(|(_, f)| formats.contains(f)).fold(0, |bits, (j, _)| bits | (1 << j))
+}
+
 /// One request's time per sample: prefill + `decode_tokens` × the per-token decode
 /// (the end-to-end score).
 fn request_times((prefill, decode): &(Vec<f64>, Vec<f64>), decode_tokens: usize) -> Vec<f64> {
@@ -317,14 +322,8 @@ pub(crate) fn run(
     let mut combos = combinations(o, &predicted, gpu);
     if !gpu {
         // The runtime default repacks what `run` without a profile does.
-        let formats: Vec<_> = std::iter::once(o.weight_dtype).chain(o.matrix_formats.values().copied()).filter_map(|d| d.quant()).collect();
-        let longest = t.config.hidden_size.max(t.config.intermediate_size);
-        let default = crate::kernels::quant::default_repack(crate::kernels::cpu::Isa::best().vnni(), longest, &formats);
-        combos[0].0.repack = crate::kernels::quant::REPACKABLE
-            .iter()
-            .enumerate()
-            .filter(|(_, f)| default.contains(f))
-            .fold(0u8, |bits, (j, _)| bits | (1 << j));
+        let dtypes = std::iter::once(o.weight_dtype).chain(o.matrix_formats.values().copied());
+        combos[0].0.repack = repack_bits(&crate::plan::default_cpu_repack(t.config, dtypes));
     }
     let par_on = Parallel::default();
 
