@@ -7,21 +7,11 @@
 // No workgroup memory, no barriers: qgemv_subgroup's loop over two rows (on an
 // H200 the workgroup-reduced gate_up_q_wg took 1.5-8x the time of two
 // gemv_q_subgroup calls). Needs SUBGROUP and k a whole number of blocks (qbe()).
-//
-// Bindings: x, the weight buffer twice (quants at 1, the scales region at 2), y,
-// the uniform. Includes: qblock.wgsl, act.wgsl.
+// Includes: qgate_up.wgsl (interface: bindings, Dims), qblock.wgsl, act.wgsl.
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
 override QFMT: u32 = 0u;
-
-struct Dims { rows: u32, n: u32, k: u32, act: u32 } // act: 0 silu, 1 gelu_tanh
-
-@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> wq: array<u32>;
-@group(0) @binding(2) var<storage, read> ws: array<u32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<uniform> dims: Dims;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

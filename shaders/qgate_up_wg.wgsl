@@ -4,25 +4,14 @@
 // words for the gate and up rows of all of them into register accumulators
 // (features past n recompute the last one, never stored), the workgroup reduces
 // them through workgroup memory once and applies the activation in the epilogue. Needs k a whole number of blocks (qbe()).
-//
-// Bindings: x, the weight buffer twice (quants at 1, the scales region at 2), y,
-// the uniform.
 
 override WG: u32 = 128;
 override ROWS: u32 = 2;
 override QFMT: u32 = 0u;
 
-struct Dims { rows: u32, n: u32, k: u32, act: u32 } // act: 0 silu, 1 gelu_tanh
-
-@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> wq: array<u32>;
-@group(0) @binding(2) var<storage, read> ws: array<u32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<uniform> dims: Dims;
-
 var<workgroup> partial: array<f32, 2 * WG * ROWS>;
 
-// Includes: qblock.wgsl (block decoding: qunits, qpos, qdecode, qdot), act.wgsl,
+// Includes: qgate_up.wgsl (interface: bindings, Dims), qblock.wgsl (block decoding: qunits, qpos, qdecode, qdot), act.wgsl,
 // reduce_wg.wgsl (the tree).
 
 @compute @workgroup_size(WG)
