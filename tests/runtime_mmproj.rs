@@ -164,39 +164,18 @@ fn bad_mmproj_use_exits_2_with_the_reason() {
     let image = dir().join("image.png");
     let tmp = tempdir();
     let cache = tempdir();
+    // `ktune run` on the CPU with these arguments before a two-token prompt.
+    let run = |args: &[&std::ffi::OsStr]| {
+        ktune_in(cache.path()).arg("run").args(args).args(["--tokens", "2,3", "--device", "cpu"]).output().expect("runs")
+    };
+    let (model_dir, flag_gguf, flag_mm, flag_image) = (dir(), "--gguf".as_ref(), "--mmproj".as_ref(), "--image".as_ref());
     // Without --gguf (a model directory instead), and without --image.
-    let out = ktune_in(cache.path())
-        .arg("run")
-        .arg("--model-dir")
-        .arg(dir())
-        .arg("--mmproj")
-        .arg(&mmproj)
-        .arg("--image")
-        .arg(&image)
-        .args(["--tokens", "2,3", "--device", "cpu"])
-        .output()
-        .expect("runs");
+    let out = run(&["--model-dir".as_ref(), model_dir.as_os_str(), flag_mm, mmproj.as_os_str(), flag_image, image.as_os_str()]);
     assert_exit_2(&out, &["--gguf"], "no --gguf");
-    let out = ktune_in(cache.path())
-        .arg("run")
-        .arg("--gguf")
-        .arg(&text)
-        .arg("--mmproj")
-        .arg(&mmproj)
-        .args(["--tokens", "2,3", "--device", "cpu"])
-        .output()
-        .expect("runs");
+    let out = run(&[flag_gguf, text.as_os_str(), flag_mm, mmproj.as_os_str()]);
     assert_exit_2(&out, &["--image"], "no --image");
     // An image for a GGUF text model without its projector.
-    let out = ktune_in(cache.path())
-        .arg("run")
-        .arg("--gguf")
-        .arg(&text)
-        .arg("--image")
-        .arg(&image)
-        .args(["--tokens", "2,3", "--device", "cpu"])
-        .output()
-        .expect("runs");
+    let out = run(&[flag_gguf, text.as_os_str(), flag_image, image.as_os_str()]);
     assert_exit_2(&out, &["--mmproj"], "no --mmproj");
     // Not a GGUF file, a truncated one, a missing one, the text model itself.
     let bytes = std::fs::read(&mmproj).expect("mmproj");
