@@ -28,27 +28,46 @@ struct Counting;
 static COUNTING: AtomicBool = AtomicBool::new(false);
 static ALLOCS: AtomicUsize = AtomicUsize::new(0);
 
+/// The first counted allocations' sizes and threads, for the failure message
+/// (recorded without allocating: a thread is told by the address of a
+/// thread-local).
+const SEEN: usize = 8;
+static SEEN_SIZE: [AtomicUsize; SEEN] = [const { AtomicUsize::new(0) }; SEEN];
+static SEEN_THREAD: [AtomicUsize; SEEN] = [const { AtomicUsize::new(0) }; SEEN];
+
+thread_local! {
+    static TAG: u8 = const { 0 };
+}
+
+fn thread_tag() -> usize {
+    TAG.with(|t| t as *const u8 as usize)
+}
+
+fn count(layout: Layout) {
+    if COUNTING.load(SeqCst) {
+        let i = ALLOCS.fetch_add(1, SeqCst);
+        if i < SEEN {
+            SEEN_SIZE[i].store(layout.size(), SeqCst);
+            SEEN_THREAD[i].store(thread_tag(), SeqCst);
+        }
+    }
+}
+
 // SAFETY: every call forwards to the system allocator unchanged; the counter is
 // a side effect only.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.load(SeqCst) {
-            ALLOCS.fetch_add(1, SeqCst);
-        }
+        count(layout);
         // SAFETY: the caller's contract, passed on.
         unsafe { System.alloc(layout) }
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.load(SeqCst) {
-            ALLOCS.fetch_add(1, SeqCst);
-        }
+        count(layout);
         // SAFETY: as above.
         unsafe { System.alloc_zeroed(layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if COUNTING.load(SeqCst) {
-            ALLOCS.fetch_add(1, SeqCst);
-        }
+        count(Layout::from_size_align(new_size, layout.align()).unwrap_or(layout));
         // SAFETY: as above.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -68,14 +87,14 @@ const COUNTED: usize = 12;
 /// The defaults, or every quantized decode projection on int8 activations
 /// (quantized once per call into reused buffers) and four rows a pass.
 /// Runs `WARM` then `COUNTED` decode steps after a prompt; the allocations of the
-/// counted ones.
+/// counted ones, with the first ones' sizes and threads when there are any.
 fn count_decode_allocs(
     m: &ktune::session::LoadedModel,
     store: &Arc<dyn TensorStore>,
     dtype: DType,
     fusion: Fusion,
     sel: Selection,
-) -> usize {
+) -> (usize, String) {
     let opts = PlanOptions {
         cpu_repack: Vec::new(),
         weight_dtype: dtype,
@@ -100,7 +119,19 @@ fn count_decode_allocs(
         next = argmax(e.decode_step(next).expect("decode"));
     }
     COUNTING.store(false, SeqCst);
-    ALLOCS.load(SeqCst)
+    let n = ALLOCS.load(SeqCst);
+    let main = thread_tag();
+    let seen: Vec<String> = (0..n.min(SEEN))
+        .map(|i| {
+            let t = SEEN_THREAD[i].load(SeqCst);
+            format!(
+                "{} B on {}",
+                SEEN_SIZE[i].load(SeqCst),
+                if t == main { "the calling thread".to_string() } else { format!("thread {t:#x}") }
+            )
+        })
+        .collect();
+    (n, seen.join(", "))
 }
 
 fn selection(caps: &DeviceCaps, int8: bool) -> Selection {
@@ -137,10 +168,10 @@ fn cpu_decode_steps_allocate_nothing() {
                 if int8 && !dtype.is_quant() {
                     continue;
                 }
-                let n = count_decode_allocs(&m, &store, dtype, fusion, selection(&caps, int8));
+                let (n, seen) = count_decode_allocs(&m, &store, dtype, fusion, selection(&caps, int8));
                 if n > 0 {
                     failures.push(format!(
-                        "{} {dtype} fusion {fusion:?} int8 {int8}: {n} allocations in {COUNTED} decode steps",
+                        "{} {dtype} fusion {fusion:?} int8 {int8}: {n} allocations in {COUNTED} decode steps ({seen})",
                         dir.display()
                     ));
                 }
@@ -171,9 +202,13 @@ fn cpu_decode_steps_allocate_nothing() {
                     let mut sel = Selection::defaults(caps.clone());
                     sel.slots.insert((slot, Regime::Decode), Choice::new(k, p.clone()));
                     variants += 1;
-                    let n = count_decode_allocs(&m, &store, dtype, fusion, sel);
+                    let (n, seen) = count_decode_allocs(&m, &store, dtype, fusion, sel);
                     if n > 0 {
-                        failures.push(format!("{} {} {p:?} {dtype}: {n} allocations in {COUNTED} decode steps", slot.name(), k.id));
+                        failures.push(format!(
+                            "{} {} {p:?} {dtype}: {n} allocations in {COUNTED} decode steps ({seen})",
+                            slot.name(),
+                            k.id
+                        ));
                     }
                 }
             }

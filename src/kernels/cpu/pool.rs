@@ -95,9 +95,17 @@ pub const DEFAULT_SPIN: Duration = Duration::from_micros(2000);
 
 /// The process-wide pool, as many participants as rayon's pool has threads
 /// (`RAYON_NUM_THREADS`, else the available parallelism).
+///
+/// Its first call also waits until every thread of rayon's global pool has
+/// started: a rayon worker allocates its own job queue when it starts, and on a
+/// loaded machine that start can come late enough to land inside a decode step
+/// (the `zero_alloc` test saw two such allocations on a CI machine).
 pub fn pool() -> &'static Pool {
     static POOL: OnceLock<Pool> = OnceLock::new();
-    POOL.get_or_init(|| Pool::new(rayon::current_num_threads()))
+    POOL.get_or_init(|| {
+        rayon::broadcast(|_| ());
+        Pool::new(rayon::current_num_threads())
+    })
 }
 
 impl Pool {
