@@ -8,6 +8,7 @@ use std::time::Instant;
 use half::f16;
 
 use super::{RuntimeError, SlotTimes};
+use crate::kernels::cpu::huge_pages;
 use crate::kernels::quant::QMatrix;
 use crate::kernels::{CpuArgs, CpuIn, DType};
 use crate::plan::{BufId, Plan, Plumb, Step, StepKind};
@@ -24,6 +25,20 @@ pub enum HostBuf {
 }
 
 impl HostBuf {
+    /// Backs this buffer's memory with huge pages where the system offers them
+    /// ([`huge_pages`]): a decode step streams every weight once.
+    fn back_with_huge_pages(&self) {
+        match self {
+            HostBuf::F32(v) => huge_pages(v),
+            HostBuf::F16(v) => huge_pages(v),
+            HostBuf::Q(m) => {
+                huge_pages(&m.quants);
+                huge_pages(&m.scales);
+            }
+            HostBuf::Shared(b) => b.back_with_huge_pages(),
+        }
+    }
+
     /// A zeroed buffer (a quantized one as all-zero blocks, one block a row).
     pub fn zeros(dtype: DType, len: usize) -> HostBuf {
         match (dtype, dtype.quant()) {
@@ -158,6 +173,11 @@ impl CpuExec {
                 },
             };
             bufs.push(hb);
+        }
+        for (hb, b) in bufs.iter().zip(&plan.buffers) {
+            if b.role == crate::plan::BufRole::Weight {
+                hb.back_with_huge_pages();
+            }
         }
         Ok(CpuExec { bufs })
     }
