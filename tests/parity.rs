@@ -230,6 +230,21 @@ fn trusted_wgsl_kernels_match_reference_one_per_family() {
     let (a, b, c) = (prog(&gpu), prog(&trusted), prog(&trusted));
     assert!(!std::sync::Arc::ptr_eq(&a.steps[0].pipeline, &b.steps[0].pipeline), "trusted and checked share a pipeline");
     assert!(std::sync::Arc::ptr_eq(&b.steps[0].pipeline, &c.steps[0].pipeline), "the trusted pipeline is not cached");
+
+    // Two shaders of one file that append different includes are two modules.
+    static PLAIN: ktune::gpu::Shader = ktune::gpu::Shader {
+        name: "cache_probe.wgsl",
+        source: "@group(0) @binding(0) var<storage, read_write> o: array<u32>;\n@compute @workgroup_size(1) fn main() { o[0] = 1u; }\n",
+        includes: &[],
+    };
+    static WITH_INCLUDE: ktune::gpu::Shader = ktune::gpu::Shader {
+        name: "cache_probe.wgsl",
+        source: "@group(0) @binding(0) var<storage, read_write> o: array<u32>;\n@compute @workgroup_size(1) fn main() { o[0] = two(); }\nfn two() -> u32 { return 2u; }\n",
+        includes: &["two.wgsl"],
+    };
+    let (p1, p2) = (gpu.pipeline(&PLAIN, "main", &[]).expect("plain"), gpu.pipeline(&WITH_INCLUDE, "main", &[]).expect("with include"));
+    assert!(!std::sync::Arc::ptr_eq(&p1, &p2), "shaders of one file with different includes share a pipeline");
+    assert!(std::sync::Arc::ptr_eq(&p2, &gpu.pipeline(&WITH_INCLUDE, "main", &[]).expect("again")), "the pipeline is not cached");
 }
 
 /// Q4_K weights repacked at load (`execution.cpuRepack`, the `X8` layout) give

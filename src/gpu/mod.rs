@@ -31,6 +31,13 @@ pub struct Shader {
     pub includes: &'static [&'static str],
 }
 
+impl Shader {
+    /// What the module and pipeline caches know this shader by.
+    fn key(&self) -> ShaderKey {
+        (self.name, self.includes)
+    }
+}
+
 /// Declares a `Shader` for `shaders/<file>` with any number of files of shared
 /// WGSL appended in order: `shader!("gemv_wg.wgsl", "reduce_wg.wgsl", "wload.wgsl")`.
 /// Module-scope declarations may come in any order, so an include uses what the
@@ -67,9 +74,12 @@ pub enum GpuError {
     Poll(String),
 }
 
+/// A shader's identity: its file and its includes (two shaders may share a file
+/// and differ in what they append to it).
+type ShaderKey = (&'static str, &'static [&'static str]);
 /// (shader, entry, sorted override constants, trusted module).
-type PipelineKey = (&'static str, String, Vec<(String, u64)>, bool);
-type ModuleCache = Arc<Mutex<HashMap<(&'static str, bool), Arc<wgpu::ShaderModule>>>>;
+type PipelineKey = (ShaderKey, String, Vec<(String, u64)>, bool);
+type ModuleCache = Arc<Mutex<HashMap<(ShaderKey, bool), Arc<wgpu::ShaderModule>>>>;
 type PipelineCache = Arc<Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>>;
 
 /// One opened adapter: device, queue, capabilities, caches. Reused across runs.
@@ -251,7 +261,7 @@ impl GpuCtx {
 
     fn module(&self, shader: &'static Shader) -> Result<Arc<wgpu::ShaderModule>, GpuError> {
         let mut cache = self.modules.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(m) = cache.get(&(shader.name, self.trusted)) {
+        if let Some(m) = cache.get(&(shader.key(), self.trusted)) {
             return Ok(m.clone());
         }
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -272,7 +282,7 @@ impl GpuCtx {
             return Err(GpuError::Pipeline { shader: shader.name.into(), entry: "(module)".into(), message: e.to_string() });
         }
         let m = Arc::new(m);
-        cache.insert((shader.name, self.trusted), m.clone());
+        cache.insert((shader.key(), self.trusted), m.clone());
         Ok(m)
     }
 
@@ -286,7 +296,7 @@ impl GpuCtx {
     ) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
         let mut sorted: Vec<(String, u64)> = constants.iter().map(|(k, v)| (k.to_string(), v.to_bits())).collect();
         sorted.sort();
-        let key = (shader.name, entry.to_string(), sorted, self.trusted);
+        let key = (shader.key(), entry.to_string(), sorted, self.trusted);
         if let Some(p) = self.pipelines.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(p.clone());
         }
