@@ -256,12 +256,9 @@ fn combinations_with_threads(o: &TuneOptions, predicted: &[(Fusion, f64)], gpu: 
 /// bits, then all of those together where there are two or more.
 pub(crate) fn repack_choices(dtypes: &[crate::kernels::DType]) -> Vec<u8> {
     let formats: Vec<_> = dtypes.iter().filter_map(|d| d.quant()).collect();
-    let bits: Vec<u8> =
-        crate::kernels::quant::REPACKABLE.iter().enumerate().filter(|(_, f)| formats.contains(f)).map(|(j, _)| 1u8 << j).collect();
-    let all = bits.iter().fold(0, |a, b| a | b);
-    let mut out = bits.clone();
-    if bits.len() > 1 {
-        out.push(all);
+    let mut out: Vec<u8> = crate::kernels::quant::REPACKABLE.iter().filter(|f| formats.contains(f)).map(|f| repack_bits(&[*f])).collect();
+    if out.len() > 1 {
+        out.push(repack_bits(&formats));
     }
     out
 }
