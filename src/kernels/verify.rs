@@ -24,6 +24,21 @@ pub enum HostTensor {
 }
 
 impl HostTensor {
+    /// Backs this tensor's memory with huge pages where the system offers them,
+    /// as the runtime's weights are ([`crate::kernels::cpu::huge_pages`]), so a
+    /// race reads its inputs as a decode step reads the weights.
+    pub fn huge_pages(&self) {
+        use crate::kernels::cpu::huge_pages;
+        match self {
+            HostTensor::F32(v) => huge_pages(v),
+            HostTensor::F16(v) => huge_pages(v),
+            HostTensor::Q(m) => {
+                huge_pages(&m.quants);
+                huge_pages(&m.scales);
+            }
+        }
+    }
+
     /// The values as the kernels must see them (a quantized matrix dequantized:
     /// the reference computes with exactly the weights the kernels read).
     pub fn to_f64(&self) -> Vec<f64> {

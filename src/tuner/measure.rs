@@ -111,6 +111,7 @@ impl Workload {
                 None => {
                     let mut all = vec![first; n];
                     all.shrink_to_fit();
+                    all.iter().flatten().for_each(HostTensor::huge_pages);
                     inputs.push(all);
                 }
                 Some(ctx) => {
