@@ -1,11 +1,13 @@
 //! `ktune bench --image`: every entry's image through the vision tower and
-//! projector, timed each round beside prefill and decode (CPU, on the multimodal
-//! fixture tests/fixtures/gemma3-vision-tiny and its GGUF pair); a model without a
-//! tower, and an unreadable image, are exit 2 before anything is measured.
+//! projector, timed each round beside prefill and decode (on the CPU with the
+//! multimodal fixture tests/fixtures/gemma3-vision-tiny and its GGUF pair, and on
+//! a GPU adapter, which skips loudly without one unless KTUNE_REQUIRE_GPU=1); a
+//! model without a tower, and an unreadable image, are exit 2 before anything is
+//! measured.
 
 mod common;
 
-use common::{fixture, ktune_in as ktune, tempdir};
+use common::{fixture, gpu_index, ktune_in as ktune, tempdir};
 use predicates::prelude::*;
 
 /// A CPU profile forcing two non-default vision kernels.
@@ -13,8 +15,12 @@ const PROFILE: &str = "name: v\nmodel: gemma3-vision-tiny\nversion: 1\ndevice:\n
     patch_embed: patch_embed_direct_cpu\n    attention: attention_full_rows_cpu\n";
 
 fn bench(cache: &std::path::Path, source: &[&std::ffi::OsStr], extra: &[&str]) -> std::process::Output {
+    bench_on(cache, "cpu", source, extra)
+}
+
+fn bench_on(cache: &std::path::Path, device: &str, source: &[&std::ffi::OsStr], extra: &[&str]) -> std::process::Output {
     ktune(cache)
-        .args(["bench", "--device", "cpu"])
+        .args(["bench", "--device", device])
         .args(source)
         .arg("--image")
         .arg(fixture("gemma3-vision-tiny/image.png"))
@@ -71,6 +77,30 @@ fn bench_with_an_image_times_every_entrys_vision_tower() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(table.contains("vision ms/image") && table.contains("vision time / first"), "{table}");
     assert!(table.contains("default vision kernels: vision.patch_embed"), "{table}");
+}
+
+/// On a GPU adapter the entries' towers run their WGSL kernels: a wgsl profile's
+/// vision choices for its entry, the WGSL defaults for the default.
+#[test]
+fn bench_with_an_image_on_the_gpu_times_the_wgsl_towers() {
+    let tmp = tempdir();
+    let cache = tmp.path().join("cache");
+    let Some(dev) = gpu_index(&cache, "bench --image") else { return };
+    let profile = tmp.path().join("gpu.yaml");
+    std::fs::write(
+        &profile,
+        PROFILE.replace("backend: cpu", "backend: wgsl").replace("_direct_cpu", "_direct").replace("_rows_cpu", "_rows"),
+    )
+    .expect("write");
+    let dir = fixture("gemma3-vision-tiny");
+    let src = [std::ffi::OsStr::new("--model-dir"), dir.as_os_str()];
+    let o = bench_on(&cache, &dev, &src, &["--profile", profile.to_str().expect("utf-8"), "--format", "json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    check_vision(&r, 2);
+    let kernels = |i: usize| r["entries"][i]["vision"]["kernels"].to_string();
+    assert!(kernels(0).contains("vision.attention attention_full_rows\"") && kernels(0).contains("patch_embed_direct\""), "{}", kernels(0));
+    assert!(!kernels(1).contains("_cpu") && !kernels(1).contains("attention_full_rows"), "{}", kernels(1));
 }
 
 /// The GGUF pair (`--gguf TEXT --mmproj MMPROJ`): the projector file's tower.
