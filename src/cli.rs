@@ -174,6 +174,16 @@ pub struct BenchArgs {
     /// Rounds; each times every entry once, in a rotating order.
     #[arg(long, default_value_t = 15)]
     pub rounds: usize,
+    /// An image (PNG or JPEG) for a multimodal model: each round also times it
+    /// through the vision tower and projector for every entry (the entry's
+    /// `kernels.vision` choices, else the device's defaults), reported as
+    /// milliseconds per image beside prefill and decode.
+    #[arg(long, value_name = "FILE")]
+    pub image: Option<std::path::PathBuf>,
+    /// With --gguf and --image: the text model's vision projector file (llama.cpp's
+    /// `mmproj-*.gguf`, projector type gemma3), the tower the image runs through.
+    #[arg(long, value_name = "FILE", requires = "image")]
+    pub mmproj: Option<std::path::PathBuf>,
     /// Weight type of the default entry (default: the first profile's, else as `run`).
     #[arg(long, value_parser = weight_dtype)]
     pub weight_dtype: Option<DType>,

@@ -179,6 +179,23 @@ pub struct BenchEntry {
     /// Raw per-round samples: prefill seconds, median seconds per decoded token.
     pub prefill_s: Vec<f64>,
     pub decode_s: Vec<f64>,
+    /// With `--image`: the image through the vision tower and projector.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vision: Option<VisionBench>,
+}
+
+/// One entry's image through the vision tower and projector (`bench --image`).
+#[derive(Debug, Serialize)]
+pub struct VisionBench {
+    /// Milliseconds per image (median, 95% CI).
+    pub ms: Estimate,
+    /// This entry's time over the first entry's, from per-round ratios (below 1:
+    /// faster than the first).
+    pub ratio_to_first: Estimate,
+    /// The kernel (and its non-default parameters) of each vision slot, as `slot kernel`.
+    pub kernels: Vec<String>,
+    /// Raw per-round samples, seconds.
+    pub samples_s: Vec<f64>,
 }
 
 /// `ktune bench`.
@@ -194,6 +211,9 @@ pub struct BenchReport {
     pub read_gbps: Estimate,
     /// How `read_gbps` was measured.
     pub read_source: String,
+    /// `--image`: the image each round also runs through every entry's vision tower.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
     pub entries: Vec<BenchEntry>,
     pub warnings: Vec<String>,
 }

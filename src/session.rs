@@ -75,6 +75,29 @@ pub fn profile_model_name(m: &LoadedModel, src: &ModelSource, layers: Option<usi
     }
 }
 
+/// Loads the model of `src`, with `mmproj` (`--mmproj`, which pairs with `--gguf`
+/// only) its vision projector file: what `tune` and `bench` load. A missing file
+/// or `--mmproj` without `--gguf` is a usage error naming the fix.
+pub fn load_source_mmproj(src: &ModelSource, mmproj: Option<&Path>, layers: Option<usize>, seed: u64) -> Result<LoadedModel> {
+    match (mmproj, &src.gguf) {
+        (Some(mm), Some(text)) => {
+            if !mm.is_file() {
+                return Err(SessionError::Usage(format!("--mmproj {}: no such file", mm.display())));
+            }
+            if !text.is_file() {
+                return Err(SessionError::Usage(format!("--gguf {}: no such file", text.display())));
+            }
+            load_gguf_mmproj(text, mm, layers)
+        }
+        (Some(mm), None) => Err(SessionError::Usage(format!(
+            "--mmproj {}: a vision projector pairs with a GGUF text model: give --gguf TEXT.gguf (a --model-dir \
+             checkpoint holds its own vision tower)",
+            mm.display()
+        ))),
+        (None, _) => load_source(src, layers, seed),
+    }
+}
+
 /// Loads the model `--model`, `--model-dir` or `--gguf` names, optionally cut to `layers`.
 pub fn load_source(src: &ModelSource, layers: Option<usize>, seed: u64) -> Result<LoadedModel> {
     match &src.gguf {

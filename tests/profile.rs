@@ -439,10 +439,11 @@ fn measurement_round_trips_and_old_tuning_sections_load_without_it() {
 }
 
 /// The vision slots (`kernels.vision`): they resolve into the selection under the
-/// `vision` regime, whatever the profile's backend; a profile without them (every
-/// profile written before they existed) leaves the tower its defaults; an
-/// unknown kernel, one of another op, per-regime entries and vision entries in a
-/// layer override or a format are refused with the reason.
+/// `vision` regime; a profile without them (every profile written before they
+/// existed) leaves the tower its defaults; an unknown kernel, one of another op
+/// or of another backend than the profile's (the tower runs on the profile's
+/// device), per-regime entries and vision entries in a layer override or a
+/// format are refused with the reason.
 #[test]
 fn vision_slots_resolve_and_bad_ones_are_refused() {
     use ktune::plan::{Regime, Slot};
@@ -485,6 +486,11 @@ fn vision_slots_resolve_and_bad_ones_are_refused() {
     // A kernel of another op.
     let (_, _, msg) = err(&text.replace("pool: avg_pool_separable_cpu", "pool: layer_norm_split_cpu"));
     assert!(msg.contains("vision.pool") && msg.contains("computes layer_norm") && msg.contains("avg_pool"), "{msg}");
+    // A WGSL kernel in a CPU profile.
+    let (_, _, msg) = err(&text.replace("attention: attention_full_rows_cpu", "attention: attention_full_rows"));
+    assert!(msg.contains("vision.attention") && msg.contains("`attention_full_rows` is a wgsl kernel"), "{msg}");
+    let flash = |m: &str| (m.matches("attention_full_flash").count(), m.matches("attention_full_flash_cpu").count());
+    assert!(flash(&msg).1 == 1 && flash(&msg).0 == 1, "lists the CPU kernels only: {msg}");
     // One kernel per vision slot: no prefill/decode entries.
     let (_, _, msg) = err(&text.replace("norm: layer_norm_split_cpu", "norm: {prefill: layer_norm_split_cpu}"));
     assert!(msg.contains("vision.norm") && msg.contains("no prefill or decode"), "{msg}");

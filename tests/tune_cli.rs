@@ -563,6 +563,76 @@ fn tune_of_a_multimodal_model_tunes_the_vision_slots() {
     assert!(err.contains("bad.yaml:") && err.contains("linear_warp_cpu") && err.contains("linear_blocked_cpu"), "{err}");
 }
 
+/// The GPU twin of `tune_of_a_multimodal_model_tunes_the_vision_slots`: on a GPU
+/// adapter the vision tower's ops race as the `vision` regime with their WGSL
+/// kernels (parity-gated, timed at the tower's shapes), the winners go under
+/// `kernels.vision` of the wgsl profile, and `run --image` on that adapter runs
+/// them (its note names them) with transformers' greedy ids.
+#[test]
+fn tune_on_the_gpu_of_a_multimodal_model_tunes_the_wgsl_vision_slots() {
+    let tmp = tempdir();
+    let cache = tmp.path().join("cache");
+    let Some(dev) = gpu_index(&cache, "TUNE vision") else { return };
+    let dir = fixture("gemma3-vision-tiny");
+    let out = tmp.path().join("gpu-vision.yaml");
+    let o = ktune(&cache)
+        .args(["tune", "--device", &dev, "--model-dir"])
+        .arg(&dir)
+        .args(["--budget", "12s", "--prefill-tokens", "8", "--context", "32", "--decode-tokens", "8", "--format", "json", "-o"])
+        .arg(&out)
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "tune failed: {stderr}");
+    assert!(!stderr.contains("runs on the CPU"), "{stderr}");
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON report");
+    assert_eq!(r["profile"]["device"]["backend"], "wgsl");
+    let vision = &r["profile"]["kernels"]["vision"];
+    let id = |e: &serde_json::Value| e.as_str().map(str::to_string).or_else(|| e["kernel"].as_str().map(str::to_string));
+    let mut chosen = Vec::new();
+    for slot in ["patch_embed", "attention", "mlp", "norm", "pool", "projector"] {
+        let k = id(&vision[slot]).unwrap_or_else(|| panic!("kernels.vision.{slot}: {vision}"));
+        let def = ktune::kernels::find(&k).expect("a registered kernel");
+        assert_eq!(def.backend(), ktune::kernels::Backend::Wgsl, "kernels.vision.{slot} = {k}");
+        chosen.push(k);
+    }
+    let slots = r["profile"]["tuning"]["slots"].as_array().expect("slots");
+    let raced: Vec<&serde_json::Value> = slots.iter().filter(|s| s["regime"] == "vision").collect();
+    let names: Vec<&str> = raced.iter().filter_map(|s| s["slot"].as_str()).collect();
+    for s in ["vision.patch_embed", "vision.attention", "vision.mlp", "vision.norm", "vision.pool", "projector"] {
+        assert!(names.contains(&s), "{s} raced: {names:?}");
+    }
+    // Every vision race timed its winner on the adapter, at the tower's shapes.
+    for s in &raced {
+        let c = s["candidates"].as_array().expect("candidates");
+        assert!(c.iter().any(|c| c["status"] == "chosen" && c["median_us"].as_f64().is_some_and(|t| t > 0.0)), "{s}");
+    }
+    let mlp = raced.iter().find(|s| s["slot"] == "vision.mlp").expect("mlp race");
+    assert_eq!(mlp["problem"], "3 shapes", "{mlp}");
+    // The profile's vision kernels run the image prompt on the adapter.
+    let exp = read_json(dir.join("vision_expected.json"));
+    let toks: Vec<String> = ids_u64(&exp["tokens"]).iter().map(u64::to_string).collect();
+    let o = ktune(&cache)
+        .args(["run", "--device", &dev, "--model-dir"])
+        .arg(&dir)
+        .arg("--image")
+        .arg(dir.join("image.png"))
+        .arg("--profile")
+        .arg(&out)
+        .args(["--tokens", &toks.join(","), "--max-tokens", "8", "--ignore-eos", "--format", "json"])
+        .output()
+        .expect("runs");
+    let all = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{all}");
+    assert!(all.contains("(GPU)"), "{all}");
+    assert!(
+        all.contains(&format!("vision.attention {}", chosen[1])) && all.contains(&format!("vision.mlp {}", chosen[2])),
+        "{chosen:?}: {all}"
+    );
+    let got: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(ids_u64(&got["generated"]), ids_u64(&exp["tt_generated"]));
+}
+
 /// `tune --gguf TEXT --mmproj MMPROJ`: the projector's tower is raced as a
 /// multimodal directory's is, and `run` with that profile and the same pair gives
 /// transformers' greedy ids for the image prompt; `--mmproj` without `--gguf`

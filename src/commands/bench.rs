@@ -3,7 +3,10 @@
 //! own engine (built and warmed up before anything is timed); rounds visit the
 //! entries in a rotating order so drift hits all alike, and each entry is compared
 //! with the first one round by round (paired ratios), which cancels the slow swings
-//! of a shared machine that separate processes run minutes apart cannot.
+//! of a shared machine that separate processes run minutes apart cannot. With
+//! `--image` each round also runs the image through the vision tower and
+//! projector once per entry (one tower on the device, switched to the entry's
+//! `vision` choices), timed beside prefill and decode.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,9 +16,11 @@ use crate::device::DeviceCaps;
 use crate::plan::{Fusion, Parallel, PlanOptions, Selection};
 use crate::profile::{ExecSettings, Profile, lookup};
 use crate::progress::Progress;
-use crate::report::{BenchEntry, BenchReport, Estimate};
-use crate::runtime::{TensorStore, WeightMemo};
-use crate::session::{self, Engines, default_weight_dtype, gguf_storage, load_source};
+use crate::report::{BenchEntry, BenchReport, Estimate, VisionBench};
+use crate::runtime::vision::{VisionEngine, VisionOutput};
+use crate::runtime::vision_gpu::VisionGpu;
+use crate::runtime::{RuntimeError, TensorStore, WeightMemo};
+use crate::session::{self, Engines, default_weight_dtype, gguf_storage};
 use crate::tuner;
 use crate::tuner::e2e_sample;
 use crate::tuner::stats::summarize;
@@ -25,6 +30,46 @@ use crate::{Error, Result};
 fn estimate(v: &[f64]) -> Estimate {
     let s = summarize(v);
     Estimate { median: s.median, ci: s.ci }
+}
+
+/// The vision tower `--image` runs through: on the CPU or on the GPU, as `run`
+/// runs it on that device.
+enum Tower {
+    Cpu(VisionEngine),
+    Gpu(VisionGpu),
+}
+
+impl Tower {
+    fn select(&mut self, sel: &Selection) -> std::result::Result<(), RuntimeError> {
+        match self {
+            Tower::Cpu(t) => t.set_selection(sel),
+            Tower::Gpu(t) => t.set_selection(sel),
+        }
+    }
+
+    /// The kernel of each vision slot under the current selection, as `slot kernel`.
+    fn kernels(&self) -> std::result::Result<Vec<String>, RuntimeError> {
+        let k = match self {
+            Tower::Cpu(t) => t.kernels()?,
+            Tower::Gpu(t) => t.kernels()?,
+        };
+        Ok(k.into_iter().map(|(slot, k)| format!("{} {k}", slot.name())).collect())
+    }
+
+    fn encode(&self, pixels: &[f32]) -> std::result::Result<VisionOutput, RuntimeError> {
+        match self {
+            Tower::Cpu(t) => t.encode(pixels),
+            Tower::Gpu(t) => t.encode(pixels),
+        }
+    }
+
+    /// Seconds for one image through the tower with `sel`'s choices.
+    fn sample(&mut self, sel: &Selection, pixels: &[f32]) -> Result<f64> {
+        self.select(sel)?;
+        let t0 = std::time::Instant::now();
+        self.encode(pixels)?;
+        Ok(t0.elapsed().as_secs_f64())
+    }
 }
 
 /// Measures every entry; `progress` sees one step per sample.
@@ -40,7 +85,20 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
     let profiles: Vec<(PathBuf, Profile)> =
         args.profile.iter().map(|p| Profile::load(p).map(|x| (p.clone(), x))).collect::<std::result::Result<_, _>>()?;
     let device = session::pick_device(selector)?;
-    let m = load_source(&args.source, args.layers, args.seed)?;
+    let m = session::load_source_mmproj(&args.source, args.mmproj.as_deref(), args.layers, args.seed)?;
+    // --image: the model must have a tower, the image must decode (both before any engine is built).
+    let image = match (&args.image, &m.vision) {
+        (None, _) => None,
+        (Some(path), None) => {
+            return Err(Error::Usage(format!(
+                "--image {}: {} has no vision tower; images need a multimodal model (a Gemma3ForConditionalGeneration \
+                 directory, the built-in gemma3-4b, or --gguf TEXT.gguf --mmproj MMPROJ.gguf)",
+                path.display(),
+                m.name
+            )));
+        }
+        (Some(path), Some(v)) => Some((path.clone(), v.clone(), crate::runtime::image::load_image(path, v.image_size)?)),
+    };
     let mut warnings = m.warnings.clone();
     let caps = DeviceCaps::from(&device);
     let ctx = session::open_device(&device, false)?;
@@ -110,6 +168,8 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
     // CPU engines share one copy of the weights.
     let mut build = Engines { model: &m.name, config: c, store, ctx: ctx.clone(), memo: Some(WeightMemo::default()), check_decode: false };
     let mut engines = Vec::new();
+    // Each entry's selection, for its vision choices.
+    let selections: Vec<Selection> = setups.iter().map(|s| s.1.clone()).collect();
     for (name, sel, exec) in setups {
         // Each entry's shader modules as its profile (or the flag) asks.
         build.ctx = ctx.as_ref().map(|g| g.with_trusted_shaders(exec.trusted_shaders || args.trusted_shaders));
@@ -129,10 +189,30 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
         engines.push((name, engine));
     }
 
+    // --image: one tower on the device; each entry's choices checked, and each
+    // entry's kernels run once (GPU pipelines compiled) before anything is timed.
+    let mut tower = match &image {
+        None => None,
+        Some((_, v, pixels)) => {
+            let mut t = match &ctx {
+                Some(g) => Tower::Gpu(VisionGpu::new(v, &m.weights, g.clone())?),
+                None => Tower::Cpu(VisionEngine::new(v, &m.weights)?),
+            };
+            let mut kernels = Vec::new();
+            for (sel, (name, _)) in selections.iter().zip(&engines) {
+                t.select(sel).map_err(|e| Error::Usage(format!("{name}: {e}")))?;
+                t.encode(pixels)?;
+                kernels.push(t.kernels()?);
+            }
+            Some((t, kernels))
+        }
+    };
+
     let prompt: Vec<u32> = (0..args.prefill_tokens).map(|i| ((i * 7919 + 13) % c.vocab_size) as u32).collect();
     let n = engines.len();
     let mut prefill = vec![Vec::new(); n];
     let mut decode = vec![Vec::new(); n];
+    let mut vision: Vec<Vec<f64>> = vec![Vec::new(); n];
     let mut read_gbps = Vec::new();
     let mut read_source = "";
     progress.phase("", (args.rounds * n) as u64);
@@ -145,6 +225,9 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
             let (p, d) = e2e_sample(&mut engines[i].1, &prompt, args.decode_tokens)?;
             prefill[i].push(p);
             decode[i].push(d);
+            if let (Some((t, _)), Some((_, _, pixels))) = (tower.as_mut(), &image) {
+                vision[i].push(t.sample(&selections[i], pixels)?);
+            }
             progress.tick();
         }
     }
@@ -168,6 +251,12 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
             decode_vs_first_pct: estimate(&vs_first(&decode[i], &decode[0])),
             prefill_s: prefill[i].clone(),
             decode_s: decode[i].clone(),
+            vision: tower.as_ref().map(|(_, kernels)| VisionBench {
+                ms: estimate(&vision[i].iter().map(|s| s * 1e3).collect::<Vec<_>>()),
+                ratio_to_first: estimate(&vision[i].iter().zip(&vision[0]).map(|(m, f)| m / f).collect::<Vec<_>>()),
+                kernels: kernels[i].clone(),
+                samples_s: vision[i].clone(),
+            }),
         })
         .collect();
     Ok(BenchReport {
@@ -178,6 +267,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
         rounds: args.rounds,
         read_gbps: estimate(&read_gbps),
         read_source: read_source.into(),
+        image: image.as_ref().map(|(p, _, _)| p.display().to_string()),
         entries,
         warnings,
     })

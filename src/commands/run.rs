@@ -249,22 +249,30 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         parallel: exec.parallel,
     };
     let ctx = session::open_device(&device, exec.trusted_shaders || args.trusted_shaders)?;
-    // The image through the tower and projector on the selected device (on the
-    // CPU with the profile's `vision` choices; the tuner races those on the CPU
-    // only, so a GPU tower takes the WGSL defaults).
+    // The image through the tower and projector on the selected device, each op
+    // with the profile's `vision` choice (else the device's default); the note
+    // names the kernels that ran.
     let soft_tokens = match image_pixels {
         Some((path, v, pixels)) => {
             let t0 = Instant::now();
-            let (out, on) = match &ctx {
-                Some(ctx) => (crate::runtime::vision_gpu::VisionGpu::new(v, &m.weights, ctx.clone())?.encode(&pixels)?, "GPU"),
-                None => (crate::runtime::vision::VisionEngine::new(v, &m.weights)?.with_selection(&selection)?.encode(&pixels)?, "CPU"),
+            let (out, used, on) = match &ctx {
+                Some(ctx) => {
+                    let t = crate::runtime::vision_gpu::VisionGpu::new(v, &m.weights, ctx.clone())?.with_selection(&selection)?;
+                    (t.encode(&pixels)?, t.kernels()?, "GPU")
+                }
+                None => {
+                    let t = crate::runtime::vision::VisionEngine::new(v, &m.weights)?.with_selection(&selection)?;
+                    (t.encode(&pixels)?, t.kernels()?, "CPU")
+                }
             };
+            let used: Vec<String> = used.iter().map(|(slot, k)| format!("{} {k}", slot.name())).collect();
             warnings.push(format!(
-                "image {}: {} patches through the vision tower in {:.3} s ({on}), {} soft tokens",
+                "image {}: {} patches through the vision tower in {:.3} s ({on}), {} soft tokens; kernels: {}",
                 path.display(),
                 v.num_patches(),
                 t0.elapsed().as_secs_f64(),
-                v.mm_tokens_per_image
+                v.mm_tokens_per_image,
+                used.join(", ")
             ));
             Some((v.image_token_id, out.tokens))
         }

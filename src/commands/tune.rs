@@ -10,7 +10,7 @@ use crate::profile::{self, Profile, ProfileDoc};
 use crate::progress::Progress;
 use crate::report::TuneReport;
 use crate::runtime::TensorStore;
-use crate::session::{self, default_weight_dtype, gguf_storage, load_source};
+use crate::session::{self, default_weight_dtype, gguf_storage};
 use crate::tuner::cache::Cache;
 use crate::tuner::measure::Strategy;
 use crate::tuner::{self, Target, TuneOptions};
@@ -46,25 +46,7 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
             "--gpu-l2-bytes applies to GPU devices; on the CPU the races rotate past its measured last-level cache".into(),
         ));
     }
-    let m = match (&args.mmproj, &args.source.gguf) {
-        (Some(mm), Some(text)) => {
-            if !mm.is_file() {
-                return Err(Error::Usage(format!("--mmproj {}: no such file", mm.display())));
-            }
-            if !text.is_file() {
-                return Err(Error::Usage(format!("--gguf {}: no such file", text.display())));
-            }
-            session::load_gguf_mmproj(text, mm, args.layers)?
-        }
-        (Some(mm), None) => {
-            return Err(Error::Usage(format!(
-                "--mmproj {}: a vision projector pairs with a GGUF text model: give --gguf TEXT.gguf (a --model-dir \
-                 checkpoint holds its own vision tower)",
-                mm.display()
-            )));
-        }
-        (None, _) => load_source(&args.source, args.layers, args.seed)?,
-    };
+    let m = session::load_source_mmproj(&args.source, args.mmproj.as_deref(), args.layers, args.seed)?;
     let weight_dtype = default_weight_dtype(weight_flag, gguf_storage(&m));
     let name = session::profile_model_name(&m, &args.source, args.layers);
     let opts = TuneOptions {

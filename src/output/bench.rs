@@ -1,7 +1,7 @@
-//! `bench` as a table of throughputs with their intervals.
+//! `bench` as a table of throughputs with their intervals (and, with `--image`,
+//! each entry's milliseconds per image through the vision tower).
 
 use tabled::settings::Style;
-use tabled::{Table, Tabled};
 
 use super::Report;
 use crate::report::{BenchReport, Estimate};
@@ -12,45 +12,62 @@ impl Report for BenchReport {
         let est = |e: &Estimate, d: usize| format!("{:.d$} ({:.d$}–{:.d$})", e.median, e.ci[0], e.ci[1]);
         let pct = |e: &Estimate| format!("{:+.1}% ({:+.1}…{:+.1})", e.median, e.ci[0], e.ci[1]);
         let first = r.entries.first().map(|e| e.name.as_str()).unwrap_or("");
-        #[derive(Tabled)]
-        struct Row {
-            entry: String,
-            #[tabled(rename = "prefill tok/s (95% CI)")]
-            prefill: String,
-            #[tabled(rename = "decode tok/s (95% CI)")]
-            decode: String,
-            #[tabled(rename = "prefill vs first")]
-            prefill_vs: String,
-            #[tabled(rename = "decode vs first")]
-            decode_vs: String,
-            #[tabled(rename = "decode % of read bound")]
-            bound: String,
+        let mut b = tabled::builder::Builder::default();
+        let mut head = vec![
+            "entry",
+            "prefill tok/s (95% CI)",
+            "decode tok/s (95% CI)",
+            "prefill vs first",
+            "decode vs first",
+            "decode % of read bound",
+        ];
+        if r.image.is_some() {
+            head.extend(["vision ms/image (95% CI)", "vision time / first"]);
         }
-        let rows: Vec<Row> = r
-            .entries
-            .iter()
-            .enumerate()
-            .map(|(i, e)| Row {
-                entry: e.name.clone(),
-                prefill: est(&e.prefill_tok_s, 1),
-                decode: est(&e.decode_tok_s, 2),
-                prefill_vs: if i == 0 { "-".into() } else { pct(&e.prefill_vs_first_pct) },
-                decode_vs: if i == 0 { "-".into() } else { pct(&e.decode_vs_first_pct) },
-                bound: format!(
-                    "{:.0}% ({:.0}–{:.0})",
-                    e.decode_pct_of_bound.median, e.decode_pct_of_bound.ci[0], e.decode_pct_of_bound.ci[1]
-                ),
-            })
-            .collect();
+        b.push_record(head);
+        for (i, e) in r.entries.iter().enumerate() {
+            let mut row = vec![
+                e.name.clone(),
+                est(&e.prefill_tok_s, 1),
+                est(&e.decode_tok_s, 2),
+                if i == 0 { "-".into() } else { pct(&e.prefill_vs_first_pct) },
+                if i == 0 { "-".into() } else { pct(&e.decode_vs_first_pct) },
+                format!("{:.0}% ({:.0}–{:.0})", e.decode_pct_of_bound.median, e.decode_pct_of_bound.ci[0], e.decode_pct_of_bound.ci[1]),
+            ];
+            if r.image.is_some() {
+                match &e.vision {
+                    Some(v) => {
+                        row.push(est(&v.ms, 2));
+                        row.push(if i == 0 {
+                            "-".into()
+                        } else {
+                            format!("{:.2}× ({:.2}…{:.2})", v.ratio_to_first.median, v.ratio_to_first.ci[0], v.ratio_to_first.ci[1])
+                        });
+                    }
+                    None => row.extend(["-".to_string(), "-".to_string()]),
+                }
+            }
+            b.push_record(row);
+        }
         let mut s = format!(
             "model:  {}\ndevice: {}\n{} rounds of a {}-token prefill and {} decode steps per entry, interleaved; changes are medians of per-round ratios against {first}\n",
             r.model, r.device, r.rounds, r.prefill_tokens, r.decode_tokens
         );
+        if let Some(img) = &r.image {
+            s.push_str(&format!("image:  {img}, through the vision tower and projector once per entry each round\n"));
+        }
         s.push_str(&format!(
             "read bound: {:.1} GB/s ({:.1}–{:.1}; {}, once per round)\n",
             r.read_gbps.median, r.read_gbps.ci[0], r.read_gbps.ci[1], r.read_source
         ));
-        s.push_str(&Table::new(rows).with(Style::sharp()).to_string());
+        let mut t = b.build();
+        t.with(Style::sharp());
+        s.push_str(&t.to_string());
+        for e in r.entries.iter().filter(|e| e.vision.is_some()) {
+            if let Some(v) = &e.vision {
+                s.push_str(&format!("\n{} vision kernels: {}", e.name, v.kernels.join(", ")));
+            }
+        }
         s
     }
 }

@@ -76,7 +76,8 @@ impl Progress for Bars {
         self.with_bar(|pb| pb.inc(1));
     }
     fn note(&self, msg: &str) {
-        match self.bar.lock().ok().and_then(|b| b.clone()) {
+        // A hidden bar (stderr not a terminal) prints nothing: the note goes to stderr.
+        match self.bar.lock().ok().and_then(|b| b.clone()).filter(|pb| !pb.is_hidden()) {
             Some(pb) => pb.println(format!("ktune: {msg}")),
             None => eprintln!("ktune: {msg}"),
         }

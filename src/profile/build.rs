@@ -63,6 +63,18 @@ pub(crate) fn profile_doc(f: &Findings<'_>) -> ProfileDoc {
             req.min_shared_memory = req.min_shared_memory.max((w.shared_memory)(p, *d, &c.params).unwrap_or_default());
         }
     }
+    // The vision winners' requirements, at the tower's shapes (their races').
+    for r in space.races.iter().filter(|r| r.key.1 == crate::plan::Regime::Vision) {
+        if let Some(c) = final_choices.get(&r.key)
+            && let Impl::Wgsl(w) = &c.kernel.imp
+        {
+            req.requires_f16 |= (w.needs_f16)(r.dtype);
+            req.requires_subgroups |= w.needs_subgroups;
+            for (p, _) in &r.shapes {
+                req.min_shared_memory = req.min_shared_memory.max((w.shared_memory)(p, r.dtype, &c.params).unwrap_or_default());
+            }
+        }
+    }
     let exec = ExecSettings {
         batch: chosen.batch,
         fusion: chosen.fusion,

@@ -191,8 +191,6 @@ fn resolve_variant(
     regime: Option<Regime>,
     backend: Option<Backend>,
 ) -> Result<Vec<(SlotKey, Choice)>, ProfileError> {
-    // The vision tower runs on the CPU whatever device runs the text model.
-    let backend = if slots.iter().any(|s| s.is_vision()) { None } else { backend };
     let k: &'static KernelDef = kernels::find(&v.kernel).map_err(|_| {
         at_err(origin, at, format!("`{path}`: unknown kernel `{}`; valid kernels for this slot: {}", v.kernel, valid_for(slots, backend)))
     })?;

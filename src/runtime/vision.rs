@@ -116,24 +116,24 @@ impl VisionEngine {
     /// Runs the op of each vision slot chosen in `selection` (a profile's
     /// `vision` section, [`Regime::Vision`]) with that choice; the other ops keep
     /// the defaults. A choice this CPU tower cannot run (a WGSL kernel, another
-    /// op than the slot's) is an error naming the slot.
+    /// op than the slot's, a kernel invalid at the tower's shapes) is an error
+    /// naming the slot, the kernel and the reason.
     pub fn with_selection(mut self, selection: &Selection) -> Result<VisionEngine, RuntimeError> {
-        for &slot in Slot::VISION {
-            let Some(c) = selection.slots.get(&(slot, Regime::Vision)) else { continue };
-            let bad = |why: String| RuntimeError::Kernel {
-                slot: slot.name().into(),
-                layer: None,
-                source: Box::new(kernels::KernelError::Invalid { kernel: c.kernel.id.into(), reason: why }),
-            };
-            if c.kernel.backend() != Backend::Cpu {
-                return Err(bad(format!("a {} kernel; the vision tower runs on the CPU", c.kernel.backend().name())));
-            }
-            if slot.op(Regime::Vision) != Some(c.kernel.op) {
-                return Err(bad(format!("computes {}, not this slot's op", c.kernel.op)));
-            }
-            self.forced.insert(c.kernel.op, (c.kernel, c.params.clone()));
-        }
+        self.set_selection(selection)?;
         Ok(self)
+    }
+
+    /// [`VisionEngine::with_selection`] in place: the choices of `selection`
+    /// replace every earlier one (`bench --image` switches one engine between
+    /// its entries).
+    pub fn set_selection(&mut self, selection: &Selection) -> Result<(), RuntimeError> {
+        self.forced = selected(selection, &self.config, Caps::Cpu(&self.caps), "the CPU")?;
+        Ok(())
+    }
+
+    /// The kernel (with its parameters) of each vision slot, as `encode` runs them.
+    pub fn kernels(&self) -> Result<Vec<(Slot, String)>, RuntimeError> {
+        kernels_of(&self.config, |p| self.choose(p))
     }
 
     /// The kernel that runs `problem`: the forced one, else the first valid of the
@@ -256,4 +256,82 @@ impl VisionEngine {
             mm_proj: &self.mm_proj,
         }
     }
+}
+
+/// The kernel problems of one image through the tower and projector, by vision
+/// slot, with how many times each runs (the ops [`VisionEngine::encode`] runs
+/// but its residual adds and the projector's RMSNorm, which keep the defaults):
+/// the shapes the tuner races the `vision` regime at and a profile's choices are
+/// checked against.
+pub fn slot_problems(c: &VisionConfig) -> Vec<(Slot, Problem, usize)> {
+    let (h, inter, n, l) = (c.hidden_size, c.intermediate_size, c.num_patches(), c.num_layers);
+    let lin = |out: usize, k: usize, gelu: bool| Problem::Linear { m: n, n: out, k, gelu };
+    let hd = c.head_dim();
+    vec![
+        (Slot::VisionPatchEmbed, Problem::PatchEmbed { channels: c.num_channels, image: c.image_size, patch: c.patch_size, hidden: h }, 1),
+        (Slot::VisionNorm, Problem::LayerNorm { rows: n, dim: h, eps: c.layer_norm_eps as f32 }, 2 * l + 1),
+        (Slot::VisionMlp, lin(h, h, false), 4 * l),
+        (Slot::VisionMlp, lin(inter, h, true), l),
+        (Slot::VisionMlp, lin(h, inter, false), l),
+        (
+            Slot::VisionAttention,
+            Problem::AttentionFull { tokens: n, heads: c.num_heads, head_dim: hd, scale: (hd as f64).powf(-0.5) as f32 },
+            l,
+        ),
+        (Slot::VisionPool, Problem::AvgPool { side: c.patches_per_side(), kernel: c.pool_kernel(), dim: h }, 1),
+        (Slot::Projector, Problem::Gemm { m: c.mm_tokens_per_image, n: c.text_hidden_size, k: h }, 1),
+    ]
+}
+
+/// The forced kernel per op of a tower on `caps` (`on` names it in errors): the
+/// vision slots' choices of `selection`, each checked to be a kernel of that
+/// backend computing the slot's op and valid at every shape the slot runs.
+pub(super) fn selected(
+    selection: &Selection,
+    config: &VisionConfig,
+    caps: Caps<'_>,
+    on: &str,
+) -> Result<BTreeMap<Op, (&'static KernelDef, Params)>, RuntimeError> {
+    let backend = match caps {
+        Caps::Cpu(_) => Backend::Cpu,
+        Caps::Gpu(_) => Backend::Wgsl,
+    };
+    let problems = slot_problems(config);
+    let mut forced = BTreeMap::new();
+    for &slot in Slot::VISION {
+        let Some(c) = selection.slots.get(&(slot, Regime::Vision)) else { continue };
+        let bad = |why: String| RuntimeError::Kernel {
+            slot: slot.name().into(),
+            layer: None,
+            source: Box::new(kernels::KernelError::Invalid { kernel: c.kernel.id.into(), reason: why }),
+        };
+        if c.kernel.backend() != backend {
+            return Err(bad(format!("a {} kernel; the vision tower runs on {on} ({} kernels)", c.kernel.backend().name(), backend.name())));
+        }
+        if slot.op(Regime::Vision) != Some(c.kernel.op) {
+            return Err(bad(format!("computes {}, not this slot's op", c.kernel.op)));
+        }
+        for (_, p, _) in problems.iter().filter(|(s, _, _)| *s == slot) {
+            c.kernel.check(caps, p, DType::F32, &c.params).map_err(|why| bad(format!("invalid on {on} at {}: {why}", p.describe())))?;
+        }
+        forced.insert(c.kernel.op, (c.kernel, c.params.clone()));
+    }
+    Ok(forced)
+}
+
+/// Each vision slot's kernel label (id and non-default parameters) as `choose`
+/// picks it for the slot's first shape.
+pub(super) fn kernels_of(
+    config: &VisionConfig,
+    choose: impl Fn(&Problem) -> Result<(&'static KernelDef, Params), RuntimeError>,
+) -> Result<Vec<(Slot, String)>, RuntimeError> {
+    let mut out: Vec<(Slot, String)> = Vec::new();
+    for (slot, p, _) in slot_problems(config) {
+        if out.iter().any(|(s, _)| *s == slot) {
+            continue;
+        }
+        let (k, params) = choose(&p)?;
+        out.push((slot, k.label(&params)));
+    }
+    Ok(out)
 }

@@ -8,17 +8,19 @@
 //!
 //! Each op's kernel is picked as the runtime's defaults pick (the WGSL preference
 //! list, then any valid WGSL kernel of the op, default parameters) or forced per
-//! op ([`VisionGpu::with_kernel`]).
+//! op ([`VisionGpu::with_kernel`], or a profile's `vision` slots through
+//! [`VisionGpu::with_selection`], as the CPU engine takes them).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::RuntimeError;
-use super::vision::{Pair, VisionEngine, VisionOutput};
+use super::vision::{Pair, VisionEngine, VisionOutput, kernels_of, selected};
 use crate::gpu::{GpuCtx, GpuProgram};
 use crate::kernels::{self, Backend, Caps, DType, KernelDef, Op, Params, Problem};
 use crate::model::{VisionConfig, Weights};
-use crate::plan::select::preferred;
+use crate::plan::Selection;
+use crate::plan::select::{Slot, preferred};
 
 /// A weight and its bias on the GPU.
 type BufPair = (wgpu::Buffer, wgpu::Buffer);
@@ -87,6 +89,30 @@ impl VisionGpu {
     pub fn with_kernel(mut self, kernel: &'static KernelDef) -> VisionGpu {
         self.forced.insert(kernel.op, (kernel, kernel.default_params()));
         self
+    }
+
+    /// Runs the op of each vision slot chosen in `selection` (a profile's
+    /// `vision` section, regime `vision`) with that choice (kernel and
+    /// parameters); the other ops keep the defaults. A choice this GPU tower
+    /// cannot run (a CPU kernel, another op than the slot's, a kernel invalid on
+    /// this adapter at the tower's shapes) is an error naming the slot, the
+    /// kernel and the reason.
+    pub fn with_selection(mut self, selection: &Selection) -> Result<VisionGpu, RuntimeError> {
+        self.set_selection(selection)?;
+        Ok(self)
+    }
+
+    /// [`VisionGpu::with_selection`] in place: the choices of `selection` replace
+    /// every earlier one.
+    pub fn set_selection(&mut self, selection: &Selection) -> Result<(), RuntimeError> {
+        let on = format!("the GPU {}", self.ctx.name);
+        self.forced = selected(selection, &self.config, Caps::Gpu(&self.ctx.caps), &on)?;
+        Ok(())
+    }
+
+    /// The kernel (with its parameters) of each vision slot, as `encode` runs them.
+    pub fn kernels(&self) -> Result<Vec<(Slot, String)>, RuntimeError> {
+        kernels_of(&self.config, |p| self.choose(p))
     }
 
     /// The kernel that runs `problem`: the forced one, else the first valid of the

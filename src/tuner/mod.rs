@@ -109,9 +109,12 @@ pub fn cache_key(device: &Device, model: &str, cfg: &ModelConfig, o: &TuneOption
     let cfg_json = serde_json::to_string(cfg).unwrap_or_default();
     // A file's mixed matrix formats change the plan (and every slot's race).
     let mut formats: String = o.matrix_formats.iter().map(|(t, d)| format!("|{t}={d}")).collect();
-    // The vision races are part of a tune of a tower (none without one: older keys hold).
+    // The vision races are part of a tune of a tower (none without one: older keys
+    // hold). A GPU's tunes raced the tower only later: its own tag keeps an earlier
+    // GPU tune of the same tower (no vision races) from answering.
     if let Some(v) = &o.vision {
-        formats.push_str(&format!("|vision={}", serde_json::to_string(v).unwrap_or_default()));
+        let tag = if matches!(device, Device::Cpu(_)) { "vision" } else { "vision-wgsl" };
+        formats.push_str(&format!("|{tag}={}", serde_json::to_string(v).unwrap_or_default()));
     }
     let opts = format!(
         "{}|{}|{}|{}|{}|{}|{}|{}|{}{}",

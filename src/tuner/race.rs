@@ -111,24 +111,97 @@ pub(crate) fn run_all(
     let mut results: Vec<RaceResult> = Vec::new();
     let mut resumed = 0;
     let mut gates = GateCache::new();
+    // The best rate (flop/s) a finished race's winner reached on this device: what
+    // a vision race's first candidate is estimated at before it starts.
+    let mut rate: Option<f64> = None;
     for (i, r) in races.iter().enumerate() {
         let key = race_cache_key(t, r, o);
         if let Some(done) = cache.filter(|_| resume).and_then(|c| c.get::<RaceResult>("slots", &key)) {
             resumed += 1;
+            rate = best_rate(rate, r, &done);
             results.push(done);
             continue;
         }
         // Share what is left of the slot budget evenly over the races still to run.
         let left = slot_deadline.saturating_duration_since(Instant::now());
         let share = left / (races.len() - i) as u32;
+        if let Some(why) = unaffordable(r, rate, share) {
+            progress.note(&format!(
+                "{} ({}) not raced: {why}; the tower keeps the runtime's default for it (a larger --budget races it)",
+                r.key.0,
+                r.key.1.name()
+            ));
+            // Not cached: a resumed tune with a larger budget races it.
+            results.push(unraced(t, r, o, &why));
+            continue;
+        }
         let res = run_race(t, r, o, Deadline::share(share), &mut gates, progress);
         if let Some(c) = cache {
             c.put("slots", &key, &res)?;
         }
+        rate = best_rate(rate, r, &res);
         results.push(res);
     }
     progress.done();
     Ok(Races { results, resumed })
+}
+
+/// A first candidate the budget always measures, however little is left (as every
+/// race measures its first): below this estimate a vision race runs.
+const ALWAYS_AFFORDABLE_S: f64 = 2.0;
+
+/// The faster of `rate` and the rate (flop/s of one weighted pass) of `res`'s winner.
+fn best_rate(rate: Option<f64>, r: &RaceDef, res: &RaceResult) -> Option<f64> {
+    let flops: f64 = r.shapes.iter().map(|(p, n)| p.flops() * *n as f64).sum();
+    let mine = res.cands.get(res.winner).filter(|c| c.stats.n > 0 && c.stats.median > 0.0).map(|c| flops / c.stats.median);
+    match (rate, mine.filter(|x| x.is_finite() && *x > 0.0)) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Why a vision race cannot start within `share`: its first candidate (a warm-up
+/// and one sample, each one execution of every shape) estimated at the best rate
+/// a finished race reached on this device (`rate`), past the race's hard deadline
+/// (a quarter over its share) and past [`ALWAYS_AFFORDABLE_S`]. Text races always
+/// run (the end-to-end stage needs their winners); a vision slot without a winner
+/// keeps the runtime's default (the profile leaves it out). Large towers on slow
+/// adapters (SigLIP's 4096 patches on a software rasterizer: a minute per
+/// attention layer) would otherwise spend many times the budget on one sample.
+fn unaffordable(r: &RaceDef, rate: Option<f64>, share: Duration) -> Option<String> {
+    if r.key.1 != crate::plan::Regime::Vision {
+        return None;
+    }
+    let rate = rate?;
+    let flops: f64 = r.shapes.iter().map(|(p, _)| p.flops()).sum();
+    let est = 2.0 * flops / rate;
+    let allowed = share.as_secs_f64() * 1.25;
+    (est > allowed.max(ALWAYS_AFFORDABLE_S)).then(|| {
+        format!(
+            "its first candidate would take about {est:.1} s ({:.1} GFLOP at the best {:.2} GFLOP/s a race reached here), its share of the budget is {allowed:.1} s",
+            2.0 * flops / 1e9,
+            rate / 1e9
+        )
+    })
+}
+
+/// The record of a race that did not run: every candidate not reached, for `why`.
+fn unraced(t: &Target<'_>, r: &RaceDef, o: &TuneOptions, why: &str) -> RaceResult {
+    let caps = DeviceCaps::from(t.device);
+    let (cands, mut pool) = candidates(r, &caps, o.strategy);
+    pool.rejected.extend(cands.iter().map(|c| (c.kernel.label(&c.params), format!("{NOT_REACHED}: {why}"))));
+    RaceResult {
+        slot: r.key.0.name().into(),
+        regime: r.key.1.name().into(),
+        problem: if r.shapes.len() == 1 { r.shapes[0].0.describe() } else { format!("{} shapes", r.shapes.len()) },
+        count: r.shapes.iter().map(|s| s.1).sum(),
+        winner: 0,
+        cands: Vec::new(),
+        rejected: pool.rejected,
+        shape_medians: Vec::new(),
+        timestamps: false,
+        copies: Vec::new(),
+    }
 }
 
 /// Correctness gate of one variant: the parity check on the op's test shapes it
@@ -526,6 +599,31 @@ mod tests {
         assert_eq!(res.cands[0].stats.n, 1, "one sample: {:?}", res.cands[0].stats);
         let unreached = res.rejected.iter().filter(|(_, why)| why == NOT_REACHED).count();
         assert_eq!(unreached, all.len() - 1, "{:?}", res.rejected);
+    }
+
+    /// A vision race whose first candidate, at the best rate measured so far, would
+    /// overrun both its share and the always-affordable floor is not started;
+    /// text races, cheap vision races, and any race before a rate is known are.
+    #[test]
+    fn a_vision_race_past_its_budget_by_estimate_is_not_started() {
+        use crate::plan::select::Slot;
+        let big = Problem::Linear { m: 4096, n: 4304, k: 1152, gelu: true };
+        let race =
+            |slot: Slot, regime: Regime, p: &Problem| RaceDef { key: (slot, regime), dtype: DType::F32, shapes: vec![(p.clone(), 27)] };
+        let vision = race(Slot::VisionMlp, Regime::Vision, &big);
+        let gflops = |g: f64| Some(g * 1e9);
+        // 2 x 40.6 GFLOP at 5 GFLOP/s: about 16 s, over a 1 s share.
+        let why = unaffordable(&vision, gflops(5.0), Duration::from_secs(1)).expect("not started");
+        assert!(why.contains("16.") && why.contains("5.00 GFLOP/s"), "{why}");
+        // Its share covers it; a fast device; no rate yet; a text race: started.
+        assert_eq!(unaffordable(&vision, gflops(5.0), Duration::from_secs(20)), None);
+        assert_eq!(unaffordable(&vision, gflops(500.0), Duration::ZERO), None);
+        assert_eq!(unaffordable(&vision, None, Duration::ZERO), None);
+        let text = race(Slot::MatmulGateUp, Regime::Prefill, &Problem::Gemm { m: 4096, n: 4304, k: 1152 });
+        assert_eq!(unaffordable(&text, gflops(5.0), Duration::ZERO), None);
+        // A tiny tower's op: under the floor, started whatever the share.
+        let tiny = race(Slot::VisionMlp, Regime::Vision, &Problem::Linear { m: 16, n: 64, k: 32, gelu: true });
+        assert_eq!(unaffordable(&tiny, gflops(0.1), Duration::ZERO), None);
     }
 
     /// The race itself: past the hard deadline only a race without any sample gets

@@ -3,16 +3,17 @@
 //! (slot, regime, dtype) with the union of its shapes, and each race's candidates
 //! are the variants valid on every shape (the rest ruled out with the reason). A
 //! model with a vision tower adds the tower's ops as the `vision` regime, at its
-//! shapes for one image (CPU kernels).
+//! shapes for one image, with the device's kernels (CPU or WGSL, as the runtime
+//! runs the tower there).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::measure::{Cand, Strategy};
 use super::{Progress, Target, TuneError, TuneOptions};
 use crate::device::DeviceCaps;
-use crate::kernels::{self, Backend, DType, KernelDef, Problem};
-use crate::model::{ModelConfig, VisionConfig};
-use crate::plan::select::{Slot, SlotKey};
+use crate::kernels::{self, DType, KernelDef, Problem};
+use crate::model::ModelConfig;
+use crate::plan::select::SlotKey;
 use crate::plan::{Fusion, Parallel, Plan, PlanOptions, Regime, Selection, StepKind};
 
 /// One slot race: the union of the slot's shapes over every fusion choice.
@@ -104,12 +105,10 @@ fn races(t: &Target<'_>, o: &TuneOptions, caps: &DeviceCaps) -> Result<(Vec<Race
         }
         per_fusion.push((f, steps));
     }
-    // The vision tower's ops: a regime of their own, at the tower's shapes (CPU
-    // kernels: the tower runs on the CPU).
-    if let Some(v) = &o.vision
-        && caps.backend() == Backend::Cpu
-    {
-        for (slot, p, n) in vision_shapes(v) {
+    // The vision tower's ops: a regime of their own, at the tower's shapes, with
+    // the device's kernels (the tower runs where the text model runs).
+    if let Some(v) = &o.vision {
+        for (slot, p, n) in crate::runtime::vision::slot_problems(v) {
             let key = (slot, Regime::Vision);
             match races.iter_mut().find(|r| r.key == key) {
                 Some(r) => match r.shapes.iter_mut().find(|(q, _)| *q == p) {
@@ -124,36 +123,10 @@ fn races(t: &Target<'_>, o: &TuneOptions, caps: &DeviceCaps) -> Result<(Vec<Race
     Ok((races, per_fusion))
 }
 
-/// The kernel problems of one image through the vision tower and projector, by
-/// slot, with how many times each runs (the ops `VisionEngine::encode` runs; its
-/// residual adds and the projector's RMSNorm keep the defaults).
-pub(crate) fn vision_shapes(c: &VisionConfig) -> Vec<(Slot, Problem, usize)> {
-    let (h, inter, n, l) = (c.hidden_size, c.intermediate_size, c.num_patches(), c.num_layers);
-    let lin = |out: usize, k: usize, gelu: bool| Problem::Linear { m: n, n: out, k, gelu };
-    let hd = c.head_dim();
-    vec![
-        (Slot::VisionPatchEmbed, Problem::PatchEmbed { channels: c.num_channels, image: c.image_size, patch: c.patch_size, hidden: h }, 1),
-        (Slot::VisionNorm, Problem::LayerNorm { rows: n, dim: h, eps: c.layer_norm_eps as f32 }, 2 * l + 1),
-        (Slot::VisionMlp, lin(h, h, false), 4 * l),
-        (Slot::VisionMlp, lin(inter, h, true), l),
-        (Slot::VisionMlp, lin(h, inter, false), l),
-        (
-            Slot::VisionAttention,
-            Problem::AttentionFull { tokens: n, heads: c.num_heads, head_dim: hd, scale: (hd as f64).powf(-0.5) as f32 },
-            l,
-        ),
-        (Slot::VisionPool, Problem::AvgPool { side: c.patches_per_side(), kernel: c.pool_kernel(), dim: h }, 1),
-        (Slot::Projector, Problem::Gemm { m: c.mm_tokens_per_image, n: c.text_hidden_size, k: h }, 1),
-    ]
-}
-
 /// Builds the space and tells `progress` how large it is and why variants were
 /// ruled out.
 pub(crate) fn survey(t: &Target<'_>, o: &TuneOptions, caps: &DeviceCaps, progress: &dyn Progress) -> Result<Space, TuneError> {
     let (races, per_fusion) = races(t, o, caps)?;
-    if o.vision.is_some() && caps.backend() != Backend::Cpu {
-        progress.note("the vision tower runs on the CPU: its slots are tuned with --device cpu, not on this device");
-    }
     let mut ruled_out: BTreeMap<String, usize> = BTreeMap::new();
     let mut n_valid: BTreeMap<SlotKey, usize> = BTreeMap::new();
     let mut variants = 0;
