@@ -36,6 +36,8 @@ fn tune_writes_a_profile_that_runs_correctly_and_is_cached() {
     assert!(!t["slots"].as_array().expect("slots").is_empty());
     assert!(t["end_to_end"]["tuned"]["decode_tok_s"].as_f64().expect("tok/s") > 0.0);
     assert!(t["end_to_end"]["default"]["decode_tok_s"].as_f64().expect("tok/s") > 0.0);
+    // A text-only model's request holds no image.
+    assert!(t["end_to_end"]["vision"].is_null(), "{}", t["end_to_end"]);
     assert!(out.is_file());
 
     // The tuned kernels compute the same model: greedy tokens as transformers.
@@ -516,9 +518,17 @@ fn tune_of_a_multimodal_model_tunes_the_vision_slots() {
     };
     let out = tmp.path().join("vision.yaml");
     let r = tune(&out, &[]);
+    // The end-to-end record times one image per request, raced kernels and default,
+    // and the raced ones are the profile's only where they beat the default there.
+    let e = &r["profile"]["tuning"]["end_to_end"]["vision"];
+    let kept = vision_e2e(e, 32);
     let vision = &r["profile"]["kernels"]["vision"];
-    for slot in ["patch_embed", "attention", "mlp", "norm", "pool", "projector"] {
-        assert!(vision[slot].is_string() || vision[slot].is_object(), "kernels.vision.{slot}: {vision}");
+    if kept {
+        for slot in ["patch_embed", "attention", "mlp", "norm", "pool", "projector"] {
+            assert!(vision[slot].is_string() || vision[slot].is_object(), "kernels.vision.{slot}: {vision}");
+        }
+    } else {
+        assert!(vision.is_null(), "the defaults stay: {vision}");
     }
     let slots = r["profile"]["tuning"]["slots"].as_array().expect("slots");
     let raced: Vec<&str> = slots.iter().filter(|s| s["regime"] == "vision").filter_map(|s| s["slot"].as_str()).collect();
@@ -548,19 +558,48 @@ fn tune_of_a_multimodal_model_tunes_the_vision_slots() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let got: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
     assert_eq!(ids_u64(&got["generated"]), ids_u64(&exp["tt_generated"]));
-    // --no-vision: no vision races, no vision section.
+    // --no-vision: no vision races, no vision section, no image in the end-to-end record.
     let plain = tune(&tmp.path().join("plain.yaml"), &["--no-vision"]);
     assert!(plain["profile"]["kernels"]["vision"].is_null(), "{}", plain["profile"]["kernels"]);
     assert!(plain["profile"]["tuning"]["slots"].as_array().expect("slots").iter().all(|s| s["regime"] != "vision"));
+    assert!(plain["profile"]["tuning"]["end_to_end"]["vision"].is_null(), "{}", plain["profile"]["tuning"]["end_to_end"]);
     // An unknown vision kernel: exit 2 with the line and the slot's kernels.
     let text = std::fs::read_to_string(&out).expect("profile");
     let bad = tmp.path().join("bad.yaml");
-    let mlp_kernel = vision["mlp"].as_str().map(str::to_string).unwrap_or_else(|| vision["mlp"]["kernel"].as_str().expect("id").into());
-    std::fs::write(&bad, text.replacen(&mlp_kernel, "linear_warp_cpu", 1)).expect("write");
+    let text = if kept {
+        let mlp_kernel = vision["mlp"].as_str().map(str::to_string).unwrap_or_else(|| vision["mlp"]["kernel"].as_str().expect("id").into());
+        text.replacen(&mlp_kernel, "linear_warp_cpu", 1)
+    } else {
+        // No vision section (the defaults stay): one naming the unknown kernel.
+        assert!(text.contains("\nkernels:\n"), "{text}");
+        text.replacen("\nkernels:\n", "\nkernels:\n  vision:\n    mlp: linear_warp_cpu\n", 1)
+    };
+    std::fs::write(&bad, text).expect("write");
     let o = run(&bad);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("bad.yaml:") && err.contains("linear_warp_cpu") && err.contains("linear_blocked_cpu"), "{err}");
+}
+
+/// Checks a tune's `end_to_end.vision` record of a tower of `image_size` pixels a
+/// side: a synthetic image, positive times per image for the raced kernels and
+/// the default over at least two rounds, and a reason for the verdict that
+/// matches it; whether the raced kernels were kept.
+fn vision_e2e(e: &serde_json::Value, image_size: usize) -> bool {
+    assert_eq!(e["image"], format!("synthetic {image_size}x{image_size}"), "{e}");
+    assert!(e["rounds"].as_u64().expect("rounds") >= 2, "{e}");
+    for k in ["tuned_ms", "default_ms"] {
+        assert!(e[k].as_f64().expect(k) > 0.0, "{k}: {e}");
+    }
+    let kept = e["kept"].as_bool().expect("kept");
+    let reason = e["reason"].as_str().expect("reason");
+    if kept {
+        assert!(reason.contains("faster than the runtime's default vision kernels in all"), "{reason}");
+        assert!(e["tuned_ms"].as_f64() < e["default_ms"].as_f64(), "{e}");
+    } else {
+        assert!(reason.contains("default"), "{reason}");
+    }
+    kept
 }
 
 /// The GPU twin of `tune_of_a_multimodal_model_tunes_the_vision_slots`: on a GPU
@@ -587,10 +626,15 @@ fn tune_on_the_gpu_of_a_multimodal_model_tunes_the_wgsl_vision_slots() {
     assert!(!stderr.contains("runs on the CPU"), "{stderr}");
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON report");
     assert_eq!(r["profile"]["device"]["backend"], "wgsl");
+    // One image per request timed on the adapter, raced kernels against the default.
+    let kept = vision_e2e(&r["profile"]["tuning"]["end_to_end"]["vision"], 32);
     let vision = &r["profile"]["kernels"]["vision"];
     let id = |e: &serde_json::Value| e.as_str().map(str::to_string).or_else(|| e["kernel"].as_str().map(str::to_string));
     let mut chosen = Vec::new();
-    for slot in ["patch_embed", "attention", "mlp", "norm", "pool", "projector"] {
+    if !kept {
+        assert!(vision.is_null(), "the defaults stay: {vision}");
+    }
+    for slot in ["patch_embed", "attention", "mlp", "norm", "pool", "projector"].into_iter().filter(|_| kept) {
         let k = id(&vision[slot]).unwrap_or_else(|| panic!("kernels.vision.{slot}: {vision}"));
         let def = ktune::kernels::find(&k).expect("a registered kernel");
         assert_eq!(def.backend(), ktune::kernels::Backend::Wgsl, "kernels.vision.{slot} = {k}");
@@ -626,7 +670,7 @@ fn tune_on_the_gpu_of_a_multimodal_model_tunes_the_wgsl_vision_slots() {
     assert!(o.status.success(), "{all}");
     assert!(all.contains("(GPU)"), "{all}");
     assert!(
-        all.contains(&format!("vision.attention {}", chosen[1])) && all.contains(&format!("vision.mlp {}", chosen[2])),
+        !kept || (all.contains(&format!("vision.attention {}", chosen[1])) && all.contains(&format!("vision.mlp {}", chosen[2]))),
         "{chosen:?}: {all}"
     );
     let got: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");

@@ -17,9 +17,8 @@ use crate::plan::{Fusion, Parallel, PlanOptions, Selection};
 use crate::profile::{ExecSettings, Profile, lookup};
 use crate::progress::Progress;
 use crate::report::{BenchEntry, BenchReport, Estimate, VisionBench};
-use crate::runtime::vision::{VisionEngine, VisionOutput};
-use crate::runtime::vision_gpu::VisionGpu;
-use crate::runtime::{RuntimeError, TensorStore, WeightMemo};
+use crate::runtime::tower::Tower;
+use crate::runtime::{TensorStore, WeightMemo};
 use crate::session::{self, Engines, default_weight_dtype, gguf_storage};
 use crate::tuner;
 use crate::tuner::e2e_sample;
@@ -30,46 +29,6 @@ use crate::{Error, Result};
 fn estimate(v: &[f64]) -> Estimate {
     let s = summarize(v);
     Estimate { median: s.median, ci: s.ci }
-}
-
-/// The vision tower `--image` runs through: on the CPU or on the GPU, as `run`
-/// runs it on that device.
-enum Tower {
-    Cpu(VisionEngine),
-    Gpu(VisionGpu),
-}
-
-impl Tower {
-    fn select(&mut self, sel: &Selection) -> std::result::Result<(), RuntimeError> {
-        match self {
-            Tower::Cpu(t) => t.set_selection(sel),
-            Tower::Gpu(t) => t.set_selection(sel),
-        }
-    }
-
-    /// The kernel of each vision slot under the current selection, as `slot kernel`.
-    fn kernels(&self) -> std::result::Result<Vec<String>, RuntimeError> {
-        let k = match self {
-            Tower::Cpu(t) => t.kernels()?,
-            Tower::Gpu(t) => t.kernels()?,
-        };
-        Ok(k.into_iter().map(|(slot, k)| format!("{} {k}", slot.name())).collect())
-    }
-
-    fn encode(&self, pixels: &[f32]) -> std::result::Result<VisionOutput, RuntimeError> {
-        match self {
-            Tower::Cpu(t) => t.encode(pixels),
-            Tower::Gpu(t) => t.encode(pixels),
-        }
-    }
-
-    /// Seconds for one image through the tower with `sel`'s choices.
-    fn sample(&mut self, sel: &Selection, pixels: &[f32]) -> Result<f64> {
-        self.select(sel)?;
-        let t0 = std::time::Instant::now();
-        self.encode(pixels)?;
-        Ok(t0.elapsed().as_secs_f64())
-    }
 }
 
 /// Measures every entry; `progress` sees one step per sample.
@@ -194,10 +153,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
     let mut tower = match &image {
         None => None,
         Some((_, v, pixels)) => {
-            let mut t = match &ctx {
-                Some(g) => Tower::Gpu(VisionGpu::new(v, &m.weights, g.clone())?),
-                None => Tower::Cpu(VisionEngine::new(v, &m.weights)?),
-            };
+            let mut t = Tower::new(v, &m.weights, ctx.clone())?;
             let mut kernels = Vec::new();
             for (sel, (name, _)) in selections.iter().zip(&engines) {
                 t.select(sel).map_err(|e| Error::Usage(format!("{name}: {e}")))?;

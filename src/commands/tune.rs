@@ -99,7 +99,8 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
     }
     let ctx = session::open_device(&device, opts.trusted_shaders)?;
     let store: Arc<dyn TensorStore> = m.weights.clone();
-    let target = Target { model: &name, config: &m.config, store, device: &device, ctx };
+    let vision_weights = opts.vision.as_ref().map(|_| m.weights.clone());
+    let target = Target { model: &name, config: &m.config, store, device: &device, ctx, vision_weights };
     let res = tuner::tune(&target, &opts, Some(&cache), !args.force, progress, profile::build::profile_doc)
         .map_err(|e| Error::Usage(format!("tuning failed: {e}")))?;
     let text = profile::to_yaml(&res.doc)?;

@@ -108,6 +108,26 @@ impl Report for TuneReport {
             (e.tuned.prefill_tok_s / e.default.prefill_tok_s - 1.0) * 100.0,
             (e.tuned.decode_tok_s / e.default.decode_tok_s - 1.0) * 100.0
         ));
+        if let Some(v) = &e.vision {
+            // One request: prefill + decode_tokens × decode + one image, tuned
+            // (the kept vision choice) against the runtime's default.
+            let request =
+                |t: &crate::profile::doc::Throughput, image_ms: f64| t.prefill_ms + e.decode_tokens as f64 * t.decode_ms + image_ms;
+            let kept_ms = if v.kept { v.tuned_ms } else { v.default_ms };
+            s.push_str(&format!(
+                "end to end, one image per request ({}): vision {:.1} ms raced kernels, {:.1} ms default per image ({}: {}); \
+                 request of {} + {} tokens + 1 image: tuned {:.1} ms, runtime default {:.1} ms\n",
+                v.image,
+                v.tuned_ms,
+                v.default_ms,
+                if v.kept { "raced kept" } else { "defaults kept" },
+                v.reason,
+                e.prefill_tokens,
+                e.decode_tokens,
+                request(&e.tuned, kept_ms),
+                request(&e.default, v.default_ms)
+            ));
+        }
         s
     }
 }

@@ -2,7 +2,7 @@
 //! execution switches, the device requirements of the chosen variants, and the
 //! `tuning` provenance (fingerprint, versions, timing method, the space, every
 //! slot race with its candidates and rejections, end-to-end times against the
-//! runtime's default).
+//! runtime's default, a multimodal model's image time per request).
 
 use std::collections::BTreeMap;
 
@@ -40,9 +40,12 @@ pub(crate) fn profile_doc(f: &Findings<'_>) -> ProfileDoc {
             }
         }
     }
-    // The vision regime's race winners (the tower is no part of the end-to-end runs).
+    // The vision regime's race winners, where they beat the runtime's default
+    // vision kernels end to end (else the slots are left to the defaults).
+    let vision_kept = e2e.vision.as_ref().is_none_or(|v| v.kept);
     for (r, res) in space.races.iter().zip(&races.results) {
-        if r.key.1 == crate::plan::Regime::Vision
+        if vision_kept
+            && r.key.1 == crate::plan::Regime::Vision
             && let Some(c) = res.winner_choice()
         {
             final_choices.insert(r.key, c);
@@ -179,6 +182,24 @@ pub(crate) fn profile_doc(f: &Findings<'_>) -> ProfileDoc {
                     chosen: i == best,
                 })
                 .collect(),
+            vision: e2e.vision.as_ref().map(|v| {
+                // Median and interval, ms (zeros for a choice that never ran).
+                let ms = |x: &[f64]| -> (f64, [f64; 2]) {
+                    let s = summarize(x);
+                    if s.n == 0 { (0.0, [0.0; 2]) } else { (s.median * 1e3, [s.ci[0] * 1e3, s.ci[1] * 1e3]) }
+                };
+                let ((tuned_ms, tuned_ci_ms), (default_ms, default_ci_ms)) = (ms(&v.tuned), ms(&v.default));
+                pd::VisionEndToEnd {
+                    image: format!("synthetic {0}x{0}", v.image_size),
+                    rounds: v.default.len(),
+                    tuned_ms,
+                    tuned_ci_ms,
+                    default_ms,
+                    default_ci_ms,
+                    kept: v.kept,
+                    reason: v.reason.clone(),
+                }
+            }),
         },
     };
     ProfileDoc {

@@ -653,6 +653,32 @@ pub struct EndToEnd {
     pub default: Throughput,
     /// Every complete combination timed end to end.
     pub combinations: Vec<Combination>,
+    /// A multimodal model's one image per request through the vision tower and
+    /// projector, with the raced vision kernels and with the runtime's defaults
+    /// (absent for a text-only model, with `--no-vision`, and in older profiles).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vision: Option<VisionEndToEnd>,
+}
+
+/// The vision part of the end-to-end score: one image per request.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VisionEndToEnd {
+    /// The image timed (`synthetic 896x896`: deterministic pixels at the tower's input size).
+    pub image: String,
+    /// Interleaved rounds timed (each times both choices once).
+    pub rounds: usize,
+    /// Median ms per image with the raced vision winners, with its 95% confidence interval.
+    pub tuned_ms: f64,
+    pub tuned_ci_ms: [f64; 2],
+    /// Median ms per image with the runtime's default vision kernels.
+    pub default_ms: f64,
+    pub default_ci_ms: [f64; 2],
+    /// Whether the raced vision winners are this profile's `kernels.vision`
+    /// (else the slots are left out: the runtime's defaults).
+    pub kept: bool,
+    /// Why they were kept or not.
+    pub reason: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

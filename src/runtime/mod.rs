@@ -6,6 +6,7 @@
 pub mod cpu;
 pub mod gpu;
 pub mod image;
+pub mod tower;
 pub mod vision;
 pub mod vision_gpu;
 

@@ -2,7 +2,12 @@
 //! (fusion choices by the time the race winners predict for them, execution flags,
 //! and the runtime's own default) are built into engines and timed through the
 //! runtime, interleaved when memory allows, within what is left of the budget;
-//! the best by one request's time wins (ties go to the default).
+//! the best by one request's time wins (ties go to the default). A multimodal
+//! model's request also holds one image: a synthetic image at the tower's input
+//! size is timed through the vision tower and projector with the raced vision
+//! kernels and with the runtime's defaults (interleaved rounds), the raced ones
+//! kept only if they beat the defaults by the paired rule the combinations meet,
+//! and the image's time is part of every request's.
 
 use std::time::{Duration, Instant};
 
@@ -13,6 +18,7 @@ use super::stats::{Stats, pick, summarize};
 use super::{Progress, TIE, Target, TuneError, TuneOptions};
 use crate::device::DeviceCaps;
 use crate::plan::{Fusion, Parallel, Plan, Regime, Selection};
+use crate::runtime::tower::{Tower, synthetic_image};
 use crate::runtime::{Engine, RuntimeError, WeightMemo, argmax};
 use crate::session::Engines;
 
@@ -111,6 +117,24 @@ pub(crate) struct EndToEnd {
     pub best: usize,
     /// The slot race winners (what a non-default combination selects).
     pub winners: Winners,
+    /// A multimodal model's image per request (None: text only, or `--no-vision`).
+    pub vision: Option<VisionTimes>,
+}
+
+/// One image through the vision tower and projector per round, with the raced
+/// vision winners and with the runtime's default vision kernels.
+pub(crate) struct VisionTimes {
+    /// The image's side, pixels (a synthetic image).
+    pub image_size: usize,
+    /// Seconds per image, one per round, with the raced winners.
+    pub tuned: Vec<f64>,
+    /// Seconds per image, one per round, with the runtime's defaults.
+    pub default: Vec<f64>,
+    /// Whether the raced vision winners stay in the profile (else its vision
+    /// slots are left to the runtime's defaults).
+    pub kept: bool,
+    /// Why they were kept or not.
+    pub reason: String,
 }
 
 impl EndToEnd {
@@ -269,9 +293,11 @@ fn repack_bits(formats: &[crate::kernels::quant::QFormat]) -> u8 {
 }
 
 /// One request's time per sample: prefill + `decode_tokens` × the per-token decode
-/// (the end-to-end score).
-fn request_times((prefill, decode): &(Vec<f64>, Vec<f64>), decode_tokens: usize) -> Vec<f64> {
-    prefill.iter().zip(decode).map(|(p, d)| p + decode_tokens as f64 * d).collect()
+/// + `image_s` (a multimodal model's one image through the default vision
+/// kernels, the same for every combination; 0 for a text-only model): the
+/// end-to-end score.
+fn request_times((prefill, decode): &(Vec<f64>, Vec<f64>), decode_tokens: usize, image_s: f64) -> Vec<f64> {
+    prefill.iter().zip(decode).map(|(p, d)| p + decode_tokens as f64 * d + image_s).collect()
 }
 
 /// How many fusions `f` turns on.
@@ -303,6 +329,98 @@ fn pick_paired(scores: &[Vec<f64>]) -> Option<usize> {
     Some(best.map_or(0, |(i, _)| i))
 }
 
+/// Whether the raced vision winners (`tuned`, seconds per image per round) stay
+/// against the runtime's default vision kernels (`default`, the same rounds): by
+/// the rule a combination meets against the default ([`pick_paired`]: faster in
+/// every shared round, at least two, and a median gain of [`DEFAULT_MARGIN`]),
+/// with the reason.
+fn vision_verdict(tuned: &[f64], default: &[f64]) -> (bool, String) {
+    let n = tuned.len().min(default.len());
+    if n < 2 {
+        return (false, format!("{n} round(s) timed, two are needed: the runtime's default vision kernels stay"));
+    }
+    let ratios: Vec<f64> = tuned.iter().zip(default).map(|(t, d)| t / d).collect();
+    let median = summarize(&ratios).median;
+    let gain = (1.0 - median) * 100.0;
+    if pick_paired(&[default[..n].to_vec(), tuned[..n].to_vec()]) == Some(1) {
+        return (true, format!("faster than the runtime's default vision kernels in all {n} rounds, by {gain:.1}% (median)"));
+    }
+    let slower = ratios.iter().filter(|&&r| r >= 1.0).count();
+    let why = if slower > 0 {
+        format!("not faster in {slower} of {n} rounds")
+    } else {
+        format!("a median gain of {gain:.1}% is under the {:.0}% margin", DEFAULT_MARGIN * 100.0)
+    };
+    (false, format!("the raced vision kernels did not beat the runtime's defaults end to end ({why}): the defaults stay"))
+}
+
+/// Times one image (synthetic, at the tower's input size) through the vision
+/// tower and projector on the tune's device, with the raced vision winners and
+/// with the runtime's defaults: each choice run once first (GPU pipelines
+/// compiled), then interleaved rounds alternating which goes first, two always and
+/// up to five while another fits before `deadline`.
+fn time_vision(
+    t: &Target<'_>,
+    vision: &crate::model::VisionConfig,
+    caps: &DeviceCaps,
+    winners: &Winners,
+    deadline: Instant,
+    progress: &dyn Progress,
+) -> Result<VisionTimes, TuneError> {
+    let weights = t.vision_weights.as_ref().ok_or_else(|| TuneError::Invalid("the vision tower's weights were not given".into()))?;
+    let pixels = synthetic_image(vision.image_size);
+    let default = Selection::runtime(caps.clone());
+    let tuned = Selection { slots: winners.slots.clone(), ..Selection::runtime(caps.clone()) };
+    let mut tower = Tower::new(vision, weights, t.ctx.clone())?;
+    tower.select(&default)?;
+    tower.encode(&pixels)?;
+    let default_kernels = tower.kernels()?;
+    // Raced winners the tower refuses leave the defaults (noted).
+    let mut tuned_ok = match tower.select(&tuned).and_then(|_| tower.encode(&pixels).map(|_| ())) {
+        Ok(()) => true,
+        Err(e) => {
+            progress.note(&format!("the raced vision kernels failed on the tower: {e}"));
+            false
+        }
+    };
+    let same = tuned_ok && tower.kernels()? == default_kernels;
+    let rounds = 5;
+    progress.phase("end to end: one image through the vision tower, raced kernels against the default", rounds as u64);
+    let (mut ts, mut ds) = (Vec::new(), Vec::new());
+    let mut round_time = Duration::ZERO;
+    for round in 0..rounds {
+        if round >= 2 && Instant::now() + round_time > deadline {
+            break;
+        }
+        let start = Instant::now();
+        let order = if round % 2 == 0 { [true, false] } else { [false, true] };
+        for is_tuned in order {
+            if is_tuned && tuned_ok {
+                match tower.sample(&tuned, &pixels) {
+                    Ok(s) => ts.push(s),
+                    Err(e) => {
+                        progress.note(&format!("the raced vision kernels failed on the tower: {e}"));
+                        tuned_ok = false;
+                    }
+                }
+            } else if !is_tuned {
+                ds.push(tower.sample(&default, &pixels)?);
+            }
+        }
+        round_time = start.elapsed();
+        progress.tick();
+    }
+    progress.done();
+    let (kept, reason) = if !tuned_ok {
+        (false, "the raced vision kernels failed on the tower: the runtime's defaults stay".to_string())
+    } else if same {
+        (false, "the raced vision winners are the runtime's default kernels: nothing to keep".to_string())
+    } else {
+        vision_verdict(&ts, &ds)
+    };
+    Ok(VisionTimes { image_size: vision.image_size, tuned: ts, default: ds, kept, reason })
+}
+
 /// Times the combinations until `deadline` and picks the best.
 pub(crate) fn run(
     t: &Target<'_>,
@@ -314,6 +432,23 @@ pub(crate) fn run(
     progress: &dyn Progress,
 ) -> Result<EndToEnd, TuneError> {
     let winners = races.winners(space, &o.extra_formats());
+    // A multimodal model's image first, within a quarter of what is left; its
+    // default time joins every combination's request time.
+    let vision = match &o.vision {
+        Some(v) => {
+            Some(time_vision(t, v, caps, &winners, Instant::now() + deadline.saturating_duration_since(Instant::now()) / 4, progress)?)
+        }
+        None => None,
+    };
+    if let Some(v) = &vision {
+        progress.note(&format!(
+            "end to end, one image per request: {:.1} ms raced vision kernels, {:.1} ms default (medians); {}",
+            summarize(&v.tuned).median * 1e3,
+            summarize(&v.default).median * 1e3,
+            v.reason
+        ));
+    }
+    let image_s = vision.as_ref().map_or(0.0, |v| summarize(&v.default).median);
     let predicted = predicted(o, space, races);
     let gpu = t.ctx.is_some();
     let mut combos = combinations(o, &predicted, gpu);
@@ -400,7 +535,7 @@ pub(crate) fn run(
             // slower than every sample of the current leader stops being timed; its
             // samples stay for the report. Exhaustive and halving time all to the end.
             if o.strategy == Strategy::Auto && round >= 2 {
-                let score = |i: usize| request_times(&samples[i], o.decode_tokens);
+                let score = |i: usize| request_times(&samples[i], o.decode_tokens, image_s);
                 let alive: Vec<usize> = (0..combos.len()).filter(|&i| engines[i].is_some()).collect();
                 let lead = alive.iter().copied().min_by(|&a, &b| summarize(&score(a)).median.total_cmp(&summarize(&score(b)).median));
                 if let Some(lead) = lead {
@@ -461,8 +596,9 @@ pub(crate) fn run(
     }
 
     // Each round's request times of the combinations that ran (none for a failed one).
-    let times: Vec<Vec<f64>> =
-        (0..combos.len()).map(|i| if errors[i].is_some() { Vec::new() } else { request_times(&samples[i], o.decode_tokens) }).collect();
+    let times: Vec<Vec<f64>> = (0..combos.len())
+        .map(|i| if errors[i].is_some() { Vec::new() } else { request_times(&samples[i], o.decode_tokens, image_s) })
+        .collect();
     let scores: Vec<Stats> = (0..combos.len()).map(|i| if errors[i].is_some() { Stats::default() } else { summarize(&times[i]) }).collect();
     let paired = if interleave && errors[0].is_none() { pick_paired(&times) } else { None };
     let Some(mut best) = paired.or_else(|| pick(&scores, TIE)) else {
@@ -483,7 +619,7 @@ pub(crate) fn run(
                 for i in if round % 2 == 0 { [0, 1] } else { [1, 0] } {
                     let e = if i == 0 { &mut d } else { &mut b };
                     if let Ok((p, dd)) = e2e_sample(e, &prompt, E2E_DECODE_STEPS) {
-                        t[i].push(p + o.decode_tokens as f64 * dd);
+                        t[i].push(p + o.decode_tokens as f64 * dd + image_s);
                     }
                 }
                 progress.tick();
@@ -500,7 +636,7 @@ pub(crate) fn run(
             }
         }
     }
-    Ok(EndToEnd { combos, samples, best, winners })
+    Ok(EndToEnd { combos, samples, best, winners, vision })
 }
 
 #[cfg(test)]
@@ -550,5 +686,40 @@ mod tests {
         // A combination stopped after three rounds is compared over those rounds.
         assert_eq!(pick_paired(&[default, steady[..3].to_vec()]), Some(1));
         assert_eq!(pick_paired(&[Vec::new(), vec![1.0]]), None, "no default samples: medians decide");
+    }
+
+    /// The raced vision kernels stay by the paired rule the combinations meet: a
+    /// steady 10% gain through ±25% swings of the machine is kept; a lower median
+    /// from lucky rounds, a round against them, a gain under the margin or a
+    /// single round leaves the defaults, each with its reason.
+    #[test]
+    fn vision_winners_are_kept_only_on_a_steady_gain_over_the_default() {
+        let machine = [1.0, 1.25, 0.8, 1.2, 0.75];
+        let default: Vec<f64> = machine.iter().map(|m| 0.02 * m).collect();
+        let steady: Vec<f64> = default.iter().map(|d| 0.9 * d).collect();
+        let (kept, why) = vision_verdict(&steady, &default);
+        assert!(kept, "{why}");
+        assert!(why.contains("all 5 rounds") && why.contains("10.0%"), "{why}");
+        let lucky: Vec<f64> = [1.0, 1.3, 0.95, 1.2, 0.8].iter().map(|m| 0.02 * m).collect();
+        let (kept, why) = vision_verdict(&lucky, &default);
+        assert!(!kept && why.contains("not faster in 5 of 5 rounds") && why.contains("the defaults stay"), "{why}");
+        let slight: Vec<f64> = default.iter().map(|d| 0.99 * d).collect();
+        let (kept, why) = vision_verdict(&slight, &default);
+        assert!(!kept && why.contains("1.0% is under the 2% margin"), "{why}");
+        let mostly: Vec<f64> = default.iter().enumerate().map(|(i, d)| if i == 2 { 1.05 * d } else { 0.9 * d }).collect();
+        let (kept, why) = vision_verdict(&mostly, &default);
+        assert!(!kept && why.contains("not faster in 1 of 5 rounds"), "{why}");
+        let (kept, why) = vision_verdict(&steady[..1], &default[..1]);
+        assert!(!kept && why.contains("two are needed"), "{why}");
+        // Rounds the raced kernels missed (they failed) count as not shared.
+        assert!(vision_verdict(&steady[..3], &default).0, "three shared rounds, all faster");
+    }
+
+    /// One image per request joins every combination's request time alike.
+    #[test]
+    fn a_request_holds_prefill_decode_and_one_image() {
+        let s = (vec![0.1, 0.2], vec![0.01, 0.02]);
+        assert_eq!(request_times(&s, 10, 0.0), vec![0.1 + 10.0 * 0.01, 0.2 + 10.0 * 0.02]);
+        assert_eq!(request_times(&s, 10, 0.5), vec![0.1 + 10.0 * 0.01 + 0.5, 0.2 + 10.0 * 0.02 + 0.5]);
     }
 }

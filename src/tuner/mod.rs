@@ -4,7 +4,8 @@
 //! shapes (interleaved rounds, robust statistics, early drops) and refined by
 //! coordinate descent. [`e2e`]: the most promising complete combinations (fusions
 //! and execution flags included) are timed end to end through the runtime against
-//! its own default. The profile is then assembled from the results
+//! its own default, and for a multimodal model one image per request through the
+//! vision tower with the raced vision kernels against the default ones. The profile is then assembled from the results
 //! ([`crate::profile::build`]). One deadline bounds it all; finished slot races are
 //! saved as they come so an interrupted tune resumes.
 
@@ -113,7 +114,9 @@ pub fn cache_key(device: &Device, model: &str, cfg: &ModelConfig, o: &TuneOption
     // hold). A GPU's tunes raced the tower only later: its own tag keeps an earlier
     // GPU tune of the same tower (no vision races) from answering.
     if let Some(v) = &o.vision {
-        let tag = if matches!(device, Device::Cpu(_)) { "vision" } else { "vision-wgsl" };
+        // The end-to-end stage times the image since `-e2e`: a tune of the tower
+        // from before (no image in its end-to-end record) does not answer.
+        let tag = if matches!(device, Device::Cpu(_)) { "vision-e2e" } else { "vision-wgsl-e2e" };
         formats.push_str(&format!("|{tag}={}", serde_json::to_string(v).unwrap_or_default()));
     }
     let opts = format!(
@@ -140,6 +143,9 @@ pub struct Target<'a> {
     pub store: Arc<dyn TensorStore>,
     pub device: &'a Device,
     pub ctx: Option<Arc<GpuCtx>>,
+    /// The model's weights as the vision tower reads them, for the end-to-end
+    /// stage's image (needed with [`TuneOptions::vision`]; None: text only).
+    pub vision_weights: Option<Arc<crate::model::Weights>>,
 }
 
 /// The result of a tune: what `finish` made of the findings (the profile document)

@@ -568,6 +568,7 @@ mod tests {
             store: Arc::new(crate::model::Weights::synthetic(&config, 0)),
             device: &device,
             ctx: None,
+            vision_weights: None,
         };
         let o = TuneOptions {
             budget: Duration::from_millis(1),
