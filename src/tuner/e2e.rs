@@ -292,8 +292,8 @@ fn repack_bits(formats: &[crate::kernels::quant::QFormat]) -> u8 {
     crate::kernels::quant::REPACKABLE.iter().enumerate().filter(|(_, f)| formats.contains(f)).fold(0, |bits, (j, _)| bits | (1 << j))
 }
 
-/// One request's time per sample: prefill + `decode_tokens` × the per-token decode
-/// + `image_s` (a multimodal model's one image through the default vision
+/// One request's time per sample: prefill, `decode_tokens` × the per-token decode
+/// and `image_s` (a multimodal model's one image through the default vision
 /// kernels, the same for every combination; 0 for a text-only model): the
 /// end-to-end score.
 fn request_times((prefill, decode): &(Vec<f64>, Vec<f64>), decode_tokens: usize, image_s: f64) -> Vec<f64> {
