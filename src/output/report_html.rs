@@ -212,6 +212,22 @@ fn end_to_end(h: &mut String, r: &HtmlReport) -> Result<()> {
             "<figure>{svg}<figcaption>Throughput of every combination of fusions and execution flags timed end to end ({} prompt tokens, then {} decoded tokens), against the runtime default; the tuned choice in green. Whiskers: 95% confidence interval of the median time, as tok/s.</figcaption></figure>",
             e.prefill_tokens, e.decode_tokens
         );
+        if let Some(v) = &e.vision {
+            let _ = writeln!(
+                h,
+                "<p>One image per request ({}): {:.3} ms (95% CI {:.3}–{:.3}) with the raced vision kernels, {:.3} ms ({:.3}–{:.3}) with the runtime's defaults, over {} interleaved rounds; {}: {}.</p>",
+                esc(&v.image),
+                v.tuned_ms,
+                v.tuned_ci_ms[0],
+                v.tuned_ci_ms[1],
+                v.default_ms,
+                v.default_ci_ms[0],
+                v.default_ci_ms[1],
+                v.rounds,
+                if v.kept { "the raced kernels are kept" } else { "the defaults stay" },
+                esc(&v.reason)
+            );
+        }
     }
     if !any {
         h.push_str("<p class=\"note\">No profile has measurements (a <code>tuning</code> section, written by <code>ktune tune</code>): nothing to compare end to end.</p>\n");

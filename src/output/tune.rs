@@ -114,12 +114,14 @@ impl Report for TuneReport {
             let request =
                 |t: &crate::profile::doc::Throughput, image_ms: f64| t.prefill_ms + e.decode_tokens as f64 * t.decode_ms + image_ms;
             let kept_ms = if v.kept { v.tuned_ms } else { v.default_ms };
+            // Three decimals under a millisecond (a tiny tower's image), else one.
+            let ms = |x: f64| if x < 1.0 { format!("{x:.3}") } else { format!("{x:.1}") };
             s.push_str(&format!(
-                "end to end, one image per request ({}): vision {:.1} ms raced kernels, {:.1} ms default per image ({}: {}); \
+                "end to end, one image per request ({}): vision {} ms raced kernels, {} ms default per image ({}: {}); \
                  request of {} + {} tokens + 1 image: tuned {:.1} ms, runtime default {:.1} ms\n",
                 v.image,
-                v.tuned_ms,
-                v.default_ms,
+                ms(v.tuned_ms),
+                ms(v.default_ms),
                 if v.kept { "raced kept" } else { "defaults kept" },
                 v.reason,
                 e.prefill_tokens,

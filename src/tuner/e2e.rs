@@ -442,7 +442,7 @@ pub(crate) fn run(
     };
     if let Some(v) = &vision {
         progress.note(&format!(
-            "end to end, one image per request: {:.1} ms raced vision kernels, {:.1} ms default (medians); {}",
+            "end to end, one image per request: {:.3} ms raced vision kernels, {:.3} ms default (medians); {}",
             summarize(&v.tuned).median * 1e3,
             summarize(&v.default).median * 1e3,
             v.reason
