@@ -116,6 +116,16 @@ impl Report for TuneReport {
             let kept_ms = if v.kept { v.tuned_ms } else { v.default_ms };
             // Three decimals under a millisecond (a tiny tower's image), else one.
             let ms = |x: f64| if x < 1.0 { format!("{x:.3}") } else { format!("{x:.1}") };
+            if v.rounds == 0 {
+                // Not timed end to end (past the budget): the races' estimate.
+                s.push_str(&format!(
+                    "end to end, one image per request ({}): about {} ms per image with the raced kernels; {}\n",
+                    v.image,
+                    ms(v.tuned_ms),
+                    v.reason
+                ));
+                return s;
+            }
             s.push_str(&format!(
                 "end to end, one image per request ({}): vision {} ms raced kernels, {} ms default per image ({}: {}); \
                  request of {} + {} tokens + 1 image: tuned {:.1} ms, runtime default {:.1} ms\n",

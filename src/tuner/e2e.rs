@@ -364,10 +364,26 @@ fn time_vision(
     vision: &crate::model::VisionConfig,
     caps: &DeviceCaps,
     winners: &Winners,
+    estimate: Option<f64>,
     deadline: Instant,
     progress: &dyn Progress,
 ) -> Result<VisionTimes, TuneError> {
     let weights = t.vision_weights.as_ref().ok_or_else(|| TuneError::Invalid("the vision tower's weights were not given".into()))?;
+    // Two warm-up encodes and two rounds of both choices at least: a full-size
+    // tower on a slow device (SigLIP's 4096 patches: half a minute an image on a
+    // 2-core CPU) would take minutes past the budget, so the comparison runs
+    // only where the races' own times say it fits; otherwise the raced winners
+    // stay as the races chose them, and the request's image is the estimate.
+    if let Some(est) = estimate
+        && 6.0 * est > deadline.saturating_duration_since(Instant::now()).as_secs_f64().max(MIN_IMAGE_SHARE_S)
+    {
+        let why = format!(
+            "not timed end to end: one image takes about {est:.1} s here (the vision races' winners), and the comparison's \
+             6 encodes would pass this stage's share of the budget; the raced winners stay (a larger --budget times it)"
+        );
+        progress.note(&format!("end to end, one image per request: {why}"));
+        return Ok(VisionTimes { image_size: vision.image_size, tuned: vec![est], default: Vec::new(), kept: true, reason: why });
+    }
     let pixels = synthetic_image(vision.image_size);
     let default = Selection::runtime(caps.clone());
     let tuned = Selection { slots: winners.slots.clone(), ..Selection::runtime(caps.clone()) };
@@ -421,6 +437,38 @@ fn time_vision(
     Ok(VisionTimes { image_size: vision.image_size, tuned: ts, default: ds, kept, reason })
 }
 
+/// Below this share of the budget (seconds) the image comparison still runs when
+/// it fits in it (a tiny tower's image takes milliseconds).
+const MIN_IMAGE_SHARE_S: f64 = 2.0;
+
+/// One image's time through the tower and projector, estimated from the vision
+/// races: each vision slot's winner median (a sample is one image's executions
+/// of the slot's shapes), a slot not raced at the best rate (flop/s) any race's
+/// winner reached here. None when no vision race was timed and no rate is known.
+fn estimated_image_s(space: &Space, races: &Races) -> Option<f64> {
+    let (mut rate, mut known, mut unknown_flops, mut any) = (0.0f64, 0.0, 0.0, false);
+    for (r, res) in space.races.iter().zip(&races.results) {
+        let flops: f64 = r.shapes.iter().map(|(p, n)| p.flops() * *n as f64).sum();
+        let median = res.cands.get(res.winner).map(|c| c.stats.median).filter(|m| m.is_finite() && *m > 0.0);
+        if let Some(m) = median
+            && flops > 0.0
+        {
+            rate = rate.max(flops / m);
+        }
+        if r.key.1 == crate::plan::Regime::Vision {
+            any = true;
+            match median {
+                Some(m) => known += m,
+                None => unknown_flops += flops,
+            }
+        }
+    }
+    if !any || (unknown_flops > 0.0 && rate <= 0.0) {
+        return None;
+    }
+    Some(known + if unknown_flops > 0.0 { unknown_flops / rate } else { 0.0 })
+}
+
 /// Times the combinations until `deadline` and picks the best.
 pub(crate) fn run(
     t: &Target<'_>,
@@ -436,11 +484,12 @@ pub(crate) fn run(
     // default time joins every combination's request time.
     let vision = match &o.vision {
         Some(v) => {
-            Some(time_vision(t, v, caps, &winners, Instant::now() + deadline.saturating_duration_since(Instant::now()) / 4, progress)?)
+            let share = deadline.saturating_duration_since(Instant::now()) / 4;
+            Some(time_vision(t, v, caps, &winners, estimated_image_s(space, races), Instant::now() + share, progress)?)
         }
         None => None,
     };
-    if let Some(v) = &vision {
+    if let Some(v) = vision.as_ref().filter(|v| !v.default.is_empty()) {
         progress.note(&format!(
             "end to end, one image per request: {:.3} ms raced vision kernels, {:.3} ms default (medians); {}",
             summarize(&v.tuned).median * 1e3,
@@ -448,7 +497,8 @@ pub(crate) fn run(
             v.reason
         ));
     }
-    let image_s = vision.as_ref().map_or(0.0, |v| summarize(&v.default).median);
+    // The default's median, or the races' estimate where the image was not timed.
+    let image_s = vision.as_ref().map_or(0.0, |v| summarize(if v.default.is_empty() { &v.tuned } else { &v.default }).median);
     let predicted = predicted(o, space, races);
     let gpu = t.ctx.is_some();
     let mut combos = combinations(o, &predicted, gpu);
@@ -692,6 +742,59 @@ mod tests {
     /// steady 10% gain through ±25% swings of the machine is kept; a lower median
     /// from lucky rounds, a round against them, a gain under the margin or a
     /// single round leaves the defaults, each with its reason.
+    /// One image's estimate from the races: every vision slot's winner median
+    /// summed, a slot that was not raced at the best rate any winner reached; no
+    /// estimate without a vision race, or with an unraced one and no rate.
+    #[test]
+    fn an_image_is_estimated_from_the_vision_races() {
+        use crate::kernels::{DType, Problem};
+        use crate::plan::select::Slot;
+        use crate::tuner::race::{CandRecord, RaceResult};
+        use crate::tuner::space::RaceDef;
+        use crate::tuner::stats::Stats;
+        let def =
+            |slot: Slot, regime: Regime, p: Problem, n: usize| RaceDef { key: (slot, regime), dtype: DType::F32, shapes: vec![(p, n)] };
+        let res = |median: Option<f64>| RaceResult {
+            slot: String::new(),
+            regime: String::new(),
+            problem: String::new(),
+            count: 1,
+            winner: 0,
+            cands: median
+                .map(|m| CandRecord {
+                    kernel: String::new(),
+                    params: Default::default(),
+                    stats: Stats { median: m, n: 3, ..Default::default() },
+                    status: String::new(),
+                })
+                .into_iter()
+                .collect(),
+            rejected: Vec::new(),
+            shape_medians: Vec::new(),
+            timestamps: false,
+            copies: Vec::new(),
+        };
+        let gemm = Problem::Gemm { m: 100, n: 100, k: 100 }; // 2 MFLOP
+        let lin = Problem::Linear { m: 100, n: 100, k: 100, gelu: false }; // 2 MFLOP
+        let space =
+            |races: Vec<RaceDef>| Space { races, per_fusion: Vec::new(), variants: 0, ruled_out: Default::default(), combinations: 0.0 };
+        let text = || def(Slot::MatmulGateUp, Regime::Prefill, gemm.clone(), 1);
+        let mlp = def(Slot::VisionMlp, Regime::Vision, lin.clone(), 3);
+        let norm = def(Slot::VisionNorm, Regime::Vision, Problem::LayerNorm { rows: 100, dim: 100, eps: 1e-6 }, 2);
+        // Both vision slots raced: their medians summed (the text race is not in an image).
+        let s = space(vec![text(), mlp, norm]);
+        let r = Races { results: vec![res(Some(1e-3)), res(Some(2e-3)), res(Some(5e-4))], resumed: 0 };
+        assert!((estimated_image_s(&s, &r).expect("an estimate") - 2.5e-3).abs() < 1e-12);
+        // The MLP not raced: its 6 MFLOP at the best rate, the text race's 2 GFLOP/s.
+        let r = Races { results: vec![res(Some(1e-3)), res(None), res(Some(5e-4))], resumed: 0 };
+        let want = 3.0 * lin.flops() / (gemm.flops() / 1e-3) + 5e-4;
+        assert!((estimated_image_s(&s, &r).expect("an estimate") - want).abs() < 1e-12, "{want}");
+        // Nothing timed at all, or no vision race: no estimate.
+        let r = Races { results: vec![res(None), res(None), res(None)], resumed: 0 };
+        assert_eq!(estimated_image_s(&s, &r), None);
+        assert_eq!(estimated_image_s(&space(vec![text()]), &Races { results: vec![res(Some(1e-3))], resumed: 0 }), None);
+    }
+
     #[test]
     fn vision_winners_are_kept_only_on_a_steady_gain_over_the_default() {
         let machine = [1.0, 1.25, 0.8, 1.2, 0.75];
