@@ -7,6 +7,7 @@
 //!     cargo run --release --example vision_ops                  # every kernel, median of 3
 //!     cargo run --release --example vision_ops -- 448 1        # 448 px, 1 run each
 //!     cargo run --release --example vision_ops -- 896 3 linear # only kernels whose id contains "linear"
+//!     cargo run --release --example vision_ops -- 896 9 norm,residual_add   # ids containing either (the fusion's comparison)
 //!     cargo run --release --example vision_ops -- 896 3 flash block_k=512   # parameters set where a kernel has them
 //!
 //! Prints seconds per call, GFLOP/s, and each op's seconds per layer (times its
@@ -56,7 +57,7 @@ fn main() {
             .chain(kernels::for_op(p.op()).filter(|k| k.backend() == Backend::Cpu))
             .find(|k| k.check(Caps::Cpu(&caps), p, DType::F32, &k.default_params()).is_ok())
             .map(|k| k.id);
-        for k in kernels::for_op(p.op()).filter(|k| k.backend() == Backend::Cpu && k.id.contains(filter.as_str())) {
+        for k in kernels::for_op(p.op()).filter(|k| k.backend() == Backend::Cpu && filter.split(',').any(|f| k.id.contains(f))) {
             let mut params = k.default_params();
             for (n, v) in &set {
                 if let Some(p) = params.get_mut(n) {
