@@ -22,7 +22,7 @@
 use super::{add_sum, check_rows_sg, check_rows_wg, gains, inv_rms, ln_apply, part, prepare_sg, prepare_wg, shared_welford, sqdev};
 use crate::device::GpuCaps;
 use crate::gpu::Shader;
-use crate::kernels::cpu::{self, ISA, Isa, check_isa};
+use crate::kernels::cpu::{self, ISA, Isa, ROWS_PARAMS, RowSplit, check_isa};
 use crate::kernels::wgsl::{WORKGROUP_SIZE, shared_wg, storage_buffers, subgroup_fits};
 use crate::kernels::{CpuArgs, CpuImpl, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, outs, param, wrong_op};
 use crate::shader;
@@ -69,20 +69,28 @@ fn check_resln_sg(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params)
     check_rows_sg(caps, prob, dtype, params)
 }
 
-/// Rows in parallel; per row one fused add + sum pass (h written), one centred
-/// sum-of-squares pass over h and one affine pass, the row in cache throughout.
+/// Rows split as `strategy` says (dynamic tasks of `rows_per_task` rows, one
+/// range per thread, or the calling thread alone: a small tower's few rows); per
+/// row one fused add + sum pass (h written), one centred sum-of-squares pass over
+/// h and one affine pass, the row in cache throughout.
 fn run_resln_rows(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), KernelError> {
     let Problem::ResidualLayerNorm { rows, dim, eps } = *prob else { return Err(wrong_op(kd, prob)) };
     if rows == 0 || dim == 0 {
         return Ok(());
     }
     let isa = Isa::of(params)?;
-    let per = (param(params, "rows_per_task")? as usize).max(1) * dim;
+    let split = RowSplit::of(params)?;
+    let grain = match split {
+        RowSplit::Caller => rows,
+        RowSplit::PerThread => rows.div_ceil(cpu::pool::pool().threads()).max(1),
+        RowSplit::Dynamic(g) => g.max(1),
+    };
+    let per = grain * dim;
     let (w, b) = (part(a.ins[2], 0, dim), part(a.ins[3], 0, dim));
     let (x, r) = (a.ins[0].f32(), a.ins[1].f32());
     let [h, y] = outs::<2>(kd, a.outs)?;
     let (h, y) = (&mut h[..rows * dim], &mut y[..rows * dim]);
-    cpu::pool::for_chunks_mut2(h, per, y, per, |ci, hc, yc| {
+    let body = |ci: usize, hc: &mut [f32], yc: &mut [f32]| {
         let base = ci * per;
         for (ri, (hr, yr)) in hc.chunks_mut(dim).zip(yc.chunks_mut(dim)).enumerate() {
             let o = base + ri * dim;
@@ -90,7 +98,12 @@ fn run_resln_rows(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_
             let rs = 1.0 / (sqdev(isa, hr, mean) / dim as f32 + eps).sqrt();
             ln_apply(isa, hr, w, b, mean, rs, yr);
         }
-    });
+    };
+    if split == RowSplit::Caller {
+        body(0, h, y);
+    } else {
+        cpu::pool::for_chunks_mut2(h, per, y, per, body);
+    }
     Ok(())
 }
 
@@ -261,8 +274,8 @@ pub fn variants() -> Vec<KernelDef> {
             "residual_layer_norm_rows_cpu",
             Op::ResidualLayerNorm,
             DType::FLOAT,
-            RESNORM_ROWS_PARAMS,
-            "pool over rows (prefill): fused SIMD add + sum, centred squares and affine per row while it is in cache",
+            ROWS_PARAMS,
+            "rows over pool tasks (dynamic, per thread or the calling thread): fused SIMD add + sum, centred squares, affine per row in cache",
             CpuImpl { run: run_resln_rows, check: check_isa },
         ),
         KernelDef::new(
