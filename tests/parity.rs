@@ -373,3 +373,65 @@ fn every_kernel_and_storage_type_has_a_test_shape() {
     }
     assert!(missing.is_empty(), "no test shape accepted:\n{}", missing.join("\n"));
 }
+
+/// The fused residual add + LayerNorm (`residual_layer_norm`, the vision tower's
+/// norm after each residual) gives what the unfused sequence gives: a registered
+/// `residual_add` then a registered `layer_norm` over its sum. Every fused
+/// kernel (the CPU ones, and the WGSL ones on the test GPU) at every parameter
+/// value of the sweep, on the op's test shapes with the stream shifted far from
+/// zero (the variance must be centred), f32 and f16 weights: the stream `h`
+/// bit for bit (one f32 add per element either way), the norm to 1e-5 of its scale.
+#[test]
+fn residual_layer_norm_is_residual_add_then_layer_norm() {
+    use ktune::kernels::problem::test_problems;
+    use ktune::kernels::verify::HostTensor;
+    use ktune::kernels::{DType, Op, Params, Problem};
+    let gpu = test_gpu();
+    let cpu = CpuCaps::detect();
+    let add_k = kernels::find("residual_add_simd_cpu").expect("residual_add_simd_cpu");
+    let ln_k = kernels::find("layer_norm_rows_cpu").expect("layer_norm_rows_cpu");
+    let mut checked = (0, 0);
+    for prob in test_problems(Op::ResidualLayerNorm) {
+        let Problem::ResidualLayerNorm { rows, dim, eps } = prob else { panic!("{prob:?}") };
+        for dtype in [DType::F32, DType::F16] {
+            let mut ins = verify::make_inputs(&prob, dtype, 7);
+            if let HostTensor::F32(x) = &mut ins[0] {
+                x.iter_mut().enumerate().for_each(|(i, v)| *v += 50.0 + (i % 3) as f32);
+            }
+            let add = Problem::ResidualAdd { n: rows * dim };
+            let h = verify::run_cpu(add_k, &add, DType::F32, &add_k.default_params(), &ins[..2]).expect("residual_add").remove(0);
+            let ln = Problem::LayerNorm { rows, dim, eps };
+            let ln_ins = [HostTensor::F32(h.clone()), ins[2].clone(), ins[3].clone()];
+            let y = verify::run_cpu(ln_k, &ln, dtype, &ln_k.default_params(), &ln_ins).expect("layer_norm").remove(0);
+            let scale = y.iter().fold(0f32, |m, v| m.max(v.abs())).max(1.0);
+            for k in kernels::for_op(Op::ResidualLayerNorm) {
+                let caps = match (k.backend(), &gpu) {
+                    (Backend::Cpu, _) => Caps::Cpu(&cpu),
+                    (_, Some(g)) => Caps::Gpu(&g.caps),
+                    (_, None) => continue,
+                };
+                for params in verify::param_sweep(k, false) {
+                    if k.check(caps, &prob, dtype, &params).is_err() {
+                        continue;
+                    }
+                    let outs = match (&gpu, k.backend()) {
+                        (Some(g), Backend::Wgsl) => verify::run_gpu(g, k, &prob, dtype, &params, &ins),
+                        _ => verify::run_cpu(k, &prob, dtype, &params, &ins),
+                    }
+                    .unwrap_or_else(|e| panic!("{} {params:?} at {prob:?}: {e}", k.id));
+                    let what = |p: &Params| format!("{} {p:?} at {} on {dtype}", k.id, prob.describe());
+                    assert!(outs[0] == h, "h differs from residual_add: {}", what(&params));
+                    let err = outs[1].iter().zip(&y).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale;
+                    assert!(err <= 1e-5, "y differs from layer_norm by {err:.2e} of scale: {}", what(&params));
+                    if k.backend() == Backend::Cpu {
+                        checked.0 += 1;
+                    } else {
+                        checked.1 += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked.0 > 0, "no CPU check ran");
+    assert!(gpu.is_none() || checked.1 > 0, "no WGSL check ran");
+}

@@ -439,6 +439,43 @@ fn measurement_round_trips_and_old_tuning_sections_load_without_it() {
     assert!(defs["Measurement"]["properties"]["rotate_bytes"].is_object());
 }
 
+/// `kernels.vision.residual_norm` (issue 16: the tower's residual adds fused with
+/// the LayerNorm after each): a residual_layer_norm kernel resolves under the
+/// `vision` regime and writes back; a profile without the key (every one
+/// written before it) still loads, `vision.norm` keeping its layer_norm kernels;
+/// a plain layer_norm kernel there is refused; the schema knows the key and does
+/// not require it.
+#[test]
+fn vision_residual_norm_slot_takes_the_fused_op() {
+    use ktune::plan::{Regime, Slot};
+    let dev = ktune::device::Device::Cpu(ktune::device::CpuCaps::detect());
+    let with = |entries: &str| GOOD.replace("  rope: rope_table_cpu\n", &format!("  rope: rope_table_cpu\n  vision:\n{entries}"));
+    let text = with("    norm: layer_norm_split_cpu\n    residual_norm: {kernel: residual_layer_norm_split_cpu, params: {chunk: 256}}\n");
+    let p = Profile::from_str(&text, "v.yaml").unwrap_or_else(|e| panic!("{e}"));
+    let (sel, _, _) = p.resolve(&dev, "smollm2-135m", 30).expect("resolves");
+    let c = sel.slots.get(&(Slot::VisionResidualNorm, Regime::Vision)).expect("vision.residual_norm chosen");
+    assert_eq!((c.kernel.id, c.params.get("chunk").copied()), ("residual_layer_norm_split_cpu", Some(256)));
+    assert_eq!(sel.slots.get(&(Slot::VisionNorm, Regime::Vision)).map(|c| c.kernel.id), Some("layer_norm_split_cpu"));
+    let again = Profile::from_str(&to_yaml(&p.doc).expect("yaml"), "again.yaml").expect("loads back");
+    let entries = |p: &Profile| {
+        let v = p.doc.kernels.vision.clone().expect("a vision section");
+        [v.norm, v.residual_norm].map(|e| e.map(|a| a.value))
+    };
+    assert_eq!(entries(&again), entries(&p));
+    // Without the key: loads, nothing chosen for the fused slot.
+    let old = Profile::from_str(&with("    norm: layer_norm_split_cpu\n"), "old.yaml").expect("an old profile loads");
+    let (sel, _, _) = old.resolve(&dev, "smollm2-135m", 30).expect("resolves");
+    assert!(!sel.slots.contains_key(&(Slot::VisionResidualNorm, Regime::Vision)));
+    assert!(sel.slots.contains_key(&(Slot::VisionNorm, Regime::Vision)));
+    // The unfused op's kernel is not the slot's.
+    let (_, _, msg) = err(&with("    residual_norm: layer_norm_split_cpu\n"));
+    assert!(msg.contains("vision.residual_norm") && msg.contains("computes layer_norm") && msg.contains("residual_layer_norm"), "{msg}");
+    let schema = ktune::profile::json_schema();
+    let vd = &schema["$defs"]["VisionDoc"];
+    assert!(vd["properties"]["residual_norm"].is_object(), "{vd}");
+    assert!(!vd["required"].as_array().cloned().unwrap_or_default().iter().any(|r| r == "residual_norm"), "{vd}");
+}
+
 /// The vision slots (`kernels.vision`): they resolve into the selection under the
 /// `vision` regime; a profile without them (every profile written before they
 /// existed) leaves the tower its defaults; an unknown kernel, one of another op

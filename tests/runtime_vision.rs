@@ -79,7 +79,7 @@ fn tower_and_projector_match_transformers_with_every_kernel() {
     let features: Vec<f32> = logit_rows(&exp["features"]).concat();
     let projected: Vec<f32> = logit_rows(&exp["projected"]).concat();
     let mut runs: Vec<(String, VisionEngine)> = vec![("defaults".into(), VisionEngine::new(v, &m.weights).expect("tower"))];
-    for op in [Op::PatchEmbed, Op::Linear, Op::AttentionFull, Op::AvgPool, Op::LayerNorm] {
+    for op in [Op::PatchEmbed, Op::Linear, Op::AttentionFull, Op::AvgPool, Op::LayerNorm, Op::ResidualLayerNorm] {
         for k in kernels::for_op(op).filter(|k| k.backend() == Backend::Cpu) {
             runs.push((k.id.to_string(), VisionEngine::new(v, &m.weights).expect("tower").with_kernel(k)));
         }

@@ -43,7 +43,7 @@ fn gpu_tower_and_projector_match_transformers_with_every_kernel() {
     let projected: Vec<f32> = logit_rows(&exp["projected"]).concat();
     let tower = || VisionGpu::new(v, &m.weights, gpu.clone()).expect("tower on the GPU");
     let mut runs: Vec<(String, VisionGpu)> = vec![("defaults".into(), tower())];
-    for op in [Op::PatchEmbed, Op::Linear, Op::AttentionFull, Op::AvgPool, Op::LayerNorm] {
+    for op in [Op::PatchEmbed, Op::Linear, Op::AttentionFull, Op::AvgPool, Op::LayerNorm, Op::ResidualLayerNorm] {
         for k in kernels::for_op(op).filter(|k| k.backend() == Backend::Wgsl) {
             runs.push((k.id.to_string(), tower().with_kernel(k)));
         }

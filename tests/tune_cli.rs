@@ -524,7 +524,7 @@ fn tune_of_a_multimodal_model_tunes_the_vision_slots() {
     let kept = vision_e2e(e, 32);
     let vision = &r["profile"]["kernels"]["vision"];
     if kept {
-        for slot in ["patch_embed", "attention", "mlp", "norm", "pool", "projector"] {
+        for slot in ["patch_embed", "attention", "mlp", "norm", "residual_norm", "pool", "projector"] {
             assert!(vision[slot].is_string() || vision[slot].is_object(), "kernels.vision.{slot}: {vision}");
         }
     } else {
@@ -532,8 +532,8 @@ fn tune_of_a_multimodal_model_tunes_the_vision_slots() {
     }
     let slots = r["profile"]["tuning"]["slots"].as_array().expect("slots");
     let raced: Vec<&str> = slots.iter().filter(|s| s["regime"] == "vision").filter_map(|s| s["slot"].as_str()).collect();
-    assert_eq!(raced.len(), 6, "{raced:?}");
-    for s in ["vision.patch_embed", "vision.attention", "vision.mlp", "vision.norm", "vision.pool", "projector"] {
+    assert_eq!(raced.len(), 7, "{raced:?}");
+    for s in ["vision.patch_embed", "vision.attention", "vision.mlp", "vision.norm", "vision.residual_norm", "vision.pool", "projector"] {
         assert!(raced.contains(&s), "{s} raced: {raced:?}");
     }
     // The vision.mlp race holds the tower's three Linear shapes (16 patches).
@@ -634,7 +634,7 @@ fn tune_on_the_gpu_of_a_multimodal_model_tunes_the_wgsl_vision_slots() {
     if !kept {
         assert!(vision.is_null(), "the defaults stay: {vision}");
     }
-    for slot in ["patch_embed", "attention", "mlp", "norm", "pool", "projector"].into_iter().filter(|_| kept) {
+    for slot in ["patch_embed", "attention", "mlp", "norm", "residual_norm", "pool", "projector"].into_iter().filter(|_| kept) {
         let k = id(&vision[slot]).unwrap_or_else(|| panic!("kernels.vision.{slot}: {vision}"));
         let def = ktune::kernels::find(&k).expect("a registered kernel");
         assert_eq!(def.backend(), ktune::kernels::Backend::Wgsl, "kernels.vision.{slot} = {k}");
@@ -643,7 +643,7 @@ fn tune_on_the_gpu_of_a_multimodal_model_tunes_the_wgsl_vision_slots() {
     let slots = r["profile"]["tuning"]["slots"].as_array().expect("slots");
     let raced: Vec<&serde_json::Value> = slots.iter().filter(|s| s["regime"] == "vision").collect();
     let names: Vec<&str> = raced.iter().filter_map(|s| s["slot"].as_str()).collect();
-    for s in ["vision.patch_embed", "vision.attention", "vision.mlp", "vision.norm", "vision.pool", "projector"] {
+    for s in ["vision.patch_embed", "vision.attention", "vision.mlp", "vision.norm", "vision.residual_norm", "vision.pool", "projector"] {
         assert!(names.contains(&s), "{s} raced: {names:?}");
     }
     // Every vision race timed its winner on the adapter, at the tower's shapes.
@@ -707,7 +707,7 @@ fn tune_of_a_gguf_pair_tunes_the_projector_tower() {
         .filter(|s| s["regime"] == "vision")
         .filter_map(|s| s["slot"].as_str())
         .collect();
-    for s in ["vision.patch_embed", "vision.attention", "vision.mlp", "vision.norm", "vision.pool", "projector"] {
+    for s in ["vision.patch_embed", "vision.attention", "vision.mlp", "vision.norm", "vision.residual_norm", "vision.pool", "projector"] {
         assert!(raced.contains(&s), "{s} raced: {raced:?}");
     }
     let exp = read_json(hf.join("vision_expected.json"));

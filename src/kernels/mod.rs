@@ -849,6 +849,7 @@ mod tests {
                 "linear",
                 "attention_full",
                 "avg_pool",
+                "residual_layer_norm",
             ]
         );
         assert_eq!(Op::ALL.to_vec(), Op::iter().collect::<Vec<_>>());
@@ -911,7 +912,7 @@ mod tests {
     /// float kernels each, ids prefixed by the op.
     #[test]
     fn every_fused_op_has_two_wgsl_and_two_cpu_float_kernels() {
-        for op in [Op::QkNormRope, Op::GateUp, Op::ResidualRmsNorm, Op::QkvProj] {
+        for op in [Op::QkNormRope, Op::GateUp, Op::ResidualRmsNorm, Op::ResidualLayerNorm, Op::QkvProj] {
             let ks: Vec<_> = for_op(op).filter(|k| !k.dtypes.iter().any(|d| d.is_quant())).collect();
             let wgsl = ks.iter().filter(|k| matches!(k.imp, Impl::Wgsl(_))).count();
             assert!(wgsl >= 2 && ks.len() - wgsl >= 2, "{op}: {wgsl} WGSL of {} kernels", ks.len());

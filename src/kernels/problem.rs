@@ -179,6 +179,10 @@ pub enum Problem {
     /// Fused residual add + RMSNorm: `h = x + r`, `y = rmsnorm(h) * w` (or `(1 + w)`).
     /// `x[rows,dim]`, `r[rows,dim]`, `w[dim]`; outputs `h[rows,dim]`, `y[rows,dim]`.
     ResidualRmsNorm { rows: usize, dim: usize, eps: f32, unit_offset: bool },
+    /// Fused residual add + LayerNorm with bias (a SigLIP encoder layer's residual
+    /// and the norm that follows it): `h = x + r`, `y = (h - mean) / sqrt(var + eps) * w + b`.
+    /// `x[rows,dim]`, `r[rows,dim]`, `w[dim]`, `b[dim]`; outputs `h[rows,dim]`, `y[rows,dim]`.
+    ResidualLayerNorm { rows: usize, dim: usize, eps: f32 },
     /// Q, K and V of one token in one matrix-vector product over the concatenated
     /// weight `w[nq + 2 nkv, k]`, with an optional bias `b[nq + 2 nkv]` (Qwen):
     /// `x[k]` → `q[nq]`, `k_out[nkv]`, `v_out[nkv]`.
@@ -248,10 +252,11 @@ pub enum Op {
     Linear,
     AttentionFull,
     AvgPool,
+    ResidualLayerNorm,
 }
 
 impl Op {
-    pub const ALL: [Op; 19] = [
+    pub const ALL: [Op; 20] = [
         Op::Gemm,
         Op::Gemv,
         Op::AttentionPrefill,
@@ -271,6 +276,7 @@ impl Op {
         Op::Linear,
         Op::AttentionFull,
         Op::AvgPool,
+        Op::ResidualLayerNorm,
     ];
 
     /// Ops with CPU kernels only, which the checks that every op has WGSL kernels
@@ -314,6 +320,7 @@ impl Problem {
             Problem::Linear { .. } => Op::Linear,
             Problem::AttentionFull { .. } => Op::AttentionFull,
             Problem::AvgPool { .. } => Op::AvgPool,
+            Problem::ResidualLayerNorm { .. } => Op::ResidualLayerNorm,
         }
     }
 
@@ -386,6 +393,14 @@ impl Problem {
                 b("x", Input, &["rows", "dim"], &[rows, dim], f),
                 b("r", Input, &["rows", "dim"], &[rows, dim], f),
                 b("w", Weight, &["dim"], &[dim], d),
+                b("h", Output, &["rows", "dim"], &[rows, dim], f),
+                b("y", Output, &["rows", "dim"], &[rows, dim], f),
+            ],
+            Problem::ResidualLayerNorm { rows, dim, .. } => vec![
+                b("x", Input, &["rows", "dim"], &[rows, dim], f),
+                b("r", Input, &["rows", "dim"], &[rows, dim], f),
+                b("w", Weight, &["dim"], &[dim], d),
+                b("b", Weight, &["dim"], &[dim], d),
                 b("h", Output, &["rows", "dim"], &[rows, dim], f),
                 b("y", Output, &["rows", "dim"], &[rows, dim], f),
             ],
@@ -467,6 +482,7 @@ impl Problem {
             Problem::QkNormRope { tokens, heads, head_dim, rot_dim, .. } => f(tokens) * f(heads) * (4.0 * f(head_dim) + 3.0 * f(rot_dim)),
             Problem::GateUp { rows, n, k, .. } => 4.0 * f(rows) * f(n) * f(k) + 10.0 * f(rows) * f(n),
             Problem::ResidualRmsNorm { rows, dim, .. } => 5.0 * f(rows) * f(dim),
+            Problem::ResidualLayerNorm { rows, dim, .. } => 8.0 * f(rows) * f(dim),
             Problem::QkvProj { k, nq, nkv, .. } => 2.0 * f(k) * f(nq + 2 * nkv),
             Problem::NormGemv { n, k, .. } => 2.0 * f(n) * f(k) + 4.0 * f(k),
             Problem::PatchEmbed { channels, image, patch, hidden } => {
@@ -735,6 +751,12 @@ pub fn test_problems(op: Op) -> Vec<Problem> {
             Problem::ResidualRmsNorm { rows: 1, dim: 7, eps: 1e-6, unit_offset: false },
             Problem::ResidualRmsNorm { rows: 5, dim: 1152, eps: 1e-6, unit_offset: true },
             Problem::ResidualRmsNorm { rows: 3, dim: 577, eps: 1e-5, unit_offset: false },
+        ],
+        Op::ResidualLayerNorm => vec![
+            Problem::ResidualLayerNorm { rows: 1, dim: 7, eps: 1e-5 },
+            Problem::ResidualLayerNorm { rows: 17, dim: 577, eps: 1e-6 },
+            // SigLIP So400m's width.
+            Problem::ResidualLayerNorm { rows: 5, dim: 1152, eps: 1e-6 },
         ],
         Op::QkvProj => vec![
             Problem::QkvProj { k: 5, nq: 4, nkv: 2, bias: false },

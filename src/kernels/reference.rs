@@ -217,6 +217,18 @@ pub fn compute(problem: &Problem, ins: &[Vec<f64>]) -> Vec<Vec<f64>> {
             }
             vec![h, y]
         }
+        Problem::ResidualLayerNorm { rows, dim, eps } => {
+            let h: Vec<f64> = ins[0].iter().zip(&ins[1]).map(|(a, b)| a + b).collect();
+            let mut y = Vec::with_capacity(rows * dim);
+            for r in 0..rows {
+                let x = &h[r * dim..][..dim];
+                let mean = x.iter().sum::<f64>() / dim as f64;
+                let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / dim as f64;
+                let rs = 1.0 / (var + eps as f64).sqrt();
+                y.extend((0..dim).map(|c| (x[c] - mean) * rs * ins[2][c] + ins[3][c]));
+            }
+            vec![h, y]
+        }
         Problem::QkvProj { k, nq, nkv, bias } => {
             let (x, w) = (&ins[0], &ins[1]);
             let n = nq + 2 * nkv;

@@ -63,9 +63,14 @@ pub enum Slot {
     /// attention's q, k, v and out projections, one op.
     #[strum(serialize = "vision.mlp")]
     VisionMlp,
-    /// The tower's LayerNorms.
+    /// The tower's LayerNorms that follow no residual add (the first layer's
+    /// LayerNorm 1, after the position embedding's add).
     #[strum(serialize = "vision.norm")]
     VisionNorm,
+    /// The tower's residual adds fused with the LayerNorm after each (every
+    /// layer's LayerNorm 2, the next layer's LayerNorm 1, the post LayerNorm).
+    #[strum(serialize = "vision.residual_norm")]
+    VisionResidualNorm,
     /// The projector's average pool of the patch grid.
     #[strum(serialize = "vision.pool")]
     VisionPool,
@@ -94,8 +99,15 @@ impl Slot {
     }
 
     /// The slots of the vision tower and projector ([`Regime::Vision`]).
-    pub const VISION: &'static [Slot] =
-        &[Slot::VisionPatchEmbed, Slot::VisionAttention, Slot::VisionMlp, Slot::VisionNorm, Slot::VisionPool, Slot::Projector];
+    pub const VISION: &'static [Slot] = &[
+        Slot::VisionPatchEmbed,
+        Slot::VisionAttention,
+        Slot::VisionMlp,
+        Slot::VisionNorm,
+        Slot::VisionResidualNorm,
+        Slot::VisionPool,
+        Slot::Projector,
+    ];
 
     /// Whether this is a slot of the vision tower (regime [`Regime::Vision`] only).
     pub fn is_vision(self) -> bool {
@@ -119,6 +131,7 @@ impl Slot {
             Slot::VisionAttention => Op::AttentionFull,
             Slot::VisionMlp => Op::Linear,
             Slot::VisionNorm => Op::LayerNorm,
+            Slot::VisionResidualNorm => Op::ResidualLayerNorm,
             Slot::VisionPool => Op::AvgPool,
             Slot::Projector => Op::Gemm,
             Slot::AttentionPrefill => Op::AttentionPrefill,
@@ -471,6 +484,7 @@ mod tests {
                 "vision.attention",
                 "vision.mlp",
                 "vision.norm",
+                "vision.residual_norm",
                 "vision.pool",
                 "projector",
             ]

@@ -181,9 +181,13 @@ pub struct VisionDoc {
     /// The tower's Linear layers, MLP and attention projections (`vision.mlp`: a linear kernel).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mlp: Option<At<Entry>>,
-    /// The tower's LayerNorms (`vision.norm`: a layer_norm kernel).
+    /// The tower's LayerNorms after no residual add (`vision.norm`: a layer_norm kernel).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub norm: Option<At<Entry>>,
+    /// The tower's residual adds fused with the LayerNorm after each
+    /// (`vision.residual_norm`: a residual_layer_norm kernel; absent in older profiles).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub residual_norm: Option<At<Entry>>,
     /// The projector's average pool (`vision.pool`: an avg_pool kernel).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<At<Entry>>,

@@ -156,6 +156,7 @@ fn entries(k: &KernelsDoc) -> Vec<EntryRef<'_>> {
         push("vision.attention", &vd.attention, vec![Slot::VisionAttention]);
         push("vision.mlp", &vd.mlp, vec![Slot::VisionMlp]);
         push("vision.norm", &vd.norm, vec![Slot::VisionNorm]);
+        push("vision.residual_norm", &vd.residual_norm, vec![Slot::VisionResidualNorm]);
         push("vision.pool", &vd.pool, vec![Slot::VisionPool]);
         push("vision.projector", &vd.projector, vec![Slot::Projector]);
     }
@@ -303,6 +304,7 @@ fn entries_mut(k: &mut KernelsDoc) -> Vec<EntryMut<'_>> {
         v.push(("vision.attention", &mut vd.attention, vec![Slot::VisionAttention]));
         v.push(("vision.mlp", &mut vd.mlp, vec![Slot::VisionMlp]));
         v.push(("vision.norm", &mut vd.norm, vec![Slot::VisionNorm]));
+        v.push(("vision.residual_norm", &mut vd.residual_norm, vec![Slot::VisionResidualNorm]));
         v.push(("vision.pool", &mut vd.pool, vec![Slot::VisionPool]));
         v.push(("vision.projector", &mut vd.projector, vec![Slot::Projector]));
     }
@@ -668,6 +670,7 @@ pub fn kernels_doc(choices: &BTreeMap<SlotKey, Choice>) -> KernelsDoc {
         attention: one(Slot::VisionAttention),
         mlp: one(Slot::VisionMlp),
         norm: one(Slot::VisionNorm),
+        residual_norm: one(Slot::VisionResidualNorm),
         pool: one(Slot::VisionPool),
         projector: one(Slot::Projector),
     };
@@ -679,7 +682,11 @@ pub fn kernels_doc(choices: &BTreeMap<SlotKey, Choice>) -> KernelsDoc {
         rope: entry(Slot::Rope),
         residual: entry(Slot::Residual),
         fused: if any(&[&f.qkv_proj, &f.gate_up, &f.qk_norm_rope, &f.residual_norm, &f.norm_matmul]) { Some(f) } else { None },
-        vision: if any(&[&vd.patch_embed, &vd.attention, &vd.mlp, &vd.norm, &vd.pool, &vd.projector]) { Some(vd) } else { None },
+        vision: if any(&[&vd.patch_embed, &vd.attention, &vd.mlp, &vd.norm, &vd.residual_norm, &vd.pool, &vd.projector]) {
+            Some(vd)
+        } else {
+            None
+        },
         formats: BTreeMap::new(),
     }
 }

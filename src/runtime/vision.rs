@@ -1,7 +1,7 @@
 //! The vision tower on the CPU: a SigLIP encoder and Gemma 3's multimodal
 //! projector run as a sequence of registered kernels (patch embedding, LayerNorm,
-//! Linear with bias and GELU, bidirectional attention, residual adds, the average
-//! pool, the projector's `(1 + w)` RMSNorm and GEMM), each op's kernel picked
+//! Linear with bias and GELU, bidirectional attention, each residual add fused
+//! with the LayerNorm after it (`residual_layer_norm`), the average pool, the projector's `(1 + w)` RMSNorm and GEMM), each op's kernel picked
 //! like the runtime's defaults (the preference list, then any valid kernel of the
 //! op) or forced per op ([`VisionEngine::with_kernel`], or a profile's `vision`
 //! slots through [`VisionEngine::with_selection`]).
@@ -165,6 +165,13 @@ impl VisionEngine {
         k.run_cpu(problem, DType::F32, &params, args).map_err(|e| kernel_err(problem, e))
     }
 
+    /// Runs one op of two outputs (a fused residual norm: the stream, its norm).
+    fn op2(&self, problem: &Problem, ins: &[&[f32]], out0: &mut [f32], out1: &mut [f32]) -> Result<(), RuntimeError> {
+        let (k, params) = self.choose(problem)?;
+        let args = CpuArgs { ins: ins.iter().map(|s| CpuIn::F32(s)).collect(), outs: smallvec::smallvec![out0, out1] };
+        k.run_cpu(problem, DType::F32, &params, args).map_err(|e| kernel_err(problem, e))
+    }
+
     /// The tower and the projector over one image of normalized pixels
     /// (`[channels, image, image]`).
     pub fn encode(&self, pixels: &[f32]) -> Result<VisionOutput, RuntimeError> {
@@ -184,28 +191,36 @@ impl VisionEngine {
         )?;
         self.op(&Problem::ResidualAdd { n: n * h }, &[&t, &self.pos], &mut x)?;
         let ln = Problem::LayerNorm { rows: n, dim: h, eps };
+        let res_ln = Problem::ResidualLayerNorm { rows: n, dim: h, eps };
         let lin = |out: usize, k: usize, gelu: bool| Problem::Linear { m: n, n: out, k, gelu };
         let heads = c.num_heads;
         let attn = Problem::AttentionFull { tokens: n, heads, head_dim: c.head_dim(), scale: (c.head_dim() as f64).powf(-0.5) as f32 };
         let (mut q, mut k, mut v, mut a) = (vec![0f32; n * h], vec![0f32; n * h], vec![0f32; n * h], vec![0f32; n * h]);
         let mut mid = vec![0f32; n * inter];
-        for layer in &self.layers {
-            self.op(&ln, &[&x, &layer.ln1.0, &layer.ln1.1], &mut t)?;
-            self.op(&lin(h, h, false), &[&t, &layer.q.0, &layer.q.1], &mut q)?;
-            self.op(&lin(h, h, false), &[&t, &layer.k.0, &layer.k.1], &mut k)?;
-            self.op(&lin(h, h, false), &[&t, &layer.v.0, &layer.v.1], &mut v)?;
+        let mut features = vec![0f32; n * h];
+        // `xn`: the LayerNorm of the residual stream `x` that the next block reads.
+        // The first layer's LayerNorm 1 follows the position add; every other
+        // LayerNorm follows a residual add and runs fused with it (x + t into the
+        // stream, its norm into `xn`, or the features after the last layer).
+        let mut xn = vec![0f32; n * h];
+        let first = self.layers.first().map_or(&self.post, |l| &l.ln1);
+        self.op(&ln, &[&x, &first.0, &first.1], if self.layers.is_empty() { &mut features } else { &mut xn })?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            self.op(&lin(h, h, false), &[&xn, &layer.q.0, &layer.q.1], &mut q)?;
+            self.op(&lin(h, h, false), &[&xn, &layer.k.0, &layer.k.1], &mut k)?;
+            self.op(&lin(h, h, false), &[&xn, &layer.v.0, &layer.v.1], &mut v)?;
             self.op(&attn, &[&q, &k, &v], &mut a)?;
             self.op(&lin(h, h, false), &[&a, &layer.o.0, &layer.o.1], &mut t)?;
-            self.op(&Problem::ResidualAdd { n: n * h }, &[&x, &t], &mut a)?;
+            self.op2(&res_ln, &[&x, &t, &layer.ln2.0, &layer.ln2.1], &mut a, &mut xn)?;
             std::mem::swap(&mut x, &mut a);
-            self.op(&ln, &[&x, &layer.ln2.0, &layer.ln2.1], &mut t)?;
-            self.op(&lin(inter, h, true), &[&t, &layer.fc1.0, &layer.fc1.1], &mut mid)?;
+            self.op(&lin(inter, h, true), &[&xn, &layer.fc1.0, &layer.fc1.1], &mut mid)?;
             self.op(&lin(h, inter, false), &[&mid, &layer.fc2.0, &layer.fc2.1], &mut t)?;
-            self.op(&Problem::ResidualAdd { n: n * h }, &[&x, &t], &mut a)?;
+            match self.layers.get(i + 1) {
+                Some(next) => self.op2(&res_ln, &[&x, &t, &next.ln1.0, &next.ln1.1], &mut a, &mut xn)?,
+                None => self.op2(&res_ln, &[&x, &t, &self.post.0, &self.post.1], &mut a, &mut features)?,
+            }
             std::mem::swap(&mut x, &mut a);
         }
-        let mut features = vec![0f32; n * h];
-        self.op(&ln, &[&x, &self.post.0, &self.post.1], &mut features)?;
         // Projector: pool the patch grid, (1 + w) RMSNorm, project to the text width.
         let m = c.mm_tokens_per_image;
         let mut pooled = vec![0f32; m * h];
@@ -260,7 +275,9 @@ impl VisionEngine {
 
 /// The kernel problems of one image through the tower and projector, by vision
 /// slot, with how many times each runs (the ops [`VisionEngine::encode`] runs
-/// but its residual adds and the projector's RMSNorm, which keep the defaults):
+/// but the position embedding's add and the projector's RMSNorm, which keep the
+/// defaults; the first layer's LayerNorm 1 under `vision.norm`, the other
+/// LayerNorms fused with the residual add before each under `vision.residual_norm`):
 /// the shapes the tuner races the `vision` regime at and a profile's choices are
 /// checked against.
 pub fn slot_problems(c: &VisionConfig) -> Vec<(Slot, Problem, usize)> {
@@ -269,7 +286,8 @@ pub fn slot_problems(c: &VisionConfig) -> Vec<(Slot, Problem, usize)> {
     let hd = c.head_dim();
     vec![
         (Slot::VisionPatchEmbed, Problem::PatchEmbed { channels: c.num_channels, image: c.image_size, patch: c.patch_size, hidden: h }, 1),
-        (Slot::VisionNorm, Problem::LayerNorm { rows: n, dim: h, eps: c.layer_norm_eps as f32 }, 2 * l + 1),
+        (Slot::VisionNorm, Problem::LayerNorm { rows: n, dim: h, eps: c.layer_norm_eps as f32 }, 1),
+        (Slot::VisionResidualNorm, Problem::ResidualLayerNorm { rows: n, dim: h, eps: c.layer_norm_eps as f32 }, 2 * l),
         (Slot::VisionMlp, lin(h, h, false), 4 * l),
         (Slot::VisionMlp, lin(inter, h, true), l),
         (Slot::VisionMlp, lin(h, inter, false), l),
@@ -281,6 +299,9 @@ pub fn slot_problems(c: &VisionConfig) -> Vec<(Slot, Problem, usize)> {
         (Slot::VisionPool, Problem::AvgPool { side: c.patches_per_side(), kernel: c.pool_kernel(), dim: h }, 1),
         (Slot::Projector, Problem::Gemm { m: c.mm_tokens_per_image, n: c.text_hidden_size, k: h }, 1),
     ]
+    .into_iter()
+    .filter(|(_, _, count)| *count > 0)
+    .collect()
 }
 
 /// The forced kernel per op of a tower on `caps` (`on` names it in errors): the

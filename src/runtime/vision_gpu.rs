@@ -1,7 +1,8 @@
 //! The vision tower on a GPU: the op sequence of [`super::vision::VisionEngine`]
-//! (patch embedding, position add, per layer LayerNorm, q/k/v Linear,
-//! bidirectional attention, out_proj, residual, LayerNorm, fc1 with GELU, fc2,
-//! residual; post LayerNorm; the projector's pool, `(1 + w)` RMSNorm and GEMM) with
+//! (patch embedding, position add, the first layer's LayerNorm 1; per layer q/k/v
+//! Linear, bidirectional attention, out_proj, residual add fused with LayerNorm 2,
+//! fc1 with GELU, fc2, residual add fused with the next layer's LayerNorm 1 or the
+//! post LayerNorm; the projector's pool, `(1 + w)` RMSNorm and GEMM) with
 //! the ops' WGSL kernels on one wgpu adapter: weights uploaded once (f32),
 //! activations in storage buffers, every dispatch of an image recorded into one
 //! compute pass, the features and soft tokens read back at the end.
@@ -180,6 +181,7 @@ impl VisionGpu {
         let add = Problem::ResidualAdd { n: n * h };
         progs.push(self.op(&add, &[&t, &self.pos, &x])?);
         let ln = Problem::LayerNorm { rows: n, dim: h, eps };
+        let res_ln = Problem::ResidualLayerNorm { rows: n, dim: h, eps };
         let lin = |out: usize, k: usize, gelu: bool| Problem::Linear { m: n, n: out, k, gelu };
         let attn = Problem::AttentionFull {
             tokens: n,
@@ -187,22 +189,29 @@ impl VisionGpu {
             head_dim: c.head_dim(),
             scale: (c.head_dim() as f64).powf(-0.5) as f32,
         };
-        for l in &self.layers {
-            progs.push(self.op(&ln, &[&x, &l.ln1.0, &l.ln1.1, &t])?);
-            progs.push(self.op(&lin(h, h, false), &[&t, &l.q.0, &l.q.1, &q])?);
-            progs.push(self.op(&lin(h, h, false), &[&t, &l.k.0, &l.k.1, &k])?);
-            progs.push(self.op(&lin(h, h, false), &[&t, &l.v.0, &l.v.1, &v])?);
+        // `xn`: the LayerNorm of the stream `x` the next block reads; every
+        // LayerNorm but the first layer's LayerNorm 1 runs fused with the residual
+        // add before it (as the CPU engine runs them).
+        let xn = self.buffer("vision xn", n * h);
+        let first = self.layers.first().map_or(&self.post, |l| &l.ln1);
+        progs.push(self.op(&ln, &[&x, &first.0, &first.1, if self.layers.is_empty() { &features } else { &xn }])?);
+        for (i, l) in self.layers.iter().enumerate() {
+            progs.push(self.op(&lin(h, h, false), &[&xn, &l.q.0, &l.q.1, &q])?);
+            progs.push(self.op(&lin(h, h, false), &[&xn, &l.k.0, &l.k.1, &k])?);
+            progs.push(self.op(&lin(h, h, false), &[&xn, &l.v.0, &l.v.1, &v])?);
             progs.push(self.op(&attn, &[&q, &k, &v, &a])?);
             progs.push(self.op(&lin(h, h, false), &[&a, &l.o.0, &l.o.1, &t])?);
-            progs.push(self.op(&add, &[&x, &t, &a])?);
+            progs.push(self.op(&res_ln, &[&x, &t, &l.ln2.0, &l.ln2.1, &a, &xn])?);
             std::mem::swap(&mut x, &mut a);
-            progs.push(self.op(&ln, &[&x, &l.ln2.0, &l.ln2.1, &t])?);
-            progs.push(self.op(&lin(inter, h, true), &[&t, &l.fc1.0, &l.fc1.1, &mid])?);
+            progs.push(self.op(&lin(inter, h, true), &[&xn, &l.fc1.0, &l.fc1.1, &mid])?);
             progs.push(self.op(&lin(h, inter, false), &[&mid, &l.fc2.0, &l.fc2.1, &t])?);
-            progs.push(self.op(&add, &[&x, &t, &a])?);
+            let (norm, out) = match self.layers.get(i + 1) {
+                Some(next) => (&next.ln1, &xn),
+                None => (&self.post, &features),
+            };
+            progs.push(self.op(&res_ln, &[&x, &t, &norm.0, &norm.1, &a, out])?);
             std::mem::swap(&mut x, &mut a);
         }
-        progs.push(self.op(&ln, &[&x, &self.post.0, &self.post.1, &features])?);
         // Projector: pool the patch grid, (1 + w) RMSNorm, project to the text width.
         progs.push(self.op(&Problem::AvgPool { side: c.patches_per_side(), kernel: c.pool_kernel(), dim: h }, &[&features, &pooled])?);
         progs.push(self.op(&Problem::RmsNorm { rows: m, dim: h, eps, unit_offset: true }, &[&pooled, &self.mm_norm, &normed])?);

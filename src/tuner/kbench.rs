@@ -206,6 +206,7 @@ pub fn entries(model: &str, cfg: &ModelConfig, tokens: usize, context: usize) ->
         e("prefill rms_norm", Problem::RmsNorm { rows: tokens, dim: h, eps, unit_offset }, DType::F32),
         e("prefill residual+norm", Problem::ResidualRmsNorm { rows: tokens, dim: h, eps, unit_offset }, DType::F32),
         e("prefill layer_norm", Problem::LayerNorm { rows: tokens, dim: h, eps }, DType::F32),
+        e("prefill residual+layer_norm", Problem::ResidualLayerNorm { rows: tokens, dim: h, eps }, DType::F32),
         e("prefill rope q", Problem::Rope { tokens, heads, head_dim: hd, rot_dim: hd, pos0: 0, layout: RopeLayout::Half }, DType::F32),
         e(
             "prefill q norm+rope",

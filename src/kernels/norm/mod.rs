@@ -1,6 +1,6 @@
 //! The norm family: RMSNorm (`rms_norm`, with Gemma's `x * (1 + w)` unit offset)
 //! and LayerNorm (`layer_norm`), weights in f32 or f16, here; the fused residual add
-//! + RMSNorm in [`residual`].
+//! + RMSNorm and residual add + LayerNorm in [`residual`].
 //!
 //! WGSL: `rms_norm_wg` (one workgroup per row, workgroup-memory tree reduction, any
 //! dim), `rms_norm_subgroup` (one subgroup per row, `subgroupAdd`, several rows per
@@ -129,22 +129,24 @@ pub fn variants() -> Vec<KernelDef> {
 // ---------------------------------------------------------------------------------
 
 /// Welford triples (count, mean, M2) per invocation.
-fn shared_welford(_: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
+pub(super) fn shared_welford(_: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
     Ok(12 * param(params, "workgroup_size")? as u64)
 }
 
 fn rows_dim(prob: &Problem) -> (usize, usize) {
     match *prob {
-        Problem::RmsNorm { rows, dim, .. } | Problem::LayerNorm { rows, dim, .. } => (rows, dim),
+        Problem::RmsNorm { rows, dim, .. } | Problem::LayerNorm { rows, dim, .. } | Problem::ResidualLayerNorm { rows, dim, .. } => {
+            (rows, dim)
+        }
         _ => (0, 0),
     }
 }
 
-fn check_rows_wg(caps: &GpuCaps, prob: &Problem, _: DType, _: &Params) -> Result<(), String> {
+pub(super) fn check_rows_wg(caps: &GpuCaps, prob: &Problem, _: DType, _: &Params) -> Result<(), String> {
     grid_fits(caps, rows_dim(prob).0, "one per row")
 }
 
-fn check_rows_sg(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
+pub(super) fn check_rows_sg(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
     subgroup_fits(caps, params)?;
     grid_fits(caps, groups(rows_dim(prob).0, param(params, "rows_per_wg")?) as usize, "one per rows_per_wg rows")
 }
@@ -162,27 +164,29 @@ fn check_rms_vec4(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> 
 }
 
 /// The uniform block of an RMSNorm or residual RMSNorm (`rows, dim, eps,
-/// unit_offset`) or LayerNorm
-/// (`rows, dim, eps`) problem, and its row count.
+/// unit_offset`) or LayerNorm or residual LayerNorm (`rows, dim, eps`) problem, and
+/// its row count.
 fn norm_uniform(s: &WgslSetup<'_>) -> Result<(usize, Vec<u32>), KernelError> {
     match *s.problem {
         Problem::RmsNorm { rows, dim, eps, unit_offset } | Problem::ResidualRmsNorm { rows, dim, eps, unit_offset } => {
             Ok((rows, vec![rows as u32, dim as u32, eps.to_bits(), unit_offset as u32]))
         }
-        Problem::LayerNorm { rows, dim, eps } => Ok((rows, vec![rows as u32, dim as u32, eps.to_bits()])),
+        Problem::LayerNorm { rows, dim, eps } | Problem::ResidualLayerNorm { rows, dim, eps } => {
+            Ok((rows, vec![rows as u32, dim as u32, eps.to_bits()]))
+        }
         _ => Err(wrong_op(s.kernel, s.problem)),
     }
 }
 
 /// One prepare for the one-workgroup-per-row shaders (`rms_norm_wg`, `layer_norm_wg`,
-/// `residual_rms_norm_wg`).
+/// `residual_rms_norm_wg`, `residual_layer_norm_wg`).
 pub(super) fn prepare_wg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let (rows, u) = norm_uniform(s)?;
     one_wg_per_row(s, rows, &u)
 }
 
 /// One prepare for the subgroup-per-row shaders (`rms_norm_subgroup`,
-/// `layer_norm_subgroup`, `residual_rms_norm_subgroup`).
+/// `layer_norm_subgroup`, `residual_rms_norm_subgroup`, `residual_layer_norm_subgroup`).
 pub(super) fn prepare_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let (rows, u) = norm_uniform(s)?;
     subgroup_per_row(s, rows, &u, "rows_per_wg")
@@ -224,6 +228,27 @@ fn sumsq_k<L: Lanes>(l: L, x: &[f32]) -> f32 {
 #[inline(always)]
 fn sum_k<L: Lanes>(l: L, x: &[f32]) -> f32 {
     reduce4(l, x, |v| v, |v| v)
+}
+
+/// `h = x + r`, returning `Σ h` (the residual add and the mean's sum in one pass).
+#[inline(always)]
+fn add_sum_k<L: Lanes>(l: L, x: &[f32], r: &[f32], h: &mut [f32]) -> f32 {
+    let n = h.len();
+    let (x, r) = (&x[..n], &r[..n]);
+    let mut acc = [l.splat(0.0); 2];
+    let mut hs = h.chunks_exact_mut(L::N);
+    for (i, ((hc, xc), rc)) in (&mut hs).zip(x.chunks_exact(L::N)).zip(r.chunks_exact(L::N)).enumerate() {
+        let v = l.add(l.load(xc), l.load(rc));
+        l.store(hc, v);
+        acc[i & 1] = l.add(acc[i & 1], v);
+    }
+    let mut s = l.hsum(l.add(acc[0], acc[1]));
+    let t = n - n % L::N;
+    for (i, o) in hs.into_remainder().iter_mut().enumerate() {
+        *o = x[t + i] + r[t + i];
+        s += *o;
+    }
+    s
 }
 
 /// `Σ (x - mean)²`.
@@ -317,7 +342,12 @@ fn sum(isa: Isa, x: &[f32]) -> f32 {
     isa_dispatch!(isa, |l| (x: &[f32] = x) -> f32 { sum_k(l, x) })
 }
 
-fn sqdev(isa: Isa, x: &[f32], mean: f32) -> f32 {
+/// `h = x + r` over `h.len()` elements, returning `Σ h`.
+pub(super) fn add_sum(isa: Isa, x: &[f32], r: &[f32], h: &mut [f32]) -> f32 {
+    isa_dispatch!(isa, |l| (x: &[f32] = x, r: &[f32] = r, h: &mut [f32] = h) -> f32 { add_sum_k(l, x, r, h) })
+}
+
+pub(super) fn sqdev(isa: Isa, x: &[f32], mean: f32) -> f32 {
     isa_dispatch!(isa, |l| (x: &[f32] = x, mean: f32 = mean) -> f32 { sqdev_k(l, x, mean) })
 }
 
@@ -328,7 +358,7 @@ fn rms_apply(isa: Isa, x: &[f32], w: Row<'_>, off: f32, inv: f32, y: &mut [f32])
 }
 
 #[allow(clippy::too_many_arguments)]
-fn ln_apply(isa: Isa, x: &[f32], w: Row<'_>, b: Row<'_>, mean: f32, rs: f32, y: &mut [f32]) {
+pub(super) fn ln_apply(isa: Isa, x: &[f32], w: Row<'_>, b: Row<'_>, mean: f32, rs: f32, y: &mut [f32]) {
     isa_dispatch!(isa, |l| (x: &[f32] = x, w: Row<'_> = w, b: Row<'_> = b, mean: f32 = mean, rs: f32 = rs, y: &mut [f32] = y) -> () {
         with_row_pair!(w, b, |w, b| ln_apply_k(l, x, w, b, mean, rs, y))
     })
@@ -351,7 +381,7 @@ pub fn inv_rms(ss: f32, dim: usize, eps: f32) -> f32 {
 }
 
 /// Elements `c0 .. c0 + len` of a weight vector.
-fn part(w: CpuIn<'_>, c0: usize, len: usize) -> Row<'_> {
+pub(super) fn part(w: CpuIn<'_>, c0: usize, len: usize) -> Row<'_> {
     match w {
         CpuIn::F32(s) => Row::F32(&s[c0..c0 + len]),
         CpuIn::F16(s) => Row::F16(&s[c0..c0 + len]),
@@ -433,6 +463,12 @@ mod tests {
                 assert!((sumsq(isa, &x) as f64 - ss).abs() < 1e-6 * ss, "sumsq {isa:?} n={n}");
                 assert!((sum(isa, &x) as f64 / n as f64 - mean).abs() < 1e-5, "sum {isa:?} n={n}");
                 assert!((sqdev(isa, &x, mean as f32) as f64 - dev).abs() < 1e-3 * dev.max(1.0), "sqdev {isa:?} n={n}");
+                let r: Vec<f32> = x.iter().map(|v| 0.5 - v / 400.0).collect();
+                let mut hsum = vec![0f32; n];
+                let s = add_sum(isa, &x, &r, &mut hsum);
+                let want: f64 = x.iter().zip(&r).map(|(a, b)| (a + b) as f64).sum();
+                assert!((s as f64 - want).abs() < 1e-5 * want.abs().max(1.0), "add_sum {isa:?} n={n}");
+                assert!(hsum.iter().zip(x.iter().zip(&r)).all(|(h, (a, b))| *h == a + b), "add_sum h {isa:?} n={n}");
                 for w in [Row::F32(&wf), Row::F16(&wh)] {
                     let mut y = vec![0f32; n];
                     rms_apply(isa, &x, w, 1.0, 0.5, &mut y);

@@ -1,0 +1,32 @@
+// Fused residual add + LayerNorm with bias: h = x + r, y = (h - mean) /
+// sqrt(var + eps) * w + b (a SigLIP encoder layer's residual and the norm after
+// it): the interface and the output pass of fused_residual_layer_norm_wg and
+// fused_residual_layer_norm_subgroup (`shader!(VARIANT,
+// "fused_residual_layer_norm.wgsl", ..)`), which write h and compute the row
+// statistics each their own way. Every invocation rereads only the h it wrote
+// itself, so no barrier orders h. Any dim; w and b are read as u32 words decoded
+// by W_F16 (wload.wgsl).
+
+struct Dims { rows: u32, dim: u32, eps: f32 }
+
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read> r: array<f32>;
+@group(0) @binding(2) var<storage, read> w: array<u32>;
+@group(0) @binding(3) var<storage, read> b: array<u32>;
+@group(0) @binding(4) var<storage, read_write> h: array<f32>;
+@group(0) @binding(5) var<storage, read_write> y: array<f32>;
+@group(0) @binding(6) var<uniform> dims: Dims;
+
+fn wload(i: u32) -> f32 { return wpick(w[wword(i)], i); }
+fn bload(i: u32) -> f32 { return wpick(b[wword(i)], i); }
+
+fn row_count() -> u32 {
+    return dims.rows;
+}
+
+// y = (h - mean) * rs * w + b over the invocation's strided share of the row.
+fn layer_write(base: u32, first: u32, stride: u32, mean: f32, rs: f32) {
+    for (var c = first; c < dims.dim; c += stride) {
+        y[base + c] = (h[base + c] - mean) * rs * wload(c) + bload(c);
+    }
+}
