@@ -1,10 +1,10 @@
 // Fused residual add + LayerNorm with bias: h = x + r, y = (h - mean) /
 // sqrt(var + eps) * w + b (a SigLIP encoder layer's residual and the norm after
-// it): the interface and the output pass of fused_residual_layer_norm_wg and
-// fused_residual_layer_norm_subgroup (`shader!(VARIANT,
-// "fused_residual_layer_norm.wgsl", ..)`), which write h and compute the row
-// statistics each their own way. Every invocation rereads only the h it wrote
-// itself, so no barrier orders h. Any dim; w and b are read as u32 words decoded
+// it): the interface and the output pass that turn the LayerNorm bodies
+// norm_layer_wg.wgsl and norm_layer_subgroup.wgsl into the fused kernels
+// (`shader!("norm_layer_wg.wgsl", "fused_residual_layer_norm.wgsl", ..)`): their
+// first statistics pass writes h through ln_read. Every invocation rereads only
+// the h it wrote itself, so no barrier orders h. Any dim; w and b are read as u32 words decoded
 // by W_F16 (wload.wgsl).
 
 struct Dims { rows: u32, dim: u32, eps: f32 }
@@ -20,6 +20,16 @@ struct Dims { rows: u32, dim: u32, eps: f32 }
 fn wload(i: u32) -> f32 { return wpick(w[wword(i)], i); }
 fn bload(i: u32) -> f32 { return wpick(b[wword(i)], i); }
 
+// The statistics passes' reads of element i (row base included): the first
+// writes h = x + r, later ones reread it. Every invocation rereads only the h it
+// wrote itself.
+fn ln_read(i: u32) -> f32 {
+    let v = x[i] + r[i];
+    h[i] = v;
+    return v;
+}
+fn ln_reread(i: u32) -> f32 { return h[i]; }
+
 fn row_count() -> u32 {
     return dims.rows;
 }
@@ -27,6 +37,6 @@ fn row_count() -> u32 {
 // y = (h - mean) * rs * w + b over the invocation's strided share of the row.
 fn layer_write(base: u32, first: u32, stride: u32, mean: f32, rs: f32) {
     for (var c = first; c < dims.dim; c += stride) {
-        y[base + c] = (h[base + c] - mean) * rs * wload(c) + bload(c);
+        y[base + c] = (ln_reread(base + c) - mean) * rs * wload(c) + bload(c);
     }
 }

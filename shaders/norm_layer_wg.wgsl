@@ -3,8 +3,10 @@
 // M2), and the workgroup merges the WG triples pairwise in a tree (Chan et al.:
 // M2 = M2a + M2b + delta² na nb / n), which stays accurate when |mean| >> std, unlike
 // sum and sum of squares.
-// Includes: norm_layer.wgsl (interface, output pass), row_wg.wgsl (entry point),
-// wload.wgsl.
+// The row's values come from the interface's ln_read (x, or for the fused
+// residual form h = x + r, written as it is read).
+// Includes: norm_layer.wgsl or fused_residual_layer_norm.wgsl (interface, output
+// pass), row_wg.wgsl (entry point), wload.wgsl.
 
 override WG: u32 = 128;
 override W_F16: bool = false;
@@ -20,7 +22,7 @@ fn run_row(row: u32, tid: u32, stride: u32) {
     var mean = 0.0;
     var m2 = 0.0;
     for (var c = tid; c < d; c += stride) {
-        let v = x[base + c];
+        let v = ln_read(base + c);
         n += 1.0;
         let delta = v - mean;
         mean += delta / n;
