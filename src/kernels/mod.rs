@@ -706,19 +706,20 @@ pub fn for_op(op: Op) -> impl Iterator<Item = &'static KernelDef> {
     registry().iter().filter(move |k| k.op == op)
 }
 
-/// Every WGSL shader the set uses, deduplicated by name.
+/// Every WGSL shader the set uses, once each (a file and its includes).
 pub fn shaders() -> Vec<&'static Shader> {
     let mut out: Vec<&'static Shader> = Vec::new();
     for k in registry() {
         if let Impl::Wgsl(w) = &k.imp {
             for sh in std::iter::once(w.shader).chain(w.alt_shaders.iter().copied()) {
-                if !out.iter().any(|s| s.name == sh.name) {
+                // One file can serve several shaders that append different includes.
+                if !out.iter().any(|s| s.name == sh.name && s.includes == sh.includes) {
                     out.push(sh);
                 }
             }
         }
     }
-    out.sort_by_key(|s| s.name);
+    out.sort_by_key(|s| (s.name, s.includes));
     out
 }
 
