@@ -32,10 +32,7 @@ impl HostTensor {
         match self {
             HostTensor::F32(v) => huge_pages(v),
             HostTensor::F16(v) => huge_pages(v),
-            HostTensor::Q(m) => {
-                huge_pages(&m.quants);
-                huge_pages(&m.scales);
-            }
+            HostTensor::Q(m) => m.huge_pages(),
         }
     }
 

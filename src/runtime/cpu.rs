@@ -31,10 +31,7 @@ impl HostBuf {
         match self {
             HostBuf::F32(v) => huge_pages(v),
             HostBuf::F16(v) => huge_pages(v),
-            HostBuf::Q(m) => {
-                huge_pages(&m.quants);
-                huge_pages(&m.scales);
-            }
+            HostBuf::Q(m) => m.huge_pages(),
             HostBuf::Shared(b) => b.back_with_huge_pages(),
         }
     }

@@ -348,6 +348,13 @@ pub enum QuantError {
 }
 
 impl QMatrix {
+    /// Backs the quants and the scales with huge pages where the system offers
+    /// them ([`crate::kernels::cpu::huge_pages`]).
+    pub fn huge_pages(&self) {
+        crate::kernels::cpu::huge_pages(&self.quants);
+        crate::kernels::cpu::huge_pages(&self.scales);
+    }
+
     pub fn blocks(&self) -> usize {
         self.rows * self.blocks_per_row()
     }
