@@ -6,7 +6,8 @@
 // QFMT (kernels::wgsl::qfmt, the order of QFormat::ALL): 0 q8_0, 1 q4_0, 2 q4_1,
 // 3 q5_0, 4 q5_1, 5 q2_k, 6 q3_k, 7 q4_k, 8 q5_k, 9 q6_k, 10 iq4_nl, 11 iq4_xs.
 // wq: every block's bytes except its 16-bit header fields, qwpb() words a block
-// (the split layout of kernels::quant::QMatrix); ws: the header fields, qspb() a
+// (the GPU layout of kernels::quant::QMatrix: q3_k, q4_k and q5_k padded to whole
+// 16-byte words, q4_k / q5_k's codes from byte 16); ws: the header fields, qspb() a
 // block, two to a word (d; d, m; d, dmin; iq4_xs d, scales_h).
 //
 // A block is read in units: qunits() per block, each one quant word's worth of
@@ -27,15 +28,15 @@ fn qunits() -> u32 {
     return qbe() / 8u;
 }
 
-// Quant words per block (QFormat::quant_bytes / 4).
+// Quant words per block (QFormat::gpu_quant_bytes / 4).
 fn qwpb() -> u32 {
     switch QFMT {
         case 0u: { return 8u; }
         case 3u, 4u: { return 5u; }
         case 5u: { return 20u; }
-        case 6u: { return 27u; }
-        case 7u: { return 35u; }
-        case 8u: { return 43u; }
+        case 6u: { return 28u; }
+        case 7u: { return 36u; }
+        case 8u: { return 44u; }
         case 9u: { return 52u; }
         case 11u: { return 33u; }
         default: { return 4u; }
@@ -224,13 +225,13 @@ fn qdecode(gu: u32) -> QWord {
         case 7u, 8u: {
             let jj = j / 8u;
             let w = j % 8u;
-            let qoff = select(12u, 44u, QFMT == 8u) + 32u * jj + 4u * w;
+            let qoff = select(16u, 48u, QFMT == 8u) + 32u * jj + 4u * w;
             let q = qw4(b, qoff);
             var lo = nib_lo(q);
             var hi = nib_hi(q);
             let g = 2u * jj;
             if (QFMT == 8u) {
-                let qh = bytes4(qw4(b, 12u + 4u * w));
+                let qh = bytes4(qw4(b, 16u + 4u * w));
                 lo |= ((qh >> vec4<u32>(g)) & vec4<u32>(1u)) << vec4<u32>(4u);
                 hi |= ((qh >> vec4<u32>(g + 1u)) & vec4<u32>(1u)) << vec4<u32>(4u);
             }

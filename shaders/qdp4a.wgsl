@@ -98,11 +98,12 @@ fn dq_be() -> u32 {
     return select(32u, 256u, QFMT == 7u || QFMT == 9u);
 }
 
-// Quant words per block (QFormat::quant_bytes / 4).
+// Quant words per block (QFormat::gpu_quant_bytes / 4: q4_k's 12 scale bytes, 4
+// pad bytes, its codes from word 4).
 fn dq_wpb() -> u32 {
     switch QFMT {
         case 0u: { return 8u; }
-        case 7u: { return 35u; }
+        case 7u: { return 36u; }
         case 9u: { return 52u; }
         default: { return 4u; }
     }
@@ -160,24 +161,17 @@ fn dq_w1(i: u32) -> u32 {
     return wq[i >> 2u][i & 3u];
 }
 
-// VW quant words from word i (in .x, .xy or .xyzw): one 16-byte (or 8-byte) load
-// where the format's blocks keep segments 16-byte aligned (all but q4_k's
-// 140-byte blocks), word by word otherwise.
+// VW quant words from word i (in .x, .xy or .xyzw): one 16-byte (or 8-byte) load,
+// every format's segments being 16-byte aligned in the GPU layout (i a multiple of VW).
 fn dq_wload(i: u32) -> vec4<u32> {
-    if (QFMT != 7u) {
-        if (VW == 4u) {
-            return wq[i >> 2u];
-        }
-        if (VW == 2u) {
-            let v = wq[i >> 2u];
-            return select(vec4<u32>(v.xy, 0u, 0u), vec4<u32>(v.zw, 0u, 0u), (i & 2u) != 0u);
-        }
+    if (VW == 4u) {
+        return wq[i >> 2u];
     }
-    var out = vec4<u32>(0u);
-    for (var t = 0u; t < VW; t++) {
-        out[t] = dq_w1(i + t);
+    if (VW == 2u) {
+        let v = wq[i >> 2u];
+        return select(vec4<u32>(v.xy, 0u, 0u), vec4<u32>(v.zw, 0u, 0u), (i & 2u) != 0u);
     }
-    return out;
+    return vec4<u32>(dq_w1(i), 0u, 0u, 0u);
 }
 
 // ------------------------------------------------------------- activation
@@ -292,7 +286,7 @@ fn dq_item(gb: u32, j: u32, p: u32) -> f32 {
         }
         case 7u: {
             let jj = j / 2u;
-            let w = dq_wload(base + 3u + 8u * jj + 4u * (j % 2u) + p * VW);
+            let w = dq_wload(base + 4u + 8u * jj + 4u * (j % 2u) + p * VW);
             let sc = vec3<u32>(dq_w1(base), dq_w1(base + 1u), dq_w1(base + 2u));
             let a = dq_k4(sc, 2u * jj);
             let c = dq_k4(sc, 2u * jj + 1u);

@@ -136,7 +136,8 @@ impl DType {
         }
     }
     /// Bytes of a buffer of `n` elements in this type. Quantized: the single-buffer
-    /// GPU layout of [`quant::QMatrix`] (quants padded to 256 bytes, then the f16
+    /// GPU layout of [`quant::QMatrix`] (blocks of [`quant::QFormat::gpu_quant_bytes`]
+    /// padded to 256 bytes, then the f16
     /// scales) for `n / 32` blocks (a partial block counts whole).
     pub fn bytes_for(self, n: usize) -> u64 {
         match self.quant() {

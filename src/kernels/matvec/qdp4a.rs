@@ -18,8 +18,9 @@
 //!    block sum `d·Σq`, four codes a `u32`), dotted with `dot4I8Packed`; 16, f16
 //!    pairs; 32, f32 (the block sums are kept in every form).
 //! 2. `main`: each invocation walks items of `k_vec` quant words (4: one 16-byte
-//!    load where the block layout keeps segments 16-byte aligned; Q4_K's 140-byte
-//!    blocks are read word by word) for all `rows_per_wg` rows of its workgroup,
+//!    load; the GPU layout keeps every segment 16-byte aligned, Q4_K's blocks
+//!    padded from 140 to 144 bytes, [`QFormat::gpu_quant_bytes`](crate::kernels::quant::QFormat::gpu_quant_bytes))
+//!    for all `rows_per_wg` rows of its workgroup,
 //!    sharing each activation load, into register accumulators; unsigned weight
 //!    codes (Q4_0, Q4_1, Q4_K nibbles) are dotted as they are and their offsets
 //!    come through the activation block sums; Q6_K codes become signed bytes in

@@ -9,7 +9,9 @@
 //! split layout moves those 16-bit fields into `scales` (one to two per block)
 //! and keeps every other byte of the block, in on-disk order, in `quants`
 //! ([`QFormat::quant_bytes`], always a multiple of 4): GPU kernels read both as
-//! `array<u32>` without unaligned access, CPU kernels read the same bytes.
+//! `array<u32>` without unaligned access (the GPU buffer pads Q3_K, Q4_K and Q5_K
+//! blocks to whole 16-byte words, [`QFormat::gpu_quant_bytes`]), CPU kernels read
+//! the same bytes.
 //! [`QMatrix::from_ggml`] and [`QMatrix::to_ggml`] convert from and to the
 //! on-disk block stream losslessly. How each format's bytes become values:
 //! [`decode`] (bit-identical to `gguf.quants.dequantize`); how floats become
@@ -140,6 +142,26 @@ impl QFormat {
     pub fn quant_bytes(self) -> usize {
         self.block_bytes() - 2 * self.scales_per_block()
     }
+    /// Quantized bytes per block in the GPU layout ([`QFormat::layout`]): the
+    /// [`QFormat::quant_bytes`] padded to a multiple of 16 where that costs at most
+    /// 4 bytes (Q3_K 108 → 112, Q4_K 140 → 144, Q5_K 172 → 176), so a block's code
+    /// segments start 16-byte aligned and a shader reads them with `vec4<u32>`
+    /// loads; the others as they are (already whole 16-byte words, or Q5_0/Q5_1's 20
+    /// and IQ4_XS's 132, which would grow by 60% and 9%).
+    pub fn gpu_quant_bytes(self) -> usize {
+        let q = self.quant_bytes();
+        let padded = q.div_ceil(16) * 16;
+        if padded - q <= 4 { padded } else { q }
+    }
+    /// Where the GPU layout's pad bytes go in a block's quantized bytes
+    /// ([`QFormat::gpu_quant_bytes`]): after the 12 packed scale bytes for Q4_K and
+    /// Q5_K (their `qh`/`qs` then start at 16), at the end for the rest.
+    pub fn gpu_pad_at(self) -> usize {
+        match self {
+            QFormat::Q4_K | QFormat::Q5_K => 12,
+            _ => self.quant_bytes(),
+        }
+    }
     /// 16-bit values per block in [`QMatrix::scales`] (`d`; `d, m`; `d, dmin`; IQ4_XS `d, scales_h`).
     pub fn scales_per_block(self) -> usize {
         self.header().len()
@@ -200,7 +222,7 @@ impl std::str::FromStr for QFormat {
 pub const SCALES_ALIGN: usize = 256;
 
 /// Where the regions of a quantized matrix of `blocks` blocks lie in one buffer:
-/// the quants from byte 0, the f16 scales from `scales_offset` (a multiple of
+/// the quants from byte 0 ([`QFormat::gpu_quant_bytes`] a block), the f16 scales from `scales_offset` (a multiple of
 /// [`SCALES_ALIGN`]), so the buffer binds as two storage bindings (the
 /// `matrix` and `scale_bytes` of the profile format).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -217,7 +239,7 @@ pub struct QLayout {
 impl QFormat {
     /// The single-buffer layout of `blocks` blocks.
     pub fn layout(self, blocks: usize) -> QLayout {
-        let quants = blocks * self.quant_bytes();
+        let quants = blocks * self.gpu_quant_bytes();
         let scales_offset = quants.div_ceil(SCALES_ALIGN) * SCALES_ALIGN;
         let scales = (blocks * self.scales_per_block() * 2).div_ceil(4) * 4;
         QLayout { quants, scales_offset, scales, total: scales_offset + scales.max(4).div_ceil(16) * 16 }
@@ -378,15 +400,24 @@ impl QMatrix {
         QView { format: self.format, quants: &self.quants, scales: &self.scales, layout: self.layout }
     }
 
-    /// The single-buffer GPU layout ([`QFormat::layout`]): quants, zero padding,
-    /// scales (little-endian f16), zero padding.
+    /// The single-buffer GPU layout ([`QFormat::layout`]): quants (each block's
+    /// padded to [`QFormat::gpu_quant_bytes`] with zeros at
+    /// [`QFormat::gpu_pad_at`]), zero padding, scales (little-endian f16), zero padding.
     pub fn gpu_bytes(&self) -> Vec<u8> {
         if self.layout != Layout::Rows {
             return self.to_rows().gpu_bytes();
         }
         let l = self.format.layout(self.blocks());
         let mut out = vec![0u8; l.total];
-        out[..self.quants.len()].copy_from_slice(&self.quants);
+        let (qb, gb, at) = (self.format.quant_bytes(), self.format.gpu_quant_bytes(), self.format.gpu_pad_at());
+        if qb == gb {
+            out[..self.quants.len()].copy_from_slice(&self.quants);
+        } else {
+            for (src, dst) in self.quants.chunks_exact(qb).zip(out[..l.quants].chunks_exact_mut(gb)) {
+                dst[..at].copy_from_slice(&src[..at]);
+                dst[at + gb - qb..].copy_from_slice(&src[at..]);
+            }
+        }
         for (i, s) in self.scales.iter().enumerate() {
             out[l.scales_offset + 2 * i..][..2].copy_from_slice(&s.to_le_bytes());
         }
@@ -633,12 +664,35 @@ mod tests {
             let bytes = m.gpu_bytes();
             assert_eq!(bytes.len(), l.total);
             assert_eq!(l.scales_offset % SCALES_ALIGN, 0);
-            assert!(l.scales_offset >= m.quants.len());
-            assert_eq!(&bytes[..m.quants.len()], &m.quants[..]);
+            assert!(l.scales_offset >= l.quants);
+            // every block's bytes, the pad (zeros) at gpu_pad_at
+            let (qb, gb, at) = (f.quant_bytes(), f.gpu_quant_bytes(), f.gpu_pad_at());
+            assert!(gb >= qb && gb - qb <= 4 && at <= qb, "{f}");
+            assert_eq!(l.quants, m.blocks() * gb);
+            for b in 0..m.blocks() {
+                let (src, dst) = (&m.quants[b * qb..][..qb], &bytes[b * gb..][..gb]);
+                assert_eq!(&dst[..at], &src[..at], "{f} block {b}");
+                assert!(dst[at..at + gb - qb].iter().all(|&x| x == 0), "{f} block {b}");
+                assert_eq!(&dst[at + gb - qb..], &src[at..], "{f} block {b}");
+            }
             let s0 = f16::from_le_bytes([bytes[l.scales_offset], bytes[l.scales_offset + 1]]);
             assert_eq!(s0, m.scales[0]);
             assert_eq!(crate::kernels::DType::from(f).bytes_for(2560), l.total as u64);
             assert_eq!(f.quant_bytes() % 4, 0, "{f}: quant words must be whole u32s");
+        }
+        // the formats whose code segments the shaders read 16 bytes at a time
+        for f in [
+            QFormat::Q8_0,
+            QFormat::Q4_0,
+            QFormat::Q4_1,
+            QFormat::Q2_K,
+            QFormat::Q3_K,
+            QFormat::Q4_K,
+            QFormat::Q5_K,
+            QFormat::Q6_K,
+            QFormat::IQ4_NL,
+        ] {
+            assert_eq!(f.gpu_quant_bytes() % 16, 0, "{f}");
         }
     }
 
