@@ -17,9 +17,12 @@
 //               (VW quant words of a 16-byte segment of a block) sharing each
 //               activation load, then one reduction at the end. The int8 form
 //               dots four codes at a time with dot4I8Packed; unsigned weight
-//               codes (q4_0, q4_1, q4_k nibbles) go in as they are and their
-//               offsets (-8 d, m, -dmin m) come through the activation block
-//               sums xs.y. SPLIT > 1: workgroup (g, s) covers the s-th of SPLIT
+//               codes (q4_0 / q4_1 / q4_k nibbles, q5_0 / q5_1 / q5_k 5-bit codes,
+//               q2_k fields) go in as they are and their
+//               offsets (-8 d, -16 d, m, -dmin m) come through the activation
+//               block sums xs.y (q2_k's per-16 minima: the item's own code sums,
+//               dot4I8Packed against ones); q3_k, q6_k and the iq4 levels become
+//               signed bytes in registers. SPLIT > 1: workgroup (g, s) covers the s-th of SPLIT
 //               ranges of a row's blocks (the family writes partials and its
 //               `sum_splits` entry finishes).
 //
@@ -31,9 +34,10 @@
 //   fn dq_out(row0, s, r)         invocation r < ROWS stores output row0 + r of
 //                                 split s from dq_total(r) (.. of the main include)
 // Uses the variant's overrides WG, ROWS (<= 8), QFMT (0 q8_0, 1 q4_0, 2 q4_1,
-// 7 q4_k, 9 q6_k: kernels::wgsl::qfmt), VW (1, 2 or 4 words per item), ACT
-// (8, 16, 32) and SPLIT. Weights in the split layout of kernels::quant::QMatrix:
-// wq the quant bytes (bound padded to 16 bytes), ws the 16-bit header fields.
+// 3 q5_0, 4 q5_1, 5 q2_k, 6 q3_k, 7 q4_k, 8 q5_k, 9 q6_k, 10 iq4_nl, 11 iq4_xs:
+// kernels::wgsl::qfmt), VW (1, 2 or 4 words per item), ACT (8, 16, 32) and SPLIT.
+// Weights in the GPU layout of kernels::quant::QMatrix: wq the quant bytes (bound
+// padded to 16 bytes), ws the 16-bit header fields.
 // Needs k a whole number of blocks.
 
 @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
@@ -95,37 +99,52 @@ fn quantize(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 
 // Elements per block.
 fn dq_be() -> u32 {
-    return select(32u, 256u, QFMT == 7u || QFMT == 9u);
+    return select(32u, 256u, (QFMT >= 5u && QFMT <= 9u) || QFMT == 11u);
 }
 
-// Quant words per block (QFormat::gpu_quant_bytes / 4: q4_k's 12 scale bytes, 4
-// pad bytes, its codes from word 4).
+// Quant words per block (QFormat::gpu_quant_bytes / 4). q5_0 / q5_1: qh, then
+// 16 code bytes; q2_k: 16 scale bytes, 64 code bytes; q3_k: hmask 32, codes 64,
+// scales 12, pad 4; q4_k: scales 12, pad 4, codes 128; q5_k: scales 12, pad 4,
+// qh 32, codes 128; q6_k: ql 128, qh 64, scales 16; iq4_xs: scales_l 4, codes 128.
 fn dq_wpb() -> u32 {
     switch QFMT {
         case 0u: { return 8u; }
+        case 3u, 4u: { return 5u; }
+        case 5u: { return 20u; }
+        case 6u: { return 28u; }
         case 7u: { return 36u; }
+        case 8u: { return 44u; }
         case 9u: { return 52u; }
+        case 11u: { return 33u; }
         default: { return 4u; }
     }
 }
 
-// 16-byte segments per block (an item is VW words of one).
+// Whether a block's code segments are 16-byte aligned in wq (its quant words a
+// multiple of 4): all but q5_0 / q5_1 (5 words) and iq4_xs (33), read word by word.
+fn dq_aligned() -> bool {
+    return QFMT != 3u && QFMT != 4u && QFMT != 11u;
+}
+
+// 16-byte code segments per block (an item is VW words of one).
 fn dq_nseg() -> u32 {
     switch QFMT {
         case 0u: { return 2u; }
-        case 7u: { return 8u; }
-        case 9u: { return 4u; }
+        case 5u, 6u, 9u: { return 4u; }
+        case 7u, 8u, 11u: { return 8u; }
         default: { return 1u; }
     }
 }
 
 // Activation streams a segment dots against (one per group of codes sharing a
-// weight scale and an activation block): q8_0 1, q4_0 / q4_1 2 (low and high
-// nibbles), q4_k 2 (low nibbles: sub-block 2jj, high: 2jj + 1), q6_k 4.
+// weight scale and an activation block): q8_0 1; the 32-element nibble formats 2
+// (low and high nibbles: elements 0..16, 16..32); q4_k / q5_k 2 (low nibbles:
+// sub-block 2jj, high: 2jj + 1); iq4_xs 2 (the halves of sub-block j); q2_k / q3_k
+// (2-bit fields 0..3 of a code byte) and q6_k 4.
 fn dq_nstreams() -> u32 {
     switch QFMT {
         case 0u: { return 1u; }
-        case 9u: { return 4u; }
+        case 5u, 6u, 9u: { return 4u; }
         default: { return 2u; }
     }
 }
@@ -134,8 +153,9 @@ fn dq_nstreams() -> u32 {
 fn dq_squad(b: u32, j: u32, s: u32) -> u32 {
     switch QFMT {
         case 0u: { return 8u * b + 4u * j; }
-        case 7u: { return 64u * b + 16u * (j / 2u) + 4u * (j % 2u) + 8u * s; }
-        case 9u: { return 64u * b + 32u * (j / 2u) + 8u * s + 4u * (j % 2u); }
+        case 7u, 8u: { return 64u * b + 16u * (j / 2u) + 4u * (j % 2u) + 8u * s; }
+        case 5u, 6u, 9u: { return 64u * b + 32u * (j / 2u) + 8u * s + 4u * (j % 2u); }
+        case 11u: { return 64u * b + 8u * j + 4u * s; }
         default: { return 8u * b + 4u * s; }
     }
 }
@@ -143,17 +163,28 @@ fn dq_squad(b: u32, j: u32, s: u32) -> u32 {
 // The 32-element activation block of stream s of segment j of block b.
 fn dq_sblock(b: u32, j: u32, s: u32) -> u32 {
     switch QFMT {
-        case 7u: { return 8u * b + 2u * (j / 2u) + s; }
-        case 9u: { return 8u * b + 4u * (j / 2u) + s; }
+        case 7u, 8u: { return 8u * b + 2u * (j / 2u) + s; }
+        case 5u, 6u, 9u: { return 8u * b + 4u * (j / 2u) + s; }
+        case 11u: { return 8u * b + j; }
         default: { return b; }
     }
 }
 
-// Header field i of global block gb, as f16.
+// 16-bit header fields per block (d; d, m; d, dmin; iq4_xs d, scales_h).
+fn dq_nhead() -> u32 {
+    return select(1u, 2u, QFMT == 2u || QFMT == 4u || QFMT == 5u || QFMT == 7u || QFMT == 8u || QFMT == 11u);
+}
+
+// Header field i of global block gb, as f16, and its raw bits.
 fn dq_half(gb: u32, i: u32) -> f32 {
-    let idx = gb * select(1u, 2u, QFMT == 2u || QFMT == 7u) + i;
+    let idx = gb * dq_nhead() + i;
     let p = unpack2x16float(ws[idx >> 1u]);
     return select(p.x, p.y, (idx & 1u) == 1u);
+}
+
+fn dq_bits16(gb: u32, i: u32) -> u32 {
+    let idx = gb * dq_nhead() + i;
+    return (ws[idx >> 1u] >> ((idx & 1u) * 16u)) & 0xffffu;
 }
 
 // Quant word i (global word index).
@@ -161,17 +192,24 @@ fn dq_w1(i: u32) -> u32 {
     return wq[i >> 2u][i & 3u];
 }
 
-// VW quant words from word i (in .x, .xy or .xyzw): one 16-byte (or 8-byte) load,
-// every format's segments being 16-byte aligned in the GPU layout (i a multiple of VW).
+// VW quant words from word i (in .x, .xy or .xyzw): one 16-byte (or 8-byte) load
+// where the format's segments are 16-byte aligned in the GPU layout (i a multiple
+// of VW there), word by word otherwise.
 fn dq_wload(i: u32) -> vec4<u32> {
-    if (VW == 4u) {
-        return wq[i >> 2u];
+    if (dq_aligned()) {
+        if (VW == 4u) {
+            return wq[i >> 2u];
+        }
+        if (VW == 2u) {
+            let v = wq[i >> 2u];
+            return select(vec4<u32>(v.xy, 0u, 0u), vec4<u32>(v.zw, 0u, 0u), (i & 2u) != 0u);
+        }
     }
-    if (VW == 2u) {
-        let v = wq[i >> 2u];
-        return select(vec4<u32>(v.xy, 0u, 0u), vec4<u32>(v.zw, 0u, 0u), (i & 2u) != 0u);
+    var out = vec4<u32>(0u);
+    for (var t = 0u; t < VW; t++) {
+        out[t] = dq_w1(i + t);
     }
-    return vec4<u32>(dq_w1(i), 0u, 0u, 0u);
+    return out;
 }
 
 // ------------------------------------------------------------- activation
@@ -258,6 +296,39 @@ fn dq_s6(v: vec4<u32>) -> vec4<u32> {
     return b | (s << vec4<u32>(1u)) | (s << vec4<u32>(2u));
 }
 
+// Four 4-bit fields of h (bits 0..3, 4..7, ..), one a byte: bit i of h to bit 8 i.
+fn dq_spread4(h: u32) -> u32 {
+    return (h & 1u) | ((h & 2u) << 7u) | ((h & 4u) << 14u) | ((h & 8u) << 21u);
+}
+
+// The IQ4 levels of a word's four nibble codes (one a byte, 0..15) as signed bytes.
+fn dq_iq4(n: vec4<u32>) -> vec4<u32> {
+    // -127 -104 -83 -65 | -49 -35 -22 -10 | 1 13 25 38 | 53 69 89 113, bytes little end first
+    let lut = vec4<u32>(0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u);
+    var out = vec4<u32>(0u);
+    for (var t = 0u; t < VW; t++) {
+        var w = 0u;
+        for (var i = 0u; i < 4u; i++) {
+            let c = (n[t] >> (8u * i)) & 15u;
+            w |= ((lut[c >> 2u] >> (8u * (c & 3u))) & 0xffu) << (8u * i);
+        }
+        out[t] = w;
+    }
+    return out;
+}
+
+// Q3_K: the signed 6-bit scale of group g (0..16) from the block's three scale words.
+fn dq_k3(sc: vec3<u32>, g: u32) -> f32 {
+    let lo = select(dq_kbyte(sc, g - 8u) >> 4u, dq_kbyte(sc, g) & 15u, g < 8u);
+    let hi = (dq_kbyte(sc, 8u + g % 4u) >> (2u * (g / 4u))) & 3u;
+    return f32(i32(lo | (hi << 4u)) - 32);
+}
+
+// Byte i (0..3) of word w.
+fn dq_ubyte(w: u32, i: u32) -> u32 {
+    return (w >> (8u * i)) & 0xffu;
+}
+
 // Signed byte i of word w, as f32.
 fn dq_sbyte(w: u32, i: u32) -> f32 {
     return f32((bitcast<i32>(w) << (24u - 8u * i)) >> 24u);
@@ -273,9 +344,12 @@ fn dq_item(gb: u32, j: u32, p: u32) -> f32 {
             let w = dq_wload(base + 4u * j + p * VW);
             return dq_half(gb, 0u) * xd[0].x * dq_sdot(w, 0u);
         }
-        case 1u, 2u: {
+        case 1u, 2u, 10u: {
             let w = dq_wload(base + p * VW);
             let d = dq_half(gb, 0u);
+            if (QFMT == 10u) {
+                return d * (xd[0].x * dq_sdot(dq_iq4(w & lo4), 0u) + xd[1].x * dq_sdot(dq_iq4((w >> vec4<u32>(4u)) & lo4), 1u));
+            }
             var r = d * (xd[0].x * dq_sdot(w & lo4, 0u) + xd[1].x * dq_sdot((w >> vec4<u32>(4u)) & lo4, 1u));
             if (p == 0u) {
                 let off = select(-8.0 * d, dq_half(gb, 1u), QFMT == 2u);
@@ -284,14 +358,86 @@ fn dq_item(gb: u32, j: u32, p: u32) -> f32 {
             }
             return r;
         }
-        case 7u: {
+        case 3u, 4u: {
+            // qh (bit e: element e's fifth bit), then the nibbles as q4_0's
+            let qh = dq_w1(base);
+            let w = dq_wload(base + 1u + p * VW);
+            var hl = vec4<u32>(0u);
+            var hh = vec4<u32>(0u);
+            for (var t = 0u; t < VW; t++) {
+                let e = 4u * (p * VW + t);
+                hl[t] = dq_spread4(qh >> e) << 4u;
+                hh[t] = dq_spread4(qh >> (16u + e)) << 4u;
+            }
+            let d = dq_half(gb, 0u);
+            var r = d * (xd[0].x * dq_sdot((w & lo4) | hl, 0u) + xd[1].x * dq_sdot(((w >> vec4<u32>(4u)) & lo4) | hh, 1u));
+            if (p == 0u) {
+                let off = select(-16.0 * d, dq_half(gb, 1u), QFMT == 4u);
+                r += off * xd[0].y;
+            }
+            return r;
+        }
+        case 5u, 6u: {
+            // segment j = 2 n + l16: code bytes 32 n + 16 l16 .., 2-bit field s of a
+            // byte is element 128 n + 32 s + 16 l16 + i, scale group 8 n + 2 s + l16
+            let n = j / 2u;
+            let l16 = j % 2u;
+            let ones = vec4<u32>(0x01010101u);
+            let h3 = vec4<u32>(0x03030303u);
+            let d = dq_half(gb, 0u);
+            var r = 0.0;
+            if (QFMT == 5u) {
+                let w = dq_wload(base + 4u + 8u * n + 4u * l16 + p * VW);
+                let s0 = dq_w1(base + 2u * n);
+                let s1 = dq_w1(base + 2u * n + 1u);
+                let dmin = dq_half(gb, 1u);
+                for (var s = 0u; s < 4u; s++) {
+                    let sb = dq_ubyte(select(s1, s0, s < 2u), 2u * (s % 2u) + l16);
+                    let c = (w >> vec4<u32>(2u * s)) & h3;
+                    r += xd[s].x * (d * f32(sb & 15u) * dq_sdot(c, s) - dmin * f32(sb >> 4u) * dq_sdot(ones, s));
+                }
+                return r;
+            }
+            let w = dq_wload(base + 8u + 8u * n + 4u * l16 + p * VW);
+            let hm = dq_wload(base + 4u * l16 + p * VW);
+            let sc = vec3<u32>(dq_w1(base + 24u), dq_w1(base + 25u), dq_w1(base + 26u));
+            for (var s = 0u; s < 4u; s++) {
+                // 3-bit code u = field | hmask bit << 2, value u - 4 as a signed byte
+                let u = ((w >> vec4<u32>(2u * s)) & h3) | (((hm >> vec4<u32>(4u * n + s)) & ones) << vec4<u32>(2u));
+                let v = (u & h3) | ((((~u) >> vec4<u32>(2u)) & ones) * 0xfcu);
+                r += xd[s].x * dq_k3(sc, 8u * n + 2u * s + l16) * dq_sdot(v, s);
+            }
+            return d * r;
+        }
+        case 11u: {
+            // iq4_xs: sub-block j, its 6-bit scale from scales_l (word 0) and scales_h
+            let w = dq_wload(base + 1u + 4u * j + p * VW);
+            let ls = ((dq_w1(base) >> (4u * j)) & 15u) | (((dq_bits16(gb, 1u) >> (2u * j)) & 3u) << 4u);
+            let dl = dq_half(gb, 0u) * f32(i32(ls) - 32);
+            return dl * (xd[0].x * dq_sdot(dq_iq4(w & lo4), 0u) + xd[1].x * dq_sdot(dq_iq4((w >> vec4<u32>(4u)) & lo4), 1u));
+        }
+        case 7u, 8u: {
             let jj = j / 2u;
-            let w = dq_wload(base + 4u + 8u * jj + 4u * (j % 2u) + p * VW);
+            var wl = vec4<u32>(0u);
+            var wh = vec4<u32>(0u);
+            if (QFMT == 7u) {
+                let w = dq_wload(base + 4u + 8u * jj + 4u * (j % 2u) + p * VW);
+                wl = w & lo4;
+                wh = (w >> vec4<u32>(4u)) & lo4;
+            } else {
+                // q5_k: qh byte l holds the fifth bits of elements l (bit 2 jj) and
+                // 32 + l (bit 2 jj + 1) of 64-element group jj
+                let w = dq_wload(base + 12u + 8u * jj + 4u * (j % 2u) + p * VW);
+                let qh = dq_wload(base + 4u + 4u * (j % 2u) + p * VW);
+                let one = vec4<u32>(0x01010101u);
+                wl = (w & lo4) | (((qh >> vec4<u32>(2u * jj)) & one) << vec4<u32>(4u));
+                wh = ((w >> vec4<u32>(4u)) & lo4) | (((qh >> vec4<u32>(2u * jj + 1u)) & one) << vec4<u32>(4u));
+            }
             let sc = vec3<u32>(dq_w1(base), dq_w1(base + 1u), dq_w1(base + 2u));
             let a = dq_k4(sc, 2u * jj);
             let c = dq_k4(sc, 2u * jj + 1u);
-            var r = dq_half(gb, 0u) * (a.x * xd[0].x * dq_sdot(w & lo4, 0u)
-                                     + c.x * xd[1].x * dq_sdot((w >> vec4<u32>(4u)) & lo4, 1u));
+            var r = dq_half(gb, 0u) * (a.x * xd[0].x * dq_sdot(wl, 0u)
+                                     + c.x * xd[1].x * dq_sdot(wh, 1u));
             if (j % 2u == 0u && p == 0u) {
                 r -= dq_half(gb, 1u) * (a.y * xd[0].y + c.y * xd[1].y);
             }

@@ -4,8 +4,7 @@
 //! `gate_up_q_dp4a_*` ([`gate_up`](super::gate_up): the gate and up rows of ROWS
 //! features, the activation product in registers) and `qkv_proj_q_dp4a_*`
 //! ([`qkv`](super::qkv): the Q, K and V rows, bias and routing as
-//! `qkv_proj_q_wg`), over [`DType::Q8_0`], [`DType::Q4_0`], [`DType::Q4_1`],
-//! [`DType::Q4_K`] and [`DType::Q6_K`] weights in the split layout of
+//! `qkv_proj_q_wg`), over weights of every block format ([`DType::QUANT`]) in the GPU layout of
 //! [`QMatrix`](crate::kernels::quant::QMatrix). Their WGSL shares one core,
 //! `shaders/qdp4a.wgsl` (the quantize pass, the block dots, the register
 //! accumulation), one entry point per reduction (`qdp4a_main_wg.wgsl`,
@@ -45,8 +44,8 @@ use crate::shader;
 static DP4A_WG: Shader = shader!("qgemv_dp4a_wg.wgsl", "qdp4a_gemv.wgsl", "qdp4a_main_wg.wgsl", "qdp4a.wgsl", "reduce_wg.wgsl");
 static DP4A_SG: Shader = shader!("qgemv_dp4a_subgroup.wgsl", "qdp4a_gemv.wgsl", "qdp4a_main_sg.wgsl", "qdp4a.wgsl");
 
-/// The block formats the shader decodes.
-pub const DTYPES: &[DType] = &[DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4_K, DType::Q6_K];
+/// The block formats the shader decodes: every one.
+pub const DTYPES: &[DType] = DType::QUANT;
 
 const ROWS_PER_WG: ParamSpec = ParamSpec {
     name: "rows_per_wg",
@@ -142,7 +141,7 @@ fn split_of(params: &Params) -> u32 {
 /// The validity of every second-generation kernel (GEMV, gate_up, qkv_proj).
 pub(super) fn check(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
     if !DTYPES.contains(&dtype) {
-        return Err(format!("{dtype} is not one of the formats this kernel decodes (q8_0, q4_0, q4_1, q4_k, q6_k)"));
+        return Err(format!("{dtype} is not a block format: this kernel decodes quantized weights"));
     }
     check_blocks(prob, dtype)?;
     let sh = shape(prob)?;
@@ -303,9 +302,8 @@ mod tests {
         let split8 = with(wg, &[("split_k", 8)]);
         assert!(reason(wg, &Problem::Gemv { n: 8, k: 512 }, DType::Q6_K, &split8, &c).contains("split_k = 8"));
         assert!(wg.check(Caps::Gpu(&c), &Problem::Gemv { n: 8, k: 2048 }, DType::Q6_K, &split8).is_ok());
-        // Formats the shader does not decode, and float weights.
-        assert!(reason(wg, &Problem::Gemv { n: 8, k: 256 }, DType::Q5_K, &base, &c).contains("q5_k"));
-        assert!(wg.check(Caps::Gpu(&c), &Problem::Gemv { n: 8, k: 256 }, DType::F32, &base).is_err());
+        // Float weights.
+        assert!(reason(wg, &Problem::Gemv { n: 8, k: 256 }, DType::F32, &base, &c).contains("no f32 variant"));
         // The subgroup form on an adapter without subgroups, or with wider subgroups than the workgroup.
         let p = Problem::Gemv { n: 8, k: 256 };
         assert!(reason(sg, &p, DType::Q4_K, &base, &GpuCaps { subgroups: false, ..c.clone() }).contains("subgroup"));
@@ -338,7 +336,7 @@ mod tests {
         assert!(qkv.check(Caps::Gpu(&c), &p, DType::Q8_0, &qkv.default_params()).is_ok());
         let seven = GpuCaps { max_storage_buffers_per_stage: 7, ..c.clone() };
         assert!(qkv.check(Caps::Gpu(&seven), &p, DType::Q8_0, &qkv.default_params()).unwrap_err().contains("8 storage buffers"));
-        assert!(qkv.check(Caps::Gpu(&c), &p, DType::Q5_0, &qkv.default_params()).unwrap_err().contains("q5_0"));
+        assert!(qkv.check(Caps::Gpu(&c), &p, DType::F16, &qkv.default_params()).unwrap_err().contains("f16"));
         // The gate_up form keeps a gate and an up accumulator per feature in workgroup memory.
         let (pg, pq) = (gu.default_params(), qkv.default_params());
         let wg_mem = |k: &KernelDef, prob: &Problem, params: &Params| match &k.imp {
