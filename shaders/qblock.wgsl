@@ -6,8 +6,9 @@
 // QFMT (kernels::wgsl::qfmt, the order of QFormat::ALL): 0 q8_0, 1 q4_0, 2 q4_1,
 // 3 q5_0, 4 q5_1, 5 q2_k, 6 q3_k, 7 q4_k, 8 q5_k, 9 q6_k, 10 iq4_nl, 11 iq4_xs.
 // wq: every block's bytes except its 16-bit header fields, qwpb() words a block
-// (the GPU layout of kernels::quant::QMatrix: q3_k, q4_k and q5_k padded to whole
-// 16-byte words, q4_k / q5_k's codes from byte 16); ws: the header fields, qspb() a
+// (the GPU layout of kernels::quant::QMatrix, QFormat::gpu_block: q3_k padded to
+// whole 16-byte words; q4_k / q5_k's sub-block scales then minima a byte each in
+// bytes 0..16, their qh / qs after); ws: the header fields, qspb() a
 // block, two to a word (d; d, m; d, dmin; iq4_xs d, scales_h).
 //
 // A block is read in units: qunits() per block, each one quant word's worth of
@@ -97,23 +98,13 @@ fn iq4(n: vec4<u32>) -> vec4<f32> {
 }
 
 // Q4_K / Q5_K: the scales and minimums of sub-blocks g and g + 1 (g even) of
-// block b, (sc g, m g, sc g+1, m g+1), from the block's three scale words: three
-// loads (a byte at a time, the two sub-blocks took up to twelve).
+// block b, (sc g, m g, sc g+1, m g+1): bytes g, g + 1 of the block's unpacked
+// scales (bytes 0..8) and minima (8..16), two loads.
 fn scale_min_k4_pair(b: u32, g: u32) -> vec4<f32> {
-    let w0 = qw4(b, 0u);
-    let w1 = qw4(b, 4u);
-    if (g < 4u) {
-        let sh = vec2<u32>(8u * g, 8u * g + 8u);
-        let s = (vec2<u32>(w0) >> sh) & vec2<u32>(63u);
-        let m = (vec2<u32>(w1) >> sh) & vec2<u32>(63u);
-        return vec4<f32>(f32(s.x), f32(m.x), f32(s.y), f32(m.y));
-    }
-    let w2 = qw4(b, 8u);
-    let sh = vec2<u32>(8u * (g - 4u), 8u * (g - 3u));
-    let lo = (vec2<u32>(w2) >> sh) & vec2<u32>(255u);
-    let s = (lo & vec2<u32>(15u)) | (((vec2<u32>(w0) >> sh) & vec2<u32>(0xc0u)) >> vec2<u32>(2u));
-    let m = (lo >> vec2<u32>(4u)) | (((vec2<u32>(w1) >> sh) & vec2<u32>(0xc0u)) >> vec2<u32>(2u));
-    return vec4<f32>(f32(s.x), f32(m.x), f32(s.y), f32(m.y));
+    let sh = 8u * (g % 4u);
+    let s = qw4(b, 4u * (g / 4u)) >> sh;
+    let m = qw4(b, 8u + 4u * (g / 4u)) >> sh;
+    return vec4<f32>(f32(s & 255u), f32(m & 255u), f32((s >> 8u) & 255u), f32((m >> 8u) & 255u));
 }
 
 // Q3_K: the signed 6-bit scale of group g (0..16) of block b (its scales at byte 96).

@@ -104,8 +104,9 @@ fn dq_be() -> u32 {
 
 // Quant words per block (QFormat::gpu_quant_bytes / 4). q5_0 / q5_1: qh, then
 // 16 code bytes; q2_k: 16 scale bytes, 64 code bytes; q3_k: hmask 32, codes 64,
-// scales 12, pad 4; q4_k: scales 12, pad 4, codes 128; q5_k: scales 12, pad 4,
-// qh 32, codes 128; q6_k: ql 128, qh 64, scales 16; iq4_xs: scales_l 4, codes 128.
+// scales 12, pad 4; q4_k: 8 sub-block scales and 8 minima a byte each, codes 128;
+// q5_k: the same 16, qh 32, codes 128; q6_k: ql 128, qh 64, scales 16; iq4_xs:
+// scales_l 4, codes 128.
 fn dq_wpb() -> u32 {
     switch QFMT {
         case 0u: { return 8u; }
@@ -274,19 +275,9 @@ fn dq_sdot(w: vec4<u32>, s: u32) -> f32 {
 
 // ------------------------------------------------------------ weight dots
 
-// Byte i of the three q4_k scale words.
+// Byte i of three packed scale words (q3_k's 12 scale bytes).
 fn dq_kbyte(sc: vec3<u32>, i: u32) -> u32 {
     return (sc[i >> 2u] >> ((i & 3u) * 8u)) & 0xffu;
-}
-
-// Q4_K: the 6-bit scale and minimum of sub-block g (ggml's get_scale_min_k4).
-fn dq_k4(sc: vec3<u32>, g: u32) -> vec2<f32> {
-    if (g < 4u) {
-        return vec2<f32>(f32(dq_kbyte(sc, g) & 63u), f32(dq_kbyte(sc, g + 4u) & 63u));
-    }
-    let s = (dq_kbyte(sc, g + 4u) & 15u) | ((dq_kbyte(sc, g - 4u) >> 6u) << 4u);
-    let m = (dq_kbyte(sc, g + 4u) >> 4u) | ((dq_kbyte(sc, g) >> 6u) << 4u);
-    return vec2<f32>(f32(s), f32(m));
 }
 
 // Four 6-bit codes a word (0..63) as signed bytes v - 32.
@@ -433,9 +424,12 @@ fn dq_item(gb: u32, j: u32, p: u32) -> f32 {
                 wl = (w & lo4) | (((qh >> vec4<u32>(2u * jj)) & one) << vec4<u32>(4u));
                 wh = ((w >> vec4<u32>(4u)) & lo4) | (((qh >> vec4<u32>(2u * jj + 1u)) & one) << vec4<u32>(4u));
             }
-            let sc = vec3<u32>(dq_w1(base), dq_w1(base + 1u), dq_w1(base + 2u));
-            let a = dq_k4(sc, 2u * jj);
-            let c = dq_k4(sc, 2u * jj + 1u);
+            // the block's 16 header bytes: scales 0..8, minima 8..16 (one load)
+            let hv = wq[base >> 2u];
+            let sw = hv[jj / 2u] >> (16u * (jj % 2u));
+            let mw = hv[2u + jj / 2u] >> (16u * (jj % 2u));
+            let a = vec2<f32>(f32(sw & 255u), f32(mw & 255u));
+            let c = vec2<f32>(f32((sw >> 8u) & 255u), f32((mw >> 8u) & 255u));
             var r = dq_half(gb, 0u) * (a.x * xd[0].x * dq_sdot(wl, 0u)
                                      + c.x * xd[1].x * dq_sdot(wh, 1u));
             if (j % 2u == 0u && p == 0u) {

@@ -142,24 +142,35 @@ impl QFormat {
     pub fn quant_bytes(self) -> usize {
         self.block_bytes() - 2 * self.scales_per_block()
     }
-    /// Quantized bytes per block in the GPU layout ([`QFormat::layout`]): the
-    /// [`QFormat::quant_bytes`] padded to a multiple of 16 where that costs at most
-    /// 4 bytes (Q3_K 108 → 112, Q4_K 140 → 144, Q5_K 172 → 176), so a block's code
-    /// segments start 16-byte aligned and a shader reads them with `vec4<u32>`
-    /// loads; the others as they are (already whole 16-byte words, or Q5_0/Q5_1's 20
-    /// and IQ4_XS's 132, which would grow by 60% and 9%).
+    /// Quantized bytes per block in the GPU layout ([`QFormat::layout`],
+    /// [`QFormat::gpu_block`]): the [`QFormat::quant_bytes`] grown to a multiple of
+    /// 16 where that costs at most 4 bytes (Q3_K 108 → 112, Q4_K 140 → 144, Q5_K
+    /// 172 → 176), so a block's code segments start 16-byte aligned and a shader
+    /// reads them with `vec4<u32>` loads; the others as they are (already whole
+    /// 16-byte words, or Q5_0/Q5_1's 20 and IQ4_XS's 132, which would grow by 60%
+    /// and 9%).
     pub fn gpu_quant_bytes(self) -> usize {
         let q = self.quant_bytes();
         let padded = q.div_ceil(16) * 16;
         if padded - q <= 4 { padded } else { q }
     }
-    /// Where the GPU layout's pad bytes go in a block's quantized bytes
-    /// ([`QFormat::gpu_quant_bytes`]): after the 12 packed scale bytes for Q4_K and
-    /// Q5_K (their `qh`/`qs` then start at 16), at the end for the rest.
-    pub fn gpu_pad_at(self) -> usize {
+    /// One block's quantized bytes (`src`, [`QFormat::quant_bytes`]) in the GPU
+    /// layout (`dst`, [`QFormat::gpu_quant_bytes`]): Q4_K and Q5_K's 12 packed
+    /// 6-bit scale bytes become 16, the 8 sub-block scales then the 8 minima a byte
+    /// each ([`scales_mins_k4`], unpacked once here instead of per dot in every
+    /// shader), so their `qh` / `qs` start at byte 16; Q3_K gets 4 zero bytes at the
+    /// end; the rest are copied.
+    pub fn gpu_block(self, src: &[u8], dst: &mut [u8]) {
+        let q = self.quant_bytes();
         match self {
-            QFormat::Q4_K | QFormat::Q5_K => 12,
-            _ => self.quant_bytes(),
+            QFormat::Q4_K | QFormat::Q5_K => {
+                dst[..16].copy_from_slice(&scales_mins_k4(&src[..12]));
+                dst[16..].copy_from_slice(&src[12..q]);
+            }
+            _ => {
+                dst[..q].copy_from_slice(src);
+                dst[q..].fill(0);
+            }
         }
     }
     /// 16-bit values per block in [`QMatrix::scales`] (`d`; `d, m`; `d, dmin`; IQ4_XS `d, scales_h`).
@@ -401,22 +412,16 @@ impl QMatrix {
     }
 
     /// The single-buffer GPU layout ([`QFormat::layout`]): quants (each block's
-    /// padded to [`QFormat::gpu_quant_bytes`] with zeros at
-    /// [`QFormat::gpu_pad_at`]), zero padding, scales (little-endian f16), zero padding.
+    /// [`QFormat::gpu_block`]), zero padding, scales (little-endian f16), zero padding.
     pub fn gpu_bytes(&self) -> Vec<u8> {
         if self.layout != Layout::Rows {
             return self.to_rows().gpu_bytes();
         }
         let l = self.format.layout(self.blocks());
         let mut out = vec![0u8; l.total];
-        let (qb, gb, at) = (self.format.quant_bytes(), self.format.gpu_quant_bytes(), self.format.gpu_pad_at());
-        if qb == gb {
-            out[..self.quants.len()].copy_from_slice(&self.quants);
-        } else {
-            for (src, dst) in self.quants.chunks_exact(qb).zip(out[..l.quants].chunks_exact_mut(gb)) {
-                dst[..at].copy_from_slice(&src[..at]);
-                dst[at + gb - qb..].copy_from_slice(&src[at..]);
-            }
+        let (qb, gb) = (self.format.quant_bytes(), self.format.gpu_quant_bytes());
+        for (src, dst) in self.quants.chunks_exact(qb).zip(out[..l.quants].chunks_exact_mut(gb)) {
+            self.format.gpu_block(src, dst);
         }
         for (i, s) in self.scales.iter().enumerate() {
             out[l.scales_offset + 2 * i..][..2].copy_from_slice(&s.to_le_bytes());
@@ -665,15 +670,22 @@ mod tests {
             assert_eq!(bytes.len(), l.total);
             assert_eq!(l.scales_offset % SCALES_ALIGN, 0);
             assert!(l.scales_offset >= l.quants);
-            // every block's bytes, the pad (zeros) at gpu_pad_at
-            let (qb, gb, at) = (f.quant_bytes(), f.gpu_quant_bytes(), f.gpu_pad_at());
-            assert!(gb >= qb && gb - qb <= 4 && at <= qb, "{f}");
+            // every block's bytes: Q4_K / Q5_K's scales and minima unpacked to a
+            // byte each, the others' as they are and zeros after
+            let (qb, gb) = (f.quant_bytes(), f.gpu_quant_bytes());
+            assert!(gb >= qb && gb - qb <= 4, "{f}");
             assert_eq!(l.quants, m.blocks() * gb);
             for b in 0..m.blocks() {
                 let (src, dst) = (&m.quants[b * qb..][..qb], &bytes[b * gb..][..gb]);
-                assert_eq!(&dst[..at], &src[..at], "{f} block {b}");
-                assert!(dst[at..at + gb - qb].iter().all(|&x| x == 0), "{f} block {b}");
-                assert_eq!(&dst[at + gb - qb..], &src[at..], "{f} block {b}");
+                if matches!(f, QFormat::Q4_K | QFormat::Q5_K) {
+                    for g in 0..8 {
+                        assert_eq!((dst[g], dst[8 + g]), scale_min_k4(g, &src[..12]), "{f} block {b} sub-block {g}");
+                    }
+                    assert_eq!(&dst[16..], &src[12..], "{f} block {b}");
+                } else {
+                    assert_eq!(&dst[..qb], src, "{f} block {b}");
+                    assert!(dst[qb..].iter().all(|&x| x == 0), "{f} block {b}");
+                }
             }
             let s0 = f16::from_le_bytes([bytes[l.scales_offset], bytes[l.scales_offset + 1]]);
             assert_eq!(s0, m.scales[0]);
