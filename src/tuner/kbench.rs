@@ -155,7 +155,8 @@ pub struct Entry {
 }
 
 /// The shapes of one forward pass of `cfg` worth a row each: decode projections
-/// (f16, and the q8_0, q4_0 and q4_k block formats; the fused gate+up and qkv too), the prefill GEMM over `tokens`,
+/// (f16, and the q8_0, q4_0 and q4_k block formats, and the q5_0 and q6_k that published Q4_K_M files
+/// mix in; the fused gate+up and qkv too), the prefill GEMM over `tokens`,
 /// attention over `tokens` new tokens and one token at `context`, and the norms,
 /// RoPE and elementwise ops at `tokens` rows. Every op of the kernel set appears.
 pub fn entries(model: &str, cfg: &ModelConfig, tokens: usize, context: usize) -> Vec<Entry> {
@@ -171,7 +172,9 @@ pub fn entries(model: &str, cfg: &ModelConfig, tokens: usize, context: usize) ->
         e("decode gate/up", Problem::Gemv { n: inter, k: h }, DType::Q8_0),
         e("decode gate/up", Problem::Gemv { n: inter, k: h }, DType::Q4_0),
         e("decode gate/up", Problem::Gemv { n: inter, k: h }, DType::Q4_K),
+        e("decode gate/up", Problem::Gemv { n: inter, k: h }, DType::Q5_0),
         e("decode down", Problem::Gemv { n: h, k: inter }, DType::F16),
+        e("decode down", Problem::Gemv { n: h, k: inter }, DType::Q6_K),
         e("decode gate+up fused", Problem::GateUp { rows: 1, n: inter, k: h, act }, DType::F16),
         e("decode gate+up fused", Problem::GateUp { rows: 1, n: inter, k: h, act }, DType::Q8_0),
         e("decode gate+up fused", Problem::GateUp { rows: 1, n: inter, k: h, act }, DType::Q4_0),
