@@ -230,6 +230,8 @@ pub struct KernelBenchReport {
     /// How the races kept their inputs out of the L2 (`rotate`: copies of twice
     /// it), as a profile records it.
     pub measurement: crate::profile::doc::Measurement,
+    /// The FMA load that ran before the limits (the GPU's clocks brought up).
+    pub warm_up: crate::tuner::kbench::WarmUp,
     /// Copy bandwidth (read + write) and f32 FMA peak, measured in this run.
     pub limits: crate::tuner::kbench::Peaks,
     pub quick: bool,

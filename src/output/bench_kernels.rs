@@ -44,11 +44,20 @@ impl Report for KernelBenchReport {
             .collect();
         let m = &r.measurement;
         let mut s = format!(
-            "device: {} ({})\nlimits: copy {:.1} GB/s (read + write of {} MiB), f32 FMA peak {:.1} GFLOP/s\n\
+            "device: {} ({})\nwarm-up: {:.0} ms of FMA load, {:.1} -> {:.1} GFLOP/s ({})\n\
+             limits: copy {:.1} GB/s (read + write of {} MiB), f32 FMA peak {:.1} GFLOP/s\n\
              timing: {}; inputs rotated over {} MiB of copies (L2 {} MiB, {}){}\n\
              shapes: {} prompt tokens, {} context{}\n",
             r.device,
             r.backend,
+            r.warm_up.ms,
+            r.warm_up.first_gflops,
+            r.warm_up.last_gflops,
+            match (r.warm_up.until_settled, r.warm_up.settled) {
+                (false, _) => "a fixed time: a software adapter runs at the host CPU's clocks",
+                (true, true) => "settled",
+                (true, false) => "still changing when its time ran out",
+            },
             r.limits.copy_gbps,
             r.limits.copy_bytes >> 20,
             r.limits.fma_gflops,

@@ -46,5 +46,7 @@ pub fn cpu_read_bandwidth() -> f64 {
 /// measured the submit's round trip instead (155 GB/s on an H200 whose copy
 /// kernel moves 4.1 TB/s); 0 when the kernel cannot run.
 fn gpu_copy_bandwidth(ctx: &GpuCtx) -> f64 {
+    // the clocks of a sustained load, as the races see them (a failure shows in the copy)
+    let _ = super::kbench::settle(ctx);
     super::kbench::copy_bandwidth(ctx, 256 << 20).map_or(0.0, |(gbps, _)| gbps)
 }

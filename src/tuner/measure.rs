@@ -56,9 +56,6 @@ pub const FULL_SAMPLES: usize = 9;
 /// Shortest stretch of work one sample times (repetitions are calibrated to it).
 const MIN_SAMPLE_S: f64 = 0.002;
 
-/// Sustained GPU load before each GPU race ([`super::kbench::warm_up`]).
-const GPU_WARM_UP: std::time::Duration = std::time::Duration::from_millis(60);
-
 /// One variant competing for a slot.
 #[derive(Clone, Debug)]
 pub struct Cand {
@@ -383,7 +380,7 @@ pub fn race(
     if let Some((ctx, _)) = &w.gpu {
         // A race's samples are short bursts: bring the clocks up first. A
         // failure here shows again in the samples, where it is reported.
-        let _ = super::kbench::warm_up(ctx, GPU_WARM_UP);
+        let _ = super::kbench::settle(ctx);
     }
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let rounds = rounds(strategy);
