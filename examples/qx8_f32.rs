@@ -1,9 +1,11 @@
-//! Single-threaded A/B of the f32-activation decode dots (`act_bits` 32) on a
+//! A/B of the f32-activation decode dots (`act_bits` 32) on a
 //! Gemma 3 4B LM-head shape (262144 x 2560): the row layout (one row's block dot
 //! at a time), the repacked X8 layout through its 8-row loop (`qx8::rows_x8_f32`,
 //! what `ActVec::F32` rows over X8 records take), and, for reference, the path X8
 //! records took before that loop (each block gathered back to its split form,
-//! then dotted), timed once. Best and median of the runs, GB/s of weight bytes.
+//! then dotted), timed once. Single-threaded, then the first two on the
+//! kernels' pool over rows (64 rows a task, as `gemv_q_cpu` by default). Best
+//! and median of the runs, GB/s of weight bytes.
 //!
 //!     cargo run --release --example qx8_f32 [-- q4_0 q8_0 q4_k iq4_nl] [--rows N]
 //!
@@ -12,7 +14,7 @@
 
 use std::time::Instant;
 
-use ktune::kernels::cpu::{ActVec, Isa, dot_q};
+use ktune::kernels::cpu::{ActVec, Isa, RowSplit, dot_q, par_rows, pool};
 use ktune::kernels::quant::{Layout, QFormat, QMatrix, QView};
 
 fn main() {
@@ -48,6 +50,16 @@ fn main() {
             act.rows(isa, x8.view(), k, 0, &mut y_x8, false);
             t_x8.push(t.elapsed().as_secs_f64());
         }
+        let threads = pool::pool().threads();
+        let (mut p_rows, mut p_x8) = (Vec::new(), Vec::new());
+        for _ in 0..7 {
+            let t = Instant::now();
+            par_rows(&mut y_rows, 1, RowSplit::Dynamic(64), |first, y| act.rows(isa, m.view(), k, first, y, false));
+            p_rows.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            par_rows(&mut y_x8, 1, RowSplit::Dynamic(64), |first, y| act.rows(isa, x8.view(), k, first, y, false));
+            p_x8.push(t.elapsed().as_secs_f64());
+        }
         let t = Instant::now();
         let y_gather = gathered(isa, &x, x8.view(), n, k);
         let t_gather = t.elapsed().as_secs_f64();
@@ -65,6 +77,8 @@ fn main() {
         };
         show("rows f32        ", &mut t_rows);
         show("x8 f32 (8-row)  ", &mut t_x8);
+        show(&format!("rows f32, {threads} threads  "), &mut p_rows);
+        show(&format!("x8 f32, {threads} threads    "), &mut p_x8);
         println!("{f} {n}x{k} x8 f32 (gathered): {:.1} ms ({:.2} GB/s), one run", t_gather * 1e3, bytes / t_gather / 1e9);
         println!("{f}: largest difference from the row layout {worst:.2e} (relative to 1 + |y|)");
     }

@@ -164,7 +164,8 @@ const _: () = assert!(QK * 8 == 256);
 
 thread_local! {
     /// Q4_K's activation sums per 32 (`Σx` of each sub-block) for one call of
-    /// [`rows_x8_f32`], shared by its groups.
+    /// [`rows_x8_f32`], shared by its groups, where a row is longer than
+    /// [`STACK_SUMS`] sub-blocks.
     static SUB_SUMS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -187,15 +188,27 @@ pub fn rows_x8_f32(isa: Isa, x: &[f32], w: QView<'_>, first: usize, y: &mut [f32
             r = hi;
         }
     };
-    if w.format == QFormat::Q4_K {
-        with_scratch(&SUB_SUMS, x.len() / QK, |sums| {
+    if w.format != QFormat::Q4_K {
+        return run(&[], y);
+    }
+    // On the stack for rows of up to STACK_SUMS * 32 values (no allocation on any
+    // worker), else in the thread's scratch.
+    let n = x.len() / QK;
+    if n <= STACK_SUMS {
+        let mut sums = [0f32; STACK_SUMS];
+        sub_block_sums(x, &mut sums[..n]);
+        run(&sums[..n], y)
+    } else {
+        with_scratch(&SUB_SUMS, n, |sums| {
             sub_block_sums(x, sums);
             run(sums, y)
         })
-    } else {
-        run(&[], y)
     }
 }
+
+/// Q4_K sub-block sums [`rows_x8_f32`] keeps on the stack: rows of up to 32768
+/// values (128 super-blocks; Gemma 3 27B's longest is 21504).
+const STACK_SUMS: usize = 1024;
 
 /// `Σx` of each 32 consecutive activations, in order.
 fn sub_block_sums(x: &[f32], out: &mut [f32]) {
@@ -765,6 +778,26 @@ mod tests {
             let mut want = vec![0f32; rows];
             rows_x8_f32(Isa::best(), &xv, x8.view(), 0, &mut want);
             assert_eq!(y, want, "{format}: ActVec::F32 over X8 records takes the 8-row loop");
+        }
+    }
+
+    /// Q4_K rows longer than the stack's sub-block sums take the scratch buffer,
+    /// with the same results: portable and SIMD bit for bit, close to the f64 dot.
+    #[test]
+    fn x8_f32_q4k_rows_past_the_stack_sums_take_the_scratch() {
+        let (rows, k) = (8, STACK_SUMS * QK + 256);
+        let xv = data(k, 31);
+        let m = QMatrix::quantize(QFormat::Q4_K, rows, k, &data(rows * k, 32)).unwrap();
+        let x8 = m.repack_x8();
+        let deq = m.dequantize();
+        let exact: Vec<f64> = (0..rows).map(|r| (0..k).map(|i| xv[i] as f64 * deq[r * k + i] as f64).sum()).collect();
+        let scale = exact.iter().fold(0f64, |a, v| a.max(v.abs()));
+        let (mut p, mut v) = (vec![0f32; rows], vec![0f32; rows]);
+        rows_x8_f32(Isa::Scalar, &xv, x8.view(), 0, &mut p);
+        rows_x8_f32(Isa::best(), &xv, x8.view(), 0, &mut v);
+        assert_eq!(p, v, "SIMD and portable bit for bit");
+        for (r, (&p, &e)) in p.iter().zip(&exact).enumerate() {
+            assert!((p as f64 - e).abs() <= 5e-4 * scale, "row {r}: {p} vs f64 {e} (scale {scale})");
         }
     }
 }
