@@ -41,7 +41,7 @@ fn main() {
         let bytes = (m.quants.len() + 2 * m.scales.len()) as f64;
         let act = ActVec::F32(&x);
         let (mut y_rows, mut y_x8) = (vec![0f32; n], vec![0f32; n]);
-        let (mut t_rows, mut t_x8) = (Vec::new(), Vec::new());
+        let (mut t_rows, mut t_x8, mut t_x8_256) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..7 {
             let t = Instant::now();
             act.rows(isa, m.view(), k, 0, &mut y_rows, false);
@@ -49,6 +49,11 @@ fn main() {
             let t = Instant::now();
             act.rows(isa, x8.view(), k, 0, &mut y_x8, false);
             t_x8.push(t.elapsed().as_secs_f64());
+            if isa != Isa::Simd256 {
+                let t = Instant::now();
+                act.rows(Isa::Simd256, x8.view(), k, 0, &mut y_x8, false);
+                t_x8_256.push(t.elapsed().as_secs_f64());
+            }
         }
         let threads = pool::pool().threads();
         let (mut p_rows, mut p_x8) = (Vec::new(), Vec::new());
@@ -76,7 +81,10 @@ fn main() {
             );
         };
         show("rows f32        ", &mut t_rows);
-        show("x8 f32 (8-row)  ", &mut t_x8);
+        show(&format!("x8 f32 (8-row, isa {isa:?})"), &mut t_x8);
+        if !t_x8_256.is_empty() {
+            show("x8 f32 (8-row, isa Simd256)", &mut t_x8_256);
+        }
         show(&format!("rows f32, {threads} threads  "), &mut p_rows);
         show(&format!("x8 f32, {threads} threads    "), &mut p_x8);
         println!("{f} {n}x{k} x8 f32 (gathered): {:.1} ms ({:.2} GB/s), one run", t_gather * 1e3, bytes / t_gather / 1e9);

@@ -226,14 +226,19 @@ fn group_f32(isa: Isa, x: &[f32], sums: &[f32], w: QView<'_>, bpr: usize, g: usi
     let sc = &w.scales[g * bpr * ns..(g + 1) * bpr * ns];
     #[cfg(target_arch = "x86_64")]
     if isa.avx2() {
-        // SAFETY: AVX2/FMA/F16C checked; `rec`, `sc` hold `bpr` records, `x` a
-        // row's activations, `sums` (Q4_K) one per 32 of them (the callee asserts).
+        // SAFETY: AVX2/FMA/F16C checked (AVX-512F/BW/VL too for `vnni`, whose
+        // feature set includes them); `rec`, `sc` hold `bpr` records, `x` a row's
+        // activations, `sums` (Q4_K) one per 32 of them (the callees assert).
         return unsafe {
-            match w.format {
-                QFormat::Q4_K => x86::f32x8::group_k(rec, sc, x, sums, bpr),
-                QFormat::Q4_0 => x86::f32x8::group32::<0>(rec, sc, x, bpr),
-                QFormat::Q8_0 => x86::f32x8::group32::<1>(rec, sc, x, bpr),
-                _ => x86::f32x8::group32::<2>(rec, sc, x, bpr),
+            match (w.format, isa.vnni()) {
+                (QFormat::Q4_K, true) => x86::f32_avx512::group_k(rec, sc, x, sums, bpr),
+                (QFormat::Q4_0, true) => x86::f32_avx512::group32::<0>(rec, sc, x, bpr),
+                (QFormat::Q8_0, true) => x86::f32_avx512::group32::<1>(rec, sc, x, bpr),
+                (_, true) => x86::f32_avx512::group32::<2>(rec, sc, x, bpr),
+                (QFormat::Q4_K, false) => x86::f32_avx2::group_k(rec, sc, x, sums, bpr),
+                (QFormat::Q4_0, false) => x86::f32_avx2::group32::<0>(rec, sc, x, bpr),
+                (QFormat::Q8_0, false) => x86::f32_avx2::group32::<1>(rec, sc, x, bpr),
+                (_, false) => x86::f32_avx2::group32::<2>(rec, sc, x, bpr),
             }
         };
     }
@@ -488,168 +493,177 @@ mod x86 {
     x8_loops!(avx2, "avx2,fma,f16c", dp_avx2);
     x8_loops!(vnni, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", dp_vnni);
 
-    /// The f32-activation loops (AVX2 + FMA + F16C): a 32-bit lane per row, as
-    /// the portable loops [`super::group32_f32_portable`] and
-    /// [`super::group_k_f32_portable`] compute them, chain for chain.
-    pub mod f32x8 {
-        use std::arch::x86_64::*;
+    /// The f32-activation loops: a 32-bit lane per row, as the portable loops
+    /// [`super::group32_f32_portable`] and [`super::group_k_f32_portable`]
+    /// compute them, chain for chain, stamped out per instruction set (`avx2`:
+    /// AVX2 + FMA + F16C; `avx512`: the same code with AVX-512VL's 32 registers
+    /// and broadcast operands).
+    macro_rules! f32_loops {
+        ($name:ident, $feat:literal) => {
+            pub mod $name {
+                use std::arch::x86_64::*;
 
-        use half::f16;
+                use half::f16;
 
-        use super::super::{X8_BYTES, X8_ROWS};
+                use super::super::{X8_BYTES, X8_ROWS};
 
-        /// Byte `l` of each 32-bit lane of `v`, sign-extended, as 8 floats (`l` = 0..4).
-        #[inline]
-        #[target_feature(enable = "avx2")]
-        fn bytes_ps(v: __m256i) -> [__m256; 4] {
-            [
-                _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(_mm256_slli_epi32::<24>(v))),
-                _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(_mm256_slli_epi32::<16>(v))),
-                _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(_mm256_slli_epi32::<8>(v))),
-                _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(v)),
-            ]
-        }
-
-        /// `a[l] += bytes_ps(va)[l] · x[ea + l]` and `b[l] += bytes_ps(vb)[l] · x[eb + l]`.
-        ///
-        /// # Safety
-        /// `x.add(ea)` and `x.add(eb)` point to 4 readable floats each.
-        #[inline]
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn step(a: &mut [__m256; 4], b: &mut [__m256; 4], va: __m256i, vb: __m256i, x: *const f32, ea: usize, eb: usize) {
-            let (wa, wb) = (bytes_ps(va), bytes_ps(vb));
-            for l in 0..4 {
-                // SAFETY: the caller's contract.
-                unsafe {
-                    a[l] = _mm256_fmadd_ps(wa[l], _mm256_broadcast_ss(&*x.add(ea + l)), a[l]);
-                    b[l] = _mm256_fmadd_ps(wb[l], _mm256_broadcast_ss(&*x.add(eb + l)), b[l]);
+                /// Byte `l` of each 32-bit lane of `v`, sign-extended, as 8 floats (`l` = 0..4).
+                #[inline]
+                #[target_feature(enable = $feat)]
+                fn bytes_ps(v: __m256i) -> [__m256; 4] {
+                    [
+                        _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(_mm256_slli_epi32::<24>(v))),
+                        _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(_mm256_slli_epi32::<16>(v))),
+                        _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(_mm256_slli_epi32::<8>(v))),
+                        _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(v)),
+                    ]
                 }
-            }
-        }
 
-        /// `((a0 + a1) + (a2 + a3)) + ((b0 + b1) + (b2 + b3))`, as [`super::super::chains`].
-        #[inline]
-        #[target_feature(enable = "avx2")]
-        fn chains(a: [__m256; 4], b: [__m256; 4]) -> __m256 {
-            _mm256_add_ps(half4(a), half4(b))
-        }
-
-        #[inline]
-        #[target_feature(enable = "avx2")]
-        fn half4(a: [__m256; 4]) -> __m256 {
-            _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]))
-        }
-
-        /// Prefetches the `bytes` of a record `pf` bytes ahead of `r` (0: none).
-        #[inline]
-        #[target_feature(enable = "avx2")]
-        fn prefetch(r: *const u8, pf: usize, bytes: usize) {
-            if pf != 0 {
-                let p = r.wrapping_add(pf);
-                for l in 0..bytes / 64 {
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * l) as *const i8);
-                }
-            }
-        }
-
-        /// One group's block columns of a 32-element format (`F`: 0 Q4_0, 1
-        /// Q8_0, 2 IQ4_NL) with f32 activations.
-        ///
-        /// # Safety
-        /// AVX2, FMA and F16C available.
-        #[target_feature(enable = "avx2,fma,f16c")]
-        pub unsafe fn group32<const F: u8>(rec: &[u8], sc: &[f16], x: &[f32], bpr: usize) -> [f32; X8_ROWS] {
-            let rb = if F == 1 { 256 } else { 128 };
-            assert!(rec.len() >= bpr * rb && sc.len() >= bpr * X8_ROWS && x.len() >= 32 * bpr);
-            let (m4, eight) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(8));
-            // SAFETY: the 16 bytes of the table.
-            let table = unsafe {
-                let t = _mm_loadu_si128(crate::kernels::quant::IQ4_LEVELS.as_ptr() as *const __m128i);
-                _mm256_set_m128i(t, t)
-            };
-            let mut acc = _mm256_setzero_ps();
-            let pf = crate::kernels::cpu::prefetch_bytes();
-            for c in 0..bpr {
-                // SAFETY: record c, its 8 scales and block c of x (asserted above).
-                unsafe {
-                    let r = rec.as_ptr().add(c * rb);
-                    prefetch(r, pf, rb);
-                    let xp = x.as_ptr().add(32 * c);
-                    let (mut a, mut b) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
-                    for s in 0..4 {
-                        if F == 1 {
-                            let va = _mm256_loadu_si256(r.add(64 * s) as *const __m256i);
-                            let vb = _mm256_loadu_si256(r.add(64 * s + 32) as *const __m256i);
-                            step(&mut a, &mut b, va, vb, xp, 8 * s, 8 * s + 4);
-                        } else {
-                            let w = _mm256_loadu_si256(r.add(32 * s) as *const __m256i);
-                            let wl = _mm256_and_si256(w, m4);
-                            let wh = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
-                            let (va, vb) = if F == 0 {
-                                (_mm256_sub_epi8(wl, eight), _mm256_sub_epi8(wh, eight))
-                            } else {
-                                (_mm256_shuffle_epi8(table, wl), _mm256_shuffle_epi8(table, wh))
-                            };
-                            step(&mut a, &mut b, va, vb, xp, 4 * s, 16 + 4 * s);
+                /// `a[l] += bytes_ps(va)[l] · x[ea + l]` and `b[l] += bytes_ps(vb)[l] · x[eb + l]`.
+                ///
+                /// # Safety
+                /// `x.add(ea)` and `x.add(eb)` point to 4 readable floats each.
+                #[inline]
+                #[target_feature(enable = $feat)]
+                unsafe fn step(a: &mut [__m256; 4], b: &mut [__m256; 4], va: __m256i, vb: __m256i, x: *const f32, ea: usize, eb: usize) {
+                    let (wa, wb) = (bytes_ps(va), bytes_ps(vb));
+                    for l in 0..4 {
+                        // SAFETY: the caller's contract.
+                        unsafe {
+                            a[l] = _mm256_fmadd_ps(wa[l], _mm256_broadcast_ss(&*x.add(ea + l)), a[l]);
+                            b[l] = _mm256_fmadd_ps(wb[l], _mm256_broadcast_ss(&*x.add(eb + l)), b[l]);
                         }
                     }
-                    let d = _mm256_cvtph_ps(_mm_loadu_si128(sc.as_ptr().add(X8_ROWS * c) as *const __m128i));
-                    acc = _mm256_fmadd_ps(chains(a, b), d, acc);
                 }
-            }
-            let mut out = [0f32; X8_ROWS];
-            // SAFETY: 8 floats into an 8-float array.
-            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
-            out
-        }
 
-        /// One group's Q4_K super-block columns with f32 activations (`sums`: `Σx`
-        /// of each 32 of `x`).
-        ///
-        /// # Safety
-        /// AVX2, FMA and F16C available.
-        #[target_feature(enable = "avx2,fma,f16c")]
-        pub unsafe fn group_k(rec: &[u8], sc: &[f16], x: &[f32], sums: &[f32], bpr: usize) -> [f32; X8_ROWS] {
-            assert!(rec.len() >= bpr * X8_BYTES && sc.len() >= bpr * 16 && x.len() >= 256 * bpr && sums.len() >= 8 * bpr);
-            let m4 = _mm256_set1_epi8(0x0f);
-            let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-            let pf = crate::kernels::cpu::prefetch_bytes();
-            for c in 0..bpr {
-                // SAFETY: record c, its 16 scales, super-block c of x and its 8 sums (asserted above).
-                unsafe {
-                    let r = rec.as_ptr().add(c * X8_BYTES);
-                    prefetch(r, pf, X8_BYTES);
-                    let xp = x.as_ptr().add(256 * c);
-                    let s = sc.as_ptr().add(16 * c) as *const __m128i;
-                    let d = _mm256_cvtph_ps(_mm_loadu_si128(s));
-                    let dmin = _mm256_cvtph_ps(_mm_loadu_si128(s.add(1)));
-                    for p in 0..4 {
-                        let (mut a, mut b) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
-                        for t in 0..8 {
-                            let w = _mm256_loadu_si256(r.add(128 + 32 * (8 * p + t)) as *const __m256i);
-                            let wl = _mm256_and_si256(w, m4);
-                            let wh = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
-                            step(&mut a, &mut b, wl, wh, xp, 64 * p + 4 * t, 64 * p + 32 + 4 * t);
+                /// `((a0 + a1) + (a2 + a3)) + ((b0 + b1) + (b2 + b3))`, as [`super::super::chains`].
+                #[inline]
+                #[target_feature(enable = $feat)]
+                fn chains(a: [__m256; 4], b: [__m256; 4]) -> __m256 {
+                    _mm256_add_ps(half4(a), half4(b))
+                }
+
+                #[inline]
+                #[target_feature(enable = $feat)]
+                fn half4(a: [__m256; 4]) -> __m256 {
+                    _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]))
+                }
+
+                /// Prefetches the `bytes` of a record `pf` bytes ahead of `r` (0: none).
+                #[inline]
+                #[target_feature(enable = $feat)]
+                fn prefetch(r: *const u8, pf: usize, bytes: usize) {
+                    if pf != 0 {
+                        let p = r.wrapping_add(pf);
+                        for l in 0..bytes / 64 {
+                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * l) as *const i8);
                         }
-                        let sl = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(16 * p) as *const __m128i)));
-                        let sh = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(16 * p + 8) as *const __m128i)));
-                        acc = _mm256_fmadd_ps(half4(a), _mm256_mul_ps(d, sl), acc);
-                        acc = _mm256_fmadd_ps(half4(b), _mm256_mul_ps(d, sh), acc);
                     }
-                    let mut ms = _mm256_setzero_ps();
-                    for j in 0..8 {
-                        let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(64 + 8 * j) as *const __m128i)));
-                        ms = _mm256_fmadd_ps(mn, _mm256_set1_ps(sums[8 * c + j]), ms);
+                }
+
+                /// One group's block columns of a 32-element format (`F`: 0 Q4_0, 1
+                /// Q8_0, 2 IQ4_NL) with f32 activations.
+                ///
+                /// # Safety
+                /// The features of `$feat`.
+                #[target_feature(enable = $feat)]
+                pub unsafe fn group32<const F: u8>(rec: &[u8], sc: &[f16], x: &[f32], bpr: usize) -> [f32; X8_ROWS] {
+                    let rb = if F == 1 { 256 } else { 128 };
+                    assert!(rec.len() >= bpr * rb && sc.len() >= bpr * X8_ROWS && x.len() >= 32 * bpr);
+                    let (m4, eight) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(8));
+                    // SAFETY: the 16 bytes of the table.
+                    let table = unsafe {
+                        let t = _mm_loadu_si128(crate::kernels::quant::IQ4_LEVELS.as_ptr() as *const __m128i);
+                        _mm256_set_m128i(t, t)
+                    };
+                    let mut acc = _mm256_setzero_ps();
+                    let pf = crate::kernels::cpu::prefetch_bytes();
+                    for c in 0..bpr {
+                        // SAFETY: record c, its 8 scales and block c of x (asserted above).
+                        unsafe {
+                            let r = rec.as_ptr().add(c * rb);
+                            prefetch(r, pf, rb);
+                            let xp = x.as_ptr().add(32 * c);
+                            let (mut a, mut b) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
+                            for s in 0..4 {
+                                if F == 1 {
+                                    let va = _mm256_loadu_si256(r.add(64 * s) as *const __m256i);
+                                    let vb = _mm256_loadu_si256(r.add(64 * s + 32) as *const __m256i);
+                                    step(&mut a, &mut b, va, vb, xp, 8 * s, 8 * s + 4);
+                                } else {
+                                    let w = _mm256_loadu_si256(r.add(32 * s) as *const __m256i);
+                                    let wl = _mm256_and_si256(w, m4);
+                                    let wh = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
+                                    let (va, vb) = if F == 0 {
+                                        (_mm256_sub_epi8(wl, eight), _mm256_sub_epi8(wh, eight))
+                                    } else {
+                                        (_mm256_shuffle_epi8(table, wl), _mm256_shuffle_epi8(table, wh))
+                                    };
+                                    step(&mut a, &mut b, va, vb, xp, 4 * s, 16 + 4 * s);
+                                }
+                            }
+                            let d = _mm256_cvtph_ps(_mm_loadu_si128(sc.as_ptr().add(X8_ROWS * c) as *const __m128i));
+                            acc = _mm256_fmadd_ps(chains(a, b), d, acc);
+                        }
                     }
-                    accm = _mm256_fmadd_ps(ms, dmin, accm);
+                    let mut out = [0f32; X8_ROWS];
+                    // SAFETY: 8 floats into an 8-float array.
+                    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
+                    out
+                }
+
+                /// One group's Q4_K super-block columns with f32 activations (`sums`: `Σx`
+                /// of each 32 of `x`).
+                ///
+                /// # Safety
+                /// The features of `$feat`.
+                #[target_feature(enable = $feat)]
+                pub unsafe fn group_k(rec: &[u8], sc: &[f16], x: &[f32], sums: &[f32], bpr: usize) -> [f32; X8_ROWS] {
+                    assert!(rec.len() >= bpr * X8_BYTES && sc.len() >= bpr * 16 && x.len() >= 256 * bpr && sums.len() >= 8 * bpr);
+                    let m4 = _mm256_set1_epi8(0x0f);
+                    let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                    let pf = crate::kernels::cpu::prefetch_bytes();
+                    for c in 0..bpr {
+                        // SAFETY: record c, its 16 scales, super-block c of x and its 8 sums (asserted above).
+                        unsafe {
+                            let r = rec.as_ptr().add(c * X8_BYTES);
+                            prefetch(r, pf, X8_BYTES);
+                            let xp = x.as_ptr().add(256 * c);
+                            let s = sc.as_ptr().add(16 * c) as *const __m128i;
+                            let d = _mm256_cvtph_ps(_mm_loadu_si128(s));
+                            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(s.add(1)));
+                            for p in 0..4 {
+                                let (mut a, mut b) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
+                                for t in 0..8 {
+                                    let w = _mm256_loadu_si256(r.add(128 + 32 * (8 * p + t)) as *const __m256i);
+                                    let wl = _mm256_and_si256(w, m4);
+                                    let wh = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
+                                    step(&mut a, &mut b, wl, wh, xp, 64 * p + 4 * t, 64 * p + 32 + 4 * t);
+                                }
+                                let sl = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(16 * p) as *const __m128i)));
+                                let sh = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(16 * p + 8) as *const __m128i)));
+                                acc = _mm256_fmadd_ps(half4(a), _mm256_mul_ps(d, sl), acc);
+                                acc = _mm256_fmadd_ps(half4(b), _mm256_mul_ps(d, sh), acc);
+                            }
+                            let mut ms = _mm256_setzero_ps();
+                            for j in 0..8 {
+                                let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(64 + 8 * j) as *const __m128i)));
+                                ms = _mm256_fmadd_ps(mn, _mm256_set1_ps(sums[8 * c + j]), ms);
+                            }
+                            accm = _mm256_fmadd_ps(ms, dmin, accm);
+                        }
+                    }
+                    let mut out = [0f32; X8_ROWS];
+                    // SAFETY: 8 floats into an 8-float array.
+                    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc, accm)) };
+                    out
                 }
             }
-            let mut out = [0f32; X8_ROWS];
-            // SAFETY: 8 floats into an 8-float array.
-            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc, accm)) };
-            out
-        }
+        };
     }
+
+    f32_loops!(f32_avx2, "avx2,fma,f16c");
+    f32_loops!(f32_avx512, "avx2,fma,f16c,avx512f,avx512bw,avx512vl");
 }
 
 #[cfg(test)]
