@@ -309,27 +309,11 @@ impl<'a> ActVec<'a> {
     /// Rows `first..first + y.len()` of `w` (`k` columns) dotted with this vector
     /// into `y`; with `four`, int8 activations take four rows per pass on AVX2.
     pub fn rows(&self, isa: Isa, w: QView<'_>, k: usize, first: usize, y: &mut [f32], four: bool) {
-        if let Layout::X8 { bpr } = w.layout {
+        if let Layout::X8 { .. } = w.layout {
+            // 8 rows a pass straight from the records, whichever the activations.
             match self {
                 ActVec::I8(x) => super::qx8::rows_x8(isa, x, w, first, y),
-                // f32 activations: block by block, each gathered back to its split form.
-                ActVec::F32(x) => {
-                    for (i, out) in y.iter_mut().enumerate() {
-                        let r = first + i;
-                        let be = w.format.block_elems();
-                        *out = (0..bpr)
-                            .map(|c| {
-                                w.with_block(r * bpr + c, |q, s| {
-                                    dot_q(
-                                        isa,
-                                        &x[be * c..be * (c + 1)],
-                                        QView { format: w.format, quants: q, scales: s, layout: Layout::Rows },
-                                    )
-                                })
-                            })
-                            .sum();
-                    }
-                }
+                ActVec::F32(x) => super::qx8::rows_x8_f32(isa, x, w, first, y),
             }
             return;
         }

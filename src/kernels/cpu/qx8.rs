@@ -20,10 +20,23 @@
 //! table values (one `vpshufb` a load) by llama.cpp's sign trick (`|w|` times
 //! `x` with `w`'s sign); per block, each row's integer sum converted once and
 //! multiplied by `d · d_x` in 8 lanes.
+//!
+//! With f32 activations (`act_bits` 32) the same records go through
+//! [`rows_x8_f32`]: per 32-byte load, byte `l` of each 32-bit lane (one row's
+//! code, sign-extended by two shifts; Q4_0's nibbles less 8 and IQ4_NL's table
+//! values first, bytewise) converted to f32 and multiplied by the broadcast
+//! activation of its element, 8 FMA chains a block (4 bytes × the load's two
+//! halves), the chains summed in a fixed tree and scaled by the 8 rows' `d` in
+//! 8 lanes (Q4_K: by `d · sc_j` per sub-block, the minima through the
+//! activations' sub-block sums `Σx`, as the int8 loop takes them). No block is
+//! gathered back; the portable loop keeps the same chains in the same order,
+//! so both agree to the last bit (tests below).
+
+use std::cell::RefCell;
 
 use half::f16;
 
-use super::{Isa, XQ8};
+use super::{Isa, XQ8, with_scratch};
 use crate::kernels::quant::{IQ4_LEVELS, Layout, QFormat, QK, QView, X8_BYTES, X8_ROWS, x8_record_bytes, x8_row_codes, x8_scale_min};
 
 /// Rows `first..first + y.len()` of the [`Layout::X8`] matrix `w` dotted with
@@ -148,6 +161,162 @@ fn group32_portable(format: QFormat, rec: &[u8], sc: &[f16], x: &XQ8, bpr: usize
 }
 
 const _: () = assert!(QK * 8 == 256);
+
+thread_local! {
+    /// Q4_K's activation sums per 32 (`Σx` of each sub-block) for one call of
+    /// [`rows_x8_f32`], shared by its groups, where a row is longer than
+    /// [`STACK_SUMS`] sub-blocks.
+    static SUB_SUMS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Rows `first..first + y.len()` of the [`Layout::X8`] matrix `w` dotted with
+/// the f32 activations `x` (at least a row's `bpr` blocks) into `y`, 8 rows a
+/// pass straight from the records (partial groups as [`rows_x8`] computes them).
+pub fn rows_x8_f32(isa: Isa, x: &[f32], w: QView<'_>, first: usize, y: &mut [f32]) {
+    let Layout::X8 { bpr } = w.layout else { return };
+    let be = w.format.block_elems();
+    assert!(x.len() >= bpr * be, "{} activations for rows of {} {} blocks", x.len(), bpr, w.format);
+    let x = &x[..bpr * be];
+    let run = |sums: &[f32], y: &mut [f32]| {
+        let end = first + y.len();
+        let mut r = first;
+        while r < end {
+            let g = r / X8_ROWS;
+            let (lo, hi) = (g * X8_ROWS, ((g + 1) * X8_ROWS).min(end));
+            let out = group_f32(isa, x, sums, w, bpr, g);
+            y[r - first..hi - first].copy_from_slice(&out[r - lo..hi - lo]);
+            r = hi;
+        }
+    };
+    if w.format != QFormat::Q4_K {
+        return run(&[], y);
+    }
+    // On the stack for rows of up to STACK_SUMS * 32 values (no allocation on any
+    // worker), else in the thread's scratch.
+    let n = x.len() / QK;
+    if n <= STACK_SUMS {
+        let mut sums = [0f32; STACK_SUMS];
+        sub_block_sums(x, &mut sums[..n]);
+        run(&sums[..n], y)
+    } else {
+        with_scratch(&SUB_SUMS, n, |sums| {
+            sub_block_sums(x, sums);
+            run(sums, y)
+        })
+    }
+}
+
+/// Q4_K sub-block sums [`rows_x8_f32`] keeps on the stack: rows of up to 32768
+/// values (128 super-blocks; Gemma 3 27B's longest is 21504).
+const STACK_SUMS: usize = 1024;
+
+/// `Σx` of each 32 consecutive activations, in order.
+fn sub_block_sums(x: &[f32], out: &mut [f32]) {
+    for (o, xb) in out.iter_mut().zip(x.chunks_exact(QK)) {
+        *o = xb.iter().sum();
+    }
+}
+
+/// The 8 f32-activation dot products of rows `8 g..8 g + 8` (`sums`: Q4_K's
+/// [`sub_block_sums`]).
+#[inline]
+fn group_f32(isa: Isa, x: &[f32], sums: &[f32], w: QView<'_>, bpr: usize, g: usize) -> [f32; X8_ROWS] {
+    let (rb, ns) = (x8_record_bytes(w.format), w.format.scales_per_block() * X8_ROWS);
+    let rec = &w.quants[g * bpr * rb..(g + 1) * bpr * rb];
+    let sc = &w.scales[g * bpr * ns..(g + 1) * bpr * ns];
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: AVX2/FMA/F16C checked (AVX-512F/BW/VL too for `vnni`, whose
+        // feature set includes them); `rec`, `sc` hold `bpr` records, `x` a row's
+        // activations, `sums` (Q4_K) one per 32 of them (the callees assert).
+        return unsafe {
+            match (w.format, isa.vnni()) {
+                (QFormat::Q4_K, true) => x86::f32_avx512::group_k(rec, sc, x, sums, bpr),
+                (QFormat::Q4_0, true) => x86::f32_avx512::group32::<0>(rec, sc, x, bpr),
+                (QFormat::Q8_0, true) => x86::f32_avx512::group32::<1>(rec, sc, x, bpr),
+                (_, true) => x86::f32_avx512::group32::<2>(rec, sc, x, bpr),
+                (QFormat::Q4_K, false) => x86::f32_avx2::group_k(rec, sc, x, sums, bpr),
+                (QFormat::Q4_0, false) => x86::f32_avx2::group32::<0>(rec, sc, x, bpr),
+                (QFormat::Q8_0, false) => x86::f32_avx2::group32::<1>(rec, sc, x, bpr),
+                (_, false) => x86::f32_avx2::group32::<2>(rec, sc, x, bpr),
+            }
+        };
+    }
+    let _ = isa;
+    if w.format == QFormat::Q4_K { group_k_f32_portable(rec, sc, x, sums, bpr) } else { group32_f32_portable(w.format, rec, sc, x, bpr) }
+}
+
+/// The sum of 8 FMA chains in the order the SIMD loops add them.
+#[inline]
+fn chains(a: [f32; 4], b: [f32; 4]) -> f32 {
+    ((a[0] + a[1]) + (a[2] + a[3])) + ((b[0] + b[1]) + (b[2] + b[3]))
+}
+
+/// The portable f32 loop of the 32-element formats: per block column and row,
+/// chains `a[l]` and `b[l]` over the four steps (step `s`: Q8_0's loads `2 s`
+/// and `2 s + 1`, elements `8 s + l` and `8 s + 4 + l`; Q4_0's and IQ4_NL's load
+/// `s`, its low nibbles elements `4 s + l`, its high ones `16 + 4 s + l`).
+fn group32_f32_portable(format: QFormat, rec: &[u8], sc: &[f16], x: &[f32], bpr: usize) -> [f32; X8_ROWS] {
+    let rb = x8_record_bytes(format);
+    let val = |n: u8| if format == QFormat::IQ4_NL { IQ4_LEVELS[n as usize] as f32 } else { (n as i32 - 8) as f32 };
+    let mut acc = [0f32; X8_ROWS];
+    for c in 0..bpr {
+        let r = &rec[c * rb..(c + 1) * rb];
+        let xb = &x[QK * c..QK * (c + 1)];
+        for (i, acc) in acc.iter_mut().enumerate() {
+            let (mut a, mut b) = ([0f32; 4], [0f32; 4]);
+            for s in 0..4 {
+                for l in 0..4 {
+                    let (va, vb, ea, eb) = if format == QFormat::Q8_0 {
+                        (r[64 * s + 4 * i + l] as i8 as f32, r[64 * s + 32 + 4 * i + l] as i8 as f32, 8 * s + l, 8 * s + 4 + l)
+                    } else {
+                        let v = r[32 * s + 4 * i + l];
+                        (val(v & 0x0f), val(v >> 4), 4 * s + l, 16 + 4 * s + l)
+                    };
+                    a[l] = va.mul_add(xb[ea], a[l]);
+                    b[l] = vb.mul_add(xb[eb], b[l]);
+                }
+            }
+            *acc = chains(a, b).mul_add(sc[X8_ROWS * c + i].to_f32(), *acc);
+        }
+    }
+    acc
+}
+
+/// The portable f32 loop of Q4_K: per super-block column, row and sub-block
+/// pair `p`, chains over the pair's 8 loads (load `s`: low nibbles elements
+/// `64 p + 4 s + l` of sub-block `2 p`, high ones `64 p + 32 + 4 s + l` of
+/// `2 p + 1`), each sub-block's sum times `d · sc_j`; the minima's
+/// `Σ_j mn_j Σx_j` times `dmin`, subtracted at the end.
+fn group_k_f32_portable(rec: &[u8], sc: &[f16], x: &[f32], sums: &[f32], bpr: usize) -> [f32; X8_ROWS] {
+    let mut acc = [0f32; X8_ROWS];
+    let mut accm = [0f32; X8_ROWS];
+    for c in 0..bpr {
+        let r = &rec[c * X8_BYTES..(c + 1) * X8_BYTES];
+        let s16 = &sc[c * 2 * X8_ROWS..(c + 1) * 2 * X8_ROWS];
+        let xb = &x[256 * c..256 * (c + 1)];
+        for i in 0..X8_ROWS {
+            let (d, dmin) = (s16[i].to_f32(), s16[X8_ROWS + i].to_f32());
+            for p in 0..4 {
+                let (mut a, mut b) = ([0f32; 4], [0f32; 4]);
+                for s in 0..8 {
+                    for l in 0..4 {
+                        let v = r[128 + 32 * (8 * p + s) + 4 * i + l];
+                        a[l] = ((v & 0x0f) as f32).mul_add(xb[64 * p + 4 * s + l], a[l]);
+                        b[l] = ((v >> 4) as f32).mul_add(xb[64 * p + 32 + 4 * s + l], b[l]);
+                    }
+                }
+                let ((sl, _), (sh, _)) = (x8_scale_min(r, i, 2 * p), x8_scale_min(r, i, 2 * p + 1));
+                let (sa, sb) = ((a[0] + a[1]) + (a[2] + a[3]), (b[0] + b[1]) + (b[2] + b[3]));
+                acc[i] = sa.mul_add(d * sl as f32, acc[i]);
+                acc[i] = sb.mul_add(d * sh as f32, acc[i]);
+            }
+            let ms = (0..8).fold(0f32, |ms, j| (x8_scale_min(r, i, j).1 as f32).mul_add(sums[8 * c + j], ms));
+            accm[i] = ms.mul_add(dmin, accm[i]);
+        }
+    }
+    std::array::from_fn(|i| acc[i] - accm[i])
+}
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -323,6 +492,178 @@ mod x86 {
 
     x8_loops!(avx2, "avx2,fma,f16c", dp_avx2);
     x8_loops!(vnni, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", dp_vnni);
+
+    /// The f32-activation loops: a 32-bit lane per row, as the portable loops
+    /// [`super::group32_f32_portable`] and [`super::group_k_f32_portable`]
+    /// compute them, chain for chain, stamped out per instruction set (`avx2`:
+    /// AVX2 + FMA + F16C; `avx512`: the same code with AVX-512VL's 32 registers
+    /// and broadcast operands).
+    macro_rules! f32_loops {
+        ($name:ident, $feat:literal) => {
+            pub mod $name {
+                use std::arch::x86_64::*;
+
+                use half::f16;
+
+                use super::super::{X8_BYTES, X8_ROWS};
+
+                /// Byte `l` of each 32-bit lane of `v`, sign-extended, as 8 floats (`l` = 0..4).
+                #[inline]
+                #[target_feature(enable = $feat)]
+                fn bytes_ps(v: __m256i) -> [__m256; 4] {
+                    [
+                        _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(_mm256_slli_epi32::<24>(v))),
+                        _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(_mm256_slli_epi32::<16>(v))),
+                        _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(_mm256_slli_epi32::<8>(v))),
+                        _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(v)),
+                    ]
+                }
+
+                /// `a[l] += bytes_ps(va)[l] · x[ea + l]` and `b[l] += bytes_ps(vb)[l] · x[eb + l]`.
+                ///
+                /// # Safety
+                /// `x.add(ea)` and `x.add(eb)` point to 4 readable floats each.
+                #[inline]
+                #[target_feature(enable = $feat)]
+                unsafe fn step(a: &mut [__m256; 4], b: &mut [__m256; 4], va: __m256i, vb: __m256i, x: *const f32, ea: usize, eb: usize) {
+                    let (wa, wb) = (bytes_ps(va), bytes_ps(vb));
+                    for l in 0..4 {
+                        // SAFETY: the caller's contract.
+                        unsafe {
+                            a[l] = _mm256_fmadd_ps(wa[l], _mm256_broadcast_ss(&*x.add(ea + l)), a[l]);
+                            b[l] = _mm256_fmadd_ps(wb[l], _mm256_broadcast_ss(&*x.add(eb + l)), b[l]);
+                        }
+                    }
+                }
+
+                /// `((a0 + a1) + (a2 + a3)) + ((b0 + b1) + (b2 + b3))`, as [`super::super::chains`].
+                #[inline]
+                #[target_feature(enable = $feat)]
+                fn chains(a: [__m256; 4], b: [__m256; 4]) -> __m256 {
+                    _mm256_add_ps(half4(a), half4(b))
+                }
+
+                #[inline]
+                #[target_feature(enable = $feat)]
+                fn half4(a: [__m256; 4]) -> __m256 {
+                    _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]))
+                }
+
+                /// Prefetches the `bytes` of a record `pf` bytes ahead of `r` (0: none).
+                #[inline]
+                #[target_feature(enable = $feat)]
+                fn prefetch(r: *const u8, pf: usize, bytes: usize) {
+                    if pf != 0 {
+                        let p = r.wrapping_add(pf);
+                        for l in 0..bytes / 64 {
+                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * l) as *const i8);
+                        }
+                    }
+                }
+
+                /// One group's block columns of a 32-element format (`F`: 0 Q4_0, 1
+                /// Q8_0, 2 IQ4_NL) with f32 activations.
+                ///
+                /// # Safety
+                /// The features of `$feat`.
+                #[target_feature(enable = $feat)]
+                pub unsafe fn group32<const F: u8>(rec: &[u8], sc: &[f16], x: &[f32], bpr: usize) -> [f32; X8_ROWS] {
+                    let rb = if F == 1 { 256 } else { 128 };
+                    assert!(rec.len() >= bpr * rb && sc.len() >= bpr * X8_ROWS && x.len() >= 32 * bpr);
+                    let (m4, eight) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(8));
+                    // SAFETY: the 16 bytes of the table.
+                    let table = unsafe {
+                        let t = _mm_loadu_si128(crate::kernels::quant::IQ4_LEVELS.as_ptr() as *const __m128i);
+                        _mm256_set_m128i(t, t)
+                    };
+                    let mut acc = _mm256_setzero_ps();
+                    let pf = crate::kernels::cpu::prefetch_bytes();
+                    for c in 0..bpr {
+                        // SAFETY: record c, its 8 scales and block c of x (asserted above).
+                        unsafe {
+                            let r = rec.as_ptr().add(c * rb);
+                            prefetch(r, pf, rb);
+                            let xp = x.as_ptr().add(32 * c);
+                            let (mut a, mut b) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
+                            for s in 0..4 {
+                                if F == 1 {
+                                    let va = _mm256_loadu_si256(r.add(64 * s) as *const __m256i);
+                                    let vb = _mm256_loadu_si256(r.add(64 * s + 32) as *const __m256i);
+                                    step(&mut a, &mut b, va, vb, xp, 8 * s, 8 * s + 4);
+                                } else {
+                                    let w = _mm256_loadu_si256(r.add(32 * s) as *const __m256i);
+                                    let wl = _mm256_and_si256(w, m4);
+                                    let wh = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
+                                    let (va, vb) = if F == 0 {
+                                        (_mm256_sub_epi8(wl, eight), _mm256_sub_epi8(wh, eight))
+                                    } else {
+                                        (_mm256_shuffle_epi8(table, wl), _mm256_shuffle_epi8(table, wh))
+                                    };
+                                    step(&mut a, &mut b, va, vb, xp, 4 * s, 16 + 4 * s);
+                                }
+                            }
+                            let d = _mm256_cvtph_ps(_mm_loadu_si128(sc.as_ptr().add(X8_ROWS * c) as *const __m128i));
+                            acc = _mm256_fmadd_ps(chains(a, b), d, acc);
+                        }
+                    }
+                    let mut out = [0f32; X8_ROWS];
+                    // SAFETY: 8 floats into an 8-float array.
+                    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
+                    out
+                }
+
+                /// One group's Q4_K super-block columns with f32 activations (`sums`: `Σx`
+                /// of each 32 of `x`).
+                ///
+                /// # Safety
+                /// The features of `$feat`.
+                #[target_feature(enable = $feat)]
+                pub unsafe fn group_k(rec: &[u8], sc: &[f16], x: &[f32], sums: &[f32], bpr: usize) -> [f32; X8_ROWS] {
+                    assert!(rec.len() >= bpr * X8_BYTES && sc.len() >= bpr * 16 && x.len() >= 256 * bpr && sums.len() >= 8 * bpr);
+                    let m4 = _mm256_set1_epi8(0x0f);
+                    let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                    let pf = crate::kernels::cpu::prefetch_bytes();
+                    for c in 0..bpr {
+                        // SAFETY: record c, its 16 scales, super-block c of x and its 8 sums (asserted above).
+                        unsafe {
+                            let r = rec.as_ptr().add(c * X8_BYTES);
+                            prefetch(r, pf, X8_BYTES);
+                            let xp = x.as_ptr().add(256 * c);
+                            let s = sc.as_ptr().add(16 * c) as *const __m128i;
+                            let d = _mm256_cvtph_ps(_mm_loadu_si128(s));
+                            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(s.add(1)));
+                            for p in 0..4 {
+                                let (mut a, mut b) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
+                                for t in 0..8 {
+                                    let w = _mm256_loadu_si256(r.add(128 + 32 * (8 * p + t)) as *const __m256i);
+                                    let wl = _mm256_and_si256(w, m4);
+                                    let wh = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
+                                    step(&mut a, &mut b, wl, wh, xp, 64 * p + 4 * t, 64 * p + 32 + 4 * t);
+                                }
+                                let sl = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(16 * p) as *const __m128i)));
+                                let sh = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(16 * p + 8) as *const __m128i)));
+                                acc = _mm256_fmadd_ps(half4(a), _mm256_mul_ps(d, sl), acc);
+                                acc = _mm256_fmadd_ps(half4(b), _mm256_mul_ps(d, sh), acc);
+                            }
+                            let mut ms = _mm256_setzero_ps();
+                            for j in 0..8 {
+                                let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(64 + 8 * j) as *const __m128i)));
+                                ms = _mm256_fmadd_ps(mn, _mm256_set1_ps(sums[8 * c + j]), ms);
+                            }
+                            accm = _mm256_fmadd_ps(ms, dmin, accm);
+                        }
+                    }
+                    let mut out = [0f32; X8_ROWS];
+                    // SAFETY: 8 floats into an 8-float array.
+                    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc, accm)) };
+                    out
+                }
+            }
+        };
+    }
+
+    f32_loops!(f32_avx2, "avx2,fma,f16c");
+    f32_loops!(f32_avx512, "avx2,fma,f16c,avx512f,avx512bw,avx512vl");
 }
 
 #[cfg(test)]
@@ -406,8 +747,7 @@ mod tests {
                     assert_eq!(y, portable[first..first + len], "{format} {isa:?}: SIMD and portable bit for bit");
                 }
             }
-            // Through the decode activation vectors, as the kernels call them (f32:
-            // each block gathered back).
+            // Through the decode activation vectors, as the kernels call them.
             for act in [ActVec::I8(XQ8::quantize(&xv)), ActVec::F32(&xv)] {
                 let mut y = vec![0f32; rows];
                 act.rows(Isa::best(), v, k, 0, &mut y, false);
@@ -416,6 +756,62 @@ mod tests {
                     assert!((v - w).abs() <= 1e-4 * (1.0 + w.abs()), "{format} row {r}: {v} vs {w}");
                 }
             }
+        }
+    }
+    /// f32 activations over X8 records ([`rows_x8_f32`]): SIMD and portable loops
+    /// bit for bit, within the parity checks' tolerance of the f64 dot with the
+    /// dequantized weights, for every repacked format and partial groups at either
+    /// end; and what the decode kernels call (`ActVec::F32` rows over an X8 view)
+    /// is this loop, bit for bit, not a block-by-block gather.
+    #[test]
+    fn x8_f32_dots_agree_simd_and_portable_match_the_f64_dots_and_serve_the_f32_activation_vector() {
+        use crate::kernels::quant::REPACKABLE;
+        let (rows, k) = (24, 512);
+        let xv = data(k, 21);
+        for format in REPACKABLE {
+            let m = QMatrix::quantize(format, rows, k, &data(rows * k, 22)).unwrap();
+            let x8 = m.repack_x8();
+            assert!(matches!(x8.layout, Layout::X8 { .. }), "{format} not repacked");
+            let deq = m.dequantize();
+            let exact: Vec<f64> = (0..rows).map(|r| (0..k).map(|i| xv[i] as f64 * deq[r * k + i] as f64).sum()).collect();
+            let scale = exact.iter().fold(0f64, |a, v| a.max(v.abs()));
+            let mut portable = vec![0f32; rows];
+            rows_x8_f32(Isa::Scalar, &xv, x8.view(), 0, &mut portable);
+            for (r, (&p, &e)) in portable.iter().zip(&exact).enumerate() {
+                assert!((p as f64 - e).abs() <= 5e-4 * scale, "{format} row {r}: {p} vs f64 {e} (scale {scale})");
+            }
+            for isa in [Isa::Scalar, Isa::Simd256, Isa::best()] {
+                for (first, len) in [(0, rows), (3, 13), (8, 8), (17, 7)] {
+                    let mut y = vec![0f32; len];
+                    rows_x8_f32(isa, &xv, x8.view(), first, &mut y);
+                    assert_eq!(y, portable[first..first + len], "{format} {isa:?} rows {first}..: SIMD and portable bit for bit");
+                }
+            }
+            let mut y = vec![0f32; rows];
+            ActVec::F32(&xv).rows(Isa::best(), x8.view(), k, 0, &mut y, false);
+            let mut want = vec![0f32; rows];
+            rows_x8_f32(Isa::best(), &xv, x8.view(), 0, &mut want);
+            assert_eq!(y, want, "{format}: ActVec::F32 over X8 records takes the 8-row loop");
+        }
+    }
+
+    /// Q4_K rows longer than the stack's sub-block sums take the scratch buffer,
+    /// with the same results: portable and SIMD bit for bit, close to the f64 dot.
+    #[test]
+    fn x8_f32_q4k_rows_past_the_stack_sums_take_the_scratch() {
+        let (rows, k) = (8, STACK_SUMS * QK + 256);
+        let xv = data(k, 31);
+        let m = QMatrix::quantize(QFormat::Q4_K, rows, k, &data(rows * k, 32)).unwrap();
+        let x8 = m.repack_x8();
+        let deq = m.dequantize();
+        let exact: Vec<f64> = (0..rows).map(|r| (0..k).map(|i| xv[i] as f64 * deq[r * k + i] as f64).sum()).collect();
+        let scale = exact.iter().fold(0f64, |a, v| a.max(v.abs()));
+        let (mut p, mut v) = (vec![0f32; rows], vec![0f32; rows]);
+        rows_x8_f32(Isa::Scalar, &xv, x8.view(), 0, &mut p);
+        rows_x8_f32(Isa::best(), &xv, x8.view(), 0, &mut v);
+        assert_eq!(p, v, "SIMD and portable bit for bit");
+        for (r, (&p, &e)) in p.iter().zip(&exact).enumerate() {
+            assert!((p as f64 - e).abs() <= 5e-4 * scale, "row {r}: {p} vs f64 {e} (scale {scale})");
         }
     }
 }

@@ -275,7 +275,7 @@ pub enum Layout {
     /// Row after row, each row's blocks in order (the on-disk order).
     #[default]
     Rows,
-    /// Q4_K, Q4_0, Q8_0 or IQ4_NL repacked for the CPU's int8 decode dots
+    /// Q4_K, Q4_0, Q8_0 or IQ4_NL repacked for the CPU's decode dots (int8 or f32 activations)
     /// (llama.cpp's `REPACK` idea, in a layout of ours): 8 rows interleaved per
     /// block column, their header fields side by side (Q4_K: unpacked 6-bit scales
     /// and minima too), the codes of the 8 rows in 4-byte runs so one 32-byte load
