@@ -386,8 +386,16 @@ pub fn race(
     let rounds = rounds(strategy);
     for (round, &per) in rounds.iter().enumerate() {
         let mut alive: Vec<usize> = (0..runners.len()).filter(|&i| runners[i].dropped.is_none() && runners[i].error.is_none()).collect();
-        for _ in 0..per {
+        for pass in 0..per {
             alive.shuffle(&mut rng);
+            if first_round == 0 && round == 0 && pass == 0 {
+                // Runner 0 (the runtime's default, `space::candidates`) is sampled
+                // first: a race its budget stops after one sample has timed the
+                // default, not a candidate the shuffle happened to put first.
+                if let Some(p) = alive.iter().position(|&i| i == 0) {
+                    alive[..=p].rotate_right(1);
+                }
+            }
             for &i in &alive {
                 // Past the deadline, only candidates without any sample still get one;
                 // past the hard deadline, only a race's first.
@@ -465,6 +473,36 @@ mod tests {
             assert_eq!((r.cache_bytes, r.rotate_bytes), (l3, 2 * l3), "the CPU ignores a GPU L2 override");
         }
         assert!(r.rotate_bytes >= 1 << 20);
+    }
+
+    /// A race whose hard stop has passed before it starts samples one candidate
+    /// only, and that is runner 0 (the runtime's default) whatever the seed's
+    /// shuffle: a starved slot keeps what the runtime would run anyway.
+    #[test]
+    fn a_race_stopped_after_one_sample_has_timed_the_default() {
+        use crate::kernels::Backend;
+        let p = Problem::Gemv { n: 16, k: 64 };
+        let w = Workload::new(vec![(p.clone(), 1)], DType::F32, None, 3, 0);
+        let ks: Vec<_> =
+            crate::kernels::for_op(Op::Gemv).filter(|k| k.backend() == Backend::Cpu && k.dtypes.contains(&DType::F32)).collect();
+        for seed in 0..8 {
+            let mut runners: Vec<Runner> = ks
+                .iter()
+                .flat_map(|k| [1u32, 2].map(|t| (k, t)))
+                .map(|(k, t)| {
+                    let mut params = k.default_params();
+                    if params.contains_key("threads") {
+                        params.insert("threads".into(), t);
+                    }
+                    Runner::new(Cand { kernel: k, params }, &w)
+                })
+                .collect();
+            assert!(runners.len() >= 4, "{}", runners.len());
+            let now = Instant::now();
+            race(&mut runners, &w, Strategy::Auto, Deadline { soft: now, hard: Some(now) }, seed, 0, |_| {});
+            let sampled: Vec<usize> = (0..runners.len()).filter(|&i| !runners[i].samples.is_empty()).collect();
+            assert_eq!(sampled, vec![0], "seed {seed}");
+        }
     }
 
     /// On a GPU the copies are distinct buffers with distinct contents, and each
