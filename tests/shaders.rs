@@ -84,15 +84,18 @@ fn cooperative_matrix_shaders_translate_to_spirv() {
     const STORE: u16 = 4458;
     const MULADD: u16 = 4459;
     let coop: Vec<_> = all_shaders().into_iter().filter(|s| s.source.contains("enable wgpu_cooperative_matrix;")).collect();
-    // 8x8 and 16x16, over block-format and over float weights (each also gate_up)
+    // 8x8 and 16x16, over block-format and over float weights (each also gate_up); prefill attention
     let names: Vec<_> = coop.iter().map(|s| s.name).collect();
-    for want in ["qgemm_coop8.wgsl", "qgemm_coop16.wgsl", "gemm_coop8.wgsl", "gemm_coop16.wgsl"] {
+    for want in ["qgemm_coop8.wgsl", "qgemm_coop16.wgsl", "gemm_coop8.wgsl", "gemm_coop16.wgsl", "attention_prefill_coop16.wgsl"] {
         assert!(names.contains(&want), "{want} missing from the cooperative-matrix shaders {names:?}");
     }
     // defaults; the largest gemm tiling the host admits; gate_up (two weight
-    // matrices) at its largest, f16 weights; each shader takes the overrides it declares
-    let settings: [&[(&str, f64)]; 3] = [
+    // matrices) at its largest, f16 weights; the attention's largest tiling (64
+    // queries x 64 keys, 4 subgroups of 8 output matrices, head_dim 128, f16 cache);
+    // each shader takes the overrides it declares
+    let settings: [&[(&str, f64)]; 4] = [
         &[],
+        &[("BQ", 64.0), ("BK", 64.0), ("NSG", 4.0), ("WGS", 128.0), ("NS", 4.0), ("NO", 8.0), ("HD", 128.0), ("W_F16", 1.0)],
         &[("SG_M", 4.0), ("MAT_M", 4.0), ("MAT_N", 2.0), ("TILE_K", 64.0), ("WGS", 512.0), ("QFMT", 7.0)],
         &[("SG_M", 2.0), ("SG_N", 4.0), ("MAT_M", 2.0), ("MAT_N", 2.0), ("W_MATS", 2.0), ("WGS", 256.0), ("QFMT", 9.0), ("W_F16", 1.0)],
     ];

@@ -31,6 +31,8 @@
 
 use std::sync::Arc;
 
+mod mma;
+
 use super::cpu::{self, ISA, Isa, Row, axpy_row, row};
 use super::wgsl::{shared_wg, subgroup_fits};
 use super::{CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
@@ -127,7 +129,7 @@ const DECODE_SPLIT_PARAMS: &[ParamSpec] =
     &[ParamSpec::new("chunk", &[64, 128, 256, 512, 1024, 2048], 256, "keys per split task (tasks = kv_heads * visible keys / chunk)"), ISA];
 
 pub fn variants() -> Vec<KernelDef> {
-    vec![
+    let mut v = vec![
         KernelDef::new(
             "attention_prefill_naive",
             Op::AttentionPrefill,
@@ -220,7 +222,9 @@ pub fn variants() -> Vec<KernelDef> {
             "key range split across pool tasks per KV head (the group's heads share each K/V row); (m, l, acc) partials merged",
             CpuImpl { run: run_decode_splitkv, check: check_cpu },
         ),
-    ]
+    ];
+    v.extend(mma::variants());
+    v
 }
 
 // ---------------------------------------------------------------------------

@@ -1,0 +1,87 @@
+// The entry point of attention_prefill_mma_emu: attention_prefill_coop16's tiling
+// (attn_mma.wgsl; the same f16 tiles, masks, passes and matrix assignment) with the
+// matrix operations as plain loops. A virtual subgroup of 32 invocations (s = tid /
+// 32) takes the same S matrices and keeps the same O matrices, each lane 8 elements
+// of each (element lane + 32q of a 16x16 matrix, row-major), products of f16 values
+// summed in f32. It runs where there are no matrix units, which is how the coop
+// tiling is tested on a software adapter.
+
+@compute @workgroup_size(WGS)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    let b = block(wid);
+    let s = tid / 32u;
+    let lane = tid % 32u;
+    let nsm = (BQ / 16u) * (BK / 16u);
+    let nom = (BQ / 16u) * (HD / 16u);
+    stage_q(b, tid);
+    for (var r = tid; r < BQ; r += WGS) {
+        rm[r] = NEG;
+        rl[r] = 0.0;
+    }
+    let nt = ntiles(b);
+    var acc: array<f32, 64>; // NO matrices x 8 elements (NO <= 8, checked on the host)
+    for (var sweep = 0u; sweep < 2u; sweep++) {
+        for (var t = 0u; t < nt; t++) {
+            let t0 = b.klo + t * BK;
+            workgroupBarrier();
+            stage_kv(false, b, t0, tid);
+            workgroupBarrier();
+            for (var j = 0u; j < NS; j++) {
+                let idx = s + j * NSG;
+                if (idx < nsm) {
+                    let mi = idx / (BK / 16u);
+                    let nj = idx % (BK / 16u);
+                    for (var q8 = 0u; q8 < 8u; q8++) {
+                        let e = lane + 32u * q8;
+                        let r = mi * 16u + e / 16u;
+                        let c = nj * 16u + e % 16u;
+                        var sum = 0.0;
+                        for (var d = 0u; d < HD; d++) {
+                            sum += f32(qs[r * qstride() + d]) * f32(kv[c * qstride() + d]);
+                        }
+                        ss[r * BK + c] = sum;
+                    }
+                }
+            }
+            workgroupBarrier();
+            if (sweep == 0u) {
+                rows_max(b, t0, tid);
+                continue;
+            }
+            tile_p(b, t0, tid);
+            workgroupBarrier();
+            rows_sum(tid);
+            stage_kv(true, b, t0, tid);
+            workgroupBarrier();
+            for (var j = 0u; j < NO; j++) {
+                let idx = s + j * NSG;
+                if (idx < nom) {
+                    let mi = idx / (HD / 16u);
+                    let dj = idx % (HD / 16u);
+                    for (var q8 = 0u; q8 < 8u; q8++) {
+                        let e = lane + 32u * q8;
+                        let r = mi * 16u + e / 16u;
+                        let c = dj * 16u + e % 16u;
+                        var sum = 0.0;
+                        for (var k = 0u; k < BK; k++) {
+                            sum += f32(ps[r * pstride() + k]) * f32(kv[k * qstride() + c]);
+                        }
+                        acc[j * 8u + q8] += sum;
+                    }
+                }
+            }
+        }
+    }
+    workgroupBarrier();
+    for (var j = 0u; j < NO; j++) {
+        let idx = s + j * NSG;
+        if (idx < nom) {
+            let mi = idx / (HD / 16u);
+            let dj = idx % (HD / 16u);
+            for (var q8 = 0u; q8 < 8u; q8++) {
+                let e = lane + 32u * q8;
+                write_o(b, mi * 16u + e / 16u, dj * 16u + e % 16u, acc[j * 8u + q8]);
+            }
+        }
+    }
+}
