@@ -132,6 +132,33 @@ fn stage_kv(is_v: bool, b: Blk, t0: u32, tid: u32) {
     }
 }
 
+// The start of a block: Q staged, the rows' running maxima and sums reset.
+fn begin(b: Blk, tid: u32) {
+    stage_q(b, tid);
+    for (var r = tid; r < BQ; r += WGS) {
+        rm[r] = NEG;
+        rl[r] = 0.0;
+    }
+}
+
+// K of the tile from key t0 staged in kv, once every reader of the previous tile
+// is done; the barriers on both sides.
+fn stage_k(b: Blk, t0: u32, tid: u32) {
+    workgroupBarrier();
+    stage_kv(false, b, t0, tid);
+    workgroupBarrier();
+}
+
+// Pass 2, after the tile's S (in ss, and a barrier): P and the rows' sums, then V
+// staged in kv (K's readers are done), a barrier before P·V reads ps and kv.
+fn p_and_v(b: Blk, t0: u32, tid: u32) {
+    tile_p(b, t0, tid);
+    workgroupBarrier();
+    rows_sum(tid);
+    stage_kv(true, b, t0, tid);
+    workgroupBarrier();
+}
+
 // Pass 1: the rows' maxima over the tile's visible scores (ss).
 fn rows_max(b: Blk, t0: u32, tid: u32) {
     for (var r = tid; r < BQ; r += WGS) {

@@ -15,19 +15,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let s = min(sgid, NSG - 1u);
     let nsm = (BQ / 16u) * (BK / 16u);
     let nom = (BQ / 16u) * (HD / 16u);
-    stage_q(b, tid);
-    for (var r = tid; r < BQ; r += WGS) {
-        rm[r] = NEG;
-        rl[r] = 0.0;
-    }
+    begin(b, tid);
     let nt = ntiles(b);
     var acc: array<CoopC, 8>; // NO <= 8 (checked on the host)
     for (var sweep = 0u; sweep < 2u; sweep++) {
         for (var t = 0u; t < nt; t++) {
             let t0 = b.klo + t * BK;
-            workgroupBarrier();
-            stage_kv(false, b, t0, tid);
-            workgroupBarrier();
+            stage_k(b, t0, tid);
             for (var j = 0u; j < NS; j++) {
                 let idx = min(s + j * NSG, nsm - 1u);
                 let mi = idx / (BK / 16u);
@@ -47,11 +41,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 rows_max(b, t0, tid);
                 continue;
             }
-            tile_p(b, t0, tid);
-            workgroupBarrier();
-            rows_sum(tid);
-            stage_kv(true, b, t0, tid);
-            workgroupBarrier();
+            p_and_v(b, t0, tid);
             for (var j = 0u; j < NO; j++) {
                 let idx = min(s + j * NSG, nom - 1u);
                 let mi = idx / (HD / 16u);
