@@ -1,6 +1,7 @@
 // Block decoding shared by the quantized shaders (qgemv_*, qgemm_tiled, qgate_up_wg,
-// qqkv_proj_wg, norm_gemv_q_*): `shader!(FILE, "qblock.wgsl", ..)` appends this file
-// to each. It reads the including shader's `override QFMT: u32`, `wq` and `ws`
+// qqkv_proj_wg, norm_gemv_q_*): `shader!(FILE, "qblock.wgsl", "qgeom.wgsl", ..)`
+// appends this file and the block geometry (qbe, qwpb, qspb, qhalf, qbits16) to
+// each. It reads the including shader's `override QFMT: u32`, `wq` and `ws`
 // bindings (array<u32>), and for `qdot` its `x: array<vec4<f32>>`.
 //
 // QFMT (kernels::wgsl::qfmt, the order of QFormat::ALL): 0 q8_0, 1 q4_0, 2 q4_1,
@@ -16,49 +17,12 @@
 // qpos(j).y), so the units of a block cover each of its elements once. The element
 // mapping follows ggml's layouts (kernels/quant/decode.rs is the reference).
 
-// Elements per block.
-fn qbe() -> u32 {
-    return select(32u, 256u, (QFMT >= 5u && QFMT <= 9u) || QFMT == 11u);
-}
-
 // Units per block.
 fn qunits() -> u32 {
     if (QFMT == 0u) {
         return 8u;
     }
     return qbe() / 8u;
-}
-
-// Quant words per block (QFormat::gpu_quant_bytes / 4).
-fn qwpb() -> u32 {
-    switch QFMT {
-        case 0u: { return 8u; }
-        case 3u, 4u: { return 5u; }
-        case 5u: { return 20u; }
-        case 6u: { return 28u; }
-        case 7u: { return 36u; }
-        case 8u: { return 44u; }
-        case 9u: { return 52u; }
-        case 11u: { return 33u; }
-        default: { return 4u; }
-    }
-}
-
-// 16-bit header fields per block.
-fn qspb() -> u32 {
-    return select(1u, 2u, QFMT == 2u || QFMT == 4u || QFMT == 5u || QFMT == 7u || QFMT == 8u || QFMT == 11u);
-}
-
-// Header field i of global block b: as f16, and its raw bits.
-fn qhalf(b: u32, i: u32) -> f32 {
-    let idx = b * qspb() + i;
-    let p = unpack2x16float(ws[idx >> 1u]);
-    return select(p.x, p.y, (idx & 1u) == 1u);
-}
-
-fn qbits16(b: u32, i: u32) -> u32 {
-    let idx = b * qspb() + i;
-    return (ws[idx >> 1u] >> ((idx & 1u) * 16u)) & 0xffffu;
 }
 
 // Scale d and offset m (0 unless q4_1 / q5_1) of a 32-element block b.

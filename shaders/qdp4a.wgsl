@@ -1,5 +1,5 @@
 // The second-generation quantized projections' shared core (`shader!(VARIANT,
-// FAMILY, MAIN, "qdp4a.wgsl", ..)`): the GEMV (gemv_q_dp4a_*, family include
+// FAMILY, MAIN, "qdp4a.wgsl", "qgeom.wgsl", ..)`, qgeom.wgsl the block geometry): the GEMV (gemv_q_dp4a_*, family include
 // qdp4a_gemv.wgsl), the fused gate+up (gate_up_q_dp4a_*, qdp4a_gate_up.wgsl) and
 // the fused Q/K/V projection (qkv_proj_q_dp4a_*, qdp4a_qkv.wgsl); the entry `main`
 // comes from qdp4a_main_wg.wgsl (workgroup tree) or qdp4a_main_sg.wgsl
@@ -97,32 +97,14 @@ fn quantize(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 
 // ------------------------------------------------------------ block layout
 
-// Elements per block.
-fn dq_be() -> u32 {
-    return select(32u, 256u, (QFMT >= 5u && QFMT <= 9u) || QFMT == 11u);
-}
-
-// Quant words per block (QFormat::gpu_quant_bytes / 4). q5_0 / q5_1: qh, then
-// 16 code bytes; q2_k: 16 scale bytes, 64 code bytes; q3_k: hmask 32, codes 64,
-// scales 12, pad 4; q4_k: 8 sub-block scales and 8 minima a byte each, codes 128;
-// q5_k: the same 16, qh 32, codes 128; q6_k: ql 128, qh 64, scales 16; iq4_xs:
-// scales_l 4, codes 128.
-fn dq_wpb() -> u32 {
-    switch QFMT {
-        case 0u: { return 8u; }
-        case 3u, 4u: { return 5u; }
-        case 5u: { return 20u; }
-        case 6u: { return 28u; }
-        case 7u: { return 36u; }
-        case 8u: { return 44u; }
-        case 9u: { return 52u; }
-        case 11u: { return 33u; }
-        default: { return 4u; }
-    }
-}
+// A block's quant words (qgeom.wgsl's qwpb a block): q5_0 / q5_1 qh, then 16 code
+// bytes; q2_k 16 scale bytes, 64 code bytes; q3_k hmask 32, codes 64, scales 12,
+// pad 4; q4_k 8 sub-block scales and 8 minima a byte each, codes 128; q5_k the same
+// 16, qh 32, codes 128; q6_k ql 128, qh 64, scales 16; iq4_xs scales_l 4, codes 128.
 
 // Whether a block's code segments are 16-byte aligned in wq (its quant words a
-// multiple of 4): all but q5_0 / q5_1 (5 words) and iq4_xs (33), read word by word.
+// multiple of 4, qgeom.wgsl's qwpb): all but q5_0 / q5_1 (5 words) and iq4_xs (33),
+// read word by word.
 fn dq_aligned() -> bool {
     return QFMT != 3u && QFMT != 4u && QFMT != 11u;
 }
@@ -169,23 +151,6 @@ fn dq_sblock(b: u32, j: u32, s: u32) -> u32 {
         case 11u: { return 8u * b + j; }
         default: { return b; }
     }
-}
-
-// 16-bit header fields per block (d; d, m; d, dmin; iq4_xs d, scales_h).
-fn dq_nhead() -> u32 {
-    return select(1u, 2u, QFMT == 2u || QFMT == 4u || QFMT == 5u || QFMT == 7u || QFMT == 8u || QFMT == 11u);
-}
-
-// Header field i of global block gb, as f16, and its raw bits.
-fn dq_half(gb: u32, i: u32) -> f32 {
-    let idx = gb * dq_nhead() + i;
-    let p = unpack2x16float(ws[idx >> 1u]);
-    return select(p.x, p.y, (idx & 1u) == 1u);
-}
-
-fn dq_bits16(gb: u32, i: u32) -> u32 {
-    let idx = gb * dq_nhead() + i;
-    return (ws[idx >> 1u] >> ((idx & 1u) * 16u)) & 0xffffu;
 }
 
 // Quant word i (global word index).
@@ -328,22 +293,22 @@ fn dq_sbyte(w: u32, i: u32) -> f32 {
 // The contribution of item (segment j, part p) of global block gb to its row,
 // against the activation loaded by dq_load_act.
 fn dq_item(gb: u32, j: u32, p: u32) -> f32 {
-    let base = gb * dq_wpb();
+    let base = gb * qwpb();
     let lo4 = vec4<u32>(0x0f0f0f0fu);
     switch QFMT {
         case 0u: {
             let w = dq_wload(base + 4u * j + p * VW);
-            return dq_half(gb, 0u) * xd[0].x * dq_sdot(w, 0u);
+            return qhalf(gb, 0u) * xd[0].x * dq_sdot(w, 0u);
         }
         case 1u, 2u, 10u: {
             let w = dq_wload(base + p * VW);
-            let d = dq_half(gb, 0u);
+            let d = qhalf(gb, 0u);
             if (QFMT == 10u) {
                 return d * (xd[0].x * dq_sdot(dq_iq4(w & lo4), 0u) + xd[1].x * dq_sdot(dq_iq4((w >> vec4<u32>(4u)) & lo4), 1u));
             }
             var r = d * (xd[0].x * dq_sdot(w & lo4, 0u) + xd[1].x * dq_sdot((w >> vec4<u32>(4u)) & lo4, 1u));
             if (p == 0u) {
-                let off = select(-8.0 * d, dq_half(gb, 1u), QFMT == 2u);
+                let off = select(-8.0 * d, qhalf(gb, 1u), QFMT == 2u);
                 // Both streams are halves of the same activation block.
                 r += off * xd[0].y;
             }
@@ -360,10 +325,10 @@ fn dq_item(gb: u32, j: u32, p: u32) -> f32 {
                 hl[t] = dq_spread4(qh >> e) << 4u;
                 hh[t] = dq_spread4(qh >> (16u + e)) << 4u;
             }
-            let d = dq_half(gb, 0u);
+            let d = qhalf(gb, 0u);
             var r = d * (xd[0].x * dq_sdot((w & lo4) | hl, 0u) + xd[1].x * dq_sdot(((w >> vec4<u32>(4u)) & lo4) | hh, 1u));
             if (p == 0u) {
-                let off = select(-16.0 * d, dq_half(gb, 1u), QFMT == 4u);
+                let off = select(-16.0 * d, qhalf(gb, 1u), QFMT == 4u);
                 r += off * xd[0].y;
             }
             return r;
@@ -375,13 +340,13 @@ fn dq_item(gb: u32, j: u32, p: u32) -> f32 {
             let l16 = j % 2u;
             let ones = vec4<u32>(0x01010101u);
             let h3 = vec4<u32>(0x03030303u);
-            let d = dq_half(gb, 0u);
+            let d = qhalf(gb, 0u);
             var r = 0.0;
             if (QFMT == 5u) {
                 let w = dq_wload(base + 4u + 8u * n + 4u * l16 + p * VW);
                 let s0 = dq_w1(base + 2u * n);
                 let s1 = dq_w1(base + 2u * n + 1u);
-                let dmin = dq_half(gb, 1u);
+                let dmin = qhalf(gb, 1u);
                 for (var s = 0u; s < 4u; s++) {
                     let sb = dq_ubyte(select(s1, s0, s < 2u), 2u * (s % 2u) + l16);
                     let c = (w >> vec4<u32>(2u * s)) & h3;
@@ -403,8 +368,8 @@ fn dq_item(gb: u32, j: u32, p: u32) -> f32 {
         case 11u: {
             // iq4_xs: sub-block j, its 6-bit scale from scales_l (word 0) and scales_h
             let w = dq_wload(base + 1u + 4u * j + p * VW);
-            let ls = ((dq_w1(base) >> (4u * j)) & 15u) | (((dq_bits16(gb, 1u) >> (2u * j)) & 3u) << 4u);
-            let dl = dq_half(gb, 0u) * f32(i32(ls) - 32);
+            let ls = ((dq_w1(base) >> (4u * j)) & 15u) | (((qbits16(gb, 1u) >> (2u * j)) & 3u) << 4u);
+            let dl = qhalf(gb, 0u) * f32(i32(ls) - 32);
             return dl * (xd[0].x * dq_sdot(dq_iq4(w & lo4), 0u) + xd[1].x * dq_sdot(dq_iq4((w >> vec4<u32>(4u)) & lo4), 1u));
         }
         case 7u, 8u: {
@@ -430,10 +395,10 @@ fn dq_item(gb: u32, j: u32, p: u32) -> f32 {
             let mw = hv[2u + jj / 2u] >> (16u * (jj % 2u));
             let a = vec2<f32>(f32(sw & 255u), f32(mw & 255u));
             let c = vec2<f32>(f32((sw >> 8u) & 255u), f32((mw >> 8u) & 255u));
-            var r = dq_half(gb, 0u) * (a.x * xd[0].x * dq_sdot(wl, 0u)
+            var r = qhalf(gb, 0u) * (a.x * xd[0].x * dq_sdot(wl, 0u)
                                      + c.x * xd[1].x * dq_sdot(wh, 1u));
             if (j % 2u == 0u && p == 0u) {
-                r -= dq_half(gb, 1u) * (a.y * xd[0].y + c.y * xd[1].y);
+                r -= qhalf(gb, 1u) * (a.y * xd[0].y + c.y * xd[1].y);
             }
             return r;
         }
@@ -453,7 +418,7 @@ fn dq_item(gb: u32, j: u32, p: u32) -> f32 {
                   + dq_sbyte(s0, l16 + 2u) * xd[1].x * dq_sdot(dq_s6((qlb & lo4) | (((qh >> vec4<u32>(2u)) & h3) << vec4<u32>(4u))), 1u)
                   + dq_sbyte(s1, l16) * xd[2].x * dq_sdot(dq_s6(((qla >> vec4<u32>(4u)) & lo4) | (((qh >> vec4<u32>(4u)) & h3) << vec4<u32>(4u))), 2u)
                   + dq_sbyte(s1, l16 + 2u) * xd[3].x * dq_sdot(dq_s6(((qlb >> vec4<u32>(4u)) & lo4) | (((qh >> vec4<u32>(6u)) & h3) << vec4<u32>(4u))), 3u);
-            return dq_half(gb, 0u) * r;
+            return qhalf(gb, 0u) * r;
         }
     }
 }
@@ -476,7 +441,7 @@ fn dq_accumulate(row0: u32, s: u32, tid: u32) {
     for (var r = 0u; r < nacc; r++) {
         acc[r] = 0.0;
     }
-    let nb = dims.k / dq_be();
+    let nb = dims.k / qbe();
     let parts = 4u / VW;
     let per_block = dq_nseg() * parts;
     let b0 = nb * s / SPLIT;
