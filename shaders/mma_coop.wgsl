@@ -16,16 +16,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let n0 = wid.x * tile_n();
     var acc: array<CoopC, 8>; // W_MATS * MAT_M * MAT_N <= 8 (checked on the host)
     var a: array<CoopA, 4>;   // MAT_M <= 4
-    for (var c0 = 0u; c0 < nchunks(); c0 += TILE_K / 32u) {
-        stage(c0, tid, m0, n0);
-        workgroupBarrier();
+    steps_begin(tid, m0, n0);
+    for (var c0 = 0u; c0 < nchunks(); c0 += kstep()) {
+        step_open(c0, tid, m0, n0);
+        let buf = step_buf(c0);
         for (var kk = 0u; kk < TILE_K / MAT; kk++) {
             for (var mi = 0u; mi < MAT_M; mi++) {
-                a[mi] = coopLoadT<CoopA>(&xs[a_base(sm, mi, kk)], xstride());
+                a[mi] = coopLoadT<CoopA>(&xs[a_base(sm, mi, kk, buf)], xstride());
             }
             for (var g = 0u; g < W_MATS; g++) {
                 for (var nj = 0u; nj < MAT_N; nj++) {
-                    let b = coopLoad<CoopB>(&wt[b_base(sn, nj, kk, g)], xstride());
+                    let b = coopLoad<CoopB>(&wt[b_base(sn, nj, kk, g, buf)], xstride());
                     for (var mi = 0u; mi < MAT_M; mi++) {
                         let i = (g * MAT_M + mi) * MAT_N + nj;
                         acc[i] = coopMultiplyAdd(a[mi], b, acc[i]);
@@ -33,7 +34,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 }
             }
         }
-        workgroupBarrier();
+        step_close(c0, tid);
     }
     for (var mi = 0u; mi < MAT_M; mi++) {
         for (var nj = 0u; nj < MAT_N; nj++) {

@@ -24,15 +24,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var i = 0u; i < W_MATS * MAT_M * MAT_N * per; i++) {
         acc[i] = 0.0;
     }
-    for (var c0 = 0u; c0 < nchunks(); c0 += TILE_K / 32u) {
-        stage(c0, tid, m0, n0);
-        workgroupBarrier();
+    steps_begin(tid, m0, n0);
+    for (var c0 = 0u; c0 < nchunks(); c0 += kstep()) {
+        step_open(c0, tid, m0, n0);
+        let buf = step_buf(c0);
         for (var kk = 0u; kk < TILE_K / MAT; kk++) {
             for (var mi = 0u; mi < MAT_M; mi++) {
-                let ab = a_base(sm, mi, kk);
+                let ab = a_base(sm, mi, kk, buf);
                 for (var g = 0u; g < W_MATS; g++) {
                     for (var nj = 0u; nj < MAT_N; nj++) {
-                        let bb = b_base(sn, nj, kk, g);
+                        let bb = b_base(sn, nj, kk, g, buf);
                         for (var q = 0u; q < per; q++) {
                             let e = lane + 32u * q;
                             let r = e / MAT;
@@ -47,7 +48,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 }
             }
         }
-        workgroupBarrier();
+        step_close(c0, tid);
     }
     for (var mi = 0u; mi < MAT_M; mi++) {
         for (var nj = 0u; nj < MAT_N; nj++) {

@@ -19,6 +19,7 @@ override MAT_N: u32 = 2;  // matrices per subgroup along n
 override TILE_K: u32 = 32; // 32 or 64
 override W_MATS: u32 = 1u; // weight matrices: 1 gemm, 2 gate_up (gate and up)
 override WGS: u32 = 128;  // SG_M * SG_N * 32
+override STAGES: u32 = 1u; // tile buffers: 1, or 2 (next step's loads in flight during the matrix work)
 override QFMT: u32 = 0u;
 
 struct Dims { m: u32, n: u32, k: u32, act: u32 } // act (gate_up): 0 silu, 1 gelu_tanh
@@ -29,6 +30,6 @@ struct Dims { m: u32, n: u32, k: u32, act: u32 } // act (gate_up): 0 silu, 1 gel
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<uniform> dims: Dims;
 
-var<workgroup> xs: array<f16, SG_M * MAT_M * 8u * (TILE_K + 8u)>;
-var<workgroup> wt: array<f16, W_MATS * SG_N * MAT_N * 8u * (TILE_K + 8u)>;
+var<workgroup> xs: array<f16, STAGES * SG_M * MAT_M * 8u * (TILE_K + 8u)>;
+var<workgroup> wt: array<f16, STAGES * W_MATS * SG_N * MAT_N * 8u * (TILE_K + 8u)>;
 var<workgroup> cs: array<f32, W_MATS * SG_M * SG_N * 8u * 8u>;

@@ -92,12 +92,14 @@ fn cooperative_matrix_shaders_translate_to_spirv() {
     // defaults; the largest gemm tiling the host admits; gate_up (two weight
     // matrices) at its largest, f16 weights; the attention's largest tiling (64
     // queries x 64 keys, 4 subgroups of 8 output matrices, head_dim 128, f16 cache);
-    // each shader takes the overrides it declares
-    let settings: [&[(&str, f64)]; 4] = [
+    // two tile buffers (the next step's loads in flight) at the deepest step whose
+    // loads fit the registers; each shader takes the overrides it declares
+    let settings: [&[(&str, f64)]; 5] = [
         &[],
         &[("BQ", 64.0), ("BK", 64.0), ("NSG", 4.0), ("WGS", 128.0), ("NS", 4.0), ("NO", 8.0), ("HD", 128.0), ("W_F16", 1.0)],
         &[("SG_M", 4.0), ("MAT_M", 4.0), ("MAT_N", 2.0), ("TILE_K", 64.0), ("WGS", 512.0), ("QFMT", 7.0)],
         &[("SG_M", 2.0), ("SG_N", 4.0), ("MAT_M", 2.0), ("MAT_N", 2.0), ("W_MATS", 2.0), ("WGS", 256.0), ("QFMT", 9.0), ("W_F16", 1.0)],
+        &[("TILE_K", 64.0), ("STAGES", 2.0), ("QFMT", 7.0)],
     ];
     for s in coop {
         let module = naga::front::wgsl::parse_str(s.source).unwrap_or_else(|e| panic!("{}: {}", s.name, e.emit_to_string(s.source)));

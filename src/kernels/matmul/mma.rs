@@ -44,6 +44,12 @@ const TILE_K: ParamSpec = ParamSpec {
     default: 32,
     help: "depth staged in workgroup memory per step (whole 32-element chunks)",
 };
+const STAGES: ParamSpec = ParamSpec {
+    name: "stages",
+    values: &[1, 2],
+    default: 1,
+    help: "tile buffers in workgroup memory: 2 puts the next step's loads in flight during the matrix work (one barrier a step)",
+};
 const MAT: ParamSpec =
     ParamSpec { name: "mat", values: &[8, 16], default: 16, help: "side of the emulated square matrices (8x8x8 or 16x16x16)" };
 /// Marks the f16 rounding of the activations (the matrix units' input type), which
@@ -54,14 +60,14 @@ const ACT_F16: ParamSpec =
 const ACT_F16_FLOAT: ParamSpec =
     ParamSpec { help: "activations (and f32 weights) rounded to f16 in workgroup memory (matrix input type)", ..ACT_F16 };
 
-const COOP_PARAMS: &[ParamSpec] = &[SG_M, SG_N, MAT_M, MAT_N, TILE_K, ACT_F16];
-const EMU_PARAMS: &[ParamSpec] = &[MAT, SG_M, SG_N, MAT_M, MAT_N, TILE_K, ACT_F16];
-const F_COOP_PARAMS: &[ParamSpec] = &[SG_M, SG_N, MAT_M, MAT_N, TILE_K, ACT_F16_FLOAT];
-const F_EMU_PARAMS: &[ParamSpec] = &[MAT, SG_M, SG_N, MAT_M, MAT_N, TILE_K, ACT_F16_FLOAT];
-const GU_COOP_PARAMS: &[ParamSpec] = &[SG_M, SG_N, GU_MAT_M, GU_MAT_N, TILE_K, ACT_F16];
-const GU_EMU_PARAMS: &[ParamSpec] = &[MAT, SG_M, SG_N, GU_MAT_M, GU_MAT_N, TILE_K, ACT_F16];
-const GU_F_COOP_PARAMS: &[ParamSpec] = &[SG_M, SG_N, GU_MAT_M, GU_MAT_N, TILE_K, ACT_F16_FLOAT];
-const GU_F_EMU_PARAMS: &[ParamSpec] = &[MAT, SG_M, SG_N, GU_MAT_M, GU_MAT_N, TILE_K, ACT_F16_FLOAT];
+const COOP_PARAMS: &[ParamSpec] = &[SG_M, SG_N, MAT_M, MAT_N, TILE_K, STAGES, ACT_F16];
+const EMU_PARAMS: &[ParamSpec] = &[MAT, SG_M, SG_N, MAT_M, MAT_N, TILE_K, STAGES, ACT_F16];
+const F_COOP_PARAMS: &[ParamSpec] = &[SG_M, SG_N, MAT_M, MAT_N, TILE_K, STAGES, ACT_F16_FLOAT];
+const F_EMU_PARAMS: &[ParamSpec] = &[MAT, SG_M, SG_N, MAT_M, MAT_N, TILE_K, STAGES, ACT_F16_FLOAT];
+const GU_COOP_PARAMS: &[ParamSpec] = &[SG_M, SG_N, GU_MAT_M, GU_MAT_N, TILE_K, STAGES, ACT_F16];
+const GU_EMU_PARAMS: &[ParamSpec] = &[MAT, SG_M, SG_N, GU_MAT_M, GU_MAT_N, TILE_K, STAGES, ACT_F16];
+const GU_F_COOP_PARAMS: &[ParamSpec] = &[SG_M, SG_N, GU_MAT_M, GU_MAT_N, TILE_K, STAGES, ACT_F16_FLOAT];
+const GU_F_EMU_PARAMS: &[ParamSpec] = &[MAT, SG_M, SG_N, GU_MAT_M, GU_MAT_N, TILE_K, STAGES, ACT_F16_FLOAT];
 
 /// Lanes of a subgroup in the matrix tiling (the coop shaders need subgroups of
 /// exactly this size; the emulation groups invocations by it).
@@ -92,13 +98,38 @@ fn mma_wg(params: &Params) -> Result<[u32; 3], KernelError> {
     Ok([sm * sn * MMA_LANES, 1, 1])
 }
 
-/// f16 x and w tiles (rows of tile_k + 8 halves; `mats` weight tiles) and one f32
-/// result matrix per subgroup and weight matrix.
+/// f16 x and w tiles (rows of tile_k + 8 halves; `mats` weight tiles), `stages` of
+/// each, and one f32 result matrix per subgroup and weight matrix.
 fn mma_shared(prob: &Problem, params: &Params, mat: u32) -> Result<u64, KernelError> {
     let (sm, sn, mm, mn, tk) = mma_tiling(params)?;
+    let stages = param(params, "stages")? as u64;
     let mats = w_mats(prob) as u64;
     let (tm, tn) = ((sm * mm * mat) as u64, (sn * mn * mat) as u64);
-    Ok(2 * (tm + mats * tn) * (tk as u64 + 8) + 4 * mats * (sm * sn * mat * mat) as u64)
+    Ok(2 * stages * (tm + mats * tn) * (tk as u64 + 8) + 4 * mats * (sm * sn * mat * mat) as u64)
+}
+
+/// Registers of one batch of staging slots (the shaders' `PRE`).
+const PRE_SLOTS: u32 = 8;
+
+/// Staging slots per invocation and step (`x_slots()`, `w_slots()` of mma.wgsl and
+/// mma_q / mma_f.wgsl): 16-byte words of x, and weight words (float) or block units
+/// within a 32-element chunk (block formats).
+fn staging_slots(dtype: DType, params: &Params, mats: u32, mat: u32) -> Result<(u32, u32), KernelError> {
+    let (sm, sn, mm, mn, tk) = mma_tiling(params)?;
+    let wgs = sm * sn * MMA_LANES;
+    let (tm, tn) = (sm * mm * mat, sn * mn * mat);
+    let x = (tm * tk / 4).div_ceil(wgs);
+    let w = match dtype.quant() {
+        // units of a block per 32-element chunk (qblock.wgsl's qchunk): 4 values each
+        // for q8_0 and the K-quants but iq4_xs, 8 for the others
+        Some(f) => {
+            use crate::kernels::quant::QFormat as Q;
+            let units = if matches!(f, Q::Q8_0 | Q::Q2_K | Q::Q3_K | Q::Q4_K | Q::Q5_K | Q::Q6_K) { 8 } else { 4 };
+            mats * (tk / 32) * (tn * units).div_ceil(wgs)
+        }
+        None => mats * (tn * tk / if dtype == DType::F16 { 8 } else { 4 }).div_ceil(wgs),
+    };
+    Ok((x, w))
 }
 
 fn coop16_shared(prob: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
@@ -130,6 +161,15 @@ fn check_mma(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params, mat:
     }
     if tk % 32 != 0 || tk % mat != 0 {
         return Err(format!("tile_k = {tk} is not a whole number of 32-element chunks and of {mat}-deep matrices"));
+    }
+    if param(params, "stages").map_err(|e| e.to_string())? == 2 {
+        let (x, w) = staging_slots(dtype, params, mats, mat).map_err(|e| e.to_string())?;
+        if x.max(w) > PRE_SLOTS {
+            return Err(format!(
+                "stages = 2 holds a step's loads in {PRE_SLOTS} registers per invocation; this tiling needs {x} for x and {w} for the \
+                 weights (use fewer matrices per subgroup, more subgroups, or tile_k 32)"
+            ));
+        }
     }
     if let Some((m, n, k, _, _)) = mma_dims(prob) {
         if !dtype.is_quant() {
@@ -201,6 +241,7 @@ fn prepare_mma(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
         ("MAT_M", mm as f64),
         ("MAT_N", mn as f64),
         ("TILE_K", tk as f64),
+        ("STAGES", s.param("stages")? as f64),
         ("W_MATS", mats as f64),
         ("WGS", wgs as f64),
     ];
@@ -413,6 +454,13 @@ mod tests {
         assert!(check("gate_up_mma_emu", &GU, DType::F32, &with("gate_up_mma_emu", &[("mat_m", 2), ("mat_n", 2)]), &c).is_ok());
         let r = check("gate_up_mma_emu", &GU, DType::F32, &with("gate_up_mma_emu", &[("mat_m", 4), ("mat_n", 2)]), &c).unwrap_err();
         assert!(r.contains("64 accumulators") || r.contains("8 accumulators"), "{r}");
+        // two tile buffers: the default tiling's step fits the registers; 4 A
+        // matrices over one subgroup column (16 x words an invocation) do not
+        assert!(check("gemm_q_coop16", &GEMM, DType::Q8_0, &with("gemm_q_coop16", &[("stages", 2)]), &c).is_ok());
+        let deep = [("mat_m", 4), ("sg_n", 1)];
+        assert!(check("gemm_q_coop16", &GEMM, DType::Q8_0, &with("gemm_q_coop16", &deep), &c).is_ok());
+        let r = check("gemm_q_coop16", &GEMM, DType::Q8_0, &with("gemm_q_coop16", &[deep[0], deep[1], ("stages", 2)]), &c).unwrap_err();
+        assert!(r.contains("registers") && r.contains("16 for x"), "{r}");
         // one token is a GEMV's work
         let one = Problem::GateUp { rows: 1, n: 70, k: 64, act: Activation::Silu };
         let r = check("gate_up_q_mma_emu", &one, DType::Q8_0, &with("gate_up_q_mma_emu", &[]), &plain).unwrap_err();
