@@ -12,6 +12,7 @@
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
+override UNROLL: u32 = 1u; // row_dot16's words in flight per lane (not tuned here)
 override W_F16: bool = false;
 override HAS_BIAS: bool = false;
 

@@ -7,6 +7,7 @@
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
+override UNROLL: u32 = 1u; // words a lane loads before using any (row_dot16)
 override W_F16: bool = false;
 
 fn run_row(row: u32, lane: u32, stride: u32) {

@@ -17,10 +17,23 @@ pub const WORKGROUP_SIZE: ParamSpec =
 pub const ROWS_WG_PARAMS: &[ParamSpec] =
     &[WORKGROUP_SIZE, ParamSpec { name: "rows_per_wg", values: &[1, 2, 4, 8], default: 2, help: "output rows per workgroup" }];
 
+const ROWS_PER_WG_SG: ParamSpec =
+    ParamSpec { name: "rows_per_wg", values: &[1, 2, 4, 8, 16], default: 4, help: "output rows per workgroup, spread over its subgroups" };
+
 /// Row-per-subgroup kernels (GEMV and its fused forms).
-pub const ROWS_SG_PARAMS: &[ParamSpec] = &[
+pub const ROWS_SG_PARAMS: &[ParamSpec] = &[WORKGROUP_SIZE, ROWS_PER_WG_SG];
+
+/// The row-per-subgroup GEMVs whose lanes load several words (or block units) a
+/// round before using any: the `UNROLL` override.
+pub const ROWS_SG_UNROLL_PARAMS: &[ParamSpec] = &[
     WORKGROUP_SIZE,
-    ParamSpec { name: "rows_per_wg", values: &[1, 2, 4, 8, 16], default: 4, help: "output rows per workgroup, spread over its subgroups" },
+    ROWS_PER_WG_SG,
+    ParamSpec {
+        name: "unroll",
+        values: &[1, 2, 4],
+        default: 1,
+        help: "weight words (block units) each lane loads per round before using any: loads in flight per lane",
+    },
 ];
 
 /// `[workgroup_size, 1, 1]`.

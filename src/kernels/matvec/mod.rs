@@ -26,7 +26,7 @@ pub mod qkv;
 pub mod quant;
 
 use super::cpu::{self, ISA, Isa, ROWS_PER_TASK, RowSplit, STRATEGY, check_isa, par_rows, row};
-use super::wgsl::{ROWS_SG_PARAMS, ROWS_WG_PARAMS, shared_rows, subgroup_fits, vec_alignment};
+use super::wgsl::{ROWS_SG_UNROLL_PARAMS, ROWS_WG_PARAMS, shared_rows, subgroup_fits, vec_alignment};
 use super::{CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, wrong_op};
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
@@ -71,8 +71,8 @@ pub fn variants() -> Vec<KernelDef> {
             "gemv_subgroup",
             Op::Gemv,
             DType::FLOAT,
-            ROWS_SG_PARAMS,
-            "16-byte loads, one subgroup per row, subgroupAdd reduction, no barriers",
+            ROWS_SG_UNROLL_PARAMS,
+            "16-byte loads, `unroll` a lane in flight, one subgroup per row, subgroupAdd reduction, no barriers",
             WgslImpl::new(&GEMV_SUBGROUP, prepare).subgroups().check(check_subgroup),
         ),
         KernelDef::new(
@@ -115,7 +115,8 @@ pub fn variants() -> Vec<KernelDef> {
 fn prepare(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let (n, k) = dims(s)?;
     let (wg, rows) = (s.param("workgroup_size")?, s.param("rows_per_wg")?);
-    let consts: Vec<_> = [("WG", wg as f64), ("ROWS", rows as f64)].into_iter().chain(s.w_f16_const()).collect();
+    let unroll = s.params.get("unroll").map(|&u| ("UNROLL", u as f64));
+    let consts: Vec<_> = [("WG", wg as f64), ("ROWS", rows as f64)].into_iter().chain(s.w_f16_const()).chain(unroll).collect();
     s.one_step("main", &consts, &[n as u32, k as u32], grid_2d(groups(n, rows)))
 }
 

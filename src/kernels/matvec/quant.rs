@@ -11,7 +11,7 @@
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::kernels::cpu::{ACT_BITS, ActVec, ISA, Isa, ROWS_PER_PASS, ROWS_PER_TASK, RowSplit, check_quant, par_rows, qin};
-use crate::kernels::wgsl::{ROWS_SG_PARAMS, ROWS_WG_PARAMS, check_blocks, one_q_step, qfmt, shared_rows, subgroup_fits};
+use crate::kernels::wgsl::{ROWS_SG_UNROLL_PARAMS, ROWS_WG_PARAMS, check_blocks, one_q_step, qfmt, shared_rows, subgroup_fits};
 use crate::kernels::{
     CpuArgs, CpuImpl, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op,
 };
@@ -35,7 +35,8 @@ fn check_subgroup(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params)
 fn prepare(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let Problem::Gemv { n, k } = *s.problem else { return Err(wrong_op(s.kernel, s.problem)) };
     let (wg, rows) = (s.param("workgroup_size")?, s.param("rows_per_wg")?);
-    let consts = [("WG", wg as f64), ("ROWS", rows as f64), ("QFMT", qfmt(s.dtype))];
+    let mut consts = vec![("WG", wg as f64), ("ROWS", rows as f64), ("QFMT", qfmt(s.dtype))];
+    consts.extend(s.params.get("unroll").map(|&u| ("UNROLL", u as f64)));
     one_q_step(s, 1, &consts, &[n as u32, k as u32], grid_2d(groups(n, rows)))
 }
 
@@ -63,8 +64,8 @@ pub fn variants() -> Vec<KernelDef> {
             "gemv_q_subgroup",
             Op::Gemv,
             DType::QUANT,
-            ROWS_SG_PARAMS,
-            "quantized blocks dequantized in registers; one subgroup per row, subgroupAdd, no barriers",
+            ROWS_SG_UNROLL_PARAMS,
+            "quantized blocks dequantized in registers, `unroll` units a lane in flight; one subgroup per row, subgroupAdd, no barriers",
             WgslImpl::new(&QGEMV_SG, prepare).subgroups().check(check_subgroup),
         ),
         KernelDef::new(
