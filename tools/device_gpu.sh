@@ -9,6 +9,7 @@
 #   DEVICE=llvmpipe SCALE=0.2 tools/device_gpu.sh              # a dry run on lavapipe
 #   STEPS="verify kernels" OPS="gemv gemm" EXTRA=--trusted-shaders tools/device_gpu.sh
 #   STEPS=kernels BK_ARGS="--op gemv,gate_up --models gemma3-4b --budget 90s" tools/device_gpu.sh
+#   STEPS=ab KTUNE_B=.dev/ktune-skv AB_ARGS="--op attention_decode --budget 20s" tools/device_gpu.sh
 #
 # Every step has its own time limit (scaled by SCALE) and appends to $OUT/log.txt
 # as it goes, so a call cut short still returns what it measured. Steps, in order
@@ -17,6 +18,9 @@
 #   logits.txt       run on the GPU and on the CPU, prompt logits compared
 #   verify.txt       kernels --verify, one op at a time
 #   bench-kernels.json
+#   ab-a1.json ab-b1.json ab-a2.json ab-b2.json   (step ab, when KTUNE_B names a second
+#                    binary: the same bench-kernels rows from both, alternated twice,
+#                    so a change is timed against its base on the same warm card)
 #   tune.json, profile.yaml, bench.json
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -85,6 +89,15 @@ for op in $OPS; do
   echo "### $op rc=$?" >>"$OUT/verify.txt"
 done
 grep -E "^### .* rc=" "$OUT/verify.txt" | tr '\n' ' ' | tee -a "$LOG"; echo | tee -a "$LOG"
+fi
+
+if has ab && [[ -n "${KTUNE_B:-}" ]]; then
+for round in 1 2; do
+  for side in a b; do
+    bin=$B; [[ $side == b ]] && bin=$KTUNE_B
+    step "${AB_LIMIT:-45}" "ab-$side$round" sh -c "$bin bench-kernels --device $DEV ${AB_ARGS:---op attention_decode --budget 20s} $EXTRA --format json > $OUT/ab-$side$round.json"
+  done
+done
 fi
 
 has kernels && step "${BK_LIMIT:-90}" bench-kernels sh -c "$B bench-kernels --device $DEV $BK_ARGS $EXTRA --format json > $OUT/bench-kernels.json"
