@@ -4,7 +4,10 @@
 // qdecode).
 
 // Stages step `st` (chunks st·TILE_K/32 ..) of x and of the dequantized w into
-// buffer `buf`: zeros past the edges and past the last chunk.
+// buffer `buf`: zeros past the edges and past the last chunk. Every loop has a
+// constant trip count (an invocation's share, rounded up) and its loads no branch
+// (an element past the edges loads element 0 and drops it), so the compiler can
+// unroll a loop and have all its loads in flight before the first store.
 fn stage(st: u32, buf: u32, tid: u32, m0: u32, n0: u32) {
     let ks = TILE_K / 4u + 1u;
     let kv = TILE_K / 4u;
@@ -16,41 +19,41 @@ fn stage(st: u32, buf: u32, tid: u32, m0: u32, n0: u32) {
     let kx = dims.k / 4u;
     let xb = buf * TILE_M;
     let wb = buf * TILE_N;
-    for (var e = tid; e < TILE_M * kv; e += WGS) {
+    for (var t = 0u; t < (TILE_M * kv + WGS - 1u) / WGS; t++) {
+        let e = tid + t * WGS;
         let r = e / kv;
         let c = e % kv;
         let gc = c0 * 8u + c;
-        var v = vec4<f32>(0.0);
-        if (m0 + r < dims.m && gc < kx) {
-            v = x[(m0 + r) * kx + gc];
+        let ok = m0 + r < dims.m && gc < kx;
+        let v = select(vec4<f32>(0.0), x[select(0u, (m0 + r) * kx + gc, ok)], ok);
+        if (e < TILE_M * kv) {
+            xs[(xb + r) * ks + c] = TileV(v);
         }
-        xs[(xb + r) * ks + c] = TileV(v);
     }
+    let cy = qchunk(0u).y; // units per chunk: the same for every chunk of a format
     for (var s = 0u; s < cps; s++) {
         let b = c0 + s;
-        if (b >= nch) {
-            // past the last chunk (TILE_K = 64, an odd number of chunks): zeros
-            for (var i = tid; i < TILE_N * 8u; i += WGS) {
-                wt[(wb + i / 8u) * ks + s * 8u + i % 8u] = TileV(0.0);
-            }
-            continue;
-        }
         let blk = b / cpb;
         let ch = qchunk(b % cpb);
-        for (var i = tid; i < TILE_N * ch.y; i += WGS) {
-            let r = i / ch.y;
-            let u = ch.x + i % ch.y;
-            var d = QWord(vec4<f32>(0.0), vec4<f32>(0.0));
-            if (n0 + r < dims.n) {
-                d = qdecode(((n0 + r) * bpr + blk) * qunits() + u);
-            }
+        for (var t = 0u; t < (TILE_N * cy + WGS - 1u) / WGS; t++) {
+            let i = tid + t * WGS;
+            let r = i / cy;
+            let u = ch.x + i % cy;
+            // past the last chunk (TILE_K = 64, an odd number of chunks) or the
+            // last row: zeros, from the units that would hold the chunk
+            let ok = b < nch && n0 + r < dims.n;
+            let d = qdecode(select(0u, ((n0 + r) * bpr + blk) * qunits() + u, ok));
+            let lo = select(vec4<f32>(0.0), d.lo, ok);
+            let hi = select(vec4<f32>(0.0), d.hi, ok);
             // vec4 index of each half in the tile row
             let p = (qpos(u) % vec2<u32>(32u)) / 4u + s * 8u;
-            if (ch.z != 1u) {
-                wt[(wb + r) * ks + p.x] = TileV(d.lo);
-            }
-            if (ch.z != 0u) {
-                wt[(wb + r) * ks + p.y] = TileV(d.hi);
+            if (i < TILE_N * cy) {
+                if (ch.z != 1u) {
+                    wt[(wb + r) * ks + p.x] = TileV(lo);
+                }
+                if (ch.z != 0u) {
+                    wt[(wb + r) * ks + p.y] = TileV(hi);
+                }
             }
         }
     }
