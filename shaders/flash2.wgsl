@@ -56,21 +56,27 @@ struct Dims {
 
 var<workgroup> kvt: array<vec4<u32>, TILE>;
 
-// Stages cache rows t0 .. t0 + BKV of K or V (rows past `last` as zeros) in `kvt`.
+// Stages cache rows t0 .. t0 + BKV of K or V (rows past `last` as zeros) in `kvt`:
+// an invocation's share rounded up, a loop of constant trip count whose loads have
+// no branch (a row past `last` loads word 0 and drops it), so it can be unrolled
+// with every load in flight before the first store.
 fn stage_tile(is_v: bool, base: u32, t0: u32, last: u32, tid: u32) {
-    for (var idx = tid; idx < BKV * RW; idx += BQ * GH * LANES) {
+    let wg = BQ * GH * LANES;
+    for (var t = 0u; t < (BKV * RW + wg - 1u) / wg; t++) {
+        let idx = tid + t * wg;
         let c = idx / RW;
         let x = idx % RW;
-        var w = vec4<u32>(0u);
-        if (t0 + c <= last) {
-            let gi = (base + t0 + c) * RW + x;
-            if (is_v) {
-                w = vc[gi];
-            } else {
-                w = kc[gi];
-            }
+        let ok = t0 + c <= last;
+        let gi = select(0u, (base + t0 + c) * RW + x, ok);
+        var w: vec4<u32>;
+        if (is_v) {
+            w = vc[gi];
+        } else {
+            w = kc[gi];
         }
-        kvt[c * (RW + PAD) + x] = w;
+        if (idx < BKV * RW) {
+            kvt[c * (RW + PAD) + x] = select(vec4<u32>(0u), w, ok);
+        }
     }
 }
 

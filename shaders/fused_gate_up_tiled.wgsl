@@ -51,7 +51,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let kv = TK / 4u;      // vec4 per tile row
     let ks = TK / 4u + 1u; // padded row stride, in vec4
     for (var k0 = 0u; k0 < k; k0 += TK) {
-        for (var e = tid; e < BM * kv; e += 256u) {
+        // an invocation's share rounded up (constant trip counts, branch-free loads)
+        for (var t = 0u; t < (BM * kv + 255u) / 256u; t++) {
+            let e = tid + t * 256u;
             let r = e / kv;
             let c = e % kv;
             let gr = m0 + r;
@@ -61,9 +63,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
                 let gc = k0 + 4u * c + q;
                 v[q] = select(0.0, x[row + min(gc, k - 1u)], gr < rows && gc < k);
             }
-            xs[r * ks + c] = v;
+            if (e < BM * kv) {
+                xs[r * ks + c] = v;
+            }
         }
-        for (var e = tid; e < BN * kv; e += 256u) {
+        for (var t = 0u; t < (BN * kv + 255u) / 256u; t++) {
+            let e = tid + t * 256u;
             let r = e / kv;
             let c = e % kv;
             let j = n0 + r;
@@ -77,8 +82,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
                 g[q] = select(0.0, wload(jj * k + cc), ok);
                 u[q] = select(0.0, wload((n + jj) * k + cc), ok);
             }
-            gs[r * ks + c] = g;
-            us[r * ks + c] = u;
+            if (e < BN * kv) {
+                gs[r * ks + c] = g;
+                us[r * ks + c] = u;
+            }
         }
         workgroupBarrier();
         for (var c = 0u; c < kv; c++) {

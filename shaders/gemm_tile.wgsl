@@ -42,31 +42,37 @@ fn gemm_tile(wid: vec3<u32>, tid: u32) {
     }
     var a: array<vec4<f32>, 8>;
     for (var k0 = 0u; k0 < k; k0 += TILE_K) {
-        for (var e = tid; e < TILE_M * kv; e += WGS) {
+        // an invocation's share of each tile, rounded up: loops of constant trip
+        // count whose loads have no branch (an element past the edges loads
+        // element 0 and drops it), so they can be unrolled with every load in
+        // flight before the first store
+        for (var t = 0u; t < (TILE_M * kv + WGS - 1u) / WGS; t++) {
+            let e = tid + t * WGS;
             let r = e / kv;
             let c = e % kv;
             let gc = k0 / 4u + c;
-            var v = vec4<f32>(0.0);
-            if (m0 + r < m && gc < k4) {
-                v = x[(m0 + r) * k4 + gc];
+            let ok = m0 + r < m && gc < k4;
+            let v = select(vec4<f32>(0.0), x[select(0u, (m0 + r) * k4 + gc, ok)], ok);
+            if (e < TILE_M * kv) {
+                xs[r * ks + c] = v;
             }
-            xs[r * ks + c] = v;
         }
         // w: words of 4 f32 or 8 f16, each widened to one or two vec4 of the tile row
         let kvw = wwords16(TILE_K);
         let kw = wwords16(k);
-        for (var e = tid; e < TILE_N * kvw; e += WGS) {
+        for (var t = 0u; t < (TILE_N * kvw + WGS - 1u) / WGS; t++) {
+            let e = tid + t * WGS;
             let r = e / kvw;
             let c = e % kvw;
             let gc = wwords16(k0) + c;
-            var q = vec4<u32>(0u);
-            if (n0 + r < n && gc < kw) {
-                q = w[(n0 + r) * kw + gc];
-            }
-            let ti = r * ks + wx16(c);
-            ws[ti.x] = wlo4(q);
-            if (W_F16) {
-                ws[ti.y] = whi4(q);
+            let ok = n0 + r < n && gc < kw;
+            let q = select(vec4<u32>(0u), w[select(0u, (n0 + r) * kw + gc, ok)], ok);
+            if (e < TILE_N * kvw) {
+                let ti = r * ks + wx16(c);
+                ws[ti.x] = wlo4(q);
+                if (W_F16) {
+                    ws[ti.y] = whi4(q);
+                }
             }
         }
         workgroupBarrier();
