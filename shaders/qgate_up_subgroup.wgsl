@@ -11,6 +11,7 @@
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
+override UNROLL: u32 = 1u; // units of each row a lane decodes per round, loads all issued first
 override QFMT: u32 = 0u;
 
 @compute @workgroup_size(WG)
@@ -29,7 +30,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         var g = 0.0;
         var u = 0.0;
-        for (var wi = lane; wi < wpr; wi += sg_size) {
+        // UNROLL units of each row a lane per round (a constant-trip loop with no
+        // guard: its loads all in flight before the first is used), the rest one at
+        // a time
+        let round = sg_size * UNROLL;
+        let full = wpr / round * round;
+        for (var w0 = lane; w0 < full; w0 += round) {
+            for (var v = 0u; v < UNROLL; v++) {
+                g += qdot(j * wpr, w0 + v * sg_size, xv);
+                u += qdot((n + j) * wpr, w0 + v * sg_size, xv);
+            }
+        }
+        for (var wi = full + lane; wi < wpr; wi += sg_size) {
             g += qdot(j * wpr, wi, xv);
             u += qdot((n + j) * wpr, wi, xv);
         }

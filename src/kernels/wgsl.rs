@@ -23,18 +23,17 @@ const ROWS_PER_WG_SG: ParamSpec =
 /// Row-per-subgroup kernels (GEMV and its fused forms).
 pub const ROWS_SG_PARAMS: &[ParamSpec] = &[WORKGROUP_SIZE, ROWS_PER_WG_SG];
 
-/// The row-per-subgroup GEMVs whose lanes load several words (or block units) a
-/// round before using any: the `UNROLL` override.
-pub const ROWS_SG_UNROLL_PARAMS: &[ParamSpec] = &[
-    WORKGROUP_SIZE,
-    ROWS_PER_WG_SG,
-    ParamSpec {
-        name: "unroll",
-        values: &[1, 2, 4],
-        default: 1,
-        help: "weight words (block units) each lane loads per round before using any: loads in flight per lane",
-    },
-];
+/// Weight words (block units) a lane of a row-per-subgroup kernel loads per round
+/// before using any: the shader's `UNROLL` override.
+pub const UNROLL: ParamSpec = ParamSpec {
+    name: "unroll",
+    values: &[1, 2, 4],
+    default: 1,
+    help: "weight words (block units) each lane loads per round before using any: loads in flight per lane",
+};
+
+/// The row-per-subgroup GEMVs with [`UNROLL`].
+pub const ROWS_SG_UNROLL_PARAMS: &[ParamSpec] = &[WORKGROUP_SIZE, ROWS_PER_WG_SG, UNROLL];
 
 /// `[workgroup_size, 1, 1]`.
 pub fn wg_size(params: &Params) -> Result<[u32; 3], KernelError> {

@@ -33,7 +33,8 @@ use crate::kernels::cpu::{
     rows_times_tokens, scatter_row_blocks,
 };
 use crate::kernels::wgsl::{
-    ROWS_WG_PARAMS, WORKGROUP_SIZE, check_blocks, grid_dim, grid_fits, one_q_step, qfmt, storage_buffers, subgroup_fits, vec_alignment,
+    ROWS_WG_PARAMS, UNROLL, WORKGROUP_SIZE, check_blocks, grid_dim, grid_fits, one_q_step, qfmt, storage_buffers, subgroup_fits,
+    vec_alignment,
 };
 use crate::kernels::{
     Activation, CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param,
@@ -55,10 +56,10 @@ const GATE_UP_WG_PARAMS: &[ParamSpec] = &[
     WORKGROUP_SIZE,
     ParamSpec { name: "rows_per_wg", values: &[1, 2, 4], default: 2, help: "features (gate and up row pairs) per workgroup" },
 ];
-const GATE_UP_SG_PARAMS: &[ParamSpec] = &[
-    WORKGROUP_SIZE,
-    ParamSpec { name: "rows_per_wg", values: &[1, 2, 4, 8, 16], default: 4, help: "features per workgroup, spread over its subgroups" },
-];
+const FEATURES_PER_WG: ParamSpec =
+    ParamSpec { name: "rows_per_wg", values: &[1, 2, 4, 8, 16], default: 4, help: "features per workgroup, spread over its subgroups" };
+const GATE_UP_SG_PARAMS: &[ParamSpec] = &[WORKGROUP_SIZE, FEATURES_PER_WG];
+const Q_GATE_UP_SG_PARAMS: &[ParamSpec] = &[WORKGROUP_SIZE, FEATURES_PER_WG, UNROLL];
 const GATE_UP_TILED_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "thread_m", values: &[1, 2, 4], default: 2, help: "token rows per invocation (tile height 16*thread_m)" },
     ParamSpec { name: "thread_n", values: &[1, 2, 4], default: 2, help: "features per invocation (tile width 16*thread_n)" },
@@ -133,9 +134,9 @@ pub fn variants() -> Vec<KernelDef> {
             "gate_up_q_subgroup",
             Op::GateUp,
             DType::QUANT,
-            GATE_UP_SG_PARAMS,
+            Q_GATE_UP_SG_PARAMS,
             "quantized gate and up rows dequantized in registers, one subgroup per feature striding both rows (each activation \
-             load feeds both), subgroupAdd, activation product by lane 0; no workgroup memory",
+             load feeds both; `unroll` units of each a lane in flight), subgroupAdd, activation product by lane 0; no workgroup memory",
             WgslImpl::new(&QGATE_UP_SG, prepare_q_sg).subgroups().check(check_q_subgroup),
         ),
         KernelDef::new(
@@ -294,7 +295,7 @@ fn prepare_q(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
 fn prepare_q_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let Problem::GateUp { rows, n, k, act } = *s.problem else { return Err(wrong_op(s.kernel, s.problem)) };
     let (wg, per) = (s.param("workgroup_size")?, s.param("rows_per_wg")?);
-    let consts = [("WG", wg as f64), ("ROWS", per as f64), ("QFMT", qfmt(s.dtype))];
+    let consts = [("WG", wg as f64), ("ROWS", per as f64), ("QFMT", qfmt(s.dtype)), ("UNROLL", s.param("unroll")? as f64)];
     let [gx, gy, _] = grid_2d(groups(n, per));
     one_q_step(s, 1, &consts, &[rows as u32, n as u32, k as u32, act.code()], [gx, gy, (rows as u32).max(1)])
 }
