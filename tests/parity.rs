@@ -435,3 +435,46 @@ fn residual_layer_norm_is_residual_add_then_layer_norm() {
     assert!(checked.0 > 0, "no CPU check ran");
     assert!(gpu.is_none() || checked.1 > 0, "no WGSL check ran");
 }
+
+/// The matrix-tile GEMMs with two tile buffers (`stages = 2`) at tilings the
+/// one-axis sweep does not reach: the deepest step (tile_k 64, 8 slots of the
+/// weights an invocation), 8x8 matrices, and a tile of one 8-row matrix over 4
+/// subgroups (x's one slot only partly used), over block formats and floats, gemm
+/// and gate_up, on every test shape of the op (odd chunk counts included: the
+/// fetch past the last chunk must stage zeros).
+#[test]
+fn two_stage_matrix_tilings_match_reference() {
+    use ktune::kernels::DType;
+    let Some(gpu) = test_gpu() else { return };
+    let sets: [&[(&str, u32)]; 3] = [
+        &[("stages", 2), ("tile_k", 64), ("mat_m", 1)],
+        &[("stages", 2), ("mat", 8)],
+        &[("stages", 2), ("mat", 8), ("sg_m", 1), ("sg_n", 4), ("mat_m", 1), ("mat_n", 1)],
+    ];
+    let (mut checks, mut failures) = (0, Vec::new());
+    for id in ["gemm_q_mma_emu", "gemm_mma_emu", "gate_up_q_mma_emu", "gate_up_mma_emu"] {
+        let k = kernels::find(id).expect("registered");
+        let mut ran = 0;
+        for set in sets {
+            let mut params = k.default_params();
+            for &(name, v) in set {
+                params.insert(name.to_string(), v);
+            }
+            for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::F32, DType::F16].into_iter().filter(|d| k.dtypes.contains(d)) {
+                for (qi, problem) in kernels::problem::test_problems(k.op).iter().enumerate() {
+                    if k.check(Caps::Gpu(&gpu.caps), problem, dtype, &params).is_err() {
+                        continue;
+                    }
+                    let c = verify::check_one(&Runner::Gpu(&gpu), k, problem, dtype, &params, 0x5eed ^ qi as u64);
+                    ran += 1;
+                    if !c.passed {
+                        failures.push(format!("{id} {dtype} {params:?} {}: rel err {:.3e} {:?}", c.problem, c.rel_err, c.error));
+                    }
+                }
+            }
+        }
+        assert!(ran > 0, "{id}: no two-stage tiling valid on {}", gpu.name);
+        checks += ran;
+    }
+    assert!(failures.is_empty(), "{} of {checks} two-stage checks failed:\n{}", failures.len(), failures.join("\n"));
+}
