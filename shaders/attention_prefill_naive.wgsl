@@ -25,12 +25,12 @@ struct Dims {
     kv_cap: u32,
     heads: u32,
     kv_heads: u32,
-    head_dim: u32,
     window: u32,
     scale: f32,
     // the bidirectional block [b0, b1) (b0 == b1: none)
     b0: u32,
     b1: u32,
+    head_dim: u32,
 }
 
 @group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;

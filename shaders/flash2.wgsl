@@ -41,11 +41,11 @@ struct Dims {
     kv_heads: u32,
     window: u32,
     scale: f32,
-    // workgroups per KV head along y (head sub-blocks of GH heads)
-    nsub: u32,
     // the bidirectional block [b0, b1) (b0 == b1: none)
     b0: u32,
     b1: u32,
+    // workgroups per KV head along y (head sub-blocks of GH heads)
+    nsub: u32,
 }
 
 @group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;

@@ -109,10 +109,7 @@ fn prepare(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
         ("HD", sh.d as f64),
         ("W_F16", s.w_f16()),
     ];
-    let mut words: Vec<u32> = [sh.tokens, sh.kv_len, sh.kv_cap, sh.heads, sh.kv_heads, sh.window].iter().map(|&v| v as u32).collect();
-    words.push(sh.scale.to_bits());
-    words.extend(sh.bidi_words());
-    s.one_step("main", &consts, &words, [sh.tokens.div_ceil(bq as usize) as u32, sh.heads as u32, 1])
+    s.one_step("main", &consts, &sh.prefill_words(), [sh.tokens.div_ceil(bq as usize) as u32, sh.heads as u32, 1])
 }
 
 pub(super) fn variants() -> Vec<KernelDef> {

@@ -296,9 +296,13 @@ impl Shape {
         super::attention_keys(self.kv_len - self.tokens + i, self.window, self.bidi)
     }
 
-    /// The bidirectional block as the WGSL prefill kernels' last two uniform words.
-    fn bidi_words(&self) -> [u32; 2] {
-        [self.bidi.0 as u32, self.bidi.1 as u32]
+    /// The uniform words every WGSL prefill kernel starts its `Dims` with: tokens,
+    /// kv_len, kv_cap, heads, kv_heads, window, scale (f32 bits), and the
+    /// bidirectional block b0, b1; a kernel's own fields follow.
+    fn prefill_words(&self) -> Vec<u32> {
+        let mut w: Vec<u32> = [self.tokens, self.kv_len, self.kv_cap, self.heads, self.kv_heads, self.window].map(|v| v as u32).to_vec();
+        w.extend([self.scale.to_bits(), self.bidi.0 as u32, self.bidi.1 as u32]);
+        w
     }
 
     /// Cache row of key `j` of KV head `kh`.
@@ -392,10 +396,8 @@ fn prepare_naive(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let sh = shape_or_invalid(s.kernel, s.problem)?;
     let wg = s.param("workgroup_size")?;
     let consts = [("WG", wg as f64), ("W_F16", s.w_f16())];
-    let uniform = [sh.tokens, sh.kv_len, sh.kv_cap, sh.heads, sh.kv_heads, sh.d, sh.window].map(|v| v as u32);
-    let mut words = uniform.to_vec();
-    words.push(sh.scale.to_bits());
-    words.extend(sh.bidi_words());
+    let mut words = sh.prefill_words();
+    words.push(sh.d as u32);
     let u = s.gpu.uniform(s.kernel.id, &words);
     let scores = s.gpu.storage("attention scores", scores_bytes(&sh));
     let (q, k, v, out) = (s.bufs[0], s.bufs[1], s.bufs[2], s.bufs[3]);
@@ -433,10 +435,7 @@ fn prepare_flash(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let sh = shape_or_invalid(s.kernel, s.problem)?;
     let (bq, bkv, lanes) = (s.param("block_q")?, s.param("block_kv")?, s.param("lanes")?);
     let consts = [("BQ", bq as f64), ("BKV", bkv as f64), ("LANES", lanes as f64), ("HD", sh.d as f64), ("W_F16", s.w_f16())];
-    let mut words: Vec<u32> = [sh.tokens, sh.kv_len, sh.kv_cap, sh.heads, sh.kv_heads, sh.window].iter().map(|&v| v as u32).collect();
-    words.push(sh.scale.to_bits());
-    words.extend(sh.bidi_words());
-    s.one_step("main", &consts, &words, [groups(sh.tokens, bq), sh.heads as u32, 1])
+    s.one_step("main", &consts, &sh.prefill_words(), [groups(sh.tokens, bq), sh.heads as u32, 1])
 }
 
 /// How `attention_prefill_flash2*` lays out one call.
@@ -579,10 +578,8 @@ fn prepare_flash2(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
         ("TILE", p.tile_words() as f64),
         ("W_F16", s.w_f16()),
     ];
-    let mut words: Vec<u32> = [sh.tokens, sh.kv_len, sh.kv_cap, sh.heads, sh.kv_heads, sh.window].iter().map(|&v| v as u32).collect();
-    words.push(sh.scale.to_bits());
+    let mut words = sh.prefill_words();
     words.push(p.nsub as u32);
-    words.extend(sh.bidi_words());
     s.one_step("main", &consts, &words, p.grid(&sh))
 }
 
