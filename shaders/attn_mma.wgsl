@@ -159,6 +159,18 @@ fn p_and_v(b: Blk, t0: u32, tid: u32) {
     workgroupBarrier();
 }
 
+// After a tile's S is in ss: the barrier, then pass 1's row maxima (false: no P·V
+// this sweep) or pass 2's P and staged V (true: P·V follows).
+fn scores_done(b: Blk, t0: u32, tid: u32, sweep: u32) -> bool {
+    workgroupBarrier();
+    if (sweep == 0u) {
+        rows_max(b, t0, tid);
+        return false;
+    }
+    p_and_v(b, t0, tid);
+    return true;
+}
+
 // Pass 1: the rows' maxima over the tile's visible scores (ss).
 fn rows_max(b: Blk, t0: u32, tid: u32) {
     for (var r = tid; r < BQ; r += WGS) {

@@ -36,12 +36,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     coopStoreT(sc, &ss[mi * 16u * BK + nj * 16u], BK);
                 }
             }
-            workgroupBarrier();
-            if (sweep == 0u) {
-                rows_max(b, t0, tid);
+            if (!scores_done(b, t0, tid, sweep)) {
                 continue;
             }
-            p_and_v(b, t0, tid);
             for (var j = 0u; j < NO; j++) {
                 let idx = min(s + j * NSG, nom - 1u);
                 let mi = idx / (HD / 16u);

@@ -37,12 +37,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     }
                 }
             }
-            workgroupBarrier();
-            if (sweep == 0u) {
-                rows_max(b, t0, tid);
+            if (!scores_done(b, t0, tid, sweep)) {
                 continue;
             }
-            p_and_v(b, t0, tid);
             for (var j = 0u; j < NO; j++) {
                 let idx = s + j * NSG;
                 if (idx < nom) {
