@@ -10,11 +10,7 @@ pub mod app;
 pub mod atomic;
 pub mod cli;
 pub mod commands;
-pub mod device;
 pub mod error;
-pub mod gpu;
-pub mod hash;
-pub mod kernels;
 pub mod model;
 pub mod output;
 pub mod plan;
@@ -23,7 +19,10 @@ pub mod progress;
 pub mod report;
 pub mod runtime;
 pub mod session;
-pub mod testing;
 pub mod tuner;
+
+// The ground floor lives in its own crate (`crates/ktune-kernels`); its modules are
+// re-exported so every layer above names them as `crate::kernels`, `crate::gpu`, ….
+pub use ktune_kernels::{device, gpu, hash, kernels, shader, testing};
 
 pub use error::{Error, ExitCode, Result};

@@ -10,17 +10,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{RuntimeError, SlotTimes};
-use crate::gpu::{GpuCtx, GpuProgram, Shader, grid_2d, groups};
+use crate::gpu::builtin::RUNTIME_PLUMB as PLUMB;
+use crate::gpu::{GpuCtx, GpuProgram, grid_2d, groups};
 use crate::kernels::{DType, Params, Problem};
 use crate::plan::{BufId, Plan, Plumb, Step, StepKind};
-use crate::shader;
-
-static PLUMB: Shader = shader!("runtime_plumb.wgsl");
-
-/// Shaders the runtime itself uses (validated with the kernel set's).
-pub fn shaders() -> Vec<&'static Shader> {
-    vec![&PLUMB]
-}
 
 const WG: u32 = 256;
 

@@ -13,19 +13,12 @@ use std::time::{Duration, Instant};
 
 use super::measure::{Cand, Deadline, Rotation, Runner, Strategy, Workload, race};
 use super::stats::pick;
-use crate::gpu::{GpuCtx, GpuError, GpuProgram, Shader, grid_2d};
+use crate::gpu::builtin::{BENCH_COPY as COPY, BENCH_FMA as FMA};
+use crate::gpu::{GpuCtx, GpuError, GpuProgram, grid_2d};
 use crate::kernels::problem::{Activation, RopeLayout, test_problems};
 use crate::kernels::verify::{self, check_one};
 use crate::kernels::{self, Backend, Caps, DType, KernelDef, Op, Params, Problem};
 use crate::model::ModelConfig;
-
-static COPY: Shader = crate::shader!("bench_copy.wgsl");
-static FMA: Shader = crate::shader!("bench_fma.wgsl");
-
-/// The shaders of the limit kernels (for the naga validation test).
-pub fn shaders() -> Vec<&'static Shader> {
-    vec![&COPY, &FMA]
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum KBenchError {

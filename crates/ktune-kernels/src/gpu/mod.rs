@@ -1,0 +1,603 @@
+//! The wgpu context: one device and queue per adapter, the pipeline cache keyed by
+//! shader, entry point and `override` constants, buffer helpers, programs (the
+//! dispatches of one kernel variant, built once and recorded many times) and
+//! timestamp-query timing.
+//!
+//! Shader modules are built checked (wgpu's runtime bounds checks) or, on
+//! request, trusted ([`GpuCtx::with_trusted_shaders`]): `create_shader_module_trusted`
+//! with [`wgpu::ShaderRuntimeChecks::unchecked`], for kernels whose every access the
+//! host has already bounded (each kernel's `check` validates the shapes against the
+//! bound buffers before a program is built). Both kinds share one cache, keyed by it.
+//!
+//! Conventions for shaders (see `shaders/`): bindings at `@group(0)` in the op's
+//! buffer order, the uniform block right after them; weight and cache buffers are
+//! declared as `u32` words and decoded with `bitcast<f32>` or `unpack2x16float`
+//! chosen by the `override W_F16: bool` constant (the decoders are in
+//! `shaders/wload.wgsl`), so one shader serves both dtypes without `SHADER_F16`.
+//! GPU buffers are padded to 16 bytes.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::device::{GpuCaps, GpuDevice};
+
+/// A WGSL source file of `shaders/`.
+#[derive(Debug)]
+pub struct Shader {
+    pub name: &'static str,
+    pub source: &'static str,
+    /// Files of `shaders/` appended to `name`'s text (shared WGSL), in order.
+    pub includes: &'static [&'static str],
+}
+
+impl Shader {
+    /// What the module and pipeline caches know this shader by.
+    fn key(&self) -> ShaderKey {
+        (self.name, self.includes)
+    }
+}
+
+/// Declares a `Shader` for `shaders/<file>` with any number of files of shared
+/// WGSL appended in order: `shader!("gemv_wg.wgsl", "reduce_wg.wgsl", "wload.wgsl")`.
+/// Module-scope declarations may come in any order, so an include uses what the
+/// main file declares (each include states its contract in its header) and the
+/// other way round; includes declare no `override` (a shader's overrides stay in
+/// its own file, ahead of their uses).
+#[macro_export]
+macro_rules! shader {
+    ($file:literal $(, $include:literal)* $(,)?) => {
+        $crate::gpu::Shader {
+            name: $file,
+            source: concat!(
+                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $file)),
+                $("\n", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $include)),)*
+            ),
+            includes: &[$($include),*],
+        }
+    };
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("no GPU adapter could be opened: {0}")]
+    NoAdapter(String),
+    #[error("could not open a device on adapter `{adapter}`: {source}")]
+    RequestDevice { adapter: String, source: wgpu::RequestDeviceError },
+    #[error("shader `{shader}` entry `{entry}` failed validation: {message}")]
+    Pipeline { shader: String, entry: String, message: String },
+    #[error("GPU error while {what}: {message}")]
+    Validation { what: String, message: String },
+    #[error("reading back a GPU buffer failed: {0}")]
+    Map(String),
+    #[error("waiting for the GPU failed: {0}")]
+    Poll(String),
+}
+
+/// A shader's identity: its file and its includes (two shaders may share a file
+/// and differ in what they append to it).
+type ShaderKey = (&'static str, &'static [&'static str]);
+/// (shader, entry, sorted override constants, trusted module).
+type PipelineKey = (ShaderKey, String, Vec<(String, u64)>, bool);
+type ModuleCache = Arc<Mutex<HashMap<(ShaderKey, bool), Arc<wgpu::ShaderModule>>>>;
+type PipelineCache = Arc<Mutex<lru::LruCache<PipelineKey, Arc<wgpu::ComputePipeline>>>>;
+
+/// How many compute pipelines a device keeps built, least recently used dropped
+/// first. A model's plan uses a few dozen and a race alternates between at most
+/// its slot's candidates, so the runtime and the tuner rebuild none; a parity sweep
+/// over every parameter set of the kernel set (thousands of pipelines, a few MB of
+/// machine code each on a software adapter) stays within a bounded memory. A
+/// program holds its pipelines itself, so dropping one from the cache never
+/// invalidates a built program.
+pub const PIPELINE_CACHE_ENTRIES: usize = 256;
+
+/// One opened adapter: device, queue, capabilities, caches. Reused across runs.
+/// Views of one device that differ only in [`GpuCtx::trusted_shaders`] share the
+/// device, the queue and the caches.
+pub struct GpuCtx {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub caps: GpuCaps,
+    pub name: String,
+    /// Shader modules built without wgpu's runtime checks (see the module doc).
+    trusted: bool,
+    modules: ModuleCache,
+    pipelines: PipelineCache,
+    /// What a program being rebuilt leaves to its successor ([`GpuCtx::rebuild`]).
+    recycle: Mutex<Recycle>,
+}
+
+/// One binding of a bind group as built: binding number, buffer, offset and size
+/// (`None`: to the buffer's end). Each step keeps its own, so that a rebuild of
+/// the same kernel over the same buffers finds its bind group again.
+pub type BindEntry = (u32, wgpu::Buffer, u64, Option<u64>);
+
+/// The uniform and scratch buffers and the bind groups of a program being
+/// rebuilt, open to the thread that rebuilds it.
+#[derive(Default)]
+struct Recycle {
+    thread: Option<std::thread::ThreadId>,
+    buffers: Vec<wgpu::Buffer>,
+    groups: Vec<(Arc<wgpu::ComputePipeline>, Vec<BindEntry>, wgpu::BindGroup)>,
+}
+
+/// One binding of a step: a whole buffer, or `size` bytes of one from `offset`.
+#[derive(Clone, Copy)]
+pub enum Bind<'a> {
+    Whole(&'a wgpu::Buffer),
+    Range(&'a wgpu::Buffer, u64, u64),
+}
+
+impl Bind<'_> {
+    /// This binding at `binding`.
+    pub fn entry(&self, binding: u32) -> BindEntry {
+        match *self {
+            Bind::Whole(b) => (binding, b.clone(), 0, None),
+            Bind::Range(b, offset, size) => (binding, b.clone(), offset, Some(size)),
+        }
+    }
+}
+
+/// One dispatch: pipeline, bind group and workgroup counts.
+pub struct GpuStep {
+    pub label: String,
+    pub pipeline: Arc<wgpu::ComputePipeline>,
+    pub bind_group: wgpu::BindGroup,
+    pub workgroups: [u32; 3],
+    /// What `bind_group` binds.
+    pub binds: Vec<BindEntry>,
+}
+
+/// The dispatches of one kernel variant over fixed buffers, in order, plus the
+/// uniform and scratch buffers they own.
+pub struct GpuProgram {
+    pub steps: Vec<GpuStep>,
+    pub owned: Vec<wgpu::Buffer>,
+}
+
+impl GpuProgram {
+    /// Records every step into one compute pass.
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>) {
+        for s in &self.steps {
+            pass.set_pipeline(&s.pipeline);
+            pass.set_bind_group(0, &s.bind_group, &[]);
+            let [x, y, z] = s.workgroups;
+            pass.dispatch_workgroups(x, y, z);
+        }
+    }
+    pub fn dispatches(&self) -> usize {
+        self.steps.len()
+    }
+}
+
+/// Rounds a size up to a multiple of 16 bytes (the widest vector element).
+pub fn padded(bytes: u64) -> u64 {
+    bytes.max(16).div_ceil(16) * 16
+}
+
+/// Workgroup count for `n` items at `per` items per workgroup.
+pub fn groups(n: usize, per: u32) -> u32 {
+    n.div_ceil(per.max(1) as usize) as u32
+}
+
+/// Splits a workgroup count over x and y when it exceeds the per-dimension limit
+/// (65535): kernels recover the linear index as `wid.x + wid.y * nwg.x`.
+pub fn grid_2d(count: u32) -> [u32; 3] {
+    if count <= 65535 {
+        [count.max(1), 1, 1]
+    } else {
+        let y = count.div_ceil(65535);
+        [count.div_ceil(y), y, 1]
+    }
+}
+
+impl GpuCtx {
+    /// Opens a device on the adapter with the features kernels can use.
+    pub fn open(dev: &GpuDevice) -> Result<Arc<GpuCtx>, GpuError> {
+        let adapter = &dev.adapter;
+        let feats = adapter.features();
+        let wanted = wgpu::Features::SHADER_F16
+            | wgpu::Features::SUBGROUP
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        let required_features = feats & wanted;
+        let experimental_features = if required_features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+            // SAFETY: the only experimental feature requested is cooperative matrices,
+            // used by the `gemm_q_coop*` shaders alone, and only on the shapes the
+            // adapter reports (`GpuCaps::coop_f16_f32`).
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        };
+        let mut required_limits = wgpu::Limits::downlevel_defaults().using_resolution(adapter.limits());
+        let al = adapter.limits();
+        required_limits.max_storage_buffer_binding_size = al.max_storage_buffer_binding_size;
+        required_limits.max_buffer_size = al.max_buffer_size;
+        required_limits.max_compute_workgroup_storage_size = al.max_compute_workgroup_storage_size;
+        required_limits.max_compute_invocations_per_workgroup = al.max_compute_invocations_per_workgroup;
+        required_limits.max_compute_workgroup_size_x = al.max_compute_workgroup_size_x;
+        required_limits.max_compute_workgroup_size_y = al.max_compute_workgroup_size_y;
+        required_limits.max_compute_workgroup_size_z = al.max_compute_workgroup_size_z;
+        required_limits.max_compute_workgroups_per_dimension = al.max_compute_workgroups_per_dimension;
+        required_limits.max_storage_buffers_per_shader_stage = al.max_storage_buffers_per_shader_stage;
+        required_limits.max_bind_groups = al.max_bind_groups;
+        required_limits.max_bindings_per_bind_group = al.max_bindings_per_bind_group;
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("ktune"),
+            required_features,
+            required_limits,
+            experimental_features,
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&desc))
+            .map_err(|source| GpuError::RequestDevice { adapter: dev.info.name.clone(), source })?;
+        Ok(Arc::new(GpuCtx {
+            device,
+            queue,
+            caps: dev.caps.clone(),
+            name: dev.info.name.clone(),
+            trusted: false,
+            modules: Arc::default(),
+            pipelines: Arc::new(Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(PIPELINE_CACHE_ENTRIES).expect("a non-zero capacity"),
+            ))),
+            recycle: Mutex::default(),
+        }))
+    }
+
+    /// This device with shader modules built trusted (`true`: no runtime bounds
+    /// checks) or checked; the same context when it already is. Device, queue and
+    /// caches are shared (the caches are keyed by the kind of module).
+    pub fn with_trusted_shaders(self: &Arc<Self>, trusted: bool) -> Arc<GpuCtx> {
+        if self.trusted == trusted {
+            return self.clone();
+        }
+        Arc::new(GpuCtx {
+            device: self.device.clone(),
+            queue: self.queue.clone(),
+            caps: self.caps.clone(),
+            name: self.name.clone(),
+            trusted,
+            modules: self.modules.clone(),
+            pipelines: self.pipelines.clone(),
+            recycle: Mutex::default(),
+        })
+    }
+
+    /// Whether this context builds its shader modules without runtime checks.
+    pub fn trusted_shaders(&self) -> bool {
+        self.trusted
+    }
+
+    fn module(&self, shader: &'static Shader) -> Result<Arc<wgpu::ShaderModule>, GpuError> {
+        let mut cache = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = cache.get(&(shader.key(), self.trusted)) {
+            return Ok(m.clone());
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let desc =
+            wgpu::ShaderModuleDescriptor { label: Some(shader.name), source: wgpu::ShaderSource::Wgsl(Cow::Borrowed(shader.source)) };
+        let m = if self.trusted {
+            // SAFETY: the shaders of `shaders/` index their buffers only within the
+            // sizes the host binds: every kernel's `check` validates the problem's
+            // shapes against the device limits and the buffers `Problem::buffers`
+            // sizes, and a program is only built for a problem that passed it; the
+            // loops are bounded by uniforms derived from those shapes. The parity
+            // tests run every family with trusted modules (tests/parity.rs).
+            unsafe { self.device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
+        } else {
+            self.device.create_shader_module(desc)
+        };
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Pipeline { shader: shader.name.into(), entry: "(module)".into(), message: e.to_string() });
+        }
+        let m = Arc::new(m);
+        cache.insert((shader.key(), self.trusted), m.clone());
+        Ok(m)
+    }
+
+    /// The compute pipeline for `entry` of `shader` with these `override` constants,
+    /// built once and cached (the [`PIPELINE_CACHE_ENTRIES`] most recently used).
+    pub fn pipeline(
+        &self,
+        shader: &'static Shader,
+        entry: &str,
+        constants: &[(&str, f64)],
+    ) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
+        let mut sorted: Vec<(String, u64)> = constants.iter().map(|(k, v)| (k.to_string(), v.to_bits())).collect();
+        sorted.sort();
+        let key = (shader.key(), entry.to_string(), sorted, self.trusted);
+        if let Some(p) = self.pipelines.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(p.clone());
+        }
+        let module = self.module(shader)?;
+        let label = format!("{}:{}{:?}{}", shader.name, entry, constants, if self.trusted { " trusted" } else { "" });
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let pipe = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&label),
+            layout: None,
+            module: &module,
+            entry_point: Some(entry),
+            compilation_options: wgpu::PipelineCompilationOptions { constants, zero_initialize_workgroup_memory: false },
+            cache: None,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Pipeline { shader: shader.name.into(), entry: entry.into(), message: e.to_string() });
+        }
+        let pipe = Arc::new(pipe);
+        self.pipelines.lock().unwrap_or_else(|e| e.into_inner()).put(key, pipe.clone());
+        Ok(pipe)
+    }
+
+    /// The bind group of `entries` for `pipeline`'s group 0, with validation
+    /// errors caught and named after `label`; during a [`GpuCtx::rebuild`], the
+    /// old program's group when it binds the same buffers to the same pipeline.
+    pub fn bind_group(
+        &self,
+        label: &str,
+        pipeline: &Arc<wgpu::ComputePipeline>,
+        entries: &[BindEntry],
+    ) -> Result<wgpu::BindGroup, GpuError> {
+        if let Some(g) = self.recycled_group(pipeline, entries) {
+            return Ok(g);
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let layout = pipeline.get_bind_group_layout(0);
+        let wgpu_entries: Vec<wgpu::BindGroupEntry<'_>> = entries
+            .iter()
+            .map(|(binding, buffer, offset, size)| wgpu::BindGroupEntry {
+                binding: *binding,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer,
+                    offset: *offset,
+                    size: size.and_then(wgpu::BufferSize::new),
+                }),
+            })
+            .collect();
+        let group =
+            self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(label), layout: &layout, entries: &wgpu_entries });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Validation { what: format!("binding `{label}`"), message: e.to_string() });
+        }
+        Ok(group)
+    }
+
+    /// One step: `pipeline` and the bind group of `entries` (see [`GpuCtx::bind_group`]).
+    pub fn step_entries(
+        &self,
+        label: String,
+        pipeline: Arc<wgpu::ComputePipeline>,
+        entries: Vec<BindEntry>,
+        workgroups: [u32; 3],
+    ) -> Result<GpuStep, GpuError> {
+        let bind_group = self.bind_group(&label, &pipeline, &entries)?;
+        Ok(GpuStep { label, pipeline, bind_group, workgroups, binds: entries })
+    }
+
+    /// One step: pipeline + bind group over `buffers` (binding i: buffers[i], whole).
+    pub fn step(
+        &self,
+        label: &str,
+        pipeline: Arc<wgpu::ComputePipeline>,
+        buffers: &[&wgpu::Buffer],
+        workgroups: [u32; 3],
+    ) -> Result<GpuStep, GpuError> {
+        let entries = buffers.iter().enumerate().map(|(i, b)| (i as u32, (*b).clone(), 0, None)).collect();
+        self.step_entries(label.to_string(), pipeline, entries, workgroups)
+    }
+
+    /// One step whose bindings may be byte ranges of buffers (a quantized weight's
+    /// quants and scales regions, bound side by side from one buffer).
+    pub fn step_ranges(
+        &self,
+        label: &str,
+        pipeline: Arc<wgpu::ComputePipeline>,
+        binds: &[Bind<'_>],
+        workgroups: [u32; 3],
+    ) -> Result<GpuStep, GpuError> {
+        let entries = binds.iter().enumerate().map(|(i, b)| b.entry(i as u32)).collect();
+        self.step_entries(label.to_string(), pipeline, entries, workgroups)
+    }
+
+    /// Runs `build` (a kernel's `prepare` for a problem that differs from `old`'s
+    /// in values only, e.g. a decode step's position) with `old`'s uniform and
+    /// scratch buffers and bind groups open to it: [`GpuCtx::uniform`] and
+    /// [`GpuCtx::storage`] hand back an old buffer of the same size and usage
+    /// (uniforms rewritten), [`GpuCtx::bind_group`] an old group of the same
+    /// pipeline and bindings. What is not taken is dropped. A decode token then
+    /// costs queue writes instead of buffer and bind-group creation.
+    pub fn rebuild<R>(&self, old: GpuProgram, build: impl FnOnce() -> R) -> R {
+        {
+            let mut r = self.recycle.lock().unwrap_or_else(|e| e.into_inner());
+            r.thread = Some(std::thread::current().id());
+            r.buffers = old.owned;
+            r.groups = old.steps.into_iter().map(|s| (s.pipeline, s.binds, s.bind_group)).collect();
+        }
+        let out = build();
+        *self.recycle.lock().unwrap_or_else(|e| e.into_inner()) = Recycle::default();
+        out
+    }
+
+    fn recycled_buffer(&self, size: u64, usage: wgpu::BufferUsages) -> Option<wgpu::Buffer> {
+        let mut r = self.recycle.lock().unwrap_or_else(|e| e.into_inner());
+        if r.thread != Some(std::thread::current().id()) {
+            return None;
+        }
+        let i = r.buffers.iter().position(|b| b.size() == size && b.usage() == usage)?;
+        Some(r.buffers.swap_remove(i))
+    }
+
+    fn recycled_group(&self, pipeline: &Arc<wgpu::ComputePipeline>, entries: &[BindEntry]) -> Option<wgpu::BindGroup> {
+        let mut r = self.recycle.lock().unwrap_or_else(|e| e.into_inner());
+        if r.thread != Some(std::thread::current().id()) {
+            return None;
+        }
+        let i = r.groups.iter().position(|(p, e, _)| Arc::ptr_eq(p, pipeline) && e.as_slice() == entries)?;
+        Some(r.groups.swap_remove(i).2)
+    }
+
+    /// A uniform buffer holding `words` (u32s; floats go in as `f32::to_bits`).
+    pub fn uniform(&self, label: &str, words: &[u32]) -> wgpu::Buffer {
+        let mut data = words.to_vec();
+        while !data.len().is_multiple_of(4) {
+            data.push(0);
+        }
+        let (size, usage) = ((data.len() * 4) as u64, wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST);
+        let buf = self.recycled_buffer(size, usage).unwrap_or_else(|| {
+            self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: false })
+        });
+        self.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&data));
+        buf
+    }
+
+    /// A storage buffer of at least `bytes`, padded to 16 bytes.
+    pub fn storage(&self, label: &str, bytes: u64) -> wgpu::Buffer {
+        let (size, usage) = (padded(bytes), wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC);
+        self.recycled_buffer(size, usage).unwrap_or_else(|| {
+            self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: false })
+        })
+    }
+
+    /// A storage buffer initialised with `data` (padded with zeros to 16 bytes).
+    pub fn upload(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
+        let buf = self.storage(label, data.len() as u64);
+        let mut padded_data = data.to_vec();
+        padded_data.resize(padded(data.len() as u64) as usize, 0);
+        self.queue.write_buffer(&buf, 0, &padded_data);
+        buf
+    }
+
+    /// The first `bytes` of a mappable buffer whose contents are already there
+    /// (the submit that filled it has been waited for): map, copy out, unmap.
+    pub fn read_mapped(&self, staging: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>, GpuError> {
+        let slice = staging.slice(..padded(bytes).min(staging.size()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(GpuError::Map(e.to_string())),
+            Err(e) => return Err(GpuError::Map(e.to_string())),
+        }
+        let out = slice.get_mapped_range().map_err(|e| GpuError::Map(e.to_string()))?[..bytes as usize].to_vec();
+        staging.unmap();
+        Ok(out)
+    }
+
+    /// A mappable buffer of `bytes` (padded) that copies land in for reading back.
+    pub fn staging(&self, bytes: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: padded(bytes),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// Copies `bytes` of `src` back to the host (through a new staging buffer).
+    pub fn read(&self, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>, GpuError> {
+        let size = padded(bytes);
+        let staging = self.staging(bytes);
+        let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
+        enc.copy_buffer_to_buffer(src, 0, &staging, 0, size);
+        self.queue.submit([enc.finish()]);
+        self.read_mapped(&staging, bytes)
+    }
+
+    /// Blocks until the queue is idle.
+    pub fn wait(&self) -> Result<(), GpuError> {
+        self.device.poll(wgpu::PollType::wait_indefinitely()).map(|_| ()).map_err(|e| GpuError::Poll(e.to_string()))
+    }
+
+    /// Runs `programs` once in one command buffer (one compute pass) and waits,
+    /// catching validation errors.
+    pub fn run(&self, label: &str, programs: &[&GpuProgram]) -> Result<(), GpuError> {
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(label), timestamp_writes: None });
+            for p in programs {
+                p.record(&mut pass);
+            }
+        }
+        self.queue.submit([enc.finish()]);
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Validation { what: format!("running `{label}`"), message: e.to_string() });
+        }
+        self.wait()
+    }
+
+    /// GPU time of `reps` back-to-back executions of `program` in one pass, in
+    /// seconds per execution, from timestamp queries when the adapter has them;
+    /// `None` when it does not (callers then use the wall clock).
+    pub fn time_program(&self, program: &GpuProgram, reps: u32) -> Result<Option<f64>, GpuError> {
+        self.time_programs(std::slice::from_ref(program), 0, reps)
+    }
+
+    /// As [`GpuCtx::time_program`], execution `r` running `programs[(first + r) %
+    /// len]`: the same kernel over rotating copies of its buffers, so that no
+    /// execution finds its inputs in the cache the previous one left them in.
+    pub fn time_programs(&self, programs: &[GpuProgram], first: usize, reps: u32) -> Result<Option<f64>, GpuError> {
+        if !self.caps.timestamp_query || programs.is_empty() {
+            return Ok(None);
+        }
+        let qs = self.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("ktune timing"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2,
+        });
+        let resolve = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("timestamps"),
+            size: 16,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("timed") });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("timed"),
+                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                    query_set: &qs,
+                    beginning_of_pass_write_index: Some(0),
+                    end_of_pass_write_index: Some(1),
+                }),
+            });
+            for r in 0..reps.max(1) as usize {
+                programs[(first + r) % programs.len()].record(&mut pass);
+            }
+        }
+        enc.resolve_query_set(&qs, 0..2, &resolve, 0);
+        self.queue.submit([enc.finish()]);
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Validation { what: "timing".into(), message: e.to_string() });
+        }
+        let bytes = self.read(&resolve, 16)?;
+        let t: &[u64] = bytemuck::cast_slice(&bytes);
+        let period = self.queue.get_timestamp_period() as f64;
+        let ns = t[1].saturating_sub(t[0]) as f64 * period;
+        Ok(Some(ns * 1e-9 / reps.max(1) as f64))
+    }
+}
+
+/// Shaders that are not kernels of the registry: the runtime's own data movement
+/// and the measurement kernels of `bench-kernels` and the tuner's limits. Declared
+/// here because `shader!` reads `shaders/` of this crate.
+pub mod builtin {
+    use super::Shader;
+
+    /// Splitting a fused QKV projection, a broadcast bias add, KV-cache writes.
+    pub static RUNTIME_PLUMB: Shader = crate::shader!("runtime_plumb.wgsl");
+    /// A streaming copy: the device's memory bandwidth.
+    pub static BENCH_COPY: Shader = crate::shader!("bench_copy.wgsl");
+    /// An FMA chain: the device's f32 FMA peak.
+    pub static BENCH_FMA: Shader = crate::shader!("bench_fma.wgsl");
+
+    /// All of them (validated with the kernel set's shaders).
+    pub fn shaders() -> Vec<&'static Shader> {
+        vec![&RUNTIME_PLUMB, &BENCH_COPY, &BENCH_FMA]
+    }
+}

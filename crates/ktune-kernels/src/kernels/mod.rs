@@ -1,0 +1,928 @@
+//! The kernel set: the registry of every CPU and WGSL kernel, the contract each one
+//! implements (parameters, validity against a device and a problem, execution), and
+//! the op families that define them.
+//!
+//! A kernel is one implementation of one [`Op`] for one backend with tunable
+//! parameters; a *variant* is a kernel with its parameters fixed ([`Params`]).
+//! Adding a variant touches its shader, its family module and its test only:
+//! the registry gathers `variants()` from every family module.
+//!
+//! Families, one directory per op family holding all its variants (float and block
+//! formats, WGSL and CPU, fused forms beside the op they produce): [`matvec`]
+//! (GEMV, RMSNorm-prologue GEMV, and the decode projections gate_up and qkv_proj),
+//! [`matmul`] (GEMM), [`attention`], [`norm`] (RMSNorm, LayerNorm, residual +
+//! RMSNorm), [`rope`] (RoPE, per-head norm + RoPE), [`act`] (gated activation,
+//! residual add, softmax). Shared layers: [`cpu`] (the one SIMD and orchestration
+//! layer of every CPU kernel) and [`wgsl`] (the rules and bindings WGSL kernels share).
+
+pub mod act;
+pub mod attention;
+pub mod cpu;
+pub mod matmul;
+pub mod matvec;
+pub mod norm;
+pub mod preferred;
+pub mod problem;
+pub mod quant;
+pub mod reference;
+pub mod rope;
+pub mod verify;
+pub mod vision;
+pub mod wgsl;
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use half::f16;
+use serde::{Deserialize, Serialize};
+
+pub use problem::{Activation, BufSpec, Op, Problem, Role, RopeLayout, attention_keys};
+
+pub use crate::device::{Backend, Caps};
+use crate::device::{CpuCaps, GpuCaps};
+use crate::gpu::{GpuCtx, GpuProgram, Shader};
+use crate::hash::Hasher;
+
+/// Storage type of a variant's weight and cache buffers (activations are f32).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, strum::IntoStaticStr, strum::EnumIter, strum::Display,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+#[allow(non_camel_case_types)] // ggml's type names (Q4_K, IQ4_XS)
+pub enum DType {
+    F32,
+    F16,
+    /// ggml Q8_0 blocks in the split layout of [`quant::QMatrix`] (weights only).
+    #[serde(rename = "q8_0")]
+    #[strum(serialize = "q8_0")]
+    Q8_0,
+    /// ggml Q4_0 blocks (weights only).
+    #[serde(rename = "q4_0")]
+    #[strum(serialize = "q4_0")]
+    Q4_0,
+    /// ggml Q4_1 blocks (weights only).
+    #[serde(rename = "q4_1")]
+    #[strum(serialize = "q4_1")]
+    Q4_1,
+    /// ggml Q5_0 blocks (weights only).
+    #[serde(rename = "q5_0")]
+    #[strum(serialize = "q5_0")]
+    Q5_0,
+    /// ggml Q5_1 blocks (weights only).
+    #[serde(rename = "q5_1")]
+    #[strum(serialize = "q5_1")]
+    Q5_1,
+    /// ggml Q2_K super-blocks (weights only).
+    #[serde(rename = "q2_k")]
+    #[strum(serialize = "q2_k")]
+    Q2_K,
+    /// ggml Q3_K super-blocks (weights only).
+    #[serde(rename = "q3_k")]
+    #[strum(serialize = "q3_k")]
+    Q3_K,
+    /// ggml Q4_K super-blocks (weights only).
+    #[serde(rename = "q4_k")]
+    #[strum(serialize = "q4_k")]
+    Q4_K,
+    /// ggml Q5_K super-blocks (weights only).
+    #[serde(rename = "q5_k")]
+    #[strum(serialize = "q5_k")]
+    Q5_K,
+    /// ggml Q6_K super-blocks (weights only).
+    #[serde(rename = "q6_k")]
+    #[strum(serialize = "q6_k")]
+    Q6_K,
+    /// ggml IQ4_NL blocks (weights only).
+    #[serde(rename = "iq4_nl")]
+    #[strum(serialize = "iq4_nl")]
+    IQ4_NL,
+    /// ggml IQ4_XS super-blocks (weights only).
+    #[serde(rename = "iq4_xs")]
+    #[strum(serialize = "iq4_xs")]
+    IQ4_XS,
+}
+
+impl DType {
+    /// Every storage type, floats first.
+    pub const ALL: [DType; 14] = [
+        DType::F32,
+        DType::F16,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
+    ];
+    /// The float storage types.
+    pub const FLOAT: &'static [DType] = &[DType::F32, DType::F16];
+    /// The block-quantized storage types (every one after the floats).
+    pub const QUANT: &'static [DType] = DType::ALL.split_at(2).1;
+
+    /// Bytes per element of a float type. Quantized types have no per-element size
+    /// (a block of 32 elements has one): use [`DType::bytes_for`] for buffer sizes;
+    /// this returns 1 for them (the smallest whole number of bytes an element takes).
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 => 2,
+            _ => 1,
+        }
+    }
+    /// Bytes of a buffer of `n` elements in this type. Quantized: the single-buffer
+    /// GPU layout of [`quant::QMatrix`] (blocks of [`quant::QFormat::gpu_quant_bytes`]
+    /// padded to 256 bytes, then the f16
+    /// scales) for `n / 32` blocks (a partial block counts whole).
+    pub fn bytes_for(self, n: usize) -> u64 {
+        match self.quant() {
+            None => (n * self.size()) as u64,
+            Some(f) => f.layout(f.blocks_for(n)).total as u64,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        self.into()
+    }
+    /// The block format of a quantized type.
+    pub fn quant(self) -> Option<quant::QFormat> {
+        match self {
+            DType::F32 | DType::F16 => None,
+            DType::Q8_0 => Some(quant::QFormat::Q8_0),
+            DType::Q4_0 => Some(quant::QFormat::Q4_0),
+            DType::Q4_1 => Some(quant::QFormat::Q4_1),
+            DType::Q5_0 => Some(quant::QFormat::Q5_0),
+            DType::Q5_1 => Some(quant::QFormat::Q5_1),
+            DType::Q2_K => Some(quant::QFormat::Q2_K),
+            DType::Q3_K => Some(quant::QFormat::Q3_K),
+            DType::Q4_K => Some(quant::QFormat::Q4_K),
+            DType::Q5_K => Some(quant::QFormat::Q5_K),
+            DType::Q6_K => Some(quant::QFormat::Q6_K),
+            DType::IQ4_NL => Some(quant::QFormat::IQ4_NL),
+            DType::IQ4_XS => Some(quant::QFormat::IQ4_XS),
+        }
+    }
+    pub fn is_quant(self) -> bool {
+        self.quant().is_some()
+    }
+    /// Storage of the weights that stay floating point when the matrices are in
+    /// this type (norm gains, biases): f32 under a quantized type, else itself.
+    pub fn float_storage(self) -> DType {
+        if self.is_quant() { DType::F32 } else { self }
+    }
+}
+
+impl From<quant::QFormat> for DType {
+    fn from(f: quant::QFormat) -> DType {
+        match f {
+            quant::QFormat::Q8_0 => DType::Q8_0,
+            quant::QFormat::Q4_0 => DType::Q4_0,
+            quant::QFormat::Q4_1 => DType::Q4_1,
+            quant::QFormat::Q5_0 => DType::Q5_0,
+            quant::QFormat::Q5_1 => DType::Q5_1,
+            quant::QFormat::Q2_K => DType::Q2_K,
+            quant::QFormat::Q3_K => DType::Q3_K,
+            quant::QFormat::Q4_K => DType::Q4_K,
+            quant::QFormat::Q5_K => DType::Q5_K,
+            quant::QFormat::Q6_K => DType::Q6_K,
+            quant::QFormat::IQ4_NL => DType::IQ4_NL,
+            quant::QFormat::IQ4_XS => DType::IQ4_XS,
+        }
+    }
+}
+
+impl std::str::FromStr for DType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        use strum::IntoEnumIterator;
+        DType::iter().find(|d| d.name().eq_ignore_ascii_case(s)).ok_or_else(|| {
+            let allowed: Vec<&str> = DType::iter().map(DType::name).collect();
+            format!("unknown dtype `{s}` (allowed: {})", allowed.join(", "))
+        })
+    }
+}
+
+/// One tunable parameter: its snake_case name (the same in YAML, Rust and as a WGSL
+/// `override` constant), the values the tuner may pick, and the default.
+#[derive(Clone, Debug, Serialize)]
+pub struct ParamSpec {
+    pub name: &'static str,
+    pub values: &'static [u32],
+    pub default: u32,
+    pub help: &'static str,
+}
+
+impl ParamSpec {
+    pub const fn new(name: &'static str, values: &'static [u32], default: u32, help: &'static str) -> ParamSpec {
+        ParamSpec { name, values, default, help }
+    }
+}
+
+/// Parameter values of one variant, by name.
+pub type Params = BTreeMap<String, u32>;
+
+/// Reads parameter `name` of a variant. A name the map lacks (a typo in a kernel,
+/// or a map that skipped [`KernelDef::check_params`]) is an error, never a default.
+pub fn param(params: &Params, name: &str) -> Result<u32, KernelError> {
+    params.get(name).copied().ok_or_else(|| KernelError::Param {
+        name: name.to_string(),
+        known: params.keys().map(String::as_str).collect::<Vec<_>>().join(", "),
+    })
+}
+
+/// Errors from kernel lookup, validity and execution.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("unknown kernel `{id}`; known kernels: {known}")]
+    Unknown { id: String, known: String },
+    #[error("kernel `{kernel}` does not compute `{got}` (it computes `{expected}`)")]
+    WrongOp { kernel: String, expected: Op, got: Op },
+    #[error("variant `{kernel}` is not valid here: {reason}")]
+    Invalid { kernel: String, reason: String },
+    #[error("kernel `{kernel}` got {got} buffers, expected {expected}")]
+    Buffers { kernel: String, expected: usize, got: usize },
+    #[error("kernel `{kernel}`: buffer `{buffer}` has {got} elements, expected {expected}")]
+    BufferLen { kernel: String, buffer: String, expected: usize, got: usize },
+    #[error("kernel `{kernel}`: buffer `{buffer}` must be {expected}")]
+    BufferType { kernel: String, buffer: String, expected: &'static str },
+    #[error("no parameter `{name}` in this variant (it has: {known})")]
+    Param { name: String, known: String },
+    #[error("kernel `{0}` is a CPU kernel and needs the CPU device")]
+    NeedsCpu(String),
+    #[error("kernel `{0}` is a WGSL kernel and needs a GPU adapter")]
+    NeedsGpu(String),
+    #[error(transparent)]
+    Gpu(#[from] crate::gpu::GpuError),
+}
+
+/// Validity checks report reasons as text; a parameter lookup error becomes one.
+impl From<KernelError> for String {
+    fn from(e: KernelError) -> String {
+        e.to_string()
+    }
+}
+
+/// Read-only buffer handed to a CPU kernel.
+#[derive(Clone, Copy, Debug)]
+pub enum CpuIn<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    /// A block-quantized matrix (quants and scales of [`quant::QMatrix`]).
+    Q(quant::QView<'a>),
+}
+
+impl<'a> CpuIn<'a> {
+    /// Elements (for a quantized matrix: whole blocks times 32).
+    pub fn len(&self) -> usize {
+        match self {
+            CpuIn::F32(s) => s.len(),
+            CpuIn::F16(s) => s.len(),
+            CpuIn::Q(q) => q.elems(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn dtype(&self) -> DType {
+        match self {
+            CpuIn::F32(_) => DType::F32,
+            CpuIn::F16(_) => DType::F16,
+            CpuIn::Q(q) => q.format.into(),
+        }
+    }
+    /// The quantized view, for buffers declared quantized.
+    pub fn quant(&self) -> Option<quant::QView<'a>> {
+        match *self {
+            CpuIn::Q(q) => Some(q),
+            _ => None,
+        }
+    }
+    /// The f32 slice, for buffers that are always f32 (activations).
+    pub fn f32(&self) -> &'a [f32] {
+        match *self {
+            CpuIn::F32(s) => s,
+            // The registry checks dtypes against the op's buffer specs before a
+            // kernel runs, so an f16 activation never reaches here.
+            CpuIn::F16(_) | CpuIn::Q(_) => &[],
+        }
+    }
+    /// Element `i` widened to f32 (dequantized for a quantized matrix).
+    #[inline]
+    pub fn get(&self, i: usize) -> f32 {
+        match self {
+            CpuIn::F32(s) => s[i],
+            CpuIn::F16(s) => s[i].to_f32(),
+            CpuIn::Q(q) => q.get(i),
+        }
+    }
+}
+
+/// The buffers of one CPU kernel call, in the op's binding order:
+/// `ins` are the input/weight/cache buffers, `outs` the outputs.
+/// Inline vectors (no heap allocation for the buffer counts of any op), so a
+/// decode step builds its calls without allocating.
+pub struct CpuArgs<'a> {
+    pub ins: CpuIns<'a>,
+    pub outs: CpuOuts<'a>,
+}
+
+/// The input buffers of a CPU call (inline up to 6).
+pub type CpuIns<'a> = smallvec::SmallVec<[CpuIn<'a>; 6]>;
+/// The output buffers of a CPU call (inline up to 4).
+pub type CpuOuts<'a> = smallvec::SmallVec<[&'a mut [f32]; 4]>;
+
+/// The `N` output buffers of a CPU call, by value (the registry checked the count;
+/// a mismatch is a `Buffers` error, not a panic).
+pub fn outs<'a, const N: usize>(kd: &KernelDef, outs: CpuOuts<'a>) -> Result<[&'a mut [f32]; N], KernelError> {
+    let got = outs.len();
+    let err = || KernelError::Buffers { kernel: kd.id.to_string(), expected: N, got };
+    if got != N {
+        return Err(err());
+    }
+    let mut it = outs.into_iter();
+    let arr: [Option<&'a mut [f32]>; N] = std::array::from_fn(|_| it.next());
+    if arr.iter().any(Option::is_none) {
+        return Err(err());
+    }
+    Ok(arr.map(|o| o.unwrap_or_default()))
+}
+
+/// Runs a CPU kernel (itself, for its id in errors). Buffer count, lengths and
+/// dtypes were checked by the registry; a problem of another op is [`wrong_op`].
+pub type CpuRunFn = fn(&KernelDef, &Problem, &Params, CpuArgs<'_>) -> Result<(), KernelError>;
+/// Extra validity rules of a CPU kernel (ISA, shapes): `Err(reason)` when invalid.
+pub type CpuCheckFn = fn(&CpuCaps, &Problem, DType, &Params) -> Result<(), String>;
+/// Extra validity rules of a WGSL kernel beyond the generic limits checks.
+pub type WgslCheckFn = fn(&GpuCaps, &Problem, DType, &Params) -> Result<(), String>;
+
+/// Everything a WGSL kernel needs to build its dispatches once.
+pub struct WgslSetup<'a> {
+    pub kernel: &'a KernelDef,
+    /// The kernel's shader ([`WgslImpl::shader`]), so one prepare serves a family.
+    shader: &'static Shader,
+    pub gpu: &'a GpuCtx,
+    pub problem: &'a Problem,
+    pub dtype: DType,
+    pub params: &'a Params,
+    /// The op's buffers in binding order (see [`Problem::buffers`]).
+    pub bufs: &'a [&'a wgpu::Buffer],
+}
+
+/// Builds the pipelines, uniforms, scratch buffers and bind groups of one variant.
+pub type WgslPrepareFn = fn(&WgslSetup<'_>) -> Result<GpuProgram, KernelError>;
+
+/// A CPU kernel.
+pub struct CpuImpl {
+    pub run: CpuRunFn,
+    pub check: CpuCheckFn,
+}
+
+/// A WGSL kernel.
+pub struct WgslImpl {
+    pub shader: &'static Shader,
+    /// Workgroup size the variant's `override` constants give.
+    pub workgroup_size: fn(&Params) -> Result<[u32; 3], KernelError>,
+    /// Workgroup (shared) memory in bytes (`requiredSharedMemory`).
+    pub shared_memory: fn(&Problem, DType, &Params) -> Result<u64, KernelError>,
+    /// Needs `SHADER_F16` (for this dtype).
+    pub needs_f16: fn(DType) -> bool,
+    /// Needs subgroup operations.
+    pub needs_subgroups: bool,
+    /// Other shaders a parameter of the variant selects in its `prepare` (e.g. the
+    /// f16-tile form of a GEMM): validated and hashed with the set like `shader`.
+    pub alt_shaders: &'static [&'static Shader],
+    pub check: WgslCheckFn,
+    pub prepare: WgslPrepareFn,
+}
+
+pub enum Impl {
+    Cpu(CpuImpl),
+    Wgsl(WgslImpl),
+}
+
+/// One kernel of the set.
+pub struct KernelDef {
+    /// Stable id, used in profiles: `<op>_<name>`, unique across the set.
+    pub id: &'static str,
+    pub op: Op,
+    pub summary: &'static str,
+    pub dtypes: &'static [DType],
+    pub params: &'static [ParamSpec],
+    pub imp: Impl,
+}
+
+impl WgslImpl {
+    /// A WGSL kernel with the common rules: workgroup `[workgroup_size, 1, 1]`, no
+    /// workgroup memory, f16 read packed in u32 words (no feature), no subgroups, no
+    /// check beyond the generic ones. The builder methods below change one rule each.
+    pub const fn new(shader: &'static Shader, prepare: WgslPrepareFn) -> WgslImpl {
+        WgslImpl {
+            shader,
+            workgroup_size: wgsl::wg_size,
+            shared_memory: no_shared,
+            needs_f16: packed_f16,
+            needs_subgroups: false,
+            alt_shaders: &[],
+            check: wgsl_any,
+            prepare,
+        }
+    }
+    pub const fn workgroup(self, workgroup_size: fn(&Params) -> Result<[u32; 3], KernelError>) -> WgslImpl {
+        WgslImpl { workgroup_size, ..self }
+    }
+    pub const fn shared(self, shared_memory: fn(&Problem, DType, &Params) -> Result<u64, KernelError>) -> WgslImpl {
+        WgslImpl { shared_memory, ..self }
+    }
+    /// Native f16 storage (`enable f16;`) in the f16 form: needs `SHADER_F16`.
+    pub const fn native_f16(self) -> WgslImpl {
+        WgslImpl { needs_f16: native_f16, ..self }
+    }
+    pub const fn subgroups(self) -> WgslImpl {
+        WgslImpl { needs_subgroups: true, ..self }
+    }
+    /// Shaders a parameter selects instead of `shader` ([`WgslSetup::with_shader`]).
+    pub const fn alt_shaders(self, alt_shaders: &'static [&'static Shader]) -> WgslImpl {
+        WgslImpl { alt_shaders, ..self }
+    }
+    pub const fn check(self, check: WgslCheckFn) -> WgslImpl {
+        WgslImpl { check, ..self }
+    }
+}
+
+impl From<CpuImpl> for Impl {
+    fn from(c: CpuImpl) -> Impl {
+        Impl::Cpu(c)
+    }
+}
+
+impl From<WgslImpl> for Impl {
+    fn from(w: WgslImpl) -> Impl {
+        Impl::Wgsl(w)
+    }
+}
+
+/// How a variant is named in reports and profiles: `id`, or `id(a=1,b=2)` with
+/// the parameters given.
+pub fn variant_label(id: &str, params: &Params) -> String {
+    if params.is_empty() {
+        return id.to_string();
+    }
+    let ps: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("{id}({})", ps.join(","))
+}
+
+impl KernelDef {
+    /// The parameters of `params` that differ from this kernel's defaults (what a
+    /// profile writes).
+    pub fn non_default(&self, params: &Params) -> Params {
+        let defaults = self.default_params();
+        params.iter().filter(|(k, v)| defaults.get(*k) != Some(*v)).map(|(k, v)| (k.clone(), *v)).collect()
+    }
+
+    /// The variant's name: its id and the parameters that differ from the defaults.
+    pub fn label(&self, params: &Params) -> String {
+        variant_label(self.id, &self.non_default(params))
+    }
+
+    /// A kernel of the set: a [`CpuImpl`] or a [`WgslImpl`] with its id, op, storage
+    /// types, parameter space and one-line summary.
+    pub fn new(
+        id: &'static str,
+        op: Op,
+        dtypes: &'static [DType],
+        params: &'static [ParamSpec],
+        summary: &'static str,
+        imp: impl Into<Impl>,
+    ) -> KernelDef {
+        KernelDef { id, op, summary, dtypes, params, imp: imp.into() }
+    }
+}
+
+impl std::fmt::Debug for KernelDef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.id)
+    }
+}
+
+impl KernelDef {
+    pub fn backend(&self) -> Backend {
+        match self.imp {
+            Impl::Cpu(_) => Backend::Cpu,
+            Impl::Wgsl(_) => Backend::Wgsl,
+        }
+    }
+
+    pub fn default_params(&self) -> Params {
+        self.params.iter().map(|s| (s.name.to_string(), s.default)).collect()
+    }
+
+    /// Every combination of parameter values (the variant space of this kernel).
+    pub fn all_params(&self) -> Vec<Params> {
+        let mut out = vec![Params::new()];
+        for spec in self.params {
+            let mut next = Vec::with_capacity(out.len() * spec.values.len());
+            for base in &out {
+                for &v in spec.values {
+                    let mut p = base.clone();
+                    p.insert(spec.name.to_string(), v);
+                    next.push(p);
+                }
+            }
+            out = next;
+        }
+        out
+    }
+
+    /// Checks names and values of `params` against the declared specs.
+    pub fn check_params(&self, params: &Params) -> Result<(), String> {
+        for name in params.keys() {
+            if !self.params.iter().any(|s| s.name == name) {
+                let known: Vec<_> = self.params.iter().map(|s| s.name).collect();
+                return Err(format!("unknown parameter `{name}` (parameters: {})", known.join(", ")));
+            }
+        }
+        for spec in self.params {
+            match params.get(spec.name) {
+                None => return Err(format!("missing parameter `{}`", spec.name)),
+                Some(v) if !spec.values.contains(v) => {
+                    return Err(format!("parameter `{}` = {v} is not one of {:?}", spec.name, spec.values));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this variant can run `problem` in `dtype` on the device; `Err` says why not.
+    /// This is `validateConfig`: dtype, parameters, backend, workgroup size and
+    /// shared memory against the limits, features (f16, subgroups), binding sizes, and the
+    /// kernel's own shape rules.
+    pub fn check(&self, caps: Caps<'_>, problem: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+        if problem.op() != self.op {
+            return Err(format!("computes {}, not {}", self.op, problem.op()));
+        }
+        if !self.dtypes.contains(&dtype) {
+            return Err(format!("no {dtype} variant"));
+        }
+        self.check_params(params)?;
+        match (&self.imp, caps) {
+            (Impl::Cpu(c), Caps::Cpu(cpu)) => (c.check)(cpu, problem, dtype, params),
+            (Impl::Wgsl(w), Caps::Gpu(gpu)) => {
+                if (w.needs_f16)(dtype) && !gpu.shader_f16 {
+                    return Err("needs SHADER_F16, which this adapter lacks".into());
+                }
+                if w.needs_subgroups && !gpu.subgroups {
+                    return Err("needs subgroup operations, which this adapter lacks".into());
+                }
+                let [x, y, z] = (w.workgroup_size)(params)?;
+                let inv = x * y * z;
+                if inv > gpu.max_invocations_per_workgroup {
+                    return Err(format!("workgroup of {inv} invocations exceeds the adapter's {}", gpu.max_invocations_per_workgroup));
+                }
+                let lim = gpu.max_workgroup_size;
+                if x > lim[0] || y > lim[1] || z > lim[2] {
+                    return Err(format!("workgroup size {x}x{y}x{z} exceeds the adapter's {}x{}x{}", lim[0], lim[1], lim[2]));
+                }
+                let shared = (w.shared_memory)(problem, dtype, params)?;
+                if shared > gpu.max_workgroup_storage as u64 {
+                    return Err(format!("needs {shared} bytes of workgroup memory, the adapter has {}", gpu.max_workgroup_storage));
+                }
+                for b in problem.buffers(dtype) {
+                    if b.bytes() > gpu.max_storage_binding {
+                        return Err(format!(
+                            "buffer `{}` is {} bytes, over the adapter's storage binding limit of {}",
+                            b.id,
+                            b.bytes(),
+                            gpu.max_storage_binding
+                        ));
+                    }
+                }
+                (w.check)(gpu, problem, dtype, params)
+            }
+            (Impl::Cpu(_), Caps::Gpu(_)) => Err("CPU kernel; select the CPU device".into()),
+            (Impl::Wgsl(_), Caps::Cpu(_)) => Err("WGSL kernel; select a GPU adapter".into()),
+        }
+    }
+
+    /// Runs a CPU variant. Checks buffer count, lengths and dtypes first.
+    pub fn run_cpu(&self, problem: &Problem, dtype: DType, params: &Params, args: CpuArgs<'_>) -> Result<(), KernelError> {
+        let Impl::Cpu(c) = &self.imp else {
+            return Err(KernelError::NeedsGpu(self.id.to_string()));
+        };
+        if problem.op() != self.op {
+            return Err(wrong_op(self, problem));
+        }
+        let specs = problem.buffers(dtype);
+        let (ins, outs): (Vec<_>, Vec<_>) = specs.iter().partition(|s| !s.is_output());
+        if ins.len() != args.ins.len() || outs.len() != args.outs.len() {
+            return Err(KernelError::Buffers { kernel: self.id.into(), expected: specs.len(), got: args.ins.len() + args.outs.len() });
+        }
+        for (s, a) in ins.iter().zip(&args.ins) {
+            if a.len() < s.len() {
+                return Err(KernelError::BufferLen { kernel: self.id.into(), buffer: s.id.into(), expected: s.len(), got: a.len() });
+            }
+            if a.dtype() != s.dtype {
+                return Err(KernelError::BufferType { kernel: self.id.into(), buffer: s.id.into(), expected: s.dtype.name() });
+            }
+        }
+        for (s, a) in outs.iter().zip(&args.outs) {
+            if a.len() < s.len() {
+                return Err(KernelError::BufferLen { kernel: self.id.into(), buffer: s.id.into(), expected: s.len(), got: a.len() });
+            }
+        }
+        (c.run)(self, problem, params, args)
+    }
+
+    /// Runs a CPU variant on buffers a plan bound and shape-checked when it was
+    /// built (`plan::Plan::steps`): no per-call check, no allocation. A buffer
+    /// shorter than the problem is still a bounds panic, never memory unsafety.
+    pub fn run_cpu_planned(&self, problem: &Problem, params: &Params, args: CpuArgs<'_>) -> Result<(), KernelError> {
+        let Impl::Cpu(c) = &self.imp else {
+            return Err(KernelError::NeedsGpu(self.id.to_string()));
+        };
+        (c.run)(self, problem, params, args)
+    }
+
+    /// Builds the GPU program of a WGSL variant over the given buffers.
+    pub fn prepare_wgsl(
+        &self,
+        gpu: &GpuCtx,
+        problem: &Problem,
+        dtype: DType,
+        params: &Params,
+        bufs: &[&wgpu::Buffer],
+    ) -> Result<GpuProgram, KernelError> {
+        let Impl::Wgsl(w) = &self.imp else {
+            return Err(KernelError::NeedsCpu(self.id.to_string()));
+        };
+        let specs = problem.buffers(dtype);
+        if specs.len() != bufs.len() {
+            return Err(KernelError::Buffers { kernel: self.id.into(), expected: specs.len(), got: bufs.len() });
+        }
+        (w.prepare)(&WgslSetup { kernel: self, shader: w.shader, gpu, problem, dtype, params, bufs })
+    }
+}
+
+/// Every kernel of the set, in a stable order (op, then id).
+pub fn registry() -> &'static [KernelDef] {
+    static REG: OnceLock<Vec<KernelDef>> = OnceLock::new();
+    REG.get_or_init(|| {
+        let families = [
+            matvec::variants(),
+            matvec::quant::variants(),
+            matvec::qdp4a::variants(),
+            matvec::norm_gemv::variants(),
+            matvec::gate_up::variants(),
+            matvec::qkv::variants(),
+            matmul::variants(),
+            matmul::quant::variants(),
+            attention::variants(),
+            norm::variants(),
+            norm::residual::variants(),
+            rope::variants(),
+            rope::qk_norm::variants(),
+            act::variants(),
+            vision::variants(),
+        ];
+        let mut all: Vec<KernelDef> = families.into_iter().flatten().collect();
+        all.sort_by(|a, b| (a.op, a.id).cmp(&(b.op, b.id)));
+        all
+    })
+}
+
+/// Looks a kernel up by id; the error lists the known ids.
+pub fn find(id: &str) -> Result<&'static KernelDef, KernelError> {
+    registry()
+        .iter()
+        .find(|k| k.id == id)
+        .ok_or_else(|| KernelError::Unknown { id: id.to_string(), known: registry().iter().map(|k| k.id).collect::<Vec<_>>().join(", ") })
+}
+
+/// Kernels of one op.
+pub fn for_op(op: Op) -> impl Iterator<Item = &'static KernelDef> {
+    registry().iter().filter(move |k| k.op == op)
+}
+
+/// Every WGSL shader the set uses, once each (a file and its includes).
+pub fn shaders() -> Vec<&'static Shader> {
+    let mut out: Vec<&'static Shader> = Vec::new();
+    for k in registry() {
+        if let Impl::Wgsl(w) = &k.imp {
+            for sh in std::iter::once(w.shader).chain(w.alt_shaders.iter().copied()) {
+                // One file can serve several shaders that append different includes.
+                if !out.iter().any(|s| s.name == sh.name && s.includes == sh.includes) {
+                    out.push(sh);
+                }
+            }
+        }
+    }
+    out.sort_by_key(|s| (s.name, s.includes));
+    out
+}
+
+/// sha256 over the shader sources and the registry (ids, ops, dtypes, parameter
+/// spaces): changes whenever a kernel or its space changes. Profiles record it.
+pub fn kernel_set_hash() -> String {
+    let mut h = Hasher::new();
+    for s in shaders() {
+        h.part(s.name).part(s.source);
+    }
+    for k in registry() {
+        h.update(format!("{}|{}|{:?}|{:?}|", k.id, k.op, k.dtypes, k.backend()));
+        for p in k.params {
+            h.update(format!("{}={:?}/{};", p.name, p.values, p.default));
+        }
+    }
+    h.finish()
+}
+
+/// Common validity helper: CPU kernels that accept any shape.
+pub fn cpu_any(_: &CpuCaps, _: &Problem, _: DType, _: &Params) -> Result<(), String> {
+    Ok(())
+}
+
+/// Common validity helper: WGSL kernels with no rule beyond the generic checks.
+pub fn wgsl_any(_: &GpuCaps, _: &Problem, _: DType, _: &Params) -> Result<(), String> {
+    Ok(())
+}
+
+/// `needs_f16` for kernels that read f16 through `unpack2x16float` (no feature needed).
+pub fn packed_f16(_: DType) -> bool {
+    false
+}
+
+/// `needs_f16` for kernels with native `enable f16;` storage in their f16 form.
+pub fn native_f16(d: DType) -> bool {
+    d == DType::F16
+}
+
+/// `shared_memory` for kernels that use none.
+pub fn no_shared(_: &Problem, _: DType, _: &Params) -> Result<u64, KernelError> {
+    Ok(0)
+}
+
+impl WgslSetup<'_> {
+    /// The shader of the variant being prepared (its [`WgslImpl::shader`]).
+    pub fn shader(&self) -> &'static Shader {
+        self.shader
+    }
+
+    /// The same setup with one of the variant's [`WgslImpl::alt_shaders`] (chosen by
+    /// a parameter) in place of its shader.
+    pub fn with_shader(&self, shader: &'static Shader) -> WgslSetup<'_> {
+        WgslSetup { shader, ..*self }
+    }
+
+    /// Parameter `name` of the variant being prepared.
+    pub fn param(&self, name: &str) -> Result<u32, KernelError> {
+        param(self.params, name)
+    }
+
+    /// `1.0` when weights/caches are f16, for the `W_F16` override constant.
+    pub fn w_f16(&self) -> f64 {
+        if self.dtype == DType::F16 { 1.0 } else { 0.0 }
+    }
+
+    /// `("W_F16", 1.0 or 0.0)` for shaders that read f16 packed in u32 words; none for
+    /// shaders with native f16 storage (`enable f16;`), which have no such constant.
+    pub fn w_f16_const(&self) -> Option<(&'static str, f64)> {
+        match &self.kernel.imp {
+            Impl::Wgsl(w) if (w.needs_f16)(DType::F16) => None,
+            _ => Some(("W_F16", self.w_f16())),
+        }
+    }
+
+    /// The common case: one dispatch of the variant's shader at `entry` binding every
+    /// op buffer in order and then a uniform block holding `uniform` (u32 words;
+    /// floats as `to_bits`).
+    pub fn one_step(
+        &self,
+        entry: &str,
+        constants: &[(&str, f64)],
+        uniform: &[u32],
+        workgroups: [u32; 3],
+    ) -> Result<GpuProgram, KernelError> {
+        let pipe = self.gpu.pipeline(self.shader(), entry, constants)?;
+        let u = self.gpu.uniform(self.kernel.id, uniform);
+        let mut binds: Vec<&wgpu::Buffer> = self.bufs.to_vec();
+        binds.push(&u);
+        let step = self.gpu.step(self.kernel.id, pipe, &binds, workgroups)?;
+        Ok(GpuProgram { steps: vec![step], owned: vec![u] })
+    }
+}
+
+/// Error for a kernel handed a problem of another op (the registry prevents it).
+pub fn wrong_op(k: &KernelDef, p: &Problem) -> KernelError {
+    KernelError::WrongOp { kernel: k.id.to_string(), expected: k.op, got: p.op() }
+}
+
+#[cfg(test)]
+mod tests {
+    use strum::IntoEnumIterator;
+
+    use super::*;
+
+    #[test]
+    fn op_and_dtype_names_are_the_profile_strings() {
+        let ops: Vec<&str> = Op::iter().map(Op::name).collect();
+        assert_eq!(
+            ops,
+            [
+                "gemm",
+                "gemv",
+                "attention_prefill",
+                "attention_decode",
+                "rms_norm",
+                "layer_norm",
+                "rope",
+                "gated_act",
+                "softmax",
+                "residual_add",
+                "qk_norm_rope",
+                "gate_up",
+                "residual_rms_norm",
+                "qkv_proj",
+                "norm_gemv",
+                "patch_embed",
+                "linear",
+                "attention_full",
+                "avg_pool",
+                "residual_layer_norm",
+            ]
+        );
+        assert_eq!(Op::ALL.to_vec(), Op::iter().collect::<Vec<_>>());
+        for op in Op::ALL {
+            assert_eq!(op.name().parse::<Op>().unwrap(), op);
+            assert_eq!(op.to_string(), op.name());
+            assert_eq!(serde_json::to_value(op).unwrap(), op.name());
+        }
+        let dtypes: Vec<&str> = DType::iter().map(DType::name).collect();
+        assert_eq!(
+            dtypes,
+            ["f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"]
+        );
+        assert_eq!(DType::ALL.to_vec(), DType::iter().collect::<Vec<_>>());
+        let quant: Vec<DType> = quant::QFormat::ALL.into_iter().map(DType::from).collect();
+        assert_eq!(DType::QUANT.to_vec(), quant);
+        for d in DType::ALL {
+            assert_eq!(d.name().to_uppercase().parse::<DType>().unwrap(), d);
+            assert_eq!(d.to_string(), d.name());
+            assert_eq!(serde_json::to_value(d).unwrap(), d.name());
+        }
+        assert_eq!(
+            "bf16".parse::<DType>().unwrap_err(),
+            "unknown dtype `bf16` (allowed: f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs)"
+        );
+    }
+
+    #[test]
+    fn a_typo_in_a_parameter_name_is_an_error_not_zero() {
+        let k = find("gemv_wg").unwrap();
+        let params = k.default_params();
+        assert_eq!(param(&params, "rows_per_wg").unwrap(), 2);
+        let err = param(&params, "rows_per_wgg").unwrap_err();
+        assert!(matches!(err, KernelError::Param { ref name, .. } if name == "rows_per_wgg"), "{err}");
+        assert!(err.to_string().contains("rows_per_wg, workgroup_size"), "{err}");
+        // A kernel reading a parameter its variant lacks fails its validity check.
+        let Impl::Wgsl(w) = &k.imp else { panic!("gemv_wg is a WGSL kernel") };
+        let mut missing = params.clone();
+        missing.remove("workgroup_size");
+        assert!((w.workgroup_size)(&missing).is_err());
+    }
+
+    /// Every CPU kernel handed a problem of another op reports `WrongOp`, as the WGSL
+    /// side does, whether called through the registry or directly.
+    #[test]
+    fn cpu_kernels_given_another_ops_problem_error() {
+        let other = |op: Op| if op == Op::Gemv { Problem::ResidualAdd { n: 4 } } else { Problem::Gemv { n: 4, k: 32 } };
+        for k in registry() {
+            let Impl::Cpu(c) = &k.imp else { continue };
+            let prob = other(k.op);
+            let params = k.default_params();
+            let direct = (c.run)(k, &prob, &params, CpuArgs { ins: Default::default(), outs: Default::default() });
+            assert!(matches!(direct, Err(KernelError::WrongOp { .. })), "{}: {direct:?}", k.id);
+            let via = k.run_cpu(&prob, k.dtypes[0], &params, CpuArgs { ins: Default::default(), outs: Default::default() });
+            assert!(matches!(via, Err(KernelError::WrongOp { .. })), "{}: {via:?}", k.id);
+        }
+    }
+
+    /// The fused ops keep a float variety on both backends: two WGSL and two CPU
+    /// float kernels each, ids prefixed by the op.
+    #[test]
+    fn every_fused_op_has_two_wgsl_and_two_cpu_float_kernels() {
+        for op in [Op::QkNormRope, Op::GateUp, Op::ResidualRmsNorm, Op::ResidualLayerNorm, Op::QkvProj] {
+            let ks: Vec<_> = for_op(op).filter(|k| !k.dtypes.iter().any(|d| d.is_quant())).collect();
+            let wgsl = ks.iter().filter(|k| matches!(k.imp, Impl::Wgsl(_))).count();
+            assert!(wgsl >= 2 && ks.len() - wgsl >= 2, "{op}: {wgsl} WGSL of {} kernels", ks.len());
+            for k in &ks {
+                assert!(k.id.starts_with(op.name()), "{} does not start with {op}", k.id);
+                assert_eq!(k.dtypes, DType::FLOAT, "{} lacks a dtype", k.id);
+            }
+        }
+    }
+}
