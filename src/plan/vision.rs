@@ -130,13 +130,11 @@ impl Builder {
         (w, b)
     }
 
-    /// `module`'s weight and bias buffers (a module with a bias).
+    /// `module`'s weight and bias buffers (a module with a bias: every one but
+    /// the position embedding, the soft-embedding norm and the input projection).
     fn pair(&mut self, module: VisionModule) -> [VisionBufId; 2] {
-        match self.module(module) {
-            (w, Some(b)) => [w, b],
-            // Every module a step binds with its bias has one (VisionModule::bias).
-            (w, None) => [w, w],
-        }
+        let (w, b) = self.module(module);
+        [w, b.expect("the plan binds a bias only of modules that have one")]
     }
 
     fn step(&mut self, slot: Option<Slot>, layer: Option<usize>, problem: Problem, binds: &[VisionBufId]) {
