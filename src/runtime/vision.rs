@@ -189,7 +189,7 @@ impl<B: TowerBackend> VisionTower<B> {
         }
         Err(RuntimeError::Internal(format!(
             "no {} kernel can run {} on {}: {}",
-            backend.name(),
+            backend.name().to_uppercase(),
             problem.describe(),
             self.backend.on(),
             reasons.join("; ")
