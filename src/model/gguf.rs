@@ -17,6 +17,7 @@ use half::{bf16, f16};
 
 use super::bytes::FileBytes;
 use super::{ModelError, Result};
+use crate::kernels::DType;
 use crate::kernels::quant::{QFormat, dequantize_block, split_block};
 
 /// "GGUF" as a little-endian u32 at the start of the file.
@@ -147,30 +148,18 @@ pub struct GgmlType {
     pub bytes: usize,
 }
 
-/// Every ggml type whose geometry is known (ids as in ggml.h).
-const GGML_TYPES: &[(u32, &str, usize, usize)] = &[
-    (0, "F32", 1, 4),
-    (1, "F16", 1, 2),
-    (2, "Q4_0", 32, 18),
-    (3, "Q4_1", 32, 20),
-    (6, "Q5_0", 32, 22),
-    (7, "Q5_1", 32, 24),
-    (8, "Q8_0", 32, 34),
+/// The ggml types ktune stores as no [`DType`] of its own, whose geometry is
+/// known (ids as in ggml.h): BF16 (decoded to f32) and the types it cannot read.
+/// ktune's own storage types come from the format list ([`DType::ALL`]).
+const OTHER_GGML_TYPES: &[(u32, &str, usize, usize)] = &[
     (9, "Q8_1", 32, 40),
-    (10, "Q2_K", 256, 84),
-    (11, "Q3_K", 256, 110),
-    (12, "Q4_K", 256, 144),
-    (13, "Q5_K", 256, 176),
-    (14, "Q6_K", 256, 210),
     (15, "Q8_K", 256, 292),
     (16, "IQ2_XXS", 256, 66),
     (17, "IQ2_XS", 256, 74),
     (18, "IQ3_XXS", 256, 98),
     (19, "IQ1_S", 256, 50),
-    (20, "IQ4_NL", 32, 18),
     (21, "IQ3_S", 256, 110),
     (22, "IQ2_S", 256, 82),
-    (23, "IQ4_XS", 256, 136),
     (24, "I8", 1, 1),
     (25, "I16", 1, 2),
     (26, "I32", 1, 4),
@@ -185,21 +174,25 @@ const GGML_TYPES: &[(u32, &str, usize, usize)] = &[
 
 impl GgmlType {
     pub fn from_id(id: u32) -> Option<GgmlType> {
-        GGML_TYPES.iter().find(|t| t.0 == id).map(|&(id, name, block, bytes)| GgmlType { id, name, block, bytes })
+        if let Some(d) = DType::from_ggml_type(id) {
+            let (block, bytes) = d.ggml_block();
+            return Some(GgmlType { id, name: d.ggml_name(), block, bytes });
+        }
+        OTHER_GGML_TYPES.iter().find(|t| t.0 == id).map(|&(id, name, block, bytes)| GgmlType { id, name, block, bytes })
     }
 
-    pub const F32: u32 = 0;
-    pub const F16: u32 = 1;
     pub const BF16: u32 = 30;
 
     /// What ktune can decode this type as.
     pub fn kind(self) -> Option<Stored> {
-        match self.id {
-            Self::F32 => Some(Stored::F32),
-            Self::F16 => Some(Stored::F16),
-            Self::BF16 => Some(Stored::BF16),
-            id => QFormat::from_ggml_type(id).map(Stored::Quant),
+        if self.id == Self::BF16 {
+            return Some(Stored::BF16);
         }
+        DType::from_ggml_type(self.id).and_then(|d| match d {
+            DType::F32 => Some(Stored::F32),
+            DType::F16 => Some(Stored::F16),
+            d => d.quant().map(Stored::Quant),
+        })
     }
 }
 
@@ -554,11 +547,12 @@ impl GgufFile {
     pub fn stored(&self, t: &GgufTensor) -> Result<Stored> {
         t.ty.kind().ok_or_else(|| {
             self.err(format!(
-                "tensor `{}` is stored as {}, which ktune cannot read yet (supported: F32, F16, BF16, {}): \
+                "tensor `{}` is stored as {}, which ktune cannot read yet (supported: {}, BF16, {}): \
                  convert the model with one of those types (llama-quantize … Q4_K_M)",
                 t.name,
                 t.ty.name,
-                QFormat::ALL.map(|f| f.name().to_uppercase()).join(", ")
+                DType::FLOAT.iter().map(|d| d.ggml_name()).collect::<Vec<_>>().join(", "),
+                DType::QUANT.iter().map(|d| d.ggml_name()).collect::<Vec<_>>().join(", ")
             ))
         })
     }

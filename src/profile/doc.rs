@@ -332,76 +332,34 @@ impl<'de> Deserialize<'de> for Entry {
     }
 }
 
-/// Storage type names in the profile.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-#[allow(non_camel_case_types)] // ggml's type names (Q4_K, IQ4_XS)
-pub enum StorageDtype {
-    #[default]
-    F32,
-    F16,
-    #[serde(rename = "q8_0")]
-    Q8_0,
-    #[serde(rename = "q4_0")]
-    Q4_0,
-    #[serde(rename = "q4_1")]
-    Q4_1,
-    #[serde(rename = "q5_0")]
-    Q5_0,
-    #[serde(rename = "q5_1")]
-    Q5_1,
-    #[serde(rename = "q2_k")]
-    Q2_K,
-    #[serde(rename = "q3_k")]
-    Q3_K,
-    #[serde(rename = "q4_k")]
-    Q4_K,
-    #[serde(rename = "q5_k")]
-    Q5_K,
-    #[serde(rename = "q6_k")]
-    Q6_K,
-    #[serde(rename = "iq4_nl")]
-    IQ4_NL,
-    #[serde(rename = "iq4_xs")]
-    IQ4_XS,
+/// Storage type names in the profile: [`DType`](crate::kernels::DType)'s, its
+/// schema an enum of [`DType::ALL`](crate::kernels::DType::ALL)'s names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct StorageDtype(pub crate::kernels::DType);
+
+impl Default for StorageDtype {
+    fn default() -> StorageDtype {
+        StorageDtype(crate::kernels::DType::F32)
+    }
+}
+
+impl JsonSchema for StorageDtype {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "StorageDtype".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let names: Vec<&str> = crate::kernels::DType::ALL.iter().map(|d| d.name()).collect();
+        schemars::json_schema!({ "description": "Storage type names in the profile.", "type": "string", "enum": names })
+    }
 }
 
 impl StorageDtype {
     pub fn dtype(self) -> crate::kernels::DType {
-        match self {
-            StorageDtype::F32 => crate::kernels::DType::F32,
-            StorageDtype::F16 => crate::kernels::DType::F16,
-            StorageDtype::Q8_0 => crate::kernels::DType::Q8_0,
-            StorageDtype::Q4_0 => crate::kernels::DType::Q4_0,
-            StorageDtype::Q4_1 => crate::kernels::DType::Q4_1,
-            StorageDtype::Q5_0 => crate::kernels::DType::Q5_0,
-            StorageDtype::Q5_1 => crate::kernels::DType::Q5_1,
-            StorageDtype::Q2_K => crate::kernels::DType::Q2_K,
-            StorageDtype::Q3_K => crate::kernels::DType::Q3_K,
-            StorageDtype::Q4_K => crate::kernels::DType::Q4_K,
-            StorageDtype::Q5_K => crate::kernels::DType::Q5_K,
-            StorageDtype::Q6_K => crate::kernels::DType::Q6_K,
-            StorageDtype::IQ4_NL => crate::kernels::DType::IQ4_NL,
-            StorageDtype::IQ4_XS => crate::kernels::DType::IQ4_XS,
-        }
+        self.0
     }
     pub fn from_dtype(d: crate::kernels::DType) -> StorageDtype {
-        match d {
-            crate::kernels::DType::F32 => StorageDtype::F32,
-            crate::kernels::DType::F16 => StorageDtype::F16,
-            crate::kernels::DType::Q8_0 => StorageDtype::Q8_0,
-            crate::kernels::DType::Q4_0 => StorageDtype::Q4_0,
-            crate::kernels::DType::Q4_1 => StorageDtype::Q4_1,
-            crate::kernels::DType::Q5_0 => StorageDtype::Q5_0,
-            crate::kernels::DType::Q5_1 => StorageDtype::Q5_1,
-            crate::kernels::DType::Q2_K => StorageDtype::Q2_K,
-            crate::kernels::DType::Q3_K => StorageDtype::Q3_K,
-            crate::kernels::DType::Q4_K => StorageDtype::Q4_K,
-            crate::kernels::DType::Q5_K => StorageDtype::Q5_K,
-            crate::kernels::DType::Q6_K => StorageDtype::Q6_K,
-            crate::kernels::DType::IQ4_NL => StorageDtype::IQ4_NL,
-            crate::kernels::DType::IQ4_XS => StorageDtype::IQ4_XS,
-        }
+        StorageDtype(d)
     }
 }
 
@@ -476,8 +434,8 @@ impl Default for ExecutionDoc {
     fn default() -> ExecutionDoc {
         ExecutionDoc {
             batch_commands: true,
-            kv_cache_dtype: StorageDtype::F32,
-            weight_dtype: StorageDtype::F32,
+            kv_cache_dtype: StorageDtype::default(),
+            weight_dtype: StorageDtype::default(),
             fused_gate_up: false,
             fused_qkv: false,
             fused_qk_norm_rope: false,

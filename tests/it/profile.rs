@@ -543,3 +543,26 @@ fn vision_slots_resolve_and_bad_ones_are_refused() {
     let e = Profile::from_str(&bad, "f.yaml").expect_err("vision under a format").to_string();
     assert!(e.contains("formats.q6_k") && e.contains("vision"), "{e}");
 }
+
+/// The profile's storage dtype names are the format list's: the schema's
+/// `StorageDtype` enum is exactly `DType::ALL`'s names in order, each loads as
+/// `execution.weightDtype` and writes back the same.
+#[test]
+fn schema_lists_the_storage_dtypes_of_the_format_list() {
+    let schema = ktune::profile::json_schema();
+    let names: Vec<String> = schema["$defs"]["StorageDtype"]["enum"]
+        .as_array()
+        .expect("an enum")
+        .iter()
+        .map(|v| v.as_str().expect("a name").to_string())
+        .collect();
+    assert_eq!(names, ktune::kernels::DType::ALL.map(|d| d.name().to_string()).to_vec());
+    for d in ktune::kernels::DType::ALL {
+        let text = GOOD.replace("execution:\n", &format!("execution:\n  weightDtype: {d}\n"));
+        let p = Profile::from_str(&text, "d.yaml").unwrap_or_else(|e| panic!("{d}: {e}\n{text}"));
+        assert_eq!(p.doc.execution.weight_dtype.dtype(), d);
+        assert!(to_yaml(&p.doc).expect("yaml").contains(&format!("weightDtype: {d}\n")), "{d}");
+    }
+    let (_, _, msg) = err(&GOOD.replace("execution:\n", "execution:\n  weightDtype: Q4_K\n"));
+    assert!(msg.contains("Q4_K") && msg.contains("q4_k"), "{msg}");
+}

@@ -34,98 +34,17 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use half::f16;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 pub use problem::{Activation, BufSpec, Op, Problem, Role, RopeLayout, attention_keys};
+pub use quant::DType;
 
 pub use crate::device::{Backend, Caps};
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuCtx, GpuProgram, Shader};
 use crate::hash::Hasher;
 
-/// Storage type of a variant's weight and cache buffers (activations are f32).
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, strum::IntoStaticStr, strum::EnumIter, strum::Display,
-)]
-#[serde(rename_all = "snake_case")]
-#[strum(serialize_all = "snake_case")]
-#[allow(non_camel_case_types)] // ggml's type names (Q4_K, IQ4_XS)
-pub enum DType {
-    F32,
-    F16,
-    /// ggml Q8_0 blocks in the split layout of [`quant::QMatrix`] (weights only).
-    #[serde(rename = "q8_0")]
-    #[strum(serialize = "q8_0")]
-    Q8_0,
-    /// ggml Q4_0 blocks (weights only).
-    #[serde(rename = "q4_0")]
-    #[strum(serialize = "q4_0")]
-    Q4_0,
-    /// ggml Q4_1 blocks (weights only).
-    #[serde(rename = "q4_1")]
-    #[strum(serialize = "q4_1")]
-    Q4_1,
-    /// ggml Q5_0 blocks (weights only).
-    #[serde(rename = "q5_0")]
-    #[strum(serialize = "q5_0")]
-    Q5_0,
-    /// ggml Q5_1 blocks (weights only).
-    #[serde(rename = "q5_1")]
-    #[strum(serialize = "q5_1")]
-    Q5_1,
-    /// ggml Q2_K super-blocks (weights only).
-    #[serde(rename = "q2_k")]
-    #[strum(serialize = "q2_k")]
-    Q2_K,
-    /// ggml Q3_K super-blocks (weights only).
-    #[serde(rename = "q3_k")]
-    #[strum(serialize = "q3_k")]
-    Q3_K,
-    /// ggml Q4_K super-blocks (weights only).
-    #[serde(rename = "q4_k")]
-    #[strum(serialize = "q4_k")]
-    Q4_K,
-    /// ggml Q5_K super-blocks (weights only).
-    #[serde(rename = "q5_k")]
-    #[strum(serialize = "q5_k")]
-    Q5_K,
-    /// ggml Q6_K super-blocks (weights only).
-    #[serde(rename = "q6_k")]
-    #[strum(serialize = "q6_k")]
-    Q6_K,
-    /// ggml IQ4_NL blocks (weights only).
-    #[serde(rename = "iq4_nl")]
-    #[strum(serialize = "iq4_nl")]
-    IQ4_NL,
-    /// ggml IQ4_XS super-blocks (weights only).
-    #[serde(rename = "iq4_xs")]
-    #[strum(serialize = "iq4_xs")]
-    IQ4_XS,
-}
-
 impl DType {
-    /// Every storage type, floats first.
-    pub const ALL: [DType; 14] = [
-        DType::F32,
-        DType::F16,
-        DType::Q8_0,
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::Q5_1,
-        DType::Q2_K,
-        DType::Q3_K,
-        DType::Q4_K,
-        DType::Q5_K,
-        DType::Q6_K,
-        DType::IQ4_NL,
-        DType::IQ4_XS,
-    ];
-    /// The float storage types.
-    pub const FLOAT: &'static [DType] = &[DType::F32, DType::F16];
-    /// The block-quantized storage types (every one after the floats).
-    pub const QUANT: &'static [DType] = DType::ALL.split_at(2).1;
-
     /// Bytes per element of a float type. Quantized types have no per-element size
     /// (a block of 32 elements has one): use [`DType::bytes_for`] for buffer sizes;
     /// this returns 1 for them (the smallest whole number of bytes an element takes).
@@ -149,24 +68,6 @@ impl DType {
     pub fn name(self) -> &'static str {
         self.into()
     }
-    /// The block format of a quantized type.
-    pub fn quant(self) -> Option<quant::QFormat> {
-        match self {
-            DType::F32 | DType::F16 => None,
-            DType::Q8_0 => Some(quant::QFormat::Q8_0),
-            DType::Q4_0 => Some(quant::QFormat::Q4_0),
-            DType::Q4_1 => Some(quant::QFormat::Q4_1),
-            DType::Q5_0 => Some(quant::QFormat::Q5_0),
-            DType::Q5_1 => Some(quant::QFormat::Q5_1),
-            DType::Q2_K => Some(quant::QFormat::Q2_K),
-            DType::Q3_K => Some(quant::QFormat::Q3_K),
-            DType::Q4_K => Some(quant::QFormat::Q4_K),
-            DType::Q5_K => Some(quant::QFormat::Q5_K),
-            DType::Q6_K => Some(quant::QFormat::Q6_K),
-            DType::IQ4_NL => Some(quant::QFormat::IQ4_NL),
-            DType::IQ4_XS => Some(quant::QFormat::IQ4_XS),
-        }
-    }
     pub fn is_quant(self) -> bool {
         self.quant().is_some()
     }
@@ -174,25 +75,6 @@ impl DType {
     /// this type (norm gains, biases): f32 under a quantized type, else itself.
     pub fn float_storage(self) -> DType {
         if self.is_quant() { DType::F32 } else { self }
-    }
-}
-
-impl From<quant::QFormat> for DType {
-    fn from(f: quant::QFormat) -> DType {
-        match f {
-            quant::QFormat::Q8_0 => DType::Q8_0,
-            quant::QFormat::Q4_0 => DType::Q4_0,
-            quant::QFormat::Q4_1 => DType::Q4_1,
-            quant::QFormat::Q5_0 => DType::Q5_0,
-            quant::QFormat::Q5_1 => DType::Q5_1,
-            quant::QFormat::Q2_K => DType::Q2_K,
-            quant::QFormat::Q3_K => DType::Q3_K,
-            quant::QFormat::Q4_K => DType::Q4_K,
-            quant::QFormat::Q5_K => DType::Q5_K,
-            quant::QFormat::Q6_K => DType::Q6_K,
-            quant::QFormat::IQ4_NL => DType::IQ4_NL,
-            quant::QFormat::IQ4_XS => DType::IQ4_XS,
-        }
     }
 }
 

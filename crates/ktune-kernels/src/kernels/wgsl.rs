@@ -120,11 +120,9 @@ pub fn check_blocks(prob: &Problem, dtype: DType) -> Result<(), String> {
     }
 }
 
-/// The `QFMT` override value of a quantized dtype.
-/// (qblock.wgsl: 0 q8_0, 1 q4_0, 2 q4_1, 3 q5_0, 4 q5_1, 5 q2_k, 6 q3_k, 7 q4_k,
-/// 8 q5_k, 9 q6_k, 10 iq4_nl, 11 iq4_xs: the order of [`QFormat::ALL`](super::quant::QFormat::ALL).)
+/// The `QFMT` override value of a quantized dtype: [`QFormat::wgsl_id`](super::quant::QFormat::wgsl_id).
 pub fn qfmt(dtype: DType) -> f64 {
-    dtype.quant().and_then(|f| super::quant::QFormat::ALL.iter().position(|&g| g == f)).unwrap_or(0) as f64
+    dtype.quant().map_or(0, super::quant::QFormat::wgsl_id) as f64
 }
 
 /// The bindings of a quantized kernel: the op's buffers in order with the weight

@@ -15,21 +15,23 @@
 //! [`QMatrix::from_ggml`] and [`QMatrix::to_ggml`] convert from and to the
 //! on-disk block stream losslessly. How each format's bytes become values:
 //! [`decode`] (bit-identical to `gguf.quants.dequantize`); how floats become
-//! blocks: [`encode`].
+//! blocks: [`encode`]. The formats themselves (names, ggml ids, block geometry,
+//! and [`DType`] around them) are one list: [`formats`].
 
 mod decode;
 mod encode;
+pub mod formats;
 mod repack;
 
 pub use decode::{GROUP, IQ4_LEVELS, Unpacked, dequantize_block, scale_min_k4, scales_mins_k4, unpack, unpack_scales, unpack_vals};
 pub use encode::quantize_block;
+pub use formats::{DType, QFormat};
 pub use repack::{
     DEFAULT_REPACK_MAX_ROW, REPACKABLE, X8_BYTES, X8_ROWS, default_repack, pack_scales_mins_k4, x8_record_bytes, x8_row_codes, x8_row_runs,
     x8_scale_min,
 };
 
 use half::f16;
-use serde::{Deserialize, Serialize};
 
 /// Elements per block of the 32-element formats (and per activation block of the
 /// int8 dot paths).
@@ -37,85 +39,7 @@ pub const QK: usize = 32;
 /// Elements per super-block of the K-quants and IQ4_XS.
 pub const QK_K: usize = 256;
 
-/// A block-quantized storage format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[allow(non_camel_case_types)] // ggml's type names (Q4_K, IQ4_XS)
-pub enum QFormat {
-    Q8_0,
-    Q4_0,
-    Q4_1,
-    Q5_0,
-    Q5_1,
-    #[serde(rename = "q2_k")]
-    Q2_K,
-    #[serde(rename = "q3_k")]
-    Q3_K,
-    #[serde(rename = "q4_k")]
-    Q4_K,
-    #[serde(rename = "q5_k")]
-    Q5_K,
-    #[serde(rename = "q6_k")]
-    Q6_K,
-    #[serde(rename = "iq4_nl")]
-    IQ4_NL,
-    #[serde(rename = "iq4_xs")]
-    IQ4_XS,
-}
-
-/// Geometry of one format: ggml type id, name, elements and bytes per block, and
-/// the byte offsets of its 16-bit header fields (in the order they go to `scales`).
-struct Geometry {
-    ggml: u32,
-    name: &'static str,
-    elems: usize,
-    bytes: usize,
-    header: &'static [usize],
-}
-
-const fn geo(ggml: u32, name: &'static str, elems: usize, bytes: usize, header: &'static [usize]) -> Geometry {
-    Geometry { ggml, name, elems, bytes, header }
-}
-
 impl QFormat {
-    pub const ALL: [QFormat; 12] = [
-        QFormat::Q8_0,
-        QFormat::Q4_0,
-        QFormat::Q4_1,
-        QFormat::Q5_0,
-        QFormat::Q5_1,
-        QFormat::Q2_K,
-        QFormat::Q3_K,
-        QFormat::Q4_K,
-        QFormat::Q5_K,
-        QFormat::Q6_K,
-        QFormat::IQ4_NL,
-        QFormat::IQ4_XS,
-    ];
-
-    fn geometry(self) -> Geometry {
-        match self {
-            QFormat::Q8_0 => geo(8, "q8_0", 32, 34, &[0]),
-            QFormat::Q4_0 => geo(2, "q4_0", 32, 18, &[0]),
-            QFormat::Q4_1 => geo(3, "q4_1", 32, 20, &[0, 2]),
-            QFormat::Q5_0 => geo(6, "q5_0", 32, 22, &[0]),
-            QFormat::Q5_1 => geo(7, "q5_1", 32, 24, &[0, 2]),
-            // scales[16], qs[64], d, dmin
-            QFormat::Q2_K => geo(10, "q2_k", 256, 84, &[80, 82]),
-            // hmask[32], qs[64], scales[12], d
-            QFormat::Q3_K => geo(11, "q3_k", 256, 110, &[108]),
-            // d, dmin, scales[12], qs[128]
-            QFormat::Q4_K => geo(12, "q4_k", 256, 144, &[0, 2]),
-            // d, dmin, scales[12], qh[32], qs[128]
-            QFormat::Q5_K => geo(13, "q5_k", 256, 176, &[0, 2]),
-            // ql[128], qh[64], scales[16], d
-            QFormat::Q6_K => geo(14, "q6_k", 256, 210, &[208]),
-            QFormat::IQ4_NL => geo(20, "iq4_nl", 32, 18, &[0]),
-            // d, scales_h (u16), scales_l[4], qs[128]
-            QFormat::IQ4_XS => geo(23, "iq4_xs", 256, 136, &[0, 2]),
-        }
-    }
-
     pub fn name(self) -> &'static str {
         self.geometry().name
     }
@@ -179,7 +103,7 @@ impl QFormat {
     }
     /// Whether values carry an additive per-group offset (`m`, `dmin`).
     pub fn has_offset(self) -> bool {
-        matches!(self, QFormat::Q4_1 | QFormat::Q5_1 | QFormat::Q2_K | QFormat::Q4_K | QFormat::Q5_K)
+        self.geometry().offset
     }
     /// Bits per weight including the scales.
     pub fn bits_per_weight(self) -> f64 {

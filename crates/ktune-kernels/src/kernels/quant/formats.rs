@@ -1,0 +1,219 @@
+//! The one list of storage formats. Each row of the [`formats!`] invocation below
+//! is one format: its name (in profiles, on the command line and in kernel ids),
+//! its ggml type id (GGUF tensor infos), and for a block format its block geometry.
+//! From that list come [`DType`] (f32, f16, then every block format, in the list's
+//! order), [`QFormat`] (the block formats) with its geometry,
+//! [`DType::ALL`] / [`QFormat::ALL`], the conversions between them, the ggml type
+//! ids both ways, and the WGSL format number ([`QFormat::wgsl_id`], a block
+//! format's row among the block formats: the `QFMT` override the quantized shaders
+//! switch on, `shaders/qgeom.wgsl` lists them). The profile's storage dtype names
+//! and their JSON Schema are [`DType::ALL`]'s names.
+
+use serde::{Deserialize, Serialize};
+
+/// Geometry of one block format: ggml type id, name, elements and bytes per block,
+/// the byte offsets of its 16-bit header fields (in the order they go to `scales`),
+/// and whether values carry an additive per-group offset.
+pub(super) struct Geometry {
+    pub ggml: u32,
+    pub name: &'static str,
+    pub elems: usize,
+    pub bytes: usize,
+    pub header: &'static [usize],
+    pub offset: bool,
+}
+
+/// Defines [`DType`] and [`QFormat`] from the list of formats: float rows
+/// (`Variant = "name", ggml ID, bytes N;`), then block rows (`Variant = "name",
+/// ggml ID, elems N, bytes N, header [offsets], offset BOOL;`, doc comments
+/// allowed). The variant is ggml's type name, the string the name in files.
+macro_rules! formats {
+    (
+        floats { $($(#[doc = $fdoc:literal])* $fv:ident = $fname:literal, ggml $fid:literal, bytes $fbytes:literal;)* }
+        blocks {
+            $($(#[doc = $doc:literal])* $v:ident = $name:literal, ggml $id:literal, elems $elems:expr, bytes $bytes:literal,
+              header [$($h:literal),*], offset $off:literal;)*
+        }
+    ) => {
+        /// Storage type of a variant's weight and cache buffers (activations are f32).
+        #[derive(
+            Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, strum::IntoStaticStr, strum::EnumIter, strum::Display,
+        )]
+        #[allow(non_camel_case_types)] // ggml's type names (Q4_K, IQ4_XS)
+        pub enum DType {
+            $($(#[doc = $fdoc])* #[serde(rename = $fname)] #[strum(serialize = $fname)] $fv,)*
+            $($(#[doc = $doc])* #[serde(rename = $name)] #[strum(serialize = $name)] $v,)*
+        }
+
+        /// A block-quantized storage format.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[allow(non_camel_case_types)] // ggml's type names (Q4_K, IQ4_XS)
+        pub enum QFormat {
+            $($(#[doc = $doc])* #[serde(rename = $name)] $v,)*
+        }
+
+        impl DType {
+            /// Every storage type, floats first.
+            pub const ALL: [DType; [$($fname,)* $($name),*].len()] = [$(DType::$fv,)* $(DType::$v),*];
+            /// The float storage types.
+            pub const FLOAT: &'static [DType] = &[$(DType::$fv),*];
+            /// The block-quantized storage types (every one after the floats).
+            pub const QUANT: &'static [DType] = DType::ALL.split_at(DType::FLOAT.len()).1;
+
+            /// The block format of a quantized type.
+            pub fn quant(self) -> Option<QFormat> {
+                match self {
+                    $(DType::$fv => None,)*
+                    $(DType::$v => Some(QFormat::$v),)*
+                }
+            }
+            /// The ggml type id (GGUF tensor info `type`).
+            pub fn ggml_type(self) -> u32 {
+                match self {
+                    $(DType::$fv => $fid,)*
+                    $(DType::$v => $id,)*
+                }
+            }
+            /// ggml's name of the type (`F16`, `Q4_K`).
+            pub fn ggml_name(self) -> &'static str {
+                match self {
+                    $(DType::$fv => stringify!($fv),)*
+                    $(DType::$v => stringify!($v),)*
+                }
+            }
+            /// Elements per block and bytes per block on disk (ggml layout; a float
+            /// type's block is one element).
+            pub fn ggml_block(self) -> (usize, usize) {
+                match self {
+                    $(DType::$fv => (1, $fbytes),)*
+                    $(DType::$v => ($elems, $bytes),)*
+                }
+            }
+        }
+
+        impl From<QFormat> for DType {
+            fn from(f: QFormat) -> DType {
+                match f {
+                    $(QFormat::$v => DType::$v,)*
+                }
+            }
+        }
+
+        impl QFormat {
+            pub const ALL: [QFormat; [$($name),*].len()] = [$(QFormat::$v),*];
+
+            pub(super) fn geometry(self) -> Geometry {
+                match self {
+                    $(QFormat::$v => Geometry { ggml: $id, name: $name, elems: $elems, bytes: $bytes, header: &[$($h),*], offset: $off },)*
+                }
+            }
+        }
+    };
+}
+
+formats! {
+    floats {
+        F32 = "f32", ggml 0, bytes 4;
+        F16 = "f16", ggml 1, bytes 2;
+    }
+    blocks {
+        /// ggml Q8_0 blocks (weights only).
+        Q8_0 = "q8_0", ggml 8, elems 32, bytes 34, header [0], offset false;
+        /// ggml Q4_0 blocks (weights only).
+        Q4_0 = "q4_0", ggml 2, elems 32, bytes 18, header [0], offset false;
+        /// ggml Q4_1 blocks (weights only).
+        Q4_1 = "q4_1", ggml 3, elems 32, bytes 20, header [0, 2], offset true;
+        /// ggml Q5_0 blocks (weights only).
+        Q5_0 = "q5_0", ggml 6, elems 32, bytes 22, header [0], offset false;
+        /// ggml Q5_1 blocks (weights only).
+        Q5_1 = "q5_1", ggml 7, elems 32, bytes 24, header [0, 2], offset true;
+        /// ggml Q2_K super-blocks (weights only): scales[16], qs[64], d, dmin.
+        Q2_K = "q2_k", ggml 10, elems 256, bytes 84, header [80, 82], offset true;
+        /// ggml Q3_K super-blocks (weights only): hmask[32], qs[64], scales[12], d.
+        Q3_K = "q3_k", ggml 11, elems 256, bytes 110, header [108], offset false;
+        /// ggml Q4_K super-blocks (weights only): d, dmin, scales[12], qs[128].
+        Q4_K = "q4_k", ggml 12, elems 256, bytes 144, header [0, 2], offset true;
+        /// ggml Q5_K super-blocks (weights only): d, dmin, scales[12], qh[32], qs[128].
+        Q5_K = "q5_k", ggml 13, elems 256, bytes 176, header [0, 2], offset true;
+        /// ggml Q6_K super-blocks (weights only): ql[128], qh[64], scales[16], d.
+        Q6_K = "q6_k", ggml 14, elems 256, bytes 210, header [208], offset false;
+        /// ggml IQ4_NL blocks (weights only).
+        IQ4_NL = "iq4_nl", ggml 20, elems 32, bytes 18, header [0], offset false;
+        /// ggml IQ4_XS super-blocks (weights only): d, scales_h (u16), scales_l[4], qs[128].
+        IQ4_XS = "iq4_xs", ggml 23, elems 256, bytes 136, header [0, 2], offset false;
+    }
+}
+
+impl DType {
+    /// The storage type of ggml type id `t`, if ktune stores that type.
+    pub fn from_ggml_type(t: u32) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.ggml_type() == t)
+    }
+}
+
+impl QFormat {
+    /// The WGSL format number: the format's row among the block formats (the
+    /// `QFMT` override of the quantized shaders).
+    pub fn wgsl_id(self) -> u32 {
+        self as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The float rows and the block rows agree: every block format is the
+    /// `DType` of the same name, ids are unique, and a format's WGSL number is its
+    /// position in `QFormat::ALL`.
+    #[test]
+    fn the_list_agrees_with_itself() {
+        for (i, f) in QFormat::ALL.into_iter().enumerate() {
+            let d = DType::from(f);
+            assert_eq!(
+                (d.quant(), d.name(), d.ggml_type(), d.ggml_name().to_lowercase()),
+                (Some(f), f.name(), f.ggml_type(), f.name().to_string())
+            );
+            assert_eq!(f.wgsl_id() as usize, i);
+            assert_eq!(d.ggml_block(), (f.block_elems(), f.block_bytes()));
+        }
+        for (i, d) in DType::ALL.into_iter().enumerate() {
+            assert_eq!(DType::from_ggml_type(d.ggml_type()), Some(d));
+            assert_eq!(d.name().parse::<DType>(), Ok(d));
+            assert!(DType::ALL[..i].iter().all(|e| e.ggml_type() != d.ggml_type() && e.name() != d.name()));
+        }
+        assert_eq!(DType::QUANT.iter().map(|d| d.quant()).collect::<Vec<_>>(), QFormat::ALL.map(Some).to_vec());
+    }
+
+    /// The shaders switch on bare format numbers and name them in legends
+    /// (`0 q8_0, 1 q4_0, …`, in `qgeom.wgsl` and the files that switch on `QFMT`):
+    /// every "number name" pair in a shader's text is the format's
+    /// [`QFormat::wgsl_id`], and at least one legend lists every format, so a
+    /// reordered or extended list fails here until the shaders follow it.
+    #[test]
+    fn shader_legends_number_the_formats_as_the_list_does() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders");
+        let mut full_legends = Vec::new();
+        for entry in std::fs::read_dir(&dir).expect("the shaders folder") {
+            let path = entry.expect("a shader file").path();
+            if path.extension().is_none_or(|e| e != "wgsl") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("a readable shader");
+            // A pair is `[(]N[u] name[,;:)]` (`4 (q8_0)` and `pad 4; q4_k` are counts).
+            let words: Vec<&str> = text.split_whitespace().collect();
+            let mut named = Vec::new();
+            for pair in words.windows(2) {
+                let number = pair[0].trim_start_matches('(').trim_end_matches('u');
+                let name = pair[1].trim_end_matches(|c: char| ",;:)".contains(c));
+                let (Ok(n), Ok(f)) = (number.parse::<u32>(), name.parse::<QFormat>()) else { continue };
+                assert_eq!(n, f.wgsl_id(), "{}: `{n} {f}`, but the format list numbers {f} {}", path.display(), f.wgsl_id());
+                named.push(f);
+            }
+            if QFormat::ALL.iter().all(|f| named.contains(f)) {
+                full_legends.push(path);
+            }
+        }
+        assert!(!full_legends.is_empty(), "no shader lists every format's number");
+    }
+}
