@@ -26,7 +26,7 @@ pub fn device_read_bandwidth(ctx: Option<&GpuCtx>) -> (f64, &'static str) {
 pub fn cpu_read_bandwidth() -> f64 {
     use rayon::prelude::*;
     let v: Vec<f32> = vec![1.0; 64 << 20];
-    kernels::cpu::huge_pages(&v);
+    kernels::memory::huge_pages(&v);
     let isa = kernels::cpu::Isa::best();
     let mut best = f64::INFINITY;
     for _ in 0..5 {

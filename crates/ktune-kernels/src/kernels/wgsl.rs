@@ -93,33 +93,6 @@ pub fn vec_alignment(k: usize, dtype: DType) -> Result<(), String> {
     Ok(())
 }
 
-/// The reduction depth of each op's weight, for the block rule.
-fn depth(prob: &Problem) -> Option<usize> {
-    match *prob {
-        Problem::Gemv { k, .. }
-        | Problem::Gemm { k, .. }
-        | Problem::GateUp { k, .. }
-        | Problem::QkvProj { k, .. }
-        | Problem::NormGemv { k, .. } => Some(k),
-        _ => None,
-    }
-}
-
-/// k must be a whole number of 32-element blocks (rows are whole blocks); the rule
-/// of every block-format kernel, CPU and WGSL.
-pub fn check_blocks(prob: &Problem, dtype: DType) -> Result<(), String> {
-    if !dtype.is_quant() {
-        return Err(format!("{dtype} is not a quantized format"));
-    }
-    let be = dtype.quant().map_or(1, |f| f.block_elems());
-    match depth(prob) {
-        Some(k) if k == 0 || !k.is_multiple_of(be) => {
-            Err(format!("k = {k} is not a positive multiple of {be} (the {dtype} block size); quantized rows are whole blocks"))
-        }
-        _ => Ok(()),
-    }
-}
-
 /// The `QFMT` override value of a quantized dtype.
 /// (qblock.wgsl: 0 q8_0, 1 q4_0, 2 q4_1, 3 q5_0, 4 q5_1, 5 q2_k, 6 q3_k, 7 q4_k,
 /// 8 q5_k, 9 q6_k, 10 iq4_nl, 11 iq4_xs: the order of [`QFormat::ALL`](super::quant::QFormat::ALL).)
@@ -182,17 +155,4 @@ pub fn subgroup_per_row(s: &WgslSetup<'_>, rows: usize, uniform: &[u32], per_par
     let per = s.param(per_param)?;
     let consts = [("WG", s.param("workgroup_size")? as f64), ("ROWS", per as f64), ("W_F16", s.w_f16())];
     s.one_step("main", &consts, uniform, grid_2d(groups(rows, per)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn k_must_be_whole_blocks() {
-        assert!(check_blocks(&Problem::Gemv { n: 4, k: 48 }, DType::Q8_0).is_err());
-        assert!(check_blocks(&Problem::Gemv { n: 4, k: 0 }, DType::Q4_0).is_err());
-        assert!(check_blocks(&Problem::Gemm { m: 3, n: 4, k: 64 }, DType::Q4_1).is_ok());
-        assert!(check_blocks(&Problem::Gemm { m: 3, n: 4, k: 64 }, DType::F32).is_err());
-    }
 }

@@ -11,8 +11,7 @@ use std::cell::RefCell;
 use super::dot::dot_f32;
 use super::{Isa, with_scratch};
 use crate::device::CpuCaps;
-use crate::kernels::quant::{GROUP, Layout, QFormat, QK, QK_K, QView, Unpacked, dequantize_block, unpack};
-use crate::kernels::wgsl::check_blocks;
+use crate::kernels::quant::{GROUP, Layout, QFormat, QK, QK_K, QView, Unpacked, check_blocks, dequantize_block, unpack};
 use crate::kernels::{CpuIn, DType, KernelError, ParamSpec, Params, Problem, param};
 
 /// `act_bits`: f32 activations, or int8 ones (see [`verify::tolerance_for`](crate::kernels::verify::tolerance_for)).
