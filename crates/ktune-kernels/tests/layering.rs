@@ -150,9 +150,8 @@ fn root_names(path: &[String], text: &str) -> BTreeSet<String> {
     let mut i = 0;
     while i < code.len() {
         let rest = &code[i..];
-        if rest.starts_with("#[cfg(test)]") {
+        if let Some(body) = rest.strip_prefix("#[cfg(test)]") {
             // Skip the item: up to its `;`, or through its braced body.
-            let body = &rest["#[cfg(test)]".len()..];
             let end = match body.find([';', '{']) {
                 Some(j) if body.as_bytes()[j] == b';' => j + 1,
                 Some(j) => {
