@@ -14,6 +14,7 @@ pub mod pool;
 pub mod qdot;
 pub mod qgemm;
 pub mod qx8;
+pub mod sgemm;
 #[cfg(test)]
 pub(crate) mod testdata;
 

@@ -449,7 +449,7 @@ fn check_q_panel(caps: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) 
 /// (`2·nc × k`), one blocked GEMM of every token against it, and the activation
 /// product of each feature's two columns written to `y`.
 fn run_gate_up_q_panel(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    use crate::kernels::matmul::{Blocking, Micro, Split, gemm_blocked};
+    use crate::kernels::cpu::sgemm::{Blocking, Micro, Split, gemm_blocked};
     let Problem::GateUp { rows, n, k, act } = *prob else { return Err(wrong_op(kd, prob)) };
     if n == 0 || rows == 0 {
         return Ok(());

@@ -31,8 +31,9 @@
 //! `avg_pool_window`, `avg_pool_separable`).
 
 use super::cpu::lanes::{self, Lanes, isa_dispatch};
+use super::cpu::sgemm::{Blocking, Micro, Split, gemm_blocked};
 use super::cpu::{ISA, Isa, Row, RowSplit, axpy, check_isa, dot, par_rows, pool, row, with_scratch};
-use super::matmul::{BLOCKED_PARAMS, Blocking, Micro, Split, gemm_blocked};
+use super::matmul::BLOCKED_PARAMS;
 use super::{CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, param, wrong_op};
 use crate::device::CpuCaps;
 use std::cell::RefCell;
