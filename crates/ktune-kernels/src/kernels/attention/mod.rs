@@ -276,8 +276,7 @@ pub(crate) fn step_with(
 
 #[cfg(test)]
 mod tests {
-    use super::wgsl_decode::{SgPlan, splitkv_groups, splitkv_splits};
-    use super::wgsl_prefill::Flash2Plan;
+    use super::wgsl_decode::{splitkv_groups, splitkv_splits};
     use super::*;
     use crate::device::{CpuCaps, GpuCaps};
     use crate::kernels::verify::{Runner, check_one};
@@ -443,27 +442,7 @@ mod tests {
         );
     }
 
-    #[test]
-    fn splitkv_sg_plan_clamps_heads_to_the_group() {
-        let caps_min = |n: u32| GpuCaps {
-            shader_f16: false,
-            subgroup_min_size: n,
-            subgroup_max_size: 64,
-            timestamp_query: false,
-            ..crate::testing::typical_gpu_caps()
-        };
-        // 6 heads per KV head, 8 asked: one workgroup of 6; 4 asked: two of 3
-        let s =
-            Shape::of(&Problem::AttentionDecode { kv_len: 300, kv_cap: 300, heads: 12, kv_heads: 2, head_dim: 64, window: 0, scale: 0.1 })
-                .expect("attention");
-        let p = SgPlan::of(&s, DType::F32, &caps_min(32), 128, 8, 64).expect("subgroups");
-        assert_eq!((p.nsub, p.gh, p.wpl, p.spw, p.parts, p.workgroups_y()), (1, 6, 1, 4, 5, 2));
-        let p = SgPlan::of(&s, DType::F16, &caps_min(4), 64, 4, 64).expect("subgroups");
-        assert_eq!((p.nsub, p.gh, p.wpl, p.spw), (2, 3, 2, 16));
-        assert!(SgPlan::of(&s, DType::F32, &caps_min(0), 64, 4, 64).is_none());
-    }
-
-    fn flash2_params(bq: u32, hpw: u32, bkv: u32, lanes: u32, tile: u32) -> Params {
+    pub(super) fn flash2_params(bq: u32, hpw: u32, bkv: u32, lanes: u32, tile: u32) -> Params {
         let k = crate::kernels::find("attention_prefill_flash2").expect("registered");
         let mut p = k.default_params();
         for (name, v) in [("block_q", bq), ("heads_per_wg", hpw), ("block_kv", bkv), ("lanes", lanes), ("kv_tile", tile)] {
@@ -619,29 +598,6 @@ mod tests {
 
     /// heads_per_wg is clamped to the group; a group it does not divide takes
     /// ceil(group / heads_per_wg) workgroups per KV head.
-    #[test]
-    fn flash2_plan_covers_the_group() {
-        let llama = Shape::of(&Problem::AttentionPrefill {
-            tokens: 128,
-            kv_len: 128,
-            kv_cap: 128,
-            heads: 32,
-            kv_heads: 8,
-            head_dim: 64,
-            window: 0,
-            scale: 0.125,
-            bidi_start: 0,
-            bidi_end: 0,
-        })
-        .expect("attention");
-        let p = Flash2Plan::of(&llama, DType::F16, &flash2_params(8, 8, 32, 4, 1)).expect("params");
-        assert_eq!((p.gh, p.nsub, p.rw, p.nw, p.grid(&llama)), (4, 1, 8, 2, [16, 8, 1]));
-        let six = Shape { heads: 12, kv_heads: 2, ..llama };
-        let p = Flash2Plan::of(&six, DType::F32, &flash2_params(16, 4, 32, 16, 0)).expect("params");
-        assert_eq!((p.gh, p.nsub, p.rw, p.nw, p.grid(&six), p.tile_bytes()), (4, 2, 16, 1, [8, 4, 1], 0));
-        let p = Flash2Plan::of(&six, DType::F32, &flash2_params(16, 4, 32, 16, 2)).expect("params");
-        assert_eq!((p.tile_words(), p.tile_bytes()), (32 * 17, 16 * 32 * 17));
-    }
 
     #[test]
     fn invalid_shapes_are_rejected_with_reasons() {

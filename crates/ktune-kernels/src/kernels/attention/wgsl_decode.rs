@@ -97,20 +97,20 @@ pub(super) fn prepare_splitkv(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelErr
 
 /// How `attention_decode_splitkv_sg` lays out one call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct SgPlan {
+struct SgPlan {
     /// Workgroups per KV head and query heads per workgroup (`GH`).
-    pub(super) nsub: usize,
-    pub(super) gh: usize,
+    nsub: usize,
+    gh: usize,
     /// 16-byte words of a cache row each lane takes at most (`WPL`).
-    pub(super) wpl: usize,
+    wpl: usize,
     /// Partials per workgroup (`SPW`) and in all.
-    pub(super) spw: usize,
-    pub(super) parts: usize,
+    spw: usize,
+    parts: usize,
 }
 
 impl SgPlan {
     /// `None` when the adapter reports no subgroup size.
-    pub(super) fn of(s: &Shape, dtype: DType, caps: &GpuCaps, wg: u32, heads_per_wg: u32, chunk: u32) -> Option<SgPlan> {
+    fn of(s: &Shape, dtype: DType, caps: &GpuCaps, wg: u32, heads_per_wg: u32, chunk: u32) -> Option<SgPlan> {
         let sg_min = caps.subgroup_min_size as usize;
         if sg_min == 0 {
             return None;
@@ -123,7 +123,7 @@ impl SgPlan {
         Some(SgPlan { nsub, gh, wpl, spw, parts: splitkv_splits(s, chunk as usize) })
     }
 
-    pub(super) fn workgroups_y(&self) -> usize {
+    fn workgroups_y(&self) -> usize {
         self.parts.div_ceil(self.spw)
     }
 }
@@ -180,4 +180,30 @@ pub(super) fn prepare_splitkv_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, Kernel
         step_with(s, &DECODE_SPLITKV, "reduce", &merge, &[(3, out), (4, &u), (5, &part)], grid_2d(groups(sh.heads * sh.d, wg)))?,
     ];
     Ok(GpuProgram { steps, owned: vec![u, part] })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::Problem;
+
+    #[test]
+    fn splitkv_sg_plan_clamps_heads_to_the_group() {
+        let caps_min = |n: u32| GpuCaps {
+            shader_f16: false,
+            subgroup_min_size: n,
+            subgroup_max_size: 64,
+            timestamp_query: false,
+            ..crate::testing::typical_gpu_caps()
+        };
+        // 6 heads per KV head, 8 asked: one workgroup of 6; 4 asked: two of 3
+        let s =
+            Shape::of(&Problem::AttentionDecode { kv_len: 300, kv_cap: 300, heads: 12, kv_heads: 2, head_dim: 64, window: 0, scale: 0.1 })
+                .expect("attention");
+        let p = SgPlan::of(&s, DType::F32, &caps_min(32), 128, 8, 64).expect("subgroups");
+        assert_eq!((p.nsub, p.gh, p.wpl, p.spw, p.parts, p.workgroups_y()), (1, 6, 1, 4, 5, 2));
+        let p = SgPlan::of(&s, DType::F16, &caps_min(4), 64, 4, 64).expect("subgroups");
+        assert_eq!((p.nsub, p.gh, p.wpl, p.spw), (2, 3, 2, 16));
+        assert!(SgPlan::of(&s, DType::F32, &caps_min(0), 64, 4, 64).is_none());
+    }
 }

@@ -74,24 +74,24 @@ pub(super) fn prepare_flash(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError
 
 /// How `attention_prefill_flash2*` lays out one call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Flash2Plan {
+struct Flash2Plan {
     /// Query tokens and heads per workgroup (`BQ`, `GH`), lanes per query row.
-    pub(super) bq: usize,
-    pub(super) gh: usize,
-    pub(super) lanes: usize,
+    bq: usize,
+    gh: usize,
+    lanes: usize,
     /// Head sub-blocks per KV head (`nsub` workgroups along y per KV head).
-    pub(super) nsub: usize,
+    nsub: usize,
     /// 16-byte words per cache row (`RW`) and per lane at most (`NW`).
-    pub(super) rw: usize,
-    pub(super) nw: usize,
-    pub(super) bkv: usize,
-    pub(super) stage: bool,
+    rw: usize,
+    nw: usize,
+    bkv: usize,
+    stage: bool,
     /// Words of padding after each staged row (`PAD`).
-    pub(super) pad: usize,
+    pad: usize,
 }
 
 impl Flash2Plan {
-    pub(super) fn of(s: &Shape, dtype: DType, params: &Params) -> Result<Flash2Plan, KernelError> {
+    fn of(s: &Shape, dtype: DType, params: &Params) -> Result<Flash2Plan, KernelError> {
         let gh = (param(params, "heads_per_wg")? as usize).clamp(1, s.group());
         let lanes = param(params, "lanes")? as usize;
         let rw = s.d / per_word(dtype);
@@ -109,22 +109,22 @@ impl Flash2Plan {
         })
     }
 
-    pub(super) fn invocations(&self) -> u64 {
+    fn invocations(&self) -> u64 {
         (self.bq * self.gh * self.lanes) as u64
     }
 
     /// 16-byte words of the staged K/V tile (`TILE`; 1 without staging, an array
     /// must have an element).
-    pub(super) fn tile_words(&self) -> usize {
+    fn tile_words(&self) -> usize {
         if self.stage { self.bkv * (self.rw + self.pad) } else { 1 }
     }
 
     /// Bytes of the staged K/V tile, if any.
-    pub(super) fn tile_bytes(&self) -> u64 {
+    fn tile_bytes(&self) -> u64 {
         if self.stage { 16 * self.tile_words() as u64 } else { 0 }
     }
 
-    pub(super) fn grid(&self, s: &Shape) -> [u32; 3] {
+    fn grid(&self, s: &Shape) -> [u32; 3] {
         [s.tokens.div_ceil(self.bq) as u32, (s.kv_heads * self.nsub) as u32, 1]
     }
 }
@@ -215,4 +215,34 @@ pub(super) fn prepare_flash2(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelErro
     let mut words = sh.prefill_words();
     words.push(p.nsub as u32);
     s.one_step("main", &consts, &words, p.grid(&sh))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::flash2_params;
+    use super::*;
+
+    #[test]
+    fn flash2_plan_covers_the_group() {
+        let llama = Shape::of(&Problem::AttentionPrefill {
+            tokens: 128,
+            kv_len: 128,
+            kv_cap: 128,
+            heads: 32,
+            kv_heads: 8,
+            head_dim: 64,
+            window: 0,
+            scale: 0.125,
+            bidi_start: 0,
+            bidi_end: 0,
+        })
+        .expect("attention");
+        let p = Flash2Plan::of(&llama, DType::F16, &flash2_params(8, 8, 32, 4, 1)).expect("params");
+        assert_eq!((p.gh, p.nsub, p.rw, p.nw, p.grid(&llama)), (4, 1, 8, 2, [16, 8, 1]));
+        let six = Shape { heads: 12, kv_heads: 2, ..llama };
+        let p = Flash2Plan::of(&six, DType::F32, &flash2_params(16, 4, 32, 16, 0)).expect("params");
+        assert_eq!((p.gh, p.nsub, p.rw, p.nw, p.grid(&six), p.tile_bytes()), (4, 2, 16, 1, [8, 4, 1], 0));
+        let p = Flash2Plan::of(&six, DType::F32, &flash2_params(16, 4, 32, 16, 2)).expect("params");
+        assert_eq!((p.tile_words(), p.tile_bytes()), (32 * 17, 16 * 32 * 17));
+    }
 }
