@@ -5,25 +5,9 @@
 //! and outside `#[cfg(test)]` modules (tests may reach anywhere).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-/// Every `.rs` file under `dir`.
-fn sources(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).expect("readable src dir") {
-            let p = e.expect("dir entry").path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
-}
+use ktune::testing::{import_cycles, rust_sources};
 
 /// The code of a file without its test module and its `//` comments.
 fn code(text: &str) -> String {
@@ -61,7 +45,7 @@ fn top(src: &Path, file: &Path) -> String {
 /// count as `error`, their home).
 fn graph() -> BTreeMap<String, BTreeSet<String>> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let files = sources(&src);
+    let files = rust_sources(&src).expect("readable src dir");
     let modules: BTreeSet<String> = files.iter().map(|f| top(&src, f)).collect();
     let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for f in &files {
@@ -80,28 +64,11 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
     g
 }
 
-fn reaches(g: &BTreeMap<String, BTreeSet<String>>, from: &str, to: &str) -> bool {
-    let mut seen = BTreeSet::new();
-    let mut stack = vec![from.to_string()];
-    while let Some(m) = stack.pop() {
-        for n in g.get(&m).into_iter().flatten() {
-            if n == to {
-                return true;
-            }
-            if seen.insert(n.clone()) {
-                stack.push(n.clone());
-            }
-        }
-    }
-    false
-}
-
 #[test]
 fn top_level_modules_import_each_other_without_a_cycle() {
     let g = graph();
     assert!(g.len() > 10, "the import graph was not read: {g:?}");
-    let cycles: Vec<String> =
-        g.iter().flat_map(|(a, bs)| bs.iter().filter(|b| reaches(&g, b, a)).map(move |b| format!("{a} -> {b}"))).collect();
+    let cycles = import_cycles(&g);
     assert!(cycles.is_empty(), "import cycles between modules (each edge closes one): {cycles:?}\ngraph: {g:#?}");
 }
 
@@ -114,9 +81,9 @@ fn output_and_commands_keep_their_sides() {
     assert!(!cmd.contains("output") && !cmd.contains("app"), "commands/ imports {cmd:?}");
     // No command module imports another (they share session.rs instead).
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/commands");
-    for f in sources(&dir) {
+    for f in rust_sources(&dir).expect("readable src/commands") {
         let text = code(&std::fs::read_to_string(&f).expect("readable"));
-        for other in sources(&dir) {
+        for other in rust_sources(&dir).expect("readable src/commands") {
             let stem = other.file_stem().expect("stem").to_string_lossy().to_string();
             if other == f || stem == "mod" {
                 continue;

@@ -9,23 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Every `.rs` file under `dir`.
-fn sources(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).expect("readable src dir") {
-            let p = e.expect("dir entry").path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
-}
+use ktune_kernels::testing::{import_cycles as cycles, rust_sources};
 
 /// `text` without comments and without the contents of string and char literals
 /// (so that no brace or path inside them counts); lifetimes stay.
@@ -246,32 +230,12 @@ fn graph_of(files: &[(PathBuf, String)]) -> BTreeMap<String, BTreeSet<String>> {
 /// The graph of `src/kernels/`.
 fn graph() -> BTreeMap<String, BTreeSet<String>> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/kernels");
-    let files: Vec<(PathBuf, String)> = sources(&dir)
+    let files: Vec<(PathBuf, String)> = rust_sources(&dir)
+        .expect("readable src/kernels")
         .into_iter()
         .map(|f| (f.strip_prefix(&dir).expect("under kernels").to_path_buf(), std::fs::read_to_string(&f).expect("readable source")))
         .collect();
     graph_of(&files)
-}
-
-fn reaches(g: &BTreeMap<String, BTreeSet<String>>, from: &str, to: &str) -> bool {
-    let mut seen = BTreeSet::new();
-    let mut stack = vec![from.to_string()];
-    while let Some(m) = stack.pop() {
-        for n in g.get(&m).into_iter().flatten() {
-            if n == to {
-                return true;
-            }
-            if seen.insert(n.clone()) {
-                stack.push(n.clone());
-            }
-        }
-    }
-    false
-}
-
-/// The edges that close a cycle, as `a -> b`.
-fn cycles(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
-    g.iter().flat_map(|(a, bs)| bs.iter().filter(|b| reaches(g, b, a)).map(move |b| format!("{a} -> {b}"))).collect()
 }
 
 #[test]
