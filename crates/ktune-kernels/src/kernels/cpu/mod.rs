@@ -2,8 +2,11 @@
 //! ([`Isa`], detected once per process), the `isa` and `threads` parameters and their
 //! validity checks, the pool orchestrators that split rows or elements over the
 //! pool, weight-row views, and the single-threaded SIMD microkernels: the lane-width
-//! abstraction ([`lanes`]), f32/f16 dot products and axpy ([`dot`]) and the block
-//! (quantized) dot products ([`qdot`]).
+//! abstraction ([`lanes`]), f32/f16 dot products and axpy ([`dot`]), the block
+//! (quantized) dot products ([`qdot`]) and those over X8 records ([`qx8`]); the
+//! int8 prefill GEMM ([`qgemm`]) and the blocked f32 GEMM engine ([`sgemm`]). Each
+//! of them keeps its x86 intrinsics in an `x86.rs` or `x86/` beside it (as ggml-cpu
+//! keeps `arch/x86/`).
 //!
 //! Kernels expose the instruction set as the `isa` parameter so the tuner can compare
 //! levels (`0` = best available, `2` = AVX2+FMA / NEON, `1` = portable scalar).
