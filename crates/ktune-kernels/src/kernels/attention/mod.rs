@@ -30,7 +30,7 @@
 //! [`super::cpu`]; every variant takes f32 or f16 caches.
 //!
 //! Here: the registry (shaders, parameters, [`variants`]) and the dispatch step both
-//! WGSL sides build ([`step_with`]). `shape.rs`: the call's shape and the validity
+//! WGSL sides build (`step_with`). `shape.rs`: the call's shape and the validity
 //! rules the kernels share; `wgsl_prefill.rs`, `wgsl_decode.rs`: the WGSL kernels'
 //! setup; `mma.rs`: prefill on matrix units; `cpu_kernels.rs`: the CPU kernels.
 

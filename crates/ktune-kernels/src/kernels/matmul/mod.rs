@@ -9,7 +9,7 @@
 //! cooperative matrices and its plain-loop emulation, shared with the block formats
 //! and gate_up: [`mma`]).
 //! CPU: `gemm_blocked_cpu` (our own cache-blocked GEMM, the CPU layer's engine
-//! [`cpu::sgemm`]: x packed into MR-row panels, w packed into NR-row panels with
+//! [`cpu::sgemm`](crate::kernels::cpu::sgemm): x packed into MR-row panels, w packed into NR-row panels with
 //! f16 → f32 conversion, an MR x NR register-blocked FMA microkernel, tasks over
 //! tokens or features) and `gemm_crate_cpu` (the `gemm` crate, as the yardstick the
 //! tuner measures ours against). Block-format weights: [`quant`].

@@ -1,4 +1,4 @@
-//! The x86 [`Lanes`](super::Lanes): `Avx2` (8 f32 lanes, AVX2 + FMA + F16C) and
+//! The x86 [`Lanes`]: `Avx2` (8 f32 lanes, AVX2 + FMA + F16C) and
 //! `Avx512` (16 lanes, AVX-512F), each primitive one intrinsic.
 
 use half::f16;

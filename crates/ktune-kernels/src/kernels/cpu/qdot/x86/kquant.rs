@@ -20,7 +20,7 @@ fn dpw_vnni(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
 }
 
 /// The K-quant dots against activations with one scale per super-block
-/// ([`XQ8::per256`](super::XQ8)), as llama.cpp's q4_K/q6_K x q8_K: the codes
+/// ([`XQ8::per256`](crate::kernels::cpu::XQ8::per256)), as llama.cpp's q4_K/q6_K x q8_K: the codes
 /// times the int8 activations by `maddubs` (pairs into 16 bits), times the
 /// sub-block scales into 32-bit lanes by `$dpw`, a whole super-block summed in
 /// integers, then one conversion and one multiply by `d · d_x`. The offsets

@@ -16,7 +16,7 @@ use super::transpose_store;
 
 /// # Safety
 /// AVX-512F/BW available; `p` sized for `rows` rows of `k` ([`Panel::pack`]);
-/// `w` in rows of blocks ([`super::super::direct`]) holding rows `r0..r0 + rows` of `k`.
+/// `w` in rows of blocks ([`super::super::direct()`]) holding rows `r0..r0 + rows` of `k`.
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
 pub unsafe fn pack(p: &mut Panel, w: QView<'_>, r0: usize, rows: usize, k: usize) {
     let format = w.format;
@@ -85,7 +85,7 @@ pub unsafe fn pack(p: &mut Panel, w: QView<'_>, r0: usize, rows: usize, k: usize
     }
 }
 
-/// [`pack`] from Q4_0 / Q8_0 [`Layout::X8`](super::Layout::X8) records: a
+/// [`pack`] from Q4_0 / Q8_0 [`Layout::X8`](crate::kernels::quant::Layout::X8) records: a
 /// record's run `t` is 4 code bytes of each of its 8 rows side by side, so two
 /// records (rows 0..8 and 8..16 of a row block) give the panel's run of the 16
 /// rows by two 32-byte loads, no transpose (Q4_0: runs `t` and `t + 4` from
