@@ -20,9 +20,9 @@ use crate::report::{BenchEntry, BenchReport, Estimate, VisionBench};
 use crate::runtime::tower::Tower;
 use crate::runtime::{TensorStore, WeightMemo};
 use crate::session::{self, Engines, default_weight_dtype, gguf_storage};
+use crate::stats::summarize;
 use crate::tuner;
 use crate::tuner::e2e_sample;
-use crate::tuner::stats::summarize;
 use crate::{Error, Result};
 
 /// The median of `v` with its 95% confidence interval.
@@ -77,7 +77,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
         let formats = session::matrix_formats(&m, weight_dtype, weight_flag);
         let want = lookup::Want {
             model: &profile_name,
-            model_hash: tuner::model_hash(c, &formats),
+            model_hash: lookup::model_hash(c, &formats),
             weight_dtype,
             kv_dtype: crate::kernels::DType::F32,
             prefill_tokens: args.prefill_tokens,

@@ -23,7 +23,6 @@ use crate::profile::{ExecSettings, Profile, lookup};
 use crate::report::{RunReport, SlotRow, StopReason};
 use crate::runtime::{Engine, TensorStore, argmax};
 use crate::session::{self, Engines, LoadedModel, default_weight_dtype, gguf_storage, load_gguf, load_gguf_mmproj, load_source};
-use crate::tuner;
 use crate::{Error, Result};
 
 /// Parses `--fusion`.
@@ -181,7 +180,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
             let formats = session::matrix_formats(&m, weight_dtype, weight_flag);
             let want = lookup::Want {
                 model: &profile_name,
-                model_hash: tuner::model_hash(c, &formats),
+                model_hash: lookup::model_hash(c, &formats),
                 weight_dtype,
                 kv_dtype,
                 prefill_tokens: prompt.len(),

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cli::TuneArgs;
+use crate::profile::cache::Cache;
 use crate::profile::{self, Profile, ProfileDoc};
 use crate::progress::Progress;
 use crate::report::TuneReport;
 use crate::runtime::TensorStore;
 use crate::session::{self, default_weight_dtype, gguf_storage};
-use crate::tuner::cache::Cache;
 use crate::tuner::measure::Strategy;
 use crate::tuner::{self, Target, TuneOptions};
 use crate::{Error, Result};
