@@ -10,7 +10,7 @@
 //! Tensors of types ktune cannot decode are still bounds-checked (their block
 //! sizes are known) and fail with a message naming them when read.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
@@ -574,6 +574,119 @@ impl GgufFile {
             .ok_or_else(|| self.err(format!("tensor `{}`: row {row} is out of range ({} rows)", t.name, t.rows())))?;
         decode(kind, src, out);
         Ok(())
+    }
+}
+
+/// Typed reads of one GGUF file's metadata under a key prefix (`llama`, `gemma3`:
+/// a text model's architecture; `clip`: a vision projector), the one reader the
+/// text model's config ([`super::gguf_model`]) and the projector's
+/// ([`super::mmproj`]) use: errors name the file and the full key, and the keys
+/// read are remembered, so [`MetaReader::unused`] lists the prefix's keys ktune
+/// did not read.
+pub struct MetaReader<'a> {
+    f: &'a GgufFile,
+    prefix: &'a str,
+    used: BTreeSet<String>,
+}
+
+impl<'a> MetaReader<'a> {
+    pub fn new(f: &'a GgufFile, prefix: &'a str) -> MetaReader<'a> {
+        MetaReader { f, prefix, used: BTreeSet::new() }
+    }
+
+    /// The file read.
+    pub fn file(&self) -> &'a GgufFile {
+        self.f
+    }
+
+    /// The full name of `key` (`{prefix}.{key}`).
+    pub fn key(&self, key: &str) -> String {
+        format!("{}.{key}", self.prefix)
+    }
+
+    /// A metadata problem of this file.
+    pub fn err(&self, msg: String) -> ModelError {
+        ModelError::Config { path: self.f.path.clone(), msg }
+    }
+
+    /// Something this file holds that ktune does not run.
+    pub fn unsupported(&self, what: String) -> ModelError {
+        ModelError::Unsupported { path: self.f.path.clone(), what }
+    }
+
+    /// The value of `{prefix}.{key}`, marked as read.
+    pub fn get(&mut self, key: &str) -> Option<&'a Value> {
+        let full = self.key(key);
+        let v = self.f.get(&full);
+        self.used.insert(full);
+        v
+    }
+
+    /// `key` read by `read` (`None` when absent); a value of another type is an
+    /// error naming `what` was expected.
+    pub fn typed<T>(&mut self, key: &str, what: &str, read: impl Fn(&'a Value) -> Option<T>) -> Result<Option<T>> {
+        let Some(v) = self.get(key) else { return Ok(None) };
+        read(v).map(Some).ok_or_else(|| self.err(format!("`{}` must be {what}, got {} ({})", self.key(key), v.describe(), v.type_name())))
+    }
+
+    /// An integer, or an array of equal integers (per-layer values).
+    pub fn usize_opt(&mut self, key: &str) -> Result<Option<usize>> {
+        let Some(v) = self.get(key) else { return Ok(None) };
+        let one = |v: &Value| v.as_u64().and_then(|u| usize::try_from(u).ok());
+        let got = match v {
+            Value::Array(a) if !a.is_empty() => {
+                let first = one(&a[0]);
+                if a.iter().any(|x| one(x) != first) {
+                    return Err(self.unsupported(format!("`{}` with different values per layer", self.key(key))));
+                }
+                first
+            }
+            v => one(v),
+        };
+        got.map(Some).ok_or_else(|| {
+            self.err(format!("`{}` must be a non-negative integer, got {} ({})", self.key(key), v.describe(), v.type_name()))
+        })
+    }
+
+    /// [`MetaReader::usize_opt`] of a key the file must hold.
+    pub fn usize_req(&mut self, key: &str) -> Result<usize> {
+        self.usize_opt(key)?.ok_or_else(|| self.err(format!("missing metadata `{}`: not a complete llama.cpp conversion?", self.key(key))))
+    }
+
+    pub fn f64_opt(&mut self, key: &str) -> Result<Option<f64>> {
+        self.typed(key, "a number", Value::as_f64)
+    }
+
+    pub fn str_opt(&mut self, key: &str) -> Result<Option<&'a str>> {
+        self.typed(key, "a string", Value::as_str)
+    }
+
+    pub fn bool_opt(&mut self, key: &str) -> Result<Option<bool>> {
+        self.typed(key, "a bool", Value::as_bool)
+    }
+
+    /// An array of numbers.
+    pub fn f64s_opt(&mut self, key: &str) -> Result<Option<Vec<f64>>> {
+        let numbers = |v: &Value| v.as_array()?.iter().map(Value::as_f64).collect::<Option<Vec<f64>>>();
+        self.typed(key, "an array of numbers", numbers)
+    }
+
+    /// A top-level token id (`tokenizer.ggml.*`, outside the prefix).
+    pub fn token(&self, key: &str) -> Result<Option<u32>> {
+        match self.f.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|t| u32::try_from(t).ok())
+                .map(Some)
+                .ok_or_else(|| self.err(format!("`{key}` must be a token id, got {} ({})", v.describe(), v.type_name()))),
+        }
+    }
+
+    /// The prefix's keys present in the file that were not read, in file order.
+    pub fn unused(&self) -> Vec<String> {
+        let prefix = format!("{}.", self.prefix);
+        self.f.meta.iter().map(|(k, _)| k).filter(|k| k.starts_with(&prefix) && !self.used.contains(*k)).cloned().collect()
     }
 }
 

@@ -17,10 +17,8 @@
 //! llama.cpp computes: Gemma 3 scales attention by `key_length^-1/2` (transformers
 //! falls back to its config default `query_pre_attn_scalar = 256`).
 
-use std::collections::BTreeSet;
-
 use super::config::{Architecture, Dims, LayerKind, ModelConfig, RopeScaling};
-use super::gguf::{GgufFile, Value};
+use super::gguf::{GgufFile, MetaReader, Value};
 use super::{ModelError, Result};
 use crate::kernels::reference::{Llama3Scaling, rope_inv_freq};
 
@@ -56,7 +54,7 @@ impl Transform {
 #[derive(Clone, Debug)]
 pub struct GgufConfig {
     pub config: ModelConfig,
-    /// `{arch}.*` keys present in the file that ktune did not read (sorted).
+    /// `{arch}.*` keys present in the file that ktune did not read, in file order.
     pub ignored_keys: Vec<String>,
 }
 
@@ -106,75 +104,6 @@ pub fn hf_name(config: &ModelConfig, name: &str) -> Option<(String, Transform)> 
     Some((format!("model.layers.{layer}.{hf}.{suffix}"), tf))
 }
 
-/// Typed access to the metadata, remembering which `{arch}.` keys were read.
-struct Meta<'a> {
-    f: &'a GgufFile,
-    arch: &'a str,
-    used: BTreeSet<String>,
-}
-
-impl<'a> Meta<'a> {
-    fn err(&self, msg: String) -> ModelError {
-        ModelError::Config { path: self.f.path.clone(), msg }
-    }
-    fn unsupported(&self, what: String) -> ModelError {
-        ModelError::Unsupported { path: self.f.path.clone(), what }
-    }
-    fn get(&mut self, key: &str) -> Option<&'a Value> {
-        let full = format!("{}.{key}", self.arch);
-        let v = self.f.get(&full);
-        self.used.insert(full);
-        v
-    }
-    fn key(&self, key: &str) -> String {
-        format!("{}.{key}", self.arch)
-    }
-    /// An integer, or an array of equal integers (per-layer values).
-    fn usize_opt(&mut self, key: &str) -> Result<Option<usize>> {
-        let Some(v) = self.get(key) else { return Ok(None) };
-        let one = |v: &Value| v.as_u64().and_then(|u| usize::try_from(u).ok());
-        let got = match v {
-            Value::Array(a) if !a.is_empty() => {
-                let first = one(&a[0]);
-                if a.iter().any(|x| one(x) != first) {
-                    return Err(self.unsupported(format!("`{}` with different values per layer", self.key(key))));
-                }
-                first
-            }
-            v => one(v),
-        };
-        got.map(Some).ok_or_else(|| {
-            self.err(format!("`{}` must be a non-negative integer, got {} ({})", self.key(key), v.describe(), v.type_name()))
-        })
-    }
-    fn usize_req(&mut self, key: &str) -> Result<usize> {
-        self.usize_opt(key)?.ok_or_else(|| self.err(format!("missing metadata `{}`: not a complete llama.cpp conversion?", self.key(key))))
-    }
-    /// `key` read by `read` (`None` when absent); a value of another type is an error
-    /// naming `what` was expected.
-    fn typed<T>(&mut self, key: &str, what: &str, read: impl Fn(&'a Value) -> Option<T>) -> Result<Option<T>> {
-        let Some(v) = self.get(key) else { return Ok(None) };
-        read(v).map(Some).ok_or_else(|| self.err(format!("`{}` must be {what}, got {} ({})", self.key(key), v.describe(), v.type_name())))
-    }
-    fn f64_opt(&mut self, key: &str) -> Result<Option<f64>> {
-        self.typed(key, "a number", Value::as_f64)
-    }
-    fn str_opt(&mut self, key: &str) -> Result<Option<&'a str>> {
-        self.typed(key, "a string", Value::as_str)
-    }
-    /// A top-level token id (`tokenizer.ggml.*`).
-    fn token(&self, key: &str) -> Result<Option<u32>> {
-        match self.f.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .and_then(|t| u32::try_from(t).ok())
-                .map(Some)
-                .ok_or_else(|| self.err(format!("`{key}` must be a token id, got {} ({})", v.describe(), v.type_name()))),
-        }
-    }
-}
-
 /// The model config of a GGUF file.
 pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
     let path = f.path.clone();
@@ -200,7 +129,7 @@ pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
             what: format!("a split GGUF file (part of {n}): merge the parts first with `llama-gguf-split --merge`"),
         });
     }
-    let mut m = Meta { f, arch: arch_name, used: BTreeSet::new() };
+    let mut m = MetaReader::new(f, arch_name);
     let gemma = arch == Architecture::Gemma3;
     if m.usize_opt("expert_count")?.is_some_and(|n| n > 0) {
         return Err(m.unsupported(format!("`{}` > 0 (a mixture of experts)", m.key("expert_count"))));
@@ -369,9 +298,7 @@ pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
         ..ModelConfig::new(arch, dims)
     };
     config.validate().map_err(|e| m.err(e.to_string()))?;
-    let prefix = format!("{arch_name}.");
-    let ignored_keys = f.meta.iter().map(|(k, _)| k).filter(|k| k.starts_with(&prefix) && !m.used.contains(*k)).cloned().collect();
-    Ok(GgufConfig { config, ignored_keys })
+    Ok(GgufConfig { config, ignored_keys: m.unused() })
 }
 
 /// Layer kinds for "every `p`-th layer global" (0: all global).

@@ -1,8 +1,9 @@
 //! A llama.cpp vision projector file (`mmproj`, as `convert_hf_to_gguf.py --mmproj`
 //! writes it and `tools/mtmd/clip.cpp` reads it) for a Gemma 3 text GGUF: its
-//! `clip.*` metadata as a [`VisionConfig`], its tensor names mapped onto the
-//! canonical vision names (so the tower code runs unchanged), the converter's
-//! changes undone.
+//! `clip.*` metadata as a [`VisionConfig`] (read by the GGUF metadata reader the
+//! text model's config uses, [`MetaReader`]), its tensor names mapped onto the
+//! tower's modules ([`VisionModule`], so the tower code runs unchanged), the
+//! converter's changes undone.
 //!
 //! What the converter does (`Gemma3VisionModel`, gguf-py's tensor map `MMPROJ`):
 //!
@@ -28,9 +29,9 @@
 
 use std::path::Path;
 
-use super::gguf::{GgufFile, Value};
+use super::gguf::{GgufFile, MetaReader, Value};
 use super::gguf_model::Transform;
-use super::vision::{PROJECTOR, TOWER, VisionConfig};
+use super::vision::{LayerModule, VisionConfig, VisionModule};
 use super::{ModelConfig, ModelError, Result};
 
 /// The projector types ktune runs.
@@ -45,66 +46,36 @@ pub const EOI_TOKEN: &str = "<end_of_image>";
 /// The canonical name of an mmproj tensor and how to undo the converter; None
 /// for a tensor the Gemma 3 projector does not use.
 pub fn mmproj_name(name: &str) -> Option<(String, Transform)> {
-    let plain = |n: String| Some((n, Transform::None));
-    match name {
-        "v.patch_embd.weight" => return plain(format!("{TOWER}.embeddings.patch_embedding.weight")),
-        "v.patch_embd.bias" => return plain(format!("{TOWER}.embeddings.patch_embedding.bias")),
-        "v.position_embd.weight" => return plain(format!("{TOWER}.embeddings.position_embedding.weight")),
-        "v.post_ln.weight" => return plain(format!("{TOWER}.post_layernorm.weight")),
-        "v.post_ln.bias" => return plain(format!("{TOWER}.post_layernorm.bias")),
-        "mm.input_projection.weight" => return plain(format!("{PROJECTOR}.mm_input_projection_weight")),
-        "mm.soft_emb_norm.weight" => return Some((format!("{PROJECTOR}.mm_soft_emb_norm.weight"), Transform::MinusOne)),
-        _ => {}
-    }
-    let rest = name.strip_prefix("v.blk.")?;
-    let (layer, tail) = rest.split_once('.')?;
-    let layer: usize = layer.parse().ok()?;
-    let (base, suffix) = tail.rsplit_once('.')?;
-    if suffix != "weight" && suffix != "bias" {
-        return None;
-    }
-    let hf = match base {
-        "attn_q" => "self_attn.q_proj",
-        "attn_k" => "self_attn.k_proj",
-        "attn_v" => "self_attn.v_proj",
-        "attn_out" => "self_attn.out_proj",
-        "ln1" => "layer_norm1",
-        "ln2" => "layer_norm2",
-        "ffn_up" => "mlp.fc1",
-        "ffn_down" => "mlp.fc2",
+    let (base, suffix) = name.rsplit_once('.')?;
+    let module = match base {
+        "v.patch_embd" => VisionModule::PatchEmbedding,
+        "v.position_embd" => VisionModule::PositionEmbedding,
+        "v.post_ln" => VisionModule::PostLayerNorm,
+        "mm.input_projection" => VisionModule::InputProjection,
+        "mm.soft_emb_norm" => VisionModule::SoftEmbNorm,
+        _ => {
+            let (layer, part) = base.strip_prefix("v.blk.")?.split_once('.')?;
+            let part = match part {
+                "attn_q" => LayerModule::Q,
+                "attn_k" => LayerModule::K,
+                "attn_v" => LayerModule::V,
+                "attn_out" => LayerModule::Out,
+                "ln1" => LayerModule::LayerNorm1,
+                "ln2" => LayerModule::LayerNorm2,
+                "ffn_up" => LayerModule::Fc1,
+                "ffn_down" => LayerModule::Fc2,
+                _ => return None,
+            };
+            VisionModule::Layer(layer.parse().ok()?, part)
+        }
+    };
+    let canonical = match suffix {
+        "weight" => module.weight(),
+        "bias" => module.bias()?,
         _ => return None,
     };
-    plain(format!("{TOWER}.encoder.layers.{layer}.{hf}.{suffix}"))
-}
-
-/// Typed reads of `clip.*` keys with messages naming the file and the key.
-struct Clip<'a> {
-    f: &'a GgufFile,
-}
-
-impl<'a> Clip<'a> {
-    fn err(&self, msg: String) -> ModelError {
-        ModelError::Config { path: self.f.path.clone(), msg }
-    }
-    fn usize_opt(&self, key: &str) -> Result<Option<usize>> {
-        match self.f.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .and_then(|u| usize::try_from(u).ok())
-                .map(Some)
-                .ok_or_else(|| self.err(format!("`{key}` must be a non-negative integer, got {} ({})", v.describe(), v.type_name()))),
-        }
-    }
-    fn usize_req(&self, key: &str) -> Result<usize> {
-        self.usize_opt(key)?.ok_or_else(|| self.err(format!("missing metadata `{key}`: not a complete llama.cpp mmproj conversion?")))
-    }
-    fn floats(&self, key: &str) -> Result<Option<Vec<f64>>> {
-        let Some(v) = self.f.get(key) else { return Ok(None) };
-        let bad = || self.err(format!("`{key}` must be an array of numbers, got {} ({})", v.describe(), v.type_name()));
-        let a = v.as_array().ok_or_else(bad)?;
-        a.iter().map(|x| x.as_f64().ok_or_else(bad)).collect::<Result<Vec<_>>>().map(Some)
-    }
+    let tf = if module == VisionModule::SoftEmbNorm { Transform::MinusOne } else { Transform::None };
+    Some((canonical, tf))
 }
 
 /// The vision config of mmproj file `f` paired with the text model `text` (its
@@ -112,7 +83,7 @@ impl<'a> Clip<'a> {
 /// (another projector type, a projector for a text model of another width, an
 /// image normalization other than Gemma 3's) is an error naming what to do.
 pub fn mmproj_config(f: &GgufFile, text: &ModelConfig, text_path: &Path, vocab: Option<&[Value]>) -> Result<VisionConfig> {
-    let c = Clip { f };
+    let mut c = MetaReader::new(f, "clip");
     let path = f.path.clone();
     match f.get("general.architecture").map(|v| v.as_str()) {
         Some(Some("clip")) => {}
@@ -125,23 +96,21 @@ pub fn mmproj_config(f: &GgufFile, text: &ModelConfig, text_path: &Path, vocab: 
         _ => return Err(c.err("no `general.architecture: clip`: not a llama.cpp vision projector (mmproj) file".into())),
     }
     // clip.cpp: `clip.projector_type`, else the per-modality `clip.vision.projector_type`.
-    let proj = f.get("clip.projector_type").or_else(|| f.get("clip.vision.projector_type"));
-    let proj = match proj.map(|v| v.as_str()) {
-        Some(Some(p)) => p,
-        Some(None) => return Err(c.err("`clip.projector_type` must be a string".into())),
-        None => return Err(c.err("missing metadata `clip.projector_type`".into())),
+    let proj = match c.str_opt("projector_type")? {
+        Some(p) => p,
+        None => c.str_opt("vision.projector_type")?.ok_or_else(|| c.err("missing metadata `clip.projector_type`".into()))?,
     };
     if proj != "gemma3" {
         return Err(ModelError::Unsupported { path, what: format!("projector type `{proj}` (supported: {SUPPORTED_PROJECTORS})") });
     }
-    if f.get("clip.has_vision_encoder").and_then(Value::as_bool) != Some(true) {
+    if c.get("has_vision_encoder").and_then(Value::as_bool) != Some(true) {
         return Err(c.err("`clip.has_vision_encoder` is not true: the file has no vision tower".into()));
     }
-    let hidden_size = c.usize_req("clip.vision.embedding_length")?;
-    let num_heads = c.usize_req("clip.vision.attention.head_count")?;
-    let image_size = c.usize_req("clip.vision.image_size")?;
-    let patch_size = c.usize_req("clip.vision.patch_size")?;
-    let projection_dim = c.usize_req("clip.vision.projection_dim")?;
+    let hidden_size = c.usize_req("vision.embedding_length")?;
+    let num_heads = c.usize_req("vision.attention.head_count")?;
+    let image_size = c.usize_req("vision.image_size")?;
+    let patch_size = c.usize_req("vision.patch_size")?;
+    let projection_dim = c.usize_req("vision.projection_dim")?;
     if projection_dim != text.hidden_size {
         return Err(c.err(format!(
             "the projector maps into width {projection_dim} (`clip.vision.projection_dim`) but the text model {} has hidden size {}: \
@@ -150,25 +119,20 @@ pub fn mmproj_config(f: &GgufFile, text: &ModelConfig, text_path: &Path, vocab: 
             text.hidden_size
         )));
     }
-    let layer_norm_eps = match f.get("clip.vision.attention.layer_norm_epsilon") {
-        None => 1e-6,
-        Some(v) => {
-            v.as_f64().ok_or_else(|| c.err(format!("`clip.vision.attention.layer_norm_epsilon` must be a number, got {}", v.describe())))?
-        }
-    };
+    let layer_norm_eps = c.f64_opt("vision.attention.layer_norm_epsilon")?.unwrap_or(1e-6);
     // The image processor's normalization: ktune's image loader is Gemma 3's
     // (mean 0.5, std 0.5 per channel).
-    for key in ["clip.vision.image_mean", "clip.vision.image_std"] {
-        if let Some(v) = c.floats(key)?
+    for key in ["vision.image_mean", "vision.image_std"] {
+        if let Some(v) = c.f64s_opt(key)?
             && (v.len() != 3 || v.iter().any(|x| (x - 0.5).abs() > 1e-6))
         {
             return Err(ModelError::Unsupported {
                 path: path.clone(),
-                what: format!("`{key}` {v:?} (Gemma 3's processor: 0.5 per channel)"),
+                what: format!("`{}` {v:?} (Gemma 3's processor: 0.5 per channel)", c.key(key)),
             });
         }
     }
-    let scale = c.usize_opt("clip.vision.projector.scale_factor")?.unwrap_or(DEFAULT_SCALE_FACTOR);
+    let scale = c.usize_opt("vision.projector.scale_factor")?.unwrap_or(DEFAULT_SCALE_FACTOR);
     let per_side = image_size.checked_div(patch_size).unwrap_or(0);
     if scale == 0 || !per_side.is_multiple_of(scale) {
         return Err(c.err(format!("{per_side} patches per side do not pool by `clip.vision.projector.scale_factor` {scale}")));
@@ -183,8 +147,8 @@ pub fn mmproj_config(f: &GgufFile, text: &ModelConfig, text_path: &Path, vocab: 
     };
     let vision = VisionConfig {
         hidden_size,
-        intermediate_size: c.usize_req("clip.vision.feed_forward_length")?,
-        num_layers: c.usize_req("clip.vision.block_count")?,
+        intermediate_size: c.usize_req("vision.feed_forward_length")?,
+        num_layers: c.usize_req("vision.block_count")?,
         num_heads,
         num_channels: 3,
         image_size,
@@ -202,6 +166,7 @@ pub fn mmproj_config(f: &GgufFile, text: &ModelConfig, text_path: &Path, vocab: 
 
 #[cfg(test)]
 mod tests {
+    use super::super::vision::TOWER;
     use super::*;
 
     #[test]
@@ -211,21 +176,7 @@ mod tests {
         assert_eq!(mmproj_name("v.blk.x.ln1.weight"), None);
         assert_eq!(mmproj_name("v.blk.0.attn_qkv.weight"), None);
         // Every canonical tensor of a tower has an mmproj name.
-        let v = VisionConfig {
-            hidden_size: 8,
-            intermediate_size: 16,
-            num_layers: 2,
-            num_heads: 2,
-            num_channels: 3,
-            image_size: 16,
-            patch_size: 4,
-            layer_norm_eps: 1e-6,
-            mm_tokens_per_image: 4,
-            image_token_id: 5,
-            boi_token_id: 6,
-            eoi_token_id: 7,
-            text_hidden_size: 16,
-        };
+        let v = VisionConfig::tiny();
         let mut names = vec![
             "v.patch_embd.weight".to_string(),
             "v.patch_embd.bias".into(),

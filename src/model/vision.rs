@@ -1,7 +1,8 @@
 //! The vision side of a multimodal checkpoint (`Gemma3ForConditionalGeneration`):
 //! the SigLIP tower's shapes ([`VisionConfig`], from `vision_config`), the
-//! projector's pooling and the prompt's image tokens, and the tensor names and
-//! shapes of the tower and the projector as transformers names them.
+//! projector's pooling and the prompt's image tokens, and the tensors of the
+//! tower and the projector ([`VisionModule`]: their names as transformers names
+//! them, their shapes), the one table both weight sources are read and checked by.
 
 use serde::{Deserialize, Serialize};
 
@@ -36,7 +37,138 @@ pub const TOWER: &str = "vision_tower.vision_model";
 /// Names of the projector's tensors.
 pub const PROJECTOR: &str = "multi_modal_projector";
 
+/// A module of the tower or the projector that holds weights: a weight tensor,
+/// most with a bias of the weight's first dimension beside it. The one table of
+/// the tower's tensors: their canonical names and shapes
+/// ([`VisionConfig::tensor_shapes`]), the vision plan's weight buffers
+/// (`plan::vision`) and the mmproj file's names (`mmproj::mmproj_name`) all
+/// come from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VisionModule {
+    /// The patch embedding, a convolution `[hidden, channels, patch, patch]`.
+    PatchEmbedding,
+    /// `[patches, hidden]`, no bias.
+    PositionEmbedding,
+    /// A module of encoder layer `.0`.
+    Layer(usize, LayerModule),
+    /// The LayerNorm after the last layer.
+    PostLayerNorm,
+    /// The projector's `(1 + w)` RMSNorm gain, no bias.
+    SoftEmbNorm,
+    /// The projector's `[vision hidden, text hidden]` parameter, no bias.
+    InputProjection,
+}
+
+/// A module of one encoder layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerModule {
+    LayerNorm1,
+    LayerNorm2,
+    Q,
+    K,
+    V,
+    Out,
+    Fc1,
+    Fc2,
+}
+
+impl LayerModule {
+    /// In the checkpoint's order.
+    pub const ALL: [LayerModule; 8] = [
+        LayerModule::LayerNorm1,
+        LayerModule::LayerNorm2,
+        LayerModule::Q,
+        LayerModule::K,
+        LayerModule::V,
+        LayerModule::Out,
+        LayerModule::Fc1,
+        LayerModule::Fc2,
+    ];
+
+    /// Its name inside the layer, as transformers names it.
+    fn hf(self) -> &'static str {
+        match self {
+            LayerModule::LayerNorm1 => "layer_norm1",
+            LayerModule::LayerNorm2 => "layer_norm2",
+            LayerModule::Q => "self_attn.q_proj",
+            LayerModule::K => "self_attn.k_proj",
+            LayerModule::V => "self_attn.v_proj",
+            LayerModule::Out => "self_attn.out_proj",
+            LayerModule::Fc1 => "mlp.fc1",
+            LayerModule::Fc2 => "mlp.fc2",
+        }
+    }
+}
+
+impl VisionModule {
+    /// The module's name, its tensors' names less `.weight` / `.bias`.
+    fn base(self) -> String {
+        match self {
+            VisionModule::PatchEmbedding => format!("{TOWER}.embeddings.patch_embedding"),
+            VisionModule::PositionEmbedding => format!("{TOWER}.embeddings.position_embedding"),
+            VisionModule::Layer(l, part) => format!("{TOWER}.encoder.layers.{l}.{}", part.hf()),
+            VisionModule::PostLayerNorm => format!("{TOWER}.post_layernorm"),
+            VisionModule::SoftEmbNorm => format!("{PROJECTOR}.mm_soft_emb_norm"),
+            VisionModule::InputProjection => format!("{PROJECTOR}.mm_input_projection"),
+        }
+    }
+
+    /// The canonical name of its weight (the input projection is a bare
+    /// parameter, `mm_input_projection_weight`).
+    pub fn weight(self) -> String {
+        match self {
+            VisionModule::InputProjection => format!("{}_weight", self.base()),
+            _ => format!("{}.weight", self.base()),
+        }
+    }
+
+    /// The canonical name of its bias, None for a module without one.
+    pub fn bias(self) -> Option<String> {
+        match self {
+            VisionModule::PositionEmbedding | VisionModule::SoftEmbNorm | VisionModule::InputProjection => None,
+            _ => Some(format!("{}.bias", self.base())),
+        }
+    }
+
+    /// The shape of its weight as stored (a Linear's `[out, in]`).
+    pub fn shape(self, c: &VisionConfig) -> Vec<usize> {
+        let (h, i) = (c.hidden_size, c.intermediate_size);
+        match self {
+            VisionModule::PatchEmbedding => vec![h, c.num_channels, c.patch_size, c.patch_size],
+            VisionModule::PositionEmbedding => vec![c.num_patches(), h],
+            VisionModule::Layer(_, LayerModule::Fc1) => vec![i, h],
+            VisionModule::Layer(_, LayerModule::Fc2) => vec![h, i],
+            VisionModule::Layer(_, LayerModule::Q | LayerModule::K | LayerModule::V | LayerModule::Out) => vec![h, h],
+            VisionModule::Layer(_, LayerModule::LayerNorm1 | LayerModule::LayerNorm2)
+            | VisionModule::PostLayerNorm
+            | VisionModule::SoftEmbNorm => vec![h],
+            VisionModule::InputProjection => vec![h, c.text_hidden_size],
+        }
+    }
+}
+
 impl VisionConfig {
+    /// A tower of two layers at width 8 over 16 x 16 images of 4 x 4 patches,
+    /// pooled to 4 tokens of width 16: the unit tests' tower.
+    #[cfg(test)]
+    pub(crate) fn tiny() -> VisionConfig {
+        VisionConfig {
+            hidden_size: 8,
+            intermediate_size: 16,
+            num_layers: 2,
+            num_heads: 2,
+            num_channels: 3,
+            image_size: 16,
+            patch_size: 4,
+            layer_norm_eps: 1e-6,
+            mm_tokens_per_image: 4,
+            image_token_id: 5,
+            boi_token_id: 6,
+            eoi_token_id: 7,
+            text_hidden_size: 16,
+        }
+    }
+
     /// Patches along one side of the image.
     pub fn patches_per_side(&self) -> usize {
         self.image_size / self.patch_size.max(1)
@@ -61,35 +193,30 @@ impl VisionConfig {
         self.hidden_size / self.num_heads.max(1)
     }
 
+    /// Every module of the tower and the projector that holds weights, in the
+    /// checkpoint's order.
+    pub fn modules(&self) -> Vec<VisionModule> {
+        let mut m = vec![VisionModule::PatchEmbedding, VisionModule::PositionEmbedding];
+        m.extend((0..self.num_layers).flat_map(|l| LayerModule::ALL.map(|part| VisionModule::Layer(l, part))));
+        m.extend([VisionModule::PostLayerNorm, VisionModule::SoftEmbNorm, VisionModule::InputProjection]);
+        m
+    }
+
     /// Every tensor of the tower and the projector with its shape, as transformers
     /// stores them (`mm_input_projection_weight` is `[vision hidden, text hidden]`,
-    /// the transpose of a Linear weight).
+    /// the transpose of a Linear weight): the one list both weight sources (a
+    /// checkpoint directory, an mmproj file) are checked against
+    /// (`Weights::check_vision`).
     pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
-        let (h, i, c, p) = (self.hidden_size, self.intermediate_size, self.num_channels, self.patch_size);
-        let mut t = vec![
-            (format!("{TOWER}.embeddings.patch_embedding.weight"), vec![h, c, p, p]),
-            (format!("{TOWER}.embeddings.patch_embedding.bias"), vec![h]),
-            (format!("{TOWER}.embeddings.position_embedding.weight"), vec![self.num_patches(), h]),
-        ];
-        for l in 0..self.num_layers {
-            let mut add = |name: &str, shape: Vec<usize>| t.push((format!("{TOWER}.encoder.layers.{l}.{name}"), shape));
-            for norm in ["layer_norm1", "layer_norm2"] {
-                add(&format!("{norm}.weight"), vec![h]);
-                add(&format!("{norm}.bias"), vec![h]);
+        let mut t = Vec::new();
+        for m in self.modules() {
+            let shape = m.shape(self);
+            let out = shape[0];
+            t.push((m.weight(), shape));
+            if let Some(b) = m.bias() {
+                t.push((b, vec![out]));
             }
-            for proj in ["q_proj", "k_proj", "v_proj", "out_proj"] {
-                add(&format!("self_attn.{proj}.weight"), vec![h, h]);
-                add(&format!("self_attn.{proj}.bias"), vec![h]);
-            }
-            add("mlp.fc1.weight", vec![i, h]);
-            add("mlp.fc1.bias", vec![i]);
-            add("mlp.fc2.weight", vec![h, i]);
-            add("mlp.fc2.bias", vec![h]);
         }
-        t.push((format!("{TOWER}.post_layernorm.weight"), vec![h]));
-        t.push((format!("{TOWER}.post_layernorm.bias"), vec![h]));
-        t.push((format!("{PROJECTOR}.mm_soft_emb_norm.weight"), vec![h]));
-        t.push((format!("{PROJECTOR}.mm_input_projection_weight"), vec![h, self.text_hidden_size]));
         t
     }
 

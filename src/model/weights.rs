@@ -400,38 +400,27 @@ impl Weights {
     /// Checks every tensor `config` needs (name and shape), reporting all problems
     /// at once. Extra tensors are allowed (a tied checkpoint may still carry `lm_head.weight`).
     pub fn check_config(&self, config: &ModelConfig) -> Result<()> {
-        // Each layer has at least 9 tensors: do not list millions of missing ones.
-        if config.num_layers > self.tensors.len() {
-            return Err(ModelError::Mismatch {
-                problems: vec![format!("the config has {} layers, the weights only {} tensors", config.num_layers, self.tensors.len())],
-            });
-        }
-        let mut problems = Vec::new();
-        for (name, shape) in config.tensor_shapes() {
-            match self.check_shape(&name, &shape) {
-                Ok(_) => {}
-                Err(ModelError::MissingTensor { .. }) => problems.push(format!("missing `{name}` {shape:?}")),
-                Err(e) => problems.push(e.to_string()),
-            }
-        }
-        if problems.is_empty() { Ok(()) } else { Err(ModelError::Mismatch { problems }) }
+        self.check_tensors("config", config.num_layers, config.tensor_shapes())
     }
 
     /// Checks every tensor of a vision tower and projector (name and shape),
     /// reporting all problems at once (a projector whose output width is not the
-    /// text model's among them).
+    /// text model's among them), as [`Weights::check_config`] checks a text model's.
     pub fn check_vision(&self, vision: &super::VisionConfig) -> Result<()> {
-        if vision.num_layers > self.tensors.len() {
+        self.check_tensors("vision config", vision.num_layers, vision.tensor_shapes())
+    }
+
+    /// The one shape check of both: each of `shapes` present with its shape; a
+    /// `what` of more `layers` than the weights have tensors is refused before
+    /// millions of missing tensors are listed.
+    fn check_tensors(&self, what: &str, layers: usize, shapes: Vec<(String, Vec<usize>)>) -> Result<()> {
+        if layers > self.tensors.len() {
             return Err(ModelError::Mismatch {
-                problems: vec![format!(
-                    "the vision config has {} layers, the weights only {} tensors",
-                    vision.num_layers,
-                    self.tensors.len()
-                )],
+                problems: vec![format!("the {what} has {layers} layers, the weights only {} tensors", self.tensors.len())],
             });
         }
         let mut problems = Vec::new();
-        for (name, shape) in vision.tensor_shapes() {
+        for (name, shape) in shapes {
             match self.check_shape(&name, &shape) {
                 Ok(_) => {}
                 Err(ModelError::MissingTensor { .. }) => problems.push(format!("missing `{name}` {shape:?}")),

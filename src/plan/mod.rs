@@ -8,6 +8,7 @@
 //! in decode: the RMSNorms that feed projections become their prologue).
 
 pub mod select;
+pub mod vision;
 
 use std::collections::BTreeMap;
 

@@ -1,7 +1,7 @@
-//! A vision tower on the device a session runs on: the CPU's [`VisionEngine`] or
-//! the GPU's [`VisionGpu`], one type that switches between kernel selections and
-//! times an image through the tower and projector (what `bench --image` and the
-//! tuner's end-to-end stage measure).
+//! A vision tower on the device a session runs on: the vision plan on the CPU
+//! ([`VisionEngine`]) or on the GPU ([`VisionGpu`]), one type that switches
+//! between kernel selections and times an image through the tower and projector
+//! (what `bench --image` and the tuner's end-to-end stage measure).
 
 use std::sync::Arc;
 use std::time::Instant;

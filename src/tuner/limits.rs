@@ -47,6 +47,6 @@ pub fn cpu_read_bandwidth() -> f64 {
 /// kernel moves 4.1 TB/s); 0 when the kernel cannot run.
 fn gpu_copy_bandwidth(ctx: &GpuCtx) -> f64 {
     // the clocks of a sustained load, as the races see them (a failure shows in the copy)
-    let _ = super::kbench::settle(ctx);
+    let _ = super::warm::settle(ctx);
     super::kbench::copy_bandwidth(ctx, 256 << 20).map_or(0.0, |(gbps, _)| gbps)
 }

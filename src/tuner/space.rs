@@ -108,7 +108,7 @@ fn races(t: &Target<'_>, o: &TuneOptions, caps: &DeviceCaps) -> Result<(Vec<Race
     // The vision tower's ops: a regime of their own, at the tower's shapes, with
     // the device's kernels (the tower runs where the text model runs).
     if let Some(v) = &o.vision {
-        for (slot, p, n) in crate::runtime::vision::slot_problems(v) {
+        for (slot, p, n) in crate::plan::vision::slot_problems(v) {
             let key = (slot, Regime::Vision);
             match races.iter_mut().find(|r| r.key == key) {
                 Some(r) => match r.shapes.iter_mut().find(|(q, _)| *q == p) {

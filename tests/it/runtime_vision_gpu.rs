@@ -285,7 +285,7 @@ fn run_with_an_image_on_the_gpu_honours_the_profiles_vision_kernels() {
     let devices = ktune::device::discover();
     let caps = DeviceCaps::from(&devices[index.parse::<usize>().expect("an index")]);
     let v = load().vision.expect("vision");
-    let why = ktune::runtime::vision::slot_problems(&v)
+    let why = ktune::plan::vision::slot_problems(&v)
         .iter()
         .filter(|(s, ..)| *s == Slot::VisionMlp)
         .find_map(|(_, p, _)| k.check(caps.caps(), p, DType::F32, &params).err());

@@ -98,23 +98,26 @@ pub fn rust_sources(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-/// The edges of an import graph (module -> the modules it imports) that close a
-/// cycle, as `a -> b`: those whose target reaches back to their source.
-pub fn import_cycles(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
-    let reaches = |from: &str, to: &str| {
-        let mut seen = BTreeSet::new();
-        let mut stack = vec![from.to_string()];
-        while let Some(m) = stack.pop() {
-            for n in g.get(&m).into_iter().flatten() {
-                if n == to {
-                    return true;
-                }
-                if seen.insert(n.clone()) {
-                    stack.push(n.clone());
-                }
+/// Whether `from` reaches `to` along the edges of an import graph (module -> the
+/// modules it imports).
+pub fn reaches(g: &BTreeMap<String, BTreeSet<String>>, from: &str, to: &str) -> bool {
+    let mut seen = BTreeSet::new();
+    let mut stack = vec![from.to_string()];
+    while let Some(m) = stack.pop() {
+        for n in g.get(&m).into_iter().flatten() {
+            if n == to {
+                return true;
+            }
+            if seen.insert(n.clone()) {
+                stack.push(n.clone());
             }
         }
-        false
-    };
-    g.iter().flat_map(|(a, bs)| bs.iter().filter(|b| reaches(b, a)).map(move |b| format!("{a} -> {b}"))).collect()
+    }
+    false
+}
+
+/// The edges of an import graph that close a cycle, as `a -> b`: those whose
+/// target reaches back to their source.
+pub fn import_cycles(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    g.iter().flat_map(|(a, bs)| bs.iter().filter(|b| reaches(g, b, a)).map(move |b| format!("{a} -> {b}"))).collect()
 }
