@@ -1,8 +1,14 @@
-//! Command-line definitions (clap derive) and nothing else.
+//! Command-line definitions (clap derive), and their conversion into the settings
+//! types that live outside the parser ([`session::ModelSettings`],
+//! [`output::Format`]).
+
+use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::kernels::DType;
+use crate::output;
+use crate::session::{self, ModelSettings, SessionError};
 
 #[derive(Parser, Debug)]
 #[command(name = "ktune", version, about = "Auto-tuner for transformer-decoder compute kernels (WGSL and CPU)")]
@@ -79,18 +85,20 @@ pub struct ManArgs {
 }
 
 #[derive(clap::Args, Debug)]
+#[command(
+    mut_arg("mmproj", |a| a.help("With --gguf: the text model's vision projector file (llama.cpp's `mmproj-*.gguf`, projector type gemma3), whose tower the tune races as for a Hugging Face multimodal directory (`run --gguf --mmproj --image` then uses it)")),
+    mut_arg("layers", |a| a.help("Keep only the first N layers (quick tunes of large models; recorded in the profile's model name)")),
+    mut_arg("weight_dtype", |a| a.help("Storage type of the matrix weights: f32, f16 or a block format (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs: quantized on load; the profile records it). Default f32; with --gguf, each matrix as the file stores it")),
+    mut_arg("seed", |a| a.help("Seed of the synthetic weights, the inputs and the search")),
+    mut_arg("trusted_shaders", |a| a.help("GPU: tune (and record in the profile's `execution.trustedShaders`, which `run` and `bench` then follow) shader modules built without wgpu's runtime bounds checks (`create_shader_module_trusted`, unchecked; each kernel's host-side check already bounds its accesses)")),
+)]
 pub struct TuneArgs {
     #[command(flatten)]
-    pub source: ModelSource,
+    pub model: ModelArgs,
     /// Leave the vision tower's slots (`vision.*`, `projector`) out of the tune of a
     /// multimodal model (they keep the runtime's defaults).
     #[arg(long)]
     pub no_vision: bool,
-    /// With --gguf: the text model's vision projector file (llama.cpp's
-    /// `mmproj-*.gguf`, projector type gemma3), whose tower the tune races as for a
-    /// Hugging Face multimodal directory (`run --gguf --mmproj --image` then uses it).
-    #[arg(long, value_name = "FILE")]
-    pub mmproj: Option<std::path::PathBuf>,
     /// Time for the whole tune, e.g. 90s, 2m, 1h30m.
     #[arg(long, default_value = "2m")]
     pub budget: String,
@@ -106,18 +114,9 @@ pub struct TuneArgs {
     /// Decode tokens per prompt the end-to-end score assumes.
     #[arg(long, default_value_t = 128)]
     pub decode_tokens: usize,
-    /// Storage type of the matrix weights: f32, f16 or a block format (q8_0, q4_0,
-    /// q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs: quantized on
-    /// load; the profile records it). Default f32; with --gguf, each matrix as the
-    /// file stores it.
-    #[arg(long, value_parser = weight_dtype)]
-    pub weight_dtype: Option<DType>,
     /// Storage type of the KV cache.
     #[arg(long, default_value = "f32", value_parser = kv_dtype)]
     pub kv_dtype: DType,
-    /// Keep only the first N layers (quick tunes of large models; recorded in the profile's model name).
-    #[arg(long)]
-    pub layers: Option<usize>,
     /// Also write the profile here.
     #[arg(short = 'o', long, value_name = "FILE")]
     pub output: Option<std::path::PathBuf>,
@@ -128,28 +127,24 @@ pub struct TuneArgs {
     /// Re-tune even when the cache has this profile.
     #[arg(long)]
     pub force: bool,
-    /// Seed of the synthetic weights, the inputs and the search.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
     /// GPU: the L2 cache size (bytes; K, M, G suffixes: KiB, MiB, GiB) the slot
     /// races' rotating input copies must overflow (twice it in copies). Default:
     /// an estimate for the adapter's vendor and class.
     #[arg(long, value_name = "BYTES", value_parser = byte_size)]
     pub gpu_l2_bytes: Option<u64>,
-    /// GPU: tune (and record in the profile's `execution.trustedShaders`, which
-    /// `run` and `bench` then follow) shader modules built without wgpu's runtime
-    /// bounds checks (`create_shader_module_trusted`, unchecked; each kernel's
-    /// host-side check already bounds its accesses).
-    #[arg(long)]
-    pub trusted_shaders: bool,
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
 }
 
 #[derive(clap::Args, Debug)]
+#[command(
+    mut_arg("mmproj", |a| a.requires("image")),
+    mut_arg("weight_dtype", |a| a.help("Weight type of the default entry (default: the first profile's, else as `run`)")),
+    mut_arg("trusted_shaders", |a| a.help("GPU: build shader modules without wgpu's runtime bounds checks (`create_shader_module_trusted`, unchecked; each kernel's host-side check already bounds its accesses) for every entry; a profile tuned with them uses them anyway. Faster on drivers that do not bound accesses natively")),
+)]
 pub struct BenchArgs {
     #[command(flatten)]
-    pub source: ModelSource,
+    pub model: ModelArgs,
     /// A profile to measure (repeatable); the first is the reference of the
     /// comparisons. Without one, the cached profile `run` would use is measured
     /// (when there is one) beside the runtime's default.
@@ -180,26 +175,6 @@ pub struct BenchArgs {
     /// milliseconds per image beside prefill and decode.
     #[arg(long, value_name = "FILE")]
     pub image: Option<std::path::PathBuf>,
-    /// With --gguf and --image: the text model's vision projector file (llama.cpp's
-    /// `mmproj-*.gguf`, projector type gemma3), the tower the image runs through.
-    #[arg(long, value_name = "FILE", requires = "image")]
-    pub mmproj: Option<std::path::PathBuf>,
-    /// Weight type of the default entry (default: the first profile's, else as `run`).
-    #[arg(long, value_parser = weight_dtype)]
-    pub weight_dtype: Option<DType>,
-    /// Keep only the first N layers.
-    #[arg(long)]
-    pub layers: Option<usize>,
-    /// Seed of the synthetic weights (--model).
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// GPU: build shader modules without wgpu's runtime bounds checks
-    /// (`create_shader_module_trusted`, unchecked; each kernel's host-side check
-    /// already bounds its accesses) for every entry; a
-    /// profile tuned with them uses them anyway. Faster on drivers that do not bound accesses
-    /// natively.
-    #[arg(long)]
-    pub trusted_shaders: bool,
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
 }
@@ -322,10 +297,10 @@ pub struct DiffArgs {
     pub fail_on_change: bool,
 }
 
-/// Where a model comes from.
+/// Where a model comes from: one of three flags ([`session::ModelSource`]).
 #[derive(clap::Args, Debug, Clone)]
-#[group(required = true, multiple = false)]
-pub struct ModelSource {
+#[group(id = "ModelSource", required = true, multiple = false)]
+pub struct ModelSourceArgs {
     /// A built-in model with deterministic synthetic weights (for benchmarking):
     /// gemma3-1b, gemma3-4b, llama-3.2-1b, llama-3.2-3b, qwen2.5-0.5b, qwen2.5-1.5b, smollm2-135m.
     #[arg(long)]
@@ -340,10 +315,75 @@ pub struct ModelSource {
     pub gguf: Option<std::path::PathBuf>,
 }
 
+impl ModelSourceArgs {
+    /// The source the flags name (clap's group makes it exactly one).
+    pub fn source(&self) -> Result<session::ModelSource, SessionError> {
+        match (&self.model, &self.model_dir, &self.gguf) {
+            (_, _, Some(file)) => Ok(session::ModelSource::Gguf(file.clone())),
+            (Some(name), _, None) => Ok(session::ModelSource::Builtin(name.clone())),
+            (None, Some(dir), None) => Ok(session::ModelSource::Dir(dir.clone())),
+            (None, None, None) => Err(SessionError::Usage("give --model NAME, --model-dir DIR or --gguf FILE".into())),
+        }
+    }
+}
+
+/// The flags `run`, `bench` and `tune` share: the model, its vision projector, the
+/// layers kept, the weights' storage type, the synthetic weights' seed and trusted
+/// shader modules. Flattened into each command's arguments; a command words the
+/// help of a flag for what it does with it (`mut_arg`), else it reads as here.
+/// [`ModelArgs::settings`] converts them into the one settings type.
 #[derive(clap::Args, Debug)]
+pub struct ModelArgs {
+    #[command(flatten)]
+    pub source: ModelSourceArgs,
+    /// With --gguf and --image: the text model's vision projector file (llama.cpp's
+    /// `mmproj-*.gguf`, projector type gemma3), the tower the image runs through.
+    #[arg(long, value_name = "FILE")]
+    pub mmproj: Option<PathBuf>,
+    /// Keep only the first N layers.
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Storage type of the matrix weights: f32, f16, or a block format (q8_0,
+    /// q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs:
+    /// quantized on load). Default f32; with --gguf, each matrix as the file
+    /// stores it (f16 for F16/BF16). With a profile it must match the dtype the
+    /// profile was tuned for.
+    #[arg(long, value_parser = weight_dtype)]
+    pub weight_dtype: Option<DType>,
+    /// Seed of the synthetic weights (--model).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// GPU: build shader modules without wgpu's runtime bounds checks
+    /// (`create_shader_module_trusted`, unchecked; each kernel's host-side check
+    /// already bounds its accesses); a profile tuned
+    /// with them uses them anyway. Faster on drivers that do not bound accesses
+    /// natively.
+    #[arg(long)]
+    pub trusted_shaders: bool,
+}
+
+impl ModelArgs {
+    /// The settings these flags give.
+    pub fn settings(&self) -> Result<ModelSettings, SessionError> {
+        Ok(ModelSettings {
+            source: self.source.source()?,
+            mmproj: self.mmproj.clone(),
+            layers: self.layers,
+            weight_dtype: self.weight_dtype,
+            seed: self.seed,
+            trusted_shaders: self.trusted_shaders,
+        })
+    }
+}
+
+#[derive(clap::Args, Debug)]
+#[command(
+    mut_arg("mmproj", |a| a.requires("image").help("With --gguf and --image: the vision projector file that belongs to the GGUF text model (llama.cpp's `mmproj-*.gguf`, from `convert_hf_to_gguf.py --mmproj`; projector type gemma3): the vision tower and projector the image runs through")),
+    mut_arg("layers", |a| a.help("Keep only the first N layers (for quick checks on large models)")),
+)]
 pub struct RunArgs {
     #[command(flatten)]
-    pub source: ModelSource,
+    pub model: ModelArgs,
     /// A profile (YAML) selecting the kernels. Without one, the best cached
     /// profile `ktune tune` wrote for this device and model is used (see the
     /// README's "Which cached profile a run uses"), else the runtime's defaults.
@@ -387,16 +427,6 @@ pub struct RunArgs {
     /// Most prompt tokens per prefill pass (longer prompts are processed in chunks).
     #[arg(long, default_value_t = 512)]
     pub prefill_chunk: usize,
-    /// Keep only the first N layers (for quick checks on large models).
-    #[arg(long)]
-    pub layers: Option<usize>,
-    /// Storage type of the matrix weights: f32, f16, or a block format (q8_0,
-    /// q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs:
-    /// quantized on load). Default f32; with --gguf, each matrix as the file
-    /// stores it (f16 for F16/BF16). With a profile it must match the dtype the
-    /// profile was tuned for.
-    #[arg(long, value_parser = weight_dtype)]
-    pub weight_dtype: Option<DType>,
     /// Storage type of the KV cache (without a profile; a cached profile is used
     /// only when it was tuned with this KV dtype).
     #[arg(long, default_value = "f32", value_parser = kv_dtype)]
@@ -418,26 +448,11 @@ pub struct RunArgs {
     /// image goes.
     #[arg(long, value_name = "FILE")]
     pub image: Option<std::path::PathBuf>,
-    /// With --gguf and --image: the vision projector file that belongs to the GGUF
-    /// text model (llama.cpp's `mmproj-*.gguf`, from `convert_hf_to_gguf.py --mmproj`;
-    /// projector type gemma3): the vision tower and projector the image runs through.
-    #[arg(long, value_name = "FILE", requires = "image")]
-    pub mmproj: Option<std::path::PathBuf>,
     /// With --image: the image's tokens attend causally, like text (transformers
     /// without `token_type_ids`), instead of to every token of the image, as
     /// Gemma 3's processor asks (its `token_type_ids`).
     #[arg(long, requires = "image")]
     pub causal_image: bool,
-    /// Seed of the synthetic weights (--model).
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// GPU: build shader modules without wgpu's runtime bounds checks
-    /// (`create_shader_module_trusted`, unchecked; each kernel's host-side check
-    /// already bounds its accesses); a profile tuned
-    /// with them uses them anyway. Faster on drivers that do not bound accesses
-    /// natively.
-    #[arg(long)]
-    pub trusted_shaders: bool,
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
 }
@@ -474,6 +489,25 @@ pub struct KernelsArgs {
 pub enum Format {
     Table,
     Json,
+}
+
+impl From<Format> for output::Format {
+    fn from(f: Format) -> output::Format {
+        match f {
+            Format::Table => output::Format::Table,
+            Format::Json => output::Format::Json,
+        }
+    }
+}
+
+impl From<DiffFormat> for output::Format {
+    fn from(f: DiffFormat) -> output::Format {
+        match f {
+            DiffFormat::Table => output::Format::Table,
+            DiffFormat::Markdown => output::Format::Markdown,
+            DiffFormat::Json => output::Format::Json,
+        }
+    }
 }
 
 /// `--weight-dtype`: any storage type.

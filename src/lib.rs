@@ -19,6 +19,7 @@ pub mod progress;
 pub mod report;
 pub mod runtime;
 pub mod session;
+pub mod stats;
 pub mod tuner;
 
 // The ground floor lives in its own crate (`crates/ktune-kernels`); its modules are

@@ -231,7 +231,7 @@ pub struct KernelBenchReport {
     /// it), as a profile records it.
     pub measurement: crate::profile::doc::Measurement,
     /// The FMA load that ran before the limits (the GPU's clocks brought up).
-    pub warm_up: crate::tuner::kbench::WarmUp,
+    pub warm_up: crate::tuner::warm::WarmUp,
     /// Copy bandwidth (read + write) and f32 FMA peak, measured in this run.
     pub limits: crate::tuner::kbench::Peaks,
     pub quick: bool,

@@ -1,14 +1,15 @@
 //! What `run`, `bench` and `tune` share before any measuring: the device picked by
-//! `--device` (and its GPU context when it has one), the model a [`ModelSource`]
-//! names (built-in with synthetic weights, a Hugging Face directory, or a GGUF
-//! file, with `run --mmproj` its vision projector file), the weight storage type it implies, and warmed-up engines built from a
-//! plan ([`Engines`]).
+//! `--device` (and its GPU context when it has one), the settings their shared
+//! flags give ([`ModelSettings`]: the model a [`ModelSource`] names (built-in
+//! with synthetic weights, a Hugging Face directory, or a GGUF file, with
+//! `--mmproj` its vision projector file), the weight storage type it implies, the
+//! runtime's default execution settings and the plan options of an execution),
+//! and warmed-up engines built from a plan ([`Engines`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::cli::ModelSource;
 use crate::device::DeviceError;
 use crate::device::{self, Device};
 use crate::gpu::GpuCtx;
@@ -17,7 +18,8 @@ use crate::kernels::DType;
 use crate::model::ModelError;
 use crate::model::gguf::GgufFile;
 use crate::model::{self, ModelConfig, Stored, Weights};
-use crate::plan::{Plan, PlanOptions, Selection};
+use crate::plan::{Fusion, Parallel, Plan, PlanOptions, Selection};
+use crate::profile::ExecSettings;
 use crate::runtime::{Engine, RuntimeError, TensorStore, WeightMemo};
 
 /// What can go wrong loading a model source: the files, or options that do not fit
@@ -65,45 +67,148 @@ pub struct LoadedModel {
     pub vision: Option<model::VisionConfig>,
 }
 
-/// The model's name in profiles: its name, with `@Nlayers` when `--layers` cut it
-/// (always for a directory or file, whose configs vary; for a built-in model only
-/// when fewer than its own layers).
-pub fn profile_model_name(m: &LoadedModel, src: &ModelSource, layers: Option<usize>) -> String {
-    match layers {
-        Some(l) if l < m.config.num_layers || src.model_dir.is_some() || src.gguf.is_some() => format!("{}@{l}layers", m.name),
-        _ => m.name.clone(),
-    }
+/// Where a model comes from.
+#[derive(Clone, Debug)]
+pub enum ModelSource {
+    /// A built-in model with deterministic synthetic weights (`--model`).
+    Builtin(String),
+    /// A Hugging Face model directory (`--model-dir`).
+    Dir(PathBuf),
+    /// A GGUF file (`--gguf`).
+    Gguf(PathBuf),
 }
 
-/// Loads the model of `src`, with `mmproj` (`--mmproj`, which pairs with `--gguf`
-/// only) its vision projector file: what `tune` and `bench` load. A missing file
-/// or `--mmproj` without `--gguf` is a usage error naming the fix.
-pub fn load_source_mmproj(src: &ModelSource, mmproj: Option<&Path>, layers: Option<usize>, seed: u64) -> Result<LoadedModel> {
-    match (mmproj, &src.gguf) {
-        (Some(mm), Some(text)) => {
-            if !mm.is_file() {
-                return Err(SessionError::Usage(format!("--mmproj {}: no such file", mm.display())));
+/// What `run`, `bench` and `tune` are given in common (their shared flags,
+/// `cli::ModelArgs`, convert into it): the model and how it is loaded and run.
+#[derive(Clone, Debug)]
+pub struct ModelSettings {
+    pub source: ModelSource,
+    /// `--mmproj`: the vision projector file of a GGUF text model.
+    pub mmproj: Option<PathBuf>,
+    /// `--layers`: keep only the first N.
+    pub layers: Option<usize>,
+    /// `--weight-dtype` (None: as a GGUF file stores each matrix, else f32).
+    pub weight_dtype: Option<DType>,
+    /// Seed of the synthetic weights.
+    pub seed: u64,
+    /// `--trusted-shaders`: shader modules without runtime bounds checks.
+    pub trusted_shaders: bool,
+}
+
+impl ModelSettings {
+    /// Loads the model with its `--mmproj` vision projector file (which pairs with
+    /// `--gguf` only): what `tune` and `bench` load. A missing file or `--mmproj`
+    /// without `--gguf` is a usage error naming the fix.
+    pub fn load(&self) -> Result<LoadedModel> {
+        match (&self.mmproj, &self.source) {
+            (Some(mm), ModelSource::Gguf(text)) => {
+                if !mm.is_file() {
+                    return Err(SessionError::Usage(format!("--mmproj {}: no such file", mm.display())));
+                }
+                if !text.is_file() {
+                    return Err(SessionError::Usage(format!("--gguf {}: no such file", text.display())));
+                }
+                load_gguf_mmproj(text, mm, self.layers)
             }
-            if !text.is_file() {
-                return Err(SessionError::Usage(format!("--gguf {}: no such file", text.display())));
-            }
-            load_gguf_mmproj(text, mm, layers)
+            (Some(mm), _) => Err(mmproj_without_gguf(mm)),
+            (None, _) => self.load_text(),
         }
-        (Some(mm), None) => Err(SessionError::Usage(format!(
-            "--mmproj {}: a vision projector pairs with a GGUF text model: give --gguf TEXT.gguf (a --model-dir \
-             checkpoint holds its own vision tower)",
-            mm.display()
-        ))),
-        (None, _) => load_source(src, layers, seed),
+    }
+
+    /// Loads the model the source names, without a projector, cut to `--layers`.
+    pub fn load_text(&self) -> Result<LoadedModel> {
+        match &self.source {
+            ModelSource::Gguf(path) => load_gguf(path, self.layers),
+            ModelSource::Builtin(name) => load_model(Some(name), None, self.layers, self.seed),
+            ModelSource::Dir(dir) => load_model(None, Some(dir), self.layers, self.seed),
+        }
+    }
+
+    /// The model's name in profiles: its name, with `@Nlayers` when `--layers` cut
+    /// it (always for a directory or file, whose configs vary; for a built-in
+    /// model only when fewer than its own layers).
+    pub fn profile_name(&self, m: &LoadedModel) -> String {
+        match self.layers {
+            Some(l) if l < m.config.num_layers || !matches!(self.source, ModelSource::Builtin(_)) => format!("{}@{l}layers", m.name),
+            _ => m.name.clone(),
+        }
+    }
+
+    /// The matrix weight type: `--weight-dtype` when given, else what a GGUF
+    /// file's projection matrices are stored as, else f32.
+    pub fn weight_dtype(&self, m: &LoadedModel) -> DType {
+        self.weight_dtype.unwrap_or_else(|| gguf_storage(m).map_or(DType::F32, weight_dtype_for))
+    }
+
+    /// The matrices of `m` that run in another type than `weight_dtype` ([`matrix_formats`]).
+    pub fn matrix_formats(&self, m: &LoadedModel, weight_dtype: DType) -> BTreeMap<String, DType> {
+        matrix_formats(m, weight_dtype, self.weight_dtype)
+    }
+
+    /// The model's identity for profile lookup, running in `weight_dtype`
+    /// ([`crate::profile::lookup::model_hash`]).
+    pub fn model_hash(&self, m: &LoadedModel, weight_dtype: DType) -> String {
+        crate::profile::lookup::model_hash(&m.config, &self.matrix_formats(m, weight_dtype))
+    }
+
+    /// The execution settings without a profile, the runtime's defaults: the
+    /// given weight and KV types, fusions and GPU batching, the pool's defaults,
+    /// the CPU's default repacking ([`crate::plan::default_cpu_repack`]; none on a
+    /// GPU), `--trusted-shaders`.
+    pub fn execution(
+        &self,
+        device: &Device,
+        m: &LoadedModel,
+        weight_dtype: DType,
+        kv_dtype: DType,
+        batch: bool,
+        fusion: Fusion,
+    ) -> ExecSettings {
+        let repack = match device {
+            Device::Cpu(_) => crate::plan::default_cpu_repack(
+                &m.config,
+                std::iter::once(weight_dtype).chain(self.matrix_formats(m, weight_dtype).into_values()),
+            ),
+            Device::Gpu(_) => Vec::new(),
+        };
+        ExecSettings {
+            batch,
+            fusion,
+            parallel: Parallel::default(),
+            kv_dtype,
+            weight_dtype,
+            threads: 0,
+            spin_us: 0,
+            prefetch: None,
+            repack,
+            trusted_shaders: self.trusted_shaders,
+        }
+    }
+
+    /// The plan options of `exec` for `m`: passes of up to `max_tokens` tokens, a
+    /// KV cache of `context`, every position's logits with `all_logits`.
+    pub fn plan_options(&self, m: &LoadedModel, exec: &ExecSettings, max_tokens: usize, context: usize, all_logits: bool) -> PlanOptions {
+        PlanOptions {
+            cpu_repack: exec.repack.clone(),
+            weight_dtype: exec.weight_dtype,
+            matrix_formats: self.matrix_formats(m, exec.weight_dtype),
+            kv_dtype: exec.kv_dtype,
+            max_tokens,
+            context,
+            all_logits,
+            fusion: exec.fusion,
+            parallel: exec.parallel,
+        }
     }
 }
 
-/// Loads the model `--model`, `--model-dir` or `--gguf` names, optionally cut to `layers`.
-pub fn load_source(src: &ModelSource, layers: Option<usize>, seed: u64) -> Result<LoadedModel> {
-    match &src.gguf {
-        Some(path) => load_gguf(path, layers),
-        None => load_model(src.model.as_deref(), src.model_dir.as_ref(), layers, seed),
-    }
+/// `--mmproj` given without `--gguf`: a usage error naming the fix.
+pub fn mmproj_without_gguf(mm: &Path) -> SessionError {
+    SessionError::Usage(format!(
+        "--mmproj {}: a vision projector pairs with a GGUF text model: give --gguf TEXT.gguf (a --model-dir \
+         checkpoint holds its own vision tower)",
+        mm.display()
+    ))
 }
 
 /// Loads a GGUF file: config from its metadata, weights, checked against each other.
@@ -190,29 +295,9 @@ fn cut_layers(c: &mut ModelConfig, l: usize) -> Result<()> {
     Ok(())
 }
 
-/// The matrix weight type: `flag` when given, else what a GGUF file's projection
-/// matrices are stored as (`storage`, from [`gguf_storage`]), else f32.
-pub fn default_weight_dtype(flag: Option<DType>, storage: Option<Stored>) -> DType {
-    flag.unwrap_or_else(|| storage.map_or(DType::F32, weight_dtype_for))
-}
-
 /// What a GGUF model's projection matrices are stored as (None for other sources).
 pub fn gguf_storage(m: &LoadedModel) -> Option<Stored> {
     m.gguf.as_ref().and_then(|_| m.weights.matmul_storage())
-}
-
-/// The block formats a CPU engine repacks without a profile
-/// ([`crate::plan::default_cpu_repack`]); none on a GPU.
-pub fn default_cpu_repack(
-    device: &Device,
-    c: &crate::model::ModelConfig,
-    weight_dtype: DType,
-    matrix_formats: &BTreeMap<String, DType>,
-) -> Vec<crate::kernels::quant::QFormat> {
-    if !matches!(device, Device::Cpu(_)) {
-        return Vec::new();
-    }
-    crate::plan::default_cpu_repack(c, std::iter::once(weight_dtype).chain(matrix_formats.values().copied()))
 }
 
 /// The matrices that run in another type than `weight_dtype`, each with its own

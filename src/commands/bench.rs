@@ -13,16 +13,16 @@ use std::sync::Arc;
 
 use crate::cli::BenchArgs;
 use crate::device::DeviceCaps;
-use crate::plan::{Fusion, Parallel, PlanOptions, Selection};
+use crate::plan::{Fusion, Selection};
 use crate::profile::{ExecSettings, Profile, lookup};
 use crate::progress::Progress;
 use crate::report::{BenchEntry, BenchReport, Estimate, VisionBench};
 use crate::runtime::tower::Tower;
 use crate::runtime::{TensorStore, WeightMemo};
-use crate::session::{self, Engines, default_weight_dtype, gguf_storage};
+use crate::session::{self, Engines};
+use crate::stats::summarize;
 use crate::tuner;
 use crate::tuner::e2e_sample;
-use crate::tuner::stats::summarize;
 use crate::{Error, Result};
 
 /// The median of `v` with its 95% confidence interval.
@@ -39,12 +39,12 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
     if args.prefill_tokens == 0 || args.decode_tokens == 0 {
         return Err(Error::Usage("--prefill-tokens and --decode-tokens must be positive".into()));
     }
-    let weight_flag = args.weight_dtype;
+    let settings = args.model.settings()?;
     // Profiles are read and validated before the model is loaded.
     let profiles: Vec<(PathBuf, Profile)> =
         args.profile.iter().map(|p| Profile::load(p).map(|x| (p.clone(), x))).collect::<std::result::Result<_, _>>()?;
     let device = session::pick_device(selector)?;
-    let m = session::load_source_mmproj(&args.source, args.mmproj.as_deref(), args.layers, args.seed)?;
+    let m = settings.load()?;
     // --image: the model must have a tower, the image must decode (both before any engine is built).
     let image = match (&args.image, &m.vision) {
         (None, _) => None,
@@ -65,7 +65,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
 
     // (name, selection, execution) of every entry: the profiles in order, then the default.
     let mut setups: Vec<(String, Selection, ExecSettings)> = Vec::new();
-    let profile_name = session::profile_model_name(&m, &args.source, args.layers);
+    let profile_name = settings.profile_name(&m);
     for (path, p) in &profiles {
         let (sel, exec, w) = p.resolve(&device, &profile_name, c.num_layers)?;
         warnings.extend(w.into_iter().map(|w| format!("{}: {w}", path.display())));
@@ -73,11 +73,10 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
     }
     if profiles.is_empty() && !args.no_profile {
         // The cached profile `run` would use (same rules), measured as the first entry.
-        let weight_dtype = default_weight_dtype(weight_flag, gguf_storage(&m));
-        let formats = session::matrix_formats(&m, weight_dtype, weight_flag);
+        let weight_dtype = settings.weight_dtype(&m);
         let want = lookup::Want {
             model: &profile_name,
-            model_hash: tuner::model_hash(c, &formats),
+            model_hash: settings.model_hash(&m, weight_dtype),
             weight_dtype,
             kv_dtype: crate::kernels::DType::F32,
             prefill_tokens: args.prefill_tokens,
@@ -97,22 +96,11 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
     }
     if !args.no_default {
         // The default runs the weights the profiles were tuned for (else the flag or the file's type).
-        let weight_dtype = match (weight_flag, setups.first()) {
+        let weight_dtype = match (settings.weight_dtype, setups.first()) {
             (None, Some((_, _, e))) => e.weight_dtype,
-            _ => default_weight_dtype(weight_flag, gguf_storage(&m)),
+            _ => settings.weight_dtype(&m),
         };
-        let exec = ExecSettings {
-            batch: true,
-            fusion: Fusion::ALL,
-            parallel: Parallel::default(),
-            kv_dtype: crate::kernels::DType::F32,
-            weight_dtype,
-            threads: 0,
-            spin_us: 0,
-            prefetch: None,
-            repack: session::default_cpu_repack(&device, c, weight_dtype, &session::matrix_formats(&m, weight_dtype, weight_flag)),
-            trusted_shaders: args.trusted_shaders,
-        };
+        let exec = settings.execution(&device, &m, weight_dtype, crate::kernels::DType::F32, true, Fusion::ALL);
         setups.push(("default".into(), Selection::runtime(caps.clone()), exec));
     }
 
@@ -131,18 +119,8 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
     let selections: Vec<Selection> = setups.iter().map(|s| s.1.clone()).collect();
     for (name, sel, exec) in setups {
         // Each entry's shader modules as its profile (or the flag) asks.
-        build.ctx = ctx.as_ref().map(|g| g.with_trusted_shaders(exec.trusted_shaders || args.trusted_shaders));
-        let opts = PlanOptions {
-            cpu_repack: exec.repack.clone(),
-            weight_dtype: exec.weight_dtype,
-            matrix_formats: session::matrix_formats(&m, exec.weight_dtype, weight_flag),
-            kv_dtype: exec.kv_dtype,
-            max_tokens: args.prefill_tokens,
-            context,
-            all_logits: false,
-            fusion: exec.fusion,
-            parallel: exec.parallel,
-        };
+        build.ctx = ctx.as_ref().map(|g| g.with_trusted_shaders(exec.trusted_shaders || settings.trusted_shaders));
+        let opts = settings.plan_options(&m, &exec, args.prefill_tokens, context, false);
         let mut engine = build.build(opts, sel, exec.batch)?;
         engine.set_cpu_pool(exec.threads, exec.spin_us, exec.prefetch);
         engines.push((name, engine));

@@ -73,7 +73,7 @@ pub fn run(selector: Option<&str>, args: &BenchKernelsArgs, progress: &dyn Progr
     }
 
     progress.phase("limits", 0);
-    let warm_up = kbench::settle(&ctx)?;
+    let warm_up = crate::tuner::warm::settle(&ctx)?;
     let limits = kbench::peaks(&ctx, COPY_BYTES)?;
     let start = Instant::now();
     let opts = RaceOptions { quick: args.quick, rotation: rotation.clone(), seed: args.seed, only };

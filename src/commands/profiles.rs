@@ -6,10 +6,10 @@ use crate::cli::{DiffArgs, ProfilesAction};
 use crate::error::ExitCode;
 use crate::profile::Profile;
 use crate::profile::bundle::{self, Item, Outcome, Set};
+use crate::profile::cache::{self, Cache};
 use crate::profile::diff::{DiffOut, diff, diff_sets};
 use crate::report::{BundleReport, ProfileRow, ProfilesReport};
-use crate::tuner::cache::Cache;
-use crate::tuner::{TuneError, cache};
+use crate::tuner::TuneError;
 use crate::{Error, Result};
 
 fn open() -> Result<Cache> {

@@ -7,11 +7,11 @@
 use std::path::{Path, PathBuf};
 
 use crate::cli::ReportArgs;
+use crate::profile::cache::Cache;
 use crate::profile::diff::diff;
 use crate::profile::{KernelsDoc, Profile, ProfileDoc, VariantDoc};
 use crate::report::{HtmlReport, ReportedProfile};
 use crate::tuner::TuneError;
-use crate::tuner::cache::Cache;
 use crate::{Error, Result};
 
 pub fn run(args: &ReportArgs) -> Result<HtmlReport> {

@@ -18,12 +18,11 @@ use std::time::Instant;
 use crate::cli::RunArgs;
 use crate::device::DeviceCaps;
 use crate::model::{ChatTemplate, END_OF_TURN_TOKENS, Stored, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, Tokenizer, VisionConfig};
-use crate::plan::{Fusion, Parallel, PlanOptions, Selection, Slot};
-use crate::profile::{ExecSettings, Profile, lookup};
+use crate::plan::{Fusion, Selection, Slot};
+use crate::profile::{Profile, lookup};
 use crate::report::{RunReport, SlotRow, StopReason};
 use crate::runtime::{Engine, TensorStore, argmax};
-use crate::session::{self, Engines, LoadedModel, default_weight_dtype, gguf_storage, load_gguf, load_gguf_mmproj, load_source};
-use crate::tuner;
+use crate::session::{self, Engines, LoadedModel, ModelSettings, ModelSource, gguf_storage, load_gguf, load_gguf_mmproj};
 use crate::{Error, Result};
 
 /// Parses `--fusion`.
@@ -61,43 +60,39 @@ pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
 pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn FnMut(&str)) -> Result<RunReport> {
     // Validate flags before building anything heavy.
     let fusion = parse_fusion(&args.fusion)?;
-    let weight_flag = args.weight_dtype;
+    let settings = args.model.settings()?;
     let kv_dtype = args.kv_dtype;
     let mut warnings = Vec::new();
-    if let Some(p) = &args.source.gguf
+    if let ModelSource::Gguf(p) = &settings.source
         && !p.is_file()
     {
         return Err(Error::Usage(format!("--gguf {}: no such file", p.display())));
     }
     // clap's `requires` cannot name a member of the model-source group: checked here.
-    if let (Some(p), None) = (&args.mmproj, &args.source.gguf) {
-        return Err(Error::Usage(format!(
-            "--mmproj {}: a vision projector pairs with a GGUF text model: give --gguf TEXT.gguf (a --model-dir checkpoint \
-             holds its own vision tower)",
-            p.display()
-        )));
+    if let (Some(p), ModelSource::Builtin(_) | ModelSource::Dir(_)) = (&settings.mmproj, &settings.source) {
+        return Err(session::mmproj_without_gguf(p).into());
     }
-    if let Some(p) = &args.mmproj
+    if let Some(p) = &settings.mmproj
         && !p.is_file()
     {
         return Err(Error::Usage(format!("--mmproj {}: no such file", p.display())));
     }
     // A GGUF file's tokenizer lives in the file: load the model first then (with
     // its vision projector, whose image tokens come from that vocabulary).
-    let gguf_model = match (&args.source.gguf, &args.mmproj) {
-        (Some(p), Some(mm)) => Some(load_gguf_mmproj(p, mm, args.layers)?),
-        (Some(p), None) => Some(load_gguf(p, args.layers)?),
-        (None, _) => None,
+    let gguf_model = match (&settings.source, &settings.mmproj) {
+        (ModelSource::Gguf(p), Some(mm)) => Some(load_gguf_mmproj(p, mm, settings.layers)?),
+        (ModelSource::Gguf(p), None) => Some(load_gguf(p, settings.layers)?),
+        _ => None,
     };
     let tokenizer = match &gguf_model {
         Some(m) => gguf_tokenizer(m, args, &mut warnings)?,
-        None => open_tokenizer(args, &mut warnings)?,
+        None => open_tokenizer(&settings, args, &mut warnings)?,
     };
     // With --image the model must be multimodal: read its config before the prompt
     // (the processor's expansion of `<start_of_image>` needs the image tokens).
     let vision = match (&args.image, gguf_model.as_ref().and_then(|m| m.vision.as_ref())) {
         (Some(_), Some(v)) => Some(v.clone()),
-        (Some(path), None) => Some(image_config(args, path)?),
+        (Some(path), None) => Some(image_config(&settings, path)?),
         (None, _) => None,
     };
     let prompt = match (&args.prompt, &tokenizer) {
@@ -110,7 +105,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
             let ids = if args.chat {
                 // As apply_chat_template(tokenize=True): the template writes the special
                 // tokens it wants (a BOS among them), the post-processor adds none.
-                let template = chat_template(gguf_model.as_ref(), args)?;
+                let template = chat_template(gguf_model.as_ref(), &settings, args)?;
                 tok.encode_with(&template.render_user(text)?, false)?
             } else {
                 tok.encode(text)?
@@ -138,11 +133,11 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     let device = session::pick_device(selector)?;
     let m = match gguf_model {
         Some(m) => m,
-        None => load_source(&args.source, args.layers, args.seed)?,
+        None => settings.load_text()?,
     };
     warnings.extend(m.warnings.iter().cloned());
     let storage = gguf_storage(&m);
-    let weight_dtype = default_weight_dtype(weight_flag, storage);
+    let weight_dtype = settings.weight_dtype(&m);
     let c = &m.config;
     if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= c.vocab_size) {
         let from = match &tokenizer {
@@ -171,17 +166,16 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     let max_tokens = prompt.len().min(args.prefill_chunk.max(1));
     // Without --profile (or --no-profile): the best cached profile for this device,
     // model, weights and KV cache (profile::lookup).
-    let profile_name = session::profile_model_name(&m, &args.source, args.layers);
+    let profile_name = settings.profile_name(&m);
     let mut profile_label = args.profile.as_ref().map(|p| p.display().to_string());
     let mut by_class = false;
     let profile = match profile {
         Some(p) => Some(p),
         None if args.no_profile => None,
         None => {
-            let formats = session::matrix_formats(&m, weight_dtype, weight_flag);
             let want = lookup::Want {
                 model: &profile_name,
-                model_hash: tuner::model_hash(c, &formats),
+                model_hash: settings.model_hash(&m, weight_dtype),
                 weight_dtype,
                 kv_dtype,
                 prefill_tokens: prompt.len(),
@@ -204,7 +198,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
                 // The lookup's warning names both devices.
                 w.retain(|x| !x.contains("was tuned on another device"));
             }
-            if let Some(want) = weight_flag
+            if let Some(want) = settings.weight_dtype
                 && want != exec.weight_dtype
             {
                 return Err(Error::Usage(format!(
@@ -216,39 +210,16 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
             warnings.extend(w);
             (sel, exec)
         }
-        None => (
-            Selection::runtime(DeviceCaps::from(&device)),
-            ExecSettings {
-                batch: !args.no_batch,
-                fusion,
-                parallel: Parallel::default(),
-                kv_dtype,
-                weight_dtype,
-                threads: 0,
-                spin_us: 0,
-                prefetch: None,
-                repack: session::default_cpu_repack(&device, c, weight_dtype, &session::matrix_formats(&m, weight_dtype, weight_flag)),
-                trusted_shaders: args.trusted_shaders,
-            },
-        ),
+        None => {
+            (Selection::runtime(DeviceCaps::from(&device)), settings.execution(&device, &m, weight_dtype, kv_dtype, !args.no_batch, fusion))
+        }
     };
-    let matrix_formats = session::matrix_formats(&m, exec.weight_dtype, weight_flag);
+    let opts = settings.plan_options(&m, &exec, max_tokens, context, args.dump_logits.is_some());
     let mut other_formats = std::collections::BTreeMap::new();
-    for d in matrix_formats.values() {
+    for d in opts.matrix_formats.values() {
         *other_formats.entry(*d).or_insert(0usize) += 1;
     }
-    let opts = PlanOptions {
-        cpu_repack: exec.repack.clone(),
-        weight_dtype: exec.weight_dtype,
-        matrix_formats,
-        kv_dtype: exec.kv_dtype,
-        max_tokens,
-        context,
-        all_logits: args.dump_logits.is_some(),
-        fusion: exec.fusion,
-        parallel: exec.parallel,
-    };
-    let ctx = session::open_device(&device, exec.trusted_shaders || args.trusted_shaders)?;
+    let ctx = session::open_device(&device, exec.trusted_shaders || settings.trusted_shaders)?;
     // The image through the tower and projector on the selected device, each op
     // with the profile's `vision` choice (else the device's default); the note
     // names the kernels that ran.
@@ -413,17 +384,21 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
 
 /// The chat template `--chat` renders the prompt with: the GGUF file's, or the
 /// model directory's `tokenizer_config.json`'s. Without one, a usage error.
-fn chat_template(gguf: Option<&LoadedModel>, args: &RunArgs) -> Result<ChatTemplate> {
+fn chat_template(gguf: Option<&LoadedModel>, settings: &ModelSettings, args: &RunArgs) -> Result<ChatTemplate> {
+    let model_dir = match &settings.source {
+        ModelSource::Dir(dir) => Some(dir),
+        _ => None,
+    };
     if let Some(path) = &args.chat_template {
         let file = gguf.and_then(|m| m.gguf.as_ref());
-        let from_dir = match &args.source.model_dir {
+        let from_dir = match model_dir {
             Some(dir) => ChatTemplate::from_dir(dir)?.map(|t| (t.bos_token, t.eos_token)),
             None => None,
         };
         let (bos, eos) = file.map(|f| ChatTemplate::gguf_specials(f)).or(from_dir).unwrap_or((None, None));
         return Ok(ChatTemplate::from_file(path, bos, eos)?);
     }
-    let (found, place) = match (gguf.and_then(|m| m.gguf.as_ref()), &args.source.model_dir) {
+    let (found, place) = match (gguf.and_then(|m| m.gguf.as_ref()), model_dir) {
         (Some(file), _) => (ChatTemplate::from_gguf(file)?, format!("{} (no `tokenizer.chat_template`)", file.path.display())),
         (None, Some(dir)) => (ChatTemplate::from_dir(dir)?, format!("{} (no `chat_template` in {TOKENIZER_CONFIG_FILE})", dir.display())),
         (None, None) => (None, "a built-in model".to_string()),
@@ -451,8 +426,8 @@ fn gguf_tokenizer(m: &LoadedModel, args: &RunArgs, warnings: &mut Vec<String>) -
 /// directory or a `tokenizer.json` in it, that is a usage error; with `--tokens` a
 /// tokenizer that cannot be read only costs the decoded text (a warning).
 /// The vision config of the `--model-dir` a `--image` run needs.
-fn image_config(args: &RunArgs, path: &std::path::Path) -> Result<VisionConfig> {
-    let Some(dir) = &args.source.model_dir else {
+fn image_config(settings: &ModelSettings, path: &std::path::Path) -> Result<VisionConfig> {
+    let ModelSource::Dir(dir) = &settings.source else {
         return Err(Error::Usage(format!(
             "--image {}: images need a multimodal model: a directory (--model-dir with a Gemma3ForConditionalGeneration config), \
              or a GGUF text model with its vision projector (--gguf TEXT.gguf --mmproj MMPROJ.gguf)",
@@ -483,16 +458,22 @@ fn expand_image_prompt(text: &str, tok: &Tokenizer, v: &VisionConfig) -> Result<
     Ok(text.replacen(boi.as_str(), &full, 1))
 }
 
-fn open_tokenizer(args: &RunArgs, warnings: &mut Vec<String>) -> Result<Option<Tokenizer>> {
+fn open_tokenizer(settings: &ModelSettings, args: &RunArgs, warnings: &mut Vec<String>) -> Result<Option<Tokenizer>> {
     let wants_text = args.prompt.is_some();
-    let Some(dir) = args.source.model_dir.as_ref() else {
-        if wants_text {
-            let name = args.source.model.as_deref().unwrap_or("?");
-            return Err(Error::Usage(format!(
-                "--prompt needs a {TOKENIZER_FILE}, and the built-in model `{name}` (synthetic weights) has none; give the prompt as token ids with --tokens 1,2,3"
-            )));
+    let dir = match &settings.source {
+        ModelSource::Dir(dir) => dir,
+        source => {
+            if wants_text {
+                let name = match source {
+                    ModelSource::Builtin(name) => name.as_str(),
+                    _ => "?",
+                };
+                return Err(Error::Usage(format!(
+                    "--prompt needs a {TOKENIZER_FILE}, and the built-in model `{name}` (synthetic weights) has none; give the prompt as token ids with --tokens 1,2,3"
+                )));
+            }
+            return Ok(None);
         }
-        return Ok(None);
     };
     let path = dir.join(TOKENIZER_FILE);
     if !path.is_file() {

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cli::TuneArgs;
+use crate::profile::cache::Cache;
 use crate::profile::{self, Profile, ProfileDoc};
 use crate::progress::Progress;
 use crate::report::TuneReport;
 use crate::runtime::TensorStore;
-use crate::session::{self, default_weight_dtype, gguf_storage};
-use crate::tuner::cache::Cache;
+use crate::session;
 use crate::tuner::measure::Strategy;
 use crate::tuner::{self, Target, TuneOptions};
 use crate::{Error, Result};
@@ -32,7 +32,7 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
     let budget = parse_duration(&args.budget)?;
     let strategy = Strategy::parse(&args.strategy)
         .ok_or_else(|| Error::Usage(format!("--strategy `{}`: allowed are auto, exhaustive, halving, random", args.strategy)))?;
-    let weight_flag = args.weight_dtype;
+    let settings = args.model.settings()?;
     let kv_dtype = args.kv_dtype;
     if args.prefill_tokens == 0 || args.context <= args.prefill_tokens {
         return Err(Error::Usage(format!(
@@ -46,9 +46,9 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
             "--gpu-l2-bytes applies to GPU devices; on the CPU the races rotate past its measured last-level cache".into(),
         ));
     }
-    let m = session::load_source_mmproj(&args.source, args.mmproj.as_deref(), args.layers, args.seed)?;
-    let weight_dtype = default_weight_dtype(weight_flag, gguf_storage(&m));
-    let name = session::profile_model_name(&m, &args.source, args.layers);
+    let m = settings.load()?;
+    let weight_dtype = settings.weight_dtype(&m);
+    let name = settings.profile_name(&m);
     let opts = TuneOptions {
         budget,
         strategy,
@@ -56,11 +56,11 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
         context: args.context,
         decode_tokens: args.decode_tokens,
         weight_dtype,
-        matrix_formats: session::matrix_formats(&m, weight_dtype, weight_flag),
+        matrix_formats: settings.matrix_formats(&m, weight_dtype),
         kv_dtype,
-        seed: args.seed,
+        seed: settings.seed,
         gpu_l2_bytes: args.gpu_l2_bytes,
-        trusted_shaders: args.trusted_shaders && !matches!(device, crate::device::Device::Cpu(_)),
+        trusted_shaders: settings.trusted_shaders && !matches!(device, crate::device::Device::Cpu(_)),
         vision: if args.no_vision { None } else { m.vision.clone() },
     };
     let key = tuner::cache_key(&device, &name, &m.config, &opts);

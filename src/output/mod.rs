@@ -30,25 +30,6 @@ pub enum Format {
     Json,
 }
 
-impl From<crate::cli::Format> for Format {
-    fn from(f: crate::cli::Format) -> Format {
-        match f {
-            crate::cli::Format::Table => Format::Table,
-            crate::cli::Format::Json => Format::Json,
-        }
-    }
-}
-
-impl From<crate::cli::DiffFormat> for Format {
-    fn from(f: crate::cli::DiffFormat) -> Format {
-        match f {
-            crate::cli::DiffFormat::Table => Format::Table,
-            crate::cli::DiffFormat::Markdown => Format::Markdown,
-            crate::cli::DiffFormat::Json => Format::Json,
-        }
-    }
-}
-
 /// What a command returns: serializable (`--format json`) and renderable for a
 /// person.
 pub trait Report: Serialize {

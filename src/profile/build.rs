@@ -6,59 +6,137 @@
 
 use std::collections::BTreeMap;
 
+use serde::{Deserialize, Serialize};
+
 use super::doc::{self as pd, Candidate, Combination, DeviceReq, SchedulingDoc, SlotTuning, Throughput, Tuning};
 use super::{ExecSettings, FORMAT_VERSION, ProfileDoc, kernels_doc_with_formats};
-use crate::kernels::{self, Impl};
+use crate::device::Device;
+use crate::kernels::{self, Backend, DType, Impl, Problem};
 use crate::plan::select::{Choice, SlotKey};
-use crate::tuner::Findings;
-use crate::tuner::e2e::EndToEnd;
-use crate::tuner::measure::Workload;
-use crate::tuner::stats::{Stats, summarize};
+use crate::stats::{Stats, summarize};
+
+/// What a finished tune found, as plain data: the tuner fills it, this module
+/// writes it as a profile ([`profile_doc`]). The tuner measures and chooses; the
+/// profile records.
+pub struct TuneRecord<'a> {
+    /// The model's profile name.
+    pub model: &'a str,
+    /// The device tuned on.
+    pub device: &'a Device,
+    /// The backend the chosen kernels run on.
+    pub backend: Backend,
+    /// [`model_hash`](super::lookup::model_hash) of the model as tuned.
+    pub model_hash: String,
+    /// The winning combination's execution settings.
+    pub exec: ExecSettings,
+    /// The winner's explicit kernel choices by slot (race winners, or the
+    /// default's own picks; the vision slots' where they were kept)...
+    pub choices: BTreeMap<SlotKey, Choice>,
+    /// ...and by (format, slot) for a file's other matrix formats.
+    pub formats: BTreeMap<(DType, SlotKey), Choice>,
+    /// Every problem a chosen slot runs at, with its storage type (the winner's
+    /// steps, the vision races' shapes): the device requirements follow from them.
+    pub problems: Vec<(SlotKey, Problem, DType)>,
+    /// Every slot race in the order of the search, with the bytes and flops of
+    /// one sample over its shapes.
+    pub races: Vec<(&'a RaceResult, (f64, f64))>,
+    /// How the races kept the caches out of their timings.
+    pub measurement: pd::Measurement,
+    /// Read bandwidth (GB/s) and how it was measured.
+    pub limits: (f64, &'static str),
+    pub strategy: &'static str,
+    pub seed: u64,
+    pub budget_s: f64,
+    pub prefill_tokens: usize,
+    pub context: usize,
+    pub decode_tokens: usize,
+    pub space: pd::SpaceSummary,
+    /// The combinations timed end to end, the runtime's default first.
+    pub combinations: Vec<CombinationRecord<'a>>,
+    /// The winning combination.
+    pub best: usize,
+    /// A multimodal model's image per request (None: text only, or `--no-vision`).
+    pub vision: Option<&'a VisionTimes>,
+    /// Seconds the whole tune took.
+    pub used_s: f64,
+}
+
+/// One combination timed end to end.
+pub struct CombinationRecord<'a> {
+    pub label: String,
+    /// Predicted seconds (NaN for the default, which has no prediction).
+    pub predicted_s: f64,
+    /// Prefill seconds, one per sample.
+    pub prefill: &'a [f64],
+    /// Median decode seconds per token, one per sample.
+    pub decode: &'a [f64],
+}
+
+/// A finished slot race: what the tuner caches (`<cache>/slots/`) and the
+/// profile records (`tuning.slots`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RaceResult {
+    pub slot: String,
+    pub regime: String,
+    pub problem: String,
+    pub count: usize,
+    pub winner: usize,
+    pub cands: Vec<CandRecord>,
+    pub rejected: Vec<(String, String)>,
+    /// Per-shape medians of every measured candidate (seconds), by shape description.
+    pub shape_medians: Vec<BTreeMap<String, f64>>,
+    pub timestamps: bool,
+    /// Per shape, the input copies the executions rotated through.
+    #[serde(default)]
+    pub copies: Vec<usize>,
+}
+
+/// One candidate of a race, as timed.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CandRecord {
+    pub kernel: String,
+    pub params: kernels::Params,
+    pub stats: Stats,
+    pub status: String,
+}
+
+impl RaceResult {
+    /// The winner as a kernel choice (None when nothing was timed).
+    pub fn winner_choice(&self) -> Option<Choice> {
+        let c = self.cands.get(self.winner).filter(|c| c.stats.n > 0)?;
+        kernels::find(&c.kernel).ok().map(|k| Choice::new(k, c.params.clone()))
+    }
+}
+
+/// One image through the vision tower and projector per round, with the raced
+/// vision winners and with the runtime's default vision kernels.
+pub struct VisionTimes {
+    /// The image's side, pixels (a synthetic image).
+    pub image_size: usize,
+    /// Seconds per image, one per round, with the raced winners.
+    pub tuned: Vec<f64>,
+    /// Seconds per image, one per round, with the runtime's defaults.
+    pub default: Vec<f64>,
+    /// Whether the raced vision winners stay in the profile (else its vision
+    /// slots are left to the runtime's defaults).
+    pub kept: bool,
+    /// Why they were kept or not.
+    pub reason: String,
+}
+
+/// The index of the runtime's default among [`TuneRecord::combinations`].
+const DEFAULT_COMBINATION: usize = 0;
 
 /// The profile document of a finished tune.
-pub(crate) fn profile_doc(f: &Findings<'_>) -> ProfileDoc {
-    let Findings { target: t, options: o, caps, limits, rotation, space, races, e2e, used_s } = *f;
-    let (limit_gbps, limit_src) = limits;
-    let EndToEnd { combos, samples, best, .. } = e2e;
-    let best = *best;
-    let thr = |i: usize| throughput(o.prefill_tokens, &summarize(&samples[i].0), &summarize(&samples[i].1));
-    let default_i = EndToEnd::DEFAULT;
-    let chosen = &combos[best].0;
-    let chosen_sel = e2e.selection(chosen, caps);
-
-    // The explicit choices of the winner: race winners, or the default's own picks.
-    let mut final_choices: BTreeMap<SlotKey, Choice> = BTreeMap::new();
-    let mut final_formats: BTreeMap<(kernels::DType, SlotKey), Choice> = BTreeMap::new();
-    let extra = o.extra_formats();
-    let (_, steps) = space.per_fusion.iter().find(|(f, _)| *f == chosen.fusion).cloned().unwrap_or((chosen.fusion, Vec::new()));
-    for (key, p, d) in &steps {
-        if let Ok(c) = chosen_sel.choose(key.0, key.1, None, p, *d) {
-            if extra.contains(d) {
-                final_formats.entry((*d, *key)).or_insert(c);
-            } else {
-                final_choices.entry(*key).or_insert(c);
-            }
-        }
-    }
-    // The vision regime's race winners, where they beat the runtime's default
-    // vision kernels end to end (else the slots are left to the defaults).
-    let vision_kept = e2e.vision.as_ref().is_none_or(|v| v.kept);
-    for (r, res) in space.races.iter().zip(&races.results) {
-        if vision_kept
-            && r.key.1 == crate::plan::Regime::Vision
-            && let Some(c) = res.winner_choice()
-        {
-            final_choices.insert(r.key, c);
-        }
-    }
-    // Device requirements of the chosen variants.
-    let mut req = DeviceReq {
-        backend: Some(pd::At::new(caps.backend().name().to_string())),
-        vendor: Some(t.device.vendor()),
-        ..DeviceReq::default()
-    };
-    for (key, p, d) in &steps {
-        if let Some(c) = final_choices.get(key)
+pub fn profile_doc(r: &TuneRecord<'_>) -> ProfileDoc {
+    let TuneRecord { device, exec, choices, formats, combinations, best, .. } = r;
+    let (limit_gbps, limit_src) = r.limits;
+    let thr = |c: &CombinationRecord| throughput(r.prefill_tokens, &summarize(c.prefill), &summarize(c.decode));
+    // Device requirements of the chosen variants, at the problems they run.
+    let mut req =
+        DeviceReq { backend: Some(pd::At::new(r.backend.name().to_string())), vendor: Some(device.vendor()), ..DeviceReq::default() };
+    for (key, p, d) in &r.problems {
+        if let Some(c) = choices.get(key)
             && let Impl::Wgsl(w) = &c.kernel.imp
         {
             req.requires_f16 |= (w.needs_f16)(*d);
@@ -66,38 +144,12 @@ pub(crate) fn profile_doc(f: &Findings<'_>) -> ProfileDoc {
             req.min_shared_memory = req.min_shared_memory.max((w.shared_memory)(p, *d, &c.params).unwrap_or_default());
         }
     }
-    // The vision winners' requirements, at the tower's shapes (their races').
-    for r in space.races.iter().filter(|r| r.key.1 == crate::plan::Regime::Vision) {
-        if let Some(c) = final_choices.get(&r.key)
-            && let Impl::Wgsl(w) = &c.kernel.imp
-        {
-            req.requires_f16 |= (w.needs_f16)(r.dtype);
-            req.requires_subgroups |= w.needs_subgroups;
-            for (p, _) in &r.shapes {
-                req.min_shared_memory = req.min_shared_memory.max((w.shared_memory)(p, r.dtype, &c.params).unwrap_or_default());
-            }
-        }
-    }
-    let exec = ExecSettings {
-        batch: chosen.batch,
-        fusion: chosen.fusion,
-        parallel: chosen.parallel,
-        kv_dtype: o.kv_dtype,
-        weight_dtype: o.weight_dtype,
-        threads: chosen.threads,
-        spin_us: chosen.spin_us,
-        prefetch: chosen.prefetch,
-        repack: chosen.repack_formats(),
-        trusted_shaders: o.trusted_shaders && t.ctx.is_some(),
-    };
     let (execution, parallel) = exec.to_doc();
 
-    let slots: Vec<SlotTuning> = races
-        .results
+    let slots: Vec<SlotTuning> = r
+        .races
         .iter()
-        .zip(&space.races)
-        .map(|(res, r)| {
-            let w = Workload::describe_work(&r.shapes, r.dtype);
+        .map(|&(res, w)| {
             let cands = res
                 .cands
                 .iter()
@@ -135,54 +187,43 @@ pub(crate) fn profile_doc(f: &Findings<'_>) -> ProfileDoc {
             }
         })
         .collect();
-    let timing = if races.results.iter().any(|r| r.timestamps) { "gpu-timestamps" } else { "wall-clock" };
+    let timing = if r.races.iter().any(|(res, _)| res.timestamps) { "gpu-timestamps" } else { "wall-clock" };
     let tuning = Tuning {
-        fingerprint: t.device.fingerprint(),
-        device_name: t.device.name(),
+        fingerprint: device.fingerprint(),
+        device_name: device.name(),
         ktune_version: env!("CARGO_PKG_VERSION").into(),
         kernel_set: kernels::kernel_set_hash(),
-        device_class: Some(t.device.class()),
-        model_hash: Some(crate::tuner::model_hash(t.config, &o.matrix_formats)),
+        device_class: Some(device.class()),
+        model_hash: Some(r.model_hash.clone()),
         timing: format!("{timing} (slots); wall-clock (end to end)"),
-        measurement: Some(pd::Measurement {
-            method: crate::tuner::measure::Rotation::METHOD.into(),
-            cache_bytes: rotation.cache_bytes,
-            cache_source: rotation.cache_source.clone(),
-            rotate_bytes: rotation.rotate_bytes,
-            max_copies: races.results.iter().flat_map(|r| r.copies.iter().copied()).max().unwrap_or(1),
-        }),
+        measurement: Some(r.measurement.clone()),
         date: utc_now(),
-        strategy: o.strategy.name().into(),
-        seed: o.seed,
-        budget_s: o.budget.as_secs_f64(),
-        used_s,
-        prefill_tokens: o.prefill_tokens,
-        context: o.context,
+        strategy: r.strategy.into(),
+        seed: r.seed,
+        budget_s: r.budget_s,
+        used_s: r.used_s,
+        prefill_tokens: r.prefill_tokens,
+        context: r.context,
         limits: pd::Limits { read_gbps: limit_gbps, read_source: limit_src.into() },
-        space: pd::SpaceSummary {
-            variants: space.variants,
-            ruled_out: space.ruled_out.clone(),
-            combinations: format!("{:.3e}", space.combinations),
-            fusion_choices: space.per_fusion.len(),
-        },
+        space: r.space.clone(),
         slots,
         end_to_end: pd::EndToEnd {
-            prefill_tokens: o.prefill_tokens,
-            decode_tokens: o.decode_tokens,
-            tuned: thr(best),
-            default: thr(default_i),
-            combinations: combos
+            prefill_tokens: r.prefill_tokens,
+            decode_tokens: r.decode_tokens,
+            tuned: thr(&combinations[*best]),
+            default: thr(&combinations[DEFAULT_COMBINATION]),
+            combinations: combinations
                 .iter()
                 .enumerate()
-                .filter(|(i, _)| !samples[*i].0.is_empty())
-                .map(|(i, (c, pred))| Combination {
-                    label: c.label(),
-                    predicted_ms: if pred.is_finite() { pred * 1e3 } else { 0.0 },
-                    result: thr(i),
-                    chosen: i == best,
+                .filter(|(_, c)| !c.prefill.is_empty())
+                .map(|(i, c)| Combination {
+                    label: c.label.clone(),
+                    predicted_ms: if c.predicted_s.is_finite() { c.predicted_s * 1e3 } else { 0.0 },
+                    result: thr(c),
+                    chosen: i == *best,
                 })
                 .collect(),
-            vision: e2e.vision.as_ref().map(|v| {
+            vision: r.vision.map(|v| {
                 // Median and interval, ms (zeros for a choice that never ran).
                 let ms = |x: &[f64]| -> (f64, [f64; 2]) {
                     let s = summarize(x);
@@ -203,11 +244,11 @@ pub(crate) fn profile_doc(f: &Findings<'_>) -> ProfileDoc {
         },
     };
     ProfileDoc {
-        name: format!("{}-{}-{}", t.model, t.device.vendor(), &t.device.fingerprint()[..8]),
-        model: t.model.into(),
+        name: format!("{}-{}-{}", r.model, device.vendor(), &device.fingerprint()[..8]),
+        model: r.model.into(),
         version: pd::At::new(FORMAT_VERSION),
         device: req,
-        kernels: kernels_doc_with_formats(&final_choices, &final_formats),
+        kernels: kernels_doc_with_formats(choices, formats),
         execution,
         parallel,
         layers: BTreeMap::new(),

@@ -20,16 +20,27 @@
 use std::cmp::Ordering;
 use std::path::PathBuf;
 
+use super::cache;
 use super::{Profile, ProfileDoc, ProfileError};
 use crate::device::{Backend, Device, DeviceCaps, DeviceClass};
 use crate::kernels::{self, DType};
-use crate::tuner::cache;
+use crate::model::ModelConfig;
+
+/// The model's identity for profile lookup: sha256 of its configuration and of
+/// the storage format of every matrix that is not in the weight dtype (written to
+/// a profile's `tuning.model_hash`; `run` and `bench` use a cached profile only
+/// for the same hash).
+pub fn model_hash(cfg: &ModelConfig, matrix_formats: &std::collections::BTreeMap<String, DType>) -> String {
+    let cfg_json = serde_json::to_string(cfg).unwrap_or_default();
+    let formats: String = matrix_formats.iter().map(|(t, d)| format!("|{t}={d}")).collect();
+    crate::hash::sha256_parts::<&[&str]>(&[&cfg_json, &formats])
+}
 
 /// What the run needs from a cached profile.
 pub struct Want<'a> {
     /// The model's profile name (`smollm2-135m`, `model@4layers`).
     pub model: &'a str,
-    /// [`crate::tuner::model_hash`] of the model as it will run.
+    /// [`model_hash`] of the model as it will run.
     pub model_hash: String,
     pub weight_dtype: DType,
     pub kv_dtype: DType,

@@ -1,10 +1,12 @@
 //! Profiles: load and validate the profile YAML (every error with its line and
 //! column), resolve it into the plan's kernel selection and execution options for
-//! one device, write it back, build one from a tune's results ([`build`]), and
-//! compare two of them ([`diff`]).
+//! one device, write it back, build one from a tune's results ([`build`]: plain
+//! data the tuner hands over), keep them in the cache ([`cache`]), find the one a
+//! run uses ([`lookup`]), and compare two of them ([`diff`]).
 
 pub mod build;
 pub mod bundle;
+pub mod cache;
 pub mod diff;
 pub mod doc;
 pub mod lookup;

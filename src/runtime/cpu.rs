@@ -8,7 +8,7 @@ use std::time::Instant;
 use half::f16;
 
 use super::{RuntimeError, SlotTimes};
-use crate::kernels::cpu::huge_pages;
+use crate::kernels::memory::huge_pages;
 use crate::kernels::quant::QMatrix;
 use crate::kernels::{CpuArgs, CpuIn, DType};
 use crate::plan::{BufId, Plan, Plumb, Step, StepKind};

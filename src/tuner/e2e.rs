@@ -14,13 +14,14 @@ use std::time::{Duration, Instant};
 use super::measure::Strategy;
 use super::race::{Races, Winners};
 use super::space::{Space, plan_options};
-use super::stats::{Stats, pick, summarize};
 use super::{Progress, TIE, Target, TuneError, TuneOptions};
 use crate::device::DeviceCaps;
 use crate::plan::{Fusion, Parallel, Plan, Regime, Selection};
+use crate::profile::build::VisionTimes;
 use crate::runtime::tower::{Tower, synthetic_image};
 use crate::runtime::{Engine, RuntimeError, WeightMemo, argmax};
 use crate::session::Engines;
+use crate::stats::{Stats, pick, summarize};
 
 /// Decode steps timed per end-to-end sample.
 pub(crate) const E2E_DECODE_STEPS: usize = 8;
@@ -121,26 +122,7 @@ pub(crate) struct EndToEnd {
     pub vision: Option<VisionTimes>,
 }
 
-/// One image through the vision tower and projector per round, with the raced
-/// vision winners and with the runtime's default vision kernels.
-pub(crate) struct VisionTimes {
-    /// The image's side, pixels (a synthetic image).
-    pub image_size: usize,
-    /// Seconds per image, one per round, with the raced winners.
-    pub tuned: Vec<f64>,
-    /// Seconds per image, one per round, with the runtime's defaults.
-    pub default: Vec<f64>,
-    /// Whether the raced vision winners stay in the profile (else its vision
-    /// slots are left to the runtime's defaults).
-    pub kept: bool,
-    /// Why they were kept or not.
-    pub reason: String,
-}
-
 impl EndToEnd {
-    /// The index of the runtime's default among the combinations.
-    pub const DEFAULT: usize = 0;
-
     /// The kernel selection of combination `c`.
     pub fn selection(&self, c: &Combo, caps: &DeviceCaps) -> Selection {
         selection_for(c, caps, &self.winners)
@@ -749,9 +731,9 @@ mod tests {
     fn an_image_is_estimated_from_the_vision_races() {
         use crate::kernels::{DType, Problem};
         use crate::plan::select::Slot;
-        use crate::tuner::race::{CandRecord, RaceResult};
+        use crate::profile::build::{CandRecord, RaceResult};
+        use crate::stats::Stats;
         use crate::tuner::space::RaceDef;
-        use crate::tuner::stats::Stats;
         let def =
             |slot: Slot, regime: Regime, p: Problem, n: usize| RaceDef { key: (slot, regime), dtype: DType::F32, shapes: vec![(p, n)] };
         let res = |median: Option<f64>| RaceResult {

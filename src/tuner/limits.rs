@@ -26,7 +26,7 @@ pub fn device_read_bandwidth(ctx: Option<&GpuCtx>) -> (f64, &'static str) {
 pub fn cpu_read_bandwidth() -> f64 {
     use rayon::prelude::*;
     let v: Vec<f32> = vec![1.0; 64 << 20];
-    kernels::cpu::huge_pages(&v);
+    kernels::memory::huge_pages(&v);
     let isa = kernels::cpu::Isa::best();
     let mut best = f64::INFINITY;
     for _ in 0..5 {
@@ -47,6 +47,6 @@ pub fn cpu_read_bandwidth() -> f64 {
 /// kernel moves 4.1 TB/s); 0 when the kernel cannot run.
 fn gpu_copy_bandwidth(ctx: &GpuCtx) -> f64 {
     // the clocks of a sustained load, as the races see them (a failure shows in the copy)
-    let _ = super::kbench::settle(ctx);
+    let _ = super::warm::settle(ctx);
     super::kbench::copy_bandwidth(ctx, 256 << 20).map_or(0.0, |(gbps, _)| gbps)
 }

@@ -11,10 +11,10 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
-use super::stats::{Stats, summarize};
 use crate::gpu::{GpuCtx, GpuProgram};
 use crate::kernels::verify::{GpuBuffers, HostTensor, make_inputs, output_lens};
 use crate::kernels::{CpuArgs, DType, KernelDef, Params, Problem};
+use crate::stats::{Stats, summarize};
 
 /// How the tuner searches one slot's candidates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -380,7 +380,7 @@ pub fn race(
     if let Some((ctx, _)) = &w.gpu {
         // A race's samples are short bursts: bring the clocks up first. A
         // failure here shows again in the samples, where it is reported.
-        let _ = super::kbench::settle(ctx);
+        let _ = super::warm::settle(ctx);
     }
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let rounds = rounds(strategy);

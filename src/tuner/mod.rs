@@ -9,15 +9,15 @@
 //! ([`crate::profile::build`]). One deadline bounds it all; finished slot races are
 //! saved as they come so an interrupted tune resumes.
 
-pub mod cache;
 pub mod e2e;
 pub mod kbench;
 mod limits;
 pub mod measure;
 pub(crate) mod race;
 pub(crate) mod space;
-pub mod stats;
+pub mod warm;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,8 +27,13 @@ use crate::device::{Device, DeviceCaps};
 use crate::gpu::GpuCtx;
 use crate::kernels::{self, DType};
 use crate::model::ModelConfig;
+use crate::plan::Regime;
+use crate::plan::select::{Choice, SlotKey};
+use crate::profile::ExecSettings;
+use crate::profile::build::{CombinationRecord, TuneRecord};
+use crate::profile::cache::{self, Cache};
+use crate::profile::doc;
 use crate::runtime::{RuntimeError, TensorStore};
-use cache::Cache;
 use measure::Strategy;
 
 pub use crate::progress::{Progress, Silent};
@@ -95,16 +100,6 @@ impl TuneOptions {
 /// (`rotate-1`: GPU races rotate input copies past the adapter's L2.)
 const SEARCH_REVISION: &str = "descent-1-rotate-1";
 
-/// The model's identity for profile lookup: sha256 of its configuration and of
-/// the storage format of every matrix that is not in the weight dtype (written to
-/// a profile's `tuning.model_hash`; `run` and `bench` use a cached profile only
-/// for the same hash).
-pub fn model_hash(cfg: &ModelConfig, matrix_formats: &std::collections::BTreeMap<String, DType>) -> String {
-    let cfg_json = serde_json::to_string(cfg).unwrap_or_default();
-    let formats: String = matrix_formats.iter().map(|(t, d)| format!("|{t}={d}")).collect();
-    crate::hash::sha256_parts::<&[&str]>(&[&cfg_json, &formats])
-}
-
 /// Cache key of a tune: device, model config, kernel set, version, options.
 pub fn cache_key(device: &Device, model: &str, cfg: &ModelConfig, o: &TuneOptions) -> String {
     let cfg_json = serde_json::to_string(cfg).unwrap_or_default();
@@ -155,34 +150,18 @@ pub struct TuneResult<D> {
     pub resumed_slots: usize,
 }
 
-/// What the stages of one tune found, for the profile ([`crate::profile::build`]).
-#[derive(Clone, Copy)]
-pub(crate) struct Findings<'a> {
-    pub target: &'a Target<'a>,
-    pub options: &'a TuneOptions,
-    pub caps: &'a DeviceCaps,
-    /// Read bandwidth (GB/s) and how it was measured.
-    pub limits: (f64, &'static str),
-    /// How the slot races kept the caches out of their timings.
-    pub rotation: &'a measure::Rotation,
-    pub space: &'a space::Space,
-    pub races: &'a race::Races,
-    pub e2e: &'a e2e::EndToEnd,
-    /// Seconds the whole tune took.
-    pub used_s: f64,
-}
-
-/// Runs the whole search and hands its findings to `finish` (the profile builder,
-/// [`crate::profile::build::profile_doc`]: the tuner measures, the profile module
-/// writes). `cache` keeps finished races as they come; with `resume` races already
-/// there are reused (an interrupted tune resumes; --force re-measures).
+/// Runs the whole search and hands what it found to `finish` as plain data (the
+/// profile builder, [`crate::profile::build::profile_doc`]: the tuner measures and
+/// chooses, the profile module writes). `cache` keeps finished races as they come;
+/// with `resume` races already there are reused (an interrupted tune resumes;
+/// --force re-measures).
 pub(crate) fn tune<D>(
     t: &Target<'_>,
     o: &TuneOptions,
     cache: Option<&Cache>,
     resume: bool,
     progress: &dyn Progress,
-    finish: impl FnOnce(&Findings<'_>) -> D,
+    finish: impl FnOnce(&TuneRecord<'_>) -> D,
 ) -> Result<TuneResult<D>, TuneError> {
     let start = Instant::now();
     let deadline = start + o.budget;
@@ -199,16 +178,121 @@ pub(crate) fn tune<D>(
     let space = space::survey(t, o, &caps, progress)?;
     let races = race::run_all(t, o, &space, cache, resume, slot_deadline, progress)?;
     let e2e = e2e::run(t, o, &caps, &space, &races, deadline, progress)?;
-    let findings = Findings {
-        target: t,
-        options: o,
-        caps: &caps,
-        limits,
-        rotation: &rotation,
-        space: &space,
-        races: &races,
-        e2e: &e2e,
-        used_s: start.elapsed().as_secs_f64(),
-    };
-    Ok(TuneResult { doc: finish(&findings), resumed_slots: races.resumed })
+    let found = Found { target: t, options: o, caps: &caps, rotation: &rotation, space: &space, races: &races, e2e: &e2e };
+    let record = found.record(limits, start.elapsed().as_secs_f64());
+    Ok(TuneResult { doc: finish(&record), resumed_slots: races.resumed })
+}
+
+/// What the stages of one tune found.
+struct Found<'a> {
+    target: &'a Target<'a>,
+    options: &'a TuneOptions,
+    caps: &'a DeviceCaps,
+    /// How the slot races kept the caches out of their timings.
+    rotation: &'a measure::Rotation,
+    space: &'a space::Space,
+    races: &'a race::Races,
+    e2e: &'a e2e::EndToEnd,
+}
+
+impl<'a> Found<'a> {
+    /// The plain record of the tune for the profile: the winning combination's
+    /// explicit choices (race winners, or the default's own picks; the vision
+    /// races' winners where they beat the runtime's default vision kernels end to
+    /// end, else those slots are left to the defaults), its execution settings,
+    /// where its kernels run, and every race and combination as timed.
+    fn record(&self, limits: (f64, &'static str), used_s: f64) -> TuneRecord<'a> {
+        let Found { target: t, options: o, caps, rotation, space, races, e2e } = *self;
+        let chosen = &e2e.combos[e2e.best].0;
+        let chosen_sel = e2e.selection(chosen, caps);
+        let mut choices: BTreeMap<SlotKey, Choice> = BTreeMap::new();
+        let mut formats: BTreeMap<(DType, SlotKey), Choice> = BTreeMap::new();
+        let extra = o.extra_formats();
+        let (_, steps) = space.per_fusion.iter().find(|(f, _)| *f == chosen.fusion).cloned().unwrap_or((chosen.fusion, Vec::new()));
+        for (key, p, d) in &steps {
+            if let Ok(c) = chosen_sel.choose(key.0, key.1, None, p, *d) {
+                if extra.contains(d) {
+                    formats.entry((*d, *key)).or_insert(c);
+                } else {
+                    choices.entry(*key).or_insert(c);
+                }
+            }
+        }
+        let vision_kept = e2e.vision.as_ref().is_none_or(|v| v.kept);
+        for (r, res) in space.races.iter().zip(&races.results) {
+            if vision_kept
+                && r.key.1 == Regime::Vision
+                && let Some(c) = res.winner_choice()
+            {
+                choices.insert(r.key, c);
+            }
+        }
+        // Where the chosen kernels run: the winner's steps, the vision races' shapes.
+        let mut problems = steps;
+        for r in space.races.iter().filter(|r| r.key.1 == Regime::Vision) {
+            problems.extend(r.shapes.iter().map(|(p, _)| (r.key, p.clone(), r.dtype)));
+        }
+        let exec = ExecSettings {
+            batch: chosen.batch,
+            fusion: chosen.fusion,
+            parallel: chosen.parallel,
+            kv_dtype: o.kv_dtype,
+            weight_dtype: o.weight_dtype,
+            threads: chosen.threads,
+            spin_us: chosen.spin_us,
+            prefetch: chosen.prefetch,
+            repack: chosen.repack_formats(),
+            trusted_shaders: o.trusted_shaders && t.ctx.is_some(),
+        };
+        TuneRecord {
+            model: t.model,
+            device: t.device,
+            backend: caps.backend(),
+            model_hash: crate::profile::lookup::model_hash(t.config, &o.matrix_formats),
+            exec,
+            choices,
+            formats,
+            problems,
+            races: races
+                .results
+                .iter()
+                .zip(&space.races)
+                .map(|(res, r)| (res, measure::Workload::describe_work(&r.shapes, r.dtype)))
+                .collect(),
+            measurement: doc::Measurement {
+                method: measure::Rotation::METHOD.into(),
+                cache_bytes: rotation.cache_bytes,
+                cache_source: rotation.cache_source.clone(),
+                rotate_bytes: rotation.rotate_bytes,
+                max_copies: races.results.iter().flat_map(|r| r.copies.iter().copied()).max().unwrap_or(1),
+            },
+            limits,
+            strategy: o.strategy.name(),
+            seed: o.seed,
+            budget_s: o.budget.as_secs_f64(),
+            prefill_tokens: o.prefill_tokens,
+            context: o.context,
+            decode_tokens: o.decode_tokens,
+            space: doc::SpaceSummary {
+                variants: space.variants,
+                ruled_out: space.ruled_out.clone(),
+                combinations: format!("{:.3e}", space.combinations),
+                fusion_choices: space.per_fusion.len(),
+            },
+            combinations: e2e
+                .combos
+                .iter()
+                .zip(&e2e.samples)
+                .map(|((c, predicted_s), (prefill, decode))| CombinationRecord {
+                    label: c.label(),
+                    predicted_s: *predicted_s,
+                    prefill,
+                    decode,
+                })
+                .collect(),
+            best: e2e.best,
+            vision: e2e.vision.as_ref(),
+            used_s,
+        }
+    }
 }

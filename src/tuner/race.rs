@@ -7,12 +7,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
-use super::cache::{self, Cache};
 use super::measure::{self, Cand, Deadline, FULL_SAMPLES, Rotation, Runner, Strategy, Workload, race};
 use super::space::{Generated, RaceDef, Space, candidates};
-use super::stats::{Stats, pick, summarize};
 use super::{Progress, SEARCH_REVISION, TIE, Target, TuneError, TuneOptions};
 use crate::device::DeviceCaps;
 use crate::gpu::GpuCtx;
@@ -20,32 +16,9 @@ use crate::kernels::problem::test_problems;
 use crate::kernels::verify::{Runner as CheckRunner, check_one};
 use crate::kernels::{self, DType, Problem};
 use crate::plan::select::{Choice, SlotKey};
-
-/// A finished race, as cached and as reported.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub(crate) struct RaceResult {
-    pub slot: String,
-    pub regime: String,
-    pub problem: String,
-    pub count: usize,
-    pub winner: usize,
-    pub cands: Vec<CandRecord>,
-    pub rejected: Vec<(String, String)>,
-    /// Per-shape medians of every measured candidate (seconds), by shape description.
-    pub shape_medians: Vec<BTreeMap<String, f64>>,
-    pub timestamps: bool,
-    /// Per shape, the input copies the executions rotated through.
-    #[serde(default)]
-    pub copies: Vec<usize>,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub(crate) struct CandRecord {
-    pub kernel: String,
-    pub params: kernels::Params,
-    pub stats: Stats,
-    pub status: String,
-}
+use crate::profile::build::{CandRecord, RaceResult};
+use crate::profile::cache::{self, Cache};
+use crate::stats::{Stats, pick, summarize};
 
 /// The races of a tune, in the order of [`Space::races`].
 pub(crate) struct Races {
@@ -468,13 +441,6 @@ fn run_race(
         shape_medians,
         timestamps: runners.first().is_some_and(|x| x.timestamps),
         copies: (0..w.shapes.len()).map(|i| w.copies(i)).collect(),
-    }
-}
-
-impl RaceResult {
-    pub fn winner_choice(&self) -> Option<Choice> {
-        let c = self.cands.get(self.winner).filter(|c| c.stats.n > 0)?;
-        kernels::find(&c.kernel).ok().map(|k| Choice::new(k, c.params.clone()))
     }
 }
 

@@ -1,29 +1,19 @@
 //! The module layering ARCHITECTURE.md describes, checked on the sources: the
 //! top-level modules of `src/` import each other without a cycle, `output/` imports
 //! no command module, and `commands/` imports neither `output/` nor `app`, nor one
-//! command another. Imports are the `crate::<module>` paths outside `//` comments
-//! and outside `#[cfg(test)]` modules (tests may reach anywhere).
+//! command another; `profile/` imports nothing from `tuner/` (the tuner hands it
+//! plain data), `session.rs` and `output/` no type from `cli.rs` (the settings
+//! types live outside the parser); inside each top-level directory the files
+//! import each other without a cycle, and in `tuner/` the measurement
+//! (`measure.rs`) does not reach the `bench-kernels` driver (`kbench.rs`). Imports
+//! are the `crate::<module>` (and, between the files of a directory, `super::<file>`
+//! and `crate::<dir>::<file>`) paths outside `//` comments and outside
+//! `#[cfg(test)]` modules (tests may reach anywhere).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Every `.rs` file under `dir`.
-fn sources(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).expect("readable src dir") {
-            let p = e.expect("dir entry").path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
-}
+use ktune::testing::{import_cycles as cycles, reaches, rust_sources};
 
 /// The code of a file without its test module and its `//` comments.
 fn code(text: &str) -> String {
@@ -31,23 +21,47 @@ fn code(text: &str) -> String {
     body.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n")
 }
 
-/// `crate::<name>` paths in `code` (the first segment after `crate::`, also inside
-/// `use crate::{a, b}` groups).
-fn crate_paths(code: &str) -> BTreeSet<String> {
+/// The first segment of every path in `code` that starts with `prefix` (`crate::`,
+/// `super::`), also inside `use prefix{a, b::c, d::{e, f}}` groups (their top
+/// level only).
+fn paths_after(code: &str, prefix: &str) -> BTreeSet<String> {
+    let ident = |s: &str| -> String { s.trim().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect() };
     let mut out = BTreeSet::new();
-    for (i, _) in code.match_indices("crate::") {
-        let rest = &code[i + "crate::".len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let inner = &group[..group.find('}').unwrap_or(group.len())];
-            for item in inner.split(',') {
-                let name: String = item.trim().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-                out.insert(name);
+    for (i, _) in code.match_indices(prefix) {
+        // `crate::` inside `$crate::` or a longer path (`foo::super::`) is not one.
+        if code[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == '$' || c == ':') {
+            continue;
+        }
+        let rest = &code[i + prefix.len()..];
+        let Some(group) = rest.strip_prefix('{') else {
+            out.insert(ident(rest));
+            continue;
+        };
+        // The group up to its matching brace, split at its top-level commas.
+        let (mut depth, mut start) = (0usize, 0usize);
+        for (j, ch) in group.char_indices() {
+            match ch {
+                '{' => depth += 1,
+                '}' if depth == 0 => {
+                    out.insert(ident(&group[start..j]));
+                    break;
+                }
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    out.insert(ident(&group[start..j]));
+                    start = j + 1;
+                }
+                _ => {}
             }
-        } else {
-            out.insert(rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect());
         }
     }
+    out.remove("");
     out
+}
+
+/// `crate::<name>` paths in `code` (the first segment after `crate::`).
+fn crate_paths(code: &str) -> BTreeSet<String> {
+    paths_after(code, "crate::")
 }
 
 /// Top-level module of a file under `src/` (`kernels` for `src/kernels/cpu/dot.rs`).
@@ -57,13 +71,19 @@ fn top(src: &Path, file: &Path) -> String {
     first.trim_end_matches(".rs").to_string()
 }
 
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
 /// The import graph between top-level modules (`crate::Result` / `crate::Error`
 /// count as `error`, their home).
-fn graph() -> BTreeMap<String, BTreeSet<String>> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let files = sources(&src);
+fn graph() -> Graph {
+    let src = src();
+    let files = rust_sources(&src).expect("readable src dir");
     let modules: BTreeSet<String> = files.iter().map(|f| top(&src, f)).collect();
-    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut g = Graph::new();
     for f in &files {
         let from = top(&src, f);
         let text = std::fs::read_to_string(f).expect("readable source");
@@ -80,29 +100,68 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
     g
 }
 
-fn reaches(g: &BTreeMap<String, BTreeSet<String>>, from: &str, to: &str) -> bool {
-    let mut seen = BTreeSet::new();
-    let mut stack = vec![from.to_string()];
-    while let Some(m) = stack.pop() {
-        for n in g.get(&m).into_iter().flatten() {
-            if n == to {
-                return true;
-            }
-            if seen.insert(n.clone()) {
-                stack.push(n.clone());
-            }
+/// The import graph between the files of the directory `src/<dir>/` (its `mod.rs`
+/// left out: every file is its child, and may use what it declares): a file
+/// imports a sibling through `super::<sibling>` or `crate::<dir>::<sibling>`.
+fn dir_graph(dir: &str) -> Graph {
+    let root = src().join(dir);
+    let files: Vec<PathBuf> =
+        rust_sources(&root).expect("readable src dir").into_iter().filter(|f| f.file_stem().is_some_and(|s| s != "mod")).collect();
+    let name = |f: &Path| top(&root, f);
+    let siblings: BTreeSet<String> = files.iter().map(|f| name(f)).collect();
+    let mut g = Graph::new();
+    for f in &files {
+        let from = name(f);
+        let code = code(&std::fs::read_to_string(f).expect("readable source"));
+        let mut found = paths_after(&code, "super::");
+        found.extend(paths_after(&code, &format!("crate::{dir}::")));
+        for to in found.into_iter().filter(|n| *n != from && siblings.contains(n)) {
+            g.entry(from.clone()).or_default().insert(to);
         }
     }
-    false
+    g
 }
 
 #[test]
 fn top_level_modules_import_each_other_without_a_cycle() {
     let g = graph();
     assert!(g.len() > 10, "the import graph was not read: {g:?}");
-    let cycles: Vec<String> =
-        g.iter().flat_map(|(a, bs)| bs.iter().filter(|b| reaches(&g, b, a)).map(move |b| format!("{a} -> {b}"))).collect();
-    assert!(cycles.is_empty(), "import cycles between modules (each edge closes one): {cycles:?}\ngraph: {g:#?}");
+    let c = cycles(&g);
+    assert!(c.is_empty(), "import cycles between modules (each edge closes one): {c:?}\ngraph: {g:#?}");
+}
+
+#[test]
+fn the_files_of_each_directory_import_each_other_without_a_cycle() {
+    let src = src();
+    let mut dirs: Vec<String> = std::fs::read_dir(&src)
+        .expect("readable src dir")
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.is_dir())
+        .map(|p| top(&src, &p))
+        .collect();
+    dirs.sort();
+    assert!(dirs.len() >= 5 && dirs.contains(&"tuner".to_string()), "the directories were not read: {dirs:?}");
+    // The reader sees the sibling imports there are (race.rs runs measure.rs's races).
+    assert!(dir_graph("tuner").get("race").is_some_and(|s| s.contains("measure")), "{:#?}", dir_graph("tuner"));
+    for dir in dirs {
+        let g = dir_graph(&dir);
+        let c = cycles(&g);
+        assert!(c.is_empty(), "import cycles between the files of src/{dir}/ (each edge closes one): {c:?}\ngraph: {g:#?}");
+    }
+}
+
+#[test]
+fn profile_session_and_output_stay_below_the_tuner_and_the_parser() {
+    let g = graph();
+    // The profile records what the tuner found from plain data; the tuner sits above it.
+    assert!(!reaches(&g, "profile", "tuner"), "profile/ reaches tuner/: {:?}", g.get("profile"));
+    // The settings types live outside the parser: cli.rs converts into them.
+    for m in ["session", "output"] {
+        assert!(!reaches(&g, m, "cli"), "{m} reaches cli.rs: {:?}", g.get(m));
+    }
+    // `bench-kernels` (kbench.rs) drives the tuner's measurement, never the other way round.
+    let t = dir_graph("tuner");
+    assert!(!reaches(&t, "measure", "kbench"), "tuner/measure.rs reaches kbench.rs: {:?}", t.get("measure"));
 }
 
 #[test]
@@ -114,9 +173,9 @@ fn output_and_commands_keep_their_sides() {
     assert!(!cmd.contains("output") && !cmd.contains("app"), "commands/ imports {cmd:?}");
     // No command module imports another (they share session.rs instead).
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/commands");
-    for f in sources(&dir) {
+    for f in rust_sources(&dir).expect("readable src dir") {
         let text = code(&std::fs::read_to_string(&f).expect("readable"));
-        for other in sources(&dir) {
+        for other in rust_sources(&dir).expect("readable src dir") {
             let stem = other.file_stem().expect("stem").to_string_lossy().to_string();
             if other == f || stem == "mod" {
                 continue;
@@ -133,4 +192,9 @@ fn the_reader_finds_imports_and_skips_comments_and_tests() {
     let text = "use crate::{device::Device, kernels};\n// use crate::output;\nfn f() { crate::plan::x(); }\n#[cfg(test)]\nmod tests { use crate::tuner; }";
     let found = crate_paths(&code(text));
     assert_eq!(found, ["device", "kernels", "plan"].map(String::from).into_iter().collect());
+    // Nested groups name their top level only; `$crate::` is a macro's, not an import.
+    let text = "use super::{doc::{self as pd, Cand}, measure, x::{a, b}};\nfn g() { super::race::run(); $crate::stats::x(); }";
+    let found = paths_after(&code(text), "super::");
+    assert_eq!(found, ["doc", "measure", "race", "x"].map(String::from).into_iter().collect());
+    assert!(crate_paths(text).is_empty());
 }

@@ -233,10 +233,10 @@ fn gemm(c: &mut Criterion) {
 }
 
 /// The ceiling of the CPU GEMMs: the best f32 microkernel of this CPU
-/// (`matmul::Micro`) on L1/L2-resident panels (MR x 256 by 256 x NR), one tile
+/// (`cpu::sgemm::Micro`) on L1/L2-resident panels (MR x 256 by 256 x NR), one tile
 /// of C accumulated per call, single-threaded. Throughput in FLOPs.
 fn gemm_micro(c: &mut Criterion) {
-    use ktune_kernels::kernels::matmul::Micro;
+    use ktune_kernels::kernels::cpu::sgemm::Micro;
     let micro = Micro::for_isa(cpu::Isa::best());
     let (mr, nr, kc) = (micro.mr(), micro.nr(), 256);
     let a: Vec<f32> = (0..mr * kc).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();

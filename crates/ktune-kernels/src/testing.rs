@@ -1,9 +1,12 @@
-//! Helpers for tests and benchmarks: opening the GPU the suite runs on.
+//! Helpers for tests and benchmarks: opening the GPU the suite runs on, and the
+//! source walk and cycle search of the layering tests (this crate's and ktune's).
 //!
 //! GPU tests run for real on any adapter, software ones (lavapipe) included. When
 //! none exists they skip loudly, unless `KTUNE_REQUIRE_GPU=1` or `CI=true` (every CI
 //! service sets it), in which case they fail.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use crate::device::{self, Device};
@@ -75,4 +78,46 @@ pub fn typical_gpu_caps() -> crate::device::GpuCaps {
         coop_matrix: Vec::new(),
         software: false,
     }
+}
+
+/// Every `.rs` file under `dir`, sorted.
+pub fn rust_sources(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d)? {
+            let p = e?.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Whether `from` reaches `to` along the edges of an import graph (module -> the
+/// modules it imports).
+pub fn reaches(g: &BTreeMap<String, BTreeSet<String>>, from: &str, to: &str) -> bool {
+    let mut seen = BTreeSet::new();
+    let mut stack = vec![from.to_string()];
+    while let Some(m) = stack.pop() {
+        for n in g.get(&m).into_iter().flatten() {
+            if n == to {
+                return true;
+            }
+            if seen.insert(n.clone()) {
+                stack.push(n.clone());
+            }
+        }
+    }
+    false
+}
+
+/// The edges of an import graph that close a cycle, as `a -> b`: those whose
+/// target reaches back to their source.
+pub fn import_cycles(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    g.iter().flat_map(|(a, bs)| bs.iter().filter(|b| reaches(g, b, a)).map(move |b| format!("{a} -> {b}"))).collect()
 }

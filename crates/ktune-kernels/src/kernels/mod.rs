@@ -20,6 +20,7 @@ pub mod attention;
 pub mod cpu;
 pub mod matmul;
 pub mod matvec;
+pub mod memory;
 pub mod norm;
 pub mod preferred;
 pub mod problem;

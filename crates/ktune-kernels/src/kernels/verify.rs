@@ -25,10 +25,10 @@ pub enum HostTensor {
 
 impl HostTensor {
     /// Backs this tensor's memory with huge pages where the system offers them,
-    /// as the runtime's weights are ([`crate::kernels::cpu::huge_pages`]), so a
+    /// as the runtime's weights are ([`crate::kernels::memory::huge_pages`]), so a
     /// race reads its inputs as a decode step reads the weights.
     pub fn huge_pages(&self) {
-        use crate::kernels::cpu::huge_pages;
+        use crate::kernels::memory::huge_pages;
         match self {
             HostTensor::F32(v) => huge_pages(v),
             HostTensor::F16(v) => huge_pages(v),

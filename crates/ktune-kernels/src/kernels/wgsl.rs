@@ -93,33 +93,6 @@ pub fn vec_alignment(k: usize, dtype: DType) -> Result<(), String> {
     Ok(())
 }
 
-/// The reduction depth of each op's weight, for the block rule.
-fn depth(prob: &Problem) -> Option<usize> {
-    match *prob {
-        Problem::Gemv { k, .. }
-        | Problem::Gemm { k, .. }
-        | Problem::GateUp { k, .. }
-        | Problem::QkvProj { k, .. }
-        | Problem::NormGemv { k, .. } => Some(k),
-        _ => None,
-    }
-}
-
-/// k must be a whole number of 32-element blocks (rows are whole blocks); the rule
-/// of every block-format kernel, CPU and WGSL.
-pub fn check_blocks(prob: &Problem, dtype: DType) -> Result<(), String> {
-    if !dtype.is_quant() {
-        return Err(format!("{dtype} is not a quantized format"));
-    }
-    let be = dtype.quant().map_or(1, |f| f.block_elems());
-    match depth(prob) {
-        Some(k) if k == 0 || !k.is_multiple_of(be) => {
-            Err(format!("k = {k} is not a positive multiple of {be} (the {dtype} block size); quantized rows are whole blocks"))
-        }
-        _ => Ok(()),
-    }
-}
-
 /// The `QFMT` override value of a quantized dtype: [`QFormat::wgsl_id`](super::quant::QFormat::wgsl_id).
 pub fn qfmt(dtype: DType) -> f64 {
     dtype.quant().map_or(0, super::quant::QFormat::wgsl_id) as f64
@@ -180,17 +153,4 @@ pub fn subgroup_per_row(s: &WgslSetup<'_>, rows: usize, uniform: &[u32], per_par
     let per = s.param(per_param)?;
     let consts = [("WG", s.param("workgroup_size")? as f64), ("ROWS", per as f64), ("W_F16", s.w_f16())];
     s.one_step("main", &consts, uniform, grid_2d(groups(rows, per)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn k_must_be_whole_blocks() {
-        assert!(check_blocks(&Problem::Gemv { n: 4, k: 48 }, DType::Q8_0).is_err());
-        assert!(check_blocks(&Problem::Gemv { n: 4, k: 0 }, DType::Q4_0).is_err());
-        assert!(check_blocks(&Problem::Gemm { m: 3, n: 4, k: 64 }, DType::Q4_1).is_ok());
-        assert!(check_blocks(&Problem::Gemm { m: 3, n: 4, k: 64 }, DType::F32).is_err());
-    }
 }

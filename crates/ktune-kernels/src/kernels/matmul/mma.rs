@@ -15,7 +15,8 @@
 
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, groups};
-use crate::kernels::wgsl::{check_blocks, grid_dim, one_q_step, qfmt, vec_alignment};
+use crate::kernels::quant::check_blocks;
+use crate::kernels::wgsl::{grid_dim, one_q_step, qfmt, vec_alignment};
 use crate::kernels::{DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::shader;
 

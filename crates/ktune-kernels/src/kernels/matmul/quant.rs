@@ -14,12 +14,13 @@
 //! [`crate::kernels::cpu::qgemm`]).
 //! k must be a whole number of 32-element blocks.
 
-use super::{Blocking, Micro, Split, gemm_blocked};
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, groups};
 use crate::kernels::cpu::qgemm::{I8_GEMM_PARAMS, XPanel, check_i8_gemm, rows_times_tokens_i8};
+use crate::kernels::cpu::sgemm::{Blocking, Micro, Split, gemm_blocked};
 use crate::kernels::cpu::{ISA, Isa, check_quant, dequantize_row, par_row_blocks, qin, rows_times_tokens, scatter_row_blocks};
-use crate::kernels::wgsl::{check_blocks, grid_dim, one_q_step, qfmt};
+use crate::kernels::quant::check_blocks;
+use crate::kernels::wgsl::{grid_dim, one_q_step, qfmt};
 use crate::kernels::{
     CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op,
 };

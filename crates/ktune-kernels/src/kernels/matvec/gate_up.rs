@@ -32,9 +32,9 @@ use crate::kernels::cpu::{
     self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_TASK, RowSplit, act_f32, check_isa, check_quant, par_row_blocks, par_rows, qin, row,
     rows_times_tokens, scatter_row_blocks,
 };
+use crate::kernels::quant::check_blocks;
 use crate::kernels::wgsl::{
-    ROWS_WG_PARAMS, UNROLL, WORKGROUP_SIZE, check_blocks, grid_dim, grid_fits, one_q_step, qfmt, storage_buffers, subgroup_fits,
-    vec_alignment,
+    ROWS_WG_PARAMS, UNROLL, WORKGROUP_SIZE, grid_dim, grid_fits, one_q_step, qfmt, storage_buffers, subgroup_fits, vec_alignment,
 };
 use crate::kernels::{
     Activation, CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param,
@@ -449,7 +449,7 @@ fn check_q_panel(caps: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) 
 /// (`2·nc × k`), one blocked GEMM of every token against it, and the activation
 /// product of each feature's two columns written to `y`.
 fn run_gate_up_q_panel(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    use crate::kernels::matmul::{Blocking, Micro, Split, gemm_blocked};
+    use crate::kernels::cpu::sgemm::{Blocking, Micro, Split, gemm_blocked};
     let Problem::GateUp { rows, n, k, act } = *prob else { return Err(wrong_op(kd, prob)) };
     if n == 0 || rows == 0 {
         return Ok(());

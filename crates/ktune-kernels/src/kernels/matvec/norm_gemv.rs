@@ -21,7 +21,8 @@ use super::{CPU_PARAMS, ROWS_PER_TASK_DYN, gemv_dot4};
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::kernels::cpu::{self, ACT_BITS, ActVec, ISA, Isa, RowSplit, check_isa, par_rows};
-use crate::kernels::wgsl::{ROWS_SG_PARAMS, ROWS_WG_PARAMS, check_blocks, qbinds, qfmt, subgroup_fits, vec_alignment};
+use crate::kernels::quant::check_blocks;
+use crate::kernels::wgsl::{ROWS_SG_PARAMS, ROWS_WG_PARAMS, qbinds, qfmt, subgroup_fits, vec_alignment};
 use crate::kernels::{
     CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op,
 };

@@ -37,7 +37,8 @@
 
 use crate::device::GpuCaps;
 use crate::gpu::{Bind, GpuProgram, GpuStep, Shader, grid_2d, groups, padded};
-use crate::kernels::wgsl::{WORKGROUP_SIZE, check_blocks, grid_fits, qbinds, qfmt, storage_buffers, subgroup_fits};
+use crate::kernels::quant::check_blocks;
+use crate::kernels::wgsl::{WORKGROUP_SIZE, grid_fits, qbinds, qfmt, storage_buffers, subgroup_fits};
 use crate::kernels::{DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::shader;
 

@@ -17,9 +17,8 @@ use super::{gemv_dot4, qdp4a};
 use crate::device::GpuCaps;
 use crate::gpu::{Bind, GpuProgram, Shader, grid_2d, groups};
 use crate::kernels::cpu::{self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_PASS, ROWS_PER_TASK, check_isa, check_quant, pool, qin, sub_row};
-use crate::kernels::wgsl::{
-    ROWS_SG_PARAMS, ROWS_WG_PARAMS, check_blocks, qbinds, qfmt, shared_rows, storage_buffers, subgroup_fits, vec_alignment,
-};
+use crate::kernels::quant::check_blocks;
+use crate::kernels::wgsl::{ROWS_SG_PARAMS, ROWS_WG_PARAMS, qbinds, qfmt, shared_rows, storage_buffers, subgroup_fits, vec_alignment};
 use crate::kernels::{
     CpuArgs, CpuImpl, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, outs, param, wrong_op,
 };

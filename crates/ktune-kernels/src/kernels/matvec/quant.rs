@@ -11,7 +11,8 @@
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::kernels::cpu::{ACT_BITS, ActVec, ISA, Isa, ROWS_PER_PASS, ROWS_PER_TASK, RowSplit, check_quant, par_rows, qin};
-use crate::kernels::wgsl::{ROWS_SG_UNROLL_PARAMS, ROWS_WG_PARAMS, check_blocks, one_q_step, qfmt, shared_rows, subgroup_fits};
+use crate::kernels::quant::check_blocks;
+use crate::kernels::wgsl::{ROWS_SG_UNROLL_PARAMS, ROWS_WG_PARAMS, one_q_step, qfmt, shared_rows, subgroup_fits};
 use crate::kernels::{
     CpuArgs, CpuImpl, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op,
 };

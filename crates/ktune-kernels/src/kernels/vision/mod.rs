@@ -6,7 +6,7 @@
 //! CPU:
 //! - `patch_embed` (the conv with kernel = stride = patch): `patch_embed_im2col_cpu`
 //!   lays the patches out as rows (im2col) and runs the blocked GEMM of
-//!   [`super::matmul::gemm_blocked`] over them; `patch_embed_direct_cpu` reads each
+//!   [`super::cpu::sgemm::gemm_blocked`] over them; `patch_embed_direct_cpu` reads each
 //!   patch's pixel runs straight from the image (one SIMD dot per run of `patch`
 //!   pixels and output feature), no patch matrix.
 //! - `linear` (Linear with bias, GELU-tanh fused into the epilogue for fc1):
@@ -16,7 +16,7 @@
 //!   `attention_full_rows_cpu` (exact two-pass softmax per query and head) and
 //!   `attention_full_tiled_cpu` (flash style: key blocks with an online softmax),
 //!   both one query and head at a time, and `attention_full_flash_cpu`: flash
-//!   attention on the packed-GEMM microkernel ([`super::matmul::Micro`]): per head
+//!   attention on the packed-GEMM microkernel ([`super::cpu::sgemm::Micro`]): per head
 //!   and panel of NR queries, a block of keys' scores as MR-key x NR-query tiles,
 //!   the online softmax across the panel's queries in SIMD lanes, the values
 //!   accumulated as `Oᵀ += Vᵀ·P` by the same microkernel (K and V packed once per
@@ -31,8 +31,9 @@
 //! `avg_pool_window`, `avg_pool_separable`).
 
 use super::cpu::lanes::{self, Lanes, isa_dispatch};
+use super::cpu::sgemm::{Blocking, Micro, Split, gemm_blocked};
 use super::cpu::{ISA, Isa, Row, RowSplit, axpy, check_isa, dot, par_rows, pool, row, with_scratch};
-use super::matmul::{BLOCKED_PARAMS, Blocking, Micro, Split, gemm_blocked};
+use super::matmul::BLOCKED_PARAMS;
 use super::{CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, param, wrong_op};
 use crate::device::CpuCaps;
 use std::cell::RefCell;

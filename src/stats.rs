@@ -1,6 +1,8 @@
 //! Robust statistics of timing samples: outliers rejected by median absolute
 //! deviation, median with a distribution-free 95% confidence interval (order
 //! statistics of the binomial), and the tie rule that keeps choices deterministic.
+//! Neutral ground: the tuner's races, `bench`'s estimates and the profile's
+//! records ([`crate::profile::build`]) all summarize samples here.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,0 +1,305 @@
+//! The CPU attention kernels: a call's operands ([`Kv`]), the online-softmax row
+//! and score rows they share, prefill by (token, head) rows or by key tiles per
+//! (token block, KV head), decode by heads or by split-KV partials merged per head.
+
+use super::shape::{Shape, shape_or_invalid};
+use crate::device::CpuCaps;
+use crate::kernels::cpu::{Isa, Row, axpy_row, row};
+use crate::kernels::{CpuArgs, CpuIn, DType, KernelDef, KernelError, Params, Problem, cpu, param};
+
+/// What every CPU attention kernel starts from: the checked shape, the ISA level,
+/// the caches and the queries.
+fn cpu_call<'a>(kd: &KernelDef, prob: &Problem, params: &Params, a: &CpuArgs<'a>) -> Result<(Shape, Isa, Kv<'a>, &'a [f32]), KernelError> {
+    let s = shape_or_invalid(kd, prob)?;
+    Ok((s, Isa::of(params)?, Kv { k: a.ins[1], v: a.ins[2], s }, a.ins[0].f32()))
+}
+
+pub(super) fn check_cpu(_: &CpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
+    Shape::checked(prob)?;
+    Isa::param_available(param(params, "isa")?)
+}
+
+// ---------------------------------------------------------------------------
+// CPU orchestration
+
+#[inline]
+fn scale_in_place(y: &mut [f32], c: f32) {
+    for v in y {
+        *v *= c;
+    }
+}
+
+/// Cache operands of one call.
+#[derive(Clone, Copy)]
+struct Kv<'a> {
+    k: CpuIn<'a>,
+    v: CpuIn<'a>,
+    s: Shape,
+}
+
+impl<'a> Kv<'a> {
+    fn k(&self, kh: usize, j: usize) -> Row<'a> {
+        row(self.k, self.s.row_of(kh, j), self.s.d)
+    }
+    fn v(&self, kh: usize, j: usize) -> Row<'a> {
+        row(self.v, self.s.row_of(kh, j), self.s.d)
+    }
+}
+
+/// One query row with a per-key online softmax: the accumulator is rescaled only
+/// when the running maximum grows.
+fn attend_online(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, (lo, hi): (usize, usize), o: &mut [f32]) {
+    o.fill(0.0);
+    let mut m = f32::NEG_INFINITY;
+    let mut l = 0.0f32;
+    for j in lo..hi {
+        let sc = cpu::dot(isa, q, kv.k(kh, j)) * kv.s.scale;
+        if sc > m {
+            let c = (m - sc).exp();
+            if l > 0.0 {
+                scale_in_place(o, c);
+                l *= c;
+            }
+            m = sc;
+        }
+        let pj = (sc - m).exp();
+        l += pj;
+        axpy_row(isa, pj, kv.v(kh, j), o);
+    }
+    scale_in_place(o, 1.0 / l);
+}
+
+/// Scores `scale * q · K[j]` for `j` in `lo..lo + out.len()`, four K rows per
+/// microkernel call when `four`.
+fn scores_into(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, lo: usize, four: bool, out: &mut [f32]) {
+    let n = out.len();
+    let mut c = 0;
+    if four {
+        while c + 4 <= n {
+            let j = lo + c;
+            let r = cpu::dot4(isa, q, [kv.k(kh, j), kv.k(kh, j + 1), kv.k(kh, j + 2), kv.k(kh, j + 3)]);
+            for (o, v) in out[c..c + 4].iter_mut().zip(r) {
+                *o = v * kv.s.scale;
+            }
+            c += 4;
+        }
+    }
+    for (cc, o) in out.iter_mut().enumerate().skip(c) {
+        *o = cpu::dot(isa, q, kv.k(kh, lo + cc)) * kv.s.scale;
+    }
+}
+
+/// Turns scores into `exp(s - max)` in place; returns `(max, sum)`.
+fn exp_row(sc: &mut [f32]) -> (f32, f32) {
+    let m = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut l = 0.0;
+    for v in sc.iter_mut() {
+        *v = (*v - m).exp();
+        l += *v;
+    }
+    (m, l)
+}
+
+// ---------------------------------------------------------------------------
+// CPU: prefill
+
+pub(super) fn run_prefill_rows(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let (s, isa, kv, q) = cpu_call(kd, prob, params, &a)?;
+    let grain = (param(params, "rows_per_task")? as usize).max(1);
+    let d = s.d;
+    let out = &mut a.outs[0][..s.tokens * s.heads * d];
+    cpu::pool::for_chunks_mut(out, d * grain, |ci, chunk| {
+        for (ri, o) in chunk.chunks_mut(d).enumerate() {
+            let r = ci * grain + ri;
+            let (i, h) = (r / s.heads, r % s.heads);
+            attend_online(isa, &kv, &q[r * d..][..d], h / s.group(), s.range(i), o);
+        }
+    });
+    Ok(())
+}
+
+/// `block` tokens starting at `i0`, all query heads of KV head `kh`, over key tiles of
+/// `bkv` rows: scores of every row for the tile first (materialised), then one
+/// rescale per row and the P·V update with each V row shared by all rows.
+/// Returns the outputs, row `(token, g)` at `(t * group + g) * d`.
+fn prefill_block(isa: Isa, kv: &Kv<'_>, q: &[f32], i0: usize, block: usize, kh: usize, bkv: usize) -> Vec<f32> {
+    let s = kv.s;
+    let (g_n, d) = (s.group(), s.d);
+    let rows = block * g_n;
+    let mut acc = vec![0.0f32; rows * d];
+    let mut m = vec![f32::NEG_INFINITY; rows];
+    let mut l = vec![0.0f32; rows];
+    let mut sc = vec![0.0f32; rows * bkv];
+    let klo = s.range(i0).0;
+    let khi = s.range(i0 + block - 1).1;
+    let mut t0 = klo;
+    while t0 < khi {
+        let t1 = (t0 + bkv).min(khi);
+        let n = t1 - t0;
+        for t in 0..block {
+            let (lo, hi) = s.range(i0 + t);
+            let (a, b) = (lo.max(t0), hi.min(t1));
+            for g in 0..g_n {
+                let r = t * g_n + g;
+                let srow = &mut sc[r * bkv..][..n];
+                srow.fill(0.0);
+                if a >= b {
+                    continue;
+                }
+                let h = kh * g_n + g;
+                let qr = &q[((i0 + t) * s.heads + h) * d..][..d];
+                scores_into(isa, kv, qr, kh, a, true, &mut srow[a - t0..b - t0]);
+                let mt = srow[a - t0..b - t0].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mn = m[r].max(mt);
+                let c = (m[r] - mn).exp();
+                if l[r] > 0.0 {
+                    scale_in_place(&mut acc[r * d..][..d], c);
+                    l[r] *= c;
+                }
+                m[r] = mn;
+                for v in srow[a - t0..b - t0].iter_mut() {
+                    *v = (*v - mn).exp();
+                    l[r] += *v;
+                }
+            }
+        }
+        for c in 0..n {
+            let vr = kv.v(kh, t0 + c);
+            for r in 0..rows {
+                let pr = sc[r * bkv + c];
+                if pr != 0.0 {
+                    axpy_row(isa, pr, vr, &mut acc[r * d..][..d]);
+                }
+            }
+        }
+        t0 = t1;
+    }
+    for r in 0..rows {
+        scale_in_place(&mut acc[r * d..][..d], 1.0 / l[r]);
+    }
+    acc
+}
+
+pub(super) fn run_prefill_tiled(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let (s, isa, kv, q) = cpu_call(kd, prob, params, &a)?;
+    let bq = (param(params, "block_q")? as usize).max(1);
+    let bkv = (param(params, "block_kv")? as usize).max(1);
+    let (g_n, d) = (s.group(), s.d);
+    let tasks: Vec<(usize, usize)> = (0..s.tokens.div_ceil(bq)).flat_map(|b| (0..s.kv_heads).map(move |kh| (b, kh))).collect();
+    let mut blocks: Vec<(usize, usize, usize, Vec<f32>)> =
+        tasks.iter().map(|&(b, kh)| (b * bq, bq.min(s.tokens - b * bq), kh, Vec::new())).collect();
+    cpu::pool::for_chunks_mut(&mut blocks, 1, |_, t| {
+        let (i0, block, kh, acc) = &mut t[0];
+        *acc = prefill_block(isa, &kv, q, *i0, *block, *kh, bkv);
+    });
+    let out = &mut a.outs[0];
+    for (i0, block, kh, acc) in blocks {
+        for t in 0..block {
+            let dst = ((i0 + t) * s.heads + kh * g_n) * d;
+            out[dst..dst + g_n * d].copy_from_slice(&acc[t * g_n * d..][..g_n * d]);
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// CPU: decode
+
+thread_local! {
+    /// Every query head's score row (decode), held by the calling thread and
+    /// reused across calls: the pool's workers get their rows from it, so which
+    /// worker runs which head never decides whether a call allocates.
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+pub(super) fn run_decode_heads(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let (s, isa, kv, q) = cpu_call(kd, prob, params, &a)?;
+    let four = param(params, "keys_per_call")? == 4;
+    let d = s.d;
+    let (lo, hi) = s.range(0);
+    let n = hi - lo; // at least the query's own key
+    cpu::with_scratch_cap(&SCORES, s.heads * n, s.heads * s.kv_cap, |scores| {
+        cpu::pool::for_chunks_mut2(&mut a.outs[0][..s.heads * d], d, scores, n, |h, o, sc| {
+            let kh = h / s.group();
+            scores_into(isa, &kv, &q[h * d..][..d], kh, lo, four, sc);
+            let (_, l) = exp_row(sc);
+            let inv = 1.0 / l;
+            o.fill(0.0);
+            for (c, pc) in sc.iter().enumerate() {
+                axpy_row(isa, pc * inv, kv.v(kh, lo + c), o);
+            }
+        })
+    });
+    Ok(())
+}
+
+thread_local! {
+    /// Split-KV decode: every split's partial softmax states and score rows, held
+    /// by the calling thread and sized for the cache once.
+    static SPLIT_PARTS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    static SPLIT_SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Keys `a..b` of KV head `kh` for all the query heads of its group: each K row is
+/// scored against every query of the group, each V row accumulated into all of
+/// them. `parts` gets per query head `[max, sum, acc[d]]`; `sc` holds the group's
+/// score rows (`g_n * (b - a)` floats at least).
+#[allow(clippy::too_many_arguments)]
+fn split_partials(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, a: usize, b: usize, parts: &mut [f32], sc: &mut [f32]) {
+    let s = kv.s;
+    let (g_n, d, n) = (s.group(), s.d, b - a);
+    for c in 0..n {
+        let kr = kv.k(kh, a + c);
+        for g in 0..g_n {
+            sc[g * n + c] = cpu::dot(isa, &q[(kh * g_n + g) * d..][..d], kr) * s.scale;
+        }
+    }
+    for (row, part) in sc[..g_n * n].chunks_mut(n).zip(parts.chunks_mut(d + 2)) {
+        let (m, l) = exp_row(row);
+        part[0] = m;
+        part[1] = l;
+        part[2..].fill(0.0);
+    }
+    for c in 0..n {
+        let vr = kv.v(kh, a + c);
+        for (g, part) in parts.chunks_mut(d + 2).enumerate() {
+            axpy_row(isa, sc[g * n + c], vr, &mut part[2..]);
+        }
+    }
+}
+
+pub(super) fn run_decode_splitkv(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let (s, isa, kv, q) = cpu_call(kd, prob, params, &a)?;
+    let chunk = (param(params, "chunk")? as usize).max(1);
+    let (g_n, d) = (s.group(), s.d);
+    let (lo, hi) = s.range(0);
+    let splits = (hi - lo).div_ceil(chunk);
+    let most = s.kv_heads * s.kv_cap.div_ceil(chunk);
+    let (per_part, per_sc) = (g_n * (d + 2), g_n * chunk.min(hi - lo));
+    // parts[(kh * splits + c) * per_part ..]: query head g's [max, sum, acc]
+    cpu::with_scratch_cap(&SPLIT_PARTS, s.kv_heads * splits * per_part, most * per_part, |parts| {
+        cpu::with_scratch_cap(&SPLIT_SCORES, s.kv_heads * splits * per_sc, most * g_n * chunk, |scores| {
+            cpu::pool::for_chunks_mut2(parts, per_part, scores, per_sc, |t, p, sc| {
+                let (kh, c) = (t / splits, t % splits);
+                let a0 = lo + c * chunk;
+                split_partials(isa, &kv, q, kh, a0, (a0 + chunk).min(hi), p, sc);
+            });
+        });
+        let parts = &*parts;
+        cpu::pool::for_chunks_mut(&mut a.outs[0][..s.heads * d], d, |h, o| {
+            let (kh, g) = (h / g_n, h % g_n);
+            let mine = |c: usize| &parts[(kh * splits + c) * per_part + g * (d + 2)..][..d + 2];
+            let mx = (0..splits).map(|c| mine(c)[0]).fold(f32::NEG_INFINITY, f32::max);
+            o.fill(0.0);
+            let mut l = 0.0;
+            for c in 0..splits {
+                let p = mine(c);
+                let w = (p[0] - mx).exp();
+                l += w * p[1];
+                cpu::axpy(isa, w, &p[2..], o);
+            }
+            scale_in_place(o, 1.0 / l);
+        });
+    });
+    Ok(())
+}

@@ -1,0 +1,136 @@
+//! The attention call's shape ([`Shape`]: a prefill or decode `Problem`, checked
+//! once) and the validity rules the kernels share: the shape and grid checks of the
+//! WGSL kernels, elements per 16-byte word, the flash workgroup size.
+
+use crate::device::GpuCaps;
+use crate::kernels::{DType, KernelDef, KernelError, Params, Problem, param, wrong_op};
+
+/// One attention call; decode is `tokens = 1`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Shape {
+    pub(super) tokens: usize,
+    pub(super) kv_len: usize,
+    pub(super) kv_cap: usize,
+    pub(super) heads: usize,
+    pub(super) kv_heads: usize,
+    pub(super) d: usize,
+    pub(super) window: usize,
+    pub(super) scale: f32,
+    /// The bidirectional block `[start, end)` of a prefill (equal: none).
+    pub(super) bidi: (usize, usize),
+}
+
+impl Shape {
+    pub(super) fn of(p: &Problem) -> Option<Shape> {
+        match *p {
+            Problem::AttentionPrefill { tokens, kv_len, kv_cap, heads, kv_heads, head_dim, window, scale, bidi_start, bidi_end } => {
+                Some(Shape { tokens, kv_len, kv_cap, heads, kv_heads, d: head_dim, window, scale, bidi: (bidi_start, bidi_end) })
+            }
+            Problem::AttentionDecode { kv_len, kv_cap, heads, kv_heads, head_dim, window, scale } => {
+                Some(Shape { tokens: 1, kv_len, kv_cap, heads, kv_heads, d: head_dim, window, scale, bidi: (0, 0) })
+            }
+            _ => None,
+        }
+    }
+
+    /// The shape rules every attention kernel relies on.
+    pub(super) fn checked(p: &Problem) -> Result<Shape, String> {
+        let s = Shape::of(p).ok_or_else(|| format!("{} is not an attention problem", p.op()))?;
+        if s.d == 0 || s.heads == 0 || s.kv_heads == 0 {
+            return Err("head_dim, heads and kv_heads must be at least 1".into());
+        }
+        if s.heads % s.kv_heads != 0 {
+            return Err(format!("heads = {} is not a multiple of kv_heads = {}", s.heads, s.kv_heads));
+        }
+        if s.tokens == 0 || s.tokens > s.kv_len {
+            return Err(format!("tokens = {} must be in 1..=kv_len ({})", s.tokens, s.kv_len));
+        }
+        if s.kv_len > s.kv_cap {
+            return Err(format!("kv_len = {} exceeds kv_cap = {}", s.kv_len, s.kv_cap));
+        }
+        let (b0, b1) = s.bidi;
+        if b0 != b1 && (b0 > b1 || b0 < s.kv_len - s.tokens || b1 > s.kv_len) {
+            return Err(format!(
+                "the bidirectional block [{b0}, {b1}) must lie within this call's positions [{}, {})",
+                s.kv_len - s.tokens,
+                s.kv_len
+            ));
+        }
+        Ok(s)
+    }
+
+    /// Query heads per KV head.
+    pub(super) fn group(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+
+    /// Keys `[lo, hi)` the query at token index `i` sees.
+    /// (Never decreasing with `i`, bounds included: a block of queries sees the keys
+    /// between its first query's `lo` and its last query's `hi`.)
+    pub(super) fn range(&self, i: usize) -> (usize, usize) {
+        crate::kernels::attention_keys(self.kv_len - self.tokens + i, self.window, self.bidi)
+    }
+
+    /// The uniform words every WGSL prefill kernel starts its `Dims` with: tokens,
+    /// kv_len, kv_cap, heads, kv_heads, window, scale (f32 bits), and the
+    /// bidirectional block b0, b1; a kernel's own fields follow.
+    pub(super) fn prefill_words(&self) -> Vec<u32> {
+        let mut w: Vec<u32> = [self.tokens, self.kv_len, self.kv_cap, self.heads, self.kv_heads, self.window].map(|v| v as u32).to_vec();
+        w.extend([self.scale.to_bits(), self.bidi.0 as u32, self.bidi.1 as u32]);
+        w
+    }
+
+    /// Cache row of key `j` of KV head `kh`.
+    pub(super) fn row_of(&self, kh: usize, j: usize) -> usize {
+        kh * self.kv_cap + j
+    }
+}
+
+/// The checked shape of a CPU kernel's problem: [`wrong_op`] for another op
+/// (prefill and decode included), `Invalid` for a shape the kernels cannot run.
+pub(super) fn shape_or_invalid(kd: &KernelDef, p: &Problem) -> Result<Shape, KernelError> {
+    if p.op() != kd.op {
+        return Err(wrong_op(kd, p));
+    }
+    Shape::checked(p).map_err(|reason| KernelError::Invalid { kernel: kd.id.to_string(), reason })
+}
+
+/// Cache elements per 16-byte word (the WGSL kernels' load unit).
+pub(super) fn per_word(dtype: DType) -> usize {
+    if dtype == DType::F16 { 8 } else { 4 }
+}
+
+/// Shape rules shared by the WGSL kernels: 16-byte cache loads and u32 indexing.
+pub(super) fn check_wgsl_shape(prob: &Problem, dtype: DType) -> Result<Shape, String> {
+    let s = Shape::checked(prob)?;
+    let need = per_word(dtype);
+    if s.d % need != 0 {
+        return Err(format!("head_dim = {} is not a multiple of {need} (16-byte {dtype} cache loads)", s.d));
+    }
+    let elems = (s.kv_heads * s.kv_cap * s.d).max(s.tokens * s.heads * s.d) as u64;
+    if elems >= u32::MAX as u64 {
+        return Err(format!("{elems} elements overflow the shader's u32 indices"));
+    }
+    Ok(s)
+}
+
+pub(super) fn flash_wg_size(params: &Params) -> Result<[u32; 3], KernelError> {
+    Ok([param(params, "block_q")? * param(params, "lanes")?, 1, 1])
+}
+
+/// 16-byte words per cache row must fit one workgroup (V rows are read by
+/// `head_dim / per_word` invocations side by side).
+pub(super) fn check_row_fits(s: &Shape, dtype: DType, wg: u32) -> Result<(), String> {
+    let words = s.d / per_word(dtype);
+    if words > wg as usize {
+        return Err(format!("head_dim = {} needs {words} invocations per V row, more than workgroup_size = {wg}", s.d));
+    }
+    Ok(())
+}
+
+pub(super) fn check_grid(caps: &GpuCaps, what: &str, count: usize) -> Result<(), String> {
+    if count > caps.max_workgroups_per_dimension as usize {
+        return Err(format!("{count} {what} exceed the adapter's {} workgroups per dimension", caps.max_workgroups_per_dimension));
+    }
+    Ok(())
+}

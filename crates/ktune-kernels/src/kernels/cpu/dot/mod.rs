@@ -1,0 +1,300 @@
+//! Single-threaded SIMD microkernels on f32 activations and f32 or f16 weight rows:
+//! dot products one row or four at a time (the activation vector loaded once for
+//! four rows), two activation rows by four weight rows, `axpy`, and the fused
+//! add + sum of squares and scale-by-gain passes of the norm kernels.
+//!
+//! Every path accumulates in f32 with several independent accumulators. Each x86
+//! microkernel is written once, generic over the weight element ([`Weight`]: an f32
+//! load or an f16 load widened by F16C), so f32 and f16 rows run the same code.
+
+use half::f16;
+
+use super::Isa;
+use super::lanes::{Elem, Lanes, isa_dispatch};
+
+/// A row of weights in either storage type.
+#[derive(Clone, Copy)]
+pub enum Row<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+}
+
+/// `$e` with `$w` bound to the f32 or the f16 slice of a [`Row`] (one generic body
+/// for both storage types).
+macro_rules! with_row {
+    ($row:expr, |$w:ident| $e:expr) => {
+        match $row {
+            $crate::kernels::cpu::Row::F32($w) => $e,
+            $crate::kernels::cpu::Row::F16($w) => $e,
+        }
+    };
+}
+pub(crate) use with_row;
+
+/// `$e` with `$a` and `$b` bound to the slices of two rows of the same storage type
+/// (the registry checks both against the variant's dtype; mixed rows do nothing).
+macro_rules! with_row_pair {
+    ($ra:expr, $rb:expr, |$a:ident, $b:ident| $e:expr) => {
+        match ($ra, $rb) {
+            ($crate::kernels::cpu::Row::F32($a), $crate::kernels::cpu::Row::F32($b)) => $e,
+            ($crate::kernels::cpu::Row::F16($a), $crate::kernels::cpu::Row::F16($b)) => $e,
+            _ => {}
+        }
+    };
+}
+pub(crate) use with_row_pair;
+
+/// A weight element the SIMD microkernels load (f32, or f16 widened on load).
+#[cfg(target_arch = "x86_64")]
+pub trait Weight: Elem + x86::Load {}
+/// A weight element the SIMD microkernels load (f32, or f16 widened on load).
+#[cfg(not(target_arch = "x86_64"))]
+pub trait Weight: Elem {}
+impl Weight for f32 {}
+impl Weight for f16 {}
+
+/// `Σ x[i] * w[i]` over `x.len()` elements.
+#[inline]
+pub fn dot(isa: Isa, x: &[f32], w: Row<'_>) -> f32 {
+    match w {
+        Row::F32(w) => dot_f32(isa, x, w),
+        Row::F16(w) => dot_f16(isa, x, w),
+    }
+}
+
+/// Four dot products sharing `x`.
+#[inline]
+pub fn dot4(isa: Isa, x: &[f32], w: [Row<'_>; 4]) -> [f32; 4] {
+    match w {
+        [Row::F32(a), Row::F32(b), Row::F32(c), Row::F32(d)] => dot4_f32(isa, x, [a, b, c, d]),
+        [Row::F16(a), Row::F16(b), Row::F16(c), Row::F16(d)] => dot4_f16(isa, x, [a, b, c, d]),
+        _ => [dot(isa, x, w[0]), dot(isa, x, w[1]), dot(isa, x, w[2]), dot(isa, x, w[3])],
+    }
+}
+
+pub fn dot_f32(isa: Isa, x: &[f32], w: &[f32]) -> f32 {
+    #[cfg(target_arch = "aarch64")]
+    if isa != Isa::Scalar {
+        let n = x.len().min(w.len());
+        // SAFETY: NEON is reported by the CPU (checked in `Isa::best`).
+        return unsafe { arm::dot_f32_neon(&x[..n], &w[..n]) };
+    }
+    dot_w(isa, x, w)
+}
+
+pub fn dot_f16(isa: Isa, x: &[f32], w: &[f16]) -> f32 {
+    dot_w(isa, x, w)
+}
+
+fn dot_w<W: Weight>(isa: Isa, x: &[f32], w: &[W]) -> f32 {
+    let n = x.len().min(w.len());
+    let (x, w) = (&x[..n], &w[..n]);
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::from_param`/`best` only yield levels the CPU reports.
+        Isa::Avx512 => unsafe { x86::dot_avx512(x, w) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above (the AVX2 level includes FMA and F16C).
+        Isa::Simd256 => unsafe { x86::dot_avx2(x, w) },
+        _ => dot_scalar(x, w),
+    }
+}
+
+pub fn dot4_f32(isa: Isa, x: &[f32], w: [&[f32]; 4]) -> [f32; 4] {
+    dot4_w(isa, x, w, dot_f32)
+}
+
+pub fn dot4_f16(isa: Isa, x: &[f32], w: [&[f16]; 4]) -> [f32; 4] {
+    dot4_w(isa, x, w, dot_f16)
+}
+
+fn dot4_w<W: Weight>(isa: Isa, x: &[f32], w: [&[W]; 4], one: fn(Isa, &[f32], &[W]) -> f32) -> [f32; 4] {
+    let n = w.iter().fold(x.len(), |m, r| m.min(r.len()));
+    let x = &x[..n];
+    let w = [&w[0][..n], &w[1][..n], &w[2][..n], &w[3][..n]];
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::from_param`/`best` only yield levels the CPU reports.
+        Isa::Avx512 => unsafe { x86::dot4_avx512(x, w) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Simd256 => unsafe { x86::dot4_avx2(x, w) },
+        _ => w.map(|r| one(isa, x, r)),
+    }
+}
+
+/// `y[i] += a * x[i]`.
+pub fn axpy(isa: Isa, a: f32, x: &[f32], y: &mut [f32]) {
+    axpy_row(isa, a, Row::F32(x), y)
+}
+
+/// `y += a * x` for an f32 or f16 row (one FMA per lane on the SIMD levels).
+#[inline]
+pub fn axpy_row(isa: Isa, a: f32, x: Row<'_>, y: &mut [f32]) {
+    isa_dispatch!(isa, |l| (a: f32 = a, x: Row<'_> = x, y: &mut [f32] = y) -> () {
+        with_row!(x, |x| axpy_k(l, a, x, y))
+    })
+}
+
+#[inline(always)]
+fn axpy_k<L: Lanes, W: Elem>(l: L, a: f32, x: &[W], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    let (x, y) = (&x[..n], &mut y[..n]);
+    let av = l.splat(a);
+    let mut ys = y.chunks_exact_mut(L::N);
+    for (yc, xc) in (&mut ys).zip(x.chunks_exact(L::N)) {
+        let v = l.fma(av, W::load(l, xc), l.load(yc));
+        l.store(yc, v);
+    }
+    let t = n - n % L::N;
+    for (i, o) in ys.into_remainder().iter_mut().enumerate() {
+        *o += a * x[t + i].f32();
+    }
+}
+
+/// Portable dot product: eight interleaved accumulators.
+pub fn dot_scalar<W: Elem>(x: &[f32], w: &[W]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = x.len() / 8;
+    for c in 0..chunks {
+        for l in 0..8 {
+            acc[l] += x[c * 8 + l] * w[c * 8 + l].f32();
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for i in chunks * 8..x.len() {
+        s += x[i] * w[i].f32();
+    }
+    s
+}
+
+pub fn dot_f32_scalar(x: &[f32], w: &[f32]) -> f32 {
+    dot_scalar(x, w)
+}
+
+/// `h = x + r`; returns `Σ h²`. `Isa::Simd256` and `Isa::Avx512` both take the
+/// AVX2+FMA path on x86 (memory-bound); other targets use portable loops.
+pub fn add_sumsq(isa: Isa, x: &[f32], r: &[f32], h: &mut [f32]) -> f32 {
+    let n = x.len().min(r.len()).min(h.len());
+    let (x, r, h) = (&x[..n], &r[..n], &mut h[..n]);
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: AVX2 and FMA are reported by the CPU; slices have equal length n.
+        return unsafe { x86::add_sumsq(x, r, h) };
+    }
+    let _ = isa;
+    let mut acc = [0f32; 8];
+    let body = n / 8 * 8;
+    for ((hc, xc), rc) in h[..body].chunks_exact_mut(8).zip(x.chunks_exact(8)).zip(r.chunks_exact(8)) {
+        for (l, a) in acc.iter_mut().enumerate() {
+            let v = xc[l] + rc[l];
+            hc[l] = v;
+            *a += v * v;
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for i in body..n {
+        let v = x[i] + r[i];
+        h[i] = v;
+        s += v * v;
+    }
+    s
+}
+
+/// `dst[i] = src[i] * s * g[i]` (AVX2+FMA on x86 at any SIMD level).
+pub fn scale_mul(isa: Isa, src: &[f32], s: f32, g: &[f32], dst: &mut [f32]) {
+    let n = src.len().min(g.len()).min(dst.len());
+    let (src, g, dst) = (&src[..n], &g[..n], &mut dst[..n]);
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: AVX2 and FMA are reported by the CPU; slices have equal length n.
+        unsafe { x86::scale_mul(src, s, g, dst) };
+        return;
+    }
+    let _ = isa;
+    for ((d, v), w) in dst.iter_mut().zip(src).zip(g) {
+        *d = v * s * w;
+    }
+}
+
+/// Dot products of two activation rows with four weight rows: `[[x0·w_r], [x1·w_r]]`
+/// (AVX2+FMA on x86 at any SIMD level: register-limited at 2x4).
+pub fn dot2x4(isa: Isa, x0: &[f32], x1: &[f32], w: [&[f32]; 4]) -> [[f32; 4]; 2] {
+    let n = w.iter().fold(x0.len().min(x1.len()), |m, r| m.min(r.len()));
+    let w = [&w[0][..n], &w[1][..n], &w[2][..n], &w[3][..n]];
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() {
+        // SAFETY: AVX2 and FMA are reported by the CPU; all six slices have length >= n.
+        return unsafe { x86::dot2x4(&x0[..n], &x1[..n], w) };
+    }
+    [dot4_f32(isa, &x0[..n], w), dot4_f32(isa, &x1[..n], w)]
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86;
+
+#[cfg(target_arch = "aarch64")]
+mod arm;
+
+#[cfg(test)]
+mod tests {
+    use super::super::testdata;
+    use super::*;
+
+    #[test]
+    fn every_isa_matches_f64_dot_at_odd_lengths() {
+        for n in [0, 1, 7, 15, 16, 17, 31, 33, 63, 64, 65, 100, 1000, 1153] {
+            let (x, w) = (testdata::signed(n, 2 * n as u64), testdata::signed(n, 2 * n as u64 + 1));
+            let wh: Vec<f16> = w.iter().map(|&v| f16::from_f32(v)).collect();
+            let exact: f64 = x.iter().zip(&w).map(|(a, b)| *a as f64 * *b as f64).sum();
+            let exact_h: f64 = x.iter().zip(&wh).map(|(a, b)| *a as f64 * b.to_f64()).sum();
+            for isa in [Isa::Scalar, Isa::from_param(2), Isa::best()] {
+                let tol = 1e-5 * (n as f64).max(1.0);
+                assert!((dot_f32(isa, &x, &w) as f64 - exact).abs() < tol, "f32 {isa:?} n={n}");
+                assert!((dot_f16(isa, &x, &wh) as f64 - exact_h).abs() < tol, "f16 {isa:?} n={n}");
+                let four = dot4_f32(isa, &x, [&w, &w, &w, &w]);
+                let four_h = dot4_f16(isa, &x, [&wh, &wh, &wh, &wh]);
+                for r in 0..4 {
+                    assert!((four[r] as f64 - exact).abs() < tol, "dot4 f32 {isa:?} n={n}");
+                    assert!((four_h[r] as f64 - exact_h).abs() < tol, "dot4 f16 {isa:?} n={n}");
+                }
+                let mut y = x.clone();
+                axpy(isa, 0.5, &w, &mut y);
+                for i in 0..n {
+                    assert!((y[i] - (x[i] + 0.5 * w[i])).abs() < 1e-6);
+                }
+                let mut yh = x.clone();
+                axpy_row(isa, 0.5, Row::F16(&wh), &mut yh);
+                for i in 0..n {
+                    assert!((yh[i] - (x[i] + 0.5 * wh[i].to_f32())).abs() < 1e-6);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fused_microkernels_agree_across_isas() {
+        let n = 67;
+        let (x, r) = (testdata::signed(n, 1), testdata::signed(n, 2));
+        let ws: Vec<Vec<f32>> = (0..4).map(|s| testdata::uniform(n, 3 + s, -0.2, 0.2)).collect();
+        for v in super::super::ISA_VALUES {
+            let isa = Isa::from_param(*v);
+            let mut h = vec![0f32; n];
+            let ss = add_sumsq(isa, &x, &r, &mut h);
+            let want: f64 = x.iter().zip(&r).map(|(a, b)| ((a + b) as f64).powi(2)).sum();
+            assert!((ss as f64 - want).abs() < 1e-4 * want.max(1.0));
+            let mut y = vec![0f32; n];
+            scale_mul(isa, &h, 0.5, &x, &mut y);
+            for i in 0..n {
+                assert!((y[i] - h[i] * 0.5 * x[i]).abs() < 1e-6);
+            }
+            let d = dot2x4(isa, &x, &r, [&ws[0], &ws[1], &ws[2], &ws[3]]);
+            for (t, xt) in [&x, &r].iter().enumerate() {
+                for (j, wr) in ws.iter().enumerate() {
+                    let want: f64 = xt.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
+                    assert!((d[t][j] as f64 - want).abs() < 1e-4, "isa {v} token {t} row {j}");
+                }
+            }
+        }
+    }
+}

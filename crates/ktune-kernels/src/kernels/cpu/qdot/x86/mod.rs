@@ -1,0 +1,373 @@
+//! The x86 loops of the block dots (AVX2 + FMA + F16C, and AVX-512 VNNI on
+//! 256-bit registers): what they share (the per-format dispatch `by_format!`,
+//! block loads, the int8 lane dots, prefetch, the eight-block scale step), the
+//! f32-activation dots of Q8_0, Q4_0 and Q4_1, SIMD dequantization and the AVX2
+//! activation quantizer; the int8 loop family in [`int8`], the K-quant
+//! super-block loops in [`kquant`], the unpacked-block paths of the other
+//! formats in [`unpack`].
+
+use std::arch::x86_64::*;
+
+use half::f16;
+
+use super::{GROUP, QFormat, QK, QView, Unpacked};
+
+use crate::kernels::cpu::dot::x86::hsum256 as hsum;
+
+/// `$run::<F>(args)` with the const `F` of the block format (an index into
+/// `I8_FORMATS`): one loop per format, the format resolved outside it.
+macro_rules! by_format {
+    ($format:expr, $run:ident($($arg:expr),*)) => {
+        match $format {
+            QFormat::Q8_0 => $run::<0>($($arg),*),
+            QFormat::Q4_0 => $run::<1>($($arg),*),
+            QFormat::Q4_1 => $run::<2>($($arg),*),
+            QFormat::Q5_0 => $run::<3>($($arg),*),
+            QFormat::Q5_1 => $run::<4>($($arg),*),
+            QFormat::IQ4_NL => $run::<5>($($arg),*),
+            _ => unreachable!("only the formats of `direct_i8` have a direct int8 loop"),
+        }
+    };
+}
+
+mod int8;
+mod kquant;
+mod unpack;
+
+pub use int8::{avx2, vnni};
+pub use kquant::{kq8_avx2, kq8_vnni};
+pub use unpack::{dequantize_unpacked, dot_i8_unpacked, dot_unpacked, unpack_simd};
+
+/// The formats of `by_format`, by index.
+const I8_FORMATS: [QFormat; 6] = [QFormat::Q8_0, QFormat::Q4_0, QFormat::Q4_1, QFormat::Q5_0, QFormat::Q5_1, QFormat::IQ4_NL];
+
+/// Formats whose blocks carry a minimum (`d, m` header pairs).
+#[inline]
+fn has_min(format: QFormat) -> bool {
+    matches!(format, QFormat::Q4_1 | QFormat::Q5_1)
+}
+
+#[inline]
+#[target_feature(enable = "f16c")]
+fn h(v: f16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(v.to_bits() as i32)))
+}
+
+/// The 32 weights of a q8_0 block as four vectors of 8 (unscaled).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn q8(q: *const u8) -> [__m256; 4] {
+    // SAFETY: the caller passes a pointer to 32 readable bytes.
+    let raw = unsafe { _mm256_loadu_si256(q as *const __m256i) };
+    let (lo, hi) = (_mm256_castsi256_si128(raw), _mm256_extracti128_si256(raw, 1));
+    [
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)),
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))),
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)),
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))),
+    ]
+}
+
+/// The 32 nibbles of a 4-bit block (elements 0..32 in ggml order) as four vectors.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn q4(q: *const u8) -> [__m256; 4] {
+    // SAFETY: the caller passes a pointer to 16 readable bytes.
+    let raw = unsafe { _mm_loadu_si128(q as *const __m128i) };
+    let mask = _mm_set1_epi8(0x0f);
+    let lo = _mm_and_si128(raw, mask);
+    let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+    [
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)),
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))),
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)),
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))),
+    ]
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot32(v: [__m256; 4], x: *const f32) -> __m256 {
+    // SAFETY: the caller passes a pointer to 32 readable floats.
+    unsafe {
+        let mut p = _mm256_mul_ps(v[0], _mm256_loadu_ps(x));
+        p = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(x.add(8)), p);
+        p = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(x.add(16)), p);
+        _mm256_fmadd_ps(v[3], _mm256_loadu_ps(x.add(24)), p)
+    }
+}
+
+/// 32 floats from `x` summed into 8 lanes (the `Σx` a block minimum multiplies).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn sum32(x: *const f32) -> __m256 {
+    // SAFETY: the caller passes a pointer to 32 readable floats.
+    unsafe {
+        _mm256_add_ps(
+            _mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x.add(8))),
+            _mm256_add_ps(_mm256_loadu_ps(x.add(16)), _mm256_loadu_ps(x.add(24))),
+        )
+    }
+}
+
+/// # Safety
+/// AVX2, FMA and F16C available; `q` holds whole blocks, `s` one scale per block
+/// and `x` 32 values per block.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q8_0(x: &[f32], q: &[u8], s: &[f16]) -> f32 {
+    let blocks = q.len() / 32;
+    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut b = 0;
+    // SAFETY: block b reads q[32b..32b+32] and x[32b..32b+32], inside the slices.
+    unsafe {
+        while b + 2 <= blocks {
+            let p0 = dot32(q8(q.as_ptr().add(32 * b)), x.as_ptr().add(32 * b));
+            let p1 = dot32(q8(q.as_ptr().add(32 * b + 32)), x.as_ptr().add(32 * b + 32));
+            a0 = _mm256_fmadd_ps(_mm256_set1_ps(h(s[b])), p0, a0);
+            a1 = _mm256_fmadd_ps(_mm256_set1_ps(h(s[b + 1])), p1, a1);
+            b += 2;
+        }
+        if b < blocks {
+            let p0 = dot32(q8(q.as_ptr().add(32 * b)), x.as_ptr().add(32 * b));
+            a0 = _mm256_fmadd_ps(_mm256_set1_ps(h(s[b])), p0, a0);
+        }
+    }
+    hsum(_mm256_add_ps(a0, a1))
+}
+
+/// # Safety
+/// As [`dot_q8_0`], with 16 bytes per block.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q4_0(x: &[f32], q: &[u8], s: &[f16]) -> f32 {
+    let blocks = q.len() / 16;
+    let eight = _mm256_set1_ps(8.0);
+    let mut acc = _mm256_setzero_ps();
+    #[allow(clippy::needless_range_loop)]
+    for b in 0..blocks {
+        // SAFETY: block b reads q[16b..16b+16] and x[32b..32b+32].
+        unsafe {
+            let v = q4(q.as_ptr().add(16 * b));
+            let v = [_mm256_sub_ps(v[0], eight), _mm256_sub_ps(v[1], eight), _mm256_sub_ps(v[2], eight), _mm256_sub_ps(v[3], eight)];
+            let p = dot32(v, x.as_ptr().add(32 * b));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(h(s[b])), p, acc);
+        }
+    }
+    hsum(acc)
+}
+
+/// # Safety
+/// As [`dot_q8_0`], with 16 bytes and two scales (d, m) per block.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_q4_1(x: &[f32], q: &[u8], s: &[f16]) -> f32 {
+    let blocks = q.len() / 16;
+    let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    #[allow(clippy::needless_range_loop)]
+    for b in 0..blocks {
+        // SAFETY: block b reads q[16b..16b+16] and x[32b..32b+32].
+        unsafe {
+            let xp = x.as_ptr().add(32 * b);
+            let p = dot32(q4(q.as_ptr().add(16 * b)), xp);
+            let sx = sum32(xp);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(h(s[2 * b])), p, acc);
+            accm = _mm256_fmadd_ps(_mm256_set1_ps(h(s[2 * b + 1])), sx, accm);
+        }
+    }
+    hsum(_mm256_add_ps(acc, accm))
+}
+
+/// Σ over 32 lanes of `|w| * sign(x, w)` for signed int8 `w` and `x`, as 8 i32
+/// sums in f32 (`maddubs` needs one unsigned operand: llama.cpp's sign trick).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dot_s8(w: __m256i, x: __m256i) -> __m256 {
+    let prod = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, _mm256_set1_epi16(1)))
+}
+
+/// The 32 nibbles of a 4-bit block as unsigned bytes in ggml element order.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn nibbles(q: *const u8) -> __m256i {
+    // SAFETY: the caller passes a pointer to 16 readable bytes.
+    let raw = unsafe { _mm_loadu_si128(q as *const __m128i) };
+    let mask = _mm_set1_epi8(0x0f);
+    _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask))
+}
+
+/// Prefetches into L1 the `len` bytes `ahead` bytes past `p`, a line at a
+/// time (none when `ahead` is 0). The address may lie past the end of the
+/// row or of the allocation: a prefetch never faults, and a task's next row
+/// follows its current one.
+#[inline]
+#[target_feature(enable = "sse")]
+fn prefetch(p: *const u8, ahead: usize, len: usize) {
+    if ahead == 0 {
+        return;
+    }
+    let p = p.wrapping_add(ahead);
+    let mut o = 0;
+    while o < len {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o) as *const i8);
+        o += 64;
+    }
+}
+
+/// Unsigned `w` (bytes 0..=255) times signed int8 `x`, summed by four into 8
+/// f32 lanes (`maddubs` saturates pairs at ±32767, far above 2 × 31 × 127).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dot_u8(w: __m256i, x: __m256i) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)))
+}
+
+/// [`dot_s8`] with VNNI: `|w|` unsigned times `sign(x, w)` in one `vpdpbusd`.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn dot_s8_vnni(w: __m256i, x: __m256i) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)))
+}
+
+/// [`dot_u8`] with VNNI.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn dot_u8_vnni(w: __m256i, x: __m256i) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x))
+}
+/// [`super::xq8::quantize_block`] with AVX2: the same codes (conversion rounds to
+/// nearest, ties to even), scale and half sums.
+///
+/// # Safety
+/// AVX2 available; `xb` and `q` hold 32 values.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn quantize_block(xb: &[f32], q: &mut [i8], amax: Option<f32>) -> (f32, [i32; 2]) {
+    assert!(xb.len() >= 32 && q.len() >= 32);
+    // SAFETY: 32 readable floats and 32 writable bytes (asserted).
+    unsafe {
+        let p = xb.as_ptr();
+        let v = [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))];
+        let sign = _mm256_set1_ps(-0.0);
+        let m = _mm256_max_ps(
+            _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+            _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])),
+        );
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let amax = amax.unwrap_or_else(|| _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2))));
+        let d = amax / 127.0;
+        let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+        let i = v.map(|x| _mm256_cvtps_epi32(_mm256_mul_ps(x, id)));
+        let half = |a: __m256i, b: __m256i| {
+            let s = _mm256_add_epi32(a, b);
+            let s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            let s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0b01_00_11_10));
+            _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0b10_11_00_01)))
+        };
+        let sums = [half(i[0], i[1]), half(i[2], i[3])];
+        // int32 -> int16 -> int8 (saturating; |code| <= 127), then undo the
+        // packs' lane interleave.
+        let a = _mm256_packs_epi32(i[0], i[1]);
+        let b = _mm256_packs_epi32(i[2], i[3]);
+        let c = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(a, b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, c);
+        (d, sums)
+    }
+}
+
+/// Blocks `b..b + 8` of one row: their weight scales (`sp`: the row's f16
+/// headers as 16-byte words) widened by one F16C conversion and multiplied by
+/// the activation scales `xd` into `comb`; for formats with a minimum (and
+/// Q4_0, whose nibbles the int8 loops take unsigned: a minimum of -8d), the
+/// minima times the activation sums `xs` added to `mins`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scales8(format: QFormat, sp: *const __m128i, xd: *const f32, xs: *const f32, b: usize, comb: &mut [f32; 8], mins: &mut __m256) {
+    // SAFETY: the caller keeps b + 8 within the row's blocks and x's.
+    unsafe {
+        let d = if has_min(format) {
+            // (d, m) pairs: d0 m0 d1 m1 .. d7 m7 -> d0..d7 and m0..m7.
+            let lo = _mm256_cvtph_ps(_mm_loadu_si128(sp.add(b / 4)));
+            let hi = _mm256_cvtph_ps(_mm_loadu_si128(sp.add(b / 4 + 1)));
+            let even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0b10_00_10_00)), 0xD8));
+            let odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0b11_01_11_01)), 0xD8));
+            *mins = _mm256_fmadd_ps(odd, _mm256_loadu_ps(xs.add(b)), *mins);
+            even
+        } else {
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(sp.add(b / 8)));
+            if format == QFormat::Q4_0 {
+                // The int8 loops take Q4_0's nibbles unsigned: a minimum of -8d.
+                *mins = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(-8.0)), _mm256_loadu_ps(xs.add(b)), *mins);
+            }
+            d
+        };
+        _mm256_storeu_ps(comb.as_mut_ptr(), _mm256_mul_ps(d, _mm256_loadu_ps(xd.add(b))));
+    }
+}
+
+/// The minimum of block `b` (scale `d`) as the int8 loops see it: Q4_1's and
+/// Q5_1's stored one, -8d for Q4_0 (its nibbles taken unsigned), else 0.
+#[inline]
+#[target_feature(enable = "f16c")]
+fn block_min(format: QFormat, s: &[f16], b: usize, d: f32) -> f32 {
+    match format {
+        QFormat::Q4_0 => -8.0 * d,
+        f if has_min(f) => h(s[2 * b + 1]),
+        _ => 0.0,
+    }
+}
+
+/// # Safety
+/// AVX2, FMA and F16C available; `q` holds whole blocks, `s` their scales, `out`
+/// 32 values per block.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dequantize(format: QFormat, q: &[u8], s: &[f16], out: &mut [f32]) {
+    let qb = format.quant_bytes();
+    let blocks = q.len() / qb;
+    for b in 0..blocks {
+        // SAFETY: block b reads q[qb*b..qb*(b+1)] and writes out[32b..32b+32].
+        unsafe {
+            let (v, d, m) = match format {
+                QFormat::Q8_0 => (q8(q.as_ptr().add(32 * b)), h(s[b]), 0.0),
+                QFormat::Q4_0 => (q4(q.as_ptr().add(16 * b)), h(s[b]), -8.0 * h(s[b])),
+                QFormat::Q4_1 => (q4(q.as_ptr().add(16 * b)), h(s[2 * b]), h(s[2 * b + 1])),
+                _ => unreachable!("dequantize serves the formats of `four_row_path`"),
+            };
+            let (dv, mv) = (_mm256_set1_ps(d), _mm256_set1_ps(m));
+            let o = out.as_mut_ptr().add(32 * b);
+            for (i, vi) in v.into_iter().enumerate() {
+                _mm256_storeu_ps(o.add(8 * i), _mm256_fmadd_ps(vi, dv, mv));
+            }
+        }
+    }
+}
+
+/// The IQ4 levels in both lanes: the `pshufb` table that maps nibbles to values.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn iq4_table() -> __m256i {
+    let l = crate::kernels::quant::IQ4_LEVELS;
+    // SAFETY: the 16 bytes of the table.
+    let t = unsafe { _mm_loadu_si128(l.as_ptr() as *const __m128i) };
+    _mm256_set_m128i(t, t)
+}
+
+/// The 32 values of a Q5_0, Q5_1 or IQ4_NL block (quant bytes `q`) as int8 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn vals32(format: QFormat, q: &[u8]) -> __m256i {
+    if format == QFormat::IQ4_NL {
+        assert!(q.len() >= 16);
+        // SAFETY: 16 readable bytes.
+        return _mm256_shuffle_epi8(iq4_table(), unsafe { nibbles(q.as_ptr()) });
+    }
+    assert!(q.len() >= 20);
+    // SAFETY: bytes 4..20 of q.
+    let n = unsafe { nibbles(q.as_ptr().add(4)) };
+    let bits = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits as i32),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0),
+    );
+    let set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)), _mm256_set1_epi8(-1));
+    let x = _mm256_or_si256(n, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    if format == QFormat::Q5_0 { _mm256_sub_epi8(x, _mm256_set1_epi8(16)) } else { x }
+}

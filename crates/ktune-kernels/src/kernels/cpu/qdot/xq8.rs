@@ -1,0 +1,141 @@
+//! Activations quantized to int8 blocks for the block dots ([`XQ8`], llama.cpp's
+//! q8_0 activations, or one scale per 256 as its q8_K): the portable block
+//! quantizer, the AVX2 one in `x86/`, and the spare buffers every decode
+//! projection's activation vector reuses.
+
+#[cfg(target_arch = "x86_64")]
+use super::x86;
+use crate::kernels::cpu::{Isa, Spares};
+use crate::kernels::quant::{GROUP, QK, QK_K};
+
+/// Activations quantized to int8 blocks of 32 (llama.cpp's q8_0 activations):
+/// per block `d = max|x| / 127`, `q = round(x / d)`, and `Σ q` for the offset terms.
+pub struct XQ8 {
+    pub q: Vec<i8>,
+    pub d: Vec<f32>,
+    /// `d * Σ q` per block: the q4_1 minimum's term is `m * dsum`.
+    pub dsum: Vec<f32>,
+    /// `d * Σ q` per 16 elements (two per block): the offset terms of the formats
+    /// whose minimum changes every 16 elements (Q2_K) or 32.
+    pub dsum16: Vec<f32>,
+    /// One scale for each 256 elements (llama.cpp's q8_K activations, what its
+    /// K-quant dots take): `d` repeats over the 8 blocks of a super-block, so
+    /// every block loop stays right, and the K-quant dots sum whole super-blocks
+    /// in integers before one conversion.
+    pub per256: bool,
+}
+
+/// The buffers of a dropped [`XQ8`], kept for the next one (no `Drop` of its own).
+struct SpareXq8(Vec<i8>, Vec<f32>, Vec<f32>, Vec<f32>);
+
+/// Spare activation buffers (see `Drop for XQ8`), shared by every thread.
+static SPARE_XQ8: Spares<SpareXq8> = Spares::new();
+
+impl SpareXq8 {
+    /// Room for `k` activations without growing.
+    fn fits(&self, k: usize) -> bool {
+        let blocks = k / QK;
+        self.0.capacity() >= blocks * QK && self.1.capacity() >= blocks && self.2.capacity() >= blocks && self.3.capacity() >= 2 * blocks
+    }
+}
+
+/// `count` spare activation buffers for rows of up to `k` elements.
+pub(in crate::kernels::cpu) fn reserve_spares(count: usize, k: usize) {
+    let blocks = k.div_ceil(QK);
+    SPARE_XQ8.ensure(
+        count,
+        |s| s.fits(blocks * QK),
+        || {
+            SpareXq8(
+                Vec::with_capacity(blocks * QK),
+                Vec::with_capacity(blocks),
+                Vec::with_capacity(blocks),
+                Vec::with_capacity(2 * blocks),
+            )
+        },
+    );
+}
+
+/// A quantized activation vector goes back to the shared spares when dropped,
+/// so quantizing the next one (every projection of a decode step) reuses its
+/// buffers instead of allocating.
+impl Drop for XQ8 {
+    fn drop(&mut self) {
+        if self.q.capacity() == 0 {
+            return;
+        }
+        SPARE_XQ8.give(SpareXq8(
+            std::mem::take(&mut self.q),
+            std::mem::take(&mut self.d),
+            std::mem::take(&mut self.dsum),
+            std::mem::take(&mut self.dsum16),
+        ));
+    }
+}
+
+impl XQ8 {
+    /// `x` as int8 blocks of 32, each with its own scale.
+    pub fn quantize(x: &[f32]) -> XQ8 {
+        XQ8::quantize_as(x, false)
+    }
+
+    /// `x` as int8 codes with one scale per 256 elements (when `x` holds whole
+    /// super-blocks; else as [`XQ8::quantize`]).
+    pub fn quantize_k(x: &[f32]) -> XQ8 {
+        XQ8::quantize_as(x, x.len().is_multiple_of(QK_K))
+    }
+
+    fn quantize_as(x: &[f32], per256: bool) -> XQ8 {
+        let blocks = x.len() / QK;
+        let SpareXq8(q, d, dsum, dsum16) =
+            SPARE_XQ8.take(|s| s.fits(x.len()), |s| s.0.capacity()).unwrap_or(SpareXq8(Vec::new(), Vec::new(), Vec::new(), Vec::new()));
+        let mut out = XQ8 { q, d, dsum, dsum16, per256 };
+        out.q.clear();
+        out.q.resize(blocks * QK, 0);
+        for (v, n) in [(&mut out.d, blocks), (&mut out.dsum, blocks), (&mut out.dsum16, 2 * blocks)] {
+            v.clear();
+            v.resize(n, 0.0);
+        }
+        #[cfg(target_arch = "x86_64")]
+        let simd = Isa::best().avx2();
+        let mut shared = 0f32;
+        for (b, xb) in x.chunks_exact(QK).enumerate() {
+            let qb = &mut out.q[b * QK..(b + 1) * QK];
+            // The super-block's largest magnitude, once per 8 blocks.
+            if per256 && b % 8 == 0 {
+                shared = x[b * QK..(b + 8) * QK].iter().fold(0f32, |m, v| m.max(v.abs()));
+            }
+            let amax = if per256 { Some(shared) } else { None };
+            #[cfg(target_arch = "x86_64")]
+            let (d, s) = if simd {
+                // SAFETY: AVX2 checked; 32 values in, 32 codes out.
+                unsafe { x86::quantize_block(xb, qb, amax) }
+            } else {
+                quantize_block(xb, qb, amax)
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let (d, s) = quantize_block(xb, qb, amax);
+            out.d[b] = d;
+            out.dsum[b] = d * (s[0] + s[1]) as f32;
+            out.dsum16[2 * b] = d * s[0] as f32;
+            out.dsum16[2 * b + 1] = d * s[1] as f32;
+        }
+        out
+    }
+}
+
+/// One block of 32 activations to int8 codes (`d = max|x| / 127`, codes rounded
+/// to nearest, ties to even, as the SIMD conversion does): the scale and the
+/// codes' sums over each half. `amax`: the largest magnitude of a wider group
+/// the scale is shared with (else the block's own).
+pub(super) fn quantize_block(xb: &[f32], q: &mut [i8], amax: Option<f32>) -> (f32, [i32; 2]) {
+    let amax = amax.unwrap_or_else(|| xb.iter().fold(0f32, |m, v| m.max(v.abs())));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut s = [0i32; 2];
+    for (j, (q, &v)) in q.iter_mut().zip(xb).enumerate() {
+        *q = (v * id).round_ties_even() as i8;
+        s[j / GROUP] += *q as i32;
+    }
+    (d, s)
+}

@@ -1,0 +1,140 @@
+//! The AVX-512 VNNI tiles of the int8 GEMM: two row blocks (32 rows) x 4 tokens
+//! a tile by `vpdpbusd`, the rest a block and a token at a time.
+
+use std::arch::x86_64::*;
+
+use super::super::{GROUP, LANE, Panel, QK, RB, XPanel};
+
+/// Every (row, token): two row blocks (32 rows) × 4 tokens a tile, then what
+/// is left one block and one token at a time.
+///
+/// # Safety
+/// AVX-512F/BW/VL/VNNI available; `p` holds `count` rows of `x.k` (in whole
+/// blocks of 16).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn rows_times_tokens(p: &Panel, x: &XPanel, count: usize, out: &mut [f32], next: &[u8]) {
+    let m = x.m;
+    // `next` (bytes to bring into L2) spread over the tiles, a share per tile.
+    let tiles = p.blocks.div_ceil(2) * (m / 4 + m % 4);
+    let lines = next.len().div_ceil(64);
+    let per_tile = lines.div_ceil(tiles.max(1));
+    let mut line = 0;
+    let mut b = 0;
+    while b < p.blocks {
+        let r = if p.blocks - b >= 2 { 2 } else { 1 };
+        let mut t = 0;
+        while t < m {
+            for _ in 0..per_tile.min(lines - line) {
+                _mm_prefetch::<_MM_HINT_T1>(next.as_ptr().wrapping_add(64 * line) as *const i8);
+                line += 1;
+            }
+            let n = if m - t >= 4 { 4 } else { 1 };
+            // SAFETY: blocks b..b + r < p.blocks and tokens t..t + n < m.
+            unsafe {
+                match (r, n, p.sg == QK, p.bias != 0) {
+                    (2, 4, true, true) => tile::<2, 4, 8, true>(p, x, b, t, count, out),
+                    (2, 4, false, true) => tile::<2, 4, 4, true>(p, x, b, t, count, out),
+                    (2, _, true, true) => tile::<2, 1, 8, true>(p, x, b, t, count, out),
+                    (2, _, false, true) => tile::<2, 1, 4, true>(p, x, b, t, count, out),
+                    (_, 4, true, true) => tile::<1, 4, 8, true>(p, x, b, t, count, out),
+                    (_, 4, false, true) => tile::<1, 4, 4, true>(p, x, b, t, count, out),
+                    (_, _, true, true) => tile::<1, 1, 8, true>(p, x, b, t, count, out),
+                    (_, _, false, true) => tile::<1, 1, 4, true>(p, x, b, t, count, out),
+                    (2, 4, true, false) => tile::<2, 4, 8, false>(p, x, b, t, count, out),
+                    (2, 4, false, false) => tile::<2, 4, 4, false>(p, x, b, t, count, out),
+                    (2, _, true, false) => tile::<2, 1, 8, false>(p, x, b, t, count, out),
+                    (2, _, false, false) => tile::<2, 1, 4, false>(p, x, b, t, count, out),
+                    (_, 4, true, false) => tile::<1, 4, 8, false>(p, x, b, t, count, out),
+                    (_, 4, false, false) => tile::<1, 4, 4, false>(p, x, b, t, count, out),
+                    (_, _, true, false) => tile::<1, 1, 8, false>(p, x, b, t, count, out),
+                    (_, _, false, false) => tile::<1, 1, 4, false>(p, x, b, t, count, out),
+                }
+            }
+            t += n;
+        }
+        b += r;
+    }
+}
+
+/// Row blocks `b..b + R` times tokens `t..t + T`; `RUNS` runs of 4 elements
+/// per scale group (8: groups of 32, 4: of 16). Writes rows below `count` of
+/// `out[row][token]` (`[count][m]`). `BIAS` (the panel's): the offsets are
+/// `-bias · scale`, folded into the integer sums' starting value
+/// (`scale · d · (Σuq - bias · Σq)`: one multiply-add a group and token
+/// fewer per 16 rows).
+// Index loops over the register arrays: each (block, token) pairs two of them.
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile<const R: usize, const T: usize, const RUNS: usize, const BIAS: bool>(
+    p: &Panel,
+    x: &XPanel,
+    b: usize,
+    t: usize,
+    count: usize,
+    out: &mut [f32],
+) {
+    let (m, k) = (x.m, x.k);
+    let sg = RUNS * LANE;
+    let groups = k / sg;
+    let nb = k / QK;
+    let sums = x.group_sums(sg);
+    let isums = if sg == GROUP { &x.isum16 } else { &x.isum };
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    let (vals, scale, off) = (p.vals.as_ptr(), p.scale.as_ptr(), p.off.as_ptr());
+    let (xq, xd, xs) = (x.q.as_ptr(), x.d.as_ptr(), sums.as_ptr());
+    // SAFETY (every read): blocks b..b + R and groups below `groups` are inside
+    // the panel; tokens t..t + T and elements below k inside x (the caller).
+    unsafe {
+        for g in 0..groups {
+            let mut dot = [[_mm512_setzero_si512(); T]; R];
+            if BIAS {
+                for c in 0..T {
+                    let start = _mm512_set1_epi32(-p.bias * isums[(t + c) * groups + g]);
+                    for r in 0..R {
+                        dot[r][c] = start;
+                    }
+                }
+            }
+            for run in 0..RUNS {
+                let mut w = [_mm512_setzero_si512(); R];
+                for r in 0..R {
+                    w[r] = _mm512_loadu_si512(vals.add((((b + r) * groups + g) * RUNS + run) * RB * LANE) as *const __m512i);
+                }
+                for c in 0..T {
+                    let xv = _mm512_set1_epi32((xq.add((t + c) * k + g * sg + run * LANE) as *const i32).read_unaligned());
+                    for r in 0..R {
+                        dot[r][c] = _mm512_dpbusd_epi32(dot[r][c], w[r], xv);
+                    }
+                }
+            }
+            let mut s = [_mm512_setzero_ps(); R];
+            let mut o = [_mm512_setzero_ps(); R];
+            for r in 0..R {
+                s[r] = _mm512_loadu_ps(scale.add(((b + r) * groups + g) * RB));
+                o[r] = _mm512_loadu_ps(off.add(((b + r) * groups + g) * RB));
+            }
+            for c in 0..T {
+                let d = _mm512_set1_ps(*xd.add((t + c) * nb + g * sg / QK));
+                let sum = _mm512_set1_ps(*xs.add((t + c) * groups + g));
+                for r in 0..R {
+                    let a = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot[r][c]), d), s[r], acc[r][c]);
+                    acc[r][c] = if BIAS { a } else { _mm512_fmadd_ps(o[r], sum, a) };
+                }
+            }
+        }
+    }
+    let mut lanes = [0f32; RB];
+    for r in 0..R {
+        for c in 0..T {
+            // SAFETY: 16 writable floats.
+            unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc[r][c]) };
+            for (l, &v) in lanes.iter().enumerate() {
+                let row = (b + r) * RB + l;
+                if row < count {
+                    out[row * m + t + c] = v;
+                }
+            }
+        }
+    }
+}

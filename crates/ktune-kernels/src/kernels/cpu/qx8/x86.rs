@@ -1,0 +1,346 @@
+//! The x86 loops over X8 records: the int8 family (`vpdpbusd` on AVX-512 VNNI,
+//! `maddubs` + `madd` on AVX2) and the f32-activation family (FMA on AVX2, or
+//! AVX-512VL's EVEX forms), each stamped out per instruction set.
+
+/// One group's columns: `$dp(acc, u8 codes, s8 activations)` adds 4-element
+/// dot products into 32-bit lanes (`vpdpbusd`, or `maddubs` + `madd`).
+macro_rules! x8_loops {
+    ($name:ident, $feat:literal, $dp:ident) => {
+        pub mod $name {
+            use std::arch::x86_64::*;
+
+            use half::f16;
+
+            use super::super::super::XQ8;
+            use super::super::{X8_BYTES, X8_ROWS};
+            use super::$dp;
+
+            /// # Safety
+            /// The features of `$feat`; `rec` holds `bpr` records, `sc` their
+            /// 16 scales each, `x` `bpr` super-blocks with one scale per 256.
+            #[target_feature(enable = $feat)]
+            pub unsafe fn group(rec: &[u8], sc: &[f16], x: &XQ8, bpr: usize) -> [f32; X8_ROWS] {
+                assert!(rec.len() >= bpr * X8_BYTES && sc.len() >= bpr * 16 && x.q.len() >= 256 * bpr && x.dsum.len() >= 8 * bpr);
+                let m4 = _mm256_set1_epi8(0x0f);
+                let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                let pf = crate::kernels::cpu::prefetch_bytes();
+                for c in 0..bpr {
+                    // SAFETY: record c, its scales and super-block c of x (asserted above).
+                    unsafe {
+                        let r = rec.as_ptr().add(c * X8_BYTES);
+                        if pf != 0 {
+                            let p = r.wrapping_add(pf);
+                            for l in 0..X8_BYTES / 64 {
+                                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * l) as *const i8);
+                            }
+                        }
+                        let xq = x.q.as_ptr().add(256 * c);
+                        let mut isum = _mm256_setzero_si256();
+                        for p in 0..4 {
+                            let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                            for t in 0..8 {
+                                let w = _mm256_loadu_si256(r.add(128 + 32 * (8 * p + t)) as *const __m256i);
+                                let wl = _mm256_and_si256(w, m4);
+                                let wh = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
+                                let xl = _mm256_set1_epi32((xq.add(64 * p + 4 * t) as *const i32).read_unaligned());
+                                let xh = _mm256_set1_epi32((xq.add(64 * p + 32 + 4 * t) as *const i32).read_unaligned());
+                                lo = $dp(lo, wl, xl);
+                                hi = $dp(hi, wh, xh);
+                            }
+                            let sl = _mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(16 * p) as *const __m128i));
+                            let sh = _mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(16 * p + 8) as *const __m128i));
+                            isum = _mm256_add_epi32(isum, _mm256_add_epi32(_mm256_mullo_epi32(lo, sl), _mm256_mullo_epi32(hi, sh)));
+                        }
+                        let s = sc.as_ptr().add(16 * c) as *const __m128i;
+                        let d = _mm256_cvtph_ps(_mm_loadu_si128(s));
+                        let dmin = _mm256_cvtph_ps(_mm_loadu_si128(s.add(1)));
+                        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(x.d[8 * c])), acc);
+                        let mut ms = _mm256_setzero_ps();
+                        for j in 0..8 {
+                            let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(64 + 8 * j) as *const __m128i)));
+                            ms = _mm256_fmadd_ps(mn, _mm256_set1_ps(x.dsum[8 * c + j]), ms);
+                        }
+                        accm = _mm256_fmadd_ps(ms, dmin, accm);
+                    }
+                }
+                let mut out = [0f32; X8_ROWS];
+                // SAFETY: 8 floats into an 8-float array.
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc, accm)) };
+                out
+            }
+
+            /// `acc + Σ4 w·s` per 32-bit lane for signed `w` (|w| ≤ 128): `|w|`
+            /// times `s` with `w`'s sign (llama.cpp's sign trick).
+            #[inline]
+            #[target_feature(enable = $feat)]
+            fn dps(acc: __m256i, w: __m256i, s: __m256i) -> __m256i {
+                $dp(acc, _mm256_sign_epi8(w, w), _mm256_sign_epi8(s, w))
+            }
+
+            /// One group's block columns of a 32-element format (`F`: 0 Q4_0,
+            /// 1 Q8_0, 2 IQ4_NL), as [`super::super::group32_portable`] computes them.
+            ///
+            /// # Safety
+            /// The features of `$feat`; `rec` holds `bpr` records of the format, `sc`
+            /// their 8 scales each, `x` `bpr` blocks (codes, scales and sums).
+            #[target_feature(enable = $feat)]
+            pub unsafe fn group32<const F: u8>(rec: &[u8], sc: &[f16], x: &XQ8, bpr: usize) -> [f32; X8_ROWS] {
+                let rb = if F == 1 { 256 } else { 128 };
+                assert!(rec.len() >= bpr * rb && sc.len() >= bpr * 8 && x.q.len() >= 32 * bpr && x.d.len() >= bpr && x.dsum.len() >= bpr);
+                let m4 = _mm256_set1_epi8(0x0f);
+                // SAFETY: the 16 bytes of the table.
+                let table = unsafe {
+                    let t = _mm_loadu_si128(crate::kernels::quant::IQ4_LEVELS.as_ptr() as *const __m128i);
+                    _mm256_set_m128i(t, t)
+                };
+                let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                let pf = crate::kernels::cpu::prefetch_bytes();
+                for c in 0..bpr {
+                    // SAFETY: record c, its scales and block c of x (asserted above).
+                    unsafe {
+                        let r = rec.as_ptr().add(c * rb);
+                        if pf != 0 {
+                            let p = r.wrapping_add(pf);
+                            for l in 0..rb / 64 {
+                                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * l) as *const i8);
+                            }
+                        }
+                        let xq = x.q.as_ptr().add(32 * c);
+                        let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                        if F == 1 {
+                            for t in 0..4 {
+                                let w0 = _mm256_loadu_si256(r.add(64 * t) as *const __m256i);
+                                let w1 = _mm256_loadu_si256(r.add(64 * t + 32) as *const __m256i);
+                                lo = dps(lo, w0, _mm256_set1_epi32((xq.add(8 * t) as *const i32).read_unaligned()));
+                                hi = dps(hi, w1, _mm256_set1_epi32((xq.add(8 * t + 4) as *const i32).read_unaligned()));
+                            }
+                        } else {
+                            for t in 0..4 {
+                                let w = _mm256_loadu_si256(r.add(32 * t) as *const __m256i);
+                                let wl = _mm256_and_si256(w, m4);
+                                let wh = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
+                                if F == 0 {
+                                    lo = $dp(lo, wl, _mm256_set1_epi32((xq.add(4 * t) as *const i32).read_unaligned()));
+                                    hi = $dp(hi, wh, _mm256_set1_epi32((xq.add(16 + 4 * t) as *const i32).read_unaligned()));
+                                } else {
+                                    lo = dps(
+                                        lo,
+                                        _mm256_shuffle_epi8(table, wl),
+                                        _mm256_set1_epi32((xq.add(4 * t) as *const i32).read_unaligned()),
+                                    );
+                                    hi = dps(
+                                        hi,
+                                        _mm256_shuffle_epi8(table, wh),
+                                        _mm256_set1_epi32((xq.add(16 + 4 * t) as *const i32).read_unaligned()),
+                                    );
+                                }
+                            }
+                        }
+                        let d = _mm256_cvtph_ps(_mm_loadu_si128(sc.as_ptr().add(8 * c) as *const __m128i));
+                        let isum = _mm256_add_epi32(lo, hi);
+                        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(x.d[c])), acc);
+                        if F == 0 {
+                            accm = _mm256_fmadd_ps(d, _mm256_set1_ps(x.dsum[c]), accm);
+                        }
+                    }
+                }
+                let mut out = [0f32; X8_ROWS];
+                // SAFETY: 8 floats into an 8-float array.
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_fnmadd_ps(_mm256_set1_ps(8.0), accm, acc)) };
+                out
+            }
+        }
+    };
+}
+
+use std::arch::x86_64::*;
+
+/// `acc + Σ4 u·s` per 32-bit lane with AVX2 (`u` ≤ 128, so `maddubs`' pairs,
+/// at most 2 · 128 · 127, never saturate).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dp_avx2(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+}
+
+/// [`dp_avx2`] in one `vpdpbusd`.
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn dp_vnni(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(acc, u, s)
+}
+
+x8_loops!(avx2, "avx2,fma,f16c", dp_avx2);
+x8_loops!(vnni, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", dp_vnni);
+
+/// The f32-activation loops: a 32-bit lane per row, as the portable loops
+/// [`super::group32_f32_portable`] and [`super::group_k_f32_portable`]
+/// compute them, chain for chain, stamped out per instruction set (`avx2`:
+/// AVX2 + FMA + F16C; `avx512`: the same code with AVX-512VL's 32 registers
+/// and broadcast operands).
+macro_rules! f32_loops {
+    ($name:ident, $feat:literal) => {
+        pub mod $name {
+            use std::arch::x86_64::*;
+
+            use half::f16;
+
+            use super::super::{X8_BYTES, X8_ROWS};
+
+            /// Byte `l` of each 32-bit lane of `v`, sign-extended, as 8 floats (`l` = 0..4).
+            #[inline]
+            #[target_feature(enable = $feat)]
+            fn bytes_ps(v: __m256i) -> [__m256; 4] {
+                [
+                    _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(_mm256_slli_epi32::<24>(v))),
+                    _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(_mm256_slli_epi32::<16>(v))),
+                    _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(_mm256_slli_epi32::<8>(v))),
+                    _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(v)),
+                ]
+            }
+
+            /// `a[l] += bytes_ps(va)[l] · x[ea + l]` and `b[l] += bytes_ps(vb)[l] · x[eb + l]`.
+            ///
+            /// # Safety
+            /// `x.add(ea)` and `x.add(eb)` point to 4 readable floats each.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn step(a: &mut [__m256; 4], b: &mut [__m256; 4], va: __m256i, vb: __m256i, x: *const f32, ea: usize, eb: usize) {
+                let (wa, wb) = (bytes_ps(va), bytes_ps(vb));
+                for l in 0..4 {
+                    // SAFETY: the caller's contract.
+                    unsafe {
+                        a[l] = _mm256_fmadd_ps(wa[l], _mm256_broadcast_ss(&*x.add(ea + l)), a[l]);
+                        b[l] = _mm256_fmadd_ps(wb[l], _mm256_broadcast_ss(&*x.add(eb + l)), b[l]);
+                    }
+                }
+            }
+
+            /// `((a0 + a1) + (a2 + a3)) + ((b0 + b1) + (b2 + b3))`, as [`super::super::chains`].
+            #[inline]
+            #[target_feature(enable = $feat)]
+            fn chains(a: [__m256; 4], b: [__m256; 4]) -> __m256 {
+                _mm256_add_ps(half4(a), half4(b))
+            }
+
+            #[inline]
+            #[target_feature(enable = $feat)]
+            fn half4(a: [__m256; 4]) -> __m256 {
+                _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]))
+            }
+
+            /// Prefetches the `bytes` of a record `pf` bytes ahead of `r` (0: none).
+            #[inline]
+            #[target_feature(enable = $feat)]
+            fn prefetch(r: *const u8, pf: usize, bytes: usize) {
+                if pf != 0 {
+                    let p = r.wrapping_add(pf);
+                    for l in 0..bytes / 64 {
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * l) as *const i8);
+                    }
+                }
+            }
+
+            /// One group's block columns of a 32-element format (`F`: 0 Q4_0, 1
+            /// Q8_0, 2 IQ4_NL) with f32 activations.
+            ///
+            /// # Safety
+            /// The features of `$feat`.
+            #[target_feature(enable = $feat)]
+            pub unsafe fn group32<const F: u8>(rec: &[u8], sc: &[f16], x: &[f32], bpr: usize) -> [f32; X8_ROWS] {
+                let rb = if F == 1 { 256 } else { 128 };
+                assert!(rec.len() >= bpr * rb && sc.len() >= bpr * X8_ROWS && x.len() >= 32 * bpr);
+                let (m4, eight) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(8));
+                // SAFETY: the 16 bytes of the table.
+                let table = unsafe {
+                    let t = _mm_loadu_si128(crate::kernels::quant::IQ4_LEVELS.as_ptr() as *const __m128i);
+                    _mm256_set_m128i(t, t)
+                };
+                let mut acc = _mm256_setzero_ps();
+                let pf = crate::kernels::cpu::prefetch_bytes();
+                for c in 0..bpr {
+                    // SAFETY: record c, its 8 scales and block c of x (asserted above).
+                    unsafe {
+                        let r = rec.as_ptr().add(c * rb);
+                        prefetch(r, pf, rb);
+                        let xp = x.as_ptr().add(32 * c);
+                        let (mut a, mut b) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
+                        for s in 0..4 {
+                            if F == 1 {
+                                let va = _mm256_loadu_si256(r.add(64 * s) as *const __m256i);
+                                let vb = _mm256_loadu_si256(r.add(64 * s + 32) as *const __m256i);
+                                step(&mut a, &mut b, va, vb, xp, 8 * s, 8 * s + 4);
+                            } else {
+                                let w = _mm256_loadu_si256(r.add(32 * s) as *const __m256i);
+                                let wl = _mm256_and_si256(w, m4);
+                                let wh = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
+                                let (va, vb) = if F == 0 {
+                                    (_mm256_sub_epi8(wl, eight), _mm256_sub_epi8(wh, eight))
+                                } else {
+                                    (_mm256_shuffle_epi8(table, wl), _mm256_shuffle_epi8(table, wh))
+                                };
+                                step(&mut a, &mut b, va, vb, xp, 4 * s, 16 + 4 * s);
+                            }
+                        }
+                        let d = _mm256_cvtph_ps(_mm_loadu_si128(sc.as_ptr().add(X8_ROWS * c) as *const __m128i));
+                        acc = _mm256_fmadd_ps(chains(a, b), d, acc);
+                    }
+                }
+                let mut out = [0f32; X8_ROWS];
+                // SAFETY: 8 floats into an 8-float array.
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
+                out
+            }
+
+            /// One group's Q4_K super-block columns with f32 activations (`sums`: `Σx`
+            /// of each 32 of `x`).
+            ///
+            /// # Safety
+            /// The features of `$feat`.
+            #[target_feature(enable = $feat)]
+            pub unsafe fn group_k(rec: &[u8], sc: &[f16], x: &[f32], sums: &[f32], bpr: usize) -> [f32; X8_ROWS] {
+                assert!(rec.len() >= bpr * X8_BYTES && sc.len() >= bpr * 16 && x.len() >= 256 * bpr && sums.len() >= 8 * bpr);
+                let m4 = _mm256_set1_epi8(0x0f);
+                let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                let pf = crate::kernels::cpu::prefetch_bytes();
+                for c in 0..bpr {
+                    // SAFETY: record c, its 16 scales, super-block c of x and its 8 sums (asserted above).
+                    unsafe {
+                        let r = rec.as_ptr().add(c * X8_BYTES);
+                        prefetch(r, pf, X8_BYTES);
+                        let xp = x.as_ptr().add(256 * c);
+                        let s = sc.as_ptr().add(16 * c) as *const __m128i;
+                        let d = _mm256_cvtph_ps(_mm_loadu_si128(s));
+                        let dmin = _mm256_cvtph_ps(_mm_loadu_si128(s.add(1)));
+                        for p in 0..4 {
+                            let (mut a, mut b) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
+                            for t in 0..8 {
+                                let w = _mm256_loadu_si256(r.add(128 + 32 * (8 * p + t)) as *const __m256i);
+                                let wl = _mm256_and_si256(w, m4);
+                                let wh = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
+                                step(&mut a, &mut b, wl, wh, xp, 64 * p + 4 * t, 64 * p + 32 + 4 * t);
+                            }
+                            let sl = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(16 * p) as *const __m128i)));
+                            let sh = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(16 * p + 8) as *const __m128i)));
+                            acc = _mm256_fmadd_ps(half4(a), _mm256_mul_ps(d, sl), acc);
+                            acc = _mm256_fmadd_ps(half4(b), _mm256_mul_ps(d, sh), acc);
+                        }
+                        let mut ms = _mm256_setzero_ps();
+                        for j in 0..8 {
+                            let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(64 + 8 * j) as *const __m128i)));
+                            ms = _mm256_fmadd_ps(mn, _mm256_set1_ps(sums[8 * c + j]), ms);
+                        }
+                        accm = _mm256_fmadd_ps(ms, dmin, accm);
+                    }
+                }
+                let mut out = [0f32; X8_ROWS];
+                // SAFETY: 8 floats into an 8-float array.
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc, accm)) };
+                out
+            }
+        }
+    };
+}
+
+f32_loops!(f32_avx2, "avx2,fma,f16c");
+f32_loops!(f32_avx512, "avx2,fma,f16c,avx512f,avx512bw,avx512vl");
