@@ -88,7 +88,7 @@ pub struct ManArgs {
 #[command(
     mut_arg("mmproj", |a| a.help("With --gguf: the text model's vision projector file (llama.cpp's `mmproj-*.gguf`, projector type gemma3), whose tower the tune races as for a Hugging Face multimodal directory (`run --gguf --mmproj --image` then uses it)")),
     mut_arg("layers", |a| a.help("Keep only the first N layers (quick tunes of large models; recorded in the profile's model name)")),
-    mut_arg("weight_dtype", |a| a.help("Storage type of the matrix weights: f32, f16 or a block format (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs: quantized on load; the profile records it). Default f32; with --gguf, each matrix as the file stores it")),
+    mut_arg("weight_dtype", |a| a.help(format!("Storage type of the matrix weights: f32, f16 or a block format ({}: quantized on load; the profile records it). Default f32; with --gguf, each matrix as the file stores it", block_formats()))),
     mut_arg("seed", |a| a.help("Seed of the synthetic weights, the inputs and the search")),
     mut_arg("trusted_shaders", |a| a.help("GPU: tune (and record in the profile's `execution.trustedShaders`, which `run` and `bench` then follow) shader modules built without wgpu's runtime bounds checks (`create_shader_module_trusted`, unchecked; each kernel's host-side check already bounds its accesses)")),
 )]
@@ -343,12 +343,8 @@ pub struct ModelArgs {
     /// Keep only the first N layers.
     #[arg(long)]
     pub layers: Option<usize>,
-    /// Storage type of the matrix weights: f32, f16, or a block format (q8_0,
-    /// q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs:
-    /// quantized on load). Default f32; with --gguf, each matrix as the file
-    /// stores it (f16 for F16/BF16). With a profile it must match the dtype the
-    /// profile was tuned for.
-    #[arg(long, value_parser = weight_dtype)]
+    /// Storage type of the matrix weights (the help lists the format list's names).
+    #[arg(long, value_parser = weight_dtype, help = format!("Storage type of the matrix weights: f32, f16, or a block format ({}: quantized on load). Default f32; with --gguf, each matrix as the file stores it (f16 for F16/BF16). With a profile it must match the dtype the profile was tuned for", block_formats()))]
     pub weight_dtype: Option<DType>,
     /// Seed of the synthetic weights (--model).
     #[arg(long, default_value_t = 0)]
@@ -508,6 +504,11 @@ impl From<DiffFormat> for output::Format {
             DiffFormat::Json => output::Format::Json,
         }
     }
+}
+
+/// The block formats' names, for the `--weight-dtype` help.
+fn block_formats() -> String {
+    DType::QUANT.iter().map(|d| d.name()).collect::<Vec<_>>().join(", ")
 }
 
 /// `--weight-dtype`: any storage type.
