@@ -22,31 +22,15 @@
 // (max, sum) pairs. K/V are u32 words decoded by W_F16 (vec4<u32> = 4 f32 or 8 f16).
 // HD, GH (<= 8) and WPL (GH * WPL <= 16) are specialised by the host; needs SUBGROUP
 // and a workgroup at least one subgroup wide.
-// Includes: attention.wgsl, wload.wgsl (W_F16, 16-byte words).
+// Head: attention_decode_dims.wgsl (WG, HD, W_F16, Dims). Includes: attention.wgsl,
+// wload.wgsl (W_F16, 16-byte words).
+// Requires: attention_decode_dims.wgsl, attention.wgsl.
 
-override WG: u32 = 128;
-override HD: u32 = 64;
 override GH: u32 = 4;
 override CHUNK: u32 = 64;
 override SPW: u32 = 4;
 override WPL: u32 = 1;
-override W_F16: bool = false;
 
-struct Dims {
-    kv_len: u32,
-    kv_cap: u32,
-    heads: u32,
-    kv_heads: u32,
-    window: u32,
-    scale: f32,
-    nsub: u32,
-    ml_off: u32,
-}
-
-@group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> kc: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> vc: array<vec4<u32>>;
-@group(0) @binding(4) var<uniform> dims: Dims;
 @group(0) @binding(5) var<storage, read_write> part: array<f32>;
 
 @compute @workgroup_size(WG)

@@ -1,10 +1,12 @@
-// The entry point of attention_prefill_mma_emu: attention_prefill_coop16's tiling
-// (attn_mma.wgsl; the same f16 tiles, masks, passes and matrix assignment) with the
-// matrix operations as plain loops. A virtual subgroup of 32 invocations (s = tid /
+// The emulated entry point of the matrix-tile prefill attention: the tiling of
+// attn_mma_coop.wgsl (attn_mma.wgsl; the same f16 tiles, masks, passes and matrix
+// assignment) with the matrix operations as plain loops (16x16 matrices: the head
+// coop_emu.wgsl's MAT stays at its default). A virtual subgroup of 32 invocations (s = tid /
 // 32) takes the same S matrices and keeps the same O matrices, each lane 8 elements
 // of each (element lane + 32q of a 16x16 matrix, row-major), products of f16 values
 // summed in f32. It runs where there are no matrix units, which is how the coop
 // tiling is tested on a software adapter.
+// Requires: coop_emu.wgsl, attn_mma.wgsl.
 
 @compute @workgroup_size(WGS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {

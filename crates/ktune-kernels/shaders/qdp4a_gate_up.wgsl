@@ -1,12 +1,17 @@
 // The fused gate+up family of the second-generation quantized projections
 // (qdp4a.wgsl): y[j] = act(x·w[j]) * (x·w[n + j]) for one token, w[2n, k]
-// (`shader!(VARIANT, "qdp4a_gate_up.wgsl", MAIN, "qdp4a.wgsl", "act.wgsl", ..)`).
+// (`shader!(head "qdp4a_head.wgsl"; "qdp4a_gate_up.wgsl", MAIN, "qdp4a.wgsl",
+// "act.wgsl", ..)`).
 // A workgroup owns ROWS features: 2 ROWS accumulators, the gate rows then the up
 // rows, all dotting the one quantized activation; the activation product is
 // applied in registers by the invocation that stores the feature. With SPLIT > 1
 // `main` writes the gate and up partials of split s (part[s * 2n + j] and
 // part[s * 2n + n + j]) and `sum_splits` adds them in a fixed order, then applies
 // the activation product. dims.act: 0 silu, 1 gelu_tanh (act.wgsl).
+// Requires: qdp4a_head.wgsl, qdp4a.wgsl, qgeom.wgsl, act.wgsl.
+
+// Accumulators per row of a row group (qdp4a.wgsl's dq_nacc): a gate and an up.
+const DQ_SETS: u32 = 2u;
 
 struct Dims { n: u32, k: u32, act: u32 }
 
@@ -16,10 +21,6 @@ struct Dims { n: u32, k: u32, act: u32 }
 
 fn dq_nrows() -> u32 {
     return dims.n;
-}
-
-fn dq_nacc() -> u32 {
-    return 2u * ROWS;
 }
 
 fn dq_row(row0: u32, r: u32) -> u32 {

@@ -1,7 +1,11 @@
 // The GEMV family of the second-generation quantized projections (qdp4a.wgsl):
-// y[n] = w[n,k] · x[k], one accumulator per output row (`shader!(VARIANT,
-// "qdp4a_gemv.wgsl", MAIN, "qdp4a.wgsl", ..)`). With SPLIT > 1 `main` writes
-// part[s * n + row] and `sum_splits` adds the splits in a fixed order.
+// y[n] = w[n,k] · x[k], one accumulator per output row (`shader!(head
+// "qdp4a_head.wgsl"; "qdp4a_gemv.wgsl", MAIN, "qdp4a.wgsl", ..)`). With SPLIT > 1
+// `main` writes part[s * n + row] and `sum_splits` adds the splits in a fixed order.
+// Requires: qdp4a_head.wgsl, qdp4a.wgsl, qgeom.wgsl.
+
+// Accumulators per row of a row group (qdp4a.wgsl's dq_nacc).
+const DQ_SETS: u32 = 1u;
 
 struct Dims { n: u32, k: u32 }
 
@@ -11,10 +15,6 @@ struct Dims { n: u32, k: u32 }
 
 fn dq_nrows() -> u32 {
     return dims.n;
-}
-
-fn dq_nacc() -> u32 {
-    return ROWS;
 }
 
 fn dq_row(row0: u32, r: u32) -> u32 {

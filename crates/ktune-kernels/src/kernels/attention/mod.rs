@@ -40,13 +40,18 @@ use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, GpuStep, Shader, grid_2d, groups};
 use crate::shader;
 
-static PREFILL_NAIVE: Shader = shader!("attention_prefill_naive.wgsl", "attention.wgsl", "reduce_wg.wgsl", "wload.wgsl");
-static PREFILL_FLASH: Shader = shader!("attention_prefill_flash.wgsl", "attention.wgsl", "wload.wgsl");
-static PREFILL_FLASH2: Shader = shader!("attention_prefill_flash2.wgsl", "flash2.wgsl", "attention.wgsl", "wload.wgsl");
-static PREFILL_FLASH2_SG: Shader = shader!("attention_prefill_flash2_sg.wgsl", "flash2.wgsl", "attention.wgsl", "wload.wgsl");
-static DECODE_STREAM: Shader = shader!("attention_decode_stream.wgsl", "attention.wgsl", "reduce_wg.wgsl", "wload.wgsl");
-static DECODE_SPLITKV: Shader = shader!("attention_decode_splitkv.wgsl", "attention.wgsl", "wload.wgsl");
-static DECODE_SPLITKV_SG: Shader = shader!("attention_decode_splitkv_sg.wgsl", "attention.wgsl", "wload.wgsl");
+static PREFILL_NAIVE: Shader =
+    shader!(head "attention_prefill_dims.wgsl"; "attention_prefill_naive.wgsl", "attention.wgsl", "reduce_wg.wgsl", "wload.wgsl");
+static PREFILL_FLASH: Shader = shader!(head "attention_prefill_dims.wgsl"; "attention_prefill_flash.wgsl", "attention.wgsl", "wload.wgsl");
+static PREFILL_FLASH2: Shader =
+    shader!(head "attention_prefill_dims.wgsl"; "flash2.wgsl", "attention_prefill_flash2.wgsl", "attention.wgsl", "wload.wgsl");
+static PREFILL_FLASH2_SG: Shader =
+    shader!(head "attention_prefill_dims.wgsl"; "flash2.wgsl", "attention_prefill_flash2_sg.wgsl", "attention.wgsl", "wload.wgsl");
+static DECODE_STREAM: Shader =
+    shader!(head "attention_decode_dims.wgsl"; "attention_decode_stream.wgsl", "attention.wgsl", "reduce_wg.wgsl", "wload.wgsl");
+static DECODE_SPLITKV: Shader = shader!(head "attention_decode_dims.wgsl"; "attention_decode_splitkv.wgsl", "attention.wgsl", "wload.wgsl");
+static DECODE_SPLITKV_SG: Shader =
+    shader!(head "attention_decode_dims.wgsl"; "attention_decode_splitkv_sg.wgsl", "attention.wgsl", "wload.wgsl");
 
 /// Query heads one `attention_decode_splitkv` workgroup handles at most (its
 /// per-invocation score and accumulator arrays are sized for this many).
@@ -296,9 +301,10 @@ impl Shape {
         super::attention_keys(self.kv_len - self.tokens + i, self.window, self.bidi)
     }
 
-    /// The uniform words every WGSL prefill kernel starts its `Dims` with: tokens,
-    /// kv_len, kv_cap, heads, kv_heads, window, scale (f32 bits), and the
-    /// bidirectional block b0, b1; a kernel's own fields follow.
+    /// The uniform words every WGSL prefill kernel starts its `Dims` with
+    /// (`shaders/attention_prefill_dims.wgsl`): tokens, kv_len, kv_cap, heads,
+    /// kv_heads, window, scale (f32 bits), and the bidirectional block b0, b1; the
+    /// kernel's own word (`own`) may follow.
     fn prefill_words(&self) -> Vec<u32> {
         let mut w: Vec<u32> = [self.tokens, self.kv_len, self.kv_cap, self.heads, self.kv_heads, self.window].map(|v| v as u32).to_vec();
         w.extend([self.scale.to_bits(), self.bidi.0 as u32, self.bidi.1 as u32]);
