@@ -440,6 +440,17 @@ fn dq_group(wid: vec3<u32>, nwg: vec3<u32>) -> vec2<u32> {
     return vec2<u32>((g / SPLIT) * ROWS, g % SPLIT);
 }
 
+// The entry points' start: the workgroup's (first row, split), and, for a workgroup
+// with rows to compute (at.x < dq_nrows(); the others return), invocation tid's
+// accumulators in acc.
+fn dq_start(wid: vec3<u32>, nwg: vec3<u32>, tid: u32) -> vec2<u32> {
+    let at = dq_group(wid, nwg);
+    if (at.x < dq_nrows()) {
+        dq_accumulate(at.x, at.y, tid);
+    }
+    return at;
+}
+
 // Invocation tid's share of the items of the workgroup's weight rows in split s:
 // items strided by WG, each item's activation loaded once for all rows.
 fn dq_accumulate(row0: u32, s: u32, tid: u32) {

@@ -8,20 +8,11 @@
 // `main` writes the gate and up partials of split s (part[s * 2n + j] and
 // part[s * 2n + n + j]) and `sum_splits` adds them in a fixed order, then applies
 // the activation product. dims.act: 0 silu, 1 gelu_tanh (act.wgsl).
-// Requires: qdp4a_head.wgsl, qdp4a.wgsl, qgeom.wgsl, act.wgsl.
+// Requires: qdp4a_head.wgsl, qdp4a.wgsl, qgeom.wgsl, qdp4a_rows.wgsl, act.wgsl.
 
 // Accumulators per row of a row group (qdp4a.wgsl's dq_nacc): a gate and an up.
 const DQ_SETS: u32 = 2u;
 
-struct Dims { n: u32, k: u32, act: u32 }
-
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<uniform> dims: Dims;
-@group(0) @binding(7) var<storage, read_write> part: array<f32>;
-
-fn dq_nrows() -> u32 {
-    return dims.n;
-}
 
 fn dq_row(row0: u32, r: u32) -> u32 {
     let last = dims.n - 1u;

@@ -2,20 +2,10 @@
 // y[n] = w[n,k] · x[k], one accumulator per output row (`shader!(head
 // "qdp4a_head.wgsl"; "qdp4a_gemv.wgsl", MAIN, "qdp4a.wgsl", ..)`). With SPLIT > 1
 // `main` writes part[s * n + row] and `sum_splits` adds the splits in a fixed order.
-// Requires: qdp4a_head.wgsl, qdp4a.wgsl, qgeom.wgsl.
+// Requires: qdp4a_head.wgsl, qdp4a.wgsl, qgeom.wgsl, qdp4a_rows.wgsl.
 
 // Accumulators per row of a row group (qdp4a.wgsl's dq_nacc).
 const DQ_SETS: u32 = 1u;
-
-struct Dims { n: u32, k: u32 }
-
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<uniform> dims: Dims;
-@group(0) @binding(7) var<storage, read_write> part: array<f32>;
-
-fn dq_nrows() -> u32 {
-    return dims.n;
-}
 
 fn dq_row(row0: u32, r: u32) -> u32 {
     return min(row0 + r, dims.n - 1u);

@@ -22,11 +22,10 @@ fn dq_total(r: u32) -> f32 {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) tid: u32, @builtin(subgroup_id) sg: u32,
         @builtin(num_subgroups) nsg: u32, @builtin(subgroup_invocation_id) lane: u32) {
-    let at = dq_group(wid, nwg);
+    let at = dq_start(wid, nwg, tid);
     if (at.x >= dq_nrows()) {
         return;
     }
-    dq_accumulate(at.x, at.y, tid);
     let nacc = dq_nacc();
     for (var r = 0u; r < nacc; r++) {
         let v = subgroupAdd(acc[r]);

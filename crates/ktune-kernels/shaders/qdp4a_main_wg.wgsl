@@ -18,11 +18,10 @@ fn dq_total(r: u32) -> f32 {
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) tid: u32) {
-    let at = dq_group(wid, nwg);
+    let at = dq_start(wid, nwg, tid);
     if (at.x >= dq_nrows()) {
         return;
     }
-    dq_accumulate(at.x, at.y, tid);
     let nacc = dq_nacc();
     for (var r = 0u; r < nacc; r++) {
         partial[r * WG + tid] = acc[r];
