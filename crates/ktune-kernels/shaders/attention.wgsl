@@ -11,6 +11,16 @@
 @group(0) @binding(2) var<storage, read> vc: array<vec4<u32>>;
 @group(0) @binding(4) var<uniform> dims: Dims;
 
+// The query heads a workgroup of a GQA-grouped kernel owns: workgroup x of nsub per
+// KV head takes heads g0 .. g0 + gh of KV head kh's group (g0 = (x % nsub) gh):
+// (kh, its first query head h0, how many ng of them exist).
+fn head_block(x: u32, nsub: u32, gh: u32, heads: u32, kv_heads: u32) -> vec3<u32> {
+    let group = heads / kv_heads;
+    let kh = x / nsub;
+    let g0 = (x % nsub) * gh;
+    return vec3<u32>(kh, kh * group + g0, min(gh, group - g0));
+}
+
 // Finite stand-in for -inf (masked scores, an empty running softmax state).
 const NEG: f32 = -3.0e38;
 

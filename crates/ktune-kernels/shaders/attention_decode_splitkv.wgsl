@@ -45,11 +45,10 @@ fn pick(a: vec4<f32>, b: vec4<f32>, g: u32) -> f32 {
 
 @compute @workgroup_size(WG)
 fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    let group = dims.heads / dims.kv_heads;
-    let kh = wid.x / dims.nsub;
-    let g0 = (wid.x % dims.nsub) * GH;
-    let ng = min(GH, group - g0);
-    let h0 = kh * group + g0;
+    let hb = head_block(wid.x, dims.nsub, GH, dims.heads, dims.kv_heads);
+    let kh = hb.x;
+    let h0 = hb.y;
+    let ng = hb.z;
     let hd4 = HD / 4u;
     let s0 = first_key_decode() + wid.y * CHUNK;
     let s1 = min(s0 + CHUNK, dims.kv_len);

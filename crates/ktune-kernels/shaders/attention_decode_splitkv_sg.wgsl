@@ -36,11 +36,10 @@ override WPL: u32 = 1;
 @compute @workgroup_size(WG)
 fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) nsg: u32,
          @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sgs: u32) {
-    let group = dims.heads / dims.kv_heads;
-    let kh = wid.x / dims.nsub;
-    let g0 = (wid.x % dims.nsub) * GH;
-    let ng = min(GH, group - g0);
-    let h0 = kh * group + g0;
+    let hb = head_block(wid.x, dims.nsub, GH, dims.heads, dims.kv_heads);
+    let kh = hb.x;
+    let h0 = hb.y;
+    let ng = hb.z;
     let hd4 = HD / 4u;
     let vl = wwords16(HD);
     let epl = select(4u, 8u, W_F16);
