@@ -730,7 +730,7 @@ pub fn shaders() -> Vec<&'static Shader> {
 pub fn kernel_set_hash() -> String {
     let mut h = Hasher::new();
     for s in shaders() {
-        h.part(&s.label()).part(s.source);
+        h.part(s.label()).part(s.source);
     }
     for k in registry() {
         h.update(format!("{}|{}|{:?}|{:?}|", k.id, k.op, k.dtypes, k.backend()));
