@@ -1,7 +1,7 @@
 // Pieces shared by the attention shaders (`shader!(head HEAD; FILE, ..,
 // "attention.wgsl")`): the query and K/V cache bindings and the uniform block of
-// their head's `struct Dims` (attention_prefill_dims.wgsl or
-// attention_decode_dims.wgsl), and pure functions. K/V cache rows are read with
+// their head's `struct Dims` (attention_dims.wgsl or
+// attention_dims.wgsl), and pure functions. K/V cache rows are read with
 // wload.wgsl's 16-byte words. Bindings: q@0 k_cache@1 v_cache@2 dims@4 (out@3 and
 // the scratch buffers are the shader's).
 // Requires: wload.wgsl.

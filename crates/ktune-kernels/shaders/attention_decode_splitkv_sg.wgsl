@@ -22,9 +22,9 @@
 // (max, sum) pairs. K/V are u32 words decoded by W_F16 (vec4<u32> = 4 f32 or 8 f16).
 // HD, GH (<= 8) and WPL (GH * WPL <= 16) are specialised by the host; needs SUBGROUP
 // and a workgroup at least one subgroup wide.
-// Head: attention_decode_dims.wgsl (WG, HD, W_F16, Dims). Includes: attention.wgsl,
+// Heads: attention_decode_head.wgsl (WG, HD), attention_dims.wgsl (W_F16, Dims). Includes: attention.wgsl,
 // wload.wgsl (W_F16, 16-byte words).
-// Requires: attention_decode_dims.wgsl, attention.wgsl.
+// Requires: attention_decode_head.wgsl, attention_dims.wgsl, attention.wgsl.
 
 override GH: u32 = 4;
 override CHUNK: u32 = 64;
@@ -36,7 +36,7 @@ override WPL: u32 = 1;
 @compute @workgroup_size(WG)
 fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) nsg: u32,
          @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sgs: u32) {
-    let hb = head_block(wid.x, dims.nsub, GH, dims.heads, dims.kv_heads);
+    let hb = head_block(wid.x, nsub(), GH, dims.heads, dims.kv_heads);
     let kh = hb.x;
     let h0 = hb.y;
     let ng = hb.z;
@@ -143,8 +143,8 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32, @
         for (var g = 0u; g < ng; g++) {
             let ph = pi * heads + h0 + g;
             if (lane == 0u) {
-                part[dims.ml_off + ph * 2u] = m[g];
-                part[dims.ml_off + ph * 2u + 1u] = l[g];
+                part[ml_off() + ph * 2u] = m[g];
+                part[ml_off() + ph * 2u + 1u] = l[g];
             }
             for (var i = 0u; i < WPL; i++) {
                 let c = lane + i * sgs;

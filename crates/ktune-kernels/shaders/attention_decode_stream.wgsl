@@ -9,10 +9,10 @@
 // K/V are u32 words decoded by W_F16: one vec4<u32> holds 4 f32 or 8 packed f16,
 // so head_dim % 4 == 0 (f32) or % 8 == 0 (f16), checked on the host. HD is the
 // head dimension, specialised by the host; WG must be a power of two.
-// Head: attention_decode_dims.wgsl (WG, HD, W_F16, Dims: the first six words).
+// Heads: attention_decode_head.wgsl (WG, HD), attention_dims.wgsl (W_F16, Dims).
 // Includes: attention.wgsl, reduce_wg.wgsl (the trees), wload.wgsl (W_F16, 16-byte
 // words).
-// Requires: attention_decode_dims.wgsl, attention.wgsl, reduce_wg.wgsl.
+// Requires: attention_decode_head.wgsl, attention_dims.wgsl, attention.wgsl, reduce_wg.wgsl.
 
 override KPT: u32 = 2;
 

@@ -12,9 +12,9 @@
 // read. Query head h reads KV head h / (heads / kv_heads).
 // K/V are u32 words decoded by W_F16 (vec4<u32> = 4 f32 or 8 packed f16), so
 // head_dim % 4 == 0 (f32) or % 8 == 0 (f16); HD is specialised by the host.
-// Head: attention_prefill_dims.wgsl (W_F16, Dims). Includes: attention.wgsl,
+// Head: attention_dims.wgsl (W_F16, Dims). Includes: attention.wgsl,
 // wload.wgsl (W_F16, 16-byte words).
-// Requires: attention_prefill_dims.wgsl, attention.wgsl.
+// Requires: attention_dims.wgsl, attention.wgsl.
 
 override BQ: u32 = 16;
 override BKV: u32 = 32;

@@ -14,9 +14,9 @@
 //   scores: q@0 k_cache@1 dims@4 sc@5;  softmax: dims@4 sc@5;  pv: v_cache@2 out@3 dims@4 sc@5
 // K/V are u32 words decoded by W_F16 (vec4<u32> = 4 f32 or 8 packed f16), so
 // head_dim % 4 == 0 (f32) or % 8 == 0 (f16); WG must be a power of two.
-// Head: attention_prefill_dims.wgsl (W_F16, Dims; its own word is head_dim).
+// Head: attention_dims.wgsl (W_F16, Dims; its own word is head_dim).
 // Includes: attention.wgsl, reduce_wg.wgsl (the trees), wload.wgsl (W_F16, 16-byte words).
-// Requires: attention_prefill_dims.wgsl, attention.wgsl, reduce_wg.wgsl.
+// Requires: attention_dims.wgsl, attention.wgsl, reduce_wg.wgsl.
 
 override WG: u32 = 128;
 

@@ -3,9 +3,9 @@
 // the whole block (the softmax's maxima come from a first pass over the scores, so O
 // is never rescaled). On cooperative matrices (wgpu's EXPERIMENTAL_COOPERATIVE_MATRIX:
 // NVIDIA tensor cores, Apple simdgroup matrices, Intel XMX; heads coop16.wgsl and
-// attention_prefill_dims.wgsl, entry attn_mma_coop.wgsl; needs subgroups of exactly
+// attention_dims.wgsl, entry attn_mma_coop.wgsl; needs subgroups of exactly
 // 32) or the same tiles in plain loops with virtual subgroups of 32 invocations
-// (heads coop_emu.wgsl and attention_prefill_dims.wgsl, entry attn_mma_emu.wgsl).
+// (heads coop_emu.wgsl and attention_dims.wgsl, entry attn_mma_emu.wgsl).
 // Needs head_dim a multiple of 16. This file: the block a workgroup owns, the
 // staging of Q and of K/V tiles as f16 in workgroup memory, the masks, and the row
 // passes of the softmax.
@@ -28,7 +28,7 @@
 // K/V are read as 16-byte words of f32 or packed f16 (W_F16, wload.wgsl).
 // Bindings q@0 k_cache@1 v_cache@2 out@3 dims@4. Includes: the entry point,
 // attention.wgsl, wload.wgsl.
-// Requires: attention_prefill_dims.wgsl, attention.wgsl.
+// Requires: attention_dims.wgsl, attention.wgsl.
 
 override BQ: u32 = 16;   // query tokens per workgroup (a multiple of 16)
 override BK: u32 = 32;   // keys per tile (a multiple of 16)

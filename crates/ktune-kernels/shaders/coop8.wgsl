@@ -1,8 +1,7 @@
-// Head of the shaders on 8x8x8 cooperative matrices (wgpu's
-// EXPERIMENTAL_COOPERATIVE_MATRIX): the matrix types CoopA, CoopB (f16 inputs) and
-// CoopC (f32 accumulators) and their side MAT.
-enable f16;
-enable wgpu_cooperative_matrix;
+// Head of the shaders on 8x8x8 cooperative matrices (after coop.wgsl): the
+// matrix types CoopA, CoopB (f16 inputs) and CoopC (f32 accumulators) and their
+// side MAT.
+// Requires: coop.wgsl.
 
 alias CoopA = coop_mat8x8<f16, A>;
 alias CoopB = coop_mat8x8<f16, B>;

@@ -1,6 +1,6 @@
 // Prefill attention, second generation of the flash form: the body shared by the
 // subgroup and the workgroup-memory forms (`shader!(head
-// "attention_prefill_dims.wgsl"; "flash2.wgsl", FORM, "attention.wgsl",
+// "attention_dims.wgsl"; "flash2.wgsl", FORM, "attention.wgsl",
 // "wload.wgsl")`); each form, attention_prefill_flash2_sg.wgsl or
 // attention_prefill_flash2.wgsl, supplies the four row collectives this body
 // calls (`lanes_scatter`, `lanes_max`, `lanes_sum`, `share_p`/`p_of`).
@@ -33,9 +33,9 @@
 // specialises HD, RW (= HD / 4 or HD / 8 words per row), NW (= ceil(RW / LANES) <= 8),
 // BKV / LANES <= 16, PAD (0 or 1), TILE (BKV * (RW + PAD), or 1 without staging).
 // Bindings: q@0 k_cache@1 v_cache@2 out@3 dims@4; the uniform's own word is nsub.
-// Head: attention_prefill_dims.wgsl (W_F16, Dims). Includes: attention.wgsl,
+// Head: attention_dims.wgsl (W_F16, Dims). Includes: attention.wgsl,
 // wload.wgsl.
-// Requires: attention_prefill_dims.wgsl, attention.wgsl.
+// Requires: attention_dims.wgsl, attention.wgsl.
 
 override BQ: u32 = 8;
 override GH: u32 = 4;

@@ -15,9 +15,9 @@ use crate::kernels::{DType, KernelDef, KernelError, Op, ParamSpec, Params, Probl
 use crate::shader;
 
 static COOP16: Shader =
-    shader!(head "coop16.wgsl", "attention_prefill_dims.wgsl"; "attn_mma.wgsl", "attn_mma_coop.wgsl", "attention.wgsl", "wload.wgsl");
+    shader!(head "coop.wgsl", "coop16.wgsl", "attention_dims.wgsl"; "attn_mma.wgsl", "attn_mma_coop.wgsl", "attention.wgsl", "wload.wgsl");
 static EMU: Shader =
-    shader!(head "coop_emu.wgsl", "attention_prefill_dims.wgsl"; "attn_mma.wgsl", "attn_mma_emu.wgsl", "attention.wgsl", "wload.wgsl");
+    shader!(head "coop_emu.wgsl", "attention_dims.wgsl"; "attn_mma.wgsl", "attn_mma_emu.wgsl", "attention.wgsl", "wload.wgsl");
 
 /// Lanes of a subgroup in the tiling (the coop shader needs subgroups of exactly
 /// this size; the emulation groups invocations by it).

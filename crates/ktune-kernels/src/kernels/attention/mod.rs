@@ -41,17 +41,17 @@ use crate::gpu::{GpuProgram, GpuStep, Shader, grid_2d, groups};
 use crate::shader;
 
 static PREFILL_NAIVE: Shader =
-    shader!(head "attention_prefill_dims.wgsl"; "attention_prefill_naive.wgsl", "attention.wgsl", "reduce_wg.wgsl", "wload.wgsl");
-static PREFILL_FLASH: Shader = shader!(head "attention_prefill_dims.wgsl"; "attention_prefill_flash.wgsl", "attention.wgsl", "wload.wgsl");
+    shader!(head "attention_dims.wgsl"; "attention_prefill_naive.wgsl", "attention.wgsl", "reduce_wg.wgsl", "wload.wgsl");
+static PREFILL_FLASH: Shader = shader!(head "attention_dims.wgsl"; "attention_prefill_flash.wgsl", "attention.wgsl", "wload.wgsl");
 static PREFILL_FLASH2: Shader =
-    shader!(head "attention_prefill_dims.wgsl"; "flash2.wgsl", "attention_prefill_flash2.wgsl", "attention.wgsl", "wload.wgsl");
+    shader!(head "attention_dims.wgsl"; "flash2.wgsl", "attention_prefill_flash2.wgsl", "attention.wgsl", "wload.wgsl");
 static PREFILL_FLASH2_SG: Shader =
-    shader!(head "attention_prefill_dims.wgsl"; "flash2.wgsl", "attention_prefill_flash2_sg.wgsl", "attention.wgsl", "wload.wgsl");
-static DECODE_STREAM: Shader =
-    shader!(head "attention_decode_dims.wgsl"; "attention_decode_stream.wgsl", "attention.wgsl", "reduce_wg.wgsl", "wload.wgsl");
-static DECODE_SPLITKV: Shader = shader!(head "attention_decode_dims.wgsl"; "attention_decode_splitkv.wgsl", "attention.wgsl", "wload.wgsl");
+    shader!(head "attention_dims.wgsl"; "flash2.wgsl", "attention_prefill_flash2_sg.wgsl", "attention.wgsl", "wload.wgsl");
+static DECODE_STREAM: Shader = shader!(head "attention_decode_head.wgsl", "attention_dims.wgsl"; "attention_decode_stream.wgsl", "attention.wgsl", "reduce_wg.wgsl", "wload.wgsl");
+static DECODE_SPLITKV: Shader =
+    shader!(head "attention_decode_head.wgsl", "attention_dims.wgsl"; "attention_decode_splitkv.wgsl", "attention.wgsl", "wload.wgsl");
 static DECODE_SPLITKV_SG: Shader =
-    shader!(head "attention_decode_dims.wgsl"; "attention_decode_splitkv_sg.wgsl", "attention.wgsl", "wload.wgsl");
+    shader!(head "attention_decode_head.wgsl", "attention_dims.wgsl"; "attention_decode_splitkv_sg.wgsl", "attention.wgsl", "wload.wgsl");
 
 /// Query heads one `attention_decode_splitkv` workgroup handles at most (its
 /// per-invocation score and accumulator arrays are sized for this many).
@@ -301,10 +301,10 @@ impl Shape {
         super::attention_keys(self.kv_len - self.tokens + i, self.window, self.bidi)
     }
 
-    /// The uniform words every WGSL prefill kernel starts its `Dims` with
-    /// (`shaders/attention_prefill_dims.wgsl`): tokens, kv_len, kv_cap, heads,
+    /// The uniform words every WGSL attention kernel, prefill or decode, starts its
+    /// `Dims` with (`shaders/attention_dims.wgsl`): tokens, kv_len, kv_cap, heads,
     /// kv_heads, window, scale (f32 bits), and the bidirectional block b0, b1; the
-    /// kernel's own word (`own`) may follow.
+    /// kernel's own words (`own`, `own2`) may follow.
     fn prefill_words(&self) -> Vec<u32> {
         let mut w: Vec<u32> = [self.tokens, self.kv_len, self.kv_cap, self.heads, self.kv_heads, self.window].map(|v| v as u32).to_vec();
         w.extend([self.scale.to_bits(), self.bidi.0 as u32, self.bidi.1 as u32]);
@@ -608,17 +608,11 @@ fn check_stream(_: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> R
     check_row_fits(&s, dtype, param(params, "workgroup_size")?)
 }
 
-fn decode_uniform(sh: &Shape) -> Vec<u32> {
-    let mut words: Vec<u32> = [sh.kv_len, sh.kv_cap, sh.heads, sh.kv_heads, sh.window].iter().map(|&v| v as u32).collect();
-    words.push(sh.scale.to_bits());
-    words
-}
-
 fn prepare_stream(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let sh = shape_or_invalid(s.kernel, s.problem)?;
     let (wg, kpt) = (s.param("workgroup_size")?, s.param("keys_per_thread")?);
     let consts = [("WG", wg as f64), ("KPT", kpt as f64), ("HD", sh.d as f64), ("W_F16", s.w_f16())];
-    s.one_step("main", &consts, &decode_uniform(&sh), grid_2d(sh.heads as u32))
+    s.one_step("main", &consts, &sh.prefill_words(), grid_2d(sh.heads as u32))
 }
 
 /// How `attention_decode_splitkv` covers a GQA group: `nsub` workgroups of at most
@@ -665,7 +659,7 @@ fn prepare_splitkv(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let splits = splitkv_splits(&sh, chunk as usize);
     let ml_off = splits * sh.heads * sh.d;
     let consts = [("WG", wg as f64), ("HD", sh.d as f64), ("GH", gh as f64), ("CHUNK", chunk as f64), ("W_F16", s.w_f16())];
-    let mut words = decode_uniform(&sh);
+    let mut words = sh.prefill_words();
     words.extend([nsub as u32, ml_off as u32]);
     let u = s.gpu.uniform(s.kernel.id, &words);
     let part = s.gpu.storage("attention partials", ((ml_off + 2 * splits * sh.heads) * 4) as u64);
@@ -751,7 +745,7 @@ fn prepare_splitkv_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     ];
     // splitkv's merge, over the same partial layout with CHUNK keys per partial
     let merge = [("WG", wg as f64), ("HD", sh.d as f64), ("CHUNK", chunk as f64), ("W_F16", s.w_f16())];
-    let mut words = decode_uniform(&sh);
+    let mut words = sh.prefill_words();
     words.extend([p.nsub as u32, ml_off as u32]);
     let u = s.gpu.uniform(s.kernel.id, &words);
     let part = s.gpu.storage("attention partials", ((ml_off + 2 * p.parts * sh.heads) * 4) as u64);

@@ -19,13 +19,11 @@ use crate::kernels::wgsl::{check_blocks, grid_dim, one_q_step, qfmt, vec_alignme
 use crate::kernels::{DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::shader;
 
-static QGEMM_COOP16: Shader = shader!(head "coop16.wgsl", "mma_tiling.wgsl"; "qgemm_mma.wgsl", "mma_coop.wgsl", "mma.wgsl", "mma_q.wgsl", "qblock.wgsl", "qgeom.wgsl", "act.wgsl");
-static QGEMM_COOP8: Shader = shader!(head "coop8.wgsl", "mma_tiling.wgsl"; "qgemm_mma.wgsl", "mma_coop.wgsl", "mma.wgsl", "mma_q.wgsl", "qblock.wgsl", "qgeom.wgsl", "act.wgsl");
+static QGEMM_COOP16: Shader = shader!(head "coop.wgsl", "coop16.wgsl", "mma_tiling.wgsl"; "qgemm_mma.wgsl", "mma_coop.wgsl", "mma.wgsl", "mma_q.wgsl", "qblock.wgsl", "qgeom.wgsl", "act.wgsl");
+static QGEMM_COOP8: Shader = shader!(head "coop.wgsl", "coop8.wgsl", "mma_tiling.wgsl"; "qgemm_mma.wgsl", "mma_coop.wgsl", "mma.wgsl", "mma_q.wgsl", "qblock.wgsl", "qgeom.wgsl", "act.wgsl");
 static QGEMM_MMA_EMU: Shader = shader!(head "coop_emu.wgsl", "mma_tiling.wgsl"; "qgemm_mma.wgsl", "mma_emu.wgsl", "mma.wgsl", "mma_q.wgsl", "qblock.wgsl", "qgeom.wgsl", "act.wgsl");
-static GEMM_COOP16: Shader =
-    shader!(head "coop16.wgsl", "mma_tiling.wgsl"; "gemm_mma.wgsl", "mma_coop.wgsl", "mma.wgsl", "mma_f.wgsl", "wload.wgsl", "act.wgsl");
-static GEMM_COOP8: Shader =
-    shader!(head "coop8.wgsl", "mma_tiling.wgsl"; "gemm_mma.wgsl", "mma_coop.wgsl", "mma.wgsl", "mma_f.wgsl", "wload.wgsl", "act.wgsl");
+static GEMM_COOP16: Shader = shader!(head "coop.wgsl", "coop16.wgsl", "mma_tiling.wgsl"; "gemm_mma.wgsl", "mma_coop.wgsl", "mma.wgsl", "mma_f.wgsl", "wload.wgsl", "act.wgsl");
+static GEMM_COOP8: Shader = shader!(head "coop.wgsl", "coop8.wgsl", "mma_tiling.wgsl"; "gemm_mma.wgsl", "mma_coop.wgsl", "mma.wgsl", "mma_f.wgsl", "wload.wgsl", "act.wgsl");
 static GEMM_MMA_EMU: Shader =
     shader!(head "coop_emu.wgsl", "mma_tiling.wgsl"; "gemm_mma.wgsl", "mma_emu.wgsl", "mma.wgsl", "mma_f.wgsl", "wload.wgsl", "act.wgsl");
 
