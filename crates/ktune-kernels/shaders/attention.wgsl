@@ -1,5 +1,25 @@
-// Pieces shared by the attention shaders (`shader!(FILE, .., "attention.wgsl")`);
-// pure functions. K/V cache rows are read with wload.wgsl's 16-byte words.
+// Pieces shared by the attention shaders (`shader!(head HEAD; FILE, ..,
+// "attention.wgsl")`): the query and K/V cache bindings and the uniform block of
+// their head's `struct Dims` (attention_dims.wgsl or
+// attention_dims.wgsl), and pure functions. K/V cache rows are read with
+// wload.wgsl's 16-byte words. Bindings: q@0 k_cache@1 v_cache@2 dims@4 (out@3 and
+// the scratch buffers are the shader's).
+// Requires: wload.wgsl.
+
+@group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> kc: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> vc: array<vec4<u32>>;
+@group(0) @binding(4) var<uniform> dims: Dims;
+
+// The query heads a workgroup of a GQA-grouped kernel owns: workgroup x of nsub per
+// KV head takes heads g0 .. g0 + gh of KV head kh's group (g0 = (x % nsub) gh):
+// (kh, its first query head h0, how many ng of them exist).
+fn head_block(x: u32, nsub: u32, gh: u32, heads: u32, kv_heads: u32) -> vec3<u32> {
+    let group = heads / kv_heads;
+    let kh = x / nsub;
+    let g0 = (x % nsub) * gh;
+    return vec3<u32>(kh, kh * group + g0, min(gh, group - g0));
+}
 
 // Finite stand-in for -inf (masked scores, an empty running softmax state).
 const NEG: f32 = -3.0e38;

@@ -17,30 +17,14 @@
 // `part` holds nsplit * heads * HD partial outputs, then at ml_off nsplit * heads
 // (max, sum) pairs. K/V are u32 words decoded by W_F16 (vec4<u32> = 4 f32 or 8 f16).
 // HD and GH (<= 8) are specialised by the host; WG must be a power of two.
-// Includes: attention.wgsl, wload.wgsl (W_F16, 16-byte words).
+// Heads: attention_decode_head.wgsl (WG, HD), attention_dims.wgsl (W_F16, Dims). Includes: attention.wgsl,
+// wload.wgsl (W_F16, 16-byte words).
+// Requires: attention_decode_head.wgsl, attention_dims.wgsl, attention.wgsl.
 
-override WG: u32 = 128;
-override HD: u32 = 64;
 override GH: u32 = 4;
 override CHUNK: u32 = 256;
-override W_F16: bool = false;
 
-struct Dims {
-    kv_len: u32,
-    kv_cap: u32,
-    heads: u32,
-    kv_heads: u32,
-    window: u32,
-    scale: f32,
-    nsub: u32,
-    ml_off: u32,
-}
-
-@group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> kc: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> vc: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
-@group(0) @binding(4) var<uniform> dims: Dims;
 @group(0) @binding(5) var<storage, read_write> part: array<f32>;
 
 var<workgroup> qs: array<vec4<f32>, GH * HD / 4u>;
@@ -61,11 +45,10 @@ fn pick(a: vec4<f32>, b: vec4<f32>, g: u32) -> f32 {
 
 @compute @workgroup_size(WG)
 fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    let group = dims.heads / dims.kv_heads;
-    let kh = wid.x / dims.nsub;
-    let g0 = (wid.x % dims.nsub) * GH;
-    let ng = min(GH, group - g0);
-    let h0 = kh * group + g0;
+    let hb = head_block(wid.x, nsub(), GH, dims.heads, dims.kv_heads);
+    let kh = hb.x;
+    let h0 = hb.y;
+    let ng = hb.z;
     let hd4 = HD / 4u;
     let s0 = first_key_decode() + wid.y * CHUNK;
     let s1 = min(s0 + CHUNK, dims.kv_len);
@@ -178,7 +161,7 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let lb = red[1];
     let heads = dims.heads;
     if (tid < ng) {
-        let mi = dims.ml_off + (wid.y * heads + h0 + tid) * 2u;
+        let mi = ml_off() + (wid.y * heads + h0 + tid) * 2u;
         part[mi] = m[tid];
         part[mi + 1u] = pick(la, lb, tid);
     }
@@ -225,12 +208,12 @@ fn reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     let nsplit = (keys + CHUNK - 1u) / CHUNK;
     var mx = NEG;
     for (var s = 0u; s < nsplit; s++) {
-        mx = max(mx, part[dims.ml_off + (s * heads + h) * 2u]);
+        mx = max(mx, part[ml_off() + (s * heads + h) * 2u]);
     }
     var den = 0.0;
     var num = 0.0;
     for (var s = 0u; s < nsplit; s++) {
-        let mi = dims.ml_off + (s * heads + h) * 2u;
+        let mi = ml_off() + (s * heads + h) * 2u;
         let w = exp(part[mi] - mx);
         den += w * part[mi + 1u];
         num += w * part[s * heads * HD + idx];

@@ -22,41 +22,24 @@
 // (max, sum) pairs. K/V are u32 words decoded by W_F16 (vec4<u32> = 4 f32 or 8 f16).
 // HD, GH (<= 8) and WPL (GH * WPL <= 16) are specialised by the host; needs SUBGROUP
 // and a workgroup at least one subgroup wide.
-// Includes: attention.wgsl, wload.wgsl (W_F16, 16-byte words).
+// Heads: attention_decode_head.wgsl (WG, HD), attention_dims.wgsl (W_F16, Dims). Includes: attention.wgsl,
+// wload.wgsl (W_F16, 16-byte words).
+// Requires: attention_decode_head.wgsl, attention_dims.wgsl, attention.wgsl.
 
-override WG: u32 = 128;
-override HD: u32 = 64;
 override GH: u32 = 4;
 override CHUNK: u32 = 64;
 override SPW: u32 = 4;
 override WPL: u32 = 1;
-override W_F16: bool = false;
 
-struct Dims {
-    kv_len: u32,
-    kv_cap: u32,
-    heads: u32,
-    kv_heads: u32,
-    window: u32,
-    scale: f32,
-    nsub: u32,
-    ml_off: u32,
-}
-
-@group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> kc: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> vc: array<vec4<u32>>;
-@group(0) @binding(4) var<uniform> dims: Dims;
 @group(0) @binding(5) var<storage, read_write> part: array<f32>;
 
 @compute @workgroup_size(WG)
 fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) nsg: u32,
          @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sgs: u32) {
-    let group = dims.heads / dims.kv_heads;
-    let kh = wid.x / dims.nsub;
-    let g0 = (wid.x % dims.nsub) * GH;
-    let ng = min(GH, group - g0);
-    let h0 = kh * group + g0;
+    let hb = head_block(wid.x, nsub(), GH, dims.heads, dims.kv_heads);
+    let kh = hb.x;
+    let h0 = hb.y;
+    let ng = hb.z;
     let hd4 = HD / 4u;
     let vl = wwords16(HD);
     let epl = select(4u, 8u, W_F16);
@@ -160,8 +143,8 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32, @
         for (var g = 0u; g < ng; g++) {
             let ph = pi * heads + h0 + g;
             if (lane == 0u) {
-                part[dims.ml_off + ph * 2u] = m[g];
-                part[dims.ml_off + ph * 2u + 1u] = l[g];
+                part[ml_off() + ph * 2u] = m[g];
+                part[ml_off() + ph * 2u + 1u] = l[g];
             }
             for (var i = 0u; i < WPL; i++) {
                 let c = lane + i * sgs;

@@ -9,21 +9,14 @@
 // K/V are u32 words decoded by W_F16: one vec4<u32> holds 4 f32 or 8 packed f16,
 // so head_dim % 4 == 0 (f32) or % 8 == 0 (f16), checked on the host. HD is the
 // head dimension, specialised by the host; WG must be a power of two.
+// Heads: attention_decode_head.wgsl (WG, HD), attention_dims.wgsl (W_F16, Dims).
 // Includes: attention.wgsl, reduce_wg.wgsl (the trees), wload.wgsl (W_F16, 16-byte
 // words).
+// Requires: attention_decode_head.wgsl, attention_dims.wgsl, attention.wgsl, reduce_wg.wgsl.
 
-override WG: u32 = 128;
 override KPT: u32 = 2;
-override HD: u32 = 64;
-override W_F16: bool = false;
 
-struct Dims { kv_len: u32, kv_cap: u32, heads: u32, kv_heads: u32, window: u32, scale: f32 }
-
-@group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> kc: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> vc: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
-@group(0) @binding(4) var<uniform> dims: Dims;
 
 var<workgroup> qs: array<vec4<f32>, HD / 4u>;
 var<workgroup> sc: array<f32, WG * KPT>;

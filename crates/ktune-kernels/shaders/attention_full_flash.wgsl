@@ -6,19 +6,13 @@
 // query). Online softmax per tile: the tile maximum, exp(m_old - m_new) rescales the
 // running sum and accumulators once, exp(s - m_new) per score. q, k, v and out are
 // [tokens, heads, head_dim] f32 read as vec4; the host specialises HD4 = head_dim / 4
-// (at most 32) and BKV (at most 64). Grid: (query blocks, heads).
+// (at most 32) and BKV (at most 64). Grid: (query blocks, heads). Bindings:
+// attention_full.wgsl.
+// Requires: attention_full.wgsl.
 
 override BQ: u32 = 16;
 override BKV: u32 = 32;
 override HD4: u32 = 16;
-
-struct Dims { tokens: u32, heads: u32, hd4: u32, scale: f32 }
-
-@group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> k: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> v: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;
-@group(0) @binding(4) var<uniform> dims: Dims;
 
 var<workgroup> kt: array<vec4<f32>, BKV * HD4>;
 var<workgroup> vt: array<vec4<f32>, BKV * HD4>;

@@ -3,17 +3,10 @@
 // scores first, then exp(s - max), their sum and the weighted sum of values in
 // registers, divided at the end. q, k, v and out are [tokens, heads, head_dim] f32,
 // read as vec4 (head_dim % 4 == 0, at most 4 * 32). Linear row index over a 2D
-// grid (`wid.x + wid.y * nwg.x`).
+// grid (`wid.x + wid.y * nwg.x`). Bindings: attention_full.wgsl.
+// Requires: attention_full.wgsl.
 
 override WG: u32 = 64;
-
-struct Dims { tokens: u32, heads: u32, hd4: u32, scale: f32 }
-
-@group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> k: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> v: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;
-@group(0) @binding(4) var<uniform> dims: Dims;
 
 fn score(qb: u32, kb: u32) -> f32 {
     var s = 0.0;

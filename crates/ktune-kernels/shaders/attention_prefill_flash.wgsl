@@ -12,32 +12,16 @@
 // read. Query head h reads KV head h / (heads / kv_heads).
 // K/V are u32 words decoded by W_F16 (vec4<u32> = 4 f32 or 8 packed f16), so
 // head_dim % 4 == 0 (f32) or % 8 == 0 (f16); HD is specialised by the host.
-// Includes: attention.wgsl, wload.wgsl (W_F16, 16-byte words).
+// Head: attention_dims.wgsl (W_F16, Dims). Includes: attention.wgsl,
+// wload.wgsl (W_F16, 16-byte words).
+// Requires: attention_dims.wgsl, attention.wgsl.
 
 override BQ: u32 = 16;
 override BKV: u32 = 32;
 override LANES: u32 = 8;
 override HD: u32 = 64;
-override W_F16: bool = false;
 
-struct Dims {
-    tokens: u32,
-    kv_len: u32,
-    kv_cap: u32,
-    heads: u32,
-    kv_heads: u32,
-    window: u32,
-    scale: f32,
-    // the bidirectional block [b0, b1) (b0 == b1: none)
-    b0: u32,
-    b1: u32,
-}
-
-@group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> kc: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> vc: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;
-@group(0) @binding(4) var<uniform> dims: Dims;
 
 var<workgroup> qs: array<vec4<f32>, BQ * HD / 4u>;
 var<workgroup> kv: array<vec4<f32>, BKV * HD / 4u>;

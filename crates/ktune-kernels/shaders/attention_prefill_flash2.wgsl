@@ -1,5 +1,5 @@
-// Prefill attention, second-generation flash form for adapters without subgroups:
-// the body is flash2.wgsl (Q slices in registers, head_dim split over LANES lanes
+// The row collectives of the second-generation flash prefill attention for adapters
+// without subgroups: the body is flash2.wgsl (Q slices in registers, head_dim split over LANES lanes
 // per query row, the GQA heads of a workgroup sharing each K/V tile, one
 // exponential per score); the row collectives go through workgroup memory. The
 // reduce-scatter of LANES keys' partial dots is one exchange: every lane writes its
@@ -9,19 +9,8 @@
 // and sum read the row's LANES values after a barrier; the probabilities of a tile
 // go to `ps`.
 // `flat` is local_invocation_index.
-// Includes: flash2.wgsl, attention.wgsl, wload.wgsl.
-
-override BQ: u32 = 8;
-override GH: u32 = 4;
-override BKV: u32 = 32;
-override LANES: u32 = 8;
-override HD: u32 = 64;
-override RW: u32 = 16;
-override NW: u32 = 2;
-override STAGE: bool = true;
-override PAD: u32 = 0;
-override TILE: u32 = 544;
-override W_F16: bool = false;
+// Appended to flash2.wgsl (the shader's own file, with its overrides).
+// Requires: flash2.wgsl.
 
 var<workgroup> red: array<f32, BQ * GH * LANES * LANES>;
 var<workgroup> rowv: array<f32, BQ * GH * LANES>;

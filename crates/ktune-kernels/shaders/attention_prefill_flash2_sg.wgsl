@@ -1,25 +1,14 @@
-// Prefill attention, second-generation flash form on subgroup operations: the body
-// is flash2.wgsl (Q slices in registers, head_dim split over LANES lanes per query
-// row, the GQA heads of a workgroup sharing each K/V tile, one exponential per
-// score); the row collectives are subgroup shuffles, with no workgroup memory or
+// The row collectives of the second-generation flash prefill attention on subgroup
+// operations: the body is flash2.wgsl (Q slices in registers, head_dim split over
+// LANES lanes per query row, the GQA heads of a workgroup sharing each K/V tile,
+// one exponential per score); the row collectives are subgroup shuffles, with no workgroup memory or
 // barrier beyond the K/V staging (none at all without it).
 // A row's lanes are LANES consecutive invocations of one subgroup: `flat` =
 // subgroup_id * subgroup_size + subgroup_invocation_id, so the host requires
 // LANES <= the adapter's smallest subgroup size (and the workgroup, a power of
 // two, is either within one subgroup or whole subgroups).
-// Includes: flash2.wgsl, attention.wgsl, wload.wgsl.
-
-override BQ: u32 = 8;
-override GH: u32 = 4;
-override BKV: u32 = 32;
-override LANES: u32 = 8;
-override HD: u32 = 64;
-override RW: u32 = 16;
-override NW: u32 = 2;
-override STAGE: bool = true;
-override PAD: u32 = 0;
-override TILE: u32 = 544;
-override W_F16: bool = false;
+// Appended to flash2.wgsl (the shader's own file, with its overrides).
+// Requires: flash2.wgsl.
 
 // Lane c of the row gets the sum over the row's lanes of their v[c]: recursive
 // halving, each step keeping the half of the keys whose bit matches the lane's.

@@ -14,33 +14,21 @@
 //   scores: q@0 k_cache@1 dims@4 sc@5;  softmax: dims@4 sc@5;  pv: v_cache@2 out@3 dims@4 sc@5
 // K/V are u32 words decoded by W_F16 (vec4<u32> = 4 f32 or 8 packed f16), so
 // head_dim % 4 == 0 (f32) or % 8 == 0 (f16); WG must be a power of two.
+// Head: attention_dims.wgsl (W_F16, Dims; its own word is head_dim).
 // Includes: attention.wgsl, reduce_wg.wgsl (the trees), wload.wgsl (W_F16, 16-byte words).
+// Requires: attention_dims.wgsl, attention.wgsl, reduce_wg.wgsl.
 
 override WG: u32 = 128;
-override W_F16: bool = false;
 
-struct Dims {
-    tokens: u32,
-    kv_len: u32,
-    kv_cap: u32,
-    heads: u32,
-    kv_heads: u32,
-    window: u32,
-    scale: f32,
-    // the bidirectional block [b0, b1) (b0 == b1: none)
-    b0: u32,
-    b1: u32,
-    head_dim: u32,
-}
-
-@group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> kc: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> vc: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
-@group(0) @binding(4) var<uniform> dims: Dims;
 @group(0) @binding(5) var<storage, read_write> sc: array<f32>;
 
 var<workgroup> partial: array<f32, WG>;
+
+// The head dimension (the uniform's own word).
+fn head_dim() -> u32 {
+    return dims.own;
+}
 
 // Absolute position of the query at token index i.
 fn position(i: u32) -> u32 {
@@ -63,8 +51,8 @@ fn scores(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let pos = position(i);
     var s = NEG;
     if (j <= key_hi(pos, dims.b0, dims.b1) && j >= key_lo(pos, dims.window, dims.b0, dims.b1)) {
-        let n = wwords16(dims.head_dim);
-        let hd4 = dims.head_dim / 4u;
+        let n = wwords16(head_dim());
+        let hd4 = head_dim() / 4u;
         let qb = row * hd4;
         let kb = (kh * dims.kv_cap + j) * n;
         var acc = vec4<f32>(0.0);
@@ -108,7 +96,7 @@ fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
 fn pv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
       @builtin(local_invocation_index) tid: u32) {
     let idx = (wid.x + wid.y * nwg.x) * WG + tid;
-    let n = wwords16(dims.head_dim);
+    let n = wwords16(head_dim());
     if (idx >= dims.tokens * dims.heads * n) {
         return;
     }
@@ -130,7 +118,7 @@ fn pv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<
             a1 += p * whi4(w);
         }
     }
-    let o = row * dims.head_dim + lane * select(4u, 8u, W_F16);
+    let o = row * head_dim() + lane * select(4u, 8u, W_F16);
     out[o] = a0.x;
     out[o + 1u] = a0.y;
     out[o + 2u] = a0.z;

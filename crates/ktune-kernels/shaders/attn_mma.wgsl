@@ -1,8 +1,14 @@
-// What the matrix-tile flash prefill attentions share (attention_prefill_coop16 on
-// 16x16x16 cooperative matrices, entry attn_mma_coop.wgsl; attention_prefill_mma_emu,
-// the same tiles in plain loops, entry attn_mma_emu.wgsl): the block a workgroup
-// owns, the staging of Q and of K/V tiles as f16 in workgroup memory, the masks, and
-// the row passes of the softmax.
+// Prefill attention on 16x16x16 matrices, flash style in two passes: S = Q·Kᵀ and
+// O += P·V as f16 matrices with f32 accumulation, O held in the matrix registers for
+// the whole block (the softmax's maxima come from a first pass over the scores, so O
+// is never rescaled). On cooperative matrices (wgpu's EXPERIMENTAL_COOPERATIVE_MATRIX:
+// NVIDIA tensor cores, Apple simdgroup matrices, Intel XMX; heads coop16.wgsl and
+// attention_dims.wgsl, entry attn_mma_coop.wgsl; needs subgroups of exactly
+// 32) or the same tiles in plain loops with virtual subgroups of 32 invocations
+// (heads coop_emu.wgsl and attention_dims.wgsl, entry attn_mma_emu.wgsl).
+// Needs head_dim a multiple of 16. This file: the block a workgroup owns, the
+// staging of Q and of K/V tiles as f16 in workgroup memory, the masks, and the row
+// passes of the softmax.
 //
 // A workgroup owns BQ consecutive query tokens of one query head (grid x: query
 // blocks, y: heads). Two passes over the block's visible keys [klo, khi] in tiles
@@ -20,23 +26,26 @@
 // Row r (token i0 + r, position kv_len - tokens + i0 + r) sees keys key_lo..key_hi
 // (attention.wgsl: the causal range, the sliding window, the bidirectional block).
 // K/V are read as 16-byte words of f32 or packed f16 (W_F16, wload.wgsl).
-// The including shader declares the overrides BQ, BK, NSG (subgroups), WGS (NSG·32),
-// HD, W_F16, the bindings q@0 k_cache@1 v_cache@2 out@3 dims@4, and qs, kv, ss, ps,
-// rm, rl.
-// Includes: attention.wgsl, wload.wgsl.
+// Bindings q@0 k_cache@1 v_cache@2 out@3 dims@4. Includes: the entry point,
+// attention.wgsl, wload.wgsl.
+// Requires: attention_dims.wgsl, attention.wgsl.
 
-struct Dims {
-    tokens: u32,
-    kv_len: u32,
-    kv_cap: u32,
-    heads: u32,
-    kv_heads: u32,
-    window: u32,
-    scale: f32,
-    // the bidirectional block [b0, b1) (b0 == b1: none)
-    b0: u32,
-    b1: u32,
-}
+override BQ: u32 = 16;   // query tokens per workgroup (a multiple of 16)
+override BK: u32 = 32;   // keys per tile (a multiple of 16)
+override NSG: u32 = 2;   // subgroups (emulation: virtual subgroups of 32 invocations)
+override WGS: u32 = 64;  // NSG * 32
+override NS: u32 = 1;    // S matrices per subgroup and tile: ceil((BQ / 16)(BK / 16) / NSG)
+override NO: u32 = 2;    // O matrices per subgroup: ceil((BQ / 16)(HD / 16) / NSG) <= 8
+override HD: u32 = 64;
+
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+
+var<workgroup> qs: array<f16, BQ * (HD + 8u)>;
+var<workgroup> kv: array<f16, BK * (HD + 8u)>;
+var<workgroup> ss: array<f32, BQ * BK>;
+var<workgroup> ps: array<f16, BQ * (BK + 8u)>;
+var<workgroup> rm: array<f32, BQ>;
+var<workgroup> rl: array<f32, BQ>;
 
 // Row stride of qs and kv, in halves.
 fn qstride() -> u32 {

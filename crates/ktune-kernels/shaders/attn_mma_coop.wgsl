@@ -1,12 +1,17 @@
-// The entry point of attention_prefill_coop16 (attn_mma.wgsl: the block, staging,
-// masks and row passes): S = Q·Kᵀ and O += P·V on cooperative matrices (CoopA,
-// CoopB, CoopC of the including shader: f16 inputs, f32 accumulators). Subgroup s
+// The cooperative-matrix entry point of the matrix-tile prefill attention
+// (attn_mma.wgsl: the block, staging, masks and row passes): S = Q·Kᵀ and O += P·V
+// on cooperative matrices (CoopA, CoopB, CoopC of the head coop16.wgsl: f16 inputs,
+// f32 accumulators). Subgroup s
 // takes the S matrices s, s + NSG, .. of each tile (stored to ss) and keeps the O
 // matrices s, s + NSG, .. (NO of them, <= 8, in registers) for the whole block.
 // Every subgroup runs every matrix operation (uniform control flow): an index past
 // the last matrix is clamped to it, and its result neither stored nor written. The
 // host admits only adapters whose subgroups are exactly 32 invocations, so WGS =
 // NSG·32 invocations form NSG subgroups.
+// Requires: coop16.wgsl, attn_mma.wgsl.
+
+// Each subgroup's 16x16 slot for its O matrices on the way out.
+var<workgroup> cs: array<f32, NSG * 256u>;
 
 @compute @workgroup_size(WGS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32,

@@ -1,10 +1,19 @@
-// The entry point of attention_prefill_mma_emu: attention_prefill_coop16's tiling
-// (attn_mma.wgsl; the same f16 tiles, masks, passes and matrix assignment) with the
-// matrix operations as plain loops. A virtual subgroup of 32 invocations (s = tid /
+// The emulated entry point of the matrix-tile prefill attention: the tiling of
+// attn_mma_coop.wgsl (attn_mma.wgsl; the same f16 tiles, masks, passes and matrix
+// assignment) with the matrix operations as plain loops (16x16 matrices: the head
+// coop_emu.wgsl's MAT stays at its default). A virtual subgroup of 32 invocations (s = tid /
 // 32) takes the same S matrices and keeps the same O matrices, each lane 8 elements
 // of each (element lane + 32q of a 16x16 matrix, row-major), products of f16 values
 // summed in f32. It runs where there are no matrix units, which is how the coop
 // tiling is tested on a software adapter.
+// Requires: coop_emu.wgsl, attn_mma.wgsl.
+
+// (row, column) in its block of the lane's q8-th element (lane + 32·q8, row-major)
+// of 16x16 matrix idx of a block `cols` matrices wide.
+fn lane_elem(idx: u32, cols: u32, lane: u32, q8: u32) -> vec2<u32> {
+    let e = lane + 32u * q8;
+    return vec2<u32>((idx / cols) * 16u + e / 16u, (idx % cols) * 16u + e % 16u);
+}
 
 @compute @workgroup_size(WGS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
@@ -23,17 +32,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             for (var j = 0u; j < NS; j++) {
                 let idx = s + j * NSG;
                 if (idx < nsm) {
-                    let mi = idx / (BK / 16u);
-                    let nj = idx % (BK / 16u);
                     for (var q8 = 0u; q8 < 8u; q8++) {
-                        let e = lane + 32u * q8;
-                        let r = mi * 16u + e / 16u;
-                        let c = nj * 16u + e % 16u;
+                        let rc = lane_elem(idx, BK / 16u, lane, q8);
                         var sum = 0.0;
                         for (var d = 0u; d < HD; d++) {
-                            sum += f32(qs[r * qstride() + d]) * f32(kv[c * qstride() + d]);
+                            sum += f32(qs[rc.x * qstride() + d]) * f32(kv[rc.y * qstride() + d]);
                         }
-                        ss[r * BK + c] = sum;
+                        ss[rc.x * BK + rc.y] = sum;
                     }
                 }
             }
@@ -43,15 +48,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             for (var j = 0u; j < NO; j++) {
                 let idx = s + j * NSG;
                 if (idx < nom) {
-                    let mi = idx / (HD / 16u);
-                    let dj = idx % (HD / 16u);
                     for (var q8 = 0u; q8 < 8u; q8++) {
-                        let e = lane + 32u * q8;
-                        let r = mi * 16u + e / 16u;
-                        let c = dj * 16u + e % 16u;
+                        let rc = lane_elem(idx, HD / 16u, lane, q8);
                         var sum = 0.0;
                         for (var k = 0u; k < BK; k++) {
-                            sum += f32(ps[r * pstride() + k]) * f32(kv[k * qstride() + c]);
+                            sum += f32(ps[rc.x * pstride() + k]) * f32(kv[k * qstride() + rc.y]);
                         }
                         acc[j * 8u + q8] += sum;
                     }
@@ -63,11 +64,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var j = 0u; j < NO; j++) {
         let idx = s + j * NSG;
         if (idx < nom) {
-            let mi = idx / (HD / 16u);
-            let dj = idx % (HD / 16u);
             for (var q8 = 0u; q8 < 8u; q8++) {
-                let e = lane + 32u * q8;
-                write_o(b, mi * 16u + e / 16u, dj * 16u + e % 16u, acc[j * 8u + q8]);
+                let rc = lane_elem(idx, HD / 16u, lane, q8);
+                write_o(b, rc.x, rc.y, acc[j * 8u + q8]);
             }
         }
     }

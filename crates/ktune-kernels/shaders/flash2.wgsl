@@ -1,6 +1,8 @@
-// The body of the second-generation flash prefill attention
-// (`attention_prefill_flash2*.wgsl`), shared by the subgroup and the
-// workgroup-memory forms; each form supplies the four row collectives this body
+// Prefill attention, second generation of the flash form: the body shared by the
+// subgroup and the workgroup-memory forms (`shader!(head
+// "attention_dims.wgsl"; "flash2.wgsl", FORM, "attention.wgsl",
+// "wload.wgsl")`); each form, attention_prefill_flash2_sg.wgsl or
+// attention_prefill_flash2.wgsl, supplies the four row collectives this body
 // calls (`lanes_scatter`, `lanes_max`, `lanes_sum`, `share_p`/`p_of`).
 //
 // Workgroup (query block, KV head, head sub-block): BQ consecutive query tokens times
@@ -30,31 +32,30 @@
 // K/V are u32 words decoded by W_F16 (vec4<u32> = 4 f32 or 8 packed f16); the host
 // specialises HD, RW (= HD / 4 or HD / 8 words per row), NW (= ceil(RW / LANES) <= 8),
 // BKV / LANES <= 16, PAD (0 or 1), TILE (BKV * (RW + PAD), or 1 without staging).
-// Bindings: q@0 k_cache@1 v_cache@2 out@3 dims@4.
-// Includes: attention.wgsl, wload.wgsl.
+// Bindings: q@0 k_cache@1 v_cache@2 out@3 dims@4; the uniform's own word is nsub.
+// Head: attention_dims.wgsl (W_F16, Dims). Includes: attention.wgsl,
+// wload.wgsl.
+// Requires: attention_dims.wgsl, attention.wgsl.
 
-struct Dims {
-    tokens: u32,
-    kv_len: u32,
-    kv_cap: u32,
-    heads: u32,
-    kv_heads: u32,
-    window: u32,
-    scale: f32,
-    // the bidirectional block [b0, b1) (b0 == b1: none)
-    b0: u32,
-    b1: u32,
-    // workgroups per KV head along y (head sub-blocks of GH heads)
-    nsub: u32,
-}
+override BQ: u32 = 8;
+override GH: u32 = 4;
+override BKV: u32 = 32;
+override LANES: u32 = 8;
+override HD: u32 = 64;
+override RW: u32 = 16;
+override NW: u32 = 2;
+override STAGE: bool = true;
+override PAD: u32 = 0;
+override TILE: u32 = 544;
 
-@group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> kc: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> vc: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;
-@group(0) @binding(4) var<uniform> dims: Dims;
 
 var<workgroup> kvt: array<vec4<u32>, TILE>;
+
+// Workgroups per KV head along y (head sub-blocks of GH heads): the uniform's own word.
+fn nsub() -> u32 {
+    return dims.own;
+}
 
 // Stages cache rows t0 .. t0 + BKV of K or V (rows past `last` as zeros) in `kvt`:
 // an invocation's share rounded up, a loop of constant trip count whose loads have
@@ -93,8 +94,8 @@ fn kv_word(is_v: bool, base: u32, j: u32, c: u32, x: u32) -> vec4<u32> {
 
 fn flash2(wid: vec3<u32>, tid: u32, flat: u32) {
     let group = dims.heads / dims.kv_heads;
-    let kh = wid.y / dims.nsub;
-    let g0 = (wid.y % dims.nsub) * GH;
+    let kh = wid.y / nsub();
+    let g0 = (wid.y % nsub()) * GH;
     let r = flat / LANES;
     let lane = flat % LANES;
     let ti = r / GH;

@@ -5,18 +5,9 @@
 // reduce it (row_sum), then each normalizes and rotates whole pairs (i, i + rot/2)
 // or (2i, 2i + 1), so both elements of a pair are read and written by the same
 // invocation; dims past rot_dim are only normalized. Any head_dim; the norm weight
-// is read as u32 words decoded by W_F16 (wload.wgsl).
-
-struct Dims {
-    tokens: u32,
-    heads: u32,
-    head_dim: u32,
-    rot_half: u32,
-    pos0: u32,
-    interleaved: u32, // 0 rotate-half pairs (i, i + rot/2), 1 interleaved (2i, 2i + 1)
-    eps: f32,
-    unit_offset: u32, // 1: scale by (1 + w) (Gemma)
-}
+// is read as u32 words decoded by W_F16 (wload.wgsl). The uniform block is
+// rotary.wgsl's Dims.
+// Requires: rotary.wgsl, rms.wgsl, wload.wgsl.
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read> w: array<u32>;

@@ -1,11 +1,10 @@
 // Fused residual add + RMSNorm: h = x + r, y = h / sqrt(mean(h²) + eps) * w (or
-// (1 + w)): the interface and the row body of fused_residual_rms_norm_wg and
-// fused_residual_rms_norm_subgroup (`shader!(VARIANT, "fused_residual_rms_norm.wgsl",
+// (1 + w)): the interface and the row body of residual_rms_norm_wg and
+// residual_rms_norm_subgroup (`shader!(VARIANT, "fused_residual_rms_norm.wgsl",
 // ..)`). The invocations of a row stride over it writing h and accumulating h², reduce
 // (row_sum), then reread the h each wrote itself and write y. Any dim; the norm weight
 // is read as u32 words decoded by W_F16 (wload.wgsl).
-
-struct Dims { rows: u32, dim: u32, eps: f32, unit_offset: u32 }
+// Requires: rms_rows.wgsl, rms.wgsl.
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read> r: array<f32>;
@@ -13,12 +12,6 @@ struct Dims { rows: u32, dim: u32, eps: f32, unit_offset: u32 }
 @group(0) @binding(3) var<storage, read_write> h: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 @group(0) @binding(5) var<uniform> dims: Dims;
-
-fn wload(i: u32) -> f32 { return wpick(w[wword(i)], i); }
-
-fn row_count() -> u32 {
-    return dims.rows;
-}
 
 fn run_row(row: u32, first: u32, stride: u32) {
     let d = dims.dim;

@@ -14,10 +14,11 @@
 // padded by one vec4 so the invocations of a wave spread over the memory banks.
 //
 // Needs k % 4 == 0 (f32 weights) or k % 8 == 0 (f16 weights), TILE_K % 8 == 0,
-// REG_M, REG_N <= 8; any m and n. The including shader declares the overrides
-// TILE_M, TILE_N, TILE_K, REG_M, REG_N, WGS, W_F16, the bindings
-// `x: array<vec4<f32>>` and `w: array<vec4<u32>>`, `dims` with m, n, k, and
+// REG_M, REG_N <= 8; any m and n. The head gemm_tiling.wgsl declares the overrides
+// TILE_M, TILE_N, TILE_K, REG_M, REG_N, WGS, W_F16 and Dims (m, n, k); the shader
+// the bindings `x: array<vec4<f32>>`, `w: array<vec4<u32>>` and `dims`, and
 // `gemm_store`. Includes: wload.wgsl (W_F16, 16-byte words).
+// Requires: gemm_tiling.wgsl, wload.wgsl.
 
 // row r of a tile, vec4 c along k, at r * (TILE_K / 4 + 1) + c
 var<workgroup> xs: array<vec4<f32>, TILE_M * (TILE_K / 4u + 1u)>;

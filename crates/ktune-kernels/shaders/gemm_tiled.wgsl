@@ -1,17 +1,9 @@
 // GEMM y[m,n] = x[m,k] · w[n,k]ᵀ, tiled in workgroup memory with register blocking:
 // the body is gemm_tile.wgsl (tiles, staging, register blocks; its rules on k and
 // the tiles), the epilogue a plain store.
-// Includes: gemm_tile.wgsl, wload.wgsl (W_F16, 16-byte words).
-
-override TILE_M: u32 = 64;
-override TILE_N: u32 = 64;
-override TILE_K: u32 = 16;
-override REG_M: u32 = 4;
-override REG_N: u32 = 4;
-override WGS: u32 = 256; // (TILE_M / REG_M) * (TILE_N / REG_N), set by the host
-override W_F16: bool = false;
-
-struct Dims { m: u32, n: u32, k: u32 }
+// Head: gemm_tiling.wgsl. Includes: gemm_tile.wgsl, wload.wgsl (W_F16, 16-byte
+// words).
+// Requires: gemm_tiling.wgsl, gemm_tile.wgsl.
 
 @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;

@@ -3,18 +3,11 @@
 // the epilogue adds the bias and, when GELU, applies GELU-tanh (act.wgsl) before
 // the store. Also the second dispatch of patch_embed_im2col (the patch matrix as x,
 // GELU off). Bias words decoded by W_F16 like the weights.
-// Includes: gemm_tile.wgsl, act.wgsl, wload.wgsl (W_F16, 16-byte words).
+// Head: gemm_tiling.wgsl. Includes: gemm_tile.wgsl, act.wgsl, wload.wgsl (W_F16,
+// 16-byte words).
+// Requires: gemm_tiling.wgsl, gemm_tile.wgsl, act.wgsl.
 
-override TILE_M: u32 = 64;
-override TILE_N: u32 = 64;
-override TILE_K: u32 = 16;
-override REG_M: u32 = 4;
-override REG_N: u32 = 4;
-override WGS: u32 = 256; // (TILE_M / REG_M) * (TILE_N / REG_N), set by the host
-override W_F16: bool = false;
 override GELU: bool = false;
-
-struct Dims { m: u32, n: u32, k: u32 }
 
 @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;

@@ -1,15 +1,16 @@
-// What the matrix-tile GEMMs share (gemm / gate_up, float or block-format weights;
-// on cooperative matrices, qgemm_coop8/16 and gemm_coop8/16 with the entry point
-// mma_coop.wgsl, or with the same tiles in plain loops, qgemm_mma_emu and
-// gemm_mma_emu with mma_emu.wgsl): the tile geometry, the staging of x into f16
+// What the matrix-tile GEMMs share (gemm / gate_up, float or block-format weights,
+// qgemm_mma.wgsl and gemm_mma.wgsl; on cooperative matrices, heads coop8.wgsl or
+// coop16.wgsl with the entry point mma_coop.wgsl, or with the same tiles in plain
+// loops, head coop_emu.wgsl with mma_emu.wgsl): the workgroup tiles, the tile geometry, the staging of x into f16
 // workgroup tiles, the steps along k (one or two tile buffers), the matrix bases the
 // loads and stores use, and the copy of the f32 result matrices to y (with the gated
 // activation of gate_up). The weight staging is the weight format's: mma_q.wgsl
 // (ggml blocks, dequantized) or mma_f.wgsl (f32 or packed f16 words); each defines
-// nchunks(), w_slots(), fetch_w() and store_w(). It reads the including shader's
-// overrides SG_M, SG_N, MAT_M, MAT_N, TILE_K, WGS, W_MATS, STAGES and its MAT (the
-// matrix side, 8 or 16), its bindings (x, y, dims: m, n, k, act) and workgroup
-// arrays xs, wt (f16, STAGES tile buffers each) and cs (f32); act.wgsl's act().
+// nchunks(), w_slots(), fetch_w() and store_w(). It reads the head's overrides
+// SG_M, SG_N, MAT_M, MAT_N, TILE_K, WGS, W_MATS, STAGES (mma_tiling.wgsl) and MAT
+// (the matrix side, 8 or 16), the shader's bindings (x, y, dims: m, n, k, act), and
+// act.wgsl's act().
+// Requires: mma_tiling.wgsl, act.wgsl.
 //
 // A workgroup owns a TILE_M x TILE_N tile of y, TILE_M = SG_M·MAT_M·MAT and
 // TILE_N = SG_N·MAT_N·MAT: subgroup s (0 .. SG_M·SG_N) owns the MAT_M x MAT_N
@@ -38,6 +39,11 @@
 
 // Registers per invocation for one batch of slots.
 const PRE: u32 = 8u;
+
+// The x and weight tiles (f16, STAGES tile buffers each) and the result slots (f32).
+var<workgroup> xs: array<f16, STAGES * SG_M * MAT_M * MAT * (TILE_K + 8u)>;
+var<workgroup> wt: array<f16, STAGES * W_MATS * SG_N * MAT_N * MAT * (TILE_K + 8u)>;
+var<workgroup> cs: array<f32, W_MATS * SG_M * SG_N * MAT * MAT>;
 var<private> px: array<vec4<f32>, 8>;
 var<private> pw: array<vec4<u32>, 8>;
 

@@ -1,6 +1,6 @@
-// The cooperative-matrix entry point of qgemm_coop8/16 and gemm_coop8/16 (which
-// declare MAT and the matrix types CoopA, CoopB, CoopC: f16 inputs, f32
-// accumulators). Tiles, x staging and output: mma.wgsl; weight staging: mma_q.wgsl
+// The cooperative-matrix entry point of the matrix-tile GEMMs (their head coop8.wgsl
+// or coop16.wgsl declares MAT and the matrix types CoopA, CoopB, CoopC: f16 inputs,
+// f32 accumulators). Tiles, x staging and output: mma.wgsl; weight staging: mma_q.wgsl
 // or mma_f.wgsl. Every subgroup runs every matrix operation (they need uniform
 // control flow); the host admits only adapters whose subgroups are exactly 32
 // invocations, so the WGS = SG_M·SG_N·32 invocations form exactly SG_M·SG_N

@@ -1,4 +1,4 @@
-// The entry point of qgemm_mma_emu and gemm_mma_emu: the tiling of the
+// The entry point of the emulated matrix-tile GEMMs (head coop_emu.wgsl): the tiling of the
 // cooperative-matrix GEMMs (mma.wgsl: the same f16 tiles, staging, matrix bases,
 // strides and result slots) with the matrix operations written as plain loops: a
 // virtual subgroup of 32 invocations (s = tid / 32) owns the same MAT_M x MAT_N

@@ -2,6 +2,7 @@
 // as 16-byte words of 4 f32 or 8 packed f16 (W_F16, wload.wgsl), rounded (f32) or
 // copied (f16) into wt. Needs k a multiple of 4 (f32) or 8 (f16): a word never
 // straddles the end of a row; the last chunk is zero-filled past k.
+// Requires: mma.wgsl, wload.wgsl.
 //
 // A slot is one 16-byte word: slot f of a step is matrix g = f / w_per(), word
 // tid + (f % w_per())·WGS of the tile_n() x wwords16(TILE_K) words of its tile.

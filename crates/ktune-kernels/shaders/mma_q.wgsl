@@ -1,6 +1,7 @@
 // The weight staging of the matrix-tile GEMMs over ggml blocks (mma.wgsl): w bound
 // as quants and scales (wq, ws; qblock.wgsl decodes), dequantized and rounded to f16
 // into wt. k is a whole number of blocks (qbe()), so of 32-element chunks.
+// Requires: mma.wgsl, qblock.wgsl, qgeom.wgsl.
 //
 // A slot is one unit of a block (qdecode: 4 or 8 values) inside a 32-element chunk,
 // held as 8 packed halves: slot f of a step is matrix g, chunk s of the step, unit

@@ -9,7 +9,9 @@
 // reduction of the ROWS + 1 partials, then the row sums are scaled by inv_rms.
 // Needs k a whole number of blocks (qbe()).
 // Includes: norm_gemv_q.wgsl (interface), qblock.wgsl (block decoding),
-// block_wg.wgsl (entry point), reduce_wg.wgsl (the tree).
+// norm_block_wg.wgsl (partials and store), block_wg.wgsl (entry point),
+// reduce_wg.wgsl (the tree).
+// Requires: norm_block_wg.wgsl.
 
 override WG: u32 = 128;
 override ROWS: u32 = 2;
@@ -56,14 +58,5 @@ fn block_partials(row0: u32, tid: u32) -> u32 {
             }
         }
     }
-    for (var r = 0u; r < ROWS; r++) {
-        partial[r * WG + tid] = acc[r];
-    }
-    partial[ROWS * WG + tid] = ss;
-    return ROWS + 1u;
-}
-
-fn block_store(row: u32, r: u32) {
-    let inv = inverseSqrt(partial[ROWS * WG] / f32(dims.k) + dims.eps);
-    y[row] = partial[r * WG] * inv;
+    return norm_partials(acc, ss, tid);
 }

@@ -6,8 +6,9 @@
 // registers and x[c]² alongside (x and g read once for all ROWS rows); one
 // workgroup tree reduction then sums the ROWS + 1 partials and the epilogue scales
 // the row sums by inv_rms. Any k; the gain and the weights are u32 words decoded by
-// W_F16 (f32 bits or packed f16 pairs). Includes: block_wg.wgsl (entry point),
-// reduce_wg.wgsl (the tree), wload.wgsl (W_F16).
+// W_F16 (f32 bits or packed f16 pairs). Includes: norm_block_wg.wgsl (partials and
+// store), block_wg.wgsl (entry point), reduce_wg.wgsl (the tree), wload.wgsl (W_F16).
+// Requires: norm_block_wg.wgsl.
 
 override WG: u32 = 128;
 override ROWS: u32 = 2;
@@ -50,14 +51,5 @@ fn block_partials(row0: u32, tid: u32) -> u32 {
             }
         }
     }
-    for (var r = 0u; r < ROWS; r++) {
-        partial[r * WG + tid] = acc[r];
-    }
-    partial[ROWS * WG + tid] = ss;
-    return ROWS + 1u;
-}
-
-fn block_store(row: u32, r: u32) {
-    let inv = inverseSqrt(partial[ROWS * WG] / f32(dims.k) + dims.eps);
-    y[row] = partial[r * WG] * inv;
+    return norm_partials(acc, ss, tid);
 }

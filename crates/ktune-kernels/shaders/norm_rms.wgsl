@@ -4,19 +4,12 @@
 // of a row accumulate x² over their strided share (coalesced scalar loads), reduce it
 // (row_sum), then reread their share and write y. Any dim; the weight is read as u32
 // words decoded by W_F16 (wload.wgsl).
-
-struct Dims { rows: u32, dim: u32, eps: f32, unit_offset: u32 }
+// Requires: rms_rows.wgsl, rms.wgsl.
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> dims: Dims;
-
-fn wload(i: u32) -> f32 { return wpick(w[wword(i)], i); }
-
-fn row_count() -> u32 {
-    return dims.rows;
-}
 
 fn run_row(row: u32, first: u32, stride: u32) {
     let d = dims.dim;

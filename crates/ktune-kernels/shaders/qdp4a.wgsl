@@ -1,6 +1,6 @@
-// The second-generation quantized projections' shared core (`shader!(VARIANT,
-// FAMILY, MAIN, "qdp4a.wgsl", "qgeom.wgsl", ..)`, qgeom.wgsl the block geometry): the GEMV (gemv_q_dp4a_*, family include
-// qdp4a_gemv.wgsl), the fused gate+up (gate_up_q_dp4a_*, qdp4a_gate_up.wgsl) and
+// The second-generation quantized projections' shared core (`shader!(head
+// "qdp4a_head.wgsl"; FAMILY, MAIN, "qdp4a.wgsl", "qgeom.wgsl", ..)`, qgeom.wgsl the
+// block geometry): the GEMV (gemv_q_dp4a_*, family qdp4a_gemv.wgsl), the fused gate+up (gate_up_q_dp4a_*, qdp4a_gate_up.wgsl) and
 // the fused Q/K/V projection (qkv_proj_q_dp4a_*, qdp4a_qkv.wgsl); the entry `main`
 // comes from qdp4a_main_wg.wgsl (workgroup tree) or qdp4a_main_sg.wgsl
 // (subgroupAdd). Entry points over one set of bindings, each binding the subset
@@ -26,19 +26,20 @@
 //               ranges of a row's blocks (the family writes partials and its
 //               `sum_splits` entry finishes).
 //
-// The family include declares `struct Dims` (with at least `k`), `dims` at
-// binding 4, its outputs, and supplies
+// The family (the shader's own file) declares `struct Dims` (with at least `k`),
+// `dims` at binding 4, its outputs, `const DQ_SETS` (accumulators per output row:
+// DQ_SETS * ROWS <= 16 per workgroup), and supplies
 //   fn dq_nrows() -> u32          outputs (row groups of ROWS cover them)
-//   fn dq_nacc() -> u32           accumulators per workgroup (<= 16)
 //   fn dq_row(row0, r) -> u32     the weight row of accumulator r (clamped in range)
 //   fn dq_out(row0, s, r)         invocation r < ROWS stores output row0 + r of
 //                                 split s from dq_total(r) (.. of the main include)
-// Uses the variant's overrides WG, ROWS (<= 8), QFMT (0 q8_0, 1 q4_0, 2 q4_1,
+// Uses the head's overrides (qdp4a_head.wgsl) WG, ROWS (<= 8), QFMT (0 q8_0, 1 q4_0, 2 q4_1,
 // 3 q5_0, 4 q5_1, 5 q2_k, 6 q3_k, 7 q4_k, 8 q5_k, 9 q6_k, 10 iq4_nl, 11 iq4_xs:
 // kernels::wgsl::qfmt), VW (1, 2 or 4 words per item), ACT (8, 16, 32) and SPLIT.
 // Weights in the GPU layout of kernels::quant::QMatrix: wq the quant bytes (bound
 // padded to 16 bytes), ws the 16-bit header fields.
 // Needs k a whole number of blocks.
+// Requires: qdp4a_head.wgsl, qgeom.wgsl.
 
 @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> wq: array<vec4<u32>>;
@@ -428,10 +429,26 @@ fn dq_item(gb: u32, j: u32, p: u32) -> f32 {
 // Register accumulators of the workgroup's dq_nacc() weight rows (<= 16).
 var<private> acc: array<f32, 16>;
 
+// Accumulators per workgroup: DQ_SETS for each of its ROWS output rows.
+fn dq_nacc() -> u32 {
+    return DQ_SETS * ROWS;
+}
+
 // Where a workgroup works: its first output row and its split, from its linear index.
 fn dq_group(wid: vec3<u32>, nwg: vec3<u32>) -> vec2<u32> {
     let g = wid.x + wid.y * nwg.x;
     return vec2<u32>((g / SPLIT) * ROWS, g % SPLIT);
+}
+
+// The entry points' start: the workgroup's (first row, split), and, for a workgroup
+// with rows to compute (at.x < dq_nrows(); the others return), invocation tid's
+// accumulators in acc.
+fn dq_start(wid: vec3<u32>, nwg: vec3<u32>, tid: u32) -> vec2<u32> {
+    let at = dq_group(wid, nwg);
+    if (at.x < dq_nrows()) {
+        dq_accumulate(at.x, at.y, tid);
+    }
+    return at;
 }
 
 // Invocation tid's share of the items of the workgroup's weight rows in split s:

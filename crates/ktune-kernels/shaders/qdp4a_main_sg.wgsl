@@ -2,10 +2,13 @@
 // finished by one subgroupAdd per accumulator and, when the workgroup holds several
 // subgroups, one pass through workgroup memory (a value per subgroup and
 // accumulator, one barrier), then invocation r < ROWS stores output r through the
-// family's dq_out (`shader!(VARIANT, FAMILY, "qdp4a_main_sg.wgsl", "qdp4a.wgsl",
-// ..)`). Needs SUBGROUP and a workgroup at least one subgroup wide. Uses the
-// variant's `override WG`, `ROWS` and its `var<workgroup> sg_part:
-// array<f32, WG * N>` (N >= dq_nacc()).
+// family's dq_out (`shader!(head "qdp4a_head.wgsl"; FAMILY, "qdp4a_main_sg.wgsl",
+// "qdp4a.wgsl", ..)`). Needs SUBGROUP and a workgroup at least one subgroup wide.
+// Uses the head's `override WG`, `ROWS` and the family's DQ_SETS.
+// Requires: qdp4a.wgsl.
+
+// The subgroups' totals, subgroup s's accumulator r at sg_part[s * dq_nacc() + r].
+var<workgroup> sg_part: array<f32, DQ_SETS * WG * ROWS>;
 
 // The workgroup totals of the accumulators (at most 16).
 var<workgroup> dq_tot: array<f32, 16>;
@@ -19,11 +22,10 @@ fn dq_total(r: u32) -> f32 {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) tid: u32, @builtin(subgroup_id) sg: u32,
         @builtin(num_subgroups) nsg: u32, @builtin(subgroup_invocation_id) lane: u32) {
-    let at = dq_group(wid, nwg);
+    let at = dq_start(wid, nwg, tid);
     if (at.x >= dq_nrows()) {
         return;
     }
-    dq_accumulate(at.x, at.y, tid);
     let nacc = dq_nacc();
     for (var r = 0u; r < nacc; r++) {
         let v = subgroupAdd(acc[r]);

@@ -2,10 +2,16 @@
 // (qdp4a.wgsl): one token's rows of the concatenated weight w[nq + 2 nkv, k], all
 // dotting the one quantized (normed) input, optional bias, rows routed to q, k_out
 // and v_out by qkv_store.wgsl exactly as qkv_proj_q_wg routes them
-// (`shader!(VARIANT, "qdp4a_qkv.wgsl", MAIN, "qdp4a.wgsl", "qkv_store.wgsl", ..)`).
-// No split-K: `main` already binds eight storage buffers (the quants, the scales,
-// the bias, the quantized activation and its block scales, q, k_out, v_out), the
-// most the WebGPU defaults allow a stage.
+// (`shader!(head "qdp4a_head.wgsl"; "qdp4a_qkv.wgsl", MAIN, "qdp4a.wgsl",
+// "qkv_store.wgsl", ..)`). SPLIT stays 1, no split-K: `main` already binds eight
+// storage buffers (the quants, the scales, the bias, the quantized activation and
+// its block scales, q, k_out, v_out), the most the WebGPU defaults allow a stage.
+// Requires: qdp4a_head.wgsl, qdp4a.wgsl, qgeom.wgsl, qkv_store.wgsl.
+
+override HAS_BIAS: bool = false;
+
+// Accumulators per row of a row group (qdp4a.wgsl's dq_nacc).
+const DQ_SETS: u32 = 1u;
 
 struct Dims { k: u32, nq: u32, nkv: u32 }
 
@@ -17,10 +23,6 @@ struct Dims { k: u32, nq: u32, nkv: u32 }
 
 fn dq_nrows() -> u32 {
     return row_count();
-}
-
-fn dq_nacc() -> u32 {
-    return ROWS;
 }
 
 fn dq_row(row0: u32, r: u32) -> u32 {

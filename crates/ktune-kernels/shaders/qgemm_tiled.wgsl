@@ -17,9 +17,9 @@
 // separates them (a buffer's last reads come before the barrier that precedes its
 // next staging).
 //
-// Tiles hold TileV: vec4<f32> here; qgemm_tiled_f16.wgsl is the same kernel with
-// vec4<f16> tiles (half the workgroup memory; f32 accumulation). The staging and
-// the main loop are qgemm_tiled_body.wgsl.
+// Tiles hold TileV, the head's: vec4<f32> (qgemm_tiled_f32.wgsl) or vec4<f16>
+// (qgemm_tiled_f16.wgsl: half the workgroup memory; f32 accumulation). The staging
+// and the main loop are qgemm_tiled_body.wgsl.
 //
 // Needs k a whole number of blocks (qbe()); any m and n. Bindings: x, the weight
 // buffer twice (quants at 1, the scales region at 2), y, the uniform.
@@ -46,7 +46,6 @@ struct Dims { m: u32, n: u32, k: u32 }
 
 // Buffer b (0, or 1 with DOUBLE_BUF), row r of a tile, vec4 c along k, at
 // (b * rows + r) * (TILE_K / 4 + 1) + c.
-alias TileV = vec4<f32>;
 var<workgroup> xs: array<TileV, (1u + DOUBLE_BUF) * TILE_M * (TILE_K / 4u + 1u)>;
 var<workgroup> wt: array<TileV, (1u + DOUBLE_BUF) * TILE_N * (TILE_K / 4u + 1u)>;
 

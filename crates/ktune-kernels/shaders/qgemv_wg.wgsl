@@ -4,29 +4,14 @@
 // strided by WG, for all ROWS rows from the same x loads, into register
 // accumulators (rows past n recompute the last row, never stored), then the
 // workgroup reduces WG partials per row through workgroup memory once. Needs k a whole number of blocks (qbe()).
-// Includes: qgemv.wgsl (interface), qblock.wgsl (block decoding), block_wg.wgsl
-// (entry point), reduce_wg.wgsl (the tree).
+// Includes: qgemv.wgsl (interface), qblock.wgsl (block decoding), qrows_wg.wgsl
+// (the partials), block_wg.wgsl (entry point), reduce_wg.wgsl (the tree).
 
 override WG: u32 = 128;
 override ROWS: u32 = 2;
 override QFMT: u32 = 0u;
 
 var<workgroup> partial: array<f32, WG * ROWS>;
-
-fn block_partials(row0: u32, tid: u32) -> u32 {
-    let wpr = dims.k / qbe() * qunits();
-    let last = dims.n - 1u;
-    var acc: array<f32, 8>;
-    for (var wi = tid; wi < wpr; wi += WG) {
-        for (var r = 0u; r < ROWS; r++) {
-            acc[r] += qdot(min(row0 + r, last) * wpr, wi, 0u);
-        }
-    }
-    for (var r = 0u; r < ROWS; r++) {
-        partial[r * WG + tid] = acc[r];
-    }
-    return ROWS;
-}
 
 fn block_store(row: u32, r: u32) {
     y[row] = partial[r * WG];

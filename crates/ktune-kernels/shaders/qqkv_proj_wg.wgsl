@@ -27,24 +27,8 @@ struct Dims { k: u32, nq: u32, nkv: u32 }
 var<workgroup> partial: array<f32, WG * ROWS>;
 
 // Includes: qblock.wgsl (block decoding: qunits, qpos, qdecode, qdot),
-// block_wg.wgsl (entry point), reduce_wg.wgsl (the tree), qkv_store.wgsl (the
-// routing).
-
-fn block_partials(row0: u32, tid: u32) -> u32 {
-    let n = row_count();
-    let wpr = dims.k / qbe() * qunits();
-    let last = n - 1u;
-    var acc: array<f32, 8>;
-    for (var wi = tid; wi < wpr; wi += WG) {
-        for (var r = 0u; r < ROWS; r++) {
-            acc[r] += qdot(min(row0 + r, last) * wpr, wi, 0u);
-        }
-    }
-    for (var r = 0u; r < ROWS; r++) {
-        partial[r * WG + tid] = acc[r];
-    }
-    return ROWS;
-}
+// qrows_wg.wgsl (the partials), block_wg.wgsl (entry point), reduce_wg.wgsl (the
+// tree), qkv_store.wgsl (the routing).
 
 fn block_store(row: u32, r: u32) {
     qkv_store(row, partial[r * WG]);

@@ -2,16 +2,8 @@
 // pos0 + token: the interface of rope_pair and rope_shared (`shader!(VARIANT,
 // "rope.wgsl", ..)`). Dims 0 .. rot_dim rotate in rot_dim / 2 pairs, (i, i + rot/2)
 // (rotate half) or (2i, 2i + 1) (interleaved), by pos * inv_freq[i] (rotary.wgsl);
-// the dims after them are copied.
-
-struct Dims {
-    tokens: u32,
-    heads: u32,
-    head_dim: u32,
-    rot_half: u32,
-    pos0: u32,
-    interleaved: u32, // 0 rotate half, 1 interleaved
-}
+// the dims after them are copied. The uniform block is rotary.wgsl's Dims.
+// Requires: rotary.wgsl.
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read> inv_freq: array<f32>;

@@ -1,11 +1,25 @@
 // Rotary position embedding pieces shared by rope_pair, rope_shared and the fused
-// q/k norm + RoPE shaders (`shader!(FILE, .., "rotary.wgsl")`); pure functions.
+// q/k norm + RoPE shaders (`shader!(FILE, .., "rotary.wgsl")`): their uniform block
+// and pure functions.
 //
 // The angle pos * f is reduced to [-pi, pi] exactly enough for far positions: pos
 // and f are split into 12-bit halves so the four partial products are exact in f32,
 // each is reduced by 2pi in three parts (Cody-Waite), and only then do the
 // hardware cos/sin run (accurate near zero only on many GPUs). Exact for positions
 // below 500000 (checked on the host) and f <= 1 (inverse frequencies).
+
+// Rows [tokens, heads, head_dim] at positions pos0 + token; rope's host passes the
+// first six words (eps and unit_offset are the fused q/k norm's).
+struct Dims {
+    tokens: u32,
+    heads: u32,
+    head_dim: u32,
+    rot_half: u32,
+    pos0: u32,
+    interleaved: u32, // 0 rotate-half pairs (i, i + rot/2), 1 interleaved (2i, 2i + 1)
+    eps: f32,
+    unit_offset: u32, // 1: scale by (1 + w) (Gemma)
+}
 
 const INV_TAU: f32 = 0.15915494309189535;
 const TAU_HI: f32 = 6.28125;                  // 8 significant bits: k * TAU_HI is exact

@@ -260,19 +260,30 @@ fn trusted_wgsl_kernels_match_reference_one_per_family() {
     assert!(!std::sync::Arc::ptr_eq(&a.steps[0].pipeline, &b.steps[0].pipeline), "trusted and checked share a pipeline");
     assert!(std::sync::Arc::ptr_eq(&b.steps[0].pipeline, &c.steps[0].pipeline), "the trusted pipeline is not cached");
 
-    // Two shaders of one file that append different includes are two modules.
+    // Two shaders of one file that prepend different heads or append different
+    // includes are two modules.
     static PLAIN: ktune_kernels::gpu::Shader = ktune_kernels::gpu::Shader {
         name: "cache_probe.wgsl",
         source: "@group(0) @binding(0) var<storage, read_write> o: array<u32>;\n@compute @workgroup_size(1) fn main() { o[0] = 1u; }\n",
+        heads: &[],
         includes: &[],
     };
     static WITH_INCLUDE: ktune_kernels::gpu::Shader = ktune_kernels::gpu::Shader {
         name: "cache_probe.wgsl",
         source: "@group(0) @binding(0) var<storage, read_write> o: array<u32>;\n@compute @workgroup_size(1) fn main() { o[0] = two(); }\nfn two() -> u32 { return 2u; }\n",
+        heads: &[],
         includes: &["two.wgsl"],
+    };
+    static WITH_HEAD: ktune_kernels::gpu::Shader = ktune_kernels::gpu::Shader {
+        name: "cache_probe.wgsl",
+        source: "const THREE: u32 = 3u;\n@group(0) @binding(0) var<storage, read_write> o: array<u32>;\n@compute @workgroup_size(1) fn main() { o[0] = THREE; }\n",
+        heads: &["three.wgsl"],
+        includes: &[],
     };
     let (p1, p2) = (gpu.pipeline(&PLAIN, "main", &[]).expect("plain"), gpu.pipeline(&WITH_INCLUDE, "main", &[]).expect("with include"));
     assert!(!std::sync::Arc::ptr_eq(&p1, &p2), "shaders of one file with different includes share a pipeline");
+    let p3 = gpu.pipeline(&WITH_HEAD, "main", &[]).expect("with head");
+    assert!(!std::sync::Arc::ptr_eq(&p1, &p3), "shaders of one file with different heads share a pipeline");
     assert!(std::sync::Arc::ptr_eq(&p2, &gpu.pipeline(&WITH_INCLUDE, "main", &[]).expect("again")), "the pipeline is not cached");
 }
 

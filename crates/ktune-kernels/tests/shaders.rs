@@ -18,13 +18,13 @@ fn every_shader_validates_with_naga() {
         let module = match naga::front::wgsl::parse_str(s.source) {
             Ok(m) => m,
             Err(e) => {
-                failures.push(format!("{}: parse error:\n{}", s.name, e.emit_to_string(s.source)));
+                failures.push(format!("{}: parse error:\n{}", s.label(), e.emit_to_string(s.source)));
                 continue;
             }
         };
         let mut v = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all());
         if let Err(e) = v.validate(&module) {
-            failures.push(format!("{}: validation error: {e:?}", s.name));
+            failures.push(format!("{}: validation error: {e:?}", s.label()));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
@@ -32,7 +32,7 @@ fn every_shader_validates_with_naga() {
 
 #[test]
 fn every_shader_file_is_used_by_a_kernel() {
-    let used: Vec<_> = all_shaders().iter().flat_map(|s| std::iter::once(s.name).chain(s.includes.iter().copied())).collect();
+    let used: Vec<_> = all_shaders().iter().flat_map(|s| s.files()).collect();
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/shaders");
     for entry in std::fs::read_dir(dir).expect("shaders/ exists") {
         let name = entry.expect("dir entry").file_name().to_string_lossy().to_string();
@@ -42,21 +42,56 @@ fn every_shader_file_is_used_by_a_kernel() {
     }
 }
 
-/// Includes (files that shaders append, never a kernel's own file) declare no
-/// `override`: an override declared in an appended include, after an array sized by
-/// overrides, trips naga's pipeline-constant pass (a panic at pipeline creation, not
-/// at validation). Each shader keeps its overrides in its own file.
+fn shader_text(file: &str) -> String {
+    std::fs::read_to_string(format!("{}/shaders/{file}", env!("CARGO_MANIFEST_DIR"))).expect("shader file exists")
+}
+
+/// Each file has one role: a head (prepended), a shader's own file, or an include
+/// (appended). Includes declare no `override`: an override declared in an appended
+/// include, after an array sized by overrides, trips naga's pipeline-constant pass
+/// (a panic at pipeline creation, not at validation). The overrides live in the
+/// heads and the shaders' own files, which come first.
 #[test]
 fn includes_declare_no_override() {
     let shaders = all_shaders();
+    let heads: Vec<_> = shaders.iter().flat_map(|s| s.heads.iter().copied()).collect();
     let mains: Vec<_> = shaders.iter().map(|s| s.name).collect();
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/shaders");
-    for include in shaders.iter().flat_map(|s| s.includes.iter().copied()) {
+    let includes: Vec<_> = shaders.iter().flat_map(|s| s.includes.iter().copied()).collect();
+    assert!(!heads.is_empty(), "no shader has a head");
+    for head in &heads {
+        assert!(!mains.contains(head) && !includes.contains(head), "shaders/{head} is both a head and another shader's file");
+    }
+    for include in includes {
         assert!(!mains.contains(&include), "shaders/{include} is both a kernel's shader and an include");
-        let text = std::fs::read_to_string(format!("{dir}/{include}")).expect("include exists");
+        let text = shader_text(include);
         let line = text.lines().find(|l| l.trim_start().starts_with("override "));
         assert!(line.is_none(), "shaders/{include} declares an override: {}", line.unwrap_or_default());
     }
+}
+
+/// The files a file says it needs, in a line `// Requires: a.wgsl, b.wgsl`.
+fn required(text: &str) -> Vec<String> {
+    let line = text.lines().find_map(|l| l.trim_start().strip_prefix("// Requires:"));
+    line.map(|l| l.split(',').map(|f| f.trim().trim_end_matches('.').to_string()).collect()).unwrap_or_default()
+}
+
+/// A file that needs others (its `// Requires:` line) is only used by shaders
+/// that list every one of them, as a head, their own file or an include.
+#[test]
+fn every_shader_lists_what_its_files_require() {
+    let mut declaring = 0;
+    for s in all_shaders() {
+        let files: Vec<_> = s.files().collect();
+        for file in &files {
+            let needs = required(&shader_text(file));
+            declaring += usize::from(!needs.is_empty());
+            for need in needs {
+                assert!(need.ends_with(".wgsl"), "shaders/{file}: `// Requires:` names `{need}`, not a .wgsl file");
+                assert!(files.contains(&need.as_str()), "{} uses shaders/{file}, which requires {need}", s.label());
+            }
+        }
+    }
+    assert!(declaring > 0, "no shader file declares what it requires");
 }
 
 /// Instructions of a SPIR-V module, by opcode.
@@ -84,9 +119,19 @@ fn cooperative_matrix_shaders_translate_to_spirv() {
     const MULADD: u16 = 4459;
     let coop: Vec<_> = all_shaders().into_iter().filter(|s| s.source.contains("enable wgpu_cooperative_matrix;")).collect();
     // 8x8 and 16x16, over block-format and over float weights (each also gate_up); prefill attention
-    let names: Vec<_> = coop.iter().map(|s| s.name).collect();
-    for want in ["qgemm_coop8.wgsl", "qgemm_coop16.wgsl", "gemm_coop8.wgsl", "gemm_coop16.wgsl", "attention_prefill_coop16.wgsl"] {
-        assert!(names.contains(&want), "{want} missing from the cooperative-matrix shaders {names:?}");
+    let labels: Vec<_> = coop.iter().map(|s| s.label()).collect();
+    let wanted = [
+        ("coop8.wgsl", "qgemm_mma.wgsl"),
+        ("coop16.wgsl", "qgemm_mma.wgsl"),
+        ("coop8.wgsl", "gemm_mma.wgsl"),
+        ("coop16.wgsl", "gemm_mma.wgsl"),
+        ("coop16.wgsl", "attn_mma.wgsl"),
+    ];
+    for (head, name) in wanted {
+        assert!(
+            coop.iter().any(|s| s.heads.contains(&head) && s.name == name),
+            "{head} + {name} missing from the cooperative-matrix shaders {labels:?}"
+        );
     }
     // defaults; the largest gemm tiling the host admits; gate_up (two weight
     // matrices) at its largest, f16 weights; the attention's largest tiling (64
@@ -101,10 +146,10 @@ fn cooperative_matrix_shaders_translate_to_spirv() {
         &[("TILE_K", 64.0), ("STAGES", 2.0), ("QFMT", 7.0)],
     ];
     for s in coop {
-        let module = naga::front::wgsl::parse_str(s.source).unwrap_or_else(|e| panic!("{}: {}", s.name, e.emit_to_string(s.source)));
+        let module = naga::front::wgsl::parse_str(s.source).unwrap_or_else(|e| panic!("{}: {}", s.label(), e.emit_to_string(s.source)));
         let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
             .validate(&module)
-            .unwrap_or_else(|e| panic!("{}: {e:?}", s.name));
+            .unwrap_or_else(|e| panic!("{}: {e:?}", s.label()));
         for consts in settings {
             let mut pc = naga::back::PipelineConstants::default();
             for &(k, v) in consts.iter().filter(|(k, _)| s.source.contains(&format!("override {k}:"))) {
@@ -112,13 +157,14 @@ fn cooperative_matrix_shaders_translate_to_spirv() {
             }
             let entry = Some((naga::ShaderStage::Compute, "main"));
             let (m, i) = naga::back::pipeline_constants::process_overrides(&module, &info, entry, &pc)
-                .unwrap_or_else(|e| panic!("{} {consts:?}: {e:?}", s.name));
+                .unwrap_or_else(|e| panic!("{} {consts:?}: {e:?}", s.label()));
             let opts = naga::back::spv::Options { lang_version: (1, 3), ..Default::default() };
             let pipe = naga::back::spv::PipelineOptions { shader_stage: naga::ShaderStage::Compute, entry_point: "main".into() };
-            let words = naga::back::spv::write_vec(&m, &i, &opts, Some(&pipe)).unwrap_or_else(|e| panic!("{} {consts:?}: {e:?}", s.name));
+            let words =
+                naga::back::spv::write_vec(&m, &i, &opts, Some(&pipe)).unwrap_or_else(|e| panic!("{} {consts:?}: {e:?}", s.label()));
             let ops = spirv_opcodes(&words);
             for (op, what) in [(TYPE, "matrix type"), (LOAD, "load"), (MULADD, "multiply-add"), (STORE, "store")] {
-                assert!(ops.contains(&op), "{} {consts:?}: no cooperative-matrix {what} in the SPIR-V", s.name);
+                assert!(ops.contains(&op), "{} {consts:?}: no cooperative-matrix {what} in the SPIR-V", s.label());
             }
         }
     }

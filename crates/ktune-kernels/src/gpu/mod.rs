@@ -22,30 +22,63 @@ use std::sync::{Arc, Mutex};
 
 use crate::device::{GpuCaps, GpuDevice};
 
-/// A WGSL source file of `shaders/`.
+/// A WGSL shader assembled from files of `shaders/`: its heads, its own file and its
+/// includes, in that order.
 #[derive(Debug)]
 pub struct Shader {
+    /// The shader's own file (what errors and labels name it by).
     pub name: &'static str,
+    /// The concatenated text of the heads, `name` and the includes.
     pub source: &'static str,
+    /// Files of `shaders/` prepended to `name`'s text, in order: `override`
+    /// constants, uniform structs and bindings several shaders share.
+    pub heads: &'static [&'static str],
     /// Files of `shaders/` appended to `name`'s text (shared WGSL), in order.
     pub includes: &'static [&'static str],
 }
 
 impl Shader {
-    /// What the module and pipeline caches know this shader by.
-    fn key(&self) -> ShaderKey {
-        (self.name, self.includes)
+    /// What the module and pipeline caches know this shader by (two shaders that
+    /// differ only in a head or an include are two modules).
+    pub(crate) fn key(&self) -> ShaderKey {
+        (self.heads, self.name, self.includes)
+    }
+
+    /// Every file of the shader in source order: heads, its own file, includes.
+    pub fn files(&self) -> impl Iterator<Item = &'static str> {
+        self.heads.iter().copied().chain(std::iter::once(self.name)).chain(self.includes.iter().copied())
+    }
+
+    /// Its files joined by `+`: how labels and errors name it.
+    pub fn label(&self) -> String {
+        self.files().collect::<Vec<_>>().join("+")
     }
 }
 
 /// Declares a `Shader` for `shaders/<file>` with any number of files of shared
-/// WGSL appended in order: `shader!("gemv_wg.wgsl", "reduce_wg.wgsl", "wload.wgsl")`.
+/// WGSL appended in order: `shader!("gemv_wg.wgsl", "reduce_wg.wgsl", "wload.wgsl")`,
+/// and optionally heads prepended in order:
+/// `shader!(head "mma_coop8.wgsl", "mma_tiling.wgsl"; "qgemm_mma.wgsl", "mma.wgsl", ..)`.
 /// Module-scope declarations may come in any order, so an include uses what the
-/// main file declares (each include states its contract in its header) and the
-/// other way round; includes declare no `override` (a shader's overrides stay in
-/// its own file, ahead of their uses).
+/// heads and the main file declare and the other way round. `override` constants
+/// live in the heads and the main file only, ahead of every use: an override
+/// declared after an array its siblings size trips naga's pipeline-constant pass.
+/// A file that needs other files says so in a line `// Requires: a.wgsl, b.wgsl`,
+/// and every shader that uses it lists them (checked by `tests/shaders.rs`).
 #[macro_export]
 macro_rules! shader {
+    (head $($head:literal),+ ; $file:literal $(, $include:literal)* $(,)?) => {
+        $crate::gpu::Shader {
+            name: $file,
+            source: concat!(
+                $(include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $head)), "\n",)+
+                include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $file)),
+                $("\n", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $include)),)*
+            ),
+            heads: &[$($head),+],
+            includes: &[$($include),*],
+        }
+    };
     ($file:literal $(, $include:literal)* $(,)?) => {
         $crate::gpu::Shader {
             name: $file,
@@ -53,6 +86,7 @@ macro_rules! shader {
                 include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $file)),
                 $("\n", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/", $include)),)*
             ),
+            heads: &[],
             includes: &[$($include),*],
         }
     };
@@ -74,9 +108,9 @@ pub enum GpuError {
     Poll(String),
 }
 
-/// A shader's identity: its file and its includes (two shaders may share a file
-/// and differ in what they append to it).
-type ShaderKey = (&'static str, &'static [&'static str]);
+/// A shader's identity: its heads, its file and its includes (two shaders may share
+/// a file and differ in what they prepend or append to it).
+pub(crate) type ShaderKey = (&'static [&'static str], &'static str, &'static [&'static str]);
 /// (shader, entry, sorted override constants, trusted module).
 type PipelineKey = (ShaderKey, String, Vec<(String, u64)>, bool);
 type ModuleCache = Arc<Mutex<HashMap<(ShaderKey, bool), Arc<wgpu::ShaderModule>>>>;
@@ -275,9 +309,9 @@ impl GpuCtx {
         if let Some(m) = cache.get(&(shader.key(), self.trusted)) {
             return Ok(m.clone());
         }
+        let label = shader.label();
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let desc =
-            wgpu::ShaderModuleDescriptor { label: Some(shader.name), source: wgpu::ShaderSource::Wgsl(Cow::Borrowed(shader.source)) };
+        let desc = wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(Cow::Borrowed(shader.source)) };
         let m = if self.trusted {
             // SAFETY: the shaders of `shaders/` index their buffers only within the
             // sizes the host binds: every kernel's `check` validates the problem's
@@ -290,7 +324,7 @@ impl GpuCtx {
             self.device.create_shader_module(desc)
         };
         if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(GpuError::Pipeline { shader: shader.name.into(), entry: "(module)".into(), message: e.to_string() });
+            return Err(GpuError::Pipeline { shader: label, entry: "(module)".into(), message: e.to_string() });
         }
         let m = Arc::new(m);
         cache.insert((shader.key(), self.trusted), m.clone());
@@ -312,7 +346,7 @@ impl GpuCtx {
             return Ok(p.clone());
         }
         let module = self.module(shader)?;
-        let label = format!("{}:{}{:?}{}", shader.name, entry, constants, if self.trusted { " trusted" } else { "" });
+        let label = format!("{}:{}{:?}{}", shader.label(), entry, constants, if self.trusted { " trusted" } else { "" });
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let pipe = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&label),
@@ -323,7 +357,7 @@ impl GpuCtx {
             cache: None,
         });
         if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(GpuError::Pipeline { shader: shader.name.into(), entry: entry.into(), message: e.to_string() });
+            return Err(GpuError::Pipeline { shader: shader.label(), entry: entry.into(), message: e.to_string() });
         }
         let pipe = Arc::new(pipe);
         self.pipelines.lock().unwrap_or_else(|e| e.into_inner()).put(key, pipe.clone());

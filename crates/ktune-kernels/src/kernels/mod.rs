@@ -591,20 +591,20 @@ pub fn for_op(op: Op) -> impl Iterator<Item = &'static KernelDef> {
     registry().iter().filter(move |k| k.op == op)
 }
 
-/// Every WGSL shader the set uses, once each (a file and its includes).
+/// Every WGSL shader the set uses, once each (its heads, its file and its includes).
 pub fn shaders() -> Vec<&'static Shader> {
     let mut out: Vec<&'static Shader> = Vec::new();
     for k in registry() {
         if let Impl::Wgsl(w) = &k.imp {
             for sh in std::iter::once(w.shader).chain(w.alt_shaders.iter().copied()) {
-                // One file can serve several shaders that append different includes.
-                if !out.iter().any(|s| s.name == sh.name && s.includes == sh.includes) {
+                // One file can serve several shaders that prepend or append different files.
+                if !out.iter().any(|s| s.key() == sh.key()) {
                     out.push(sh);
                 }
             }
         }
     }
-    out.sort_by_key(|s| (s.name, s.includes));
+    out.sort_by_key(|s| s.key());
     out
 }
 
@@ -613,7 +613,7 @@ pub fn shaders() -> Vec<&'static Shader> {
 pub fn kernel_set_hash() -> String {
     let mut h = Hasher::new();
     for s in shaders() {
-        h.part(s.name).part(s.source);
+        h.part(s.label()).part(s.source);
     }
     for k in registry() {
         h.update(format!("{}|{}|{:?}|{:?}|", k.id, k.op, k.dtypes, k.backend()));

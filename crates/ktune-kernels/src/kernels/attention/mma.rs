@@ -14,8 +14,10 @@ use crate::gpu::{GpuProgram, Shader};
 use crate::kernels::{DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param};
 use crate::shader;
 
-static COOP16: Shader = shader!("attention_prefill_coop16.wgsl", "attn_mma_coop.wgsl", "attn_mma.wgsl", "attention.wgsl", "wload.wgsl");
-static EMU: Shader = shader!("attention_prefill_mma_emu.wgsl", "attn_mma_emu.wgsl", "attn_mma.wgsl", "attention.wgsl", "wload.wgsl");
+static COOP16: Shader =
+    shader!(head "coop.wgsl", "coop16.wgsl", "attention_dims.wgsl"; "attn_mma.wgsl", "attn_mma_coop.wgsl", "attention.wgsl", "wload.wgsl");
+static EMU: Shader =
+    shader!(head "coop_emu.wgsl", "attention_dims.wgsl"; "attn_mma.wgsl", "attn_mma_emu.wgsl", "attention.wgsl", "wload.wgsl");
 
 /// Lanes of a subgroup in the tiling (the coop shader needs subgroups of exactly
 /// this size; the emulation groups invocations by it).

@@ -71,9 +71,10 @@ impl Shape {
         crate::kernels::attention_keys(self.kv_len - self.tokens + i, self.window, self.bidi)
     }
 
-    /// The uniform words every WGSL prefill kernel starts its `Dims` with: tokens,
-    /// kv_len, kv_cap, heads, kv_heads, window, scale (f32 bits), and the
-    /// bidirectional block b0, b1; a kernel's own fields follow.
+    /// The uniform words every WGSL attention kernel, prefill or decode, starts its
+    /// `Dims` with (`shaders/attention_dims.wgsl`): tokens, kv_len, kv_cap, heads,
+    /// kv_heads, window, scale (f32 bits), and the bidirectional block b0, b1; the
+    /// kernel's own words (`own`, `own2`) may follow.
     pub(super) fn prefill_words(&self) -> Vec<u32> {
         let mut w: Vec<u32> = [self.tokens, self.kv_len, self.kv_cap, self.heads, self.kv_heads, self.window].map(|v| v as u32).to_vec();
         w.extend([self.scale.to_bits(), self.bidi.0 as u32, self.bidi.1 as u32]);

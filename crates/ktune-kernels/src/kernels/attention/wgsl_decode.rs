@@ -26,17 +26,11 @@ pub(super) fn check_stream(_: &GpuCaps, prob: &Problem, dtype: DType, params: &P
     check_row_fits(&s, dtype, param(params, "workgroup_size")?)
 }
 
-fn decode_uniform(sh: &Shape) -> Vec<u32> {
-    let mut words: Vec<u32> = [sh.kv_len, sh.kv_cap, sh.heads, sh.kv_heads, sh.window].iter().map(|&v| v as u32).collect();
-    words.push(sh.scale.to_bits());
-    words
-}
-
 pub(super) fn prepare_stream(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let sh = shape_or_invalid(s.kernel, s.problem)?;
     let (wg, kpt) = (s.param("workgroup_size")?, s.param("keys_per_thread")?);
     let consts = [("WG", wg as f64), ("KPT", kpt as f64), ("HD", sh.d as f64), ("W_F16", s.w_f16())];
-    s.one_step("main", &consts, &decode_uniform(&sh), grid_2d(sh.heads as u32))
+    s.one_step("main", &consts, &sh.prefill_words(), grid_2d(sh.heads as u32))
 }
 
 /// How `attention_decode_splitkv` covers a GQA group: `nsub` workgroups of at most
@@ -83,7 +77,7 @@ pub(super) fn prepare_splitkv(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelErr
     let splits = splitkv_splits(&sh, chunk as usize);
     let ml_off = splits * sh.heads * sh.d;
     let consts = [("WG", wg as f64), ("HD", sh.d as f64), ("GH", gh as f64), ("CHUNK", chunk as f64), ("W_F16", s.w_f16())];
-    let mut words = decode_uniform(&sh);
+    let mut words = sh.prefill_words();
     words.extend([nsub as u32, ml_off as u32]);
     let u = s.gpu.uniform(s.kernel.id, &words);
     let part = s.gpu.storage("attention partials", ((ml_off + 2 * splits * sh.heads) * 4) as u64);
@@ -169,7 +163,7 @@ pub(super) fn prepare_splitkv_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, Kernel
     ];
     // splitkv's merge, over the same partial layout with CHUNK keys per partial
     let merge = [("WG", wg as f64), ("HD", sh.d as f64), ("CHUNK", chunk as f64), ("W_F16", s.w_f16())];
-    let mut words = decode_uniform(&sh);
+    let mut words = sh.prefill_words();
     words.extend([p.nsub as u32, ml_off as u32]);
     let u = s.gpu.uniform(s.kernel.id, &words);
     let part = s.gpu.storage("attention partials", ((ml_off + 2 * p.parts * sh.heads) * 4) as u64);

@@ -20,15 +20,13 @@ use crate::kernels::wgsl::{grid_dim, one_q_step, qfmt, vec_alignment};
 use crate::kernels::{DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::shader;
 
-static QGEMM_COOP16: Shader =
-    shader!("qgemm_coop16.wgsl", "mma_coop.wgsl", "mma.wgsl", "mma_q.wgsl", "qblock.wgsl", "qgeom.wgsl", "act.wgsl");
-static QGEMM_COOP8: Shader =
-    shader!("qgemm_coop8.wgsl", "mma_coop.wgsl", "mma.wgsl", "mma_q.wgsl", "qblock.wgsl", "qgeom.wgsl", "act.wgsl");
-static QGEMM_MMA_EMU: Shader =
-    shader!("qgemm_mma_emu.wgsl", "mma_emu.wgsl", "mma.wgsl", "mma_q.wgsl", "qblock.wgsl", "qgeom.wgsl", "act.wgsl");
-static GEMM_COOP16: Shader = shader!("gemm_coop16.wgsl", "mma_coop.wgsl", "mma.wgsl", "mma_f.wgsl", "wload.wgsl", "act.wgsl");
-static GEMM_COOP8: Shader = shader!("gemm_coop8.wgsl", "mma_coop.wgsl", "mma.wgsl", "mma_f.wgsl", "wload.wgsl", "act.wgsl");
-static GEMM_MMA_EMU: Shader = shader!("gemm_mma_emu.wgsl", "mma_emu.wgsl", "mma.wgsl", "mma_f.wgsl", "wload.wgsl", "act.wgsl");
+static QGEMM_COOP16: Shader = shader!(head "coop.wgsl", "coop16.wgsl", "mma_tiling.wgsl"; "qgemm_mma.wgsl", "mma_coop.wgsl", "mma.wgsl", "mma_q.wgsl", "qblock.wgsl", "qgeom.wgsl", "act.wgsl");
+static QGEMM_COOP8: Shader = shader!(head "coop.wgsl", "coop8.wgsl", "mma_tiling.wgsl"; "qgemm_mma.wgsl", "mma_coop.wgsl", "mma.wgsl", "mma_q.wgsl", "qblock.wgsl", "qgeom.wgsl", "act.wgsl");
+static QGEMM_MMA_EMU: Shader = shader!(head "coop_emu.wgsl", "mma_tiling.wgsl"; "qgemm_mma.wgsl", "mma_emu.wgsl", "mma.wgsl", "mma_q.wgsl", "qblock.wgsl", "qgeom.wgsl", "act.wgsl");
+static GEMM_COOP16: Shader = shader!(head "coop.wgsl", "coop16.wgsl", "mma_tiling.wgsl"; "gemm_mma.wgsl", "mma_coop.wgsl", "mma.wgsl", "mma_f.wgsl", "wload.wgsl", "act.wgsl");
+static GEMM_COOP8: Shader = shader!(head "coop.wgsl", "coop8.wgsl", "mma_tiling.wgsl"; "gemm_mma.wgsl", "mma_coop.wgsl", "mma.wgsl", "mma_f.wgsl", "wload.wgsl", "act.wgsl");
+static GEMM_MMA_EMU: Shader =
+    shader!(head "coop_emu.wgsl", "mma_tiling.wgsl"; "gemm_mma.wgsl", "mma_emu.wgsl", "mma.wgsl", "mma_f.wgsl", "wload.wgsl", "act.wgsl");
 
 const SG_M: ParamSpec = ParamSpec { name: "sg_m", values: &[1, 2, 4], default: 2, help: "subgroups per workgroup along m" };
 const SG_N: ParamSpec = ParamSpec { name: "sg_n", values: &[1, 2, 4], default: 2, help: "subgroups per workgroup along n" };
@@ -221,7 +219,7 @@ fn check_emu(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> R
 fn coop_side(shader: &Shader) -> Option<u32> {
     [(&QGEMM_COOP16, 16), (&QGEMM_COOP8, 8), (&GEMM_COOP16, 16), (&GEMM_COOP8, 8)]
         .into_iter()
-        .find(|(s, _)| s.name == shader.name)
+        .find(|(s, _)| std::ptr::eq(*s, shader))
         .map(|(_, m)| m)
 }
 

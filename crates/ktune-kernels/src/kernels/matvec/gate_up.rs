@@ -47,10 +47,9 @@ static GATE_UP_SG: Shader = shader!("fused_gate_up_subgroup.wgsl", "act.wgsl", "
 static GATE_UP_TILED: Shader = shader!("fused_gate_up_tiled.wgsl", "act.wgsl", "wload.wgsl");
 static QGATE_UP_WG: Shader = shader!("qgate_up_wg.wgsl", "qgate_up.wgsl", "qblock.wgsl", "qgeom.wgsl", "act.wgsl", "reduce_wg.wgsl");
 static QGATE_UP_SG: Shader = shader!("qgate_up_subgroup.wgsl", "qgate_up.wgsl", "qblock.wgsl", "qgeom.wgsl", "act.wgsl");
-static QGATE_UP_DP4A_WG: Shader =
-    shader!("qgate_up_dp4a_wg.wgsl", "qdp4a_gate_up.wgsl", "qdp4a_main_wg.wgsl", "qdp4a.wgsl", "qgeom.wgsl", "act.wgsl", "reduce_wg.wgsl");
+static QGATE_UP_DP4A_WG: Shader = shader!(head "qdp4a_head.wgsl"; "qdp4a_gate_up.wgsl", "qdp4a_rows.wgsl", "qdp4a_main_wg.wgsl", "qdp4a.wgsl", "qgeom.wgsl", "act.wgsl", "reduce_wg.wgsl");
 static QGATE_UP_DP4A_SG: Shader =
-    shader!("qgate_up_dp4a_subgroup.wgsl", "qdp4a_gate_up.wgsl", "qdp4a_main_sg.wgsl", "qdp4a.wgsl", "qgeom.wgsl", "act.wgsl");
+    shader!(head "qdp4a_head.wgsl"; "qdp4a_gate_up.wgsl", "qdp4a_rows.wgsl", "qdp4a_main_sg.wgsl", "qdp4a.wgsl", "qgeom.wgsl", "act.wgsl");
 
 const GATE_UP_WG_PARAMS: &[ParamSpec] = &[
     WORKGROUP_SIZE,

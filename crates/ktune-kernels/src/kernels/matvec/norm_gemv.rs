@@ -28,10 +28,17 @@ use crate::kernels::{
 };
 use crate::shader;
 
-static NORM_GEMV_WG: Shader = shader!("norm_gemv_wg.wgsl", "block_wg.wgsl", "reduce_wg.wgsl", "wload.wgsl");
+static NORM_GEMV_WG: Shader = shader!("norm_gemv_wg.wgsl", "norm_block_wg.wgsl", "block_wg.wgsl", "reduce_wg.wgsl", "wload.wgsl");
 static NORM_GEMV_SG: Shader = shader!("norm_gemv_subgroup.wgsl", "wload.wgsl");
-static NORM_GEMV_Q_WG: Shader =
-    shader!("norm_gemv_q_wg.wgsl", "norm_gemv_q.wgsl", "qblock.wgsl", "qgeom.wgsl", "block_wg.wgsl", "reduce_wg.wgsl");
+static NORM_GEMV_Q_WG: Shader = shader!(
+    "norm_gemv_q_wg.wgsl",
+    "norm_gemv_q.wgsl",
+    "qblock.wgsl",
+    "qgeom.wgsl",
+    "norm_block_wg.wgsl",
+    "block_wg.wgsl",
+    "reduce_wg.wgsl"
+);
 static NORM_GEMV_Q_SG: Shader = shader!("norm_gemv_q_subgroup.wgsl", "norm_gemv_q.wgsl", "qblock.wgsl", "qgeom.wgsl");
 
 const QUANT: &[DType] = DType::QUANT;

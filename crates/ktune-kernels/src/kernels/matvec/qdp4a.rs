@@ -42,9 +42,9 @@ use crate::kernels::wgsl::{WORKGROUP_SIZE, grid_fits, qbinds, qfmt, storage_buff
 use crate::kernels::{DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::shader;
 
-static DP4A_WG: Shader =
-    shader!("qgemv_dp4a_wg.wgsl", "qdp4a_gemv.wgsl", "qdp4a_main_wg.wgsl", "qdp4a.wgsl", "qgeom.wgsl", "reduce_wg.wgsl");
-static DP4A_SG: Shader = shader!("qgemv_dp4a_subgroup.wgsl", "qdp4a_gemv.wgsl", "qdp4a_main_sg.wgsl", "qdp4a.wgsl", "qgeom.wgsl");
+static DP4A_WG: Shader = shader!(head "qdp4a_head.wgsl"; "qdp4a_gemv.wgsl", "qdp4a_rows.wgsl", "qdp4a_main_wg.wgsl", "qdp4a.wgsl", "qgeom.wgsl", "reduce_wg.wgsl");
+static DP4A_SG: Shader =
+    shader!(head "qdp4a_head.wgsl"; "qdp4a_gemv.wgsl", "qdp4a_rows.wgsl", "qdp4a_main_sg.wgsl", "qdp4a.wgsl", "qgeom.wgsl");
 
 /// The block formats the shader decodes: every one.
 pub const DTYPES: &[DType] = DType::QUANT;

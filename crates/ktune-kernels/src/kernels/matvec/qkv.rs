@@ -27,18 +27,12 @@ use crate::shader;
 static QKV_WG: Shader = shader!("fused_qkv_proj_wg.wgsl", "block_wg.wgsl", "reduce_wg.wgsl", "qkv_store.wgsl", "wload.wgsl");
 static QKV_SG: Shader =
     shader!("fused_qkv_proj_subgroup.wgsl", "row_dot16.wgsl", "row_sg.wgsl", "reduce_sg.wgsl", "qkv_store.wgsl", "wload.wgsl");
-static QQKV_WG: Shader = shader!("qqkv_proj_wg.wgsl", "qblock.wgsl", "qgeom.wgsl", "block_wg.wgsl", "reduce_wg.wgsl", "qkv_store.wgsl");
-static QQKV_DP4A_WG: Shader = shader!(
-    "qqkv_proj_dp4a_wg.wgsl",
-    "qdp4a_qkv.wgsl",
-    "qdp4a_main_wg.wgsl",
-    "qdp4a.wgsl",
-    "qgeom.wgsl",
-    "qkv_store.wgsl",
-    "reduce_wg.wgsl"
-);
+static QQKV_WG: Shader =
+    shader!("qqkv_proj_wg.wgsl", "qblock.wgsl", "qgeom.wgsl", "qrows_wg.wgsl", "block_wg.wgsl", "reduce_wg.wgsl", "qkv_store.wgsl");
+static QQKV_DP4A_WG: Shader =
+    shader!(head "qdp4a_head.wgsl"; "qdp4a_qkv.wgsl", "qdp4a_main_wg.wgsl", "qdp4a.wgsl", "qgeom.wgsl", "qkv_store.wgsl", "reduce_wg.wgsl");
 static QQKV_DP4A_SG: Shader =
-    shader!("qqkv_proj_dp4a_subgroup.wgsl", "qdp4a_qkv.wgsl", "qdp4a_main_sg.wgsl", "qdp4a.wgsl", "qgeom.wgsl", "qkv_store.wgsl");
+    shader!(head "qdp4a_head.wgsl"; "qdp4a_qkv.wgsl", "qdp4a_main_sg.wgsl", "qdp4a.wgsl", "qgeom.wgsl", "qkv_store.wgsl");
 
 /// Shared with gate_up's dot4 kernel.
 pub(super) const ROW_CPU_PARAMS: &[ParamSpec] = &[

@@ -18,7 +18,8 @@ use crate::kernels::{
 };
 use crate::shader;
 
-static QGEMV_WG: Shader = shader!("qgemv_wg.wgsl", "qgemv.wgsl", "qblock.wgsl", "qgeom.wgsl", "block_wg.wgsl", "reduce_wg.wgsl");
+static QGEMV_WG: Shader =
+    shader!("qgemv_wg.wgsl", "qgemv.wgsl", "qblock.wgsl", "qgeom.wgsl", "qrows_wg.wgsl", "block_wg.wgsl", "reduce_wg.wgsl");
 static QGEMV_SG: Shader = shader!("qgemv_subgroup.wgsl", "qgemv.wgsl", "qblock.wgsl", "qgeom.wgsl", "row_sg.wgsl", "reduce_sg.wgsl");
 
 const CPU_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK, ISA, ACT_BITS, ROWS_PER_PASS];

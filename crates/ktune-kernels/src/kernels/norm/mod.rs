@@ -23,8 +23,10 @@ use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::shader;
 
-static RMS_WG: Shader = shader!("norm_rms_wg.wgsl", "norm_rms.wgsl", "row_wg.wgsl", "reduce_wg.wgsl", "rms.wgsl", "wload.wgsl");
-static RMS_SG: Shader = shader!("norm_rms_subgroup.wgsl", "norm_rms.wgsl", "row_sg.wgsl", "reduce_sg.wgsl", "rms.wgsl", "wload.wgsl");
+static RMS_WG: Shader =
+    shader!("norm_rms_wg.wgsl", "norm_rms.wgsl", "rms_rows.wgsl", "row_wg.wgsl", "reduce_wg.wgsl", "rms.wgsl", "wload.wgsl");
+static RMS_SG: Shader =
+    shader!("norm_rms_subgroup.wgsl", "norm_rms.wgsl", "rms_rows.wgsl", "row_sg.wgsl", "reduce_sg.wgsl", "rms.wgsl", "wload.wgsl");
 static RMS_VEC4: Shader = shader!("norm_rms_vec4.wgsl", "reduce_wg.wgsl", "wload.wgsl");
 static LN_WG: Shader = shader!("norm_layer_wg.wgsl", "norm_layer.wgsl", "row_wg.wgsl", "wload.wgsl");
 static LN_SG: Shader = shader!("norm_layer_subgroup.wgsl", "norm_layer.wgsl", "row_sg.wgsl", "reduce_sg.wgsl", "wload.wgsl");

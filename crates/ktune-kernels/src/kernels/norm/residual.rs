@@ -28,10 +28,11 @@ use crate::kernels::{CpuArgs, CpuImpl, DType, KernelDef, KernelError, Op, ParamS
 use crate::shader;
 
 static RESNORM_WG: Shader =
-    shader!("fused_residual_rms_norm_wg.wgsl", "fused_residual_rms_norm.wgsl", "row_wg.wgsl", "reduce_wg.wgsl", "rms.wgsl", "wload.wgsl");
+    shader!("norm_rms_wg.wgsl", "fused_residual_rms_norm.wgsl", "rms_rows.wgsl", "row_wg.wgsl", "reduce_wg.wgsl", "rms.wgsl", "wload.wgsl");
 static RESNORM_SG: Shader = shader!(
-    "fused_residual_rms_norm_subgroup.wgsl",
+    "norm_rms_subgroup.wgsl",
     "fused_residual_rms_norm.wgsl",
+    "rms_rows.wgsl",
     "row_sg.wgsl",
     "reduce_sg.wgsl",
     "rms.wgsl",

@@ -1,0 +1,17 @@
+// Head of the WGSL decode attention kernels (attention_decode_stream,
+// attention_decode_splitkv, attention_decode_splitkv_sg), before
+// attention_dims.wgsl: the overrides they share, and the split-KV kernels' names for
+// the uniform's own words.
+
+override WG: u32 = 128;
+override HD: u32 = 64;        // head_dim, specialised by the host
+
+// Workgroups per KV head along x (head subgroups of GH heads): the uniform's own word.
+fn nsub() -> u32 {
+    return dims.own;
+}
+
+// Where the partials' (max, sum) pairs start in `part`: the uniform's second own word.
+fn ml_off() -> u32 {
+    return dims.own2;
+}

@@ -1,0 +1,16 @@
+// Float GEMM y[m,n] = x[m,k] · w[n,k]ᵀ, or with W_MATS = 2 the fused gate_up y[m,n] =
+// act(x · w[0..n]ᵀ) · (x · w[n..2n]ᵀ), on MAT x MAT x MAT matrices: x and w f32 or f16
+// (W_F16: 16-byte words of packed f16, wload.wgsl), staged as f16 in workgroup
+// memory, f32 accumulation. Heads: coop8.wgsl or coop16.wgsl (cooperative matrices,
+// entry point mma_coop.wgsl) or coop_emu.wgsl (the same tiling in plain loops, entry
+// point mma_emu.wgsl), then mma_tiling.wgsl. Tiles and output mma.wgsl, weight
+// staging mma_f.wgsl, the activation act.wgsl. Needs k a multiple of 4 (f32) or 8
+// (f16); any m and n.
+// Requires: mma_tiling.wgsl, mma.wgsl, mma_f.wgsl.
+
+override W_F16: bool = false;
+
+@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(0) @binding(3) var<uniform> dims: Dims;
