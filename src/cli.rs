@@ -381,8 +381,8 @@ pub struct RunArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// A profile (YAML) selecting the kernels. Without one, the best cached
-    /// profile `ktune tune` wrote for this device and model is used (see the
-    /// README's "Which cached profile a run uses"), else the runtime's defaults.
+    /// profile `ktune tune` wrote for this device and model is used (see "Which
+    /// cached profile a run uses" in docs/profiles.md), else the runtime's defaults.
     #[arg(long, value_name = "FILE")]
     pub profile: Option<std::path::PathBuf>,
     /// Use the runtime's defaults even when a cached profile fits.

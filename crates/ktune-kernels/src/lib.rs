@@ -9,6 +9,8 @@
 //!
 //! It links no tokenizer, image, HTML or command-line crate: the `ktune` crate on
 //! top of it holds models, plans, the runtime, the tuner, profiles and the CLI.
+//! The crate's `README.md` maps its files: the op families, the CPU layer, the
+//! block formats and the shaders.
 
 pub mod device;
 pub mod gpu;
