@@ -24,6 +24,6 @@ pub mod tuner;
 
 // The ground floor lives in its own crate (`crates/ktune-kernels`); its modules are
 // re-exported so every layer above names them as `crate::kernels`, `crate::gpu`, ….
-pub use ktune_kernels::{device, gpu, hash, kernels, shader, testing};
+pub use ktune_kernels::{device, gpu, hash, kernels, testing};
 
 pub use error::{Error, ExitCode, Result};
