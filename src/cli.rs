@@ -65,8 +65,8 @@ pub struct ReportArgs {
     #[arg(short = 'o', long, value_name = "FILE")]
     pub output: std::path::PathBuf,
     /// Slowdown (percent) the comparisons call a regression when it is also beyond the noise.
-    #[arg(long, default_value = "5")]
-    pub threshold: String,
+    #[arg(long, default_value = "5", value_parser = percent)]
+    pub threshold: f64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -288,8 +288,8 @@ pub struct DiffArgs {
     /// The new profile.
     pub b: std::path::PathBuf,
     /// Slowdown (percent) that counts as a regression when it is also beyond the noise.
-    #[arg(long, default_value = "5")]
-    pub threshold: String,
+    #[arg(long, default_value = "5", value_parser = percent)]
+    pub threshold: f64,
     #[arg(long, value_enum, default_value_t = DiffFormat::Table)]
     pub format: DiffFormat,
     /// Exit 1 when any choice changed, not only on a regression.
@@ -525,6 +525,15 @@ fn kv_dtype(s: &str) -> Result<DType, String> {
     Ok(d)
 }
 
+/// A percentage: `5`, `5%` or `2.5`.
+pub fn percent(s: &str) -> Result<f64, String> {
+    let t = s.trim().trim_end_matches('%');
+    t.parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .ok_or_else(|| format!("`{s}` is not a percentage: give one such as 5 or 5%"))
+}
+
 /// A duration: `90`, `90s`, `2m`, `1h30m`, `1.5m`; positive.
 pub fn duration(s: &str) -> Result<std::time::Duration, String> {
     let bad = || format!("`{s}`: give a duration such as 90s, 2m or 1h30m");
@@ -580,7 +589,16 @@ pub fn byte_size(s: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::byte_size;
+    use super::{byte_size, percent};
+
+    #[test]
+    fn percentages_take_an_optional_sign_and_refuse_junk() {
+        assert_eq!(percent("5"), Ok(5.0));
+        assert_eq!(percent("2.5%"), Ok(2.5));
+        for bad in ["five", "-1", "", "inf", "NaN%"] {
+            assert!(percent(bad).is_err(), "{bad} accepted");
+        }
+    }
 
     #[test]
     fn byte_sizes_take_suffixes_and_refuse_zero_negative_and_junk() {

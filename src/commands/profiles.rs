@@ -127,16 +127,22 @@ fn read_bundles(paths: &[PathBuf], set: &mut Set, outcomes: &mut Vec<Outcome>) -
     let mut taken = Vec::new();
     for p in paths {
         let (items, skipped) = bundle::read(p)?;
-        outcomes.extend(skipped);
-        for i in items {
-            let o = set.add(i);
-            if o.action == "added" || o.action == "replaced" {
-                taken.push(o.key.clone());
-            }
-            outcomes.push(o);
-        }
+        add_items(items, skipped, set, outcomes, &mut taken);
     }
     Ok(taken)
+}
+
+/// Adds a bundle's usable `items` to `set`, and what became of each (and of the
+/// `skipped` ones) to `outcomes`; the keys added or replaced to `taken`.
+fn add_items(items: Vec<bundle::Item>, skipped: Vec<Outcome>, set: &mut Set, outcomes: &mut Vec<Outcome>, taken: &mut Vec<String>) {
+    outcomes.extend(skipped);
+    for i in items {
+        let o = set.add(i);
+        if o.action == "added" || o.action == "replaced" {
+            taken.push(o.key.clone());
+        }
+        outcomes.push(o);
+    }
 }
 
 fn import(paths: &[PathBuf], with_shipped: bool) -> Result<ProfilesReport> {
@@ -154,14 +160,7 @@ fn import(paths: &[PathBuf], with_shipped: bool) -> Result<ProfilesReport> {
     let mut taken = read_bundles(paths, &mut set, &mut outcomes)?;
     if with_shipped {
         let (items, skipped) = bundle::shipped();
-        outcomes.extend(skipped);
-        for i in items {
-            let o = set.add(i);
-            if o.action == "added" || o.action == "replaced" {
-                taken.push(o.key.clone());
-            }
-            outcomes.push(o);
-        }
+        add_items(items, skipped, &mut set, &mut outcomes, &mut taken);
     }
     let mut written = std::collections::BTreeSet::new();
     for key in &taken {
@@ -195,15 +194,6 @@ fn merge(paths: &[PathBuf], output: &Path) -> Result<ProfilesReport> {
     }))
 }
 
-/// Parses `5`, `5%` or `2.5`.
-fn parse_pct(s: &str) -> Result<f64> {
-    let t = s.trim().trim_end_matches('%');
-    t.parse::<f64>()
-        .ok()
-        .filter(|v| v.is_finite() && *v >= 0.0)
-        .ok_or_else(|| Error::Usage(format!("--threshold `{s}`: give a percentage such as 5 or 5%")))
-}
-
 /// Whether `path` is a bundle (zstd magic) rather than a profile (YAML text).
 fn is_bundle(path: &Path) -> bool {
     let mut magic = [0u8; 4];
@@ -222,7 +212,7 @@ fn profile_set(path: &Path) -> Result<Vec<Profile>> {
 /// The comparison, and `Differences` on a regression (or with `--fail-on-change`
 /// on any changed choice). Bundles are compared pair by pair (model, device class).
 pub fn diff_profiles(args: &DiffArgs) -> Result<(DiffOut, ExitCode)> {
-    let threshold = parse_pct(&args.threshold)?;
+    let threshold = args.threshold;
     let r = if is_bundle(&args.a) || is_bundle(&args.b) {
         let (a, b) = (profile_set(&args.a)?, profile_set(&args.b)?);
         DiffOut::Sets(diff_sets(&args.a.display().to_string(), &a, &args.b.display().to_string(), &b, threshold)?)

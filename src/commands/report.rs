@@ -16,7 +16,7 @@ use crate::{Error, Result};
 
 pub fn run(args: &ReportArgs) -> Result<HtmlReport> {
     // Flags first, before any profile is read.
-    let threshold = parse_pct(&args.threshold)?;
+    let threshold = args.threshold;
     check_output(&args.output)?;
     let mut cache = None;
     let mut loaded = Vec::new();
@@ -97,15 +97,6 @@ fn flatten_kernels(prefix: &str, k: &KernelsDoc, out: &mut Vec<(String, String)>
     }
 }
 
-/// Parses `5`, `5%` or `2.5`.
-fn parse_pct(s: &str) -> Result<f64> {
-    let t = s.trim().trim_end_matches('%');
-    t.parse::<f64>()
-        .ok()
-        .filter(|v| v.is_finite() && *v >= 0.0)
-        .ok_or_else(|| Error::Usage(format!("--threshold `{s}`: give a percentage such as 5 or 5%")))
-}
-
 /// `-o` must name a file, not a directory.
 fn check_output(out: &Path) -> Result<()> {
     if out.is_dir() || out.as_os_str().is_empty() {
@@ -146,7 +137,6 @@ mod tests {
 
     #[test]
     fn bad_flags_are_usage_errors() {
-        assert!(parse_pct("five").is_err());
         assert!(check_output(Path::new(".")).is_err());
         let mut none = None;
         let e = find(&mut none, "/nonexistent/p.yaml").expect_err("no such file");
