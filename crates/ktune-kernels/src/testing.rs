@@ -25,11 +25,36 @@ pub fn gpu_required() -> bool {
     }
 }
 
+/// How many devices [`test_gpu`] opens on its adapter: `KTUNE_TEST_DEVICES`, else
+/// the machine's parallelism (at most 4). A software adapter compiles each
+/// pipeline's machine code on its device's one queue thread, when the pipeline
+/// first runs; tests on threads of their own with a device each compile side by
+/// side instead of queueing behind that one thread (a cold lavapipe parity sweep
+/// is mostly compiling).
+pub const TEST_DEVICES_ENV: &str = "KTUNE_TEST_DEVICES";
+
+fn test_device_count() -> usize {
+    std::env::var(TEST_DEVICES_ENV)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(4))
+        .max(1)
+}
+
+/// Every device [`test_gpu`] opened (empty before the first call, and without a
+/// GPU): for figures over the whole run, such as [`GpuCtx::pipeline_stats`].
+pub fn test_gpus() -> &'static [Arc<GpuCtx>] {
+    TEST_GPUS.get().map_or(&[], |g| g.as_deref().unwrap_or(&[]))
+}
+
+static TEST_GPUS: OnceLock<Option<Vec<Arc<GpuCtx>>>> = OnceLock::new();
+
 /// The first GPU adapter (hardware preferred, software accepted), opened once per
-/// process. `None` (with a loud message) when there is none and it is not required.
+/// process as a few devices ([`TEST_DEVICES_ENV`]); a thread gets one of them,
+/// the same on every call, threads in turn. `None` (with a loud message) when there
+/// is none and it is not required.
 pub fn test_gpu() -> Option<Arc<GpuCtx>> {
-    static GPU: OnceLock<Option<Arc<GpuCtx>>> = OnceLock::new();
-    GPU.get_or_init(|| {
+    let gpus = TEST_GPUS.get_or_init(|| {
         let devices = device::discover();
         let pick = devices
             .iter()
@@ -37,8 +62,11 @@ pub fn test_gpu() -> Option<Arc<GpuCtx>> {
             .or_else(|| devices.iter().position(|d| matches!(d, Device::Gpu(_))));
         let required = gpu_required();
         match pick.map(|i| &devices[i]) {
-            Some(Device::Gpu(g)) => match GpuCtx::open(g) {
-                Ok(ctx) => Some(ctx),
+            Some(Device::Gpu(g)) => match (0..test_device_count()).map(|_| GpuCtx::open(g)).collect::<Result<Vec<_>, _>>() {
+                Ok(ctxs) => {
+                    ctxs.iter().for_each(|c| c.limit_pipelines(crate::gpu::PIPELINE_CACHE_ENTRIES / ctxs.len()));
+                    Some(ctxs)
+                }
                 Err(e) if required => panic!("{REQUIRE_GPU_ENV}=1 but the GPU adapter could not be opened: {e}"),
                 Err(e) => {
                     eprintln!("\n!!!! SKIPPING GPU TESTS: adapter could not be opened: {e} !!!!\n");
@@ -55,8 +83,13 @@ pub fn test_gpu() -> Option<Arc<GpuCtx>> {
                 None
             }
         }
-    })
-    .clone()
+    });
+    let gpus = gpus.as_ref()?;
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    thread_local! {
+        static SLOT: usize = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    Some(gpus[SLOT.with(|s| *s) % gpus.len()].clone())
 }
 
 /// The limits of a typical desktop adapter with subgroups of 8 to 32 lanes and

@@ -61,9 +61,27 @@ fn counted(n: usize) {
     CHECKS.fetch_add(n, Ordering::Relaxed);
 }
 
+/// Each trial's name, seconds, and the GPU pipelines built meanwhile with the CPU
+/// seconds building them took (exact only with `--test-threads 1`): the slowest
+/// are printed at the end, the figures to look at when the suite grows slow.
+static TIMES: std::sync::Mutex<Vec<(String, f64, u64, f64)>> = std::sync::Mutex::new(Vec::new());
+
+/// `f` as a trial named `name`, timed into [`TIMES`].
+fn timed(name: String, f: impl FnOnce() -> Result<(), Failed> + Send + 'static) -> Trial {
+    Trial::test(name.clone(), move || {
+        let built = || test_gpu().map_or((0, 0.0), |g| (g.pipeline_stats.get().0, g.pipeline_stats.get().2));
+        let (start, before) = (std::time::Instant::now(), built());
+        let r = f();
+        let after = built();
+        let secs = start.elapsed().as_secs_f64();
+        TIMES.lock().unwrap_or_else(|e| e.into_inner()).push((name, secs, after.0 - before.0, after.1 - before.1));
+        r
+    })
+}
+
 /// A property test as a trial: its panic is the failure.
 fn property(name: &str, f: fn()) -> Trial {
-    Trial::test(name, move || {
+    timed(name.to_string(), move || {
         f();
         Ok(())
     })
@@ -107,8 +125,8 @@ fn main() {
     let mut trials: Vec<Trial> = Vec::new();
     for k in kernels::registry() {
         match k.backend() {
-            Backend::Cpu => trials.push(Trial::test(format!("cpu/{}", k.id), move || cpu_kernel(k))),
-            _ => trials.push(Trial::test(format!("wgsl/{}", k.id), move || wgsl_kernel(k)).with_ignored_flag(!gpu)),
+            Backend::Cpu => trials.push(timed(format!("cpu/{}", k.id), move || cpu_kernel(k))),
+            _ => trials.push(timed(format!("wgsl/{}", k.id), move || wgsl_kernel(k)).with_ignored_flag(!gpu)),
         }
     }
     trials.extend([
@@ -128,6 +146,17 @@ fn main() {
     let conclusion = libtest_mimic::run(&args, trials);
     if !args.list {
         println!("parity: {} checks in all", CHECKS.load(Ordering::Relaxed));
+        let gpus = ktune_kernels::testing::test_gpus();
+        if let Some(gpu) = gpus.first() {
+            let (built, wall, cpu) =
+                gpus.iter().map(|g| g.pipeline_stats.get()).fold((0, 0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2));
+            println!("parity: {built} GPU pipelines built on {} ({} devices) in {wall:.1} s ({cpu:.1} s of CPU)", gpu.name, gpus.len());
+        }
+        let mut times = TIMES.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        times.sort_by(|a, b| b.1.total_cmp(&a.1));
+        for (name, secs, built, cpu) in times.iter().take(12) {
+            println!("parity: {secs:7.1} s {built:5} pipelines ({cpu:6.1} s of CPU)  {name}");
+        }
     }
     conclusion.exit();
 }

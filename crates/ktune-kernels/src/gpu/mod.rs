@@ -116,6 +116,50 @@ type PipelineKey = (ShaderKey, String, Vec<(String, u64)>, bool);
 type ModuleCache = Arc<Mutex<HashMap<(ShaderKey, bool), Arc<wgpu::ShaderModule>>>>;
 type PipelineCache = Arc<Mutex<lru::LruCache<PipelineKey, Arc<wgpu::ComputePipeline>>>>;
 
+/// How many compute pipelines a device has built (cache misses) and the time spent
+/// building them (module creation included), wall-clock and, on Linux, the building
+/// thread's CPU time (the driver compiles on the calling thread; the CPU time is the
+/// figure that other work on the machine does not inflate): on a software adapter
+/// the compiler is most of a parity sweep's time.
+#[derive(Debug, Default)]
+pub struct PipelineStats {
+    built: std::sync::atomic::AtomicU64,
+    wall_nanos: std::sync::atomic::AtomicU64,
+    cpu_nanos: std::sync::atomic::AtomicU64,
+}
+
+impl PipelineStats {
+    /// (pipelines built, wall seconds, CPU seconds spent building them).
+    pub fn get(&self) -> (u64, f64, f64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.built.load(Relaxed), self.wall_nanos.load(Relaxed) as f64 * 1e-9, self.cpu_nanos.load(Relaxed) as f64 * 1e-9)
+    }
+
+    fn add(&self, since: (std::time::Instant, u64)) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.built.fetch_add(1, Relaxed);
+        self.wall_nanos.fetch_add(since.0.elapsed().as_nanos() as u64, Relaxed);
+        self.cpu_nanos.fetch_add(thread_cpu_nanos().saturating_sub(since.1), Relaxed);
+    }
+
+    fn start() -> (std::time::Instant, u64) {
+        (std::time::Instant::now(), thread_cpu_nanos())
+    }
+}
+
+/// The calling thread's CPU time in nanoseconds (0 where it cannot be read).
+fn thread_cpu_nanos() -> u64 {
+    #[cfg(target_os = "linux")]
+    {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: clock_gettime writes one timespec through a valid pointer.
+        if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0 {
+            return ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+        }
+    }
+    0
+}
+
 /// How many compute pipelines a device keeps built, least recently used dropped
 /// first. A model's plan uses a few dozen and a race alternates between at most
 /// its slot's candidates, so the runtime and the tuner rebuild none; a parity sweep
@@ -137,6 +181,8 @@ pub struct GpuCtx {
     trusted: bool,
     modules: ModuleCache,
     pipelines: PipelineCache,
+    /// Pipelines built on this device and the time it took (shared by its views).
+    pub pipeline_stats: Arc<PipelineStats>,
     /// What a program being rebuilt leaves to its successor ([`GpuCtx::rebuild`]).
     recycle: Mutex<Recycle>,
 }
@@ -276,6 +322,7 @@ impl GpuCtx {
             pipelines: Arc::new(Mutex::new(lru::LruCache::new(
                 std::num::NonZeroUsize::new(PIPELINE_CACHE_ENTRIES).expect("a non-zero capacity"),
             ))),
+            pipeline_stats: Arc::default(),
             recycle: Mutex::default(),
         }))
     }
@@ -295,8 +342,17 @@ impl GpuCtx {
             trusted,
             modules: self.modules.clone(),
             pipelines: self.pipelines.clone(),
+            pipeline_stats: self.pipeline_stats.clone(),
             recycle: Mutex::default(),
         })
+    }
+
+    /// Keeps at most `n` (at least 1) pipelines built from now on, the least
+    /// recently used dropped first (several devices opened side by side share
+    /// [`PIPELINE_CACHE_ENTRIES`] between them).
+    pub fn limit_pipelines(&self, n: usize) {
+        let n = std::num::NonZeroUsize::new(n.max(1)).expect("at least one");
+        self.pipelines.lock().unwrap_or_else(|e| e.into_inner()).resize(n);
     }
 
     /// Whether this context builds its shader modules without runtime checks.
@@ -345,6 +401,7 @@ impl GpuCtx {
         if let Some(p) = self.pipelines.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(p.clone());
         }
+        let start = PipelineStats::start();
         let module = self.module(shader)?;
         let label = format!("{}:{}{:?}{}", shader.label(), entry, constants, if self.trusted { " trusted" } else { "" });
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -359,6 +416,7 @@ impl GpuCtx {
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(GpuError::Pipeline { shader: shader.label(), entry: entry.into(), message: e.to_string() });
         }
+        self.pipeline_stats.add(start);
         let pipe = Arc::new(pipe);
         self.pipelines.lock().unwrap_or_else(|e| e.into_inner()).put(key, pipe.clone());
         Ok(pipe)
@@ -624,7 +682,7 @@ pub mod builtin {
     use super::Shader;
 
     /// Splitting a fused QKV projection, a broadcast bias add, KV-cache writes.
-    pub static RUNTIME_PLUMB: Shader = crate::shader!("runtime_plumb.wgsl");
+    pub static RUNTIME_PLUMB: Shader = crate::shader!("runtime_plumb.wgsl", "grid.wgsl");
     /// A streaming copy: the device's memory bandwidth.
     pub static BENCH_COPY: Shader = crate::shader!("bench_copy.wgsl");
     /// An FMA chain: the device's f32 FMA peak.
