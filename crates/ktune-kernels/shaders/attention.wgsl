@@ -51,6 +51,24 @@ fn key_hi(pos: u32, b0: u32, b1: u32) -> u32 {
     return pos;
 }
 
+// A lane's share of an output row is the elements of one 16-byte cache word
+// (`word_elems`: 4, or 8 when W_F16) held in two vectors, a0 elements 0..4 and a1
+// 4..8; `word_elem` is element e of them.
+fn word_elems() -> u32 {
+    return select(4u, 8u, W_F16);
+}
+
+fn word_elem(a0: vec4<f32>, a1: vec4<f32>, e: u32) -> f32 {
+    return select(a1[e & 3u], a0[e & 3u], e < 4u);
+}
+
+// The keys [x, y] the prefill query at position pos sees, and [z, w]: those any
+// query of a block at positions first..=last sees (the range its key tiles cover).
+fn key_span(pos: u32, first: u32, last: u32) -> vec4<u32> {
+    return vec4<u32>(key_lo(pos, dims.window, dims.b0, dims.b1), key_hi(pos, dims.b0, dims.b1),
+                     key_lo(first, dims.window, dims.b0, dims.b1), key_hi(last, dims.b0, dims.b1));
+}
+
 // The KV head query head h reads (grouped-query attention).
 fn kv_head(h: u32, heads: u32, kv_heads: u32) -> u32 {
     return h / (heads / kv_heads);

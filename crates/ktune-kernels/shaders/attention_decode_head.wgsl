@@ -6,6 +6,16 @@
 override WG: u32 = 128;
 override HD: u32 = 64;        // head_dim, specialised by the host
 
+// How a decode workgroup's WG invocations cover a cache row of HD elements: `vl`
+// lanes of 16-byte words a row, `ns` = WG / vl row slices side by side, and
+// invocation tid's slice and lane.
+struct RowSplit { vl: u32, ns: u32, slice: u32, lane: u32 }
+
+fn row_split(tid: u32) -> RowSplit {
+    let vl = wwords16(HD);
+    return RowSplit(vl, WG / vl, tid / vl, tid % vl);
+}
+
 // Workgroups per KV head along x (head subgroups of GH heads): the uniform's own word.
 fn nsub() -> u32 {
     return dims.own;

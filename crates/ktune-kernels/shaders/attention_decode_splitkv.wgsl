@@ -63,10 +63,7 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     }
     workgroupBarrier();
 
-    let vl = wwords16(HD);
-    let ns = WG / vl;
-    let slice = tid / vl;
-    let lane = tid % vl;
+    let rs = row_split(tid);
     let base = kh * dims.kv_cap;
     var m: array<f32, 8>;
     var l: array<f32, 8>;
@@ -90,8 +87,8 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             for (var g = 0u; g < GH; g++) {
                 sv[g] = vec4<f32>(0.0);
             }
-            let rb = (base + j) * vl;
-            for (var c = 0u; c < vl; c++) {
+            let rb = (base + j) * rs.vl;
+            for (var c = 0u; c < rs.vl; c++) {
                 let w = kc[rb + c];
                 for (var g = 0u; g < GH; g++) {
                     let qi = g * hd4 + wx16(c);
@@ -129,9 +126,9 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             acc[2u * g + 1u] *= alpha[g];
         }
         let n = min(WG, s1 - t0);
-        if (slice < ns) {
-            for (var c = slice; c < n; c += ns) {
-                let w = vc[(base + t0 + c) * vl + lane];
+        if (rs.slice < rs.ns) {
+            for (var c = rs.slice; c < n; c += rs.ns) {
+                let w = vc[(base + t0 + c) * rs.vl + rs.lane];
                 let a = wlo4(w);
                 let b = whi4(w);
                 for (var g = 0u; g < GH; g++) {
@@ -166,31 +163,23 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         part[mi + 1u] = pick(la, lb, tid);
     }
     // partial outputs, one head at a time: sum the NS row slices through `red`
-    let epl = select(4u, 8u, W_F16);
     for (var g = 0u; g < GH; g++) {
         workgroupBarrier();
-        if (slice < ns) {
+        if (rs.slice < rs.ns) {
             red[2u * tid] = acc[2u * g];
             red[2u * tid + 1u] = acc[2u * g + 1u];
         }
         workgroupBarrier();
-        if (tid < vl && g < ng) {
+        if (tid < rs.vl && g < ng) {
             var a0 = vec4<f32>(0.0);
             var a1 = vec4<f32>(0.0);
-            for (var sl = 0u; sl < ns; sl++) {
-                a0 += red[2u * (sl * vl + tid)];
-                a1 += red[2u * (sl * vl + tid) + 1u];
+            for (var sl = 0u; sl < rs.ns; sl++) {
+                a0 += red[2u * (sl * rs.vl + tid)];
+                a1 += red[2u * (sl * rs.vl + tid) + 1u];
             }
-            let o = (wid.y * heads + h0 + g) * HD + tid * epl;
-            part[o] = a0.x;
-            part[o + 1u] = a0.y;
-            part[o + 2u] = a0.z;
-            part[o + 3u] = a0.w;
-            if (W_F16) {
-                part[o + 4u] = a1.x;
-                part[o + 5u] = a1.y;
-                part[o + 6u] = a1.z;
-                part[o + 7u] = a1.w;
+            let o = (wid.y * heads + h0 + g) * HD + tid * word_elems();
+            for (var e = 0u; e < word_elems(); e++) {
+                part[o + e] = word_elem(a0, a1, e);
             }
         }
     }

@@ -42,7 +42,6 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32, @
     let ng = hb.z;
     let hd4 = HD / 4u;
     let vl = wwords16(HD);
-    let epl = select(4u, 8u, W_F16);
     let heads = dims.heads;
     let lo = first_key(dims.kv_len - 1u, dims.window);
     let base = kh * dims.kv_cap;
@@ -149,18 +148,9 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32, @
             for (var i = 0u; i < WPL; i++) {
                 let c = lane + i * sgs;
                 if (c < vl) {
-                    let o = ph * HD + c * epl;
-                    let a = acc_a[g * WPL + i];
-                    part[o] = a.x;
-                    part[o + 1u] = a.y;
-                    part[o + 2u] = a.z;
-                    part[o + 3u] = a.w;
-                    if (W_F16) {
-                        let b = acc_b[g * WPL + i];
-                        part[o + 4u] = b.x;
-                        part[o + 5u] = b.y;
-                        part[o + 6u] = b.z;
-                        part[o + 7u] = b.w;
+                    let o = ph * HD + c * word_elems();
+                    for (var e = 0u; e < word_elems(); e++) {
+                        part[o + e] = word_elem(acc_a[g * WPL + i], acc_b[g * WPL + i], e);
                     }
                 }
             }

@@ -50,10 +50,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     workgroupBarrier();
 
-    let vl = wwords16(HD);
-    let ns = WG / vl;
-    let slice = tid / vl;
-    let lane = tid % vl;
+    let rs = row_split(tid);
     let base = kh * dims.kv_cap;
     var m = NEG;
     var l = 0.0;
@@ -86,10 +83,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         acc0 *= alpha;
         acc1 *= alpha;
         let n = min(WG * KPT, hi - t0);
-        if (slice < ns) {
-            for (var c = slice; c < n; c += ns) {
+        if (rs.slice < rs.ns) {
+            for (var c = rs.slice; c < n; c += rs.ns) {
                 let p = sc[c];
-                let w = vc[(base + t0 + c) * vl + lane];
+                let w = vc[(base + t0 + c) * rs.vl + rs.lane];
                 acc0 += p * wlo4(w);
                 if (W_F16) {
                     acc1 += p * whi4(w);
@@ -103,30 +100,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // softmax denominator: sum of the per-invocation partials
     let inv = 1.0 / row_sum(l, tid);
     // sum the NS row slices
-    if (slice < ns) {
+    if (rs.slice < rs.ns) {
         comb[2u * tid] = acc0;
         comb[2u * tid + 1u] = acc1;
     }
     workgroupBarrier();
-    if (tid < vl) {
+    if (tid < rs.vl) {
         var a0 = vec4<f32>(0.0);
         var a1 = vec4<f32>(0.0);
-        for (var s = 0u; s < ns; s++) {
-            a0 += comb[2u * (s * vl + tid)];
-            a1 += comb[2u * (s * vl + tid) + 1u];
+        for (var s = 0u; s < rs.ns; s++) {
+            a0 += comb[2u * (s * rs.vl + tid)];
+            a1 += comb[2u * (s * rs.vl + tid) + 1u];
         }
-        a0 *= inv;
-        let o = h * HD + tid * select(4u, 8u, W_F16);
-        out[o] = a0.x;
-        out[o + 1u] = a0.y;
-        out[o + 2u] = a0.z;
-        out[o + 3u] = a0.w;
-        if (W_F16) {
-            a1 *= inv;
-            out[o + 4u] = a1.x;
-            out[o + 5u] = a1.y;
-            out[o + 6u] = a1.z;
-            out[o + 7u] = a1.w;
+        let o = h * HD + tid * word_elems();
+        for (var e = 0u; e < word_elems(); e++) {
+            out[o + e] = word_elem(a0, a1, e) * inv;
         }
     }
 }

@@ -73,12 +73,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         qs[idx] = v;
     }
 
-    // this row's visible keys [lo_r, hi_r], the block's [klo, khi]
-    let pos = past + i0 + min(r, rows - 1u);
-    let lo_r = key_lo(pos, dims.window, dims.b0, dims.b1);
-    let hi_r = key_hi(pos, dims.b0, dims.b1);
-    let klo = key_lo(past + i0, dims.window, dims.b0, dims.b1);
-    let khi = key_hi(past + i0 + rows - 1u, dims.b0, dims.b1);
+    // this row's visible keys [span.x, span.y], the block's [klo, khi]
+    let span = key_span(past + i0 + min(r, rows - 1u), past + i0, past + i0 + rows - 1u);
+    let klo = span.z;
+    let khi = span.w;
     let base = kh * dims.kv_cap;
     let ncol = (hd4 + LANES - 1u) / LANES;
 
@@ -96,7 +94,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var c = lane; c < BKV; c += LANES) {
             let j = t0 + c;
             var s = NEG;
-            if (valid && j >= lo_r && j <= hi_r) {
+            if (valid && j >= span.x && j <= span.y) {
                 var a = vec4<f32>(0.0);
                 for (var x = 0u; x < hd4; x++) {
                     a += qs[r * hd4 + x] * kv[c * hd4 + x];

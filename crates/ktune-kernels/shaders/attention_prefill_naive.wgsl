@@ -118,15 +118,8 @@ fn pv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<
             a1 += p * whi4(w);
         }
     }
-    let o = row * head_dim() + lane * select(4u, 8u, W_F16);
-    out[o] = a0.x;
-    out[o + 1u] = a0.y;
-    out[o + 2u] = a0.z;
-    out[o + 3u] = a0.w;
-    if (W_F16) {
-        out[o + 4u] = a1.x;
-        out[o + 5u] = a1.y;
-        out[o + 6u] = a1.z;
-        out[o + 7u] = a1.w;
+    let o = row * head_dim() + lane * word_elems();
+    for (var e = 0u; e < word_elems(); e++) {
+        out[o + e] = word_elem(a0, a1, e);
     }
 }

@@ -2,7 +2,8 @@
 // kernel-wide runs into a [side, out, dim] buffer of partial sums (`part`), then
 // `along_y` sums kernel of those rows per output and scales: 2 kernel reads per
 // output value instead of kernel². One value per invocation in both; linear index
-// over a 2D grid (`wid.x + wid.y * nwg.x`).
+// over a 2D grid (grid.wgsl).
+// Requires: grid.wgsl.
 
 override WG: u32 = 128;
 
@@ -14,12 +15,10 @@ struct Dims { side: u32, kernel: u32, dim: u32, out: u32 }
 @group(0) @binding(3) var<storage, read_write> part: array<f32>;
 
 @compute @workgroup_size(WG)
-fn along_x(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let i = (wid.x + wid.y * nwg.x) * WG + lid;
+fn along_x(g: Grid) {
+    let i = invocation(g);
+    if (i >= dims.side * dims.out * dims.dim) { return; }
     let dim = dims.dim;
-    if (i >= dims.side * dims.out * dim) {
-        return;
-    }
     let c = i % dim;
     let r = i / dim;
     let iy = r / dims.out;
@@ -32,12 +31,10 @@ fn along_x(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
 }
 
 @compute @workgroup_size(WG)
-fn along_y(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let i = (wid.x + wid.y * nwg.x) * WG + lid;
+fn along_y(g: Grid) {
+    let i = invocation(g);
+    if (i >= dims.out * dims.out * dims.dim) { return; }
     let dim = dims.dim;
-    if (i >= dims.out * dims.out * dim) {
-        return;
-    }
     let c = i % dim;
     let o = i / dim;
     let y0 = (o / dims.out) * dims.kernel;

@@ -108,12 +108,10 @@ fn flash2(wid: vec3<u32>, tid: u32, flat: u32) {
     let valid = ti < ntok && g0 + g < group;
     let hd4 = HD / 4u;
 
-    // this row's visible keys [lo_r, hi_r], the block's [klo, khi]
-    let pos = past + i0 + min(ti, ntok - 1u);
-    let lo_r = key_lo(pos, dims.window, dims.b0, dims.b1);
-    let hi_r = key_hi(pos, dims.b0, dims.b1);
-    let klo = key_lo(past + i0, dims.window, dims.b0, dims.b1);
-    let khi = key_hi(past + i0 + ntok - 1u, dims.b0, dims.b1);
+    // this row's visible keys [span.x, span.y], the block's [klo, khi]
+    let span = key_span(past + i0 + min(ti, ntok - 1u), past + i0, past + i0 + ntok - 1u);
+    let klo = span.z;
+    let khi = span.w;
     let base = kh * dims.kv_cap;
 
     // the lane's query words, pre-scaled (.x elements 0..4, .y 4..8 of an f16 word)
@@ -168,7 +166,7 @@ fn flash2(wid: vec3<u32>, tid: u32, flat: u32) {
             let s_full = lanes_scatter(v, flat);
             let j = t0 + gi * LANES + lane;
             var s = NEG;
-            if (valid && j >= lo_r && j <= hi_r) {
+            if (valid && j >= span.x && j <= span.y) {
                 s = s_full;
             }
             sc[gi] = s;

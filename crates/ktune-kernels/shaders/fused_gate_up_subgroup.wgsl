@@ -5,6 +5,7 @@
 // with one subgroupAdd and lane 0 applies the activation product. No workgroup
 // memory, no barriers. Needs SUBGROUP and k % 4 == 0 (f32) or k % 8 == 0 (f16).
 // Includes: act.wgsl, wload.wgsl (W_F16, 16-byte words).
+// Requires: grid_sg.wgsl, grid.wgsl.
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
@@ -18,23 +19,21 @@ struct Dims { n: u32, k: u32, act: u32 } // act: 0 silu, 1 gelu_tanh
 @group(0) @binding(3) var<uniform> dims: Dims;
 
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) nsg: u32,
-        @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg_size: u32) {
-    let j0 = (wid.x + wid.y * nwg.x) * ROWS;
-    let t = wid.z;
+fn main(s: SgGrid) {
+    let j0 = wg_linear(s.wid, s.nwg) * ROWS;
+    let t = s.wid.z;
     let n = dims.n;
     let k = dims.k;
     let xv0 = t * (k / 4u); // first vec4 of x row t
     let words = wwords16(k);
-    for (var r = sg; r < ROWS; r += nsg) {
+    for (var r = s.sg; r < ROWS; r += s.nsg) {
         let j = j0 + r;
         if (j >= n) { break; }
         var g = 0.0;
         var u = 0.0;
         let gb = j * words;
         let ub = (n + j) * words;
-        for (var c = lane; c < words; c += sg_size) {
+        for (var c = s.lane; c < words; c += s.sg_size) {
             let xi = xv0 + wx16(c);
             let xa = x[xi.x];
             let xb = x[xi.y];
@@ -43,7 +42,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         let gs = subgroupAdd(g);
         let us = subgroupAdd(u);
-        if (lane == 0u) {
+        if (s.lane == 0u) {
             y[t * n + j] = act(gs, dims.act == 1u) * us;
         }
     }

@@ -172,14 +172,15 @@ fn steps_begin(tid: u32, m0: u32, n0: u32) {
 // Before the matrix work of step c0: STAGES 1 stages it and waits for every
 // invocation's part; STAGES 2 has it staged already and puts the loads of the next
 // step in flight (unconditionally, so nothing separates them from the matrix work;
-// past the last chunk every fetch is guarded to zeros).
-fn step_open(c0: u32, tid: u32, m0: u32, n0: u32) {
+// past the last chunk every fetch is guarded to zeros). Returns the step's buffer.
+fn step_open(c0: u32, tid: u32, m0: u32, n0: u32) -> u32 {
     if (STAGES == 2u) {
         fetch(c0 + kstep(), tid, m0, n0, 0u);
     } else {
         stage(c0, tid, m0, n0);
         workgroupBarrier();
     }
+    return step_buf(c0);
 }
 
 // After the matrix work of step c0: STAGES 2 stores the next step into the other

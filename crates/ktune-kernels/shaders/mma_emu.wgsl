@@ -26,8 +26,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     steps_begin(tid, m0, n0);
     for (var c0 = 0u; c0 < nchunks(); c0 += kstep()) {
-        step_open(c0, tid, m0, n0);
-        let buf = step_buf(c0);
+        let buf = step_open(c0, tid, m0, n0);
         for (var kk = 0u; kk < TILE_K / MAT; kk++) {
             for (var mi = 0u; mi < MAT_M; mi++) {
                 let ab = a_base(sm, mi, kk, buf);

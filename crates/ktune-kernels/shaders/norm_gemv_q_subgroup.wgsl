@@ -7,30 +7,29 @@
 // quant words, dot them with x·g', and one subgroupAdd finishes the row, scaled by
 // inv_rms; no workgroup memory, no barriers. Needs SUBGROUP and k a whole number of blocks (qbe()).
 // Includes: norm_gemv_q.wgsl (interface), qblock.wgsl (block decoding).
+// Requires: grid_sg.wgsl, grid.wgsl.
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
 override QFMT: u32 = 0u;
 
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) nsg: u32,
-        @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg_size: u32) {
-    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
+fn main(s: SgGrid) {
+    let row0 = wg_linear(s.wid, s.nwg) * ROWS;
     let qu = qunits();
     let wpr = dims.k / qbe() * qu;
     var ss = 0.0;
-    for (var c = lane; c < dims.k / 4u; c += sg_size) {
+    for (var c = s.lane; c < dims.k / 4u; c += s.sg_size) {
         let v = x[c];
         ss += dot(v, v);
     }
     let inv = inverseSqrt(subgroupAdd(ss) / f32(dims.k) + dims.eps);
     let off = vec4<f32>(select(0.0, 1.0, dims.unit_offset != 0u));
-    for (var r = sg; r < ROWS; r += nsg) {
+    for (var r = s.sg; r < ROWS; r += s.nsg) {
         let row = row0 + r;
         if (row >= dims.n) { break; }
         var acc = 0.0;
-        for (var wi = lane; wi < wpr; wi += sg_size) {
+        for (var wi = s.lane; wi < wpr; wi += s.sg_size) {
             // Unit j of block bi covers x at qpos(j) within the block (two halves but for q8_0).
             let base = (wi / qu) * (qbe() / 4u);
             let p = qpos(wi % qu);
@@ -43,7 +42,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
         let total = subgroupAdd(acc);
-        if (lane == 0u) {
+        if (s.lane == 0u) {
             y[row] = total * inv;
         }
     }

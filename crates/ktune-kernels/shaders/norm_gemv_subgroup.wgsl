@@ -7,6 +7,7 @@
 // row, scaled by inv_rms. The gain and the weights are vec4<u32> words decoded by
 // W_F16 (4 f32 or 8 packed f16). Needs SUBGROUP and k % 4 == 0 (f32) or k % 8 == 0 (f16).
 // Includes: wload.wgsl (W_F16, 16-byte words).
+// Requires: grid_sg.wgsl, grid.wgsl.
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
@@ -21,25 +22,23 @@ struct Dims { n: u32, k: u32, eps: f32, unit_offset: u32 }
 @group(0) @binding(4) var<uniform> dims: Dims;
 
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) nsg: u32,
-        @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg_size: u32) {
-    let row0 = (wid.x + wid.y * nwg.x) * ROWS;
+fn main(s: SgGrid) {
+    let row0 = wg_linear(s.wid, s.nwg) * ROWS;
     let k = dims.k;
     let vecs = k / 4u;
     var ss = 0.0;
-    for (var c = lane; c < vecs; c += sg_size) {
+    for (var c = s.lane; c < vecs; c += s.sg_size) {
         let v = x[c];
         ss += dot(v, v);
     }
     let inv = inverseSqrt(subgroupAdd(ss) / f32(k) + dims.eps);
     let off = vec4<f32>(select(0.0, 1.0, dims.unit_offset != 0u));
     let words = wwords16(k);
-    for (var r = sg; r < ROWS; r += nsg) {
+    for (var r = s.sg; r < ROWS; r += s.nsg) {
         let row = row0 + r;
         if (row >= dims.n) { break; }
         var acc = 0.0;
-        for (var c = lane; c < words; c += sg_size) {
+        for (var c = s.lane; c < words; c += s.sg_size) {
             let xi = wx16(c);
             let gq = g[c];
             let a0 = x[xi.x] * (wlo4(gq) + off);
@@ -47,7 +46,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             acc += wdot16(w[row * words + c], a0, a1);
         }
         let total = subgroupAdd(acc);
-        if (lane == 0u) {
+        if (s.lane == 0u) {
             y[row] = total * inv;
         }
     }

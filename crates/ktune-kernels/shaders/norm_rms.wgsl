@@ -12,8 +12,7 @@
 @group(0) @binding(3) var<uniform> dims: Dims;
 
 fn run_row(row: u32, first: u32, stride: u32) {
-    let d = dims.dim;
-    let base = row * d;
-    let inv = rms_row_inv(base, first, stride, d, dims.eps);
-    rms_write(base, 0u, first, stride, d, inv, dims.unit_offset != 0u);
+    let base = row * dims.dim;
+    let inv = rms_row_inv(base, first, stride, dims.dim, dims.eps);
+    rms_write(base, 0u, first, stride, dims.dim, inv, dims.unit_offset != 0u);
 }

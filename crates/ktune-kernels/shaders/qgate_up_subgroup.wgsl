@@ -8,6 +8,7 @@
 // H200 the workgroup-reduced gate_up_q_wg took 1.5-8x the time of two
 // gemv_q_subgroup calls). Needs SUBGROUP and k a whole number of blocks (qbe()).
 // Includes: qgate_up.wgsl (interface: bindings, Dims), qblock.wgsl, act.wgsl.
+// Requires: grid_sg.wgsl, grid.wgsl.
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
@@ -15,15 +16,13 @@ override UNROLL: u32 = 1u; // units of each row a lane decodes per round, loads 
 override QFMT: u32 = 0u;
 
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) nsg: u32,
-        @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg_size: u32) {
-    let j0 = (wid.x + wid.y * nwg.x) * ROWS;
-    let t = wid.z;
+fn main(s: SgGrid) {
+    let j0 = wg_linear(s.wid, s.nwg) * ROWS;
+    let t = s.wid.z;
     let n = dims.n;
     let wpr = dims.k / qbe() * qunits();
     let xv = t * (dims.k / 4u);
-    for (var r = sg; r < ROWS; r += nsg) {
+    for (var r = s.sg; r < ROWS; r += s.nsg) {
         let j = j0 + r;
         if (j >= n) {
             break;
@@ -33,21 +32,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         // UNROLL units of each row a lane per round (a constant-trip loop with no
         // guard: its loads all in flight before the first is used), the rest one at
         // a time
-        let round = sg_size * UNROLL;
+        let round = s.sg_size * UNROLL;
         let full = wpr / round * round;
-        for (var w0 = lane; w0 < full; w0 += round) {
+        for (var w0 = s.lane; w0 < full; w0 += round) {
             for (var v = 0u; v < UNROLL; v++) {
-                g += qdot(j * wpr, w0 + v * sg_size, xv);
-                u += qdot((n + j) * wpr, w0 + v * sg_size, xv);
+                g += qdot(j * wpr, w0 + v * s.sg_size, xv);
+                u += qdot((n + j) * wpr, w0 + v * s.sg_size, xv);
             }
         }
-        for (var wi = full + lane; wi < wpr; wi += sg_size) {
+        for (var wi = full + s.lane; wi < wpr; wi += s.sg_size) {
             g += qdot(j * wpr, wi, xv);
             u += qdot((n + j) * wpr, wi, xv);
         }
         let gs = subgroupAdd(g);
         let us = subgroupAdd(u);
-        if (lane == 0u) {
+        if (s.lane == 0u) {
             y[t * n + j] = act(gs, dims.act == 1u) * us;
         }
     }

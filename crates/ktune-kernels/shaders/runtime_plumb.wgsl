@@ -2,6 +2,7 @@
 // projection into q, k and v (adding the bias), a broadcast bias add in place,
 // and writing new K/V rows into the head-major cache ([kv_heads, kv_cap, head_dim])
 // as f32 or as packed f16 pairs.
+// Requires: grid.wgsl.
 
 override WG: u32 = 256;
 
@@ -20,14 +21,9 @@ struct Dims {
 @group(0) @binding(4) var<storage, read_write> v: array<f32>;
 @group(0) @binding(5) var<uniform> dims: Dims;
 
-fn linear(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
-    return (wid.x + wid.y * nwg.x) * WG + lid;
-}
-
 @compute @workgroup_size(WG)
-fn split_qkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-             @builtin(local_invocation_index) lid: u32) {
-    let i = linear(wid, nwg, lid);
+fn split_qkv(g: Grid) {
+    let i = invocation(g);
     let nq = dims.b;
     let nkv = dims.c;
     let w = nq + 2u * nkv;
@@ -54,9 +50,8 @@ fn split_qkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 @group(0) @binding(2) var<uniform> badd_dims: Dims;
 
 @compute @workgroup_size(WG)
-fn bias_add(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(local_invocation_index) lid: u32) {
-    let i = linear(wid, nwg, lid);
+fn bias_add(g: Grid) {
+    let i = invocation(g);
     if (i >= badd_dims.a * badd_dims.b) {
         return;
     }
@@ -80,9 +75,8 @@ fn kv_index(i: u32, kd: Dims) -> u32 {
 
 // One invocation per element.
 @compute @workgroup_size(WG)
-fn kv_write_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                @builtin(local_invocation_index) lid: u32) {
-    let i = linear(wid, nwg, lid);
+fn kv_write_f32(g: Grid) {
+    let i = invocation(g);
     if (i < kv_dims.a * kv_dims.b * kv_dims.c) {
         kv_cache_f32[kv_index(i, kv_dims)] = kv_src[i];
     }
@@ -94,9 +88,8 @@ fn kv_write_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
 
 // One invocation per pair of elements (head_dim is even), packed as two f16.
 @compute @workgroup_size(WG)
-fn kv_write_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                @builtin(local_invocation_index) lid: u32) {
-    let i = linear(wid, nwg, lid) * 2u;
+fn kv_write_f16(g: Grid) {
+    let i = invocation(g) * 2u;
     if (i < kvh_dims.a * kvh_dims.b * kvh_dims.c) {
         kv_cache_f16[kv_index(i, kvh_dims) / 2u] = pack2x16float(vec2<f32>(kvh_src[i], kvh_src[i + 1u]));
     }

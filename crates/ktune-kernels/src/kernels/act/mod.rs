@@ -24,8 +24,8 @@ use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::shader;
 
-static SCALAR: Shader = shader!("elementwise_scalar.wgsl", "act.wgsl");
-static VEC4: Shader = shader!("elementwise_vec4.wgsl", "act.wgsl");
+static SCALAR: Shader = shader!("elementwise_scalar.wgsl", "act.wgsl", "grid.wgsl");
+static VEC4: Shader = shader!("elementwise_vec4.wgsl", "act.wgsl", "grid.wgsl");
 static SOFTMAX_WG: Shader = shader!("elementwise_softmax_wg.wgsl", "elementwise_softmax.wgsl", "row_wg.wgsl", "reduce_wg.wgsl");
 static SOFTMAX_ONLINE: Shader = shader!("elementwise_softmax_online.wgsl", "elementwise_softmax.wgsl", "row_wg.wgsl");
 static SOFTMAX_SG: Shader = shader!("elementwise_softmax_subgroup.wgsl", "elementwise_softmax.wgsl", "row_sg.wgsl", "reduce_sg.wgsl");

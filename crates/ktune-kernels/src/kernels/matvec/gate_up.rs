@@ -43,10 +43,11 @@ use crate::kernels::{
 use crate::shader;
 
 static GATE_UP_WG: Shader = shader!("fused_gate_up_wg.wgsl", "act.wgsl", "reduce_wg.wgsl", "wload.wgsl");
-static GATE_UP_SG: Shader = shader!("fused_gate_up_subgroup.wgsl", "act.wgsl", "wload.wgsl");
+static GATE_UP_SG: Shader = shader!("fused_gate_up_subgroup.wgsl", "act.wgsl", "wload.wgsl", "grid_sg.wgsl", "grid.wgsl");
 static GATE_UP_TILED: Shader = shader!("fused_gate_up_tiled.wgsl", "act.wgsl", "wload.wgsl");
 static QGATE_UP_WG: Shader = shader!("qgate_up_wg.wgsl", "qgate_up.wgsl", "qblock.wgsl", "qgeom.wgsl", "act.wgsl", "reduce_wg.wgsl");
-static QGATE_UP_SG: Shader = shader!("qgate_up_subgroup.wgsl", "qgate_up.wgsl", "qblock.wgsl", "qgeom.wgsl", "act.wgsl");
+static QGATE_UP_SG: Shader =
+    shader!("qgate_up_subgroup.wgsl", "qgate_up.wgsl", "qblock.wgsl", "qgeom.wgsl", "act.wgsl", "grid_sg.wgsl", "grid.wgsl");
 static QGATE_UP_DP4A_WG: Shader = shader!(head "qdp4a_head.wgsl"; "qdp4a_gate_up.wgsl", "qdp4a_rows.wgsl", "qdp4a_main_wg.wgsl", "qdp4a.wgsl", "qgeom.wgsl", "act.wgsl", "reduce_wg.wgsl");
 static QGATE_UP_DP4A_SG: Shader =
     shader!(head "qdp4a_head.wgsl"; "qdp4a_gate_up.wgsl", "qdp4a_rows.wgsl", "qdp4a_main_sg.wgsl", "qdp4a.wgsl", "qgeom.wgsl", "act.wgsl");

@@ -29,7 +29,7 @@ use crate::kernels::{
 use crate::shader;
 
 static NORM_GEMV_WG: Shader = shader!("norm_gemv_wg.wgsl", "norm_block_wg.wgsl", "block_wg.wgsl", "reduce_wg.wgsl", "wload.wgsl");
-static NORM_GEMV_SG: Shader = shader!("norm_gemv_subgroup.wgsl", "wload.wgsl");
+static NORM_GEMV_SG: Shader = shader!("norm_gemv_subgroup.wgsl", "wload.wgsl", "grid_sg.wgsl", "grid.wgsl");
 static NORM_GEMV_Q_WG: Shader = shader!(
     "norm_gemv_q_wg.wgsl",
     "norm_gemv_q.wgsl",
@@ -39,7 +39,8 @@ static NORM_GEMV_Q_WG: Shader = shader!(
     "block_wg.wgsl",
     "reduce_wg.wgsl"
 );
-static NORM_GEMV_Q_SG: Shader = shader!("norm_gemv_q_subgroup.wgsl", "norm_gemv_q.wgsl", "qblock.wgsl", "qgeom.wgsl");
+static NORM_GEMV_Q_SG: Shader =
+    shader!("norm_gemv_q_subgroup.wgsl", "norm_gemv_q.wgsl", "qblock.wgsl", "qgeom.wgsl", "grid_sg.wgsl", "grid.wgsl");
 
 const QUANT: &[DType] = DType::QUANT;
 

@@ -33,7 +33,7 @@ static LINEAR_SIMPLE: Shader = shader!("linear_simple.wgsl", "gemm_col.wgsl", "a
 static ATTN_ROWS: Shader = shader!("attention_full_rows.wgsl", "attention_full.wgsl");
 static ATTN_FLASH: Shader = shader!("attention_full_flash.wgsl", "attention_full.wgsl");
 static POOL_WINDOW: Shader = shader!("avg_pool_window.wgsl");
-static POOL_SEPARABLE: Shader = shader!("avg_pool_separable.wgsl");
+static POOL_SEPARABLE: Shader = shader!("avg_pool_separable.wgsl", "grid.wgsl");
 
 const F32: &[DType] = &[DType::F32];
 
