@@ -4,11 +4,11 @@
 //! list, else the first valid kernel). Default: gemma3-4b's tower (896 px, 14 px
 //! patches: 4096 patches, width 1152, 16 heads, MLP 4304).
 //!
-//!     cargo run --release --example vision_ops                  # every kernel, median of 3
-//!     cargo run --release --example vision_ops -- 448 1        # 448 px, 1 run each
-//!     cargo run --release --example vision_ops -- 896 3 linear # only kernels whose id contains "linear"
-//!     cargo run --release --example vision_ops -- 896 9 norm,residual_add   # ids containing either (the fusion's comparison)
-//!     cargo run --release --example vision_ops -- 896 3 flash block_k=512   # parameters set where a kernel has them
+//!     cargo bench -p ktune-kernels --bench vision_ops                  # every kernel, median of 3
+//!     cargo bench -p ktune-kernels --bench vision_ops -- 448 1        # 448 px, 1 run each
+//!     cargo bench -p ktune-kernels --bench vision_ops -- 896 3 linear # only kernels whose id contains "linear"
+//!     cargo bench -p ktune-kernels --bench vision_ops -- 896 9 norm,residual_add   # ids containing either (the fusion's comparison)
+//!     cargo bench -p ktune-kernels --bench vision_ops -- 896 3 flash block_k=512   # parameters set where a kernel has them
 //!
 //! Prints seconds per call, GFLOP/s, and each op's seconds per layer (times its
 //! count in a layer) for the default kernel. A layer runs each residual add fused
@@ -24,7 +24,7 @@ use ktune_kernels::kernels::verify::{make_inputs, output_lens};
 use ktune_kernels::kernels::{self, Backend, Caps, CpuArgs, DType, Problem};
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
     let image: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(896);
     let runs: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(3).max(1);
     let filter = args.get(2).cloned().unwrap_or_default();
