@@ -37,8 +37,8 @@ fn test_device_count() -> usize {
     std::env::var(TEST_DEVICES_ENV)
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(4))
-        .max(1)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .clamp(1, HOLDERS.len())
 }
 
 /// Every device [`test_gpu`] opened (empty before the first call, and without a
@@ -51,7 +51,7 @@ static TEST_GPUS: OnceLock<Option<Vec<Arc<GpuCtx>>>> = OnceLock::new();
 
 /// The first GPU adapter (hardware preferred, software accepted), opened once per
 /// process as a few devices ([`TEST_DEVICES_ENV`]); a thread gets one of them,
-/// the same on every call, threads in turn. `None` (with a loud message) when there
+/// the same on every call (the least held when it first asks). `None` (with a loud message) when there
 /// is none and it is not required.
 pub fn test_gpu() -> Option<Arc<GpuCtx>> {
     let gpus = TEST_GPUS.get_or_init(|| {
@@ -85,11 +85,34 @@ pub fn test_gpu() -> Option<Arc<GpuCtx>> {
         }
     });
     let gpus = gpus.as_ref()?;
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     thread_local! {
-        static SLOT: usize = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        static SLOT: DeviceSlot = DeviceSlot::take();
     }
-    Some(gpus[SLOT.with(|s| *s) % gpus.len()].clone())
+    Some(gpus[SLOT.with(|s| s.0) % gpus.len()].clone())
+}
+
+/// Threads holding each test device (index modulo the device count).
+static HOLDERS: [std::sync::atomic::AtomicUsize; 4] = [const { std::sync::atomic::AtomicUsize::new(0) }; 4];
+
+/// A thread's test device for its lifetime: the one fewest live threads hold when
+/// it first asks (libtest runs each test on a thread of its own, so concurrent
+/// tests land on different devices), given back when the thread ends.
+struct DeviceSlot(usize);
+
+impl DeviceSlot {
+    fn take() -> DeviceSlot {
+        use std::sync::atomic::Ordering::SeqCst;
+        let n = test_gpus().len().clamp(1, HOLDERS.len());
+        let i = (0..n).min_by_key(|&i| HOLDERS[i].load(SeqCst)).unwrap_or(0);
+        HOLDERS[i].fetch_add(1, SeqCst);
+        DeviceSlot(i)
+    }
+}
+
+impl Drop for DeviceSlot {
+    fn drop(&mut self) {
+        HOLDERS[self.0].fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// The limits of a typical desktop adapter with subgroups of 8 to 32 lanes and
