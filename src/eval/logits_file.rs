@@ -124,9 +124,7 @@ impl LogitsWriter {
         if tokens.len() != header.chunks * header.ctx {
             return Err(EvalError::Internal(format!("{} token ids for {} chunks of {}", tokens.len(), header.chunks, header.ctx)));
         }
-        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let tmp = tempfile::Builder::new().prefix(&format!(".{name}.")).suffix(".tmp").tempfile_in(dir).map_err(io)?;
+        let tmp = crate::atomic::temp_beside(path).map_err(io)?;
         let mut out = BufWriter::with_capacity(1 << 20, tmp);
         out.write_all(&header.encode()).map_err(io)?;
         for t in tokens {
