@@ -131,6 +131,12 @@ pub struct TuneArgs {
     /// Re-tune even when the cache has this profile.
     #[arg(long)]
     pub force: bool,
+    /// The accuracy budget: the end-to-end stage measures each combination's KL
+    /// divergence from the CPU's f32 reference (f32 activations, plain layouts) on
+    /// fixed prompts and refuses one above this (nats per token). Default: the
+    /// runtime default's own divergence × 1.25, at least 1e-4.
+    #[arg(long, value_name = "NATS", value_parser = max_kld)]
+    pub max_kld: Option<f64>,
     /// GPU: the L2 cache size (bytes; K, M, G suffixes: KiB, MiB, GiB) the slot
     /// races' rotating input copies must overflow (twice it in copies). Default:
     /// an estimate for the adapter's vendor and class.
@@ -264,6 +270,14 @@ fn reference_arg(s: &str) -> Result<ReferenceArg, String> {
         "" => Err("give `f32` or a logits file".into()),
         "f32" => Ok(ReferenceArg::F32),
         path => Ok(ReferenceArg::File(PathBuf::from(path))),
+    }
+}
+
+/// `--max-kld`: a finite divergence, zero or more.
+fn max_kld(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("`{s}`: give a KL divergence in nats, 0 or more (e.g. 0.005)")),
     }
 }
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use crate::cli::BenchArgs;
 use crate::device::DeviceCaps;
-use crate::eval::{self, Reference, Text};
+use crate::eval::{self, Path, Reference, Text};
 use crate::plan::{Fusion, Selection};
 use crate::profile::{ExecSettings, Profile, lookup};
 use crate::progress::{Progress, Silent};
@@ -183,8 +183,9 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
             let r = match references.iter().position(|(d, _)| *d == exec.weight_dtype) {
                 Some(r) => r,
                 None => {
-                    let (rsel, rexec) = eval::f32_reference(&settings, &cpu, &m, exec.weight_dtype);
-                    references.push((exec.weight_dtype, eval::scoring_engine(&cpu_build, &settings, &m, rsel, &rexec, text.ctx)?));
+                    let rexec = settings.execution(&cpu, &m, exec.weight_dtype, crate::kernels::DType::F32, true, Fusion::ALL);
+                    references
+                        .push((exec.weight_dtype, eval::scoring_engine(&cpu_build, &settings, &m, Path::F32Reference, &rexec, text.ctx)?));
                     references.len() - 1
                 }
             };
@@ -195,7 +196,8 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
                 store: cpu_build.store.clone(),
                 ..cpu_build
             });
-            let mut engine = eval::scoring_engine(gpu_build.as_ref().unwrap_or(&cpu_build), &settings, &m, sel.clone(), exec, text.ctx)?;
+            let mut engine =
+                eval::scoring_engine(gpu_build.as_ref().unwrap_or(&cpu_build), &settings, &m, Path::Selected(sel.clone()), exec, text.ctx)?;
             let o = eval::evaluate(&text, &mut engine, Some(Reference::Engine(&mut references[r].1)), None, &Silent)?;
             out.push(o.divergence);
             progress.tick();

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use crate::cli::{EvalArgs, ReferenceArg};
 use crate::device::DeviceCaps;
-use crate::eval::{self, LogitsReader, LogitsWriter, Reference, Text};
+use crate::eval::{self, LogitsReader, LogitsWriter, Path, Reference, Text};
 use crate::kernels::DType;
 use crate::model::Tokenizer;
 use crate::plan::{Fusion, Selection};
@@ -81,17 +81,17 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
             if !matches!(device, crate::device::Device::Cpu(_)) {
                 return Err(Error::Usage("--exact is the CPU's f32 path: give --device cpu".into()));
             }
-            let (sel, exec) = eval::f32_reference(&settings, &device, &m, weight_dtype);
-            ("f32 reference (CPU, f32 activations, plain layouts)".to_string(), sel, exec)
+            let exec = settings.execution(&device, &m, weight_dtype, DType::F32, true, Fusion::ALL);
+            ("f32 reference (CPU, f32 activations, plain layouts)".to_string(), Path::F32Reference, exec)
         }
         (Some(p), false) => {
             let (sel, exec, w) = p.resolve(&device, &profile_name, m.config.num_layers)?;
             warnings.extend(w);
-            (args.profile.as_ref().map(|p| p.display().to_string()).unwrap_or_default(), sel, exec)
+            (args.profile.as_ref().map(|p| p.display().to_string()).unwrap_or_default(), Path::Selected(sel), exec)
         }
         (None, false) => {
             let exec = settings.execution(&device, &m, weight_dtype, DType::F32, true, Fusion::ALL);
-            ("runtime defaults".to_string(), Selection::runtime(DeviceCaps::from(&device)), exec)
+            ("runtime defaults".to_string(), Path::Selected(Selection::runtime(DeviceCaps::from(&device))), exec)
         }
     };
     let store: Arc<dyn TensorStore> = m.weights.clone();
@@ -104,18 +104,13 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
     let mut ref_engine = match &reference_device {
         None => None,
         Some(d) => {
-            let (sel, exec, label) = match &args.reference {
-                Some(ReferenceArg::F32) => {
-                    let (sel, exec) = eval::f32_reference(&settings, d, &m, weight_dtype);
-                    (sel, exec, "f32 (CPU, f32 activations, plain layouts)".to_string())
-                }
-                _ => {
-                    let exec = settings.execution(d, &m, weight_dtype, DType::F32, true, Fusion::ALL);
-                    (Selection::runtime(DeviceCaps::from(d)), exec, format!("runtime defaults on {}", d.name()))
-                }
+            let exec = settings.execution(d, &m, weight_dtype, DType::F32, true, Fusion::ALL);
+            let (path, label) = match &args.reference {
+                Some(ReferenceArg::F32) => (Path::F32Reference, "f32 (CPU, f32 activations, plain layouts)".to_string()),
+                _ => (Path::Selected(Selection::runtime(DeviceCaps::from(d))), format!("runtime defaults on {}", d.name())),
             };
             let ref_build = Engines { ctx: session::open_device(d, settings.trusted_shaders)?, ..build };
-            Some((eval::scoring_engine(&ref_build, &settings, &m, sel, &exec, ctx)?, label))
+            Some((eval::scoring_engine(&ref_build, &settings, &m, path, &exec, ctx)?, label))
         }
     };
     let reference_label = match (&ref_engine, &file_ref) {

@@ -15,10 +15,10 @@ use std::path::PathBuf;
 pub use logits_file::{Header, LogitsDtype, LogitsReader, LogitsWriter};
 pub use metrics::{Divergence, Perplexity};
 
-use crate::device::{Device, DeviceCaps};
+use crate::device::{CpuCaps, DeviceCaps};
 use crate::kernels::DType;
 use crate::model::{ModelError, Tokenizer};
-use crate::plan::{Fusion, Selection};
+use crate::plan::{PlanOptions, Selection};
 use crate::profile::ExecSettings;
 use crate::progress::Progress;
 use crate::runtime::{Engine, RuntimeError};
@@ -256,30 +256,51 @@ pub fn pass_tokens(ctx: usize, vocab: usize) -> usize {
     ctx.min((32 << 20) / vocab.max(1)).clamp(1, ctx.max(1))
 }
 
-/// A warmed engine that scores: `selection` and `exec` as given, every
-/// position's logits, passes of [`pass_tokens`], a KV cache of `ctx`.
+/// What a scoring engine runs.
+pub enum Path {
+    /// This selection, with the execution's layouts and KV cache.
+    Selected(Selection),
+    /// The f32 reference ([`f32_reference`]).
+    F32Reference,
+}
+
+/// `opts` for scoring chunks of `ctx` tokens: every position's logits, passes of
+/// [`pass_tokens`], a KV cache of a chunk.
+pub fn scoring_options(mut opts: PlanOptions, ctx: usize, vocab: usize) -> PlanOptions {
+    opts.all_logits = true;
+    opts.max_tokens = pass_tokens(ctx, vocab);
+    opts.context = ctx;
+    opts
+}
+
+/// The f32 reference: `opts` with the weights in their plain layouts (no
+/// repacking) and an f32 KV cache, and the CPU's exact defaults
+/// ([`Selection::defaults`]: f32 activations), so that every product is exact
+/// against the dequantized weights. Run on the CPU.
+pub fn f32_reference(mut opts: PlanOptions) -> (PlanOptions, Selection) {
+    opts.cpu_repack.clear();
+    opts.kv_dtype = DType::F32;
+    (opts, Selection::defaults(DeviceCaps::Cpu(CpuCaps::detect())))
+}
+
+/// A warmed engine that scores chunks of `ctx` ([`scoring_options`]): `path`
+/// with `exec`'s plan options, GPU batching and CPU pool settings.
 pub fn scoring_engine(
     build: &Engines<'_>,
     settings: &ModelSettings,
     m: &LoadedModel,
-    selection: Selection,
+    path: Path,
     exec: &ExecSettings,
     ctx: usize,
 ) -> Result<Engine, EvalError> {
-    let opts = settings.plan_options(m, exec, pass_tokens(ctx, m.config.vocab_size), ctx, true);
+    let opts = scoring_options(settings.plan_options(m, exec, 1, ctx, true), ctx, m.config.vocab_size);
+    let (opts, selection) = match path {
+        Path::Selected(s) => (opts, s),
+        Path::F32Reference => f32_reference(opts),
+    };
     let mut engine = build.build(opts, selection, exec.batch)?;
     engine.set_cpu_pool(exec.threads, exec.spin_us, exec.prefetch);
     Ok(engine)
-}
-
-/// The f32 reference on `cpu`: f32 activations ([`Selection::defaults`]), the
-/// weights in their plain layouts (no repacking) as the model stores them
-/// (`weight_dtype`), an f32 KV cache: every product exact against the
-/// dequantized weights.
-pub fn f32_reference(settings: &ModelSettings, cpu: &Device, m: &LoadedModel, weight_dtype: DType) -> (Selection, ExecSettings) {
-    let mut exec = settings.execution(cpu, m, weight_dtype, DType::F32, true, Fusion::ALL);
-    exec.repack.clear();
-    (Selection::defaults(DeviceCaps::from(cpu)), exec)
 }
 
 #[cfg(test)]

@@ -223,3 +223,48 @@ fn bench_kld_puts_each_entrys_divergence_beside_its_speed() {
     let table = String::from_utf8_lossy(&o.stdout);
     assert!(table.contains("KLD mean") && table.contains("f32 reference"), "{table}");
 }
+
+/// The tuner's accuracy budget: every combination's divergence from the f32
+/// reference is in the profile beside its speed; over `--max-kld` it is refused
+/// with the reason and cannot be chosen; without the flag the budget is the
+/// runtime default's own divergence × 1.25 (at least 1e-4).
+#[test]
+fn tune_refuses_a_combination_over_the_accuracy_budget() {
+    let tmp = tempdir();
+    let tune = |extra: &[&str]| -> serde_json::Value {
+        let o = ktune(tmp.path())
+            .args(["tune", "--device", "cpu", "--gguf"])
+            .arg(model("smollm2-tiny-q4_0"))
+            .args(["--budget", "4s", "--prefill-tokens", "8", "--context", "32", "--decode-tokens", "4", "--format", "json"])
+            .args(extra)
+            .output()
+            .expect("runs");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+        r["profile"]["tuning"]["end_to_end"].clone()
+    };
+    let free = tune(&[]);
+    let combos = free["combinations"].as_array().expect("combinations");
+    assert!(combos.len() > 1, "{free}");
+    assert!(combos.iter().all(|c| c["kld"].as_f64().is_some_and(|k| (0.0..0.1).contains(&k))), "{free}");
+    let default = combos.iter().find(|c| c["label"] == "runtime default").expect("default")["kld"].as_f64().expect("kld");
+    // The default path quantizes activations to int8: not the reference.
+    assert!(default > 0.0, "{free}");
+    assert_eq!(free["max_kld"].as_f64(), Some((default * 1.25).max(1e-4)), "{free}");
+    for c in combos {
+        assert_eq!(c["refused"].is_string(), c["kld"].as_f64().expect("kld") > free["max_kld"].as_f64().expect("budget"), "{c}");
+    }
+
+    let strict = tune(&["--max-kld", "0", "--force"]);
+    assert_eq!(strict["max_kld"].as_f64(), Some(0.0));
+    let combos = strict["combinations"].as_array().expect("combinations");
+    let refused: Vec<&serde_json::Value> = combos.iter().filter(|c| c["refused"].is_string()).collect();
+    assert!(!refused.is_empty(), "{strict}");
+    for c in &refused {
+        assert!(c["refused"].as_str().is_some_and(|r| r.contains("over the budget") && r.contains("--max-kld")), "{c}");
+        assert_eq!(c["chosen"], false, "{c}");
+    }
+    // What the budget leaves: the default (never refused) or a combination at the f32 reference's divergence.
+    let chosen = combos.iter().find(|c| c["chosen"] == true).expect("chosen");
+    assert!(chosen["refused"].is_null(), "{chosen}");
+}
