@@ -256,16 +256,22 @@ mod tests {
         Header { dtype, vocab: 3, ctx: 4, first: 2, chunks: 2 }
     }
 
+    /// A file of [`header`]'s shape with these two rows.
+    fn write(path: &Path, dtype: LogitsDtype, tokens: &[u32], rows: [[f32; 3]; 2]) {
+        let mut w = LogitsWriter::create(path, header(dtype), tokens).expect("create");
+        for r in rows {
+            w.row(&r).expect("row");
+        }
+        w.finish().expect("finish");
+    }
+
     #[test]
     fn rows_round_trip_in_both_types() {
         let dir = tempfile::tempdir().expect("tempdir");
         for dtype in [LogitsDtype::F32, LogitsDtype::F16] {
             let path = dir.path().join("l.bin");
             let tokens: Vec<u32> = (0..8).collect();
-            let mut w = LogitsWriter::create(&path, header(dtype), &tokens).expect("create");
-            w.row(&[-0.5, -1.25, -3.0]).expect("row");
-            w.row(&[-2.0, -0.125, -4.5]).expect("row");
-            w.finish().expect("finish");
+            write(&path, dtype, &tokens, [[-0.5, -1.25, -3.0], [-2.0, -0.125, -4.5]]);
             let mut r = LogitsReader::open(&path).expect("open");
             assert_eq!((r.header.clone(), r.tokens.clone()), (header(dtype), tokens));
             let mut row = Vec::new();
@@ -280,10 +286,7 @@ mod tests {
     fn truncated_and_foreign_files_are_refused_by_name() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("l.bin");
-        let mut w = LogitsWriter::create(&path, header(LogitsDtype::F32), &[0; 8]).expect("create");
-        w.row(&[0.0; 3]).expect("row");
-        w.row(&[0.0; 3]).expect("row");
-        w.finish().expect("finish");
+        write(&path, LogitsDtype::F32, &[0; 8], [[0.0; 3]; 2]);
         let bytes = std::fs::read(&path).expect("read");
         std::fs::write(&path, &bytes[..bytes.len() - 1]).expect("cut");
         let e = LogitsReader::open(&path).err().expect("truncated").to_string();
