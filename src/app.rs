@@ -4,7 +4,7 @@
 
 use crate::Result;
 use crate::cli::{Cli, Command, Format, ProfilesAction};
-use crate::commands::{bench, bench_kernels, completions, kernels, list_devices, man, profiles, report as html_report, run, tune};
+use crate::commands::{bench, bench_kernels, completions, eval, kernels, list_devices, man, profiles, report as html_report, run, tune};
 use crate::error::ExitCode;
 use crate::output::{self, Bars, TextStream};
 use crate::report::{ProfilesReport, SchemaReport};
@@ -74,6 +74,14 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 output::warn(w);
             }
             output::emit(&report, args.format.into())?;
+            Ok(ExitCode::Success)
+        }
+        Command::Eval(args) => {
+            let report = eval::run(device, &args, &Bars::counter("eval"))?;
+            for w in &report.warnings {
+                output::warn(w);
+            }
+            output::emit(&report, args.output_format().into())?;
             Ok(ExitCode::Success)
         }
         Command::BenchKernels(args) => {

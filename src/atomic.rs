@@ -7,6 +7,16 @@ use std::path::Path;
 /// Writes `bytes` to `path` atomically, creating the directory when needed. The
 /// file gets the permissions a plain create would (0666 less the umask on Unix).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut tmp = temp_beside(path)?;
+    tmp.write_all(bytes)?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+/// A temporary file in `path`'s directory (created when needed) that
+/// `persist(path)` renames over it, with the permissions a plain create would
+/// give: for a file written in pieces (a large one, streamed).
+pub fn temp_beside(path: &Path) -> std::io::Result<tempfile::NamedTempFile> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -20,10 +30,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     };
     #[cfg(unix)]
     builder.permissions(perms);
-    let mut tmp = builder.tempfile_in(dir)?;
-    tmp.write_all(bytes)?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    Ok(())
+    builder.tempfile_in(dir)
 }
 
 #[cfg(test)]

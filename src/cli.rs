@@ -39,6 +39,10 @@ pub enum Command {
     DiffProfiles(DiffArgs),
     /// Measure profiles and the runtime default end to end in one process, interleaved.
     Bench(BenchArgs),
+    /// Accuracy of a model as it runs: perplexity over a text (chunked as
+    /// llama-perplexity does), and KL divergence, top-1 agreement and logit error
+    /// against a reference (the CPU's f32 path, another device, or saved logits).
+    Eval(Box<EvalArgs>),
     /// Every WGSL family's best variant at Gemma 3 1B and Llama 3.2 1B shapes on a
     /// GPU adapter: GB/s and GFLOP/s against the adapter's copy bandwidth and FMA
     /// peak, both measured in the same run.
@@ -127,6 +131,12 @@ pub struct TuneArgs {
     /// Re-tune even when the cache has this profile.
     #[arg(long)]
     pub force: bool,
+    /// The accuracy budget: the end-to-end stage measures each combination's KL
+    /// divergence from the CPU's f32 reference (f32 activations, plain layouts) on
+    /// fixed prompts and refuses one above this (nats per token). Default: the
+    /// runtime default's own divergence × 1.25, at least 1e-4.
+    #[arg(long, value_name = "NATS", value_parser = max_kld)]
+    pub max_kld: Option<f64>,
     /// GPU: the L2 cache size (bytes; K, M, G suffixes: KiB, MiB, GiB) the slot
     /// races' rotating input copies must overflow (twice it in copies). Default:
     /// an estimate for the adapter's vendor and class.
@@ -175,8 +185,105 @@ pub struct BenchArgs {
     /// milliseconds per image beside prefill and decode.
     #[arg(long, value_name = "FILE")]
     pub image: Option<std::path::PathBuf>,
+    /// Also each entry's accuracy: its KL divergence, top-1 agreement and logit
+    /// error against the CPU's f32 reference (f32 activations, plain layouts) on
+    /// the benchmark's prompt (every position but the last scored), as `eval`
+    /// computes them.
+    #[arg(long)]
+    pub kld: bool,
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
+}
+
+/// The reference `eval` compares with (`--reference`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReferenceArg {
+    /// The CPU with f32 activations and plain weight layouts.
+    F32,
+    /// A logits file `--save-logits` wrote.
+    File(PathBuf),
+}
+
+#[derive(clap::Args, Debug)]
+#[command(
+    mut_arg("mmproj", |a| a.hide(true)),
+    mut_arg("layers", |a| a.help("Keep only the first N layers (the figures are then of that cut model)")),
+)]
+pub struct EvalArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The text to score (UTF-8), tokenized with the model's tokenizer (the GGUF
+    /// file's, or the directory's tokenizer.json) as llama-perplexity does: a BOS
+    /// first where the vocabulary adds one.
+    #[arg(long, value_name = "FILE")]
+    pub file: PathBuf,
+    /// Tokens per chunk; each chunk runs from an empty KV cache and its second
+    /// half is scored. Default: 512, or the model's context when smaller.
+    #[arg(long, value_name = "N")]
+    pub ctx: Option<usize>,
+    /// Score at most the first N chunks (default: every whole chunk of the text).
+    #[arg(long, value_name = "N")]
+    pub chunks: Option<usize>,
+    /// A profile (YAML) selecting the kernels to evaluate (default: the runtime's
+    /// defaults, not a cached profile).
+    #[arg(long, value_name = "FILE", conflicts_with = "exact")]
+    pub profile: Option<PathBuf>,
+    /// Evaluate the f32 reference itself (the CPU with f32 activations and the
+    /// weights in their plain layouts): with --save-logits, a reference file for
+    /// later runs.
+    #[arg(long)]
+    pub exact: bool,
+    /// Compare with a reference: `f32` (the same model on the CPU with f32
+    /// activations and plain layouts) or a logits FILE that --save-logits wrote
+    /// (same text, --ctx and vocabulary).
+    #[arg(long, value_name = "f32|FILE", value_parser = reference_arg, conflicts_with = "reference_device")]
+    pub reference: Option<ReferenceArg>,
+    /// Compare with the same model run on this device (the runtime's defaults
+    /// there; the selector as --device takes it).
+    #[arg(long, value_name = "DEVICE")]
+    pub reference_device: Option<String>,
+    /// Write the scored positions' log-probabilities (and the tokens) to FILE, a
+    /// reference for `--reference FILE` and tools/kld_check.py.
+    #[arg(long, value_name = "FILE")]
+    pub save_logits: Option<PathBuf>,
+    /// How --save-logits stores the log-probabilities: f16 (half the size) or f32
+    /// (exact: a reference read back gives the in-process figures bit for bit).
+    #[arg(long, default_value = "f16", value_parser = logits_dtype)]
+    pub logits_dtype: crate::eval::LogitsDtype,
+    /// Same as --format json.
+    #[arg(long)]
+    pub json: bool,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+impl EvalArgs {
+    /// The output format (`--json` or `--format`).
+    pub fn output_format(&self) -> Format {
+        if self.json { Format::Json } else { self.format }
+    }
+}
+
+/// `--reference`: `f32`, or a file.
+fn reference_arg(s: &str) -> Result<ReferenceArg, String> {
+    match s {
+        "" => Err("give `f32` or a logits file".into()),
+        "f32" => Ok(ReferenceArg::F32),
+        path => Ok(ReferenceArg::File(PathBuf::from(path))),
+    }
+}
+
+/// `--max-kld`: a finite divergence, zero or more.
+fn max_kld(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("`{s}`: give a KL divergence in nats, 0 or more (e.g. 0.005)")),
+    }
+}
+
+/// `--logits-dtype`: f32 or f16.
+fn logits_dtype(s: &str) -> Result<crate::eval::LogitsDtype, String> {
+    s.parse()
 }
 
 #[derive(clap::Args, Debug)]

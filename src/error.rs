@@ -47,6 +47,8 @@ pub enum Error {
     Session(#[from] crate::session::SessionError),
     #[error(transparent)]
     Image(#[from] crate::runtime::image::ImageError),
+    #[error(transparent)]
+    Eval(#[from] crate::eval::EvalError),
     #[error("{0}")]
     Usage(String),
     #[error("writing output failed: {0}")]

@@ -11,6 +11,7 @@ pub mod atomic;
 pub mod cli;
 pub mod commands;
 pub mod error;
+pub mod eval;
 pub mod model;
 pub mod output;
 pub mod plan;

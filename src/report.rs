@@ -182,6 +182,9 @@ pub struct BenchEntry {
     /// With `--image`: the image through the vision tower and projector.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vision: Option<VisionBench>,
+    /// With `--kld`: the entry against the CPU's f32 reference on the prompt.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<crate::eval::Divergence>,
 }
 
 /// One entry's image through the vision tower and projector (`bench --image`).
@@ -215,6 +218,34 @@ pub struct BenchReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
     pub entries: Vec<BenchEntry>,
+    pub warnings: Vec<String>,
+}
+
+/// `ktune eval`: a model's perplexity over a text, and its divergence from a reference.
+#[derive(Debug, Serialize)]
+pub struct EvalReport {
+    pub device: String,
+    pub model: String,
+    /// What ran: `runtime defaults`, `f32 reference (exact CPU path)`, or the profile's path.
+    pub evaluated: String,
+    /// The text file, its token count, and the BOS that starts every chunk (if the vocabulary adds one).
+    pub file: String,
+    pub text_tokens: usize,
+    pub bos: Option<u32>,
+    pub ctx: usize,
+    pub chunks: usize,
+    /// The first scored position of each chunk.
+    pub first_scored: usize,
+    pub perplexity: crate::eval::Perplexity,
+    /// What the divergence is measured against (`--reference`, `--reference-device`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub divergence: Option<crate::eval::Divergence>,
+    /// `--save-logits`: the file written, and how it stores the log-probabilities.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub saved_logits: Option<String>,
+    pub seconds: f64,
     pub warnings: Vec<String>,
 }
 

@@ -13,9 +13,10 @@ use std::sync::Arc;
 
 use crate::cli::BenchArgs;
 use crate::device::DeviceCaps;
+use crate::eval::{self, Path, Reference, Text};
 use crate::plan::{Fusion, Selection};
 use crate::profile::{ExecSettings, Profile, lookup};
-use crate::progress::Progress;
+use crate::progress::{Progress, Silent};
 use crate::report::{BenchEntry, BenchReport, Estimate, VisionBench};
 use crate::runtime::tower::Tower;
 use crate::runtime::{TensorStore, WeightMemo};
@@ -115,8 +116,9 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
     // CPU engines share one copy of the weights.
     let mut build = Engines { model: &m.name, config: c, store, ctx: ctx.clone(), memo: Some(WeightMemo::default()), check_decode: false };
     let mut engines = Vec::new();
-    // Each entry's selection, for its vision choices.
+    // Each entry's selection (for its vision choices) and execution (for `--kld`).
     let selections: Vec<Selection> = setups.iter().map(|s| s.1.clone()).collect();
+    let execs: Vec<ExecSettings> = setups.iter().map(|s| s.2.clone()).collect();
     for (name, sel, exec) in setups {
         // Each entry's shader modules as its profile (or the flag) asks.
         build.ctx = ctx.as_ref().map(|g| g.with_trusted_shaders(exec.trusted_shaders || settings.trusted_shaders));
@@ -167,6 +169,45 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
     }
     progress.done();
 
+    // --kld: each entry, with every position's logits, against the CPU's f32
+    // reference of the same weights on the prompt (every position but the last).
+    let accuracy = if args.kld {
+        let cpu = session::pick_device(Some("cpu"))?;
+        let text = Text::single(prompt.clone(), 0);
+        let cpu_build = Engines { ctx: None, ..build };
+        let mut references: Vec<(crate::kernels::DType, crate::runtime::Engine)> = Vec::new();
+        let mut out = Vec::new();
+        for (i, (sel, exec)) in selections.iter().zip(&execs).enumerate() {
+            progress.phase(&format!("kld {}", engines[i].0), 1);
+            // One reference per weight type the entries run (usually one).
+            let r = match references.iter().position(|(d, _)| *d == exec.weight_dtype) {
+                Some(r) => r,
+                None => {
+                    let rexec = settings.execution(&cpu, &m, exec.weight_dtype, crate::kernels::DType::F32, true, Fusion::ALL);
+                    references
+                        .push((exec.weight_dtype, eval::scoring_engine(&cpu_build, &settings, &m, Path::F32Reference, &rexec, text.ctx)?));
+                    references.len() - 1
+                }
+            };
+            // A GPU entry gets its own engine on the device; a CPU one shares the weights.
+            let gpu_build = ctx.as_ref().map(|g| Engines {
+                ctx: Some(g.with_trusted_shaders(exec.trusted_shaders || settings.trusted_shaders)),
+                memo: None,
+                store: cpu_build.store.clone(),
+                ..cpu_build
+            });
+            let mut engine =
+                eval::scoring_engine(gpu_build.as_ref().unwrap_or(&cpu_build), &settings, &m, Path::Selected(sel.clone()), exec, text.ctx)?;
+            let o = eval::evaluate(&text, &mut engine, Some(Reference::Engine(&mut references[r].1)), None, &Silent)?;
+            out.push(o.divergence);
+            progress.tick();
+        }
+        progress.done();
+        out
+    } else {
+        vec![None; engines.len()]
+    };
+
     let tput = |tokens: f64, secs: &[f64]| -> Vec<f64> { secs.iter().map(|s| tokens / s).collect() };
     let pct_of_bound = |bytes: u64, secs: &[f64]| -> Vec<f64> {
         secs.iter().zip(&read_gbps).map(|(s, bw)| 100.0 * bytes as f64 / s / (bw * 1e9)).collect()
@@ -191,6 +232,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
                 kernels: kernels[i].clone(),
                 samples_s: vision[i].clone(),
             }),
+            accuracy: accuracy[i].clone(),
         })
         .collect();
     Ok(BenchReport {

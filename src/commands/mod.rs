@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod bench_kernels;
 pub mod completions;
+pub mod eval;
 pub mod kernels;
 pub mod list_devices;
 pub mod man;

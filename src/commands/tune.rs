@@ -62,6 +62,7 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
         gpu_l2_bytes: args.gpu_l2_bytes,
         trusted_shaders: settings.trusted_shaders && !matches!(device, crate::device::Device::Cpu(_)),
         vision: if args.no_vision { None } else { m.vision.clone() },
+        max_kld: args.max_kld,
     };
     let key = tuner::cache_key(&device, &name, &m.config, &opts);
     let cache = Cache::open().map_err(tuner::TuneError::from)?;

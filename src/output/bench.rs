@@ -1,9 +1,11 @@
 //! `bench` as a table of throughputs with their intervals (and, with `--image`,
-//! each entry's milliseconds per image through the vision tower).
+//! each entry's milliseconds per image through the vision tower; with `--kld`,
+//! each entry's divergence from the f32 reference).
 
 use tabled::settings::Style;
 
 use super::Report;
+use super::eval::{DIVERGENCE_HEAD, divergence_cells};
 use crate::report::{BenchReport, Estimate};
 
 impl Report for BenchReport {
@@ -23,6 +25,10 @@ impl Report for BenchReport {
         ];
         if r.image.is_some() {
             head.extend(["vision ms/image (95% CI)", "vision time / first"]);
+        }
+        let kld = r.entries.iter().any(|e| e.accuracy.is_some());
+        if kld {
+            head.extend(DIVERGENCE_HEAD);
         }
         b.push_record(head);
         for (i, e) in r.entries.iter().enumerate() {
@@ -47,12 +53,24 @@ impl Report for BenchReport {
                     None => row.extend(["-".to_string(), "-".to_string()]),
                 }
             }
+            if kld {
+                match &e.accuracy {
+                    Some(d) => row.extend(divergence_cells(d)),
+                    None => row.extend(std::iter::repeat_n("-".to_string(), DIVERGENCE_HEAD.len())),
+                }
+            }
             b.push_record(row);
         }
         let mut s = format!(
             "model:  {}\ndevice: {}\n{} rounds of a {}-token prefill and {} decode steps per entry, interleaved; changes are medians of per-round ratios against {first}\n",
             r.model, r.device, r.rounds, r.prefill_tokens, r.decode_tokens
         );
+        if kld {
+            s.push_str(&format!(
+                "accuracy: against the CPU's f32 reference (f32 activations, plain layouts) on the {}-token prompt\n",
+                r.prefill_tokens
+            ));
+        }
         if let Some(img) = &r.image {
             s.push_str(&format!("image:  {img}, through the vision tower and projector once per entry each round\n"));
         }

@@ -7,6 +7,7 @@ mod bench;
 mod bench_kernels;
 mod devices;
 mod diff;
+mod eval;
 mod kernels;
 mod profiles;
 mod progress;

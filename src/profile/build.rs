@@ -53,6 +53,8 @@ pub struct TuneRecord<'a> {
     pub space: pd::SpaceSummary,
     /// The combinations timed end to end, the runtime's default first.
     pub combinations: Vec<CombinationRecord<'a>>,
+    /// The accuracy budget the combinations met (mean KL divergence, nats).
+    pub max_kld: Option<f64>,
     /// The winning combination.
     pub best: usize,
     /// A multimodal model's image per request (None: text only, or `--no-vision`).
@@ -70,6 +72,10 @@ pub struct CombinationRecord<'a> {
     pub prefill: &'a [f64],
     /// Median decode seconds per token, one per sample.
     pub decode: &'a [f64],
+    /// Mean KL divergence from the f32 reference on the accuracy prompts (None: not measured).
+    pub kld: Option<f64>,
+    /// Why the accuracy budget refused it (None: within the budget).
+    pub refused: Option<String>,
 }
 
 /// A finished slot race: what the tuner caches (`<cache>/slots/`) and the
@@ -212,6 +218,7 @@ pub fn profile_doc(r: &TuneRecord<'_>) -> ProfileDoc {
             decode_tokens: r.decode_tokens,
             tuned: thr(&combinations[*best]),
             default: thr(&combinations[DEFAULT_COMBINATION]),
+            max_kld: r.max_kld,
             combinations: combinations
                 .iter()
                 .enumerate()
@@ -221,6 +228,8 @@ pub fn profile_doc(r: &TuneRecord<'_>) -> ProfileDoc {
                     predicted_ms: if c.predicted_s.is_finite() { c.predicted_s * 1e3 } else { 0.0 },
                     result: thr(c),
                     chosen: i == *best,
+                    kld: c.kld,
+                    refused: c.refused.clone(),
                 })
                 .collect(),
             vision: r.vision.map(|v| {

@@ -114,6 +114,20 @@ fn e2e(t: &Throughput) -> [(&'static str, (f64, [f64; 2])); 2] {
     [("prefill", (t.prefill_ms, t.prefill_ci_ms)), ("decode (per token)", (t.decode_ms, t.decode_ci_ms))]
 }
 
+/// How finely a recorded divergence tells two paths apart (nats): the f32
+/// reference's own rounding against another f32 path is about 1e-6, and kernels
+/// that differ only in their rounding stay within this; it is the divergence's
+/// interval in a comparison, so that a change between two near-exact paths is
+/// noise, not a regression.
+const KLD_RESOLUTION: f64 = 5e-5;
+
+/// The chosen combination's divergence from the f32 reference (`kld`), in
+/// millinats with its resolution interval; None when the tune did not measure it.
+fn chosen_kld(t: &super::doc::Tuning) -> Option<(f64, [f64; 2])> {
+    let k = t.end_to_end.combinations.iter().find(|c| c.chosen)?.kld?;
+    Some((k * 1e3, [(k - KLD_RESOLUTION).max(0.0) * 1e3, (k + KLD_RESOLUTION) * 1e3]))
+}
+
 /// Compares `a` (the reference) with `b`.
 pub fn diff(a: &Profile, b: &Profile, threshold_pct: f64) -> Result<DiffReport, ProfileError> {
     if !(threshold_pct.is_finite() && threshold_pct >= 0.0) {
@@ -147,6 +161,10 @@ pub fn diff(a: &Profile, b: &Profile, threshold_pct: f64) -> Result<DiffReport, 
             }
             for ((name, o), (_, n)) in e2e(&ta.end_to_end.tuned).into_iter().zip(e2e(&tb.end_to_end.tuned)) {
                 end_to_end.push(delta(name.to_string(), o, n, "ms", threshold_pct));
+            }
+            // Accuracy is a cost like time: more divergence beyond its resolution regresses.
+            if let (Some(o), Some(n)) = (chosen_kld(ta), chosen_kld(tb)) {
+                end_to_end.push(delta("accuracy (KL divergence from the f32 reference)".into(), o, n, "mnat/token", threshold_pct));
             }
         }
         _ => notes.push("a profile has no `tuning` section: only choices are compared".into()),
@@ -292,4 +310,39 @@ pub fn diff_sets(a_name: &str, a: &[Profile], b_name: &str, b: &[Profile], thres
         added,
         removed,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::doc::{Combination, EndToEnd, Tuning};
+    use crate::profile::{ProfileDoc, to_yaml};
+
+    /// A tuned profile whose chosen combination diverged by `kld` nats.
+    fn with_kld(kld: f64) -> Profile {
+        let mut doc: ProfileDoc = serde_saphyr::from_str("name: p\nmodel: m\nversion: 1\ndevice:\n  backend: cpu\n").expect("parses");
+        let chosen = Combination { label: "c".into(), chosen: true, kld: Some(kld), ..Default::default() };
+        doc.tuning = Some(Tuning {
+            fingerprint: "f".repeat(64),
+            kernel_set: crate::kernels::kernel_set_hash(),
+            end_to_end: EndToEnd { combinations: vec![chosen], ..Default::default() },
+            ..Default::default()
+        });
+        Profile::from_str(&to_yaml(&doc).expect("yaml"), "p.yaml").expect("loads")
+    }
+
+    fn accuracy(d: &DiffReport) -> &TimeDelta {
+        d.end_to_end.iter().find(|t| t.what.starts_with("accuracy")).expect("an accuracy row")
+    }
+
+    #[test]
+    fn more_divergence_regresses_like_more_time_beyond_its_resolution() {
+        let d = diff(&with_kld(3e-3), &with_kld(4e-3), 5.0).expect("diffs");
+        assert!(accuracy(&d).regressed && d.regressed, "{:?}", accuracy(&d));
+        let d = diff(&with_kld(4e-3), &with_kld(3e-3), 5.0).expect("diffs");
+        assert!(accuracy(&d).improved && !d.regressed, "{:?}", accuracy(&d));
+        // Two near-exact paths: a doubling within the resolution is noise.
+        let d = diff(&with_kld(1e-6), &with_kld(2e-6), 5.0).expect("diffs");
+        assert!(!accuracy(&d).regressed, "{:?}", accuracy(&d));
+    }
 }

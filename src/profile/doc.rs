@@ -613,6 +613,10 @@ pub struct EndToEnd {
     pub decode_tokens: usize,
     pub tuned: Throughput,
     pub default: Throughput,
+    /// The accuracy budget: the mean KL divergence from the CPU's f32 reference
+    /// above which a combination was refused (absent in older profiles).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_kld: Option<f64>,
     /// Every complete combination timed end to end.
     pub combinations: Vec<Combination>,
     /// A multimodal model's one image per request through the vision tower and
@@ -664,4 +668,11 @@ pub struct Combination {
     pub predicted_ms: f64,
     pub result: Throughput,
     pub chosen: bool,
+    /// Mean KL divergence (nats per token) from the CPU's f32 reference on the
+    /// end-to-end stage's accuracy prompts (absent: not measured, or an older profile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kld: Option<f64>,
+    /// Why the accuracy budget (`max_kld`) refused it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }

@@ -16,8 +16,10 @@ use super::race::{Races, Winners};
 use super::space::{Space, plan_options};
 use super::{Progress, TIE, Target, TuneError, TuneOptions};
 use crate::device::DeviceCaps;
-use crate::plan::{Fusion, Parallel, Plan, Regime, Selection};
+use crate::eval::{self, Reference, Text};
+use crate::plan::{Fusion, Parallel, Plan, PlanOptions, Regime, Selection};
 use crate::profile::build::VisionTimes;
+use crate::progress::Silent;
 use crate::runtime::tower::{Tower, synthetic_image};
 use crate::runtime::{Engine, RuntimeError, WeightMemo, argmax};
 use crate::session::Engines;
@@ -120,6 +122,27 @@ pub(crate) struct EndToEnd {
     pub winners: Winners,
     /// A multimodal model's image per request (None: text only, or `--no-vision`).
     pub vision: Option<VisionTimes>,
+    /// Per combination: its mean KL divergence from the CPU's f32 reference on
+    /// the accuracy prompts (None: it failed before), and why the budget refused it.
+    pub kld: Vec<Option<f64>>,
+    pub refused: Vec<Option<String>>,
+    /// The accuracy budget the combinations met ([`kld_budget`]).
+    pub max_kld: f64,
+}
+
+/// The accuracy budget over the runtime default's own divergence, without `--max-kld`.
+pub const KLD_BUDGET_FACTOR: f64 = 1.25;
+/// The least default budget (nats): a default at the f32 reference's own
+/// rounding (a GPU's f32 path, ~1e-6) leaves room for other kernels' rounding.
+pub const KLD_FLOOR: f64 = 1e-4;
+/// The accuracy prompts: this many, of at most [`KLD_PROMPT_TOKENS`] tokens each.
+const KLD_PROMPTS: usize = 2;
+const KLD_PROMPT_TOKENS: usize = 32;
+
+/// The accuracy budget: `--max-kld`, else the default combination's divergence
+/// × [`KLD_BUDGET_FACTOR`], at least [`KLD_FLOOR`].
+pub fn kld_budget(max_kld: Option<f64>, default_kld: Option<f64>) -> f64 {
+    max_kld.unwrap_or_else(|| default_kld.map_or(KLD_FLOOR, |d| (d * KLD_BUDGET_FACTOR).max(KLD_FLOOR)))
 }
 
 impl EndToEnd {
@@ -506,13 +529,16 @@ pub(crate) fn run(
         memo: Some(WeightMemo::default()),
         check_decode: true,
     };
-    let build_with = |b: &Engines<'_>, c: &Combo| -> Result<Engine, RuntimeError> {
+    let options_for = |c: &Combo| -> PlanOptions {
         let mut opts = plan_options(o, c.fusion, c.parallel);
         opts.context = opts.context.max(o.prefill_tokens + E2E_DECODE_STEPS + 1);
         if c.repack != 0 {
             opts.cpu_repack = c.repack_formats();
         }
-        let mut e = b.build(opts, selection_for(c, caps, &winners), c.batch)?;
+        opts
+    };
+    let build_with = |b: &Engines<'_>, c: &Combo| -> Result<Engine, RuntimeError> {
+        let mut e = b.build(options_for(c), selection_for(c, caps, &winners), c.batch)?;
         e.set_cpu_pool(c.threads, c.spin_us, c.prefetch);
         Ok(e)
     };
@@ -627,11 +653,33 @@ pub(crate) fn run(
         }
     }
 
-    // Each round's request times of the combinations that ran (none for a failed one).
-    let times: Vec<Vec<f64>> = (0..combos.len())
-        .map(|i| if errors[i].is_some() { Vec::new() } else { request_times(&samples[i], o.decode_tokens, image_s) })
+    // The accuracy budget: each combination that ran against the CPU's f32
+    // reference on fixed prompts; one above the budget is out of the choice.
+    let kld = divergences(t, o, &combos, &errors, &|c: &Combo| (options_for(c), selection_for(c, caps, &winners)), progress)?;
+    let max_kld = kld_budget(o.max_kld, kld[0]);
+    let refused: Vec<Option<String>> = (0..combos.len())
+        .map(|i| match kld[i] {
+            Some(k) if i > 0 && k > max_kld => Some(format!(
+                "KL divergence {k:.3e} from the f32 reference is over the budget {max_kld:.3e} ({})",
+                if o.max_kld.is_some() {
+                    "--max-kld".to_string()
+                } else {
+                    format!("the runtime default's {:.3e} × {KLD_BUDGET_FACTOR}, at least {KLD_FLOOR:e}", kld[0].unwrap_or(0.0))
+                }
+            )),
+            _ => None,
+        })
         .collect();
-    let scores: Vec<Stats> = (0..combos.len()).map(|i| if errors[i].is_some() { Stats::default() } else { summarize(&times[i]) }).collect();
+    for (i, r) in refused.iter().enumerate() {
+        if let Some(r) = r {
+            progress.note(&format!("combination `{}` refused: {r}", combos[i].0.label()));
+        }
+    }
+    let out = |i: usize| errors[i].is_some() || refused[i].is_some();
+    // Each round's request times of the combinations that ran within the budget (none for the others).
+    let times: Vec<Vec<f64>> =
+        (0..combos.len()).map(|i| if out(i) { Vec::new() } else { request_times(&samples[i], o.decode_tokens, image_s) }).collect();
+    let scores: Vec<Stats> = (0..combos.len()).map(|i| if out(i) { Stats::default() } else { summarize(&times[i]) }).collect();
     let paired = if interleave && errors[0].is_none() { pick_paired(&times) } else { None };
     let Some(mut best) = paired.or_else(|| pick(&scores, TIE)) else {
         return Err(TuneError::Invalid("no combination ran end to end; see the notes above".into()));
@@ -668,7 +716,56 @@ pub(crate) fn run(
             }
         }
     }
-    Ok(EndToEnd { combos, samples, best, winners, vision })
+    Ok(EndToEnd { combos, samples, best, winners, vision, kld, refused, max_kld })
+}
+
+/// Each combination's mean KL divergence from the CPU's f32 reference
+/// ([`eval::f32_reference`]) on [`KLD_PROMPTS`] fixed prompts (every position
+/// scored but the last), one scoring engine at a time; None for a combination
+/// that failed end to end. `setup` gives a combination's plan options (for
+/// scoring) and selection.
+fn divergences(
+    t: &Target<'_>,
+    o: &TuneOptions,
+    combos: &[(Combo, f64)],
+    errors: &[Option<String>],
+    setup: &dyn Fn(&Combo) -> (PlanOptions, Selection),
+    progress: &dyn Progress,
+) -> Result<Vec<Option<f64>>, TuneError> {
+    let vocab = t.config.vocab_size;
+    let len = KLD_PROMPT_TOKENS.min(o.prefill_tokens).max(2);
+    let prompts = (0..KLD_PROMPTS).map(|k| (0..len).map(|i| ((i * 7919 + 13 + k * 104_729) % vocab) as u32).collect()).collect();
+    let text = Text { ctx: len, first: 0, chunks: prompts };
+    let scoring = |opts: PlanOptions| eval::scoring_options(opts, len, vocab);
+    let engines = |ctx| Engines {
+        model: t.model,
+        config: t.config,
+        store: t.store.clone(),
+        ctx,
+        memo: Some(WeightMemo::default()),
+        check_decode: false,
+    };
+    let (ref_opts, ref_sel) = eval::f32_reference(scoring(plan_options(o, Fusion::ALL, Parallel::default())));
+    let mut reference = engines(None).build(ref_opts, ref_sel, true)?;
+    let build = engines(t.ctx.clone());
+    progress.phase("end to end: accuracy against the f32 reference", combos.len() as u64);
+    let mut out = Vec::with_capacity(combos.len());
+    for ((c, _), err) in combos.iter().zip(errors) {
+        let kld = match err {
+            Some(_) => None,
+            None => {
+                let (opts, sel) = setup(c);
+                let mut e = build.build(scoring(opts), sel, c.batch)?;
+                e.set_cpu_pool(c.threads, c.spin_us, c.prefetch);
+                let o = eval::evaluate(&text, &mut e, Some(Reference::Engine(&mut reference)), None, &Silent)?;
+                o.divergence.map(|d| d.kld_mean)
+            }
+        };
+        out.push(kld);
+        progress.tick();
+    }
+    progress.done();
+    Ok(out)
 }
 
 #[cfg(test)]

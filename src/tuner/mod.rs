@@ -46,6 +46,8 @@ const TIE: f64 = 0.01;
 #[derive(Debug, thiserror::Error)]
 pub enum TuneError {
     #[error(transparent)]
+    Eval(#[from] crate::eval::EvalError),
+    #[error(transparent)]
     Plan(#[from] crate::plan::PlanError),
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
@@ -79,6 +81,10 @@ pub struct TuneOptions {
     /// The model's vision tower, whose ops race as the `vision` regime (None: a
     /// text-only model, or `--no-vision`).
     pub vision: Option<crate::model::VisionConfig>,
+    /// `--max-kld`: the KL divergence from the f32 reference above which the
+    /// end-to-end stage refuses a combination (None: the runtime default's own
+    /// × [`e2e::KLD_BUDGET_FACTOR`], at least [`e2e::KLD_FLOOR`]).
+    pub max_kld: Option<f64>,
 }
 
 impl TuneOptions {
@@ -127,6 +133,12 @@ pub fn cache_key(device: &Device, model: &str, cfg: &ModelConfig, o: &TuneOption
         o.measurement_key(),
         formats
     );
+    // An explicit accuracy budget can choose another combination (the default one
+    // keeps older keys).
+    let opts = match o.max_kld {
+        Some(k) => format!("{opts}|max_kld={k:e}"),
+        None => opts,
+    };
     let ks = kernels::kernel_set_hash();
     crate::hash::sha256_parts::<&[&str]>(&[&device.fingerprint(), model, &cfg_json, &ks, env!("CARGO_PKG_VERSION"), SEARCH_REVISION, &opts])
 }
@@ -283,13 +295,17 @@ impl<'a> Found<'a> {
                 .combos
                 .iter()
                 .zip(&e2e.samples)
-                .map(|((c, predicted_s), (prefill, decode))| CombinationRecord {
+                .zip(e2e.kld.iter().zip(&e2e.refused))
+                .map(|(((c, predicted_s), (prefill, decode)), (kld, refused))| CombinationRecord {
                     label: c.label(),
                     predicted_s: *predicted_s,
                     prefill,
                     decode,
+                    kld: *kld,
+                    refused: refused.clone(),
                 })
                 .collect(),
+            max_kld: Some(e2e.max_kld),
             best: e2e.best,
             vision: e2e.vision.as_ref(),
             used_s,

@@ -549,6 +549,7 @@ mod tests {
             gpu_l2_bytes: None,
             trusted_shaders: false,
             vision: None,
+            max_kld: None,
         };
         let caps = DeviceCaps::from(&device);
         // A tiny tower's attention (64 patches, 2 heads of 16), as the vision regime races it.

@@ -8,6 +8,7 @@ mod common;
 mod bench_image;
 mod bench_kernels;
 mod cli;
+mod eval;
 mod layering;
 mod model_load;
 mod profile;

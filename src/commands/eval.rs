@@ -1,0 +1,170 @@
+//! `ktune eval`: a model's accuracy as it runs on a device. The text (`--file`) is
+//! tokenized with the model's tokenizer and scored as llama-perplexity scores it
+//! (`crate::eval`): perplexity, and with a reference (`--reference f32`, the CPU's
+//! exact path; `--reference-device`, the same model elsewhere; `--reference FILE`,
+//! saved logits) the KL divergence, top-1 agreement and logit error at the same
+//! positions. What runs is the runtime's defaults on the device, a `--profile`,
+//! or with `--exact` the f32 reference itself; `--save-logits` keeps its
+//! log-probabilities for a later `--reference FILE`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::cli::{EvalArgs, ReferenceArg};
+use crate::device::DeviceCaps;
+use crate::eval::{self, LogitsReader, LogitsWriter, Path, Reference, Text};
+use crate::kernels::DType;
+use crate::model::Tokenizer;
+use crate::plan::{Fusion, Selection};
+use crate::profile::Profile;
+use crate::progress::Progress;
+use crate::report::EvalReport;
+use crate::runtime::{TensorStore, WeightMemo};
+use crate::session::{self, Engines, LoadedModel, ModelSource};
+use crate::{Error, Result};
+
+/// The default tokens per chunk (llama-perplexity's usual `-c 512`).
+const DEFAULT_CTX: usize = 512;
+
+pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> Result<EvalReport> {
+    // Flags and files first, before anything heavy is built.
+    let settings = args.model.settings()?;
+    if let Some(mm) = &settings.mmproj {
+        return Err(Error::Usage(format!("--mmproj {}: eval scores text; leave the vision projector out", mm.display())));
+    }
+    if let ModelSource::Gguf(p) = &settings.source
+        && !p.is_file()
+    {
+        return Err(Error::Usage(format!("--gguf {}: no such file", p.display())));
+    }
+    if args.chunks == Some(0) {
+        return Err(Error::Usage("--chunks 0: give at least one chunk".into()));
+    }
+    let text = std::fs::read_to_string(&args.file).map_err(|e| Error::Usage(format!("--file {}: {e}", args.file.display())))?;
+    let mut file_ref = match &args.reference {
+        Some(ReferenceArg::File(p)) => Some(LogitsReader::open(p)?),
+        _ => None,
+    };
+    let profile = args.profile.as_ref().map(|p| Profile::load(p)).transpose()?;
+    let device = session::pick_device(selector)?;
+    let reference_device = match (&args.reference, &args.reference_device) {
+        (Some(ReferenceArg::F32), _) => Some(session::pick_device(Some("cpu"))?),
+        (_, Some(sel)) => Some(session::pick_device(Some(sel))?),
+        _ => None,
+    };
+
+    let m = settings.load_text()?;
+    let mut warnings = m.warnings.clone();
+    let tokenizer = tokenizer(&m, &settings.source)?;
+    let (ids, bos) = eval::tokenize(&tokenizer, &text)?;
+    if let Some(&bad) = ids.iter().find(|&&t| t as usize >= m.config.vocab_size) {
+        return Err(Error::Usage(format!(
+            "token id {bad} of the text is outside the model's vocabulary ({}): {} does not match the model",
+            m.config.vocab_size,
+            tokenizer.path().display()
+        )));
+    }
+    let ctx = args.ctx.unwrap_or(DEFAULT_CTX.min(m.config.max_position_embeddings));
+    if ctx > m.config.max_position_embeddings {
+        warnings.push(format!("--ctx {ctx} is beyond the model's context ({})", m.config.max_position_embeddings));
+    }
+    let text = Text::chunked(&ids, bos, ctx, args.chunks)?;
+    if let Some(r) = &file_ref {
+        text.check_reference(r, m.config.vocab_size)?;
+    }
+
+    // What is evaluated: the exact path, a profile, or the runtime's defaults.
+    let weight_dtype = settings.weight_dtype(&m);
+    let profile_name = settings.profile_name(&m);
+    let (evaluated, selection, exec) = match (&profile, args.exact) {
+        (_, true) => {
+            if !matches!(device, crate::device::Device::Cpu(_)) {
+                return Err(Error::Usage("--exact is the CPU's f32 path: give --device cpu".into()));
+            }
+            let exec = settings.execution(&device, &m, weight_dtype, DType::F32, true, Fusion::ALL);
+            ("f32 reference (CPU, f32 activations, plain layouts)".to_string(), Path::F32Reference, exec)
+        }
+        (Some(p), false) => {
+            let (sel, exec, w) = p.resolve(&device, &profile_name, m.config.num_layers)?;
+            warnings.extend(w);
+            (args.profile.as_ref().map(|p| p.display().to_string()).unwrap_or_default(), Path::Selected(sel), exec)
+        }
+        (None, false) => {
+            let exec = settings.execution(&device, &m, weight_dtype, DType::F32, true, Fusion::ALL);
+            ("runtime defaults".to_string(), Path::Selected(Selection::runtime(DeviceCaps::from(&device))), exec)
+        }
+    };
+    let store: Arc<dyn TensorStore> = m.weights.clone();
+    let memo = WeightMemo::default();
+    let ctx_gpu = session::open_device(&device, exec.trusted_shaders || settings.trusted_shaders)?;
+    let build = Engines { model: &m.name, config: &m.config, store: store.clone(), ctx: ctx_gpu, memo: Some(memo), check_decode: false };
+    let mut engine = eval::scoring_engine(&build, &settings, &m, selection, &exec, ctx)?;
+
+    // The reference engine, on its own device (CPU engines share the weights' memo).
+    let mut ref_engine = match &reference_device {
+        None => None,
+        Some(d) => {
+            let exec = settings.execution(d, &m, weight_dtype, DType::F32, true, Fusion::ALL);
+            let (path, label) = match &args.reference {
+                Some(ReferenceArg::F32) => (Path::F32Reference, "f32 (CPU, f32 activations, plain layouts)".to_string()),
+                _ => (Path::Selected(Selection::runtime(DeviceCaps::from(d))), format!("runtime defaults on {}", d.name())),
+            };
+            let ref_build = Engines { ctx: session::open_device(d, settings.trusted_shaders)?, ..build };
+            Some((eval::scoring_engine(&ref_build, &settings, &m, path, &exec, ctx)?, label))
+        }
+    };
+    let reference_label = match (&ref_engine, &file_ref) {
+        (Some((_, l)), _) => Some(l.clone()),
+        (None, Some(r)) => Some(format!("{} ({:?} log-probabilities)", r.path.display(), r.header.dtype).to_lowercase()),
+        (None, None) => None,
+    };
+    let reference = match (&mut ref_engine, &mut file_ref) {
+        (Some((e, _)), _) => Some(Reference::Engine(e)),
+        (None, Some(r)) => Some(Reference::File(r)),
+        (None, None) => None,
+    };
+    let mut writer = match &args.save_logits {
+        Some(p) => Some(LogitsWriter::create(p, text.header(m.config.vocab_size, args.logits_dtype), &text.tokens())?),
+        None => None,
+    };
+
+    let t0 = Instant::now();
+    let outcome = eval::evaluate(&text, &mut engine, reference, writer.as_mut(), progress)?;
+    let seconds = t0.elapsed().as_secs_f64();
+    let saved_logits = match writer {
+        Some(w) => Some(format!("{} ({:?})", w.finish()?.display(), args.logits_dtype).to_lowercase()),
+        None => None,
+    };
+    warnings.extend(engine.warnings());
+    Ok(EvalReport {
+        device: device.name(),
+        model: m.name.clone(),
+        evaluated,
+        file: args.file.display().to_string(),
+        text_tokens: ids.len(),
+        bos,
+        ctx,
+        chunks: text.chunks.len(),
+        first_scored: text.first,
+        perplexity: outcome.perplexity,
+        reference: reference_label,
+        divergence: outcome.divergence,
+        saved_logits,
+        seconds,
+        warnings,
+    })
+}
+
+/// The model's tokenizer: a GGUF file's, or a model directory's tokenizer.json.
+fn tokenizer(m: &LoadedModel, source: &ModelSource) -> Result<Tokenizer> {
+    match (&m.gguf, source) {
+        (Some(file), _) => Ok(Tokenizer::from_gguf(file)?),
+        (None, ModelSource::Dir(dir)) => Tokenizer::from_dir(dir)?.ok_or_else(|| {
+            Error::Usage(format!("eval needs the model's tokenizer to read --file, and {} has no tokenizer.json", dir.display()))
+        }),
+        (None, _) => Err(Error::Usage(format!(
+            "eval needs a tokenizer to read --file, and the built-in model `{}` (synthetic weights) has none: give --gguf FILE or --model-dir DIR",
+            m.name
+        ))),
+    }
+}

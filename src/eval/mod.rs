@@ -1,0 +1,327 @@
+//! Accuracy as numbers: what `ktune eval` measures and `bench --kld` reuses. A
+//! text's tokens cut into chunks as llama-perplexity cuts them ([`Text`]), each
+//! chunk run from a fresh KV cache with every position's logits, the second half
+//! of each chunk scored ([`evaluate`]): perplexity, and against a reference run
+//! (an engine of the same model elsewhere: another device, or the CPU's exact
+//! path, [`f32_reference`]; or a saved logits file, [`logits_file`]) the KL
+//! divergence, top-1 agreement and logit error ([`metrics`]). Engines for scoring
+//! are built here too ([`scoring_engine`]), so the command and `bench` score alike.
+
+pub mod logits_file;
+pub mod metrics;
+
+use std::path::PathBuf;
+
+pub use logits_file::{Header, LogitsDtype, LogitsReader, LogitsWriter};
+pub use metrics::{Divergence, Perplexity};
+
+use crate::device::{CpuCaps, DeviceCaps};
+use crate::kernels::DType;
+use crate::model::{ModelError, Tokenizer};
+use crate::plan::{PlanOptions, Selection};
+use crate::profile::ExecSettings;
+use crate::progress::Progress;
+use crate::runtime::{Engine, RuntimeError};
+use crate::session::{Engines, LoadedModel, ModelSettings};
+use metrics::{DivergenceSum, NllSum, log_softmax};
+
+/// What can go wrong evaluating: the text, the reference file, the run.
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    /// A logits file that cannot be read as one (truncated, foreign, another version).
+    #[error("logits file {}: {msg}", path.display())]
+    LogitsFile { path: PathBuf, msg: String },
+    /// A logits file that does not fit this evaluation (another text, context or vocabulary).
+    #[error("--reference {}: {msg}", path.display())]
+    Mismatch { path: PathBuf, msg: String },
+    #[error("{0}")]
+    Usage(String),
+    #[error("chunk {chunk}, position {pos}: {who} logits hold a NaN or an infinity")]
+    NonFinite { who: &'static str, chunk: usize, pos: usize },
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// A text as the model reads it for scoring: chunks of `ctx` token ids, each run
+/// from an empty KV cache; in each, the rows at positions `first ..= ctx − 2` are
+/// scored (the row at position p predicts the token at p + 1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Text {
+    pub ctx: usize,
+    pub first: usize,
+    pub chunks: Vec<Vec<u32>>,
+}
+
+impl Text {
+    /// `ids` as llama-perplexity cuts them: whole chunks of `ctx` (at most
+    /// `limit`), the first token of each replaced by `bos` when the vocabulary
+    /// adds one, the second half of each (from `ctx / 2`) scored.
+    pub fn chunked(ids: &[u32], bos: Option<u32>, ctx: usize, limit: Option<usize>) -> Result<Text, EvalError> {
+        if ctx < 4 {
+            return Err(EvalError::Usage(format!("--ctx {ctx}: a chunk needs at least 4 tokens")));
+        }
+        let whole = ids.len() / ctx;
+        if whole == 0 {
+            return Err(EvalError::Usage(format!(
+                "the text is {} tokens, shorter than one chunk of --ctx {ctx}: give a longer text or a smaller --ctx",
+                ids.len()
+            )));
+        }
+        let n = limit.map_or(whole, |l| l.min(whole));
+        let chunks = ids
+            .chunks_exact(ctx)
+            .take(n)
+            .map(|c| {
+                let mut c = c.to_vec();
+                if let Some(b) = bos {
+                    c[0] = b;
+                }
+                c
+            })
+            .collect();
+        Ok(Text { ctx, first: ctx / 2, chunks })
+    }
+
+    /// One chunk, `ids`, scored from position `first` (`bench --kld`'s prompt).
+    pub fn single(ids: Vec<u32>, first: usize) -> Text {
+        Text { ctx: ids.len(), first, chunks: vec![ids] }
+    }
+
+    /// Scored rows per chunk.
+    pub fn rows_per_chunk(&self) -> usize {
+        self.ctx.saturating_sub(1 + self.first)
+    }
+
+    /// Scored rows in all.
+    pub fn positions(&self) -> usize {
+        self.chunks.len() * self.rows_per_chunk()
+    }
+
+    /// The header of a logits file of this text's rows.
+    pub fn header(&self, vocab: usize, dtype: LogitsDtype) -> Header {
+        Header { dtype, vocab, ctx: self.ctx, first: self.first, chunks: self.chunks.len() }
+    }
+
+    /// Every chunk's ids, in order.
+    pub fn tokens(&self) -> Vec<u32> {
+        self.chunks.concat()
+    }
+
+    /// Whether `file` holds the rows of this text for a model of `vocab` tokens
+    /// (it may hold more chunks than are scored: the first ones are used).
+    pub fn check_reference(&self, file: &LogitsReader, vocab: usize) -> Result<(), EvalError> {
+        let h = &file.header;
+        let bad = |msg: String| EvalError::Mismatch { path: file.path.clone(), msg };
+        if h.vocab != vocab {
+            return Err(bad(format!(
+                "saved with a vocabulary of {}, the model has {vocab}: a reference must share the tokenizer",
+                h.vocab
+            )));
+        }
+        if (h.ctx, h.first) != (self.ctx, self.first) {
+            return Err(bad(format!(
+                "saved with --ctx {} (scored from {}), this run uses --ctx {}: give the same --ctx",
+                h.ctx, h.first, self.ctx
+            )));
+        }
+        if h.chunks < self.chunks.len() {
+            return Err(bad(format!(
+                "holds {} chunks, this run scores {}: give --chunks {} or save the reference with more",
+                h.chunks,
+                self.chunks.len(),
+                h.chunks
+            )));
+        }
+        let mine = self.tokens();
+        if let Some(i) = mine.iter().zip(&file.tokens).position(|(a, b)| a != b) {
+            return Err(bad(format!(
+                "its tokens differ from this run's at chunk {} position {} ({} vs {}): it was saved from another text or tokenizer",
+                i / self.ctx,
+                i % self.ctx,
+                file.tokens[i],
+                mine[i]
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// `text` encoded as llama-perplexity encodes it (the special tokens the
+/// vocabulary adds, a BOS first where it adds one), and that BOS id, which then
+/// also starts every chunk.
+pub fn tokenize(tok: &Tokenizer, text: &str) -> Result<(Vec<u32>, Option<u32>), EvalError> {
+    let ids = tok.encode_with(text, true)?;
+    // The BOS the post-processor adds: a probe with and without the special tokens.
+    let (with, without) = (tok.encode_with("a", true)?, tok.encode_with("a", false)?);
+    let bos = (with.len() > without.len() && with[1..].starts_with(&without)).then(|| with[0]);
+    Ok((ids, bos))
+}
+
+/// Where the reference's log-probabilities come from.
+pub enum Reference<'a> {
+    /// An engine of the same model, run on the same chunks in step.
+    Engine(&'a mut Engine),
+    /// A saved logits file, checked against the text ([`Text::check_reference`]).
+    File(&'a mut LogitsReader),
+}
+
+/// What [`evaluate`] measured.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub perplexity: Perplexity,
+    pub divergence: Option<Divergence>,
+}
+
+/// Scores `text` on `engine` (built with every position's logits,
+/// [`scoring_engine`]): each chunk from an empty KV cache, in passes of the
+/// plan's prompt size; each scored row's log-probabilities go to the perplexity,
+/// to `save` when given, and against `reference`'s row at the same position.
+/// `progress` sees one step per chunk.
+pub fn evaluate(
+    text: &Text,
+    engine: &mut Engine,
+    mut reference: Option<Reference<'_>>,
+    mut save: Option<&mut LogitsWriter>,
+    progress: &dyn Progress,
+) -> Result<Outcome, EvalError> {
+    let pass = engine.plan.options.max_tokens.max(1);
+    if !engine.plan.options.all_logits || engine.plan.options.context < text.ctx {
+        return Err(EvalError::Internal("the scoring engine needs every position's logits and a context of a chunk".into()));
+    }
+    let mut nll = NllSum::default();
+    let mut div = DivergenceSum::default();
+    let (mut lp, mut lp_ref) = (Vec::new(), Vec::new());
+    progress.phase("", text.chunks.len() as u64);
+    for (c, chunk) in text.chunks.iter().enumerate() {
+        engine.reset();
+        if let Some(Reference::Engine(r)) = &mut reference {
+            r.reset();
+        }
+        // The last token's row predicts nothing: it is not run.
+        let run_len = chunk.len() - 1;
+        let mut start = 0;
+        while start < run_len {
+            let end = (start + pass).min(run_len);
+            let rows = forward(engine, &chunk[start..end])?;
+            let ref_rows = match &mut reference {
+                Some(Reference::Engine(r)) => Some(forward(r, &chunk[start..end])?),
+                _ => None,
+            };
+            for p in start.max(text.first)..end {
+                let i = p - start;
+                if !log_softmax(&rows[i], &mut lp) {
+                    return Err(EvalError::NonFinite { who: "the model's", chunk: c, pos: p });
+                }
+                nll.add(&lp, chunk[p + 1]);
+                if let Some(w) = save.as_deref_mut() {
+                    w.row(&lp)?;
+                }
+                match (&mut reference, &ref_rows) {
+                    (Some(Reference::File(f)), _) => f.next_row(&mut lp_ref)?,
+                    (Some(Reference::Engine(_)), Some(r)) => {
+                        if !log_softmax(&r[i], &mut lp_ref) {
+                            return Err(EvalError::NonFinite { who: "the reference's", chunk: c, pos: p });
+                        }
+                    }
+                    _ => continue,
+                }
+                div.add(&lp_ref, &lp);
+            }
+            start = end;
+        }
+        progress.tick();
+    }
+    progress.done();
+    Ok(Outcome { perplexity: nll.finish(), divergence: reference.is_some().then(|| div.finish()) })
+}
+
+/// One pass of `tokens` at the engine's position: a row per token.
+fn forward(engine: &mut Engine, tokens: &[u32]) -> Result<Vec<Vec<f32>>, EvalError> {
+    let rows = engine.forward(tokens)?;
+    if rows.len() != tokens.len() {
+        return Err(EvalError::Internal(format!("{} logits rows for a pass of {} tokens", rows.len(), tokens.len())));
+    }
+    Ok(rows)
+}
+
+/// Tokens per pass of a scoring engine: a chunk at once, as long as the pass's
+/// logits (`tokens × vocab` floats) stay near 128 MiB.
+pub fn pass_tokens(ctx: usize, vocab: usize) -> usize {
+    ctx.min((32 << 20) / vocab.max(1)).clamp(1, ctx.max(1))
+}
+
+/// What a scoring engine runs.
+pub enum Path {
+    /// This selection, with the execution's layouts and KV cache.
+    Selected(Selection),
+    /// The f32 reference ([`f32_reference`]).
+    F32Reference,
+}
+
+/// `opts` for scoring chunks of `ctx` tokens: every position's logits, passes of
+/// [`pass_tokens`], a KV cache of a chunk.
+pub fn scoring_options(mut opts: PlanOptions, ctx: usize, vocab: usize) -> PlanOptions {
+    opts.all_logits = true;
+    opts.max_tokens = pass_tokens(ctx, vocab);
+    opts.context = ctx;
+    opts
+}
+
+/// The f32 reference: `opts` with the weights in their plain layouts (no
+/// repacking) and an f32 KV cache, and the CPU's exact defaults
+/// ([`Selection::defaults`]: f32 activations), so that every product is exact
+/// against the dequantized weights. Run on the CPU.
+pub fn f32_reference(mut opts: PlanOptions) -> (PlanOptions, Selection) {
+    opts.cpu_repack.clear();
+    opts.kv_dtype = DType::F32;
+    (opts, Selection::defaults(DeviceCaps::Cpu(CpuCaps::detect())))
+}
+
+/// A warmed engine that scores chunks of `ctx` ([`scoring_options`]): `path`
+/// with `exec`'s plan options, GPU batching and CPU pool settings.
+pub fn scoring_engine(
+    build: &Engines<'_>,
+    settings: &ModelSettings,
+    m: &LoadedModel,
+    path: Path,
+    exec: &ExecSettings,
+    ctx: usize,
+) -> Result<Engine, EvalError> {
+    let opts = scoring_options(settings.plan_options(m, exec, 1, ctx, true), ctx, m.config.vocab_size);
+    let (opts, selection) = match path {
+        Path::Selected(s) => (opts, s),
+        Path::F32Reference => f32_reference(opts),
+    };
+    let mut engine = build.build(opts, selection, exec.batch)?;
+    engine.set_cpu_pool(exec.threads, exec.spin_us, exec.prefetch);
+    Ok(engine)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_take_a_bos_each_and_score_their_second_half() {
+        let ids: Vec<u32> = (10..31).collect();
+        let t = Text::chunked(&ids, Some(1), 8, None).expect("chunks");
+        assert_eq!(t.chunks, vec![vec![1, 11, 12, 13, 14, 15, 16, 17], vec![1, 19, 20, 21, 22, 23, 24, 25]]);
+        assert_eq!((t.first, t.rows_per_chunk(), t.positions()), (4, 3, 6));
+        let t = Text::chunked(&ids, None, 8, Some(1)).expect("chunks");
+        assert_eq!(t.chunks, vec![(10..18).collect::<Vec<u32>>()]);
+        assert!(Text::chunked(&ids, None, 32, None).is_err());
+    }
+
+    #[test]
+    fn a_pass_holds_a_chunk_unless_the_vocabulary_is_large() {
+        assert_eq!(pass_tokens(512, 49152), 512);
+        assert_eq!(pass_tokens(512, 262144), 128);
+        assert_eq!(pass_tokens(64, 256), 64);
+    }
+}
