@@ -20,8 +20,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::Kernels(args) => {
             let report = kernels::run(device, &args, &Bars::counter("verifying"))?;
-            output::emit(&report, args.format.into())?;
-            Ok(if report.failed() { ExitCode::Differences } else { ExitCode::Success })
+            emit_verdict(&report, report.failed(), args.format.into())
         }
         Command::Run(args) => {
             let report = if args.format == Format::Table {
@@ -86,8 +85,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::BenchKernels(args) => {
             let report = bench_kernels::run(device, &args, &Bars::counter("bench-kernels"))?;
-            output::emit(&report, args.format.into())?;
-            Ok(if report.failed() { ExitCode::Differences } else { ExitCode::Success })
+            emit_verdict(&report, report.failed(), args.format.into())
         }
         Command::Report(args) => {
             let report = html_report::run(&args)?;
@@ -109,4 +107,11 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::Success)
         }
     }
+}
+
+/// Emits a report that may hold failures (parity, a winner that failed its
+/// check): the process then ends with [`ExitCode::Differences`].
+fn emit_verdict<R: output::Report>(report: &R, failed: bool, format: output::Format) -> Result<ExitCode> {
+    output::emit(report, format)?;
+    Ok(if failed { ExitCode::Differences } else { ExitCode::Success })
 }

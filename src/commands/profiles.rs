@@ -95,9 +95,12 @@ fn cached_items(c: &Cache, model: Option<&str>) -> Result<(Vec<Item>, Vec<Outcom
     Ok((items, skipped))
 }
 
-fn write_bundle(set: &Set, output: &Path) -> Result<()> {
+/// Writes `set` as the bundle `output` (whole or not at all) and reports it:
+/// `action` (export, merge) with what became of each profile.
+fn write_bundle(set: &Set, output: &Path, action: &'static str, profiles: Vec<Outcome>) -> Result<ProfilesReport> {
     let bytes = set.to_bundle().map_err(|e| Error::Usage(format!("writing bundle {}: {e}", output.display())))?;
-    crate::atomic::write_atomic(output, &bytes).map_err(|e| Error::Usage(format!("cannot write {}: {e}", output.display())))
+    crate::atomic::write_atomic(output, &bytes).map_err(|e| Error::Usage(format!("cannot write {}: {e}", output.display())))?;
+    Ok(ProfilesReport::Bundle(BundleReport { action, written: Some(output.to_path_buf()), count: set.items.len(), profiles }))
 }
 
 fn export(model: Option<&str>, output: &Path) -> Result<ProfilesReport> {
@@ -114,13 +117,7 @@ fn export(model: Option<&str>, output: &Path) -> Result<ProfilesReport> {
     for i in items {
         outcomes.push(set.add(i));
     }
-    write_bundle(&set, output)?;
-    Ok(ProfilesReport::Bundle(BundleReport {
-        action: "export",
-        written: Some(output.to_path_buf()),
-        count: set.items.len(),
-        profiles: outcomes,
-    }))
+    write_bundle(&set, output, "export", outcomes)
 }
 
 fn read_bundles(paths: &[PathBuf], set: &mut Set, outcomes: &mut Vec<Outcome>) -> Result<Vec<String>> {
@@ -185,13 +182,7 @@ fn merge(paths: &[PathBuf], output: &Path) -> Result<ProfilesReport> {
     if set.items.is_empty() {
         return Err(Error::Usage("the bundles hold no profile this ktune can use; nothing written".into()));
     }
-    write_bundle(&set, output)?;
-    Ok(ProfilesReport::Bundle(BundleReport {
-        action: "merge",
-        written: Some(output.to_path_buf()),
-        count: set.items.len(),
-        profiles: outcomes,
-    }))
+    write_bundle(&set, output, "merge", outcomes)
 }
 
 /// Whether `path` is a bundle (zstd magic) rather than a profile (YAML text).

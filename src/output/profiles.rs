@@ -1,34 +1,29 @@
 //! `profiles` as a table of the cached profiles, or the action's text.
 
+use tabled::builder::Builder;
 use tabled::settings::Style;
-use tabled::{Table, Tabled};
 
 use super::{Report, short};
 use crate::report::{BundleReport, ProfilesReport};
 
+/// A sharp-style table of `head` over `rows`.
+fn grid<const N: usize>(head: [&str; N], rows: impl Iterator<Item = [String; N]>) -> String {
+    let mut b = Builder::default();
+    b.push_record(head);
+    rows.for_each(|r| b.push_record(r));
+    b.build().with(Style::sharp()).to_string()
+}
+
 fn bundle_table(b: &BundleReport) -> String {
-    #[derive(Tabled)]
-    struct Row {
-        key: String,
-        model: String,
-        device: String,
-        action: String,
-        from: String,
-        reason: String,
-    }
-    let rows: Vec<Row> = b
-        .profiles
-        .iter()
-        .map(|o| Row {
-            key: short(&o.key),
-            model: o.model.clone(),
-            device: o.device.clone(),
-            action: o.action.clone(),
-            from: o.origin.clone(),
-            reason: o.reason.clone(),
-        })
-        .collect();
-    let mut text = if rows.is_empty() { String::new() } else { Table::new(rows).with(Style::sharp()).to_string() + "\n" };
+    let mut text = if b.profiles.is_empty() {
+        String::new()
+    } else {
+        let rows = b
+            .profiles
+            .iter()
+            .map(|o| [short(&o.key), o.model.clone(), o.device.clone(), o.action.clone(), o.origin.clone(), o.reason.clone()]);
+        grid(["key", "model", "device", "action", "from", "reason"], rows) + "\n"
+    };
     text += &match (&b.written, b.action) {
         (Some(p), _) => format!("wrote {} profiles to {}", b.count, p.display()),
         (None, _) => format!("{} profiles added to or replaced in the cache", b.count),
@@ -46,30 +41,10 @@ impl Report for ProfilesReport {
         if rows.is_empty() {
             return "no cached profiles (`ktune tune` makes them)".into();
         }
-        #[derive(Tabled)]
-        struct Row {
-            key: String,
-            model: String,
-            device: String,
-            date: String,
-            strategy: String,
-            #[tabled(rename = "prefill tok/s")]
-            prefill: String,
-            #[tabled(rename = "decode tok/s")]
-            decode: String,
-        }
-        let r: Vec<Row> = rows
-            .iter()
-            .map(|x| Row {
-                key: short(&x.key),
-                model: x.model.clone(),
-                device: x.device.clone(),
-                date: x.date.clone(),
-                strategy: x.strategy.clone(),
-                prefill: format!("{:.1}", x.prefill_tok_s),
-                decode: format!("{:.2}", x.decode_tok_s),
-            })
-            .collect();
-        Table::new(r).with(Style::sharp()).to_string()
+        let cells = |x: &crate::report::ProfileRow| {
+            let (prefill, decode) = (format!("{:.1}", x.prefill_tok_s), format!("{:.2}", x.decode_tok_s));
+            [short(&x.key), x.model.clone(), x.device.clone(), x.date.clone(), x.strategy.clone(), prefill, decode]
+        };
+        grid(["key", "model", "device", "date", "strategy", "prefill tok/s", "decode tok/s"], rows.iter().map(cells))
     }
 }
