@@ -16,6 +16,8 @@
 # of what a first look at a new GPU needs most:
 #   devices.json     list-devices
 #   logits.txt       run on the GPU and on the CPU, prompt logits compared
+#   eval.json        ktune eval of the tiny GGUF fixtures on the GPU against the CPU's
+#                    f32 reference (KL divergence, top-1, logit error; issue 35: <= 1e-4)
 #   verify.txt       kernels --verify, one op at a time
 #   bench-kernels.json
 #   ab-a1.json ab-b1.json ab-a2.json ab-b2.json   (step ab, when KTUNE_B names a second
@@ -31,7 +33,7 @@ DEV=${DEVICE:-vulkan}
 SCALE=${SCALE:-1}
 MODEL=${MODEL:-gemma3-1b}
 WDT=${WEIGHT_DTYPE:-q4_k}
-STEPS=${STEPS:-devices logits verify kernels tune bench}
+STEPS=${STEPS:-devices logits eval verify kernels tune bench}
 OPS=${OPS:-gemv gate_up qkv_proj norm_gemv gemm attention_decode attention_prefill rms_norm residual_rms_norm qk_norm_rope rope gated_act residual_add softmax layer_norm linear attention_full patch_embed avg_pool}
 VERIFY_UNTIL=${VERIFY_UNTIL:-200}
 EXTRA=${EXTRA:-}
@@ -78,6 +80,14 @@ print(f"greedy ids GPU {gi}\ngreedy ids CPU {ci}\nidentical: {gi == ci}")
 PY
 cat "$OUT/logits.txt" >>"$LOG"
 rm -f "$OUT/logits-gpu.json" "$OUT/logits-cpu.json"  # a vocabulary's logits per token: too big to keep
+fi
+
+# The GPU path's divergence from the CPU's f32 reference on the fixtures' texts.
+if has eval; then
+for f in smollm2-tiny-q8_0 llama-k-q4_k_m; do
+  [[ -f tests/fixtures/gguf/$f.gguf ]] || continue
+  step 60 "eval-$f" sh -c "$B eval --device $DEV --gguf tests/fixtures/gguf/$f.gguf --file tests/data/eval.txt --ctx 128 --reference f32 $EXTRA --json > $OUT/eval-$f.json"
+done
 fi
 
 # Parity of every WGSL kernel on this adapter, one op at a time.
