@@ -212,6 +212,7 @@ fn end_to_end(h: &mut String, r: &HtmlReport) -> Result<()> {
             "<figure>{svg}<figcaption>Throughput of every combination of fusions and execution flags timed end to end ({} prompt tokens, then {} decoded tokens), against the runtime default; the tuned choice in green. Whiskers: 95% confidence interval of the median time, as tok/s.</figcaption></figure>",
             e.prefill_tokens, e.decode_tokens
         );
+        accuracy(h, e);
         if let Some(v) = e.vision.as_ref().filter(|v| v.rounds == 0) {
             let _ = writeln!(
                 h,
@@ -241,6 +242,36 @@ fn end_to_end(h: &mut String, r: &HtmlReport) -> Result<()> {
         h.push_str("<p class=\"note\">No profile has measurements (a <code>tuning</code> section, written by <code>ktune tune</code>): nothing to compare end to end.</p>\n");
     }
     Ok(())
+}
+
+/// Each combination's divergence from the CPU's f32 reference beside its speed,
+/// and what the accuracy budget refused (nothing for profiles without it).
+fn accuracy(h: &mut String, e: &crate::profile::doc::EndToEnd) {
+    if e.combinations.iter().all(|c| c.kld.is_none()) {
+        return;
+    }
+    let budget = e.max_kld.map(|b| format!("budget {b:.3e} nats")).unwrap_or_else(|| "no budget recorded".into());
+    let _ = writeln!(
+        h,
+        "<table>\n<tr><th>combination</th><th>decode tok/s</th><th>prefill tok/s</th><th>mean KL vs f32 ({})</th><th>accuracy budget</th></tr>",
+        esc(&budget)
+    );
+    for c in &e.combinations {
+        let kld = c.kld.map(|k| format!("{k:.3e}")).unwrap_or_else(|| "-".into());
+        let verdict = match (&c.refused, c.chosen) {
+            (Some(why), _) => format!("<span class=\"worse\">refused: {}</span>", esc(why)),
+            (None, true) => "<span class=\"better\">within (tuned)</span>".to_string(),
+            (None, false) => "within".to_string(),
+        };
+        let _ = writeln!(
+            h,
+            "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{kld}</td><td>{verdict}</td></tr>",
+            esc(&c.label),
+            num(c.result.decode_tok_s),
+            num(c.result.prefill_tok_s)
+        );
+    }
+    h.push_str("</table>\n");
 }
 
 /// A row of the end-to-end chart: label, throughput, default?, chosen?
@@ -964,6 +995,33 @@ mod tests {
         let (lo, hi) = decade_span(1.0, 2.0);
         assert!((hi / lo - 100.0).abs() < 1e-9 && lo < 1.0 && hi > 2.0);
         assert_eq!(decade_span(0.0, -1.0), (0.1, 10.0));
+    }
+
+    #[test]
+    fn accuracy_stands_beside_speed_with_what_the_budget_refused() {
+        use crate::profile::doc::{Combination, EndToEnd};
+        let comb = |label: &str, kld: Option<f64>, refused: Option<&str>, chosen: bool| Combination {
+            label: label.into(),
+            kld,
+            refused: refused.map(String::from),
+            chosen,
+            result: Throughput { decode_tok_s: 50.0, prefill_tok_s: 900.0, ..Throughput::default() },
+            ..Combination::default()
+        };
+        let mut e = EndToEnd { combinations: vec![comb("runtime default", None, None, false)], ..EndToEnd::default() };
+        let mut h = String::new();
+        accuracy(&mut h, &e);
+        assert!(h.is_empty(), "a profile without divergences gets no accuracy table: {h}");
+        e.max_kld = Some(2.5e-3);
+        e.combinations = vec![
+            comb("runtime default", Some(2e-3), None, false),
+            comb("fused_qkv", Some(1.9e-3), None, true),
+            comb("int8 <all>", Some(9e-3), Some("KL 9.000e-3 over the budget 2.500e-3"), false),
+        ];
+        accuracy(&mut h, &e);
+        assert!(h.contains("budget 2.500e-3 nats") && h.contains("1.900e-3") && h.contains("within (tuned)"), "{h}");
+        assert!(h.contains("refused: KL 9.000e-3 over the budget 2.500e-3") && h.contains("int8 &lt;all&gt;"), "{h}");
+        assert_eq!(h.matches("<tr><td>").count(), 3, "{h}");
     }
 
     #[test]
