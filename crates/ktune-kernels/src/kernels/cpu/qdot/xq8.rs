@@ -9,7 +9,9 @@ use crate::kernels::cpu::{Isa, Spares};
 use crate::kernels::quant::{GROUP, QK, QK_K};
 
 /// Activations quantized to int8 blocks of 32 (llama.cpp's q8_0 activations):
-/// per block `d = max|x| / 127`, `q = round(x / d)`, and `Σ q` for the offset terms.
+/// per block a scale `d` ([`block_scale`]: `max|x| / 127` or a step above it,
+/// whichever gives the values back closest), `q = round(x / d)`, and `Σ q` for
+/// the offset terms.
 pub struct XQ8 {
     pub q: Vec<i8>,
     pub d: Vec<f32>,
@@ -98,23 +100,34 @@ impl XQ8 {
         }
         #[cfg(target_arch = "x86_64")]
         let simd = Isa::best().avx2();
+        #[cfg(target_arch = "x86_64")]
+        let scale = |xs: &[f32]| {
+            if simd {
+                // SAFETY: AVX2 and FMA checked; a multiple of 8 values.
+                unsafe { x86::block_scale(xs) }
+            } else {
+                block_scale(xs)
+            }
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let scale = block_scale;
         let mut shared = 0f32;
         for (b, xb) in x.chunks_exact(QK).enumerate() {
             let qb = &mut out.q[b * QK..(b + 1) * QK];
-            // The super-block's largest magnitude, once per 8 blocks.
+            // The super-block's scale, once per 8 blocks.
             if per256 && b % 8 == 0 {
-                shared = x[b * QK..(b + 8) * QK].iter().fold(0f32, |m, v| m.max(v.abs()));
+                shared = scale(&x[b * QK..(b + 8) * QK]);
             }
-            let amax = if per256 { Some(shared) } else { None };
+            let d = if per256 { shared } else { scale(xb) };
             #[cfg(target_arch = "x86_64")]
-            let (d, s) = if simd {
+            let s = if simd {
                 // SAFETY: AVX2 checked; 32 values in, 32 codes out.
-                unsafe { x86::quantize_block(xb, qb, amax) }
+                unsafe { x86::quantize_block(xb, qb, d) }
             } else {
-                quantize_block(xb, qb, amax)
+                quantize_block(xb, qb, d)
             };
             #[cfg(not(target_arch = "x86_64"))]
-            let (d, s) = quantize_block(xb, qb, amax);
+            let s = quantize_block(xb, qb, d);
             out.d[b] = d;
             out.dsum[b] = d * (s[0] + s[1]) as f32;
             out.dsum16[2 * b] = d * s[0] as f32;
@@ -124,18 +137,53 @@ impl XQ8 {
     }
 }
 
-/// One block of 32 activations to int8 codes (`d = max|x| / 127`, codes rounded
-/// to nearest, ties to even, as the SIMD conversion does): the scale and the
-/// codes' sums over each half. `amax`: the largest magnitude of a wider group
-/// the scale is shared with (else the block's own).
-pub(super) fn quantize_block(xb: &[f32], q: &mut [i8], amax: Option<f32>) -> (f32, [i32; 2]) {
-    let amax = amax.unwrap_or_else(|| xb.iter().fold(0f32, |m, v| m.max(v.abs())));
-    let d = amax / 127.0;
+/// The activation scales a block tries (or a super-block that shares one), as
+/// multiples of `max|x| / 127` (llama.cpp's scale, the first). Each is at least
+/// that, so no code passes 127. Rounding to nearest at a fixed step leaves an
+/// error that depends on where the values fall between the steps: of these
+/// four steps, [`block_scale`] keeps the one whose codes give the values back
+/// with the least squared error, about 14% less than `max|x| / 127` alone on
+/// Gaussian or uniform blocks of 32 (4% on super-blocks of 256), for the price
+/// of four error sums a block.
+pub(super) const SCALE_STEPS: [f32; 4] = [1.0, 1.008, 1.016, 1.024];
+
+/// The scale of the int8 codes of `xs` (32 values, or 256 sharing one): of
+/// `max|x| / 127 · SCALE_STEPS`, the one with the least `Σ (x - d · round(x / d))²`
+/// (the first on a tie). The sum runs in 8 lanes, element `i` in lane `i % 8`,
+/// one fused multiply-add a term, and the lanes add up as
+/// `((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7))`: what the AVX2 loop does, so both
+/// pick the same scale.
+pub(super) fn block_scale(xs: &[f32]) -> f32 {
+    let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let mut best = (f32::INFINITY, 0f32);
+    for (j, s) in SCALE_STEPS.into_iter().enumerate() {
+        let d = amax / 127.0 * s;
+        if d == 0.0 {
+            return 0.0;
+        }
+        let id = 1.0 / d;
+        let mut l = [0f32; 8];
+        for (i, &v) in xs.iter().enumerate() {
+            let e = (-d).mul_add((v * id).round_ties_even(), v);
+            l[i % 8] = e.mul_add(e, l[i % 8]);
+        }
+        let err = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+        if j == 0 || err < best.0 {
+            best = (err, d);
+        }
+    }
+    best.1
+}
+
+/// One block of 32 activations to int8 codes at scale `d` (from [`block_scale`]):
+/// codes `round(x / d)`, to nearest, ties to even, as the SIMD conversion does;
+/// returns the codes' sums over each half.
+pub(super) fn quantize_block(xb: &[f32], q: &mut [i8], d: f32) -> [i32; 2] {
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut s = [0i32; 2];
     for (j, (q, &v)) in q.iter_mut().zip(xb).enumerate() {
         *q = (v * id).round_ties_even() as i8;
         s[j / GROUP] += *q as i32;
     }
-    (d, s)
+    s
 }

@@ -233,27 +233,62 @@ fn dot_s8_vnni(w: __m256i, x: __m256i) -> __m256 {
 fn dot_u8_vnni(w: __m256i, x: __m256i) -> __m256 {
     _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x))
 }
+/// [`super::xq8::block_scale`] with AVX2: the largest magnitude, then each
+/// candidate scale's squared error in 8 lanes (element `i` in lane `i % 8`, one
+/// FMA a term) summed in the portable loop's order, so both pick the same scale.
+///
+/// # Safety
+/// AVX2 and FMA available; `xs` holds a multiple of 8 values.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn block_scale(xs: &[f32]) -> f32 {
+    assert!(xs.len().is_multiple_of(8));
+    // SAFETY: every load reads one whole chunk of 8 floats of `xs`.
+    unsafe {
+        let sign = _mm256_set1_ps(-0.0);
+        let mut m = _mm256_setzero_ps();
+        for c in xs.chunks_exact(8) {
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(c.as_ptr())));
+        }
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+        let mut best = (f32::INFINITY, 0f32);
+        for (j, s) in super::xq8::SCALE_STEPS.into_iter().enumerate() {
+            let d = amax / 127.0 * s;
+            if d == 0.0 {
+                return 0.0;
+            }
+            let (vd, vid) = (_mm256_set1_ps(d), _mm256_set1_ps(1.0 / d));
+            let mut acc = _mm256_setzero_ps();
+            for c in xs.chunks_exact(8) {
+                let v = _mm256_loadu_ps(c.as_ptr());
+                let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(v, vid));
+                let e = _mm256_fnmadd_ps(vd, r, v);
+                acc = _mm256_fmadd_ps(e, e, acc);
+            }
+            let s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+            let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+            let err = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+            if j == 0 || err < best.0 {
+                best = (err, d);
+            }
+        }
+        best.1
+    }
+}
+
 /// [`super::xq8::quantize_block`] with AVX2: the same codes (conversion rounds to
-/// nearest, ties to even), scale and half sums.
+/// nearest, ties to even) and half sums.
 ///
 /// # Safety
 /// AVX2 available; `xb` and `q` hold 32 values.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn quantize_block(xb: &[f32], q: &mut [i8], amax: Option<f32>) -> (f32, [i32; 2]) {
+pub unsafe fn quantize_block(xb: &[f32], q: &mut [i8], d: f32) -> [i32; 2] {
     assert!(xb.len() >= 32 && q.len() >= 32);
     // SAFETY: 32 readable floats and 32 writable bytes (asserted).
     unsafe {
         let p = xb.as_ptr();
         let v = [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))];
-        let sign = _mm256_set1_ps(-0.0);
-        let m = _mm256_max_ps(
-            _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
-            _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])),
-        );
-        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        let amax = amax.unwrap_or_else(|| _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2))));
-        let d = amax / 127.0;
         let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
         let i = v.map(|x| _mm256_cvtps_epi32(_mm256_mul_ps(x, id)));
         let half = |a: __m256i, b: __m256i| {
@@ -269,7 +304,7 @@ pub unsafe fn quantize_block(xb: &[f32], q: &mut [i8], amax: Option<f32>) -> (f3
         let b = _mm256_packs_epi32(i[2], i[3]);
         let c = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(a, b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, c);
-        (d, sums)
+        sums
     }
 }
 
