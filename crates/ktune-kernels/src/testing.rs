@@ -41,6 +41,13 @@ fn test_device_count() -> usize {
         .clamp(1, HOLDERS.len())
 }
 
+/// Pipelines each test device keeps built. A sweep uses a pipeline over all its
+/// shapes before the next (`verify::verify_kernel`'s loop order) and a program
+/// holds a few, so a small bound rebuilds nothing while keeping a cold lavapipe
+/// sweep's memory down (each pipeline holds its machine code: with 128 a device
+/// over 2 devices the parity binary peaked at 2.0 GB).
+pub const TEST_PIPELINES_PER_DEVICE: usize = 32;
+
 /// Every device [`test_gpu`] opened (empty before the first call, and without a
 /// GPU): for figures over the whole run, such as [`GpuCtx::pipeline_stats`].
 pub fn test_gpus() -> &'static [Arc<GpuCtx>] {
@@ -64,7 +71,7 @@ pub fn test_gpu() -> Option<Arc<GpuCtx>> {
         match pick.map(|i| &devices[i]) {
             Some(Device::Gpu(g)) => match (0..test_device_count()).map(|_| GpuCtx::open(g)).collect::<Result<Vec<_>, _>>() {
                 Ok(ctxs) => {
-                    ctxs.iter().for_each(|c| c.limit_pipelines(crate::gpu::PIPELINE_CACHE_ENTRIES / ctxs.len()));
+                    ctxs.iter().for_each(|c| c.limit_pipelines(TEST_PIPELINES_PER_DEVICE));
                     Some(ctxs)
                 }
                 Err(e) if required => panic!("{REQUIRE_GPU_ENV}=1 but the GPU adapter could not be opened: {e}"),
