@@ -146,6 +146,26 @@ pub fn prefetch_bytes() -> usize {
     PREFETCH.load(Ordering::Relaxed)
 }
 
+/// Prefetches `len` bytes (whole 64-byte lines, the last one partly) starting
+/// `ahead` bytes past `p`, into every cache level (none when `ahead` is 0): a
+/// decode dot's rows `prefetch_bytes()` ahead of the one it reads. The address may
+/// lie past the end of the row or of the allocation: a prefetch never faults.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "sse")]
+pub(crate) fn prefetch_ahead(p: *const u8, ahead: usize, len: usize) {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    if ahead == 0 {
+        return;
+    }
+    let p = p.wrapping_add(ahead);
+    let mut o = 0;
+    while o < len {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o) as *const i8);
+        o += 64;
+    }
+}
+
 /// Sets the prefetch distance of every later decode dot in this process (the
 /// runtime sets an engine's, the profile's `execution.cpuPrefetchBytes`, before
 /// each pass); clamped to [`MAX_PREFETCH`].

@@ -14,6 +14,7 @@ macro_rules! x8_loops {
             use super::super::super::XQ8;
             use super::super::{X8_BYTES, X8_ROWS};
             use super::$dp;
+            use crate::kernels::cpu::prefetch_ahead as prefetch;
 
             /// # Safety
             /// The features of `$feat`; `rec` holds `bpr` records, `sc` their
@@ -28,12 +29,7 @@ macro_rules! x8_loops {
                     // SAFETY: record c, its scales and super-block c of x (asserted above).
                     unsafe {
                         let r = rec.as_ptr().add(c * X8_BYTES);
-                        if pf != 0 {
-                            let p = r.wrapping_add(pf);
-                            for l in 0..X8_BYTES / 64 {
-                                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * l) as *const i8);
-                            }
-                        }
+                        prefetch(r, pf, X8_BYTES);
                         let xq = x.q.as_ptr().add(256 * c);
                         let mut isum = _mm256_setzero_si256();
                         for p in 0..4 {
@@ -99,12 +95,7 @@ macro_rules! x8_loops {
                     // SAFETY: record c, its scales and block c of x (asserted above).
                     unsafe {
                         let r = rec.as_ptr().add(c * rb);
-                        if pf != 0 {
-                            let p = r.wrapping_add(pf);
-                            for l in 0..rb / 64 {
-                                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * l) as *const i8);
-                            }
-                        }
+                        prefetch(r, pf, rb);
                         let xq = x.q.as_ptr().add(32 * c);
                         let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
                         if F == 1 {
@@ -186,6 +177,7 @@ macro_rules! f32_loops {
             use half::f16;
 
             use super::super::{X8_BYTES, X8_ROWS};
+            use crate::kernels::cpu::prefetch_ahead as prefetch;
 
             /// Byte `l` of each 32-bit lane of `v`, sign-extended, as 8 floats (`l` = 0..4).
             #[inline]
@@ -227,18 +219,6 @@ macro_rules! f32_loops {
             #[target_feature(enable = $feat)]
             fn half4(a: [__m256; 4]) -> __m256 {
                 _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]))
-            }
-
-            /// Prefetches the `bytes` of a record `pf` bytes ahead of `r` (0: none).
-            #[inline]
-            #[target_feature(enable = $feat)]
-            fn prefetch(r: *const u8, pf: usize, bytes: usize) {
-                if pf != 0 {
-                    let p = r.wrapping_add(pf);
-                    for l in 0..bytes / 64 {
-                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * l) as *const i8);
-                    }
-                }
             }
 
             /// One group's block columns of a 32-element format (`F`: 0 Q4_0, 1

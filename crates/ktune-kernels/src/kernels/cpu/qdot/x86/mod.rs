@@ -1,6 +1,6 @@
 //! The x86 loops of the block dots (AVX2 + FMA + F16C, and AVX-512 VNNI on
 //! 256-bit registers): what they share (the per-format dispatch `by_format!`,
-//! block loads, the int8 lane dots, prefetch, the eight-block scale step), the
+//! block loads, the int8 lane dots, the eight-block scale step), the
 //! f32-activation dots of Q8_0, Q4_0 and Q4_1, SIMD dequantization and the AVX2
 //! activation quantizer; the int8 loop family in [`int8`], the K-quant
 //! super-block loops in [`kquant`], the unpacked-block paths of the other
@@ -13,6 +13,7 @@ use half::f16;
 use super::{GROUP, QFormat, QK, QView, Unpacked};
 
 use crate::kernels::cpu::dot::x86::hsum256 as hsum;
+use crate::kernels::cpu::prefetch_ahead as prefetch;
 
 /// `$run::<F>(args)` with the const `F` of the block format (an index into
 /// `I8_FORMATS`): one loop per format, the format resolved outside it.
@@ -192,24 +193,6 @@ unsafe fn nibbles(q: *const u8) -> __m256i {
     let raw = unsafe { _mm_loadu_si128(q as *const __m128i) };
     let mask = _mm_set1_epi8(0x0f);
     _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask))
-}
-
-/// Prefetches into L1 the `len` bytes `ahead` bytes past `p`, a line at a
-/// time (none when `ahead` is 0). The address may lie past the end of the
-/// row or of the allocation: a prefetch never faults, and a task's next row
-/// follows its current one.
-#[inline]
-#[target_feature(enable = "sse")]
-fn prefetch(p: *const u8, ahead: usize, len: usize) {
-    if ahead == 0 {
-        return;
-    }
-    let p = p.wrapping_add(ahead);
-    let mut o = 0;
-    while o < len {
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o) as *const i8);
-        o += 64;
-    }
 }
 
 /// Unsigned `w` (bytes 0..=255) times signed int8 `x`, summed by four into 8
