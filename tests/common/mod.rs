@@ -79,9 +79,15 @@ pub fn logit_rows(v: &serde_json::Value) -> Vec<Vec<f32>> {
         .collect()
 }
 
-/// The `ktune` binary, as a user runs it (the environment of the test process).
+/// The `ktune` binary, as a user runs it (the environment of the test process),
+/// with Mesa's software drivers compiling without LLVM's optimization passes as
+/// the in-process GPU tests do (`testing::test_gpu`), unless `GALLIVM_PERF` is set.
 pub fn ktune() -> Command {
-    Command::cargo_bin("ktune").expect("binary built")
+    let mut c = Command::cargo_bin("ktune").expect("binary built");
+    if std::env::var_os("GALLIVM_PERF").is_none() {
+        c.env("GALLIVM_PERF", "nopt");
+    }
+    c
 }
 
 /// The `ktune` binary with its cache in `cache` (`KTUNE_CACHE_DIR`), never the user's.

@@ -282,6 +282,8 @@ fn run_with_an_image_on_the_gpu_honours_the_profiles_vision_kernels() {
     for (n, x) in tiles {
         params.insert(n.into(), x);
     }
+    // After the test devices opened (the driver's environment is set then).
+    let _ = ktune::testing::test_gpu();
     let devices = ktune::device::discover();
     let caps = DeviceCaps::from(&devices[index.parse::<usize>().expect("an index")]);
     let v = load().vision.expect("vision");

@@ -62,6 +62,7 @@ static TEST_GPUS: OnceLock<Option<Vec<Arc<GpuCtx>>>> = OnceLock::new();
 /// is none and it is not required.
 pub fn test_gpu() -> Option<Arc<GpuCtx>> {
     let gpus = TEST_GPUS.get_or_init(|| {
+        software_compile_fast();
         let devices = device::discover();
         let pick = devices
             .iter()
@@ -96,6 +97,24 @@ pub fn test_gpu() -> Option<Arc<GpuCtx>> {
         static SLOT: DeviceSlot = DeviceSlot::take();
     }
     Some(gpus[SLOT.with(|s| s.0) % gpus.len()].clone())
+}
+
+/// Mesa's software drivers (lavapipe, llvmpipe) read `GALLIVM_PERF` once, when the
+/// first device opens; with `nopt` they skip LLVM's IR optimization passes. A cold
+/// parity sweep on lavapipe is mostly compiling and its kernels run on tiny
+/// shapes, so this takes about 30% off it (`wgsl/gemm_q_mma_emu`, cold cache:
+/// 103 s -> 73 s); the kernels' results are checked the same way. Only when the
+/// variable is unset: `GALLIVM_PERF= cargo test` tests optimized machine code.
+fn software_compile_fast() {
+    const VAR: &str = "GALLIVM_PERF";
+    if std::env::var_os(VAR).is_none() {
+        // SAFETY: called once, inside `TEST_GPUS`'s initialisation and before any
+        // adapter is opened: no other thread is inside the Vulkan loader or a
+        // driver (every test reaches the GPU through this function and waits on
+        // that initialisation), and Rust's own environment reads take the lock
+        // `set_var` takes.
+        unsafe { std::env::set_var(VAR, "nopt") };
+    }
 }
 
 /// Threads holding each test device (index modulo the device count).
