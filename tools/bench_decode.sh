@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Decode throughput on the CPU against the memory-bandwidth bound, in one go:
 #
-#   1. read bandwidth: the membw probe of benches/kernels.rs (a parallel sum over
+#   1. read bandwidth: the membw probe of crates/ktune-bench/benches/kernels.rs (a parallel sum over
 #      512 MiB, criterion; its median from target/criterion/.../estimates.json)
 #   2. `ktune run` (release build) on each built-in model, f32 weights, --device cpu,
 #      RUNS times (median)
@@ -54,8 +54,8 @@ echo "== build (release)" >&2
 cargo build --release --quiet --bin ktune
 KTUNE="$TARGET/release/ktune"
 
-echo "== read bandwidth (cargo bench --bench kernels -- membw/dram, $THREADS threads)" >&2
-KTUNE_BENCH_GPU=0 cargo bench --quiet --bench kernels -- 'membw/dram' >&2
+echo "== read bandwidth (cargo bench -p ktune-bench --bench kernels -- membw/dram, $THREADS threads)" >&2
+KTUNE_BENCH_GPU=0 cargo bench --quiet -p ktune-bench --bench kernels -- 'membw/dram' >&2
 EST="$TARGET/criterion/membw/dram_512MiB/new/estimates.json"
 python3 - "$EST" >"$OUT/membw.json" <<'EOF'
 import json, sys

@@ -17,7 +17,7 @@ Steps, all results under --out (default target/bench-llamacpp/):
     ggml's reference rounding). The byte-level BPE tokenizer of the smollm2
     fixture is padded to the vocabulary so that llama.cpp loads the file; the
     benchmark feeds token ids. Reused when present.
- 2. Read bandwidth: the membw probe of benches/kernels.rs (criterion median of a
+ 2. Read bandwidth: the membw probe of crates/ktune-bench/benches/kernels.rs (criterion median of a
     parallel SIMD dot over 512 MiB).
  3. `ktune tune --gguf FILE --device cpu` (--tune-budget; prefill/decode shaped
     like the benchmark's request), unless --tune-budget 0.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch baselines for the kernel benchmarks, on the same machine in the same run:
 f32 GEMM (T=128 prefill) and f32 GEMV at the Gemma 3 1B shapes that
-`cargo bench --bench kernels` uses, plus a read-bandwidth probe.
+`cargo bench -p ktune-bench --bench kernels` uses, plus a read-bandwidth probe.
 
     python3 tools/bench_torch.py [--threads N]
 Prints one line per case: GFLOP/s (GEMM) or GB/s (GEMV, bandwidth).

@@ -234,7 +234,9 @@ impl Set {
             put(&format!("profiles/{}.yaml", item.key), item.text.as_bytes())?;
         }
         let raw = tar.into_inner()?;
-        zstd::encode_all(raw.as_slice(), 19)
+        // ruzstd compresses at its one implemented level (about zstd's level 1):
+        // a profile bundle is a few kB of YAML.
+        Ok(ruzstd::encoding::compress_to_vec(raw.as_slice(), ruzstd::encoding::CompressionLevel::Fastest))
     }
 }
 
@@ -273,8 +275,8 @@ pub fn shipped() -> (Vec<Item>, Vec<Outcome>) {
 pub fn read(path: &Path) -> Result<(Vec<Item>, Vec<Outcome>), BundleError> {
     let bad = |message: String| BundleError::Bad { path: path.to_path_buf(), message };
     let file = std::fs::File::open(path).map_err(|source| BundleError::Io { path: path.to_path_buf(), source })?;
-    let dec =
-        zstd::Decoder::new(file).map_err(|e| bad(format!("not a zstd stream ({e}); bundles are written by `ktune profiles export`")))?;
+    let dec = ruzstd::decoding::StreamingDecoder::new(std::io::BufReader::new(file))
+        .map_err(|e| bad(format!("not a zstd stream ({e}); bundles are written by `ktune profiles export`")))?;
     let mut ar = tar::Archive::new(dec.take(MAX_TOTAL + 1));
     let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     let damaged = |e: std::io::Error| {

@@ -79,15 +79,11 @@ pub fn logit_rows(v: &serde_json::Value) -> Vec<Vec<f32>> {
         .collect()
 }
 
-/// The `ktune` binary, as a user runs it (the environment of the test process),
-/// with Mesa's software drivers compiling without LLVM's optimization passes as
-/// the in-process GPU tests do (`testing::test_gpu`), unless `GALLIVM_PERF` is set.
+/// The `ktune` binary, as a user runs it (the environment of the test process).
+/// (Not with the unoptimized lavapipe code of `testing::test_gpu`: these runs
+/// execute whole models, and without LLVM's passes they took 13% more CPU.)
 pub fn ktune() -> Command {
-    let mut c = Command::cargo_bin("ktune").expect("binary built");
-    if std::env::var_os("GALLIVM_PERF").is_none() {
-        c.env("GALLIVM_PERF", "nopt");
-    }
-    c
+    Command::cargo_bin("ktune").expect("binary built")
 }
 
 /// The `ktune` binary with its cache in `cache` (`KTUNE_CACHE_DIR`), never the user's.

@@ -122,10 +122,13 @@ fn main() {
     let args = Arguments::from_args();
     // Opened once, before the trials: a missing adapter skips (loudly) or fails here.
     let gpu = test_gpu().is_some();
+    // Longest first, so that the short ones fill the threads at the end: the WGSL
+    // trials (on lavapipe mostly compiling), the properties, then the CPU trials.
     let mut trials: Vec<Trial> = Vec::new();
+    let mut cpu_trials: Vec<Trial> = Vec::new();
     for k in kernels::registry() {
         match k.backend() {
-            Backend::Cpu => trials.push(timed(format!("cpu/{}", k.id), move || cpu_kernel(k))),
+            Backend::Cpu => cpu_trials.push(timed(format!("cpu/{}", k.id), move || cpu_kernel(k))),
             _ => trials.push(timed(format!("wgsl/{}", k.id), move || wgsl_kernel(k)).with_ignored_flag(!gpu)),
         }
     }
@@ -143,6 +146,7 @@ fn main() {
         property("residual_layer_norm_is_residual_add_then_layer_norm", residual_layer_norm_is_residual_add_then_layer_norm),
         property("two_stage_matrix_tilings_match_reference", two_stage_matrix_tilings_match_reference),
     ]);
+    trials.extend(cpu_trials);
     let conclusion = libtest_mimic::run(&args, trials);
     if !args.list {
         println!("parity: {} checks in all", CHECKS.load(Ordering::Relaxed));
@@ -154,6 +158,8 @@ fn main() {
         }
         let mut times = TIMES.lock().unwrap_or_else(|e| e.into_inner()).clone();
         times.sort_by(|a, b| b.1.total_cmp(&a.1));
+        // Against the run's wall time: how well the trials filled the test threads.
+        println!("parity: {} trials, {:.1} s of trial time in all", times.len(), times.iter().map(|t| t.1).sum::<f64>());
         for (name, secs, built, cpu) in times.iter().take(12) {
             println!("parity: {secs:7.1} s {built:5} pipelines ({cpu:6.1} s of CPU)  {name}");
         }

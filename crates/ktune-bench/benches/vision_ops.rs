@@ -4,11 +4,11 @@
 //! list, else the first valid kernel). Default: gemma3-4b's tower (896 px, 14 px
 //! patches: 4096 patches, width 1152, 16 heads, MLP 4304).
 //!
-//!     cargo bench -p ktune-kernels --bench vision_ops                  # every kernel, median of 3
-//!     cargo bench -p ktune-kernels --bench vision_ops -- 448 1        # 448 px, 1 run each
-//!     cargo bench -p ktune-kernels --bench vision_ops -- 896 3 linear # only kernels whose id contains "linear"
-//!     cargo bench -p ktune-kernels --bench vision_ops -- 896 9 norm,residual_add   # ids containing either (the fusion's comparison)
-//!     cargo bench -p ktune-kernels --bench vision_ops -- 896 3 flash block_k=512   # parameters set where a kernel has them
+//!     cargo bench -p ktune-bench --bench vision_ops                  # every kernel, median of 3
+//!     cargo bench -p ktune-bench --bench vision_ops -- 448 1        # 448 px, 1 run each
+//!     cargo bench -p ktune-bench --bench vision_ops -- 896 3 linear # only kernels whose id contains "linear"
+//!     cargo bench -p ktune-bench --bench vision_ops -- 896 9 norm,residual_add   # ids containing either (the fusion's comparison)
+//!     cargo bench -p ktune-bench --bench vision_ops -- 896 3 flash block_k=512   # parameters set where a kernel has them
 //!
 //! Prints seconds per call, GFLOP/s, and each op's seconds per layer (times its
 //! count in a layer) for the default kernel. A layer runs each residual add fused

@@ -2,7 +2,7 @@
 //! per pass against four rows per pass (`rows_per_pass` of gemv_q_cpu), for each
 //! block format, on a 6912x1152 matrix (Gemma 3 1B's gate/up shape), best of 200.
 //!
-//!     cargo bench -p ktune-kernels --bench qdot_rows
+//!     cargo bench -p ktune-bench --bench qdot_rows
 //!
 //! Measured (2-core EPYC, other work paused): q8_0 19.2 vs 17.3 GB/s, q4_0 8.9 vs
 //! 8.6, q4_1 6.2 vs 8.6 (one-row vs four-row): hence a tunable, not a fixed choice.

@@ -7,7 +7,7 @@
 //! kernels' pool over rows (64 rows a task, as `gemv_q_cpu` by default). Best
 //! and median of the runs, GB/s of weight bytes.
 //!
-//!     cargo bench -p ktune-kernels --bench qx8_f32 [-- q4_0 q8_0 q4_k iq4_nl] [--rows N]
+//!     cargo bench -p ktune-bench --bench qx8_f32 [-- q4_0 q8_0 q4_k iq4_nl] [--rows N]
 //!
 //! Formats default to q4_0 (the profile where the gather showed up: `tune
 //! --model gemma3-4b --weight-dtype q4_0`, "repacked q4_0").

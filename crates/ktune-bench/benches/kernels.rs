@@ -10,13 +10,13 @@
 //! FLOPs for GEMM (read "Kelem/s" as kFLOP/s, "Gelem/s" as GFLOP/s). WGSL kernels are timed with GPU timestamp queries when
 //! the adapter has them, by the wall clock around submit + wait otherwise.
 //!
-//!     cargo bench --bench kernels                 # everything
-//!     cargo bench --bench kernels -- gemv/cpu     # a subset (criterion filter)
-//!     cargo bench --bench kernels -- norm_gemv    # the fused norm + GEMV only
+//!     cargo bench -p ktune-bench --bench kernels                 # everything
+//!     cargo bench -p ktune-bench --bench kernels -- gemv/cpu     # a subset (criterion filter)
+//!     cargo bench -p ktune-bench --bench kernels -- norm_gemv    # the fused norm + GEMV only
 //!     KTUNE_BENCH_GPU=0 cargo bench ...           # CPU only
-//!     cargo bench --bench kernels -- repack       # Q4_K decode dots: rows vs the repacked X8 layout
-//!     cargo bench --bench kernels -- vision       # the SigLIP tower's CPU ops at gemma3-4b's shapes
-//!     cargo bench --bench kernels -- gemm_micro   # the f32 GEMM microkernel's ceiling on this CPU
+//!     cargo bench -p ktune-bench --bench kernels -- repack       # Q4_K decode dots: rows vs the repacked X8 layout
+//!     cargo bench -p ktune-bench --bench kernels -- vision       # the SigLIP tower's CPU ops at gemma3-4b's shapes
+//!     cargo bench -p ktune-bench --bench kernels -- gemm_micro   # the f32 GEMM microkernel's ceiling on this CPU
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! with the matrix in cache (256 rows) and in memory (32768 rows), int8
 //! activations, best of N: how close each decode kernel is to compute-bound.
 //!
-//!     cargo bench -p ktune-kernels --bench probe_kq
+//!     cargo bench -p ktune-bench --bench probe_kq
 //!
 //! Measured (2-core EPYC Zen 4, other work paused): q4_k rows 18.6 GB/s hot,
 //! 15.7 in memory; X8 44.7 and 20.7; q6_k rows 24.6 and 18.0; q8_0 rows 39.4
