@@ -360,7 +360,8 @@ pub struct Sampler {
     pub state: SamplerState,
     xs: Vec<f32>,
     keys: Vec<u64>,
-    kept: Vec<u32>,
+    /// (key or id, weight) pairs: top-p's tokens, then the draw's.
+    weighted: Vec<(u64, u32)>,
 }
 
 impl Sampler {
@@ -368,7 +369,7 @@ impl Sampler {
     /// [`SamplerParams::validate`] on user input first).
     pub fn new(params: SamplerParams) -> Sampler {
         let derived = params.derived();
-        Sampler { params, derived, state: SamplerState::new(derived.last_n), xs: Vec::new(), keys: Vec::new(), kept: Vec::new() }
+        Sampler { params, derived, state: SamplerState::new(derived.last_n), xs: Vec::new(), keys: Vec::new(), weighted: Vec::new() }
     }
 
     pub fn params(&self) -> &SamplerParams {
@@ -422,39 +423,51 @@ impl Sampler {
         // 4. top-p over the top-k tokens, in order (zero weights sort last and
         // never end a prefix, so only the positive ones are sorted)
         if top_p {
-            let w1 = |key: u64| weight(below_max(xs[key as u32 as usize], max), d.neg_scale_p);
-            let total: u64 = self.keys.iter().map(|&k| w1(k) as u64).sum();
+            self.weighted.clear();
+            let mut total = 0u64;
+            for &k in &self.keys {
+                let w = weight(below_max(xs[k as u32 as usize], max), d.neg_scale_p);
+                total += w as u64;
+                if w > 0 {
+                    self.weighted.push((k, w));
+                }
+            }
             let limit = (((total as u128 * d.top_p_q as u128) + (Q24 as u128 - 1)) >> 24).max(1) as u64;
-            self.keys.retain(|&k| w1(k) > 0);
-            self.keys.sort_unstable();
+            self.weighted.sort_unstable_by_key(|&(k, _)| k);
             // the last token whose weight before it is below the limit
             let (mut before, mut last) = (0u64, 0u64);
-            for &k in &self.keys {
+            for &(k, w) in &self.weighted {
                 if before >= limit {
                     break;
                 }
                 last = k;
-                before += w1(k) as u64;
+                before += w as u64;
             }
             cut = cut.min(last);
+            self.keys.clear();
+            self.keys.extend(self.weighted.iter().map(|&(k, _)| k).take_while(|&k| k <= cut));
         }
         // 5. min-p, 6. the draw over the kept tokens in index order
-        self.kept.clear();
         let kept_key = |x: f32, i: u32| order_key(x, i) <= cut && below_max(x, max) >= d.ln_min_p;
-        if top_k || top_p {
-            self.kept.extend(self.keys.iter().map(|&k| k as u32).filter(|&i| kept_key(xs[i as usize], i)));
-            self.kept.sort_unstable();
+        self.weighted.clear();
+        let ids: &mut dyn Iterator<Item = u32> = if top_k || top_p {
+            self.keys.sort_unstable_by_key(|&k| k as u32);
+            &mut self.keys.iter().map(|&k| k as u32)
         } else {
-            self.kept.extend((0..v as u32).filter(|&i| kept_key(xs[i as usize], i)));
+            &mut (0..v as u32)
+        };
+        let mut total = 0u64;
+        for i in ids.filter(|&i| kept_key(xs[i as usize], i)) {
+            let w = weight(below_max(xs[i as usize], max), d.neg_scale_t);
+            total += w as u64;
+            self.weighted.push((i as u64, w));
         }
-        let wt = |i: u32| weight(below_max(xs[i as usize], max), d.neg_scale_t) as u64;
-        let total: u64 = self.kept.iter().map(|&i| wt(i)).sum();
         let target = ((random_bits(self.params.seed, self.state.step) as u128 * total as u128) >> 32) as u64;
         let mut cum = 0u64;
-        for &i in &self.kept {
-            cum += wt(i);
+        for &(i, w) in &self.weighted {
+            cum += w as u64;
             if cum > target {
-                return i;
+                return i as u32;
             }
         }
         imax
