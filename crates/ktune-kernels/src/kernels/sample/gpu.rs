@@ -103,6 +103,37 @@ pub fn prepare_wgsl(
     Ok(GpuProgram { steps, owned: vec![u, xs] })
 }
 
+/// The program with its own state and output buffers: what an executor records
+/// after its LM head (`program`), hands to the embedding lookup (`out`, the id in
+/// its first word) and restarts for each generation ([`GpuSampler::restart`]).
+pub struct GpuSampler {
+    pub program: GpuProgram,
+    pub state: wgpu::Buffer,
+    pub out: wgpu::Buffer,
+    capacity: u32,
+}
+
+impl GpuSampler {
+    /// A sampler of `vocab` logits of `logits` at step 0 with an empty history.
+    pub fn new(gpu: &GpuCtx, logits: &wgpu::Buffer, vocab: usize, params: &SamplerParams) -> Result<GpuSampler, SampleError> {
+        let capacity = params.derived().last_n;
+        let state = state_buffer(gpu, &SamplerState::new(capacity));
+        let out = gpu.storage("sample id", 4);
+        let program = prepare_wgsl(gpu, logits, vocab, params, &state, &out)?;
+        Ok(GpuSampler { program, state, out, capacity })
+    }
+
+    /// A new generation: step 0, no history (one queue write).
+    pub fn restart(&self, gpu: &GpuCtx) {
+        write_state(gpu, &self.state, &SamplerState::new(self.capacity));
+    }
+
+    /// The last id written (waits for the GPU).
+    pub fn read_id(&self, gpu: &GpuCtx) -> Result<u32, SampleError> {
+        Ok(read_words(gpu, &self.out, 1)?[0])
+    }
+}
+
 /// The shader's primitives over `inputs` (for the tests): per input `x` at `i`,
 /// Philox4x32-10 of counter `(x, i, next, !x)` under `seed`, `mulhilo(x, next)`
 /// (`next` the following input, cyclically), and the weights of

@@ -272,24 +272,25 @@ fn gpu_sampler_matches_the_cpu() {
         for kind in kinds {
             let logits = logits_of(kind, v, &mut rng);
             let buf = gpu.upload("logits", bytemuck::cast_slice(&logits));
-            let out = gpu.storage("id", 4);
             for &w in which {
                 let p = sets[w];
-                let mut cpu = Sampler::new(p);
-                let state = gpu::state_buffer(&gpu, &cpu.state);
-                let prog = gpu::prepare_wgsl(&gpu, &buf, v, &p, &state, &out).expect("program builds");
-                for step in 0..steps {
-                    gpu.run("sample", &[&prog]).expect("runs");
-                    let got = gpu::read_words(&gpu, &out, 1).expect("reads")[0];
-                    let want = cpu.sample(&logits);
-                    assert_eq!(got, want, "vocab {v}, {kind} logits, {p:?}, step {step}");
-                    runs += 1;
+                let s = gpu::GpuSampler::new(&gpu, &buf, v, &p).expect("program builds");
+                // two generations on one program: the restart rewinds the step and the history
+                for _ in 0..2 {
+                    s.restart(&gpu);
+                    let mut cpu = Sampler::new(p);
+                    for step in 0..steps {
+                        gpu.run("sample", &[&s.program]).expect("runs");
+                        let want = cpu.sample(&logits);
+                        assert_eq!(s.read_id(&gpu).expect("reads"), want, "vocab {v}, {kind} logits, {p:?}, step {step}");
+                        runs += 1;
+                    }
+                    assert_eq!(gpu::read_state(&gpu, &s.state).expect("state"), cpu.state, "vocab {v}, {kind}, {p:?}");
                 }
-                assert_eq!(gpu::read_state(&gpu, &state).expect("state"), cpu.state, "vocab {v}, {kind}, {p:?}");
             }
         }
     }
-    assert!(runs > 100, "{runs} draws compared");
+    assert!(runs > 200, "{runs} draws compared");
 }
 
 #[test]
