@@ -237,6 +237,13 @@ pub fn exp2_neg_q31(f: u32) -> u32 {
 /// `y` in 1/65536 steps past which a weight is 0 (2^-24 of the maximum's).
 const WEIGHT_CAP: f32 = 24.0 * 65536.0;
 
+/// [`exp2_neg_q31`] of every `f`, computed once: the CPU reads the polynomial's
+/// values from a 256 KiB table instead of evaluating it per token (the same bits).
+fn exp2_table() -> &'static [u32] {
+    static TABLE: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| (0..65536).map(exp2_neg_q31).collect())
+}
+
 /// The integer weight of a token `d = x - max` (<= 0) below the maximum, at the
 /// scale `neg_scale` ([`Derived::neg_scale_p`] or [`Derived::neg_scale_t`]):
 /// `2^24 * 2^(-y)`, y = `d * neg_scale / 65536`, 0 past 24 halvings.
@@ -246,7 +253,7 @@ pub fn weight(d: f32, neg_scale: f32) -> u32 {
         return 0;
     }
     let q = p as u32;
-    exp2_neg_q31(q & 0xFFFF) >> ((q >> 16) + 7)
+    exp2_table()[(q & 0xFFFF) as usize] >> ((q >> 16) + 7)
 }
 
 /// NaN as `-inf`, zero and subnormals as `+0`, else the value: what both sides
@@ -360,6 +367,8 @@ pub struct Sampler {
     pub state: SamplerState,
     xs: Vec<f32>,
     keys: Vec<u64>,
+    /// The history's distinct ids.
+    seen: Vec<u32>,
     /// (key or id, weight) pairs: top-p's tokens, then the draw's.
     weighted: Vec<(u64, u32)>,
 }
@@ -369,7 +378,15 @@ impl Sampler {
     /// [`SamplerParams::validate`] on user input first).
     pub fn new(params: SamplerParams) -> Sampler {
         let derived = params.derived();
-        Sampler { params, derived, state: SamplerState::new(derived.last_n), xs: Vec::new(), keys: Vec::new(), weighted: Vec::new() }
+        Sampler {
+            params,
+            derived,
+            state: SamplerState::new(derived.last_n),
+            xs: Vec::new(),
+            keys: Vec::new(),
+            seen: Vec::new(),
+            weighted: Vec::new(),
+        }
     }
 
     pub fn params(&self) -> &SamplerParams {
@@ -393,11 +410,12 @@ impl Sampler {
         // 1. canonical logits with the penalty on the history's distinct ids
         self.xs.clear();
         self.xs.extend(logits.iter().map(|x| canon(x.to_bits())));
-        let hist = self.state.history();
-        for (j, &id) in hist.iter().enumerate() {
-            if (id as usize) < v && !hist[..j].contains(&id) {
-                self.xs[id as usize] = penalize(self.xs[id as usize], &d);
-            }
+        self.seen.clear();
+        self.seen.extend(self.state.history().iter().copied().filter(|&id| (id as usize) < v));
+        self.seen.sort_unstable();
+        self.seen.dedup();
+        for &id in &self.seen {
+            self.xs[id as usize] = penalize(self.xs[id as usize], &d);
         }
         let xs = &self.xs;
         // 2. greedy, or a maximum that is not finite
