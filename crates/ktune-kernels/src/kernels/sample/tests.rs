@@ -170,6 +170,10 @@ fn the_repeat_penalty_lowers_recent_ids_only() {
     let mut s = Sampler::new(SamplerParams { repeat_penalty: 2.0, repeat_last_n: 4, ..SamplerParams::GREEDY });
     assert_eq!(s.sample(&neg), 0);
     assert_eq!(s.sample(&neg), 1, "-1 * 2 = -2 < -1.5");
+    // an id twice in the history is penalized once: 4 / 2 = 2 > 2.5 / 2
+    let mut s = Sampler::new(SamplerParams { repeat_penalty: 2.0, repeat_last_n: 4, ..SamplerParams::GREEDY });
+    let ids: Vec<u32> = (0..4).map(|_| s.sample(&[4.0, 2.5, 0.0])).collect();
+    assert_eq!(ids, [0, 1, 0, 0]);
     // penalty 1: no effect, no history
     let s = Sampler::new(SamplerParams::GREEDY);
     assert_eq!(s.state.words(), [0, 0, 0, 0]);
