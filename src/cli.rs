@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::kernels::DType;
+use crate::kernels::sample::SamplerParams;
 use crate::output;
 use crate::session::{self, ModelSettings, SessionError};
 
@@ -483,6 +484,7 @@ impl ModelArgs {
 #[command(
     mut_arg("mmproj", |a| a.requires("image").help("With --gguf and --image: the vision projector file that belongs to the GGUF text model (llama.cpp's `mmproj-*.gguf`, from `convert_hf_to_gguf.py --mmproj`; projector type gemma3): the vision tower and projector the image runs through")),
     mut_arg("layers", |a| a.help("Keep only the first N layers (for quick checks on large models)")),
+    mut_arg("seed", |a| a.help("Seed of the synthetic weights (--model) and of the sampler (--temperature > 0): the same seed, prompt and flags give the same tokens")),
 )]
 pub struct RunArgs {
     #[command(flatten)]
@@ -517,10 +519,33 @@ pub struct RunArgs {
     /// file without `tokenizer.chat_template`, or another format of turns).
     #[arg(long, value_name = "FILE", requires = "chat")]
     pub chat_template: Option<std::path::PathBuf>,
-    /// Tokens to generate greedily after the prompt (fewer when an end-of-sequence
-    /// token comes first).
+    /// Tokens to generate after the prompt (fewer when an end-of-sequence token
+    /// comes first).
     #[arg(long, default_value_t = 16)]
     pub max_tokens: usize,
+    /// Softmax temperature of the sampler; 0 (the default) is greedy decoding (the
+    /// first most likely token). The sampler applies, in llama.cpp's order, the
+    /// repeat penalty, top-k, top-p, min-p, the temperature, then draws with --seed.
+    #[arg(long, default_value_t = SamplerParams::GREEDY.temperature, value_name = "T")]
+    pub temperature: f32,
+    /// With --temperature > 0: keep the K most likely tokens (0: off).
+    #[arg(long, default_value_t = SamplerParams::GREEDY.top_k, value_name = "K")]
+    pub top_k: u32,
+    /// With --temperature > 0: keep the most likely tokens holding this share of
+    /// the probability, in (0, 1] (1: off).
+    #[arg(long, default_value_t = SamplerParams::GREEDY.top_p, value_name = "P")]
+    pub top_p: f32,
+    /// With --temperature > 0: keep tokens at least this fraction as likely as the
+    /// most likely one, in [0, 1] (0: off).
+    #[arg(long, default_value_t = SamplerParams::GREEDY.min_p, value_name = "P")]
+    pub min_p: f32,
+    /// Divide the positive logits (multiply the negative ones) of the ids among the
+    /// last --repeat-last-n generated tokens by this, > 0 (1: off; greedy too).
+    #[arg(long, default_value_t = SamplerParams::GREEDY.repeat_penalty, value_name = "X")]
+    pub repeat_penalty: f32,
+    /// How many of the last generated tokens --repeat-penalty looks at (0: off).
+    #[arg(long, default_value_t = SamplerParams::GREEDY.repeat_last_n, value_name = "N")]
+    pub repeat_last_n: u32,
     /// Generate --max-tokens tokens even past an end-of-sequence or end-of-turn token.
     #[arg(long)]
     pub ignore_eos: bool,
@@ -558,6 +583,21 @@ pub struct RunArgs {
     pub causal_image: bool,
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
+}
+
+impl RunArgs {
+    /// The sampler's parameters these flags give (checked by the command).
+    pub fn sampler(&self) -> SamplerParams {
+        SamplerParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed: self.model.seed,
+        }
+    }
 }
 
 #[derive(clap::Args, Debug)]

@@ -128,6 +128,8 @@ pub struct RunReport {
     /// The tokenizer used (a tokenizer.json, or the GGUF file), if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokenizer: Option<String>,
+    /// How each token was chosen (temperature 0: greedy).
+    pub sampling: crate::kernels::sample::SamplerParams,
     pub dispatches_per_layer: usize,
     /// Per-slot times (GPU: timestamp queries of one profiled pass of each kind).
     pub slots: Vec<SlotRow>,

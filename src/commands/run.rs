@@ -2,7 +2,10 @@
 //! directory or a GGUF file) executed on one device with the kernels a profile selects (`--profile`,
 //! else the cached profile `tune` wrote for this device and model: `profile::lookup`)
 //! or the runtime's defaults: prefill, greedy decode with the KV cache, throughput, time
-//! per slot, and optionally the logits as JSON. With a model directory's
+//! per slot, and optionally the logits as JSON. Each token is chosen by the
+//! sampler (`kernels::sample`, on the CPU over the logits on the host): greedy by
+//! default, else temperature / top-k / top-p / min-p with `--seed`, and an
+//! optional repeat penalty. With a model directory's
 //! `tokenizer.json` or a GGUF file's tokenizer the prompt can be text
 //! (`--prompt`, with `--chat` rendered as one user turn of the model's chat
 //! template) and the generated ids are decoded to text, streamed to a sink as
@@ -17,11 +20,12 @@ use std::time::Instant;
 
 use crate::cli::RunArgs;
 use crate::device::DeviceCaps;
+use crate::kernels::sample::{SampleError, Sampler};
 use crate::model::{ChatTemplate, END_OF_TURN_TOKENS, Stored, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, Tokenizer, VisionConfig};
 use crate::plan::{Fusion, Selection, Slot};
 use crate::profile::{Profile, lookup};
 use crate::report::{RunReport, SlotRow, StopReason};
-use crate::runtime::{Engine, TensorStore, argmax};
+use crate::runtime::{Engine, TensorStore};
 use crate::session::{self, Engines, LoadedModel, ModelSettings, ModelSource, gguf_storage, load_gguf, load_gguf_mmproj};
 use crate::{Error, Result};
 
@@ -60,6 +64,11 @@ pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
 pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn FnMut(&str)) -> Result<RunReport> {
     // Validate flags before building anything heavy.
     let fusion = parse_fusion(&args.fusion)?;
+    let sampling = args.sampler();
+    sampling.validate().map_err(|e| match e {
+        SampleError::Param { name, value, rule } => Error::Usage(format!("--{} {value}: must be {rule}", name.replace('_', "-"))),
+        other => Error::Usage(other.to_string()),
+    })?;
     let settings = args.model.settings()?;
     let kv_dtype = args.kv_dtype;
     let mut warnings = Vec::new();
@@ -268,7 +277,8 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     };
     let prefill_seconds = t0.elapsed().as_secs_f64();
     let prefill_logits = if args.dump_logits.is_some() { rows.clone() } else { Vec::new() };
-    let mut next = argmax(rows.last().map(Vec::as_slice).unwrap_or(&[]));
+    let mut sampler = Sampler::new(sampling);
+    let mut next = sampler.sample(rows.last().map(Vec::as_slice).unwrap_or(&[]));
     let mut generated = Vec::new();
     let mut decode_seconds = 0.0;
     let mut decode_wall = Vec::new();
@@ -304,7 +314,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
             engine.profile_next();
         }
         let t = Instant::now();
-        next = argmax(engine.decode_step(next)?);
+        next = sampler.sample(engine.decode_step(next)?);
         let dt = t.elapsed().as_secs_f64();
         decode_wall.push(dt);
         decode_seconds += dt;
@@ -375,6 +385,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         text,
         tokenizer: tokenizer.map(|t| t.path().display().to_string()),
         prompt_ids: prompt,
+        sampling,
         dispatches_per_layer: engine.dispatches_per_layer,
         slots,
         kernels,

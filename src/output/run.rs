@@ -50,6 +50,19 @@ impl Report for RunReport {
             let chat = if r.chat { " (chat template)" } else { "" };
             s.push_str(&format!("prompt:   {p:?}{chat} = {:?}\n", r.prompt_ids));
         }
+        let p = &r.sampling;
+        if p.is_greedy() {
+            s.push_str("sampling: greedy");
+        } else {
+            s.push_str(&format!(
+                "sampling: temperature {} | top-k {} | top-p {} | min-p {} | seed {}",
+                p.temperature, p.top_k, p.top_p, p.min_p, p.seed
+            ));
+        }
+        if p.repeat_penalty != 1.0 && p.repeat_last_n > 0 {
+            s.push_str(&format!(" | repeat penalty {} over the last {}", p.repeat_penalty, p.repeat_last_n));
+        }
+        s.push('\n');
         s.push_str(&format!("generated: {:?} (stopped: {})\n", r.generated, r.stop_reason));
         if let Some(t) = &r.text {
             s.push_str(&format!("text:     {t:?}\n"));

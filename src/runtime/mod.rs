@@ -573,16 +573,8 @@ fn scatter(logits: &mut [f32], part: &[f32], start: usize, block_rows: usize, vo
     }
 }
 
-/// Index of the largest logit (the first on ties): greedy decoding.
-pub fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0usize;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
+/// Greedy decoding: the sampler's one definition (the first maximum).
+pub use crate::kernels::sample::argmax;
 
 impl TensorStore for crate::model::Weights {
     fn load(&self, name: &str, dtype: DType, len: usize) -> Result<HostBuf, RuntimeError> {

@@ -21,6 +21,7 @@ mod runtime_mmproj;
 mod runtime_quant;
 mod runtime_vision;
 mod runtime_vision_gpu;
+mod sample;
 mod snapshots;
 mod tokenizer_spm;
 mod tune_cli;

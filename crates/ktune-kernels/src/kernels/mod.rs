@@ -12,7 +12,8 @@
 //! (GEMV, RMSNorm-prologue GEMV, and the decode projections gate_up and qkv_proj),
 //! [`matmul`] (GEMM), [`attention`], [`norm`] (RMSNorm, LayerNorm, residual +
 //! RMSNorm), [`rope`] (RoPE, per-head norm + RoPE), [`act`] (gated activation,
-//! residual add, softmax). Shared layers: [`cpu`] (the one SIMD and orchestration
+//! residual add, softmax); outside the registry, [`sample`] (the token sampler,
+//! CPU and WGSL). Shared layers: [`cpu`] (the one SIMD and orchestration
 //! layer of every CPU kernel) and [`wgsl`] (the rules and bindings WGSL kernels share).
 
 pub mod act;
@@ -27,6 +28,7 @@ pub mod problem;
 pub mod quant;
 pub mod reference;
 pub mod rope;
+pub mod sample;
 pub mod verify;
 pub mod vision;
 pub mod wgsl;
@@ -591,7 +593,8 @@ pub fn for_op(op: Op) -> impl Iterator<Item = &'static KernelDef> {
     registry().iter().filter(move |k| k.op == op)
 }
 
-/// Every WGSL shader the set uses, once each (its heads, its file and its includes).
+/// Every WGSL shader the set uses, once each (its heads, its file and its includes),
+/// and the sampler's.
 pub fn shaders() -> Vec<&'static Shader> {
     let mut out: Vec<&'static Shader> = Vec::new();
     for k in registry() {
@@ -604,6 +607,7 @@ pub fn shaders() -> Vec<&'static Shader> {
             }
         }
     }
+    out.push(&sample::gpu::SHADER);
     out.sort_by_key(|s| s.key());
     out
 }
