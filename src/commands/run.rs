@@ -376,6 +376,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         tokenizer: tokenizer.map(|t| t.path().display().to_string()),
         prompt_ids: prompt,
         dispatches_per_layer: engine.dispatches_per_layer,
+        decode_counters: engine.decode_counters(),
         slots,
         kernels,
         warnings,

@@ -5,10 +5,13 @@
 //! and bind groups ([`GpuCtx::rebuild`]: queue writes, no allocation). With `batch`
 //! one command buffer and one submit per forward pass, the logits' copy to
 //! persistent staging buffers included, and one wait; without, one submit per step.
+//! [`GpuExec::run`] splits its host time into phases ([`Phases`]); what it asks of
+//! the device is counted by the context ([`crate::gpu::GpuCounters`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::counters::{Lap, Phases};
 use super::{RuntimeError, SlotTimes};
 use crate::gpu::builtin::RUNTIME_PLUMB as PLUMB;
 use crate::gpu::{GpuCtx, GpuProgram, grid_2d, groups};
@@ -172,30 +175,28 @@ impl GpuExec {
     /// Runs one forward pass of `tokens` tokens and returns the first `len` floats
     /// of each buffer of `reads` (copied to persistent staging buffers in the same
     /// submit, one wait for both); per-step GPU times go to `times` when profiling
-    /// (timestamp queries), else the pass's wall time goes to `times.total`.
+    /// (timestamp queries), else the pass's wall time goes to `times.total`. Its
+    /// host time is added to `phases` (prepare, encode, submit, wait, post).
     pub fn run(
         &mut self,
         tokens: usize,
         steps: &[Step],
         times: &mut SlotTimes,
         reads: &[(BufId, usize)],
+        phases: &mut Phases,
     ) -> Result<Vec<Vec<f32>>, RuntimeError> {
+        let mut lap = Lap::start();
         self.prepare(tokens, steps)?;
         for &(id, len) in reads {
             if self.staging.get(&id).is_none_or(|b| b.size() < crate::gpu::padded((len * 4) as u64)) {
                 self.staging.insert(id, self.ctx.staging((len * 4) as u64));
             }
         }
-        let profile = self.profile && self.ctx.caps.timestamp_query;
+        phases.prepare += lap.lap();
+        let profile = self.profiles_next();
         let scope = self.ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let n = steps.len() as u32;
-        let qs = profile.then(|| {
-            self.ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
-                label: Some("ktune steps"),
-                ty: wgpu::QueryType::Timestamp,
-                count: (2 * n).max(2),
-            })
-        });
+        let qs = profile.then(|| self.ctx.query_set("ktune steps", (2 * n).max(2)));
         let mut encoder = Some(self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("forward") }));
         let mut i = 0usize;
         while i < steps.len() {
@@ -212,11 +213,10 @@ impl GpuExec {
                     beginning_of_pass_write_index: Some(2 * i as u32),
                     end_of_pass_write_index: Some(2 * i as u32 + 1),
                 });
-                let mut pass =
-                    enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(steps[i].slot.name()), timestamp_writes: ts });
+                let mut pass = self.ctx.begin_pass(enc, steps[i].slot.name(), ts);
                 loop {
                     if let Some((_, Some(prog))) = self.progs.get(&(tokens, i)) {
-                        prog.record(&mut pass);
+                        self.ctx.record(&mut pass, prog);
                     }
                     i += 1;
                     if single || i >= steps.len() || matches!(steps[i].kind, StepKind::Plumb(Plumb::Copy { .. })) {
@@ -227,16 +227,15 @@ impl GpuExec {
             if !self.batch
                 && let Some(enc) = encoder.take()
             {
-                self.ctx.queue.submit([enc.finish()]);
+                let cmd = enc.finish();
+                phases.encode += lap.lap();
+                self.ctx.submit(cmd);
+                phases.submit += lap.lap();
             }
         }
         let resolve = qs.as_ref().map(|q| {
-            let buf = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("step timestamps"),
-                size: (16 * n as u64).max(16),
-                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            });
+            let usage = wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC;
+            let buf = self.ctx.buffer("step timestamps", (16 * n as u64).max(16), usage);
             let enc = encoder
                 .get_or_insert_with(|| self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("resolve") }));
             enc.resolve_query_set(q, 0..2 * n, &buf, 0);
@@ -251,12 +250,16 @@ impl GpuExec {
             }
         }
         if let Some(enc) = encoder.take() {
-            self.ctx.queue.submit([enc.finish()]);
+            let cmd = enc.finish();
+            phases.encode += lap.lap();
+            self.ctx.submit(cmd);
         }
+        phases.submit += lap.lap();
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(RuntimeError::Gpu(format!("validation error running the forward pass: {e}")));
         }
         self.ctx.wait().map_err(err)?;
+        phases.wait += lap.lap();
         if let Some(buf) = resolve {
             let bytes = self.ctx.read(&buf, 16 * n as u64).map_err(err)?;
             let t: &[u64] = bytemuck::cast_slice(&bytes);
@@ -272,7 +275,14 @@ impl GpuExec {
             let bytes = self.ctx.read_mapped(&self.staging[&id], (len * 4) as u64).map_err(err)?;
             out.push(bytemuck::pod_collect_to_vec(&bytes));
         }
+        phases.post += lap.lap();
         Ok(out)
+    }
+
+    /// Whether the next [`GpuExec::run`] times each step (asked, and the adapter
+    /// has timestamp queries).
+    pub fn profiles_next(&self) -> bool {
+        self.profile && self.ctx.caps.timestamp_query
     }
 
     /// GPU dispatches of the prepared steps of layer `l` in the pass of `tokens` tokens.
@@ -286,7 +296,7 @@ impl GpuExec {
     }
 
     pub fn write(&self, id: BufId, data: &[f32]) {
-        self.ctx.queue.write_buffer(&self.bufs[id], 0, bytemuck::cast_slice(data));
+        self.ctx.write(&self.bufs[id], 0, bytemuck::cast_slice(data));
     }
 }
 
