@@ -558,7 +558,7 @@ impl Engine {
                 e.write(x0, &self.x);
                 let reads: Vec<(BufId, usize)> = blocks.iter().map(|b| (b.logits, rows * b.rows)).collect();
                 phases.prepare += lap.lap();
-                let parts = e.run(t, steps, &mut self.pass_times, &reads, &mut phases)?;
+                let parts = e.run(t, self.pos, steps, &mut self.pass_times, &reads, &mut phases)?;
                 lap.lap();
                 self.dispatches_per_layer = e.dispatches(t, steps, 0);
                 for (b, part) in blocks.iter().zip(&parts) {

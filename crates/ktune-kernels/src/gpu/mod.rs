@@ -324,6 +324,15 @@ impl GpuProgram {
     }
 }
 
+/// The binding of the pass-position uniform (`shaders/position.wgsl`).
+pub const POSITION_BINDING: u32 = 7;
+
+/// The pass-position uniform's words for a pass of `tokens` tokens from `pos0`:
+/// `[pos0, kv_len = pos0 + tokens, 0, 0]` (16 bytes).
+pub fn position_words(pos0: usize, tokens: usize) -> [u32; 4] {
+    [pos0 as u32, (pos0 + tokens) as u32, 0, 0]
+}
+
 /// Rounds a size up to a multiple of 16 bytes (the widest vector element).
 pub fn padded(bytes: u64) -> u64 {
     bytes.max(16).div_ceil(16) * 16
@@ -784,7 +793,7 @@ pub mod builtin {
     use super::Shader;
 
     /// Splitting a fused QKV projection, a broadcast bias add, KV-cache writes.
-    pub static RUNTIME_PLUMB: Shader = crate::shader!("runtime_plumb.wgsl", "grid.wgsl");
+    pub static RUNTIME_PLUMB: Shader = crate::shader!("runtime_plumb.wgsl", "grid.wgsl", "position.wgsl");
     /// A streaming copy: the device's memory bandwidth.
     pub static BENCH_COPY: Shader = crate::shader!("bench_copy.wgsl");
     /// An FMA chain: the device's f32 FMA peak.
