@@ -131,6 +131,10 @@ pub struct RunReport {
     /// How each token was chosen (temperature 0: greedy).
     pub sampling: crate::kernels::sample::SamplerParams,
     pub dispatches_per_layer: usize,
+    /// Per decode token: host µs by phase and, on a GPU, dispatches, passes,
+    /// submits, queue writes, objects created, waits and bytes read back (null
+    /// before a decode step after the first).
+    pub decode_counters: Option<crate::runtime::counters::DecodeCounters>,
     /// Per-slot times (GPU: timestamp queries of one profiled pass of each kind).
     pub slots: Vec<SlotRow>,
     pub kernels: Vec<(String, String)>,
@@ -181,6 +185,9 @@ pub struct BenchEntry {
     /// Raw per-round samples: prefill seconds, median seconds per decoded token.
     pub prefill_s: Vec<f64>,
     pub decode_s: Vec<f64>,
+    /// Per decode token over every round: host µs by phase and, on a GPU, what
+    /// the device's context did (see `RunReport::decode_counters`).
+    pub decode_counters: Option<crate::runtime::counters::DecodeCounters>,
     /// With `--image`: the image through the vision tower and projector.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vision: Option<VisionBench>,

@@ -226,6 +226,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
             decode_vs_first_pct: estimate(&vs_first(&decode[i], &decode[0])),
             prefill_s: prefill[i].clone(),
             decode_s: decode[i].clone(),
+            decode_counters: engine.decode_counters(),
             vision: tower.as_ref().map(|(_, kernels)| VisionBench {
                 ms: estimate(&vision[i].iter().map(|s| s * 1e3).collect::<Vec<_>>()),
                 ratio_to_first: estimate(&vision[i].iter().zip(&vision[0]).map(|(m, f)| m / f).collect::<Vec<_>>()),

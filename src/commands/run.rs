@@ -387,6 +387,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         prompt_ids: prompt,
         sampling,
         dispatches_per_layer: engine.dispatches_per_layer,
+        decode_counters: engine.decode_counters(),
         slots,
         kernels,
         warnings,

@@ -1,11 +1,13 @@
 //! `bench` as a table of throughputs with their intervals (and, with `--image`,
 //! each entry's milliseconds per image through the vision tower; with `--kld`,
-//! each entry's divergence from the f32 reference).
+//! each entry's divergence from the f32 reference), with the host's µs and the
+//! bytes read back per decode token.
 
 use tabled::settings::Style;
 
 use super::Report;
 use super::eval::{DIVERGENCE_HEAD, divergence_cells};
+use super::run::decode_cost_cells;
 use crate::report::{BenchReport, Estimate};
 
 impl Report for BenchReport {
@@ -22,6 +24,8 @@ impl Report for BenchReport {
             "prefill vs first",
             "decode vs first",
             "decode % of read bound",
+            "host µs/token",
+            "read back/token",
         ];
         if r.image.is_some() {
             head.extend(["vision ms/image (95% CI)", "vision time / first"]);
@@ -40,6 +44,7 @@ impl Report for BenchReport {
                 if i == 0 { "-".into() } else { pct(&e.decode_vs_first_pct) },
                 format!("{:.0}% ({:.0}–{:.0})", e.decode_pct_of_bound.median, e.decode_pct_of_bound.ci[0], e.decode_pct_of_bound.ci[1]),
             ];
+            row.extend(decode_cost_cells(e.decode_counters.as_ref()));
             if r.image.is_some() {
                 match &e.vision {
                     Some(v) => {

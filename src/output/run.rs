@@ -1,10 +1,47 @@
-//! `run` as text: throughput, generated ids, kernels and time per slot.
+//! `run` as text: throughput, generated ids, the host's cost per decode token,
+//! kernels and time per slot; the cells of that cost `bench` shares.
 
 use tabled::settings::Style;
 use tabled::{Table, Tabled};
 
 use super::{Report, bytes, short};
 use crate::report::RunReport;
+use crate::runtime::counters::DecodeCounters;
+
+/// Host µs per decode token and bytes read back per token, as two cells (`-`
+/// where not measured; the CPU reads nothing back).
+pub(super) fn decode_cost_cells(c: Option<&DecodeCounters>) -> [String; 2] {
+    match c {
+        None => ["-".into(), "-".into()],
+        Some(c) => [format!("{:.0}", c.host_us.total), c.gpu.as_ref().map_or("-".into(), |g| format!("{:.0} B", g.read_back_bytes))],
+    }
+}
+
+/// The host's cost of a decode token: a line of its phases and, on a GPU, a line
+/// of what the device's context did.
+fn decode_cost(c: &DecodeCounters) -> String {
+    let h = &c.host_us;
+    let phases: Vec<String> = [
+        ("prepare", Some(h.prepare)),
+        ("encode", h.encode),
+        ("submit", h.submit),
+        ("wait", h.wait),
+        ("compute", h.compute),
+        ("post", Some(h.post)),
+    ]
+    .iter()
+    .filter_map(|(n, v)| v.map(|v| format!("{n} {v:.0}")))
+    .collect();
+    let [total, read] = decode_cost_cells(Some(c));
+    let mut s = format!("host:     {total} µs per decode token ({}; mean of {} tokens)\n", phases.join(", "), c.tokens);
+    if let Some(g) = &c.gpu {
+        s.push_str(&format!(
+            "gpu:      per decode token {:.1} dispatches, {:.1} passes, {:.1} submits, {:.1} write_buffer ({:.0} B), {:.1} objects created, {:.1} host waits, {read} read back\n",
+            g.dispatches, g.compute_passes, g.submits, g.write_buffer_calls, g.write_buffer_bytes, g.objects_created, g.host_waits
+        ));
+    }
+    s
+}
 
 impl Report for RunReport {
     fn table(&self) -> String {
@@ -46,6 +83,9 @@ impl Report for RunReport {
             r.decode_gbps
         ));
         s.push_str(&format!("dispatches per layer (decode): {}\n", r.dispatches_per_layer));
+        if let Some(c) = &r.decode_counters {
+            s.push_str(&decode_cost(c));
+        }
         if let Some(p) = &r.prompt {
             let chat = if r.chat { " (chat template)" } else { "" };
             s.push_str(&format!("prompt:   {p:?}{chat} = {:?}\n", r.prompt_ids));

@@ -1,30 +1,81 @@
 //! The GPU executor: plan buffers as wgpu storage buffers (weights uploaded once),
-//! each step's program (pipelines and bind groups) built once and kept; steps
-//! whose shapes move with the position (attention, RoPE, the KV write) are rebuilt
-//! as the position advances, reusing the old program's uniform and scratch buffers
-//! and bind groups ([`GpuCtx::rebuild`]: queue writes, no allocation). With `batch`
+//! each step's program (pipelines and bind groups) built once and kept. The
+//! position lives in one 16-byte uniform, written once a pass
+//! ([`crate::gpu::position_words`]), that RoPE, the q/k norm + RoPE, the KV write
+//! and decode attention read: their programs serve every position, so a decode
+//! token after the first rebuilds nothing, creates no GPU object and writes the
+//! embedding row and that uniform only. Prefill attention, whose grid follows the
+//! pass's keys, is rebuilt as the position moves, reusing the old program's uniform
+//! and scratch buffers and bind groups ([`GpuCtx::rebuild`]). With `batch`
 //! one command buffer and one submit per forward pass, the logits' copy to
 //! persistent staging buffers included, and one wait; without, one submit per step.
+//! [`GpuExec::run`] splits its host time into phases ([`Phases`]); what it asks of
+//! the device is counted by the context ([`crate::gpu::GpuCounters`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::counters::{Lap, Phases};
 use super::{RuntimeError, SlotTimes};
 use crate::gpu::builtin::RUNTIME_PLUMB as PLUMB;
-use crate::gpu::{GpuCtx, GpuProgram, grid_2d, groups};
+use crate::gpu::{GpuCtx, GpuProgram, POSITION_BINDING, grid_2d, groups, position_words};
 use crate::kernels::{DType, Params, Problem};
 use crate::plan::{BufId, Plan, Plumb, Step, StepKind};
 
 const WG: u32 = 256;
 
-/// What a prepared program was built for; a step whose signature changes is rebuilt.
+/// What a prepared program was built for, the position left out (the programs
+/// that depend on it read the position buffer); a step whose signature changes is
+/// rebuilt.
 #[derive(Clone, PartialEq)]
 enum Sig {
     Kernel(&'static str, Params, DType, Problem, Vec<BufId>),
     Plumb(Plumb),
 }
 
+/// `problem` without the position its program reads from the position buffer
+/// (RoPE's and q/k norm + RoPE's first position, decode attention's KV length).
+fn unplaced(problem: &Problem) -> Problem {
+    let mut p = problem.clone();
+    match &mut p {
+        Problem::Rope { pos0, .. } | Problem::QkNormRope { pos0, .. } => *pos0 = 0,
+        Problem::AttentionDecode { kv_len, .. } => *kv_len = 0,
+        _ => {}
+    }
+    p
+}
+
+/// `plumb` without the position the KV write reads from the position buffer.
+fn unplaced_plumb(plumb: &Plumb) -> Plumb {
+    let mut p = plumb.clone();
+    if let Plumb::KvWrite { pos0, .. } = &mut p {
+        *pos0 = 0;
+    }
+    p
+}
+
 impl Sig {
+    fn of(step: &Step) -> Sig {
+        match &step.kind {
+            StepKind::Kernel { kernel, params, dtype, problem, binds, .. } => {
+                Sig::Kernel(kernel.id, params.clone(), *dtype, unplaced(problem), binds.clone())
+            }
+            StepKind::Plumb(p) => Sig::Plumb(unplaced_plumb(p)),
+        }
+    }
+
+    /// Whether `step` is what this signature was taken of (without building a
+    /// signature of it: no allocation).
+    fn matches(&self, step: &Step) -> bool {
+        match (self, &step.kind) {
+            (Sig::Kernel(id, p, d, prob, b), StepKind::Kernel { kernel, params, dtype, problem, binds, .. }) => {
+                *id == kernel.id && p == params && d == dtype && b == binds && *prob == unplaced(problem)
+            }
+            (Sig::Plumb(a), StepKind::Plumb(b)) => *a == unplaced_plumb(b),
+            _ => false,
+        }
+    }
+
     /// Whether `other` is the same kernel (or plumbing entry) with the same
     /// parameters over the same buffers, whatever the problem's values.
     fn same_program(&self, other: &Sig) -> bool {
@@ -50,6 +101,8 @@ pub struct GpuExec {
     pub programs_built: usize,
     /// Mappable buffers the reads of [`GpuExec::run`] land in, one per buffer read.
     staging: HashMap<BufId, wgpu::Buffer>,
+    /// The pass position (`shaders/position.wgsl`), written once per [`GpuExec::run`].
+    position: wgpu::Buffer,
 }
 
 fn err(e: impl std::fmt::Display) -> RuntimeError {
@@ -84,33 +137,34 @@ impl GpuExec {
             bufs.push(buf);
             sizes.push(b.bytes());
         }
-        Ok(GpuExec { ctx, bufs, sizes, progs: HashMap::new(), batch: true, profile: false, programs_built: 0, staging: HashMap::new() })
-    }
-
-    fn sig(step: &Step) -> Sig {
-        match &step.kind {
-            StepKind::Kernel { kernel, params, dtype, problem, binds, .. } => {
-                Sig::Kernel(kernel.id, params.clone(), *dtype, problem.clone(), binds.clone())
-            }
-            StepKind::Plumb(p) => Sig::Plumb(p.clone()),
-        }
+        let position = ctx.uniform("position", &position_words(0, 0));
+        Ok(GpuExec {
+            ctx,
+            bufs,
+            sizes,
+            progs: HashMap::new(),
+            batch: true,
+            profile: false,
+            programs_built: 0,
+            staging: HashMap::new(),
+            position,
+        })
     }
 
     /// Builds (or keeps) the program of every step of this pass.
     pub fn prepare(&mut self, tokens: usize, steps: &[Step]) -> Result<(), RuntimeError> {
         for (i, step) in steps.iter().enumerate() {
-            let sig = Self::sig(step);
-            if let Some((old, _)) = self.progs.get(&(tokens, i))
-                && *old == sig
-            {
+            if self.progs.get(&(tokens, i)).is_some_and(|(old, _)| old.matches(step)) {
                 continue;
             }
+            let sig = Sig::of(step);
             let old = self.progs.remove(&(tokens, i));
             let build = || -> Result<Option<GpuProgram>, RuntimeError> {
                 match &step.kind {
                     StepKind::Kernel { kernel, params, dtype, problem, binds, .. } => {
                         let refs: Vec<&wgpu::Buffer> = binds.iter().map(|&b| &self.bufs[b]).collect();
-                        Ok(Some(kernel.prepare_wgsl(&self.ctx, problem, *dtype, params, &refs).map_err(|e| RuntimeError::Kernel {
+                        let prog = kernel.prepare_wgsl_at(&self.ctx, problem, *dtype, params, &refs, Some(&self.position));
+                        Ok(Some(prog.map_err(|e| RuntimeError::Kernel {
                             slot: step.slot.name().into(),
                             layer: step.layer,
                             source: Box::new(e),
@@ -119,8 +173,8 @@ impl GpuExec {
                     StepKind::Plumb(p) => self.plumb_program(p),
                 }
             };
-            // The same kernel over the same buffers with other values (a decode
-            // step's position): its buffers and bind groups carry over.
+            // The same kernel over the same buffers with other values (prefill
+            // attention's keys): its buffers and bind groups carry over.
             let prog = match old {
                 Some((old, Some(prog))) if old.same_program(&sig) => self.ctx.rebuild(prog, build)?,
                 _ => build()?,
@@ -144,10 +198,11 @@ impl GpuExec {
                 tokens * (nq + 2 * nkv),
             ),
             Plumb::BiasAdd { buf, bias, rows, n } => ("bias_add", vec![rows as u32, n as u32, 0, 0, 0], vec![b(bias), b(buf)], rows * n),
-            Plumb::KvWrite { k, v, k_cache, v_cache, tokens, kv_heads, head_dim, kv_cap, pos0 } => {
+            Plumb::KvWrite { k, v, k_cache, v_cache, tokens, kv_heads, head_dim, kv_cap, .. } => {
                 let f16 = self.sizes[k_cache] == (kv_heads * kv_cap * head_dim * 2) as u64;
                 let entry = if f16 { "kv_write_f16" } else { "kv_write_f32" };
-                let words = vec![tokens as u32, kv_heads as u32, head_dim as u32, kv_cap as u32, pos0 as u32];
+                // The rows land at the position buffer's pos0 (the block's last word is unread).
+                let words = vec![tokens as u32, kv_heads as u32, head_dim as u32, kv_cap as u32, 0];
                 let n = tokens * kv_heads * head_dim;
                 let items = if f16 { n / 2 } else { n };
                 let pipe = ctx.pipeline(&PLUMB, entry, &consts).map_err(err)?;
@@ -155,7 +210,10 @@ impl GpuExec {
                 let mut owned = Vec::new();
                 for (src, dst) in [(k, k_cache), (v, v_cache)] {
                     let u = ctx.uniform(entry, &words);
-                    steps.push(ctx.step(entry, pipe.clone(), &[b(src), b(dst), &u], grid_2d(groups(items, WG))).map_err(err)?);
+                    let entries = [(0, b(src)), (1, b(dst)), (2, &u), (POSITION_BINDING, &self.position)]
+                        .map(|(i, buf)| (i, buf.clone(), 0, None))
+                        .to_vec();
+                    steps.push(ctx.step_entries(entry.to_string(), pipe.clone(), entries, grid_2d(groups(items, WG))).map_err(err)?);
                     owned.push(u);
                 }
                 return Ok(Some(GpuProgram { steps, owned }));
@@ -169,33 +227,34 @@ impl GpuExec {
         Ok(Some(GpuProgram { steps: vec![step], owned: vec![u] }))
     }
 
-    /// Runs one forward pass of `tokens` tokens and returns the first `len` floats
-    /// of each buffer of `reads` (copied to persistent staging buffers in the same
-    /// submit, one wait for both); per-step GPU times go to `times` when profiling
-    /// (timestamp queries), else the pass's wall time goes to `times.total`.
+    /// Runs one forward pass of `tokens` tokens from position `pos0` (written to
+    /// the position buffer) and returns the first `len` floats of each buffer of
+    /// `reads` (copied to persistent staging buffers in the same submit, one wait
+    /// for both); per-step GPU times go to `times` when profiling
+    /// (timestamp queries), else the pass's wall time goes to `times.total`. Its
+    /// host time is added to `phases` (prepare, encode, submit, wait, post).
     pub fn run(
         &mut self,
         tokens: usize,
+        pos0: usize,
         steps: &[Step],
         times: &mut SlotTimes,
         reads: &[(BufId, usize)],
+        phases: &mut Phases,
     ) -> Result<Vec<Vec<f32>>, RuntimeError> {
+        let mut lap = Lap::start();
         self.prepare(tokens, steps)?;
+        self.ctx.write(&self.position, 0, bytemuck::cast_slice(&position_words(pos0, tokens)));
         for &(id, len) in reads {
             if self.staging.get(&id).is_none_or(|b| b.size() < crate::gpu::padded((len * 4) as u64)) {
                 self.staging.insert(id, self.ctx.staging((len * 4) as u64));
             }
         }
-        let profile = self.profile && self.ctx.caps.timestamp_query;
+        phases.prepare += lap.lap();
+        let profile = self.profiles_next();
         let scope = self.ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let n = steps.len() as u32;
-        let qs = profile.then(|| {
-            self.ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
-                label: Some("ktune steps"),
-                ty: wgpu::QueryType::Timestamp,
-                count: (2 * n).max(2),
-            })
-        });
+        let qs = profile.then(|| self.ctx.query_set("ktune steps", (2 * n).max(2)));
         let mut encoder = Some(self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("forward") }));
         let mut i = 0usize;
         while i < steps.len() {
@@ -212,11 +271,10 @@ impl GpuExec {
                     beginning_of_pass_write_index: Some(2 * i as u32),
                     end_of_pass_write_index: Some(2 * i as u32 + 1),
                 });
-                let mut pass =
-                    enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(steps[i].slot.name()), timestamp_writes: ts });
+                let mut pass = self.ctx.begin_pass(enc, steps[i].slot.name(), ts);
                 loop {
                     if let Some((_, Some(prog))) = self.progs.get(&(tokens, i)) {
-                        prog.record(&mut pass);
+                        self.ctx.record(&mut pass, prog);
                     }
                     i += 1;
                     if single || i >= steps.len() || matches!(steps[i].kind, StepKind::Plumb(Plumb::Copy { .. })) {
@@ -227,16 +285,15 @@ impl GpuExec {
             if !self.batch
                 && let Some(enc) = encoder.take()
             {
-                self.ctx.queue.submit([enc.finish()]);
+                let cmd = enc.finish();
+                phases.encode += lap.lap();
+                self.ctx.submit(cmd);
+                phases.submit += lap.lap();
             }
         }
         let resolve = qs.as_ref().map(|q| {
-            let buf = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("step timestamps"),
-                size: (16 * n as u64).max(16),
-                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            });
+            let usage = wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC;
+            let buf = self.ctx.buffer("step timestamps", (16 * n as u64).max(16), usage);
             let enc = encoder
                 .get_or_insert_with(|| self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("resolve") }));
             enc.resolve_query_set(q, 0..2 * n, &buf, 0);
@@ -251,12 +308,16 @@ impl GpuExec {
             }
         }
         if let Some(enc) = encoder.take() {
-            self.ctx.queue.submit([enc.finish()]);
+            let cmd = enc.finish();
+            phases.encode += lap.lap();
+            self.ctx.submit(cmd);
         }
+        phases.submit += lap.lap();
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(RuntimeError::Gpu(format!("validation error running the forward pass: {e}")));
         }
         self.ctx.wait().map_err(err)?;
+        phases.wait += lap.lap();
         if let Some(buf) = resolve {
             let bytes = self.ctx.read(&buf, 16 * n as u64).map_err(err)?;
             let t: &[u64] = bytemuck::cast_slice(&bytes);
@@ -272,7 +333,14 @@ impl GpuExec {
             let bytes = self.ctx.read_mapped(&self.staging[&id], (len * 4) as u64).map_err(err)?;
             out.push(bytemuck::pod_collect_to_vec(&bytes));
         }
+        phases.post += lap.lap();
         Ok(out)
+    }
+
+    /// Whether the next [`GpuExec::run`] times each step (asked, and the adapter
+    /// has timestamp queries).
+    pub fn profiles_next(&self) -> bool {
+        self.profile && self.ctx.caps.timestamp_query
     }
 
     /// GPU dispatches of the prepared steps of layer `l` in the pass of `tokens` tokens.
@@ -286,7 +354,7 @@ impl GpuExec {
     }
 
     pub fn write(&self, id: BufId, data: &[f32]) {
-        self.ctx.queue.write_buffer(&self.bufs[id], 0, bytemuck::cast_slice(data));
+        self.ctx.write(&self.bufs[id], 0, bytemuck::cast_slice(data));
     }
 }
 
@@ -295,9 +363,10 @@ mod tests {
     use crate::kernels::{DType, Problem, find};
     use crate::testing::test_gpu;
 
-    /// A decode step rebuilt for the next position takes over its predecessor's
-    /// uniform and scratch buffers and bind groups (no creation), and computes
-    /// what a program built from scratch for that position computes.
+    /// A program rebuilt for other values of its problem (what prefill attention
+    /// gets as the position moves) takes over its predecessor's uniform and
+    /// scratch buffers and bind groups (no creation), and computes what a program
+    /// built from scratch for those values computes.
     #[test]
     fn a_rebuilt_step_reuses_its_buffers_and_computes_the_same() {
         let Some(gpu) = test_gpu() else { return };

@@ -1,8 +1,9 @@
 //! Executes a plan on a backend: weights loaded into the plan's buffers, the
 //! embedding of each token looked up on the host, prefill (a prompt at once) and
-//! decode (one token at a time against the KV cache), greedy generation, and the
-//! time each slot took.
+//! decode (one token at a time against the KV cache), greedy generation, the
+//! time each slot took, and what each decode token cost the host ([`counters`]).
 
+pub mod counters;
 pub mod cpu;
 pub mod gpu;
 pub mod image;
@@ -20,6 +21,7 @@ use crate::gpu::GpuCtx;
 use crate::kernels::quant::QMatrix;
 use crate::kernels::{DType, KernelError};
 use crate::plan::{BufId, BufRole, Plan, PlanError, Slot, WeightSource};
+use counters::{DecodeCounters, DecodeTally, Lap, Phases};
 use cpu::{CpuExec, HostBuf};
 use gpu::GpuExec;
 
@@ -117,6 +119,8 @@ pub struct Engine {
     /// How the soft tokens of an image attend to each other (the default:
     /// bidirectionally, as Gemma 3's processor asks).
     pub image_attention: ImageAttention,
+    /// Host phases and GPU counts of the tallied decode steps ([`counters`]).
+    tally: DecodeTally,
 }
 
 /// Rows that take the place of a placeholder token's embedding, in order.
@@ -337,6 +341,7 @@ impl Engine {
             cpu_prefetch: None,
             soft: None,
             image_attention: ImageAttention::default(),
+            tally: DecodeTally::default(),
         })
     }
 
@@ -362,6 +367,14 @@ impl Engine {
             }
         }
         w
+    }
+
+    /// Per decode token: host time by phase and, on a GPU, what the device's
+    /// context did, averaged over the decode steps after the engine's first (which
+    /// compiles the decode schedule), profiled steps left out; None before such a
+    /// step.
+    pub fn decode_counters(&self) -> Option<DecodeCounters> {
+        self.tally.per_token()
     }
 
     /// Forgets the KV cache (the next call starts at position 0).
@@ -494,13 +507,21 @@ impl Engine {
     /// positions `[start, end)` within it attended bidirectionally (`(0, 0)`: none).
     fn forward_chunk(&mut self, tokens: &[u32], block: (usize, usize)) -> Result<(), RuntimeError> {
         let t = tokens.len();
+        let decode = t == 1;
+        // Tallied: a decode step whose schedule is compiled, not profiled.
+        let tallied = decode && self.schedules.iter().any(|(n, _)| *n == 1) && !matches!(&self.exec, Exec::Gpu(g) if g.profiles_next());
+        let counts0 = match &self.exec {
+            Exec::Gpu(g) => Some(g.ctx.counters.snapshot()),
+            Exec::Cpu(_) => None,
+        };
+        let mut phases = Phases::default();
+        let mut lap = Lap::start();
         self.embed(tokens)?;
         let si = self.schedule(t, self.pos)?;
         // A schedule comes back causal; a pass of one token has no block to widen.
         if t > 1 && block.0 < block.1 && !self.plan.set_bidirectional(&mut self.schedules[si].1, block)? {
             return Err(RuntimeError::Internal(format!("a prefill attention kernel refuses the bidirectional block {block:?}")));
         }
-        let decode = t == 1;
         for v in self.pass_times.seconds.values_mut() {
             *v = 0.0;
         }
@@ -522,9 +543,11 @@ impl Engine {
                 });
                 crate::kernels::cpu::set_prefetch_bytes(self.cpu_prefetch.unwrap_or(crate::kernels::cpu::DEFAULT_PREFETCH));
                 e.write(x0, &self.x)?;
+                phases.prepare += lap.lap();
                 // The kernels' parallel loops run on the persistent spinning pool
                 // (kernels::cpu::pool), whose caller is this thread.
                 e.run(steps, &mut self.pass_times)?;
+                phases.compute += lap.lap();
                 self.dispatches_per_layer = steps.iter().filter(|s| s.layer == Some(0)).count();
                 for b in blocks {
                     let part = e.view(b.logits, rows * b.rows)?;
@@ -534,7 +557,9 @@ impl Engine {
             Exec::Gpu(e) => {
                 e.write(x0, &self.x);
                 let reads: Vec<(BufId, usize)> = blocks.iter().map(|b| (b.logits, rows * b.rows)).collect();
-                let parts = e.run(t, steps, &mut self.pass_times, &reads)?;
+                phases.prepare += lap.lap();
+                let parts = e.run(t, self.pos, steps, &mut self.pass_times, &reads, &mut phases)?;
+                lap.lap();
                 self.dispatches_per_layer = e.dispatches(t, steps, 0);
                 for (b, part) in blocks.iter().zip(&parts) {
                     scatter(&mut self.logits, part, b.start, b.rows, vocab);
@@ -557,6 +582,14 @@ impl Engine {
             && c > 0.0
         {
             self.logits.iter_mut().for_each(|v| *v = ((*v as f64 / c).tanh() * c) as f32);
+        }
+        phases.post += lap.lap();
+        if tallied {
+            let counts = match (&self.exec, counts0) {
+                (Exec::Gpu(g), Some(c0)) => Some(g.ctx.counters.snapshot().since(&c0)),
+                _ => None,
+            };
+            self.tally.add(&phases, counts);
         }
         Ok(())
     }

@@ -9,6 +9,7 @@ mod bench_image;
 mod bench_kernels;
 mod cli;
 mod eval;
+mod gpu_counters;
 mod layering;
 mod model_load;
 mod profile;

@@ -1,7 +1,9 @@
 // Head of the WGSL decode attention kernels (attention_decode_stream,
 // attention_decode_splitkv, attention_decode_splitkv_sg), before
 // attention_dims.wgsl: the overrides they share, and the split-KV kernels' names for
-// the uniform's own words.
+// the uniform's own words. The KV length is position.wgsl's kv_len (one buffer a
+// pass), not the uniform block's: their programs serve every position, on grids
+// sized for the cache's capacity whose workgroups past the visible keys exit.
 
 override WG: u32 = 128;
 override HD: u32 = 64;        // head_dim, specialised by the host

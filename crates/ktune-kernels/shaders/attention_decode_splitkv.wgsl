@@ -19,7 +19,7 @@
 // HD and GH (<= 8) are specialised by the host; WG must be a power of two.
 // Heads: attention_decode_head.wgsl (WG, HD), attention_dims.wgsl (W_F16, Dims). Includes: attention.wgsl,
 // wload.wgsl (W_F16, 16-byte words).
-// Requires: attention_decode_head.wgsl, attention_dims.wgsl, attention.wgsl.
+// Requires: attention_decode_head.wgsl, attention_dims.wgsl, attention.wgsl, position.wgsl.
 
 override GH: u32 = 4;
 override CHUNK: u32 = 256;
@@ -33,7 +33,7 @@ var<workgroup> red: array<vec4<f32>, 2u * WG>;
 
 // First key of the query (at position kv_len - 1).
 fn first_key_decode() -> u32 {
-    return first_key(dims.kv_len - 1u, dims.window);
+    return first_key(position.kv_len - 1u, dims.window);
 }
 
 fn pick(a: vec4<f32>, b: vec4<f32>, g: u32) -> f32 {
@@ -51,7 +51,11 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let ng = hb.z;
     let hd4 = HD / 4u;
     let s0 = first_key_decode() + wid.y * CHUNK;
-    let s1 = min(s0 + CHUNK, dims.kv_len);
+    // The grid covers the cache's capacity: splits past the visible keys have nothing to do.
+    if (s0 >= position.kv_len) {
+        return;
+    }
+    let s1 = min(s0 + CHUNK, position.kv_len);
 
     for (var i = tid; i < GH * hd4; i += WG) {
         let g = i / hd4;
@@ -193,7 +197,7 @@ fn reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
         return;
     }
     let h = idx / HD;
-    let keys = dims.kv_len - first_key_decode();
+    let keys = position.kv_len - first_key_decode();
     let nsplit = (keys + CHUNK - 1u) / CHUNK;
     var mx = NEG;
     for (var s = 0u; s < nsplit; s++) {

@@ -24,7 +24,7 @@
 // and a workgroup at least one subgroup wide.
 // Heads: attention_decode_head.wgsl (WG, HD), attention_dims.wgsl (W_F16, Dims). Includes: attention.wgsl,
 // wload.wgsl (W_F16, 16-byte words).
-// Requires: attention_decode_head.wgsl, attention_dims.wgsl, attention.wgsl.
+// Requires: attention_decode_head.wgsl, attention_dims.wgsl, attention.wgsl, position.wgsl.
 
 override GH: u32 = 4;
 override CHUNK: u32 = 64;
@@ -43,7 +43,7 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32, @
     let hd4 = HD / 4u;
     let vl = wwords16(HD);
     let heads = dims.heads;
-    let lo = first_key(dims.kv_len - 1u, dims.window);
+    let lo = first_key(position.kv_len - 1u, dims.window);
     let base = kh * dims.kv_cap;
 
     // this lane's query words of every head, pre-scaled; slot g * WPL + i is word
@@ -68,10 +68,10 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_id) sg: u32, @
     for (var vs = sg; vs < SPW; vs += nsg) {
         let pi = wid.y * SPW + vs;
         let s0 = lo + pi * CHUNK;
-        if (s0 >= dims.kv_len) {
+        if (s0 >= position.kv_len) {
             break;
         }
-        let s1 = min(s0 + CHUNK, dims.kv_len);
+        let s1 = min(s0 + CHUNK, position.kv_len);
         var m: array<f32, 8>;
         var l: array<f32, 8>;
         var acc_a: array<vec4<f32>, 16>;

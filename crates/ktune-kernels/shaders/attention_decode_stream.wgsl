@@ -12,7 +12,7 @@
 // Heads: attention_decode_head.wgsl (WG, HD), attention_dims.wgsl (W_F16, Dims).
 // Includes: attention.wgsl, reduce_wg.wgsl (the trees), wload.wgsl (W_F16, 16-byte
 // words).
-// Requires: attention_decode_head.wgsl, attention_dims.wgsl, attention.wgsl, reduce_wg.wgsl.
+// Requires: attention_decode_head.wgsl, attention_dims.wgsl, attention.wgsl, position.wgsl, reduce_wg.wgsl.
 
 override KPT: u32 = 2;
 
@@ -43,7 +43,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         return;
     }
     let kh = kv_head(h, dims.heads, dims.kv_heads);
-    let hi = dims.kv_len;
+    let hi = position.kv_len;
     let lo = first_key(hi - 1u, dims.window);
     for (var i = tid; i < HD / 4u; i += WG) {
         qs[i] = q[h * (HD / 4u) + i] * dims.scale;

@@ -1,8 +1,9 @@
 // The runtime's own data movement (not tuned kernels): splitting a fused QKV
 // projection into q, k and v (adding the bias), a broadcast bias add in place,
 // and writing new K/V rows into the head-major cache ([kv_heads, kv_cap, head_dim])
-// as f32 or as packed f16 pairs.
-// Requires: grid.wgsl.
+// as f32 or as packed f16 pairs at position.wgsl's pos0 (the block's `e` word is
+// not read).
+// Requires: grid.wgsl, position.wgsl.
 
 override WG: u32 = 256;
 
@@ -66,7 +67,7 @@ fn kv_index(i: u32, kd: Dims) -> u32 {
     let t = i / (kvh * d);
     let h = (i / d) % kvh;
     let e = i % d;
-    return (h * kd.d + kd.e + t) * d + e;
+    return (h * kd.d + position.pos0 + t) * d + e;
 }
 
 @group(0) @binding(0) var<storage, read> kv_src: array<f32>;

@@ -1,7 +1,10 @@
 //! The wgpu context: one device and queue per adapter, the pipeline cache keyed by
 //! shader, entry point and `override` constants, buffer helpers, programs (the
-//! dispatches of one kernel variant, built once and recorded many times) and
-//! timestamp-query timing.
+//! dispatches of one kernel variant, built once and recorded many times),
+//! timestamp-query timing, and the counters of what the context does on the
+//! host's behalf ([`GpuCounters`]: objects created, queue writes, passes,
+//! dispatches, submits, waits, bytes read back), each counted in the one place
+//! that does it.
 //!
 //! Shader modules are built checked (wgpu's runtime bounds checks) or, on
 //! request, trusted ([`GpuCtx::with_trusted_shaders`]): `create_shader_module_trusted`
@@ -147,6 +150,75 @@ impl PipelineStats {
     }
 }
 
+/// Declares [`GpuCounts`] (plain totals) and [`GpuCounters`] (the same fields as
+/// atomics, shared by a device's views) from one list of fields.
+macro_rules! counters {
+    ($($(#[$doc:meta])* $field:ident),+ $(,)?) => {
+        /// What a device's context did on the host's behalf, as totals since it was
+        /// opened ([`GpuCounters::snapshot`]) or between two snapshots ([`GpuCounts::since`]).
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct GpuCounts {
+            $($(#[$doc])* pub $field: u64,)+
+        }
+
+        /// The running totals behind [`GpuCounts`], one atomic per field, bumped where
+        /// the context does the thing counted.
+        #[derive(Debug, Default)]
+        pub struct GpuCounters {
+            $($field: std::sync::atomic::AtomicU64,)+
+        }
+
+        impl GpuCounters {
+            /// The totals so far.
+            pub fn snapshot(&self) -> GpuCounts {
+                use std::sync::atomic::Ordering::Relaxed;
+                GpuCounts { $($field: self.$field.load(Relaxed),)+ }
+            }
+        }
+
+        impl GpuCounts {
+            /// What happened between `earlier` and `self` (two snapshots of one device).
+            pub fn since(&self, earlier: &GpuCounts) -> GpuCounts {
+                GpuCounts { $($field: self.$field.saturating_sub(earlier.$field),)+ }
+            }
+
+            /// Field-wise sum.
+            pub fn plus(&self, other: &GpuCounts) -> GpuCounts {
+                GpuCounts { $($field: self.$field + other.$field,)+ }
+            }
+        }
+    };
+}
+
+counters! {
+    /// Compute dispatches recorded ([`GpuCtx::record`]).
+    dispatches,
+    /// Compute passes begun ([`GpuCtx::begin_pass`]).
+    passes,
+    /// Command buffers submitted ([`GpuCtx::submit`]).
+    submits,
+    /// `queue.write_buffer` calls and the bytes they wrote ([`GpuCtx::write`]).
+    writes,
+    write_bytes,
+    /// Buffers created ([`GpuCtx::buffer`]).
+    buffers,
+    /// Bind groups created ([`GpuCtx::bind_group`]; a recycled one is not).
+    bind_groups,
+    /// Timestamp query sets created ([`GpuCtx::query_set`]).
+    query_sets,
+    /// Compute pipelines built (cache misses of [`GpuCtx::pipeline`]).
+    pipelines,
+    /// Host waits on the GPU: blocking polls ([`GpuCtx::wait`]), a buffer map's included.
+    waits,
+    /// Bytes copied out of mapped buffers to the host ([`GpuCtx::read_mapped`]).
+    read_bytes,
+}
+
+/// Adds `n` to one counter.
+fn bump(counter: &std::sync::atomic::AtomicU64, n: u64) {
+    counter.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The calling thread's CPU time in nanoseconds (0 where it cannot be read).
 fn thread_cpu_nanos() -> u64 {
     #[cfg(target_os = "linux")]
@@ -183,6 +255,8 @@ pub struct GpuCtx {
     pipelines: PipelineCache,
     /// Pipelines built on this device and the time it took (shared by its views).
     pub pipeline_stats: Arc<PipelineStats>,
+    /// What this device's context has done (shared by its views).
+    pub counters: Arc<GpuCounters>,
     /// What a program being rebuilt leaves to its successor ([`GpuCtx::rebuild`]).
     recycle: Mutex<Recycle>,
 }
@@ -248,6 +322,15 @@ impl GpuProgram {
     pub fn dispatches(&self) -> usize {
         self.steps.len()
     }
+}
+
+/// The binding of the pass-position uniform (`shaders/position.wgsl`).
+pub const POSITION_BINDING: u32 = 7;
+
+/// The pass-position uniform's words for a pass of `tokens` tokens from `pos0`:
+/// `[pos0, kv_len = pos0 + tokens, 0, 0]` (16 bytes).
+pub fn position_words(pos0: usize, tokens: usize) -> [u32; 4] {
+    [pos0 as u32, (pos0 + tokens) as u32, 0, 0]
 }
 
 /// Rounds a size up to a multiple of 16 bytes (the widest vector element).
@@ -323,6 +406,7 @@ impl GpuCtx {
                 std::num::NonZeroUsize::new(PIPELINE_CACHE_ENTRIES).expect("a non-zero capacity"),
             ))),
             pipeline_stats: Arc::default(),
+            counters: Arc::default(),
             recycle: Mutex::default(),
         }))
     }
@@ -343,6 +427,7 @@ impl GpuCtx {
             modules: self.modules.clone(),
             pipelines: self.pipelines.clone(),
             pipeline_stats: self.pipeline_stats.clone(),
+            counters: self.counters.clone(),
             recycle: Mutex::default(),
         })
     }
@@ -417,6 +502,7 @@ impl GpuCtx {
             return Err(GpuError::Pipeline { shader: shader.label(), entry: entry.into(), message: e.to_string() });
         }
         self.pipeline_stats.add(start);
+        bump(&self.counters.pipelines, 1);
         let pipe = Arc::new(pipe);
         self.pipelines.lock().unwrap_or_else(|e| e.into_inner()).put(key, pipe.clone());
         Ok(pipe)
@@ -449,6 +535,7 @@ impl GpuCtx {
             .collect();
         let group =
             self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(label), layout: &layout, entries: &wgpu_entries });
+        bump(&self.counters.bind_groups, 1);
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(GpuError::Validation { what: format!("binding `{label}`"), message: e.to_string() });
         }
@@ -536,19 +623,57 @@ impl GpuCtx {
             data.push(0);
         }
         let (size, usage) = ((data.len() * 4) as u64, wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST);
-        let buf = self.recycled_buffer(size, usage).unwrap_or_else(|| {
-            self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: false })
-        });
-        self.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&data));
+        let buf = self.recycled_buffer(size, usage).unwrap_or_else(|| self.buffer(label, size, usage));
+        self.write(&buf, 0, bytemuck::cast_slice(&data));
         buf
+    }
+
+    /// A new buffer of `size` bytes (the one place the context creates buffers).
+    pub fn buffer(&self, label: &str, size: u64, usage: wgpu::BufferUsages) -> wgpu::Buffer {
+        bump(&self.counters.buffers, 1);
+        self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: false })
+    }
+
+    /// A new timestamp query set of `count` queries.
+    pub fn query_set(&self, label: &str, count: u32) -> wgpu::QuerySet {
+        bump(&self.counters.query_sets, 1);
+        self.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some(label), ty: wgpu::QueryType::Timestamp, count })
+    }
+
+    /// `queue.write_buffer` of `data` into `buf` at `offset`.
+    pub fn write(&self, buf: &wgpu::Buffer, offset: u64, data: &[u8]) {
+        bump(&self.counters.writes, 1);
+        bump(&self.counters.write_bytes, data.len() as u64);
+        self.queue.write_buffer(buf, offset, data);
+    }
+
+    /// Submits one command buffer.
+    pub fn submit(&self, commands: wgpu::CommandBuffer) {
+        bump(&self.counters.submits, 1);
+        self.queue.submit([commands]);
+    }
+
+    /// Begins a compute pass on `enc`.
+    pub fn begin_pass<'e>(
+        &self,
+        enc: &'e mut wgpu::CommandEncoder,
+        label: &str,
+        timestamp_writes: Option<wgpu::ComputePassTimestampWrites<'_>>,
+    ) -> wgpu::ComputePass<'e> {
+        bump(&self.counters.passes, 1);
+        enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(label), timestamp_writes })
+    }
+
+    /// Records `program`'s dispatches into `pass`.
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, program: &GpuProgram) {
+        bump(&self.counters.dispatches, program.dispatches() as u64);
+        program.record(pass);
     }
 
     /// A storage buffer of at least `bytes`, padded to 16 bytes.
     pub fn storage(&self, label: &str, bytes: u64) -> wgpu::Buffer {
         let (size, usage) = (padded(bytes), wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC);
-        self.recycled_buffer(size, usage).unwrap_or_else(|| {
-            self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: false })
-        })
+        self.recycled_buffer(size, usage).unwrap_or_else(|| self.buffer(label, size, usage))
     }
 
     /// A storage buffer initialised with `data` (padded with zeros to 16 bytes).
@@ -556,7 +681,7 @@ impl GpuCtx {
         let buf = self.storage(label, data.len() as u64);
         let mut padded_data = data.to_vec();
         padded_data.resize(padded(data.len() as u64) as usize, 0);
-        self.queue.write_buffer(&buf, 0, &padded_data);
+        self.write(&buf, 0, &padded_data);
         buf
     }
 
@@ -576,17 +701,13 @@ impl GpuCtx {
         }
         let out = slice.get_mapped_range().map_err(|e| GpuError::Map(e.to_string()))?[..bytes as usize].to_vec();
         staging.unmap();
+        bump(&self.counters.read_bytes, bytes);
         Ok(out)
     }
 
     /// A mappable buffer of `bytes` (padded) that copies land in for reading back.
     pub fn staging(&self, bytes: u64) -> wgpu::Buffer {
-        self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback"),
-            size: padded(bytes),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        })
+        self.buffer("readback", padded(bytes), wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST)
     }
 
     /// Copies `bytes` of `src` back to the host (through a new staging buffer).
@@ -595,12 +716,13 @@ impl GpuCtx {
         let staging = self.staging(bytes);
         let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
         enc.copy_buffer_to_buffer(src, 0, &staging, 0, size);
-        self.queue.submit([enc.finish()]);
+        self.submit(enc.finish());
         self.read_mapped(&staging, bytes)
     }
 
     /// Blocks until the queue is idle.
     pub fn wait(&self) -> Result<(), GpuError> {
+        bump(&self.counters.waits, 1);
         self.device.poll(wgpu::PollType::wait_indefinitely()).map(|_| ()).map_err(|e| GpuError::Poll(e.to_string()))
     }
 
@@ -610,12 +732,12 @@ impl GpuCtx {
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
         {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(label), timestamp_writes: None });
+            let mut pass = self.begin_pass(&mut enc, label, None);
             for p in programs {
-                p.record(&mut pass);
+                self.record(&mut pass, p);
             }
         }
-        self.queue.submit([enc.finish()]);
+        self.submit(enc.finish());
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(GpuError::Validation { what: format!("running `{label}`"), message: e.to_string() });
         }
@@ -636,34 +758,23 @@ impl GpuCtx {
         if !self.caps.timestamp_query || programs.is_empty() {
             return Ok(None);
         }
-        let qs = self.device.create_query_set(&wgpu::QuerySetDescriptor {
-            label: Some("ktune timing"),
-            ty: wgpu::QueryType::Timestamp,
-            count: 2,
-        });
-        let resolve = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("timestamps"),
-            size: 16,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
+        let qs = self.query_set("ktune timing", 2);
+        let resolve = self.buffer("timestamps", 16, wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("timed") });
         {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("timed"),
-                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
-                    query_set: &qs,
-                    beginning_of_pass_write_index: Some(0),
-                    end_of_pass_write_index: Some(1),
-                }),
-            });
+            let ts = wgpu::ComputePassTimestampWrites {
+                query_set: &qs,
+                beginning_of_pass_write_index: Some(0),
+                end_of_pass_write_index: Some(1),
+            };
+            let mut pass = self.begin_pass(&mut enc, "timed", Some(ts));
             for r in 0..reps.max(1) as usize {
-                programs[(first + r) % programs.len()].record(&mut pass);
+                self.record(&mut pass, &programs[(first + r) % programs.len()]);
             }
         }
         enc.resolve_query_set(&qs, 0..2, &resolve, 0);
-        self.queue.submit([enc.finish()]);
+        self.submit(enc.finish());
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(GpuError::Validation { what: "timing".into(), message: e.to_string() });
         }
@@ -682,7 +793,7 @@ pub mod builtin {
     use super::Shader;
 
     /// Splitting a fused QKV projection, a broadcast bias add, KV-cache writes.
-    pub static RUNTIME_PLUMB: Shader = crate::shader!("runtime_plumb.wgsl", "grid.wgsl");
+    pub static RUNTIME_PLUMB: Shader = crate::shader!("runtime_plumb.wgsl", "grid.wgsl", "position.wgsl");
     /// A streaming copy: the device's memory bandwidth.
     pub static BENCH_COPY: Shader = crate::shader!("bench_copy.wgsl");
     /// An FMA chain: the device's f32 FMA peak.

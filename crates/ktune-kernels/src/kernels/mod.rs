@@ -256,6 +256,9 @@ pub struct WgslSetup<'a> {
     pub params: &'a Params,
     /// The op's buffers in binding order (see [`Problem::buffers`]).
     pub bufs: &'a [&'a wgpu::Buffer],
+    /// The pass-position buffer a position-reading kernel binds
+    /// ([`WgslSetup::position`]); None: its own, holding the problem's position.
+    position: Option<&'a wgpu::Buffer>,
 }
 
 /// Builds the pipelines, uniforms, scratch buffers and bind groups of one variant.
@@ -542,6 +545,24 @@ impl KernelDef {
         params: &Params,
         bufs: &[&wgpu::Buffer],
     ) -> Result<GpuProgram, KernelError> {
+        self.prepare_wgsl_at(gpu, problem, dtype, params, bufs, None)
+    }
+
+    /// [`KernelDef::prepare_wgsl`] for a caller that owns the pass-position buffer
+    /// (`shaders/position.wgsl`, [`crate::gpu::position_words`]): a kernel whose
+    /// results depend on the position (RoPE, the fused q/k norm + RoPE, decode
+    /// attention) binds `position` and reads pos0 / kv_len from it, so its program
+    /// serves every position up to the problem's capacity and the caller moves it
+    /// by writing that buffer. With None each such program holds its problem's own.
+    pub fn prepare_wgsl_at(
+        &self,
+        gpu: &GpuCtx,
+        problem: &Problem,
+        dtype: DType,
+        params: &Params,
+        bufs: &[&wgpu::Buffer],
+        position: Option<&wgpu::Buffer>,
+    ) -> Result<GpuProgram, KernelError> {
         let Impl::Wgsl(w) = &self.imp else {
             return Err(KernelError::NeedsCpu(self.id.to_string()));
         };
@@ -549,7 +570,7 @@ impl KernelDef {
         if specs.len() != bufs.len() {
             return Err(KernelError::Buffers { kernel: self.id.into(), expected: specs.len(), got: bufs.len() });
         }
-        (w.prepare)(&WgslSetup { kernel: self, shader: w.shader, gpu, problem, dtype, params, bufs })
+        (w.prepare)(&WgslSetup { kernel: self, shader: w.shader, gpu, problem, dtype, params, bufs, position })
     }
 }
 
@@ -686,7 +707,8 @@ impl WgslSetup<'_> {
 
     /// The common case: one dispatch of the variant's shader at `entry` binding every
     /// op buffer in order and then a uniform block holding `uniform` (u32 words;
-    /// floats as `to_bits`).
+    /// floats as `to_bits`), and the pass position when the op reads one
+    /// ([`WgslSetup::position`]).
     pub fn one_step(
         &self,
         entry: &str,
@@ -696,10 +718,43 @@ impl WgslSetup<'_> {
     ) -> Result<GpuProgram, KernelError> {
         let pipe = self.gpu.pipeline(self.shader(), entry, constants)?;
         let u = self.gpu.uniform(self.kernel.id, uniform);
-        let mut binds: Vec<&wgpu::Buffer> = self.bufs.to_vec();
-        binds.push(&u);
-        let step = self.gpu.step(self.kernel.id, pipe, &binds, workgroups)?;
-        Ok(GpuProgram { steps: vec![step], owned: vec![u] })
+        let mut entries: Vec<crate::gpu::BindEntry> =
+            self.bufs.iter().chain([&&u]).enumerate().map(|(i, b)| (i as u32, (*b).clone(), 0, None)).collect();
+        let mut owned = vec![u.clone()];
+        if let Some((pos, own)) = self.position() {
+            entries.push((crate::gpu::POSITION_BINDING, pos, 0, None));
+            owned.extend(own);
+        }
+        let step = self.gpu.step_entries(self.kernel.id.to_string(), pipe, entries, workgroups)?;
+        Ok(GpuProgram { steps: vec![step], owned })
+    }
+
+    /// The pass position of an op whose result depends on it (RoPE, the fused q/k
+    /// norm + RoPE, decode attention; None for the others), to bind at
+    /// [`crate::gpu::POSITION_BINDING`] (`shaders/position.wgsl`): the caller's
+    /// buffer ([`KernelDef::prepare_wgsl_at`]), or a new one holding the problem's
+    /// own position, which the program must own (the second value).
+    pub fn position(&self) -> Option<(wgpu::Buffer, Option<wgpu::Buffer>)> {
+        let (pos0, tokens) = pass_position(self.problem)?;
+        Some(match self.position {
+            Some(b) => (b.clone(), None),
+            None => {
+                let b = self.gpu.uniform("position", &crate::gpu::position_words(pos0, tokens));
+                (b.clone(), Some(b))
+            }
+        })
+    }
+}
+
+/// `(pos0, tokens)` of the pass a problem whose result depends on the position
+/// belongs to (RoPE, the fused q/k norm + RoPE, decode attention: one token at
+/// kv_len - 1); None for the others. Its WGSL kernels read it from the position
+/// buffer ([`WgslSetup::position`]).
+pub fn pass_position(problem: &Problem) -> Option<(usize, usize)> {
+    match *problem {
+        Problem::Rope { pos0, tokens, .. } | Problem::QkNormRope { pos0, tokens, .. } => Some((pos0, tokens)),
+        Problem::AttentionDecode { kv_len, .. } => Some((kv_len.saturating_sub(1), 1)),
+        _ => None,
     }
 }
 

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::problem::{BufSpec, Problem, Role};
 use super::quant::{QFormat, QMatrix};
-use super::{Caps, CpuArgs, CpuIn, DType, Impl, KernelDef, KernelError, Params, reference};
+use super::{Caps, CpuArgs, CpuIn, DType, Impl, KernelDef, KernelError, Params, pass_position, reference};
 use crate::gpu::GpuCtx;
 
 /// A host-side tensor in its storage type.
@@ -183,7 +183,22 @@ impl GpuBuffers {
     }
 }
 
-/// Runs a WGSL variant on host inputs; returns the outputs.
+/// `problem` at another position than its own (the first or the capacity's last
+/// KV length, position 0 or 1), for a problem that has one ([`pass_position`]).
+fn elsewhere(problem: &Problem) -> Option<Problem> {
+    let mut p = problem.clone();
+    match &mut p {
+        Problem::Rope { pos0, .. } | Problem::QkNormRope { pos0, .. } => *pos0 = usize::from(*pos0 == 0),
+        Problem::AttentionDecode { kv_len, kv_cap, .. } => *kv_len = if *kv_len == *kv_cap { 1 } else { *kv_cap },
+        _ => return None,
+    }
+    Some(p)
+}
+
+/// Runs a WGSL variant on host inputs; returns the outputs. A kernel that reads
+/// the pass position is built as the runtime builds it, for another position
+/// ([`elsewhere`]), and moved to the problem's by the position buffer
+/// ([`KernelDef::prepare_wgsl_at`]): what it computes must come from that buffer.
 pub fn run_gpu(
     gpu: &GpuCtx,
     k: &KernelDef,
@@ -193,7 +208,13 @@ pub fn run_gpu(
     ins: &[HostTensor],
 ) -> Result<Vec<Vec<f32>>, KernelError> {
     let bufs = GpuBuffers::new(gpu, problem, dtype, ins);
-    let prog = k.prepare_wgsl(gpu, problem, dtype, params, &bufs.refs())?;
+    let prog = match (pass_position(problem), elsewhere(problem)) {
+        (Some((pos0, tokens)), Some(moved)) => {
+            let position = gpu.uniform("position", &crate::gpu::position_words(pos0, tokens));
+            k.prepare_wgsl_at(gpu, &moved, dtype, params, &bufs.refs(), Some(&position))?
+        }
+        _ => k.prepare_wgsl(gpu, problem, dtype, params, &bufs.refs())?,
+    };
     gpu.run(k.id, &[&prog])?;
     bufs.read_outputs(gpu)
 }

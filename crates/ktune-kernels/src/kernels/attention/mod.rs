@@ -64,11 +64,9 @@ static PREFILL_FLASH2: Shader =
     shader!(head "attention_dims.wgsl"; "flash2.wgsl", "attention_prefill_flash2.wgsl", "attention.wgsl", "wload.wgsl");
 static PREFILL_FLASH2_SG: Shader =
     shader!(head "attention_dims.wgsl"; "flash2.wgsl", "attention_prefill_flash2_sg.wgsl", "attention.wgsl", "wload.wgsl");
-static DECODE_STREAM: Shader = shader!(head "attention_decode_head.wgsl", "attention_dims.wgsl"; "attention_decode_stream.wgsl", "attention.wgsl", "reduce_wg.wgsl", "wload.wgsl");
-static DECODE_SPLITKV: Shader =
-    shader!(head "attention_decode_head.wgsl", "attention_dims.wgsl"; "attention_decode_splitkv.wgsl", "attention.wgsl", "wload.wgsl");
-static DECODE_SPLITKV_SG: Shader =
-    shader!(head "attention_decode_head.wgsl", "attention_dims.wgsl"; "attention_decode_splitkv_sg.wgsl", "attention.wgsl", "wload.wgsl");
+static DECODE_STREAM: Shader = shader!(head "attention_decode_head.wgsl", "attention_dims.wgsl"; "attention_decode_stream.wgsl", "attention.wgsl", "reduce_wg.wgsl", "wload.wgsl", "position.wgsl");
+static DECODE_SPLITKV: Shader = shader!(head "attention_decode_head.wgsl", "attention_dims.wgsl"; "attention_decode_splitkv.wgsl", "attention.wgsl", "wload.wgsl", "position.wgsl");
+static DECODE_SPLITKV_SG: Shader = shader!(head "attention_decode_head.wgsl", "attention_dims.wgsl"; "attention_decode_splitkv_sg.wgsl", "attention.wgsl", "wload.wgsl", "position.wgsl");
 
 /// Query heads one `attention_decode_splitkv` workgroup handles at most (its
 /// per-invocation score and accumulator arrays are sized for this many).

@@ -1,12 +1,15 @@
 //! The WGSL decode kernels' setup: `attention_decode_stream`,
 //! `attention_decode_splitkv` (split-KV partials, then the `reduce` merge) and
 //! `attention_decode_splitkv_sg` with its geometry ([`SgPlan`]): validity, workgroup
-//! memory, `prepare`.
+//! memory, `prepare`. All three read the KV length from the pass-position buffer
+//! (`shaders/position.wgsl`), so a program serves every position up to the cache's
+//! capacity: the split-KV grids and partial buffers are sized for the most keys a
+//! query can see there, and the splits past the visible keys exit at once.
 
 use super::shape::{Shape, check_grid, check_row_fits, check_wgsl_shape, per_word, shape_or_invalid};
 use super::{DECODE_SPLITKV, SPLITKV_MAX_HEADS, SPLITKV_SG_SLOTS, step_at, step_with};
 use crate::device::GpuCaps;
-use crate::gpu::{GpuProgram, grid_2d, groups};
+use crate::gpu::{GpuProgram, POSITION_BINDING, grid_2d, groups};
 use crate::kernels::wgsl::subgroup_fits;
 use crate::kernels::{DType, KernelError, Params, Problem, WgslSetup, param};
 
@@ -41,10 +44,12 @@ pub(super) fn splitkv_groups(s: &Shape) -> (usize, usize) {
     (nsub, g.div_ceil(nsub))
 }
 
-/// Number of `chunk`-key splits of the visible keys.
+/// Number of `chunk`-key splits of the most keys the query sees at any position
+/// up to the cache's capacity (the window, or the whole cache): the grid's, of
+/// which those past the visible keys exit.
 pub(super) fn splitkv_splits(s: &Shape, chunk: usize) -> usize {
-    let (lo, hi) = s.range(0);
-    (hi - lo).div_ceil(chunk.max(1))
+    let most = if s.window > 0 { s.window.min(s.kv_cap) } else { s.kv_cap };
+    most.div_ceil(chunk.max(1))
 }
 
 pub(super) fn shared_splitkv(prob: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
@@ -81,12 +86,20 @@ pub(super) fn prepare_splitkv(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelErr
     words.extend([nsub as u32, ml_off as u32]);
     let u = s.gpu.uniform(s.kernel.id, &words);
     let part = s.gpu.storage("attention partials", ((ml_off + 2 * splits * sh.heads) * 4) as u64);
+    let (pos, own) = positioned(s)?;
     let (q, k, v, out) = (s.bufs[0], s.bufs[1], s.bufs[2], s.bufs[3]);
+    let p = (POSITION_BINDING, &pos);
     let steps = vec![
-        step_at(s, "split", &consts, &[(0, q), (1, k), (2, v), (4, &u), (5, &part)], [(sh.kv_heads * nsub) as u32, splits as u32, 1])?,
-        step_at(s, "reduce", &consts, &[(3, out), (4, &u), (5, &part)], grid_2d(groups(sh.heads * sh.d, wg)))?,
+        step_at(s, "split", &consts, &[(0, q), (1, k), (2, v), (4, &u), (5, &part), p], [(sh.kv_heads * nsub) as u32, splits as u32, 1])?,
+        step_at(s, "reduce", &consts, &[(3, out), (4, &u), (5, &part), p], grid_2d(groups(sh.heads * sh.d, wg)))?,
     ];
-    Ok(GpuProgram { steps, owned: vec![u, part] })
+    Ok(GpuProgram { steps, owned: [u, part].into_iter().chain(own).collect() })
+}
+
+/// The pass-position buffer of a decode attention program, and the one the
+/// program owns when it holds its own ([`WgslSetup::position`]).
+fn positioned(s: &WgslSetup<'_>) -> Result<(wgpu::Buffer, Option<wgpu::Buffer>), KernelError> {
+    s.position().ok_or_else(|| KernelError::Invalid { kernel: s.kernel.id.to_string(), reason: "not a decode attention problem".into() })
 }
 
 /// How `attention_decode_splitkv_sg` lays out one call.
@@ -167,13 +180,15 @@ pub(super) fn prepare_splitkv_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, Kernel
     words.extend([p.nsub as u32, ml_off as u32]);
     let u = s.gpu.uniform(s.kernel.id, &words);
     let part = s.gpu.storage("attention partials", ((ml_off + 2 * p.parts * sh.heads) * 4) as u64);
+    let (pos, own) = positioned(s)?;
     let (q, k, v, out) = (s.bufs[0], s.bufs[1], s.bufs[2], s.bufs[3]);
+    let at = (POSITION_BINDING, &pos);
     let grid = [(sh.kv_heads * p.nsub) as u32, p.workgroups_y() as u32, 1];
     let steps = vec![
-        step_with(s, s.shader(), "split", &consts, &[(0, q), (1, k), (2, v), (4, &u), (5, &part)], grid)?,
-        step_with(s, &DECODE_SPLITKV, "reduce", &merge, &[(3, out), (4, &u), (5, &part)], grid_2d(groups(sh.heads * sh.d, wg)))?,
+        step_with(s, s.shader(), "split", &consts, &[(0, q), (1, k), (2, v), (4, &u), (5, &part), at], grid)?,
+        step_with(s, &DECODE_SPLITKV, "reduce", &merge, &[(3, out), (4, &u), (5, &part), at], grid_2d(groups(sh.heads * sh.d, wg)))?,
     ];
-    Ok(GpuProgram { steps, owned: vec![u, part] })
+    Ok(GpuProgram { steps, owned: [u, part].into_iter().chain(own).collect() })
 }
 
 #[cfg(test)]

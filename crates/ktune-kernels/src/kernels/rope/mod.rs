@@ -26,8 +26,8 @@ use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::shader;
 
-static ROPE_PAIR: Shader = shader!("rope_pair.wgsl", "rope.wgsl", "rotary.wgsl");
-static ROPE_SHARED: Shader = shader!("rope_shared.wgsl", "rope.wgsl", "rotary.wgsl");
+static ROPE_PAIR: Shader = shader!("rope_pair.wgsl", "rope.wgsl", "rotary.wgsl", "position.wgsl");
+static ROPE_SHARED: Shader = shader!("rope_shared.wgsl", "rope.wgsl", "rotary.wgsl", "position.wgsl");
 
 /// No weight buffer (x and inv_freq are f32 activations): only f32 is listed.
 const F32_ONLY: &[DType] = &[DType::F32];

@@ -26,7 +26,8 @@ static QKNR_WG: Shader = shader!(
     "reduce_wg.wgsl",
     "rms.wgsl",
     "rotary.wgsl",
-    "wload.wgsl"
+    "wload.wgsl",
+    "position.wgsl"
 );
 static QKNR_SG: Shader = shader!(
     "fused_qk_norm_rope_subgroup.wgsl",
@@ -35,7 +36,8 @@ static QKNR_SG: Shader = shader!(
     "reduce_sg.wgsl",
     "rms.wgsl",
     "rotary.wgsl",
-    "wload.wgsl"
+    "wload.wgsl",
+    "position.wgsl"
 );
 
 const QKNR_WG_PARAMS: &[ParamSpec] =

@@ -1,0 +1,17 @@
+// The position of a forward pass (`shader!(.., "position.wgsl")`): the first
+// position pos0 of the pass's tokens and the KV length after them (pos0 + tokens),
+// in one 16-byte uniform buffer at binding 7. The runtime writes it once a pass
+// and builds the programs that read it once per schedule (the same command stream
+// every token); a kernel prepared on its own gets a buffer of its problem's values
+// (kernels/mod.rs, WgslSetup::position). Read by RoPE (rope.wgsl, the fused q/k
+// norm + RoPE), the KV-cache write (runtime_plumb.wgsl) and the decode attention
+// kernels, instead of the position words of their own uniform blocks.
+
+struct Position {
+    pos0: u32,
+    kv_len: u32,
+    pad0: u32,
+    pad1: u32,
+}
+
+@group(0) @binding(7) var<uniform> position: Position;
