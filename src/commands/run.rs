@@ -304,7 +304,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
             engine.profile_next();
         }
         let t = Instant::now();
-        next = argmax(engine.decode_step(next)?);
+        next = engine.decode_next(next)?;
         let dt = t.elapsed().as_secs_f64();
         decode_wall.push(dt);
         decode_seconds += dt;

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use super::counters::{Lap, Phases};
 use super::{RuntimeError, SlotTimes};
-use crate::gpu::builtin::RUNTIME_PLUMB as PLUMB;
+use crate::gpu::builtin::{RUNTIME_PLUMB as PLUMB, SELECT_ARGMAX};
 use crate::gpu::{GpuCtx, GpuProgram, POSITION_BINDING, grid_2d, groups, position_words};
 use crate::kernels::{DType, Params, Problem};
 use crate::plan::{BufId, Plan, Plumb, Step, StepKind};
@@ -103,6 +103,60 @@ pub struct GpuExec {
     staging: HashMap<BufId, wgpu::Buffer>,
     /// The pass position (`shaders/position.wgsl`), written once per [`GpuExec::run`].
     position: wgpu::Buffer,
+    /// The on-GPU token selection of [`GpuExec::run`] with `select` (built on first use).
+    selector: Option<Selector>,
+}
+
+/// Greedy token selection on the GPU (`shaders/select_argmax.wgsl`): one
+/// program per LM-head block writes its argmax (index, logit) pair to `out`,
+/// copied to `staging` in the pass's submit; the host reads `8 x blocks` bytes
+/// and combines the pairs ([`combine_picks`]). A sampler replaces these
+/// programs by its own over the same logits buffers.
+pub struct Selector {
+    progs: Vec<GpuProgram>,
+    /// Each block's first vocabulary row.
+    starts: Vec<usize>,
+    out: wgpu::Buffer,
+    staging: wgpu::Buffer,
+}
+
+impl Selector {
+    /// `blocks`: each LM-head block's logits buffer, rows and first vocabulary
+    /// row, in vocabulary order; `cap`: the final logit softcapping (0: none).
+    pub fn new(ctx: &GpuCtx, bufs: &[wgpu::Buffer], blocks: &[(BufId, usize, usize)], cap: f32) -> Result<Selector, RuntimeError> {
+        let pipe = ctx.pipeline(&SELECT_ARGMAX, "argmax", &[("WG", WG as f64)]).map_err(err)?;
+        let bytes = (8 * blocks.len()) as u64;
+        let out = ctx.storage("selected", bytes);
+        let mut progs = Vec::with_capacity(blocks.len());
+        for (k, &(logits, rows, _)) in blocks.iter().enumerate() {
+            let u = ctx.uniform("select", &[rows as u32, k as u32, cap.to_bits(), 0]);
+            let step = ctx.step("argmax", pipe.clone(), &[&bufs[logits], &out, &u], [1, 1, 1]).map_err(err)?;
+            progs.push(GpuProgram { steps: vec![step], owned: vec![u] });
+        }
+        Ok(Selector { progs, starts: blocks.iter().map(|b| b.2).collect(), out, staging: ctx.staging(bytes) })
+    }
+}
+
+/// The token of the blocks' (block-local index, logit bits) pairs: the largest
+/// logit, the first on ties, NaN never winning, and 0 when logit 0 is NaN, as
+/// [`super::argmax`] scans the whole row.
+pub fn combine_picks(pairs: &[u32], starts: &[usize]) -> u32 {
+    let mut best: Option<(f32, u32)> = None;
+    for (k, (p, &start)) in pairs.chunks_exact(2).zip(starts).enumerate() {
+        let v = f32::from_bits(p[1]);
+        if k == 0 && v.is_nan() && p[0] == 0 {
+            return 0;
+        }
+        if p[0] == u32::MAX {
+            continue;
+        }
+        let i = start as u32 + p[0];
+        // Blocks come in vocabulary order: an equal later logit never wins.
+        if best.is_none_or(|(bv, _)| v > bv) {
+            best = Some((v, i));
+        }
+    }
+    best.map_or(0, |(_, i)| i)
 }
 
 fn err(e: impl std::fmt::Display) -> RuntimeError {
@@ -148,6 +202,7 @@ impl GpuExec {
             programs_built: 0,
             staging: HashMap::new(),
             position,
+            selector: None,
         })
     }
 
@@ -233,6 +288,10 @@ impl GpuExec {
     /// for both); per-step GPU times go to `times` when profiling
     /// (timestamp queries), else the pass's wall time goes to `times.total`. Its
     /// host time is added to `phases` (prepare, encode, submit, wait, post).
+    /// With `select` (`(blocks, cap)` as [`Selector::new`] takes them) the pass
+    /// ends with the on-GPU selection and its token comes back too (8 bytes a
+    /// block read back).
+    #[allow(clippy::too_many_arguments)]
     pub fn run(
         &mut self,
         tokens: usize,
@@ -240,10 +299,16 @@ impl GpuExec {
         steps: &[Step],
         times: &mut SlotTimes,
         reads: &[(BufId, usize)],
+        select: Option<(&[(BufId, usize, usize)], f32)>,
         phases: &mut Phases,
-    ) -> Result<Vec<Vec<f32>>, RuntimeError> {
+    ) -> Result<(Vec<Vec<f32>>, Option<u32>), RuntimeError> {
         let mut lap = Lap::start();
         self.prepare(tokens, steps)?;
+        if let Some((blocks, cap)) = select
+            && self.selector.is_none()
+        {
+            self.selector = Some(Selector::new(&self.ctx, &self.bufs, blocks, cap)?);
+        }
         self.ctx.write(&self.position, 0, bytemuck::cast_slice(&position_words(pos0, tokens)));
         for &(id, len) in reads {
             if self.staging.get(&id).is_none_or(|b| b.size() < crate::gpu::padded((len * 4) as u64)) {
@@ -299,6 +364,17 @@ impl GpuExec {
             enc.resolve_query_set(q, 0..2 * n, &buf, 0);
             buf
         });
+        if let Some(sel) = self.selector.as_ref().filter(|_| select.is_some()) {
+            let enc = encoder
+                .get_or_insert_with(|| self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("select") }));
+            {
+                let mut pass = self.ctx.begin_pass(enc, "select", None);
+                for p in &sel.progs {
+                    self.ctx.record(&mut pass, p);
+                }
+            }
+            enc.copy_buffer_to_buffer(&sel.out, 0, &sel.staging, 0, sel.staging.size());
+        }
         if !reads.is_empty() {
             let enc = encoder
                 .get_or_insert_with(|| self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("read") }));
@@ -333,8 +409,16 @@ impl GpuExec {
             let bytes = self.ctx.read_mapped(&self.staging[&id], (len * 4) as u64).map_err(err)?;
             out.push(bytemuck::pod_collect_to_vec(&bytes));
         }
+        let picked = match self.selector.as_ref().filter(|_| select.is_some()) {
+            Some(sel) => {
+                let bytes = self.ctx.read_mapped(&sel.staging, (8 * sel.starts.len()) as u64).map_err(err)?;
+                let pairs: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
+                Some(combine_picks(&pairs, &sel.starts))
+            }
+            None => None,
+        };
         phases.post += lap.lap();
-        Ok(out)
+        Ok((out, picked))
     }
 
     /// Whether the next [`GpuExec::run`] times each step (asked, and the adapter
@@ -360,8 +444,66 @@ impl GpuExec {
 
 #[cfg(test)]
 mod tests {
+    use super::{Selector, combine_picks};
     use crate::kernels::{DType, Problem, find};
     use crate::testing::test_gpu;
+
+    /// The GPU's greedy selection picks what the host's `argmax` picks: the
+    /// first of equal maxima (across a workgroup's lanes and across LM-head
+    /// blocks), NaN never winning, 0 when logit 0 is NaN, -0 equal to +0, and
+    /// the softcapped row's first maximum (saturated ties included).
+    #[test]
+    fn gpu_argmax_agrees_with_the_host_on_ties_and_nans() {
+        let Some(gpu) = test_gpu() else { return };
+        let n = 1000usize;
+        let nan = f32::NAN;
+        let ramp: Vec<f32> = (0..n).map(|i| ((i * 37) % 101) as f32 - 50.0).collect();
+        let mut cases: Vec<(&str, Vec<f32>, f32)> = vec![("ramp", ramp.clone(), 0.0)];
+        let mut ties = vec![1.0f32; n];
+        ties[700] = 3.0;
+        ties[300] = 3.0;
+        ties[301] = 3.0;
+        cases.push(("ties", ties.clone(), 0.0));
+        cases.push(("all equal", vec![2.0; n], 0.0));
+        let mut nans = ramp.clone();
+        nans.iter_mut().step_by(3).for_each(|v| *v = nan);
+        nans[5] = f32::INFINITY;
+        cases.push(("nans", nans, 0.0));
+        let mut nan0 = ties.clone();
+        nan0[0] = nan;
+        cases.push(("nan first", nan0, 0.0));
+        cases.push(("all nan", vec![nan; n], 0.0));
+        let mut zeros = vec![f32::NEG_INFINITY; n];
+        zeros[400] = -0.0;
+        zeros[200] = 0.0;
+        cases.push(("signed zeros", zeros, 0.0));
+        cases.push(("all -inf", vec![f32::NEG_INFINITY; n], 0.0));
+        // tanh saturates: 1e4 and 2e4 both cap to exactly 30.
+        let mut capped = ramp.clone();
+        capped[900] = 2e4;
+        capped[600] = 1e4;
+        cases.push(("softcapped", capped, 30.0));
+        for (what, row, cap) in cases {
+            let host_row: Vec<f32> =
+                if cap > 0.0 { row.iter().map(|&v| ((v as f64 / cap as f64).tanh() * cap as f64) as f32).collect() } else { row.clone() };
+            let want = crate::runtime::argmax(&host_row);
+            // One block, and the row cut into blocks of 333 rows (own buffers).
+            for block in [n, 333] {
+                let mut bufs = Vec::new();
+                let mut blocks = Vec::new();
+                for (k, part) in row.chunks(block).enumerate() {
+                    bufs.push(gpu.upload("logits", bytemuck::cast_slice(part)));
+                    blocks.push((k, part.len(), k * block));
+                }
+                let sel = Selector::new(&gpu, &bufs, &blocks, cap).expect("builds");
+                let progs: Vec<&crate::gpu::GpuProgram> = sel.progs.iter().collect();
+                gpu.run("argmax", &progs).expect("runs");
+                let bytes = gpu.read(&sel.out, (8 * blocks.len()) as u64).expect("reads");
+                let got = combine_picks(&bytemuck::pod_collect_to_vec::<u8, u32>(&bytes), &sel.starts);
+                assert_eq!(got, want, "{what}, blocks of {block}");
+            }
+        }
+    }
 
     /// A program rebuilt for other values of its problem (what prefill attention
     /// gets as the position moves) takes over its predecessor's uniform and

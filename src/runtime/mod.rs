@@ -459,8 +459,24 @@ impl Engine {
         if self.pos + 1 > ctx {
             return Err(RuntimeError::ContextFull { pos: self.pos + 1, context: ctx });
         }
-        self.forward_chunk(&[token], (0, 0))?;
+        self.forward_chunk(&[token], (0, 0), false)?;
         Ok(&self.logits)
+    }
+
+    /// One greedy decode step: `token` at the current position; the next token
+    /// ([`argmax`] of the logits). On the GPU the argmax runs there and only its
+    /// result is read back (8 bytes an LM-head block, not the logits), and the
+    /// engine's logits are left as they were; on the CPU it is
+    /// [`Engine::decode_step`] and the host argmax.
+    pub fn decode_next(&mut self, token: u32) -> Result<u32, RuntimeError> {
+        if !self.is_gpu() {
+            return self.decode_step(token).map(argmax);
+        }
+        let ctx = self.plan.options.context;
+        if self.pos + 1 > ctx {
+            return Err(RuntimeError::ContextFull { pos: self.pos + 1, context: ctx });
+        }
+        self.forward_chunk(&[token], (0, 0), true)?.ok_or_else(|| RuntimeError::Internal("the GPU pass selected no token".into()))
     }
 
     /// Runs `tokens` through the model at the current position (a prefill when
@@ -479,7 +495,7 @@ impl Engine {
         let pos0 = self.pos;
         for (start, end, (bs, be)) in prefill_passes(tokens, self.plan.options.max_tokens, image)? {
             let block = if bs < be { (pos0 + bs, pos0 + be) } else { (0, 0) };
-            self.forward_chunk(&tokens[start..end], block)?;
+            self.forward_chunk(&tokens[start..end], block, false)?;
         }
         Ok(self.logits.chunks(self.plan.config.vocab_size.max(1)).map(<[f32]>::to_vec).collect())
     }
@@ -505,7 +521,9 @@ impl Engine {
 
     /// Runs one chunk; its logits land in `self.logits` (softcapped). `block`: the
     /// positions `[start, end)` within it attended bidirectionally (`(0, 0)`: none).
-    fn forward_chunk(&mut self, tokens: &[u32], block: (usize, usize)) -> Result<(), RuntimeError> {
+    /// With `select` on the GPU, the greedy token is chosen there and returned
+    /// instead (the logits are not read back).
+    fn forward_chunk(&mut self, tokens: &[u32], block: (usize, usize), select: bool) -> Result<Option<u32>, RuntimeError> {
         let t = tokens.len();
         let decode = t == 1;
         // Tallied: a decode step whose schedule is compiled, not profiled.
@@ -516,6 +534,7 @@ impl Engine {
         };
         let mut phases = Phases::default();
         let mut lap = Lap::start();
+        let mut picked = None;
         self.embed(tokens)?;
         let si = self.schedule(t, self.pos)?;
         // A schedule comes back causal; a pass of one token has no block to widen.
@@ -556,9 +575,15 @@ impl Engine {
             }
             Exec::Gpu(e) => {
                 e.write(x0, &self.x);
-                let reads: Vec<(BufId, usize)> = blocks.iter().map(|b| (b.logits, rows * b.rows)).collect();
+                let select = select && rows == 1;
+                let reads: Vec<(BufId, usize)> =
+                    if select { Vec::new() } else { blocks.iter().map(|b| (b.logits, rows * b.rows)).collect() };
+                let picks: Vec<(BufId, usize, usize)> = blocks.iter().map(|b| (b.logits, b.rows, b.start)).collect();
+                let cap = self.plan.config.final_logit_softcapping.unwrap_or(0.0).max(0.0) as f32;
                 phases.prepare += lap.lap();
-                let parts = e.run(t, self.pos, steps, &mut self.pass_times, &reads, &mut phases)?;
+                let (parts, p) =
+                    e.run(t, self.pos, steps, &mut self.pass_times, &reads, select.then_some((&picks[..], cap)), &mut phases)?;
+                picked = p;
                 lap.lap();
                 self.dispatches_per_layer = e.dispatches(t, steps, 0);
                 for (b, part) in blocks.iter().zip(&parts) {
@@ -580,6 +605,7 @@ impl Engine {
         }
         if let Some(c) = self.plan.config.final_logit_softcapping
             && c > 0.0
+            && picked.is_none()
         {
             self.logits.iter_mut().for_each(|v| *v = ((*v as f64 / c).tanh() * c) as f32);
         }
@@ -591,7 +617,7 @@ impl Engine {
             };
             self.tally.add(&phases, counts);
         }
-        Ok(())
+        Ok(picked)
     }
 }
 

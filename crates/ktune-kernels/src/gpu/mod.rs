@@ -794,6 +794,8 @@ pub mod builtin {
 
     /// Splitting a fused QKV projection, a broadcast bias add, KV-cache writes.
     pub static RUNTIME_PLUMB: Shader = crate::shader!("runtime_plumb.wgsl", "grid.wgsl", "position.wgsl");
+    /// Greedy selection: one LM-head block's argmax (first on ties, NaN never wins).
+    pub static SELECT_ARGMAX: Shader = crate::shader!("select_argmax.wgsl");
     /// A streaming copy: the device's memory bandwidth.
     pub static BENCH_COPY: Shader = crate::shader!("bench_copy.wgsl");
     /// An FMA chain: the device's f32 FMA peak.
@@ -801,6 +803,6 @@ pub mod builtin {
 
     /// All of them (validated with the kernel set's shaders).
     pub fn shaders() -> Vec<&'static Shader> {
-        vec![&RUNTIME_PLUMB, &BENCH_COPY, &BENCH_FMA]
+        vec![&RUNTIME_PLUMB, &SELECT_ARGMAX, &BENCH_COPY, &BENCH_FMA]
     }
 }
