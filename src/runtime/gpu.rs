@@ -107,6 +107,10 @@ pub struct GpuExec {
     selector: Option<Selector>,
 }
 
+/// An LM-head block as the selector reads it: its logits buffer, rows and first
+/// vocabulary row.
+pub type PickBlock = (BufId, usize, usize);
+
 /// Greedy token selection on the GPU (`shaders/select_argmax.wgsl`): one
 /// program per LM-head block writes its argmax (index, logit) pair to `out`,
 /// copied to `staging` in the pass's submit; the host reads `8 x blocks` bytes
@@ -123,7 +127,7 @@ pub struct Selector {
 impl Selector {
     /// `blocks`: each LM-head block's logits buffer, rows and first vocabulary
     /// row, in vocabulary order; `cap`: the final logit softcapping (0: none).
-    pub fn new(ctx: &GpuCtx, bufs: &[wgpu::Buffer], blocks: &[(BufId, usize, usize)], cap: f32) -> Result<Selector, RuntimeError> {
+    pub fn new(ctx: &GpuCtx, bufs: &[wgpu::Buffer], blocks: &[PickBlock], cap: f32) -> Result<Selector, RuntimeError> {
         let pipe = ctx.pipeline(&SELECT_ARGMAX, "argmax", &[("WG", WG as f64)]).map_err(err)?;
         let bytes = (8 * blocks.len()) as u64;
         let out = ctx.storage("selected", bytes);
@@ -299,7 +303,7 @@ impl GpuExec {
         steps: &[Step],
         times: &mut SlotTimes,
         reads: &[(BufId, usize)],
-        select: Option<(&[(BufId, usize, usize)], f32)>,
+        select: Option<(&[PickBlock], f32)>,
         phases: &mut Phases,
     ) -> Result<(Vec<Vec<f32>>, Option<u32>), RuntimeError> {
         let mut lap = Lap::start();

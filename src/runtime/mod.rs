@@ -578,7 +578,7 @@ impl Engine {
                 let select = select && rows == 1;
                 let reads: Vec<(BufId, usize)> =
                     if select { Vec::new() } else { blocks.iter().map(|b| (b.logits, rows * b.rows)).collect() };
-                let picks: Vec<(BufId, usize, usize)> = blocks.iter().map(|b| (b.logits, b.rows, b.start)).collect();
+                let picks: Vec<gpu::PickBlock> = blocks.iter().map(|b| (b.logits, b.rows, b.start)).collect();
                 let cap = self.plan.config.final_logit_softcapping.unwrap_or(0.0).max(0.0) as f32;
                 phases.prepare += lap.lap();
                 let (parts, p) =
