@@ -3,8 +3,11 @@
 //! position lives in one 16-byte uniform, written once a pass
 //! ([`crate::gpu::position_words`]), that RoPE, the q/k norm + RoPE, the KV write
 //! and decode attention read: their programs serve every position, so a decode
-//! token after the first rebuilds nothing, creates no GPU object and writes the
-//! embedding row and that uniform only. Prefill attention, whose grid follows the
+//! token after the first rebuilds nothing and creates no GPU object. Its
+//! embedding is looked up on the GPU (`shaders/embed.wgsl`, the token id in that
+//! uniform) when the table is the tied LM head's one buffer, so the uniform is its
+//! only queue write (else the host writes the row too); greedy decoding takes the
+//! argmax there as well ([`Selector`]) and reads back 8 bytes, not the logits. Prefill attention, whose grid follows the
 //! pass's keys, is rebuilt as the position moves, reusing the old program's uniform
 //! and scratch buffers and bind groups ([`GpuCtx::rebuild`]). With `batch`
 //! one command buffer and one submit per forward pass, the logits' copy to
@@ -17,8 +20,8 @@ use std::sync::Arc;
 
 use super::counters::{Lap, Phases};
 use super::{RuntimeError, SlotTimes};
-use crate::gpu::builtin::{RUNTIME_PLUMB as PLUMB, SELECT_ARGMAX};
-use crate::gpu::{GpuCtx, GpuProgram, POSITION_BINDING, grid_2d, groups, position_words};
+use crate::gpu::builtin::{EMBED, RUNTIME_PLUMB as PLUMB, SELECT_ARGMAX};
+use crate::gpu::{Bind, GpuCtx, GpuProgram, POSITION_BINDING, grid_2d, groups, position_words};
 use crate::kernels::{DType, Params, Problem};
 use crate::plan::{BufId, Plan, Plumb, Step, StepKind};
 
@@ -105,6 +108,54 @@ pub struct GpuExec {
     position: wgpu::Buffer,
     /// The on-GPU token selection of [`GpuExec::run`] with `select` (built on first use).
     selector: Option<Selector>,
+    /// A decode token's embedding looked up on the GPU (`shaders/embed.wgsl`)
+    /// from the tied LM head's buffer, when the plan keeps the whole table in
+    /// one buffer ([`embed_program`]); `None`: the host writes the row.
+    embed: Option<GpuProgram>,
+}
+
+/// The GPU embedding of a decode token: `shaders/embed.wgsl` over the LM head's
+/// buffer when it is the embedding table (tied embeddings) in one block, in its
+/// storage type (f32, f16 or a block format), writing the scaled row into the
+/// plan's first hidden state. `None` when the table is not on the GPU whole (an
+/// untied head, or a head split to fit the adapter's binding size): the host
+/// path, reported as such by [`GpuExec::embeds_on_gpu`].
+fn embed_program(ctx: &GpuCtx, plan: &Plan, bufs: &[wgpu::Buffer], position: &wgpu::Buffer) -> Result<Option<GpuProgram>, RuntimeError> {
+    let c = &plan.config;
+    let [head] = plan.lm_head[..] else { return Ok(None) };
+    if !c.tie_word_embeddings {
+        return Ok(None);
+    }
+    let (table, dtype) = (&bufs[head.weight], plan.buffers[head.weight].dtype);
+    let words = [c.hidden_size as u32, (c.embedding_scale() as f32).to_bits(), 0, 0];
+    let u = ctx.uniform("embed", &words);
+    let x = &bufs[plan.x[0]];
+    let (entry, items, binds) = match dtype.quant() {
+        Some(fmt) => {
+            if !c.hidden_size.is_multiple_of(fmt.block_elems()) {
+                return Ok(None);
+            }
+            let l = fmt.layout(fmt.blocks_for(head.rows * c.hidden_size));
+            let binds = vec![
+                Bind::Range(table, 0, l.quants.max(16) as u64),
+                Bind::Range(table, l.scales_offset as u64, l.scales.max(4) as u64),
+                Bind::Whole(x),
+                Bind::Whole(&u),
+            ];
+            // Block units, qblock.wgsl's qunits(): 4 values each for q8_0, else 8.
+            let units = fmt.block_elems() / if fmt.wgsl_id() == 0 { 4 } else { 8 };
+            ("embed_q", c.hidden_size / fmt.block_elems() * units, binds)
+        }
+        None if dtype == DType::F16 => ("embed_f16", c.hidden_size, vec![Bind::Whole(table), Bind::Whole(x), Bind::Whole(&u)]),
+        None if dtype == DType::F32 => ("embed_f32", c.hidden_size, vec![Bind::Whole(table), Bind::Whole(x), Bind::Whole(&u)]),
+        None => return Ok(None),
+    };
+    let consts = [("WG", WG as f64), ("QFMT", crate::kernels::wgsl::qfmt(dtype))];
+    let pipe = ctx.pipeline(&EMBED, entry, &consts).map_err(err)?;
+    let mut entries: Vec<_> = binds.iter().enumerate().map(|(i, b)| b.entry(i as u32)).collect();
+    entries.push((POSITION_BINDING, position.clone(), 0, None));
+    let step = ctx.step_entries(entry.to_string(), pipe, entries, grid_2d(groups(items, WG))).map_err(err)?;
+    Ok(Some(GpuProgram { steps: vec![step], owned: vec![u] }))
 }
 
 /// An LM-head block as the selector reads it: its logits buffer, rows and first
@@ -196,6 +247,7 @@ impl GpuExec {
             sizes.push(b.bytes());
         }
         let position = ctx.uniform("position", &position_words(0, 0));
+        let embed = embed_program(&ctx, plan, &bufs, &position)?;
         Ok(GpuExec {
             ctx,
             bufs,
@@ -207,6 +259,7 @@ impl GpuExec {
             staging: HashMap::new(),
             position,
             selector: None,
+            embed,
         })
     }
 
@@ -294,12 +347,15 @@ impl GpuExec {
     /// host time is added to `phases` (prepare, encode, submit, wait, post).
     /// With `select` (`(blocks, cap)` as [`Selector::new`] takes them) the pass
     /// ends with the on-GPU selection and its token comes back too (8 bytes a
-    /// block read back).
+    /// block read back). With `token` (a decode step, when
+    /// [`GpuExec::embeds_on_gpu`]) the pass starts with that token's embedding,
+    /// its id written with the position (the step's only queue write).
     #[allow(clippy::too_many_arguments)]
     pub fn run(
         &mut self,
         tokens: usize,
         pos0: usize,
+        token: Option<u32>,
         steps: &[Step],
         times: &mut SlotTimes,
         reads: &[(BufId, usize)],
@@ -313,7 +369,12 @@ impl GpuExec {
         {
             self.selector = Some(Selector::new(&self.ctx, &self.bufs, blocks, cap)?);
         }
-        self.ctx.write(&self.position, 0, bytemuck::cast_slice(&position_words(pos0, tokens)));
+        let mut words = position_words(pos0, tokens);
+        let embed = self.embed.as_ref().filter(|_| token.is_some());
+        if embed.is_some() {
+            words[2] = token.unwrap_or(0);
+        }
+        self.ctx.write(&self.position, 0, bytemuck::cast_slice(&words));
         for &(id, len) in reads {
             if self.staging.get(&id).is_none_or(|b| b.size() < crate::gpu::padded((len * 4) as u64)) {
                 self.staging.insert(id, self.ctx.staging((len * 4) as u64));
@@ -325,6 +386,10 @@ impl GpuExec {
         let n = steps.len() as u32;
         let qs = profile.then(|| self.ctx.query_set("ktune steps", (2 * n).max(2)));
         let mut encoder = Some(self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("forward") }));
+        if let (Some(prog), Some(enc)) = (embed, encoder.as_mut()) {
+            let mut pass = self.ctx.begin_pass(enc, "embed", None);
+            self.ctx.record(&mut pass, prog);
+        }
         let mut i = 0usize;
         while i < steps.len() {
             let enc = encoder
@@ -423,6 +488,12 @@ impl GpuExec {
         };
         phases.post += lap.lap();
         Ok((out, picked))
+    }
+
+    /// Whether a decode token's embedding is looked up on the GPU (else the
+    /// host writes the row: the table is not whole in one GPU buffer).
+    pub fn embeds_on_gpu(&self) -> bool {
+        self.embed.is_some()
     }
 
     /// Whether the next [`GpuExec::run`] times each step (asked, and the adapter

@@ -366,6 +366,15 @@ impl Engine {
                 w.push(m.clone());
             }
         }
+        if let Exec::Gpu(g) = &self.exec
+            && !g.embeds_on_gpu()
+        {
+            w.push(
+                "decode embeds each token on the host (one row written per token): the embedding table is not whole in one GPU buffer \
+                 (untied from the LM head, or the head split to fit the adapter's binding size)"
+                    .into(),
+            );
+        }
         w
     }
 
@@ -374,7 +383,11 @@ impl Engine {
     /// compiles the decode schedule), profiled steps left out; None before such a
     /// step.
     pub fn decode_counters(&self) -> Option<DecodeCounters> {
-        self.tally.per_token()
+        let mut c = self.tally.per_token()?;
+        if let (Some(g), Exec::Gpu(e)) = (c.gpu.as_mut(), &self.exec) {
+            g.embedding_on_gpu = e.embeds_on_gpu();
+        }
+        Some(c)
     }
 
     /// Forgets the KV cache (the next call starts at position 0).
@@ -398,6 +411,12 @@ impl Engine {
             g.prepare(tokens, &steps)?;
         }
         Ok(())
+    }
+
+    /// Whether a GPU engine looks a decode token's embedding up on the GPU
+    /// (the table whole in one GPU buffer); false on the CPU.
+    pub fn embeds_on_gpu(&self) -> bool {
+        matches!(&self.exec, Exec::Gpu(g) if g.embeds_on_gpu())
     }
 
     pub fn is_gpu(&self) -> bool {
@@ -535,7 +554,19 @@ impl Engine {
         let mut phases = Phases::default();
         let mut lap = Lap::start();
         let mut picked = None;
-        self.embed(tokens)?;
+        // A decode token (no soft tokens in play) is embedded on the GPU when the
+        // table is there: its id goes with the position, no row is written.
+        let gpu_embed = match &self.exec {
+            Exec::Gpu(g) => decode && self.soft.is_none() && g.embeds_on_gpu(),
+            Exec::Cpu(_) => false,
+        };
+        if gpu_embed {
+            if tokens[0] as usize >= self.plan.config.vocab_size {
+                return Err(RuntimeError::Token { id: tokens[0], vocab: self.plan.config.vocab_size });
+            }
+        } else {
+            self.embed(tokens)?;
+        }
         let si = self.schedule(t, self.pos)?;
         // A schedule comes back causal; a pass of one token has no block to widen.
         if t > 1 && block.0 < block.1 && !self.plan.set_bidirectional(&mut self.schedules[si].1, block)? {
@@ -574,15 +605,25 @@ impl Engine {
                 }
             }
             Exec::Gpu(e) => {
-                e.write(x0, &self.x);
+                if !gpu_embed {
+                    e.write(x0, &self.x);
+                }
                 let select = select && rows == 1;
                 let reads: Vec<(BufId, usize)> =
                     if select { Vec::new() } else { blocks.iter().map(|b| (b.logits, rows * b.rows)).collect() };
                 let picks: Vec<gpu::PickBlock> = blocks.iter().map(|b| (b.logits, b.rows, b.start)).collect();
                 let cap = self.plan.config.final_logit_softcapping.unwrap_or(0.0).max(0.0) as f32;
                 phases.prepare += lap.lap();
-                let (parts, p) =
-                    e.run(t, self.pos, steps, &mut self.pass_times, &reads, select.then_some((&picks[..], cap)), &mut phases)?;
+                let (parts, p) = e.run(
+                    t,
+                    self.pos,
+                    gpu_embed.then_some(tokens[0]),
+                    steps,
+                    &mut self.pass_times,
+                    &reads,
+                    select.then_some((&picks[..], cap)),
+                    &mut phases,
+                )?;
                 picked = p;
                 lap.lap();
                 self.dispatches_per_layer = e.dispatches(t, steps, 0);

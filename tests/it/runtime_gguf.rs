@@ -8,8 +8,9 @@
 //! with the weight types the CLI picks from it (every matrix on the block kernels
 //! of its own format, blocks as stored) and dequantized to f32. Checked on the CPU and on the test
 //! GPU (lavapipe in CI): max |error| <= 1e-3 of the logits' scale, identical
-//! greedy tokens (on the GPU chosen there by `Engine::decode_next`). Then the CLI: `--prompt` through the file's tokenizer, the JSON
-//! report, streamed text, and hostile or unsupported files (exit 2).
+//! greedy tokens (on the GPU chosen there by `Engine::decode_next`, the decode
+//! tokens embedded there from the tied table). Then the CLI: `--prompt` through
+//! the file's tokenizer, the JSON report, streamed text, and hostile or unsupported files (exit 2).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -81,6 +82,9 @@ fn run_with(
         Dev::Cpu => Engine::cpu(plan, store).expect("engine"),
         Dev::Gpu(g) => Engine::gpu(plan, store, g.clone(), true).expect("engine"),
     };
+    // A tied table is the LM head's one buffer here: decode embeds on the GPU.
+    let on_gpu = matches!(dev, Dev::Gpu(_)) && m.config.tie_word_embeddings;
+    assert_eq!(e.embeds_on_gpu(), on_gpu, "{}: embedding on the GPU", path.display());
     let mut rows = Vec::new();
     for c in tokens.chunks(chunk) {
         rows.extend(e.forward(c).expect("prefill"));
