@@ -5,7 +5,7 @@
 //! and decode attention read: their programs serve every position, so a decode
 //! token after the first rebuilds nothing and creates no GPU object. Its
 //! embedding is looked up on the GPU (`shaders/embed.wgsl`, the token id in that
-//! uniform) when the table is the tied LM head's one buffer, so the uniform is its
+//! uniform) when the table is the tied LM head's buffers, so the uniform is its
 //! only queue write (else the host writes the row too); greedy decoding takes the
 //! argmax there as well ([`Selector`]) and reads back 8 bytes, not the logits. Prefill attention, whose grid follows the
 //! pass's keys, is rebuilt as the position moves, reusing the old program's uniform
@@ -109,53 +109,59 @@ pub struct GpuExec {
     /// The on-GPU token selection of [`GpuExec::run`] with `select` (built on first use).
     selector: Option<Selector>,
     /// A decode token's embedding looked up on the GPU (`shaders/embed.wgsl`)
-    /// from the tied LM head's buffer, when the plan keeps the whole table in
-    /// one buffer ([`embed_program`]); `None`: the host writes the row.
+    /// from the tied LM head's buffers ([`embed_program`]); `None`: the host
+    /// writes the row.
     embed: Option<GpuProgram>,
 }
 
 /// The GPU embedding of a decode token: `shaders/embed.wgsl` over the LM head's
-/// buffer when it is the embedding table (tied embeddings) in one block, in its
-/// storage type (f32, f16 or a block format), writing the scaled row into the
-/// plan's first hidden state. `None` when the table is not on the GPU whole (an
-/// untied head, or a head split to fit the adapter's binding size): the host
-/// path, reported as such by [`GpuExec::embeds_on_gpu`].
+/// buffers when they are the embedding table (tied embeddings), in their storage
+/// type (f32, f16 or a block format), writing the scaled row into the plan's
+/// first hidden state: one step per LM-head block, the block holding the token
+/// writes. `None` when the table is not on the GPU (an untied head, or a type
+/// the shader does not read): the host path, reported by [`GpuExec::embeds_on_gpu`].
 fn embed_program(ctx: &GpuCtx, plan: &Plan, bufs: &[wgpu::Buffer], position: &wgpu::Buffer) -> Result<Option<GpuProgram>, RuntimeError> {
     let c = &plan.config;
-    let [head] = plan.lm_head[..] else { return Ok(None) };
+    let Some(dtype) = plan.lm_head.first().map(|b| plan.buffers[b.weight].dtype) else { return Ok(None) };
     if !c.tie_word_embeddings {
         return Ok(None);
     }
-    let (table, dtype) = (&bufs[head.weight], plan.buffers[head.weight].dtype);
-    let words = [c.hidden_size as u32, (c.embedding_scale() as f32).to_bits(), 0, 0];
-    let u = ctx.uniform("embed", &words);
     let x = &bufs[plan.x[0]];
-    let (entry, items, binds) = match dtype.quant() {
-        Some(fmt) => {
-            if !c.hidden_size.is_multiple_of(fmt.block_elems()) {
-                return Ok(None);
-            }
-            let l = fmt.layout(fmt.blocks_for(head.rows * c.hidden_size));
-            let binds = vec![
-                Bind::Range(table, 0, l.quants.max(16) as u64),
-                Bind::Range(table, l.scales_offset as u64, l.scales.max(4) as u64),
-                Bind::Whole(x),
-                Bind::Whole(&u),
-            ];
+    let (entry, items) = match dtype.quant() {
+        Some(fmt) if c.hidden_size.is_multiple_of(fmt.block_elems()) => {
             // Block units, qblock.wgsl's qunits(): 4 values each for q8_0, else 8.
             let units = fmt.block_elems() / if fmt.wgsl_id() == 0 { 4 } else { 8 };
-            ("embed_q", c.hidden_size / fmt.block_elems() * units, binds)
+            ("embed_q", c.hidden_size / fmt.block_elems() * units)
         }
-        None if dtype == DType::F16 => ("embed_f16", c.hidden_size, vec![Bind::Whole(table), Bind::Whole(x), Bind::Whole(&u)]),
-        None if dtype == DType::F32 => ("embed_f32", c.hidden_size, vec![Bind::Whole(table), Bind::Whole(x), Bind::Whole(&u)]),
-        None => return Ok(None),
+        None if dtype == DType::F16 => ("embed_f16", c.hidden_size),
+        None if dtype == DType::F32 => ("embed_f32", c.hidden_size),
+        _ => return Ok(None),
     };
     let consts = [("WG", WG as f64), ("QFMT", crate::kernels::wgsl::qfmt(dtype))];
     let pipe = ctx.pipeline(&EMBED, entry, &consts).map_err(err)?;
-    let mut entries: Vec<_> = binds.iter().enumerate().map(|(i, b)| b.entry(i as u32)).collect();
-    entries.push((POSITION_BINDING, position.clone(), 0, None));
-    let step = ctx.step_entries(entry.to_string(), pipe, entries, grid_2d(groups(items, WG))).map_err(err)?;
-    Ok(Some(GpuProgram { steps: vec![step], owned: vec![u] }))
+    let mut prog = GpuProgram { steps: Vec::new(), owned: Vec::new() };
+    for head in &plan.lm_head {
+        let table = &bufs[head.weight];
+        let words = [c.hidden_size as u32, (c.embedding_scale() as f32).to_bits(), head.start as u32, head.rows as u32];
+        let u = ctx.uniform("embed", &words);
+        let binds = match dtype.quant() {
+            Some(fmt) => {
+                let l = fmt.layout(fmt.blocks_for(head.rows * c.hidden_size));
+                vec![
+                    Bind::Range(table, 0, l.quants.max(16) as u64),
+                    Bind::Range(table, l.scales_offset as u64, l.scales.max(4) as u64),
+                    Bind::Whole(x),
+                    Bind::Whole(&u),
+                ]
+            }
+            None => vec![Bind::Whole(table), Bind::Whole(x), Bind::Whole(&u)],
+        };
+        let mut entries: Vec<_> = binds.iter().enumerate().map(|(i, b)| b.entry(i as u32)).collect();
+        entries.push((POSITION_BINDING, position.clone(), 0, None));
+        prog.steps.push(ctx.step_entries(entry.to_string(), pipe.clone(), entries, grid_2d(groups(items, WG))).map_err(err)?);
+        prog.owned.push(u);
+    }
+    Ok(Some(prog))
 }
 
 /// An LM-head block as the selector reads it: its logits buffer, rows and first
@@ -491,7 +497,7 @@ impl GpuExec {
     }
 
     /// Whether a decode token's embedding is looked up on the GPU (else the
-    /// host writes the row: the table is not whole in one GPU buffer).
+    /// host writes the row: the table is not on the GPU, untied from the LM head).
     pub fn embeds_on_gpu(&self) -> bool {
         self.embed.is_some()
     }

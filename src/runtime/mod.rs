@@ -370,8 +370,8 @@ impl Engine {
             && !g.embeds_on_gpu()
         {
             w.push(
-                "decode embeds each token on the host (one row written per token): the embedding table is not whole in one GPU buffer \
-                 (untied from the LM head, or the head split to fit the adapter's binding size)"
+                "decode embeds each token on the host (one row written per token): the embedding table is not on the GPU \
+                 (untied from the LM head, whose buffers the GPU embedding reads)"
                     .into(),
             );
         }
@@ -414,7 +414,7 @@ impl Engine {
     }
 
     /// Whether a GPU engine looks a decode token's embedding up on the GPU
-    /// (the table whole in one GPU buffer); false on the CPU.
+    /// (the table tied to the LM head's buffers); false on the CPU.
     pub fn embeds_on_gpu(&self) -> bool {
         matches!(&self.exec, Exec::Gpu(g) if g.embeds_on_gpu())
     }

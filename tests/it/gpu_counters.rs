@@ -88,7 +88,7 @@ fn gpu_decode_counters_pin_todays_command_stream() {
     assert!((1.0..=f(g, "dispatches")).contains(&f(g, "compute_passes")), "{g}");
     // The same command stream every token: nothing created or rebuilt, one
     // 16-byte write of the position and the token id, whose embedding row the
-    // GPU looks up (the fixture's table is its tied LM head, one buffer).
+    // GPU looks up (the fixture's table is its tied LM head).
     assert_eq!(f(g, "objects_created"), 0.0, "{g}");
     assert_eq!(g["embedding_on_gpu"], true, "{g}");
     assert_eq!(f(g, "write_buffer_calls"), 1.0, "{g}");

@@ -82,7 +82,7 @@ fn run_with(
         Dev::Cpu => Engine::cpu(plan, store).expect("engine"),
         Dev::Gpu(g) => Engine::gpu(plan, store, g.clone(), true).expect("engine"),
     };
-    // A tied table is the LM head's one buffer here: decode embeds on the GPU.
+    // A tied table is the LM head's buffers: decode embeds on the GPU.
     let on_gpu = matches!(dev, Dev::Gpu(_)) && m.config.tie_word_embeddings;
     assert_eq!(e.embeds_on_gpu(), on_gpu, "{}: embedding on the GPU", path.display());
     let mut rows = Vec::new();

@@ -1,7 +1,8 @@
 // The token embedding on the GPU: the row of the token id in position.wgsl's
 // `token` word, read from the embedding table as the GPU stores it (f32, packed
 // f16 pairs, or a block format decoded by qblock.wgsl), times the model's
-// embedding scale, into the hidden state `out[hidden]`. One invocation per
+// embedding scale, into the hidden state `out[hidden]`. A table split in blocks
+// (an LM head cut to fit the binding size) runs one program per block. One invocation per
 // element (f32, f16) or per block unit (quantized: qblock.wgsl's units cover
 // each element of a block once). The runtime (runtime::gpu) records it before a
 // decode step, so a decode token writes the position uniform only.
@@ -13,8 +14,20 @@ override QFMT: u32 = 0u;
 struct Embed {
     hidden: u32,
     scale: f32,
-    pad0: u32,
-    pad1: u32,
+    start: u32,  // the table block's first vocabulary row (an LM head split in blocks)
+    rows: u32,   // its rows
+}
+
+// The token's row in this table block, or NONE when another block holds it
+// (each block's program runs; the one holding the token writes the row).
+const NONE: u32 = 0xffffffffu;
+
+fn block_row(e: Embed) -> u32 {
+    let t = position.token;
+    if (t < e.start || t - e.start >= e.rows) {
+        return NONE;
+    }
+    return t - e.start;
 }
 
 @group(0) @binding(0) var<storage, read> wq: array<u32>;
@@ -28,13 +41,14 @@ struct Embed {
 fn embed_q(g: Grid) {
     let i = invocation(g);
     let per_row = emb.hidden / qbe() * qunits();
-    if (i >= per_row) {
+    let row = block_row(emb);
+    if (i >= per_row || row == NONE) {
         return;
     }
     let j = i % qunits();
     let base = (i / qunits()) * qbe();
     let p = qpos(j);
-    let d = qdecode(position.token * per_row + i);
+    let d = qdecode(row * per_row + i);
     for (var k = 0u; k < 4u; k++) {
         out[base + p.x + k] = d.lo[k] * emb.scale;
         if (QFMT != 0u) {
@@ -50,8 +64,9 @@ fn embed_q(g: Grid) {
 @compute @workgroup_size(WG)
 fn embed_f32(g: Grid) {
     let i = invocation(g);
-    if (i < emb_f32.hidden) {
-        out_f32[i] = table_f32[position.token * emb_f32.hidden + i] * emb_f32.scale;
+    let row = block_row(emb_f32);
+    if (i < emb_f32.hidden && row != NONE) {
+        out_f32[i] = table_f32[row * emb_f32.hidden + i] * emb_f32.scale;
     }
 }
 
@@ -62,8 +77,9 @@ fn embed_f32(g: Grid) {
 @compute @workgroup_size(WG)
 fn embed_f16(g: Grid) {
     let i = invocation(g);
-    if (i < emb_f16.hidden) {
-        let e = position.token * emb_f16.hidden + i;
+    let row = block_row(emb_f16);
+    if (i < emb_f16.hidden && row != NONE) {
+        let e = row * emb_f16.hidden + i;
         let p = unpack2x16float(table_f16[e >> 1u]);
         out_f16[i] = select(p.x, p.y, (e & 1u) == 1u) * emb_f16.scale;
     }
