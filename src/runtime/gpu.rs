@@ -169,15 +169,16 @@ fn embed_program(ctx: &GpuCtx, plan: &Plan, bufs: &[wgpu::Buffer], position: &wg
 pub type PickBlock = (BufId, usize, usize);
 
 /// Greedy token selection on the GPU (`shaders/select_argmax.wgsl`): one
-/// program per LM-head block writes its argmax (index, logit) pair to `out`,
-/// copied to `staging` in the pass's submit; the host reads `8 x blocks` bytes
-/// and combines the pairs ([`combine_picks`]). A sampler replaces these
-/// programs by its own over the same logits buffers.
+/// program per LM-head block writes its argmax (vocabulary index, logit) pair to
+/// `out`, and with several blocks one more combines them into the pair after
+/// theirs; that final pair (8 bytes) is copied to `staging` in the pass's submit
+/// and read back. A sampler replaces these programs by its own over the same
+/// logits buffers.
 pub struct Selector {
     progs: Vec<GpuProgram>,
-    /// Each block's first vocabulary row.
-    starts: Vec<usize>,
     out: wgpu::Buffer,
+    /// Byte offset of the final pair in `out`.
+    at: u64,
     staging: wgpu::Buffer,
 }
 
@@ -186,38 +187,31 @@ impl Selector {
     /// row, in vocabulary order; `cap`: the final logit softcapping (0: none).
     pub fn new(ctx: &GpuCtx, bufs: &[wgpu::Buffer], blocks: &[PickBlock], cap: f32) -> Result<Selector, RuntimeError> {
         let pipe = ctx.pipeline(&SELECT_ARGMAX, "argmax", &[("WG", WG as f64)]).map_err(err)?;
-        let bytes = (8 * blocks.len()) as u64;
-        let out = ctx.storage("selected", bytes);
-        let mut progs = Vec::with_capacity(blocks.len());
-        for (k, &(logits, rows, _)) in blocks.iter().enumerate() {
-            let u = ctx.uniform("select", &[rows as u32, k as u32, cap.to_bits(), 0]);
+        let n = blocks.len();
+        let out = ctx.storage("selected", (8 * (n + 1)) as u64);
+        let mut progs = Vec::with_capacity(n + 1);
+        for (k, &(logits, rows, start)) in blocks.iter().enumerate() {
+            let u = ctx.uniform("select", &[rows as u32, k as u32, cap.to_bits(), start as u32]);
             let step = ctx.step("argmax", pipe.clone(), &[&bufs[logits], &out, &u], [1, 1, 1]).map_err(err)?;
             progs.push(GpuProgram { steps: vec![step], owned: vec![u] });
         }
-        Ok(Selector { progs, starts: blocks.iter().map(|b| b.2).collect(), out, staging: ctx.staging(bytes) })
+        let at = if n > 1 {
+            let pipe = ctx.pipeline(&SELECT_ARGMAX, "argmax_blocks", &[("WG", WG as f64)]).map_err(err)?;
+            let u = ctx.uniform("select blocks", &[n as u32, 0, 0, 0]);
+            let entries = vec![(1, out.clone(), 0, None), (2, u.clone(), 0, None)];
+            let step = ctx.step_entries("argmax_blocks".into(), pipe, entries, [1, 1, 1]).map_err(err)?;
+            progs.push(GpuProgram { steps: vec![step], owned: vec![u] });
+            (8 * n) as u64
+        } else {
+            0
+        };
+        Ok(Selector { progs, out, at, staging: ctx.staging(8) })
     }
-}
 
-/// The token of the blocks' (block-local index, logit bits) pairs: the largest
-/// logit, the first on ties, NaN never winning, and 0 when logit 0 is NaN, as
-/// [`super::argmax`] scans the whole row.
-pub fn combine_picks(pairs: &[u32], starts: &[usize]) -> u32 {
-    let mut best: Option<(f32, u32)> = None;
-    for (k, (p, &start)) in pairs.chunks_exact(2).zip(starts).enumerate() {
-        let v = f32::from_bits(p[1]);
-        if k == 0 && v.is_nan() && p[0] == 0 {
-            return 0;
-        }
-        if p[0] == u32::MAX {
-            continue;
-        }
-        let i = start as u32 + p[0];
-        // Blocks come in vocabulary order: an equal later logit never wins.
-        if best.is_none_or(|(bv, _)| v > bv) {
-            best = Some((v, i));
-        }
+    /// The token of the final (index, logit bits) pair: 0 when every logit is NaN.
+    fn token(pair: &[u32]) -> u32 {
+        pair.first().copied().filter(|&i| i != u32::MAX).unwrap_or(0)
     }
-    best.map_or(0, |(_, i)| i)
 }
 
 fn err(e: impl std::fmt::Display) -> RuntimeError {
@@ -352,8 +346,8 @@ impl GpuExec {
     /// (timestamp queries), else the pass's wall time goes to `times.total`. Its
     /// host time is added to `phases` (prepare, encode, submit, wait, post).
     /// With `select` (`(blocks, cap)` as [`Selector::new`] takes them) the pass
-    /// ends with the on-GPU selection and its token comes back too (8 bytes a
-    /// block read back). With `token` (a decode step, when
+    /// ends with the on-GPU selection and its token comes back too (8 bytes
+    /// read back). With `token` (a decode step, when
     /// [`GpuExec::embeds_on_gpu`]) the pass starts with that token's embedding,
     /// its id written with the position (the step's only queue write).
     #[allow(clippy::too_many_arguments)]
@@ -448,7 +442,7 @@ impl GpuExec {
                     self.ctx.record(&mut pass, p);
                 }
             }
-            enc.copy_buffer_to_buffer(&sel.out, 0, &sel.staging, 0, sel.staging.size());
+            enc.copy_buffer_to_buffer(&sel.out, sel.at, &sel.staging, 0, 8);
         }
         if !reads.is_empty() {
             let enc = encoder
@@ -486,9 +480,8 @@ impl GpuExec {
         }
         let picked = match self.selector.as_ref().filter(|_| select.is_some()) {
             Some(sel) => {
-                let bytes = self.ctx.read_mapped(&sel.staging, (8 * sel.starts.len()) as u64).map_err(err)?;
-                let pairs: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
-                Some(combine_picks(&pairs, &sel.starts))
+                let bytes = self.ctx.read_mapped(&sel.staging, 8).map_err(err)?;
+                Some(Selector::token(&bytemuck::pod_collect_to_vec::<u8, u32>(&bytes)))
             }
             None => None,
         };
@@ -525,7 +518,7 @@ impl GpuExec {
 
 #[cfg(test)]
 mod tests {
-    use super::{Selector, combine_picks};
+    use super::Selector;
     use crate::kernels::{DType, Problem, find};
     use crate::testing::test_gpu;
 
@@ -579,8 +572,8 @@ mod tests {
                 let sel = Selector::new(&gpu, &bufs, &blocks, cap).expect("builds");
                 let progs: Vec<&crate::gpu::GpuProgram> = sel.progs.iter().collect();
                 gpu.run("argmax", &progs).expect("runs");
-                let bytes = gpu.read(&sel.out, (8 * blocks.len()) as u64).expect("reads");
-                let got = combine_picks(&bytemuck::pod_collect_to_vec::<u8, u32>(&bytes), &sel.starts);
+                let bytes = gpu.read(&sel.out, sel.at + 8).expect("reads");
+                let got = Selector::token(&bytemuck::pod_collect_to_vec::<u8, u32>(&bytes[sel.at as usize..]));
                 assert_eq!(got, want, "{what}, blocks of {block}");
             }
         }

@@ -484,7 +484,7 @@ impl Engine {
 
     /// One greedy decode step: `token` at the current position; the next token
     /// ([`argmax`] of the logits). On the GPU the argmax runs there and only its
-    /// result is read back (8 bytes an LM-head block, not the logits), and the
+    /// result is read back (8 bytes, not the logits), and the
     /// engine's logits are left as they were; on the CPU it is
     /// [`Engine::decode_step`] and the host argmax.
     pub fn decode_next(&mut self, token: u32) -> Result<u32, RuntimeError> {

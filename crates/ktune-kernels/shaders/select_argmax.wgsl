@@ -1,20 +1,20 @@
-// Greedy selection on the GPU: the argmax of one LM-head block's logits row, so
-// that a decode step reads back 8 bytes instead of the vocabulary's logits. One
-// workgroup per block; out[2 * block] = the block-local index of its largest
-// logit (0xffffffff when every logit is NaN), out[2 * block + 1] = the logit's
-// bits (softcapped as the host softcaps: tanh(v / cap) * cap when cap > 0).
-// Ties go to the FIRST index and NaN never wins, as runtime::argmax on the host;
-// when the first logit of the first block is NaN its pair is (0, NaN): the host
-// scan never moves off a NaN at index 0. The host combines the blocks' pairs
-// (runtime::gpu::Selector) the same way.
+// Greedy selection on the GPU: the argmax of the logits row, so that a decode
+// step reads back 8 bytes instead of the vocabulary's logits. `argmax`: one
+// workgroup per LM-head block; out[2 * block] = the vocabulary index of its
+// largest logit (0xffffffff when every logit is NaN), out[2 * block + 1] = the
+// logit's bits (softcapped as the host softcaps: tanh(v / cap) * cap when cap >
+// 0). `argmax_blocks` (a head split in blocks): one invocation combines the
+// blocks' pairs into out[2 * blocks], out[2 * blocks + 1]. Ties go to the FIRST
+// index and NaN never wins, as runtime::argmax on the host; when the first logit
+// is NaN the pick is (0, NaN): the host scan never moves off a NaN at index 0.
 
 override WG: u32 = 256;
 
 struct Sel {
-    rows: u32,   // logits in the block
+    rows: u32,   // logits in the block (argmax_blocks: the blocks)
     block: u32,  // the block's slot in `out`
     cap: f32,    // final logit softcapping (0: none)
-    pad: u32,
+    start: u32,  // the block's first vocabulary row
 }
 
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
@@ -72,12 +72,38 @@ fn argmax(@builtin(local_invocation_index) lid: u32) {
         workgroupBarrier();
     }
     if (lid == 0u) {
-        if (sel.block == 0u && sel.rows > 0u && is_nan(logits[0])) {
+        if (sel.start == 0u && sel.rows > 0u && is_nan(logits[0])) {
             out[0] = 0u;
             out[1] = bitcast<u32>(logits[0]);
         } else {
-            out[2u * sel.block] = best_i[0];
+            out[2u * sel.block] = select(best_i[0] + sel.start, NONE, best_i[0] == NONE);
             out[2u * sel.block + 1u] = bitcast<u32>(best_v[0]);
         }
     }
+}
+
+@group(0) @binding(1) var<storage, read_write> picks: array<u32>;
+@group(0) @binding(2) var<uniform> blocks: Sel;
+
+// The blocks' pairs (in vocabulary order) into the pair after them.
+@compute @workgroup_size(1)
+fn argmax_blocks() {
+    let n = blocks.rows;
+    var bi = NONE;
+    var bv = 0.0;
+    for (var k = 0u; k < n; k++) {
+        let i = picks[2u * k];
+        let v = bitcast<f32>(picks[2u * k + 1u]);
+        if (k == 0u && i == 0u && is_nan(v)) {
+            bi = 0u;
+            bv = v;
+            break;
+        }
+        if (beats(v, i, bv, bi)) {
+            bv = v;
+            bi = i;
+        }
+    }
+    picks[2u * n] = bi;
+    picks[2u * n + 1u] = bitcast<u32>(bv);
 }
