@@ -7,9 +7,10 @@
 //! embedding is looked up on the GPU (`shaders/embed.wgsl`, the token id in that
 //! uniform) when the table is the tied LM head's buffers, so the uniform is its
 //! only queue write (else the host writes the row too); greedy decoding takes the
-//! argmax there as well ([`Selector`]) and reads back 8 bytes, not the logits. Prefill attention, whose grid follows the
-//! pass's keys, is rebuilt as the position moves, reusing the old program's uniform
-//! and scratch buffers and bind groups ([`GpuCtx::rebuild`]). With `batch`
+//! argmax there as well ([`Selector`]) and reads back 8 bytes, not the logits.
+//! Prefill attention, whose grid follows the pass's keys, is rebuilt as the
+//! position moves, reusing the old program's uniform and scratch buffers and bind
+//! groups ([`GpuCtx::rebuild`]). With `batch`
 //! one command buffer and one submit per forward pass, the logits' copy to
 //! persistent staging buffers included, and one wait; without, one submit per step.
 //! [`GpuExec::run`] splits its host time into phases ([`Phases`]); what it asks of
