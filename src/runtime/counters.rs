@@ -170,7 +170,8 @@ pub struct GpuPerToken {
     pub host_waits: f64,
     pub read_back_bytes: f64,
     /// Whether the token's embedding row was looked up on the GPU (false: the
-    /// host wrote it, the table not being on the GPU: untied from the LM head). The tally
+    /// host wrote it, the table not being on the GPU: untied from the LM head,
+    /// or stored there in another type). The tally
     /// does not know it; [`super::Engine::decode_counters`] sets it.
     pub embedding_on_gpu: bool,
 }

@@ -120,7 +120,9 @@ pub struct GpuExec {
 /// type (f32, f16 or a block format), writing the scaled row into the plan's
 /// first hidden state: one step per LM-head block, the block holding the token
 /// writes. `None` when the table is not on the GPU (an untied head, or a type
-/// the shader does not read): the host path, reported by [`GpuExec::embeds_on_gpu`].
+/// the shader does not read), and not called when the head holds other values
+/// than the table's (rounded or requantized): the host path, reported by
+/// [`GpuExec::embeds_on_gpu`].
 fn embed_program(ctx: &GpuCtx, plan: &Plan, bufs: &[wgpu::Buffer], position: &wgpu::Buffer) -> Result<Option<GpuProgram>, RuntimeError> {
     let c = &plan.config;
     let Some(dtype) = plan.lm_head.first().map(|b| plan.buffers[b.weight].dtype) else { return Ok(None) };
@@ -220,10 +222,13 @@ fn err(e: impl std::fmt::Display) -> RuntimeError {
 }
 
 impl GpuExec {
-    /// Device buffers for `plan`, weights given as bytes by `fill(buffer index)`.
+    /// Device buffers for `plan`, weights given as bytes by `fill(buffer index)`;
+    /// `embed_exact`: the LM head's buffers hold the embedding table's values
+    /// exactly (then a tied table is looked up there, [`embed_program`]).
     pub fn new(
         ctx: Arc<GpuCtx>,
         plan: &Plan,
+        embed_exact: bool,
         mut fill: impl FnMut(usize) -> Result<Option<Vec<u8>>, RuntimeError>,
     ) -> Result<GpuExec, RuntimeError> {
         let mut bufs = Vec::with_capacity(plan.buffers.len());
@@ -248,7 +253,7 @@ impl GpuExec {
             sizes.push(b.bytes());
         }
         let position = ctx.uniform("position", &position_words(0, 0));
-        let embed = embed_program(&ctx, plan, &bufs, &position)?;
+        let embed = if embed_exact { embed_program(&ctx, plan, &bufs, &position)? } else { None };
         Ok(GpuExec {
             ctx,
             bufs,

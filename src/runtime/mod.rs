@@ -65,6 +65,12 @@ pub trait TensorStore: Send + Sync {
         out.copy_from_slice(&self.row(name, row, out.len())?);
         Ok(())
     }
+    /// Whether `name` loaded as `dtype` holds exactly the values [`TensorStore::row`]
+    /// gives (no rounding, no requantization): then a GPU engine looks the
+    /// embedding up in the tied LM head's buffers. Default: not known, false.
+    fn exact_as(&self, _name: &str, _dtype: DType) -> bool {
+        false
+    }
 }
 
 /// Accumulated time per slot, in seconds.
@@ -318,7 +324,9 @@ impl Engine {
 
     /// Builds the buffers of `plan` on a GPU and uploads the weights.
     pub fn gpu(plan: Plan, store: Arc<dyn TensorStore>, ctx: Arc<GpuCtx>, batch: bool) -> Result<Engine, RuntimeError> {
-        let mut exec = GpuExec::new(ctx, &plan, |i| Ok(load_buffer(&plan, store.as_ref(), i)?.map(HostBuf::into_bytes)))?;
+        // The tied LM head serves the GPU embedding when it holds the table's values exactly.
+        let exact = plan.lm_head.first().is_some_and(|b| store.exact_as("model.embed_tokens.weight", plan.buffers[b.weight].dtype));
+        let mut exec = GpuExec::new(ctx, &plan, exact, |i| Ok(load_buffer(&plan, store.as_ref(), i)?.map(HostBuf::into_bytes)))?;
         exec.batch = batch;
         Engine::finish(plan, Exec::Gpu(Box::new(exec)), store)
     }
@@ -371,7 +379,7 @@ impl Engine {
         {
             w.push(
                 "decode embeds each token on the host (one row written per token): the embedding table is not on the GPU \
-                 (untied from the LM head, whose buffers the GPU embedding reads)"
+                 (untied from the LM head, whose buffers the GPU embedding reads, or stored there in another type)"
                     .into(),
             );
         }
@@ -736,6 +744,17 @@ impl TensorStore for crate::model::Weights {
 
     fn row_into(&self, name: &str, row: usize, out: &mut [f32]) -> Result<(), RuntimeError> {
         self.row_f32_into(name, row, out).map_err(|e| RuntimeError::Weights(e.to_string()))
+    }
+
+    fn exact_as(&self, name: &str, dtype: DType) -> bool {
+        use crate::model::Stored;
+        match self.stored(name) {
+            Ok(Stored::F32) => dtype == DType::F32,
+            Ok(Stored::F16) => matches!(dtype, DType::F16 | DType::F32),
+            Ok(Stored::BF16) => dtype == DType::F32,
+            Ok(Stored::Quant(q)) => dtype == DType::F32 || dtype.quant() == Some(q),
+            Err(_) => false,
+        }
     }
 
     fn row(&self, name: &str, row: usize, cols: usize) -> Result<Vec<f32>, RuntimeError> {

@@ -95,8 +95,10 @@ fn run_with(
         Dev::Cpu => Engine::cpu(plan, store).expect("engine"),
         Dev::Gpu(g) => Engine::gpu(plan, store, g.clone(), true).expect("engine"),
     };
-    // A tied table is the LM head's buffers: decode embeds on the GPU.
-    let on_gpu = matches!(dev, Dev::Gpu(_)) && m.config.tie_word_embeddings;
+    // A tied table is the LM head's buffers: decode embeds on the GPU, unless
+    // the head rounds the table (BF16 stored, f16 in the head).
+    let rounded = m.weights.stored("model.embed_tokens.weight").is_ok_and(|s| matches!(s, Stored::BF16)) && weights != Some(DType::F32);
+    let on_gpu = matches!(dev, Dev::Gpu(_)) && m.config.tie_word_embeddings && !rounded;
     assert_eq!(e.embeds_on_gpu(), on_gpu, "{}: embedding on the GPU", path.display());
     let mut rows = Vec::new();
     for c in tokens.chunks(chunk) {
