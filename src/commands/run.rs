@@ -314,7 +314,14 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
             engine.profile_next();
         }
         let t = Instant::now();
-        next = sampler.sample(engine.decode_step(next)?);
+        // Greedy: the engine selects (on a GPU, there, reading back the id alone).
+        next = if sampler.is_argmax() {
+            let id = engine.decode_next(next)?;
+            sampler.record(id);
+            id
+        } else {
+            sampler.sample(engine.decode_step(next)?)
+        };
         let dt = t.elapsed().as_secs_f64();
         decode_wall.push(dt);
         decode_seconds += dt;

@@ -36,8 +36,15 @@ fn decode_cost(c: &DecodeCounters) -> String {
     let mut s = format!("host:     {total} µs per decode token ({}; mean of {} tokens)\n", phases.join(", "), c.tokens);
     if let Some(g) = &c.gpu {
         s.push_str(&format!(
-            "gpu:      per decode token {:.1} dispatches, {:.1} passes, {:.1} submits, {:.1} write_buffer ({:.0} B), {:.1} objects created, {:.1} host waits, {read} read back\n",
-            g.dispatches, g.compute_passes, g.submits, g.write_buffer_calls, g.write_buffer_bytes, g.objects_created, g.host_waits
+            "gpu:      per decode token {:.1} dispatches, {:.1} passes, {:.1} submits, {:.1} write_buffer ({:.0} B), {:.1} objects created, {:.1} host waits, {read} read back, embedding on the {}\n",
+            g.dispatches,
+            g.compute_passes,
+            g.submits,
+            g.write_buffer_calls,
+            g.write_buffer_bytes,
+            g.objects_created,
+            g.host_waits,
+            if g.embedding_on_gpu { "GPU" } else { "host" }
         ));
     }
     s

@@ -118,6 +118,7 @@ impl DecodeTally {
                     pipelines_created: per(c.pipelines),
                     host_waits: per(c.waits),
                     read_back_bytes: per(c.read_bytes),
+                    embedding_on_gpu: false,
                 }
             }),
         })
@@ -168,6 +169,11 @@ pub struct GpuPerToken {
     /// Blocking polls of the device (a buffer map's included).
     pub host_waits: f64,
     pub read_back_bytes: f64,
+    /// Whether the token's embedding row was looked up on the GPU (false: the
+    /// host wrote it, the table not being on the GPU: untied from the LM head,
+    /// or stored there in another type). The tally
+    /// does not know it; [`super::Engine::decode_counters`] sets it.
+    pub embedding_on_gpu: bool,
 }
 
 #[cfg(test)]

@@ -3,10 +3,14 @@
 //! position lives in one 16-byte uniform, written once a pass
 //! ([`crate::gpu::position_words`]), that RoPE, the q/k norm + RoPE, the KV write
 //! and decode attention read: their programs serve every position, so a decode
-//! token after the first rebuilds nothing, creates no GPU object and writes the
-//! embedding row and that uniform only. Prefill attention, whose grid follows the
-//! pass's keys, is rebuilt as the position moves, reusing the old program's uniform
-//! and scratch buffers and bind groups ([`GpuCtx::rebuild`]). With `batch`
+//! token after the first rebuilds nothing and creates no GPU object. Its
+//! embedding is looked up on the GPU (`shaders/embed.wgsl`, the token id in that
+//! uniform) when the table is the tied LM head's buffers, so the uniform is its
+//! only queue write (else the host writes the row too); greedy decoding takes the
+//! argmax there as well ([`Selector`]) and reads back 8 bytes, not the logits.
+//! Prefill attention, whose grid follows the pass's keys, is rebuilt as the
+//! position moves, reusing the old program's uniform and scratch buffers and bind
+//! groups ([`GpuCtx::rebuild`]). With `batch`
 //! one command buffer and one submit per forward pass, the logits' copy to
 //! persistent staging buffers included, and one wait; without, one submit per step.
 //! [`GpuExec::run`] splits its host time into phases ([`Phases`]); what it asks of
@@ -17,8 +21,8 @@ use std::sync::Arc;
 
 use super::counters::{Lap, Phases};
 use super::{RuntimeError, SlotTimes};
-use crate::gpu::builtin::RUNTIME_PLUMB as PLUMB;
-use crate::gpu::{GpuCtx, GpuProgram, POSITION_BINDING, grid_2d, groups, position_words};
+use crate::gpu::builtin::{EMBED, RUNTIME_PLUMB as PLUMB, SELECT_ARGMAX};
+use crate::gpu::{Bind, GpuCtx, GpuProgram, POSITION_BINDING, grid_2d, groups, position_words};
 use crate::kernels::{DType, Params, Problem};
 use crate::plan::{BufId, Plan, Plumb, Step, StepKind};
 
@@ -103,6 +107,114 @@ pub struct GpuExec {
     staging: HashMap<BufId, wgpu::Buffer>,
     /// The pass position (`shaders/position.wgsl`), written once per [`GpuExec::run`].
     position: wgpu::Buffer,
+    /// The on-GPU token selection of [`GpuExec::run`] with `select` (built on first use).
+    selector: Option<Selector>,
+    /// A decode token's embedding looked up on the GPU (`shaders/embed.wgsl`)
+    /// from the tied LM head's buffers ([`embed_program`]); `None`: the host
+    /// writes the row.
+    embed: Option<GpuProgram>,
+}
+
+/// The GPU embedding of a decode token: `shaders/embed.wgsl` over the LM head's
+/// buffers when they are the embedding table (tied embeddings), in their storage
+/// type (f32, f16 or a block format), writing the scaled row into the plan's
+/// first hidden state: one step per LM-head block, the block holding the token
+/// writes. `None` when the table is not on the GPU (an untied head, or a type
+/// the shader does not read), and not called when the head holds other values
+/// than the table's (rounded or requantized): the host path, reported by
+/// [`GpuExec::embeds_on_gpu`].
+fn embed_program(ctx: &GpuCtx, plan: &Plan, bufs: &[wgpu::Buffer], position: &wgpu::Buffer) -> Result<Option<GpuProgram>, RuntimeError> {
+    let c = &plan.config;
+    let Some(dtype) = plan.lm_head.first().map(|b| plan.buffers[b.weight].dtype) else { return Ok(None) };
+    if !c.tie_word_embeddings {
+        return Ok(None);
+    }
+    let x = &bufs[plan.x[0]];
+    let (entry, items) = match dtype.quant() {
+        Some(fmt) if c.hidden_size.is_multiple_of(fmt.block_elems()) => {
+            // Block units, qblock.wgsl's qunits(): 4 values each for q8_0, else 8.
+            let units = fmt.block_elems() / if fmt.wgsl_id() == 0 { 4 } else { 8 };
+            ("embed_q", c.hidden_size / fmt.block_elems() * units)
+        }
+        None if dtype == DType::F16 => ("embed_f16", c.hidden_size),
+        None if dtype == DType::F32 => ("embed_f32", c.hidden_size),
+        _ => return Ok(None),
+    };
+    let consts = [("WG", WG as f64), ("QFMT", crate::kernels::wgsl::qfmt(dtype))];
+    let pipe = ctx.pipeline(&EMBED, entry, &consts).map_err(err)?;
+    let mut prog = GpuProgram { steps: Vec::new(), owned: Vec::new() };
+    for head in &plan.lm_head {
+        let table = &bufs[head.weight];
+        let words = [c.hidden_size as u32, (c.embedding_scale() as f32).to_bits(), head.start as u32, head.rows as u32];
+        let u = ctx.uniform("embed", &words);
+        let binds = match dtype.quant() {
+            Some(fmt) => {
+                let l = fmt.layout(fmt.blocks_for(head.rows * c.hidden_size));
+                vec![
+                    Bind::Range(table, 0, l.quants.max(16) as u64),
+                    Bind::Range(table, l.scales_offset as u64, l.scales.max(4) as u64),
+                    Bind::Whole(x),
+                    Bind::Whole(&u),
+                ]
+            }
+            None => vec![Bind::Whole(table), Bind::Whole(x), Bind::Whole(&u)],
+        };
+        let mut entries: Vec<_> = binds.iter().enumerate().map(|(i, b)| b.entry(i as u32)).collect();
+        entries.push((POSITION_BINDING, position.clone(), 0, None));
+        prog.steps.push(ctx.step_entries(entry.to_string(), pipe.clone(), entries, grid_2d(groups(items, WG))).map_err(err)?);
+        prog.owned.push(u);
+    }
+    Ok(Some(prog))
+}
+
+/// An LM-head block as the selector reads it: its logits buffer, rows and first
+/// vocabulary row.
+pub type PickBlock = (BufId, usize, usize);
+
+/// Greedy token selection on the GPU (`shaders/select_argmax.wgsl`): one
+/// program per LM-head block writes its argmax (vocabulary index, logit) pair to
+/// `out`, and with several blocks one more combines them into the pair after
+/// theirs; that final pair (8 bytes) is copied to `staging` in the pass's submit
+/// and read back. A sampler replaces these programs by its own over the same
+/// logits buffers.
+pub struct Selector {
+    progs: Vec<GpuProgram>,
+    out: wgpu::Buffer,
+    /// Byte offset of the final pair in `out`.
+    at: u64,
+    staging: wgpu::Buffer,
+}
+
+impl Selector {
+    /// `blocks`: each LM-head block's logits buffer, rows and first vocabulary
+    /// row, in vocabulary order; `cap`: the final logit softcapping (0: none).
+    pub fn new(ctx: &GpuCtx, bufs: &[wgpu::Buffer], blocks: &[PickBlock], cap: f32) -> Result<Selector, RuntimeError> {
+        let pipe = ctx.pipeline(&SELECT_ARGMAX, "argmax", &[("WG", WG as f64)]).map_err(err)?;
+        let n = blocks.len();
+        let out = ctx.storage("selected", (8 * (n + 1)) as u64);
+        let mut progs = Vec::with_capacity(n + 1);
+        for (k, &(logits, rows, start)) in blocks.iter().enumerate() {
+            let u = ctx.uniform("select", &[rows as u32, k as u32, cap.to_bits(), start as u32]);
+            let step = ctx.step("argmax", pipe.clone(), &[&bufs[logits], &out, &u], [1, 1, 1]).map_err(err)?;
+            progs.push(GpuProgram { steps: vec![step], owned: vec![u] });
+        }
+        let at = if n > 1 {
+            let pipe = ctx.pipeline(&SELECT_ARGMAX, "argmax_blocks", &[("WG", WG as f64)]).map_err(err)?;
+            let u = ctx.uniform("select blocks", &[n as u32, 0, 0, 0]);
+            let entries = vec![(1, out.clone(), 0, None), (2, u.clone(), 0, None)];
+            let step = ctx.step_entries("argmax_blocks".into(), pipe, entries, [1, 1, 1]).map_err(err)?;
+            progs.push(GpuProgram { steps: vec![step], owned: vec![u] });
+            (8 * n) as u64
+        } else {
+            0
+        };
+        Ok(Selector { progs, out, at, staging: ctx.staging(8) })
+    }
+
+    /// The token of the final (index, logit bits) pair: 0 when every logit is NaN.
+    fn token(pair: &[u32]) -> u32 {
+        pair.first().copied().filter(|&i| i != u32::MAX).unwrap_or(0)
+    }
 }
 
 fn err(e: impl std::fmt::Display) -> RuntimeError {
@@ -110,10 +222,13 @@ fn err(e: impl std::fmt::Display) -> RuntimeError {
 }
 
 impl GpuExec {
-    /// Device buffers for `plan`, weights given as bytes by `fill(buffer index)`.
+    /// Device buffers for `plan`, weights given as bytes by `fill(buffer index)`;
+    /// `embed_exact`: the LM head's buffers hold the embedding table's values
+    /// exactly (then a tied table is looked up there, [`embed_program`]).
     pub fn new(
         ctx: Arc<GpuCtx>,
         plan: &Plan,
+        embed_exact: bool,
         mut fill: impl FnMut(usize) -> Result<Option<Vec<u8>>, RuntimeError>,
     ) -> Result<GpuExec, RuntimeError> {
         let mut bufs = Vec::with_capacity(plan.buffers.len());
@@ -138,6 +253,7 @@ impl GpuExec {
             sizes.push(b.bytes());
         }
         let position = ctx.uniform("position", &position_words(0, 0));
+        let embed = if embed_exact { embed_program(&ctx, plan, &bufs, &position)? } else { None };
         Ok(GpuExec {
             ctx,
             bufs,
@@ -148,6 +264,8 @@ impl GpuExec {
             programs_built: 0,
             staging: HashMap::new(),
             position,
+            selector: None,
+            embed,
         })
     }
 
@@ -233,18 +351,36 @@ impl GpuExec {
     /// for both); per-step GPU times go to `times` when profiling
     /// (timestamp queries), else the pass's wall time goes to `times.total`. Its
     /// host time is added to `phases` (prepare, encode, submit, wait, post).
+    /// With `select` (`(blocks, cap)` as [`Selector::new`] takes them) the pass
+    /// ends with the on-GPU selection and its token comes back too (8 bytes
+    /// read back). With `token` (a decode step, when
+    /// [`GpuExec::embeds_on_gpu`]) the pass starts with that token's embedding,
+    /// its id written with the position (the step's only queue write).
+    #[allow(clippy::too_many_arguments)]
     pub fn run(
         &mut self,
         tokens: usize,
         pos0: usize,
+        token: Option<u32>,
         steps: &[Step],
         times: &mut SlotTimes,
         reads: &[(BufId, usize)],
+        select: Option<(&[PickBlock], f32)>,
         phases: &mut Phases,
-    ) -> Result<Vec<Vec<f32>>, RuntimeError> {
+    ) -> Result<(Vec<Vec<f32>>, Option<u32>), RuntimeError> {
         let mut lap = Lap::start();
         self.prepare(tokens, steps)?;
-        self.ctx.write(&self.position, 0, bytemuck::cast_slice(&position_words(pos0, tokens)));
+        if let Some((blocks, cap)) = select
+            && self.selector.is_none()
+        {
+            self.selector = Some(Selector::new(&self.ctx, &self.bufs, blocks, cap)?);
+        }
+        let mut words = position_words(pos0, tokens);
+        let embed = self.embed.as_ref().filter(|_| token.is_some());
+        if embed.is_some() {
+            words[2] = token.unwrap_or(0);
+        }
+        self.ctx.write(&self.position, 0, bytemuck::cast_slice(&words));
         for &(id, len) in reads {
             if self.staging.get(&id).is_none_or(|b| b.size() < crate::gpu::padded((len * 4) as u64)) {
                 self.staging.insert(id, self.ctx.staging((len * 4) as u64));
@@ -256,6 +392,10 @@ impl GpuExec {
         let n = steps.len() as u32;
         let qs = profile.then(|| self.ctx.query_set("ktune steps", (2 * n).max(2)));
         let mut encoder = Some(self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("forward") }));
+        if let (Some(prog), Some(enc)) = (embed, encoder.as_mut()) {
+            let mut pass = self.ctx.begin_pass(enc, "embed", None);
+            self.ctx.record(&mut pass, prog);
+        }
         let mut i = 0usize;
         while i < steps.len() {
             let enc = encoder
@@ -299,6 +439,17 @@ impl GpuExec {
             enc.resolve_query_set(q, 0..2 * n, &buf, 0);
             buf
         });
+        if let Some(sel) = self.selector.as_ref().filter(|_| select.is_some()) {
+            let enc = encoder
+                .get_or_insert_with(|| self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("select") }));
+            {
+                let mut pass = self.ctx.begin_pass(enc, "select", None);
+                for p in &sel.progs {
+                    self.ctx.record(&mut pass, p);
+                }
+            }
+            enc.copy_buffer_to_buffer(&sel.out, sel.at, &sel.staging, 0, 8);
+        }
         if !reads.is_empty() {
             let enc = encoder
                 .get_or_insert_with(|| self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("read") }));
@@ -333,8 +484,21 @@ impl GpuExec {
             let bytes = self.ctx.read_mapped(&self.staging[&id], (len * 4) as u64).map_err(err)?;
             out.push(bytemuck::pod_collect_to_vec(&bytes));
         }
+        let picked = match self.selector.as_ref().filter(|_| select.is_some()) {
+            Some(sel) => {
+                let bytes = self.ctx.read_mapped(&sel.staging, 8).map_err(err)?;
+                Some(Selector::token(&bytemuck::pod_collect_to_vec::<u8, u32>(&bytes)))
+            }
+            None => None,
+        };
         phases.post += lap.lap();
-        Ok(out)
+        Ok((out, picked))
+    }
+
+    /// Whether a decode token's embedding is looked up on the GPU (else the
+    /// host writes the row: the table is not on the GPU, untied from the LM head).
+    pub fn embeds_on_gpu(&self) -> bool {
+        self.embed.is_some()
     }
 
     /// Whether the next [`GpuExec::run`] times each step (asked, and the adapter
@@ -360,8 +524,66 @@ impl GpuExec {
 
 #[cfg(test)]
 mod tests {
+    use super::Selector;
     use crate::kernels::{DType, Problem, find};
     use crate::testing::test_gpu;
+
+    /// The GPU's greedy selection picks what the host's `argmax` picks: the
+    /// first of equal maxima (across a workgroup's lanes and across LM-head
+    /// blocks), NaN never winning, 0 when logit 0 is NaN, -0 equal to +0, and
+    /// the softcapped row's first maximum (saturated ties included).
+    #[test]
+    fn gpu_argmax_agrees_with_the_host_on_ties_and_nans() {
+        let Some(gpu) = test_gpu() else { return };
+        let n = 1000usize;
+        let nan = f32::NAN;
+        let ramp: Vec<f32> = (0..n).map(|i| ((i * 37) % 101) as f32 - 50.0).collect();
+        let mut cases: Vec<(&str, Vec<f32>, f32)> = vec![("ramp", ramp.clone(), 0.0)];
+        let mut ties = vec![1.0f32; n];
+        ties[700] = 3.0;
+        ties[300] = 3.0;
+        ties[301] = 3.0;
+        cases.push(("ties", ties.clone(), 0.0));
+        cases.push(("all equal", vec![2.0; n], 0.0));
+        let mut nans = ramp.clone();
+        nans.iter_mut().step_by(3).for_each(|v| *v = nan);
+        nans[5] = f32::INFINITY;
+        cases.push(("nans", nans, 0.0));
+        let mut nan0 = ties.clone();
+        nan0[0] = nan;
+        cases.push(("nan first", nan0, 0.0));
+        cases.push(("all nan", vec![nan; n], 0.0));
+        let mut zeros = vec![f32::NEG_INFINITY; n];
+        zeros[400] = -0.0;
+        zeros[200] = 0.0;
+        cases.push(("signed zeros", zeros, 0.0));
+        cases.push(("all -inf", vec![f32::NEG_INFINITY; n], 0.0));
+        // tanh saturates: 1e4 and 2e4 both cap to exactly 30.
+        let mut capped = ramp.clone();
+        capped[900] = 2e4;
+        capped[600] = 1e4;
+        cases.push(("softcapped", capped, 30.0));
+        for (what, row, cap) in cases {
+            let host_row: Vec<f32> =
+                if cap > 0.0 { row.iter().map(|&v| ((v as f64 / cap as f64).tanh() * cap as f64) as f32).collect() } else { row.clone() };
+            let want = crate::runtime::argmax(&host_row);
+            // One block, and the row cut into blocks of 333 rows (own buffers).
+            for block in [n, 333] {
+                let mut bufs = Vec::new();
+                let mut blocks = Vec::new();
+                for (k, part) in row.chunks(block).enumerate() {
+                    bufs.push(gpu.upload("logits", bytemuck::cast_slice(part)));
+                    blocks.push((k, part.len(), k * block));
+                }
+                let sel = Selector::new(&gpu, &bufs, &blocks, cap).expect("builds");
+                let progs: Vec<&crate::gpu::GpuProgram> = sel.progs.iter().collect();
+                gpu.run("argmax", &progs).expect("runs");
+                let bytes = gpu.read(&sel.out, sel.at + 8).expect("reads");
+                let got = Selector::token(&bytemuck::pod_collect_to_vec::<u8, u32>(&bytes[sel.at as usize..]));
+                assert_eq!(got, want, "{what}, blocks of {block}");
+            }
+        }
+    }
 
     /// A program rebuilt for other values of its problem (what prefill attention
     /// gets as the position moves) takes over its predecessor's uniform and

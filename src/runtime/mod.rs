@@ -65,6 +65,12 @@ pub trait TensorStore: Send + Sync {
         out.copy_from_slice(&self.row(name, row, out.len())?);
         Ok(())
     }
+    /// Whether `name` loaded as `dtype` holds exactly the values [`TensorStore::row`]
+    /// gives (no rounding, no requantization): then a GPU engine looks the
+    /// embedding up in the tied LM head's buffers. Default: not known, false.
+    fn exact_as(&self, _name: &str, _dtype: DType) -> bool {
+        false
+    }
 }
 
 /// Accumulated time per slot, in seconds.
@@ -318,7 +324,9 @@ impl Engine {
 
     /// Builds the buffers of `plan` on a GPU and uploads the weights.
     pub fn gpu(plan: Plan, store: Arc<dyn TensorStore>, ctx: Arc<GpuCtx>, batch: bool) -> Result<Engine, RuntimeError> {
-        let mut exec = GpuExec::new(ctx, &plan, |i| Ok(load_buffer(&plan, store.as_ref(), i)?.map(HostBuf::into_bytes)))?;
+        // The tied LM head serves the GPU embedding when it holds the table's values exactly.
+        let exact = plan.lm_head.first().is_some_and(|b| store.exact_as("model.embed_tokens.weight", plan.buffers[b.weight].dtype));
+        let mut exec = GpuExec::new(ctx, &plan, exact, |i| Ok(load_buffer(&plan, store.as_ref(), i)?.map(HostBuf::into_bytes)))?;
         exec.batch = batch;
         Engine::finish(plan, Exec::Gpu(Box::new(exec)), store)
     }
@@ -366,6 +374,15 @@ impl Engine {
                 w.push(m.clone());
             }
         }
+        if let Exec::Gpu(g) = &self.exec
+            && !g.embeds_on_gpu()
+        {
+            w.push(
+                "decode embeds each token on the host (one row written per token): the embedding table is not on the GPU \
+                 (untied from the LM head, whose buffers the GPU embedding reads, or stored there in another type)"
+                    .into(),
+            );
+        }
         w
     }
 
@@ -374,7 +391,11 @@ impl Engine {
     /// compiles the decode schedule), profiled steps left out; None before such a
     /// step.
     pub fn decode_counters(&self) -> Option<DecodeCounters> {
-        self.tally.per_token()
+        let mut c = self.tally.per_token()?;
+        if let (Some(g), Exec::Gpu(e)) = (c.gpu.as_mut(), &self.exec) {
+            g.embedding_on_gpu = e.embeds_on_gpu();
+        }
+        Some(c)
     }
 
     /// Forgets the KV cache (the next call starts at position 0).
@@ -398,6 +419,12 @@ impl Engine {
             g.prepare(tokens, &steps)?;
         }
         Ok(())
+    }
+
+    /// Whether a GPU engine looks a decode token's embedding up on the GPU
+    /// (the table tied to the LM head's buffers); false on the CPU.
+    pub fn embeds_on_gpu(&self) -> bool {
+        matches!(&self.exec, Exec::Gpu(g) if g.embeds_on_gpu())
     }
 
     pub fn is_gpu(&self) -> bool {
@@ -459,8 +486,24 @@ impl Engine {
         if self.pos + 1 > ctx {
             return Err(RuntimeError::ContextFull { pos: self.pos + 1, context: ctx });
         }
-        self.forward_chunk(&[token], (0, 0))?;
+        self.forward_chunk(&[token], (0, 0), false)?;
         Ok(&self.logits)
+    }
+
+    /// One greedy decode step: `token` at the current position; the next token
+    /// ([`argmax`] of the logits). On the GPU the argmax runs there and only its
+    /// result is read back (8 bytes, not the logits), and the
+    /// engine's logits are left as they were; on the CPU it is
+    /// [`Engine::decode_step`] and the host argmax.
+    pub fn decode_next(&mut self, token: u32) -> Result<u32, RuntimeError> {
+        if !self.is_gpu() {
+            return self.decode_step(token).map(argmax);
+        }
+        let ctx = self.plan.options.context;
+        if self.pos + 1 > ctx {
+            return Err(RuntimeError::ContextFull { pos: self.pos + 1, context: ctx });
+        }
+        self.forward_chunk(&[token], (0, 0), true)?.ok_or_else(|| RuntimeError::Internal("the GPU pass selected no token".into()))
     }
 
     /// Runs `tokens` through the model at the current position (a prefill when
@@ -479,7 +522,7 @@ impl Engine {
         let pos0 = self.pos;
         for (start, end, (bs, be)) in prefill_passes(tokens, self.plan.options.max_tokens, image)? {
             let block = if bs < be { (pos0 + bs, pos0 + be) } else { (0, 0) };
-            self.forward_chunk(&tokens[start..end], block)?;
+            self.forward_chunk(&tokens[start..end], block, false)?;
         }
         Ok(self.logits.chunks(self.plan.config.vocab_size.max(1)).map(<[f32]>::to_vec).collect())
     }
@@ -505,7 +548,9 @@ impl Engine {
 
     /// Runs one chunk; its logits land in `self.logits` (softcapped). `block`: the
     /// positions `[start, end)` within it attended bidirectionally (`(0, 0)`: none).
-    fn forward_chunk(&mut self, tokens: &[u32], block: (usize, usize)) -> Result<(), RuntimeError> {
+    /// With `select` on the GPU, the greedy token is chosen there and returned
+    /// instead (the logits are not read back).
+    fn forward_chunk(&mut self, tokens: &[u32], block: (usize, usize), select: bool) -> Result<Option<u32>, RuntimeError> {
         let t = tokens.len();
         let decode = t == 1;
         // Tallied: a decode step whose schedule is compiled, not profiled.
@@ -516,7 +561,20 @@ impl Engine {
         };
         let mut phases = Phases::default();
         let mut lap = Lap::start();
-        self.embed(tokens)?;
+        let mut picked = None;
+        // A decode token (no soft tokens in play) is embedded on the GPU when the
+        // table is there: its id goes with the position, no row is written.
+        let gpu_embed = match &self.exec {
+            Exec::Gpu(g) => decode && self.soft.is_none() && g.embeds_on_gpu(),
+            Exec::Cpu(_) => false,
+        };
+        if gpu_embed {
+            if tokens[0] as usize >= self.plan.config.vocab_size {
+                return Err(RuntimeError::Token { id: tokens[0], vocab: self.plan.config.vocab_size });
+            }
+        } else {
+            self.embed(tokens)?;
+        }
         let si = self.schedule(t, self.pos)?;
         // A schedule comes back causal; a pass of one token has no block to widen.
         if t > 1 && block.0 < block.1 && !self.plan.set_bidirectional(&mut self.schedules[si].1, block)? {
@@ -555,10 +613,26 @@ impl Engine {
                 }
             }
             Exec::Gpu(e) => {
-                e.write(x0, &self.x);
-                let reads: Vec<(BufId, usize)> = blocks.iter().map(|b| (b.logits, rows * b.rows)).collect();
+                if !gpu_embed {
+                    e.write(x0, &self.x);
+                }
+                let select = select && rows == 1;
+                let reads: Vec<(BufId, usize)> =
+                    if select { Vec::new() } else { blocks.iter().map(|b| (b.logits, rows * b.rows)).collect() };
+                let picks: Vec<gpu::PickBlock> = blocks.iter().map(|b| (b.logits, b.rows, b.start)).collect();
+                let cap = self.plan.config.final_logit_softcapping.unwrap_or(0.0).max(0.0) as f32;
                 phases.prepare += lap.lap();
-                let parts = e.run(t, self.pos, steps, &mut self.pass_times, &reads, &mut phases)?;
+                let (parts, p) = e.run(
+                    t,
+                    self.pos,
+                    gpu_embed.then_some(tokens[0]),
+                    steps,
+                    &mut self.pass_times,
+                    &reads,
+                    select.then_some((&picks[..], cap)),
+                    &mut phases,
+                )?;
+                picked = p;
                 lap.lap();
                 self.dispatches_per_layer = e.dispatches(t, steps, 0);
                 for (b, part) in blocks.iter().zip(&parts) {
@@ -580,6 +654,7 @@ impl Engine {
         }
         if let Some(c) = self.plan.config.final_logit_softcapping
             && c > 0.0
+            && picked.is_none()
         {
             self.logits.iter_mut().for_each(|v| *v = ((*v as f64 / c).tanh() * c) as f32);
         }
@@ -591,7 +666,7 @@ impl Engine {
             };
             self.tally.add(&phases, counts);
         }
-        Ok(())
+        Ok(picked)
     }
 }
 
@@ -661,6 +736,17 @@ impl TensorStore for crate::model::Weights {
 
     fn row_into(&self, name: &str, row: usize, out: &mut [f32]) -> Result<(), RuntimeError> {
         self.row_f32_into(name, row, out).map_err(|e| RuntimeError::Weights(e.to_string()))
+    }
+
+    fn exact_as(&self, name: &str, dtype: DType) -> bool {
+        use crate::model::Stored;
+        match self.stored(name) {
+            Ok(Stored::F32) => dtype == DType::F32,
+            Ok(Stored::F16) => matches!(dtype, DType::F16 | DType::F32),
+            Ok(Stored::BF16) => dtype == DType::F32,
+            Ok(Stored::Quant(q)) => dtype == DType::F32 || dtype.quant() == Some(q),
+            Err(_) => false,
+        }
     }
 
     fn row(&self, name: &str, row: usize, cols: usize) -> Result<Vec<f32>, RuntimeError> {

@@ -172,7 +172,7 @@ pub fn e2e_sample(engine: &mut Engine, prompt: &[u32], steps: usize) -> Result<(
     let mut ts = Vec::with_capacity(steps);
     for _ in 0..steps {
         let t = Instant::now();
-        next = argmax(engine.decode_step(next)?);
+        next = engine.decode_next(next)?;
         ts.push(t.elapsed().as_secs_f64());
     }
     Ok((prefill, summarize(&ts).median))

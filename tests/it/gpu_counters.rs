@@ -2,9 +2,10 @@
 //! on the CPU and on a GPU adapter (lavapipe here; skipped loudly without one
 //! unless KTUNE_REQUIRE_GPU=1): averaged over the right tokens, the host phases a
 //! backend has and null for the others, and on a GPU what a decode token asks of
-//! the device. Pinned exactly: one submit, the whole vocabulary's logits read back,
-//! and the same command stream every token (no GPU object created, the embedding
-//! row and the 16-byte position the only queue writes); pinned loosely, as the
+//! the device. Pinned exactly: one submit, 8 bytes read back (greedy decoding's
+//! argmax taken on the GPU, `Engine::decode_next`), and the same command stream
+//! every token (no GPU object created, the embedding looked up on the GPU, the
+//! 16-byte position and token id the only queue write); pinned loosely, as the
 //! baseline later work brings down: the host waits.
 
 use std::path::{Path, PathBuf};
@@ -16,8 +17,6 @@ fn model() -> PathBuf {
     fixture("llama3-tiny")
 }
 const LAYERS: f64 = 2.0;
-const VOCAB: f64 = 256.0;
-const HIDDEN: f64 = 64.0;
 
 /// `ktune run` of 8 tokens after a 3-token prompt on `device`, as JSON.
 fn run(cache: &Path, device: &str) -> serde_json::Value {
@@ -77,22 +76,24 @@ fn gpu_decode_counters_pin_todays_command_stream() {
     }
     assert!(h["compute"].is_null(), "{h}");
     let g = &c["gpu"];
-    // Structural today: one submit per token, the whole vocabulary's f32 logits
-    // read back, every pipeline built at warm-up, no timestamp queries.
+    // Structural: one submit per token, greedy decoding reads back the GPU's
+    // argmax (index and logit, 8 bytes: one LM-head block) and not the
+    // vocabulary's logits, every pipeline built at warm-up, no timestamp queries.
     assert_eq!(f(g, "submits"), 1.0, "{g}");
-    assert_eq!(f(g, "read_back_bytes"), VOCAB * 4.0, "{g}");
+    assert_eq!(f(g, "read_back_bytes"), 8.0, "{g}");
     assert_eq!(f(g, "pipelines_created"), 0.0, "{g}");
     assert_eq!(f(g, "query_sets_created"), 0.0, "{g}");
     let per_layer = r["dispatches_per_layer"].as_f64().expect("dispatches per layer");
     assert!(f(g, "dispatches") >= LAYERS * per_layer && f(g, "dispatches") <= LAYERS * per_layer + 8.0, "{g} ({per_layer} a layer)");
     assert!((1.0..=f(g, "dispatches")).contains(&f(g, "compute_passes")), "{g}");
-    // The same command stream every token: nothing created or rebuilt, the
-    // position moved by one 16-byte write; the embedding row is the other write
-    // (looked up on the host until the GPU does it).
+    // The same command stream every token: nothing created or rebuilt, one
+    // 16-byte write of the position and the token id, whose embedding row the
+    // GPU looks up (the fixture's table is its tied LM head).
     assert_eq!(f(g, "objects_created"), 0.0, "{g}");
-    assert_eq!(f(g, "write_buffer_calls"), 2.0, "{g}");
-    assert_eq!(f(g, "write_buffer_bytes"), HIDDEN * 4.0 + 16.0, "{g}");
-    // Today's baseline, to come down: a wait for the pass and one per mapped logits buffer.
+    assert_eq!(g["embedding_on_gpu"], true, "{g}");
+    assert_eq!(f(g, "write_buffer_calls"), 1.0, "{g}");
+    assert_eq!(f(g, "write_buffer_bytes"), 16.0, "{g}");
+    // Today's baseline, to come down: a wait for the pass and one for the mapped pick.
     assert!((1.0..=2.0).contains(&f(g, "host_waits")), "{g}");
     // The table view shows the host's time and the readback per token.
     let o = ktune_in(cache.path())
@@ -102,7 +103,7 @@ fn gpu_decode_counters_pin_todays_command_stream() {
         .output()
         .expect("runs");
     let text = String::from_utf8_lossy(&o.stdout);
-    assert!(text.contains("µs per decode token") && text.contains("1024 B read back"), "{text}");
+    assert!(text.contains("µs per decode token") && text.contains("8 B read back, embedding on the GPU"), "{text}");
 }
 
 #[test]

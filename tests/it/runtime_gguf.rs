@@ -8,8 +8,9 @@
 //! with the weight types the CLI picks from it (every matrix on the block kernels
 //! of its own format, blocks as stored) and dequantized to f32. Checked on the CPU and on the test
 //! GPU (lavapipe in CI): max |error| <= 1e-3 of the logits' scale, identical
-//! greedy tokens. Then the CLI: `--prompt` through the file's tokenizer, the JSON
-//! report, streamed text, and hostile or unsupported files (exit 2).
+//! greedy tokens (on the GPU chosen there by `Engine::decode_next`, the decode
+//! tokens embedded there from the tied table). Then the CLI: `--prompt` through
+//! the file's tokenizer, the JSON report, streamed text, and hostile or unsupported files (exit 2).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -37,13 +38,16 @@ enum Dev {
 
 /// Runs a fixture: (max abs error / scale, greedy ids, expected ids).
 fn run(path: &Path, dev: &Dev, fusion: Fusion, weights: Option<DType>, chunk: usize) -> (f64, Vec<u32>, Vec<u32>) {
-    let (rel, got, want, _) = run_with(path, dev, fusion, weights, chunk, &[], false);
+    let (rel, got, want, _) = run_with(path, dev, fusion, weights, chunk, &[], false, false);
     (rel, got, want)
 }
 
 /// [`run`] with the CPU's repacked formats (`execution.cpuRepack`) and, with
 /// `runtime`, the runtime's own selection (int8 activations for the block
-/// formats) instead of the exact defaults; also returns the logits.
+/// formats) instead of the exact defaults; with `split_head` on a GPU, a binding
+/// limit below the LM head's bytes, so that the head is cut in blocks; also
+/// returns the logits.
+#[allow(clippy::too_many_arguments)]
 fn run_with(
     path: &Path,
     dev: &Dev,
@@ -52,6 +56,7 @@ fn run_with(
     chunk: usize,
     repack: &[QFormat],
     runtime: bool,
+    split_head: bool,
 ) -> (f64, Vec<u32>, Vec<u32>, Vec<Vec<f32>>) {
     let m = load_gguf(path, None).expect("fixture loads");
     let exp = expected(path);
@@ -74,13 +79,27 @@ fn run_with(
         Dev::Cpu => DeviceCaps::Cpu(CpuCaps::detect()),
         Dev::Gpu(g) => DeviceCaps::Gpu(g.caps.clone()),
     };
+    let mut caps = caps;
+    if split_head && let DeviceCaps::Gpu(g) = &mut caps {
+        // Every other buffer's size, or half the head's when larger: below the head's.
+        let whole = Plan::new("fixture", &m.config, opts.clone(), Selection::defaults(DeviceCaps::Gpu(g.clone()))).expect("plan");
+        let head = whole.lm_head[0].weight;
+        let others = whole.buffers.iter().enumerate().filter(|(i, _)| *i != head).map(|(_, b)| b.bytes()).max().unwrap_or(0);
+        g.max_storage_binding = others.max(whole.buffers[head].bytes() / 2);
+    }
     let sel = if runtime { Selection::runtime(caps) } else { Selection::defaults(caps) };
     let plan = Plan::new("fixture", &m.config, opts, sel).expect("plan");
+    assert!(!split_head || plan.lm_head.len() > 1, "{}: the LM head is split", path.display());
     let store: Arc<dyn TensorStore> = m.weights.clone();
     let mut e = match dev {
         Dev::Cpu => Engine::cpu(plan, store).expect("engine"),
         Dev::Gpu(g) => Engine::gpu(plan, store, g.clone(), true).expect("engine"),
     };
+    // A tied table is the LM head's buffers: decode embeds on the GPU, unless
+    // the head rounds the table (BF16 stored, f16 in the head).
+    let rounded = m.weights.stored("model.embed_tokens.weight").is_ok_and(|s| matches!(s, Stored::BF16)) && weights != Some(DType::F32);
+    let on_gpu = matches!(dev, Dev::Gpu(_)) && m.config.tie_word_embeddings && !rounded;
+    assert_eq!(e.embeds_on_gpu(), on_gpu, "{}: embedding on the GPU", path.display());
     let mut rows = Vec::new();
     for c in tokens.chunks(chunk) {
         rows.extend(e.forward(c).expect("prefill"));
@@ -95,6 +114,12 @@ fn run_with(
     for i in 0..want.len() {
         got.push(next);
         if i + 1 < want.len() {
+            // On the GPU the greedy id is chosen there (Engine::decode_next, 8
+            // bytes read back); on the CPU from the decode step's logits.
+            if matches!(dev, Dev::Gpu(_)) {
+                next = e.decode_next(next).expect("decode");
+                continue;
+            }
             let row = e.forward(&[next]).expect("decode").remove(0);
             next = argmax(&row);
             rows.push(row);
@@ -113,11 +138,11 @@ fn run_with(
 fn cpu_repacked_q4k_matches_transformers_and_the_stored_layout() {
     let path = files().into_iter().find(|p| p.to_string_lossy().ends_with("llama-k-q4_k_m.gguf")).expect("the Q4_K_M fixture");
     let repack = [QFormat::Q4_K];
-    let (rel, got, want, _) = run_with(&path, &Dev::Cpu, Fusion::ALL, None, 64, &repack, false);
+    let (rel, got, want, _) = run_with(&path, &Dev::Cpu, Fusion::ALL, None, 64, &repack, false, false);
     assert!(rel <= 1e-3 && got == want, "repacked, exact selection: rel err {rel:.2e}, ids {got:?} want {want:?}");
     for (fusion, chunk) in [(Fusion::ALL, 64), (Fusion::NONE, 3)] {
-        let (_, ids_rows, _, rows) = run_with(&path, &Dev::Cpu, fusion, None, chunk, &[], true);
-        let (_, ids_x8, _, x8) = run_with(&path, &Dev::Cpu, fusion, None, chunk, &repack, true);
+        let (_, ids_rows, _, rows) = run_with(&path, &Dev::Cpu, fusion, None, chunk, &[], true, false);
+        let (_, ids_x8, _, x8) = run_with(&path, &Dev::Cpu, fusion, None, chunk, &repack, true, false);
         let e = crate::common::rel_err(&x8, &rows);
         assert!(e <= 1e-4, "{fusion:?} chunk {chunk}: repacked vs stored rel err {e:.2e}");
         assert_eq!(ids_x8, ids_rows, "{fusion:?} chunk {chunk}");
@@ -149,6 +174,26 @@ fn cpu_gguf_matches_transformers() {
 fn gpu_gguf_matches_transformers() {
     let Some(gpu) = test_gpu() else { return };
     check(Dev::Gpu(gpu), "gpu");
+}
+
+/// An LM head cut in blocks (a small binding limit): the decode tokens'
+/// embedding is looked up in the block holding the token and the argmax is
+/// combined over the blocks, on tied fixtures in f16, f32 and block formats;
+/// the greedy ids are transformers'.
+#[test]
+fn gpu_decode_over_a_split_lm_head_matches_transformers() {
+    let Some(gpu) = test_gpu() else { return };
+    let mut seen = 0;
+    for path in files() {
+        let name = path.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+        if !["smollm2-tiny-f16", "qwen2-tiny-f32", "smollm2-tiny-q8_0", "smollm2-tiny-q4_1"].contains(&name.as_str()) {
+            continue;
+        }
+        seen += 1;
+        let (rel, got, want, _) = run_with(&path, &Dev::Gpu(gpu.clone()), Fusion::ALL, None, 64, &[], false, true);
+        assert!(rel <= 1e-3 && got == want, "{name}: rel err {rel:.2e}, ids {got:?} want {want:?}");
+    }
+    assert_eq!(seen, 4, "the four fixtures are there");
 }
 
 /// The config read from metadata is what transformers built (as recorded by make_gguf.py).

@@ -5,12 +5,13 @@
 // every token); a kernel prepared on its own gets a buffer of its problem's values
 // (kernels/mod.rs, WgslSetup::position). Read by RoPE (rope.wgsl, the fused q/k
 // norm + RoPE), the KV-cache write (runtime_plumb.wgsl) and the decode attention
-// kernels, instead of the position words of their own uniform blocks.
+// kernels, instead of the position words of their own uniform blocks; a decode
+// step's token id rides along for the GPU embedding (embed.wgsl).
 
 struct Position {
     pos0: u32,
     kv_len: u32,
-    pad0: u32,
+    token: u32,  // a decode step's token id (embed.wgsl); 0 elsewhere
     pad1: u32,
 }
 

@@ -794,6 +794,10 @@ pub mod builtin {
 
     /// Splitting a fused QKV projection, a broadcast bias add, KV-cache writes.
     pub static RUNTIME_PLUMB: Shader = crate::shader!("runtime_plumb.wgsl", "grid.wgsl", "position.wgsl");
+    /// Greedy selection: one LM-head block's argmax (first on ties, NaN never wins).
+    pub static SELECT_ARGMAX: Shader = crate::shader!("select_argmax.wgsl");
+    /// A decode token's embedding row, read from the table on the GPU.
+    pub static EMBED: Shader = crate::shader!("embed.wgsl", "grid.wgsl", "position.wgsl", "qblock.wgsl", "qgeom.wgsl");
     /// A streaming copy: the device's memory bandwidth.
     pub static BENCH_COPY: Shader = crate::shader!("bench_copy.wgsl");
     /// An FMA chain: the device's f32 FMA peak.
@@ -801,6 +805,6 @@ pub mod builtin {
 
     /// All of them (validated with the kernel set's shaders).
     pub fn shaders() -> Vec<&'static Shader> {
-        vec![&RUNTIME_PLUMB, &BENCH_COPY, &BENCH_FMA]
+        vec![&RUNTIME_PLUMB, &SELECT_ARGMAX, &EMBED, &BENCH_COPY, &BENCH_FMA]
     }
 }

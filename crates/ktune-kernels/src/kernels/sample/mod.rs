@@ -400,11 +400,23 @@ impl Sampler {
         id
     }
 
+    /// Whether this sampler is the plain argmax (greedy, no penalty history): the
+    /// selection a GPU engine makes itself (`Engine::decode_next`), after which
+    /// [`Sampler::record`] keeps this sampler's state.
+    pub fn is_argmax(&self) -> bool {
+        self.derived.greedy && self.derived.last_n == 0
+    }
+
+    /// Records `id`, chosen elsewhere by this sampler's rule, as its next sample.
+    pub fn record(&mut self, id: u32) {
+        self.state.push(id);
+    }
+
     /// The id [`Sampler::sample`] would return, without recording it.
     pub fn pick(&mut self, logits: &[f32]) -> u32 {
         let d = self.derived;
         let v = logits.len();
-        if d.greedy && d.last_n == 0 {
+        if self.is_argmax() {
             return argmax(logits);
         }
         // 1. canonical logits with the penalty on the history's distinct ids
