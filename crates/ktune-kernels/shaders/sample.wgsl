@@ -4,6 +4,7 @@
 // functions of the same names. Entry points: `prep` (canonical logits into the
 // scratch), `penalty` (one workgroup), `pick` (one workgroup: the id, the step,
 // the history), and `probe` (the primitives over many inputs, for the tests).
+// Requires: argmax_wg.wgsl.
 
 const WG: u32 = 256u;
 const NONE: u32 = 0xffffffffu;
@@ -291,33 +292,20 @@ fn pick(@builtin(local_invocation_index) lid: u32) {
     var bi = NONE;
     for (var i = lid; i < v; i += WG) {
         let k = value_key(xs[i]);
-        if (bi == NONE || k > bk) {
+        if (beats(k, i, bk, bi)) {
             bk = k;
             bi = i;
         }
     }
-    red_a[lid] = bk;
-    red_b[lid] = bi;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            let k2 = red_a[lid + s];
-            let i2 = red_b[lid + s];
-            if (k2 > red_a[lid] || (k2 == red_a[lid] && i2 < red_b[lid])) {
-                red_a[lid] = k2;
-                red_b[lid] = i2;
-            }
-        }
-        workgroupBarrier();
-    }
+    let best = wg_argmax(lid, bk, bi).y;
     if (lid == 0u) {
-        s_u0 = red_b[0];
-        s_max = xs[red_b[0]];
+        s_u0 = best;
+        s_max = xs[best];
         let mx = bitcast<f32>(s_max);
         // greedy, or a maximum that is not finite: the first maximum
         s_done = select(0u, 1u, P.greedy != 0u || (s_max & 0x7f800000u) == 0x7f800000u);
         if (s_done != 0u) {
-            finish(red_b[0]);
+            finish(best);
         }
     }
     if (workgroupUniformLoad(&s_done) != 0u) {

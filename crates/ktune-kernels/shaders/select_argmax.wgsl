@@ -10,6 +10,7 @@
 // when cap > 0) is made canonical by its bits, NaN as -inf and zero or subnormal
 // as +0 (`canon`), then mapped to an unsigned key in the same order
 // (`value_key`, 0 never a logit's); the largest key wins, the FIRST index on ties.
+// Requires: argmax_wg.wgsl.
 
 override WG: u32 = 256;
 
@@ -24,8 +25,8 @@ struct Sel {
 @group(0) @binding(1) var<storage, read_write> out: array<u32>;
 @group(0) @binding(2) var<uniform> sel: Sel;
 
-var<workgroup> best_k: array<u32, WG>;
-var<workgroup> best_i: array<u32, WG>;
+var<workgroup> red_a: array<u32, WG>;
+var<workgroup> red_b: array<u32, WG>;
 
 const NONE: u32 = 0xffffffffu;
 
@@ -39,12 +40,6 @@ fn logit_key(b: u32) -> u32 {
         c = 0u;
     }
     return select(c | 0x80000000u, ~c, (c & 0x80000000u) != 0u);
-}
-
-// Whether candidate (k, i) beats (bk, bi): a larger key, or the same at a
-// smaller index (key 0: no candidate).
-fn beats(k: u32, i: u32, bk: u32, bi: u32) -> bool {
-    return k > bk || (k == bk && k != 0u && i < bi);
 }
 
 @compute @workgroup_size(WG)
@@ -64,19 +59,10 @@ fn argmax(@builtin(local_invocation_index) lid: u32) {
             bi = i;
         }
     }
-    best_k[lid] = bk;
-    best_i[lid] = bi;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s && beats(best_k[lid + s], best_i[lid + s], best_k[lid], best_i[lid])) {
-            best_k[lid] = best_k[lid + s];
-            best_i[lid] = best_i[lid + s];
-        }
-        workgroupBarrier();
-    }
+    let best = wg_argmax(lid, bk, bi);
     if (lid == 0u) {
-        out[2u * sel.block] = select(best_i[0] + sel.start, NONE, best_i[0] == NONE);
-        out[2u * sel.block + 1u] = best_k[0];
+        out[2u * sel.block] = select(best.y + sel.start, NONE, best.y == NONE);
+        out[2u * sel.block + 1u] = best.x;
     }
 }
 

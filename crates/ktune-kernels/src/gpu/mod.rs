@@ -795,7 +795,7 @@ pub mod builtin {
     /// Splitting a fused QKV projection, a broadcast bias add, KV-cache writes.
     pub static RUNTIME_PLUMB: Shader = crate::shader!("runtime_plumb.wgsl", "grid.wgsl", "position.wgsl");
     /// Greedy selection: one LM-head block's argmax (first on ties, NaN never wins).
-    pub static SELECT_ARGMAX: Shader = crate::shader!("select_argmax.wgsl");
+    pub static SELECT_ARGMAX: Shader = crate::shader!("select_argmax.wgsl", "argmax_wg.wgsl");
     /// A decode token's embedding row, read from the table on the GPU.
     pub static EMBED: Shader = crate::shader!("embed.wgsl", "grid.wgsl", "position.wgsl", "qblock.wgsl", "qgeom.wgsl");
     /// A streaming copy: the device's memory bandwidth.

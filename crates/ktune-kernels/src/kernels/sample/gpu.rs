@@ -9,7 +9,7 @@ use super::{Derived, STATE_HEADER_WORDS, SampleError, SamplerParams, SamplerStat
 use crate::gpu::{Bind, GpuCtx, GpuProgram, Shader, grid_2d, groups};
 
 /// The sampler's shader.
-pub static SHADER: Shader = crate::shader!("sample.wgsl");
+pub static SHADER: Shader = crate::shader!("sample.wgsl", "argmax_wg.wgsl");
 
 /// Invocations per workgroup (the shader's `WG`).
 const WG: u32 = 256;
