@@ -136,11 +136,11 @@ fn embed_program(ctx: &GpuCtx, plan: &Plan, bufs: &[wgpu::Buffer], position: &wg
             let units = fmt.block_elems() / if fmt.wgsl_id() == 0 { 4 } else { 8 };
             ("embed_q", c.hidden_size / fmt.block_elems() * units)
         }
-        None if dtype == DType::F16 => ("embed_f16", c.hidden_size),
-        None if dtype == DType::F32 => ("embed_f32", c.hidden_size),
+        None if dtype == DType::F16 || dtype == DType::F32 => ("embed_f", c.hidden_size),
         _ => return Ok(None),
     };
-    let consts = [("WG", WG as f64), ("QFMT", crate::kernels::wgsl::qfmt(dtype))];
+    let f16 = if dtype == DType::F16 { 1.0 } else { 0.0 };
+    let consts = [("WG", WG as f64), ("QFMT", crate::kernels::wgsl::qfmt(dtype)), ("F16", f16)];
     let pipe = ctx.pipeline(&EMBED, entry, &consts).map_err(err)?;
     let mut prog = GpuProgram { steps: Vec::new(), owned: Vec::new() };
     for head in &plan.lm_head {

@@ -10,6 +10,7 @@
 
 override WG: u32 = 256;
 override QFMT: u32 = 0u;
+override F16: bool = false;
 
 struct Embed {
     hidden: u32,
@@ -57,30 +58,24 @@ fn embed_q(g: Grid) {
     }
 }
 
-@group(0) @binding(0) var<storage, read> table_f32: array<f32>;
-@group(0) @binding(1) var<storage, read_write> out_f32: array<f32>;
-@group(0) @binding(2) var<uniform> emb_f32: Embed;
+// f32 (F16 false) or packed f16 pairs (F16 true), one element an invocation.
+@group(0) @binding(0) var<storage, read> table: array<u32>;
+@group(0) @binding(1) var<storage, read_write> out_f: array<f32>;
+@group(0) @binding(2) var<uniform> emb_f: Embed;
 
 @compute @workgroup_size(WG)
-fn embed_f32(g: Grid) {
+fn embed_f(g: Grid) {
     let i = invocation(g);
-    let row = block_row(emb_f32);
-    if (i < emb_f32.hidden && row != NONE) {
-        out_f32[i] = table_f32[row * emb_f32.hidden + i] * emb_f32.scale;
-    }
-}
-
-@group(0) @binding(0) var<storage, read> table_f16: array<u32>;
-@group(0) @binding(1) var<storage, read_write> out_f16: array<f32>;
-@group(0) @binding(2) var<uniform> emb_f16: Embed;
-
-@compute @workgroup_size(WG)
-fn embed_f16(g: Grid) {
-    let i = invocation(g);
-    let row = block_row(emb_f16);
-    if (i < emb_f16.hidden && row != NONE) {
-        let e = row * emb_f16.hidden + i;
-        let p = unpack2x16float(table_f16[e >> 1u]);
-        out_f16[i] = select(p.x, p.y, (e & 1u) == 1u) * emb_f16.scale;
+    let row = block_row(emb_f);
+    if (i < emb_f.hidden && row != NONE) {
+        let e = row * emb_f.hidden + i;
+        var v: f32;
+        if (F16) {
+            let p = unpack2x16float(table[e >> 1u]);
+            v = select(p.x, p.y, (e & 1u) == 1u);
+        } else {
+            v = bitcast<f32>(table[e]);
+        }
+        out_f[i] = v * emb_f.scale;
     }
 }
