@@ -1,6 +1,6 @@
 // The projector's average pool: the [side, side] grid of dim-wide rows pooled over
 // kernel x kernel windows with stride kernel, one output value per invocation (each
-// sums its window's column). Linear index over a 2D grid (`wid.x + wid.y * nwg.x`).
+// sums its window's column). Linear index over a 2D grid (grid.wgsl's `invocation`).
 
 override WG: u32 = 128;
 
@@ -11,8 +11,8 @@ struct Dims { side: u32, kernel: u32, dim: u32, out: u32 }
 @group(0) @binding(2) var<uniform> dims: Dims;
 
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let i = (wid.x + wid.y * nwg.x) * WG + lid;
+fn main(g: Grid) {
+    let i = invocation(g);
     let dim = dims.dim;
     let kn = dims.kernel;
     if (i >= dims.out * dims.out * dim) {

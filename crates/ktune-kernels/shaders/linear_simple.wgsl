@@ -2,7 +2,8 @@
 // the body is gemm_col.wgsl (one column and ROWS rows of y per invocation, scalar
 // loads, any shape), the epilogue adds the bias and, when GELU, applies GELU-tanh
 // (act.wgsl). Weights and bias as u32 words decoded by W_F16.
-// Includes: gemm_col.wgsl, act.wgsl, wload.wgsl (W_F16).
+// Head: affine_head.wgsl (w, b, y, dims). Includes: gemm_col.wgsl, act.wgsl,
+// wload.wgsl (W_F16).
 
 override WG_X: u32 = 16;
 override WG_Y: u32 = 4;
@@ -13,17 +14,11 @@ override GELU: bool = false;
 struct Dims { m: u32, n: u32, k: u32 }
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> w: array<u32>;
-@group(0) @binding(2) var<storage, read> b: array<u32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<uniform> dims: Dims;
-
-fn wload(i: u32) -> f32 { return wpick(w[wword(i)], i); }
 
 fn xload(row: u32, c: u32) -> f32 { return x[row * dims.k + c]; }
 
 fn gemm_store(row: u32, col: u32, v: f32) {
-    let s = v + wpick(b[wword(col)], col);
+    let s = v + bload(col);
     y[row * dims.n + col] = select(s, act(s, true), GELU);
 }
 

@@ -1,19 +1,12 @@
 // LayerNorm y = (x - mean) / sqrt(var + eps) * w + b: the interface (ln_read,
 // ln_reread) and the output pass of norm_layer_wg and norm_layer_subgroup
 // (`shader!(VARIANT, "norm_layer.wgsl", ..)`), which compute the row statistics
-// each their own way. Any dim; w and b are
-// read as u32 words decoded by W_F16 (wload.wgsl).
+// each their own way, after the head affine_head.wgsl (w, b, y, dims). Any dim;
+// w and b are read as u32 words decoded by W_F16 (wload.wgsl).
 
 struct Dims { rows: u32, dim: u32, eps: f32 }
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> w: array<u32>;
-@group(0) @binding(2) var<storage, read> b: array<u32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<uniform> dims: Dims;
-
-fn wload(i: u32) -> f32 { return wpick(w[wword(i)], i); }
-fn bload(i: u32) -> f32 { return wpick(b[wword(i)], i); }
 
 // The statistics passes' reads of element i (row base included).
 fn ln_read(i: u32) -> f32 { return x[i]; }

@@ -4,7 +4,8 @@
 // (patch p, c) is read straight from the image, c = (channel, ky, kx) in the conv
 // weight's flattening: no patch matrix. Bias added in the epilogue. Weights and
 // bias as u32 words decoded by W_F16.
-// Includes: gemm_col.wgsl, wload.wgsl (W_F16).
+// Head: affine_head.wgsl (w, b, y, dims). Includes: gemm_col.wgsl, wload.wgsl
+// (W_F16).
 
 override WG_X: u32 = 16;
 override WG_Y: u32 = 4;
@@ -15,12 +16,6 @@ override W_F16: bool = false;
 struct Dims { m: u32, n: u32, k: u32, image: u32, psize: u32, side: u32 }
 
 @group(0) @binding(0) var<storage, read> pixels: array<f32>;
-@group(0) @binding(1) var<storage, read> w: array<u32>;
-@group(0) @binding(2) var<storage, read> b: array<u32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<uniform> dims: Dims;
-
-fn wload(i: u32) -> f32 { return wpick(w[wword(i)], i); }
 
 fn xload(p: u32, c: u32) -> f32 {
     let pp = dims.psize * dims.psize;
@@ -32,7 +27,7 @@ fn xload(p: u32, c: u32) -> f32 {
 }
 
 fn gemm_store(row: u32, col: u32, v: f32) {
-    y[row * dims.n + col] = v + wpick(b[wword(col)], col);
+    y[row * dims.n + col] = v + bload(col);
 }
 
 @compute @workgroup_size(WG_X, WG_Y)

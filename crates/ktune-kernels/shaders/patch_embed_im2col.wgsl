@@ -2,7 +2,7 @@
 // [patches, channels * patch * patch] matrix (each row in the conv weight's
 // flattening: channel, then ky, then kx), one element per invocation; the second
 // dispatch is linear_tiled over it. Linear workgroup index over a 2D grid
-// (`wid.x + wid.y * nwg.x`).
+// (grid.wgsl's `invocation`).
 
 override WG: u32 = 256;
 
@@ -13,8 +13,8 @@ struct Dims { patches: u32, k: u32, image: u32, psize: u32, side: u32 }
 @group(0) @binding(2) var<uniform> dims: Dims;
 
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let i = (wid.x + wid.y * nwg.x) * WG + lid;
+fn main(g: Grid) {
+    let i = invocation(g);
     if (i >= dims.patches * dims.k) {
         return;
     }
