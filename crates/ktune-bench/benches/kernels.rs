@@ -278,6 +278,10 @@ fn i8_gemm(c: &mut Criterion) {
         });
     }
     g.bench_function(BenchmarkId::new("quantize_activations", format!("{m}x{k}")), |b| b.iter(|| black_box(XPanel::quantize(&x, m, k))));
+    // One token's row on one thread (a decode projection's activations, or one
+    // pool task of the above): the block scale search and the codes alone.
+    g.throughput(Throughput::Elements(k as u64));
+    g.bench_function(BenchmarkId::new("quantize_row", k), |b| b.iter(|| black_box(cpu::XQ8::quantize(&x[..k]))));
     g.finish();
 }
 

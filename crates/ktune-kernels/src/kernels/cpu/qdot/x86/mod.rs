@@ -216,9 +216,10 @@ fn dot_s8_vnni(w: __m256i, x: __m256i) -> __m256 {
 fn dot_u8_vnni(w: __m256i, x: __m256i) -> __m256 {
     _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x))
 }
-/// [`super::xq8::block_scale`] with AVX2: the largest magnitude, then each
-/// candidate scale's squared error in 8 lanes (element `i` in lane `i % 8`, one
-/// FMA a term) summed in the portable loop's order, so both pick the same scale.
+/// [`super::xq8::block_scale`] with AVX2: the largest magnitude, then every
+/// candidate scale's squared error in one more pass over the values (a
+/// candidate's 8 lanes each, element `i` in lane `i % 8`, one FMA a term), the
+/// lanes summed in the portable loop's order, so both pick the same scale.
 ///
 /// # Safety
 /// AVX2 and FMA available; `xs` holds a multiple of 8 values.
@@ -235,21 +236,26 @@ pub unsafe fn block_scale(xs: &[f32]) -> f32 {
         let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
         let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+        // The other steps are above 1: their scales are 0 only when the first is.
+        let d = super::xq8::SCALE_STEPS.map(|s| amax / 127.0 * s);
+        if d[0] == 0.0 {
+            return 0.0;
+        }
+        // (No closures here: they would not inherit the target features.)
+        let vd = [_mm256_set1_ps(d[0]), _mm256_set1_ps(d[1]), _mm256_set1_ps(d[2]), _mm256_set1_ps(d[3])];
+        let vid = [_mm256_set1_ps(1.0 / d[0]), _mm256_set1_ps(1.0 / d[1]), _mm256_set1_ps(1.0 / d[2]), _mm256_set1_ps(1.0 / d[3])];
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for c in xs.chunks_exact(8) {
+            let v = _mm256_loadu_ps(c.as_ptr());
+            for j in 0..4 {
+                let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(v, vid[j]));
+                let e = _mm256_fnmadd_ps(vd[j], r, v);
+                acc[j] = _mm256_fmadd_ps(e, e, acc[j]);
+            }
+        }
         let mut best = (f32::INFINITY, 0f32);
-        for (j, s) in super::xq8::SCALE_STEPS.into_iter().enumerate() {
-            let d = amax / 127.0 * s;
-            if d == 0.0 {
-                return 0.0;
-            }
-            let (vd, vid) = (_mm256_set1_ps(d), _mm256_set1_ps(1.0 / d));
-            let mut acc = _mm256_setzero_ps();
-            for c in xs.chunks_exact(8) {
-                let v = _mm256_loadu_ps(c.as_ptr());
-                let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(v, vid));
-                let e = _mm256_fnmadd_ps(vd, r, v);
-                acc = _mm256_fmadd_ps(e, e, acc);
-            }
-            let s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        for (j, (&acc, &d)) in acc.iter().zip(&d).enumerate() {
+            let s4 = fold_halves(acc);
             let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
             let err = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
             if j == 0 || err < best.0 {
@@ -258,6 +264,13 @@ pub unsafe fn block_scale(xs: &[f32]) -> f32 {
         }
         best.1
     }
+}
+
+/// The upper four lanes of `a` added to its lower four.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn fold_halves(a: __m256) -> __m128 {
+    _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1))
 }
 
 /// [`super::xq8::quantize_block`] with AVX2: the same codes (conversion rounds to
