@@ -370,8 +370,9 @@ mod tests {
     }
 
     /// GQA groups of 1, 4, 6 and 12 heads per KV head, key counts that are no
-    /// multiple of the chunk, a window, head_dim 8 to 128, every heads_per_wg: each
-    /// combination must be valid on the test adapter and match the reference.
+    /// multiple of the chunk, a window, head_dim 8 to 128, every heads_per_wg in
+    /// both dtypes, with chunks of 16 and 64 alternating: each combination must be
+    /// valid on the test adapter and match the reference.
     #[test]
     fn splitkv_sg_matches_reference_over_heads_per_wg_and_chunks() {
         let Some(gpu) = crate::testing::test_gpu() else { return };
@@ -388,25 +389,26 @@ mod tests {
         ];
         let wg = gpu.caps.subgroup_max_size.clamp(32, 256);
         let mut ran = 0;
-        for prob in &probs {
-            for hpw in [1, 2, 4, 8] {
-                for chunk in [16, 64] {
+        for (pi, prob) in probs.iter().enumerate() {
+            for (hi, hpw) in [1, 2, 4, 8].into_iter().enumerate() {
+                for (di, dtype) in [DType::F32, DType::F16].into_iter().enumerate() {
+                    // the two chunks alternate over heads_per_wg, dtype and shape:
+                    // at every shape each pair of the three meets
+                    let chunk = [16, 64][(pi + hi + di) % 2];
                     let params = sg_params(wg, hpw, chunk);
-                    for dtype in [DType::F32, DType::F16] {
-                        if check_wgsl_shape(prob, dtype).is_err() {
-                            continue; // head_dim 24 has no f16 form
-                        }
-                        if let Err(e) = k.check(Caps::Gpu(&gpu.caps), prob, dtype, &params) {
-                            panic!("{dtype} {hpw} heads/wg chunk {chunk} rejected on {}: {e}", gpu.name);
-                        }
-                        let c = check_one(&Runner::Gpu(&gpu), k, prob, dtype, &params, 11);
-                        assert!(c.passed, "{dtype} heads/wg {hpw} chunk {chunk} on {}: rel err {:e} {:?}", c.problem, c.rel_err, c.error);
-                        ran += 1;
+                    if check_wgsl_shape(prob, dtype).is_err() {
+                        continue; // head_dim 24 has no f16 form
                     }
+                    if let Err(e) = k.check(Caps::Gpu(&gpu.caps), prob, dtype, &params) {
+                        panic!("{dtype} {hpw} heads/wg chunk {chunk} rejected on {}: {e}", gpu.name);
+                    }
+                    let c = check_one(&Runner::Gpu(&gpu), k, prob, dtype, &params, 11);
+                    assert!(c.passed, "{dtype} heads/wg {hpw} chunk {chunk} on {}: rel err {:e} {:?}", c.problem, c.rel_err, c.error);
+                    ran += 1;
                 }
             }
         }
-        assert!(ran >= 60, "only {ran} checks ran");
+        assert!(ran >= 36, "only {ran} checks ran");
         // head_dim 128 (one whole subgroup-wide row or more per lane) at the default parameters
         let big = Problem::AttentionDecode { kv_len: 517, kv_cap: 600, heads: 8, kv_heads: 2, head_dim: 128, window: 0, scale: 0.0884 };
         let params = sg_params(wg, 2, 64);
@@ -454,8 +456,10 @@ mod tests {
         p
     }
 
-    /// Both flash2 forms over every lanes and K/V tile form (with four Q tile / head
-    /// block / key tile combinations) their validity allows on the test adapter, at shapes of the models (head_dim 64 with a GQA group of 4,
+    /// Both flash2 forms over every lanes and K/V tile form their validity allows on
+    /// the test adapter, each with one of four Q tile / head block / key tile
+    /// combinations (each combination with each form at one shape and dtype or
+    /// more; the parity sweep varies them one at a time), at shapes of the models (head_dim 64 with a GQA group of 4,
     /// head_dim 256 with one KV head, Gemma 3's), a group of 6 (no multiple of
     /// heads_per_wg), a window and a prefill continuing a cache, in f32 and f16;
     /// and the subgroup form's defaults accept head_dim 256 (Gemma 3) in f16 on an
@@ -513,21 +517,23 @@ mod tests {
             {
                 panic!("{id} rejects head_dim 256 f16 at its defaults on {}", gpu.name);
             }
-            for prob in &probs {
-                for dtype in [DType::F32, DType::F16] {
-                    // every lanes and K/V tile form, with Q tiles, head blocks and
-                    // key tiles from smallest to largest
-                    for (bq, hpw, bkv) in [(4, 1, 16), (8, 4, 32), (32, 2, 64), (16, 8, 16)] {
-                        for lanes in [4, 8, 16] {
-                            for tile in [0, 1, 2] {
-                                let params = flash2_params(bq, hpw, bkv, lanes, tile);
-                                if k.check(Caps::Gpu(&gpu.caps), prob, dtype, &params).is_err() {
-                                    continue;
-                                }
-                                let c = check_one(&Runner::Gpu(&gpu), k, prob, dtype, &params, 3);
-                                assert!(c.passed, "{id} {dtype} {params:?} on {}: rel err {:e} {:?}", c.problem, c.rel_err, c.error);
-                                ran += 1;
+            // Q tiles, head blocks and key tiles from smallest to largest
+            let tiles = [(4, 1, 16), (8, 4, 32), (32, 2, 64), (16, 8, 16)];
+            for (pi, prob) in probs.iter().enumerate() {
+                for (di, dtype) in [DType::F32, DType::F16].into_iter().enumerate() {
+                    // every lanes and K/V tile form, each with one of the tile
+                    // combinations, rotated from one shape and dtype to the next:
+                    // over the six, every combination meets every form
+                    for (li, lanes) in [4, 8, 16].into_iter().enumerate() {
+                        for (ti, tile) in [0, 1, 2].into_iter().enumerate() {
+                            let (bq, hpw, bkv) = tiles[(li * 3 + ti + pi * 2 + di) % tiles.len()];
+                            let params = flash2_params(bq, hpw, bkv, lanes, tile);
+                            if k.check(Caps::Gpu(&gpu.caps), prob, dtype, &params).is_err() {
+                                continue;
                             }
+                            let c = check_one(&Runner::Gpu(&gpu), k, prob, dtype, &params, 3);
+                            assert!(c.passed, "{id} {dtype} {params:?} on {}: rel err {:e} {:?}", c.problem, c.rel_err, c.error);
+                            ran += 1;
                         }
                     }
                 }
