@@ -4,7 +4,9 @@
 //! - exits with 0, 1 or 2 (never 101, a panic, nor a signal such as the abort
 //!   of a failed allocation, 134);
 //! - ends: a liveness guard kills it past a wall limit (a hang, not a timing claim);
-//! - stays within a memory bound (its peak RSS, from `wait4`);
+//! - stays within a memory bound (its peak RSS, from `wait4`; the guard also
+//!   kills a run whose memory passes the bound, as a run reading `/dev/zero`
+//!   did, so a failure cannot take the machine's memory);
 //! - writes nothing outside the cache (under a temporary `HOME` and
 //!   `XDG_CACHE_HOME`) and the output it was told to write (the tree is compared).
 //!
@@ -35,7 +37,7 @@ struct Ended {
     /// The exit code, or None when a signal ended it.
     code: Option<i32>,
     signal: Option<i32>,
-    /// Killed by the liveness guard.
+    /// Killed by the guard: past the wall limit or the memory bound.
     hung: bool,
     peak_rss: u64,
     stderr: String,
@@ -104,7 +106,10 @@ impl Sandbox {
                 break;
             }
             assert_eq!(r, 0, "wait4 failed: {}", std::io::Error::last_os_error());
-            if t0.elapsed() > WALL && !hung {
+            // Killed past the wall limit, or past the memory bound (a run that
+            // reads a device without end would take the shared machine's memory).
+            let over = t0.elapsed() > WALL || rss(pid) > MAX_RSS;
+            if over && !hung {
                 hung = true;
                 // SAFETY: signalling our own unreaped child.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -125,6 +130,13 @@ impl Sandbox {
             stderr: std::fs::read_to_string(&err_path).unwrap_or_default(),
         }
     }
+}
+
+/// The resident memory of process `pid` now, bytes (0 once it is gone).
+fn rss(pid: libc::pid_t) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kb = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+    kb.unwrap_or(0) * 1024
 }
 
 /// Every file under `root` with its size and modification time (a directory
@@ -486,7 +498,7 @@ fn no_hostile_input_crashes_hangs_or_writes_outside_the_cache() {
                     let e = s.run(&format!("case{i}"), args);
                     let mut why = Vec::new();
                     if e.hung {
-                        why.push(format!("still running after {WALL:?}: killed"));
+                        why.push(format!("killed: still running after {WALL:?}, or past {} MiB", MAX_RSS >> 20));
                     } else if !matches!(e.code, Some(0..=2)) {
                         why.push(format!("exit {:?}, signal {:?}", e.code, e.signal));
                     }
