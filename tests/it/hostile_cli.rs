@@ -285,34 +285,21 @@ impl Inputs {
         files.insert("profile-many-nodes", s.input("many.yaml", many.as_bytes()));
         files.insert("profile-dup-key", s.input("dup.yaml", b"name: x\nmodel: m\nname: y\nversion: 1\n"));
         // Bundles.
-        let m = |p: &[(String, String, String)]| manifest(p);
         let key = |c: char| c.to_string().repeat(64);
         let text = multibyte_profile();
         let good = (key('a'), "profiles/a.yaml".to_string(), sha256(text.as_bytes()));
-        let mb_manifest = m(std::slice::from_ref(&good));
-        files.insert(
-            "bundle-multibyte",
-            s.input(
-                "multibyte.tar.zst",
-                &bundle(&[
-                    ("ktune-bundle.json", tar::EntryType::Regular, mb_manifest.as_slice()),
-                    ("profiles/a.yaml", tar::EntryType::Regular, text.as_bytes()),
-                ]),
-            ),
-        );
+        let mb_manifest = manifest(std::slice::from_ref(&good));
+        // The manifest `listing` and the one profile as `profiles/a.yaml`.
+        let one_profile = |listing: &[u8]| {
+            bundle(&[
+                ("ktune-bundle.json", tar::EntryType::Regular, listing),
+                ("profiles/a.yaml", tar::EntryType::Regular, text.as_bytes()),
+            ])
+        };
+        files.insert("bundle-multibyte", s.input("multibyte.tar.zst", &one_profile(&mb_manifest)));
         let repeated: Vec<_> = (0..5000).map(|_| good.clone()).collect();
-        let rep_manifest = m(&repeated);
-        files.insert(
-            "bundle-repeated",
-            s.input(
-                "repeated.tar.zst",
-                &bundle(&[
-                    ("ktune-bundle.json", tar::EntryType::Regular, rep_manifest.as_slice()),
-                    ("profiles/a.yaml", tar::EntryType::Regular, text.as_bytes()),
-                ]),
-            ),
-        );
-        let skipped = m(&[
+        files.insert("bundle-repeated", s.input("repeated.tar.zst", &one_profile(&manifest(&repeated))));
+        let skipped = manifest(&[
             (key('b'), "profiles/b.yaml".into(), "0".repeat(64)),
             (key('c'), "profiles/c.yaml".into(), sha256(b"")),
             (key('d'), "profiles/missing.yaml".into(), sha256(b"")),
@@ -348,10 +335,7 @@ impl Inputs {
         h.set_size(300 << 20);
         h.set_cksum();
         files.insert("bundle-bomb", s.input("bomb.tar.zst", &zstd_bomb(h.as_bytes(), 300 << 20)));
-        let whole = bundle(&[
-            ("ktune-bundle.json", tar::EntryType::Regular, mb_manifest.as_slice()),
-            ("profiles/a.yaml", tar::EntryType::Regular, text.as_bytes()),
-        ]);
+        let whole = one_profile(&mb_manifest);
         files.insert("bundle-truncated", s.input("cut.tar.zst", &whole[..whole.len() / 2]));
         Inputs { files }
     }
