@@ -681,12 +681,24 @@ pub fn percent(s: &str) -> Result<f64, String> {
         .ok_or_else(|| format!("`{s}` is not a percentage: give one such as 5 or 5%"))
 }
 
-/// A duration: `90`, `90s`, `2m`, `1h30m`, `1.5m`; positive.
+/// The longest duration a flag takes, seconds: a week (budgets are minutes to hours).
+const MAX_DURATION_S: f64 = 7.0 * 24.0 * 3600.0;
+
+/// A duration: `90`, `90s`, `2m`, `1h30m`, `1.5m`; positive, at most a week.
 pub fn duration(s: &str) -> Result<std::time::Duration, String> {
     let bad = || format!("`{s}`: give a duration such as 90s, 2m or 1h30m");
+    let within = |secs: f64| {
+        if secs > MAX_DURATION_S && secs.is_finite() {
+            Err(format!("`{s}`: longer than a week ({MAX_DURATION_S} s), the longest ktune takes"))
+        } else if secs > 0.0 && secs.is_finite() {
+            Ok(std::time::Duration::from_secs_f64(secs))
+        } else {
+            Err(bad())
+        }
+    };
     let t = s.trim();
     if let Ok(secs) = t.parse::<f64>() {
-        return if secs > 0.0 && secs.is_finite() { Ok(std::time::Duration::from_secs_f64(secs)) } else { Err(bad()) };
+        return within(secs);
     }
     let mut total = 0.0;
     let mut num = String::new();
@@ -704,10 +716,10 @@ pub fn duration(s: &str) -> Result<std::time::Duration, String> {
             };
         }
     }
-    if !num.is_empty() || total <= 0.0 || !f64::is_finite(total) {
+    if !num.is_empty() {
         return Err(bad());
     }
-    Ok(std::time::Duration::from_secs_f64(total))
+    within(total)
 }
 
 /// A size in bytes: an integer with an optional K, M or G suffix (KiB, MiB, GiB;
@@ -736,7 +748,18 @@ pub fn byte_size(s: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{byte_size, percent};
+    use super::{byte_size, duration, percent};
+
+    /// `Duration::from_secs_f64` panics past u64 seconds: `1e30` once crashed `tune --budget`.
+    #[test]
+    fn durations_refuse_zero_junk_and_the_absurdly_long() {
+        assert_eq!(duration("2m"), Ok(std::time::Duration::from_secs(120)));
+        assert_eq!(duration("1h30m"), Ok(std::time::Duration::from_secs(5400)));
+        for bad in ["0", "-5", "", "1e30", "1e400", "99999999999999999999h", "NaN", "inf", "5x"] {
+            assert!(duration(bad).is_err(), "{bad} accepted");
+        }
+        assert!(duration("8d").is_err() && duration("200h").expect_err("too long").contains("a week"));
+    }
 
     #[test]
     fn percentages_take_an_optional_sign_and_refuse_junk() {

@@ -12,6 +12,7 @@ pub mod cli;
 pub mod commands;
 pub mod error;
 pub mod eval;
+pub mod input;
 pub mod model;
 pub mod output;
 pub mod plan;
@@ -21,6 +22,7 @@ pub mod report;
 pub mod runtime;
 pub mod session;
 pub mod stats;
+pub mod text;
 pub mod tuner;
 
 // The ground floor lives in its own crate (`crates/ktune-kernels`); its modules are

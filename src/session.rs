@@ -102,12 +102,8 @@ impl ModelSettings {
     pub fn load(&self) -> Result<LoadedModel> {
         match (&self.mmproj, &self.source) {
             (Some(mm), ModelSource::Gguf(text)) => {
-                if !mm.is_file() {
-                    return Err(SessionError::Usage(format!("--mmproj {}: no such file", mm.display())));
-                }
-                if !text.is_file() {
-                    return Err(SessionError::Usage(format!("--gguf {}: no such file", text.display())));
-                }
+                input_file("--mmproj", mm)?;
+                input_file("--gguf", text)?;
                 load_gguf_mmproj(text, mm, self.layers)
             }
             (Some(mm), _) => Err(mmproj_without_gguf(mm)),
@@ -200,6 +196,54 @@ impl ModelSettings {
             parallel: exec.parallel,
         }
     }
+}
+
+/// The file `flag` names must be a regular file: a usage error naming the flag
+/// and saying what `path` is instead (missing, a directory, a device).
+pub fn input_file(flag: &str, path: &Path) -> Result<()> {
+    crate::input::regular_file(path).map(|_| ()).map_err(|e| SessionError::Usage(format!("{flag} {}: {e}", path.display())))
+}
+
+/// Memory available to new allocations, bytes (8 GiB when unknown).
+pub fn available_memory() -> u64 {
+    let Ok(mut sys) = sysinfo::System::new() else { return 8 << 30 };
+    sys.refresh_memory_specifics(sysinfo::MemoryRefreshKind::nothing().with_ram());
+    match sys.available_memory() {
+        0 => 8 << 30,
+        b => b,
+    }
+}
+
+/// Checks a context of `context` positions (what `flag` asked for) against what
+/// the model and the device allow: at most the model's
+/// `max_position_embeddings`, and a KV cache in `kv` that fits (one layer's
+/// cache in one GPU buffer; the whole cache in the CPU's available memory). The
+/// usage error names the limit and the largest context that fits.
+pub fn check_context(c: &ModelConfig, context: usize, kv: DType, device: &Device, flag: &str) -> Result<()> {
+    let usage = |why: String| Err(SessionError::Usage(format!("{flag}: a context of {context} positions {why}")));
+    if context == 0 {
+        return usage("holds no token; give at least 1".into());
+    }
+    if context > c.max_position_embeddings {
+        return usage(format!("is past the model's {} (max_position_embeddings); give at most that", c.max_position_embeddings));
+    }
+    let (what, limit, per) = match device::DeviceCaps::from(device) {
+        device::DeviceCaps::Gpu(g) => ("one GPU buffer holds", g.max_storage_binding.min(g.max_buffer_size), 1),
+        device::DeviceCaps::Cpu(_) => ("memory available is", available_memory(), 2 * c.num_layers as u64),
+    };
+    // One layer's keys (or values), then as many of them as share the limit.
+    let one = crate::plan::kv_cache_bytes(c, context, kv);
+    let need = one.and_then(|b| b.checked_mul(per));
+    if need.is_none_or(|n| n > limit) {
+        let per_position = crate::plan::kv_cache_bytes(c, 1, kv).unwrap_or(u64::MAX).saturating_mul(per).max(1);
+        return usage(format!(
+            "needs a KV cache of {} MiB in {kv}, and the {what} {} MiB: give at most {} positions",
+            need.map_or("more than 2^64 / 2^20".to_string(), |n| (n >> 20).to_string()),
+            limit >> 20,
+            limit / per_position
+        ));
+    }
+    Ok(())
 }
 
 /// `--mmproj` given without `--gguf`: a usage error naming the fix.

@@ -40,12 +40,17 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
     if args.prefill_tokens == 0 || args.decode_tokens == 0 {
         return Err(Error::Usage("--prefill-tokens and --decode-tokens must be positive".into()));
     }
+    // The KV cache holds the prompt, the decode steps and the one after them.
+    let context = args.prefill_tokens.checked_add(args.decode_tokens).and_then(|n| n.checked_add(1)).ok_or_else(|| {
+        Error::Usage(format!("--prefill-tokens {} and --decode-tokens {}: past any context", args.prefill_tokens, args.decode_tokens))
+    })?;
     let settings = args.model.settings()?;
     // Profiles are read and validated before the model is loaded.
     let profiles: Vec<(PathBuf, Profile)> =
         args.profile.iter().map(|p| Profile::load(p).map(|x| (p.clone(), x))).collect::<std::result::Result<_, _>>()?;
     let device = session::pick_device(selector)?;
     let m = settings.load()?;
+    session::check_context(&m.config, context, crate::kernels::DType::F32, &device, "--prefill-tokens + --decode-tokens")?;
     // --image: the model must have a tower, the image must decode (both before any engine is built).
     let image = match (&args.image, &m.vision) {
         (None, _) => None,
@@ -81,7 +86,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
             weight_dtype,
             kv_dtype: crate::kernels::DType::F32,
             prefill_tokens: args.prefill_tokens,
-            context: args.prefill_tokens + args.decode_tokens + 1,
+            context,
             strict_device: args.strict_device,
         };
         let found = lookup::find(&device, &want)?;
@@ -111,7 +116,6 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
                 .into(),
         ));
     }
-    let context = args.prefill_tokens + args.decode_tokens + 1;
     let store: Arc<dyn TensorStore> = m.weights.clone();
     // CPU engines share one copy of the weights.
     let mut build = Engines { model: &m.name, config: c, store, ctx: ctx.clone(), memo: Some(WeightMemo::default()), check_decode: false };

@@ -25,6 +25,8 @@ use crate::{Error, Result};
 
 /// The default tokens per chunk (llama-perplexity's usual `-c 512`).
 const DEFAULT_CTX: usize = 512;
+/// Most bytes of `--file` (wikitext-2's test split is 1.3 MB).
+const MAX_TEXT_BYTES: u64 = 256 << 20;
 
 pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> Result<EvalReport> {
     // Flags and files first, before anything heavy is built.
@@ -32,15 +34,14 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
     if let Some(mm) = &settings.mmproj {
         return Err(Error::Usage(format!("--mmproj {}: eval scores text; leave the vision projector out", mm.display())));
     }
-    if let ModelSource::Gguf(p) = &settings.source
-        && !p.is_file()
-    {
-        return Err(Error::Usage(format!("--gguf {}: no such file", p.display())));
+    if let ModelSource::Gguf(p) = &settings.source {
+        session::input_file("--gguf", p)?;
     }
     if args.chunks == Some(0) {
         return Err(Error::Usage("--chunks 0: give at least one chunk".into()));
     }
-    let text = std::fs::read_to_string(&args.file).map_err(|e| Error::Usage(format!("--file {}: {e}", args.file.display())))?;
+    let text = crate::input::read_text_limited(&args.file, MAX_TEXT_BYTES, "an evaluation text")
+        .map_err(|e| Error::Usage(format!("--file {}: {e}", args.file.display())))?;
     let mut file_ref = match &args.reference {
         Some(ReferenceArg::File(p)) => Some(LogitsReader::open(p)?),
         _ => None,
@@ -65,9 +66,7 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
         )));
     }
     let ctx = args.ctx.unwrap_or(DEFAULT_CTX.min(m.config.max_position_embeddings));
-    if ctx > m.config.max_position_embeddings {
-        warnings.push(format!("--ctx {ctx} is beyond the model's context ({})", m.config.max_position_embeddings));
-    }
+    session::check_context(&m.config, ctx, DType::F32, &device, "--ctx")?;
     let text = Text::chunked(&ids, bos, ctx, args.chunks)?;
     if let Some(r) = &file_ref {
         text.check_reference(r, m.config.vocab_size)?;

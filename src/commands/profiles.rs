@@ -73,7 +73,7 @@ fn cached_items(c: &Cache, model: Option<&str>) -> Result<(Vec<Item>, Vec<Outcom
     let mut items = Vec::new();
     let mut skipped = Vec::new();
     for (key, path) in c.profiles().map_err(TuneError::from)? {
-        let Ok(text) = std::fs::read_to_string(&path) else { continue };
+        let Ok(text) = crate::profile::read_text(&path) else { continue };
         let origin = path.display().to_string();
         if let Some(m) = model {
             // Filter on the document's model before validating it.
@@ -120,13 +120,20 @@ fn export(model: Option<&str>, output: &Path) -> Result<ProfilesReport> {
     write_bundle(&set, output, "export", outcomes)
 }
 
-fn read_bundles(paths: &[PathBuf], set: &mut Set, outcomes: &mut Vec<Outcome>) -> Result<Vec<String>> {
-    let mut taken = Vec::new();
+/// Reads every bundle once, all before anything changes: their usable profiles
+/// and the skipped ones; an error when the bundles hold no usable profile at
+/// all (naming what was skipped and why).
+fn read_bundles(paths: &[PathBuf]) -> Result<(Vec<Item>, Vec<Outcome>)> {
+    let (mut items, mut skipped) = (Vec::new(), Vec::new());
     for p in paths {
-        let (items, skipped) = bundle::read(p)?;
-        add_items(items, skipped, set, outcomes, &mut taken);
+        let (i, s) = bundle::read(p)?;
+        items.extend(i);
+        skipped.extend(s);
     }
-    Ok(taken)
+    if items.is_empty() && !paths.is_empty() {
+        return Err(Error::Usage(format!("nothing to take: {}", bundle::nothing_usable(&skipped))));
+    }
+    Ok((items, skipped))
 }
 
 /// Adds a bundle's usable `items` to `set`, and what became of each (and of the
@@ -144,9 +151,7 @@ fn add_items(items: Vec<bundle::Item>, skipped: Vec<Outcome>, set: &mut Set, out
 
 fn import(paths: &[PathBuf], with_shipped: bool) -> Result<ProfilesReport> {
     // Every bundle is read and checked before the cache changes.
-    for p in paths {
-        bundle::read(p)?;
-    }
+    let (items, skipped) = read_bundles(paths)?;
     let c = open()?;
     let (existing, _) = cached_items(&c, None)?;
     let mut set = Set::default();
@@ -154,7 +159,8 @@ fn import(paths: &[PathBuf], with_shipped: bool) -> Result<ProfilesReport> {
         set.add(i);
     }
     let mut outcomes = Vec::new();
-    let mut taken = read_bundles(paths, &mut set, &mut outcomes)?;
+    let mut taken = Vec::new();
+    add_items(items, skipped, &mut set, &mut outcomes, &mut taken);
     if with_shipped {
         let (items, skipped) = bundle::shipped();
         add_items(items, skipped, &mut set, &mut outcomes, &mut taken);
@@ -178,17 +184,18 @@ fn import(paths: &[PathBuf], with_shipped: bool) -> Result<ProfilesReport> {
 fn merge(paths: &[PathBuf], output: &Path) -> Result<ProfilesReport> {
     let mut set = Set::default();
     let mut outcomes = Vec::new();
-    read_bundles(paths, &mut set, &mut outcomes)?;
-    if set.items.is_empty() {
-        return Err(Error::Usage("the bundles hold no profile this ktune can use; nothing written".into()));
-    }
+    let (items, skipped) = read_bundles(paths)?;
+    add_items(items, skipped, &mut set, &mut outcomes, &mut Vec::new());
     write_bundle(&set, output, "merge", outcomes)
 }
 
 /// Whether `path` is a bundle (zstd magic) rather than a profile (YAML text).
 fn is_bundle(path: &Path) -> bool {
     let mut magic = [0u8; 4];
-    std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok() && magic == [0x28, 0xb5, 0x2f, 0xfd]
+    // Not opened unless a regular file: opening a FIFO would wait for a writer.
+    crate::input::regular_file(path).is_ok()
+        && std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok()
+        && magic == [0x28, 0xb5, 0x2f, 0xfd]
 }
 
 /// The profiles of a bundle (those this build can read), or the one profile of a file.

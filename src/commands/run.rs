@@ -72,19 +72,15 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     let settings = args.model.settings()?;
     let kv_dtype = args.kv_dtype;
     let mut warnings = Vec::new();
-    if let ModelSource::Gguf(p) = &settings.source
-        && !p.is_file()
-    {
-        return Err(Error::Usage(format!("--gguf {}: no such file", p.display())));
+    if let ModelSource::Gguf(p) = &settings.source {
+        session::input_file("--gguf", p)?;
     }
     // clap's `requires` cannot name a member of the model-source group: checked here.
     if let (Some(p), ModelSource::Builtin(_) | ModelSource::Dir(_)) = (&settings.mmproj, &settings.source) {
         return Err(session::mmproj_without_gguf(p).into());
     }
-    if let Some(p) = &settings.mmproj
-        && !p.is_file()
-    {
-        return Err(Error::Usage(format!("--mmproj {}: no such file", p.display())));
+    if let Some(p) = &settings.mmproj {
+        session::input_file("--mmproj", p)?;
     }
     // A GGUF file's tokenizer lives in the file: load the model first then (with
     // its vision projector, whose image tokens come from that vocabulary).
@@ -171,7 +167,8 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         }
         _ => None,
     };
-    let context = args.context.unwrap_or(prompt.len() + args.max_tokens).max(prompt.len() + args.max_tokens);
+    let context = run_context(args, prompt.len(), c.max_position_embeddings)?;
+    session::check_context(c, context, kv_dtype, &device, if args.context.is_some() { "--context" } else { "--max-tokens" })?;
     let max_tokens = prompt.len().min(args.prefill_chunk.max(1));
     // Without --profile (or --no-profile): the best cached profile for this device,
     // model, weights and KV cache (profile::lookup).
@@ -399,6 +396,38 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         kernels,
         warnings,
     })
+}
+
+/// The KV cache's context: `--context`, which must leave room for `--max-tokens`
+/// after the prompt, else the prompt and `--max-tokens` (`max_position`, the
+/// model's, only words the message of a sum past any context).
+fn run_context(args: &RunArgs, prompt: usize, max_position: usize) -> Result<usize> {
+    let left = |c: usize| c.saturating_sub(prompt);
+    let need = prompt.checked_add(args.max_tokens).ok_or_else(|| {
+        Error::Usage(format!(
+            "--max-tokens {}: past any context; the model holds {max_position} positions, {} after the {prompt}-token prompt",
+            args.max_tokens,
+            left(max_position)
+        ))
+    })?;
+    match args.context {
+        Some(c) if c < need => Err(Error::Usage(format!(
+            "--max-tokens {}: the context (--context {c}) leaves room for {} tokens after the {prompt}-token prompt; \
+             give --max-tokens {} or less, or a larger --context",
+            args.max_tokens,
+            left(c),
+            left(c)
+        ))),
+        Some(c) => Ok(c),
+        None if need > max_position => Err(Error::Usage(format!(
+            "--max-tokens {}: the {prompt}-token prompt and {} new tokens are past the model's {max_position} positions \
+             (max_position_embeddings); give --max-tokens {} or less",
+            args.max_tokens,
+            args.max_tokens,
+            left(max_position)
+        ))),
+        None => Ok(need),
+    }
 }
 
 /// The chat template `--chat` renders the prompt with: the GGUF file's, or the

@@ -182,6 +182,7 @@ impl LogitsReader {
     pub fn open(path: &Path) -> Result<LogitsReader, EvalError> {
         let bad = |msg: String| EvalError::LogitsFile { path: path.to_path_buf(), msg };
         let io = |source| EvalError::Io { path: path.to_path_buf(), source };
+        crate::input::regular_file(path).map_err(io)?;
         let file = File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         let mut input = BufReader::with_capacity(1 << 20, file);

@@ -18,6 +18,9 @@ impl FileBytes {
     /// Maps `path` read-only.
     pub fn map(path: &Path) -> Result<FileBytes> {
         let io = |source| ModelError::Io { path: path.to_path_buf(), source };
+        // A directory or a device is refused saying which (mapping one fails
+        // obscurely, or maps nothing).
+        crate::input::regular_file(path).map_err(io)?;
         let file = File::open(path).map_err(io)?;
         // SAFETY: the map is read-only and private to this process; like every
         // memory-mapped loader we rely on the file not being truncated or rewritten

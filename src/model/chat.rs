@@ -27,6 +27,9 @@ pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
 /// Llama 3): generation under `--chat` stops at any of them the vocabulary has.
 pub const END_OF_TURN_TOKENS: [&str; 3] = ["<end_of_turn>", "<|im_end|>", "<|eot_id|>"];
 
+/// Most bytes of a `--chat-template` file (the published templates are a few kB).
+const MAX_TEMPLATE_BYTES: u64 = 1 << 20;
+
 /// A chat template and the special-token texts it renders with.
 #[derive(Clone, Debug)]
 pub struct ChatTemplate {
@@ -53,7 +56,7 @@ impl ChatTemplate {
         let tokens = f.get("tokenizer.ggml.tokens").and_then(Value::as_array);
         let token = |key: &str| -> Option<String> {
             let id = f.get(key)?.as_u64()?;
-            tokens?.get(usize::try_from(id).ok()?)?.as_str().map(str::to_string)
+            tokens?.str_at(usize::try_from(id).ok()?).map(str::to_string)
         };
         (token("tokenizer.ggml.bos_token_id"), token("tokenizer.ggml.eos_token_id"))
     }
@@ -61,7 +64,8 @@ impl ChatTemplate {
     /// A template from a Jinja file (`--chat-template`), with the model's BOS and
     /// EOS token texts.
     pub fn from_file(path: &Path, bos_token: Option<String>, eos_token: Option<String>) -> Result<ChatTemplate> {
-        let source = std::fs::read_to_string(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
+        let source = crate::input::read_text_limited(path, MAX_TEMPLATE_BYTES, "a chat template")
+            .map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
         Ok(ChatTemplate { source, bos_token, eos_token, path: path.to_path_buf() })
     }
 

@@ -2,6 +2,11 @@
 //! metadata key/values of every type (arrays included), tensor infos and the
 //! aligned data section.
 //!
+//! A metadata array is kept compactly ([`Array`]): numbers and bools as their
+//! values, strings as one text with end offsets, arrays of arrays (which ktune
+//! never reads) only as their count and byte range; so the metadata
+//! takes no more memory than its bytes in the file, whatever it holds.
+//!
 //! Every count and length in the file is untrusted: it is checked against the
 //! bytes left in the file before anything is allocated from it, so a truncated
 //! or hostile file gives a [`ModelError::File`] naming the problem, never a
@@ -44,7 +49,163 @@ pub enum Value {
     F64(f64),
     Bool(bool),
     Str(String),
-    Array(Vec<Value>),
+    Array(Array),
+}
+
+/// A metadata array (see the module docs): elements of one GGUF type.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Array {
+    U8(Vec<u8>),
+    I8(Vec<i8>),
+    U16(Vec<u16>),
+    I16(Vec<i16>),
+    U32(Vec<u32>),
+    I32(Vec<i32>),
+    U64(Vec<u64>),
+    I64(Vec<i64>),
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    Bool(Vec<bool>),
+    /// The strings one after another in `text`, the `i`th ending at `ends[i]`.
+    Str {
+        text: String,
+        ends: Vec<usize>,
+    },
+    /// Arrays of arrays: their count and bytes in the file, checked but not
+    /// decoded.
+    Nested {
+        len: usize,
+        bytes: std::ops::Range<usize>,
+    },
+}
+
+impl Array {
+    pub fn len(&self) -> usize {
+        match self {
+            Array::U8(v) => v.len(),
+            Array::I8(v) => v.len(),
+            Array::U16(v) => v.len(),
+            Array::I16(v) => v.len(),
+            Array::U32(v) => v.len(),
+            Array::I32(v) => v.len(),
+            Array::U64(v) => v.len(),
+            Array::I64(v) => v.len(),
+            Array::F32(v) => v.len(),
+            Array::F64(v) => v.len(),
+            Array::Bool(v) => v.len(),
+            Array::Str { ends, .. } => ends.len(),
+            Array::Nested { len, .. } => *len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The GGUF type id of the elements.
+    pub fn elem_type(&self) -> u32 {
+        match self {
+            Array::U8(_) => 0,
+            Array::I8(_) => 1,
+            Array::U16(_) => 2,
+            Array::I16(_) => 3,
+            Array::U32(_) => 4,
+            Array::I32(_) => 5,
+            Array::F32(_) => 6,
+            Array::Bool(_) => 7,
+            Array::Str { .. } => 8,
+            Array::Nested { .. } => 9,
+            Array::U64(_) => 10,
+            Array::I64(_) => 11,
+            Array::F64(_) => 12,
+        }
+    }
+
+    /// String `i` of an array of strings.
+    pub fn str_at(&self, i: usize) -> Option<&str> {
+        match self {
+            Array::Str { text, ends } => {
+                let start = if i == 0 { 0 } else { *ends.get(i - 1)? };
+                text.get(start..*ends.get(i)?)
+            }
+            _ => None,
+        }
+    }
+
+    /// The strings of an array of strings (None for another element type).
+    pub fn strs(&self) -> Option<impl Iterator<Item = &str>> {
+        matches!(self, Array::Str { .. }).then(|| (0..self.len()).map_while(|i| self.str_at(i)))
+    }
+
+    /// Element `i` as a value (None past the end, and for an array of arrays,
+    /// whose elements are not decoded).
+    pub fn get(&self, i: usize) -> Option<Value> {
+        Some(match self {
+            Array::U8(v) => Value::U8(*v.get(i)?),
+            Array::I8(v) => Value::I8(*v.get(i)?),
+            Array::U16(v) => Value::U16(*v.get(i)?),
+            Array::I16(v) => Value::I16(*v.get(i)?),
+            Array::U32(v) => Value::U32(*v.get(i)?),
+            Array::I32(v) => Value::I32(*v.get(i)?),
+            Array::U64(v) => Value::U64(*v.get(i)?),
+            Array::I64(v) => Value::I64(*v.get(i)?),
+            Array::F32(v) => Value::F32(*v.get(i)?),
+            Array::F64(v) => Value::F64(*v.get(i)?),
+            Array::Bool(v) => Value::Bool(*v.get(i)?),
+            Array::Str { .. } => Value::Str(self.str_at(i)?.to_string()),
+            Array::Nested { .. } => return None,
+        })
+    }
+
+    /// The elements as values (none for an array of arrays).
+    pub fn values(&self) -> impl Iterator<Item = Value> + '_ {
+        (0..self.len()).map_while(|i| self.get(i))
+    }
+
+    /// Every element as a number (None when one is not a number).
+    pub fn numbers(&self) -> Option<Vec<f64>> {
+        let v: Vec<f64> = self.values().map(|x| x.as_f64()).collect::<Option<_>>()?;
+        (v.len() == self.len()).then_some(v)
+    }
+
+    /// Every element as a bool (None when one is not a bool).
+    pub fn bools(&self) -> Option<&[bool]> {
+        match self {
+            Array::Bool(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// An array of `values`, all of one scalar type (None when they are not, or
+    /// there are none to tell the type by): what a GGUF writer builds from.
+    pub fn from_values(values: Vec<Value>) -> Option<Array> {
+        fn all<T>(values: &[Value], f: impl Fn(&Value) -> Option<T>) -> Option<Vec<T>> {
+            values.iter().map(f).collect()
+        }
+        let v = &values;
+        Some(match v.first()? {
+            Value::U8(_) => Array::U8(all(v, |x| if let Value::U8(a) = x { Some(*a) } else { None })?),
+            Value::I8(_) => Array::I8(all(v, |x| if let Value::I8(a) = x { Some(*a) } else { None })?),
+            Value::U16(_) => Array::U16(all(v, |x| if let Value::U16(a) = x { Some(*a) } else { None })?),
+            Value::I16(_) => Array::I16(all(v, |x| if let Value::I16(a) = x { Some(*a) } else { None })?),
+            Value::U32(_) => Array::U32(all(v, |x| if let Value::U32(a) = x { Some(*a) } else { None })?),
+            Value::I32(_) => Array::I32(all(v, |x| if let Value::I32(a) = x { Some(*a) } else { None })?),
+            Value::U64(_) => Array::U64(all(v, |x| if let Value::U64(a) = x { Some(*a) } else { None })?),
+            Value::I64(_) => Array::I64(all(v, |x| if let Value::I64(a) = x { Some(*a) } else { None })?),
+            Value::F32(_) => Array::F32(all(v, |x| if let Value::F32(a) = x { Some(*a) } else { None })?),
+            Value::F64(_) => Array::F64(all(v, |x| if let Value::F64(a) = x { Some(*a) } else { None })?),
+            Value::Bool(_) => Array::Bool(all(v, Value::as_bool)?),
+            Value::Str(_) => {
+                let (mut text, mut ends) = (String::new(), Vec::with_capacity(v.len()));
+                for x in v {
+                    text.push_str(x.as_str()?);
+                    ends.push(text.len());
+                }
+                Array::Str { text, ends }
+            }
+            Value::Array(_) => return None,
+        })
+    }
 }
 
 impl Value {
@@ -109,7 +270,7 @@ impl Value {
         }
     }
 
-    pub fn as_array(&self) -> Option<&[Value]> {
+    pub fn as_array(&self) -> Option<&Array> {
         match self {
             Value::Array(a) => Some(a),
             _ => None,
@@ -119,8 +280,10 @@ impl Value {
     /// Short rendering for messages (arrays by length).
     pub fn describe(&self) -> String {
         match self {
-            Value::Str(s) if s.len() > 40 => format!("{:?}…", &s[..s.floor_char_boundary(40)]),
-            Value::Str(s) => format!("{s:?}"),
+            Value::Str(s) => {
+                let p = crate::text::prefix(s, 40);
+                format!("{p:?}{}", if p.len() < s.len() { "…" } else { "" })
+            }
             Value::Array(a) => format!("[{} values]", a.len()),
             Value::U8(v) => v.to_string(),
             Value::I8(v) => v.to_string(),
@@ -301,6 +464,11 @@ impl<'a> Cursor<'a> {
     }
     /// A length-prefixed UTF-8 string; the length is checked against the bytes left first.
     fn string(&mut self, what: &dyn Fn() -> String) -> Result<String> {
+        self.str_ref(what).map(str::to_string)
+    }
+
+    /// [`Cursor::string`], borrowed from the file's bytes.
+    fn str_ref(&mut self, what: &dyn Fn() -> String) -> Result<&'a str> {
         let at = self.pos;
         let n = self.u64(&|| format!("the length of {}", what()))?;
         if n > self.left() as u64 {
@@ -312,9 +480,59 @@ impl<'a> Cursor<'a> {
         }
         let bytes = self.take(n as usize, what)?;
         match std::str::from_utf8(bytes) {
-            Ok(s) => Ok(s.to_string()),
+            Ok(s) => Ok(s),
             Err(e) => Err(self.err(format!("{} at byte {at} is not valid UTF-8 ({e})", what()))),
         }
+    }
+
+    /// `n` fixed-size elements of `N` bytes each, converted by `conv`.
+    fn fixed<T, const N: usize>(&mut self, n: usize, conv: fn([u8; N]) -> T, what: &dyn Fn() -> String) -> Result<Vec<T>> {
+        let bytes = self.take(n.saturating_mul(N), what)?;
+        Ok(bytes.chunks_exact(N).map(|b| conv(std::array::from_fn(|i| b[i]))).collect())
+    }
+
+    /// A bool's byte.
+    fn bool(&self, b: u8, what: &dyn Fn() -> String) -> Result<bool> {
+        match b {
+            0 => Ok(false),
+            1 => Ok(true),
+            b => Err(self.err(format!("{}: bool value {b} is neither 0 nor 1", what()))),
+        }
+    }
+
+    /// The `n` elements of type `elem` of an array (`depth` enclosing arrays),
+    /// whose count was checked against the bytes left.
+    fn array_of(&mut self, elem: u32, n: usize, depth: usize, what: &dyn Fn() -> String) -> Result<Array> {
+        Ok(match elem {
+            0 => Array::U8(self.take(n, what)?.to_vec()),
+            1 => Array::I8(self.fixed(n, i8::from_le_bytes, what)?),
+            2 => Array::U16(self.fixed(n, u16::from_le_bytes, what)?),
+            3 => Array::I16(self.fixed(n, i16::from_le_bytes, what)?),
+            4 => Array::U32(self.fixed(n, u32::from_le_bytes, what)?),
+            5 => Array::I32(self.fixed(n, i32::from_le_bytes, what)?),
+            6 => Array::F32(self.fixed(n, f32::from_le_bytes, what)?),
+            7 => Array::Bool(self.take(n, what)?.iter().map(|&b| self.bool(b, what)).collect::<Result<_>>()?),
+            8 => {
+                let (mut text, mut ends) = (String::new(), Vec::with_capacity(n));
+                for i in 0..n {
+                    text.push_str(self.str_ref(&|| format!("{}[{i}]", what()))?);
+                    ends.push(text.len());
+                }
+                Array::Str { text, ends }
+            }
+            10 => Array::U64(self.fixed(n, u64::from_le_bytes, what)?),
+            11 => Array::I64(self.fixed(n, i64::from_le_bytes, what)?),
+            12 => Array::F64(self.fixed(n, f64::from_le_bytes, what)?),
+            9 => {
+                // Arrays of arrays: checked element by element, kept as their bytes.
+                let start = self.pos;
+                for i in 0..n {
+                    self.value(elem, depth + 1, &|| format!("{}[{i}]", what()))?;
+                }
+                Array::Nested { len: n, bytes: start..self.pos }
+            }
+            other => return Err(self.err(format!("{}: unknown array element type {other}", what()))),
+        })
     }
 
     /// A value of type `ty`; `depth` counts enclosing arrays.
@@ -327,11 +545,10 @@ impl<'a> Cursor<'a> {
             4 => Value::U32(u32::from_le_bytes(self.array(what)?)),
             5 => Value::I32(i32::from_le_bytes(self.array(what)?)),
             6 => Value::F32(f32::from_le_bytes(self.array(what)?)),
-            7 => match self.array::<1>(what)?[0] {
-                0 => Value::Bool(false),
-                1 => Value::Bool(true),
-                b => return Err(self.err(format!("{}: bool value {b} is neither 0 nor 1", what()))),
-            },
+            7 => {
+                let [b] = self.array::<1>(what)?;
+                Value::Bool(self.bool(b, what)?)
+            }
             8 => Value::Str(self.string(what)?),
             9 => {
                 if depth >= MAX_NESTING {
@@ -349,11 +566,7 @@ impl<'a> Cursor<'a> {
                         self.left()
                     )));
                 }
-                let mut v = Vec::with_capacity(n as usize);
-                for i in 0..n {
-                    v.push(self.value(elem, depth + 1, &|| format!("{}[{i}]", what()))?);
-                }
-                Value::Array(v)
+                Value::Array(self.array_of(elem, n as usize, depth, what)?)
             }
             10 => Value::U64(u64::from_le_bytes(self.array(what)?)),
             11 => Value::I64(i64::from_le_bytes(self.array(what)?)),
@@ -629,8 +842,8 @@ impl<'a> MetaReader<'a> {
         let one = |v: &Value| v.as_u64().and_then(|u| usize::try_from(u).ok());
         let got = match v {
             Value::Array(a) if !a.is_empty() => {
-                let first = one(&a[0]);
-                if a.iter().any(|x| one(x) != first) {
+                let first = a.get(0).and_then(|x| one(&x));
+                if first.is_some() && a.values().any(|x| one(&x) != first) {
                     return Err(self.unsupported(format!("`{}` with different values per layer", self.key(key))));
                 }
                 first
@@ -661,7 +874,7 @@ impl<'a> MetaReader<'a> {
 
     /// An array of numbers.
     pub fn f64s_opt(&mut self, key: &str) -> Result<Option<Vec<f64>>> {
-        let numbers = |v: &Value| v.as_array()?.iter().map(Value::as_f64).collect::<Option<Vec<f64>>>();
+        let numbers = |v: &Value| v.as_array()?.numbers();
         self.typed(key, "an array of numbers", numbers)
     }
 
@@ -728,6 +941,12 @@ mod tests {
             w.u64(kvs);
             w
         }
+        fn u8(&mut self, v: u8) {
+            self.0.push(v);
+        }
+        fn u16(&mut self, v: u16) {
+            self.0.extend_from_slice(&v.to_le_bytes());
+        }
         fn u32(&mut self, v: u32) {
             self.0.extend_from_slice(&v.to_le_bytes());
         }
@@ -787,7 +1006,11 @@ mod tests {
     fn a_valid_file_parses() {
         let f = valid().parse().expect("valid");
         assert_eq!(f.version, 3);
-        assert_eq!(f.get("tok"), Some(&Value::Array(vec![Value::Str("a".into()), Value::Str("bc".into())])));
+        // Strings kept as one text and their ends.
+        assert_eq!(f.get("tok"), Some(&Value::Array(Array::Str { text: "abc".into(), ends: vec![1, 3] })));
+        let tok = f.get("tok").and_then(Value::as_array).expect("array");
+        assert_eq!((tok.str_at(1), tok.strs().map(|s| s.collect::<Vec<_>>())), (Some("bc"), Some(vec!["a", "bc"])));
+        assert_eq!(Array::from_values(tok.values().collect()).as_ref(), Some(tok));
         let a = f.tensor("a").expect("a");
         assert_eq!(a.shape(), vec![2, 4]);
         assert_eq!(f.data(a).len(), 32);
@@ -866,6 +1089,29 @@ mod tests {
             w.u64(1);
         }
         assert!(msg(w.parse()).contains("nested"));
+        // Numbers as their own type; arrays of arrays as their bytes, checked.
+        let mut w = W::new(3, 0, 2);
+        w.str(b"n");
+        w.u32(9);
+        w.u32(3);
+        w.u64(2);
+        w.u16(7);
+        w.u16(9);
+        w.str(b"nest");
+        w.u32(9);
+        w.u32(9);
+        w.u64(2);
+        for _ in 0..2 {
+            w.u32(0);
+            w.u64(1);
+            w.u8(5);
+        }
+        let f = w.parse().expect("valid");
+        assert_eq!(f.get("n"), Some(&Value::Array(Array::I16(vec![7, 9]))));
+        match f.get("nest") {
+            Some(Value::Array(Array::Nested { len: 2, bytes, .. })) => assert_eq!(bytes.len(), 2 * 13),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -223,13 +223,8 @@ pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
                         a.len()
                     )));
                 }
-                a.iter()
-                    .map(|v| match v.as_bool() {
-                        Some(true) => Ok(LayerKind::Local),
-                        Some(false) => Ok(LayerKind::Global),
-                        None => Err(m.err(format!("`{}` must hold bools", m.key("attention.sliding_window_pattern")))),
-                    })
-                    .collect::<Result<Vec<_>>>()?
+                let bools = a.bools().ok_or_else(|| m.err(format!("`{}` must hold bools", m.key("attention.sliding_window_pattern"))))?;
+                bools.iter().map(|&local| if local { LayerKind::Local } else { LayerKind::Global }).collect()
             }
             Some(v) => match v.as_u64().and_then(|p| usize::try_from(p).ok()) {
                 Some(p) => pattern(p, num_layers),

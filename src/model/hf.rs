@@ -290,8 +290,7 @@ struct Reader<'a> {
 }
 
 fn describe(v: &Value) -> String {
-    let s = v.to_string();
-    if s.len() > 60 { format!("{}…", &s[..s.floor_char_boundary(60)]) } else { s }
+    crate::text::shorten(&v.to_string(), 60).into_owned()
 }
 
 impl<'a> Reader<'a> {

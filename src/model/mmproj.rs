@@ -29,7 +29,7 @@
 
 use std::path::Path;
 
-use super::gguf::{GgufFile, MetaReader, Value};
+use super::gguf::{Array, GgufFile, MetaReader, Value};
 use super::gguf_model::Transform;
 use super::vision::{LayerModule, VisionConfig, VisionModule};
 use super::{ModelConfig, ModelError, Result};
@@ -82,7 +82,7 @@ pub fn mmproj_name(name: &str) -> Option<(String, Transform)> {
 /// vocabulary `vocab`, the text GGUF's `tokenizer.ggml.tokens`): every problem
 /// (another projector type, a projector for a text model of another width, an
 /// image normalization other than Gemma 3's) is an error naming what to do.
-pub fn mmproj_config(f: &GgufFile, text: &ModelConfig, text_path: &Path, vocab: Option<&[Value]>) -> Result<VisionConfig> {
+pub fn mmproj_config(f: &GgufFile, text: &ModelConfig, text_path: &Path, vocab: Option<&Array>) -> Result<VisionConfig> {
     let mut c = MetaReader::new(f, "clip");
     let path = f.path.clone();
     match f.get("general.architecture").map(|v| v.as_str()) {
@@ -139,7 +139,7 @@ pub fn mmproj_config(f: &GgufFile, text: &ModelConfig, text_path: &Path, vocab: 
     }
     let side = per_side / scale;
     let token = |text_tok: &str| -> Result<u32> {
-        let found = vocab.and_then(|v| v.iter().position(|t| t.as_str() == Some(text_tok)));
+        let found = vocab.and_then(|v| v.strs()?.position(|t| t == text_tok));
         found.and_then(|i| u32::try_from(i).ok()).ok_or_else(|| ModelError::Config {
             path: text_path.to_path_buf(),
             msg: format!("the vocabulary has no `{text_tok}` token: not a Gemma 3 multimodal text model"),

@@ -68,9 +68,8 @@ impl<'a> GgufVocab<'a> {
                 if a.len() != tokens.len() {
                     return Err(err(format!("`tokenizer.ggml.token_type` has {} entries for {} tokens", a.len(), tokens.len())));
                 }
-                a.iter()
-                    .map(|t| t.as_f64().filter(|x| x.fract() == 0.0).map(|x| x as i64))
-                    .collect::<Option<_>>()
+                a.numbers()
+                    .and_then(|n| n.into_iter().map(|x| (x.fract() == 0.0).then_some(x as i64)).collect::<Option<_>>())
                     .ok_or_else(|| err("`tokenizer.ggml.token_type` must be an array of integers".into()))?
             }
         };
@@ -144,8 +143,8 @@ impl<'a> GgufVocab<'a> {
 fn strings<'a>(f: &'a GgufFile, key: &str) -> Result<Vec<&'a str>> {
     let err = |msg: String| ModelError::Tokenizer { path: f.path.clone(), msg };
     let Some(v) = f.get(key) else { return Err(err(format!("`{key}` is missing"))) };
-    let a = v.as_array().ok_or_else(|| err(format!("`{key}` must be an array of strings")))?;
-    a.iter().map(|s| s.as_str().ok_or_else(|| err(format!("`{key}` must be an array of strings")))).collect()
+    let strs = v.as_array().and_then(|a| a.strs()).ok_or_else(|| err(format!("`{key}` must be an array of strings")))?;
+    Ok(strs.collect())
 }
 
 /// SentencePiece merges recovered from a vocabulary as transformers'
@@ -189,8 +188,10 @@ impl Tokenizer {
     /// Reads a `tokenizer.json` file.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Tokenizer> {
         let path = path.as_ref();
-        // Read first so a missing file is an I/O error that names it.
-        let bytes = std::fs::read(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
+        // Read first so a missing file is an I/O error that names it (the
+        // published ones are up to ~35 MB).
+        let bytes = crate::input::read_limited(path, 1 << 30, "a tokenizer.json")
+            .map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
         let inner = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| ModelError::Tokenizer { path: path.to_path_buf(), msg: format!("not a usable tokenizer.json: {e}") })?;
         Ok(Tokenizer { inner, path: path.to_path_buf() })
@@ -310,10 +311,7 @@ impl Tokenizer {
                 if a.len() != n {
                     return Err(err(format!("`tokenizer.ggml.scores` has {} entries for {n} tokens", a.len())));
                 }
-                a.iter()
-                    .map(Value::as_f64)
-                    .collect::<Option<_>>()
-                    .ok_or_else(|| err("`tokenizer.ggml.scores` must be an array of numbers".into()))?
+                a.numbers().ok_or_else(|| err("`tokenizer.ggml.scores` must be an array of numbers".into()))?
             }
             // Gemma's merges follow the token order, not the scores.
             None if gemma => Vec::new(),

@@ -92,7 +92,7 @@ impl Report for crate::report::SchemaReport {
 
 /// The first 12 characters of a fingerprint or key.
 fn short(fp: &str) -> String {
-    fp.chars().take(12).collect()
+    crate::text::prefix(fp, 12).to_string()
 }
 
 /// A byte count for people: GiB, MiB or KiB, `-` for none.

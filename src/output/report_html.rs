@@ -162,7 +162,7 @@ fn summary(h: &mut String, r: &HtmlReport) {
                     esc(&d.name),
                     esc(&d.model),
                     esc(&t.device_name),
-                    esc(&t.fingerprint.chars().take(12).collect::<String>()),
+                    esc(crate::text::prefix(&t.fingerprint, 12)),
                     esc(&t.date),
                     esc(&t.strategy),
                     t.used_s,
@@ -405,12 +405,7 @@ fn rooflines(h: &mut String, r: &HtmlReport) -> Result<()> {
         return Ok(());
     }
     for (fp, ps) in by_device {
-        let _ = writeln!(
-            h,
-            "<h3>{} <span class=\"muted\">({}…)</span></h3>",
-            esc(&ps[0].2.device_name),
-            esc(&fp.chars().take(12).collect::<String>())
-        );
+        let _ = writeln!(h, "<h3>{} <span class=\"muted\">({}…)</span></h3>", esc(&ps[0].2.device_name), esc(crate::text::prefix(fp, 12)));
         let mut points = Vec::new();
         for (pi, (_, _, t)) in ps.iter().enumerate() {
             for s in &t.slots {

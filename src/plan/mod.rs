@@ -236,6 +236,19 @@ pub struct PlanOptions {
     pub cpu_repack: Vec<crate::kernels::quant::QFormat>,
 }
 
+/// Elements of one layer's key (or value) cache of `c` for `context` positions
+/// (None when the count overflows).
+fn kv_cache_len(c: &ModelConfig, context: usize) -> Option<usize> {
+    c.kv_dim().checked_mul(context).filter(|&n| n <= isize::MAX as usize / 8)
+}
+
+/// Bytes of one layer's key (or value) cache of `c` for `context` positions in
+/// `kv` (None when it overflows): what a context costs, checked before one is
+/// laid out.
+pub fn kv_cache_bytes(c: &ModelConfig, context: usize, kv: DType) -> Option<u64> {
+    kv_cache_len(c, context).map(|n| kv.bytes_for(n))
+}
+
 /// The block formats a CPU engine repacks when no profile says, for a model of
 /// config `c` whose matrices come in `dtypes`
 /// ([`crate::kernels::quant::default_repack`]: Q4_0 of short-row models on
@@ -331,6 +344,12 @@ impl Plan {
             return Err(PlanError::Unsupported(format!(
                 "prefill tokens ({}) must be between 1 and the context ({})",
                 opts.max_tokens, opts.context
+            )));
+        }
+        if kv_cache_len(cfg, opts.context).is_none() {
+            return Err(PlanError::Unsupported(format!(
+                "a context of {} positions: its KV cache size overflows; give a context the model holds (at most {})",
+                opts.context, cfg.max_position_embeddings
             )));
         }
         let mut plan = Plan {
@@ -494,7 +513,8 @@ impl Plan {
         }
         self.weight(format!("L{l}.wd"), h * inter, &p("mlp.down_proj.weight"));
         let kv = self.options.kv_dtype;
-        let cache = c.num_kv_heads * self.options.context * hd;
+        // Checked in `Plan::new`.
+        let cache = kv_cache_len(c, self.options.context).unwrap_or(0);
         self.add(format!("L{l}.k_cache"), BufRole::Cache, kv, cache, None);
         self.add(format!("L{l}.v_cache"), BufRole::Cache, kv, cache, None);
         Ok(())

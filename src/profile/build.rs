@@ -253,7 +253,7 @@ pub fn profile_doc(r: &TuneRecord<'_>) -> ProfileDoc {
         },
     };
     ProfileDoc {
-        name: format!("{}-{}-{}", r.model, device.vendor(), &device.fingerprint()[..8]),
+        name: format!("{}-{}-{}", r.model, device.vendor(), crate::text::prefix(&device.fingerprint(), 8)),
         model: r.model.into(),
         version: pd::At::new(FORMAT_VERSION),
         device: req,

@@ -4,12 +4,18 @@
 //! profile its cache key, file, sha256, model, device and class, kernel set and
 //! measured end-to-end time) and `profiles/<key>.yaml`.
 //!
-//! Reading never unpacks to disk: entries are read into memory by name (sizes
-//! bounded), every profile is checked against the manifest's checksum and loaded
-//! with this build's validation (schema, kernel ids and parameters); what fails is
-//! skipped with its reason. One tuned with another kernel set whose choices all
-//! still validate is taken, marked stale (it loses any conflict to a current one,
-//! and `run` warns when it uses it).
+//! Reading never unpacks to disk: the bundle is decompressed once, as a stream,
+//! and its entries are read into memory by name, everything bounded by what a
+//! bundle `profiles export` writes could hold: the decompressed total, each
+//! entry's size, a name's length (GNU long names included), the number of
+//! entries and of manifest profiles; a name twice (in the tar or the manifest)
+//! is refused, and the limit hit is named. Every profile is checked against the
+//! manifest's checksum and loaded with this build's validation (schema, kernel
+//! ids and parameters); what fails is skipped with its reason (names and reasons
+//! from the bundle shortened, so a hostile one cannot print megabytes). One
+//! tuned with another kernel set whose choices all still validate is taken,
+//! marked stale (it loses any conflict to a current one, and `run` warns when it
+//! uses it).
 //!
 //! The profiles shipped in the repository's `profiles/` are built into the binary
 //! ([`shipped`]), a bundle `profiles import --shipped` reads.
@@ -19,7 +25,7 @@
 //! plus decode of its own workload) wins; equal times, the smaller content hash,
 //! so every machine resolves a merge the same way.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -33,10 +39,26 @@ use crate::kernels;
 pub const MANIFEST: &str = "ktune-bundle.json";
 const FORMAT: &str = "ktune-bundle";
 const VERSION: u32 = 1;
-/// Most bytes one bundle entry may hold once decompressed.
-const MAX_ENTRY: u64 = 16 << 20;
+/// Most bytes one bundle entry may hold once decompressed: a profile's limit.
+const MAX_ENTRY: u64 = super::MAX_PROFILE_BYTES;
 /// Most bytes a whole bundle may hold once decompressed.
 const MAX_TOTAL: u64 = 256 << 20;
+/// Most profiles one manifest may list.
+pub const MAX_PROFILES: usize = 4096;
+/// Most entries one bundle's tar may hold (each profile and the manifest, and
+/// room for directories a repacking tool adds).
+const MAX_ENTRIES: usize = 2 * MAX_PROFILES + 16;
+/// Longest entry name, in bytes (a GNU long name, or a pax header, included).
+const MAX_NAME: u64 = 4096;
+/// Most characters of a name or key from a bundle an outcome repeats.
+const SHOWN: usize = 200;
+/// Most characters of a reason (a validation error may list the valid kernels).
+const REASON_SHOWN: usize = 2000;
+
+/// `s` from a bundle, shortened for outcomes and messages.
+fn shown(s: &str) -> String {
+    crate::text::shorten(s, SHOWN).into_owned()
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum BundleError {
@@ -110,9 +132,9 @@ impl Item {
         let t = self.doc.tuning.clone().unwrap_or_default();
         format!(
             "tuned with another kernel set (ktune {}, {}…; this build {}…): every choice still validates, `run` uses it with a warning; re-tune for this build",
-            t.ktune_version,
-            &t.kernel_set[..t.kernel_set.len().min(8)],
-            &kernels::kernel_set_hash()[..8]
+            shown(&t.ktune_version),
+            crate::text::prefix(&t.kernel_set, 8),
+            crate::text::prefix(&kernels::kernel_set_hash(), 8)
         )
     }
 
@@ -182,8 +204,8 @@ impl Set {
         let t = item.doc.tuning.clone().unwrap_or_default();
         let mut out = Outcome {
             key: item.key.clone(),
-            model: item.doc.model.clone(),
-            device: t.device_name,
+            model: shown(&item.doc.model),
+            device: shown(&t.device_name),
             origin: item.origin.clone(),
             action: "added".into(),
             reason: String::new(),
@@ -270,29 +292,103 @@ pub fn shipped() -> (Vec<Item>, Vec<Outcome>) {
     (items, skipped)
 }
 
-/// Reads a bundle: the profiles that validate, and an outcome `skipped` (with the
-/// reason) for each that does not. A file that is not a bundle is an error.
-pub fn read(path: &Path) -> Result<(Vec<Item>, Vec<Outcome>), BundleError> {
-    let bad = |message: String| BundleError::Bad { path: path.to_path_buf(), message };
-    let file = std::fs::File::open(path).map_err(|source| BundleError::Io { path: path.to_path_buf(), source })?;
-    let dec = ruzstd::decoding::StreamingDecoder::new(std::io::BufReader::new(file))
-        .map_err(|e| bad(format!("not a zstd stream ({e}); bundles are written by `ktune profiles export`")))?;
-    let mut ar = tar::Archive::new(dec.take(MAX_TOTAL + 1));
-    let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-    let damaged = |e: std::io::Error| {
-        bad(format!("not a complete zstd-compressed tar: damaged or truncated ({e}); bundles are written by `ktune profiles export`"))
-    };
-    let entries = ar.entries().map_err(damaged)?;
-    for e in entries {
-        let mut e = e.map_err(damaged)?;
-        let name = e.path().map_err(|e| bad(format!("entry name: {e}")))?.to_string_lossy().to_string();
-        if e.size() > MAX_ENTRY {
-            return Err(bad(format!("entry {name} holds {} bytes, more than the {} a profile may", e.size(), MAX_ENTRY)));
+/// A reader that fails once more than `left` bytes have come through it, and
+/// remembers that it did (the error a tar reader returns may not say why).
+struct Capped<R> {
+    inner: R,
+    left: u64,
+    hit: bool,
+}
+
+impl<R: Read> Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n as u64 > self.left {
+            self.hit = true;
+            return Err(std::io::Error::new(std::io::ErrorKind::FileTooLarge, "past the decompressed size limit"));
         }
-        let mut bytes = Vec::with_capacity(e.size() as usize);
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+/// A bundle's plain files by name, and the entries that are not plain files
+/// (links, directories, devices) with what they are.
+type Entries = (BTreeMap<String, Vec<u8>>, BTreeMap<String, String>);
+
+/// Reads the entries of a bundle's tar stream (see the module docs for the
+/// limits); `Err` says what is wrong.
+fn entries(ar: &mut tar::Archive<impl Read>) -> Result<Entries, String> {
+    let damaged = |e: std::io::Error| format!("not a complete zstd-compressed tar: damaged or truncated ({e})");
+    let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut others: BTreeMap<String, String> = BTreeMap::new();
+    let mut long_name: Option<String> = None;
+    // Raw: GNU long names and pax headers come as entries, read here within bounds.
+    for (i, e) in ar.entries().map_err(damaged)?.raw(true).enumerate() {
+        if i >= MAX_ENTRIES {
+            return Err(format!("more than {MAX_ENTRIES} entries, more than a bundle of {MAX_PROFILES} profiles holds"));
+        }
+        let mut e = e.map_err(damaged)?;
+        let ty = e.header().entry_type();
+        let size = e.size();
+        let header = ty.is_gnu_longname() || ty.is_gnu_longlink() || ty.is_pax_local_extensions() || ty.is_pax_global_extensions();
+        if header {
+            if size > MAX_NAME {
+                return Err(format!("an extended name header of {size} bytes, more than the {MAX_NAME} a bundle entry's name may take"));
+            }
+            let mut bytes = Vec::with_capacity(size as usize);
+            e.read_to_end(&mut bytes).map_err(damaged)?;
+            if ty.is_gnu_longname() {
+                let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+                long_name = Some(String::from_utf8_lossy(&bytes[..end]).into_owned());
+            }
+            continue;
+        }
+        let name = long_name.take().unwrap_or_else(|| String::from_utf8_lossy(&e.path_bytes()).into_owned());
+        if files.contains_key(&name) || others.contains_key(&name) {
+            return Err(format!("entry {} appears twice: a bundle holds each file once", shown(&name)));
+        }
+        if !ty.is_file() {
+            let what = if ty.is_symlink() || ty.is_hard_link() {
+                "a link"
+            } else if ty.is_dir() {
+                "a directory"
+            } else {
+                "a special file"
+            };
+            others.insert(name, format!("{what}, not a plain file"));
+            continue;
+        }
+        if size > MAX_ENTRY {
+            return Err(format!("entry {} holds {size} bytes, more than the {MAX_ENTRY} a profile may", shown(&name)));
+        }
+        let mut bytes = Vec::with_capacity(size as usize);
         e.read_to_end(&mut bytes).map_err(damaged)?;
         files.insert(name, bytes);
     }
+    Ok((files, others))
+}
+
+/// Reads a bundle: the profiles that validate, and an outcome `skipped` (with the
+/// reason) for each that does not. A file that is not a bundle, or one past a
+/// limit, is an error.
+pub fn read(path: &Path) -> Result<(Vec<Item>, Vec<Outcome>), BundleError> {
+    let bad = |message: String| BundleError::Bad { path: path.to_path_buf(), message };
+    let io = |source: std::io::Error| BundleError::Io { path: path.to_path_buf(), source };
+    crate::input::regular_file(path).map_err(io)?;
+    let file = std::fs::File::open(path).map_err(io)?;
+    let written_by = "bundles are written by `ktune profiles export`";
+    let dec = ruzstd::decoding::StreamingDecoder::new(std::io::BufReader::new(file))
+        .map_err(|e| bad(format!("not a zstd stream ({e}); {written_by}")))?;
+    let mut ar = tar::Archive::new(Capped { inner: dec, left: MAX_TOTAL, hit: false });
+    let read = entries(&mut ar);
+    if ar.into_inner().hit {
+        return Err(bad(format!(
+            "decompresses to more than {} MiB, the most a bundle may hold; {written_by} (a few kB per profile)",
+            MAX_TOTAL >> 20
+        )));
+    }
+    let (files, others) = read.map_err(|e| bad(format!("{e}; {written_by}")))?;
     let manifest: Manifest = match files.get(MANIFEST) {
         Some(m) => serde_json::from_slice(m).map_err(|e| bad(format!("{MANIFEST}: {e}")))?,
         None => return Err(bad(format!("no {MANIFEST}: not a ktune bundle (write one with `ktune profiles export`)"))),
@@ -300,39 +396,72 @@ pub fn read(path: &Path) -> Result<(Vec<Item>, Vec<Outcome>), BundleError> {
     if manifest.format != FORMAT || manifest.version != VERSION {
         return Err(bad(format!(
             "{MANIFEST} is format `{}` version {}; this ktune reads `{FORMAT}` version {VERSION}",
-            manifest.format, manifest.version
+            shown(&manifest.format),
+            manifest.version
         )));
+    }
+    if manifest.profiles.len() > MAX_PROFILES {
+        return Err(bad(format!("{MANIFEST} lists {} profiles, more than the {MAX_PROFILES} a bundle may hold", manifest.profiles.len())));
+    }
+    let (mut keys, mut names) = (BTreeSet::new(), BTreeSet::new());
+    for m in &manifest.profiles {
+        if !keys.insert(m.key.as_str()) || !names.insert(m.file.as_str()) {
+            return Err(bad(format!(
+                "{MANIFEST} lists key {} or file {} twice: a bundle holds each profile once",
+                shown(&m.key),
+                shown(&m.file)
+            )));
+        }
     }
     let mut items = Vec::new();
     let mut skipped = Vec::new();
     for m in &manifest.profiles {
-        let origin = format!("{}:{}", path.display(), m.file);
+        let origin = format!("{}:{}", path.display(), shown(&m.file));
         let skip = |reason: String| Outcome {
-            key: m.key.clone(),
-            model: m.model.clone(),
-            device: m.device_name.clone(),
+            key: shown(&m.key),
+            model: shown(&m.model),
+            device: shown(&m.device_name),
             origin: origin.clone(),
             action: "skipped".into(),
-            reason,
+            reason: crate::text::shorten(&reason, REASON_SHOWN).into_owned(),
         };
         let Some(bytes) = files.get(&m.file) else {
-            skipped.push(skip(format!("{} is listed but missing", m.file)));
+            let why = match others.get(&m.file) {
+                Some(what) => format!("{} is {what}", shown(&m.file)),
+                None => format!("{} is listed but missing", shown(&m.file)),
+            };
+            skipped.push(skip(why));
             continue;
         };
         if crate::hash::sha256_hex(bytes) != m.sha256 {
             skipped.push(skip("checksum mismatch: the file is not what the manifest lists".into()));
             continue;
         }
-        let Ok(text) = String::from_utf8(bytes.clone()) else {
+        let Ok(text) = std::str::from_utf8(bytes) else {
             skipped.push(skip("not UTF-8 text".into()));
             continue;
         };
-        match Item::new(&m.key, text, origin.clone()) {
+        match Item::new(&m.key, text.to_string(), origin.clone()) {
             Ok(item) => items.push(item),
             Err(why) => skipped.push(skip(why)),
         }
     }
     Ok((items, skipped))
+}
+
+/// Why nothing could be taken from bundles: each skipped profile with its reason
+/// (the first few, then how many more), for the error that ends an import or a
+/// merge that found none to use.
+pub fn nothing_usable(skipped: &[Outcome]) -> String {
+    const LISTED: usize = 8;
+    if skipped.is_empty() {
+        return "the bundles list no profile".into();
+    }
+    let mut lines: Vec<String> = skipped.iter().take(LISTED).map(|o| format!("{}: {}", o.origin, o.reason)).collect();
+    if skipped.len() > LISTED {
+        lines.push(format!("and {} more", skipped.len() - LISTED));
+    }
+    format!("every profile of the bundles was skipped: {}", lines.join("; "))
 }
 
 #[cfg(test)]

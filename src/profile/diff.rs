@@ -244,7 +244,7 @@ fn pair_key(p: &Profile) -> (String, String) {
     let device = match &p.doc.tuning {
         Some(t) => match &t.device_class {
             Some(c) => c.to_string(),
-            None => format!("{} ({}…)", t.device_name, &t.fingerprint[..t.fingerprint.len().min(12)]),
+            None => format!("{} ({}…)", t.device_name, crate::text::prefix(&t.fingerprint, 12)),
         },
         None => p.doc.device.backend.as_ref().map(|b| b.value.clone()).unwrap_or_else(|| "any device".into()),
     };

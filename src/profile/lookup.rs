@@ -75,6 +75,11 @@ pub fn find_file_or_cached(cache: &cache::Cache, what: &str) -> Result<PathBuf, 
     if p.is_file() {
         return Ok(p.to_path_buf());
     }
+    if p.exists()
+        && let Err(e) = crate::input::regular_file(p)
+    {
+        return Err(format!("`{what}`: {e}; give a profile YAML file, or a cached profile's key prefix or name"));
+    }
     if p.extension().is_some_and(|e| e == "yaml" || e == "yml") || what.contains(std::path::MAIN_SEPARATOR) {
         return Err(format!("profile file `{what}` does not exist; give a profile YAML file, or a cached profile's key prefix or name"));
     }
@@ -87,7 +92,7 @@ pub fn find_file_or_cached(cache: &cache::Cache, what: &str) -> Result<PathBuf, 
         many => Err(format!(
             "`{what}` matches {} cached profiles ({}); give a longer key prefix",
             many.len(),
-            many.iter().map(|(k, _)| k.chars().take(12).collect::<String>()).collect::<Vec<_>>().join(", ")
+            many.iter().map(|(k, _)| crate::text::prefix(k, 12)).collect::<Vec<_>>().join(", ")
         )),
     }
 }
@@ -183,7 +188,7 @@ pub fn find(device: &Device, want: &Want<'_>) -> Result<Lookup, ProfileError> {
     let backend = DeviceCaps::from(device).backend();
     let mut cands = Vec::new();
     for (key, path) in files {
-        let Ok(text) = std::fs::read_to_string(&path) else { continue };
+        let Ok(text) = super::read_text(&path) else { continue };
         // Parsed without validation: a profile of another kernel set is still found.
         let Ok(doc) = serde_saphyr::from_str::<ProfileDoc>(&text) else { continue };
         let Some(exact) = matches(&doc, want, &fingerprint, &class, backend) else { continue };
@@ -206,7 +211,7 @@ pub fn find(device: &Device, want: &Want<'_>) -> Result<Lookup, ProfileError> {
     let kernel_set = kernels::kernel_set_hash();
     let mut warnings = Vec::new();
     for c in cands {
-        let short = &c.key[..c.key.len().min(8)];
+        let short = crate::text::prefix(&c.key, 8);
         let t = c.doc.tuning.clone().expect("matches() requires tuning");
         let retune = format!("re-tune it with this build (`ktune tune`, model {})", want.model);
         if !c.exact && want.strict_device {
@@ -217,9 +222,9 @@ pub fn find(device: &Device, want: &Want<'_>) -> Result<Lookup, ProfileError> {
                      drop --strict-device to use it, or tune here with `ktune tune`",
                     want.model,
                     device.name(),
-                    &fingerprint[..12],
+                    crate::text::prefix(&fingerprint, 12),
                     t.device_name,
-                    &t.fingerprint[..t.fingerprint.len().min(12)],
+                    crate::text::prefix(&t.fingerprint, 12),
                 ),
             });
         }
@@ -240,8 +245,8 @@ pub fn find(device: &Device, want: &Want<'_>) -> Result<Lookup, ProfileError> {
             warnings.push(format!(
                 "cached profile {short} was tuned with another kernel set (ktune {}, kernel set {}…, this build {}…): {what}; {retune}",
                 t.ktune_version,
-                &t.kernel_set[..t.kernel_set.len().min(8)],
-                &kernel_set[..8]
+                crate::text::prefix(&t.kernel_set, 8),
+                crate::text::prefix(&kernel_set, 8)
             ));
         }
         if !c.exact {
@@ -250,9 +255,9 @@ pub fn find(device: &Device, want: &Want<'_>) -> Result<Lookup, ProfileError> {
                  (fingerprint {}…), a device of the same class ({class}); tune here for this device's own (or --strict-device to refuse)",
                 want.model,
                 device.name(),
-                &fingerprint[..12],
+                crate::text::prefix(&fingerprint, 12),
                 t.device_name,
-                &t.fingerprint[..t.fingerprint.len().min(12)],
+                crate::text::prefix(&t.fingerprint, 12),
             ));
         }
         let date = t.date.get(..10).unwrap_or(&t.date);

@@ -24,6 +24,19 @@ use crate::plan::{Fusion, Parallel, Regime, Selection, Slot};
 /// The format version this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
 
+/// Longest spin a profile may ask of idle CPU workers (`execution.cpuSpinUs`), µs.
+const MAX_SPIN_US: u32 = 1_000_000;
+
+/// Most bytes a profile file may hold (a tuned profile is a few kB).
+pub const MAX_PROFILE_BYTES: u64 = 16 << 20;
+
+/// The text of the profile file `path`: a regular file of at most
+/// [`MAX_PROFILE_BYTES`] (a directory or a device is refused saying which).
+pub fn read_text(path: &Path) -> Result<String, ProfileError> {
+    crate::input::read_text_limited(path, MAX_PROFILE_BYTES, "a profile")
+        .map_err(|source| ProfileError::Read { path: path.to_path_buf(), source })
+}
+
 /// Parallel groups a profile may declare, with their members (as spelled in the YAML).
 pub const PARALLEL_GROUPS: [(&str, &[&str]); 2] = [
     ("qkv_projections", &["matmul:q_proj", "matmul:k_proj", "matmul:v_proj"]),
@@ -386,8 +399,7 @@ impl Profile {
     }
 
     pub fn load(path: &Path) -> Result<Profile, ProfileError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Read { path: path.to_path_buf(), source })?;
-        Profile::from_str(&text, &path.display().to_string())
+        Profile::from_str(&read_text(path)?, &path.display().to_string())
     }
 
     fn backend(&self) -> Result<Option<Backend>, ProfileError> {
@@ -447,6 +459,25 @@ impl Profile {
                 message: format!(
                     "execution.cpuPrefetchBytes {b} is past the largest prefetch distance, {}: give a value up to that (0 for none) or remove the field for the default",
                     crate::kernels::cpu::MAX_PREFETCH
+                ),
+            });
+        }
+        let pool_max = crate::kernels::cpu::pool::MAX_THREADS;
+        if d.execution.cpu_threads as usize > pool_max {
+            return Err(ProfileError::Invalid {
+                path: o.into(),
+                message: format!(
+                    "execution.cpuThreads {} is more than the CPU pool runs ({pool_max}): give at most that, or 0 for every core",
+                    d.execution.cpu_threads
+                ),
+            });
+        }
+        if d.execution.cpu_spin_us > MAX_SPIN_US {
+            return Err(ProfileError::Invalid {
+                path: o.into(),
+                message: format!(
+                    "execution.cpuSpinUs {} is past {MAX_SPIN_US} (one second of spinning before an idle worker parks): give at most that, or 0 for the default",
+                    d.execution.cpu_spin_us
                 ),
             });
         }
@@ -547,8 +578,8 @@ impl Profile {
         {
             warnings.push(format!(
                 "profile {o} was tuned on another device or driver (fingerprint {}…, this one {}…): its choices may not be the fastest here",
-                &t.fingerprint[..t.fingerprint.len().min(12)],
-                &device.fingerprint()[..12]
+                crate::text::prefix(&t.fingerprint, 12),
+                crate::text::prefix(&device.fingerprint(), 12)
             ));
         }
         if d.model != model {
@@ -597,17 +628,44 @@ impl Profile {
 }
 
 /// A YAML or schema error: its position and the parser's message without the
-/// position (the error gives it separately).
+/// position (the error gives it separately), in the profile's terms: the
+/// parser's limits and a repeated key say what is wrong with the file, never
+/// which parser option would allow it.
 fn parse_error(origin: &str, e: &serde_saphyr::Error) -> ProfileError {
-    use serde_saphyr::MessageFormatter;
+    let message = yaml_message(e);
     match e.location() {
-        Some(l) => ProfileError::At {
-            path: origin.to_string(),
-            line: l.line(),
-            column: l.column(),
-            message: serde_saphyr::DefaultMessageFormatter.format_message(e.without_snippet()).into_owned(),
+        Some(l) => ProfileError::At { path: origin.to_string(), line: l.line(), column: l.column(), message },
+        None => ProfileError::Invalid { path: origin.to_string(), message },
+    }
+}
+
+/// The message of a YAML error without its position.
+fn yaml_message(e: &serde_saphyr::Error) -> String {
+    use serde_saphyr::budget::BudgetBreach as B;
+    use serde_saphyr::{Error as E, MessageFormatter};
+    let mut inner = e;
+    while let E::WithSnippet { error, .. } | E::AliasError { error, .. } = inner {
+        inner = error;
+    }
+    let huge = |what: String| format!("{what}: far more than a profile holds (a few hundred values); not a ktune profile, or damaged");
+    // `serde_saphyr::from_str` parses under the default limits.
+    let limits = serde_saphyr::Budget::default();
+    match inner {
+        E::DuplicateMappingKey { key: Some(k), .. } => format!("`{k}` is given twice in one mapping; keep one of them"),
+        E::DuplicateMappingKey { key: None, .. } => "a key is given twice in one mapping; keep one of them".into(),
+        E::Budget { breach, .. } => match breach {
+            B::Nodes { .. } => huge(format!("the document holds more than {} values", limits.max_nodes)),
+            B::Events { .. } => huge(format!("the document holds more than {} YAML events", limits.max_events)),
+            B::Depth { .. } => huge(format!("the document nests more than {} levels deep", limits.max_depth)),
+            B::Documents { .. } => huge(format!("the file holds more than {} YAML documents (a profile is one)", limits.max_documents)),
+            B::ScalarBytes { .. } => huge(format!("the document's values hold more than {} bytes", limits.max_total_scalar_bytes)),
+            B::InputBytes { .. } => huge("the file holds more bytes than the parser reads".into()),
+            B::Aliases { .. } | B::Anchors { .. } | B::AliasAnchorRatio { .. } | B::MergeKeys { .. } => {
+                huge("the document repeats anchors and aliases (`&a`, `*a`, `<<`) past the parser's limits".into())
+            }
+            _ => huge("the document is too large or too deeply nested".into()),
         },
-        None => ProfileError::Invalid { path: origin.to_string(), message: e.to_string() },
+        other => serde_saphyr::UserMessageFormatter.format_message(other).into_owned(),
     }
 }
 

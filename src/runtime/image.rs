@@ -30,7 +30,8 @@ pub enum ImageError {
 /// The image at `path` as `[3, size, size]` normalized pixels.
 pub fn load_image(path: &Path, size: usize) -> Result<Vec<f32>, ImageError> {
     let bad = |msg: String| ImageError::Bad { path: path.to_path_buf(), msg };
-    let bytes = std::fs::read(path).map_err(|e| bad(format!("cannot read the image: {e}")))?;
+    // A PNG or JPEG of a photo is a few MB; a device or a directory is refused.
+    let bytes = crate::input::read_limited(path, 256 << 20, "an image").map_err(|e| bad(format!("cannot read the image: {e}")))?;
     decode(&bytes, size).map_err(bad)
 }
 

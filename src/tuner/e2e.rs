@@ -178,16 +178,6 @@ pub fn e2e_sample(engine: &mut Engine, prompt: &[u32], steps: usize) -> Result<(
     Ok((prefill, summarize(&ts).median))
 }
 
-/// Memory available to new allocations, bytes (8 GiB when unknown).
-fn available_memory() -> u64 {
-    let Ok(mut sys) = sysinfo::System::new() else { return 8 << 30 };
-    sys.refresh_memory_specifics(sysinfo::MemoryRefreshKind::nothing().with_ram());
-    match sys.available_memory() {
-        0 => 8 << 30,
-        b => b,
-    }
-}
-
 /// Predicted time of one request per fusion choice (from the per-shape medians
 /// of the race winners), fastest first.
 fn predicted(o: &TuneOptions, space: &Space, races: &Races) -> Vec<(Fusion, f64)> {
@@ -544,7 +534,7 @@ pub(crate) fn run(
     };
     let shared = builder();
     let build_engine = |c: &Combo| build_with(&shared, c);
-    let interleave = !gpu && weight_bytes.saturating_mul(2) < available_memory() / 5 * 2;
+    let interleave = !gpu && weight_bytes.saturating_mul(2) < crate::session::available_memory() / 5 * 2;
     progress
         .phase(&format!("end to end: {} combinations{}", combos.len(), if interleave { ", interleaved" } else { "" }), combos.len() as u64);
     let e2e_rounds = 5;

@@ -10,6 +10,7 @@ mod bench_kernels;
 mod cli;
 mod eval;
 mod gpu_counters;
+mod hostile_cli;
 mod layering;
 mod model_load;
 mod profile;

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use crate::common::fixtures_dir;
 use ktune::model::Tokenizer;
-use ktune::model::gguf::{GgufFile, Value};
+use ktune::model::gguf::{Array, GgufFile, Value};
 use serde_json::Value as Json;
 
 fn open(name: &str) -> GgufFile {
@@ -108,9 +108,9 @@ fn gguf_bytes(meta: &[(String, Value)], embd_rows: Option<usize>) -> Vec<u8> {
             Value::Bool(x) => out.push(*x as u8),
             Value::Str(s) => string(out, s),
             Value::Array(a) => {
-                out.extend(a.first().map_or(4, ty).to_le_bytes());
+                out.extend(a.elem_type().to_le_bytes());
                 out.extend((a.len() as u64).to_le_bytes());
-                a.iter().for_each(|x| value(out, x));
+                a.values().for_each(|x| value(out, &x));
             }
             Value::U64(x) => out.extend(x.to_le_bytes()),
             Value::I64(x) => out.extend(x.to_le_bytes()),
@@ -147,6 +147,15 @@ fn edited(edit: impl FnOnce(&mut Vec<(String, Value)>), embd_rows: Option<usize>
     Tokenizer::from_gguf(&f).map_err(|e| e.to_string())
 }
 
+/// `v`, an array, with its elements edited by `f`.
+fn edit_array(v: &mut Value, f: impl FnOnce(&mut Vec<Value>)) {
+    if let Value::Array(a) = v {
+        let mut values: Vec<Value> = a.values().collect();
+        f(&mut values);
+        *a = Array::from_values(values).expect("elements of one type");
+    }
+}
+
 fn set(meta: &mut [(String, Value)], key: &str, f: impl FnOnce(&mut Value)) {
     f(&mut meta.iter_mut().find(|(k, _)| k == key).expect("key present").1);
 }
@@ -162,31 +171,10 @@ fn the_writer_round_trips() {
 fn inconsistent_vocabularies_are_errors() {
     let n = open("gemma3").get("tokenizer.ggml.tokens").and_then(Value::as_array).unwrap().len();
     let cases: Vec<(&str, Result<Tokenizer, String>)> = vec![
-        (
-            "`tokenizer.ggml.scores` has",
-            edited(
-                |m| {
-                    set(m, "tokenizer.ggml.scores", |v| {
-                        if let Value::Array(a) = v {
-                            a.pop();
-                        }
-                    })
-                },
-                None,
-            ),
-        ),
+        ("`tokenizer.ggml.scores` has", edited(|m| set(m, "tokenizer.ggml.scores", |v| edit_array(v, |a| _ = a.pop())), None)),
         (
             "`tokenizer.ggml.token_type` has",
-            edited(
-                |m| {
-                    set(m, "tokenizer.ggml.token_type", |v| {
-                        if let Value::Array(a) = v {
-                            a.push(Value::I32(1));
-                        }
-                    })
-                },
-                None,
-            ),
+            edited(|m| set(m, "tokenizer.ggml.token_type", |v| edit_array(v, |a| a.push(Value::I32(1)))), None),
         ),
         ("`tokenizer.ggml.bos_token_id` is 9999", edited(|m| set(m, "tokenizer.ggml.bos_token_id", |v| *v = Value::U32(9999)), None)),
         (
