@@ -53,6 +53,10 @@ struct Scope {
     vocab: Option<usize>,
     /// Prefill the prompt in one pass when the reduced model has fewer parameters.
     prefill_below: usize,
+    /// The models compared: every `of`-th built-in model from the `part`-th
+    /// (so that libtest can run the parts side by side).
+    part: usize,
+    of: usize,
 }
 
 /// `name` cut to [`LAYERS`] layers (a local then a global layer for sliding-window
@@ -118,7 +122,7 @@ fn trace(e: &mut Engine, prompt: &[u32], feed: Option<&[u32]>) -> Vec<Vec<f32>> 
 /// Runs every built-in model on the CPU and the GPU; returns the disagreements.
 fn compare_all(gpu: &Arc<GpuCtx>, scope: Scope) -> Vec<String> {
     let mut failures = Vec::new();
-    for name in builtin_names() {
+    for name in builtin_names().into_iter().skip(scope.part).step_by(scope.of) {
         let t0 = Instant::now();
         let c = reduced(name, scope.vocab);
         let prefill = c.param_count() < scope.prefill_below as u64;
@@ -174,11 +178,27 @@ fn reduced_models_keep_their_layer_kinds() {
     }
 }
 
-#[test]
-fn cpu_and_gpu_agree_on_every_builtin_model() {
+/// Every built-in model, in three parts run side by side (one took 40 s on
+/// lavapipe at the end of the run).
+fn cpu_and_gpu_agree_on_builtin_models(part: usize) {
     let Some(gpu) = test_gpu() else { return };
-    let failures = compare_all(&gpu, Scope { vocab: Some(FAST_VOCAB), prefill_below: FAST_PREFILL_PARAMS });
+    let failures = compare_all(&gpu, Scope { vocab: Some(FAST_VOCAB), prefill_below: FAST_PREFILL_PARAMS, part, of: 3 });
     assert!(failures.is_empty(), "CPU and GPU disagree:\n{}", failures.join("\n"));
+}
+
+#[test]
+fn cpu_and_gpu_agree_on_every_builtin_model_part_1() {
+    cpu_and_gpu_agree_on_builtin_models(0);
+}
+
+#[test]
+fn cpu_and_gpu_agree_on_every_builtin_model_part_2() {
+    cpu_and_gpu_agree_on_builtin_models(1);
+}
+
+#[test]
+fn cpu_and_gpu_agree_on_every_builtin_model_part_3() {
+    cpu_and_gpu_agree_on_builtin_models(2);
 }
 
 /// Full vocabularies, every model prefilled (minutes on lavapipe).
@@ -186,7 +206,7 @@ fn cpu_and_gpu_agree_on_every_builtin_model() {
 #[ignore = "minutes on a software GPU: cargo test --test it -- --ignored full_vocabulary"]
 fn cpu_and_gpu_agree_on_every_builtin_model_full_vocabulary() {
     let Some(gpu) = test_gpu() else { return };
-    let failures = compare_all(&gpu, Scope { vocab: None, prefill_below: usize::MAX });
+    let failures = compare_all(&gpu, Scope { vocab: None, prefill_below: usize::MAX, part: 0, of: 1 });
     assert!(failures.is_empty(), "CPU and GPU disagree:\n{}", failures.join("\n"));
 }
 

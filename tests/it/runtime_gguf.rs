@@ -149,12 +149,16 @@ fn cpu_repacked_q4k_matches_transformers_and_the_stored_layout() {
     }
 }
 
-fn check(dev: Dev, what: &str) {
+/// The weight type the CLI picks from the file, fused, the whole prompt at once;
+/// and f32 weights, unfused, the prompt in chunks of 7.
+const FILE_FUSED: (Fusion, Option<DType>, usize) = (Fusion::ALL, None, 64);
+const F32_CHUNKED: (Fusion, Option<DType>, usize) = (Fusion::NONE, Some(DType::F32), 7);
+
+fn check(dev: Dev, what: &str, variants: &[(Fusion, Option<DType>, usize)]) {
     let mut failures = Vec::new();
     for path in files() {
         let name = path.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
-        // The weight type the CLI picks from the file, and f32; whole prompt and chunks of 7.
-        for (fusion, weights, chunk) in [(Fusion::ALL, None, 64), (Fusion::NONE, Some(DType::F32), 7)] {
+        for &(fusion, weights, chunk) in variants {
             let (rel, got, want) = run(&path, &dev, fusion, weights, chunk);
             eprintln!("{what} {name} fusion={fusion:?} weights={weights:?} chunk={chunk}: max err {rel:.2e} of scale, ids {got:?}");
             if rel > 1e-3 || got != want {
@@ -167,13 +171,20 @@ fn check(dev: Dev, what: &str) {
 
 #[test]
 fn cpu_gguf_matches_transformers() {
-    check(Dev::Cpu, "cpu");
+    check(Dev::Cpu, "cpu", &[FILE_FUSED, F32_CHUNKED]);
 }
 
+// The GPU's two variants as two tests, run side by side (one took 29 s on lavapipe).
 #[test]
 fn gpu_gguf_matches_transformers() {
     let Some(gpu) = test_gpu() else { return };
-    check(Dev::Gpu(gpu), "gpu");
+    check(Dev::Gpu(gpu), "gpu", &[FILE_FUSED]);
+}
+
+#[test]
+fn gpu_gguf_f32_in_chunks_matches_transformers() {
+    let Some(gpu) = test_gpu() else { return };
+    check(Dev::Gpu(gpu), "gpu", &[F32_CHUNKED]);
 }
 
 /// An LM head cut in blocks (a small binding limit): the decode tokens'
