@@ -281,7 +281,7 @@ impl GpuExec {
                 match &step.kind {
                     StepKind::Kernel { kernel, params, dtype, problem, binds, .. } => {
                         let refs: Vec<&wgpu::Buffer> = binds.iter().map(|&b| &self.bufs[b]).collect();
-                        let prog = kernel.prepare_wgsl_at(&self.ctx, problem, *dtype, params, &refs, Some(&self.position));
+                        let prog = kernel.prepare_wgsl(&self.ctx, problem, *dtype, params, &refs, Some(&self.position));
                         Ok(Some(prog.map_err(|e| RuntimeError::Kernel {
                             slot: step.slot.name().into(),
                             layer: step.layer,
@@ -604,13 +604,14 @@ mod tests {
         let vc = gpu.upload("v", bytemuck::cast_slice(&data(kv_heads * cap * d, 3)));
         let (out1, out2) = (gpu.storage("out1", (heads * d * 4) as u64), gpu.storage("out2", (heads * d * 4) as u64));
         // 100 and 120 keys: the same number of 256-key splits, so same-size scratch.
-        let old = k.prepare_wgsl(&gpu, &at(100), DType::F32, &params, &[&q, &kc, &vc, &out1]).expect("builds");
+        let old = k.prepare_wgsl(&gpu, &at(100), DType::F32, &params, &[&q, &kc, &vc, &out1], None).expect("builds");
         let (old_owned, old_groups): (Vec<wgpu::Buffer>, Vec<wgpu::BindGroup>) =
             (old.owned.clone(), old.steps.iter().map(|s| s.bind_group.clone()).collect());
-        let rebuilt = gpu.rebuild(old, || k.prepare_wgsl(&gpu, &at(120), DType::F32, &params, &[&q, &kc, &vc, &out1])).expect("rebuilds");
+        let rebuilt =
+            gpu.rebuild(old, || k.prepare_wgsl(&gpu, &at(120), DType::F32, &params, &[&q, &kc, &vc, &out1], None)).expect("rebuilds");
         assert_eq!(rebuilt.owned, old_owned, "uniform and scratch buffers carried over");
         assert_eq!(rebuilt.steps.iter().map(|s| s.bind_group.clone()).collect::<Vec<_>>(), old_groups, "bind groups carried over");
-        let fresh = k.prepare_wgsl(&gpu, &at(120), DType::F32, &params, &[&q, &kc, &vc, &out2]).expect("builds");
+        let fresh = k.prepare_wgsl(&gpu, &at(120), DType::F32, &params, &[&q, &kc, &vc, &out2], None).expect("builds");
         assert!(fresh.owned.iter().all(|b| !old_owned.contains(b)), "outside a rebuild, new buffers");
         gpu.run("rebuilt", &[&rebuilt, &fresh]).expect("runs");
         let (a, b) = (gpu.read(&out1, (heads * d * 4) as u64).expect("reads"), gpu.read(&out2, (heads * d * 4) as u64).expect("reads"));

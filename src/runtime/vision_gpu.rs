@@ -75,7 +75,7 @@ impl TowerBackend for GpuTower {
         let mut progs: Vec<GpuProgram> = Vec::with_capacity(plan.steps.len());
         for (step, (k, params)) in plan.steps.iter().zip(kernels) {
             let bufs = step.binds.iter().map(|&b| buffer(b)).collect::<Result<Vec<_>, _>>()?;
-            progs.push(k.prepare_wgsl(&self.ctx, &step.problem, DType::F32, params, &bufs).map_err(|e| step_err(step, e))?);
+            progs.push(k.prepare_wgsl(&self.ctx, &step.problem, DType::F32, params, &bufs, None).map_err(|e| step_err(step, e))?);
         }
         let refs: Vec<&GpuProgram> = progs.iter().collect();
         self.ctx.run("vision tower", &refs).map_err(|e| RuntimeError::Gpu(e.to_string()))?;

@@ -188,7 +188,7 @@ impl Runner {
                 for ((p, _), copies) in w.shapes.iter().zip(bufs) {
                     let progs = copies
                         .iter()
-                        .map(|b| k.prepare_wgsl(ctx, p, w.dtype, &self.cand.params, &b.refs()).map_err(|e| e.to_string()))
+                        .map(|b| k.prepare_wgsl(ctx, p, w.dtype, &self.cand.params, &b.refs(), None).map_err(|e| e.to_string()))
                         .collect::<Result<Vec<_>, _>>()?;
                     self.progs.push(progs);
                 }

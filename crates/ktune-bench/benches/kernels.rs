@@ -177,7 +177,7 @@ fn bench_gpu(c: &mut Criterion, op: kernels::Op) {
                 }
                 let ins = make_inputs(&p, dtype, 1);
                 let bufs = GpuBuffers::new(&gpu, &p, dtype, &ins);
-                let prog = match k.prepare_wgsl(&gpu, &p, dtype, &params, &bufs.refs()) {
+                let prog = match k.prepare_wgsl(&gpu, &p, dtype, &params, &bufs.refs(), None) {
                     Ok(prog) => prog,
                     Err(e) => {
                         eprintln!("skip {} {dtype}: {e}", k.id);

@@ -290,7 +290,7 @@ fn trusted_wgsl_kernels_match_reference_one_per_family() {
     let p = test_problems(Op::Gemv).into_iter().find(|p| k.check(caps, p, k.dtypes[0], &k.default_params()).is_ok()).expect("a shape");
     let d = k.dtypes[0];
     let bufs = GpuBuffers::new(&gpu, &p, d, &make_inputs(&p, d, 1));
-    let prog = |g: &ktune_kernels::gpu::GpuCtx| k.prepare_wgsl(g, &p, d, &k.default_params(), &bufs.refs()).expect("prepares");
+    let prog = |g: &ktune_kernels::gpu::GpuCtx| k.prepare_wgsl(g, &p, d, &k.default_params(), &bufs.refs(), None).expect("prepares");
     let (a, b, c) = (prog(&gpu), prog(&trusted), prog(&trusted));
     assert!(!std::sync::Arc::ptr_eq(&a.steps[0].pipeline, &b.steps[0].pipeline), "trusted and checked share a pipeline");
     assert!(std::sync::Arc::ptr_eq(&b.steps[0].pipeline, &c.steps[0].pipeline), "the trusted pipeline is not cached");

@@ -536,25 +536,14 @@ impl KernelDef {
         (c.run)(self, problem, params, args)
     }
 
-    /// Builds the GPU program of a WGSL variant over the given buffers.
-    pub fn prepare_wgsl(
-        &self,
-        gpu: &GpuCtx,
-        problem: &Problem,
-        dtype: DType,
-        params: &Params,
-        bufs: &[&wgpu::Buffer],
-    ) -> Result<GpuProgram, KernelError> {
-        self.prepare_wgsl_at(gpu, problem, dtype, params, bufs, None)
-    }
-
-    /// [`KernelDef::prepare_wgsl`] for a caller that owns the pass-position buffer
+    /// Builds the GPU program of a WGSL variant over the given buffers. `position`
+    /// is for a caller that owns the pass-position buffer
     /// (`shaders/position.wgsl`, [`crate::gpu::position_words`]): a kernel whose
     /// results depend on the position (RoPE, the fused q/k norm + RoPE, decode
     /// attention) binds `position` and reads pos0 / kv_len from it, so its program
     /// serves every position up to the problem's capacity and the caller moves it
     /// by writing that buffer. With None each such program holds its problem's own.
-    pub fn prepare_wgsl_at(
+    pub fn prepare_wgsl(
         &self,
         gpu: &GpuCtx,
         problem: &Problem,
@@ -732,7 +721,7 @@ impl WgslSetup<'_> {
     /// The pass position of an op whose result depends on it (RoPE, the fused q/k
     /// norm + RoPE, decode attention; None for the others), to bind at
     /// [`crate::gpu::POSITION_BINDING`] (`shaders/position.wgsl`): the caller's
-    /// buffer ([`KernelDef::prepare_wgsl_at`]), or a new one holding the problem's
+    /// buffer ([`KernelDef::prepare_wgsl`]), or a new one holding the problem's
     /// own position, which the program must own (the second value).
     pub fn position(&self) -> Option<(wgpu::Buffer, Option<wgpu::Buffer>)> {
         let (pos0, tokens) = pass_position(self.problem)?;

@@ -198,7 +198,7 @@ fn elsewhere(problem: &Problem) -> Option<Problem> {
 /// Runs a WGSL variant on host inputs; returns the outputs. A kernel that reads
 /// the pass position is built as the runtime builds it, for another position
 /// ([`elsewhere`]), and moved to the problem's by the position buffer
-/// ([`KernelDef::prepare_wgsl_at`]): what it computes must come from that buffer.
+/// ([`KernelDef::prepare_wgsl`]): what it computes must come from that buffer.
 pub fn run_gpu(
     gpu: &GpuCtx,
     k: &KernelDef,
@@ -211,9 +211,9 @@ pub fn run_gpu(
     let prog = match (pass_position(problem), elsewhere(problem)) {
         (Some((pos0, tokens)), Some(moved)) => {
             let position = gpu.uniform("position", &crate::gpu::position_words(pos0, tokens));
-            k.prepare_wgsl_at(gpu, &moved, dtype, params, &bufs.refs(), Some(&position))?
+            k.prepare_wgsl(gpu, &moved, dtype, params, &bufs.refs(), Some(&position))?
         }
-        _ => k.prepare_wgsl(gpu, problem, dtype, params, &bufs.refs())?,
+        _ => k.prepare_wgsl(gpu, problem, dtype, params, &bufs.refs(), None)?,
     };
     gpu.run(k.id, &[&prog])?;
     bufs.read_outputs(gpu)
