@@ -20,7 +20,7 @@ use crate::kernels::{DType, KernelError, ParamSpec, Params, Problem, param};
 
 pub use rows::{par_row_blocks, qin, qrow, rows_times_tokens, scatter_row_blocks};
 pub use xq8::XQ8;
-pub(super) use xq8::reserve_spares;
+pub(super) use xq8::{quantize_row, reserve_spares};
 
 /// `act_bits`: f32 activations, or int8 ones (see [`verify::tolerance_for`](crate::kernels::verify::tolerance_for)).
 pub const ACT_BITS: ParamSpec = ParamSpec {
@@ -312,9 +312,15 @@ mod tests {
             let d = block_scale(xs);
             #[cfg(target_arch = "x86_64")]
             if Isa::best().avx2() {
-                // SAFETY: AVX2 and FMA checked; a multiple of 8 values.
+                // SAFETY: AVX2 and FMA checked; a multiple of 16 values.
                 let dv = unsafe { x86::block_scale(xs) };
-                assert_eq!(dv.to_bits(), d.to_bits(), "block {n}: scale");
+                assert_eq!(dv.to_bits(), d.to_bits(), "block {n}: AVX2 scale");
+            }
+            #[cfg(target_arch = "x86_64")]
+            if Isa::best() == Isa::Avx512 {
+                // SAFETY: AVX-512F checked; a multiple of 16 values.
+                let dv = unsafe { x86::block_scale_avx512(xs) };
+                assert_eq!(dv.to_bits(), d.to_bits(), "block {n}: AVX-512 scale");
             }
             for xb in xs.chunks_exact(32) {
                 let (mut a, mut b) = ([0i8; 32], [0i8; 32]);
@@ -323,9 +329,25 @@ mod tests {
                 if Isa::best().avx2() {
                     // SAFETY: AVX2 checked.
                     let got = unsafe { x86::quantize_block(xb, &mut b, d) };
-                    assert_eq!((got, b), (want, a), "block {n}: codes");
+                    assert_eq!((got, b), (want, a), "block {n}: AVX2 codes");
+                }
+                #[cfg(target_arch = "x86_64")]
+                if Isa::best() == Isa::Avx512 {
+                    b = [0; 32];
+                    // SAFETY: AVX-512F checked.
+                    let got = unsafe { x86::quantize_block_avx512(xb, &mut b, d) };
+                    assert_eq!((got, b), (want, a), "block {n}: AVX-512 codes");
                 }
                 let _ = &mut b;
+            }
+            // One block searched and quantized in one call.
+            #[cfg(target_arch = "x86_64")]
+            if Isa::best() == Isa::Avx512 && xs.len() == 32 {
+                let (mut a, mut b) = ([0i8; 32], [1i8; 32]);
+                let want = quantize_block(xs, &mut a, d);
+                // SAFETY: AVX-512F checked; 32 values.
+                let (dv, got) = unsafe { x86::scale_and_quantize_avx512(xs, &mut b) };
+                assert_eq!((dv.to_bits(), got, b), (d.to_bits(), want, a), "block {n}: AVX-512 scale and codes in one go");
             }
         }
     }

@@ -1,7 +1,8 @@
 //! Activations quantized to int8 blocks for the block dots ([`XQ8`], llama.cpp's
 //! q8_0 activations, or one scale per 256 as its q8_K): the portable block
-//! quantizer, the AVX2 one in `x86/`, and the spare buffers every decode
-//! projection's activation vector reuses.
+//! quantizer (the AVX2 and AVX-512 ones in `x86/`), the row quantizer that the
+//! int8 GEMM's activation panel shares ([`quantize_row`]), and the spare buffers
+//! every decode projection's activation vector reuses.
 
 #[cfg(target_arch = "x86_64")]
 use super::x86;
@@ -98,42 +99,65 @@ impl XQ8 {
             v.clear();
             v.resize(n, 0.0);
         }
+        let (d, dsum, dsum16) = (&mut out.d, &mut out.dsum, &mut out.dsum16);
+        quantize_row(&x[..blocks * QK], per256, &mut out.q, |b, db, s| {
+            d[b] = db;
+            dsum[b] = db * (s[0] + s[1]) as f32;
+            dsum16[2 * b] = db * s[0] as f32;
+            dsum16[2 * b + 1] = db * s[1] as f32;
+        });
+        out
+    }
+}
+
+/// `x` (whole blocks of 32) as int8 codes into `q`, handing each block's index,
+/// scale ([`block_scale`]: its own, or with `per256`, `x` then whole
+/// super-blocks of 256, its super-block's) and
+/// the codes' sums over its two halves to `block`: the one quantizer of
+/// [`XQ8`] and of the int8 GEMM's activation panel, which writes its rows in
+/// place with it.
+pub(in crate::kernels::cpu) fn quantize_row(x: &[f32], per256: bool, q: &mut [i8], mut block: impl FnMut(usize, f32, [i32; 2])) {
+    debug_assert!(!per256 || x.len().is_multiple_of(QK_K));
+    #[cfg(target_arch = "x86_64")]
+    let (simd, wide) = (Isa::best().avx2(), Isa::best() == Isa::Avx512);
+    let scale_of = |xs: &[f32]| {
         #[cfg(target_arch = "x86_64")]
-        let simd = Isa::best().avx2();
+        if wide {
+            // SAFETY: AVX-512F checked; a multiple of 16 values.
+            return unsafe { x86::block_scale_avx512(xs) };
+        } else if simd {
+            // SAFETY: AVX2 and FMA checked; a multiple of 16 values.
+            return unsafe { x86::block_scale(xs) };
+        }
+        block_scale(xs)
+    };
+    let mut shared = 0f32;
+    for (b, (xb, qb)) in x.chunks_exact(QK).zip(q.chunks_exact_mut(QK)).enumerate() {
+        // The super-block's scale, once per 8 blocks.
+        if per256 && b % 8 == 0 {
+            shared = scale_of(&x[b * QK..(b + 8) * QK]);
+        }
         #[cfg(target_arch = "x86_64")]
-        let scale = |xs: &[f32]| {
-            if simd {
-                // SAFETY: AVX2 and FMA checked; a multiple of 8 values.
-                unsafe { x86::block_scale(xs) }
-            } else {
-                block_scale(xs)
-            }
+        if wide && !per256 {
+            // SAFETY: AVX-512F checked; 32 values in, 32 codes out.
+            let (d, s) = unsafe { x86::scale_and_quantize_avx512(xb, qb) };
+            block(b, d, s);
+            continue;
+        }
+        let d = if per256 { shared } else { scale_of(xb) };
+        #[cfg(target_arch = "x86_64")]
+        let s = if wide {
+            // SAFETY: AVX-512F checked; 32 values in, 32 codes out.
+            unsafe { x86::quantize_block_avx512(xb, qb, d) }
+        } else if simd {
+            // SAFETY: AVX2 checked; 32 values in, 32 codes out.
+            unsafe { x86::quantize_block(xb, qb, d) }
+        } else {
+            quantize_block(xb, qb, d)
         };
         #[cfg(not(target_arch = "x86_64"))]
-        let scale = block_scale;
-        let mut shared = 0f32;
-        for (b, xb) in x.chunks_exact(QK).enumerate() {
-            let qb = &mut out.q[b * QK..(b + 1) * QK];
-            // The super-block's scale, once per 8 blocks.
-            if per256 && b % 8 == 0 {
-                shared = scale(&x[b * QK..(b + 8) * QK]);
-            }
-            let d = if per256 { shared } else { scale(xb) };
-            #[cfg(target_arch = "x86_64")]
-            let s = if simd {
-                // SAFETY: AVX2 checked; 32 values in, 32 codes out.
-                unsafe { x86::quantize_block(xb, qb, d) }
-            } else {
-                quantize_block(xb, qb, d)
-            };
-            #[cfg(not(target_arch = "x86_64"))]
-            let s = quantize_block(xb, qb, d);
-            out.d[b] = d;
-            out.dsum[b] = d * (s[0] + s[1]) as f32;
-            out.dsum16[2 * b] = d * s[0] as f32;
-            out.dsum16[2 * b + 1] = d * s[1] as f32;
-        }
-        out
+        let s = quantize_block(xb, qb, d);
+        block(b, d, s);
     }
 }
 
@@ -149,10 +173,11 @@ pub(super) const SCALE_STEPS: [f32; 4] = [1.0, 1.008, 1.016, 1.024];
 
 /// The scale of the int8 codes of `xs` (32 values, or 256 sharing one): of
 /// `max|x| / 127 · SCALE_STEPS`, the one with the least `Σ (x - d · round(x / d))²`
-/// (the first on a tie). The sum runs in 8 lanes, element `i` in lane `i % 8`,
-/// one fused multiply-add a term, and the lanes add up as
-/// `((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7))`: what the AVX2 loop does, so both
-/// pick the same scale.
+/// (the first on a tie). The sum runs in 16 lanes, element `i` in lane `i % 16`,
+/// one fused multiply-add a term; lane `l` and lane `l + 8` then add into 8,
+/// which add up as `((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7))`: what the AVX-512
+/// loop does with one register a candidate and the AVX2 loop with two, so all
+/// three pick the same scale.
 pub(super) fn block_scale(xs: &[f32]) -> f32 {
     let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
     // The other steps are above 1: their scales are 0 only when the first is.
@@ -162,16 +187,17 @@ pub(super) fn block_scale(xs: &[f32]) -> f32 {
     }
     let id = d.map(|d| 1.0 / d);
     // One pass: every candidate's error sums side by side.
-    let mut l = [[0f32; 8]; 4];
+    let mut l = [[0f32; 16]; 4];
     for (i, &v) in xs.iter().enumerate() {
         for j in 0..4 {
             let e = (-d[j]).mul_add((v * id[j]).round_ties_even(), v);
-            l[j][i % 8] = e.mul_add(e, l[j][i % 8]);
+            l[j][i % 16] = e.mul_add(e, l[j][i % 16]);
         }
     }
     let mut best = (f32::INFINITY, 0f32);
     for (j, l) in l.iter().enumerate() {
-        let err = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+        let h: [f32; 8] = std::array::from_fn(|k| l[k] + l[k + 8]);
+        let err = ((h[0] + h[4]) + (h[2] + h[6])) + ((h[1] + h[5]) + (h[3] + h[7]));
         if j == 0 || err < best.0 {
             best = (err, d[j]);
         }

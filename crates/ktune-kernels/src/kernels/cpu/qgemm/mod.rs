@@ -1,6 +1,6 @@
 //! The int8 GEMM of the CPU layer (prefill on block-format weights): activations
 //! quantized once per token to int8 blocks of 32 (as the decode kernels'
-//! [`XQ8`]), weight rows unpacked once per pool task into one row-interleaved
+//! [`XQ8`](super::XQ8)), weight rows unpacked once per pool task into one row-interleaved
 //! layout whatever their format, then AVX-512 VNNI `vpdpbusd` with each of the
 //! 16 lanes a different weight row (llama.cpp's repacked CPU layout, here built
 //! per task instead of kept beside the weights).
@@ -22,8 +22,7 @@
 
 use std::cell::RefCell;
 
-use super::XQ8;
-use super::qdot::{check_quant, unpack_fast};
+use super::qdot::{check_quant, quantize_row, unpack_fast};
 use super::{Isa, features};
 use crate::device::CpuCaps;
 use crate::kernels::quant::{
@@ -88,16 +87,10 @@ pub struct XPanel {
 }
 
 impl XPanel {
-    /// Quantizes the `m` rows of `x` (`[m][k]`, k a multiple of 32).
-    /// The tokens are quantized in parallel on the pool, one token a task.
+    /// Quantizes the `m` rows of `x` (`[m][k]`, k a multiple of 32) in place,
+    /// the tokens in parallel on the pool, one token a task.
     pub fn quantize(x: &[f32], m: usize, k: usize) -> XPanel {
         let nb = k / QK;
-        let mut toks: Vec<Option<(XQ8, Vec<i32>)>> = (0..m).map(|_| None).collect();
-        super::pool::for_chunks_mut(&mut toks, 1, |t, slot| {
-            let xq = XQ8::quantize(&x[t * k..(t + 1) * k]);
-            let isum16 = xq.q[..k].chunks_exact(GROUP).map(|b| b.iter().map(|&v| v as i32).sum()).collect();
-            slot[0] = Some((xq, isum16));
-        });
         let mut p = XPanel {
             k,
             m,
@@ -105,17 +98,29 @@ impl XPanel {
             d: vec![0.0; m * nb],
             sum16: vec![0.0; m * 2 * nb],
             sum32: vec![0.0; m * nb],
-            isum: Vec::with_capacity(m * nb),
-            isum16: Vec::with_capacity(m * 2 * nb),
+            isum: vec![0; m * nb],
+            isum16: vec![0; m * 2 * nb],
         };
-        for (t, (xq, isum16)) in toks.into_iter().flatten().enumerate() {
-            p.q[t * k..(t + 1) * k].copy_from_slice(&xq.q[..k]);
-            p.d[t * nb..][..nb].copy_from_slice(&xq.d[..nb]);
-            p.sum32[t * nb..][..nb].copy_from_slice(&xq.dsum[..nb]);
-            p.sum16[t * 2 * nb..][..2 * nb].copy_from_slice(&xq.dsum16[..2 * nb]);
-            p.isum.extend(isum16.chunks_exact(2).map(|h| h[0] + h[1]));
-            p.isum16.extend(isum16);
-        }
+        // Each token's share of every array, handed to its task.
+        let mut rows: Vec<TokenRow<'_>> =
+            p.q.chunks_exact_mut(k)
+                .zip(p.d.chunks_exact_mut(nb))
+                .zip(p.sum16.chunks_exact_mut(2 * nb).zip(p.sum32.chunks_exact_mut(nb)))
+                .zip(p.isum16.chunks_exact_mut(2 * nb).zip(p.isum.chunks_exact_mut(nb)))
+                .map(|(((q, d), (sum16, sum32)), (isum16, isum))| TokenRow { q, d, sum16, sum32, isum16, isum })
+                .collect();
+        super::pool::for_chunks_mut(&mut rows, 1, |t, row| {
+            let TokenRow { q, d, sum16, sum32, isum16, isum } = &mut row[0];
+            quantize_row(&x[t * k..(t + 1) * k], false, q, |b, db, s| {
+                d[b] = db;
+                isum16[2 * b..2 * b + 2].copy_from_slice(&s);
+                isum[b] = s[0] + s[1];
+                sum16[2 * b] = db * s[0] as f32;
+                sum16[2 * b + 1] = db * s[1] as f32;
+                sum32[b] = db * (s[0] + s[1]) as f32;
+            });
+        });
+        drop(rows);
         p
     }
 
@@ -123,6 +128,16 @@ impl XPanel {
     fn group_sums(&self, sg: usize) -> &[f32] {
         if sg == GROUP { &self.sum16 } else { &self.sum32 }
     }
+}
+
+/// One token's rows of an [`XPanel`]'s arrays, written by its quantizing task.
+struct TokenRow<'a> {
+    q: &'a mut [i8],
+    d: &'a mut [f32],
+    sum16: &'a mut [f32],
+    sum32: &'a mut [f32],
+    isum16: &'a mut [i32],
+    isum: &'a mut [i32],
 }
 
 /// Weight rows in the interleaved layout (see the module docs), reused by a thread.
@@ -438,6 +453,33 @@ mod tests {
                 ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
             })
             .collect()
+    }
+
+    /// The panel, quantized in place on the pool, holds for each token what
+    /// the decode path's [`XQ8`](super::super::XQ8) of that token holds: the
+    /// same codes, scales and sums (integer and scaled, per half and per block).
+    #[test]
+    fn panel_tokens_are_the_decode_quantization_of_each_token() {
+        let (m, k) = (7usize, 96usize);
+        let mut x = data(m * k, 5);
+        // An outlier block and a zero block: the scale search and its zero case.
+        x[40] = 30.0;
+        x[3 * k..3 * k + 32].fill(0.0);
+        let p = XPanel::quantize(&x, m, k);
+        let nb = k / QK;
+        for t in 0..m {
+            let xq = super::super::XQ8::quantize(&x[t * k..(t + 1) * k]);
+            assert_eq!(p.q[t * k..(t + 1) * k], xq.q[..], "codes of token {t}");
+            assert_eq!(p.d[t * nb..(t + 1) * nb], xq.d[..], "scales of token {t}");
+            assert_eq!(p.sum32[t * nb..(t + 1) * nb], xq.dsum[..], "block sums of token {t}");
+            assert_eq!(p.sum16[t * 2 * nb..(t + 1) * 2 * nb], xq.dsum16[..], "half sums of token {t}");
+            for b in 0..nb {
+                let codes = |r: std::ops::Range<usize>| xq.q[r].iter().map(|&v| v as i32).sum::<i32>();
+                let (lo, hi) = (codes(b * QK..b * QK + GROUP), codes(b * QK + GROUP..(b + 1) * QK));
+                assert_eq!(p.isum16[(t * nb + b) * 2..][..2], [lo, hi], "integer half sums of token {t} block {b}");
+                assert_eq!(p.isum[t * nb + b], lo + hi, "integer block sum of token {t} block {b}");
+            }
+        }
     }
 
     /// The SIMD tiles (every remainder shape, a 32-element tail) and the portable

@@ -2,7 +2,8 @@
 //! 256-bit registers): what they share (the per-format dispatch `by_format!`,
 //! block loads, the int8 lane dots, the eight-block scale step), the
 //! f32-activation dots of Q8_0, Q4_0 and Q4_1, SIMD dequantization and the AVX2
-//! activation quantizer; the int8 loop family in [`int8`], the K-quant
+//! and AVX-512 activation quantizers (one block's scale search and codes in one
+//! call on AVX-512); the int8 loop family in [`int8`], the K-quant
 //! super-block loops in [`kquant`], the unpacked-block paths of the other
 //! formats in [`unpack`].
 
@@ -216,16 +217,47 @@ fn dot_s8_vnni(w: __m256i, x: __m256i) -> __m256 {
 fn dot_u8_vnni(w: __m256i, x: __m256i) -> __m256 {
     _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x))
 }
+/// The largest magnitude of `xs` and the four candidate scales above it
+/// ([`super::xq8::SCALE_STEPS`]); `None` when every value is 0.
+fn candidate_scales(amax: f32) -> Option<[f32; 4]> {
+    // The other steps are above 1: their scales are 0 only when the first is.
+    let d = super::xq8::SCALE_STEPS.map(|s| amax / 127.0 * s);
+    (d[0] != 0.0).then_some(d)
+}
+
+/// Which candidate has the least error (the first on a tie; the first when
+/// every error is NaN): each candidate's 8 lane sums (lane `l` holding lanes
+/// `l` and `l + 8` of the 16) added in the portable loop's order,
+/// `((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7))`, the four candidates side by side
+/// in one register (a 4 x 4 transpose), the minimum found without a branch.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn least_error(acc: [__m256; 4]) -> usize {
+    // [l0 + l4, l1 + l5, l2 + l6, l3 + l7] per candidate, transposed so that row
+    // i holds lane-pair i of candidates 0..4.
+    let (f0, f1, f2, f3) = (fold_halves(acc[0]), fold_halves(acc[1]), fold_halves(acc[2]), fold_halves(acc[3]));
+    let (t0, t1) = (_mm_unpacklo_ps(f0, f1), _mm_unpacklo_ps(f2, f3));
+    let (t2, t3) = (_mm_unpackhi_ps(f0, f1), _mm_unpackhi_ps(f2, f3));
+    let (r0, r1) = (_mm_movelh_ps(t0, t1), _mm_movehl_ps(t1, t0));
+    let (r2, r3) = (_mm_movelh_ps(t2, t3), _mm_movehl_ps(t3, t2));
+    let err = _mm_add_ps(_mm_add_ps(r0, r2), _mm_add_ps(r1, r3));
+    let m = _mm_min_ps(err, _mm_shuffle_ps::<0b10_11_00_01>(err, err));
+    let m = _mm_min_ps(m, _mm_shuffle_ps::<0b01_00_11_10>(m, m));
+    let at = _mm_movemask_ps(_mm_cmpeq_ps(err, m)) as u32;
+    if at == 0 { 0 } else { at.trailing_zeros() as usize }
+}
+
 /// [`super::xq8::block_scale`] with AVX2: the largest magnitude, then every
 /// candidate scale's squared error in one more pass over the values (a
-/// candidate's 8 lanes each, element `i` in lane `i % 8`, one FMA a term), the
-/// lanes summed in the portable loop's order, so both pick the same scale.
+/// candidate's 16 lanes in two registers, element `i` in lane `i % 16`, one FMA
+/// a term), the lanes summed in the portable loop's order, so both pick the
+/// same scale.
 ///
 /// # Safety
-/// AVX2 and FMA available; `xs` holds a multiple of 8 values.
+/// AVX2 and FMA available; `xs` holds a multiple of 16 values.
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn block_scale(xs: &[f32]) -> f32 {
-    assert!(xs.len().is_multiple_of(8));
+    assert!(xs.len().is_multiple_of(16));
     // SAFETY: every load reads one whole chunk of 8 floats of `xs`.
     unsafe {
         let sign = _mm256_set1_ps(-0.0);
@@ -235,34 +267,100 @@ pub unsafe fn block_scale(xs: &[f32]) -> f32 {
         }
         let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
         let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
-        // The other steps are above 1: their scales are 0 only when the first is.
-        let d = super::xq8::SCALE_STEPS.map(|s| amax / 127.0 * s);
-        if d[0] == 0.0 {
-            return 0.0;
-        }
+        let Some(d) = candidate_scales(_mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)))) else { return 0.0 };
         // (No closures here: they would not inherit the target features.)
         let vd = [_mm256_set1_ps(d[0]), _mm256_set1_ps(d[1]), _mm256_set1_ps(d[2]), _mm256_set1_ps(d[3])];
         let vid = [_mm256_set1_ps(1.0 / d[0]), _mm256_set1_ps(1.0 / d[1]), _mm256_set1_ps(1.0 / d[2]), _mm256_set1_ps(1.0 / d[3])];
-        let mut acc = [_mm256_setzero_ps(); 4];
-        for c in xs.chunks_exact(8) {
-            let v = _mm256_loadu_ps(c.as_ptr());
+        // Lanes 0..8 and 8..16 of each candidate.
+        let (mut lo, mut hi) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
+        for c in xs.chunks_exact(16) {
+            let (a, b) = (_mm256_loadu_ps(c.as_ptr()), _mm256_loadu_ps(c.as_ptr().add(8)));
             for j in 0..4 {
-                let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(v, vid[j]));
-                let e = _mm256_fnmadd_ps(vd[j], r, v);
-                acc[j] = _mm256_fmadd_ps(e, e, acc[j]);
+                let ra = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(a, vid[j]));
+                let rb = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(b, vid[j]));
+                let (ea, eb) = (_mm256_fnmadd_ps(vd[j], ra, a), _mm256_fnmadd_ps(vd[j], rb, b));
+                lo[j] = _mm256_fmadd_ps(ea, ea, lo[j]);
+                hi[j] = _mm256_fmadd_ps(eb, eb, hi[j]);
             }
         }
-        let mut best = (f32::INFINITY, 0f32);
-        for (j, (&acc, &d)) in acc.iter().zip(&d).enumerate() {
-            let s4 = fold_halves(acc);
-            let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-            let err = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
-            if j == 0 || err < best.0 {
-                best = (err, d);
-            }
+        d[least_error([_mm256_add_ps(lo[0], hi[0]), _mm256_add_ps(lo[1], hi[1]), _mm256_add_ps(lo[2], hi[2]), _mm256_add_ps(lo[3], hi[3])])]
+    }
+}
+
+/// The largest magnitude of `xs` (a multiple of 16 values), with AVX-512.
+#[inline]
+#[target_feature(enable = "avx2,avx512f")]
+unsafe fn amax_avx512(xs: &[f32]) -> f32 {
+    let mut m = _mm512_setzero_ps();
+    for c in xs.chunks_exact(16) {
+        // SAFETY: a whole chunk of 16 floats.
+        m = _mm512_max_ps(m, _mm512_abs_ps(unsafe { _mm512_loadu_ps(c.as_ptr()) }));
+    }
+    _mm512_reduce_max_ps(m)
+}
+
+/// The candidate of least error for the values `xs` (a multiple of 16) at the
+/// candidate scales `d` (inverses `id`), with AVX-512: one register of 16 lanes
+/// a candidate, folded to 8 (`l + (l + 8)`) for [`least_error`].
+#[inline]
+#[target_feature(enable = "avx2,fma,avx512f")]
+unsafe fn least_error_avx512(xs: &[f32], d: [f32; 4], id: [f32; 4]) -> usize {
+    let vd = [_mm512_set1_ps(d[0]), _mm512_set1_ps(d[1]), _mm512_set1_ps(d[2]), _mm512_set1_ps(d[3])];
+    let vid = [_mm512_set1_ps(id[0]), _mm512_set1_ps(id[1]), _mm512_set1_ps(id[2]), _mm512_set1_ps(id[3])];
+    let mut acc = [_mm512_setzero_ps(); 4];
+    for c in xs.chunks_exact(16) {
+        // SAFETY: a whole chunk of 16 floats.
+        let v = unsafe { _mm512_loadu_ps(c.as_ptr()) };
+        for j in 0..4 {
+            let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(v, vid[j]));
+            let e = _mm512_fnmadd_ps(vd[j], r, v);
+            acc[j] = _mm512_fmadd_ps(e, e, acc[j]);
         }
-        best.1
+    }
+    least_error([fold16(acc[0]), fold16(acc[1]), fold16(acc[2]), fold16(acc[3])])
+}
+
+/// Lane `l` and lane `l + 8` of `a` added into 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,avx512f")]
+fn fold16(a: __m512) -> __m256 {
+    _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a))))
+}
+
+/// [`super::xq8::block_scale`] with AVX-512.
+///
+/// # Safety
+/// AVX-512F available; `xs` holds a multiple of 16 values.
+#[target_feature(enable = "avx2,fma,avx512f")]
+pub unsafe fn block_scale_avx512(xs: &[f32]) -> f32 {
+    assert!(xs.len().is_multiple_of(16));
+    // SAFETY: AVX-512F (the caller's promise), whole chunks of 16 (asserted).
+    unsafe {
+        let Some(d) = candidate_scales(amax_avx512(xs)) else { return 0.0 };
+        d[least_error_avx512(xs, d, d.map(|d| 1.0 / d))]
+    }
+}
+
+/// One block of 32 activations searched and quantized in one go with AVX-512:
+/// [`block_scale_avx512`]'s scale and [`quantize_block_avx512`]'s codes and
+/// half sums (the codes at the chosen candidate's inverse, `1 / d` as that
+/// computes it), without a second call or division.
+///
+/// # Safety
+/// AVX-512F available; `xb` and `q` hold 32 values.
+#[target_feature(enable = "avx2,fma,avx512f")]
+pub unsafe fn scale_and_quantize_avx512(xb: &[f32], q: &mut [i8]) -> (f32, [i32; 2]) {
+    assert!(xb.len() >= 32 && q.len() >= 32);
+    let xb = &xb[..32];
+    // SAFETY: AVX-512F (the caller's promise), 32 values in and out (asserted).
+    unsafe {
+        let Some(d) = candidate_scales(amax_avx512(xb)) else {
+            q[..32].fill(0);
+            return (0.0, [0, 0]);
+        };
+        let id = d.map(|d| 1.0 / d);
+        let j = least_error_avx512(xb, d, id);
+        (d[j], codes_avx512(xb, q, _mm512_set1_ps(id[j])))
     }
 }
 
@@ -302,6 +400,35 @@ pub unsafe fn quantize_block(xb: &[f32], q: &mut [i8], d: f32) -> [i32; 2] {
         _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, c);
         sums
     }
+}
+
+/// [`super::xq8::quantize_block`] with AVX-512.
+///
+/// # Safety
+/// AVX-512F available; `xb` and `q` hold 32 values.
+#[target_feature(enable = "avx2,avx512f")]
+pub unsafe fn quantize_block_avx512(xb: &[f32], q: &mut [i8], d: f32) -> [i32; 2] {
+    assert!(xb.len() >= 32 && q.len() >= 32);
+    // SAFETY: AVX-512F (the caller's promise), 32 values in and out (asserted).
+    unsafe { codes_avx512(xb, q, _mm512_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 })) }
+}
+
+/// The codes of 32 values at inverse scale `id`: each half block (16 values)
+/// one register, converted (to nearest, ties to even), narrowed to bytes and
+/// summed.
+#[inline]
+#[target_feature(enable = "avx2,avx512f")]
+unsafe fn codes_avx512(xb: &[f32], q: &mut [i8], id: __m512) -> [i32; 2] {
+    let mut sums = [0i32; 2];
+    for (h, s) in sums.iter_mut().enumerate() {
+        // SAFETY: the callers hold 32 values in `xb` and `q`.
+        unsafe {
+            let codes = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb.as_ptr().add(16 * h)), id));
+            _mm_storeu_si128(q.as_mut_ptr().add(16 * h) as *mut __m128i, _mm512_cvtsepi32_epi8(codes));
+            *s = _mm512_reduce_add_epi32(codes);
+        }
+    }
+    sums
 }
 
 /// Blocks `b..b + 8` of one row: their weight scales (`sp`: the row's f16
