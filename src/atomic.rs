@@ -33,6 +33,23 @@ pub fn temp_beside(path: &Path) -> std::io::Result<tempfile::NamedTempFile> {
     builder.tempfile_in(dir)
 }
 
+/// What to do about a failed write, from its cause, to follow the error in a
+/// message: a full disk (or a file-size or quota limit) or a place that cannot
+/// be written; empty for other causes. A write through [`write_atomic`] leaves
+/// the file it was to replace as it was, and the hint says so.
+pub fn write_hint(e: &std::io::Error) -> &'static str {
+    use std::io::ErrorKind::{FileTooLarge, PermissionDenied, QuotaExceeded, ReadOnlyFilesystem, StorageFull};
+    match e.kind() {
+        StorageFull | FileTooLarge | QuotaExceeded => {
+            " (the disk is full or a size limit was reached: free some space, or write elsewhere; KTUNE_CACHE_DIR moves the cache. The file there before, if any, is unchanged)"
+        }
+        ReadOnlyFilesystem | PermissionDenied => {
+            " (that place cannot be written: make it writable, or write elsewhere; KTUNE_CACHE_DIR moves the cache. The file there before, if any, is unchanged)"
+        }
+        _ => "",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

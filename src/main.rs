@@ -1,4 +1,5 @@
 use clap::Parser;
+use std::io::Write;
 
 fn main() {
     quiet_headless_egl();
@@ -12,7 +13,8 @@ fn main() {
                 msg.push_str(&format!("\n  caused by: {s}"));
                 src = s.source();
             }
-            eprintln!("{msg}");
+            // A stderr that cannot be written (a full disk) leaves the exit code to say it.
+            let _ = writeln!(std::io::stderr(), "{msg}");
             e.exit_code()
         }
     };

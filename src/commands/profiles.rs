@@ -99,7 +99,8 @@ fn cached_items(c: &Cache, model: Option<&str>) -> Result<(Vec<Item>, Vec<Outcom
 /// `action` (export, merge) with what became of each profile.
 fn write_bundle(set: &Set, output: &Path, action: &'static str, profiles: Vec<Outcome>) -> Result<ProfilesReport> {
     let bytes = set.to_bundle().map_err(|e| Error::Usage(format!("writing bundle {}: {e}", output.display())))?;
-    crate::atomic::write_atomic(output, &bytes).map_err(|e| Error::Usage(format!("cannot write {}: {e}", output.display())))?;
+    crate::atomic::write_atomic(output, &bytes)
+        .map_err(|e| Error::Usage(format!("cannot write {}: {e}{}", output.display(), crate::atomic::write_hint(&e))))?;
     Ok(ProfilesReport::Bundle(BundleReport { action, written: Some(output.to_path_buf()), count: set.items.len(), profiles }))
 }
 
@@ -174,8 +175,15 @@ fn import(paths: &[PathBuf], with_shipped: bool) -> Result<ProfilesReport> {
         let path = c.profile_path(key);
         // The tune lock of the key: an import never races a tune writing it.
         let _lock = c.lock(key, || {}).map_err(TuneError::from)?;
-        crate::atomic::write_atomic(&path, item.text.as_bytes())
-            .map_err(|e| Error::Usage(format!("cannot write {}: {e}", path.display())))?;
+        crate::atomic::write_atomic(&path, item.text.as_bytes()).map_err(|e| {
+            let done = written.len() - 1;
+            Error::Usage(format!(
+                "cannot write {}: {e}{}; {done} of the import's {} profiles were written before it",
+                path.display(),
+                crate::atomic::write_hint(&e),
+                taken.iter().collect::<std::collections::BTreeSet<_>>().len()
+            ))
+        })?;
     }
     // A key replaced twice within the import is written once, as its final winner.
     Ok(ProfilesReport::Bundle(BundleReport { action: "import", written: None, count: written.len(), profiles: outcomes }))

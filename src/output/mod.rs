@@ -68,7 +68,8 @@ pub fn print(text: &str) -> Result<()> {
 
 /// A warning on stderr.
 pub fn warn(msg: &str) {
-    eprintln!("ktune: warning: {msg}");
+    // Never a panic over a stderr that cannot be written (a full disk).
+    let _ = writeln!(std::io::stderr(), "ktune: warning: {msg}");
 }
 
 impl Report for crate::report::GeneratedReport {

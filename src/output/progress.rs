@@ -59,7 +59,7 @@ impl Progress for Bars {
         if let Some(start) = self.tune_start
             && pb.is_hidden()
         {
-            eprintln!("ktune: [{:7.1} s] {msg}", start.elapsed().as_secs_f64());
+            let _ = writeln!(std::io::stderr(), "ktune: [{:7.1} s] {msg}", start.elapsed().as_secs_f64());
         }
         if let Ok(mut b) = self.bar.lock()
             && let Some(old) = b.replace(pb)
@@ -79,7 +79,9 @@ impl Progress for Bars {
         // A hidden bar (stderr not a terminal) prints nothing: the note goes to stderr.
         match self.bar.lock().ok().and_then(|b| b.clone()).filter(|pb| !pb.is_hidden()) {
             Some(pb) => pb.println(format!("ktune: {msg}")),
-            None => eprintln!("ktune: {msg}"),
+            None => {
+                let _ = writeln!(std::io::stderr(), "ktune: {msg}");
+            }
         }
     }
     fn done(&self) {

@@ -18,6 +18,8 @@ use crate::kernels::{self, Op};
 pub enum CacheError {
     #[error("cache directory {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+    #[error("cannot write {path}: {source}{}", crate::atomic::write_hint(.source))]
+    Write { path: PathBuf, source: std::io::Error },
     #[error("no cache directory: set KTUNE_CACHE_DIR")]
     NoDir,
 }
@@ -98,7 +100,7 @@ impl Cache {
     pub fn put<T: Serialize>(&self, kind: &str, key: &str, value: &T) -> Result<(), CacheError> {
         let path = self.json_path(kind, key);
         let text = serde_json::to_string(value).map_err(|e| io(&path)(std::io::Error::other(e)))?;
-        crate::atomic::write_atomic(&path, text.as_bytes()).map_err(io(&path))
+        crate::atomic::write_atomic(&path, text.as_bytes()).map_err(|source| CacheError::Write { path: path.clone(), source })
     }
 
     /// Every cached profile: (key, path).

@@ -59,7 +59,7 @@ pub enum ProfileError {
     Device { path: String, device: String, message: String },
     #[error("{message}")]
     NotThisDevice { message: String },
-    #[error("cannot write profile {path}: {source}")]
+    #[error("cannot write profile {path}: {source}{}", crate::atomic::write_hint(.source))]
     Write { path: PathBuf, source: std::io::Error },
     #[error("serializing the profile failed: {0}")]
     Serialize(String),

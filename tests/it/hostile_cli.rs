@@ -76,11 +76,32 @@ impl Sandbox {
 
     /// Runs ktune with `args` (`log` names its stderr file), guarded.
     fn run(&self, log: &str, args: &[String]) -> Ended {
+        self.run_within(log, args, None)
+    }
+
+    /// [`Sandbox::run`], with `max_file` a limit on the size of every file
+    /// the run writes (`RLIMIT_FSIZE`, `SIGXFSZ` ignored): a write past it
+    /// fails with `EFBIG` as one on a full disk fails with `ENOSPC`.
+    fn run_within(&self, log: &str, args: &[String], max_file: Option<u64>) -> Ended {
+        use std::os::unix::process::CommandExt;
         let err_path = self.dir.path().join("logs").join(format!("{log}.stderr"));
         let err = std::fs::File::create(&err_path).expect("log");
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ktune"));
+        if let Some(max) = max_file {
+            // SAFETY: only async-signal-safe calls between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let lim = libc::rlimit { rlim_cur: max, rlim_max: max };
+                    if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 || libc::signal(libc::SIGXFSZ, libc::SIG_IGN) == libc::SIG_ERR {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         // Reaped below by wait4, which also gives its peak RSS.
         #[allow(clippy::zombie_processes)]
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_ktune"))
+        let child = cmd
             .args(args)
             .current_dir(self.work())
             .env("HOME", self.root().join("home"))
@@ -645,4 +666,88 @@ fn directories_devices_and_yaml_limits_are_named_in_the_users_terms() {
             assert!(!e.stderr.contains(internal), "{file}: the parser's internals: {}", e.stderr);
         }
     }
+}
+
+/// Every cached profile's bytes, and whether a temporary file of an atomic
+/// write was left anywhere in the cache.
+fn cached_profiles(s: &Sandbox) -> (BTreeMap<PathBuf, Vec<u8>>, bool) {
+    let mut out = BTreeMap::new();
+    if let Ok(dir) = std::fs::read_dir(s.cache().join("profiles")) {
+        for e in dir.flatten().filter(|e| e.path().extension().is_some_and(|x| x == "yaml")) {
+            out.insert(e.path(), std::fs::read(e.path()).expect("read profile"));
+        }
+    }
+    let mut stack = vec![s.cache()];
+    let mut temp = false;
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            temp |= e.file_name().to_string_lossy().ends_with(".tmp");
+            if e.path().is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    (out, temp)
+}
+
+/// Class 6: a full disk (here every file limited to 2 KiB, less than a
+/// profile, `EFBIG`, as `ENOSPC` fails a write) while a bundle is imported or
+/// a tune writes its races and profile: exit 2 naming the file, the cause and
+/// what to do; the profiles cached before are byte for byte as they were and
+/// no temporary file is left. A stderr that cannot take the message (16
+/// bytes) once made the error's print panic (exit 101).
+#[test]
+fn a_full_disk_leaves_the_cached_profiles_as_they_were_and_says_what_failed() {
+    let s = Sandbox::new();
+    let inputs = Inputs::new(&s);
+    let e = one(&s, &["profiles", "import", &inputs.get("bundle-multibyte")]);
+    assert_eq!(e.code, Some(0), "{}", e.stderr);
+    let before = cached_profiles(&s);
+    assert!(before.0.len() == 1 && !before.1, "one profile cached, no temporary: {:?}", before.0.keys());
+    // Another profile (key `e`) to import.
+    let text = multibyte_profile().replace("Ünïcödé ÇPU", "Another CPU");
+    let listing = manifest(&[("e".repeat(64), "profiles/e.yaml".into(), sha256(text.as_bytes()))]);
+    let other = s.input(
+        "other.tar.zst",
+        &bundle(&[
+            ("ktune-bundle.json", tar::EntryType::Regular, listing.as_slice()),
+            ("profiles/e.yaml", tar::EntryType::Regular, text.as_bytes()),
+        ]),
+    );
+    let tiny = fixture("gguf/smollm2-tiny-f16.gguf").display().to_string();
+    let runs: [(&str, Vec<&str>); 2] = [
+        ("import", vec!["profiles", "import", other.to_str().expect("utf-8")]),
+        (
+            "tune",
+            vec![
+                "tune",
+                "--device",
+                "cpu",
+                "--gguf",
+                &tiny,
+                "--budget",
+                "2s",
+                "--prefill-tokens",
+                "8",
+                "--context",
+                "32",
+                "--decode-tokens",
+                "4",
+            ],
+        ),
+    ];
+    for (what, args) in runs {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let e = s.run_within(what, &args, Some(2048));
+        assert_eq!(e.code, Some(2), "{what}: {}", e.stderr);
+        assert!(e.stderr.contains("cannot write") && e.stderr.contains("the disk is full"), "{what} names the cause: {}", e.stderr);
+        assert!(cached_profiles(&s) == before, "{what} left the cached profiles as they were");
+        let e = s.run_within(what, &args, Some(16));
+        assert_eq!(e.code, Some(2), "{what} with no room for its message: {}", e.stderr);
+        assert!(cached_profiles(&s) == before, "{what} left the cached profiles as they were");
+    }
+    // With room again, the import goes through.
+    let e = one(&s, &["profiles", "import", other.to_str().expect("utf-8")]);
+    assert_eq!(e.code, Some(0), "{}", e.stderr);
+    assert_eq!(cached_profiles(&s).0.len(), 2);
 }
