@@ -558,7 +558,8 @@ pub(crate) fn run(
     };
     let options_for = |c: &Combo| -> PlanOptions {
         let mut opts = plan_options(o, c.fusion, c.parallel);
-        opts.context = opts.context.max(o.prefill_tokens + E2E_DECODE_STEPS + 1);
+        // The prompt, the untimed first decode step and the timed ones.
+        opts.context = opts.context.max(o.prefill_tokens + 1 + sample_steps(c.decode_chain()));
         if c.repack != 0 {
             opts.cpu_repack = c.repack_formats();
         }

@@ -2,14 +2,14 @@
 // the LM head and the next step's embedding so that the host neither reads the
 // logits nor writes the next token.
 // `gather`: one LM-head block's logits into the vocabulary row the sampler reads,
-// softcapped as select_argmax.wgsl softcaps (tanh(v / cap) * cap when cap > 0);
-// one dispatch per block.
+// softcapped as select_argmax.wgsl softcaps (softcap.wgsl); one dispatch per
+// block.
 // `advance`: one invocation reads the step's selected id (`picked[at]`, the
 // argmax's 0xffffffff read as 0 as `Selector::token` reads it), stores it in
 // slot `position.slot` of `ids` (copied to a mappable ring buffer once per
 // chain), and moves the position buffer (position.wgsl's words, bound here as
 // storage) to the next step: pos0 + 1, kv_len + 1, the id as its token, slot + 1.
-// Requires: grid.wgsl.
+// Requires: grid.wgsl, softcap.wgsl.
 
 override WG: u32 = 256;
 
@@ -30,12 +30,7 @@ fn gather(grid: Grid) {
     if (i >= g.rows) {
         return;
     }
-    var v = block[i];
-    let b = bitcast<u32>(v);
-    if (g.cap > 0.0 && (b & 0x7fffffffu) <= 0x7f800000u) {
-        v = tanh(clamp(v / g.cap, -20.0, 20.0)) * g.cap;
-    }
-    row[g.start + i] = v;
+    row[g.start + i] = bitcast<f32>(softcap_bits(bitcast<u32>(block[i]), g.cap));
 }
 
 struct Advance {

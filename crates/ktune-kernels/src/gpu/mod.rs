@@ -810,12 +810,12 @@ pub mod builtin {
     /// Splitting a fused QKV projection, a broadcast bias add, KV-cache writes.
     pub static RUNTIME_PLUMB: Shader = crate::shader!("runtime_plumb.wgsl", "grid.wgsl", "position.wgsl");
     /// Greedy selection: one LM-head block's argmax (first on ties, NaN never wins).
-    pub static SELECT_ARGMAX: Shader = crate::shader!("select_argmax.wgsl", "argmax_wg.wgsl");
+    pub static SELECT_ARGMAX: Shader = crate::shader!("select_argmax.wgsl", "argmax_wg.wgsl", "softcap.wgsl");
     /// A decode token's embedding row, read from the table on the GPU.
     pub static EMBED: Shader = crate::shader!("embed.wgsl", "grid.wgsl", "position.wgsl", "qblock.wgsl", "qgeom.wgsl");
     /// Decode steps chained on the GPU: LM-head blocks gathered (softcapped)
     /// for the sampler, the selected id stored and the position advanced.
-    pub static CHAIN: Shader = crate::shader!("chain.wgsl", "grid.wgsl");
+    pub static CHAIN: Shader = crate::shader!("chain.wgsl", "grid.wgsl", "softcap.wgsl");
     /// A streaming copy: the device's memory bandwidth.
     pub static BENCH_COPY: Shader = crate::shader!("bench_copy.wgsl");
     /// An FMA chain: the device's f32 FMA peak.
