@@ -393,8 +393,9 @@ impl Engine {
             && !g.embeds_on_gpu()
         {
             w.push(
-                "decode embeds each token on the host (one row written per token): the embedding table is not on the GPU \
-                 (untied from the LM head, whose buffers the GPU embedding reads, or stored there in another type)"
+                "decode embeds each token on the host (one row written per token, so no decode steps are chained: the host \
+                 waits for each token): the embedding table is not on the GPU (untied from the LM head, whose buffers the GPU \
+                 embedding reads, or stored there in another type)"
                     .into(),
             );
         }

@@ -2,7 +2,7 @@
 //! `execution.decodeChain`) on the test GPU (lavapipe in CI; skipped loudly
 //! without one): the same greedy ids for K = 1 and K = 8 as the CPU's, the GPU
 //! sampler's ids equal to the CPU sampler's over the GPU's own logits (the LM
-//! head whole and split in blocks, Gemma's softcap), a stop mid-chain that keeps
+//! head whole and split in blocks, Gemma's softcap, an untied head), a stop mid-chain that keeps
 //! exactly the ids before it and leaves the KV cache as if the discarded steps
 //! never ran, `run` stopping exactly at `--max-tokens` and at an EOS mid-chain,
 //! and the flag's and the profile field's bounds.
@@ -87,10 +87,12 @@ fn chained(e: &mut Engine, prompt: &[u32], params: SamplerParams, steps: usize, 
     out
 }
 
-/// The fixtures the sampler and greedy checks run: (name, LM-head binding limit).
-fn cases() -> [(&'static str, Option<u64>); 3] {
+/// The fixtures the sampler and greedy checks run: (name, LM-head binding
+/// limit). Qwen2's head is untied: the host writes each step's row, so every
+/// step runs alone.
+fn cases() -> [(&'static str, Option<u64>); 4] {
     // 32 KiB: below the head, above every other unfused buffer (runtime_hf's limit).
-    [("llama3-tiny", None), ("gemma3-tiny", None), ("gemma3-tiny", Some(32 << 10))]
+    [("llama3-tiny", None), ("gemma3-tiny", None), ("gemma3-tiny", Some(32 << 10)), ("qwen2-tiny-sharded", None)]
 }
 
 #[test]
