@@ -131,7 +131,7 @@ pub(crate) struct EndToEnd {
     /// The combinations timed, each with its predicted time (NaN for the default,
     /// which is first).
     pub combos: Vec<(Combo, f64)>,
-    /// Per combination: prefill seconds and median decode seconds per token, one
+    /// Per combination: prefill seconds and decode seconds per token (a chained run's mean), one
     /// pair per sample.
     pub samples: Vec<(Vec<f64>, Vec<f64>)>,
     /// The winning combination.
