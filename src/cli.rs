@@ -565,6 +565,12 @@ pub struct RunArgs {
     /// One submit per kernel instead of one per token (GPU; without a profile).
     #[arg(long)]
     pub no_batch: bool,
+    /// GPU: decode steps chained in one submit, the token picked on the GPU and
+    /// the next chain submitted before the host reads the last one's ids
+    /// (1 to 64; default: the profile's `execution.decodeChain`, else 8). The
+    /// ids are the same for every value.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=crate::runtime::gpu::MAX_CHAIN as i64))]
+    pub decode_chain: Option<u32>,
     /// Write the prompt's logits (every position) and the generated ids as JSON.
     #[arg(long, value_name = "FILE")]
     pub dump_logits: Option<std::path::PathBuf>,

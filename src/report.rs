@@ -102,6 +102,9 @@ pub struct RunReport {
     pub kv_dtype: DType,
     pub fusion: Fusion,
     pub batch_commands: bool,
+    /// GPU: decode steps chained per submit (`--decode-chain`, else the
+    /// profile's `execution.decodeChain`, else the default); null on the CPU.
+    pub decode_chain: Option<usize>,
     pub layers: usize,
     /// The `--prompt` text, when the prompt was given as text.
     #[serde(skip_serializing_if = "Option::is_none")]

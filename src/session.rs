@@ -178,6 +178,7 @@ impl ModelSettings {
             prefetch: None,
             repack,
             trusted_shaders: self.trusted_shaders,
+            decode_chain: None,
         }
     }
 

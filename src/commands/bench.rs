@@ -162,7 +162,8 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
         read_source = src;
         for j in 0..n {
             let i = (j + round) % n;
-            let (p, d) = e2e_sample(&mut engines[i].1, &prompt, args.decode_tokens)?;
+            let k = execs[i].decode_chain.unwrap_or(crate::profile::doc::DEFAULT_DECODE_CHAIN) as usize;
+            let (p, d) = e2e_sample(&mut engines[i].1, &prompt, args.decode_tokens, k)?;
             prefill[i].push(p);
             decode[i].push(d);
             if let (Some((t, _)), Some((_, _, pixels))) = (tower.as_mut(), &image) {

@@ -3,9 +3,11 @@
 //! else the cached profile `tune` wrote for this device and model: `profile::lookup`)
 //! or the runtime's defaults: prefill, greedy decode with the KV cache, throughput, time
 //! per slot, and optionally the logits as JSON. Each token is chosen by the
-//! sampler (`kernels::sample`, on the CPU over the logits on the host): greedy by
-//! default, else temperature / top-k / top-p / min-p with `--seed`, and an
-//! optional repeat penalty. With a model directory's
+//! sampler (`kernels::sample`): greedy by default, else temperature / top-k /
+//! top-p / min-p with `--seed`, and an optional repeat penalty; the prompt's
+//! next token on the host from the prefill's logits, the decoded ones by
+//! `Engine::decode_chain` (on a GPU picked there, K steps chained a submit:
+//! `--decode-chain`, else the profile's `execution.decodeChain`). With a model directory's
 //! `tokenizer.json` or a GGUF file's tokenizer the prompt can be text
 //! (`--prompt`, with `--chat` rendered as one user turn of the model's chat
 //! template) and the generated ids are decoded to text, streamed to a sink as
@@ -275,11 +277,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     let prefill_seconds = t0.elapsed().as_secs_f64();
     let prefill_logits = if args.dump_logits.is_some() { rows.clone() } else { Vec::new() };
     let mut sampler = Sampler::new(sampling);
-    let mut next = sampler.sample(rows.last().map(Vec::as_slice).unwrap_or(&[]));
-    let mut generated = Vec::new();
-    let mut decode_seconds = 0.0;
-    let mut decode_wall = Vec::new();
-    let mut streamed = 0usize;
+    let first = sampler.sample(rows.last().map(Vec::as_slice).unwrap_or(&[]));
     // The ids that end generation: the config's EOS ids, and under --chat the
     // vocabulary's end-of-turn token (Gemma, ChatML, Llama 3).
     let mut stop_ids = c.eos_token_ids.clone();
@@ -288,40 +286,52 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     {
         stop_ids.extend(END_OF_TURN_TOKENS.iter().filter_map(|t| tok.token_to_id(t)));
     }
+    let mut generated = Vec::new();
+    let mut streamed = 0usize;
     let mut stop_reason = StopReason::MaxTokens;
-    for i in 0..args.max_tokens {
-        generated.push(next);
-        let at_eos = !args.ignore_eos && stop_ids.contains(&next);
+    let mut failed = None;
+    // Each id as it comes: kept, streamed, and whether generation goes on.
+    let mut keep = |id: u32, generated: &mut Vec<u32>| -> bool {
+        generated.push(id);
         if let Some(tok) = &tokenizer {
-            let text = tok.decode(&generated)?;
-            // Hold back a cut multi-byte character, and text a later token rewrote.
-            if !text.ends_with('\u{FFFD}') && text.len() > streamed && text.is_char_boundary(streamed) {
-                stream(&text[streamed..]);
-                streamed = text.len();
+            match tok.decode(generated) {
+                // Hold back a cut multi-byte character, and text a later token rewrote.
+                Ok(text) if !text.ends_with('\u{FFFD}') && text.len() > streamed && text.is_char_boundary(streamed) => {
+                    stream(&text[streamed..]);
+                    streamed = text.len();
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    failed = Some(e);
+                    return false;
+                }
             }
         }
-        if at_eos {
+        if !args.ignore_eos && stop_ids.contains(&id) {
             stop_reason = StopReason::Eos;
-            break;
+            return false;
         }
-        if i + 1 == args.max_tokens {
-            break;
-        }
-        if i == 1 {
-            engine.profile_next();
-        }
-        let t = Instant::now();
-        // Greedy: the engine selects (on a GPU, there, reading back the id alone).
-        next = if sampler.is_argmax() {
-            let id = engine.decode_next(next)?;
-            sampler.record(id);
-            id
-        } else {
-            sampler.sample(engine.decode_step(next)?)
-        };
-        let dt = t.elapsed().as_secs_f64();
-        decode_wall.push(dt);
-        decode_seconds += dt;
+        generated.len() < args.max_tokens
+    };
+    let k = args.decode_chain.or(exec.decode_chain).unwrap_or(crate::profile::doc::DEFAULT_DECODE_CHAIN) as usize;
+    // Decode, timed from the first step's id: that step compiles the decode
+    // schedule and on a GPU is the profiled one, so it is not counted.
+    let mut timed: Option<(Instant, usize)> = None;
+    let mut decode_seconds = 0.0;
+    if args.max_tokens > 0 && keep(first, &mut generated) {
+        // K steps chained a submit on a GPU (the profile's or the flag's; steps
+        // past a stop are discarded there).
+        engine.profile_next();
+        engine.decode_chain(first, args.max_tokens - 1, k, &mut sampler, |id| {
+            let t = timed.get_or_insert_with(|| (Instant::now(), 0));
+            t.1 += 1;
+            decode_seconds = t.0.elapsed().as_secs_f64();
+            keep(id, &mut generated)
+        })?;
+    }
+    let decode_tokens = timed.map_or(0, |(_, n)| n.saturating_sub(1));
+    if let Some(e) = failed {
+        return Err(e.into());
     }
     // What was held back (a character still cut at the end) goes out as it is.
     if let Some(tok) = &tokenizer {
@@ -330,12 +340,13 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
             stream(&text[streamed..]);
         }
     }
-    let decode_tokens = decode_wall.len();
     if let Some(path) = &args.dump_logits {
         let json = serde_json::json!({ "tokens": prompt, "logits": prefill_logits, "generated": generated });
         std::fs::write(path, serde_json::to_vec(&json)?).map_err(|e| Error::Usage(format!("writing {}: {e}", path.display())))?;
     }
-    let per_tok = |s: f64| if decode_tokens > 0 { s * 1e3 / decode_tokens as f64 } else { 0.0 };
+    // The CPU's slot times are over every decode step, the first included.
+    let steps = timed.map_or(0, |(_, n)| n);
+    let per_tok = |s: f64| if steps > 0 { s * 1e3 / steps as f64 } else { 0.0 };
     let gpu = engine.is_gpu();
     let mut slots: Vec<SlotRow> = Slot::ALL
         .iter()
@@ -373,6 +384,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         kv_dtype: exec.kv_dtype,
         fusion: exec.fusion,
         batch_commands: batch,
+        decode_chain: gpu.then_some(k),
         layers: c.num_layers,
         prompt: args.prompt.clone(),
         prompt_tokens: prompt.len(),

@@ -36,7 +36,7 @@ fn decode_cost(c: &DecodeCounters) -> String {
     let mut s = format!("host:     {total} µs per decode token ({}; mean of {} tokens)\n", phases.join(", "), c.tokens);
     if let Some(g) = &c.gpu {
         s.push_str(&format!(
-            "gpu:      per decode token {:.1} dispatches, {:.1} passes, {:.1} submits, {:.1} write_buffer ({:.0} B), {:.1} objects created, {:.1} host waits, {read} read back, embedding on the {}\n",
+            "gpu:      per decode token {:.1} dispatches, {:.1} passes, {:.3} submits, {:.3} write_buffer ({:.0} B), {:.1} objects created, {:.3} host waits, {read} read back, embedding on the {}\n",
             g.dispatches,
             g.compute_passes,
             g.submits,
@@ -57,7 +57,7 @@ impl Report for RunReport {
         s.push_str(&format!("device:   {} [{}] {}\n", r.device, r.backend, short(&r.fingerprint)));
         s.push_str(&format!("model:    {} ({} layers, weights: {})\n", r.model, r.layers, r.weights));
         s.push_str(&format!(
-            "profile:  {} | weights {} | kv cache {} | batchCommands {}\n",
+            "profile:  {} | weights {} | kv cache {} | batchCommands {}{}\n",
             r.profile.as_deref().unwrap_or("(runtime defaults)"),
             {
                 let main = match &r.weight_storage {
@@ -68,7 +68,8 @@ impl Report for RunReport {
                 if others.is_empty() { main } else { format!("{main} + matrices in {}", others.join(", ")) }
             },
             r.kv_dtype,
-            r.batch_commands
+            r.batch_commands,
+            r.decode_chain.map(|k| format!(" | decodeChain {k}")).unwrap_or_default()
         ));
         let f = &r.fusion;
         s.push_str(&format!(

@@ -420,7 +420,18 @@ pub struct ExecutionDoc {
     /// (`tune --trusted-shaders`); absent: checked modules.
     #[serde(default, skip_serializing_if = "is_false")]
     pub trusted_shaders: bool,
+    /// GPU: decode steps chained in one submit (the token picked on the GPU,
+    /// the next chain submitted before the host reads the last one's ids): the
+    /// tuned value, 1 to 64; absent (older profiles, CPU ones): the runtime's
+    /// default, [`DEFAULT_DECODE_CHAIN`]. The CPU ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64))]
+    pub decode_chain: Option<u32>,
 }
+
+/// Decode steps chained per submit when neither a profile nor `--decode-chain`
+/// says.
+pub const DEFAULT_DECODE_CHAIN: u32 = 8;
 
 fn is_false(v: &bool) -> bool {
     !*v
@@ -446,6 +457,7 @@ impl Default for ExecutionDoc {
             cpu_prefetch_bytes: None,
             cpu_repack: Vec::new(),
             trusted_shaders: false,
+            decode_chain: None,
         }
     }
 }

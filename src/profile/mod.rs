@@ -95,6 +95,9 @@ pub struct ExecSettings {
     pub repack: Vec<crate::kernels::quant::QFormat>,
     /// GPU: shader modules without runtime bounds checks (`--trusted-shaders`).
     pub trusted_shaders: bool,
+    /// GPU: decode steps chained per submit (`execution.decodeChain`; None:
+    /// [`doc::DEFAULT_DECODE_CHAIN`]).
+    pub decode_chain: Option<u32>,
 }
 
 impl ExecSettings {
@@ -113,6 +116,7 @@ impl ExecSettings {
             cpu_prefetch_bytes: self.prefetch,
             cpu_repack: self.repack.iter().map(|f| f.name().to_string()).collect(),
             trusted_shaders: self.trusted_shaders,
+            decode_chain: self.decode_chain,
         };
         let mut par = BTreeMap::new();
         for (name, members) in PARALLEL_GROUPS {
@@ -451,6 +455,18 @@ impl Profile {
                 });
             }
         }
+        if let Some(k) = d.execution.decode_chain
+            && !(1..=crate::runtime::gpu::MAX_CHAIN as u32).contains(&k)
+        {
+            return Err(ProfileError::Invalid {
+                path: o.into(),
+                message: format!(
+                    "execution.decodeChain {k}: give 1 to {} decode steps per submit, or remove the field for the default ({})",
+                    crate::runtime::gpu::MAX_CHAIN,
+                    doc::DEFAULT_DECODE_CHAIN
+                ),
+            });
+        }
         if let Some(b) = d.execution.cpu_prefetch_bytes
             && b > crate::kernels::cpu::MAX_PREFETCH
         {
@@ -617,6 +633,7 @@ impl Profile {
             prefetch: e.cpu_prefetch_bytes,
             repack: e.cpu_repack.iter().filter_map(|f| f.parse().ok()).collect(),
             trusted_shaders: e.trusted_shaders,
+            decode_chain: e.decode_chain,
         };
         Ok((sel, exec, warnings))
     }

@@ -72,9 +72,10 @@ pub struct DecodeTally {
 }
 
 impl DecodeTally {
-    /// One more tallied token: its host phases and, on a GPU, its counts.
-    pub fn add(&mut self, host: &Phases, gpu: Option<GpuCounts>) {
-        self.tokens += 1;
+    /// `tokens` more tallied tokens (one step, or a chain's kept steps): their
+    /// host phases and, on a GPU, their counts.
+    pub fn add(&mut self, tokens: u64, host: &Phases, gpu: Option<GpuCounts>) {
+        self.tokens += tokens;
         self.host = self.host.plus(host);
         self.gpu = match (self.gpu, gpu) {
             (Some(a), Some(b)) => Some(a.plus(&b)),
@@ -185,8 +186,8 @@ mod tests {
         let mut t = DecodeTally::default();
         assert!(t.per_token().is_none(), "nothing tallied");
         let p = Phases { prepare: 1e-6, compute: 3e-6, post: 2e-6, ..Phases::default() };
-        t.add(&p, None);
-        t.add(&p, None);
+        t.add(1, &p, None);
+        t.add(1, &p, None);
         let c = t.per_token().expect("tallied");
         assert_eq!(c.tokens, 2);
         assert!((c.host_us.prepare - 1.0).abs() < 1e-9 && (c.host_us.total - 6.0).abs() < 1e-9, "{c:?}");
@@ -196,8 +197,8 @@ mod tests {
         let mut g = DecodeTally::default();
         let counts =
             |reads: u64| GpuCounts { dispatches: 10, read_bytes: reads, writes: 3, buffers: 1, bind_groups: 1, ..GpuCounts::default() };
-        g.add(&Phases { wait: 4e-6, ..Phases::default() }, Some(counts(1024)));
-        g.add(&Phases::default(), Some(counts(0)));
+        g.add(1, &Phases { wait: 4e-6, ..Phases::default() }, Some(counts(1024)));
+        g.add(1, &Phases::default(), Some(counts(0)));
         let c = g.per_token().expect("tallied");
         let gpu = c.gpu.expect("GPU counts");
         assert_eq!((gpu.dispatches, gpu.read_back_bytes, gpu.write_buffer_calls, gpu.objects_created), (10.0, 512.0, 3.0, 2.0));

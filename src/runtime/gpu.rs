@@ -1,32 +1,48 @@
 //! The GPU executor: plan buffers as wgpu storage buffers (weights uploaded once),
 //! each step's program (pipelines and bind groups) built once and kept. The
-//! position lives in one 16-byte uniform, written once a pass
-//! ([`crate::gpu::position_words`]), that RoPE, the q/k norm + RoPE, the KV write
-//! and decode attention read: their programs serve every position, so a decode
-//! token after the first rebuilds nothing and creates no GPU object. Its
-//! embedding is looked up on the GPU (`shaders/embed.wgsl`, the token id in that
-//! uniform) when the table is the tied LM head's buffers, so the uniform is its
-//! only queue write (else the host writes the row too); greedy decoding takes the
-//! argmax there as well ([`Selector`]) and reads back 8 bytes, not the logits.
+//! position lives in one 16-byte buffer ([`crate::gpu::position_words`]) that
+//! RoPE, the q/k norm + RoPE, the KV write and decode attention read as a
+//! uniform: their programs serve every position, so a decode token after the
+//! first rebuilds nothing and creates no GPU object. Its embedding is looked up
+//! on the GPU (`shaders/embed.wgsl`, the token id in that buffer) when the table
+//! is the tied LM head's buffers (else the host writes the row).
+//!
+//! Decode steps are chained ([`GpuExec::submit_chain`]): after each step's LM
+//! head a [`Picker`] selects the token there (the greedy argmax, [`Selector`], or
+//! the seeded sampler, `kernels::sample::gpu`), and `shaders/chain.wgsl`'s
+//! `advance` stores the id in the chain's slot and moves the position buffer,
+//! bound as storage, to the next step with that id as its token; K steps go in one
+//! command buffer and one submit, their ids copied to one of [`RING`] mappable
+//! buffers that [`GpuExec::finish_chain`] reads (4 bytes a token) while the next
+//! chain runs. Prefill, and decode steps whose logits the caller wants, go through
+//! [`GpuExec::run`]: one pass, the logits copied to persistent staging buffers.
 //! Prefill attention, whose grid follows the pass's keys, is rebuilt as the
 //! position moves, reusing the old program's uniform and scratch buffers and bind
-//! groups ([`GpuCtx::rebuild`]). With `batch`
-//! one command buffer and one submit per forward pass, the logits' copy to
-//! persistent staging buffers included, and one wait; without, one submit per step.
-//! [`GpuExec::run`] splits its host time into phases ([`Phases`]); what it asks of
-//! the device is counted by the context ([`crate::gpu::GpuCounters`]).
+//! groups ([`GpuCtx::rebuild`]). With `batch` one command buffer and one submit
+//! per pass (or chain); without, one submit per step. Host time is split into
+//! phases ([`Phases`]); what the executor asks of the device is counted by the
+//! context ([`crate::gpu::GpuCounters`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::counters::{Lap, Phases};
 use super::{RuntimeError, SlotTimes};
-use crate::gpu::builtin::{EMBED, RUNTIME_PLUMB as PLUMB, SELECT_ARGMAX};
+use crate::gpu::builtin::{CHAIN, EMBED, RUNTIME_PLUMB as PLUMB, SELECT_ARGMAX};
 use crate::gpu::{Bind, GpuCtx, GpuProgram, POSITION_BINDING, grid_2d, groups, position_words};
+use crate::kernels::sample::gpu::GpuSampler;
+use crate::kernels::sample::{SamplerParams, SamplerState};
 use crate::kernels::{DType, Params, Problem};
 use crate::plan::{BufId, Plan, Plumb, Step, StepKind};
 
 const WG: u32 = 256;
+
+/// The most decode steps one chain records (its id buffer's slots).
+pub const MAX_CHAIN: usize = 64;
+
+/// Mappable id buffers the chains cycle through: a chain is submitted before the
+/// host reads the previous one's ids, so two are in flight at most.
+pub const RING: usize = 2;
 
 /// What a prepared program was built for, the position left out (the programs
 /// that depend on it read the position buffer); a step whose signature changes is
@@ -105,10 +121,17 @@ pub struct GpuExec {
     pub programs_built: usize,
     /// Mappable buffers the reads of [`GpuExec::run`] land in, one per buffer read.
     staging: HashMap<BufId, wgpu::Buffer>,
-    /// The pass position (`shaders/position.wgsl`), written once per [`GpuExec::run`].
+    /// The pass position (`shaders/position.wgsl`): written by the host once a
+    /// pass or chain, advanced by the GPU within a chain (uniform and storage).
     position: wgpu::Buffer,
-    /// The on-GPU token selection of [`GpuExec::run`] with `select` (built on first use).
-    selector: Option<Selector>,
+    /// The token selection of a chain's steps (built on first use, rebuilt when
+    /// the rule changes).
+    picker: Option<Picker>,
+    /// A chain's ids, one slot a step (`MAX_CHAIN` u32s), and the mappable
+    /// buffers they are copied to, used in turn (`next_ring`).
+    ids: wgpu::Buffer,
+    ring: Vec<wgpu::Buffer>,
+    next_ring: usize,
     /// A decode token's embedding looked up on the GPU (`shaders/embed.wgsl`)
     /// from the tied LM head's buffers ([`embed_program`]); `None`: the host
     /// writes the row.
@@ -174,15 +197,12 @@ pub type PickBlock = (BufId, usize, usize);
 /// Greedy token selection on the GPU (`shaders/select_argmax.wgsl`): one
 /// program per LM-head block writes its argmax (vocabulary index, logit) pair to
 /// `out`, and with several blocks one more combines them into the pair after
-/// theirs; that final pair (8 bytes) is copied to `staging` in the pass's submit
-/// and read back. A sampler replaces these programs by its own over the same
-/// logits buffers.
+/// theirs; the final pair's index is the step's token ([`Picker`]).
 pub struct Selector {
     progs: Vec<GpuProgram>,
     out: wgpu::Buffer,
     /// Byte offset of the final pair in `out`.
     at: u64,
-    staging: wgpu::Buffer,
 }
 
 impl Selector {
@@ -208,13 +228,115 @@ impl Selector {
         } else {
             0
         };
-        Ok(Selector { progs, out, at, staging: ctx.staging(8) })
+        Ok(Selector { progs, out, at })
     }
 
-    /// The token of the final (index, logit bits) pair: 0 when every logit is NaN.
+    /// The token of the final (index, logit bits) pair: 0 when every logit is NaN
+    /// (the rule `chain.wgsl`'s `advance` applies on the GPU).
+    #[cfg(test)]
     fn token(pair: &[u32]) -> u32 {
         pair.first().copied().filter(|&i| i != u32::MAX).unwrap_or(0)
     }
+}
+
+/// How a chained decode step picks its token.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum PickRule {
+    /// The first maximum of the (softcapped) logits: [`Selector`].
+    Argmax,
+    /// The seeded sampler (`kernels::sample`) over the softcapped logits, its
+    /// step and repeat-penalty history in a state buffer the GPU advances.
+    Sample(SamplerParams),
+}
+
+/// What ends a chained decode step on the GPU: the selection programs over the
+/// LM head's logits buffers, then `chain.wgsl`'s `advance` (the id into the
+/// chain's slot, the position buffer to the next step).
+pub struct Picker {
+    rule: PickRule,
+    progs: Vec<GpuProgram>,
+    /// The sampler's state buffer (sampling only), written from the host's
+    /// sampler at the start of a generation.
+    state: Option<wgpu::Buffer>,
+    /// Buffers the programs read that nothing else holds (the selection's
+    /// output, the gathered row).
+    _keep: Vec<wgpu::Buffer>,
+}
+
+impl Picker {
+    /// The picker of `rule` over the LM head's `blocks` (as [`Selector::new`]
+    /// takes them; `cap` the final softcapping), advancing `position` and writing
+    /// `ids`. The sampler reads one row of the vocabulary: a head in one block
+    /// without softcapping is read in place, else each block is gathered into a
+    /// row of its own, softcapped on the way (`chain.wgsl`'s `gather`; f32 `tanh`
+    /// on the GPU, where the host's softcap of read-back logits rounds through
+    /// f64, so a sampled id may differ from the host's where two tokens' weights
+    /// straddle one rounding step).
+    fn new(
+        ctx: &GpuCtx,
+        bufs: &[wgpu::Buffer],
+        blocks: &[PickBlock],
+        cap: f32,
+        rule: PickRule,
+        position: &wgpu::Buffer,
+        ids: &wgpu::Buffer,
+    ) -> Result<Picker, RuntimeError> {
+        let (mut progs, state, picked, at, mut keep) = match rule {
+            PickRule::Argmax => {
+                let sel = Selector::new(ctx, bufs, blocks, cap)?;
+                (sel.progs, None, sel.out.clone(), (sel.at / 4) as u32, vec![sel.out])
+            }
+            PickRule::Sample(params) => {
+                let vocab: usize = blocks.iter().map(|b| b.1).sum();
+                let mut progs = Vec::new();
+                let mut keep = Vec::new();
+                let logits = match blocks {
+                    [(one, _, _)] if cap == 0.0 => bufs[*one].clone(),
+                    _ => {
+                        let row = ctx.storage("sample row", 4 * vocab as u64);
+                        let pipe = ctx.pipeline(&CHAIN, "gather", &[("WG", WG as f64)]).map_err(err)?;
+                        for &(logits, rows, start) in blocks {
+                            let u = ctx.uniform("gather", &[rows as u32, start as u32, cap.to_bits(), 0]);
+                            let step =
+                                ctx.step("gather", pipe.clone(), &[&bufs[logits], &row, &u], grid_2d(groups(rows, WG))).map_err(err)?;
+                            progs.push(GpuProgram { steps: vec![step], owned: vec![u] });
+                        }
+                        keep.push(row.clone());
+                        row
+                    }
+                };
+                let s = GpuSampler::new(ctx, &logits, vocab, &params).map_err(err)?;
+                progs.push(s.program);
+                keep.push(s.out.clone());
+                (progs, Some(s.state), s.out, 0, keep)
+            }
+        };
+        let pipe = ctx.pipeline(&CHAIN, "advance", &[]).map_err(err)?;
+        let u = ctx.uniform("advance", &[at, 0, 0, 0]);
+        let entries = [(0, &picked), (1, position), (2, ids), (3, &u)].map(|(i, b)| Bind::Whole(b).entry(i)).to_vec();
+        let step = ctx.step_entries("advance".into(), pipe, entries, [1, 1, 1]).map_err(err)?;
+        progs.push(GpuProgram { steps: vec![step], owned: vec![u] });
+        keep.push(picked);
+        Ok(Picker { rule, progs, state, _keep: keep })
+    }
+}
+
+/// The start of a chain's first step, written by the host: its position and
+/// token, and a sampler's state (the generation so far, as the host's sampler
+/// holds it). A chain without one continues where the GPU left the last.
+pub struct ChainStart<'a> {
+    pub pos: usize,
+    pub token: u32,
+    pub sampler: Option<&'a SamplerState>,
+}
+
+/// A submitted chain whose ids are not read yet ([`GpuExec::finish_chain`]).
+pub struct Pending {
+    ring: usize,
+    steps: usize,
+    index: wgpu::SubmissionIndex,
+    /// A profiled step's timestamps, resolved in its submit.
+    resolve: Option<(wgpu::Buffer, u32)>,
 }
 
 fn err(e: impl std::fmt::Display) -> RuntimeError {
@@ -252,8 +374,13 @@ impl GpuExec {
             bufs.push(buf);
             sizes.push(b.bytes());
         }
-        let position = ctx.uniform("position", &position_words(0, 0));
+        // A uniform to the kernels, storage to a chain's `advance`.
+        let usage = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+        let position = ctx.buffer("position", 16, usage);
+        ctx.write(&position, 0, bytemuck::cast_slice(&position_words(0, 0)));
         let embed = if embed_exact { embed_program(&ctx, plan, &bufs, &position)? } else { None };
+        let ids = ctx.storage("chain ids", 4 * MAX_CHAIN as u64);
+        let ring = (0..RING).map(|_| ctx.staging(4 * MAX_CHAIN as u64)).collect();
         Ok(GpuExec {
             ctx,
             bufs,
@@ -264,7 +391,10 @@ impl GpuExec {
             programs_built: 0,
             staging: HashMap::new(),
             position,
-            selector: None,
+            picker: None,
+            ids,
+            ring,
+            next_ring: 0,
             embed,
         })
     }
@@ -348,14 +478,11 @@ impl GpuExec {
     /// Runs one forward pass of `tokens` tokens from position `pos0` (written to
     /// the position buffer) and returns the first `len` floats of each buffer of
     /// `reads` (copied to persistent staging buffers in the same submit, one wait
-    /// for both); per-step GPU times go to `times` when profiling
-    /// (timestamp queries), else the pass's wall time goes to `times.total`. Its
-    /// host time is added to `phases` (prepare, encode, submit, wait, post).
-    /// With `select` (`(blocks, cap)` as [`Selector::new`] takes them) the pass
-    /// ends with the on-GPU selection and its token comes back too (8 bytes
-    /// read back). With `token` (a decode step, when
-    /// [`GpuExec::embeds_on_gpu`]) the pass starts with that token's embedding,
-    /// its id written with the position (the step's only queue write).
+    /// for both); per-step GPU times go to `times` when profiling (timestamp
+    /// queries). Its host time is added to `phases` (prepare, encode, submit,
+    /// wait, post). With `token` (a decode step, when [`GpuExec::embeds_on_gpu`])
+    /// the pass starts with that token's embedding, its id written with the
+    /// position (the step's only queue write).
     #[allow(clippy::too_many_arguments)]
     pub fn run(
         &mut self,
@@ -365,19 +492,13 @@ impl GpuExec {
         steps: &[Step],
         times: &mut SlotTimes,
         reads: &[(BufId, usize)],
-        select: Option<(&[PickBlock], f32)>,
         phases: &mut Phases,
-    ) -> Result<(Vec<Vec<f32>>, Option<u32>), RuntimeError> {
+    ) -> Result<Vec<Vec<f32>>, RuntimeError> {
         let mut lap = Lap::start();
         self.prepare(tokens, steps)?;
-        if let Some((blocks, cap)) = select
-            && self.selector.is_none()
-        {
-            self.selector = Some(Selector::new(&self.ctx, &self.bufs, blocks, cap)?);
-        }
         let mut words = position_words(pos0, tokens);
-        let embed = self.embed.as_ref().filter(|_| token.is_some());
-        if embed.is_some() {
+        let embed = self.embed.is_some() && token.is_some();
+        if embed {
             words[2] = token.unwrap_or(0);
         }
         self.ctx.write(&self.position, 0, bytemuck::cast_slice(&words));
@@ -387,26 +508,175 @@ impl GpuExec {
             }
         }
         phases.prepare += lap.lap();
-        let profile = self.profiles_next();
         let scope = self.ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let n = steps.len() as u32;
-        let qs = profile.then(|| self.ctx.query_set("ktune steps", (2 * n).max(2)));
-        let mut encoder = Some(self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("forward") }));
-        if let (Some(prog), Some(enc)) = (embed, encoder.as_mut()) {
+        let qs = self.take_profile(steps.len());
+        let mut encoder = None;
+        self.record_forward(&mut encoder, tokens, steps, embed, qs.as_ref(), phases, &mut lap);
+        let resolve = self.resolve(&mut encoder, qs.as_ref(), steps.len());
+        if !reads.is_empty() {
+            let enc = self.encoder(&mut encoder, "read");
+            for &(id, len) in reads {
+                let size = crate::gpu::padded((len * 4) as u64).min(self.bufs[id].size());
+                enc.copy_buffer_to_buffer(&self.bufs[id], 0, &self.staging[&id], 0, size);
+            }
+        }
+        if let Some(enc) = encoder.take() {
+            let cmd = enc.finish();
+            phases.encode += lap.lap();
+            self.ctx.submit(cmd);
+        }
+        phases.submit += lap.lap();
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(RuntimeError::Gpu(format!("validation error running the forward pass: {e}")));
+        }
+        self.ctx.wait().map_err(err)?;
+        phases.wait += lap.lap();
+        if let Some(r) = resolve {
+            self.read_times(r, steps, times)?;
+        }
+        let mut out = Vec::with_capacity(reads.len());
+        for &(id, len) in reads {
+            let bytes = self.ctx.read_mapped(&self.staging[&id], (len * 4) as u64).map_err(err)?;
+            out.push(bytemuck::pod_collect_to_vec(&bytes));
+        }
+        phases.post += lap.lap();
+        Ok(out)
+    }
+
+    /// Records and submits a chain of `k` decode steps of `steps` (the compiled
+    /// schedule of a one-token pass, moved to the chain's last position: the
+    /// kernels' checks bound the KV length from above, so its programs serve the
+    /// earlier positions): each step embeds the position buffer's token (when
+    /// [`GpuExec::embeds_on_gpu`]; else the caller wrote the one step's row),
+    /// runs the forward pass and picks the next token by `rule` over `blocks`
+    /// (softcap `cap`), which `advance` makes the next step's token; one command
+    /// buffer (with `batch`), one submit, the ids copied to the next ring buffer.
+    /// `start` (one queue write of 16 bytes, and the sampler's state when
+    /// sampling) begins a generation's first chain; without it the chain goes on
+    /// from the last. A profiled step (`k` = 1) is timed into `times` by
+    /// [`GpuExec::finish_chain`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn submit_chain(
+        &mut self,
+        steps: &[Step],
+        start: Option<ChainStart<'_>>,
+        k: usize,
+        rule: PickRule,
+        blocks: &[PickBlock],
+        cap: f32,
+        phases: &mut Phases,
+    ) -> Result<Pending, RuntimeError> {
+        let mut lap = Lap::start();
+        let k = k.clamp(1, MAX_CHAIN);
+        self.prepare(1, steps)?;
+        if self.picker.as_ref().is_none_or(|p| p.rule != rule) {
+            self.picker = None;
+            self.picker = Some(Picker::new(&self.ctx, &self.bufs, blocks, cap, rule, &self.position, &self.ids)?);
+        }
+        if let Some(st) = start {
+            let mut words = position_words(st.pos, 1);
+            words[2] = st.token;
+            self.ctx.write(&self.position, 0, bytemuck::cast_slice(&words));
+            if let (Some(buf), Some(state)) = (self.picker.as_ref().and_then(|p| p.state.as_ref()), st.sampler) {
+                self.ctx.write(buf, 0, bytemuck::cast_slice(&state.words()));
+            }
+        }
+        phases.prepare += lap.lap();
+        let scope = self.ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let qs = if k == 1 { self.take_profile(steps.len()) } else { None };
+        let mut encoder = None;
+        // A new chain's slots start at 0 (the GPU's position words carry on).
+        self.encoder(&mut encoder, "chain").clear_buffer(&self.position, 12, Some(4));
+        let embed = self.embed.is_some();
+        for _ in 0..k {
+            self.record_forward(&mut encoder, 1, steps, embed, qs.as_ref(), phases, &mut lap);
+            let enc = self.encoder(&mut encoder, "pick");
+            let mut pass = self.ctx.begin_pass(enc, "pick", None);
+            for p in self.picker.iter().flat_map(|p| &p.progs) {
+                self.ctx.record(&mut pass, p);
+            }
+        }
+        let resolve = self.resolve(&mut encoder, qs.as_ref(), steps.len());
+        let ring = self.next_ring;
+        self.next_ring = (ring + 1) % RING;
+        self.encoder(&mut encoder, "ids").copy_buffer_to_buffer(&self.ids, 0, &self.ring[ring], 0, 4 * k as u64);
+        let cmd =
+            encoder.take().map(wgpu::CommandEncoder::finish).ok_or_else(|| RuntimeError::Internal("a chain recorded nothing".into()))?;
+        phases.encode += lap.lap();
+        let index = self.ctx.submit(cmd);
+        phases.submit += lap.lap();
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(RuntimeError::Gpu(format!("validation error running a decode chain: {e}")));
+        }
+        Ok(Pending { ring, steps: k, index, resolve })
+    }
+
+    /// The ids of a submitted chain, in order: waits for its submit alone (one
+    /// host wait; a chain submitted after it keeps running) and reads 4 bytes a
+    /// step. A profiled step's times go to `times`.
+    pub fn finish_chain(
+        &mut self,
+        p: Pending,
+        steps: &[Step],
+        times: &mut SlotTimes,
+        phases: &mut Phases,
+    ) -> Result<Vec<u32>, RuntimeError> {
+        let mut lap = Lap::start();
+        let bytes = self.ctx.read_mapped_after(&self.ring[p.ring], 4 * p.steps as u64, Some(p.index)).map_err(err)?;
+        phases.wait += lap.lap();
+        if let Some(r) = p.resolve {
+            self.read_times(r, steps, times)?;
+        }
+        let ids = bytemuck::pod_collect_to_vec::<u8, u32>(&bytes);
+        phases.post += lap.lap();
+        Ok(ids)
+    }
+
+    /// The command encoder being recorded, begun when there is none.
+    fn encoder<'e>(&self, encoder: &'e mut Option<wgpu::CommandEncoder>, label: &str) -> &'e mut wgpu::CommandEncoder {
+        encoder.get_or_insert_with(|| self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) }))
+    }
+
+    /// A timestamp query set for the `n` steps of the next pass when it is to be
+    /// profiled ([`GpuExec::profiles_next`]), the request then served.
+    fn take_profile(&mut self, n: usize) -> Option<wgpu::QuerySet> {
+        let qs = self.profiles_next().then(|| self.ctx.query_set("ktune steps", (2 * n as u32).max(2)));
+        if qs.is_some() {
+            self.profile = false;
+        }
+        qs
+    }
+
+    /// Records one forward pass of `steps` into `encoder`, the GPU embedding of
+    /// the position buffer's token first with `embed`: consecutive program steps
+    /// in one compute pass (one step a pass when profiling, its timestamps in
+    /// `qs`, or without `batch`, each submitted at once), copies between passes.
+    #[allow(clippy::too_many_arguments)]
+    fn record_forward(
+        &self,
+        encoder: &mut Option<wgpu::CommandEncoder>,
+        tokens: usize,
+        steps: &[Step],
+        embed: bool,
+        qs: Option<&wgpu::QuerySet>,
+        phases: &mut Phases,
+        lap: &mut Lap,
+    ) {
+        if let Some(prog) = self.embed.as_ref().filter(|_| embed) {
+            let enc = self.encoder(encoder, "embed");
             let mut pass = self.ctx.begin_pass(enc, "embed", None);
             self.ctx.record(&mut pass, prog);
         }
         let mut i = 0usize;
         while i < steps.len() {
-            let enc = encoder
-                .get_or_insert_with(|| self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") }));
+            let enc = self.encoder(encoder, "step");
             if let StepKind::Plumb(Plumb::Copy { src, src_off, dst, dst_off, len }) = steps[i].kind {
                 enc.copy_buffer_to_buffer(&self.bufs[src], (src_off * 4) as u64, &self.bufs[dst], (dst_off * 4) as u64, (len * 4) as u64);
                 i += 1;
             } else {
                 // One pass over consecutive program steps (or one step when profiling / not batching).
-                let single = profile || !self.batch;
-                let ts = qs.as_ref().map(|q| wgpu::ComputePassTimestampWrites {
+                let single = qs.is_some() || !self.batch;
+                let ts = qs.map(|q| wgpu::ComputePassTimestampWrites {
                     query_set: q,
                     beginning_of_pass_write_index: Some(2 * i as u32),
                     end_of_pass_write_index: Some(2 * i as u32 + 1),
@@ -431,68 +701,28 @@ impl GpuExec {
                 phases.submit += lap.lap();
             }
         }
-        let resolve = qs.as_ref().map(|q| {
-            let usage = wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC;
-            let buf = self.ctx.buffer("step timestamps", (16 * n as u64).max(16), usage);
-            let enc = encoder
-                .get_or_insert_with(|| self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("resolve") }));
-            enc.resolve_query_set(q, 0..2 * n, &buf, 0);
-            buf
-        });
-        if let Some(sel) = self.selector.as_ref().filter(|_| select.is_some()) {
-            let enc = encoder
-                .get_or_insert_with(|| self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("select") }));
-            {
-                let mut pass = self.ctx.begin_pass(enc, "select", None);
-                for p in &sel.progs {
-                    self.ctx.record(&mut pass, p);
-                }
-            }
-            enc.copy_buffer_to_buffer(&sel.out, sel.at, &sel.staging, 0, 8);
+    }
+
+    /// The profiled pass's timestamps resolved into a new buffer in `encoder`.
+    fn resolve(&self, encoder: &mut Option<wgpu::CommandEncoder>, qs: Option<&wgpu::QuerySet>, n: usize) -> Option<(wgpu::Buffer, u32)> {
+        let q = qs?;
+        let n = n as u32;
+        let usage = wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC;
+        let buf = self.ctx.buffer("step timestamps", (16 * n as u64).max(16), usage);
+        self.encoder(encoder, "resolve").resolve_query_set(q, 0..2 * n, &buf, 0);
+        Some((buf, n))
+    }
+
+    /// Each step's GPU time from a resolved profile into `times`.
+    fn read_times(&self, (buf, n): (wgpu::Buffer, u32), steps: &[Step], times: &mut SlotTimes) -> Result<(), RuntimeError> {
+        let bytes = self.ctx.read(&buf, 16 * n as u64).map_err(err)?;
+        let t: &[u64] = bytemuck::cast_slice(&bytes);
+        let period = self.ctx.queue.get_timestamp_period() as f64;
+        for (k, s) in steps.iter().enumerate() {
+            let ns = t[2 * k + 1].saturating_sub(t[2 * k]) as f64 * period;
+            times.add(s.slot, ns * 1e-9);
         }
-        if !reads.is_empty() {
-            let enc = encoder
-                .get_or_insert_with(|| self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("read") }));
-            for &(id, len) in reads {
-                let size = crate::gpu::padded((len * 4) as u64).min(self.bufs[id].size());
-                enc.copy_buffer_to_buffer(&self.bufs[id], 0, &self.staging[&id], 0, size);
-            }
-        }
-        if let Some(enc) = encoder.take() {
-            let cmd = enc.finish();
-            phases.encode += lap.lap();
-            self.ctx.submit(cmd);
-        }
-        phases.submit += lap.lap();
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(RuntimeError::Gpu(format!("validation error running the forward pass: {e}")));
-        }
-        self.ctx.wait().map_err(err)?;
-        phases.wait += lap.lap();
-        if let Some(buf) = resolve {
-            let bytes = self.ctx.read(&buf, 16 * n as u64).map_err(err)?;
-            let t: &[u64] = bytemuck::cast_slice(&bytes);
-            let period = self.ctx.queue.get_timestamp_period() as f64;
-            for (k, s) in steps.iter().enumerate() {
-                let ns = t[2 * k + 1].saturating_sub(t[2 * k]) as f64 * period;
-                times.add(s.slot, ns * 1e-9);
-            }
-            self.profile = false;
-        }
-        let mut out = Vec::with_capacity(reads.len());
-        for &(id, len) in reads {
-            let bytes = self.ctx.read_mapped(&self.staging[&id], (len * 4) as u64).map_err(err)?;
-            out.push(bytemuck::pod_collect_to_vec(&bytes));
-        }
-        let picked = match self.selector.as_ref().filter(|_| select.is_some()) {
-            Some(sel) => {
-                let bytes = self.ctx.read_mapped(&sel.staging, 8).map_err(err)?;
-                Some(Selector::token(&bytemuck::pod_collect_to_vec::<u8, u32>(&bytes)))
-            }
-            None => None,
-        };
-        phases.post += lap.lap();
-        Ok((out, picked))
+        Ok(())
     }
 
     /// Whether a decode token's embedding is looked up on the GPU (else the

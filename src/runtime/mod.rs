@@ -1,7 +1,9 @@
 //! Executes a plan on a backend: weights loaded into the plan's buffers, the
 //! embedding of each token looked up on the host, prefill (a prompt at once) and
-//! decode (one token at a time against the KV cache), greedy generation, the
-//! time each slot took, and what each decode token cost the host ([`counters`]).
+//! decode (one token at a time against the KV cache), generation with a sampler
+//! ([`Engine::decode_chain`]: on a GPU K steps chained per submit, the token
+//! picked there), the time each slot took, and what each decode token cost the
+//! host ([`counters`]).
 
 pub mod counters;
 pub mod cpu;
@@ -19,6 +21,7 @@ use serde::Serialize;
 
 use crate::gpu::GpuCtx;
 use crate::kernels::quant::QMatrix;
+use crate::kernels::sample::{Sampler, SamplerParams, SamplerState};
 use crate::kernels::{DType, KernelError};
 use crate::plan::{BufId, BufRole, Plan, PlanError, Slot, WeightSource};
 use counters::{DecodeCounters, DecodeTally, Lap, Phases};
@@ -209,6 +212,18 @@ pub fn prefill_passes(tokens: &[u32], chunk: usize, image: Option<u32>) -> Resul
     Ok(passes)
 }
 
+/// Hands `ids` to `on_id` in order, each recorded by `sampler`, until it
+/// returns false: (ids handed over, whether it stopped).
+fn deliver(ids: &[u32], sampler: &mut Sampler, on_id: &mut impl FnMut(u32) -> bool) -> (usize, bool) {
+    for (i, &id) in ids.iter().enumerate() {
+        sampler.record(id);
+        if !on_id(id) {
+            return (i + 1, true);
+        }
+    }
+    (ids.len(), false)
+}
+
 /// Concatenates `parts` (each row-major with the same column count) along rows.
 fn concat(parts: Vec<HostBuf>) -> HostBuf {
     let mut it = parts.into_iter();
@@ -378,8 +393,9 @@ impl Engine {
             && !g.embeds_on_gpu()
         {
             w.push(
-                "decode embeds each token on the host (one row written per token): the embedding table is not on the GPU \
-                 (untied from the LM head, whose buffers the GPU embedding reads, or stored there in another type)"
+                "decode embeds each token on the host (one row written per token, so no decode steps are chained: the host \
+                 waits for each token): the embedding table is not on the GPU (untied from the LM head, whose buffers the GPU \
+                 embedding reads, or stored there in another type)"
                     .into(),
             );
         }
@@ -486,24 +502,188 @@ impl Engine {
         if self.pos + 1 > ctx {
             return Err(RuntimeError::ContextFull { pos: self.pos + 1, context: ctx });
         }
-        self.forward_chunk(&[token], (0, 0), false)?;
+        self.forward_chunk(&[token], (0, 0))?;
         Ok(&self.logits)
     }
 
     /// One greedy decode step: `token` at the current position; the next token
-    /// ([`argmax`] of the logits). On the GPU the argmax runs there and only its
-    /// result is read back (8 bytes, not the logits), and the
-    /// engine's logits are left as they were; on the CPU it is
-    /// [`Engine::decode_step`] and the host argmax.
+    /// ([`argmax`] of the logits): [`Engine::decode_chain`] of one step (on the
+    /// GPU the argmax runs there and only the id is read back, the engine's
+    /// logits left as they were).
     pub fn decode_next(&mut self, token: u32) -> Result<u32, RuntimeError> {
-        if !self.is_gpu() {
-            return self.decode_step(token).map(argmax);
-        }
+        let mut greedy = Sampler::new(SamplerParams::GREEDY);
+        let mut next = 0;
+        self.decode_chain(token, 1, 1, &mut greedy, |id| {
+            next = id;
+            true
+        })?;
+        Ok(next)
+    }
+
+    /// Decodes up to `max` tokens from `first` (fed at the current position),
+    /// each picked by `sampler` (whose state records them) and handed to `on_id`,
+    /// which returns false to stop there; returns how many were handed over, and
+    /// the engine's position moves past the steps that produced them (the last id
+    /// is not fed: pass it as the next call's `first`). On the CPU one token a
+    /// step from the host's logits. On a GPU the steps run in chains of `k`
+    /// ([`GpuExec::submit_chain`]: the token picked there, 4 bytes read back a
+    /// token), the next chain submitted before the host reads the last one's ids,
+    /// so the host waits once a chain; ids past a stop are discarded, their steps
+    /// having written KV rows only past the kept length, which the next steps
+    /// overwrite before attention reads them. A chain never runs past the KV
+    /// capacity: with less room than `max`, the ids that fit are handed over, then
+    /// [`RuntimeError::ContextFull`]. The first decode step of an engine (it
+    /// compiles the schedule) and a profiled step ([`Engine::profile_next`]) run
+    /// alone, untallied; without the GPU embedding every step runs alone (the host
+    /// writes its row). The same ids for every `k`.
+    pub fn decode_chain(
+        &mut self,
+        first: u32,
+        max: usize,
+        k: usize,
+        sampler: &mut Sampler,
+        mut on_id: impl FnMut(u32) -> bool,
+    ) -> Result<usize, RuntimeError> {
         let ctx = self.plan.options.context;
+        if max == 0 {
+            return Ok(0);
+        }
         if self.pos + 1 > ctx {
             return Err(RuntimeError::ContextFull { pos: self.pos + 1, context: ctx });
         }
-        self.forward_chunk(&[token], (0, 0), true)?.ok_or_else(|| RuntimeError::Internal("the GPU pass selected no token".into()))
+        let want = max.min(ctx - self.pos);
+        let full = |n: usize, pos: usize| {
+            if n == want && want < max { Err(RuntimeError::ContextFull { pos: pos + 1, context: ctx }) } else { Ok(n) }
+        };
+        if !self.is_gpu() {
+            let mut token = first;
+            for n in 1..=want {
+                let id = sampler.sample(self.decode_step(token)?);
+                if !on_id(id) {
+                    return Ok(n);
+                }
+                token = id;
+            }
+            return full(want, self.pos);
+        }
+        if first as usize >= self.plan.config.vocab_size {
+            return Err(RuntimeError::Token { id: first, vocab: self.plan.config.vocab_size });
+        }
+        let rule = if sampler.is_argmax() { gpu::PickRule::Argmax } else { gpu::PickRule::Sample(*sampler.params()) };
+        let picks: Vec<gpu::PickBlock> = self.plan.lm_head.iter().map(|b| (b.logits, b.rows, b.start)).collect();
+        let cap = self.plan.config.final_logit_softcapping.unwrap_or(0.0).max(0.0) as f32;
+        let chained = self.embeds_on_gpu();
+        let mut done = 0usize;
+        let mut token = first;
+        let mut start = true;
+        let mut stopped = false;
+        // Alone and untallied: the engine's first decode step, a profiled one.
+        let alone = |e: &Engine| !e.decode_compiled() || matches!(&e.exec, Exec::Gpu(g) if g.profiles_next());
+        while done < want && !stopped && (alone(self) || !chained) {
+            let mut phases = Phases::default();
+            let counts0 = self.gpu_counts();
+            let tally = !alone(self);
+            let p = self.submit_chain(token, done, 1, start.then_some(&sampler.state), rule, &picks, cap, &mut phases)?;
+            start = false;
+            let ids = self.finish_chain(p, &mut phases)?;
+            let (n, stop) = deliver(&ids, sampler, &mut on_id);
+            done += n;
+            stopped = stop;
+            token = ids[0];
+            if tally {
+                let counts = self.gpu_counts().zip(counts0).map(|(a, b)| a.since(&b));
+                self.tally.add(1, &phases, counts);
+            }
+        }
+        if done < want && !stopped {
+            // Chained: the next chain is submitted before this one's ids are read.
+            let mut phases = Phases::default();
+            let counts0 = self.gpu_counts();
+            let first_done = done;
+            let mut submitted = done;
+            let mut pending = std::collections::VecDeque::with_capacity(gpu::RING);
+            loop {
+                while submitted < want && pending.len() < gpu::RING {
+                    let n = k.clamp(1, gpu::MAX_CHAIN).min(want - submitted);
+                    let st = start.then_some(&sampler.state);
+                    pending.push_back(self.submit_chain(token, submitted, n, st, rule, &picks, cap, &mut phases)?);
+                    start = false;
+                    submitted += n;
+                }
+                let Some(p) = pending.pop_front() else { break };
+                let ids = self.finish_chain(p, &mut phases)?;
+                let (n, stop) = deliver(&ids, sampler, &mut on_id);
+                done += n;
+                if stop || done >= want {
+                    stopped = stop;
+                    break;
+                }
+            }
+            let counts = self.gpu_counts().zip(counts0).map(|(a, b)| a.since(&b));
+            self.tally.add((done - first_done) as u64, &phases, counts);
+        }
+        self.pos += done;
+        if stopped { Ok(done) } else { full(done, self.pos) }
+    }
+
+    /// Whether the decode schedule is compiled (a decode step has run): the next
+    /// decode step is then tallied and chained.
+    pub fn decode_compiled(&self) -> bool {
+        self.schedules.iter().any(|(n, _)| *n == 1)
+    }
+
+    /// The GPU context's counts so far (None on the CPU).
+    fn gpu_counts(&self) -> Option<crate::gpu::GpuCounts> {
+        match &self.exec {
+            Exec::Gpu(g) => Some(g.ctx.counters.snapshot()),
+            Exec::Cpu(_) => None,
+        }
+    }
+
+    /// Submits a chain of `k` decode steps starting `offset` steps past the
+    /// engine's position (its schedule moved to the chain's last position), from
+    /// `token` written by the host when `state` is given or the GPU does not
+    /// embed (the host then writes its row; `k` is 1).
+    #[allow(clippy::too_many_arguments)]
+    fn submit_chain(
+        &mut self,
+        token: u32,
+        offset: usize,
+        k: usize,
+        state: Option<&SamplerState>,
+        rule: gpu::PickRule,
+        picks: &[gpu::PickBlock],
+        cap: f32,
+        phases: &mut Phases,
+    ) -> Result<gpu::Pending, RuntimeError> {
+        let mut lap = Lap::start();
+        let pos = self.pos + offset;
+        let host_row = !self.embeds_on_gpu();
+        if host_row {
+            self.embed(&[token])?;
+        }
+        let si = self.schedule(1, pos + k - 1)?;
+        let x0 = self.plan.x[0];
+        let Exec::Gpu(e) = &mut self.exec else { return Err(RuntimeError::Internal("a decode chain on the CPU".into())) };
+        if host_row {
+            e.write(x0, &self.x);
+        }
+        let start = (state.is_some() || host_row).then_some(gpu::ChainStart { pos, token, sampler: state });
+        phases.prepare += lap.lap();
+        let steps = &self.schedules[si].1;
+        let p = e.submit_chain(steps, start, k, rule, picks, cap, phases)?;
+        self.dispatches_per_layer = e.dispatches(1, steps, 0);
+        Ok(p)
+    }
+
+    /// The ids of a chain [`Engine::submit_chain`] submitted; a profiled step's
+    /// per-slot times are added to the decode times.
+    fn finish_chain(&mut self, p: gpu::Pending, phases: &mut Phases) -> Result<Vec<u32>, RuntimeError> {
+        let Some(si) = self.schedules.iter().position(|(n, _)| *n == 1) else {
+            return Err(RuntimeError::Internal("a decode chain without its schedule".into()));
+        };
+        let Exec::Gpu(e) = &mut self.exec else { return Err(RuntimeError::Internal("a decode chain on the CPU".into())) };
+        e.finish_chain(p, &self.schedules[si].1, &mut self.decode_times, phases)
     }
 
     /// Runs `tokens` through the model at the current position (a prefill when
@@ -522,7 +702,7 @@ impl Engine {
         let pos0 = self.pos;
         for (start, end, (bs, be)) in prefill_passes(tokens, self.plan.options.max_tokens, image)? {
             let block = if bs < be { (pos0 + bs, pos0 + be) } else { (0, 0) };
-            self.forward_chunk(&tokens[start..end], block, false)?;
+            self.forward_chunk(&tokens[start..end], block)?;
         }
         Ok(self.logits.chunks(self.plan.config.vocab_size.max(1)).map(<[f32]>::to_vec).collect())
     }
@@ -548,20 +728,14 @@ impl Engine {
 
     /// Runs one chunk; its logits land in `self.logits` (softcapped). `block`: the
     /// positions `[start, end)` within it attended bidirectionally (`(0, 0)`: none).
-    /// With `select` on the GPU, the greedy token is chosen there and returned
-    /// instead (the logits are not read back).
-    fn forward_chunk(&mut self, tokens: &[u32], block: (usize, usize), select: bool) -> Result<Option<u32>, RuntimeError> {
+    fn forward_chunk(&mut self, tokens: &[u32], block: (usize, usize)) -> Result<(), RuntimeError> {
         let t = tokens.len();
         let decode = t == 1;
         // Tallied: a decode step whose schedule is compiled, not profiled.
         let tallied = decode && self.schedules.iter().any(|(n, _)| *n == 1) && !matches!(&self.exec, Exec::Gpu(g) if g.profiles_next());
-        let counts0 = match &self.exec {
-            Exec::Gpu(g) => Some(g.ctx.counters.snapshot()),
-            Exec::Cpu(_) => None,
-        };
+        let counts0 = self.gpu_counts();
         let mut phases = Phases::default();
         let mut lap = Lap::start();
-        let mut picked = None;
         // A decode token (no soft tokens in play) is embedded on the GPU when the
         // table is there: its id goes with the position, no row is written.
         let gpu_embed = match &self.exec {
@@ -616,23 +790,9 @@ impl Engine {
                 if !gpu_embed {
                     e.write(x0, &self.x);
                 }
-                let select = select && rows == 1;
-                let reads: Vec<(BufId, usize)> =
-                    if select { Vec::new() } else { blocks.iter().map(|b| (b.logits, rows * b.rows)).collect() };
-                let picks: Vec<gpu::PickBlock> = blocks.iter().map(|b| (b.logits, b.rows, b.start)).collect();
-                let cap = self.plan.config.final_logit_softcapping.unwrap_or(0.0).max(0.0) as f32;
+                let reads: Vec<(BufId, usize)> = blocks.iter().map(|b| (b.logits, rows * b.rows)).collect();
                 phases.prepare += lap.lap();
-                let (parts, p) = e.run(
-                    t,
-                    self.pos,
-                    gpu_embed.then_some(tokens[0]),
-                    steps,
-                    &mut self.pass_times,
-                    &reads,
-                    select.then_some((&picks[..], cap)),
-                    &mut phases,
-                )?;
-                picked = p;
+                let parts = e.run(t, self.pos, gpu_embed.then_some(tokens[0]), steps, &mut self.pass_times, &reads, &mut phases)?;
                 lap.lap();
                 self.dispatches_per_layer = e.dispatches(t, steps, 0);
                 for (b, part) in blocks.iter().zip(&parts) {
@@ -654,19 +814,15 @@ impl Engine {
         }
         if let Some(c) = self.plan.config.final_logit_softcapping
             && c > 0.0
-            && picked.is_none()
         {
             self.logits.iter_mut().for_each(|v| *v = ((*v as f64 / c).tanh() * c) as f32);
         }
         phases.post += lap.lap();
         if tallied {
-            let counts = match (&self.exec, counts0) {
-                (Exec::Gpu(g), Some(c0)) => Some(g.ctx.counters.snapshot().since(&c0)),
-                _ => None,
-            };
-            self.tally.add(&phases, counts);
+            let counts = self.gpu_counts().zip(counts0).map(|(a, b)| a.since(&b));
+            self.tally.add(1, &phases, counts);
         }
-        Ok(picked)
+        Ok(())
     }
 }
 

@@ -17,6 +17,7 @@ use super::space::{Space, plan_options};
 use super::{Progress, TIE, Target, TuneError, TuneOptions};
 use crate::device::DeviceCaps;
 use crate::eval::{self, Reference, Text};
+use crate::kernels::sample::{Sampler, SamplerParams};
 use crate::plan::{Fusion, Parallel, Plan, PlanOptions, Regime, Selection};
 use crate::profile::build::VisionTimes;
 use crate::progress::Silent;
@@ -25,8 +26,15 @@ use crate::runtime::{Engine, RuntimeError, WeightMemo, argmax};
 use crate::session::Engines;
 use crate::stats::{Stats, pick, summarize};
 
-/// Decode steps timed per end-to-end sample.
+/// Decode steps timed per end-to-end sample (on a GPU at least two chains:
+/// [`sample_steps`]).
 pub(crate) const E2E_DECODE_STEPS: usize = 8;
+
+/// The decode chains (steps per submit) the end-to-end stage tries on a GPU
+/// for the best predicted combination beside the runtime's default, 8
+/// ([`crate::profile::doc::DEFAULT_DECODE_CHAIN`]), which the other
+/// combinations run.
+pub(crate) const CHAIN_CHOICES: [u32; 3] = [1, 4, 16];
 /// Rounds of the head-to-head check of a winner against the default.
 const CONFIRM_ROUNDS: usize = 4;
 
@@ -57,13 +65,15 @@ pub(crate) struct Combo {
     /// CPU: the formats repacked at load, a bit per entry of
     /// [`crate::kernels::quant::REPACKABLE`] (0: none).
     pub repack: u8,
+    /// GPU: decode steps chained per submit (None: the runtime's default).
+    pub chain: Option<u32>,
 }
 
 impl Combo {
     /// A combination of the race winners with these switches, on all threads
     /// with the pool's default spin.
     fn raced(fusion: Fusion, parallel: Parallel, batch: bool) -> Combo {
-        Combo { fusion, parallel, batch, default: false, threads: 0, spin_us: 0, prefetch: None, repack: 0 }
+        Combo { fusion, parallel, batch, default: false, threads: 0, spin_us: 0, prefetch: None, repack: 0, chain: None }
     }
 
     /// The formats [`Combo::repack`] names.
@@ -104,7 +114,15 @@ impl Combo {
             let names: Vec<_> = self.repack_formats().iter().map(|f| f.name()).collect();
             s.push_str(&format!(" repacked {}", names.join(",")));
         }
+        if let Some(k) = self.chain {
+            s.push_str(&format!(" chain {k}"));
+        }
         s
+    }
+
+    /// Decode steps chained per submit (the runtime's default unless raced).
+    pub fn decode_chain(&self) -> usize {
+        self.chain.unwrap_or(crate::profile::doc::DEFAULT_DECODE_CHAIN) as usize
     }
 }
 
@@ -113,7 +131,7 @@ pub(crate) struct EndToEnd {
     /// The combinations timed, each with its predicted time (NaN for the default,
     /// which is first).
     pub combos: Vec<(Combo, f64)>,
-    /// Per combination: prefill seconds and median decode seconds per token, one
+    /// Per combination: prefill seconds and decode seconds per token (a chained run's mean), one
     /// pair per sample.
     pub samples: Vec<(Vec<f64>, Vec<f64>)>,
     /// The winning combination.
@@ -161,21 +179,33 @@ fn selection_for(c: &Combo, caps: &DeviceCaps, winners: &Winners) -> Selection {
     sel
 }
 
-/// One end-to-end sample: prefill of the prompt from an empty cache, then `steps`
-/// greedy decode steps; (prefill seconds, median seconds per decoded token).
-pub fn e2e_sample(engine: &mut Engine, prompt: &[u32], steps: usize) -> Result<(f64, f64), RuntimeError> {
+/// One end-to-end sample: prefill of the prompt from an empty cache, then
+/// `steps` greedy decode steps chained `k` a submit on a GPU (the sampler's
+/// argmax taken there, [`Engine::decode_chain`]); (prefill seconds, seconds per
+/// decoded token). The engine's first decode step, which compiles the decode
+/// schedule, runs alone and is not timed.
+pub fn e2e_sample(engine: &mut Engine, prompt: &[u32], steps: usize, k: usize) -> Result<(f64, f64), RuntimeError> {
     engine.reset();
     let t0 = Instant::now();
     let rows = engine.forward(prompt)?;
     let prefill = t0.elapsed().as_secs_f64();
     let mut next = argmax(rows.last().map(Vec::as_slice).unwrap_or(&[]));
-    let mut ts = Vec::with_capacity(steps);
-    for _ in 0..steps {
-        let t = Instant::now();
-        next = engine.decode_next(next)?;
-        ts.push(t.elapsed().as_secs_f64());
+    let mut greedy = Sampler::new(SamplerParams::GREEDY);
+    if !engine.decode_compiled() {
+        engine.decode_chain(next, 1, 1, &mut greedy, |id| {
+            next = id;
+            true
+        })?;
     }
-    Ok((prefill, summarize(&ts).median))
+    let t = Instant::now();
+    let n = engine.decode_chain(next, steps, k, &mut greedy, |_| true)?;
+    Ok((prefill, t.elapsed().as_secs_f64() / n.max(1) as f64))
+}
+
+/// Decode steps of an end-to-end sample with chains of `k`: [`E2E_DECODE_STEPS`],
+/// or two chains when longer, so a chain's overlap with the next is timed.
+pub(crate) fn sample_steps(k: usize) -> usize {
+    E2E_DECODE_STEPS.max(2 * k)
 }
 
 /// Predicted time of one request per fusion choice (from the per-shape medians
@@ -237,6 +267,13 @@ fn combinations_with_threads(o: &TuneOptions, predicted: &[(Fusion, f64)], gpu: 
         combos.push((Combo::raced(*f, par_off, true), *pred));
         if gpu {
             combos.push((Combo::raced(*f, par_on, false), *pred));
+        }
+    }
+    // How many decode steps a submit chains: fewer waits on the host against
+    // steps past a stop run for nothing.
+    if gpu && let Some((f, pred)) = predicted.first() {
+        for k in CHAIN_CHOICES {
+            combos.push((Combo { chain: Some(k), ..Combo::raced(*f, par_on, true) }, *pred));
         }
     }
     if !gpu && let Some((f, pred)) = predicted.first() {
@@ -521,7 +558,8 @@ pub(crate) fn run(
     };
     let options_for = |c: &Combo| -> PlanOptions {
         let mut opts = plan_options(o, c.fusion, c.parallel);
-        opts.context = opts.context.max(o.prefill_tokens + E2E_DECODE_STEPS + 1);
+        // The prompt, the untimed first decode step and the timed ones.
+        opts.context = opts.context.max(o.prefill_tokens + 1 + sample_steps(c.decode_chain()));
         if c.repack != 0 {
             opts.cpu_repack = c.repack_formats();
         }
@@ -566,7 +604,7 @@ pub(crate) fn run(
             for j in 0..combos.len() {
                 let i = (j + off) % combos.len();
                 if let Some(e) = engines[i].as_mut() {
-                    match e2e_sample(e, &prompt, E2E_DECODE_STEPS) {
+                    match e2e_sample(e, &prompt, sample_steps(combos[i].0.decode_chain()), combos[i].0.decode_chain()) {
                         Ok((p, d)) => {
                             samples[i].0.push(p);
                             samples[i].1.push(d);
@@ -617,7 +655,7 @@ pub(crate) fn run(
                             break;
                         }
                         let t0 = Instant::now();
-                        match e2e_sample(&mut e, &prompt, E2E_DECODE_STEPS) {
+                        match e2e_sample(&mut e, &prompt, sample_steps(c.decode_chain()), c.decode_chain()) {
                             Ok((p, d)) => {
                                 samples[i].0.push(p);
                                 samples[i].1.push(d);
@@ -687,8 +725,8 @@ pub(crate) fn run(
             let mut t: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
             for round in 0..CONFIRM_ROUNDS {
                 for i in if round % 2 == 0 { [0, 1] } else { [1, 0] } {
-                    let e = if i == 0 { &mut d } else { &mut b };
-                    if let Ok((p, dd)) = e2e_sample(e, &prompt, E2E_DECODE_STEPS) {
+                    let (e, k) = if i == 0 { (&mut d, combos[0].0.decode_chain()) } else { (&mut b, combos[best].0.decode_chain()) };
+                    if let Ok((p, dd)) = e2e_sample(e, &prompt, sample_steps(k), k) {
                         t[i].push(p + o.decode_tokens as f64 * dd + image_s);
                     }
                 }

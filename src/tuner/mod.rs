@@ -255,6 +255,8 @@ impl<'a> Found<'a> {
             prefetch: chosen.prefetch,
             repack: chosen.repack_formats(),
             trusted_shaders: o.trusted_shaders && t.ctx.is_some(),
+            // Recorded on a GPU (the chain the winner decoded with), where it was raced.
+            decode_chain: t.ctx.is_some().then(|| chosen.decode_chain() as u32),
         };
         TuneRecord {
             model: t.model,

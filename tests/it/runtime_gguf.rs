@@ -114,7 +114,7 @@ fn run_with(
     for i in 0..want.len() {
         got.push(next);
         if i + 1 < want.len() {
-            // On the GPU the greedy id is chosen there (Engine::decode_next, 8
+            // On the GPU the greedy id is chosen there (Engine::decode_next, 4
             // bytes read back); on the CPU from the decode step's logits.
             if matches!(dev, Dev::Gpu(_)) {
                 next = e.decode_next(next).expect("decode");

@@ -6,13 +6,16 @@
 // (kernels/mod.rs, WgslSetup::position). Read by RoPE (rope.wgsl, the fused q/k
 // norm + RoPE), the KV-cache write (runtime_plumb.wgsl) and the decode attention
 // kernels, instead of the position words of their own uniform blocks; a decode
-// step's token id rides along for the GPU embedding (embed.wgsl).
+// step's token id rides along for the GPU embedding (embed.wgsl). In a chain of
+// decode steps the GPU advances these words itself (chain.wgsl's `advance`, which
+// binds the buffer as storage): the next position, the selected id as the next
+// token, and the step's slot in the chain's id buffer.
 
 struct Position {
     pos0: u32,
     kv_len: u32,
     token: u32,  // a decode step's token id (embed.wgsl); 0 elsewhere
-    pad1: u32,
+    slot: u32,   // a chained decode step's slot in the chain (chain.wgsl); 0 elsewhere
 }
 
 @group(0) @binding(7) var<uniform> position: Position;

@@ -10,7 +10,7 @@
 // when cap > 0) is made canonical by its bits, NaN as -inf and zero or subnormal
 // as +0 (`canon`), then mapped to an unsigned key in the same order
 // (`value_key`, 0 never a logit's); the largest key wins, the FIRST index on ties.
-// Requires: argmax_wg.wgsl.
+// Requires: argmax_wg.wgsl, softcap.wgsl.
 
 override WG: u32 = 256;
 
@@ -47,12 +47,7 @@ fn argmax(@builtin(local_invocation_index) lid: u32) {
     var bk = 0u;
     var bi = NONE;
     for (var i = lid; i < sel.rows; i += WG) {
-        var b = bitcast<u32>(logits[i]);
-        if (sel.cap > 0.0 && (b & 0x7fffffffu) <= 0x7f800000u) {
-            // |x| >= 20 gives tanh = +-1 in f32 anyway; clamped, no overflow inside tanh.
-            b = bitcast<u32>(tanh(clamp(bitcast<f32>(b) / sel.cap, -20.0, 20.0)) * sel.cap);
-        }
-        let k = logit_key(b);
+        let k = logit_key(softcap_bits(bitcast<u32>(logits[i]), sel.cap));
         // Strided in increasing i: a later equal key never replaces.
         if (beats(k, i, bk, bi)) {
             bk = k;

@@ -328,7 +328,7 @@ impl GpuProgram {
 pub const POSITION_BINDING: u32 = 7;
 
 /// The pass-position uniform's words for a pass of `tokens` tokens from `pos0`:
-/// `[pos0, kv_len = pos0 + tokens, 0, 0]` (16 bytes).
+/// `[pos0, kv_len = pos0 + tokens, token 0, chain slot 0]` (16 bytes).
 pub fn position_words(pos0: usize, tokens: usize) -> [u32; 4] {
     [pos0 as u32, (pos0 + tokens) as u32, 0, 0]
 }
@@ -647,10 +647,10 @@ impl GpuCtx {
         self.queue.write_buffer(buf, offset, data);
     }
 
-    /// Submits one command buffer.
-    pub fn submit(&self, commands: wgpu::CommandBuffer) {
+    /// Submits one command buffer; its index is what [`GpuCtx::read_mapped_after`] waits for.
+    pub fn submit(&self, commands: wgpu::CommandBuffer) -> wgpu::SubmissionIndex {
         bump(&self.counters.submits, 1);
-        self.queue.submit([commands]);
+        self.queue.submit([commands])
     }
 
     /// Begins a compute pass on `enc`.
@@ -688,12 +688,19 @@ impl GpuCtx {
     /// The first `bytes` of a mappable buffer whose contents are already there
     /// (the submit that filled it has been waited for): map, copy out, unmap.
     pub fn read_mapped(&self, staging: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>, GpuError> {
+        self.read_mapped_after(staging, bytes, None)
+    }
+
+    /// [`GpuCtx::read_mapped`] waiting only for the submission `after` (None: the
+    /// queue's last), so that work submitted since keeps the GPU busy while the
+    /// host reads: one host wait.
+    pub fn read_mapped_after(&self, staging: &wgpu::Buffer, bytes: u64, after: Option<wgpu::SubmissionIndex>) -> Result<Vec<u8>, GpuError> {
         let slice = staging.slice(..padded(bytes).min(staging.size()));
         let (tx, rx) = std::sync::mpsc::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        self.wait()?;
+        self.wait_for(after)?;
         match rx.recv() {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(GpuError::Map(e.to_string())),
@@ -722,8 +729,16 @@ impl GpuCtx {
 
     /// Blocks until the queue is idle.
     pub fn wait(&self) -> Result<(), GpuError> {
+        self.wait_for(None)
+    }
+
+    /// Blocks until the submission `after` has finished (None: the last one).
+    pub fn wait_for(&self, after: Option<wgpu::SubmissionIndex>) -> Result<(), GpuError> {
         bump(&self.counters.waits, 1);
-        self.device.poll(wgpu::PollType::wait_indefinitely()).map(|_| ()).map_err(|e| GpuError::Poll(e.to_string()))
+        self.device
+            .poll(wgpu::PollType::Wait { submission_index: after, timeout: None })
+            .map(|_| ())
+            .map_err(|e| GpuError::Poll(e.to_string()))
     }
 
     /// Runs `programs` once in one command buffer (one compute pass) and waits,
@@ -795,9 +810,12 @@ pub mod builtin {
     /// Splitting a fused QKV projection, a broadcast bias add, KV-cache writes.
     pub static RUNTIME_PLUMB: Shader = crate::shader!("runtime_plumb.wgsl", "grid.wgsl", "position.wgsl");
     /// Greedy selection: one LM-head block's argmax (first on ties, NaN never wins).
-    pub static SELECT_ARGMAX: Shader = crate::shader!("select_argmax.wgsl", "argmax_wg.wgsl");
+    pub static SELECT_ARGMAX: Shader = crate::shader!("select_argmax.wgsl", "argmax_wg.wgsl", "softcap.wgsl");
     /// A decode token's embedding row, read from the table on the GPU.
     pub static EMBED: Shader = crate::shader!("embed.wgsl", "grid.wgsl", "position.wgsl", "qblock.wgsl", "qgeom.wgsl");
+    /// Decode steps chained on the GPU: LM-head blocks gathered (softcapped)
+    /// for the sampler, the selected id stored and the position advanced.
+    pub static CHAIN: Shader = crate::shader!("chain.wgsl", "grid.wgsl", "softcap.wgsl");
     /// A streaming copy: the device's memory bandwidth.
     pub static BENCH_COPY: Shader = crate::shader!("bench_copy.wgsl");
     /// An FMA chain: the device's f32 FMA peak.
@@ -805,6 +823,6 @@ pub mod builtin {
 
     /// All of them (validated with the kernel set's shaders).
     pub fn shaders() -> Vec<&'static Shader> {
-        vec![&RUNTIME_PLUMB, &SELECT_ARGMAX, &EMBED, &BENCH_COPY, &BENCH_FMA]
+        vec![&RUNTIME_PLUMB, &SELECT_ARGMAX, &EMBED, &CHAIN, &BENCH_COPY, &BENCH_FMA]
     }
 }
