@@ -97,7 +97,7 @@ PY=${PYTHON:-python3}
 DLIM=$(secs "${DECODE_LIMIT:-480}")
 DT0=$(date +%s)
 DP=${DECODE_PREFILL:-64}; DN=${DECODE_TOKENS:-32}; DR=${DECODE_ROUNDS:-5}
-TB=$(secs "${DECODE_TUNE_BUDGET:-30}")
+TBU=${DECODE_TUNE_BUDGET:-30}; TB=$(secs "$TBU")  # unscaled, scaled
 DL=(); [[ -n "${DECODE_LAYERS:-}" ]] && DL=(--layers "$DECODE_LAYERS")
 ITEMS=${DECODE_ITEMS:-llama-q4 torch llamacpp llama-f16 gemma3-1b gemma-270m llama-q4-builtin}
 TO=(sh -c 'f=$1; shift; exec "$@" >"$f"' sh)  # TO FILE CMD...: CMD's stdout to FILE
@@ -172,7 +172,7 @@ decode_ktune() { # decode_ktune [--no-tune] NAME MODEL_ARGS...: tune, then bench
   echo "$*" >"$DW/source-$name.txt"
   local prof=(--no-profile)  # a cached profile of an earlier run must not stand in for this one's
   if (( tune )); then
-    dstep $(( TB + 75 )) "tune-$name" "${TO[@]}" "$DW/tune-$name.json" "$B" tune --device "$DEV" "$@" \
+    dstep $(( TBU + 75 )) "tune-$name" "${TO[@]}" "$DW/tune-$name.json" "$B" tune --device "$DEV" "$@" \
       --budget "${TB}s" -o "$DW/$name.yaml" --force --format json $EXTRA
     if [[ -s "$DW/$name.yaml" ]]; then prof=(--profile "$DW/$name.yaml"); else skip "$name: no tuned profile (the tune failed or ran out of time): the runtime default only"; fi
   fi
