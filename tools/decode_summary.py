@@ -26,9 +26,15 @@ from pathlib import Path
 
 def load(path):
     try:
-        return json.loads(path.read_text()), None
+        text = path.read_text()
     except FileNotFoundError:
         return None, None
+    except OSError as e:
+        return None, f"{path.name}: {e}"
+    if not text.strip():  # a command stopped at its limit before writing: skipped.txt says so
+        return None, None
+    try:
+        return json.loads(text), None
     except (OSError, ValueError) as e:
         return None, f"{path.name}: {e}"
 
