@@ -50,11 +50,22 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep-f16", action="store_true")
     ap.add_argument("--llama-quantize", default=str(Path(os.environ.get("LLAMACPP_BUILD", ROOT / "target/llama.cpp-build")) / "bin/llama-quantize"))
+    ap.add_argument("--quantize-threads", type=int, help="llama-quantize's thread count (default: its own, every core)")
+    # A smaller shape of the same architecture, for dry runs of the scripts that use
+    # these files (tools/device_gpu.sh's decode step); the defaults are Llama 3.2 1B.
+    ap.add_argument("--layers", type=int, default=LAYERS)
+    ap.add_argument("--hidden", type=int, default=HIDDEN)
+    ap.add_argument("--ffn", type=int, default=FFN)
+    ap.add_argument("--heads", type=int, default=HEADS)
+    ap.add_argument("--kv-heads", type=int, default=KV_HEADS)
+    ap.add_argument("--vocab", type=int, default=VOCAB)
+    ap.add_argument("--stem", default="llama-3.2-1b-shaped", help="file names: STEM.TYPE.gguf")
     a = ap.parse_args()
+    layers, hidden, ffn, heads, kv_heads, head_dim, vocab = a.layers, a.hidden, a.ffn, a.heads, a.kv_heads, a.hidden // a.heads, a.vocab
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    f16 = out / "llama-3.2-1b-shaped.F16.gguf"
-    todo = [t for t in a.types if not (out / f"llama-3.2-1b-shaped.{t}.gguf").exists()]
+    f16 = out / f"{a.stem}.F16.gguf"
+    todo = [t for t in a.types if not (out / f"{a.stem}.{t}.gguf").exists()]
     if not todo:
         print("all present")
         return
@@ -63,23 +74,23 @@ def main():
         tokens = list(field(src, "tokenizer.ggml.tokens"))
         types = list(field(src, "tokenizer.ggml.token_type"))
         merges = list(field(src, "tokenizer.ggml.merges"))
-        if field(src, "tokenizer.ggml.model") != "gpt2" or len(tokens) > VOCAB:
-            sys.exit(f"{a.tokenizer}: expected a byte-level BPE (gpt2) tokenizer of at most {VOCAB} tokens")
-        pad = VOCAB - len(tokens)
+        if field(src, "tokenizer.ggml.model") != "gpt2" or len(tokens) > vocab:
+            sys.exit(f"{a.tokenizer}: expected a byte-level BPE (gpt2) tokenizer of at most {vocab} tokens")
+        pad = vocab - len(tokens)
         tokens += [f"<unused_{i}>" for i in range(pad)]
         types += [int(gguf.TokenType.UNUSED)] * pad
         w = gguf.GGUFWriter(str(f16) + ".tmp", "llama")
         w.add_name("Llama-3.2-1B-shaped (random weights)")
         w.add_context_length(131072)
-        w.add_embedding_length(HIDDEN)
-        w.add_block_count(LAYERS)
-        w.add_feed_forward_length(FFN)
-        w.add_head_count(HEADS)
-        w.add_head_count_kv(KV_HEADS)
-        w.add_rope_dimension_count(HEAD_DIM)
+        w.add_embedding_length(hidden)
+        w.add_block_count(layers)
+        w.add_feed_forward_length(ffn)
+        w.add_head_count(heads)
+        w.add_head_count_kv(kv_heads)
+        w.add_rope_dimension_count(head_dim)
         w.add_rope_freq_base(500000.0)
         w.add_layer_norm_rms_eps(1e-5)
-        w.add_vocab_size(VOCAB)
+        w.add_vocab_size(vocab)
         w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre(field(src, "tokenizer.ggml.pre") or "smollm")
@@ -95,20 +106,20 @@ def main():
         def mat(rows, cols):
             return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
 
-        ones = np.ones(HIDDEN, dtype=np.float32)
-        w.add_tensor("token_embd.weight", mat(VOCAB, HIDDEN))
+        ones = np.ones(hidden, dtype=np.float32)
+        w.add_tensor("token_embd.weight", mat(vocab, hidden))
         w.add_tensor("output_norm.weight", ones)
-        for i in range(LAYERS):
+        for i in range(layers):
             b = f"blk.{i}"
             w.add_tensor(f"{b}.attn_norm.weight", ones)
-            w.add_tensor(f"{b}.attn_q.weight", mat(HEADS * HEAD_DIM, HIDDEN))
-            w.add_tensor(f"{b}.attn_k.weight", mat(KV_HEADS * HEAD_DIM, HIDDEN))
-            w.add_tensor(f"{b}.attn_v.weight", mat(KV_HEADS * HEAD_DIM, HIDDEN))
-            w.add_tensor(f"{b}.attn_output.weight", mat(HIDDEN, HEADS * HEAD_DIM))
+            w.add_tensor(f"{b}.attn_q.weight", mat(heads * head_dim, hidden))
+            w.add_tensor(f"{b}.attn_k.weight", mat(kv_heads * head_dim, hidden))
+            w.add_tensor(f"{b}.attn_v.weight", mat(kv_heads * head_dim, hidden))
+            w.add_tensor(f"{b}.attn_output.weight", mat(hidden, heads * head_dim))
             w.add_tensor(f"{b}.ffn_norm.weight", ones)
-            w.add_tensor(f"{b}.ffn_gate.weight", mat(FFN, HIDDEN))
-            w.add_tensor(f"{b}.ffn_up.weight", mat(FFN, HIDDEN))
-            w.add_tensor(f"{b}.ffn_down.weight", mat(HIDDEN, FFN))
+            w.add_tensor(f"{b}.ffn_gate.weight", mat(ffn, hidden))
+            w.add_tensor(f"{b}.ffn_up.weight", mat(ffn, hidden))
+            w.add_tensor(f"{b}.ffn_down.weight", mat(hidden, ffn))
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
@@ -116,8 +127,9 @@ def main():
         os.replace(str(f16) + ".tmp", f16)
         print(f"wrote {f16}")
     for t in todo:
-        dst = out / f"llama-3.2-1b-shaped.{t}.gguf"
-        subprocess.run([a.llama_quantize, str(f16), str(dst) + ".tmp", t], check=True, capture_output=True)
+        dst = out / f"{a.stem}.{t}.gguf"
+        cmd = [a.llama_quantize, str(f16), str(dst) + ".tmp", t] + ([str(a.quantize_threads)] if a.quantize_threads else [])
+        subprocess.run(cmd, check=True, capture_output=True)
         os.replace(str(dst) + ".tmp", dst)
         print(f"wrote {dst}")
     if not a.keep_f16:
