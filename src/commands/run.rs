@@ -405,6 +405,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         dispatches_per_layer: engine.dispatches_per_layer,
         decode_counters: engine.decode_counters(),
         slots,
+        step_timing: engine.step_timing(),
         kernels,
         warnings,
     })
