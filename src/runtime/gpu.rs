@@ -14,8 +14,9 @@
 //! bound as storage, to the next step with that id as its token; K steps go in one
 //! command buffer and one submit, their ids copied to one of [`RING`] mappable
 //! buffers that [`GpuExec::finish_chain`] reads (4 bytes a token, and 4 a chain:
-//! its GPU time) while the next chain runs. Prefill, and decode steps whose logits the caller wants, go through
-//! [`GpuExec::run`]: one pass, the logits copied to persistent staging buffers.
+//! its GPU time) while the next chain runs. Prefill, and decode steps whose
+//! logits the caller wants, go through [`GpuExec::run`]: one pass, the logits
+//! copied to persistent staging buffers.
 //! Prefill attention, whose grid follows the pass's keys, is rebuilt as the
 //! position moves, reusing the old program's uniform and scratch buffers and bind
 //! groups ([`GpuCtx::rebuild`]). With `batch` one command buffer and one submit
@@ -776,10 +777,14 @@ impl GpuExec {
             self.ctx.record(&mut pass, prog);
         }
         let mut i = 0usize;
+        // Copies since the last pass: timed inside the next (their queries are
+        // written, a span of about 0, as every resolved query must be).
+        let mut copies = 0..0;
         while i < steps.len() {
             let enc = self.encoder(encoder, "step");
             if let StepKind::Plumb(Plumb::Copy { src, src_off, dst, dst_off, len }) = steps[i].kind {
                 enc.copy_buffer_to_buffer(&self.bufs[src], (src_off * 4) as u64, &self.bufs[dst], (dst_off * 4) as u64, (len * 4) as u64);
+                copies = if copies.is_empty() { i..i + 1 } else { copies.start..i + 1 };
                 i += 1;
             } else {
                 // One pass over consecutive program steps (or one step when profiling a pass per step / not batching).
@@ -793,6 +798,12 @@ impl GpuExec {
                     None => begin.take(),
                 };
                 let mut pass = self.ctx.begin_pass(enc, steps[i].slot.name(), ts);
+                if let Some(q) = inside {
+                    for c in std::mem::replace(&mut copies, 0..0) {
+                        pass.write_timestamp(q, 2 * c as u32);
+                        pass.write_timestamp(q, 2 * c as u32 + 1);
+                    }
+                }
                 loop {
                     if let Some((_, Some(prog))) = self.progs.get(&(tokens, i)) {
                         if let Some(q) = inside {

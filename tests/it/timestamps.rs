@@ -1,7 +1,8 @@
 //! GPU times from timestamps (`runtime/gpu.rs`: `StepTiming`, the token stamps)
 //! on the test GPU (lavapipe in CI; skipped loudly without one): a profiled
 //! decode step timed inside its passes has every slot of its schedule, each time
-//! at least 0 and together at most the step's own GPU span, and asks the device
+//! at least 0 and together at most the step's own GPU span (a prefill pass too
+//! has every slot), and asks the device
 //! for exactly the passes, dispatches and submits an unprofiled step does; the
 //! fallback (a pass per step, forced) still gives the breakdown, with more
 //! passes, and the chained steps after it their GPU time per token.
@@ -16,9 +17,9 @@ use ktune::plan::Slot;
 use ktune::runtime::{Engine, StepTiming};
 use ktune::testing::test_gpu;
 
-/// The slots of the engine's decode schedule.
-fn decode_slots(e: &Engine) -> BTreeSet<Slot> {
-    e.plan.steps(1, e.pos).expect("decode steps").iter().map(|s| s.slot).collect()
+/// The slots of the engine's schedule for a pass of `tokens` at its position.
+fn slots(e: &Engine, tokens: usize) -> BTreeSet<Slot> {
+    e.plan.steps(tokens, e.pos).expect("steps").iter().map(|s| s.slot).collect()
 }
 
 /// One decode step (a chain of one) from `token`, profiled when asked: its next
@@ -49,7 +50,12 @@ fn a_step_profiled_inside_its_passes_runs_the_unprofiled_command_stream() {
     let counts = || gpu.counters.snapshot();
     let (mut e, prompt) = engine(&fixture("llama3-tiny"), Some(&gpu), None);
     assert_eq!(e.step_timing(), Some(StepTiming::InsidePass));
+    // The prefill profiled the same way: its copy of the last row between two
+    // passes timed too (every resolved query written).
+    let want = slots(&e, prompt.len());
+    e.profile_next();
     let first = prefill(&mut e, &prompt, &mut Sampler::new(SamplerParams::GREEDY));
+    assert_eq!(e.prefill_times.seconds.keys().copied().collect::<BTreeSet<_>>(), want, "every prefill slot timed");
     // The first step compiles the schedule; then an unprofiled step and a profiled one.
     let (t, _) = step(&mut e, first, false, counts);
     let (t, plain) = step(&mut e, t, false, counts);
@@ -62,7 +68,7 @@ fn a_step_profiled_inside_its_passes_runs_the_unprofiled_command_stream() {
     );
     assert_eq!(profiled.query_sets, 1, "the step's query set: {profiled:?}");
     let times = &e.decode_times.seconds;
-    assert_eq!(times.keys().copied().collect::<BTreeSet<_>>(), decode_slots(&e), "every slot of the schedule timed");
+    assert_eq!(times.keys().copied().collect::<BTreeSet<_>>(), slots(&e, 1), "every slot of the schedule timed");
     assert!(times.values().all(|&s| s >= 0.0), "{times:?}");
     let span = e.profiled_step_gpu_seconds.expect("the profiled step's own GPU span");
     let sum = e.decode_times.total();
@@ -86,7 +92,7 @@ fn the_pass_per_step_fallback_gives_the_breakdown_and_the_time_per_token() {
     assert!(profiled.passes > plain.passes, "a pass per step: {profiled:?} against {plain:?}");
     assert_eq!(profiled.dispatches, plain.dispatches - 1, "the same kernels, without the token stamps' sum");
     let times = &e.decode_times.seconds;
-    assert_eq!(times.keys().copied().collect::<BTreeSet<_>>(), decode_slots(&e), "every slot of the schedule timed");
+    assert_eq!(times.keys().copied().collect::<BTreeSet<_>>(), slots(&e, 1), "every slot of the schedule timed");
     assert!(times.values().all(|&s| s >= 0.0) && e.decode_times.total() > 0.0, "{times:?}");
     assert_eq!(e.profiled_step_gpu_seconds, None, "no span for a step timed a pass per step");
     // Chained steps after it: each one's GPU time, per token.
