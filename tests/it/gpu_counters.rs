@@ -140,5 +140,7 @@ fn bench_reports_decode_counters_per_entry() {
         assert_eq!(c["tokens"].as_u64(), Some(9), "{device}: {c}");
         check_host(c);
         assert_eq!(c["gpu"].is_null(), device == "cpu", "{device}: {c}");
+        // The GPU's time per token from timestamps (lavapipe has them), none on the CPU.
+        assert_eq!(c["gpu_ms"].as_f64().is_some_and(|ms| ms > 0.0), device != "cpu", "{device}: {c}");
     }
 }
