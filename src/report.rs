@@ -145,6 +145,10 @@ pub struct RunReport {
     /// pass per step); null on the CPU (the host's clock around each step) and
     /// on adapters without timestamp queries.
     pub step_timing: Option<crate::runtime::StepTiming>,
+    /// The profiled decode step's own GPU time, ms (its first pass's start to
+    /// its pick's end; `inside_pass` only): its slots' decode times add up to at
+    /// most this, the rest being the GPU's time between dispatches.
+    pub profiled_step_gpu_ms: Option<f64>,
     pub kernels: Vec<(String, String)>,
     pub warnings: Vec<String>,
 }

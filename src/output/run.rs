@@ -157,6 +157,9 @@ impl Report for RunReport {
                     "\nslot times: timestamps around each step in a pass of its own (one profiled pass of each kind)"
                 }
             });
+            if let Some(ms) = r.profiled_step_gpu_ms {
+                s.push_str(&format!("; the profiled decode step took {ms:.3} ms on the GPU"));
+            }
         }
         s
     }

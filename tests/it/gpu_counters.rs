@@ -62,7 +62,7 @@ fn cpu_decode_counters_have_the_cpus_phases_and_no_gpu_counts() {
         assert!(h[k].is_null(), "no GPU phase `{k}` on the CPU: {h}");
     }
     assert!(c["gpu"].is_null(), "no dispatches or readback on the CPU: {c}");
-    assert!(c["gpu_ms"].is_null() && r["step_timing"].is_null(), "no GPU time on the CPU: {c}");
+    assert!(c["gpu_ms"].is_null() && r["step_timing"].is_null() && r["profiled_step_gpu_ms"].is_null(), "no GPU time on the CPU: {r}");
 }
 
 #[test]
@@ -85,7 +85,15 @@ fn gpu_decode_counters_pin_the_chained_command_stream() {
         // The GPU's own time per token (every chained step's timestamps), and
         // how the slot breakdown was taken.
         assert!(f(c, "gpu_ms") > 0.0, "K = {k}: {c}");
-        assert!(matches!(r["step_timing"].as_str(), Some("inside_pass" | "pass_per_step")), "{}", r["step_timing"]);
+        match r["step_timing"].as_str() {
+            // The profiled step's own span, which its slots fit in.
+            Some("inside_pass") => {
+                let slots: f64 = r["slots"].as_array().expect("slots").iter().map(|s| f(s, "decode_ms_per_token")).sum();
+                assert!(slots > 0.0 && slots <= f(&r, "profiled_step_gpu_ms") * 1.05 + 1e-3, "{slots} ms in slots: {r}");
+            }
+            Some("pass_per_step") => assert!(r["profiled_step_gpu_ms"].is_null(), "{r}"),
+            other => panic!("step_timing {other:?}"),
+        }
         let g = &c["gpu"];
         let per_chain = 1.0 / k as f64;
         // One submit and one host wait (the chain's ids mapped) per chain; the
