@@ -562,7 +562,8 @@ pub struct RunArgs {
     /// Fusions (without a profile): `all`, `none`, or a list of qkv, gate_up, qk_norm_rope, residual_norm, norm_matmul.
     #[arg(long, default_value = "all")]
     pub fusion: String,
-    /// One submit per kernel instead of one per token (GPU; without a profile).
+    /// One submit per kernel instead of one per pass (GPU prefill and decode
+    /// steps whose logits are read; a decode chain stays one submit; without a profile).
     #[arg(long)]
     pub no_batch: bool,
     /// GPU: decode steps chained in one submit, the token picked on the GPU and

@@ -140,6 +140,15 @@ pub struct RunReport {
     pub decode_counters: Option<crate::runtime::counters::DecodeCounters>,
     /// Per-slot times (GPU: timestamp queries of one profiled pass of each kind).
     pub slots: Vec<SlotRow>,
+    /// How a GPU's slot times were taken: `inside_pass` (timestamps between the
+    /// dispatches of the passes an unprofiled pass runs) or `pass_per_step` (a
+    /// pass per step); null on the CPU (the host's clock around each step) and
+    /// on adapters without timestamp queries.
+    pub step_timing: Option<crate::runtime::StepTiming>,
+    /// The profiled decode step's own GPU time, ms (its first pass's start to
+    /// its pick's end; `inside_pass` only): its slots' decode times add up to at
+    /// most this, the rest being the GPU's time between dispatches.
+    pub profiled_step_gpu_ms: Option<f64>,
     pub kernels: Vec<(String, String)>,
     pub warnings: Vec<String>,
 }

@@ -405,6 +405,8 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         dispatches_per_layer: engine.dispatches_per_layer,
         decode_counters: engine.decode_counters(),
         slots,
+        step_timing: engine.step_timing(),
+        profiled_step_gpu_ms: engine.profiled_step_gpu_seconds.map(|s| s * 1e3),
         kernels,
         warnings,
     })

@@ -1,7 +1,7 @@
 //! `bench` as a table of throughputs with their intervals (and, with `--image`,
 //! each entry's milliseconds per image through the vision tower; with `--kld`,
-//! each entry's divergence from the f32 reference), with the host's µs and the
-//! bytes read back per decode token.
+//! each entry's divergence from the f32 reference), with the host's µs, the GPU's
+//! ms (timestamps) and the bytes read back per decode token.
 
 use tabled::settings::Style;
 
@@ -25,6 +25,7 @@ impl Report for BenchReport {
             "decode vs first",
             "decode % of read bound",
             "host µs/token",
+            "GPU ms/token",
             "read back/token",
         ];
         if r.image.is_some() {

@@ -39,7 +39,7 @@ impl Report for DevicesReport {
                             feats.push(format!("subgroups {}-{}", c.subgroup_min_size, c.subgroup_max_size));
                         }
                         if c.timestamp_query {
-                            feats.push("timestamps".into());
+                            feats.push(if c.timestamp_inside_passes { "timestamps in passes" } else { "timestamps" }.into());
                         }
                         if !c.coop_matrix.is_empty() {
                             // `coop 16x16x16 f16->f32, ...`: the shapes the matrix-unit kernels can use.

@@ -1,19 +1,25 @@
-//! `run` as text: throughput, generated ids, the host's cost per decode token,
-//! kernels and time per slot; the cells of that cost `bench` shares.
+//! `run` as text: throughput, generated ids, the host's cost per decode token
+//! and the GPU's time for it, kernels and time per slot (and how a GPU's were
+//! taken); the cells of that cost `bench` shares.
 
 use tabled::settings::Style;
 use tabled::{Table, Tabled};
 
 use super::{Report, bytes, short};
 use crate::report::RunReport;
+use crate::runtime::StepTiming;
 use crate::runtime::counters::DecodeCounters;
 
-/// Host µs per decode token and bytes read back per token, as two cells (`-`
-/// where not measured; the CPU reads nothing back).
-pub(super) fn decode_cost_cells(c: Option<&DecodeCounters>) -> [String; 2] {
+/// Host µs, GPU ms (timestamps) and bytes read back per decode token, as three
+/// cells (`-` where not measured; the CPU has no GPU time and reads nothing back).
+pub(super) fn decode_cost_cells(c: Option<&DecodeCounters>) -> [String; 3] {
     match c {
-        None => ["-".into(), "-".into()],
-        Some(c) => [format!("{:.0}", c.host_us.total), c.gpu.as_ref().map_or("-".into(), |g| format!("{:.0} B", g.read_back_bytes))],
+        None => ["-".into(), "-".into(), "-".into()],
+        Some(c) => [
+            format!("{:.0}", c.host_us.total),
+            c.gpu_ms.map_or("-".into(), |ms| format!("{ms:.3}")),
+            c.gpu.as_ref().map_or("-".into(), |g| format!("{:.0} B", g.read_back_bytes)),
+        ],
     }
 }
 
@@ -32,8 +38,9 @@ fn decode_cost(c: &DecodeCounters) -> String {
     .iter()
     .filter_map(|(n, v)| v.map(|v| format!("{n} {v:.0}")))
     .collect();
-    let [total, read] = decode_cost_cells(Some(c));
-    let mut s = format!("host:     {total} µs per decode token ({}; mean of {} tokens)\n", phases.join(", "), c.tokens);
+    let [total, gpu_ms, read] = decode_cost_cells(Some(c));
+    let gpu_time = if c.gpu_ms.is_some() { format!("; GPU {gpu_ms} ms per decode token (timestamps)") } else { String::new() };
+    let mut s = format!("host:     {total} µs per decode token ({}; mean of {} tokens){gpu_time}\n", phases.join(", "), c.tokens);
     if let Some(g) = &c.gpu {
         s.push_str(&format!(
             "gpu:      per decode token {:.1} dispatches, {:.1} passes, {:.3} submits, {:.3} write_buffer ({:.0} B), {:.1} objects created, {:.3} host waits, {read} read back, embedding on the {}\n",
@@ -141,6 +148,19 @@ impl Report for RunReport {
             })
             .collect();
         s.push_str(&Table::new(ts).with(Style::sharp()).to_string());
+        if let Some(t) = r.step_timing {
+            s.push_str(match t {
+                StepTiming::InsidePass => {
+                    "\nslot times: timestamps between the dispatches of one profiled pass of each kind (the unprofiled passes)"
+                }
+                StepTiming::PassPerStep => {
+                    "\nslot times: timestamps around each step in a pass of its own (one profiled pass of each kind)"
+                }
+            });
+            if let Some(ms) = r.profiled_step_gpu_ms {
+                s.push_str(&format!("; the profiled decode step took {ms:.3} ms on the GPU"));
+            }
+        }
         s
     }
 }

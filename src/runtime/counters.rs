@@ -2,10 +2,11 @@
 //! split into phases (prepare / encode / submit / wait / post on a GPU, prepare /
 //! compute / post on the CPU) and, on a GPU, what the device's context did for
 //! the token ([`GpuCounts`]: dispatches, passes, submits, queue writes, objects
-//! created, host waits, bytes read back). The engine tallies every decode step but
-//! the first (the warm-up: it compiles the decode schedule) and the profiled ones
-//! (their per-step passes and query sets are not the token's own); reports give
-//! the averages per tallied token ([`DecodeCounters`]).
+//! created, host waits, bytes read back) and the GPU's own time for it (each
+//! chained step's timestamps, `gpu::TokenStamps`). The engine tallies every decode
+//! step but the first (the warm-up: it compiles the decode schedule) and the
+//! profiled ones (their query sets, and a pass-per-step profile's passes, are not
+//! the token's own); reports give the averages per tallied token ([`DecodeCounters`]).
 
 use std::time::Instant;
 
@@ -69,6 +70,9 @@ pub struct DecodeTally {
     host: Phases,
     /// None on the CPU.
     gpu: Option<GpuCounts>,
+    /// Tallied tokens whose GPU time was measured, and that time in seconds.
+    timed_tokens: u64,
+    gpu_seconds: f64,
 }
 
 impl DecodeTally {
@@ -81,6 +85,15 @@ impl DecodeTally {
             (Some(a), Some(b)) => Some(a.plus(&b)),
             (a, b) => a.or(b),
         };
+    }
+
+    /// The GPU time of a tallied chain that ran `steps` steps, `kept` of them
+    /// tallied (the steps past a stop are discarded): `kept / steps` of `seconds`.
+    pub fn add_gpu_time(&mut self, kept: u64, steps: u64, seconds: f64) {
+        if steps > 0 && kept > 0 {
+            self.timed_tokens += kept;
+            self.gpu_seconds += seconds * kept as f64 / steps as f64;
+        }
     }
 
     /// The averages per tallied token; None before any token was tallied.
@@ -104,6 +117,7 @@ impl DecodeTally {
                 post: us(h.post),
                 total: us(h.prepare + h.encode + h.submit + h.wait + h.compute + h.post),
             },
+            gpu_ms: (self.timed_tokens > 0).then(|| self.gpu_seconds * 1e3 / self.timed_tokens as f64),
             gpu: self.gpu.map(|c| {
                 let per = |v: u64| v as f64 / n;
                 GpuPerToken {
@@ -134,6 +148,10 @@ pub struct DecodeCounters {
     pub tokens: u64,
     /// Host time per token by phase, µs.
     pub host_us: HostUs,
+    /// The GPU's time per token, ms: each chained step's span from its first
+    /// pass's start to its token's pick's end (timestamps), over the tallied
+    /// tokens of chains; null on the CPU and on adapters without timestamp queries.
+    pub gpu_ms: Option<f64>,
     /// What the GPU's context did per token (null on the CPU: no dispatches,
     /// queue writes or readback there).
     pub gpu: Option<GpuPerToken>,
@@ -191,7 +209,7 @@ mod tests {
         let c = t.per_token().expect("tallied");
         assert_eq!(c.tokens, 2);
         assert!((c.host_us.prepare - 1.0).abs() < 1e-9 && (c.host_us.total - 6.0).abs() < 1e-9, "{c:?}");
-        assert_eq!((c.host_us.encode, c.host_us.wait), (None, None));
+        assert_eq!((c.host_us.encode, c.host_us.wait, c.gpu_ms), (None, None, None));
         assert!(c.host_us.compute.is_some() && c.gpu.is_none());
 
         let mut g = DecodeTally::default();
@@ -203,5 +221,11 @@ mod tests {
         let gpu = c.gpu.expect("GPU counts");
         assert_eq!((gpu.dispatches, gpu.read_back_bytes, gpu.write_buffer_calls, gpu.objects_created), (10.0, 512.0, 3.0, 2.0));
         assert_eq!((c.host_us.wait, c.host_us.compute), (Some(2.0), None));
+        assert_eq!(c.gpu_ms, None, "no GPU time measured");
+        // A chain of 4 steps, 3 kept: 3/4 of its 8 ms over 3 tokens.
+        g.add_gpu_time(3, 4, 8e-3);
+        g.add_gpu_time(0, 1, 1.0);
+        let ms = g.per_token().and_then(|c| c.gpu_ms).expect("GPU time");
+        assert!((ms - 2.0).abs() < 1e-9, "{ms}");
     }
 }

@@ -13,22 +13,30 @@
 //! `advance` stores the id in the chain's slot and moves the position buffer,
 //! bound as storage, to the next step with that id as its token; K steps go in one
 //! command buffer and one submit, their ids copied to one of [`RING`] mappable
-//! buffers that [`GpuExec::finish_chain`] reads (4 bytes a token) while the next
-//! chain runs. Prefill, and decode steps whose logits the caller wants, go through
-//! [`GpuExec::run`]: one pass, the logits copied to persistent staging buffers.
+//! buffers that [`GpuExec::finish_chain`] reads (4 bytes a token, and 4 a chain:
+//! its GPU time) while the next chain runs. Prefill, and decode steps whose
+//! logits the caller wants, go through [`GpuExec::run`]: one pass, the logits
+//! copied to persistent staging buffers.
 //! Prefill attention, whose grid follows the pass's keys, is rebuilt as the
 //! position moves, reusing the old program's uniform and scratch buffers and bind
 //! groups ([`GpuCtx::rebuild`]). With `batch` one command buffer and one submit
-//! per pass (or chain); without, one submit per step. Host time is split into
-//! phases ([`Phases`]); what the executor asks of the device is counted by the
-//! context ([`crate::gpu::GpuCounters`]).
+//! per pass; without, one submit per step (a chain is always one submit). Host
+//! time is split into phases ([`Phases`]); what the executor asks of the device
+//! is counted by the context ([`crate::gpu::GpuCounters`]).
+//!
+//! GPU time: on adapters with timestamp queries every chained step is timed, its
+//! first pass's start to its pick's end ([`TokenStamps`], summed on the GPU and
+//! read back with the ids). A profiled pass (or a chain of one profiled step)
+//! times each step ([`StepTiming`]): where the adapter writes timestamps inside
+//! passes, around each step's dispatches in the passes an unprofiled one runs (the
+//! same command stream); else each step in a pass of its own.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::counters::{Lap, Phases};
 use super::{RuntimeError, SlotTimes};
-use crate::gpu::builtin::{CHAIN, EMBED, RUNTIME_PLUMB as PLUMB, SELECT_ARGMAX};
+use crate::gpu::builtin::{CHAIN, EMBED, RUNTIME_PLUMB as PLUMB, SELECT_ARGMAX, STAMPS};
 use crate::gpu::{Bind, GpuCtx, GpuProgram, POSITION_BINDING, grid_2d, groups, position_words};
 use crate::kernels::sample::gpu::GpuSampler;
 use crate::kernels::sample::{SamplerParams, SamplerState};
@@ -43,6 +51,62 @@ pub const MAX_CHAIN: usize = 64;
 /// Mappable id buffers the chains cycle through: a chain is submitted before the
 /// host reads the previous one's ids, so two are in flight at most.
 pub const RING: usize = 2;
+
+/// Words of a chain's id buffer: one a step, and the chain's GPU time after the
+/// last ([`TokenStamps`]).
+const ID_WORDS: usize = MAX_CHAIN + 1;
+
+/// How a profiled pass times its steps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepTiming {
+    /// Timestamps written between the dispatches of the passes an unprofiled
+    /// pass runs (`ComputePass::write_timestamp`, the adapter's
+    /// `TIMESTAMP_QUERY_INSIDE_PASSES`): the same command stream, timed.
+    InsidePass,
+    /// One compute pass per step, timestamps at each pass's start and end: more
+    /// passes than an unprofiled pass runs, so the step is timed on its own.
+    PassPerStep,
+}
+
+impl StepTiming {
+    /// The method `caps` allow: inside the passes when the adapter writes
+    /// timestamps there, else a pass per step.
+    pub fn best(caps: &crate::device::GpuCaps) -> StepTiming {
+        if caps.timestamp_inside_passes { StepTiming::InsidePass } else { StepTiming::PassPerStep }
+    }
+}
+
+/// The GPU time of every chained decode step (on adapters with timestamp
+/// queries): each step's first pass writes a timestamp as it begins and its pick
+/// pass one as it ends (pass-level writes, so the passes are the unprofiled
+/// ones); the chain resolves the pairs and `shaders/stamps.wgsl` sums the spans
+/// into the word after the chain's ids, read back with them (4 bytes a chain).
+/// Built once with the executor: a chain creates nothing.
+struct TokenStamps {
+    queries: wgpu::QuerySet,
+    /// The resolved pairs, read by `sum`.
+    resolved: wgpu::Buffer,
+    sum: GpuProgram,
+}
+
+impl TokenStamps {
+    fn new(ctx: &GpuCtx, position: &wgpu::Buffer, ids: &wgpu::Buffer) -> Result<TokenStamps, RuntimeError> {
+        let queries = ctx.query_set("token stamps", 2 * MAX_CHAIN as u32);
+        let usage = wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::STORAGE;
+        let resolved = ctx.buffer("token stamps", 16 * MAX_CHAIN as u64, usage);
+        let pipe = ctx.pipeline(&STAMPS, "sum_spans", &[]).map_err(err)?;
+        let entries = [(0, &resolved), (1, ids), (POSITION_BINDING, position)].map(|(i, b)| Bind::Whole(b).entry(i)).to_vec();
+        let step = ctx.step_entries("sum_spans".into(), pipe, entries, [1, 1, 1]).map_err(err)?;
+        Ok(TokenStamps { queries, resolved, sum: GpuProgram { steps: vec![step], owned: Vec::new() } })
+    }
+
+    /// The pass-level writes of step `j`'s first pass (`begin`) or last.
+    fn writes(&self, j: usize, begin: bool) -> wgpu::ComputePassTimestampWrites<'_> {
+        let (b, e) = if begin { (Some(2 * j as u32), None) } else { (None, Some(2 * j as u32 + 1)) };
+        wgpu::ComputePassTimestampWrites { query_set: &self.queries, beginning_of_pass_write_index: b, end_of_pass_write_index: e }
+    }
+}
 
 /// What a prepared program was built for, the position left out (the programs
 /// that depend on it read the position buffer); a step whose signature changes is
@@ -113,10 +177,16 @@ pub struct GpuExec {
     /// Byte size of each buffer's contents.
     pub sizes: Vec<u64>,
     progs: HashMap<(usize, usize), (Sig, Option<GpuProgram>)>,
-    /// One submit per forward pass (the profile's `execution.batchCommands`).
+    /// One submit per forward pass of [`GpuExec::run`] (the profile's
+    /// `execution.batchCommands`; else one a step). A decode chain is one submit
+    /// whatever it says: a submit per step would undo the chaining.
     pub batch: bool,
-    /// Time each step with timestamp queries (one pass per step) on the next run.
+    /// Time each step with timestamp queries on the next run (or chain of one step).
     pub profile: bool,
+    /// How a profiled pass times its steps: [`StepTiming::best`] for the adapter;
+    /// [`StepTiming::PassPerStep`] may be asked for where the adapter could do
+    /// better (the fallback, compared against the other).
+    pub step_timing: StepTiming,
     /// Programs built since creation (pipelines come from the context's cache).
     pub programs_built: usize,
     /// Mappable buffers the reads of [`GpuExec::run`] land in, one per buffer read.
@@ -136,6 +206,8 @@ pub struct GpuExec {
     /// from the tied LM head's buffers ([`embed_program`]); `None`: the host
     /// writes the row.
     embed: Option<GpuProgram>,
+    /// Every chained step's GPU time (None without timestamp queries).
+    stamps: Option<TokenStamps>,
 }
 
 /// The GPU embedding of a decode token: `shaders/embed.wgsl` over the LM head's
@@ -337,6 +409,16 @@ pub struct Pending {
     index: wgpu::SubmissionIndex,
     /// A profiled step's timestamps, resolved in its submit.
     resolve: Option<(wgpu::Buffer, u32)>,
+    /// Whether the chain's GPU time follows its ids ([`TokenStamps`]).
+    stamped: bool,
+}
+
+/// What a chain gave: its ids, in order, and the GPU time of its steps (seconds,
+/// from their timestamps; None without them, or for a step profiled a pass per
+/// step).
+pub struct ChainIds {
+    pub ids: Vec<u32>,
+    pub gpu_seconds: Option<f64>,
 }
 
 fn err(e: impl std::fmt::Display) -> RuntimeError {
@@ -379,8 +461,10 @@ impl GpuExec {
         let position = ctx.buffer("position", 16, usage);
         ctx.write(&position, 0, bytemuck::cast_slice(&position_words(0, 0)));
         let embed = if embed_exact { embed_program(&ctx, plan, &bufs, &position)? } else { None };
-        let ids = ctx.storage("chain ids", 4 * MAX_CHAIN as u64);
-        let ring = (0..RING).map(|_| ctx.staging(4 * MAX_CHAIN as u64)).collect();
+        let ids = ctx.storage("chain ids", 4 * ID_WORDS as u64);
+        let ring = (0..RING).map(|_| ctx.staging(4 * ID_WORDS as u64)).collect();
+        let stamps = if ctx.caps.timestamp_query { Some(TokenStamps::new(&ctx, &position, &ids)?) } else { None };
+        let step_timing = StepTiming::best(&ctx.caps);
         Ok(GpuExec {
             ctx,
             bufs,
@@ -388,6 +472,7 @@ impl GpuExec {
             progs: HashMap::new(),
             batch: true,
             profile: false,
+            step_timing,
             programs_built: 0,
             staging: HashMap::new(),
             position,
@@ -396,6 +481,7 @@ impl GpuExec {
             ring,
             next_ring: 0,
             embed,
+            stamps,
         })
     }
 
@@ -511,7 +597,7 @@ impl GpuExec {
         let scope = self.ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let qs = self.take_profile(steps.len());
         let mut encoder = None;
-        self.record_forward(&mut encoder, tokens, steps, embed, qs.as_ref(), phases, &mut lap);
+        self.record_forward(&mut encoder, tokens, steps, embed, self.batch, qs.as_ref(), None, phases, &mut lap);
         let resolve = self.resolve(&mut encoder, qs.as_ref(), steps.len());
         if !reads.is_empty() {
             let enc = self.encoder(&mut encoder, "read");
@@ -554,7 +640,9 @@ impl GpuExec {
     /// `start` (one queue write of 16 bytes, and the sampler's state when
     /// sampling) begins a generation's first chain; without it the chain goes on
     /// from the last. A profiled step (`k` = 1) is timed into `times` by
-    /// [`GpuExec::finish_chain`].
+    /// [`GpuExec::finish_chain`]: with [`StepTiming::InsidePass`] in the passes
+    /// and with the [`TokenStamps`] an unprofiled step has (the same command
+    /// stream), else a pass per step, without them.
     #[allow(clippy::too_many_arguments)]
     pub fn submit_chain(
         &mut self,
@@ -584,22 +672,32 @@ impl GpuExec {
         phases.prepare += lap.lap();
         let scope = self.ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let qs = if k == 1 { self.take_profile(steps.len()) } else { None };
+        let ring = self.next_ring;
+        self.next_ring = (ring + 1) % RING;
+        // Each step's span, unless its passes carry a profile's pass-level writes.
+        let stamps = self.stamps.as_ref().filter(|_| qs.is_none() || self.timing() == StepTiming::InsidePass);
         let mut encoder = None;
         // A new chain's slots start at 0 (the GPU's position words carry on).
         self.encoder(&mut encoder, "chain").clear_buffer(&self.position, 12, Some(4));
         let embed = self.embed.is_some();
-        for _ in 0..k {
-            self.record_forward(&mut encoder, 1, steps, embed, qs.as_ref(), phases, &mut lap);
+        for j in 0..k {
+            let begin = stamps.map(|s| s.writes(j, true));
+            self.record_forward(&mut encoder, 1, steps, embed, true, qs.as_ref(), begin, phases, &mut lap);
             let enc = self.encoder(&mut encoder, "pick");
-            let mut pass = self.ctx.begin_pass(enc, "pick", None);
+            let mut pass = self.ctx.begin_pass(enc, "pick", stamps.map(|s| s.writes(j, false)));
             for p in self.picker.iter().flat_map(|p| &p.progs) {
                 self.ctx.record(&mut pass, p);
             }
         }
         let resolve = self.resolve(&mut encoder, qs.as_ref(), steps.len());
-        let ring = self.next_ring;
-        self.next_ring = (ring + 1) % RING;
-        self.encoder(&mut encoder, "ids").copy_buffer_to_buffer(&self.ids, 0, &self.ring[ring], 0, 4 * k as u64);
+        if let Some(s) = stamps {
+            let enc = self.encoder(&mut encoder, "stamps");
+            enc.resolve_query_set(&s.queries, 0..2 * k as u32, &s.resolved, 0);
+            let mut pass = self.ctx.begin_pass(enc, "stamps", None);
+            self.ctx.record(&mut pass, &s.sum);
+        }
+        let words = k + stamps.is_some() as usize;
+        self.encoder(&mut encoder, "ids").copy_buffer_to_buffer(&self.ids, 0, &self.ring[ring], 0, 4 * words as u64);
         let cmd =
             encoder.take().map(wgpu::CommandEncoder::finish).ok_or_else(|| RuntimeError::Internal("a chain recorded nothing".into()))?;
         phases.encode += lap.lap();
@@ -608,28 +706,32 @@ impl GpuExec {
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(RuntimeError::Gpu(format!("validation error running a decode chain: {e}")));
         }
-        Ok(Pending { ring, steps: k, index, resolve })
+        Ok(Pending { ring, steps: k, index, resolve, stamped: stamps.is_some() })
     }
 
-    /// The ids of a submitted chain, in order: waits for its submit alone (one
-    /// host wait; a chain submitted after it keeps running) and reads 4 bytes a
-    /// step. A profiled step's times go to `times`.
+    /// The ids of a submitted chain, in order, and its GPU time: waits for its
+    /// submit alone (one host wait; a chain submitted after it keeps running)
+    /// and reads 4 bytes a step (and 4 for the time). A profiled step's times go
+    /// to `times`.
     pub fn finish_chain(
         &mut self,
         p: Pending,
         steps: &[Step],
         times: &mut SlotTimes,
         phases: &mut Phases,
-    ) -> Result<Vec<u32>, RuntimeError> {
+    ) -> Result<ChainIds, RuntimeError> {
         let mut lap = Lap::start();
-        let bytes = self.ctx.read_mapped_after(&self.ring[p.ring], 4 * p.steps as u64, Some(p.index)).map_err(err)?;
+        let words = p.steps + p.stamped as usize;
+        let bytes = self.ctx.read_mapped_after(&self.ring[p.ring], 4 * words as u64, Some(p.index)).map_err(err)?;
         phases.wait += lap.lap();
         if let Some(r) = p.resolve {
             self.read_times(r, steps, times)?;
         }
-        let ids = bytemuck::pod_collect_to_vec::<u8, u32>(&bytes);
+        let mut ids = bytemuck::pod_collect_to_vec::<u8, u32>(&bytes);
+        let period = self.ctx.queue.get_timestamp_period() as f64;
+        let gpu_seconds = if p.stamped { ids.pop().map(|t| f32::from_bits(t) as f64 * period * 1e-9) } else { None };
         phases.post += lap.lap();
-        Ok(ids)
+        Ok(ChainIds { ids, gpu_seconds })
     }
 
     /// The command encoder being recorded, begun when there is none.
@@ -649,8 +751,11 @@ impl GpuExec {
 
     /// Records one forward pass of `steps` into `encoder`, the GPU embedding of
     /// the position buffer's token first with `embed`: consecutive program steps
-    /// in one compute pass (one step a pass when profiling, its timestamps in
-    /// `qs`, or without `batch`, each submitted at once), copies between passes.
+    /// in one compute pass (without `batch` one step a pass, each submitted at
+    /// once: [`GpuExec::batch`], which chains do not follow), copies between passes. When profiling, step `i`'s timestamps go to
+    /// queries `2i`, `2i + 1` of `qs` ([`GpuExec::step_timing`]: written around
+    /// its dispatches inside the pass, or at the start and end of a pass of its
+    /// own). `begin`: the pass-level writes of the first pass begun.
     #[allow(clippy::too_many_arguments)]
     fn record_forward(
         &self,
@@ -658,33 +763,56 @@ impl GpuExec {
         tokens: usize,
         steps: &[Step],
         embed: bool,
+        batch: bool,
         qs: Option<&wgpu::QuerySet>,
+        mut begin: Option<wgpu::ComputePassTimestampWrites<'_>>,
         phases: &mut Phases,
         lap: &mut Lap,
     ) {
+        let inside = qs.filter(|_| self.timing() == StepTiming::InsidePass);
+        let per_pass = qs.filter(|_| self.timing() == StepTiming::PassPerStep);
         if let Some(prog) = self.embed.as_ref().filter(|_| embed) {
             let enc = self.encoder(encoder, "embed");
-            let mut pass = self.ctx.begin_pass(enc, "embed", None);
+            let mut pass = self.ctx.begin_pass(enc, "embed", begin.take());
             self.ctx.record(&mut pass, prog);
         }
         let mut i = 0usize;
+        // Copies since the last pass: timed inside the next (their queries are
+        // written, a span of about 0, as every resolved query must be).
+        let mut copies = 0..0;
         while i < steps.len() {
             let enc = self.encoder(encoder, "step");
             if let StepKind::Plumb(Plumb::Copy { src, src_off, dst, dst_off, len }) = steps[i].kind {
                 enc.copy_buffer_to_buffer(&self.bufs[src], (src_off * 4) as u64, &self.bufs[dst], (dst_off * 4) as u64, (len * 4) as u64);
+                copies = if copies.is_empty() { i..i + 1 } else { copies.start..i + 1 };
                 i += 1;
             } else {
-                // One pass over consecutive program steps (or one step when profiling / not batching).
-                let single = qs.is_some() || !self.batch;
-                let ts = qs.map(|q| wgpu::ComputePassTimestampWrites {
-                    query_set: q,
-                    beginning_of_pass_write_index: Some(2 * i as u32),
-                    end_of_pass_write_index: Some(2 * i as u32 + 1),
-                });
+                // One pass over consecutive program steps (or one step when profiling a pass per step / not batching).
+                let single = per_pass.is_some() || !batch;
+                let ts = match per_pass {
+                    Some(q) => Some(wgpu::ComputePassTimestampWrites {
+                        query_set: q,
+                        beginning_of_pass_write_index: Some(2 * i as u32),
+                        end_of_pass_write_index: Some(2 * i as u32 + 1),
+                    }),
+                    None => begin.take(),
+                };
                 let mut pass = self.ctx.begin_pass(enc, steps[i].slot.name(), ts);
+                if let Some(q) = inside {
+                    for c in std::mem::replace(&mut copies, 0..0) {
+                        pass.write_timestamp(q, 2 * c as u32);
+                        pass.write_timestamp(q, 2 * c as u32 + 1);
+                    }
+                }
                 loop {
                     if let Some((_, Some(prog))) = self.progs.get(&(tokens, i)) {
+                        if let Some(q) = inside {
+                            pass.write_timestamp(q, 2 * i as u32);
+                        }
                         self.ctx.record(&mut pass, prog);
+                        if let Some(q) = inside {
+                            pass.write_timestamp(q, 2 * i as u32 + 1);
+                        }
                     }
                     i += 1;
                     if single || i >= steps.len() || matches!(steps[i].kind, StepKind::Plumb(Plumb::Copy { .. })) {
@@ -692,9 +820,7 @@ impl GpuExec {
                     }
                 }
             }
-            if !self.batch
-                && let Some(enc) = encoder.take()
-            {
+            if !batch && let Some(enc) = encoder.take() {
                 let cmd = enc.finish();
                 phases.encode += lap.lap();
                 self.ctx.submit(cmd);
@@ -703,19 +829,24 @@ impl GpuExec {
         }
     }
 
-    /// The profiled pass's timestamps resolved into a new buffer in `encoder`.
+    /// The profiled pass's timestamps resolved into a new buffer and copied to a
+    /// mappable one in `encoder` (read after the pass's submit, adding none).
     fn resolve(&self, encoder: &mut Option<wgpu::CommandEncoder>, qs: Option<&wgpu::QuerySet>, n: usize) -> Option<(wgpu::Buffer, u32)> {
         let q = qs?;
         let n = n as u32;
+        let bytes = (16 * n as u64).max(16);
         let usage = wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC;
-        let buf = self.ctx.buffer("step timestamps", (16 * n as u64).max(16), usage);
-        self.encoder(encoder, "resolve").resolve_query_set(q, 0..2 * n, &buf, 0);
-        Some((buf, n))
+        let buf = self.ctx.buffer("step timestamps", bytes, usage);
+        let staging = self.ctx.staging(bytes);
+        let enc = self.encoder(encoder, "resolve");
+        enc.resolve_query_set(q, 0..2 * n, &buf, 0);
+        enc.copy_buffer_to_buffer(&buf, 0, &staging, 0, bytes);
+        Some((staging, n))
     }
 
-    /// Each step's GPU time from a resolved profile into `times`.
-    fn read_times(&self, (buf, n): (wgpu::Buffer, u32), steps: &[Step], times: &mut SlotTimes) -> Result<(), RuntimeError> {
-        let bytes = self.ctx.read(&buf, 16 * n as u64).map_err(err)?;
+    /// Each step's GPU time from a resolved profile (its submit finished) into `times`.
+    fn read_times(&self, (staging, n): (wgpu::Buffer, u32), steps: &[Step], times: &mut SlotTimes) -> Result<(), RuntimeError> {
+        let bytes = self.ctx.read_mapped(&staging, 16 * n as u64).map_err(err)?;
         let t: &[u64] = bytemuck::cast_slice(&bytes);
         let period = self.ctx.queue.get_timestamp_period() as f64;
         for (k, s) in steps.iter().enumerate() {
@@ -729,6 +860,12 @@ impl GpuExec {
     /// host writes the row: the table is not on the GPU, untied from the LM head).
     pub fn embeds_on_gpu(&self) -> bool {
         self.embed.is_some()
+    }
+
+    /// How a profiled pass is timed: [`GpuExec::step_timing`], a pass per step
+    /// where the adapter cannot write timestamps inside a pass.
+    pub fn timing(&self) -> StepTiming {
+        if self.ctx.caps.timestamp_inside_passes { self.step_timing } else { StepTiming::PassPerStep }
     }
 
     /// Whether the next [`GpuExec::run`] times each step (asked, and the adapter

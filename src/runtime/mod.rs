@@ -27,6 +27,7 @@ use crate::plan::{BufId, BufRole, Plan, PlanError, Slot, WeightSource};
 use counters::{DecodeCounters, DecodeTally, Lap, Phases};
 use cpu::{CpuExec, HostBuf};
 use gpu::GpuExec;
+pub use gpu::StepTiming;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -106,6 +107,11 @@ pub struct Engine {
     /// Per-slot times of the last prefill and of all decode steps so far.
     pub prefill_times: SlotTimes,
     pub decode_times: SlotTimes,
+    /// The GPU time of the last profiled decode step, first pass to pick, from
+    /// the same timestamps every chained step has (seconds; None before one, and
+    /// for a step profiled a pass per step): what its slot times add up to at
+    /// most.
+    pub profiled_step_gpu_seconds: Option<f64>,
     /// Dispatches (GPU) or kernel steps (CPU) in one layer of a decode step.
     pub dispatches_per_layer: usize,
     /// Compiled schedules: the steps of a pass of `n` tokens (kernel choices,
@@ -354,6 +360,7 @@ impl Engine {
             pos: 0,
             prefill_times: SlotTimes::default(),
             decode_times: SlotTimes::default(),
+            profiled_step_gpu_seconds: None,
             dispatches_per_layer: 0,
             schedules: Vec::new(),
             x: Vec::new(),
@@ -423,6 +430,25 @@ impl Engine {
     pub fn profile_next(&mut self) {
         if let Exec::Gpu(g) = &mut self.exec {
             g.profile = true;
+        }
+    }
+
+    /// How a GPU engine's profiled passes time their steps (None on the CPU,
+    /// whose slot times are the host's clock around each step, and on an adapter
+    /// without timestamp queries, which profiles nothing).
+    pub fn step_timing(&self) -> Option<StepTiming> {
+        match &self.exec {
+            Exec::Gpu(g) if g.ctx.caps.timestamp_query => Some(g.timing()),
+            _ => None,
+        }
+    }
+
+    /// Asks a GPU engine to profile a pass per step even where the adapter
+    /// writes timestamps inside passes (`false`: the best method again), e.g.
+    /// to compare the two methods; nothing on the CPU.
+    pub fn set_pass_per_step(&mut self, on: bool) {
+        if let Exec::Gpu(g) = &mut self.exec {
+            g.step_timing = if on { StepTiming::PassPerStep } else { StepTiming::best(&g.ctx.caps) };
         }
     }
 
@@ -527,7 +553,7 @@ impl Engine {
     /// is not fed: pass it as the next call's `first`). On the CPU one token a
     /// step from the host's logits. On a GPU the steps run in chains of `k`
     /// ([`GpuExec::submit_chain`]: the token picked there, 4 bytes read back a
-    /// token), the next chain submitted before the host reads the last one's ids,
+    /// token and 4 a chain, its GPU time), the next chain submitted before the host reads the last one's ids,
     /// so the host waits once a chain; ids past a stop are discarded, their steps
     /// having written KV rows only past the kept length, which the next steps
     /// overwrite before attention reads them. A chain never runs past the KV
@@ -583,16 +609,23 @@ impl Engine {
             let mut phases = Phases::default();
             let counts0 = self.gpu_counts();
             let tally = !alone(self);
+            let profiled = matches!(&self.exec, Exec::Gpu(g) if g.profiles_next());
             let p = self.submit_chain(token, done, 1, start.then_some(&sampler.state), rule, &picks, cap, &mut phases)?;
             start = false;
-            let ids = self.finish_chain(p, &mut phases)?;
-            let (n, stop) = deliver(&ids, sampler, &mut on_id);
+            let c = self.finish_chain(p, &mut phases)?;
+            let (n, stop) = deliver(&c.ids, sampler, &mut on_id);
             done += n;
             stopped = stop;
-            token = ids[0];
+            token = c.ids[0];
+            if profiled {
+                self.profiled_step_gpu_seconds = c.gpu_seconds;
+            }
             if tally {
                 let counts = self.gpu_counts().zip(counts0).map(|(a, b)| a.since(&b));
                 self.tally.add(1, &phases, counts);
+                if let Some(s) = c.gpu_seconds {
+                    self.tally.add_gpu_time(1, 1, s);
+                }
             }
         }
         if done < want && !stopped {
@@ -611,8 +644,11 @@ impl Engine {
                     submitted += n;
                 }
                 let Some(p) = pending.pop_front() else { break };
-                let ids = self.finish_chain(p, &mut phases)?;
-                let (n, stop) = deliver(&ids, sampler, &mut on_id);
+                let c = self.finish_chain(p, &mut phases)?;
+                let (n, stop) = deliver(&c.ids, sampler, &mut on_id);
+                if let Some(s) = c.gpu_seconds {
+                    self.tally.add_gpu_time(n as u64, c.ids.len() as u64, s);
+                }
                 done += n;
                 if stop || done >= want {
                     stopped = stop;
@@ -676,9 +712,9 @@ impl Engine {
         Ok(p)
     }
 
-    /// The ids of a chain [`Engine::submit_chain`] submitted; a profiled step's
-    /// per-slot times are added to the decode times.
-    fn finish_chain(&mut self, p: gpu::Pending, phases: &mut Phases) -> Result<Vec<u32>, RuntimeError> {
+    /// The ids of a chain [`Engine::submit_chain`] submitted, and its GPU time; a
+    /// profiled step's per-slot times are added to the decode times.
+    fn finish_chain(&mut self, p: gpu::Pending, phases: &mut Phases) -> Result<gpu::ChainIds, RuntimeError> {
         let Some(si) = self.schedules.iter().position(|(n, _)| *n == 1) else {
             return Err(RuntimeError::Internal("a decode chain without its schedule".into()));
         };

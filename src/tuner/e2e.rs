@@ -248,6 +248,9 @@ fn combinations_with_threads(o: &TuneOptions, predicted: &[(Fusion, f64)], gpu: 
         combos.push((Combo::raced(*f, par_on, true), *pred));
         if exhaustive_e2e {
             combos.push((Combo::raced(*f, par_off, true), *pred));
+            // A submit per kernel (`batchCommands: false`) changes the prefill
+            // passes alone: decode chains are one submit whatever the flag says
+            // (`GpuExec::batch`), so it is not raced for decode.
             if gpu {
                 combos.push((Combo::raced(*f, par_on, false), *pred));
                 combos.push((Combo::raced(*f, par_off, false), *pred));
@@ -265,6 +268,7 @@ fn combinations_with_threads(o: &TuneOptions, predicted: &[(Fusion, f64)], gpu: 
     }
     if !exhaustive_e2e && let Some((f, pred)) = predicted.first() {
         combos.push((Combo::raced(*f, par_off, true), *pred));
+        // Per-kernel submits: the prefill's alone (decode chains ignore it).
         if gpu {
             combos.push((Combo::raced(*f, par_on, false), *pred));
         }

@@ -30,7 +30,7 @@ const SAMPLED: SamplerParams =
 /// An engine of fixture `dir` (its prompt from `expected.json`) on `gpu` (None:
 /// the CPU), every fusion on, or planned unfused with a storage binding limit of
 /// `limit` bytes when given (the LM head split in blocks).
-fn engine(dir: &Path, gpu: Option<&Arc<GpuCtx>>, limit: Option<u64>) -> (Engine, Vec<u32>) {
+pub(crate) fn engine(dir: &Path, gpu: Option<&Arc<GpuCtx>>, limit: Option<u64>) -> (Engine, Vec<u32>) {
     let m = load_model(None, Some(&dir.to_path_buf()), None, 0).expect("fixture loads");
     let prompt = ids(&read_json(dir.join("expected.json"))["tokens"]);
     let opts = PlanOptions {
@@ -66,7 +66,7 @@ fn engine(dir: &Path, gpu: Option<&Arc<GpuCtx>>, limit: Option<u64>) -> (Engine,
 }
 
 /// Prefill from an empty cache; the prompt's next id by `sampler`.
-fn prefill(e: &mut Engine, prompt: &[u32], sampler: &mut Sampler) -> u32 {
+pub(crate) fn prefill(e: &mut Engine, prompt: &[u32], sampler: &mut Sampler) -> u32 {
     e.reset();
     let rows = e.forward(prompt).expect("prefill");
     sampler.sample(rows.last().expect("a row"))

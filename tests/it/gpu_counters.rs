@@ -3,10 +3,11 @@
 //! unless KTUNE_REQUIRE_GPU=1): averaged over the right tokens, the host phases a
 //! backend has and null for the others, and on a GPU what a decode token asks of
 //! the device. Pinned: the token picked on the GPU and its id alone read back
-//! (4 bytes, `Engine::decode_chain`), the same command stream every token (no GPU
+//! (4 bytes, and 4 a chain for its GPU time: `Engine::decode_chain`), the same command stream every token (no GPU
 //! object created, the embedding looked up on the GPU, no queue write once the
 //! GPU advances the position itself), and with K steps chained a submit one
-//! submit and one host wait per K tokens.
+//! submit and one host wait per K tokens; the GPU's time per token beside the
+//! host's (timestamps).
 
 use std::path::{Path, PathBuf};
 
@@ -61,6 +62,7 @@ fn cpu_decode_counters_have_the_cpus_phases_and_no_gpu_counts() {
         assert!(h[k].is_null(), "no GPU phase `{k}` on the CPU: {h}");
     }
     assert!(c["gpu"].is_null(), "no dispatches or readback on the CPU: {c}");
+    assert!(c["gpu_ms"].is_null() && r["step_timing"].is_null() && r["profiled_step_gpu_ms"].is_null(), "no GPU time on the CPU: {r}");
 }
 
 #[test]
@@ -80,11 +82,24 @@ fn gpu_decode_counters_pin_the_chained_command_stream() {
             assert!(h[key].as_f64().is_some_and(|v| v >= 0.0), "GPU phase `{key}`: {h}");
         }
         assert!(h["compute"].is_null(), "{h}");
+        // The GPU's own time per token (every chained step's timestamps), and
+        // how the slot breakdown was taken.
+        assert!(f(c, "gpu_ms") > 0.0, "K = {k}: {c}");
+        match r["step_timing"].as_str() {
+            // The profiled step's own span, which its slots fit in.
+            Some("inside_pass") => {
+                let slots: f64 = r["slots"].as_array().expect("slots").iter().map(|s| f(s, "decode_ms_per_token")).sum();
+                assert!(slots > 0.0 && slots <= f(&r, "profiled_step_gpu_ms") * 1.05 + 1e-3, "{slots} ms in slots: {r}");
+            }
+            Some("pass_per_step") => assert!(r["profiled_step_gpu_ms"].is_null(), "{r}"),
+            other => panic!("step_timing {other:?}"),
+        }
         let g = &c["gpu"];
         let per_chain = 1.0 / k as f64;
         // One submit and one host wait (the chain's ids mapped) per chain; the
-        // token's id alone read back (4 bytes), not the vocabulary's logits;
-        // every pipeline built at warm-up, no timestamp queries.
+        // token's id read back (4 bytes, and 4 a chain: its GPU time), not the
+        // vocabulary's logits; every pipeline built at warm-up, no query set
+        // created (the token stamps' is the engine's, made with it).
         assert_eq!(f(g, "submits"), per_chain, "K = {k}: {g}");
         assert_eq!(f(g, "host_waits"), per_chain, "K = {k}: {g}");
         assert!(f(g, "read_back_bytes") <= 8.0, "K = {k}: {g}");
@@ -110,7 +125,8 @@ fn gpu_decode_counters_pin_the_chained_command_stream() {
         .output()
         .expect("runs");
     let text = String::from_utf8_lossy(&o.stdout);
-    assert!(text.contains("µs per decode token") && text.contains("4 B read back, embedding on the GPU"), "{text}");
+    assert!(text.contains("µs per decode token") && text.contains("ms per decode token (timestamps)"), "{text}");
+    assert!(text.contains("B read back, embedding on the GPU") && text.contains("slot times: timestamps"), "{text}");
 }
 
 #[test]
@@ -132,5 +148,7 @@ fn bench_reports_decode_counters_per_entry() {
         assert_eq!(c["tokens"].as_u64(), Some(9), "{device}: {c}");
         check_host(c);
         assert_eq!(c["gpu"].is_null(), device == "cpu", "{device}: {c}");
+        // The GPU's time per token from timestamps (lavapipe has them), none on the CPU.
+        assert_eq!(c["gpu_ms"].as_f64().is_some_and(|ms| ms > 0.0), device != "cpu", "{device}: {c}");
     }
 }

@@ -26,5 +26,6 @@ mod runtime_vision;
 mod runtime_vision_gpu;
 mod sample;
 mod snapshots;
+mod timestamps;
 mod tokenizer_spm;
 mod tune_cli;

@@ -182,7 +182,7 @@ fn list_devices_table() {
     let header = table.lines().find_map(cells).expect("a header row");
     let backend = header.iter().position(|c| *c == "backend").expect("a backend column");
     let gpu_row = Regex::new(&format!(
-        r"^│ \d+\*? │ .+ │ \S+ │ \S+( \(software\))? │ [0-9a-f]{{4,}}:[0-9a-f]{{4,}} │ .* │ (f16|subgroups \d+-\d+|timestamps|, )* │ wg mem {SIZE}, \d+ inv/wg, wg \d+x\d+x\d+, binding {SIZE}, buffer {SIZE} │ [0-9a-f]{{12}} │$"
+        r"^│ \d+\*? │ .+ │ \S+ │ \S+( \(software\))? │ [0-9a-f]{{4,}}:[0-9a-f]{{4,}} │ .* │ (f16|subgroups \d+-\d+|timestamps( in passes)?|, )* │ wg mem {SIZE}, \d+ inv/wg, wg \d+x\d+x\d+, binding {SIZE}, buffer {SIZE} │ [0-9a-f]{{12}} │$"
     ))
     .expect("regex");
     let column = |name: &str| header.iter().position(|c| *c == name).unwrap_or_else(|| panic!("a {name} column"));

@@ -150,6 +150,7 @@ pub fn typical_gpu_caps() -> crate::device::GpuCaps {
         subgroup_min_size: 8,
         subgroup_max_size: 32,
         timestamp_query: true,
+        timestamp_inside_passes: true,
         max_workgroup_storage: 16384,
         max_invocations_per_workgroup: 256,
         max_workgroup_size: [256, 256, 64],

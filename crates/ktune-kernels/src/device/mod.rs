@@ -28,6 +28,13 @@ pub struct GpuCaps {
     pub subgroup_min_size: u32,
     pub subgroup_max_size: u32,
     pub timestamp_query: bool,
+    /// Timestamps written between the dispatches of one compute pass
+    /// (`TIMESTAMP_QUERY_INSIDE_PASSES`): a profiled decode step is then timed
+    /// step by step in the passes an unprofiled one runs. Serialized (so part of
+    /// the fingerprint) only when true, so an adapter without it keeps the
+    /// fingerprint it had.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub timestamp_inside_passes: bool,
     pub max_workgroup_storage: u32,
     pub max_invocations_per_workgroup: u32,
     pub max_workgroup_size: [u32; 3],
@@ -286,6 +293,7 @@ fn caps_of(adapter: &wgpu::Adapter) -> GpuCaps {
         subgroup_min_size: if subgroups { info.subgroup_min_size } else { 0 },
         subgroup_max_size: if subgroups { info.subgroup_max_size } else { 0 },
         timestamp_query: f.contains(wgpu::Features::TIMESTAMP_QUERY),
+        timestamp_inside_passes: f.contains(wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
         max_workgroup_storage: l.max_compute_workgroup_storage_size,
         max_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
         max_workgroup_size: [l.max_compute_workgroup_size_x, l.max_compute_workgroup_size_y, l.max_compute_workgroup_size_z],

@@ -362,6 +362,7 @@ impl GpuCtx {
         let wanted = wgpu::Features::SHADER_F16
             | wgpu::Features::SUBGROUP
             | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
             | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         let required_features = feats & wanted;
         let experimental_features = if required_features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
@@ -816,6 +817,8 @@ pub mod builtin {
     /// Decode steps chained on the GPU: LM-head blocks gathered (softcapped)
     /// for the sampler, the selected id stored and the position advanced.
     pub static CHAIN: Shader = crate::shader!("chain.wgsl", "grid.wgsl", "softcap.wgsl");
+    /// The GPU time of a chain of decode steps: its steps' timestamp spans summed.
+    pub static STAMPS: Shader = crate::shader!("stamps.wgsl", "position.wgsl");
     /// A streaming copy: the device's memory bandwidth.
     pub static BENCH_COPY: Shader = crate::shader!("bench_copy.wgsl");
     /// An FMA chain: the device's f32 FMA peak.
@@ -823,6 +826,6 @@ pub mod builtin {
 
     /// All of them (validated with the kernel set's shaders).
     pub fn shaders() -> Vec<&'static Shader> {
-        vec![&RUNTIME_PLUMB, &SELECT_ARGMAX, &EMBED, &CHAIN, &BENCH_COPY, &BENCH_FMA]
+        vec![&RUNTIME_PLUMB, &SELECT_ARGMAX, &EMBED, &CHAIN, &STAMPS, &BENCH_COPY, &BENCH_FMA]
     }
 }
