@@ -115,6 +115,13 @@ impl Sandbox {
             .spawn()
             .expect("spawns ktune");
         let pid = child.id() as libc::pid_t;
+        // The child's exec recorded this process's high-water RSS as the
+        // child's own maximum (Linux keeps the old memory's peak across exec,
+        // and a spawned child ran on this process's memory until then): a
+        // `ru_maxrss` at or below it says nothing of the child, whose own peak
+        // then comes from polling its `VmHWM`.
+        let inherited = status_kb(std::process::id() as libc::pid_t, "VmHWM:");
+        let mut polled = 0;
         let t0 = Instant::now();
         let mut status = 0;
         // SAFETY: a zeroed rusage is a valid value for wait4 to fill.
@@ -129,7 +136,8 @@ impl Sandbox {
             assert_eq!(r, 0, "wait4 failed: {}", std::io::Error::last_os_error());
             // Killed past the wall limit, or past the memory bound (a run that
             // reads a device without end would take the shared machine's memory).
-            let over = t0.elapsed() > WALL || rss(pid) > MAX_RSS;
+            polled = polled.max(status_kb(pid, "VmHWM:"));
+            let over = t0.elapsed() > WALL || status_kb(pid, "VmRSS:") > MAX_RSS;
             if over && !hung {
                 hung = true;
                 // SAFETY: signalling our own unreaped child.
@@ -147,16 +155,17 @@ impl Sandbox {
             signal,
             hung,
             // Linux reports kilobytes.
-            peak_rss: usage.ru_maxrss as u64 * 1024,
+            peak_rss: if usage.ru_maxrss as u64 * 1024 > inherited { usage.ru_maxrss as u64 * 1024 } else { polled },
             stderr: std::fs::read_to_string(&err_path).unwrap_or_default(),
         }
     }
 }
 
-/// The resident memory of process `pid` now, bytes (0 once it is gone).
-fn rss(pid: libc::pid_t) -> u64 {
+/// A memory figure of process `pid` from its `/proc` status (`field`:
+/// `VmRSS:` now, `VmHWM:` its peak), bytes; 0 once it is gone.
+fn status_kb(pid: libc::pid_t, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kb = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+    let kb = status.lines().find_map(|l| l.strip_prefix(field)).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
     kb.unwrap_or(0) * 1024
 }
 
