@@ -75,22 +75,34 @@ pub struct Fusion {
     /// `gate_up` fuses those, which needs the norm materialized), and the final norm
     /// with the LM head. The residual add before such a norm runs alone.
     pub norm_matmul: bool,
+    /// Decode with `qkv` and `norm_matmul`: the fused QKV projection's row split,
+    /// rotated (q/k-normed first on models with q/k norm) and written into the KV
+    /// cache by one kernel ([`Problem::QkvRopeCache`]) instead of a split, two RoPE
+    /// (or q/k norm + RoPE) kernels and two cache writes. Models with a QKV bias,
+    /// and engines without a kernel for the cache's type (the CPU's f16 cache),
+    /// run the unfused steps.
+    pub qkv_rope_cache: bool,
 }
 
 impl Fusion {
-    pub const NONE: Fusion = Fusion { qkv: false, gate_up: false, qk_norm_rope: false, residual_norm: false, norm_matmul: false };
-    pub const ALL: Fusion = Fusion { qkv: true, gate_up: true, qk_norm_rope: true, residual_norm: true, norm_matmul: true };
+    pub const NONE: Fusion =
+        Fusion { qkv: false, gate_up: false, qk_norm_rope: false, residual_norm: false, norm_matmul: false, qkv_rope_cache: false };
+    pub const ALL: Fusion =
+        Fusion { qkv: true, gate_up: true, qk_norm_rope: true, residual_norm: true, norm_matmul: true, qkv_rope_cache: true };
 
-    /// Every combination (the tuner's fusion space).
+    /// Every combination that changes the plan (the tuner's fusion space): the
+    /// decode-chain fusions only where the fusions they build on are on.
     pub fn all_combinations() -> Vec<Fusion> {
-        (0..32u8)
+        (0..64u8)
             .map(|b| Fusion {
                 qkv: b & 1 != 0,
                 gate_up: b & 2 != 0,
                 qk_norm_rope: b & 4 != 0,
                 residual_norm: b & 8 != 0,
                 norm_matmul: b & 16 != 0,
+                qkv_rope_cache: b & 32 != 0,
             })
+            .filter(|f| !f.qkv_rope_cache || (f.qkv && f.norm_matmul))
             .collect()
     }
 }
@@ -587,7 +599,9 @@ impl Plan {
         for s in steps {
             match &mut s.kind {
                 StepKind::Kernel { kernel, params, dtype, problem, .. } => match problem {
-                    Problem::Rope { pos0: p, .. } | Problem::QkNormRope { pos0: p, .. } => *p = pos0,
+                    Problem::Rope { pos0: p, .. } | Problem::QkNormRope { pos0: p, .. } | Problem::QkvRopeCache { pos0: p, .. } => {
+                        *p = pos0
+                    }
                     Problem::AttentionDecode { kv_len, .. } => {
                         *kv_len = pos0 + tokens;
                         if kernel.check(caps, problem, *dtype, params).is_err() {
@@ -817,11 +831,17 @@ impl Emitter<'_> {
             if !normed && !nm {
                 self.rms(li, t, h, x, w.input_ln, xn)?;
             }
+            let kind = c.layer_kind(l);
+            let freq = id(&format!("inv_freq_{}", kind.name()));
             // Q, K, V.
+            let mut rotated = false; // q in qr and k, v in the cache already
             if nm && fused_qkv {
                 let qkv = id("qkv");
                 self.norm_gemv(li, None, nq + 2 * nkv, h, [x, w.input_ln, w.wqkv.unwrap_or(usize::MAX), qkv])?;
-                self.plumb(Slot::NormMatmul, li, Plumb::SplitQkv { src: qkv, bias: w.bqkv, q, k, v, tokens: 1, nq, nkv });
+                rotated = f.qkv_rope_cache && w.bqkv.is_none() && self.qkv_rope_cache(l, &w, pos0, qkv, freq)?;
+                if !rotated {
+                    self.plumb(Slot::NormMatmul, li, Plumb::SplitQkv { src: qkv, bias: w.bqkv, q, k, v, tokens: 1, nq, nkv });
+                }
             } else if nm {
                 let g = if plan.options.parallel.qkv { Some(self.next_group()) } else { None };
                 let get = |b: Option<BufId>| b.unwrap_or(usize::MAX);
@@ -859,11 +879,11 @@ impl Emitter<'_> {
                 }
             }
             // q/k norm and RoPE.
-            let kind = c.layer_kind(l);
-            let freq = id(&format!("inv_freq_{}", kind.name()));
             let rot = hd;
             let layout = RopeLayout::Half;
-            for (src, dst, normed_buf, heads, nw) in [(q, qr, qn, c.num_heads, w.q_norm), (k, kr, kn, c.num_kv_heads, w.k_norm)] {
+            let unrotated =
+                if rotated { Vec::new() } else { vec![(q, qr, qn, c.num_heads, w.q_norm), (k, kr, kn, c.num_kv_heads, w.k_norm)] };
+            for (src, dst, normed_buf, heads, nw) in unrotated {
                 match nw {
                     Some(nw) if f.qk_norm_rope => {
                         let p = Problem::QkNormRope {
@@ -890,21 +910,23 @@ impl Emitter<'_> {
                 }
             }
             let kv_cap = plan.options.context;
-            self.plumb(
-                Slot::KvWrite,
-                li,
-                Plumb::KvWrite {
-                    k: kr,
-                    v,
-                    k_cache: w.k_cache,
-                    v_cache: w.v_cache,
-                    tokens: t,
-                    kv_heads: c.num_kv_heads,
-                    head_dim: hd,
-                    kv_cap,
-                    pos0,
-                },
-            );
+            if !rotated {
+                self.plumb(
+                    Slot::KvWrite,
+                    li,
+                    Plumb::KvWrite {
+                        k: kr,
+                        v,
+                        k_cache: w.k_cache,
+                        v_cache: w.v_cache,
+                        tokens: t,
+                        kv_heads: c.num_kv_heads,
+                        head_dim: hd,
+                        kv_cap,
+                        pos0,
+                    },
+                );
+            }
             // Attention.
             let window = c.layer_sliding_window(l).unwrap_or(0);
             let scale = c.layer_attention_scale(l) as f32;
@@ -993,6 +1015,37 @@ impl Emitter<'_> {
             self.matmul(Slot::MatmulLmHead, None, None, rows, b.rows, h, [src, b.weight, b.logits])?;
         }
         Ok(())
+    }
+
+    /// Layer `l`'s decode QKV row `qkv` split, (q/k-normed and) rotated into `qr`
+    /// and the KV cache in one kernel ([`Fusion::qkv_rope_cache`]); false (nothing
+    /// emitted) when no kernel of this engine can run it (the CPU's f16 cache).
+    fn qkv_rope_cache(&mut self, l: usize, w: &LayerW, pos0: usize, qkv: BufId, freq: BufId) -> Result<bool, PlanError> {
+        let plan = self.plan;
+        let c = &plan.config;
+        let norm = w.q_norm.zip(w.k_norm);
+        let p = Problem::QkvRopeCache {
+            heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            rot_dim: c.head_dim,
+            pos0,
+            kv_cap: plan.options.context,
+            layout: RopeLayout::Half,
+            norm: norm.is_some(),
+            eps: c.rms_norm_eps as f32,
+            unit_offset: c.norm_unit_offset,
+            gain: plan.options.weight_dtype.float_storage(),
+        };
+        let kv = plan.options.kv_dtype;
+        if plan.selection.choose(Slot::QkvRopeCache, self.regime, Some(l), &p, kv).is_err() {
+            return Ok(false);
+        }
+        let mut binds = vec![qkv];
+        binds.extend(norm.map(|(qn, kn)| [qn, kn]).into_iter().flatten());
+        binds.extend([freq, plan.id("qr"), w.k_cache, w.v_cache]);
+        self.kernel(Slot::QkvRopeCache, Some(l), p, binds, kv)?;
+        Ok(true)
     }
 
     /// `h = x + r` into `h_out`, then `y = rmsnorm(h) * w` into `y`: one fused kernel

@@ -193,6 +193,27 @@ pub enum Problem {
     /// stored as the plan stores norm gains: f32, or f16 with f16 weights), `w[n,k]`, `y[n]`.
     /// Since `y_r = inv_rms · Σ_c w[r,c] x[c] g[c]`, kernels need no extra pass over `w`.
     NormGemv { n: usize, k: usize, eps: f32, unit_offset: bool },
+    /// One decode token's fused Q/K/V row `qkv[heads + 2 kv_heads, head_dim]` (q heads,
+    /// then k heads, then v heads, as the fused QKV projection writes them) split,
+    /// q and k per-head RMS-normed when `norm` (Gemma 3's q/k norm: gains `q_norm`,
+    /// `k_norm[head_dim]` stored as `gain`, f32 or f16) and rotated at position `pos0`,
+    /// the rotated q into `q[heads, head_dim]` and k and v into row `pos0` of the
+    /// head-major caches `k_cache`, `v_cache[kv_heads, kv_cap, head_dim]` (the
+    /// variant's dtype, f32 or f16; other rows untouched). Buffers: `qkv`, (`q_norm`,
+    /// `k_norm` when `norm`), `inv_freq[rot_dim/2]`; outputs `q`, `k_cache`, `v_cache`.
+    QkvRopeCache {
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        rot_dim: usize,
+        pos0: usize,
+        kv_cap: usize,
+        layout: RopeLayout,
+        norm: bool,
+        eps: f32,
+        unit_offset: bool,
+        gain: DType,
+    },
     /// Patch embedding of a vision tower: a 2-D convolution with kernel = stride =
     /// `patch`, no padding (SigLIP's `Conv2d(channels, hidden, patch, patch)`).
     /// `pixels[channels, image, image]`, `w[hidden, channels * patch * patch]` (the
@@ -253,10 +274,11 @@ pub enum Op {
     AttentionFull,
     AvgPool,
     ResidualLayerNorm,
+    QkvRopeCache,
 }
 
 impl Op {
-    pub const ALL: [Op; 20] = [
+    pub const ALL: [Op; 21] = [
         Op::Gemm,
         Op::Gemv,
         Op::AttentionPrefill,
@@ -277,6 +299,7 @@ impl Op {
         Op::AttentionFull,
         Op::AvgPool,
         Op::ResidualLayerNorm,
+        Op::QkvRopeCache,
     ];
 
     /// Ops with CPU kernels only, which the checks that every op has WGSL kernels
@@ -321,6 +344,7 @@ impl Problem {
             Problem::AttentionFull { .. } => Op::AttentionFull,
             Problem::AvgPool { .. } => Op::AvgPool,
             Problem::ResidualLayerNorm { .. } => Op::ResidualLayerNorm,
+            Problem::QkvRopeCache { .. } => Op::QkvRopeCache,
         }
     }
 
@@ -421,6 +445,19 @@ impl Problem {
                 b("w", Weight, &["n", "k"], &[n, k], d),
                 b("y", Output, &["n"], &[n], f),
             ],
+            Problem::QkvRopeCache { heads, kv_heads, head_dim, rot_dim, kv_cap, norm, gain, .. } => {
+                let cache = &["kv_heads", "kv_cap", "head_dim"];
+                let mut v = vec![b("qkv", Input, &["heads+2kv_heads", "head_dim"], &[heads + 2 * kv_heads, head_dim], f)];
+                if norm {
+                    v.push(b("q_norm", Weight, &["head_dim"], &[head_dim], gain));
+                    v.push(b("k_norm", Weight, &["head_dim"], &[head_dim], gain));
+                }
+                v.push(b("inv_freq", Input, &["rot_half"], &[rot_dim / 2], f));
+                v.push(b("q", Output, &["heads", "head_dim"], &[heads, head_dim], f));
+                v.push(b("k_cache", Output, cache, &[kv_heads, kv_cap, head_dim], d));
+                v.push(b("v_cache", Output, cache, &[kv_heads, kv_cap, head_dim], d));
+                v
+            }
             Problem::PatchEmbed { channels, image, patch, hidden } => {
                 let side = image.checked_div(patch).unwrap_or(0);
                 vec![
@@ -485,6 +522,9 @@ impl Problem {
             Problem::ResidualLayerNorm { rows, dim, .. } => 8.0 * f(rows) * f(dim),
             Problem::QkvProj { k, nq, nkv, .. } => 2.0 * f(k) * f(nq + 2 * nkv),
             Problem::NormGemv { n, k, .. } => 2.0 * f(n) * f(k) + 4.0 * f(k),
+            Problem::QkvRopeCache { heads, kv_heads, head_dim, rot_dim, norm, .. } => {
+                f(heads + kv_heads) * (if norm { 4.0 * f(head_dim) } else { 0.0 } + 3.0 * f(rot_dim))
+            }
             Problem::PatchEmbed { channels, image, patch, hidden } => {
                 let side = image.checked_div(patch).unwrap_or(0);
                 2.0 * f(side * side) * f(hidden) * f(channels * patch * patch)
@@ -496,10 +536,18 @@ impl Problem {
     }
 
     /// Bytes an ideal kernel must move: every buffer read once, every output written once.
-    /// Attention counts the KV cache rows it can see, not the whole capacity.
+    /// Attention counts the KV cache rows it can see, not the whole capacity; the
+    /// fused KV write the one row it writes.
     pub fn min_bytes(&self, dtype: DType) -> f64 {
         let bufs = self.buffers(dtype);
         match *self {
+            Problem::QkvRopeCache { kv_cap, .. } => bufs
+                .iter()
+                .map(|s| {
+                    let bytes = s.bytes() as f64;
+                    if s.id.ends_with("_cache") { bytes / kv_cap.max(1) as f64 } else { bytes }
+                })
+                .sum(),
             Problem::AttentionPrefill { kv_len, kv_cap, .. } | Problem::AttentionDecode { kv_len, kv_cap, .. } => bufs
                 .iter()
                 .map(|s| {
@@ -774,6 +822,32 @@ pub fn test_problems(op: Op) -> Vec<Problem> {
             // Whole 32-element blocks, rows not a multiple of any workgroup's rows.
             Problem::NormGemv { n: 37, k: 160, eps: 1e-6, unit_offset: true },
         ],
+        Op::QkvRopeCache => {
+            let p = |heads, kv_heads, head_dim, rot_dim, pos0, kv_cap, layout, norm, gain| Problem::QkvRopeCache {
+                heads,
+                kv_heads,
+                head_dim,
+                rot_dim,
+                pos0,
+                kv_cap,
+                layout,
+                norm,
+                eps: 1e-6,
+                unit_offset: norm,
+                gain,
+            };
+            let f = DType::F32;
+            vec![
+                // Llama-like (no norm): GQA, the first and a later position.
+                p(4, 2, 16, 16, 0, 3, RopeLayout::Half, false, f),
+                p(6, 2, 64, 64, 37, 40, RopeLayout::Half, false, f),
+                // Partial rotary, interleaved pairs.
+                p(3, 1, 32, 16, 5, 9, RopeLayout::Interleaved, false, f),
+                // Gemma-like: q/k norm with unit-offset gains, a wide head; f16 gains.
+                p(4, 1, 256, 256, 12, 13, RopeLayout::Half, true, f),
+                p(2, 2, 32, 32, 3, 4, RopeLayout::Interleaved, true, DType::F16),
+            ]
+        }
         Op::PatchEmbed => vec![
             Problem::PatchEmbed { channels: 1, image: 12, patch: 4, hidden: 5 },
             Problem::PatchEmbed { channels: 3, image: 32, patch: 8, hidden: 16 },

@@ -107,6 +107,11 @@ fn attention(
     out
 }
 
+/// What a kernel's output buffers hold before it runs in the parity check, so
+/// elements it forgets to write show up as errors; the reference of an op that
+/// writes part of a buffer (the fused KV-cache write) leaves it elsewhere.
+pub const SENTINEL: f32 = 1.0e4;
+
 /// Computes the outputs of `problem` from its inputs (in binding order, as f64).
 /// Returns one vector per output buffer, in binding order.
 pub fn compute(problem: &Problem, ins: &[Vec<f64>]) -> Vec<Vec<f64>> {
@@ -196,6 +201,27 @@ pub fn compute(problem: &Problem, ins: &[Vec<f64>]) -> Vec<Vec<f64>> {
                 }
             }
             vec![y]
+        }
+        Problem::QkvRopeCache { heads, kv_heads, head_dim: d, pos0, kv_cap, layout, norm, eps, unit_offset, .. } => {
+            let (qkv, gains, freq) = if norm { (&ins[0], Some((&ins[1], &ins[2])), &ins[3]) } else { (&ins[0], None, &ins[1]) };
+            let head = |r: usize, g: Option<&Vec<f64>>| {
+                let x = &qkv[r * d..][..d];
+                let mut v = match g {
+                    Some(g) => rms_row(x, g, eps as f64, unit_offset),
+                    None => x.to_vec(),
+                };
+                rope_head(&mut v, freq, pos0 as f64, layout);
+                v
+            };
+            let q: Vec<f64> = (0..heads).flat_map(|h| head(h, gains.map(|g| g.0))).collect();
+            let mut kc = vec![SENTINEL as f64; kv_heads * kv_cap * d];
+            let mut vc = kc.clone();
+            for h in 0..kv_heads {
+                let row = (h * kv_cap + pos0) * d;
+                kc[row..row + d].copy_from_slice(&head(heads + h, gains.map(|g| g.1)));
+                vc[row..row + d].copy_from_slice(&qkv[(heads + kv_heads + h) * d..][..d]);
+            }
+            vec![q, kc, vc]
         }
         Problem::GateUp { rows, n, k, act } => {
             let (x, w) = (&ins[0], &ins[1]);
