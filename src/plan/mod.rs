@@ -16,7 +16,7 @@ use serde::Serialize;
 
 pub use select::{Choice, Selection, Slot};
 
-use crate::kernels::{Activation, DType, KernelDef, Op, Problem, RopeLayout};
+use crate::kernels::{Activation, DType, KernelDef, NormResidual, Op, Problem, RopeLayout};
 use crate::model::{Architecture, LayerKind, ModelConfig, RopeScaling};
 
 /// Errors building a plan.
@@ -67,13 +67,19 @@ pub struct Fusion {
     pub gate_up: bool,
     /// Per-head RMSNorm + RoPE in one kernel (models with q/k norm: Gemma 3).
     pub qk_norm_rope: bool,
-    /// Residual add + the following RMSNorm in one kernel.
+    /// Residual add + the following RMSNorm in one kernel: a residual + RMSNorm
+    /// kernel, or in decode with `norm_matmul`, whose norms are the prologues of
+    /// the projections they feed, that projection itself ([`Problem::NormGemv`]
+    /// with a residual: the fused QKV, the fused gate/up, the LM head; Gemma 3's
+    /// post-attention and post-FFN norms of the added branch folded in too), so
+    /// the residual stream goes through no add of its own.
     pub residual_norm: bool,
     /// Decode only: an RMSNorm whose output feeds projections runs as their prologue
     /// ([`Problem::NormGemv`]): the layer's input norm with Q/K/V (one GEMV over the
-    /// concatenated weight with `qkv`), the MLP's input norm with gate and up (unless
-    /// `gate_up` fuses those, which needs the norm materialized), and the final norm
-    /// with the LM head. The residual add before such a norm runs alone.
+    /// concatenated weight with `qkv`), the MLP's input norm with gate and up (with
+    /// `gate_up` one GEMV over the concatenated weight, the activation in its
+    /// epilogue), and the final norm with the LM head. Without `residual_norm` the
+    /// residual add before such a norm runs alone.
     pub norm_matmul: bool,
     /// Decode with `qkv` and `norm_matmul`: the fused QKV projection's row split,
     /// rotated (q/k-normed first on models with q/k norm) and written into the KV
@@ -712,6 +718,17 @@ pub fn inv_freq(c: &ModelConfig, kind: LayerKind) -> Vec<f32> {
     scaled.into_iter().map(|f| f as f32).collect()
 }
 
+/// A residual add not yet done (the decode chain, [`Fusion::residual_norm`] with
+/// `norm_matmul`): the branch to add to the residual stream, the gain of the
+/// branch's own norm (Gemma 3's post-attention / post-FFN norm), and where the sum
+/// goes.
+#[derive(Clone, Copy)]
+struct Pending {
+    branch: BufId,
+    gain: Option<BufId>,
+    h: BufId,
+}
+
 struct Emitter<'a> {
     plan: &'a Plan,
     regime: Regime,
@@ -794,9 +811,51 @@ impl Emitter<'_> {
     /// One token's `y[n] = w[n, k] · rmsnorm(x) * g` (decode): `bufs` are x (the
     /// residual stream), the norm gain g, the weight w and y.
     fn norm_gemv(&mut self, l: Option<usize>, group: Option<u32>, n: usize, k: usize, bufs: [BufId; 4]) -> Result<(), PlanError> {
+        self.norm_gemv_chain(l, group, n, k, bufs, None, None)
+    }
+
+    /// [`Emitter::norm_gemv`] with the decode chain's prologue and epilogue: the
+    /// residual `pending` (its branch, and its own norm's gain on Gemma 3) added to
+    /// x first, the sum written to `pending`'s `h`; with `act`, w the fused gate/up
+    /// and y the activation product.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_gemv_chain(
+        &mut self,
+        l: Option<usize>,
+        group: Option<u32>,
+        n: usize,
+        k: usize,
+        [x, g, w, y]: [BufId; 4],
+        pending: Option<Pending>,
+        act: Option<Activation>,
+    ) -> Result<(), PlanError> {
         let c = &self.plan.config;
-        let p = Problem::NormGemv { n, k, eps: c.rms_norm_eps as f32, unit_offset: c.norm_unit_offset };
-        self.kernel_in(Slot::NormMatmul, l, group, p, bufs.to_vec(), self.plan.dtype_of(bufs[2]))
+        let residual = match pending {
+            None => NormResidual::None,
+            Some(Pending { gain: None, .. }) => NormResidual::Add,
+            Some(Pending { gain: Some(_), .. }) => NormResidual::Normed,
+        };
+        let p = Problem::NormGemv { n, k, eps: c.rms_norm_eps as f32, unit_offset: c.norm_unit_offset, residual, act };
+        let mut binds = vec![x];
+        binds.extend(pending.iter().flat_map(|p| std::iter::once(p.branch).chain(p.gain)));
+        binds.extend([g, w, y]);
+        binds.extend(pending.map(|p| p.h));
+        self.kernel_in(Slot::NormMatmul, l, group, p, binds, self.plan.dtype_of(w))
+    }
+
+    /// Adds a pending residual to `x` into its `h` as separate steps (its branch
+    /// normed into `scratch` first on Gemma 3), for a consumer that cannot take it
+    /// as its prologue.
+    fn add_pending(&mut self, l: Option<usize>, x: BufId, p: Pending, scratch: BufId) -> Result<(), PlanError> {
+        let h = self.plan.config.hidden_size;
+        let branch = match p.gain {
+            Some(g) => {
+                self.rms(l, 1, h, p.branch, g, scratch)?;
+                scratch
+            }
+            None => p.branch,
+        };
+        self.kernel(Slot::Residual, l, Problem::ResidualAdd { n: h }, vec![x, branch, p.h], DType::F32)
     }
 
     fn rms(&mut self, l: Option<usize>, rows: usize, dim: usize, x: BufId, w: BufId, y: BufId) -> Result<(), PlanError> {
@@ -821,13 +880,20 @@ impl Emitter<'_> {
         let nm = f.norm_matmul && t == 1;
         let mut cur = 0usize; // index into plan.x holding the residual stream
         let mut normed = false; // xn already holds the next layer's input norm
+        // Decode with `residual_norm`: the residual add (and Gemma 3's norm of the
+        // added branch) waits to be the next norm-fused projection's prologue.
+        let fold = nm && f.residual_norm;
+        let mut pending: Option<Pending> = None;
         for l in 0..c.num_layers {
             let w = plan.lw(l);
             // A layer whose parts differ in storage type runs them unfused.
             let (fused_qkv, fused_gu) = (f.qkv && w.wqkv.is_some(), f.gate_up && w.wgu.is_some());
-            let mlp_nm = nm && !fused_gu;
             let li = Some(l);
-            let (x, other) = (plan.x[cur], plan.x[1 - cur]);
+            if let Some(p) = pending.take_if(|_| !(nm && fused_qkv)) {
+                self.add_pending(li, plan.x[cur], p, dn)?;
+                cur = 1 - cur;
+            }
+            let x = plan.x[cur];
             if !normed && !nm {
                 self.rms(li, t, h, x, w.input_ln, xn)?;
             }
@@ -837,7 +903,11 @@ impl Emitter<'_> {
             let mut rotated = false; // q in qr and k, v in the cache already
             if nm && fused_qkv {
                 let qkv = id("qkv");
-                self.norm_gemv(li, None, nq + 2 * nkv, h, [x, w.input_ln, w.wqkv.unwrap_or(usize::MAX), qkv])?;
+                let p = pending.take();
+                self.norm_gemv_chain(li, None, nq + 2 * nkv, h, [x, w.input_ln, w.wqkv.unwrap_or(usize::MAX), qkv], p, None)?;
+                if p.is_some() {
+                    cur = 1 - cur;
+                }
                 rotated = f.qkv_rope_cache && w.bqkv.is_none() && self.qkv_rope_cache(l, &w, pos0, qkv, freq)?;
                 if !rotated {
                     self.plumb(Slot::NormMatmul, li, Plumb::SplitQkv { src: qkv, bias: w.bqkv, q, k, v, tokens: 1, nq, nkv });
@@ -953,23 +1023,39 @@ impl Emitter<'_> {
             };
             self.kernel(slot, li, p, vec![qr, w.k_cache, w.v_cache, attn], plan.options.kv_dtype)?;
             self.matmul(Slot::MatmulO, li, None, t, h, nq, [attn, w.wo, o])?;
-            // Residual 1 (+ the MLP's input norm).
-            let (r1, mlp_norm) = if gemma {
-                self.rms(li, t, h, o, w.post_attn_ln, on)?;
-                (on, w.pre_ff_ln.unwrap_or(usize::MAX))
+            let (x, other) = (plan.x[cur], plan.x[1 - cur]);
+            // Residual 1 (+ the MLP's input norm), or the MLP's prologue.
+            let mlp_norm = if gemma { w.pre_ff_ln.unwrap_or(usize::MAX) } else { w.post_attn_ln };
+            if fold {
+                pending = Some(Pending { branch: o, gain: gemma.then_some(w.post_attn_ln), h: other });
             } else {
-                (o, w.post_attn_ln)
-            };
-            self.residual_norm(li, t, h, eps, x, r1, mlp_norm, other, xn, mlp_nm)?;
-            cur = 1 - cur;
-            let x = plan.x[cur];
-            let other = plan.x[1 - cur];
+                let r1 = if gemma {
+                    self.rms(li, t, h, o, w.post_attn_ln, on)?;
+                    on
+                } else {
+                    o
+                };
+                self.residual_norm(li, t, h, eps, x, r1, mlp_norm, other, xn, nm)?;
+                cur = 1 - cur;
+            }
             // MLP.
-            if fused_gu {
+            if let Some(p) = pending.take_if(|_| !(nm && fused_gu)) {
+                self.add_pending(li, plan.x[cur], p, on)?;
+                cur = 1 - cur;
+            }
+            let x = plan.x[cur];
+            if nm && fused_gu {
+                let wgu = w.wgu.unwrap_or(usize::MAX);
+                let p = pending.take();
+                self.norm_gemv_chain(li, None, inter, h, [x, mlp_norm, wgu, act], p, Some(act_fn))?;
+                if p.is_some() {
+                    cur = 1 - cur;
+                }
+            } else if fused_gu {
                 let p = Problem::GateUp { rows: t, n: inter, k: h, act: act_fn };
                 let wgu = w.wgu.unwrap_or(usize::MAX);
                 self.kernel(Slot::FusedGateUp, li, p, vec![xn, wgu, act], plan.dtype_of(wgu))?;
-            } else if mlp_nm {
+            } else if nm {
                 let g = if plan.options.parallel.ffn { Some(self.next_group()) } else { None };
                 self.norm_gemv(li, g, inter, h, [x, mlp_norm, w.wg.unwrap_or(usize::MAX), gate])?;
                 self.norm_gemv(li, g, inter, h, [x, mlp_norm, w.wu.unwrap_or(usize::MAX), up])?;
@@ -982,7 +1068,12 @@ impl Emitter<'_> {
                 let p = Problem::GatedAct { rows: t, dim: inter, act: act_fn };
                 self.kernel(Slot::Activation, li, p, vec![gate, up, act], DType::F32)?;
             }
+            let (x, other) = (plan.x[cur], plan.x[1 - cur]);
             self.matmul(Slot::MatmulDown, li, None, t, h, inter, [act, w.wd, d])?;
+            if fold {
+                pending = Some(Pending { branch: d, gain: if gemma { w.post_ff_ln } else { None }, h: other });
+                continue;
+            }
             let r2 = if gemma {
                 self.rms(li, t, h, d, w.post_ff_ln.unwrap_or(usize::MAX), dn)?;
                 dn
@@ -995,10 +1086,11 @@ impl Emitter<'_> {
             cur = 1 - cur;
             normed = !nm;
         }
-        // LM head over the final-normed rows, block by block.
+        // LM head over the final-normed rows, block by block (each block adds a
+        // pending residual in its prologue, all writing the same sum).
         if nm {
             for b in &plan.lm_head {
-                self.norm_gemv(None, None, b.rows, h, [plan.x[cur], id("final_norm"), b.weight, b.logits])?;
+                self.norm_gemv_chain(None, None, b.rows, h, [plan.x[cur], id("final_norm"), b.weight, b.logits], pending, None)?;
             }
             return Ok(());
         }

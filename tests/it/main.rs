@@ -9,6 +9,7 @@ mod bench_image;
 mod bench_kernels;
 mod cli;
 mod eval;
+mod fusion;
 mod gpu_counters;
 mod hostile_cli;
 mod layering;

@@ -39,7 +39,7 @@ use std::sync::OnceLock;
 use half::f16;
 use serde::Serialize;
 
-pub use problem::{Activation, BufSpec, Op, Problem, Role, RopeLayout, attention_keys};
+pub use problem::{Activation, BufSpec, NormResidual, Op, Problem, Role, RopeLayout, attention_keys};
 pub use quant::DType;
 
 pub use crate::device::{Backend, Caps};

@@ -2,7 +2,7 @@
 //! computes: every CPU and WGSL variant is checked against them. Straightforward
 //! loops on purpose: they are read, not tuned.
 
-use super::problem::{Problem, RopeLayout};
+use super::problem::{NormResidual, Problem, RopeLayout};
 
 /// llama3 frequency scaling (Llama 3.1/3.2 `rope_scaling` with `rope_type: llama3`).
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -262,10 +262,24 @@ pub fn compute(problem: &Problem, ins: &[Vec<f64>]) -> Vec<Vec<f64>> {
                 (0..n).map(|j| (0..k).map(|c| x[c] * w[j * k + c]).sum::<f64>() + if bias { ins[2][j] } else { 0.0 }).collect();
             vec![all[..nq].to_vec(), all[nq..nq + nkv].to_vec(), all[nq + nkv..].to_vec()]
         }
-        Problem::NormGemv { n, k, eps, unit_offset } => {
-            let xn = rms_row(&ins[0][..k], &ins[1][..k], eps as f64, unit_offset);
-            let w = &ins[2];
-            vec![(0..n).map(|j| (0..k).map(|c| xn[c] * w[j * k + c]).sum()).collect()]
+        Problem::NormGemv { n, k, eps, unit_offset, residual, act } => {
+            let (eps, x) = (eps as f64, &ins[0][..k]);
+            let (h, rest): (Vec<f64>, &[Vec<f64>]) = match residual {
+                NormResidual::None => (x.to_vec(), &ins[1..]),
+                NormResidual::Add => (x.iter().zip(&ins[1]).map(|(a, b)| a + b).collect(), &ins[2..]),
+                NormResidual::Normed => {
+                    let rn = rms_row(&ins[1][..k], &ins[2][..k], eps, unit_offset);
+                    (x.iter().zip(&rn).map(|(a, b)| a + b).collect(), &ins[3..])
+                }
+            };
+            let xn = rms_row(&h, &rest[0][..k], eps, unit_offset);
+            let w = &rest[1];
+            let dot = |j: usize| (0..k).map(|c| xn[c] * w[j * k + c]).sum::<f64>();
+            let y = match act {
+                Some(a) => (0..n).map(|j| a.apply_f64(dot(j)) * dot(n + j)).collect(),
+                None => (0..n).map(dot).collect(),
+            };
+            if residual.is_none() { vec![y] } else { vec![y, h] }
         }
         Problem::PatchEmbed { channels, image, patch, hidden } => {
             let (px, w, bias) = (&ins[0], &ins[1], &ins[2]);
