@@ -729,6 +729,13 @@ struct Pending {
     h: BufId,
 }
 
+impl Pending {
+    /// The prologue that adds it.
+    fn residual(self) -> NormResidual {
+        if self.gain.is_some() { NormResidual::Normed } else { NormResidual::Add }
+    }
+}
+
 struct Emitter<'a> {
     plan: &'a Plan,
     regime: Regime,
@@ -829,18 +836,26 @@ impl Emitter<'_> {
         pending: Option<Pending>,
         act: Option<Activation>,
     ) -> Result<(), PlanError> {
-        let c = &self.plan.config;
-        let residual = match pending {
-            None => NormResidual::None,
-            Some(Pending { gain: None, .. }) => NormResidual::Add,
-            Some(Pending { gain: Some(_), .. }) => NormResidual::Normed,
-        };
-        let p = Problem::NormGemv { n, k, eps: c.rms_norm_eps as f32, unit_offset: c.norm_unit_offset, residual, act };
+        let p = self.chain_problem(n, k, pending.map_or(NormResidual::None, Pending::residual), act);
         let mut binds = vec![x];
         binds.extend(pending.iter().flat_map(|p| std::iter::once(p.branch).chain(p.gain)));
         binds.extend([g, w, y]);
         binds.extend(pending.map(|p| p.h));
         self.kernel_in(Slot::NormMatmul, l, group, p, binds, self.plan.dtype_of(w))
+    }
+
+    /// The [`Problem::NormGemv`] of [`Emitter::norm_gemv_chain`].
+    fn chain_problem(&self, n: usize, k: usize, residual: NormResidual, act: Option<Activation>) -> Problem {
+        let c = &self.plan.config;
+        Problem::NormGemv { n, k, eps: c.rms_norm_eps as f32, unit_offset: c.norm_unit_offset, residual, act }
+    }
+
+    /// Whether a kernel of this engine runs the norm-fused projection `n` x `k` over
+    /// weight `w` with that residual prologue and activation (the WGSL ones without
+    /// subgroups run the plain form only: the plan keeps the separate steps there).
+    fn chain_runs(&self, l: Option<usize>, n: usize, k: usize, w: BufId, residual: NormResidual, act: Option<Activation>) -> bool {
+        let p = self.chain_problem(n, k, residual, act);
+        self.plan.selection.choose(Slot::NormMatmul, self.regime, l, &p, self.plan.dtype_of(w)).is_ok()
     }
 
     /// Adds a pending residual to `x` into its `h` as separate steps (its branch
@@ -889,7 +904,9 @@ impl Emitter<'_> {
             // A layer whose parts differ in storage type runs them unfused.
             let (fused_qkv, fused_gu) = (f.qkv && w.wqkv.is_some(), f.gate_up && w.wgu.is_some());
             let li = Some(l);
-            if let Some(p) = pending.take_if(|_| !(nm && fused_qkv)) {
+            let wqkv = w.wqkv.unwrap_or(usize::MAX);
+            let qkv_folds = nm && fused_qkv && pending.is_some_and(|p| self.chain_runs(li, nq + 2 * nkv, h, wqkv, p.residual(), None));
+            if let Some(p) = pending.take_if(|_| !qkv_folds) {
                 self.add_pending(li, plan.x[cur], p, dn)?;
                 cur = 1 - cur;
             }
@@ -904,7 +921,7 @@ impl Emitter<'_> {
             if nm && fused_qkv {
                 let qkv = id("qkv");
                 let p = pending.take();
-                self.norm_gemv_chain(li, None, nq + 2 * nkv, h, [x, w.input_ln, w.wqkv.unwrap_or(usize::MAX), qkv], p, None)?;
+                self.norm_gemv_chain(li, None, nq + 2 * nkv, h, [x, w.input_ln, wqkv, qkv], p, None)?;
                 if p.is_some() {
                     cur = 1 - cur;
                 }
@@ -1026,6 +1043,12 @@ impl Emitter<'_> {
             let (x, other) = (plan.x[cur], plan.x[1 - cur]);
             // Residual 1 (+ the MLP's input norm), or the MLP's prologue.
             let mlp_norm = if gemma { w.pre_ff_ln.unwrap_or(usize::MAX) } else { w.post_attn_ln };
+            // The fused gate/up as a norm-fused projection (with the residual in its
+            // prologue when folding), where this engine has a kernel for it.
+            let wgu = w.wgu.unwrap_or(usize::MAX);
+            let gu_nm = nm && fused_gu && self.chain_runs(li, inter, h, wgu, NormResidual::None, Some(act_fn));
+            let post = if gemma { NormResidual::Normed } else { NormResidual::Add };
+            let gu_folds = gu_nm && fold && self.chain_runs(li, inter, h, wgu, post, Some(act_fn));
             if fold {
                 pending = Some(Pending { branch: o, gain: gemma.then_some(w.post_attn_ln), h: other });
             } else {
@@ -1035,25 +1058,27 @@ impl Emitter<'_> {
                 } else {
                     o
                 };
-                self.residual_norm(li, t, h, eps, x, r1, mlp_norm, other, xn, nm)?;
+                self.residual_norm(li, t, h, eps, x, r1, mlp_norm, other, xn, nm && (gu_nm || !fused_gu))?;
                 cur = 1 - cur;
             }
             // MLP.
-            if let Some(p) = pending.take_if(|_| !(nm && fused_gu)) {
+            if let Some(p) = pending.take_if(|_| !gu_folds) {
                 self.add_pending(li, plan.x[cur], p, on)?;
                 cur = 1 - cur;
             }
             let x = plan.x[cur];
-            if nm && fused_gu {
-                let wgu = w.wgu.unwrap_or(usize::MAX);
+            if gu_nm {
                 let p = pending.take();
                 self.norm_gemv_chain(li, None, inter, h, [x, mlp_norm, wgu, act], p, Some(act_fn))?;
                 if p.is_some() {
                     cur = 1 - cur;
                 }
             } else if fused_gu {
+                if fold {
+                    // The residual went through a separate add: the norm too.
+                    self.rms(li, t, h, x, mlp_norm, xn)?;
+                }
                 let p = Problem::GateUp { rows: t, n: inter, k: h, act: act_fn };
-                let wgu = w.wgu.unwrap_or(usize::MAX);
                 self.kernel(Slot::FusedGateUp, li, p, vec![xn, wgu, act], plan.dtype_of(wgu))?;
             } else if nm {
                 let g = if plan.options.parallel.ffn { Some(self.next_group()) } else { None };
@@ -1089,6 +1114,12 @@ impl Emitter<'_> {
         // LM head over the final-normed rows, block by block (each block adds a
         // pending residual in its prologue, all writing the same sum).
         if nm {
+            let head_folds =
+                pending.is_some_and(|p| plan.lm_head.iter().all(|b| self.chain_runs(None, b.rows, h, b.weight, p.residual(), None)));
+            if let Some(p) = pending.take_if(|_| !head_folds) {
+                self.add_pending(None, plan.x[cur], p, dn)?;
+                cur = 1 - cur;
+            }
             for b in &plan.lm_head {
                 self.norm_gemv_chain(None, None, b.rows, h, [plan.x[cur], id("final_norm"), b.weight, b.logits], pending, None)?;
             }
@@ -1172,7 +1203,44 @@ impl Emitter<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::lm_head_blocks;
+    use super::*;
+
+    /// The default fusions' decode layer on a GPU with and without subgroups: with
+    /// them a Llama layer and a Gemma 3 layer are norm-fused projections with the
+    /// residual adds folded in (no add, no norm, no RoPE step of their own); without
+    /// them (whose WGSL norm-fused kernels run the plain form only) the plan keeps
+    /// the separate adds and norms and still builds.
+    #[test]
+    fn decode_chain_folds_where_a_kernel_runs_it() {
+        for name in ["llama-3.2-1b", "gemma3-1b"] {
+            let c = crate::model::builtin(name).expect("built-in model");
+            for subgroups in [true, false] {
+                let caps = crate::device::GpuCaps { subgroups, ..crate::testing::typical_gpu_caps() };
+                let opts = PlanOptions {
+                    weight_dtype: DType::F16,
+                    matrix_formats: BTreeMap::new(),
+                    kv_dtype: DType::F16,
+                    max_tokens: 4,
+                    context: 64,
+                    all_logits: false,
+                    fusion: Fusion::ALL,
+                    parallel: Parallel::default(),
+                    cpu_repack: Vec::new(),
+                };
+                let plan = Plan::new(name, &c, opts, Selection::runtime(select::DeviceCaps::Gpu(caps))).expect("plan");
+                let steps = plan.steps(1, 7).expect("decode steps");
+                let layer: Vec<Slot> = steps.iter().filter(|s| s.layer == Some(1)).map(|s| s.slot).collect();
+                let unfolded = [Slot::Residual, Slot::Norm, Slot::ResidualNorm, Slot::Rope, Slot::QkNormRope, Slot::KvWrite];
+                let kept = layer.iter().filter(|s| unfolded.contains(s)).count();
+                if subgroups {
+                    assert_eq!(kept, 0, "{name}: {layer:?}");
+                    assert_eq!(layer.iter().filter(|&&s| s == Slot::NormMatmul).count(), 2, "{name}: {layer:?}");
+                } else {
+                    assert!(kept > 0, "{name} without subgroups: {layer:?}");
+                }
+            }
+        }
+    }
 
     /// Blocks cover the vocabulary in order, without gaps or overlaps, each within the limit.
     fn check(vocab: usize, hidden: usize, size: usize, rows: usize, limit: u64) -> Vec<(usize, usize)> {
