@@ -37,7 +37,8 @@ use crate::kernels::{
 use crate::shader;
 
 static NORM_GEMV_WG: Shader = shader!("norm_gemv_wg.wgsl", "norm_block_wg.wgsl", "block_wg.wgsl", "reduce_wg.wgsl", "wload.wgsl");
-static NORM_GEMV_SG: Shader = shader!("norm_gemv_subgroup.wgsl", "wload.wgsl", "act.wgsl", "grid_sg.wgsl", "grid.wgsl");
+static NORM_GEMV_SG: Shader =
+    shader!("norm_gemv_subgroup.wgsl", "wload.wgsl", "act.wgsl", "norm_gemv_sg.wgsl", "grid_sg.wgsl", "grid.wgsl");
 static NORM_GEMV_Q_WG: Shader = shader!(
     "norm_gemv_q_wg.wgsl",
     "norm_gemv_q.wgsl",
@@ -47,8 +48,16 @@ static NORM_GEMV_Q_WG: Shader = shader!(
     "block_wg.wgsl",
     "reduce_wg.wgsl"
 );
-static NORM_GEMV_Q_SG: Shader =
-    shader!("norm_gemv_q_subgroup.wgsl", "norm_gemv_q.wgsl", "qblock.wgsl", "qgeom.wgsl", "act.wgsl", "grid_sg.wgsl", "grid.wgsl");
+static NORM_GEMV_Q_SG: Shader = shader!(
+    "norm_gemv_q_subgroup.wgsl",
+    "norm_gemv_q.wgsl",
+    "qblock.wgsl",
+    "qgeom.wgsl",
+    "act.wgsl",
+    "norm_gemv_sg.wgsl",
+    "grid_sg.wgsl",
+    "grid.wgsl"
+);
 
 const QUANT: &[DType] = DType::QUANT;
 
@@ -69,8 +78,8 @@ pub fn variants() -> Vec<KernelDef> {
             Op::NormGemv,
             DType::FLOAT,
             ROWS_SG_PARAMS,
-            "16-byte loads; each subgroup sums x² itself, then one subgroup per row, subgroupAdd, no barriers",
-            WgslImpl::new(&NORM_GEMV_SG, prepare_float).subgroups().check(check_subgroup),
+            "x·g formed once per workgroup in workgroup memory (x² summed alongside), then one subgroup per row, 16-byte loads, subgroupAdd",
+            WgslImpl::new(&NORM_GEMV_SG, prepare_float).subgroups().shared(shared_prologue).check(check_subgroup),
         ),
         KernelDef::new(
             "norm_gemv_q_wg",
@@ -85,8 +94,8 @@ pub fn variants() -> Vec<KernelDef> {
             Op::NormGemv,
             DType::QUANT,
             ROWS_SG_PARAMS,
-            "quantized blocks dequantized in registers; each subgroup sums x² itself, then one subgroup per row, subgroupAdd",
-            WgslImpl::new(&NORM_GEMV_Q_SG, prepare_quant).subgroups().check(check_q_subgroup),
+            "x·g formed once per workgroup in workgroup memory (x² summed alongside), then one subgroup per row, blocks dequantized in registers, subgroupAdd",
+            WgslImpl::new(&NORM_GEMV_Q_SG, prepare_quant).subgroups().shared(shared_prologue).check(check_q_subgroup),
         ),
         KernelDef::new(
             "norm_gemv_cpu",
@@ -154,6 +163,12 @@ fn shared_rows_plus_one(_: &Problem, _: DType, params: &Params) -> Result<u64, K
     Ok(4 * param(params, "workgroup_size")? as u64 * (param(params, "rows_per_wg")? as u64 + 1))
 }
 
+/// The subgroup shaders' prologue: x·g ([`k4`] vec4s) and one partial per subgroup
+/// (at most WG).
+fn shared_prologue(prob: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
+    Ok(16 * k4_of(prob) as u64 + 4 * param(params, "workgroup_size")? as u64)
+}
+
 /// Indices of a [`Problem::NormGemv`]'s buffers in binding order (see
 /// [`Problem::buffers`]): x, the residual r and its gain g_r, g, w, y, h.
 struct Roles {
@@ -208,6 +223,20 @@ fn step(
     Ok(GpuProgram { steps: vec![step], owned: vec![uniform] })
 }
 
+/// The subgroup shaders' `K4`, the vec4s of x·g in workgroup memory: k / 4 rounded
+/// up to a power of two, at least 256 (one pipeline for every k up to 1024, one
+/// per doubling above).
+fn k4_of(prob: &Problem) -> usize {
+    match *prob {
+        Problem::NormGemv { k, .. } => k.div_ceil(4).next_power_of_two().max(256),
+        _ => 256,
+    }
+}
+
+fn k4(s: &WgslSetup<'_>) -> f64 {
+    k4_of(s.problem) as f64
+}
+
 /// Whether the variant is a subgroup shader (the ones with the prologue's bindings).
 fn subgroups(s: &WgslSetup<'_>) -> bool {
     matches!(&s.kernel.imp, Impl::Wgsl(w) if w.needs_subgroups)
@@ -225,13 +254,14 @@ fn prologue_binds<'a>(s: &'a WgslSetup<'a>, ro: &Roles, at: [u32; 3]) -> [(u32, 
 fn prepare_float(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let (n, ro, u) = uniform(s)?;
     let (wg, rows) = (s.param("workgroup_size")?, s.param("rows_per_wg")?);
-    let consts = [("WG", wg as f64), ("ROWS", rows as f64), ("W_F16", s.w_f16())];
+    let consts = [("WG", wg as f64), ("ROWS", rows as f64), ("W_F16", s.w_f16()), ("K4", k4(s))];
+    let consts = if subgroups(s) { &consts[..] } else { &consts[..3] };
     let mut binds: Vec<(u32, Bind<'_>)> =
         [ro.x, ro.g, ro.w, ro.y].iter().enumerate().map(|(i, &b)| (i as u32, Bind::Whole(s.bufs[b]))).collect();
     if subgroups(s) {
         binds.extend(prologue_binds(s, &ro, [5, 6, 8]));
     }
-    step(s, &consts, binds, 4, &u, n)
+    step(s, consts, binds, 4, &u, n)
 }
 
 /// The block-format shaders: x, g, the weight's quants and scales regions, y at
@@ -239,7 +269,8 @@ fn prepare_float(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
 fn prepare_quant(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let (n, ro, u) = uniform(s)?;
     let (wg, rows) = (s.param("workgroup_size")?, s.param("rows_per_wg")?);
-    let consts = [("WG", wg as f64), ("ROWS", rows as f64), ("QFMT", qfmt(s.dtype))];
+    let consts = [("WG", wg as f64), ("ROWS", rows as f64), ("QFMT", qfmt(s.dtype)), ("K4", k4(s))];
+    let consts = if subgroups(s) { &consts[..] } else { &consts[..3] };
     // The op's buffers with the weight expanded into its two regions.
     let q = qbinds(s, ro.w, &[])?;
     let at = |i: usize| if i > ro.w { q[i + 1] } else { q[i] };
@@ -247,7 +278,7 @@ fn prepare_quant(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     if subgroups(s) {
         binds.extend(prologue_binds(s, &ro, [6, 8, 9]));
     }
-    step(s, &consts, binds, 5, &u, n)
+    step(s, consts, binds, 5, &u, n)
 }
 
 // ---------------------------------------------------------------------------------
@@ -311,22 +342,14 @@ fn run_norm(
 
 fn run_float(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), KernelError> {
     let (isa, split) = (Isa::of(params)?, RowSplit::of(params)?);
-    let k = match *prob {
-        Problem::NormGemv { k, .. } => k,
-        _ => 0,
-    };
     run_norm(kd, prob, params, a, |xn, w, first, y| {
-        par_rows(y, 1, split, |f, y| gemv_dot4(isa, xn, w, k, first + f, y));
+        par_rows(y, 1, split, |f, y| gemv_dot4(isa, xn, w, xn.len(), first + f, y));
         Ok(())
     })
 }
 
 fn run_quant(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), KernelError> {
     let (isa, split) = (Isa::of(params)?, RowSplit::dynamic(params)?);
-    let k = match *prob {
-        Problem::NormGemv { k, .. } => k,
-        _ => 0,
-    };
     run_norm(kd, prob, params, a, |xn, w, first, y| {
         let w = w.quant().ok_or_else(|| KernelError::BufferType {
             kernel: "norm_gemv_q_cpu".into(),
@@ -335,7 +358,7 @@ fn run_quant(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) ->
         })?;
         // The normalized vector as gemv_q_cpu takes it: f32, or int8 blocks (act_bits 8).
         let x = ActVec::new(xn, params, w.format)?;
-        par_rows(y, 1, split, |f, y| x.rows(isa, w, k, first + f, y, false));
+        par_rows(y, 1, split, |f, y| x.rows(isa, w, xn.len(), first + f, y, false));
         Ok(())
     })
 }
