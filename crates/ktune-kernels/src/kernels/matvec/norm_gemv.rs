@@ -14,8 +14,9 @@
 //! workgroup-reduction ones the plain form only.
 //!
 //! WGSL: `norm_gemv_wg` (f32/f16 weights, scalar loads, any k, `x²` folded into the
-//! rows' workgroup tree reduction), `norm_gemv_subgroup` (16-byte loads, one
-//! `subgroupAdd` per row), and for the block formats (q8_0, q4_0, q4_1, the `QFMT`
+//! rows' workgroup tree reduction), `norm_gemv_subgroup` (the prologue formed once
+//! per workgroup into workgroup memory, then 16-byte loads and one `subgroupAdd` per
+//! row), and for the block formats (q8_0, q4_0, q4_1, the `QFMT`
 //! override; the weight buffer bound twice, quants and the 256-byte aligned scales
 //! region, as in [`quant`](super::quant)) `norm_gemv_q_wg` and
 //! `norm_gemv_q_subgroup`.
