@@ -559,7 +559,7 @@ pub struct RunArgs {
     /// only when it was tuned with this KV dtype).
     #[arg(long, default_value = "f32", value_parser = kv_dtype)]
     pub kv_dtype: DType,
-    /// Fusions (without a profile): `all`, `none`, or a list of qkv, gate_up, qk_norm_rope, residual_norm, norm_matmul.
+    /// Fusions (without a profile): `all`, `none`, or a list of qkv, gate_up, qk_norm_rope, residual_norm, norm_matmul, qkv_rope_cache.
     #[arg(long, default_value = "all")]
     pub fusion: String,
     /// One submit per kernel instead of one per pass (GPU prefill and decode

@@ -46,9 +46,10 @@ pub fn parse_fusion(s: &str) -> Result<Fusion> {
             "qk_norm_rope" => f.qk_norm_rope = true,
             "residual_norm" => f.residual_norm = true,
             "norm_matmul" => f.norm_matmul = true,
+            "qkv_rope_cache" => f.qkv_rope_cache = true,
             other => {
                 return Err(Error::Usage(format!(
-                    "unknown fusion `{other}` (allowed: all, none, or a list of qkv, gate_up, qk_norm_rope, residual_norm, norm_matmul)"
+                    "unknown fusion `{other}` (allowed: all, none, or a list of qkv, gate_up, qk_norm_rope, residual_norm, norm_matmul, qkv_rope_cache)"
                 )));
             }
         }

@@ -16,7 +16,7 @@ use serde::Serialize;
 
 pub use select::{Choice, Selection, Slot};
 
-use crate::kernels::{Activation, DType, KernelDef, Op, Problem, RopeLayout};
+use crate::kernels::{Activation, DType, KernelDef, NormResidual, Op, Problem, RopeLayout};
 use crate::model::{Architecture, LayerKind, ModelConfig, RopeScaling};
 
 /// Errors building a plan.
@@ -67,30 +67,48 @@ pub struct Fusion {
     pub gate_up: bool,
     /// Per-head RMSNorm + RoPE in one kernel (models with q/k norm: Gemma 3).
     pub qk_norm_rope: bool,
-    /// Residual add + the following RMSNorm in one kernel.
+    /// Residual add + the following RMSNorm in one kernel: a residual + RMSNorm
+    /// kernel, or in decode with `norm_matmul`, whose norms are the prologues of
+    /// the projections they feed, that projection itself ([`Problem::NormGemv`]
+    /// with a residual: the fused QKV, the fused gate/up, the LM head; Gemma 3's
+    /// post-attention and post-FFN norms of the added branch folded in too), so
+    /// the residual stream goes through no add of its own.
     pub residual_norm: bool,
     /// Decode only: an RMSNorm whose output feeds projections runs as their prologue
     /// ([`Problem::NormGemv`]): the layer's input norm with Q/K/V (one GEMV over the
-    /// concatenated weight with `qkv`), the MLP's input norm with gate and up (unless
-    /// `gate_up` fuses those, which needs the norm materialized), and the final norm
-    /// with the LM head. The residual add before such a norm runs alone.
+    /// concatenated weight with `qkv`), the MLP's input norm with gate and up (with
+    /// `gate_up` one GEMV over the concatenated weight, the activation in its
+    /// epilogue), and the final norm with the LM head. Without `residual_norm` the
+    /// residual add before such a norm runs alone.
     pub norm_matmul: bool,
+    /// Decode with `qkv` and `norm_matmul`: the fused QKV projection's row split,
+    /// rotated (q/k-normed first on models with q/k norm) and written into the KV
+    /// cache by one kernel ([`Problem::QkvRopeCache`]) instead of a split, two RoPE
+    /// (or q/k norm + RoPE) kernels and two cache writes. Models with a QKV bias,
+    /// and engines without a kernel for the cache's type (the CPU's f16 cache),
+    /// run the unfused steps.
+    pub qkv_rope_cache: bool,
 }
 
 impl Fusion {
-    pub const NONE: Fusion = Fusion { qkv: false, gate_up: false, qk_norm_rope: false, residual_norm: false, norm_matmul: false };
-    pub const ALL: Fusion = Fusion { qkv: true, gate_up: true, qk_norm_rope: true, residual_norm: true, norm_matmul: true };
+    pub const NONE: Fusion =
+        Fusion { qkv: false, gate_up: false, qk_norm_rope: false, residual_norm: false, norm_matmul: false, qkv_rope_cache: false };
+    pub const ALL: Fusion =
+        Fusion { qkv: true, gate_up: true, qk_norm_rope: true, residual_norm: true, norm_matmul: true, qkv_rope_cache: true };
 
-    /// Every combination (the tuner's fusion space).
+    /// Every combination that changes the plan (the tuner's fusion space): the
+    /// decode-chain fusions only where the fusions they build on are on.
     pub fn all_combinations() -> Vec<Fusion> {
-        (0..32u8)
+        (0..64u8)
             .map(|b| Fusion {
                 qkv: b & 1 != 0,
                 gate_up: b & 2 != 0,
                 qk_norm_rope: b & 4 != 0,
                 residual_norm: b & 8 != 0,
                 norm_matmul: b & 16 != 0,
+                qkv_rope_cache: b & 32 != 0,
             })
+            .filter(|f| !f.qkv_rope_cache || (f.qkv && f.norm_matmul))
             .collect()
     }
 }
@@ -587,7 +605,9 @@ impl Plan {
         for s in steps {
             match &mut s.kind {
                 StepKind::Kernel { kernel, params, dtype, problem, .. } => match problem {
-                    Problem::Rope { pos0: p, .. } | Problem::QkNormRope { pos0: p, .. } => *p = pos0,
+                    Problem::Rope { pos0: p, .. } | Problem::QkNormRope { pos0: p, .. } | Problem::QkvRopeCache { pos0: p, .. } => {
+                        *p = pos0
+                    }
                     Problem::AttentionDecode { kv_len, .. } => {
                         *kv_len = pos0 + tokens;
                         if kernel.check(caps, problem, *dtype, params).is_err() {
@@ -698,6 +718,24 @@ pub fn inv_freq(c: &ModelConfig, kind: LayerKind) -> Vec<f32> {
     scaled.into_iter().map(|f| f as f32).collect()
 }
 
+/// A residual add not yet done (the decode chain, [`Fusion::residual_norm`] with
+/// `norm_matmul`): the branch to add to the residual stream, the gain of the
+/// branch's own norm (Gemma 3's post-attention / post-FFN norm), and where the sum
+/// goes.
+#[derive(Clone, Copy)]
+struct Pending {
+    branch: BufId,
+    gain: Option<BufId>,
+    h: BufId,
+}
+
+impl Pending {
+    /// The prologue that adds it.
+    fn residual(self) -> NormResidual {
+        if self.gain.is_some() { NormResidual::Normed } else { NormResidual::Add }
+    }
+}
+
 struct Emitter<'a> {
     plan: &'a Plan,
     regime: Regime,
@@ -780,9 +818,59 @@ impl Emitter<'_> {
     /// One token's `y[n] = w[n, k] · rmsnorm(x) * g` (decode): `bufs` are x (the
     /// residual stream), the norm gain g, the weight w and y.
     fn norm_gemv(&mut self, l: Option<usize>, group: Option<u32>, n: usize, k: usize, bufs: [BufId; 4]) -> Result<(), PlanError> {
+        self.norm_gemv_chain(l, group, n, k, bufs, None, None)
+    }
+
+    /// [`Emitter::norm_gemv`] with the decode chain's prologue and epilogue: the
+    /// residual `pending` (its branch, and its own norm's gain on Gemma 3) added to
+    /// x first, the sum written to `pending`'s `h`; with `act`, w the fused gate/up
+    /// and y the activation product.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_gemv_chain(
+        &mut self,
+        l: Option<usize>,
+        group: Option<u32>,
+        n: usize,
+        k: usize,
+        [x, g, w, y]: [BufId; 4],
+        pending: Option<Pending>,
+        act: Option<Activation>,
+    ) -> Result<(), PlanError> {
+        let p = self.chain_problem(n, k, pending.map_or(NormResidual::None, Pending::residual), act);
+        let mut binds = vec![x];
+        binds.extend(pending.iter().flat_map(|p| std::iter::once(p.branch).chain(p.gain)));
+        binds.extend([g, w, y]);
+        binds.extend(pending.map(|p| p.h));
+        self.kernel_in(Slot::NormMatmul, l, group, p, binds, self.plan.dtype_of(w))
+    }
+
+    /// The [`Problem::NormGemv`] of [`Emitter::norm_gemv_chain`].
+    fn chain_problem(&self, n: usize, k: usize, residual: NormResidual, act: Option<Activation>) -> Problem {
         let c = &self.plan.config;
-        let p = Problem::NormGemv { n, k, eps: c.rms_norm_eps as f32, unit_offset: c.norm_unit_offset };
-        self.kernel_in(Slot::NormMatmul, l, group, p, bufs.to_vec(), self.plan.dtype_of(bufs[2]))
+        Problem::NormGemv { n, k, eps: c.rms_norm_eps as f32, unit_offset: c.norm_unit_offset, residual, act }
+    }
+
+    /// Whether a kernel of this engine runs the norm-fused projection `n` x `k` over
+    /// weight `w` with that residual prologue and activation (the WGSL ones without
+    /// subgroups run the plain form only: the plan keeps the separate steps there).
+    fn chain_runs(&self, l: Option<usize>, n: usize, k: usize, w: BufId, residual: NormResidual, act: Option<Activation>) -> bool {
+        let p = self.chain_problem(n, k, residual, act);
+        self.plan.selection.choose(Slot::NormMatmul, self.regime, l, &p, self.plan.dtype_of(w)).is_ok()
+    }
+
+    /// Adds a pending residual to `x` into its `h` as separate steps (its branch
+    /// normed into `scratch` first on Gemma 3), for a consumer that cannot take it
+    /// as its prologue.
+    fn add_pending(&mut self, l: Option<usize>, x: BufId, p: Pending, scratch: BufId) -> Result<(), PlanError> {
+        let h = self.plan.config.hidden_size;
+        let branch = match p.gain {
+            Some(g) => {
+                self.rms(l, 1, h, p.branch, g, scratch)?;
+                scratch
+            }
+            None => p.branch,
+        };
+        self.kernel(Slot::Residual, l, Problem::ResidualAdd { n: h }, vec![x, branch, p.h], DType::F32)
     }
 
     fn rms(&mut self, l: Option<usize>, rows: usize, dim: usize, x: BufId, w: BufId, y: BufId) -> Result<(), PlanError> {
@@ -807,21 +895,40 @@ impl Emitter<'_> {
         let nm = f.norm_matmul && t == 1;
         let mut cur = 0usize; // index into plan.x holding the residual stream
         let mut normed = false; // xn already holds the next layer's input norm
+        // Decode with `residual_norm`: the residual add (and Gemma 3's norm of the
+        // added branch) waits to be the next norm-fused projection's prologue.
+        let fold = nm && f.residual_norm;
+        let mut pending: Option<Pending> = None;
         for l in 0..c.num_layers {
             let w = plan.lw(l);
             // A layer whose parts differ in storage type runs them unfused.
             let (fused_qkv, fused_gu) = (f.qkv && w.wqkv.is_some(), f.gate_up && w.wgu.is_some());
-            let mlp_nm = nm && !fused_gu;
             let li = Some(l);
-            let (x, other) = (plan.x[cur], plan.x[1 - cur]);
+            let wqkv = w.wqkv.unwrap_or(usize::MAX);
+            let qkv_folds = nm && fused_qkv && pending.is_some_and(|p| self.chain_runs(li, nq + 2 * nkv, h, wqkv, p.residual(), None));
+            if let Some(p) = pending.take_if(|_| !qkv_folds) {
+                self.add_pending(li, plan.x[cur], p, dn)?;
+                cur = 1 - cur;
+            }
+            let x = plan.x[cur];
             if !normed && !nm {
                 self.rms(li, t, h, x, w.input_ln, xn)?;
             }
+            let kind = c.layer_kind(l);
+            let freq = id(&format!("inv_freq_{}", kind.name()));
             // Q, K, V.
+            let mut rotated = false; // q in qr and k, v in the cache already
             if nm && fused_qkv {
                 let qkv = id("qkv");
-                self.norm_gemv(li, None, nq + 2 * nkv, h, [x, w.input_ln, w.wqkv.unwrap_or(usize::MAX), qkv])?;
-                self.plumb(Slot::NormMatmul, li, Plumb::SplitQkv { src: qkv, bias: w.bqkv, q, k, v, tokens: 1, nq, nkv });
+                let p = pending.take();
+                self.norm_gemv_chain(li, None, nq + 2 * nkv, h, [x, w.input_ln, wqkv, qkv], p, None)?;
+                if p.is_some() {
+                    cur = 1 - cur;
+                }
+                rotated = f.qkv_rope_cache && w.bqkv.is_none() && self.qkv_rope_cache(l, &w, pos0, qkv, freq)?;
+                if !rotated {
+                    self.plumb(Slot::NormMatmul, li, Plumb::SplitQkv { src: qkv, bias: w.bqkv, q, k, v, tokens: 1, nq, nkv });
+                }
             } else if nm {
                 let g = if plan.options.parallel.qkv { Some(self.next_group()) } else { None };
                 let get = |b: Option<BufId>| b.unwrap_or(usize::MAX);
@@ -859,11 +966,11 @@ impl Emitter<'_> {
                 }
             }
             // q/k norm and RoPE.
-            let kind = c.layer_kind(l);
-            let freq = id(&format!("inv_freq_{}", kind.name()));
             let rot = hd;
             let layout = RopeLayout::Half;
-            for (src, dst, normed_buf, heads, nw) in [(q, qr, qn, c.num_heads, w.q_norm), (k, kr, kn, c.num_kv_heads, w.k_norm)] {
+            let unrotated =
+                if rotated { Vec::new() } else { vec![(q, qr, qn, c.num_heads, w.q_norm), (k, kr, kn, c.num_kv_heads, w.k_norm)] };
+            for (src, dst, normed_buf, heads, nw) in unrotated {
                 match nw {
                     Some(nw) if f.qk_norm_rope => {
                         let p = Problem::QkNormRope {
@@ -890,21 +997,23 @@ impl Emitter<'_> {
                 }
             }
             let kv_cap = plan.options.context;
-            self.plumb(
-                Slot::KvWrite,
-                li,
-                Plumb::KvWrite {
-                    k: kr,
-                    v,
-                    k_cache: w.k_cache,
-                    v_cache: w.v_cache,
-                    tokens: t,
-                    kv_heads: c.num_kv_heads,
-                    head_dim: hd,
-                    kv_cap,
-                    pos0,
-                },
-            );
+            if !rotated {
+                self.plumb(
+                    Slot::KvWrite,
+                    li,
+                    Plumb::KvWrite {
+                        k: kr,
+                        v,
+                        k_cache: w.k_cache,
+                        v_cache: w.v_cache,
+                        tokens: t,
+                        kv_heads: c.num_kv_heads,
+                        head_dim: hd,
+                        kv_cap,
+                        pos0,
+                    },
+                );
+            }
             // Attention.
             let window = c.layer_sliding_window(l).unwrap_or(0);
             let scale = c.layer_attention_scale(l) as f32;
@@ -931,23 +1040,47 @@ impl Emitter<'_> {
             };
             self.kernel(slot, li, p, vec![qr, w.k_cache, w.v_cache, attn], plan.options.kv_dtype)?;
             self.matmul(Slot::MatmulO, li, None, t, h, nq, [attn, w.wo, o])?;
-            // Residual 1 (+ the MLP's input norm).
-            let (r1, mlp_norm) = if gemma {
-                self.rms(li, t, h, o, w.post_attn_ln, on)?;
-                (on, w.pre_ff_ln.unwrap_or(usize::MAX))
+            let (x, other) = (plan.x[cur], plan.x[1 - cur]);
+            // Residual 1 (+ the MLP's input norm), or the MLP's prologue.
+            let mlp_norm = if gemma { w.pre_ff_ln.unwrap_or(usize::MAX) } else { w.post_attn_ln };
+            // The fused gate/up as a norm-fused projection (with the residual in its
+            // prologue when folding), where this engine has a kernel for it.
+            let wgu = w.wgu.unwrap_or(usize::MAX);
+            let gu_nm = nm && fused_gu && self.chain_runs(li, inter, h, wgu, NormResidual::None, Some(act_fn));
+            let post = if gemma { NormResidual::Normed } else { NormResidual::Add };
+            let gu_folds = gu_nm && fold && self.chain_runs(li, inter, h, wgu, post, Some(act_fn));
+            if fold {
+                pending = Some(Pending { branch: o, gain: gemma.then_some(w.post_attn_ln), h: other });
             } else {
-                (o, w.post_attn_ln)
-            };
-            self.residual_norm(li, t, h, eps, x, r1, mlp_norm, other, xn, mlp_nm)?;
-            cur = 1 - cur;
-            let x = plan.x[cur];
-            let other = plan.x[1 - cur];
+                let r1 = if gemma {
+                    self.rms(li, t, h, o, w.post_attn_ln, on)?;
+                    on
+                } else {
+                    o
+                };
+                self.residual_norm(li, t, h, eps, x, r1, mlp_norm, other, xn, nm && (gu_nm || !fused_gu))?;
+                cur = 1 - cur;
+            }
             // MLP.
-            if fused_gu {
+            if let Some(p) = pending.take_if(|_| !gu_folds) {
+                self.add_pending(li, plan.x[cur], p, on)?;
+                cur = 1 - cur;
+            }
+            let x = plan.x[cur];
+            if gu_nm {
+                let p = pending.take();
+                self.norm_gemv_chain(li, None, inter, h, [x, mlp_norm, wgu, act], p, Some(act_fn))?;
+                if p.is_some() {
+                    cur = 1 - cur;
+                }
+            } else if fused_gu {
+                if fold {
+                    // The residual went through a separate add: the norm too.
+                    self.rms(li, t, h, x, mlp_norm, xn)?;
+                }
                 let p = Problem::GateUp { rows: t, n: inter, k: h, act: act_fn };
-                let wgu = w.wgu.unwrap_or(usize::MAX);
                 self.kernel(Slot::FusedGateUp, li, p, vec![xn, wgu, act], plan.dtype_of(wgu))?;
-            } else if mlp_nm {
+            } else if nm {
                 let g = if plan.options.parallel.ffn { Some(self.next_group()) } else { None };
                 self.norm_gemv(li, g, inter, h, [x, mlp_norm, w.wg.unwrap_or(usize::MAX), gate])?;
                 self.norm_gemv(li, g, inter, h, [x, mlp_norm, w.wu.unwrap_or(usize::MAX), up])?;
@@ -960,7 +1093,12 @@ impl Emitter<'_> {
                 let p = Problem::GatedAct { rows: t, dim: inter, act: act_fn };
                 self.kernel(Slot::Activation, li, p, vec![gate, up, act], DType::F32)?;
             }
+            let (x, other) = (plan.x[cur], plan.x[1 - cur]);
             self.matmul(Slot::MatmulDown, li, None, t, h, inter, [act, w.wd, d])?;
+            if fold {
+                pending = Some(Pending { branch: d, gain: if gemma { w.post_ff_ln } else { None }, h: other });
+                continue;
+            }
             let r2 = if gemma {
                 self.rms(li, t, h, d, w.post_ff_ln.unwrap_or(usize::MAX), dn)?;
                 dn
@@ -973,10 +1111,17 @@ impl Emitter<'_> {
             cur = 1 - cur;
             normed = !nm;
         }
-        // LM head over the final-normed rows, block by block.
+        // LM head over the final-normed rows, block by block (each block adds a
+        // pending residual in its prologue, all writing the same sum).
         if nm {
+            let head_folds =
+                pending.is_some_and(|p| plan.lm_head.iter().all(|b| self.chain_runs(None, b.rows, h, b.weight, p.residual(), None)));
+            if let Some(p) = pending.take_if(|_| !head_folds) {
+                self.add_pending(None, plan.x[cur], p, dn)?;
+                cur = 1 - cur;
+            }
             for b in &plan.lm_head {
-                self.norm_gemv(None, None, b.rows, h, [plan.x[cur], id("final_norm"), b.weight, b.logits])?;
+                self.norm_gemv_chain(None, None, b.rows, h, [plan.x[cur], id("final_norm"), b.weight, b.logits], pending, None)?;
             }
             return Ok(());
         }
@@ -993,6 +1138,37 @@ impl Emitter<'_> {
             self.matmul(Slot::MatmulLmHead, None, None, rows, b.rows, h, [src, b.weight, b.logits])?;
         }
         Ok(())
+    }
+
+    /// Layer `l`'s decode QKV row `qkv` split, (q/k-normed and) rotated into `qr`
+    /// and the KV cache in one kernel ([`Fusion::qkv_rope_cache`]); false (nothing
+    /// emitted) when no kernel of this engine can run it (the CPU's f16 cache).
+    fn qkv_rope_cache(&mut self, l: usize, w: &LayerW, pos0: usize, qkv: BufId, freq: BufId) -> Result<bool, PlanError> {
+        let plan = self.plan;
+        let c = &plan.config;
+        let norm = w.q_norm.zip(w.k_norm);
+        let p = Problem::QkvRopeCache {
+            heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            rot_dim: c.head_dim,
+            pos0,
+            kv_cap: plan.options.context,
+            layout: RopeLayout::Half,
+            norm: norm.is_some(),
+            eps: c.rms_norm_eps as f32,
+            unit_offset: c.norm_unit_offset,
+            gain: plan.options.weight_dtype.float_storage(),
+        };
+        let kv = plan.options.kv_dtype;
+        if plan.selection.choose(Slot::QkvRopeCache, self.regime, Some(l), &p, kv).is_err() {
+            return Ok(false);
+        }
+        let mut binds = vec![qkv];
+        binds.extend(norm.map(|(qn, kn)| [qn, kn]).into_iter().flatten());
+        binds.extend([freq, plan.id("qr"), w.k_cache, w.v_cache]);
+        self.kernel(Slot::QkvRopeCache, Some(l), p, binds, kv)?;
+        Ok(true)
     }
 
     /// `h = x + r` into `h_out`, then `y = rmsnorm(h) * w` into `y`: one fused kernel
@@ -1027,7 +1203,44 @@ impl Emitter<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::lm_head_blocks;
+    use super::*;
+
+    /// The default fusions' decode layer on a GPU with and without subgroups: with
+    /// them a Llama layer and a Gemma 3 layer are norm-fused projections with the
+    /// residual adds folded in (no add, no norm, no RoPE step of their own); without
+    /// them (whose WGSL norm-fused kernels run the plain form only) the plan keeps
+    /// the separate adds and norms and still builds.
+    #[test]
+    fn decode_chain_folds_where_a_kernel_runs_it() {
+        for name in ["llama-3.2-1b", "gemma3-1b"] {
+            let c = crate::model::builtin(name).expect("built-in model");
+            for subgroups in [true, false] {
+                let caps = crate::device::GpuCaps { subgroups, ..crate::testing::typical_gpu_caps() };
+                let opts = PlanOptions {
+                    weight_dtype: DType::F16,
+                    matrix_formats: BTreeMap::new(),
+                    kv_dtype: DType::F16,
+                    max_tokens: 4,
+                    context: 64,
+                    all_logits: false,
+                    fusion: Fusion::ALL,
+                    parallel: Parallel::default(),
+                    cpu_repack: Vec::new(),
+                };
+                let plan = Plan::new(name, &c, opts, Selection::runtime(select::DeviceCaps::Gpu(caps))).expect("plan");
+                let steps = plan.steps(1, 7).expect("decode steps");
+                let layer: Vec<Slot> = steps.iter().filter(|s| s.layer == Some(1)).map(|s| s.slot).collect();
+                let unfolded = [Slot::Residual, Slot::Norm, Slot::ResidualNorm, Slot::Rope, Slot::QkNormRope, Slot::KvWrite];
+                let kept = layer.iter().filter(|s| unfolded.contains(s)).count();
+                if subgroups {
+                    assert_eq!(kept, 0, "{name}: {layer:?}");
+                    assert_eq!(layer.iter().filter(|&&s| s == Slot::NormMatmul).count(), 2, "{name}: {layer:?}");
+                } else {
+                    assert!(kept > 0, "{name} without subgroups: {layer:?}");
+                }
+            }
+        }
+    }
 
     /// Blocks cover the vocabulary in order, without gaps or overlaps, each within the limit.
     fn check(vocab: usize, hidden: usize, size: usize, rows: usize, limit: u64) -> Vec<(usize, usize)> {

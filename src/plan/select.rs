@@ -53,6 +53,10 @@ pub enum Slot {
     /// The runtime's own KV-cache write (not tuned).
     #[strum(serialize = "kv_write")]
     KvWrite,
+    /// A decode token's split-QKV + RoPE (+ q/k norm) + KV-cache write
+    /// (`Fusion::qkv_rope_cache`).
+    #[strum(serialize = "fused.qkv_rope_cache")]
+    QkvRopeCache,
     /// The vision tower's patch embedding (regime [`Regime::Vision`], as every
     /// slot below).
     #[strum(serialize = "vision.patch_embed")]
@@ -147,6 +151,7 @@ impl Slot {
             Slot::QkNormRope => Op::QkNormRope,
             Slot::ResidualNorm => Op::ResidualRmsNorm,
             Slot::NormMatmul => Op::NormGemv,
+            Slot::QkvRopeCache => Op::QkvRopeCache,
             Slot::KvWrite => return None,
         })
     }
@@ -419,6 +424,7 @@ mod tests {
                 "fused.residual_norm",
                 "fused.norm_matmul",
                 "kv_write",
+                "fused.qkv_rope_cache",
                 "vision.patch_embed",
                 "vision.attention",
                 "vision.mlp",

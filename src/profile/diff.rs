@@ -81,6 +81,7 @@ fn entry_map(p: &Profile) -> BTreeMap<String, String> {
         ("execution.fusedQkNormRope", e.fused_qk_norm_rope.to_string()),
         ("execution.fusedResidualNorm", e.fused_residual_norm.to_string()),
         ("execution.fusedNormMatmul", e.fused_norm_matmul.to_string()),
+        ("execution.fusedQkvRopeCache", e.fused_qkv_rope_cache.to_string()),
         ("scheduling.maxParallelKernels", p.doc.scheduling.max_parallel_kernels.to_string()),
     ] {
         m.insert(k.to_string(), v);

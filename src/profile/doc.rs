@@ -166,6 +166,9 @@ pub struct FusedDoc {
     /// RMSNorm folded into the decode projections it feeds (`norm_gemv_*` kernels).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub norm_matmul: Option<At<Entry>>,
+    /// Split-QKV + RoPE (+ q/k norm) + KV-cache write in one decode kernel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qkv_rope_cache: Option<At<Entry>>,
 }
 
 /// The vision slots: one variant each (they have one regime).
@@ -396,6 +399,10 @@ pub struct ExecutionDoc {
     /// unless fused, the LM head).
     #[serde(default)]
     pub fused_norm_matmul: bool,
+    /// Decode: the fused QKV row split, rotated (q/k-normed) and written into the
+    /// KV cache by one kernel (with `fusedQkv` and `fusedNormMatmul`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub fused_qkv_rope_cache: bool,
     /// CPU: threads the kernels run on (the tuned thread count; absent or 0: all
     /// the process may use; more than the machine has: all of them).
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -452,6 +459,7 @@ impl Default for ExecutionDoc {
             fused_qk_norm_rope: false,
             fused_residual_norm: false,
             fused_norm_matmul: false,
+            fused_qkv_rope_cache: false,
             cpu_threads: 0,
             cpu_spin_us: 0,
             cpu_prefetch_bytes: None,

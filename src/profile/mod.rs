@@ -111,6 +111,7 @@ impl ExecSettings {
             fused_qk_norm_rope: self.fusion.qk_norm_rope,
             fused_residual_norm: self.fusion.residual_norm,
             fused_norm_matmul: self.fusion.norm_matmul,
+            fused_qkv_rope_cache: self.fusion.qkv_rope_cache,
             cpu_threads: self.threads as u32,
             cpu_spin_us: self.spin_us,
             cpu_prefetch_bytes: self.prefetch,
@@ -169,6 +170,7 @@ fn entries(k: &KernelsDoc) -> Vec<EntryRef<'_>> {
         push("fused.qk_norm_rope", &f.qk_norm_rope, vec![Slot::QkNormRope]);
         push("fused.residual_norm", &f.residual_norm, vec![Slot::ResidualNorm]);
         push("fused.norm_matmul", &f.norm_matmul, vec![Slot::NormMatmul]);
+        push("fused.qkv_rope_cache", &f.qkv_rope_cache, vec![Slot::QkvRopeCache]);
     }
     if let Some(vd) = &k.vision {
         push("vision.patch_embed", &vd.patch_embed, vec![Slot::VisionPatchEmbed]);
@@ -317,6 +319,7 @@ fn entries_mut(k: &mut KernelsDoc) -> Vec<EntryMut<'_>> {
         v.push(("fused.qk_norm_rope", &mut f.qk_norm_rope, vec![Slot::QkNormRope]));
         v.push(("fused.residual_norm", &mut f.residual_norm, vec![Slot::ResidualNorm]));
         v.push(("fused.norm_matmul", &mut f.norm_matmul, vec![Slot::NormMatmul]));
+        v.push(("fused.qkv_rope_cache", &mut f.qkv_rope_cache, vec![Slot::QkvRopeCache]));
     }
     if let Some(vd) = &mut k.vision {
         v.push(("vision.patch_embed", &mut vd.patch_embed, vec![Slot::VisionPatchEmbed]));
@@ -621,6 +624,7 @@ impl Profile {
                 qk_norm_rope: e.fused_qk_norm_rope,
                 residual_norm: e.fused_residual_norm,
                 norm_matmul: e.fused_norm_matmul,
+                qkv_rope_cache: e.fused_qkv_rope_cache,
             },
             parallel: Parallel {
                 qkv: par_on && d.parallel.contains_key("qkv_projections"),
@@ -740,6 +744,7 @@ pub fn kernels_doc(choices: &BTreeMap<SlotKey, Choice>) -> KernelsDoc {
         qk_norm_rope: entry(Slot::QkNormRope),
         residual_norm: entry(Slot::ResidualNorm),
         norm_matmul: entry(Slot::NormMatmul),
+        qkv_rope_cache: entry(Slot::QkvRopeCache),
     };
     let one = |slot: Slot| choices.get(&(slot, Regime::Vision)).map(|c| At::new(Entry::One(variant_doc(c))));
     let vd = doc::VisionDoc {
@@ -758,7 +763,11 @@ pub fn kernels_doc(choices: &BTreeMap<SlotKey, Choice>) -> KernelsDoc {
         activation: entry(Slot::Activation),
         rope: entry(Slot::Rope),
         residual: entry(Slot::Residual),
-        fused: if any(&[&f.qkv_proj, &f.gate_up, &f.qk_norm_rope, &f.residual_norm, &f.norm_matmul]) { Some(f) } else { None },
+        fused: if any(&[&f.qkv_proj, &f.gate_up, &f.qk_norm_rope, &f.residual_norm, &f.norm_matmul, &f.qkv_rope_cache]) {
+            Some(f)
+        } else {
+            None
+        },
         vision: if any(&[&vd.patch_embed, &vd.attention, &vd.mlp, &vd.norm, &vd.residual_norm, &vd.pool, &vd.projector]) {
             Some(vd)
         } else {

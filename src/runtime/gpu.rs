@@ -122,7 +122,7 @@ enum Sig {
 fn unplaced(problem: &Problem) -> Problem {
     let mut p = problem.clone();
     match &mut p {
-        Problem::Rope { pos0, .. } | Problem::QkNormRope { pos0, .. } => *pos0 = 0,
+        Problem::Rope { pos0, .. } | Problem::QkNormRope { pos0, .. } | Problem::QkvRopeCache { pos0, .. } => *pos0 = 0,
         Problem::AttentionDecode { kv_len, .. } => *kv_len = 0,
         _ => {}
     }

@@ -93,6 +93,7 @@ impl Combo {
             (f.qk_norm_rope, "fused_qk_norm_rope"),
             (f.residual_norm, "fused_residual_norm"),
             (f.norm_matmul, "fused_norm_matmul"),
+            (f.qkv_rope_cache, "fused_qkv_rope_cache"),
         ] {
             if on {
                 parts.push(name);
@@ -338,7 +339,7 @@ fn request_times((prefill, decode): &(Vec<f64>, Vec<f64>), decode_tokens: usize,
 
 /// How many fusions `f` turns on.
 fn fused_count(f: Fusion) -> usize {
-    [f.qkv, f.gate_up, f.qk_norm_rope, f.residual_norm, f.norm_matmul].iter().filter(|&&on| on).count()
+    [f.qkv, f.gate_up, f.qk_norm_rope, f.residual_norm, f.norm_matmul, f.qkv_rope_cache].iter().filter(|&&on| on).count()
 }
 
 /// A relative gain a combination must show over the runtime's default, as the

@@ -143,7 +143,7 @@ pub fn entries(model: &str, cfg: &ModelConfig, tokens: usize, context: usize) ->
         e("decode qkv fused", Problem::QkvProj { k: h, nq: heads * hd, nkv: kv_heads * hd, bias: cfg.attention_bias }, DType::F16),
         e("decode qkv fused", Problem::QkvProj { k: h, nq: heads * hd, nkv: kv_heads * hd, bias: cfg.attention_bias }, DType::Q8_0),
         e("decode qkv fused", Problem::QkvProj { k: h, nq: heads * hd, nkv: kv_heads * hd, bias: cfg.attention_bias }, DType::Q4_0),
-        e("decode norm+o/qkv", Problem::NormGemv { n: heads * hd, k: h, eps, unit_offset }, DType::F16),
+        e("decode norm+o/qkv", Problem::norm_gemv(heads * hd, h, eps, unit_offset), DType::F16),
         e("prefill gate/up", Problem::Gemm { m: tokens, n: inter, k: h }, DType::F16),
         e("prefill gate/up", Problem::Gemm { m: tokens, n: inter, k: h }, DType::Q8_0),
         e(

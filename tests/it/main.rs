@@ -10,6 +10,7 @@ mod bench_kernels;
 mod chain;
 mod cli;
 mod eval;
+mod fusion;
 mod gpu_counters;
 mod hostile_cli;
 mod layering;

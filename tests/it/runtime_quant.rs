@@ -69,7 +69,7 @@ const PROMPT: [u32; 9] = [1, 17, 42, 99, 3, 250, 7, 128, 64];
 const DECODE: usize = 4;
 
 /// Logits of every prompt position (prefill in chunks of 4) then of `DECODE` greedy steps.
-fn logits(
+pub(crate) fn logits(
     dir: &Path,
     caps: DeviceCaps,
     gpu: Option<Arc<ktune::gpu::GpuCtx>>,
@@ -211,7 +211,9 @@ fn norm_matmul_decode_matches_unfused_plan() {
 
 /// The decode plan with `norm_matmul` has no RMSNorm step left that feeds a
 /// projection: Llama-style layers keep none, Gemma 3 only its post-attention and
-/// post-FF norms (and the q/k norms); prefill is unchanged.
+/// post-FF norms (and the q/k norms), those too when `residual_norm` folds them
+/// into the next projection's prologue; the fused gate/up is itself a norm-fused
+/// projection; prefill is unchanged.
 #[test]
 fn norm_matmul_removes_the_norms_that_feed_projections() {
     use ktune::plan::{Slot, StepKind};
@@ -239,11 +241,11 @@ fn norm_matmul_removes_the_norms_that_feed_projections() {
             let (off, on) = (plan(base), plan(Fusion { norm_matmul: true, ..base }));
             let (d_off, d_on) = (off.steps(1, 4).expect("steps"), on.steps(1, 4).expect("steps"));
             let gemma = c.architecture == ktune::model::Architecture::Gemma3;
-            let kept_norms = if gemma { 2 * c.num_layers } else { 0 } + if c.qk_norm && !base.qk_norm_rope { 2 * c.num_layers } else { 0 };
-            let mlp_norm_kept = if base.gate_up { c.num_layers } else { 0 };
+            let kept_norms = if gemma && !base.residual_norm { 2 * c.num_layers } else { 0 }
+                + if c.qk_norm && !base.qk_norm_rope { 2 * c.num_layers } else { 0 };
             let norms = count(&d_on, Slot::Norm) + count(&d_on, Slot::ResidualNorm);
-            assert_eq!(norms, kept_norms + mlp_norm_kept, "{}: {base:?}", dir.display());
-            let projections = if base.qkv { 1 } else { 3 } + if base.gate_up { 0 } else { 2 };
+            assert_eq!(norms, kept_norms, "{}: {base:?}", dir.display());
+            let projections = if base.qkv { 1 } else { 3 } + if base.gate_up { 1 } else { 2 };
             assert_eq!(count(&d_on, Slot::NormMatmul), c.num_layers * projections + on.lm_head.len(), "{}: {base:?}", dir.display());
             // Fewer kernels (the fused Q/K/V split is a runtime copy, as in prefill).
             let kernels = |s: &[ktune::plan::Step]| s.iter().filter(|s| matches!(s.kind, StepKind::Kernel { .. })).count();

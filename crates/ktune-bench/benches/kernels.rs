@@ -61,7 +61,7 @@ fn membw(c: &mut Criterion) {
 fn problems(op: kernels::Op) -> Vec<Problem> {
     match op {
         kernels::Op::Gemv => GEMV_SHAPES.iter().map(|&(n, k)| Problem::Gemv { n, k }).collect(),
-        kernels::Op::NormGemv => NORM_GEMV_SHAPES.iter().map(|&(n, k)| Problem::NormGemv { n, k, eps: 1e-6, unit_offset: true }).collect(),
+        kernels::Op::NormGemv => NORM_GEMV_SHAPES.iter().map(|&(n, k)| Problem::norm_gemv(n, k, 1e-6, true)).collect(),
         _ => GEMV_SHAPES.iter().map(|&(n, k)| Problem::Gemm { m: PREFILL_T, n, k }).collect(),
     }
 }

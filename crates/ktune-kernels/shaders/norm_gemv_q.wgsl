@@ -5,9 +5,10 @@
 // "norm_gemv_q.wgsl", ..)`). Needs k a whole number of blocks (qbe()).
 //
 // Bindings: x, the gain (f32), the weight buffer twice (quants at 2, the scales
-// region at 3), y, the uniform.
+// region at 3), y, the uniform (its residual and act words read by
+// norm_gemv_q_subgroup only, which binds the decode chain's buffers itself).
 
-struct Dims { n: u32, k: u32, eps: f32, unit_offset: u32 }
+struct Dims { n: u32, k: u32, eps: f32, unit_offset: u32, residual: u32, act: u32, pad0: u32, pad1: u32 }
 
 @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> g: array<vec4<f32>>;

@@ -1,49 +1,88 @@
 // Fused RMSNorm prologue + quantized GEMV (decode) reduced with subgroup
-// operations: y[n] = w[n,k] · (x * inv_rms * g'), w in ggml blocks (QFMT selects
-// q8_0 / q4_0 / q4_1) dequantized in registers, g' = g or 1 + g (unit_offset,
-// Gemma), inv_rms = 1 / sqrt(mean(x²) + eps). Every subgroup first sums x² over k
-// itself (k floats from cache, one subgroupAdd), then owns whole rows (sg,
-// sg + num_subgroups, ... of the workgroup's ROWS): its lanes stride over the row's
-// quant words, dot them with x·g', and one subgroupAdd finishes the row, scaled by
-// inv_rms; no workgroup memory, no barriers. Needs SUBGROUP and k a whole number of blocks (qbe()).
-// Includes: norm_gemv_q.wgsl (interface), qblock.wgsl (block decoding).
-// Requires: grid_sg.wgsl, grid.wgsl.
+// operations: y[n] = w[n,k] · (x * inv_rms * g'), w in ggml blocks (QFMT: any ggml
+// block format) dequantized in registers, g' = g or 1 + g (unit_offset, Gemma),
+// inv_rms = 1 / sqrt(mean(x²) + eps). The workgroup first forms x·g' once into
+// workgroup memory (K4 = k / 4 vec4s), summing x² alongside (wg_total), then each
+// subgroup owns whole rows (sg, sg + num_subgroups, ... of the workgroup's ROWS):
+// its lanes stride over the row's quant words, dot them with x·g', and one
+// subgroupAdd finishes the row, scaled by inv_rms. Needs SUBGROUP and k a whole
+// number of blocks (qbe()).
+//
+// The decode chain's forms, as norm_gemv_subgroup.wgsl: the input x + r (residual
+// 1) or x + rmsnorm(r) * g_r' (2), formed in the same prologue and written once to
+// h by the first workgroup; with an activation the weight is the fused gate/up
+// [2n, k] and y[r] = act(gate) * up. Without them the host binds x, g and y in
+// place of r, g_r and h (never read or written).
+// Includes: norm_gemv_q.wgsl (interface), qblock.wgsl (block decoding), act.wgsl,
+// norm_gemv_sg.wgsl (wg_total, residual_inv, write_h).
+// Requires: grid_sg.wgsl, grid.wgsl, norm_gemv_sg.wgsl.
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
 override QFMT: u32 = 0u;
+override K4: u32 = 1u;
+
+@group(0) @binding(6) var<storage, read> r: array<vec4<f32>>;
+@group(0) @binding(8) var<storage, read> g_r: array<vec4<f32>>;
+@group(0) @binding(9) var<storage, read_write> h: array<f32>;
+
+// x·g' (the normalized input before its 1 / rms), by vec4.
+var<workgroup> xa: array<vec4<f32>, K4>;
+var<workgroup> sums: array<f32, WG>;
 
 @compute @workgroup_size(WG)
 fn main(s: SgGrid) {
-    let row0 = wg_linear(s.wid, s.nwg) * ROWS;
+    let first = wg_linear(s.wid, s.nwg);
+    let row0 = first * ROWS;
     let qu = qunits();
     let wpr = dims.k / qbe() * qu;
-    var ss = 0.0;
-    for (var c = s.lane; c < dims.k / 4u; c += s.sg_size) {
-        let v = x[c];
-        ss += dot(v, v);
-    }
-    let inv = inverseSqrt(subgroupAdd(ss) / f32(dims.k) + dims.eps);
+    let vecs = dims.k / 4u;
+    let tid = s.sg * s.sg_size + s.lane;
+    let stride = s.nsg * s.sg_size;
     let off = vec4<f32>(select(0.0, 1.0, dims.unit_offset != 0u));
-    for (var r = s.sg; r < ROWS; r += s.nsg) {
-        let row = row0 + r;
+    let inv_r = residual_inv(s, tid, stride);
+    var ss = 0.0;
+    for (var c = tid; c < vecs; c += stride) {
+        var v = x[c];
+        if (dims.residual == 1u) {
+            v += r[c];
+        } else if (dims.residual == 2u) {
+            v += r[c] * inv_r * (g_r[c] + off);
+        }
+        ss += dot(v, v);
+        xa[c] = v * (g[c] + off);
+        write_h(first, c, v);
+    }
+    let inv = inverseSqrt(wg_total(ss, s) / f32(dims.k) + dims.eps);
+    let gated = dims.act != 0u;
+    for (var rr = s.sg; rr < ROWS; rr += s.nsg) {
+        let row = row0 + rr;
         if (row >= dims.n) { break; }
         var acc = 0.0;
+        var acc_up = 0.0;
         for (var wi = s.lane; wi < wpr; wi += s.sg_size) {
             // Unit j of block bi covers x at qpos(j) within the block (two halves but for q8_0).
             let base = (wi / qu) * (qbe() / 4u);
             let p = qpos(wi % qu);
-            let i0 = base + p.x / 4u;
-            let i1 = base + p.y / 4u;
+            let a0 = xa[base + p.x / 4u];
+            let a1 = xa[base + p.y / 4u];
             let d = qdecode(row * wpr + wi);
-            acc += dot(d.lo, x[i0] * (g[i0] + off));
+            acc += dot(d.lo, a0);
             if (QFMT != 0u) {
-                acc += dot(d.hi, x[i1] * (g[i1] + off));
+                acc += dot(d.hi, a1);
+            }
+            if (gated) {
+                let du = qdecode((row + dims.n) * wpr + wi);
+                acc_up += dot(du.lo, a0);
+                if (QFMT != 0u) {
+                    acc_up += dot(du.hi, a1);
+                }
             }
         }
-        let total = subgroupAdd(acc);
+        let total = subgroupAdd(acc) * inv;
+        let up = subgroupAdd(acc_up) * inv;
         if (s.lane == 0u) {
-            y[row] = total * inv;
+            y[row] = select(total, act(total, dims.act == 2u) * up, gated);
         }
     }
 }

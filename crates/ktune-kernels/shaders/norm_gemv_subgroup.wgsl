@@ -1,53 +1,92 @@
 // Fused RMSNorm prologue + GEMV (decode), reduced with subgroup operations:
 // y[n] = w[n,k] · (x * inv_rms * g'), g' = g or 1 + g (unit_offset, Gemma),
-// inv_rms = 1 / sqrt(mean(x²) + eps). Every subgroup first sums x² over k itself
-// (k floats from cache, one subgroupAdd: no workgroup memory, no barrier), then owns
-// whole rows (sg, sg + num_subgroups, ... of the workgroup's ROWS): its lanes load
-// 16 bytes of the row per step, dot them with x·g', and one subgroupAdd finishes the
-// row, scaled by inv_rms. The gain and the weights are vec4<u32> words decoded by
-// W_F16 (4 f32 or 8 packed f16). Needs SUBGROUP and k % 4 == 0 (f32) or k % 8 == 0 (f16).
-// Includes: wload.wgsl (W_F16, 16-byte words).
-// Requires: grid_sg.wgsl, grid.wgsl.
+// inv_rms = 1 / sqrt(mean(x²) + eps). The workgroup first forms x·g' once into
+// workgroup memory (K4 = k / 4 vec4s), summing x² alongside (wg_total), then each
+// subgroup owns whole rows (sg, sg + num_subgroups, ... of the workgroup's ROWS):
+// its lanes load 16 bytes of the row per step, dot them with x·g', and one
+// subgroupAdd finishes the row, scaled by inv_rms. The gain and the weights are
+// vec4<u32> words decoded by W_F16 (4 f32 or 8 packed f16). Needs SUBGROUP and
+// k % 4 == 0 (f32) or k % 8 == 0 (f16).
+//
+// The decode chain's forms (dims.residual, dims.act): the input is x + r
+// (residual 1) or x + rmsnorm(r) * g_r' (2: Gemma's post-norms, r² summed over the
+// workgroup first), formed in the same prologue and written once to h by the first
+// workgroup (no other workgroup reads h); with an activation (1 +
+// Activation::code) the weight is the fused gate/up [2n, k] and each row r dots
+// rows r and n + r: y[r] = act(gate) * up. Without them the host binds x, g and y
+// in place of r, g_r and h (never read or written).
+// Includes: wload.wgsl (W_F16, 16-byte words), act.wgsl, norm_gemv_sg.wgsl (wg_total, residual_inv, write_h).
+// Requires: grid_sg.wgsl, grid.wgsl, norm_gemv_sg.wgsl.
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
 override W_F16: bool = false;
+override K4: u32 = 1u;
 
-struct Dims { n: u32, k: u32, eps: f32, unit_offset: u32 }
+struct Dims { n: u32, k: u32, eps: f32, unit_offset: u32, residual: u32, act: u32, pad0: u32, pad1: u32 }
 
 @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> g: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<uniform> dims: Dims;
+@group(0) @binding(5) var<storage, read> r: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read> g_r: array<vec4<u32>>;
+@group(0) @binding(8) var<storage, read_write> h: array<f32>;
+
+// x·g' (the normalized input before its 1 / rms), by vec4.
+var<workgroup> xa: array<vec4<f32>, K4>;
+var<workgroup> sums: array<f32, WG>;
+
+// Elements 4i..4i+4 of a gain stored as 16-byte words, as applied (g or 1 + g).
+fn gain4(q: vec4<u32>, i: u32) -> vec4<f32> {
+    let v = select(wlo4(q), select(wlo4(q), whi4(q), (i & 1u) == 1u), W_F16);
+    return v + vec4<f32>(select(0.0, 1.0, dims.unit_offset != 0u));
+}
 
 @compute @workgroup_size(WG)
 fn main(s: SgGrid) {
-    let row0 = wg_linear(s.wid, s.nwg) * ROWS;
+    let first = wg_linear(s.wid, s.nwg);
+    let row0 = first * ROWS;
     let k = dims.k;
     let vecs = k / 4u;
+    let tid = s.sg * s.sg_size + s.lane;
+    let stride = s.nsg * s.sg_size;
+    let gw = select(0u, 1u, W_F16); // vec4 index -> gain word shift
+    let inv_r = residual_inv(s, tid, stride);
     var ss = 0.0;
-    for (var c = s.lane; c < vecs; c += s.sg_size) {
-        let v = x[c];
+    for (var c = tid; c < vecs; c += stride) {
+        var v = x[c];
+        if (dims.residual == 1u) {
+            v += r[c];
+        } else if (dims.residual == 2u) {
+            v += r[c] * inv_r * gain4(g_r[c >> gw], c);
+        }
         ss += dot(v, v);
+        xa[c] = v * gain4(g[c >> gw], c);
+        write_h(first, c, v);
     }
-    let inv = inverseSqrt(subgroupAdd(ss) / f32(k) + dims.eps);
-    let off = vec4<f32>(select(0.0, 1.0, dims.unit_offset != 0u));
+    let inv = inverseSqrt(wg_total(ss, s) / f32(k) + dims.eps);
     let words = wwords16(k);
-    for (var r = s.sg; r < ROWS; r += s.nsg) {
-        let row = row0 + r;
+    let gated = dims.act != 0u;
+    for (var rr = s.sg; rr < ROWS; rr += s.nsg) {
+        let row = row0 + rr;
         if (row >= dims.n) { break; }
         var acc = 0.0;
+        var acc_up = 0.0;
         for (var c = s.lane; c < words; c += s.sg_size) {
             let xi = wx16(c);
-            let gq = g[c];
-            let a0 = x[xi.x] * (wlo4(gq) + off);
-            let a1 = x[xi.y] * (whi4(gq) + off);
+            let a0 = xa[xi.x];
+            let a1 = xa[xi.y];
             acc += wdot16(w[row * words + c], a0, a1);
+            if (gated) {
+                acc_up += wdot16(w[(row + dims.n) * words + c], a0, a1);
+            }
         }
-        let total = subgroupAdd(acc);
+        let total = subgroupAdd(acc) * inv;
+        let up = subgroupAdd(acc_up) * inv;
         if (s.lane == 0u) {
-            y[row] = total * inv;
+            y[row] = select(total, act(total, dims.act == 2u) * up, gated);
         }
     }
 }

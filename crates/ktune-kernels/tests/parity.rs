@@ -358,7 +358,7 @@ fn repacked_weights_give_the_row_layout_results(dtype: ktune_kernels::kernels::D
         Problem::GateUp { rows: 1, n: 24, k: 512, act: Activation::Silu },
         Problem::GateUp { rows: 3, n: 80, k: 256, act: Activation::GeluTanh },
         Problem::QkvProj { k: 512, nq: 32, nkv: 16, bias: true },
-        Problem::NormGemv { n: 72, k: 256, eps: 1e-6, unit_offset: true },
+        Problem::norm_gemv(72, 256, 1e-6, true),
     ];
     let caps = CpuCaps::detect();
     let mut repacked_runs = 0;

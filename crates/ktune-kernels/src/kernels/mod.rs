@@ -39,7 +39,7 @@ use std::sync::OnceLock;
 use half::f16;
 use serde::Serialize;
 
-pub use problem::{Activation, BufSpec, Op, Problem, Role, RopeLayout, attention_keys};
+pub use problem::{Activation, BufSpec, NormResidual, Op, Problem, Role, RopeLayout, attention_keys};
 pub use quant::DType;
 
 pub use crate::device::{Backend, Caps};
@@ -581,6 +581,7 @@ pub fn registry() -> &'static [KernelDef] {
             norm::residual::variants(),
             rope::variants(),
             rope::qk_norm::variants(),
+            rope::qkv_cache::variants(),
             act::variants(),
             vision::variants(),
         ];
@@ -742,6 +743,7 @@ impl WgslSetup<'_> {
 pub fn pass_position(problem: &Problem) -> Option<(usize, usize)> {
     match *problem {
         Problem::Rope { pos0, tokens, .. } | Problem::QkNormRope { pos0, tokens, .. } => Some((pos0, tokens)),
+        Problem::QkvRopeCache { pos0, .. } => Some((pos0, 1)),
         Problem::AttentionDecode { kv_len, .. } => Some((kv_len.saturating_sub(1), 1)),
         _ => None,
     }
@@ -784,6 +786,7 @@ mod tests {
                 "attention_full",
                 "avg_pool",
                 "residual_layer_norm",
+                "qkv_rope_cache",
             ]
         );
         assert_eq!(Op::ALL.to_vec(), Op::iter().collect::<Vec<_>>());

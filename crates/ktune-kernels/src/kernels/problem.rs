@@ -80,6 +80,32 @@ impl Activation {
     }
 }
 
+/// The residual a [`Problem::NormGemv`] prologue adds to its input before the norm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormResidual {
+    /// No residual: the input is `x`.
+    None,
+    /// `x + r`.
+    Add,
+    /// `x + rmsnorm(r) * g_r` (a norm of the branch before the add: Gemma 3).
+    Normed,
+}
+
+impl NormResidual {
+    pub fn is_none(&self) -> bool {
+        *self == NormResidual::None
+    }
+    /// The code the WGSL kernels read (0, 1, 2).
+    pub fn code(self) -> u32 {
+        match self {
+            NormResidual::None => 0,
+            NormResidual::Add => 1,
+            NormResidual::Normed => 2,
+        }
+    }
+}
+
 /// Where the rotary pairs live inside a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -192,7 +218,45 @@ pub enum Problem {
     /// `unit_offset`, Gemma). `x[k]` (the residual stream), `g[k]` (the norm gain,
     /// stored as the plan stores norm gains: f32, or f16 with f16 weights), `w[n,k]`, `y[n]`.
     /// Since `y_r = inv_rms · Σ_c w[r,c] x[c] g[c]`, kernels need no extra pass over `w`.
-    NormGemv { n: usize, k: usize, eps: f32, unit_offset: bool },
+    ///
+    /// With a `residual` (the decoder's residual add folded into the prologue) the
+    /// normalized vector is that of `x + r` (`Add`) or `x + rmsnorm(r) * g_r`
+    /// (`Normed`: Gemma 3's post-attention / post-FFN norm, same eps and gain
+    /// convention), written to the output `h[k]` (the next residual stream): inputs
+    /// `x`, `r[k]`, (`g_r[k]`), `g`, `w`; outputs `y`, `h`. With `act` the weight is
+    /// the fused gate/up `w[2n,k]` (gate rows `0..n`, up rows `n..2n`) and
+    /// `y[n] = act(gate) * up`.
+    NormGemv {
+        n: usize,
+        k: usize,
+        eps: f32,
+        unit_offset: bool,
+        #[serde(skip_serializing_if = "NormResidual::is_none")]
+        residual: NormResidual,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        act: Option<Activation>,
+    },
+    /// One decode token's fused Q/K/V row `qkv[heads + 2 kv_heads, head_dim]` (q heads,
+    /// then k heads, then v heads, as the fused QKV projection writes them) split,
+    /// q and k per-head RMS-normed when `norm` (Gemma 3's q/k norm: gains `q_norm`,
+    /// `k_norm[head_dim]` stored as `gain`, f32 or f16) and rotated at position `pos0`,
+    /// the rotated q into `q[heads, head_dim]` and k and v into row `pos0` of the
+    /// head-major caches `k_cache`, `v_cache[kv_heads, kv_cap, head_dim]` (the
+    /// variant's dtype, f32 or f16; other rows untouched). Buffers: `qkv`, (`q_norm`,
+    /// `k_norm` when `norm`), `inv_freq[rot_dim/2]`; outputs `q`, `k_cache`, `v_cache`.
+    QkvRopeCache {
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        rot_dim: usize,
+        pos0: usize,
+        kv_cap: usize,
+        layout: RopeLayout,
+        norm: bool,
+        eps: f32,
+        unit_offset: bool,
+        gain: DType,
+    },
     /// Patch embedding of a vision tower: a 2-D convolution with kernel = stride =
     /// `patch`, no padding (SigLIP's `Conv2d(channels, hidden, patch, patch)`).
     /// `pixels[channels, image, image]`, `w[hidden, channels * patch * patch]` (the
@@ -253,10 +317,11 @@ pub enum Op {
     AttentionFull,
     AvgPool,
     ResidualLayerNorm,
+    QkvRopeCache,
 }
 
 impl Op {
-    pub const ALL: [Op; 20] = [
+    pub const ALL: [Op; 21] = [
         Op::Gemm,
         Op::Gemv,
         Op::AttentionPrefill,
@@ -277,6 +342,7 @@ impl Op {
         Op::AttentionFull,
         Op::AvgPool,
         Op::ResidualLayerNorm,
+        Op::QkvRopeCache,
     ];
 
     /// Ops with CPU kernels only, which the checks that every op has WGSL kernels
@@ -299,6 +365,11 @@ fn b(id: &'static str, role: Role, dims: &[&'static str], shape: &[usize], dtype
 }
 
 impl Problem {
+    /// A plain [`Problem::NormGemv`]: no residual, no activation.
+    pub fn norm_gemv(n: usize, k: usize, eps: f32, unit_offset: bool) -> Problem {
+        Problem::NormGemv { n, k, eps, unit_offset, residual: NormResidual::None, act: None }
+    }
+
     pub fn op(&self) -> Op {
         match self {
             Problem::Gemm { .. } => Op::Gemm,
@@ -321,6 +392,7 @@ impl Problem {
             Problem::AttentionFull { .. } => Op::AttentionFull,
             Problem::AvgPool { .. } => Op::AvgPool,
             Problem::ResidualLayerNorm { .. } => Op::ResidualLayerNorm,
+            Problem::QkvRopeCache { .. } => Op::QkvRopeCache,
         }
     }
 
@@ -415,12 +487,36 @@ impl Problem {
                 v.push(b("v_out", Output, &["nkv"], &[nkv], f));
                 v
             }
-            Problem::NormGemv { n, k, .. } => vec![
-                b("x", Input, &["k"], &[k], f),
-                b("g", Weight, &["k"], &[k], d.float_storage()),
-                b("w", Weight, &["n", "k"], &[n, k], d),
-                b("y", Output, &["n"], &[n], f),
-            ],
+            Problem::NormGemv { n, k, residual, act, .. } => {
+                let g = d.float_storage();
+                let mut v = vec![b("x", Input, &["k"], &[k], f)];
+                if !residual.is_none() {
+                    v.push(b("r", Input, &["k"], &[k], f));
+                }
+                if residual == NormResidual::Normed {
+                    v.push(b("g_r", Weight, &["k"], &[k], g));
+                }
+                v.push(b("g", Weight, &["k"], &[k], g));
+                v.push(if act.is_some() { b("w", Weight, &["2n", "k"], &[2 * n, k], d) } else { b("w", Weight, &["n", "k"], &[n, k], d) });
+                v.push(b("y", Output, &["n"], &[n], f));
+                if !residual.is_none() {
+                    v.push(b("h", Output, &["k"], &[k], f));
+                }
+                v
+            }
+            Problem::QkvRopeCache { heads, kv_heads, head_dim, rot_dim, kv_cap, norm, gain, .. } => {
+                let cache = &["kv_heads", "kv_cap", "head_dim"];
+                let mut v = vec![b("qkv", Input, &["heads+2kv_heads", "head_dim"], &[heads + 2 * kv_heads, head_dim], f)];
+                if norm {
+                    v.push(b("q_norm", Weight, &["head_dim"], &[head_dim], gain));
+                    v.push(b("k_norm", Weight, &["head_dim"], &[head_dim], gain));
+                }
+                v.push(b("inv_freq", Input, &["rot_half"], &[rot_dim / 2], f));
+                v.push(b("q", Output, &["heads", "head_dim"], &[heads, head_dim], f));
+                v.push(b("k_cache", Output, cache, &[kv_heads, kv_cap, head_dim], d));
+                v.push(b("v_cache", Output, cache, &[kv_heads, kv_cap, head_dim], d));
+                v
+            }
             Problem::PatchEmbed { channels, image, patch, hidden } => {
                 let side = image.checked_div(patch).unwrap_or(0);
                 vec![
@@ -484,7 +580,13 @@ impl Problem {
             Problem::ResidualRmsNorm { rows, dim, .. } => 5.0 * f(rows) * f(dim),
             Problem::ResidualLayerNorm { rows, dim, .. } => 8.0 * f(rows) * f(dim),
             Problem::QkvProj { k, nq, nkv, .. } => 2.0 * f(k) * f(nq + 2 * nkv),
-            Problem::NormGemv { n, k, .. } => 2.0 * f(n) * f(k) + 4.0 * f(k),
+            Problem::NormGemv { n, k, act, .. } => {
+                let rows = if act.is_some() { 2 * n } else { n };
+                2.0 * f(rows) * f(k) + 4.0 * f(k) + if act.is_some() { 10.0 * f(n) } else { 0.0 }
+            }
+            Problem::QkvRopeCache { heads, kv_heads, head_dim, rot_dim, norm, .. } => {
+                f(heads + kv_heads) * (if norm { 4.0 * f(head_dim) } else { 0.0 } + 3.0 * f(rot_dim))
+            }
             Problem::PatchEmbed { channels, image, patch, hidden } => {
                 let side = image.checked_div(patch).unwrap_or(0);
                 2.0 * f(side * side) * f(hidden) * f(channels * patch * patch)
@@ -496,10 +598,18 @@ impl Problem {
     }
 
     /// Bytes an ideal kernel must move: every buffer read once, every output written once.
-    /// Attention counts the KV cache rows it can see, not the whole capacity.
+    /// Attention counts the KV cache rows it can see, not the whole capacity; the
+    /// fused KV write the one row it writes.
     pub fn min_bytes(&self, dtype: DType) -> f64 {
         let bufs = self.buffers(dtype);
         match *self {
+            Problem::QkvRopeCache { kv_cap, .. } => bufs
+                .iter()
+                .map(|s| {
+                    let bytes = s.bytes() as f64;
+                    if s.id.ends_with("_cache") { bytes / kv_cap.max(1) as f64 } else { bytes }
+                })
+                .sum(),
             Problem::AttentionPrefill { kv_len, kv_cap, .. } | Problem::AttentionDecode { kv_len, kv_cap, .. } => bufs
                 .iter()
                 .map(|s| {
@@ -766,14 +876,52 @@ pub fn test_problems(op: Op) -> Vec<Problem> {
             Problem::QkvProj { k: 160, nq: 36, nkv: 6, bias: true },
         ],
         Op::NormGemv => vec![
-            Problem::NormGemv { n: 1, k: 3, eps: 1e-6, unit_offset: false },
-            Problem::NormGemv { n: 37, k: 67, eps: 1e-5, unit_offset: true },
-            Problem::NormGemv { n: 64, k: 256, eps: 1e-6, unit_offset: true },
-            Problem::NormGemv { n: 129, k: 1000, eps: 1e-6, unit_offset: false },
-            Problem::NormGemv { n: 300, k: 128, eps: 1e-5, unit_offset: false },
+            Problem::norm_gemv(1, 3, 1e-6, false),
+            Problem::norm_gemv(37, 67, 1e-5, true),
+            Problem::norm_gemv(64, 256, 1e-6, true),
+            Problem::norm_gemv(129, 1000, 1e-6, false),
+            Problem::norm_gemv(300, 128, 1e-5, false),
             // Whole 32-element blocks, rows not a multiple of any workgroup's rows.
-            Problem::NormGemv { n: 37, k: 160, eps: 1e-6, unit_offset: true },
+            Problem::norm_gemv(37, 160, 1e-6, true),
+            // The decode chain's prologues: a residual added (Llama) or normed and
+            // added (Gemma 3), and the fused gate/up with its activation.
+            Problem::NormGemv { n: 37, k: 64, eps: 1e-5, unit_offset: false, residual: NormResidual::Add, act: None },
+            Problem::NormGemv {
+                n: 19,
+                k: 256,
+                eps: 1e-6,
+                unit_offset: true,
+                residual: NormResidual::Normed,
+                act: Some(Activation::GeluTanh),
+            },
+            Problem::NormGemv { n: 40, k: 160, eps: 1e-6, unit_offset: false, residual: NormResidual::Add, act: Some(Activation::Silu) },
         ],
+        Op::QkvRopeCache => {
+            let p = |heads, kv_heads, head_dim, rot_dim, pos0, kv_cap, layout, norm, gain| Problem::QkvRopeCache {
+                heads,
+                kv_heads,
+                head_dim,
+                rot_dim,
+                pos0,
+                kv_cap,
+                layout,
+                norm,
+                eps: 1e-6,
+                unit_offset: norm,
+                gain,
+            };
+            let f = DType::F32;
+            vec![
+                // Llama-like (no norm): GQA, the first and a later position.
+                p(4, 2, 16, 16, 0, 3, RopeLayout::Half, false, f),
+                p(6, 2, 64, 64, 37, 40, RopeLayout::Half, false, f),
+                // Partial rotary, interleaved pairs.
+                p(3, 1, 32, 16, 5, 9, RopeLayout::Interleaved, false, f),
+                // Gemma-like: q/k norm with unit-offset gains, a wide head; f16 gains.
+                p(4, 1, 256, 256, 12, 13, RopeLayout::Half, true, f),
+                p(2, 2, 32, 32, 3, 4, RopeLayout::Interleaved, true, DType::F16),
+            ]
+        }
         Op::PatchEmbed => vec![
             Problem::PatchEmbed { channels: 1, image: 12, patch: 4, hidden: 5 },
             Problem::PatchEmbed { channels: 3, image: 32, patch: 8, hidden: 16 },

@@ -2,7 +2,7 @@
 //! computes: every CPU and WGSL variant is checked against them. Straightforward
 //! loops on purpose: they are read, not tuned.
 
-use super::problem::{Problem, RopeLayout};
+use super::problem::{NormResidual, Problem, RopeLayout};
 
 /// llama3 frequency scaling (Llama 3.1/3.2 `rope_scaling` with `rope_type: llama3`).
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -107,6 +107,11 @@ fn attention(
     out
 }
 
+/// What a kernel's output buffers hold before it runs in the parity check, so
+/// elements it forgets to write show up as errors; the reference of an op that
+/// writes part of a buffer (the fused KV-cache write) leaves it elsewhere.
+pub const SENTINEL: f32 = 1.0e4;
+
 /// Computes the outputs of `problem` from its inputs (in binding order, as f64).
 /// Returns one vector per output buffer, in binding order.
 pub fn compute(problem: &Problem, ins: &[Vec<f64>]) -> Vec<Vec<f64>> {
@@ -197,6 +202,27 @@ pub fn compute(problem: &Problem, ins: &[Vec<f64>]) -> Vec<Vec<f64>> {
             }
             vec![y]
         }
+        Problem::QkvRopeCache { heads, kv_heads, head_dim: d, pos0, kv_cap, layout, norm, eps, unit_offset, .. } => {
+            let (qkv, gains, freq) = if norm { (&ins[0], Some((&ins[1], &ins[2])), &ins[3]) } else { (&ins[0], None, &ins[1]) };
+            let head = |r: usize, g: Option<&Vec<f64>>| {
+                let x = &qkv[r * d..][..d];
+                let mut v = match g {
+                    Some(g) => rms_row(x, g, eps as f64, unit_offset),
+                    None => x.to_vec(),
+                };
+                rope_head(&mut v, freq, pos0 as f64, layout);
+                v
+            };
+            let q: Vec<f64> = (0..heads).flat_map(|h| head(h, gains.map(|g| g.0))).collect();
+            let mut kc = vec![SENTINEL as f64; kv_heads * kv_cap * d];
+            let mut vc = kc.clone();
+            for h in 0..kv_heads {
+                let row = (h * kv_cap + pos0) * d;
+                kc[row..row + d].copy_from_slice(&head(heads + h, gains.map(|g| g.1)));
+                vc[row..row + d].copy_from_slice(&qkv[(heads + kv_heads + h) * d..][..d]);
+            }
+            vec![q, kc, vc]
+        }
         Problem::GateUp { rows, n, k, act } => {
             let (x, w) = (&ins[0], &ins[1]);
             let mut y = vec![0.0; rows * n];
@@ -236,10 +262,24 @@ pub fn compute(problem: &Problem, ins: &[Vec<f64>]) -> Vec<Vec<f64>> {
                 (0..n).map(|j| (0..k).map(|c| x[c] * w[j * k + c]).sum::<f64>() + if bias { ins[2][j] } else { 0.0 }).collect();
             vec![all[..nq].to_vec(), all[nq..nq + nkv].to_vec(), all[nq + nkv..].to_vec()]
         }
-        Problem::NormGemv { n, k, eps, unit_offset } => {
-            let xn = rms_row(&ins[0][..k], &ins[1][..k], eps as f64, unit_offset);
-            let w = &ins[2];
-            vec![(0..n).map(|j| (0..k).map(|c| xn[c] * w[j * k + c]).sum()).collect()]
+        Problem::NormGemv { n, k, eps, unit_offset, residual, act } => {
+            let (eps, x) = (eps as f64, &ins[0][..k]);
+            let (h, rest): (Vec<f64>, &[Vec<f64>]) = match residual {
+                NormResidual::None => (x.to_vec(), &ins[1..]),
+                NormResidual::Add => (x.iter().zip(&ins[1]).map(|(a, b)| a + b).collect(), &ins[2..]),
+                NormResidual::Normed => {
+                    let rn = rms_row(&ins[1][..k], &ins[2][..k], eps, unit_offset);
+                    (x.iter().zip(&rn).map(|(a, b)| a + b).collect(), &ins[3..])
+                }
+            };
+            let xn = rms_row(&h, &rest[0][..k], eps, unit_offset);
+            let w = &rest[1];
+            let dot = |j: usize| (0..k).map(|c| xn[c] * w[j * k + c]).sum::<f64>();
+            let y = match act {
+                Some(a) => (0..n).map(|j| a.apply_f64(dot(j)) * dot(n + j)).collect(),
+                None => (0..n).map(dot).collect(),
+            };
+            if residual.is_none() { vec![y] } else { vec![y, h] }
         }
         Problem::PatchEmbed { channels, image, patch, hidden } => {
             let (px, w, bias) = (&ins[0], &ins[1], &ins[2]);

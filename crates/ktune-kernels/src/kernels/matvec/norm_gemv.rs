@@ -6,9 +6,17 @@
 //! sums `x²` alongside its dot products (k is the hidden size, 1–3K) and scales the
 //! row sums at the end; no extra pass over `w`.
 //!
+//! The decode chain's forms of the same op ([`Problem::NormGemv`]'s `residual` and
+//! `act`): the residual add of the layer before as part of the prologue (`x + r`,
+//! or Gemma 3's `x + rmsnorm(r) * g_r`, the sum also written out as the next
+//! residual stream), and the fused gate/up's two rows per output with the gated
+//! activation in the epilogue; the subgroup and CPU kernels run them, the
+//! workgroup-reduction ones the plain form only.
+//!
 //! WGSL: `norm_gemv_wg` (f32/f16 weights, scalar loads, any k, `x²` folded into the
-//! rows' workgroup tree reduction), `norm_gemv_subgroup` (16-byte loads, one
-//! `subgroupAdd` per row), and for the block formats (q8_0, q4_0, q4_1, the `QFMT`
+//! rows' workgroup tree reduction), `norm_gemv_subgroup` (the prologue formed once
+//! per workgroup into workgroup memory, then 16-byte loads and one `subgroupAdd` per
+//! row), and for the block formats (q8_0, q4_0, q4_1, the `QFMT`
 //! override; the weight buffer bound twice, quants and the 256-byte aligned scales
 //! region, as in [`quant`](super::quant)) `norm_gemv_q_wg` and
 //! `norm_gemv_q_subgroup`.
@@ -19,17 +27,19 @@
 
 use super::{CPU_PARAMS, ROWS_PER_TASK_DYN, gemv_dot4};
 use crate::device::GpuCaps;
-use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
+use crate::gpu::{Bind, BindEntry, GpuProgram, Shader, grid_2d, groups};
 use crate::kernels::cpu::{self, ACT_BITS, ActVec, ISA, Isa, RowSplit, check_isa, par_rows};
 use crate::kernels::quant::check_blocks;
-use crate::kernels::wgsl::{ROWS_SG_PARAMS, ROWS_WG_PARAMS, qbinds, qfmt, subgroup_fits, vec_alignment};
+use crate::kernels::wgsl::{ROWS_SG_PARAMS, ROWS_WG_PARAMS, qbinds, qfmt, storage_buffers, subgroup_fits, vec_alignment};
 use crate::kernels::{
-    CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op,
+    CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, NormResidual, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param,
+    wrong_op,
 };
 use crate::shader;
 
 static NORM_GEMV_WG: Shader = shader!("norm_gemv_wg.wgsl", "norm_block_wg.wgsl", "block_wg.wgsl", "reduce_wg.wgsl", "wload.wgsl");
-static NORM_GEMV_SG: Shader = shader!("norm_gemv_subgroup.wgsl", "wload.wgsl", "grid_sg.wgsl", "grid.wgsl");
+static NORM_GEMV_SG: Shader =
+    shader!("norm_gemv_subgroup.wgsl", "wload.wgsl", "act.wgsl", "norm_gemv_sg.wgsl", "grid_sg.wgsl", "grid.wgsl");
 static NORM_GEMV_Q_WG: Shader = shader!(
     "norm_gemv_q_wg.wgsl",
     "norm_gemv_q.wgsl",
@@ -39,8 +49,16 @@ static NORM_GEMV_Q_WG: Shader = shader!(
     "block_wg.wgsl",
     "reduce_wg.wgsl"
 );
-static NORM_GEMV_Q_SG: Shader =
-    shader!("norm_gemv_q_subgroup.wgsl", "norm_gemv_q.wgsl", "qblock.wgsl", "qgeom.wgsl", "grid_sg.wgsl", "grid.wgsl");
+static NORM_GEMV_Q_SG: Shader = shader!(
+    "norm_gemv_q_subgroup.wgsl",
+    "norm_gemv_q.wgsl",
+    "qblock.wgsl",
+    "qgeom.wgsl",
+    "act.wgsl",
+    "norm_gemv_sg.wgsl",
+    "grid_sg.wgsl",
+    "grid.wgsl"
+);
 
 const QUANT: &[DType] = DType::QUANT;
 
@@ -54,15 +72,15 @@ pub fn variants() -> Vec<KernelDef> {
             DType::FLOAT,
             ROWS_WG_PARAMS,
             "scalar loads, any k; ROWS rows per workgroup share x·g; x² summed alongside; one workgroup tree reduction",
-            WgslImpl::new(&NORM_GEMV_WG, prepare_float).shared(shared_rows_plus_one),
+            WgslImpl::new(&NORM_GEMV_WG, prepare_float).shared(shared_rows_plus_one).check(check_wg),
         ),
         KernelDef::new(
             "norm_gemv_subgroup",
             Op::NormGemv,
             DType::FLOAT,
             ROWS_SG_PARAMS,
-            "16-byte loads; each subgroup sums x² itself, then one subgroup per row, subgroupAdd, no barriers",
-            WgslImpl::new(&NORM_GEMV_SG, prepare_float).subgroups().check(check_subgroup),
+            "x·g formed once per workgroup in workgroup memory (x² summed alongside), then one subgroup per row, 16-byte loads, subgroupAdd",
+            WgslImpl::new(&NORM_GEMV_SG, prepare_float).subgroups().shared(shared_prologue).check(check_subgroup),
         ),
         KernelDef::new(
             "norm_gemv_q_wg",
@@ -77,8 +95,8 @@ pub fn variants() -> Vec<KernelDef> {
             Op::NormGemv,
             DType::QUANT,
             ROWS_SG_PARAMS,
-            "quantized blocks dequantized in registers; each subgroup sums x² itself, then one subgroup per row, subgroupAdd",
-            WgslImpl::new(&NORM_GEMV_Q_SG, prepare_quant).subgroups().check(check_q_subgroup),
+            "x·g formed once per workgroup in workgroup memory (x² summed alongside), then one subgroup per row, blocks dequantized in registers, subgroupAdd",
+            WgslImpl::new(&NORM_GEMV_Q_SG, prepare_quant).subgroups().shared(shared_prologue).check(check_q_subgroup),
         ),
         KernelDef::new(
             "norm_gemv_cpu",
@@ -103,8 +121,23 @@ pub fn variants() -> Vec<KernelDef> {
 // Validity
 // ---------------------------------------------------------------------------------
 
+/// The workgroup-reduction shaders run the plain form only (no residual, no activation).
+fn plain_only(prob: &Problem) -> Result<(), String> {
+    match *prob {
+        Problem::NormGemv { residual, act, .. } if !residual.is_none() || act.is_some() => {
+            Err("a residual or activation prologue/epilogue (the subgroup and CPU kernels run those)".into())
+        }
+        _ => Ok(()),
+    }
+}
+
+fn check_wg(_: &GpuCaps, prob: &Problem, _: DType, _: &Params) -> Result<(), String> {
+    plain_only(prob)
+}
+
 fn check_subgroup(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
     subgroup_fits(caps, params)?;
+    storage_buffers(caps, 7)?;
     match *prob {
         Problem::NormGemv { k, .. } => vec_alignment(k, dtype),
         _ => Ok(()),
@@ -112,11 +145,13 @@ fn check_subgroup(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params)
 }
 
 fn check_q_wgsl(_: &GpuCaps, prob: &Problem, dtype: DType, _: &Params) -> Result<(), String> {
+    plain_only(prob)?;
     check_blocks(prob, dtype)
 }
 
 fn check_q_subgroup(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
     subgroup_fits(caps, params)?;
+    storage_buffers(caps, 8)?;
     check_blocks(prob, dtype)
 }
 
@@ -129,34 +164,122 @@ fn shared_rows_plus_one(_: &Problem, _: DType, params: &Params) -> Result<u64, K
     Ok(4 * param(params, "workgroup_size")? as u64 * (param(params, "rows_per_wg")? as u64 + 1))
 }
 
-/// `(n, the uniform block {n, k, eps, unit_offset})`.
-fn uniform(s: &WgslSetup<'_>) -> Result<(usize, [u32; 4]), KernelError> {
+/// The subgroup shaders' prologue: x·g ([`k4`] vec4s) and one partial per subgroup
+/// (at most WG).
+fn shared_prologue(prob: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
+    Ok(16 * k4_of(prob) as u64 + 4 * param(params, "workgroup_size")? as u64)
+}
+
+/// Indices of a [`Problem::NormGemv`]'s buffers in binding order (see
+/// [`Problem::buffers`]): x, the residual r and its gain g_r, g, w, y, h.
+struct Roles {
+    x: usize,
+    r: Option<usize>,
+    g_r: Option<usize>,
+    g: usize,
+    w: usize,
+    y: usize,
+    h: Option<usize>,
+}
+
+impl Roles {
+    fn of(residual: NormResidual) -> Roles {
+        let (r, g_r, g) = match residual {
+            NormResidual::None => (None, None, 1),
+            NormResidual::Add => (Some(1), None, 2),
+            NormResidual::Normed => (Some(1), Some(2), 3),
+        };
+        Roles { x: 0, r, g_r, g, w: g + 1, y: g + 2, h: r.map(|_| g + 3) }
+    }
+}
+
+/// `(n, roles, the uniform block {n, k, eps, unit_offset, residual, act (0 none,
+/// 1 + Activation::code), 0, 0})`.
+fn uniform(s: &WgslSetup<'_>) -> Result<(usize, Roles, [u32; 8]), KernelError> {
     match *s.problem {
-        Problem::NormGemv { n, k, eps, unit_offset } => Ok((n, [n as u32, k as u32, eps.to_bits(), unit_offset as u32])),
+        Problem::NormGemv { n, k, eps, unit_offset, residual, act } => Ok((
+            n,
+            Roles::of(residual),
+            [n as u32, k as u32, eps.to_bits(), unit_offset as u32, residual.code(), act.map_or(0, |a| 1 + a.code()), 0, 0],
+        )),
         _ => Err(wrong_op(s.kernel, s.problem)),
     }
 }
 
-/// One prepare for both float shaders.
-fn prepare_float(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let (n, u) = uniform(s)?;
-    let (wg, rows) = (s.param("workgroup_size")?, s.param("rows_per_wg")?);
-    let consts = [("WG", wg as f64), ("ROWS", rows as f64), ("W_F16", s.w_f16())];
-    s.one_step("main", &consts, &u, grid_2d(groups(n, rows)))
+/// One step of `binds` (binding, buffer), `consts` and the uniform block `u` at
+/// `ub`, over `groups(n, rows_per_wg)` workgroups.
+fn step(
+    s: &WgslSetup<'_>,
+    consts: &[(&str, f64)],
+    binds: Vec<(u32, Bind<'_>)>,
+    ub: u32,
+    u: &[u32],
+    n: usize,
+) -> Result<GpuProgram, KernelError> {
+    let pipe = s.gpu.pipeline(s.shader(), "main", consts)?;
+    let uniform = s.gpu.uniform(s.kernel.id, u);
+    let mut entries: Vec<BindEntry> = binds.iter().map(|(i, b)| b.entry(*i)).collect();
+    entries.push((ub, uniform.clone(), 0, None));
+    let step = s.gpu.step_entries(s.kernel.id.to_string(), pipe, entries, grid_2d(groups(n, s.param("rows_per_wg")?)))?;
+    Ok(GpuProgram { steps: vec![step], owned: vec![uniform] })
 }
 
-/// One prepare for both block-format shaders: binds x, the gain, the weight's quants and scales regions, y and the uniform.
-fn prepare_quant(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let (n, u) = uniform(s)?;
+/// The subgroup shaders' `K4`, the vec4s of x·g in workgroup memory: k / 4 rounded
+/// up to a power of two, at least 256 (one pipeline for every k up to 1024, one
+/// per doubling above).
+fn k4_of(prob: &Problem) -> usize {
+    match *prob {
+        Problem::NormGemv { k, .. } => k.div_ceil(4).next_power_of_two().max(256),
+        _ => 256,
+    }
+}
+
+fn k4(s: &WgslSetup<'_>) -> f64 {
+    k4_of(s.problem) as f64
+}
+
+/// Whether the variant is a subgroup shader (the ones with the prologue's bindings).
+fn subgroups(s: &WgslSetup<'_>) -> bool {
+    matches!(&s.kernel.imp, Impl::Wgsl(w) if w.needs_subgroups)
+}
+
+/// The prologue's buffers at `(r, g_r, h)`: the problem's, or x, g and y in their
+/// place when it has none (bound, never read or written).
+fn prologue_binds<'a>(s: &'a WgslSetup<'a>, ro: &Roles, at: [u32; 3]) -> [(u32, Bind<'a>); 3] {
+    let b = |i: Option<usize>, or: usize| Bind::Whole(s.bufs[i.unwrap_or(or)]);
+    [(at[0], b(ro.r, ro.x)), (at[1], b(ro.g_r, ro.g)), (at[2], b(ro.h, ro.y))]
+}
+
+/// The float shaders: x, g, w, y at 0-3, the uniform at 4; the subgroup shader's
+/// prologue buffers at 5, 6 and 8.
+fn prepare_float(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let (n, ro, u) = uniform(s)?;
     let (wg, rows) = (s.param("workgroup_size")?, s.param("rows_per_wg")?);
-    let consts = [("WG", wg as f64), ("ROWS", rows as f64), ("QFMT", qfmt(s.dtype))];
-    let pipe = s.gpu.pipeline(s.shader(), "main", &consts)?;
-    let ub = s.gpu.uniform(s.kernel.id, &u);
-    let step = {
-        let binds = qbinds(s, 2, &[&ub])?;
-        s.gpu.step_ranges(s.kernel.id, pipe, &binds, grid_2d(groups(n, rows)))?
-    };
-    Ok(GpuProgram { steps: vec![step], owned: vec![ub] })
+    let consts = [("WG", wg as f64), ("ROWS", rows as f64), ("W_F16", s.w_f16()), ("K4", k4(s))];
+    let consts = if subgroups(s) { &consts[..] } else { &consts[..3] };
+    let mut binds: Vec<(u32, Bind<'_>)> =
+        [ro.x, ro.g, ro.w, ro.y].iter().enumerate().map(|(i, &b)| (i as u32, Bind::Whole(s.bufs[b]))).collect();
+    if subgroups(s) {
+        binds.extend(prologue_binds(s, &ro, [5, 6, 8]));
+    }
+    step(s, consts, binds, 4, &u, n)
+}
+
+/// The block-format shaders: x, g, the weight's quants and scales regions, y at
+/// 0-4, the uniform at 5; the subgroup shader's prologue buffers at 6, 8 and 9.
+fn prepare_quant(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let (n, ro, u) = uniform(s)?;
+    let (wg, rows) = (s.param("workgroup_size")?, s.param("rows_per_wg")?);
+    let consts = [("WG", wg as f64), ("ROWS", rows as f64), ("QFMT", qfmt(s.dtype)), ("K4", k4(s))];
+    let consts = if subgroups(s) { &consts[..] } else { &consts[..3] };
+    // The op's buffers with the weight expanded into its two regions.
+    let q = qbinds(s, ro.w, &[])?;
+    let at = |i: usize| if i > ro.w { q[i + 1] } else { q[i] };
+    let mut binds = vec![(0, at(ro.x)), (1, at(ro.g)), (2, q[ro.w]), (3, q[ro.w + 1]), (4, at(ro.y))];
+    if subgroups(s) {
+        binds.extend(prologue_binds(s, &ro, [6, 8, 9]));
+    }
+    step(s, consts, binds, 5, &u, n)
 }
 
 // ---------------------------------------------------------------------------------
@@ -174,28 +297,71 @@ pub fn normalize(isa: Isa, x: &[f32], g: CpuIn<'_>, eps: f32, unit_offset: bool)
     cpu::Scratch::from_fn(x.len(), |i| x[i] * inv * (g.get(i) + off))
 }
 
-fn run_float(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Problem::NormGemv { n, k, eps, unit_offset } = *prob else { return Err(wrong_op(kd, prob)) };
+/// One CPU call's prologue and epilogue around the rows' dot products `rows(xn, w,
+/// first, y)`: the residual added (normed) into `h`, the normalized input, the
+/// rows (both halves of the fused gate/up with `act`), the activation product.
+fn run_norm(
+    kd: &KernelDef,
+    prob: &Problem,
+    params: &Params,
+    a: CpuArgs<'_>,
+    rows: impl Fn(&[f32], CpuIn<'_>, usize, &mut [f32]) -> Result<(), KernelError>,
+) -> Result<(), KernelError> {
+    let Problem::NormGemv { n, k, eps, unit_offset, residual, act } = *prob else { return Err(wrong_op(kd, prob)) };
     let isa = Isa::of(params)?;
-    let xn = normalize(isa, &a.ins[0].f32()[..k], a.ins[1], eps, unit_offset);
-    let w = a.ins[2];
-    par_rows(&mut a.outs[0][..n], 1, RowSplit::of(params)?, |first, y| gemv_dot4(isa, &xn, w, k, first, y));
-    Ok(())
+    let ro = Roles::of(residual);
+    let x = &a.ins[ro.x].f32()[..k];
+    let mut outs = a.outs.into_iter();
+    let (y, h) = (outs.next().unwrap_or_default(), outs.next());
+    let xn = match (ro.r, h) {
+        (Some(ri), Some(h)) => {
+            let r = &a.ins[ri].f32()[..k];
+            let h = &mut h[..k];
+            match ro.g_r {
+                Some(gi) => {
+                    let rn = normalize(isa, r, a.ins[gi], eps, unit_offset);
+                    h.iter_mut().zip(x.iter().zip(rn.iter())).for_each(|(h, (x, r))| *h = x + r);
+                }
+                None => h.iter_mut().zip(x.iter().zip(r)).for_each(|(h, (x, r))| *h = x + r),
+            }
+            normalize(isa, h, a.ins[ro.g], eps, unit_offset)
+        }
+        _ => normalize(isa, x, a.ins[ro.g], eps, unit_offset),
+    };
+    let w = a.ins[ro.w];
+    match act {
+        None => rows(&xn, w, 0, &mut y[..n]),
+        Some(act) => {
+            let mut gu = cpu::Scratch::zeroed(2 * n);
+            rows(&xn, w, 0, &mut gu)?;
+            let (g, u) = gu.split_at(n);
+            crate::kernels::act::gated_simd(isa, act, g, u, &mut y[..n]);
+            Ok(())
+        }
+    }
 }
 
-fn run_quant(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Problem::NormGemv { n, k, eps, unit_offset } = *prob else { return Err(wrong_op(kd, prob)) };
-    let isa = Isa::of(params)?;
-    let w = a.ins[2].quant().ok_or_else(|| KernelError::BufferType {
-        kernel: "norm_gemv_q_cpu".into(),
-        buffer: "w".into(),
-        expected: "a quantized matrix",
-    })?;
-    let xn = normalize(isa, &a.ins[0].f32()[..k], a.ins[1], eps, unit_offset);
-    // The normalized vector as gemv_q_cpu takes it: f32, or int8 blocks (act_bits 8).
-    let x = ActVec::new(&xn, params, w.format)?;
-    par_rows(&mut a.outs[0][..n], 1, RowSplit::dynamic(params)?, |first, y| x.rows(isa, w, k, first, y, false));
-    Ok(())
+fn run_float(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let (isa, split) = (Isa::of(params)?, RowSplit::of(params)?);
+    run_norm(kd, prob, params, a, |xn, w, first, y| {
+        par_rows(y, 1, split, |f, y| gemv_dot4(isa, xn, w, xn.len(), first + f, y));
+        Ok(())
+    })
+}
+
+fn run_quant(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let (isa, split) = (Isa::of(params)?, RowSplit::dynamic(params)?);
+    run_norm(kd, prob, params, a, |xn, w, first, y| {
+        let w = w.quant().ok_or_else(|| KernelError::BufferType {
+            kernel: "norm_gemv_q_cpu".into(),
+            buffer: "w".into(),
+            expected: "a quantized matrix",
+        })?;
+        // The normalized vector as gemv_q_cpu takes it: f32, or int8 blocks (act_bits 8).
+        let x = ActVec::new(xn, params, w.format)?;
+        par_rows(y, 1, split, |f, y| x.rows(isa, w, xn.len(), first + f, y, false));
+        Ok(())
+    })
 }
 
 #[cfg(test)]
@@ -210,7 +376,7 @@ mod tests {
     fn fused_equals_norm_then_gemv() {
         for unit_offset in [false, true] {
             let (n, k, eps) = (19, 96, 1e-6);
-            let prob = Problem::NormGemv { n, k, eps, unit_offset };
+            let prob = Problem::norm_gemv(n, k, eps, unit_offset);
             let ins = make_inputs(&prob, DType::F32, 3);
             let fused =
                 run_cpu(find("norm_gemv_cpu").unwrap(), &prob, DType::F32, &find("norm_gemv_cpu").unwrap().default_params(), &ins).unwrap();

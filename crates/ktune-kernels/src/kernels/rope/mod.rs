@@ -1,7 +1,8 @@
 //! The RoPE family: rotary position embedding (`rope`): rotate-half (Hugging Face) and interleaved
 //! (GPT-J / GGUF) pair layouts, partial rotary (`rot_dim < head_dim`, the rest
 //! copied), and [`inv_freq`], the inverse frequencies (with llama3 scaling) the
-//! runtime uploads; the fused per-head RMSNorm + RoPE is in [`qk_norm`].
+//! runtime uploads; the fused per-head RMSNorm + RoPE is in [`qk_norm`], the decode token's fused
+//! split-QKV + RoPE (+ q/k norm) + KV-cache write in [`qkv_cache`].
 //!
 //! WGSL: `rope_pair` (one invocation per pair, each forming its own angle) and
 //! `rope_shared` (one workgroup per token and group of heads, cos/sin computed once
@@ -15,6 +16,7 @@
 //! heads (decode: the heads of one token split over threads).
 
 pub mod qk_norm;
+pub mod qkv_cache;
 
 use super::cpu::{self, ISA, Isa, Lanes, check_isa, isa_dispatch};
 use super::reference::{self, Llama3Scaling};

@@ -212,21 +212,26 @@ impl<'a> QkCall<'a> {
 /// evaluated for this head (angle formed and reduced in f64, so far positions stay exact).
 fn run_qknr_heads(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
     let (c, eps, per) = QkCall::new(kd, prob, params, &a)?;
-    let half = c.half();
     c.each_head(a.outs[0], eps, per, |row, xh, inv, yh| {
         cpu::scale_mul(c.isa, xh, inv, &c.g, yh);
-        let pos = (c.pos0 + row / c.heads) as f64;
-        for (i, f) in c.inv_freq.iter().enumerate() {
-            // exact angle in f64, reduced to [-pi, pi], then f32 sin/cos
-            let a = pos * *f as f64;
-            let (sn, cs) = ((a - (a / std::f64::consts::TAU).round() * std::f64::consts::TAU) as f32).sin_cos();
-            let (ia, ib) = pair(c.layout, i, half);
-            let (x0, x1) = (yh[ia], yh[ib]);
-            yh[ia] = x0 * cs - x1 * sn;
-            yh[ib] = x1 * cs + x0 * sn;
-        }
+        rotate_head(yh, c.inv_freq, (c.pos0 + row / c.heads) as f64, c.layout);
     });
     Ok(())
+}
+
+/// Rotates the first `2 * inv_freq.len()` dims of one head in place at position
+/// `pos`: f32 sin/cos of the angle formed and reduced to [-pi, pi] in f64, so far
+/// positions stay exact (shared with the fused QKV + RoPE + KV write).
+pub(super) fn rotate_head(yh: &mut [f32], inv_freq: &[f32], pos: f64, layout: RopeLayout) {
+    let half = inv_freq.len();
+    for (i, f) in inv_freq.iter().enumerate() {
+        let a = pos * *f as f64;
+        let (sn, cs) = ((a - (a / std::f64::consts::TAU).round() * std::f64::consts::TAU) as f32).sin_cos();
+        let (ia, ib) = pair(layout, i, half);
+        let (x0, x1) = (yh[ia], yh[ib]);
+        yh[ia] = x0 * cs - x1 * sn;
+        yh[ib] = x1 * cs + x0 * sn;
+    }
 }
 
 /// A `[tokens, rot_dim/2]` table of (cos, sin) built once (in f64, in parallel over
