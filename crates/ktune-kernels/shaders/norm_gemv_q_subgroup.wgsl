@@ -14,7 +14,7 @@
 // [2n, k] and y[r] = act(gate) * up. Without them the host binds x, g and y in
 // place of r, g_r and h (never read or written).
 // Includes: norm_gemv_q.wgsl (interface), qblock.wgsl (block decoding), act.wgsl,
-// norm_gemv_sg.wgsl (wg_total, residual_inv, write_h).
+// norm_gemv_sg.wgsl (prologue, rows).
 // Requires: grid_sg.wgsl, grid.wgsl, norm_gemv_sg.wgsl.
 
 override WG: u32 = 128;
@@ -30,59 +30,44 @@ override K4: u32 = 1u;
 var<workgroup> xa: array<vec4<f32>, K4>;
 var<workgroup> sums: array<f32, WG>;
 
+// The norm's and the residual norm's gains of vec4 c as applied (prologue()).
+fn gain(c: u32) -> vec4<f32> {
+    return g[c] + vec4<f32>(select(0.0, 1.0, dims.unit_offset != 0u));
+}
+fn gain_r(c: u32) -> vec4<f32> {
+    return g_r[c] + vec4<f32>(select(0.0, 1.0, dims.unit_offset != 0u));
+}
+
+// This lane's partial dots of row `row` with xa: (gate or the row, up), striding
+// over the row's quant units.
+fn lane_dots(s: SgGrid, row: u32) -> vec2<f32> {
+    let qu = qunits();
+    let wpr = dims.k / qbe() * qu;
+    var acc = vec2<f32>(0.0);
+    for (var wi = s.lane; wi < wpr; wi += s.sg_size) {
+        // Unit j of block bi covers x at qpos(j) within the block (two halves but for q8_0).
+        let base = (wi / qu) * (qbe() / 4u);
+        let p = qpos(wi % qu);
+        let a0 = xa[base + p.x / 4u];
+        let a1 = xa[base + p.y / 4u];
+        let d = qdecode(row * wpr + wi);
+        acc.x += dot(d.lo, a0);
+        if (QFMT != 0u) {
+            acc.x += dot(d.hi, a1);
+        }
+        if (dims.act != 0u) {
+            let du = qdecode((row + dims.n) * wpr + wi);
+            acc.y += dot(du.lo, a0);
+            if (QFMT != 0u) {
+                acc.y += dot(du.hi, a1);
+            }
+        }
+    }
+    return acc;
+}
+
 @compute @workgroup_size(WG)
 fn main(s: SgGrid) {
     let first = wg_linear(s.wid, s.nwg);
-    let row0 = first * ROWS;
-    let qu = qunits();
-    let wpr = dims.k / qbe() * qu;
-    let vecs = dims.k / 4u;
-    let tid = s.sg * s.sg_size + s.lane;
-    let stride = s.nsg * s.sg_size;
-    let off = vec4<f32>(select(0.0, 1.0, dims.unit_offset != 0u));
-    let inv_r = residual_inv(s, tid, stride);
-    var ss = 0.0;
-    for (var c = tid; c < vecs; c += stride) {
-        var v = x[c];
-        if (dims.residual == 1u) {
-            v += r[c];
-        } else if (dims.residual == 2u) {
-            v += r[c] * inv_r * (g_r[c] + off);
-        }
-        ss += dot(v, v);
-        xa[c] = v * (g[c] + off);
-        write_h(first, c, v);
-    }
-    let inv = inverseSqrt(wg_total(ss, s) / f32(dims.k) + dims.eps);
-    let gated = dims.act != 0u;
-    for (var rr = s.sg; rr < ROWS; rr += s.nsg) {
-        let row = row0 + rr;
-        if (row >= dims.n) { break; }
-        var acc = 0.0;
-        var acc_up = 0.0;
-        for (var wi = s.lane; wi < wpr; wi += s.sg_size) {
-            // Unit j of block bi covers x at qpos(j) within the block (two halves but for q8_0).
-            let base = (wi / qu) * (qbe() / 4u);
-            let p = qpos(wi % qu);
-            let a0 = xa[base + p.x / 4u];
-            let a1 = xa[base + p.y / 4u];
-            let d = qdecode(row * wpr + wi);
-            acc += dot(d.lo, a0);
-            if (QFMT != 0u) {
-                acc += dot(d.hi, a1);
-            }
-            if (gated) {
-                let du = qdecode((row + dims.n) * wpr + wi);
-                acc_up += dot(du.lo, a0);
-                if (QFMT != 0u) {
-                    acc_up += dot(du.hi, a1);
-                }
-            }
-        }
-        let total = subgroupAdd(acc) * inv;
-        let up = subgroupAdd(acc_up) * inv;
-        if (s.lane == 0u) {
-            y[row] = select(total, act(total, dims.act == 2u) * up, gated);
-        }
-    }
+    rows(s, first, prologue(s, first));
 }

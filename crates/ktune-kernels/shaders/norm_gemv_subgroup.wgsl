@@ -15,7 +15,7 @@
 // Activation::code) the weight is the fused gate/up [2n, k] and each row r dots
 // rows r and n + r: y[r] = act(gate) * up. Without them the host binds x, g and y
 // in place of r, g_r and h (never read or written).
-// Includes: wload.wgsl (W_F16, 16-byte words), act.wgsl, norm_gemv_sg.wgsl (wg_total, residual_inv, write_h).
+// Includes: wload.wgsl (W_F16, 16-byte words), act.wgsl, norm_gemv_sg.wgsl (prologue, rows).
 // Requires: grid_sg.wgsl, grid.wgsl, norm_gemv_sg.wgsl.
 
 override WG: u32 = 128;
@@ -44,49 +44,32 @@ fn gain4(q: vec4<u32>, i: u32) -> vec4<f32> {
     return v + vec4<f32>(select(0.0, 1.0, dims.unit_offset != 0u));
 }
 
+// The norm's and the residual norm's gains of vec4 c (prologue()).
+fn gain(c: u32) -> vec4<f32> {
+    return gain4(g[c >> select(0u, 1u, W_F16)], c);
+}
+fn gain_r(c: u32) -> vec4<f32> {
+    return gain4(g_r[c >> select(0u, 1u, W_F16)], c);
+}
+
+// This lane's partial dots of row `row` with xa: (gate or the row, up).
+fn lane_dots(s: SgGrid, row: u32) -> vec2<f32> {
+    let words = wwords16(dims.k);
+    var acc = vec2<f32>(0.0);
+    for (var c = s.lane; c < words; c += s.sg_size) {
+        let xi = wx16(c);
+        let a0 = xa[xi.x];
+        let a1 = xa[xi.y];
+        acc.x += wdot16(w[row * words + c], a0, a1);
+        if (dims.act != 0u) {
+            acc.y += wdot16(w[(row + dims.n) * words + c], a0, a1);
+        }
+    }
+    return acc;
+}
+
 @compute @workgroup_size(WG)
 fn main(s: SgGrid) {
     let first = wg_linear(s.wid, s.nwg);
-    let row0 = first * ROWS;
-    let k = dims.k;
-    let vecs = k / 4u;
-    let tid = s.sg * s.sg_size + s.lane;
-    let stride = s.nsg * s.sg_size;
-    let gw = select(0u, 1u, W_F16); // vec4 index -> gain word shift
-    let inv_r = residual_inv(s, tid, stride);
-    var ss = 0.0;
-    for (var c = tid; c < vecs; c += stride) {
-        var v = x[c];
-        if (dims.residual == 1u) {
-            v += r[c];
-        } else if (dims.residual == 2u) {
-            v += r[c] * inv_r * gain4(g_r[c >> gw], c);
-        }
-        ss += dot(v, v);
-        xa[c] = v * gain4(g[c >> gw], c);
-        write_h(first, c, v);
-    }
-    let inv = inverseSqrt(wg_total(ss, s) / f32(k) + dims.eps);
-    let words = wwords16(k);
-    let gated = dims.act != 0u;
-    for (var rr = s.sg; rr < ROWS; rr += s.nsg) {
-        let row = row0 + rr;
-        if (row >= dims.n) { break; }
-        var acc = 0.0;
-        var acc_up = 0.0;
-        for (var c = s.lane; c < words; c += s.sg_size) {
-            let xi = wx16(c);
-            let a0 = xa[xi.x];
-            let a1 = xa[xi.y];
-            acc += wdot16(w[row * words + c], a0, a1);
-            if (gated) {
-                acc_up += wdot16(w[(row + dims.n) * words + c], a0, a1);
-            }
-        }
-        let total = subgroupAdd(acc) * inv;
-        let up = subgroupAdd(acc_up) * inv;
-        if (s.lane == 0u) {
-            y[row] = select(total, act(total, dims.act == 2u) * up, gated);
-        }
-    }
+    rows(s, first, prologue(s, first));
 }
