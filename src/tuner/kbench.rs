@@ -144,6 +144,23 @@ pub fn entries(model: &str, cfg: &ModelConfig, tokens: usize, context: usize) ->
         e("decode qkv fused", Problem::QkvProj { k: h, nq: heads * hd, nkv: kv_heads * hd, bias: cfg.attention_bias }, DType::Q8_0),
         e("decode qkv fused", Problem::QkvProj { k: h, nq: heads * hd, nkv: kv_heads * hd, bias: cfg.attention_bias }, DType::Q4_0),
         e("decode norm+o/qkv", Problem::norm_gemv(heads * hd, h, eps, unit_offset), DType::F16),
+        e(
+            "decode qkv+rope+cache",
+            Problem::QkvRopeCache {
+                heads,
+                kv_heads,
+                head_dim: hd,
+                rot_dim: hd,
+                pos0: context - 1,
+                kv_cap: context,
+                layout: RopeLayout::Half,
+                norm: cfg.qk_norm,
+                eps,
+                unit_offset,
+                gain: DType::F32,
+            },
+            DType::F16,
+        ),
         e("prefill gate/up", Problem::Gemm { m: tokens, n: inter, k: h }, DType::F16),
         e("prefill gate/up", Problem::Gemm { m: tokens, n: inter, k: h }, DType::Q8_0),
         e(
