@@ -118,47 +118,52 @@ impl XQ8 {
 /// place with it.
 pub(in crate::kernels::cpu) fn quantize_row(x: &[f32], per256: bool, q: &mut [i8], mut block: impl FnMut(usize, f32, [i32; 2])) {
     debug_assert!(!per256 || x.len().is_multiple_of(QK_K));
-    #[cfg(target_arch = "x86_64")]
-    let (simd, wide) = (Isa::best().avx2(), Isa::best() == Isa::Avx512);
-    let scale_of = |xs: &[f32]| {
-        #[cfg(target_arch = "x86_64")]
-        if wide {
-            // SAFETY: AVX-512F checked; a multiple of 16 values.
-            return unsafe { x86::block_scale_avx512(xs) };
-        } else if simd {
-            // SAFETY: AVX2 and FMA checked; a multiple of 16 values.
-            return unsafe { x86::block_scale(xs) };
-        }
-        block_scale(xs)
-    };
+    let isa = Isa::best();
     let mut shared = 0f32;
     for (b, (xb, qb)) in x.chunks_exact(QK).zip(q.chunks_exact_mut(QK)).enumerate() {
         // The super-block's scale, once per 8 blocks.
         if per256 && b % 8 == 0 {
-            shared = scale_of(&x[b * QK..(b + 8) * QK]);
+            shared = super_block_scale(isa, &x[b * QK..(b + 8) * QK]);
         }
-        #[cfg(target_arch = "x86_64")]
-        if wide && !per256 {
-            // SAFETY: AVX-512F checked; 32 values in, 32 codes out.
-            let (d, s) = unsafe { x86::scale_and_quantize_avx512(xb, qb) };
-            block(b, d, s);
-            continue;
-        }
-        let d = if per256 { shared } else { scale_of(xb) };
-        #[cfg(target_arch = "x86_64")]
-        let s = if wide {
-            // SAFETY: AVX-512F checked; 32 values in, 32 codes out.
-            unsafe { x86::quantize_block_avx512(xb, qb, d) }
-        } else if simd {
-            // SAFETY: AVX2 checked; 32 values in, 32 codes out.
-            unsafe { x86::quantize_block(xb, qb, d) }
-        } else {
-            quantize_block(xb, qb, d)
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        let s = quantize_block(xb, qb, d);
+        let (d, s) = scale_and_quantize(isa, xb, qb, per256.then_some(shared));
         block(b, d, s);
     }
+}
+
+/// The shared scale of a super-block of 256 values ([`block_scale`]).
+fn super_block_scale(isa: Isa, xs: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    match isa {
+        // SAFETY: AVX-512F checked; 256 values.
+        Isa::Avx512 => return unsafe { x86::block_scale_avx512(xs) },
+        // SAFETY: AVX2 and FMA checked; 256 values.
+        _ if isa.avx2() => return unsafe { x86::block_scale(xs) },
+        _ => {}
+    }
+    let _ = isa;
+    block_scale(xs)
+}
+
+/// One block of 32 values at `isa`: its scale (`shared`, a super-block's, or its
+/// own from [`block_scale`]), codes into `qb` and half sums.
+fn scale_and_quantize(isa: Isa, xb: &[f32], qb: &mut [i8], shared: Option<f32>) -> (f32, [i32; 2]) {
+    #[cfg(target_arch = "x86_64")]
+    match (isa, shared) {
+        // SAFETY: AVX-512F checked; 32 values in, 32 codes out.
+        (Isa::Avx512, None) => return unsafe { x86::scale_and_quantize_avx512(xb, qb) },
+        // SAFETY: as above.
+        (Isa::Avx512, Some(d)) => return (d, unsafe { x86::quantize_block_avx512(xb, qb, d) }),
+        (_, _) if isa.avx2() => {
+            // SAFETY: AVX2 and FMA checked; 32 values in, 32 codes out.
+            let d = shared.unwrap_or_else(|| unsafe { x86::block_scale(xb) });
+            // SAFETY: as above.
+            return (d, unsafe { x86::quantize_block(xb, qb, d) });
+        }
+        _ => {}
+    }
+    let _ = isa;
+    let d = shared.unwrap_or_else(|| block_scale(xb));
+    (d, quantize_block(xb, qb, d))
 }
 
 /// The activation scales a block tries (or a super-block that shares one), as
