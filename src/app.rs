@@ -4,7 +4,9 @@
 
 use crate::Result;
 use crate::cli::{Cli, Command, Format, ProfilesAction};
-use crate::commands::{bench, bench_kernels, completions, eval, kernels, list_devices, man, profiles, report as html_report, run, tune};
+use crate::commands::{
+    bench, bench_kernels, completions, eval, kernels, list_devices, man, profiles, pull, report as html_report, run, tune,
+};
 use crate::error::ExitCode;
 use crate::output::{self, Bars, TextStream};
 use crate::report::{ProfilesReport, SchemaReport};
@@ -99,6 +101,10 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::Man(args) => {
             output::emit(&man::run(args.output.as_deref())?, output::Format::Table)?;
+            Ok(ExitCode::Success)
+        }
+        Command::Pull(args) => {
+            output::emit(&pull::run(&args, &Bars::download())?, args.format.into())?;
             Ok(ExitCode::Success)
         }
         Command::Schema => {

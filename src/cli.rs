@@ -58,6 +58,23 @@ pub enum Command {
     Completions(CompletionsArgs),
     /// Print ktune's man page (roff), or with -o DIR write one page per subcommand.
     Man(ManArgs),
+    /// Download a model from the Hugging Face Hub into its cache (shared with
+    /// Python's huggingface_hub) and print its local path.
+    Pull(PullArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PullArgs {
+    /// The repository, with the GGUF quant or file and the revision:
+    /// REPO[:QUANT_OR_FILE][@REVISION], e.g. ggml-org/gemma-3-1b-it-GGUF:Q4_K_M
+    /// (default: the largest quant at or below Q4_K_M; a safetensors repository
+    /// gives its config, tokenizer and weights). A built-in model's name stands for
+    /// its published GGUF repository. Unlike --hf on other commands, which use a
+    /// cached revision as it is, pull asks the hub for the revision's current commit.
+    #[arg(long, value_name = "REPO[:QUANT_OR_FILE][@REVISION]")]
+    pub hf: String,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
 }
 
 #[derive(clap::Args, Debug)]
@@ -405,7 +422,8 @@ pub struct DiffArgs {
     pub fail_on_change: bool,
 }
 
-/// Where a model comes from: one of three flags ([`session::ModelSource`]).
+/// Where a model comes from: one of four flags ([`session::ModelSource`]; `--hf`
+/// resolves to the GGUF file or model directory it downloads into the hub cache).
 #[derive(clap::Args, Debug, Clone)]
 #[group(id = "ModelSource", required = true, multiple = false)]
 pub struct ModelSourceArgs {
@@ -421,16 +439,37 @@ pub struct ModelSourceArgs {
     /// IQ4_XS). Its tokenizer serves --prompt.
     #[arg(long, value_name = "FILE")]
     pub gguf: Option<std::path::PathBuf>,
+    /// A model on the Hugging Face Hub: REPO[:QUANT_OR_FILE][@REVISION] (e.g.
+    /// ggml-org/gemma-3-1b-it-GGUF:Q4_K_M; default the largest quant at or below
+    /// Q4_K_M; a safetensors repository gives a model directory; a built-in model's
+    /// name stands for its published GGUF repository). Downloaded once into the hub
+    /// cache (HF_HOME, HF_HUB_CACHE; shared with Python's huggingface_hub), then used
+    /// from there without the network; HF_TOKEN for gated repositories, HF_ENDPOINT,
+    /// HF_HUB_OFFLINE=1.
+    #[arg(long, value_name = "REPO[:QUANT_OR_FILE][@REVISION]")]
+    pub hf: Option<String>,
 }
 
 impl ModelSourceArgs {
-    /// The source the flags name (clap's group makes it exactly one).
+    /// The source the flags name (clap's group makes it exactly one); `--hf` is
+    /// resolved here, downloading what the cache lacks, into the file or directory
+    /// it names, so that everything after sees a local `--gguf` or `--model-dir`.
     pub fn source(&self) -> Result<session::ModelSource, SessionError> {
+        if let Some(spec) = &self.hf {
+            let r = crate::model::hub::Hub::from_env()
+                .resolve(
+                    &crate::model::hub::HubSpec::parse(spec).map_err(crate::model::ModelError::from)?,
+                    false,
+                    &output::Bars::download(),
+                )
+                .map_err(crate::model::ModelError::from)?;
+            return Ok(if r.gguf { session::ModelSource::Gguf(r.path) } else { session::ModelSource::Dir(r.path) });
+        }
         match (&self.model, &self.model_dir, &self.gguf) {
             (_, _, Some(file)) => Ok(session::ModelSource::Gguf(file.clone())),
             (Some(name), _, None) => Ok(session::ModelSource::Builtin(name.clone())),
             (None, Some(dir), None) => Ok(session::ModelSource::Dir(dir.clone())),
-            (None, None, None) => Err(SessionError::Usage("give --model NAME, --model-dir DIR or --gguf FILE".into())),
+            (None, None, None) => Err(SessionError::Usage("give --model NAME, --model-dir DIR, --gguf FILE or --hf REPO".into())),
         }
     }
 }

@@ -10,6 +10,10 @@ pub trait Progress {
     fn step(&self, _what: &str) {}
     /// One step done.
     fn tick(&self) {}
+    /// `n` more units of the phase done (bytes of a download).
+    fn advance(&self, _n: u64) {}
+    /// The phase is `pos` units along (a resumed download).
+    fn advance_to(&self, _pos: u64) {}
     /// A line worth telling the user.
     fn note(&self, _msg: &str) {}
     /// The last phase is over.

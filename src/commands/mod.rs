@@ -11,6 +11,7 @@ pub mod kernels;
 pub mod list_devices;
 pub mod man;
 pub mod profiles;
+pub mod pull;
 pub mod report;
 pub mod run;
 pub mod tune;

@@ -531,8 +531,11 @@ fn open_tokenizer(settings: &ModelSettings, args: &RunArgs, warnings: &mut Vec<S
                     ModelSource::Builtin(name) => name.as_str(),
                     _ => "?",
                 };
+                let real = crate::model::builtin_repo(name).map_or(String::new(), |r| {
+                    format!(", or run the published model instead of the synthetic weights: --hf {r}:{}", crate::model::hub::DEFAULT_QUANT)
+                });
                 return Err(Error::Usage(format!(
-                    "--prompt needs a {TOKENIZER_FILE}, and the built-in model `{name}` (synthetic weights) has none; give the prompt as token ids with --tokens 1,2,3"
+                    "--prompt needs a {TOKENIZER_FILE}, and the built-in model `{name}` (synthetic weights) has none; give the prompt as token ids with --tokens 1,2,3{real}"
                 )));
             }
             return Ok(None);

@@ -4,20 +4,27 @@
 use super::config::{Architecture, Dims, LayerKind, ModelConfig, RopeScaling};
 use super::{ModelError, Result, VisionConfig};
 
-/// Names accepted by [`builtin`], with the checkpoint each one mirrors.
-const MODELS: [(&str, &str); 7] = [
-    ("gemma3-1b", "google/gemma-3-1b-it"),
-    ("gemma3-4b", "google/gemma-3-4b-it (text model and SigLIP vision tower)"),
-    ("llama-3.2-1b", "meta-llama/Llama-3.2-1B"),
-    ("llama-3.2-3b", "meta-llama/Llama-3.2-3B"),
-    ("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B"),
-    ("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B"),
-    ("smollm2-135m", "HuggingFaceTB/SmolLM2-135M"),
+/// Names accepted by [`builtin`], with the checkpoint each one mirrors and the
+/// published GGUF repository of its instruct model on the Hugging Face Hub (what
+/// `--hf NAME` downloads).
+const MODELS: [(&str, &str, &str); 7] = [
+    ("gemma3-1b", "google/gemma-3-1b-it", "ggml-org/gemma-3-1b-it-GGUF"),
+    ("gemma3-4b", "google/gemma-3-4b-it (text model and SigLIP vision tower)", "ggml-org/gemma-3-4b-it-GGUF"),
+    ("llama-3.2-1b", "meta-llama/Llama-3.2-1B", "bartowski/Llama-3.2-1B-Instruct-GGUF"),
+    ("llama-3.2-3b", "meta-llama/Llama-3.2-3B", "bartowski/Llama-3.2-3B-Instruct-GGUF"),
+    ("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-0.5B-Instruct-GGUF"),
+    ("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-1.5B-Instruct-GGUF"),
+    ("smollm2-135m", "HuggingFaceTB/SmolLM2-135M", "bartowski/SmolLM2-135M-Instruct-GGUF"),
 ];
+
+/// The published GGUF repository of the built-in model `name` (case-insensitive).
+pub fn builtin_repo(name: &str) -> Option<&'static str> {
+    MODELS.iter().find(|(n, _, _)| n.eq_ignore_ascii_case(name)).map(|(_, _, r)| *r)
+}
 
 /// The names of the built-in models.
 pub fn builtin_names() -> Vec<&'static str> {
-    MODELS.iter().map(|(n, _)| *n).collect()
+    MODELS.iter().map(|(n, _, _)| *n).collect()
 }
 
 /// The vision tower and projector of the built-in model `name`, if it has one:
@@ -79,7 +86,7 @@ pub fn builtin(name: &str) -> Result<ModelConfig> {
 }
 
 fn known() -> String {
-    MODELS.iter().map(|(n, hf)| format!("{n} ({hf})")).collect::<Vec<_>>().join(", ")
+    MODELS.iter().map(|(n, hf, _)| format!("{n} ({hf})")).collect::<Vec<_>>().join(", ")
 }
 
 /// Gemma 3 text models: head_dim 256, 5 local layers then 1 global, local RoPE

@@ -19,6 +19,7 @@ mod config;
 pub mod gguf;
 mod gguf_model;
 mod hf;
+pub mod hub;
 pub mod mmproj;
 mod stfile;
 mod tokenizer;
@@ -27,7 +28,7 @@ mod weights;
 
 use std::path::PathBuf;
 
-pub use builtin::{builtin, builtin_names, builtin_vision};
+pub use builtin::{builtin, builtin_names, builtin_repo, builtin_vision};
 pub use chat::{ChatTemplate, END_OF_TURN_TOKENS, TOKENIZER_CONFIG_FILE};
 pub use config::{Architecture, Dims, Dtype, HiddenAct, LayerKind, ModelConfig, RopeScaling};
 pub use gguf::Stored;
@@ -72,6 +73,8 @@ pub enum ModelError {
     Chat { path: PathBuf, msg: String },
     #[error("tensor `{name}` cannot be quantized: {source}")]
     Quant { name: String, source: crate::kernels::quant::QuantError },
+    #[error(transparent)]
+    Hub(#[from] hub::HubError),
     #[error("the weights do not match the config:\n  {}", problems.join("\n  "))]
     Mismatch { problems: Vec<String> },
 }

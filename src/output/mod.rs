@@ -84,6 +84,26 @@ impl Report for crate::report::GeneratedReport {
     }
 }
 
+impl Report for crate::model::hub::Resolved {
+    /// The path to give `--gguf` / `--model-dir`, then where it came from and its files.
+    fn table(&self) -> String {
+        let flag = if self.gguf { "--gguf" } else { "--model-dir" };
+        let got = if self.downloaded > 0 { format!("downloaded {}", bytes(self.downloaded)) } else { "all from the cache".to_string() };
+        let mut lines = vec![
+            self.path.display().to_string(),
+            format!(
+                "repo:     {}@{} (commit {}), {got}; the same as {flag} {}",
+                self.repo,
+                self.revision,
+                self.commit,
+                self.path.display()
+            ),
+        ];
+        lines.extend(self.files.iter().map(|f| format!("file:     {}", f.display())));
+        lines.join("\n")
+    }
+}
+
 impl Report for crate::report::SchemaReport {
     /// The schema is JSON whatever the format.
     fn table(&self) -> String {

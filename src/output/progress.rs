@@ -13,11 +13,12 @@ use crate::progress::Progress;
 /// `counter` is the `{prefix} [bar] pos/len msg` bar of `kernels --verify` and
 /// `bench` (each step's name as the message); `tune` the tuner's, with a spinner and
 /// the elapsed time, which logs each phase with its start time when stderr is not a
-/// terminal (the bar is hidden there). Nothing is shown until the first phase.
+/// terminal (the bar is hidden there); `download` a bytes bar per file, which
+/// logs each file likewise. Nothing is shown until the first phase.
 pub struct Bars {
     template: &'static str,
     prefix: &'static str,
-    /// The tuner's start, when phases are logged and steps not shown.
+    /// The start of the work, when phases are logged (on a hidden bar) and steps not shown.
     tune_start: Option<Instant>,
     bar: Mutex<Option<ProgressBar>>,
 }
@@ -30,6 +31,15 @@ impl Bars {
     pub fn tune() -> Bars {
         Bars {
             template: "{spinner} [{elapsed_precise}] [{bar:30}] {pos}/{len} {msg}",
+            prefix: "",
+            tune_start: Some(Instant::now()),
+            bar: Mutex::new(None),
+        }
+    }
+
+    pub fn download() -> Bars {
+        Bars {
+            template: "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
             prefix: "",
             tune_start: Some(Instant::now()),
             bar: Mutex::new(None),
@@ -74,6 +84,12 @@ impl Progress for Bars {
     }
     fn tick(&self) {
         self.with_bar(|pb| pb.inc(1));
+    }
+    fn advance(&self, n: u64) {
+        self.with_bar(|pb| pb.inc(n));
+    }
+    fn advance_to(&self, pos: u64) {
+        self.with_bar(|pb| pb.set_position(pos));
     }
     fn note(&self, msg: &str) {
         // A hidden bar (stderr not a terminal) prints nothing: the note goes to stderr.

@@ -13,6 +13,7 @@ mod eval;
 mod fusion;
 mod gpu_counters;
 mod hostile_cli;
+mod hub;
 mod layering;
 mod model_load;
 mod profile;
