@@ -2,7 +2,8 @@
 //! network): a std `TcpListener` on 127.0.0.1 answering in the Hugging Face Hub's
 //! URL layout (the API's file list with LFS SHA-256s, `/{repo}/resolve/{rev}/{file}`
 //! redirecting to a CDN-like path with `ETag`, `x-linked-etag`, `x-repo-commit`,
-//! `x-linked-size`, Range requests), a tiny GGUF model (the test fixtures), a gated
+//! `x-linked-size`, Range requests), a tiny GGUF model and a sharded safetensors
+//! model (the test fixtures), a gated
 //! repository (401 without the token), a connection dropped mid-file (the retry
 //! resumes with a Range) and a wrong SHA-256. Checked: the cache layout
 //! huggingface_hub reads, a second run without any request, `HF_HUB_OFFLINE=1`,
@@ -17,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use assert_cmd::Command;
 use sha2::{Digest, Sha256};
 
-use crate::common::{gguf_dir, ktune_in, tempdir};
+use crate::common::{fixture, gguf_dir, ktune_in, tempdir};
 
 const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
 const REPO: &str = "tiny/Model-GGUF";
@@ -48,6 +49,10 @@ fn sha(b: &[u8]) -> String {
     hex::encode(Sha256::digest(b))
 }
 
+fn sharded(name: &str) -> Vec<u8> {
+    std::fs::read(fixture("qwen2-tiny-sharded").join(name)).expect("fixture")
+}
+
 fn repos() -> BTreeMap<&'static str, Vec<File>> {
     let read = |f: &str| std::fs::read(gguf_dir().join(f)).expect("fixture");
     let file = |name, bytes: Vec<u8>| File { name, listed_sha: sha(&bytes), bytes };
@@ -66,6 +71,21 @@ fn repos() -> BTreeMap<&'static str, Vec<File>> {
             ],
         ),
         ("tiny/Gated-GGUF", vec![file("tiny-Q4_K_M.gguf", q4)]),
+        (
+            "tiny/Qwen-Sharded",
+            [
+                "config.json",
+                "model.safetensors.index.json",
+                "model-00001-of-00004.safetensors",
+                "model-00002-of-00004.safetensors",
+                "model-00003-of-00004.safetensors",
+                "model-00004-of-00004.safetensors",
+            ]
+            .into_iter()
+            .map(|n| file(n, sharded(n)))
+            .chain([file("README.md", b"# tiny\n".to_vec()), file("consolidated.safetensors", b"not in the index".to_vec())])
+            .collect(),
+        ),
         ("tiny/BadSha-GGUF", vec![bad]),
     ])
 }
@@ -284,6 +304,36 @@ fn pull_then_run_from_the_cache() {
     let e = stderr(&o);
     assert!(e.contains("HF_HUB_OFFLINE") && e.contains("not in the cache") && e.contains("tiny/Model-GGUF"), "{e}");
     assert_eq!(hub.log().len(), requests, "offline makes no request");
+}
+
+/// A safetensors repository resolves to its snapshot directory with the config,
+/// the index and the shards it names (not the other files), and runs as the same
+/// `--model-dir` does.
+#[test]
+fn a_safetensors_repository_is_a_model_directory() {
+    let hub = FakeHub::start();
+    let home = tempdir();
+    let run = |source: &[&str]| -> serde_json::Value {
+        let o = hub
+            .ktune(home.path())
+            .args(["--device", "cpu", "run"])
+            .args(source)
+            .args(["--tokens", "1,2,3", "--max-tokens", "3", "--format", "json"])
+            .output()
+            .expect("runs");
+        assert!(o.status.success(), "{source:?}: {}", stderr(&o));
+        serde_json::from_slice(&o.stdout).expect("json")
+    };
+    let dir = fixture("qwen2-tiny-sharded");
+    let want = run(&["--model-dir", dir.to_str().expect("utf-8")]);
+    let got = run(&["--hf", "tiny/Qwen-Sharded"]);
+    assert_eq!(got["generated"], want["generated"]);
+    let snap = home.path().join(format!("hf/hub/models--tiny--Qwen-Sharded/snapshots/{COMMIT}"));
+    let mut files: Vec<String> =
+        std::fs::read_dir(&snap).expect("snapshot").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    files.sort();
+    assert_eq!(files.len(), 6, "config, index and the 4 shards it names: {files:?}");
+    assert!(!files.iter().any(|f| f == "README.md" || f.starts_with("consolidated")), "{files:?}");
 }
 
 /// A gated repository without the token names its license page and HF_TOKEN (and
