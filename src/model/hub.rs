@@ -13,7 +13,9 @@
 //! `blobs/<etag>.incomplete`, resumed with an HTTP Range after a dropped
 //! connection, its SHA-256 checked against the LFS metadata before it becomes the
 //! blob. `HF_HUB_OFFLINE=1` never asks; `HF_ENDPOINT` names the hub; `HF_TOKEN`
-//! (else the token file `$HF_HOME/token`) is sent as a bearer token.
+//! (else the token file `$HF_HOME/token`) is sent as a bearer token, to the hub's
+//! host only. A download holds huggingface_hub's lock file
+//! (`.locks/models--OWNER--NAME/<etag>.lock`), so two programs never write one blob.
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -288,6 +290,8 @@ impl Hub {
             .timeout_connect(Some(Duration::from_secs(20)))
             .timeout_per_read(Some(Duration::from_secs(60)))
             .user_agent(concat!("ktune/", env!("CARGO_PKG_VERSION")))
+            // The token goes to the hub's own host (a moved repository), never to the CDN.
+            .redirect_auth_headers(ureq::config::RedirectAuthHeaders::SameHost)
             .build()
             .into();
         Hub { endpoint, cache, token, token_file, offline: truthy("HF_HUB_OFFLINE"), agent }
@@ -407,7 +411,16 @@ impl Hub {
         let mut got = 0;
         if !blob.is_file() {
             std::fs::create_dir_all(&blobs).map_err(io(&blobs))?;
-            got = self.download_blob(spec, commit, f, &blob, progress)?;
+            // huggingface_hub's lock file for this blob: one download at a time,
+            // whichever program makes it; the blob may be there once it is ours.
+            let locks = self.cache.join(".locks").join(dir.file_name().unwrap_or_default());
+            std::fs::create_dir_all(&locks).map_err(io(&locks))?;
+            let lock_path = locks.join(format!("{}.lock", f.etag));
+            let lock = std::fs::File::options().create(true).truncate(false).write(true).open(&lock_path).map_err(io(&lock_path))?;
+            lock.lock().map_err(io(&lock_path))?;
+            if !blob.is_file() {
+                got = self.download_blob(spec, commit, f, &blob, progress)?;
+            }
         }
         if !link.is_file() {
             let parent = link.parent().unwrap_or(dir);
