@@ -680,6 +680,9 @@ pub(crate) fn run(
         }
     }
     progress.done();
+    if let Some(lost) = t.ctx.as_ref().and_then(|c| c.lost()) {
+        return Err(lost.into());
+    }
     for (i, e) in errors.iter().enumerate() {
         if let Some(e) = e {
             progress.note(&format!("combination `{}` failed end to end: {e}", combos[i].0.label()));

@@ -53,6 +53,8 @@ pub enum TuneError {
     Runtime(#[from] RuntimeError),
     #[error(transparent)]
     Cache(#[from] cache::CacheError),
+    #[error(transparent)]
+    Gpu(#[from] crate::gpu::GpuError),
     #[error("{0}")]
     Invalid(String),
 }

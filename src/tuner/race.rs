@@ -109,6 +109,10 @@ pub(crate) fn run_all(
             continue;
         }
         let res = run_race(t, r, o, Deadline::share(share), &mut gates, progress);
+        // A lost device fails every candidate from here on: stop, caching nothing of it.
+        if let Some(lost) = t.ctx.as_ref().and_then(|c| c.lost()) {
+            return Err(lost.into());
+        }
         if let Some(c) = cache {
             c.put("slots", &key, &res)?;
         }

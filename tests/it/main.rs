@@ -12,6 +12,7 @@ mod cli;
 mod eval;
 mod fusion;
 mod gpu_counters;
+mod gpu_faults;
 mod hostile_cli;
 mod layering;
 mod model_load;
