@@ -66,7 +66,8 @@ impl Races {
     }
 }
 
-/// Runs every race of `space` until `slot_deadline`, sharing what is left of the
+/// Runs every race of `space` until the races' share of what is left of the
+/// budget ([`super::budget::RACES_SHARE`]: the slot deadline), sharing what is left of the
 /// time evenly over the races still to run (each race's [`Deadline::share`]: past
 /// its share plus a quarter, a race prepares and samples nothing more but its
 /// first candidate). `cache` keeps finished races as they come; with `resume`
@@ -77,9 +78,10 @@ pub(crate) fn run_all(
     space: &Space,
     cache: Option<&Cache>,
     resume: bool,
-    slot_deadline: Instant,
+    budget: &super::budget::Budget,
     progress: &dyn Progress,
 ) -> Result<Races, TuneError> {
+    let slot_deadline = budget.share(super::budget::RACES_SHARE);
     let races = &space.races;
     let mut results: Vec<RaceResult> = Vec::new();
     let mut resumed = 0;
@@ -87,12 +89,21 @@ pub(crate) fn run_all(
     // The best rate (flop/s) a finished race's winner reached on this device: what
     // a vision race's first candidate is estimated at before it starts.
     let mut rate: Option<f64> = None;
+    let mut skipped = 0;
     for (i, r) in races.iter().enumerate() {
         let key = race_cache_key(t, r, o);
         if let Some(done) = cache.filter(|_| resume).and_then(|c| c.get::<RaceResult>("slots", &key)) {
             resumed += 1;
             rate = best_rate(rate, r, &done);
             results.push(done);
+            continue;
+        }
+        // Past the races' share of the budget, the races left are not run (their
+        // slots keep the runtime's default kernels; not cached: a resumed tune
+        // with a larger budget races them).
+        if Instant::now() >= slot_deadline {
+            results.push(unraced(t, r, o, "past the slot races' share of the budget"));
+            skipped += 1;
             continue;
         }
         // Share what is left of the slot budget evenly over the races still to run.
@@ -120,6 +131,13 @@ pub(crate) fn run_all(
         results.push(res);
     }
     progress.done();
+    if skipped > 0 {
+        budget.cut(format!(
+            "slot races: {} of {} raced; the other {skipped} slots keep the runtime's default kernels",
+            races.len() - skipped,
+            races.len()
+        ));
+    }
     Ok(Races { results, resumed })
 }
 
@@ -539,6 +557,7 @@ mod tests {
             device: &device,
             ctx: None,
             vision_weights: None,
+            started: Instant::now(),
         };
         let o = TuneOptions {
             budget: Duration::from_millis(1),

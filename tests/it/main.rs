@@ -7,6 +7,7 @@ mod common;
 
 mod bench_image;
 mod bench_kernels;
+mod budget;
 mod chain;
 mod cli;
 mod eval;
