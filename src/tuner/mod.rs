@@ -191,7 +191,7 @@ pub(crate) fn tune<D>(
         )));
     }
     let caps = DeviceCaps::from(t.device);
-    let limits = budget.stage("device limits", || limits::measure(t));
+    let limits = budget.stage("device limits", || limits::measure(t, o.budget));
     let rotation = measure::Rotation::for_device(t.device, o.gpu_l2_bytes);
     let space = budget.stage("search space", || space::survey(t, o, &caps, progress))?;
     let races = budget.stage("slot races", || race::run_all(t, o, &space, cache, resume, &budget, progress))?;
