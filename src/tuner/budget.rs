@@ -10,8 +10,12 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-/// The share of what is left after the survey that the slot races may use.
+/// The share of what is left after the survey that the slot races may use in
+/// full; past it a race measures its first candidate alone.
 pub const RACES_SHARE: f64 = 0.55;
+/// The share of what is left after the survey past which no race starts (the
+/// rest: the end-to-end stage's minimum).
+pub const RACES_LIMIT: f64 = 0.7;
 /// The share of what is left after the races that the end-to-end timing may use
 /// (the rest: the accuracy check and the head-to-head confirmation).
 pub const TIMING_SHARE: f64 = 0.6;

@@ -739,10 +739,9 @@ pub(crate) fn run(
 
     // The accuracy budget: each combination that ran against the CPU's f32
     // reference on fixed prompts; one above the budget is out of the choice.
-    // Scored in the order of their timing, the default first, then the fastest: the
-    // default and those faster than it always (while one more fits, else the
-    // default and the fastest), the slower ones (which cannot win) while one more
-    // fits the accuracy check's share. A faster one not scored is out of the choice.
+    // Scored in the order of their timing, the default first, then the fastest,
+    // while one more fits the accuracy check's share. A faster one not scored is
+    // out of the choice.
     let accuracy_start = Instant::now();
     let median = |i: usize| summarize(&request_times(&samples[i], o.decode_tokens, image_s)).median;
     let mut order: Vec<usize> = (1..combos.len()).filter(|&i| errors[i].is_none() && !samples[i].0.is_empty()).collect();
@@ -750,11 +749,12 @@ pub(crate) fn run(
     order.insert(0, 0);
     let faster = if errors[0].is_none() { order.iter().filter(|&&i| i > 0 && median(i) < median(0)).count() } else { order.len() - 1 };
     let setup = |c: &Combo| (options_for(c), selection_for(c, caps, &winners));
-    let which = Scoring { order: &order, must: if faster > 0 { 2 } else { 0 }, end: budget.share(ACCURACY_SHARE) };
-    // Nothing has to be scored when no combination beat the default: the check
-    // (the f32 reference and one engine, each about a build and a sample) runs
-    // only when it fits.
-    let kld = if faster == 0 && Budget::until(which.end) < 3.0 * (build_s + sample_s) {
+    let which = Scoring { order: &order, end: budget.share(ACCURACY_SHARE) };
+    // The check (the f32 reference and the default's engine, each about a build
+    // and a sample, then one more a combination) runs only when the reference
+    // and the default fit; a faster combination left unscored leaves the
+    // default.
+    let kld = if Budget::until(which.end) < 2.0 * (build_s + sample_s) {
         vec![None; combos.len()]
     } else {
         divergences(t, o, &combos, &errors, &which, &setup, progress)?
@@ -846,11 +846,9 @@ pub(crate) fn run(
 }
 
 /// Which combinations the accuracy check scores: `order` (indices, the default
-/// first), the first `must` of them whatever the time, the rest while one more
-/// fits before `end`.
+/// first), each while one more fits before `end`.
 struct Scoring<'a> {
     order: &'a [usize],
-    must: usize,
     end: Instant,
 }
 
@@ -885,11 +883,11 @@ fn divergences(
     let mut reference = engines(None).build(ref_opts, ref_sel, true)?;
     let build = engines(t.ctx.clone());
     let mut out = vec![None; combos.len()];
-    let Scoring { order, must, end } = *which;
+    let Scoring { order, end } = *which;
     progress.phase("end to end: accuracy against the f32 reference", order.len() as u64);
     let mut each = Duration::ZERO;
-    for (j, &i) in order.iter().enumerate() {
-        if errors[i].is_some() || (j >= must && Instant::now() + each > end) {
+    for &i in order {
+        if errors[i].is_some() || Instant::now() + each > end {
             continue;
         }
         let t0 = Instant::now();

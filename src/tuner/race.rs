@@ -82,6 +82,7 @@ pub(crate) fn run_all(
     progress: &dyn Progress,
 ) -> Result<Races, TuneError> {
     let slot_deadline = budget.share(super::budget::RACES_SHARE);
+    let races_limit = budget.share(super::budget::RACES_LIMIT);
     let races = &space.races;
     let mut results: Vec<RaceResult> = Vec::new();
     let mut resumed = 0;
@@ -95,7 +96,7 @@ pub(crate) fn run_all(
     let raceable = races.iter().filter(|r| !candidates(r, &caps, o.strategy).0.is_empty()).count();
     let mut skipped = 0;
     // The races run so far and their time.
-    let (mut ran, mut spent) = (0u32, Duration::ZERO);
+    let (mut ran, mut spent, mut first_only) = (0u32, Duration::ZERO, 0);
     for (i, r) in races.iter().enumerate() {
         let key = race_cache_key(t, r, o);
         if let Some(done) = cache.filter(|_| resume).and_then(|c| c.get::<RaceResult>("slots", &key)) {
@@ -104,12 +105,14 @@ pub(crate) fn run_all(
             results.push(done);
             continue;
         }
-        // Past the races' share of the budget, or where the mean time of the
-        // races run so far would carry this one past it, the races left are not
-        // run (their slots keep the runtime's default kernels; not cached: a
-        // resumed tune with a larger budget races them).
+        // Past the races' share of the budget a race measures its first
+        // candidate alone; on the CPU, where the mean time of the races run so
+        // far would carry it past the races' limit, it is not run (its slot keeps
+        // the runtime's default kernels; not cached: a resumed tune with a larger
+        // budget races it). A GPU tune still races every slot (its first
+        // candidate at least).
         let mean = if ran > 0 { spent / ran } else { Duration::ZERO };
-        if Instant::now() + mean >= slot_deadline {
+        if t.ctx.is_none() && Instant::now() + mean >= races_limit {
             let res = unraced(t, r, o, "past the slot races' share of the budget");
             skipped += usize::from(left_out(&res));
             results.push(res);
@@ -118,7 +121,7 @@ pub(crate) fn run_all(
         // Share what is left of the slot budget evenly over the races still to run.
         let left = slot_deadline.saturating_duration_since(Instant::now());
         let share = left / (races.len() - i) as u32;
-        if let Some(why) = unaffordable(r, rate, share, left) {
+        if let Some(why) = unaffordable(r, rate, share, races_limit.saturating_duration_since(Instant::now())) {
             progress.note(&format!(
                 "{} ({}) not raced: {why}; {} keeps the runtime's default for it (a larger --budget races it)",
                 r.key.0,
@@ -132,6 +135,7 @@ pub(crate) fn run_all(
             continue;
         }
         let race_start = Instant::now();
+        first_only += usize::from(race_start >= slot_deadline);
         let res = run_race(t, r, o, Deadline::share(share), &mut gates, progress);
         spent += race_start.elapsed();
         ran += 1;
@@ -146,6 +150,9 @@ pub(crate) fn run_all(
         results.push(res);
     }
     progress.done();
+    if first_only > 0 {
+        budget.cut(format!("slot races: {first_only} of {raceable} measured their first candidate alone"));
+    }
     if skipped > 0 {
         budget.cut(format!(
             "slot races: {} of {} raced; the other {skipped} slots keep the runtime's default kernels",
