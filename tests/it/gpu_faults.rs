@@ -102,9 +102,12 @@ fn a_rejected_shader_fails_run_and_is_ruled_out_by_tune_with_the_cache_intact() 
         .filter(|r| r["variant"].as_str().is_some_and(|n| n.starts_with("rms_norm_vec4")))
         .map(|r| r["reason"].as_str().unwrap_or_default().to_string())
         .collect();
-    // Those the race reached were ruled out for the driver's reason (the rest not reached).
-    let driver = rejected.iter().filter(|r| r.contains("the GPU driver rejected shader `norm_rms_vec4.wgsl")).count();
-    assert!(driver > 0 && rejected.iter().all(|r| r.contains("driver rejected") || r.contains("not reached")), "{rejected:?}");
+    // Every variant of the shader is ruled out: those the race reached for the
+    // driver's reason, with its message; the rest not reached within the budget
+    // (on a loaded machine the norm races may reach none of them).
+    assert!(!rejected.is_empty(), "the shader's variants are listed");
+    let driver = |r: &String| r.contains("the GPU driver rejected shader `norm_rms_vec4.wgsl") && r.contains("--device cpu");
+    assert!(rejected.iter().all(|r| driver(r) || r.starts_with("not reached within the budget")), "{rejected:?}");
 
     // A device lost mid-tune: exit 2, and the cached profile is as it was.
     let profiles = cache.join("profiles");
