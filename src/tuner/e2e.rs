@@ -589,8 +589,9 @@ pub(crate) fn run(
     let timing_start = Instant::now();
     let timing_end = budget.share(TIMING_SHARE);
     // The plan of the timing from the default's own build and first sample: as
-    // many combinations (two at least: the default and the best predicted) and
-    // decode steps as fit what is left of the stage's share.
+    // many combinations (the default and the best predicted first; the default
+    // alone when a second does not fit) and decode steps as fit what is left of
+    // the stage's share.
     let mut first = Some(build_engine(&combos[0].0));
     let build_s = timing_start.elapsed().as_secs_f64();
     let mut steps_cap = usize::MAX;
@@ -614,10 +615,13 @@ pub(crate) fn run(
     }
     let steps_for = |c: &Combo| sample_steps(c.decode_chain()).min(steps_cap);
     let all = combos.len();
-    let n = Budget::fit(Budget::until(timing_end), build_s + 2.0 * sample_s, all, 2);
+    let n = Budget::fit(Budget::until(timing_end), build_s + 2.0 * sample_s, all, 1);
     if n < all {
         combos.truncate(n);
-        budget.cut(format!("end to end: {n} of {all} combinations (the default and the best predicted first)"));
+        budget.cut(match n {
+            1 => format!("end to end: 1 of {all} combinations, the runtime default alone (a second build and its samples do not fit)"),
+            _ => format!("end to end: {n} of {all} combinations (the default and the best predicted first)"),
+        });
     }
     progress
         .phase(&format!("end to end: {} combinations{}", combos.len(), if interleave { ", interleaved" } else { "" }), combos.len() as u64);
