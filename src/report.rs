@@ -170,6 +170,10 @@ pub struct TuneReport {
     /// HTML reports to write beside the profile (`--report`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub reports: Vec<PathBuf>,
+    /// How this run spent its `--budget` and what it cut to fit (None: served
+    /// from the cache).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<crate::tuner::budget::BudgetReport>,
     pub profile: ProfileDoc,
 }
 

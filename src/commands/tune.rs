@@ -28,6 +28,8 @@ pub fn html_beside(yaml: &std::path::Path) -> std::path::PathBuf {
 }
 
 pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> Result<TuneReport> {
+    // The budget counts from here: the model's load is part of it.
+    let started = std::time::Instant::now();
     // Flags first, before anything heavy.
     let budget = parse_duration(&args.budget)?;
     let strategy = Strategy::parse(&args.strategy)
@@ -68,7 +70,7 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
     let key = tuner::cache_key(&device, &name, &m.config, &opts);
     let cache = Cache::open().map_err(tuner::TuneError::from)?;
     let path = cache.profile_path(&key);
-    let finish = |doc: ProfileDoc, cached: bool, resumed: usize| -> Result<TuneReport> {
+    let finish = |doc: ProfileDoc, cached: bool, resumed: usize, budget: Option<tuner::budget::BudgetReport>| -> Result<TuneReport> {
         if let Some(out) = &args.output {
             profile::write_atomic(out, &profile::to_yaml(&doc)?)?;
         }
@@ -80,6 +82,7 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
             output: args.output.clone(),
             cached,
             resumed_slots: resumed,
+            budget,
             reports: if args.report { std::iter::once(&path).chain(&args.output).map(|p| html_beside(p)).collect() } else { Vec::new() },
             profile: doc,
         })
@@ -91,23 +94,23 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
         Profile::load(&path).ok().map(|p| p.doc)
     };
     if let Some(doc) = cached() {
-        return finish(doc, true, 0);
+        return finish(doc, true, 0, None);
     }
     let _lock = cache
         .lock(&key, || progress.note("another ktune tune of this model and device is running; waiting for it"))
         .map_err(tuner::TuneError::from)?;
     if let Some(doc) = cached() {
-        return finish(doc, true, 0);
+        return finish(doc, true, 0, None);
     }
     let ctx = session::open_device(&device, opts.trusted_shaders)?;
     let store: Arc<dyn TensorStore> = m.weights.clone();
     let vision_weights = opts.vision.as_ref().map(|_| m.weights.clone());
-    let target = Target { model: &name, config: &m.config, store, device: &device, ctx, vision_weights };
+    let target = Target { model: &name, config: &m.config, store, device: &device, ctx, vision_weights, started };
     let res = tuner::tune(&target, &opts, Some(&cache), !args.force, progress, profile::build::profile_doc)
         .map_err(|e| Error::Usage(format!("tuning failed: {e}")))?;
     let text = profile::to_yaml(&res.doc)?;
     // The written profile must load back (round trip), or nothing is cached.
     Profile::from_str(&text, &path.display().to_string())?;
     profile::write_atomic(&path, &text)?;
-    finish(res.doc, false, res.resumed_slots)
+    finish(res.doc, false, res.resumed_slots, Some(res.budget))
 }

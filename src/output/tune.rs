@@ -36,6 +36,13 @@ impl Report for TuneReport {
             t.space.fusion_choices
         ));
         s.push_str(&format!("limit:    {:.1} GB/s read ({})\n", t.limits.read_gbps, t.limits.read_source));
+        if let Some(b) = &r.budget {
+            let stages: Vec<String> = b.stages.iter().map(|x| format!("{} {:.1} s", x.stage, x.seconds)).collect();
+            s.push_str(&format!("budget:   {:.1} s of {:.1} s: {}\n", b.used_s, b.budget_s, stages.join(", ")));
+            for cut in &b.cuts {
+                s.push_str(&format!("cut:      {cut}, to fit the budget\n"));
+            }
+        }
         #[derive(Tabled)]
         struct Row {
             slot: String,

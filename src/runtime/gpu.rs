@@ -435,27 +435,29 @@ impl GpuExec {
         embed_exact: bool,
         mut fill: impl FnMut(usize) -> Result<Option<Vec<u8>>, RuntimeError>,
     ) -> Result<GpuExec, RuntimeError> {
-        let mut bufs = Vec::with_capacity(plan.buffers.len());
-        let mut sizes = Vec::with_capacity(plan.buffers.len());
-        for (i, b) in plan.buffers.iter().enumerate() {
-            if b.bytes() > ctx.caps.max_buffer_size {
-                return Err(RuntimeError::Gpu(format!(
-                    "buffer `{}` needs {} bytes, over the adapter's max buffer size of {}; use a smaller model or the CPU",
-                    b.name,
-                    b.bytes(),
-                    ctx.caps.max_buffer_size
-                )));
-            }
-            let buf = match fill(i)? {
-                Some(bytes) => ctx.upload(&b.name, &bytes),
-                None => match &b.constant {
-                    Some(c) => ctx.upload(&b.name, bytemuck::cast_slice(c)),
-                    None => ctx.storage(&b.name, b.bytes()),
-                },
-            };
-            bufs.push(buf);
-            sizes.push(b.bytes());
+        // Every buffer is checked against the device's limits before any is made,
+        // then made inside out-of-memory and validation scopes.
+        for b in &plan.buffers {
+            ctx.check_size(&format!("buffer `{}`", b.name), b.bytes(), true).map_err(err)?;
         }
+        let (bufs, sizes) = ctx
+            .allocating("uploading the model's buffers", || -> Result<_, RuntimeError> {
+                let mut bufs = Vec::with_capacity(plan.buffers.len());
+                let mut sizes = Vec::with_capacity(plan.buffers.len());
+                for (i, b) in plan.buffers.iter().enumerate() {
+                    let buf = match fill(i)? {
+                        Some(bytes) => ctx.upload(&b.name, &bytes),
+                        None => match &b.constant {
+                            Some(c) => ctx.upload(&b.name, bytemuck::cast_slice(c)),
+                            None => ctx.storage(&b.name, b.bytes()),
+                        },
+                    };
+                    bufs.push(buf);
+                    sizes.push(b.bytes());
+                }
+                Ok((bufs, sizes))
+            })
+            .map_err(err)??;
         // A uniform to the kernels, storage to a chain's `advance`.
         let usage = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
         let position = ctx.buffer("position", 16, usage);

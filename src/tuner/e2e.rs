@@ -11,6 +11,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::budget::{ACCURACY_SHARE, Budget, TIMING_SHARE};
 use super::measure::Strategy;
 use super::race::{Races, Winners};
 use super::space::{Space, plan_options};
@@ -37,6 +38,10 @@ pub(crate) const E2E_DECODE_STEPS: usize = 8;
 pub(crate) const CHAIN_CHOICES: [u32; 3] = [1, 4, 16];
 /// Rounds of the head-to-head check of a winner against the default.
 const CONFIRM_ROUNDS: usize = 4;
+/// The fewest decode steps a sample keeps when the budget cuts them.
+const MIN_SAMPLE_STEPS: usize = 2;
+/// Why a combination the budget left out has no samples.
+const NOT_TIMED: &str = "not timed within the budget";
 
 /// The spin times (µs) the end-to-end stage tries beside the pool's default
 /// (2 ms) for the best predicted combination on a CPU.
@@ -513,16 +518,19 @@ pub(crate) fn run(
     caps: &DeviceCaps,
     space: &Space,
     races: &Races,
-    deadline: Instant,
+    budget: &Budget,
     progress: &dyn Progress,
 ) -> Result<EndToEnd, TuneError> {
+    let deadline = budget.deadline();
     let winners = races.winners(space, &o.extra_formats());
     // A multimodal model's image first, within a quarter of what is left; its
     // default time joins every combination's request time.
     let vision = match &o.vision {
         Some(v) => {
-            let share = deadline.saturating_duration_since(Instant::now()) / 4;
-            Some(time_vision(t, v, caps, &winners, estimated_image_s(space, races), Instant::now() + share, progress)?)
+            let (since, end) = (Instant::now(), budget.share(0.25));
+            let times = time_vision(t, v, caps, &winners, estimated_image_s(space, races), end, progress)?;
+            budget.record("end to end: one image", since);
+            Some(times)
         }
         None => None,
     };
@@ -578,6 +586,43 @@ pub(crate) fn run(
     let shared = builder();
     let build_engine = |c: &Combo| build_with(&shared, c);
     let interleave = !gpu && weight_bytes.saturating_mul(2) < crate::session::available_memory() / 5 * 2;
+    let timing_start = Instant::now();
+    let timing_end = budget.share(TIMING_SHARE);
+    // The plan of the timing from the default's own build and first sample: as
+    // many combinations (the default and the best predicted first; the default
+    // alone when a second does not fit) and decode steps as fit what is left of
+    // the stage's share.
+    let mut first = Some(build_engine(&combos[0].0));
+    let build_s = timing_start.elapsed().as_secs_f64();
+    let mut steps_cap = usize::MAX;
+    let mut sample_s = 0.0;
+    if let Some(Ok(e)) = first.as_mut() {
+        let k = combos[0].0.decode_chain();
+        let t0 = Instant::now();
+        if let Ok((p, d)) = e2e_sample(e, &prompt, sample_steps(k), k) {
+            sample_s = t0.elapsed().as_secs_f64();
+            // Two combinations of two rounds: one more build and four samples.
+            let per_sample = (Budget::until(timing_end) - build_s) / 4.0;
+            if per_sample < sample_s && d > 0.0 {
+                let steps = (((per_sample - p) / d).floor().max(0.0) as usize).max(MIN_SAMPLE_STEPS);
+                if steps < sample_steps(k) {
+                    steps_cap = steps;
+                    sample_s = p + steps as f64 * d;
+                    budget.cut(format!("end to end: {steps} decode steps a sample instead of {}", sample_steps(k)));
+                }
+            }
+        }
+    }
+    let steps_for = |c: &Combo| sample_steps(c.decode_chain()).min(steps_cap);
+    let all = combos.len();
+    let n = Budget::fit(Budget::until(timing_end), build_s + 2.0 * sample_s, all, 1);
+    if n < all {
+        combos.truncate(n);
+        budget.cut(match n {
+            1 => format!("end to end: 1 of {all} combinations, the runtime default alone (a second build and its samples do not fit)"),
+            _ => format!("end to end: {n} of {all} combinations (the default and the best predicted first)"),
+        });
+    }
     progress
         .phase(&format!("end to end: {} combinations{}", combos.len(), if interleave { ", interleaved" } else { "" }), combos.len() as u64);
     let e2e_rounds = 5;
@@ -587,7 +632,7 @@ pub(crate) fn run(
     if interleave {
         let mut engines: Vec<Option<Engine>> = Vec::new();
         for (i, (c, _)) in combos.iter().enumerate() {
-            match build_engine(c) {
+            match first.take().unwrap_or_else(|| build_engine(c)) {
                 Ok(e) => engines.push(Some(e)),
                 Err(e) => {
                     errors[i] = Some(e.to_string());
@@ -599,7 +644,7 @@ pub(crate) fn run(
         let mut round_time = Duration::ZERO;
         for round in 0..e2e_rounds {
             // Two rounds always; more only while another fits in the budget.
-            if round >= 2 && Instant::now() + round_time > deadline {
+            if round >= 2 && Instant::now() + round_time > timing_end {
                 break;
             }
             let round_start = Instant::now();
@@ -609,7 +654,7 @@ pub(crate) fn run(
             for j in 0..combos.len() {
                 let i = (j + off) % combos.len();
                 if let Some(e) = engines[i].as_mut() {
-                    match e2e_sample(e, &prompt, sample_steps(combos[i].0.decode_chain()), combos[i].0.decode_chain()) {
+                    match e2e_sample(e, &prompt, steps_for(&combos[i].0), combos[i].0.decode_chain()) {
                         Ok((p, d)) => {
                             samples[i].0.push(p);
                             samples[i].1.push(d);
@@ -645,22 +690,25 @@ pub(crate) fn run(
     } else {
         // One engine at a time (the model is too large to hold several copies).
         let mut combo_time = Duration::ZERO;
+        let mut skipped = 0;
         for (i, (c, _)) in combos.iter().enumerate() {
             // The default and the best predicted combination always; the rest while
             // one more fits in the budget.
-            if i > 1 && Instant::now() + combo_time > deadline {
+            if i > 1 && Instant::now() + combo_time > timing_end {
+                errors[i] = Some(NOT_TIMED.into());
+                skipped += 1;
                 continue;
             }
             let combo_start = Instant::now();
-            match build_engine(c) {
+            match first.take().unwrap_or_else(|| build_engine(c)) {
                 Ok(mut e) => {
                     let mut sample_time = Duration::ZERO;
                     for round in 0..e2e_rounds {
-                        if round >= 2 && Instant::now() + sample_time > deadline {
+                        if round >= 2 && Instant::now() + sample_time > timing_end {
                             break;
                         }
                         let t0 = Instant::now();
-                        match e2e_sample(&mut e, &prompt, sample_steps(c.decode_chain()), c.decode_chain()) {
+                        match e2e_sample(&mut e, &prompt, steps_for(c), c.decode_chain()) {
                             Ok((p, d)) => {
                                 samples[i].0.push(p);
                                 samples[i].1.push(d);
@@ -678,20 +726,56 @@ pub(crate) fn run(
             combo_time = combo_time.max(combo_start.elapsed());
             progress.tick();
         }
+        if skipped > 0 {
+            budget.cut(format!("end to end: {} of {} combinations timed", combos.len() - skipped, combos.len()));
+        }
     }
     progress.done();
+    budget.record("end to end: timing", timing_start);
+    if let Some(lost) = t.ctx.as_ref().and_then(|c| c.lost()) {
+        return Err(lost.into());
+    }
     for (i, e) in errors.iter().enumerate() {
-        if let Some(e) = e {
+        if let Some(e) = e.as_ref().filter(|e| *e != NOT_TIMED) {
             progress.note(&format!("combination `{}` failed end to end: {e}", combos[i].0.label()));
         }
     }
 
     // The accuracy budget: each combination that ran against the CPU's f32
     // reference on fixed prompts; one above the budget is out of the choice.
-    let kld = divergences(t, o, &combos, &errors, &|c: &Combo| (options_for(c), selection_for(c, caps, &winners)), progress)?;
+    // Scored in the order of their timing, the default first, then the fastest,
+    // while one more fits the accuracy check's share. A faster one not scored is
+    // out of the choice.
+    let accuracy_start = Instant::now();
+    let median = |i: usize| summarize(&request_times(&samples[i], o.decode_tokens, image_s)).median;
+    let mut order: Vec<usize> = (1..combos.len()).filter(|&i| errors[i].is_none() && !samples[i].0.is_empty()).collect();
+    order.sort_by(|&a, &b| median(a).total_cmp(&median(b)));
+    order.insert(0, 0);
+    let faster = if errors[0].is_none() { order.iter().filter(|&&i| i > 0 && median(i) < median(0)).count() } else { order.len() - 1 };
+    let setup = |c: &Combo| (options_for(c), selection_for(c, caps, &winners));
+    let which = Scoring { order: &order, end: budget.share(ACCURACY_SHARE) };
+    // The check (the f32 reference and the default's engine, each about a build
+    // and a sample, then one more a combination) runs only when the reference
+    // and the default fit; a faster combination left unscored leaves the
+    // default.
+    let kld = if Budget::until(which.end) < 2.0 * (build_s + sample_s) {
+        vec![None; combos.len()]
+    } else {
+        divergences(t, o, &combos, &errors, &which, &setup, progress)?
+    };
+    budget.record("end to end: accuracy", accuracy_start);
+    let unscored = order.iter().filter(|&&i| kld[i].is_none()).count();
+    if unscored > 0 {
+        budget.cut(format!(
+            "accuracy: {} of {} combinations scored ({faster} timed faster than the default)",
+            order.len() - unscored,
+            order.len()
+        ));
+    }
     let max_kld = kld_budget(o.max_kld, kld[0]);
     let refused: Vec<Option<String>> = (0..combos.len())
         .map(|i| match kld[i] {
+            None if i > 0 && order[1..=faster].contains(&i) => Some("not scored for accuracy within the budget".into()),
             Some(k) if i > 0 && k > max_kld => Some(format!(
                 "KL divergence {k:.3e} from the f32 reference is over the budget {max_kld:.3e} ({})",
                 if o.max_kld.is_some() {
@@ -722,16 +806,28 @@ pub(crate) fn run(
     // first and second, the same rule. The stage's many engines share one process's
     // memory and caches, which can favour one layout over another (a repacked
     // combination won every round of the stage, then lost 20% in `ktune bench`).
+    // Its rounds are what fits the rest of the budget after two builds; under two,
+    // the gain is not confirmed and the default stays.
+    let confirm_rounds = Budget::fit(Budget::until(deadline) - 2.0 * build_s, 2.0 * sample_s, CONFIRM_ROUNDS, 0);
+    if best != 0 && interleave && errors[0].is_none() && confirm_rounds < 2 {
+        budget
+            .cut(format!("head to head: not run; `{}` was not confirmed against the runtime default, which stays", combos[best].0.label()));
+        best = 0;
+    }
     if best != 0 && interleave && errors[0].is_none() {
+        if confirm_rounds < CONFIRM_ROUNDS {
+            budget.cut(format!("head to head: {confirm_rounds} of {CONFIRM_ROUNDS} rounds"));
+        }
+        let confirm_start = Instant::now();
         drop(shared);
         let fresh = builder();
         if let (Ok(mut d), Ok(mut b)) = (build_with(&fresh, &combos[0].0), build_with(&fresh, &combos[best].0)) {
-            progress.phase(&format!("end to end: `{}` against the default, head to head", combos[best].0.label()), CONFIRM_ROUNDS as u64);
+            progress.phase(&format!("end to end: `{}` against the default, head to head", combos[best].0.label()), confirm_rounds as u64);
             let mut t: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-            for round in 0..CONFIRM_ROUNDS {
+            for round in 0..confirm_rounds {
                 for i in if round % 2 == 0 { [0, 1] } else { [1, 0] } {
                     let (e, k) = if i == 0 { (&mut d, combos[0].0.decode_chain()) } else { (&mut b, combos[best].0.decode_chain()) };
-                    if let Ok((p, dd)) = e2e_sample(e, &prompt, sample_steps(k), k) {
+                    if let Ok((p, dd)) = e2e_sample(e, &prompt, sample_steps(k).min(steps_cap), k) {
                         t[i].push(p + o.decode_tokens as f64 * dd + image_s);
                     }
                 }
@@ -748,8 +844,16 @@ pub(crate) fn run(
                 best = 0;
             }
         }
+        budget.record("end to end: head to head", confirm_start);
     }
     Ok(EndToEnd { combos, samples, best, winners, vision, kld, refused, max_kld })
+}
+
+/// Which combinations the accuracy check scores: `order` (indices, the default
+/// first), each while one more fits before `end`.
+struct Scoring<'a> {
+    order: &'a [usize],
+    end: Instant,
 }
 
 /// Each combination's mean KL divergence from the CPU's f32 reference
@@ -762,6 +866,7 @@ fn divergences(
     o: &TuneOptions,
     combos: &[(Combo, f64)],
     errors: &[Option<String>],
+    which: &Scoring<'_>,
     setup: &dyn Fn(&Combo) -> (PlanOptions, Selection),
     progress: &dyn Progress,
 ) -> Result<Vec<Option<f64>>, TuneError> {
@@ -781,20 +886,22 @@ fn divergences(
     let (ref_opts, ref_sel) = eval::f32_reference(scoring(plan_options(o, Fusion::ALL, Parallel::default())));
     let mut reference = engines(None).build(ref_opts, ref_sel, true)?;
     let build = engines(t.ctx.clone());
-    progress.phase("end to end: accuracy against the f32 reference", combos.len() as u64);
-    let mut out = Vec::with_capacity(combos.len());
-    for ((c, _), err) in combos.iter().zip(errors) {
-        let kld = match err {
-            Some(_) => None,
-            None => {
-                let (opts, sel) = setup(c);
-                let mut e = build.build(scoring(opts), sel, c.batch)?;
-                e.set_cpu_pool(c.threads, c.spin_us, c.prefetch);
-                let o = eval::evaluate(&text, &mut e, Some(Reference::Engine(&mut reference)), None, &Silent)?;
-                o.divergence.map(|d| d.kld_mean)
-            }
-        };
-        out.push(kld);
+    let mut out = vec![None; combos.len()];
+    let Scoring { order, end } = *which;
+    progress.phase("end to end: accuracy against the f32 reference", order.len() as u64);
+    let mut each = Duration::ZERO;
+    for &i in order {
+        if errors[i].is_some() || Instant::now() + each > end {
+            continue;
+        }
+        let t0 = Instant::now();
+        let c = &combos[i].0;
+        let (opts, sel) = setup(c);
+        let mut e = build.build(scoring(opts), sel, c.batch)?;
+        e.set_cpu_pool(c.threads, c.spin_us, c.prefetch);
+        let o = eval::evaluate(&text, &mut e, Some(Reference::Engine(&mut reference)), None, &Silent)?;
+        out[i] = o.divergence.map(|d| d.kld_mean);
+        each = each.max(t0.elapsed());
         progress.tick();
     }
     progress.done();

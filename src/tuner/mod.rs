@@ -9,6 +9,7 @@
 //! ([`crate::profile::build`]). One deadline bounds it all; finished slot races are
 //! saved as they come so an interrupted tune resumes.
 
+pub mod budget;
 pub mod e2e;
 pub mod kbench;
 mod limits;
@@ -53,6 +54,8 @@ pub enum TuneError {
     Runtime(#[from] RuntimeError),
     #[error(transparent)]
     Cache(#[from] cache::CacheError),
+    #[error(transparent)]
+    Gpu(#[from] crate::gpu::GpuError),
     #[error("{0}")]
     Invalid(String),
 }
@@ -153,6 +156,9 @@ pub struct Target<'a> {
     /// The model's weights as the vision tower reads them, for the end-to-end
     /// stage's image (needed with [`TuneOptions::vision`]; None: text only).
     pub vision_weights: Option<Arc<crate::model::Weights>>,
+    /// When the command began: the budget counts from here, the model's load
+    /// included ([`budget::Budget`]).
+    pub started: Instant,
 }
 
 /// The result of a tune: what `finish` made of the findings (the profile document)
@@ -160,6 +166,8 @@ pub struct Target<'a> {
 pub struct TuneResult<D> {
     pub doc: D,
     pub resumed_slots: usize,
+    /// How the budget was spent and what was cut to fit it.
+    pub budget: budget::BudgetReport,
 }
 
 /// Runs the whole search and hands what it found to `finish` as plain data (the
@@ -175,9 +183,7 @@ pub(crate) fn tune<D>(
     progress: &dyn Progress,
     finish: impl FnOnce(&TuneRecord<'_>) -> D,
 ) -> Result<TuneResult<D>, TuneError> {
-    let start = Instant::now();
-    let deadline = start + o.budget;
-    let slot_deadline = start + o.budget.mul_f64(0.65);
+    let budget = budget::Budget::new(t.started, o.budget, "loading the model");
     if o.prefill_tokens == 0 || o.context <= o.prefill_tokens {
         return Err(TuneError::Invalid(format!(
             "--context ({}) must exceed --prefill-tokens ({}) and both be positive",
@@ -185,14 +191,19 @@ pub(crate) fn tune<D>(
         )));
     }
     let caps = DeviceCaps::from(t.device);
-    let limits = limits::measure(t);
+    let limits = budget.stage("device limits", || limits::measure(t, o.budget));
     let rotation = measure::Rotation::for_device(t.device, o.gpu_l2_bytes);
-    let space = space::survey(t, o, &caps, progress)?;
-    let races = race::run_all(t, o, &space, cache, resume, slot_deadline, progress)?;
-    let e2e = e2e::run(t, o, &caps, &space, &races, deadline, progress)?;
+    let space = budget.stage("search space", || space::survey(t, o, &caps, progress))?;
+    let races = budget.stage("slot races", || race::run_all(t, o, &space, cache, resume, &budget, progress))?;
+    let e2e = e2e::run(t, o, &caps, &space, &races, &budget, progress)?;
     let found = Found { target: t, options: o, caps: &caps, rotation: &rotation, space: &space, races: &races, e2e: &e2e };
-    let record = found.record(limits, start.elapsed().as_secs_f64());
-    Ok(TuneResult { doc: finish(&record), resumed_slots: races.resumed })
+    let record = found.record(limits, t.started.elapsed().as_secs_f64());
+    let doc = budget.stage("writing the profile", || finish(&record));
+    let report = budget.report();
+    for cut in &report.cuts {
+        progress.note(&format!("to fit the budget: {cut}"));
+    }
+    Ok(TuneResult { doc, resumed_slots: races.resumed, budget: report })
 }
 
 /// What the stages of one tune found.

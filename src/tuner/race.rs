@@ -66,7 +66,8 @@ impl Races {
     }
 }
 
-/// Runs every race of `space` until `slot_deadline`, sharing what is left of the
+/// Runs every race of `space` until the races' share of what is left of the
+/// budget ([`super::budget::RACES_SHARE`]: the slot deadline), sharing what is left of the
 /// time evenly over the races still to run (each race's [`Deadline::share`]: past
 /// its share plus a quarter, a race prepares and samples nothing more but its
 /// first candidate). `cache` keeps finished races as they come; with `resume`
@@ -77,9 +78,11 @@ pub(crate) fn run_all(
     space: &Space,
     cache: Option<&Cache>,
     resume: bool,
-    slot_deadline: Instant,
+    budget: &super::budget::Budget,
     progress: &dyn Progress,
 ) -> Result<Races, TuneError> {
+    let slot_deadline = budget.share(super::budget::RACES_SHARE);
+    let races_limit = budget.share(super::budget::RACES_LIMIT);
     let races = &space.races;
     let mut results: Vec<RaceResult> = Vec::new();
     let mut resumed = 0;
@@ -87,6 +90,13 @@ pub(crate) fn run_all(
     // The best rate (flop/s) a finished race's winner reached on this device: what
     // a vision race's first candidate is estimated at before it starts.
     let mut rate: Option<f64> = None;
+    // Races with candidates (a slot without any has nothing to cut), and those of
+    // them the budget left out.
+    let caps = DeviceCaps::from(t.device);
+    let raceable = races.iter().filter(|r| !candidates(r, &caps, o.strategy).0.is_empty()).count();
+    let mut skipped = 0;
+    // The races run so far and their time.
+    let (mut ran, mut spent, mut first_only) = (0u32, Duration::ZERO, 0);
     for (i, r) in races.iter().enumerate() {
         let key = race_cache_key(t, r, o);
         if let Some(done) = cache.filter(|_| resume).and_then(|c| c.get::<RaceResult>("slots", &key)) {
@@ -95,20 +105,44 @@ pub(crate) fn run_all(
             results.push(done);
             continue;
         }
+        // Past the races' share of the budget a race measures its first
+        // candidate alone; on the CPU, where the mean time of the races run so
+        // far would carry it past the races' limit, it is not run (its slot keeps
+        // the runtime's default kernels; not cached: a resumed tune with a larger
+        // budget races it). A GPU tune still races every slot (its first
+        // candidate at least).
+        let mean = if ran > 0 { spent / ran } else { Duration::ZERO };
+        if t.ctx.is_none() && Instant::now() + mean >= races_limit {
+            let res = unraced(t, r, o, "past the slot races' share of the budget");
+            skipped += usize::from(left_out(&res));
+            results.push(res);
+            continue;
+        }
         // Share what is left of the slot budget evenly over the races still to run.
         let left = slot_deadline.saturating_duration_since(Instant::now());
         let share = left / (races.len() - i) as u32;
-        if let Some(why) = unaffordable(r, rate, share) {
+        if let Some(why) = unaffordable(r, rate, share, races_limit.saturating_duration_since(Instant::now())) {
             progress.note(&format!(
-                "{} ({}) not raced: {why}; the tower keeps the runtime's default for it (a larger --budget races it)",
+                "{} ({}) not raced: {why}; {} keeps the runtime's default for it (a larger --budget races it)",
                 r.key.0,
-                r.key.1.name()
+                r.key.1.name(),
+                if r.key.1 == crate::plan::Regime::Vision { "the tower" } else { "the model" }
             ));
             // Not cached: a resumed tune with a larger budget races it.
-            results.push(unraced(t, r, o, &why));
+            let res = unraced(t, r, o, &why);
+            skipped += usize::from(left_out(&res));
+            results.push(res);
             continue;
         }
+        let race_start = Instant::now();
+        first_only += usize::from(race_start >= slot_deadline);
         let res = run_race(t, r, o, Deadline::share(share), &mut gates, progress);
+        spent += race_start.elapsed();
+        ran += 1;
+        // A lost device fails every candidate from here on: stop, caching nothing of it.
+        if let Some(lost) = t.ctx.as_ref().and_then(|c| c.lost()) {
+            return Err(lost.into());
+        }
         if let Some(c) = cache {
             c.put("slots", &key, &res)?;
         }
@@ -116,6 +150,16 @@ pub(crate) fn run_all(
         results.push(res);
     }
     progress.done();
+    if first_only > 0 {
+        budget.cut(format!("slot races: {first_only} of {raceable} measured their first candidate alone"));
+    }
+    if skipped > 0 {
+        budget.cut(format!(
+            "slot races: {} of {} raced; the other {skipped} slots keep the runtime's default kernels",
+            raceable - skipped,
+            raceable
+        ));
+    }
     Ok(Races { results, resumed })
 }
 
@@ -133,29 +177,36 @@ fn best_rate(rate: Option<f64>, r: &RaceDef, res: &RaceResult) -> Option<f64> {
     }
 }
 
-/// Why a vision race cannot start within `share`: its first candidate (a warm-up
-/// and one sample, each one execution of every shape) estimated at the best rate
-/// a finished race reached on this device (`rate`), past the race's hard deadline
-/// (a quarter over its share) and past [`ALWAYS_AFFORDABLE_S`]. Text races always
-/// run (the end-to-end stage needs their winners); a vision slot without a winner
-/// keeps the runtime's default (the profile leaves it out). Large towers on slow
-/// adapters (SigLIP's 4096 patches on a software rasterizer: a minute per
-/// attention layer) would otherwise spend many times the budget on one sample.
-fn unaffordable(r: &RaceDef, rate: Option<f64>, share: Duration) -> Option<String> {
-    if r.key.1 != crate::plan::Regime::Vision {
-        return None;
-    }
+/// Why a race cannot start within its time: its first candidate (a warm-up and
+/// one sample, each one execution of every shape) estimated at the best rate a
+/// finished race reached on this device (`rate`), past [`ALWAYS_AFFORDABLE_S`]
+/// and past, for a vision race, its hard deadline (a quarter over its `share`),
+/// for a text race a quarter over all that is `left` of the races' time (a text
+/// race may take others' shares: their slots then keep the defaults too). A slot
+/// without a winner keeps the runtime's default (the profile leaves it out).
+/// Large towers on slow adapters (SigLIP's 4096 patches on a software
+/// rasterizer: a minute per attention layer), or a large vocabulary's LM head
+/// over the prompt on two cores, would otherwise spend many times the budget on
+/// one sample.
+fn unaffordable(r: &RaceDef, rate: Option<f64>, share: Duration, left: Duration) -> Option<String> {
     let rate = rate?;
     let flops: f64 = r.shapes.iter().map(|(p, _)| p.flops()).sum();
     let est = 2.0 * flops / rate;
-    let allowed = share.as_secs_f64() * 1.25;
+    let within = if r.key.1 == crate::plan::Regime::Vision { share } else { left };
+    let allowed = within.as_secs_f64() * 1.25;
     (est > allowed.max(ALWAYS_AFFORDABLE_S)).then(|| {
         format!(
-            "its first candidate would take about {est:.1} s ({:.1} GFLOP at the best {:.2} GFLOP/s a race reached here), its share of the budget is {allowed:.1} s",
+            "its first candidate would take about {est:.1} s ({:.1} GFLOP at the best {:.2} GFLOP/s a race reached here), its time in the budget is {allowed:.1} s",
             2.0 * flops / 1e9,
             rate / 1e9
         )
     })
+}
+
+/// Whether `res` is a race the budget left out: a candidate of it not reached
+/// for a reason ([`unraced`]).
+fn left_out(res: &RaceResult) -> bool {
+    res.rejected.iter().any(|(_, why)| why.strip_prefix(NOT_REACHED).is_some_and(|w| w.starts_with(": ")))
 }
 
 /// The record of a race that did not run: every candidate not reached, for `why`.
@@ -535,6 +586,7 @@ mod tests {
             device: &device,
             ctx: None,
             vision_weights: None,
+            started: Instant::now(),
         };
         let o = TuneOptions {
             budget: Duration::from_millis(1),
@@ -569,29 +621,33 @@ mod tests {
         assert_eq!(unreached, all.len() - 1, "{:?}", res.rejected);
     }
 
-    /// A vision race whose first candidate, at the best rate measured so far, would
-    /// overrun both its share and the always-affordable floor is not started;
-    /// text races, cheap vision races, and any race before a rate is known are.
+    /// A race whose first candidate, at the best rate measured so far, would
+    /// overrun the always-affordable floor and its time (a vision race: its share;
+    /// a text race: all that is left of the races' time) is not started; cheap
+    /// races, and any race before a rate is known, are.
     #[test]
-    fn a_vision_race_past_its_budget_by_estimate_is_not_started() {
+    fn a_race_past_its_budget_by_estimate_is_not_started() {
         use crate::plan::select::Slot;
         let big = Problem::Linear { m: 4096, n: 4304, k: 1152, gelu: true };
         let race =
             |slot: Slot, regime: Regime, p: &Problem| RaceDef { key: (slot, regime), dtype: DType::F32, shapes: vec![(p.clone(), 27)] };
         let vision = race(Slot::VisionMlp, Regime::Vision, &big);
         let gflops = |g: f64| Some(g * 1e9);
-        // 2 x 40.6 GFLOP at 5 GFLOP/s: about 16 s, over a 1 s share.
-        let why = unaffordable(&vision, gflops(5.0), Duration::from_secs(1)).expect("not started");
+        let s = Duration::from_secs;
+        // 2 x 40.6 GFLOP at 5 GFLOP/s: about 16 s, over a 1 s share (whatever is left).
+        let why = unaffordable(&vision, gflops(5.0), s(1), s(100)).expect("not started");
         assert!(why.contains("16.") && why.contains("5.00 GFLOP/s"), "{why}");
-        // Its share covers it; a fast device; no rate yet; a text race: started.
-        assert_eq!(unaffordable(&vision, gflops(5.0), Duration::from_secs(20)), None);
-        assert_eq!(unaffordable(&vision, gflops(500.0), Duration::ZERO), None);
-        assert_eq!(unaffordable(&vision, None, Duration::ZERO), None);
+        // Its share covers it; a fast device; no rate yet: started.
+        assert_eq!(unaffordable(&vision, gflops(5.0), s(20), s(20)), None);
+        assert_eq!(unaffordable(&vision, gflops(500.0), Duration::ZERO, Duration::ZERO), None);
+        assert_eq!(unaffordable(&vision, None, Duration::ZERO, Duration::ZERO), None);
+        // A text race: measured against all that is left of the races' time.
         let text = race(Slot::MatmulGateUp, Regime::Prefill, &Problem::Gemm { m: 4096, n: 4304, k: 1152 });
-        assert_eq!(unaffordable(&text, gflops(5.0), Duration::ZERO), None);
+        assert_eq!(unaffordable(&text, gflops(5.0), s(1), s(100)), None, "the races' time covers it");
+        assert!(unaffordable(&text, gflops(5.0), s(1), s(5)).is_some(), "16 s of 5 s left");
         // A tiny tower's op: under the floor, started whatever the share.
         let tiny = race(Slot::VisionMlp, Regime::Vision, &Problem::Linear { m: 16, n: 64, k: 32, gelu: true });
-        assert_eq!(unaffordable(&tiny, gflops(0.1), Duration::ZERO), None);
+        assert_eq!(unaffordable(&tiny, gflops(0.1), Duration::ZERO, Duration::ZERO), None);
     }
 
     /// The race itself: past the hard deadline only a race without any sample gets

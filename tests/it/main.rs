@@ -7,11 +7,13 @@ mod common;
 
 mod bench_image;
 mod bench_kernels;
+mod budget;
 mod chain;
 mod cli;
 mod eval;
 mod fusion;
 mod gpu_counters;
+mod gpu_faults;
 mod hostile_cli;
 mod hub;
 mod layering;

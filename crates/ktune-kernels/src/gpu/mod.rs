@@ -18,8 +18,16 @@
 //! chosen by the `override W_F16: bool` constant (the decoders are in
 //! `shaders/wload.wgsl`), so one shader serves both dtypes without `SHADER_F16`.
 //! GPU buffers are padded to 16 bytes.
+//!
+//! Faults ([`faults`]): errors outside an error scope and the loss of the device
+//! are recorded by the device's callbacks (never wgpu's panicking default) and
+//! returned as a [`GpuError`] by the next wait; a wait never blocks on a lost
+//! device; the big allocations run inside out-of-memory and validation scopes
+//! ([`GpuCtx::allocating`]) after a check of their size against the device's
+//! limits ([`GpuCtx::check_size`]).
 
-use std::borrow::Cow;
+pub mod faults;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -101,7 +109,9 @@ pub enum GpuError {
     NoAdapter(String),
     #[error("could not open a device on adapter `{adapter}`: {source}")]
     RequestDevice { adapter: String, source: wgpu::RequestDeviceError },
-    #[error("shader `{shader}` entry `{entry}` failed validation: {message}")]
+    #[error(
+        "the GPU driver rejected shader `{shader}` entry `{entry}`: {message}; run on the CPU (`--device cpu`), or tune for this device (`ktune tune`) so that the profile picks another kernel"
+    )]
     Pipeline { shader: String, entry: String, message: String },
     #[error("GPU error while {what}: {message}")]
     Validation { what: String, message: String },
@@ -109,7 +119,21 @@ pub enum GpuError {
     Map(String),
     #[error("waiting for the GPU failed: {0}")]
     Poll(String),
+    #[error("the GPU device was lost ({0}): the driver reset it or it went away; run again, or run on the CPU (`--device cpu`)")]
+    DeviceLost(String),
+    #[error("the GPU ran out of memory while {what}: {message}; {FIX_SIZE}")]
+    OutOfMemory { what: String, message: String },
+    #[error("{what} needs {bytes} bytes, over the device's {limit_name} of {limit} bytes; {FIX_SIZE}")]
+    TooLarge { what: String, bytes: u64, limit_name: &'static str, limit: u64 },
+    #[error("GPU error: {0}")]
+    Uncaptured(String),
+    #[error("{0}")]
+    Fault(String),
 }
+
+/// The fix for a GPU allocation that does not fit, as every such message gives it.
+const FIX_SIZE: &str =
+    "use a smaller `--context`, a quantized `--weight-dtype` (e.g. q4_k), fewer layers (`--layers`), or the CPU (`--device cpu`)";
 
 /// A shader's identity: its heads, its file and its includes (two shaders may share
 /// a file and differ in what they prepend or append to it).
@@ -232,6 +256,13 @@ fn thread_cpu_nanos() -> u64 {
     0
 }
 
+/// How long one blocking poll waits before the device's loss is checked again.
+const POLL_SLICE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long a buffer map may take to answer after its submission finished (it
+/// answers within the poll that finished it; only a lost device leaves it silent).
+const MAP_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How many compute pipelines a device keeps built, least recently used dropped
 /// first. A model's plan uses a few dozen and a race alternates between at most
 /// its slot's candidates, so the runtime and the tuner rebuild none; a parity sweep
@@ -259,6 +290,10 @@ pub struct GpuCtx {
     pub counters: Arc<GpuCounters>,
     /// What a program being rebuilt leaves to its successor ([`GpuCtx::rebuild`]).
     recycle: Mutex<Recycle>,
+    /// What the device's callbacks recorded (shared by its views).
+    faults: Arc<Mutex<faults::Faults>>,
+    /// The fault `KTUNE_FAULT` injects ([`faults`]), if any.
+    inject: Option<faults::Inject>,
 }
 
 /// One binding of a bind group as built: binding number, buffer, offset and size
@@ -373,6 +408,7 @@ impl GpuCtx {
         } else {
             wgpu::ExperimentalFeatures::disabled()
         };
+        let inject = faults::Inject::from_env()?;
         let mut required_limits = wgpu::Limits::downlevel_defaults().using_resolution(adapter.limits());
         let al = adapter.limits();
         required_limits.max_storage_buffer_binding_size = al.max_storage_buffer_binding_size;
@@ -386,6 +422,10 @@ impl GpuCtx {
         required_limits.max_storage_buffers_per_shader_stage = al.max_storage_buffers_per_shader_stage;
         required_limits.max_bind_groups = al.max_bind_groups;
         required_limits.max_bindings_per_bind_group = al.max_bindings_per_bind_group;
+        if let Some(faults::Inject::Limit(bytes)) = inject {
+            required_limits.max_buffer_size = required_limits.max_buffer_size.min(bytes);
+            required_limits.max_storage_buffer_binding_size = required_limits.max_storage_buffer_binding_size.min(bytes);
+        }
         let desc = wgpu::DeviceDescriptor {
             label: Some("ktune"),
             required_features,
@@ -396,6 +436,7 @@ impl GpuCtx {
         };
         let (device, queue) = pollster::block_on(adapter.request_device(&desc))
             .map_err(|source| GpuError::RequestDevice { adapter: dev.info.name.clone(), source })?;
+        let faults = faults::Faults::install(&device);
         Ok(Arc::new(GpuCtx {
             device,
             queue,
@@ -409,6 +450,8 @@ impl GpuCtx {
             pipeline_stats: Arc::default(),
             counters: Arc::default(),
             recycle: Mutex::default(),
+            faults,
+            inject,
         }))
     }
 
@@ -430,6 +473,8 @@ impl GpuCtx {
             pipeline_stats: self.pipeline_stats.clone(),
             counters: self.counters.clone(),
             recycle: Mutex::default(),
+            faults: self.faults.clone(),
+            inject: self.inject.clone(),
         })
     }
 
@@ -453,7 +498,8 @@ impl GpuCtx {
         }
         let label = shader.label();
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let desc = wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(Cow::Borrowed(shader.source)) };
+        let source = faults::Inject::shader_source(self.inject.as_ref(), shader.name, shader.source);
+        let desc = wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(source) };
         let m = if self.trusted {
             // SAFETY: the shaders of `shaders/` index their buffers only within the
             // sizes the host binds: every kernel's `check` validates the problem's
@@ -466,7 +512,7 @@ impl GpuCtx {
             self.device.create_shader_module(desc)
         };
         if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(GpuError::Pipeline { shader: label, entry: "(module)".into(), message: e.to_string() });
+            return Err(GpuError::Pipeline { shader: label, entry: "(module)".into(), message: faults::describe(&e) });
         }
         let m = Arc::new(m);
         cache.insert((shader.key(), self.trusted), m.clone());
@@ -500,7 +546,7 @@ impl GpuCtx {
             cache: None,
         });
         if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(GpuError::Pipeline { shader: shader.label(), entry: entry.into(), message: e.to_string() });
+            return Err(GpuError::Pipeline { shader: shader.label(), entry: entry.into(), message: faults::describe(&e) });
         }
         self.pipeline_stats.add(start);
         bump(&self.counters.pipelines, 1);
@@ -538,7 +584,7 @@ impl GpuCtx {
             self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(label), layout: &layout, entries: &wgpu_entries });
         bump(&self.counters.bind_groups, 1);
         if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(GpuError::Validation { what: format!("binding `{label}`"), message: e.to_string() });
+            return Err(GpuError::Validation { what: format!("binding `{label}`"), message: faults::describe(&e) });
         }
         Ok(group)
     }
@@ -651,7 +697,57 @@ impl GpuCtx {
     /// Submits one command buffer; its index is what [`GpuCtx::read_mapped_after`] waits for.
     pub fn submit(&self, commands: wgpu::CommandBuffer) -> wgpu::SubmissionIndex {
         bump(&self.counters.submits, 1);
+        if let Some(faults::Inject::LostAtSubmit(n)) = self.inject
+            && self.counters.submits.load(std::sync::atomic::Ordering::Relaxed) == n
+        {
+            self.device.destroy();
+        }
         self.queue.submit([commands])
+    }
+
+    /// Whether `bytes` fit one buffer of this device, and one storage binding when
+    /// `binding`: else [`GpuError::TooLarge`] naming `what`, the size, the limit
+    /// and the fix.
+    pub fn check_size(&self, what: &str, bytes: u64, binding: bool) -> Result<(), GpuError> {
+        let l = self.device.limits();
+        let mut limits = vec![("max buffer size", l.max_buffer_size)];
+        if binding {
+            limits.push(("max storage buffer binding size", l.max_storage_buffer_binding_size));
+        }
+        match limits.into_iter().find(|(_, limit)| padded(bytes) > *limit) {
+            Some((limit_name, limit)) => Err(GpuError::TooLarge { what: what.to_string(), bytes, limit_name, limit }),
+            None => Ok(()),
+        }
+    }
+
+    /// The device's loss, if it was lost (its callbacks run first: a non-blocking
+    /// poll). What the tuner checks after a failure, to stop rather than go on
+    /// failing every candidate.
+    pub fn lost(&self) -> Option<GpuError> {
+        let _ = self.device.poll(wgpu::PollType::Poll);
+        faults::Faults::lost(&self.faults)
+    }
+
+    /// Runs `allocate` (buffer creation and uploads) inside out-of-memory and
+    /// validation error scopes: an allocation the device cannot make comes back
+    /// as [`GpuError::OutOfMemory`] or [`GpuError::Validation`] naming `what`.
+    pub fn allocating<R>(&self, what: &str, allocate: impl FnOnce() -> R) -> Result<R, GpuError> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let invalid = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let out = allocate();
+        let invalid = pollster::block_on(invalid.pop());
+        let oom = pollster::block_on(oom.pop());
+        if let Some(lost) = (oom.is_some() || invalid.is_some()).then(|| self.lost()).flatten() {
+            return Err(lost);
+        }
+        if let Some(e) = oom {
+            return Err(GpuError::OutOfMemory { what: what.to_string(), message: faults::describe(&e) });
+        }
+        if let Some(e) = invalid {
+            return Err(GpuError::Validation { what: what.to_string(), message: faults::describe(&e) });
+        }
+        faults::Faults::check(&self.faults)?;
+        Ok(out)
     }
 
     /// Begins a compute pass on `enc`.
@@ -702,10 +798,13 @@ impl GpuCtx {
             let _ = tx.send(r);
         });
         self.wait_for(after)?;
-        match rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(GpuError::Map(e.to_string())),
-            Err(e) => return Err(GpuError::Map(e.to_string())),
+        let mapped = match rx.recv_timeout(MAP_GRACE) {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = mapped {
+            // A map refused or never answered on a lost device is the loss.
+            return Err(faults::Faults::lost(&self.faults).unwrap_or(GpuError::Map(e)));
         }
         let out = slice.get_mapped_range().map_err(|e| GpuError::Map(e.to_string()))?[..bytes as usize].to_vec();
         staging.unmap();
@@ -733,13 +832,23 @@ impl GpuCtx {
         self.wait_for(None)
     }
 
-    /// Blocks until the submission `after` has finished (None: the last one).
+    /// Blocks until the submission `after` has finished (None: the last one): a
+    /// sync point, where what the device's callbacks recorded (its loss, an
+    /// uncaptured error) comes back as the error. The wait is cut in slices of
+    /// [`POLL_SLICE`], the device's loss checked between them, so that a wait on
+    /// a lost device ends.
     pub fn wait_for(&self, after: Option<wgpu::SubmissionIndex>) -> Result<(), GpuError> {
         bump(&self.counters.waits, 1);
-        self.device
-            .poll(wgpu::PollType::Wait { submission_index: after, timeout: None })
-            .map(|_| ())
-            .map_err(|e| GpuError::Poll(e.to_string()))
+        loop {
+            faults::Faults::lost(&self.faults).map_or(Ok(()), Err)?;
+            match self.device.poll(wgpu::PollType::Wait { submission_index: after.clone(), timeout: Some(POLL_SLICE) }) {
+                Ok(_) => break,
+                Err(wgpu::PollError::Timeout) => continue,
+                // A lost device's callback runs when the device is next maintained.
+                Err(e) => return Err(self.lost().unwrap_or(GpuError::Poll(e.to_string()))),
+            }
+        }
+        faults::Faults::check(&self.faults)
     }
 
     /// Runs `programs` once in one command buffer (one compute pass) and waits,
@@ -755,7 +864,7 @@ impl GpuCtx {
         }
         self.submit(enc.finish());
         if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(GpuError::Validation { what: format!("running `{label}`"), message: e.to_string() });
+            return Err(GpuError::Validation { what: format!("running `{label}`"), message: faults::describe(&e) });
         }
         self.wait()
     }
@@ -792,7 +901,7 @@ impl GpuCtx {
         enc.resolve_query_set(&qs, 0..2, &resolve, 0);
         self.submit(enc.finish());
         if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(GpuError::Validation { what: "timing".into(), message: e.to_string() });
+            return Err(GpuError::Validation { what: "timing".into(), message: faults::describe(&e) });
         }
         let bytes = self.read(&resolve, 16)?;
         let t: &[u64] = bytemuck::cast_slice(&bytes);
