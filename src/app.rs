@@ -4,7 +4,9 @@
 
 use crate::Result;
 use crate::cli::{Cli, Command, Format, ProfilesAction};
-use crate::commands::{bench, bench_kernels, completions, eval, kernels, list_devices, man, profiles, report as html_report, run, tune};
+use crate::commands::{
+    bench, bench_kernels, chat, completions, eval, kernels, list_devices, man, profiles, report as html_report, run, serve, tune,
+};
 use crate::error::ExitCode;
 use crate::output::{self, Bars, TextStream};
 use crate::report::{ProfilesReport, SchemaReport};
@@ -36,6 +38,14 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 output::warn(w);
             }
             output::emit(&report, args.format.into())?;
+            Ok(ExitCode::Success)
+        }
+        Command::Chat(args) => {
+            chat::run(device, &args)?;
+            Ok(ExitCode::Success)
+        }
+        Command::Serve(args) => {
+            serve::run(device, &args)?;
             Ok(ExitCode::Success)
         }
         Command::Tune(args) => {

@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod bench_kernels;
+pub mod chat;
 pub mod completions;
 pub mod eval;
 pub mod kernels;
@@ -13,4 +14,5 @@ pub mod man;
 pub mod profiles;
 pub mod report;
 pub mod run;
+pub mod serve;
 pub mod tune;
