@@ -41,11 +41,11 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::Success)
         }
         Command::Chat(args) => {
-            chat::run(device, &args)?;
+            chat::run(device, &args, &|w| output::warn(w))?;
             Ok(ExitCode::Success)
         }
         Command::Serve(args) => {
-            serve::run(device, &args)?;
+            serve::run(device, &args, &|w| output::warn(w))?;
             Ok(ExitCode::Success)
         }
         Command::Tune(args) => {

@@ -91,7 +91,9 @@ impl Input {
     }
 }
 
-pub fn run(selector: Option<&str>, args: &ChatArgs) -> Result<()> {
+/// Runs until the input ends (chat) or a signal (serve); `warn` shows the
+/// warnings of loading (the application's `output::warn`).
+pub fn run(selector: Option<&str>, args: &ChatArgs, warn: &dyn Fn(&str)) -> Result<()> {
     let params = args.sampling.params(args.model.seed);
     generate::check_sampling(&params)?;
     let settings = args.engine.generator(&args.model, "chat")?;
@@ -113,7 +115,7 @@ pub fn run(selector: Option<&str>, args: &ChatArgs) -> Result<()> {
     }
     let mut g = Generator::open(selector, &settings)?;
     for w in &g.warnings {
-        crate::output::warn(w);
+        warn(w);
     }
     eprintln!(
         "ktune chat: {} on {}, {}, context {} tokens. /reset, /system TEXT, /stats, /exit",

@@ -160,13 +160,15 @@ struct State {
     context: usize,
 }
 
-pub fn run(selector: Option<&str>, args: &ServeArgs) -> Result<()> {
+/// Runs until the input ends (chat) or a signal (serve); `warn` shows the
+/// warnings of loading (the application's `output::warn`).
+pub fn run(selector: Option<&str>, args: &ServeArgs, warn: &dyn Fn(&str)) -> Result<()> {
     let defaults = args.sampling.params(args.model.seed);
     generate::check_sampling(&defaults)?;
     let settings = args.engine.generator(&args.model, "serve")?;
     let g = Generator::open(selector, &settings)?;
     for w in &g.warnings {
-        crate::output::warn(w);
+        warn(w);
     }
     let server = Server::http((args.host.as_str(), args.port))
         .map_err(|e| Error::Usage(format!("cannot listen on {}:{}: {e}; give another --port or --host", args.host, args.port)))?;

@@ -32,7 +32,7 @@ struct Served {
     child: Child,
     addr: String,
     log: Arc<Mutex<Vec<String>>>,
-    _cache: tempfile::TempDir,
+    _cache: Option<tempfile::TempDir>,
 }
 
 impl Drop for Served {
@@ -42,12 +42,18 @@ impl Drop for Served {
     }
 }
 
-/// `serve --port 0` with `flags`, once it prints the address it listens on.
+/// `serve --port 0` on the CPU with `flags`, once it prints the address it listens on.
 fn serve(flags: &[&str]) -> Served {
     let cache = tempdir();
     let mut c = ktune_process(cache.path());
     c.args(["serve", "--port", "0"]);
-    model_args(&mut c, true).args(flags).stdout(Stdio::null()).stderr(Stdio::piped());
+    model_args(&mut c, true).args(flags);
+    start(c, Some(cache))
+}
+
+/// Starts the `serve` command `c` and waits for the address it listens on.
+fn start(mut c: Command, cache: Option<tempfile::TempDir>) -> Served {
+    c.stdout(Stdio::null()).stderr(Stdio::piped());
     let mut child = c.spawn().expect("starts");
     let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
     let mut addr = None;
@@ -322,4 +328,45 @@ print(json.dumps({"chat": chat.choices[0].message.content, "chat_stream": "".joi
     assert_eq!(v["text_stream"], want_text.as_str(), "{v}");
     assert_eq!(v["text"], want_text.as_str(), "{v}");
     assert_eq!(v["bad_key"], "401");
+}
+
+/// On lavapipe with a tuned profile in the cache: `serve` and `chat` use it (their
+/// startup lines name it), and the streamed chat completion is `run`'s text.
+#[test]
+fn serve_and_chat_use_the_cached_tuned_profile_on_a_gpu() {
+    let cache = tempdir();
+    let Some(dev) = crate::common::gpu_index(cache.path(), "serve") else { return };
+    let mut tune = ktune_process(cache.path());
+    tune.args(["tune", "--device", &dev, "--budget", "1s", "--prefill-tokens", "8", "--context", "128", "--decode-tokens", "8"]);
+    let o = model_args(&mut tune, false).output().expect("tune runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The server, with the same cache.
+    let mut c = ktune_process(cache.path());
+    c.args(["serve", "--port", "0", "--device", &dev, "--context", "128"]);
+    model_args(&mut c, true);
+    let s = start(c, None);
+    let started = s.log.lock().expect("log").join("\n");
+    assert!(started.contains("profile cached"), "{started}");
+    let mut run = ktune_process(cache.path());
+    run.args(["run", "--device", &dev, "--prompt", "hello", "--chat", "--context", "128", "--max-tokens", "6", "--format", "json"]);
+    let out = model_args(&mut run, true).output().expect("runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(v["profile"].as_str().is_some_and(|p| p.starts_with("cached")), "{}", v["profile"]);
+    let body = serde_json::json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 6, "stream": true});
+    let r = post(&s.addr, "/v1/chat/completions", &body);
+    assert_eq!(sse_text(&r.body), (v["text"].as_str().expect("text").to_string(), true), "{}", r.body);
+    drop(s);
+    // chat on the same device names the profile too.
+    let mut chat = ktune_process(cache.path());
+    chat.args(["chat", "--device", &dev, "--context", "128", "--max-tokens", "4"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = model_args(&mut chat, true).spawn().expect("chat runs");
+    child.stdin.take().expect("stdin").write_all(b"hello\n").expect("writes");
+    let out = child.wait_with_output().expect("ends");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains("profile cached"), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).ends_with("---\n"));
 }
