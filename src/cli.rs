@@ -497,11 +497,7 @@ impl ModelArgs {
 )]
 pub struct RunArgs {
     #[command(flatten)]
-    pub model: ModelArgs,
-    #[command(flatten)]
-    pub engine: EngineArgs,
-    #[command(flatten)]
-    pub sampling: SamplingArgs,
+    pub generate: GenerateArgs,
     /// Prompt token ids, comma separated.
     #[arg(long, value_delimiter = ',', num_args = 1.., conflicts_with = "prompt")]
     pub tokens: Vec<u32>,
@@ -540,10 +536,41 @@ pub struct RunArgs {
     pub format: Format,
 }
 
-impl RunArgs {
+/// What `run`, `chat` and `serve` generate with: the model source, how its
+/// engine is built, and the sampler (each command words the help of a flag with
+/// `mut_arg`).
+#[derive(clap::Args, Debug)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+impl GenerateArgs {
     /// The sampler's parameters these flags give (checked by the command).
     pub fn sampler(&self) -> SamplerParams {
         self.sampling.params(self.model.seed)
+    }
+
+    /// What a long-lived generator (`command`: chat, serve) is built from.
+    pub fn generator(&self, command: &'static str) -> crate::Result<crate::generate::GeneratorSettings> {
+        let settings = self.model.settings()?;
+        if let Some(p) = &settings.mmproj {
+            return Err(crate::Error::Usage(format!("--mmproj {}: {command} takes no images; drop the flag", p.display())));
+        }
+        let e = &self.engine;
+        Ok(crate::generate::GeneratorSettings {
+            model: settings,
+            choice: e.choice()?,
+            context: e.context,
+            prefill_chunk: e.prefill_chunk,
+            decode_chain: e.decode_chain,
+            chat_template: e.chat_template.clone(),
+            command,
+        })
     }
 }
 
@@ -653,23 +680,6 @@ impl EngineArgs {
             batch: !self.no_batch,
         })
     }
-
-    /// What a long-lived generator (`command`: chat, serve) is built from.
-    pub fn generator(&self, model: &ModelArgs, command: &'static str) -> crate::Result<crate::generate::GeneratorSettings> {
-        let settings = model.settings()?;
-        if let Some(p) = &settings.mmproj {
-            return Err(crate::Error::Usage(format!("--mmproj {}: {command} takes no images; drop the flag", p.display())));
-        }
-        Ok(crate::generate::GeneratorSettings {
-            model: settings,
-            choice: self.choice()?,
-            context: self.context,
-            prefill_chunk: self.prefill_chunk,
-            decode_chain: self.decode_chain,
-            chat_template: self.chat_template.clone(),
-            command,
-        })
-    }
 }
 
 /// The context a long-lived engine (`chat`, `serve`) sizes its KV cache for.
@@ -683,11 +693,7 @@ const CONTEXT_HELP: &str = "Context length the KV cache is sized for (default: t
 )]
 pub struct ChatArgs {
     #[command(flatten)]
-    pub model: ModelArgs,
-    #[command(flatten)]
-    pub engine: EngineArgs,
-    #[command(flatten)]
-    pub sampling: SamplingArgs,
+    pub generate: GenerateArgs,
     /// The system prompt the conversation starts with (`/system TEXT` changes it).
     #[arg(long, value_name = "TEXT")]
     pub system: Option<String>,
@@ -708,11 +714,7 @@ pub struct ChatArgs {
 )]
 pub struct ServeArgs {
     #[command(flatten)]
-    pub model: ModelArgs,
-    #[command(flatten)]
-    pub engine: EngineArgs,
-    #[command(flatten)]
-    pub sampling: SamplingArgs,
+    pub generate: GenerateArgs,
     /// Address to listen on (loopback by default: give 0.0.0.0 to serve the network).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,

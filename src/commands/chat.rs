@@ -94,9 +94,9 @@ impl Input {
 /// Runs until the input ends (chat) or a signal (serve); `warn` shows the
 /// warnings of loading (the application's `output::warn`).
 pub fn run(selector: Option<&str>, args: &ChatArgs, warn: &dyn Fn(&str)) -> Result<()> {
-    let params = args.sampling.params(args.model.seed);
+    let params = args.generate.sampler();
     generate::check_sampling(&params)?;
-    let settings = args.engine.generator(&args.model, "chat")?;
+    let settings = args.generate.generator("chat")?;
     let tty = std::io::stdin().is_terminal();
     // Ctrl-C: stops the reply being generated (at a terminal's prompt the editor
     // reads it as a key); outside a reply, it ends the process.
@@ -136,7 +136,7 @@ pub fn run(selector: Option<&str>, args: &ChatArgs, warn: &dyn Fn(&str)) -> Resu
     };
     let mut chat = Conversation { system: args.system.clone(), turns: Vec::new() };
     let mut last: Option<Completion> = None;
-    let limits = Limits { max_tokens: args.max_tokens, stop: Vec::new(), ignore_eos: args.sampling.ignore_eos };
+    let limits = Limits { max_tokens: args.max_tokens, stop: Vec::new(), ignore_eos: args.generate.sampling.ignore_eos };
     while let Some(line) = input.next()? {
         let line = line.trim();
         match line.split_once(' ').map_or((line, ""), |(c, rest)| (c, rest.trim())) {

@@ -39,11 +39,11 @@ pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
 /// character waits for the next token).
 pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn FnMut(&str)) -> Result<RunReport> {
     // Validate flags before building anything heavy.
-    let choice = args.engine.choice()?;
-    let sampling = args.sampler();
+    let choice = args.generate.engine.choice()?;
+    let sampling = args.generate.sampler();
     generate::check_sampling(&sampling)?;
-    let settings = args.model.settings()?;
-    let kv_dtype = args.engine.kv_dtype;
+    let settings = args.generate.model.settings()?;
+    let kv_dtype = args.generate.engine.kv_dtype;
     let mut warnings = Vec::new();
     if let ModelSource::Gguf(p) = &settings.source {
         session::input_file("--gguf", p)?;
@@ -87,7 +87,8 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
             let ids = if args.chat {
                 // As apply_chat_template(tokenize=True): the template writes the special
                 // tokens it wants (a BOS among them), the post-processor adds none.
-                let template = generate::chat_template(gguf_model.as_ref(), &settings, args.engine.chat_template.as_deref(), "--chat")?;
+                let template =
+                    generate::chat_template(gguf_model.as_ref(), &settings, args.generate.engine.chat_template.as_deref(), "--chat")?;
                 tok.encode_with(&template.render_user(text)?, false)?
             } else {
                 tok.encode(text)?
@@ -141,8 +142,14 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         _ => None,
     };
     let context = run_context(args, prompt.len(), c.max_position_embeddings)?;
-    session::check_context(c, context, kv_dtype, &device, if args.engine.context.is_some() { "--context" } else { "--max-tokens" })?;
-    let max_tokens = prompt.len().min(args.engine.prefill_chunk.max(1));
+    session::check_context(
+        c,
+        context,
+        kv_dtype,
+        &device,
+        if args.generate.engine.context.is_some() { "--context" } else { "--max-tokens" },
+    )?;
+    let max_tokens = prompt.len().min(args.generate.engine.prefill_chunk.max(1));
     // Without --profile (or --no-profile): the best cached profile for this device,
     // model, weights and KV cache (profile::lookup).
     let generate::Chosen { selection, exec, label: profile_label } =
@@ -206,8 +213,8 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     // The ids that end generation: the config's EOS ids, and under --chat the
     // vocabulary's end-of-turn token (Gemma, ChatML, Llama 3).
     let stop_ids = generate::stop_ids(&m, tokenizer.as_ref(), args.chat);
-    let k = args.engine.decode_chain.or(exec.decode_chain).unwrap_or(crate::profile::doc::DEFAULT_DECODE_CHAIN) as usize;
-    let limits = generate::Limits { max_tokens: args.max_tokens, stop: Vec::new(), ignore_eos: args.sampling.ignore_eos };
+    let k = args.generate.engine.decode_chain.or(exec.decode_chain).unwrap_or(crate::profile::doc::DEFAULT_DECODE_CHAIN) as usize;
+    let limits = generate::Limits { max_tokens: args.max_tokens, stop: Vec::new(), ignore_eos: args.generate.sampling.ignore_eos };
     let decoded = generate::decode(&mut engine, &mut sampler, first, tokenizer.as_ref(), &stop_ids, k, &limits, None, &mut |t| {
         stream(t);
         true
@@ -295,7 +302,7 @@ fn run_context(args: &RunArgs, prompt: usize, max_position: usize) -> Result<usi
             left(max_position)
         ))
     })?;
-    match args.engine.context {
+    match args.generate.engine.context {
         Some(c) if c < need => Err(Error::Usage(format!(
             "--max-tokens {}: the context (--context {c}) leaves room for {} tokens after the {prompt}-token prompt; \
              give --max-tokens {} or less, or a larger --context",

@@ -163,9 +163,9 @@ struct State {
 /// Runs until the input ends (chat) or a signal (serve); `warn` shows the
 /// warnings of loading (the application's `output::warn`).
 pub fn run(selector: Option<&str>, args: &ServeArgs, warn: &dyn Fn(&str)) -> Result<()> {
-    let defaults = args.sampling.params(args.model.seed);
+    let defaults = args.generate.sampler();
     generate::check_sampling(&defaults)?;
-    let settings = args.engine.generator(&args.model, "serve")?;
+    let settings = args.generate.generator("serve")?;
     let g = Generator::open(selector, &settings)?;
     for w in &g.warnings {
         warn(w);
@@ -185,7 +185,7 @@ pub fn run(selector: Option<&str>, args: &ServeArgs, warn: &dyn Fn(&str)) -> Res
         api_key: args.api_key.clone(),
         max_body: args.max_body,
         max_tokens: args.max_tokens,
-        ignore_eos: args.sampling.ignore_eos,
+        ignore_eos: args.generate.sampling.ignore_eos,
         defaults,
         context: g.context,
     });
