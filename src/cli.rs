@@ -570,6 +570,7 @@ impl GenerateArgs {
             decode_chain: e.decode_chain,
             chat_template: e.chat_template.clone(),
             command,
+            template_required: command == "chat",
         })
     }
 }

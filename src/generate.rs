@@ -420,8 +420,11 @@ pub struct GeneratorSettings {
     pub prefill_chunk: usize,
     pub decode_chain: Option<u32>,
     pub chat_template: Option<PathBuf>,
-    /// The flag that needs the tokenizer and template (for messages).
+    /// The command (for messages).
     pub command: &'static str,
+    /// Without a chat template: an error (chat), or a generator that renders no
+    /// messages (serve: its completions need none).
+    pub template_required: bool,
 }
 
 /// The context a generator sizes its KV cache for without `--context`.
@@ -441,7 +444,8 @@ pub struct Completion {
 pub struct Generator {
     pub engine: Engine,
     pub tokenizer: Tokenizer,
-    pub template: ChatTemplate,
+    /// The chat template, or why there is none.
+    template: std::result::Result<ChatTemplate, String>,
     /// End-of-sequence and end-of-turn ids.
     pub stop_ids: Vec<u32>,
     /// The model's name (its file stem for a GGUF file).
@@ -486,7 +490,14 @@ impl Generator {
             return Err(Error::Usage(format!("{} needs the model's tokenizer", s.command)));
         };
         let gguf = m.gguf.is_some().then_some(&m);
-        let template = chat_template(gguf, &s.model, s.chat_template.as_deref(), s.command)?;
+        let template = match chat_template(gguf, &s.model, s.chat_template.as_deref(), s.command) {
+            Ok(t) => Ok(t),
+            Err(e) if !s.template_required => {
+                warnings.push(format!("{e}: chat messages are refused"));
+                Err(e.to_string())
+            }
+            Err(e) => return Err(e),
+        };
         warnings.extend(m.warnings.iter().cloned());
         let c = &m.config;
         let context = s.context.unwrap_or(c.max_position_embeddings.min(DEFAULT_CONTEXT));
@@ -524,6 +535,12 @@ impl Generator {
             warnings,
             cached: Vec::new(),
         })
+    }
+
+    /// The chat template's prompt for `turns` (`(role, content)`), as tokens.
+    pub fn render(&self, turns: &[(&str, &str)]) -> Result<Vec<u32>> {
+        let t = self.template.as_ref().map_err(|e| Error::Usage(e.clone()))?;
+        self.encode(&t.render_messages(turns)?, true)
     }
 
     /// `text` as tokens, special tokens written by the text itself (a rendered

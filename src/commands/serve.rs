@@ -247,7 +247,7 @@ fn serve_job(g: &mut Generator, job: Job, state: &State) {
     let prompt = match &job.input {
         Input::Messages(m) => {
             let turns: Vec<(&str, &str)> = m.iter().map(|(r, c)| (r.as_str(), c.as_str())).collect();
-            g.template.render_messages(&turns).map_err(Error::from).and_then(|t| g.encode(&t, true)).map_err(|e| e.to_string())
+            g.render(&turns).map_err(|e| e.to_string())
         }
         Input::Text(t) => g.encode(t, false).map_err(|e| e.to_string()),
     };

@@ -370,3 +370,19 @@ fn serve_and_chat_use_the_cached_tuned_profile_on_a_gpu() {
     assert!(out.status.success() && err.contains("profile cached"), "{err}");
     assert!(String::from_utf8_lossy(&out.stdout).ends_with("---\n"));
 }
+
+/// A model without a chat template is served: completions answer, chat
+/// completions get 400 naming the missing template.
+#[test]
+fn serve_without_a_chat_template_answers_completions_only() {
+    let cache = tempdir();
+    let mut c = ktune_process(cache.path());
+    c.args(["serve", "--port", "0", "--device", "cpu"]);
+    model_args(&mut c, false);
+    let s = start(c, Some(cache));
+    let r = post(&s.addr, "/v1/completions", &serde_json::json!({"prompt": "hi", "max_tokens": 2}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = post(&s.addr, "/v1/chat/completions", &serde_json::json!({"messages": [{"role": "user", "content": "hi"}]}));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(json(&r)["error"]["message"].as_str().expect("message").contains("no chat template"), "{}", r.body);
+}
