@@ -84,7 +84,8 @@ impl Input {
     /// Writes the history file (a failure is a warning: the chat itself went well).
     fn save(&mut self) {
         if let Input::Editor { editor, history: Some(path) } = self
-            && let Err(e) = editor.save_history(path)
+            && let Err(e) =
+                path.parent().map_or(Ok(()), std::fs::create_dir_all).map_err(ReadlineError::from).and_then(|_| editor.save_history(path))
         {
             eprintln!("warning: history not saved to {}: {e}", path.display());
         }
@@ -98,21 +99,6 @@ pub fn run(selector: Option<&str>, args: &ChatArgs, warn: &dyn Fn(&str)) -> Resu
     generate::check_sampling(&params)?;
     let settings = args.generate.generator("chat")?;
     let tty = std::io::stdin().is_terminal();
-    // Ctrl-C: stops the reply being generated (at a terminal's prompt the editor
-    // reads it as a key); outside a reply, it ends the process.
-    let cancel = Arc::new(AtomicBool::new(false));
-    let replying = Arc::new(AtomicBool::new(false));
-    {
-        let (cancel, replying) = (cancel.clone(), replying.clone());
-        ctrlc::set_handler(move || {
-            if replying.load(Ordering::SeqCst) {
-                cancel.store(true, Ordering::SeqCst);
-            } else {
-                std::process::exit(130);
-            }
-        })
-        .map_err(|e| Error::Usage(format!("cannot catch Ctrl-C: {e}")))?;
-    }
     let mut g = Generator::open(selector, &settings)?;
     for w in &g.warnings {
         warn(w);
@@ -134,6 +120,22 @@ pub fn run(selector: Option<&str>, args: &ChatArgs, warn: &dyn Fn(&str)) -> Resu
     } else {
         Input::Lines(std::io::stdin().lock())
     };
+    // Ctrl-C: stops the reply being generated (at a terminal's prompt the editor
+    // reads it as a key); outside a reply, it ends the process. Installed after
+    // the editor, which replaces the SIGINT handler while it lives.
+    let cancel = Arc::new(AtomicBool::new(false));
+    let replying = Arc::new(AtomicBool::new(false));
+    {
+        let (cancel, replying) = (cancel.clone(), replying.clone());
+        ctrlc::set_handler(move || {
+            if replying.load(Ordering::SeqCst) {
+                cancel.store(true, Ordering::SeqCst);
+            } else {
+                std::process::exit(130);
+            }
+        })
+        .map_err(|e| Error::Usage(format!("cannot catch Ctrl-C: {e}")))?;
+    }
     let mut chat = Conversation { system: args.system.clone(), turns: Vec::new() };
     let mut last: Option<Completion> = None;
     let limits = Limits { max_tokens: args.max_tokens, stop: Vec::new(), ignore_eos: args.generate.sampling.ignore_eos };
