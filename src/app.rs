@@ -5,7 +5,7 @@
 use crate::Result;
 use crate::cli::{Cli, Command, Format, ProfilesAction};
 use crate::commands::{
-    bench, bench_kernels, completions, eval, kernels, list_devices, man, profiles, pull, report as html_report, run, tune,
+    bench, bench_kernels, chat, completions, eval, kernels, list_devices, man, profiles, pull, report as html_report, run, serve, tune,
 };
 use crate::error::ExitCode;
 use crate::output::{self, Bars, TextStream};
@@ -38,6 +38,14 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 output::warn(w);
             }
             output::emit(&report, args.format.into())?;
+            Ok(ExitCode::Success)
+        }
+        Command::Chat(args) => {
+            chat::run(device, &args, &|w| output::warn(w))?;
+            Ok(ExitCode::Success)
+        }
+        Command::Serve(args) => {
+            serve::run(device, &args, &|w| output::warn(w))?;
             Ok(ExitCode::Success)
         }
         Command::Tune(args) => {

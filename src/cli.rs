@@ -32,6 +32,14 @@ pub enum Command {
     Kernels(KernelsArgs),
     /// Run a model with the kernels a profile selects (or the runtime's defaults).
     Run(Box<RunArgs>),
+    /// Chat with a model in the terminal (its chat template, tokens streamed as
+    /// they come); with stdin not a terminal, one message a line, each reply
+    /// followed by a line `---`.
+    Chat(Box<ChatArgs>),
+    /// Serve a model over HTTP with the OpenAI API (/v1/chat/completions,
+    /// /v1/completions, /v1/models), /health and /metrics; requests are queued and
+    /// served one at a time.
+    Serve(Box<ServeArgs>),
     /// Tune a model's kernels on a device and write the profile (cached).
     Tune(TuneArgs),
     /// Cached profiles: list, show, path, clear.
@@ -524,22 +532,11 @@ impl ModelArgs {
     mut_arg("mmproj", |a| a.requires("image").help("With --gguf and --image: the vision projector file that belongs to the GGUF text model (llama.cpp's `mmproj-*.gguf`, from `convert_hf_to_gguf.py --mmproj`; projector type gemma3): the vision tower and projector the image runs through")),
     mut_arg("layers", |a| a.help("Keep only the first N layers (for quick checks on large models)")),
     mut_arg("seed", |a| a.help("Seed of the synthetic weights (--model) and of the sampler (--temperature > 0): the same seed, prompt and flags give the same tokens")),
+    mut_arg("chat_template", |a| a.requires("chat").help("With --chat: a Jinja chat template file to use instead of the model's (a file without `tokenizer.chat_template`, or another format of turns)")),
 )]
 pub struct RunArgs {
     #[command(flatten)]
-    pub model: ModelArgs,
-    /// A profile (YAML) selecting the kernels. Without one, the best cached
-    /// profile `ktune tune` wrote for this device and model is used (see "Which
-    /// cached profile a run uses" in docs/profiles.md), else the runtime's defaults.
-    #[arg(long, value_name = "FILE")]
-    pub profile: Option<std::path::PathBuf>,
-    /// Use the runtime's defaults even when a cached profile fits.
-    #[arg(long, conflicts_with = "profile")]
-    pub no_profile: bool,
-    /// Use only a cached profile tuned on this very device: exit 2 instead of
-    /// falling back to one tuned on another device of the same class.
-    #[arg(long, conflicts_with_all = ["profile", "no_profile"])]
-    pub strict_device: bool,
+    pub generate: GenerateArgs,
     /// Prompt token ids, comma separated.
     #[arg(long, value_delimiter = ',', num_args = 1.., conflicts_with = "prompt")]
     pub tokens: Vec<u32>,
@@ -554,14 +551,120 @@ pub struct RunArgs {
     /// generation also stops at the end-of-turn token.
     #[arg(long, requires = "prompt")]
     pub chat: bool,
-    /// With --chat: a Jinja chat template file to use instead of the model's (a
-    /// file without `tokenizer.chat_template`, or another format of turns).
-    #[arg(long, value_name = "FILE", requires = "chat")]
-    pub chat_template: Option<std::path::PathBuf>,
     /// Tokens to generate after the prompt (fewer when an end-of-sequence token
     /// comes first).
     #[arg(long, default_value_t = 16)]
     pub max_tokens: usize,
+    /// Write the prompt's logits (every position) and the generated ids as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub dump_logits: Option<std::path::PathBuf>,
+    /// An image (PNG or JPEG) for a multimodal model (a Gemma3ForConditionalGeneration
+    /// directory, or a GGUF file with its --mmproj): run through its vision tower, its projected tokens take the
+    /// place of the prompt's image tokens. With --tokens, give the ids expanded as
+    /// transformers' processor does (start-of-image, the image token once per
+    /// soft token, end-of-image); with --prompt, write `<start_of_image>` where the
+    /// image goes.
+    #[arg(long, value_name = "FILE")]
+    pub image: Option<std::path::PathBuf>,
+    /// With --image: the image's tokens attend causally, like text (transformers
+    /// without `token_type_ids`), instead of to every token of the image, as
+    /// Gemma 3's processor asks (its `token_type_ids`).
+    #[arg(long, requires = "image")]
+    pub causal_image: bool,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+/// What `run`, `chat` and `serve` generate with: the model source, how its
+/// engine is built, and the sampler (each command words the help of a flag with
+/// `mut_arg`).
+#[derive(clap::Args, Debug)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+impl GenerateArgs {
+    /// The sampler's parameters these flags give (checked by the command).
+    pub fn sampler(&self) -> SamplerParams {
+        self.sampling.params(self.model.seed)
+    }
+
+    /// What a long-lived generator (`command`: chat, serve) is built from.
+    pub fn generator(&self, command: &'static str) -> crate::Result<crate::generate::GeneratorSettings> {
+        let settings = self.model.settings()?;
+        if let Some(p) = &settings.mmproj {
+            return Err(crate::Error::Usage(format!("--mmproj {}: {command} takes no images; drop the flag", p.display())));
+        }
+        let e = &self.engine;
+        Ok(crate::generate::GeneratorSettings {
+            model: settings,
+            choice: e.choice()?,
+            context: e.context,
+            prefill_chunk: e.prefill_chunk,
+            decode_chain: e.decode_chain,
+            chat_template: e.chat_template.clone(),
+            command,
+            template_required: command == "chat",
+        })
+    }
+}
+
+/// How an engine is built: the profile chosen (`--profile`, a cached one, or the
+/// runtime's defaults and the flags that shape them), the KV cache, the prefill
+/// passes, the GPU decode chain and the chat template (`run`, `chat`, `serve`;
+/// a command words the help of a flag for what it does with it).
+#[derive(clap::Args, Debug)]
+pub struct EngineArgs {
+    /// A profile (YAML) selecting the kernels. Without one, the best cached
+    /// profile `ktune tune` wrote for this device and model is used (see "Which
+    /// cached profile a run uses" in docs/profiles.md), else the runtime's defaults.
+    #[arg(long, value_name = "FILE")]
+    pub profile: Option<std::path::PathBuf>,
+    /// Use the runtime's defaults even when a cached profile fits.
+    #[arg(long, conflicts_with = "profile")]
+    pub no_profile: bool,
+    /// Use only a cached profile tuned on this very device: exit 2 instead of
+    /// falling back to one tuned on another device of the same class.
+    #[arg(long, conflicts_with_all = ["profile", "no_profile"])]
+    pub strict_device: bool,
+    /// Context length the KV cache is sized for (default: prompt + max-tokens).
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// Most prompt tokens per prefill pass (longer prompts are processed in chunks).
+    #[arg(long, default_value_t = 512)]
+    pub prefill_chunk: usize,
+    /// Storage type of the KV cache (without a profile; a cached profile is used
+    /// only when it was tuned with this KV dtype).
+    #[arg(long, default_value = "f32", value_parser = kv_dtype)]
+    pub kv_dtype: DType,
+    /// Fusions (without a profile): `all`, `none`, or a list of qkv, gate_up, qk_norm_rope, residual_norm, norm_matmul, qkv_rope_cache.
+    #[arg(long, default_value = "all")]
+    pub fusion: String,
+    /// One submit per kernel instead of one per pass (GPU prefill and decode
+    /// steps whose logits are read; a decode chain stays one submit; without a profile).
+    #[arg(long)]
+    pub no_batch: bool,
+    /// GPU: decode steps chained in one submit, the token picked on the GPU and
+    /// the next chain submitted before the host reads the last one's ids
+    /// (1 to 64; default: the profile's `execution.decodeChain`, else 8). The
+    /// ids are the same for every value.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=crate::runtime::gpu::MAX_CHAIN as i64))]
+    pub decode_chain: Option<u32>,
+    /// A Jinja chat template file to use instead of the model's (a file without
+    /// `tokenizer.chat_template`, or another format of turns).
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<std::path::PathBuf>,
+}
+
+/// The sampler's flags (`run`, `chat`, and `serve`'s defaults for requests that
+/// do not set them).
+#[derive(clap::Args, Debug)]
+pub struct SamplingArgs {
     /// Softmax temperature of the sampler; 0 (the default) is greedy decoding (the
     /// first most likely token). The sampler applies, in llama.cpp's order, the
     /// repeat penalty, top-k, top-p, min-p, the temperature, then draws with --seed.
@@ -588,52 +691,11 @@ pub struct RunArgs {
     /// Generate --max-tokens tokens even past an end-of-sequence or end-of-turn token.
     #[arg(long)]
     pub ignore_eos: bool,
-    /// Context length the KV cache is sized for (default: prompt + max-tokens).
-    #[arg(long)]
-    pub context: Option<usize>,
-    /// Most prompt tokens per prefill pass (longer prompts are processed in chunks).
-    #[arg(long, default_value_t = 512)]
-    pub prefill_chunk: usize,
-    /// Storage type of the KV cache (without a profile; a cached profile is used
-    /// only when it was tuned with this KV dtype).
-    #[arg(long, default_value = "f32", value_parser = kv_dtype)]
-    pub kv_dtype: DType,
-    /// Fusions (without a profile): `all`, `none`, or a list of qkv, gate_up, qk_norm_rope, residual_norm, norm_matmul, qkv_rope_cache.
-    #[arg(long, default_value = "all")]
-    pub fusion: String,
-    /// One submit per kernel instead of one per pass (GPU prefill and decode
-    /// steps whose logits are read; a decode chain stays one submit; without a profile).
-    #[arg(long)]
-    pub no_batch: bool,
-    /// GPU: decode steps chained in one submit, the token picked on the GPU and
-    /// the next chain submitted before the host reads the last one's ids
-    /// (1 to 64; default: the profile's `execution.decodeChain`, else 8). The
-    /// ids are the same for every value.
-    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=crate::runtime::gpu::MAX_CHAIN as i64))]
-    pub decode_chain: Option<u32>,
-    /// Write the prompt's logits (every position) and the generated ids as JSON.
-    #[arg(long, value_name = "FILE")]
-    pub dump_logits: Option<std::path::PathBuf>,
-    /// An image (PNG or JPEG) for a multimodal model (a Gemma3ForConditionalGeneration
-    /// directory, or a GGUF file with its --mmproj): run through its vision tower, its projected tokens take the
-    /// place of the prompt's image tokens. With --tokens, give the ids expanded as
-    /// transformers' processor does (start-of-image, the image token once per
-    /// soft token, end-of-image); with --prompt, write `<start_of_image>` where the
-    /// image goes.
-    #[arg(long, value_name = "FILE")]
-    pub image: Option<std::path::PathBuf>,
-    /// With --image: the image's tokens attend causally, like text (transformers
-    /// without `token_type_ids`), instead of to every token of the image, as
-    /// Gemma 3's processor asks (its `token_type_ids`).
-    #[arg(long, requires = "image")]
-    pub causal_image: bool,
-    #[arg(long, value_enum, default_value_t = Format::Table)]
-    pub format: Format,
 }
 
-impl RunArgs {
-    /// The sampler's parameters these flags give (checked by the command).
-    pub fn sampler(&self) -> SamplerParams {
+impl SamplingArgs {
+    /// The sampler's parameters these flags give, drawing with `seed`.
+    pub fn params(&self, seed: u64) -> SamplerParams {
         SamplerParams {
             temperature: self.temperature,
             top_k: self.top_k,
@@ -641,9 +703,79 @@ impl RunArgs {
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
-            seed: self.model.seed,
+            seed,
         }
     }
+}
+
+impl EngineArgs {
+    /// How the profile is chosen (the `--fusion` list parsed: a usage error names it).
+    pub fn choice(&self) -> crate::Result<crate::generate::ProfileChoice> {
+        Ok(crate::generate::ProfileChoice {
+            profile: self.profile.clone(),
+            no_profile: self.no_profile,
+            strict_device: self.strict_device,
+            kv_dtype: self.kv_dtype,
+            fusion: crate::generate::parse_fusion(&self.fusion)?,
+            batch: !self.no_batch,
+        })
+    }
+}
+
+/// The context a long-lived engine (`chat`, `serve`) sizes its KV cache for.
+const CONTEXT_HELP: &str = "Context length the KV cache is sized for (default: the model's max_position_embeddings, at most 4096)";
+
+#[derive(clap::Args, Debug)]
+#[command(
+    mut_arg("seed", |a| a.help("Seed of the synthetic weights (--model) and of the sampler (--temperature > 0)")),
+    mut_arg("context", |a| a.help(CONTEXT_HELP)),
+    mut_arg("mmproj", |a| a.hide(true)),
+)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub generate: GenerateArgs,
+    /// The system prompt the conversation starts with (`/system TEXT` changes it).
+    #[arg(long, value_name = "TEXT")]
+    pub system: Option<String>,
+    /// Most tokens of one reply.
+    #[arg(long, default_value_t = 512)]
+    pub max_tokens: usize,
+    /// Keep no line-editing history (by default in `chat_history.txt` under the cache directory).
+    #[arg(long)]
+    pub no_history: bool,
+}
+
+#[derive(clap::Args, Debug)]
+#[command(
+    mut_arg("seed", |a| a.help("Seed of the synthetic weights (--model), and of the sampler for requests without `seed`")),
+    mut_arg("context", |a| a.help(CONTEXT_HELP)),
+    mut_arg("temperature", |a| a.help("Softmax temperature for requests without `temperature` (0: greedy)")),
+    mut_arg("mmproj", |a| a.hide(true)),
+)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub generate: GenerateArgs,
+    /// Address to listen on (loopback by default: give 0.0.0.0 to serve the network).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port; the bound address is printed on stderr).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Requests that may wait behind the one being served; past it, 429.
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    pub queue: usize,
+    /// Require `Authorization: Bearer KEY` on /v1/ requests (401 without it).
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// Largest request body in bytes; past it, 413.
+    #[arg(long, default_value_t = 1 << 20, value_name = "BYTES")]
+    pub max_body: usize,
+    /// Tokens generated for a request without `max_tokens`.
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+    /// The model id /v1/models lists and responses name (default: the model's name).
+    #[arg(long, value_name = "ID")]
+    pub model_id: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]

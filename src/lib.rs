@@ -12,6 +12,7 @@ pub mod cli;
 pub mod commands;
 pub mod error;
 pub mod eval;
+pub mod generate;
 pub mod input;
 pub mod model;
 pub mod output;

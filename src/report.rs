@@ -79,6 +79,10 @@ pub enum StopReason {
     MaxTokens,
     /// An end-of-sequence or end-of-turn token was generated (it is the last id).
     Eos,
+    /// A stop string appeared (`chat`, `serve`: the text ends before it).
+    Stop,
+    /// Cancelled: Ctrl-C in `chat`, a client gone or a shutdown in `serve`.
+    Cancelled,
 }
 
 /// `ktune run`.

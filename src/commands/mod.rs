@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod bench_kernels;
+pub mod chat;
 pub mod completions;
 pub mod eval;
 pub mod kernels;
@@ -14,4 +15,5 @@ pub mod profiles;
 pub mod pull;
 pub mod report;
 pub mod run;
+pub mod serve;
 pub mod tune;

@@ -21,41 +21,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::cli::RunArgs;
-use crate::device::DeviceCaps;
-use crate::kernels::sample::{SampleError, Sampler};
-use crate::model::{ChatTemplate, END_OF_TURN_TOKENS, Stored, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, Tokenizer, VisionConfig};
-use crate::plan::{Fusion, Selection, Slot};
-use crate::profile::{Profile, lookup};
-use crate::report::{RunReport, SlotRow, StopReason};
+use crate::generate;
+use crate::kernels::sample::Sampler;
+use crate::model::{Stored, Tokenizer, VisionConfig};
+use crate::plan::Slot;
+use crate::report::{RunReport, SlotRow};
 use crate::runtime::{Engine, TensorStore};
-use crate::session::{self, Engines, LoadedModel, ModelSettings, ModelSource, gguf_storage, load_gguf, load_gguf_mmproj};
+use crate::session::{self, Engines, ModelSettings, ModelSource, gguf_storage, load_gguf, load_gguf_mmproj};
 use crate::{Error, Result};
-
-/// Parses `--fusion`.
-pub fn parse_fusion(s: &str) -> Result<Fusion> {
-    match s {
-        "all" => return Ok(Fusion::ALL),
-        "none" => return Ok(Fusion::NONE),
-        _ => {}
-    }
-    let mut f = Fusion::NONE;
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        match part {
-            "qkv" => f.qkv = true,
-            "gate_up" => f.gate_up = true,
-            "qk_norm_rope" => f.qk_norm_rope = true,
-            "residual_norm" => f.residual_norm = true,
-            "norm_matmul" => f.norm_matmul = true,
-            "qkv_rope_cache" => f.qkv_rope_cache = true,
-            other => {
-                return Err(Error::Usage(format!(
-                    "unknown fusion `{other}` (allowed: all, none, or a list of qkv, gate_up, qk_norm_rope, residual_norm, norm_matmul, qkv_rope_cache)"
-                )));
-            }
-        }
-    }
-    Ok(f)
-}
 
 pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
     run_streaming(selector, args, &mut |_| {})
@@ -66,14 +39,11 @@ pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
 /// character waits for the next token).
 pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn FnMut(&str)) -> Result<RunReport> {
     // Validate flags before building anything heavy.
-    let fusion = parse_fusion(&args.fusion)?;
-    let sampling = args.sampler();
-    sampling.validate().map_err(|e| match e {
-        SampleError::Param { name, value, rule } => Error::Usage(format!("--{} {value}: must be {rule}", name.replace('_', "-"))),
-        other => Error::Usage(other.to_string()),
-    })?;
-    let settings = args.model.settings()?;
-    let kv_dtype = args.kv_dtype;
+    let choice = args.generate.engine.choice()?;
+    let sampling = args.generate.sampler();
+    generate::check_sampling(&sampling)?;
+    let settings = args.generate.model.settings()?;
+    let kv_dtype = args.generate.engine.kv_dtype;
     let mut warnings = Vec::new();
     if let ModelSource::Gguf(p) = &settings.source {
         session::input_file("--gguf", p)?;
@@ -93,8 +63,12 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         _ => None,
     };
     let tokenizer = match &gguf_model {
-        Some(m) => gguf_tokenizer(m, args, &mut warnings)?,
-        None => open_tokenizer(&settings, args, &mut warnings)?,
+        Some(m) => generate::gguf_tokenizer(m, args.prompt.is_some(), &mut warnings)?,
+        None => generate::dir_tokenizer(
+            &settings,
+            args.prompt.is_some().then_some(("--prompt", "give the prompt as token ids with --tokens 1,2,3")),
+            &mut warnings,
+        )?,
     };
     // With --image the model must be multimodal: read its config before the prompt
     // (the processor's expansion of `<start_of_image>` needs the image tokens).
@@ -113,7 +87,8 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
             let ids = if args.chat {
                 // As apply_chat_template(tokenize=True): the template writes the special
                 // tokens it wants (a BOS among them), the post-processor adds none.
-                let template = chat_template(gguf_model.as_ref(), &settings, args)?;
+                let template =
+                    generate::chat_template(gguf_model.as_ref(), &settings, args.generate.engine.chat_template.as_deref(), "--chat")?;
                 tok.encode_with(&template.render_user(text)?, false)?
             } else {
                 tok.encode(text)?
@@ -134,10 +109,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         (None, _) => args.tokens.clone(),
     };
     // A profile is read and validated before the model is loaded.
-    let profile = match &args.profile {
-        Some(p) => Some(Profile::load(p)?),
-        None => None,
-    };
+    let profile = choice.read()?;
     let device = session::pick_device(selector)?;
     let m = match gguf_model {
         Some(m) => m,
@@ -145,7 +117,6 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     };
     warnings.extend(m.warnings.iter().cloned());
     let storage = gguf_storage(&m);
-    let weight_dtype = settings.weight_dtype(&m);
     let c = &m.config;
     if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= c.vocab_size) {
         let from = match &tokenizer {
@@ -171,58 +142,18 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         _ => None,
     };
     let context = run_context(args, prompt.len(), c.max_position_embeddings)?;
-    session::check_context(c, context, kv_dtype, &device, if args.context.is_some() { "--context" } else { "--max-tokens" })?;
-    let max_tokens = prompt.len().min(args.prefill_chunk.max(1));
+    session::check_context(
+        c,
+        context,
+        kv_dtype,
+        &device,
+        if args.generate.engine.context.is_some() { "--context" } else { "--max-tokens" },
+    )?;
+    let max_tokens = prompt.len().min(args.generate.engine.prefill_chunk.max(1));
     // Without --profile (or --no-profile): the best cached profile for this device,
     // model, weights and KV cache (profile::lookup).
-    let profile_name = settings.profile_name(&m);
-    let mut profile_label = args.profile.as_ref().map(|p| p.display().to_string());
-    let mut by_class = false;
-    let profile = match profile {
-        Some(p) => Some(p),
-        None if args.no_profile => None,
-        None => {
-            let want = lookup::Want {
-                model: &profile_name,
-                model_hash: settings.model_hash(&m, weight_dtype),
-                weight_dtype,
-                kv_dtype,
-                prefill_tokens: prompt.len(),
-                context,
-                strict_device: args.strict_device,
-            };
-            let found = lookup::find(&device, &want)?;
-            warnings.extend(found.warnings);
-            found.found.map(|f| {
-                profile_label = Some(f.label);
-                by_class = f.by_class;
-                f.profile
-            })
-        }
-    };
-    let (selection, exec) = match &profile {
-        Some(p) => {
-            let (sel, exec, mut w) = p.resolve(&device, &profile_name, c.num_layers)?;
-            if by_class {
-                // The lookup's warning names both devices.
-                w.retain(|x| !x.contains("was tuned on another device"));
-            }
-            if let Some(want) = settings.weight_dtype
-                && want != exec.weight_dtype
-            {
-                return Err(Error::Usage(format!(
-                    "--weight-dtype {want} does not match the profile, which was tuned for {} weights (execution.weightDtype); \
-                     its kernels and timings are for that storage type: tune a profile with --weight-dtype {want}, or drop the flag",
-                    exec.weight_dtype
-                )));
-            }
-            warnings.extend(w);
-            (sel, exec)
-        }
-        None => {
-            (Selection::runtime(DeviceCaps::from(&device)), settings.execution(&device, &m, weight_dtype, kv_dtype, !args.no_batch, fusion))
-        }
-    };
+    let generate::Chosen { selection, exec, label: profile_label } =
+        choice.choose(profile, &device, &settings, &m, prompt.len(), context, &mut warnings)?;
     let opts = settings.plan_options(&m, &exec, max_tokens, context, args.dump_logits.is_some());
     let mut other_formats = std::collections::BTreeMap::new();
     for d in opts.matrix_formats.values() {
@@ -281,72 +212,19 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     let first = sampler.sample(rows.last().map(Vec::as_slice).unwrap_or(&[]));
     // The ids that end generation: the config's EOS ids, and under --chat the
     // vocabulary's end-of-turn token (Gemma, ChatML, Llama 3).
-    let mut stop_ids = c.eos_token_ids.clone();
-    if args.chat
-        && let Some(tok) = &tokenizer
-    {
-        stop_ids.extend(END_OF_TURN_TOKENS.iter().filter_map(|t| tok.token_to_id(t)));
-    }
-    let mut generated = Vec::new();
-    let mut streamed = 0usize;
-    let mut stop_reason = StopReason::MaxTokens;
-    let mut failed = None;
-    // Each id as it comes: kept, streamed, and whether generation goes on.
-    let mut keep = |id: u32, generated: &mut Vec<u32>| -> bool {
-        generated.push(id);
-        if let Some(tok) = &tokenizer {
-            match tok.decode(generated) {
-                // Hold back a cut multi-byte character, and text a later token rewrote.
-                Ok(text) if !text.ends_with('\u{FFFD}') && text.len() > streamed && text.is_char_boundary(streamed) => {
-                    stream(&text[streamed..]);
-                    streamed = text.len();
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    failed = Some(e);
-                    return false;
-                }
-            }
-        }
-        if !args.ignore_eos && stop_ids.contains(&id) {
-            stop_reason = StopReason::Eos;
-            return false;
-        }
-        generated.len() < args.max_tokens
-    };
-    let k = args.decode_chain.or(exec.decode_chain).unwrap_or(crate::profile::doc::DEFAULT_DECODE_CHAIN) as usize;
-    // Decode, timed from the first step's id: that step compiles the decode
-    // schedule and on a GPU is the profiled one, so it is not counted.
-    let mut timed: Option<(Instant, usize)> = None;
-    let mut decode_seconds = 0.0;
-    if args.max_tokens > 0 && keep(first, &mut generated) {
-        // K steps chained a submit on a GPU (the profile's or the flag's; steps
-        // past a stop are discarded there).
-        engine.profile_next();
-        engine.decode_chain(first, args.max_tokens - 1, k, &mut sampler, |id| {
-            let t = timed.get_or_insert_with(|| (Instant::now(), 0));
-            t.1 += 1;
-            decode_seconds = t.0.elapsed().as_secs_f64();
-            keep(id, &mut generated)
-        })?;
-    }
-    let decode_tokens = timed.map_or(0, |(_, n)| n.saturating_sub(1));
-    if let Some(e) = failed {
-        return Err(e.into());
-    }
-    // What was held back (a character still cut at the end) goes out as it is.
-    if let Some(tok) = &tokenizer {
-        let text = tok.decode(&generated)?;
-        if text.len() > streamed && text.is_char_boundary(streamed) {
-            stream(&text[streamed..]);
-        }
-    }
+    let stop_ids = generate::stop_ids(&m, tokenizer.as_ref(), args.chat);
+    let k = args.generate.engine.decode_chain.or(exec.decode_chain).unwrap_or(crate::profile::doc::DEFAULT_DECODE_CHAIN) as usize;
+    let limits = generate::Limits { max_tokens: args.max_tokens, stop: Vec::new(), ignore_eos: args.generate.sampling.ignore_eos };
+    let decoded = generate::decode(&mut engine, &mut sampler, first, tokenizer.as_ref(), &stop_ids, k, &limits, None, &mut |t| {
+        stream(t);
+        true
+    })?;
+    let generate::Decoded { generated, stop_reason, text, decode_tokens, decode_seconds, steps } = decoded;
     if let Some(path) = &args.dump_logits {
         let json = serde_json::json!({ "tokens": prompt, "logits": prefill_logits, "generated": generated });
         std::fs::write(path, serde_json::to_vec(&json)?).map_err(|e| Error::Usage(format!("writing {}: {e}", path.display())))?;
     }
     // The CPU's slot times are over every decode step, the first included.
-    let steps = timed.map_or(0, |(_, n)| n);
     let per_tok = |s: f64| if steps > 0 { s * 1e3 / steps as f64 } else { 0.0 };
     let gpu = engine.is_gpu();
     let mut slots: Vec<SlotRow> = Slot::ALL
@@ -366,7 +244,6 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     let decode_tps = if decode_seconds > 0.0 { decode_tokens as f64 / decode_seconds } else { 0.0 };
     let kernels = kernel_summary(&engine)?;
     warnings.extend(engine.warnings());
-    let text = tokenizer.as_ref().map(|t| t.decode(&generated)).transpose()?;
     Ok(RunReport {
         device: device.name(),
         backend: device.backend_name(),
@@ -425,7 +302,7 @@ fn run_context(args: &RunArgs, prompt: usize, max_position: usize) -> Result<usi
             left(max_position)
         ))
     })?;
-    match args.context {
+    match args.generate.engine.context {
         Some(c) if c < need => Err(Error::Usage(format!(
             "--max-tokens {}: the context (--context {c}) leaves room for {} tokens after the {prompt}-token prompt; \
              give --max-tokens {} or less, or a larger --context",
@@ -445,49 +322,6 @@ fn run_context(args: &RunArgs, prompt: usize, max_position: usize) -> Result<usi
     }
 }
 
-/// The chat template `--chat` renders the prompt with: the GGUF file's, or the
-/// model directory's `tokenizer_config.json`'s. Without one, a usage error.
-fn chat_template(gguf: Option<&LoadedModel>, settings: &ModelSettings, args: &RunArgs) -> Result<ChatTemplate> {
-    let model_dir = match &settings.source {
-        ModelSource::Dir(dir) => Some(dir),
-        _ => None,
-    };
-    if let Some(path) = &args.chat_template {
-        let file = gguf.and_then(|m| m.gguf.as_ref());
-        let from_dir = match model_dir {
-            Some(dir) => ChatTemplate::from_dir(dir)?.map(|t| (t.bos_token, t.eos_token)),
-            None => None,
-        };
-        let (bos, eos) = file.map(|f| ChatTemplate::gguf_specials(f)).or(from_dir).unwrap_or((None, None));
-        return Ok(ChatTemplate::from_file(path, bos, eos)?);
-    }
-    let (found, place) = match (gguf.and_then(|m| m.gguf.as_ref()), model_dir) {
-        (Some(file), _) => (ChatTemplate::from_gguf(file)?, format!("{} (no `tokenizer.chat_template`)", file.path.display())),
-        (None, Some(dir)) => (ChatTemplate::from_dir(dir)?, format!("{} (no `chat_template` in {TOKENIZER_CONFIG_FILE})", dir.display())),
-        (None, None) => (None, "a built-in model".to_string()),
-    };
-    found.ok_or_else(|| {
-        Error::Usage(format!("--chat: the model has no chat template: {place}; give one with --chat-template FILE.jinja, or use --prompt without --chat (the text as it is)"))
-    })
-}
-
-/// The GGUF file's tokenizer. `--prompt` needs it; with `--tokens` a tokenizer
-/// that cannot be built only costs the decoded text (a warning).
-fn gguf_tokenizer(m: &LoadedModel, args: &RunArgs, warnings: &mut Vec<String>) -> Result<Option<Tokenizer>> {
-    let Some(file) = &m.gguf else { return Ok(None) };
-    match Tokenizer::from_gguf(file) {
-        Ok(t) => Ok(Some(t)),
-        Err(e) if args.prompt.is_some() => Err(e.into()),
-        Err(e) => {
-            warnings.push(format!("no text output: {e}"));
-            Ok(None)
-        }
-    }
-}
-
-/// The model directory's tokenizer, if it has one. `--prompt` needs it: without a
-/// directory or a `tokenizer.json` in it, that is a usage error; with `--tokens` a
-/// tokenizer that cannot be read only costs the decoded text (a warning).
 /// The vision config of the `--model-dir` a `--image` run needs.
 fn image_config(settings: &ModelSettings, path: &std::path::Path) -> Result<VisionConfig> {
     let ModelSource::Dir(dir) = &settings.source else {
@@ -519,46 +353,6 @@ fn expand_image_prompt(text: &str, tok: &Tokenizer, v: &VisionConfig) -> Result<
     }
     let full = format!("\n\n{boi}{}{eoi}\n\n", image.repeat(v.mm_tokens_per_image));
     Ok(text.replacen(boi.as_str(), &full, 1))
-}
-
-fn open_tokenizer(settings: &ModelSettings, args: &RunArgs, warnings: &mut Vec<String>) -> Result<Option<Tokenizer>> {
-    let wants_text = args.prompt.is_some();
-    let dir = match &settings.source {
-        ModelSource::Dir(dir) => dir,
-        source => {
-            if wants_text {
-                let name = match source {
-                    ModelSource::Builtin(name) => name.as_str(),
-                    _ => "?",
-                };
-                let real = crate::model::builtin_repo(name).map_or(String::new(), |r| {
-                    format!(", or run the published model instead of the synthetic weights: --hf {r}:{}", crate::model::hub::DEFAULT_QUANT)
-                });
-                return Err(Error::Usage(format!(
-                    "--prompt needs a {TOKENIZER_FILE}, and the built-in model `{name}` (synthetic weights) has none; give the prompt as token ids with --tokens 1,2,3{real}"
-                )));
-            }
-            return Ok(None);
-        }
-    };
-    let path = dir.join(TOKENIZER_FILE);
-    if !path.is_file() {
-        if wants_text {
-            return Err(Error::Usage(format!(
-                "--prompt needs the model's tokenizer, and {} does not exist; give the prompt as token ids with --tokens 1,2,3",
-                path.display()
-            )));
-        }
-        return Ok(None);
-    }
-    match Tokenizer::from_file(&path) {
-        Ok(t) => Ok(Some(t)),
-        Err(e) if wants_text => Err(e.into()),
-        Err(e) => {
-            warnings.push(format!("no text output: {e}"));
-            Ok(None)
-        }
-    }
 }
 
 /// Which kernel serves each slot (layer 0, prefill and decode).

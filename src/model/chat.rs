@@ -104,7 +104,13 @@ impl ChatTemplate {
 
     /// `prompt` as one user turn, followed by the assistant's generation prompt.
     pub fn render_user(&self, prompt: &str) -> Result<String> {
-        let messages = vec![context! { role => "user", content => prompt }];
+        self.render_messages(&[("user", prompt)])
+    }
+
+    /// A conversation of `(role, content)` turns (`system`, `user`, `assistant`),
+    /// followed by the assistant's generation prompt.
+    pub fn render_messages(&self, turns: &[(&str, &str)]) -> Result<String> {
+        let messages: Vec<minijinja::Value> = turns.iter().map(|&(role, content)| context! { role => role, content => content }).collect();
         self.render(context! {
             messages => messages,
             add_generation_prompt => true,

@@ -131,3 +131,11 @@ pub fn rel_err(got: &[Vec<f32>], want: &[Vec<f32>]) -> f64 {
     }
     err / scale.max(1e-6)
 }
+
+/// The `ktune` binary as a `std::process::Command` (one that can be spawned and
+/// talked to while it runs: `chat` on a pipe, `serve`) with its cache in `cache`.
+pub fn ktune_process(cache: &Path) -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_ktune"));
+    c.env("KTUNE_CACHE_DIR", cache);
+    c
+}

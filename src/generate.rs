@@ -1,0 +1,623 @@
+//! Text generation shared by `run`, `chat` and `serve`: the tokenizer and chat
+//! template of a model source, the kernel selection (`--profile`, else the cached
+//! profile [`profile::lookup`] finds for this device and model, else the runtime's
+//! defaults), and the decode loop: ids from [`Engine::decode_chain`] turned into
+//! text pieces streamed as they come (a cut UTF-8 character and text that may be
+//! the start of a stop string held back), ending at an end-of-sequence id, a stop
+//! string, the token limit, or a cancel flag checked every token. A
+//! [`Generator`] holds one warmed engine for many prompts (chat turns, server
+//! requests) and keeps its KV cache between them: a prompt that extends the last
+//! one prefills only its new tokens.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use crate::device::{Device, DeviceCaps};
+use crate::kernels::DType;
+use crate::kernels::sample::{SampleError, Sampler, SamplerParams};
+use crate::model::{ChatTemplate, END_OF_TURN_TOKENS, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, Tokenizer};
+use crate::plan::{Fusion, Selection};
+use crate::profile::{ExecSettings, Profile, lookup};
+use crate::report::StopReason;
+use crate::runtime::{Engine, TensorStore};
+use crate::session::{self, Engines, LoadedModel, ModelSettings, ModelSource, load_gguf};
+use crate::{Error, Result};
+
+/// The sampler's parameters checked, a bad one a usage error naming its flag.
+pub fn check_sampling(p: &SamplerParams) -> Result<()> {
+    p.validate().map_err(|e| match e {
+        SampleError::Param { name, value, rule } => Error::Usage(format!("--{} {value}: must be {rule}", name.replace('_', "-"))),
+        other => Error::Usage(other.to_string()),
+    })
+}
+
+/// Parses `--fusion`.
+pub fn parse_fusion(s: &str) -> Result<Fusion> {
+    match s {
+        "all" => return Ok(Fusion::ALL),
+        "none" => return Ok(Fusion::NONE),
+        _ => {}
+    }
+    let mut f = Fusion::NONE;
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part {
+            "qkv" => f.qkv = true,
+            "gate_up" => f.gate_up = true,
+            "qk_norm_rope" => f.qk_norm_rope = true,
+            "residual_norm" => f.residual_norm = true,
+            "norm_matmul" => f.norm_matmul = true,
+            "qkv_rope_cache" => f.qkv_rope_cache = true,
+            other => {
+                return Err(Error::Usage(format!(
+                    "unknown fusion `{other}` (allowed: all, none, or a list of qkv, gate_up, qk_norm_rope, residual_norm, norm_matmul, qkv_rope_cache)"
+                )));
+            }
+        }
+    }
+    Ok(f)
+}
+
+/// How a profile is chosen and what the runtime does without one (`run`'s flags).
+#[derive(Clone, Debug)]
+pub struct ProfileChoice {
+    /// `--profile FILE`, read and validated before the model loads.
+    pub profile: Option<PathBuf>,
+    pub no_profile: bool,
+    pub strict_device: bool,
+    pub kv_dtype: DType,
+    /// Without a profile: the fusions and GPU batching.
+    pub fusion: Fusion,
+    pub batch: bool,
+}
+
+/// The kernels and execution settings an engine runs with, and where they came from.
+pub struct Chosen {
+    pub selection: Selection,
+    pub exec: ExecSettings,
+    /// The profile's file or cache label (None: the runtime's defaults).
+    pub label: Option<String>,
+}
+
+impl ProfileChoice {
+    /// The profile `--profile` names, read before anything heavy is built.
+    pub fn read(&self) -> Result<Option<Profile>> {
+        Ok(match &self.profile {
+            Some(p) => Some(Profile::load(p)?),
+            None => None,
+        })
+    }
+
+    /// The selection for `m` on `device`: `profile` (read by [`ProfileChoice::read`]),
+    /// else the best cached profile for this device, model, weights, KV cache,
+    /// prefill length and context, else the runtime's defaults. Warnings are added
+    /// to `warnings`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn choose(
+        &self,
+        profile: Option<Profile>,
+        device: &Device,
+        settings: &ModelSettings,
+        m: &LoadedModel,
+        prefill_tokens: usize,
+        context: usize,
+        warnings: &mut Vec<String>,
+    ) -> Result<Chosen> {
+        let weight_dtype = settings.weight_dtype(m);
+        let profile_name = settings.profile_name(m);
+        let mut label = self.profile.as_ref().map(|p| p.display().to_string());
+        let mut by_class = false;
+        let profile = match profile {
+            Some(p) => Some(p),
+            None if self.no_profile => None,
+            None => {
+                let want = lookup::Want {
+                    model: &profile_name,
+                    model_hash: settings.model_hash(m, weight_dtype),
+                    weight_dtype,
+                    kv_dtype: self.kv_dtype,
+                    prefill_tokens,
+                    context,
+                    strict_device: self.strict_device,
+                };
+                let found = lookup::find(device, &want)?;
+                warnings.extend(found.warnings);
+                found.found.map(|f| {
+                    label = Some(f.label);
+                    by_class = f.by_class;
+                    f.profile
+                })
+            }
+        };
+        let Some(p) = profile else {
+            let exec = settings.execution(device, m, weight_dtype, self.kv_dtype, self.batch, self.fusion);
+            return Ok(Chosen { selection: Selection::runtime(DeviceCaps::from(device)), exec, label: None });
+        };
+        let (selection, exec, mut w) = p.resolve(device, &profile_name, m.config.num_layers)?;
+        if by_class {
+            // The lookup's warning names both devices.
+            w.retain(|x| !x.contains("was tuned on another device"));
+        }
+        if let Some(want) = settings.weight_dtype
+            && want != exec.weight_dtype
+        {
+            return Err(Error::Usage(format!(
+                "--weight-dtype {want} does not match the profile, which was tuned for {} weights (execution.weightDtype); \
+                 its kernels and timings are for that storage type: tune a profile with --weight-dtype {want}, or drop the flag",
+                exec.weight_dtype
+            )));
+        }
+        warnings.extend(w);
+        Ok(Chosen { selection, exec, label })
+    }
+}
+
+/// The GGUF file's tokenizer. `needed` (text in or out is the point): an error
+/// when it cannot be built; otherwise that only costs the decoded text (a warning).
+pub fn gguf_tokenizer(m: &LoadedModel, needed: bool, warnings: &mut Vec<String>) -> Result<Option<Tokenizer>> {
+    let Some(file) = &m.gguf else { return Ok(None) };
+    match Tokenizer::from_gguf(file) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if needed => Err(e.into()),
+        Err(e) => {
+            warnings.push(format!("no text output: {e}"));
+            Ok(None)
+        }
+    }
+}
+
+/// The model directory's tokenizer, if it has one. `needed` (the flag that needs
+/// it, and what to do instead): without a directory or a `tokenizer.json` in it,
+/// that is a usage error; else a tokenizer that cannot be read only costs the
+/// decoded text (a warning).
+pub fn dir_tokenizer(settings: &ModelSettings, needed: Option<(&str, &str)>, warnings: &mut Vec<String>) -> Result<Option<Tokenizer>> {
+    let dir = match &settings.source {
+        ModelSource::Dir(dir) => dir,
+        source => {
+            if let Some((flag, instead)) = needed {
+                let name = match source {
+                    ModelSource::Builtin(name) => name.as_str(),
+                    _ => "?",
+                };
+                let real = crate::model::builtin_repo(name).map_or(String::new(), |r| {
+                    format!(", or run the published model instead of the synthetic weights: --hf {r}:{}", crate::model::hub::DEFAULT_QUANT)
+                });
+                return Err(Error::Usage(format!(
+                    "{flag} needs a {TOKENIZER_FILE}, and the built-in model `{name}` (synthetic weights) has none; {instead}{real}"
+                )));
+            }
+            return Ok(None);
+        }
+    };
+    let path = dir.join(TOKENIZER_FILE);
+    if !path.is_file() {
+        if let Some((flag, instead)) = needed {
+            return Err(Error::Usage(format!("{flag} needs the model's tokenizer, and {} does not exist; {instead}", path.display())));
+        }
+        return Ok(None);
+    }
+    match Tokenizer::from_file(&path) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if needed.is_some() => Err(e.into()),
+        Err(e) => {
+            warnings.push(format!("no text output: {e}"));
+            Ok(None)
+        }
+    }
+}
+
+/// The chat template: `file` (`--chat-template`), else the GGUF file's, else the
+/// model directory's `tokenizer_config.json`'s. Without one, a usage error
+/// (`flag` names the command's use of it).
+pub fn chat_template(gguf: Option<&LoadedModel>, settings: &ModelSettings, file: Option<&Path>, flag: &str) -> Result<ChatTemplate> {
+    let model_dir = match &settings.source {
+        ModelSource::Dir(dir) => Some(dir),
+        _ => None,
+    };
+    if let Some(path) = file {
+        let gguf_file = gguf.and_then(|m| m.gguf.as_ref());
+        let from_dir = match model_dir {
+            Some(dir) => ChatTemplate::from_dir(dir)?.map(|t| (t.bos_token, t.eos_token)),
+            None => None,
+        };
+        let (bos, eos) = gguf_file.map(|f| ChatTemplate::gguf_specials(f)).or(from_dir).unwrap_or((None, None));
+        return Ok(ChatTemplate::from_file(path, bos, eos)?);
+    }
+    let (found, place) = match (gguf.and_then(|m| m.gguf.as_ref()), model_dir) {
+        (Some(file), _) => (ChatTemplate::from_gguf(file)?, format!("{} (no `tokenizer.chat_template`)", file.path.display())),
+        (None, Some(dir)) => (ChatTemplate::from_dir(dir)?, format!("{} (no `chat_template` in {TOKENIZER_CONFIG_FILE})", dir.display())),
+        (None, None) => (None, "a built-in model".to_string()),
+    };
+    found.ok_or_else(|| {
+        Error::Usage(format!(
+            "{flag}: the model has no chat template: {place}; give one with --chat-template FILE.jinja{}",
+            if flag == "--chat" { ", or use --prompt without --chat (the text as it is)" } else { "" }
+        ))
+    })
+}
+
+/// The ids that end generation: the config's end-of-sequence ids and, for chat
+/// prompts, the vocabulary's end-of-turn tokens (Gemma, ChatML, Llama 3).
+pub fn stop_ids(m: &LoadedModel, tokenizer: Option<&Tokenizer>, chat: bool) -> Vec<u32> {
+    let mut ids = m.config.eos_token_ids.clone();
+    if chat && let Some(tok) = tokenizer {
+        ids.extend(END_OF_TURN_TOKENS.iter().filter_map(|t| tok.token_to_id(t)));
+    }
+    ids
+}
+
+/// When one generation ends, besides an end-of-sequence id.
+#[derive(Clone, Debug, Default)]
+pub struct Limits {
+    pub max_tokens: usize,
+    /// Texts that end generation where they first appear (not part of the text).
+    pub stop: Vec<String>,
+    /// Go on past end-of-sequence ids (`--ignore-eos`).
+    pub ignore_eos: bool,
+}
+
+/// What one decode produced.
+#[derive(Clone, Debug)]
+pub struct Decoded {
+    /// Every id handed over, the stopping one included.
+    pub generated: Vec<u32>,
+    pub stop_reason: StopReason,
+    /// The text (with a tokenizer), cut before a stop string.
+    pub text: Option<String>,
+    /// Tokens and seconds of the timed decode steps (the first step, which
+    /// compiles the decode schedule, not counted).
+    pub decode_tokens: usize,
+    pub decode_seconds: f64,
+    /// Every decode step (the first included).
+    pub steps: usize,
+}
+
+/// The text of the ids so far, and how much of it went out.
+struct TextSink<'a> {
+    tokenizer: Option<&'a Tokenizer>,
+    stop: &'a [String],
+    streamed: usize,
+    /// Where a stop string was found (the text ends there).
+    cut: Option<usize>,
+}
+
+impl TextSink<'_> {
+    /// Streams what of `generated`'s text is final: not a cut character, not text
+    /// a later token may rewrite, not the start of a stop string. Returns false
+    /// when a stop string appeared or `stream` refused the piece.
+    fn push(&mut self, generated: &[u32], stream: &mut dyn FnMut(&str) -> bool) -> Result<bool> {
+        let Some(tok) = self.tokenizer else { return Ok(true) };
+        let text = tok.decode(generated)?;
+        if text.ends_with('\u{FFFD}') || text.len() < self.streamed || !text.is_char_boundary(self.streamed) {
+            return Ok(true);
+        }
+        // A stop string anywhere past what went out (it may start inside held text).
+        let from = floor_boundary(&text, self.streamed.saturating_sub(self.stop.iter().map(String::len).max().unwrap_or(0)));
+        if let Some(at) = self.stop.iter().filter(|s| !s.is_empty()).filter_map(|s| text[from..].find(s.as_str()).map(|i| from + i)).min() {
+            let at = at.max(self.streamed);
+            self.cut = Some(at);
+            self.emit(&text, at, stream);
+            return Ok(false);
+        }
+        // Hold back a suffix that is the start of a stop string.
+        let held = self
+            .stop
+            .iter()
+            .filter_map(|s| (1..s.len()).rev().find(|&n| s.is_char_boundary(n) && text.ends_with(&s[..n])))
+            .max()
+            .unwrap_or(0);
+        let end = floor_boundary(&text, text.len() - held).max(self.streamed);
+        Ok(self.emit(&text, end, stream))
+    }
+
+    fn emit(&mut self, text: &str, end: usize, stream: &mut dyn FnMut(&str) -> bool) -> bool {
+        if end > self.streamed {
+            let ok = stream(&text[self.streamed..end]);
+            self.streamed = end;
+            return ok;
+        }
+        true
+    }
+
+    /// The whole text, the held-back rest streamed (a character still cut at the end goes out as it is).
+    fn finish(&mut self, generated: &[u32], stream: &mut dyn FnMut(&str) -> bool) -> Result<Option<String>> {
+        let Some(tok) = self.tokenizer else { return Ok(None) };
+        let mut text = tok.decode(generated)?;
+        if let Some(at) = self.cut {
+            text.truncate(at);
+        } else if text.len() > self.streamed && text.is_char_boundary(self.streamed) {
+            stream(&text[self.streamed..]);
+        }
+        Ok(Some(text))
+    }
+}
+
+/// The largest char boundary of `s` at or before `i`.
+fn floor_boundary(s: &str, mut i: usize) -> usize {
+    i = i.min(s.len());
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// Decodes from `first` (sampled from the prompt's last logits, not yet fed):
+/// each id kept, its text streamed to `stream` (which returns false to cancel),
+/// until an id of `stop_ids` (unless `limits.ignore_eos`), a stop string,
+/// `limits.max_tokens`, or `cancel`. `k`: decode steps chained a submit on a GPU.
+#[allow(clippy::too_many_arguments)]
+pub fn decode(
+    engine: &mut Engine,
+    sampler: &mut Sampler,
+    first: u32,
+    tokenizer: Option<&Tokenizer>,
+    stop_ids: &[u32],
+    k: usize,
+    limits: &Limits,
+    cancel: Option<&AtomicBool>,
+    stream: &mut dyn FnMut(&str) -> bool,
+) -> Result<Decoded> {
+    let mut sink = TextSink { tokenizer, stop: &limits.stop, streamed: 0, cut: None };
+    let mut generated = Vec::new();
+    let mut stop_reason = StopReason::MaxTokens;
+    let mut failed = None;
+    // Each id as it comes: kept, streamed, and whether generation goes on.
+    let mut keep = |id: u32, generated: &mut Vec<u32>| -> bool {
+        generated.push(id);
+        match sink.push(generated, stream) {
+            Ok(true) => {}
+            Ok(false) => {
+                stop_reason = if sink.cut.is_some() { StopReason::Stop } else { StopReason::Cancelled };
+                return false;
+            }
+            Err(e) => {
+                failed = Some(e);
+                return false;
+            }
+        }
+        if !limits.ignore_eos && stop_ids.contains(&id) {
+            stop_reason = StopReason::Eos;
+            return false;
+        }
+        if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            stop_reason = StopReason::Cancelled;
+            return false;
+        }
+        generated.len() < limits.max_tokens
+    };
+    // Decode, timed from the first step's id: that step compiles the decode
+    // schedule and on a GPU is the profiled one, so it is not counted.
+    let mut timed: Option<(Instant, usize)> = None;
+    let mut decode_seconds = 0.0;
+    if limits.max_tokens > 0 && keep(first, &mut generated) {
+        engine.profile_next();
+        engine.decode_chain(first, limits.max_tokens - 1, k, sampler, |id| {
+            let t = timed.get_or_insert_with(|| (Instant::now(), 0));
+            t.1 += 1;
+            decode_seconds = t.0.elapsed().as_secs_f64();
+            keep(id, &mut generated)
+        })?;
+    }
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    let text = sink.finish(&generated, stream)?;
+    Ok(Decoded {
+        generated,
+        stop_reason,
+        text,
+        decode_tokens: timed.map_or(0, |(_, n)| n.saturating_sub(1)),
+        decode_seconds,
+        steps: timed.map_or(0, |(_, n)| n),
+    })
+}
+
+/// What a long-lived generator is built from (`chat`'s and `serve`'s flags).
+#[derive(Clone, Debug)]
+pub struct GeneratorSettings {
+    pub model: ModelSettings,
+    pub choice: ProfileChoice,
+    /// The KV cache's positions (None: the model's, at most [`DEFAULT_CONTEXT`]).
+    pub context: Option<usize>,
+    pub prefill_chunk: usize,
+    pub decode_chain: Option<u32>,
+    pub chat_template: Option<PathBuf>,
+    /// The command (for messages).
+    pub command: &'static str,
+    /// Without a chat template: an error (chat), or a generator that renders no
+    /// messages (serve: its completions need none).
+    pub template_required: bool,
+}
+
+/// The context a generator sizes its KV cache for without `--context`.
+pub const DEFAULT_CONTEXT: usize = 4096;
+
+/// One completion of a [`Generator`].
+#[derive(Clone, Debug)]
+pub struct Completion {
+    pub decoded: Decoded,
+    pub prompt_tokens: usize,
+    /// Prompt tokens prefilled (the rest were in the KV cache already).
+    pub prefilled: usize,
+    pub prefill_seconds: f64,
+}
+
+/// A warmed engine with its tokenizer and chat template, for many prompts.
+pub struct Generator {
+    pub engine: Engine,
+    pub tokenizer: Tokenizer,
+    /// The chat template, or why there is none.
+    template: std::result::Result<ChatTemplate, String>,
+    /// End-of-sequence and end-of-turn ids.
+    pub stop_ids: Vec<u32>,
+    /// The model's name (its file stem for a GGUF file).
+    pub model: String,
+    pub device: String,
+    pub profile: Option<String>,
+    pub context: usize,
+    /// GPU decode steps a submit.
+    pub chain: usize,
+    pub warnings: Vec<String>,
+    /// The ids in the KV cache, in order (its first `engine.pos`).
+    cached: Vec<u32>,
+}
+
+impl Generator {
+    /// Loads the model on the device `selector` names and builds its engine with
+    /// the chosen profile's kernels.
+    pub fn open(selector: Option<&str>, s: &GeneratorSettings) -> Result<Generator> {
+        let mut warnings = Vec::new();
+        if let ModelSource::Gguf(p) = &s.model.source {
+            session::input_file("--gguf", p)?;
+        }
+        // A directory's tokenizer before the model loads (a GGUF file's is in the file).
+        let from_dir = match &s.model.source {
+            ModelSource::Gguf(_) => None,
+            _ => {
+                let instead = "give a model with a tokenizer (--gguf FILE, or --model-dir DIR with a tokenizer.json)";
+                dir_tokenizer(&s.model, Some((s.command, instead)), &mut warnings)?
+            }
+        };
+        let profile = s.choice.read()?;
+        let device = session::pick_device(selector)?;
+        let m = match &s.model.source {
+            ModelSource::Gguf(p) => load_gguf(p, s.model.layers)?,
+            _ => s.model.load_text()?,
+        };
+        let tokenizer = match from_dir {
+            Some(t) => Some(t),
+            None => gguf_tokenizer(&m, true, &mut warnings)?,
+        };
+        let Some(tokenizer) = tokenizer else {
+            return Err(Error::Usage(format!("{} needs the model's tokenizer", s.command)));
+        };
+        let gguf = m.gguf.is_some().then_some(&m);
+        let template = match chat_template(gguf, &s.model, s.chat_template.as_deref(), s.command) {
+            Ok(t) => Ok(t),
+            Err(e) if !s.template_required => {
+                warnings.push(format!("{e}: chat messages are refused"));
+                Err(e.to_string())
+            }
+            Err(e) => return Err(e),
+        };
+        warnings.extend(m.warnings.iter().cloned());
+        let c = &m.config;
+        let context = s.context.unwrap_or(c.max_position_embeddings.min(DEFAULT_CONTEXT));
+        if context < 2 || context > c.max_position_embeddings {
+            return Err(Error::Usage(format!(
+                "--context {context}: must be 2 to the model's {} positions (max_position_embeddings)",
+                c.max_position_embeddings
+            )));
+        }
+        session::check_context(c, context, s.choice.kv_dtype, &device, "--context")?;
+        let chunk = s.prefill_chunk.clamp(1, context);
+        let chosen = s.choice.choose(profile, &device, &s.model, &m, chunk, context, &mut warnings)?;
+        let opts = s.model.plan_options(&m, &chosen.exec, chunk, context, false);
+        let ctx = session::open_device(&device, chosen.exec.trusted_shaders || s.model.trusted_shaders)?;
+        let store: Arc<dyn TensorStore> = m.weights.clone();
+        let engines = Engines { model: &m.name, config: c, store, ctx, memo: None, check_decode: false };
+        let mut engine = engines.build(opts, chosen.selection, chosen.exec.batch)?;
+        engine.set_cpu_pool(chosen.exec.threads, chosen.exec.spin_us, chosen.exec.prefetch);
+        warnings.extend(engine.warnings());
+        let chain = s.decode_chain.or(chosen.exec.decode_chain).unwrap_or(crate::profile::doc::DEFAULT_DECODE_CHAIN) as usize;
+        let stop_ids = stop_ids(&m, Some(&tokenizer), true);
+        Ok(Generator {
+            engine,
+            tokenizer,
+            template,
+            stop_ids,
+            model: match &s.model.source {
+                ModelSource::Gguf(p) => p.file_stem().map_or_else(|| m.name.clone(), |f| f.to_string_lossy().into_owned()),
+                _ => m.name.clone(),
+            },
+            device: device.name(),
+            profile: chosen.label,
+            context,
+            chain,
+            warnings,
+            cached: Vec::new(),
+        })
+    }
+
+    /// The chat template's prompt for `turns` (`(role, content)`), as tokens.
+    pub fn render(&self, turns: &[(&str, &str)]) -> Result<Vec<u32>> {
+        let t = self.template.as_ref().map_err(|e| Error::Usage(e.clone()))?;
+        self.encode(&t.render_messages(turns)?, true)
+    }
+
+    /// `text` as tokens, special tokens written by the text itself (a rendered
+    /// chat template) when `template`, else as the tokenizer's post-processor adds them.
+    pub fn encode(&self, text: &str, template: bool) -> Result<Vec<u32>> {
+        Ok(if template { self.tokenizer.encode_with(text, false)? } else { self.tokenizer.encode(text)? })
+    }
+
+    /// Tokens left for generation after a prompt of `prompt` tokens.
+    pub fn room(&self, prompt: usize) -> usize {
+        self.context.saturating_sub(prompt)
+    }
+
+    /// Forgets the KV cache.
+    pub fn reset(&mut self) {
+        self.cached.clear();
+        self.engine.reset();
+    }
+
+    /// Generates after `prompt`: the prompt's tokens past what the KV cache holds
+    /// of it are prefilled, then [`decode`] with `params` and `limits` (its
+    /// `max_tokens` cut to the context left), streaming text to `stream`.
+    pub fn complete(
+        &mut self,
+        prompt: &[u32],
+        params: SamplerParams,
+        limits: &Limits,
+        cancel: Option<&AtomicBool>,
+        stream: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Completion> {
+        if prompt.is_empty() {
+            return Err(Error::Usage("the prompt encodes to no tokens".into()));
+        }
+        if prompt.len() >= self.context {
+            return Err(Error::Usage(format!(
+                "the prompt is {} tokens and the context holds {}: shorten it, or raise --context",
+                prompt.len(),
+                self.context
+            )));
+        }
+        let vocab = self.engine.plan.config.vocab_size;
+        if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::Usage(format!("token id {bad} is outside the vocabulary (size {vocab})")));
+        }
+        // Reuse the cached prefix (at least the last prompt token is fed again, for its logits).
+        let same = self.cached.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
+        self.engine.pos = same;
+        self.cached.truncate(same);
+        let mut limits = limits.clone();
+        limits.max_tokens = limits.max_tokens.min(self.room(prompt.len()));
+        let t0 = Instant::now();
+        let result = self.engine.forward(&prompt[same..]).map_err(Error::from).and_then(|rows| {
+            let prefill_seconds = t0.elapsed().as_secs_f64();
+            let mut sampler = Sampler::new(params);
+            let first = sampler.sample(rows.last().map(Vec::as_slice).unwrap_or(&[]));
+            let decoded =
+                decode(&mut self.engine, &mut sampler, first, Some(&self.tokenizer), &self.stop_ids, self.chain, &limits, cancel, stream)?;
+            Ok((prefill_seconds, decoded))
+        });
+        match result {
+            Ok((prefill_seconds, decoded)) => {
+                let pos = self.engine.pos;
+                self.cached = prompt.iter().chain(&decoded.generated).copied().take(pos).collect();
+                Ok(Completion { decoded, prompt_tokens: prompt.len(), prefilled: prompt.len() - same, prefill_seconds })
+            }
+            Err(e) => {
+                self.reset();
+                Err(e)
+            }
+        }
+    }
+
+    /// Tokens in the KV cache.
+    pub fn cached_tokens(&self) -> usize {
+        self.cached.len()
+    }
+}

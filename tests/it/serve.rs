@@ -1,0 +1,388 @@
+//! `ktune serve` on loopback, driven by raw HTTP over `std::net::TcpStream`:
+//! completions and chat completions, streamed (SSE) and not, equal to `run`'s
+//! text for the same prompt and sampling; a request queued behind another and
+//! 429 past `--queue`; a streaming client that disconnects cancels its
+//! generation (seen in /metrics); 400 for malformed JSON, 413 past `--max-body`,
+//! 401 without the `--api-key`; the counters of /metrics. And by the official
+//! `openai` Python client (streamed text equal to `run`'s), from the venv
+//! `.ci/run` makes under `target/` (`tools/requirements-serve.txt`). The tiny
+//! SmolLM2-shaped GGUF fixture with the SmolLM2 chat template.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::common::{fixture, gguf_dir, ktune_process, tempdir};
+
+/// The fixture's model flags (the file has no chat template: the SmolLM2 one
+/// given with `template`).
+fn model_args(c: &mut Command, template: bool) -> &mut Command {
+    c.args(["--gguf"]).arg(gguf_dir().join("smollm2-tiny-q8_0.gguf"));
+    if template {
+        c.arg("--chat-template").arg(fixture("chat_templates/smollm2.jinja"));
+    }
+    c
+}
+
+/// A running server (killed when dropped) and its log lines.
+struct Served {
+    child: Child,
+    addr: String,
+    log: Arc<Mutex<Vec<String>>>,
+    _cache: Option<tempfile::TempDir>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `serve --port 0` on the CPU with `flags`, once it prints the address it listens on.
+fn serve(flags: &[&str]) -> Served {
+    let cache = tempdir();
+    let mut c = ktune_process(cache.path());
+    c.args(["serve", "--port", "0"]);
+    model_args(&mut c, true).args(flags);
+    start(c, Some(cache))
+}
+
+/// Starts the `serve` command `c` and waits for the address it listens on.
+fn start(mut c: Command, cache: Option<tempfile::TempDir>) -> Served {
+    c.stdout(Stdio::null()).stderr(Stdio::piped());
+    let mut child = c.spawn().expect("starts");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let mut addr = None;
+    let mut head = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.expect("stderr line");
+        head.push(line.clone());
+        if let Some(a) = line.split("listening on http://").nth(1) {
+            addr = Some(a.trim().to_string());
+            break;
+        }
+    }
+    let addr = addr.unwrap_or_else(|| panic!("serve did not start: {head:?}"));
+    let log = Arc::new(Mutex::new(head));
+    let l = log.clone();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            l.lock().expect("log").push(line);
+        }
+    });
+    Served { child, addr, log, _cache: cache }
+}
+
+/// A response: status, body (chunked framing removed).
+struct Reply {
+    status: u16,
+    body: String,
+}
+
+/// Sends one request (`Connection: close`) and reads the whole response.
+fn request(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
+    let mut s = TcpStream::connect(addr).expect("connects");
+    s.set_read_timeout(Some(Duration::from_secs(120))).expect("timeout");
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).expect("writes");
+    s.write_all(body).expect("writes");
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("reads");
+    parse(&raw)
+}
+
+fn parse(raw: &[u8]) -> Reply {
+    let text = String::from_utf8_lossy(raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no header end: {text:?}"));
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("status line: {head}"));
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_string() };
+    Reply { status, body }
+}
+
+/// The body of a chunked response.
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+    out
+}
+
+fn post(addr: &str, path: &str, body: &serde_json::Value) -> Reply {
+    request(addr, "POST", path, &[("Content-Type", "application/json")], body.to_string().as_bytes())
+}
+
+fn json(r: &Reply) -> serde_json::Value {
+    serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.body))
+}
+
+/// The text of an SSE body: the `content` deltas (chat) or `text` pieces, and
+/// whether it ended with `data: [DONE]`.
+fn sse_text(body: &str) -> (String, bool) {
+    let mut text = String::new();
+    let events: Vec<&str> = body.split("\n\n").filter_map(|e| e.strip_prefix("data: ")).collect();
+    for e in &events {
+        if *e == "[DONE]" {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(e).unwrap_or_else(|err| panic!("{err}: {e}"));
+        let c = &v["choices"][0];
+        text.push_str(c["delta"]["content"].as_str().or(c["text"].as_str()).unwrap_or(""));
+    }
+    (text, events.last() == Some(&"[DONE]"))
+}
+
+/// `run`'s text for `prompt` (with `--chat` when `chat`) and these sampling flags.
+fn run_text(prompt: &str, chat: bool, flags: &[&str]) -> String {
+    let cache = tempdir();
+    let mut c = ktune_process(cache.path());
+    c.args(["run", "--device", "cpu", "--prompt", prompt, "--format", "json"]);
+    if chat {
+        c.arg("--chat");
+    }
+    let out = model_args(&mut c, chat).args(flags).output().expect("runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    v["text"].as_str().expect("text").to_string()
+}
+
+/// The value of a /metrics line (`name{labels}` exactly), 0 when absent.
+fn metric(addr: &str, name: &str) -> f64 {
+    let r = request(addr, "GET", "/metrics", &[], b"");
+    assert_eq!(r.status, 200);
+    r.body.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')).and_then(|v| v.parse().ok())).unwrap_or(0.0)
+}
+
+#[test]
+fn serve_completions_equal_run_streamed_and_not() {
+    let s = serve(&["--device", "cpu"]);
+    let a = s.addr.as_str();
+    assert_eq!(request(a, "GET", "/health", &[], b"").status, 200);
+    let models = json(&request(a, "GET", "/v1/models", &[], b""));
+    assert_eq!(models["data"][0]["concurrency"], 1, "{models}");
+    // Sampled (temperature, top-p, top-k, seed): the same text as run's.
+    let flags = ["--max-tokens", "8", "--temperature", "0.8", "--top-p", "0.9", "--top-k", "40", "--seed", "7"];
+    let want = run_text("Once upon a time", false, &flags);
+    let body = serde_json::json!({"model": "anything", "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0.8, "top_p": 0.9, "top_k": 40, "seed": 7});
+    let r = post(a, "/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = json(&r);
+    assert_eq!(v["choices"][0]["text"], want.as_str(), "{v}");
+    assert_eq!(v["usage"]["completion_tokens"].as_u64().expect("usage") as usize, 8, "{v}");
+    let mut streamed = body.clone();
+    streamed["stream"] = true.into();
+    let r = post(a, "/v1/completions", &streamed);
+    assert_eq!(r.status, 200);
+    assert_eq!(sse_text(&r.body), (want.clone(), true), "{}", r.body);
+    // Chat: the template's turn, greedy; streamed and not.
+    let want = run_text("hello", true, &["--max-tokens", "6"]);
+    let body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 6, "temperature": 0});
+    let v = json(&post(a, "/v1/chat/completions", &body));
+    assert_eq!(v["choices"][0]["message"]["content"], want.as_str(), "{v}");
+    let mut streamed = body.clone();
+    streamed["stream"] = true.into();
+    let r = post(a, "/v1/chat/completions", &streamed);
+    assert_eq!(sse_text(&r.body), (want, true), "{}", r.body);
+    // A stop string ends the text before it.
+    let text = v["choices"][0]["message"]["content"].as_str().expect("text").to_string();
+    if let Some(cut) = text.char_indices().nth(3).map(|(i, _)| i).filter(|&i| i > 0 && !text[i..].trim().is_empty()) {
+        let mut stopped = body.clone();
+        stopped["stop"] = serde_json::json!([text[cut..].chars().take(2).collect::<String>()]);
+        let v = json(&post(a, "/v1/chat/completions", &stopped));
+        let got = v["choices"][0]["message"]["content"].as_str().expect("text");
+        assert!(text.starts_with(got) && got.len() <= cut, "stop at {cut}: {got:?} of {text:?}");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    }
+    assert_eq!(metric(a, "ktune_requests_total{endpoint=\"/v1/completions\",status=\"200\"}"), 2.0);
+    assert!(metric(a, "ktune_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"}") >= 2.0);
+    assert!(metric(a, "ktune_generated_tokens_total") >= 28.0);
+}
+
+#[test]
+fn serve_refuses_bad_requests_with_openai_errors() {
+    let s = serve(&["--device", "cpu", "--api-key", "sesame", "--max-body", "2000"]);
+    let a = s.addr.as_str();
+    let auth = [("Authorization", "Bearer sesame"), ("Content-Type", "application/json")];
+    let r = request(a, "POST", "/v1/completions", &auth, b"{\"prompt\": \"hi\", ");
+    assert_eq!(r.status, 400, "{}", r.body);
+    let v = json(&r);
+    assert!(v["error"]["message"].as_str().expect("message").contains("malformed JSON"), "{v}");
+    let big = serde_json::json!({"prompt": "x".repeat(3000)}).to_string();
+    assert_eq!(request(a, "POST", "/v1/completions", &auth, big.as_bytes()).status, 413);
+    let ok = br#"{"prompt": "hi", "max_tokens": 2}"#;
+    let r = request(a, "POST", "/v1/completions", &[("Authorization", "Bearer wrong")], ok);
+    assert_eq!(r.status, 401);
+    assert_eq!(json(&r)["error"]["code"], "invalid_api_key");
+    assert_eq!(request(a, "GET", "/v1/models", &[], b"").status, 401);
+    assert_eq!(request(a, "POST", "/v1/completions", &auth, ok).status, 200);
+    let r = request(a, "POST", "/v1/chat/completions", &auth, br#"{"messages": []}"#);
+    assert_eq!(r.status, 400, "{}", r.body);
+    let r = request(a, "POST", "/v1/completions", &auth, br#"{"prompt": "hi", "temperature": -1}"#);
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(request(a, "GET", "/nowhere", &[], b"").status, 404);
+    // /metrics and /health need no key.
+    assert_eq!(metric(a, "ktune_requests_total{endpoint=\"/v1/completions\",status=\"400\"}"), 2.0);
+    assert_eq!(metric(a, "ktune_requests_total{endpoint=\"/v1/completions\",status=\"413\"}"), 1.0);
+    assert_eq!(metric(a, "ktune_requests_total{endpoint=\"/v1/completions\",status=\"401\"}"), 1.0);
+}
+
+/// Opens a streaming completion of `max_tokens` and reads until its first text event.
+fn open_stream(addr: &str, max_tokens: usize) -> TcpStream {
+    let mut s = TcpStream::connect(addr).expect("connects");
+    let body = serde_json::json!({"prompt": "Once upon a time", "max_tokens": max_tokens, "stream": true}).to_string();
+    let head = format!("POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+    s.write_all(head.as_bytes()).expect("writes");
+    let mut r = BufReader::new(s.try_clone().expect("clone"));
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        assert!(r.read_line(&mut line).expect("reads") > 0, "the stream ended early");
+    }
+    s
+}
+
+#[test]
+fn serve_queues_refuses_past_the_bound_and_cancels_on_disconnect() {
+    let s = serve(&["--device", "cpu", "--queue", "1", "--ignore-eos", "--context", "4096"]);
+    let a = s.addr.clone();
+    // A long generation holds the engine; one request may wait, the next gets 429.
+    let hold = open_stream(&a, 4000);
+    let waiting = {
+        let a = a.clone();
+        std::thread::spawn(move || post(&a, "/v1/completions", &serde_json::json!({"prompt": "hi", "max_tokens": 2})).status)
+    };
+    let mut queued = 0.0;
+    for _ in 0..200 {
+        queued = metric(&a, "ktune_queue_length");
+        if queued >= 1.0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(queued, 1.0, "the second request waits");
+    let r = post(&a, "/v1/completions", &serde_json::json!({"prompt": "hi", "max_tokens": 2}));
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert_eq!(json(&r)["error"]["code"], "queue_full");
+    // The held stream's client goes away: its generation stops, the waiting one is served.
+    drop(hold);
+    assert_eq!(waiting.join().expect("joins"), 200);
+    assert_eq!(metric(&a, "ktune_cancelled_total"), 1.0);
+    let generated = metric(&a, "ktune_generated_tokens_total");
+    assert!(generated < 4000.0, "the cancelled generation stopped early: {generated} tokens");
+    assert!(s.log.lock().expect("log").iter().any(|l| l.contains("cancelled")), "the log says so");
+}
+
+/// The venv `.ci/run` makes with `tools/requirements-serve.txt`; None (a loud
+/// skip) without it, unless CI / KTUNE_REQUIRE_GPU require it.
+fn openai_python() -> Option<PathBuf> {
+    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/venv-serve/bin/python");
+    if py.is_file() {
+        return Some(py);
+    }
+    let required = std::env::var_os("CI").is_some() || std::env::var_os("KTUNE_REQUIRE_GPU").is_some();
+    assert!(!required, "{} is missing: .ci/run makes it (python3 -m venv, pip install -r tools/requirements-serve.txt)", py.display());
+    eprintln!("\n!!!! SKIPPING the openai client test: no {} (see .ci/run) !!!!\n", py.display());
+    None
+}
+
+#[test]
+fn serve_answers_the_official_openai_client_like_run() {
+    let Some(py) = openai_python() else { return };
+    let s = serve(&["--device", "cpu", "--api-key", "k"]);
+    let want_chat = run_text("hello", true, &["--max-tokens", "6", "--temperature", "0.7", "--seed", "3"]);
+    let want_text = run_text("Once upon a time", false, &["--max-tokens", "6"]);
+    let script = r#"
+import json, sys, openai
+c = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="k")
+msgs = [{"role": "user", "content": "hello"}]
+chat = c.chat.completions.create(model="m", messages=msgs, max_tokens=6, temperature=0.7, seed=3)
+parts = [ch.choices[0].delta.content or "" for ch in c.chat.completions.create(model="m", messages=msgs, max_tokens=6, temperature=0.7, seed=3, stream=True) if ch.choices]
+text = c.completions.create(model="m", prompt="Once upon a time", max_tokens=6, temperature=0)
+tparts = [ch.choices[0].text for ch in c.completions.create(model="m", prompt="Once upon a time", max_tokens=6, temperature=0, stream=True) if ch.choices]
+try:
+    openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="bad").models.list()
+    bad = "accepted"
+except openai.AuthenticationError:
+    bad = "401"
+print(json.dumps({"chat": chat.choices[0].message.content, "chat_stream": "".join(parts), "text": text.choices[0].text,
+                  "text_stream": "".join(tparts), "usage": chat.usage.completion_tokens, "bad_key": bad}))
+"#;
+    let out = Command::new(py).arg("-c").arg(script).arg(format!("http://{}", s.addr)).output().expect("python runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["chat_stream"], want_chat.as_str(), "{v}");
+    assert_eq!(v["chat"], want_chat.as_str(), "{v}");
+    assert_eq!(v["text_stream"], want_text.as_str(), "{v}");
+    assert_eq!(v["text"], want_text.as_str(), "{v}");
+    assert_eq!(v["bad_key"], "401");
+}
+
+/// On lavapipe with a tuned profile in the cache: `serve` and `chat` use it (their
+/// startup lines name it), and the streamed chat completion is `run`'s text.
+#[test]
+fn serve_and_chat_use_the_cached_tuned_profile_on_a_gpu() {
+    let cache = tempdir();
+    let Some(dev) = crate::common::gpu_index(cache.path(), "serve") else { return };
+    let mut tune = ktune_process(cache.path());
+    tune.args(["tune", "--device", &dev, "--budget", "1s", "--prefill-tokens", "8", "--context", "128", "--decode-tokens", "8"]);
+    let o = model_args(&mut tune, false).output().expect("tune runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The server, with the same cache.
+    let mut c = ktune_process(cache.path());
+    c.args(["serve", "--port", "0", "--device", &dev, "--context", "128"]);
+    model_args(&mut c, true);
+    let s = start(c, None);
+    let started = s.log.lock().expect("log").join("\n");
+    assert!(started.contains("profile cached"), "{started}");
+    let mut run = ktune_process(cache.path());
+    run.args(["run", "--device", &dev, "--prompt", "hello", "--chat", "--context", "128", "--max-tokens", "6", "--format", "json"]);
+    let out = model_args(&mut run, true).output().expect("runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(v["profile"].as_str().is_some_and(|p| p.starts_with("cached")), "{}", v["profile"]);
+    let body = serde_json::json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 6, "stream": true});
+    let r = post(&s.addr, "/v1/chat/completions", &body);
+    assert_eq!(sse_text(&r.body), (v["text"].as_str().expect("text").to_string(), true), "{}", r.body);
+    drop(s);
+    // chat on the same device names the profile too.
+    let mut chat = ktune_process(cache.path());
+    chat.args(["chat", "--device", &dev, "--context", "128", "--max-tokens", "4"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = model_args(&mut chat, true).spawn().expect("chat runs");
+    child.stdin.take().expect("stdin").write_all(b"hello\n").expect("writes");
+    let out = child.wait_with_output().expect("ends");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains("profile cached"), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).ends_with("---\n"));
+}
+
+/// A model without a chat template is served: completions answer, chat
+/// completions get 400 naming the missing template.
+#[test]
+fn serve_without_a_chat_template_answers_completions_only() {
+    let cache = tempdir();
+    let mut c = ktune_process(cache.path());
+    c.args(["serve", "--port", "0", "--device", "cpu"]);
+    model_args(&mut c, false);
+    let s = start(c, Some(cache));
+    let r = post(&s.addr, "/v1/completions", &serde_json::json!({"prompt": "hi", "max_tokens": 2}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = post(&s.addr, "/v1/chat/completions", &serde_json::json!({"messages": [{"role": "user", "content": "hi"}]}));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(json(&r)["error"]["message"].as_str().expect("message").contains("no chat template"), "{}", r.body);
+}
