@@ -11,6 +11,7 @@ mod chain;
 mod cli;
 mod eval;
 mod fusion;
+mod fuzz_smoke;
 mod gpu_counters;
 mod hostile_cli;
 mod layering;
