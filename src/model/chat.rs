@@ -13,8 +13,9 @@
 //!
 //! A template comes with the model file, so rendering is bounded: at most
 //! [`FUEL`] minijinja instructions and [`MAX_RENDERED`] bytes of output, each an
-//! error naming the limit (minijinja itself caps one string or list repetition
-//! at 100 MB and the recursion depth).
+//! error naming the limit. With fuel on, minijinja also checks the estimated size
+//! of a repetition's or concatenation's result against the fuel left before it
+//! builds it, so a template cannot grow strings without bound either.
 
 use std::path::{Path, PathBuf};
 
@@ -187,15 +188,20 @@ mod tests {
         assert_eq!(t.render_user("  hi  ").unwrap(), "<s>hi");
     }
 
-    /// Nested loops over `range()` (10^10 iterations) and a loop of long strings
-    /// (80 GB of output): errors naming the limit, not a hang or memory without
-    /// bound (the `chat` fuzz target's time and memory limits rely on these).
+    /// Nested loops over `range()` (10^10 iterations), a loop of long strings
+    /// (80 GB of output) and a string doubled to 900 MB: errors naming the limit,
+    /// not a hang or memory without bound (the `chat` fuzz target's time and
+    /// memory limits rely on these).
     #[test]
     fn a_template_that_would_hang_or_grow_without_bound_is_refused() {
         let e = template("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}").render_user("x").unwrap_err();
         assert!(e.to_string().contains("fuel"), "{e}");
         let e = template("{% for i in range(100000) %}{{ 'abcdefgh' * 100000 }}{% endfor %}").render_user("x").unwrap_err();
         assert!(e.to_string().contains("MiB"), "{e}");
+        // A 900 kB string doubled ten times (900 MB): refused before it is built.
+        let doubled = format!("{{% set a = 'x' * 900000 %}}{}{{{{ a|length }}}}", "{% set a = a ~ a %}".repeat(10));
+        let e = template(&doubled).render_user("x").unwrap_err();
+        assert!(e.to_string().contains("fuel"), "{e}");
     }
 
     #[test]
