@@ -12,6 +12,8 @@ pub mod cli;
 pub mod commands;
 pub mod error;
 pub mod eval;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod generate;
 pub mod input;
 pub mod model;

@@ -5,7 +5,8 @@
 //! profiles (YAML, then validation). Inputs are valid files mutated: bit flips,
 //! truncations, inserted and deleted bytes, and length/count/offset fields
 //! overwritten with boundary values, biased towards the header where the
-//! lengths live.
+//! lengths live. The targets are `ktune::fuzzing`'s (the libFuzzer targets of
+//! `fuzz/` run the same functions), but for the projector pipeline.
 //!
 //! Every reader must return (Ok or an error), never panic, and never make a
 //! single allocation larger than the input justifies (a counting global
@@ -23,11 +24,8 @@ use std::path::Path;
 use std::time::Instant;
 
 use common::fixture;
-use ktune::kernels::quant::QFormat;
-use ktune::model::Stored;
 use ktune::model::gguf::GgufFile;
-use ktune::model::{ChatTemplate, Tokenizer, Weights, mmproj};
-use ktune::profile::Profile;
+use ktune::model::{Weights, mmproj};
 use ktune::runtime::vision::VisionEngine;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -211,39 +209,6 @@ fn fuzz(what: &str, seed: Vec<u8>, header: usize, target: impl Fn(Vec<u8>) -> &'
     cases
 }
 
-/// The GGUF pipeline `ktune run --gguf` goes through, on an image in memory.
-fn gguf_target(bytes: Vec<u8>) -> &'static str {
-    let Ok(m) = Weights::gguf_from_bytes(Path::new("fuzz.gguf"), bytes) else { return "rejected" };
-    let w = &m.weights;
-    let checked = w.check_config(&m.config).is_ok();
-    let names: Vec<String> = w.names().map(str::to_string).collect();
-    for name in &names {
-        let Ok(meta) = w.meta(name) else { continue };
-        let _ = w.f32(name, &meta.shape);
-        let _ = w.row_f32(name, 0);
-        if meta.shape.len() == 2 {
-            let _ = w.load_quant(name, QFormat::Q8_0);
-            // As stored: every block format's own reader.
-            if let Ok(Stored::Quant(f)) = w.stored(name) {
-                let _ = w.load_quant(name, f);
-            }
-        }
-    }
-    let tokenizer = match Tokenizer::from_gguf(&m.file) {
-        Ok(t) => {
-            let _ = t.encode("The kernel reads 42 weights.");
-            let _ = t.decode(&[1, 2, 3, 300]);
-            true
-        }
-        Err(_) => false,
-    };
-    match (checked, tokenizer) {
-        (true, true) => "loaded, tokenizer built",
-        (true, false) => "loaded",
-        (false, _) => "parsed, weights do not match the config",
-    }
-}
-
 /// Where the tensor data of a GGUF seed starts (everything before is header).
 fn gguf_header_len(seed: &[u8]) -> usize {
     let m = Weights::gguf_from_bytes(Path::new("seed.gguf"), seed.to_vec()).expect("the seed is valid");
@@ -256,7 +221,7 @@ fn fuzz_gguf_reader() {
     for file in ["gguf/smollm2-tiny-q4_0.gguf", "gguf/qwen2-tiny-q8_0.gguf"] {
         let seed = std::fs::read(fixture(file)).expect("fixture");
         let header = gguf_header_len(&seed);
-        fuzz(file, seed, header, gguf_target);
+        fuzz(file, seed, header, |b| ktune::fuzzing::gguf(&b));
     }
 }
 
@@ -297,33 +262,8 @@ fn gguf_header_len_of(seed: &[u8]) -> usize {
 fn fuzz_safetensors_reader() {
     let seed = std::fs::read(fixture("qwen2-tiny-sharded/model-00004-of-00004.safetensors")).expect("fixture");
     let header = 8 + u64::from_le_bytes(seed[..8].try_into().expect("8 bytes")) as usize;
-    fuzz("safetensors", seed, header, |bytes| {
-        let Ok(w) = Weights::safetensors_from_bytes(Path::new("fuzz.safetensors"), bytes) else { return "rejected" };
-        let names: Vec<String> = w.names().map(str::to_string).collect();
-        for name in &names {
-            if let Ok(meta) = w.meta(name) {
-                let _ = w.f32(name, &meta.shape);
-                let _ = w.f16(name, &meta.shape);
-            }
-        }
-        "parsed"
-    });
-}
-
-/// A SentencePiece vocabulary and chat template read from a mutated GGUF header
-/// (tokens, scores, token types, special ids, the template text).
-fn vocabulary_target(bytes: Vec<u8>) -> &'static str {
-    let Ok(f) = GgufFile::parse(Path::new("fuzz.gguf"), bytes) else { return "rejected" };
-    let template = ChatTemplate::from_gguf(&f).ok().flatten().map(|t| t.render_user("Hi there").is_ok());
-    match Tokenizer::from_gguf(&f) {
-        Ok(t) => {
-            let ids = t.encode("The kernel reads 42 weights, 漢字 🦀.").unwrap_or_default();
-            let _ = t.decode(&ids);
-            let _ = t.decode(&[0, 1, 2, 3, 300, u32::MAX]);
-            if template == Some(true) { "vocabulary and template" } else { "vocabulary" }
-        }
-        Err(_) => "parsed, vocabulary rejected",
-    }
+    // The target reads a config.json, NUL, then the file: no config here.
+    fuzz("safetensors", seed, header, |bytes| ktune::fuzzing::safetensors(&[b"\0", bytes.as_slice()].concat()));
 }
 
 #[test]
@@ -332,7 +272,7 @@ fn fuzz_vocabulary_reader() {
     for file in ["spm/gemma3.gguf", "spm/llama.gguf"] {
         let seed = std::fs::read(fixture(file)).expect("fixture");
         let header = seed.len();
-        fuzz(file, seed, header, vocabulary_target);
+        fuzz(file, seed, header, |b| ktune::fuzzing::tokenizer(&[b"Hi there\0", b.as_slice()].concat()));
     }
 }
 
@@ -340,16 +280,7 @@ fn fuzz_vocabulary_reader() {
 fn fuzz_profile_reader() {
     let seed = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/llama-3.2-1b-cpu-epyc-2core.yaml")).expect("profile");
     let header = seed.len();
-    fuzz("profile", seed, header, |bytes| {
-        let text = String::from_utf8_lossy(&bytes);
-        match Profile::from_str(&text, "fuzz.yaml") {
-            Ok(p) => {
-                let _ = p.to_yaml();
-                "valid"
-            }
-            Err(_) => "rejected",
-        }
-    });
+    fuzz("profile", seed, header, |b| ktune::fuzzing::profile(&b));
 }
 
 /// Regression (found by fuzz_gguf_reader with 200000 cases): one bit flipped in

@@ -10,6 +10,12 @@
 //! `add_generation_prompt = true`. The rendered text is encoded without the
 //! tokenizer's post-processor (as `apply_chat_template(tokenize=True)` does), so a
 //! template that writes the BOS itself gets exactly one.
+//!
+//! A template comes with the model file, so rendering is bounded: at most
+//! [`FUEL`] minijinja instructions and [`MAX_RENDERED`] bytes of output, each an
+//! error naming the limit. With fuel on, minijinja also checks the estimated size
+//! of a repetition's or concatenation's result against the fuel left before it
+//! builds it, so a template cannot grow strings without bound either.
 
 use std::path::{Path, PathBuf};
 
@@ -29,6 +35,28 @@ pub const END_OF_TURN_TOKENS: [&str; 3] = ["<end_of_turn>", "<|im_end|>", "<|eot
 
 /// Most bytes of a `--chat-template` file (the published templates are a few kB).
 const MAX_TEMPLATE_BYTES: u64 = 1 << 20;
+/// Most instructions one rendering may run: a published template renders a
+/// turn in a few hundred, and nested loops over `range()` must not hang a run.
+const FUEL: u64 = 1_000_000;
+/// Most bytes a rendering may produce (a prompt longer than any context).
+const MAX_RENDERED: usize = 8 << 20;
+
+/// The rendered text, refusing to grow past [`MAX_RENDERED`].
+struct Capped(Vec<u8>);
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > MAX_RENDERED {
+            let msg = format!("the rendered text passes {} MiB, more than any context holds", MAX_RENDERED >> 20);
+            return Err(std::io::Error::new(std::io::ErrorKind::FileTooLarge, msg));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
 
 /// A chat template and the special-token texts it renders with.
 #[derive(Clone, Debug)]
@@ -141,8 +169,12 @@ impl ChatTemplate {
             jiff::fmt::strtime::format(&format, &jiff::ZonedDateTime::now())
                 .map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, format!("strftime_now({format:?}): {e}")))
         });
+        env.set_fuel(Some(FUEL));
         env.add_template("chat", &self.source).map_err(err)?;
-        env.get_template("chat").and_then(|t| t.render(ctx)).map_err(err)
+        let mut out = Capped(Vec::new());
+        env.get_template("chat").and_then(|t| t.render_captured_to(ctx, &mut out).map(drop)).map_err(err)?;
+        // minijinja writes whole strings, so the bytes are UTF-8.
+        Ok(String::from_utf8_lossy(&out.0).into_owned())
     }
 }
 
@@ -160,6 +192,22 @@ mod tests {
             "{{ bos_token }}{% for m in messages %}{% if m.content.startswith('  ') %}{{ m.content.strip() }}{% break %}{% endif %}{% endfor %}",
         );
         assert_eq!(t.render_user("  hi  ").unwrap(), "<s>hi");
+    }
+
+    /// Nested loops over `range()` (10^10 iterations), a loop of long strings
+    /// (80 GB of output) and a string doubled to 900 MB: errors naming the limit,
+    /// not a hang or memory without bound (the `chat` fuzz target's time and
+    /// memory limits rely on these).
+    #[test]
+    fn a_template_that_would_hang_or_grow_without_bound_is_refused() {
+        let e = template("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}").render_user("x").unwrap_err();
+        assert!(e.to_string().contains("fuel"), "{e}");
+        let e = template("{% for i in range(100000) %}{{ 'abcdefgh' * 100000 }}{% endfor %}").render_user("x").unwrap_err();
+        assert!(e.to_string().contains("MiB"), "{e}");
+        // A 900 kB string doubled ten times (900 MB): refused before it is built.
+        let doubled = format!("{{% set a = 'x' * 900000 %}}{}{{{{ a|length }}}}", "{% set a = a ~ a %}".repeat(10));
+        let e = template(&doubled).render_user("x").unwrap_err();
+        assert!(e.to_string().contains("fuel"), "{e}");
     }
 
     #[test]

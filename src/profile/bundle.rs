@@ -373,13 +373,18 @@ fn entries(ar: &mut tar::Archive<impl Read>) -> Result<Entries, String> {
 /// reason) for each that does not. A file that is not a bundle, or one past a
 /// limit, is an error.
 pub fn read(path: &Path) -> Result<(Vec<Item>, Vec<Outcome>), BundleError> {
-    let bad = |message: String| BundleError::Bad { path: path.to_path_buf(), message };
     let io = |source: std::io::Error| BundleError::Io { path: path.to_path_buf(), source };
     crate::input::regular_file(path).map_err(io)?;
     let file = std::fs::File::open(path).map_err(io)?;
+    read_from(path, std::io::BufReader::new(file))
+}
+
+/// [`read`] of a bundle's bytes from `source` (a file, or an image in memory when
+/// fuzzing); `path` only names it in outcomes and messages.
+pub fn read_from(path: &Path, source: impl Read) -> Result<(Vec<Item>, Vec<Outcome>), BundleError> {
+    let bad = |message: String| BundleError::Bad { path: path.to_path_buf(), message };
     let written_by = "bundles are written by `ktune profiles export`";
-    let dec = ruzstd::decoding::StreamingDecoder::new(std::io::BufReader::new(file))
-        .map_err(|e| bad(format!("not a zstd stream ({e}); {written_by}")))?;
+    let dec = ruzstd::decoding::StreamingDecoder::new(source).map_err(|e| bad(format!("not a zstd stream ({e}); {written_by}")))?;
     let mut ar = tar::Archive::new(Capped { inner: dec, left: MAX_TOTAL, hit: false });
     let read = entries(&mut ar);
     if ar.into_inner().hit {

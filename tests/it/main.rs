@@ -13,6 +13,7 @@ mod chat;
 mod cli;
 mod eval;
 mod fusion;
+mod fuzz_smoke;
 mod gpu_counters;
 mod gpu_faults;
 mod hostile_cli;
