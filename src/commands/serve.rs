@@ -8,8 +8,9 @@
 //! being served (429 past that). Bodies past `--max-body` get 413, malformed JSON
 //! 400 with serde's message, a missing or wrong `--api-key` bearer 401; errors use
 //! OpenAI's JSON shape. The request's `model` is not checked (one model is
-//! served). A streaming client that disconnects cancels its generation at the
-//! next token (the send fails). SIGINT/SIGTERM: no new connections, the request
+//! served). A client that disconnects cancels its generation at the next token:
+//! streaming, the send fails; waiting for a whole reply, Linux's TCP table shows
+//! its connection closing ([`peer_gone`]). SIGINT/SIGTERM: no new connections, the request
 //! being generated finishes, those waiting get 503, exit 0. Being a server, this
 //! command writes its log lines to stderr itself.
 
@@ -158,6 +159,8 @@ struct State {
     ignore_eos: bool,
     defaults: SamplerParams,
     context: usize,
+    /// The port the server listens on (its side of every connection).
+    port: u16,
 }
 
 /// Runs until the input ends (chat) or a signal (serve); `warn` shows the
@@ -188,6 +191,7 @@ pub fn run(selector: Option<&str>, args: &ServeArgs, warn: &dyn Fn(&str)) -> Res
         ignore_eos: args.generate.sampling.ignore_eos,
         defaults,
         context: g.context,
+        port: server.server_addr().to_ip().map_or(0, |a| a.port()),
     });
     {
         let (server, state) = (server.clone(), state.clone());
@@ -448,7 +452,23 @@ fn generate(state: &State, request: &mut Request, kind: Kind) -> std::io::Result
         return Ok(Reply::Stream { kind, events: rx, include_usage });
     }
     let mut text = String::new();
-    for e in rx {
+    // A client waiting for the whole reply sends nothing a read could see, and
+    // tiny_http keeps the socket: the kernel's TCP table says when it has gone.
+    let peer = request.remote_addr().copied();
+    let mut checked = std::time::Instant::now();
+    loop {
+        let e = match rx.recv_timeout(PEER_CHECK) {
+            Ok(e) => e,
+            Err(mpsc::RecvTimeoutError::Timeout) => Event::Started,
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        };
+        if checked.elapsed() >= PEER_CHECK {
+            checked = std::time::Instant::now();
+            if peer.is_some_and(|p| peer_gone(state.port, p)) {
+                // Dropping the events ends the worker's next send: it cancels.
+                return Err(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "the client closed the connection"));
+            }
+        }
         match e {
             Event::Text(t) => text.push_str(&t),
             Event::Done(c) => {
@@ -475,6 +495,45 @@ fn generate(state: &State, request: &mut Request, kind: Kind) -> std::io::Result
         }
     }
     fail(500, "the worker stopped".into())
+}
+
+/// How often a non-streamed generation looks whether its client is still there.
+const PEER_CHECK: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Whether the client at `peer` has closed its connection to our `port`: Linux's
+/// table of TCP sockets (`/proc/net/tcp`, `/proc/net/tcp6`) lists our side in
+/// CLOSE_WAIT (the client's FIN received) or later closing states. Only a listed
+/// closing state counts, never a missing table or line: elsewhere than Linux a
+/// non-streamed generation runs to its limit.
+fn peer_gone(port: u16, peer: std::net::SocketAddr) -> bool {
+    // CLOSE_WAIT, LAST_ACK, CLOSING (include/net/tcp_states.h)
+    const CLOSED_BY_PEER: [&str; 3] = ["08", "09", "0B"];
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().filter_map(|t| std::fs::read_to_string(t).ok()).any(|table| {
+        table.lines().skip(1).any(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            f.len() > 3
+                && CLOSED_BY_PEER.contains(&f[3])
+                && proc_addr(f[1]).is_some_and(|l| l.port() == port)
+                && proc_addr(f[2]).is_some_and(|r| r.port() == peer.port() && r.ip().to_canonical() == peer.ip().to_canonical())
+        })
+    })
+}
+
+/// An address of `/proc/net/tcp{,6}`: the IP as the kernel's 32-bit words in
+/// hex (each in host order, i.e. little-endian here), a colon, the port in hex.
+fn proc_addr(s: &str) -> Option<std::net::SocketAddr> {
+    let (ip, port) = s.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let mut bytes = Vec::with_capacity(16);
+    for w in 0..ip.len() / 8 {
+        bytes.extend(u32::from_str_radix(ip.get(w * 8..w * 8 + 8)?, 16).ok()?.to_le_bytes());
+    }
+    let ip = match bytes.len() {
+        4 => std::net::IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?),
+        16 => std::net::IpAddr::from(<[u8; 16]>::try_from(bytes).ok()?),
+        _ => return None,
+    };
+    Some(std::net::SocketAddr::new(ip, port))
 }
 
 fn object_id(kind: Kind, id: u64) -> String {
@@ -635,4 +694,18 @@ fn metrics(state: &State) -> String {
         s.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_net_tcp_addresses_parse_as_the_kernel_writes_them() {
+        // 127.0.0.1:8080 and [::1]:443 as /proc/net/tcp{,6} list them on x86_64
+        assert_eq!(proc_addr("0100007F:1F90"), Some("127.0.0.1:8080".parse().unwrap()));
+        assert_eq!(proc_addr("00000000000000000000000001000000:01BB"), Some("[::1]:443".parse().unwrap()));
+        assert_eq!(proc_addr("0100007F"), None);
+        assert_eq!(proc_addr("0100007G:1F90"), None);
+    }
 }

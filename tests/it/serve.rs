@@ -283,6 +283,26 @@ fn serve_queues_refuses_past_the_bound_and_cancels_on_disconnect() {
     let generated = metric(&a, "ktune_generated_tokens_total");
     assert!(generated < 4000.0, "the cancelled generation stopped early: {generated} tokens");
     assert!(s.log.lock().expect("log").iter().any(|l| l.contains("cancelled")), "the log says so");
+    // A client waiting for a whole (non-streamed) reply goes away: its generation stops too.
+    let before = metric(&a, "ktune_generated_tokens_total");
+    let mut whole = TcpStream::connect(&a).expect("connects");
+    let body = serde_json::json!({"prompt": "Once upon a time", "max_tokens": 4000}).to_string();
+    let head = format!("POST /v1/completions HTTP/1.1\r\nHost: {a}\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+    whole.write_all(head.as_bytes()).expect("writes");
+    // Sent and (most likely) generating; gone before or after, it is cancelled.
+    std::thread::sleep(Duration::from_millis(300));
+    drop(whole);
+    let mut cancelled = 0.0;
+    for _ in 0..1000 {
+        cancelled = metric(&a, "ktune_cancelled_total");
+        if cancelled >= 2.0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(cancelled, 2.0, "the non-streamed generation is cancelled when its client goes");
+    let generated = metric(&a, "ktune_generated_tokens_total") - before;
+    assert!(generated < 4000.0, "the cancelled generation stopped early: {generated} tokens");
 }
 
 /// The venv `.ci/run` makes with `tools/requirements-serve.txt`; None (a loud
