@@ -67,7 +67,7 @@ pub fn run(selector: Option<&str>, args: &KernelsArgs, progress: &dyn Progress) 
         let validity = validity(k, caps);
         let verify = if args.verify && verify::runs_on(k, &runner) {
             progress.step(k.id);
-            Some(verify::verify_kernel(&runner, caps, k, args.all_params))
+            Some(verify::verify_kernel(&runner, caps, k, if args.all_params { verify::Sweep::Full } else { verify::Sweep::Axes }))
         } else {
             None
         };

@@ -91,7 +91,7 @@ fn property(name: &str, f: fn()) -> Trial {
 /// of each storage type it takes (block formats against the dequantized reference).
 fn cpu_kernel(k: &'static kernels::KernelDef) -> Result<(), Failed> {
     let caps = CpuCaps::detect();
-    let v = verify::verify_kernel(&Runner::Cpu, Caps::Cpu(&caps), k, false);
+    let v = verify::verify_kernel(&Runner::Cpu, Caps::Cpu(&caps), k, verify::Sweep::Axes);
     if v.checks == 0 {
         return Err(format!("{} ran no check: {:?}", k.id, v.not_run).into());
     }
@@ -100,12 +100,14 @@ fn cpu_kernel(k: &'static kernels::KernelDef) -> Result<(), Failed> {
     if failed.is_empty() { Ok(()) } else { Err(format!("CPU parity failures:\n{failed}").into()) }
 }
 
-/// One kernel on the test GPU. A matrix-unit kernel on an adapter without matrix
+/// One kernel on the test GPU, the sweep's parameter sets rotating over its
+/// storage types (`Sweep::AxesRotatingFormats`: each (set, format) is a compile on a
+/// software adapter, most of the suite's time). A matrix-unit kernel on an adapter without matrix
 /// units must refuse and say why; a float kernel may find no valid shape there
 /// (its `*_mma_emu` tiling must not), a block-format one must run checks.
 fn wgsl_kernel(k: &'static kernels::KernelDef) -> Result<(), Failed> {
     let Some(gpu) = test_gpu() else { return Ok(()) };
-    let v = verify::verify_kernel(&Runner::Gpu(&gpu), Caps::Gpu(&gpu.caps), k, false);
+    let v = verify::verify_kernel(&Runner::Gpu(&gpu), Caps::Gpu(&gpu.caps), k, verify::Sweep::AxesRotatingFormats);
     if coop_refused(k, &gpu, &v) {
         return Ok(());
     }

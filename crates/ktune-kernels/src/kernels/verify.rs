@@ -393,7 +393,34 @@ pub struct KernelVerdict {
 
 /// Checks every parameter set of `k` (see [`param_sweep`]) in each dtype on every
 /// test problem of its op that the variant accepts on this device.
-pub fn verify_kernel(runner: &Runner<'_>, caps: Caps<'_>, k: &KernelDef, all_params: bool) -> KernelVerdict {
+/// Which parameter sets and storage types a parity sweep of one kernel covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sweep {
+    /// [`param_sweep`]'s axes, each set on every storage type the kernel takes.
+    Axes,
+    /// The axes, the defaults on every storage type and each other set on
+    /// [`FORMATS_PER_SET`] of them, rotating, so that every storage type meets
+    /// several sets and every set several storage types: the test suite's sweep (on
+    /// a software adapter each (set, format) pair is a shader compile; the tuner's
+    /// gate still checks every variant it races on the device it tunes).
+    AxesRotatingFormats,
+    /// The full product of the parameters, each on every storage type.
+    Full,
+}
+
+/// Storage types each non-default parameter set of [`Sweep::AxesRotatingFormats`] runs on.
+pub const FORMATS_PER_SET: usize = 3;
+
+/// The storage types parameter set number `set` of `sweep` runs on.
+pub fn sweep_dtypes(k: &KernelDef, sweep: Sweep, set: usize) -> Vec<DType> {
+    let n = k.dtypes.len();
+    if sweep != Sweep::AxesRotatingFormats || set == 0 || n <= FORMATS_PER_SET {
+        return k.dtypes.to_vec();
+    }
+    (0..FORMATS_PER_SET).map(|j| k.dtypes[((set - 1) * FORMATS_PER_SET + j) % n]).collect()
+}
+
+pub fn verify_kernel(runner: &Runner<'_>, caps: Caps<'_>, k: &KernelDef, sweep: Sweep) -> KernelVerdict {
     let mut v = KernelVerdict {
         kernel: k.id.to_string(),
         backend: k.backend().name(),
@@ -406,8 +433,8 @@ pub fn verify_kernel(runner: &Runner<'_>, caps: Caps<'_>, k: &KernelDef, all_par
         not_run: None,
     };
     let mut last_reason = None;
-    for (pi, params) in param_sweep(k, all_params).iter().enumerate() {
-        for &dtype in k.dtypes {
+    for (pi, params) in param_sweep(k, sweep == Sweep::Full).iter().enumerate() {
+        for dtype in sweep_dtypes(k, sweep, pi) {
             for (qi, problem) in super::problem::test_problems(k.op).iter().enumerate() {
                 if let Err(reason) = k.check(caps, problem, dtype, params) {
                     v.skipped += 1;
@@ -438,4 +465,32 @@ pub fn verify_kernel(runner: &Runner<'_>, caps: Caps<'_>, k: &KernelDef, all_par
 /// Whether `k` runs on the runner's kind of device.
 pub fn runs_on(k: &KernelDef, runner: &Runner<'_>) -> bool {
     matches!((&k.imp, runner), (Impl::Cpu(_), Runner::Cpu) | (Impl::Wgsl(_), Runner::Gpu(_)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rotating sweep keeps the defaults on every format and gives every format
+    /// of a many-format kernel some other parameter sets too.
+    #[test]
+    fn rotating_formats_cover_every_format_with_the_defaults_and_with_other_sets() {
+        let many = crate::kernels::registry().iter().filter(|k| k.dtypes.len() > FORMATS_PER_SET && param_sweep(k, false).len() > 1);
+        let mut seen = 0;
+        for k in many {
+            let sets = param_sweep(k, false).len();
+            assert_eq!(sweep_dtypes(k, Sweep::AxesRotatingFormats, 0), k.dtypes.to_vec(), "{}: the defaults on every format", k.id);
+            let mut met: Vec<DType> = Vec::new();
+            for d in (1..sets).flat_map(|s| sweep_dtypes(k, Sweep::AxesRotatingFormats, s)) {
+                if !met.contains(&d) {
+                    met.push(d);
+                }
+            }
+            let want = ((sets - 1) * FORMATS_PER_SET).min(k.dtypes.len());
+            assert_eq!(met.len(), want, "{}: {} of {} formats meet a non-default set", k.id, met.len(), k.dtypes.len());
+            assert_eq!(sweep_dtypes(k, Sweep::Axes, 1), k.dtypes.to_vec());
+            seen += 1;
+        }
+        assert!(seen > 0, "no kernel takes more than {FORMATS_PER_SET} formats");
+    }
 }
