@@ -240,11 +240,30 @@ fn serve_refuses_bad_requests_with_openai_errors() {
 }
 
 /// Opens a streaming completion of `max_tokens` and reads until its first text event.
-fn open_stream(addr: &str, max_tokens: usize) -> TcpStream {
+/// A completion request sent on a connection of its own, nothing read.
+fn send_completion(addr: &str, max_tokens: usize, stream: bool) -> TcpStream {
     let mut s = TcpStream::connect(addr).expect("connects");
-    let body = serde_json::json!({"prompt": "Once upon a time", "max_tokens": max_tokens, "stream": true}).to_string();
+    let body = serde_json::json!({"prompt": "Once upon a time", "max_tokens": max_tokens, "stream": stream}).to_string();
     let head = format!("POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{body}", body.len());
     s.write_all(head.as_bytes()).expect("writes");
+    s
+}
+
+/// The metric once it reaches `want`, or its last value after `tries` looks 20 ms apart.
+fn metric_reaching(addr: &str, name: &str, want: f64, tries: usize) -> f64 {
+    let mut v = 0.0;
+    for _ in 0..tries {
+        v = metric(addr, name);
+        if v >= want {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    v
+}
+
+fn open_stream(addr: &str, max_tokens: usize) -> TcpStream {
+    let s = send_completion(addr, max_tokens, true);
     let mut r = BufReader::new(s.try_clone().expect("clone"));
     let mut line = String::new();
     while !line.starts_with("data: ") {
@@ -264,15 +283,7 @@ fn serve_queues_refuses_past_the_bound_and_cancels_on_disconnect() {
         let a = a.clone();
         std::thread::spawn(move || post(&a, "/v1/completions", &serde_json::json!({"prompt": "hi", "max_tokens": 2})).status)
     };
-    let mut queued = 0.0;
-    for _ in 0..200 {
-        queued = metric(&a, "ktune_queue_length");
-        if queued >= 1.0 {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert_eq!(queued, 1.0, "the second request waits");
+    assert_eq!(metric_reaching(&a, "ktune_queue_length", 1.0, 200), 1.0, "the second request waits");
     let r = post(&a, "/v1/completions", &serde_json::json!({"prompt": "hi", "max_tokens": 2}));
     assert_eq!(r.status, 429, "{}", r.body);
     assert_eq!(json(&r)["error"]["code"], "queue_full");
@@ -285,21 +296,11 @@ fn serve_queues_refuses_past_the_bound_and_cancels_on_disconnect() {
     assert!(s.log.lock().expect("log").iter().any(|l| l.contains("cancelled")), "the log says so");
     // A client waiting for a whole (non-streamed) reply goes away: its generation stops too.
     let before = metric(&a, "ktune_generated_tokens_total");
-    let mut whole = TcpStream::connect(&a).expect("connects");
-    let body = serde_json::json!({"prompt": "Once upon a time", "max_tokens": 4000}).to_string();
-    let head = format!("POST /v1/completions HTTP/1.1\r\nHost: {a}\r\nContent-Length: {}\r\n\r\n{body}", body.len());
-    whole.write_all(head.as_bytes()).expect("writes");
+    let whole = send_completion(&a, 4000, false);
     // Sent and (most likely) generating; gone before or after, it is cancelled.
     std::thread::sleep(Duration::from_millis(300));
     drop(whole);
-    let mut cancelled = 0.0;
-    for _ in 0..1000 {
-        cancelled = metric(&a, "ktune_cancelled_total");
-        if cancelled >= 2.0 {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let cancelled = metric_reaching(&a, "ktune_cancelled_total", 2.0, 1000);
     assert_eq!(cancelled, 2.0, "the non-streamed generation is cancelled when its client goes");
     let generated = metric(&a, "ktune_generated_tokens_total") - before;
     assert!(generated < 4000.0, "the cancelled generation stopped early: {generated} tokens");
