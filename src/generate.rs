@@ -293,7 +293,7 @@ impl TextSink<'_> {
             return Ok(true);
         }
         // A stop string anywhere past what went out (it may start inside held text).
-        let from = floor_boundary(&text, self.streamed.saturating_sub(self.stop.iter().map(String::len).max().unwrap_or(0)));
+        let from = text.floor_char_boundary(self.streamed.saturating_sub(self.stop.iter().map(String::len).max().unwrap_or(0)));
         if let Some(at) = self.stop.iter().filter(|s| !s.is_empty()).filter_map(|s| text[from..].find(s.as_str()).map(|i| from + i)).min() {
             let at = at.max(self.streamed);
             self.cut = Some(at);
@@ -307,7 +307,7 @@ impl TextSink<'_> {
             .filter_map(|s| (1..s.len()).rev().find(|&n| s.is_char_boundary(n) && text.ends_with(&s[..n])))
             .max()
             .unwrap_or(0);
-        let end = floor_boundary(&text, text.len() - held).max(self.streamed);
+        let end = text.floor_char_boundary(text.len() - held).max(self.streamed);
         Ok(self.emit(&text, end, stream))
     }
 
@@ -331,15 +331,6 @@ impl TextSink<'_> {
         }
         Ok(Some(text))
     }
-}
-
-/// The largest char boundary of `s` at or before `i`.
-fn floor_boundary(s: &str, mut i: usize) -> usize {
-    i = i.min(s.len());
-    while !s.is_char_boundary(i) {
-        i -= 1;
-    }
-    i
 }
 
 /// Decodes from `first` (sampled from the prompt's last logits, not yet fed):
