@@ -398,7 +398,8 @@ impl Hub {
             let refs = dir.join("refs");
             let r = refs.join(&spec.revision);
             std::fs::create_dir_all(r.parent().unwrap_or(&refs)).map_err(io(&refs))?;
-            std::fs::write(&r, &commit).map_err(io(&r))?;
+            // Whole or not at all: a torn ref would point a later offline run nowhere.
+            crate::atomic::write_atomic(&r, commit.as_bytes()).map_err(io(&r))?;
         }
         Ok(resolved(spec, commit, &snap, files, gguf, downloaded))
     }
