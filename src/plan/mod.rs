@@ -571,6 +571,20 @@ impl Plan {
         self.buffers.get(b).map_or(DType::F32, |d| d.dtype)
     }
 
+    /// Whether every projection a norm gain feeds stores its floats in the gains'
+    /// type: [`Problem::NormGemv`] reads its gain in its weight's float type, so a
+    /// file that mixes f16 and block-quantized projections (an f16 `ffn_up` in a
+    /// Q8_0 file, a Q4_0 embedding as the head of an f16 one) runs its norms as
+    /// separate steps rather than folded into those projections.
+    fn gains_match_projections(&self) -> bool {
+        let gain = self.options.weight_dtype.float_storage();
+        let layers = (0..self.config.num_layers).flat_map(|l| {
+            let w = self.lw(l);
+            [w.wq, w.wk, w.wv, w.wqkv, w.wg, w.wu, w.wgu].into_iter().flatten()
+        });
+        layers.chain(self.lm_head.iter().map(|b| b.weight)).all(|w| self.dtype_of(w).float_storage() == gain)
+    }
+
     fn id(&self, name: &str) -> BufId {
         self.names.get(name).copied().unwrap_or(usize::MAX)
     }
@@ -892,7 +906,7 @@ impl Emitter<'_> {
         let eps = c.rms_norm_eps as f32;
         let act_fn = if c.is_gelu() { Activation::GeluTanh } else { Activation::Silu };
         // Decode folds the norms that feed projections into them (see `Fusion::norm_matmul`).
-        let nm = f.norm_matmul && t == 1;
+        let nm = f.norm_matmul && t == 1 && plan.gains_match_projections();
         let mut cur = 0usize; // index into plan.x holding the residual stream
         let mut normed = false; // xn already holds the next layer's input norm
         // Decode with `residual_norm`: the residual add (and Gemma 3's norm of the

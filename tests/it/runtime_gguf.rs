@@ -24,7 +24,7 @@ use ktune::model::{Stored, Weights};
 use ktune::plan::select::DeviceCaps;
 use ktune::plan::{Fusion, Parallel, Plan, PlanOptions, Selection};
 use ktune::runtime::{Engine, TensorStore, argmax};
-use ktune::session::{load_gguf, matrix_formats, weight_dtype_for};
+use ktune::session::{LoadedModel, load_gguf, matrix_formats, weight_dtype_for};
 use ktune::testing::test_gpu;
 
 fn expected(gguf: &Path) -> serde_json::Value {
@@ -63,18 +63,7 @@ fn run_with(
     let tokens = ids(&exp["tokens"]);
     let want = ids(&exp["generated"]);
     let logits = crate::common::logit_rows(&exp["logits"]);
-    let weight_dtype = weights.unwrap_or_else(|| weight_dtype_for(m.weights.matmul_storage().expect("projections")));
-    let opts = PlanOptions {
-        cpu_repack: repack.to_vec(),
-        weight_dtype,
-        matrix_formats: matrix_formats(&m, weight_dtype, weights),
-        kv_dtype: DType::F32,
-        max_tokens: chunk.min(tokens.len()),
-        context: tokens.len() + want.len(),
-        all_logits: true,
-        fusion,
-        parallel: Parallel::default(),
-    };
+    let opts = options(&m, fusion, weights, chunk.min(tokens.len()), tokens.len() + want.len(), repack);
     let caps = match dev {
         Dev::Cpu => DeviceCaps::Cpu(CpuCaps::detect()),
         Dev::Gpu(g) => DeviceCaps::Gpu(g.caps.clone()),
@@ -126,6 +115,62 @@ fn run_with(
         }
     }
     (rel, got, want, rows)
+}
+
+/// The plan options of a test run: the file's own weight types (as the CLI picks
+/// them) unless `weights` says one, an f32 cache, every logit.
+fn options(m: &LoadedModel, fusion: Fusion, weights: Option<DType>, max_tokens: usize, context: usize, repack: &[QFormat]) -> PlanOptions {
+    let weight_dtype = weights.unwrap_or_else(|| weight_dtype_for(m.weights.matmul_storage().expect("projections")));
+    PlanOptions {
+        cpu_repack: repack.to_vec(),
+        weight_dtype,
+        matrix_formats: matrix_formats(m, weight_dtype, weights),
+        kv_dtype: DType::F32,
+        max_tokens,
+        context,
+        all_logits: true,
+        fusion,
+        parallel: Parallel::default(),
+    }
+}
+
+/// A file whose projections mix f16 (and BF16, served as f16) with five block
+/// formats, one a matrix (the fuzz seed `tiny-llama.gguf`, tools/fuzz_seeds.py):
+/// decode with every fusion gives the unfused plan's logits, on the CPU and the
+/// test GPU. Before, the plan refused it (`buffer L0.post_attn_ln (f32 as f16)`):
+/// a norm folded into an f16 projection read its f32 gain as f16.
+#[test]
+fn projections_mixing_f16_and_block_formats_decode() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/gguf/tiny-llama.gguf");
+    let m = load_gguf(&path, None).expect("seed loads");
+    let formats: std::collections::BTreeSet<String> =
+        m.weights.names().filter_map(|n| m.weights.stored(n).ok()).map(|s| format!("{s:?}")).collect();
+    assert!(formats.len() >= 6, "{formats:?}");
+    let mut devs = vec![("cpu", Dev::Cpu)];
+    devs.extend(test_gpu().map(|g| ("gpu", Dev::Gpu(g))));
+    for (what, dev) in &devs {
+        let rows = |fusion| {
+            let opts = options(&m, fusion, None, 4, 8, &[]);
+            let caps = match dev {
+                Dev::Cpu => DeviceCaps::Cpu(CpuCaps::detect()),
+                Dev::Gpu(g) => DeviceCaps::Gpu(g.caps.clone()),
+            };
+            let plan = Plan::new("seed", &m.config, opts, Selection::defaults(caps)).expect("plan");
+            let store: Arc<dyn TensorStore> = m.weights.clone();
+            let mut e = match dev {
+                Dev::Cpu => Engine::cpu(plan, store).expect("engine"),
+                Dev::Gpu(g) => Engine::gpu(plan, store, g.clone(), true).expect("engine"),
+            };
+            let mut rows = e.forward(&[1, 6, 9, 12]).expect("prefill");
+            for t in [7, 8, 15] {
+                rows.extend(e.forward(&[t]).expect("decode"));
+            }
+            rows
+        };
+        let (fused, unfused) = (rows(Fusion::ALL), rows(Fusion::NONE));
+        let rel = crate::common::rel_err(&fused, &unfused);
+        assert!(rel < 1e-4, "{what}: fused decode differs from unfused by {rel:.2e} of the scale");
+    }
 }
 
 /// Q4_K matrices repacked at load (`execution.cpuRepack: [q4_k]`, 8-row records)
