@@ -5,12 +5,12 @@ fixtures (standard library only; `tools/fuzz.sh seeds` runs it).
 Each input is laid out as its target in src/fuzzing.rs reads it (parts that a
 target takes together are separated by NUL bytes, text parts first):
 
-    gguf         a GGUF model file: the two fixture models (llama with a BPE
-                 vocabulary, qwen2 with biases), and tiny ones written here
-                 (1-2 layers, width 32, a 24-piece SentencePiece vocabulary,
-                 one block format a matrix; and the 256-wide formats one row
-                 each) that run ~20x faster an input: the speed 10 million
-                 executions need
+    gguf         a GGUF model file, tiny ones written here: llama, qwen2 (with
+                 biases) and gemma3, 1-2 layers at width 32, a 24-piece
+                 SentencePiece vocabulary or a byte-level BPE one (smollm and
+                 qwen2 splits), one block format a matrix; and the 256-wide
+                 formats one row each. 2-15 kB: the test fixtures (80-135 kB)
+                 ran ~300 inputs a second, too slow for 10 million
     safetensors  config.json NUL a safetensors file
     profile      the test profiles (tests/fixtures/profiles: a few kB each; the
                  shipped ones are 200 kB, too slow an input to fuzz)
@@ -164,10 +164,53 @@ SPM = (
 )
 
 
-def tiny_model(arch: str, layers: int, matrix_types: list[str], biases: bool = False) -> bytes:
+def gpt2_bytes() -> list[str]:
+    """GPT-2's byte-level alphabet: each byte as the character that stands for it."""
+    keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    chars, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + n)
+            n += 1
+    return [chars[b] for b in range(256)]
+
+
+def bpe_vocab(pre: str) -> dict:
+    """A byte-level BPE vocabulary (`tokenizer.ggml.model = gpt2`): the 256 byte
+    characters, three merges, three control tokens."""
+    merges = ["\u0120 t", "h e", "\u0120t he"]
+    tokens = gpt2_bytes() + ["\u0120t", "he", "\u0120the", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [1] * (len(tokens) - 3) + [3, 3, 3],
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.bos_token_id": len(tokens) - 2,
+        "tokenizer.ggml.eos_token_id": len(tokens) - 1,
+    }
+
+
+def spm_vocab() -> dict:
+    return {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": [p for p, _ in SPM],
+        "tokenizer.ggml.scores": [-float(i) for i in range(len(SPM))],
+        "tokenizer.ggml.token_type": [t for _, t in SPM],
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.add_bos_token": True,
+    }
+
+
+def tiny_model(arch: str, layers: int, matrix_types: list[str], biases: bool = False, bpe: str | None = None) -> bytes:
     """A GGUF model of `arch` at width 32 (2 heads of 16, 1 KV head, FFN 32) with
-    the SPM vocabulary; the layers' matrices take `matrix_types` in turn."""
-    h, ffn, kv, v = 32, 32, 16, len(SPM)
+    the SPM vocabulary, or a byte-level BPE one split as `bpe` says; the layers'
+    matrices take `matrix_types` in turn."""
+    vocab = bpe_vocab(bpe) if bpe else spm_vocab()
+    h, ffn, kv, v = 32, 32, 16, len(vocab["tokenizer.ggml.tokens"])
     a = arch
     meta = {
         "general.architecture": a,
@@ -180,13 +223,7 @@ def tiny_model(arch: str, layers: int, matrix_types: list[str], biases: bool = F
         f"{a}.attention.head_count_kv": 1,
         f"{a}.attention.layer_norm_rms_epsilon": 1e-6,
         f"{a}.rope.freq_base": 10000.0,
-        "tokenizer.ggml.model": "llama",
-        "tokenizer.ggml.tokens": [p for p, _ in SPM],
-        "tokenizer.ggml.scores": [-float(i) for i in range(v)],
-        "tokenizer.ggml.token_type": [t for _, t in SPM],
-        "tokenizer.ggml.bos_token_id": 1,
-        "tokenizer.ggml.eos_token_id": 2,
-        "tokenizer.ggml.add_bos_token": True,
+        **vocab,
         "tokenizer.chat_template": "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>{% endfor %}"
         "{% if add_generation_prompt %}<s>assistant\n{% endif %}",
     }
@@ -230,10 +267,9 @@ def main() -> None:
     if SEEDS.exists():
         shutil.rmtree(SEEDS)
 
-    for f in ["gguf/smollm2-tiny-q4_0.gguf", "gguf/qwen2-tiny-q8_0.gguf"]:
-        write("gguf", Path(f).name, (FIX / f).read_bytes())
     write("gguf", "tiny-llama.gguf", tiny_model("llama", 1, ["Q8_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "F16", "BF16"]))
-    write("gguf", "tiny-qwen2.gguf", tiny_model("qwen2", 2, ["Q4_0", "Q8_0"], biases=True))
+    write("gguf", "tiny-qwen2.gguf", tiny_model("qwen2", 2, ["Q4_0", "Q8_0"], biases=True, bpe="qwen2"))
+    write("gguf", "tiny-smollm.gguf", tiny_model("llama", 1, ["Q4_0"], bpe="smollm"))
     write("gguf", "tiny-gemma3.gguf", tiny_model("gemma3", 1, ["Q8_0"]))
     write("gguf", "tiny-wide.gguf", tiny_wide())
 
