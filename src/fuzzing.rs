@@ -116,7 +116,22 @@ fn gguf_model(data: &[u8]) -> &'static str {
 /// A GGUF vocabulary turned into a tokenizer, `text` encoded (with and without
 /// the special tokens) and decoded, and ids past the vocabulary decoded;
 /// whether the tokenizer was built.
+///
+/// On a thread of its own: the `tokenizers` crate (0.23.2) keeps each BPE
+/// instance's word cache in a thread-local map keyed by the instance and never
+/// removes a dropped instance's entry (`BPE_LOCAL_CACHE`, models/bpe/model.rs), so
+/// building a tokenizer per input on one thread grew the fuzzers by ~1 KB an input
+/// (2 GB and an out-of-memory stop after 3.8M inputs); the thread's exit frees it.
+/// The CLI builds one tokenizer a process, and `serve` reuses its one (flat over
+/// 10,000 encodes).
 fn vocabulary(f: &GgufFile, text: &str) -> bool {
+    std::thread::scope(|s| match s.spawn(|| vocabulary_here(f, text)).join() {
+        Ok(built) => built,
+        Err(panic) => std::panic::resume_unwind(panic),
+    })
+}
+
+fn vocabulary_here(f: &GgufFile, text: &str) -> bool {
     let Ok(t) = Tokenizer::from_gguf(f) else { return false };
     for special in [true, false] {
         let ids = t.encode_with(text, special).unwrap_or_default();

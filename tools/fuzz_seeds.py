@@ -8,8 +8,8 @@ target takes together are separated by NUL bytes, text parts first):
     gguf         a GGUF model file, tiny ones written here: llama, qwen2 (with
                  biases) and gemma3, 1-2 layers at width 32, a 24-piece
                  SentencePiece vocabulary or a byte-level BPE one (smollm and
-                 qwen2 splits), one block format a matrix; and the 256-wide
-                 formats one row each. 2-15 kB: the test fixtures (80-135 kB)
+                 qwen2 splits), one block format a matrix, and each 256-element
+                 block format as a 256-wide FFN's down projection. 10-22 kB: the test fixtures (80-135 kB)
                  ran ~300 inputs a second, too slow for 10 million
     safetensors  config.json NUL a safetensors file
     profile      the test profiles (tests/fixtures/profiles: a few kB each; the
@@ -205,12 +205,13 @@ def spm_vocab() -> dict:
     }
 
 
-def tiny_model(arch: str, layers: int, matrix_types: list[str], biases: bool = False, bpe: str | None = None) -> bytes:
+def tiny_model(arch: str, layers: int, matrix_types: list[str], biases: bool = False, bpe: str | None = None, down: str | None = None) -> bytes:
     """A GGUF model of `arch` at width 32 (2 heads of 16, 1 KV head, FFN 32) with
     the SPM vocabulary, or a byte-level BPE one split as `bpe` says; the layers'
-    matrices take `matrix_types` in turn."""
+    matrices take `matrix_types` in turn. With `down`, the FFN is 256 wide and
+    `ffn_down` (256 columns) is in that 256-element block format."""
     vocab = bpe_vocab(bpe) if bpe else spm_vocab()
-    h, ffn, kv, v = 32, 32, 16, len(vocab["tokenizer.ggml.tokens"])
+    h, ffn, kv, v = 32, (256 if down else 32), 16, len(vocab["tokenizer.ggml.tokens"])
     a = arch
     meta = {
         "general.architecture": a,
@@ -237,19 +238,9 @@ def tiny_model(arch: str, layers: int, matrix_types: list[str], biases: bool = F
         if a == "gemma3":
             tensors += [(p + n, [d], "F32") for n, d in [("post_attention_norm.weight", h), ("post_ffw_norm.weight", h), ("attn_q_norm.weight", 16), ("attn_k_norm.weight", 16)]]
         for name, dims in [("attn_q", [h, h]), ("attn_k", [h, kv]), ("attn_v", [h, kv]), ("attn_output", [h, h]), ("ffn_gate", [h, ffn]), ("ffn_up", [h, ffn]), ("ffn_down", [ffn, h])]:
-            tensors.append((p + name + ".weight", dims, next(types)))
+            tensors.append((p + name + ".weight", dims, down if down and name == "ffn_down" else next(types)))
             if biases and name in ("attn_q", "attn_k", "attn_v"):
                 tensors.append((p + name + ".bias", [dims[1]], "F32"))
-    return gguf_file(meta, tensors)
-
-
-def tiny_wide() -> bytes:
-    """The 256-element block formats, one row each, in a llama file whose config
-    they do not match (every tensor is still read, row and matrix)."""
-    meta = {"general.architecture": "llama", "llama.block_count": 1, "llama.context_length": 64, "llama.embedding_length": 256,
-            "llama.feed_forward_length": 256, "llama.attention.head_count": 16, "llama.attention.layer_norm_rms_epsilon": 1e-5,
-            "llama.vocab_size": 2}  # fmt: skip
-    tensors = [(f"blk.0.{n}.weight", [256, 1], t) for n, t in zip(["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up"], ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"])]
     return gguf_file(meta, tensors)
 
 
@@ -271,7 +262,8 @@ def main() -> None:
     write("gguf", "tiny-qwen2.gguf", tiny_model("qwen2", 2, ["Q4_0", "Q8_0"], biases=True, bpe="qwen2"))
     write("gguf", "tiny-smollm.gguf", tiny_model("llama", 1, ["Q4_0"], bpe="smollm"))
     write("gguf", "tiny-gemma3.gguf", tiny_model("gemma3", 1, ["Q8_0"]))
-    write("gguf", "tiny-wide.gguf", tiny_wide())
+    for k in ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]:
+        write("gguf", f"tiny-{k.lower()}.gguf", tiny_model("llama", 1, ["Q4_0"], down=k))
 
     st = FIX / "qwen2-tiny-sharded"
     write("safetensors", "qwen2-shard4", nul((st / "config.json").read_bytes(), (st / "model-00004-of-00004.safetensors").read_bytes()))
