@@ -335,8 +335,7 @@ fn cut_layers(c: &mut ModelConfig, l: usize) -> Result<()> {
     if l == 0 || l > c.num_layers {
         return Err(SessionError::Usage(format!("--layers {l}: the model has {} layers", c.num_layers)));
     }
-    c.num_layers = l;
-    c.layer_types.truncate(l);
+    *c = c.first_layers(l);
     Ok(())
 }
 

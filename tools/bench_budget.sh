@@ -11,6 +11,7 @@
 #   ROUNDS=3 MODELS="gemma3-1b llama-3.2-3b" BUDGETS="30s 1m 2m" tools/bench_budget.sh
 #   WEIGHT_DTYPE=q8_0 tools/bench_budget.sh     (a quantized --weight-dtype, where f32
 #                                               weights do not fit the machine's memory)
+#   MODELS="gemma3-1b llama-3.2-3b:q4_k"        (MODEL:DTYPE: that model's --weight-dtype)
 #
 # The budget counts from the command's start, the model's load included; the
 # promise is wall / budget <= 1.10. Check `free -g` before a 3B model in f32
@@ -32,7 +33,8 @@ for ((r = 0; r < rounds; r++)); do
     j=$(( (i + r) % n )); m=${runs[$j]%|*}; b=${runs[$j]#*|}
     cache=$(mktemp -d "$out/cache.XXXX")
     t0=$(date +%s.%N)
-    KTUNE_CACHE_DIR=$cache "$bin" tune --device cpu --model "$m" --budget "$b" "${dtype[@]}" --format json \
+    md=("${dtype[@]}"); [[ "$m" == *:* ]] && md=(--weight-dtype "${m#*:}")
+    KTUNE_CACHE_DIR=$cache "$bin" tune --device cpu --model "${m%%:*}" --budget "$b" "${md[@]}" --format json \
       > "$out/$j-$r.json" 2> "$out/$j-$r.err" || echo "round $r: $m $b failed: $(tail -1 "$out/$j-$r.err")" >&2
     t1=$(date +%s.%N)
     echo "$t0 $t1" > "$out/$j-$r.wall"

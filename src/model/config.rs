@@ -193,6 +193,15 @@ pub struct Dims {
 }
 
 impl ModelConfig {
+    /// This model cut to its first `layers` layers (`--layers`, and the tune's
+    /// end-to-end stage when a build of the whole model does not fit its budget).
+    pub fn first_layers(&self, layers: usize) -> ModelConfig {
+        let mut c = self.clone();
+        c.num_layers = layers.min(self.num_layers);
+        c.layer_types.truncate(c.num_layers);
+        c
+    }
+
     /// A model of `arch` with dimensions `d` and the architecture's fixed traits
     /// (Gemma 3: GELU-tanh, per-head q/k norms, scaled embeddings, `(1 + w)` norms;
     /// Qwen2: Q/K/V biases); every optional feature off: all layers global, no RoPE

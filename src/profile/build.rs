@@ -59,6 +59,8 @@ pub struct TuneRecord<'a> {
     pub best: usize,
     /// A multimodal model's image per request (None: text only, or `--no-vision`).
     pub vision: Option<&'a VisionTimes>,
+    /// The layers timed end to end and the model's, when fewer than all.
+    pub timed_layers: Option<(usize, usize)>,
     /// Seconds the whole tune took.
     pub used_s: f64,
 }
@@ -219,6 +221,7 @@ pub fn profile_doc(r: &TuneRecord<'_>) -> ProfileDoc {
             tuned: thr(&combinations[*best]),
             default: thr(&combinations[DEFAULT_COMBINATION]),
             max_kld: r.max_kld,
+            timed_layers: r.timed_layers.map(|(timed, of)| pd::TimedLayers { timed, of }),
             combinations: combinations
                 .iter()
                 .enumerate()

@@ -637,6 +637,11 @@ pub struct EndToEnd {
     /// above which a combination was refused (absent in older profiles).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_kld: Option<f64>,
+    /// The stage ran on the model's first `timed` of `of` layers (a build of the
+    /// whole model did not fit the budget): the tok/s here are those layers'
+    /// (absent: the whole model was timed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timed_layers: Option<TimedLayers>,
     /// Every complete combination timed end to end.
     pub combinations: Vec<Combination>,
     /// A multimodal model's one image per request through the vision tower and
@@ -644,6 +649,14 @@ pub struct EndToEnd {
     /// (absent for a text-only model, with `--no-vision`, and in older profiles).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vision: Option<VisionEndToEnd>,
+}
+
+/// The layers an end-to-end stage timed, of the model's (`tuning.end_to_end.timed_layers`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TimedLayers {
+    pub timed: usize,
+    pub of: usize,
 }
 
 /// The vision part of the end-to-end score: one image per request.

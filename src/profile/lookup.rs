@@ -110,12 +110,15 @@ fn human_duration(secs: f64) -> String {
 }
 
 /// End-to-end seconds of the tuned combination for the profile's own workload
-/// (infinite when not recorded).
+/// (infinite when not recorded); timed on the first of the model's layers, scaled
+/// to all of them by their count (an overestimate: the embedding and the LM head
+/// do not grow with the layers, so a profile timed whole wins a tie).
 pub(crate) fn e2e_seconds(d: &ProfileDoc) -> f64 {
     let Some(t) = &d.tuning else { return f64::INFINITY };
     let e = &t.end_to_end;
     let (p, dd) = (e.tuned.prefill_tok_s, e.tuned.decode_tok_s);
-    if p > 0.0 && dd > 0.0 { e.prefill_tokens as f64 / p + e.decode_tokens as f64 / dd } else { f64::INFINITY }
+    let scale = e.timed_layers.map_or(1.0, |l| l.of.max(1) as f64 / l.timed.max(1) as f64);
+    if p > 0.0 && dd > 0.0 { scale * (e.prefill_tokens as f64 / p + e.decode_tokens as f64 / dd) } else { f64::INFINITY }
 }
 
 fn ratio_distance(a: usize, b: usize) -> f64 {

@@ -27,7 +27,7 @@ pub enum HostBuf {
 impl HostBuf {
     /// Backs this buffer's memory with huge pages where the system offers them
     /// ([`huge_pages`]): a decode step streams every weight once.
-    fn back_with_huge_pages(&self) {
+    pub(crate) fn back_with_huge_pages(&self) {
         match self {
             HostBuf::F32(v) => huge_pages(v),
             HostBuf::F16(v) => huge_pages(v),

@@ -152,6 +152,9 @@ pub(crate) struct EndToEnd {
     pub refused: Vec<Option<String>>,
     /// The accuracy budget the combinations met ([`kld_budget`]).
     pub max_kld: f64,
+    /// The layers timed and the model's, when the stage ran on its first layers
+    /// (a build of the whole model did not fit the budget).
+    pub timed_layers: Option<(usize, usize)>,
 }
 
 /// The accuracy budget over the runtime default's own divergence, without `--max-kld`.
@@ -552,13 +555,12 @@ pub(crate) fn run(
         let dtypes = std::iter::once(o.weight_dtype).chain(o.matrix_formats.values().copied());
         combos[0].0.repack = repack_bits(&crate::plan::default_cpu_repack(t.config, dtypes));
     }
-    let par_on = Parallel::default();
 
     let prompt: Vec<u32> = (0..o.prefill_tokens).map(|i| ((i * 7919 + 13) % t.config.vocab_size) as u32).collect();
-    let weight_bytes = {
-        let plan = Plan::new(t.model, t.config, plan_options(o, Fusion::NONE, par_on), Selection::defaults(caps.clone()))?;
-        plan.weight_bytes()
-    };
+    let timing_end = budget.share(TIMING_SHARE);
+    let (config, weight_bytes) = timed_model(t, o, caps, Budget::until(timing_end), budget)?;
+    let timed_layers = (config.num_layers < t.config.num_layers).then_some((config.num_layers, t.config.num_layers));
+    let t = &Target { config: &config, store: t.store.clone(), ctx: t.ctx.clone(), vision_weights: t.vision_weights.clone(), ..*t };
     // CPU engines share their weights (a WeightMemo): the fused layouts (QKV, gate/up)
     // add at most one more copy of those matrices.
     let builder = || Engines {
@@ -587,7 +589,6 @@ pub(crate) fn run(
     let build_engine = |c: &Combo| build_with(&shared, c);
     let interleave = !gpu && weight_bytes.saturating_mul(2) < crate::session::available_memory() / 5 * 2;
     let timing_start = Instant::now();
-    let timing_end = budget.share(TIMING_SHARE);
     // The plan of the timing from the default's own build and first sample: as
     // many combinations (the default and the best predicted first; the default
     // alone when a second does not fit) and decode steps as fit what is left of
@@ -756,9 +757,10 @@ pub(crate) fn run(
     let which = Scoring { order: &order, end: budget.share(ACCURACY_SHARE) };
     // The check (the f32 reference and the default's engine, each about a build
     // and a sample, then one more a combination) runs only when the reference
-    // and the default fit; a faster combination left unscored leaves the
+    // and the default fit, with a build to spare (the reference, in f32, builds
+    // slower than the timed default: 13-19 s against 5 s for Gemma 3 1B here); a faster combination left unscored leaves the
     // default.
-    let kld = if Budget::until(which.end) < 2.0 * (build_s + sample_s) {
+    let kld = if Budget::until(which.end) < 3.0 * build_s + 2.0 * sample_s {
         vec![None; combos.len()]
     } else {
         divergences(t, o, &combos, &errors, &which, &setup, progress)?
@@ -846,7 +848,83 @@ pub(crate) fn run(
         }
         budget.record("end to end: head to head", confirm_start);
     }
-    Ok(EndToEnd { combos, samples, best, winners, vision, kld, refused, max_kld })
+    Ok(EndToEnd { combos, samples, best, winners, vision, kld, refused, max_kld, timed_layers })
+}
+
+/// The build of a stage engine over its one-build share of `left_s` seconds: past
+/// it, the whole model is not built.
+const BUILD_SHARE: f64 = 0.5;
+/// Estimated build seconds over the load rate of one layer's largest weight (the
+/// rest of a build: the plan, the LM head's layout, repacking, allocation).
+const BUILD_OVERHEAD: f64 = 1.3;
+
+/// The model the stage's engines hold and its plan's weight bytes: the whole model
+/// when one build of it fits [`BUILD_SHARE`] of the `left_s` seconds the timing
+/// has, else its first layers, as many as fit (one at least), said as a cut. A
+/// build is estimated from the bytes of its plan's weights at the rate the store
+/// loads the first layer's largest weight as an engine loads it (quantized from
+/// the model's values, or read) and moves it to huge pages: a 3B model in Q4_K
+/// takes ~20 s to build on two cores, two thirds of a 30 s budget before any
+/// sample, and Gemma 3 1B in f32 ~10 s, most of it the move to huge pages. Combinations compare as
+/// well on fewer layers (each layer runs the same kernels); the tok/s recorded
+/// are those layers' (`tuning.end_to_end.timed_layers`).
+fn timed_model(
+    t: &Target<'_>,
+    o: &TuneOptions,
+    caps: &DeviceCaps,
+    left_s: f64,
+    budget: &Budget,
+) -> Result<(crate::model::ModelConfig, u64), TuneError> {
+    // The build's move to huge pages within its share too
+    // ([`crate::kernels::memory::collapse_until`]: a fragmented page cache makes it
+    // cost more than the load, and a small probe does not see it); the tune lifts
+    // the limit when it ends.
+    crate::kernels::memory::collapse_until(Some(Instant::now() + Duration::from_secs_f64(BUILD_SHARE * left_s)));
+    let opts = plan_options(o, Fusion::NONE, Parallel::default());
+    let plan_of = |c: &crate::model::ModelConfig| Plan::new(t.model, c, opts.clone(), Selection::defaults(caps.clone()));
+    let whole = plan_of(t.config)?;
+    let n = t.config.num_layers;
+    if n <= 1 {
+        return Ok((t.config.clone(), whole.weight_bytes()));
+    }
+    let probe = whole
+        .buffers
+        .iter()
+        .filter(|b| b.role == crate::plan::BufRole::Weight && b.name.starts_with("L0."))
+        .filter_map(|b| match &b.source {
+            Some(crate::plan::WeightSource::Tensor(name)) => Some((b, name)),
+            _ => None,
+        })
+        .max_by_key(|(b, _)| b.bytes());
+    let Some((decl, name)) = probe else { return Ok((t.config.clone(), whole.weight_bytes())) };
+    let t0 = Instant::now();
+    let Ok(loaded) = t.store.load(name, decl.dtype, decl.len) else { return Ok((t.config.clone(), whole.weight_bytes())) };
+    if t.ctx.is_none() {
+        // A CPU engine moves its weights to huge pages (a copy: most of an f32 build).
+        loaded.back_with_huge_pages();
+    }
+    drop(loaded);
+    let rate = decl.bytes() as f64 / t0.elapsed().as_secs_f64().max(1e-6);
+    let one = plan_of(&t.config.first_layers(1))?.weight_bytes() as f64;
+    let per_layer = (whole.weight_bytes() as f64 - one) / (n - 1) as f64;
+    let build_s = |l: usize| BUILD_OVERHEAD * (one + (l - 1) as f64 * per_layer) / rate;
+    let allowed = BUILD_SHARE * left_s;
+    let layers = if build_s(n) <= allowed { n } else { (1..n).rev().find(|&l| build_s(l) <= allowed).unwrap_or(1) };
+    // A build's move to huge pages gets about as long again as its load (past
+    // that, the build would starve the other combinations of their share).
+    crate::kernels::memory::collapse_until(Some(Instant::now() + Duration::from_secs_f64(allowed.min(2.0 * build_s(layers)))));
+    if layers == n {
+        return Ok((t.config.clone(), whole.weight_bytes()));
+    }
+    budget.cut(format!(
+        "end to end: timed on the first {layers} of {n} layers (a build of the whole model, about {:.0} s at the {:.2} GB/s \
+         this device loads its weights, does not fit the stage's {left_s:.0} s); the tok/s recorded are those layers'",
+        build_s(n),
+        rate / 1e9
+    ));
+    let cut = t.config.first_layers(layers);
+    let bytes = plan_of(&cut)?.weight_bytes();
+    Ok((cut, bytes))
 }
 
 /// Which combinations the accuracy check scores: `order` (indices, the default
@@ -884,12 +962,15 @@ fn divergences(
         check_decode: false,
     };
     let (ref_opts, ref_sel) = eval::f32_reference(scoring(plan_options(o, Fusion::ALL, Parallel::default())));
+    let ref_start = Instant::now();
     let mut reference = engines(None).build(ref_opts, ref_sel, true)?;
     let build = engines(t.ctx.clone());
     let mut out = vec![None; combos.len()];
     let Scoring { order, end } = *which;
     progress.phase("end to end: accuracy against the f32 reference", order.len() as u64);
-    let mut each = Duration::ZERO;
+    // A scored combination costs about the reference's build again and the two
+    // evaluations: the default too is scored only while that fits.
+    let mut each = ref_start.elapsed().mul_f64(1.5);
     for &i in order {
         if errors[i].is_some() || Instant::now() + each > end {
             continue;

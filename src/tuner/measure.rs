@@ -12,7 +12,7 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
 use crate::gpu::{GpuCtx, GpuProgram};
-use crate::kernels::verify::{GpuBuffers, HostTensor, make_inputs, output_lens};
+use crate::kernels::verify::{GpuBuffers, HostTensor, InputMemo, make_inputs, make_inputs_shared, output_lens};
 use crate::kernels::{CpuArgs, DType, KernelDef, Params, Problem};
 use crate::stats::{Stats, summarize};
 
@@ -76,8 +76,9 @@ pub struct Cand {
 pub struct Workload {
     pub dtype: DType,
     pub shapes: Vec<(Problem, usize)>,
-    /// CPU: per shape, its input copies (one at least).
-    inputs: Vec<Vec<Vec<HostTensor>>>,
+    /// CPU: per shape, its input copies (one at least; the first may be shared
+    /// with an [`InputMemo`] and other workloads).
+    inputs: Vec<Vec<Vec<Arc<HostTensor>>>>,
     /// Per shape, how many input copies executions rotate through.
     copies: Vec<usize>,
     /// GPU: per shape, one set of buffers per copy.
@@ -96,22 +97,43 @@ pub fn copy_seed(seed: u64, copy: usize) -> u64 {
 
 impl Workload {
     pub fn new(shapes: Vec<(Problem, usize)>, dtype: DType, gpu: Option<Arc<GpuCtx>>, seed: u64, rotate_bytes: usize) -> Workload {
+        Workload::with_memo(shapes, dtype, gpu, seed, rotate_bytes, None)
+    }
+
+    /// [`Workload::new`], the CPU's large inputs drawn once per `memo` (the slot
+    /// races share one: an LM head's weight serves its GEMM, GEMV and norm-fused
+    /// races).
+    pub fn with_memo(
+        shapes: Vec<(Problem, usize)>,
+        dtype: DType,
+        gpu: Option<Arc<GpuCtx>>,
+        seed: u64,
+        rotate_bytes: usize,
+        memo: Option<&InputMemo>,
+    ) -> Workload {
         let mut inputs = Vec::new();
         let mut copies = Vec::new();
         let mut gpu_bufs = Vec::new();
         for (p, _) in &shapes {
-            let first = make_inputs(p, dtype, seed);
+            let first: Vec<Arc<HostTensor>> = match memo.filter(|_| gpu.is_none()) {
+                Some(m) => make_inputs_shared(p, dtype, seed, m),
+                None => make_inputs(p, dtype, seed).into_iter().map(Arc::new).collect(),
+            };
             let bytes: usize = first.iter().map(|t| t.bytes().len()).sum();
             let n = rotating_copies(bytes, rotate_bytes);
             copies.push(n);
             match &gpu {
                 None => {
-                    let mut all = vec![first; n];
-                    all.shrink_to_fit();
-                    all.iter().flatten().for_each(HostTensor::huge_pages);
+                    // The copies after the first are copies in memory (what the
+                    // rotation is for), never shared.
+                    let mut all: Vec<Vec<Arc<HostTensor>>> = Vec::with_capacity(n);
+                    all.extend((1..n).map(|_| first.iter().map(|t| Arc::new(HostTensor::clone(t))).collect()));
+                    all.insert(0, first);
+                    all.iter().flatten().for_each(|t| t.huge_pages());
                     inputs.push(all);
                 }
                 Some(ctx) => {
+                    let first: Vec<HostTensor> = first.into_iter().map(Arc::unwrap_or_clone).collect();
                     // Distinct contents per copy: a test can tell the copies apart
                     // by their results, and no driver can merge them.
                     let mut bufs = vec![GpuBuffers::new(ctx, p, dtype, &first)];
@@ -221,7 +243,7 @@ impl Runner {
                     for _ in 0..reps {
                         *next = (*next + 1) % copies.len();
                         let args = CpuArgs {
-                            ins: copies[*next].iter().map(HostTensor::as_in).collect(),
+                            ins: copies[*next].iter().map(|t| t.as_in()).collect(),
                             outs: outs.iter_mut().map(|v| v.as_mut_slice()).collect(),
                         };
                         k.run_cpu(p, w.dtype, params, args).map_err(|e| e.to_string())?;

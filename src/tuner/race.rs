@@ -13,7 +13,7 @@ use super::{Progress, SEARCH_REVISION, TIE, Target, TuneError, TuneOptions};
 use crate::device::DeviceCaps;
 use crate::gpu::GpuCtx;
 use crate::kernels::problem::test_problems;
-use crate::kernels::verify::{Runner as CheckRunner, check_one};
+use crate::kernels::verify::{InputMemo, Runner as CheckRunner, check_one};
 use crate::kernels::{self, DType, Problem};
 use crate::plan::select::{Choice, SlotKey};
 use crate::profile::build::{CandRecord, RaceResult};
@@ -87,6 +87,8 @@ pub(crate) fn run_all(
     let mut results: Vec<RaceResult> = Vec::new();
     let mut resumed = 0;
     let mut gates = GateCache::new();
+    // Large inputs (an LM head's weight) drawn once for every race binding them.
+    let memo = InputMemo::new(MEMO_MIN_BYTES);
     // The best rate (flop/s) a finished race's winner reached on this device: what
     // a vision race's first candidate is estimated at before it starts.
     let mut rate: Option<f64> = None;
@@ -136,7 +138,7 @@ pub(crate) fn run_all(
         }
         let race_start = Instant::now();
         first_only += usize::from(race_start >= slot_deadline);
-        let res = run_race(t, r, o, Deadline::share(share), &mut gates, progress);
+        let res = run_race(t, r, o, Deadline::share(share), &mut gates, &memo, progress);
         spent += race_start.elapsed();
         ran += 1;
         // A lost device fails every candidate from here on: stop, caching nothing of it.
@@ -162,6 +164,9 @@ pub(crate) fn run_all(
     }
     Ok(Races { results, resumed })
 }
+
+/// Inputs of at least this many bytes are drawn once for all the slot races.
+const MEMO_MIN_BYTES: usize = 16 << 20;
 
 /// A first candidate the budget always measures, however little is left (as every
 /// race measures its first): below this estimate a vision race runs.
@@ -410,6 +415,7 @@ fn run_race(
     o: &TuneOptions,
     deadline: Deadline,
     gates: &mut GateCache,
+    memo: &InputMemo,
     progress: &dyn Progress,
 ) -> RaceResult {
     let caps = DeviceCaps::from(t.device);
@@ -425,7 +431,12 @@ fn run_race(
     }
     let passed = gate_all(cands, r, &caps, t, o, deadline.soft, gates, &mut pool.rejected, true);
     let rotate = Rotation::for_device(t.device, o.gpu_l2_bytes).rotate_bytes;
-    let w = Workload::new(r.shapes.clone(), r.dtype, t.ctx.clone(), o.seed, usize::try_from(rotate).unwrap_or(usize::MAX));
+    // The inputs move to huge pages within half the race's share at most (past
+    // it they stay on 4 KiB pages, for every candidate alike).
+    let now = Instant::now();
+    kernels::memory::collapse_until(Some(now + deadline.soft.saturating_duration_since(now) / 2));
+    let w =
+        Workload::with_memo(r.shapes.clone(), r.dtype, t.ctx.clone(), o.seed, usize::try_from(rotate).unwrap_or(usize::MAX), Some(memo));
     let mut runners = prepare(passed, &w, deadline, &mut pool.rejected, true);
     let n = runners.len() as u64;
     progress.phase(&format!("{} ({}) {} candidates", r.key.0, r.key.1.name(), n), n * FULL_SAMPLES as u64);
@@ -613,7 +624,7 @@ mod tests {
         let (all, _) = candidates(&r, &caps, Strategy::Auto);
         assert!(all.len() > 3, "the op has several candidates: {}", all.len());
         let spent = Deadline { soft: Instant::now() + Duration::from_secs(3600), hard: Some(Instant::now()) };
-        let res = run_race(&t, &r, &o, spent, &mut GateCache::new(), &crate::progress::Silent);
+        let res = run_race(&t, &r, &o, spent, &mut GateCache::new(), &InputMemo::new(0), &crate::progress::Silent);
         assert_eq!(res.cands.len(), 1, "only the first candidate is measured: {:?}", res.cands);
         assert_eq!(res.cands[0].kernel, all[0].kernel.id, "the runtime's default");
         assert_eq!(res.cands[0].stats.n, 1, "one sample: {:?}", res.cands[0].stats);

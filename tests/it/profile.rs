@@ -193,6 +193,7 @@ fn tuned(decode_ms: f64, noise: f64, gemv_us: f64) -> Profile {
             tuned: thr(100.0, decode_ms, noise),
             default: thr(100.0, 20.0, noise),
             max_kld: None,
+            timed_layers: None,
             combinations: vec![],
             vision: None,
         },

@@ -3,6 +3,8 @@
 //! Used by `kernels --verify`, the tests and the tuner.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use half::f16;
 use rand::{RngExt, SeedableRng};
@@ -84,34 +86,106 @@ pub const SENTINEL: f32 = reference::SENTINEL;
 
 /// Deterministic random inputs for `problem` (binding order, inputs only).
 ///
-/// Values are uniform in [-1, 1]; `inv_freq` gets real RoPE frequencies; KV cache
-/// rows past `kv_len` hold a large sentinel so reading them is caught.
+/// Values are uniform in [-1, 1], drawn in binding order from one ChaCha8 stream
+/// of `seed`; `inv_freq` gets real RoPE frequencies; KV cache rows past `kv_len`
+/// hold a large sentinel so reading them is caught.
 pub fn make_inputs(problem: &Problem, dtype: DType, seed: u64) -> Vec<HostTensor> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    problem
-        .buffers(dtype)
-        .iter()
-        .filter(|s| !s.is_output())
+    inputs_of(problem, dtype)
         .map(|spec| {
-            let n = spec.len();
-            let mut v: Vec<f32> = if spec.id == "inv_freq" {
-                reference::rope_inv_freq(10000.0, 2 * n, None)
-            } else {
-                (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
-            };
-            if spec.role == Role::Cache {
-                mask_cache_tail(problem, spec, &mut v);
-            }
-            match spec.dtype {
-                DType::F32 => HostTensor::F32(v),
-                DType::F16 => HostTensor::F16(v.into_iter().map(f16::from_f32).collect()),
-                q => match q.quant() {
-                    Some(f) => HostTensor::Q(quantize_spec(spec, f, &v)),
-                    None => HostTensor::F32(v),
-                },
-            }
+            let v = if spec.id == "inv_freq" { Vec::new() } else { (0..spec.len()).map(|_| rng.random_range(-1.0f32..1.0)).collect() };
+            input_tensor(problem, &spec, v)
         })
         .collect()
+}
+
+/// Inputs for `problem` as [`make_inputs`] makes them, but each buffer's values
+/// from its own stream ([`uniform`]: the seed, its id and shape alone, drawn in
+/// parallel), and the large ones taken from (and kept in) `memo`: the slot races
+/// draw an LM head's weight once for all the races that bind it.
+pub fn make_inputs_shared(problem: &Problem, dtype: DType, seed: u64, memo: &InputMemo) -> Vec<Arc<HostTensor>> {
+    inputs_of(problem, dtype)
+        .map(|spec| {
+            let make = || input_tensor(problem, &spec, if spec.id == "inv_freq" { Vec::new() } else { uniform(seed, &spec) });
+            if spec.role == Role::Cache { Arc::new(make()) } else { memo.get_or_make(seed, &spec, make) }
+        })
+        .collect()
+}
+
+fn inputs_of(problem: &Problem, dtype: DType) -> impl Iterator<Item = BufSpec> {
+    problem.buffers(dtype).into_iter().filter(|s| !s.is_output())
+}
+
+/// Buffer `spec`'s tensor from its values `v` (ignored for `inv_freq`, which holds
+/// real RoPE frequencies): a cache's tail masked, then stored in its type.
+fn input_tensor(problem: &Problem, spec: &BufSpec, mut v: Vec<f32>) -> HostTensor {
+    if spec.id == "inv_freq" {
+        v = reference::rope_inv_freq(10000.0, 2 * spec.len(), None);
+    }
+    if spec.role == Role::Cache {
+        mask_cache_tail(problem, spec, &mut v);
+    }
+    match spec.dtype {
+        DType::F32 => HostTensor::F32(v),
+        DType::F16 => HostTensor::F16(v.into_iter().map(f16::from_f32).collect()),
+        q => match q.quant() {
+            Some(f) => HostTensor::Q(quantize_spec(spec, f, &v)),
+            None => HostTensor::F32(v),
+        },
+    }
+}
+
+/// The values of buffer `spec` for `seed`: uniform in [-1, 1), from the ChaCha8
+/// stream named by the buffer's id and shape, drawn in chunks in parallel (each
+/// chunk from its own word position), so they do not depend on the threads, and
+/// the same buffer of another problem (an LM head's weight in the GEMM, the GEMV
+/// and the norm-fused GEMV) gets the same values.
+fn uniform(seed: u64, spec: &BufSpec) -> Vec<f32> {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 16;
+    // FNV-1a of the id and shape: the stream.
+    let mut stream = 0xcbf2_9ce4_8422_2325u64;
+    for b in spec.id.bytes().chain(spec.shape.iter().flat_map(|d| (*d as u64).to_le_bytes())) {
+        stream = (stream ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    let mut v = vec![0f32; spec.len()];
+    v.par_chunks_mut(CHUNK).enumerate().for_each(|(c, out)| {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        rng.set_stream(stream);
+        rng.set_word_pos((c * CHUNK) as u128);
+        out.iter_mut().for_each(|x| *x = rng.random_range(-1.0f32..1.0));
+    });
+    v
+}
+
+/// Input tensors of [`make_inputs_shared`] kept for reuse across problems: a large
+/// weight (an LM head, hundreds of millions of elements quantized) is drawn once
+/// for every slot race that binds it. Only tensors of `min_bytes` or more are kept.
+pub struct InputMemo {
+    min_bytes: usize,
+    kept: Mutex<HashMap<MemoKey, Arc<HostTensor>>>,
+}
+
+/// A kept input: the seed, the buffer's id, shape and storage type.
+type MemoKey = (u64, &'static str, Vec<usize>, DType);
+
+impl InputMemo {
+    pub fn new(min_bytes: usize) -> InputMemo {
+        InputMemo { min_bytes, kept: Mutex::new(HashMap::new()) }
+    }
+
+    fn get_or_make(&self, seed: u64, spec: &BufSpec, make: impl FnOnce() -> HostTensor) -> Arc<HostTensor> {
+        let key = (seed, spec.id, spec.shape.clone(), spec.dtype);
+        let lock = || self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = lock().get(&key) {
+            return t.clone();
+        }
+        let t = Arc::new(make());
+        if t.bytes().len() >= self.min_bytes {
+            lock().insert(key, t.clone());
+        }
+        t
+    }
 }
 
 fn mask_cache_tail(problem: &Problem, spec: &BufSpec, v: &mut [f32]) {
