@@ -84,6 +84,20 @@ impl HostBuf {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// This buffer's own values (a shared one copied unless this was its last holder).
+    pub fn owned(self) -> HostBuf {
+        match self {
+            HostBuf::Shared(b) => std::sync::Arc::unwrap_or_clone(b).owned(),
+            b => b,
+        }
+    }
+    /// This buffer behind one shared pointer (a shared one is not wrapped again).
+    pub fn into_arc(self) -> std::sync::Arc<HostBuf> {
+        match self {
+            HostBuf::Shared(b) => b,
+            b => std::sync::Arc::new(b),
+        }
+    }
 }
 
 /// Buffers of a plan on the host.

@@ -232,7 +232,7 @@ fn deliver(ids: &[u32], sampler: &mut Sampler, on_id: &mut impl FnMut(u32) -> bo
 
 /// Concatenates `parts` (each row-major with the same column count) along rows.
 fn concat(parts: Vec<HostBuf>) -> HostBuf {
-    let mut it = parts.into_iter();
+    let mut it = parts.into_iter().map(HostBuf::owned);
     let Some(first) = it.next() else { return HostBuf::F32(Vec::new()) };
     it.fold(first, |acc, p| match (acc, p) {
         (HostBuf::F32(mut a), HostBuf::F32(b)) => {
@@ -292,13 +292,75 @@ pub struct WeightMemo {
     bufs: std::sync::Mutex<BTreeMap<String, Arc<HostBuf>>>,
 }
 
+/// A store that block-quantizes each tensor once: a [`TensorStore::load`] as a
+/// block format is kept (shared, read only) for the store's life, so the
+/// tuner's engines of one model (each combination's layout, the accuracy check's
+/// scored engines, the head-to-head pair) copy, concatenate or repack quantized
+/// rows instead of quantizing the model again (a 3B model to Q4_K: ~20 s on two
+/// cores, a copy of its 1.8 GB well under one). Float loads pass through (a
+/// conversion costs about what a copy does, and [`WeightMemo`] shares equal layouts).
+pub struct QuantOnce {
+    inner: Arc<dyn TensorStore>,
+    kept: std::sync::Mutex<BTreeMap<String, Arc<HostBuf>>>,
+    /// Nanoseconds spent in the loads that were kept.
+    fresh_ns: std::sync::atomic::AtomicU64,
+}
+
+impl QuantOnce {
+    pub fn new(inner: Arc<dyn TensorStore>) -> QuantOnce {
+        QuantOnce { inner, kept: Default::default(), fresh_ns: Default::default() }
+    }
+
+    /// Seconds spent so far in the loads that were kept (what a later build of
+    /// the same weights does not spend again).
+    pub fn fresh_seconds(&self) -> f64 {
+        self.fresh_ns.load(std::sync::atomic::Ordering::Relaxed) as f64 * 1e-9
+    }
+}
+
+impl TensorStore for QuantOnce {
+    fn load(&self, name: &str, dtype: DType, len: usize) -> Result<HostBuf, RuntimeError> {
+        if dtype.quant().is_none() {
+            return self.inner.load(name, dtype, len);
+        }
+        let key = format!("{name}|{}|{len}", dtype.name());
+        if let Some(hit) = self.kept.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok(HostBuf::Shared(hit));
+        }
+        let t0 = std::time::Instant::now();
+        let arc = self.inner.load(name, dtype, len)?.into_arc();
+        self.fresh_ns.fetch_add(t0.elapsed().as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut m) = self.kept.lock() {
+            m.insert(key, arc.clone());
+        }
+        Ok(HostBuf::Shared(arc))
+    }
+    fn load_range(&self, name: &str, dtype: DType, start: usize, len: usize) -> Result<HostBuf, RuntimeError> {
+        self.inner.load_range(name, dtype, start, len)
+    }
+    fn row(&self, name: &str, row: usize, cols: usize) -> Result<Vec<f32>, RuntimeError> {
+        self.inner.row(name, row, cols)
+    }
+    fn row_into(&self, name: &str, row: usize, out: &mut [f32]) -> Result<(), RuntimeError> {
+        self.inner.row_into(name, row, out)
+    }
+    fn exact_as(&self, name: &str, dtype: DType) -> bool {
+        self.inner.exact_as(name, dtype)
+    }
+}
+
 /// A loaded CPU weight in the layout the plan asks for its format
 /// ([`PlanOptions::cpu_repack`](crate::plan::PlanOptions::cpu_repack)).
 fn repack_cpu(plan: &Plan, b: HostBuf) -> HostBuf {
-    match b {
-        HostBuf::Q(m) if plan.options.cpu_repack.contains(&m.format) && m.can_repack_x8() => HostBuf::Q(m.repack_x8()),
-        b => b,
-    }
+    let m = match &b {
+        HostBuf::Q(m) => m,
+        HostBuf::Shared(s) => match &**s {
+            HostBuf::Q(m) => m,
+            _ => return b,
+        },
+        _ => return b,
+    };
+    if plan.options.cpu_repack.contains(&m.format) && m.can_repack_x8() { HostBuf::Q(m.repack_x8()) } else { b }
 }
 
 /// The kernels' shared temporaries sized for one token of `plan`'s model on
@@ -331,7 +393,7 @@ impl Engine {
             }
             Ok(match load_buffer(&plan, store.as_ref(), i)?.map(|b| repack_cpu(&plan, b)) {
                 Some(hb) => {
-                    let arc = Arc::new(hb);
+                    let arc = hb.into_arc();
                     if let Ok(mut m) = memo.bufs.lock() {
                         m.insert(key, arc.clone());
                     }

@@ -9,6 +9,7 @@
 //! kept only if they beat the defaults by the paired rule the combinations meet,
 //! and the image's time is part of every request's.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::budget::{ACCURACY_SHARE, Budget, TIMING_SHARE};
@@ -23,7 +24,7 @@ use crate::plan::{Fusion, Parallel, Plan, PlanOptions, Regime, Selection};
 use crate::profile::build::VisionTimes;
 use crate::progress::Silent;
 use crate::runtime::tower::{Tower, synthetic_image};
-use crate::runtime::{Engine, RuntimeError, WeightMemo, argmax};
+use crate::runtime::{Engine, QuantOnce, RuntimeError, TensorStore, WeightMemo, argmax};
 use crate::session::Engines;
 use crate::stats::{Stats, pick, summarize};
 
@@ -558,7 +559,11 @@ pub(crate) fn run(
 
     let prompt: Vec<u32> = (0..o.prefill_tokens).map(|i| ((i * 7919 + 13) % t.config.vocab_size) as u32).collect();
     let timing_end = budget.share(TIMING_SHARE);
-    let (config, weight_bytes) = timed_model(t, o, caps, Budget::until(timing_end), budget)?;
+    // Every engine of the stage quantizes the model's weights once between them.
+    let once = Arc::new(QuantOnce::new(t.store.clone()));
+    let store: Arc<dyn TensorStore> = once.clone();
+    let t = &Target { store, ctx: t.ctx.clone(), vision_weights: t.vision_weights.clone(), ..*t };
+    let TimedModel { config, weight_bytes, reference } = timed_model(t, o, caps, Budget::until(timing_end), budget)?;
     let timed_layers = (config.num_layers < t.config.num_layers).then_some((config.num_layers, t.config.num_layers));
     let t = &Target { config: &config, store: t.store.clone(), ctx: t.ctx.clone(), vision_weights: t.vision_weights.clone(), ..*t };
     // CPU engines share their weights (a WeightMemo): the fused layouts (QKV, gate/up)
@@ -593,8 +598,14 @@ pub(crate) fn run(
     // many combinations (the default and the best predicted first; the default
     // alone when a second does not fit) and decode steps as fit what is left of
     // the stage's share.
+    let quantized_before = once.fresh_seconds();
     let mut first = Some(build_engine(&combos[0].0));
     let build_s = timing_start.elapsed().as_secs_f64();
+    // A later build copies, concatenates or repacks what the first quantized:
+    // until one is measured, what the first spent on anything but quantizing,
+    // half again (a concatenation copies twice).
+    let quantizing_s = once.fresh_seconds() - quantized_before;
+    let mut later = LaterBuild { s: 1.5 * (build_s - quantizing_s).max(0.1 * build_s), measured: false };
     let mut steps_cap = usize::MAX;
     let mut sample_s = 0.0;
     if let Some(Ok(e)) = first.as_mut() {
@@ -603,7 +614,7 @@ pub(crate) fn run(
         if let Ok((p, d)) = e2e_sample(e, &prompt, sample_steps(k), k) {
             sample_s = t0.elapsed().as_secs_f64();
             // Two combinations of two rounds: one more build and four samples.
-            let per_sample = (Budget::until(timing_end) - build_s) / 4.0;
+            let per_sample = (Budget::until(timing_end) - later.s) / 4.0;
             if per_sample < sample_s && d > 0.0 {
                 let steps = (((per_sample - p) / d).floor().max(0.0) as usize).max(MIN_SAMPLE_STEPS);
                 if steps < sample_steps(k) {
@@ -615,14 +626,39 @@ pub(crate) fn run(
         }
     }
     let steps_for = |c: &Combo| sample_steps(c.decode_chain()).min(steps_cap);
+    // The timing runs past its share into what the stages after it would not use:
+    // for `n` timed combinations and a later build of `later` seconds, the
+    // accuracy check (the reference's build with half to spare, then each
+    // combination a build and two evaluations, about two samples) and,
+    // interleaved, the head to head (two builds and its rounds).
+    // The reference's build: at least the default's, scaled by their bytes.
+    let reference_est = match reference {
+        Some((bytes, rate)) => (BUILD_OVERHEAD * bytes / rate).max(build_s * bytes / weight_bytes.max(1) as f64),
+        None => 2.0 * build_s,
+    };
+    let share_end = timing_end;
+    let timing_end_for = move |n: usize, later: f64| -> Instant {
+        let confirm = if interleave { 2.0 * later + 2.0 * CONFIRM_ROUNDS as f64 * sample_s } else { 0.0 };
+        let after = 1.5 * reference_est + n as f64 * (later + 2.0 * sample_s) + confirm;
+        deadline.checked_sub(Duration::from_secs_f64(after)).map_or(share_end, |end| end.max(share_end))
+    };
+    progress.note(&format!(
+        "end to end: the default built in {build_s:.1} s ({quantizing_s:.1} s of it quantizing), a sample {sample_s:.2} s; estimated: a later build {:.1} s, the accuracy check's f32 reference {reference_est:.1} s",
+        later.s
+    ));
     let all = combos.len();
-    let n = Budget::fit(Budget::until(timing_end), build_s + 2.0 * sample_s, all, 1);
-    if n < all {
-        combos.truncate(n);
-        budget.cut(match n {
-            1 => format!("end to end: 1 of {all} combinations, the runtime default alone (a second build and its samples do not fit)"),
-            _ => format!("end to end: {n} of {all} combinations (the default and the best predicted first)"),
-        });
+    let cut_to = |n: usize| match n {
+        1 => format!("end to end: 1 of {all} combinations, the runtime default alone (a second build and its samples do not fit)"),
+        _ => format!("end to end: {n} of {all} combinations (the default and the best predicted first)"),
+    };
+    if !interleave {
+        // One engine at a time, each a later build and its samples.
+        let each = later.s + 2.0 * sample_s;
+        let n = (1..=all).rev().find(|&n| (n - 1) as f64 * each <= Budget::until(timing_end_for(n, later.s))).unwrap_or(1);
+        if n < all {
+            combos.truncate(n);
+            budget.cut(cut_to(n));
+        }
     }
     progress
         .phase(&format!("end to end: {} combinations{}", combos.len(), if interleave { ", interleaved" } else { "" }), combos.len() as u64);
@@ -632,7 +668,13 @@ pub(crate) fn run(
     let mut rng_state = o.seed;
     if interleave {
         let mut engines: Vec<Option<Engine>> = Vec::new();
+        // The default always; each other combination while its build and two
+        // rounds of every built one's samples fit.
         for (i, (c, _)) in combos.iter().enumerate() {
+            if i > 0 && Budget::until(timing_end_for(i + 1, later.s)) < later.s + 2.0 * (i + 1) as f64 * sample_s {
+                break;
+            }
+            let t0 = Instant::now();
             match first.take().unwrap_or_else(|| build_engine(c)) {
                 Ok(e) => engines.push(Some(e)),
                 Err(e) => {
@@ -640,12 +682,22 @@ pub(crate) fn run(
                     engines.push(None);
                 }
             }
+            if i > 0 {
+                later.note(t0);
+            }
             progress.tick();
+        }
+        let n = engines.len();
+        if n < all {
+            combos.truncate(n);
+            samples.truncate(n);
+            errors.truncate(n);
+            budget.cut(cut_to(n));
         }
         let mut round_time = Duration::ZERO;
         for round in 0..e2e_rounds {
             // Two rounds always; more only while another fits in the budget.
-            if round >= 2 && Instant::now() + round_time > timing_end {
+            if round >= 2 && Instant::now() + round_time > timing_end_for(combos.len(), later.s) {
                 break;
             }
             let round_start = Instant::now();
@@ -695,7 +747,7 @@ pub(crate) fn run(
         for (i, (c, _)) in combos.iter().enumerate() {
             // The default and the best predicted combination always; the rest while
             // one more fits in the budget.
-            if i > 1 && Instant::now() + combo_time > timing_end {
+            if i > 1 && Instant::now() + combo_time > timing_end_for(combos.len(), later.s) {
                 errors[i] = Some(NOT_TIMED.into());
                 skipped += 1;
                 continue;
@@ -703,9 +755,12 @@ pub(crate) fn run(
             let combo_start = Instant::now();
             match first.take().unwrap_or_else(|| build_engine(c)) {
                 Ok(mut e) => {
+                    if i > 0 {
+                        later.note(combo_start);
+                    }
                     let mut sample_time = Duration::ZERO;
                     for round in 0..e2e_rounds {
-                        if round >= 2 && Instant::now() + sample_time > timing_end {
+                        if round >= 2 && Instant::now() + sample_time > timing_end_for(combos.len(), later.s) {
                             break;
                         }
                         let t0 = Instant::now();
@@ -732,6 +787,11 @@ pub(crate) fn run(
         }
     }
     progress.done();
+    // The timed engines' weights go before the accuracy check builds its own (the
+    // f32 reference of Gemma 3 1B built in 11 s beside them, most of it the kernel
+    // finding fresh pages, against 3 s for the default's build).
+    drop(first);
+    drop(shared);
     budget.record("end to end: timing", timing_start);
     if let Some(lost) = t.ctx.as_ref().and_then(|c| c.lost()) {
         return Err(lost.into());
@@ -754,13 +814,16 @@ pub(crate) fn run(
     order.insert(0, 0);
     let faster = if errors[0].is_none() { order.iter().filter(|&&i| i > 0 && median(i) < median(0)).count() } else { order.len() - 1 };
     let setup = |c: &Combo| (options_for(c), selection_for(c, caps, &winners));
-    let which = Scoring { order: &order, end: budget.share(ACCURACY_SHARE) };
-    // The check (the f32 reference and the default's engine, each about a build
-    // and a sample, then one more a combination) runs only when the reference
-    // and the default fit, with a build to spare (the reference, in f32, builds
-    // slower than the timed default: 13-19 s against 5 s for Gemma 3 1B here); a faster combination left unscored leaves the
-    // default.
-    let kld = if Budget::until(which.end) < 3.0 * build_s + 2.0 * sample_s {
+    // The check runs past its share into what the head to head would not use.
+    let confirm_s = if interleave { 2.0 * later.s + 2.0 * CONFIRM_ROUNDS as f64 * sample_s } else { 0.0 };
+    let confirm_from = deadline.checked_sub(Duration::from_secs_f64(confirm_s)).unwrap_or(deadline);
+    let rebuild_s = later.s;
+    let which = Scoring { order: &order, end: budget.share(ACCURACY_SHARE).max(confirm_from), rebuild_s };
+    // The check (the f32 reference's build, then a combination's build and the
+    // two evaluations each) runs only when the reference, with half its estimate
+    // to spare, and the default's engine fit; a faster combination left unscored
+    // leaves the default.
+    let kld = if Budget::until(which.end) < 1.5 * reference_est + rebuild_s + 2.0 * sample_s {
         vec![None; combos.len()]
     } else {
         divergences(t, o, &combos, &errors, &which, &setup, progress)?
@@ -810,7 +873,7 @@ pub(crate) fn run(
     // combination won every round of the stage, then lost 20% in `ktune bench`).
     // Its rounds are what fits the rest of the budget after two builds; under two,
     // the gain is not confirmed and the default stays.
-    let confirm_rounds = Budget::fit(Budget::until(deadline) - 2.0 * build_s, 2.0 * sample_s, CONFIRM_ROUNDS, 0);
+    let confirm_rounds = Budget::fit(Budget::until(deadline) - 2.0 * rebuild_s, 2.0 * sample_s, CONFIRM_ROUNDS, 0);
     if best != 0 && interleave && errors[0].is_none() && confirm_rounds < 2 {
         budget
             .cut(format!("head to head: not run; `{}` was not confirmed against the runtime default, which stays", combos[best].0.label()));
@@ -821,7 +884,6 @@ pub(crate) fn run(
             budget.cut(format!("head to head: {confirm_rounds} of {CONFIRM_ROUNDS} rounds"));
         }
         let confirm_start = Instant::now();
-        drop(shared);
         let fresh = builder();
         if let (Ok(mut d), Ok(mut b)) = (build_with(&fresh, &combos[0].0), build_with(&fresh, &combos[best].0)) {
             progress.phase(&format!("end to end: `{}` against the default, head to head", combos[best].0.label()), confirm_rounds as u64);
@@ -865,16 +927,13 @@ const BUILD_OVERHEAD: f64 = 1.3;
 /// loads the first layer's largest weight as an engine loads it (quantized from
 /// the model's values, or read) and moves it to huge pages: a 3B model in Q4_K
 /// takes ~20 s to build on two cores, two thirds of a 30 s budget before any
-/// sample, and Gemma 3 1B in f32 ~10 s, most of it the move to huge pages. Combinations compare as
-/// well on fewer layers (each layer runs the same kernels); the tok/s recorded
-/// are those layers' (`tuning.end_to_end.timed_layers`).
-fn timed_model(
-    t: &Target<'_>,
-    o: &TuneOptions,
-    caps: &DeviceCaps,
-    left_s: f64,
-    budget: &Budget,
-) -> Result<(crate::model::ModelConfig, u64), TuneError> {
+/// sample, and Gemma 3 1B in f32 ~10 s, most of it the move to huge pages.
+/// Combinations compare as well on fewer layers (each layer runs the same
+/// kernels); the tok/s recorded are those layers' (`tuning.end_to_end.timed_layers`).
+/// The probe's weight is kept ([`QuantOnce`]: the first build does not quantize it
+/// again), and loaded once more as f32 to estimate the accuracy check's f32
+/// reference.
+fn timed_model(t: &Target<'_>, o: &TuneOptions, caps: &DeviceCaps, left_s: f64, budget: &Budget) -> Result<TimedModel, TuneError> {
     // The build's move to huge pages within its share too
     // ([`crate::kernels::memory::collapse_until`]: a fragmented page cache makes it
     // cost more than the load, and a small probe does not see it); the tune lifts
@@ -883,9 +942,10 @@ fn timed_model(
     let opts = plan_options(o, Fusion::NONE, Parallel::default());
     let plan_of = |c: &crate::model::ModelConfig| Plan::new(t.model, c, opts.clone(), Selection::defaults(caps.clone()));
     let whole = plan_of(t.config)?;
+    let unplanned = || TimedModel { config: t.config.clone(), weight_bytes: whole.weight_bytes(), reference: None };
     let n = t.config.num_layers;
     if n <= 1 {
-        return Ok((t.config.clone(), whole.weight_bytes()));
+        return Ok(unplanned());
     }
     let probe = whole
         .buffers
@@ -896,15 +956,26 @@ fn timed_model(
             _ => None,
         })
         .max_by_key(|(b, _)| b.bytes());
-    let Some((decl, name)) = probe else { return Ok((t.config.clone(), whole.weight_bytes())) };
+    let Some((decl, name)) = probe else { return Ok(unplanned()) };
     let t0 = Instant::now();
-    let Ok(loaded) = t.store.load(name, decl.dtype, decl.len) else { return Ok((t.config.clone(), whole.weight_bytes())) };
+    let Ok(loaded) = t.store.load(name, decl.dtype, decl.len) else { return Ok(unplanned()) };
     if t.ctx.is_none() {
         // A CPU engine moves its weights to huge pages (a copy: most of an f32 build).
         loaded.back_with_huge_pages();
     }
     drop(loaded);
     let rate = decl.bytes() as f64 / t0.elapsed().as_secs_f64().max(1e-6);
+    // The accuracy check's f32 reference loads the same tensors as f32 (a
+    // conversion where the model's are not, no quantization).
+    let f32_rate = if decl.dtype == crate::kernels::DType::F32 {
+        rate
+    } else {
+        let t0 = Instant::now();
+        match t.store.load(name, crate::kernels::DType::F32, decl.len) {
+            Ok(b) => (b.len() * 4) as f64 / t0.elapsed().as_secs_f64().max(1e-6),
+            Err(_) => return Ok(unplanned()),
+        }
+    };
     let one = plan_of(&t.config.first_layers(1))?.weight_bytes() as f64;
     let per_layer = (whole.weight_bytes() as f64 - one) / (n - 1) as f64;
     let build_s = |l: usize| BUILD_OVERHEAD * (one + (l - 1) as f64 * per_layer) / rate;
@@ -913,8 +984,12 @@ fn timed_model(
     // A build's move to huge pages gets about as long again as its load (past
     // that, the build would starve the other combinations of their share).
     crate::kernels::memory::collapse_until(Some(Instant::now() + Duration::from_secs_f64(allowed.min(2.0 * build_s(layers)))));
+    let cut = t.config.first_layers(layers);
+    let (ref_opts, ref_sel) = crate::eval::f32_reference(opts.clone());
+    let reference_bytes = Plan::new(t.model, &cut, ref_opts, ref_sel)?.weight_bytes() as f64;
+    let reference = Some((reference_bytes, f32_rate));
     if layers == n {
-        return Ok((t.config.clone(), whole.weight_bytes()));
+        return Ok(TimedModel { config: cut, weight_bytes: whole.weight_bytes(), reference });
     }
     budget.cut(format!(
         "end to end: timed on the first {layers} of {n} layers (a build of the whole model, about {:.0} s at the {:.2} GB/s \
@@ -922,16 +997,42 @@ fn timed_model(
         build_s(n),
         rate / 1e9
     ));
-    let cut = t.config.first_layers(layers);
-    let bytes = plan_of(&cut)?.weight_bytes();
-    Ok((cut, bytes))
+    let weight_bytes = plan_of(&cut)?.weight_bytes();
+    Ok(TimedModel { config: cut, weight_bytes, reference })
+}
+
+/// A later engine build's estimated seconds: a guess until one is measured, then
+/// the slowest measured.
+struct LaterBuild {
+    s: f64,
+    measured: bool,
+}
+
+impl LaterBuild {
+    fn note(&mut self, since: Instant) {
+        let s = since.elapsed().as_secs_f64();
+        self.s = if self.measured { self.s.max(s) } else { s };
+        self.measured = true;
+    }
+}
+
+/// What the end-to-end stage's engines hold ([`timed_model`]).
+struct TimedModel {
+    config: crate::model::ModelConfig,
+    /// The plan's weight bytes.
+    weight_bytes: u64,
+    /// The accuracy check's f32 reference: its plan's weight bytes and the rate
+    /// (bytes a second) the store loaded the probe as f32 (None where no probe ran).
+    reference: Option<(f64, f64)>,
 }
 
 /// Which combinations the accuracy check scores: `order` (indices, the default
-/// first), each while one more fits before `end`.
+/// first), each while one more fits before `end`; a build of one of them takes
+/// about `rebuild_s` seconds.
 struct Scoring<'a> {
     order: &'a [usize],
     end: Instant,
+    rebuild_s: f64,
 }
 
 /// Each combination's mean KL divergence from the CPU's f32 reference
@@ -966,11 +1067,14 @@ fn divergences(
     let mut reference = engines(None).build(ref_opts, ref_sel, true)?;
     let build = engines(t.ctx.clone());
     let mut out = vec![None; combos.len()];
-    let Scoring { order, end } = *which;
+    let Scoring { order, end, rebuild_s } = *which;
     progress.phase("end to end: accuracy against the f32 reference", order.len() as u64);
-    // A scored combination costs about the reference's build again and the two
-    // evaluations: the default too is scored only while that fits.
-    let mut each = ref_start.elapsed().mul_f64(1.5);
+    // A scored combination costs a later build and the two evaluations: until one
+    // is measured, the build and the reference's build again (an f32 evaluation
+    // of the prompts costs well under its build); then the slowest measured. The
+    // default too is scored only while that fits.
+    let mut each = Duration::from_secs_f64(rebuild_s) + ref_start.elapsed();
+    let mut measured = false;
     for &i in order {
         if errors[i].is_some() || Instant::now() + each > end {
             continue;
@@ -982,7 +1086,8 @@ fn divergences(
         e.set_cpu_pool(c.threads, c.spin_us, c.prefetch);
         let o = eval::evaluate(&text, &mut e, Some(Reference::Engine(&mut reference)), None, &Silent)?;
         out[i] = o.divergence.map(|d| d.kld_mean);
-        each = each.max(t0.elapsed());
+        each = if measured { each.max(t0.elapsed()) } else { t0.elapsed() };
+        measured = true;
         progress.tick();
     }
     progress.done();

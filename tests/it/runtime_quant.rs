@@ -14,11 +14,12 @@ use std::sync::Arc;
 use crate::common::{hf_fixtures as fixtures, rel_err};
 use ktune::device::CpuCaps;
 use ktune::kernels::DType;
+use ktune::kernels::quant::QFormat;
 use ktune::model::Weights;
 use ktune::plan::select::DeviceCaps;
 use ktune::plan::{BufRole, Fusion, Parallel, Plan, PlanOptions, Selection};
 use ktune::runtime::cpu::HostBuf;
-use ktune::runtime::{Engine, RuntimeError, TensorStore, argmax};
+use ktune::runtime::{Engine, QuantOnce, RuntimeError, TensorStore, argmax};
 use ktune::session::load_model;
 use ktune::testing::test_gpu;
 
@@ -77,9 +78,21 @@ pub(crate) fn logits(
     fusion: Fusion,
     store: Arc<dyn TensorStore>,
 ) -> Vec<Vec<f32>> {
+    logits_repacked(dir, caps, gpu, (dtype, Vec::new()), fusion, store)
+}
+
+/// [`logits`] with the CPU weights of the formats in `dtype.1` repacked.
+fn logits_repacked(
+    dir: &Path,
+    caps: DeviceCaps,
+    gpu: Option<Arc<ktune::gpu::GpuCtx>>,
+    (dtype, cpu_repack): (DType, Vec<QFormat>),
+    fusion: Fusion,
+    store: Arc<dyn TensorStore>,
+) -> Vec<Vec<f32>> {
     let m = load_model(None, Some(&dir.to_path_buf()), None, 0).expect("fixture loads");
     let opts = PlanOptions {
-        cpu_repack: Vec::new(),
+        cpu_repack,
         weight_dtype: dtype,
         matrix_formats: Default::default(),
         kv_dtype: DType::F32,
@@ -149,6 +162,53 @@ fn quantized_runtime_matches_f32_on_dequantized_weights_cpu_and_gpu() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+type Gpu = Arc<ktune::gpu::GpuCtx>;
+
+/// The tuner's engines quantize a model once between them ([`QuantOnce`]): an
+/// unfused plan, a fused one (Q/K/V and gate/up concatenated from the kept
+/// parts), a repacked one (repacked from a kept matrix) and a GPU one give
+/// exactly the logits each gives from the model itself, and only the first
+/// engine quantizes.
+#[test]
+fn engines_sharing_quantized_weights_match_their_own() {
+    let gpu = test_gpu();
+    let cpu = || DeviceCaps::Cpu(CpuCaps::detect());
+    for dir in fixtures() {
+        let m = load_model(None, Some(&dir), None, 0).expect("fixture loads");
+        for dtype in [DType::Q8_0, DType::Q4_0] {
+            let once = Arc::new(QuantOnce::new(m.weights.clone()));
+            let shared: Arc<dyn TensorStore> = once.clone();
+            let format = dtype.quant().expect("a block format");
+            let mut runs: Vec<(String, Option<Gpu>, Vec<QFormat>, Fusion)> = vec![
+                ("unfused".into(), None, Vec::new(), Fusion::NONE),
+                ("fused".into(), None, Vec::new(), Fusion::ALL),
+                ("repacked".into(), None, vec![format], Fusion::NONE),
+            ];
+            if let Some(g) = &gpu {
+                runs.push((format!("GPU {}", g.name), Some(g.clone()), Vec::new(), Fusion::ALL));
+            }
+            let mut quantized = None;
+            for (what, g, repack, fusion) in runs {
+                let caps = || g.as_ref().map_or_else(cpu, |g| DeviceCaps::Gpu(g.caps.clone()));
+                let own = logits_repacked(&dir, caps(), g.clone(), (dtype, repack.clone()), fusion, m.weights.clone());
+                let got = logits_repacked(&dir, caps(), g, (dtype, repack), fusion, shared.clone());
+                assert!(
+                    got == own,
+                    "{} {dtype} {what}: the shared weights' logits differ (rel err {:.2e})",
+                    dir.display(),
+                    rel_err(&got, &own)
+                );
+                let spent = once.fresh_seconds();
+                assert!(spent > 0.0, "{} {dtype} {what}: nothing was quantized through the shared store", dir.display());
+                match quantized {
+                    None => quantized = Some(spent),
+                    Some(first) => assert_eq!(spent, first, "{} {dtype} {what}: quantized again", dir.display()),
+                }
+            }
+        }
+    }
 }
 
 /// Quantization error itself: q8_0 stays close to the f32 logits of the original
