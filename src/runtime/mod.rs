@@ -292,6 +292,15 @@ pub struct WeightMemo {
     bufs: std::sync::Mutex<BTreeMap<String, Arc<HostBuf>>>,
 }
 
+impl WeightMemo {
+    /// Forgets every weight (engines built from it keep theirs).
+    pub fn clear(&self) {
+        if let Ok(mut m) = self.bufs.lock() {
+            m.clear();
+        }
+    }
+}
+
 /// A store that block-quantizes each tensor once: a [`TensorStore::load`] as a
 /// block format is kept (shared, read only) for the store's life, so the
 /// tuner's engines of one model (each combination's layout, the accuracy check's

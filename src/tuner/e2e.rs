@@ -631,9 +631,10 @@ pub(crate) fn run(
     // accuracy check (the reference's build with half to spare, then each
     // combination a build and two evaluations, about two samples) and,
     // interleaved, the head to head (two builds and its rounds).
-    // The reference's build: at least the default's, scaled by their bytes.
+    // The reference's build: at least what the default's spent outside quantizing
+    // (most of it the kernel finding fresh pages) scaled by their bytes.
     let reference_est = match reference {
-        Some((bytes, rate)) => (BUILD_OVERHEAD * bytes / rate).max(build_s * bytes / weight_bytes.max(1) as f64),
+        Some((bytes, rate)) => (BUILD_OVERHEAD * bytes / rate).max((build_s - quantizing_s) * bytes / weight_bytes.max(1) as f64),
         None => 2.0 * build_s,
     };
     let share_end = timing_end;
@@ -779,6 +780,11 @@ pub(crate) fn run(
                 }
                 Err(e) => errors[i] = Some(e.to_string()),
             }
+            // Its engine is gone: its weights too (the memo would keep every
+            // combination's layouts alive).
+            if let Some(m) = &shared.memo {
+                m.clear();
+            }
             combo_time = combo_time.max(combo_start.elapsed());
             progress.tick();
         }
@@ -916,6 +922,9 @@ pub(crate) fn run(
 /// The build of a stage engine over its one-build share of `left_s` seconds: past
 /// it, the whole model is not built.
 const BUILD_SHARE: f64 = 0.5;
+/// The share of the memory available when the stage begins that its engines may
+/// hold at once ([`timed_model`]).
+const MEMORY_SHARE: f64 = 0.75;
 /// Estimated build seconds over the load rate of one layer's largest weight (the
 /// rest of a build: the plan, the LM head's layout, repacking, allocation).
 const BUILD_OVERHEAD: f64 = 1.3;
@@ -976,27 +985,51 @@ fn timed_model(t: &Target<'_>, o: &TuneOptions, caps: &DeviceCaps, left_s: f64, 
             Err(_) => return Ok(unplanned()),
         }
     };
-    let one = plan_of(&t.config.first_layers(1))?.weight_bytes() as f64;
-    let per_layer = (whole.weight_bytes() as f64 - one) / (n - 1) as f64;
-    let build_s = |l: usize| BUILD_OVERHEAD * (one + (l - 1) as f64 * per_layer) / rate;
+    // Weight bytes of the first `l` layers' plan (`engine`) and f32 reference,
+    // from one layer's and the whole model's (the layers are alike).
+    let (ref_opts, ref_sel) = crate::eval::f32_reference(opts.clone());
+    let ref_of = |c: &crate::model::ModelConfig| Plan::new(t.model, c, ref_opts.clone(), ref_sel.clone());
+    let first = t.config.first_layers(1);
+    let (one, all) = (plan_of(&first)?.weight_bytes() as f64, whole.weight_bytes() as f64);
+    let (ref_one, ref_all) = (ref_of(&first)?.weight_bytes() as f64, ref_of(t.config)?.weight_bytes() as f64);
+    let at = |one: f64, all: f64, l: usize| one + (l - 1) as f64 * (all - one) / (n - 1) as f64;
+    let build_s = |l: usize| BUILD_OVERHEAD * at(one, all, l) / rate;
+    // What the stage holds in memory at once: the accuracy check's f32 reference
+    // (on the CPU) and, on the CPU, a scored engine and the kept quantized weights
+    // ([`QuantOnce`]) or a second engine.
+    let engines = if t.ctx.is_none() { 2.0 } else { 0.0 };
+    let held = |l: usize| at(ref_one, ref_all, l) + engines * at(one, all, l);
     let allowed = BUILD_SHARE * left_s;
-    let layers = if build_s(n) <= allowed { n } else { (1..n).rev().find(|&l| build_s(l) <= allowed).unwrap_or(1) };
+    let memory = MEMORY_SHARE * crate::session::available_memory() as f64;
+    let fits = |l: usize| build_s(l) <= allowed && held(l) <= memory;
+    let layers = (1..=n).rev().find(|&l| fits(l)).unwrap_or(1);
     // A build's move to huge pages gets about as long again as its load (past
     // that, the build would starve the other combinations of their share).
     crate::kernels::memory::collapse_until(Some(Instant::now() + Duration::from_secs_f64(allowed.min(2.0 * build_s(layers)))));
-    let cut = t.config.first_layers(layers);
-    let (ref_opts, ref_sel) = crate::eval::f32_reference(opts.clone());
-    let reference_bytes = Plan::new(t.model, &cut, ref_opts, ref_sel)?.weight_bytes() as f64;
-    let reference = Some((reference_bytes, f32_rate));
+    let reference = Some((at(ref_one, ref_all, layers), f32_rate));
     if layers == n {
-        return Ok(TimedModel { config: cut, weight_bytes: whole.weight_bytes(), reference });
+        return Ok(TimedModel { config: t.config.clone(), weight_bytes: whole.weight_bytes(), reference });
+    }
+    let mut why = Vec::new();
+    if build_s(n) > allowed {
+        why.push(format!(
+            "a build of the whole model, about {:.0} s at the {:.2} GB/s this device loads its weights, does not fit the stage's {left_s:.0} s",
+            build_s(n),
+            rate / 1e9
+        ));
+    }
+    if held(n) > memory {
+        why.push(format!(
+            "the whole model's engines and its f32 reference, {:.1} GB at once, do not fit {:.1} GB of the memory available",
+            held(n) / 1e9,
+            memory / 1e9
+        ));
     }
     budget.cut(format!(
-        "end to end: timed on the first {layers} of {n} layers (a build of the whole model, about {:.0} s at the {:.2} GB/s \
-         this device loads its weights, does not fit the stage's {left_s:.0} s); the tok/s recorded are those layers'",
-        build_s(n),
-        rate / 1e9
+        "end to end: timed on the first {layers} of {n} layers ({}); the tok/s recorded are those layers'",
+        why.join("; and ")
     ));
+    let cut = t.config.first_layers(layers);
     let weight_bytes = plan_of(&cut)?.weight_bytes();
     Ok(TimedModel { config: cut, weight_bytes, reference })
 }
