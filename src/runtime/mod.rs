@@ -301,23 +301,27 @@ impl WeightMemo {
     }
 }
 
-/// A store that block-quantizes each tensor once: a [`TensorStore::load`] as a
-/// block format is kept (shared, read only) for the store's life, so the
-/// tuner's engines of one model (each combination's layout, the accuracy check's
-/// scored engines, the head-to-head pair) copy, concatenate or repack quantized
-/// rows instead of quantizing the model again (a 3B model to Q4_K: ~20 s on two
-/// cores, a copy of its 1.8 GB well under one). Float loads pass through (a
-/// conversion costs about what a copy does, and [`WeightMemo`] shares equal layouts).
-pub struct QuantOnce {
+/// A store that loads each weight once: a [`TensorStore::load`] as a block
+/// format, or as one of the float types it was made to keep, is kept (shared,
+/// read only) for the store's life, so the tuner's engines of one model (each
+/// combination's layout, the accuracy check's scored engines and f32 reference,
+/// the head-to-head pair) copy, concatenate or repack kept rows instead of
+/// quantizing or converting the model again (a 3B model to Q4_K: ~20 s on two
+/// cores, a copy of its 1.8 GB well under one). Other float loads pass through
+/// (an f32 reference of a quantized model would double what is held).
+pub struct LoadOnce {
     inner: Arc<dyn TensorStore>,
+    /// The float types kept (block formats always are).
+    floats: Vec<DType>,
     kept: std::sync::Mutex<BTreeMap<String, Arc<HostBuf>>>,
     /// Nanoseconds spent in the loads that were kept.
     fresh_ns: std::sync::atomic::AtomicU64,
 }
 
-impl QuantOnce {
-    pub fn new(inner: Arc<dyn TensorStore>) -> QuantOnce {
-        QuantOnce { inner, kept: Default::default(), fresh_ns: Default::default() }
+impl LoadOnce {
+    /// Over `inner`, keeping block formats and the float types in `floats`.
+    pub fn new(inner: Arc<dyn TensorStore>, floats: &[DType]) -> LoadOnce {
+        LoadOnce { inner, floats: floats.to_vec(), kept: Default::default(), fresh_ns: Default::default() }
     }
 
     /// Seconds spent so far in the loads that were kept (what a later build of
@@ -327,9 +331,9 @@ impl QuantOnce {
     }
 }
 
-impl TensorStore for QuantOnce {
+impl TensorStore for LoadOnce {
     fn load(&self, name: &str, dtype: DType, len: usize) -> Result<HostBuf, RuntimeError> {
-        if dtype.quant().is_none() {
+        if dtype.quant().is_none() && !self.floats.contains(&dtype) {
             return self.inner.load(name, dtype, len);
         }
         let key = format!("{name}|{}|{len}", dtype.name());

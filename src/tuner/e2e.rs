@@ -24,7 +24,7 @@ use crate::plan::{Fusion, Parallel, Plan, PlanOptions, Regime, Selection};
 use crate::profile::build::VisionTimes;
 use crate::progress::Silent;
 use crate::runtime::tower::{Tower, synthetic_image};
-use crate::runtime::{Engine, QuantOnce, RuntimeError, TensorStore, WeightMemo, argmax};
+use crate::runtime::{Engine, LoadOnce, RuntimeError, TensorStore, WeightMemo, argmax};
 use crate::session::Engines;
 use crate::stats::{Stats, pick, summarize};
 
@@ -559,8 +559,10 @@ pub(crate) fn run(
 
     let prompt: Vec<u32> = (0..o.prefill_tokens).map(|i| ((i * 7919 + 13) % t.config.vocab_size) as u32).collect();
     let timing_end = budget.share(TIMING_SHARE);
-    // Every engine of the stage quantizes the model's weights once between them.
-    let once = Arc::new(QuantOnce::new(t.store.clone()));
+    // Every engine of the stage loads (quantizes, converts) the model's weights
+    // once between them: the block formats and the float types the plan stores.
+    let floats: Vec<_> = std::iter::once(o.weight_dtype).chain(o.matrix_formats.values().copied()).filter(|d| !d.is_quant()).collect();
+    let once = Arc::new(LoadOnce::new(t.store.clone(), &floats));
     let store: Arc<dyn TensorStore> = once.clone();
     let t = &Target { store, ctx: t.ctx.clone(), vision_weights: t.vision_weights.clone(), ..*t };
     let TimedModel { config, weight_bytes, reference } = timed_model(t, o, caps, Budget::until(timing_end), budget)?;
@@ -598,14 +600,14 @@ pub(crate) fn run(
     // many combinations (the default and the best predicted first; the default
     // alone when a second does not fit) and decode steps as fit what is left of
     // the stage's share.
-    let quantized_before = once.fresh_seconds();
+    let loaded_before = once.fresh_seconds();
     let mut first = Some(build_engine(&combos[0].0));
     let build_s = timing_start.elapsed().as_secs_f64();
-    // A later build copies, concatenates or repacks what the first quantized:
-    // until one is measured, what the first spent on anything but quantizing,
-    // half again (a concatenation copies twice).
-    let quantizing_s = once.fresh_seconds() - quantized_before;
-    let mut later = LaterBuild { s: 1.5 * (build_s - quantizing_s).max(0.1 * build_s), measured: false };
+    // A later build copies, concatenates or repacks what the first loaded: until
+    // one is measured, what the first spent on anything but loading, half again
+    // (a concatenation copies twice).
+    let loading_s = once.fresh_seconds() - loaded_before;
+    let mut later = LaterBuild { s: 1.5 * (build_s - loading_s).max(0.1 * build_s), measured: false };
     let mut steps_cap = usize::MAX;
     let mut sample_s = 0.0;
     if let Some(Ok(e)) = first.as_mut() {
@@ -631,10 +633,10 @@ pub(crate) fn run(
     // accuracy check (the reference's build with half to spare, then each
     // combination a build and two evaluations, about two samples) and,
     // interleaved, the head to head (two builds and its rounds).
-    // The reference's build: at least what the default's spent outside quantizing
+    // The reference's build: at least what the default's spent outside loading
     // (most of it the kernel finding fresh pages) scaled by their bytes.
     let reference_est = match reference {
-        Some((bytes, rate)) => (BUILD_OVERHEAD * bytes / rate).max((build_s - quantizing_s) * bytes / weight_bytes.max(1) as f64),
+        Some((bytes, rate)) => (BUILD_OVERHEAD * bytes / rate).max((build_s - loading_s) * bytes / weight_bytes.max(1) as f64),
         None => 2.0 * build_s,
     };
     let share_end = timing_end;
@@ -644,7 +646,7 @@ pub(crate) fn run(
         deadline.checked_sub(Duration::from_secs_f64(after)).map_or(share_end, |end| end.max(share_end))
     };
     progress.note(&format!(
-        "end to end: the default built in {build_s:.1} s ({quantizing_s:.1} s of it quantizing), a sample {sample_s:.2} s; estimated: a later build {:.1} s, the accuracy check's f32 reference {reference_est:.1} s",
+        "end to end: the default built in {build_s:.1} s ({loading_s:.1} s of it loading the weights), a sample {sample_s:.2} s; estimated: a later build {:.1} s, the accuracy check's f32 reference {reference_est:.1} s",
         later.s
     ));
     let all = combos.len();
@@ -939,9 +941,9 @@ const BUILD_OVERHEAD: f64 = 1.3;
 /// sample, and Gemma 3 1B in f32 ~10 s, most of it the move to huge pages.
 /// Combinations compare as well on fewer layers (each layer runs the same
 /// kernels); the tok/s recorded are those layers' (`tuning.end_to_end.timed_layers`).
-/// The probe's weight is kept ([`QuantOnce`]: the first build does not quantize it
-/// again), and loaded once more as f32 to estimate the accuracy check's f32
-/// reference.
+/// The probe's weight is kept ([`LoadOnce`]: the first build does not load it
+/// again), and loaded once more as f32 (where the plan's is not) to estimate the
+/// accuracy check's f32 reference.
 fn timed_model(t: &Target<'_>, o: &TuneOptions, caps: &DeviceCaps, left_s: f64, budget: &Budget) -> Result<TimedModel, TuneError> {
     // The build's move to huge pages within its share too
     // ([`crate::kernels::memory::collapse_until`]: a fragmented page cache makes it
@@ -995,8 +997,8 @@ fn timed_model(t: &Target<'_>, o: &TuneOptions, caps: &DeviceCaps, left_s: f64, 
     let at = |one: f64, all: f64, l: usize| one + (l - 1) as f64 * (all - one) / (n - 1) as f64;
     let build_s = |l: usize| BUILD_OVERHEAD * at(one, all, l) / rate;
     // What the stage holds in memory at once: the accuracy check's f32 reference
-    // (on the CPU) and, on the CPU, a scored engine and the kept quantized weights
-    // ([`QuantOnce`]) or a second engine.
+    // (on the CPU) and, on the CPU, a scored engine and the kept weights
+    // ([`LoadOnce`]) or a second engine.
     let engines = if t.ctx.is_none() { 2.0 } else { 0.0 };
     let held = |l: usize| at(ref_one, ref_all, l) + engines * at(one, all, l);
     let allowed = BUILD_SHARE * left_s;
@@ -1095,7 +1097,9 @@ fn divergences(
         memo: Some(WeightMemo::default()),
         check_decode: false,
     };
-    let (ref_opts, ref_sel) = eval::f32_reference(scoring(plan_options(o, Fusion::ALL, Parallel::default())));
+    // Unfused: the reference of an f32 model reads the kept weights ([`LoadOnce`])
+    // as they are, where a fused Q/K/V and gate/up would copy most of them.
+    let (ref_opts, ref_sel) = eval::f32_reference(scoring(plan_options(o, Fusion::NONE, Parallel::default())));
     let ref_start = Instant::now();
     let mut reference = engines(None).build(ref_opts, ref_sel, true)?;
     let build = engines(t.ctx.clone());

@@ -19,7 +19,7 @@ use ktune::model::Weights;
 use ktune::plan::select::DeviceCaps;
 use ktune::plan::{BufRole, Fusion, Parallel, Plan, PlanOptions, Selection};
 use ktune::runtime::cpu::HostBuf;
-use ktune::runtime::{Engine, QuantOnce, RuntimeError, TensorStore, argmax};
+use ktune::runtime::{Engine, LoadOnce, RuntimeError, TensorStore, argmax};
 use ktune::session::load_model;
 use ktune::testing::test_gpu;
 
@@ -166,30 +166,29 @@ fn quantized_runtime_matches_f32_on_dequantized_weights_cpu_and_gpu() {
 
 type Gpu = Arc<ktune::gpu::GpuCtx>;
 
-/// The tuner's engines quantize a model once between them ([`QuantOnce`]): an
+/// The tuner's engines load a model once between them ([`LoadOnce`]): an
 /// unfused plan, a fused one (Q/K/V and gate/up concatenated from the kept
 /// parts), a repacked one (repacked from a kept matrix) and a GPU one give
-/// exactly the logits each gives from the model itself, and only the first
-/// engine quantizes.
+/// exactly the logits each gives from the model itself, in f32 and two block
+/// formats, and only the first engine loads.
 #[test]
 fn engines_sharing_quantized_weights_match_their_own() {
     let gpu = test_gpu();
     let cpu = || DeviceCaps::Cpu(CpuCaps::detect());
     for dir in fixtures() {
         let m = load_model(None, Some(&dir), None, 0).expect("fixture loads");
-        for dtype in [DType::Q8_0, DType::Q4_0] {
-            let once = Arc::new(QuantOnce::new(m.weights.clone()));
+        for dtype in [DType::F32, DType::Q8_0, DType::Q4_0] {
+            let once = Arc::new(LoadOnce::new(m.weights.clone(), &[dtype]));
             let shared: Arc<dyn TensorStore> = once.clone();
-            let format = dtype.quant().expect("a block format");
-            let mut runs: Vec<(String, Option<Gpu>, Vec<QFormat>, Fusion)> = vec![
-                ("unfused".into(), None, Vec::new(), Fusion::NONE),
-                ("fused".into(), None, Vec::new(), Fusion::ALL),
-                ("repacked".into(), None, vec![format], Fusion::NONE),
-            ];
+            let mut runs: Vec<(String, Option<Gpu>, Vec<QFormat>, Fusion)> =
+                vec![("unfused".into(), None, Vec::new(), Fusion::NONE), ("fused".into(), None, Vec::new(), Fusion::ALL)];
+            if let Some(format) = dtype.quant() {
+                runs.push(("repacked".into(), None, vec![format], Fusion::NONE));
+            }
             if let Some(g) = &gpu {
                 runs.push((format!("GPU {}", g.name), Some(g.clone()), Vec::new(), Fusion::ALL));
             }
-            let mut quantized = None;
+            let mut loaded = None;
             for (what, g, repack, fusion) in runs {
                 let caps = || g.as_ref().map_or_else(cpu, |g| DeviceCaps::Gpu(g.caps.clone()));
                 let own = logits_repacked(&dir, caps(), g.clone(), (dtype, repack.clone()), fusion, m.weights.clone());
@@ -201,10 +200,10 @@ fn engines_sharing_quantized_weights_match_their_own() {
                     rel_err(&got, &own)
                 );
                 let spent = once.fresh_seconds();
-                assert!(spent > 0.0, "{} {dtype} {what}: nothing was quantized through the shared store", dir.display());
-                match quantized {
-                    None => quantized = Some(spent),
-                    Some(first) => assert_eq!(spent, first, "{} {dtype} {what}: quantized again", dir.display()),
+                assert!(spent > 0.0, "{} {dtype} {what}: nothing was loaded through the shared store", dir.display());
+                match loaded {
+                    None => loaded = Some(spent),
+                    Some(first) => assert_eq!(spent, first, "{} {dtype} {what}: loaded again", dir.display()),
                 }
             }
         }
