@@ -34,12 +34,28 @@ pub fn collapse_until(until: Option<std::time::Instant>) {
     *COLLAPSE_UNTIL.lock().unwrap_or_else(|p| p.into_inner()) = until;
 }
 
-/// Bytes [`huge_pages`] left uncollapsed since the last [`take_uncollapsed`].
-static UNCOLLAPSED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// The address ranges [`huge_pages`] left uncollapsed since the last [`take_uncollapsed`].
+static UNCOLLAPSED: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
 
-/// Bytes left on small pages by a [`collapse_until`] limit since the last call.
+/// Bytes of memory left on small pages by a [`collapse_until`] limit since the
+/// last call: the union of the ranges, so a buffer advised again (a weight shared
+/// by several engines) counts once.
 pub fn take_uncollapsed() -> usize {
-    UNCOLLAPSED.swap(0, std::sync::atomic::Ordering::Relaxed)
+    union_bytes(std::mem::take(&mut *UNCOLLAPSED.lock().unwrap_or_else(|p| p.into_inner())))
+}
+
+/// Bytes covered by the union of half-open `ranges`.
+fn union_bytes(mut ranges: Vec<(usize, usize)>) -> usize {
+    ranges.sort_unstable();
+    let (mut total, mut reach) = (0, 0);
+    for (a, b) in ranges {
+        let a = a.max(reach);
+        if b > a {
+            total += b - a;
+        }
+        reach = reach.max(b);
+    }
+    total
 }
 
 fn may_collapse() -> bool {
@@ -79,6 +95,22 @@ fn advise_huge(ptr: *const u8, bytes: usize) {
             }
             at += n;
         }
-        UNCOLLAPSED.fetch_add(end - at, std::sync::atomic::Ordering::Relaxed);
+        if at < end {
+            UNCOLLAPSED.lock().unwrap_or_else(|p| p.into_inner()).push((at, end));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::union_bytes;
+
+    /// A range advised again, or overlapping another, counts once.
+    #[test]
+    fn uncollapsed_bytes_are_the_union_of_the_ranges() {
+        assert_eq!(union_bytes(vec![]), 0);
+        assert_eq!(union_bytes(vec![(10, 20), (10, 20), (10, 20)]), 10, "one buffer advised by three engines");
+        assert_eq!(union_bytes(vec![(15, 30), (10, 20)]), 20, "overlapping");
+        assert_eq!(union_bytes(vec![(40, 50), (10, 20), (12, 18)]), 20, "apart, and one inside another");
     }
 }
