@@ -666,6 +666,9 @@ pub(crate) fn run(
     progress
         .phase(&format!("end to end: {} combinations{}", combos.len(), if interleave { ", interleaved" } else { "" }), combos.len() as u64);
     let e2e_rounds = 5;
+    // Two rounds at least to compare combinations; the default alone is compared
+    // with nothing, and one round records its speed.
+    let min_rounds = |n: usize| if n > 1 { 2 } else { 1 };
     let mut samples: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); combos.len()];
     let mut errors: Vec<Option<String>> = vec![None; combos.len()];
     let mut rng_state = o.seed;
@@ -699,8 +702,8 @@ pub(crate) fn run(
         }
         let mut round_time = Duration::ZERO;
         for round in 0..e2e_rounds {
-            // Two rounds always; more only while another fits in the budget.
-            if round >= 2 && Instant::now() + round_time > timing_end_for(combos.len(), later.s) {
+            // The minimum rounds always; more only while another fits in the budget.
+            if round >= min_rounds(combos.len()) && Instant::now() + round_time > timing_end_for(combos.len(), later.s) {
                 break;
             }
             let round_start = Instant::now();
@@ -763,7 +766,7 @@ pub(crate) fn run(
                     }
                     let mut sample_time = Duration::ZERO;
                     for round in 0..e2e_rounds {
-                        if round >= 2 && Instant::now() + sample_time > timing_end_for(combos.len(), later.s) {
+                        if round >= min_rounds(combos.len()) && Instant::now() + sample_time > timing_end_for(combos.len(), later.s) {
                             break;
                         }
                         let t0 = Instant::now();
