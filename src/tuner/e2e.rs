@@ -640,9 +640,10 @@ pub(crate) fn run(
         None => 2.0 * build_s,
     };
     let share_end = timing_end;
+    // The head to head: two builds and its rounds (interleaved timing only).
+    let confirm_cost = move |later: f64| if interleave { 2.0 * later + 2.0 * CONFIRM_ROUNDS as f64 * sample_s } else { 0.0 };
     let timing_end_for = move |n: usize, later: f64| -> Instant {
-        let confirm = if interleave { 2.0 * later + 2.0 * CONFIRM_ROUNDS as f64 * sample_s } else { 0.0 };
-        let after = 1.5 * reference_est + n as f64 * (later + 2.0 * sample_s) + confirm;
+        let after = 1.5 * reference_est + n as f64 * (later + 2.0 * sample_s) + confirm_cost(later);
         deadline.checked_sub(Duration::from_secs_f64(after)).map_or(share_end, |end| end.max(share_end))
     };
     progress.note(&format!(
@@ -826,8 +827,7 @@ pub(crate) fn run(
     let faster = if errors[0].is_none() { order.iter().filter(|&&i| i > 0 && median(i) < median(0)).count() } else { order.len() - 1 };
     let setup = |c: &Combo| (options_for(c), selection_for(c, caps, &winners));
     // The check runs past its share into what the head to head would not use.
-    let confirm_s = if interleave { 2.0 * later.s + 2.0 * CONFIRM_ROUNDS as f64 * sample_s } else { 0.0 };
-    let confirm_from = deadline.checked_sub(Duration::from_secs_f64(confirm_s)).unwrap_or(deadline);
+    let confirm_from = deadline.checked_sub(Duration::from_secs_f64(confirm_cost(later.s))).unwrap_or(deadline);
     let rebuild_s = later.s;
     let which = Scoring { order: &order, end: budget.share(ACCURACY_SHARE).max(confirm_from), rebuild_s };
     // The check (the f32 reference's build, then a combination's build and the
