@@ -2,7 +2,9 @@
 //! for display. Text from files (profiles, bundles, model metadata, cache file
 //! names) can hold any character, so cuts are counted in characters, never at a
 //! byte offset (cutting a multibyte character panics). `tests/it/hostile_cli.rs`
-//! scans the display code for byte-offset cuts that bypass this module.
+//! scans the display code for byte-offset cuts that bypass this module. Text
+//! from the network (a hub's file names) is shown through [`escaped`], so a
+//! terminal escape sequence in it is printed as text, never obeyed.
 
 use std::borrow::Cow;
 
@@ -20,9 +22,34 @@ pub fn shorten(s: &str, chars: usize) -> Cow<'_, str> {
     if p.len() == s.len() { Cow::Borrowed(s) } else { Cow::Owned(format!("{p}…")) }
 }
 
+/// Whether `c` would act on a terminal rather than show: a control character
+/// (C0, DEL, C1: escape sequences, carriage returns) or a bidirectional override
+/// or isolate (text that displays in another order than it reads).
+pub fn is_unprintable(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `s` with every [`is_unprintable`] character written as its Rust escape
+/// (`\u{1b}`, `\n`), and at most `chars` characters of it (then `…`).
+pub fn escaped(s: &str, chars: usize) -> Cow<'_, str> {
+    let s = shorten(s, chars);
+    if !s.chars().any(is_unprintable) {
+        return s;
+    }
+    Cow::Owned(s.chars().map(|c| if is_unprintable(c) { c.escape_default().to_string() } else { c.to_string() }).collect())
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{prefix, shorten};
+    use super::{escaped, prefix, shorten};
+
+    #[test]
+    fn escapes_show_terminal_controls_as_text() {
+        assert_eq!(escaped("model.gguf", 80), "model.gguf");
+        assert_eq!(escaped("a\u{1b}]0;pwned\u{7}b", 80), "a\\u{1b}]0;pwned\\u{7}b");
+        assert_eq!(escaped("x\ry\u{202e}z", 80), "x\\ry\\u{202e}z");
+        assert_eq!(escaped("ñandú\u{1b}", 3), "ñan…");
+    }
 
     #[test]
     fn cuts_count_characters_not_bytes() {

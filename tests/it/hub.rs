@@ -90,18 +90,64 @@ fn repos() -> BTreeMap<&'static str, Vec<File>> {
     ])
 }
 
+/// One request a stand-in hub read.
+pub(crate) struct Request {
+    pub method: String,
+    /// The path and query.
+    pub target: String,
+    /// Header names in lower case.
+    pub headers: BTreeMap<String, String>,
+}
+
+impl Request {
+    /// The path without the query.
+    pub fn path(&self) -> &str {
+        self.target.split('?').next().unwrap_or("")
+    }
+}
+
+/// A stand-in hub on 127.0.0.1: each connection on a thread of its own, its
+/// request read and handed to `handle` with the connection to answer on. The port.
+pub(crate) fn listen(handle: impl Fn(Request, &mut TcpStream) + Send + Sync + 'static) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let handle = Arc::new(handle);
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let handle = handle.clone();
+            std::thread::spawn(move || {
+                if let Some(req) = read_request(&conn) {
+                    handle(req, &mut conn);
+                }
+            });
+        }
+    });
+    port
+}
+
+fn read_request(conn: &TcpStream) -> Option<Request> {
+    let mut reader = BufReader::new(conn.try_clone().ok()?);
+    let mut line = String::new();
+    reader.read_line(&mut line).ok()?;
+    let mut headers = BTreeMap::new();
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h).is_err() || h.trim().is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+        }
+    }
+    let mut parts = line.split_whitespace();
+    Some(Request { method: parts.next()?.to_string(), target: parts.next()?.to_string(), headers })
+}
+
 impl FakeHub {
     fn start() -> FakeHub {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = listener.local_addr().expect("addr").port();
         let state = Arc::new(Mutex::new(State::default()));
-        let (st, repos) = (state.clone(), Arc::new(repos()));
-        std::thread::spawn(move || {
-            for conn in listener.incoming().flatten() {
-                let (st, repos) = (st.clone(), repos.clone());
-                std::thread::spawn(move || serve(conn, &st, &repos));
-            }
-        });
+        let (st, repos) = (state.clone(), repos());
+        let port = listen(move |req, conn| serve(req, conn, &st, &repos));
         FakeHub { port, state }
     }
 
@@ -125,7 +171,7 @@ impl FakeHub {
     }
 }
 
-fn respond(conn: &mut TcpStream, status: &str, headers: &[(&str, String)], body: &[u8], cut: bool) {
+pub(crate) fn respond(conn: &mut TcpStream, status: &str, headers: &[(&str, String)], body: &[u8], cut: bool) {
     let mut head = format!("HTTP/1.1 {status}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
@@ -136,36 +182,19 @@ fn respond(conn: &mut TcpStream, status: &str, headers: &[(&str, String)], body:
     let _ = conn.flush();
 }
 
-fn serve(mut conn: TcpStream, state: &Mutex<State>, repos: &BTreeMap<&'static str, Vec<File>>) {
-    let mut reader = BufReader::new(conn.try_clone().expect("clone"));
-    let mut line = String::new();
-    if reader.read_line(&mut line).is_err() {
-        return;
-    }
-    let mut headers = BTreeMap::new();
-    loop {
-        let mut h = String::new();
-        if reader.read_line(&mut h).is_err() || h.trim().is_empty() {
-            break;
-        }
-        if let Some((k, v)) = h.split_once(':') {
-            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
-        }
-    }
-    let mut parts = line.split_whitespace();
-    let (method, target) = (parts.next().unwrap_or("").to_string(), parts.next().unwrap_or("").to_string());
-    let range = headers.get("range").cloned();
-    state.lock().expect("state").log.push(format!("{method} {target} {}", range.clone().unwrap_or_default()));
-    let authorized = headers.get("authorization").is_some_and(|a| a == &format!("Bearer {TOKEN}"));
-    let path = target.split('?').next().unwrap_or("");
+fn serve(req: Request, conn: &mut TcpStream, state: &Mutex<State>, repos: &BTreeMap<&'static str, Vec<File>>) {
+    let range = req.headers.get("range").cloned();
+    state.lock().expect("state").log.push(format!("{} {} {}", req.method, req.target, range.clone().unwrap_or_default()));
+    let authorized = req.headers.get("authorization").is_some_and(|a| a == &format!("Bearer {TOKEN}"));
+    let path = req.path();
     let not_found = |conn: &mut TcpStream| respond(conn, "404 Not Found", &[("X-Error-Code", "RepoNotFound".into())], b"{}", false);
     let gated = |repo: &str| repo.contains("Gated") && !authorized;
 
     if let Some(rest) = path.strip_prefix("/api/models/") {
-        let Some((repo, _rev)) = rest.split_once("/revision/") else { return not_found(&mut conn) };
-        let Some(files) = repos.get(repo) else { return not_found(&mut conn) };
+        let Some((repo, _rev)) = rest.split_once("/revision/") else { return not_found(conn) };
+        let Some(files) = repos.get(repo) else { return not_found(conn) };
         if gated(repo) {
-            return respond(&mut conn, "401 Unauthorized", &[], b"{\"error\":\"gated\"}", false);
+            return respond(conn, "401 Unauthorized", &[], b"{\"error\":\"gated\"}", false);
         }
         let siblings: Vec<serde_json::Value> = files
             .iter()
@@ -179,10 +208,10 @@ fn serve(mut conn: TcpStream, state: &Mutex<State>, repos: &BTreeMap<&'static st
             })
             .collect();
         let body = serde_json::json!({"id": repo, "sha": COMMIT, "siblings": siblings}).to_string();
-        return respond(&mut conn, "200 OK", &[("Content-Type", "application/json".into())], body.as_bytes(), false);
+        return respond(conn, "200 OK", &[("Content-Type", "application/json".into())], body.as_bytes(), false);
     }
     if let Some(key) = path.strip_prefix("/cdn/") {
-        let Some(f) = repos.values().flatten().find(|f| sha(&f.bytes) == key) else { return not_found(&mut conn) };
+        let Some(f) = repos.values().flatten().find(|f| sha(&f.bytes) == key) else { return not_found(conn) };
         let cut = {
             let mut s = state.lock().expect("state");
             let i = s.drop_once.iter().position(|k| k == key);
@@ -193,18 +222,18 @@ fn serve(mut conn: TcpStream, state: &Mutex<State>, repos: &BTreeMap<&'static st
         return match from {
             Some(n) if n < f.bytes.len() => {
                 let cr = format!("bytes {n}-{}/{}", f.bytes.len() - 1, f.bytes.len());
-                respond(&mut conn, "206 Partial Content", &[("Content-Range", cr)], &f.bytes[n..], cut)
+                respond(conn, "206 Partial Content", &[("Content-Range", cr)], &f.bytes[n..], cut)
             }
-            _ => respond(&mut conn, "200 OK", &[], &f.bytes, cut),
+            _ => respond(conn, "200 OK", &[], &f.bytes, cut),
         };
     }
     // /{owner}/{name}/resolve/{rev}/{file}
     let segs: Vec<&str> = path.trim_start_matches('/').splitn(5, '/').collect();
     if let [owner, name, "resolve", _rev, file] = segs[..] {
         let repo = format!("{owner}/{name}");
-        let Some(f) = repos.get(repo.as_str()).and_then(|fs| fs.iter().find(|f| f.name == file)) else { return not_found(&mut conn) };
+        let Some(f) = repos.get(repo.as_str()).and_then(|fs| fs.iter().find(|f| f.name == file)) else { return not_found(conn) };
         if gated(&repo) {
-            return respond(&mut conn, "401 Unauthorized", &[], b"", false);
+            return respond(conn, "401 Unauthorized", &[], b"", false);
         }
         let key = sha(&f.bytes);
         let headers = [
@@ -214,9 +243,9 @@ fn serve(mut conn: TcpStream, state: &Mutex<State>, repos: &BTreeMap<&'static st
             ("X-Linked-Size", f.bytes.len().to_string()),
             ("X-Repo-Commit", COMMIT.to_string()),
         ];
-        return respond(&mut conn, "302 Found", &headers, b"", false);
+        return respond(conn, "302 Found", &headers, b"", false);
     }
-    not_found(&mut conn)
+    not_found(conn)
 }
 
 fn stderr(o: &std::process::Output) -> String {

@@ -18,6 +18,7 @@ mod gpu_counters;
 mod gpu_faults;
 mod hostile_cli;
 mod hub;
+mod hub_hostile;
 mod layering;
 mod model_load;
 mod profile;

@@ -16,6 +16,17 @@
 //! (else the token file `$HF_HOME/token`) is sent as a bearer token, to the hub's
 //! host only. A download holds huggingface_hub's lock file
 //! (`.locks/models--OWNER--NAME/<etag>.lock`), so two programs never write one blob.
+//!
+//! The hub is not trusted ([`names`]): every name it sends (commit, blob id,
+//! SHA-256, file name) and the revision a user gives are checked before they
+//! touch the file system, every folder written to is checked to lie inside the
+//! cache once created (a link planted in the cache cannot lead a write out), a
+//! body is read to the size the API lists and no further, a transfer slower than
+//! [`MIN_RATE`] over a window is retried and then fails with its rate, and the
+//! walk over a cached snapshot follows links only to files inside the
+//! repository's cache folder (never to folders: no loop, no way out).
+
+mod names;
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -24,7 +35,9 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
+use self::names::{file_name_problem, is_commit, is_hex, revision_problem};
 use crate::progress::Progress;
+use crate::text::escaped;
 
 /// The hub everyone means when `HF_ENDPOINT` is not set.
 pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
@@ -32,6 +45,25 @@ pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 /// Attempts at one file before a dropped connection is an error (each resumes
 /// where the last one stopped).
 const ATTEMPTS: usize = 4;
+
+/// The slowest transfer accepted, in bytes a second, averaged over
+/// [`RATE_WINDOW`]: a slower one is dropped and resumed, and after
+/// [`ATTEMPTS`] fails saying its rate.
+pub const MIN_RATE: u64 = 1024;
+/// The window [`MIN_RATE`] is measured over (and the longest wait for one read).
+/// The hidden `KTUNE_HUB_WINDOW_MS` shortens it for the tests.
+const RATE_WINDOW: Duration = Duration::from_secs(30);
+
+/// The largest API answer read (a file list of tens of thousands of files is a
+/// few MB).
+const MAX_API_BYTES: u64 = 64 << 20;
+/// The largest `model.safetensors.index.json` or `refs/` file read.
+const MAX_INDEX_BYTES: u64 = 64 << 20;
+const MAX_REF_BYTES: u64 = 256;
+
+/// The most entries and the deepest folder a walk over a cached snapshot takes.
+const MAX_WALK_ENTRIES: usize = 100_000;
+const MAX_WALK_DEPTH: usize = 32;
 
 /// Quant names in ascending size (bits per weight), as llama.cpp's quantize lists
 /// them; the default choice is the largest one at or below [`DEFAULT_QUANT`].
@@ -74,6 +106,14 @@ pub enum HubError {
     Io { path: PathBuf, source: std::io::Error },
     #[error("{url}: unexpected answer: {msg}")]
     Api { url: String, msg: String },
+    #[error("--hf {spec}: revision `{}` {why}: give a branch, tag or commit hash (e.g. @main, @v1.0)", escaped(rev, 80))]
+    Revision { spec: String, rev: String, why: &'static str },
+    #[error("{url}: the hub sent {what} `{}`, which {why}; refused, nothing was written for it", escaped(value, 120))]
+    Unsafe { url: String, what: &'static str, value: String, why: &'static str },
+    #[error("{file}: the hub sent more than the {want} bytes its file list gives; the partial download was deleted")]
+    TooLong { file: String, want: u64 },
+    #[error("{}: lies outside the hub cache {} (a link in the cache leads out of it); refused: remove it and run again", path.display(), cache.display())]
+    Outside { path: PathBuf, cache: PathBuf },
 }
 
 pub type Result<T, E = HubError> = std::result::Result<T, E>;
@@ -103,6 +143,12 @@ impl HubSpec {
             Some(_) => return Err(bad()),
             None => (s, "main".to_string()),
         };
+        if let Some(why) = revision_problem(&revision) {
+            return Err(HubError::Revision { spec: escaped(s, 120).into_owned(), rev: revision, why });
+        }
+        // A commit hash names its snapshot folder as the hub writes it.
+        let revision =
+            if revision.len() == 40 && revision.bytes().all(|b| b.is_ascii_hexdigit()) { revision.to_ascii_lowercase() } else { revision };
         let (repo, file) = match rest.split_once(':') {
             Some((r, f)) if !f.is_empty() => (r, Some(f.to_string())),
             Some(_) => return Err(bad()),
@@ -258,6 +304,8 @@ pub struct Hub {
     token_file: PathBuf,
     offline: bool,
     agent: ureq::Agent,
+    /// The window [`MIN_RATE`] is measured over.
+    window: Duration,
 }
 
 fn env_nonempty(k: &str) -> Option<String> {
@@ -285,16 +333,20 @@ impl Hub {
         let token = env_nonempty("HF_TOKEN")
             .or_else(|| std::fs::read_to_string(&token_file).ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty()));
         let endpoint = env_nonempty("HF_ENDPOINT").unwrap_or_else(|| DEFAULT_ENDPOINT.to_string()).trim_end_matches('/').to_string();
+        let window = env_nonempty("KTUNE_HUB_WINDOW_MS")
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|ms| *ms > 0)
+            .map_or(RATE_WINDOW, Duration::from_millis);
         let agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_connect(Some(Duration::from_secs(20)))
-            .timeout_per_read(Some(Duration::from_secs(60)))
+            .timeout_per_read(Some(window))
             .user_agent(concat!("ktune/", env!("CARGO_PKG_VERSION")))
             // The token goes to the hub's own host (a moved repository), never to the CDN.
             .redirect_auth_headers(ureq::config::RedirectAuthHeaders::SameHost)
             .build()
             .into();
-        Hub { endpoint, cache, token, token_file, offline: truthy("HF_HUB_OFFLINE"), agent }
+        Hub { endpoint, cache, token, token_file, offline: truthy("HF_HUB_OFFLINE"), agent, window }
     }
 
     /// The hub cache directory.
@@ -348,35 +400,61 @@ impl Hub {
         }
     }
 
-    /// The commit and files of `spec.revision`, from the API.
+    /// The commit and files of `spec.revision`, from the API: every name checked
+    /// ([`names`]) before it is used, the answer read within [`MAX_API_BYTES`].
     fn list(&self, spec: &HubSpec) -> Result<(String, Vec<RepoFile>)> {
         // A revision such as `refs/pr/1` goes into the path as one segment.
         let url = format!("{}/api/models/{}/revision/{}?blobs=true", self.endpoint, spec.repo, spec.revision.replace('/', "%2F"));
-        let mut resp = self.get(&url, 0)?;
+        let resp = self.get(&url, 0)?;
         self.check_status(&url, &spec.repo, &format!("repository {} at revision {}", spec.repo, spec.revision), resp.status().as_u16())?;
         let api = |msg: String| HubError::Api { url: url.clone(), msg };
-        let text = resp.body_mut().read_to_string().map_err(|e| HubError::Network { url: url.clone(), msg: e.to_string() })?;
-        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| api(e.to_string()))?;
-        let commit = v["sha"].as_str().filter(|s| is_commit(s)).ok_or_else(|| api("no commit hash (`sha`)".into()))?.to_string();
+        let mut text = Vec::new();
+        let body = resp.into_body().into_with_config().limit(MAX_API_BYTES).reader();
+        Floor::new(body, self.window).read_to_end(&mut text).map_err(|e| HubError::Network { url: url.clone(), msg: e.to_string() })?;
+        let v: serde_json::Value = serde_json::from_slice(&text).map_err(|e| api(e.to_string()))?;
+        let unsafe_name = |what, value: &str, why| HubError::Unsafe { url: url.clone(), what, value: value.to_string(), why };
+        let commit = v["sha"].as_str().ok_or_else(|| api("no commit hash (`sha`)".into()))?;
+        if !is_commit(commit) {
+            return Err(unsafe_name("the commit hash", commit, "is not 40 lowercase hex digits"));
+        }
         let files = v["siblings"]
             .as_array()
             .ok_or_else(|| api("no file list (`siblings`)".into()))?
             .iter()
             .map(|s| {
-                let name = s["rfilename"].as_str().ok_or_else(|| api("a file without `rfilename`".into()))?.to_string();
-                let sha256 = s["lfs"]["sha256"].as_str().map(str::to_string);
-                let etag = sha256.clone().or_else(|| s["blobId"].as_str().map(str::to_string));
-                let etag =
-                    etag.ok_or_else(|| api(format!("{name}: neither `lfs.sha256` nor `blobId` (the API was asked with blobs=true)")))?;
-                let size = s["lfs"]["size"].as_u64().or_else(|| s["size"].as_u64()).unwrap_or(0);
-                Ok(RepoFile { name, size, etag, sha256 })
+                let name = s["rfilename"].as_str().ok_or_else(|| api("a file without `rfilename`".into()))?;
+                if let Some(why) = file_name_problem(name) {
+                    return Err(unsafe_name("the file name", name, why));
+                }
+                let sha256 = s["lfs"]["sha256"].as_str();
+                if let Some(h) = sha256.filter(|h| !is_hex(h, 64)) {
+                    return Err(unsafe_name("the SHA-256", h, "is not 64 lowercase hex digits"));
+                }
+                let etag = match (sha256, s["blobId"].as_str()) {
+                    (Some(h), _) => h,
+                    (None, Some(b)) if is_hex(b, 40) => b,
+                    (None, Some(b)) => return Err(unsafe_name("the blob id", b, "is not 40 lowercase hex digits")),
+                    (None, None) => {
+                        return Err(api(format!(
+                            "{}: neither `lfs.sha256` nor `blobId` (the API was asked with blobs=true)",
+                            escaped(name, 120)
+                        )));
+                    }
+                };
+                let size = s["lfs"]["size"]
+                    .as_u64()
+                    .or_else(|| s["size"].as_u64())
+                    .ok_or_else(|| api(format!("{}: no `size` (the API was asked with blobs=true)", escaped(name, 120))))?;
+                Ok(RepoFile { name: name.to_string(), size, etag: etag.to_string(), sha256: sha256.map(str::to_string) })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok((commit, files))
+        Ok((commit.to_string(), files))
     }
 
     fn download(&self, spec: &HubSpec, dir: &Path, progress: &dyn Progress) -> Result<Resolved> {
         let (commit, listed) = self.list(spec)?;
+        std::fs::create_dir_all(&self.cache).map_err(io(&self.cache))?;
+        make_dir_inside(&self.cache, dir)?;
         let names: Vec<&str> = listed.iter().map(|f| f.name.as_str()).collect();
         let (mut files, gguf) = choose(&spec.repo, &names, spec.file.as_deref())?;
         if !gguf && let Some(index) = listed.iter().find(|f| f.name == INDEX_FILE) {
@@ -397,7 +475,7 @@ impl Hub {
         if spec.revision != commit {
             let refs = dir.join("refs");
             let r = refs.join(&spec.revision);
-            std::fs::create_dir_all(r.parent().unwrap_or(&refs)).map_err(io(&refs))?;
+            make_dir_inside(dir, r.parent().unwrap_or(&refs))?;
             // Whole or not at all: a torn ref would point a later offline run nowhere.
             crate::atomic::write_atomic(&r, commit.as_bytes()).map_err(io(&r))?;
         }
@@ -405,27 +483,31 @@ impl Hub {
     }
 
     /// One file into the blob store and the snapshot; the bytes downloaded.
+    /// Every folder is made inside the repository's cache folder `dir` (the
+    /// locks inside the cache), and a blob or a snapshot link counts as there
+    /// only when it is a file inside `dir`.
     fn fetch(&self, spec: &HubSpec, dir: &Path, commit: &str, f: &RepoFile, progress: &dyn Progress) -> Result<u64> {
         let blobs = dir.join("blobs");
         let blob = blobs.join(&f.etag);
         let link = dir.join("snapshots").join(commit).join(&f.name);
         let mut got = 0;
-        if !blob.is_file() {
-            std::fs::create_dir_all(&blobs).map_err(io(&blobs))?;
+        if !is_regular(&blob) {
+            make_dir_inside(dir, &blobs)?;
             // huggingface_hub's lock file for this blob: one download at a time,
             // whichever program makes it; the blob may be there once it is ours.
             let locks = self.cache.join(".locks").join(dir.file_name().unwrap_or_default());
-            std::fs::create_dir_all(&locks).map_err(io(&locks))?;
+            make_dir_inside(&self.cache, &locks)?;
             let lock_path = locks.join(format!("{}.lock", f.etag));
+            unlink_unless_regular(&lock_path)?;
             let lock = std::fs::File::options().create(true).truncate(false).write(true).open(&lock_path).map_err(io(&lock_path))?;
             lock.lock().map_err(io(&lock_path))?;
-            if !blob.is_file() {
+            if !is_regular(&blob) {
                 got = self.download_blob(spec, commit, f, &blob, progress)?;
             }
         }
-        if !link.is_file() {
+        if !file_inside(dir, &link) {
             let parent = link.parent().unwrap_or(dir);
-            std::fs::create_dir_all(parent).map_err(io(parent))?;
+            make_dir_inside(dir, parent)?;
             let _ = std::fs::remove_file(&link);
             let depth = f.name.matches('/').count();
             let target = PathBuf::from(format!("{}../../blobs/{}", "../".repeat(depth), f.etag));
@@ -454,7 +536,13 @@ impl Hub {
                     progress.note(&format!("{}: {e}; resuming", f.name));
                     last_err = Some(e);
                 }
-                Err((_, e)) => return Err(e),
+                Err((_, e)) => {
+                    progress.done();
+                    if matches!(e, HubError::TooLong { .. }) {
+                        let _ = std::fs::remove_file(&part);
+                    }
+                    return Err(e);
+                }
             }
         }
         progress.done();
@@ -462,7 +550,7 @@ impl Hub {
             return Err(e);
         }
         let have = std::fs::metadata(&part).map_err(io(&part))?.len();
-        if f.size > 0 && have != f.size {
+        if have != f.size {
             let _ = std::fs::remove_file(&part);
             return Err(HubError::Size { file: f.name.clone(), want: f.size, got: have });
         }
@@ -487,11 +575,12 @@ impl Hub {
         part: &Path,
         progress: &dyn Progress,
     ) -> Result<u64, (u64, HubError)> {
-        let have = std::fs::metadata(part).map(|m| m.len()).unwrap_or(0);
-        let have = if f.size > 0 && have > f.size { 0 } else { have };
-        if f.size > 0 && have == f.size {
+        unlink_unless_regular(part).map_err(|e| (0, e))?;
+        let have = std::fs::metadata(part).map(|m| m.len()).ok();
+        if have == Some(f.size) {
             return Ok(0);
         }
+        let have = have.filter(|h| *h < f.size).unwrap_or(0);
         let resp = self.get(url, have).map_err(|e| (0, e))?;
         let status = resp.status().as_u16();
         self.check_status(url, &spec.repo, &format!("{} in {}@{}", f.name, spec.repo, spec.revision), status).map_err(|e| (0, e))?;
@@ -504,8 +593,11 @@ impl Hub {
             .truncate(!append)
             .open(part)
             .map_err(|e| (0, io(part)(e)))?;
-        progress.advance_to(if append { have } else { 0 });
-        let mut reader = resp.into_body().into_reader();
+        let start = if append { have } else { 0 };
+        progress.advance_to(start);
+        // One byte past the listed size is enough to know the hub sends more.
+        let want = f.size - start;
+        let mut reader = Floor::new(resp.into_body().into_reader(), self.window).take(want + 1);
         let mut buf = vec![0u8; 1 << 16];
         let mut wrote = 0u64;
         loop {
@@ -514,44 +606,92 @@ impl Hub {
                 Ok(n) => n,
                 Err(e) => return Err((wrote, HubError::Network { url: url.to_string(), msg: e.to_string() })),
             };
+            if wrote + n as u64 > want {
+                return Err((wrote, HubError::TooLong { file: f.name.clone(), want: f.size }));
+            }
             out.write_all(&buf[..n]).map_err(|e| (wrote, io(part)(e)))?;
             wrote += n as u64;
             progress.advance(n as u64);
         }
         out.flush().map_err(|e| (wrote, io(part)(e)))?;
-        let total = if append { have + wrote } else { wrote };
-        if f.size > 0 && total < f.size {
-            return Err((
-                wrote,
-                HubError::Network { url: url.to_string(), msg: format!("connection closed at byte {total} of {}", f.size) },
-            ));
+        if start + wrote < f.size {
+            let msg = format!("connection closed at byte {} of {}", start + wrote, f.size);
+            return Err((wrote, HubError::Network { url: url.to_string(), msg }));
         }
         Ok(wrote)
     }
 }
 
+/// A reader that fails when less than [`MIN_RATE`] bytes a second arrived
+/// over its last window (a hub that trickles a file would otherwise hold the
+/// download for ever: each read alone stays within the read timeout).
+struct Floor<R> {
+    inner: R,
+    window: Duration,
+    since: std::time::Instant,
+    bytes: u64,
+}
+
+impl<R> Floor<R> {
+    fn new(inner: R, window: Duration) -> Floor<R> {
+        Floor { inner, window, since: std::time::Instant::now(), bytes: 0 }
+    }
+}
+
+impl<R: Read> Read for Floor<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes += n as u64;
+        let elapsed = self.since.elapsed();
+        if n > 0 && elapsed >= self.window {
+            let floor = (MIN_RATE as f64 * elapsed.as_secs_f64()) as u64;
+            if self.bytes < floor {
+                let rate = self.bytes as f64 / elapsed.as_secs_f64();
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "transfer too slow: {} bytes in {:.1} s ({rate:.0} B/s, below the floor of {MIN_RATE} B/s)",
+                        self.bytes,
+                        elapsed.as_secs_f64()
+                    ),
+                ));
+            }
+            (self.since, self.bytes) = (std::time::Instant::now(), 0);
+        }
+        Ok(n)
+    }
+}
+
 /// The cached commit of `spec.revision` and its snapshot's chosen files, or
-/// what is missing.
+/// what is missing. The cache is read as untrusted as the hub: the ref must
+/// hold a commit hash, and only the files [`walk`] finds count.
 fn cached(spec: &HubSpec, dir: &Path) -> Result<Resolved, String> {
     let commit = if is_commit(&spec.revision) {
         spec.revision.clone()
     } else {
         let r = dir.join("refs").join(&spec.revision);
-        std::fs::read_to_string(&r).map(|s| s.trim().to_string()).map_err(|_| format!("no {}", r.display()))?
+        let text = crate::input::read_limited(&r, MAX_REF_BYTES, "ref file").map_err(|e| format!("no {} ({e})", r.display()))?;
+        let commit = String::from_utf8_lossy(&text).trim().to_string();
+        if !is_commit(&commit) {
+            return Err(format!("{} holds no commit hash", r.display()));
+        }
+        commit
     };
     let snap = dir.join("snapshots").join(&commit);
-    let mut names = Vec::new();
-    walk(&snap, "", &mut names);
+    let names = walk(dir, &snap);
     if names.is_empty() {
         return Err(format!("no files in {}", snap.display()));
     }
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let (files, gguf) = choose(&spec.repo, &refs, spec.file.as_deref()).map_err(|e| e.to_string())?;
-    if let Some(f) = files.iter().find(|f| !snap.join(f).is_file()) {
+    if let Some(f) = files.iter().find(|f| !refs.contains(&f.as_str())) {
         return Err(format!("{f} is not in {}", snap.display()));
     }
-    if !gguf && let Some(missing) = missing_shards(&snap) {
-        return Err(missing);
+    if !gguf && refs.contains(&INDEX_FILE) {
+        let shards = index_shards(&snap.join(INDEX_FILE)).map_err(|e| e.to_string())?;
+        if let Some(s) = shards.iter().find(|s| !refs.contains(&s.as_str())) {
+            return Err(format!("{s} is not in {}", snap.display()));
+        }
     }
     Ok(resolved(spec, commit, &snap, files, gguf, 0))
 }
@@ -569,43 +709,97 @@ fn resolved(spec: &HubSpec, commit: String, snap: &Path, files: Vec<String>, ggu
     }
 }
 
-fn is_commit(s: &str) -> bool {
-    s.len() == 40 && s.chars().all(|c| c.is_ascii_hexdigit())
-}
-
-/// Every file under `dir` (links followed), as `/`-separated paths below it.
-fn walk(dir: &Path, prefix: &str, out: &mut Vec<String>) {
-    let Ok(rd) = std::fs::read_dir(dir) else { return };
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let p = e.path();
-        if p.is_dir() {
-            walk(&p, &format!("{prefix}{name}/"), out);
-        } else if p.is_file() {
-            out.push(format!("{prefix}{name}"));
+/// The files of the snapshot `snap` as `/`-separated paths below it, sorted:
+/// real folders are entered (at most [`MAX_WALK_DEPTH`] deep, [`MAX_WALK_ENTRIES`]
+/// entries in all), and a link counts when it leads to a regular file inside
+/// the repository's cache folder `repo`. Links to folders are never followed,
+/// so no link leads the walk out of the cache or round a loop; names that
+/// could not have come from the hub ([`file_name_problem`]) are skipped.
+fn walk(repo: &Path, snap: &Path) -> Vec<String> {
+    fn visit(root: &Path, dir: &Path, prefix: &str, depth: usize, budget: &mut usize, out: &mut Vec<String>) {
+        let Ok(rd) = std::fs::read_dir(dir) else { return };
+        for e in rd.flatten() {
+            if *budget == 0 {
+                return;
+            }
+            *budget -= 1;
+            let (Ok(name), Ok(kind)) = (e.file_name().into_string(), e.file_type()) else { continue };
+            let rel = format!("{prefix}{name}");
+            if file_name_problem(&rel).is_some() {
+                continue;
+            }
+            if kind.is_dir() && depth < MAX_WALK_DEPTH {
+                visit(root, &e.path(), &format!("{rel}/"), depth + 1, budget, out);
+            } else if kind.is_file() || (kind.is_symlink() && resolves_inside(root, &e.path())) {
+                out.push(rel);
+            }
         }
     }
+    let (mut out, mut budget) = (Vec::new(), MAX_WALK_ENTRIES);
+    if let Ok(root) = repo.canonicalize() {
+        visit(&root, snap, "", 0, &mut budget, &mut out);
+    }
     out.sort();
+    out
 }
 
-/// The shard files a `model.safetensors.index.json` names.
+/// Whether `path` (links followed) is a regular file inside the folder whose
+/// canonical path is `root`.
+fn resolves_inside(root: &Path, path: &Path) -> bool {
+    path.canonicalize().is_ok_and(|p| p.starts_with(root) && p.is_file())
+}
+
+/// Whether `path` is a regular file inside the folder `root`.
+fn file_inside(root: &Path, path: &Path) -> bool {
+    root.canonicalize().is_ok_and(|r| resolves_inside(&r, path))
+}
+
+/// Whether `path` itself (not a link's target) is a regular file.
+fn is_regular(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file())
+}
+
+/// Removes what `path` names unless it is a regular file (or nothing), so an
+/// open for writing never follows a link planted there.
+fn unlink_unless_regular(path: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.is_file() => std::fs::remove_file(path).map_err(io(path)),
+        _ => Ok(()),
+    }
+}
+
+/// Creates the folder `dir` inside the folder `root` (which exists) and checks
+/// that it lies there, before and after: a link planted in the cache cannot
+/// lead a write out of it.
+fn make_dir_inside(root: &Path, dir: &Path) -> Result<()> {
+    let root_real = root.canonicalize().map_err(io(root))?;
+    let outside = || HubError::Outside { path: dir.to_path_buf(), cache: root.to_path_buf() };
+    // The deepest part of `dir` that exists already must lie inside.
+    let existing = dir.ancestors().find(|a| a.exists()).unwrap_or(root);
+    if !existing.canonicalize().is_ok_and(|p| p.starts_with(&root_real)) {
+        return Err(outside());
+    }
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    if !dir.canonicalize().is_ok_and(|p| p.starts_with(&root_real)) {
+        return Err(outside());
+    }
+    Ok(())
+}
+
+/// The shard files a `model.safetensors.index.json` names, each checked as a
+/// file name of the repository.
 fn index_shards(path: &Path) -> Result<BTreeSet<String>> {
-    let text = std::fs::read_to_string(path).map_err(io(path))?;
-    let v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| HubError::Api { url: path.display().to_string(), msg: e.to_string() })?;
-    Ok(v["weight_map"].as_object().map(|m| m.values().filter_map(|s| s.as_str().map(str::to_string)).collect()).unwrap_or_default())
-}
-
-/// A shard the snapshot's index names and the snapshot lacks.
-fn missing_shards(snap: &Path) -> Option<String> {
-    let index = snap.join(INDEX_FILE);
-    if !index.is_file() {
-        return None;
+    let bytes = crate::input::read_limited(path, MAX_INDEX_BYTES, "safetensors index").map_err(io(path))?;
+    let source = path.display().to_string();
+    let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| HubError::Api { url: source.clone(), msg: e.to_string() })?;
+    let shards: BTreeSet<String> =
+        v["weight_map"].as_object().map(|m| m.values().filter_map(|s| s.as_str().map(str::to_string)).collect()).unwrap_or_default();
+    for s in &shards {
+        if let Some(why) = file_name_problem(s) {
+            return Err(HubError::Unsafe { url: source, what: "the shard name", value: s.clone(), why });
+        }
     }
-    match index_shards(&index) {
-        Ok(shards) => shards.into_iter().find(|s| !snap.join(s).is_file()).map(|s| format!("{s} is not in {}", snap.display())),
-        Err(e) => Some(e.to_string()),
-    }
+    Ok(shards)
 }
 
 /// The snapshot's link to its blob (relative, as huggingface_hub makes it); a
