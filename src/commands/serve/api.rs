@@ -119,7 +119,7 @@ pub(super) async fn handle(state: Arc<State>, req: Request<Incoming>) -> Respons
         (&Method::GET, "/health") => json_response(&state, endpoint, 200, &json!({"status": "ok"})),
         (&Method::GET, "/metrics") => {
             record(&state, endpoint, 200);
-            with_type(Response::new(Reply::whole(metrics(&state))), "text/plain; version=0.0.4")
+            with_type(Response::new(Reply::full(metrics(&state))), "text/plain; version=0.0.4")
         }
         _ if path.starts_with("/v1/") && !authorized(&state, &req) => {
             error_response(&state, endpoint, 401, "a missing or wrong API key: send `Authorization: Bearer KEY` (the server's --api-key)")
@@ -282,7 +282,7 @@ pub(super) enum Reply {
 }
 
 impl Reply {
-    fn whole(text: String) -> Reply {
+    fn full(text: String) -> Reply {
         Reply::Full(Some(Bytes::from(text)))
     }
 }
@@ -465,7 +465,7 @@ fn with_type(mut r: Response<Reply>, content_type: &'static str) -> Response<Rep
 }
 
 fn json_reply(status: StatusCode, body: &Value) -> Response<Reply> {
-    let mut r = Response::new(Reply::whole(body.to_string()));
+    let mut r = Response::new(Reply::full(body.to_string()));
     *r.status_mut() = status;
     with_type(r, "application/json")
 }

@@ -18,8 +18,8 @@
 //! A client that leaves cancels its generation at the next token: its events
 //! channel closes when its response is dropped, and a response is dropped when
 //! a write to the client fails. Streaming, every token is a write. A
-//! non-streamed reply that is not ready within [`api::PROBE`] is sent as `200`
-//! with a chunked JSON body that starts with a space every [`api::PROBE`] (JSON
+//! non-streamed reply that is not ready within `api::PROBE` (0.5 s) is sent as
+//! `200` with a chunked JSON body that starts with a space every `PROBE` (JSON
 //! allows leading whitespace) until the object itself: those writes fail once
 //! the client has gone. Reading cannot tell: a client that shut down only its
 //! write side after its request (a half-close) is still there and is answered.

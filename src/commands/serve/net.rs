@@ -29,7 +29,9 @@
 //!   preface, HTTP/0.9's line without one) gets `505`, a line that is not ASCII
 //!   `400` (later requests of a kept-alive connection get hyper's `400` for both).
 //! - Half-closed clients (write side shut after the request) are answered:
-//!   hyper's `half_close(true)`. Only a failed write says a client left.
+//!   hyper's `half_close(true)`. Only a failed write says a client left; a
+//!   write the client takes nothing of for [`SEND_STALL`] fails too (a client
+//!   that stopped reading, or a peer gone without a reset).
 //! - Every connection ends with a lingering close: the write side shut, then what
 //!   the client still sends read and dropped for up to [`LINGER`] or
 //!   [`LINGER_BYTES`], so that an answer given before a body was read (`413`,
@@ -58,14 +60,14 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{Semaphore, watch};
 
 /// The largest request head (start line and headers), in bytes.
-pub(super) const MAX_HEADER_BYTES: usize = 16 * 1024;
+const MAX_HEADER_BYTES: usize = 16 * 1024;
 /// The most header lines a request may have.
-pub(super) const MAX_HEADERS: usize = 100;
+const MAX_HEADERS: usize = 100;
 /// The bound of a connection's read buffer (hyper's `max_buf_size`, at least 8 KiB).
 const MAX_BUF: usize = 64 * 1024;
 /// Canned refusals (`503` past the connection limit) written at once; past it a
 /// connection over the limit is closed unanswered.
-pub(super) const REFUSING: usize = 64;
+const REFUSING: usize = 64;
 /// How long a closing connection's unread input is read and dropped, at most.
 const LINGER: Duration = Duration::from_secs(1);
 /// How much of a closing connection's unread input is read and dropped, at most.
@@ -75,6 +77,9 @@ const BACKOFF_MIN: Duration = Duration::from_millis(10);
 const BACKOFF_MAX: Duration = Duration::from_millis(100);
 /// The least time between two log lines about accept errors.
 const LOG_EVERY: Duration = Duration::from_secs(10);
+/// How long a client may take none of the bytes written to it before the write
+/// fails (a client that stopped reading, or a peer gone without a reset).
+const SEND_STALL: Duration = Duration::from_secs(60);
 /// The listen backlog.
 const BACKLOG: u32 = 1024;
 
@@ -235,7 +240,7 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let _ = stream.set_nodelay(true);
-    let mut io = TokioIo::new(Watched { stream, first_line: Some(Vec::new()), refused: None, head_begun: false });
+    let mut io = TokioIo::new(Watched { stream, first_line: Some(Vec::new()), refused: None, head_begun: false, stalled: None });
     let result = {
         let service = service_fn(|req| {
             let reply = handler(req);
@@ -360,6 +365,29 @@ struct Watched {
     refused: Option<(u16, &'static str)>,
     /// Bytes arrived since the last write (a request head under way).
     head_begun: bool,
+    /// Since when the client has taken none of the bytes written to it.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Watched {
+    /// Notes a write's outcome: a client that takes no byte for [`SEND_STALL`]
+    /// has its write fail (and its response, and generation, dropped).
+    fn wrote(&mut self, cx: &mut Context<'_>, written: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+        match written {
+            Poll::Ready(Ok(n)) => {
+                self.head_begun &= n == 0;
+                self.stalled = None;
+                Poll::Ready(Ok(n))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => {
+                let stall = self.stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(SEND_STALL)));
+                ready!(stall.as_mut().poll(cx));
+                let msg = format!("the client took nothing of its response for {} s", SEND_STALL.as_secs());
+                Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, msg)))
+            }
+        }
+    }
 }
 
 /// The verdict on a connection's first request line.
@@ -436,15 +464,13 @@ impl AsyncRead for Watched {
 
 impl AsyncWrite for Watched {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
-        let n = ready!(Pin::new(&mut self.stream).poll_write(cx, data))?;
-        self.head_begun &= n == 0;
-        Poll::Ready(Ok(n))
+        let written = Pin::new(&mut self.stream).poll_write(cx, data);
+        self.wrote(cx, written)
     }
 
     fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
-        let n = ready!(Pin::new(&mut self.stream).poll_write_vectored(cx, bufs))?;
-        self.head_begun &= n == 0;
-        Poll::Ready(Ok(n))
+        let written = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.wrote(cx, written)
     }
 
     fn is_write_vectored(&self) -> bool {
