@@ -776,6 +776,21 @@ pub struct ServeArgs {
     /// The model id /v1/models lists and responses name (default: the model's name).
     #[arg(long, value_name = "ID")]
     pub model_id: Option<String>,
+    /// Connections served at once; past it a new connection gets 503 and is
+    /// closed (default: half the soft limit of open files, 16 to 4096).
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// Seconds a request's head may take to arrive, counted from when the server
+    /// waits for it: also how long a kept-alive connection may sit idle.
+    #[arg(long, default_value_t = 30, value_name = "SECS")]
+    pub header_timeout: u64,
+    /// Seconds a request's body may take to arrive once its head has; past it, 408.
+    #[arg(long, default_value_t = 30, value_name = "SECS")]
+    pub body_timeout: u64,
+    /// Seconds SIGINT/SIGTERM leaves the requests in flight to finish before the
+    /// rest are dropped and the server exits.
+    #[arg(long, default_value_t = 10, value_name = "SECS")]
+    pub drain_timeout: u64,
 }
 
 #[derive(clap::Args, Debug)]

@@ -33,6 +33,7 @@ mod runtime_vision;
 mod runtime_vision_gpu;
 mod sample;
 mod serve;
+mod serve_hostile;
 mod snapshots;
 mod timestamps;
 mod tokenizer_spm;

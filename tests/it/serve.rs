@@ -19,7 +19,7 @@ use crate::common::{fixture, gguf_dir, ktune_process, tempdir};
 
 /// The fixture's model flags (the file has no chat template: the SmolLM2 one
 /// given with `template`).
-fn model_args(c: &mut Command, template: bool) -> &mut Command {
+pub(crate) fn model_args(c: &mut Command, template: bool) -> &mut Command {
     c.args(["--gguf"]).arg(gguf_dir().join("smollm2-tiny-q8_0.gguf"));
     if template {
         c.arg("--chat-template").arg(fixture("chat_templates/smollm2.jinja"));
@@ -28,10 +28,10 @@ fn model_args(c: &mut Command, template: bool) -> &mut Command {
 }
 
 /// A running server (killed when dropped) and its log lines.
-struct Served {
-    child: Child,
-    addr: String,
-    log: Arc<Mutex<Vec<String>>>,
+pub(crate) struct Served {
+    pub child: Child,
+    pub addr: String,
+    pub log: Arc<Mutex<Vec<String>>>,
     _cache: Option<tempfile::TempDir>,
 }
 
@@ -43,7 +43,7 @@ impl Drop for Served {
 }
 
 /// `serve --port 0` on the CPU with `flags`, once it prints the address it listens on.
-fn serve(flags: &[&str]) -> Served {
+pub(crate) fn serve(flags: &[&str]) -> Served {
     let cache = tempdir();
     let mut c = ktune_process(cache.path());
     c.args(["serve", "--port", "0"]);
@@ -52,7 +52,7 @@ fn serve(flags: &[&str]) -> Served {
 }
 
 /// Starts the `serve` command `c` and waits for the address it listens on.
-fn start(mut c: Command, cache: Option<tempfile::TempDir>) -> Served {
+pub(crate) fn start(mut c: Command, cache: Option<tempfile::TempDir>) -> Served {
     c.stdout(Stdio::null()).stderr(Stdio::piped());
     let mut child = c.spawn().expect("starts");
     let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
@@ -78,13 +78,13 @@ fn start(mut c: Command, cache: Option<tempfile::TempDir>) -> Served {
 }
 
 /// A response: status, body (chunked framing removed).
-struct Reply {
-    status: u16,
-    body: String,
+pub(crate) struct Reply {
+    pub status: u16,
+    pub body: String,
 }
 
 /// Sends one request (`Connection: close`) and reads the whole response.
-fn request(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
+pub(crate) fn request(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
     let mut s = TcpStream::connect(addr).expect("connects");
     s.set_read_timeout(Some(Duration::from_secs(120))).expect("timeout");
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
@@ -99,7 +99,7 @@ fn request(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body:
     parse(&raw)
 }
 
-fn parse(raw: &[u8]) -> Reply {
+pub(crate) fn parse(raw: &[u8]) -> Reply {
     let text = String::from_utf8_lossy(raw).into_owned();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no header end: {text:?}"));
     let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("status line: {head}"));
@@ -121,17 +121,17 @@ fn dechunk(mut s: &str) -> String {
     out
 }
 
-fn post(addr: &str, path: &str, body: &serde_json::Value) -> Reply {
+pub(crate) fn post(addr: &str, path: &str, body: &serde_json::Value) -> Reply {
     request(addr, "POST", path, &[("Content-Type", "application/json")], body.to_string().as_bytes())
 }
 
-fn json(r: &Reply) -> serde_json::Value {
+pub(crate) fn json(r: &Reply) -> serde_json::Value {
     serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.body))
 }
 
 /// The text of an SSE body: the `content` deltas (chat) or `text` pieces, and
 /// whether it ended with `data: [DONE]`.
-fn sse_text(body: &str) -> (String, bool) {
+pub(crate) fn sse_text(body: &str) -> (String, bool) {
     let mut text = String::new();
     let events: Vec<&str> = body.split("\n\n").filter_map(|e| e.strip_prefix("data: ")).collect();
     for e in &events {
@@ -160,7 +160,7 @@ fn run_text(prompt: &str, chat: bool, flags: &[&str]) -> String {
 }
 
 /// The value of a /metrics line (`name{labels}` exactly), 0 when absent.
-fn metric(addr: &str, name: &str) -> f64 {
+pub(crate) fn metric(addr: &str, name: &str) -> f64 {
     let r = request(addr, "GET", "/metrics", &[], b"");
     assert_eq!(r.status, 200);
     r.body.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')).and_then(|v| v.parse().ok())).unwrap_or(0.0)
@@ -241,7 +241,7 @@ fn serve_refuses_bad_requests_with_openai_errors() {
 
 /// Opens a streaming completion of `max_tokens` and reads until its first text event.
 /// A completion request sent on a connection of its own, nothing read.
-fn send_completion(addr: &str, max_tokens: usize, stream: bool) -> TcpStream {
+pub(crate) fn send_completion(addr: &str, max_tokens: usize, stream: bool) -> TcpStream {
     let mut s = TcpStream::connect(addr).expect("connects");
     let body = serde_json::json!({"prompt": "Once upon a time", "max_tokens": max_tokens, "stream": stream}).to_string();
     let head = format!("POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{body}", body.len());
@@ -250,7 +250,7 @@ fn send_completion(addr: &str, max_tokens: usize, stream: bool) -> TcpStream {
 }
 
 /// The metric once it reaches `want`, or its last value after `tries` looks 20 ms apart.
-fn metric_reaching(addr: &str, name: &str, want: f64, tries: usize) -> f64 {
+pub(crate) fn metric_reaching(addr: &str, name: &str, want: f64, tries: usize) -> f64 {
     let mut v = 0.0;
     for _ in 0..tries {
         v = metric(addr, name);
