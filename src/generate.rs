@@ -7,7 +7,10 @@
 //! string, the token limit, or a cancel flag checked every token. A
 //! [`Generator`] holds one warmed engine for many prompts (chat turns, server
 //! requests) and keeps its KV cache between them: a prompt that extends the last
-//! one prefills only its new tokens.
+//! one prefills only its new tokens, and the same prompt again samples from the
+//! logits its prefill left (feeding its last token again would be a one-token
+//! pass, whose arithmetic differs from the prefill's: the same request would
+//! answer differently the second time).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -452,6 +455,9 @@ pub struct Generator {
     pub warnings: Vec<String>,
     /// The ids in the KV cache, in order (its first `engine.pos`).
     cached: Vec<u32>,
+    /// The last prompt's length and the logits its last token gave, for a
+    /// repeat of that prompt.
+    prompt_logits: Option<(usize, Vec<f32>)>,
 }
 
 impl Generator {
@@ -528,6 +534,7 @@ impl Generator {
             chain,
             warnings,
             cached: Vec::new(),
+            prompt_logits: None,
         })
     }
 
@@ -551,6 +558,7 @@ impl Generator {
     /// Forgets the KV cache.
     pub fn reset(&mut self) {
         self.cached.clear();
+        self.prompt_logits = None;
         self.engine.reset();
     }
 
@@ -579,17 +587,26 @@ impl Generator {
         if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::Usage(format!("token id {bad} is outside the vocabulary (size {vocab})")));
         }
-        // Reuse the cached prefix (at least the last prompt token is fed again, for its logits).
-        let same = self.cached.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
+        // Reuse the cached prefix: the same prompt again takes the logits its
+        // prefill left; otherwise at least the last prompt token is fed again, for
+        // its logits.
+        let common = self.cached.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let repeat = common == prompt.len() && self.prompt_logits.as_ref().is_some_and(|(n, _)| *n == prompt.len());
+        let same = if repeat { prompt.len() } else { common.min(prompt.len() - 1) };
         self.engine.pos = same;
         self.cached.truncate(same);
         let mut limits = limits.clone();
         limits.max_tokens = limits.max_tokens.min(self.room(prompt.len()));
         let t0 = Instant::now();
-        let result = self.engine.forward(&prompt[same..]).map_err(Error::from).and_then(|rows| {
+        let rows = match self.prompt_logits.take() {
+            Some((_, logits)) if repeat => Ok(logits),
+            _ => self.engine.forward(&prompt[same..]).map(|mut rows| rows.pop().unwrap_or_default()).map_err(Error::from),
+        };
+        let result = rows.and_then(|last| {
             let prefill_seconds = t0.elapsed().as_secs_f64();
             let mut sampler = Sampler::new(params);
-            let first = sampler.sample(rows.last().map(Vec::as_slice).unwrap_or(&[]));
+            let first = sampler.sample(&last);
+            self.prompt_logits = Some((prompt.len(), last));
             let decoded =
                 decode(&mut self.engine, &mut sampler, first, Some(&self.tokenizer), &self.stop_ids, self.chain, &limits, cancel, stream)?;
             Ok((prefill_seconds, decoded))

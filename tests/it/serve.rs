@@ -211,6 +211,27 @@ fn serve_completions_equal_run_streamed_and_not() {
     assert!(metric(a, "ktune_generated_tokens_total") >= 28.0);
 }
 
+/// The same sampled request answers the same text however often it is sent:
+/// its prompt's KV cache is reused, and a repeat used to feed the prompt's last
+/// token again in a one-token pass, whose arithmetic differs from the prefill's
+/// (the second of two identical requests answered other text than the first and
+/// than `run`).
+#[test]
+fn serve_answers_a_repeated_request_alike_whether_its_prompt_was_cached() {
+    let s = serve(&["--device", "cpu"]);
+    let a = s.addr.as_str();
+    let want = run_text("hello", true, &["--max-tokens", "6", "--temperature", "0.7", "--seed", "3"]);
+    let body = serde_json::json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 6, "temperature": 0.7, "seed": 3});
+    let other = serde_json::json!({"prompt": "Once upon a time", "max_tokens": 3});
+    for i in 0..4 {
+        if i == 2 {
+            assert_eq!(post(a, "/v1/completions", &other).status, 200);
+        }
+        let v = json(&post(a, "/v1/chat/completions", &body));
+        assert_eq!(v["choices"][0]["message"]["content"], want.as_str(), "request {i}: {v}");
+    }
+}
+
 #[test]
 fn serve_refuses_bad_requests_with_openai_errors() {
     let s = serve(&["--device", "cpu", "--api-key", "sesame", "--max-body", "2000"]);
