@@ -36,6 +36,9 @@ pub enum EvalError {
     /// A logits file that does not fit this evaluation (another text, context or vocabulary).
     #[error("--reference {}: {msg}", path.display())]
     Mismatch { path: PathBuf, msg: String },
+    /// A file the user named that cannot be written there (`--save-logits`).
+    #[error(transparent)]
+    Write(#[from] crate::atomic::WriteError),
     #[error("{0}")]
     Usage(String),
     #[error("chunk {chunk}, position {pos}: {who} logits hold a NaN or an infinity")]
@@ -108,15 +111,11 @@ impl Text {
         Header { dtype, vocab, ctx: self.ctx, first: self.first, chunks: self.chunks.len() }
     }
 
-    /// Every chunk's ids, in order.
-    pub fn tokens(&self) -> Vec<u32> {
-        self.chunks.concat()
-    }
-
     /// Whether `file` holds the rows of this text for a model of `vocab` tokens
-    /// (it may hold more chunks than are scored: the first ones are used).
-    pub fn check_reference(&self, file: &LogitsReader, vocab: usize) -> Result<(), EvalError> {
-        let h = &file.header;
+    /// (it may hold more chunks than are scored: the first ones are used). Reads
+    /// the file's token ids a chunk at a time.
+    pub fn check_reference<R: std::io::Read + std::io::Seek>(&self, file: &mut LogitsReader<R>, vocab: usize) -> Result<(), EvalError> {
+        let h = file.header.clone();
         let bad = |msg: String| EvalError::Mismatch { path: file.path.clone(), msg };
         if h.vocab != vocab {
             return Err(bad(format!(
@@ -138,15 +137,18 @@ impl Text {
                 h.chunks
             )));
         }
-        let mine = self.tokens();
-        if let Some(i) = mine.iter().zip(&file.tokens).position(|(a, b)| a != b) {
-            return Err(bad(format!(
-                "its tokens differ from this run's at chunk {} position {} ({} vs {}): it was saved from another text or tokenizer",
-                i / self.ctx,
-                i % self.ctx,
-                file.tokens[i],
-                mine[i]
-            )));
+        let mut theirs = Vec::new();
+        for (c, mine) in self.chunks.iter().enumerate() {
+            file.next_tokens(&mut theirs)?;
+            if let Some(i) = mine.iter().zip(&theirs).position(|(a, b)| a != b) {
+                return Err(EvalError::Mismatch {
+                    path: file.path.clone(),
+                    msg: format!(
+                        "its tokens differ from this run's at chunk {c} position {i} ({} vs {}): it was saved from another text or tokenizer",
+                        theirs[i], mine[i]
+                    ),
+                });
+            }
         }
         Ok(())
     }

@@ -181,6 +181,43 @@ fn a_truncated_or_mismatched_logits_file_is_exit_2_naming_it() {
     check(&["--reference", f], "header");
 }
 
+/// Regression (issue 45): a 40-byte `--reference` whose header sizes (2^31
+/// chunks of 2^24 tokens, rows of 2^24 f32) multiply out to exactly 40 bytes
+/// mod 2^64 passed the length check, then panicked (`capacity overflow`) or
+/// aborted allocating 2^57 bytes for the token ids. Now exit 2 naming the file
+/// and the sizes; so is every cut of a valid file (in the header, in the ids,
+/// in the rows).
+#[test]
+fn a_logits_file_whose_header_sizes_wrap_is_exit_2_not_a_panic() {
+    let cache = tempdir();
+    let dir = cache.path();
+    let gguf = model("smollm2-tiny-q8_0");
+    let file = dir.join("wrap.bin");
+    let f = file.to_str().expect("utf-8");
+    let mut h = b"KTLOGPRB".to_vec();
+    for v in [1u32, 0, 1 << 24, 1 << 24, 0, 1 << 31] {
+        h.extend_from_slice(&v.to_le_bytes());
+    }
+    h.extend_from_slice(&((1u64 << 31) * ((1 << 24) - 1)).to_le_bytes());
+    std::fs::write(&file, &h).expect("write");
+    let o = eval_out(dir, "cpu", &gguf, &["--chunks", "1", "--reference", f]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("wrap.bin") && err.contains("more than 2^64 bytes"), "{err}");
+    // A valid file cut in its header, its token ids and its rows.
+    let good = dir.join("good.bin");
+    eval(dir, "cpu", &gguf, &["--chunks", "1", "--exact", "--save-logits", good.to_str().expect("utf-8")]);
+    let bytes = std::fs::read(&good).expect("read");
+    for cut in [0, 20, 39, 40, 41, 40 + 4 * 64, bytes.len() - 2] {
+        std::fs::write(&file, &bytes[..cut]).expect("cut");
+        let o = eval_out(dir, "cpu", &gguf, &["--chunks", "1", "--reference", f]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "cut at {cut}: {err}");
+        assert!(err.contains("wrap.bin") && (err.contains("truncated") || err.contains("shorter than")), "cut at {cut}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
 #[test]
 fn eval_on_the_gpu_is_within_1e_4_of_the_f32_reference() {
     let cache = tempdir();
