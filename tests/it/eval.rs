@@ -221,6 +221,7 @@ fn a_logits_file_whose_header_sizes_wrap_is_exit_2_not_a_panic() {
 
 /// The peak resident set of `ktune eval --chunks 1` on `file`, KiB (the child's
 /// own `ru_maxrss`, from wait4: no other test's process counts).
+#[expect(clippy::zombie_processes, reason = "the child is reaped by wait4, for its resource usage")]
 fn eval_peak_kib(cache: &Path, file: &Path) -> i64 {
     let child = crate::common::ktune_process(cache)
         .args(["eval", "--device", "cpu", "--gguf"])
