@@ -49,6 +49,9 @@ pub enum Error {
     Image(#[from] crate::runtime::image::ImageError),
     #[error(transparent)]
     Eval(#[from] crate::eval::EvalError),
+    /// A file the user named that cannot be written there ([`crate::atomic`]).
+    #[error(transparent)]
+    Write(#[from] crate::atomic::WriteError),
     #[error("{0}")]
     Usage(String),
     #[error("writing output failed: {0}")]

@@ -23,6 +23,8 @@ use clap::Parser;
 
 use crate::cli::{Cli, Command};
 use crate::device::{CpuCaps, Device};
+use crate::eval::LogitsReader;
+use crate::eval::metrics::DivergenceSum;
 use crate::kernels::quant::QFormat;
 use crate::model::gguf::GgufFile;
 use crate::model::{ChatTemplate, ModelConfig, Stored, Tokenizer, Weights, builtin};
@@ -40,6 +42,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("tokenizer", tokenizer),
     ("chat", chat),
     ("cli", cli),
+    ("logits", logits),
 ];
 
 /// `data` cut at its first `n - 1` NUL bytes into `n` parts (the missing ones
@@ -279,4 +282,29 @@ fn cli_checked(data: &[u8]) -> Result<&'static str, &'static str> {
         Some(Err(_)) => "parsed, settings refused",
         None => "parsed",
     })
+}
+
+/// A saved logits file as `eval --reference FILE` reads it: the header checked
+/// (each size within its limit, the length they add up to in checked arithmetic
+/// against the input's), every chunk's token ids, then every row, each compared
+/// with itself as the divergence is.
+pub fn logits(data: &[u8]) -> &'static str {
+    let Ok(mut r) = LogitsReader::from_reader(Path::new("fuzz.logits"), std::io::Cursor::new(data), data.len() as u64) else {
+        return "rejected";
+    };
+    let mut ids = Vec::new();
+    for _ in 0..r.header.chunks {
+        if r.next_tokens(&mut ids).is_err() {
+            return "header read, token ids cut";
+        }
+    }
+    let (mut row, mut div) = (Vec::new(), DivergenceSum::default());
+    for _ in 0..r.header.positions() {
+        if r.next_row(&mut row).is_err() {
+            return "token ids read, rows cut";
+        }
+        div.add(&row, &row);
+    }
+    let _ = div.finish();
+    "read"
 }

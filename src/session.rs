@@ -96,6 +96,23 @@ pub struct ModelSettings {
 }
 
 impl ModelSettings {
+    /// The files the model is read from, by the flag that names them (a
+    /// directory's files one by one): what an output may not replace
+    /// ([`crate::atomic`]).
+    pub fn input_files(&self) -> Vec<(&'static str, PathBuf)> {
+        let mut files = Vec::new();
+        match &self.source {
+            ModelSource::Gguf(p) => files.push(("--gguf", p.clone())),
+            ModelSource::Dir(d) => {
+                let entries = std::fs::read_dir(d).into_iter().flatten().flatten();
+                files.extend(entries.map(|e| e.path()).filter(|p| p.is_file()).map(|p| ("--model-dir", p)));
+            }
+            ModelSource::Builtin(_) => {}
+        }
+        files.extend(self.mmproj.iter().map(|p| ("--mmproj", p.clone())));
+        files
+    }
+
     /// Loads the model with its `--mmproj` vision projector file (which pairs with
     /// `--gguf` only): what `tune` and `bench` load. A missing file or `--mmproj`
     /// without `--gguf` is a usage error naming the fix.

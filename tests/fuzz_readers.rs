@@ -1,8 +1,9 @@
 //! Fuzzing the readers of untrusted files with proptest: GGUF (header, metadata,
 //! tensor infos, then the model config, every tensor read as f32, quantized
 //! loads and the tokenizer; a vision projector file paired with a text model, its
-//! tower run), safetensors (header, then every tensor read) and
-//! profiles (YAML, then validation). Inputs are valid files mutated: bit flips,
+//! tower run), safetensors (header, then every tensor read),
+//! profiles (YAML, then validation) and `eval`'s saved logits files (header,
+//! token ids, rows). Inputs are valid files mutated: bit flips,
 //! truncations, inserted and deleted bytes, and length/count/offset fields
 //! overwritten with boundary values, biased towards the header where the
 //! lengths live. The targets are `ktune::fuzzing`'s (the libFuzzer targets of
@@ -281,6 +282,13 @@ fn fuzz_profile_reader() {
     let seed = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/llama-3.2-1b-cpu-epyc-2core.yaml")).expect("profile");
     let header = seed.len();
     fuzz("profile", seed, header, |b| ktune::fuzzing::profile(&b));
+}
+
+#[test]
+fn fuzz_logits_reader() {
+    // `eval --save-logits`'s format: the sizes live in the 40-byte header.
+    let seed = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/logits/f32-2chunks.bin")).expect("seed");
+    fuzz("logits", seed, 40, |b| ktune::fuzzing::logits(&b));
 }
 
 /// Regression (found by fuzz_gguf_reader with 200000 cases): one bit flipped in

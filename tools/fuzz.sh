@@ -21,7 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-TARGETS=(gguf safetensors profile bundle tokenizer chat cli)
+TARGETS=(gguf safetensors profile bundle tokenizer chat cli logits)
 BIN=fuzz/target/x86_64-unknown-linux-gnu/release
 LOGS=target/fuzz-logs
 LIMITS=(-rss_limit_mb=2048 -malloc_limit_mb=2048 -timeout=10 -print_final_stats=1)

@@ -250,6 +250,22 @@ def write(target: str, name: str, data: bytes) -> None:
     (d / name).write_bytes(data)
 
 
+def logits_file(vocab: int, ctx: int, first: int, chunks: int, f16: bool) -> bytes:
+    """A logits file (src/eval/logits_file.rs): header, token ids, rows of
+    log-probabilities (a softmax of small made-up logits)."""
+    import math
+
+    rows = chunks * (ctx - 1 - first)
+    out = bytearray(b"KTLOGPRB")
+    out += struct.pack("<6IQ", 1, 1 if f16 else 0, vocab, ctx, first, chunks, rows)
+    out += struct.pack(f"<{chunks * ctx}I", *[(7 * i + 3) % vocab for i in range(chunks * ctx)])
+    for r in range(rows):
+        logits = [math.sin(0.7 * r + 1.3 * v) for v in range(vocab)]
+        lse = math.log(sum(math.exp(x) for x in logits))
+        out += struct.pack(f"<{vocab}{'e' if f16 else 'f'}", *[x - lse for x in logits])
+    return bytes(out)
+
+
 def nul(*parts: bytes) -> bytes:
     return b"\0".join(parts)
 
@@ -284,6 +300,10 @@ def main() -> None:
 
     for i, argv in enumerate(ARGV):
         write("cli", f"{i:02}-{argv[0].lstrip('-')}", nul(*(x.encode() for x in argv)))
+
+    write("logits", "f32-2chunks.bin", logits_file(16, 8, 4, 2, f16=False))
+    write("logits", "f16-3chunks.bin", logits_file(24, 6, 2, 3, f16=True))
+    write("logits", "f16-1row.bin", logits_file(5, 2, 0, 1, f16=True))
 
 
 if __name__ == "__main__":

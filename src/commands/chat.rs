@@ -8,7 +8,8 @@
 //! On a terminal: line editing and history (rustyline; `chat_history.txt` under
 //! the cache directory), Ctrl-C stops a reply and keeps the session, Ctrl-C twice
 //! at the prompt (or Ctrl-D) exits. Otherwise one message a line from stdin, each
-//! reply followed by the line [`DELIMITER`]. Being interactive, this command
+//! reply followed by the line [`DELIMITER`]; a line that is not UTF-8 is read
+//! with U+FFFD for its bad bytes, and a notice on stderr. Being interactive, this command
 //! writes to stdout and stderr itself.
 
 use std::io::{BufRead, IsTerminal, Write};
@@ -56,8 +57,9 @@ impl Input {
     fn next(&mut self) -> Result<Option<String>> {
         match self {
             Input::Lines(lines) => {
-                let mut line = String::new();
-                Ok((lines.read_line(&mut line)? > 0).then(|| line.trim_end_matches(['\n', '\r']).to_string()))
+                let mut bytes = Vec::new();
+                let n = lines.read_until(b'\n', &mut bytes).map_err(|e| Error::Usage(format!("reading stdin: {e}")))?;
+                Ok((n > 0).then(|| line_text(&bytes)))
             }
             Input::Editor { editor, .. } => {
                 let mut interrupted = false;
@@ -90,6 +92,16 @@ impl Input {
             eprintln!("warning: history not saved to {}: {e}", path.display());
         }
     }
+}
+
+/// A line of stdin as text, its line end taken off: bytes that are not UTF-8
+/// become U+FFFD, with a notice on stderr (the session goes on).
+fn line_text(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    if let std::borrow::Cow::Owned(_) = text {
+        eprintln!("[the line is not valid UTF-8: the bytes that are not were replaced with U+FFFD]");
+    }
+    text.trim_end_matches(['\n', '\r']).to_string()
 }
 
 /// Runs until the input ends (chat) or a signal (serve); `warn` shows the

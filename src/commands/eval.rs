@@ -40,6 +40,19 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
     if args.chunks == Some(0) {
         return Err(Error::Usage("--chunks 0: give at least one chunk".into()));
     }
+    // The files this command reads, which --save-logits may not replace.
+    let mut inputs: Vec<(&str, &std::path::Path)> = vec![("--file", &args.file)];
+    if let Some(ReferenceArg::File(p)) = &args.reference {
+        inputs.push(("--reference", p));
+    }
+    if let Some(p) = &args.profile {
+        inputs.push(("--profile", p));
+    }
+    let model_files = settings.input_files();
+    inputs.extend(model_files.iter().map(|(flag, p)| (*flag, p.as_path())));
+    if let Some(p) = &args.save_logits {
+        crate::atomic::check_output(p, &inputs).map_err(eval::EvalError::from)?;
+    }
     let text = crate::input::read_text_limited(&args.file, MAX_TEXT_BYTES, "an evaluation text")
         .map_err(|e| Error::Usage(format!("--file {}: {e}", args.file.display())))?;
     let mut file_ref = match &args.reference {
@@ -68,7 +81,7 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
     let ctx = args.ctx.unwrap_or(DEFAULT_CTX.min(m.config.max_position_embeddings));
     session::check_context(&m.config, ctx, DType::F32, &device, "--ctx")?;
     let text = Text::chunked(&ids, bos, ctx, args.chunks)?;
-    if let Some(r) = &file_ref {
+    if let Some(r) = &mut file_ref {
         text.check_reference(r, m.config.vocab_size)?;
     }
 
@@ -123,7 +136,7 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
         (None, None) => None,
     };
     let mut writer = match &args.save_logits {
-        Some(p) => Some(LogitsWriter::create(p, text.header(m.config.vocab_size, args.logits_dtype), &text.tokens())?),
+        Some(p) => Some(LogitsWriter::create(p, &inputs, text.header(m.config.vocab_size, args.logits_dtype), &text.chunks)?),
         None => None,
     };
 

@@ -1,7 +1,8 @@
 //! `ktune man [-o DIR]`: the man page (roff, section 1) from the clap definitions
 //! ([`crate::cli`]): the main page on stdout, or with `-o DIR` `ktune.1` and one
 //! page per subcommand (`ktune-tune.1`, `ktune-profiles-list.1`, ...), each written
-//! atomically.
+//! as a file the user named ([`crate::atomic::write_output`]). The directory
+//! itself is created when missing, its parent never.
 
 use std::path::Path;
 
@@ -17,16 +18,21 @@ pub fn run(dir: Option<&Path>) -> Result<GeneratedReport> {
     let Some(dir) = dir else {
         return Ok(GeneratedReport::Text(page(cmd)?.1));
     };
-    if dir.is_file() {
-        return Err(Error::Usage(format!("-o `{}` is a file; give the directory to write the man pages into", dir.display())));
+    if dir.exists() && !dir.is_dir() {
+        return Err(Error::Usage(format!("-o `{}` is not a directory; give the directory to write the man pages into", dir.display())));
     }
     let mut pages = Vec::new();
     collect(cmd, &mut pages)?;
+    // The directory named, not its parents: a missing parent is refused by the
+    // first page's write, naming it.
+    if !dir.exists() && dir.parent().is_none_or(|p| p.as_os_str().is_empty() || p.is_dir()) {
+        std::fs::create_dir(dir)
+            .map_err(|e| Error::Usage(format!("cannot create -o {}: {e}{}", dir.display(), crate::atomic::write_hint(&e))))?;
+    }
     let mut written = Vec::new();
     for (name, text) in pages {
         let path = dir.join(name);
-        crate::atomic::write_atomic(&path, text.as_bytes())
-            .map_err(|e| Error::Io(std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))))?;
+        crate::atomic::write_output(&path, &[], text.as_bytes())?;
         written.push(path);
     }
     Ok(GeneratedReport::Files(written))

@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::atomic::Inputs;
 use crate::cli::{DiffArgs, ProfilesAction};
 use crate::error::ExitCode;
 use crate::profile::Profile;
@@ -95,12 +96,12 @@ fn cached_items(c: &Cache, model: Option<&str>) -> Result<(Vec<Item>, Vec<Outcom
     Ok((items, skipped))
 }
 
-/// Writes `set` as the bundle `output` (whole or not at all) and reports it:
-/// `action` (export, merge) with what became of each profile.
-fn write_bundle(set: &Set, output: &Path, action: &'static str, profiles: Vec<Outcome>) -> Result<ProfilesReport> {
+/// Writes `set` as the bundle `output` (whole or not at all; none of the files
+/// read, `inputs`) and reports it: `action` (export, merge) with what became of
+/// each profile.
+fn write_bundle(set: &Set, output: &Path, inputs: &Inputs<'_>, action: &'static str, profiles: Vec<Outcome>) -> Result<ProfilesReport> {
     let bytes = set.to_bundle().map_err(|e| Error::Usage(format!("writing bundle {}: {e}", output.display())))?;
-    crate::atomic::write_atomic(output, &bytes)
-        .map_err(|e| Error::Usage(format!("cannot write {}: {e}{}", output.display(), crate::atomic::write_hint(&e))))?;
+    crate::atomic::write_output(output, inputs, &bytes)?;
     Ok(ProfilesReport::Bundle(BundleReport { action, written: Some(output.to_path_buf()), count: set.items.len(), profiles }))
 }
 
@@ -114,11 +115,14 @@ fn export(model: Option<&str>, output: &Path) -> Result<ProfilesReport> {
             c.root.display()
         )));
     }
+    // The cached profiles read: -o may not name one of them.
+    let origins: Vec<PathBuf> = items.iter().map(|i| PathBuf::from(&i.origin)).collect();
+    let inputs: Vec<(&str, &Path)> = origins.iter().map(|p| ("the cached profile", p.as_path())).collect();
     let mut set = Set::default();
     for i in items {
         outcomes.push(set.add(i));
     }
-    write_bundle(&set, output, "export", outcomes)
+    write_bundle(&set, output, &inputs, "export", outcomes)
 }
 
 /// Reads every bundle once, all before anything changes: their usable profiles
@@ -194,7 +198,8 @@ fn merge(paths: &[PathBuf], output: &Path) -> Result<ProfilesReport> {
     let mut outcomes = Vec::new();
     let (items, skipped) = read_bundles(paths)?;
     add_items(items, skipped, &mut set, &mut outcomes, &mut Vec::new());
-    write_bundle(&set, output, "merge", outcomes)
+    let inputs: Vec<(&str, &Path)> = paths.iter().map(|p| ("the bundle", p.as_path())).collect();
+    write_bundle(&set, output, &inputs, "merge", outcomes)
 }
 
 /// Whether `path` is a bundle (zstd magic) rather than a profile (YAML text).

@@ -102,6 +102,7 @@ fn check_output(out: &Path) -> Result<()> {
     if out.is_dir() || out.as_os_str().is_empty() {
         return Err(Error::Usage(format!("-o `{}` is a directory; give the HTML file to write, e.g. -o report.html", out.display())));
     }
+    crate::atomic::check_output(out, &[])?;
     Ok(())
 }
 

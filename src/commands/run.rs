@@ -55,6 +55,17 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     if let Some(p) = &settings.mmproj {
         session::input_file("--mmproj", p)?;
     }
+    // --dump-logits is written after the run: refused now if it cannot be (a
+    // directory, a FIFO, a missing folder, one of the files read here).
+    let model_files = settings.input_files();
+    let mut inputs: Vec<(&str, &std::path::Path)> = model_files.iter().map(|(f, p)| (*f, p.as_path())).collect();
+    let engine_args = &args.generate.engine;
+    inputs.extend(engine_args.profile.as_deref().map(|p| ("--profile", p)));
+    inputs.extend(engine_args.chat_template.as_deref().map(|p| ("--chat-template", p)));
+    inputs.extend(args.image.as_deref().map(|p| ("--image", p)));
+    if let Some(p) = &args.dump_logits {
+        crate::atomic::check_output(p, &inputs)?;
+    }
     // A GGUF file's tokenizer lives in the file: load the model first then (with
     // its vision projector, whose image tokens come from that vocabulary).
     let gguf_model = match (&settings.source, &settings.mmproj) {
@@ -222,7 +233,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
     let generate::Decoded { generated, stop_reason, text, decode_tokens, decode_seconds, steps } = decoded;
     if let Some(path) = &args.dump_logits {
         let json = serde_json::json!({ "tokens": prompt, "logits": prefill_logits, "generated": generated });
-        std::fs::write(path, serde_json::to_vec(&json)?).map_err(|e| Error::Usage(format!("writing {}: {e}", path.display())))?;
+        crate::atomic::write_output(path, &inputs, &serde_json::to_vec(&json)?)?;
     }
     // The CPU's slot times are over every decode step, the first included.
     let per_tok = |s: f64| if steps > 0 { s * 1e3 / steps as f64 } else { 0.0 };

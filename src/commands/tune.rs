@@ -1,6 +1,7 @@
 //! `ktune tune`: resolve the model and device, return the cached profile when there
 //! is one (unless --force), else run the tuner under the cache lock and write the
-//! profile atomically to the cache (and to -o).
+//! profile atomically to the cache (and to -o, a file the user named:
+//! [`crate::atomic::write_output`], checked before the tuning starts).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +43,16 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
             args.context, args.prefill_tokens
         )));
     }
+    // -o is written after the tuning: refused now if it cannot be (a directory,
+    // a FIFO, a missing folder, the model's own file) rather than after the budget.
+    let inputs = settings.input_files();
+    let inputs: Vec<(&str, &std::path::Path)> = inputs.iter().map(|(f, p)| (*f, p.as_path())).collect();
+    if let Some(out) = &args.output {
+        crate::atomic::check_output(out, &inputs)?;
+        if args.report {
+            crate::atomic::check_output(&html_beside(out), &inputs)?;
+        }
+    }
     let device = session::pick_device(selector)?;
     if matches!(device, crate::device::Device::Cpu(_)) && args.gpu_l2_bytes.is_some() {
         return Err(Error::Usage(
@@ -72,7 +83,7 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
     let path = cache.profile_path(&key);
     let finish = |doc: ProfileDoc, cached: bool, resumed: usize, budget: Option<tuner::budget::BudgetReport>| -> Result<TuneReport> {
         if let Some(out) = &args.output {
-            profile::write_atomic(out, &profile::to_yaml(&doc)?)?;
+            crate::atomic::write_output(out, &inputs, profile::to_yaml(&doc)?.as_bytes())?;
         }
         Ok(TuneReport {
             model: name.clone(),

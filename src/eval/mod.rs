@@ -36,6 +36,9 @@ pub enum EvalError {
     /// A logits file that does not fit this evaluation (another text, context or vocabulary).
     #[error("--reference {}: {msg}", path.display())]
     Mismatch { path: PathBuf, msg: String },
+    /// A file the user named that cannot be written there (`--save-logits`).
+    #[error(transparent)]
+    Write(#[from] crate::atomic::WriteError),
     #[error("{0}")]
     Usage(String),
     #[error("chunk {chunk}, position {pos}: {who} logits hold a NaN or an infinity")]
@@ -108,15 +111,11 @@ impl Text {
         Header { dtype, vocab, ctx: self.ctx, first: self.first, chunks: self.chunks.len() }
     }
 
-    /// Every chunk's ids, in order.
-    pub fn tokens(&self) -> Vec<u32> {
-        self.chunks.concat()
-    }
-
     /// Whether `file` holds the rows of this text for a model of `vocab` tokens
-    /// (it may hold more chunks than are scored: the first ones are used).
-    pub fn check_reference(&self, file: &LogitsReader, vocab: usize) -> Result<(), EvalError> {
-        let h = &file.header;
+    /// (it may hold more chunks than are scored: the first ones are used). Reads
+    /// the file's token ids a chunk at a time.
+    pub fn check_reference<R: std::io::Read + std::io::Seek>(&self, file: &mut LogitsReader<R>, vocab: usize) -> Result<(), EvalError> {
+        let h = file.header.clone();
         let bad = |msg: String| EvalError::Mismatch { path: file.path.clone(), msg };
         if h.vocab != vocab {
             return Err(bad(format!(
@@ -138,29 +137,125 @@ impl Text {
                 h.chunks
             )));
         }
-        let mine = self.tokens();
-        if let Some(i) = mine.iter().zip(&file.tokens).position(|(a, b)| a != b) {
-            return Err(bad(format!(
-                "its tokens differ from this run's at chunk {} position {} ({} vs {}): it was saved from another text or tokenizer",
-                i / self.ctx,
-                i % self.ctx,
-                file.tokens[i],
-                mine[i]
-            )));
+        let mut theirs = Vec::new();
+        for (c, mine) in self.chunks.iter().enumerate() {
+            file.next_tokens(&mut theirs)?;
+            if let Some(i) = mine.iter().zip(&theirs).position(|(a, b)| a != b) {
+                return Err(EvalError::Mismatch {
+                    path: file.path.clone(),
+                    msg: format!(
+                        "its tokens differ from this run's at chunk {c} position {i} ({} vs {}): it was saved from another text or tokenizer",
+                        theirs[i], mine[i]
+                    ),
+                });
+            }
         }
         Ok(())
     }
 }
 
+/// Bytes of text encoded at once ([`tokenize`]): the `tokenizers` crate holds
+/// ~170 bytes per byte of the text it encodes (its normalized strings with a
+/// byte alignment each, every token's string and offsets), so a 4 MB text
+/// encoded whole peaked at 800 MB, and the 256 MB `--file` limit would have
+/// needed ~45 GB.
+pub const TOKENIZE_WINDOW: usize = 256 << 10;
+/// Bytes past each cut encoded on both sides of it to check the cut changes nothing.
+pub const TOKENIZE_MARGIN: usize = 8 << 10;
+
 /// `text` encoded as llama-perplexity encodes it (the special tokens the
 /// vocabulary adds, a BOS first where it adds one), and that BOS id, which then
-/// also starts every chunk.
+/// also starts every chunk. A long text is encoded a window at a time
+/// ([`encode_windowed`]), to the same ids.
 pub fn tokenize(tok: &Tokenizer, text: &str) -> Result<(Vec<u32>, Option<u32>), EvalError> {
-    let ids = tok.encode_with(text, true)?;
+    let ids = encode_windowed(tok, text, TOKENIZE_WINDOW, TOKENIZE_MARGIN)?;
     // The BOS the post-processor adds: a probe with and without the special tokens.
     let (with, without) = (tok.encode_with("a", true)?, tok.encode_with("a", false)?);
     let bos = (with.len() > without.len() && with[1..].starts_with(&without)).then(|| with[0]);
     Ok((ids, bos))
+}
+
+/// `tok.encode_with(text, true)`, in memory proportional to `window` rather than
+/// to the text: the text cut near every `window` bytes, each piece encoded
+/// alone (the special tokens the post-processor adds put around the whole). A
+/// cut is kept only where it changes nothing: the piece before it encoded with
+/// `margin` bytes past the cut must end with exactly the ids of those `margin`
+/// bytes encoded alone (so no token spans the cut, the tokens before it do not
+/// depend on what follows, and the text after it encodes from the cut as it
+/// does joined: a prefix space, a merge across). Cuts are tried at a space or a
+/// line end; where none of a few holds, the text is encoded whole.
+pub fn encode_windowed(tok: &Tokenizer, text: &str, window: usize, margin: usize) -> Result<Vec<u32>, EvalError> {
+    Ok(windows(tok, text, window, margin)?.0)
+}
+
+/// [`encode_windowed`], and how many cuts it made.
+fn windows(tok: &Tokenizer, text: &str, window: usize, margin: usize) -> Result<(Vec<u32>, usize), EvalError> {
+    let whole = |tok: &Tokenizer| -> Result<(Vec<u32>, usize), EvalError> { Ok((tok.encode_with(text, true)?, 0)) };
+    if text.len() <= window + margin {
+        return whole(tok);
+    }
+    // What the post-processor puts around a text: a probe.
+    let (with, without) = (tok.encode_with("a", true)?, tok.encode_with("a", false)?);
+    let Some(at) = (0..=with.len().saturating_sub(without.len())).find(|&i| with[i..].starts_with(&without)) else {
+        return whole(tok);
+    };
+    let (prefix, suffix) = (&with[..at], &with[at + without.len()..]);
+    let mut ids = prefix.to_vec();
+    let (mut pos, mut made) = (0, 0);
+    while text.len() - pos > window + margin {
+        let mut cut = None;
+        for c in cuts(text, pos + window, margin) {
+            let end = floor_char(text, c + margin);
+            let (piece, after) = (tok.encode_with(&text[pos..end], false)?, tok.encode_with(&text[c..end], false)?);
+            if !after.is_empty() && piece.len() > after.len() && piece.ends_with(&after) {
+                ids.extend_from_slice(&piece[..piece.len() - after.len()]);
+                cut = Some(c);
+                break;
+            }
+        }
+        match cut {
+            Some(c) => (pos, made) = (c, made + 1),
+            None => return whole(tok),
+        }
+    }
+    ids.extend(tok.encode_with(&text[pos..], false)?);
+    ids.extend_from_slice(suffix);
+    Ok((ids, made))
+}
+
+/// Where to try cutting `text` near `at` (before `at + margin / 2`): before a
+/// space that follows a character that is not one, after a line end followed by
+/// one that is not; else at character boundaries.
+fn cuts(text: &str, at: usize, margin: usize) -> Vec<usize> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    let stop = (at + margin / 2).min(text.len());
+    let mut i = floor_char(text, at);
+    while i < stop && out.len() < 6 {
+        let prev = bytes[i - 1];
+        let nice = (bytes[i] == b' ' && !prev.is_ascii_whitespace()) || (prev == b'\n' && !bytes[i].is_ascii_whitespace());
+        if nice {
+            out.push(i);
+            i += margin / 16;
+        }
+        i += 1;
+        while i < text.len() && !text.is_char_boundary(i) {
+            i += 1;
+        }
+    }
+    if out.is_empty() {
+        out.extend((0..4).map(|k| floor_char(text, at + k * 97)).filter(|&c| c > 0 && c < text.len()));
+    }
+    out
+}
+
+/// The largest character boundary of `text` at or before `i` (its length past it).
+fn floor_char(text: &str, i: usize) -> usize {
+    let mut i = i.min(text.len());
+    while !text.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
 }
 
 /// Where the reference's log-probabilities come from.
@@ -316,6 +411,39 @@ mod tests {
         let t = Text::chunked(&ids, None, 8, Some(1)).expect("chunks");
         assert_eq!(t.chunks, vec![(10..18).collect::<Vec<u32>>()]);
         assert!(Text::chunked(&ids, None, 32, None).is_err());
+    }
+
+    /// Windowed encoding gives the ids of the whole text, for each kind of
+    /// tokenizer the fixtures hold (byte-level BPE with the GPT-2, SmolLM, Llama 3
+    /// and Qwen 2 splits; SentencePiece with a BOS, Gemma's).
+    #[test]
+    fn a_text_encoded_by_windows_gives_the_ids_encoded_whole() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let base = std::fs::read_to_string(root.join("tests/data/eval.txt")).expect("text");
+        // Line ends, runs of spaces, digits, multi-byte characters across the cuts.
+        let text = format!("{base}\n\n  12345 — naïve 漢字 🦀  x\n").repeat(24);
+        let mut seen = 0;
+        for f in [
+            "gguf/smollm2-tiny-q8_0.gguf",
+            "gguf/qwen2-tiny-q8_0.gguf",
+            "gguf/llama-k-q4_k_m.gguf",
+            "gguf/gemma3-tiny-q8_0.gguf",
+            "spm/llama.gguf",
+            "spm/llama-noprefix.gguf",
+            "spm/gemma3.gguf",
+        ] {
+            let path = root.join("tests/fixtures").join(f);
+            let Ok(file) = crate::model::gguf::GgufFile::open(&path) else { continue };
+            let Ok(tok) = Tokenizer::from_gguf(&file) else { continue };
+            let whole = tok.encode_with(&text, true).expect("encode");
+            for (window, margin) in [(4096, 512), (1000, 300), (20_000, 2048)] {
+                let (got, cuts) = windows(&tok, &text, window, margin).expect("encode");
+                assert!(got == whole, "{f}, window {window}: {} ids windowed, {} whole", got.len(), whole.len());
+                assert!(cuts >= text.len() / (window + margin) / 2, "{f}, window {window}: only {cuts} cuts held");
+            }
+            seen += 1;
+        }
+        assert!(seen >= 4, "only {seen} tokenizer fixtures found");
     }
 
     #[test]

@@ -61,11 +61,13 @@ impl Report for HtmlReport {
 }
 
 /// Draws the page and writes it to `path` whole (a temporary file renamed over
-/// it), so a failed run leaves no half page.
+/// it, [`crate::atomic::write_output`]: never over one of the profiles it
+/// draws), so a failed run leaves no half page.
 pub fn write(report: &HtmlReport, path: &Path) -> Result<()> {
     let page = html(report)?;
-    crate::atomic::write_atomic(path, page.as_bytes())
-        .map_err(|e| Error::Io(std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))))
+    let inputs: Vec<(&str, &Path)> = report.profiles.iter().map(|p| ("the profile", Path::new(&p.origin))).collect();
+    crate::atomic::write_output(path, &inputs, page.as_bytes())?;
+    Ok(())
 }
 
 const WINNER: RGBColor = RGBColor(0x1a, 0x8f, 0x3c);

@@ -2,7 +2,8 @@
 //! reply followed by a `---` line): replies equal `run --chat`'s text, `/reset`,
 //! `/system`, `/stats` (a turn that extends the last prefills only its new
 //! tokens), and a context too small for the conversation dropping the oldest
-//! turns with a notice. The tiny SmolLM2-shaped GGUF fixture, whose file has no
+//! turns with a notice; a line of invalid UTF-8 answered with U+FFFD for its bad
+//! bytes. The tiny SmolLM2-shaped GGUF fixture, whose file has no
 //! chat template, with the published SmolLM2 template given as a file.
 
 use std::io::Write;
@@ -20,12 +21,17 @@ fn model_args(c: &mut Command) -> &mut Command {
 
 /// `chat` with `flags`, `input` on stdin: (exit code, stdout, stderr).
 fn chat(flags: &[&str], input: &str) -> (Option<i32>, String, String) {
+    chat_bytes(flags, input.as_bytes())
+}
+
+/// [`chat`] with any bytes on stdin.
+fn chat_bytes(flags: &[&str], input: &[u8]) -> (Option<i32>, String, String) {
     let cache = tempdir();
     let mut c = ktune_process(cache.path());
     c.arg("chat");
     model_args(&mut c).args(flags).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = c.spawn().expect("runs");
-    child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("writes");
+    child.stdin.take().expect("stdin").write_all(input).expect("writes");
     let out = child.wait_with_output().expect("ends");
     (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
@@ -89,6 +95,18 @@ fn chat_message_longer_than_the_context_is_refused_and_the_session_goes_on() {
     assert_eq!(code, Some(0), "{stderr}");
     assert!(stderr.contains("not sent"), "{stderr}");
     assert_eq!(replies(&stdout).len(), 1, "{stdout:?}");
+}
+
+/// Regression (issue 45): one line of invalid UTF-8 on stdin ended the session
+/// with "writing output failed". Its bad bytes become U+FFFD with a notice, and
+/// both lines are answered.
+#[test]
+fn chat_line_of_invalid_utf8_is_answered_and_the_session_goes_on() {
+    let (code, stdout, stderr) = chat_bytes(&["--max-tokens", "4"], b"caf\xe9 \xff\xfe au lait\nhello\n");
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(replies(&stdout).len(), 2, "both lines answered: {stdout:?} {stderr}");
+    assert_eq!(stderr.matches("not valid UTF-8").count(), 1, "one notice, for the bad line: {stderr}");
+    assert!(!stderr.contains("failed"), "{stderr}");
 }
 
 #[test]

@@ -6,7 +6,8 @@
 //! figures (bit for bit in f32); a truncated or mismatched logits file is exit 2
 //! naming it; the GPU's f32 path (lavapipe in CI; skipped loudly without an
 //! adapter unless KTUNE_REQUIRE_GPU=1) is within 1e-4 of the CPU's f32 reference;
-//! `bench --kld` puts each entry's divergence beside its speed.
+//! `bench --kld` puts each entry's divergence beside its speed; a hostile logits
+//! file is exit 2, and a long text costs memory by the window, not whole.
 
 use std::path::{Path, PathBuf};
 
@@ -179,6 +180,81 @@ fn a_truncated_or_mismatched_logits_file_is_exit_2_naming_it() {
     check(&["--chunks", "2", "--reference", f], "truncated");
     std::fs::write(&file, b"not logits").expect("junk");
     check(&["--reference", f], "header");
+}
+
+/// Regression (issue 45): a 40-byte `--reference` whose header sizes (2^31
+/// chunks of 2^24 tokens, rows of 2^24 f32) multiply out to exactly 40 bytes
+/// mod 2^64 passed the length check, then panicked (`capacity overflow`) or
+/// aborted allocating 2^57 bytes for the token ids. Now exit 2 naming the file
+/// and the sizes; so is every cut of a valid file (in the header, in the ids,
+/// in the rows).
+#[test]
+fn a_logits_file_whose_header_sizes_wrap_is_exit_2_not_a_panic() {
+    let cache = tempdir();
+    let dir = cache.path();
+    let gguf = model("smollm2-tiny-q8_0");
+    let file = dir.join("wrap.bin");
+    let f = file.to_str().expect("utf-8");
+    let mut h = b"KTLOGPRB".to_vec();
+    for v in [1u32, 0, 1 << 24, 1 << 24, 0, 1 << 31] {
+        h.extend_from_slice(&v.to_le_bytes());
+    }
+    h.extend_from_slice(&((1u64 << 31) * ((1 << 24) - 1)).to_le_bytes());
+    std::fs::write(&file, &h).expect("write");
+    let o = eval_out(dir, "cpu", &gguf, &["--chunks", "1", "--reference", f]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("wrap.bin") && err.contains("more than 2^64 bytes"), "{err}");
+    // A valid file cut in its header, its token ids and its rows.
+    let good = dir.join("good.bin");
+    eval(dir, "cpu", &gguf, &["--chunks", "1", "--exact", "--save-logits", good.to_str().expect("utf-8")]);
+    let bytes = std::fs::read(&good).expect("read");
+    for cut in [0, 20, 39, 40, 41, 40 + 4 * 64, bytes.len() - 2] {
+        std::fs::write(&file, &bytes[..cut]).expect("cut");
+        let o = eval_out(dir, "cpu", &gguf, &["--chunks", "1", "--reference", f]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "cut at {cut}: {err}");
+        assert!(err.contains("wrap.bin") && (err.contains("truncated") || err.contains("shorter than")), "cut at {cut}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+/// The peak resident set of `ktune eval --chunks 1` on `file`, KiB (the child's
+/// own `ru_maxrss`, from wait4: no other test's process counts).
+#[expect(clippy::zombie_processes, reason = "the child is reaped by wait4, for its resource usage")]
+fn eval_peak_kib(cache: &Path, file: &Path) -> i64 {
+    let child = crate::common::ktune_process(cache)
+        .args(["eval", "--device", "cpu", "--gguf"])
+        .arg(model("smollm2-tiny-q8_0"))
+        .arg("--file")
+        .arg(file)
+        .args(["--ctx", CTX, "--chunks", "1", "--json"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawns");
+    let mut status = 0;
+    // SAFETY: plain structs filled by the kernel; the pid is our own child, reaped here once.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as libc::pid_t, "wait4: {}", std::io::Error::last_os_error());
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "eval on {} failed: {status}", file.display());
+    usage.ru_maxrss
+}
+
+/// Regression (issue 45): a 4 MB text with `--chunks 1` peaked at 800 MB (the
+/// `tokenizers` crate holds ~170 bytes per byte of a text it encodes), so the
+/// 256 MB `--file` limit would have needed ~45 GB. Encoded a window at a time,
+/// the text costs well under 32 bytes per byte over a tiny text's run.
+#[test]
+fn eval_memory_grows_with_one_window_of_the_text_not_the_whole() {
+    let cache = tempdir();
+    let big = cache.path().join("big.txt");
+    let base = std::fs::read_to_string(text()).expect("text");
+    std::fs::write(&big, base.repeat((4 << 20) / base.len() + 1)).expect("write");
+    let (small, large) = (eval_peak_kib(cache.path(), &text()), eval_peak_kib(cache.path(), &big));
+    let text_kib = std::fs::metadata(&big).expect("size").len() as i64 / 1024;
+    assert!(large - small < 32 * text_kib, "a {text_kib} KiB text: peak {large} KiB, {small} KiB with a 3 KB text");
 }
 
 #[test]

@@ -31,6 +31,7 @@ mod runtime_mmproj;
 mod runtime_quant;
 mod runtime_vision;
 mod runtime_vision_gpu;
+mod safe_writes;
 mod sample;
 mod serve;
 mod serve_hostile;

@@ -56,7 +56,9 @@ fn assert_self_contained(html: &str) {
 #[test]
 fn two_profiles_give_charts_the_winner_the_rejections_and_the_diff() {
     let tmp = tempdir();
+    // A folder of its own, made here: -o never creates one (issue 45).
     let out = tmp.path().join("sub").join("ab.html");
+    std::fs::create_dir(tmp.path().join("sub")).expect("mkdir");
     let (a, b) = (fixture("profiles/a.yaml"), fixture("profiles/b.yaml"));
     let html = report(&tmp.path().join("cache"), &out, &[&a, &b]);
     assert_well_formed(&html);
