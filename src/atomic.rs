@@ -21,6 +21,8 @@ use std::fs::File;
 use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
 
+use crate::input::FileKind;
+
 /// Why a file the user named was not written.
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
@@ -64,12 +66,10 @@ fn place(path: &Path, inputs: &Inputs<'_>) -> Result<Place, WriteError> {
     let not_a_file = |what| WriteError::NotAFile { path: path.to_path_buf(), what };
     match std::fs::metadata(path) {
         Ok(meta) => {
-            let kind = kind(&meta);
-            if kind == Kind::CharDevice {
-                return Ok(Place::Through);
-            }
-            if let Some(what) = kind.refused() {
-                return Err(not_a_file(what));
+            match FileKind::of(&meta) {
+                FileKind::CharDevice => return Ok(Place::Through),
+                FileKind::File => {}
+                other => return Err(not_a_file(other.name())),
             }
             for (flag, input) in inputs {
                 if std::fs::metadata(input).is_ok_and(|m| same_file(&m, &meta)) {
@@ -195,7 +195,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         )
     };
     let check = || match std::fs::metadata(path) {
-        Ok(m) if !m.is_file() => Err(refused(kind(&m).refused().unwrap_or("a character device"))),
+        Ok(m) if !m.is_file() => Err(refused(FileKind::of(&m).name())),
         _ => Ok(()),
     };
     check()?;
@@ -228,60 +228,6 @@ fn temp_beside(path: &Path) -> std::io::Result<tempfile::NamedTempFile> {
     #[cfg(unix)]
     builder.permissions(perms);
     builder.tempfile_in(folder(path))
-}
-
-/// What a path is, as far as writing it goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    File,
-    Dir,
-    CharDevice,
-    BlockDevice,
-    Fifo,
-    Socket,
-    Other,
-}
-
-impl Kind {
-    /// Why a write may not replace it (None: a regular file, or a character
-    /// device, which a user's output writes through).
-    fn refused(self) -> Option<&'static str> {
-        match self {
-            Kind::File | Kind::CharDevice => None,
-            Kind::Dir => Some("a directory"),
-            Kind::BlockDevice => Some("a block device"),
-            Kind::Fifo => Some("a FIFO (named pipe)"),
-            Kind::Socket => Some("a socket"),
-            Kind::Other => Some("not a regular file"),
-        }
-    }
-}
-
-fn kind(m: &std::fs::Metadata) -> Kind {
-    let t = m.file_type();
-    if t.is_file() {
-        return Kind::File;
-    }
-    if t.is_dir() {
-        return Kind::Dir;
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        if t.is_char_device() {
-            return Kind::CharDevice;
-        }
-        if t.is_block_device() {
-            return Kind::BlockDevice;
-        }
-        if t.is_fifo() {
-            return Kind::Fifo;
-        }
-        if t.is_socket() {
-            return Kind::Socket;
-        }
-    }
-    Kind::Other
 }
 
 /// Whether two files' metadata (symbolic links followed) are of one file.

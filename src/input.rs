@@ -1,6 +1,6 @@
 //! Files a user names (flags, profiles, bundles): what a path must be before it
 //! is read, and reading one whole with a size limit. A directory, a device, a
-//! pipe or a socket is refused saying which it is (a device such as `/dev/zero`
+//! pipe or a socket is refused saying which it is ([`FileKind`]) (a device such as `/dev/zero`
 //! would otherwise be read without end), and a file larger than its kind allows
 //! is refused before any of it is read. The errors are `io::Error`s whose text
 //! names the problem without the path: the caller's message names the path.
@@ -16,11 +16,66 @@ pub fn regular_file(path: &Path) -> Result<u64, Error> {
         Err(e) if e.kind() == ErrorKind::NotFound => return Err(Error::new(ErrorKind::NotFound, "no such file")),
         Err(e) => return Err(e),
     };
-    if meta.is_file() {
-        return Ok(meta.len());
+    match FileKind::of(&meta) {
+        FileKind::File => Ok(meta.len()),
+        other => Err(Error::new(ErrorKind::InvalidInput, format!("{}, not a regular file", other.name()))),
     }
-    let what = if meta.is_dir() { "a directory" } else { "a device, pipe or socket" };
-    Err(Error::new(ErrorKind::InvalidInput, format!("{what}, not a regular file")))
+}
+
+/// What a path names (symbolic links followed), in the user's words: the one
+/// description of it, for what is read ([`regular_file`]) and what is written
+/// (`atomic`: a character device is written through, the rest refused).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileKind {
+    File,
+    Dir,
+    CharDevice,
+    BlockDevice,
+    Fifo,
+    Socket,
+    Other,
+}
+
+impl FileKind {
+    pub fn of(m: &std::fs::Metadata) -> FileKind {
+        let t = m.file_type();
+        if t.is_file() {
+            return FileKind::File;
+        }
+        if t.is_dir() {
+            return FileKind::Dir;
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::FileTypeExt;
+            if t.is_char_device() {
+                return FileKind::CharDevice;
+            }
+            if t.is_block_device() {
+                return FileKind::BlockDevice;
+            }
+            if t.is_fifo() {
+                return FileKind::Fifo;
+            }
+            if t.is_socket() {
+                return FileKind::Socket;
+            }
+        }
+        FileKind::Other
+    }
+
+    /// It, named in a message ("a directory").
+    pub fn name(self) -> &'static str {
+        match self {
+            FileKind::File => "a regular file",
+            FileKind::Dir => "a directory",
+            FileKind::CharDevice => "a character device",
+            FileKind::BlockDevice => "a block device",
+            FileKind::Fifo => "a FIFO (named pipe)",
+            FileKind::Socket => "a socket",
+            FileKind::Other => "not a regular file",
+        }
+    }
 }
 
 /// The bytes of the regular file `path`, refused when it holds more than `limit`

@@ -96,28 +96,8 @@ fn tune_o_onto_a_character_device_writes_through_it() {
     if !char_device(&null, 1, 3) {
         return;
     }
-    let args: Vec<&std::ffi::OsStr> = [
-        "tune",
-        "--model",
-        "smollm2-135m",
-        "--layers",
-        "1",
-        "--device",
-        "cpu",
-        "--budget",
-        "1s",
-        "--prefill-tokens",
-        "8",
-        "--context",
-        "32",
-        "--decode-tokens",
-        "4",
-        "-o",
-    ]
-    .iter()
-    .map(|a| a.as_ref())
-    .chain([null.as_os_str()])
-    .collect();
+    let tune = "tune --model smollm2-135m --layers 1 --device cpu --budget 1s --prefill-tokens 8 --context 32 --decode-tokens 4 -o";
+    let args: Vec<&std::ffi::OsStr> = tune.split(' ').map(|a| a.as_ref()).chain([null.as_os_str()]).collect();
     let (code, stderr) = ktune(&dir.path().join("cache"), &args);
     assert_eq!(code, Some(0), "{stderr}");
     assert!(is_char_device(&null, 1, 3), "the node is no longer a 1:3 character device: {:?}", std::fs::symlink_metadata(&null));
