@@ -644,11 +644,39 @@ pub struct EndToEnd {
     pub timed_layers: Option<TimedLayers>,
     /// Every complete combination timed end to end.
     pub combinations: Vec<Combination>,
+    /// Why the chosen combination won, or why the runtime default stayed
+    /// (absent in older profiles).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<String>,
+    /// The end-to-end winner timed again against the runtime default, the two
+    /// engines alone (absent where the default won the interleaved rounds, the
+    /// combinations were timed one at a time, and in older profiles).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_to_head: Option<HeadToHead>,
     /// A multimodal model's one image per request through the vision tower and
     /// projector, with the raced vision kernels and with the runtime's defaults
     /// (absent for a text-only model, with `--no-vision`, and in older profiles).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vision: Option<VisionEndToEnd>,
+}
+
+/// The end-to-end winner against the runtime default, head to head
+/// (`tuning.end_to_end.head_to_head`): one request's time, ms.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HeadToHead {
+    /// The winner's label, as in `combinations`.
+    pub combination: String,
+    /// Rounds timed (each times both once, alternating which goes first).
+    pub rounds: usize,
+    /// Median ms per request with the winner, with its 95% confidence interval.
+    pub tuned_ms: f64,
+    pub tuned_ci_ms: [f64; 2],
+    /// Median ms per request with the runtime default.
+    pub default_ms: f64,
+    pub default_ci_ms: [f64; 2],
+    /// Whether it confirmed the winner (else the default stayed).
+    pub confirmed: bool,
 }
 
 /// The layers an end-to-end stage timed, of the model's (`tuning.end_to_end.timed_layers`).

@@ -4,8 +4,9 @@
 //! shapes (interleaved rounds, robust statistics, early drops) and refined by
 //! coordinate descent. [`e2e`]: the most promising complete combinations (fusions
 //! and execution flags included) are timed end to end through the runtime against
-//! its own default, and for a multimodal model one image per request through the
-//! vision tower with the raced vision kernels against the default ones. The profile is then assembled from the results
+//! its own default (decided by the paired rule, [`paired`], and said why), and
+//! for a multimodal model one image per request through the vision tower with
+//! the raced vision kernels against the default ones. The profile is then assembled from the results
 //! ([`crate::profile::build`]). One deadline bounds it all; finished slot races are
 //! saved as they come so an interrupted tune resumes.
 
@@ -14,6 +15,7 @@ pub mod e2e;
 pub mod kbench;
 mod limits;
 pub mod measure;
+pub(crate) mod paired;
 pub(crate) mod race;
 pub(crate) mod space;
 pub mod warm;
@@ -206,7 +208,7 @@ pub(crate) fn tune<D>(
     let races = budget.stage("slot races", || race::run_all(t, o, &space, cache, resume, &budget, progress))?;
     let e2e = e2e::run(t, o, &caps, &space, &races, &budget, progress)?;
     let found = Found { target: t, options: o, caps: &caps, rotation: &rotation, space: &space, races: &races, e2e: &e2e };
-    let record = found.record(limits, t.started.elapsed().as_secs_f64());
+    let record = found.record(limits, t.started.elapsed().as_secs_f64())?;
     let doc = budget.stage("writing the profile", || finish(&record));
     let uncollapsed = crate::kernels::memory::take_uncollapsed();
     if uncollapsed > 0 {
@@ -241,14 +243,21 @@ impl<'a> Found<'a> {
     /// races' winners where they beat the runtime's default vision kernels end to
     /// end, else those slots are left to the defaults), its execution settings,
     /// where its kernels run, and every race and combination as timed.
-    fn record(&self, limits: (f64, &'static str), used_s: f64) -> TuneRecord<'a> {
+    fn record(&self, limits: (f64, &'static str), used_s: f64) -> Result<TuneRecord<'a>, TuneError> {
         let Found { target: t, options: o, caps, rotation, space, races, e2e } = *self;
         let chosen = &e2e.combos[e2e.best].0;
         let chosen_sel = e2e.selection(chosen, caps);
         let mut choices: BTreeMap<SlotKey, Choice> = BTreeMap::new();
         let mut formats: BTreeMap<(DType, SlotKey), Choice> = BTreeMap::new();
         let extra = o.extra_formats();
-        let (_, steps) = space.per_fusion.iter().find(|(f, _)| *f == chosen.fusion).cloned().unwrap_or((chosen.fusion, Vec::new()));
+        // The chosen fusion's steps: one of the races' fusion choices, or the
+        // runtime default's (every fusion on, some of which this model has no
+        // plan of its own for: `qk_norm_rope` without q/k norm), planned here, so
+        // the profile names every slot's kernel whichever combination won.
+        let steps = match space.per_fusion.iter().find(|(f, _)| *f == chosen.fusion) {
+            Some((_, steps)) => steps.clone(),
+            None => space::fusion_steps(t, o, caps, chosen.fusion)?,
+        };
         for (key, p, d) in &steps {
             if let Ok(c) = chosen_sel.choose(key.0, key.1, None, p, *d) {
                 if extra.contains(d) {
@@ -286,7 +295,7 @@ impl<'a> Found<'a> {
             // Recorded on a GPU (the chain the winner decoded with), where it was raced.
             decode_chain: t.ctx.is_some().then(|| chosen.decode_chain() as u32),
         };
-        TuneRecord {
+        Ok(TuneRecord {
             model: t.model,
             device: t.device,
             backend: caps.backend(),
@@ -337,9 +346,11 @@ impl<'a> Found<'a> {
                 .collect(),
             max_kld: Some(e2e.max_kld),
             best: e2e.best,
+            reason: &e2e.reason,
+            head_to_head: e2e.head_to_head.as_ref(),
             vision: e2e.vision.as_ref(),
             timed_layers: e2e.timed_layers,
             used_s,
-        }
+        })
     }
 }
