@@ -134,6 +134,63 @@ pub struct KernelsDoc {
     pub formats: BTreeMap<String, KernelsDoc>,
 }
 
+impl KernelsDoc {
+    /// The entry at `path` (a slot table entry, [`crate::plan::select::SlotDef::entry`],
+    /// or `matmul.default`): None for another path, or where its section
+    /// (`matmul`, `fused`, `vision`) is absent and not `make`.
+    pub fn entry_mut(&mut self, path: &str, make: bool) -> Option<&mut Option<At<Entry>>> {
+        fn section<T: Default>(s: &mut Option<T>, make: bool) -> Option<&mut T> {
+            if make { Some(s.get_or_insert_with(T::default)) } else { s.as_mut() }
+        }
+        let (head, tail) = path.split_once('.').unwrap_or((path, ""));
+        Some(match (head, tail) {
+            ("attention", "") => &mut self.attention,
+            ("norm", "") => &mut self.norm,
+            ("activation", "") => &mut self.activation,
+            ("rope", "") => &mut self.rope,
+            ("residual", "") => &mut self.residual,
+            ("matmul", key) => {
+                let m = section(&mut self.matmul, make)?;
+                match key {
+                    "default" => &mut m.default,
+                    "qkv_proj" => &mut m.qkv_proj,
+                    "o_proj" => &mut m.o_proj,
+                    "gate_up" => &mut m.gate_up,
+                    "down_proj" => &mut m.down_proj,
+                    "lm_head" => &mut m.lm_head,
+                    _ => return None,
+                }
+            }
+            ("fused", key) => {
+                let f = section(&mut self.fused, make)?;
+                match key {
+                    "qkv_proj" => &mut f.qkv_proj,
+                    "gate_up" => &mut f.gate_up,
+                    "qk_norm_rope" => &mut f.qk_norm_rope,
+                    "residual_norm" => &mut f.residual_norm,
+                    "norm_matmul" => &mut f.norm_matmul,
+                    "qkv_rope_cache" => &mut f.qkv_rope_cache,
+                    _ => return None,
+                }
+            }
+            ("vision", key) => {
+                let v = section(&mut self.vision, make)?;
+                match key {
+                    "patch_embed" => &mut v.patch_embed,
+                    "attention" => &mut v.attention,
+                    "mlp" => &mut v.mlp,
+                    "norm" => &mut v.norm,
+                    "residual_norm" => &mut v.residual_norm,
+                    "pool" => &mut v.pool,
+                    "projector" => &mut v.projector,
+                    _ => return None,
+                }
+            }
+            _ => return None,
+        })
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MatmulDoc {

@@ -83,6 +83,12 @@ impl Combo {
         Combo { fusion, parallel, batch, default: false, threads: 0, spin_us: 0, prefetch: None, repack: 0, chain: None }
     }
 
+    /// The runtime's own default (what `run` does without a profile): every
+    /// fusion, its own kernels.
+    pub fn runtime_default() -> Combo {
+        Combo { default: true, ..Combo::raced(Fusion::ALL, Parallel::default(), true) }
+    }
+
     /// The formats [`Combo::repack`] names.
     pub fn repack_formats(&self) -> Vec<crate::kernels::quant::QFormat> {
         crate::kernels::quant::REPACKABLE.iter().enumerate().filter(|(j, _)| (self.repack >> j) & 1 == 1).map(|(_, &f)| f).collect()
@@ -92,20 +98,7 @@ impl Combo {
         if self.default {
             return "runtime default".into();
         }
-        let f = self.fusion;
-        let mut parts: Vec<&str> = Vec::new();
-        for (on, name) in [
-            (f.qkv, "fused_qkv"),
-            (f.gate_up, "fused_gate_up"),
-            (f.qk_norm_rope, "fused_qk_norm_rope"),
-            (f.residual_norm, "fused_residual_norm"),
-            (f.norm_matmul, "fused_norm_matmul"),
-            (f.qkv_rope_cache, "fused_qkv_rope_cache"),
-        ] {
-            if on {
-                parts.push(name);
-            }
-        }
+        let parts: Vec<String> = self.fusion.on().map(|f| format!("fused_{}", f.name)).collect();
         let mut s = if parts.is_empty() { "unfused".to_string() } else { parts.join("+") };
         s.push_str(if self.parallel.qkv { " parallel" } else { " sequential" });
         s.push_str(if self.batch { " batch" } else { " per-kernel-submit" });
@@ -255,7 +248,7 @@ fn combinations(o: &TuneOptions, predicted: &[(Fusion, f64)], gpu: bool) -> Vec<
 /// also on fewer threads (powers of two below `cpus`, and `cpus - 1`), since a
 /// small model's kernels may run faster on fewer cores than they pay to share.
 fn combinations_with_threads(o: &TuneOptions, predicted: &[(Fusion, f64)], gpu: bool, cpus: usize) -> Vec<(Combo, f64)> {
-    let mut combos: Vec<(Combo, f64)> = vec![(Combo { default: true, ..Combo::raced(Fusion::ALL, Parallel::default(), true) }, f64::NAN)];
+    let mut combos: Vec<(Combo, f64)> = vec![(Combo::runtime_default(), f64::NAN)];
     let par_on = Parallel::default();
     let par_off = Parallel { qkv: false, ffn: false };
     let exhaustive_e2e = matches!(o.strategy, Strategy::Exhaustive | Strategy::Halving);
@@ -277,7 +270,7 @@ fn combinations_with_threads(o: &TuneOptions, predicted: &[(Fusion, f64)], gpu: 
     // fuses: the races time kernels on warm caches, where a fusion that saves a
     // pass over the activations or a second norm looks worth less than it is.
     if !exhaustive_e2e
-        && let Some((f, pred)) = predicted.iter().max_by_key(|(f, _)| fused_count(*f))
+        && let Some((f, pred)) = predicted.iter().max_by_key(|(f, _)| f.on().count())
         && !predicted.iter().take(top).any(|(g, _)| g == f)
     {
         combos.push((Combo::raced(*f, par_on, true), *pred));
@@ -350,11 +343,6 @@ fn repack_bits(formats: &[crate::kernels::quant::QFormat]) -> u8 {
 /// end-to-end score.
 fn request_times((prefill, decode): &(Vec<f64>, Vec<f64>), decode_tokens: usize, image_s: f64) -> Vec<f64> {
     prefill.iter().zip(decode).map(|(p, d)| p + decode_tokens as f64 * d + image_s).collect()
-}
-
-/// How many fusions `f` turns on.
-fn fused_count(f: Fusion) -> usize {
-    [f.qkv, f.gate_up, f.qk_norm_rope, f.residual_norm, f.norm_matmul, f.qkv_rope_cache].iter().filter(|&&on| on).count()
 }
 
 /// Whether the raced vision winners (`tuned`, seconds per image per round) stay

@@ -354,3 +354,82 @@ impl<'a> Found<'a> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{Fusion, Selection};
+    use crate::profile::Profile;
+
+    /// A tune whose runtime default wins writes a profile that names the kernel
+    /// of every slot the default's plan runs, as `run` picks them without a
+    /// profile, and why it won: the profile read back selects what the default
+    /// selected, whatever a later build's defaults are. SmolLM2 has no q/k norm,
+    /// so the default's plan (every fusion on) is none of the races' fusion
+    /// choices: the record plans it itself.
+    #[test]
+    fn a_profile_whose_default_won_names_every_slot_and_why() {
+        let config = crate::model::builtin("smollm2-135m").expect("built-in config");
+        let device = Device::Cpu(crate::device::cpu::CpuCaps::detect());
+        let t = Target {
+            model: "smollm2-135m",
+            config: &config,
+            store: Arc::new(crate::model::Weights::synthetic(&config, 0)),
+            device: &device,
+            ctx: None,
+            vision_weights: None,
+            started: Instant::now(),
+        };
+        let o = TuneOptions {
+            budget: Duration::from_secs(1),
+            strategy: Strategy::Auto,
+            prefill_tokens: 8,
+            context: 32,
+            decode_tokens: 8,
+            weight_dtype: DType::F32,
+            matrix_formats: BTreeMap::new(),
+            kv_dtype: DType::F32,
+            seed: 1,
+            gpu_l2_bytes: None,
+            trusted_shaders: false,
+            vision: None,
+            max_kld: None,
+        };
+        let caps = DeviceCaps::from(&device);
+        let space = space::survey(&t, &o, &caps, &Silent).expect("space");
+        assert!(!space.per_fusion.iter().any(|(f, _)| *f == Fusion::ALL), "no race plans every fusion of SmolLM2");
+        let races = race::Races { results: Vec::new(), resumed: 0 };
+        let reason = "the runtime default was the only combination timed and within the accuracy budget: it stays";
+        let e2e = e2e::EndToEnd {
+            combos: vec![(e2e::Combo::runtime_default(), f64::NAN)],
+            samples: vec![(vec![0.1, 0.1], vec![0.01, 0.01])],
+            best: 0,
+            reason: reason.into(),
+            head_to_head: None,
+            winners: race::Winners::default(),
+            vision: None,
+            kld: vec![None],
+            refused: vec![None],
+            max_kld: 1e-4,
+            timed_layers: None,
+        };
+        let rotation = measure::Rotation::for_device(&device, None);
+        let found = Found { target: &t, options: &o, caps: &caps, rotation: &rotation, space: &space, races: &races, e2e: &e2e };
+        let doc = crate::profile::build::profile_doc(&found.record((10.0, "test"), 1.0).expect("record"));
+        let e = &doc.tuning.as_ref().expect("tuning").end_to_end;
+        assert_eq!(e.decision.as_deref(), Some(reason));
+        assert!(e.combinations[0].chosen);
+        let p = Profile::from_str(&crate::profile::to_yaml(&doc).expect("yaml"), "p.yaml").expect("loads");
+        let (sel, exec, _) = p.resolve(&device, "smollm2-135m", config.num_layers).expect("resolves");
+        assert_eq!(exec.fusion, Fusion::ALL);
+        let runtime = Selection::runtime(caps.clone());
+        let steps = space::fusion_steps(&t, &o, &caps, Fusion::ALL).expect("steps");
+        assert!(steps.len() > 10, "{}", steps.len());
+        for (key, problem, dtype) in steps.iter().filter(|(k, ..)| k.0.def().entry.is_some()) {
+            assert!(sel.slots.contains_key(key), "{key:?} is not named in the profile: {:?}", p.doc.kernels);
+            let named = sel.choose(key.0, key.1, None, problem, *dtype).expect("a kernel");
+            let own = runtime.choose(key.0, key.1, None, problem, *dtype).expect("a kernel");
+            assert_eq!((named.kernel.id, &named.params), (own.kernel.id, &own.params), "{key:?} at {}", problem.describe());
+        }
+    }
+}
