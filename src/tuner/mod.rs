@@ -355,6 +355,35 @@ impl<'a> Found<'a> {
     }
 }
 
+/// Tune options of the unit tests: f32, 8-token prompts in a context of 32, 8
+/// decode tokens, seed 1, within `budget`.
+#[cfg(test)]
+pub(crate) fn test_options(budget: Duration) -> TuneOptions {
+    TuneOptions {
+        budget,
+        strategy: Strategy::Auto,
+        prefill_tokens: 8,
+        context: 32,
+        decode_tokens: 8,
+        weight_dtype: DType::F32,
+        matrix_formats: BTreeMap::new(),
+        kv_dtype: DType::F32,
+        seed: 1,
+        gpu_l2_bytes: None,
+        trusted_shaders: false,
+        vision: None,
+        max_kld: None,
+    }
+}
+
+/// The unit tests' target: SmolLM2-135M's built-in `config` with synthetic
+/// weights on the CPU `device`.
+#[cfg(test)]
+pub(crate) fn test_target<'a>(config: &'a ModelConfig, device: &'a Device) -> Target<'a> {
+    let store = Arc::new(crate::model::Weights::synthetic(config, 0));
+    Target { model: "smollm2-135m", config, store, device, ctx: None, vision_weights: None, started: Instant::now() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -371,30 +400,8 @@ mod tests {
     fn a_profile_whose_default_won_names_every_slot_and_why() {
         let config = crate::model::builtin("smollm2-135m").expect("built-in config");
         let device = Device::Cpu(crate::device::cpu::CpuCaps::detect());
-        let t = Target {
-            model: "smollm2-135m",
-            config: &config,
-            store: Arc::new(crate::model::Weights::synthetic(&config, 0)),
-            device: &device,
-            ctx: None,
-            vision_weights: None,
-            started: Instant::now(),
-        };
-        let o = TuneOptions {
-            budget: Duration::from_secs(1),
-            strategy: Strategy::Auto,
-            prefill_tokens: 8,
-            context: 32,
-            decode_tokens: 8,
-            weight_dtype: DType::F32,
-            matrix_formats: BTreeMap::new(),
-            kv_dtype: DType::F32,
-            seed: 1,
-            gpu_l2_bytes: None,
-            trusted_shaders: false,
-            vision: None,
-            max_kld: None,
-        };
+        let t = test_target(&config, &device);
+        let o = test_options(Duration::from_secs(1));
         let caps = DeviceCaps::from(&device);
         let space = space::survey(&t, &o, &caps, &Silent).expect("space");
         assert!(!space.per_fusion.iter().any(|(f, _)| *f == Fusion::ALL), "no race plans every fusion of SmolLM2");
