@@ -2,7 +2,8 @@
 //! execution switches, the device requirements of the chosen variants, and the
 //! `tuning` provenance (fingerprint, versions, timing method, the space, every
 //! slot race with its candidates and rejections, end-to-end times against the
-//! runtime's default, a multimodal model's image time per request).
+//! runtime's default with the decision's reason and head to head, a multimodal
+//! model's image time per request).
 
 use std::collections::BTreeMap;
 

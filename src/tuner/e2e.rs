@@ -1,8 +1,10 @@
 //! The end-to-end stage of a tune: the most promising complete combinations
 //! (fusion choices by the time the race winners predict for them, execution flags,
 //! and the runtime's own default) are built into engines and timed through the
-//! runtime, interleaved when memory allows, within what is left of the budget;
-//! the best by one request's time wins (ties go to the default). A multimodal
+//! runtime, interleaved when memory allows, within what is left of the budget,
+//! each warmed by one untimed sample first; a combination replaces the default
+//! only by the paired rule ([`super::paired`]) and again head to head, and the
+//! decision comes with its reason. The stage runs as named steps ([`run`]). A multimodal
 //! model's request also holds one image: a synthetic image at the tower's input
 //! size is timed through the vision tower and projector with the raced vision
 //! kernels and with the runtime's defaults (interleaved rounds), the raced ones
