@@ -96,21 +96,54 @@ impl Fusion {
     pub const ALL: Fusion =
         Fusion { qkv: true, gate_up: true, qk_norm_rope: true, residual_norm: true, norm_matmul: true, qkv_rope_cache: true };
 
+    /// The fusion choices, one switch each: `--fusion`, the tuner's combinations
+    /// and labels, and `diff-profiles` iterate them; each one's slot is in
+    /// [`select::SLOTS`] (its `fusion`).
+    pub const FLAGS: [FusionFlag; 6] = [
+        FusionFlag { name: "qkv", profile_key: "fusedQkv", on: |f| f.qkv, set: |f, v| f.qkv = v },
+        FusionFlag { name: "gate_up", profile_key: "fusedGateUp", on: |f| f.gate_up, set: |f, v| f.gate_up = v },
+        FusionFlag { name: "qk_norm_rope", profile_key: "fusedQkNormRope", on: |f| f.qk_norm_rope, set: |f, v| f.qk_norm_rope = v },
+        FusionFlag { name: "residual_norm", profile_key: "fusedResidualNorm", on: |f| f.residual_norm, set: |f, v| f.residual_norm = v },
+        FusionFlag { name: "norm_matmul", profile_key: "fusedNormMatmul", on: |f| f.norm_matmul, set: |f, v| f.norm_matmul = v },
+        FusionFlag { name: "qkv_rope_cache", profile_key: "fusedQkvRopeCache", on: |f| f.qkv_rope_cache, set: |f, v| f.qkv_rope_cache = v },
+    ];
+
+    /// The fusion choice named `name` (as `--fusion` spells it).
+    pub fn flag(name: &str) -> Option<&'static FusionFlag> {
+        Fusion::FLAGS.iter().find(|f| f.name == name)
+    }
+
+    /// The choices this one turns on, in [`Fusion::FLAGS`] order.
+    pub fn on(self) -> impl Iterator<Item = &'static FusionFlag> {
+        Fusion::FLAGS.iter().filter(move |f| (f.on)(&self))
+    }
+
     /// Every combination that changes the plan (the tuner's fusion space): the
     /// decode-chain fusions only where the fusions they build on are on.
     pub fn all_combinations() -> Vec<Fusion> {
-        (0..64u8)
-            .map(|b| Fusion {
-                qkv: b & 1 != 0,
-                gate_up: b & 2 != 0,
-                qk_norm_rope: b & 4 != 0,
-                residual_norm: b & 8 != 0,
-                norm_matmul: b & 16 != 0,
-                qkv_rope_cache: b & 32 != 0,
+        (0..1u32 << Fusion::FLAGS.len())
+            .map(|b| {
+                let mut f = Fusion::NONE;
+                for (j, flag) in Fusion::FLAGS.iter().enumerate() {
+                    (flag.set)(&mut f, b & (1 << j) != 0);
+                }
+                f
             })
             .filter(|f| !f.qkv_rope_cache || (f.qkv && f.norm_matmul))
             .collect()
     }
+}
+
+/// One fusion choice of [`Fusion::FLAGS`].
+pub struct FusionFlag {
+    /// As `--fusion` and the slot table spell it; the tuner's labels say `fused_<name>`.
+    pub name: &'static str,
+    /// Its key under the profile's `execution`.
+    pub profile_key: &'static str,
+    /// Whether a [`Fusion`] has it on.
+    pub on: fn(&Fusion) -> bool,
+    /// Turns it on or off.
+    pub set: fn(&mut Fusion, bool),
 }
 
 /// Role of a laid-out buffer.
