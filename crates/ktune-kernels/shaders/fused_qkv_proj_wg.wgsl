@@ -5,25 +5,17 @@
 // workgroup reduces them through workgroup memory. Any k; weights as u32 words
 // decoded by W_F16.
 //
-// Bindings: the bias is always bound at 2 (q, k_out, v_out at 3..5, uniform at 6);
-// without a bias the host binds a small placeholder there and HAS_BIAS is false.
-// Includes: block_wg.wgsl (entry point), reduce_wg.wgsl (the tree), qkv_store.wgsl
-// (the routing), wload.wgsl.
+// Head: qkv_head.wgsl (the bias and output bindings 2..6). Includes: block_wg.wgsl
+// (entry point), reduce_wg.wgsl (the tree), qkv_store.wgsl (the routing, Dims),
+// wload.wgsl.
+// Requires: qkv_head.wgsl, qkv_store.wgsl.
 
 override WG: u32 = 128;
 override ROWS: u32 = 2;
 override W_F16: bool = false;
-override HAS_BIAS: bool = false;
-
-struct Dims { k: u32, nq: u32, nkv: u32 }
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
-@group(0) @binding(2) var<storage, read> bias: array<f32>;
-@group(0) @binding(3) var<storage, read_write> q: array<f32>;
-@group(0) @binding(4) var<storage, read_write> k_out: array<f32>;
-@group(0) @binding(5) var<storage, read_write> v_out: array<f32>;
-@group(0) @binding(6) var<uniform> dims: Dims;
 
 var<workgroup> partial: array<f32, WG * ROWS>;
 

@@ -1,13 +1,12 @@
 // Fused residual add + LayerNorm with bias: h = x + r, y = (h - mean) /
 // sqrt(var + eps) * w + b (a SigLIP encoder layer's residual and the norm after
-// it): the interface and the output pass that turn the LayerNorm bodies
-// norm_layer_wg.wgsl and norm_layer_subgroup.wgsl into the fused kernels
-// (`shader!("norm_layer_wg.wgsl", "fused_residual_layer_norm.wgsl", ..)`): their
-// first statistics pass writes h through ln_read. Every invocation rereads only
-// the h it wrote itself, so no barrier orders h. Any dim; w and b are read as u32 words decoded
-// by W_F16 (wload.wgsl).
-
-struct Dims { rows: u32, dim: u32, eps: f32 }
+// it): the interface that turns the LayerNorm bodies norm_layer_wg.wgsl and
+// norm_layer_subgroup.wgsl into the fused kernels (`shader!("norm_layer_wg.wgsl",
+// "fused_residual_layer_norm.wgsl", "layer_write.wgsl", ..)`; the output pass is
+// layer_write.wgsl): their first statistics pass writes h through ln_read. Every
+// invocation rereads only the h it wrote itself, so no barrier orders h. Any dim;
+// w and b are read as u32 words decoded by W_F16 (wload.wgsl).
+// Requires: layer_write.wgsl.
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read> r: array<f32>;
@@ -29,14 +28,3 @@ fn ln_read(i: u32) -> f32 {
     return v;
 }
 fn ln_reread(i: u32) -> f32 { return h[i]; }
-
-fn row_count() -> u32 {
-    return dims.rows;
-}
-
-// y = (h - mean) * rs * w + b over the invocation's strided share of the row.
-fn layer_write(base: u32, first: u32, stride: u32, mean: f32, rs: f32) {
-    for (var c = first; c < dims.dim; c += stride) {
-        y[base + c] = (ln_reread(base + c) - mean) * rs * wload(c) + bload(c);
-    }
-}

@@ -1,8 +1,8 @@
 // GEMM y[m,n] = x[m,k] · w[n,k]ᵀ, tiled in workgroup memory with register blocking:
 // the body is gemm_tile.wgsl (tiles, staging, register blocks; its rules on k and
 // the tiles), the epilogue a plain store.
-// Head: gemm_tiling.wgsl. Includes: gemm_tile.wgsl, wload.wgsl (W_F16, 16-byte
-// words).
+// Head: gemm_tiling.wgsl. Includes: gemm_tile.wgsl, reg_tile.wgsl, wload.wgsl
+// (W_F16, 16-byte words).
 // Requires: gemm_tiling.wgsl, gemm_tile.wgsl.
 
 @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;

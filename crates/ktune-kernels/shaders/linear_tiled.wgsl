@@ -3,8 +3,8 @@
 // the epilogue adds the bias and, when GELU, applies GELU-tanh (act.wgsl) before
 // the store. Also the second dispatch of patch_embed_im2col (the patch matrix as x,
 // GELU off). Bias words decoded by W_F16 like the weights.
-// Head: gemm_tiling.wgsl. Includes: gemm_tile.wgsl, act.wgsl, wload.wgsl (W_F16,
-// 16-byte words).
+// Head: gemm_tiling.wgsl. Includes: gemm_tile.wgsl, reg_tile.wgsl, act.wgsl,
+// wload.wgsl (W_F16, 16-byte words).
 // Requires: gemm_tiling.wgsl, gemm_tile.wgsl, act.wgsl.
 
 override GELU: bool = false;

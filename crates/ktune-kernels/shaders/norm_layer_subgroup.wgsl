@@ -5,8 +5,8 @@
 // barriers. Needs SUBGROUP and a workgroup at least one subgroup wide.
 // The row's values come from the interface's ln_read (first pass) and ln_reread
 // (x, or for the fused residual form the h = x + r the first pass wrote).
-// Includes: norm_layer.wgsl or fused_residual_layer_norm.wgsl (interface, output
-// pass), row_sg.wgsl (entry point), reduce_sg.wgsl, wload.wgsl.
+// Includes: norm_layer.wgsl or fused_residual_layer_norm.wgsl (interface),
+// layer_write.wgsl (output pass), row_sg.wgsl (entry point), reduce_sg.wgsl, wload.wgsl.
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;

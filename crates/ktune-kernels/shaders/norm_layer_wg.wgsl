@@ -5,8 +5,8 @@
 // sum and sum of squares.
 // The row's values come from the interface's ln_read (x, or for the fused
 // residual form h = x + r, written as it is read).
-// Includes: norm_layer.wgsl or fused_residual_layer_norm.wgsl (interface, output
-// pass), row_wg.wgsl (entry point), wload.wgsl.
+// Includes: norm_layer.wgsl or fused_residual_layer_norm.wgsl (interface),
+// layer_write.wgsl (output pass), row_wg.wgsl (entry point), wload.wgsl.
 
 override WG: u32 = 128;
 override W_F16: bool = false;

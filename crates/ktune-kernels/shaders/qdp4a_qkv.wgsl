@@ -13,8 +13,6 @@ override HAS_BIAS: bool = false;
 // Accumulators per row of a row group (qdp4a.wgsl's dq_nacc).
 const DQ_SETS: u32 = 1u;
 
-struct Dims { k: u32, nq: u32, nkv: u32 }
-
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<uniform> dims: Dims;
 @group(0) @binding(7) var<storage, read_write> q: array<f32>;

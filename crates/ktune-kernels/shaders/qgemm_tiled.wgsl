@@ -19,7 +19,8 @@
 //
 // Tiles hold TileV, the head's: vec4<f32> (qgemm_tiled_f32.wgsl) or vec4<f16>
 // (qgemm_tiled_f16.wgsl: half the workgroup memory; f32 accumulation). The staging
-// and the main loop are qgemm_tiled_body.wgsl.
+// and the main loop are qgemm_tiled_body.wgsl, the register block reg_tile.wgsl
+// (shared with the float tiled GEMMs).
 //
 // Needs k a whole number of blocks (qbe()); any m and n. Bindings: x, the weight
 // buffer twice (quants at 1, the scales region at 2), y, the uniform.

@@ -13,8 +13,6 @@ override ROWS: u32 = 2;
 override QFMT: u32 = 0u;
 override HAS_BIAS: bool = false;
 
-struct Dims { k: u32, nq: u32, nkv: u32 }
-
 @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> wq: array<u32>;
 @group(0) @binding(2) var<storage, read> ws: array<u32>;

@@ -31,7 +31,7 @@ use crate::gpu::{GpuProgram, Shader, groups};
 use crate::shader;
 
 static GEMM_SIMPLE: Shader = shader!("gemm_simple.wgsl", "gemm_col.wgsl", "wload.wgsl");
-static GEMM_TILED: Shader = shader!(head "gemm_tiling.wgsl"; "gemm_tiled.wgsl", "gemm_tile.wgsl", "wload.wgsl");
+static GEMM_TILED: Shader = shader!(head "gemm_tiling.wgsl"; "gemm_tiled.wgsl", "gemm_tile.wgsl", "reg_tile.wgsl", "wload.wgsl");
 
 pub(crate) const SIMPLE_PARAMS: &[ParamSpec] = &[
     ParamSpec { name: "workgroup_x", values: &[8, 16, 32, 64], default: 16, help: "invocations per workgroup along n (columns of y)" },

@@ -26,9 +26,10 @@ use crate::kernels::{
 };
 use crate::shader;
 
-static QGEMM_TILED: Shader = shader!(head "qgemm_tiled_f32.wgsl"; "qgemm_tiled.wgsl", "qgemm_tiled_body.wgsl", "qblock.wgsl", "qgeom.wgsl");
+static QGEMM_TILED: Shader =
+    shader!(head "qgemm_tiled_f32.wgsl"; "qgemm_tiled.wgsl", "qgemm_tiled_body.wgsl", "reg_tile.wgsl", "qblock.wgsl", "qgeom.wgsl");
 static QGEMM_TILED_F16: Shader =
-    shader!(head "qgemm_tiled_f16.wgsl"; "qgemm_tiled.wgsl", "qgemm_tiled_body.wgsl", "qblock.wgsl", "qgeom.wgsl");
+    shader!(head "qgemm_tiled_f16.wgsl"; "qgemm_tiled.wgsl", "qgemm_tiled_body.wgsl", "reg_tile.wgsl", "qblock.wgsl", "qgeom.wgsl");
 /// The f16-tile form `f16_tiles = 1` selects.
 static TILED_ALT: &[&Shader] = &[&QGEMM_TILED_F16];
 

@@ -24,9 +24,17 @@ use crate::kernels::{
 };
 use crate::shader;
 
-static QKV_WG: Shader = shader!("fused_qkv_proj_wg.wgsl", "block_wg.wgsl", "reduce_wg.wgsl", "qkv_store.wgsl", "wload.wgsl");
-static QKV_SG: Shader =
-    shader!("fused_qkv_proj_subgroup.wgsl", "row_dot16.wgsl", "row_sg.wgsl", "reduce_sg.wgsl", "qkv_store.wgsl", "wload.wgsl");
+static QKV_WG: Shader =
+    shader!(head "qkv_head.wgsl"; "fused_qkv_proj_wg.wgsl", "block_wg.wgsl", "reduce_wg.wgsl", "qkv_store.wgsl", "wload.wgsl");
+static QKV_SG: Shader = shader!(
+    head "qkv_head.wgsl";
+    "fused_qkv_proj_subgroup.wgsl",
+    "row_dot16.wgsl",
+    "row_sg.wgsl",
+    "reduce_sg.wgsl",
+    "qkv_store.wgsl",
+    "wload.wgsl"
+);
 static QQKV_WG: Shader =
     shader!("qqkv_proj_wg.wgsl", "qblock.wgsl", "qgeom.wgsl", "qrows_wg.wgsl", "block_wg.wgsl", "reduce_wg.wgsl", "qkv_store.wgsl");
 static QQKV_DP4A_WG: Shader =

@@ -28,9 +28,9 @@ static RMS_WG: Shader =
 static RMS_SG: Shader =
     shader!("norm_rms_subgroup.wgsl", "norm_rms.wgsl", "rms_rows.wgsl", "row_sg.wgsl", "reduce_sg.wgsl", "rms.wgsl", "wload.wgsl");
 static RMS_VEC4: Shader = shader!("norm_rms_vec4.wgsl", "reduce_wg.wgsl", "wload.wgsl");
-static LN_WG: Shader = shader!(head "affine_head.wgsl"; "norm_layer_wg.wgsl", "norm_layer.wgsl", "row_wg.wgsl", "wload.wgsl");
-static LN_SG: Shader =
-    shader!(head "affine_head.wgsl"; "norm_layer_subgroup.wgsl", "norm_layer.wgsl", "row_sg.wgsl", "reduce_sg.wgsl", "wload.wgsl");
+static LN_WG: Shader =
+    shader!(head "affine_head.wgsl"; "norm_layer_wg.wgsl", "norm_layer.wgsl", "layer_write.wgsl", "row_wg.wgsl", "wload.wgsl");
+static LN_SG: Shader = shader!(head "affine_head.wgsl"; "norm_layer_subgroup.wgsl", "norm_layer.wgsl", "layer_write.wgsl", "row_sg.wgsl", "reduce_sg.wgsl", "wload.wgsl");
 
 const WG_PARAMS: &[ParamSpec] =
     &[ParamSpec::new("workgroup_size", &[32, 64, 128, 256, 512], 128, "invocations per row (one workgroup per row)")];

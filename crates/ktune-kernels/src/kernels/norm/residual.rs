@@ -39,9 +39,15 @@ static RESNORM_SG: Shader = shader!(
     "wload.wgsl"
 );
 
-static RESLN_WG: Shader = shader!("norm_layer_wg.wgsl", "fused_residual_layer_norm.wgsl", "row_wg.wgsl", "wload.wgsl");
-static RESLN_SG: Shader =
-    shader!("norm_layer_subgroup.wgsl", "fused_residual_layer_norm.wgsl", "row_sg.wgsl", "reduce_sg.wgsl", "wload.wgsl");
+static RESLN_WG: Shader = shader!("norm_layer_wg.wgsl", "fused_residual_layer_norm.wgsl", "layer_write.wgsl", "row_wg.wgsl", "wload.wgsl");
+static RESLN_SG: Shader = shader!(
+    "norm_layer_subgroup.wgsl",
+    "fused_residual_layer_norm.wgsl",
+    "layer_write.wgsl",
+    "row_sg.wgsl",
+    "reduce_sg.wgsl",
+    "wload.wgsl"
+);
 
 const WG_PARAMS: &[ParamSpec] = &[WORKGROUP_SIZE];
 const SG_PARAMS: &[ParamSpec] =

@@ -26,13 +26,14 @@ use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::shader;
 
-static PATCH_IM2COL: Shader = shader!("patch_embed_im2col.wgsl", "grid.wgsl");
+static PATCH_IM2COL: Shader = shader!("patch_embed_im2col.wgsl", "grid_main.wgsl", "grid.wgsl");
 static PATCH_DIRECT: Shader = shader!(head "affine_head.wgsl"; "patch_embed_direct.wgsl", "gemm_col.wgsl", "wload.wgsl");
-static LINEAR_TILED: Shader = shader!(head "gemm_tiling.wgsl"; "linear_tiled.wgsl", "gemm_tile.wgsl", "act.wgsl", "wload.wgsl");
+static LINEAR_TILED: Shader =
+    shader!(head "gemm_tiling.wgsl"; "linear_tiled.wgsl", "gemm_tile.wgsl", "reg_tile.wgsl", "act.wgsl", "wload.wgsl");
 static LINEAR_SIMPLE: Shader = shader!(head "affine_head.wgsl"; "linear_simple.wgsl", "gemm_col.wgsl", "act.wgsl", "wload.wgsl");
 static ATTN_ROWS: Shader = shader!("attention_full_rows.wgsl", "attention_full.wgsl");
 static ATTN_FLASH: Shader = shader!("attention_full_flash.wgsl", "attention_full.wgsl");
-static POOL_WINDOW: Shader = shader!("avg_pool_window.wgsl", "grid.wgsl");
+static POOL_WINDOW: Shader = shader!("avg_pool_window.wgsl", "grid_main.wgsl", "grid.wgsl");
 static POOL_SEPARABLE: Shader = shader!("avg_pool_separable.wgsl", "grid.wgsl");
 
 const F32: &[DType] = &[DType::F32];
