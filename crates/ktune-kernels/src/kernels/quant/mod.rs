@@ -16,9 +16,9 @@
 //! on-disk block stream losslessly. How each format's bytes become values:
 //! [`decode`] (bit-identical to `gguf.quants.dequantize`); how floats become
 //! blocks: [`encode`]. The formats themselves (names, ggml ids, block geometry,
-//! and [`DType`] around them) are one list: [`formats`]. The block-size rule of
-//! every block-format kernel, CPU and WGSL ([`check_blocks`]: k in whole blocks)
-//! lives here too.
+//! and [`DType`] around them) are one list: [`formats`]. (The block-size rule of
+//! every block-format kernel, k in whole blocks, is the kernels' contract's:
+//! [`crate::kernels::contract::check_blocks`].)
 
 mod decode;
 mod encode;
