@@ -653,7 +653,7 @@ pub struct EngineArgs {
     /// the next chain submitted before the host reads the last one's ids
     /// (1 to 64; default: the profile's `execution.decodeChain`, else 8). The
     /// ids are the same for every value.
-    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=crate::runtime::gpu::MAX_CHAIN as i64))]
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=crate::profile::doc::MAX_CHAIN as i64))]
     pub decode_chain: Option<u32>,
     /// A Jinja chat template file to use instead of the model's (a file without
     /// `tokenizer.chat_template`, or another format of turns).

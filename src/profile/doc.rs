@@ -486,16 +486,20 @@ pub struct ExecutionDoc {
     pub trusted_shaders: bool,
     /// GPU: decode steps chained in one submit (the token picked on the GPU,
     /// the next chain submitted before the host reads the last one's ids): the
-    /// tuned value, 1 to 64; absent (older profiles, CPU ones): the runtime's
+    /// tuned value, 1 to [`MAX_CHAIN`]; absent (older profiles, CPU ones): the runtime's
     /// default, [`DEFAULT_DECODE_CHAIN`]. The CPU ignores it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 64))]
+    #[schemars(range(min = 1, max = MAX_CHAIN))]
     pub decode_chain: Option<u32>,
 }
 
 /// Decode steps chained per submit when neither a profile nor `--decode-chain`
 /// says.
 pub const DEFAULT_DECODE_CHAIN: u32 = 8;
+
+/// The most decode steps one chain records: the largest `decodeChain` a profile
+/// or `--decode-chain` may give, and the slots of the runtime's id buffer.
+pub const MAX_CHAIN: usize = 64;
 
 fn is_false(v: &bool) -> bool {
     !*v

@@ -417,13 +417,13 @@ impl Profile {
             }
         }
         if let Some(k) = d.execution.decode_chain
-            && !(1..=crate::runtime::gpu::MAX_CHAIN as u32).contains(&k)
+            && !(1..=doc::MAX_CHAIN as u32).contains(&k)
         {
             return Err(ProfileError::Invalid {
                 path: o.into(),
                 message: format!(
                     "execution.decodeChain {k}: give 1 to {} decode steps per submit, or remove the field for the default ({})",
-                    crate::runtime::gpu::MAX_CHAIN,
+                    doc::MAX_CHAIN,
                     doc::DEFAULT_DECODE_CHAIN
                 ),
             });

@@ -42,11 +42,9 @@ use crate::kernels::sample::gpu::GpuSampler;
 use crate::kernels::sample::{SamplerParams, SamplerState};
 use crate::kernels::{DType, Params, Problem};
 use crate::plan::{BufId, Plan, Plumb, Step, StepKind};
+use crate::profile::doc::MAX_CHAIN;
 
 const WG: u32 = 256;
-
-/// The most decode steps one chain records (its id buffer's slots).
-pub const MAX_CHAIN: usize = 64;
 
 /// Mappable id buffers the chains cycle through: a chain is submitted before the
 /// host reads the previous one's ids, so two are in flight at most.

@@ -712,7 +712,7 @@ impl Engine {
             let mut pending = std::collections::VecDeque::with_capacity(gpu::RING);
             loop {
                 while submitted < want && pending.len() < gpu::RING {
-                    let n = k.clamp(1, gpu::MAX_CHAIN).min(want - submitted);
+                    let n = k.clamp(1, crate::profile::doc::MAX_CHAIN).min(want - submitted);
                     let st = start.then_some(&sampler.state);
                     pending.push_back(self.submit_chain(token, submitted, n, st, rule, &picks, cap, &mut phases)?);
                     start = false;

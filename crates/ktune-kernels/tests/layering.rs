@@ -1,288 +1,127 @@
-//! The layering inside `src/kernels/`, checked on the sources: its second-level
-//! modules (`cpu/`, `quant/`, `matvec/`, `wgsl.rs`, …) import each other without a
-//! cycle. An import is a `crate::kernels::<module>` path or a `super::` path that
-//! climbs to `kernels/` (from a file's own depth plus any inline `mod … {}` it sits
-//! in), outside comments, string literals and `#[cfg(test)]` items (tests may reach
-//! anywhere). `kernels/mod.rs` itself (the registry, which gathers every family) is
-//! above them all and not part of the graph.
+//! The layering of this crate, checked on its sources at every depth: in every
+//! directory (`kernels/`, `kernels/cpu/`, `kernels/cpu/qdot/x86/`, …) the files,
+//! the subdirectories and the `mod.rs` import each other without a cycle, and no
+//! arrow runs back up into a `mod.rs` that gathers its children. What counts as an
+//! import, how an arrow is placed in its layer, and the rule for `mod.rs` (a
+//! directory's contract or its gatherer, never both) are
+//! `ktune_kernels::testing::layering`'s, the one reader this test and ktune's
+//! share.
+//!
+//! `kernels/mod.rs` is the registry, the gatherer of every family; what every
+//! family builds on is `kernels/contract.rs`, below them all. The directories in
+//! [`MIXED`] still have a `mod.rs` that is both (a SIMD module's dispatch in
+//! `mod.rs` over helpers its `x86.rs` reads back, a format's tables beside its
+//! codecs): there `mod.rs` is left out and the rest must still be acyclic; a
+//! directory split as `kernels/` was fails the test until it is struck from the
+//! list, and no other may join it unnoticed.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use ktune_kernels::testing::{import_cycles as cycles, rust_sources};
+use ktune_kernels::testing::layering::{MOD, Module, crate_sources, faults, layer_graph, read_modules};
 
-/// `text` without comments and without the contents of string and char literals
-/// (so that no brace or path inside them counts); lifetimes stay.
-fn strip(text: &str) -> String {
-    let c: Vec<char> = text.chars().collect();
-    let mut out = String::with_capacity(text.len());
-    let mut i = 0;
-    while i < c.len() {
-        let at = |j: usize| c.get(j).copied().unwrap_or('\0');
-        if c[i] == '/' && at(i + 1) == '/' {
-            while i < c.len() && c[i] != '\n' {
-                i += 1;
-            }
-        } else if c[i] == '/' && at(i + 1) == '*' {
-            let mut depth = 0;
-            while i < c.len() {
-                if c[i] == '/' && at(i + 1) == '*' {
-                    depth += 1;
-                    i += 2;
-                } else if c[i] == '*' && at(i + 1) == '/' {
-                    depth -= 1;
-                    i += 2;
-                    if depth == 0 {
-                        break;
-                    }
-                } else {
-                    i += 1;
-                }
-            }
-        } else if c[i] == 'r' && (at(i + 1) == '"' || at(i + 1) == '#') && !at(i.wrapping_sub(1)).is_alphanumeric() {
-            // A raw string: r"…" or r#"…"#.
-            let mut hashes = 0;
-            let mut j = i + 1;
-            while at(j) == '#' {
-                hashes += 1;
-                j += 1;
-            }
-            if at(j) != '"' {
-                out.push(c[i]);
-                i += 1;
-                continue;
-            }
-            j += 1;
-            loop {
-                if j >= c.len() {
-                    break;
-                }
-                if c[j] == '"' && (1..=hashes).all(|h| at(j + h) == '#') {
-                    j += 1 + hashes;
-                    break;
-                }
-                j += 1;
-            }
-            out.push_str("\"\"");
-            i = j;
-        } else if c[i] == '"' {
-            i += 1;
-            while i < c.len() && c[i] != '"' {
-                i += if c[i] == '\\' { 2 } else { 1 };
-            }
-            i += 1;
-            out.push_str("\"\"");
-        } else if c[i] == '\'' && (at(i + 2) == '\'' || at(i + 1) == '\\') {
-            // A char literal ('{', '\n', '\u{7f}'); a lifetime has no closing quote.
-            i += 1;
-            while i < c.len() && c[i] != '\'' {
-                i += if c[i] == '\\' { 2 } else { 1 };
-            }
-            i += 1;
-            out.push_str("' '");
-        } else {
-            out.push(c[i]);
-            i += 1;
-        }
-    }
-    out
+/// Directories whose `mod.rs` is still both their children's contract and their
+/// gatherer.
+const MIXED: &[&str] = &[
+    "device/",
+    "gpu/",
+    "kernels/attention/",
+    "kernels/cpu/",
+    "kernels/cpu/dot/",
+    "kernels/cpu/lanes/",
+    "kernels/cpu/qdot/",
+    "kernels/cpu/qdot/x86/",
+    "kernels/cpu/qgemm/",
+    "kernels/cpu/qx8/",
+    "kernels/cpu/sgemm/",
+    "kernels/quant/",
+];
+
+fn sources() -> Vec<(PathBuf, String)> {
+    crate_sources(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src")).expect("readable src/")
 }
 
-/// The first path segment of each item of the use tree at the start of `rest`:
-/// `quant` for `quant::QView`, `cpu` and `quant` for `{cpu, quant::{QK, QView}}`.
-fn first_segments(rest: &str) -> Vec<String> {
-    let ident = |s: &str| s.trim_start().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>();
-    let Some(group) = rest.strip_prefix('{') else {
-        return vec![ident(rest)];
-    };
-    let (mut out, mut depth, mut item) = (Vec::new(), 0, String::new());
-    for ch in group.chars() {
-        match ch {
-            '{' => depth += 1,
-            '}' if depth == 0 => break,
-            '}' => depth -= 1,
-            ',' if depth == 0 => {
-                out.push(ident(&item));
-                item.clear();
-                continue;
-            }
-            _ => {}
-        }
-        if depth == 0 {
-            item.push(ch);
-        }
-    }
-    out.push(ident(&item));
-    out
+fn segs(s: &[&str]) -> Vec<String> {
+    s.iter().map(|s| s.to_string()).collect()
 }
 
-/// Whether `code[i..]` starts with the keyword or path segment `word` (not inside
-/// a longer identifier).
-fn word_at(code: &str, i: usize, word: &str) -> bool {
-    code[i..].starts_with(word) && !code[..i].chars().next_back().is_some_and(|c| c.is_alphanumeric() || c == '_')
-}
-
-/// The root-level names (items of `kernels/`) that the code of the module at
-/// `path` (its segments below `kernels/`, `["cpu", "qdot"]` for `cpu/qdot.rs`)
-/// refers to, outside `#[cfg(test)]` items.
-fn root_names(path: &[String], text: &str) -> BTreeSet<String> {
-    let code = strip(text);
-    let mut out = BTreeSet::new();
-    // Inline modules open at a brace depth: (name, depth inside it).
-    let mut inline: Vec<(String, usize)> = Vec::new();
-    let mut depth = 0usize;
-    let mut i = 0;
-    while i < code.len() {
-        let rest = &code[i..];
-        if let Some(body) = rest.strip_prefix("#[cfg(test)]") {
-            // Skip the item: up to its `;`, or through its braced body.
-            let end = match body.find([';', '{']) {
-                Some(j) if body.as_bytes()[j] == b';' => j + 1,
-                Some(j) => {
-                    let mut d = 0;
-                    let mut k = j;
-                    for (off, ch) in body[j..].char_indices() {
-                        match ch {
-                            '{' => d += 1,
-                            '}' => d -= 1,
-                            _ => {}
-                        }
-                        if d == 0 {
-                            k = j + off + 1;
-                            break;
-                        }
-                    }
-                    k
-                }
-                None => body.len(),
-            };
-            i += "#[cfg(test)]".len() + end;
-            continue;
-        }
-        if word_at(&code, i, "mod ") {
-            let after = &rest[4..];
-            let name: String = after.trim_start().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-            let tail = after.trim_start()[name.len()..].trim_start();
-            if tail.starts_with('{') {
-                inline.push((name, depth + 1));
-            }
-        }
-        if word_at(&code, i, "crate::kernels::") {
-            out.extend(first_segments(&rest["crate::kernels::".len()..]));
-        } else if word_at(&code, i, "super::") {
-            let mut n = 0;
-            let mut j = i;
-            while code[j..].starts_with("super::") {
-                n += 1;
-                j += "super::".len();
-            }
-            let here = path.len() + inline.len();
-            if n == here {
-                out.extend(first_segments(&code[j..]));
-            }
-            i = j;
-            continue;
-        }
-        let ch = rest.chars().next().expect("in range");
-        match ch {
-            '{' => depth += 1,
-            '}' => {
-                depth = depth.saturating_sub(1);
-                while inline.last().is_some_and(|&(_, d)| d > depth) {
-                    inline.pop();
-                }
-            }
-            _ => {}
-        }
-        i += ch.len_utf8();
-    }
-    out
-}
-
-/// The module path below `kernels/` of a file (`["cpu", "qdot"]` for
-/// `cpu/qdot.rs`, `["cpu"]` for `cpu/mod.rs`).
-fn module_path(rel: &Path) -> Vec<String> {
-    let mut segs: Vec<String> = rel.components().map(|c| c.as_os_str().to_string_lossy().to_string()).collect();
-    let file = segs.pop().expect("a file name");
-    if file != "mod.rs" {
-        segs.push(file.trim_end_matches(".rs").to_string());
-    }
-    segs
-}
-
-/// The import graph between the second-level modules of the sources `files`
-/// (each a path relative to `kernels/` and its text).
-fn graph_of(files: &[(PathBuf, String)]) -> BTreeMap<String, BTreeSet<String>> {
-    let modules: BTreeSet<String> = files.iter().map(|(rel, _)| module_path(rel)).filter_map(|p| p.first().cloned()).collect();
-    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (rel, text) in files {
-        let path = module_path(rel);
-        let Some(from) = path.first() else { continue };
-        for to in root_names(&path, text) {
-            if &to != from && modules.contains(&to) {
-                g.entry(from.clone()).or_default().insert(to);
-            }
-        }
-    }
-    g
-}
-
-/// The graph of `src/kernels/`.
-fn graph() -> BTreeMap<String, BTreeSet<String>> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/kernels");
-    let files: Vec<(PathBuf, String)> = rust_sources(&dir)
-        .expect("readable src/kernels")
-        .into_iter()
-        .map(|f| (f.strip_prefix(&dir).expect("under kernels").to_path_buf(), std::fs::read_to_string(&f).expect("readable source")))
-        .collect();
-    graph_of(&files)
+/// The sources with `extra` files added (a path relative to `src/` and its text).
+fn planted(extra: &[(&str, &str)]) -> Vec<Module> {
+    let mut files = sources();
+    files.extend(extra.iter().map(|(p, t)| (PathBuf::from(p), t.to_string())));
+    read_modules(&files)
 }
 
 #[test]
-fn kernels_modules_import_each_other_without_a_cycle() {
-    let g = graph();
-    assert!(g.len() > 8, "the import graph was not read: {g:?}");
-    assert!(g.get("cpu").is_some_and(|t| t.contains("quant")), "cpu/ reads block formats from quant/: {g:#?}");
-    let found = cycles(&g);
-    assert!(found.is_empty(), "import cycles between kernels/ modules (each edge closes one): {found:?}\ngraph: {g:#?}");
+fn every_layer_is_acyclic_and_no_arrow_climbs_into_a_gatherer() {
+    let m = read_modules(&sources());
+    let kernels = layer_graph(&m, &segs(&["kernels"]));
+    // The reader sees the arrows there are: families build on the contract, the
+    // registry gathers them, cpu/ reads block formats from quant/.
+    assert!(kernels.get("matvec").is_some_and(|t| t.contains("contract") && t.contains("cpu")), "{kernels:#?}");
+    assert!(kernels.get(MOD).is_some_and(|t| t.contains("matvec") && t.contains("contract")), "{kernels:#?}");
+    assert!(kernels.get("cpu").is_some_and(|t| t.contains("quant")), "{kernels:#?}");
+    let qdot = layer_graph(&m, &segs(&["kernels", "cpu", "qdot"]));
+    assert!(qdot.get("xq8").is_some_and(|t| t.contains("x86")), "xq8 runs the x86 block quantizers: {qdot:#?}");
+    let found = faults(&m, MIXED);
+    assert!(found.is_empty(), "layering faults:\n{}", found.join("\n"));
+    // The list of mixed directories stays true: each still has a fault with its mod.rs.
+    let all = faults(&m, &[]);
+    let stale: Vec<_> = MIXED.iter().filter(|d| !all.iter().any(|f| f.starts_with(&format!("{d}:")))).collect();
+    assert!(stale.is_empty(), "these directories no longer mix contract and gatherer; strike them from MIXED: {stale:?}");
+}
+
+/// A circle three directories down (the one this crate had: the x86 block
+/// quantizers reading the portable quantizer's file, which runs them) fails.
+#[test]
+fn a_planted_circle_at_depth_three_fails() {
+    let m = planted(&[("kernels/cpu/qdot/x86/plant.rs", "use super::super::xq8::block_scale;")]);
+    assert_eq!(faults(&m, MIXED), ["kernels/cpu/qdot/: cycle: x86 -> xq8", "kernels/cpu/qdot/: cycle: xq8 -> x86"]);
+}
+
+/// A family importing through the registry fails, as an arrow back up and as the
+/// cycle it closes; the same item from the contract passes.
+#[test]
+fn a_planted_arrow_back_up_into_the_registry_fails() {
+    let m = planted(&[("kernels/act/plant.rs", "fn f(k: &crate::kernels::KernelDef) {}")]);
+    let found = faults(&m, MIXED);
+    assert!(found.contains(&"kernels/: cycle: act -> mod.rs".to_string()), "{found:#?}");
+    assert!(found.iter().any(|f| f.starts_with("kernels/: back up: act -> mod.rs, which imports act, attention, contract")), "{found:#?}");
+    let m = planted(&[("kernels/act/plant.rs", "fn f(k: &crate::kernels::contract::KernelDef) {}")]);
+    assert_eq!(faults(&m, MIXED), Vec::<String>::new());
+    // A leaf reaching a gatherer that does not gather it is still an arrow back up.
+    let m = planted(&[("kernels/memory_plant.rs", "use super::registry;")]);
+    assert_eq!(faults(&m, MIXED).len(), 1, "{:#?}", faults(&m, MIXED));
 }
 
 #[test]
 fn the_reader_resolves_paths_and_skips_comments_strings_and_tests() {
     let file = |p: &str, t: &str| (PathBuf::from(p), t.to_string());
     let files = [
-        // A second-level file reaching the root by `super::` (a group) and by `crate::kernels::`.
-        file("cpu/mod.rs", "use super::{quant::QView, DType};\nfn f() { crate::kernels::memory::huge_pages(&[0u8]); }"),
-        // A third-level file: `super::quant` is its sibling, `super::super::wgsl` the root's.
+        file("lib.rs", "pub mod a;"),
+        // Declaring children is no arrow; using one is (a bare child path, a re-export).
+        file("a/mod.rs", "pub mod b;\npub mod c;\nmod d;\npub use c::Thing;\nfn f() { b::run(); }"),
+        // `super::` groups, nested groups, `self`, globs and renames; `crate::` from deeper.
+        file("a/b.rs", "use super::{c::{self, X as Y}, d::*};\nuse crate::a::e::deep::Z;"),
+        // Comments, strings, char literals, lifetimes, test items and visibilities name nothing.
         file(
-            "matvec/qkv.rs",
-            "use super::quant::x;\nuse super::super::wgsl::y;\n// use crate::kernels::norm;\nconst S: &str = \"crate::kernels::rope {\";",
+            "a/c.rs",
+            "// use super::b;\n/* super::d */\nconst S: &str = \"super::b {\";\nfn g<'a>(x: &'a u8) -> char { '{' }\n#[cfg(test)]\nmod tests { use super::super::b; }\npub(in crate::a) fn h() {}",
         ),
-        file("matvec/quant.rs", ""),
-        // An inline module climbs one level more; a test module is skipped.
-        file(
-            "act/mod.rs",
-            "mod x86 {\n    use super::super::cpu::Lanes;\n}\nuse super::act_helper;\n#[cfg(test)]\nmod tests {\n    use crate::kernels::vision;\n}",
-        ),
-        file(
-            "quant/mod.rs",
-            "#[cfg(test)]\nuse crate::kernels::cpu::testdata;\nfn g() -> char { '{' }\nfn h<'a>(x: &'a u8) -> &'a u8 { crate::kernels::memory::id(x) }",
-        ),
-        file("memory.rs", ""),
-        file("wgsl.rs", ""),
-        file("norm/mod.rs", ""),
-        file("rope/mod.rs", ""),
-        file("vision/mod.rs", ""),
+        // An inline module, and a macro's, climb one level more.
+        file("a/d.rs", "mod inner {\n    use super::super::c::X;\n}\nmacro_rules! m { () => { pub mod $n { use super::super::c::Q; } } }"),
+        file("a/e/mod.rs", "pub mod deep;"),
+        file("a/e/deep.rs", ""),
     ];
-    let g = graph_of(&files);
-    let edges = |m: &str| g.get(m).cloned().unwrap_or_default().into_iter().collect::<Vec<_>>();
-    assert_eq!(edges("cpu"), ["memory", "quant"]);
-    assert_eq!(edges("matvec"), ["wgsl"]);
-    assert_eq!(edges("act"), ["cpu"]);
-    assert_eq!(edges("quant"), ["memory"]);
-    assert!(cycles(&g).is_empty());
-    // A cycle is found: quant importing cpu back closes cpu -> quant.
-    let mut with_cycle = files.to_vec();
-    with_cycle.push(file("quant/encode.rs", "use crate::kernels::cpu::Isa;"));
-    assert_eq!(cycles(&graph_of(&with_cycle)), ["cpu -> quant", "quant -> cpu"]);
+    let m = read_modules(&files);
+    let imports = |p: &[&str]| m.iter().find(|x| x.path == segs(p)).expect("read").imports.iter().map(|i| i.join("::")).collect::<Vec<_>>();
+    assert_eq!(imports(&["a"]), ["a::b::run", "a::c::Thing"]);
+    assert_eq!(imports(&["a", "b"]), ["a::c", "a::c::X", "a::d", "a::e::deep::Z"]);
+    assert!(imports(&["a", "c"]).is_empty(), "{:?}", imports(&["a", "c"]));
+    assert_eq!(imports(&["a", "d"]), ["a::c::Q", "a::c::X"]);
+    let g = layer_graph(&m, &segs(&["a"]));
+    let edges = |n: &str| g.get(n).map(|t| t.iter().cloned().collect::<Vec<_>>()).unwrap_or_default();
+    assert_eq!(edges(MOD), ["b", "c"]);
+    assert_eq!(edges("b"), ["c", "d", "e"]);
+    assert_eq!(edges("d"), ["c"]);
+    assert!(faults(&m, &[]).is_empty(), "{:?}", faults(&m, &[]));
 }

@@ -4,8 +4,9 @@
 //! (`plan::select` in the `ktune` crate) walks these lists; the parity suite checks
 //! that each names a kernel that exists and computes its op.
 
+use crate::device::Backend;
 use crate::device::DeviceCaps;
-use crate::kernels::{Backend, Op, Problem};
+use crate::kernels::problem::{Op, Problem};
 
 /// Kernels the runtime prefers per op and backend when nothing is chosen, best first;
 /// any other valid kernel of the op follows in registry order.

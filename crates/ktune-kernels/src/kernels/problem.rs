@@ -11,7 +11,7 @@
 
 use serde::Serialize;
 
-use super::DType;
+use super::quant::DType;
 
 /// What a buffer is for (its `role`): decides its dtype and how the
 /// runtime lays it out.
@@ -680,106 +680,32 @@ pub fn test_problems(op: Op) -> Vec<Problem> {
             // Whole 256-element super-blocks (the K-quants), rows as above.
             Problem::Gemv { n: 37, k: 512 },
         ],
-        Op::AttentionPrefill => vec![
-            Problem::AttentionPrefill {
-                tokens: 1,
-                kv_len: 1,
-                kv_cap: 1,
-                heads: 1,
-                kv_heads: 1,
-                head_dim: 8,
-                window: 0,
-                scale: 0.35,
-                bidi_start: 0,
-                bidi_end: 0,
-            },
-            Problem::AttentionPrefill {
-                tokens: 7,
-                kv_len: 7,
-                kv_cap: 9,
-                heads: 4,
-                kv_heads: 2,
-                head_dim: 16,
-                window: 0,
-                scale: 0.25,
-                bidi_start: 0,
-                bidi_end: 0,
-            },
-            Problem::AttentionPrefill {
-                tokens: 37,
-                kv_len: 37,
-                kv_cap: 40,
-                heads: 4,
-                kv_heads: 1,
-                head_dim: 64,
-                window: 0,
-                scale: 0.125,
-                bidi_start: 0,
-                bidi_end: 0,
-            },
-            Problem::AttentionPrefill {
-                tokens: 33,
-                kv_len: 45,
-                kv_cap: 48,
-                heads: 6,
-                kv_heads: 2,
-                head_dim: 32,
-                window: 0,
-                scale: 0.18,
-                bidi_start: 0,
-                bidi_end: 0,
-            },
-            Problem::AttentionPrefill {
-                tokens: 50,
-                kv_len: 50,
-                kv_cap: 50,
-                heads: 2,
-                kv_heads: 2,
-                head_dim: 32,
-                window: 16,
-                scale: 0.18,
-                bidi_start: 0,
-                bidi_end: 0,
-            },
-            Problem::AttentionPrefill {
-                tokens: 20,
-                kv_len: 70,
-                kv_cap: 72,
-                heads: 8,
-                kv_heads: 2,
-                head_dim: 128,
-                window: 24,
-                scale: 0.0884,
-                bidi_start: 0,
-                bidi_end: 0,
-            },
+        // (tokens, kv_len, kv_cap, heads, kv_heads, head_dim, window, scale, bidi_start, bidi_end)
+        Op::AttentionPrefill => [
+            (1, 1, 1, 1, 1, 8, 0, 0.35, 0, 0),
+            (7, 7, 9, 4, 2, 16, 0, 0.25, 0, 0),
+            (37, 37, 40, 4, 1, 64, 0, 0.125, 0, 0),
+            (33, 45, 48, 6, 2, 32, 0, 0.18, 0, 0),
+            (50, 50, 50, 2, 2, 32, 16, 0.18, 0, 0),
+            (20, 70, 72, 8, 2, 128, 24, 0.0884, 0, 0),
             // A bidirectional block (an image's tokens) inside a prefill continuing a
             // cache, without and with a sliding window shorter than the block.
-            Problem::AttentionPrefill {
-                tokens: 33,
-                kv_len: 45,
-                kv_cap: 48,
-                heads: 6,
-                kv_heads: 2,
-                head_dim: 32,
-                window: 0,
-                scale: 0.18,
-                bidi_start: 17,
-                bidi_end: 34,
-            },
-            Problem::AttentionPrefill {
-                tokens: 40,
-                kv_len: 40,
-                kv_cap: 40,
-                heads: 4,
-                kv_heads: 1,
-                head_dim: 16,
-                window: 8,
-                scale: 0.25,
-                bidi_start: 5,
-                bidi_end: 25,
-            },
-        ],
+            (33, 45, 48, 6, 2, 32, 0, 0.18, 17, 34),
+            (40, 40, 40, 4, 1, 16, 8, 0.25, 5, 25),
+        ]
+        .map(|(tokens, kv_len, kv_cap, heads, kv_heads, head_dim, window, scale, bidi_start, bidi_end)| Problem::AttentionPrefill {
+            tokens,
+            kv_len,
+            kv_cap,
+            heads,
+            kv_heads,
+            head_dim,
+            window,
+            scale,
+            bidi_start,
+            bidi_end,
+        })
+        .to_vec(),
         Op::AttentionDecode => vec![
             Problem::AttentionDecode { kv_len: 1, kv_cap: 1, heads: 1, kv_heads: 1, head_dim: 8, window: 0, scale: 0.35 },
             Problem::AttentionDecode { kv_len: 37, kv_cap: 40, heads: 4, kv_heads: 2, head_dim: 16, window: 0, scale: 0.25 },

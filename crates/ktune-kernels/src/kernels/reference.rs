@@ -2,7 +2,7 @@
 //! computes: every CPU and WGSL variant is checked against them. Straightforward
 //! loops on purpose: they are read, not tuned.
 
-use super::problem::{NormResidual, Problem, RopeLayout};
+use super::problem::{Activation, NormResidual, Problem, RopeLayout};
 
 /// llama3 frequency scaling (Llama 3.1/3.2 `rope_scaling` with `rope_type: llama3`).
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -62,7 +62,7 @@ fn rope_head(x: &mut [f64], inv_freq: &[f64], pos: f64, layout: RopeLayout) {
 }
 
 /// Causal GQA attention for queries at absolute positions `pos0..pos0+t`, the keys
-/// of each as [`super::attention_keys`] says (window, bidirectional block).
+/// of each as [`super::problem::attention_keys`] says (window, bidirectional block).
 #[allow(clippy::too_many_arguments)]
 fn attention(
     q: &[f64],
@@ -82,7 +82,7 @@ fn attention(
     let mut out = vec![0.0; t * heads * d];
     for i in 0..t {
         let pos = pos0 + i;
-        let (lo, end) = super::attention_keys(pos, window, bidi);
+        let (lo, end) = super::problem::attention_keys(pos, window, bidi);
         for h in 0..heads {
             let kh = h / group;
             let qv = &q[(i * heads + h) * d..][..d];
@@ -116,57 +116,35 @@ pub const SENTINEL: f32 = 1.0e4;
 /// Returns one vector per output buffer, in binding order.
 pub fn compute(problem: &Problem, ins: &[Vec<f64>]) -> Vec<Vec<f64>> {
     match *problem {
-        Problem::Gemm { m, n, k } => {
-            let (x, w) = (&ins[0], &ins[1]);
-            let mut y = vec![0.0; m * n];
-            for i in 0..m {
-                for j in 0..n {
-                    y[i * n + j] = (0..k).map(|c| x[i * k + c] * w[j * k + c]).sum();
-                }
-            }
-            vec![y]
+        Problem::Gemm { m, n, k } => vec![linear(&ins[0], &ins[1], None, m, n, k, false)],
+        Problem::Gemv { n, k } => vec![linear(&ins[0], &ins[1], None, 1, n, k, false)],
+        Problem::Linear { m, n, k, gelu } => vec![linear(&ins[0], &ins[1], Some(&ins[2]), m, n, k, gelu)],
+        Problem::GateUp { rows, n, k, act } => vec![gate_up(&ins[0], &ins[1], rows, n, k, act)],
+        Problem::QkvProj { k, nq, nkv, bias } => {
+            let all = linear(&ins[0], &ins[1], bias.then(|| &ins[2]), 1, nq + 2 * nkv, k, false);
+            vec![all[..nq].to_vec(), all[nq..nq + nkv].to_vec(), all[nq + nkv..].to_vec()]
         }
-        Problem::Gemv { n, k } => {
-            let (x, w) = (&ins[0], &ins[1]);
-            vec![(0..n).map(|j| (0..k).map(|c| x[c] * w[j * k + c]).sum()).collect()]
-        }
+        Problem::NormGemv { n, k, eps, unit_offset, residual, act } => norm_gemv(ins, n, k, eps as f64, unit_offset, residual, act),
         Problem::AttentionPrefill { tokens, kv_len, kv_cap, heads, kv_heads, head_dim, window, scale, bidi_start, bidi_end } => {
             let bidi = (bidi_start, bidi_end);
-            vec![attention(
-                &ins[0],
-                &ins[1],
-                &ins[2],
-                tokens,
-                kv_len - tokens,
-                kv_cap,
-                heads,
-                kv_heads,
-                head_dim,
-                window,
-                scale as f64,
-                bidi,
-            )]
+            let past = kv_len - tokens;
+            vec![attention(&ins[0], &ins[1], &ins[2], tokens, past, kv_cap, heads, kv_heads, head_dim, window, scale as f64, bidi)]
         }
         Problem::AttentionDecode { kv_len, kv_cap, heads, kv_heads, head_dim, window, scale } => {
             vec![attention(&ins[0], &ins[1], &ins[2], 1, kv_len - 1, kv_cap, heads, kv_heads, head_dim, window, scale as f64, (0, 0))]
         }
-        Problem::RmsNorm { rows, dim, eps, unit_offset } => {
-            let mut y = Vec::with_capacity(rows * dim);
-            for r in 0..rows {
-                y.extend(rms_row(&ins[0][r * dim..][..dim], &ins[1], eps as f64, unit_offset));
-            }
-            vec![y]
+        Problem::AttentionFull { tokens, heads, head_dim, scale } => vec![attention_full(ins, tokens, heads, head_dim, scale as f64)],
+        Problem::RmsNorm { rows, dim, eps, unit_offset } => vec![rms_rows(&ins[0], &ins[1], rows, dim, eps as f64, unit_offset)],
+        Problem::LayerNorm { rows, dim, eps } => vec![layer_rows(&ins[0], &ins[1], &ins[2], rows, dim, eps as f64)],
+        Problem::ResidualRmsNorm { rows, dim, eps, unit_offset } => {
+            let h = add(&ins[0], &ins[1]);
+            let y = rms_rows(&h, &ins[2], rows, dim, eps as f64, unit_offset);
+            vec![h, y]
         }
-        Problem::LayerNorm { rows, dim, eps } => {
-            let mut y = Vec::with_capacity(rows * dim);
-            for r in 0..rows {
-                let x = &ins[0][r * dim..][..dim];
-                let mean = x.iter().sum::<f64>() / dim as f64;
-                let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / dim as f64;
-                let rs = 1.0 / (var + eps as f64).sqrt();
-                y.extend((0..dim).map(|c| (x[c] - mean) * rs * ins[1][c] + ins[2][c]));
-            }
-            vec![y]
+        Problem::ResidualLayerNorm { rows, dim, eps } => {
+            let h = add(&ins[0], &ins[1]);
+            let y = layer_rows(&h, &ins[2], &ins[3], rows, dim, eps as f64);
+            vec![h, y]
         }
         Problem::Rope { tokens, heads, head_dim, pos0, layout, .. } => {
             let mut y = ins[0].clone();
@@ -177,20 +155,6 @@ pub fn compute(problem: &Problem, ins: &[Vec<f64>]) -> Vec<Vec<f64>> {
             }
             vec![y]
         }
-        Problem::GatedAct { act, .. } => {
-            vec![ins[0].iter().zip(&ins[1]).map(|(g, u)| act.apply_f64(*g) * u).collect()]
-        }
-        Problem::Softmax { rows, dim } => {
-            let mut y = Vec::with_capacity(rows * dim);
-            for r in 0..rows {
-                let x = &ins[0][r * dim..][..dim];
-                let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let z: f64 = x.iter().map(|v| (v - m).exp()).sum();
-                y.extend(x.iter().map(|v| (v - m).exp() / z));
-            }
-            vec![y]
-        }
-        Problem::ResidualAdd { .. } => vec![ins[0].iter().zip(&ins[1]).map(|(a, b)| a + b).collect()],
         Problem::QkNormRope { tokens, heads, head_dim, pos0, layout, eps, unit_offset, .. } => {
             let mut y = Vec::with_capacity(ins[0].len());
             for t in 0..tokens {
@@ -202,153 +166,195 @@ pub fn compute(problem: &Problem, ins: &[Vec<f64>]) -> Vec<Vec<f64>> {
             }
             vec![y]
         }
-        Problem::QkvRopeCache { heads, kv_heads, head_dim: d, pos0, kv_cap, layout, norm, eps, unit_offset, .. } => {
-            let (qkv, gains, freq) = if norm { (&ins[0], Some((&ins[1], &ins[2])), &ins[3]) } else { (&ins[0], None, &ins[1]) };
-            let head = |r: usize, g: Option<&Vec<f64>>| {
-                let x = &qkv[r * d..][..d];
-                let mut v = match g {
-                    Some(g) => rms_row(x, g, eps as f64, unit_offset),
-                    None => x.to_vec(),
-                };
-                rope_head(&mut v, freq, pos0 as f64, layout);
-                v
-            };
-            let q: Vec<f64> = (0..heads).flat_map(|h| head(h, gains.map(|g| g.0))).collect();
-            let mut kc = vec![SENTINEL as f64; kv_heads * kv_cap * d];
-            let mut vc = kc.clone();
-            for h in 0..kv_heads {
-                let row = (h * kv_cap + pos0) * d;
-                kc[row..row + d].copy_from_slice(&head(heads + h, gains.map(|g| g.1)));
-                vc[row..row + d].copy_from_slice(&qkv[(heads + kv_heads + h) * d..][..d]);
+        Problem::QkvRopeCache { heads, kv_heads, head_dim, pos0, kv_cap, layout, norm, eps, unit_offset, .. } => {
+            let rope = RopeAt { pos0, layout, eps: eps as f64, unit_offset };
+            qkv_rope_cache(ins, heads, kv_heads, head_dim, kv_cap, norm, rope)
+        }
+        Problem::GatedAct { act, .. } => vec![ins[0].iter().zip(&ins[1]).map(|(g, u)| act.apply_f64(*g) * u).collect()],
+        Problem::Softmax { rows, dim } => vec![softmax_rows(&ins[0], rows, dim)],
+        Problem::ResidualAdd { .. } => vec![add(&ins[0], &ins[1])],
+        Problem::PatchEmbed { channels, image, patch, hidden } => vec![patch_embed(ins, channels, image, patch, hidden)],
+        Problem::AvgPool { side, kernel, dim } => vec![avg_pool(&ins[0], side, kernel, dim)],
+    }
+}
+
+/// `a + b`, element by element.
+fn add(a: &[f64], b: &[f64]) -> Vec<f64> {
+    a.iter().zip(b).map(|(a, b)| a + b).collect()
+}
+
+/// The projections: `y[i][j] = Σ_c x[i][c] · w[j][c]` (+ `bias[j]`), then GELU
+/// (tanh) when `gelu`; `m` rows of `x`, `n` of `w`, each of `k`.
+fn linear(x: &[f64], w: &[f64], bias: Option<&Vec<f64>>, m: usize, n: usize, k: usize, gelu: bool) -> Vec<f64> {
+    let out = |v: f64| if gelu { Activation::GeluTanh.apply_f64(v) } else { v };
+    let b = |j: usize| bias.map_or(0.0, |b| b[j]);
+    (0..m * n).map(|i| out((0..k).map(|c| x[i / n * k + c] * w[i % n * k + c]).sum::<f64>() + b(i % n))).collect()
+}
+
+/// The gated projection: `act(x · w_gate) · (x · w_up)`, the gate rows first.
+fn gate_up(x: &[f64], w: &[f64], rows: usize, n: usize, k: usize, act: Activation) -> Vec<f64> {
+    let dot = |r: usize, j: usize| (0..k).map(|c| x[r * k + c] * w[j * k + c]).sum::<f64>();
+    (0..rows * n).map(|i| act.apply_f64(dot(i / n, i % n)) * dot(i / n, n + i % n)).collect()
+}
+
+/// The RMSNorm-prologue GEMV: the residual (none, added, or added after its own
+/// norm), RMSNorm, then a plain or gated projection; the residual sum too when
+/// there is one.
+fn norm_gemv(
+    ins: &[Vec<f64>],
+    n: usize,
+    k: usize,
+    eps: f64,
+    unit_offset: bool,
+    residual: NormResidual,
+    act: Option<Activation>,
+) -> Vec<Vec<f64>> {
+    let x = &ins[0][..k];
+    let (h, rest): (Vec<f64>, &[Vec<f64>]) = match residual {
+        NormResidual::None => (x.to_vec(), &ins[1..]),
+        NormResidual::Add => (add(x, &ins[1]), &ins[2..]),
+        NormResidual::Normed => (add(x, &rms_row(&ins[1][..k], &ins[2][..k], eps, unit_offset)), &ins[3..]),
+    };
+    let xn = rms_row(&h, &rest[0][..k], eps, unit_offset);
+    let w = &rest[1];
+    let dot = |j: usize| (0..k).map(|c| xn[c] * w[j * k + c]).sum::<f64>();
+    let y = match act {
+        Some(a) => (0..n).map(|j| a.apply_f64(dot(j)) * dot(n + j)).collect(),
+        None => (0..n).map(dot).collect(),
+    };
+    if residual.is_none() { vec![y] } else { vec![y, h] }
+}
+
+/// The vision tower's attention: every query sees every key (causal attention of
+/// the last query over all keys, once per query, with the keys in the cache
+/// layout).
+fn attention_full(ins: &[Vec<f64>], tokens: usize, heads: usize, d: usize, scale: f64) -> Vec<f64> {
+    let to_cache = |x: &[f64]| {
+        let mut c = vec![0.0; heads * tokens * d];
+        for t in 0..tokens {
+            for h in 0..heads {
+                c[(h * tokens + t) * d..][..d].copy_from_slice(&x[(t * heads + h) * d..][..d]);
             }
-            vec![q, kc, vc]
         }
-        Problem::GateUp { rows, n, k, act } => {
-            let (x, w) = (&ins[0], &ins[1]);
-            let mut y = vec![0.0; rows * n];
-            for r in 0..rows {
-                for j in 0..n {
-                    let g: f64 = (0..k).map(|c| x[r * k + c] * w[j * k + c]).sum();
-                    let u: f64 = (0..k).map(|c| x[r * k + c] * w[(n + j) * k + c]).sum();
-                    y[r * n + j] = act.apply_f64(g) * u;
-                }
-            }
-            vec![y]
-        }
-        Problem::ResidualRmsNorm { rows, dim, eps, unit_offset } => {
-            let h: Vec<f64> = ins[0].iter().zip(&ins[1]).map(|(a, b)| a + b).collect();
-            let mut y = Vec::with_capacity(rows * dim);
-            for r in 0..rows {
-                y.extend(rms_row(&h[r * dim..][..dim], &ins[2], eps as f64, unit_offset));
-            }
-            vec![h, y]
-        }
-        Problem::ResidualLayerNorm { rows, dim, eps } => {
-            let h: Vec<f64> = ins[0].iter().zip(&ins[1]).map(|(a, b)| a + b).collect();
-            let mut y = Vec::with_capacity(rows * dim);
-            for r in 0..rows {
-                let x = &h[r * dim..][..dim];
-                let mean = x.iter().sum::<f64>() / dim as f64;
-                let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / dim as f64;
-                let rs = 1.0 / (var + eps as f64).sqrt();
-                y.extend((0..dim).map(|c| (x[c] - mean) * rs * ins[2][c] + ins[3][c]));
-            }
-            vec![h, y]
-        }
-        Problem::QkvProj { k, nq, nkv, bias } => {
-            let (x, w) = (&ins[0], &ins[1]);
-            let n = nq + 2 * nkv;
-            let all: Vec<f64> =
-                (0..n).map(|j| (0..k).map(|c| x[c] * w[j * k + c]).sum::<f64>() + if bias { ins[2][j] } else { 0.0 }).collect();
-            vec![all[..nq].to_vec(), all[nq..nq + nkv].to_vec(), all[nq + nkv..].to_vec()]
-        }
-        Problem::NormGemv { n, k, eps, unit_offset, residual, act } => {
-            let (eps, x) = (eps as f64, &ins[0][..k]);
-            let (h, rest): (Vec<f64>, &[Vec<f64>]) = match residual {
-                NormResidual::None => (x.to_vec(), &ins[1..]),
-                NormResidual::Add => (x.iter().zip(&ins[1]).map(|(a, b)| a + b).collect(), &ins[2..]),
-                NormResidual::Normed => {
-                    let rn = rms_row(&ins[1][..k], &ins[2][..k], eps, unit_offset);
-                    (x.iter().zip(&rn).map(|(a, b)| a + b).collect(), &ins[3..])
-                }
-            };
-            let xn = rms_row(&h, &rest[0][..k], eps, unit_offset);
-            let w = &rest[1];
-            let dot = |j: usize| (0..k).map(|c| xn[c] * w[j * k + c]).sum::<f64>();
-            let y = match act {
-                Some(a) => (0..n).map(|j| a.apply_f64(dot(j)) * dot(n + j)).collect(),
-                None => (0..n).map(dot).collect(),
-            };
-            if residual.is_none() { vec![y] } else { vec![y, h] }
-        }
-        Problem::PatchEmbed { channels, image, patch, hidden } => {
-            let (px, w, bias) = (&ins[0], &ins[1], &ins[2]);
-            let side = image / patch;
-            let kk = channels * patch * patch;
-            let mut y = vec![0.0; side * side * hidden];
-            for py in 0..side {
-                for pxx in 0..side {
-                    for j in 0..hidden {
-                        let mut acc = bias[j];
-                        for c in 0..channels {
-                            for ky in 0..patch {
-                                for kx in 0..patch {
-                                    let pixel = px[(c * image + py * patch + ky) * image + pxx * patch + kx];
-                                    acc += pixel * w[j * kk + (c * patch + ky) * patch + kx];
-                                }
-                            }
+        c
+    };
+    let (kc, vc) = (to_cache(&ins[1]), to_cache(&ins[2]));
+    let mut out = Vec::with_capacity(tokens * heads * d);
+    for t in 0..tokens {
+        let q = &ins[0][t * heads * d..][..heads * d];
+        out.extend(attention(q, &kc, &vc, 1, tokens - 1, tokens, heads, heads, d, 0, scale, (0, 0)));
+    }
+    out
+}
+
+/// RMSNorm of each of `rows` rows of `dim`.
+fn rms_rows(x: &[f64], w: &[f64], rows: usize, dim: usize, eps: f64, unit: bool) -> Vec<f64> {
+    (0..rows).flat_map(|r| rms_row(&x[r * dim..][..dim], w, eps, unit)).collect()
+}
+
+/// LayerNorm (gain `w`, bias `b`) of each of `rows` rows of `dim`.
+fn layer_rows(x: &[f64], w: &[f64], b: &[f64], rows: usize, dim: usize, eps: f64) -> Vec<f64> {
+    let mut y = Vec::with_capacity(rows * dim);
+    for r in 0..rows {
+        let x = &x[r * dim..][..dim];
+        let mean = x.iter().sum::<f64>() / dim as f64;
+        let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / dim as f64;
+        let rs = 1.0 / (var + eps).sqrt();
+        y.extend((0..dim).map(|c| (x[c] - mean) * rs * w[c] + b[c]));
+    }
+    y
+}
+
+/// Softmax of each of `rows` rows of `dim`.
+fn softmax_rows(x: &[f64], rows: usize, dim: usize) -> Vec<f64> {
+    let mut y = Vec::with_capacity(rows * dim);
+    for r in 0..rows {
+        let x = &x[r * dim..][..dim];
+        let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = x.iter().map(|v| (v - m).exp()).sum();
+        y.extend(x.iter().map(|v| (v - m).exp() / z));
+    }
+    y
+}
+
+/// Where and how the fused KV-cache write rotates (and first normalizes) a head.
+struct RopeAt {
+    pos0: usize,
+    layout: RopeLayout,
+    eps: f64,
+    unit_offset: bool,
+}
+
+/// The fused QKV RoPE + cache write: q rotated (normed first with `norm`), k the
+/// same into its cache row at `pos0`, v copied into its; the caches hold
+/// [`SENTINEL`] elsewhere.
+fn qkv_rope_cache(ins: &[Vec<f64>], heads: usize, kv_heads: usize, d: usize, kv_cap: usize, norm: bool, at: RopeAt) -> Vec<Vec<f64>> {
+    let (qkv, gains, freq) = if norm { (&ins[0], Some((&ins[1], &ins[2])), &ins[3]) } else { (&ins[0], None, &ins[1]) };
+    let head = |r: usize, g: Option<&Vec<f64>>| {
+        let x = &qkv[r * d..][..d];
+        let mut v = match g {
+            Some(g) => rms_row(x, g, at.eps, at.unit_offset),
+            None => x.to_vec(),
+        };
+        rope_head(&mut v, freq, at.pos0 as f64, at.layout);
+        v
+    };
+    let q: Vec<f64> = (0..heads).flat_map(|h| head(h, gains.map(|g| g.0))).collect();
+    let mut kc = vec![SENTINEL as f64; kv_heads * kv_cap * d];
+    let mut vc = kc.clone();
+    for h in 0..kv_heads {
+        let row = (h * kv_cap + at.pos0) * d;
+        kc[row..row + d].copy_from_slice(&head(heads + h, gains.map(|g| g.1)));
+        vc[row..row + d].copy_from_slice(&qkv[(heads + kv_heads + h) * d..][..d]);
+    }
+    vec![q, kc, vc]
+}
+
+/// The vision tower's patch embedding: each `patch` x `patch` patch of every
+/// channel of the `image` x `image` pixels, projected to `hidden` (+ bias).
+fn patch_embed(ins: &[Vec<f64>], channels: usize, image: usize, patch: usize, hidden: usize) -> Vec<f64> {
+    let (px, w, bias) = (&ins[0], &ins[1], &ins[2]);
+    let side = image / patch;
+    let kk = channels * patch * patch;
+    let mut y = vec![0.0; side * side * hidden];
+    for py in 0..side {
+        for pxx in 0..side {
+            for j in 0..hidden {
+                let mut acc = bias[j];
+                for c in 0..channels {
+                    for ky in 0..patch {
+                        for kx in 0..patch {
+                            let pixel = px[(c * image + py * patch + ky) * image + pxx * patch + kx];
+                            acc += pixel * w[j * kk + (c * patch + ky) * patch + kx];
                         }
-                        y[(py * side + pxx) * hidden + j] = acc;
                     }
                 }
+                y[(py * side + pxx) * hidden + j] = acc;
             }
-            vec![y]
-        }
-        Problem::Linear { m, n, k, gelu } => {
-            let (x, w, bias) = (&ins[0], &ins[1], &ins[2]);
-            let gelu_f = |v: f64| if gelu { super::Activation::GeluTanh.apply_f64(v) } else { v };
-            vec![(0..m * n).map(|i| gelu_f((0..k).map(|c| x[i / n * k + c] * w[i % n * k + c]).sum::<f64>() + bias[i % n])).collect()]
-        }
-        Problem::AttentionFull { tokens, heads, head_dim, scale } => {
-            // Every query sees every key: causal attention of the last query over all
-            // keys, once per query, with the keys in the cache layout.
-            let d = head_dim;
-            let to_cache = |x: &[f64]| {
-                let mut c = vec![0.0; heads * tokens * d];
-                for t in 0..tokens {
-                    for h in 0..heads {
-                        c[(h * tokens + t) * d..][..d].copy_from_slice(&x[(t * heads + h) * d..][..d]);
-                    }
-                }
-                c
-            };
-            let (kc, vc) = (to_cache(&ins[1]), to_cache(&ins[2]));
-            let mut out = Vec::with_capacity(tokens * heads * d);
-            for t in 0..tokens {
-                let q = &ins[0][t * heads * d..][..heads * d];
-                out.extend(attention(q, &kc, &vc, 1, tokens - 1, tokens, heads, heads, d, 0, scale as f64, (0, 0)));
-            }
-            vec![out]
-        }
-        Problem::AvgPool { side, kernel, dim } => {
-            let out = side / kernel;
-            let mut y = vec![0.0; out * out * dim];
-            for oy in 0..out {
-                for ox in 0..out {
-                    for c in 0..dim {
-                        let mut s = 0.0;
-                        for ky in 0..kernel {
-                            for kx in 0..kernel {
-                                s += ins[0][((oy * kernel + ky) * side + ox * kernel + kx) * dim + c];
-                            }
-                        }
-                        y[(oy * out + ox) * dim + c] = s / (kernel * kernel) as f64;
-                    }
-                }
-            }
-            vec![y]
         }
     }
+    y
+}
+
+/// The mean of each `kernel` x `kernel` window of a `side` x `side` grid of
+/// `dim`-vectors.
+fn avg_pool(x: &[f64], side: usize, kernel: usize, dim: usize) -> Vec<f64> {
+    let out = side / kernel;
+    let mut y = vec![0.0; out * out * dim];
+    for oy in 0..out {
+        for ox in 0..out {
+            for c in 0..dim {
+                let mut s = 0.0;
+                for ky in 0..kernel {
+                    for kx in 0..kernel {
+                        s += x[((oy * kernel + ky) * side + ox * kernel + kx) * dim + c];
+                    }
+                }
+                y[(oy * out + ox) * dim + c] = s / (kernel * kernel) as f64;
+            }
+        }
+    }
+    y
 }
 
 #[cfg(test)]

@@ -11,9 +11,12 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
+use super::contract::{CpuArgs, CpuIn, Impl, KernelDef, KernelError, Params, pass_position};
 use super::problem::{BufSpec, Problem, Role};
+use super::quant::DType;
 use super::quant::{QFormat, QMatrix};
-use super::{Caps, CpuArgs, CpuIn, DType, Impl, KernelDef, KernelError, Params, pass_position, reference};
+use super::reference;
+use crate::device::Caps;
 use crate::gpu::GpuCtx;
 
 /// A host-side tensor in its storage type.

@@ -5,7 +5,9 @@
 //! `QFMT` override and the weight bound twice: quants, then the 256-byte aligned
 //! scales region).
 
-use super::{DType, KernelError, ParamSpec, Params, Problem, WgslSetup, param};
+use super::contract::{KernelError, ParamSpec, Params, WgslSetup, param};
+use super::problem::Problem;
+use super::quant::DType;
 use crate::device::GpuCaps;
 use crate::gpu::{Bind, GpuProgram, grid_2d, groups};
 
@@ -34,11 +36,6 @@ pub const UNROLL: ParamSpec = ParamSpec {
 
 /// The row-per-subgroup GEMVs with [`UNROLL`].
 pub const ROWS_SG_UNROLL_PARAMS: &[ParamSpec] = &[WORKGROUP_SIZE, ROWS_PER_WG_SG, UNROLL];
-
-/// `[workgroup_size, 1, 1]`.
-pub fn wg_size(params: &Params) -> Result<[u32; 3], KernelError> {
-    Ok([param(params, "workgroup_size")?, 1, 1])
-}
 
 /// One f32 partial per invocation.
 pub fn shared_wg(_: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {

@@ -11,15 +11,15 @@
 //! per-thread ranges with libm (`*_static_cpu`), or a feature-split online softmax
 //! for few long rows (`softmax_split_cpu`, decode).
 
+use super::contract::{CpuArgs, CpuImpl, KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, param, wrong_op};
 use super::cpu::lanes::{self, Lanes};
 use super::cpu::{
     ISA, Isa, ROWS_PARAMS, RowSplit, SPLIT_PARAMS, THREADS, check_isa, check_threads, isa_dispatch, merge_stats, par_elems, par_rows, pool,
     static_ranges,
 };
+use super::problem::{Activation, Op, Problem};
+use super::quant::DType;
 use super::wgsl::{grid_fits, shared_wg, subgroup_fits};
-use super::{
-    Activation, CpuArgs, CpuImpl, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op,
-};
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::shader;

@@ -4,8 +4,11 @@
 
 use super::shape::{Shape, shape_or_invalid};
 use crate::device::CpuCaps;
+use crate::kernels::contract::{CpuArgs, CpuIn, KernelDef, KernelError, Params, param};
+use crate::kernels::cpu;
 use crate::kernels::cpu::{Isa, Row, axpy_row, row};
-use crate::kernels::{CpuArgs, CpuIn, DType, KernelDef, KernelError, Params, Problem, cpu, param};
+use crate::kernels::problem::Problem;
+use crate::kernels::quant::DType;
 
 /// What every CPU attention kernel starts from: the checked shape, the ISA level,
 /// the caches and the queries.

@@ -11,7 +11,9 @@
 use super::{Shape, check_grid, check_wgsl_shape, shape_or_invalid};
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader};
-use crate::kernels::{DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param};
+use crate::kernels::contract::{KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, param};
+use crate::kernels::problem::{Op, Problem};
+use crate::kernels::quant::DType;
 use crate::shader;
 
 static COOP16: Shader =

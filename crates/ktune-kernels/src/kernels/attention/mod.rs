@@ -42,9 +42,11 @@ mod wgsl_prefill;
 
 use std::sync::Arc;
 
+use super::contract::{CpuImpl, KernelDef, KernelError, ParamSpec, WgslImpl, WgslSetup};
 use super::cpu::ISA;
+use super::problem::Op;
+use super::quant::DType;
 use super::wgsl::shared_wg;
-use super::{CpuImpl, DType, KernelDef, KernelError, Op, ParamSpec, WgslImpl, WgslSetup};
 use crate::gpu::{GpuStep, Shader};
 use crate::shader;
 use cpu_kernels::{check_cpu, run_decode_heads, run_decode_splitkv, run_prefill_rows, run_prefill_tiled};
@@ -281,9 +283,12 @@ pub(crate) fn step_with(
 mod tests {
     use super::wgsl_decode::{splitkv_groups, splitkv_splits};
     use super::*;
+    use crate::device::Caps;
     use crate::device::{CpuCaps, GpuCaps};
+    use crate::kernels::contract::Params;
+    use crate::kernels::problem::Problem;
+    use crate::kernels::registry;
     use crate::kernels::verify::{Runner, check_one};
-    use crate::kernels::{Caps, Params, Problem, registry};
 
     /// Shapes beyond the op's test set: GQA groups wider than one splitkv workgroup
     /// (12 and 10 heads per KV head), MQA, head_dim not a power of two, a window

@@ -3,7 +3,9 @@
 //! WGSL kernels, elements per 16-byte word, the flash workgroup size.
 
 use crate::device::GpuCaps;
-use crate::kernels::{DType, KernelDef, KernelError, Params, Problem, param, wrong_op};
+use crate::kernels::contract::{KernelDef, KernelError, Params, param, wrong_op};
+use crate::kernels::problem::Problem;
+use crate::kernels::quant::DType;
 
 /// One attention call; decode is `tokens = 1`.
 #[derive(Clone, Copy, Debug)]
@@ -68,7 +70,7 @@ impl Shape {
     /// (Never decreasing with `i`, bounds included: a block of queries sees the keys
     /// between its first query's `lo` and its last query's `hi`.)
     pub(super) fn range(&self, i: usize) -> (usize, usize) {
-        crate::kernels::attention_keys(self.kv_len - self.tokens + i, self.window, self.bidi)
+        crate::kernels::problem::attention_keys(self.kv_len - self.tokens + i, self.window, self.bidi)
     }
 
     /// The uniform words every WGSL attention kernel, prefill or decode, starts its

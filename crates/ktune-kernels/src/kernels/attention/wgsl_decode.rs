@@ -10,8 +10,10 @@ use super::shape::{Shape, check_grid, check_row_fits, check_wgsl_shape, per_word
 use super::{DECODE_SPLITKV, SPLITKV_MAX_HEADS, SPLITKV_SG_SLOTS, step_at, step_with};
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, POSITION_BINDING, grid_2d, groups};
+use crate::kernels::contract::{KernelError, Params, WgslSetup, param};
+use crate::kernels::problem::Problem;
+use crate::kernels::quant::DType;
 use crate::kernels::wgsl::subgroup_fits;
-use crate::kernels::{DType, KernelError, Params, Problem, WgslSetup, param};
 
 fn head_dim_of(prob: &Problem) -> u64 {
     Shape::of(prob).map_or(0, |s| s.d) as u64
@@ -194,7 +196,7 @@ pub(super) fn prepare_splitkv_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, Kernel
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::Problem;
+    use crate::kernels::problem::Problem;
 
     #[test]
     fn splitkv_sg_plan_clamps_heads_to_the_group() {

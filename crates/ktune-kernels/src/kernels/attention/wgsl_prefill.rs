@@ -7,7 +7,9 @@ use super::shape::{Shape, check_grid, check_wgsl_shape, per_word, shape_or_inval
 use super::{FLASH2_WORDS, step_at};
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, grid_2d, groups};
-use crate::kernels::{DType, KernelError, Params, Problem, WgslSetup, param};
+use crate::kernels::contract::{KernelError, Params, WgslSetup, param};
+use crate::kernels::problem::Problem;
+use crate::kernels::quant::DType;
 
 fn scores_bytes(s: &Shape) -> u64 {
     (s.tokens * s.heads * s.kv_len * 4) as u64

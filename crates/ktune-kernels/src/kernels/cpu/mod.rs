@@ -34,7 +34,9 @@ pub use qdot::{
     rows_times_tokens, scatter_row_blocks,
 };
 
-use super::{CpuIn, DType, KernelError, ParamSpec, Params, Problem, param};
+use super::contract::{CpuIn, KernelError, ParamSpec, Params, param};
+use super::problem::Problem;
+use super::quant::DType;
 use crate::device::CpuCaps;
 
 /// What this CPU offers the microkernels, probed once per process.
@@ -475,10 +477,10 @@ pub fn merge_stats(a: (f32, f32), b: (f32, f32)) -> (f32, f32) {
 /// The gated activation in f32 (`silu` or tanh-approximated `gelu`) as the fused
 /// projection kernels compute it.
 #[inline]
-pub fn act_f32(act: super::Activation, g: f32) -> f32 {
+pub fn act_f32(act: super::problem::Activation, g: f32) -> f32 {
     match act {
-        super::Activation::Silu => g / (1.0 + (-g).exp()),
-        super::Activation::GeluTanh => 0.5 * g * (1.0 + (0.797_884_6 * (g + 0.044715 * g * g * g)).tanh()),
+        super::problem::Activation::Silu => g / (1.0 + (-g).exp()),
+        super::problem::Activation::GeluTanh => 0.5 * g * (1.0 + (0.797_884_6 * (g + 0.044715 * g * g * g)).tanh()),
     }
 }
 

@@ -15,9 +15,11 @@
 
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, groups};
-use crate::kernels::quant::check_blocks;
+use crate::kernels::contract::check_blocks;
+use crate::kernels::contract::{KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, param, wrong_op};
+use crate::kernels::problem::{Op, Problem};
+use crate::kernels::quant::DType;
 use crate::kernels::wgsl::{grid_dim, one_q_step, qfmt, vec_alignment};
-use crate::kernels::{DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::shader;
 
 static QGEMM_COOP16: Shader = shader!(head "coop.wgsl", "coop16.wgsl", "mma_tiling.wgsl"; "qgemm_mma.wgsl", "mma_coop.wgsl", "mma.wgsl", "mma_q.wgsl", "qblock.wgsl", "qgeom.wgsl", "act.wgsl");
@@ -397,8 +399,12 @@ pub fn gate_up_variants() -> Vec<KernelDef> {
 
 #[cfg(test)]
 mod tests {
+    use crate::device::Caps;
     use crate::device::{CoopShape, GpuCaps};
-    use crate::kernels::{Activation, Caps, DType, Params, Problem, find};
+    use crate::kernels::contract::Params;
+    use crate::kernels::find;
+    use crate::kernels::problem::{Activation, Problem};
+    use crate::kernels::quant::DType;
 
     fn with(id: &str, kv: &[(&str, u32)]) -> Params {
         let mut p = find(id).expect("registered").default_params();

@@ -22,10 +22,12 @@ use std::cell::RefCell;
 use half::f16;
 use rayon::prelude::*;
 
+use super::contract::{CpuArgs, CpuImpl, CpuIn, KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, param, wrong_op};
 use super::cpu::sgemm::{Blocking, Micro, Split, gemm_blocked};
 use super::cpu::{ISA, Isa, with_scratch};
+use super::problem::{Op, Problem};
+use super::quant::DType;
 use super::wgsl::vec_alignment;
-use super::{CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, groups};
 use crate::shader;
@@ -99,7 +101,7 @@ pub fn variants() -> Vec<KernelDef> {
             DType::FLOAT,
             CRATE_PARAMS,
             "the `gemm` crate (f16 weights widened to f32 first), the yardstick for gemm_blocked_cpu",
-            CpuImpl { run: run_crate, check: crate::kernels::cpu_any },
+            CpuImpl { run: run_crate, check: crate::kernels::contract::cpu_any },
         ),
     ];
     // the matrix-tile GEMMs (mma.rs) after the SIMT ones

@@ -16,14 +16,14 @@
 
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, groups};
+use crate::kernels::contract::check_blocks;
+use crate::kernels::contract::{CpuArgs, CpuImpl, CpuIn, KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, param, wrong_op};
 use crate::kernels::cpu::qgemm::{I8_GEMM_PARAMS, XPanel, check_i8_gemm, rows_times_tokens_i8};
 use crate::kernels::cpu::sgemm::{Blocking, Micro, Split, gemm_blocked};
 use crate::kernels::cpu::{ISA, Isa, check_quant, dequantize_row, par_row_blocks, qin, rows_times_tokens, scatter_row_blocks};
-use crate::kernels::quant::check_blocks;
+use crate::kernels::problem::{Op, Problem};
+use crate::kernels::quant::DType;
 use crate::kernels::wgsl::{grid_dim, one_q_step, qfmt};
-use crate::kernels::{
-    CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op,
-};
 use crate::shader;
 
 static QGEMM_TILED: Shader =
@@ -219,8 +219,12 @@ pub fn variants() -> Vec<KernelDef> {
 
 #[cfg(test)]
 mod tests {
+    use crate::device::Caps;
     use crate::device::{CoopShape, GpuCaps};
-    use crate::kernels::{Caps, DType, Params, Problem, find};
+    use crate::kernels::contract::Params;
+    use crate::kernels::find;
+    use crate::kernels::problem::Problem;
+    use crate::kernels::quant::DType;
 
     fn with(id: &str, kv: &[(&str, u32)]) -> Params {
         let mut p = find(id).expect("registered").default_params();

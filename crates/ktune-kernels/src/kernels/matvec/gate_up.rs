@@ -27,18 +27,17 @@ use super::qkv::ROW_CPU_PARAMS;
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::kernels::act::gated_simd;
+use crate::kernels::contract::check_blocks;
+use crate::kernels::contract::{CpuArgs, CpuImpl, CpuIn, KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, param, wrong_op};
 use crate::kernels::cpu::qgemm::{I8_GEMM_PARAMS, XPanel, check_i8_gemm, rows_times_tokens_i8};
 use crate::kernels::cpu::{
     self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_TASK, RowSplit, act_f32, check_isa, check_quant, par_row_blocks, par_rows, qin, row,
     rows_times_tokens, scatter_row_blocks,
 };
-use crate::kernels::quant::check_blocks;
+use crate::kernels::problem::{Activation, Op, Problem};
+use crate::kernels::quant::DType;
 use crate::kernels::wgsl::{
     ROWS_WG_PARAMS, UNROLL, WORKGROUP_SIZE, grid_dim, grid_fits, one_q_step, qfmt, storage_buffers, subgroup_fits, vec_alignment,
-};
-use crate::kernels::{
-    Activation, CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param,
-    wrong_op,
 };
 use crate::shader;
 

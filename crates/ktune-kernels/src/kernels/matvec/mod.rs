@@ -25,9 +25,11 @@ pub mod qdp4a;
 pub mod qkv;
 pub mod quant;
 
+use super::contract::{CpuArgs, CpuImpl, CpuIn, KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, wrong_op};
 use super::cpu::{self, ISA, Isa, ROWS_PER_TASK, RowSplit, STRATEGY, check_isa, par_rows, row};
+use super::problem::{Op, Problem};
+use super::quant::DType;
 use super::wgsl::{ROWS_SG_UNROLL_PARAMS, ROWS_WG_PARAMS, shared_rows, subgroup_fits, vec_alignment};
-use super::{CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, wrong_op};
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::shader;

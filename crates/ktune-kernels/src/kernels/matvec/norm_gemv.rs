@@ -28,13 +28,14 @@
 use super::{CPU_PARAMS, ROWS_PER_TASK_DYN, gemv_dot4};
 use crate::device::GpuCaps;
 use crate::gpu::{Bind, BindEntry, GpuProgram, Shader, grid_2d, groups};
-use crate::kernels::cpu::{self, ACT_BITS, ActVec, ISA, Isa, RowSplit, check_isa, par_rows};
-use crate::kernels::quant::check_blocks;
-use crate::kernels::wgsl::{ROWS_SG_PARAMS, ROWS_WG_PARAMS, qbinds, qfmt, storage_buffers, subgroup_fits, vec_alignment};
-use crate::kernels::{
-    CpuArgs, CpuImpl, CpuIn, DType, Impl, KernelDef, KernelError, NormResidual, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param,
-    wrong_op,
+use crate::kernels::contract::check_blocks;
+use crate::kernels::contract::{
+    CpuArgs, CpuImpl, CpuIn, Impl, KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, param, wrong_op,
 };
+use crate::kernels::cpu::{self, ACT_BITS, ActVec, ISA, Isa, RowSplit, check_isa, par_rows};
+use crate::kernels::problem::{NormResidual, Op, Problem};
+use crate::kernels::quant::DType;
+use crate::kernels::wgsl::{ROWS_SG_PARAMS, ROWS_WG_PARAMS, qbinds, qfmt, storage_buffers, subgroup_fits, vec_alignment};
 use crate::shader;
 
 static NORM_GEMV_WG: Shader = shader!("norm_gemv_wg.wgsl", "norm_block_wg.wgsl", "block_wg.wgsl", "reduce_wg.wgsl", "wload.wgsl");

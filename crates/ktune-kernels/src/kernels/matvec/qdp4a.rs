@@ -37,9 +37,11 @@
 
 use crate::device::GpuCaps;
 use crate::gpu::{Bind, GpuProgram, GpuStep, Shader, grid_2d, groups, padded};
-use crate::kernels::quant::check_blocks;
+use crate::kernels::contract::check_blocks;
+use crate::kernels::contract::{KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, param, wrong_op};
+use crate::kernels::problem::{Op, Problem};
+use crate::kernels::quant::DType;
 use crate::kernels::wgsl::{WORKGROUP_SIZE, grid_fits, qbinds, qfmt, storage_buffers, subgroup_fits};
-use crate::kernels::{DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::shader;
 
 static DP4A_WG: Shader = shader!(head "qdp4a_head.wgsl"; "qdp4a_gemv.wgsl", "qdp4a_rows.wgsl", "qdp4a_main_wg.wgsl", "qdp4a.wgsl", "qgeom.wgsl", "reduce_wg.wgsl");
@@ -273,8 +275,9 @@ pub fn variants() -> Vec<KernelDef> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::Caps;
+    use crate::kernels::find;
     use crate::kernels::verify::{Runner, check_one};
-    use crate::kernels::{Caps, find};
     use crate::testing::test_gpu;
 
     fn caps() -> GpuCaps {

@@ -16,12 +16,12 @@
 use super::{gemv_dot4, qdp4a};
 use crate::device::GpuCaps;
 use crate::gpu::{Bind, GpuProgram, Shader, grid_2d, groups};
+use crate::kernels::contract::check_blocks;
+use crate::kernels::contract::{CpuArgs, CpuImpl, KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, outs, param, wrong_op};
 use crate::kernels::cpu::{self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_PASS, ROWS_PER_TASK, check_isa, check_quant, pool, qin, sub_row};
-use crate::kernels::quant::check_blocks;
+use crate::kernels::problem::{Op, Problem};
+use crate::kernels::quant::DType;
 use crate::kernels::wgsl::{ROWS_SG_PARAMS, ROWS_WG_PARAMS, qbinds, qfmt, shared_rows, storage_buffers, subgroup_fits, vec_alignment};
-use crate::kernels::{
-    CpuArgs, CpuImpl, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, outs, param, wrong_op,
-};
 use crate::shader;
 
 static QKV_WG: Shader =
@@ -124,7 +124,7 @@ fn prepare_q(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
 #[allow(clippy::too_many_arguments)]
 fn qkv_rows(
     kd: &KernelDef,
-    outs_: crate::kernels::CpuOuts<'_>,
+    outs_: crate::kernels::contract::CpuOuts<'_>,
     nq: usize,
     nkv: usize,
     grain: usize,

@@ -10,12 +10,12 @@
 
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
+use crate::kernels::contract::check_blocks;
+use crate::kernels::contract::{CpuArgs, CpuImpl, KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, param, wrong_op};
 use crate::kernels::cpu::{ACT_BITS, ActVec, ISA, Isa, ROWS_PER_PASS, ROWS_PER_TASK, RowSplit, check_quant, par_rows, qin};
-use crate::kernels::quant::check_blocks;
+use crate::kernels::problem::{Op, Problem};
+use crate::kernels::quant::DType;
 use crate::kernels::wgsl::{ROWS_SG_UNROLL_PARAMS, ROWS_WG_PARAMS, one_q_step, qfmt, shared_rows, subgroup_fits};
-use crate::kernels::{
-    CpuArgs, CpuImpl, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op,
-};
 use crate::shader;
 
 static QGEMV_WG: Shader =
@@ -84,7 +84,7 @@ pub fn variants() -> Vec<KernelDef> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::CpuIn;
+    use crate::kernels::contract::CpuIn;
 
     #[test]
     fn a_float_weight_is_an_error_not_a_panic() {

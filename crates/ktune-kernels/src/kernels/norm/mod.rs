@@ -15,10 +15,12 @@
 
 pub mod residual;
 
+use super::contract::{CpuArgs, CpuImpl, CpuIn, KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, param, wrong_op};
 use super::cpu::dot::{with_row, with_row_pair};
 use super::cpu::{Elem, Isa, Lanes, ROWS_PARAMS, Row, RowSplit, SPLIT_PARAMS, check_isa, isa_dispatch, par_rows, pool};
+use super::problem::{Op, Problem};
+use super::quant::DType;
 use super::wgsl::{grid_fits, one_wg_per_row, shared_wg, subgroup_fits, subgroup_per_row};
-use super::{CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::shader;

@@ -22,9 +22,11 @@
 use super::{add_sum, check_rows_sg, check_rows_wg, gains, inv_rms, ln_apply, part, prepare_sg, prepare_wg, shared_welford, sqdev};
 use crate::device::GpuCaps;
 use crate::gpu::Shader;
+use crate::kernels::contract::{CpuArgs, CpuImpl, KernelDef, KernelError, ParamSpec, Params, WgslImpl, outs, param, wrong_op};
 use crate::kernels::cpu::{self, ISA, Isa, ROWS_PARAMS, RowSplit, check_isa};
+use crate::kernels::problem::{Op, Problem};
+use crate::kernels::quant::DType;
 use crate::kernels::wgsl::{WORKGROUP_SIZE, shared_wg, storage_buffers, subgroup_fits};
-use crate::kernels::{CpuArgs, CpuImpl, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, outs, param, wrong_op};
 use crate::shader;
 
 static RESNORM_WG: Shader =

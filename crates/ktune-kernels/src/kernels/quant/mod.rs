@@ -16,9 +16,9 @@
 //! on-disk block stream losslessly. How each format's bytes become values:
 //! [`decode`] (bit-identical to `gguf.quants.dequantize`); how floats become
 //! blocks: [`encode`]. The formats themselves (names, ggml ids, block geometry,
-//! and [`DType`] around them) are one list: [`formats`]. The block-size rule of
-//! every block-format kernel, CPU and WGSL ([`check_blocks`]: k in whole blocks)
-//! lives here too.
+//! and [`DType`] around them) are one list: [`formats`]. (The block-size rule of
+//! every block-format kernel, k in whole blocks, is the kernels' contract's:
+//! [`crate::kernels::contract::check_blocks`].)
 
 mod decode;
 mod encode;
@@ -34,8 +34,6 @@ pub use repack::{
 };
 
 use half::f16;
-
-use super::Problem;
 
 /// Elements per block of the 32-element formats (and per activation block of the
 /// int8 dot paths).
@@ -501,44 +499,9 @@ pub fn split_block(header: &[usize], block: &[u8], quants: &mut Vec<u8>, scales:
     quants.extend_from_slice(&block[at..]);
 }
 
-/// The reduction depth of each op's weight, for the block rule.
-fn depth(prob: &Problem) -> Option<usize> {
-    match *prob {
-        Problem::Gemv { k, .. }
-        | Problem::Gemm { k, .. }
-        | Problem::GateUp { k, .. }
-        | Problem::QkvProj { k, .. }
-        | Problem::NormGemv { k, .. } => Some(k),
-        _ => None,
-    }
-}
-
-/// k must be a whole number of 32-element blocks (rows are whole blocks); the rule
-/// of every block-format kernel, CPU and WGSL.
-pub fn check_blocks(prob: &Problem, dtype: DType) -> Result<(), String> {
-    if !dtype.is_quant() {
-        return Err(format!("{dtype} is not a quantized format"));
-    }
-    let be = dtype.quant().map_or(1, |f| f.block_elems());
-    match depth(prob) {
-        Some(k) if k == 0 || !k.is_multiple_of(be) => {
-            Err(format!("k = {k} is not a positive multiple of {be} (the {dtype} block size); quantized rows are whole blocks"))
-        }
-        _ => Ok(()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn k_must_be_whole_blocks() {
-        assert!(check_blocks(&Problem::Gemv { n: 4, k: 48 }, DType::Q8_0).is_err());
-        assert!(check_blocks(&Problem::Gemv { n: 4, k: 0 }, DType::Q4_0).is_err());
-        assert!(check_blocks(&Problem::Gemm { m: 3, n: 4, k: 64 }, DType::Q4_1).is_ok());
-        assert!(check_blocks(&Problem::Gemm { m: 3, n: 4, k: 64 }, DType::F32).is_err());
-    }
 
     fn data(n: usize, seed: u64) -> Vec<f32> {
         crate::kernels::cpu::testdata::uniform(n, seed, -0.1, 0.1)

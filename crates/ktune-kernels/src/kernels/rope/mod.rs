@@ -18,12 +18,12 @@
 pub mod qk_norm;
 pub mod qkv_cache;
 
+use super::contract::{CpuArgs, CpuImpl, KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, param, wrong_op};
 use super::cpu::{self, ISA, Isa, Lanes, check_isa, isa_dispatch};
+use super::problem::{Op, Problem, RopeLayout};
+use super::quant::DType;
 use super::reference::{self, Llama3Scaling};
 use super::wgsl::grid_fits;
-use super::{
-    CpuArgs, CpuImpl, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, RopeLayout, WgslImpl, WgslSetup, param, wrong_op,
-};
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::shader;

@@ -11,12 +11,12 @@
 use super::WGSL_MAX_POSITION;
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, Shader};
+use crate::kernels::contract::{CpuArgs, CpuImpl, KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, param, wrong_op};
 use crate::kernels::cpu::{self, ISA, Isa, Row, check_isa};
 use crate::kernels::norm::{gains, inv_rms};
+use crate::kernels::problem::{Op, Problem, RopeLayout};
+use crate::kernels::quant::DType;
 use crate::kernels::wgsl::{one_wg_per_row, shared_wg, storage_buffers, subgroup_fits, subgroup_per_row};
-use crate::kernels::{
-    CpuArgs, CpuImpl, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, RopeLayout, WgslImpl, WgslSetup, param, wrong_op,
-};
 use crate::shader;
 
 static QKNR_WG: Shader = shader!(
@@ -277,8 +277,10 @@ mod tests {
     /// (or correct) and reduce the angle so far positions stay within tolerance.
     #[test]
     fn qk_norm_rope_stays_exact_at_far_positions() {
+        use crate::device::Caps;
+        use crate::kernels::contract::Impl;
+        use crate::kernels::for_op;
         use crate::kernels::verify::{Runner, check_one};
-        use crate::kernels::{Caps, Impl, for_op};
         let probs = [
             Problem::QkNormRope {
                 tokens: 3,

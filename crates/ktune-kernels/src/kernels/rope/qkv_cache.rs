@@ -15,12 +15,12 @@ use super::WGSL_MAX_POSITION;
 use super::qk_norm::rotate_head;
 use crate::device::{CpuCaps, GpuCaps};
 use crate::gpu::{GpuProgram, POSITION_BINDING, Shader, grid_2d};
+use crate::kernels::contract::{CpuArgs, CpuImpl, KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, outs, param, wrong_op};
 use crate::kernels::cpu::{self, ISA, Isa, Row, check_isa};
 use crate::kernels::norm::{gains, inv_rms};
+use crate::kernels::problem::{Op, Problem};
+use crate::kernels::quant::DType;
 use crate::kernels::wgsl::storage_buffers;
-use crate::kernels::{
-    CpuArgs, CpuImpl, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, outs, param, wrong_op,
-};
 use crate::shader;
 
 static QKV_ROPE_CACHE: Shader = shader!("fused_qkv_rope_cache.wgsl", "rotary.wgsl", "reduce_wg.wgsl", "wload.wgsl", "position.wgsl");

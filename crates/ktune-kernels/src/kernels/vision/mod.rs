@@ -30,11 +30,13 @@
 //! `linear_simple`, `attention_full_rows`, `attention_full_flash`,
 //! `avg_pool_window`, `avg_pool_separable`).
 
+use super::contract::{CpuArgs, CpuImpl, CpuIn, KernelDef, KernelError, ParamSpec, Params, param, wrong_op};
 use super::cpu::lanes::{self, Lanes, isa_dispatch};
 use super::cpu::sgemm::{Blocking, Micro, Split, gemm_blocked};
 use super::cpu::{ISA, Isa, Row, RowSplit, axpy, check_isa, dot, par_rows, pool, row, with_scratch};
 use super::matmul::BLOCKED_PARAMS;
-use super::{CpuArgs, CpuImpl, CpuIn, DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, param, wrong_op};
+use super::problem::{Op, Problem};
+use super::quant::DType;
 use crate::device::CpuCaps;
 use std::cell::RefCell;
 
@@ -239,7 +241,7 @@ fn bias_act_k<L: Lanes>(l: L, y: &mut [f32], b: &[f32], gelu: bool) {
 /// GELU with the tanh approximation (`gelu_pytorch_tanh`), in f32.
 #[inline]
 fn gelu_tanh(x: f32) -> f32 {
-    super::cpu::act_f32(super::Activation::GeluTanh, x)
+    super::cpu::act_f32(super::problem::Activation::GeluTanh, x)
 }
 
 thread_local! {

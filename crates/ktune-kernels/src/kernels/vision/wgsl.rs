@@ -16,12 +16,14 @@
 //!   `avg_pool_separable` (along x into a scratch of partial sums, then along y).
 
 use super::super::attention::step_with;
+use super::super::contract::{KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, param, wrong_op};
 use super::super::matmul::{
     SIMPLE_PARAMS, TILED_PARAMS, simple_consts, simple_grid, simple_rules, simple_wg, tiled_consts, tiled_grid, tiled_rules, tiled_shared,
     tiled_wg,
 };
+use super::super::problem::{Op, Problem};
+use super::super::quant::DType;
 use super::super::wgsl::{WORKGROUP_SIZE, grid_fits};
-use super::super::{DType, KernelDef, KernelError, Op, ParamSpec, Params, Problem, WgslImpl, WgslSetup, param, wrong_op};
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::shader;

@@ -15,12 +15,24 @@ mod xq8;
 
 use super::Isa;
 use crate::device::CpuCaps;
-use crate::kernels::quant::{GROUP, Layout, QFormat, QK, QK_K, QView, Unpacked, check_blocks, dequantize_block, unpack};
-use crate::kernels::{DType, KernelError, ParamSpec, Params, Problem, param};
+use crate::kernels::contract::{KernelError, ParamSpec, Params, check_blocks, param};
+use crate::kernels::problem::Problem;
+use crate::kernels::quant::DType;
+use crate::kernels::quant::{GROUP, Layout, QFormat, QK, QK_K, QView, Unpacked, dequantize_block, unpack};
 
 pub use rows::{par_row_blocks, qin, qrow, rows_times_tokens, scatter_row_blocks};
 pub use xq8::XQ8;
 pub(super) use xq8::{quantize_row, reserve_spares};
+
+/// The activation scales a block tries (or a super-block that shares one), as
+/// multiples of `max|x| / 127` (llama.cpp's scale, the first). Each is at least
+/// that, so no code passes 127. Rounding to nearest at a fixed step leaves an
+/// error that depends on where the values fall between the steps: of these
+/// four steps, [`xq8::block_scale`] keeps the one whose codes give the values back
+/// with the least squared error, about 14% less than `max|x| / 127` alone on
+/// Gaussian or uniform blocks of 32 (4% on super-blocks of 256), for the price
+/// of four error sums a block (in one pass over it).
+const SCALE_STEPS: [f32; 4] = [1.0, 1.008, 1.016, 1.024];
 
 /// `act_bits`: f32 activations, or int8 ones (see [`verify::tolerance_for`](crate::kernels::verify::tolerance_for)).
 pub const ACT_BITS: ParamSpec = ParamSpec {
@@ -269,7 +281,7 @@ pub fn dequantize(isa: Isa, w: QView<'_>, out: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
-    use super::xq8::{SCALE_STEPS, block_scale, quantize_block};
+    use super::xq8::{block_scale, quantize_block};
     use super::*;
     use crate::kernels::quant::QMatrix;
 

@@ -6,8 +6,8 @@
 use std::cell::RefCell;
 
 use super::dequantize_row;
-use crate::kernels::CpuIn;
-use crate::kernels::KernelError;
+use crate::kernels::contract::CpuIn;
+use crate::kernels::contract::KernelError;
 use crate::kernels::cpu::dot::dot_f32;
 use crate::kernels::cpu::{Isa, pool, with_scratch};
 use crate::kernels::quant::QView;

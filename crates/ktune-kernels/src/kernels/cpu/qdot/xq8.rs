@@ -5,7 +5,7 @@
 //! every decode projection's activation vector reuses.
 
 #[cfg(target_arch = "x86_64")]
-use super::x86;
+use super::{SCALE_STEPS, x86};
 use crate::kernels::cpu::{Isa, Spares};
 use crate::kernels::quant::{GROUP, QK, QK_K};
 
@@ -165,16 +165,6 @@ fn scale_and_quantize(isa: Isa, xb: &[f32], qb: &mut [i8], shared: Option<f32>) 
     let d = shared.unwrap_or_else(|| block_scale(xb));
     (d, quantize_block(xb, qb, d))
 }
-
-/// The activation scales a block tries (or a super-block that shares one), as
-/// multiples of `max|x| / 127` (llama.cpp's scale, the first). Each is at least
-/// that, so no code passes 127. Rounding to nearest at a fixed step leaves an
-/// error that depends on where the values fall between the steps: of these
-/// four steps, [`block_scale`] keeps the one whose codes give the values back
-/// with the least squared error, about 14% less than `max|x| / 127` alone on
-/// Gaussian or uniform blocks of 32 (4% on super-blocks of 256), for the price
-/// of four error sums a block (in one pass over it).
-pub(super) const SCALE_STEPS: [f32; 4] = [1.0, 1.008, 1.016, 1.024];
 
 /// The scale of the int8 codes of `xs` (32 values, or 256 sharing one): of
 /// `max|x| / 127 · SCALE_STEPS`, the one with the least `Σ (x - d · round(x / d))²`

@@ -25,10 +25,12 @@ use std::cell::RefCell;
 use super::qdot::{check_quant, quantize_row, unpack_fast};
 use super::{Isa, features};
 use crate::device::CpuCaps;
+use crate::kernels::contract::{ParamSpec, Params, param};
+use crate::kernels::problem::Problem;
+use crate::kernels::quant::DType;
 use crate::kernels::quant::{
     GROUP, Layout, QFormat, QK, QK_K, QView, Unpacked, X8_BYTES, X8_ROWS, scales_mins_k4, x8_row_codes, x8_scale_min,
 };
-use crate::kernels::{DType, ParamSpec, Params, Problem, param};
 
 /// The parameters of the int8 GEMM kernels (`gemm_q_i8_cpu`, `gate_up_q_i8_cpu`).
 pub const I8_GEMM_PARAMS: &[ParamSpec] = &[

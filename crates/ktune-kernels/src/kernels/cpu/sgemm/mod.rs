@@ -9,7 +9,8 @@
 use std::cell::RefCell;
 
 use super::{Isa, with_scratch};
-use crate::kernels::{CpuIn, cpu};
+use crate::kernels::contract::CpuIn;
+use crate::kernels::cpu;
 
 /// Cache block sizes of [`gemm_blocked`]; rounded up to the microkernel's MR / NR.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -218,10 +218,10 @@ fn dot_u8_vnni(w: __m256i, x: __m256i) -> __m256 {
     _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x))
 }
 /// The largest magnitude of `xs` and the four candidate scales above it
-/// ([`super::xq8::SCALE_STEPS`]); `None` when every value is 0.
+/// ([`super::SCALE_STEPS`]); `None` when every value is 0.
 fn candidate_scales(amax: f32) -> Option<[f32; 4]> {
     // The other steps are above 1: their scales are 0 only when the first is.
-    let d = super::xq8::SCALE_STEPS.map(|s| amax / 127.0 * s);
+    let d = super::SCALE_STEPS.map(|s| amax / 127.0 * s);
     (d[0] != 0.0).then_some(d)
 }
 

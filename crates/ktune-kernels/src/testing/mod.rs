@@ -1,9 +1,12 @@
 //! Helpers for tests and benchmarks: opening the GPU the suite runs on, and the
-//! source walk and cycle search of the layering tests (this crate's and ktune's).
+//! source walk, import reader ([`layering`]) and cycle search of the layering
+//! tests (this crate's and ktune's).
 //!
 //! GPU tests run for real on any adapter, software ones (lavapipe) included. When
 //! none exists they skip loudly, unless `KTUNE_REQUIRE_GPU=1` or `CI=true` (every CI
 //! service sets it), in which case they fail.
+
+pub mod layering;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
