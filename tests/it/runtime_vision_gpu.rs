@@ -15,7 +15,7 @@ use crate::common::{gpu_index, ids, ktune_in, logit_rows, read_json, rel_err, te
 use ktune::gpu::GpuCtx;
 use ktune::kernels::{self, Backend, DType, Op};
 use ktune::plan::select::DeviceCaps;
-use ktune::plan::{Choice, Fusion, Parallel, Plan, PlanOptions, Regime, Selection, Slot};
+use ktune::plan::{Choice, Fusion, Plan, PlanOptions, Regime, Selection, Slot};
 use ktune::runtime::image::load_image;
 use ktune::runtime::vision::VisionEngine;
 use ktune::runtime::vision_gpu::VisionGpu;
@@ -69,17 +69,7 @@ fn gpu_tower_and_projector_match_transformers_with_every_kernel() {
 }
 
 fn text_engine(m: &LoadedModel, gpu: &Arc<GpuCtx>, tokens: usize, context: usize, chunk: usize, fusion: Fusion) -> Engine {
-    let opts = PlanOptions {
-        cpu_repack: Vec::new(),
-        weight_dtype: DType::F32,
-        matrix_formats: Default::default(),
-        kv_dtype: DType::F32,
-        max_tokens: chunk.min(tokens),
-        context,
-        all_logits: true,
-        fusion,
-        parallel: Parallel::default(),
-    };
+    let opts = PlanOptions::new(DType::F32, chunk.min(tokens), context).with_all_logits(true).with_fusion(fusion);
     let plan = Plan::new("fixture", &m.config, opts, Selection::defaults(DeviceCaps::Gpu(gpu.caps.clone()))).expect("plan");
     let store: Arc<dyn TensorStore> = m.weights.clone();
     let mut e = Engine::gpu(plan, store, gpu.clone(), true).expect("engine");
