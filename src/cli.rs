@@ -594,12 +594,13 @@ impl GenerateArgs {
         self.sampling.params(self.model.seed)
     }
 
-    /// What generation (`command`: run, chat, serve) is built from.
+    /// What generation (`command`: run, chat, serve) is built from (the
+    /// engine's flags checked before `--hf` resolves).
     pub fn generator(&self, command: &'static str) -> crate::Result<crate::generate::GeneratorSettings> {
         let e = &self.engine;
         Ok(crate::generate::GeneratorSettings {
-            model: self.model.settings()?,
             choice: e.choice()?,
+            model: self.model.settings()?,
             context: e.context,
             prefill_chunk: e.prefill_chunk,
             chat_template: e.chat_template.clone(),

@@ -1,7 +1,10 @@
-//! Text generation shared by `run`, `chat` and `serve`: the tokenizer and chat
-//! template of a model source, the kernel selection (`--profile`, else the cached
-//! profile [`profile::lookup`] finds for this device and model, else the runtime's
-//! defaults), and the decode loop: ids from [`Engine::decode_chain`] turned into
+//! Text generation shared by `run`, `chat` and `serve`: a model source opened
+//! ([`Source`]: its files checked, a GGUF file loaded first, the tokenizer) and
+//! its chat template; one [`ProfileChoice::prepare`] from the loaded model to a
+//! warmed engine: the kernel selection (`--profile`, else the cached profile
+//! [`profile::lookup`] finds for this device and model, which `bench` measures
+//! too, else the runtime's defaults), the engine with its pool and decode chain;
+//! and the decode loop: ids from [`Engine::decode_chain`] turned into
 //! text pieces streamed as they come (a cut UTF-8 character and text that may be
 //! the start of a stop string held back), ending at an end-of-sequence id, a stop
 //! string, the token limit, or a cancel flag checked every token. A
@@ -63,7 +66,8 @@ pub fn parse_fusion(s: &str) -> Result<Fusion> {
     Ok(f)
 }
 
-/// How a profile is chosen and what the runtime does without one (`run`'s flags).
+/// How a profile is chosen and what the runtime does without one (the engine
+/// flags of `run`, `chat` and `serve`), and the GPU's decode chain.
 #[derive(Clone, Debug)]
 pub struct ProfileChoice {
     /// `--profile FILE`, read and validated before the model loads.
@@ -512,7 +516,9 @@ pub fn decode(
     })
 }
 
-/// What a long-lived generator is built from (`chat`'s and `serve`'s flags).
+/// What generation is built from (the flags `run`, `chat` and `serve` share;
+/// `command`, `template_required` and the context's default are a
+/// [`Generator`]'s).
 #[derive(Clone, Debug)]
 pub struct GeneratorSettings {
     pub model: ModelSettings,

@@ -3,8 +3,10 @@
 //! flags give ([`ModelSettings`]: the model a [`ModelSource`] names (built-in
 //! with synthetic weights, a Hugging Face directory, or a GGUF file, with
 //! `--mmproj` its vision projector file), the weight storage type it implies, the
-//! runtime's default execution settings and the plan options of an execution),
-//! and warmed-up engines built from a plan ([`Engines`]).
+//! runtime's default execution settings, a profile's resolved for the model,
+//! and the plan options of an execution), and warmed-up engines built from a
+//! plan and executing as an execution's settings say ([`Engines`]: GPU batching
+//! and shader modules, the CPU pool; [`decode_chain`], the GPU's decode chain).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -440,9 +442,9 @@ impl<'a> Engines<'a> {
             (None, Some(memo)) => Engine::cpu_shared(plan, store, memo)?,
             (None, None) => Engine::cpu(plan, store)?,
         };
-        engine.set_cpu_pool(exec.threads, exec.spin_us, exec.prefetch);
         engine.warm_up(tokens)?;
         engine.warm_up(1)?;
+        engine.set_cpu_pool(exec.threads, exec.spin_us, exec.prefetch);
         Ok(engine)
     }
 }

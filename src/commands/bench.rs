@@ -72,7 +72,8 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
         Some((_, v, pixels)) => Some(tower(v, pixels, &m, ctx.clone(), &setups)?),
     };
     let prompt: Vec<u32> = (0..args.prefill_tokens).map(|i| ((i * 7919 + 13) % m.config.vocab_size) as u32).collect();
-    let samples = measure(args, &prompt, &setups, &mut engines, tower.as_mut().map(|(t, _)| t), &image, ctx.as_deref(), progress)?;
+    let vision = tower.as_mut().zip(image.as_ref()).map(|((t, _), (_, _, pixels))| (t, pixels.as_slice()));
+    let samples = measure(args, &prompt, &setups, &mut engines, vision, ctx.as_deref(), progress)?;
     // --kld: each entry, with every position's logits, against the CPU's f32
     // reference of the same weights on the prompt (every position but the last).
     let accuracy = if args.kld {
@@ -205,15 +206,14 @@ struct Samples {
     read_source: &'static str,
 }
 
-/// The rounds: each visits every entry once, in a rotating order.
-#[allow(clippy::too_many_arguments)]
+/// The rounds: each visits every entry once, in a rotating order (with
+/// `vision`, the tower and the image's pixels, the image too).
 fn measure(
     args: &BenchArgs,
     prompt: &[u32],
     setups: &[Setup],
     engines: &mut [Engine],
-    mut tower: Option<&mut Tower>,
-    image: &Option<Image>,
+    mut vision: Option<(&mut Tower, &[f32])>,
     ctx: Option<&GpuCtx>,
     progress: &dyn Progress,
 ) -> Result<Samples> {
@@ -236,7 +236,7 @@ fn measure(
             let (p, d) = e2e_sample(&mut engines[i], prompt, args.decode_tokens, k)?;
             s.prefill[i].push(p);
             s.decode[i].push(d);
-            if let (Some(t), Some((_, _, pixels))) = (tower.as_deref_mut(), image) {
+            if let Some((t, pixels)) = vision.as_mut() {
                 s.vision[i].push(t.sample(&setups[i].selection, pixels)?);
             }
             progress.tick();

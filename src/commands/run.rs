@@ -39,9 +39,9 @@ pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
 /// character waits for the next token).
 pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn FnMut(&str)) -> Result<RunReport> {
     // Validate flags before building anything heavy.
-    let s = args.generate.generator("run")?;
     let sampling = args.generate.sampler();
     generate::check_sampling(&sampling)?;
+    let s = args.generate.generator("run")?;
     generate::check_source(&s.model)?;
     // --dump-logits is written after the run: refused now if it cannot be (a
     // directory, a FIFO, a missing folder, one of the files read here).
