@@ -49,19 +49,11 @@ pub fn parse_fusion(s: &str) -> Result<Fusion> {
     }
     let mut f = Fusion::NONE;
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        match part {
-            "qkv" => f.qkv = true,
-            "gate_up" => f.gate_up = true,
-            "qk_norm_rope" => f.qk_norm_rope = true,
-            "residual_norm" => f.residual_norm = true,
-            "norm_matmul" => f.norm_matmul = true,
-            "qkv_rope_cache" => f.qkv_rope_cache = true,
-            other => {
-                return Err(Error::Usage(format!(
-                    "unknown fusion `{other}` (allowed: all, none, or a list of qkv, gate_up, qk_norm_rope, residual_norm, norm_matmul, qkv_rope_cache)"
-                )));
-            }
-        }
+        let Some(flag) = Fusion::flag(part) else {
+            let names: Vec<&str> = Fusion::FLAGS.iter().map(|f| f.name).collect();
+            return Err(Error::Usage(format!("unknown fusion `{part}` (allowed: all, none, or a list of {})", names.join(", "))));
+        };
+        (flag.set)(&mut f, true);
     }
     Ok(f)
 }

@@ -195,7 +195,7 @@ for item in $ITEMS; do
     llama-f16)
       if [[ -f "$GF16" ]]; then decode_ktune llama-f16 --gguf "$GF16"
       else decode_ktune llama-f16 --model llama-3.2-1b --weight-dtype f16 "${DL[@]}"; fi ;;
-    llama-q4-builtin)  # the figures of docs/gpu-h200.md were taken on this one (every matrix Q4_K)
+    llama-q4-builtin)  # docs/benchmarks.md's H200 end-to-end figures were taken on this one (every matrix Q4_K)
       decode_ktune --no-tune llama-q4_k-builtin --model llama-3.2-1b --weight-dtype q4_k "${DL[@]}" ;;
     gemma3-1b)
       decode_ktune gemma3-1b-q4_k --model gemma3-1b --weight-dtype q4_k "${DL[@]}" ;;

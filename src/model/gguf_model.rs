@@ -104,8 +104,54 @@ pub fn hf_name(config: &ModelConfig, name: &str) -> Option<(String, Transform)> 
     Some((format!("model.layers.{layer}.{hf}.{suffix}"), tf))
 }
 
-/// The model config of a GGUF file.
+/// The model config of a GGUF file: its architecture, dimensions, RoPE, Gemma 3's
+/// local layers and soft-caps, and special tokens, each read by one step below.
 pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
+    let (arch, arch_name) = gguf_architecture(f)?;
+    let mut m = MetaReader::new(f, arch_name);
+    if m.usize_opt("expert_count")?.is_some_and(|n| n > 0) {
+        return Err(m.unsupported(format!("`{}` > 0 (a mixture of experts)", m.key("expert_count"))));
+    }
+    if m.get("attention.causal").and_then(Value::as_bool) == Some(false) {
+        return Err(m.unsupported(format!("`{}: false` (an encoder, not a decoder)", m.key("attention.causal"))));
+    }
+    let dims = gguf_dims(&mut m)?;
+    let rms_norm_eps = m
+        .f64_opt("attention.layer_norm_rms_epsilon")?
+        .ok_or_else(|| m.err(format!("missing metadata `{}`", m.key("attention.layer_norm_rms_epsilon"))))?;
+    let max_position_embeddings = m.usize_req("context_length")?;
+    let rope_theta = m.f64_opt("rope.freq_base")?.unwrap_or(10_000.0);
+    let rope_scaling = gguf_rope_scaling(&mut m, rope_theta, dims.head_dim)?;
+    let gemma = if arch == Architecture::Gemma3 { Some(gguf_gemma3(&mut m, &dims)?) } else { None };
+    // Qwen2 has Q/K/V biases (set by the architecture), the others none.
+    if arch != Architecture::Qwen2 && f.tensor("blk.0.attn_q.bias").is_some() {
+        return Err(m.unsupported(format!("attention biases in a `{arch_name}` model")));
+    }
+    let (bos_token_id, eos_token_ids) = gguf_special_tokens(&mut m)?;
+    let num_layers = dims.num_layers;
+    let config = ModelConfig {
+        rms_norm_eps,
+        rope_theta,
+        rope_local_base_freq: gemma.as_ref().map(|g| g.local_theta),
+        rope_scaling,
+        max_position_embeddings,
+        tie_word_embeddings: f.tensor("output.weight").is_none(),
+        sliding_window: gemma.as_ref().and_then(|g| g.window),
+        layer_types: gemma.as_ref().map_or_else(|| vec![LayerKind::Global; num_layers], |g| g.layer_types.clone()),
+        query_pre_attn_scalar: gemma.as_ref().map(|g| g.scalar),
+        final_logit_softcapping: gemma.as_ref().and_then(|g| g.final_cap),
+        attn_logit_softcapping: gemma.as_ref().and_then(|g| g.attn_cap),
+        bos_token_id,
+        eos_token_ids,
+        ..ModelConfig::new(arch, dims)
+    };
+    config.validate().map_err(|e| m.err(e.to_string()))?;
+    Ok(GgufConfig { config, ignored_keys: m.unused() })
+}
+
+/// The architecture `general.architecture` names (and its name, the prefix of
+/// its metadata keys); a split file is refused here, before any of it is read.
+fn gguf_architecture(f: &GgufFile) -> Result<(Architecture, &str)> {
     let path = f.path.clone();
     let Some(arch_v) = f.get("general.architecture") else {
         return Err(ModelError::Config { path, msg: "missing metadata `general.architecture`: not a model file?".into() });
@@ -129,17 +175,17 @@ pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
             what: format!("a split GGUF file (part of {n}): merge the parts first with `llama-gguf-split --merge`"),
         });
     }
-    let mut m = MetaReader::new(f, arch_name);
-    let gemma = arch == Architecture::Gemma3;
-    if m.usize_opt("expert_count")?.is_some_and(|n| n > 0) {
-        return Err(m.unsupported(format!("`{}` > 0 (a mixture of experts)", m.key("expert_count"))));
-    }
-    if m.get("attention.causal").and_then(Value::as_bool) == Some(false) {
-        return Err(m.unsupported(format!("`{}: false` (an encoder, not a decoder)", m.key("attention.causal"))));
-    }
+    Ok((arch, arch_name))
+}
+
+/// The dimensions: layers (bounded by the file's tensors), widths, heads and the
+/// head width (the key length, equal to the value length and RoPE's width), the
+/// vocabulary (its own key, else the token list, else the embedding's rows).
+fn gguf_dims(m: &mut MetaReader) -> Result<Dims> {
+    let f = m.file();
     let num_layers = m.usize_req("block_count")?;
     // Every layer has several tensors: a count beyond the file's tensors is corrupt
-    // (and must not size the per-layer tables built below).
+    // (and must not size the per-layer tables built later).
     if num_layers > f.tensors.len() {
         return Err(m.err(format!(
             "`{}` is {num_layers} but the file holds only {} tensors: corrupt metadata",
@@ -174,12 +220,21 @@ pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
     {
         return Err(m.unsupported(format!("`{}` = {r}: RoPE on part of each {head_dim}-wide head", m.key("rope.dimension_count"))));
     }
-    let rms_norm_eps = m
-        .f64_opt("attention.layer_norm_rms_epsilon")?
-        .ok_or_else(|| m.err(format!("missing metadata `{}`", m.key("attention.layer_norm_rms_epsilon"))))?;
-    let max_position_embeddings = m.usize_req("context_length")?;
-    let rope_theta = m.f64_opt("rope.freq_base")?.unwrap_or(10_000.0);
+    let vocab_size = match m.usize_opt("vocab_size")? {
+        Some(v) => v,
+        None => match (f.get("tokenizer.ggml.tokens").and_then(Value::as_array), f.tensor("token_embd.weight")) {
+            (Some(t), _) => t.len(),
+            (None, Some(e)) => e.shape()[0],
+            (None, None) => return Err(m.err("no vocabulary size: no `vocab_size`, tokens or `token_embd.weight`".into())),
+        },
+    };
+    Ok(Dims { vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, head_dim })
+}
 
+/// RoPE scaling: linear (`rope.scaling.type`, or the older `rope.scale_linear`),
+/// or Llama 3.1's frequency factors from the `rope_freqs.weight` tensor.
+fn gguf_rope_scaling(m: &mut MetaReader, rope_theta: f64, head_dim: usize) -> Result<Option<RopeScaling>> {
+    let f = m.file();
     let mut rope_scaling = match m.str_opt("rope.scaling.type")? {
         None | Some("none") => None,
         Some("linear") => {
@@ -207,65 +262,53 @@ pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
         f.decode_row(t, 0, &mut factors)?;
         rope_scaling = llama3_from_factors(&factors, rope_theta, head_dim).map_err(|e| m.unsupported(e))?;
     }
+    Ok(rope_scaling)
+}
 
-    let (layer_types, sliding_window, rope_local_base_freq, query_pre_attn_scalar, final_cap, attn_cap) = if gemma {
-        let window = m
-            .usize_opt("attention.sliding_window")?
-            .ok_or_else(|| m.err(format!("missing metadata `{}` (Gemma 3's local attention window)", m.key("attention.sliding_window"))))?;
-        // llama.cpp: every 6th layer global unless the file says otherwise.
-        let layer_types = match m.get("attention.sliding_window_pattern") {
-            None => pattern(6, num_layers),
-            Some(Value::Array(a)) => {
-                if a.len() != num_layers {
-                    return Err(m.err(format!(
-                        "`{}` has {} entries for {num_layers} layers",
-                        m.key("attention.sliding_window_pattern"),
-                        a.len()
-                    )));
-                }
-                let bools = a.bools().ok_or_else(|| m.err(format!("`{}` must hold bools", m.key("attention.sliding_window_pattern"))))?;
-                bools.iter().map(|&local| if local { LayerKind::Local } else { LayerKind::Global }).collect()
+/// What Gemma 3 adds: its local layers and their window and RoPE base, the query
+/// scale, the logit soft-caps.
+struct Gemma3Meta {
+    layer_types: Vec<LayerKind>,
+    /// The window, where a layer is local.
+    window: Option<usize>,
+    local_theta: f64,
+    scalar: f64,
+    final_cap: Option<f64>,
+    attn_cap: Option<f64>,
+}
+
+fn gguf_gemma3(m: &mut MetaReader, dims: &Dims) -> Result<Gemma3Meta> {
+    let num_layers = dims.num_layers;
+    let window = m
+        .usize_opt("attention.sliding_window")?
+        .ok_or_else(|| m.err(format!("missing metadata `{}` (Gemma 3's local attention window)", m.key("attention.sliding_window"))))?;
+    let key = m.key("attention.sliding_window_pattern");
+    // llama.cpp: every 6th layer global unless the file says otherwise.
+    let layer_types = match m.get("attention.sliding_window_pattern") {
+        None => pattern(6, num_layers),
+        Some(Value::Array(a)) => {
+            if a.len() != num_layers {
+                return Err(m.err(format!("`{key}` has {} entries for {num_layers} layers", a.len())));
             }
-            Some(v) => match v.as_u64().and_then(|p| usize::try_from(p).ok()) {
-                Some(p) => pattern(p, num_layers),
-                None => {
-                    return Err(m.err(format!(
-                        "`{}` must be an integer or a list of bools, got {}",
-                        m.key("attention.sliding_window_pattern"),
-                        v.describe()
-                    )));
-                }
-            },
-        };
-        let local_theta = m.f64_opt("rope.freq_base_swa")?.unwrap_or(10_000.0);
-        // llama.cpp: Gemma 3 27B (62 layers) scales by (hidden / heads)^-1/2, the others by key_length^-1/2.
-        let scalar = if num_layers == 62 { hidden_size / num_heads } else { head_dim };
-        let has_local = layer_types.contains(&LayerKind::Local);
-        (
-            layer_types,
-            has_local.then_some(window),
-            Some(local_theta),
-            Some(scalar as f64),
-            m.f64_opt("final_logit_softcapping")?,
-            m.f64_opt("attn_logit_softcapping")?,
-        )
-    } else {
-        (vec![LayerKind::Global; num_layers], None, None, None, None, None)
-    };
-
-    let embed = f.tensor("token_embd.weight");
-    let vocab_size = match m.usize_opt("vocab_size")? {
-        Some(v) => v,
-        None => match (f.get("tokenizer.ggml.tokens").and_then(Value::as_array), embed) {
-            (Some(t), _) => t.len(),
-            (None, Some(e)) => e.shape()[0],
-            (None, None) => return Err(m.err("no vocabulary size: no `vocab_size`, tokens or `token_embd.weight`".into())),
+            let bools = a.bools().ok_or_else(|| m.err(format!("`{key}` must hold bools")))?;
+            bools.iter().map(|&local| if local { LayerKind::Local } else { LayerKind::Global }).collect()
+        }
+        Some(v) => match v.as_u64().and_then(|p| usize::try_from(p).ok()) {
+            Some(p) => pattern(p, num_layers),
+            None => return Err(m.err(format!("`{key}` must be an integer or a list of bools, got {}", v.describe()))),
         },
     };
-    // Qwen2 has Q/K/V biases (set by the architecture), the others none.
-    if arch != Architecture::Qwen2 && f.tensor("blk.0.attn_q.bias").is_some() {
-        return Err(m.unsupported(format!("attention biases in a `{arch_name}` model")));
-    }
+    let local_theta = m.f64_opt("rope.freq_base_swa")?.unwrap_or(10_000.0);
+    // llama.cpp: Gemma 3 27B (62 layers) scales by (hidden / heads)^-1/2, the others by key_length^-1/2.
+    let scalar = if num_layers == 62 { dims.hidden_size / dims.num_heads } else { dims.head_dim };
+    let window = layer_types.contains(&LayerKind::Local).then_some(window);
+    let (final_cap, attn_cap) = (m.f64_opt("final_logit_softcapping")?, m.f64_opt("attn_logit_softcapping")?);
+    Ok(Gemma3Meta { layer_types, window, local_theta, scalar: scalar as f64, final_cap, attn_cap })
+}
+
+/// The beginning-of-text token and the stop tokens (end of text, of turn, of
+/// message), each once.
+fn gguf_special_tokens(m: &mut MetaReader) -> Result<(Option<u32>, Vec<u32>)> {
     let bos_token_id = m.token("tokenizer.ggml.bos_token_id")?;
     let mut eos_token_ids = Vec::new();
     for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
@@ -275,25 +318,7 @@ pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
             eos_token_ids.push(t);
         }
     }
-    let dims = Dims { vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, head_dim };
-    let config = ModelConfig {
-        rms_norm_eps,
-        rope_theta,
-        rope_local_base_freq,
-        rope_scaling,
-        max_position_embeddings,
-        tie_word_embeddings: f.tensor("output.weight").is_none(),
-        sliding_window,
-        layer_types,
-        query_pre_attn_scalar,
-        final_logit_softcapping: final_cap,
-        attn_logit_softcapping: attn_cap,
-        bos_token_id,
-        eos_token_ids,
-        ..ModelConfig::new(arch, dims)
-    };
-    config.validate().map_err(|e| m.err(e.to_string()))?;
-    Ok(GgufConfig { config, ignored_keys: m.unused() })
+    Ok((bos_token_id, eos_token_ids))
 }
 
 /// Layer kinds for "every `p`-th layer global" (0: all global).

@@ -1,5 +1,5 @@
-//! `tune` as text: where the profile is, the search space, the slot races and the
-//! end-to-end combinations.
+//! `tune` as text: where the profile is, the search space, the slot races, the
+//! end-to-end combinations and the decision among them, with its reason.
 
 use tabled::settings::Style;
 use tabled::{Table, Tabled};
@@ -115,6 +115,22 @@ impl Report for TuneReport {
             (e.tuned.prefill_tok_s / e.default.prefill_tok_s - 1.0) * 100.0,
             (e.tuned.decode_tok_s / e.default.decode_tok_s - 1.0) * 100.0
         ));
+        if let Some(h) = &e.head_to_head {
+            s.push_str(&format!(
+                "head to head ({} rounds): `{}` {:.1} ms (95% CI {:.1}–{:.1}) a request, runtime default {:.1} ms ({:.1}–{:.1})\n",
+                h.rounds,
+                h.combination,
+                h.tuned_ms,
+                h.tuned_ci_ms[0],
+                h.tuned_ci_ms[1],
+                h.default_ms,
+                h.default_ci_ms[0],
+                h.default_ci_ms[1]
+            ));
+        }
+        if let Some(d) = &e.decision {
+            s.push_str(&format!("decision: {d}\n"));
+        }
         if let Some(v) = &e.vision {
             // One request: prefill + decode_tokens × decode + one image, tuned
             // (the kept vision choice) against the runtime's default.

@@ -96,21 +96,54 @@ impl Fusion {
     pub const ALL: Fusion =
         Fusion { qkv: true, gate_up: true, qk_norm_rope: true, residual_norm: true, norm_matmul: true, qkv_rope_cache: true };
 
+    /// The fusion choices, one switch each: `--fusion`, the tuner's combinations
+    /// and labels, and `diff-profiles` iterate them; each one's slot is in
+    /// [`select::SLOTS`] (its `fusion`).
+    pub const FLAGS: [FusionFlag; 6] = [
+        FusionFlag { name: "qkv", profile_key: "fusedQkv", on: |f| f.qkv, set: |f, v| f.qkv = v },
+        FusionFlag { name: "gate_up", profile_key: "fusedGateUp", on: |f| f.gate_up, set: |f, v| f.gate_up = v },
+        FusionFlag { name: "qk_norm_rope", profile_key: "fusedQkNormRope", on: |f| f.qk_norm_rope, set: |f, v| f.qk_norm_rope = v },
+        FusionFlag { name: "residual_norm", profile_key: "fusedResidualNorm", on: |f| f.residual_norm, set: |f, v| f.residual_norm = v },
+        FusionFlag { name: "norm_matmul", profile_key: "fusedNormMatmul", on: |f| f.norm_matmul, set: |f, v| f.norm_matmul = v },
+        FusionFlag { name: "qkv_rope_cache", profile_key: "fusedQkvRopeCache", on: |f| f.qkv_rope_cache, set: |f, v| f.qkv_rope_cache = v },
+    ];
+
+    /// The fusion choice named `name` (as `--fusion` spells it).
+    pub fn flag(name: &str) -> Option<&'static FusionFlag> {
+        Fusion::FLAGS.iter().find(|f| f.name == name)
+    }
+
+    /// The choices this one turns on, in [`Fusion::FLAGS`] order.
+    pub fn on(self) -> impl Iterator<Item = &'static FusionFlag> {
+        Fusion::FLAGS.iter().filter(move |f| (f.on)(&self))
+    }
+
     /// Every combination that changes the plan (the tuner's fusion space): the
     /// decode-chain fusions only where the fusions they build on are on.
     pub fn all_combinations() -> Vec<Fusion> {
-        (0..64u8)
-            .map(|b| Fusion {
-                qkv: b & 1 != 0,
-                gate_up: b & 2 != 0,
-                qk_norm_rope: b & 4 != 0,
-                residual_norm: b & 8 != 0,
-                norm_matmul: b & 16 != 0,
-                qkv_rope_cache: b & 32 != 0,
+        (0..1u32 << Fusion::FLAGS.len())
+            .map(|b| {
+                let mut f = Fusion::NONE;
+                for (j, flag) in Fusion::FLAGS.iter().enumerate() {
+                    (flag.set)(&mut f, b & (1 << j) != 0);
+                }
+                f
             })
             .filter(|f| !f.qkv_rope_cache || (f.qkv && f.norm_matmul))
             .collect()
     }
+}
+
+/// One fusion choice of [`Fusion::FLAGS`].
+pub struct FusionFlag {
+    /// As `--fusion` and the slot table spell it; the tuner's labels say `fused_<name>`.
+    pub name: &'static str,
+    /// Its key under the profile's `execution`.
+    pub profile_key: &'static str,
+    /// Whether a [`Fusion`] has it on.
+    pub on: fn(&Fusion) -> bool,
+    /// Turns it on or off.
+    pub set: fn(&mut Fusion, bool),
 }
 
 /// Role of a laid-out buffer.
@@ -798,6 +831,23 @@ impl Pending {
     }
 }
 
+/// What the blocks of one forward pass share: its shape, the fusions in force,
+/// and the residual stream's state between blocks.
+struct Pass {
+    t: usize,
+    pos0: usize,
+    /// Norms folded into the projections they feed (decode, [`Fusion::norm_matmul`]).
+    nm: bool,
+    /// Residual adds left pending for the next norm-fused projection's prologue.
+    fold: bool,
+    act: Activation,
+    /// Which of `plan.x` holds the residual stream.
+    cur: usize,
+    /// `xn` already holds the next layer's input norm.
+    normed: bool,
+    pending: Option<Pending>,
+}
+
 struct Emitter<'a> {
     plan: &'a Plan,
     regime: Regime,
@@ -941,256 +991,275 @@ impl Emitter<'_> {
         self.kernel(Slot::Norm, l, p, vec![x, w, y], self.plan.options.weight_dtype.float_storage())
     }
 
+    /// The steps of one pass over `t` tokens at position `pos0`: each layer's
+    /// projections, q/k norm + RoPE and KV write, attention and MLP, then the LM head.
     fn forward(&mut self, t: usize, pos0: usize) -> Result<(), PlanError> {
+        let (c, f) = (&self.plan.config, self.plan.options.fusion);
+        // Decode folds the norms that feed projections into them (see `Fusion::norm_matmul`).
+        let nm = f.norm_matmul && t == 1 && self.plan.gains_match_projections();
+        let mut s = Pass {
+            t,
+            pos0,
+            nm,
+            // Decode with `residual_norm`: the residual add (and Gemma 3's norm of the
+            // added branch) waits to be the next norm-fused projection's prologue.
+            fold: nm && f.residual_norm,
+            act: if c.is_gelu() { Activation::GeluTanh } else { Activation::Silu },
+            cur: 0,
+            normed: false,
+            pending: None,
+        };
+        for l in 0..c.num_layers {
+            let w = self.plan.lw(l);
+            if !self.qkv_block(&mut s, l, &w)? {
+                self.rope_block(&s, l, &w)?;
+            }
+            self.attention_block(&s, l, &w)?;
+            self.mlp_block(&mut s, l, &w)?;
+        }
+        self.head_block(&mut s)
+    }
+
+    /// Layer `l`'s RoPE frequencies (its kind's: local or global).
+    fn inv_freq(&self, l: usize) -> BufId {
+        self.plan.id(&format!("inv_freq_{}", self.plan.config.layer_kind(l).name()))
+    }
+
+    /// Layer `l`'s input norm (unless folded or already done) and Q, K, V
+    /// projections; true when the decode QKV kernel also rotated q and k and wrote
+    /// the KV cache ([`Fusion::qkv_rope_cache`]).
+    fn qkv_block(&mut self, s: &mut Pass, l: usize, w: &LayerW) -> Result<bool, PlanError> {
+        let plan = self.plan;
+        let (c, f, t, nm) = (&plan.config, plan.options.fusion, s.t, s.nm);
+        let (h, nq, nkv) = (c.hidden_size, c.q_dim(), c.kv_dim());
+        let id = |n: &str| plan.id(n);
+        let (xn, q, k, v) = (id("xn"), id("q"), id("k"), id("v"));
+        // A layer whose parts differ in storage type runs them unfused.
+        let fused_qkv = f.qkv && w.wqkv.is_some();
+        let li = Some(l);
+        let wqkv = w.wqkv.unwrap_or(usize::MAX);
+        let qkv_folds = nm && fused_qkv && s.pending.is_some_and(|p| self.chain_runs(li, nq + 2 * nkv, h, wqkv, p.residual(), None));
+        if let Some(p) = s.pending.take_if(|_| !qkv_folds) {
+            self.add_pending(li, plan.x[s.cur], p, id("dn"))?;
+            s.cur = 1 - s.cur;
+        }
+        let x = plan.x[s.cur];
+        if !s.normed && !nm {
+            self.rms(li, t, h, x, w.input_ln, xn)?;
+        }
+        let get = |b: Option<BufId>| b.unwrap_or(usize::MAX);
+        let separate = [(q, w.wq, w.bq, nq), (k, w.wk, w.bk, nkv), (v, w.wv, w.bv, nkv)];
+        if nm && fused_qkv {
+            let qkv = id("qkv");
+            let p = s.pending.take();
+            self.norm_gemv_chain(li, None, nq + 2 * nkv, h, [x, w.input_ln, wqkv, qkv], p, None)?;
+            if p.is_some() {
+                s.cur = 1 - s.cur;
+            }
+            let rotated = f.qkv_rope_cache && w.bqkv.is_none() && self.qkv_rope_cache(l, w, s.pos0, qkv, self.inv_freq(l))?;
+            if !rotated {
+                self.plumb(Slot::NormMatmul, li, Plumb::SplitQkv { src: qkv, bias: w.bqkv, q, k, v, tokens: 1, nq, nkv });
+            }
+            return Ok(rotated);
+        }
+        if fused_qkv && !nm {
+            let bias = w.bqkv;
+            if t == 1 {
+                let p = Problem::QkvProj { k: h, nq, nkv, bias: bias.is_some() };
+                let mut b = vec![xn, wqkv];
+                b.extend(bias);
+                b.extend([q, k, v]);
+                self.kernel(Slot::FusedQkv, li, p, b, plan.dtype_of(wqkv))?;
+            } else {
+                let qkv = id("qkv");
+                self.matmul(Slot::MatmulQkv, li, None, t, nq + 2 * nkv, h, [xn, wqkv, qkv])?;
+                self.plumb(Slot::MatmulQkv, li, Plumb::SplitQkv { src: qkv, bias, q, k, v, tokens: t, nq, nkv });
+            }
+            return Ok(false);
+        }
+        // Three projections (one parallel group when the plan asks for it), each with its bias.
+        let g = if plan.options.parallel.qkv { Some(self.next_group()) } else { None };
+        let slot = if nm { Slot::NormMatmul } else { Slot::MatmulQkv };
+        for (out, weight, _, n) in separate {
+            if nm {
+                self.norm_gemv(li, g, n, h, [x, w.input_ln, get(weight), out])?;
+            } else {
+                self.matmul(Slot::MatmulQkv, li, g, t, n, h, [xn, get(weight), out])?;
+            }
+        }
+        for (buf, _, bias, n) in separate {
+            if let Some(bias) = bias {
+                self.plumb(slot, li, Plumb::BiasAdd { buf, bias, rows: t, n });
+            }
+        }
+        Ok(false)
+    }
+
+    /// Layer `l`'s q/k norm and RoPE (fused or as separate steps) and its KV write.
+    fn rope_block(&mut self, s: &Pass, l: usize, w: &LayerW) -> Result<(), PlanError> {
+        let plan = self.plan;
+        let (c, t, pos0, li) = (&plan.config, s.t, s.pos0, Some(l));
+        let hd = c.head_dim;
+        let id = |n: &str| plan.id(n);
+        let (q, k, v, qn, kn, qr, kr) = (id("q"), id("k"), id("v"), id("qn"), id("kn"), id("qr"), id("kr"));
+        let freq = self.inv_freq(l);
+        let layout = RopeLayout::Half;
+        let rope = |heads| Problem::Rope { tokens: t, heads, head_dim: hd, rot_dim: hd, pos0, layout };
+        for (src, dst, normed_buf, heads, nw) in [(q, qr, qn, c.num_heads, w.q_norm), (k, kr, kn, c.num_kv_heads, w.k_norm)] {
+            match nw {
+                Some(nw) if plan.options.fusion.qk_norm_rope => {
+                    let (eps, unit_offset) = (c.rms_norm_eps as f32, c.norm_unit_offset);
+                    let p = Problem::QkNormRope { tokens: t, heads, head_dim: hd, rot_dim: hd, pos0, layout, eps, unit_offset };
+                    self.kernel(Slot::QkNormRope, li, p, vec![src, nw, freq, dst], plan.options.weight_dtype.float_storage())?;
+                }
+                Some(nw) => {
+                    self.rms(li, t * heads, hd, src, nw, normed_buf)?;
+                    self.kernel(Slot::Rope, li, rope(heads), vec![normed_buf, freq, dst], DType::F32)?;
+                }
+                None => self.kernel(Slot::Rope, li, rope(heads), vec![src, freq, dst], DType::F32)?,
+            }
+        }
+        let (k_cache, v_cache, kv_heads, kv_cap) = (w.k_cache, w.v_cache, c.num_kv_heads, plan.options.context);
+        self.plumb(Slot::KvWrite, li, Plumb::KvWrite { k: kr, v, k_cache, v_cache, tokens: t, kv_heads, head_dim: hd, kv_cap, pos0 });
+        Ok(())
+    }
+
+    /// Layer `l`'s attention over its KV cache (decode or prefill) and the o-projection.
+    fn attention_block(&mut self, s: &Pass, l: usize, w: &LayerW) -> Result<(), PlanError> {
         let plan = self.plan;
         let c = &plan.config;
-        let f = plan.options.fusion;
-        let wd = plan.options.weight_dtype;
-        let (h, hd, nq, nkv, inter) = (c.hidden_size, c.head_dim, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let (t, hd, kv_cap) = (s.t, c.head_dim, plan.options.context);
+        let window = c.layer_sliding_window(l).unwrap_or(0);
+        let scale = c.layer_attention_scale(l) as f32;
+        let kv_len = s.pos0 + t;
+        let (heads, kv_heads) = (c.num_heads, c.num_kv_heads);
+        let (p, slot) = if t == 1 {
+            (Problem::AttentionDecode { kv_len, kv_cap, heads, kv_heads, head_dim: hd, window, scale }, Slot::AttentionDecode)
+        } else {
+            let p = Problem::AttentionPrefill {
+                tokens: t,
+                kv_len,
+                kv_cap,
+                heads,
+                kv_heads,
+                head_dim: hd,
+                window,
+                scale,
+                bidi_start: 0,
+                bidi_end: 0,
+            };
+            (p, Slot::AttentionPrefill)
+        };
+        let (qr, attn, o) = (plan.id("qr"), plan.id("attn"), plan.id("o"));
+        self.kernel(slot, Some(l), p, vec![qr, w.k_cache, w.v_cache, attn], plan.options.kv_dtype)?;
+        self.matmul(Slot::MatmulO, Some(l), None, t, c.hidden_size, c.q_dim(), [attn, w.wo, o])
+    }
+
+    /// Layer `l`'s first residual (+ the MLP's input norm, or left pending for the
+    /// MLP's prologue), gate/up and activation, down projection and second residual
+    /// (+ the next layer's input norm, or left pending).
+    fn mlp_block(&mut self, s: &mut Pass, l: usize, w: &LayerW) -> Result<(), PlanError> {
+        let plan = self.plan;
+        let (c, t, nm, li) = (&plan.config, s.t, s.nm, Some(l));
+        let (h, inter, eps) = (c.hidden_size, c.intermediate_size, c.rms_norm_eps as f32);
         let id = |n: &str| plan.id(n);
-        let (xn, q, k, v, qn, kn, qr, kr) = (id("xn"), id("q"), id("k"), id("v"), id("qn"), id("kn"), id("qr"), id("kr"));
-        let (attn, o, on, gate, up, act, d, dn) = (id("attn"), id("o"), id("on"), id("gate"), id("up"), id("act"), id("d"), id("dn"));
+        let (xn, o, on, gate, up, act, d, dn) = (id("xn"), id("o"), id("on"), id("gate"), id("up"), id("act"), id("d"), id("dn"));
         let gemma = c.architecture == Architecture::Gemma3;
-        let eps = c.rms_norm_eps as f32;
-        let act_fn = if c.is_gelu() { Activation::GeluTanh } else { Activation::Silu };
-        // Decode folds the norms that feed projections into them (see `Fusion::norm_matmul`).
-        let nm = f.norm_matmul && t == 1 && plan.gains_match_projections();
-        let mut cur = 0usize; // index into plan.x holding the residual stream
-        let mut normed = false; // xn already holds the next layer's input norm
-        // Decode with `residual_norm`: the residual add (and Gemma 3's norm of the
-        // added branch) waits to be the next norm-fused projection's prologue.
-        let fold = nm && f.residual_norm;
-        let mut pending: Option<Pending> = None;
-        for l in 0..c.num_layers {
-            let w = plan.lw(l);
-            // A layer whose parts differ in storage type runs them unfused.
-            let (fused_qkv, fused_gu) = (f.qkv && w.wqkv.is_some(), f.gate_up && w.wgu.is_some());
-            let li = Some(l);
-            let wqkv = w.wqkv.unwrap_or(usize::MAX);
-            let qkv_folds = nm && fused_qkv && pending.is_some_and(|p| self.chain_runs(li, nq + 2 * nkv, h, wqkv, p.residual(), None));
-            if let Some(p) = pending.take_if(|_| !qkv_folds) {
-                self.add_pending(li, plan.x[cur], p, dn)?;
-                cur = 1 - cur;
-            }
-            let x = plan.x[cur];
-            if !normed && !nm {
-                self.rms(li, t, h, x, w.input_ln, xn)?;
-            }
-            let kind = c.layer_kind(l);
-            let freq = id(&format!("inv_freq_{}", kind.name()));
-            // Q, K, V.
-            let mut rotated = false; // q in qr and k, v in the cache already
-            if nm && fused_qkv {
-                let qkv = id("qkv");
-                let p = pending.take();
-                self.norm_gemv_chain(li, None, nq + 2 * nkv, h, [x, w.input_ln, wqkv, qkv], p, None)?;
-                if p.is_some() {
-                    cur = 1 - cur;
-                }
-                rotated = f.qkv_rope_cache && w.bqkv.is_none() && self.qkv_rope_cache(l, &w, pos0, qkv, freq)?;
-                if !rotated {
-                    self.plumb(Slot::NormMatmul, li, Plumb::SplitQkv { src: qkv, bias: w.bqkv, q, k, v, tokens: 1, nq, nkv });
-                }
-            } else if nm {
-                let g = if plan.options.parallel.qkv { Some(self.next_group()) } else { None };
-                let get = |b: Option<BufId>| b.unwrap_or(usize::MAX);
-                self.norm_gemv(li, g, nq, h, [x, w.input_ln, get(w.wq), q])?;
-                self.norm_gemv(li, g, nkv, h, [x, w.input_ln, get(w.wk), k])?;
-                self.norm_gemv(li, g, nkv, h, [x, w.input_ln, get(w.wv), v])?;
-                for (buf, bias, n) in [(q, w.bq, nq), (k, w.bk, nkv), (v, w.bv, nkv)] {
-                    if let Some(bias) = bias {
-                        self.plumb(Slot::NormMatmul, li, Plumb::BiasAdd { buf, bias, rows: 1, n });
-                    }
-                }
-            } else if fused_qkv {
-                let (wqkv, bias) = (w.wqkv.unwrap_or(usize::MAX), w.bqkv);
-                if t == 1 {
-                    let p = Problem::QkvProj { k: h, nq, nkv, bias: bias.is_some() };
-                    let mut b = vec![xn, wqkv];
-                    b.extend(bias);
-                    b.extend([q, k, v]);
-                    self.kernel(Slot::FusedQkv, li, p, b, plan.dtype_of(wqkv))?;
-                } else {
-                    let qkv = id("qkv");
-                    self.matmul(Slot::MatmulQkv, li, None, t, nq + 2 * nkv, h, [xn, wqkv, qkv])?;
-                    self.plumb(Slot::MatmulQkv, li, Plumb::SplitQkv { src: qkv, bias, q, k, v, tokens: t, nq, nkv });
-                }
+        let fused_gu = plan.options.fusion.gate_up && w.wgu.is_some();
+        let (x, other) = (plan.x[s.cur], plan.x[1 - s.cur]);
+        let mlp_norm = if gemma { w.pre_ff_ln.unwrap_or(usize::MAX) } else { w.post_attn_ln };
+        // The fused gate/up as a norm-fused projection (with the residual in its
+        // prologue when folding), where this engine has a kernel for it.
+        let wgu = w.wgu.unwrap_or(usize::MAX);
+        let gu_nm = nm && fused_gu && self.chain_runs(li, inter, h, wgu, NormResidual::None, Some(s.act));
+        let post = if gemma { NormResidual::Normed } else { NormResidual::Add };
+        let gu_folds = gu_nm && s.fold && self.chain_runs(li, inter, h, wgu, post, Some(s.act));
+        if s.fold {
+            s.pending = Some(Pending { branch: o, gain: gemma.then_some(w.post_attn_ln), h: other });
+        } else {
+            let r1 = if gemma {
+                self.rms(li, t, h, o, w.post_attn_ln, on)?;
+                on
             } else {
-                let g = if plan.options.parallel.qkv { Some(self.next_group()) } else { None };
-                let get = |b: Option<BufId>| b.unwrap_or(usize::MAX);
-                self.matmul(Slot::MatmulQkv, li, g, t, nq, h, [xn, get(w.wq), q])?;
-                self.matmul(Slot::MatmulQkv, li, g, t, nkv, h, [xn, get(w.wk), k])?;
-                self.matmul(Slot::MatmulQkv, li, g, t, nkv, h, [xn, get(w.wv), v])?;
-                for (buf, bias, n) in [(q, w.bq, nq), (k, w.bk, nkv), (v, w.bv, nkv)] {
-                    if let Some(bias) = bias {
-                        self.plumb(Slot::MatmulQkv, li, Plumb::BiasAdd { buf, bias, rows: t, n });
-                    }
-                }
-            }
-            // q/k norm and RoPE.
-            let rot = hd;
-            let layout = RopeLayout::Half;
-            let unrotated =
-                if rotated { Vec::new() } else { vec![(q, qr, qn, c.num_heads, w.q_norm), (k, kr, kn, c.num_kv_heads, w.k_norm)] };
-            for (src, dst, normed_buf, heads, nw) in unrotated {
-                match nw {
-                    Some(nw) if f.qk_norm_rope => {
-                        let p = Problem::QkNormRope {
-                            tokens: t,
-                            heads,
-                            head_dim: hd,
-                            rot_dim: rot,
-                            pos0,
-                            layout,
-                            eps,
-                            unit_offset: c.norm_unit_offset,
-                        };
-                        self.kernel(Slot::QkNormRope, li, p, vec![src, nw, freq, dst], wd.float_storage())?;
-                    }
-                    Some(nw) => {
-                        self.rms(li, t * heads, hd, src, nw, normed_buf)?;
-                        let p = Problem::Rope { tokens: t, heads, head_dim: hd, rot_dim: rot, pos0, layout };
-                        self.kernel(Slot::Rope, li, p, vec![normed_buf, freq, dst], DType::F32)?;
-                    }
-                    None => {
-                        let p = Problem::Rope { tokens: t, heads, head_dim: hd, rot_dim: rot, pos0, layout };
-                        self.kernel(Slot::Rope, li, p, vec![src, freq, dst], DType::F32)?;
-                    }
-                }
-            }
-            let kv_cap = plan.options.context;
-            if !rotated {
-                self.plumb(
-                    Slot::KvWrite,
-                    li,
-                    Plumb::KvWrite {
-                        k: kr,
-                        v,
-                        k_cache: w.k_cache,
-                        v_cache: w.v_cache,
-                        tokens: t,
-                        kv_heads: c.num_kv_heads,
-                        head_dim: hd,
-                        kv_cap,
-                        pos0,
-                    },
-                );
-            }
-            // Attention.
-            let window = c.layer_sliding_window(l).unwrap_or(0);
-            let scale = c.layer_attention_scale(l) as f32;
-            let kv_len = pos0 + t;
-            let (heads, kv_heads) = (c.num_heads, c.num_kv_heads);
-            let (p, slot) = if t == 1 {
-                (Problem::AttentionDecode { kv_len, kv_cap, heads, kv_heads, head_dim: hd, window, scale }, Slot::AttentionDecode)
-            } else {
-                (
-                    Problem::AttentionPrefill {
-                        tokens: t,
-                        kv_len,
-                        kv_cap,
-                        heads,
-                        kv_heads,
-                        head_dim: hd,
-                        window,
-                        scale,
-                        bidi_start: 0,
-                        bidi_end: 0,
-                    },
-                    Slot::AttentionPrefill,
-                )
+                o
             };
-            self.kernel(slot, li, p, vec![qr, w.k_cache, w.v_cache, attn], plan.options.kv_dtype)?;
-            self.matmul(Slot::MatmulO, li, None, t, h, nq, [attn, w.wo, o])?;
-            let (x, other) = (plan.x[cur], plan.x[1 - cur]);
-            // Residual 1 (+ the MLP's input norm), or the MLP's prologue.
-            let mlp_norm = if gemma { w.pre_ff_ln.unwrap_or(usize::MAX) } else { w.post_attn_ln };
-            // The fused gate/up as a norm-fused projection (with the residual in its
-            // prologue when folding), where this engine has a kernel for it.
-            let wgu = w.wgu.unwrap_or(usize::MAX);
-            let gu_nm = nm && fused_gu && self.chain_runs(li, inter, h, wgu, NormResidual::None, Some(act_fn));
-            let post = if gemma { NormResidual::Normed } else { NormResidual::Add };
-            let gu_folds = gu_nm && fold && self.chain_runs(li, inter, h, wgu, post, Some(act_fn));
-            if fold {
-                pending = Some(Pending { branch: o, gain: gemma.then_some(w.post_attn_ln), h: other });
-            } else {
-                let r1 = if gemma {
-                    self.rms(li, t, h, o, w.post_attn_ln, on)?;
-                    on
-                } else {
-                    o
-                };
-                self.residual_norm(li, t, h, eps, x, r1, mlp_norm, other, xn, nm && (gu_nm || !fused_gu))?;
-                cur = 1 - cur;
-            }
-            // MLP.
-            if let Some(p) = pending.take_if(|_| !gu_folds) {
-                self.add_pending(li, plan.x[cur], p, on)?;
-                cur = 1 - cur;
-            }
-            let x = plan.x[cur];
-            if gu_nm {
-                let p = pending.take();
-                self.norm_gemv_chain(li, None, inter, h, [x, mlp_norm, wgu, act], p, Some(act_fn))?;
-                if p.is_some() {
-                    cur = 1 - cur;
-                }
-            } else if fused_gu {
-                if fold {
-                    // The residual went through a separate add: the norm too.
-                    self.rms(li, t, h, x, mlp_norm, xn)?;
-                }
-                let p = Problem::GateUp { rows: t, n: inter, k: h, act: act_fn };
-                self.kernel(Slot::FusedGateUp, li, p, vec![xn, wgu, act], plan.dtype_of(wgu))?;
-            } else if nm {
-                let g = if plan.options.parallel.ffn { Some(self.next_group()) } else { None };
-                self.norm_gemv(li, g, inter, h, [x, mlp_norm, w.wg.unwrap_or(usize::MAX), gate])?;
-                self.norm_gemv(li, g, inter, h, [x, mlp_norm, w.wu.unwrap_or(usize::MAX), up])?;
-                let p = Problem::GatedAct { rows: t, dim: inter, act: act_fn };
-                self.kernel(Slot::Activation, li, p, vec![gate, up, act], DType::F32)?;
-            } else {
-                let g = if plan.options.parallel.ffn { Some(self.next_group()) } else { None };
-                self.matmul(Slot::MatmulGateUp, li, g, t, inter, h, [xn, w.wg.unwrap_or(usize::MAX), gate])?;
-                self.matmul(Slot::MatmulGateUp, li, g, t, inter, h, [xn, w.wu.unwrap_or(usize::MAX), up])?;
-                let p = Problem::GatedAct { rows: t, dim: inter, act: act_fn };
-                self.kernel(Slot::Activation, li, p, vec![gate, up, act], DType::F32)?;
-            }
-            let (x, other) = (plan.x[cur], plan.x[1 - cur]);
-            self.matmul(Slot::MatmulDown, li, None, t, h, inter, [act, w.wd, d])?;
-            if fold {
-                pending = Some(Pending { branch: d, gain: if gemma { w.post_ff_ln } else { None }, h: other });
-                continue;
-            }
-            let r2 = if gemma {
-                self.rms(li, t, h, d, w.post_ff_ln.unwrap_or(usize::MAX), dn)?;
-                dn
-            } else {
-                d
-            };
-            // Residual 2 (+ the next layer's input norm, or the final norm).
-            let next_norm = if l + 1 < c.num_layers { plan.lw(l + 1).input_ln } else { id("final_norm") };
-            self.residual_norm(li, t, h, eps, x, r2, next_norm, other, xn, nm)?;
-            cur = 1 - cur;
-            normed = !nm;
+            self.residual_norm(li, t, h, eps, x, r1, mlp_norm, other, xn, nm && (gu_nm || !fused_gu))?;
+            s.cur = 1 - s.cur;
         }
-        // LM head over the final-normed rows, block by block (each block adds a
-        // pending residual in its prologue, all writing the same sum).
-        if nm {
+        if let Some(p) = s.pending.take_if(|_| !gu_folds) {
+            self.add_pending(li, plan.x[s.cur], p, on)?;
+            s.cur = 1 - s.cur;
+        }
+        let x = plan.x[s.cur];
+        if gu_nm {
+            let p = s.pending.take();
+            self.norm_gemv_chain(li, None, inter, h, [x, mlp_norm, wgu, act], p, Some(s.act))?;
+            if p.is_some() {
+                s.cur = 1 - s.cur;
+            }
+        } else if fused_gu {
+            if s.fold {
+                // The residual went through a separate add: the norm too.
+                self.rms(li, t, h, x, mlp_norm, xn)?;
+            }
+            let p = Problem::GateUp { rows: t, n: inter, k: h, act: s.act };
+            self.kernel(Slot::FusedGateUp, li, p, vec![xn, wgu, act], plan.dtype_of(wgu))?;
+        } else {
+            let g = if plan.options.parallel.ffn { Some(self.next_group()) } else { None };
+            for (weight, out) in [(w.wg, gate), (w.wu, up)] {
+                let weight = weight.unwrap_or(usize::MAX);
+                if nm {
+                    self.norm_gemv(li, g, inter, h, [x, mlp_norm, weight, out])?;
+                } else {
+                    self.matmul(Slot::MatmulGateUp, li, g, t, inter, h, [xn, weight, out])?;
+                }
+            }
+            let p = Problem::GatedAct { rows: t, dim: inter, act: s.act };
+            self.kernel(Slot::Activation, li, p, vec![gate, up, act], DType::F32)?;
+        }
+        let (x, other) = (plan.x[s.cur], plan.x[1 - s.cur]);
+        self.matmul(Slot::MatmulDown, li, None, t, h, inter, [act, w.wd, d])?;
+        if s.fold {
+            s.pending = Some(Pending { branch: d, gain: if gemma { w.post_ff_ln } else { None }, h: other });
+            return Ok(());
+        }
+        let r2 = if gemma {
+            self.rms(li, t, h, d, w.post_ff_ln.unwrap_or(usize::MAX), dn)?;
+            dn
+        } else {
+            d
+        };
+        // Residual 2 (+ the next layer's input norm, or the final norm).
+        let next_norm = if l + 1 < c.num_layers { plan.lw(l + 1).input_ln } else { id("final_norm") };
+        self.residual_norm(li, t, h, eps, x, r2, next_norm, other, xn, nm)?;
+        s.cur = 1 - s.cur;
+        s.normed = !nm;
+        Ok(())
+    }
+
+    /// The LM head over the final-normed rows, block by block (on decode with
+    /// folded norms each block adds a pending residual in its prologue, all writing
+    /// the same sum); a prefill without `all_logits` heads its last row only.
+    fn head_block(&mut self, s: &mut Pass) -> Result<(), PlanError> {
+        let plan = self.plan;
+        let (h, t, xn) = (plan.config.hidden_size, s.t, plan.id("xn"));
+        if s.nm {
             let head_folds =
-                pending.is_some_and(|p| plan.lm_head.iter().all(|b| self.chain_runs(None, b.rows, h, b.weight, p.residual(), None)));
-            if let Some(p) = pending.take_if(|_| !head_folds) {
-                self.add_pending(None, plan.x[cur], p, dn)?;
-                cur = 1 - cur;
+                s.pending.is_some_and(|p| plan.lm_head.iter().all(|b| self.chain_runs(None, b.rows, h, b.weight, p.residual(), None)));
+            if let Some(p) = s.pending.take_if(|_| !head_folds) {
+                self.add_pending(None, plan.x[s.cur], p, plan.id("dn"))?;
+                s.cur = 1 - s.cur;
             }
             for b in &plan.lm_head {
-                self.norm_gemv_chain(None, None, b.rows, h, [plan.x[cur], id("final_norm"), b.weight, b.logits], pending, None)?;
+                let bufs = [plan.x[s.cur], plan.id("final_norm"), b.weight, b.logits];
+                self.norm_gemv_chain(None, None, b.rows, h, bufs, s.pending, None)?;
             }
             return Ok(());
         }
         let (rows, src) = if t > 1 && plan.options.all_logits {
             (t, xn)
         } else if t > 1 {
-            let last = id("last");
+            let last = plan.id("last");
             self.plumb(Slot::MatmulLmHead, None, Plumb::Copy { src: xn, src_off: (t - 1) * h, dst: last, dst_off: 0, len: h });
             (1, last)
         } else {

@@ -125,37 +125,81 @@ impl Slot {
     }
 
     /// The op a kernel for this slot computes in `regime` (`None`: not tunable, or
-    /// not a regime of the slot).
+    /// not a regime of the slot), as [`SLOTS`] says.
     pub fn op(self, regime: Regime) -> Option<Op> {
-        if self.is_vision() != (regime == Regime::Vision) {
-            return None;
-        }
-        let mm = if regime == Regime::Decode { Op::Gemv } else { Op::Gemm };
-        Some(match self {
-            Slot::VisionPatchEmbed => Op::PatchEmbed,
-            Slot::VisionAttention => Op::AttentionFull,
-            Slot::VisionMlp => Op::Linear,
-            Slot::VisionNorm => Op::LayerNorm,
-            Slot::VisionResidualNorm => Op::ResidualLayerNorm,
-            Slot::VisionPool => Op::AvgPool,
-            Slot::Projector => Op::Gemm,
-            Slot::AttentionPrefill => Op::AttentionPrefill,
-            Slot::AttentionDecode => Op::AttentionDecode,
-            Slot::MatmulQkv | Slot::MatmulO | Slot::MatmulGateUp | Slot::MatmulDown | Slot::MatmulLmHead => mm,
-            Slot::Norm => Op::RmsNorm,
-            Slot::Rope => Op::Rope,
-            Slot::Activation => Op::GatedAct,
-            Slot::Residual => Op::ResidualAdd,
-            Slot::FusedQkv => Op::QkvProj,
-            Slot::FusedGateUp => Op::GateUp,
-            Slot::QkNormRope => Op::QkNormRope,
-            Slot::ResidualNorm => Op::ResidualRmsNorm,
-            Slot::NormMatmul => Op::NormGemv,
-            Slot::QkvRopeCache => Op::QkvRopeCache,
-            Slot::KvWrite => return None,
-        })
+        self.def().ops[regime as usize]
+    }
+
+    /// This slot's row of [`SLOTS`].
+    pub fn def(self) -> &'static SlotDef {
+        &SLOTS[self as usize]
     }
 }
+
+/// One row of the slot table ([`SLOTS`]).
+pub struct SlotDef {
+    pub slot: Slot,
+    /// The op a kernel for it computes in each regime, indexed by [`Regime`]
+    /// (prefill, decode, vision; None: not a regime of the slot).
+    pub ops: [Option<Op>; 3],
+    /// The profile's `kernels` entry its kernel is written under (`attention`
+    /// holds both attention slots, one per regime); None: not tuned.
+    pub entry: Option<&'static str>,
+    /// The fusion choice ([`super::FusionFlag::name`]) whose plans have it
+    /// (None: it is in the unfused plan).
+    pub fusion: Option<&'static str>,
+}
+
+/// A text model's slot (prefill and decode); its `slot` is filled in by [`row`].
+const fn text(entry: &'static str, prefill: Op, decode: Op, fusion: Option<&'static str>) -> SlotDef {
+    SlotDef { slot: Slot::KvWrite, ops: [Some(prefill), Some(decode), None], entry: Some(entry), fusion }
+}
+
+/// A vision tower's slot; its `slot` is filled in by [`row`].
+const fn tower(entry: &'static str, op: Op) -> SlotDef {
+    SlotDef { slot: Slot::KvWrite, ops: [None, None, Some(op)], entry: Some(entry), fusion: None }
+}
+
+/// A row of [`SLOTS`].
+const fn row(slot: Slot, d: SlotDef) -> SlotDef {
+    SlotDef { slot, ..d }
+}
+
+/// The slot table: every slot, in [`Slot`]'s order, with its ops, its profile
+/// entry and the fusion it belongs to. The profile's `kernels` section (read,
+/// written, compared) and the plan's selection iterate it; adding a fused op is
+/// its row here (and its `Slot` variant) plus its kernels.
+pub const SLOTS: &[SlotDef] = &{
+    use Op::*;
+    [
+        // Each attention slot in both regimes: a one-token prefill runs the decode kernel.
+        row(Slot::AttentionPrefill, text("attention", AttentionPrefill, AttentionPrefill, None)),
+        row(Slot::AttentionDecode, text("attention", AttentionDecode, AttentionDecode, None)),
+        row(Slot::MatmulQkv, text("matmul.qkv_proj", Gemm, Gemv, None)),
+        row(Slot::MatmulO, text("matmul.o_proj", Gemm, Gemv, None)),
+        row(Slot::MatmulGateUp, text("matmul.gate_up", Gemm, Gemv, None)),
+        row(Slot::MatmulDown, text("matmul.down_proj", Gemm, Gemv, None)),
+        row(Slot::MatmulLmHead, text("matmul.lm_head", Gemm, Gemv, None)),
+        row(Slot::Norm, text("norm", RmsNorm, RmsNorm, None)),
+        row(Slot::Rope, text("rope", Rope, Rope, None)),
+        row(Slot::Activation, text("activation", GatedAct, GatedAct, None)),
+        row(Slot::Residual, text("residual", ResidualAdd, ResidualAdd, None)),
+        row(Slot::FusedQkv, text("fused.qkv_proj", QkvProj, QkvProj, Some("qkv"))),
+        row(Slot::FusedGateUp, text("fused.gate_up", GateUp, GateUp, Some("gate_up"))),
+        row(Slot::QkNormRope, text("fused.qk_norm_rope", QkNormRope, QkNormRope, Some("qk_norm_rope"))),
+        row(Slot::ResidualNorm, text("fused.residual_norm", ResidualRmsNorm, ResidualRmsNorm, Some("residual_norm"))),
+        row(Slot::NormMatmul, text("fused.norm_matmul", NormGemv, NormGemv, Some("norm_matmul"))),
+        row(Slot::KvWrite, SlotDef { slot: Slot::KvWrite, ops: [None; 3], entry: None, fusion: None }),
+        row(Slot::QkvRopeCache, text("fused.qkv_rope_cache", QkvRopeCache, QkvRopeCache, Some("qkv_rope_cache"))),
+        row(Slot::VisionPatchEmbed, tower("vision.patch_embed", PatchEmbed)),
+        row(Slot::VisionAttention, tower("vision.attention", AttentionFull)),
+        row(Slot::VisionMlp, tower("vision.mlp", Linear)),
+        row(Slot::VisionNorm, tower("vision.norm", LayerNorm)),
+        row(Slot::VisionResidualNorm, tower("vision.residual_norm", ResidualLayerNorm)),
+        row(Slot::VisionPool, tower("vision.pool", AvgPool)),
+        row(Slot::Projector, tower("vision.projector", Gemm)),
+    ]
+};
 
 impl Serialize for Slot {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -397,6 +441,25 @@ mod tests {
         let serving =
             Selection::runtime(DeviceCaps::Gpu(hw.clone())).default_choice(Slot::AttentionDecode, Regime::Decode, &wide, DType::F32);
         assert!(serving.is_ok_and(|c| c.kernel.id != "attention_decode_stream"));
+    }
+
+    /// The slot table has a row per slot in [`Slot`]'s order with ops in the
+    /// regimes the slot has (none for the untuned KV write), and each fusion
+    /// choice has its one slot (no slot names an unknown fusion).
+    #[test]
+    fn the_slot_table_has_every_slot_in_order_and_each_fusion_its_slot() {
+        use crate::plan::Fusion;
+        assert_eq!(SLOTS.len(), Slot::ALL.len());
+        for (d, &s) in SLOTS.iter().zip(Slot::ALL) {
+            assert_eq!(d.slot, s);
+            for r in [Regime::Prefill, Regime::Decode, Regime::Vision] {
+                assert_eq!(s.op(r).is_some(), s.regimes().contains(&r) && d.entry.is_some(), "{s} {r:?}");
+            }
+        }
+        for f in &Fusion::FLAGS {
+            assert_eq!(SLOTS.iter().filter(|d| d.fusion == Some(f.name)).count(), 1, "{}", f.name);
+        }
+        assert!(SLOTS.iter().all(|d| d.fusion.is_none_or(|n| Fusion::flag(n).is_some())));
     }
 
     /// The profile keys, in declaration order: renaming a variant must not change

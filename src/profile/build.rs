@@ -2,7 +2,8 @@
 //! execution switches, the device requirements of the chosen variants, and the
 //! `tuning` provenance (fingerprint, versions, timing method, the space, every
 //! slot race with its candidates and rejections, end-to-end times against the
-//! runtime's default, a multimodal model's image time per request).
+//! runtime's default with the decision's reason and head to head, a multimodal
+//! model's image time per request).
 
 use std::collections::BTreeMap;
 
@@ -55,8 +56,12 @@ pub struct TuneRecord<'a> {
     pub combinations: Vec<CombinationRecord<'a>>,
     /// The accuracy budget the combinations met (mean KL divergence, nats).
     pub max_kld: Option<f64>,
-    /// The winning combination.
+    /// The winning combination...
     pub best: usize,
+    /// ...and why it won, or why the default stayed.
+    pub reason: &'a str,
+    /// The stage winner's head to head against the default, where one ran.
+    pub head_to_head: Option<&'a HeadToHead>,
     /// A multimodal model's image per request (None: text only, or `--no-vision`).
     pub vision: Option<&'a VisionTimes>,
     /// The layers timed end to end and the model's, when fewer than all.
@@ -130,6 +135,23 @@ pub struct VisionTimes {
     pub kept: bool,
     /// Why they were kept or not.
     pub reason: String,
+}
+
+/// The end-to-end stage's winner against the runtime's default again, two
+/// engines alone: one request's seconds per round of each.
+pub struct HeadToHead {
+    /// The winner's label.
+    pub combination: String,
+    pub default: Vec<f64>,
+    pub tuned: Vec<f64>,
+    /// Whether it confirmed the winner (else the default stayed).
+    pub confirmed: bool,
+}
+
+/// Median and 95% interval of `x` seconds, in ms (zeros when empty).
+fn ms(x: &[f64]) -> (f64, [f64; 2]) {
+    let s = summarize(x);
+    if s.n == 0 { (0.0, [0.0; 2]) } else { (s.median * 1e3, [s.ci[0] * 1e3, s.ci[1] * 1e3]) }
 }
 
 /// The index of the runtime's default among [`TuneRecord::combinations`].
@@ -235,12 +257,21 @@ pub fn profile_doc(r: &TuneRecord<'_>) -> ProfileDoc {
                     refused: c.refused.clone(),
                 })
                 .collect(),
+            decision: Some(r.reason.to_string()),
+            head_to_head: r.head_to_head.map(|h| {
+                let ((tuned_ms, tuned_ci_ms), (default_ms, default_ci_ms)) = (ms(&h.tuned), ms(&h.default));
+                pd::HeadToHead {
+                    combination: h.combination.clone(),
+                    rounds: h.default.len().min(h.tuned.len()),
+                    tuned_ms,
+                    tuned_ci_ms,
+                    default_ms,
+                    default_ci_ms,
+                    confirmed: h.confirmed,
+                }
+            }),
             vision: r.vision.map(|v| {
                 // Median and interval, ms (zeros for a choice that never ran).
-                let ms = |x: &[f64]| -> (f64, [f64; 2]) {
-                    let s = summarize(x);
-                    if s.n == 0 { (0.0, [0.0; 2]) } else { (s.median * 1e3, [s.ci[0] * 1e3, s.ci[1] * 1e3]) }
-                };
                 let ((tuned_ms, tuned_ci_ms), (default_ms, default_ci_ms)) = (ms(&v.tuned), ms(&v.default));
                 pd::VisionEndToEnd {
                     image: format!("synthetic {0}x{0}", v.image_size),

@@ -76,15 +76,13 @@ fn entry_map(p: &Profile) -> BTreeMap<String, String> {
         ("execution.batchCommands", e.batch_commands.to_string()),
         ("execution.kvCacheDtype", format!("{:?}", e.kv_cache_dtype).to_lowercase()),
         ("execution.weightDtype", format!("{:?}", e.weight_dtype).to_lowercase()),
-        ("execution.fusedQkv", e.fused_qkv.to_string()),
-        ("execution.fusedGateUp", e.fused_gate_up.to_string()),
-        ("execution.fusedQkNormRope", e.fused_qk_norm_rope.to_string()),
-        ("execution.fusedResidualNorm", e.fused_residual_norm.to_string()),
-        ("execution.fusedNormMatmul", e.fused_norm_matmul.to_string()),
-        ("execution.fusedQkvRopeCache", e.fused_qkv_rope_cache.to_string()),
         ("scheduling.maxParallelKernels", p.doc.scheduling.max_parallel_kernels.to_string()),
     ] {
         m.insert(k.to_string(), v);
+    }
+    let fusion = e.fusion();
+    for f in &crate::plan::Fusion::FLAGS {
+        m.insert(format!("execution.{}", f.profile_key), (f.on)(&fusion).to_string());
     }
     for name in p.doc.parallel.keys() {
         m.insert(format!("parallel.{name}"), "on".into());

@@ -134,6 +134,63 @@ pub struct KernelsDoc {
     pub formats: BTreeMap<String, KernelsDoc>,
 }
 
+impl KernelsDoc {
+    /// The entry at `path` (a slot table entry, [`crate::plan::select::SlotDef::entry`],
+    /// or `matmul.default`): None for another path, or where its section
+    /// (`matmul`, `fused`, `vision`) is absent and not `make`.
+    pub fn entry_mut(&mut self, path: &str, make: bool) -> Option<&mut Option<At<Entry>>> {
+        fn section<T: Default>(s: &mut Option<T>, make: bool) -> Option<&mut T> {
+            if make { Some(s.get_or_insert_with(T::default)) } else { s.as_mut() }
+        }
+        let (head, tail) = path.split_once('.').unwrap_or((path, ""));
+        Some(match (head, tail) {
+            ("attention", "") => &mut self.attention,
+            ("norm", "") => &mut self.norm,
+            ("activation", "") => &mut self.activation,
+            ("rope", "") => &mut self.rope,
+            ("residual", "") => &mut self.residual,
+            ("matmul", key) => {
+                let m = section(&mut self.matmul, make)?;
+                match key {
+                    "default" => &mut m.default,
+                    "qkv_proj" => &mut m.qkv_proj,
+                    "o_proj" => &mut m.o_proj,
+                    "gate_up" => &mut m.gate_up,
+                    "down_proj" => &mut m.down_proj,
+                    "lm_head" => &mut m.lm_head,
+                    _ => return None,
+                }
+            }
+            ("fused", key) => {
+                let f = section(&mut self.fused, make)?;
+                match key {
+                    "qkv_proj" => &mut f.qkv_proj,
+                    "gate_up" => &mut f.gate_up,
+                    "qk_norm_rope" => &mut f.qk_norm_rope,
+                    "residual_norm" => &mut f.residual_norm,
+                    "norm_matmul" => &mut f.norm_matmul,
+                    "qkv_rope_cache" => &mut f.qkv_rope_cache,
+                    _ => return None,
+                }
+            }
+            ("vision", key) => {
+                let v = section(&mut self.vision, make)?;
+                match key {
+                    "patch_embed" => &mut v.patch_embed,
+                    "attention" => &mut v.attention,
+                    "mlp" => &mut v.mlp,
+                    "norm" => &mut v.norm,
+                    "residual_norm" => &mut v.residual_norm,
+                    "pool" => &mut v.pool,
+                    "projector" => &mut v.projector,
+                    _ => return None,
+                }
+            }
+            _ => return None,
+        })
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MatmulDoc {
@@ -644,11 +701,39 @@ pub struct EndToEnd {
     pub timed_layers: Option<TimedLayers>,
     /// Every complete combination timed end to end.
     pub combinations: Vec<Combination>,
+    /// Why the chosen combination won, or why the runtime default stayed
+    /// (absent in older profiles).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<String>,
+    /// The end-to-end winner timed again against the runtime default, the two
+    /// engines alone (absent where the default won the interleaved rounds, the
+    /// combinations were timed one at a time, and in older profiles).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_to_head: Option<HeadToHead>,
     /// A multimodal model's one image per request through the vision tower and
     /// projector, with the raced vision kernels and with the runtime's defaults
     /// (absent for a text-only model, with `--no-vision`, and in older profiles).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vision: Option<VisionEndToEnd>,
+}
+
+/// The end-to-end winner against the runtime default, head to head
+/// (`tuning.end_to_end.head_to_head`): one request's time, ms.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HeadToHead {
+    /// The winner's label, as in `combinations`.
+    pub combination: String,
+    /// Rounds timed (each times both once, alternating which goes first).
+    pub rounds: usize,
+    /// Median ms per request with the winner, with its 95% confidence interval.
+    pub tuned_ms: f64,
+    pub tuned_ci_ms: [f64; 2],
+    /// Median ms per request with the runtime default.
+    pub default_ms: f64,
+    pub default_ci_ms: [f64; 2],
+    /// Whether it confirmed the winner (else the default stayed).
+    pub confirmed: bool,
 }
 
 /// The layers an end-to-end stage timed, of the model's (`tuning.end_to_end.timed_layers`).

@@ -18,7 +18,7 @@ pub use doc::{At, Entry, ExecutionDoc, KernelsDoc, ProfileDoc, VariantDoc};
 
 use crate::device::Device;
 use crate::kernels::{self, Backend, KernelDef, Op};
-use crate::plan::select::{Choice, DeviceCaps, LayerOverride, SlotKey};
+use crate::plan::select::{Choice, DeviceCaps, LayerOverride, SLOTS, SlotKey};
 use crate::plan::{Fusion, Parallel, Regime, Selection, Slot};
 
 /// The format version this build reads and writes.
@@ -130,6 +130,20 @@ impl ExecSettings {
     }
 }
 
+impl ExecutionDoc {
+    /// The fusion choices the section turns on.
+    pub fn fusion(&self) -> Fusion {
+        Fusion {
+            qkv: self.fused_qkv,
+            gate_up: self.fused_gate_up,
+            qk_norm_rope: self.fused_qk_norm_rope,
+            residual_norm: self.fused_residual_norm,
+            norm_matmul: self.fused_norm_matmul,
+            qkv_rope_cache: self.fused_qkv_rope_cache,
+        }
+    }
+}
+
 fn at_err<T>(origin: &str, a: &At<T>, message: String) -> ProfileError {
     if a.line == 0 {
         ProfileError::Invalid { path: origin.to_string(), message }
@@ -138,50 +152,33 @@ fn at_err<T>(origin: &str, a: &At<T>, message: String) -> ProfileError {
     }
 }
 
-/// The profile slots an entry of `KernelsDoc` may stand for, by YAML path.
-type EntryRef<'a> = (&'static str, &'a At<Entry>, Vec<Slot>);
+/// The entry every projection takes unless a specific `matmul.*` entry overrides it.
+const MATMUL_DEFAULT: &str = "matmul.default";
 
-fn entries(k: &KernelsDoc) -> Vec<EntryRef<'_>> {
-    let mut v: Vec<EntryRef<'_>> = Vec::new();
-    fn put<'a>(v: &mut Vec<EntryRef<'a>>, path: &'static str, e: &'a Option<At<Entry>>, slots: Vec<Slot>) {
-        if let Some(e) = e {
-            v.push((path, e, slots));
+/// The profile's kernel entries by YAML path with the slots each stands for,
+/// from the slot table ([`SLOTS`]): `attention` both attention slots, one per
+/// regime; [`MATMUL_DEFAULT`] every projection, before the specific `matmul.*`
+/// entries so they override it.
+fn entry_paths() -> Vec<(&'static str, Vec<Slot>)> {
+    let matmul = |path: &str| path.starts_with("matmul.");
+    let mut v: Vec<(&'static str, Vec<Slot>)> = Vec::new();
+    for d in SLOTS {
+        let Some(path) = d.entry else { continue };
+        if matmul(path) && !v.iter().any(|(p, _)| *p == MATMUL_DEFAULT) {
+            v.push((MATMUL_DEFAULT, SLOTS.iter().filter(|s| s.entry.is_some_and(matmul)).map(|s| s.slot).collect()));
+        }
+        match v.iter_mut().find(|(p, _)| *p == path) {
+            Some((_, slots)) => slots.push(d.slot),
+            None => v.push((path, vec![d.slot])),
         }
     }
-    let mut push = |path, e, slots| put(&mut v, path, e, slots);
-    push("attention", &k.attention, vec![Slot::AttentionPrefill, Slot::AttentionDecode]);
-    if let Some(m) = &k.matmul {
-        // `default` first so the specific entries override it.
-        let all = vec![Slot::MatmulQkv, Slot::MatmulO, Slot::MatmulGateUp, Slot::MatmulDown, Slot::MatmulLmHead];
-        push("matmul.default", &m.default, all);
-        push("matmul.qkv_proj", &m.qkv_proj, vec![Slot::MatmulQkv]);
-        push("matmul.o_proj", &m.o_proj, vec![Slot::MatmulO]);
-        push("matmul.gate_up", &m.gate_up, vec![Slot::MatmulGateUp]);
-        push("matmul.down_proj", &m.down_proj, vec![Slot::MatmulDown]);
-        push("matmul.lm_head", &m.lm_head, vec![Slot::MatmulLmHead]);
-    }
-    push("norm", &k.norm, vec![Slot::Norm]);
-    push("activation", &k.activation, vec![Slot::Activation]);
-    push("rope", &k.rope, vec![Slot::Rope]);
-    push("residual", &k.residual, vec![Slot::Residual]);
-    if let Some(f) = &k.fused {
-        push("fused.qkv_proj", &f.qkv_proj, vec![Slot::FusedQkv]);
-        push("fused.gate_up", &f.gate_up, vec![Slot::FusedGateUp]);
-        push("fused.qk_norm_rope", &f.qk_norm_rope, vec![Slot::QkNormRope]);
-        push("fused.residual_norm", &f.residual_norm, vec![Slot::ResidualNorm]);
-        push("fused.norm_matmul", &f.norm_matmul, vec![Slot::NormMatmul]);
-        push("fused.qkv_rope_cache", &f.qkv_rope_cache, vec![Slot::QkvRopeCache]);
-    }
-    if let Some(vd) = &k.vision {
-        push("vision.patch_embed", &vd.patch_embed, vec![Slot::VisionPatchEmbed]);
-        push("vision.attention", &vd.attention, vec![Slot::VisionAttention]);
-        push("vision.mlp", &vd.mlp, vec![Slot::VisionMlp]);
-        push("vision.norm", &vd.norm, vec![Slot::VisionNorm]);
-        push("vision.residual_norm", &vd.residual_norm, vec![Slot::VisionResidualNorm]);
-        push("vision.pool", &vd.pool, vec![Slot::VisionPool]);
-        push("vision.projector", &vd.projector, vec![Slot::Projector]);
-    }
     v
+}
+
+/// The entries `k` gives, by path, with the slots each stands for.
+fn entries(k: &KernelsDoc) -> Vec<(&'static str, At<Entry>, Vec<Slot>)> {
+    let mut k = k.clone();
+    entry_paths().into_iter().filter_map(|(path, slots)| Some((path, k.entry_mut(path, false)?.take()?, slots))).collect()
 }
 
 /// Kernels that may serve `slots` (any regime), for error messages.
@@ -272,6 +269,7 @@ fn resolve_variant(
 fn resolve_kernels(origin: &str, k: &KernelsDoc, backend: Option<Backend>) -> Result<BTreeMap<SlotKey, Choice>, ProfileError> {
     let mut map = BTreeMap::new();
     for (path, at, slots) in entries(k) {
+        let at = &at;
         let chosen = match &at.value {
             Entry::One(v) => resolve_variant(origin, path, at, v, &slots, None, backend)?,
             Entry::PerRegime { prefill, decode } => {
@@ -292,51 +290,11 @@ fn resolve_kernels(origin: &str, k: &KernelsDoc, backend: Option<Backend>) -> Re
     Ok(map)
 }
 
-/// A kernel entry by path, mutable, with the slots it serves.
-type EntryMut<'a> = (&'static str, &'a mut Option<At<Entry>>, Vec<Slot>);
-
-/// The entries of `k` by path, mutable (the same list as [`entries`]).
-fn entries_mut(k: &mut KernelsDoc) -> Vec<EntryMut<'_>> {
-    let mut v = vec![
-        ("attention", &mut k.attention, vec![Slot::AttentionPrefill, Slot::AttentionDecode]),
-        ("norm", &mut k.norm, vec![Slot::Norm]),
-        ("activation", &mut k.activation, vec![Slot::Activation]),
-        ("rope", &mut k.rope, vec![Slot::Rope]),
-        ("residual", &mut k.residual, vec![Slot::Residual]),
-    ];
-    if let Some(m) = &mut k.matmul {
-        let all = vec![Slot::MatmulQkv, Slot::MatmulO, Slot::MatmulGateUp, Slot::MatmulDown, Slot::MatmulLmHead];
-        v.push(("matmul.default", &mut m.default, all));
-        v.push(("matmul.qkv_proj", &mut m.qkv_proj, vec![Slot::MatmulQkv]));
-        v.push(("matmul.o_proj", &mut m.o_proj, vec![Slot::MatmulO]));
-        v.push(("matmul.gate_up", &mut m.gate_up, vec![Slot::MatmulGateUp]));
-        v.push(("matmul.down_proj", &mut m.down_proj, vec![Slot::MatmulDown]));
-        v.push(("matmul.lm_head", &mut m.lm_head, vec![Slot::MatmulLmHead]));
-    }
-    if let Some(f) = &mut k.fused {
-        v.push(("fused.qkv_proj", &mut f.qkv_proj, vec![Slot::FusedQkv]));
-        v.push(("fused.gate_up", &mut f.gate_up, vec![Slot::FusedGateUp]));
-        v.push(("fused.qk_norm_rope", &mut f.qk_norm_rope, vec![Slot::QkNormRope]));
-        v.push(("fused.residual_norm", &mut f.residual_norm, vec![Slot::ResidualNorm]));
-        v.push(("fused.norm_matmul", &mut f.norm_matmul, vec![Slot::NormMatmul]));
-        v.push(("fused.qkv_rope_cache", &mut f.qkv_rope_cache, vec![Slot::QkvRopeCache]));
-    }
-    if let Some(vd) = &mut k.vision {
-        v.push(("vision.patch_embed", &mut vd.patch_embed, vec![Slot::VisionPatchEmbed]));
-        v.push(("vision.attention", &mut vd.attention, vec![Slot::VisionAttention]));
-        v.push(("vision.mlp", &mut vd.mlp, vec![Slot::VisionMlp]));
-        v.push(("vision.norm", &mut vd.norm, vec![Slot::VisionNorm]));
-        v.push(("vision.residual_norm", &mut vd.residual_norm, vec![Slot::VisionResidualNorm]));
-        v.push(("vision.pool", &mut vd.pool, vec![Slot::VisionPool]));
-        v.push(("vision.projector", &mut vd.projector, vec![Slot::Projector]));
-    }
-    v
-}
-
 /// Removes the entries of `k` that do not resolve (an unknown kernel, a parameter
 /// value this build does not have), saying which under `prefix` in `dropped`.
 fn prune_kernels(origin: &str, prefix: &str, k: &mut KernelsDoc, backend: Option<Backend>, dropped: &mut Vec<String>) {
-    for (path, entry, slots) in entries_mut(k) {
+    for (path, slots) in entry_paths() {
+        let Some(entry) = k.entry_mut(path, false) else { continue };
         let Some(at) = entry.as_ref() else { continue };
         let one = match &at.value {
             Entry::One(v) => resolve_variant(origin, path, at, v, &slots, None, backend).map(|_| ()),
@@ -618,14 +576,7 @@ impl Profile {
         let par_on = d.scheduling.max_parallel_kernels > 1;
         let exec = ExecSettings {
             batch: e.batch_commands,
-            fusion: Fusion {
-                qkv: e.fused_qkv,
-                gate_up: e.fused_gate_up,
-                qk_norm_rope: e.fused_qk_norm_rope,
-                residual_norm: e.fused_residual_norm,
-                norm_matmul: e.fused_norm_matmul,
-                qkv_rope_cache: e.fused_qkv_rope_cache,
-            },
+            fusion: e.fusion(),
             parallel: Parallel {
                 qkv: par_on && d.parallel.contains_key("qkv_projections"),
                 ffn: par_on && d.parallel.contains_key("ffn_projections"),
@@ -706,75 +657,25 @@ pub fn variant_doc(c: &Choice) -> VariantDoc {
     VariantDoc { kernel: c.kernel.id.to_string(), params: c.kernel.non_default(&c.params) }
 }
 
-/// Builds the `kernels` section from explicit per-slot, per-regime choices (entries
-/// collapse to one variant when both regimes agree or only one regime exists).
+/// Builds the `kernels` section from explicit per-slot, per-regime choices, an
+/// entry per path of the slot table (entries collapse to one variant when both
+/// regimes agree or only one regime exists).
 pub fn kernels_doc(choices: &BTreeMap<SlotKey, Choice>) -> KernelsDoc {
-    let entry = |slot: Slot| -> Option<At<Entry>> {
-        let p = choices.get(&(slot, Regime::Prefill)).map(variant_doc);
-        let d = choices.get(&(slot, Regime::Decode)).map(variant_doc);
-        let same_op = slot.op(Regime::Prefill) == slot.op(Regime::Decode);
-        let e = match (p, d) {
-            (None, None) => return None,
-            (Some(p), Some(d)) if p == d && same_op => Entry::One(p),
-            (Some(p), Some(d)) if !same_op => {
-                // GEMM for prefill and GEMV for decode: one entry each.
-                Entry::PerRegime { prefill: Some(p), decode: Some(d) }
-            }
-            (p, d) => Entry::PerRegime { prefill: p, decode: d },
+    let mut doc = KernelsDoc::default();
+    for (path, slots) in entry_paths().into_iter().filter(|(p, _)| *p != MATMUL_DEFAULT) {
+        let pick = |r: Regime| slots.iter().find_map(|&s| choices.get(&(s, r)).map(|c| (s.op(r), variant_doc(c))));
+        let e = match (pick(Regime::Vision), pick(Regime::Prefill), pick(Regime::Decode)) {
+            (Some((_, v)), ..) => Entry::One(v),
+            (None, None, None) => continue,
+            // GEMM for prefill and GEMV for decode: one entry each.
+            (None, Some((op_p, p)), Some((op_d, d))) if p == d && op_p == op_d => Entry::One(p),
+            (None, p, d) => Entry::PerRegime { prefill: p.map(|x| x.1), decode: d.map(|x| x.1) },
         };
-        Some(At::new(e))
-    };
-    let any = |xs: &[&Option<At<Entry>>]| xs.iter().any(|x| x.is_some());
-    let attention = {
-        let p = choices.get(&(Slot::AttentionPrefill, Regime::Prefill)).map(variant_doc);
-        let d = choices.get(&(Slot::AttentionDecode, Regime::Decode)).map(variant_doc);
-        if p.is_none() && d.is_none() { None } else { Some(At::new(Entry::PerRegime { prefill: p, decode: d })) }
-    };
-    let m = doc::MatmulDoc {
-        default: None,
-        qkv_proj: entry(Slot::MatmulQkv),
-        o_proj: entry(Slot::MatmulO),
-        gate_up: entry(Slot::MatmulGateUp),
-        down_proj: entry(Slot::MatmulDown),
-        lm_head: entry(Slot::MatmulLmHead),
-    };
-    let f = doc::FusedDoc {
-        qkv_proj: entry(Slot::FusedQkv),
-        gate_up: entry(Slot::FusedGateUp),
-        qk_norm_rope: entry(Slot::QkNormRope),
-        residual_norm: entry(Slot::ResidualNorm),
-        norm_matmul: entry(Slot::NormMatmul),
-        qkv_rope_cache: entry(Slot::QkvRopeCache),
-    };
-    let one = |slot: Slot| choices.get(&(slot, Regime::Vision)).map(|c| At::new(Entry::One(variant_doc(c))));
-    let vd = doc::VisionDoc {
-        patch_embed: one(Slot::VisionPatchEmbed),
-        attention: one(Slot::VisionAttention),
-        mlp: one(Slot::VisionMlp),
-        norm: one(Slot::VisionNorm),
-        residual_norm: one(Slot::VisionResidualNorm),
-        pool: one(Slot::VisionPool),
-        projector: one(Slot::Projector),
-    };
-    KernelsDoc {
-        attention,
-        matmul: if any(&[&m.qkv_proj, &m.o_proj, &m.gate_up, &m.down_proj, &m.lm_head]) { Some(m) } else { None },
-        norm: entry(Slot::Norm),
-        activation: entry(Slot::Activation),
-        rope: entry(Slot::Rope),
-        residual: entry(Slot::Residual),
-        fused: if any(&[&f.qkv_proj, &f.gate_up, &f.qk_norm_rope, &f.residual_norm, &f.norm_matmul, &f.qkv_rope_cache]) {
-            Some(f)
-        } else {
-            None
-        },
-        vision: if any(&[&vd.patch_embed, &vd.attention, &vd.mlp, &vd.norm, &vd.residual_norm, &vd.pool, &vd.projector]) {
-            Some(vd)
-        } else {
-            None
-        },
-        formats: BTreeMap::new(),
+        if let Some(entry) = doc.entry_mut(path, true) {
+            *entry = Some(At::new(e));
+        }
     }
+    doc
 }
 
 /// [`kernels_doc`] of the main choices plus, under `formats`, those of a file's
@@ -831,6 +732,35 @@ pub fn json_schema() -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every entry the slot table names is a field of the profile's `kernels`,
+    /// and a choice for every slot in each of its regimes comes back from the
+    /// section [`kernels_doc`] writes.
+    #[test]
+    fn every_slot_table_entry_is_a_kernels_field_and_round_trips() {
+        let mut k = KernelsDoc::default();
+        for (path, _) in entry_paths() {
+            assert!(k.entry_mut(path, true).is_some(), "{path} is no field of `kernels`");
+        }
+        let mut choices = BTreeMap::new();
+        for d in SLOTS {
+            // An attention slot is tuned in the regime it is named for.
+            let named_for = |r: Regime| match d.slot {
+                Slot::AttentionPrefill => r == Regime::Prefill,
+                Slot::AttentionDecode => r == Regime::Decode,
+                _ => true,
+            };
+            for r in [Regime::Prefill, Regime::Decode, Regime::Vision].into_iter().filter(|&r| named_for(r)) {
+                if let Some(op) = d.slot.op(r) {
+                    let kd = kernels::registry().iter().find(|k| k.op == op).unwrap_or_else(|| panic!("no kernel computes {op}"));
+                    choices.insert((d.slot, r), Choice::default_of(kd));
+                }
+            }
+        }
+        let back = resolve_kernels("t.yaml", &kernels_doc(&choices), None).expect("resolves");
+        let ids = |m: &BTreeMap<SlotKey, Choice>| m.iter().map(|(k, c)| (*k, c.kernel.id, c.params.clone())).collect::<Vec<_>>();
+        assert_eq!(ids(&back), ids(&choices));
+    }
 
     /// The parser's message comes without its own position prefix (the error
     /// carries line and column separately).

@@ -4,8 +4,9 @@
 //! shapes (interleaved rounds, robust statistics, early drops) and refined by
 //! coordinate descent. [`e2e`]: the most promising complete combinations (fusions
 //! and execution flags included) are timed end to end through the runtime against
-//! its own default, and for a multimodal model one image per request through the
-//! vision tower with the raced vision kernels against the default ones. The profile is then assembled from the results
+//! its own default (decided by the paired rule, [`paired`], and said why), and
+//! for a multimodal model one image per request through the vision tower with
+//! the raced vision kernels against the default ones. The profile is then assembled from the results
 //! ([`crate::profile::build`]). One deadline bounds it all; finished slot races are
 //! saved as they come so an interrupted tune resumes.
 
@@ -14,6 +15,7 @@ pub mod e2e;
 pub mod kbench;
 mod limits;
 pub mod measure;
+pub(crate) mod paired;
 pub(crate) mod race;
 pub(crate) mod space;
 pub mod warm;
@@ -205,7 +207,7 @@ pub(crate) fn tune<D>(
     let races = budget.stage("slot races", || race::run_all(t, o, &space, cache, resume, &budget, progress))?;
     let e2e = e2e::run(t, o, &caps, &space, &races, &budget, progress)?;
     let found = Found { target: t, options: o, caps: &caps, rotation: &rotation, space: &space, races: &races, e2e: &e2e };
-    let record = found.record(limits, t.started.elapsed().as_secs_f64());
+    let record = found.record(limits, t.started.elapsed().as_secs_f64())?;
     let doc = budget.stage("writing the profile", || finish(&record));
     let uncollapsed = crate::kernels::memory::take_uncollapsed();
     if uncollapsed > 0 {
@@ -240,14 +242,21 @@ impl<'a> Found<'a> {
     /// races' winners where they beat the runtime's default vision kernels end to
     /// end, else those slots are left to the defaults), its execution settings,
     /// where its kernels run, and every race and combination as timed.
-    fn record(&self, limits: (f64, &'static str), used_s: f64) -> TuneRecord<'a> {
+    fn record(&self, limits: (f64, &'static str), used_s: f64) -> Result<TuneRecord<'a>, TuneError> {
         let Found { target: t, options: o, caps, rotation, space, races, e2e } = *self;
         let chosen = &e2e.combos[e2e.best].0;
         let chosen_sel = e2e.selection(chosen, caps);
         let mut choices: BTreeMap<SlotKey, Choice> = BTreeMap::new();
         let mut formats: BTreeMap<(DType, SlotKey), Choice> = BTreeMap::new();
         let extra = o.extra_formats();
-        let (_, steps) = space.per_fusion.iter().find(|(f, _)| *f == chosen.fusion).cloned().unwrap_or((chosen.fusion, Vec::new()));
+        // The chosen fusion's steps: one of the races' fusion choices, or the
+        // runtime default's (every fusion on, some of which this model has no
+        // plan of its own for: `qk_norm_rope` without q/k norm), planned here, so
+        // the profile names every slot's kernel whichever combination won.
+        let steps = match space.per_fusion.iter().find(|(f, _)| *f == chosen.fusion) {
+            Some((_, steps)) => steps.clone(),
+            None => space::fusion_steps(t, o, caps, chosen.fusion)?,
+        };
         for (key, p, d) in &steps {
             if let Ok(c) = chosen_sel.choose(key.0, key.1, None, p, *d) {
                 if extra.contains(d) {
@@ -274,7 +283,7 @@ impl<'a> Found<'a> {
         // Trusted modules and the decode chain recorded on a GPU (the chain the
         // winner decoded with), where they were raced.
         let exec = chosen.exec(o, t.ctx.is_some());
-        TuneRecord {
+        Ok(TuneRecord {
             model: t.model,
             device: t.device,
             backend: caps.backend(),
@@ -325,9 +334,97 @@ impl<'a> Found<'a> {
                 .collect(),
             max_kld: Some(e2e.max_kld),
             best: e2e.best,
+            reason: &e2e.reason,
+            head_to_head: e2e.head_to_head.as_ref(),
             vision: e2e.vision.as_ref(),
             timed_layers: e2e.timed_layers,
             used_s,
+        })
+    }
+}
+
+/// Tune options of the unit tests: f32, 8-token prompts in a context of 32, 8
+/// decode tokens, seed 1, within `budget`.
+#[cfg(test)]
+pub(crate) fn test_options(budget: Duration) -> TuneOptions {
+    TuneOptions {
+        budget,
+        strategy: Strategy::Auto,
+        prefill_tokens: 8,
+        context: 32,
+        decode_tokens: 8,
+        weight_dtype: DType::F32,
+        matrix_formats: BTreeMap::new(),
+        kv_dtype: DType::F32,
+        seed: 1,
+        gpu_l2_bytes: None,
+        trusted_shaders: false,
+        vision: None,
+        max_kld: None,
+    }
+}
+
+/// The unit tests' target: SmolLM2-135M's built-in `config` with synthetic
+/// weights on the CPU `device`.
+#[cfg(test)]
+pub(crate) fn test_target<'a>(config: &'a ModelConfig, device: &'a Device) -> Target<'a> {
+    let store = Arc::new(crate::model::Weights::synthetic(config, 0));
+    Target { model: "smollm2-135m", config, store, device, ctx: None, vision_weights: None, started: Instant::now() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{Fusion, Selection};
+    use crate::profile::Profile;
+
+    /// A tune whose runtime default wins writes a profile that names the kernel
+    /// of every slot the default's plan runs, as `run` picks them without a
+    /// profile, and why it won: the profile read back selects what the default
+    /// selected, whatever a later build's defaults are. SmolLM2 has no q/k norm,
+    /// so the default's plan (every fusion on) is none of the races' fusion
+    /// choices: the record plans it itself.
+    #[test]
+    fn a_profile_whose_default_won_names_every_slot_and_why() {
+        let config = crate::model::builtin("smollm2-135m").expect("built-in config");
+        let device = Device::Cpu(crate::device::cpu::CpuCaps::detect());
+        let t = test_target(&config, &device);
+        let o = test_options(Duration::from_secs(1));
+        let caps = DeviceCaps::from(&device);
+        let space = space::survey(&t, &o, &caps, &Silent).expect("space");
+        assert!(!space.per_fusion.iter().any(|(f, _)| *f == Fusion::ALL), "no race plans every fusion of SmolLM2");
+        let races = race::Races { results: Vec::new(), resumed: 0 };
+        let reason = "the runtime default was the only combination timed and within the accuracy budget: it stays";
+        let e2e = e2e::EndToEnd {
+            combos: vec![(e2e::Combo::runtime_default(), f64::NAN)],
+            samples: vec![(vec![0.1, 0.1], vec![0.01, 0.01])],
+            best: 0,
+            reason: reason.into(),
+            head_to_head: None,
+            winners: race::Winners::default(),
+            vision: None,
+            kld: vec![None],
+            refused: vec![None],
+            max_kld: 1e-4,
+            timed_layers: None,
+        };
+        let rotation = measure::Rotation::for_device(&device, None);
+        let found = Found { target: &t, options: &o, caps: &caps, rotation: &rotation, space: &space, races: &races, e2e: &e2e };
+        let doc = crate::profile::build::profile_doc(&found.record((10.0, "test"), 1.0).expect("record"));
+        let e = &doc.tuning.as_ref().expect("tuning").end_to_end;
+        assert_eq!(e.decision.as_deref(), Some(reason));
+        assert!(e.combinations[0].chosen);
+        let p = Profile::from_str(&crate::profile::to_yaml(&doc).expect("yaml"), "p.yaml").expect("loads");
+        let (sel, exec, _) = p.resolve(&device, "smollm2-135m", config.num_layers).expect("resolves");
+        assert_eq!(exec.fusion, Fusion::ALL);
+        let runtime = Selection::runtime(caps.clone());
+        let steps = space::fusion_steps(&t, &o, &caps, Fusion::ALL).expect("steps");
+        assert!(steps.len() > 10, "{}", steps.len());
+        for (key, problem, dtype) in steps.iter().filter(|(k, ..)| k.0.def().entry.is_some()) {
+            assert!(sel.slots.contains_key(key), "{key:?} is not named in the profile: {:?}", p.doc.kernels);
+            let named = sel.choose(key.0, key.1, None, problem, *dtype).expect("a kernel");
+            let own = runtime.choose(key.0, key.1, None, problem, *dtype).expect("a kernel");
+            assert_eq!((named.kernel.id, &named.params), (own.kernel.id, &own.params), "{key:?} at {}", problem.describe());
         }
     }
 }

@@ -587,33 +587,10 @@ mod tests {
     #[test]
     fn a_race_past_its_budget_measures_only_its_first_candidate() {
         use crate::plan::select::Slot;
-        use std::sync::Arc;
         let config = crate::model::builtin("smollm2-135m").expect("built-in config");
         let device = crate::device::Device::Cpu(CpuCaps::detect());
-        let t = Target {
-            model: "smollm2-135m",
-            config: &config,
-            store: Arc::new(crate::model::Weights::synthetic(&config, 0)),
-            device: &device,
-            ctx: None,
-            vision_weights: None,
-            started: Instant::now(),
-        };
-        let o = TuneOptions {
-            budget: Duration::from_millis(1),
-            strategy: Strategy::Auto,
-            prefill_tokens: 8,
-            context: 32,
-            decode_tokens: 8,
-            weight_dtype: DType::F32,
-            matrix_formats: BTreeMap::new(),
-            kv_dtype: DType::F32,
-            seed: 1,
-            gpu_l2_bytes: None,
-            trusted_shaders: false,
-            vision: None,
-            max_kld: None,
-        };
+        let t = crate::tuner::test_target(&config, &device);
+        let o = crate::tuner::test_options(Duration::from_millis(1));
         let caps = DeviceCaps::from(&device);
         // A tiny tower's attention (64 patches, 2 heads of 16), as the vision regime races it.
         let r = RaceDef {

@@ -70,6 +70,12 @@ fn kernel_steps(plan: &Plan, o: &TuneOptions) -> Result<KernelSteps, TuneError> 
     Ok(out)
 }
 
+/// The kernel steps the plan of fusion choice `f` emits ([`kernel_steps`]).
+pub(crate) fn fusion_steps(t: &Target<'_>, o: &TuneOptions, caps: &DeviceCaps, f: Fusion) -> Result<KernelSteps, TuneError> {
+    let plan = Plan::new(t.model, t.config, plan_options(o, f, Parallel::default()), Selection::defaults(caps.clone()))?;
+    kernel_steps(&plan, o)
+}
+
 /// Per fusion choice, the kernel steps its plan emits.
 pub(crate) type PerFusion = Vec<(Fusion, KernelSteps)>;
 
@@ -78,8 +84,7 @@ fn races(t: &Target<'_>, o: &TuneOptions, caps: &DeviceCaps) -> Result<(Vec<Race
     let mut races: Vec<RaceDef> = Vec::new();
     let mut per_fusion = Vec::new();
     for f in fusions(t.config) {
-        let plan = Plan::new(t.model, t.config, plan_options(o, f, Parallel::default()), Selection::defaults(caps.clone()))?;
-        let steps = kernel_steps(&plan, o)?;
+        let steps = fusion_steps(t, o, caps, f)?;
         let mut counts: BTreeMap<(SlotKey, String), (Problem, DType, usize)> = BTreeMap::new();
         for (key, p, d) in &steps {
             counts.entry((*key, p.describe())).or_insert((p.clone(), *d, 0)).2 += 1;

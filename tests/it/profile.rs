@@ -195,6 +195,8 @@ fn tuned(decode_ms: f64, noise: f64, gemv_us: f64) -> Profile {
             max_kld: None,
             timed_layers: None,
             combinations: vec![],
+            decision: None,
+            head_to_head: None,
             vision: None,
         },
         ..Default::default()

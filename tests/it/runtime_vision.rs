@@ -14,18 +14,14 @@
 //! bad images and mismatched prompts exit 2 with the reason.
 
 use std::path::Path;
-use std::sync::Arc;
 
-use crate::common::vision::{dir, expected, floats, load};
+use crate::common::vision::{self, dir, expected, floats, image_prompt, load};
 use crate::common::{fixture, ids, ktune_in, logit_rows, read_json, rel_err, tempdir};
-use ktune::device::CpuCaps;
-use ktune::gpu::GpuCtx;
-use ktune::kernels::{self, Backend, DType, Op};
-use ktune::plan::select::DeviceCaps;
-use ktune::plan::{Fusion, Plan, PlanOptions, Selection};
+use ktune::kernels::Backend;
+use ktune::plan::Fusion;
 use ktune::runtime::image::load_image;
 use ktune::runtime::vision::VisionEngine;
-use ktune::runtime::{Engine, ImageAttention, RuntimeError, TensorStore, argmax, prefill_passes};
+use ktune::runtime::{Engine, ImageAttention, RuntimeError, prefill_passes};
 use ktune::session::{LoadedModel, load_model};
 use ktune::testing::test_gpu;
 
@@ -62,55 +58,18 @@ fn pixels_match_the_image_processor() {
     assert!(worst <= 2.0 * 2.0 / 255.0 && mean <= 0.5 * 2.0 / 255.0, "image_odd.png: max {worst}, mean {mean}");
 }
 
-fn rel(got: &[f32], want: &[f32]) -> f64 {
-    rel_err(&[got.to_vec()], &[want.to_vec()])
-}
-
 /// The tower and projector with the default kernels, then with each CPU kernel
 /// of each vision op forced in turn.
 #[test]
 fn tower_and_projector_match_transformers_with_every_kernel() {
     let m = load();
     let v = m.vision.as_ref().expect("vision");
-    let exp = expected();
-    let pixels = floats(&exp["pixel_values"]);
-    let features: Vec<f32> = logit_rows(&exp["features"]).concat();
-    let projected: Vec<f32> = logit_rows(&exp["projected"]).concat();
-    let mut runs: Vec<(String, VisionEngine)> = vec![("defaults".into(), VisionEngine::new(v, &m.weights).expect("tower"))];
-    for op in [Op::PatchEmbed, Op::Linear, Op::AttentionFull, Op::AvgPool, Op::LayerNorm, Op::ResidualLayerNorm] {
-        for k in kernels::for_op(op).filter(|k| k.backend() == Backend::Cpu) {
-            runs.push((k.id.to_string(), VisionEngine::new(v, &m.weights).expect("tower").with_kernel(k)));
-        }
-    }
-    let mut failures = Vec::new();
-    for (name, tower) in &runs {
-        let out = tower.encode(&pixels).expect("encode");
-        let (ef, ep) = (rel(&out.features, &features), rel(&out.tokens, &projected));
-        eprintln!("{name}: features err {ef:.2e}, projected err {ep:.2e} of scale");
-        if ef > 1e-4 || ep > 1e-4 {
-            failures.push(format!("{name}: features {ef:.2e}, projected {ep:.2e}"));
-        }
-    }
-    assert!(runs.len() >= 11, "{} runs", runs.len());
+    let (_, failures) = vision::tower_runs(|| VisionEngine::new(v, &m.weights).expect("tower"), Backend::Cpu);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 fn text_engine(m: &LoadedModel, tokens: usize, context: usize, chunk: usize, fusion: Fusion) -> Engine {
-    text_engine_on(m, tokens, context, chunk, fusion, None)
-}
-
-fn text_engine_on(m: &LoadedModel, tokens: usize, context: usize, chunk: usize, fusion: Fusion, gpu: Option<Arc<GpuCtx>>) -> Engine {
-    let opts = PlanOptions::new(DType::F32, chunk.min(tokens), context).with_all_logits(true).with_fusion(fusion);
-    let caps = match &gpu {
-        Some(g) => DeviceCaps::Gpu(g.caps.clone()),
-        None => DeviceCaps::Cpu(CpuCaps::detect()),
-    };
-    let plan = Plan::new("fixture", &m.config, opts, Selection::defaults(caps)).expect("plan");
-    let store: Arc<dyn TensorStore> = m.weights.clone();
-    match gpu {
-        Some(g) => Engine::gpu(plan, store, g, true).expect("GPU engine"),
-        None => Engine::cpu(plan, store).expect("engine"),
-    }
+    vision::text_engine(m, tokens, context, chunk, fusion, None)
 }
 
 /// The soft tokens of the fixture's image.
@@ -118,23 +77,6 @@ fn soft_tokens(m: &LoadedModel) -> Vec<f32> {
     let v = m.vision.as_ref().expect("vision");
     let pixels = load_image(&dir().join("image.png"), v.image_size).expect("image");
     VisionEngine::new(v, &m.weights).expect("tower").encode(&pixels).expect("encode").tokens
-}
-
-/// Prefills the prompt with the image's soft tokens in one call (the engine cuts
-/// its passes around the image), then decodes greedily: the prompt's logits and
-/// the ids.
-fn image_prompt(e: &mut Engine, m: &LoadedModel, tokens: &[u32], soft: &[f32], new: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
-    let v = m.vision.as_ref().expect("vision");
-    let rows = e.forward_with_soft_tokens(tokens, v.image_token_id, soft.to_vec()).expect("prefill");
-    let mut next = argmax(rows.last().expect("rows"));
-    let mut got = Vec::new();
-    for i in 0..new {
-        got.push(next);
-        if i + 1 < new {
-            next = argmax(&e.forward(&[next]).expect("decode")[0]);
-        }
-    }
-    (rows, got)
 }
 
 /// With the image tokens attending to each other (the runtime's default, as
@@ -190,7 +132,7 @@ fn bidirectional_image_attention_on_the_gpu() {
     let want_ids = ids(&exp["tt_generated"]);
     let soft = soft_tokens(&m);
     for chunk in [64, 7] {
-        let mut e = text_engine_on(&m, tokens.len(), tokens.len() + want_ids.len(), chunk, Fusion::ALL, Some(gpu.clone()));
+        let mut e = vision::text_engine(&m, tokens.len(), tokens.len() + want_ids.len(), chunk, Fusion::ALL, Some(gpu.clone()));
         let (rows, got) = image_prompt(&mut e, &m, &tokens, &soft, want_ids.len());
         let err = rel_err(&rows, &want_logits[want_logits.len() - rows.len()..]);
         eprintln!("GPU bidirectional chunk {chunk}: logits err {err:.2e} of scale ({} rows), ids {got:?}", rows.len());
@@ -222,37 +164,10 @@ fn image_prompt_logits_and_greedy_tokens_match_transformers() {
     let exp = expected();
     let tokens = ids(&exp["tokens"]);
     let want_logits = logit_rows(&exp["logits"]);
-    let want_ids = ids(&exp["generated"]);
     let pixels = load_image(&dir().join("image.png"), v.image_size).expect("image");
     let soft = VisionEngine::new(v, &m.weights).expect("tower").encode(&pixels).expect("encode").tokens;
-    let mut failures = Vec::new();
-    for (fusion, chunk) in [(Fusion::NONE, 64), (Fusion::ALL, 64), (Fusion::ALL, 7)] {
-        let mut e = text_engine(&m, tokens.len(), tokens.len() + want_ids.len(), chunk, fusion);
-        // Causal: calls may split the image.
-        e.image_attention = ImageAttention::Causal;
-        // One call per chunk (a call returns its last chunk's rows), each with
-        // the soft tokens of its own image tokens.
-        let mut rows = Vec::new();
-        let mut used = 0;
-        for c in tokens.chunks(chunk) {
-            let n = c.iter().filter(|&&t| t == v.image_token_id).count() * m.config.hidden_size;
-            rows.extend(e.forward_with_soft_tokens(c, v.image_token_id, soft[used..used + n].to_vec()).expect("prefill"));
-            used += n;
-        }
-        let err = rel_err(&rows, &want_logits);
-        let mut next = argmax(rows.last().expect("rows"));
-        let mut got = Vec::new();
-        for i in 0..want_ids.len() {
-            got.push(next);
-            if i + 1 < want_ids.len() {
-                next = argmax(&e.forward(&[next]).expect("decode")[0]);
-            }
-        }
-        eprintln!("fusion {fusion:?} chunk {chunk}: logits err {err:.2e} of scale, ids {got:?}");
-        if err > 1e-3 || got != want_ids {
-            failures.push(format!("{fusion:?} chunk {chunk}: err {err:.2e}, ids {got:?} want {want_ids:?}"));
-        }
-    }
+    let failures =
+        vision::causal_image_prompt_failures(&m, &soft, |fusion, chunk, tokens, context| text_engine(&m, tokens, context, chunk, fusion));
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     // Without the image the prompt's image tokens are plain embeddings: the
     // logits are not transformers' (the check above can fail).

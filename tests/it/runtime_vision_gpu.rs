@@ -8,24 +8,15 @@
 //! with the WGSL defaults and with a profile's `kernels.vision` choices.
 //! Without an adapter these tests skip loudly, unless KTUNE_REQUIRE_GPU=1.
 
-use std::sync::Arc;
-
-use crate::common::vision::{dir, expected, floats, load};
+use crate::common::vision::{self, dir, expected, load};
 use crate::common::{gpu_index, ids, ktune_in, logit_rows, read_json, rel_err, tempdir};
-use ktune::gpu::GpuCtx;
-use ktune::kernels::{self, Backend, DType, Op};
+use ktune::kernels::{self, Backend, DType};
 use ktune::plan::select::DeviceCaps;
-use ktune::plan::{Choice, Fusion, Plan, PlanOptions, Regime, Selection, Slot};
+use ktune::plan::{Choice, Regime, Selection, Slot};
 use ktune::runtime::image::load_image;
 use ktune::runtime::vision::VisionEngine;
 use ktune::runtime::vision_gpu::VisionGpu;
-use ktune::runtime::{Engine, TensorStore, argmax};
-use ktune::session::LoadedModel;
 use ktune::testing::test_gpu;
-
-fn rel(got: &[f32], want: &[f32]) -> f64 {
-    rel_err(&[got.to_vec()], &[want.to_vec()])
-}
 
 /// The tower and projector on the GPU with the default kernels, then with each
 /// WGSL kernel of each vision op (and of LayerNorm) forced in turn; and the GPU's
@@ -35,49 +26,18 @@ fn gpu_tower_and_projector_match_transformers_with_every_kernel() {
     let Some(gpu) = test_gpu() else { return };
     let m = load();
     let v = m.vision.as_ref().expect("vision");
-    let exp = expected();
-    let pixels = floats(&exp["pixel_values"]);
-    let features: Vec<f32> = logit_rows(&exp["features"]).concat();
-    let projected: Vec<f32> = logit_rows(&exp["projected"]).concat();
     let tower = || VisionGpu::new(v, &m.weights, gpu.clone()).expect("tower on the GPU");
-    let mut runs: Vec<(String, VisionGpu)> = vec![("defaults".into(), tower())];
-    for op in [Op::PatchEmbed, Op::Linear, Op::AttentionFull, Op::AvgPool, Op::LayerNorm, Op::ResidualLayerNorm] {
-        for k in kernels::for_op(op).filter(|k| k.backend() == Backend::Wgsl) {
-            runs.push((k.id.to_string(), tower().with_kernel(k)));
-        }
-    }
-    let mut failures = Vec::new();
-    for (name, t) in &runs {
-        let out = t.encode(&pixels).expect("encode");
-        let (ef, ep) = (rel(&out.features, &features), rel(&out.tokens, &projected));
-        eprintln!("{} {name}: features err {ef:.2e}, projected err {ep:.2e} of scale", gpu.name);
-        if ef > 1e-4 || ep > 1e-4 {
-            failures.push(format!("{name}: features {ef:.2e}, projected {ep:.2e}"));
-        }
-    }
-    // two WGSL kernels of each of the five ops, and the defaults
-    assert!(runs.len() >= 11, "{} runs", runs.len());
+    let (runs, failures) = vision::tower_runs(tower, Backend::Wgsl);
     assert!(failures.is_empty(), "on {}:\n{}", gpu.name, failures.join("\n"));
+    let pixels = vision::tower_expected().pixels;
     // the same image on the CPU engine: the two devices agree
     let cpu = VisionEngine::new(v, &m.weights).expect("tower").encode(&pixels).expect("encode");
     let out = runs[0].1.encode(&pixels).expect("encode");
-    let (df, dp) = (rel(&out.features, &cpu.features), rel(&out.tokens, &cpu.tokens));
+    let (df, dp) = (vision::rel(&out.features, &cpu.features), vision::rel(&out.tokens, &cpu.tokens));
     assert!(df <= 1e-4 && dp <= 1e-4, "GPU vs CPU: features {df:.2e}, projected {dp:.2e}");
     // a wrong-sized image is refused, not read past
     let err = runs[0].1.encode(&pixels[1..]).unwrap_err().to_string();
     assert!(err.contains("pixel values"), "{err}");
-}
-
-fn text_engine(m: &LoadedModel, gpu: &Arc<GpuCtx>, tokens: usize, context: usize, chunk: usize, fusion: Fusion) -> Engine {
-    let opts = PlanOptions::new(DType::F32, chunk.min(tokens), context).with_all_logits(true).with_fusion(fusion);
-    let plan = Plan::new("fixture", &m.config, opts, Selection::defaults(DeviceCaps::Gpu(gpu.caps.clone()))).expect("plan");
-    let store: Arc<dyn TensorStore> = m.weights.clone();
-    let mut e = Engine::gpu(plan, store, gpu.clone(), true).expect("engine");
-    // Causal over the image, as the fixture's `logits` / `generated` were computed
-    // (without token_type_ids), so chunks may split the image; the bidirectional
-    // default is checked on the GPU by tests/runtime_vision.rs and end to end below.
-    e.image_attention = ktune::runtime::ImageAttention::Causal;
-    e
 }
 
 /// Tower, projector and text model all on the GPU: the prompt with the image's
@@ -89,37 +49,13 @@ fn gpu_image_prompt_logits_and_greedy_tokens_match_transformers() {
     let Some(gpu) = test_gpu() else { return };
     let m = load();
     let v = m.vision.as_ref().expect("vision");
-    let exp = expected();
-    let tokens = ids(&exp["tokens"]);
-    let want_logits = logit_rows(&exp["logits"]);
-    let want_ids = ids(&exp["generated"]);
     let pixels = load_image(&dir().join("image.png"), v.image_size).expect("image");
     let soft = VisionGpu::new(v, &m.weights, gpu.clone()).expect("tower").encode(&pixels).expect("encode").tokens;
-    let mut failures = Vec::new();
-    for (fusion, chunk) in [(Fusion::NONE, 64), (Fusion::ALL, 64), (Fusion::ALL, 7)] {
-        let mut e = text_engine(&m, &gpu, tokens.len(), tokens.len() + want_ids.len(), chunk, fusion);
+    let failures = vision::causal_image_prompt_failures(&m, &soft, |fusion, chunk, tokens, context| {
+        let e = vision::text_engine(&m, tokens, context, chunk, fusion, Some(gpu.clone()));
         assert!(e.is_gpu());
-        let mut rows = Vec::new();
-        let mut used = 0;
-        for c in tokens.chunks(chunk) {
-            let n = c.iter().filter(|&&t| t == v.image_token_id).count() * m.config.hidden_size;
-            rows.extend(e.forward_with_soft_tokens(c, v.image_token_id, soft[used..used + n].to_vec()).expect("prefill"));
-            used += n;
-        }
-        let err = rel_err(&rows, &want_logits);
-        let mut next = argmax(rows.last().expect("rows"));
-        let mut got = Vec::new();
-        for i in 0..want_ids.len() {
-            got.push(next);
-            if i + 1 < want_ids.len() {
-                next = argmax(&e.forward(&[next]).expect("decode")[0]);
-            }
-        }
-        eprintln!("{} fusion {fusion:?} chunk {chunk}: logits err {err:.2e} of scale, ids {got:?}", gpu.name);
-        if err > 1e-3 || got != want_ids {
-            failures.push(format!("{fusion:?} chunk {chunk}: err {err:.2e}, ids {got:?} want {want_ids:?}"));
-        }
-    }
+        e
+    });
     assert!(failures.is_empty(), "on {}:\n{}", gpu.name, failures.join("\n"));
 }
 
@@ -165,9 +101,7 @@ fn gpu_tower_takes_a_selections_vision_kernels_and_refuses_bad_ones() {
     let Some(gpu) = test_gpu() else { return };
     let m = load();
     let v = m.vision.as_ref().expect("vision");
-    let exp = expected();
-    let pixels = floats(&exp["pixel_values"]);
-    let projected: Vec<f32> = logit_rows(&exp["projected"]).concat();
+    let want = vision::tower_expected();
     let tower = || VisionGpu::new(v, &m.weights, gpu.clone()).expect("tower on the GPU");
     let choose = |slot: Slot, id: &str, params: &[(&str, u32)]| {
         let k = kernels::find(id).expect("a kernel");
@@ -194,8 +128,8 @@ fn gpu_tower_takes_a_selections_vision_kernels_and_refuses_bad_ones() {
     }
     let defaults: Vec<String> = tower().kernels().expect("kernels").iter().map(|(s, k)| format!("{} {k}", s.name())).collect();
     assert_ne!(names, defaults, "the selection changed the tower's kernels");
-    let out = forced.encode(&pixels).expect("encode");
-    let err = rel(&out.tokens, &projected);
+    let out = forced.encode(&want.pixels).expect("encode");
+    let err = vision::rel(&out.tokens, &want.projected);
     assert!(err <= 1e-4, "soft tokens with {names:?}: err {err:.2e} of scale");
     // A CPU kernel, and a kernel of another op, are refused before anything runs.
     let mut cpu = sel.clone();

@@ -109,6 +109,56 @@ fn tune_writes_a_profile_that_runs_correctly_and_is_cached() {
         .stdout(predicate::str::contains("### ktune profile diff"));
 }
 
+/// A fixed-seed tune says why its combination won, in the profile and the text
+/// report, and names the kernel of every slot its plan runs whichever won (the
+/// runtime default's own picks too: the profile means the same to any later
+/// ktune); its end-to-end table agrees with the decision: a winner other than
+/// the default has the better request time there and was confirmed head to head
+/// by figures the profile keeps.
+#[test]
+fn a_tune_names_every_slot_and_says_why_its_combination_won() {
+    let tmp = tempdir();
+    let cache = tmp.path().join("cache");
+    let out = tmp.path().join("tuned.yaml");
+    let r = tune_json(&cache, &out, &["--seed", "7"]);
+    let e = &r["profile"]["tuning"]["end_to_end"];
+    let decision = e["decision"].as_str().expect("the decision's reason");
+    let combos = e["combinations"].as_array().expect("combinations");
+    let chosen = combos.iter().find(|c| c["chosen"] == true).expect("a chosen combination");
+    let label = chosen["label"].as_str().expect("label");
+    // Slots every plan runs, fused or not: attention in both regimes, o_proj and down_proj.
+    let k = &r["profile"]["kernels"];
+    for (section, entry) in [("attention", "prefill"), ("attention", "decode")] {
+        assert!(k[section][entry].is_string() || k[section][entry].is_object(), "{section}.{entry} unnamed: {k}");
+    }
+    for entry in ["o_proj", "down_proj"] {
+        assert!(!k["matmul"][entry].is_null(), "matmul.{entry} unnamed: {k}");
+    }
+    let request = |c: &serde_json::Value| {
+        let t = &c["result"];
+        t["prefill_ms"].as_f64().expect("ms") + e["decode_tokens"].as_f64().expect("tokens") * t["decode_ms"].as_f64().expect("ms")
+    };
+    if label == "runtime default" {
+        assert!(decision.contains("default stays") && e["head_to_head"]["confirmed"] != true, "{decision}");
+    } else {
+        assert!(decision.contains(&format!("`{label}`")) && decision.contains("confirmed head to head"), "{decision}");
+        let h = &e["head_to_head"];
+        assert_eq!((h["combination"].as_str(), h["confirmed"].as_bool()), (Some(label), Some(true)), "{h}");
+        assert!(h["tuned_ms"].as_f64() < h["default_ms"].as_f64(), "{h}");
+        let default = combos.iter().find(|c| c["label"] == "runtime default").expect("the default");
+        assert!(request(chosen) < request(default), "{chosen} {default}");
+    }
+    // The text report (the cached profile) says it too.
+    let dir = fixture("llama3-tiny");
+    let o = ktune(&cache)
+        .args(["tune", "--device", "cpu", "--model-dir", dir.to_str().expect("utf-8"), "--seed", "7"])
+        .args(["--budget", "8s", "--prefill-tokens", "8", "--context", "32", "--decode-tokens", "16"])
+        .output()
+        .expect("runs");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && text.contains(&format!("decision: {decision}")), "{text}");
+}
+
 fn run_json(cache: &Path, extra: &[&str]) -> std::process::Output {
     let (prompt, _) = expected_generated("llama3-tiny");
     let toks: Vec<String> = prompt.iter().map(|t| t.to_string()).collect();
