@@ -594,19 +594,15 @@ impl GenerateArgs {
         self.sampling.params(self.model.seed)
     }
 
-    /// What a long-lived generator (`command`: chat, serve) is built from.
+    /// What generation (`command`: run, chat, serve) is built from (the
+    /// engine's flags checked before `--hf` resolves).
     pub fn generator(&self, command: &'static str) -> crate::Result<crate::generate::GeneratorSettings> {
-        let settings = self.model.settings()?;
-        if let Some(p) = &settings.mmproj {
-            return Err(crate::Error::Usage(format!("--mmproj {}: {command} takes no images; drop the flag", p.display())));
-        }
         let e = &self.engine;
         Ok(crate::generate::GeneratorSettings {
-            model: settings,
             choice: e.choice()?,
+            model: self.model.settings()?,
             context: e.context,
             prefill_chunk: e.prefill_chunk,
-            decode_chain: e.decode_chain,
             chat_template: e.chat_template.clone(),
             command,
             template_required: command == "chat",
@@ -718,6 +714,7 @@ impl EngineArgs {
             kv_dtype: self.kv_dtype,
             fusion: crate::generate::parse_fusion(&self.fusion)?,
             batch: !self.no_batch,
+            decode_chain: self.decode_chain,
         })
     }
 }

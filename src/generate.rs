@@ -1,7 +1,10 @@
-//! Text generation shared by `run`, `chat` and `serve`: the tokenizer and chat
-//! template of a model source, the kernel selection (`--profile`, else the cached
-//! profile [`profile::lookup`] finds for this device and model, else the runtime's
-//! defaults), and the decode loop: ids from [`Engine::decode_chain`] turned into
+//! Text generation shared by `run`, `chat` and `serve`: a model source opened
+//! ([`Source`]: its files checked, a GGUF file loaded first, the tokenizer) and
+//! its chat template; one [`ProfileChoice::prepare`] from the loaded model to a
+//! warmed engine: the kernel selection (`--profile`, else the cached profile
+//! [`profile::lookup`] finds for this device and model, which `bench` measures
+//! too, else the runtime's defaults), the engine with its pool and decode chain;
+//! and the decode loop: ids from [`Engine::decode_chain`] turned into
 //! text pieces streamed as they come (a cut UTF-8 character and text that may be
 //! the start of a stop string held back), ending at an end-of-sequence id, a stop
 //! string, the token limit, or a cancel flag checked every token. A
@@ -18,13 +21,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use crate::device::{Device, DeviceCaps};
+use crate::gpu::GpuCtx;
 use crate::kernels::DType;
 use crate::kernels::sample::{SampleError, Sampler, SamplerParams};
 use crate::model::{ChatTemplate, END_OF_TURN_TOKENS, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, Tokenizer};
 use crate::plan::{Fusion, Selection};
 use crate::profile::{ExecSettings, Profile, lookup};
 use crate::report::StopReason;
-use crate::runtime::{Engine, TensorStore};
+use crate::runtime::Engine;
 use crate::session::{self, Engines, LoadedModel, ModelSettings, ModelSource, load_gguf};
 use crate::{Error, Result};
 
@@ -54,7 +58,8 @@ pub fn parse_fusion(s: &str) -> Result<Fusion> {
     Ok(f)
 }
 
-/// How a profile is chosen and what the runtime does without one (`run`'s flags).
+/// How a profile is chosen and what the runtime does without one (the engine
+/// flags of `run`, `chat` and `serve`), and the GPU's decode chain.
 #[derive(Clone, Debug)]
 pub struct ProfileChoice {
     /// `--profile FILE`, read and validated before the model loads.
@@ -65,6 +70,8 @@ pub struct ProfileChoice {
     /// Without a profile: the fusions and GPU batching.
     pub fusion: Fusion,
     pub batch: bool,
+    /// `--decode-chain`: GPU decode steps a submit, over the profile's.
+    pub decode_chain: Option<u32>,
 }
 
 /// The kernels and execution settings an engine runs with, and where they came from.
@@ -73,6 +80,33 @@ pub struct Chosen {
     pub exec: ExecSettings,
     /// The profile's file or cache label (None: the runtime's defaults).
     pub label: Option<String>,
+}
+
+/// What the passes of a generating engine hold.
+#[derive(Clone, Copy, Debug)]
+pub struct Passes {
+    /// The KV cache's positions, and the flag that set them (for messages).
+    pub context: usize,
+    pub context_flag: &'static str,
+    /// The prompt's length a cached profile is looked up for.
+    pub prefill_tokens: usize,
+    /// Most tokens of one prefill pass.
+    pub max_tokens: usize,
+    /// Every position's logits, not only the last.
+    pub all_logits: bool,
+}
+
+/// A warmed engine with what it was chosen and built with.
+pub struct Prepared {
+    pub engine: Engine,
+    /// The GPU context it runs on (None: the CPU), its shader modules as the
+    /// execution asks.
+    pub ctx: Option<Arc<GpuCtx>>,
+    pub exec: ExecSettings,
+    /// The profile's file or cache label (None: the runtime's defaults).
+    pub label: Option<String>,
+    /// GPU decode steps a submit ([`session::decode_chain`]).
+    pub chain: usize,
 }
 
 impl ProfileChoice {
@@ -84,56 +118,37 @@ impl ProfileChoice {
         })
     }
 
-    /// The selection for `m` on `device`: `profile` (read by [`ProfileChoice::read`]),
-    /// else the best cached profile for this device, model, weights, KV cache,
-    /// prefill length and context, else the runtime's defaults. Warnings are added
-    /// to `warnings`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn choose(
+    /// The engine that generates with `m` on `device`: the context checked
+    /// against the model and the device; the kernels and execution settings of
+    /// `profile` (as [`ProfileChoice::read`] read it), else of the best cached
+    /// profile for this device, model, weights, KV cache, prefill length and
+    /// context ([`ProfileChoice::cached`]), else the runtime's defaults; the
+    /// plan's `passes`, built and warmed ([`Engines::build`]); its decode chain.
+    /// Warnings are added to `warnings`.
+    pub fn prepare(
         &self,
         profile: Option<Profile>,
         device: &Device,
         settings: &ModelSettings,
         m: &LoadedModel,
-        prefill_tokens: usize,
-        context: usize,
+        passes: Passes,
         warnings: &mut Vec<String>,
-    ) -> Result<Chosen> {
-        let weight_dtype = settings.weight_dtype(m);
-        let profile_name = settings.profile_name(m);
-        let mut label = self.profile.as_ref().map(|p| p.display().to_string());
-        let mut by_class = false;
-        let profile = match profile {
-            Some(p) => Some(p),
-            None if self.no_profile => None,
-            None => {
-                let want = lookup::Want {
-                    model: &profile_name,
-                    model_hash: settings.model_hash(m, weight_dtype),
-                    weight_dtype,
-                    kv_dtype: self.kv_dtype,
-                    prefill_tokens,
-                    context,
-                    strict_device: self.strict_device,
-                };
-                let found = lookup::find(device, &want)?;
-                warnings.extend(found.warnings);
-                found.found.map(|f| {
-                    label = Some(f.label);
-                    by_class = f.by_class;
-                    f.profile
-                })
+    ) -> Result<Prepared> {
+        session::check_context(&m.config, passes.context, self.kv_dtype, device, passes.context_flag)?;
+        let chosen = match profile {
+            Some(p) => {
+                let (selection, exec, w) = settings.resolve(&p, device, m)?;
+                warnings.extend(w);
+                Some(Chosen { selection, exec, label: self.profile.as_ref().map(|p| p.display().to_string()) })
             }
+            None if self.no_profile => None,
+            None => self.cached(device, settings, m, passes.prefill_tokens, passes.context, warnings)?,
         };
-        let Some(p) = profile else {
-            let exec = settings.execution(device, m, weight_dtype, self.kv_dtype, self.batch, self.fusion);
-            return Ok(Chosen { selection: Selection::runtime(DeviceCaps::from(device)), exec, label: None });
-        };
-        let (selection, exec, mut w) = p.resolve(device, &profile_name, m.config.num_layers)?;
-        if by_class {
-            // The lookup's warning names both devices.
-            w.retain(|x| !x.contains("was tuned on another device"));
-        }
+        let Chosen { selection, exec, label } = chosen.unwrap_or_else(|| Chosen {
+            selection: Selection::runtime(DeviceCaps::from(device)),
+            exec: settings.execution(device, m, settings.weight_dtype(m), self.kv_dtype, self.batch, self.fusion),
+            label: None,
+        });
         if let Some(want) = settings.weight_dtype
             && want != exec.weight_dtype
         {
@@ -143,8 +158,102 @@ impl ProfileChoice {
                 exec.weight_dtype
             )));
         }
+        let opts = settings.plan_options(m, &exec, passes.max_tokens, passes.context, passes.all_logits);
+        let ctx = session::open_device(device, exec.trusted_shaders)?;
+        // One engine: its weights need no memo to share them.
+        let engine = Engines::of(m, ctx.clone(), None).build(opts, selection, &exec)?;
+        let chain = session::decode_chain(self.decode_chain, &exec);
+        Ok(Prepared { engine, ctx, exec, label, chain })
+    }
+
+    /// The best cached profile for `m` on `device` ([`lookup::find`]: this
+    /// device, model, weights and KV cache, prefills of `prefill_tokens`, a
+    /// context of `context`), resolved; the lookup's warnings and the profile's
+    /// are added to `warnings`.
+    pub fn cached(
+        &self,
+        device: &Device,
+        settings: &ModelSettings,
+        m: &LoadedModel,
+        prefill_tokens: usize,
+        context: usize,
+        warnings: &mut Vec<String>,
+    ) -> Result<Option<Chosen>> {
+        let weight_dtype = settings.weight_dtype(m);
+        let want = lookup::Want {
+            model: &settings.profile_name(m),
+            model_hash: settings.model_hash(m, weight_dtype),
+            weight_dtype,
+            kv_dtype: self.kv_dtype,
+            prefill_tokens,
+            context,
+            strict_device: self.strict_device,
+        };
+        let found = lookup::find(device, &want)?;
+        warnings.extend(found.warnings);
+        let Some(f) = found.found else { return Ok(None) };
+        let (selection, exec, mut w) = settings.resolve(&f.profile, device, m)?;
+        if f.by_class {
+            // The lookup's warning names both devices.
+            w.retain(|x| !x.contains("was tuned on another device"));
+        }
         warnings.extend(w);
-        Ok(Chosen { selection, exec, label })
+        Ok(Some(Chosen { selection, exec, label: Some(f.label) }))
+    }
+}
+
+/// A model source opened for generation before the device is picked: a GGUF
+/// file's model loaded already (its tokenizer is in the file, and its vision
+/// projector's image tokens come from that vocabulary), and the tokenizer.
+pub struct Source {
+    gguf: Option<LoadedModel>,
+    pub tokenizer: Option<Tokenizer>,
+}
+
+impl Source {
+    /// Opens the source of `settings`: the files it names checked, a GGUF
+    /// file's model loaded (with its `--mmproj`), the tokenizer. `needed` (the
+    /// flag that needs a tokenizer, and what to do instead): without one, an
+    /// error; otherwise a tokenizer that cannot be read costs only the decoded
+    /// text (a warning).
+    pub fn open(settings: &ModelSettings, needed: Option<(&str, &str)>, warnings: &mut Vec<String>) -> Result<Source> {
+        let gguf = match (&settings.source, &settings.mmproj) {
+            (ModelSource::Gguf(p), Some(mm)) => Some(session::load_gguf_mmproj(p, mm, settings.layers)?),
+            (ModelSource::Gguf(p), None) => Some(load_gguf(p, settings.layers)?),
+            _ => None,
+        };
+        let tokenizer = match &gguf {
+            Some(m) => gguf_tokenizer(m, needed.is_some(), warnings)?,
+            None => dir_tokenizer(settings, needed, warnings)?,
+        };
+        Ok(Source { gguf, tokenizer })
+    }
+
+    /// The GGUF file's model, for its tokenizer metadata and chat template.
+    pub fn gguf(&self) -> Option<&LoadedModel> {
+        self.gguf.as_ref()
+    }
+
+    /// The model: the GGUF file's, else the source's loaded now (cut to `--layers`).
+    pub fn model(self, settings: &ModelSettings) -> Result<LoadedModel> {
+        match self.gguf {
+            Some(m) => Ok(m),
+            None => Ok(settings.load_text()?),
+        }
+    }
+}
+
+/// The files a model source names checked before anything is read: `--gguf` a
+/// regular file, `--mmproj` only with `--gguf` (clap's `requires` cannot name a
+/// member of the model-source group) and a regular file.
+pub fn check_source(settings: &ModelSettings) -> Result<()> {
+    if let ModelSource::Gguf(p) = &settings.source {
+        session::input_file("--gguf", p)?;
+    }
+    match (&settings.mmproj, &settings.source) {
+        (Some(p), ModelSource::Builtin(_) | ModelSource::Dir(_)) => Err(session::mmproj_without_gguf(p).into()),
+        (Some(p), ModelSource::Gguf(_)) => Ok(session::input_file("--mmproj", p)?),
+        (None, _) => Ok(()),
     }
 }
 
@@ -399,7 +508,9 @@ pub fn decode(
     })
 }
 
-/// What a long-lived generator is built from (`chat`'s and `serve`'s flags).
+/// What generation is built from (the flags `run`, `chat` and `serve` share;
+/// `command`, `template_required` and the context's default are a
+/// [`Generator`]'s).
 #[derive(Clone, Debug)]
 pub struct GeneratorSettings {
     pub model: ModelSettings,
@@ -407,7 +518,6 @@ pub struct GeneratorSettings {
     /// The KV cache's positions (None: the model's, at most [`DEFAULT_CONTEXT`]).
     pub context: Option<usize>,
     pub prefill_chunk: usize,
-    pub decode_chain: Option<u32>,
     pub chat_template: Option<PathBuf>,
     /// The command (for messages).
     pub command: &'static str,
@@ -456,33 +566,19 @@ impl Generator {
     /// Loads the model on the device `selector` names and builds its engine with
     /// the chosen profile's kernels.
     pub fn open(selector: Option<&str>, s: &GeneratorSettings) -> Result<Generator> {
-        let mut warnings = Vec::new();
-        if let ModelSource::Gguf(p) = &s.model.source {
-            session::input_file("--gguf", p)?;
+        if let Some(p) = &s.model.mmproj {
+            return Err(Error::Usage(format!("--mmproj {}: {} takes no images; drop the flag", p.display(), s.command)));
         }
-        // A directory's tokenizer before the model loads (a GGUF file's is in the file).
-        let from_dir = match &s.model.source {
-            ModelSource::Gguf(_) => None,
-            _ => {
-                let instead = "give a model with a tokenizer (--gguf FILE, or --model-dir DIR with a tokenizer.json)";
-                dir_tokenizer(&s.model, Some((s.command, instead)), &mut warnings)?
-            }
-        };
+        check_source(&s.model)?;
+        let mut warnings = Vec::new();
+        let instead = "give a model with a tokenizer (--gguf FILE, or --model-dir DIR with a tokenizer.json)";
+        let mut source = Source::open(&s.model, Some((s.command, instead)), &mut warnings)?;
         let profile = s.choice.read()?;
         let device = session::pick_device(selector)?;
-        let m = match &s.model.source {
-            ModelSource::Gguf(p) => load_gguf(p, s.model.layers)?,
-            _ => s.model.load_text()?,
-        };
-        let tokenizer = match from_dir {
-            Some(t) => Some(t),
-            None => gguf_tokenizer(&m, true, &mut warnings)?,
-        };
-        let Some(tokenizer) = tokenizer else {
+        let Some(tokenizer) = source.tokenizer.take() else {
             return Err(Error::Usage(format!("{} needs the model's tokenizer", s.command)));
         };
-        let gguf = m.gguf.is_some().then_some(&m);
-        let template = match chat_template(gguf, &s.model, s.chat_template.as_deref(), s.command) {
+        let template = match chat_template(source.gguf(), &s.model, s.chat_template.as_deref(), s.command) {
             Ok(t) => Ok(t),
             Err(e) if !s.template_required => {
                 warnings.push(format!("{e}: chat messages are refused"));
@@ -490,40 +586,32 @@ impl Generator {
             }
             Err(e) => return Err(e),
         };
+        let m = source.model(&s.model)?;
         warnings.extend(m.warnings.iter().cloned());
-        let c = &m.config;
-        let context = s.context.unwrap_or(c.max_position_embeddings.min(DEFAULT_CONTEXT));
-        if context < 2 || context > c.max_position_embeddings {
+        let max_position = m.config.max_position_embeddings;
+        let context = s.context.unwrap_or(max_position.min(DEFAULT_CONTEXT));
+        if context < 2 || context > max_position {
             return Err(Error::Usage(format!(
-                "--context {context}: must be 2 to the model's {} positions (max_position_embeddings)",
-                c.max_position_embeddings
+                "--context {context}: must be 2 to the model's {max_position} positions (max_position_embeddings)"
             )));
         }
-        session::check_context(c, context, s.choice.kv_dtype, &device, "--context")?;
         let chunk = s.prefill_chunk.clamp(1, context);
-        let chosen = s.choice.choose(profile, &device, &s.model, &m, chunk, context, &mut warnings)?;
-        let opts = s.model.plan_options(&m, &chosen.exec, chunk, context, false);
-        let ctx = session::open_device(&device, chosen.exec.trusted_shaders || s.model.trusted_shaders)?;
-        let store: Arc<dyn TensorStore> = m.weights.clone();
-        let engines = Engines { model: &m.name, config: c, store, ctx, memo: None, check_decode: false };
-        let mut engine = engines.build(opts, chosen.selection, chosen.exec.batch)?;
-        engine.set_cpu_pool(chosen.exec.threads, chosen.exec.spin_us, chosen.exec.prefetch);
-        warnings.extend(engine.warnings());
-        let chain = s.decode_chain.or(chosen.exec.decode_chain).unwrap_or(crate::profile::doc::DEFAULT_DECODE_CHAIN) as usize;
-        let stop_ids = stop_ids(&m, Some(&tokenizer), true);
+        let passes = Passes { context, context_flag: "--context", prefill_tokens: chunk, max_tokens: chunk, all_logits: false };
+        let p = s.choice.prepare(profile, &device, &s.model, &m, passes, &mut warnings)?;
+        warnings.extend(p.engine.warnings());
         Ok(Generator {
-            engine,
+            engine: p.engine,
+            stop_ids: stop_ids(&m, Some(&tokenizer), true),
             tokenizer,
             template,
-            stop_ids,
             model: match &s.model.source {
-                ModelSource::Gguf(p) => p.file_stem().map_or_else(|| m.name.clone(), |f| f.to_string_lossy().into_owned()),
+                ModelSource::Gguf(path) => path.file_stem().map_or_else(|| m.name.clone(), |f| f.to_string_lossy().into_owned()),
                 _ => m.name.clone(),
             },
             device: device.name(),
-            profile: chosen.label,
+            profile: p.label,
             context,
-            chain,
+            chain: p.chain,
             warnings,
             cached: Vec::new(),
             prompt_logits: None,

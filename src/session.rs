@@ -3,8 +3,10 @@
 //! flags give ([`ModelSettings`]: the model a [`ModelSource`] names (built-in
 //! with synthetic weights, a Hugging Face directory, or a GGUF file, with
 //! `--mmproj` its vision projector file), the weight storage type it implies, the
-//! runtime's default execution settings and the plan options of an execution),
-//! and warmed-up engines built from a plan ([`Engines`]).
+//! runtime's default execution settings, a profile's resolved for the model,
+//! and the plan options of an execution), and warmed-up engines built from a
+//! plan and executing as an execution's settings say ([`Engines`]: GPU batching
+//! and shader modules, the CPU pool; [`decode_chain`], the GPU's decode chain).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,7 +21,7 @@ use crate::model::ModelError;
 use crate::model::gguf::GgufFile;
 use crate::model::{self, ModelConfig, Stored, Weights};
 use crate::plan::{Fusion, Parallel, Plan, PlanOptions, Selection};
-use crate::profile::ExecSettings;
+use crate::profile::{ExecSettings, Profile, ProfileError};
 use crate::runtime::{Engine, RuntimeError, TensorStore, WeightMemo};
 
 /// What can go wrong loading a model source: the files, or options that do not fit
@@ -202,17 +204,23 @@ impl ModelSettings {
     /// The plan options of `exec` for `m`: passes of up to `max_tokens` tokens, a
     /// KV cache of `context`, every position's logits with `all_logits`.
     pub fn plan_options(&self, m: &LoadedModel, exec: &ExecSettings, max_tokens: usize, context: usize, all_logits: bool) -> PlanOptions {
-        PlanOptions {
-            cpu_repack: exec.repack.clone(),
-            weight_dtype: exec.weight_dtype,
-            matrix_formats: self.matrix_formats(m, exec.weight_dtype),
-            kv_dtype: exec.kv_dtype,
-            max_tokens,
-            context,
-            all_logits,
-            fusion: exec.fusion,
-            parallel: exec.parallel,
-        }
+        PlanOptions::new(exec.weight_dtype, max_tokens, context)
+            .with_matrix_formats(self.matrix_formats(m, exec.weight_dtype))
+            .with_kv_dtype(exec.kv_dtype)
+            .with_all_logits(all_logits)
+            .with_fusion(exec.fusion)
+            .with_parallel(exec.parallel)
+            .with_cpu_repack(exec.repack.clone())
+    }
+
+    /// `p`'s selection and execution settings for `m` on `device` (the profile
+    /// named as [`ModelSettings::profile_name`] names the model), with its
+    /// warnings; `--trusted-shaders` adds trusted shader modules to a profile
+    /// tuned without them.
+    pub fn resolve(&self, p: &Profile, device: &Device, m: &LoadedModel) -> Result<(Selection, ExecSettings, Vec<String>), ProfileError> {
+        let (selection, mut exec, warnings) = p.resolve(device, &self.profile_name(m), m.config.num_layers)?;
+        exec.trusted_shaders |= self.trusted_shaders;
+        Ok((selection, exec, warnings))
     }
 }
 
@@ -411,10 +419,17 @@ pub struct Engines<'a> {
     pub check_decode: bool,
 }
 
-impl Engines<'_> {
-    /// A warmed-up engine for `opts` and `selection`; `batch` is the GPU's one
-    /// submit per pass (ignored on the CPU).
-    pub fn build(&self, opts: PlanOptions, selection: Selection, batch: bool) -> Result<Engine, RuntimeError> {
+impl<'a> Engines<'a> {
+    /// Engines of the loaded model `m` on `ctx` (None: the CPU), CPU engines
+    /// sharing their weights through `memo` when one is given.
+    pub fn of(m: &'a LoadedModel, ctx: Option<Arc<GpuCtx>>, memo: Option<WeightMemo>) -> Engines<'a> {
+        Engines { model: &m.name, config: &m.config, store: m.weights.clone(), ctx, memo, check_decode: false }
+    }
+
+    /// A warmed-up engine for `opts` and `selection` that executes as `exec`
+    /// says: the GPU's one submit per pass (`batch`) and shader modules
+    /// (`trusted_shaders`), the CPU pool's threads, spin and prefetch distance.
+    pub fn build(&self, opts: PlanOptions, selection: Selection, exec: &ExecSettings) -> Result<Engine, RuntimeError> {
         let tokens = opts.max_tokens;
         let plan = Plan::new(self.model, self.config, opts, selection)?;
         plan.steps(tokens, 0)?;
@@ -423,12 +438,20 @@ impl Engines<'_> {
         }
         let store = self.store.clone();
         let mut engine = match (&self.ctx, &self.memo) {
-            (Some(ctx), _) => Engine::gpu(plan, store, ctx.clone(), batch)?,
+            (Some(ctx), _) => Engine::gpu(plan, store, ctx.with_trusted_shaders(exec.trusted_shaders), exec.batch)?,
             (None, Some(memo)) => Engine::cpu_shared(plan, store, memo)?,
             (None, None) => Engine::cpu(plan, store)?,
         };
         engine.warm_up(tokens)?;
         engine.warm_up(1)?;
+        engine.set_cpu_pool(exec.threads, exec.spin_us, exec.prefetch);
         Ok(engine)
     }
+}
+
+/// Decode steps a GPU chains per submit: `flag` (`--decode-chain`), else the
+/// execution's (a profile's `execution.decodeChain`), else
+/// [`DEFAULT_DECODE_CHAIN`](crate::profile::doc::DEFAULT_DECODE_CHAIN).
+pub fn decode_chain(flag: Option<u32>, exec: &ExecSettings) -> usize {
+    flag.or(exec.decode_chain).unwrap_or(crate::profile::doc::DEFAULT_DECODE_CHAIN) as usize
 }

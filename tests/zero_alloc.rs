@@ -19,7 +19,7 @@ use ktune::device::CpuCaps;
 use ktune::kernels::DType;
 use ktune::kernels::{Impl, Params, find, for_op};
 use ktune::plan::select::{Choice, DeviceCaps, Slot};
-use ktune::plan::{Fusion, Parallel, Plan, PlanOptions, Regime, Selection};
+use ktune::plan::{Fusion, Plan, PlanOptions, Regime, Selection};
 use ktune::runtime::{Engine, TensorStore, argmax};
 use ktune::session::load_model;
 
@@ -95,17 +95,7 @@ fn count_decode_allocs(
     fusion: Fusion,
     sel: Selection,
 ) -> (usize, String) {
-    let opts = PlanOptions {
-        cpu_repack: Vec::new(),
-        weight_dtype: dtype,
-        matrix_formats: Default::default(),
-        kv_dtype: DType::F32,
-        max_tokens: PROMPT.len(),
-        context: PROMPT.len() + WARM + COUNTED + 1,
-        all_logits: false,
-        fusion,
-        parallel: Parallel::default(),
-    };
+    let opts = PlanOptions::new(dtype, PROMPT.len(), PROMPT.len() + WARM + COUNTED + 1).with_fusion(fusion);
     let plan = Plan::new("fixture", &m.config, opts, sel).expect("plan");
     let mut e = Engine::cpu(plan, store.clone()).expect("engine");
     let rows = e.forward(&PROMPT).expect("prefill");

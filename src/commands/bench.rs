@@ -9,18 +9,21 @@
 //! `vision` choices), timed beside prefill and decode.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use crate::cli::BenchArgs;
-use crate::device::DeviceCaps;
+use crate::device::{Device, DeviceCaps};
 use crate::eval::{self, Path, Reference, Text};
+use crate::generate::ProfileChoice;
+use crate::gpu::GpuCtx;
+use crate::kernels::DType;
+use crate::model::VisionConfig;
 use crate::plan::{Fusion, Selection};
-use crate::profile::{ExecSettings, Profile, lookup};
+use crate::profile::{ExecSettings, Profile};
 use crate::progress::{Progress, Silent};
 use crate::report::{BenchEntry, BenchReport, Estimate, VisionBench};
 use crate::runtime::tower::Tower;
-use crate::runtime::{TensorStore, WeightMemo};
-use crate::session::{self, Engines};
+use crate::runtime::{Engine, WeightMemo};
+use crate::session::{self, Engines, LoadedModel, ModelSettings};
 use crate::stats::summarize;
 use crate::tuner;
 use crate::tuner::e2e_sample;
@@ -32,197 +35,278 @@ fn estimate(v: &[f64]) -> Estimate {
     Estimate { median: s.median, ci: s.ci }
 }
 
+/// One entry measured: its name (a profile's path or cache label, `default`),
+/// its kernels and execution settings.
+struct Setup {
+    name: String,
+    selection: Selection,
+    exec: ExecSettings,
+}
+
+/// `--image`: its file, the tower's config and the decoded pixels.
+type Image = (PathBuf, VisionConfig, Vec<f32>);
+
 /// Measures every entry; `progress` sees one step per sample.
 pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) -> Result<BenchReport> {
-    if args.rounds < 3 {
-        return Err(Error::Usage(format!("--rounds {}: at least 3 rounds are needed for an interval", args.rounds)));
-    }
-    if args.prefill_tokens == 0 || args.decode_tokens == 0 {
-        return Err(Error::Usage("--prefill-tokens and --decode-tokens must be positive".into()));
-    }
-    // The KV cache holds the prompt, the decode steps and the one after them.
-    let context = args.prefill_tokens.checked_add(args.decode_tokens).and_then(|n| n.checked_add(1)).ok_or_else(|| {
-        Error::Usage(format!("--prefill-tokens {} and --decode-tokens {}: past any context", args.prefill_tokens, args.decode_tokens))
-    })?;
+    let context = check(args)?;
     let settings = args.model.settings()?;
     // Profiles are read and validated before the model is loaded.
     let profiles: Vec<(PathBuf, Profile)> =
         args.profile.iter().map(|p| Profile::load(p).map(|x| (p.clone(), x))).collect::<std::result::Result<_, _>>()?;
     let device = session::pick_device(selector)?;
     let m = settings.load()?;
-    session::check_context(&m.config, context, crate::kernels::DType::F32, &device, "--prefill-tokens + --decode-tokens")?;
-    // --image: the model must have a tower, the image must decode (both before any engine is built).
-    let image = match (&args.image, &m.vision) {
-        (None, _) => None,
-        (Some(path), None) => {
-            return Err(Error::Usage(format!(
-                "--image {}: {} has no vision tower; images need a multimodal model (a Gemma3ForConditionalGeneration \
-                 directory, the built-in gemma3-4b, or --gguf TEXT.gguf --mmproj MMPROJ.gguf)",
-                path.display(),
-                m.name
-            )));
-        }
-        (Some(path), Some(v)) => Some((path.clone(), v.clone(), crate::runtime::image::load_image(path, v.image_size)?)),
-    };
+    session::check_context(&m.config, context, DType::F32, &device, "--prefill-tokens + --decode-tokens")?;
+    let image = image(args, &m)?;
     let mut warnings = m.warnings.clone();
-    let caps = DeviceCaps::from(&device);
     let ctx = session::open_device(&device, false)?;
-    let c = &m.config;
+    let setups = setups(args, &settings, &device, &m, &profiles, context, &mut warnings)?;
+    // CPU engines share one copy of the weights.
+    let build = Engines::of(&m, ctx.clone(), Some(WeightMemo::default()));
+    let mut engines = Vec::new();
+    for e in &setups {
+        let opts = settings.plan_options(&m, &e.exec, args.prefill_tokens, context, false);
+        engines.push(build.build(opts, e.selection.clone(), &e.exec)?);
+    }
+    let mut tower = match &image {
+        None => None,
+        Some((_, v, pixels)) => Some(tower(v, pixels, &m, ctx.clone(), &setups)?),
+    };
+    let prompt: Vec<u32> = (0..args.prefill_tokens).map(|i| ((i * 7919 + 13) % m.config.vocab_size) as u32).collect();
+    let vision = tower.as_mut().zip(image.as_ref()).map(|((t, _), (_, _, pixels))| (t, pixels.as_slice()));
+    let samples = measure(args, &prompt, &setups, &mut engines, vision, ctx.as_deref(), progress)?;
+    // --kld: each entry, with every position's logits, against the CPU's f32
+    // reference of the same weights on the prompt (every position but the last).
+    let accuracy = if args.kld {
+        let cpu_build = Engines { ctx: None, ..build };
+        kld(&cpu_build, ctx.as_ref(), &settings, &m, &setups, &prompt, progress)?
+    } else {
+        vec![None; engines.len()]
+    };
+    let kernels = tower.map(|(_, kernels)| kernels);
+    let entries = entries(args, &setups, &engines, &samples, kernels.as_deref(), accuracy);
+    Ok(BenchReport {
+        device: device.name(),
+        model: m.name.clone(),
+        prefill_tokens: args.prefill_tokens,
+        decode_tokens: args.decode_tokens,
+        rounds: args.rounds,
+        read_gbps: estimate(&samples.read_gbps),
+        read_source: samples.read_source.into(),
+        image: image.as_ref().map(|(p, _, _)| p.display().to_string()),
+        entries,
+        warnings,
+    })
+}
 
-    // (name, selection, execution) of every entry: the profiles in order, then the default.
-    let mut setups: Vec<(String, Selection, ExecSettings)> = Vec::new();
-    let profile_name = settings.profile_name(&m);
-    for (path, p) in &profiles {
-        let (sel, exec, w) = p.resolve(&device, &profile_name, c.num_layers)?;
+/// The flags checked; the context the KV cache holds: the prompt, the decode
+/// steps and the one after them.
+fn check(args: &BenchArgs) -> Result<usize> {
+    if args.rounds < 3 {
+        return Err(Error::Usage(format!("--rounds {}: at least 3 rounds are needed for an interval", args.rounds)));
+    }
+    if args.prefill_tokens == 0 || args.decode_tokens == 0 {
+        return Err(Error::Usage("--prefill-tokens and --decode-tokens must be positive".into()));
+    }
+    args.prefill_tokens.checked_add(args.decode_tokens).and_then(|n| n.checked_add(1)).ok_or_else(|| {
+        Error::Usage(format!("--prefill-tokens {} and --decode-tokens {}: past any context", args.prefill_tokens, args.decode_tokens))
+    })
+}
+
+/// `--image`: the model must have a tower, the image must decode (both before
+/// any engine is built).
+fn image(args: &BenchArgs, m: &LoadedModel) -> Result<Option<Image>> {
+    match (&args.image, &m.vision) {
+        (None, _) => Ok(None),
+        (Some(path), None) => Err(Error::Usage(format!(
+            "--image {}: {} has no vision tower; images need a multimodal model (a Gemma3ForConditionalGeneration \
+             directory, the built-in gemma3-4b, or --gguf TEXT.gguf --mmproj MMPROJ.gguf)",
+            path.display(),
+            m.name
+        ))),
+        (Some(path), Some(v)) => Ok(Some((path.clone(), v.clone(), crate::runtime::image::load_image(path, v.image_size)?))),
+    }
+}
+
+/// The entries: the profiles in order (else the cached profile `run` would
+/// use, by the same rules), then the runtime's default.
+fn setups(
+    args: &BenchArgs,
+    settings: &ModelSettings,
+    device: &Device,
+    m: &LoadedModel,
+    profiles: &[(PathBuf, Profile)],
+    context: usize,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<Setup>> {
+    let mut setups = Vec::new();
+    for (path, p) in profiles {
+        let (selection, exec, w) = settings.resolve(p, device, m)?;
         warnings.extend(w.into_iter().map(|w| format!("{}: {w}", path.display())));
-        setups.push((path.display().to_string(), sel, exec));
+        setups.push(Setup { name: path.display().to_string(), selection, exec });
     }
     if profiles.is_empty() && !args.no_profile {
-        // The cached profile `run` would use (same rules), measured as the first entry.
-        let weight_dtype = settings.weight_dtype(&m);
-        let want = lookup::Want {
-            model: &profile_name,
-            model_hash: settings.model_hash(&m, weight_dtype),
-            weight_dtype,
-            kv_dtype: crate::kernels::DType::F32,
-            prefill_tokens: args.prefill_tokens,
-            context,
+        let choice = ProfileChoice {
+            profile: None,
+            no_profile: false,
             strict_device: args.strict_device,
+            kv_dtype: DType::F32,
+            fusion: Fusion::ALL,
+            batch: true,
+            decode_chain: None,
         };
-        let found = lookup::find(&device, &want)?;
-        warnings.extend(found.warnings);
-        if let Some(f) = found.found {
-            let (sel, exec, mut w) = f.profile.resolve(&device, &profile_name, c.num_layers)?;
-            if f.by_class {
-                w.retain(|x| !x.contains("was tuned on another device"));
-            }
-            warnings.extend(w);
-            setups.push((f.label, sel, exec));
+        if let Some(c) = choice.cached(device, settings, m, args.prefill_tokens, context, warnings)? {
+            setups.push(Setup { name: c.label.unwrap_or_default(), selection: c.selection, exec: c.exec });
         }
     }
     if !args.no_default {
         // The default runs the weights the profiles were tuned for (else the flag or the file's type).
         let weight_dtype = match (settings.weight_dtype, setups.first()) {
-            (None, Some((_, _, e))) => e.weight_dtype,
-            _ => settings.weight_dtype(&m),
+            (None, Some(first)) => first.exec.weight_dtype,
+            _ => settings.weight_dtype(m),
         };
-        let exec = settings.execution(&device, &m, weight_dtype, crate::kernels::DType::F32, true, Fusion::ALL);
-        setups.push(("default".into(), Selection::runtime(caps.clone()), exec));
+        let exec = settings.execution(device, m, weight_dtype, DType::F32, true, Fusion::ALL);
+        setups.push(Setup { name: "default".into(), selection: Selection::runtime(DeviceCaps::from(device)), exec });
     }
-
     if setups.is_empty() {
         return Err(Error::Usage(
             "nothing to measure: no --profile and no cached profile for this device and model; give --profile FILE, tune first, or drop --no-default"
                 .into(),
         ));
     }
-    let store: Arc<dyn TensorStore> = m.weights.clone();
-    // CPU engines share one copy of the weights.
-    let mut build = Engines { model: &m.name, config: c, store, ctx: ctx.clone(), memo: Some(WeightMemo::default()), check_decode: false };
-    let mut engines = Vec::new();
-    // Each entry's selection (for its vision choices) and execution (for `--kld`).
-    let selections: Vec<Selection> = setups.iter().map(|s| s.1.clone()).collect();
-    let execs: Vec<ExecSettings> = setups.iter().map(|s| s.2.clone()).collect();
-    for (name, sel, exec) in setups {
-        // Each entry's shader modules as its profile (or the flag) asks.
-        build.ctx = ctx.as_ref().map(|g| g.with_trusted_shaders(exec.trusted_shaders || settings.trusted_shaders));
-        let opts = settings.plan_options(&m, &exec, args.prefill_tokens, context, false);
-        let mut engine = build.build(opts, sel, exec.batch)?;
-        engine.set_cpu_pool(exec.threads, exec.spin_us, exec.prefetch);
-        engines.push((name, engine));
+    Ok(setups)
+}
+
+/// One tower on the device; each entry's `vision` choices checked, and each
+/// entry's kernels run once (GPU pipelines compiled) before anything is timed.
+/// Returns the tower and each entry's kernels.
+fn tower(
+    v: &VisionConfig,
+    pixels: &[f32],
+    m: &LoadedModel,
+    ctx: Option<std::sync::Arc<GpuCtx>>,
+    setups: &[Setup],
+) -> Result<(Tower, Vec<Vec<String>>)> {
+    let mut t = Tower::new(v, &m.weights, ctx)?;
+    let mut kernels = Vec::new();
+    for e in setups {
+        t.select(&e.selection).map_err(|err| Error::Usage(format!("{}: {err}", e.name)))?;
+        t.encode(pixels)?;
+        kernels.push(t.kernels()?);
     }
+    Ok((t, kernels))
+}
 
-    // --image: one tower on the device; each entry's choices checked, and each
-    // entry's kernels run once (GPU pipelines compiled) before anything is timed.
-    let mut tower = match &image {
-        None => None,
-        Some((_, v, pixels)) => {
-            let mut t = Tower::new(v, &m.weights, ctx.clone())?;
-            let mut kernels = Vec::new();
-            for (sel, (name, _)) in selections.iter().zip(&engines) {
-                t.select(sel).map_err(|e| Error::Usage(format!("{name}: {e}")))?;
-                t.encode(pixels)?;
-                kernels.push(t.kernels()?);
-            }
-            Some((t, kernels))
-        }
-    };
+/// Every entry's samples, and the device's read bandwidth of each round.
+struct Samples {
+    /// Per entry: prefill seconds, seconds per decoded token, seconds per image.
+    prefill: Vec<Vec<f64>>,
+    decode: Vec<Vec<f64>>,
+    vision: Vec<Vec<f64>>,
+    read_gbps: Vec<f64>,
+    read_source: &'static str,
+}
 
-    let prompt: Vec<u32> = (0..args.prefill_tokens).map(|i| ((i * 7919 + 13) % c.vocab_size) as u32).collect();
+/// The rounds: each visits every entry once, in a rotating order (with
+/// `vision`, the tower and the image's pixels, the image too).
+fn measure(
+    args: &BenchArgs,
+    prompt: &[u32],
+    setups: &[Setup],
+    engines: &mut [Engine],
+    mut vision: Option<(&mut Tower, &[f32])>,
+    ctx: Option<&GpuCtx>,
+    progress: &dyn Progress,
+) -> Result<Samples> {
     let n = engines.len();
-    let mut prefill = vec![Vec::new(); n];
-    let mut decode = vec![Vec::new(); n];
-    let mut vision: Vec<Vec<f64>> = vec![Vec::new(); n];
-    let mut read_gbps = Vec::new();
-    let mut read_source = "";
+    let mut s = Samples {
+        prefill: vec![Vec::new(); n],
+        decode: vec![Vec::new(); n],
+        vision: vec![Vec::new(); n],
+        read_gbps: Vec::new(),
+        read_source: "",
+    };
     progress.phase("", (args.rounds * n) as u64);
     for round in 0..args.rounds {
-        let (bw, src) = tuner::device_read_bandwidth(ctx.as_deref());
-        read_gbps.push(bw);
-        read_source = src;
+        let (bw, src) = tuner::device_read_bandwidth(ctx);
+        s.read_gbps.push(bw);
+        s.read_source = src;
         for j in 0..n {
             let i = (j + round) % n;
-            let k = execs[i].decode_chain.unwrap_or(crate::profile::doc::DEFAULT_DECODE_CHAIN) as usize;
-            let (p, d) = e2e_sample(&mut engines[i].1, &prompt, args.decode_tokens, k)?;
-            prefill[i].push(p);
-            decode[i].push(d);
-            if let (Some((t, _)), Some((_, _, pixels))) = (tower.as_mut(), &image) {
-                vision[i].push(t.sample(&selections[i], pixels)?);
+            let k = session::decode_chain(None, &setups[i].exec);
+            let (p, d) = e2e_sample(&mut engines[i], prompt, args.decode_tokens, k)?;
+            s.prefill[i].push(p);
+            s.decode[i].push(d);
+            if let Some((t, pixels)) = vision.as_mut() {
+                s.vision[i].push(t.sample(&setups[i].selection, pixels)?);
             }
             progress.tick();
         }
     }
     progress.done();
+    Ok(s)
+}
 
-    // --kld: each entry, with every position's logits, against the CPU's f32
-    // reference of the same weights on the prompt (every position but the last).
-    let accuracy = if args.kld {
-        let cpu = session::pick_device(Some("cpu"))?;
-        let text = Text::single(prompt.clone(), 0);
-        let cpu_build = Engines { ctx: None, ..build };
-        let mut references: Vec<(crate::kernels::DType, crate::runtime::Engine)> = Vec::new();
-        let mut out = Vec::new();
-        for (i, (sel, exec)) in selections.iter().zip(&execs).enumerate() {
-            progress.phase(&format!("kld {}", engines[i].0), 1);
-            // One reference per weight type the entries run (usually one).
-            let r = match references.iter().position(|(d, _)| *d == exec.weight_dtype) {
-                Some(r) => r,
-                None => {
-                    let rexec = settings.execution(&cpu, &m, exec.weight_dtype, crate::kernels::DType::F32, true, Fusion::ALL);
-                    references
-                        .push((exec.weight_dtype, eval::scoring_engine(&cpu_build, &settings, &m, Path::F32Reference, &rexec, text.ctx)?));
-                    references.len() - 1
-                }
-            };
-            // A GPU entry gets its own engine on the device; a CPU one shares the weights.
-            let gpu_build = ctx.as_ref().map(|g| Engines {
-                ctx: Some(g.with_trusted_shaders(exec.trusted_shaders || settings.trusted_shaders)),
-                memo: None,
-                store: cpu_build.store.clone(),
-                ..cpu_build
-            });
-            let mut engine =
-                eval::scoring_engine(gpu_build.as_ref().unwrap_or(&cpu_build), &settings, &m, Path::Selected(sel.clone()), exec, text.ctx)?;
-            let o = eval::evaluate(&text, &mut engine, Some(Reference::Engine(&mut references[r].1)), None, &Silent)?;
-            out.push(o.divergence);
-            progress.tick();
-        }
-        progress.done();
-        out
-    } else {
-        vec![None; engines.len()]
-    };
+/// Each entry's divergence from the CPU's f32 reference on `prompt`: one
+/// reference per weight type the entries run (usually one); a GPU entry gets its
+/// own engine on the device (`ctx`), a CPU one shares the weights of `cpu_build`.
+fn kld(
+    cpu_build: &Engines<'_>,
+    ctx: Option<&std::sync::Arc<GpuCtx>>,
+    settings: &ModelSettings,
+    m: &LoadedModel,
+    setups: &[Setup],
+    prompt: &[u32],
+    progress: &dyn Progress,
+) -> Result<Vec<Option<eval::Divergence>>> {
+    let cpu = session::pick_device(Some("cpu"))?;
+    let text = Text::single(prompt.to_vec(), 0);
+    let gpu_build = ctx.map(|g| Engines::of(m, Some(g.clone()), None));
+    let mut references: Vec<(DType, Engine)> = Vec::new();
+    let mut out = Vec::new();
+    for e in setups {
+        progress.phase(&format!("kld {}", e.name), 1);
+        let dtype = e.exec.weight_dtype;
+        let r = match references.iter().position(|(d, _)| *d == dtype) {
+            Some(r) => r,
+            None => {
+                let rexec = settings.execution(&cpu, m, dtype, DType::F32, true, Fusion::ALL);
+                references.push((dtype, eval::scoring_engine(cpu_build, settings, m, Path::F32Reference, &rexec, text.ctx)?));
+                references.len() - 1
+            }
+        };
+        let build = gpu_build.as_ref().unwrap_or(cpu_build);
+        let mut engine = eval::scoring_engine(build, settings, m, Path::Selected(e.selection.clone()), &e.exec, text.ctx)?;
+        let o = eval::evaluate(&text, &mut engine, Some(Reference::Engine(&mut references[r].1)), None, &Silent)?;
+        out.push(o.divergence);
+        progress.tick();
+    }
+    progress.done();
+    Ok(out)
+}
 
+/// The report's entries: throughput, its change against the first entry and
+/// against the read-bandwidth bound, round by round.
+fn entries(
+    args: &BenchArgs,
+    setups: &[Setup],
+    engines: &[Engine],
+    s: &Samples,
+    kernels: Option<&[Vec<String>]>,
+    accuracy: Vec<Option<eval::Divergence>>,
+) -> Vec<BenchEntry> {
     let tput = |tokens: f64, secs: &[f64]| -> Vec<f64> { secs.iter().map(|s| tokens / s).collect() };
     let pct_of_bound = |bytes: u64, secs: &[f64]| -> Vec<f64> {
-        secs.iter().zip(&read_gbps).map(|(s, bw)| 100.0 * bytes as f64 / s / (bw * 1e9)).collect()
+        secs.iter().zip(&s.read_gbps).map(|(s, bw)| 100.0 * bytes as f64 / s / (bw * 1e9)).collect()
     };
     let vs_first = |mine: &[f64], first: &[f64]| -> Vec<f64> { mine.iter().zip(first).map(|(m, f)| (f / m - 1.0) * 100.0).collect() };
-    let entries = engines
+    let (prefill, decode, vision) = (&s.prefill, &s.decode, &s.vision);
+    setups
         .iter()
+        .zip(engines)
+        .zip(accuracy)
         .enumerate()
-        .map(|(i, (name, engine))| BenchEntry {
-            name: name.clone(),
+        .map(|(i, ((e, engine), accuracy))| BenchEntry {
+            name: e.name.clone(),
             decode_read_bytes: engine.plan.decode_read_bytes(),
             decode_pct_of_bound: estimate(&pct_of_bound(engine.plan.decode_read_bytes(), &decode[i])),
             prefill_tok_s: estimate(&tput(args.prefill_tokens as f64, &prefill[i])),
@@ -232,25 +316,13 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
             prefill_s: prefill[i].clone(),
             decode_s: decode[i].clone(),
             decode_counters: engine.decode_counters(),
-            vision: tower.as_ref().map(|(_, kernels)| VisionBench {
+            vision: kernels.map(|kernels| VisionBench {
                 ms: estimate(&vision[i].iter().map(|s| s * 1e3).collect::<Vec<_>>()),
                 ratio_to_first: estimate(&vision[i].iter().zip(&vision[0]).map(|(m, f)| m / f).collect::<Vec<_>>()),
                 kernels: kernels[i].clone(),
                 samples_s: vision[i].clone(),
             }),
-            accuracy: accuracy[i].clone(),
+            accuracy,
         })
-        .collect();
-    Ok(BenchReport {
-        device: device.name(),
-        model: m.name.clone(),
-        prefill_tokens: args.prefill_tokens,
-        decode_tokens: args.decode_tokens,
-        rounds: args.rounds,
-        read_gbps: estimate(&read_gbps),
-        read_source: read_source.into(),
-        image: image.as_ref().map(|(p, _, _)| p.display().to_string()),
-        entries,
-        warnings,
-    })
+        .collect()
 }

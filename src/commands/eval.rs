@@ -7,7 +7,6 @@
 //! or with `--exact` the f32 reference itself; `--save-logits` keeps its
 //! log-probabilities for a later `--reference FILE`.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use crate::cli::{EvalArgs, ReferenceArg};
@@ -19,7 +18,7 @@ use crate::plan::{Fusion, Selection};
 use crate::profile::Profile;
 use crate::progress::Progress;
 use crate::report::EvalReport;
-use crate::runtime::{TensorStore, WeightMemo};
+use crate::runtime::WeightMemo;
 use crate::session::{self, Engines, LoadedModel, ModelSource};
 use crate::{Error, Result};
 
@@ -87,7 +86,6 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
 
     // What is evaluated: the exact path, a profile, or the runtime's defaults.
     let weight_dtype = settings.weight_dtype(&m);
-    let profile_name = settings.profile_name(&m);
     let (evaluated, selection, exec) = match (&profile, args.exact) {
         (_, true) => {
             if !matches!(device, crate::device::Device::Cpu(_)) {
@@ -97,7 +95,7 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
             ("f32 reference (CPU, f32 activations, plain layouts)".to_string(), Path::F32Reference, exec)
         }
         (Some(p), false) => {
-            let (sel, exec, w) = p.resolve(&device, &profile_name, m.config.num_layers)?;
+            let (sel, exec, w) = settings.resolve(p, &device, &m)?;
             warnings.extend(w);
             (args.profile.as_ref().map(|p| p.display().to_string()).unwrap_or_default(), Path::Selected(sel), exec)
         }
@@ -106,10 +104,8 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
             ("runtime defaults".to_string(), Path::Selected(Selection::runtime(DeviceCaps::from(&device))), exec)
         }
     };
-    let store: Arc<dyn TensorStore> = m.weights.clone();
-    let memo = WeightMemo::default();
-    let ctx_gpu = session::open_device(&device, exec.trusted_shaders || settings.trusted_shaders)?;
-    let build = Engines { model: &m.name, config: &m.config, store: store.clone(), ctx: ctx_gpu, memo: Some(memo), check_decode: false };
+    let ctx_gpu = session::open_device(&device, exec.trusted_shaders)?;
+    let build = Engines::of(&m, ctx_gpu, Some(WeightMemo::default()));
     let mut engine = eval::scoring_engine(&build, &settings, &m, selection, &exec, ctx)?;
 
     // The reference engine, on its own device (CPU engines share the weights' memo).

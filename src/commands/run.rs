@@ -17,17 +17,17 @@
 //! GGUF text model with its `--mmproj` vision projector) runs the image through
 //! its vision tower first; the soft tokens replace the prompt's image tokens.
 
-use std::sync::Arc;
+use std::path::Path;
 use std::time::Instant;
 
 use crate::cli::RunArgs;
-use crate::generate;
-use crate::kernels::sample::Sampler;
+use crate::generate::{self, GeneratorSettings, Passes, Prepared, Source};
+use crate::kernels::sample::{Sampler, SamplerParams};
 use crate::model::{Stored, Tokenizer, VisionConfig};
 use crate::plan::Slot;
 use crate::report::{RunReport, SlotRow};
-use crate::runtime::{Engine, TensorStore};
-use crate::session::{self, Engines, ModelSettings, ModelSource, gguf_storage, load_gguf, load_gguf_mmproj};
+use crate::runtime::Engine;
+use crate::session::{self, LoadedModel, ModelSettings, ModelSource, gguf_storage};
 use crate::{Error, Result};
 
 pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
@@ -39,77 +39,79 @@ pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
 /// character waits for the next token).
 pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn FnMut(&str)) -> Result<RunReport> {
     // Validate flags before building anything heavy.
-    let choice = args.generate.engine.choice()?;
     let sampling = args.generate.sampler();
     generate::check_sampling(&sampling)?;
-    let settings = args.generate.model.settings()?;
-    let kv_dtype = args.generate.engine.kv_dtype;
-    let mut warnings = Vec::new();
-    if let ModelSource::Gguf(p) = &settings.source {
-        session::input_file("--gguf", p)?;
-    }
-    // clap's `requires` cannot name a member of the model-source group: checked here.
-    if let (Some(p), ModelSource::Builtin(_) | ModelSource::Dir(_)) = (&settings.mmproj, &settings.source) {
-        return Err(session::mmproj_without_gguf(p).into());
-    }
-    if let Some(p) = &settings.mmproj {
-        session::input_file("--mmproj", p)?;
-    }
+    let s = args.generate.generator("run")?;
+    generate::check_source(&s.model)?;
     // --dump-logits is written after the run: refused now if it cannot be (a
     // directory, a FIFO, a missing folder, one of the files read here).
-    let model_files = settings.input_files();
-    let mut inputs: Vec<(&str, &std::path::Path)> = model_files.iter().map(|(f, p)| (*f, p.as_path())).collect();
-    let engine_args = &args.generate.engine;
-    inputs.extend(engine_args.profile.as_deref().map(|p| ("--profile", p)));
-    inputs.extend(engine_args.chat_template.as_deref().map(|p| ("--chat-template", p)));
+    let model_files = s.model.input_files();
+    let mut inputs: Vec<(&str, &Path)> = model_files.iter().map(|(f, p)| (*f, p.as_path())).collect();
+    inputs.extend(s.choice.profile.as_deref().map(|p| ("--profile", p)));
+    inputs.extend(s.chat_template.as_deref().map(|p| ("--chat-template", p)));
     inputs.extend(args.image.as_deref().map(|p| ("--image", p)));
     if let Some(p) = &args.dump_logits {
         crate::atomic::check_output(p, &inputs)?;
     }
-    // A GGUF file's tokenizer lives in the file: load the model first then (with
-    // its vision projector, whose image tokens come from that vocabulary).
-    let gguf_model = match (&settings.source, &settings.mmproj) {
-        (ModelSource::Gguf(p), Some(mm)) => Some(load_gguf_mmproj(p, mm, settings.layers)?),
-        (ModelSource::Gguf(p), None) => Some(load_gguf(p, settings.layers)?),
-        _ => None,
-    };
-    let tokenizer = match &gguf_model {
-        Some(m) => generate::gguf_tokenizer(m, args.prompt.is_some(), &mut warnings)?,
-        None => generate::dir_tokenizer(
-            &settings,
-            args.prompt.is_some().then_some(("--prompt", "give the prompt as token ids with --tokens 1,2,3")),
-            &mut warnings,
-        )?,
-    };
+    let mut warnings = Vec::new();
+    // A GGUF file's tokenizer lives in the file: the model loads first then.
+    let needed = args.prompt.is_some().then_some(("--prompt", "give the prompt as token ids with --tokens 1,2,3"));
+    let mut source = Source::open(&s.model, needed, &mut warnings)?;
     // With --image the model must be multimodal: read its config before the prompt
     // (the processor's expansion of `<start_of_image>` needs the image tokens).
-    let vision = match (&args.image, gguf_model.as_ref().and_then(|m| m.vision.as_ref())) {
+    let vision = match (&args.image, source.gguf().and_then(|m| m.vision.as_ref())) {
         (Some(_), Some(v)) => Some(v.clone()),
-        (Some(path), None) => Some(image_config(&settings, path)?),
+        (Some(path), None) => Some(image_config(&s.model, path)?),
         (None, _) => None,
     };
-    let prompt = match (&args.prompt, &tokenizer) {
-        (Some(text), Some(tok)) => {
-            let text = match &vision {
-                Some(v) => expand_image_prompt(text, tok, v)?,
-                None => text.clone(),
-            };
-            let text = text.as_str();
-            let ids = if args.chat {
-                // As apply_chat_template(tokenize=True): the template writes the special
-                // tokens it wants (a BOS among them), the post-processor adds none.
-                let template =
-                    generate::chat_template(gguf_model.as_ref(), &settings, args.generate.engine.chat_template.as_deref(), "--chat")?;
-                tok.encode_with(&template.render_user(text)?, false)?
-            } else {
-                tok.encode(text)?
-            };
-            if ids.is_empty() {
-                return Err(Error::Usage(format!("--prompt {text:?} encodes to no tokens; give a longer prompt")));
-            }
-            ids
-        }
-        // open_tokenizer fails when --prompt has no tokenizer to use.
+    let prompt = prompt_ids(args, &s, &source, vision.as_ref())?;
+    // A profile is read and validated before the model is loaded.
+    let profile = s.choice.read()?;
+    let device = session::pick_device(selector)?;
+    let tokenizer = source.tokenizer.take();
+    let m = source.model(&s.model)?;
+    warnings.extend(m.warnings.iter().cloned());
+    check_vocabulary(&prompt, &m, tokenizer.as_ref().filter(|_| args.prompt.is_some()))?;
+    // The image: its pixels (bad files refused before the engine is built; the
+    // tower runs once the device and the profile's choices are known).
+    let image = match (&args.image, vision) {
+        (Some(path), Some(v)) => Some(load_image(path, v, &prompt)?),
+        _ => None,
+    };
+    let context = run_context(args, s.context, prompt.len(), m.config.max_position_embeddings)?;
+    let passes = Passes {
+        context,
+        context_flag: if s.context.is_some() { "--context" } else { "--max-tokens" },
+        prefill_tokens: prompt.len(),
+        max_tokens: prompt.len().min(s.prefill_chunk.max(1)),
+        all_logits: args.dump_logits.is_some(),
+    };
+    // Without --profile (or --no-profile): the best cached profile for this device,
+    // model, weights and KV cache (profile::lookup).
+    let mut p = s.choice.prepare(profile, &device, &s.model, &m, passes, &mut warnings)?;
+    let soft_tokens = match image {
+        Some(image) => Some(run_tower(image, &m, &p, &mut warnings)?),
+        None => None,
+    };
+    if args.causal_image {
+        p.engine.image_attention = crate::runtime::ImageAttention::Causal;
+    }
+    let input = Input { prompt, tokenizer, sampling };
+    let ran = generate_text(args, &mut p, &m, &input, soft_tokens, stream)?;
+    if let Some(path) = &args.dump_logits {
+        let json = serde_json::json!({ "tokens": input.prompt, "logits": ran.prefill_logits, "generated": ran.decoded.generated });
+        crate::atomic::write_output(path, &inputs, &serde_json::to_vec(&json)?)?;
+    }
+    warnings.extend(p.engine.warnings());
+    report(args, &device, &m, &p, input, ran, warnings)
+}
+
+/// The prompt's ids: `--prompt` encoded (its image token expanded for `vision`;
+/// with `--chat` as one user turn of the chat template), else `--tokens`.
+fn prompt_ids(args: &RunArgs, s: &GeneratorSettings, source: &Source, vision: Option<&VisionConfig>) -> Result<Vec<u32>> {
+    let (text, tok) = match (&args.prompt, &source.tokenizer) {
+        (Some(text), Some(tok)) => (text, tok),
+        // Source::open fails when --prompt has no tokenizer to use.
         (Some(_), None) => return Err(Error::Usage("--prompt needs the model's tokenizer.json".into())),
         (None, _) if args.tokens.is_empty() => {
             return Err(Error::Usage(
@@ -117,154 +119,168 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
                     .into(),
             ));
         }
-        (None, _) => args.tokens.clone(),
+        (None, _) => return Ok(args.tokens.clone()),
     };
-    // A profile is read and validated before the model is loaded.
-    let profile = choice.read()?;
-    let device = session::pick_device(selector)?;
-    let m = match gguf_model {
-        Some(m) => m,
-        None => settings.load_text()?,
+    let text = match vision {
+        Some(v) => expand_image_prompt(text, tok, v)?,
+        None => text.clone(),
     };
-    warnings.extend(m.warnings.iter().cloned());
-    let storage = gguf_storage(&m);
-    let c = &m.config;
-    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= c.vocab_size) {
-        let from = match &tokenizer {
-            Some(t) if args.prompt.is_some() => format!(" ({} does not match the model)", t.path().display()),
-            _ => String::new(),
-        };
-        return Err(Error::Usage(format!("token id {bad} is outside the vocabulary (size {}){from}", c.vocab_size)));
+    let ids = if args.chat {
+        // As apply_chat_template(tokenize=True): the template writes the special
+        // tokens it wants (a BOS among them), the post-processor adds none.
+        let template = generate::chat_template(source.gguf(), &s.model, s.chat_template.as_deref(), "--chat")?;
+        tok.encode_with(&template.render_user(&text)?, false)?
+    } else {
+        tok.encode(&text)?
+    };
+    if ids.is_empty() {
+        return Err(Error::Usage(format!("--prompt {text:?} encodes to no tokens; give a longer prompt")));
     }
-    // The image: its pixels (bad files refused before the tower is built; the
-    // tower runs once the device and the profile's choices are known).
-    let image_pixels = match (&args.image, &vision) {
-        (Some(path), Some(v)) => {
-            let count = prompt.iter().filter(|&&t| t == v.image_token_id).count();
-            if count != v.mm_tokens_per_image {
-                return Err(Error::Usage(format!(
-                    "the prompt holds {count} image tokens (id {}); one image needs exactly {}: start-of-image {}, the image token {} \
-                     {} times, end-of-image {} (as transformers' processor expands it; with --prompt write <start_of_image> once)",
-                    v.image_token_id, v.mm_tokens_per_image, v.boi_token_id, v.image_token_id, v.mm_tokens_per_image, v.eoi_token_id
-                )));
-            }
-            Some((path, v, crate::runtime::image::load_image(path, v.image_size)?))
+    Ok(ids)
+}
+
+/// Every prompt id inside `m`'s vocabulary (`tokenizer`: the one that encoded
+/// `--prompt`, named when it does not match the model).
+fn check_vocabulary(prompt: &[u32], m: &LoadedModel, tokenizer: Option<&Tokenizer>) -> Result<()> {
+    let vocab = m.config.vocab_size;
+    match prompt.iter().find(|&&t| t as usize >= vocab) {
+        None => Ok(()),
+        Some(&bad) => {
+            let from = tokenizer.map_or(String::new(), |t| format!(" ({} does not match the model)", t.path().display()));
+            Err(Error::Usage(format!("token id {bad} is outside the vocabulary (size {vocab}){from}")))
         }
-        _ => None,
-    };
-    let context = run_context(args, prompt.len(), c.max_position_embeddings)?;
-    session::check_context(
-        c,
-        context,
-        kv_dtype,
-        &device,
-        if args.generate.engine.context.is_some() { "--context" } else { "--max-tokens" },
-    )?;
-    let max_tokens = prompt.len().min(args.generate.engine.prefill_chunk.max(1));
-    // Without --profile (or --no-profile): the best cached profile for this device,
-    // model, weights and KV cache (profile::lookup).
-    let generate::Chosen { selection, exec, label: profile_label } =
-        choice.choose(profile, &device, &settings, &m, prompt.len(), context, &mut warnings)?;
-    let opts = settings.plan_options(&m, &exec, max_tokens, context, args.dump_logits.is_some());
-    let mut other_formats = std::collections::BTreeMap::new();
-    for d in opts.matrix_formats.values() {
-        *other_formats.entry(*d).or_insert(0usize) += 1;
     }
-    let ctx = session::open_device(&device, exec.trusted_shaders || settings.trusted_shaders)?;
-    // The image through the tower and projector on the selected device, each op
-    // with the profile's `vision` choice (else the device's default); the note
-    // names the kernels that ran.
-    let soft_tokens = match image_pixels {
-        Some((path, v, pixels)) => {
-            let t0 = Instant::now();
-            let (out, used, on) = match &ctx {
-                Some(ctx) => {
-                    let t = crate::runtime::vision_gpu::VisionGpu::new(v, &m.weights, ctx.clone())?.with_selection(&selection)?;
-                    (t.encode(&pixels)?, t.kernels()?, "GPU")
-                }
-                None => {
-                    let t = crate::runtime::vision::VisionEngine::new(v, &m.weights)?.with_selection(&selection)?;
-                    (t.encode(&pixels)?, t.kernels()?, "CPU")
-                }
-            };
-            let used: Vec<String> = used.iter().map(|(slot, k)| format!("{} {k}", slot.name())).collect();
-            warnings.push(format!(
-                "image {}: {} patches through the vision tower in {:.3} s ({on}), {} soft tokens; kernels: {}",
-                path.display(),
-                v.num_patches(),
-                t0.elapsed().as_secs_f64(),
-                v.mm_tokens_per_image,
-                used.join(", ")
-            ));
-            Some((v.image_token_id, out.tokens))
+}
+
+/// An image for the vision tower: its file, the tower's config and its pixels.
+struct Image<'a> {
+    path: &'a Path,
+    vision: VisionConfig,
+    pixels: Vec<f32>,
+}
+
+/// The `--image` file decoded, once the prompt holds the image tokens one image takes.
+fn load_image<'a>(path: &'a Path, v: VisionConfig, prompt: &[u32]) -> Result<Image<'a>> {
+    let count = prompt.iter().filter(|&&t| t == v.image_token_id).count();
+    if count != v.mm_tokens_per_image {
+        return Err(Error::Usage(format!(
+            "the prompt holds {count} image tokens (id {}); one image needs exactly {}: start-of-image {}, the image token {} \
+             {} times, end-of-image {} (as transformers' processor expands it; with --prompt write <start_of_image> once)",
+            v.image_token_id, v.mm_tokens_per_image, v.boi_token_id, v.image_token_id, v.mm_tokens_per_image, v.eoi_token_id
+        )));
+    }
+    let pixels = crate::runtime::image::load_image(path, v.image_size)?;
+    Ok(Image { path, vision: v, pixels })
+}
+
+/// The image through the tower and projector on the engine's device, each op
+/// with the selection's `vision` choice (else the device's default); the note
+/// names the kernels that ran. Returns the image token's id and its soft tokens.
+fn run_tower(image: Image<'_>, m: &LoadedModel, p: &Prepared, warnings: &mut Vec<String>) -> Result<(u32, Vec<f32>)> {
+    let Image { path, vision: v, pixels } = image;
+    let selection = &p.engine.plan.selection;
+    let t0 = Instant::now();
+    let (out, used, on) = match &p.ctx {
+        Some(ctx) => {
+            let t = crate::runtime::vision_gpu::VisionGpu::new(&v, &m.weights, ctx.clone())?.with_selection(selection)?;
+            (t.encode(&pixels)?, t.kernels()?, "GPU")
         }
-        None => None,
+        None => {
+            let t = crate::runtime::vision::VisionEngine::new(&v, &m.weights)?.with_selection(selection)?;
+            (t.encode(&pixels)?, t.kernels()?, "CPU")
+        }
     };
-    let store: Arc<dyn TensorStore> = m.weights.clone();
-    let batch = exec.batch;
-    // One engine: its weights need no memo to share them.
-    let engines = Engines { model: &m.name, config: c, store, ctx, memo: None, check_decode: false };
-    let mut engine = engines.build(opts, selection, batch)?;
-    engine.set_cpu_pool(exec.threads, exec.spin_us, exec.prefetch);
-    if args.causal_image {
-        engine.image_attention = crate::runtime::ImageAttention::Causal;
-    }
-    let weight_bytes = engine.plan.weight_bytes();
-    // Prefill (timed; on a GPU the pass is also profiled per step).
+    let used: Vec<String> = used.iter().map(|(slot, k)| format!("{} {k}", slot.name())).collect();
+    warnings.push(format!(
+        "image {}: {} patches through the vision tower in {:.3} s ({on}), {} soft tokens; kernels: {}",
+        path.display(),
+        v.num_patches(),
+        t0.elapsed().as_secs_f64(),
+        v.mm_tokens_per_image,
+        used.join(", ")
+    ));
+    Ok((v.image_token_id, out.tokens))
+}
+
+/// What a run generates from.
+struct Input {
+    prompt: Vec<u32>,
+    tokenizer: Option<Tokenizer>,
+    sampling: SamplerParams,
+}
+
+/// What a run produced.
+struct Ran {
+    prefill_seconds: f64,
+    /// Every prompt position's logits (with `--dump-logits`).
+    prefill_logits: Vec<Vec<f32>>,
+    decoded: generate::Decoded,
+}
+
+/// Prefill (timed; on a GPU the pass is also profiled per step), the first
+/// token sampled from its last logits, then the decode loop streaming text.
+fn generate_text(
+    args: &RunArgs,
+    p: &mut Prepared,
+    m: &LoadedModel,
+    input: &Input,
+    soft_tokens: Option<(u32, Vec<f32>)>,
+    stream: &mut dyn FnMut(&str),
+) -> Result<Ran> {
+    let (engine, prompt, tokenizer) = (&mut p.engine, input.prompt.as_slice(), input.tokenizer.as_ref());
     engine.profile_next();
     let t0 = Instant::now();
     let rows = match soft_tokens {
-        Some((id, rows)) => engine.forward_with_soft_tokens(&prompt, id, rows)?,
-        None => engine.forward(&prompt)?,
+        Some((id, rows)) => engine.forward_with_soft_tokens(prompt, id, rows)?,
+        None => engine.forward(prompt)?,
     };
     let prefill_seconds = t0.elapsed().as_secs_f64();
     let prefill_logits = if args.dump_logits.is_some() { rows.clone() } else { Vec::new() };
-    let mut sampler = Sampler::new(sampling);
+    let mut sampler = Sampler::new(input.sampling);
     let first = sampler.sample(rows.last().map(Vec::as_slice).unwrap_or(&[]));
     // The ids that end generation: the config's EOS ids, and under --chat the
     // vocabulary's end-of-turn token (Gemma, ChatML, Llama 3).
-    let stop_ids = generate::stop_ids(&m, tokenizer.as_ref(), args.chat);
-    let k = args.generate.engine.decode_chain.or(exec.decode_chain).unwrap_or(crate::profile::doc::DEFAULT_DECODE_CHAIN) as usize;
+    let stop_ids = generate::stop_ids(m, tokenizer, args.chat);
     let limits = generate::Limits { max_tokens: args.max_tokens, stop: Vec::new(), ignore_eos: args.generate.sampling.ignore_eos };
-    let decoded = generate::decode(&mut engine, &mut sampler, first, tokenizer.as_ref(), &stop_ids, k, &limits, None, &mut |t| {
+    let decoded = generate::decode(engine, &mut sampler, first, tokenizer, &stop_ids, p.chain, &limits, None, &mut |t| {
         stream(t);
         true
     })?;
+    Ok(Ran { prefill_seconds, prefill_logits, decoded })
+}
+
+/// The report of a run: the device, model and settings, the throughput, the
+/// time per slot and the kernels.
+fn report(
+    args: &RunArgs,
+    device: &crate::device::Device,
+    m: &LoadedModel,
+    p: &Prepared,
+    input: Input,
+    ran: Ran,
+    warnings: Vec<String>,
+) -> Result<RunReport> {
+    let (Input { prompt, tokenizer, sampling }, Ran { prefill_seconds, decoded, .. }) = (input, ran);
     let generate::Decoded { generated, stop_reason, text, decode_tokens, decode_seconds, steps } = decoded;
-    if let Some(path) = &args.dump_logits {
-        let json = serde_json::json!({ "tokens": prompt, "logits": prefill_logits, "generated": generated });
-        crate::atomic::write_output(path, &inputs, &serde_json::to_vec(&json)?)?;
-    }
-    // The CPU's slot times are over every decode step, the first included.
-    let per_tok = |s: f64| if steps > 0 { s * 1e3 / steps as f64 } else { 0.0 };
+    let engine = &p.engine;
+    let exec = &p.exec;
     let gpu = engine.is_gpu();
-    let mut slots: Vec<SlotRow> = Slot::ALL
-        .iter()
-        .filter_map(|&s| {
-            let p = engine.prefill_times.seconds.get(&s).copied();
-            let d = engine.decode_times.seconds.get(&s).copied();
-            if p.is_none() && d.is_none() {
-                return None;
-            }
-            // GPU decode times come from one profiled step, CPU ones from every step.
-            let d_ms = if gpu { d.unwrap_or(0.0) * 1e3 } else { per_tok(d.unwrap_or(0.0)) };
-            Some(SlotRow { slot: s, prefill_ms: p.unwrap_or(0.0) * 1e3, decode_ms_per_token: d_ms })
-        })
-        .collect();
-    slots.sort_by(|a, b| b.decode_ms_per_token.total_cmp(&a.decode_ms_per_token));
+    let mut other_formats = std::collections::BTreeMap::new();
+    for d in engine.plan.options.matrix_formats.values() {
+        *other_formats.entry(*d).or_insert(0usize) += 1;
+    }
     let decode_tps = if decode_seconds > 0.0 { decode_tokens as f64 / decode_seconds } else { 0.0 };
-    let kernels = kernel_summary(&engine)?;
-    warnings.extend(engine.warnings());
+    let weight_bytes = engine.plan.weight_bytes();
     Ok(RunReport {
         device: device.name(),
         backend: device.backend_name(),
         fingerprint: device.fingerprint(),
         model: m.name.clone(),
         weights: m.weights.origin().to_string(),
-        profile: profile_label,
+        profile: p.label.clone(),
         weight_dtype: exec.weight_dtype,
         other_formats,
-        weight_storage: storage.map(|s| match s {
+        weight_storage: gguf_storage(m).map(|s| match s {
             Stored::F32 => "f32".to_string(),
             Stored::F16 => "f16".to_string(),
             Stored::BF16 => "bf16".to_string(),
@@ -272,9 +288,9 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         }),
         kv_dtype: exec.kv_dtype,
         fusion: exec.fusion,
-        batch_commands: batch,
-        decode_chain: gpu.then_some(k),
-        layers: c.num_layers,
+        batch_commands: exec.batch,
+        decode_chain: gpu.then_some(p.chain),
+        layers: m.config.num_layers,
         prompt: args.prompt.clone(),
         prompt_tokens: prompt.len(),
         prefill_seconds,
@@ -293,18 +309,40 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         sampling,
         dispatches_per_layer: engine.dispatches_per_layer,
         decode_counters: engine.decode_counters(),
-        slots,
+        slots: slot_rows(engine, steps),
         step_timing: engine.step_timing(),
         profiled_step_gpu_ms: engine.profiled_step_gpu_seconds.map(|s| s * 1e3),
-        kernels,
+        kernels: kernel_summary(engine)?,
         warnings,
     })
+}
+
+/// Time per slot, slowest decode first: prefill milliseconds, and decode
+/// milliseconds per token (GPU decode times come from one profiled step, CPU
+/// ones from every one of the `steps` decode steps, the first included).
+fn slot_rows(engine: &Engine, steps: usize) -> Vec<SlotRow> {
+    let per_tok = |s: f64| if steps > 0 { s * 1e3 / steps as f64 } else { 0.0 };
+    let gpu = engine.is_gpu();
+    let mut slots: Vec<SlotRow> = Slot::ALL
+        .iter()
+        .filter_map(|&s| {
+            let p = engine.prefill_times.seconds.get(&s).copied();
+            let d = engine.decode_times.seconds.get(&s).copied();
+            if p.is_none() && d.is_none() {
+                return None;
+            }
+            let d_ms = if gpu { d.unwrap_or(0.0) * 1e3 } else { per_tok(d.unwrap_or(0.0)) };
+            Some(SlotRow { slot: s, prefill_ms: p.unwrap_or(0.0) * 1e3, decode_ms_per_token: d_ms })
+        })
+        .collect();
+    slots.sort_by(|a, b| b.decode_ms_per_token.total_cmp(&a.decode_ms_per_token));
+    slots
 }
 
 /// The KV cache's context: `--context`, which must leave room for `--max-tokens`
 /// after the prompt, else the prompt and `--max-tokens` (`max_position`, the
 /// model's, only words the message of a sum past any context).
-fn run_context(args: &RunArgs, prompt: usize, max_position: usize) -> Result<usize> {
+fn run_context(args: &RunArgs, context: Option<usize>, prompt: usize, max_position: usize) -> Result<usize> {
     let left = |c: usize| c.saturating_sub(prompt);
     let need = prompt.checked_add(args.max_tokens).ok_or_else(|| {
         Error::Usage(format!(
@@ -313,7 +351,7 @@ fn run_context(args: &RunArgs, prompt: usize, max_position: usize) -> Result<usi
             left(max_position)
         ))
     })?;
-    match args.generate.engine.context {
+    match context {
         Some(c) if c < need => Err(Error::Usage(format!(
             "--max-tokens {}: the context (--context {c}) leaves room for {} tokens after the {prompt}-token prompt; \
              give --max-tokens {} or less, or a larger --context",
@@ -334,7 +372,7 @@ fn run_context(args: &RunArgs, prompt: usize, max_position: usize) -> Result<usi
 }
 
 /// The vision config of the `--model-dir` a `--image` run needs.
-fn image_config(settings: &ModelSettings, path: &std::path::Path) -> Result<VisionConfig> {
+fn image_config(settings: &ModelSettings, path: &Path) -> Result<VisionConfig> {
     let ModelSource::Dir(dir) = &settings.source else {
         return Err(Error::Usage(format!(
             "--image {}: images need a multimodal model: a directory (--model-dir with a Gemma3ForConditionalGeneration config), \

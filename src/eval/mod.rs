@@ -379,7 +379,7 @@ pub fn f32_reference(mut opts: PlanOptions) -> (PlanOptions, Selection) {
 }
 
 /// A warmed engine that scores chunks of `ctx` ([`scoring_options`]): `path`
-/// with `exec`'s plan options, GPU batching and CPU pool settings.
+/// with `exec`'s plan options, executing as `exec` says ([`Engines::build`]).
 pub fn scoring_engine(
     build: &Engines<'_>,
     settings: &ModelSettings,
@@ -393,9 +393,7 @@ pub fn scoring_engine(
         Path::Selected(s) => (opts, s),
         Path::F32Reference => f32_reference(opts),
     };
-    let mut engine = build.build(opts, selection, exec.batch)?;
-    engine.set_cpu_pool(exec.threads, exec.spin_us, exec.prefetch);
-    Ok(engine)
+    Ok(build.build(opts, selection, exec)?)
 }
 
 #[cfg(test)]

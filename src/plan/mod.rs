@@ -311,6 +311,54 @@ pub fn default_cpu_repack(c: &ModelConfig, dtypes: impl IntoIterator<Item = DTyp
 }
 
 impl PlanOptions {
+    /// Passes of up to `max_tokens` tokens over a KV cache of `context`
+    /// positions, every matrix in `weight_dtype`: the common form, with an f32
+    /// KV cache, the last position's logits, every fusion ([`Fusion::ALL`]), no
+    /// parallel groups and no CPU repacking (the `with_` methods change one).
+    pub fn new(weight_dtype: DType, max_tokens: usize, context: usize) -> PlanOptions {
+        PlanOptions {
+            weight_dtype,
+            matrix_formats: BTreeMap::new(),
+            kv_dtype: DType::F32,
+            max_tokens,
+            context,
+            all_logits: false,
+            fusion: Fusion::ALL,
+            parallel: Parallel::default(),
+            cpu_repack: Vec::new(),
+        }
+    }
+
+    /// These options with fusions `fusion`.
+    pub fn with_fusion(self, fusion: Fusion) -> PlanOptions {
+        PlanOptions { fusion, ..self }
+    }
+
+    /// These options with parallel groups `parallel`.
+    pub fn with_parallel(self, parallel: Parallel) -> PlanOptions {
+        PlanOptions { parallel, ..self }
+    }
+
+    /// These options with a KV cache in `kv_dtype`.
+    pub fn with_kv_dtype(self, kv_dtype: DType) -> PlanOptions {
+        PlanOptions { kv_dtype, ..self }
+    }
+
+    /// These options with every position's logits (`all_logits`).
+    pub fn with_all_logits(self, all_logits: bool) -> PlanOptions {
+        PlanOptions { all_logits, ..self }
+    }
+
+    /// These options with the matrices of `matrix_formats` in their own types.
+    pub fn with_matrix_formats(self, matrix_formats: BTreeMap<String, DType>) -> PlanOptions {
+        PlanOptions { matrix_formats, ..self }
+    }
+
+    /// These options with the CPU repacking `cpu_repack`.
+    pub fn with_cpu_repack(self, cpu_repack: Vec<crate::kernels::quant::QFormat>) -> PlanOptions {
+        PlanOptions { cpu_repack, ..self }
+    }
+
     /// The storage type of matrix `tensor`: its own when the file keeps it in
     /// another format ([`PlanOptions::matrix_formats`]), else `weight_dtype`.
     pub fn matrix_dtype(&self, tensor: &str) -> DType {
@@ -1299,17 +1347,7 @@ mod tests {
             let c = crate::model::builtin(name).expect("built-in model");
             for subgroups in [true, false] {
                 let caps = crate::device::GpuCaps { subgroups, ..crate::testing::typical_gpu_caps() };
-                let opts = PlanOptions {
-                    weight_dtype: DType::F16,
-                    matrix_formats: BTreeMap::new(),
-                    kv_dtype: DType::F16,
-                    max_tokens: 4,
-                    context: 64,
-                    all_logits: false,
-                    fusion: Fusion::ALL,
-                    parallel: Parallel::default(),
-                    cpu_repack: Vec::new(),
-                };
+                let opts = PlanOptions::new(DType::F16, 4, 64).with_kv_dtype(DType::F16);
                 let plan = Plan::new(name, &c, opts, Selection::runtime(select::DeviceCaps::Gpu(caps))).expect("plan");
                 let steps = plan.steps(1, 7).expect("decode steps");
                 let layer: Vec<Slot> = steps.iter().filter(|s| s.layer == Some(1)).map(|s| s.slot).collect();

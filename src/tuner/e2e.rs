@@ -24,6 +24,7 @@ use crate::device::DeviceCaps;
 use crate::eval::{self, Reference, Text};
 use crate::kernels::sample::{Sampler, SamplerParams};
 use crate::plan::{Fusion, Parallel, Plan, PlanOptions, Regime, Selection};
+use crate::profile::ExecSettings;
 use crate::profile::build::{HeadToHead, VisionTimes};
 use crate::progress::Silent;
 use crate::runtime::tower::{Tower, synthetic_image};
@@ -94,6 +95,25 @@ impl Combo {
     /// The formats [`Combo::repack`] names.
     pub fn repack_formats(&self) -> Vec<crate::kernels::quant::QFormat> {
         crate::kernels::quant::REPACKABLE.iter().enumerate().filter(|(j, _)| (self.repack >> j) & 1 == 1).map(|(_, &f)| f).collect()
+    }
+
+    /// The execution settings of this combination, for a model tuned with `o`
+    /// (on a GPU when `gpu`: trusted shader modules as `o` asks, and the decode
+    /// chain recorded).
+    pub fn exec(&self, o: &TuneOptions, gpu: bool) -> ExecSettings {
+        ExecSettings {
+            batch: self.batch,
+            fusion: self.fusion,
+            parallel: self.parallel,
+            kv_dtype: o.kv_dtype,
+            weight_dtype: o.weight_dtype,
+            threads: self.threads,
+            spin_us: self.spin_us,
+            prefetch: self.prefetch,
+            repack: self.repack_formats(),
+            trusted_shaders: o.trusted_shaders && gpu,
+            decode_chain: gpu.then(|| self.decode_chain() as u32),
+        }
     }
 
     pub fn label(&self) -> String {
@@ -680,9 +700,7 @@ impl<'a> Stage<'a> {
     }
 
     fn build(&self, b: &Engines<'_>, c: &Combo) -> Result<Engine, RuntimeError> {
-        let mut e = b.build(self.options_for(c), selection_for(c, self.caps, self.winners), c.batch)?;
-        e.set_cpu_pool(c.threads, c.spin_us, c.prefetch);
-        Ok(e)
+        b.build(self.options_for(c), selection_for(c, self.caps, self.winners), &c.exec(self.o, self.t.ctx.is_some()))
     }
 
     /// One sample of `c` on its engine.
@@ -1295,7 +1313,9 @@ fn divergences(
     // as they are, where a fused Q/K/V and gate/up would copy most of them.
     let (ref_opts, ref_sel) = eval::f32_reference(scoring(plan_options(o, Fusion::NONE, Parallel::default())));
     let ref_start = Instant::now();
-    let mut reference = engines(None).build(ref_opts, ref_sel, true)?;
+    // On the CPU: the pool's defaults.
+    let cpu_default = Combo { threads: 0, spin_us: 0, prefetch: None, ..combos[0].0 };
+    let mut reference = engines(None).build(ref_opts, ref_sel, &cpu_default.exec(o, false))?;
     let build = engines(t.ctx.clone());
     let mut out = vec![None; combos.len()];
     let Scoring { order, end, rebuild_s } = *which;
@@ -1313,8 +1333,7 @@ fn divergences(
         let t0 = Instant::now();
         let c = &combos[i].0;
         let (opts, sel) = setup(c);
-        let mut e = build.build(scoring(opts), sel, c.batch)?;
-        e.set_cpu_pool(c.threads, c.spin_us, c.prefetch);
+        let mut e = build.build(scoring(opts), sel, &c.exec(o, t.ctx.is_some()))?;
         let o = eval::evaluate(&text, &mut e, Some(Reference::Engine(&mut reference)), None, &Silent)?;
         out[i] = o.divergence.map(|d| d.kld_mean);
         each = if measured { each.max(t0.elapsed()) } else { t0.elapsed() };

@@ -32,7 +32,6 @@ use crate::kernels::{self, DType};
 use crate::model::ModelConfig;
 use crate::plan::Regime;
 use crate::plan::select::{Choice, SlotKey};
-use crate::profile::ExecSettings;
 use crate::profile::build::{CombinationRecord, TuneRecord};
 use crate::profile::cache::{self, Cache};
 use crate::profile::doc;
@@ -281,20 +280,9 @@ impl<'a> Found<'a> {
         for r in space.races.iter().filter(|r| r.key.1 == Regime::Vision) {
             problems.extend(r.shapes.iter().map(|(p, _)| (r.key, p.clone(), r.dtype)));
         }
-        let exec = ExecSettings {
-            batch: chosen.batch,
-            fusion: chosen.fusion,
-            parallel: chosen.parallel,
-            kv_dtype: o.kv_dtype,
-            weight_dtype: o.weight_dtype,
-            threads: chosen.threads,
-            spin_us: chosen.spin_us,
-            prefetch: chosen.prefetch,
-            repack: chosen.repack_formats(),
-            trusted_shaders: o.trusted_shaders && t.ctx.is_some(),
-            // Recorded on a GPU (the chain the winner decoded with), where it was raced.
-            decode_chain: t.ctx.is_some().then(|| chosen.decode_chain() as u32),
-        };
+        // Trusted modules and the decode chain recorded on a GPU (the chain the
+        // winner decoded with), where they were raced.
+        let exec = chosen.exec(o, t.ctx.is_some());
         Ok(TuneRecord {
             model: t.model,
             device: t.device,

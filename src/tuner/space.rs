@@ -45,17 +45,11 @@ fn fusions(cfg: &ModelConfig) -> Vec<Fusion> {
 }
 
 pub(crate) fn plan_options(o: &TuneOptions, fusion: Fusion, parallel: Parallel) -> PlanOptions {
-    PlanOptions {
-        cpu_repack: Vec::new(),
-        weight_dtype: o.weight_dtype,
-        matrix_formats: o.matrix_formats.clone(),
-        kv_dtype: o.kv_dtype,
-        max_tokens: o.prefill_tokens,
-        context: o.context,
-        all_logits: false,
-        fusion,
-        parallel,
-    }
+    PlanOptions::new(o.weight_dtype, o.prefill_tokens, o.context)
+        .with_matrix_formats(o.matrix_formats.clone())
+        .with_kv_dtype(o.kv_dtype)
+        .with_fusion(fusion)
+        .with_parallel(parallel)
 }
 
 /// Kernel steps of both regimes of a plan: (slot, regime, problem, dtype). Decode

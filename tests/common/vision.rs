@@ -9,7 +9,7 @@ use ktune::device::CpuCaps;
 use ktune::gpu::GpuCtx;
 use ktune::kernels::{self, Backend, DType, Op};
 use ktune::plan::select::DeviceCaps;
-use ktune::plan::{Fusion, Parallel, Plan, PlanOptions, Selection};
+use ktune::plan::{Fusion, Plan, PlanOptions, Selection};
 use ktune::runtime::vision::{TowerBackend, VisionTower};
 use ktune::runtime::{Engine, ImageAttention, TensorStore, argmax};
 use ktune::session::{LoadedModel, load_model};
@@ -49,17 +49,7 @@ pub fn load_gguf_pair() -> LoadedModel {
 /// cache, every row's logits, prefill passes of `chunk` tokens, the defaults'
 /// kernels (image attention the runtime's default, bidirectional).
 pub fn text_engine(m: &LoadedModel, tokens: usize, context: usize, chunk: usize, fusion: Fusion, gpu: Option<Arc<GpuCtx>>) -> Engine {
-    let opts = PlanOptions {
-        cpu_repack: Vec::new(),
-        weight_dtype: DType::F32,
-        matrix_formats: Default::default(),
-        kv_dtype: DType::F32,
-        max_tokens: chunk.min(tokens),
-        context,
-        all_logits: true,
-        fusion,
-        parallel: Parallel::default(),
-    };
+    let opts = PlanOptions::new(DType::F32, chunk.min(tokens), context).with_all_logits(true).with_fusion(fusion);
     let caps = match &gpu {
         Some(g) => DeviceCaps::Gpu(g.caps.clone()),
         None => DeviceCaps::Cpu(CpuCaps::detect()),

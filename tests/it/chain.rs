@@ -15,7 +15,7 @@ use ktune::gpu::GpuCtx;
 use ktune::kernels::DType;
 use ktune::kernels::sample::{Sampler, SamplerParams};
 use ktune::plan::select::DeviceCaps;
-use ktune::plan::{Fusion, Parallel, Plan, PlanOptions, Selection};
+use ktune::plan::{Fusion, Plan, PlanOptions, Selection};
 use ktune::runtime::{Engine, TensorStore};
 use ktune::session::load_model;
 use ktune::testing::test_gpu;
@@ -33,18 +33,9 @@ const SAMPLED: SamplerParams =
 pub(crate) fn engine(dir: &Path, gpu: Option<&Arc<GpuCtx>>, limit: Option<u64>) -> (Engine, Vec<u32>) {
     let m = load_model(None, Some(&dir.to_path_buf()), None, 0).expect("fixture loads");
     let prompt = ids(&read_json(dir.join("expected.json"))["tokens"]);
-    let opts = PlanOptions {
-        cpu_repack: Vec::new(),
-        weight_dtype: DType::F32,
-        matrix_formats: Default::default(),
-        kv_dtype: DType::F32,
-        max_tokens: prompt.len(),
-        context: prompt.len() + 2 * STEPS,
-        all_logits: false,
-        // Unfused under a binding limit (the fused weights are larger than the head).
-        fusion: if limit.is_some() { Fusion::NONE } else { Fusion::ALL },
-        parallel: Parallel::default(),
-    };
+    // Unfused under a binding limit (the fused weights are larger than the head).
+    let fusion = if limit.is_some() { Fusion::NONE } else { Fusion::ALL };
+    let opts = PlanOptions::new(DType::F32, prompt.len(), prompt.len() + 2 * STEPS).with_fusion(fusion);
     let caps = match gpu {
         Some(g) => {
             let mut caps = g.caps.clone();

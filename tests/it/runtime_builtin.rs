@@ -31,7 +31,7 @@ use ktune::gpu::GpuCtx;
 use ktune::kernels::DType;
 use ktune::model::{LayerKind, ModelConfig, Weights, builtin, builtin_names};
 use ktune::plan::select::DeviceCaps;
-use ktune::plan::{Fusion, Parallel, Plan, PlanOptions, Selection};
+use ktune::plan::{Fusion, Plan, PlanOptions, Selection};
 use ktune::runtime::{Engine, TensorStore, argmax};
 use ktune::testing::test_gpu;
 
@@ -85,17 +85,7 @@ fn prompt(vocab: usize) -> Vec<u32> {
 }
 
 fn engine(c: &ModelConfig, store: Arc<dyn TensorStore>, gpu: Option<Arc<GpuCtx>>, prefill: bool) -> Engine {
-    let opts = PlanOptions {
-        cpu_repack: Vec::new(),
-        weight_dtype: DType::F16,
-        matrix_formats: Default::default(),
-        kv_dtype: DType::F32,
-        max_tokens: if prefill { PROMPT_LEN } else { 1 },
-        context: PROMPT_LEN + DECODE_STEPS,
-        all_logits: false,
-        fusion: Fusion::ALL,
-        parallel: Parallel::default(),
-    };
+    let opts = PlanOptions::new(DType::F16, if prefill { PROMPT_LEN } else { 1 }, PROMPT_LEN + DECODE_STEPS);
     let caps = match &gpu {
         Some(g) => DeviceCaps::Gpu(g.caps.clone()),
         None => DeviceCaps::Cpu(CpuCaps::detect()),
@@ -217,17 +207,7 @@ fn cpu_and_gpu_agree_on_every_builtin_model_full_vocabulary() {
 fn rebased_schedules_equal_fresh_ones() {
     for name in ktune::model::builtin_names() {
         let c = reduced(name, Some(512));
-        let opts = PlanOptions {
-            cpu_repack: Vec::new(),
-            weight_dtype: DType::F32,
-            matrix_formats: Default::default(),
-            kv_dtype: DType::F32,
-            max_tokens: 8,
-            context: 64,
-            all_logits: false,
-            fusion: Fusion::ALL,
-            parallel: Parallel::default(),
-        };
+        let opts = PlanOptions::new(DType::F32, 8, 64);
         let plan = Plan::new("builtin", &c, opts, Selection::defaults(DeviceCaps::Cpu(CpuCaps::detect()))).expect("plan");
         for tokens in [1, 8] {
             let mut compiled = plan.steps(tokens, 0).expect("steps");
@@ -253,17 +233,7 @@ fn a_fallback_warning_stays_with_the_step() {
     use ktune::plan::select::{Choice, Slot};
     use ktune::plan::{Regime, StepKind};
     let c = reduced("smollm2-135m", Some(512));
-    let opts = PlanOptions {
-        cpu_repack: Vec::new(),
-        weight_dtype: DType::F32,
-        matrix_formats: Default::default(),
-        kv_dtype: DType::F32,
-        max_tokens: 4,
-        context: 16,
-        all_logits: false,
-        fusion: Fusion::NONE,
-        parallel: Parallel::default(),
-    };
+    let opts = PlanOptions::new(DType::F32, 4, 16).with_fusion(Fusion::NONE);
     let mut sel = Selection::defaults(DeviceCaps::Cpu(CpuCaps::detect()));
     // A block-format GEMV for an f32 LM head: it cannot run it.
     let k = find("gemv_q_cpu").expect("kernel");

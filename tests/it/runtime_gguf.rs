@@ -22,7 +22,7 @@ use ktune::kernels::DType;
 use ktune::kernels::quant::{QFormat, QMatrix};
 use ktune::model::{Stored, Weights};
 use ktune::plan::select::DeviceCaps;
-use ktune::plan::{Fusion, Parallel, Plan, PlanOptions, Selection};
+use ktune::plan::{Fusion, Plan, PlanOptions, Selection};
 use ktune::runtime::{Engine, TensorStore, argmax};
 use ktune::session::{LoadedModel, load_gguf, matrix_formats, weight_dtype_for};
 use ktune::testing::test_gpu;
@@ -121,17 +121,11 @@ fn run_with(
 /// them) unless `weights` says one, an f32 cache, every logit.
 fn options(m: &LoadedModel, fusion: Fusion, weights: Option<DType>, max_tokens: usize, context: usize, repack: &[QFormat]) -> PlanOptions {
     let weight_dtype = weights.unwrap_or_else(|| weight_dtype_for(m.weights.matmul_storage().expect("projections")));
-    PlanOptions {
-        cpu_repack: repack.to_vec(),
-        weight_dtype,
-        matrix_formats: matrix_formats(m, weight_dtype, weights),
-        kv_dtype: DType::F32,
-        max_tokens,
-        context,
-        all_logits: true,
-        fusion,
-        parallel: Parallel::default(),
-    }
+    PlanOptions::new(weight_dtype, max_tokens, context)
+        .with_matrix_formats(matrix_formats(m, weight_dtype, weights))
+        .with_all_logits(true)
+        .with_fusion(fusion)
+        .with_cpu_repack(repack.to_vec())
 }
 
 /// A file whose projections mix f16 (and BF16, served as f16) with five block

@@ -13,7 +13,7 @@ use crate::common::{hf_fixtures as fixtures, ids, read_json, rel_err};
 use ktune::device::CpuCaps;
 use ktune::kernels::DType;
 use ktune::plan::select::DeviceCaps;
-use ktune::plan::{Fusion, Parallel, Plan, PlanOptions, Selection};
+use ktune::plan::{Fusion, Plan, PlanOptions, Selection};
 use ktune::runtime::{Engine, TensorStore, argmax};
 use ktune::session::load_model;
 use ktune::testing::test_gpu;
@@ -47,17 +47,10 @@ fn run_blocks(dir: &Path, dev: &Dev, fusion: Fusion, kv: DType, chunk: usize) ->
     let m = load_model(None, Some(&dir.to_path_buf()), None, 0).expect("fixture loads");
     let exp = expected(dir);
     let n_new = exp.generated.len();
-    let opts = PlanOptions {
-        cpu_repack: Vec::new(),
-        weight_dtype: DType::F32,
-        matrix_formats: Default::default(),
-        kv_dtype: kv,
-        max_tokens: chunk.min(exp.tokens.len()),
-        context: exp.tokens.len() + n_new,
-        all_logits: true,
-        fusion,
-        parallel: Parallel::default(),
-    };
+    let opts = PlanOptions::new(DType::F32, chunk.min(exp.tokens.len()), exp.tokens.len() + n_new)
+        .with_kv_dtype(kv)
+        .with_all_logits(true)
+        .with_fusion(fusion);
     let caps = match dev {
         Dev::Cpu => DeviceCaps::Cpu(CpuCaps::detect()),
         Dev::Gpu(g) => DeviceCaps::Gpu(g.caps.clone()),

@@ -17,7 +17,7 @@ use ktune::kernels::DType;
 use ktune::kernels::quant::QFormat;
 use ktune::model::Weights;
 use ktune::plan::select::DeviceCaps;
-use ktune::plan::{BufRole, Fusion, Parallel, Plan, PlanOptions, Selection};
+use ktune::plan::{BufRole, Fusion, Plan, PlanOptions, Selection};
 use ktune::runtime::cpu::HostBuf;
 use ktune::runtime::{Engine, LoadOnce, RuntimeError, TensorStore, argmax};
 use ktune::session::load_model;
@@ -91,17 +91,7 @@ fn logits_repacked(
     store: Arc<dyn TensorStore>,
 ) -> Vec<Vec<f32>> {
     let m = load_model(None, Some(&dir.to_path_buf()), None, 0).expect("fixture loads");
-    let opts = PlanOptions {
-        cpu_repack,
-        weight_dtype: dtype,
-        matrix_formats: Default::default(),
-        kv_dtype: DType::F32,
-        max_tokens: 4,
-        context: PROMPT.len() + DECODE,
-        all_logits: true,
-        fusion,
-        parallel: Parallel::default(),
-    };
+    let opts = PlanOptions::new(dtype, 4, PROMPT.len() + DECODE).with_all_logits(true).with_fusion(fusion).with_cpu_repack(cpu_repack);
     let plan = Plan::new("fixture", &m.config, opts, Selection::defaults(caps)).expect("plan");
     if dtype.is_quant() {
         for b in plan.buffers.iter().filter(|b| b.role == BufRole::Weight) {
@@ -281,17 +271,7 @@ fn norm_matmul_removes_the_norms_that_feed_projections() {
         let c = &m.config;
         for base in [Fusion::NONE, Fusion { norm_matmul: false, ..Fusion::ALL }] {
             let plan = |f: Fusion| {
-                let opts = PlanOptions {
-                    cpu_repack: Vec::new(),
-                    weight_dtype: DType::F32,
-                    matrix_formats: Default::default(),
-                    kv_dtype: DType::F32,
-                    max_tokens: 4,
-                    context: 16,
-                    all_logits: false,
-                    fusion: f,
-                    parallel: Parallel::default(),
-                };
+                let opts = PlanOptions::new(DType::F32, 4, 16).with_fusion(f);
                 Plan::new("fixture", c, opts, Selection::defaults(DeviceCaps::Cpu(CpuCaps::detect()))).expect("plan")
             };
             let count = |steps: &[ktune::plan::Step], slot: Slot| {
