@@ -6,8 +6,8 @@ use half::f16;
 
 use super::super::decode::scale_iq4xs;
 use super::super::encode::{nearest_level, signed_scales};
-use super::super::{GROUP, IQ4_LEVELS, QFormat, QK_K};
-use super::{BlockFormat, CpuKernels, F32Dot, I8Dot, Panel, Stage};
+use super::super::{IQ4_LEVELS, QFormat, QK_K};
+use super::{BlockFormat, CpuKernels, F32Dot, Groups, I8Dot, Panel, Stage};
 
 /// ggml IQ4_XS: `d`, `scales_h` (u16), scales_l[4], qs[128]; per 32 elements
 /// `x = d*(ls-32)*level[q]`.
@@ -36,7 +36,7 @@ impl BlockFormat for BlockIQ4XS {
             }
         }
     }
-    fn unpack_scales(q: &[u8], s: &[f16], sc: &mut [f32; QK_K / GROUP], _: &mut [f32; QK_K / GROUP]) {
+    fn unpack_scales(q: &[u8], s: &[f16], sc: &mut Groups, _: &mut Groups) {
         let (d, scales_h) = (s[0].to_f32(), s[1].to_bits());
         for ib in 0..8 {
             let dl = d * (scale_iq4xs(ib, &q[..4], scales_h) - 32) as f32;

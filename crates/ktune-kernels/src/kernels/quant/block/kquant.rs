@@ -9,7 +9,7 @@ use half::f16;
 use super::super::decode::scales_q3k;
 use super::super::encode::{code, range_scales, signed_scales};
 use super::super::{GROUP, QFormat, QK_K, scale_min_k4, scales_mins_k4};
-use super::{BlockFormat, CpuKernels, F32Dot, I8Dot, Panel, Stage, X8};
+use super::{BlockFormat, CpuKernels, F32Dot, Groups, I8Dot, Panel, Stage, X8};
 
 /// The kernels of the K-quants without a loop of their own.
 const UNPACKED: CpuKernels = CpuKernels {
@@ -48,7 +48,7 @@ fn unpack_q45k(q: &[u8], v: &mut [i8; QK_K], q5: bool) {
 }
 
 /// Q4_K / Q5_K scales: `d` times each sub-block's 6-bit scale, `-dmin` times its minimum.
-fn scales_q45k(q: &[u8], s: &[f16], sc: &mut [f32; QK_K / GROUP], off: &mut [f32; QK_K / GROUP]) {
+fn scales_q45k(q: &[u8], s: &[f16], sc: &mut Groups, off: &mut Groups) {
     let (d, dmin) = (s[0].to_f32(), s[1].to_f32());
     for g in 0..8 {
         let (k, m) = scale_min_k4(g, &q[..12]);
@@ -115,7 +115,7 @@ impl BlockFormat for BlockQ2K {
     fn unpack_vals(q: &[u8], v: &mut [i8; QK_K]) {
         unpack_q23k(q, v, false);
     }
-    fn unpack_scales(q: &[u8], s: &[f16], sc: &mut [f32; QK_K / GROUP], off: &mut [f32; QK_K / GROUP]) {
+    fn unpack_scales(q: &[u8], s: &[f16], sc: &mut Groups, off: &mut Groups) {
         let (d, dmin) = (s[0].to_f32(), s[1].to_f32());
         for (g, &b) in q[..16].iter().enumerate() {
             sc[g] = d * (b & 0x0f) as f32;
@@ -153,7 +153,7 @@ impl BlockFormat for BlockQ3K {
     fn unpack_vals(q: &[u8], v: &mut [i8; QK_K]) {
         unpack_q23k(q, v, true);
     }
-    fn unpack_scales(q: &[u8], s: &[f16], sc: &mut [f32; QK_K / GROUP], _: &mut [f32; QK_K / GROUP]) {
+    fn unpack_scales(q: &[u8], s: &[f16], sc: &mut Groups, _: &mut Groups) {
         let d = s[0].to_f32();
         for (g, &k) in scales_q3k(&q[96..108]).iter().enumerate() {
             sc[g] = d * k as f32;
@@ -204,7 +204,7 @@ impl BlockFormat for BlockQ4K {
     fn unpack_vals(q: &[u8], v: &mut [i8; QK_K]) {
         unpack_q45k(q, v, false);
     }
-    fn unpack_scales(q: &[u8], s: &[f16], sc: &mut [f32; QK_K / GROUP], off: &mut [f32; QK_K / GROUP]) {
+    fn unpack_scales(q: &[u8], s: &[f16], sc: &mut Groups, off: &mut Groups) {
         scales_q45k(q, s, sc, off);
     }
     fn quantize(x: &[f32], q: &mut [u8], s: &mut [f16]) {
@@ -230,7 +230,7 @@ impl BlockFormat for BlockQ5K {
     fn unpack_vals(q: &[u8], v: &mut [i8; QK_K]) {
         unpack_q45k(q, v, true);
     }
-    fn unpack_scales(q: &[u8], s: &[f16], sc: &mut [f32; QK_K / GROUP], off: &mut [f32; QK_K / GROUP]) {
+    fn unpack_scales(q: &[u8], s: &[f16], sc: &mut Groups, off: &mut Groups) {
         scales_q45k(q, s, sc, off);
     }
     fn quantize(x: &[f32], q: &mut [u8], s: &mut [f16]) {
@@ -266,7 +266,7 @@ impl BlockFormat for BlockQ6K {
             }
         }
     }
-    fn unpack_scales(q: &[u8], s: &[f16], sc: &mut [f32; QK_K / GROUP], _: &mut [f32; QK_K / GROUP]) {
+    fn unpack_scales(q: &[u8], s: &[f16], sc: &mut Groups, _: &mut Groups) {
         let d = s[0].to_f32();
         for (g, &b) in q[192..208].iter().enumerate() {
             sc[g] = d * b as i8 as f32;

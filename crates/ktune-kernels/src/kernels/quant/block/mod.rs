@@ -30,6 +30,10 @@ use half::f16;
 
 use super::{GROUP, QFormat, QK_K};
 
+/// One value per 16 elements of a block (the scales and offsets of
+/// [`super::Unpacked`]).
+pub type Groups = [f32; QK_K / GROUP];
+
 /// The f32-activation decode dot (and SIMD dequantization) that serves a format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum F32Dot {
@@ -151,7 +155,7 @@ pub trait BlockFormat: Sized {
     /// The integer values of one block (`ELEMS` of `v`).
     fn unpack_vals(q: &[u8], v: &mut [i8; QK_K]);
     /// The scale and offset of each 16 elements of one block (`ELEMS / 16` of each).
-    fn unpack_scales(q: &[u8], s: &[f16], sc: &mut [f32; QK_K / GROUP], off: &mut [f32; QK_K / GROUP]);
+    fn unpack_scales(q: &[u8], s: &[f16], sc: &mut Groups, off: &mut Groups);
     /// Quantizes `ELEMS` values into one block.
     fn quantize(x: &[f32], q: &mut [u8], s: &mut [f16]);
     /// One block's quant bytes (`src`) in the GPU layout (`dst`, as long or up to 4
@@ -174,7 +178,7 @@ pub struct FormatOps {
     pub row_fallback: Option<QFormat>,
     pub cpu: CpuKernels,
     pub unpack_vals: fn(&[u8], &mut [i8; QK_K]),
-    pub unpack_scales: fn(&[u8], &[f16], &mut [f32; QK_K / GROUP], &mut [f32; QK_K / GROUP]),
+    pub unpack_scales: fn(&[u8], &[f16], &mut Groups, &mut Groups),
     pub quantize: fn(&[f32], &mut [u8], &mut [f16]),
     pub gpu_block: fn(&[u8], &mut [u8]),
 }

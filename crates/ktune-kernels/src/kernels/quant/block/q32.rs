@@ -7,11 +7,11 @@
 use half::f16;
 
 use super::super::encode::{nearest_level, signed_max};
-use super::super::{GROUP, IQ4_LEVELS, QK_K};
-use super::{BlockFormat, Codes, CpuKernels, F32Dot, I8Dot, Panel, Stage, X8};
+use super::super::{IQ4_LEVELS, QK_K};
+use super::{BlockFormat, Codes, CpuKernels, F32Dot, Groups, I8Dot, Panel, Stage, X8};
 
 /// Both groups' scale `d` (and the minimum for formats with an offset).
-fn scales32<F: BlockFormat>(s: &[f16], sc: &mut [f32; QK_K / GROUP], off: &mut [f32; QK_K / GROUP]) {
+fn scales32<F: BlockFormat>(s: &[f16], sc: &mut Groups, off: &mut Groups) {
     sc[..2].fill(s[0].to_f32());
     off[..2].fill(if F::OFFSET { s[1].to_f32() } else { 0.0 });
 }
@@ -93,7 +93,7 @@ impl BlockFormat for BlockQ8_0 {
             *o = b as i8;
         }
     }
-    fn unpack_scales(_: &[u8], s: &[f16], sc: &mut [f32; QK_K / GROUP], off: &mut [f32; QK_K / GROUP]) {
+    fn unpack_scales(_: &[u8], s: &[f16], sc: &mut Groups, off: &mut Groups) {
         scales32::<Self>(s, sc, off);
     }
     fn quantize(x: &[f32], q: &mut [u8], s: &mut [f16]) {
@@ -126,7 +126,7 @@ impl BlockFormat for BlockQ4_0 {
     fn unpack_vals(q: &[u8], v: &mut [i8; QK_K]) {
         nibbles(q, v, |n| n as i8 - 8);
     }
-    fn unpack_scales(_: &[u8], s: &[f16], sc: &mut [f32; QK_K / GROUP], off: &mut [f32; QK_K / GROUP]) {
+    fn unpack_scales(_: &[u8], s: &[f16], sc: &mut Groups, off: &mut Groups) {
         scales32::<Self>(s, sc, off);
     }
     fn quantize(x: &[f32], q: &mut [u8], s: &mut [f16]) {
@@ -152,7 +152,7 @@ impl BlockFormat for BlockQ4_1 {
     fn unpack_vals(q: &[u8], v: &mut [i8; QK_K]) {
         nibbles(q, v, |n| n as i8);
     }
-    fn unpack_scales(_: &[u8], s: &[f16], sc: &mut [f32; QK_K / GROUP], off: &mut [f32; QK_K / GROUP]) {
+    fn unpack_scales(_: &[u8], s: &[f16], sc: &mut Groups, off: &mut Groups) {
         scales32::<Self>(s, sc, off);
     }
     fn quantize(x: &[f32], q: &mut [u8], s: &mut [f16]) {
@@ -178,7 +178,7 @@ impl BlockFormat for BlockQ5_0 {
     fn unpack_vals(q: &[u8], v: &mut [i8; QK_K]) {
         fives(q, v, 16);
     }
-    fn unpack_scales(_: &[u8], s: &[f16], sc: &mut [f32; QK_K / GROUP], off: &mut [f32; QK_K / GROUP]) {
+    fn unpack_scales(_: &[u8], s: &[f16], sc: &mut Groups, off: &mut Groups) {
         scales32::<Self>(s, sc, off);
     }
     fn quantize(x: &[f32], q: &mut [u8], s: &mut [f16]) {
@@ -204,7 +204,7 @@ impl BlockFormat for BlockQ5_1 {
     fn unpack_vals(q: &[u8], v: &mut [i8; QK_K]) {
         fives(q, v, 0);
     }
-    fn unpack_scales(_: &[u8], s: &[f16], sc: &mut [f32; QK_K / GROUP], off: &mut [f32; QK_K / GROUP]) {
+    fn unpack_scales(_: &[u8], s: &[f16], sc: &mut Groups, off: &mut Groups) {
         scales32::<Self>(s, sc, off);
     }
     fn quantize(x: &[f32], q: &mut [u8], s: &mut [f16]) {
@@ -230,7 +230,7 @@ impl BlockFormat for BlockIQ4NL {
     fn unpack_vals(q: &[u8], v: &mut [i8; QK_K]) {
         nibbles(q, v, |n| IQ4_LEVELS[n as usize]);
     }
-    fn unpack_scales(_: &[u8], s: &[f16], sc: &mut [f32; QK_K / GROUP], off: &mut [f32; QK_K / GROUP]) {
+    fn unpack_scales(_: &[u8], s: &[f16], sc: &mut Groups, off: &mut Groups) {
         scales32::<Self>(s, sc, off);
     }
     fn quantize(x: &[f32], q: &mut [u8], s: &mut [f16]) {
