@@ -1,7 +1,9 @@
-//! How each block format's bytes become values: [`unpack`] turns one block (in
-//! the split layout: quant bytes and 16-bit header fields) into small integers
-//! with one scale and one offset per 16 elements, `x = scale * v + offset`; every
-//! format fits that shape (a 32-element block is two groups with the same scale).
+//! How a block format's bytes become values, the shape every format's type
+//! ([`super::block`]) fills: [`unpack`] turns one block (in the split layout:
+//! quant bytes and 16-bit header fields) into small integers with one scale and
+//! one offset per 16 elements, `x = scale * v + offset` (a 32-element block is
+//! two groups with the same scale); the scale unpackers the K-quants and IQ4
+//! share.
 //! [`dequantize_block`] is the reference built on it, bit-identical to ggml's
 //! `dequantize_row_*` and the `gguf` package's `gguf.quants.dequantize` (the same
 //! f32 products, in the same order, no fused multiply-add). The CPU dot products
@@ -79,128 +81,19 @@ pub fn unpack(format: QFormat, q: &[u8], s: &[f16], u: &mut Unpacked) {
     unpack_scales(format, q, s, &mut u.scale, &mut u.off);
 }
 
-/// The integer values of one block ([`Unpacked::vals`]).
+/// The integer values of one block ([`Unpacked::vals`]): the format's
+/// [`BlockFormat::unpack_vals`](super::block::BlockFormat::unpack_vals).
+#[inline]
 pub fn unpack_vals(format: QFormat, q: &[u8], v: &mut [i8; QK_K]) {
-    match format {
-        QFormat::Q8_0 => {
-            for (o, &b) in v[..32].iter_mut().zip(q) {
-                *o = b as i8;
-            }
-        }
-        QFormat::Q4_0 | QFormat::Q4_1 | QFormat::IQ4_NL => {
-            for j in 0..16 {
-                let (lo, hi) = (q[j] & 0x0f, q[j] >> 4);
-                (v[j], v[j + 16]) = match format {
-                    QFormat::Q4_0 => (lo as i8 - 8, hi as i8 - 8),
-                    QFormat::Q4_1 => (lo as i8, hi as i8),
-                    _ => (IQ4_LEVELS[lo as usize], IQ4_LEVELS[hi as usize]),
-                };
-            }
-        }
-        QFormat::Q5_0 | QFormat::Q5_1 => {
-            let qh = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
-            let qs = &q[4..20];
-            let bias = if format == QFormat::Q5_0 { 16 } else { 0 };
-            for j in 0..16 {
-                let h0 = (((qh >> j) & 1) << 4) as u8;
-                let h1 = (((qh >> (j + 16)) & 1) << 4) as u8;
-                v[j] = ((qs[j] & 0x0f) | h0) as i8 - bias;
-                v[j + 16] = ((qs[j] >> 4) | h1) as i8 - bias;
-            }
-        }
-        QFormat::Q2_K | QFormat::Q3_K => {
-            let (hmask, qs) = if format == QFormat::Q3_K { (&q[..32], &q[32..96]) } else { (&q[..0], &q[16..80]) };
-            for h in 0..2 {
-                for sh in 0..4 {
-                    let bit = 4 * h + sh;
-                    for l in 0..32 {
-                        let low = ((qs[32 * h + l] >> (2 * sh)) & 3) as i8;
-                        // Q3_K: the offset is 4 unless the high bit is set.
-                        let high = if hmask.is_empty() || (hmask[l] >> bit) & 1 == 1 { 0 } else { 4 };
-                        v[128 * h + 32 * sh + l] = low - high;
-                    }
-                }
-            }
-        }
-        QFormat::Q4_K | QFormat::Q5_K => {
-            let (qh, qs) = if format == QFormat::Q5_K { (&q[12..44], &q[44..172]) } else { (&q[..0], &q[12..140]) };
-            for g in 0..8 {
-                let (j, t) = (g / 2, g % 2);
-                for l in 0..32 {
-                    let high = if qh.is_empty() { 0 } else { ((qh[l] >> g) & 1) << 4 };
-                    v[32 * g + l] = (((qs[32 * j + l] >> (4 * t)) & 0x0f) | high) as i8;
-                }
-            }
-        }
-        QFormat::Q6_K => {
-            let (ql, qh) = (&q[..128], &q[128..192]);
-            for h in 0..2 {
-                for sh in 0..4 {
-                    let (c, t) = (sh % 2, sh / 2);
-                    for l in 0..32 {
-                        let lo = (ql[64 * h + 32 * c + l] >> (4 * t)) & 0x0f;
-                        let hi = (qh[32 * h + l] >> (2 * sh)) & 3;
-                        v[128 * h + 32 * sh + l] = (lo | (hi << 4)) as i8 - 32;
-                    }
-                }
-            }
-        }
-        QFormat::IQ4_XS => {
-            let qs = &q[4..132];
-            for ib in 0..8 {
-                for j in 0..16 {
-                    let b = qs[16 * ib + j];
-                    v[32 * ib + j] = IQ4_LEVELS[(b & 0x0f) as usize];
-                    v[32 * ib + 16 + j] = IQ4_LEVELS[(b >> 4) as usize];
-                }
-            }
-        }
-    }
+    (format.ops().unpack_vals)(q, v)
 }
 
-/// The per-16-element scales and offsets of one block ([`Unpacked::scale`], [`Unpacked::off`]).
+/// The per-16-element scales and offsets of one block ([`Unpacked::scale`],
+/// [`Unpacked::off`]): the format's
+/// [`BlockFormat::unpack_scales`](super::block::BlockFormat::unpack_scales).
+#[inline]
 pub fn unpack_scales(format: QFormat, q: &[u8], s: &[f16], sc: &mut [f32; QK_K / GROUP], off: &mut [f32; QK_K / GROUP]) {
-    let d = s[0].to_f32();
-    match format {
-        // The 32-element formats: one scale (and offset) for both groups.
-        QFormat::Q8_0 | QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q5_0 | QFormat::Q5_1 | QFormat::IQ4_NL => {
-            sc[..2].fill(d);
-            off[..2].fill(if format.has_offset() { s[1].to_f32() } else { 0.0 });
-        }
-        QFormat::Q2_K => {
-            let dmin = s[1].to_f32();
-            for (g, &b) in q[..16].iter().enumerate() {
-                sc[g] = d * (b & 0x0f) as f32;
-                off[g] = -(dmin * (b >> 4) as f32);
-            }
-        }
-        QFormat::Q3_K => {
-            for (g, &k) in scales_q3k(&q[96..108]).iter().enumerate() {
-                sc[g] = d * k as f32;
-            }
-        }
-        QFormat::Q4_K | QFormat::Q5_K => {
-            let dmin = s[1].to_f32();
-            for g in 0..8 {
-                let (k, m) = scale_min_k4(g, &q[..12]);
-                let (dl, ml) = (d * k as f32, dmin * m as f32);
-                sc[2 * g..2 * g + 2].fill(dl);
-                off[2 * g..2 * g + 2].fill(-ml);
-            }
-        }
-        QFormat::Q6_K => {
-            for (g, &b) in q[192..208].iter().enumerate() {
-                sc[g] = d * b as i8 as f32;
-            }
-        }
-        QFormat::IQ4_XS => {
-            let scales_h = s[1].to_bits();
-            for ib in 0..8 {
-                let dl = d * (scale_iq4xs(ib, &q[..4], scales_h) - 32) as f32;
-                sc[2 * ib..2 * ib + 2].fill(dl);
-            }
-        }
-    }
+    (format.ops().unpack_scales)(q, s, sc, off)
 }
 
 /// Dequantizes one block (`q` its quant bytes, `s` its 16-bit header fields) into

@@ -1,6 +1,8 @@
 //! The one list of storage formats. Each row of the [`formats!`] invocation below
 //! is one format: its name (in profiles, on the command line and in kernel ids),
-//! its ggml type id (GGUF tensor infos), and for a block format its block geometry.
+//! for a float its ggml type id and bytes, for a block format the type that is
+//! the format ([`BlockFormat`], in [`super::block`]: ggml type id, geometry,
+//! values, quantizer, kernels).
 //! From that list come [`DType`] (f32, f16, then every block format, in the list's
 //! order), [`QFormat`] (the block formats) with its geometry,
 //! [`DType::ALL`] / [`QFormat::ALL`], the conversions between them, the ggml type
@@ -11,28 +13,18 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Geometry of one block format: ggml type id, name, elements and bytes per block,
-/// the byte offsets of its 16-bit header fields (in the order they go to `scales`),
-/// and whether values carry an additive per-group offset.
-pub(super) struct Geometry {
-    pub ggml: u32,
-    pub name: &'static str,
-    pub elems: usize,
-    pub bytes: usize,
-    pub header: &'static [usize],
-    pub offset: bool,
-}
+use super::block::{BlockFormat, FormatOps, iq4xs, kquant, q32};
 
 /// Defines [`DType`] and [`QFormat`] from the list of formats: float rows
 /// (`Variant = "name", ggml ID, bytes N;`), then block rows (`Variant = "name",
-/// ggml ID, elems N, bytes N, header [offsets], offset BOOL;`, doc comments
-/// allowed). The variant is ggml's type name, the string the name in files.
+/// Type;`, doc comments allowed: `Type` the format's [`BlockFormat`], which
+/// holds everything else about it). The variant is ggml's type name, the string
+/// the name in files.
 macro_rules! formats {
     (
         floats { $($(#[doc = $fdoc:literal])* $fv:ident = $fname:literal, ggml $fid:literal, bytes $fbytes:literal;)* }
         blocks {
-            $($(#[doc = $doc:literal])* $v:ident = $name:literal, ggml $id:literal, elems $elems:expr, bytes $bytes:literal,
-              header [$($h:literal),*], offset $off:literal;)*
+            $($(#[doc = $doc:literal])* $v:ident = $name:literal, $ty:ty;)*
         }
     ) => {
         /// Storage type of a variant's weight and cache buffers (activations are f32).
@@ -71,7 +63,7 @@ macro_rules! formats {
             pub fn ggml_type(self) -> u32 {
                 match self {
                     $(DType::$fv => $fid,)*
-                    $(DType::$v => $id,)*
+                    $(DType::$v => <$ty as BlockFormat>::GGML,)*
                 }
             }
             /// ggml's name of the type (`F16`, `Q4_K`).
@@ -86,7 +78,7 @@ macro_rules! formats {
             pub fn ggml_block(self) -> (usize, usize) {
                 match self {
                     $(DType::$fv => (1, $fbytes),)*
-                    $(DType::$v => ($elems, $bytes),)*
+                    $(DType::$v => (<$ty as BlockFormat>::ELEMS, <$ty as BlockFormat>::BYTES),)*
                 }
             }
         }
@@ -102,9 +94,19 @@ macro_rules! formats {
         impl QFormat {
             pub const ALL: [QFormat; [$($name),*].len()] = [$(QFormat::$v),*];
 
-            pub(super) fn geometry(self) -> Geometry {
+            /// The format's name (in profiles, on the command line, in kernel ids).
+            pub fn name(self) -> &'static str {
                 match self {
-                    $(QFormat::$v => Geometry { ggml: $id, name: $name, elems: $elems, bytes: $bytes, header: &[$($h),*], offset: $off },)*
+                    $(QFormat::$v => $name,)*
+                }
+            }
+
+            /// Everything about the format ([`BlockFormat`]) as one table: the only
+            /// place the formats' behaviour is chosen by variant.
+            #[inline]
+            pub fn ops(self) -> &'static FormatOps {
+                match self {
+                    $(QFormat::$v => &<$ty as BlockFormat>::OPS,)*
                 }
             }
         }
@@ -118,29 +120,29 @@ formats! {
     }
     blocks {
         /// ggml Q8_0 blocks (weights only).
-        Q8_0 = "q8_0", ggml 8, elems 32, bytes 34, header [0], offset false;
+        Q8_0 = "q8_0", q32::BlockQ8_0;
         /// ggml Q4_0 blocks (weights only).
-        Q4_0 = "q4_0", ggml 2, elems 32, bytes 18, header [0], offset false;
+        Q4_0 = "q4_0", q32::BlockQ4_0;
         /// ggml Q4_1 blocks (weights only).
-        Q4_1 = "q4_1", ggml 3, elems 32, bytes 20, header [0, 2], offset true;
+        Q4_1 = "q4_1", q32::BlockQ4_1;
         /// ggml Q5_0 blocks (weights only).
-        Q5_0 = "q5_0", ggml 6, elems 32, bytes 22, header [0], offset false;
+        Q5_0 = "q5_0", q32::BlockQ5_0;
         /// ggml Q5_1 blocks (weights only).
-        Q5_1 = "q5_1", ggml 7, elems 32, bytes 24, header [0, 2], offset true;
+        Q5_1 = "q5_1", q32::BlockQ5_1;
         /// ggml Q2_K super-blocks (weights only): scales[16], qs[64], d, dmin.
-        Q2_K = "q2_k", ggml 10, elems 256, bytes 84, header [80, 82], offset true;
+        Q2_K = "q2_k", kquant::BlockQ2K;
         /// ggml Q3_K super-blocks (weights only): hmask[32], qs[64], scales[12], d.
-        Q3_K = "q3_k", ggml 11, elems 256, bytes 110, header [108], offset false;
+        Q3_K = "q3_k", kquant::BlockQ3K;
         /// ggml Q4_K super-blocks (weights only): d, dmin, scales[12], qs[128].
-        Q4_K = "q4_k", ggml 12, elems 256, bytes 144, header [0, 2], offset true;
+        Q4_K = "q4_k", kquant::BlockQ4K;
         /// ggml Q5_K super-blocks (weights only): d, dmin, scales[12], qh[32], qs[128].
-        Q5_K = "q5_k", ggml 13, elems 256, bytes 176, header [0, 2], offset true;
+        Q5_K = "q5_k", kquant::BlockQ5K;
         /// ggml Q6_K super-blocks (weights only): ql[128], qh[64], scales[16], d.
-        Q6_K = "q6_k", ggml 14, elems 256, bytes 210, header [208], offset false;
+        Q6_K = "q6_k", kquant::BlockQ6K;
         /// ggml IQ4_NL blocks (weights only).
-        IQ4_NL = "iq4_nl", ggml 20, elems 32, bytes 18, header [0], offset false;
+        IQ4_NL = "iq4_nl", q32::BlockIQ4NL;
         /// ggml IQ4_XS super-blocks (weights only): d, scales_h (u16), scales_l[4], qs[128].
-        IQ4_XS = "iq4_xs", ggml 23, elems 256, bytes 136, header [0, 2], offset false;
+        IQ4_XS = "iq4_xs", iq4xs::BlockIQ4XS;
     }
 }
 

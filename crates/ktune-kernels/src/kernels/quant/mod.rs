@@ -20,6 +20,7 @@
 //! every block-format kernel, k in whole blocks, is the kernels' contract's:
 //! [`crate::kernels::contract::check_blocks`].)
 
+pub mod block;
 mod decode;
 mod encode;
 pub mod formats;
@@ -42,29 +43,30 @@ pub const QK: usize = 32;
 pub const QK_K: usize = 256;
 
 impl QFormat {
-    pub fn name(self) -> &'static str {
-        self.geometry().name
-    }
     /// The ggml type id (GGUF tensor info `type`).
     pub fn ggml_type(self) -> u32 {
-        self.geometry().ggml
+        self.ops().ggml
     }
     pub fn from_ggml_type(t: u32) -> Option<QFormat> {
         QFormat::ALL.into_iter().find(|f| f.ggml_type() == t)
     }
     /// Elements per block (32, or 256 for the super-block formats).
+    #[inline]
     pub fn block_elems(self) -> usize {
-        self.geometry().elems
+        self.ops().elems
     }
     /// Bytes of one block on disk (ggml layout).
+    #[inline]
     pub fn block_bytes(self) -> usize {
-        self.geometry().bytes
+        self.ops().bytes
     }
     /// Byte offsets in a disk block of the 16-bit fields that go to `scales`.
+    #[inline]
     pub fn header(self) -> &'static [usize] {
-        self.geometry().header
+        self.ops().header
     }
     /// Quantized bytes per block in [`QMatrix::quants`] (a multiple of 4).
+    #[inline]
     pub fn quant_bytes(self) -> usize {
         self.block_bytes() - 2 * self.scales_per_block()
     }
@@ -81,31 +83,23 @@ impl QFormat {
         if padded - q <= 4 { padded } else { q }
     }
     /// One block's quantized bytes (`src`, [`QFormat::quant_bytes`]) in the GPU
-    /// layout (`dst`, [`QFormat::gpu_quant_bytes`]): Q4_K and Q5_K's 12 packed
-    /// 6-bit scale bytes become 16, the 8 sub-block scales then the 8 minima a byte
-    /// each ([`scales_mins_k4`], unpacked once here instead of per dot in every
-    /// shader), so their `qh` / `qs` start at byte 16; Q3_K gets 4 zero bytes at the
-    /// end; the rest are copied.
+    /// layout (`dst`, [`QFormat::gpu_quant_bytes`]), the format's
+    /// [`BlockFormat::gpu_block`](block::BlockFormat::gpu_block): Q4_K and Q5_K's
+    /// 12 packed 6-bit scale bytes become 16 (the 8 sub-block scales then the 8
+    /// minima a byte each), so their `qh` / `qs` start at byte 16; the others'
+    /// bytes as they are, zeros after (Q3_K: 4).
     pub fn gpu_block(self, src: &[u8], dst: &mut [u8]) {
-        let q = self.quant_bytes();
-        match self {
-            QFormat::Q4_K | QFormat::Q5_K => {
-                dst[..16].copy_from_slice(&scales_mins_k4(&src[..12]));
-                dst[16..].copy_from_slice(&src[12..q]);
-            }
-            _ => {
-                dst[..q].copy_from_slice(src);
-                dst[q..].fill(0);
-            }
-        }
+        (self.ops().gpu_block)(&src[..self.quant_bytes()], dst)
     }
     /// 16-bit values per block in [`QMatrix::scales`] (`d`; `d, m`; `d, dmin`; IQ4_XS `d, scales_h`).
+    #[inline]
     pub fn scales_per_block(self) -> usize {
         self.header().len()
     }
     /// Whether values carry an additive per-group offset (`m`, `dmin`).
+    #[inline]
     pub fn has_offset(self) -> bool {
-        self.geometry().offset
+        self.ops().offset
     }
     /// Bits per weight including the scales.
     pub fn bits_per_weight(self) -> f64 {
@@ -123,13 +117,7 @@ impl QFormat {
         if cols.is_multiple_of(self.block_elems()) {
             return self;
         }
-        match self {
-            QFormat::Q4_K => QFormat::Q5_0,
-            QFormat::Q5_K => QFormat::Q5_1,
-            QFormat::Q6_K => QFormat::Q8_0,
-            QFormat::Q2_K | QFormat::Q3_K | QFormat::IQ4_XS => QFormat::IQ4_NL,
-            f => f,
-        }
+        self.ops().row_fallback.unwrap_or(self)
     }
     /// Blocks of `n` elements (a partial block counts whole).
     pub fn blocks_for(self, n: usize) -> usize {

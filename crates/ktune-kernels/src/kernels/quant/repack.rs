@@ -44,9 +44,12 @@
 
 use half::f16;
 
+use super::block::X8;
 use super::{Layout, QFormat, QMatrix, QView, scales_mins_k4};
 
-/// The block formats with a repacked CPU layout (the profile's `execution.cpuRepack`).
+/// The block formats with a repacked CPU layout (the profile's `execution.cpuRepack`),
+/// the formats whose type names an [`X8`] layout, in the order the tuner numbers
+/// them (its repack bits).
 pub const REPACKABLE: [QFormat; 4] = [QFormat::Q4_K, QFormat::Q4_0, QFormat::Q8_0, QFormat::IQ4_NL];
 
 /// The longest matrix row (`max(hidden, intermediate)`) at which the runtime
@@ -81,13 +84,19 @@ const Q4K_QB: usize = 140;
 /// Bytes of one [`Layout::X8`] record of `format` in `quants`: 8 rows' blocks of
 /// one column (Q4_K's with its scales and minima unpacked).
 pub fn x8_record_bytes(format: QFormat) -> usize {
-    if format == QFormat::Q4_K { X8_BYTES } else { X8_ROWS * format.quant_bytes() }
+    if k4(format) { X8_BYTES } else { X8_ROWS * format.quant_bytes() }
+}
+
+/// Whether the format's records are [`X8::K4`]'s (scales and minima unpacked).
+#[inline]
+fn k4(format: QFormat) -> bool {
+    format.ops().cpu.x8 == Some(X8::K4)
 }
 
 /// Where a block's code bytes lie: their offset in the split form, their count,
 /// and the offset of their runs in an X8 record.
 fn x8_codes(format: QFormat) -> (usize, usize, usize) {
-    if format == QFormat::Q4_K { (12, 128, 128) } else { (0, format.quant_bytes(), 0) }
+    if k4(format) { (12, 128, 128) } else { (0, format.quant_bytes(), 0) }
 }
 
 /// The 12 packed scale bytes of a Q4_K block from its eight 6-bit scales (bytes
@@ -107,7 +116,7 @@ impl QMatrix {
     /// Whether [`QMatrix::repack_x8`] applies: a format of [`REPACKABLE`] in rows,
     /// whole groups of 8 rows.
     pub fn can_repack_x8(&self) -> bool {
-        REPACKABLE.contains(&self.format) && self.layout == Layout::Rows && self.rows.is_multiple_of(X8_ROWS) && self.rows > 0
+        self.format.ops().cpu.x8.is_some() && self.layout == Layout::Rows && self.rows.is_multiple_of(X8_ROWS) && self.rows > 0
     }
 
     /// This matrix in [`Layout::X8`] (itself, cloned, when [`QMatrix::can_repack_x8`] is false).
@@ -131,7 +140,7 @@ impl QMatrix {
                     for f in 0..ns {
                         sc[f * X8_ROWS + i] = self.scales[ns * b + f];
                     }
-                    if self.format == QFormat::Q4_K {
+                    if k4(self.format) {
                         let sm = scales_mins_k4(&q[..12]);
                         for j in 0..8 {
                             rec[8 * j + i] = sm[j];
@@ -204,7 +213,7 @@ pub(super) fn gather_x8(w: &QView<'_>, r: usize, c: usize, bpr: usize) -> ([u8; 
     for (f, o) in s.iter_mut().enumerate().take(ns) {
         *o = sc[f * X8_ROWS + i];
     }
-    if w.format == QFormat::Q4_K {
+    if k4(w.format) {
         let mut sm = [0u8; 16];
         for j in 0..8 {
             (sm[j], sm[8 + j]) = x8_scale_min(rec, i, j);
@@ -218,6 +227,18 @@ pub(super) fn gather_x8(w: &QView<'_>, r: usize, c: usize, bpr: usize) -> ([u8; 
 
 #[cfg(test)]
 mod tests {
+    /// The tuner's numbered list of repackable formats holds exactly the formats
+    /// whose type names a repacked layout.
+    #[test]
+    fn repackable_lists_the_formats_with_an_x8_layout() {
+        use super::{QFormat, REPACKABLE};
+        let mut with_x8: Vec<QFormat> = QFormat::ALL.into_iter().filter(|f| f.ops().cpu.x8.is_some()).collect();
+        let mut listed = REPACKABLE.to_vec();
+        with_x8.sort();
+        listed.sort();
+        assert_eq!(listed, with_x8);
+    }
+
     /// The runtime's default repack: Q4_0 of a short-row model on a VNNI CPU,
     /// nothing for long rows, other formats or without VNNI.
     #[test]

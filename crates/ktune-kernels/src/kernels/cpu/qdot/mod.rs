@@ -18,6 +18,7 @@ use crate::device::CpuCaps;
 use crate::kernels::contract::{KernelError, ParamSpec, Params, check_blocks, param};
 use crate::kernels::problem::Problem;
 use crate::kernels::quant::DType;
+use crate::kernels::quant::block::{F32Dot, I8Dot};
 use crate::kernels::quant::{GROUP, Layout, QFormat, QK, QK_K, QView, Unpacked, dequantize_block, unpack};
 
 pub use rows::{par_row_blocks, qin, qrow, rows_times_tokens, scatter_row_blocks};
@@ -60,24 +61,24 @@ pub fn check_quant(_: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) -
             return Err("rows_per_pass 4 needs int8 activations (act_bits 8)".into());
         }
         if !dtype.quant().is_some_and(direct_i8) {
-            return Err(format!(
-                "rows_per_pass 4 has a path for the 32-element formats (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl) only, not {dtype}"
-            ));
+            let direct: Vec<_> = QFormat::ALL.into_iter().filter(|&f| direct_i8(f)).map(QFormat::name).collect();
+            return Err(format!("rows_per_pass 4 has a path for the 32-element formats ({}) only, not {dtype}", direct.join(", ")));
         }
     }
     check_blocks(prob, dtype)
 }
 
-/// Whether `format` has dedicated f32-activation loops (dot, dequantize).
+/// Whether `format` has dedicated f32-activation loops (dot, dequantize): its
+/// type names an [`F32Dot`] other than [`F32Dot::Unpacked`].
 pub fn four_row_path(format: QFormat) -> bool {
-    matches!(format, QFormat::Q8_0 | QFormat::Q4_0 | QFormat::Q4_1)
+    format.ops().cpu.f32_dot != F32Dot::Unpacked
 }
 
 /// Whether `format` has the direct int8-activation block dot (values straight
 /// into registers, eight blocks' scales a step) and the four-row pass
-/// (`rows_per_pass` 4): the 32-element formats.
+/// (`rows_per_pass` 4): its type names [`I8Dot::Direct`] (the 32-element formats).
 pub fn direct_i8(format: QFormat) -> bool {
-    matches!(format, QFormat::Q8_0 | QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q5_0 | QFormat::Q5_1 | QFormat::IQ4_NL)
+    format.ops().cpu.i8_dot == I8Dot::Direct
 }
 
 /// One block's int8 values, scales and offsets ([`unpack`]), through AVX2 where
@@ -102,11 +103,11 @@ pub fn dot_q(isa: Isa, x: &[f32], w: QView<'_>) -> f32 {
         if isa.avx2() {
             // SAFETY: `isa.avx2()` checked AVX2, FMA and F16C; lengths are whole blocks of `x`.
             return unsafe {
-                match w.format {
-                    QFormat::Q8_0 => x86::dot_q8_0(x, w.quants, w.scales),
-                    QFormat::Q4_0 => x86::dot_q4_0(x, w.quants, w.scales),
-                    QFormat::Q4_1 => x86::dot_q4_1(x, w.quants, w.scales),
-                    _ => x86::dot_unpacked(x, w),
+                match w.format.ops().cpu.f32_dot {
+                    F32Dot::Bytes => x86::dot_q8_0(x, w.quants, w.scales),
+                    F32Dot::Nibbles => x86::dot_q4_0(x, w.quants, w.scales),
+                    F32Dot::NibblesMin => x86::dot_q4_1(x, w.quants, w.scales),
+                    F32Dot::Unpacked => x86::dot_unpacked(x, w),
                 }
             };
         }
@@ -126,17 +127,17 @@ pub fn dot_q_i8(isa: Isa, x: &XQ8, w: QView<'_>) -> f32 {
         if isa.avx2() {
             // SAFETY: `isa.avx2()` checked AVX2, FMA and F16C; `x` holds `blocks` blocks.
             return unsafe {
-                match (direct_i8(w.format), isa.vnni()) {
+                match (w.format.ops().cpu.i8_dot, isa.vnni()) {
                     // One activation scale per super-block: whole super-blocks summed
                     // in integers (llama.cpp's q4_K x q8_K).
-                    (false, true) if x.per256 && w.format == QFormat::Q4_K => x86::kq8_vnni::dot_q4k(w.quants, w.scales, x),
-                    (false, true) if x.per256 && w.format == QFormat::Q6_K => x86::kq8_vnni::dot_q6k(w.quants, w.scales, x),
-                    (false, false) if x.per256 && w.format == QFormat::Q4_K => x86::kq8_avx2::dot_q4k(w.quants, w.scales, x),
-                    (false, false) if x.per256 && w.format == QFormat::Q6_K => x86::kq8_avx2::dot_q6k(w.quants, w.scales, x),
+                    (I8Dot::SuperQ4K, true) if x.per256 => x86::kq8_vnni::dot_q4k(w.quants, w.scales, x),
+                    (I8Dot::SuperQ6K, true) if x.per256 => x86::kq8_vnni::dot_q6k(w.quants, w.scales, x),
+                    (I8Dot::SuperQ4K, false) if x.per256 => x86::kq8_avx2::dot_q4k(w.quants, w.scales, x),
+                    (I8Dot::SuperQ6K, false) if x.per256 => x86::kq8_avx2::dot_q6k(w.quants, w.scales, x),
                     // SAFETY (vnni): `isa.vnni()` checked AVX-512F/BW/VL/VNNI too.
-                    (true, true) => x86::vnni::dot_i8(w.format, w.quants, w.scales, x),
-                    (true, false) => x86::avx2::dot_i8(w.format, w.quants, w.scales, x),
-                    (false, _) => x86::dot_i8_unpacked(x, w),
+                    (I8Dot::Direct, true) => x86::vnni::dot_i8(w.format, w.quants, w.scales, x),
+                    (I8Dot::Direct, false) => x86::avx2::dot_i8(w.format, w.quants, w.scales, x),
+                    (I8Dot::SuperQ4K | I8Dot::SuperQ6K | I8Dot::Unpacked, _) => x86::dot_i8_unpacked(x, w),
                 }
             };
         }
@@ -158,10 +159,11 @@ pub fn dot_q_i8(isa: Isa, x: &XQ8, w: QView<'_>) -> f32 {
 }
 
 /// Whether int8 dots with `format` weights take activations with one scale per
-/// 256 ([`XQ8::quantize_k`]): Q4_K and Q6_K on a CPU with AVX2.
+/// 256 ([`XQ8::quantize_k`]): the formats whose type names a super-block int8
+/// dot ([`I8Dot::per256`]: Q4_K, Q6_K) on a CPU with AVX2.
 pub fn per256_dots(format: QFormat) -> bool {
     #[cfg(target_arch = "x86_64")]
-    return matches!(format, QFormat::Q4_K | QFormat::Q6_K) && Isa::best().avx2();
+    return format.ops().cpu.i8_dot.per256() && Isa::best().avx2();
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = format;

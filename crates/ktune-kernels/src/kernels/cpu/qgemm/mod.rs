@@ -28,6 +28,7 @@ use crate::device::CpuCaps;
 use crate::kernels::contract::{ParamSpec, Params, param};
 use crate::kernels::problem::Problem;
 use crate::kernels::quant::DType;
+use crate::kernels::quant::block::Stage;
 use crate::kernels::quant::{
     GROUP, Layout, QFormat, QK, QK_K, QView, Unpacked, X8_BYTES, X8_ROWS, scales_mins_k4, x8_row_codes, x8_scale_min,
 };
@@ -64,10 +65,10 @@ const RB: usize = 16;
 /// Elements per `vpdpbusd` lane.
 const LANE: usize = 4;
 
-/// Elements sharing one scale and offset in the panel: 16 for the formats whose
-/// scales change every 16 elements, else 32.
+/// Elements sharing one scale and offset in the panel: the format's scale group
+/// (16 for the formats whose scales change every 16 elements, else 32).
 fn scale_group(format: QFormat) -> usize {
-    if matches!(format, QFormat::Q2_K | QFormat::Q3_K | QFormat::Q6_K) { GROUP } else { QK }
+    format.ops().scale_group
 }
 
 /// Activations of `m` tokens as int8 blocks, laid out for [`rows_times_tokens_i8`].
@@ -191,7 +192,7 @@ impl Panel {
         #[cfg(target_arch = "x86_64")]
         if let Layout::X8 { bpr } = w.layout
             && i8_gemm_simd(isa)
-            && matches!(w.format, QFormat::Q8_0 | QFormat::Q4_0)
+            && w.format.ops().cpu.panel.direct_x8
             && r0.is_multiple_of(X8_ROWS)
             && bpr * QK == k
         {
@@ -205,7 +206,7 @@ impl Panel {
 
     /// [`Panel::pack`] through the staging rows: any format and layout.
     fn pack_staged(&mut self, isa: Isa, w: QView<'_>, r0: usize, rows: usize, k: usize) {
-        let sg = scale_group(w.format);
+        let (sg, kind) = (scale_group(w.format), w.format.ops().cpu.panel.stage);
         let (blocks, groups) = (rows.div_ceil(RB), k / sg);
         let be = w.format.block_elems();
         let per_row = k / be;
@@ -233,14 +234,14 @@ impl Panel {
                 for b in 0..per_row {
                     let e0 = b * be;
                     if let Layout::X8 { bpr } = w.layout
-                        && w.format == QFormat::Q4_K
+                        && kind == Stage::K4Nibbles
                     {
                         unpack_x8(w, r0 + i, b, bpr, &mut row[e0..e0 + be], sc, of);
                     } else {
                         // The row layout's block, or a repacked 32-element block
                         // gathered back (16 or 32 code bytes: a few loads).
                         w.with_block((r0 + i) * per_row + b, |q, s| {
-                            unpack_block(isa, w.format, q, s, &mut row[e0..e0 + be], sc, of, &mut u)
+                            unpack_block(isa, w.format, kind, q, s, &mut row[e0..e0 + be], sc, of, &mut u)
                         });
                     }
                     for g in 0..be / sg {
@@ -300,9 +301,19 @@ fn unpack_x8(w: QView<'_>, r: usize, c: usize, bpr: usize, vals: &mut [u8], sc: 
 /// Q8_0 codes + 128 (-128d), the other formats through [`Unpacked`] (`v + 128`).
 #[allow(clippy::too_many_arguments)]
 #[inline]
-fn unpack_block(isa: Isa, format: QFormat, q: &[u8], s: &[half::f16], vals: &mut [u8], sc: &mut [f32], of: &mut [f32], u: &mut Unpacked) {
-    match format {
-        QFormat::Q8_0 => {
+fn unpack_block(
+    isa: Isa,
+    format: QFormat,
+    stage: Stage,
+    q: &[u8],
+    s: &[half::f16],
+    vals: &mut [u8],
+    sc: &mut [f32],
+    of: &mut [f32],
+    u: &mut Unpacked,
+) {
+    match stage {
+        Stage::Bytes => {
             let (q, vals): (&[u8; QK], &mut [u8; QK]) = (q[..QK].try_into().unwrap(), (&mut vals[..QK]).try_into().unwrap());
             for (o, &c) in vals.iter_mut().zip(q) {
                 *o = c ^ 0x80;
@@ -310,7 +321,7 @@ fn unpack_block(isa: Isa, format: QFormat, q: &[u8], s: &[half::f16], vals: &mut
             let d = s[0].to_f32();
             (sc[0], of[0]) = (d, -128.0 * d);
         }
-        QFormat::Q4_0 | QFormat::Q4_1 => {
+        Stage::Nibbles => {
             let q: &[u8; 16] = q[..16].try_into().unwrap();
             let (lo, hi) = vals[..QK].split_at_mut(16);
             let (lo, hi): (&mut [u8; 16], &mut [u8; 16]) = (lo.try_into().unwrap(), hi.try_into().unwrap());
@@ -319,9 +330,9 @@ fn unpack_block(isa: Isa, format: QFormat, q: &[u8], s: &[half::f16], vals: &mut
                 hi[j] = q[j] >> 4;
             }
             let d = s[0].to_f32();
-            (sc[0], of[0]) = (d, if format == QFormat::Q4_1 { s[1].to_f32() } else { -8.0 * d });
+            (sc[0], of[0]) = (d, if format.has_offset() { s[1].to_f32() } else { -8.0 * d });
         }
-        QFormat::Q4_K => {
+        Stage::K4Nibbles => {
             let (d, dmin) = (s[0].to_f32(), s[1].to_f32());
             for jj in 0..4 {
                 let raw: &[u8; 32] = q[12 + 32 * jj..][..32].try_into().unwrap();
@@ -337,7 +348,7 @@ fn unpack_block(isa: Isa, format: QFormat, q: &[u8], s: &[half::f16], vals: &mut
                 (sc[g], of[g]) = (d * sm[g] as f32, -dmin * sm[8 + g] as f32);
             }
         }
-        _ => {
+        Stage::Unpacked => {
             let be = format.block_elems();
             unpack_fast(isa, format, q, s, u);
             for (o, &v) in vals.iter_mut().zip(&u.vals[..be]) {
@@ -359,7 +370,7 @@ fn unpack_block(isa: Isa, format: QFormat, q: &[u8], s: &[half::f16], vals: &mut
 /// direct reads measured 7% slower than staged: its 32-byte code runs are read
 /// twice, once per nibble, at a stride that crosses cache lines.)
 fn direct(w: QView<'_>) -> bool {
-    w.layout == Layout::Rows && matches!(w.format, QFormat::Q8_0 | QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q5_0 | QFormat::Q5_1)
+    w.layout == Layout::Rows && w.format.ops().cpu.panel.direct.is_some()
 }
 
 #[cfg(target_arch = "x86_64")]

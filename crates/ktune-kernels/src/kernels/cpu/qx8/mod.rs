@@ -37,7 +37,8 @@ use std::cell::RefCell;
 use half::f16;
 
 use super::{Isa, XQ8, with_scratch};
-use crate::kernels::quant::{IQ4_LEVELS, Layout, QFormat, QK, QView, X8_BYTES, X8_ROWS, x8_record_bytes, x8_row_codes, x8_scale_min};
+use crate::kernels::quant::block::{Codes, X8};
+use crate::kernels::quant::{IQ4_LEVELS, Layout, QK, QView, X8_BYTES, X8_ROWS, x8_record_bytes, x8_row_codes, x8_scale_min};
 
 /// Rows `first..first + y.len()` of the [`Layout::X8`] matrix `w` dotted with
 /// `x` into `y`: whole groups of 8 rows, a partial group at either end computed
@@ -61,23 +62,23 @@ fn group(isa: Isa, x: &XQ8, w: QView<'_>, bpr: usize, g: usize) -> [f32; X8_ROWS
     let (rb, ns) = (x8_record_bytes(w.format), w.format.scales_per_block() * X8_ROWS);
     let rec = &w.quants[g * bpr * rb..(g + 1) * bpr * rb];
     let sc = &w.scales[g * bpr * ns..(g + 1) * bpr * ns];
-    if w.format != QFormat::Q4_K {
+    if let Some(X8::Codes32(codes)) = w.format.ops().cpu.x8 {
         #[cfg(target_arch = "x86_64")]
         if isa.avx2() && x.q.len() >= bpr * QK && x.d.len() >= bpr && x.dsum.len() >= bpr {
             // SAFETY: AVX2/FMA/F16C checked (VNNI too for `vnni`); `rec`, `sc` hold
             // `bpr` records, `x` as many blocks (checked above).
             return unsafe {
-                match (w.format, isa.vnni()) {
-                    (QFormat::Q4_0, true) => x86::vnni::group32::<0>(rec, sc, x, bpr),
-                    (QFormat::Q8_0, true) => x86::vnni::group32::<1>(rec, sc, x, bpr),
-                    (_, true) => x86::vnni::group32::<2>(rec, sc, x, bpr),
-                    (QFormat::Q4_0, false) => x86::avx2::group32::<0>(rec, sc, x, bpr),
-                    (QFormat::Q8_0, false) => x86::avx2::group32::<1>(rec, sc, x, bpr),
-                    (_, false) => x86::avx2::group32::<2>(rec, sc, x, bpr),
+                match (codes, isa.vnni()) {
+                    (Codes::Nibbles, true) => x86::vnni::group32::<0>(rec, sc, x, bpr),
+                    (Codes::Bytes, true) => x86::vnni::group32::<1>(rec, sc, x, bpr),
+                    (Codes::Levels, true) => x86::vnni::group32::<2>(rec, sc, x, bpr),
+                    (Codes::Nibbles, false) => x86::avx2::group32::<0>(rec, sc, x, bpr),
+                    (Codes::Bytes, false) => x86::avx2::group32::<1>(rec, sc, x, bpr),
+                    (Codes::Levels, false) => x86::avx2::group32::<2>(rec, sc, x, bpr),
                 }
             };
         }
-        return group32_portable(w.format, rec, sc, x, bpr);
+        return group32_portable(codes, rb, rec, sc, x, bpr);
     }
     #[cfg(target_arch = "x86_64")]
     if x.per256 && isa.avx2() && x.q.len() >= bpr * 256 && x.d.len() >= 8 * bpr && x.dsum.len() >= 8 * bpr {
@@ -125,17 +126,16 @@ fn group_portable(rec: &[u8], sc: &[f16], x: &XQ8, bpr: usize) -> [f32; X8_ROWS]
 
 /// The portable loop of the 32-element formats (`x`: a scale per 32, or per 256
 /// repeated over its blocks).
-fn group32_portable(format: QFormat, rec: &[u8], sc: &[f16], x: &XQ8, bpr: usize) -> [f32; X8_ROWS] {
-    let rb = x8_record_bytes(format);
+fn group32_portable(codes: Codes, rb: usize, rec: &[u8], sc: &[f16], x: &XQ8, bpr: usize) -> [f32; X8_ROWS] {
     let mut acc = [0f32; X8_ROWS];
     let mut accm = [0f32; X8_ROWS];
-    let val = |n: u8| if format == QFormat::IQ4_NL { IQ4_LEVELS[n as usize] as i32 } else { n as i32 };
+    let val = |n: u8| if codes == Codes::Levels { IQ4_LEVELS[n as usize] as i32 } else { n as i32 };
     for c in 0..bpr {
         let r = &rec[c * rb..(c + 1) * rb];
         let xq = &x.q[QK * c..QK * (c + 1)];
         for i in 0..X8_ROWS {
             let mut isum = 0i32;
-            if format == QFormat::Q8_0 {
+            if codes == Codes::Bytes {
                 for t in 0..8 {
                     for l in 0..4 {
                         isum += r[32 * t + 4 * i + l] as i8 as i32 * xq[4 * t + l] as i32;
@@ -152,7 +152,7 @@ fn group32_portable(format: QFormat, rec: &[u8], sc: &[f16], x: &XQ8, bpr: usize
             }
             let d = sc[X8_ROWS * c + i].to_f32();
             acc[i] = (isum as f32).mul_add(d * x.d[c], acc[i]);
-            if format == QFormat::Q4_0 {
+            if codes == Codes::Nibbles {
                 accm[i] = d.mul_add(x.dsum[c], accm[i]);
             }
         }
@@ -188,7 +188,7 @@ pub fn rows_x8_f32(isa: Isa, x: &[f32], w: QView<'_>, first: usize, y: &mut [f32
             r = hi;
         }
     };
-    if w.format != QFormat::Q4_K {
+    if w.format.ops().cpu.x8 != Some(X8::K4) {
         return run(&[], y);
     }
     // On the stack for rows of up to STACK_SUMS * 32 values (no allocation on any
@@ -221,6 +221,7 @@ fn sub_block_sums(x: &[f32], out: &mut [f32]) {
 /// [`sub_block_sums`]).
 #[inline]
 fn group_f32(isa: Isa, x: &[f32], sums: &[f32], w: QView<'_>, bpr: usize, g: usize) -> [f32; X8_ROWS] {
+    let Some(kind) = w.format.ops().cpu.x8 else { unreachable!("{}: a repacked view of a format without a repacked layout", w.format) };
     let (rb, ns) = (x8_record_bytes(w.format), w.format.scales_per_block() * X8_ROWS);
     let rec = &w.quants[g * bpr * rb..(g + 1) * bpr * rb];
     let sc = &w.scales[g * bpr * ns..(g + 1) * bpr * ns];
@@ -230,20 +231,23 @@ fn group_f32(isa: Isa, x: &[f32], sums: &[f32], w: QView<'_>, bpr: usize, g: usi
         // feature set includes them); `rec`, `sc` hold `bpr` records, `x` a row's
         // activations, `sums` (Q4_K) one per 32 of them (the callees assert).
         return unsafe {
-            match (w.format, isa.vnni()) {
-                (QFormat::Q4_K, true) => x86::f32_avx512::group_k(rec, sc, x, sums, bpr),
-                (QFormat::Q4_0, true) => x86::f32_avx512::group32::<0>(rec, sc, x, bpr),
-                (QFormat::Q8_0, true) => x86::f32_avx512::group32::<1>(rec, sc, x, bpr),
-                (_, true) => x86::f32_avx512::group32::<2>(rec, sc, x, bpr),
-                (QFormat::Q4_K, false) => x86::f32_avx2::group_k(rec, sc, x, sums, bpr),
-                (QFormat::Q4_0, false) => x86::f32_avx2::group32::<0>(rec, sc, x, bpr),
-                (QFormat::Q8_0, false) => x86::f32_avx2::group32::<1>(rec, sc, x, bpr),
-                (_, false) => x86::f32_avx2::group32::<2>(rec, sc, x, bpr),
+            match (kind, isa.vnni()) {
+                (X8::K4, true) => x86::f32_avx512::group_k(rec, sc, x, sums, bpr),
+                (X8::Codes32(Codes::Nibbles), true) => x86::f32_avx512::group32::<0>(rec, sc, x, bpr),
+                (X8::Codes32(Codes::Bytes), true) => x86::f32_avx512::group32::<1>(rec, sc, x, bpr),
+                (X8::Codes32(Codes::Levels), true) => x86::f32_avx512::group32::<2>(rec, sc, x, bpr),
+                (X8::K4, false) => x86::f32_avx2::group_k(rec, sc, x, sums, bpr),
+                (X8::Codes32(Codes::Nibbles), false) => x86::f32_avx2::group32::<0>(rec, sc, x, bpr),
+                (X8::Codes32(Codes::Bytes), false) => x86::f32_avx2::group32::<1>(rec, sc, x, bpr),
+                (X8::Codes32(Codes::Levels), false) => x86::f32_avx2::group32::<2>(rec, sc, x, bpr),
             }
         };
     }
     let _ = isa;
-    if w.format == QFormat::Q4_K { group_k_f32_portable(rec, sc, x, sums, bpr) } else { group32_f32_portable(w.format, rec, sc, x, bpr) }
+    match kind {
+        X8::K4 => group_k_f32_portable(rec, sc, x, sums, bpr),
+        X8::Codes32(codes) => group32_f32_portable(codes, rb, rec, sc, x, bpr),
+    }
 }
 
 /// The sum of 8 FMA chains in the order the SIMD loops add them.
@@ -256,9 +260,8 @@ fn chains(a: [f32; 4], b: [f32; 4]) -> f32 {
 /// chains `a[l]` and `b[l]` over the four steps (step `s`: Q8_0's loads `2 s`
 /// and `2 s + 1`, elements `8 s + l` and `8 s + 4 + l`; Q4_0's and IQ4_NL's load
 /// `s`, its low nibbles elements `4 s + l`, its high ones `16 + 4 s + l`).
-fn group32_f32_portable(format: QFormat, rec: &[u8], sc: &[f16], x: &[f32], bpr: usize) -> [f32; X8_ROWS] {
-    let rb = x8_record_bytes(format);
-    let val = |n: u8| if format == QFormat::IQ4_NL { IQ4_LEVELS[n as usize] as f32 } else { (n as i32 - 8) as f32 };
+fn group32_f32_portable(codes: Codes, rb: usize, rec: &[u8], sc: &[f16], x: &[f32], bpr: usize) -> [f32; X8_ROWS] {
+    let val = |n: u8| if codes == Codes::Levels { IQ4_LEVELS[n as usize] as f32 } else { (n as i32 - 8) as f32 };
     let mut acc = [0f32; X8_ROWS];
     for c in 0..bpr {
         let r = &rec[c * rb..(c + 1) * rb];
@@ -267,7 +270,7 @@ fn group32_f32_portable(format: QFormat, rec: &[u8], sc: &[f16], x: &[f32], bpr:
             let (mut a, mut b) = ([0f32; 4], [0f32; 4]);
             for s in 0..4 {
                 for l in 0..4 {
-                    let (va, vb, ea, eb) = if format == QFormat::Q8_0 {
+                    let (va, vb, ea, eb) = if codes == Codes::Bytes {
                         (r[64 * s + 4 * i + l] as i8 as f32, r[64 * s + 32 + 4 * i + l] as i8 as f32, 8 * s + l, 8 * s + 4 + l)
                     } else {
                         let v = r[32 * s + 4 * i + l];
@@ -389,7 +392,8 @@ mod tests {
                 .map(|r| {
                     let g = r / X8_ROWS;
                     let (rec, sc) = (&v.quants[g * bpr * rb..(g + 1) * bpr * rb], &v.scales[g * bpr * 8..(g + 1) * bpr * 8]);
-                    group32_portable(format, rec, sc, &xq, bpr)[r % X8_ROWS]
+                    let Some(X8::Codes32(codes)) = format.ops().cpu.x8 else { panic!("{format}: not a 32-element X8 layout") };
+                    group32_portable(codes, rb, rec, sc, &xq, bpr)[r % X8_ROWS]
                 })
                 .collect();
             for (r, (p, w)) in portable.iter().zip(&want).enumerate() {

@@ -22,12 +22,9 @@ pub unsafe fn pack(p: &mut Panel, w: QView<'_>, r0: usize, rows: usize, k: usize
     let format = w.format;
     let qb = format.quant_bytes();
     let per_row = k / QK;
-    p.bias = match format {
-        QFormat::Q8_0 => 128,
-        QFormat::Q4_0 => 8,
-        QFormat::Q5_0 => 16,
-        _ => 0,
-    };
+    // The codes plus the bias the format's type names are unsigned bytes.
+    p.bias = format.ops().cpu.panel.direct.map_or(0, i32::from);
+    let (bias, offset) = (p.bias as f32, format.has_offset());
     assert!(w.quants.len() >= (r0 + rows) * per_row * qb && w.scales.len() >= (r0 + rows) * per_row * format.scales_per_block());
     // Scales and offsets, one per block of 32 (these formats' scale group).
     for blk in 0..p.blocks {
@@ -40,13 +37,8 @@ pub unsafe fn pack(p: &mut Panel, w: QView<'_>, r0: usize, rows: usize, k: usize
                 } else {
                     let s = w.block((r0 + i) * per_row + b).1;
                     let d = s[0].to_f32();
-                    match format {
-                        QFormat::Q8_0 => (d, -128.0 * d),
-                        QFormat::Q4_0 => (d, -8.0 * d),
-                        QFormat::Q5_0 => (d, -16.0 * d),
-                        // Q4_1, Q5_1 (super::direct admits no other format).
-                        _ => (d, s[1].to_f32()),
-                    }
+                    // Q4_1, Q5_1: their minimum (and no bias); the others -bias · d.
+                    if offset { (d, s[1].to_f32()) } else { (d, -bias * d) }
                 };
             }
         }
@@ -102,7 +94,7 @@ pub unsafe fn pack_x8(p: &mut Panel, w: QView<'_>, r0: usize, rows: usize, k: us
     let g0 = r0 / X8_ROWS;
     let groups_here = rows.div_ceil(X8_ROWS);
     assert!(w.quants.len() >= (g0 + groups_here) * bpr * rec && w.scales.len() >= (g0 + groups_here) * bpr * X8_ROWS);
-    p.bias = if format == QFormat::Q8_0 { 128 } else { 8 };
+    p.bias = format.ops().cpu.panel.direct.map_or(0, i32::from);
     let off_k = p.bias as f32;
     let base = w.quants.as_ptr();
     let m4 = _mm512_set1_epi8(0x0f);
