@@ -17,8 +17,6 @@ impl BlockFormat for BlockIQ4XS {
     const ELEMS: usize = 256;
     const BYTES: usize = 136;
     const HEADER: &'static [usize] = &[0, 2];
-    const OFFSET: bool = false;
-    const SCALE_GROUP: usize = 32;
     const ROW_FALLBACK: Option<QFormat> = Some(QFormat::IQ4_NL);
     const CPU: CpuKernels = CpuKernels {
         f32_dot: F32Dot::Unpacked,

@@ -146,7 +146,6 @@ impl BlockFormat for BlockQ3K {
     const ELEMS: usize = 256;
     const BYTES: usize = 110;
     const HEADER: &'static [usize] = &[108];
-    const OFFSET: bool = false;
     const SCALE_GROUP: usize = GROUP;
     const ROW_FALLBACK: Option<QFormat> = Some(QFormat::IQ4_NL);
     const CPU: CpuKernels = UNPACKED;
@@ -193,7 +192,6 @@ impl BlockFormat for BlockQ4K {
     const BYTES: usize = 144;
     const HEADER: &'static [usize] = &[0, 2];
     const OFFSET: bool = true;
-    const SCALE_GROUP: usize = 32;
     const ROW_FALLBACK: Option<QFormat> = Some(QFormat::Q5_0);
     const CPU: CpuKernels = CpuKernels {
         f32_dot: F32Dot::Unpacked,
@@ -224,7 +222,6 @@ impl BlockFormat for BlockQ5K {
     const BYTES: usize = 176;
     const HEADER: &'static [usize] = &[0, 2];
     const OFFSET: bool = true;
-    const SCALE_GROUP: usize = 32;
     const ROW_FALLBACK: Option<QFormat> = Some(QFormat::Q5_1);
     const CPU: CpuKernels = UNPACKED;
     fn unpack_vals(q: &[u8], v: &mut [i8; QK_K]) {
@@ -249,7 +246,6 @@ impl BlockFormat for BlockQ6K {
     const ELEMS: usize = 256;
     const BYTES: usize = 210;
     const HEADER: &'static [usize] = &[208];
-    const OFFSET: bool = false;
     const SCALE_GROUP: usize = GROUP;
     const ROW_FALLBACK: Option<QFormat> = Some(QFormat::Q8_0);
     const CPU: CpuKernels = CpuKernels { i8_dot: I8Dot::SuperQ6K, ..UNPACKED };

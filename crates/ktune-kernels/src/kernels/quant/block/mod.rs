@@ -134,16 +134,17 @@ pub struct CpuKernels {
 pub trait BlockFormat: Sized {
     /// ggml's type id (GGUF tensor info `type`).
     const GGML: u32;
-    /// Elements per block.
-    const ELEMS: usize;
+    /// Elements per block (by default ggml's 32-element blocks').
+    const ELEMS: usize = 32;
     /// Bytes of one block on disk.
     const BYTES: usize;
-    /// Byte offsets in a disk block of the 16-bit fields that go to `scales`.
-    const HEADER: &'static [usize];
+    /// Byte offsets in a disk block of the 16-bit fields that go to `scales` (by
+    /// default one, `d`, first).
+    const HEADER: &'static [usize] = &[0];
     /// Whether values carry an additive per-group offset (`m`, `dmin`).
-    const OFFSET: bool;
+    const OFFSET: bool = false;
     /// Elements sharing one scale (and offset): 16 or 32 (a 32-element block: 32).
-    const SCALE_GROUP: usize;
+    const SCALE_GROUP: usize = 32;
     /// The format llama.cpp's quantizer uses instead for a row that is not whole
     /// blocks of this one (`llama-quant.cpp`).
     const ROW_FALLBACK: Option<QFormat> = None;
@@ -154,8 +155,13 @@ pub trait BlockFormat: Sized {
 
     /// The integer values of one block (`ELEMS` of `v`).
     fn unpack_vals(q: &[u8], v: &mut [i8; QK_K]);
-    /// The scale and offset of each 16 elements of one block (`ELEMS / 16` of each).
-    fn unpack_scales(q: &[u8], s: &[f16], sc: &mut Groups, off: &mut Groups);
+    /// The scale and offset of each 16 elements of one block (`ELEMS / 16` of each):
+    /// by default a 32-element block's one `d` (and `m`, with an offset) for both
+    /// halves.
+    fn unpack_scales(_q: &[u8], s: &[f16], sc: &mut Groups, off: &mut Groups) {
+        sc[..2].fill(s[0].to_f32());
+        off[..2].fill(if Self::OFFSET { s[1].to_f32() } else { 0.0 });
+    }
     /// Quantizes `ELEMS` values into one block.
     fn quantize(x: &[f32], q: &mut [u8], s: &mut [f16]);
     /// One block's quant bytes (`src`) in the GPU layout (`dst`, as long or up to 4

@@ -8,13 +8,7 @@ use half::f16;
 
 use super::super::encode::{nearest_level, signed_max};
 use super::super::{IQ4_LEVELS, QK_K};
-use super::{BlockFormat, Codes, CpuKernels, F32Dot, Groups, I8Dot, Panel, Stage, X8};
-
-/// Both groups' scale `d` (and the minimum for formats with an offset).
-fn scales32<F: BlockFormat>(s: &[f16], sc: &mut Groups, off: &mut Groups) {
-    sc[..2].fill(s[0].to_f32());
-    off[..2].fill(if F::OFFSET { s[1].to_f32() } else { 0.0 });
-}
+use super::{BlockFormat, Codes, CpuKernels, F32Dot, I8Dot, Panel, Stage, X8};
 
 /// The 32 values of a block of 16 nibble bytes (element j low, j + 16 high), each
 /// nibble read through `val`.
@@ -77,11 +71,7 @@ fn quantize_range(x: &[f32], q: &mut [u8], s: &mut [f16], top: i32) {
 pub struct BlockQ8_0;
 impl BlockFormat for BlockQ8_0 {
     const GGML: u32 = 8;
-    const ELEMS: usize = 32;
     const BYTES: usize = 34;
-    const HEADER: &'static [usize] = &[0];
-    const OFFSET: bool = false;
-    const SCALE_GROUP: usize = 32;
     const CPU: CpuKernels = CpuKernels {
         f32_dot: F32Dot::Bytes,
         i8_dot: I8Dot::Direct,
@@ -92,9 +82,6 @@ impl BlockFormat for BlockQ8_0 {
         for (o, &b) in v[..32].iter_mut().zip(q) {
             *o = b as i8;
         }
-    }
-    fn unpack_scales(_: &[u8], s: &[f16], sc: &mut Groups, off: &mut Groups) {
-        scales32::<Self>(s, sc, off);
     }
     fn quantize(x: &[f32], q: &mut [u8], s: &mut [f16]) {
         let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -112,11 +99,7 @@ impl BlockFormat for BlockQ8_0 {
 pub struct BlockQ4_0;
 impl BlockFormat for BlockQ4_0 {
     const GGML: u32 = 2;
-    const ELEMS: usize = 32;
     const BYTES: usize = 18;
-    const HEADER: &'static [usize] = &[0];
-    const OFFSET: bool = false;
-    const SCALE_GROUP: usize = 32;
     const CPU: CpuKernels = CpuKernels {
         f32_dot: F32Dot::Nibbles,
         i8_dot: I8Dot::Direct,
@@ -125,9 +108,6 @@ impl BlockFormat for BlockQ4_0 {
     };
     fn unpack_vals(q: &[u8], v: &mut [i8; QK_K]) {
         nibbles(q, v, |n| n as i8 - 8);
-    }
-    fn unpack_scales(_: &[u8], s: &[f16], sc: &mut Groups, off: &mut Groups) {
-        scales32::<Self>(s, sc, off);
     }
     fn quantize(x: &[f32], q: &mut [u8], s: &mut [f16]) {
         quantize_symmetric(x, q, s, 8.0);
@@ -138,11 +118,9 @@ impl BlockFormat for BlockQ4_0 {
 pub struct BlockQ4_1;
 impl BlockFormat for BlockQ4_1 {
     const GGML: u32 = 3;
-    const ELEMS: usize = 32;
     const BYTES: usize = 20;
     const HEADER: &'static [usize] = &[0, 2];
     const OFFSET: bool = true;
-    const SCALE_GROUP: usize = 32;
     const CPU: CpuKernels = CpuKernels {
         f32_dot: F32Dot::NibblesMin,
         i8_dot: I8Dot::Direct,
@@ -151,9 +129,6 @@ impl BlockFormat for BlockQ4_1 {
     };
     fn unpack_vals(q: &[u8], v: &mut [i8; QK_K]) {
         nibbles(q, v, |n| n as i8);
-    }
-    fn unpack_scales(_: &[u8], s: &[f16], sc: &mut Groups, off: &mut Groups) {
-        scales32::<Self>(s, sc, off);
     }
     fn quantize(x: &[f32], q: &mut [u8], s: &mut [f16]) {
         quantize_range(x, q, s, 15);
@@ -164,11 +139,7 @@ impl BlockFormat for BlockQ4_1 {
 pub struct BlockQ5_0;
 impl BlockFormat for BlockQ5_0 {
     const GGML: u32 = 6;
-    const ELEMS: usize = 32;
     const BYTES: usize = 22;
-    const HEADER: &'static [usize] = &[0];
-    const OFFSET: bool = false;
-    const SCALE_GROUP: usize = 32;
     const CPU: CpuKernels = CpuKernels {
         f32_dot: F32Dot::Unpacked,
         i8_dot: I8Dot::Direct,
@@ -177,9 +148,6 @@ impl BlockFormat for BlockQ5_0 {
     };
     fn unpack_vals(q: &[u8], v: &mut [i8; QK_K]) {
         fives(q, v, 16);
-    }
-    fn unpack_scales(_: &[u8], s: &[f16], sc: &mut Groups, off: &mut Groups) {
-        scales32::<Self>(s, sc, off);
     }
     fn quantize(x: &[f32], q: &mut [u8], s: &mut [f16]) {
         quantize_symmetric(x, q, s, 16.0);
@@ -190,11 +158,9 @@ impl BlockFormat for BlockQ5_0 {
 pub struct BlockQ5_1;
 impl BlockFormat for BlockQ5_1 {
     const GGML: u32 = 7;
-    const ELEMS: usize = 32;
     const BYTES: usize = 24;
     const HEADER: &'static [usize] = &[0, 2];
     const OFFSET: bool = true;
-    const SCALE_GROUP: usize = 32;
     const CPU: CpuKernels = CpuKernels {
         f32_dot: F32Dot::Unpacked,
         i8_dot: I8Dot::Direct,
@@ -203,9 +169,6 @@ impl BlockFormat for BlockQ5_1 {
     };
     fn unpack_vals(q: &[u8], v: &mut [i8; QK_K]) {
         fives(q, v, 0);
-    }
-    fn unpack_scales(_: &[u8], s: &[f16], sc: &mut Groups, off: &mut Groups) {
-        scales32::<Self>(s, sc, off);
     }
     fn quantize(x: &[f32], q: &mut [u8], s: &mut [f16]) {
         quantize_range(x, q, s, 31);
@@ -216,11 +179,7 @@ impl BlockFormat for BlockQ5_1 {
 pub struct BlockIQ4NL;
 impl BlockFormat for BlockIQ4NL {
     const GGML: u32 = 20;
-    const ELEMS: usize = 32;
     const BYTES: usize = 18;
-    const HEADER: &'static [usize] = &[0];
-    const OFFSET: bool = false;
-    const SCALE_GROUP: usize = 32;
     const CPU: CpuKernels = CpuKernels {
         f32_dot: F32Dot::Unpacked,
         i8_dot: I8Dot::Direct,
@@ -229,9 +188,6 @@ impl BlockFormat for BlockIQ4NL {
     };
     fn unpack_vals(q: &[u8], v: &mut [i8; QK_K]) {
         nibbles(q, v, |n| IQ4_LEVELS[n as usize]);
-    }
-    fn unpack_scales(_: &[u8], s: &[f16], sc: &mut Groups, off: &mut Groups) {
-        scales32::<Self>(s, sc, off);
     }
     fn quantize(x: &[f32], q: &mut [u8], s: &mut [f16]) {
         let d = signed_max(x) / IQ4_LEVELS[0] as f32;
