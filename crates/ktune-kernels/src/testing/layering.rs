@@ -154,6 +154,17 @@ pub fn faults(modules: &[Module], mixed: &[&str]) -> Vec<String> {
     out
 }
 
+/// Panics with every fault of the modules outside the `mixed` layers, and with
+/// every `mixed` layer that no longer needs its exception (so the list of mixed
+/// directories only shrinks): what both crates' layering tests assert.
+pub fn assert_layered(modules: &[Module], mixed: &[&str]) {
+    let found = faults(modules, mixed);
+    assert!(found.is_empty(), "layering faults:\n{}", found.join("\n"));
+    let all = faults(modules, &[]);
+    let stale: Vec<_> = mixed.iter().filter(|d| !all.iter().any(|f| f.starts_with(&format!("{d}:")))).collect();
+    assert!(stale.is_empty(), "these directories no longer mix contract and gatherer; strike them from MIXED: {stale:?}");
+}
+
 /// The paths the code of the module `module` names (see the module doc), given
 /// every module path of its crate (`modules`) to tell a child module's path.
 pub fn imports(module: &[String], text: &str, modules: &BTreeSet<Vec<String>>) -> BTreeSet<Vec<String>> {
