@@ -22,11 +22,17 @@ fn tune_json(cache: &Path, out: &Path, extra: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).expect("JSON report")
 }
 
+/// A temporary folder holding a tune's cache (`cache/`) and the profile it
+/// writes (`name`): the folder (kept alive by the caller), the cache, the output.
+fn tune_dirs(name: &str) -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let tmp = tempdir();
+    let (cache, out) = (tmp.path().join("cache"), tmp.path().join(name));
+    (tmp, cache, out)
+}
+
 #[test]
 fn tune_writes_a_profile_that_runs_correctly_and_is_cached() {
-    let tmp = tempdir();
-    let cache = tmp.path().join("cache");
-    let out = tmp.path().join("tuned.yaml");
+    let (_tmp, cache, out) = tune_dirs("tuned.yaml");
     let first = tune_json(&cache, &out, &[]);
     assert_eq!(first["cached"], false);
     let t = &first["profile"]["tuning"];
@@ -117,9 +123,7 @@ fn tune_writes_a_profile_that_runs_correctly_and_is_cached() {
 /// by figures the profile keeps.
 #[test]
 fn a_tune_names_every_slot_and_says_why_its_combination_won() {
-    let tmp = tempdir();
-    let cache = tmp.path().join("cache");
-    let out = tmp.path().join("tuned.yaml");
+    let (_tmp, cache, out) = tune_dirs("tuned.yaml");
     let r = tune_json(&cache, &out, &["--seed", "7"]);
     let e = &r["profile"]["tuning"]["end_to_end"];
     let decision = e["decision"].as_str().expect("the decision's reason");
@@ -178,9 +182,7 @@ fn ok_json(o: &std::process::Output) -> serde_json::Value {
 
 #[test]
 fn run_and_bench_use_the_cached_profile_of_this_device() {
-    let tmp = tempdir();
-    let cache = tmp.path().join("cache");
-    let out = tmp.path().join("tuned.yaml");
+    let (_tmp, cache, out) = tune_dirs("tuned.yaml");
     let (_, generated) = expected_generated("llama3-tiny");
     // Nothing cached yet: the runtime's defaults.
     let r = ok_json(&run_json(&cache, &[]));
@@ -256,9 +258,7 @@ fn run_and_bench_use_the_cached_profile_of_this_device() {
 
 #[test]
 fn bundles_carry_profiles_to_a_clean_cache() {
-    let tmp = tempdir();
-    let cache = tmp.path().join("cache");
-    let out = tmp.path().join("tuned.yaml");
+    let (tmp, cache, out) = tune_dirs("tuned.yaml");
     let tuned = tune_json(&cache, &out, &[]);
     let key = tuned["key"].as_str().expect("key").to_string();
     let b1 = tmp.path().join("b1.tar.zst");
@@ -479,9 +479,7 @@ fn tune_on_the_gpu_gives_a_profile_that_runs_correctly() {
 /// dtype; the profile runs q8_0 weights and refuses to run another storage type.
 #[test]
 fn a_q8_0_profile_runs_quantized_weights_and_refuses_others() {
-    let tmp = tempdir();
-    let cache = tmp.path().join("cache");
-    let out = tmp.path().join("q8.yaml");
+    let (_tmp, cache, out) = tune_dirs("q8.yaml");
     let r = tune_json(&cache, &out, &["--weight-dtype", "q8_0"]);
     let profile = serde_json::to_string(&r["profile"]).expect("json");
     assert!(profile.contains(r#""weightDtype":"q8_0""#), "{profile}");
@@ -736,9 +734,7 @@ fn tune_of_a_gguf_pair_tunes_the_projector_tower() {
     let pair = fixture("gemma3-vision-gguf");
     let hf = fixture("gemma3-vision-tiny");
     let (text, mmproj) = (pair.join("text.gguf"), pair.join("mmproj.gguf"));
-    let tmp = tempdir();
-    let cache = tmp.path().join("cache");
-    let out = tmp.path().join("pair.yaml");
+    let (_tmp, cache, out) = tune_dirs("pair.yaml");
     let o = ktune(&cache)
         .args(["tune", "--device", "cpu", "--gguf"])
         .arg(&text)
