@@ -35,6 +35,23 @@ pub(crate) struct Served {
     _cache: Option<tempfile::TempDir>,
 }
 
+impl Served {
+    /// Whether a log line containing `needle` arrives within `within` (the server
+    /// writes it before the test's reader thread has it; a watchdog, not a timing).
+    pub fn wait_log(&self, needle: &str, within: Duration) -> bool {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if self.log.lock().expect("log").iter().any(|l| l.contains(needle)) {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 impl Drop for Served {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -314,7 +331,7 @@ fn serve_queues_refuses_past_the_bound_and_cancels_on_disconnect() {
     assert_eq!(metric(&a, "ktune_cancelled_total"), 1.0);
     let generated = metric(&a, "ktune_generated_tokens_total");
     assert!(generated < 4000.0, "the cancelled generation stopped early: {generated} tokens");
-    assert!(s.log.lock().expect("log").iter().any(|l| l.contains("cancelled")), "the log says so");
+    assert!(s.wait_log("cancelled", Duration::from_secs(60)), "the log says so: {:?}", s.log.lock().expect("log"));
     // A client waiting for a whole (non-streamed) reply goes away: its generation stops too.
     let before = metric(&a, "ktune_generated_tokens_total");
     let whole = send_completion(&a, 4000, false);

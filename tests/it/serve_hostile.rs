@@ -165,6 +165,7 @@ fn completion(addr: &str, max_tokens: usize) -> Reply {
 /// deadline it was given, and the held one ended by the drain, whether it finished
 /// within the deadline or was dropped at it.
 fn assert_drained(s: &Served, drain_timeout: &str) {
+    s.wait_log("shutting down:", Duration::from_secs(30));
     let log = s.log.lock().expect("log").join("\n");
     let line = log.lines().find(|l| l.contains("shutting down:")).unwrap_or_else(|| panic!("no shutdown line: {log}"));
     let finishing: usize = line
@@ -221,11 +222,7 @@ fn serve_survives_running_out_of_file_descriptors() {
     // A limit above what the descriptors allow: accept fails with EMFILE.
     let mut s = serve_limited(&["--max-connections", "1000"], Some(256));
     let held: Vec<TcpStream> = (0..300).map(|_| TcpStream::connect(&s.addr).expect("connects")).collect();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !s.log.lock().expect("log").iter().any(|l| l.contains("accepting a connection failed")) {
-        assert!(Instant::now() < deadline, "no accept error logged: {:?}", s.log.lock().expect("log"));
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert!(s.wait_log("accepting a connection failed", Duration::from_secs(60)), "no accept error logged: {:?}", s.log.lock().expect("log"));
     std::thread::sleep(Duration::from_millis(500));
     assert!(s.child.try_wait().expect("waits").is_none(), "serve exited: {:?}", s.log.lock().expect("log"));
     drop(held);
