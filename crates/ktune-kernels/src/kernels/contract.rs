@@ -381,6 +381,13 @@ impl KernelDef {
         self.params.iter().map(|s| (s.name.to_string(), s.default)).collect()
     }
 
+    /// The defaults with the values of `kv` set over them.
+    pub fn params_with(&self, kv: &[(&str, u32)]) -> Params {
+        let mut p = self.default_params();
+        p.extend(kv.iter().map(|&(name, v)| (name.to_string(), v)));
+        p
+    }
+
     /// Every combination of parameter values (the variant space of this kernel).
     pub fn all_params(&self) -> Vec<Params> {
         let mut out = vec![Params::new()];

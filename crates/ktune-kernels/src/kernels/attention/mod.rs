@@ -367,11 +367,7 @@ mod tests {
 
     fn sg_params(wg: u32, hpw: u32, chunk: u32) -> Params {
         let k = crate::kernels::find("attention_decode_splitkv_sg").expect("registered");
-        let mut p = k.default_params();
-        p.insert("workgroup_size".into(), wg);
-        p.insert("heads_per_wg".into(), hpw);
-        p.insert("chunk".into(), chunk);
-        p
+        k.params_with(&[("workgroup_size", wg), ("heads_per_wg", hpw), ("chunk", chunk)])
     }
 
     /// GQA groups of 1, 4, 6 and 12 heads per KV head, key counts that are no
@@ -454,11 +450,7 @@ mod tests {
 
     pub(super) fn flash2_params(bq: u32, hpw: u32, bkv: u32, lanes: u32, tile: u32) -> Params {
         let k = crate::kernels::find("attention_prefill_flash2").expect("registered");
-        let mut p = k.default_params();
-        for (name, v) in [("block_q", bq), ("heads_per_wg", hpw), ("block_kv", bkv), ("lanes", lanes), ("kv_tile", tile)] {
-            p.insert(name.into(), v);
-        }
-        p
+        k.params_with(&[("block_q", bq), ("heads_per_wg", hpw), ("block_kv", bkv), ("lanes", lanes), ("kv_tile", tile)])
     }
 
     /// Both flash2 forms over every lanes and K/V tile form their validity allows on

@@ -272,129 +272,92 @@ fn emu(shader: &'static Shader) -> WgslImpl {
     WgslImpl::new(shader, prepare_mma).workgroup(mma_wg).shared(emu_shared).check(check_emu)
 }
 
+/// The three variants of one tiling: on 16x16x16 and 8x8x8 cooperative matrices
+/// (`<id>_coop16`, `<id>_coop8`) and emulated (`<id>_mma_emu`); `$tiles` says what
+/// the workgroup stages and accumulates.
+macro_rules! mma_trio {
+    ($id:literal, $op:expr, $dtype:expr, $coop_params:expr, $emu_params:expr, $tiles:literal, [$c16:expr, $c8:expr, $emu:expr]) => {
+        [
+            KernelDef::new(
+                concat!($id, "_coop16"),
+                $op,
+                $dtype,
+                $coop_params,
+                concat!("16x16x16 cooperative matrices (matrix units): ", $tiles),
+                coop16($c16),
+            ),
+            KernelDef::new(
+                concat!($id, "_coop8"),
+                $op,
+                $dtype,
+                $coop_params,
+                concat!("8x8x8 cooperative matrices (matrix units): ", $tiles),
+                coop8($c8),
+            ),
+            KernelDef::new(
+                concat!($id, "_mma_emu"),
+                $op,
+                $dtype,
+                $emu_params,
+                concat!("the tiling of ", $id, "_coop8/16 with the matrix operations as plain loops over 32-invocation groups"),
+                emu($emu),
+            ),
+        ]
+    };
+}
+
 /// The block-format GEMMs (registered by [`super::quant::variants`]).
 pub fn gemm_q_variants() -> Vec<KernelDef> {
-    vec![
-        KernelDef::new(
-            "gemm_q_coop16",
-            Op::Gemm,
-            DType::QUANT,
-            COOP_PARAMS,
-            "16x16x16 cooperative matrices (matrix units): x and dequantized w as f16 tiles in workgroup memory, f32 accumulators; \
-             sg_m x sg_n subgroups of mat_m x mat_n matrices",
-            coop16(&QGEMM_COOP16),
-        ),
-        KernelDef::new(
-            "gemm_q_coop8",
-            Op::Gemm,
-            DType::QUANT,
-            COOP_PARAMS,
-            "8x8x8 cooperative matrices (matrix units): x and dequantized w as f16 tiles in workgroup memory, f32 accumulators; \
-             sg_m x sg_n subgroups of mat_m x mat_n matrices",
-            coop8(&QGEMM_COOP8),
-        ),
-        KernelDef::new(
-            "gemm_q_mma_emu",
-            Op::Gemm,
-            DType::QUANT,
-            EMU_PARAMS,
-            "the tiling of gemm_q_coop8/16 (same f16 tiles, matrix bases and result slots) with the matrix operations as plain loops \
-             over 32-invocation groups",
-            emu(&QGEMM_MMA_EMU),
-        ),
-    ]
+    mma_trio!(
+        "gemm_q",
+        Op::Gemm,
+        DType::QUANT,
+        COOP_PARAMS,
+        EMU_PARAMS,
+        "x and dequantized w as f16 tiles in workgroup memory, f32 accumulators; sg_m x sg_n subgroups of mat_m x mat_n matrices",
+        [&QGEMM_COOP16, &QGEMM_COOP8, &QGEMM_MMA_EMU]
+    )
+    .into()
 }
 
 /// The float GEMMs (registered by [`super::variants`]).
 pub fn gemm_variants() -> Vec<KernelDef> {
-    vec![
-        KernelDef::new(
-            "gemm_coop16",
-            Op::Gemm,
-            DType::FLOAT,
-            F_COOP_PARAMS,
-            "16x16x16 cooperative matrices (matrix units): x and w as f16 tiles in workgroup memory, f32 accumulators; \
-             sg_m x sg_n subgroups of mat_m x mat_n matrices",
-            coop16(&GEMM_COOP16),
-        ),
-        KernelDef::new(
-            "gemm_coop8",
-            Op::Gemm,
-            DType::FLOAT,
-            F_COOP_PARAMS,
-            "8x8x8 cooperative matrices (matrix units): x and w as f16 tiles in workgroup memory, f32 accumulators; \
-             sg_m x sg_n subgroups of mat_m x mat_n matrices",
-            coop8(&GEMM_COOP8),
-        ),
-        KernelDef::new(
-            "gemm_mma_emu",
-            Op::Gemm,
-            DType::FLOAT,
-            F_EMU_PARAMS,
-            "the tiling of gemm_coop8/16 (same f16 tiles, matrix bases and result slots) with the matrix operations as plain loops \
-             over 32-invocation groups",
-            emu(&GEMM_MMA_EMU),
-        ),
-    ]
+    mma_trio!(
+        "gemm",
+        Op::Gemm,
+        DType::FLOAT,
+        F_COOP_PARAMS,
+        F_EMU_PARAMS,
+        "x and w as f16 tiles in workgroup memory, f32 accumulators; sg_m x sg_n subgroups of mat_m x mat_n matrices",
+        [&GEMM_COOP16, &GEMM_COOP8, &GEMM_MMA_EMU]
+    )
+    .into()
 }
 
 /// The fused gate/up prefill GEMMs, block-format and float (registered by
 /// [`crate::kernels::matvec::gate_up::variants`]).
 pub fn gate_up_variants() -> Vec<KernelDef> {
-    vec![
-        KernelDef::new(
-            "gate_up_q_coop16",
-            Op::GateUp,
-            DType::QUANT,
-            GU_COOP_PARAMS,
-            "prefill on 16x16x16 cooperative matrices: x and the dequantized gate and up rows as f16 tiles, a gate and an up \
-             accumulator per matrix, act(gate)·up on the way out",
-            coop16(&QGEMM_COOP16),
-        ),
-        KernelDef::new(
-            "gate_up_q_coop8",
-            Op::GateUp,
-            DType::QUANT,
-            GU_COOP_PARAMS,
-            "prefill on 8x8x8 cooperative matrices: x and the dequantized gate and up rows as f16 tiles, a gate and an up \
-             accumulator per matrix, act(gate)·up on the way out",
-            coop8(&QGEMM_COOP8),
-        ),
-        KernelDef::new(
-            "gate_up_q_mma_emu",
-            Op::GateUp,
-            DType::QUANT,
-            GU_EMU_PARAMS,
-            "the tiling of gate_up_q_coop8/16 with the matrix operations as plain loops over 32-invocation groups",
-            emu(&QGEMM_MMA_EMU),
-        ),
-        KernelDef::new(
-            "gate_up_coop16",
-            Op::GateUp,
-            DType::FLOAT,
-            GU_F_COOP_PARAMS,
-            "prefill on 16x16x16 cooperative matrices: x and the gate and up rows as f16 tiles, a gate and an up accumulator per \
-             matrix, act(gate)·up on the way out",
-            coop16(&GEMM_COOP16),
-        ),
-        KernelDef::new(
-            "gate_up_coop8",
-            Op::GateUp,
-            DType::FLOAT,
-            GU_F_COOP_PARAMS,
-            "prefill on 8x8x8 cooperative matrices: x and the gate and up rows as f16 tiles, a gate and an up accumulator per \
-             matrix, act(gate)·up on the way out",
-            coop8(&GEMM_COOP8),
-        ),
-        KernelDef::new(
-            "gate_up_mma_emu",
-            Op::GateUp,
-            DType::FLOAT,
-            GU_F_EMU_PARAMS,
-            "the tiling of gate_up_coop8/16 with the matrix operations as plain loops over 32-invocation groups",
-            emu(&GEMM_MMA_EMU),
-        ),
-    ]
+    let quant = mma_trio!(
+        "gate_up_q",
+        Op::GateUp,
+        DType::QUANT,
+        GU_COOP_PARAMS,
+        GU_EMU_PARAMS,
+        "prefill with x and the dequantized gate and up rows as f16 tiles, a gate and an up accumulator per matrix, \
+         act(gate)·up on the way out",
+        [&QGEMM_COOP16, &QGEMM_COOP8, &QGEMM_MMA_EMU]
+    );
+    let float = mma_trio!(
+        "gate_up",
+        Op::GateUp,
+        DType::FLOAT,
+        GU_F_COOP_PARAMS,
+        GU_F_EMU_PARAMS,
+        "prefill with x and the gate and up rows as f16 tiles, a gate and an up accumulator per matrix, act(gate)·up on \
+         the way out",
+        [&GEMM_COOP16, &GEMM_COOP8, &GEMM_MMA_EMU]
+    );
+    quant.into_iter().chain(float).collect()
 }
 
 #[cfg(test)]
@@ -407,11 +370,7 @@ mod tests {
     use crate::kernels::quant::DType;
 
     fn with(id: &str, kv: &[(&str, u32)]) -> Params {
-        let mut p = find(id).expect("registered").default_params();
-        for &(name, v) in kv {
-            p.insert(name.to_string(), v);
-        }
-        p
+        find(id).expect("registered").params_with(kv)
     }
 
     fn check(id: &str, prob: &Problem, dtype: DType, params: &Params, caps: &GpuCaps) -> Result<(), String> {

@@ -227,11 +227,7 @@ mod tests {
     use crate::kernels::quant::DType;
 
     fn with(id: &str, kv: &[(&str, u32)]) -> Params {
-        let mut p = find(id).expect("registered").default_params();
-        for &(name, v) in kv {
-            p.insert(name.to_string(), v);
-        }
-        p
+        find(id).expect("registered").params_with(kv)
     }
 
     fn reason(id: &str, params: &Params, caps: &GpuCaps) -> String {

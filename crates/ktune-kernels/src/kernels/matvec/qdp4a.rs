@@ -284,14 +284,6 @@ mod tests {
         crate::testing::typical_gpu_caps()
     }
 
-    fn with(k: &KernelDef, kv: &[(&str, u32)]) -> Params {
-        let mut p = k.default_params();
-        for &(name, v) in kv {
-            p.insert(name.to_string(), v);
-        }
-        p
-    }
-
     #[test]
     fn validity_rejects_what_the_shader_cannot_do_with_a_reason() {
         let wg = find("gemv_q_dp4a_wg").unwrap();
@@ -304,7 +296,7 @@ mod tests {
         assert!(reason(wg, &Problem::Gemv { n: 8, k: 48 }, DType::Q8_0, &base, &c).contains("multiple of 32"));
         assert!(reason(wg, &Problem::Gemv { n: 8, k: 288 }, DType::Q4_K, &base, &c).contains("multiple of 256"));
         // More splits than blocks in a row.
-        let split8 = with(wg, &[("split_k", 8)]);
+        let split8 = wg.params_with(&[("split_k", 8)]);
         assert!(reason(wg, &Problem::Gemv { n: 8, k: 512 }, DType::Q6_K, &split8, &c).contains("split_k = 8"));
         assert!(wg.check(Caps::Gpu(&c), &Problem::Gemv { n: 8, k: 2048 }, DType::Q6_K, &split8).is_ok());
         // Float weights.
@@ -312,12 +304,12 @@ mod tests {
         // The subgroup form on an adapter without subgroups, or with wider subgroups than the workgroup.
         let p = Problem::Gemv { n: 8, k: 256 };
         assert!(reason(sg, &p, DType::Q4_K, &base, &GpuCaps { subgroups: false, ..c.clone() }).contains("subgroup"));
-        let wg32 = with(sg, &[("workgroup_size", 32)]);
+        let wg32 = sg.params_with(&[("workgroup_size", 32)]);
         assert!(reason(sg, &p, DType::Q4_K, &wg32, &GpuCaps { subgroup_max_size: 64, ..c.clone() }).contains("subgroup size 64"));
         assert!(wg.check(Caps::Gpu(&GpuCaps { subgroups: false, ..c.clone() }), &p, DType::Q4_K, &base).is_ok());
         // Too few storage buffers per stage, too little workgroup memory.
         assert!(reason(wg, &p, DType::Q8_0, &base, &GpuCaps { max_storage_buffers_per_stage: 4, ..c.clone() }).contains("storage buffers"));
-        let big = with(wg, &[("workgroup_size", 256), ("rows_per_wg", 8)]);
+        let big = wg.params_with(&[("workgroup_size", 256), ("rows_per_wg", 8)]);
         assert!(reason(wg, &p, DType::Q8_0, &big, &GpuCaps { max_workgroup_storage: 4096, ..c }).contains("workgroup memory"));
     }
 
@@ -334,7 +326,7 @@ mod tests {
         let three = Problem::GateUp { rows: 3, n: 24, k: 512, act: Activation::Silu };
         let r = gu.check(Caps::Gpu(&c), &three, DType::Q4_K, &gu.default_params()).unwrap_err();
         assert!(r.contains("decode") && r.contains("3 tokens"), "{r}");
-        let split8 = with(gu, &[("split_k", 8)]);
+        let split8 = gu.params_with(&[("split_k", 8)]);
         assert!(gu.check(Caps::Gpu(&c), &one, DType::Q6_K, &split8).unwrap_err().contains("split_k = 8"));
         assert!(qkv.params.iter().all(|p| p.name != "split_k"));
         let p = Problem::QkvProj { k: 512, nq: 32, nkv: 16, bias: true };
@@ -421,7 +413,7 @@ mod tests {
                 ]
                 .iter()
                 .filter(|kv| kv.iter().all(|(name, _)| kd.params.iter().any(|p| p.name == *name)))
-                .map(|kv| with(kd, kv))
+                .map(|kv| kd.params_with(kv))
                 .collect();
                 for (si, prob) in shapes.iter().enumerate() {
                     for (pi, params) in sets.iter().enumerate() {

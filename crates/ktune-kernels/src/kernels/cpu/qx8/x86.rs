@@ -22,7 +22,6 @@ macro_rules! x8_loops {
             #[target_feature(enable = $feat)]
             pub unsafe fn group(rec: &[u8], sc: &[f16], x: &XQ8, bpr: usize) -> [f32; X8_ROWS] {
                 assert!(rec.len() >= bpr * X8_BYTES && sc.len() >= bpr * 16 && x.q.len() >= 256 * bpr && x.dsum.len() >= 8 * bpr);
-                let m4 = _mm256_set1_epi8(0x0f);
                 let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
                 let pf = crate::kernels::cpu::prefetch_bytes();
                 for c in 0..bpr {
@@ -35,9 +34,7 @@ macro_rules! x8_loops {
                         for p in 0..4 {
                             let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
                             for t in 0..8 {
-                                let w = _mm256_loadu_si256(r.add(128 + 32 * (8 * p + t)) as *const __m256i);
-                                let wl = _mm256_and_si256(w, m4);
-                                let wh = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
+                                let (wl, wh) = super::nibbles(r, 8 * p + t);
                                 let xl = _mm256_set1_epi32((xq.add(64 * p + 4 * t) as *const i32).read_unaligned());
                                 let xh = _mm256_set1_epi32((xq.add(64 * p + 32 + 4 * t) as *const i32).read_unaligned());
                                 lo = $dp(lo, wl, xl);
@@ -47,16 +44,9 @@ macro_rules! x8_loops {
                             let sh = _mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(16 * p + 8) as *const __m128i));
                             isum = _mm256_add_epi32(isum, _mm256_add_epi32(_mm256_mullo_epi32(lo, sl), _mm256_mullo_epi32(hi, sh)));
                         }
-                        let s = sc.as_ptr().add(16 * c) as *const __m128i;
-                        let d = _mm256_cvtph_ps(_mm_loadu_si128(s));
-                        let dmin = _mm256_cvtph_ps(_mm_loadu_si128(s.add(1)));
+                        let (d, dmin) = super::record_scales(sc.as_ptr().add(16 * c));
                         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(x.d[8 * c])), acc);
-                        let mut ms = _mm256_setzero_ps();
-                        for j in 0..8 {
-                            let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(64 + 8 * j) as *const __m128i)));
-                            ms = _mm256_fmadd_ps(mn, _mm256_set1_ps(x.dsum[8 * c + j]), ms);
-                        }
-                        accm = _mm256_fmadd_ps(ms, dmin, accm);
+                        accm = super::add_mins(r, x.dsum.as_ptr().add(8 * c), dmin, accm);
                     }
                 }
                 let mut out = [0f32; X8_ROWS];
@@ -159,6 +149,53 @@ fn dp_avx2(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn dp_vnni(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(acc, u, s)
+}
+
+/// The low and high nibbles of the record at `r`'s 32 code bytes of step `i`
+/// (0..32: 4 passes of 8).
+///
+/// # Safety
+/// `r` points to a whole X8 record.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn nibbles(r: *const u8, i: usize) -> (__m256i, __m256i) {
+    let m4 = _mm256_set1_epi8(0x0f);
+    // SAFETY: the 32 bytes at 128 + 32i of the record (the caller's promise).
+    let w = unsafe { _mm256_loadu_si256(r.add(128 + 32 * i) as *const __m256i) };
+    (_mm256_and_si256(w, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4))
+}
+
+/// A Q4_K record's eight row scales `d` and eight row mins' scales `dmin` (the
+/// 16 f16s at `s`).
+///
+/// # Safety
+/// `s` points to 16 readable f16s.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn record_scales(s: *const half::f16) -> (__m256, __m256) {
+    let s = s as *const __m128i;
+    // SAFETY: 2 x 8 f16s (the caller's promise).
+    unsafe { (_mm256_cvtph_ps(_mm_loadu_si128(s)), _mm256_cvtph_ps(_mm_loadu_si128(s.add(1)))) }
+}
+
+/// `accm + dmin · Σj min_j · sums[j]`: the eight 6-bit mins of the Q4_K record at
+/// `r` (bytes 64..128, one byte per row for each 32 of the super-block) against
+/// the eight sums of the activations.
+///
+/// # Safety
+/// `r` points to a whole X8 record and `sums` to 8 readable floats.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn add_mins(r: *const u8, sums: *const f32, dmin: __m256, accm: __m256) -> __m256 {
+    let mut ms = _mm256_setzero_ps();
+    for j in 0..8 {
+        // SAFETY: byte 64 + 8j.. of the record and sum j (the caller's promise).
+        unsafe {
+            let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(64 + 8 * j) as *const __m128i)));
+            ms = _mm256_fmadd_ps(mn, _mm256_set1_ps(*sums.add(j)), ms);
+        }
+    }
+    _mm256_fmadd_ps(ms, dmin, accm)
 }
 
 x8_loops!(avx2, "avx2,fma,f16c", dp_avx2);
@@ -280,7 +317,6 @@ macro_rules! f32_loops {
             #[target_feature(enable = $feat)]
             pub unsafe fn group_k(rec: &[u8], sc: &[f16], x: &[f32], sums: &[f32], bpr: usize) -> [f32; X8_ROWS] {
                 assert!(rec.len() >= bpr * X8_BYTES && sc.len() >= bpr * 16 && x.len() >= 256 * bpr && sums.len() >= 8 * bpr);
-                let m4 = _mm256_set1_epi8(0x0f);
                 let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
                 let pf = crate::kernels::cpu::prefetch_bytes();
                 for c in 0..bpr {
@@ -289,15 +325,11 @@ macro_rules! f32_loops {
                         let r = rec.as_ptr().add(c * X8_BYTES);
                         prefetch(r, pf, X8_BYTES);
                         let xp = x.as_ptr().add(256 * c);
-                        let s = sc.as_ptr().add(16 * c) as *const __m128i;
-                        let d = _mm256_cvtph_ps(_mm_loadu_si128(s));
-                        let dmin = _mm256_cvtph_ps(_mm_loadu_si128(s.add(1)));
+                        let (d, dmin) = super::record_scales(sc.as_ptr().add(16 * c));
                         for p in 0..4 {
                             let (mut a, mut b) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
                             for t in 0..8 {
-                                let w = _mm256_loadu_si256(r.add(128 + 32 * (8 * p + t)) as *const __m256i);
-                                let wl = _mm256_and_si256(w, m4);
-                                let wh = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
+                                let (wl, wh) = super::nibbles(r, 8 * p + t);
                                 step(&mut a, &mut b, wl, wh, xp, 64 * p + 4 * t, 64 * p + 32 + 4 * t);
                             }
                             let sl = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(16 * p) as *const __m128i)));
@@ -305,12 +337,7 @@ macro_rules! f32_loops {
                             acc = _mm256_fmadd_ps(half4(a), _mm256_mul_ps(d, sl), acc);
                             acc = _mm256_fmadd_ps(half4(b), _mm256_mul_ps(d, sh), acc);
                         }
-                        let mut ms = _mm256_setzero_ps();
-                        for j in 0..8 {
-                            let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(64 + 8 * j) as *const __m128i)));
-                            ms = _mm256_fmadd_ps(mn, _mm256_set1_ps(sums[8 * c + j]), ms);
-                        }
-                        accm = _mm256_fmadd_ps(ms, dmin, accm);
+                        accm = super::add_mins(r, sums.as_ptr().add(8 * c), dmin, accm);
                     }
                 }
                 let mut out = [0f32; X8_ROWS];
