@@ -40,8 +40,14 @@ from transformers import (
     GenerationConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
 )
 
 PROMPT_LEN = 20
@@ -132,6 +138,65 @@ def fixtures():
             "sharded",
             13,
             "Qwen2.5: Q/K/V biases, untied lm_head, saved in several shards with an index",
+            {},
+        ),
+        (
+            "qwen3-tiny",
+            Qwen3ForCausalLM,
+            Qwen3Config(
+                **COMMON,
+                num_hidden_layers=2,
+                num_key_value_heads=2,
+                head_dim=32,
+                vocab_size=288,
+                rms_norm_eps=1e-6,
+                max_position_embeddings=40960,
+                tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            ),
+            "f32",
+            15,
+            "Qwen3: per-head q/k RMSNorm before RoPE, no biases, head_dim 32 (q_dim 128 != hidden 64), GQA 4:2, untied",
+            {},
+        ),
+        (
+            "mistral-tiny",
+            MistralForCausalLM,
+            MistralConfig(
+                **COMMON,
+                num_hidden_layers=2,
+                num_key_value_heads=1,
+                head_dim=16,
+                vocab_size=256,
+                rms_norm_eps=1e-5,
+                max_position_embeddings=32768,
+                tie_word_embeddings=False,
+                sliding_window=8,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            ),
+            "f32",
+            19,
+            "Mistral: a sliding window of 8 < 20-token prompt on every layer, GQA 4:1, untied",
+            {},
+        ),
+        (
+            "smollm3-tiny",
+            SmolLM3ForCausalLM,
+            SmolLM3Config(
+                **COMMON,
+                num_hidden_layers=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                vocab_size=320,
+                rms_norm_eps=1e-6,
+                max_position_embeddings=65536,
+                tie_word_embeddings=True,
+                no_rope_layer_interval=4,
+                rope_parameters={"rope_type": "default", "rope_theta": 2000000.0},
+            ),
+            "f32",
+            24,
+            "SmolLM3: layer 3 (every fourth) without RoPE, GQA 4:2, tied",
             {},
         ),
         (
@@ -265,12 +330,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "tests" / "fixtures"))
     ap.add_argument("--check", action="store_true", help="recompute and compare with the files, write nothing")
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="these fixtures only (default: all)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     root = Path(args.out)
     failures = 0
     for name, cls, config, storage, seed, about, tweaks in fixtures():
+        if args.only and name not in args.only:
+            continue
         model = build(cls, config, storage, seed, tweaks)
         exp = expected(model, config.vocab_size, seed)
         exp = {

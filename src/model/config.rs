@@ -6,35 +6,35 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::family::Norms;
 use super::{ModelError, Result};
 use crate::kernels::DType;
 
-/// The decoder families ktune knows how to run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr, strum::Display)]
+/// The decoder families ktune knows how to run; what each one is lives in its row
+/// of [`super::family::FAMILIES`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr, strum::Display, strum::EnumIter)]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
 pub enum Architecture {
-    /// `LlamaForCausalLM` (Llama 3.x, SmolLM2): pre-norm, SwiGLU, no biases.
+    /// `LlamaForCausalLM` (Llama 3.x, SmolLM2).
     Llama,
-    /// `Qwen2ForCausalLM` (Qwen2.5): Llama plus biases on the Q, K and V projections.
+    /// `Qwen2ForCausalLM` (Qwen2.5).
     Qwen2,
-    /// `Gemma3ForCausalLM` (text): (1 + w) norms, norms around attention and MLP
-    /// ("sandwich"), QK-norm, GeGLU (tanh), scaled embeddings, 5 local : 1 global layers.
+    /// `Qwen3ForCausalLM` (Qwen3 dense).
+    Qwen3,
+    /// `MistralForCausalLM` (Mistral 7B, Ministral).
+    Mistral,
+    /// `SmolLM3ForCausalLM`.
+    #[serde(rename = "smollm3")]
+    #[strum(serialize = "smollm3")]
+    SmolLM3,
+    /// `Gemma3ForCausalLM` (text).
     Gemma3,
 }
 
 impl Architecture {
     pub fn name(self) -> &'static str {
         self.into()
-    }
-
-    /// The `architectures` entry of a Hugging Face `config.json`.
-    pub fn hf_class(self) -> &'static str {
-        match self {
-            Architecture::Llama => "LlamaForCausalLM",
-            Architecture::Qwen2 => "Qwen2ForCausalLM",
-            Architecture::Gemma3 => "Gemma3ForCausalLM",
-        }
     }
 }
 
@@ -164,6 +164,9 @@ pub struct ModelConfig {
     pub sliding_window: Option<usize>,
     /// One entry per layer.
     pub layer_types: Vec<LayerKind>,
+    /// Layers that skip RoPE (SmolLM3: every fourth), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nope_layers: Vec<usize>,
     /// Attention scores are scaled by `query_pre_attn_scalar^-1/2` instead of
     /// `head_dim^-1/2` (Gemma).
     pub query_pre_attn_scalar: Option<f64>,
@@ -199,16 +202,17 @@ impl ModelConfig {
         let mut c = self.clone();
         c.num_layers = layers.min(self.num_layers);
         c.layer_types.truncate(c.num_layers);
+        c.nope_layers.retain(|&l| l < c.num_layers);
         c
     }
 
-    /// A model of `arch` with dimensions `d` and the architecture's fixed traits
-    /// (Gemma 3: GELU-tanh, per-head q/k norms, scaled embeddings, `(1 + w)` norms;
-    /// Qwen2: Q/K/V biases); every optional feature off: all layers global, no RoPE
-    /// scaling, no soft-capping, tied embeddings, no special tokens. Readers and
-    /// built-in configs set what their model has on top (`..ModelConfig::new(..)`).
+    /// A model of `arch` with dimensions `d` and its family's fixed traits (norms,
+    /// biases, q/k norms, activation, embedding scale: [`Architecture::family`]);
+    /// every optional feature off: all layers global and with RoPE, no RoPE scaling,
+    /// no soft-capping, tied embeddings, no special tokens. Readers and built-in
+    /// configs set what their model has on top (`..ModelConfig::new(..)`).
     pub fn new(arch: Architecture, d: Dims) -> ModelConfig {
-        let gemma = arch == Architecture::Gemma3;
+        let f = arch.family();
         ModelConfig {
             architecture: arch,
             vocab_size: d.vocab_size,
@@ -224,16 +228,17 @@ impl ModelConfig {
             rope_scaling: None,
             max_position_embeddings: 2048,
             tie_word_embeddings: true,
-            hidden_act: if gemma { HiddenAct::GeluPytorchTanh } else { HiddenAct::Silu },
-            attention_bias: arch == Architecture::Qwen2,
-            qk_norm: gemma,
+            hidden_act: f.hidden_act,
+            attention_bias: f.qkv_bias,
+            qk_norm: f.qk_norm,
             sliding_window: None,
             layer_types: vec![LayerKind::Global; d.num_layers],
+            nope_layers: Vec::new(),
             query_pre_attn_scalar: None,
             final_logit_softcapping: None,
             attn_logit_softcapping: None,
-            scale_embeddings: gemma,
-            norm_unit_offset: gemma,
+            scale_embeddings: f.scale_embeddings,
+            norm_unit_offset: f.unit_offset_norms,
             bos_token_id: None,
             eos_token_ids: Vec::new(),
         }
@@ -280,12 +285,18 @@ impl ModelConfig {
         }
     }
 
-    /// RoPE scaling for a kind of layer (local layers are never scaled).
+    /// RoPE scaling for a kind of layer: local layers with a base of their own
+    /// (Gemma 3) are never scaled; the others share the global RoPE.
     pub fn rope_scaling_for(&self, kind: LayerKind) -> Option<&RopeScaling> {
         match kind {
-            LayerKind::Local => None,
-            LayerKind::Global => self.rope_scaling.as_ref(),
+            LayerKind::Local if self.rope_local_base_freq.is_some() => None,
+            _ => self.rope_scaling.as_ref(),
         }
+    }
+
+    /// Whether layer `layer` rotates its queries and keys.
+    pub fn layer_has_rope(&self, layer: usize) -> bool {
+        !self.nope_layers.contains(&layer)
     }
 
     /// The factor attention scores are multiplied by: `query_pre_attn_scalar^-1/2`
@@ -316,7 +327,7 @@ impl ModelConfig {
     /// normalizes the attention output, `pre_feedforward_layernorm` the MLP input,
     /// `post_feedforward_layernorm` its output).
     pub fn sandwich_norms(&self) -> bool {
-        self.architecture == Architecture::Gemma3
+        self.architecture.family().norms == Norms::Sandwich
     }
 
     /// Every tensor of the Hugging Face checkpoint with its shape (`[out, in]` for
@@ -405,6 +416,9 @@ impl ModelConfig {
         if self.layer_types.len() != self.num_layers {
             bad.push(format!("layer_types has {} entries for {} layers", self.layer_types.len(), self.num_layers));
         }
+        if let Some(l) = self.nope_layers.iter().find(|&&l| l >= self.num_layers) {
+            bad.push(format!("nope_layers names layer {l} of {}", self.num_layers));
+        }
         if self.num_local_layers() > 0 && self.sliding_window.is_none_or(|w| w == 0) {
             bad.push("local layers need a sliding_window above 0".to_string());
         }
@@ -466,8 +480,8 @@ mod tests {
     /// The names profiles, reports and GGUF metadata spell (derived by strum).
     #[test]
     fn names_are_the_published_spellings() {
-        let arch: Vec<_> = [Architecture::Llama, Architecture::Qwen2, Architecture::Gemma3].map(Architecture::name).into();
-        assert_eq!(arch, ["llama", "qwen2", "gemma3"]);
+        let arch: Vec<_> = <Architecture as strum::IntoEnumIterator>::iter().map(Architecture::name).collect();
+        assert_eq!(arch, ["llama", "qwen2", "qwen3", "mistral", "smollm3", "gemma3"]);
         assert_eq!(Architecture::Gemma3.to_string(), "gemma3");
         assert_eq!([LayerKind::Global.name(), LayerKind::Local.name()], ["global", "local"]);
         assert_eq!([HiddenAct::Silu.name(), HiddenAct::GeluPytorchTanh.name()], ["silu", "gelu_pytorch_tanh"]);

@@ -1,9 +1,10 @@
-//! A GGUF file as a model: its metadata mapped onto a [`ModelConfig`] (architectures
-//! `llama`, `qwen2`, `gemma3`, as llama.cpp's `convert_hf_to_gguf.py` writes them)
+//! A GGUF file as a model: its metadata mapped onto a [`ModelConfig`] (the
+//! architectures of [`family::FAMILIES`], as llama.cpp's `convert_hf_to_gguf.py`
+//! writes them)
 //! and its tensor names onto the Hugging Face names the plan uses, with the
 //! converter's changes undone on load:
 //!
-//! - `llama`: the converter permutes the rows of Q and K (`LlamaModel.permute`,
+//! - `llama`, `smollm3`: the converter permutes the rows of Q and K (`LlamaModel.permute`,
 //!   interleaving the two RoPE halves of each head); [`Transform::Unpermute`]
 //!   restores Hugging Face's order (a reordering of whole rows, so quantized
 //!   rows are reordered as they are).
@@ -18,6 +19,7 @@
 //! falls back to its config default `query_pre_attn_scalar = 256`).
 
 use super::config::{Architecture, Dims, LayerKind, ModelConfig, RopeScaling};
+use super::family;
 use super::gguf::{GgufFile, MetaReader, Value};
 use super::{ModelError, Result};
 use crate::kernels::reference::{Llama3Scaling, rope_inv_freq};
@@ -62,8 +64,9 @@ pub struct GgufConfig {
 /// `arch`; None for tensors that are not weights of the model (`rope_freqs.weight`)
 /// or that ktune does not know.
 pub fn hf_name(config: &ModelConfig, name: &str) -> Option<(String, Transform)> {
-    let gemma = config.architecture == Architecture::Gemma3;
-    let norm_tf = if gemma { Transform::MinusOne } else { Transform::None };
+    let family = config.architecture.family();
+    let norm_tf = if family.unit_offset_norms { Transform::MinusOne } else { Transform::None };
+    let sandwich = config.sandwich_norms();
     let top = match name {
         "token_embd.weight" => Some(("model.embed_tokens.weight".to_string(), Transform::None)),
         "output_norm.weight" => Some(("model.norm.weight".to_string(), norm_tf)),
@@ -80,21 +83,21 @@ pub fn hf_name(config: &ModelConfig, name: &str) -> Option<(String, Transform)> 
     if suffix != "weight" && suffix != "bias" {
         return None;
     }
-    let llama = config.architecture == Architecture::Llama;
+    let permuted = family.gguf_permuted_qk;
     let (hf, tf) = match base {
         "attn_norm" => ("input_layernorm", norm_tf),
-        "attn_q" if llama => ("self_attn.q_proj", Transform::Unpermute { heads: config.num_heads }),
-        "attn_k" if llama => ("self_attn.k_proj", Transform::Unpermute { heads: config.num_kv_heads }),
+        "attn_q" if permuted => ("self_attn.q_proj", Transform::Unpermute { heads: config.num_heads }),
+        "attn_k" if permuted => ("self_attn.k_proj", Transform::Unpermute { heads: config.num_kv_heads }),
         "attn_q" => ("self_attn.q_proj", Transform::None),
         "attn_k" => ("self_attn.k_proj", Transform::None),
         "attn_v" => ("self_attn.v_proj", Transform::None),
         "attn_output" => ("self_attn.o_proj", Transform::None),
         "attn_q_norm" => ("self_attn.q_norm", norm_tf),
         "attn_k_norm" => ("self_attn.k_norm", norm_tf),
-        "post_attention_norm" if gemma => ("post_attention_layernorm", norm_tf),
-        "ffn_norm" if gemma => ("pre_feedforward_layernorm", norm_tf),
+        "post_attention_norm" if sandwich => ("post_attention_layernorm", norm_tf),
+        "ffn_norm" if sandwich => ("pre_feedforward_layernorm", norm_tf),
         "ffn_norm" => ("post_attention_layernorm", norm_tf),
-        "post_ffw_norm" if gemma => ("post_feedforward_layernorm", norm_tf),
+        "post_ffw_norm" if sandwich => ("post_feedforward_layernorm", norm_tf),
         "ffn_gate" => ("mlp.gate_proj", Transform::None),
         "ffn_up" => ("mlp.up_proj", Transform::None),
         "ffn_down" => ("mlp.down_proj", Transform::None),
@@ -122,13 +125,16 @@ pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
     let max_position_embeddings = m.usize_req("context_length")?;
     let rope_theta = m.f64_opt("rope.freq_base")?.unwrap_or(10_000.0);
     let rope_scaling = gguf_rope_scaling(&mut m, rope_theta, dims.head_dim)?;
-    let gemma = if arch == Architecture::Gemma3 { Some(gguf_gemma3(&mut m, &dims)?) } else { None };
-    // Qwen2 has Q/K/V biases (set by the architecture), the others none.
-    if arch != Architecture::Qwen2 && f.tensor("blk.0.attn_q.bias").is_some() {
+    let family = arch.family();
+    let gemma = if family.soft_caps { Some(gguf_gemma3(&mut m, &dims)?) } else { None };
+    // Qwen2 has Q/K/V biases (set by the family), the others none.
+    if !family.qkv_bias && f.tensor("blk.0.attn_q.bias").is_some() {
         return Err(m.unsupported(format!("attention biases in a `{arch_name}` model")));
     }
     let (bos_token_id, eos_token_ids) = gguf_special_tokens(&mut m)?;
     let num_layers = dims.num_layers;
+    // llama.cpp: SmolLM3 skips RoPE on every fourth layer (no metadata says so).
+    let nope_layers = if family.nope_layers { (0..num_layers).filter(|l| (l + 1) % 4 == 0).collect() } else { Vec::new() };
     let config = ModelConfig {
         rms_norm_eps,
         rope_theta,
@@ -138,6 +144,7 @@ pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
         tie_word_embeddings: f.tensor("output.weight").is_none(),
         sliding_window: gemma.as_ref().and_then(|g| g.window),
         layer_types: gemma.as_ref().map_or_else(|| vec![LayerKind::Global; num_layers], |g| g.layer_types.clone()),
+        nope_layers,
         query_pre_attn_scalar: gemma.as_ref().map(|g| g.scalar),
         final_logit_softcapping: gemma.as_ref().and_then(|g| g.final_cap),
         attn_logit_softcapping: gemma.as_ref().and_then(|g| g.attn_cap),
@@ -159,14 +166,11 @@ fn gguf_architecture(f: &GgufFile) -> Result<(Architecture, &str)> {
     let Some(arch_name) = arch_v.as_str() else {
         return Err(ModelError::Config { path, msg: format!("`general.architecture` must be a string, got {}", arch_v.describe()) });
     };
-    let arch = match arch_name {
-        "llama" => Architecture::Llama,
-        "qwen2" => Architecture::Qwen2,
-        "gemma3" => Architecture::Gemma3,
-        other => {
-            return Err(ModelError::Unsupported { path, what: format!("GGUF architecture `{other}` (supported: llama, qwen2, gemma3)") });
-        }
+    let Some(family) = family::by_gguf_arch(arch_name) else {
+        let supported = family::names(|f| f.gguf_arch);
+        return Err(ModelError::Unsupported { path, what: format!("GGUF architecture `{arch_name}` (supported: {supported})") });
     };
+    let arch = family.arch;
     if let Some(n) = f.get("split.count").and_then(Value::as_u64)
         && n > 1
     {

@@ -15,6 +15,7 @@ use serde_json::{Map, Value};
 
 use super::builtin::gemma3_pattern;
 use super::config::{Architecture, Dims, HiddenAct, LayerKind, ModelConfig, RopeScaling};
+use super::family::{self, Family, Window};
 use super::vision::VisionConfig;
 use super::{ModelError, Result};
 
@@ -345,38 +346,32 @@ impl<'a> Reader<'a> {
         let model_type = self.str_opt("model_type")?;
         let from_class = match class {
             None => None,
-            Some("LlamaForCausalLM") => Some(Architecture::Llama),
-            Some("Qwen2ForCausalLM") => Some(Architecture::Qwen2),
-            Some("Gemma3ForCausalLM") => Some(Architecture::Gemma3),
-            Some(other) => {
-                return Err(
-                    self.unsupported(format!("architecture `{other}` (supported: LlamaForCausalLM, Qwen2ForCausalLM, Gemma3ForCausalLM)"))
-                );
-            }
+            Some(c) => Some(
+                family::by_hf_class(c)
+                    .ok_or_else(|| self.unsupported(format!("architecture `{c}` (supported: {})", family::names(|f| Some(f.hf_class)))))?,
+            ),
         };
         let from_type = match model_type {
             None => None,
-            Some("llama") => Some(Architecture::Llama),
-            Some("qwen2") => Some(Architecture::Qwen2),
-            Some("gemma3_text") => Some(Architecture::Gemma3),
-            Some(other) => {
-                return Err(self.unsupported(format!("model_type `{other}` (supported: llama, qwen2, gemma3_text)")));
-            }
+            Some(t) => Some(
+                family::by_model_type(t)
+                    .ok_or_else(|| self.unsupported(format!("model_type `{t}` (supported: {})", family::names(|f| Some(f.model_type)))))?,
+            ),
         };
         match (from_class, from_type) {
-            (Some(a), Some(b)) if a != b => Err(self.config_err(format!(
+            (Some(a), Some(b)) if a.arch != b.arch => Err(self.config_err(format!(
                 "`architectures` says {} but `model_type` says {}",
-                a.hf_class(),
+                a.hf_class,
                 model_type.unwrap_or_default()
             ))),
-            (Some(a), _) | (None, Some(a)) => Ok(a),
+            (Some(a), _) | (None, Some(a)) => Ok(a.arch),
             (None, None) => Err(self.config_err("neither `architectures` nor `model_type` is given".into())),
         }
     }
 
     fn config(&mut self) -> Result<ModelConfig> {
         let arch = self.architecture()?;
-        let gemma = arch == Architecture::Gemma3;
+        let f = arch.family();
         let vocab_size = self.usize_req("vocab_size")?;
         let hidden_size = self.usize_req("hidden_size")?;
         let intermediate_size = self.usize_req("intermediate_size")?;
@@ -389,32 +384,27 @@ impl<'a> Reader<'a> {
         if num_heads == 0 || hidden_size == 0 {
             return Err(self.config_err("`num_attention_heads` and `hidden_size` must be above 0".into()));
         }
-        let head_dim = match self.usize_opt("head_dim")? {
-            Some(d) => d,
-            None if gemma => 256,
-            None if hidden_size % num_heads == 0 => hidden_size / num_heads,
-            None => {
+        let head_dim = match (self.usize_opt("head_dim")?, f.head_dim) {
+            (Some(d), _) | (None, Some(d)) => d,
+            (None, None) if hidden_size % num_heads == 0 => hidden_size / num_heads,
+            (None, None) => {
                 return Err(self.config_err(format!(
                     "no `head_dim`, and hidden_size ({hidden_size}) is not a multiple of num_attention_heads ({num_heads})"
                 )));
             }
         };
         let rms_norm_eps = self.f64_opt("rms_norm_eps")?.unwrap_or(1e-6);
-        let max_position_embeddings = self.usize_opt("max_position_embeddings")?.unwrap_or(match arch {
-            Architecture::Llama => 2048,
-            Architecture::Qwen2 => 32_768,
-            Architecture::Gemma3 => 131_072,
-        });
-        let tie_word_embeddings = self.bool_opt("tie_word_embeddings")?.unwrap_or(gemma);
-        let hidden_act = self.hidden_act(gemma)?;
+        let max_position_embeddings = self.usize_opt("max_position_embeddings")?.unwrap_or(f.max_position_embeddings);
+        let tie_word_embeddings = self.bool_opt("tie_word_embeddings")?.unwrap_or(f.tie_word_embeddings);
+        let hidden_act = self.hidden_act(f.hidden_act)?;
 
         // Attention variants.
         if self.bool_opt("mlp_bias")? == Some(true) {
             return Err(self.unsupported("`mlp_bias: true` (biases on the MLP projections)".into()));
         }
-        // Qwen2 always has Q/K/V biases and no O bias (set by the architecture; the
-        // key does not exist); the others none.
-        if arch != Architecture::Qwen2 && self.bool_opt("attention_bias")? == Some(true) {
+        // Qwen2 always has Q/K/V biases and no O bias (set by the family; the key
+        // does not exist); the others none.
+        if !f.qkv_bias && self.bool_opt("attention_bias")? == Some(true) {
             return Err(self.unsupported("`attention_bias: true` (it adds a bias to o_proj too)".into()));
         }
         if let Some(f) = self.f64_opt("partial_rotary_factor")?
@@ -431,7 +421,7 @@ impl<'a> Reader<'a> {
         if self.bool_opt("use_bidirectional_attention")? == Some(true) {
             return Err(self.unsupported("`use_bidirectional_attention: true` (an encoder, not a decoder)".into()));
         }
-        let (final_logit_softcapping, attn_logit_softcapping, query_pre_attn_scalar) = if gemma {
+        let (final_logit_softcapping, attn_logit_softcapping, query_pre_attn_scalar) = if f.soft_caps {
             (
                 self.f64_opt("final_logit_softcapping")?,
                 self.f64_opt("attn_logit_softcapping")?,
@@ -442,23 +432,10 @@ impl<'a> Reader<'a> {
         };
 
         // Which layers are local, and their window.
-        let layer_types = self.layer_types(arch, num_layers)?;
-        let has_local = layer_types.contains(&LayerKind::Local);
-        let sliding_window = match arch {
-            Architecture::Gemma3 => Some(self.usize_opt("sliding_window")?.unwrap_or(4096)),
-            Architecture::Qwen2 => {
-                if self.bool_opt("use_sliding_window")? == Some(true) {
-                    return Err(self.unsupported("`use_sliding_window: true` for Qwen2 (sliding-window attention on upper layers)".into()));
-                }
-                None
-            }
-            Architecture::Llama => None,
-        };
-        if has_local && !gemma {
-            return Err(self.unsupported(format!("sliding_attention layers in a {} model", arch.hf_class())));
-        }
+        let (layer_types, sliding_window) = self.windows(f, num_layers)?;
+        let nope_layers = if f.nope_layers { self.nope_layers(num_layers)? } else { Vec::new() };
 
-        let (rope_theta, rope_local_base_freq, rope_scaling) = self.rope(gemma)?;
+        let (rope_theta, rope_local_base_freq, rope_scaling) = self.rope(f)?;
         let bos_token_id = self.token("bos_token_id")?.and_then(|v| v.first().copied());
         let eos_token_ids = self.token("eos_token_id")?.unwrap_or_default();
 
@@ -466,13 +443,14 @@ impl<'a> Reader<'a> {
         Ok(ModelConfig {
             rms_norm_eps,
             rope_theta,
-            rope_local_base_freq: if gemma { rope_local_base_freq } else { None },
+            rope_local_base_freq,
             rope_scaling,
             max_position_embeddings,
             tie_word_embeddings,
             hidden_act,
-            sliding_window: if has_local { sliding_window } else { None },
+            sliding_window,
             layer_types,
+            nope_layers,
             query_pre_attn_scalar,
             final_logit_softcapping,
             attn_logit_softcapping,
@@ -482,15 +460,60 @@ impl<'a> Reader<'a> {
         })
     }
 
-    fn hidden_act(&mut self, gemma: bool) -> Result<HiddenAct> {
+    /// Each layer's kind and the window of the local ones, as the family reads them
+    /// ([`Window`]).
+    fn windows(&mut self, f: &Family, layers: usize) -> Result<(Vec<LayerKind>, Option<usize>)> {
+        if f.window != Window::Pattern && self.bool_opt("use_sliding_window")? == Some(true) {
+            return Err(
+                self.unsupported(format!("`use_sliding_window: true` for {} (sliding-window attention on upper layers)", f.hf_class))
+            );
+        }
+        let (types, window) = match f.window {
+            Window::Pattern => (self.layer_types(f, layers)?, Some(self.usize_opt("sliding_window")?.unwrap_or(4096))),
+            // MistralConfig's default window is 4096; `null` turns it off.
+            Window::EveryLayer => {
+                let absent = !self.map.contains_key("sliding_window");
+                let window = if absent { Some(4096) } else { self.usize_opt("sliding_window")? };
+                let kind = if window.is_some() { LayerKind::Local } else { LayerKind::Global };
+                (vec![kind; layers], window)
+            }
+            Window::Never => (self.layer_types(f, layers)?, None),
+        };
+        let has_local = types.contains(&LayerKind::Local);
+        if has_local && f.window == Window::Never {
+            return Err(self.unsupported(format!("sliding_attention layers in a {} model", f.hf_class)));
+        }
+        Ok((types, window.filter(|_| has_local)))
+    }
+
+    /// The layers without RoPE: `no_rope_layers` (one entry per layer, 1 where RoPE
+    /// applies), else every `no_rope_layer_interval`-th layer (default 4).
+    fn nope_layers(&mut self, layers: usize) -> Result<Vec<usize>> {
+        let interval = self.usize_opt("no_rope_layer_interval")?.unwrap_or(4);
+        match self.get("no_rope_layers") {
+            Some(Value::Array(a)) if a.len() == layers => a
+                .iter()
+                .enumerate()
+                .filter_map(|(l, v)| match v.as_u64() {
+                    Some(0) => Some(Ok(l)),
+                    Some(1) => None,
+                    _ => Some(Err(self.config_err(format!("`no_rope_layers` entries must be 0 or 1, got {}", describe(v))))),
+                })
+                .collect(),
+            Some(v) => Err(self.config_err(format!("`no_rope_layers` must list 0 or 1 for each of {layers} layers, got {}", describe(v)))),
+            None if interval == 0 => Err(self.config_err("`no_rope_layer_interval` is 0".into())),
+            None => Ok((0..layers).filter(|l| (l + 1) % interval == 0).collect()),
+        }
+    }
+
+    fn hidden_act(&mut self, default: HiddenAct) -> Result<HiddenAct> {
         // Gemma's key is `hidden_activation` (transformers 4.x); accept either.
         let (key, name) = match (self.str_opt("hidden_activation")?, self.str_opt("hidden_act")?) {
             (Some(a), _) => ("hidden_activation", Some(a)),
             (None, b) => ("hidden_act", b),
         };
         match name {
-            None if gemma => Ok(HiddenAct::GeluPytorchTanh),
-            None => Ok(HiddenAct::Silu),
+            None => Ok(default),
             Some("silu" | "swish") => Ok(HiddenAct::Silu),
             Some("gelu_pytorch_tanh" | "gelu_new") => Ok(HiddenAct::GeluPytorchTanh),
             Some(other) => Err(self.unsupported(format!("`{key}: {other}` (supported: silu, gelu_pytorch_tanh)"))),
@@ -499,7 +522,7 @@ impl<'a> Reader<'a> {
 
     /// `layer_types` (transformers 5 and late 4.x), else Gemma 3's
     /// `sliding_window_pattern` (default 6), else all global.
-    fn layer_types(&mut self, arch: Architecture, layers: usize) -> Result<Vec<LayerKind>> {
+    fn layer_types(&mut self, f: &Family, layers: usize) -> Result<Vec<LayerKind>> {
         let pattern = self.usize_opt("sliding_window_pattern")?;
         let private_pattern = self.usize_opt("_sliding_window_pattern")?;
         match self.get("layer_types") {
@@ -517,7 +540,7 @@ impl<'a> Reader<'a> {
                     .collect()
             }
             Some(v) => Err(self.config_err(format!("`layer_types` must be a list, got {}", describe(v)))),
-            None if arch == Architecture::Gemma3 => {
+            None if f.window == Window::Pattern => {
                 let p = pattern.or(private_pattern).unwrap_or(6);
                 if p == 0 {
                     return Err(self.config_err("`sliding_window_pattern` is 0".into()));
@@ -531,13 +554,13 @@ impl<'a> Reader<'a> {
     /// (global theta, local theta, global scaling) from `rope_parameters`
     /// (transformers 5: flat, or one entry per layer type) or from `rope_theta`,
     /// `rope_local_base_freq` and `rope_scaling` (4.x).
-    fn rope(&mut self, gemma: bool) -> Result<(f64, Option<f64>, Option<RopeScaling>)> {
+    fn rope(&mut self, f: &Family) -> Result<(f64, Option<f64>, Option<RopeScaling>)> {
         let theta = self.f64_opt("rope_theta")?;
         let local = self.f64_opt("rope_local_base_freq")?;
         let scaling = self.get("rope_scaling");
         let params = self.get("rope_parameters");
-        let default_theta = if gemma { 1_000_000.0 } else { 10_000.0 };
-        let default_local = if gemma { Some(local.unwrap_or(10_000.0)) } else { None };
+        let default_theta = f.rope_theta;
+        let default_local = f.local_rope_theta.map(|d| local.unwrap_or(d));
         match params {
             Some(Value::Object(p)) if p.contains_key("full_attention") || p.contains_key("sliding_attention") => {
                 let (g_theta, g_scaling) = match p.get("full_attention") {
@@ -551,7 +574,7 @@ impl<'a> Reader<'a> {
                 if l_scaling.is_some() {
                     return Err(self.unsupported("RoPE scaling on sliding_attention layers".into()));
                 }
-                let local = if gemma { l_theta.or(default_local) } else { l_theta };
+                let local = if f.local_rope_theta.is_some() { l_theta.or(default_local) } else { None };
                 Ok((g_theta.or(theta).unwrap_or(default_theta), local, g_scaling))
             }
             Some(v @ Value::Object(_)) => {

@@ -3,9 +3,9 @@
 //! file's metadata) and its weights ([`Weights`], memory-mapped safetensors or
 //! GGUF, or deterministic synthetic values).
 //!
-//! Three architectures are covered: Llama (Llama 3.x, SmolLM2), Qwen2 (Qwen2.5) and
-//! Gemma 3 (text, and the SigLIP vision tower of its multimodal checkpoints:
-//! [`VisionConfig`]). Everything the plan and the runtime need to know about a model
+//! The families covered (Llama 3.x and SmolLM2, Qwen2.5, Qwen3, Mistral, SmolLM3,
+//! Gemma 3 with the SigLIP vision tower of its multimodal checkpoints:
+//! [`VisionConfig`]) are each described once, in [`family::FAMILIES`]. Everything the plan and the runtime need to know about a model
 //! is a field or a method of [`ModelConfig`]; tensors are named as in the Hugging
 //! Face checkpoints ([`ModelConfig::tensor_shapes`]). A directory's `tokenizer.json`,
 //! when there is one, or a GGUF file's `tokenizer.ggml.*` metadata, turns text
@@ -16,6 +16,7 @@ mod builtin;
 mod bytes;
 mod chat;
 mod config;
+pub mod family;
 pub mod gguf;
 mod gguf_model;
 mod hf;

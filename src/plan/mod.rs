@@ -17,7 +17,7 @@ use serde::Serialize;
 pub use select::{Choice, Selection, Slot};
 
 use crate::kernels::{Activation, DType, KernelDef, NormResidual, Op, Problem, RopeLayout};
-use crate::model::{Architecture, LayerKind, ModelConfig, RopeScaling};
+use crate::model::{LayerKind, ModelConfig, RopeScaling};
 
 /// Errors building a plan.
 #[derive(Debug, thiserror::Error)]
@@ -535,10 +535,15 @@ impl Plan {
         if self.options.fusion.qkv {
             self.act("qkv", t * (nq + 2 * nkv));
         }
-        // RoPE frequencies, one table per base.
-        for kind in [LayerKind::Global, LayerKind::Local] {
-            let f = inv_freq(&c, kind);
-            let id = self.add(format!("inv_freq_{}", kind.name()), BufRole::Constant, DType::F32, f.len(), None);
+        // RoPE frequencies, one table per base, and zeros for the layers without
+        // RoPE (SmolLM3): a rotation by angle 0 leaves q and k as they are, so every
+        // RoPE kernel (fused or not) serves them.
+        let mut tables: Vec<(&str, Vec<f32>)> = [LayerKind::Global, LayerKind::Local].map(|k| (k.name(), inv_freq(&c, k))).into();
+        if !c.nope_layers.is_empty() {
+            tables.push((NO_ROPE, vec![0.0; c.head_dim / 2]));
+        }
+        for (name, f) in tables {
+            let id = self.add(format!("inv_freq_{name}"), BufRole::Constant, DType::F32, f.len(), None);
             self.buffers[id].constant = Some(f);
         }
         for l in 0..c.num_layers {
@@ -576,10 +581,9 @@ impl Plan {
     fn layer_weights(&mut self, l: usize, c: &ModelConfig) -> Result<(), PlanError> {
         let (h, hd, nq, nkv, inter) = (c.hidden_size, c.head_dim, c.q_dim(), c.kv_dim(), c.intermediate_size);
         let p = |s: &str| format!("model.layers.{l}.{s}");
-        let gemma = c.architecture == Architecture::Gemma3;
         self.norm_weight(format!("L{l}.input_ln"), h, &p("input_layernorm.weight"));
         self.norm_weight(format!("L{l}.post_attn_ln"), h, &p("post_attention_layernorm.weight"));
-        if gemma {
+        if c.sandwich_norms() {
             self.norm_weight(format!("L{l}.pre_ff_ln"), h, &p("pre_feedforward_layernorm.weight"));
             self.norm_weight(format!("L{l}.post_ff_ln"), h, &p("post_feedforward_layernorm.weight"));
         }
@@ -781,6 +785,9 @@ pub fn lm_head_blocks_bytes(vocab: usize, weight_row_bytes: u64, logit_rows: usi
     let rows = if even.next_multiple_of(64) <= most { even.next_multiple_of(64) } else { even };
     (0..vocab).step_by(rows).map(|s| (s, rows.min(vocab - s))).collect()
 }
+
+/// The name of the frequency table of the layers without RoPE (all zeros).
+const NO_ROPE: &str = "none";
 
 /// RoPE inverse frequencies for one kind of layer: the local base without scaling
 /// on sliding-window layers (Gemma 3), the global base with the configured scaling.
@@ -1022,7 +1029,9 @@ impl Emitter<'_> {
 
     /// Layer `l`'s RoPE frequencies (its kind's: local or global).
     fn inv_freq(&self, l: usize) -> BufId {
-        self.plan.id(&format!("inv_freq_{}", self.plan.config.layer_kind(l).name()))
+        let c = &self.plan.config;
+        let table = if c.layer_has_rope(l) { c.layer_kind(l).name() } else { NO_ROPE };
+        self.plan.id(&format!("inv_freq_{table}"))
     }
 
     /// Layer `l`'s input norm (unless folded or already done) and Q, K, V
@@ -1164,20 +1173,21 @@ impl Emitter<'_> {
         let (h, inter, eps) = (c.hidden_size, c.intermediate_size, c.rms_norm_eps as f32);
         let id = |n: &str| plan.id(n);
         let (xn, o, on, gate, up, act, d, dn) = (id("xn"), id("o"), id("on"), id("gate"), id("up"), id("act"), id("d"), id("dn"));
-        let gemma = c.architecture == Architecture::Gemma3;
+        // Sandwich norms (Gemma 3): each branch normalized before its residual add.
+        let sandwich = c.sandwich_norms();
         let fused_gu = plan.options.fusion.gate_up && w.wgu.is_some();
         let (x, other) = (plan.x[s.cur], plan.x[1 - s.cur]);
-        let mlp_norm = if gemma { w.pre_ff_ln.unwrap_or(usize::MAX) } else { w.post_attn_ln };
+        let mlp_norm = if sandwich { w.pre_ff_ln.unwrap_or(usize::MAX) } else { w.post_attn_ln };
         // The fused gate/up as a norm-fused projection (with the residual in its
         // prologue when folding), where this engine has a kernel for it.
         let wgu = w.wgu.unwrap_or(usize::MAX);
         let gu_nm = nm && fused_gu && self.chain_runs(li, inter, h, wgu, NormResidual::None, Some(s.act));
-        let post = if gemma { NormResidual::Normed } else { NormResidual::Add };
+        let post = if sandwich { NormResidual::Normed } else { NormResidual::Add };
         let gu_folds = gu_nm && s.fold && self.chain_runs(li, inter, h, wgu, post, Some(s.act));
         if s.fold {
-            s.pending = Some(Pending { branch: o, gain: gemma.then_some(w.post_attn_ln), h: other });
+            s.pending = Some(Pending { branch: o, gain: sandwich.then_some(w.post_attn_ln), h: other });
         } else {
-            let r1 = if gemma {
+            let r1 = if sandwich {
                 self.rms(li, t, h, o, w.post_attn_ln, on)?;
                 on
             } else {
@@ -1220,10 +1230,10 @@ impl Emitter<'_> {
         let (x, other) = (plan.x[s.cur], plan.x[1 - s.cur]);
         self.matmul(Slot::MatmulDown, li, None, t, h, inter, [act, w.wd, d])?;
         if s.fold {
-            s.pending = Some(Pending { branch: d, gain: if gemma { w.post_ff_ln } else { None }, h: other });
+            s.pending = Some(Pending { branch: d, gain: if sandwich { w.post_ff_ln } else { None }, h: other });
             return Ok(());
         }
-        let r2 = if gemma {
+        let r2 = if sandwich {
             self.rms(li, t, h, d, w.post_ff_ln.unwrap_or(usize::MAX), dn)?;
             dn
         } else {

@@ -40,7 +40,10 @@ fn load(name: &str) -> (ModelConfig, Weights) {
 fn every_fixture_loads_with_the_shapes_of_its_config() {
     let dirs = model_dirs();
     let names: Vec<String> = dirs.iter().map(|d| d.file_name().unwrap().to_string_lossy().into_owned()).collect();
-    assert_eq!(names, ["gemma3-tiny", "llama3-tiny", "qwen2-tiny-sharded", "smollm2-tiny-bf16"]);
+    assert_eq!(
+        names,
+        ["gemma3-tiny", "llama3-tiny", "mistral-tiny", "qwen2-tiny-sharded", "qwen3-tiny", "smollm2-tiny-bf16", "smollm3-tiny"]
+    );
     for dir in dirs {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
         let parsed = ModelConfig::parse_config_json(&fs::read_to_string(dir.join("config.json")).unwrap(), &dir.join("config.json"))
@@ -271,7 +274,7 @@ fn bad_config_json_gives_errors_naming_the_problem() {
     assert_err(&llama_with(json!({"hidden_size": null})), &["missing `hidden_size`"]);
     assert_err(&llama_with(json!({"hidden_size": "big"})), &["hidden_size", "\"big\""]);
     assert_err(&llama_with(json!({"hidden_size": -64})), &["hidden_size"]);
-    assert_err(&llama_with(json!({"architectures": ["MistralForCausalLM"]})), &["MistralForCausalLM", "not supported"]);
+    assert_err(&llama_with(json!({"architectures": ["GPTNeoXForCausalLM"]})), &["GPTNeoXForCausalLM", "not supported", "Qwen3ForCausalLM"]);
     assert_err(&llama_with(json!({"architectures": ["Gemma3ForConditionalGeneration"]})), &["Gemma3ForConditionalGeneration"]);
     assert_err(&llama_with(json!({"model_type": "gpt2"})), &["gpt2"]);
     assert_err(&llama_with(json!({"model_type": "qwen2"})), &["LlamaForCausalLM", "qwen2"]);

@@ -1,0 +1,221 @@
+//! The decoder families ktune runs, each described once ([`FAMILIES`]): what the
+//! family changes in a plain pre-norm decoder (Llama's: RMSNorm before attention
+//! and before the MLP, SwiGLU, RoPE on every layer, no biases) and where its files
+//! say so. [`ModelConfig::new`](super::ModelConfig::new), the `config.json` reader,
+//! the GGUF reader, the tensor names and the plan read these descriptions; none of
+//! them names a family.
+//!
+//! Adding a family: a variant of [`Architecture`], its row here, its built-in
+//! shapes in `builtin.rs`, its tokenizer pre-split in `tokenizer.rs` when it is a
+//! new one, and its tiny random model in `tools/make_fixtures.py`.
+
+use super::config::{Architecture, HiddenAct};
+
+/// Where a layer's norms stand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Norms {
+    /// One norm before attention, one before the MLP (Llama).
+    Pre,
+    /// Also one after attention and one after the MLP, each normalizing the branch
+    /// before it is added to the residual stream (Gemma 3).
+    Sandwich,
+}
+
+/// Which layers attend to a sliding window, and where the config says so.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Window {
+    /// None: every layer sees the whole context; `sliding_attention` layers in
+    /// `layer_types` and `use_sliding_window: true` are refused.
+    Never,
+    /// `layer_types`, else `sliding_window_pattern` (every n-th layer global,
+    /// default 6), with `sliding_window` as the span (default 4096): Gemma 3.
+    Pattern,
+    /// Every layer, when `sliding_window` is set (Mistral; `null` turns it off).
+    EveryLayer,
+}
+
+/// One family's description (see the module doc).
+#[derive(Debug)]
+pub struct Family {
+    pub arch: Architecture,
+    /// The `architectures[0]` class of its Hugging Face `config.json`.
+    pub hf_class: &'static str,
+    /// Its `model_type`.
+    pub model_type: &'static str,
+    /// Its `general.architecture` in GGUF files, when llama.cpp's converter gives
+    /// it one of its own (Mistral's files say `llama`).
+    pub gguf_arch: Option<&'static str>,
+    pub norms: Norms,
+    /// `(1 + w)` norm gains instead of `w` (stored as `w + 1` in GGUF files).
+    pub unit_offset_norms: bool,
+    /// Biases on the Q, K and V projections, always (Qwen2).
+    pub qkv_bias: bool,
+    /// RMSNorm over each query and key head before RoPE.
+    pub qk_norm: bool,
+    /// Embeddings multiplied by sqrt(hidden_size) after the lookup.
+    pub scale_embeddings: bool,
+    /// The MLP gate's activation when the config names none.
+    pub hidden_act: HiddenAct,
+    /// The head width when the config gives no `head_dim` (else hidden / heads).
+    pub head_dim: Option<usize>,
+    /// Defaults of the config class for keys a `config.json` may leave out.
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    pub rope_theta: f64,
+    /// The RoPE base of sliding-window layers, when they have their own.
+    pub local_rope_theta: Option<f64>,
+    pub window: Window,
+    /// Reads `query_pre_attn_scalar` and the logit soft-caps (Gemma).
+    pub soft_caps: bool,
+    /// Some layers skip RoPE: `no_rope_layers` (1 where RoPE applies) or every
+    /// `no_rope_layer_interval`-th layer (default 4) without it (SmolLM3).
+    pub nope_layers: bool,
+    /// llama.cpp's converter permutes the Q and K rows of its GGUF files for its
+    /// interleaved RoPE (undone on load).
+    pub gguf_permuted_qk: bool,
+}
+
+/// The plain pre-norm decoder every family starts from.
+const PLAIN: Family = Family {
+    arch: Architecture::Llama,
+    hf_class: "LlamaForCausalLM",
+    model_type: "llama",
+    gguf_arch: Some("llama"),
+    norms: Norms::Pre,
+    unit_offset_norms: false,
+    qkv_bias: false,
+    qk_norm: false,
+    scale_embeddings: false,
+    hidden_act: HiddenAct::Silu,
+    head_dim: None,
+    max_position_embeddings: 2048,
+    tie_word_embeddings: false,
+    rope_theta: 10_000.0,
+    local_rope_theta: None,
+    window: Window::Never,
+    soft_caps: false,
+    nope_layers: false,
+    gguf_permuted_qk: true,
+};
+
+/// Every family, one row each.
+pub const FAMILIES: &[Family] = &[
+    // Llama 3.x, SmolLM2.
+    PLAIN,
+    // Qwen2.5: biases on Q, K and V.
+    Family {
+        arch: Architecture::Qwen2,
+        hf_class: "Qwen2ForCausalLM",
+        model_type: "qwen2",
+        gguf_arch: Some("qwen2"),
+        qkv_bias: true,
+        max_position_embeddings: 32_768,
+        gguf_permuted_qk: false,
+        ..PLAIN
+    },
+    // Qwen3: no biases, per-head q/k RMSNorm, head_dim of its own (128).
+    Family {
+        arch: Architecture::Qwen3,
+        hf_class: "Qwen3ForCausalLM",
+        model_type: "qwen3",
+        gguf_arch: Some("qwen3"),
+        qk_norm: true,
+        head_dim: Some(128),
+        max_position_embeddings: 32_768,
+        gguf_permuted_qk: false,
+        ..PLAIN
+    },
+    // Mistral 7B, Ministral: a sliding window on every layer when set.
+    Family {
+        arch: Architecture::Mistral,
+        hf_class: "MistralForCausalLM",
+        model_type: "mistral",
+        gguf_arch: None,
+        max_position_embeddings: 131_072,
+        window: Window::EveryLayer,
+        ..PLAIN
+    },
+    // SmolLM3: every fourth layer without RoPE.
+    Family {
+        arch: Architecture::SmolLM3,
+        hf_class: "SmolLM3ForCausalLM",
+        model_type: "smollm3",
+        gguf_arch: Some("smollm3"),
+        max_position_embeddings: 32_768,
+        tie_word_embeddings: true,
+        rope_theta: 2_000_000.0,
+        nope_layers: true,
+        ..PLAIN
+    },
+    // Gemma 3 (text): (1 + w) norms around attention and the MLP, per-head q/k
+    // norms, GeGLU, sqrt(hidden) embeddings, 5 local : 1 global layers with a RoPE
+    // base of their own, soft-caps.
+    Family {
+        arch: Architecture::Gemma3,
+        hf_class: "Gemma3ForCausalLM",
+        model_type: "gemma3_text",
+        gguf_arch: Some("gemma3"),
+        norms: Norms::Sandwich,
+        unit_offset_norms: true,
+        qk_norm: true,
+        scale_embeddings: true,
+        hidden_act: HiddenAct::GeluPytorchTanh,
+        head_dim: Some(256),
+        max_position_embeddings: 131_072,
+        tie_word_embeddings: true,
+        rope_theta: 1_000_000.0,
+        local_rope_theta: Some(10_000.0),
+        window: Window::Pattern,
+        soft_caps: true,
+        gguf_permuted_qk: false,
+        ..PLAIN
+    },
+];
+
+impl Architecture {
+    /// This family's description.
+    pub fn family(self) -> &'static Family {
+        FAMILIES.iter().find(|f| f.arch == self).expect("every architecture has a row in FAMILIES (checked by a test)")
+    }
+}
+
+/// The family a `config.json`'s class names.
+pub fn by_hf_class(class: &str) -> Option<&'static Family> {
+    FAMILIES.iter().find(|f| f.hf_class == class)
+}
+
+/// The family a `config.json`'s `model_type` names.
+pub fn by_model_type(model_type: &str) -> Option<&'static Family> {
+    FAMILIES.iter().find(|f| f.model_type == model_type)
+}
+
+/// The family a GGUF file's `general.architecture` names.
+pub fn by_gguf_arch(name: &str) -> Option<&'static Family> {
+    FAMILIES.iter().find(|f| f.gguf_arch == Some(name))
+}
+
+/// The names `field` gives the families that have one, for an error's list.
+pub fn names(field: impl Fn(&Family) -> Option<&'static str>) -> String {
+    FAMILIES.iter().filter_map(field).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use strum::IntoEnumIterator;
+
+    use super::*;
+
+    #[test]
+    fn every_architecture_has_one_row_and_its_names_are_unique() {
+        for arch in Architecture::iter() {
+            assert_eq!(FAMILIES.iter().filter(|f| f.arch == arch).count(), 1, "{arch}");
+        }
+        for field in [|f: &Family| Some(f.hf_class), |f: &Family| Some(f.model_type), |f: &Family| f.gguf_arch] {
+            let mut all: Vec<_> = FAMILIES.iter().filter_map(field).collect();
+            let n = all.len();
+            all.sort();
+            all.dedup();
+            assert_eq!(all.len(), n, "{all:?}");
+        }
+    }
+}
