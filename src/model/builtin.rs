@@ -7,7 +7,7 @@ use super::{ModelError, Result, VisionConfig};
 /// Names accepted by [`builtin`], with the checkpoint each one mirrors and the
 /// published GGUF repository of its instruct model on the Hugging Face Hub (what
 /// `--hf NAME` downloads).
-const MODELS: [(&str, &str, &str); 7] = [
+const MODELS: [(&str, &str, &str); 12] = [
     ("gemma3-1b", "google/gemma-3-1b-it", "ggml-org/gemma-3-1b-it-GGUF"),
     ("gemma3-4b", "google/gemma-3-4b-it (text model and SigLIP vision tower)", "ggml-org/gemma-3-4b-it-GGUF"),
     ("llama-3.2-1b", "meta-llama/Llama-3.2-1B", "bartowski/Llama-3.2-1B-Instruct-GGUF"),
@@ -15,6 +15,11 @@ const MODELS: [(&str, &str, &str); 7] = [
     ("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-0.5B-Instruct-GGUF"),
     ("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-1.5B-Instruct-GGUF"),
     ("smollm2-135m", "HuggingFaceTB/SmolLM2-135M", "bartowski/SmolLM2-135M-Instruct-GGUF"),
+    ("qwen3-0.6b", "Qwen/Qwen3-0.6B", "Qwen/Qwen3-0.6B-GGUF"),
+    ("qwen3-1.7b", "Qwen/Qwen3-1.7B", "Qwen/Qwen3-1.7B-GGUF"),
+    ("qwen3-4b", "Qwen/Qwen3-4B", "Qwen/Qwen3-4B-GGUF"),
+    ("smollm3-3b", "HuggingFaceTB/SmolLM3-3B", "ggml-org/SmolLM3-3B-GGUF"),
+    ("mistral-7b", "mistralai/Mistral-7B-Instruct-v0.3", "bartowski/Mistral-7B-Instruct-v0.3-GGUF"),
 ];
 
 /// The published GGUF repository of the built-in model `name` (case-insensitive).
@@ -77,6 +82,48 @@ pub fn builtin(name: &str) -> Result<ModelConfig> {
                     num_heads: 9,
                     num_kv_heads: 3,
                     head_dim: 64,
+                },
+            )
+        },
+        "qwen3-0.6b" => qwen3(1024, 3072, 28, 16),
+        "qwen3-1.7b" => qwen3(2048, 6144, 28, 16),
+        "qwen3-4b" => qwen3(2560, 9728, 36, 32),
+        "smollm3-3b" => ModelConfig {
+            rope_theta: 5_000_000.0,
+            max_position_embeddings: 65_536,
+            nope_layers: (0..36).filter(|l| (l + 1) % 4 == 0).collect(),
+            // <|im_end|>.
+            eos_token_ids: vec![128_012],
+            ..ModelConfig::new(
+                Architecture::SmolLM3,
+                Dims {
+                    vocab_size: 128_256,
+                    hidden_size: 2048,
+                    intermediate_size: 11_008,
+                    num_layers: 36,
+                    num_heads: 16,
+                    num_kv_heads: 4,
+                    head_dim: 128,
+                },
+            )
+        },
+        "mistral-7b" => ModelConfig {
+            rms_norm_eps: 1e-5,
+            rope_theta: 1_000_000.0,
+            max_position_embeddings: 32_768,
+            tie_word_embeddings: false,
+            bos_token_id: Some(1),
+            eos_token_ids: vec![2],
+            ..ModelConfig::new(
+                Architecture::Mistral,
+                Dims {
+                    vocab_size: 32_768,
+                    hidden_size: 4096,
+                    intermediate_size: 14_336,
+                    num_layers: 32,
+                    num_heads: 32,
+                    num_kv_heads: 8,
+                    head_dim: 128,
                 },
             )
         },
@@ -180,5 +227,28 @@ fn qwen25(hidden: usize, inter: usize, layers: usize, heads: usize) -> ModelConf
         bos_token_id: Some(151_643),
         eos_token_ids: vec![151_643, 151_645],
         ..ModelConfig::new(Architecture::Qwen2, dims)
+    }
+}
+
+/// Qwen3 (dense): 8 KV heads of width 128 (not hidden / heads), per-head q/k
+/// norms, no biases, RoPE 1 000 000, 40 960 positions, tied embeddings (up to
+/// 4B), vocabulary 151 936.
+fn qwen3(hidden: usize, inter: usize, layers: usize, heads: usize) -> ModelConfig {
+    let dims = Dims {
+        vocab_size: 151_936,
+        hidden_size: hidden,
+        intermediate_size: inter,
+        num_layers: layers,
+        num_heads: heads,
+        num_kv_heads: 8,
+        head_dim: 128,
+    };
+    ModelConfig {
+        rope_theta: 1_000_000.0,
+        max_position_embeddings: 40_960,
+        // <|endoftext|>; <|im_end|> ends a chat turn.
+        bos_token_id: Some(151_643),
+        eos_token_ids: vec![151_643, 151_645],
+        ..ModelConfig::new(Architecture::Qwen3, dims)
     }
 }

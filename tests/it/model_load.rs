@@ -135,6 +135,24 @@ fn fixture_configs_carry_each_architectures_features() {
     assert!(c.qk_norm && c.norm_unit_offset && c.scale_embeddings && c.is_gelu() && c.sandwich_norms());
     assert_eq!(c.embedding_scale(), 8.0);
     assert_eq!((c.bos_token_id, c.eos_token_ids.clone()), (Some(2), vec![1]));
+
+    let (c, _) = load("qwen3-tiny");
+    assert_eq!(c.architecture, Architecture::Qwen3);
+    assert!(c.qk_norm && !c.attention_bias && !c.norm_unit_offset && !c.sandwich_norms() && !c.tie_word_embeddings);
+    assert_eq!((c.head_dim, c.q_dim(), c.hidden_size), (32, 128, 64));
+    assert_eq!(c.layer_types, [Global, Global]);
+
+    let (c, _) = load("mistral-tiny");
+    assert_eq!(c.architecture, Architecture::Mistral);
+    assert_eq!((c.layer_types.clone(), c.sliding_window), (vec![Local, Local], Some(8)));
+    // The window's layers share the global RoPE (no base of their own).
+    assert_eq!((c.rope_theta_for(Local), c.rope_local_base_freq), (1_000_000.0, None));
+
+    let (c, _) = load("smollm3-tiny");
+    assert_eq!(c.architecture, Architecture::SmolLM3);
+    assert_eq!(c.nope_layers, [3]);
+    assert_eq!((0..4).map(|l| c.layer_has_rope(l)).collect::<Vec<_>>(), [true, true, true, false]);
+    assert!(c.tie_word_embeddings && !c.qk_norm);
 }
 
 /// Published parameter counts (safetensors metadata of the checkpoints).
@@ -148,6 +166,12 @@ fn builtin_configs_are_consistent_and_have_the_published_sizes() {
         ("qwen2.5-0.5b", 494_032_768),
         ("qwen2.5-1.5b", 1_543_714_304),
         ("smollm2-135m", 134_515_008),
+        // transformers' count of the published configs (meta device)
+        ("qwen3-0.6b", 596_049_920),
+        ("qwen3-1.7b", 1_720_574_976),
+        ("qwen3-4b", 4_022_468_096),
+        ("smollm3-3b", 3_075_098_624),
+        ("mistral-7b", 7_248_023_552),
     ];
     assert_eq!(builtin_names(), published.iter().map(|(n, _)| *n).collect::<Vec<_>>());
     for (name, params) in published {
@@ -157,8 +181,11 @@ fn builtin_configs_are_consistent_and_have_the_published_sizes() {
         assert_eq!(c.layer_types.len(), c.num_layers);
         assert_eq!(c.num_heads % c.num_kv_heads, 0);
         assert_eq!(c.tensor_shapes().iter().map(|(_, s)| s.iter().product::<usize>() as u64).sum::<u64>(), params);
-        // Tied models read the embedding matrix once per token as the LM head.
-        let expect = c.param_count() + c.hidden_size as u64;
+        // Tied models read the embedding matrix once per token as the LM head (and
+        // one row of it as the embedding); untied ones the head and one row of the
+        // embedding matrix.
+        let (h, embed) = (c.hidden_size as u64, (c.vocab_size * c.hidden_size) as u64);
+        let expect = if c.tie_word_embeddings { c.param_count() + h } else { c.param_count() - embed + h };
         assert_eq!(c.weight_bytes_per_token(Dtype::BF16), 2 * expect, "{name}");
         assert_eq!(c.weight_bytes_per_token(ktune::kernels::DType::F32), 4 * expect, "{name}");
         // Round trip through JSON.
@@ -239,6 +266,24 @@ fn config_json_variants_parse() {
     let c = parse(&llama_with(serde_json::json!({"architectures": null, "model_type": "qwen2"}))).unwrap();
     assert_eq!(c.architecture, Architecture::Qwen2);
     assert!(c.attention_bias);
+    // Mistral: MistralConfig's window (4096) on every layer when the key is absent, none when null.
+    let c = parse(&llama_with(serde_json::json!({"architectures": ["MistralForCausalLM"], "model_type": "mistral"}))).unwrap();
+    assert_eq!((c.num_local_layers(), c.sliding_window), (c.num_layers, Some(4096)));
+    let mut v: serde_json::Value =
+        serde_json::from_str(&llama_with(serde_json::json!({"architectures": ["MistralForCausalLM"], "model_type": "mistral"}))).unwrap();
+    v["sliding_window"] = serde_json::Value::Null;
+    let c = parse(&v.to_string()).unwrap();
+    assert_eq!((c.num_local_layers(), c.sliding_window), (0, None));
+    // SmolLM3: every n-th layer without RoPE when the list is not given.
+    let c = parse(&llama_with(
+        serde_json::json!({"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "no_rope_layer_interval": 2}),
+    ))
+    .unwrap();
+    assert_eq!(c.nope_layers, [1]);
+    // Qwen3: head_dim 128 unless given, q/k norms, no biases.
+    let c =
+        parse(&llama_with(serde_json::json!({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": null}))).unwrap();
+    assert_eq!((c.head_dim, c.qk_norm, c.attention_bias), (128, true, false));
     // Gemma 3 in the 4.x layout, defaults filled in.
     let g = serde_json::json!({
         "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 256, "hidden_size": 64,
@@ -292,6 +337,22 @@ fn bad_config_json_gives_errors_naming_the_problem() {
     assert_err(&llama_with(json!({"layer_types": ["full_attention", "sliding_attention"]})), &["sliding_attention", "LlamaForCausalLM"]);
     assert_err(
         &llama_with(json!({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "use_sliding_window": true})),
+        &["use_sliding_window"],
+    );
+    assert_err(
+        &llama_with(json!({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": true})),
+        &["attention_bias"],
+    );
+    assert_err(
+        &llama_with(json!({"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "no_rope_layers": [1, 2]})),
+        &["no_rope_layers", "0 or 1"],
+    );
+    assert_err(
+        &llama_with(json!({"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "no_rope_layers": [1]})),
+        &["no_rope_layers"],
+    );
+    assert_err(
+        &llama_with(json!({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "use_sliding_window": true})),
         &["use_sliding_window"],
     );
     assert_err(&llama_with(json!({"num_key_value_heads": 3})), &["num_kv_heads"]);
