@@ -222,7 +222,11 @@ fn serve_survives_running_out_of_file_descriptors() {
     // A limit above what the descriptors allow: accept fails with EMFILE.
     let mut s = serve_limited(&["--max-connections", "1000"], Some(256));
     let held: Vec<TcpStream> = (0..300).map(|_| TcpStream::connect(&s.addr).expect("connects")).collect();
-    assert!(s.wait_log("accepting a connection failed", Duration::from_secs(60)), "no accept error logged: {:?}", s.log.lock().expect("log"));
+    assert!(
+        s.wait_log("accepting a connection failed", Duration::from_secs(60)),
+        "no accept error logged: {:?}",
+        s.log.lock().expect("log")
+    );
     std::thread::sleep(Duration::from_millis(500));
     assert!(s.child.try_wait().expect("waits").is_none(), "serve exited: {:?}", s.log.lock().expect("log"));
     drop(held);
