@@ -1,10 +1,9 @@
 //! `bench-kernels` as a table: the limits measured, then one row per shape with
 //! its best variant and how close it comes to them.
 
-use tabled::settings::Style;
-use tabled::{Table, Tabled};
+use tabled::Tabled;
 
-use super::Report;
+use super::{Report, sharp_table};
 use crate::report::KernelBenchReport;
 
 impl Report for KernelBenchReport {
@@ -27,21 +26,17 @@ impl Report for KernelBenchReport {
             gflops: String,
             check: String,
         }
-        let rows: Vec<Row> = r
-            .rows
-            .iter()
-            .map(|x| Row {
-                model: x.model.clone(),
-                shape: format!("{}\n{}", x.what, x.problem),
-                dtype: x.dtype.to_string(),
-                kernel: x.kernel.clone(),
-                candidates: x.candidates,
-                us: format!("{:.1}", x.median_us),
-                gbps: format!("{:.1} ({:.0}%)", x.gbps, x.pct_of_bandwidth),
-                gflops: format!("{:.1} ({:.0}%)", x.gflops, x.pct_of_peak_flops),
-                check: x.check.clone(),
-            })
-            .collect();
+        let rows = r.rows.iter().map(|x| Row {
+            model: x.model.clone(),
+            shape: format!("{}\n{}", x.what, x.problem),
+            dtype: x.dtype.to_string(),
+            kernel: x.kernel.clone(),
+            candidates: x.candidates,
+            us: format!("{:.1}", x.median_us),
+            gbps: format!("{:.1} ({:.0}%)", x.gbps, x.pct_of_bandwidth),
+            gflops: format!("{:.1} ({:.0}%)", x.gflops, x.pct_of_peak_flops),
+            check: x.check.clone(),
+        });
         let m = &r.measurement;
         let mut s = format!(
             "device: {} ({})\nwarm-up: {:.0} ms of FMA load, {:.1} -> {:.1} GFLOP/s ({})\n\
@@ -70,7 +65,7 @@ impl Report for KernelBenchReport {
             r.context,
             if r.quick { "; --quick: default parameters only" } else { "" },
         );
-        s.push_str(&Table::new(rows).with(Style::sharp()).to_string());
+        s.push_str(&sharp_table(rows));
         for x in &r.skipped {
             s.push_str(&format!("\nno WGSL variant for {x}"));
         }

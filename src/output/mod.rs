@@ -18,6 +18,8 @@ mod tune;
 use std::io::Write;
 
 use serde::Serialize;
+use tabled::settings::Style;
+use tabled::{Table, Tabled};
 
 pub use progress::{Bars, TextStream};
 
@@ -109,6 +111,12 @@ impl Report for crate::report::SchemaReport {
     fn table(&self) -> String {
         serde_json::to_string_pretty(&self.0).unwrap_or_default()
     }
+}
+
+/// `rows` as a table in tabled's sharp style, a header row first (every table of
+/// rows of one `Tabled` struct).
+fn sharp_table<T: Tabled>(rows: impl IntoIterator<Item = T>) -> String {
+    Table::new(rows).with(Style::sharp()).to_string()
 }
 
 /// The first 12 characters of a fingerprint or key.

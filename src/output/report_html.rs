@@ -12,7 +12,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
+use plotters::chart::MeshStyle;
 use plotters::coord::Shift;
+use plotters::coord::ranged1d::{SegmentedCoord, ValueFormatter};
+use plotters::coord::types::{RangedCoordf64, RangedCoordusize};
 use plotters::prelude::*;
 
 use super::Report;
@@ -313,11 +316,7 @@ fn rate_ci(tok_s: f64, ms: f64, ci_ms: [f64; 2]) -> (f64, f64) {
 fn e2e_chart(rows: &[E2eRow<'_>]) -> Chart<String> {
     let n = rows.len();
     let label_w = label_width(rows.iter().map(|r| r.label.as_str()), 140, 380);
-    let height = 40 + 26 * n as u32 + 36;
-    let mut buf = String::new();
-    {
-        let root = SVGBackend::with_string(&mut buf, (WIDTH, height)).into_drawing_area();
-        root.fill(&WHITE)?;
+    svg(40 + 26 * n as u32 + 36, |root| {
         let (left, right) = root.split_horizontally(label_w + (WIDTH - label_w) / 2);
         let pre: Vec<(f64, (f64, f64))> =
             rows.iter().map(|r| (r.t.prefill_tok_s, rate_ci(r.t.prefill_tok_s, r.t.prefill_ms, r.t.prefill_ci_ms))).collect();
@@ -335,9 +334,8 @@ fn e2e_chart(rows: &[E2eRow<'_>]) -> Chart<String> {
         let labels: Vec<String> = rows.iter().map(|r| r.label.clone()).collect();
         bar_panel(&left, "prefill tok/s", &pre, &labels, label_w, &color)?;
         bar_panel(&right, "decode tok/s", &dec, &[], 12, &color)?;
-        root.present()?;
-    }
-    Ok(strip_xmlns(buf))
+        Ok(())
+    })
 }
 
 /// Horizontal bars (value, whisker) one per row, the first row on top; labels
@@ -360,21 +358,8 @@ fn bar_panel(
         .x_label_area_size(28)
         .y_label_area_size(label_w)
         .build_cartesian_2d(axis(0.0, xmax), (0..n).into_segmented())?;
-    let fmt = |v: &SegmentValue<usize>| match v {
-        SegmentValue::CenterOf(i) if *i < n => labels.get(n - 1 - i).cloned().unwrap_or_default(),
-        _ => String::new(),
-    };
-    chart
-        .configure_mesh()
-        .disable_y_mesh()
-        .y_labels(2 * n + 2)
-        .x_labels(6)
-        .y_label_formatter(&fmt)
-        .x_label_formatter(&|v| tick(*v))
-        .bold_line_style(GRID)
-        .light_line_style(WHITE)
-        .label_style((FONT, 14))
-        .draw()?;
+    let fmt = row_labels(labels, n);
+    mesh(&mut chart).disable_y_mesh().y_labels(2 * n + 2).x_labels(6).y_label_formatter(&fmt).x_label_formatter(&|v| tick(*v)).draw()?;
     for (i, (v, (lo, hi))) in vals.iter().enumerate() {
         let y = n - 1 - i;
         let c = color(i);
@@ -469,28 +454,19 @@ fn roofline_chart(points: &[RoofPoint<'_>], limits: &[(String, f64, String)], pr
     let (x0, x1) = decade_span(x0 / 2.0, x1 * 2.0);
     let bw_max = limits.iter().map(|l| l.1).fold(0.0, f64::max);
     let (y0, y1) = decade_span(y0 / 2.0, (y1 * 3.0).max(bw_max * x0 * 2.0));
-    let height = 460;
-    let mut buf = String::new();
-    {
-        let root = SVGBackend::with_string(&mut buf, (WIDTH, height)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let mut chart = ChartBuilder::on(&root)
+    svg(460, |root| {
+        let mut chart = ChartBuilder::on(root)
             .caption("roofline: chosen kernels", (FONT, 17))
             .margin(10)
             .margin_right(24)
             .x_label_area_size(40)
             .y_label_area_size(64)
             .build_cartesian_2d((x0..x1).log_scale(), (y0..y1).log_scale())?;
-        chart
-            .configure_mesh()
+        mesh(&mut chart)
             .x_desc("arithmetic intensity, FLOP/byte")
             .y_desc("GFLOP/s")
             .x_label_formatter(&|v| tick(*v))
             .y_label_formatter(&|v| tick(*v))
-            .bold_line_style(GRID)
-            .light_line_style(WHITE)
-            .label_style((FONT, 14))
-            .axis_desc_style((FONT, 15))
             .draw()?;
         for (k, (name, bw, _)) in limits.iter().enumerate() {
             if *bw <= 0.0 {
@@ -536,9 +512,8 @@ fn roofline_chart(points: &[RoofPoint<'_>], limits: &[(String, f64, String)], pr
             .background_style(WHITE.mix(0.9))
             .label_font((FONT, 14))
             .draw()?;
-        root.present()?;
-    }
-    Ok(strip_xmlns(buf))
+        Ok(())
+    })
 }
 
 fn diff_section(h: &mut String, i: usize, d: &DiffReport) -> Result<()> {
@@ -588,32 +563,15 @@ fn diff_chart(ds: &[&crate::profile::diff::TimeDelta]) -> Chart<String> {
     let labels: Vec<String> = ds.iter().map(|d| d.what.clone()).collect();
     let label_w = label_width(labels.iter().map(String::as_str), 160, 440);
     let lim = ds.iter().map(|d| d.delta_pct.abs() + d.noise_pct).filter(|v| v.is_finite()).fold(5.0, f64::max) * 1.15;
-    let height = 24 + 22 * n as u32 + 48;
-    let mut buf = String::new();
-    {
-        let root = SVGBackend::with_string(&mut buf, (WIDTH, height)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let mut chart = ChartBuilder::on(&root)
-            .margin(10)
-            .margin_right(60)
-            .x_label_area_size(40)
-            .y_label_area_size(label_w)
-            .build_cartesian_2d(axis(-lim, lim), (0..n).into_segmented())?;
-        let fmt = |v: &SegmentValue<usize>| match v {
-            SegmentValue::CenterOf(i) if *i < n => labels[n - 1 - i].clone(),
-            _ => String::new(),
-        };
-        chart
-            .configure_mesh()
+    svg(rows_height(n), |root| {
+        let mut chart = rows_chart(root, (10, 60), label_w, axis(-lim, lim), n)?;
+        let fmt = row_labels(&labels, n);
+        mesh(&mut chart)
             .disable_y_mesh()
             .y_labels(2 * n + 2)
             .y_label_formatter(&fmt)
             .x_label_formatter(&|v| format!("{v:+.0}%"))
             .x_desc("time change, % (positive: slower)")
-            .bold_line_style(GRID)
-            .light_line_style(WHITE)
-            .label_style((FONT, 14))
-            .axis_desc_style((FONT, 15))
             .draw()?;
         chart.draw_series(std::iter::once(PathElement::new(
             vec![(0.0, SegmentValue::Exact(0)), (0.0, SegmentValue::Last)],
@@ -642,9 +600,8 @@ fn diff_chart(ds: &[&crate::profile::diff::TimeDelta]) -> Chart<String> {
             let text = Text::new(format!("{:+.1}%", d.delta_pct), (4, -7), TextStyle::from((FONT, 13).into_font()).color(&INK));
             chart.draw_series(std::iter::once(EmptyElement::at((hi.max(v).min(lim * 0.9), SegmentValue::CenterOf(y))) + text))?;
         }
-        root.present()?;
-    }
-    Ok(strip_xmlns(buf))
+        Ok(())
+    })
 }
 
 fn profile_section(h: &mut String, i: usize, p: &ReportedProfile) -> Result<()> {
@@ -804,38 +761,15 @@ fn candidates_chart(s: &SlotTuning) -> Chart<String> {
         })
         .collect();
     let label_w = label_width(labels.iter().map(String::as_str), 140, 470);
-    let height = 24 + 22 * n as u32 + 48;
-    let mut buf = String::new();
-    {
-        let root = SVGBackend::with_string(&mut buf, (WIDTH, height)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let mut chart = ChartBuilder::on(&root)
-            .margin(8)
-            .margin_right(70)
-            .x_label_area_size(40)
-            .y_label_area_size(label_w)
-            .build_cartesian_2d(axis(xmin, xmax), (0..n).into_segmented())?;
-        let fmt = |v: &SegmentValue<usize>| match v {
-            SegmentValue::CenterOf(i) if *i < n => labels[n - 1 - i].clone(),
-            _ => String::new(),
-        };
+    svg(rows_height(n), |root| {
+        let mut chart = rows_chart(root, (8, 70), label_w, axis(xmin, xmax), n)?;
+        let fmt = row_labels(&labels, n);
         let desc = if xmin > 0.0 {
             format!("{unit} per dispatch (median; whisker: 95% interval); the axis starts at {}", tick(xmin))
         } else {
             format!("{unit} per dispatch (median; whisker: 95% interval)")
         };
-        chart
-            .configure_mesh()
-            .y_labels(2 * n + 2)
-            .x_labels(8)
-            .y_label_formatter(&fmt)
-            .x_label_formatter(&|v| tick(*v))
-            .x_desc(desc)
-            .bold_line_style(GRID)
-            .light_line_style(WHITE)
-            .label_style((FONT, 14))
-            .axis_desc_style((FONT, 15))
-            .draw()?;
+        mesh(&mut chart).y_labels(2 * n + 2).x_labels(8).y_label_formatter(&fmt).x_label_formatter(&|v| tick(*v)).x_desc(desc).draw()?;
         if best > 0.0 {
             let b = best * scale;
             chart.draw_series(std::iter::once(PathElement::new(
@@ -872,9 +806,66 @@ fn candidates_chart(s: &SlotTuning) -> Chart<String> {
                 chart.draw_series(std::iter::once(mark + Text::new(format!("→ {}", num(m)), (8, -6), value)))?;
             }
         }
+        Ok(())
+    })
+}
+
+/// A chart drawn by `draw` on a white page `height` pixels high and [`WIDTH`]
+/// wide, as the SVG text the page inlines.
+fn svg(height: u32, draw: impl FnOnce(&DrawingArea<SVGBackend<'_>, Shift>) -> Chart<()>) -> Chart<String> {
+    let mut buf = String::new();
+    {
+        let root = SVGBackend::with_string(&mut buf, (WIDTH, height)).into_drawing_area();
+        root.fill(&WHITE)?;
+        draw(&root)?;
         root.present()?;
     }
     Ok(strip_xmlns(buf))
+}
+
+/// `chart`'s mesh in the page's style (grid lines, no minor lines, its fonts),
+/// for the caller's axes and labels.
+fn mesh<'a, 'b, 'c, X, Y, XT, YT>(
+    chart: &'b mut ChartContext<'a, SVGBackend<'c>, Cartesian2d<X, Y>>,
+) -> MeshStyle<'a, 'b, X, Y, SVGBackend<'c>>
+where
+    X: Ranged<ValueType = XT> + ValueFormatter<XT>,
+    Y: Ranged<ValueType = YT> + ValueFormatter<YT>,
+{
+    let mut m = chart.configure_mesh();
+    m.bold_line_style(GRID).light_line_style(WHITE).label_style((FONT, 14)).axis_desc_style((FONT, 15));
+    m
+}
+
+/// A chart of `n` rows drawn as horizontal bands, the first on top, over `x`:
+/// `label_w` pixels at the left for the rows' labels, 40 below for the x axis,
+/// `margin` around and `margin_right` at the right (room for values written past
+/// the end of a band).
+fn rows_chart<'a, 'b>(
+    root: &'a DrawingArea<SVGBackend<'b>, Shift>,
+    (margin, margin_right): (u32, u32),
+    label_w: u32,
+    x: std::ops::Range<f64>,
+    n: usize,
+) -> Chart<ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, SegmentedCoord<RangedCoordusize>>>> {
+    let mut builder = ChartBuilder::on(root);
+    builder.margin(margin).margin_right(margin_right).x_label_area_size(40).y_label_area_size(label_w);
+    Ok(builder.build_cartesian_2d(x, (0..n).into_segmented())?)
+}
+
+/// The height of a [`rows_chart`] page of `n` rows: 22 pixels a row, room above
+/// and for the x axis below.
+fn rows_height(n: usize) -> u32 {
+    24 + 22 * n as u32 + 48
+}
+
+/// The y labels of a chart with a band per row, the first of `n` rows on top:
+/// `labels[i]` at the middle of row i's band (none where `labels` has no i).
+fn row_labels(labels: &[String], n: usize) -> impl Fn(&SegmentValue<usize>) -> String + '_ {
+    move |v| match v {
+        SegmentValue::CenterOf(i) if *i < n => labels.get(n - 1 - i).cloned().unwrap_or_default(),
+        _ => String::new(),
+    }
 }
 
 /// A linear axis range plotters can lay out: finite and not empty (plotters

@@ -2,10 +2,9 @@
 //! and the GPU's time for it, kernels and time per slot (and how a GPU's were
 //! taken); the cells of that cost `bench` shares.
 
-use tabled::settings::Style;
-use tabled::{Table, Tabled};
+use tabled::Tabled;
 
-use super::{Report, bytes, short};
+use super::{Report, bytes, sharp_table, short};
 use crate::report::RunReport;
 use crate::runtime::StepTiming;
 use crate::runtime::counters::DecodeCounters;
@@ -127,8 +126,7 @@ impl Report for RunReport {
             slot: &'a str,
             kernel: &'a str,
         }
-        let ks: Vec<K<'_>> = r.kernels.iter().map(|(a, b)| K { slot: a, kernel: b }).collect();
-        s.push_str(&Table::new(ks).with(Style::sharp()).to_string());
+        s.push_str(&sharp_table(r.kernels.iter().map(|(a, b)| K { slot: a, kernel: b })));
         s.push('\n');
         #[derive(Tabled)]
         struct T {
@@ -138,16 +136,12 @@ impl Report for RunReport {
             #[tabled(rename = "decode ms/token")]
             decode: String,
         }
-        let ts: Vec<T> = r
-            .slots
-            .iter()
-            .map(|x| T {
-                slot: x.slot.to_string(),
-                prefill: format!("{:.3}", x.prefill_ms),
-                decode: format!("{:.3}", x.decode_ms_per_token),
-            })
-            .collect();
-        s.push_str(&Table::new(ts).with(Style::sharp()).to_string());
+        let ts = r.slots.iter().map(|x| T {
+            slot: x.slot.to_string(),
+            prefill: format!("{:.3}", x.prefill_ms),
+            decode: format!("{:.3}", x.decode_ms_per_token),
+        });
+        s.push_str(&sharp_table(ts));
         if let Some(t) = r.step_timing {
             s.push_str(match t {
                 StepTiming::InsidePass => {

@@ -1,10 +1,9 @@
 //! `tune` as text: where the profile is, the search space, the slot races, the
 //! end-to-end combinations and the decision among them, with its reason.
 
-use tabled::settings::Style;
-use tabled::{Table, Tabled};
+use tabled::Tabled;
 
-use super::Report;
+use super::{Report, sharp_table};
 use crate::report::TuneReport;
 
 impl Report for TuneReport {
@@ -68,25 +67,21 @@ fn slot_table(t: &crate::profile::doc::Tuning) -> String {
         gflops: String,
         cands: String,
     }
-    let rows: Vec<Row> = t
-        .slots
-        .iter()
-        .map(|x| {
-            let c = x.candidates.iter().find(|c| c.variant.to_string() == x.chosen);
-            Row {
-                slot: x.slot.clone(),
-                regime: x.regime.clone(),
-                chosen: x.chosen.clone(),
-                median: c.map(|c| format!("{:.1}", c.median_us)).unwrap_or_default(),
-                ci: c.map(|c| format!("{:.1}–{:.1}", c.ci_us[0], c.ci_us[1])).unwrap_or_default(),
-                gbps: c.map(|c| format!("{:.1}", c.gbps)).unwrap_or_default(),
-                pct: c.map(|c| format!("{:.0}%", c.pct_of_bandwidth)).unwrap_or_default(),
-                gflops: c.map(|c| format!("{:.1}", c.gflops)).unwrap_or_default(),
-                cands: format!("{} timed, {} rejected", x.candidates.len(), x.rejected.len()),
-            }
-        })
-        .collect();
-    Table::new(rows).with(Style::sharp()).to_string() + "\n"
+    let rows = t.slots.iter().map(|x| {
+        let c = x.candidates.iter().find(|c| c.variant.to_string() == x.chosen);
+        Row {
+            slot: x.slot.clone(),
+            regime: x.regime.clone(),
+            chosen: x.chosen.clone(),
+            median: c.map(|c| format!("{:.1}", c.median_us)).unwrap_or_default(),
+            ci: c.map(|c| format!("{:.1}–{:.1}", c.ci_us[0], c.ci_us[1])).unwrap_or_default(),
+            gbps: c.map(|c| format!("{:.1}", c.gbps)).unwrap_or_default(),
+            pct: c.map(|c| format!("{:.0}%", c.pct_of_bandwidth)).unwrap_or_default(),
+            gflops: c.map(|c| format!("{:.1}", c.gflops)).unwrap_or_default(),
+            cands: format!("{} timed, {} rejected", x.candidates.len(), x.rejected.len()),
+        }
+    });
+    sharp_table(rows) + "\n"
 }
 
 /// The end-to-end combinations, the tuned and default figures, the head to head
@@ -104,18 +99,14 @@ fn end_to_end(e: &crate::profile::doc::EndToEnd) -> String {
         predicted: String,
         chosen: String,
     }
-    let es: Vec<E> = e
-        .combinations
-        .iter()
-        .map(|c| E {
-            combination: c.label.clone(),
-            prefill: format!("{:.1}", c.result.prefill_tok_s),
-            decode: format!("{:.2}", c.result.decode_tok_s),
-            predicted: if c.predicted_ms > 0.0 { format!("{:.1}", c.predicted_ms) } else { "-".into() },
-            chosen: if c.chosen { "✓".into() } else { String::new() },
-        })
-        .collect();
-    s.push_str(&Table::new(es).with(Style::sharp()).to_string());
+    let es = e.combinations.iter().map(|c| E {
+        combination: c.label.clone(),
+        prefill: format!("{:.1}", c.result.prefill_tok_s),
+        decode: format!("{:.2}", c.result.decode_tok_s),
+        predicted: if c.predicted_ms > 0.0 { format!("{:.1}", c.predicted_ms) } else { "-".into() },
+        chosen: if c.chosen { "✓".into() } else { String::new() },
+    });
+    s.push_str(&sharp_table(es));
     s.push('\n');
     s.push_str(&format!(
         "end to end ({} prompt tokens): tuned {:.1} prefill tok/s, {:.2} decode tok/s; runtime default {:.1} / {:.2} ({:+.1}% / {:+.1}%)\n",

@@ -149,111 +149,86 @@ impl KernelsDoc {
             ("activation", "") => &mut self.activation,
             ("rope", "") => &mut self.rope,
             ("residual", "") => &mut self.residual,
-            ("matmul", key) => {
-                let m = section(&mut self.matmul, make)?;
-                match key {
-                    "default" => &mut m.default,
-                    "qkv_proj" => &mut m.qkv_proj,
-                    "o_proj" => &mut m.o_proj,
-                    "gate_up" => &mut m.gate_up,
-                    "down_proj" => &mut m.down_proj,
-                    "lm_head" => &mut m.lm_head,
-                    _ => return None,
-                }
-            }
-            ("fused", key) => {
-                let f = section(&mut self.fused, make)?;
-                match key {
-                    "qkv_proj" => &mut f.qkv_proj,
-                    "gate_up" => &mut f.gate_up,
-                    "qk_norm_rope" => &mut f.qk_norm_rope,
-                    "residual_norm" => &mut f.residual_norm,
-                    "norm_matmul" => &mut f.norm_matmul,
-                    "qkv_rope_cache" => &mut f.qkv_rope_cache,
-                    _ => return None,
-                }
-            }
-            ("vision", key) => {
-                let v = section(&mut self.vision, make)?;
-                match key {
-                    "patch_embed" => &mut v.patch_embed,
-                    "attention" => &mut v.attention,
-                    "mlp" => &mut v.mlp,
-                    "norm" => &mut v.norm,
-                    "residual_norm" => &mut v.residual_norm,
-                    "pool" => &mut v.pool,
-                    "projector" => &mut v.projector,
-                    _ => return None,
-                }
-            }
+            ("matmul", key) => section(&mut self.matmul, make)?.entry_mut(key)?,
+            ("fused", key) => section(&mut self.fused, make)?.entry_mut(key)?,
+            ("vision", key) => section(&mut self.vision, make)?.entry_mut(key)?,
             _ => return None,
         })
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct MatmulDoc {
-    /// Every projection not listed below.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub default: Option<At<Entry>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub qkv_proj: Option<At<Entry>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub o_proj: Option<At<Entry>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gate_up: Option<At<Entry>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub down_proj: Option<At<Entry>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lm_head: Option<At<Entry>>,
+/// A section of slot entries (`kernels.matmul`, `.fused`, `.vision`) from its
+/// slots' names: the struct, each field an entry left out when absent, and
+/// `entry_mut`, the field a key names.
+macro_rules! entry_section {
+    ($(#[$meta:meta])* $name:ident { $($(#[$field_meta:meta])* $field:ident,)* }) => {
+        $(#[$meta])*
+        #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            $(
+                $(#[$field_meta])*
+                #[serde(default, skip_serializing_if = "Option::is_none")]
+                pub $field: Option<At<Entry>>,
+            )*
+        }
+
+        impl $name {
+            /// The entry of the slot `key` names (a field's name); None for another key.
+            pub fn entry_mut(&mut self, key: &str) -> Option<&mut Option<At<Entry>>> {
+                match key {
+                    $(stringify!($field) => Some(&mut self.$field),)*
+                    _ => None,
+                }
+            }
+        }
+    };
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct FusedDoc {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub qkv_proj: Option<At<Entry>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gate_up: Option<At<Entry>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub qk_norm_rope: Option<At<Entry>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub residual_norm: Option<At<Entry>>,
-    /// RMSNorm folded into the decode projections it feeds (`norm_gemv_*` kernels).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub norm_matmul: Option<At<Entry>>,
-    /// Split-QKV + RoPE (+ q/k norm) + KV-cache write in one decode kernel.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub qkv_rope_cache: Option<At<Entry>>,
+entry_section! {
+    MatmulDoc {
+        /// Every projection not listed below.
+        default,
+        qkv_proj,
+        o_proj,
+        gate_up,
+        down_proj,
+        lm_head,
+    }
 }
 
-/// The vision slots: one variant each (they have one regime).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct VisionDoc {
-    /// The patch embedding (`vision.patch_embed`: a patch_embed kernel).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub patch_embed: Option<At<Entry>>,
-    /// The tower's bidirectional attention (`vision.attention`: an attention_full kernel).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub attention: Option<At<Entry>>,
-    /// The tower's Linear layers, MLP and attention projections (`vision.mlp`: a linear kernel).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mlp: Option<At<Entry>>,
-    /// The tower's LayerNorms after no residual add (`vision.norm`: a layer_norm kernel).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub norm: Option<At<Entry>>,
-    /// The tower's residual adds fused with the LayerNorm after each
-    /// (`vision.residual_norm`: a residual_layer_norm kernel; absent in older profiles).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub residual_norm: Option<At<Entry>>,
-    /// The projector's average pool (`vision.pool`: an avg_pool kernel).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pool: Option<At<Entry>>,
-    /// The projector's GEMM to the text width (`projector`: a gemm kernel).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub projector: Option<At<Entry>>,
+entry_section! {
+    FusedDoc {
+        qkv_proj,
+        gate_up,
+        qk_norm_rope,
+        residual_norm,
+        /// RMSNorm folded into the decode projections it feeds (`norm_gemv_*` kernels).
+        norm_matmul,
+        /// Split-QKV + RoPE (+ q/k norm) + KV-cache write in one decode kernel.
+        qkv_rope_cache,
+    }
+}
+
+entry_section! {
+    /// The vision slots: one variant each (they have one regime).
+    VisionDoc {
+        /// The patch embedding (`vision.patch_embed`: a patch_embed kernel).
+        patch_embed,
+        /// The tower's bidirectional attention (`vision.attention`: an attention_full kernel).
+        attention,
+        /// The tower's Linear layers, MLP and attention projections (`vision.mlp`: a linear kernel).
+        mlp,
+        /// The tower's LayerNorms after no residual add (`vision.norm`: a layer_norm kernel).
+        norm,
+        /// The tower's residual adds fused with the LayerNorm after each
+        /// (`vision.residual_norm`: a residual_layer_norm kernel; absent in older profiles).
+        residual_norm,
+        /// The projector's average pool (`vision.pool`: an avg_pool kernel).
+        pool,
+        /// The projector's GEMM to the text width (`projector`: a gemm kernel).
+        projector,
+    }
 }
 
 /// A kernel id with its parameters (unlisted parameters take their defaults).
