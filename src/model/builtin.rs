@@ -7,11 +7,12 @@ use super::{ModelError, Result, VisionConfig};
 /// Names accepted by [`builtin`], with the checkpoint each one mirrors and the
 /// published GGUF repository of its instruct model on the Hugging Face Hub (what
 /// `--hf NAME` downloads).
-const MODELS: [(&str, &str, &str); 12] = [
+const MODELS: [(&str, &str, &str); 13] = [
     ("gemma3-1b", "google/gemma-3-1b-it", "ggml-org/gemma-3-1b-it-GGUF"),
     ("gemma3-4b", "google/gemma-3-4b-it (text model and SigLIP vision tower)", "ggml-org/gemma-3-4b-it-GGUF"),
     ("llama-3.2-1b", "meta-llama/Llama-3.2-1B", "bartowski/Llama-3.2-1B-Instruct-GGUF"),
     ("llama-3.2-3b", "meta-llama/Llama-3.2-3B", "bartowski/Llama-3.2-3B-Instruct-GGUF"),
+    ("llama-3.1-8b", "meta-llama/Llama-3.1-8B", "bartowski/Meta-Llama-3.1-8B-Instruct-GGUF"),
     ("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-0.5B-Instruct-GGUF"),
     ("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-1.5B-Instruct-GGUF"),
     ("smollm2-135m", "HuggingFaceTB/SmolLM2-135M", "bartowski/SmolLM2-135M-Instruct-GGUF"),
@@ -63,6 +64,21 @@ pub fn builtin(name: &str) -> Result<ModelConfig> {
         "gemma3-4b" => gemma3(2560, 10_240, 34, 8, 4, 262_208, 1024, 131_072, Some(RopeScaling::Linear { factor: 8.0 })),
         "llama-3.2-1b" => llama32(2048, 16, 32, 64),
         "llama-3.2-3b" => llama32(3072, 28, 24, 128),
+        "llama-3.1-8b" => ModelConfig {
+            tie_word_embeddings: false,
+            ..llama3(
+                Dims {
+                    vocab_size: 128_256,
+                    hidden_size: 4096,
+                    intermediate_size: 14_336,
+                    num_layers: 32,
+                    num_heads: 32,
+                    num_kv_heads: 8,
+                    head_dim: 128,
+                },
+                8.0,
+            )
+        },
         "qwen2.5-0.5b" => qwen25(896, 4864, 24, 14),
         "qwen2.5-1.5b" => qwen25(1536, 8960, 28, 12),
         "smollm2-135m" => ModelConfig {
@@ -179,8 +195,8 @@ pub(super) fn gemma3_pattern(layers: usize, pattern: usize) -> Vec<LayerKind> {
     (0..layers).map(|i| if pattern > 0 && (i + 1) % pattern == 0 { LayerKind::Global } else { LayerKind::Local }).collect()
 }
 
-/// Llama 3.2: intermediate 8192, 8 KV heads, RoPE 500 000 with llama3 scaling
-/// (32, 1, 4, 8192), tied embeddings, vocabulary 128 256.
+/// Llama 3.2: intermediate 8192, 8 KV heads, tied embeddings, and what every
+/// Llama 3.x shares ([`llama3`]) with its RoPE scaled by 32.
 fn llama32(hidden: usize, layers: usize, heads: usize, head_dim: usize) -> ModelConfig {
     let dims = Dims {
         vocab_size: 128_256,
@@ -191,11 +207,17 @@ fn llama32(hidden: usize, layers: usize, heads: usize, head_dim: usize) -> Model
         num_kv_heads: 8,
         head_dim,
     };
+    llama3(dims, 32.0)
+}
+
+/// Llama 3.x: RoPE 500 000 with llama3 scaling (`factor`, 1, 4, 8192), 131 072
+/// positions, vocabulary 128 256, its special tokens.
+fn llama3(dims: Dims, factor: f64) -> ModelConfig {
     ModelConfig {
         rms_norm_eps: 1e-5,
         rope_theta: 500_000.0,
         rope_scaling: Some(RopeScaling::Llama3 {
-            factor: 32.0,
+            factor,
             low_freq_factor: 1.0,
             high_freq_factor: 4.0,
             original_max_position_embeddings: 8192,

@@ -163,6 +163,7 @@ fn builtin_configs_are_consistent_and_have_the_published_sizes() {
         ("gemma3-4b", 3_880_263_168),
         ("llama-3.2-1b", 1_235_814_400),
         ("llama-3.2-3b", 3_212_749_824),
+        ("llama-3.1-8b", 8_030_261_248),
         ("qwen2.5-0.5b", 494_032_768),
         ("qwen2.5-1.5b", 1_543_714_304),
         ("smollm2-135m", 134_515_008),
