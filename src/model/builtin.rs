@@ -64,21 +64,7 @@ pub fn builtin(name: &str) -> Result<ModelConfig> {
         "gemma3-4b" => gemma3(2560, 10_240, 34, 8, 4, 262_208, 1024, 131_072, Some(RopeScaling::Linear { factor: 8.0 })),
         "llama-3.2-1b" => llama32(2048, 16, 32, 64),
         "llama-3.2-3b" => llama32(3072, 28, 24, 128),
-        "llama-3.1-8b" => ModelConfig {
-            tie_word_embeddings: false,
-            ..llama3(
-                Dims {
-                    vocab_size: 128_256,
-                    hidden_size: 4096,
-                    intermediate_size: 14_336,
-                    num_layers: 32,
-                    num_heads: 32,
-                    num_kv_heads: 8,
-                    head_dim: 128,
-                },
-                8.0,
-            )
-        },
+        "llama-3.1-8b" => ModelConfig { tie_word_embeddings: false, ..llama3(dims(128_256, 4096, 14_336, 32, 32, 8, 128), 8.0) },
         "qwen2.5-0.5b" => qwen25(896, 4864, 24, 14),
         "qwen2.5-1.5b" => qwen25(1536, 8960, 28, 12),
         "smollm2-135m" => ModelConfig {
@@ -88,18 +74,7 @@ pub fn builtin(name: &str) -> Result<ModelConfig> {
             // <|endoftext|> (base); <|im_start|> / <|im_end|> are 1 and 2 in the instruct model.
             bos_token_id: Some(0),
             eos_token_ids: vec![0, 2],
-            ..ModelConfig::new(
-                Architecture::Llama,
-                Dims {
-                    vocab_size: 49_152,
-                    hidden_size: 576,
-                    intermediate_size: 1536,
-                    num_layers: 30,
-                    num_heads: 9,
-                    num_kv_heads: 3,
-                    head_dim: 64,
-                },
-            )
+            ..ModelConfig::new(Architecture::Llama, dims(49_152, 576, 1536, 30, 9, 3, 64))
         },
         "qwen3-0.6b" => qwen3(1024, 3072, 28, 16),
         "qwen3-1.7b" => qwen3(2048, 6144, 28, 16),
@@ -107,21 +82,10 @@ pub fn builtin(name: &str) -> Result<ModelConfig> {
         "smollm3-3b" => ModelConfig {
             rope_theta: 5_000_000.0,
             max_position_embeddings: 65_536,
-            nope_layers: (0..36).filter(|l| (l + 1) % 4 == 0).collect(),
+            nope_layers: super::family::nope_every(36, 4),
             // <|im_end|>.
             eos_token_ids: vec![128_012],
-            ..ModelConfig::new(
-                Architecture::SmolLM3,
-                Dims {
-                    vocab_size: 128_256,
-                    hidden_size: 2048,
-                    intermediate_size: 11_008,
-                    num_layers: 36,
-                    num_heads: 16,
-                    num_kv_heads: 4,
-                    head_dim: 128,
-                },
-            )
+            ..ModelConfig::new(Architecture::SmolLM3, dims(128_256, 2048, 11_008, 36, 16, 4, 128))
         },
         "mistral-7b" => ModelConfig {
             rms_norm_eps: 1e-5,
@@ -130,22 +94,25 @@ pub fn builtin(name: &str) -> Result<ModelConfig> {
             tie_word_embeddings: false,
             bos_token_id: Some(1),
             eos_token_ids: vec![2],
-            ..ModelConfig::new(
-                Architecture::Mistral,
-                Dims {
-                    vocab_size: 32_768,
-                    hidden_size: 4096,
-                    intermediate_size: 14_336,
-                    num_layers: 32,
-                    num_heads: 32,
-                    num_kv_heads: 8,
-                    head_dim: 128,
-                },
-            )
+            ..ModelConfig::new(Architecture::Mistral, dims(32_768, 4096, 14_336, 32, 32, 8, 128))
         },
         _ => return Err(ModelError::UnknownModel { name: name.to_string(), known: known() }),
     };
     Ok(cfg)
+}
+
+/// A published model's dimensions in the order its config lists them: vocabulary,
+/// hidden width, MLP width, layers, query heads, key/value heads, head width.
+fn dims(vocab: usize, hidden: usize, inter: usize, layers: usize, heads: usize, kv_heads: usize, head_dim: usize) -> Dims {
+    Dims {
+        vocab_size: vocab,
+        hidden_size: hidden,
+        intermediate_size: inter,
+        num_layers: layers,
+        num_heads: heads,
+        num_kv_heads: kv_heads,
+        head_dim,
+    }
 }
 
 fn known() -> String {
@@ -166,15 +133,7 @@ fn gemma3(
     max_pos: usize,
     scaling: Option<RopeScaling>,
 ) -> ModelConfig {
-    let dims = Dims {
-        vocab_size: vocab,
-        hidden_size: hidden,
-        intermediate_size: inter,
-        num_layers: layers,
-        num_heads: heads,
-        num_kv_heads: kv_heads,
-        head_dim: 256,
-    };
+    let dims = dims(vocab, hidden, inter, layers, heads, kv_heads, 256);
     ModelConfig {
         rope_theta: 1_000_000.0,
         rope_local_base_freq: Some(10_000.0),
@@ -233,15 +192,7 @@ fn llama3(dims: Dims, factor: f64) -> ModelConfig {
 /// Qwen2.5: 2 KV heads, head_dim 64 or 128 (hidden / heads), biases on Q/K/V,
 /// RoPE 1 000 000, tied embeddings (the small models), vocabulary 151 936.
 fn qwen25(hidden: usize, inter: usize, layers: usize, heads: usize) -> ModelConfig {
-    let dims = Dims {
-        vocab_size: 151_936,
-        hidden_size: hidden,
-        intermediate_size: inter,
-        num_layers: layers,
-        num_heads: heads,
-        num_kv_heads: 2,
-        head_dim: hidden / heads,
-    };
+    let dims = dims(151_936, hidden, inter, layers, heads, 2, hidden / heads);
     ModelConfig {
         rope_theta: 1_000_000.0,
         max_position_embeddings: 32_768,
@@ -256,15 +207,7 @@ fn qwen25(hidden: usize, inter: usize, layers: usize, heads: usize) -> ModelConf
 /// norms, no biases, RoPE 1 000 000, 40 960 positions, tied embeddings (up to
 /// 4B), vocabulary 151 936.
 fn qwen3(hidden: usize, inter: usize, layers: usize, heads: usize) -> ModelConfig {
-    let dims = Dims {
-        vocab_size: 151_936,
-        hidden_size: hidden,
-        intermediate_size: inter,
-        num_layers: layers,
-        num_heads: heads,
-        num_kv_heads: 8,
-        head_dim: 128,
-    };
+    let dims = dims(151_936, hidden, inter, layers, heads, 8, 128);
     ModelConfig {
         rope_theta: 1_000_000.0,
         max_position_embeddings: 40_960,

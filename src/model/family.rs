@@ -179,6 +179,12 @@ impl Architecture {
     }
 }
 
+/// SmolLM3's layers without RoPE: every `interval`-th (4 in its config class and
+/// in llama.cpp).
+pub fn nope_every(layers: usize, interval: usize) -> Vec<usize> {
+    (0..layers).filter(|l| (l + 1) % interval.max(1) == 0).collect()
+}
+
 /// The family a `config.json`'s class names.
 pub fn by_hf_class(class: &str) -> Option<&'static Family> {
     FAMILIES.iter().find(|f| f.hf_class == class)

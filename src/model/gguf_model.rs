@@ -134,7 +134,7 @@ pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
     let (bos_token_id, eos_token_ids) = gguf_special_tokens(&mut m)?;
     let num_layers = dims.num_layers;
     // llama.cpp: SmolLM3 skips RoPE on every fourth layer (no metadata says so).
-    let nope_layers = if family.nope_layers { (0..num_layers).filter(|l| (l + 1) % 4 == 0).collect() } else { Vec::new() };
+    let nope_layers = if family.nope_layers { family::nope_every(num_layers, 4) } else { Vec::new() };
     let config = ModelConfig {
         rms_norm_eps,
         rope_theta,

@@ -502,7 +502,7 @@ impl<'a> Reader<'a> {
                 .collect(),
             Some(v) => Err(self.config_err(format!("`no_rope_layers` must list 0 or 1 for each of {layers} layers, got {}", describe(v)))),
             None if interval == 0 => Err(self.config_err("`no_rope_layer_interval` is 0".into())),
-            None => Ok((0..layers).filter(|l| (l + 1) % interval == 0).collect()),
+            None => Ok(family::nope_every(layers, interval)),
         }
     }
 
