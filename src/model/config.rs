@@ -392,8 +392,7 @@ impl ModelConfig {
 
     /// Checks that the fields agree with each other; the error says which do not.
     pub fn validate(&self) -> Result<()> {
-        let mut bad = Vec::new();
-        for (name, v) in [
+        let mut bad = zero_fields(&[
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
             ("intermediate_size", self.intermediate_size),
@@ -402,11 +401,7 @@ impl ModelConfig {
             ("num_kv_heads", self.num_kv_heads),
             ("head_dim", self.head_dim),
             ("max_position_embeddings", self.max_position_embeddings),
-        ] {
-            if v == 0 {
-                bad.push(format!("{name} is 0"));
-            }
-        }
+        ]);
         if self.num_kv_heads > 0 && !self.num_heads.is_multiple_of(self.num_kv_heads) {
             bad.push(format!("num_heads ({}) is not a multiple of num_kv_heads ({})", self.num_heads, self.num_kv_heads));
         }
@@ -471,6 +466,11 @@ impl ModelConfig {
         }
         if bad.is_empty() { Ok(()) } else { Err(ModelError::Invalid(bad.join("; "))) }
     }
+}
+
+/// "NAME is 0" for each of `fields` that is (a config check's first findings).
+pub(super) fn zero_fields(fields: &[(&str, usize)]) -> Vec<String> {
+    fields.iter().filter(|(_, v)| *v == 0).map(|(name, _)| format!("{name} is 0")).collect()
 }
 
 #[cfg(test)]

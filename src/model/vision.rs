@@ -223,8 +223,7 @@ impl VisionConfig {
     /// Checks that the fields agree with each other and with the text model's
     /// vocabulary; the error says which do not.
     pub fn validate(&self, vocab_size: usize) -> Result<()> {
-        let mut bad = Vec::new();
-        for (name, v) in [
+        let mut bad = super::config::zero_fields(&[
             ("vision_config.hidden_size", self.hidden_size),
             ("vision_config.intermediate_size", self.intermediate_size),
             ("vision_config.num_hidden_layers", self.num_layers),
@@ -233,11 +232,7 @@ impl VisionConfig {
             ("vision_config.image_size", self.image_size),
             ("vision_config.patch_size", self.patch_size),
             ("mm_tokens_per_image", self.mm_tokens_per_image),
-        ] {
-            if v == 0 {
-                bad.push(format!("{name} is 0"));
-            }
-        }
+        ]);
         if bad.is_empty() {
             if !self.image_size.is_multiple_of(self.patch_size) {
                 bad.push(format!("image_size {} is not a multiple of patch_size {}", self.image_size, self.patch_size));
