@@ -25,14 +25,15 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             emit_verdict(&report, report.failed(), args.format.into())
         }
         Command::Run(args) => {
+            let settings = args.settings()?;
             let report = if args.format == Format::Table {
                 // The generated text goes to stdout as it is produced.
                 let mut stream = TextStream::new();
-                let r = run::run_streaming(device, &args, &mut |t| stream.piece(t))?;
+                let r = run::run_streaming(device, &settings, &mut |t| stream.piece(t))?;
                 stream.finish();
                 r
             } else {
-                run::run(device, &args)?
+                run::run(device, &settings)?
             };
             for w in &report.warnings {
                 output::warn(w);

@@ -576,6 +576,26 @@ pub struct RunArgs {
     pub format: Format,
 }
 
+impl RunArgs {
+    /// `run`'s settings: the sampler checked first, then the generator's flags.
+    pub fn settings(&self) -> crate::Result<crate::generate::RunSettings> {
+        let sampler = self.generate.sampler();
+        crate::generate::check_sampling(&sampler)?;
+        Ok(crate::generate::RunSettings {
+            generator: self.generate.generator("run")?,
+            sampler,
+            ignore_eos: self.generate.sampling.ignore_eos,
+            tokens: self.tokens.clone(),
+            prompt: self.prompt.clone(),
+            chat: self.chat,
+            max_tokens: self.max_tokens,
+            dump_logits: self.dump_logits.clone(),
+            image: self.image.clone(),
+            causal_image: self.causal_image,
+        })
+    }
+}
+
 /// What `run`, `chat` and `serve` generate with: the model source, how its
 /// engine is built, and the sampler (each command words the help of a flag with
 /// `mut_arg`).

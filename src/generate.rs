@@ -508,6 +508,26 @@ pub fn decode(
     })
 }
 
+/// What `run` generates from: the generator, the sampler (checked), the prompt
+/// (ids, or text given as a chat turn or not), how many tokens, an image, and where
+/// the logits go (`cli.rs` converts `run`'s flags into it whole).
+#[derive(Debug)]
+pub struct RunSettings {
+    pub generator: GeneratorSettings,
+    pub sampler: crate::kernels::sample::SamplerParams,
+    pub ignore_eos: bool,
+    /// `--tokens` (empty: `--prompt`).
+    pub tokens: Vec<u32>,
+    pub prompt: Option<String>,
+    /// `--prompt` as one user turn of the chat template.
+    pub chat: bool,
+    pub max_tokens: usize,
+    pub dump_logits: Option<PathBuf>,
+    pub image: Option<PathBuf>,
+    /// The image's tokens attend causally (not to the whole image).
+    pub causal_image: bool,
+}
+
 /// What generation is built from (the flags `run`, `chat` and `serve` share;
 /// `command`, `template_required` and the context's default are a
 /// [`Generator`]'s).

@@ -20,8 +20,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use crate::cli::RunArgs;
-use crate::generate::{self, GeneratorSettings, Passes, Prepared, Source};
+use crate::generate::{self, GeneratorSettings, Passes, Prepared, RunSettings, Source};
 use crate::kernels::sample::{Sampler, SamplerParams};
 use crate::model::{Stored, Tokenizer, VisionConfig};
 use crate::plan::Slot;
@@ -30,18 +29,17 @@ use crate::runtime::Engine;
 use crate::session::{self, LoadedModel, ModelSettings, ModelSource, gguf_storage};
 use crate::{Error, Result};
 
-pub fn run(selector: Option<&str>, args: &RunArgs) -> Result<RunReport> {
+pub fn run(selector: Option<&str>, args: &RunSettings) -> Result<RunReport> {
     run_streaming(selector, args, &mut |_| {})
 }
 
 /// [`run`], handing the generated text to `stream` piece by piece as tokens are
 /// produced (when there is a tokenizer; a piece ending in an incomplete UTF-8
 /// character waits for the next token).
-pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn FnMut(&str)) -> Result<RunReport> {
-    // Validate flags before building anything heavy.
-    let sampling = args.generate.sampler();
-    generate::check_sampling(&sampling)?;
-    let s = args.generate.generator("run")?;
+pub fn run_streaming(selector: Option<&str>, args: &RunSettings, stream: &mut dyn FnMut(&str)) -> Result<RunReport> {
+    // Flags were checked when they became settings; the model source before
+    // anything heavy is built.
+    let (sampling, s) = (args.sampler, &args.generator);
     generate::check_source(&s.model)?;
     // --dump-logits is written after the run: refused now if it cannot be (a
     // directory, a FIFO, a missing folder, one of the files read here).
@@ -64,7 +62,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
         (Some(path), None) => Some(image_config(&s.model, path)?),
         (None, _) => None,
     };
-    let prompt = prompt_ids(args, &s, &source, vision.as_ref())?;
+    let prompt = prompt_ids(args, s, &source, vision.as_ref())?;
     // A profile is read and validated before the model is loaded.
     let profile = s.choice.read()?;
     let device = session::pick_device(selector)?;
@@ -108,7 +106,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunArgs, stream: &mut dyn Fn
 
 /// The prompt's ids: `--prompt` encoded (its image token expanded for `vision`;
 /// with `--chat` as one user turn of the chat template), else `--tokens`.
-fn prompt_ids(args: &RunArgs, s: &GeneratorSettings, source: &Source, vision: Option<&VisionConfig>) -> Result<Vec<u32>> {
+fn prompt_ids(args: &RunSettings, s: &GeneratorSettings, source: &Source, vision: Option<&VisionConfig>) -> Result<Vec<u32>> {
     let (text, tok) = match (&args.prompt, &source.tokenizer) {
         (Some(text), Some(tok)) => (text, tok),
         // Source::open fails when --prompt has no tokenizer to use.
@@ -220,7 +218,7 @@ struct Ran {
 /// Prefill (timed; on a GPU the pass is also profiled per step), the first
 /// token sampled from its last logits, then the decode loop streaming text.
 fn generate_text(
-    args: &RunArgs,
+    args: &RunSettings,
     p: &mut Prepared,
     m: &LoadedModel,
     input: &Input,
@@ -241,7 +239,7 @@ fn generate_text(
     // The ids that end generation: the config's EOS ids, and under --chat the
     // vocabulary's end-of-turn token (Gemma, ChatML, Llama 3).
     let stop_ids = generate::stop_ids(m, tokenizer, args.chat);
-    let limits = generate::Limits { max_tokens: args.max_tokens, stop: Vec::new(), ignore_eos: args.generate.sampling.ignore_eos };
+    let limits = generate::Limits { max_tokens: args.max_tokens, stop: Vec::new(), ignore_eos: args.ignore_eos };
     let decoded = generate::decode(engine, &mut sampler, first, tokenizer, &stop_ids, p.chain, &limits, None, &mut |t| {
         stream(t);
         true
@@ -252,7 +250,7 @@ fn generate_text(
 /// The report of a run: the device, model and settings, the throughput, the
 /// time per slot and the kernels.
 fn report(
-    args: &RunArgs,
+    args: &RunSettings,
     device: &crate::device::Device,
     m: &LoadedModel,
     p: &Prepared,
@@ -342,7 +340,7 @@ fn slot_rows(engine: &Engine, steps: usize) -> Vec<SlotRow> {
 /// The KV cache's context: `--context`, which must leave room for `--max-tokens`
 /// after the prompt, else the prompt and `--max-tokens` (`max_position`, the
 /// model's, only words the message of a sum past any context).
-fn run_context(args: &RunArgs, context: Option<usize>, prompt: usize, max_position: usize) -> Result<usize> {
+fn run_context(args: &RunSettings, context: Option<usize>, prompt: usize, max_position: usize) -> Result<usize> {
     let left = |c: usize| c.saturating_sub(prompt);
     let need = prompt.checked_add(args.max_tokens).ok_or_else(|| {
         Error::Usage(format!(

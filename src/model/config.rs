@@ -7,36 +7,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::family::Norms;
+pub use super::family::{Architecture, HiddenAct};
 use super::{ModelError, Result};
 use crate::kernels::DType;
-
-/// The decoder families ktune knows how to run; what each one is lives in its row
-/// of [`super::family::FAMILIES`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr, strum::Display, strum::EnumIter)]
-#[serde(rename_all = "snake_case")]
-#[strum(serialize_all = "snake_case")]
-pub enum Architecture {
-    /// `LlamaForCausalLM` (Llama 3.x, SmolLM2).
-    Llama,
-    /// `Qwen2ForCausalLM` (Qwen2.5).
-    Qwen2,
-    /// `Qwen3ForCausalLM` (Qwen3 dense).
-    Qwen3,
-    /// `MistralForCausalLM` (Mistral 7B, Ministral).
-    Mistral,
-    /// `SmolLM3ForCausalLM`.
-    #[serde(rename = "smollm3")]
-    #[strum(serialize = "smollm3")]
-    SmolLM3,
-    /// `Gemma3ForCausalLM` (text).
-    Gemma3,
-}
-
-impl Architecture {
-    pub fn name(self) -> &'static str {
-        self.into()
-    }
-}
 
 /// Attention span of one layer: the whole context, or a sliding window of the last
 /// [`ModelConfig::sliding_window`] positions (Gemma 3's local layers, which also
@@ -50,23 +23,6 @@ pub enum LayerKind {
 }
 
 impl LayerKind {
-    pub fn name(self) -> &'static str {
-        self.into()
-    }
-}
-
-/// The MLP activation (the gate of the gated MLP).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr)]
-#[serde(rename_all = "snake_case")]
-#[strum(serialize_all = "snake_case")]
-pub enum HiddenAct {
-    /// x * sigmoid(x) (SwiGLU).
-    Silu,
-    /// GELU with the tanh approximation (GeGLU), `gelu_pytorch_tanh` in transformers.
-    GeluPytorchTanh,
-}
-
-impl HiddenAct {
     pub fn name(self) -> &'static str {
         self.into()
     }

@@ -9,7 +9,52 @@
 //! shapes in `builtin.rs`, its tokenizer pre-split in `tokenizer.rs` when it is a
 //! new one, and its tiny random model in `tools/make_fixtures.py`.
 
-use super::config::{Architecture, HiddenAct};
+use serde::{Deserialize, Serialize};
+
+/// The decoder families ktune knows how to run; what each one is lives in its row
+/// of [`FAMILIES`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr, strum::Display, strum::EnumIter)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum Architecture {
+    /// `LlamaForCausalLM` (Llama 3.x, SmolLM2).
+    Llama,
+    /// `Qwen2ForCausalLM` (Qwen2.5).
+    Qwen2,
+    /// `Qwen3ForCausalLM` (Qwen3 dense).
+    Qwen3,
+    /// `MistralForCausalLM` (Mistral 7B, Ministral).
+    Mistral,
+    /// `SmolLM3ForCausalLM`.
+    #[serde(rename = "smollm3")]
+    #[strum(serialize = "smollm3")]
+    SmolLM3,
+    /// `Gemma3ForCausalLM` (text).
+    Gemma3,
+}
+
+impl Architecture {
+    pub fn name(self) -> &'static str {
+        self.into()
+    }
+}
+
+/// The MLP activation (the gate of the gated MLP).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum HiddenAct {
+    /// x * sigmoid(x) (SwiGLU).
+    Silu,
+    /// GELU with the tanh approximation (GeGLU), `gelu_pytorch_tanh` in transformers.
+    GeluPytorchTanh,
+}
+
+impl HiddenAct {
+    pub fn name(self) -> &'static str {
+        self.into()
+    }
+}
 
 /// Where a layer's norms stand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
