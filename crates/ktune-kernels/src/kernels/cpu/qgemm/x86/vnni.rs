@@ -31,28 +31,38 @@ pub unsafe fn rows_times_tokens(p: &Panel, x: &XPanel, count: usize, out: &mut [
             let n = if m - t >= 4 { 4 } else { 1 };
             // SAFETY: blocks b..b + r < p.blocks and tokens t..t + n < m.
             unsafe {
-                match (r, n, p.sg == QK, p.bias != 0) {
-                    (2, 4, true, true) => tile::<2, 4, 8, true>(p, x, b, t, count, out),
-                    (2, 4, false, true) => tile::<2, 4, 4, true>(p, x, b, t, count, out),
-                    (2, _, true, true) => tile::<2, 1, 8, true>(p, x, b, t, count, out),
-                    (2, _, false, true) => tile::<2, 1, 4, true>(p, x, b, t, count, out),
-                    (_, 4, true, true) => tile::<1, 4, 8, true>(p, x, b, t, count, out),
-                    (_, 4, false, true) => tile::<1, 4, 4, true>(p, x, b, t, count, out),
-                    (_, _, true, true) => tile::<1, 1, 8, true>(p, x, b, t, count, out),
-                    (_, _, false, true) => tile::<1, 1, 4, true>(p, x, b, t, count, out),
-                    (2, 4, true, false) => tile::<2, 4, 8, false>(p, x, b, t, count, out),
-                    (2, 4, false, false) => tile::<2, 4, 4, false>(p, x, b, t, count, out),
-                    (2, _, true, false) => tile::<2, 1, 8, false>(p, x, b, t, count, out),
-                    (2, _, false, false) => tile::<2, 1, 4, false>(p, x, b, t, count, out),
-                    (_, 4, true, false) => tile::<1, 4, 8, false>(p, x, b, t, count, out),
-                    (_, 4, false, false) => tile::<1, 4, 4, false>(p, x, b, t, count, out),
-                    (_, _, true, false) => tile::<1, 1, 8, false>(p, x, b, t, count, out),
-                    (_, _, false, false) => tile::<1, 1, 4, false>(p, x, b, t, count, out),
+                if p.bias != 0 {
+                    tile_of::<true>(p, x, (b, r), (t, n), count, out)
+                } else {
+                    tile_of::<false>(p, x, (b, r), (t, n), count, out)
                 }
             }
             t += n;
         }
         b += r;
+    }
+}
+
+/// The [`tile`] of `r` row blocks (2 or 1) from `b` and `n` tokens (4 or 1) from
+/// `t`, with the panel's group size and `BIAS`.
+///
+/// # Safety
+/// As [`tile`]'s.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile_of<const BIAS: bool>(p: &Panel, x: &XPanel, (b, r): (usize, usize), (t, n): (usize, usize), count: usize, out: &mut [f32]) {
+    // SAFETY: the caller's.
+    unsafe {
+        match (r, n, p.sg == QK) {
+            (2, 4, true) => tile::<2, 4, 8, BIAS>(p, x, b, t, count, out),
+            (2, 4, false) => tile::<2, 4, 4, BIAS>(p, x, b, t, count, out),
+            (2, _, true) => tile::<2, 1, 8, BIAS>(p, x, b, t, count, out),
+            (2, _, false) => tile::<2, 1, 4, BIAS>(p, x, b, t, count, out),
+            (_, 4, true) => tile::<1, 4, 8, BIAS>(p, x, b, t, count, out),
+            (_, 4, false) => tile::<1, 4, 4, BIAS>(p, x, b, t, count, out),
+            (_, _, true) => tile::<1, 1, 8, BIAS>(p, x, b, t, count, out),
+            (_, _, false) => tile::<1, 1, 4, BIAS>(p, x, b, t, count, out),
+        }
     }
 }
 
