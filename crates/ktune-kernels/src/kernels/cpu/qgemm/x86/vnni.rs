@@ -44,12 +44,12 @@ pub unsafe fn rows_times_tokens(p: &Panel, x: &XPanel, count: usize, out: &mut [
 }
 
 /// The [`tile`] of `r` row blocks (2 or 1) from `b` and `n` tokens (4 or 1) from
-/// `t`, with the panel's group size and `BIAS`.
+/// `t`, with the panel's group size and `BIAS`: a dispatch that collapses into
+/// its caller (`inline(always)`, which a `target_feature` function may not be).
 ///
 /// # Safety
 /// As [`tile`]'s.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline(always)]
 unsafe fn tile_of<const BIAS: bool>(p: &Panel, x: &XPanel, (b, r): (usize, usize), (t, n): (usize, usize), count: usize, out: &mut [f32]) {
     // SAFETY: the caller's.
     unsafe {
