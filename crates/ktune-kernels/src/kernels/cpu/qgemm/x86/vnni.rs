@@ -31,10 +31,15 @@ pub unsafe fn rows_times_tokens(p: &Panel, x: &XPanel, count: usize, out: &mut [
             let n = if m - t >= 4 { 4 } else { 1 };
             // SAFETY: blocks b..b + r < p.blocks and tokens t..t + n < m.
             unsafe {
-                if p.bias != 0 {
-                    tile_of::<true>(p, x, (b, r), (t, n), count, out)
-                } else {
-                    tile_of::<false>(p, x, (b, r), (t, n), count, out)
+                match (r, n, p.sg == QK) {
+                    (2, 4, true) => tile_biased::<2, 4, 8>(p, x, (b, t), count, out),
+                    (2, 4, false) => tile_biased::<2, 4, 4>(p, x, (b, t), count, out),
+                    (2, _, true) => tile_biased::<2, 1, 8>(p, x, (b, t), count, out),
+                    (2, _, false) => tile_biased::<2, 1, 4>(p, x, (b, t), count, out),
+                    (_, 4, true) => tile_biased::<1, 4, 8>(p, x, (b, t), count, out),
+                    (_, 4, false) => tile_biased::<1, 4, 4>(p, x, (b, t), count, out),
+                    (_, _, true) => tile_biased::<1, 1, 8>(p, x, (b, t), count, out),
+                    (_, _, false) => tile_biased::<1, 1, 4>(p, x, (b, t), count, out),
                 }
             }
             t += n;
@@ -43,26 +48,23 @@ pub unsafe fn rows_times_tokens(p: &Panel, x: &XPanel, count: usize, out: &mut [
     }
 }
 
-/// The [`tile`] of `r` row blocks (2 or 1) from `b` and `n` tokens (4 or 1) from
-/// `t`, with the panel's group size and `BIAS`: a dispatch that collapses into
-/// its caller (`inline(always)`, which a `target_feature` function may not be).
+/// The [`tile`] at row block `b` and token `t` for the panel's `BIAS` (whether it
+/// has one): a dispatch that collapses into its caller (`inline(always)`, which a
+/// `target_feature` function may not be).
 ///
 /// # Safety
 /// As [`tile`]'s.
 #[inline(always)]
-unsafe fn tile_of<const BIAS: bool>(p: &Panel, x: &XPanel, (b, r): (usize, usize), (t, n): (usize, usize), count: usize, out: &mut [f32]) {
+unsafe fn tile_biased<const R: usize, const T: usize, const RUNS: usize>(
+    p: &Panel,
+    x: &XPanel,
+    (b, t): (usize, usize),
+    count: usize,
+    out: &mut [f32],
+) {
     // SAFETY: the caller's.
     unsafe {
-        match (r, n, p.sg == QK) {
-            (2, 4, true) => tile::<2, 4, 8, BIAS>(p, x, b, t, count, out),
-            (2, 4, false) => tile::<2, 4, 4, BIAS>(p, x, b, t, count, out),
-            (2, _, true) => tile::<2, 1, 8, BIAS>(p, x, b, t, count, out),
-            (2, _, false) => tile::<2, 1, 4, BIAS>(p, x, b, t, count, out),
-            (_, 4, true) => tile::<1, 4, 8, BIAS>(p, x, b, t, count, out),
-            (_, 4, false) => tile::<1, 4, 4, BIAS>(p, x, b, t, count, out),
-            (_, _, true) => tile::<1, 1, 8, BIAS>(p, x, b, t, count, out),
-            (_, _, false) => tile::<1, 1, 4, BIAS>(p, x, b, t, count, out),
-        }
+        if p.bias != 0 { tile::<R, T, RUNS, true>(p, x, b, t, count, out) } else { tile::<R, T, RUNS, false>(p, x, b, t, count, out) }
     }
 }
 
