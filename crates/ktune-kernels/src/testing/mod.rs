@@ -166,6 +166,22 @@ pub fn typical_gpu_caps() -> crate::device::GpuCaps {
     }
 }
 
+/// An adapter with matrix units, as NVIDIA's Vulkan driver reports one: subgroups
+/// of 32, 48 KiB of workgroup memory, workgroups of 1024, and the square
+/// cooperative matrix shapes `shapes` (`(m, ab, cr)`: `m`×`m`×`m`, `ab` operands,
+/// a `cr` result); the rest as [`typical_gpu_caps`].
+pub fn coop_gpu_caps(shapes: &[(u32, &'static str, &'static str)]) -> crate::device::GpuCaps {
+    crate::device::GpuCaps {
+        subgroup_min_size: 32,
+        subgroup_max_size: 32,
+        max_workgroup_storage: 49152,
+        max_invocations_per_workgroup: 1024,
+        max_workgroup_size: [1024, 1024, 64],
+        coop_matrix: shapes.iter().map(|&(m, ab, cr)| crate::device::CoopShape { m, n: m, k: m, ab, cr }).collect(),
+        ..typical_gpu_caps()
+    }
+}
+
 /// Every `.rs` file under `dir`, sorted.
 pub fn rust_sources(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     let mut out = Vec::new();

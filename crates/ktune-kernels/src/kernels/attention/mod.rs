@@ -298,30 +298,8 @@ mod tests {
             Problem::AttentionDecode { kv_len: 150, kv_cap: 160, heads: 12, kv_heads: 1, head_dim: 16, window: 0, scale: 0.25 },
             Problem::AttentionDecode { kv_len: 333, kv_cap: 333, heads: 20, kv_heads: 2, head_dim: 24, window: 100, scale: 0.2 },
             Problem::AttentionDecode { kv_len: 40, kv_cap: 64, heads: 3, kv_heads: 3, head_dim: 80, window: 4096, scale: 0.11 },
-            Problem::AttentionPrefill {
-                tokens: 9,
-                kv_len: 30,
-                kv_cap: 31,
-                heads: 12,
-                kv_heads: 1,
-                head_dim: 8,
-                window: 0,
-                scale: 0.35,
-                bidi_start: 0,
-                bidi_end: 0,
-            },
-            Problem::AttentionPrefill {
-                tokens: 3,
-                kv_len: 90,
-                kv_cap: 96,
-                heads: 4,
-                kv_heads: 2,
-                head_dim: 24,
-                window: 7,
-                scale: 0.2,
-                bidi_start: 0,
-                bidi_end: 0,
-            },
+            causal_prefill((9, 30, 31), (12, 1, 8), 0, 0.35),
+            causal_prefill((3, 90, 96), (4, 2, 24), 7, 0.2),
         ]
     }
 
@@ -448,6 +426,18 @@ mod tests {
         );
     }
 
+    /// A causal prefill (no bidirectional block): `tokens` queries ending at key
+    /// `kv_len - 1` of a cache of `kv_cap` rows, `heads` query heads over `kv_heads`
+    /// key/value heads of `head_dim`.
+    pub(super) fn causal_prefill(
+        (tokens, kv_len, kv_cap): (usize, usize, usize),
+        (heads, kv_heads, head_dim): (usize, usize, usize),
+        window: usize,
+        scale: f32,
+    ) -> Problem {
+        Problem::AttentionPrefill { tokens, kv_len, kv_cap, heads, kv_heads, head_dim, window, scale, bidi_start: 0, bidi_end: 0 }
+    }
+
     pub(super) fn flash2_params(bq: u32, hpw: u32, bkv: u32, lanes: u32, tile: u32) -> Params {
         let k = crate::kernels::find("attention_prefill_flash2").expect("registered");
         k.params_with(&[("block_q", bq), ("heads_per_wg", hpw), ("block_kv", bkv), ("lanes", lanes), ("kv_tile", tile)])
@@ -465,30 +455,8 @@ mod tests {
     fn flash2_matches_reference_over_its_parameters() {
         let Some(gpu) = crate::testing::test_gpu() else { return };
         let probs = [
-            Problem::AttentionPrefill {
-                tokens: 19,
-                kv_len: 19,
-                kv_cap: 24,
-                heads: 8,
-                kv_heads: 2,
-                head_dim: 64,
-                window: 0,
-                scale: 0.125,
-                bidi_start: 0,
-                bidi_end: 0,
-            },
-            Problem::AttentionPrefill {
-                tokens: 13,
-                kv_len: 40,
-                kv_cap: 41,
-                heads: 4,
-                kv_heads: 1,
-                head_dim: 256,
-                window: 0,
-                scale: 0.0625,
-                bidi_start: 0,
-                bidi_end: 0,
-            },
+            causal_prefill((19, 19, 24), (8, 2, 64), 0, 0.125),
+            causal_prefill((13, 40, 41), (4, 1, 256), 0, 0.0625),
             Problem::AttentionPrefill {
                 tokens: 21,
                 kv_len: 29,
@@ -545,18 +513,7 @@ mod tests {
         let tree = crate::kernels::find("attention_prefill_flash2").expect("registered");
         let caps = crate::testing::typical_gpu_caps();
         let reason = |k: &KernelDef, p: &Problem, d: DType, params: &Params, c: &GpuCaps| k.check(Caps::Gpu(c), p, d, params).unwrap_err();
-        let gemma = Problem::AttentionPrefill {
-            tokens: 128,
-            kv_len: 128,
-            kv_cap: 128,
-            heads: 4,
-            kv_heads: 1,
-            head_dim: 256,
-            window: 0,
-            scale: 0.0625,
-            bidi_start: 0,
-            bidi_end: 0,
-        };
+        let gemma = causal_prefill((128, 128, 128), (4, 1, 256), 0, 0.0625);
         assert!(k.check(Caps::Gpu(&caps), &gemma, DType::F16, &flash2_params(8, 4, 32, 8, 1)).is_ok());
         // 64 f32 words per row over 4 lanes is 16 per lane
         assert!(reason(k, &gemma, DType::F32, &flash2_params(8, 4, 32, 4, 0), &caps).contains("raise lanes"));
@@ -587,18 +544,7 @@ mod tests {
                 .contains("smallest is 8")
         );
         // head_dim not whole 16-byte words
-        let odd = Problem::AttentionPrefill {
-            tokens: 4,
-            kv_len: 4,
-            kv_cap: 8,
-            heads: 2,
-            kv_heads: 2,
-            head_dim: 12,
-            window: 0,
-            scale: 1.0,
-            bidi_start: 0,
-            bidi_end: 0,
-        };
+        let odd = causal_prefill((4, 4, 8), (2, 2, 12), 0, 1.0);
         assert!(reason(tree, &odd, DType::F16, &flash2_params(8, 4, 32, 8, 1), &caps).contains("multiple of 8"));
     }
 

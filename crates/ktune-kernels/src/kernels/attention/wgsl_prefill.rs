@@ -221,24 +221,12 @@ pub(super) fn prepare_flash2(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelErro
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::flash2_params;
+    use super::super::tests::{causal_prefill, flash2_params};
     use super::*;
 
     #[test]
     fn flash2_plan_covers_the_group() {
-        let llama = Shape::of(&Problem::AttentionPrefill {
-            tokens: 128,
-            kv_len: 128,
-            kv_cap: 128,
-            heads: 32,
-            kv_heads: 8,
-            head_dim: 64,
-            window: 0,
-            scale: 0.125,
-            bidi_start: 0,
-            bidi_end: 0,
-        })
-        .expect("attention");
+        let llama = Shape::of(&causal_prefill((128, 128, 128), (32, 8, 64), 0, 0.125)).expect("attention");
         let p = Flash2Plan::of(&llama, DType::F16, &flash2_params(8, 8, 32, 4, 1)).expect("params");
         assert_eq!((p.gh, p.nsub, p.rw, p.nw, p.grid(&llama)), (4, 1, 8, 2, [16, 8, 1]));
         let six = Shape { heads: 12, kv_heads: 2, ..llama };

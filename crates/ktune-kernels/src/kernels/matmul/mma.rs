@@ -276,34 +276,19 @@ fn emu(shader: &'static Shader) -> WgslImpl {
 /// (`<id>_coop16`, `<id>_coop8`) and emulated (`<id>_mma_emu`); `$tiles` says what
 /// the workgroup stages and accumulates.
 macro_rules! mma_trio {
-    ($id:literal, $op:expr, $dtype:expr, $coop_params:expr, $emu_params:expr, $tiles:literal, [$c16:expr, $c8:expr, $emu:expr]) => {
+    ($id:literal, $op:expr, $dtype:expr, $coop_params:expr, $emu_params:expr, $tiles:literal, [$c16:expr, $c8:expr, $emu:expr]) => {{
+        let def = |id, params, summary, wgsl| KernelDef::new(id, $op, $dtype, params, summary, wgsl);
         [
-            KernelDef::new(
-                concat!($id, "_coop16"),
-                $op,
-                $dtype,
-                $coop_params,
-                concat!("16x16x16 cooperative matrices (matrix units): ", $tiles),
-                coop16($c16),
-            ),
-            KernelDef::new(
-                concat!($id, "_coop8"),
-                $op,
-                $dtype,
-                $coop_params,
-                concat!("8x8x8 cooperative matrices (matrix units): ", $tiles),
-                coop8($c8),
-            ),
-            KernelDef::new(
+            def(concat!($id, "_coop16"), $coop_params, concat!("16x16x16 cooperative matrices (matrix units): ", $tiles), coop16($c16)),
+            def(concat!($id, "_coop8"), $coop_params, concat!("8x8x8 cooperative matrices (matrix units): ", $tiles), coop8($c8)),
+            def(
                 concat!($id, "_mma_emu"),
-                $op,
-                $dtype,
                 $emu_params,
                 concat!("the tiling of ", $id, "_coop8/16 with the matrix operations as plain loops over 32-invocation groups"),
                 emu($emu),
             ),
         ]
-    };
+    }};
 }
 
 /// The block-format GEMMs (registered by [`super::quant::variants`]).
@@ -362,8 +347,7 @@ pub fn gate_up_variants() -> Vec<KernelDef> {
 
 #[cfg(test)]
 mod tests {
-    use crate::device::Caps;
-    use crate::device::{CoopShape, GpuCaps};
+    use crate::device::{Caps, GpuCaps};
     use crate::kernels::contract::Params;
     use crate::kernels::find;
     use crate::kernels::problem::{Activation, Problem};
@@ -378,16 +362,7 @@ mod tests {
     }
 
     fn coop_caps() -> GpuCaps {
-        let shape = |m| CoopShape { m, n: m, k: m, ab: "f16", cr: "f32" };
-        GpuCaps {
-            subgroup_min_size: 32,
-            subgroup_max_size: 32,
-            max_workgroup_storage: 49152,
-            max_invocations_per_workgroup: 1024,
-            max_workgroup_size: [1024, 1024, 64],
-            coop_matrix: vec![shape(16), shape(8)],
-            ..crate::testing::typical_gpu_caps()
-        }
+        crate::testing::coop_gpu_caps(&[(16, "f16", "f32"), (8, "f16", "f32")])
     }
 
     const GU: Problem = Problem::GateUp { rows: 9, n: 70, k: 64, act: Activation::GeluTanh };

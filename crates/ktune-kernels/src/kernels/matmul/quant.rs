@@ -220,7 +220,7 @@ pub fn variants() -> Vec<KernelDef> {
 #[cfg(test)]
 mod tests {
     use crate::device::Caps;
-    use crate::device::{CoopShape, GpuCaps};
+    use crate::device::GpuCaps;
     use crate::kernels::contract::Params;
     use crate::kernels::find;
     use crate::kernels::problem::Problem;
@@ -243,16 +243,7 @@ mod tests {
     /// An adapter with 16x16x16 f16 -> f32 matrices and subgroups of 32 (the shape
     /// and subgroup size NVIDIA's Vulkan driver reports).
     fn coop_caps() -> GpuCaps {
-        let shape = |m, ab, cr| CoopShape { m, n: m, k: m, ab, cr };
-        GpuCaps {
-            subgroup_min_size: 32,
-            subgroup_max_size: 32,
-            max_workgroup_storage: 49152,
-            max_invocations_per_workgroup: 1024,
-            max_workgroup_size: [1024, 1024, 64],
-            coop_matrix: vec![shape(16, "f16", "f32"), shape(16, "f16", "f16"), shape(8, "f32", "f32")],
-            ..crate::testing::typical_gpu_caps()
-        }
+        crate::testing::coop_gpu_caps(&[(16, "f16", "f32"), (16, "f16", "f16"), (8, "f32", "f32")])
     }
 
     #[test]

@@ -35,7 +35,7 @@ use crate::kernels::cpu::{
     rows_times_tokens, scatter_row_blocks,
 };
 use crate::kernels::problem::{Activation, Op, Problem};
-use crate::kernels::quant::DType;
+use crate::kernels::quant::{DType, QView};
 use crate::kernels::wgsl::{
     ROWS_WG_PARAMS, UNROLL, WORKGROUP_SIZE, grid_dim, grid_fits, one_q_step, qfmt, storage_buffers, subgroup_fits, vec_alignment,
 };
@@ -69,13 +69,8 @@ const BLOCKED_CPU_PARAMS: &[ParamSpec] =
 /// `act_bits` applies to decode (one token); prefill rows stay f32.
 const CPU_Q_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK, ISA, ACT_BITS];
 const CPU_Q_PANEL_PARAMS: &[ParamSpec] = &[
-    ParamSpec {
-        name: "nc",
-        values: &[32, 64, 128, 256],
-        default: 128,
-        help: "features per panel: their gate and up rows dequantized into one f32 panel",
-    },
-    ParamSpec { name: "kc", values: &[128, 256, 512], default: 256, help: "depth of a packed block of the f32 GEMM" },
+    ParamSpec::new("nc", &[32, 64, 128, 256], 128, "features per panel: their gate and up rows dequantized into one f32 panel"),
+    ParamSpec::new("kc", &[128, 256, 512], 256, "depth of a packed block of the f32 GEMM"),
     ISA,
 ];
 
@@ -450,11 +445,7 @@ fn check_q_panel(caps: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) 
 fn run_gate_up_q_panel(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
     use crate::kernels::cpu::sgemm::{Blocking, Micro, Split, gemm_blocked};
     let Problem::GateUp { rows, n, k, act } = *prob else { return Err(wrong_op(kd, prob)) };
-    if n == 0 || rows == 0 {
-        return Ok(());
-    }
-    let isa = Isa::of(params)?;
-    let (x, w) = (a.ins[0].f32(), qin(kd.id, &a.ins[1])?);
+    let Some((isa, x, w)) = q_inputs(kd, params, &a, (rows, n))? else { return Ok(()) };
     let y = &mut a.outs[0][..rows * n];
     let nc = (param(params, "nc")? as usize).clamp(1, n);
     let blk = Blocking { mc: 96, nc: 128.min(2 * nc), kc: (param(params, "kc")? as usize).max(1) };
@@ -494,31 +485,50 @@ fn check_q_i8(caps: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) -> 
 /// ([`rows_times_tokens_i8`]) and the activation product.
 fn run_gate_up_q_i8(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
     let Problem::GateUp { rows, n, k, act } = *prob else { return Err(wrong_op(kd, prob)) };
-    if n == 0 || rows == 0 {
-        return Ok(());
-    }
-    let isa = Isa::of(params)?;
-    let (x, w) = (a.ins[0].f32(), qin(kd.id, &a.ins[1])?);
+    let Some((isa, x, w)) = q_inputs(kd, params, &a, (rows, n))? else { return Ok(()) };
     let xp = XPanel::quantize(&x[..rows * k], rows, k);
+    gated_row_blocks(isa, act, params, (rows, n), &mut a.outs[0][..rows * n], |r0, count| rows_times_tokens_i8(isa, &xp, w, r0, count))
+}
+
+/// A block-format call's ISA, activations and weights.
+type QInputs<'a> = (Isa, &'a [f32], QView<'a>);
+
+/// The ISA and the inputs of a block-format call of `rows` tokens and `n`
+/// features: `x` (f32) and `w` (the gate rows, then the up rows); `None` when
+/// there is nothing to compute.
+fn q_inputs<'a>(kd: &KernelDef, params: &Params, a: &CpuArgs<'a>, (rows, n): (usize, usize)) -> Result<Option<QInputs<'a>>, KernelError> {
+    if n == 0 || rows == 0 {
+        return Ok(None);
+    }
+    Ok(Some((Isa::of(params)?, a.ins[0].f32(), qin(kd.id, &a.ins[1])?)))
+}
+
+/// Prefill of `rows` tokens in tasks of `rows_per_task` of the `n` features:
+/// `times_tokens(r0, count)` gives weight rows `r0..r0 + count` against every token
+/// (`[count][rows]`), once for the gate rows and once for the up rows; their
+/// activation product goes to `y` (`[rows, n]`).
+fn gated_row_blocks(
+    isa: Isa,
+    act: Activation,
+    params: &Params,
+    (rows, n): (usize, usize),
+    y: &mut [f32],
+    times_tokens: impl Fn(usize, usize) -> Vec<f32> + Sync + Send,
+) -> Result<(), KernelError> {
     let grain = (param(params, "rows_per_task")? as usize).max(1);
     let parts = par_row_blocks(n, grain, |j0, count| {
-        let g = rows_times_tokens_i8(isa, &xp, w, j0, count);
-        let u = rows_times_tokens_i8(isa, &xp, w, n + j0, count);
+        let (g, u) = (times_tokens(j0, count), times_tokens(n + j0, count));
         let mut y = vec![0f32; g.len()];
         gated_simd(isa, act, &g, &u, &mut y);
         y
     });
-    scatter_row_blocks(parts, rows, n, &mut a.outs[0][..rows * n]);
+    scatter_row_blocks(parts, rows, n, y);
     Ok(())
 }
 
 fn run_gate_up_q(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
     let Problem::GateUp { rows, n, k, act } = *prob else { return Err(wrong_op(kd, prob)) };
-    if n == 0 || rows == 0 {
-        return Ok(());
-    }
-    let isa = Isa::of(params)?;
-    let (x, w) = (a.ins[0].f32(), qin(kd.id, &a.ins[1])?);
+    let Some((isa, x, w)) = q_inputs(kd, params, &a, (rows, n))? else { return Ok(()) };
     let y = &mut a.outs[0][..rows * n];
     if rows == 1 {
         let x = ActVec::new(&x[..k], params, w.format)?;
@@ -536,14 +546,5 @@ fn run_gate_up_q(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs
         });
         return Ok(());
     }
-    let grain = (param(params, "rows_per_task")? as usize).max(1);
-    let parts = par_row_blocks(n, grain, |j0, count| {
-        let g = rows_times_tokens(isa, x, rows, k, w, j0, count, 16);
-        let u = rows_times_tokens(isa, x, rows, k, w, n + j0, count, 16);
-        let mut y = vec![0f32; g.len()];
-        gated_simd(isa, act, &g, &u, &mut y);
-        y
-    });
-    scatter_row_blocks(parts, rows, n, y);
-    Ok(())
+    gated_row_blocks(isa, act, params, (rows, n), y, |r0, count| rows_times_tokens(isa, x, rows, k, w, r0, count, 16))
 }

@@ -132,24 +132,7 @@ fn run_resln_split(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'
     let (h, y) = (&mut h[..rows * dim], &mut y[..rows * dim]);
     for (row, (hr, yr)) in h.chunks_mut(dim).zip(y.chunks_mut(dim)).enumerate() {
         let (xr, rr) = (&x[row * dim..][..dim], &r[row * dim..][..dim]);
-        // Pieces grouped into at most 64 runs, one partial sum each (summed in order).
-        let per_run = dim.div_ceil(cs).div_ceil(64);
-        let parts: [std::sync::Mutex<f32>; 64] = std::array::from_fn(|_| std::sync::Mutex::new(0.0));
-        cpu::pool::for_chunks_mut(hr, per_run * cs, |run, hrun| {
-            let c0 = run * per_run * cs;
-            let s: f32 = hrun
-                .chunks_mut(cs)
-                .enumerate()
-                .map(|(j, hc)| {
-                    let o = c0 + j * cs;
-                    add_sum(isa, &xr[o..o + hc.len()], &rr[o..o + hc.len()], hc)
-                })
-                .sum();
-            if let Ok(mut p) = parts[run].lock() {
-                *p = s;
-            }
-        });
-        let mean = parts.iter().filter_map(|p| p.lock().ok().map(|v| *v)).sum::<f32>() / dim as f32;
+        let mean = add_in_pieces(xr, rr, hr, cs, |x, r, h| add_sum(isa, x, r, h)) / dim as f32;
         let hr: &[f32] = hr;
         let var = cpu::pool::sum_chunks(hr, cs, |c| sqdev(isa, c, mean)) / dim as f32;
         let rs = 1.0 / (var + eps).sqrt();
@@ -159,6 +142,36 @@ fn run_resln_split(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'
         });
     }
     Ok(())
+}
+
+/// `h = x + r` over one row on the pool, in `cs`-element pieces grouped into at
+/// most 64 runs: `piece(x, r, h)` writes a piece of `h` and returns its partial
+/// (a sum, a sum of squares), each run sums its pieces', and the runs' sums are
+/// summed in order (the same total at any thread count).
+fn add_in_pieces(
+    xr: &[f32],
+    rr: &[f32],
+    hr: &mut [f32],
+    cs: usize,
+    piece: impl Fn(&[f32], &[f32], &mut [f32]) -> f32 + Sync + Send,
+) -> f32 {
+    let per_run = hr.len().div_ceil(cs).div_ceil(64);
+    let parts: [std::sync::Mutex<f32>; 64] = std::array::from_fn(|_| std::sync::Mutex::new(0.0));
+    cpu::pool::for_chunks_mut(hr, per_run * cs, |run, hrun| {
+        let c0 = run * per_run * cs;
+        let s: f32 = hrun
+            .chunks_mut(cs)
+            .enumerate()
+            .map(|(j, hc)| {
+                let o = c0 + j * cs;
+                piece(&xr[o..o + hc.len()], &rr[o..o + hc.len()], hc)
+            })
+            .sum();
+        if let Ok(mut p) = parts[run].lock() {
+            *p = s;
+        }
+    });
+    parts.iter().filter_map(|p| p.lock().ok().map(|v| *v)).sum()
 }
 
 /// Rows in parallel; per row one fused add + sum-of-squares pass and one scale pass.
@@ -201,25 +214,7 @@ fn run_resnorm_split(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs
     // Per row: h = x + r with partial sums of squares per piece, then the scale.
     for (row, (hr, yr)) in h.chunks_mut(dim).zip(y.chunks_mut(dim)).enumerate() {
         let (xr, rr) = (&x[row * dim..][..dim], &r[row * dim..][..dim]);
-        let pieces = dim.div_ceil(cs);
-        let parts: [std::sync::Mutex<f32>; 64] = std::array::from_fn(|_| std::sync::Mutex::new(0.0));
-        // Pieces grouped into at most 64 runs, one partial each (summed in order).
-        let per_run = pieces.div_ceil(64);
-        cpu::pool::for_chunks_mut(hr, per_run * cs, |run, hrun| {
-            let c0 = run * per_run * cs;
-            let ss: f32 = hrun
-                .chunks_mut(cs)
-                .enumerate()
-                .map(|(j, hc)| {
-                    let o = c0 + j * cs;
-                    cpu::add_sumsq(isa, &xr[o..o + hc.len()], &rr[o..o + hc.len()], hc)
-                })
-                .sum();
-            if let Ok(mut p) = parts[run].lock() {
-                *p = ss;
-            }
-        });
-        let ss: f32 = parts.iter().filter_map(|p| p.lock().ok().map(|v| *v)).sum();
+        let ss = add_in_pieces(xr, rr, hr, cs, |x, r, h| cpu::add_sumsq(isa, x, r, h));
         let inv = inv_rms(ss, dim, eps);
         cpu::pool::for_chunks_mut(yr, cs, |i, yc| {
             let o = i * cs;

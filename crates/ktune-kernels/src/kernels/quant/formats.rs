@@ -63,7 +63,7 @@ macro_rules! formats {
             pub fn ggml_type(self) -> u32 {
                 match self {
                     $(DType::$fv => $fid,)*
-                    $(DType::$v => <$ty as BlockFormat>::GGML,)*
+                    $(DType::$v => <$ty as BlockFormat>::LAYOUT.ggml,)*
                 }
             }
             /// ggml's name of the type (`F16`, `Q4_K`).
@@ -78,7 +78,7 @@ macro_rules! formats {
             pub fn ggml_block(self) -> (usize, usize) {
                 match self {
                     $(DType::$fv => (1, $fbytes),)*
-                    $(DType::$v => (<$ty as BlockFormat>::ELEMS, <$ty as BlockFormat>::BYTES),)*
+                    $(DType::$v => (<$ty as BlockFormat>::LAYOUT.elems, <$ty as BlockFormat>::LAYOUT.bytes),)*
                 }
             }
         }

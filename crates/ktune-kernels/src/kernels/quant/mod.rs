@@ -45,7 +45,7 @@ pub const QK_K: usize = 256;
 impl QFormat {
     /// The ggml type id (GGUF tensor info `type`).
     pub fn ggml_type(self) -> u32 {
-        self.ops().ggml
+        self.ops().layout.ggml
     }
     pub fn from_ggml_type(t: u32) -> Option<QFormat> {
         QFormat::ALL.into_iter().find(|f| f.ggml_type() == t)
@@ -53,17 +53,17 @@ impl QFormat {
     /// Elements per block (32, or 256 for the super-block formats).
     #[inline]
     pub fn block_elems(self) -> usize {
-        self.ops().elems
+        self.ops().layout.elems
     }
     /// Bytes of one block on disk (ggml layout).
     #[inline]
     pub fn block_bytes(self) -> usize {
-        self.ops().bytes
+        self.ops().layout.bytes
     }
     /// Byte offsets in a disk block of the 16-bit fields that go to `scales`.
     #[inline]
     pub fn header(self) -> &'static [usize] {
-        self.ops().header
+        self.ops().layout.header
     }
     /// Quantized bytes per block in [`QMatrix::quants`] (a multiple of 4).
     #[inline]
@@ -99,7 +99,7 @@ impl QFormat {
     /// Whether values carry an additive per-group offset (`m`, `dmin`).
     #[inline]
     pub fn has_offset(self) -> bool {
-        self.ops().offset
+        self.ops().layout.offset
     }
     /// Bits per weight including the scales.
     pub fn bits_per_weight(self) -> f64 {

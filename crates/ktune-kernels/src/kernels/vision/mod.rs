@@ -50,11 +50,13 @@ const ROW_TASK_PARAMS: &[ParamSpec] = &[
     ISA,
 ];
 
-const ATTN_ROWS_PARAMS: &[ParamSpec] =
-    &[ParamSpec { name: "queries_per_task", values: &[1, 2, 4, 8, 16], default: 4, help: "queries (all heads) per pool task" }, ISA];
+const QUERIES_PER_TASK: ParamSpec =
+    ParamSpec { name: "queries_per_task", values: &[1, 2, 4, 8, 16], default: 4, help: "queries (all heads) per pool task" };
+
+const ATTN_ROWS_PARAMS: &[ParamSpec] = &[QUERIES_PER_TASK, ISA];
 
 const ATTN_TILED_PARAMS: &[ParamSpec] = &[
-    ParamSpec { name: "queries_per_task", values: &[1, 2, 4, 8, 16], default: 4, help: "queries (all heads) per pool task" },
+    QUERIES_PER_TASK,
     ParamSpec { name: "block_k", values: &[16, 32, 64, 128, 256], default: 64, help: "keys per block of the online softmax" },
     ISA,
 ];
@@ -361,33 +363,28 @@ fn attn_dims(kd: &KernelDef, prob: &Problem) -> Result<(usize, usize, usize, f32
     Ok((tokens, heads, head_dim, scale))
 }
 
-fn run_attn_rows(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let (t, heads, d, scale) = attn_dims(kd, prob)?;
-    let isa = Isa::of(params)?;
-    let (q, k, v) = (a.ins[0].f32(), a.ins[1].f32(), a.ins[2].f32());
+/// The query loop of the row kernels: `queries_per_task` queries a pool task, and
+/// per query and head `head(s, qv, h, o)`, with `qv` the query's head `h` (of
+/// `q[t, heads, d]`), `o` its output row in `out`, zeroed, and `s` a scratch of
+/// `scratch` scores.
+fn per_query_head(
+    params: &Params,
+    (t, heads, d): (usize, usize, usize),
+    q: &[f32],
+    out: &mut [f32],
+    scratch: usize,
+    head: impl Fn(&mut [f32], &[f32], usize, &mut [f32]) + Sync + Send,
+) -> Result<(), KernelError> {
     let split = RowSplit::Dynamic((param(params, "queries_per_task")? as usize).max(1));
     let width = heads * d;
-    par_rows(&mut a.outs[0][..t * width], width, split, |first, rows| {
-        with_scratch(&SCORES, t, |s| {
+    par_rows(&mut out[..t * width], width, split, |first, rows| {
+        with_scratch(&SCORES, scratch, |s| {
             for (i, orow) in rows.chunks_mut(width).enumerate() {
-                let qi = first + i;
                 for h in 0..heads {
-                    let qv = &q[(qi * heads + h) * d..][..d];
-                    let mut m = f32::NEG_INFINITY;
-                    for (j, sj) in s.iter_mut().enumerate() {
-                        *sj = dot(isa, qv, Row::F32(&k[(j * heads + h) * d..][..d])) * scale;
-                        m = m.max(*sj);
-                    }
-                    let mut z = 0.0;
-                    for sj in s.iter_mut() {
-                        *sj = (*sj - m).exp();
-                        z += *sj;
-                    }
+                    let qv = &q[((first + i) * heads + h) * d..][..d];
                     let o = &mut orow[h * d..][..d];
                     o.fill(0.0);
-                    for (j, sj) in s.iter().enumerate() {
-                        axpy(isa, *sj / z, &v[(j * heads + h) * d..][..d], o);
-                    }
+                    head(s, qv, h, o);
                 }
             }
         })
@@ -395,50 +392,58 @@ fn run_attn_rows(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs
     Ok(())
 }
 
+fn run_attn_rows(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let (t, heads, d, scale) = attn_dims(kd, prob)?;
+    let isa = Isa::of(params)?;
+    let (q, k, v) = (a.ins[0].f32(), a.ins[1].f32(), a.ins[2].f32());
+    per_query_head(params, (t, heads, d), q, a.outs[0], t, |s, qv, h, o| {
+        let mut m = f32::NEG_INFINITY;
+        for (j, sj) in s.iter_mut().enumerate() {
+            *sj = dot(isa, qv, Row::F32(&k[(j * heads + h) * d..][..d])) * scale;
+            m = m.max(*sj);
+        }
+        let mut z = 0.0;
+        for sj in s.iter_mut() {
+            *sj = (*sj - m).exp();
+            z += *sj;
+        }
+        for (j, sj) in s.iter().enumerate() {
+            axpy(isa, *sj / z, &v[(j * heads + h) * d..][..d], o);
+        }
+    })
+}
+
 fn run_attn_tiled(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
     let (t, heads, d, scale) = attn_dims(kd, prob)?;
     let isa = Isa::of(params)?;
     let bk = (param(params, "block_k")? as usize).max(1);
     let (q, k, v) = (a.ins[0].f32(), a.ins[1].f32(), a.ins[2].f32());
-    let split = RowSplit::Dynamic((param(params, "queries_per_task")? as usize).max(1));
-    let width = heads * d;
-    par_rows(&mut a.outs[0][..t * width], width, split, |first, rows| {
-        with_scratch(&SCORES, bk, |s| {
-            for (i, orow) in rows.chunks_mut(width).enumerate() {
-                let qi = first + i;
-                for h in 0..heads {
-                    let qv = &q[(qi * heads + h) * d..][..d];
-                    let o = &mut orow[h * d..][..d];
-                    o.fill(0.0);
-                    let (mut m, mut z) = (f32::NEG_INFINITY, 0.0f32);
-                    for j0 in (0..t).step_by(bk) {
-                        let n = bk.min(t - j0);
-                        let mut bm = f32::NEG_INFINITY;
-                        for (jj, sj) in s[..n].iter_mut().enumerate() {
-                            *sj = dot(isa, qv, Row::F32(&k[((j0 + jj) * heads + h) * d..][..d])) * scale;
-                            bm = bm.max(*sj);
-                        }
-                        let m_new = m.max(bm);
-                        // Rescale what was accumulated under the old maximum.
-                        let r = (m - m_new).exp();
-                        if r != 1.0 {
-                            z *= r;
-                            o.iter_mut().for_each(|x| *x *= r);
-                        }
-                        for (jj, sj) in s[..n].iter().enumerate() {
-                            let p = (*sj - m_new).exp();
-                            z += p;
-                            axpy(isa, p, &v[((j0 + jj) * heads + h) * d..][..d], o);
-                        }
-                        m = m_new;
-                    }
-                    let inv = 1.0 / z;
-                    o.iter_mut().for_each(|x| *x *= inv);
-                }
+    per_query_head(params, (t, heads, d), q, a.outs[0], bk, |s, qv, h, o| {
+        let (mut m, mut z) = (f32::NEG_INFINITY, 0.0f32);
+        for j0 in (0..t).step_by(bk) {
+            let n = bk.min(t - j0);
+            let mut bm = f32::NEG_INFINITY;
+            for (jj, sj) in s[..n].iter_mut().enumerate() {
+                *sj = dot(isa, qv, Row::F32(&k[((j0 + jj) * heads + h) * d..][..d])) * scale;
+                bm = bm.max(*sj);
             }
-        })
-    });
-    Ok(())
+            let m_new = m.max(bm);
+            // Rescale what was accumulated under the old maximum.
+            let r = (m - m_new).exp();
+            if r != 1.0 {
+                z *= r;
+                o.iter_mut().for_each(|x| *x *= r);
+            }
+            for (jj, sj) in s[..n].iter().enumerate() {
+                let p = (*sj - m_new).exp();
+                z += p;
+                axpy(isa, p, &v[((j0 + jj) * heads + h) * d..][..d], o);
+            }
+            m = m_new;
+        }
+        let inv = 1.0 / z;
+        o.iter_mut().for_each(|x| *x *= inv);
+    })
 }
 
 /// Widest query panel (the microkernels' NR).

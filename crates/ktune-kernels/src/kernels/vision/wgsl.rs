@@ -162,8 +162,10 @@ fn patch_shape(prob: &Problem) -> Result<Option<PatchShape>, String> {
     Ok(Some(PatchShape { patches: side * side, hidden, k: channels * patch * patch, image, patch, side }))
 }
 
-fn patch_dims(s: &WgslSetup<'_>) -> Result<PatchShape, KernelError> {
-    match patch_shape(s.problem) {
+/// What `shape` reads off a setup's problem: a problem of another op is the
+/// wrong op, one whose shape `shape` refuses is invalid, for its reason.
+fn setup_shape<T>(s: &WgslSetup<'_>, shape: fn(&Problem) -> Result<Option<T>, String>) -> Result<T, KernelError> {
+    match shape(s.problem) {
         Ok(Some(d)) => Ok(d),
         Ok(None) => Err(wrong_op(s.kernel, s.problem)),
         Err(reason) => Err(KernelError::Invalid { kernel: s.kernel.id.into(), reason }),
@@ -182,7 +184,7 @@ fn check_patch_direct(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params)
 }
 
 fn prepare_patch_im2col(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let p = patch_dims(s)?;
+    let p = setup_shape(s, patch_shape)?;
     let [pixels, w, b, y] = bufs::<4>(s)?;
     let cols = s.gpu.storage("patch_embed_im2col:cols", (p.patches * p.k * 4) as u64);
     // im2col's Dims: patches, then k, image, patch, side
@@ -205,7 +207,7 @@ fn prepare_patch_im2col(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
 }
 
 fn prepare_patch_direct(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let p = patch_dims(s)?;
+    let p = setup_shape(s, patch_shape)?;
     let consts = simple_consts(s.params, s.w_f16())?;
     let (gx, gy) = simple_grid(p.patches, p.hidden, s.params)?;
     s.one_step("main", &consts, &p.dims(), [gx.max(1), gy.max(1), 1])
@@ -241,24 +243,27 @@ fn check_linear_simple(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params
     simple_rules(caps, m, n, params)
 }
 
-fn gelu_const(gelu: bool) -> (&'static str, f64) {
-    ("GELU", if gelu { 1.0 } else { 0.0 })
+/// A GEMM tiling's override constants, from the parameters and `W_F16`.
+type TilingConsts<const N: usize> = fn(&Params, f64) -> Result<[(&'static str, f64); N], KernelError>;
+/// A GEMM tiling's grid over an `[m, n]` output.
+type TilingGrid = fn(usize, usize, &Params) -> Result<(u32, u32), KernelError>;
+
+/// A Linear on one of the GEMM's tilings: the tiling's constants (`consts`) and
+/// `GELU`, its grid (`grid`) over the `[m, n]` output.
+fn prepare_linear<const N: usize>(s: &WgslSetup<'_>, consts: TilingConsts<N>, grid: TilingGrid) -> Result<GpuProgram, KernelError> {
+    let (m, n, k, gelu) = linear_dims(s)?;
+    let mut consts = consts(s.params, s.w_f16())?.to_vec();
+    consts.push(("GELU", if gelu { 1.0 } else { 0.0 }));
+    let (gx, gy) = grid(m, n, s.params)?;
+    s.one_step("main", &consts, &[m as u32, n as u32, k as u32], [gx.max(1), gy.max(1), 1])
 }
 
 fn prepare_linear_tiled(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let (m, n, k, gelu) = linear_dims(s)?;
-    let mut consts = tiled_consts(s.params, s.w_f16())?.to_vec();
-    consts.push(gelu_const(gelu));
-    let (gx, gy) = tiled_grid(m, n, s.params)?;
-    s.one_step("main", &consts, &[m as u32, n as u32, k as u32], [gx.max(1), gy.max(1), 1])
+    prepare_linear(s, tiled_consts, tiled_grid)
 }
 
 fn prepare_linear_simple(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let (m, n, k, gelu) = linear_dims(s)?;
-    let mut consts = simple_consts(s.params, s.w_f16())?.to_vec();
-    consts.push(gelu_const(gelu));
-    let (gx, gy) = simple_grid(m, n, s.params)?;
-    s.one_step("main", &consts, &[m as u32, n as u32, k as u32], [gx.max(1), gy.max(1), 1])
+    prepare_linear(s, simple_consts, simple_grid)
 }
 
 // ---------------------------------------------------------------------------------
@@ -276,21 +281,13 @@ fn attn_shape(prob: &Problem) -> Result<Option<(usize, usize, usize, f32)>, Stri
     Ok(Some((tokens, heads, head_dim, scale)))
 }
 
-fn attn_dims(s: &WgslSetup<'_>) -> Result<(usize, usize, usize, f32), KernelError> {
-    match attn_shape(s.problem) {
-        Ok(Some(d)) => Ok(d),
-        Ok(None) => Err(wrong_op(s.kernel, s.problem)),
-        Err(reason) => Err(KernelError::Invalid { kernel: s.kernel.id.into(), reason }),
-    }
-}
-
 fn check_attn_rows(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
     let Some((t, heads, ..)) = attn_shape(prob)? else { return Ok(()) };
     grid_fits(caps, groups(t * heads, param(params, "workgroup_size")?) as usize, "query rows")
 }
 
 fn prepare_attn_rows(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let (t, heads, d, scale) = attn_dims(s)?;
+    let (t, heads, d, scale) = setup_shape(s, attn_shape)?;
     let wg = s.param("workgroup_size")?;
     s.one_step("main", &[("WG", wg as f64)], &[t as u32, heads as u32, (d / 4) as u32, scale.to_bits()], grid_2d(groups(t * heads, wg)))
 }
@@ -320,7 +317,7 @@ fn check_attn_flash(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -
 }
 
 fn prepare_attn_flash(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let (t, heads, d, scale) = attn_dims(s)?;
+    let (t, heads, d, scale) = setup_shape(s, attn_shape)?;
     let bq = s.param("block_q")?;
     let consts = [("BQ", bq as f64), ("BKV", s.param("block_k")? as f64), ("HD4", (d / 4) as f64)];
     s.one_step("main", &consts, &[t as u32, heads as u32, (d / 4) as u32, scale.to_bits()], [groups(t, bq).max(1), heads as u32, 1])
@@ -339,14 +336,6 @@ fn pool_shape(prob: &Problem) -> Result<Option<(usize, usize, usize, usize)>, St
     Ok(Some((side, kernel, dim, side / kernel)))
 }
 
-fn pool_dims(s: &WgslSetup<'_>) -> Result<(usize, usize, usize, usize), KernelError> {
-    match pool_shape(s.problem) {
-        Ok(Some(d)) => Ok(d),
-        Ok(None) => Err(wrong_op(s.kernel, s.problem)),
-        Err(reason) => Err(KernelError::Invalid { kernel: s.kernel.id.into(), reason }),
-    }
-}
-
 fn check_pool(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
     let Some((side, _, dim, out)) = pool_shape(prob)? else { return Ok(()) };
     // the separable form's first pass covers side * out values, the most of either
@@ -354,13 +343,13 @@ fn check_pool(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Resu
 }
 
 fn prepare_pool_window(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let (side, kernel, dim, out) = pool_dims(s)?;
+    let (side, kernel, dim, out) = setup_shape(s, pool_shape)?;
     let wg = s.param("workgroup_size")?;
     s.one_step("main", &[("WG", wg as f64)], &[side as u32, kernel as u32, dim as u32, out as u32], grid_2d(groups(out * out * dim, wg)))
 }
 
 fn prepare_pool_separable(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
-    let (side, kernel, dim, out) = pool_dims(s)?;
+    let (side, kernel, dim, out) = setup_shape(s, pool_shape)?;
     let [x, y] = bufs::<2>(s)?;
     let wg = s.param("workgroup_size")?;
     let consts = [("WG", wg as f64)];

@@ -68,7 +68,7 @@ const LANE: usize = 4;
 /// Elements sharing one scale and offset in the panel: the format's scale group
 /// (16 for the formats whose scales change every 16 elements, else 32).
 fn scale_group(format: QFormat) -> usize {
-    format.ops().scale_group
+    format.ops().layout.scale_group
 }
 
 /// Activations of `m` tokens as int8 blocks, laid out for [`rows_times_tokens_i8`].

@@ -7,16 +7,13 @@ use half::f16;
 use super::super::decode::scale_iq4xs;
 use super::super::encode::{nearest_level, signed_scales};
 use super::super::{IQ4_LEVELS, QFormat, QK_K};
-use super::{BlockFormat, CpuKernels, F32Dot, Groups, I8Dot, Panel, Stage};
+use super::{BlockFormat, CpuKernels, F32Dot, Groups, I8Dot, Layout, Panel, Stage};
 
 /// ggml IQ4_XS: `d`, `scales_h` (u16), scales_l[4], qs[128]; per 32 elements
 /// `x = d*(ls-32)*level[q]`.
 pub struct BlockIQ4XS;
 impl BlockFormat for BlockIQ4XS {
-    const GGML: u32 = 23;
-    const ELEMS: usize = 256;
-    const BYTES: usize = 136;
-    const HEADER: &'static [usize] = &[0, 2];
+    const LAYOUT: Layout = Layout { ggml: 23, elems: 256, bytes: 136, header: &[0, 2], offset: false, scale_group: 32 };
     const ROW_FALLBACK: Option<QFormat> = Some(QFormat::IQ4_NL);
     const CPU: CpuKernels = CpuKernels {
         f32_dot: F32Dot::Unpacked,

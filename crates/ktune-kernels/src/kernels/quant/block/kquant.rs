@@ -9,7 +9,7 @@ use half::f16;
 use super::super::decode::scales_q3k;
 use super::super::encode::{code, range_scales, signed_scales};
 use super::super::{GROUP, QFormat, QK_K, scale_min_k4, scales_mins_k4};
-use super::{BlockFormat, CpuKernels, F32Dot, Groups, I8Dot, Panel, Stage, X8};
+use super::{BlockFormat, CpuKernels, F32Dot, Groups, I8Dot, Layout, Panel, Stage, X8};
 
 /// The kernels of the K-quants without a loop of their own.
 const UNPACKED: CpuKernels = CpuKernels {
@@ -35,81 +35,11 @@ fn unpack_q23k(q: &[u8], v: &mut [i8; QK_K], q3: bool) {
     }
 }
 
-/// Q4_K / Q5_K values: nibbles (and with `qh` a fifth bit), two sub-blocks per 32 bytes.
-fn unpack_q45k(q: &[u8], v: &mut [i8; QK_K], q5: bool) {
-    let (qh, qs) = if q5 { (&q[12..44], &q[44..172]) } else { (&q[..0], &q[12..140]) };
-    for g in 0..8 {
-        let (j, t) = (g / 2, g % 2);
-        for l in 0..32 {
-            let high = if qh.is_empty() { 0 } else { ((qh[l] >> g) & 1) << 4 };
-            v[32 * g + l] = (((qs[32 * j + l] >> (4 * t)) & 0x0f) | high) as i8;
-        }
-    }
-}
-
-/// Q4_K / Q5_K scales: `d` times each sub-block's 6-bit scale, `-dmin` times its minimum.
-fn scales_q45k(q: &[u8], s: &[f16], sc: &mut Groups, off: &mut Groups) {
-    let (d, dmin) = (s[0].to_f32(), s[1].to_f32());
-    for g in 0..8 {
-        let (k, m) = scale_min_k4(g, &q[..12]);
-        let (dl, ml) = (d * k as f32, dmin * m as f32);
-        sc[2 * g..2 * g + 2].fill(dl);
-        off[2 * g..2 * g + 2].fill(-ml);
-    }
-}
-
-/// Q4_K / Q5_K in the GPU layout: the 12 packed 6-bit scale bytes become 16, the 8
-/// sub-block scales then the 8 minima a byte each ([`scales_mins_k4`], unpacked
-/// once here instead of per dot in every shader), so `qh` / `qs` start at byte 16.
-fn gpu_block_q45k(src: &[u8], dst: &mut [u8]) {
-    dst[..16].copy_from_slice(&scales_mins_k4(&src[..12]));
-    dst[16..].copy_from_slice(&src[12..]);
-}
-
-/// Q4_K / Q5_K: per 32-element sub-block `x = d*sc*q - dmin*m`, q in 0..=15 (31).
-fn quantize_q45k(x: &[f32], q: &mut [u8], s: &mut [f16], q5: bool) {
-    let top = if q5 { 31 } else { 15 };
-    let (d, dmin, sc, mn) = range_scales::<8>(x, top, 63, s);
-    let packed = &mut q[..12];
-    for j in 0..4 {
-        packed[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
-        packed[j + 4] = mn[j] | ((mn[j + 4] >> 4) << 6);
-        packed[j + 8] = (sc[j + 4] & 0x0f) | ((mn[j + 4] & 0x0f) << 4);
-    }
-    let codes: Vec<u8> = (0..256)
-        .map(|i| {
-            let g = i / 32;
-            code(x[i] + dmin * mn[g] as f32, d * sc[g] as f32, 0, top) as u8
-        })
-        .collect();
-    let (qh, qs) = if q5 { q[12..172].split_at_mut(32) } else { q[12..140].split_at_mut(0) };
-    qh.fill(0);
-    for g in 0..8 {
-        let (j, t) = (g / 2, g % 2);
-        for l in 0..32 {
-            let c = codes[32 * g + l];
-            if t == 0 {
-                qs[32 * j + l] = c & 0x0f;
-            } else {
-                qs[32 * j + l] |= (c & 0x0f) << 4;
-            }
-            if !qh.is_empty() {
-                qh[l] |= ((c >> 4) & 1) << g;
-            }
-        }
-    }
-}
-
 /// ggml Q2_K: scales[16], qs[64], `d`, `dmin`; per 16 elements
 /// `x = d*(sc&15)*q - dmin*(sc>>4)`, q in 0..=3.
 pub struct BlockQ2K;
 impl BlockFormat for BlockQ2K {
-    const GGML: u32 = 10;
-    const ELEMS: usize = 256;
-    const BYTES: usize = 84;
-    const HEADER: &'static [usize] = &[80, 82];
-    const OFFSET: bool = true;
-    const SCALE_GROUP: usize = GROUP;
+    const LAYOUT: Layout = Layout { ggml: 10, elems: 256, bytes: 84, header: &[80, 82], offset: true, scale_group: GROUP };
     const ROW_FALLBACK: Option<QFormat> = Some(QFormat::IQ4_NL);
     const CPU: CpuKernels = UNPACKED;
     fn unpack_vals(q: &[u8], v: &mut [i8; QK_K]) {
@@ -142,11 +72,7 @@ impl BlockFormat for BlockQ2K {
 /// `x = d*(sc-32)*q`, q in -4..=3, signed 6-bit scales.
 pub struct BlockQ3K;
 impl BlockFormat for BlockQ3K {
-    const GGML: u32 = 11;
-    const ELEMS: usize = 256;
-    const BYTES: usize = 110;
-    const HEADER: &'static [usize] = &[108];
-    const SCALE_GROUP: usize = GROUP;
+    const LAYOUT: Layout = Layout { ggml: 11, elems: 256, bytes: 110, header: &[108], offset: false, scale_group: GROUP };
     const ROW_FALLBACK: Option<QFormat> = Some(QFormat::IQ4_NL);
     const CPU: CpuKernels = UNPACKED;
     fn unpack_vals(q: &[u8], v: &mut [i8; QK_K]) {
@@ -185,56 +111,97 @@ impl BlockFormat for BlockQ3K {
 
 /// ggml Q4_K: `d`, `dmin`, scales[12], qs[128]; per 32 elements
 /// `x = d*sc*q - dmin*m`, q in 0..=15.
-pub struct BlockQ4K;
-impl BlockFormat for BlockQ4K {
-    const GGML: u32 = 12;
-    const ELEMS: usize = 256;
-    const BYTES: usize = 144;
-    const HEADER: &'static [usize] = &[0, 2];
-    const OFFSET: bool = true;
-    const ROW_FALLBACK: Option<QFormat> = Some(QFormat::Q5_0);
-    const CPU: CpuKernels = CpuKernels {
-        f32_dot: F32Dot::Unpacked,
-        i8_dot: I8Dot::SuperQ4K,
-        x8: Some(X8::K4),
-        panel: Panel { direct: None, direct_x8: false, stage: Stage::K4Nibbles },
-    };
-    fn unpack_vals(q: &[u8], v: &mut [i8; QK_K]) {
-        unpack_q45k(q, v, false);
-    }
-    fn unpack_scales(q: &[u8], s: &[f16], sc: &mut Groups, off: &mut Groups) {
-        scales_q45k(q, s, sc, off);
-    }
-    fn quantize(x: &[f32], q: &mut [u8], s: &mut [f16]) {
-        quantize_q45k(x, q, s, false);
-    }
-    fn gpu_block(src: &[u8], dst: &mut [u8]) {
-        gpu_block_q45k(src, dst);
-    }
-}
+pub type BlockQ4K = BlockQ45K<false>;
 
 /// ggml Q5_K: `d`, `dmin`, scales[12], qh[32], qs[128]; as Q4_K with a fifth bit,
 /// q in 0..=31.
-pub struct BlockQ5K;
-impl BlockFormat for BlockQ5K {
-    const GGML: u32 = 13;
-    const ELEMS: usize = 256;
-    const BYTES: usize = 176;
-    const HEADER: &'static [usize] = &[0, 2];
-    const OFFSET: bool = true;
-    const ROW_FALLBACK: Option<QFormat> = Some(QFormat::Q5_1);
-    const CPU: CpuKernels = UNPACKED;
+pub type BlockQ5K = BlockQ45K<true>;
+
+/// Q4_K and Q5_K (`Q5`), one layout but for Q5_K's `qh`: per 32-element sub-block
+/// a 6-bit scale and minimum packed in 12 bytes, the nibbles two sub-blocks per 32
+/// bytes (and with `qh` each element's fifth bit).
+pub struct BlockQ45K<const Q5: bool>;
+
+impl<const Q5: bool> BlockFormat for BlockQ45K<Q5> {
+    const LAYOUT: Layout = Layout {
+        ggml: if Q5 { 13 } else { 12 },
+        elems: 256,
+        bytes: if Q5 { 176 } else { 144 },
+        header: &[0, 2],
+        offset: true,
+        scale_group: 32,
+    };
+    const ROW_FALLBACK: Option<QFormat> = Some(if Q5 { QFormat::Q5_1 } else { QFormat::Q5_0 });
+    const CPU: CpuKernels = if Q5 {
+        UNPACKED
+    } else {
+        CpuKernels {
+            f32_dot: F32Dot::Unpacked,
+            i8_dot: I8Dot::SuperQ4K,
+            x8: Some(X8::K4),
+            panel: Panel { direct: None, direct_x8: false, stage: Stage::K4Nibbles },
+        }
+    };
+    /// Nibbles (and with `qh` a fifth bit), two sub-blocks per 32 bytes.
     fn unpack_vals(q: &[u8], v: &mut [i8; QK_K]) {
-        unpack_q45k(q, v, true);
+        let (qh, qs) = if Q5 { (&q[12..44], &q[44..172]) } else { (&q[..0], &q[12..140]) };
+        for g in 0..8 {
+            let (j, t) = (g / 2, g % 2);
+            for l in 0..32 {
+                let high = if qh.is_empty() { 0 } else { ((qh[l] >> g) & 1) << 4 };
+                v[32 * g + l] = (((qs[32 * j + l] >> (4 * t)) & 0x0f) | high) as i8;
+            }
+        }
     }
+    /// `d` times each sub-block's 6-bit scale, `-dmin` times its minimum.
     fn unpack_scales(q: &[u8], s: &[f16], sc: &mut Groups, off: &mut Groups) {
-        scales_q45k(q, s, sc, off);
+        let (d, dmin) = (s[0].to_f32(), s[1].to_f32());
+        for g in 0..8 {
+            let (k, m) = scale_min_k4(g, &q[..12]);
+            let (dl, ml) = (d * k as f32, dmin * m as f32);
+            sc[2 * g..2 * g + 2].fill(dl);
+            off[2 * g..2 * g + 2].fill(-ml);
+        }
     }
+    /// Per 32-element sub-block `x = d*sc*q - dmin*m`, q in 0..=15 (31).
     fn quantize(x: &[f32], q: &mut [u8], s: &mut [f16]) {
-        quantize_q45k(x, q, s, true);
+        let top = if Q5 { 31 } else { 15 };
+        let (d, dmin, sc, mn) = range_scales::<8>(x, top, 63, s);
+        let packed = &mut q[..12];
+        for j in 0..4 {
+            packed[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+            packed[j + 4] = mn[j] | ((mn[j + 4] >> 4) << 6);
+            packed[j + 8] = (sc[j + 4] & 0x0f) | ((mn[j + 4] & 0x0f) << 4);
+        }
+        let codes: Vec<u8> = (0..256)
+            .map(|i| {
+                let g = i / 32;
+                code(x[i] + dmin * mn[g] as f32, d * sc[g] as f32, 0, top) as u8
+            })
+            .collect();
+        let (qh, qs) = if Q5 { q[12..172].split_at_mut(32) } else { q[12..140].split_at_mut(0) };
+        qh.fill(0);
+        for g in 0..8 {
+            let (j, t) = (g / 2, g % 2);
+            for l in 0..32 {
+                let c = codes[32 * g + l];
+                if t == 0 {
+                    qs[32 * j + l] = c & 0x0f;
+                } else {
+                    qs[32 * j + l] |= (c & 0x0f) << 4;
+                }
+                if !qh.is_empty() {
+                    qh[l] |= ((c >> 4) & 1) << g;
+                }
+            }
+        }
     }
+    /// The 12 packed 6-bit scale bytes become 16, the 8 sub-block scales then the
+    /// 8 minima a byte each ([`scales_mins_k4`], unpacked once here instead of per
+    /// dot in every shader), so `qh` / `qs` start at byte 16.
     fn gpu_block(src: &[u8], dst: &mut [u8]) {
-        gpu_block_q45k(src, dst);
+        dst[..16].copy_from_slice(&scales_mins_k4(&src[..12]));
+        dst[16..].copy_from_slice(&src[12..]);
     }
 }
 
@@ -242,11 +209,7 @@ impl BlockFormat for BlockQ5K {
 /// -32..=31, int8 scales.
 pub struct BlockQ6K;
 impl BlockFormat for BlockQ6K {
-    const GGML: u32 = 14;
-    const ELEMS: usize = 256;
-    const BYTES: usize = 210;
-    const HEADER: &'static [usize] = &[208];
-    const SCALE_GROUP: usize = GROUP;
+    const LAYOUT: Layout = Layout { ggml: 14, elems: 256, bytes: 210, header: &[208], offset: false, scale_group: GROUP };
     const ROW_FALLBACK: Option<QFormat> = Some(QFormat::Q8_0);
     const CPU: CpuKernels = CpuKernels { i8_dot: I8Dot::SuperQ6K, ..UNPACKED };
     fn unpack_vals(q: &[u8], v: &mut [i8; QK_K]) {

@@ -128,23 +128,38 @@ pub struct CpuKernels {
     pub panel: Panel,
 }
 
+/// A block format's ggml type id and geometry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// ggml's type id (GGUF tensor info `type`).
+    pub ggml: u32,
+    /// Elements per block.
+    pub elems: usize,
+    /// Bytes of one block on disk.
+    pub bytes: usize,
+    /// Byte offsets in a disk block of the 16-bit fields that go to `scales`.
+    pub header: &'static [usize],
+    /// Whether values carry an additive per-group offset (`m`, `dmin`).
+    pub offset: bool,
+    /// Elements sharing one scale (and offset): 16 or 32.
+    pub scale_group: usize,
+}
+
+impl Layout {
+    /// ggml's 32-element block of type `ggml`, `bytes` long: its scale `d` first,
+    /// and with `min` the block's minimum `m` after it (values `d q + m`); both
+    /// halves of [`super::Unpacked`] share them.
+    pub const fn block32(ggml: u32, bytes: usize, min: bool) -> Layout {
+        Layout { ggml, elems: 32, bytes, header: if min { &[0, 2] } else { &[0] }, offset: min, scale_group: 32 }
+    }
+}
+
 /// One block format: its layout, its values, its quantizer and the kernels that
 /// serve it. `quant bytes` are a block less its 16-bit header fields (the split
 /// layout of [`super::QMatrix`]); `s` the header fields in their on-disk order.
 pub trait BlockFormat: Sized {
-    /// ggml's type id (GGUF tensor info `type`).
-    const GGML: u32;
-    /// Elements per block (by default ggml's 32-element blocks').
-    const ELEMS: usize = 32;
-    /// Bytes of one block on disk.
-    const BYTES: usize;
-    /// Byte offsets in a disk block of the 16-bit fields that go to `scales` (by
-    /// default one, `d`, first).
-    const HEADER: &'static [usize] = &[0];
-    /// Whether values carry an additive per-group offset (`m`, `dmin`).
-    const OFFSET: bool = false;
-    /// Elements sharing one scale (and offset): 16 or 32 (a 32-element block: 32).
-    const SCALE_GROUP: usize = 32;
+    /// The ggml type id and the block geometry.
+    const LAYOUT: Layout;
     /// The format llama.cpp's quantizer uses instead for a row that is not whole
     /// blocks of this one (`llama-quant.cpp`).
     const ROW_FALLBACK: Option<QFormat> = None;
@@ -153,16 +168,16 @@ pub trait BlockFormat: Sized {
     /// The table of this format.
     const OPS: FormatOps = FormatOps::of::<Self>();
 
-    /// The integer values of one block (`ELEMS` of `v`).
+    /// The integer values of one block (`LAYOUT.elems` of `v`).
     fn unpack_vals(q: &[u8], v: &mut [i8; QK_K]);
-    /// The scale and offset of each 16 elements of one block (`ELEMS / 16` of each):
+    /// The scale and offset of each 16 elements of one block (`LAYOUT.elems / 16` of each):
     /// by default a 32-element block's one `d` (and `m`, with an offset) for both
     /// halves.
     fn unpack_scales(_q: &[u8], s: &[f16], sc: &mut Groups, off: &mut Groups) {
         sc[..2].fill(s[0].to_f32());
-        off[..2].fill(if Self::OFFSET { s[1].to_f32() } else { 0.0 });
+        off[..2].fill(if Self::LAYOUT.offset { s[1].to_f32() } else { 0.0 });
     }
-    /// Quantizes `ELEMS` values into one block.
+    /// Quantizes `LAYOUT.elems` values into one block.
     fn quantize(x: &[f32], q: &mut [u8], s: &mut [f16]);
     /// One block's quant bytes (`src`) in the GPU layout (`dst`, as long or up to 4
     /// bytes longer): by default as they are, zeros after.
@@ -175,12 +190,7 @@ pub trait BlockFormat: Sized {
 /// A [`BlockFormat`] as values and function pointers, [`QFormat::ops`]' answer.
 #[derive(Clone, Copy, Debug)]
 pub struct FormatOps {
-    pub ggml: u32,
-    pub elems: usize,
-    pub bytes: usize,
-    pub header: &'static [usize],
-    pub offset: bool,
-    pub scale_group: usize,
+    pub layout: Layout,
     pub row_fallback: Option<QFormat>,
     pub cpu: CpuKernels,
     pub unpack_vals: fn(&[u8], &mut [i8; QK_K]),
@@ -193,12 +203,7 @@ impl FormatOps {
     /// The table of format `T`.
     pub const fn of<T: BlockFormat>() -> FormatOps {
         FormatOps {
-            ggml: T::GGML,
-            elems: T::ELEMS,
-            bytes: T::BYTES,
-            header: T::HEADER,
-            offset: T::OFFSET,
-            scale_group: T::SCALE_GROUP,
+            layout: T::LAYOUT,
             row_fallback: T::ROW_FALLBACK,
             cpu: T::CPU,
             unpack_vals: T::unpack_vals,

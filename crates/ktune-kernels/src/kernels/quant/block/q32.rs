@@ -8,7 +8,7 @@ use half::f16;
 
 use super::super::encode::{nearest_level, signed_max};
 use super::super::{IQ4_LEVELS, QK_K};
-use super::{BlockFormat, Codes, CpuKernels, F32Dot, I8Dot, Panel, Stage, X8};
+use super::{BlockFormat, Codes, CpuKernels, F32Dot, I8Dot, Layout, Panel, Stage, X8};
 
 /// The 32 values of a block of 16 nibble bytes (element j low, j + 16 high), each
 /// nibble read through `val`.
@@ -70,8 +70,7 @@ fn quantize_range(x: &[f32], q: &mut [u8], s: &mut [f16], top: i32) {
 /// ggml Q8_0: `d`, then 32 signed bytes.
 pub struct BlockQ8_0;
 impl BlockFormat for BlockQ8_0 {
-    const GGML: u32 = 8;
-    const BYTES: usize = 34;
+    const LAYOUT: Layout = Layout::block32(8, 34, false);
     const CPU: CpuKernels = CpuKernels {
         f32_dot: F32Dot::Bytes,
         i8_dot: I8Dot::Direct,
@@ -98,8 +97,7 @@ impl BlockFormat for BlockQ8_0 {
 /// ggml Q4_0: `d`, then 16 nibble bytes, values `q - 8`.
 pub struct BlockQ4_0;
 impl BlockFormat for BlockQ4_0 {
-    const GGML: u32 = 2;
-    const BYTES: usize = 18;
+    const LAYOUT: Layout = Layout::block32(2, 18, false);
     const CPU: CpuKernels = CpuKernels {
         f32_dot: F32Dot::Nibbles,
         i8_dot: I8Dot::Direct,
@@ -117,10 +115,7 @@ impl BlockFormat for BlockQ4_0 {
 /// ggml Q4_1: `d`, `m`, then 16 nibble bytes, values `d q + m`.
 pub struct BlockQ4_1;
 impl BlockFormat for BlockQ4_1 {
-    const GGML: u32 = 3;
-    const BYTES: usize = 20;
-    const HEADER: &'static [usize] = &[0, 2];
-    const OFFSET: bool = true;
+    const LAYOUT: Layout = Layout::block32(3, 20, true);
     const CPU: CpuKernels = CpuKernels {
         f32_dot: F32Dot::NibblesMin,
         i8_dot: I8Dot::Direct,
@@ -138,8 +133,7 @@ impl BlockFormat for BlockQ4_1 {
 /// ggml Q5_0: `d`, then `qh` (32 fifth bits) and 16 nibble bytes, values `q - 16`.
 pub struct BlockQ5_0;
 impl BlockFormat for BlockQ5_0 {
-    const GGML: u32 = 6;
-    const BYTES: usize = 22;
+    const LAYOUT: Layout = Layout::block32(6, 22, false);
     const CPU: CpuKernels = CpuKernels {
         f32_dot: F32Dot::Unpacked,
         i8_dot: I8Dot::Direct,
@@ -157,10 +151,7 @@ impl BlockFormat for BlockQ5_0 {
 /// ggml Q5_1: `d`, `m`, then `qh` and 16 nibble bytes, values `d q + m`.
 pub struct BlockQ5_1;
 impl BlockFormat for BlockQ5_1 {
-    const GGML: u32 = 7;
-    const BYTES: usize = 24;
-    const HEADER: &'static [usize] = &[0, 2];
-    const OFFSET: bool = true;
+    const LAYOUT: Layout = Layout::block32(7, 24, true);
     const CPU: CpuKernels = CpuKernels {
         f32_dot: F32Dot::Unpacked,
         i8_dot: I8Dot::Direct,
@@ -178,8 +169,7 @@ impl BlockFormat for BlockQ5_1 {
 /// ggml IQ4_NL: `d`, then 16 nibble bytes indexing [`IQ4_LEVELS`].
 pub struct BlockIQ4NL;
 impl BlockFormat for BlockIQ4NL {
-    const GGML: u32 = 20;
-    const BYTES: usize = 18;
+    const LAYOUT: Layout = Layout::block32(20, 18, false);
     const CPU: CpuKernels = CpuKernels {
         f32_dot: F32Dot::Unpacked,
         i8_dot: I8Dot::Direct,

@@ -61,13 +61,7 @@ fn h(v: f16) -> f32 {
 unsafe fn q8(q: *const u8) -> [__m256; 4] {
     // SAFETY: the caller passes a pointer to 32 readable bytes.
     let raw = unsafe { _mm256_loadu_si256(q as *const __m256i) };
-    let (lo, hi) = (_mm256_castsi256_si128(raw), _mm256_extracti128_si256(raw, 1));
-    [
-        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)),
-        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))),
-        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)),
-        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))),
-    ]
+    widen::<false>(_mm256_castsi256_si128(raw), _mm256_extracti128_si256(raw, 1))
 }
 
 /// The 32 nibbles of a 4-bit block (elements 0..32 in ggml order) as four vectors.
@@ -79,12 +73,22 @@ unsafe fn q4(q: *const u8) -> [__m256; 4] {
     let mask = _mm_set1_epi8(0x0f);
     let lo = _mm_and_si128(raw, mask);
     let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
-    [
-        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)),
-        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))),
-        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)),
-        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))),
-    ]
+    widen::<true>(lo, hi)
+}
+
+/// The 32 bytes of `lo` then `hi` as four vectors of 8 floats: signed bytes, or
+/// with `UNSIGNED` unsigned ones.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn widen<const UNSIGNED: bool>(lo: __m128i, hi: __m128i) -> [__m256; 4] {
+    [widen8::<UNSIGNED>(lo), widen8::<UNSIGNED>(_mm_srli_si128(lo, 8)), widen8::<UNSIGNED>(hi), widen8::<UNSIGNED>(_mm_srli_si128(hi, 8))]
+}
+
+/// The low 8 bytes of `v` as 8 floats (see [`widen`]).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn widen8<const UNSIGNED: bool>(v: __m128i) -> __m256 {
+    _mm256_cvtepi32_ps(if UNSIGNED { _mm256_cvtepu8_epi32(v) } else { _mm256_cvtepi8_epi32(v) })
 }
 
 #[inline]
