@@ -31,40 +31,28 @@ pub unsafe fn rows_times_tokens(p: &Panel, x: &XPanel, count: usize, out: &mut [
             let n = if m - t >= 4 { 4 } else { 1 };
             // SAFETY: blocks b..b + r < p.blocks and tokens t..t + n < m.
             unsafe {
-                match (r, n, p.sg == QK) {
-                    (2, 4, true) => tile_biased::<2, 4, 8>(p, x, (b, t), count, out),
-                    (2, 4, false) => tile_biased::<2, 4, 4>(p, x, (b, t), count, out),
-                    (2, _, true) => tile_biased::<2, 1, 8>(p, x, (b, t), count, out),
-                    (2, _, false) => tile_biased::<2, 1, 4>(p, x, (b, t), count, out),
-                    (_, 4, true) => tile_biased::<1, 4, 8>(p, x, (b, t), count, out),
-                    (_, 4, false) => tile_biased::<1, 4, 4>(p, x, (b, t), count, out),
-                    (_, _, true) => tile_biased::<1, 1, 8>(p, x, (b, t), count, out),
-                    (_, _, false) => tile_biased::<1, 1, 4>(p, x, (b, t), count, out),
+                match (r, n, p.sg == QK, p.bias != 0) {
+                    (2, 4, true, true) => tile::<2, 4, 8, true>(p, x, b, t, count, out),
+                    (2, 4, false, true) => tile::<2, 4, 4, true>(p, x, b, t, count, out),
+                    (2, _, true, true) => tile::<2, 1, 8, true>(p, x, b, t, count, out),
+                    (2, _, false, true) => tile::<2, 1, 4, true>(p, x, b, t, count, out),
+                    (_, 4, true, true) => tile::<1, 4, 8, true>(p, x, b, t, count, out),
+                    (_, 4, false, true) => tile::<1, 4, 4, true>(p, x, b, t, count, out),
+                    (_, _, true, true) => tile::<1, 1, 8, true>(p, x, b, t, count, out),
+                    (_, _, false, true) => tile::<1, 1, 4, true>(p, x, b, t, count, out),
+                    (2, 4, true, false) => tile::<2, 4, 8, false>(p, x, b, t, count, out),
+                    (2, 4, false, false) => tile::<2, 4, 4, false>(p, x, b, t, count, out),
+                    (2, _, true, false) => tile::<2, 1, 8, false>(p, x, b, t, count, out),
+                    (2, _, false, false) => tile::<2, 1, 4, false>(p, x, b, t, count, out),
+                    (_, 4, true, false) => tile::<1, 4, 8, false>(p, x, b, t, count, out),
+                    (_, 4, false, false) => tile::<1, 4, 4, false>(p, x, b, t, count, out),
+                    (_, _, true, false) => tile::<1, 1, 8, false>(p, x, b, t, count, out),
+                    (_, _, false, false) => tile::<1, 1, 4, false>(p, x, b, t, count, out),
                 }
             }
             t += n;
         }
         b += r;
-    }
-}
-
-/// The [`tile`] at row block `b` and token `t` for the panel's `BIAS` (whether it
-/// has one): a dispatch that collapses into its caller (`inline(always)`, which a
-/// `target_feature` function may not be).
-///
-/// # Safety
-/// As [`tile`]'s.
-#[inline(always)]
-unsafe fn tile_biased<const R: usize, const T: usize, const RUNS: usize>(
-    p: &Panel,
-    x: &XPanel,
-    (b, t): (usize, usize),
-    count: usize,
-    out: &mut [f32],
-) {
-    // SAFETY: the caller's.
-    unsafe {
-        if p.bias != 0 { tile::<R, T, RUNS, true>(p, x, b, t, count, out) } else { tile::<R, T, RUNS, false>(p, x, b, t, count, out) }
     }
 }
 
