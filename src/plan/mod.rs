@@ -481,12 +481,13 @@ impl Plan {
         self.add(name, BufRole::Weight, d, len, Some(WeightSource::Tensor(src.to_string())))
     }
 
-    /// A fused weight of `parts` when they share one storage type (None: keep them apart).
+    /// A fused weight of `parts` when they share one storage type and the whole
+    /// fits one binding of the device, with room for a quantized buffer's
+    /// alignment padding (None: keep them apart, each bound on its own).
     fn fused_weight(&mut self, name: String, len: usize, parts: Vec<String>) -> Option<BufId> {
         let d = self.options.matrix_dtype(&parts[0]);
-        parts
-            .iter()
-            .all(|p| self.options.matrix_dtype(p) == d)
+        let fits = d.bytes_for(len).saturating_add(512) <= self.binding_limit();
+        (fits && parts.iter().all(|p| self.options.matrix_dtype(p) == d))
             .then(|| self.add(name, BufRole::Weight, d, len, Some(WeightSource::Concat(parts))))
     }
 

@@ -60,7 +60,8 @@ struct Scope {
 }
 
 /// `name` cut to [`LAYERS`] layers (a local then a global layer for sliding-window
-/// models) and, when asked, to fewer vocabulary rows.
+/// models, the last without RoPE where some have none) and, when asked, to fewer
+/// vocabulary rows.
 fn reduced(name: &str, vocab: Option<usize>) -> ModelConfig {
     let mut c = builtin(name).unwrap_or_else(|e| panic!("{name}: {e}"));
     c.num_layers = LAYERS;
@@ -68,6 +69,10 @@ fn reduced(name: &str, vocab: Option<usize>) -> ModelConfig {
     c.layer_types = if has_local { vec![LayerKind::Local, LayerKind::Global] } else { vec![LayerKind::Global; LAYERS] };
     if has_local {
         c.sliding_window = Some(WINDOW);
+    }
+    // A model with layers without RoPE keeps one (the last).
+    if !c.nope_layers.is_empty() {
+        c.nope_layers = vec![LAYERS - 1];
     }
     if let Some(v) = vocab.filter(|&v| v < c.vocab_size) {
         c.vocab_size = v;
