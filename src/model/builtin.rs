@@ -190,30 +190,26 @@ fn llama3(dims: Dims, factor: f64) -> ModelConfig {
 }
 
 /// Qwen2.5: 2 KV heads, head_dim 64 or 128 (hidden / heads), biases on Q/K/V,
-/// RoPE 1 000 000, tied embeddings (the small models), vocabulary 151 936.
+/// 32 768 positions, and what every Qwen shares ([`qwen`]).
 fn qwen25(hidden: usize, inter: usize, layers: usize, heads: usize) -> ModelConfig {
-    let dims = dims(151_936, hidden, inter, layers, heads, 2, hidden / heads);
-    ModelConfig {
-        rope_theta: 1_000_000.0,
-        max_position_embeddings: 32_768,
-        // <|endoftext|>; <|im_end|> ends a chat turn.
-        bos_token_id: Some(151_643),
-        eos_token_ids: vec![151_643, 151_645],
-        ..ModelConfig::new(Architecture::Qwen2, dims)
-    }
+    qwen(Architecture::Qwen2, dims(151_936, hidden, inter, layers, heads, 2, hidden / heads), 32_768)
 }
 
 /// Qwen3 (dense): 8 KV heads of width 128 (not hidden / heads), per-head q/k
-/// norms, no biases, RoPE 1 000 000, 40 960 positions, tied embeddings (up to
-/// 4B), vocabulary 151 936.
+/// norms, no biases, 40 960 positions, and what every Qwen shares ([`qwen`]).
 fn qwen3(hidden: usize, inter: usize, layers: usize, heads: usize) -> ModelConfig {
-    let dims = dims(151_936, hidden, inter, layers, heads, 8, 128);
+    qwen(Architecture::Qwen3, dims(151_936, hidden, inter, layers, heads, 8, 128), 40_960)
+}
+
+/// The Qwen family's shared traits: RoPE 1 000 000, tied embeddings (the small
+/// models), vocabulary 151 936 and its special tokens.
+fn qwen(arch: Architecture, dims: Dims, max_pos: usize) -> ModelConfig {
     ModelConfig {
         rope_theta: 1_000_000.0,
-        max_position_embeddings: 40_960,
+        max_position_embeddings: max_pos,
         // <|endoftext|>; <|im_end|> ends a chat turn.
         bos_token_id: Some(151_643),
         eos_token_ids: vec![151_643, 151_645],
-        ..ModelConfig::new(Architecture::Qwen3, dims)
+        ..ModelConfig::new(arch, dims)
     }
 }
