@@ -1,12 +1,16 @@
 //! The CPU and GPU backends agree on every built-in model (`ktune::model::builtin_names`)
-//! at its real widths and head layout, cut to two layers, with synthetic f16 weights
+//! at its real widths and head layout, cut to one layer (two where its layers differ in
+//! kind), with synthetic f16 weights
 //! (the CPU and the GPU read the same values): a short prompt, then greedy decode
 //! steps against the KV cache. Every step's logits must agree within 1e-3 of the
 //! logits' scale, and the greedy tokens must be identical.
 //!
-//! Two layers cover each architecture's layer kinds: Gemma 3 gets one
-//! sliding-window layer and one global layer (its published pattern has five local
-//! layers first), with the window shrunk below the sequence length so it masks.
+//! A model whose layers are all alike runs one (every layer runs the same kernels at
+//! the same shapes; the hand-over from layer to layer is the fixtures' business, in
+//! `runtime_hf.rs` and `runtime_gguf.rs`). Two layers cover the models whose layers
+//! differ: Gemma 3 gets one sliding-window layer and one global layer (its
+//! published pattern has five local layers first), with the window shrunk below the
+//! sequence length so it masks; SmolLM3 one layer with RoPE and one without.
 //!
 //! The GPU in CI is lavapipe (software Vulkan on 2 cores), where a decode step of
 //! all seven models reads ~0.7 G weights at ~0.1 G/s and a prefill GEMM costs ten
@@ -35,6 +39,7 @@ use ktune::plan::{Fusion, Plan, PlanOptions, Selection};
 use ktune::runtime::{Engine, TensorStore, argmax};
 use ktune::testing::test_gpu;
 
+/// Layers of a reduced model whose layers differ in kind (else one).
 const LAYERS: usize = 2;
 const PROMPT_LEN: usize = 2;
 const DECODE_STEPS: usize = 1;
@@ -59,19 +64,21 @@ struct Scope {
     of: usize,
 }
 
-/// `name` cut to [`LAYERS`] layers (a local then a global layer for sliding-window
-/// models, the last without RoPE where some have none) and, when asked, to fewer
+/// `name` cut to one layer, or to [`LAYERS`] where its layers differ in kind (a local
+/// then a global layer for sliding-window models, the last without RoPE where some
+/// have none), and, when asked, to fewer
 /// vocabulary rows.
 fn reduced(name: &str, vocab: Option<usize>) -> ModelConfig {
     let mut c = builtin(name).unwrap_or_else(|e| panic!("{name}: {e}"));
-    c.num_layers = LAYERS;
     let has_local = c.layer_types.contains(&LayerKind::Local);
-    c.layer_types = if has_local { vec![LayerKind::Local, LayerKind::Global] } else { vec![LayerKind::Global; LAYERS] };
+    let has_nope = !c.nope_layers.is_empty();
+    c.num_layers = if has_local || has_nope { LAYERS } else { 1 };
+    c.layer_types = if has_local { vec![LayerKind::Local, LayerKind::Global] } else { vec![LayerKind::Global; c.num_layers] };
     if has_local {
         c.sliding_window = Some(WINDOW);
     }
     // A model with layers without RoPE keeps one (the last).
-    if !c.nope_layers.is_empty() {
+    if has_nope {
         c.nope_layers = vec![LAYERS - 1];
     }
     if let Some(v) = vocab.filter(|&v| v < c.vocab_size) {
@@ -164,7 +171,11 @@ fn reduced_models_keep_their_layer_kinds() {
     for name in builtin_names() {
         let full = builtin(name).expect("builtin");
         let c = reduced(name, Some(FAST_VOCAB));
-        assert_eq!(c.num_layers, LAYERS);
+        let kinds = full.layer_types.contains(&LayerKind::Local) || !full.nope_layers.is_empty();
+        assert_eq!(c.num_layers, if kinds { LAYERS } else { 1 }, "{name}");
+        if !full.nope_layers.is_empty() {
+            assert_eq!(c.nope_layers, [LAYERS - 1], "{name}: one layer with RoPE, one without");
+        }
         assert_eq!((c.hidden_size, c.head_dim, c.num_heads), (full.hidden_size, full.head_dim, full.num_heads), "{name}");
         if full.layer_types.contains(&LayerKind::Local) {
             assert_eq!(c.layer_types, [LayerKind::Local, LayerKind::Global], "{name}");

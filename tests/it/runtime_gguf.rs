@@ -12,7 +12,7 @@
 //! tokens embedded there from the tied table). Then the CLI: `--prompt` through
 //! the file's tokenizer, the JSON report, streamed text, and hostile or unsupported files (exit 2).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::common::{gguf_dir as dir, gguf_fixtures as files, ids, read_json, tempdir};
@@ -193,9 +193,9 @@ fn cpu_repacked_q4k_matches_transformers_and_the_stored_layout() {
 const FILE_FUSED: (Fusion, Option<DType>, usize) = (Fusion::ALL, None, 64);
 const F32_CHUNKED: (Fusion, Option<DType>, usize) = (Fusion::NONE, Some(DType::F32), 7);
 
-fn check(dev: Dev, what: &str, variants: &[(Fusion, Option<DType>, usize)]) {
+fn check(dev: Dev, what: &str, files: Vec<PathBuf>, variants: &[(Fusion, Option<DType>, usize)]) {
     let mut failures = Vec::new();
-    for path in files() {
+    for path in files {
         let name = path.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
         for &(fusion, weights, chunk) in variants {
             let (rel, got, want) = run(&path, &dev, fusion, weights, chunk);
@@ -210,20 +210,33 @@ fn check(dev: Dev, what: &str, variants: &[(Fusion, Option<DType>, usize)]) {
 
 #[test]
 fn cpu_gguf_matches_transformers() {
-    check(Dev::Cpu, "cpu", &[FILE_FUSED, F32_CHUNKED]);
+    check(Dev::Cpu, "cpu", files(), &[FILE_FUSED, F32_CHUNKED]);
 }
 
-// The GPU's two variants as two tests, run side by side (one took 29 s on lavapipe).
+// The GPU's two variants as two tests, run side by side.
 #[test]
 fn gpu_gguf_matches_transformers() {
     let Some(gpu) = test_gpu() else { return };
-    check(Dev::Gpu(gpu), "gpu", &[FILE_FUSED]);
+    check(Dev::Gpu(gpu), "gpu", files(), &[FILE_FUSED]);
 }
 
+/// The f32 weights in chunks, one file of each model: the formats of one model
+/// differ only in the loader's dequantization to f32 (checked for every file on
+/// the CPU), and the GPU then runs the same f32 kernels on them.
 #[test]
 fn gpu_gguf_f32_in_chunks_matches_transformers() {
     let Some(gpu) = test_gpu() else { return };
-    check(Dev::Gpu(gpu), "gpu", &[F32_CHUNKED]);
+    let mut models = std::collections::BTreeSet::new();
+    let one_each: Vec<_> = files().into_iter().filter(|p| models.insert(model_of(p))).collect();
+    assert!(one_each.len() >= 7, "{one_each:?}");
+    check(Dev::Gpu(gpu), "gpu", one_each, &[F32_CHUNKED]);
+}
+
+/// The model a fixture file holds: its name without the format (`llama-k-q6_k`:
+/// `llama-k`).
+fn model_of(path: &Path) -> String {
+    let stem = path.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+    stem.rsplit_once('-').map_or(stem.clone(), |(m, _)| m.to_string())
 }
 
 /// An LM head cut in blocks (a small binding limit): the decode tokens'
