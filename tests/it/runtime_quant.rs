@@ -124,11 +124,25 @@ fn logits_repacked(
     rows
 }
 
+/// The fixtures of the four layouts of norms and projections: Llama's plain
+/// pre-norms, Qwen2's Q/K/V biases, Qwen3's per-head q/k norms, Gemma 3's sandwich
+/// norms with `(1 + w)` gains. The others repeat one of them as far as quantized
+/// matrices, their concatenations and the norms folded into them go (Mistral's
+/// window, SmolLM3's layers without RoPE, bf16 files and a vision tower change
+/// none of it).
+fn layouts() -> Vec<std::path::PathBuf> {
+    let names = ["llama3-tiny", "qwen2-tiny-sharded", "qwen3-tiny", "gemma3-tiny"];
+    let dirs: Vec<_> = fixtures().into_iter().filter(|d| d.file_name().is_some_and(|n| names.iter().any(|l| n == *l))).collect();
+    assert_eq!(dirs.len(), names.len(), "the fixtures {names:?}: {dirs:?}");
+    dirs
+}
+
+/// Every block format on the [`layouts`], fused and not.
 #[test]
 fn quantized_runtime_matches_f32_on_dequantized_weights_cpu_and_gpu() {
     let gpu = test_gpu();
     let mut failures = Vec::new();
-    for dir in fixtures() {
+    for dir in layouts() {
         let m = load_model(None, Some(&dir), None, 0).expect("fixture loads");
         for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
             for fusion in [Fusion::NONE, Fusion::ALL] {
@@ -160,12 +174,12 @@ type Gpu = Arc<ktune::gpu::GpuCtx>;
 /// unfused plan, a fused one (Q/K/V and gate/up concatenated from the kept
 /// parts), a repacked one (repacked from a kept matrix) and a GPU one give
 /// exactly the logits each gives from the model itself, in f32 and two block
-/// formats, and only the first engine loads.
+/// formats, and only the first engine loads (on the [`layouts`]).
 #[test]
 fn engines_sharing_quantized_weights_match_their_own() {
     let gpu = test_gpu();
     let cpu = || DeviceCaps::Cpu(CpuCaps::detect());
-    for dir in fixtures() {
+    for dir in layouts() {
         let m = load_model(None, Some(&dir), None, 0).expect("fixture loads");
         for dtype in [DType::F32, DType::Q8_0, DType::Q4_0] {
             let once = Arc::new(LoadOnce::new(m.weights.clone(), &[dtype]));
@@ -220,11 +234,7 @@ fn q8_0_logits_stay_close_to_f32() {
 /// every other fusion held fixed: with separate and fused Q/K/V (biases: the qwen2
 /// fixture), separate and fused gate/up, with and without the fused residual norm
 /// (Gemma 3's extra post-norms stay). Every prompt and decode row compared, in f32,
-/// f16 and two block formats, on the CPU and the test GPU. The fixtures are the
-/// four layouts of the norms and projections: Llama's plain pre-norms, Qwen2's
-/// Q/K/V biases, Qwen3's per-head q/k norms, Gemma 3's sandwich norms with `(1 + w)`
-/// gains (the other fixtures repeat one of these: Mistral's window, SmolLM3's layers
-/// without RoPE and a vision tower change nothing that this fusion touches).
+/// f16 and two block formats, on the CPU and the test GPU, on the [`layouts`].
 #[test]
 fn norm_matmul_decode_matches_unfused_plan() {
     let gpu = test_gpu();
@@ -236,10 +246,7 @@ fn norm_matmul_decode_matches_unfused_plan() {
     ];
     let mut failures = Vec::new();
     let mut ran = 0;
-    let layouts = ["llama3-tiny", "qwen2-tiny-sharded", "qwen3-tiny", "gemma3-tiny"];
-    let dirs: Vec<_> = fixtures().into_iter().filter(|d| d.file_name().is_some_and(|n| layouts.iter().any(|l| n == *l))).collect();
-    assert_eq!(dirs.len(), layouts.len(), "the fixtures {layouts:?}: {dirs:?}");
-    for dir in dirs {
+    for dir in layouts() {
         let m = load_model(None, Some(&dir), None, 0).expect("fixture loads");
         for dtype in [DType::F32, DType::F16, DType::Q8_0, DType::Q4_1] {
             for base in bases {
