@@ -135,20 +135,8 @@ impl ProfileChoice {
         warnings: &mut Vec<String>,
     ) -> Result<Prepared> {
         session::check_context(&m.config, passes.context, self.kv_dtype, device, passes.context_flag)?;
-        let chosen = match profile {
-            Some(p) => {
-                let (selection, exec, w) = settings.resolve(&p, device, m)?;
-                warnings.extend(w);
-                Some(Chosen { selection, exec, label: self.profile.as_ref().map(|p| p.display().to_string()) })
-            }
-            None if self.no_profile => None,
-            None => self.cached(device, settings, m, passes.prefill_tokens, passes.context, warnings)?,
-        };
-        let Chosen { selection, exec, label } = chosen.unwrap_or_else(|| Chosen {
-            selection: Selection::runtime(DeviceCaps::from(device)),
-            exec: settings.execution(device, m, settings.weight_dtype(m), self.kv_dtype, self.batch, self.fusion),
-            label: None,
-        });
+        let Chosen { selection, exec, label } =
+            self.choose(profile, device, settings, m, passes.prefill_tokens, passes.context, warnings)?;
         if let Some(want) = settings.weight_dtype
             && want != exec.weight_dtype
         {
@@ -164,6 +152,45 @@ impl ProfileChoice {
         let engine = Engines::of(m, ctx.clone(), None).build(opts, selection, &exec)?;
         let chain = session::decode_chain(self.decode_chain, &exec);
         Ok(Prepared { engine, ctx, exec, label, chain })
+    }
+
+    /// What an engine runs: the kernels and execution settings of `profile` (as
+    /// [`ProfileChoice::read`] read it; labelled with its file), else of the best
+    /// cached profile for a prefill of `prefill_tokens` and a context of
+    /// `context` ([`ProfileChoice::cached`], unless `no_profile`), else the
+    /// runtime's defaults ([`ProfileChoice::defaults`]). Warnings are added to
+    /// `warnings`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn choose(
+        &self,
+        profile: Option<Profile>,
+        device: &Device,
+        settings: &ModelSettings,
+        m: &LoadedModel,
+        prefill_tokens: usize,
+        context: usize,
+        warnings: &mut Vec<String>,
+    ) -> Result<Chosen> {
+        let chosen = match profile {
+            Some(p) => {
+                let (selection, exec, w) = settings.resolve(&p, device, m)?;
+                warnings.extend(w);
+                Some(Chosen { selection, exec, label: self.profile.as_ref().map(|p| p.display().to_string()) })
+            }
+            None if self.no_profile => None,
+            None => self.cached(device, settings, m, prefill_tokens, context, warnings)?,
+        };
+        Ok(chosen.unwrap_or_else(|| self.defaults(device, settings, m, settings.weight_dtype(m))))
+    }
+
+    /// The runtime's defaults on `device` for `weight_dtype` weights, with this
+    /// choice's KV cache, batching and fusions.
+    pub fn defaults(&self, device: &Device, settings: &ModelSettings, m: &LoadedModel, weight_dtype: DType) -> Chosen {
+        Chosen {
+            selection: Selection::runtime(DeviceCaps::from(device)),
+            exec: settings.execution(device, m, weight_dtype, self.kv_dtype, self.batch, self.fusion),
+            label: None,
+        }
     }
 
     /// The best cached profile for `m` on `device` ([`lookup::find`]: this

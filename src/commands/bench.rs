@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 
 use crate::cli::BenchArgs;
-use crate::device::{Device, DeviceCaps};
+use crate::device::Device;
 use crate::eval::{self, Path, Reference, Text};
 use crate::generate::ProfileChoice;
 use crate::gpu::GpuCtx;
@@ -139,24 +139,28 @@ fn setups(
     warnings: &mut Vec<String>,
 ) -> Result<Vec<Setup>> {
     let mut setups = Vec::new();
+    // Each entry chosen as every generating command chooses (an f32 KV cache,
+    // every fusion and GPU batching where the runtime's defaults serve).
+    let choice = |profile: Option<&PathBuf>| ProfileChoice {
+        profile: profile.cloned(),
+        no_profile: false,
+        strict_device: args.strict_device,
+        kv_dtype: DType::F32,
+        fusion: Fusion::ALL,
+        batch: true,
+        decode_chain: None,
+    };
     for (path, p) in profiles {
-        let (selection, exec, w) = settings.resolve(p, device, m)?;
+        let mut w = Vec::new();
+        let c = choice(Some(path)).choose(Some(p.clone()), device, settings, m, args.prefill_tokens, context, &mut w)?;
         warnings.extend(w.into_iter().map(|w| format!("{}: {w}", path.display())));
-        setups.push(Setup { name: path.display().to_string(), selection, exec });
+        setups.push(Setup { name: path.display().to_string(), selection: c.selection, exec: c.exec });
     }
-    if profiles.is_empty() && !args.no_profile {
-        let choice = ProfileChoice {
-            profile: None,
-            no_profile: false,
-            strict_device: args.strict_device,
-            kv_dtype: DType::F32,
-            fusion: Fusion::ALL,
-            batch: true,
-            decode_chain: None,
-        };
-        if let Some(c) = choice.cached(device, settings, m, args.prefill_tokens, context, warnings)? {
-            setups.push(Setup { name: c.label.unwrap_or_default(), selection: c.selection, exec: c.exec });
-        }
+    if profiles.is_empty()
+        && !args.no_profile
+        && let Some(c) = choice(None).cached(device, settings, m, args.prefill_tokens, context, warnings)?
+    {
+        setups.push(Setup { name: c.label.unwrap_or_default(), selection: c.selection, exec: c.exec });
     }
     if !args.no_default {
         // The default runs the weights the profiles were tuned for (else the flag or the file's type).
@@ -164,8 +168,8 @@ fn setups(
             (None, Some(first)) => first.exec.weight_dtype,
             _ => settings.weight_dtype(m),
         };
-        let exec = settings.execution(device, m, weight_dtype, DType::F32, true, Fusion::ALL);
-        setups.push(Setup { name: "default".into(), selection: Selection::runtime(DeviceCaps::from(device)), exec });
+        let c = choice(None).defaults(device, settings, m, weight_dtype);
+        setups.push(Setup { name: "default".into(), selection: c.selection, exec: c.exec });
     }
     if setups.is_empty() {
         return Err(Error::Usage(

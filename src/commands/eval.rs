@@ -10,16 +10,15 @@
 use std::time::Instant;
 
 use crate::cli::{EvalArgs, ReferenceArg};
-use crate::device::DeviceCaps;
 use crate::eval::{self, LogitsReader, LogitsWriter, Path, Reference, Text};
+use crate::generate::{ProfileChoice, Source, check_source};
 use crate::kernels::DType;
-use crate::model::Tokenizer;
-use crate::plan::{Fusion, Selection};
+use crate::plan::Fusion;
 use crate::profile::Profile;
 use crate::progress::Progress;
 use crate::report::EvalReport;
 use crate::runtime::WeightMemo;
-use crate::session::{self, Engines, LoadedModel, ModelSource};
+use crate::session::{self, Engines};
 use crate::{Error, Result};
 
 /// The default tokens per chunk (llama-perplexity's usual `-c 512`).
@@ -33,9 +32,7 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
     if let Some(mm) = &settings.mmproj {
         return Err(Error::Usage(format!("--mmproj {}: eval scores text; leave the vision projector out", mm.display())));
     }
-    if let ModelSource::Gguf(p) = &settings.source {
-        session::input_file("--gguf", p)?;
-    }
+    check_source(&settings)?;
     if args.chunks == Some(0) {
         return Err(Error::Usage("--chunks 0: give at least one chunk".into()));
     }
@@ -66,9 +63,12 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
         _ => None,
     };
 
-    let m = settings.load_text()?;
-    let mut warnings = m.warnings.clone();
-    let tokenizer = tokenizer(&m, &settings.source)?;
+    // The model and its tokenizer as every generating command opens them.
+    let mut warnings = Vec::new();
+    let mut source = Source::open(&settings, Some(("eval --file", "give --gguf FILE or --model-dir DIR")), &mut warnings)?;
+    let tokenizer = source.tokenizer.take().ok_or_else(|| Error::Usage("eval --file needs the model's tokenizer".into()))?;
+    let m = source.model(&settings)?;
+    warnings.splice(0..0, m.warnings.iter().cloned());
     let (ids, bos) = eval::tokenize(&tokenizer, &text)?;
     if let Some(&bad) = ids.iter().find(|&&t| t as usize >= m.config.vocab_size) {
         return Err(Error::Usage(format!(
@@ -84,25 +84,27 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
         text.check_reference(r, m.config.vocab_size)?;
     }
 
-    // What is evaluated: the exact path, a profile, or the runtime's defaults.
+    // What is evaluated: the exact path, a profile, or the runtime's defaults (a
+    // cached profile only when named: eval measures what it is given).
     let weight_dtype = settings.weight_dtype(&m);
-    let (evaluated, selection, exec) = match (&profile, args.exact) {
-        (_, true) => {
-            if !matches!(device, crate::device::Device::Cpu(_)) {
-                return Err(Error::Usage("--exact is the CPU's f32 path: give --device cpu".into()));
-            }
-            let exec = settings.execution(&device, &m, weight_dtype, DType::F32, true, Fusion::ALL);
-            ("f32 reference (CPU, f32 activations, plain layouts)".to_string(), Path::F32Reference, exec)
+    let choice = ProfileChoice {
+        profile: args.profile.clone(),
+        no_profile: true,
+        strict_device: false,
+        kv_dtype: DType::F32,
+        fusion: Fusion::ALL,
+        batch: true,
+        decode_chain: None,
+    };
+    let (evaluated, selection, exec) = if args.exact {
+        if !matches!(device, crate::device::Device::Cpu(_)) {
+            return Err(Error::Usage("--exact is the CPU's f32 path: give --device cpu".into()));
         }
-        (Some(p), false) => {
-            let (sel, exec, w) = settings.resolve(p, &device, &m)?;
-            warnings.extend(w);
-            (args.profile.as_ref().map(|p| p.display().to_string()).unwrap_or_default(), Path::Selected(sel), exec)
-        }
-        (None, false) => {
-            let exec = settings.execution(&device, &m, weight_dtype, DType::F32, true, Fusion::ALL);
-            ("runtime defaults".to_string(), Path::Selected(Selection::runtime(DeviceCaps::from(&device))), exec)
-        }
+        let exec = choice.defaults(&device, &settings, &m, weight_dtype).exec;
+        ("f32 reference (CPU, f32 activations, plain layouts)".to_string(), Path::F32Reference, exec)
+    } else {
+        let c = choice.choose(profile, &device, &settings, &m, ctx, ctx, &mut warnings)?;
+        (c.label.unwrap_or_else(|| "runtime defaults".into()), Path::Selected(c.selection), c.exec)
     };
     let ctx_gpu = session::open_device(&device, exec.trusted_shaders)?;
     let build = Engines::of(&m, ctx_gpu, Some(WeightMemo::default()));
@@ -112,13 +114,13 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
     let mut ref_engine = match &reference_device {
         None => None,
         Some(d) => {
-            let exec = settings.execution(d, &m, weight_dtype, DType::F32, true, Fusion::ALL);
+            let defaults = choice.defaults(d, &settings, &m, weight_dtype);
             let (path, label) = match &args.reference {
                 Some(ReferenceArg::F32) => (Path::F32Reference, "f32 (CPU, f32 activations, plain layouts)".to_string()),
-                _ => (Path::Selected(Selection::runtime(DeviceCaps::from(d))), format!("runtime defaults on {}", d.name())),
+                _ => (Path::Selected(defaults.selection), format!("runtime defaults on {}", d.name())),
             };
             let ref_build = Engines { ctx: session::open_device(d, settings.trusted_shaders)?, ..build };
-            Some((eval::scoring_engine(&ref_build, &settings, &m, path, &exec, ctx)?, label))
+            Some((eval::scoring_engine(&ref_build, &settings, &m, path, &defaults.exec, ctx)?, label))
         }
     };
     let reference_label = match (&ref_engine, &file_ref) {
@@ -161,18 +163,4 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
         seconds,
         warnings,
     })
-}
-
-/// The model's tokenizer: a GGUF file's, or a model directory's tokenizer.json.
-fn tokenizer(m: &LoadedModel, source: &ModelSource) -> Result<Tokenizer> {
-    match (&m.gguf, source) {
-        (Some(file), _) => Ok(Tokenizer::from_gguf(file)?),
-        (None, ModelSource::Dir(dir)) => Tokenizer::from_dir(dir)?.ok_or_else(|| {
-            Error::Usage(format!("eval needs the model's tokenizer to read --file, and {} has no tokenizer.json", dir.display()))
-        }),
-        (None, _) => Err(Error::Usage(format!(
-            "eval needs a tokenizer to read --file, and the built-in model `{}` (synthetic weights) has none: give --gguf FILE or --model-dir DIR",
-            m.name
-        ))),
-    }
 }
