@@ -122,7 +122,7 @@ impl ProfileChoice {
     /// against the model and the device; the kernels and execution settings of
     /// `profile` (as [`ProfileChoice::read`] read it), else of the best cached
     /// profile for this device, model, weights, KV cache, prefill length and
-    /// context ([`ProfileChoice::cached`]), else the runtime's defaults; the
+    /// context, else the runtime's defaults ([`ProfileChoice::choose`]); the
     /// plan's `passes`, built and warmed ([`Engines::build`]); its decode chain.
     /// Warnings are added to `warnings`.
     pub fn prepare(
@@ -157,9 +157,9 @@ impl ProfileChoice {
     /// What an engine runs: the kernels and execution settings of `profile` (as
     /// [`ProfileChoice::read`] read it; labelled with its file), else of the best
     /// cached profile for a prefill of `prefill_tokens` and a context of
-    /// `context` ([`ProfileChoice::cached`], unless `no_profile`), else the
-    /// runtime's defaults ([`ProfileChoice::defaults`]). Warnings are added to
-    /// `warnings`.
+    /// `context` (unless `no_profile`; labelled with its cache label), else the
+    /// runtime's defaults ([`ProfileChoice::defaults`], no label). The lookup's
+    /// warnings and the profile's are added to `warnings`.
     #[allow(clippy::too_many_arguments)]
     pub fn choose(
         &self,
@@ -178,7 +178,34 @@ impl ProfileChoice {
                 Some(Chosen { selection, exec, label: self.profile.as_ref().map(|p| p.display().to_string()) })
             }
             None if self.no_profile => None,
-            None => self.cached(device, settings, m, prefill_tokens, context, warnings)?,
+            None => {
+                // The best cached profile (`lookup::find`: this device, model,
+                // weights and KV cache, the prefill and context), resolved.
+                let weight_dtype = settings.weight_dtype(m);
+                let want = lookup::Want {
+                    model: &settings.profile_name(m),
+                    model_hash: settings.model_hash(m, weight_dtype),
+                    weight_dtype,
+                    kv_dtype: self.kv_dtype,
+                    prefill_tokens,
+                    context,
+                    strict_device: self.strict_device,
+                };
+                let found = lookup::find(device, &want)?;
+                warnings.extend(found.warnings);
+                match found.found {
+                    None => None,
+                    Some(f) => {
+                        let (selection, exec, mut w) = settings.resolve(&f.profile, device, m)?;
+                        if f.by_class {
+                            // The lookup's warning names both devices.
+                            w.retain(|x| !x.contains("was tuned on another device"));
+                        }
+                        warnings.extend(w);
+                        Some(Chosen { selection, exec, label: Some(f.label) })
+                    }
+                }
+            }
         };
         Ok(chosen.unwrap_or_else(|| self.defaults(device, settings, m, settings.weight_dtype(m))))
     }
@@ -191,41 +218,6 @@ impl ProfileChoice {
             exec: settings.execution(device, m, weight_dtype, self.kv_dtype, self.batch, self.fusion),
             label: None,
         }
-    }
-
-    /// The best cached profile for `m` on `device` ([`lookup::find`]: this
-    /// device, model, weights and KV cache, prefills of `prefill_tokens`, a
-    /// context of `context`), resolved; the lookup's warnings and the profile's
-    /// are added to `warnings`.
-    pub fn cached(
-        &self,
-        device: &Device,
-        settings: &ModelSettings,
-        m: &LoadedModel,
-        prefill_tokens: usize,
-        context: usize,
-        warnings: &mut Vec<String>,
-    ) -> Result<Option<Chosen>> {
-        let weight_dtype = settings.weight_dtype(m);
-        let want = lookup::Want {
-            model: &settings.profile_name(m),
-            model_hash: settings.model_hash(m, weight_dtype),
-            weight_dtype,
-            kv_dtype: self.kv_dtype,
-            prefill_tokens,
-            context,
-            strict_device: self.strict_device,
-        };
-        let found = lookup::find(device, &want)?;
-        warnings.extend(found.warnings);
-        let Some(f) = found.found else { return Ok(None) };
-        let (selection, exec, mut w) = settings.resolve(&f.profile, device, m)?;
-        if f.by_class {
-            // The lookup's warning names both devices.
-            w.retain(|x| !x.contains("was tuned on another device"));
-        }
-        warnings.extend(w);
-        Ok(Some(Chosen { selection, exec, label: Some(f.label) }))
     }
 }
 

@@ -156,11 +156,12 @@ fn setups(
         warnings.extend(w.into_iter().map(|w| format!("{}: {w}", path.display())));
         setups.push(Setup { name: path.display().to_string(), selection: c.selection, exec: c.exec });
     }
-    if profiles.is_empty()
-        && !args.no_profile
-        && let Some(c) = choice(None).cached(device, settings, m, args.prefill_tokens, context, warnings)?
-    {
-        setups.push(Setup { name: c.label.unwrap_or_default(), selection: c.selection, exec: c.exec });
+    if profiles.is_empty() && !args.no_profile {
+        let c = choice(None).choose(None, device, settings, m, args.prefill_tokens, context, warnings)?;
+        // Unlabelled, the choice fell to the runtime's defaults: the `default` entry.
+        if let Some(name) = c.label {
+            setups.push(Setup { name, selection: c.selection, exec: c.exec });
+        }
     }
     if !args.no_default {
         // The default runs the weights the profiles were tuned for (else the flag or the file's type).

@@ -138,15 +138,24 @@ fn health(addr: &str) -> u16 {
     request(addr, "GET", "/health", &[], b"").status
 }
 
+/// `/health`'s status, or 0 where the connection fails or is reset: while its
+/// slots are full, a server drops the connections past its canned refusals.
+fn try_health(addr: &str) -> u16 {
+    let Ok(mut s) = TcpStream::connect(addr) else { return 0 };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let head = format!("GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    if s.write_all(head.as_bytes()).is_err() {
+        return 0;
+    }
+    status_of(&read_all(&mut s)).unwrap_or(0)
+}
+
 /// `/health` until it answers 200 (connections the server is still closing may
 /// hold its slots a moment), at most `tries` times 100 ms apart.
 fn health_within(addr: &str, tries: usize) -> u16 {
     let mut last = 0;
     for _ in 0..tries {
-        last = match TcpStream::connect(addr) {
-            Ok(_) => health(addr),
-            Err(_) => 0,
-        };
+        last = try_health(addr);
         if last == 200 {
             break;
         }
