@@ -136,7 +136,7 @@ impl ProfileChoice {
     ) -> Result<Prepared> {
         session::check_context(&m.config, passes.context, self.kv_dtype, device, passes.context_flag)?;
         let Chosen { selection, exec, label } =
-            self.choose(profile, device, settings, m, passes.prefill_tokens, passes.context, warnings)?;
+            self.choose(profile.as_ref(), device, settings, m, passes.prefill_tokens, passes.context, warnings)?;
         if let Some(want) = settings.weight_dtype
             && want != exec.weight_dtype
         {
@@ -163,7 +163,7 @@ impl ProfileChoice {
     #[allow(clippy::too_many_arguments)]
     pub fn choose(
         &self,
-        profile: Option<Profile>,
+        profile: Option<&Profile>,
         device: &Device,
         settings: &ModelSettings,
         m: &LoadedModel,
@@ -173,7 +173,7 @@ impl ProfileChoice {
     ) -> Result<Chosen> {
         let chosen = match profile {
             Some(p) => {
-                let (selection, exec, w) = settings.resolve(&p, device, m)?;
+                let (selection, exec, w) = settings.resolve(p, device, m)?;
                 warnings.extend(w);
                 Some(Chosen { selection, exec, label: self.profile.as_ref().map(|p| p.display().to_string()) })
             }

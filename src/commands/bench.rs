@@ -152,7 +152,7 @@ fn setups(
     };
     for (path, p) in profiles {
         let mut w = Vec::new();
-        let c = choice(Some(path)).choose(Some(p.clone()), device, settings, m, args.prefill_tokens, context, &mut w)?;
+        let c = choice(Some(path)).choose(Some(p), device, settings, m, args.prefill_tokens, context, &mut w)?;
         warnings.extend(w.into_iter().map(|w| format!("{}: {w}", path.display())));
         setups.push(Setup { name: path.display().to_string(), selection: c.selection, exec: c.exec });
     }

@@ -103,7 +103,7 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
         let exec = choice.defaults(&device, &settings, &m, weight_dtype).exec;
         ("f32 reference (CPU, f32 activations, plain layouts)".to_string(), Path::F32Reference, exec)
     } else {
-        let c = choice.choose(profile, &device, &settings, &m, ctx, ctx, &mut warnings)?;
+        let c = choice.choose(profile.as_ref(), &device, &settings, &m, ctx, ctx, &mut warnings)?;
         (c.label.unwrap_or_else(|| "runtime defaults".into()), Path::Selected(c.selection), c.exec)
     };
     let ctx_gpu = session::open_device(&device, exec.trusted_shaders)?;
