@@ -26,6 +26,7 @@ use crate::device::{CpuCaps, Device};
 use crate::eval::LogitsReader;
 use crate::eval::metrics::DivergenceSum;
 use crate::kernels::quant::QFormat;
+use crate::model::WeightFile;
 use crate::model::gguf::GgufFile;
 use crate::model::{ChatTemplate, ModelConfig, Stored, Tokenizer, Weights, builtin};
 use crate::profile::{Profile, bundle};

@@ -18,6 +18,7 @@ use crate::gpu::GpuCtx;
 use crate::gpu::GpuError;
 use crate::kernels::DType;
 use crate::model::ModelError;
+use crate::model::WeightFile;
 use crate::model::gguf::GgufFile;
 use crate::model::{self, ModelConfig, Stored, Weights};
 use crate::plan::{Fusion, Parallel, Plan, PlanOptions, Selection};

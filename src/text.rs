@@ -43,24 +43,29 @@ pub fn escaped(s: &str, chars: usize) -> Cow<'_, str> {
 mod tests {
     use super::{escaped, prefix, shorten};
 
+    /// Each cut on inputs of 1- to 4-byte characters: the cuts count characters
+    /// (a byte-offset cut at 3 would split `é` or `🦀`), and `escaped` shows
+    /// terminal controls as text.
     #[test]
-    fn escapes_show_terminal_controls_as_text() {
-        assert_eq!(escaped("model.gguf", 80), "model.gguf");
-        assert_eq!(escaped("a\u{1b}]0;pwned\u{7}b", 80), "a\\u{1b}]0;pwned\\u{7}b");
-        assert_eq!(escaped("x\ry\u{202e}z", 80), "x\\ry\\u{202e}z");
-        assert_eq!(escaped("ñandú\u{1b}", 3), "ñan…");
-    }
-
-    #[test]
-    fn cuts_count_characters_not_bytes() {
-        assert_eq!(prefix("abcdef", 3), "abc");
-        assert_eq!(prefix("ab", 8), "ab");
-        // Each of these is 2 to 4 bytes: a byte-offset cut at 3 would split one.
-        assert_eq!(prefix("ééééé", 3), "ééé");
-        assert_eq!(prefix("🦀🦀🦀🦀", 2), "🦀🦀");
-        assert_eq!(shorten("ñandú", 2), "ña…");
-        assert_eq!(shorten("ñandú", 5), "ñandú");
-        assert_eq!(shorten("", 0), "");
-        assert_eq!(shorten("x", 0), "…");
+    fn cuts_count_characters_and_escape_controls() {
+        let escaped: fn(&str, usize) -> String = |s, n| escaped(s, n).into_owned();
+        let prefix: fn(&str, usize) -> String = |s, n| prefix(s, n).to_string();
+        let shorten: fn(&str, usize) -> String = |s, n| shorten(s, n).into_owned();
+        let cases = [
+            (escaped, "model.gguf", 80, "model.gguf"),
+            (escaped, "a\u{1b}]0;pwned\u{7}b", 80, "a\\u{1b}]0;pwned\\u{7}b"),
+            (escaped, "x\ry\u{202e}z", 80, "x\\ry\\u{202e}z"),
+            (escaped, "ñandú\u{1b}", 3, "ñan…"),
+            (prefix, "abcdef", 3, "abc"),
+            (prefix, "ééééé", 3, "ééé"),
+            (prefix, "🦀🦀🦀🦀", 2, "🦀🦀"),
+            (shorten, "ñandú", 2, "ña…"),
+            (shorten, "ñandú", 6, "ñandú"),
+            (shorten, "", 0, ""),
+            (shorten, "x", 0, "…"),
+        ];
+        for (cut, input, n, want) in cases {
+            assert_eq!(cut(input, n), want, "{input:?} cut to {n}");
+        }
     }
 }

@@ -26,7 +26,7 @@ use std::time::Instant;
 
 use common::fixture;
 use ktune::model::gguf::GgufFile;
-use ktune::model::{Weights, mmproj};
+use ktune::model::{WeightFile, Weights, mmproj};
 use ktune::runtime::vision::VisionEngine;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};

@@ -399,6 +399,7 @@ pub fn scoring_engine(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::WeightFile;
 
     #[test]
     fn chunks_take_a_bos_each_and_score_their_second_half() {

@@ -9,7 +9,7 @@ use memmap2::Mmap;
 
 use super::{ModelError, Result};
 
-pub(super) enum FileBytes {
+pub enum FileBytes {
     Mmap(Mmap),
     Owned(Vec<u8>),
 }
@@ -27,6 +27,24 @@ impl FileBytes {
         // while it is mapped (model files are not modified in place).
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
         Ok(FileBytes::Mmap(map))
+    }
+}
+
+/// A weight file (GGUF, safetensors) parsed and validated from its bytes, which
+/// it keeps: mapped from disk ([`WeightFile::open`]) or held in memory
+/// ([`WeightFile::parse`]: tests and fuzzing).
+pub trait WeightFile: Sized {
+    /// Parses and validates `bytes`; `path` only names the file in messages.
+    fn from_bytes(path: &Path, bytes: FileBytes) -> Result<Self>;
+
+    /// Maps `path` read-only and parses it.
+    fn open(path: &Path) -> Result<Self> {
+        Self::from_bytes(path, FileBytes::map(path)?)
+    }
+
+    /// Parses an image held in memory; `path` only names it in messages.
+    fn parse(path: &Path, bytes: Vec<u8>) -> Result<Self> {
+        Self::from_bytes(path, FileBytes::Owned(bytes))
     }
 }
 

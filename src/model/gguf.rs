@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
 
-use super::bytes::FileBytes;
+use super::bytes::{FileBytes, WeightFile};
 use super::{ModelError, Result};
 use crate::kernels::DType;
 use crate::kernels::quant::{QFormat, dequantize_block, split_block};
@@ -589,18 +589,8 @@ fn min_value_size(ty: u32) -> Option<usize> {
     })
 }
 
-impl GgufFile {
-    /// Maps `path` and parses it (see [`GgufFile::parse`]).
-    pub fn open(path: &Path) -> Result<GgufFile> {
-        GgufFile::from_map(path, FileBytes::map(path)?)
-    }
-
-    /// Parses a GGUF image held in memory; `path` only names it in messages.
-    pub fn parse(path: &Path, bytes: Vec<u8>) -> Result<GgufFile> {
-        GgufFile::from_map(path, FileBytes::Owned(bytes))
-    }
-
-    fn from_map(path: &Path, map: FileBytes) -> Result<GgufFile> {
+impl WeightFile for GgufFile {
+    fn from_bytes(path: &Path, map: FileBytes) -> Result<GgufFile> {
         let b = &map[..];
         let mut c = Cursor { b, pos: 0, path };
         let magic = c
@@ -733,7 +723,9 @@ impl GgufFile {
         }
         Ok(GgufFile { path: path.to_path_buf(), version, alignment, meta, index, tensors, tensor_index, map })
     }
+}
 
+impl GgufFile {
     pub fn bytes(&self) -> &[u8] {
         &self.map
     }
@@ -941,31 +933,36 @@ mod tests {
             w.u64(kvs);
             w
         }
-        fn u8(&mut self, v: u8) {
+        fn u8(&mut self, v: u8) -> &mut W {
             self.0.push(v);
+            self
         }
-        fn u16(&mut self, v: u16) {
+        fn u16(&mut self, v: u16) -> &mut W {
             self.0.extend_from_slice(&v.to_le_bytes());
+            self
         }
-        fn u32(&mut self, v: u32) {
+        fn u32(&mut self, v: u32) -> &mut W {
             self.0.extend_from_slice(&v.to_le_bytes());
+            self
         }
-        fn u64(&mut self, v: u64) {
+        fn u64(&mut self, v: u64) -> &mut W {
             self.0.extend_from_slice(&v.to_le_bytes());
+            self
         }
-        fn str(&mut self, s: &[u8]) {
+        fn str(&mut self, s: &[u8]) -> &mut W {
             self.u64(s.len() as u64);
             self.0.extend_from_slice(s);
+            self
         }
-        fn kv_u32(&mut self, k: &str, v: u32) {
-            self.str(k.as_bytes());
-            self.u32(4);
-            self.u32(v);
+        fn kv_u32(&mut self, k: &str, v: u32) -> &mut W {
+            self.str(k.as_bytes()).u32(4).u32(v)
         }
         fn tensor(&mut self, name: &str, ne: &[u64], ty: u32, offset: u64) {
             self.str(name.as_bytes());
             self.u32(ne.len() as u32);
-            ne.iter().for_each(|d| self.u64(*d));
+            ne.iter().for_each(|d| {
+                self.u64(*d);
+            });
             self.u32(ty);
             self.u64(offset);
         }
@@ -1059,52 +1056,29 @@ mod tests {
 
     #[test]
     fn bad_values() {
-        let mut w = W::new(3, 0, 1);
-        w.str(b"\xff\xfe");
-        w.u32(4);
-        w.u32(1);
-        assert!(msg(w.parse()).contains("UTF-8"));
-        let mut w = W::new(3, 0, 1);
-        w.str(b"k");
-        w.u32(13);
-        assert!(msg(w.parse()).contains("unknown value type 13"));
-        let mut w = W::new(3, 0, 1);
-        w.str(b"k");
-        w.u32(7);
-        w.0.push(2);
-        assert!(msg(w.parse()).contains("bool"));
-        let mut w = W::new(3, 0, 2);
-        w.kv_u32("k", 1);
-        w.kv_u32("k", 2);
-        assert!(msg(w.parse()).contains("twice"));
-        let mut w = W::new(3, 0, 1);
-        w.kv_u32("general.alignment", 24);
-        assert!(msg(w.parse()).contains("power of two"));
+        let one = |w: &mut W, what: &str| {
+            let w = std::mem::replace(w, W(Vec::new()));
+            assert!(msg(w.parse()).contains(what), "{what}");
+        };
+        one(W::new(3, 0, 1).str(b"\xff\xfe").u32(4).u32(1), "UTF-8");
+        one(W::new(3, 0, 1).str(b"k").u32(13), "unknown value type 13");
+        one(W::new(3, 0, 1).str(b"k").u32(7).u8(2), "bool");
+        one(W::new(3, 0, 2).kv_u32("k", 1).kv_u32("k", 2), "twice");
+        one(W::new(3, 0, 1).kv_u32("general.alignment", 24), "power of two");
         // Arrays nested too deep.
         let mut w = W::new(3, 0, 1);
-        w.str(b"k");
-        w.u32(9);
+        w.str(b"k").u32(9);
         for _ in 0..5 {
-            w.u32(9);
-            w.u64(1);
+            w.u32(9).u64(1);
         }
-        assert!(msg(w.parse()).contains("nested"));
+        one(&mut w, "nested");
         // Numbers as their own type; arrays of arrays as their bytes, checked.
         let mut w = W::new(3, 0, 2);
-        w.str(b"n");
-        w.u32(9);
-        w.u32(3);
-        w.u64(2);
-        w.u16(7);
-        w.u16(9);
-        w.str(b"nest");
-        w.u32(9);
-        w.u32(9);
-        w.u64(2);
+        // "n": an array (9) of 2 i16 (3); "nest": an array of 2 arrays of one u8 each.
+        w.str(b"n").u32(9).u32(3).u64(2).u16(7).u16(9);
+        w.str(b"nest").u32(9).u32(9).u64(2);
         for _ in 0..2 {
-            w.u32(0);
-            w.u64(1);
-            w.u8(5);
+            w.u32(0).u64(1).u8(5);
         }
         let f = w.parse().expect("valid");
         assert_eq!(f.get("n"), Some(&Value::Array(Array::I16(vec![7, 9]))));

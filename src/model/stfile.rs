@@ -8,10 +8,9 @@ use std::path::{Path, PathBuf};
 
 use ::safetensors::SafeTensors;
 use ::safetensors::tensor::Dtype as StDtype;
-use half::{bf16, f16};
 use rayon::prelude::*;
 
-use super::bytes::FileBytes;
+use super::bytes::{FileBytes, WeightFile};
 use super::config::Dtype;
 use super::{ModelError, Result};
 
@@ -45,18 +44,9 @@ fn file_err(path: &Path, msg: impl Into<String>) -> ModelError {
     ModelError::File { path: path.to_path_buf(), msg: msg.into() }
 }
 
-impl StFile {
-    /// Maps `path` and validates its header: length within the file, JSON, every
-    /// tensor's offsets contiguous, inside the data and matching dtype × shape.
-    pub fn open(path: &Path) -> Result<StFile> {
-        StFile::from_bytes(path, FileBytes::map(path)?)
-    }
-
-    /// Parses a safetensors image held in memory; `path` only names it in messages.
-    pub fn parse(path: &Path, bytes: Vec<u8>) -> Result<StFile> {
-        StFile::from_bytes(path, FileBytes::Owned(bytes))
-    }
-
+/// Validates the header: length within the file, JSON, every tensor's offsets
+/// contiguous, inside the data and matching dtype × shape.
+impl WeightFile for StFile {
     fn from_bytes(path: &Path, map: FileBytes) -> Result<StFile> {
         let len = map.len() as u64;
         if len < 8 {
@@ -102,7 +92,9 @@ impl StFile {
         }
         Ok(StFile { path: path.to_path_buf(), map, tensors })
     }
+}
 
+impl StFile {
     /// The bytes of `e`.
     pub fn bytes(&self, e: &Entry) -> &[u8] {
         &self.map[e.start..e.end]
@@ -112,46 +104,15 @@ impl StFile {
 /// Elements per parallel task when converting.
 const PAR_CHUNK: usize = 1 << 16;
 
-/// An element type weights are read as: f32, or f16 (F32 and BF16 sources rounded
-/// to nearest, F16 copied).
-pub trait Elem: Copy + Send + Sync + 'static {
-    fn from_f32(v: f32) -> Self;
-    fn from_f16(v: f16) -> Self;
-    /// `out` itself when `Self` is f32 (lets f32 reads skip a staging copy).
-    fn as_f32(out: &mut [Self]) -> Option<&mut [f32]>;
-}
-
-impl Elem for f32 {
-    fn from_f32(v: f32) -> f32 {
-        v
-    }
-    fn from_f16(v: f16) -> f32 {
-        v.to_f32()
-    }
-    fn as_f32(out: &mut [f32]) -> Option<&mut [f32]> {
-        Some(out)
-    }
-}
-
-impl Elem for f16 {
-    fn from_f32(v: f32) -> f16 {
-        f16::from_f32(v)
-    }
-    fn from_f16(v: f16) -> f16 {
-        v
-    }
-    fn as_f32(_: &mut [f16]) -> Option<&mut [f32]> {
-        None
-    }
-}
+pub use crate::kernels::convert::Elem;
 
 /// Converts little-endian `src` of `dtype` into `out` (exactly `src.len() / dtype.size()` values).
 pub(super) fn decode_le<T: Elem>(dtype: Dtype, src: &[u8], out: &mut [T]) {
     let sz = dtype.size();
     let conv = |s: &[u8], o: &mut [T]| match dtype {
-        Dtype::F32 => o.iter_mut().zip(s.chunks_exact(4)).for_each(|(o, b)| *o = T::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
-        Dtype::F16 => o.iter_mut().zip(s.chunks_exact(2)).for_each(|(o, b)| *o = T::from_f16(f16::from_le_bytes([b[0], b[1]]))),
-        Dtype::BF16 => o.iter_mut().zip(s.chunks_exact(2)).for_each(|(o, b)| *o = T::from_f32(bf16::from_le_bytes([b[0], b[1]]).to_f32())),
+        Dtype::F32 => T::from_le_f32(s, o),
+        Dtype::F16 => T::from_le_f16(s, o),
+        Dtype::BF16 => T::from_le_bf16(s, o),
     };
     if out.len() <= PAR_CHUNK {
         conv(src, out);

@@ -18,11 +18,13 @@ use half::f16;
 use rayon::prelude::*;
 use serde::Serialize;
 
+use super::bytes::WeightFile;
 use super::config::{Dtype, ModelConfig};
 use super::gguf::{GgufFile, Stored, decode};
 use super::gguf_model::{GgufConfig, Transform, gguf_config, hf_name};
 use super::stfile::{Elem, Entry, StFile, decode_le};
 use super::{ModelError, Result};
+use crate::kernels::convert::splitmix;
 use crate::kernels::quant::{QFormat, QMatrix, QuantError};
 
 /// A model read from one GGUF file.
@@ -510,7 +512,7 @@ impl Weights {
             }
             Slot::Synthetic { kind, key, shape } => {
                 check_range(name, shape, start, out.len())?;
-                synth(*kind, *key, start, out, T::from_f32);
+                synth(*kind, *key, start, out);
             }
             Slot::Gguf { file, tensor, tf, shape } => {
                 check_range(name, shape, start, out.len())?;
@@ -520,7 +522,7 @@ impl Weights {
                 }
                 let mut tmp = vec![0f32; out.len()];
                 self.gguf_range(*file, *tensor, *tf, start, &mut tmp)?;
-                out.par_iter_mut().zip(tmp.par_iter()).for_each(|(o, v)| *o = T::from_f32(*v));
+                out.par_chunks_mut(1 << 16).zip(tmp.par_chunks(1 << 16)).for_each(|(o, v)| T::from_f32_slice(v, o));
             }
         }
         Ok(())
@@ -661,27 +663,12 @@ fn check_range(name: &str, shape: &[usize], start: usize, len: usize) -> Result<
     Ok(())
 }
 
-/// SplitMix64's finalizer: a strong 64-bit mix.
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x0000_0100_0000_01B3))
 }
 
-/// Uniform in [-1, 1) for element `i` of the stream `key`.
-#[inline]
-fn unit(key: u64, i: u64) -> f32 {
-    let z = splitmix(key ^ i.wrapping_mul(0xD1B5_4A32_D192_ED03));
-    ((z >> 40) as f32) * (2.0 / (1u64 << 24) as f32) - 1.0
-}
-
 /// Fills `out` with elements `start..` of a synthetic tensor, in parallel for large ranges.
-fn synth<T: Send>(kind: SynthKind, key: u64, start: usize, out: &mut [T], cast: impl Fn(f32) -> T + Sync) {
+fn synth<T: Elem>(kind: SynthKind, key: u64, start: usize, out: &mut [T]) {
     // Uniform on [-a, a] has standard deviation a / sqrt(3).
     let (center, half) = match kind {
         SynthKind::Matrix => (0.0, 0.02 * 3f32.sqrt()),
@@ -689,11 +676,7 @@ fn synth<T: Send>(kind: SynthKind, key: u64, start: usize, out: &mut [T], cast: 
         SynthKind::Bias => (0.0, 0.02),
     };
     const CHUNK: usize = 1 << 16;
-    let fill = |offset: usize, o: &mut [T]| {
-        for (j, v) in o.iter_mut().enumerate() {
-            *v = cast(center + half * unit(key, (start + offset + j) as u64));
-        }
-    };
+    let fill = |offset: usize, o: &mut [T]| T::uniform(key, (start + offset) as u64, center, half, o);
     if out.len() <= CHUNK {
         fill(0, out);
     } else {

@@ -12,6 +12,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::common::{fixture, gpu_index, ids, ktune_in as ktune, read_json, tempdir};
+use ktune::model::WeightFile;
 
 const CTX: &str = "64";
 

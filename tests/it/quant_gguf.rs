@@ -44,6 +44,7 @@ fn every_block_format_dequantizes_as_gguf_python_bit_for_bit() {
     use ktune::kernels::cpu::Isa;
     use ktune::kernels::cpu::qdot::{dequantize, dot_q, qrow};
     use ktune::model::Stored;
+    use ktune::model::WeightFile;
     use ktune::model::gguf::GgufFile;
 
     let f = GgufFile::open(&crate::common::gguf_dir().join("blocks.gguf")).expect("blocks.gguf");

@@ -7,8 +7,8 @@
 use std::path::Path;
 
 use crate::common::fixtures_dir;
-use ktune::model::Tokenizer;
 use ktune::model::gguf::{Array, GgufFile, Value};
+use ktune::model::{Tokenizer, WeightFile};
 use serde_json::Value as Json;
 
 fn open(name: &str) -> GgufFile {

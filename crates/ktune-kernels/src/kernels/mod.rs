@@ -21,6 +21,7 @@
 pub mod act;
 pub mod attention;
 pub mod contract;
+pub mod convert;
 pub mod cpu;
 pub mod matmul;
 pub mod matvec;

@@ -13,6 +13,16 @@ use super::super::{GROUP, LANE, Panel, QK, RB, XPanel};
 /// blocks of 16).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn rows_times_tokens(p: &Panel, x: &XPanel, count: usize, out: &mut [f32], next: &[u8]) {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { if p.bias != 0 { sweep::<true>(p, x, count, out, next) } else { sweep::<false>(p, x, count, out, next) } }
+}
+
+/// [`rows_times_tokens`] for a panel with (`BIAS`) or without offsets.
+///
+/// # Safety
+/// As [`rows_times_tokens`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn sweep<const BIAS: bool>(p: &Panel, x: &XPanel, count: usize, out: &mut [f32], next: &[u8]) {
     let m = x.m;
     // `next` (bytes to bring into L2) spread over the tiles, a share per tile.
     let tiles = p.blocks.div_ceil(2) * (m / 4 + m % 4);
@@ -31,23 +41,15 @@ pub unsafe fn rows_times_tokens(p: &Panel, x: &XPanel, count: usize, out: &mut [
             let n = if m - t >= 4 { 4 } else { 1 };
             // SAFETY: blocks b..b + r < p.blocks and tokens t..t + n < m.
             unsafe {
-                match (r, n, p.sg == QK, p.bias != 0) {
-                    (2, 4, true, true) => tile::<2, 4, 8, true>(p, x, b, t, count, out),
-                    (2, 4, false, true) => tile::<2, 4, 4, true>(p, x, b, t, count, out),
-                    (2, _, true, true) => tile::<2, 1, 8, true>(p, x, b, t, count, out),
-                    (2, _, false, true) => tile::<2, 1, 4, true>(p, x, b, t, count, out),
-                    (_, 4, true, true) => tile::<1, 4, 8, true>(p, x, b, t, count, out),
-                    (_, 4, false, true) => tile::<1, 4, 4, true>(p, x, b, t, count, out),
-                    (_, _, true, true) => tile::<1, 1, 8, true>(p, x, b, t, count, out),
-                    (_, _, false, true) => tile::<1, 1, 4, true>(p, x, b, t, count, out),
-                    (2, 4, true, false) => tile::<2, 4, 8, false>(p, x, b, t, count, out),
-                    (2, 4, false, false) => tile::<2, 4, 4, false>(p, x, b, t, count, out),
-                    (2, _, true, false) => tile::<2, 1, 8, false>(p, x, b, t, count, out),
-                    (2, _, false, false) => tile::<2, 1, 4, false>(p, x, b, t, count, out),
-                    (_, 4, true, false) => tile::<1, 4, 8, false>(p, x, b, t, count, out),
-                    (_, 4, false, false) => tile::<1, 4, 4, false>(p, x, b, t, count, out),
-                    (_, _, true, false) => tile::<1, 1, 8, false>(p, x, b, t, count, out),
-                    (_, _, false, false) => tile::<1, 1, 4, false>(p, x, b, t, count, out),
+                match (r, n, p.sg == QK) {
+                    (2, 4, true) => tile::<2, 4, 8, BIAS>(p, x, b, t, count, out),
+                    (2, 4, false) => tile::<2, 4, 4, BIAS>(p, x, b, t, count, out),
+                    (2, _, true) => tile::<2, 1, 8, BIAS>(p, x, b, t, count, out),
+                    (2, _, false) => tile::<2, 1, 4, BIAS>(p, x, b, t, count, out),
+                    (_, 4, true) => tile::<1, 4, 8, BIAS>(p, x, b, t, count, out),
+                    (_, 4, false) => tile::<1, 4, 4, BIAS>(p, x, b, t, count, out),
+                    (_, _, true) => tile::<1, 1, 8, BIAS>(p, x, b, t, count, out),
+                    (_, _, false) => tile::<1, 1, 4, BIAS>(p, x, b, t, count, out),
                 }
             }
             t += n;
