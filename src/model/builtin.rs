@@ -7,7 +7,7 @@ use super::{ModelError, Result, VisionConfig};
 /// Names accepted by [`builtin`], with the checkpoint each one mirrors and the
 /// published GGUF repository of its instruct model on the Hugging Face Hub (what
 /// `--hf NAME` downloads).
-const MODELS: [(&str, &str, &str); 13] = [
+const MODELS: [(&str, &str, &str); 14] = [
     ("gemma3-1b", "google/gemma-3-1b-it", "ggml-org/gemma-3-1b-it-GGUF"),
     ("gemma3-4b", "google/gemma-3-4b-it (text model and SigLIP vision tower)", "ggml-org/gemma-3-4b-it-GGUF"),
     ("llama-3.2-1b", "meta-llama/Llama-3.2-1B", "bartowski/Llama-3.2-1B-Instruct-GGUF"),
@@ -21,6 +21,7 @@ const MODELS: [(&str, &str, &str); 13] = [
     ("qwen3-4b", "Qwen/Qwen3-4B", "Qwen/Qwen3-4B-GGUF"),
     ("smollm3-3b", "HuggingFaceTB/SmolLM3-3B", "ggml-org/SmolLM3-3B-GGUF"),
     ("mistral-7b", "mistralai/Mistral-7B-Instruct-v0.3", "bartowski/Mistral-7B-Instruct-v0.3-GGUF"),
+    ("phi-4-mini", "microsoft/Phi-4-mini-instruct", "bartowski/microsoft_Phi-4-mini-instruct-GGUF"),
 ];
 
 /// The published GGUF repository of the built-in model `name` (case-insensitive).
@@ -95,6 +96,18 @@ pub fn builtin(name: &str) -> Result<ModelConfig> {
             bos_token_id: Some(1),
             eos_token_ids: vec![2],
             ..ModelConfig::new(Architecture::Mistral, dims(32_768, 4096, 14_336, 32, 32, 8, 128))
+        },
+        // RoPE on 96 of each head's 128 dims. Its LongRoPE factors (48 pairs a
+        // context length) are left out: they change frequencies, not a shape or a
+        // kernel, and synthetic weights have no output to keep.
+        "phi-4-mini" => ModelConfig {
+            rms_norm_eps: 1e-5,
+            max_position_embeddings: 131_072,
+            rope_dim: Some(96),
+            // <|endoftext|>; <|end|> ends a turn.
+            bos_token_id: Some(199_999),
+            eos_token_ids: vec![199_999, 200_020],
+            ..ModelConfig::new(Architecture::Phi3, dims(200_064, 3072, 8192, 32, 24, 8, 128))
         },
         _ => return Err(ModelError::UnknownModel { name: name.to_string(), known: known() }),
     };

@@ -37,6 +37,21 @@ pub enum RopeScaling {
     /// Llama 3.1+ scaling: long wavelengths divided by `factor`, short ones kept,
     /// a smooth blend in between.
     Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: usize },
+    /// LongRoPE (Phi-3, Phi-4-mini): each inverse frequency divided by its own
+    /// factor, `long_factor` when the context exceeds
+    /// `original_max_position_embeddings` (llama.cpp's choice, by the context; in
+    /// transformers by the sequence so far), else `short_factor`; cos and sin
+    /// multiplied by `attention_factor` (so the scores by its square).
+    LongRope { short_factor: Vec<f64>, long_factor: Vec<f64>, original_max_position_embeddings: usize, attention_factor: f64 },
+}
+
+impl RopeScaling {
+    /// LongRoPE's default attention factor for an extension by `s` over an
+    /// `original` context: `sqrt(1 + ln(s) / ln(original))`, 1 when `s <= 1`, as
+    /// transformers and llama.cpp's converter compute it.
+    pub fn longrope_attention_factor(s: f64, original: usize) -> f64 {
+        if s <= 1.0 || original < 2 { 1.0 } else { (1.0 + s.ln() / (original as f64).ln()).sqrt() }
+    }
 }
 
 /// Storage type of weights (what a file holds, or what a kernel reads).
@@ -108,6 +123,11 @@ pub struct ModelConfig {
     pub rope_local_base_freq: Option<f64>,
     /// Scaling of the global layers' RoPE frequencies.
     pub rope_scaling: Option<RopeScaling>,
+    /// RoPE on the first `rope_dim` dims of each head only, the rest passed
+    /// through (Phi-4-mini: 96 of 128, `partial_rotary_factor` 0.75 in its
+    /// config; GGUF `rope.dimension_count`); None: the whole head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_dim: Option<usize>,
     pub max_position_embeddings: usize,
     /// The LM head is the embedding matrix (no `lm_head.weight` tensor).
     pub tie_word_embeddings: bool,
@@ -182,6 +202,7 @@ impl ModelConfig {
             rope_theta: 10_000.0,
             rope_local_base_freq: None,
             rope_scaling: None,
+            rope_dim: None,
             max_position_embeddings: 2048,
             tie_word_embeddings: true,
             hidden_act: f.hidden_act,
@@ -262,9 +283,20 @@ impl ModelConfig {
         1.0 / self.query_pre_attn_scalar.unwrap_or(self.head_dim as f64).sqrt()
     }
 
-    /// The attention scale of layer `layer`.
-    pub fn layer_attention_scale(&self, _layer: usize) -> f64 {
-        self.attention_scale()
+    /// The attention scale of layer `layer`: LongRoPE's attention factor scales
+    /// the rotated queries and keys, so (every dim rotating: [`ModelConfig::validate`])
+    /// their scores by its square.
+    pub fn layer_attention_scale(&self, layer: usize) -> f64 {
+        let rope_factor = match self.rope_scaling_for(self.layer_kind(layer)) {
+            Some(RopeScaling::LongRope { attention_factor, .. }) if self.layer_has_rope(layer) => *attention_factor,
+            _ => 1.0,
+        };
+        self.attention_scale() * rope_factor * rope_factor
+    }
+
+    /// The dims of each head that RoPE rotates.
+    pub fn rot_dim(&self) -> usize {
+        self.rope_dim.unwrap_or(self.head_dim)
     }
 
     /// The factor embeddings are multiplied by after the lookup (sqrt(hidden) for
@@ -414,6 +446,38 @@ impl ModelConfig {
                     bad.push("llama3 rope_scaling: original_max_position_embeddings is 0".to_string());
                 }
             }
+            Some(RopeScaling::LongRope { short_factor, long_factor, original_max_position_embeddings, attention_factor }) => {
+                let pairs = self.rot_dim() / 2;
+                for (name, f) in [("short_factor", short_factor), ("long_factor", long_factor)] {
+                    if f.len() != pairs {
+                        bad.push(format!("longrope {name} has {} values for {pairs} rotated pairs", f.len()));
+                    }
+                    if !f.iter().all(|&v| positive(v)) {
+                        bad.push(format!("longrope {name} values must be positive"));
+                    }
+                }
+                if *original_max_position_embeddings == 0 {
+                    bad.push("longrope original_max_position_embeddings is 0".to_string());
+                }
+                if !positive(*attention_factor) {
+                    bad.push(format!("longrope attention_factor ({attention_factor}) must be positive"));
+                }
+                // The factor scales cos and sin, so the rotated dims only: folded
+                // into the attention scale where every dim rotates; on part of a
+                // head the RoPE kernels would have to apply it (not yet).
+                if *attention_factor != 1.0 && self.rot_dim() < self.head_dim {
+                    bad.push(format!(
+                        "longrope attention_factor ({attention_factor}) with RoPE on {} of {} dims (Phi-4-mini) is not supported yet",
+                        self.rot_dim(),
+                        self.head_dim
+                    ));
+                }
+            }
+        }
+        if let Some(r) = self.rope_dim
+            && !(r >= 2 && r <= self.head_dim && r.is_multiple_of(2))
+        {
+            bad.push(format!("rope_dim ({r}) must be even, above 0 and at most head_dim ({})", self.head_dim));
         }
         for t in self.bos_token_id.iter().chain(&self.eos_token_ids) {
             if *t as usize >= self.vocab_size {
@@ -437,7 +501,7 @@ mod tests {
     #[test]
     fn names_are_the_published_spellings() {
         let arch: Vec<_> = <Architecture as strum::IntoEnumIterator>::iter().map(Architecture::name).collect();
-        assert_eq!(arch, ["llama", "qwen2", "qwen3", "mistral", "smollm3", "gemma3"]);
+        assert_eq!(arch, ["llama", "qwen2", "qwen3", "mistral", "smollm3", "gemma3", "phi3"]);
         assert_eq!(Architecture::Gemma3.to_string(), "gemma3");
         assert_eq!([LayerKind::Global.name(), LayerKind::Local.name()], ["global", "local"]);
         assert_eq!([HiddenAct::Silu.name(), HiddenAct::GeluPytorchTanh.name()], ["silu", "gelu_pytorch_tanh"]);

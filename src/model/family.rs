@@ -31,6 +31,8 @@ pub enum Architecture {
     SmolLM3,
     /// `Gemma3ForCausalLM` (text).
     Gemma3,
+    /// `Phi3ForCausalLM` (Phi-3, Phi-3.5-mini, Phi-4-mini).
+    Phi3,
 }
 
 impl Architecture {
@@ -75,8 +77,9 @@ pub enum Window {
     /// `layer_types`, else `sliding_window_pattern` (every n-th layer global,
     /// default 6), with `sliding_window` as the span (default 4096): Gemma 3.
     Pattern,
-    /// Every layer, when `sliding_window` is set (Mistral; `null` turns it off).
-    EveryLayer,
+    /// Every layer, when `sliding_window` is set (`null` turns it off); `default`
+    /// when the key is absent (Mistral: 4096; Phi-3: none).
+    EveryLayer { default: Option<usize> },
 }
 
 /// One family's description (see the module doc).
@@ -118,6 +121,10 @@ pub struct Family {
     /// llama.cpp's converter permutes the Q and K rows of its GGUF files for its
     /// interleaved RoPE (undone on load).
     pub gguf_permuted_qk: bool,
+    /// Q, K and V are one `qkv_proj` tensor, gate and up one `gate_up_proj` (gate
+    /// rows first), in its files (GGUF: `attn_qkv`, and `ffn_up` of twice the
+    /// width): served as row views under the separate names (Phi-3).
+    pub fused_projections: bool,
 }
 
 /// The plain pre-norm decoder every family starts from.
@@ -141,6 +148,7 @@ const PLAIN: Family = Family {
     soft_caps: false,
     nope_layers: false,
     gguf_permuted_qk: true,
+    fused_projections: false,
 };
 
 /// Every family, one row each.
@@ -177,7 +185,7 @@ pub const FAMILIES: &[Family] = &[
         model_type: "mistral",
         gguf_arch: None,
         max_position_embeddings: 131_072,
-        window: Window::EveryLayer,
+        window: Window::EveryLayer { default: Some(4096) },
         ..PLAIN
     },
     // SmolLM3: every fourth layer without RoPE.
@@ -213,6 +221,20 @@ pub const FAMILIES: &[Family] = &[
         window: Window::Pattern,
         soft_caps: true,
         gguf_permuted_qk: false,
+        ..PLAIN
+    },
+    // Phi-3 / Phi-4-mini: Q/K/V and gate/up fused in the file, RoPE on part of
+    // each head (`partial_rotary_factor`, Phi-4-mini 0.75) with LongRoPE scaling,
+    // a sliding window on every layer when set (Phi-3-mini: 2047).
+    Family {
+        arch: Architecture::Phi3,
+        hf_class: "Phi3ForCausalLM",
+        model_type: "phi3",
+        gguf_arch: Some("phi3"),
+        max_position_embeddings: 4096,
+        window: Window::EveryLayer { default: None },
+        gguf_permuted_qk: false,
+        fused_projections: true,
         ..PLAIN
     },
 ];

@@ -34,6 +34,11 @@ pub enum Transform {
     },
     /// 1 was added to every value (Gemma norms).
     MinusOne,
+    /// Rows `first..` of a fused tensor (Phi-3's `attn_qkv`, its gate/up `ffn_up`),
+    /// served as one of its parts.
+    Rows {
+        first: usize,
+    },
 }
 
 impl Transform {
@@ -47,6 +52,7 @@ impl Transform {
                 let (h, rem) = (r / hd, r % hd);
                 h * hd + 2 * (rem % half) + rem / half
             }
+            Transform::Rows { first } => first + r,
             _ => r,
         }
     }
@@ -84,7 +90,10 @@ pub fn hf_name(config: &ModelConfig, name: &str) -> Option<(String, Transform)> 
         return None;
     }
     let permuted = family.gguf_permuted_qk;
+    let fused = family.fused_projections;
     let (hf, tf) = match base {
+        "attn_qkv" if fused => ("self_attn.qkv_proj", Transform::None),
+        "ffn_up" if fused => ("mlp.gate_up_proj", Transform::None),
         "attn_norm" => ("input_layernorm", norm_tf),
         "attn_q" if permuted => ("self_attn.q_proj", Transform::Unpermute { heads: config.num_heads }),
         "attn_k" if permuted => ("self_attn.k_proj", Transform::Unpermute { heads: config.num_kv_heads }),
@@ -124,7 +133,10 @@ pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
         .ok_or_else(|| m.err(format!("missing metadata `{}`", m.key("attention.layer_norm_rms_epsilon"))))?;
     let max_position_embeddings = m.usize_req("context_length")?;
     let rope_theta = m.f64_opt("rope.freq_base")?.unwrap_or(10_000.0);
-    let rope_scaling = gguf_rope_scaling(&mut m, rope_theta, dims.head_dim)?;
+    // RoPE on part of each head (Phi-4-mini); checked with the config.
+    let rope_dim = m.usize_opt("rope.dimension_count")?.filter(|&r| r != dims.head_dim);
+    let rot_dim = rope_dim.unwrap_or(dims.head_dim);
+    let rope_scaling = gguf_rope_scaling(&mut m, rope_theta, rot_dim, max_position_embeddings)?;
     let family = arch.family();
     let gemma = if family.soft_caps { Some(gguf_gemma3(&mut m, &dims)?) } else { None };
     // Qwen2 has Q/K/V biases (set by the family), the others none.
@@ -135,15 +147,25 @@ pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
     let num_layers = dims.num_layers;
     // llama.cpp: SmolLM3 skips RoPE on every fourth layer (no metadata says so).
     let nope_layers = if family.nope_layers { family::nope_every(num_layers, 4) } else { Vec::new() };
+    // A window on every layer where the family has one (Phi-3) and the file sets it.
+    let every_layer_window = match family.window {
+        family::Window::EveryLayer { .. } => m.usize_opt("attention.sliding_window")?.filter(|&w| w > 0),
+        _ => None,
+    };
     let config = ModelConfig {
         rms_norm_eps,
         rope_theta,
         rope_local_base_freq: gemma.as_ref().map(|g| g.local_theta),
         rope_scaling,
+        rope_dim,
         max_position_embeddings,
         tie_word_embeddings: f.tensor("output.weight").is_none(),
-        sliding_window: gemma.as_ref().and_then(|g| g.window),
-        layer_types: gemma.as_ref().map_or_else(|| vec![LayerKind::Global; num_layers], |g| g.layer_types.clone()),
+        sliding_window: gemma.as_ref().and_then(|g| g.window).or(every_layer_window),
+        layer_types: match (&gemma, every_layer_window) {
+            (Some(g), _) => g.layer_types.clone(),
+            (None, Some(_)) => vec![LayerKind::Local; num_layers],
+            (None, None) => vec![LayerKind::Global; num_layers],
+        },
         nope_layers,
         query_pre_attn_scalar: gemma.as_ref().map(|g| g.scalar),
         final_logit_softcapping: gemma.as_ref().and_then(|g| g.final_cap),
@@ -219,11 +241,6 @@ fn gguf_dims(m: &mut MetaReader) -> Result<Dims> {
     {
         return Err(m.unsupported(format!("`{}` ({v}) different from the key length ({head_dim})", m.key("attention.value_length"))));
     }
-    if let Some(r) = m.usize_opt("rope.dimension_count")?
-        && r != head_dim
-    {
-        return Err(m.unsupported(format!("`{}` = {r}: RoPE on part of each {head_dim}-wide head", m.key("rope.dimension_count"))));
-    }
     let vocab_size = match m.usize_opt("vocab_size")? {
         Some(v) => v,
         None => match (f.get("tokenizer.ggml.tokens").and_then(Value::as_array), f.tensor("token_embd.weight")) {
@@ -236,9 +253,14 @@ fn gguf_dims(m: &mut MetaReader) -> Result<Dims> {
 }
 
 /// RoPE scaling: linear (`rope.scaling.type`, or the older `rope.scale_linear`),
-/// or Llama 3.1's frequency factors from the `rope_freqs.weight` tensor.
-fn gguf_rope_scaling(m: &mut MetaReader, rope_theta: f64, head_dim: usize) -> Result<Option<RopeScaling>> {
+/// Llama 3.1's frequency factors from the `rope_freqs.weight` tensor, or
+/// LongRoPE's from `rope_factors_short.weight` and `rope_factors_long.weight`.
+/// `head_dim`: the rotated dims.
+fn gguf_rope_scaling(m: &mut MetaReader, rope_theta: f64, head_dim: usize, context: usize) -> Result<Option<RopeScaling>> {
     let f = m.file();
+    if let Some(s) = gguf_longrope(m, head_dim, context)? {
+        return Ok(Some(s));
+    }
     let mut rope_scaling = match m.str_opt("rope.scaling.type")? {
         None | Some("none") => None,
         Some("linear") => {
@@ -267,6 +289,31 @@ fn gguf_rope_scaling(m: &mut MetaReader, rope_theta: f64, head_dim: usize) -> Re
         rope_scaling = llama3_from_factors(&factors, rope_theta, head_dim).map_err(|e| m.unsupported(e))?;
     }
     Ok(rope_scaling)
+}
+
+/// LongRoPE (Phi-3): the factors as `convert_hf_to_gguf.py` writes them (one per
+/// rotated pair, f32 tensors), the original context and the attention factor
+/// (`rope.scaling.attn_factor`, else the default of `context / original`).
+fn gguf_longrope(m: &mut MetaReader, rot_dim: usize, context: usize) -> Result<Option<RopeScaling>> {
+    let f = m.file();
+    let (Some(long), Some(short)) = (f.tensor("rope_factors_long.weight"), f.tensor("rope_factors_short.weight")) else {
+        return Ok(None);
+    };
+    let read = |t: &crate::model::gguf::GgufTensor, name: &str| -> Result<Vec<f64>> {
+        if t.rows() != 1 || t.numel() != rot_dim / 2 {
+            return Err(m.err(format!("`{name}` has shape {:?}, expected [{}]", t.shape(), rot_dim / 2)));
+        }
+        let mut v = vec![0f32; t.numel()];
+        f.decode_row(t, 0, &mut v)?;
+        Ok(v.into_iter().map(f64::from).collect())
+    };
+    let (long_factor, short_factor) = (read(long, "rope_factors_long.weight")?, read(short, "rope_factors_short.weight")?);
+    let original = m.usize_opt("rope.scaling.original_context_length")?.unwrap_or(context);
+    let attention_factor = match m.f64_opt("rope.scaling.attn_factor")? {
+        Some(a) => a,
+        None => RopeScaling::longrope_attention_factor(context as f64 / original.max(1) as f64, original),
+    };
+    Ok(Some(RopeScaling::LongRope { short_factor, long_factor, original_max_position_embeddings: original, attention_factor }))
 }
 
 /// What Gemma 3 adds: its local layers and their window and RoPE base, the query

@@ -121,6 +121,9 @@ const IRRELEVANT: &[&str] = &[
     "use_cache",
     "initializer_range",
     "attention_dropout",
+    // Phi-3's dropouts (training only).
+    "embd_pdrop",
+    "resid_pdrop",
     "pad_token_id",
     "pretraining_tp",
     "max_window_layers",
@@ -407,11 +410,8 @@ impl<'a> Reader<'a> {
         if !f.qkv_bias && self.bool_opt("attention_bias")? == Some(true) {
             return Err(self.unsupported("`attention_bias: true` (it adds a bias to o_proj too)".into()));
         }
-        if let Some(f) = self.f64_opt("partial_rotary_factor")?
-            && f != 1.0
-        {
-            return Err(self.unsupported(format!("`partial_rotary_factor: {f}` (RoPE on part of each head)")));
-        }
+        // transformers: int(head_dim * partial_rotary_factor).
+        let rope_dim = self.partial_rotary_factor()?.map(|f| (head_dim as f64 * f) as usize);
         if self.bool_opt("use_mrope")? == Some(true) {
             return Err(self.unsupported("`use_mrope: true` (multimodal RoPE)".into()));
         }
@@ -435,7 +435,7 @@ impl<'a> Reader<'a> {
         let (layer_types, sliding_window) = self.windows(f, num_layers)?;
         let nope_layers = if f.nope_layers { self.nope_layers(num_layers)? } else { Vec::new() };
 
-        let (rope_theta, rope_local_base_freq, rope_scaling) = self.rope(f)?;
+        let (rope_theta, rope_local_base_freq, rope_scaling) = self.rope(f, max_position_embeddings)?;
         let bos_token_id = self.token("bos_token_id")?.and_then(|v| v.first().copied());
         let eos_token_ids = self.token("eos_token_id")?.unwrap_or_default();
 
@@ -445,6 +445,7 @@ impl<'a> Reader<'a> {
             rope_theta,
             rope_local_base_freq,
             rope_scaling,
+            rope_dim,
             max_position_embeddings,
             tie_word_embeddings,
             hidden_act,
@@ -470,10 +471,10 @@ impl<'a> Reader<'a> {
         }
         let (types, window) = match f.window {
             Window::Pattern => (self.layer_types(f, layers)?, Some(self.usize_opt("sliding_window")?.unwrap_or(4096))),
-            // MistralConfig's default window is 4096; `null` turns it off.
-            Window::EveryLayer => {
+            // The family's default when absent (MistralConfig's: 4096); `null` turns it off.
+            Window::EveryLayer { default } => {
                 let absent = !self.map.contains_key("sliding_window");
-                let window = if absent { Some(4096) } else { self.usize_opt("sliding_window")? };
+                let window = if absent { default } else { self.usize_opt("sliding_window")? };
                 let kind = if window.is_some() { LayerKind::Local } else { LayerKind::Global };
                 (vec![kind; layers], window)
             }
@@ -554,7 +555,27 @@ impl<'a> Reader<'a> {
     /// (global theta, local theta, global scaling) from `rope_parameters`
     /// (transformers 5: flat, or one entry per layer type) or from `rope_theta`,
     /// `rope_local_base_freq` and `rope_scaling` (4.x).
-    fn rope(&mut self, f: &Family) -> Result<(f64, Option<f64>, Option<RopeScaling>)> {
+    /// `partial_rotary_factor`, at the top (transformers 4) or in
+    /// `rope_parameters` (5); None for 1 (the whole head).
+    fn partial_rotary_factor(&mut self) -> Result<Option<f64>> {
+        let top = self.f64_opt("partial_rotary_factor")?;
+        let nested = match self.get("rope_parameters") {
+            Some(Value::Object(p)) => match p.get("partial_rotary_factor") {
+                None | Some(Value::Null) => None,
+                Some(v) => {
+                    Some(v.as_f64().ok_or_else(|| self.config_err("`rope_parameters.partial_rotary_factor` must be a number".into()))?)
+                }
+            },
+            _ => None,
+        };
+        match top.or(nested) {
+            Some(f) if !(f > 0.0 && f <= 1.0) => Err(self.config_err(format!("`partial_rotary_factor` ({f}) must be in (0, 1]"))),
+            f => Ok(f.filter(|&f| f != 1.0)),
+        }
+    }
+
+    fn rope(&mut self, f: &Family, max_position_embeddings: usize) -> Result<(f64, Option<f64>, Option<RopeScaling>)> {
+        let ctx = RopeContext { max_position_embeddings, original: self.usize_opt("original_max_position_embeddings")? };
         let theta = self.f64_opt("rope_theta")?;
         let local = self.f64_opt("rope_local_base_freq")?;
         let scaling = self.get("rope_scaling");
@@ -564,11 +585,11 @@ impl<'a> Reader<'a> {
         match params {
             Some(Value::Object(p)) if p.contains_key("full_attention") || p.contains_key("sliding_attention") => {
                 let (g_theta, g_scaling) = match p.get("full_attention") {
-                    Some(v) => self.rope_entry(v, "rope_parameters.full_attention")?,
+                    Some(v) => self.rope_entry(v, "rope_parameters.full_attention", ctx)?,
                     None => (None, None),
                 };
                 let (l_theta, l_scaling) = match p.get("sliding_attention") {
-                    Some(v) => self.rope_entry(v, "rope_parameters.sliding_attention")?,
+                    Some(v) => self.rope_entry(v, "rope_parameters.sliding_attention", ctx)?,
                     None => (None, None),
                 };
                 if l_scaling.is_some() {
@@ -578,13 +599,13 @@ impl<'a> Reader<'a> {
                 Ok((g_theta.or(theta).unwrap_or(default_theta), local, g_scaling))
             }
             Some(v @ Value::Object(_)) => {
-                let (t, s) = self.rope_entry(v, "rope_parameters")?;
+                let (t, s) = self.rope_entry(v, "rope_parameters", ctx)?;
                 Ok((t.or(theta).unwrap_or(default_theta), default_local, s))
             }
             Some(v) => Err(self.config_err(format!("`rope_parameters` must be an object, got {}", describe(v)))),
             None => {
                 let s = match scaling {
-                    Some(v) => self.rope_entry(v, "rope_scaling")?.1,
+                    Some(v) => self.rope_entry(v, "rope_scaling", ctx)?.1,
                     None => None,
                 };
                 Ok((theta.unwrap_or(default_theta), default_local, s))
@@ -593,7 +614,7 @@ impl<'a> Reader<'a> {
     }
 
     /// One RoPE description: `{"rope_type": ..., "rope_theta": ..., factors}`.
-    fn rope_entry(&self, v: &Value, key: &str) -> Result<(Option<f64>, Option<RopeScaling>)> {
+    fn rope_entry(&self, v: &Value, key: &str, ctx: RopeContext) -> Result<(Option<f64>, Option<RopeScaling>)> {
         let Value::Object(o) = v else {
             return Err(self.config_err(format!("`{key}` must be an object, got {}", describe(v))));
         };
@@ -617,9 +638,49 @@ impl<'a> Reader<'a> {
                     .and_then(as_usize)
                     .ok_or_else(|| self.config_err(format!("`{key}` needs an integer `original_max_position_embeddings`")))?,
             }),
-            other => return Err(self.unsupported(format!("`{key}` type `{other}` (supported: default, linear, llama3)"))),
+            "longrope" => Some(self.longrope(o, key, ctx)?),
+            other => return Err(self.unsupported(format!("`{key}` type `{other}` (supported: default, linear, llama3, longrope)"))),
         };
         Ok((theta, scaling))
+    }
+
+    /// LongRoPE's factors (one per rotated pair; their count is checked with the
+    /// config), its original context (in the entry, else at the top of the config,
+    /// else `max_position_embeddings`) and its attention factor (given, else the
+    /// default for the entry's `factor`, else for `max_position_embeddings /
+    /// original`), as transformers 5 reads them.
+    fn longrope(&self, o: &serde_json::Map<String, Value>, key: &str, ctx: RopeContext) -> Result<RopeScaling> {
+        let factors = |name: &str| -> Result<Vec<f64>> {
+            o.get(name)
+                .and_then(Value::as_array)
+                .and_then(|a| a.iter().map(Value::as_f64).collect::<Option<Vec<f64>>>())
+                .ok_or_else(|| self.config_err(format!("`{key}` needs a list of numbers `{name}`")))
+        };
+        let number = |name: &str| -> Result<Option<f64>> {
+            match o.get(name) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => v.as_f64().map(Some).ok_or_else(|| self.config_err(format!("`{key}.{name}` must be a number"))),
+            }
+        };
+        let original = match o.get("original_max_position_embeddings") {
+            None | Some(Value::Null) => ctx.original.unwrap_or(ctx.max_position_embeddings),
+            Some(v) => {
+                as_usize(v).ok_or_else(|| self.config_err(format!("`{key}.original_max_position_embeddings` must be an integer")))?
+            }
+        };
+        let attention_factor = match number("attention_factor")? {
+            Some(a) => a,
+            None => {
+                let s = number("factor")?.unwrap_or(ctx.max_position_embeddings as f64 / original.max(1) as f64);
+                RopeScaling::longrope_attention_factor(s, original)
+            }
+        };
+        Ok(RopeScaling::LongRope {
+            short_factor: factors("short_factor")?,
+            long_factor: factors("long_factor")?,
+            original_max_position_embeddings: original,
+            attention_factor,
+        })
     }
 
     /// A token id or a list of them.
@@ -635,6 +696,14 @@ impl<'a> Reader<'a> {
             Some(v) => as_usize(v).and_then(|t| u32::try_from(t).ok()).map(|t| Some(vec![t])).ok_or_else(|| bad(self, v)),
         }
     }
+}
+
+/// What a RoPE entry may read from the rest of the config.
+#[derive(Clone, Copy)]
+struct RopeContext {
+    max_position_embeddings: usize,
+    /// `original_max_position_embeddings` at the top of the config (Phi-3).
+    original: Option<usize>,
 }
 
 /// A non-negative integer (also written as `8.0`).

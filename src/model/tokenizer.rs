@@ -33,6 +33,14 @@ const LLAMA3_SPLIT: &str =
 /// Qwen 2's split: digits one by one.
 const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// GPT-4o's split (tiktoken's `o200k_base`, llama.cpp `gpt-4o`: Phi-4-mini):
+/// letters split at case changes, contractions kept on their word.
+const GPT4O_SPLIT: &str = concat!(
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+);
+
 /// The file name a Hugging Face model directory keeps its tokenizer in.
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
 
@@ -227,9 +235,10 @@ impl Tokenizer {
             "smollm" => GPT2_SPLIT,
             "llama-bpe" | "llama3" | "llama-v3" | "smaug-bpe" | "dbrx" => Some(LLAMA3_SPLIT),
             "qwen2" | "deepseek-r1-qwen" => Some(QWEN2_SPLIT),
+            "gpt-4o" => Some(GPT4O_SPLIT),
             other => {
                 return Err(err(format!(
-                    "pre-tokenizer `{other}` (`tokenizer.ggml.pre`) is not supported (known: default, gpt2, smollm, llama-bpe, qwen2): give the prompt as token ids with --tokens"
+                    "pre-tokenizer `{other}` (`tokenizer.ggml.pre`) is not supported (known: default, gpt2, smollm, llama-bpe, qwen2, gpt-4o): give the prompt as token ids with --tokens"
                 )));
             }
         };
@@ -449,5 +458,24 @@ impl Tokenizer {
         self.inner
             .decode(ids, true)
             .map_err(|e| ModelError::Tokenizer { path: self.path.clone(), msg: format!("decoding ids {ids:?} failed: {e}") })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+    use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer, SplitDelimiterBehavior};
+
+    /// The pieces of tiktoken's `o200k_base` split: words cut where case turns
+    /// lower-to-upper, a contraction kept on its word, digits in threes, a newline
+    /// run alone, spaces before a word left to that word but one.
+    #[test]
+    fn the_gpt4o_split_cuts_as_o200k_does() {
+        let split = Split::new(SplitPattern::Regex(super::GPT4O_SPLIT.into()), SplitDelimiterBehavior::Isolated, false).expect("regex");
+        let mut s = PreTokenizedString::from("HelloWorld it's 12345 ABCdef\n\n  x");
+        split.pre_tokenize(&mut s).expect("splits");
+        let pieces: Vec<String> =
+            s.get_splits(OffsetReferential::Original, OffsetType::Byte).into_iter().map(|(p, _, _)| p.to_string()).collect();
+        assert_eq!(pieces, ["Hello", "World", " it's", " ", "123", "45", " ABCdef", "\n\n", " ", " x"]);
     }
 }

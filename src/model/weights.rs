@@ -62,6 +62,42 @@ enum Slot {
     Gguf { file: usize, tensor: usize, tf: Transform, shape: Vec<usize> },
 }
 
+impl Slot {
+    fn shape(&self) -> &[usize] {
+        match self {
+            Slot::File { entry, .. } => &entry.shape,
+            Slot::Synthetic { shape, .. } | Slot::Gguf { shape, .. } => shape,
+        }
+    }
+
+    /// Rows `first..first + rows` of this `[total, cols]` tensor, read in place
+    /// (None: not a 2-D tensor of `total` rows stored as it is served).
+    fn rows(&self, first: usize, rows: usize, total: usize) -> Option<Slot> {
+        match self {
+            Slot::File { file, entry } => {
+                let (&[t, cols], Ok(dtype)) = (&entry.shape[..], &entry.dtype) else { return None };
+                let row = cols * dtype.size();
+                (t == total).then(|| Slot::File {
+                    file: *file,
+                    entry: Entry {
+                        dtype: entry.dtype.clone(),
+                        shape: vec![rows, cols],
+                        start: entry.start + first * row,
+                        end: entry.start + (first + rows) * row,
+                    },
+                })
+            }
+            Slot::Gguf { file, tensor, tf: Transform::None, shape } => match shape[..] {
+                [t, cols] if t == total => {
+                    Some(Slot::Gguf { file: *file, tensor: *tensor, tf: Transform::Rows { first }, shape: vec![rows, cols] })
+                }
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
 /// What synthetic values a tensor gets.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum SynthKind {
@@ -215,7 +251,7 @@ impl Weights {
         let GgufConfig { config, ignored_keys } = gguf_config(&file)?;
         let mut tensors = BTreeMap::new();
         for (i, t) in file.tensors.iter().enumerate() {
-            if t.name == "rope_freqs.weight" {
+            if ["rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"].contains(&t.name.as_str()) {
                 continue; // folded into the config's RoPE scaling
             }
             let (name, tf) = hf_name(&config, &t.name).unwrap_or_else(|| (t.name.clone(), Transform::None));
@@ -232,7 +268,8 @@ impl Weights {
                 return Err(ModelError::File { path: path.to_path_buf(), msg: format!("two tensors map to `{name}`") });
             }
         }
-        let weights = Weights { files: Vec::new(), gguf: vec![file.clone()], tensors, origin: path.display().to_string() };
+        let mut weights = Weights { files: Vec::new(), gguf: vec![file.clone()], tensors, origin: path.display().to_string() };
+        weights.split_fused(&config)?;
         Ok(GgufModel { config, ignored_keys, weights, file })
     }
 
@@ -401,6 +438,44 @@ impl Weights {
 
     /// Checks every tensor `config` needs (name and shape), reporting all problems
     /// at once. Extra tensors are allowed (a tied checkpoint may still carry `lm_head.weight`).
+    /// Fits the tensors to `config`: a family's fused projections split
+    /// ([`Weights::split_fused`]), then every tensor checked ([`Weights::check_config`]).
+    pub fn fit_config(&mut self, config: &ModelConfig) -> Result<()> {
+        self.split_fused(config)?;
+        self.check_config(config)
+    }
+
+    /// Serves a family's fused projections ([`Family::fused_projections`](super::family::Family::fused_projections):
+    /// Phi-3's `qkv_proj` and `gate_up_proj`) under the separate names, each a row
+    /// view of the one tensor (Q, K, V rows; gate rows, then up rows). A layer
+    /// without them is left to [`Weights::check_config`] to name what is missing.
+    fn split_fused(&mut self, config: &ModelConfig) -> Result<()> {
+        if !config.architecture.family().fused_projections {
+            return Ok(());
+        }
+        let (q, kv, inter) = (config.q_dim(), config.kv_dim(), config.intermediate_size);
+        for l in 0..config.num_layers {
+            let name = |n: &str| format!("model.layers.{l}.{n}");
+            let qkv = [("self_attn.q_proj.weight", q), ("self_attn.k_proj.weight", kv), ("self_attn.v_proj.weight", kv)];
+            let gate_up = [("mlp.gate_proj.weight", inter), ("mlp.up_proj.weight", inter)];
+            for (fused, parts) in [("self_attn.qkv_proj.weight", &qkv[..]), ("mlp.gate_up_proj.weight", &gate_up[..])] {
+                let Some(slot) = self.tensors.remove(&name(fused)) else { continue };
+                let total: usize = parts.iter().map(|(_, rows)| rows).sum();
+                let mut first = 0;
+                for (part, rows) in parts {
+                    let view = slot.rows(first, *rows, total).ok_or_else(|| ModelError::Shape {
+                        name: name(fused),
+                        expected: vec![total, config.hidden_size],
+                        found: slot.shape().to_vec(),
+                    })?;
+                    self.tensors.insert(name(part), view);
+                    first += rows;
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub fn check_config(&self, config: &ModelConfig) -> Result<()> {
         self.check_tensors("config", config.num_layers, config.tensor_shapes())
     }
@@ -487,10 +562,7 @@ impl Weights {
     /// [`Weights::row_f32`] into `out` (`out.len()` must be the row length), with
     /// no allocation: the embedding lookup of a decode step.
     pub fn row_f32_into(&self, name: &str, row: usize, out: &mut [f32]) -> Result<()> {
-        let shape: &[usize] = match self.slot(name)? {
-            Slot::File { entry, .. } => &entry.shape,
-            Slot::Synthetic { shape, .. } | Slot::Gguf { shape, .. } => shape,
-        };
+        let shape = self.slot(name)?.shape();
         let &[rows, cols] = shape else {
             return Err(ModelError::Shape { name: name.to_string(), expected: vec![0, 0], found: shape.to_vec() });
         };

@@ -539,9 +539,10 @@ impl Plan {
         // RoPE frequencies, one table per base, and zeros for the layers without
         // RoPE (SmolLM3): a rotation by angle 0 leaves q and k as they are, so every
         // RoPE kernel (fused or not) serves them.
-        let mut tables: Vec<(&str, Vec<f32>)> = [LayerKind::Global, LayerKind::Local].map(|k| (k.name(), inv_freq(&c, k))).into();
+        let context = self.options.context;
+        let mut tables: Vec<(&str, Vec<f32>)> = [LayerKind::Global, LayerKind::Local].map(|k| (k.name(), inv_freq(&c, k, context))).into();
         if !c.nope_layers.is_empty() {
-            tables.push((NO_ROPE, vec![0.0; c.head_dim / 2]));
+            tables.push((NO_ROPE, vec![0.0; c.rot_dim() / 2]));
         }
         for (name, f) in tables {
             let id = self.add(format!("inv_freq_{name}"), BufRole::Constant, DType::F32, f.len(), None);
@@ -791,9 +792,10 @@ pub fn lm_head_blocks_bytes(vocab: usize, weight_row_bytes: u64, logit_rows: usi
 const NO_ROPE: &str = "none";
 
 /// RoPE inverse frequencies for one kind of layer: the local base without scaling
-/// on sliding-window layers (Gemma 3), the global base with the configured scaling.
-pub fn inv_freq(c: &ModelConfig, kind: LayerKind) -> Vec<f32> {
-    let rot = c.head_dim;
+/// on sliding-window layers (Gemma 3), the global base with the configured scaling
+/// (LongRoPE's factors chosen by the `context` the plan holds), one per rotated pair.
+pub fn inv_freq(c: &ModelConfig, kind: LayerKind, context: usize) -> Vec<f32> {
+    let rot = c.rot_dim();
     let (theta, scaling) = (c.rope_theta_for(kind), c.rope_scaling_for(kind).cloned());
     let base: Vec<f64> = (0..rot / 2).map(|i| 1.0 / theta.powf(2.0 * i as f64 / rot as f64)).collect();
     let scaled: Vec<f64> = match scaling {
@@ -816,6 +818,10 @@ pub fn inv_freq(c: &ModelConfig, kind: LayerKind) -> Vec<f32> {
                     }
                 })
                 .collect()
+        }
+        Some(RopeScaling::LongRope { short_factor, long_factor, original_max_position_embeddings, .. }) => {
+            let ext = if context > original_max_position_embeddings { long_factor } else { short_factor };
+            base.iter().zip(ext).map(|(f, e)| f / e).collect()
         }
     };
     scaled.into_iter().map(|f| f as f32).collect()
@@ -1114,12 +1120,13 @@ impl Emitter<'_> {
         let (q, k, v, qn, kn, qr, kr) = (id("q"), id("k"), id("v"), id("qn"), id("kn"), id("qr"), id("kr"));
         let freq = self.inv_freq(l);
         let layout = RopeLayout::Half;
-        let rope = |heads| Problem::Rope { tokens: t, heads, head_dim: hd, rot_dim: hd, pos0, layout };
+        let rot_dim = c.rot_dim();
+        let rope = |heads| Problem::Rope { tokens: t, heads, head_dim: hd, rot_dim, pos0, layout };
         for (src, dst, normed_buf, heads, nw) in [(q, qr, qn, c.num_heads, w.q_norm), (k, kr, kn, c.num_kv_heads, w.k_norm)] {
             match nw {
                 Some(nw) if plan.options.fusion.qk_norm_rope => {
                     let (eps, unit_offset) = (c.rms_norm_eps as f32, c.norm_unit_offset);
-                    let p = Problem::QkNormRope { tokens: t, heads, head_dim: hd, rot_dim: hd, pos0, layout, eps, unit_offset };
+                    let p = Problem::QkNormRope { tokens: t, heads, head_dim: hd, rot_dim, pos0, layout, eps, unit_offset };
                     self.kernel(Slot::QkNormRope, li, p, vec![src, nw, freq, dst], plan.options.weight_dtype.float_storage())?;
                 }
                 Some(nw) => {
@@ -1293,7 +1300,7 @@ impl Emitter<'_> {
             heads: c.num_heads,
             kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
-            rot_dim: c.head_dim,
+            rot_dim: c.rot_dim(),
             pos0,
             kv_cap: plan.options.context,
             layout: RopeLayout::Half,

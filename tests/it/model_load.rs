@@ -42,7 +42,16 @@ fn every_fixture_loads_with_the_shapes_of_its_config() {
     let names: Vec<String> = dirs.iter().map(|d| d.file_name().unwrap().to_string_lossy().into_owned()).collect();
     assert_eq!(
         names,
-        ["gemma3-tiny", "llama3-tiny", "mistral-tiny", "qwen2-tiny-sharded", "qwen3-tiny", "smollm2-tiny-bf16", "smollm3-tiny"]
+        [
+            "gemma3-tiny",
+            "llama3-tiny",
+            "mistral-tiny",
+            "phi3-tiny",
+            "qwen2-tiny-sharded",
+            "qwen3-tiny",
+            "smollm2-tiny-bf16",
+            "smollm3-tiny"
+        ]
     );
     for dir in dirs {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
@@ -51,8 +60,8 @@ fn every_fixture_loads_with_the_shapes_of_its_config() {
         assert!(parsed.ignored_keys.is_empty(), "{name}: unexpected keys {:?}", parsed.ignored_keys);
         let cfg = parsed.config;
         cfg.validate().unwrap();
-        let w = Weights::load(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
-        w.check_config(&cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut w = Weights::load(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
+        w.fit_config(&cfg).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(w.unused(&cfg).is_empty(), "{name}: unused tensors {:?}", w.unused(&cfg));
         assert_eq!(w.len(), cfg.tensor_shapes().len());
         for (t, shape) in cfg.tensor_shapes() {
@@ -79,7 +88,9 @@ fn every_fixture_loads_with_the_shapes_of_its_config() {
         assert!(logits.iter().all(|r| r.as_array().unwrap().len() == cfg.vocab_size));
         assert_eq!(exp["generated"].as_array().unwrap().len(), 8);
         assert!(exp["versions"]["transformers"].is_string());
-        // The values torch stored, as ktune reads them (bf16 included).
+        // The values torch stored, as ktune reads them (bf16 included), under the
+        // file's names (Phi-3's fused tensors whole).
+        let w = Weights::load(&dir).unwrap();
         let checks = exp["tensor_checks"].as_object().unwrap();
         assert_eq!(checks.len(), w.len(), "{name}");
         for (t, c) in checks {
@@ -148,6 +159,21 @@ fn fixture_configs_carry_each_architectures_features() {
     // The window's layers share the global RoPE (no base of their own).
     assert_eq!((c.rope_theta_for(Local), c.rope_local_base_freq), (1_000_000.0, None));
 
+    // Phi-3: LongRoPE with the attention factor of a 4x extension over 8 tokens;
+    // Q/K/V and gate/up served as row views of the fused tensors.
+    let (c, mut w) = load("phi3-tiny");
+    assert_eq!((c.architecture, c.sliding_window, c.layer_kind(1)), (Architecture::Phi3, Some(12), LayerKind::Local));
+    let Some(RopeScaling::LongRope { original_max_position_embeddings: 8, attention_factor, .. }) = c.rope_scaling else {
+        panic!("{:?}", c.rope_scaling)
+    };
+    assert!((attention_factor - (1.0 + 4f64.ln() / 8f64.ln()).sqrt()).abs() < 1e-12);
+    assert_eq!(c.layer_attention_scale(0), 0.25 * attention_factor * attention_factor);
+    let fused = w.f32("model.layers.1.self_attn.qkv_proj.weight", &[128, 64]).expect("fused in the file");
+    w.fit_config(&c).expect("fits");
+    assert!(!w.contains("model.layers.1.self_attn.qkv_proj.weight"));
+    assert_eq!(w.f32("model.layers.1.self_attn.k_proj.weight", &[32, 64]).unwrap(), fused[64 * 64..96 * 64]);
+    assert_eq!(w.f32("model.layers.1.self_attn.v_proj.weight", &[32, 64]).unwrap(), fused[96 * 64..]);
+
     let (c, _) = load("smollm3-tiny");
     assert_eq!(c.architecture, Architecture::SmolLM3);
     assert_eq!(c.nope_layers, [3]);
@@ -173,6 +199,7 @@ fn builtin_configs_are_consistent_and_have_the_published_sizes() {
         ("qwen3-4b", 4_022_468_096),
         ("smollm3-3b", 3_075_098_624),
         ("mistral-7b", 7_248_023_552),
+        ("phi-4-mini", 3_836_021_760),
     ];
     assert_eq!(builtin_names(), published.iter().map(|(n, _)| *n).collect::<Vec<_>>());
     for (name, params) in published {
@@ -331,7 +358,13 @@ fn bad_config_json_gives_errors_naming_the_problem() {
     assert_err(&llama_with(json!({"hidden_act": "gelu"})), &["hidden_act: gelu"]);
     assert_err(&llama_with(json!({"attention_bias": true})), &["attention_bias"]);
     assert_err(&llama_with(json!({"mlp_bias": true})), &["mlp_bias"]);
-    assert_err(&llama_with(json!({"partial_rotary_factor": 0.5})), &["partial_rotary_factor"]);
+    assert_err(&llama_with(json!({"partial_rotary_factor": 1.5})), &["partial_rotary_factor", "(0, 1]"]);
+    assert_err(&llama_with(json!({"partial_rotary_factor": 0.1})), &["rope_dim (1)", "even"]);
+    let longrope =
+        |short: serde_json::Value| json!({"rope_scaling": {"rope_type": "longrope", "short_factor": short, "long_factor": vec![1.0; 8]}});
+    assert_err(&llama_with(longrope(json!([1.0, 2.0]))), &["short_factor has 2 values for 8 rotated pairs"]);
+    assert_err(&llama_with(longrope(json!("x"))), &["short_factor"]);
+    assert_err(&llama_with(longrope(json!(vec![0.0; 8]))), &["short_factor values must be positive"]);
     assert_err(&llama_with(json!({"rope_interleaved": true})), &["rope_interleaved"]);
     assert_err(&llama_with(json!({"layer_types": ["full_attention"]})), &["layer_types", "1 entries for 2 layers"]);
     assert_err(&llama_with(json!({"layer_types": ["full_attention", "chunked_attention"]})), &["chunked_attention"]);
