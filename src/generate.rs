@@ -456,11 +456,19 @@ impl TextSink<'_> {
     }
 }
 
+/// Where a decode's text goes and what ends it: the [`Limits`], a flag another
+/// thread may set to cancel, and the stream each text piece is handed to (which
+/// returns false to cancel).
+pub struct Output<'a> {
+    pub limits: &'a Limits,
+    pub cancel: Option<&'a AtomicBool>,
+    pub stream: &'a mut dyn FnMut(&str) -> bool,
+}
+
 /// Decodes from `first` (sampled from the prompt's last logits, not yet fed):
-/// each id kept, its text streamed to `stream` (which returns false to cancel),
-/// until an id of `stop_ids` (unless `limits.ignore_eos`), a stop string,
-/// `limits.max_tokens`, or `cancel`. `k`: decode steps chained a submit on a GPU.
-#[allow(clippy::too_many_arguments)]
+/// each id kept, its text streamed to `out.stream`, until an id of `stop_ids`
+/// (unless `limits.ignore_eos`), a stop string, `limits.max_tokens`, or a cancel.
+/// `k`: decode steps chained a submit on a GPU.
 pub fn decode(
     engine: &mut Engine,
     sampler: &mut Sampler,
@@ -468,10 +476,9 @@ pub fn decode(
     tokenizer: Option<&Tokenizer>,
     stop_ids: &[u32],
     k: usize,
-    limits: &Limits,
-    cancel: Option<&AtomicBool>,
-    stream: &mut dyn FnMut(&str) -> bool,
+    out: Output<'_>,
 ) -> Result<Decoded> {
+    let Output { limits, cancel, stream } = out;
     let mut sink = TextSink { tokenizer, stop: &limits.stop, streamed: 0, cut: None };
     let mut generated = Vec::new();
     let mut stop_reason = StopReason::MaxTokens;
@@ -682,16 +689,10 @@ impl Generator {
     }
 
     /// Generates after `prompt`: the prompt's tokens past what the KV cache holds
-    /// of it are prefilled, then [`decode`] with `params` and `limits` (its
-    /// `max_tokens` cut to the context left), streaming text to `stream`.
-    pub fn complete(
-        &mut self,
-        prompt: &[u32],
-        params: SamplerParams,
-        limits: &Limits,
-        cancel: Option<&AtomicBool>,
-        stream: &mut dyn FnMut(&str) -> bool,
-    ) -> Result<Completion> {
+    /// of it are prefilled, then [`decode`] with `params` into `out` (its
+    /// `max_tokens` cut to the context left).
+    pub fn complete(&mut self, prompt: &[u32], params: SamplerParams, out: Output<'_>) -> Result<Completion> {
+        let Output { limits, cancel, stream } = out;
         if prompt.is_empty() {
             return Err(Error::Usage("the prompt encodes to no tokens".into()));
         }
@@ -726,8 +727,8 @@ impl Generator {
             let mut sampler = Sampler::new(params);
             let first = sampler.sample(&last);
             self.prompt_logits = Some((prompt.len(), last));
-            let decoded =
-                decode(&mut self.engine, &mut sampler, first, Some(&self.tokenizer), &self.stop_ids, self.chain, &limits, cancel, stream)?;
+            let out = Output { limits: &limits, cancel, stream };
+            let decoded = decode(&mut self.engine, &mut sampler, first, Some(&self.tokenizer), &self.stop_ids, self.chain, out)?;
             Ok((prefill_seconds, decoded))
         });
         match result {

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rustyline::error::ReadlineError;
 
 use crate::cli::ChatArgs;
-use crate::generate::{self, Completion, Generator, Limits};
+use crate::generate::{self, Completion, Generator, Limits, Output};
 use crate::{Error, Result};
 
 /// The line after each reply when stdin is not a terminal.
@@ -175,9 +175,8 @@ pub fn run(selector: Option<&str>, args: &ChatArgs, warn: &dyn Fn(&str)) -> Resu
                 cancel.store(false, Ordering::SeqCst);
                 replying.store(true, Ordering::SeqCst);
                 let mut out = std::io::stdout().lock();
-                let done = g.complete(&prompt, params, &limits, Some(&cancel), &mut |t| {
-                    out.write_all(t.as_bytes()).and_then(|_| out.flush()).is_ok()
-                });
+                let mut stream = |t: &str| out.write_all(t.as_bytes()).and_then(|_| out.flush()).is_ok();
+                let done = g.complete(&prompt, params, Output { limits: &limits, cancel: Some(&cancel), stream: &mut stream });
                 replying.store(false, Ordering::SeqCst);
                 let c = done?;
                 let text = c.decoded.text.clone().unwrap_or_default();

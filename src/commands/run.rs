@@ -240,10 +240,12 @@ fn generate_text(
     // vocabulary's end-of-turn token (Gemma, ChatML, Llama 3).
     let stop_ids = generate::stop_ids(m, tokenizer, args.chat);
     let limits = generate::Limits { max_tokens: args.max_tokens, stop: Vec::new(), ignore_eos: args.ignore_eos };
-    let decoded = generate::decode(engine, &mut sampler, first, tokenizer, &stop_ids, p.chain, &limits, None, &mut |t| {
+    let mut stream = |t: &str| {
         stream(t);
         true
-    })?;
+    };
+    let out = generate::Output { limits: &limits, cancel: None, stream: &mut stream };
+    let decoded = generate::decode(engine, &mut sampler, first, tokenizer, &stop_ids, p.chain, out)?;
     Ok(Ran { prefill_seconds, prefill_logits, decoded })
 }
 

@@ -102,7 +102,7 @@ impl StFile {
 }
 
 /// Elements per parallel task when converting.
-const PAR_CHUNK: usize = 1 << 16;
+pub(super) const PAR_CHUNK: usize = 1 << 16;
 
 pub use crate::kernels::convert::Elem;
 

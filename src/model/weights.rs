@@ -22,7 +22,7 @@ use super::bytes::WeightFile;
 use super::config::{Dtype, ModelConfig};
 use super::gguf::{GgufFile, Stored, decode};
 use super::gguf_model::{GgufConfig, Transform, gguf_config, hf_name};
-use super::stfile::{Elem, Entry, StFile, decode_le};
+use super::stfile::{Elem, Entry, PAR_CHUNK, StFile, decode_le};
 use super::{ModelError, Result};
 use crate::kernels::convert::splitmix;
 use crate::kernels::quant::{QFormat, QMatrix, QuantError};
@@ -436,8 +436,6 @@ impl Weights {
         Ok(meta)
     }
 
-    /// Checks every tensor `config` needs (name and shape), reporting all problems
-    /// at once. Extra tensors are allowed (a tied checkpoint may still carry `lm_head.weight`).
     /// Fits the tensors to `config`: a family's fused projections split
     /// ([`Weights::split_fused`]), then every tensor checked ([`Weights::check_config`]).
     pub fn fit_config(&mut self, config: &ModelConfig) -> Result<()> {
@@ -476,6 +474,8 @@ impl Weights {
         Ok(())
     }
 
+    /// Checks every tensor `config` needs (name and shape), reporting all problems
+    /// at once. Extra tensors are allowed (a tied checkpoint may still carry `lm_head.weight`).
     pub fn check_config(&self, config: &ModelConfig) -> Result<()> {
         self.check_tensors("config", config.num_layers, config.tensor_shapes())
     }
@@ -594,7 +594,7 @@ impl Weights {
                 }
                 let mut tmp = vec![0f32; out.len()];
                 self.gguf_range(*file, *tensor, *tf, start, &mut tmp)?;
-                out.par_chunks_mut(1 << 16).zip(tmp.par_chunks(1 << 16)).for_each(|(o, v)| T::from_f32_slice(v, o));
+                out.par_chunks_mut(PAR_CHUNK).zip(tmp.par_chunks(PAR_CHUNK)).for_each(|(o, v)| T::from_f32_slice(v, o));
             }
         }
         Ok(())
@@ -747,11 +747,10 @@ fn synth<T: Elem>(kind: SynthKind, key: u64, start: usize, out: &mut [T]) {
         SynthKind::Norm { center } => (center, 0.05),
         SynthKind::Bias => (0.0, 0.02),
     };
-    const CHUNK: usize = 1 << 16;
     let fill = |offset: usize, o: &mut [T]| T::uniform(key, (start + offset) as u64, center, half, o);
-    if out.len() <= CHUNK {
+    if out.len() <= PAR_CHUNK {
         fill(0, out);
     } else {
-        out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, o)| fill(c * CHUNK, o));
+        out.par_chunks_mut(PAR_CHUNK).enumerate().for_each(|(c, o)| fill(c * PAR_CHUNK, o));
     }
 }

@@ -10,7 +10,7 @@ use std::sync::mpsc;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::State;
-use crate::generate::{Completion, Generator, Limits};
+use crate::generate::{Completion, Generator, Limits, Output};
 use crate::kernels::sample::SamplerParams;
 use crate::report::StopReason;
 
@@ -78,7 +78,8 @@ fn serve_job(g: &mut Generator, job: Job, state: &State) {
         return;
     }
     let events = &job.events;
-    match g.complete(&prompt, job.params, &job.limits, None, &mut |t| events.send(Event::Text(t.to_string())).is_ok()) {
+    let mut stream = |t: &str| events.send(Event::Text(t.to_string())).is_ok();
+    match g.complete(&prompt, job.params, Output { limits: &job.limits, cancel: None, stream: &mut stream }) {
         Ok(c) => {
             if let Ok(mut m) = state.metrics.lock() {
                 m.prompt_tokens += c.prompt_tokens as u64;

@@ -86,11 +86,9 @@ impl BlockFormat for BlockQ3K {
     }
     fn quantize(x: &[f32], q: &mut [u8], s: &mut [f16]) {
         let (d, sc) = signed_scales::<16>(x, 4.0, -32, 31, s);
+        q.fill(0);
         let (hmask, rest) = q.split_at_mut(32);
         let (qs, scales) = rest.split_at_mut(64);
-        hmask.fill(0);
-        qs.fill(0);
-        scales[..12].fill(0);
         for (i, &k) in sc.iter().enumerate() {
             let u = (k + 32) as u8;
             if i < 8 {
@@ -233,10 +231,9 @@ impl BlockFormat for BlockQ6K {
     }
     fn quantize(x: &[f32], q: &mut [u8], s: &mut [f16]) {
         let (d, sc) = signed_scales::<16>(x, 32.0, -128, 127, s);
+        q.fill(0);
         let (ql, rest) = q.split_at_mut(128);
         let (qh, scales) = rest.split_at_mut(64);
-        ql.fill(0);
-        qh.fill(0);
         for g in 0..16 {
             scales[g] = sc[g] as i8 as u8;
         }
