@@ -96,13 +96,24 @@ fn prompt(vocab: usize) -> Vec<u32> {
     (0..PROMPT_LEN).map(|i| (3 + (i * 7919 + 104_729 * (i + 1)) % (vocab - 3)) as u32).collect()
 }
 
-fn engine(c: &ModelConfig, store: Arc<dyn TensorStore>, gpu: Option<Arc<GpuCtx>>, prefill: bool) -> Engine {
+/// Whether the reduced model `c` takes the prompt in one prefill pass in `scope`.
+fn prefills(c: &ModelConfig, scope: Scope) -> bool {
+    c.param_count() < scope.prefill_below as u64
+}
+
+/// The plan the test runs `c` with on a device with `caps`: f16 weights, the prompt
+/// in one pass when `prefill`, else token by token.
+fn plan(c: &ModelConfig, caps: DeviceCaps, prefill: bool) -> Plan {
     let opts = PlanOptions::new(DType::F16, if prefill { PROMPT_LEN } else { 1 }, PROMPT_LEN + DECODE_STEPS);
+    Plan::new("builtin", c, opts, Selection::defaults(caps)).expect("plan")
+}
+
+fn engine(c: &ModelConfig, store: Arc<dyn TensorStore>, gpu: Option<Arc<GpuCtx>>, prefill: bool) -> Engine {
     let caps = match &gpu {
         Some(g) => DeviceCaps::Gpu(g.caps.clone()),
         None => DeviceCaps::Cpu(CpuCaps::detect()),
     };
-    let plan = Plan::new("builtin", c, opts, Selection::defaults(caps)).expect("plan");
+    let plan = plan(c, caps, prefill);
     match gpu {
         Some(g) => Engine::gpu(plan, store, g, true).expect("GPU engine"),
         None => Engine::cpu(plan, store).expect("CPU engine"),
@@ -130,9 +141,8 @@ fn distinct_models(gpu: &GpuCtx, scope: Scope) -> Vec<&'static str> {
     let mut names = Vec::new();
     for name in builtin_names() {
         let c = reduced(name, scope.vocab);
-        let prefill = c.param_count() < scope.prefill_below as u64;
-        let opts = PlanOptions::new(DType::F16, if prefill { PROMPT_LEN } else { 1 }, PROMPT_LEN + DECODE_STEPS);
-        let plan = Plan::new("builtin", &c, opts, Selection::defaults(DeviceCaps::Gpu(gpu.caps.clone()))).expect("plan");
+        let prefill = prefills(&c, scope);
+        let plan = plan(&c, DeviceCaps::Gpu(gpu.caps.clone()), prefill);
         let steps = |tokens, pos0| serde_json::to_string(&plan.steps(tokens, pos0).expect("steps")).expect("json");
         let key = format!("{} {}", steps(if prefill { PROMPT_LEN } else { 1 }, 0), steps(1, PROMPT_LEN));
         match seen.iter().find(|(k, _)| *k == key) {
@@ -152,7 +162,7 @@ fn compare_all(gpu: &Arc<GpuCtx>, scope: Scope) -> Vec<String> {
     for name in distinct_models(gpu, scope).into_iter().skip(scope.part).step_by(scope.of) {
         let t0 = Instant::now();
         let c = reduced(name, scope.vocab);
-        let prefill = c.param_count() < scope.prefill_below as u64;
+        let prefill = prefills(&c, scope);
         let store: Arc<dyn TensorStore> = Arc::new(Weights::synthetic(&c, 7));
         let prompt = prompt(c.vocab_size);
         let cpu = trace(&mut engine(&c, store.clone(), None, prefill), &prompt, None);
