@@ -193,7 +193,7 @@ pub fn profile(data: &[u8]) -> &'static str {
     let text = text(data);
     let _ = Profile::from_str_salvaged(&text, "fuzz.yaml");
     let Ok(p) = Profile::from_str(&text, "fuzz.yaml") else { return "rejected" };
-    let layers = builtin(&p.doc.model).map_or(4, |c| c.num_layers);
+    let layers = builtin(&p.doc.model).map_or(4, |c| c.dims.num_layers);
     let resolved = p.resolve(cpu(), &p.doc.model, layers).is_ok();
     if let Ok(yaml) = p.to_yaml() {
         assert!(Profile::from_str(&yaml, "written.yaml").is_ok(), "a profile written back does not load:\n{yaml}");

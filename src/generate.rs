@@ -703,7 +703,7 @@ impl Generator {
                 self.context
             )));
         }
-        let vocab = self.engine.plan.config.vocab_size;
+        let vocab = self.engine.plan.config.dims.vocab_size;
         if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::Usage(format!("token id {bad} is outside the vocabulary (size {vocab})")));
         }

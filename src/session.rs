@@ -145,7 +145,7 @@ impl ModelSettings {
     /// model only when fewer than its own layers).
     pub fn profile_name(&self, m: &LoadedModel) -> String {
         match self.layers {
-            Some(l) if l < m.config.num_layers || !matches!(self.source, ModelSource::Builtin(_)) => format!("{}@{l}layers", m.name),
+            Some(l) if l < m.config.dims.num_layers || !matches!(self.source, ModelSource::Builtin(_)) => format!("{}@{l}layers", m.name),
             _ => m.name.clone(),
         }
     }
@@ -219,7 +219,7 @@ impl ModelSettings {
     /// warnings; `--trusted-shaders` adds trusted shader modules to a profile
     /// tuned without them.
     pub fn resolve(&self, p: &Profile, device: &Device, m: &LoadedModel) -> Result<(Selection, ExecSettings, Vec<String>), ProfileError> {
-        let (selection, mut exec, warnings) = p.resolve(device, &self.profile_name(m), m.config.num_layers)?;
+        let (selection, mut exec, warnings) = p.resolve(device, &self.profile_name(m), m.config.dims.num_layers)?;
         exec.trusted_shaders |= self.trusted_shaders;
         Ok((selection, exec, warnings))
     }
@@ -256,7 +256,7 @@ pub fn check_context(c: &ModelConfig, context: usize, kv: DType, device: &Device
     }
     let (what, limit, per) = match device::DeviceCaps::from(device) {
         device::DeviceCaps::Gpu(g) => ("one GPU buffer holds", g.max_storage_binding.min(g.max_buffer_size), 1),
-        device::DeviceCaps::Cpu(_) => ("memory available is", available_memory(), 2 * c.num_layers as u64),
+        device::DeviceCaps::Cpu(_) => ("memory available is", available_memory(), 2 * c.dims.num_layers as u64),
     };
     // One layer's keys (or values), then as many of them as share the limit.
     let one = crate::plan::kv_cache_bytes(c, context, kv);
@@ -358,8 +358,8 @@ pub fn load_model(name: Option<&str>, dir: Option<&PathBuf>, layers: Option<usiz
 
 /// Keeps the first `l` layers of `c` (`--layers`).
 fn cut_layers(c: &mut ModelConfig, l: usize) -> Result<()> {
-    if l == 0 || l > c.num_layers {
-        return Err(SessionError::Usage(format!("--layers {l}: the model has {} layers", c.num_layers)));
+    if l == 0 || l > c.dims.num_layers {
+        return Err(SessionError::Usage(format!("--layers {l}: the model has {} layers", c.dims.num_layers)));
     }
     *c = c.first_layers(l);
     Ok(())

@@ -71,7 +71,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
         None => None,
         Some((_, v, pixels)) => Some(tower(v, pixels, &m, ctx.clone(), &setups)?),
     };
-    let prompt: Vec<u32> = (0..args.prefill_tokens).map(|i| ((i * 7919 + 13) % m.config.vocab_size) as u32).collect();
+    let prompt: Vec<u32> = (0..args.prefill_tokens).map(|i| ((i * 7919 + 13) % m.config.dims.vocab_size) as u32).collect();
     let vision = tower.as_mut().zip(image.as_ref()).map(|((t, _), (_, _, pixels))| (t, pixels.as_slice()));
     let samples = measure(args, &prompt, &setups, &mut engines, vision, ctx.as_deref(), progress)?;
     // --kld: each entry, with every position's logits, against the CPU's f32

@@ -70,10 +70,10 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
     let m = source.model(&settings)?;
     warnings.splice(0..0, m.warnings.iter().cloned());
     let (ids, bos) = eval::tokenize(&tokenizer, &text)?;
-    if let Some(&bad) = ids.iter().find(|&&t| t as usize >= m.config.vocab_size) {
+    if let Some(&bad) = ids.iter().find(|&&t| t as usize >= m.config.dims.vocab_size) {
         return Err(Error::Usage(format!(
             "token id {bad} of the text is outside the model's vocabulary ({}): {} does not match the model",
-            m.config.vocab_size,
+            m.config.dims.vocab_size,
             tokenizer.path().display()
         )));
     }
@@ -81,7 +81,7 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
     session::check_context(&m.config, ctx, DType::F32, &device, "--ctx")?;
     let text = Text::chunked(&ids, bos, ctx, args.chunks)?;
     if let Some(r) = &mut file_ref {
-        text.check_reference(r, m.config.vocab_size)?;
+        text.check_reference(r, m.config.dims.vocab_size)?;
     }
 
     // What is evaluated: the exact path, a profile, or the runtime's defaults (a
@@ -134,7 +134,7 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
         (None, None) => None,
     };
     let mut writer = match &args.save_logits {
-        Some(p) => Some(LogitsWriter::create(p, &inputs, text.header(m.config.vocab_size, args.logits_dtype), &text.chunks)?),
+        Some(p) => Some(LogitsWriter::create(p, &inputs, text.header(m.config.dims.vocab_size, args.logits_dtype), &text.chunks)?),
         None => None,
     };
 

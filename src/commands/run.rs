@@ -140,7 +140,7 @@ fn prompt_ids(args: &RunSettings, s: &GeneratorSettings, source: &Source, vision
 /// Every prompt id inside `m`'s vocabulary (`tokenizer`: the one that encoded
 /// `--prompt`, named when it does not match the model).
 fn check_vocabulary(prompt: &[u32], m: &LoadedModel, tokenizer: Option<&Tokenizer>) -> Result<()> {
-    let vocab = m.config.vocab_size;
+    let vocab = m.config.dims.vocab_size;
     match prompt.iter().find(|&&t| t as usize >= vocab) {
         None => Ok(()),
         Some(&bad) => {
@@ -290,7 +290,7 @@ fn report(
         fusion: exec.fusion,
         batch_commands: exec.batch,
         decode_chain: gpu.then_some(p.chain),
-        layers: m.config.num_layers,
+        layers: m.config.dims.num_layers,
         prompt: args.prompt.clone(),
         prompt_tokens: prompt.len(),
         prefill_seconds,

@@ -388,7 +388,7 @@ pub fn scoring_engine(
     exec: &ExecSettings,
     ctx: usize,
 ) -> Result<Engine, EvalError> {
-    let opts = scoring_options(settings.plan_options(m, exec, 1, ctx, true), ctx, m.config.vocab_size);
+    let opts = scoring_options(settings.plan_options(m, exec, 1, ctx, true), ctx, m.config.dims.vocab_size);
     let (opts, selection) = match path {
         Path::Selected(s) => (opts, s),
         Path::F32Reference => f32_reference(opts),

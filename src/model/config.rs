@@ -105,17 +105,8 @@ impl ElemBytes for DType {
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     pub architecture: Architecture,
-    pub vocab_size: usize,
-    pub hidden_size: usize,
-    /// Width of the MLP's gate and up projections.
-    pub intermediate_size: usize,
-    pub num_layers: usize,
-    /// Query heads.
-    pub num_heads: usize,
-    /// Key/value heads (grouped-query attention when fewer than `num_heads`).
-    pub num_kv_heads: usize,
-    /// Width of one head (not always `hidden_size / num_heads`: Gemma 3).
-    pub head_dim: usize,
+    /// The dimensions every decoder has.
+    pub dims: Dims,
     pub rms_norm_eps: f64,
     /// RoPE base of global layers.
     pub rope_theta: f64,
@@ -160,14 +151,19 @@ pub struct ModelConfig {
 }
 
 /// The dimensions every decoder has, whatever its architecture.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Dims {
     pub vocab_size: usize,
     pub hidden_size: usize,
+    /// Width of the MLP's gate and up projections.
     pub intermediate_size: usize,
     pub num_layers: usize,
+    /// Query heads.
     pub num_heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than `num_heads`).
     pub num_kv_heads: usize,
+    /// Width of one head (not always `hidden_size / num_heads`: Gemma 3).
     pub head_dim: usize,
 }
 
@@ -176,9 +172,9 @@ impl ModelConfig {
     /// end-to-end stage when a build of the whole model does not fit its budget).
     pub fn first_layers(&self, layers: usize) -> ModelConfig {
         let mut c = self.clone();
-        c.num_layers = layers.min(self.num_layers);
-        c.layer_types.truncate(c.num_layers);
-        c.nope_layers.retain(|&l| l < c.num_layers);
+        c.dims.num_layers = layers.min(self.dims.num_layers);
+        c.layer_types.truncate(c.dims.num_layers);
+        c.nope_layers.retain(|&l| l < c.dims.num_layers);
         c
     }
 
@@ -191,13 +187,7 @@ impl ModelConfig {
         let f = arch.family();
         ModelConfig {
             architecture: arch,
-            vocab_size: d.vocab_size,
-            hidden_size: d.hidden_size,
-            intermediate_size: d.intermediate_size,
-            num_layers: d.num_layers,
-            num_heads: d.num_heads,
-            num_kv_heads: d.num_kv_heads,
-            head_dim: d.head_dim,
+            dims: d,
             rms_norm_eps: 1e-6,
             rope_theta: 10_000.0,
             rope_local_base_freq: None,
@@ -223,17 +213,17 @@ impl ModelConfig {
 
     /// Width of all query heads together.
     pub fn q_dim(&self) -> usize {
-        self.num_heads * self.head_dim
+        self.dims.num_heads * self.dims.head_dim
     }
 
     /// Width of all key (or value) heads together.
     pub fn kv_dim(&self) -> usize {
-        self.num_kv_heads * self.head_dim
+        self.dims.num_kv_heads * self.dims.head_dim
     }
 
     /// Query heads per key/value head.
     pub fn gqa_group(&self) -> usize {
-        self.num_heads / self.num_kv_heads.max(1)
+        self.dims.num_heads / self.dims.num_kv_heads.max(1)
     }
 
     /// Kind of layer `layer` (global past the last layer).
@@ -280,7 +270,7 @@ impl ModelConfig {
     /// when set, else `head_dim^-1/2`. The same for every layer in the supported
     /// architectures; see [`ModelConfig::layer_attention_scale`].
     pub fn attention_scale(&self) -> f64 {
-        1.0 / self.query_pre_attn_scalar.unwrap_or(self.head_dim as f64).sqrt()
+        1.0 / self.query_pre_attn_scalar.unwrap_or(self.dims.head_dim as f64).sqrt()
     }
 
     /// The attention scale of layer `layer`: LongRoPE's attention factor scales
@@ -296,14 +286,14 @@ impl ModelConfig {
 
     /// The dims of each head that RoPE rotates.
     pub fn rot_dim(&self) -> usize {
-        self.rope_dim.unwrap_or(self.head_dim)
+        self.rope_dim.unwrap_or(self.dims.head_dim)
     }
 
     /// The factor embeddings are multiplied by after the lookup (sqrt(hidden) for
     /// Gemma, computed exactly: transformers rounds it to the weights' dtype, which
     /// for bf16 checkpoints is 34.0 instead of 33.94 for Gemma 3 1B).
     pub fn embedding_scale(&self) -> f64 {
-        if self.scale_embeddings { (self.hidden_size as f64).sqrt() } else { 1.0 }
+        if self.scale_embeddings { (self.dims.hidden_size as f64).sqrt() } else { 1.0 }
     }
 
     /// The MLP gate uses GELU (tanh) rather than SiLU.
@@ -321,9 +311,9 @@ impl ModelConfig {
     /// Every tensor of the Hugging Face checkpoint with its shape (`[out, in]` for
     /// projections), in layer order.
     pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
-        let (h, hd, q, kv, inter) = (self.hidden_size, self.head_dim, self.q_dim(), self.kv_dim(), self.intermediate_size);
-        let mut t = vec![("model.embed_tokens.weight".to_string(), vec![self.vocab_size, h])];
-        for l in 0..self.num_layers {
+        let (h, hd, q, kv, inter) = (self.dims.hidden_size, self.dims.head_dim, self.q_dim(), self.kv_dim(), self.dims.intermediate_size);
+        let mut t = vec![("model.embed_tokens.weight".to_string(), vec![self.dims.vocab_size, h])];
+        for l in 0..self.dims.num_layers {
             let mut add = |name: &str, shape: Vec<usize>| t.push((format!("model.layers.{l}.{name}"), shape));
             add("input_layernorm.weight", vec![h]);
             for (p, rows) in [("q", q), ("k", kv), ("v", kv)] {
@@ -348,7 +338,7 @@ impl ModelConfig {
         }
         t.push(("model.norm.weight".to_string(), vec![h]));
         if !self.tie_word_embeddings {
-            t.push(("lm_head.weight".to_string(), vec![self.vocab_size, h]));
+            t.push(("lm_head.weight".to_string(), vec![self.dims.vocab_size, h]));
         }
         t
     }
@@ -360,47 +350,49 @@ impl ModelConfig {
 
     /// Parameters of the transformer layers only (no embedding, final norm or LM head).
     pub fn layer_param_count(&self) -> u64 {
-        let embed_and_head = (self.vocab_size * self.hidden_size) as u64 * if self.tie_word_embeddings { 1 } else { 2 };
-        self.param_count() - embed_and_head - self.hidden_size as u64
+        let embed_and_head = (self.dims.vocab_size * self.dims.hidden_size) as u64 * if self.tie_word_embeddings { 1 } else { 2 };
+        self.param_count() - embed_and_head - self.dims.hidden_size as u64
     }
 
     /// Bytes of weights one decoded token reads when every weight is stored as
     /// `dtype`: every layer tensor, the final norm and the LM head once each, plus
     /// one embedding row (the rest of an untied embedding matrix is never read).
     pub fn weight_bytes_per_token(&self, dtype: impl ElemBytes) -> u64 {
-        let elems =
-            self.layer_param_count() + self.hidden_size as u64 + (self.vocab_size * self.hidden_size) as u64 + self.hidden_size as u64;
+        let elems = self.layer_param_count()
+            + self.dims.hidden_size as u64
+            + (self.dims.vocab_size * self.dims.hidden_size) as u64
+            + self.dims.hidden_size as u64;
         dtype.bytes_for_elems(elems)
     }
 
     /// Bytes of K and V cache one position of context takes in all layers.
     pub fn kv_cache_bytes_per_position(&self, dtype: impl ElemBytes) -> u64 {
-        dtype.bytes_for_elems((2 * self.num_layers * self.kv_dim()) as u64)
+        dtype.bytes_for_elems((2 * self.dims.num_layers * self.kv_dim()) as u64)
     }
 
     /// Checks that the fields agree with each other; the error says which do not.
     pub fn validate(&self) -> Result<()> {
         let mut bad = zero_fields(&[
-            ("vocab_size", self.vocab_size),
-            ("hidden_size", self.hidden_size),
-            ("intermediate_size", self.intermediate_size),
-            ("num_layers", self.num_layers),
-            ("num_heads", self.num_heads),
-            ("num_kv_heads", self.num_kv_heads),
-            ("head_dim", self.head_dim),
+            ("vocab_size", self.dims.vocab_size),
+            ("hidden_size", self.dims.hidden_size),
+            ("intermediate_size", self.dims.intermediate_size),
+            ("num_layers", self.dims.num_layers),
+            ("num_heads", self.dims.num_heads),
+            ("num_kv_heads", self.dims.num_kv_heads),
+            ("head_dim", self.dims.head_dim),
             ("max_position_embeddings", self.max_position_embeddings),
         ]);
-        if self.num_kv_heads > 0 && !self.num_heads.is_multiple_of(self.num_kv_heads) {
-            bad.push(format!("num_heads ({}) is not a multiple of num_kv_heads ({})", self.num_heads, self.num_kv_heads));
+        if self.dims.num_kv_heads > 0 && !self.dims.num_heads.is_multiple_of(self.dims.num_kv_heads) {
+            bad.push(format!("num_heads ({}) is not a multiple of num_kv_heads ({})", self.dims.num_heads, self.dims.num_kv_heads));
         }
-        if !self.head_dim.is_multiple_of(2) {
-            bad.push(format!("head_dim ({}) is odd: RoPE rotates pairs", self.head_dim));
+        if !self.dims.head_dim.is_multiple_of(2) {
+            bad.push(format!("head_dim ({}) is odd: RoPE rotates pairs", self.dims.head_dim));
         }
-        if self.layer_types.len() != self.num_layers {
-            bad.push(format!("layer_types has {} entries for {} layers", self.layer_types.len(), self.num_layers));
+        if self.layer_types.len() != self.dims.num_layers {
+            bad.push(format!("layer_types has {} entries for {} layers", self.layer_types.len(), self.dims.num_layers));
         }
-        if let Some(l) = self.nope_layers.iter().find(|&&l| l >= self.num_layers) {
-            bad.push(format!("nope_layers names layer {l} of {}", self.num_layers));
+        if let Some(l) = self.nope_layers.iter().find(|&&l| l >= self.dims.num_layers) {
+            bad.push(format!("nope_layers names layer {l} of {}", self.dims.num_layers));
         }
         if self.num_local_layers() > 0 && self.sliding_window.is_none_or(|w| w == 0) {
             bad.push("local layers need a sliding_window above 0".to_string());
@@ -465,23 +457,23 @@ impl ModelConfig {
                 // The factor scales cos and sin, so the rotated dims only: folded
                 // into the attention scale where every dim rotates; on part of a
                 // head the RoPE kernels would have to apply it (not yet).
-                if *attention_factor != 1.0 && self.rot_dim() < self.head_dim {
+                if *attention_factor != 1.0 && self.rot_dim() < self.dims.head_dim {
                     bad.push(format!(
                         "longrope attention_factor ({attention_factor}) with RoPE on {} of {} dims (Phi-4-mini) is not supported yet",
                         self.rot_dim(),
-                        self.head_dim
+                        self.dims.head_dim
                     ));
                 }
             }
         }
         if let Some(r) = self.rope_dim
-            && !(r >= 2 && r <= self.head_dim && r.is_multiple_of(2))
+            && !(r >= 2 && r <= self.dims.head_dim && r.is_multiple_of(2))
         {
-            bad.push(format!("rope_dim ({r}) must be even, above 0 and at most head_dim ({})", self.head_dim));
+            bad.push(format!("rope_dim ({r}) must be even, above 0 and at most head_dim ({})", self.dims.head_dim));
         }
         for t in self.bos_token_id.iter().chain(&self.eos_token_ids) {
-            if *t as usize >= self.vocab_size {
-                bad.push(format!("special token {t} is outside the vocabulary ({})", self.vocab_size));
+            if *t as usize >= self.dims.vocab_size {
+                bad.push(format!("special token {t} is outside the vocabulary ({})", self.dims.vocab_size));
             }
         }
         if bad.is_empty() { Ok(()) } else { Err(ModelError::Invalid(bad.join("; "))) }

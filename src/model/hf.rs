@@ -264,9 +264,9 @@ fn parse_multimodal(map: &Map<String, Value>, path: &Path) -> Result<ParsedConfi
         image_token_id: token(&mut tr, "image_token_index", "image_token_id")?,
         boi_token_id: token(&mut tr, "boi_token_index", "boi_token_id")?,
         eoi_token_id: token(&mut tr, "eoi_token_index", "eoi_token_id")?,
-        text_hidden_size: config.hidden_size,
+        text_hidden_size: config.dims.hidden_size,
     };
-    vision.validate(config.vocab_size).map_err(|e| err(e.to_string()))?;
+    vision.validate(config.dims.vocab_size).map_err(|e| err(e.to_string()))?;
     ignored.extend(
         vis.keys()
             .filter(|k| !vr.used.contains(k.as_str()) && !VISION_IRRELEVANT.contains(&k.as_str()))

@@ -111,12 +111,12 @@ pub fn mmproj_config(f: &GgufFile, text: &ModelConfig, text_path: &Path, vocab: 
     let image_size = c.usize_req("vision.image_size")?;
     let patch_size = c.usize_req("vision.patch_size")?;
     let projection_dim = c.usize_req("vision.projection_dim")?;
-    if projection_dim != text.hidden_size {
+    if projection_dim != text.dims.hidden_size {
         return Err(c.err(format!(
             "the projector maps into width {projection_dim} (`clip.vision.projection_dim`) but the text model {} has hidden size {}: \
              give the mmproj file made from the same checkpoint as the text model",
             text_path.display(),
-            text.hidden_size
+            text.dims.hidden_size
         )));
     }
     let layer_norm_eps = c.f64_opt("vision.attention.layer_norm_epsilon")?.unwrap_or(1e-6);
@@ -158,9 +158,9 @@ pub fn mmproj_config(f: &GgufFile, text: &ModelConfig, text_path: &Path, vocab: 
         image_token_id: token(IMAGE_TOKEN)?,
         boi_token_id: token(BOI_TOKEN)?,
         eoi_token_id: token(EOI_TOKEN)?,
-        text_hidden_size: text.hidden_size,
+        text_hidden_size: text.dims.hidden_size,
     };
-    vision.validate(text.vocab_size).map_err(|e| c.err(e.to_string()))?;
+    vision.validate(text.dims.vocab_size).map_err(|e| c.err(e.to_string()))?;
     Ok(vision)
 }
 

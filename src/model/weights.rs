@@ -451,8 +451,8 @@ impl Weights {
         if !config.architecture.family().fused_projections {
             return Ok(());
         }
-        let (q, kv, inter) = (config.q_dim(), config.kv_dim(), config.intermediate_size);
-        for l in 0..config.num_layers {
+        let (q, kv, inter) = (config.q_dim(), config.kv_dim(), config.dims.intermediate_size);
+        for l in 0..config.dims.num_layers {
             let name = |n: &str| format!("model.layers.{l}.{n}");
             let qkv = [("self_attn.q_proj.weight", q), ("self_attn.k_proj.weight", kv), ("self_attn.v_proj.weight", kv)];
             let gate_up = [("mlp.gate_proj.weight", inter), ("mlp.up_proj.weight", inter)];
@@ -463,7 +463,7 @@ impl Weights {
                 for (part, rows) in parts {
                     let view = slot.rows(first, *rows, total).ok_or_else(|| ModelError::Shape {
                         name: name(fused),
-                        expected: vec![total, config.hidden_size],
+                        expected: vec![total, config.dims.hidden_size],
                         found: slot.shape().to_vec(),
                     })?;
                     self.tensors.insert(name(part), view);
@@ -477,7 +477,7 @@ impl Weights {
     /// Checks every tensor `config` needs (name and shape), reporting all problems
     /// at once. Extra tensors are allowed (a tied checkpoint may still carry `lm_head.weight`).
     pub fn check_config(&self, config: &ModelConfig) -> Result<()> {
-        self.check_tensors("config", config.num_layers, config.tensor_shapes())
+        self.check_tensors("config", config.dims.num_layers, config.tensor_shapes())
     }
 
     /// Checks every tensor of a vision tower and projector (name and shape),

@@ -307,7 +307,11 @@ pub fn kv_cache_bytes(c: &ModelConfig, context: usize, kv: DType) -> Option<u64>
 /// runtime-default combination.
 pub fn default_cpu_repack(c: &ModelConfig, dtypes: impl IntoIterator<Item = DType>) -> Vec<crate::kernels::quant::QFormat> {
     let formats: Vec<_> = dtypes.into_iter().filter_map(|d| d.quant()).collect();
-    crate::kernels::quant::default_repack(crate::kernels::cpu::Isa::best().vnni(), c.hidden_size.max(c.intermediate_size), &formats)
+    crate::kernels::quant::default_repack(
+        crate::kernels::cpu::Isa::best().vnni(),
+        c.dims.hidden_size.max(c.dims.intermediate_size),
+        &formats,
+    )
 }
 
 impl PlanOptions {
@@ -510,7 +514,7 @@ impl Plan {
     fn layout(&mut self) -> Result<(), PlanError> {
         let c = self.config.clone();
         let t = self.options.max_tokens;
-        let (h, nq, nkv, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let (h, nq, nkv, inter) = (c.dims.hidden_size, c.q_dim(), c.kv_dim(), c.dims.intermediate_size);
         self.x = [self.act("x0", t * h), self.act("x1", t * h)];
         for (name, len) in [
             ("xn", t * h),
@@ -548,7 +552,7 @@ impl Plan {
             let id = self.add(format!("inv_freq_{name}"), BufRole::Constant, DType::F32, f.len(), None);
             self.buffers[id].constant = Some(f);
         }
-        for l in 0..c.num_layers {
+        for l in 0..c.dims.num_layers {
             self.layer_weights(l, &c)?;
         }
         self.norm_weight("final_norm".into(), h, "model.norm.weight");
@@ -557,7 +561,7 @@ impl Plan {
         let logit_rows = if self.options.all_logits { t } else { 1 };
         // A quantized block's buffer adds up to 272 bytes of alignment padding.
         let limit = if w.is_quant() { self.binding_limit().saturating_sub(512) } else { self.binding_limit() };
-        let blocks = lm_head_blocks_bytes(c.vocab_size, w.bytes_for(h), logit_rows, limit);
+        let blocks = lm_head_blocks_bytes(c.dims.vocab_size, w.bytes_for(h), logit_rows, limit);
         for (i, &(start, rows)) in blocks.iter().enumerate() {
             let (weight, logits) = if blocks.len() == 1 {
                 let src = WeightSource::Tensor(head.into());
@@ -581,7 +585,7 @@ impl Plan {
     }
 
     fn layer_weights(&mut self, l: usize, c: &ModelConfig) -> Result<(), PlanError> {
-        let (h, hd, nq, nkv, inter) = (c.hidden_size, c.head_dim, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let (h, hd, nq, nkv, inter) = (c.dims.hidden_size, c.dims.head_dim, c.q_dim(), c.kv_dim(), c.dims.intermediate_size);
         let p = |s: &str| format!("model.layers.{l}.{s}");
         self.norm_weight(format!("L{l}.input_ln"), h, &p("input_layernorm.weight"));
         self.norm_weight(format!("L{l}.post_attn_ln"), h, &p("post_attention_layernorm.weight"));
@@ -665,7 +669,7 @@ impl Plan {
     /// separate steps rather than folded into those projections.
     fn gains_match_projections(&self) -> bool {
         let gain = self.options.weight_dtype.float_storage();
-        let layers = (0..self.config.num_layers).flat_map(|l| {
+        let layers = (0..self.config.dims.num_layers).flat_map(|l| {
             let w = self.lw(l);
             [w.wq, w.wk, w.wv, w.wqkv, w.wg, w.wu, w.wgu].into_iter().flatten()
         });
@@ -988,7 +992,7 @@ impl Emitter<'_> {
     /// normed into `scratch` first on Gemma 3), for a consumer that cannot take it
     /// as its prologue.
     fn add_pending(&mut self, l: Option<usize>, x: BufId, p: Pending, scratch: BufId) -> Result<(), PlanError> {
-        let h = self.plan.config.hidden_size;
+        let h = self.plan.config.dims.hidden_size;
         let branch = match p.gain {
             Some(g) => {
                 self.rms(l, 1, h, p.branch, g, scratch)?;
@@ -1023,7 +1027,7 @@ impl Emitter<'_> {
             normed: false,
             pending: None,
         };
-        for l in 0..c.num_layers {
+        for l in 0..c.dims.num_layers {
             let w = self.plan.lw(l);
             if !self.qkv_block(&mut s, l, &w)? {
                 self.rope_block(&s, l, &w)?;
@@ -1047,7 +1051,7 @@ impl Emitter<'_> {
     fn qkv_block(&mut self, s: &mut Pass, l: usize, w: &LayerW) -> Result<bool, PlanError> {
         let plan = self.plan;
         let (c, f, t, nm) = (&plan.config, plan.options.fusion, s.t, s.nm);
-        let (h, nq, nkv) = (c.hidden_size, c.q_dim(), c.kv_dim());
+        let (h, nq, nkv) = (c.dims.hidden_size, c.q_dim(), c.kv_dim());
         let id = |n: &str| plan.id(n);
         let (xn, q, k, v) = (id("xn"), id("q"), id("k"), id("v"));
         // A layer whose parts differ in storage type runs them unfused.
@@ -1115,14 +1119,14 @@ impl Emitter<'_> {
     fn rope_block(&mut self, s: &Pass, l: usize, w: &LayerW) -> Result<(), PlanError> {
         let plan = self.plan;
         let (c, t, pos0, li) = (&plan.config, s.t, s.pos0, Some(l));
-        let hd = c.head_dim;
+        let hd = c.dims.head_dim;
         let id = |n: &str| plan.id(n);
         let (q, k, v, qn, kn, qr, kr) = (id("q"), id("k"), id("v"), id("qn"), id("kn"), id("qr"), id("kr"));
         let freq = self.inv_freq(l);
         let layout = RopeLayout::Half;
         let rot_dim = c.rot_dim();
         let rope = |heads| Problem::Rope { tokens: t, heads, head_dim: hd, rot_dim, pos0, layout };
-        for (src, dst, normed_buf, heads, nw) in [(q, qr, qn, c.num_heads, w.q_norm), (k, kr, kn, c.num_kv_heads, w.k_norm)] {
+        for (src, dst, normed_buf, heads, nw) in [(q, qr, qn, c.dims.num_heads, w.q_norm), (k, kr, kn, c.dims.num_kv_heads, w.k_norm)] {
             match nw {
                 Some(nw) if plan.options.fusion.qk_norm_rope => {
                     let (eps, unit_offset) = (c.rms_norm_eps as f32, c.norm_unit_offset);
@@ -1136,7 +1140,7 @@ impl Emitter<'_> {
                 None => self.kernel(Slot::Rope, li, rope(heads), vec![src, freq, dst], DType::F32)?,
             }
         }
-        let (k_cache, v_cache, kv_heads, kv_cap) = (w.k_cache, w.v_cache, c.num_kv_heads, plan.options.context);
+        let (k_cache, v_cache, kv_heads, kv_cap) = (w.k_cache, w.v_cache, c.dims.num_kv_heads, plan.options.context);
         self.plumb(Slot::KvWrite, li, Plumb::KvWrite { k: kr, v, k_cache, v_cache, tokens: t, kv_heads, head_dim: hd, kv_cap, pos0 });
         Ok(())
     }
@@ -1145,11 +1149,11 @@ impl Emitter<'_> {
     fn attention_block(&mut self, s: &Pass, l: usize, w: &LayerW) -> Result<(), PlanError> {
         let plan = self.plan;
         let c = &plan.config;
-        let (t, hd, kv_cap) = (s.t, c.head_dim, plan.options.context);
+        let (t, hd, kv_cap) = (s.t, c.dims.head_dim, plan.options.context);
         let window = c.layer_sliding_window(l).unwrap_or(0);
         let scale = c.layer_attention_scale(l) as f32;
         let kv_len = s.pos0 + t;
-        let (heads, kv_heads) = (c.num_heads, c.num_kv_heads);
+        let (heads, kv_heads) = (c.dims.num_heads, c.dims.num_kv_heads);
         let (p, slot) = if t == 1 {
             (Problem::AttentionDecode { kv_len, kv_cap, heads, kv_heads, head_dim: hd, window, scale }, Slot::AttentionDecode)
         } else {
@@ -1169,7 +1173,7 @@ impl Emitter<'_> {
         };
         let (qr, attn, o) = (plan.id("qr"), plan.id("attn"), plan.id("o"));
         self.kernel(slot, Some(l), p, vec![qr, w.k_cache, w.v_cache, attn], plan.options.kv_dtype)?;
-        self.matmul(Slot::MatmulO, Some(l), None, t, c.hidden_size, c.q_dim(), [attn, w.wo, o])
+        self.matmul(Slot::MatmulO, Some(l), None, t, c.dims.hidden_size, c.q_dim(), [attn, w.wo, o])
     }
 
     /// Layer `l`'s first residual (+ the MLP's input norm, or left pending for the
@@ -1178,7 +1182,7 @@ impl Emitter<'_> {
     fn mlp_block(&mut self, s: &mut Pass, l: usize, w: &LayerW) -> Result<(), PlanError> {
         let plan = self.plan;
         let (c, t, nm, li) = (&plan.config, s.t, s.nm, Some(l));
-        let (h, inter, eps) = (c.hidden_size, c.intermediate_size, c.rms_norm_eps as f32);
+        let (h, inter, eps) = (c.dims.hidden_size, c.dims.intermediate_size, c.rms_norm_eps as f32);
         let id = |n: &str| plan.id(n);
         let (xn, o, on, gate, up, act, d, dn) = (id("xn"), id("o"), id("on"), id("gate"), id("up"), id("act"), id("d"), id("dn"));
         // Sandwich norms (Gemma 3): each branch normalized before its residual add.
@@ -1248,7 +1252,7 @@ impl Emitter<'_> {
             d
         };
         // Residual 2 (+ the next layer's input norm, or the final norm).
-        let next_norm = if l + 1 < c.num_layers { plan.lw(l + 1).input_ln } else { id("final_norm") };
+        let next_norm = if l + 1 < c.dims.num_layers { plan.lw(l + 1).input_ln } else { id("final_norm") };
         self.residual_norm(li, t, h, eps, x, r2, next_norm, other, xn, nm)?;
         s.cur = 1 - s.cur;
         s.normed = !nm;
@@ -1260,7 +1264,7 @@ impl Emitter<'_> {
     /// the same sum); a prefill without `all_logits` heads its last row only.
     fn head_block(&mut self, s: &mut Pass) -> Result<(), PlanError> {
         let plan = self.plan;
-        let (h, t, xn) = (plan.config.hidden_size, s.t, plan.id("xn"));
+        let (h, t, xn) = (plan.config.dims.hidden_size, s.t, plan.id("xn"));
         if s.nm {
             let head_folds =
                 s.pending.is_some_and(|p| plan.lm_head.iter().all(|b| self.chain_runs(None, b.rows, h, b.weight, p.residual(), None)));
@@ -1297,9 +1301,9 @@ impl Emitter<'_> {
         let c = &plan.config;
         let norm = w.q_norm.zip(w.k_norm);
         let p = Problem::QkvRopeCache {
-            heads: c.num_heads,
-            kv_heads: c.num_kv_heads,
-            head_dim: c.head_dim,
+            heads: c.dims.num_heads,
+            kv_heads: c.dims.num_kv_heads,
+            head_dim: c.dims.head_dim,
             rot_dim: c.rot_dim(),
             pos0,
             kv_cap: plan.options.context,

@@ -224,12 +224,12 @@ fn embed_program(ctx: &GpuCtx, plan: &Plan, bufs: &[wgpu::Buffer], position: &wg
     }
     let x = &bufs[plan.x[0]];
     let (entry, items) = match dtype.quant() {
-        Some(fmt) if c.hidden_size.is_multiple_of(fmt.block_elems()) => {
+        Some(fmt) if c.dims.hidden_size.is_multiple_of(fmt.block_elems()) => {
             // Block units, qblock.wgsl's qunits(): 4 values each for q8_0, else 8.
             let units = fmt.block_elems() / if fmt.wgsl_id() == 0 { 4 } else { 8 };
-            ("embed_q", c.hidden_size / fmt.block_elems() * units)
+            ("embed_q", c.dims.hidden_size / fmt.block_elems() * units)
         }
-        None if dtype == DType::F16 || dtype == DType::F32 => ("embed_f", c.hidden_size),
+        None if dtype == DType::F16 || dtype == DType::F32 => ("embed_f", c.dims.hidden_size),
         _ => return Ok(None),
     };
     let f16 = if dtype == DType::F16 { 1.0 } else { 0.0 };
@@ -238,11 +238,11 @@ fn embed_program(ctx: &GpuCtx, plan: &Plan, bufs: &[wgpu::Buffer], position: &wg
     let mut prog = GpuProgram { steps: Vec::new(), owned: Vec::new() };
     for head in &plan.lm_head {
         let table = &bufs[head.weight];
-        let words = [c.hidden_size as u32, (c.embedding_scale() as f32).to_bits(), head.start as u32, head.rows as u32];
+        let words = [c.dims.hidden_size as u32, (c.embedding_scale() as f32).to_bits(), head.start as u32, head.rows as u32];
         let u = ctx.uniform("embed", &words);
         let binds = match dtype.quant() {
             Some(fmt) => {
-                let l = fmt.layout(fmt.blocks_for(head.rows * c.hidden_size));
+                let l = fmt.layout(fmt.blocks_for(head.rows * c.dims.hidden_size));
                 vec![
                     Bind::Range(table, 0, l.quants.max(16) as u64),
                     Bind::Range(table, l.scales_offset as u64, l.scales.max(4) as u64),

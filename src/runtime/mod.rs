@@ -380,7 +380,12 @@ fn repack_cpu(plan: &Plan, b: HostBuf) -> HostBuf {
 /// every pool thread, so no decode step allocates whichever worker runs what.
 fn reserve_cpu_spares(plan: &Plan) {
     let c = &plan.config;
-    let floats = c.hidden_size.max(c.intermediate_size).max(c.num_heads * c.head_dim).max((c.num_heads + 2 * c.num_kv_heads) * c.head_dim);
+    let floats = c
+        .dims
+        .hidden_size
+        .max(c.dims.intermediate_size)
+        .max(c.dims.num_heads * c.dims.head_dim)
+        .max((c.dims.num_heads + 2 * c.dims.num_kv_heads) * c.dims.head_dim);
     crate::kernels::cpu::reserve_spares(crate::kernels::cpu::pool::pool().threads(), floats);
 }
 
@@ -551,7 +556,7 @@ impl Engine {
     /// The tokens' scaled embedding rows into `self.x` (reused).
     fn embed(&mut self, tokens: &[u32]) -> Result<(), RuntimeError> {
         let c = &self.plan.config;
-        let h = c.hidden_size;
+        let h = c.dims.hidden_size;
         let scale = c.embedding_scale() as f32;
         self.x.resize(tokens.len() * h, 0.0);
         for (&t, out) in tokens.iter().zip(self.x.chunks_mut(h)) {
@@ -567,8 +572,8 @@ impl Engine {
                 s.next += 1;
                 continue;
             }
-            if t as usize >= c.vocab_size {
-                return Err(RuntimeError::Token { id: t, vocab: c.vocab_size });
+            if t as usize >= c.dims.vocab_size {
+                return Err(RuntimeError::Token { id: t, vocab: c.dims.vocab_size });
             }
             self.store.row_into("model.embed_tokens.weight", t as usize, out)?;
             out.iter_mut().for_each(|v| *v *= scale);
@@ -667,8 +672,8 @@ impl Engine {
             }
             return full(want, self.pos);
         }
-        if first as usize >= self.plan.config.vocab_size {
-            return Err(RuntimeError::Token { id: first, vocab: self.plan.config.vocab_size });
+        if first as usize >= self.plan.config.dims.vocab_size {
+            return Err(RuntimeError::Token { id: first, vocab: self.plan.config.dims.vocab_size });
         }
         let rule = if sampler.is_argmax() { gpu::PickRule::Argmax } else { gpu::PickRule::Sample(*sampler.params()) };
         let picks: Vec<gpu::PickBlock> = self.plan.lm_head.iter().map(|b| (b.logits, b.rows, b.start)).collect();
@@ -815,7 +820,7 @@ impl Engine {
             let block = if bs < be { (pos0 + bs, pos0 + be) } else { (0, 0) };
             self.forward_chunk(&tokens[start..end], block)?;
         }
-        Ok(self.logits.chunks(self.plan.config.vocab_size.max(1)).map(<[f32]>::to_vec).collect())
+        Ok(self.logits.chunks(self.plan.config.dims.vocab_size.max(1)).map(<[f32]>::to_vec).collect())
     }
 
     /// [`Engine::forward`] with the embedding of every `placeholder` token replaced,
@@ -826,7 +831,7 @@ impl Engine {
     /// be whole in one call (and fit one prefill pass); the passes are cut so that
     /// none splits a run.
     pub fn forward_with_soft_tokens(&mut self, tokens: &[u32], placeholder: u32, rows: Vec<f32>) -> Result<Vec<Vec<f32>>, RuntimeError> {
-        let h = self.plan.config.hidden_size.max(1);
+        let h = self.plan.config.dims.hidden_size.max(1);
         let count = tokens.iter().filter(|&&t| t == placeholder).count();
         if rows.len() != count * h {
             return Err(RuntimeError::SoftTokens { placeholder, tokens: count, rows: rows.len() / h });
@@ -854,8 +859,8 @@ impl Engine {
             Exec::Cpu(_) => false,
         };
         if gpu_embed {
-            if tokens[0] as usize >= self.plan.config.vocab_size {
-                return Err(RuntimeError::Token { id: tokens[0], vocab: self.plan.config.vocab_size });
+            if tokens[0] as usize >= self.plan.config.dims.vocab_size {
+                return Err(RuntimeError::Token { id: tokens[0], vocab: self.plan.config.dims.vocab_size });
             }
         } else {
             self.embed(tokens)?;
@@ -869,7 +874,7 @@ impl Engine {
             *v = 0.0;
         }
         let x0 = self.plan.x[0];
-        let vocab = self.plan.config.vocab_size;
+        let vocab = self.plan.config.dims.vocab_size;
         let rows = if t > 1 && self.plan.options.all_logits { t } else { 1 };
         self.logits.resize(rows * vocab, 0.0);
         let steps = &self.schedules[si].1;

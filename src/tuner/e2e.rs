@@ -535,7 +535,7 @@ pub(crate) fn run(
     let store: Arc<dyn TensorStore> = once.clone();
     let t = &Target { store, ctx: t.ctx.clone(), vision_weights: t.vision_weights.clone(), ..*t };
     let TimedModel { config, weight_bytes, reference } = timed_model(t, o, caps, Budget::until(timing_end), budget)?;
-    let timed_layers = (config.num_layers < t.config.num_layers).then_some((config.num_layers, t.config.num_layers));
+    let timed_layers = (config.dims.num_layers < t.config.dims.num_layers).then_some((config.dims.num_layers, t.config.dims.num_layers));
     let t = &Target { config: &config, store: t.store.clone(), ctx: t.ctx.clone(), vision_weights: t.vision_weights.clone(), ..*t };
     let mut stage = Stage {
         t,
@@ -544,7 +544,7 @@ pub(crate) fn run(
         winners: &winners,
         budget,
         progress,
-        prompt: (0..o.prefill_tokens).map(|i| ((i * 7919 + 13) % t.config.vocab_size) as u32).collect(),
+        prompt: (0..o.prefill_tokens).map(|i| ((i * 7919 + 13) % t.config.dims.vocab_size) as u32).collect(),
         image_s,
         deadline: budget.deadline(),
         timing_end,
@@ -1165,7 +1165,7 @@ fn timed_model(t: &Target<'_>, o: &TuneOptions, caps: &DeviceCaps, left_s: f64, 
     let plan_of = |c: &crate::model::ModelConfig| Plan::new(t.model, c, opts.clone(), Selection::defaults(caps.clone()));
     let whole = plan_of(t.config)?;
     let unplanned = || TimedModel { config: t.config.clone(), weight_bytes: whole.weight_bytes(), reference: None };
-    let n = t.config.num_layers;
+    let n = t.config.dims.num_layers;
     if n <= 1 {
         return Ok(unplanned());
     }
@@ -1296,7 +1296,7 @@ fn divergences(
     setup: &dyn Fn(&Combo) -> (PlanOptions, Selection),
     progress: &dyn Progress,
 ) -> Result<Vec<Option<f64>>, TuneError> {
-    let vocab = t.config.vocab_size;
+    let vocab = t.config.dims.vocab_size;
     let len = KLD_PROMPT_TOKENS.min(o.prefill_tokens).max(2);
     let prompts = (0..KLD_PROMPTS).map(|k| (0..len).map(|i| ((i * 7919 + 13 + k * 104_729) % vocab) as u32).collect()).collect();
     let text = Text { ctx: len, first: 0, chunks: prompts };

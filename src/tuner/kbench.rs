@@ -121,8 +121,8 @@ pub struct Entry {
 /// attention over `tokens` new tokens and one token at `context`, and the norms,
 /// RoPE and elementwise ops at `tokens` rows. Every op of the kernel set appears.
 pub fn entries(model: &str, cfg: &ModelConfig, tokens: usize, context: usize) -> Vec<Entry> {
-    let (h, inter, hd) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
-    let (heads, kv_heads) = (cfg.num_heads, cfg.num_kv_heads);
+    let (h, inter, hd) = (cfg.dims.hidden_size, cfg.dims.intermediate_size, cfg.dims.head_dim);
+    let (heads, kv_heads) = (cfg.dims.num_heads, cfg.dims.num_kv_heads);
     let eps = cfg.rms_norm_eps as f32;
     let unit_offset = cfg.norm_unit_offset;
     let act = if cfg.is_gelu() { Activation::GeluTanh } else { Activation::Silu };
@@ -196,7 +196,7 @@ pub fn entries(model: &str, cfg: &ModelConfig, tokens: usize, context: usize) ->
         ),
         e("prefill gated act", Problem::GatedAct { rows: tokens, dim: inter, act }, DType::F32),
         e("prefill residual", Problem::ResidualAdd { n: tokens * h }, DType::F32),
-        e("decode logits softmax", Problem::Softmax { rows: 1, dim: cfg.vocab_size }, DType::F32),
+        e("decode logits softmax", Problem::Softmax { rows: 1, dim: cfg.dims.vocab_size }, DType::F32),
     ];
     v.retain(|x| x.problem.op() != Op::QkNormRope || cfg.qk_norm);
     v

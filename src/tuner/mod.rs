@@ -415,7 +415,7 @@ mod tests {
         assert_eq!(e.decision.as_deref(), Some(reason));
         assert!(e.combinations[0].chosen);
         let p = Profile::from_str(&crate::profile::to_yaml(&doc).expect("yaml"), "p.yaml").expect("loads");
-        let (sel, exec, _) = p.resolve(&device, "smollm2-135m", config.num_layers).expect("resolves");
+        let (sel, exec, _) = p.resolve(&device, "smollm2-135m", config.dims.num_layers).expect("resolves");
         assert_eq!(exec.fusion, Fusion::ALL);
         let runtime = Selection::runtime(caps.clone());
         let steps = space::fusion_steps(&t, &o, &caps, Fusion::ALL).expect("steps");

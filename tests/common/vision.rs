@@ -105,7 +105,7 @@ pub fn causal_image_prompt_failures(m: &LoadedModel, soft: &[f32], engine: impl 
         let mut rows = Vec::new();
         let mut used = 0;
         for c in tokens.chunks(chunk) {
-            let n = c.iter().filter(|&&t| t == v.image_token_id).count() * m.config.hidden_size;
+            let n = c.iter().filter(|&&t| t == v.image_token_id).count() * m.config.dims.hidden_size;
             rows.extend(e.forward_with_soft_tokens(c, v.image_token_id, soft[used..used + n].to_vec()).expect("prefill"));
             used += n;
         }

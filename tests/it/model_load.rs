@@ -75,17 +75,17 @@ fn every_fixture_loads_with_the_shapes_of_its_config() {
             }
         }
         // The embedding lookup reads the same values as the whole tensor.
-        let embed = w.f32("model.embed_tokens.weight", &[cfg.vocab_size, cfg.hidden_size]).unwrap();
-        let last = cfg.vocab_size - 1;
-        assert_eq!(w.row_f32("model.embed_tokens.weight", last).unwrap(), embed[last * cfg.hidden_size..]);
+        let embed = w.f32("model.embed_tokens.weight", &[cfg.dims.vocab_size, cfg.dims.hidden_size]).unwrap();
+        let last = cfg.dims.vocab_size - 1;
+        assert_eq!(w.row_f32("model.embed_tokens.weight", last).unwrap(), embed[last * cfg.dims.hidden_size..]);
         // expected.json agrees with the config.
         let exp = crate::common::read_json(dir.join("expected.json"));
         let tokens = exp["tokens"].as_array().unwrap();
         assert_eq!(tokens.len(), 20);
-        assert!(tokens.iter().all(|t| (t.as_u64().unwrap() as usize) < cfg.vocab_size));
+        assert!(tokens.iter().all(|t| (t.as_u64().unwrap() as usize) < cfg.dims.vocab_size));
         let logits = exp["logits"].as_array().unwrap();
         assert_eq!(logits.len(), tokens.len());
-        assert!(logits.iter().all(|r| r.as_array().unwrap().len() == cfg.vocab_size));
+        assert!(logits.iter().all(|r| r.as_array().unwrap().len() == cfg.dims.vocab_size));
         assert_eq!(exp["generated"].as_array().unwrap().len(), 8);
         assert!(exp["versions"]["transformers"].is_string());
         // The values torch stored, as ktune reads them (bf16 included), under the
@@ -114,11 +114,11 @@ fn fixture_configs_carry_each_architectures_features() {
         c.rope_scaling,
         Some(RopeScaling::Llama3 { factor: 32.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 8192 })
     );
-    assert_eq!((c.rope_theta, c.head_dim, c.num_kv_heads, c.tie_word_embeddings), (500_000.0, 16, 2, true));
+    assert_eq!((c.rope_theta, c.dims.head_dim, c.dims.num_kv_heads, c.tie_word_embeddings), (500_000.0, 16, 2, true));
     assert_eq!(w.meta("model.norm.weight").unwrap().dtype, Dtype::F32);
 
     let (c, w) = load("smollm2-tiny-bf16");
-    assert_eq!((c.rope_theta, c.rope_scaling.clone(), c.num_kv_heads, c.rms_norm_eps), (100_000.0, None, 1, 1e-5));
+    assert_eq!((c.rope_theta, c.rope_scaling.clone(), c.dims.num_kv_heads, c.rms_norm_eps), (100_000.0, None, 1, 1e-5));
     assert_eq!(w.meta("model.embed_tokens.weight").unwrap().dtype, Dtype::BF16);
 
     let (c, w) = load("qwen2-tiny-sharded");
@@ -139,7 +139,7 @@ fn fixture_configs_carry_each_architectures_features() {
     assert_eq!(c.rope_scaling_for(Global), Some(&RopeScaling::Linear { factor: 8.0 }));
     assert_eq!(c.rope_scaling_for(Local), None);
     assert_eq!(c.rope_theta_for(Local), 10_000.0);
-    assert_eq!((c.head_dim, c.q_dim(), c.hidden_size), (32, 128, 64));
+    assert_eq!((c.dims.head_dim, c.q_dim(), c.dims.hidden_size), (32, 128, 64));
     assert_eq!(c.attention_scale(), 1.0 / 24f64.sqrt());
     assert_eq!(c.final_logit_softcapping, Some(2.0));
     assert_eq!(c.attn_logit_softcapping, None);
@@ -150,7 +150,7 @@ fn fixture_configs_carry_each_architectures_features() {
     let (c, _) = load("qwen3-tiny");
     assert_eq!(c.architecture, Architecture::Qwen3);
     assert!(c.qk_norm && !c.attention_bias && !c.norm_unit_offset && !c.sandwich_norms() && !c.tie_word_embeddings);
-    assert_eq!((c.head_dim, c.q_dim(), c.hidden_size), (32, 128, 64));
+    assert_eq!((c.dims.head_dim, c.q_dim(), c.dims.hidden_size), (32, 128, 64));
     assert_eq!(c.layer_types, [Global, Global]);
 
     let (c, _) = load("mistral-tiny");
@@ -206,13 +206,13 @@ fn builtin_configs_are_consistent_and_have_the_published_sizes() {
         let c = builtin(name).unwrap();
         c.validate().unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(c.param_count(), params, "{name}");
-        assert_eq!(c.layer_types.len(), c.num_layers);
-        assert_eq!(c.num_heads % c.num_kv_heads, 0);
+        assert_eq!(c.layer_types.len(), c.dims.num_layers);
+        assert_eq!(c.dims.num_heads % c.dims.num_kv_heads, 0);
         assert_eq!(c.tensor_shapes().iter().map(|(_, s)| s.iter().product::<usize>() as u64).sum::<u64>(), params);
         // Tied models read the embedding matrix once per token as the LM head (and
         // one row of it as the embedding); untied ones the head and one row of the
         // embedding matrix.
-        let (h, embed) = (c.hidden_size as u64, (c.vocab_size * c.hidden_size) as u64);
+        let (h, embed) = (c.dims.hidden_size as u64, (c.dims.vocab_size * c.dims.hidden_size) as u64);
         let expect = if c.tie_word_embeddings { c.param_count() + h } else { c.param_count() - embed + h };
         assert_eq!(c.weight_bytes_per_token(Dtype::BF16), 2 * expect, "{name}");
         assert_eq!(c.weight_bytes_per_token(ktune::kernels::DType::F32), 4 * expect, "{name}");
@@ -225,7 +225,7 @@ fn builtin_configs_are_consistent_and_have_the_published_sizes() {
     assert_eq!((0..26).filter(|&l| g.layer_kind(l) == LayerKind::Global).collect::<Vec<_>>(), [5, 11, 17, 23]);
     assert_eq!(g.attention_scale(), 1.0 / 16.0);
     assert_eq!(builtin("gemma3-4b").unwrap().rope_scaling, Some(RopeScaling::Linear { factor: 8.0 }));
-    assert_eq!(builtin("qwen2.5-1.5b").unwrap().head_dim, 128);
+    assert_eq!(builtin("qwen2.5-1.5b").unwrap().dims.head_dim, 128);
     assert_eq!(builtin("Llama-3.2-1B").unwrap().attention_scale(), 0.125);
     let err = builtin("gpt2").unwrap_err().to_string();
     assert!(err.contains("gpt2") && err.contains("gemma3-1b") && err.contains("smollm2-135m"), "{err}");
@@ -275,7 +275,7 @@ fn llama_with(extra: serde_json::Value) -> String {
 #[test]
 fn config_json_variants_parse() {
     let c = parse(&llama_with(serde_json::json!({}))).unwrap();
-    assert_eq!((c.head_dim, c.tie_word_embeddings, c.rope_scaling.clone()), (16, false, None));
+    assert_eq!((c.dims.head_dim, c.tie_word_embeddings, c.rope_scaling.clone()), (16, false, None));
     // transformers 5: rope_parameters, flat.
     let c = parse(&llama_with(
         serde_json::json!({"rope_theta": null, "rope_parameters": {"rope_type": "linear", "factor": 2, "rope_theta": 5e5}}),
@@ -296,7 +296,7 @@ fn config_json_variants_parse() {
     assert!(c.attention_bias);
     // Mistral: MistralConfig's window (4096) on every layer when the key is absent, none when null.
     let c = parse(&llama_with(serde_json::json!({"architectures": ["MistralForCausalLM"], "model_type": "mistral"}))).unwrap();
-    assert_eq!((c.num_local_layers(), c.sliding_window), (c.num_layers, Some(4096)));
+    assert_eq!((c.num_local_layers(), c.sliding_window), (c.dims.num_layers, Some(4096)));
     let mut v: serde_json::Value =
         serde_json::from_str(&llama_with(serde_json::json!({"architectures": ["MistralForCausalLM"], "model_type": "mistral"}))).unwrap();
     v["sliding_window"] = serde_json::Value::Null;
@@ -311,7 +311,7 @@ fn config_json_variants_parse() {
     // Qwen3: head_dim 128 unless given, q/k norms, no biases.
     let c =
         parse(&llama_with(serde_json::json!({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": null}))).unwrap();
-    assert_eq!((c.head_dim, c.qk_norm, c.attention_bias), (128, true, false));
+    assert_eq!((c.dims.head_dim, c.qk_norm, c.attention_bias), (128, true, false));
     // Gemma 3 in the 4.x layout, defaults filled in.
     let g = serde_json::json!({
         "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 256, "hidden_size": 64,
@@ -525,9 +525,9 @@ fn bad_shard_indexes_give_errors() {
     assert!(e.contains("missing `lm_head.weight`"), "{e}");
     // And a config that disagrees on shapes lists every mismatch.
     let mut wider = cfg.clone();
-    wider.intermediate_size = 256;
+    wider.dims.intermediate_size = 256;
     let e = Weights::load(&dir).unwrap().check_config(&wider).unwrap_err().to_string();
-    assert_eq!(e.matches("mlp.").count(), 3 * cfg.num_layers, "{e}");
+    assert_eq!(e.matches("mlp.").count(), 3 * cfg.dims.num_layers, "{e}");
 }
 
 #[test]
@@ -536,7 +536,7 @@ fn synthetic_weights_are_deterministic_and_shaped_like_the_model() {
     let w = Weights::synthetic(&cfg, 7);
     assert!(w.is_synthetic());
     w.check_config(&cfg).unwrap();
-    let shape = [cfg.vocab_size, cfg.hidden_size];
+    let shape = [cfg.dims.vocab_size, cfg.dims.hidden_size];
     let e = w.f32("model.embed_tokens.weight", &shape).unwrap();
     let mean = e.iter().map(|&v| v as f64).sum::<f64>() / e.len() as f64;
     let std = (e.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / e.len() as f64).sqrt();

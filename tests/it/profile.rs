@@ -253,7 +253,7 @@ fn shipped_profiles_load_and_resolve() {
         if p.doc.device.backend.as_ref().is_some_and(|b| b.value == "cpu") {
             let cfg = ktune::model::builtin(&p.doc.model).expect("built-in");
             let dev = ktune::device::Device::Cpu(ktune::device::CpuCaps::detect());
-            p.resolve(&dev, &p.doc.model, cfg.num_layers).unwrap_or_else(|e| panic!("{e}"));
+            p.resolve(&dev, &p.doc.model, cfg.dims.num_layers).unwrap_or_else(|e| panic!("{e}"));
         }
         n += 1;
     }

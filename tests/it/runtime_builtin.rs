@@ -72,8 +72,8 @@ fn reduced(name: &str, vocab: Option<usize>) -> ModelConfig {
     let mut c = builtin(name).unwrap_or_else(|e| panic!("{name}: {e}"));
     let has_local = c.layer_types.contains(&LayerKind::Local);
     let has_nope = !c.nope_layers.is_empty();
-    c.num_layers = if has_local || has_nope { LAYERS } else { 1 };
-    c.layer_types = if has_local { vec![LayerKind::Local, LayerKind::Global] } else { vec![LayerKind::Global; c.num_layers] };
+    c.dims.num_layers = if has_local || has_nope { LAYERS } else { 1 };
+    c.layer_types = if has_local { vec![LayerKind::Local, LayerKind::Global] } else { vec![LayerKind::Global; c.dims.num_layers] };
     if has_local {
         c.sliding_window = Some(WINDOW);
     }
@@ -81,8 +81,8 @@ fn reduced(name: &str, vocab: Option<usize>) -> ModelConfig {
     if has_nope {
         c.nope_layers = vec![LAYERS - 1];
     }
-    if let Some(v) = vocab.filter(|&v| v < c.vocab_size) {
-        c.vocab_size = v;
+    if let Some(v) = vocab.filter(|&v| v < c.dims.vocab_size) {
+        c.dims.vocab_size = v;
         // The published special tokens lie beyond the cut (the runtime does not use them).
         c.bos_token_id = None;
         c.eos_token_ids.clear();
@@ -164,7 +164,7 @@ fn compare_all(gpu: &Arc<GpuCtx>, scope: Scope) -> Vec<String> {
         let c = reduced(name, scope.vocab);
         let prefill = prefills(&c, scope);
         let store: Arc<dyn TensorStore> = Arc::new(Weights::synthetic(&c, 7));
-        let prompt = prompt(c.vocab_size);
+        let prompt = prompt(c.dims.vocab_size);
         let cpu = trace(&mut engine(&c, store.clone(), None, prefill), &prompt, None);
         let cpu_ids: Vec<u32> = cpu.iter().map(|r| argmax(r)).collect();
         let gpu_rows = trace(&mut engine(&c, store, Some(gpu.clone()), prefill), &prompt, Some(&cpu_ids));
@@ -172,7 +172,7 @@ fn compare_all(gpu: &Arc<GpuCtx>, scope: Scope) -> Vec<String> {
         let scale = cpu.iter().flatten().fold(0.0f64, |m, &v| m.max((v as f64).abs()));
         let mut worst = 0.0f64;
         for (a, b) in cpu.iter().zip(&gpu_rows) {
-            assert_eq!((a.len(), b.len()), (c.vocab_size, c.vocab_size), "{name}: one logit per vocabulary entry");
+            assert_eq!((a.len(), b.len()), (c.dims.vocab_size, c.dims.vocab_size), "{name}: one logit per vocabulary entry");
             for (x, y) in a.iter().zip(b) {
                 let d = (*x as f64 - *y as f64).abs();
                 // NaN never compares greater: count it as the worst error.
@@ -183,7 +183,7 @@ fn compare_all(gpu: &Arc<GpuCtx>, scope: Scope) -> Vec<String> {
         eprintln!(
             "{name} ({}, vocab {}, layers {:?}, {}): max |cpu - gpu| {worst:.2e} = {rel:.2e} of scale {scale:.2}, ids cpu {cpu_ids:?} gpu {gpu_ids:?} ({:.1} s)",
             c.architecture,
-            c.vocab_size,
+            c.dims.vocab_size,
             c.layer_types,
             if prefill { "prefill + decode" } else { "decode only" },
             t0.elapsed().as_secs_f64()
@@ -207,11 +207,15 @@ fn reduced_models_keep_their_layer_kinds() {
         let full = builtin(name).expect("builtin");
         let c = reduced(name, Some(FAST_VOCAB));
         let kinds = full.layer_types.contains(&LayerKind::Local) || !full.nope_layers.is_empty();
-        assert_eq!(c.num_layers, if kinds { LAYERS } else { 1 }, "{name}");
+        assert_eq!(c.dims.num_layers, if kinds { LAYERS } else { 1 }, "{name}");
         if !full.nope_layers.is_empty() {
             assert_eq!(c.nope_layers, [LAYERS - 1], "{name}: one layer with RoPE, one without");
         }
-        assert_eq!((c.hidden_size, c.head_dim, c.num_heads), (full.hidden_size, full.head_dim, full.num_heads), "{name}");
+        assert_eq!(
+            (c.dims.hidden_size, c.dims.head_dim, c.dims.num_heads),
+            (full.dims.hidden_size, full.dims.head_dim, full.dims.num_heads),
+            "{name}"
+        );
         if full.layer_types.contains(&LayerKind::Local) {
             assert_eq!(c.layer_types, [LayerKind::Local, LayerKind::Global], "{name}");
             assert!(c.sliding_window.is_some_and(|w| w < PROMPT_LEN + DECODE_STEPS), "{name}: the window must mask");

@@ -266,10 +266,10 @@ fn configs_match_what_transformers_built() {
         let m = load_gguf(&path, None).expect("loads");
         let c = &m.config;
         let exp = &expected(&path)["config"];
-        assert_eq!(c.num_layers as u64, exp["num_hidden_layers"].as_u64().expect("layers"), "{}", path.display());
+        assert_eq!(c.dims.num_layers as u64, exp["num_hidden_layers"].as_u64().expect("layers"), "{}", path.display());
         // (null when transformers derives it from hidden_size / heads)
         if let Some(hd) = exp["head_dim"].as_u64() {
-            assert_eq!(c.head_dim as u64, hd, "{}", path.display());
+            assert_eq!(c.dims.head_dim as u64, hd, "{}", path.display());
         }
         assert_eq!(c.tie_word_embeddings, exp["tie_word_embeddings"].as_bool().expect("tie"));
         if let Some(types) = exp["layer_types"].as_array() {

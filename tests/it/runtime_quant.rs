@@ -296,12 +296,12 @@ fn norm_matmul_removes_the_norms_that_feed_projections() {
             let (off, on) = (plan(base), plan(Fusion { norm_matmul: true, ..base }));
             let (d_off, d_on) = (off.steps(1, 4).expect("steps"), on.steps(1, 4).expect("steps"));
             let gemma = c.architecture == ktune::model::Architecture::Gemma3;
-            let kept_norms = if gemma && !base.residual_norm { 2 * c.num_layers } else { 0 }
-                + if c.qk_norm && !base.qk_norm_rope { 2 * c.num_layers } else { 0 };
+            let kept_norms = if gemma && !base.residual_norm { 2 * c.dims.num_layers } else { 0 }
+                + if c.qk_norm && !base.qk_norm_rope { 2 * c.dims.num_layers } else { 0 };
             let norms = count(&d_on, Slot::Norm) + count(&d_on, Slot::ResidualNorm);
             assert_eq!(norms, kept_norms, "{}: {base:?}", dir.display());
             let projections = if base.qkv { 1 } else { 3 } + if base.gate_up { 1 } else { 2 };
-            assert_eq!(count(&d_on, Slot::NormMatmul), c.num_layers * projections + on.lm_head.len(), "{}: {base:?}", dir.display());
+            assert_eq!(count(&d_on, Slot::NormMatmul), c.dims.num_layers * projections + on.lm_head.len(), "{}: {base:?}", dir.display());
             // Fewer kernels (the fused Q/K/V split is a runtime copy, as in prefill).
             let kernels = |s: &[ktune::plan::Step]| s.iter().filter(|s| matches!(s.kind, StepKind::Kernel { .. })).count();
             assert!(

@@ -33,7 +33,7 @@ fn multimodal_config_and_weights_load() {
     assert_eq!((v.image_size, v.patch_size, v.num_patches(), v.mm_tokens_per_image, v.pool_kernel()), (32, 8, 16, 4, 2));
     assert_eq!((v.image_token_id, v.boi_token_id, v.eoi_token_id, v.text_hidden_size), (250, 251, 252, 64));
     // The text model's weights (saved as language_model.model.*) under the text names.
-    assert_eq!((m.config.num_layers, m.config.hidden_size, m.config.vocab_size), (2, 64, 256));
+    assert_eq!((m.config.dims.num_layers, m.config.dims.hidden_size, m.config.dims.vocab_size), (2, 64, 256));
     assert!(m.weights.contains("model.layers.1.mlp.down_proj.weight"));
     assert!(m.weights.contains("vision_tower.vision_model.encoder.layers.1.mlp.fc2.weight"));
 }

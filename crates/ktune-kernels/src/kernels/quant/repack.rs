@@ -232,10 +232,10 @@ mod tests {
     #[test]
     fn repackable_lists_the_formats_with_an_x8_layout() {
         use super::{QFormat, REPACKABLE};
-        let mut with_x8: Vec<QFormat> = QFormat::ALL.into_iter().filter(|f| f.ops().cpu.x8.is_some()).collect();
-        let mut listed = REPACKABLE.to_vec();
-        with_x8.sort();
-        listed.sort();
+        use std::collections::BTreeSet;
+        let with_x8: BTreeSet<QFormat> = QFormat::ALL.into_iter().filter(|f| f.ops().cpu.x8.is_some()).collect();
+        let listed: BTreeSet<QFormat> = REPACKABLE.iter().copied().collect();
+        assert_eq!(listed.len(), REPACKABLE.len(), "a format listed twice");
         assert_eq!(listed, with_x8);
     }
 
