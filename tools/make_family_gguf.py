@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Converts the tiny random models of the newer families (tests/fixtures/qwen3-tiny,
-phi3-tiny, mistral-tiny, smollm3-tiny; made by tools/make_fixtures.py) to GGUF with llama.cpp's
-own converter, convert_hf_to_gguf.py, into tests/fixtures/gguf/NAME-TYPE.gguf, with
+phi3-tiny, phi4-tiny, mistral-tiny, smollm3-tiny, granite-tiny; made by
+tools/make_fixtures.py) to GGUF with llama.cpp's own converter, convert_hf_to_gguf.py, into tests/fixtures/gguf/NAME-TYPE.gguf, with
 NAME-TYPE.json beside each: the Hugging Face fixture's expected outputs (the same
 weights, so the same logits and greedy ids; for Q8_0, transformers on the file's weights
 dequantized by gguf-py; for Mistral, transformers without the window).
@@ -45,6 +45,8 @@ FAMILIES = [
     ("phi3-tiny", "gpt-4o", ["f32", "q8_0"], True),
     ("smollm3-tiny", "llama-bpe", ["f32"], True),
     ("mistral-tiny", "llama-bpe", ["f32"], False),
+    ("phi4-tiny", "gpt-4o", ["f32"], True),
+    ("granite-tiny", "refact", ["f32", "q8_0"], True),
 ]
 
 TEXT = [
@@ -67,10 +69,20 @@ runpy.run_path(script, run_name="__main__")
 
 # Phi-3's converter reads a byte-level BPE only when the tokenizer config names
 # GPT2Tokenizer (Phi-4-mini's), else it wants a SentencePiece tokenizer.model.
-TOKENIZER_CLASS = {"phi3-tiny": "GPT2Tokenizer"}
+TOKENIZER_CLASS = {"phi3-tiny": "GPT2Tokenizer", "phi4-tiny": "GPT2Tokenizer"}
 
 # GGUF names that mean another Hugging Face tensor in a family (Phi-3's fused ones).
-LAYER_OF = {"phi3-tiny": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}}
+PHI3 = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+LAYER_OF = {"phi3-tiny": PHI3, "phi4-tiny": PHI3}
+
+# Families whose converter permutes the Q and K rows (Llama's, for llama.cpp's
+# interleaved RoPE): undone when the file's weights are read back.
+PERMUTED = {"granite-tiny"}
+
+
+def unpermute(w, heads: int):
+    """The inverse of the converter's `permute(w, n_head)`."""
+    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def tokenizer(out: Path, vocab: int, tokenizer_class: str = "PreTrainedTokenizerFast"):
@@ -112,9 +124,10 @@ LAYER = {
 }
 
 
-def gguf_state_dict(path: Path, layer_of: dict) -> dict:
+def gguf_state_dict(path: Path, layer_of: dict, heads=None) -> dict:
     """The file's tensors dequantized by gguf-py (ggml's reference), Hugging Face names
-    (`layer_of`: the family's own names over `LAYER`)."""
+    (`layer_of`: the family's own names over `LAYER`; `heads`: (query, key/value)
+    heads of a file whose Q and K rows the converter permuted)."""
     import numpy as np
     import torch
     from gguf import GGUFReader, dequantize
@@ -129,8 +142,10 @@ def gguf_state_dict(path: Path, layer_of: dict) -> dict:
             hf = f"model.layers.{layer}.{({**LAYER, **layer_of})[part]}"
         else:
             hf = TOP[base]
-        values = dequantize(t.data, t.tensor_type).astype(np.float32)
-        out[f"{hf}.{kind}"] = torch.from_numpy(values.reshape([int(d) for d in reversed(t.shape)]).copy())
+        values = dequantize(t.data, t.tensor_type).astype(np.float32).reshape([int(d) for d in reversed(t.shape)])
+        if heads and base.endswith((".attn_q", ".attn_k")):
+            values = unpermute(values, heads[0] if base.endswith(".attn_q") else heads[1])
+        out[f"{hf}.{kind}"] = torch.from_numpy(values.copy())
     return out
 
 
@@ -195,7 +210,8 @@ def main():
                     exp = expected_of(src, tokens, n_new, config_changes={"sliding_window": None})
                     how = "transformers on the Hugging Face fixture without its sliding window (llama.cpp's reading)"
                 else:
-                    exp = expected_of(src, tokens, n_new, state=gguf_state_dict(out, LAYER_OF.get(name, {})))
+                    heads = (config["num_attention_heads"], config["num_key_value_heads"]) if name in PERMUTED else None
+                    exp = expected_of(src, tokens, n_new, state=gguf_state_dict(out, LAYER_OF.get(name, {}), heads))
                     how = "transformers on this file's weights dequantized by gguf-py"
                 # The config the file means (what tests/it/runtime_gguf.rs checks).
                 window = config.get("sliding_window") if same else None

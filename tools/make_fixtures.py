@@ -38,6 +38,8 @@ from transformers import (
     Gemma3ForCausalLM,
     Gemma3TextConfig,
     GenerationConfig,
+    GraniteConfig,
+    GraniteForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -206,6 +208,57 @@ def fixtures():
             "Phi-3 / Phi-3.5-mini: fused qkv_proj and gate_up_proj, LongRoPE (the 28-token run exceeds the "
             "original context of 8: long factors, attention factor sqrt(1 + ln 4 / ln 8)), a sliding window of "
             "12 < 20-token prompt on every layer, GQA 4:2, untied",
+            {},
+        ),
+        (
+            "phi4-tiny",
+            Phi3ForCausalLM,
+            Phi3Config(
+                **COMMON,
+                num_hidden_layers=2,
+                num_key_value_heads=1,
+                vocab_size=256,
+                rms_norm_eps=1e-5,
+                max_position_embeddings=32,
+                original_max_position_embeddings=8,
+                tie_word_embeddings=True,
+                sliding_window=None,
+                rope_parameters={
+                    "rope_type": "longrope",
+                    "rope_theta": 10000.0,
+                    "partial_rotary_factor": 0.5,
+                    "short_factor": [1.0, 1.5, 2.5, 4.0],
+                    "long_factor": [2.0, 4.0, 12.0, 32.0],
+                },
+            ),
+            "f32",
+            28,
+            "Phi-4-mini: RoPE on 8 of each head's 16 dims (partial_rotary_factor 0.5) with LongRoPE (the "
+            "28-token run exceeds the original context of 8: long factors, and the attention factor "
+            "sqrt(1 + ln 4 / ln 8) on the rotated dims only), GQA 4:1, tied",
+            {},
+        ),
+        (
+            "granite-tiny",
+            GraniteForCausalLM,
+            GraniteConfig(
+                **COMMON,
+                num_hidden_layers=2,
+                num_key_value_heads=2,
+                vocab_size=256,
+                rms_norm_eps=1e-5,
+                max_position_embeddings=4096,
+                tie_word_embeddings=True,
+                embedding_multiplier=0.5,
+                attention_multiplier=0.2,
+                residual_multiplier=1.7,
+                logits_scaling=2.5,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000000.0},
+            ),
+            "f32",
+            27,
+            "Granite 3: embedding multiplier 0.5, attention scale 0.2 (not 16^-1/2), residual branches x1.7, "
+            "logits / 2.5, GQA 4:2, tied",
             {},
         ),
         (

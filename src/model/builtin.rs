@@ -1,13 +1,13 @@
 //! Built-in configs of published models, with the shapes of their Hugging Face
 //! `config.json` (for `tune --model NAME` and `run --model NAME` without files).
 
-use super::config::{Architecture, Dims, LayerKind, ModelConfig, RopeScaling};
+use super::config::{Architecture, Dims, LayerKind, ModelConfig, Multipliers, RopeScaling};
 use super::{ModelError, Result, VisionConfig};
 
 /// Names accepted by [`builtin`], with the checkpoint each one mirrors and the
 /// published GGUF repository of its instruct model on the Hugging Face Hub (what
 /// `--hf NAME` downloads).
-const MODELS: [(&str, &str, &str); 14] = [
+const MODELS: [(&str, &str, &str); 15] = [
     ("gemma3-1b", "google/gemma-3-1b-it", "ggml-org/gemma-3-1b-it-GGUF"),
     ("gemma3-4b", "google/gemma-3-4b-it (text model and SigLIP vision tower)", "ggml-org/gemma-3-4b-it-GGUF"),
     ("llama-3.2-1b", "meta-llama/Llama-3.2-1B", "bartowski/Llama-3.2-1B-Instruct-GGUF"),
@@ -22,6 +22,7 @@ const MODELS: [(&str, &str, &str); 14] = [
     ("smollm3-3b", "HuggingFaceTB/SmolLM3-3B", "ggml-org/SmolLM3-3B-GGUF"),
     ("mistral-7b", "mistralai/Mistral-7B-Instruct-v0.3", "bartowski/Mistral-7B-Instruct-v0.3-GGUF"),
     ("phi-4-mini", "microsoft/Phi-4-mini-instruct", "bartowski/microsoft_Phi-4-mini-instruct-GGUF"),
+    ("granite-3.3-2b", "ibm-granite/granite-3.3-2b-instruct", "ibm-granite/granite-3.3-2b-instruct-GGUF"),
 ];
 
 /// The published GGUF repository of the built-in model `name` (case-insensitive).
@@ -108,6 +109,17 @@ pub fn builtin(name: &str) -> Result<ModelConfig> {
             bos_token_id: Some(199_999),
             eos_token_ids: vec![199_999, 200_020],
             ..ModelConfig::new(Architecture::Phi3, dims(200_064, 3072, 8192, 32, 24, 8, 128))
+        },
+        // Llama 3.2 1B's layer shapes, 40 of them, and Granite's multipliers.
+        "granite-3.3-2b" => ModelConfig {
+            rms_norm_eps: 1e-5,
+            rope_theta: 10_000_000.0,
+            max_position_embeddings: 131_072,
+            multipliers: Some(Multipliers { embedding: 12.0, attention: 0.015625, residual: 0.22, logits_scaling: 8.0 }),
+            // <|end_of_text|>.
+            bos_token_id: Some(0),
+            eos_token_ids: vec![0],
+            ..ModelConfig::new(Architecture::Granite, dims(49_159, 2048, 8192, 40, 32, 8, 64))
         },
         _ => return Err(ModelError::UnknownModel { name: name.to_string(), known: known() }),
     };

@@ -54,6 +54,53 @@ impl RopeScaling {
     }
 }
 
+/// Granite's four scalar multipliers (`config.json`: `embedding_multiplier`,
+/// `attention_multiplier`, `residual_multiplier`, `logits_scaling`; GGUF:
+/// `embedding_scale`, `attention.scale`, `residual_scale`, `logit_scale`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Multipliers {
+    /// Embeddings are multiplied by it after the lookup.
+    pub embedding: f64,
+    /// The attention scores' scale (instead of `head_dim^-1/2`).
+    pub attention: f64,
+    /// Each attention and MLP output is multiplied by it before it joins the
+    /// residual stream (folded into `o_proj` and `down_proj` at load).
+    pub residual: f64,
+    /// The logits are divided by it (folded into the final norm's gain at load).
+    pub logits_scaling: f64,
+}
+
+/// A factor on some rows of a weight, folded into it at load: what a family
+/// multiplies a projection's output by where no kernel takes a factor (Granite's
+/// residual and logits multipliers, LongRoPE's attention factor on the rotated
+/// dims of a partial rotary head). Row `r` (of `cols` elements; a 1-D tensor's
+/// elements are its rows) is scaled when `r % period` is in `rows`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RowScale {
+    pub factor: f64,
+    pub cols: usize,
+    pub period: usize,
+    pub rows: std::ops::Range<usize>,
+}
+
+impl RowScale {
+    /// Every element times `factor`.
+    pub fn all(factor: f64) -> RowScale {
+        RowScale { factor, cols: 1, period: 1, rows: 0..1 }
+    }
+
+    /// The factor of row `r` (1 where the scale does not apply).
+    pub fn of(&self, r: usize) -> f32 {
+        if self.rows.contains(&(r % self.period.max(1))) { self.factor as f32 } else { 1.0 }
+    }
+
+    /// The factor of element `i` of a flattened tensor.
+    pub fn of_elem(&self, i: usize) -> f32 {
+        self.of(i / self.cols.max(1))
+    }
+}
+
 /// Storage type of weights (what a file holds, or what a kernel reads).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr, strum::Display)]
 #[serde(rename_all = "snake_case")]
@@ -143,6 +190,9 @@ pub struct ModelConfig {
     pub attn_logit_softcapping: Option<f64>,
     /// Embeddings are multiplied by sqrt(hidden_size) (Gemma).
     pub scale_embeddings: bool,
+    /// Granite's scalar multipliers (None: all 1, the attention scale from the head width).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multipliers: Option<Multipliers>,
     /// RMSNorm multiplies by (1 + w) instead of w (Gemma).
     pub norm_unit_offset: bool,
     pub bos_token_id: Option<u32>,
@@ -205,6 +255,7 @@ impl ModelConfig {
             final_logit_softcapping: None,
             attn_logit_softcapping: None,
             scale_embeddings: f.scale_embeddings,
+            multipliers: None,
             norm_unit_offset: f.unit_offset_norms,
             bos_token_id: None,
             eos_token_ids: Vec::new(),
@@ -266,22 +317,65 @@ impl ModelConfig {
         !self.nope_layers.contains(&layer)
     }
 
-    /// The factor attention scores are multiplied by: `query_pre_attn_scalar^-1/2`
-    /// when set, else `head_dim^-1/2`. The same for every layer in the supported
-    /// architectures; see [`ModelConfig::layer_attention_scale`].
+    /// The factor attention scores are multiplied by: Granite's attention
+    /// multiplier, else `query_pre_attn_scalar^-1/2` when set, else
+    /// `head_dim^-1/2`. The same for every layer in the supported architectures;
+    /// see [`ModelConfig::layer_attention_scale`].
     pub fn attention_scale(&self) -> f64 {
-        1.0 / self.query_pre_attn_scalar.unwrap_or(self.dims.head_dim as f64).sqrt()
+        match self.multipliers {
+            Some(m) => m.attention,
+            None => 1.0 / self.query_pre_attn_scalar.unwrap_or(self.dims.head_dim as f64).sqrt(),
+        }
     }
 
-    /// The attention scale of layer `layer`: LongRoPE's attention factor scales
-    /// the rotated queries and keys, so (every dim rotating: [`ModelConfig::validate`])
-    /// their scores by its square.
+    /// LongRoPE's attention factor squared on layer `layer`: it scales cos and
+    /// sin, so the rotated dims' part of each score by its square (None: no
+    /// such factor on this layer).
+    fn rope_score_factor(&self, layer: usize) -> Option<f64> {
+        match self.rope_scaling_for(self.layer_kind(layer)) {
+            Some(RopeScaling::LongRope { attention_factor, .. }) if self.layer_has_rope(layer) && *attention_factor != 1.0 => {
+                Some(attention_factor * attention_factor)
+            }
+            _ => None,
+        }
+    }
+
+    /// The attention scale of layer `layer`: with every dim rotating, LongRoPE's
+    /// factor squared scales the whole score; with RoPE on part of each head it
+    /// is folded into the query rows of the rotated dims instead
+    /// ([`ModelConfig::weight_scale`]).
     pub fn layer_attention_scale(&self, layer: usize) -> f64 {
-        let rope_factor = match self.rope_scaling_for(self.layer_kind(layer)) {
-            Some(RopeScaling::LongRope { attention_factor, .. }) if self.layer_has_rope(layer) => *attention_factor,
-            _ => 1.0,
+        let rope = self.rope_score_factor(layer).filter(|_| self.rot_dim() == self.dims.head_dim);
+        self.attention_scale() * rope.unwrap_or(1.0)
+    }
+
+    /// The factor a tensor's rows are multiplied by at load (None: as stored):
+    /// Granite's residual multiplier on each layer's `o_proj` and `down_proj`,
+    /// its logits divisor on the final norm's gain, and LongRoPE's attention
+    /// factor squared on the query rows of the rotated dims of a partial rotary
+    /// head (Phi-4-mini). Each is exact algebra: the projection's output, or
+    /// the logits, scaled.
+    pub fn weight_scale(&self, tensor: &str) -> Option<RowScale> {
+        if let Some(m) = self.multipliers {
+            if tensor == "model.norm.weight" {
+                return Some(RowScale::all(1.0 / m.logits_scaling));
+            }
+            if tensor.ends_with(".self_attn.o_proj.weight") || tensor.ends_with(".mlp.down_proj.weight") {
+                return Some(RowScale::all(m.residual));
+            }
+        }
+        let rest = tensor.strip_prefix("model.layers.")?;
+        let (layer, part) = rest.split_once('.')?;
+        let cols = match part {
+            "self_attn.q_proj.weight" => self.dims.hidden_size,
+            "self_attn.q_proj.bias" => 1,
+            _ => return None,
         };
-        self.attention_scale() * rope_factor * rope_factor
+        if self.rot_dim() == self.dims.head_dim {
+            return None;
+        }
+        let factor = self.rope_score_factor(layer.parse().ok()?)?;
+        Some(RowScale { factor, cols, period: self.dims.head_dim, rows: 0..self.rot_dim() })
     }
 
     /// The dims of each head that RoPE rotates.
@@ -293,7 +387,11 @@ impl ModelConfig {
     /// Gemma, computed exactly: transformers rounds it to the weights' dtype, which
     /// for bf16 checkpoints is 34.0 instead of 33.94 for Gemma 3 1B).
     pub fn embedding_scale(&self) -> f64 {
-        if self.scale_embeddings { (self.dims.hidden_size as f64).sqrt() } else { 1.0 }
+        match self.multipliers {
+            Some(m) => m.embedding,
+            None if self.scale_embeddings => (self.dims.hidden_size as f64).sqrt(),
+            None => 1.0,
+        }
     }
 
     /// The MLP gate uses GELU (tanh) rather than SiLU.
@@ -408,7 +506,12 @@ impl ModelConfig {
                 bad.push(format!("{name} ({v}) must be above 1"));
             }
         }
+        let m = self.multipliers;
         for (name, v) in [
+            ("embedding_multiplier", m.map(|m| m.embedding)),
+            ("attention_multiplier", m.map(|m| m.attention)),
+            ("residual_multiplier", m.map(|m| m.residual)),
+            ("logits_scaling", m.map(|m| m.logits_scaling)),
             ("query_pre_attn_scalar", self.query_pre_attn_scalar),
             ("final_logit_softcapping", self.final_logit_softcapping),
             ("attn_logit_softcapping", self.attn_logit_softcapping),
@@ -454,16 +557,6 @@ impl ModelConfig {
                 if !positive(*attention_factor) {
                     bad.push(format!("longrope attention_factor ({attention_factor}) must be positive"));
                 }
-                // The factor scales cos and sin, so the rotated dims only: folded
-                // into the attention scale where every dim rotates; on part of a
-                // head the RoPE kernels would have to apply it (not yet).
-                if *attention_factor != 1.0 && self.rot_dim() < self.dims.head_dim {
-                    bad.push(format!(
-                        "longrope attention_factor ({attention_factor}) with RoPE on {} of {} dims (Phi-4-mini) is not supported yet",
-                        self.rot_dim(),
-                        self.dims.head_dim
-                    ));
-                }
             }
         }
         if let Some(r) = self.rope_dim
@@ -493,7 +586,7 @@ mod tests {
     #[test]
     fn names_are_the_published_spellings() {
         let arch: Vec<_> = <Architecture as strum::IntoEnumIterator>::iter().map(Architecture::name).collect();
-        assert_eq!(arch, ["llama", "qwen2", "qwen3", "mistral", "smollm3", "gemma3", "phi3"]);
+        assert_eq!(arch, ["llama", "qwen2", "qwen3", "mistral", "smollm3", "gemma3", "phi3", "granite"]);
         assert_eq!(Architecture::Gemma3.to_string(), "gemma3");
         assert_eq!([LayerKind::Global.name(), LayerKind::Local.name()], ["global", "local"]);
         assert_eq!([HiddenAct::Silu.name(), HiddenAct::GeluPytorchTanh.name()], ["silu", "gelu_pytorch_tanh"]);

@@ -33,6 +33,8 @@ pub enum Architecture {
     Gemma3,
     /// `Phi3ForCausalLM` (Phi-3, Phi-3.5-mini, Phi-4-mini).
     Phi3,
+    /// `GraniteForCausalLM` (IBM Granite 3.x dense).
+    Granite,
 }
 
 impl Architecture {
@@ -125,6 +127,9 @@ pub struct Family {
     /// rows first), in its files (GGUF: `attn_qkv`, and `ffn_up` of twice the
     /// width): served as row views under the separate names (Phi-3).
     pub fused_projections: bool,
+    /// Scalar multipliers on the embeddings, attention scores, residual branches
+    /// and logits ([`Multipliers`](super::config::Multipliers): Granite).
+    pub multipliers: bool,
 }
 
 /// The plain pre-norm decoder every family starts from.
@@ -149,6 +154,7 @@ const PLAIN: Family = Family {
     nope_layers: false,
     gguf_permuted_qk: true,
     fused_projections: false,
+    multipliers: false,
 };
 
 /// Every family, one row each.
@@ -235,6 +241,17 @@ pub const FAMILIES: &[Family] = &[
         window: Window::EveryLayer { default: None },
         gguf_permuted_qk: false,
         fused_projections: true,
+        ..PLAIN
+    },
+    // Granite 3.x: Llama with four scalar multipliers (embeddings, attention
+    // scale, residual branches, logits).
+    Family {
+        arch: Architecture::Granite,
+        hf_class: "GraniteForCausalLM",
+        model_type: "granite",
+        gguf_arch: Some("granite"),
+        tie_word_embeddings: true,
+        multipliers: true,
         ..PLAIN
     },
 ];

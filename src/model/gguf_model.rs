@@ -152,6 +152,19 @@ pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
         family::Window::EveryLayer { .. } => m.usize_opt("attention.sliding_window")?.filter(|&w| w > 0),
         _ => None,
     };
+    // llama.cpp's names for Granite's multipliers (absent: 1, as in transformers).
+    let multipliers = match family.multipliers {
+        true => {
+            let mut m = |key| Ok::<f64, ModelError>(m.f64_opt(key)?.unwrap_or(1.0));
+            Some(crate::model::Multipliers {
+                embedding: m("embedding_scale")?,
+                attention: m("attention.scale")?,
+                residual: m("residual_scale")?,
+                logits_scaling: m("logit_scale")?,
+            })
+        }
+        false => None,
+    };
     let config = ModelConfig {
         rms_norm_eps,
         rope_theta,
@@ -170,6 +183,7 @@ pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
         query_pre_attn_scalar: gemma.as_ref().map(|g| g.scalar),
         final_logit_softcapping: gemma.as_ref().and_then(|g| g.final_cap),
         attn_logit_softcapping: gemma.as_ref().and_then(|g| g.attn_cap),
+        multipliers,
         bos_token_id,
         eos_token_ids,
         ..ModelConfig::new(arch, dims)

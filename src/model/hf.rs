@@ -14,7 +14,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::builtin::gemma3_pattern;
-use super::config::{Architecture, Dims, HiddenAct, LayerKind, ModelConfig, RopeScaling};
+use super::config::{Architecture, Dims, HiddenAct, LayerKind, ModelConfig, Multipliers, RopeScaling};
 use super::family::{self, Family, Window};
 use super::vision::VisionConfig;
 use super::{ModelError, Result};
@@ -431,6 +431,20 @@ impl<'a> Reader<'a> {
             (None, None, None)
         };
 
+        // transformers' GraniteConfig defaults every multiplier to 1.
+        let multipliers = match f.multipliers {
+            true => {
+                let mut m = |key| Ok::<f64, ModelError>(self.f64_opt(key)?.unwrap_or(1.0));
+                Some(Multipliers {
+                    embedding: m("embedding_multiplier")?,
+                    attention: m("attention_multiplier")?,
+                    residual: m("residual_multiplier")?,
+                    logits_scaling: m("logits_scaling")?,
+                })
+            }
+            false => None,
+        };
+
         // Which layers are local, and their window.
         let (layer_types, sliding_window) = self.windows(f, num_layers)?;
         let nope_layers = if f.nope_layers { self.nope_layers(num_layers)? } else { Vec::new() };
@@ -455,6 +469,7 @@ impl<'a> Reader<'a> {
             query_pre_attn_scalar,
             final_logit_softcapping,
             attn_logit_softcapping,
+            multipliers,
             bos_token_id,
             eos_token_ids,
             ..ModelConfig::new(arch, dims)

@@ -36,6 +36,28 @@ impl HostBuf {
         }
     }
 
+    /// This buffer, elements `first..` of a tensor, with the tensor's rows
+    /// multiplied by `scale` (a family's multiplier folded in at load; a shared
+    /// buffer is copied first).
+    pub fn scaled(self, first: usize, scale: &crate::model::RowScale) -> HostBuf {
+        match self {
+            HostBuf::F32(mut v) => {
+                v.iter_mut().enumerate().for_each(|(i, x)| *x *= scale.of_elem(first + i));
+                HostBuf::F32(v)
+            }
+            HostBuf::F16(mut v) => {
+                v.iter_mut().enumerate().for_each(|(i, x)| *x = f16::from_f32(x.to_f32() * scale.of_elem(first + i)));
+                HostBuf::F16(v)
+            }
+            HostBuf::Q(mut m) => {
+                let r0 = first / m.cols.max(1);
+                m.scale_rows(|r| scale.of(r0 + r));
+                HostBuf::Q(m)
+            }
+            HostBuf::Shared(b) => std::sync::Arc::unwrap_or_clone(b).scaled(first, scale),
+        }
+    }
+
     /// A zeroed buffer (a quantized one as all-zero blocks, one block a row).
     pub fn zeros(dtype: DType, len: usize) -> HostBuf {
         match (dtype, dtype.quant()) {

@@ -258,15 +258,24 @@ fn load_buffer(plan: &Plan, store: &dyn TensorStore, i: usize) -> Result<Option<
         return Ok(None);
     }
     let Some(src) = &b.source else { return Ok(None) };
+    // A family's multiplier folded into the tensor (`ModelConfig::weight_scale`).
+    let scaled = |name: &str, first: usize, hb: HostBuf| match plan.config.weight_scale(name) {
+        Some(s) => hb.scaled(first, &s),
+        None => hb,
+    };
     let hb = match src {
-        WeightSource::Tensor(name) => store.load(name, b.dtype, b.len)?,
+        WeightSource::Tensor(name) => scaled(name, 0, store.load(name, b.dtype, b.len)?),
         WeightSource::Concat(names) => {
             let per = b.len / names.len().max(1);
             let lens = concat_lens(plan, names, b.len, per);
-            let parts = names.iter().zip(lens).map(|(n, len)| store.load(n, b.dtype, len)).collect::<Result<Vec<_>, _>>()?;
+            let parts = names
+                .iter()
+                .zip(lens)
+                .map(|(n, len)| Ok(scaled(n, 0, store.load(n, b.dtype, len)?)))
+                .collect::<Result<Vec<_>, RuntimeError>>()?;
             concat(parts)
         }
-        WeightSource::Slice { tensor, start } => store.load_range(tensor, b.dtype, *start, b.len)?,
+        WeightSource::Slice { tensor, start } => scaled(tensor, *start, store.load_range(tensor, b.dtype, *start, b.len)?),
     };
     Ok(Some(hb))
 }

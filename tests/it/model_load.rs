@@ -44,9 +44,11 @@ fn every_fixture_loads_with_the_shapes_of_its_config() {
         names,
         [
             "gemma3-tiny",
+            "granite-tiny",
             "llama3-tiny",
             "mistral-tiny",
             "phi3-tiny",
+            "phi4-tiny",
             "qwen2-tiny-sharded",
             "qwen3-tiny",
             "smollm2-tiny-bf16",
@@ -200,6 +202,7 @@ fn builtin_configs_are_consistent_and_have_the_published_sizes() {
         ("smollm3-3b", 3_075_098_624),
         ("mistral-7b", 7_248_023_552),
         ("phi-4-mini", 3_836_021_760),
+        ("granite-3.3-2b", 2_533_539_840),
     ];
     assert_eq!(builtin_names(), published.iter().map(|(n, _)| *n).collect::<Vec<_>>());
     for (name, params) in published {

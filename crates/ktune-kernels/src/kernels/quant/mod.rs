@@ -368,6 +368,26 @@ impl QMatrix {
         Ok(out)
     }
 
+    /// Multiplies row `r`'s values by `factor(r)` through its blocks' scale and
+    /// offset fields (`d`, and `m` / `dmin` where values carry an offset; IQ4_XS's
+    /// second header field is a bit field and stays), each rounded to f16 once:
+    /// a family's multiplier folded into a weight at load (see `RowScale` in
+    /// ktune's model config). The quantized codes are untouched.
+    pub fn scale_rows(&mut self, factor: impl Fn(usize) -> f32) {
+        if self.layout != Layout::Rows {
+            *self = self.to_rows();
+        }
+        let layout = self.format.ops().layout;
+        let (per_block, linear) = (self.format.scales_per_block(), if layout.offset { 2 } else { 1 });
+        let bpr = self.blocks_per_row().max(1);
+        for (b, s) in self.scales.chunks_exact_mut(per_block).enumerate() {
+            let f = factor(b / bpr);
+            if f != 1.0 {
+                s[..linear].iter_mut().for_each(|v| *v = f16::from_f32(v.to_f32() * f));
+            }
+        }
+    }
+
     /// Rows `r0..r0 + count` as a matrix of their own (an LM-head block).
     pub fn slice_rows(&self, r0: usize, count: usize) -> Result<QMatrix, QuantError> {
         if self.layout != Layout::Rows {
@@ -507,6 +527,29 @@ mod tests {
             for (b, block) in raw.chunks_exact(f.block_bytes()).enumerate() {
                 for (h, &o) in f.header().iter().enumerate() {
                     assert_eq!(&block[o..o + 2], &m.scales[b * f.scales_per_block() + h].to_le_bytes(), "{f} block {b}");
+                }
+            }
+        }
+    }
+
+    /// Scaling rows through the header fields scales every value of the row (up
+    /// to the f16 rounding of `d` and the offset), in every format; a repacked
+    /// matrix is scaled in row order.
+    #[test]
+    fn scale_rows_scales_each_rows_values() {
+        let factors = [0.5f32, 1.0, 0.22, 1.19];
+        for f in QFormat::ALL {
+            let m = QMatrix::quantize(f, 4, 512, &data(2048, 3)).unwrap();
+            let before = m.dequantize();
+            let mut scaled = m.clone();
+            scaled.scale_rows(|r| factors[r]);
+            let after = scaled.dequantize();
+            assert_eq!(scaled.quants, m.quants, "{f}: the codes stay");
+            for r in 0..4 {
+                let (b, a) = (&before[r * 512..(r + 1) * 512], &after[r * 512..(r + 1) * 512]);
+                let top = b.iter().fold(0f32, |t, v| t.max(v.abs()));
+                for (x, y) in b.iter().zip(a) {
+                    assert!((x * factors[r] - y).abs() <= 2e-3 * top, "{f} row {r}: {x} x {} vs {y}", factors[r]);
                 }
             }
         }
