@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Converts the tiny random models of the newer families (tests/fixtures/qwen3-tiny,
-phi3-tiny, phi4-tiny, mistral-tiny, smollm3-tiny, granite-tiny; made by
+phi3-tiny, phi4-tiny, mistral-tiny, smollm3-tiny, granite-tiny, olmo2-tiny; made by
 tools/make_fixtures.py) to GGUF with llama.cpp's own converter, convert_hf_to_gguf.py, into tests/fixtures/gguf/NAME-TYPE.gguf, with
 NAME-TYPE.json beside each: the Hugging Face fixture's expected outputs (the same
 weights, so the same logits and greedy ids; for Q8_0, transformers on the file's weights
@@ -47,6 +47,7 @@ FAMILIES = [
     ("mistral-tiny", "llama-bpe", ["f32"], False),
     ("phi4-tiny", "gpt-4o", ["f32"], True),
     ("granite-tiny", "refact", ["f32", "q8_0"], True),
+    ("olmo2-tiny", "dbrx", ["f32"], True),
 ]
 
 TEXT = [
@@ -117,6 +118,8 @@ LAYER = {
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
     "attn_q_norm": "self_attn.q_norm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
     "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",

@@ -44,6 +44,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
     Qwen2Config,
@@ -259,6 +261,25 @@ def fixtures():
             27,
             "Granite 3: embedding multiplier 0.5, attention scale 0.2 (not 16^-1/2), residual branches x1.7, "
             "logits / 2.5, GQA 4:2, tied",
+            {},
+        ),
+        (
+            "olmo2-tiny",
+            Olmo2ForCausalLM,
+            Olmo2Config(
+                **COMMON,
+                num_hidden_layers=2,
+                num_key_value_heads=2,
+                vocab_size=256,
+                rms_norm_eps=1e-6,
+                max_position_embeddings=4096,
+                tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+            ),
+            "f32",
+            30,
+            "OLMo 2: no norm before attention or the MLP, RMSNorm on each branch before its residual add, "
+            "q/k RMSNorm over the whole projection (gains of 64 and 32), GQA 4:2, untied",
             {},
         ),
         (

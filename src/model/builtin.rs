@@ -7,7 +7,7 @@ use super::{ModelError, Result, VisionConfig};
 /// Names accepted by [`builtin`], with the checkpoint each one mirrors and the
 /// published GGUF repository of its instruct model on the Hugging Face Hub (what
 /// `--hf NAME` downloads).
-const MODELS: [(&str, &str, &str); 15] = [
+const MODELS: [(&str, &str, &str); 16] = [
     ("gemma3-1b", "google/gemma-3-1b-it", "ggml-org/gemma-3-1b-it-GGUF"),
     ("gemma3-4b", "google/gemma-3-4b-it (text model and SigLIP vision tower)", "ggml-org/gemma-3-4b-it-GGUF"),
     ("llama-3.2-1b", "meta-llama/Llama-3.2-1B", "bartowski/Llama-3.2-1B-Instruct-GGUF"),
@@ -23,6 +23,7 @@ const MODELS: [(&str, &str, &str); 15] = [
     ("mistral-7b", "mistralai/Mistral-7B-Instruct-v0.3", "bartowski/Mistral-7B-Instruct-v0.3-GGUF"),
     ("phi-4-mini", "microsoft/Phi-4-mini-instruct", "bartowski/microsoft_Phi-4-mini-instruct-GGUF"),
     ("granite-3.3-2b", "ibm-granite/granite-3.3-2b-instruct", "ibm-granite/granite-3.3-2b-instruct-GGUF"),
+    ("olmo2-1b", "allenai/OLMo-2-0425-1B-Instruct", "allenai/OLMo-2-0425-1B-Instruct-GGUF"),
 ];
 
 /// The published GGUF repository of the built-in model `name` (case-insensitive).
@@ -120,6 +121,15 @@ pub fn builtin(name: &str) -> Result<ModelConfig> {
             bos_token_id: Some(0),
             eos_token_ids: vec![0],
             ..ModelConfig::new(Architecture::Granite, dims(49_159, 2048, 8192, 40, 32, 8, 64))
+        },
+        "olmo2-1b" => ModelConfig {
+            rope_theta: 500_000.0,
+            max_position_embeddings: 4096,
+            tie_word_embeddings: false,
+            // <|endoftext|>.
+            bos_token_id: Some(100_257),
+            eos_token_ids: vec![100_257],
+            ..ModelConfig::new(Architecture::Olmo2, dims(100_352, 2048, 8192, 16, 16, 16, 128))
         },
         _ => return Err(ModelError::UnknownModel { name: name.to_string(), known: known() }),
     };

@@ -65,7 +65,8 @@ pub struct Multipliers {
     /// The attention scores' scale (instead of `head_dim^-1/2`).
     pub attention: f64,
     /// Each attention and MLP output is multiplied by it before it joins the
-    /// residual stream (folded into `o_proj` and `down_proj` at load).
+    /// residual stream (the stream is carried divided by it instead:
+    /// [`ModelConfig::norm_eps`]).
     pub residual: f64,
     /// The logits are divided by it (folded into the final norm's gain at load).
     pub logits_scaling: f64,
@@ -73,8 +74,8 @@ pub struct Multipliers {
 
 /// A factor on some rows of a weight, folded into it at load: what a family
 /// multiplies a projection's output by where no kernel takes a factor (Granite's
-/// residual and logits multipliers, LongRoPE's attention factor on the rotated
-/// dims of a partial rotary head). Row `r` (of `cols` elements; a 1-D tensor's
+/// logits divisor, LongRoPE's attention factor on the rotated dims of a partial
+/// rotary head). Row `r` (of `cols` elements; a 1-D tensor's
 /// elements are its rows) is scaled when `r % period` is in `rows`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RowScale {
@@ -350,19 +351,16 @@ impl ModelConfig {
     }
 
     /// The factor a tensor's rows are multiplied by at load (None: as stored):
-    /// Granite's residual multiplier on each layer's `o_proj` and `down_proj`,
-    /// its logits divisor on the final norm's gain, and LongRoPE's attention
-    /// factor squared on the query rows of the rotated dims of a partial rotary
-    /// head (Phi-4-mini). Each is exact algebra: the projection's output, or
-    /// the logits, scaled.
+    /// Granite's logits divisor on the final norm's gain, and LongRoPE's
+    /// attention factor squared on the query rows of the rotated dims of a
+    /// partial rotary head (Phi-4-mini). Each is exact algebra (the logits, or
+    /// the rotated part of each score, scaled); on a block-quantized weight the
+    /// scaled block scales round to f16 once.
     pub fn weight_scale(&self, tensor: &str) -> Option<RowScale> {
-        if let Some(m) = self.multipliers {
-            if tensor == "model.norm.weight" {
-                return Some(RowScale::all(1.0 / m.logits_scaling));
-            }
-            if tensor.ends_with(".self_attn.o_proj.weight") || tensor.ends_with(".mlp.down_proj.weight") {
-                return Some(RowScale::all(m.residual));
-            }
+        if let Some(m) = self.multipliers
+            && tensor == "model.norm.weight"
+        {
+            return Some(RowScale::all(1.0 / m.logits_scaling));
         }
         let rest = tensor.strip_prefix("model.layers.")?;
         let (layer, part) = rest.split_once('.')?;
@@ -388,10 +386,24 @@ impl ModelConfig {
     /// for bf16 checkpoints is 34.0 instead of 33.94 for Gemma 3 1B).
     pub fn embedding_scale(&self) -> f64 {
         match self.multipliers {
-            Some(m) => m.embedding,
+            // The stream is carried divided by the residual multiplier (`norm_eps`).
+            Some(m) => m.embedding / m.residual,
             None if self.scale_embeddings => (self.dims.hidden_size as f64).sqrt(),
             None => 1.0,
         }
+    }
+
+    /// The eps of the RMSNorms over the residual stream. Granite multiplies each
+    /// attention and MLP output by `m` before adding it to the stream h; the
+    /// runtime carries h / m instead (embeddings scaled by `embedding / m`,
+    /// branches added as they are), and since every reader of the stream is an
+    /// RMSNorm, RMSNorm(h / m) with eps / m² is RMSNorm(h) with eps, exactly:
+    /// no kernel takes the multiplier and no weight is rounded for it. (Norms
+    /// over heads or over a branch keep `rms_norm_eps`; `validate` refuses a
+    /// multiplier with them.)
+    pub fn norm_eps(&self) -> f64 {
+        let m = self.multipliers.map_or(1.0, |m| m.residual);
+        self.rms_norm_eps / (m * m)
     }
 
     /// The MLP gate uses GELU (tanh) rather than SiLU.
@@ -406,6 +418,28 @@ impl ModelConfig {
         self.architecture.family().norms == Norms::Sandwich
     }
 
+    /// Norms before attention and before the MLP (all but OLMo 2).
+    pub fn pre_norms(&self) -> bool {
+        self.architecture.family().norms != Norms::Post
+    }
+
+    /// Norms on the attention and MLP branches before their residual adds
+    /// (Gemma 3, OLMo 2).
+    pub fn branch_norms(&self) -> bool {
+        matches!(self.architecture.family().norms, Norms::Sandwich | Norms::Post)
+    }
+
+    /// The q/k RMSNorm runs over each head (Qwen3, Gemma 3).
+    pub fn qk_norm_per_head(&self) -> bool {
+        self.qk_norm && !self.architecture.family().qk_norm_projection
+    }
+
+    /// The q/k RMSNorm runs over each whole projection (OLMo 2): gains of
+    /// `q_dim` and `kv_dim`.
+    pub fn qk_norm_projection(&self) -> bool {
+        self.qk_norm && self.architecture.family().qk_norm_projection
+    }
+
     /// Every tensor of the Hugging Face checkpoint with its shape (`[out, in]` for
     /// projections), in layer order.
     pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
@@ -413,7 +447,9 @@ impl ModelConfig {
         let mut t = vec![("model.embed_tokens.weight".to_string(), vec![self.dims.vocab_size, h])];
         for l in 0..self.dims.num_layers {
             let mut add = |name: &str, shape: Vec<usize>| t.push((format!("model.layers.{l}.{name}"), shape));
-            add("input_layernorm.weight", vec![h]);
+            if self.pre_norms() {
+                add("input_layernorm.weight", vec![h]);
+            }
             for (p, rows) in [("q", q), ("k", kv), ("v", kv)] {
                 add(&format!("self_attn.{p}_proj.weight"), vec![rows, h]);
                 if self.attention_bias {
@@ -422,12 +458,17 @@ impl ModelConfig {
             }
             add("self_attn.o_proj.weight", vec![h, q]);
             if self.qk_norm {
-                add("self_attn.q_norm.weight", vec![hd]);
-                add("self_attn.k_norm.weight", vec![hd]);
+                let (qn, kn) = if self.qk_norm_projection() { (q, kv) } else { (hd, hd) };
+                add("self_attn.q_norm.weight", vec![qn]);
+                add("self_attn.k_norm.weight", vec![kn]);
             }
+            // Llama's norm before the MLP; the attention branch's norm where the
+            // family has branch norms.
             add("post_attention_layernorm.weight", vec![h]);
             if self.sandwich_norms() {
                 add("pre_feedforward_layernorm.weight", vec![h]);
+            }
+            if self.branch_norms() {
                 add("post_feedforward_layernorm.weight", vec![h]);
             }
             add("mlp.gate_proj.weight", vec![inter, h]);
@@ -522,6 +563,9 @@ impl ModelConfig {
                 bad.push(format!("{name} ({v}) must be positive"));
             }
         }
+        if m.is_some_and(|m| m.residual != 1.0) && (self.qk_norm || self.branch_norms()) {
+            bad.push("a residual multiplier with q/k norms or norms on the branches (the stream's scale would reach them)".to_string());
+        }
         match &self.rope_scaling {
             None => {}
             Some(RopeScaling::Linear { factor }) if !positive(*factor) => {
@@ -586,7 +630,7 @@ mod tests {
     #[test]
     fn names_are_the_published_spellings() {
         let arch: Vec<_> = <Architecture as strum::IntoEnumIterator>::iter().map(Architecture::name).collect();
-        assert_eq!(arch, ["llama", "qwen2", "qwen3", "mistral", "smollm3", "gemma3", "phi3", "granite"]);
+        assert_eq!(arch, ["llama", "qwen2", "qwen3", "mistral", "smollm3", "gemma3", "phi3", "granite", "olmo2"]);
         assert_eq!(Architecture::Gemma3.to_string(), "gemma3");
         assert_eq!([LayerKind::Global.name(), LayerKind::Local.name()], ["global", "local"]);
         assert_eq!([HiddenAct::Silu.name(), HiddenAct::GeluPytorchTanh.name()], ["silu", "gelu_pytorch_tanh"]);

@@ -35,6 +35,8 @@ pub enum Architecture {
     Phi3,
     /// `GraniteForCausalLM` (IBM Granite 3.x dense).
     Granite,
+    /// `Olmo2ForCausalLM` (OLMo 2).
+    Olmo2,
 }
 
 impl Architecture {
@@ -68,6 +70,9 @@ pub enum Norms {
     /// Also one after attention and one after the MLP, each normalizing the branch
     /// before it is added to the residual stream (Gemma 3).
     Sandwich,
+    /// Only the norms after attention and after the MLP, on the branches; the
+    /// projections read the residual stream as it is (OLMo 2).
+    Post,
 }
 
 /// Which layers attend to a sliding window, and where the config says so.
@@ -100,8 +105,10 @@ pub struct Family {
     pub unit_offset_norms: bool,
     /// Biases on the Q, K and V projections, always (Qwen2).
     pub qkv_bias: bool,
-    /// RMSNorm over each query and key head before RoPE.
+    /// RMSNorm of the queries and keys before RoPE: over each head, or with
+    /// `qk_norm_projection` over each whole projection (OLMo 2).
     pub qk_norm: bool,
+    pub qk_norm_projection: bool,
     /// Embeddings multiplied by sqrt(hidden_size) after the lookup.
     pub scale_embeddings: bool,
     /// The MLP gate's activation when the config names none.
@@ -142,6 +149,7 @@ const PLAIN: Family = Family {
     unit_offset_norms: false,
     qkv_bias: false,
     qk_norm: false,
+    qk_norm_projection: false,
     scale_embeddings: false,
     hidden_act: HiddenAct::Silu,
     head_dim: None,
@@ -252,6 +260,21 @@ pub const FAMILIES: &[Family] = &[
         gguf_arch: Some("granite"),
         tie_word_embeddings: true,
         multipliers: true,
+        ..PLAIN
+    },
+    // OLMo 2: norms after attention and the MLP only (on the branches), q/k
+    // RMSNorm over each whole projection.
+    Family {
+        arch: Architecture::Olmo2,
+        hf_class: "Olmo2ForCausalLM",
+        model_type: "olmo2",
+        gguf_arch: Some("olmo2"),
+        norms: Norms::Post,
+        qk_norm: true,
+        qk_norm_projection: true,
+        max_position_embeddings: 2048,
+        rope_theta: 500_000.0,
+        gguf_permuted_qk: false,
         ..PLAIN
     },
 ];

@@ -72,7 +72,7 @@ pub struct GgufConfig {
 pub fn hf_name(config: &ModelConfig, name: &str) -> Option<(String, Transform)> {
     let family = config.architecture.family();
     let norm_tf = if family.unit_offset_norms { Transform::MinusOne } else { Transform::None };
-    let sandwich = config.sandwich_norms();
+    let (sandwich, branch) = (config.sandwich_norms(), config.branch_norms());
     let top = match name {
         "token_embd.weight" => Some(("model.embed_tokens.weight".to_string(), Transform::None)),
         "output_norm.weight" => Some(("model.norm.weight".to_string(), norm_tf)),
@@ -103,10 +103,10 @@ pub fn hf_name(config: &ModelConfig, name: &str) -> Option<(String, Transform)> 
         "attn_output" => ("self_attn.o_proj", Transform::None),
         "attn_q_norm" => ("self_attn.q_norm", norm_tf),
         "attn_k_norm" => ("self_attn.k_norm", norm_tf),
-        "post_attention_norm" if sandwich => ("post_attention_layernorm", norm_tf),
+        "post_attention_norm" if branch => ("post_attention_layernorm", norm_tf),
         "ffn_norm" if sandwich => ("pre_feedforward_layernorm", norm_tf),
         "ffn_norm" => ("post_attention_layernorm", norm_tf),
-        "post_ffw_norm" if sandwich => ("post_feedforward_layernorm", norm_tf),
+        "post_ffw_norm" if branch => ("post_feedforward_layernorm", norm_tf),
         "ffn_gate" => ("mlp.gate_proj", Transform::None),
         "ffn_up" => ("mlp.up_proj", Transform::None),
         "ffn_down" => ("mlp.down_proj", Transform::None),

@@ -231,7 +231,7 @@ impl Tokenizer {
         let merges = strings(f, "tokenizer.ggml.merges")?;
         let pre = f.get("tokenizer.ggml.pre").and_then(Value::as_str).unwrap_or("default");
         let split = match pre {
-            "default" | "gpt2" | "gpt-2" => GPT2_SPLIT,
+            "default" | "gpt2" | "gpt-2" | "olmo" | "mpt" => GPT2_SPLIT,
             // Digits one by one, then GPT-2's split (llama.cpp groups these).
             "smollm" | "refact" | "starcoder" => GPT2_SPLIT,
             "llama-bpe" | "llama3" | "llama-v3" | "smaug-bpe" | "dbrx" => Some(LLAMA3_SPLIT),
@@ -239,7 +239,7 @@ impl Tokenizer {
             "gpt-4o" => Some(GPT4O_SPLIT),
             other => {
                 return Err(err(format!(
-                    "pre-tokenizer `{other}` (`tokenizer.ggml.pre`) is not supported (known: default, gpt2, smollm, refact, starcoder, llama-bpe, qwen2, gpt-4o): give the prompt as token ids with --tokens"
+                    "pre-tokenizer `{other}` (`tokenizer.ggml.pre`) is not supported (known: default, gpt2, olmo, smollm, refact, starcoder, llama-bpe, dbrx, qwen2, gpt-4o): give the prompt as token ids with --tokens"
                 )));
             }
         };

@@ -587,15 +587,20 @@ impl Plan {
     fn layer_weights(&mut self, l: usize, c: &ModelConfig) -> Result<(), PlanError> {
         let (h, hd, nq, nkv, inter) = (c.dims.hidden_size, c.dims.head_dim, c.q_dim(), c.kv_dim(), c.dims.intermediate_size);
         let p = |s: &str| format!("model.layers.{l}.{s}");
-        self.norm_weight(format!("L{l}.input_ln"), h, &p("input_layernorm.weight"));
+        if c.pre_norms() {
+            self.norm_weight(format!("L{l}.input_ln"), h, &p("input_layernorm.weight"));
+        }
         self.norm_weight(format!("L{l}.post_attn_ln"), h, &p("post_attention_layernorm.weight"));
         if c.sandwich_norms() {
             self.norm_weight(format!("L{l}.pre_ff_ln"), h, &p("pre_feedforward_layernorm.weight"));
+        }
+        if c.branch_norms() {
             self.norm_weight(format!("L{l}.post_ff_ln"), h, &p("post_feedforward_layernorm.weight"));
         }
         if c.qk_norm {
-            self.norm_weight(format!("L{l}.q_norm"), hd, &p("self_attn.q_norm.weight"));
-            self.norm_weight(format!("L{l}.k_norm"), hd, &p("self_attn.k_norm.weight"));
+            let (qn, kn) = if c.qk_norm_projection() { (nq, nkv) } else { (hd, hd) };
+            self.norm_weight(format!("L{l}.q_norm"), qn, &p("self_attn.q_norm.weight"));
+            self.norm_weight(format!("L{l}.k_norm"), kn, &p("self_attn.k_norm.weight"));
         }
         let names = ["q_proj", "k_proj", "v_proj"].map(|s| p(&format!("self_attn.{s}.weight")));
         let fused_qkv = self.options.fusion.qkv && self.fused_weight(format!("L{l}.wqkv"), (nq + 2 * nkv) * h, names.to_vec()).is_some();
@@ -977,7 +982,7 @@ impl Emitter<'_> {
     /// The [`Problem::NormGemv`] of [`Emitter::norm_gemv_chain`].
     fn chain_problem(&self, n: usize, k: usize, residual: NormResidual, act: Option<Activation>) -> Problem {
         let c = &self.plan.config;
-        Problem::NormGemv { n, k, eps: c.rms_norm_eps as f32, unit_offset: c.norm_unit_offset, residual, act }
+        Problem::NormGemv { n, k, eps: c.norm_eps() as f32, unit_offset: c.norm_unit_offset, residual, act }
     }
 
     /// Whether a kernel of this engine runs the norm-fused projection `n` x `k` over
@@ -1003,9 +1008,18 @@ impl Emitter<'_> {
         self.kernel(Slot::Residual, l, Problem::ResidualAdd { n: h }, vec![x, branch, p.h], DType::F32)
     }
 
+    /// RMSNorm of `rows` rows of `dim` over the residual stream with the stream's
+    /// eps ([`ModelConfig::norm_eps`](crate::model::ModelConfig::norm_eps); also
+    /// Gemma 3's norms over a branch, where the two are equal).
     fn rms(&mut self, l: Option<usize>, rows: usize, dim: usize, x: BufId, w: BufId, y: BufId) -> Result<(), PlanError> {
+        let eps = self.plan.config.norm_eps() as f32;
+        self.rms_eps(l, rows, dim, eps, [x, w, y])
+    }
+
+    /// RMSNorm with its own eps (per-head q/k norms: the config's).
+    fn rms_eps(&mut self, l: Option<usize>, rows: usize, dim: usize, eps: f32, [x, w, y]: [BufId; 3]) -> Result<(), PlanError> {
         let c = &self.plan.config;
-        let p = Problem::RmsNorm { rows, dim, eps: c.rms_norm_eps as f32, unit_offset: c.norm_unit_offset };
+        let p = Problem::RmsNorm { rows, dim, eps, unit_offset: c.norm_unit_offset };
         self.kernel(Slot::Norm, l, p, vec![x, w, y], self.plan.options.weight_dtype.float_storage())
     }
 
@@ -1014,7 +1028,8 @@ impl Emitter<'_> {
     fn forward(&mut self, t: usize, pos0: usize) -> Result<(), PlanError> {
         let (c, f) = (&self.plan.config, self.plan.options.fusion);
         // Decode folds the norms that feed projections into them (see `Fusion::norm_matmul`).
-        let nm = f.norm_matmul && t == 1 && self.plan.gains_match_projections();
+        // (OLMo 2's projections read the stream itself: no norm to fold.)
+        let nm = f.norm_matmul && t == 1 && c.pre_norms() && self.plan.gains_match_projections();
         let mut s = Pass {
             t,
             pos0,
@@ -1064,9 +1079,11 @@ impl Emitter<'_> {
             s.cur = 1 - s.cur;
         }
         let x = plan.x[s.cur];
-        if !s.normed && !nm {
+        if !s.normed && !nm && c.pre_norms() {
             self.rms(li, t, h, x, w.input_ln, xn)?;
         }
+        // The projections' input: the normed stream, or the stream (OLMo 2).
+        let xn = if c.pre_norms() { xn } else { x };
         let get = |b: Option<BufId>| b.unwrap_or(usize::MAX);
         let separate = [(q, w.wq, w.bq, nq), (k, w.wk, w.bk, nkv), (v, w.wv, w.bv, nkv)];
         if nm && fused_qkv {
@@ -1128,13 +1145,17 @@ impl Emitter<'_> {
         let rope = |heads| Problem::Rope { tokens: t, heads, head_dim: hd, rot_dim, pos0, layout };
         for (src, dst, normed_buf, heads, nw) in [(q, qr, qn, c.dims.num_heads, w.q_norm), (k, kr, kn, c.dims.num_kv_heads, w.k_norm)] {
             match nw {
+                Some(nw) if c.qk_norm_projection() => {
+                    self.rms_eps(li, t, heads * hd, c.rms_norm_eps as f32, [src, nw, normed_buf])?;
+                    self.kernel(Slot::Rope, li, rope(heads), vec![normed_buf, freq, dst], DType::F32)?;
+                }
                 Some(nw) if plan.options.fusion.qk_norm_rope => {
                     let (eps, unit_offset) = (c.rms_norm_eps as f32, c.norm_unit_offset);
                     let p = Problem::QkNormRope { tokens: t, heads, head_dim: hd, rot_dim, pos0, layout, eps, unit_offset };
                     self.kernel(Slot::QkNormRope, li, p, vec![src, nw, freq, dst], plan.options.weight_dtype.float_storage())?;
                 }
                 Some(nw) => {
-                    self.rms(li, t * heads, hd, src, nw, normed_buf)?;
+                    self.rms_eps(li, t * heads, hd, c.rms_norm_eps as f32, [src, nw, normed_buf])?;
                     self.kernel(Slot::Rope, li, rope(heads), vec![normed_buf, freq, dst], DType::F32)?;
                 }
                 None => self.kernel(Slot::Rope, li, rope(heads), vec![src, freq, dst], DType::F32)?,
@@ -1182,11 +1203,12 @@ impl Emitter<'_> {
     fn mlp_block(&mut self, s: &mut Pass, l: usize, w: &LayerW) -> Result<(), PlanError> {
         let plan = self.plan;
         let (c, t, nm, li) = (&plan.config, s.t, s.nm, Some(l));
-        let (h, inter, eps) = (c.dims.hidden_size, c.dims.intermediate_size, c.rms_norm_eps as f32);
+        let (h, inter, eps) = (c.dims.hidden_size, c.dims.intermediate_size, c.norm_eps() as f32);
         let id = |n: &str| plan.id(n);
         let (xn, o, on, gate, up, act, d, dn) = (id("xn"), id("o"), id("on"), id("gate"), id("up"), id("act"), id("d"), id("dn"));
-        // Sandwich norms (Gemma 3): each branch normalized before its residual add.
-        let sandwich = c.sandwich_norms();
+        // Sandwich norms (Gemma 3): each branch normalized before its residual add
+        // (OLMo 2 too, and no norm before the MLP).
+        let (sandwich, branch, pre) = (c.sandwich_norms(), c.branch_norms(), c.pre_norms());
         let fused_gu = plan.options.fusion.gate_up && w.wgu.is_some();
         let (x, other) = (plan.x[s.cur], plan.x[1 - s.cur]);
         let mlp_norm = if sandwich { w.pre_ff_ln.unwrap_or(usize::MAX) } else { w.post_attn_ln };
@@ -1199,13 +1221,13 @@ impl Emitter<'_> {
         if s.fold {
             s.pending = Some(Pending { branch: o, gain: sandwich.then_some(w.post_attn_ln), h: other });
         } else {
-            let r1 = if sandwich {
+            let r1 = if branch {
                 self.rms(li, t, h, o, w.post_attn_ln, on)?;
                 on
             } else {
                 o
             };
-            self.residual_norm(li, t, h, eps, x, r1, mlp_norm, other, xn, nm && (gu_nm || !fused_gu))?;
+            self.residual_norm(li, t, h, eps, x, r1, mlp_norm, other, xn, !pre || (nm && (gu_nm || !fused_gu)))?;
             s.cur = 1 - s.cur;
         }
         if let Some(p) = s.pending.take_if(|_| !gu_folds) {
@@ -1213,6 +1235,8 @@ impl Emitter<'_> {
             s.cur = 1 - s.cur;
         }
         let x = plan.x[s.cur];
+        // The MLP's input: the normed stream, or the stream (OLMo 2).
+        let xn = if pre { xn } else { x };
         if gu_nm {
             let p = s.pending.take();
             self.norm_gemv_chain(li, None, inter, h, [x, mlp_norm, wgu, act], p, Some(s.act))?;
@@ -1245,17 +1269,19 @@ impl Emitter<'_> {
             s.pending = Some(Pending { branch: d, gain: if sandwich { w.post_ff_ln } else { None }, h: other });
             return Ok(());
         }
-        let r2 = if sandwich {
+        let r2 = if branch {
             self.rms(li, t, h, d, w.post_ff_ln.unwrap_or(usize::MAX), dn)?;
             dn
         } else {
             d
         };
         // Residual 2 (+ the next layer's input norm, or the final norm).
-        let next_norm = if l + 1 < c.dims.num_layers { plan.lw(l + 1).input_ln } else { id("final_norm") };
-        self.residual_norm(li, t, h, eps, x, r2, next_norm, other, xn, nm)?;
+        let last = l + 1 == c.dims.num_layers;
+        let next_norm = if last { id("final_norm") } else { plan.lw(l + 1).input_ln };
+        let add_only = nm || (!pre && !last);
+        self.residual_norm(li, t, h, eps, x, r2, next_norm, other, id("xn"), add_only)?;
         s.cur = 1 - s.cur;
-        s.normed = !nm;
+        s.normed = !add_only;
         Ok(())
     }
 

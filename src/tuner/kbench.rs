@@ -154,7 +154,7 @@ pub fn entries(model: &str, cfg: &ModelConfig, tokens: usize, context: usize) ->
                 pos0: context - 1,
                 kv_cap: context,
                 layout: RopeLayout::Half,
-                norm: cfg.qk_norm,
+                norm: cfg.qk_norm_per_head(),
                 eps,
                 unit_offset,
                 gain: DType::F32,
@@ -198,7 +198,7 @@ pub fn entries(model: &str, cfg: &ModelConfig, tokens: usize, context: usize) ->
         e("prefill residual", Problem::ResidualAdd { n: tokens * h }, DType::F32),
         e("decode logits softmax", Problem::Softmax { rows: 1, dim: cfg.dims.vocab_size }, DType::F32),
     ];
-    v.retain(|x| x.problem.op() != Op::QkNormRope || cfg.qk_norm);
+    v.retain(|x| x.problem.op() != Op::QkNormRope || cfg.qk_norm_per_head());
     v
 }
 

@@ -41,7 +41,7 @@ pub(crate) struct Space {
 
 /// Fusion choices that change the plan of `cfg`.
 fn fusions(cfg: &ModelConfig) -> Vec<Fusion> {
-    Fusion::all_combinations().into_iter().filter(|f| cfg.qk_norm || !f.qk_norm_rope).collect()
+    Fusion::all_combinations().into_iter().filter(|f| cfg.qk_norm_per_head() || !f.qk_norm_rope).collect()
 }
 
 pub(crate) fn plan_options(o: &TuneOptions, fusion: Fusion, parallel: Parallel) -> PlanOptions {

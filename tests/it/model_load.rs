@@ -47,6 +47,7 @@ fn every_fixture_loads_with_the_shapes_of_its_config() {
             "granite-tiny",
             "llama3-tiny",
             "mistral-tiny",
+            "olmo2-tiny",
             "phi3-tiny",
             "phi4-tiny",
             "qwen2-tiny-sharded",
@@ -203,6 +204,7 @@ fn builtin_configs_are_consistent_and_have_the_published_sizes() {
         ("mistral-7b", 7_248_023_552),
         ("phi-4-mini", 3_836_021_760),
         ("granite-3.3-2b", 2_533_539_840),
+        ("olmo2-1b", 1_484_916_736),
     ];
     assert_eq!(builtin_names(), published.iter().map(|(n, _)| *n).collect::<Vec<_>>());
     for (name, params) in published {
