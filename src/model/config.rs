@@ -72,6 +72,18 @@ pub struct Multipliers {
     pub logits_scaling: f64,
 }
 
+impl Multipliers {
+    /// Read from a file through `get`, its four keys in the order embedding,
+    /// attention, residual, logits; an absent key is 1 (transformers' default).
+    pub fn read<E>(
+        keys: [&str; 4],
+        mut get: impl FnMut(&str) -> std::result::Result<Option<f64>, E>,
+    ) -> std::result::Result<Multipliers, E> {
+        let mut one = |key| get(key).map(|v| v.unwrap_or(1.0));
+        Ok(Multipliers { embedding: one(keys[0])?, attention: one(keys[1])?, residual: one(keys[2])?, logits_scaling: one(keys[3])? })
+    }
+}
+
 /// A factor on some rows of a weight, folded into it at load: what a family
 /// multiplies a projection's output by where no kernel takes a factor (Granite's
 /// logits divisor, LongRoPE's attention factor on the rotated dims of a partial

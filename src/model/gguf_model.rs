@@ -152,19 +152,9 @@ pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
         family::Window::EveryLayer { .. } => m.usize_opt("attention.sliding_window")?.filter(|&w| w > 0),
         _ => None,
     };
-    // llama.cpp's names for Granite's multipliers (absent: 1, as in transformers).
-    let multipliers = match family.multipliers {
-        true => {
-            let mut m = |key| Ok::<f64, ModelError>(m.f64_opt(key)?.unwrap_or(1.0));
-            Some(crate::model::Multipliers {
-                embedding: m("embedding_scale")?,
-                attention: m("attention.scale")?,
-                residual: m("residual_scale")?,
-                logits_scaling: m("logit_scale")?,
-            })
-        }
-        false => None,
-    };
+    // llama.cpp's names for Granite's multipliers.
+    let keys = ["embedding_scale", "attention.scale", "residual_scale", "logit_scale"];
+    let multipliers = family.multipliers.then(|| crate::model::Multipliers::read(keys, |k| m.f64_opt(k))).transpose()?;
     let config = ModelConfig {
         rms_norm_eps,
         rope_theta,

@@ -431,19 +431,8 @@ impl<'a> Reader<'a> {
             (None, None, None)
         };
 
-        // transformers' GraniteConfig defaults every multiplier to 1.
-        let multipliers = match f.multipliers {
-            true => {
-                let mut m = |key| Ok::<f64, ModelError>(self.f64_opt(key)?.unwrap_or(1.0));
-                Some(Multipliers {
-                    embedding: m("embedding_multiplier")?,
-                    attention: m("attention_multiplier")?,
-                    residual: m("residual_multiplier")?,
-                    logits_scaling: m("logits_scaling")?,
-                })
-            }
-            false => None,
-        };
+        let keys = ["embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling"];
+        let multipliers = f.multipliers.then(|| Multipliers::read(keys, |k| self.f64_opt(k))).transpose()?;
 
         // Which layers are local, and their window.
         let (layer_types, sliding_window) = self.windows(f, num_layers)?;
