@@ -594,3 +594,28 @@ fn cli_chat_template_file_serves_a_file_without_one() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/t.jinja"));
 }
+
+/// Each file's tokenizer (its `tokenizer.ggml.pre` pre-split: llama-bpe, qwen2,
+/// gpt-4o, refact, dbrx, smollm, …) gives llama.cpp's own ids for strings with
+/// digits, spaces, tabs, newlines, contractions and accents
+/// (`llama_tokenize.json`, recorded by tools/record_gguf_tokens.py).
+#[test]
+fn gguf_tokenizers_give_llama_cpps_ids() {
+    let doc = read_json(dir().join("llama_tokenize.json"));
+    let strings: Vec<&str> = doc["strings"].as_array().expect("strings").iter().map(|s| s.as_str().expect("a string")).collect();
+    let files = doc["files"].as_object().expect("files");
+    assert!(files.len() >= 10, "{} files", files.len());
+    let mut failures = Vec::new();
+    for (name, want) in files {
+        let f =
+            <ktune::model::gguf::GgufFile as ktune::model::WeightFile>::open(&dir().join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let tok = ktune::model::Tokenizer::from_gguf(&f).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for (s, want) in strings.iter().zip(want.as_array().expect("ids per string")) {
+            let got = tok.encode_with(s, false).unwrap_or_else(|e| panic!("{name}: {e}"));
+            if serde_json::json!(got) != *want {
+                failures.push(format!("{name} {s:?}: ktune {got:?}, llama.cpp {want}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
