@@ -1008,6 +1008,12 @@ impl Emitter<'_> {
         self.kernel(Slot::Residual, l, Problem::ResidualAdd { n: h }, vec![x, branch, p.h], DType::F32)
     }
 
+    /// What a block's projections read: the normed stream `xn`, or the stream `x`
+    /// itself where the family has no norm before them (OLMo 2).
+    fn projection_input(&self, x: BufId) -> BufId {
+        if self.plan.config.pre_norms() { self.plan.id("xn") } else { x }
+    }
+
     /// RMSNorm of `rows` rows of `dim` over the residual stream with the stream's
     /// eps ([`ModelConfig::norm_eps`](crate::model::ModelConfig::norm_eps); also
     /// Gemma 3's norms over a branch, where the two are equal).
@@ -1082,8 +1088,7 @@ impl Emitter<'_> {
         if !s.normed && !nm && c.pre_norms() {
             self.rms(li, t, h, x, w.input_ln, xn)?;
         }
-        // The projections' input: the normed stream, or the stream (OLMo 2).
-        let xn = if c.pre_norms() { xn } else { x };
+        let xn = self.projection_input(x);
         let get = |b: Option<BufId>| b.unwrap_or(usize::MAX);
         let separate = [(q, w.wq, w.bq, nq), (k, w.wk, w.bk, nkv), (v, w.wv, w.bv, nkv)];
         if nm && fused_qkv {
@@ -1093,7 +1098,9 @@ impl Emitter<'_> {
             if p.is_some() {
                 s.cur = 1 - s.cur;
             }
-            let rotated = f.qkv_rope_cache && w.bqkv.is_none() && self.qkv_rope_cache(l, w, s.pos0, qkv, self.inv_freq(l))?;
+            // Its q/k norm is per head.
+            let fits = f.qkv_rope_cache && w.bqkv.is_none() && !c.qk_norm_projection();
+            let rotated = fits && self.qkv_rope_cache(l, w, s.pos0, qkv, self.inv_freq(l))?;
             if !rotated {
                 self.plumb(Slot::NormMatmul, li, Plumb::SplitQkv { src: qkv, bias: w.bqkv, q, k, v, tokens: 1, nq, nkv });
             }
@@ -1235,8 +1242,7 @@ impl Emitter<'_> {
             s.cur = 1 - s.cur;
         }
         let x = plan.x[s.cur];
-        // The MLP's input: the normed stream, or the stream (OLMo 2).
-        let xn = if pre { xn } else { x };
+        let xn = self.projection_input(x);
         if gu_nm {
             let p = s.pending.take();
             self.norm_gemv_chain(li, None, inter, h, [x, mlp_norm, wgu, act], p, Some(s.act))?;
