@@ -573,6 +573,7 @@ impl Profile {
             sel.layers.push(LayerOverride { first: a, last: b, slots: resolve_kernels(o, &k.value, backend)? });
         }
         let e = &d.execution;
+        let &ExecutionDoc { trusted_shaders, decode_chain, .. } = e;
         let par_on = d.scheduling.max_parallel_kernels > 1;
         let exec = ExecSettings {
             batch: e.batch_commands,
@@ -587,8 +588,8 @@ impl Profile {
             spin_us: e.cpu_spin_us,
             prefetch: e.cpu_prefetch_bytes,
             repack: e.cpu_repack.iter().filter_map(|f| f.parse().ok()).collect(),
-            trusted_shaders: e.trusted_shaders,
-            decode_chain: e.decode_chain,
+            trusted_shaders,
+            decode_chain,
         };
         Ok((sel, exec, warnings))
     }

@@ -16,15 +16,17 @@ use serde::{Deserialize, Serialize};
 use super::block::{BlockFormat, FormatOps, iq4xs, kquant, q32};
 
 /// Defines [`DType`] and [`QFormat`] from the list of formats: float rows
-/// (`Variant = "name", ggml ID, bytes N;`), then block rows (`Variant = "name",
-/// Type;`, doc comments allowed: `Type` the format's [`BlockFormat`], which
-/// holds everything else about it). The variant is ggml's type name, the string
-/// the name in files.
+/// (`Variant = "name", ggml ID, bytes N;`), then block rows (`Variant "name"
+/// Type`: `Type` the format's [`BlockFormat`], which holds everything else about
+/// it, its layout documented there) in groups by the module of [`super::block`]
+/// that holds their types (`q32 { … } kquant { … }`; the rows' order is the
+/// formats' order, so a module may head more than one group). The variant is
+/// ggml's type name, the string the name in files.
 macro_rules! formats {
     (
         floats { $($(#[doc = $fdoc:literal])* $fv:ident = $fname:literal, ggml $fid:literal, bytes $fbytes:literal;)* }
         blocks {
-            $($(#[doc = $doc:literal])* $v:ident = $name:literal, $ty:ty;)*
+            $($m:ident { $($v:ident $name:literal $ty:ident),* })*
         }
     ) => {
         /// Storage type of a variant's weight and cache buffers (activations are f32).
@@ -34,19 +36,19 @@ macro_rules! formats {
         #[allow(non_camel_case_types)] // ggml's type names (Q4_K, IQ4_XS)
         pub enum DType {
             $($(#[doc = $fdoc])* #[serde(rename = $fname)] #[strum(serialize = $fname)] $fv,)*
-            $($(#[doc = $doc])* #[serde(rename = $name)] #[strum(serialize = $name)] $v,)*
+            $($(#[doc = concat!("ggml ", stringify!($v), " blocks (weights only), laid out as [`", stringify!($m), "::", stringify!($ty), "`] says.")] #[serde(rename = $name)] #[strum(serialize = $name)] $v,)*)*
         }
 
         /// A block-quantized storage format.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
         #[allow(non_camel_case_types)] // ggml's type names (Q4_K, IQ4_XS)
         pub enum QFormat {
-            $($(#[doc = $doc])* #[serde(rename = $name)] $v,)*
+            $($(#[doc = concat!("ggml ", stringify!($v), " (", stringify!($m), "::", stringify!($ty), ").")] #[serde(rename = $name)] $v,)*)*
         }
 
         impl DType {
             /// Every storage type, floats first.
-            pub const ALL: [DType; [$($fname,)* $($name),*].len()] = [$(DType::$fv,)* $(DType::$v),*];
+            pub const ALL: [DType; [$($fname,)* $($($name,)*)*].len()] = [$(DType::$fv,)* $($(DType::$v,)*)*];
             /// The float storage types.
             pub const FLOAT: &'static [DType] = &[$(DType::$fv),*];
             /// The block-quantized storage types (every one after the floats).
@@ -56,21 +58,21 @@ macro_rules! formats {
             pub fn quant(self) -> Option<QFormat> {
                 match self {
                     $(DType::$fv => None,)*
-                    $(DType::$v => Some(QFormat::$v),)*
+                    $($(DType::$v => Some(QFormat::$v),)*)*
                 }
             }
             /// The ggml type id (GGUF tensor info `type`).
             pub fn ggml_type(self) -> u32 {
                 match self {
                     $(DType::$fv => $fid,)*
-                    $(DType::$v => <$ty as BlockFormat>::LAYOUT.ggml,)*
+                    $($(DType::$v => <$m::$ty as BlockFormat>::LAYOUT.ggml,)*)*
                 }
             }
             /// ggml's name of the type (`F16`, `Q4_K`).
             pub fn ggml_name(self) -> &'static str {
                 match self {
                     $(DType::$fv => stringify!($fv),)*
-                    $(DType::$v => stringify!($v),)*
+                    $($(DType::$v => stringify!($v),)*)*
                 }
             }
             /// Elements per block and bytes per block on disk (ggml layout; a float
@@ -78,7 +80,7 @@ macro_rules! formats {
             pub fn ggml_block(self) -> (usize, usize) {
                 match self {
                     $(DType::$fv => (1, $fbytes),)*
-                    $(DType::$v => (<$ty as BlockFormat>::LAYOUT.elems, <$ty as BlockFormat>::LAYOUT.bytes),)*
+                    $($(DType::$v => (<$m::$ty as BlockFormat>::LAYOUT.elems, <$m::$ty as BlockFormat>::LAYOUT.bytes),)*)*
                 }
             }
         }
@@ -86,18 +88,18 @@ macro_rules! formats {
         impl From<QFormat> for DType {
             fn from(f: QFormat) -> DType {
                 match f {
-                    $(QFormat::$v => DType::$v,)*
+                    $($(QFormat::$v => DType::$v,)*)*
                 }
             }
         }
 
         impl QFormat {
-            pub const ALL: [QFormat; [$($name),*].len()] = [$(QFormat::$v),*];
+            pub const ALL: [QFormat; [$($($name,)*)*].len()] = [$($(QFormat::$v,)*)*];
 
             /// The format's name (in profiles, on the command line, in kernel ids).
             pub fn name(self) -> &'static str {
                 match self {
-                    $(QFormat::$v => $name,)*
+                    $($(QFormat::$v => $name,)*)*
                 }
             }
 
@@ -106,7 +108,7 @@ macro_rules! formats {
             #[inline]
             pub fn ops(self) -> &'static FormatOps {
                 match self {
-                    $(QFormat::$v => &<$ty as BlockFormat>::OPS,)*
+                    $($(QFormat::$v => &<$m::$ty as BlockFormat>::OPS,)*)*
                 }
             }
         }
@@ -119,30 +121,10 @@ formats! {
         F16 = "f16", ggml 1, bytes 2;
     }
     blocks {
-        /// ggml Q8_0 blocks (weights only).
-        Q8_0 = "q8_0", q32::BlockQ8_0;
-        /// ggml Q4_0 blocks (weights only).
-        Q4_0 = "q4_0", q32::BlockQ4_0;
-        /// ggml Q4_1 blocks (weights only).
-        Q4_1 = "q4_1", q32::BlockQ4_1;
-        /// ggml Q5_0 blocks (weights only).
-        Q5_0 = "q5_0", q32::BlockQ5_0;
-        /// ggml Q5_1 blocks (weights only).
-        Q5_1 = "q5_1", q32::BlockQ5_1;
-        /// ggml Q2_K super-blocks (weights only): scales[16], qs[64], d, dmin.
-        Q2_K = "q2_k", kquant::BlockQ2K;
-        /// ggml Q3_K super-blocks (weights only): hmask[32], qs[64], scales[12], d.
-        Q3_K = "q3_k", kquant::BlockQ3K;
-        /// ggml Q4_K super-blocks (weights only): d, dmin, scales[12], qs[128].
-        Q4_K = "q4_k", kquant::BlockQ4K;
-        /// ggml Q5_K super-blocks (weights only): d, dmin, scales[12], qh[32], qs[128].
-        Q5_K = "q5_k", kquant::BlockQ5K;
-        /// ggml Q6_K super-blocks (weights only): ql[128], qh[64], scales[16], d.
-        Q6_K = "q6_k", kquant::BlockQ6K;
-        /// ggml IQ4_NL blocks (weights only).
-        IQ4_NL = "iq4_nl", q32::BlockIQ4NL;
-        /// ggml IQ4_XS super-blocks (weights only): d, scales_h (u16), scales_l[4], qs[128].
-        IQ4_XS = "iq4_xs", iq4xs::BlockIQ4XS;
+        q32 { Q8_0 "q8_0" BlockQ8_0, Q4_0 "q4_0" BlockQ4_0, Q4_1 "q4_1" BlockQ4_1, Q5_0 "q5_0" BlockQ5_0, Q5_1 "q5_1" BlockQ5_1 }
+        kquant { Q2_K "q2_k" BlockQ2K, Q3_K "q3_k" BlockQ3K, Q4_K "q4_k" BlockQ4K, Q5_K "q5_k" BlockQ5K, Q6_K "q6_k" BlockQ6K }
+        q32 { IQ4_NL "iq4_nl" BlockIQ4NL }
+        iq4xs { IQ4_XS "iq4_xs" BlockIQ4XS }
     }
 }
 

@@ -14,21 +14,19 @@ macro_rules! x8_loops {
             use super::super::super::XQ8;
             use super::super::{X8_BYTES, X8_ROWS};
             use super::$dp;
-            use crate::kernels::cpu::prefetch_ahead as prefetch;
 
             /// # Safety
             /// The features of `$feat`; `rec` holds `bpr` records, `sc` their
             /// 16 scales each, `x` `bpr` super-blocks with one scale per 256.
             #[target_feature(enable = $feat)]
             pub unsafe fn group(rec: &[u8], sc: &[f16], x: &XQ8, bpr: usize) -> [f32; X8_ROWS] {
+                let pf = crate::kernels::cpu::prefetch_bytes();
                 assert!(rec.len() >= bpr * X8_BYTES && sc.len() >= bpr * 16 && x.q.len() >= 256 * bpr && x.dsum.len() >= 8 * bpr);
                 let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-                let pf = crate::kernels::cpu::prefetch_bytes();
                 for c in 0..bpr {
                     // SAFETY: record c, its scales and super-block c of x (asserted above).
                     unsafe {
-                        let r = rec.as_ptr().add(c * X8_BYTES);
-                        prefetch(r, pf, X8_BYTES);
+                        let r = super::record(rec, c, X8_BYTES, pf);
                         let xq = x.q.as_ptr().add(256 * c);
                         let mut isum = _mm256_setzero_si256();
                         for p in 0..4 {
@@ -71,6 +69,7 @@ macro_rules! x8_loops {
             /// their 8 scales each, `x` `bpr` blocks (codes, scales and sums).
             #[target_feature(enable = $feat)]
             pub unsafe fn group32<const F: u8>(rec: &[u8], sc: &[f16], x: &XQ8, bpr: usize) -> [f32; X8_ROWS] {
+                let pf = crate::kernels::cpu::prefetch_bytes();
                 let rb = if F == 1 { 256 } else { 128 };
                 assert!(rec.len() >= bpr * rb && sc.len() >= bpr * 8 && x.q.len() >= 32 * bpr && x.d.len() >= bpr && x.dsum.len() >= bpr);
                 let m4 = _mm256_set1_epi8(0x0f);
@@ -80,12 +79,10 @@ macro_rules! x8_loops {
                     _mm256_set_m128i(t, t)
                 };
                 let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-                let pf = crate::kernels::cpu::prefetch_bytes();
                 for c in 0..bpr {
                     // SAFETY: record c, its scales and block c of x (asserted above).
                     unsafe {
-                        let r = rec.as_ptr().add(c * rb);
-                        prefetch(r, pf, rb);
+                        let r = super::record(rec, c, rb, pf);
                         let xq = x.q.as_ptr().add(32 * c);
                         let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
                         if F == 1 {
@@ -151,6 +148,21 @@ fn dp_vnni(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(acc, u, s)
 }
 
+/// Record `c` of `rec` (records of `rb` bytes), the bytes `pf` past it
+/// prefetched: where each loop's step over its records begins.
+///
+/// # Safety
+/// `rec` holds record `c`.
+#[inline(always)]
+unsafe fn record(rec: &[u8], c: usize, rb: usize, pf: usize) -> *const u8 {
+    // SAFETY: record c lies within `rec` (the caller's promise); a prefetch never faults.
+    unsafe {
+        let r = rec.as_ptr().add(c * rb);
+        crate::kernels::cpu::prefetch_ahead(r, pf, rb);
+        r
+    }
+}
+
 /// The low and high nibbles of the record at `r`'s 32 code bytes of step `i`
 /// (0..32: 4 passes of 8).
 ///
@@ -214,7 +226,6 @@ macro_rules! f32_loops {
             use half::f16;
 
             use super::super::{X8_BYTES, X8_ROWS};
-            use crate::kernels::cpu::prefetch_ahead as prefetch;
 
             /// Byte `l` of each 32-bit lane of `v`, sign-extended, as 8 floats (`l` = 0..4).
             #[inline]
@@ -265,6 +276,7 @@ macro_rules! f32_loops {
             /// The features of `$feat`.
             #[target_feature(enable = $feat)]
             pub unsafe fn group32<const F: u8>(rec: &[u8], sc: &[f16], x: &[f32], bpr: usize) -> [f32; X8_ROWS] {
+                let pf = crate::kernels::cpu::prefetch_bytes();
                 let rb = if F == 1 { 256 } else { 128 };
                 assert!(rec.len() >= bpr * rb && sc.len() >= bpr * X8_ROWS && x.len() >= 32 * bpr);
                 let (m4, eight) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(8));
@@ -274,12 +286,10 @@ macro_rules! f32_loops {
                     _mm256_set_m128i(t, t)
                 };
                 let mut acc = _mm256_setzero_ps();
-                let pf = crate::kernels::cpu::prefetch_bytes();
                 for c in 0..bpr {
                     // SAFETY: record c, its 8 scales and block c of x (asserted above).
                     unsafe {
-                        let r = rec.as_ptr().add(c * rb);
-                        prefetch(r, pf, rb);
+                        let r = super::record(rec, c, rb, pf);
                         let xp = x.as_ptr().add(32 * c);
                         let (mut a, mut b) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
                         for s in 0..4 {
@@ -316,14 +326,13 @@ macro_rules! f32_loops {
             /// The features of `$feat`.
             #[target_feature(enable = $feat)]
             pub unsafe fn group_k(rec: &[u8], sc: &[f16], x: &[f32], sums: &[f32], bpr: usize) -> [f32; X8_ROWS] {
+                let pf = crate::kernels::cpu::prefetch_bytes();
                 assert!(rec.len() >= bpr * X8_BYTES && sc.len() >= bpr * 16 && x.len() >= 256 * bpr && sums.len() >= 8 * bpr);
                 let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-                let pf = crate::kernels::cpu::prefetch_bytes();
                 for c in 0..bpr {
                     // SAFETY: record c, its 16 scales, super-block c of x and its 8 sums (asserted above).
                     unsafe {
-                        let r = rec.as_ptr().add(c * X8_BYTES);
-                        prefetch(r, pf, X8_BYTES);
+                        let r = super::record(rec, c, X8_BYTES, pf);
                         let xp = x.as_ptr().add(256 * c);
                         let (d, dmin) = super::record_scales(sc.as_ptr().add(16 * c));
                         for p in 0..4 {
