@@ -669,7 +669,9 @@ fn depth(prob: &Problem) -> Option<usize> {
         | Problem::Gemm { k, .. }
         | Problem::GateUp { k, .. }
         | Problem::QkvProj { k, .. }
-        | Problem::NormGemv { k, .. } => Some(k),
+        | Problem::NormGemv { k, .. }
+        | Problem::MoeGateUp { k, .. }
+        | Problem::MoeDown { k, .. } => Some(k),
         _ => None,
     }
 }

@@ -14,7 +14,8 @@
 //! (GEMV, RMSNorm-prologue GEMV, and the decode projections gate_up and qkv_proj),
 //! [`matmul`] (GEMM), [`attention`], [`norm`] (RMSNorm, LayerNorm, residual +
 //! RMSNorm), [`rope`] (RoPE, per-head norm + RoPE), [`act`] (gated activation,
-//! residual add, softmax); outside the registry, [`sample`] (the token sampler,
+//! residual add, softmax), [`moe`] (mixture-of-experts router and expert
+//! projections); outside the registry, [`sample`] (the token sampler,
 //! CPU and WGSL). Shared layers: [`cpu`] (the one SIMD and orchestration
 //! layer of every CPU kernel) and [`wgsl`] (the rules and bindings WGSL kernels share).
 
@@ -26,6 +27,7 @@ pub mod cpu;
 pub mod matmul;
 pub mod matvec;
 pub mod memory;
+pub mod moe;
 pub mod norm;
 pub mod preferred;
 pub mod problem;
@@ -70,6 +72,7 @@ pub fn registry() -> &'static [KernelDef] {
             rope::qk_norm::variants(),
             rope::qkv_cache::variants(),
             act::variants(),
+            moe::variants(),
             vision::variants(),
         ];
         let mut all: Vec<KernelDef> = families.into_iter().flatten().collect();
@@ -159,6 +162,9 @@ mod tests {
                 "avg_pool",
                 "residual_layer_norm",
                 "qkv_rope_cache",
+                "moe_route",
+                "moe_gate_up",
+                "moe_down",
             ]
         );
         assert_eq!(Op::ALL.to_vec(), Op::iter().collect::<Vec<_>>());

@@ -274,6 +274,25 @@ pub enum Problem {
     /// grid) to `y[(side / kernel)², dim]`, each output the mean of a `kernel x kernel`
     /// window with stride `kernel` (Gemma 3's `AvgPool2d` in the projector).
     AvgPool { side: usize, kernel: usize, dim: usize },
+    /// A mixture-of-experts router's choice (Qwen3-MoE, OLMoE): `logits[rows, experts]`
+    /// (the router projection's output) to the dense `route[rows, experts]`: each
+    /// row's softmax over its experts, kept for its `top_k` largest (ties to the lower
+    /// index) and 0 elsewhere, the kept ones divided by their sum when `norm`
+    /// (`norm_topk_prob`). A row's experts are its nonzero entries; the expert
+    /// kernels read the route, so nothing but floats crosses between them.
+    MoeRoute { rows: usize, experts: usize, top_k: usize, norm: bool },
+    /// The experts' gate and up projections with the activation product, each token
+    /// through its own experts: `x[rows, k]`, `route[rows, experts]`, `w[2 experts n, k]`
+    /// (every expert's gate rows `e n .. (e + 1) n`, then every expert's up rows from
+    /// `experts n`: the file's gate and up tensors one after the other); slot `j` of
+    /// row `t` is the `j`-th expert (ascending) with a nonzero route, and
+    /// `h[t, j] = act(x_t · w_gate(e)ᵀ) * (x_t · w_up(e)ᵀ)`, zero for slots past the
+    /// row's experts. `h[rows, top_k, n]`.
+    MoeGateUp { rows: usize, experts: usize, top_k: usize, n: usize, k: usize, act: Activation },
+    /// The experts' down projections summed with their route weights:
+    /// `h[rows, top_k, k]` (as [`Problem::MoeGateUp`] writes it), `route[rows, experts]`,
+    /// `w[experts n, k]`; `y[t] = Σ_j route[t, e_j] · (w(e_j) · h[t, j])`. `y[rows, n]`.
+    MoeDown { rows: usize, experts: usize, top_k: usize, n: usize, k: usize },
 }
 
 /// The ops of the kernel set; one per [`Problem`] variant. Names (`gemm`,
@@ -318,10 +337,13 @@ pub enum Op {
     AvgPool,
     ResidualLayerNorm,
     QkvRopeCache,
+    MoeRoute,
+    MoeGateUp,
+    MoeDown,
 }
 
 impl Op {
-    pub const ALL: [Op; 21] = [
+    pub const ALL: [Op; 24] = [
         Op::Gemm,
         Op::Gemv,
         Op::AttentionPrefill,
@@ -343,6 +365,9 @@ impl Op {
         Op::AvgPool,
         Op::ResidualLayerNorm,
         Op::QkvRopeCache,
+        Op::MoeRoute,
+        Op::MoeGateUp,
+        Op::MoeDown,
     ];
 
     /// Ops with CPU kernels only, which the checks that every op has WGSL kernels
@@ -393,6 +418,9 @@ impl Problem {
             Problem::AvgPool { .. } => Op::AvgPool,
             Problem::ResidualLayerNorm { .. } => Op::ResidualLayerNorm,
             Problem::QkvRopeCache { .. } => Op::QkvRopeCache,
+            Problem::MoeRoute { .. } => Op::MoeRoute,
+            Problem::MoeGateUp { .. } => Op::MoeGateUp,
+            Problem::MoeDown { .. } => Op::MoeDown,
         }
     }
 
@@ -546,6 +574,22 @@ impl Problem {
                 let out = side.checked_div(kernel).unwrap_or(0);
                 vec![b("x", Input, &["side*side", "dim"], &[side * side, dim], f), b("y", Output, &["pooled", "dim"], &[out * out, dim], f)]
             }
+            Problem::MoeRoute { rows, experts, .. } => vec![
+                b("logits", Input, &["rows", "experts"], &[rows, experts], f),
+                b("route", Output, &["rows", "experts"], &[rows, experts], f),
+            ],
+            Problem::MoeGateUp { rows, experts, top_k, n, k, .. } => vec![
+                b("x", Input, &["rows", "k"], &[rows, k], f),
+                b("route", Input, &["rows", "experts"], &[rows, experts], f),
+                b("w", Weight, &["2experts*n", "k"], &[2 * experts * n, k], d),
+                b("h", Output, &["rows", "top_k", "n"], &[rows, top_k, n], f),
+            ],
+            Problem::MoeDown { rows, experts, top_k, n, k } => vec![
+                b("h", Input, &["rows", "top_k", "k"], &[rows, top_k, k], f),
+                b("route", Input, &["rows", "experts"], &[rows, experts], f),
+                b("w", Weight, &["experts*n", "k"], &[experts * n, k], d),
+                b("y", Output, &["rows", "n"], &[rows, n], f),
+            ],
         }
     }
 
@@ -594,6 +638,9 @@ impl Problem {
             Problem::Linear { m, n, k, gelu } => 2.0 * f(m) * f(n) * f(k) + if gelu { 10.0 } else { 1.0 } * f(m) * f(n),
             Problem::AttentionFull { tokens, heads, head_dim, .. } => 4.0 * f(tokens) * f(tokens) * f(heads) * f(head_dim),
             Problem::AvgPool { side, dim, .. } => f(side * side) * f(dim),
+            Problem::MoeRoute { rows, experts, top_k, .. } => f(rows) * f(experts) * (5.0 + f(top_k)),
+            Problem::MoeGateUp { rows, top_k, n, k, .. } => f(rows * top_k) * (4.0 * f(n) * f(k) + 10.0 * f(n)),
+            Problem::MoeDown { rows, top_k, n, k, .. } => f(rows * top_k) * 2.0 * f(n) * (f(k) + 1.0),
         }
     }
 
@@ -617,6 +664,14 @@ impl Problem {
                     if s.role == Role::Cache { bytes * kv_len as f64 / kv_cap as f64 } else { bytes }
                 })
                 .sum(),
+            // Only the experts the tokens use are read: at most rows * top_k of them.
+            Problem::MoeGateUp { rows, experts, top_k, .. } | Problem::MoeDown { rows, experts, top_k, .. } => bufs
+                .iter()
+                .map(|s| {
+                    let bytes = s.bytes() as f64;
+                    if s.role == Role::Weight { bytes * (rows * top_k).min(experts) as f64 / experts.max(1) as f64 } else { bytes }
+                })
+                .sum(),
             _ => bufs.iter().map(|s| s.bytes() as f64).sum(),
         }
     }
@@ -627,6 +682,7 @@ impl Problem {
         match *self {
             Problem::Gemm { m, .. } => m < 8,
             Problem::GateUp { rows, .. } => rows < 8,
+            Problem::MoeGateUp { rows, top_k, experts, .. } | Problem::MoeDown { rows, top_k, experts, .. } => rows * top_k < 8 * experts,
             Problem::AttentionPrefill { tokens, .. } | Problem::AttentionFull { tokens, .. } => tokens < 8,
             Problem::Linear { m, .. } => m < 8,
             Problem::PatchEmbed { .. } => false,
@@ -872,5 +928,25 @@ pub fn test_problems(op: Op) -> Vec<Problem> {
             Problem::AvgPool { side: 6, kernel: 3, dim: 5 },
             Problem::AvgPool { side: 8, kernel: 4, dim: 37 },
         ],
+        Op::MoeRoute => vec![
+            Problem::MoeRoute { rows: 1, experts: 1, top_k: 1, norm: true },
+            Problem::MoeRoute { rows: 1, experts: 8, top_k: 2, norm: true },
+            Problem::MoeRoute { rows: 7, experts: 60, top_k: 4, norm: false },
+            // Qwen3-30B-A3B's router: 128 experts, 8 a token.
+            Problem::MoeRoute { rows: 19, experts: 128, top_k: 8, norm: true },
+        ],
+        // (rows, experts, top_k, n, k): decode (one token) and prefill, k in whole
+        // 32-element blocks and in whole super-blocks.
+        Op::MoeGateUp => [
+            (1, 4, 2, 7, 64, Activation::Silu),
+            (1, 8, 2, 40, 256, Activation::Silu),
+            (9, 8, 3, 37, 160, Activation::GeluTanh),
+            (33, 16, 4, 24, 512, Activation::Silu),
+        ]
+        .map(|(rows, experts, top_k, n, k, act)| Problem::MoeGateUp { rows, experts, top_k, n, k, act })
+        .to_vec(),
+        Op::MoeDown => [(1, 4, 2, 64, 32), (1, 8, 2, 96, 256), (9, 8, 3, 37, 160), (33, 16, 4, 40, 512)]
+            .map(|(rows, experts, top_k, n, k)| Problem::MoeDown { rows, experts, top_k, n, k })
+            .to_vec(),
     }
 }

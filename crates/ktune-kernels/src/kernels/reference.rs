@@ -120,6 +120,9 @@ pub fn compute(problem: &Problem, ins: &[Vec<f64>]) -> Vec<Vec<f64>> {
         Problem::Gemv { n, k } => vec![linear(&ins[0], &ins[1], None, 1, n, k, false)],
         Problem::Linear { m, n, k, gelu } => vec![linear(&ins[0], &ins[1], Some(&ins[2]), m, n, k, gelu)],
         Problem::GateUp { rows, n, k, act } => vec![gate_up(&ins[0], &ins[1], rows, n, k, act)],
+        Problem::MoeRoute { rows, experts, top_k, norm } => vec![moe_route(&ins[0], rows, experts, top_k, norm)],
+        Problem::MoeGateUp { rows, experts, top_k, n, k, act } => vec![moe_gate_up(ins, rows, experts, top_k, n, k, act)],
+        Problem::MoeDown { rows, experts, top_k, n, k } => vec![moe_down(ins, rows, experts, top_k, n, k)],
         Problem::QkvProj { k, nq, nkv, bias } => {
             let all = linear(&ins[0], &ins[1], bias.then(|| &ins[2]), 1, nq + 2 * nkv, k, false);
             vec![all[..nq].to_vec(), all[nq..nq + nkv].to_vec(), all[nq + nkv..].to_vec()]
@@ -195,6 +198,58 @@ fn linear(x: &[f64], w: &[f64], bias: Option<&Vec<f64>>, m: usize, n: usize, k: 
 fn gate_up(x: &[f64], w: &[f64], rows: usize, n: usize, k: usize, act: Activation) -> Vec<f64> {
     let dot = |r: usize, j: usize| (0..k).map(|c| x[r * k + c] * w[j * k + c]).sum::<f64>();
     (0..rows * n).map(|i| act.apply_f64(dot(i / n, i % n)) * dot(i / n, n + i % n)).collect()
+}
+
+/// Each row's softmax over its experts, kept for the `top_k` largest logits (ties
+/// to the lower index), renormalised over them when `norm`.
+pub fn moe_route(logits: &[f64], rows: usize, experts: usize, top_k: usize, norm: bool) -> Vec<f64> {
+    let mut out = vec![0.0; rows * experts];
+    for (l, o) in logits.chunks(experts).zip(out.chunks_mut(experts)).take(rows) {
+        let m = l.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = l.iter().map(|v| (v - m).exp()).sum();
+        let mut order: Vec<usize> = (0..experts).collect();
+        order.sort_by(|&a, &b| l[b].total_cmp(&l[a]).then(a.cmp(&b)));
+        let kept = &order[..top_k.min(experts)];
+        let sum: f64 = kept.iter().map(|&e| (l[e] - m).exp()).sum();
+        for &e in kept {
+            o[e] = (l[e] - m).exp() / if norm { sum } else { z };
+        }
+    }
+    out
+}
+
+/// The experts of a route row, ascending: its slots.
+fn slots(route: &[f64]) -> Vec<usize> {
+    (0..route.len()).filter(|&e| route[e] != 0.0).collect()
+}
+
+fn moe_gate_up(ins: &[Vec<f64>], rows: usize, experts: usize, top_k: usize, n: usize, k: usize, act: Activation) -> Vec<f64> {
+    let (x, route, w) = (&ins[0], &ins[1], &ins[2]);
+    let dot = |t: usize, r: usize| (0..k).map(|c| x[t * k + c] * w[r * k + c]).sum::<f64>();
+    let mut h = vec![0.0; rows * top_k * n];
+    for t in 0..rows {
+        for (j, e) in slots(&route[t * experts..][..experts]).into_iter().take(top_k).enumerate() {
+            for f in 0..n {
+                h[(t * top_k + j) * n + f] = act.apply_f64(dot(t, e * n + f)) * dot(t, (experts + e) * n + f);
+            }
+        }
+    }
+    h
+}
+
+fn moe_down(ins: &[Vec<f64>], rows: usize, experts: usize, top_k: usize, n: usize, k: usize) -> Vec<f64> {
+    let (h, route, w) = (&ins[0], &ins[1], &ins[2]);
+    let mut y = vec![0.0; rows * n];
+    for t in 0..rows {
+        let r = &route[t * experts..][..experts];
+        for (j, e) in slots(r).into_iter().take(top_k).enumerate() {
+            let hj = &h[(t * top_k + j) * k..][..k];
+            for f in 0..n {
+                y[t * n + f] += r[e] * (0..k).map(|c| hj[c] * w[(e * n + f) * k + c]).sum::<f64>();
+            }
+        }
+    }
+    y
 }
 
 /// The RMSNorm-prologue GEMV: the residual (none, added, or added after its own

@@ -120,10 +120,17 @@ fn inputs_of(problem: &Problem, dtype: DType) -> impl Iterator<Item = BufSpec> {
 }
 
 /// Buffer `spec`'s tensor from its values `v` (ignored for `inv_freq`, which holds
-/// real RoPE frequencies): a cache's tail masked, then stored in its type.
+/// real RoPE frequencies; a `route` made a router's answer from them): a cache's tail masked, then stored in its type.
 fn input_tensor(problem: &Problem, spec: &BufSpec, mut v: Vec<f32>) -> HostTensor {
     if spec.id == "inv_freq" {
         v = reference::rope_inv_freq(10000.0, 2 * spec.len(), None);
+    }
+    if spec.id == "route" {
+        // A router's answer: the values as logits, each row's top_k kept.
+        if let Problem::MoeGateUp { rows, experts, top_k, .. } | Problem::MoeDown { rows, experts, top_k, .. } = *problem {
+            let logits: Vec<f64> = v.iter().map(|&x| 4.0 * x as f64).collect();
+            v = reference::moe_route(&logits, rows, experts, top_k, true).into_iter().map(|x| x as f32).collect();
+        }
     }
     if spec.role == Role::Cache {
         mask_cache_tail(problem, spec, &mut v);

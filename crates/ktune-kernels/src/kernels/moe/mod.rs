@@ -1,0 +1,595 @@
+//! The mixture-of-experts family (Qwen3-MoE, OLMoE): the router's choice and the
+//! experts' projections. Between them flows one float buffer, the dense route
+//! `[rows, experts]` (a token's top-k softmax weights, zero elsewhere): its nonzero
+//! entries are the token's experts, in ascending order its slots, so no integer
+//! buffer and no host round trip sits between the router and the experts, and a
+//! decode step's experts are chosen on the device.
+//!
+//! Ops: [`Op::MoeRoute`] (softmax, top-k, optional renormalisation), [`Op::MoeGateUp`]
+//! (each slot's gate and up projections with the activation product) and
+//! [`Op::MoeDown`] (each slot's down projection, weighted by its route and summed).
+//! The expert weights are one matrix of every expert's rows (the GGUF's 3-D
+//! tensors as they lie; gate then up for `MoeGateUp`), in any storage format.
+//!
+//! WGSL: `moe_route_thread` (an invocation per token), `moe_gate_up_wg` /
+//! `moe_gate_up_q_wg` and `moe_down_wg` / `moe_down_q_wg` (float / block-format
+//! weights: the gathered expert GEMV, a workgroup per ROWS features of a slot or
+//! token reading only its expert's rows). CPU: `moe_route_cpu`, `moe_gate_up_cpu`
+//! and `moe_down_cpu` (gathered: block or float row dots of each slot's expert, f32
+//! or int8 activations, pool over features; decode's form) and
+//! `moe_gate_up_grouped_cpu` / `moe_down_grouped_cpu` (grouped: the tokens sorted
+//! by expert, each expert row dequantized once for all its tokens; prefill's form).
+
+use std::cell::RefCell;
+
+use crate::device::CpuCaps;
+use crate::device::GpuCaps;
+use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
+use crate::kernels::contract::{
+    CpuArgs, CpuImpl, CpuIn, KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, check_blocks, param, wrong_op,
+};
+use crate::kernels::cpu::{self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_TASK, Row, RowSplit, act_f32, par_rows, row};
+use crate::kernels::problem::{Activation, Op, Problem};
+use crate::kernels::quant::DType;
+use crate::kernels::wgsl::{ROWS_WG_PARAMS, WORKGROUP_SIZE, one_q_step, qfmt, shared_rows};
+use crate::shader;
+
+static ROUTE: Shader = shader!("moe_route.wgsl");
+static ROUTE_WG: Shader = shader!("moe_route_wg.wgsl", "reduce_wg.wgsl");
+static GATE_UP: Shader = shader!("moe_gate_up.wgsl", "moe_wf.wgsl", "moe_slot.wgsl", "wload.wgsl", "act.wgsl", "reduce_wg.wgsl");
+static GATE_UP_Q: Shader =
+    shader!("moe_gate_up.wgsl", "moe_wq.wgsl", "moe_slot.wgsl", "qblock.wgsl", "qgeom.wgsl", "act.wgsl", "reduce_wg.wgsl");
+static DOWN: Shader = shader!("moe_down.wgsl", "moe_wf.wgsl", "moe_slot.wgsl", "wload.wgsl", "reduce_wg.wgsl");
+static DOWN_Q: Shader = shader!("moe_down.wgsl", "moe_wq.wgsl", "moe_slot.wgsl", "qblock.wgsl", "qgeom.wgsl", "reduce_wg.wgsl");
+
+/// The router's CPU kernels: tokens per pool task.
+const ROUTE_CPU_PARAMS: &[ParamSpec] = &[ParamSpec::new("rows_per_task", &[1, 4, 16, 64], 4, "tokens per pool task")];
+
+/// The gathered CPU kernels: features per pool task, ISA, activations' bits (block formats).
+const GATHERED_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK, ISA, ACT_BITS];
+/// The grouped CPU kernels: (expert row, token) products per pool task, ISA.
+const GROUPED_PARAMS: &[ParamSpec] =
+    &[ParamSpec::new("products_per_task", &[64, 256, 1024, 4096], 256, "expert-row x token products per pool task"), ISA];
+
+pub fn variants() -> Vec<KernelDef> {
+    vec![
+        KernelDef::new(
+            "moe_route_thread",
+            Op::MoeRoute,
+            &[DType::F32],
+            &[WORKGROUP_SIZE],
+            "an invocation per token: top_k passes over its logits in (value, index) order, no per-token memory, then the row",
+            WgslImpl::new(&ROUTE, prepare_route).check(check_route_wgsl),
+        ),
+        KernelDef::new(
+            "moe_route_wg",
+            Op::MoeRoute,
+            &[DType::F32],
+            &[WORKGROUP_SIZE],
+            "a workgroup per token: maximum and softmax sum as reductions, each of the top_k rounds two reductions (value, \
+             then its lowest index)",
+            WgslImpl::new(&ROUTE_WG, prepare_route_wg).shared(shared_route).check(check_route_wgsl),
+        ),
+        KernelDef::new(
+            "moe_route_cpu",
+            Op::MoeRoute,
+            &[DType::F32],
+            ROUTE_CPU_PARAMS,
+            "per token: softmax, the top_k by a partial selection (select_nth); pool over tokens",
+            CpuImpl { run: run_route_select, check: check_route_cpu },
+        ),
+        KernelDef::new(
+            "moe_route_passes_cpu",
+            Op::MoeRoute,
+            &[DType::F32],
+            ROUTE_CPU_PARAMS,
+            "per token: softmax, the top_k by top_k passes over the logits (no index array; few experts a token); pool over tokens",
+            CpuImpl { run: run_route_passes, check: check_route_cpu },
+        ),
+        KernelDef::new(
+            "moe_gate_up_wg",
+            Op::MoeGateUp,
+            DType::FLOAT,
+            ROWS_WG_PARAMS,
+            "gathered expert GEMV: a workgroup per ROWS features of a token's slot, its expert found in the route, only its \
+             gate and up rows read; workgroup reduction, activation product in the epilogue",
+            WgslImpl::new(&GATE_UP, prepare_experts).shared(shared_gate_up).check(check_float_wgsl),
+        ),
+        KernelDef::new(
+            "moe_gate_up_q_wg",
+            Op::MoeGateUp,
+            DType::QUANT,
+            ROWS_WG_PARAMS,
+            "gathered expert GEMV over block-format experts dequantized in registers: a workgroup per ROWS features of a \
+             token's slot; workgroup reduction, activation product in the epilogue",
+            WgslImpl::new(&GATE_UP_Q, prepare_experts).shared(shared_gate_up).check(check_q_wgsl),
+        ),
+        KernelDef::new(
+            "moe_down_wg",
+            Op::MoeDown,
+            DType::FLOAT,
+            ROWS_WG_PARAMS,
+            "gathered expert GEMV: a workgroup per ROWS features of a token, every slot's expert rows weighted by its route \
+             into the same registers, one workgroup reduction",
+            WgslImpl::new(&DOWN, prepare_experts).shared(shared_rows).check(check_float_wgsl),
+        ),
+        KernelDef::new(
+            "moe_down_q_wg",
+            Op::MoeDown,
+            DType::QUANT,
+            ROWS_WG_PARAMS,
+            "gathered expert GEMV over block-format experts dequantized in registers: a workgroup per ROWS features of a \
+             token, its slots weighted by their routes, one workgroup reduction",
+            WgslImpl::new(&DOWN_Q, prepare_experts).shared(shared_rows).check(check_q_wgsl),
+        ),
+        KernelDef::new(
+            "moe_gate_up_cpu",
+            Op::MoeGateUp,
+            &DType::ALL,
+            GATHERED_PARAMS,
+            "gathered (decode): each slot's gate and up rows of its expert, block or float row dots, f32 or int8 \
+             activations; pool over the slots' features",
+            CpuImpl { run: run_gate_up, check: check_gathered },
+        ),
+        KernelDef::new(
+            "moe_down_cpu",
+            Op::MoeDown,
+            &DType::ALL,
+            GATHERED_PARAMS,
+            "gathered (decode): each token's features over its slots' expert rows, weighted by the route; pool over features",
+            CpuImpl { run: run_down, check: check_gathered },
+        ),
+        KernelDef::new(
+            "moe_gate_up_grouped_cpu",
+            Op::MoeGateUp,
+            &DType::ALL,
+            GROUPED_PARAMS,
+            "grouped (prefill): the tokens sorted by expert, each expert's gate and up rows dequantized once for all of its \
+             tokens; pool over (expert row, token) products",
+            CpuImpl { run: run_gate_up_grouped, check: check_grouped },
+        ),
+        KernelDef::new(
+            "moe_down_grouped_cpu",
+            Op::MoeDown,
+            &DType::ALL,
+            GROUPED_PARAMS,
+            "grouped (prefill): the tokens sorted by expert, each expert's down rows dequantized once for all of its tokens, \
+             the weighted sums gathered per token",
+            CpuImpl { run: run_down_grouped, check: check_grouped },
+        ),
+    ]
+}
+
+/// `(rows, experts, top_k, n, k, act)` of an expert problem (`act` 0 for the down projection).
+fn expert_dims(prob: &Problem) -> Option<(usize, usize, usize, usize, usize, Option<Activation>)> {
+    match *prob {
+        Problem::MoeGateUp { rows, experts, top_k, n, k, act } => Some((rows, experts, top_k, n, k, Some(act))),
+        Problem::MoeDown { rows, experts, top_k, n, k } => Some((rows, experts, top_k, n, k, None)),
+        _ => None,
+    }
+}
+
+// ---- checks ----
+
+fn check_route_cpu(_: &CpuCaps, prob: &Problem, _: DType, _: &Params) -> Result<(), String> {
+    route_dims(prob)
+}
+
+fn route_dims(prob: &Problem) -> Result<(), String> {
+    match *prob {
+        Problem::MoeRoute { experts, top_k, .. } if top_k == 0 || top_k > experts => {
+            Err(format!("top_k = {top_k} must be 1 to the {experts} experts"))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn check_route_wgsl(_: &GpuCaps, prob: &Problem, _: DType, _: &Params) -> Result<(), String> {
+    route_dims(prob)
+}
+
+/// What every expert kernel needs: slots within the experts.
+fn expert_rules(prob: &Problem) -> Result<(), String> {
+    match expert_dims(prob) {
+        Some((_, experts, top_k, ..)) if top_k == 0 || top_k > experts => {
+            Err(format!("top_k = {top_k} must be 1 to the {experts} experts"))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn check_gathered(_: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    Isa::param_available(param(params, "isa")?)?;
+    if param(params, "act_bits")? == 8 && !dtype.is_quant() {
+        return Err("int8 activations (act_bits 8) are for block-format weights".into());
+    }
+    if dtype.is_quant() {
+        check_blocks(prob, dtype)?;
+    }
+    expert_rules(prob)
+}
+
+fn check_grouped(_: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    Isa::param_available(param(params, "isa")?)?;
+    if dtype.is_quant() {
+        check_blocks(prob, dtype)?;
+    }
+    expert_rules(prob)
+}
+
+/// The grid's y is a token's slots (gate/up) or tokens (down); ROWS ≤ 8 (the registers).
+fn grid_rules(caps: &GpuCaps, prob: &Problem, params: &Params) -> Result<(), String> {
+    let Some((rows, _, top_k, ..)) = expert_dims(prob) else { return Ok(()) };
+    let ys = if matches!(prob, Problem::MoeGateUp { .. }) { rows * top_k } else { rows };
+    crate::kernels::wgsl::grid_dim(caps, ys, "y (tokens or their slots)")?;
+    if params.get("rows_per_wg").is_some_and(|&r| r > 8) {
+        return Err("rows_per_wg above 8 (the kernel's registers)".into());
+    }
+    expert_rules(prob)
+}
+
+fn check_float_wgsl(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
+    match expert_dims(prob) {
+        Some((.., k, _)) if !k.is_multiple_of(4) => Err(format!("k = {k} is not a multiple of 4 (rows are read 4 elements a unit)")),
+        _ => grid_rules(caps, prob, params),
+    }
+}
+
+fn check_q_wgsl(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    check_blocks(prob, dtype)?;
+    grid_rules(caps, prob, params)
+}
+
+/// A gate and an up partial per invocation and feature.
+fn shared_gate_up(_: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
+    Ok(8 * param(params, "workgroup_size")? as u64 * param(params, "rows_per_wg")? as u64)
+}
+
+// ---- WGSL ----
+
+fn route_uniform(s: &WgslSetup<'_>) -> Result<(usize, [u32; 4]), KernelError> {
+    let Problem::MoeRoute { rows, experts, top_k, norm } = *s.problem else { return Err(wrong_op(s.kernel, s.problem)) };
+    Ok((rows, [rows as u32, experts as u32, top_k as u32, norm as u32]))
+}
+
+fn prepare_route(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let (rows, u) = route_uniform(s)?;
+    let wg = s.param("workgroup_size")?;
+    s.one_step("main", &[("WG", wg as f64)], &u, grid_2d(groups(rows, wg)))
+}
+
+fn prepare_route_wg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let (rows, u) = route_uniform(s)?;
+    s.one_step("main", &[("WG", s.param("workgroup_size")? as f64)], &u, grid_2d(rows as u32))
+}
+
+/// One partial per invocation.
+fn shared_route(_: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
+    Ok(4 * param(params, "workgroup_size")? as u64)
+}
+
+/// One prepare for the four expert shaders: a workgroup per ROWS features (x) of
+/// a slot (gate/up) or a token (down) (y).
+fn prepare_experts(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let Some((rows, experts, top_k, n, k, act)) = expert_dims(s.problem) else { return Err(wrong_op(s.kernel, s.problem)) };
+    let (wg, per) = (s.param("workgroup_size")?, s.param("rows_per_wg")?);
+    let ys = if act.is_some() { rows * top_k } else { rows };
+    let grid = [groups(n, per), ys.max(1) as u32, 1];
+    let gelu = u32::from(act == Some(Activation::GeluTanh));
+    let uniform = [rows as u32, experts as u32, top_k as u32, n as u32, k as u32, gelu];
+    let mut consts = vec![("WG", wg as f64), ("ROWS", per as f64)];
+    if s.dtype.is_quant() {
+        consts.push(("QFMT", qfmt(s.dtype)));
+        one_q_step(s, 2, &consts, &uniform, grid)
+    } else {
+        consts.extend(s.w_f16_const());
+        s.one_step("main", &consts, &uniform, grid)
+    }
+}
+
+// ---- CPU ----
+
+/// How a CPU router kernel finds a token's `top_k` experts (ascending or not).
+type TopK = fn(&[f32], usize) -> Vec<usize>;
+
+fn run_route(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>, top: TopK) -> Result<(), KernelError> {
+    let Problem::MoeRoute { rows, experts, top_k, norm } = *prob else { return Err(wrong_op(kd, prob)) };
+    let logits = a.ins[0].f32();
+    let split = RowSplit::Dynamic(param(params, "rows_per_task")? as usize);
+    par_rows(&mut a.outs[0][..rows * experts], experts, split, |first, out| {
+        for (i, o) in out.chunks_mut(experts).enumerate() {
+            let l = &logits[(first + i) * experts..][..experts];
+            route_row(l, &top(l, top_k), norm, o);
+        }
+    });
+    Ok(())
+}
+
+fn run_route_select(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), KernelError> {
+    run_route(kd, prob, params, a, top_select)
+}
+
+fn run_route_passes(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), KernelError> {
+    run_route(kd, prob, params, a, top_passes)
+}
+
+/// (value descending, index ascending): the router's order.
+fn before(l: &[f32], a: usize, b: usize) -> std::cmp::Ordering {
+    l[b].total_cmp(&l[a]).then(a.cmp(&b))
+}
+
+/// The `top_k` largest by a partial selection.
+fn top_select(l: &[f32], top_k: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..l.len()).collect();
+    let k = top_k.min(l.len());
+    if k < order.len() {
+        order.select_nth_unstable_by(k, |&a, &b| before(l, a, b));
+    }
+    order.truncate(k);
+    order
+}
+
+/// The `top_k` largest by `top_k` passes, each the first in the router's order
+/// after the last taken.
+fn top_passes(l: &[f32], top_k: usize) -> Vec<usize> {
+    let mut kept: Vec<usize> = Vec::with_capacity(top_k);
+    for _ in 0..top_k.min(l.len()) {
+        let after = |e: usize| kept.last().is_none_or(|&p| before(l, p, e).is_lt());
+        let best = (0..l.len()).filter(|&e| after(e)).min_by(|&a, &b| before(l, a, b));
+        kept.extend(best);
+    }
+    kept
+}
+
+/// One token's route from its router logits and its experts `kept`: softmax, kept
+/// ones only, renormalised over them when `norm`.
+pub fn route_row(logits: &[f32], kept: &[usize], norm: bool, out: &mut [f32]) {
+    let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let z: f32 = logits.iter().map(|v| (v - m).exp()).sum();
+    let sum: f32 = kept.iter().map(|&e| (logits[e] - m).exp()).sum();
+    out.fill(0.0);
+    for &e in kept {
+        out[e] = (logits[e] - m).exp() / if norm { sum } else { z };
+    }
+}
+
+/// Each slot's expert (`None` past the token's experts), slot `p = t * top_k + j`.
+fn slot_experts(route: &[f32], rows: usize, experts: usize, top_k: usize) -> Vec<Option<usize>> {
+    let mut out = Vec::with_capacity(rows * top_k);
+    for r in route.chunks(experts).take(rows) {
+        let mut chosen = (0..experts).filter(|&e| r[e] != 0.0);
+        out.extend((0..top_k).map(|_| chosen.next()));
+    }
+    out
+}
+
+/// A token's activations for row dots against `w`: f32, or (block formats) as
+/// [`ActVec`] quantizes them.
+enum Act<'a> {
+    F(&'a [f32]),
+    Q(ActVec<'a>),
+}
+
+impl<'a> Act<'a> {
+    fn new(x: &'a [f32], w: CpuIn<'_>, params: &Params) -> Result<Act<'a>, KernelError> {
+        Ok(match w.quant() {
+            Some(q) => Act::Q(ActVec::new(x, params, q.format)?),
+            None => Act::F(x),
+        })
+    }
+
+    /// Rows `first..first + y.len()` of the `[_, k]` matrix `w` dotted with the activations.
+    fn rows(&self, isa: Isa, w: CpuIn<'_>, k: usize, first: usize, y: &mut [f32]) {
+        match (self, w.quant()) {
+            (Act::Q(x), Some(q)) => x.rows(isa, q, k, first, y, false),
+            (Act::F(x), _) => y.iter_mut().enumerate().for_each(|(i, o)| *o = cpu::dot(isa, x, row(w, first + i, k))),
+            (Act::Q(_), None) => y.fill(0.0),
+        }
+    }
+}
+
+thread_local! {
+    /// A pool task's up-projection values (gathered gate/up) or one slot's partial
+    /// sums (gathered down).
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// A pool task's dequantized expert rows (grouped kernels).
+    static ROWS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+fn run_gate_up(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::MoeGateUp { rows, experts, top_k, n, k, act } = *prob else { return Err(wrong_op(kd, prob)) };
+    let isa = Isa::of(params)?;
+    let (x, w) = (a.ins[0].f32(), a.ins[2]);
+    let slots = slot_experts(a.ins[1].f32(), rows, experts, top_k);
+    let xs = (0..rows).map(|t| Act::new(&x[t * k..][..k], w, params)).collect::<Result<Vec<_>, _>>()?;
+    par_rows(&mut a.outs[0][..rows * top_k * n], 1, RowSplit::dynamic(params)?, |first, y| {
+        SCRATCH.with_borrow_mut(|up| {
+            let mut i = 0;
+            while i < y.len() {
+                let (p, f) = ((first + i) / n, (first + i) % n);
+                let len = (n - f).min(y.len() - i);
+                let seg = &mut y[i..i + len];
+                match slots[p] {
+                    None => seg.fill(0.0),
+                    Some(e) => {
+                        up.resize(len, 0.0);
+                        let xt = &xs[p / top_k];
+                        xt.rows(isa, w, k, e * n + f, seg);
+                        xt.rows(isa, w, k, (experts + e) * n + f, &mut up[..len]);
+                        seg.iter_mut().zip(up.iter()).for_each(|(g, u)| *g = act_f32(act, *g) * u);
+                    }
+                }
+                i += len;
+            }
+        })
+    });
+    Ok(())
+}
+
+fn run_down(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::MoeDown { rows, experts, top_k, n, k } = *prob else { return Err(wrong_op(kd, prob)) };
+    let isa = Isa::of(params)?;
+    let (h, route, w) = (a.ins[0].f32(), a.ins[1].f32(), a.ins[2]);
+    let slots = slot_experts(route, rows, experts, top_k);
+    let hs =
+        (0..rows * top_k).map(|p| slots[p].map(|_| Act::new(&h[p * k..][..k], w, params)).transpose()).collect::<Result<Vec<_>, _>>()?;
+    par_rows(&mut a.outs[0][..rows * n], 1, RowSplit::dynamic(params)?, |first, y| {
+        SCRATCH.with_borrow_mut(|part| {
+            let mut i = 0;
+            while i < y.len() {
+                let (t, f) = ((first + i) / n, (first + i) % n);
+                let len = (n - f).min(y.len() - i);
+                let seg = &mut y[i..i + len];
+                seg.fill(0.0);
+                part.resize(len, 0.0);
+                for j in 0..top_k {
+                    let (Some(e), Some(hj)) = (slots[t * top_k + j], &hs[t * top_k + j]) else { break };
+                    hj.rows(isa, w, k, e * n + f, &mut part[..len]);
+                    let g = route[t * experts + e];
+                    seg.iter_mut().zip(part.iter()).for_each(|(o, v)| *o += g * v);
+                }
+                i += len;
+            }
+        })
+    });
+    Ok(())
+}
+
+/// The slots sorted by expert: for expert `e`, `slots[start[e]..start[e + 1]]`.
+struct ByExpert {
+    start: Vec<usize>,
+    slots: Vec<usize>,
+}
+
+impl ByExpert {
+    fn new(slot_experts: &[Option<usize>], experts: usize) -> ByExpert {
+        let mut start = vec![0usize; experts + 1];
+        for e in slot_experts.iter().flatten() {
+            start[e + 1] += 1;
+        }
+        for e in 0..experts {
+            start[e + 1] += start[e];
+        }
+        let mut next = start.clone();
+        let mut slots = vec![0usize; start[experts]];
+        for (p, e) in slot_experts.iter().enumerate() {
+            if let Some(e) = *e {
+                slots[next[e]] = p;
+                next[e] += 1;
+            }
+        }
+        ByExpert { start, slots }
+    }
+
+    /// The expert whose products hold stage index `i` (`n` rows an expert): the
+    /// stage is expert after expert, each `[n, its slots]`.
+    fn locate(&self, i: usize, n: usize) -> (usize, usize, usize) {
+        let e = self.start.partition_point(|&s| s * n <= i) - 1;
+        let m = self.start[e + 1] - self.start[e];
+        let off = i - self.start[e] * n;
+        (e, off / m, off % m)
+    }
+}
+
+/// Row `r` of `w` as f32 into `out` (dequantized, converted or copied).
+fn row_f32(w: CpuIn<'_>, r: usize, k: usize, out: &mut [f32]) {
+    match (w.quant(), row(w, r, k)) {
+        (Some(q), _) => cpu::qrow(q, r, k).dequantize_into(&mut out[..k]),
+        (None, Row::F32(s)) => out[..k].copy_from_slice(s),
+        (None, Row::F16(s)) => out[..k].iter_mut().zip(s).for_each(|(o, v)| *o = v.to_f32()),
+    }
+}
+
+/// The grouped kernels' stage: for every expert, each of its `n` rows (`rows_of(e,
+/// f)`, dequantized once) against each of its tokens' activations (`act_of(slot)`),
+/// `combine`d into `[n, its slots]`.
+#[allow(clippy::too_many_arguments)]
+fn grouped_stage(
+    isa: Isa,
+    by: &ByExpert,
+    w: CpuIn<'_>,
+    n: usize,
+    k: usize,
+    grain: usize,
+    pair: bool,
+    act_of: impl Fn(usize) -> usize + Sync,
+    xs: &[f32],
+    combine: impl Fn(f32, f32) -> f32 + Sync,
+    experts: usize,
+) -> Vec<f32> {
+    let mut stage = vec![0f32; by.slots.len() * n];
+    cpu::par_elems(&mut stage, grain, |first, y| {
+        ROWS.with_borrow_mut(|buf| {
+            buf.resize(2 * k, 0.0);
+            let (a, b) = buf.split_at_mut(k);
+            let mut i = 0;
+            while i < y.len() {
+                let (e, f, s0) = by.locate(first + i, n);
+                let m = by.start[e + 1] - by.start[e];
+                let len = (m - s0).min(y.len() - i);
+                row_f32(w, e * n + f, k, a);
+                if pair {
+                    row_f32(w, (experts + e) * n + f, k, b);
+                }
+                for (s, o) in (s0..s0 + len).zip(&mut y[i..i + len]) {
+                    let x = &xs[act_of(by.slots[by.start[e] + s]) * k..][..k];
+                    let g = cpu::dot(isa, x, Row::F32(a));
+                    *o = if pair { combine(g, cpu::dot(isa, x, Row::F32(b))) } else { g };
+                }
+                i += len;
+            }
+        })
+    });
+    stage
+}
+
+fn grain(params: &Params) -> Result<usize, KernelError> {
+    Ok(param(params, "products_per_task")? as usize)
+}
+
+fn run_gate_up_grouped(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::MoeGateUp { rows, experts, top_k, n, k, act } = *prob else { return Err(wrong_op(kd, prob)) };
+    let isa = Isa::of(params)?;
+    let slots = slot_experts(a.ins[1].f32(), rows, experts, top_k);
+    let by = ByExpert::new(&slots, experts);
+    let stage =
+        grouped_stage(isa, &by, a.ins[2], n, k, grain(params)?, true, |p| p / top_k, a.ins[0].f32(), |g, u| act_f32(act, g) * u, experts);
+    let h = &mut a.outs[0][..rows * top_k * n];
+    h.fill(0.0);
+    scatter(&by, &stage, n, |p, f, v| h[p * n + f] = v);
+    Ok(())
+}
+
+fn run_down_grouped(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::MoeDown { rows, experts, top_k, n, k } = *prob else { return Err(wrong_op(kd, prob)) };
+    let isa = Isa::of(params)?;
+    let route = a.ins[1].f32();
+    let slots = slot_experts(route, rows, experts, top_k);
+    let by = ByExpert::new(&slots, experts);
+    let stage = grouped_stage(isa, &by, a.ins[2], n, k, grain(params)?, false, |p| p, a.ins[0].f32(), |g, _| g, experts);
+    let y = &mut a.outs[0][..rows * n];
+    y.fill(0.0);
+    // Per token the slots in ascending order, as the gathered kernel sums them.
+    let mut per_slot = vec![0f32; rows * top_k * n];
+    scatter(&by, &stage, n, |p, f, v| per_slot[p * n + f] = v);
+    for (p, e) in slots.iter().enumerate() {
+        if let Some(e) = *e {
+            let (t, g) = (p / top_k, route[(p / top_k) * experts + e]);
+            y[t * n..][..n].iter_mut().zip(&per_slot[p * n..][..n]).for_each(|(o, v)| *o += g * v);
+        }
+    }
+    Ok(())
+}
+
+/// Every stage value to `put(slot, feature, value)`.
+fn scatter(by: &ByExpert, stage: &[f32], n: usize, mut put: impl FnMut(usize, usize, f32)) {
+    for e in 0..by.start.len() - 1 {
+        let s = &by.slots[by.start[e]..by.start[e + 1]];
+        let block = &stage[by.start[e] * n..by.start[e + 1] * n];
+        for f in 0..n {
+            for (j, &p) in s.iter().enumerate() {
+                put(p, f, block[f * s.len() + j]);
+            }
+        }
+    }
+}
