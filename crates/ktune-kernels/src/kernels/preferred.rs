@@ -45,6 +45,16 @@ pub fn preferred(problem: &Problem, backend: Backend) -> &'static [&'static str]
         (Op::GateUp, Backend::Wgsl) => &["gate_up_subgroup", "gate_up_q_subgroup", "gate_up_q_wg"],
         (Op::QkvProj, Backend::Wgsl) => &["qkv_proj_subgroup", "qkv_proj_q_wg"],
         (Op::NormGemv, Backend::Cpu) => &["norm_gemv_cpu", "norm_gemv_q_cpu"],
+        // A mixture of experts: the router's passes (no index array), the
+        // experts gathered in decode, grouped by expert in prefill (int8 tiles
+        // first: `cargo bench -p ktune-bench --bench moe`, Qwen3-30B-A3B's shapes,
+        // 128 tokens, Q4_K, 2-core EPYC: gate/up 41 ms grouped int8, 52 gathered,
+        // 93 grouped f32; down 20.5, 38.5, 58).
+        (Op::MoeRoute, Backend::Cpu) => &["moe_route_passes_cpu", "moe_route_cpu"],
+        (Op::MoeGateUp, Backend::Cpu) if matches!(problem, Problem::MoeGateUp { rows: 1, .. }) => &["moe_gate_up_cpu"],
+        (Op::MoeGateUp, Backend::Cpu) => &["moe_gate_up_grouped_i8_cpu", "moe_gate_up_grouped_cpu"],
+        (Op::MoeDown, Backend::Cpu) if matches!(problem, Problem::MoeDown { rows: 1, .. }) => &["moe_down_cpu"],
+        (Op::MoeDown, Backend::Cpu) => &["moe_down_grouped_i8_cpu", "moe_down_grouped_cpu"],
         (Op::NormGemv, Backend::Wgsl) => &["norm_gemv_subgroup", "norm_gemv_wg", "norm_gemv_q_subgroup", "norm_gemv_q_wg"],
         _ => &[],
     }

@@ -327,11 +327,11 @@ pub fn tolerance(dtype: DType) -> f64 {
 /// their activations to int8 blocks (`act_bits = 8`, llama.cpp's q8 path) are
 /// judged against the f32-activation reference with a 2% budget (about 0.5%
 /// typical), twice that where each output is the product of two such dots (the
-/// gated activation of a fused gate/up: their errors add); those that round their
+/// gated activation of a fused gate/up, or of the experts' gate/up: their errors add); those that round their
 /// activations (and f32 weights: the matrix-tile GEMMs) to f16 (`act_bits = 16`,
 /// or `f16_tiles = 1`) with 2e-3.
 pub fn tolerance_for(problem: &Problem, params: &Params, dtype: DType) -> f64 {
-    let gated = matches!(problem, Problem::GateUp { .. } | Problem::NormGemv { act: Some(_), .. });
+    let gated = matches!(problem, Problem::GateUp { .. } | Problem::MoeGateUp { .. } | Problem::NormGemv { act: Some(_), .. });
     match params.get("act_bits") {
         Some(&8) if dtype.is_quant() && gated => 4e-2,
         Some(&8) if dtype.is_quant() => 2e-2,

@@ -11,16 +11,21 @@
 //! The expert weights are one matrix of every expert's rows (the GGUF's 3-D
 //! tensors as they lie; gate then up for `MoeGateUp`), in any storage format.
 //!
-//! WGSL: `moe_route_thread` (an invocation per token), `moe_gate_up_wg` /
-//! `moe_gate_up_q_wg` and `moe_down_wg` / `moe_down_q_wg` (float / block-format
-//! weights: the gathered expert GEMV, a workgroup per ROWS features of a slot or
-//! token reading only its expert's rows). CPU: `moe_route_cpu`, `moe_gate_up_cpu`
-//! and `moe_down_cpu` (gathered: block or float row dots of each slot's expert, f32
-//! or int8 activations, pool over features; decode's form) and
-//! `moe_gate_up_grouped_cpu` / `moe_down_grouped_cpu` (grouped: the tokens sorted
-//! by expert, each expert row dequantized once for all its tokens; prefill's form).
+//! WGSL: `moe_route_thread` (an invocation per token) and `moe_route_wg` (a
+//! workgroup per token), `moe_gate_up_wg` / `moe_gate_up_q_wg` and `moe_down_wg` /
+//! `moe_down_q_wg` (float / block-format weights: the gathered expert GEMV, a
+//! workgroup per ROWS features of a slot or token reading only its expert's rows).
+//! CPU: `moe_route_cpu` / `moe_route_passes_cpu`; `moe_gate_up_cpu` and
+//! `moe_down_cpu` (gathered: block or float row dots of each slot's expert, f32 or
+//! int8 activations, pool over features; decode's form); the grouped forms, the
+//! tokens sorted by expert and gathered (prefill's): `_grouped_i8_cpu` (each
+//! expert's tokens quantized to int8 once, its rows through the int8 GEMM tiles
+//! straight from the blocks) and `_grouped_cpu` (its rows dequantized into f32
+//! panels for the blocked f32 GEMM; any storage type, exact).
 
 use std::cell::RefCell;
+
+use smallvec::SmallVec;
 
 use crate::device::CpuCaps;
 use crate::device::GpuCaps;
@@ -28,9 +33,10 @@ use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::kernels::contract::{
     CpuArgs, CpuImpl, CpuIn, KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, check_blocks, param, wrong_op,
 };
+use crate::kernels::cpu::qgemm::{I8_GEMM_PARAMS, XPanel, check_i8_gemm, rows_times_tokens_i8};
 use crate::kernels::cpu::{self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_TASK, Row, RowSplit, act_f32, par_rows, row};
 use crate::kernels::problem::{Activation, Op, Problem};
-use crate::kernels::quant::DType;
+use crate::kernels::quant::{DType, QView};
 use crate::kernels::wgsl::{ROWS_WG_PARAMS, WORKGROUP_SIZE, one_q_step, qfmt, shared_rows};
 use crate::shader;
 
@@ -47,9 +53,9 @@ const ROUTE_CPU_PARAMS: &[ParamSpec] = &[ParamSpec::new("rows_per_task", &[1, 4,
 
 /// The gathered CPU kernels: features per pool task, ISA, activations' bits (block formats).
 const GATHERED_PARAMS: &[ParamSpec] = &[ROWS_PER_TASK, ISA, ACT_BITS];
-/// The grouped CPU kernels: (expert row, token) products per pool task, ISA.
+/// The grouped CPU kernels: an expert's features per dequantized panel, ISA.
 const GROUPED_PARAMS: &[ParamSpec] =
-    &[ParamSpec::new("products_per_task", &[64, 256, 1024, 4096], 256, "expert-row x token products per pool task"), ISA];
+    &[ParamSpec::new("nc", &[32, 64, 128, 256], 128, "an expert's features dequantized into one f32 panel for the GEMM"), ISA];
 
 pub fn variants() -> Vec<KernelDef> {
     vec![
@@ -144,17 +150,36 @@ pub fn variants() -> Vec<KernelDef> {
             Op::MoeGateUp,
             &DType::ALL,
             GROUPED_PARAMS,
-            "grouped (prefill): the tokens sorted by expert, each expert's gate and up rows dequantized once for all of its \
-             tokens; pool over (expert row, token) products",
+            "grouped (prefill): the tokens sorted by expert and gathered, each expert's gate and up rows dequantized once \
+             into f32 panels and multiplied by its tokens through the cache-blocked f32 GEMM, activation product on the way out",
             CpuImpl { run: run_gate_up_grouped, check: check_grouped },
+        ),
+        KernelDef::new(
+            "moe_gate_up_grouped_i8_cpu",
+            Op::MoeGateUp,
+            DType::QUANT,
+            I8_GEMM_PARAMS,
+            "grouped (prefill), int8: the tokens sorted by expert, each expert's tokens quantized to int8 blocks once and its \
+             gate and up rows through the VNNI tiles of the int8 GEMM straight from the blocks (each expert's weights read \
+             once for all of its tokens, none dequantized); activation product on the way out",
+            CpuImpl { run: run_gate_up_grouped_i8, check: check_grouped_i8 },
+        ),
+        KernelDef::new(
+            "moe_down_grouped_i8_cpu",
+            Op::MoeDown,
+            DType::QUANT,
+            I8_GEMM_PARAMS,
+            "grouped (prefill), int8: the tokens sorted by expert, each expert's tokens quantized to int8 blocks once and its \
+             down rows through the VNNI tiles of the int8 GEMM, each weighted into its token's sum",
+            CpuImpl { run: run_down_grouped_i8, check: check_grouped_i8 },
         ),
         KernelDef::new(
             "moe_down_grouped_cpu",
             Op::MoeDown,
             &DType::ALL,
             GROUPED_PARAMS,
-            "grouped (prefill): the tokens sorted by expert, each expert's down rows dequantized once for all of its tokens, \
-             the weighted sums gathered per token",
+            "grouped (prefill): the tokens sorted by expert and gathered, each expert's down rows dequantized once into f32 \
+             panels and multiplied by its tokens through the cache-blocked f32 GEMM, each weighted into its token's sum",
             CpuImpl { run: run_down_grouped, check: check_grouped },
         ),
     ]
@@ -206,6 +231,11 @@ fn check_gathered(_: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) ->
     if dtype.is_quant() {
         check_blocks(prob, dtype)?;
     }
+    expert_rules(prob)
+}
+
+fn check_grouped_i8(caps: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    check_i8_gemm(caps, prob, dtype, params)?;
     expert_rules(prob)
 }
 
@@ -289,8 +319,12 @@ fn prepare_experts(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
 
 // ---- CPU ----
 
+/// A token's experts, or a step's slots' experts: inline up to 16 (a decode
+/// step's), so decode allocates nothing.
+type Small<T> = SmallVec<[T; 16]>;
+
 /// How a CPU router kernel finds a token's `top_k` experts (ascending or not).
-type TopK = fn(&[f32], usize) -> Vec<usize>;
+type TopK = fn(&[f32], usize) -> Small<usize>;
 
 fn run_route(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>, top: TopK) -> Result<(), KernelError> {
     let Problem::MoeRoute { rows, experts, top_k, norm } = *prob else { return Err(wrong_op(kd, prob)) };
@@ -318,21 +352,23 @@ fn before(l: &[f32], a: usize, b: usize) -> std::cmp::Ordering {
     l[b].total_cmp(&l[a]).then(a.cmp(&b))
 }
 
-/// The `top_k` largest by a partial selection.
-fn top_select(l: &[f32], top_k: usize) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..l.len()).collect();
-    let k = top_k.min(l.len());
-    if k < order.len() {
-        order.select_nth_unstable_by(k, |&a, &b| before(l, a, b));
-    }
-    order.truncate(k);
-    order
+/// The `top_k` largest by a partial selection (over an index array kept per thread).
+fn top_select(l: &[f32], top_k: usize) -> Small<usize> {
+    INDEX.with_borrow_mut(|order| {
+        order.clear();
+        order.extend(0..l.len());
+        let k = top_k.min(l.len());
+        if k < order.len() {
+            order.select_nth_unstable_by(k, |&a, &b| before(l, a, b));
+        }
+        order[..k].iter().copied().collect()
+    })
 }
 
 /// The `top_k` largest by `top_k` passes, each the first in the router's order
 /// after the last taken.
-fn top_passes(l: &[f32], top_k: usize) -> Vec<usize> {
-    let mut kept: Vec<usize> = Vec::with_capacity(top_k);
+fn top_passes(l: &[f32], top_k: usize) -> Small<usize> {
+    let mut kept = Small::new();
     for _ in 0..top_k.min(l.len()) {
         let after = |e: usize| kept.last().is_none_or(|&p| before(l, p, e).is_lt());
         let best = (0..l.len()).filter(|&e| after(e)).min_by(|&a, &b| before(l, a, b));
@@ -354,8 +390,8 @@ pub fn route_row(logits: &[f32], kept: &[usize], norm: bool, out: &mut [f32]) {
 }
 
 /// Each slot's expert (`None` past the token's experts), slot `p = t * top_k + j`.
-fn slot_experts(route: &[f32], rows: usize, experts: usize, top_k: usize) -> Vec<Option<usize>> {
-    let mut out = Vec::with_capacity(rows * top_k);
+fn slot_experts(route: &[f32], rows: usize, experts: usize, top_k: usize) -> Small<Option<usize>> {
+    let mut out = Small::new();
     for r in route.chunks(experts).take(rows) {
         let mut chosen = (0..experts).filter(|&e| r[e] != 0.0);
         out.extend((0..top_k).map(|_| chosen.next()));
@@ -392,8 +428,8 @@ thread_local! {
     /// A pool task's up-projection values (gathered gate/up) or one slot's partial
     /// sums (gathered down).
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    /// A pool task's dequantized expert rows (grouped kernels).
-    static ROWS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// A router's index array (partial selection).
+    static INDEX: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
 fn run_gate_up(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
@@ -401,7 +437,7 @@ fn run_gate_up(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'
     let isa = Isa::of(params)?;
     let (x, w) = (a.ins[0].f32(), a.ins[2]);
     let slots = slot_experts(a.ins[1].f32(), rows, experts, top_k);
-    let xs = (0..rows).map(|t| Act::new(&x[t * k..][..k], w, params)).collect::<Result<Vec<_>, _>>()?;
+    let xs = (0..rows).map(|t| Act::new(&x[t * k..][..k], w, params)).collect::<Result<SmallVec<[_; 2]>, _>>()?;
     par_rows(&mut a.outs[0][..rows * top_k * n], 1, RowSplit::dynamic(params)?, |first, y| {
         SCRATCH.with_borrow_mut(|up| {
             let mut i = 0;
@@ -431,8 +467,9 @@ fn run_down(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>)
     let isa = Isa::of(params)?;
     let (h, route, w) = (a.ins[0].f32(), a.ins[1].f32(), a.ins[2]);
     let slots = slot_experts(route, rows, experts, top_k);
-    let hs =
-        (0..rows * top_k).map(|p| slots[p].map(|_| Act::new(&h[p * k..][..k], w, params)).transpose()).collect::<Result<Vec<_>, _>>()?;
+    let hs = (0..rows * top_k)
+        .map(|p| slots[p].map(|_| Act::new(&h[p * k..][..k], w, params)).transpose())
+        .collect::<Result<SmallVec<[_; 8]>, _>>()?;
     par_rows(&mut a.outs[0][..rows * n], 1, RowSplit::dynamic(params)?, |first, y| {
         SCRATCH.with_borrow_mut(|part| {
             let mut i = 0;
@@ -481,82 +518,85 @@ impl ByExpert {
         ByExpert { start, slots }
     }
 
-    /// The expert whose products hold stage index `i` (`n` rows an expert): the
-    /// stage is expert after expert, each `[n, its slots]`.
-    fn locate(&self, i: usize, n: usize) -> (usize, usize, usize) {
-        let e = self.start.partition_point(|&s| s * n <= i) - 1;
-        let m = self.start[e + 1] - self.start[e];
-        let off = i - self.start[e] * n;
-        (e, off / m, off % m)
+    fn of(&self, e: usize) -> &[usize] {
+        &self.slots[self.start[e]..self.start[e + 1]]
     }
 }
 
 /// Row `r` of `w` as f32 into `out` (dequantized, converted or copied).
-fn row_f32(w: CpuIn<'_>, r: usize, k: usize, out: &mut [f32]) {
+fn row_f32(isa: Isa, w: CpuIn<'_>, r: usize, k: usize, out: &mut [f32]) {
     match (w.quant(), row(w, r, k)) {
-        (Some(q), _) => cpu::qrow(q, r, k).dequantize_into(&mut out[..k]),
+        (Some(q), _) => cpu::qdot::dequantize_row(isa, q, r, k, &mut out[..k]),
         (None, Row::F32(s)) => out[..k].copy_from_slice(s),
         (None, Row::F16(s)) => out[..k].iter_mut().zip(s).for_each(|(o, v)| *o = v.to_f32()),
     }
 }
 
-/// The grouped kernels' stage: for every expert, each of its `n` rows (`rows_of(e,
-/// f)`, dequantized once) against each of its tokens' activations (`act_of(slot)`),
-/// `combine`d into `[n, its slots]`.
+/// The grouped kernels' GEMMs. For every expert with tokens: its tokens' rows of
+/// `xs` gathered (`row_of(slot)`), then per panel of `nc` of its `n` features
+/// its rows (gate then up when `pair`, the up rows `experts n` further) dequantized
+/// once into an f32 panel and multiplied by the gathered rows through the
+/// cache-blocked f32 GEMM; `emit(e's slots, j0, nb, y[m_e, (1 + pair) nb])`.
 #[allow(clippy::too_many_arguments)]
-fn grouped_stage(
+fn grouped_gemm(
     isa: Isa,
     by: &ByExpert,
     w: CpuIn<'_>,
-    n: usize,
-    k: usize,
-    grain: usize,
+    (experts, n, k, nc): (usize, usize, usize, usize),
     pair: bool,
-    act_of: impl Fn(usize) -> usize + Sync,
     xs: &[f32],
-    combine: impl Fn(f32, f32) -> f32 + Sync,
-    experts: usize,
-) -> Vec<f32> {
-    let mut stage = vec![0f32; by.slots.len() * n];
-    cpu::par_elems(&mut stage, grain, |first, y| {
-        ROWS.with_borrow_mut(|buf| {
-            buf.resize(2 * k, 0.0);
-            let (a, b) = buf.split_at_mut(k);
-            let mut i = 0;
-            while i < y.len() {
-                let (e, f, s0) = by.locate(first + i, n);
-                let m = by.start[e + 1] - by.start[e];
-                let len = (m - s0).min(y.len() - i);
-                row_f32(w, e * n + f, k, a);
-                if pair {
-                    row_f32(w, (experts + e) * n + f, k, b);
-                }
-                for (s, o) in (s0..s0 + len).zip(&mut y[i..i + len]) {
-                    let x = &xs[act_of(by.slots[by.start[e] + s]) * k..][..k];
-                    let g = cpu::dot(isa, x, Row::F32(a));
-                    *o = if pair { combine(g, cpu::dot(isa, x, Row::F32(b))) } else { g };
-                }
-                i += len;
-            }
-        })
-    });
-    stage
-}
-
-fn grain(params: &Params) -> Result<usize, KernelError> {
-    Ok(param(params, "products_per_task")? as usize)
+    row_of: impl Fn(usize) -> usize,
+    mut emit: impl FnMut(usize, &[usize], usize, usize, &[f32]),
+) {
+    use crate::kernels::cpu::sgemm::{Blocking, Micro, Split, gemm_blocked};
+    let width = if pair { 2 } else { 1 };
+    let nc = nc.clamp(1, n.max(1));
+    let blk = Blocking { mc: 96, nc: 128.min(width * nc), kc: 256 };
+    let (mut gathered, mut panel, mut y) = (Vec::new(), vec![0f32; width * nc * k], Vec::new());
+    for e in 0..experts {
+        let slots = by.of(e);
+        if slots.is_empty() {
+            continue;
+        }
+        gathered.clear();
+        slots.iter().for_each(|&s| gathered.extend_from_slice(&xs[row_of(s) * k..][..k]));
+        for j0 in (0..n).step_by(nc) {
+            let nb = nc.min(n - j0);
+            cpu::pool::for_chunks_mut(&mut panel[..width * nb * k], k, |i, r| {
+                let src = if i < nb { e * n + j0 + i } else { (experts + e) * n + j0 + i - nb };
+                row_f32(isa, w, src, k, r)
+            });
+            y.resize(slots.len() * width * nb, 0.0);
+            let panel = CpuIn::F32(&panel[..width * nb * k]);
+            gemm_blocked(Micro::for_isa(isa), blk, Split::Auto, slots.len(), width * nb, k, &gathered, panel, &mut y);
+            emit(e, slots, j0, nb, &y);
+        }
+    }
 }
 
 fn run_gate_up_grouped(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
     let Problem::MoeGateUp { rows, experts, top_k, n, k, act } = *prob else { return Err(wrong_op(kd, prob)) };
     let isa = Isa::of(params)?;
-    let slots = slot_experts(a.ins[1].f32(), rows, experts, top_k);
-    let by = ByExpert::new(&slots, experts);
-    let stage =
-        grouped_stage(isa, &by, a.ins[2], n, k, grain(params)?, true, |p| p / top_k, a.ins[0].f32(), |g, u| act_f32(act, g) * u, experts);
+    let by = ByExpert::new(&slot_experts(a.ins[1].f32(), rows, experts, top_k), experts);
     let h = &mut a.outs[0][..rows * top_k * n];
     h.fill(0.0);
-    scatter(&by, &stage, n, |p, f, v| h[p * n + f] = v);
+    let dims = (experts, n, k, param(params, "nc")? as usize);
+    grouped_gemm(
+        isa,
+        &by,
+        a.ins[2],
+        dims,
+        true,
+        a.ins[0].f32(),
+        |p| p / top_k,
+        |_, slots, j0, nb, y| {
+            for (i, &p) in slots.iter().enumerate() {
+                let (g, u) = y[i * 2 * nb..][..2 * nb].split_at(nb);
+                let out = &mut h[p * n + j0..][..nb];
+                out.iter_mut().zip(g.iter().zip(u)).for_each(|(o, (g, u))| *o = act_f32(act, *g) * u);
+            }
+        },
+    );
     Ok(())
 }
 
@@ -564,32 +604,122 @@ fn run_down_grouped(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuA
     let Problem::MoeDown { rows, experts, top_k, n, k } = *prob else { return Err(wrong_op(kd, prob)) };
     let isa = Isa::of(params)?;
     let route = a.ins[1].f32();
-    let slots = slot_experts(route, rows, experts, top_k);
-    let by = ByExpert::new(&slots, experts);
-    let stage = grouped_stage(isa, &by, a.ins[2], n, k, grain(params)?, false, |p| p, a.ins[0].f32(), |g, _| g, experts);
+    let by = ByExpert::new(&slot_experts(route, rows, experts, top_k), experts);
     let y = &mut a.outs[0][..rows * n];
     y.fill(0.0);
-    // Per token the slots in ascending order, as the gathered kernel sums them.
-    let mut per_slot = vec![0f32; rows * top_k * n];
-    scatter(&by, &stage, n, |p, f, v| per_slot[p * n + f] = v);
-    for (p, e) in slots.iter().enumerate() {
-        if let Some(e) = *e {
-            let (t, g) = (p / top_k, route[(p / top_k) * experts + e]);
-            y[t * n..][..n].iter_mut().zip(&per_slot[p * n..][..n]).for_each(|(o, v)| *o += g * v);
-        }
-    }
+    // Experts in ascending order: each token's slots summed in the order the
+    // gathered kernel sums them.
+    let dims = (experts, n, k, param(params, "nc")? as usize);
+    grouped_gemm(
+        isa,
+        &by,
+        a.ins[2],
+        dims,
+        false,
+        a.ins[0].f32(),
+        |p| p,
+        |e, slots, j0, nb, part| {
+            for (i, &p) in slots.iter().enumerate() {
+                let t = p / top_k;
+                let g = route[t * experts + e];
+                y[t * n + j0..][..nb].iter_mut().zip(&part[i * nb..][..nb]).for_each(|(o, v)| *o += g * v);
+            }
+        },
+    );
     Ok(())
 }
 
-/// Every stage value to `put(slot, feature, value)`.
-fn scatter(by: &ByExpert, stage: &[f32], n: usize, mut put: impl FnMut(usize, usize, f32)) {
-    for e in 0..by.start.len() - 1 {
-        let s = &by.slots[by.start[e]..by.start[e + 1]];
-        let block = &stage[by.start[e] * n..by.start[e + 1] * n];
-        for f in 0..n {
-            for (j, &p) in s.iter().enumerate() {
-                put(p, f, block[f * s.len() + j]);
+/// The int8 grouped kernels: for every expert with tokens, its tokens' rows of `xs`
+/// (`row_of(slot)`) quantized to int8 blocks once, then in pool tasks of
+/// `rows_per_task` of its `n` features its rows (gate and up when `pair`)
+/// through the int8 GEMM tiles; `emit(e, e's slots, j0, nb, [(1 + pair) nb][m_e])`.
+#[allow(clippy::too_many_arguments)]
+fn grouped_i8(
+    isa: Isa,
+    by: &ByExpert,
+    w: QView<'_>,
+    (experts, n, k, grain): (usize, usize, usize, usize),
+    pair: bool,
+    xs: &[f32],
+    row_of: impl Fn(usize) -> usize,
+    mut emit: impl FnMut(usize, &[usize], usize, usize, &[f32]),
+) {
+    let mut gathered = Vec::new();
+    for e in 0..experts {
+        let slots = by.of(e);
+        if slots.is_empty() {
+            continue;
+        }
+        gathered.clear();
+        slots.iter().for_each(|&s| gathered.extend_from_slice(&xs[row_of(s) * k..][..k]));
+        let xp = XPanel::quantize(&gathered, slots.len(), k);
+        let parts = cpu::par_row_blocks(n, grain.max(1), |j0, count| {
+            let mut v = rows_times_tokens_i8(isa, &xp, w, e * n + j0, count);
+            if pair {
+                v.extend(rows_times_tokens_i8(isa, &xp, w, (experts + e) * n + j0, count));
             }
+            v
+        });
+        for (j0, nb, part) in &parts {
+            emit(e, slots, *j0, *nb, part);
         }
     }
+}
+
+fn run_gate_up_grouped_i8(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::MoeGateUp { rows, experts, top_k, n, k, act } = *prob else { return Err(wrong_op(kd, prob)) };
+    let (isa, w) = (Isa::of(params)?, cpu::qin(kd.id, &a.ins[2])?);
+    let by = ByExpert::new(&slot_experts(a.ins[1].f32(), rows, experts, top_k), experts);
+    let h = &mut a.outs[0][..rows * top_k * n];
+    h.fill(0.0);
+    let dims = (experts, n, k, param(params, "rows_per_task")? as usize);
+    grouped_i8(
+        isa,
+        &by,
+        w,
+        dims,
+        true,
+        a.ins[0].f32(),
+        |p| p / top_k,
+        |_, slots, j0, nb, part| {
+            let m = slots.len();
+            let (g, u) = part.split_at(nb * m);
+            for (i, &p) in slots.iter().enumerate() {
+                for f in 0..nb {
+                    h[p * n + j0 + f] = act_f32(act, g[f * m + i]) * u[f * m + i];
+                }
+            }
+        },
+    );
+    Ok(())
+}
+
+fn run_down_grouped_i8(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::MoeDown { rows, experts, top_k, n, k } = *prob else { return Err(wrong_op(kd, prob)) };
+    let (isa, w) = (Isa::of(params)?, cpu::qin(kd.id, &a.ins[2])?);
+    let route = a.ins[1].f32();
+    let by = ByExpert::new(&slot_experts(route, rows, experts, top_k), experts);
+    let y = &mut a.outs[0][..rows * n];
+    y.fill(0.0);
+    let dims = (experts, n, k, param(params, "rows_per_task")? as usize);
+    grouped_i8(
+        isa,
+        &by,
+        w,
+        dims,
+        false,
+        a.ins[0].f32(),
+        |p| p,
+        |e, slots, j0, nb, part| {
+            let m = slots.len();
+            for (i, &p) in slots.iter().enumerate() {
+                let t = p / top_k;
+                let g = route[t * experts + e];
+                for f in 0..nb {
+                    y[t * n + j0 + f] += g * part[f * m + i];
+                }
+            }
+        },
+    );
+    Ok(())
 }
