@@ -437,7 +437,7 @@ pub struct DiffArgs {
 pub struct ModelSourceArgs {
     /// A built-in model with deterministic synthetic weights (for benchmarking):
     /// gemma3-1b, gemma3-4b, llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, qwen2.5-0.5b, qwen2.5-1.5b, smollm2-135m,
-    /// qwen3-0.6b, qwen3-1.7b, qwen3-4b, smollm3-3b, mistral-7b.
+    /// qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-30b-a3b, smollm3-3b, mistral-7b, phi-4-mini, granite-3.3-2b, olmo2-1b.
     #[arg(long)]
     pub model: Option<String>,
     /// A Hugging Face model directory (config.json and safetensors weights).

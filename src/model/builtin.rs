@@ -1,13 +1,13 @@
 //! Built-in configs of published models, with the shapes of their Hugging Face
 //! `config.json` (for `tune --model NAME` and `run --model NAME` without files).
 
-use super::config::{Architecture, Dims, LayerKind, ModelConfig, Multipliers, RopeScaling};
+use super::config::{Architecture, Dims, LayerKind, ModelConfig, Moe, Multipliers, RopeScaling};
 use super::{ModelError, Result, VisionConfig};
 
 /// Names accepted by [`builtin`], with the checkpoint each one mirrors and the
 /// published GGUF repository of its instruct model on the Hugging Face Hub (what
 /// `--hf NAME` downloads).
-const MODELS: [(&str, &str, &str); 16] = [
+const MODELS: [(&str, &str, &str); 17] = [
     ("gemma3-1b", "google/gemma-3-1b-it", "ggml-org/gemma-3-1b-it-GGUF"),
     ("gemma3-4b", "google/gemma-3-4b-it (text model and SigLIP vision tower)", "ggml-org/gemma-3-4b-it-GGUF"),
     ("llama-3.2-1b", "meta-llama/Llama-3.2-1B", "bartowski/Llama-3.2-1B-Instruct-GGUF"),
@@ -19,6 +19,7 @@ const MODELS: [(&str, &str, &str); 16] = [
     ("qwen3-0.6b", "Qwen/Qwen3-0.6B", "Qwen/Qwen3-0.6B-GGUF"),
     ("qwen3-1.7b", "Qwen/Qwen3-1.7B", "Qwen/Qwen3-1.7B-GGUF"),
     ("qwen3-4b", "Qwen/Qwen3-4B", "Qwen/Qwen3-4B-GGUF"),
+    ("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-30B-A3B-GGUF"),
     ("smollm3-3b", "HuggingFaceTB/SmolLM3-3B", "ggml-org/SmolLM3-3B-GGUF"),
     ("mistral-7b", "mistralai/Mistral-7B-Instruct-v0.3", "bartowski/Mistral-7B-Instruct-v0.3-GGUF"),
     ("phi-4-mini", "microsoft/Phi-4-mini-instruct", "bartowski/microsoft_Phi-4-mini-instruct-GGUF"),
@@ -82,6 +83,12 @@ pub fn builtin(name: &str) -> Result<ModelConfig> {
         "qwen3-0.6b" => qwen3(1024, 3072, 28, 16),
         "qwen3-1.7b" => qwen3(2048, 6144, 28, 16),
         "qwen3-4b" => qwen3(2560, 9728, 36, 32),
+        // 128 experts of width 768 on every layer, 8 a token (3.3B of 30.5B read).
+        "qwen3-30b-a3b" => ModelConfig {
+            tie_word_embeddings: false,
+            moe: Some(Moe { experts: 128, top_k: 8, expert_ff: 768, norm_top_k: true, dense_layers: Vec::new() }),
+            ..qwen(Architecture::Qwen3Moe, dims(151_936, 2048, 6144, 48, 32, 4, 128), 40_960)
+        },
         "smollm3-3b" => ModelConfig {
             rope_theta: 5_000_000.0,
             max_position_embeddings: 65_536,

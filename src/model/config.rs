@@ -84,6 +84,24 @@ impl Multipliers {
     }
 }
 
+/// A mixture-of-experts MLP: each token's `top_k` of `experts` expert MLPs (SwiGLU
+/// of width `expert_ff`), weighted by the router's softmax over them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Moe {
+    pub experts: usize,
+    /// Experts per token (`num_experts_per_tok`, GGUF `expert_used_count`).
+    pub top_k: usize,
+    /// Width of each expert's gate and up projections (`moe_intermediate_size`).
+    pub expert_ff: usize,
+    /// The chosen experts' weights renormalised to sum to 1 (`norm_topk_prob`).
+    pub norm_top_k: bool,
+    /// Layers with a dense MLP of `intermediate_size` instead (`mlp_only_layers`,
+    /// and those `decoder_sparse_step` passes over), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dense_layers: Vec<usize>,
+}
+
 /// A factor on some rows of a weight, folded into it at load: what a family
 /// multiplies a projection's output by where no kernel takes a factor (Granite's
 /// logits divisor, LongRoPE's attention factor on the rotated dims of a partial
@@ -206,6 +224,10 @@ pub struct ModelConfig {
     /// Granite's scalar multipliers (None: all 1, the attention scale from the head width).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub multipliers: Option<Multipliers>,
+    /// A mixture of experts in place of the MLP (Qwen3-MoE); None: a dense MLP on
+    /// every layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<Moe>,
     /// RMSNorm multiplies by (1 + w) instead of w (Gemma).
     pub norm_unit_offset: bool,
     pub bos_token_id: Option<u32>,
@@ -269,6 +291,7 @@ impl ModelConfig {
             attn_logit_softcapping: None,
             scale_embeddings: f.scale_embeddings,
             multipliers: None,
+            moe: None,
             norm_unit_offset: f.unit_offset_norms,
             bos_token_id: None,
             eos_token_ids: Vec::new(),
@@ -483,15 +506,46 @@ impl ModelConfig {
             if self.branch_norms() {
                 add("post_feedforward_layernorm.weight", vec![h]);
             }
-            add("mlp.gate_proj.weight", vec![inter, h]);
-            add("mlp.up_proj.weight", vec![inter, h]);
-            add("mlp.down_proj.weight", vec![h, inter]);
+            match self.moe_layer(l) {
+                Some(m) => {
+                    add("mlp.gate.weight", vec![m.experts, h]);
+                    for e in 0..m.experts {
+                        add(&format!("mlp.experts.{e}.gate_proj.weight"), vec![m.expert_ff, h]);
+                        add(&format!("mlp.experts.{e}.up_proj.weight"), vec![m.expert_ff, h]);
+                        add(&format!("mlp.experts.{e}.down_proj.weight"), vec![h, m.expert_ff]);
+                    }
+                }
+                None => {
+                    add("mlp.gate_proj.weight", vec![inter, h]);
+                    add("mlp.up_proj.weight", vec![inter, h]);
+                    add("mlp.down_proj.weight", vec![h, inter]);
+                }
+            }
         }
         t.push(("model.norm.weight".to_string(), vec![h]));
         if !self.tie_word_embeddings {
             t.push(("lm_head.weight".to_string(), vec![self.dims.vocab_size, h]));
         }
         t
+    }
+
+    /// Layer `l`'s mixture of experts (None: a dense MLP there).
+    pub fn moe_layer(&self, l: usize) -> Option<&Moe> {
+        self.moe.as_ref().filter(|m| !m.dense_layers.contains(&l))
+    }
+
+    /// Parameters a token reads: every one but the experts it does not route to
+    /// (all of them for a dense model).
+    pub fn active_param_count(&self) -> u64 {
+        self.param_count() - self.idle_expert_params()
+    }
+
+    /// Parameters of the experts a token does not route to, in all layers.
+    fn idle_expert_params(&self) -> u64 {
+        (0..self.dims.num_layers)
+            .filter_map(|l| self.moe_layer(l))
+            .map(|m| (m.experts.saturating_sub(m.top_k) * 3 * m.expert_ff * self.dims.hidden_size) as u64)
+            .sum()
     }
 
     /// Number of parameters (a tied embedding counted once).
@@ -506,10 +560,11 @@ impl ModelConfig {
     }
 
     /// Bytes of weights one decoded token reads when every weight is stored as
-    /// `dtype`: every layer tensor, the final norm and the LM head once each, plus
+    /// `dtype`: every layer tensor (of a mixture of experts, the router and the
+    /// `top_k` experts it picks), the final norm and the LM head once each, plus
     /// one embedding row (the rest of an untied embedding matrix is never read).
     pub fn weight_bytes_per_token(&self, dtype: impl ElemBytes) -> u64 {
-        let elems = self.layer_param_count()
+        let elems = self.layer_param_count() - self.idle_expert_params()
             + self.dims.hidden_size as u64
             + (self.dims.vocab_size * self.dims.hidden_size) as u64
             + self.dims.hidden_size as u64;
@@ -544,6 +599,17 @@ impl ModelConfig {
         }
         if let Some(l) = self.nope_layers.iter().find(|&&l| l >= self.dims.num_layers) {
             bad.push(format!("nope_layers names layer {l} of {}", self.dims.num_layers));
+        }
+        if let Some(m) = &self.moe {
+            if m.experts == 0 || m.expert_ff == 0 {
+                bad.push(format!("a mixture of {} experts of width {}: both must be above 0", m.experts, m.expert_ff));
+            }
+            if m.top_k == 0 || m.top_k > m.experts {
+                bad.push(format!("{} experts per token of {}: must be 1 to the experts", m.top_k, m.experts));
+            }
+            if let Some(l) = m.dense_layers.iter().find(|&&l| l >= self.dims.num_layers) {
+                bad.push(format!("the dense MLP layers name layer {l} of {}", self.dims.num_layers));
+            }
         }
         if self.num_local_layers() > 0 && self.sliding_window.is_none_or(|w| w == 0) {
             bad.push("local layers need a sliding_window above 0".to_string());
@@ -642,7 +708,7 @@ mod tests {
     #[test]
     fn names_are_the_published_spellings() {
         let arch: Vec<_> = <Architecture as strum::IntoEnumIterator>::iter().map(Architecture::name).collect();
-        assert_eq!(arch, ["llama", "qwen2", "qwen3", "mistral", "smollm3", "gemma3", "phi3", "granite", "olmo2"]);
+        assert_eq!(arch, ["llama", "qwen2", "qwen3", "mistral", "smollm3", "gemma3", "phi3", "granite", "olmo2", "qwen3_moe"]);
         assert_eq!(Architecture::Gemma3.to_string(), "gemma3");
         assert_eq!([LayerKind::Global.name(), LayerKind::Local.name()], ["global", "local"]);
         assert_eq!([HiddenAct::Silu.name(), HiddenAct::GeluPytorchTanh.name()], ["silu", "gelu_pytorch_tanh"]);

@@ -37,6 +37,10 @@ pub enum Architecture {
     Granite,
     /// `Olmo2ForCausalLM` (OLMo 2).
     Olmo2,
+    /// `Qwen3MoeForCausalLM` (Qwen3's mixtures of experts: 30B-A3B, 235B-A22B).
+    #[serde(rename = "qwen3_moe")]
+    #[strum(serialize = "qwen3_moe")]
+    Qwen3Moe,
 }
 
 impl Architecture {
@@ -137,6 +141,13 @@ pub struct Family {
     /// Scalar multipliers on the embeddings, attention scores, residual branches
     /// and logits ([`Multipliers`](super::config::Multipliers): Granite).
     pub multipliers: bool,
+    /// A mixture of experts in place of the MLP ([`Moe`](super::config::Moe):
+    /// Qwen3-MoE), read from `num_experts` (or `num_local_experts`),
+    /// `num_experts_per_tok`, `moe_intermediate_size`, `norm_topk_prob`,
+    /// `decoder_sparse_step`, `mlp_only_layers`; GGUF `expert_count`,
+    /// `expert_used_count`, `expert_feed_forward_length` (llama.cpp renormalises
+    /// the chosen experts' weights for these files).
+    pub moe: bool,
 }
 
 /// The plain pre-norm decoder every family starts from.
@@ -163,6 +174,7 @@ const PLAIN: Family = Family {
     gguf_permuted_qk: true,
     fused_projections: false,
     multipliers: false,
+    moe: false,
 };
 
 /// Every family, one row each.
@@ -275,6 +287,19 @@ pub const FAMILIES: &[Family] = &[
         max_position_embeddings: 2048,
         rope_theta: 500_000.0,
         gguf_permuted_qk: false,
+        ..PLAIN
+    },
+    // Qwen3-MoE: Qwen3's attention, a mixture of experts for the MLP.
+    Family {
+        arch: Architecture::Qwen3Moe,
+        hf_class: "Qwen3MoeForCausalLM",
+        model_type: "qwen3_moe",
+        gguf_arch: Some("qwen3moe"),
+        qk_norm: true,
+        head_dim: Some(128),
+        max_position_embeddings: 32_768,
+        gguf_permuted_qk: false,
+        moe: true,
         ..PLAIN
     },
 ];

@@ -107,6 +107,11 @@ pub fn hf_name(config: &ModelConfig, name: &str) -> Option<(String, Transform)> 
         "ffn_norm" if sandwich => ("pre_feedforward_layernorm", norm_tf),
         "ffn_norm" => ("post_attention_layernorm", norm_tf),
         "post_ffw_norm" if branch => ("post_feedforward_layernorm", norm_tf),
+        "ffn_gate_inp" => ("mlp.gate", Transform::None),
+        // Every expert's projection in one 3-D tensor, served per expert as row views.
+        "ffn_gate_exps" => ("mlp.experts.gate_proj", Transform::None),
+        "ffn_up_exps" => ("mlp.experts.up_proj", Transform::None),
+        "ffn_down_exps" => ("mlp.experts.down_proj", Transform::None),
         "ffn_gate" => ("mlp.gate_proj", Transform::None),
         "ffn_up" => ("mlp.up_proj", Transform::None),
         "ffn_down" => ("mlp.down_proj", Transform::None),
@@ -121,9 +126,6 @@ pub fn hf_name(config: &ModelConfig, name: &str) -> Option<(String, Transform)> 
 pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
     let (arch, arch_name) = gguf_architecture(f)?;
     let mut m = MetaReader::new(f, arch_name);
-    if m.usize_opt("expert_count")?.is_some_and(|n| n > 0) {
-        return Err(m.unsupported(format!("`{}` > 0 (a mixture of experts)", m.key("expert_count"))));
-    }
     if m.get("attention.causal").and_then(Value::as_bool) == Some(false) {
         return Err(m.unsupported(format!("`{}: false` (an encoder, not a decoder)", m.key("attention.causal"))));
     }
@@ -138,6 +140,7 @@ pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
     let rot_dim = rope_dim.unwrap_or(dims.head_dim);
     let rope_scaling = gguf_rope_scaling(&mut m, rope_theta, rot_dim, max_position_embeddings)?;
     let family = arch.family();
+    let moe = gguf_moe(&mut m, family)?;
     let gemma = if family.soft_caps { Some(gguf_gemma3(&mut m, &dims)?) } else { None };
     // Qwen2 has Q/K/V biases (set by the family), the others none.
     if !family.qkv_bias && f.tensor("blk.0.attn_q.bias").is_some() {
@@ -174,12 +177,31 @@ pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
         final_logit_softcapping: gemma.as_ref().and_then(|g| g.final_cap),
         attn_logit_softcapping: gemma.as_ref().and_then(|g| g.attn_cap),
         multipliers,
+        moe,
         bos_token_id,
         eos_token_ids,
         ..ModelConfig::new(arch, dims)
     };
     config.validate().map_err(|e| m.err(e.to_string()))?;
     Ok(GgufConfig { config, ignored_keys: m.unused() })
+}
+
+/// The mixture of experts of a family that has one: `expert_count`,
+/// `expert_used_count`, `expert_feed_forward_length`, every layer sparse and the
+/// chosen experts' weights renormalised (llama.cpp's reading of these files); a
+/// file of another family that names experts is refused.
+fn gguf_moe(m: &mut MetaReader<'_>, family: &family::Family) -> Result<Option<crate::model::config::Moe>> {
+    let experts = m.usize_opt("expert_count")?.filter(|&n| n > 0);
+    if !family.moe {
+        return match experts {
+            Some(_) => Err(m.unsupported(format!("`{}` > 0 (a mixture of experts)", m.key("expert_count")))),
+            None => Ok(None),
+        };
+    }
+    let experts = experts.ok_or_else(|| m.err(format!("missing metadata `{}`", m.key("expert_count"))))?;
+    let top_k = m.usize_req("expert_used_count")?;
+    let expert_ff = m.usize_req("expert_feed_forward_length")?;
+    Ok(Some(crate::model::config::Moe { experts, top_k, expert_ff, norm_top_k: true, dense_layers: Vec::new() }))
 }
 
 /// The architecture `general.architecture` names (and its name, the prefix of

@@ -14,7 +14,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::builtin::gemma3_pattern;
-use super::config::{Architecture, Dims, HiddenAct, LayerKind, ModelConfig, Multipliers, RopeScaling};
+use super::config::{Architecture, Dims, HiddenAct, LayerKind, ModelConfig, Moe, Multipliers, RopeScaling};
 use super::family::{self, Family, Window};
 use super::vision::VisionConfig;
 use super::{ModelError, Result};
@@ -121,6 +121,9 @@ const IRRELEVANT: &[&str] = &[
     "use_cache",
     "initializer_range",
     "attention_dropout",
+    // A mixture of experts' training loss (Qwen3-MoE).
+    "router_aux_loss_coef",
+    "output_router_logits",
     // Phi-3's dropouts (training only).
     "embd_pdrop",
     "resid_pdrop",
@@ -438,6 +441,7 @@ impl<'a> Reader<'a> {
         let (layer_types, sliding_window) = self.windows(f, num_layers)?;
         let nope_layers = if f.nope_layers { self.nope_layers(num_layers)? } else { Vec::new() };
 
+        let moe = self.moe(f, num_layers)?;
         let (rope_theta, rope_local_base_freq, rope_scaling) = self.rope(f, max_position_embeddings)?;
         let bos_token_id = self.token("bos_token_id")?.and_then(|v| v.first().copied());
         let eos_token_ids = self.token("eos_token_id")?.unwrap_or_default();
@@ -459,10 +463,49 @@ impl<'a> Reader<'a> {
             final_logit_softcapping,
             attn_logit_softcapping,
             multipliers,
+            moe,
             bos_token_id,
             eos_token_ids,
             ..ModelConfig::new(arch, dims)
         })
+    }
+
+    /// The mixture of experts of a family that has one (a config of another family
+    /// that names experts is refused: it would load as a dense model).
+    fn moe(&mut self, f: &Family, layers: usize) -> Result<Option<Moe>> {
+        let experts = match self.usize_opt("num_experts")? {
+            Some(n) => Some(n),
+            None => self.usize_opt("num_local_experts")?,
+        };
+        if !f.moe {
+            return match experts {
+                Some(n) if n > 0 => Err(self.unsupported(format!("{n} experts for {} (a mixture of experts)", f.hf_class))),
+                _ => Ok(None),
+            };
+        }
+        let experts = experts.ok_or_else(|| self.config_err("missing `num_experts`".into()))?;
+        let top_k = self.usize_req("num_experts_per_tok")?;
+        let expert_ff = self.usize_req("moe_intermediate_size")?;
+        // Qwen3MoeConfig's defaults.
+        let norm_top_k = self.bool_opt("norm_topk_prob")?.unwrap_or(false);
+        let step = self.usize_opt("decoder_sparse_step")?.unwrap_or(1);
+        let only: Vec<usize> = match self.get("mlp_only_layers") {
+            None => Vec::new(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| {
+                    v.as_u64()
+                        .map(|l| l as usize)
+                        .ok_or_else(|| self.config_err(format!("`mlp_only_layers` entries must be layer numbers, got {}", describe(v))))
+                })
+                .collect::<Result<_>>()?,
+            Some(v) => return Err(self.config_err(format!("`mlp_only_layers` must list layer numbers, got {}", describe(v)))),
+        };
+        if step == 0 {
+            return Err(self.config_err("`decoder_sparse_step` is 0".into()));
+        }
+        let dense_layers = (0..layers).filter(|l| only.contains(l) || (l + 1) % step != 0).collect();
+        Ok(Some(Moe { experts, top_k, expert_ff, norm_top_k, dense_layers }))
     }
 
     /// Each layer's kind and the window of the local ones, as the family reads them

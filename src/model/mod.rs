@@ -32,7 +32,7 @@ use std::path::PathBuf;
 pub use builtin::{builtin, builtin_names, builtin_repo, builtin_vision};
 pub use bytes::WeightFile;
 pub use chat::{ChatTemplate, END_OF_TURN_TOKENS, TOKENIZER_CONFIG_FILE};
-pub use config::{Architecture, Dims, Dtype, HiddenAct, LayerKind, ModelConfig, Multipliers, RopeScaling, RowScale};
+pub use config::{Architecture, Dims, Dtype, HiddenAct, LayerKind, ModelConfig, Moe, Multipliers, RopeScaling, RowScale};
 pub use gguf::Stored;
 pub use gguf_model::{GgufConfig, Transform, gguf_config};
 pub use hf::ParsedConfig;

@@ -70,12 +70,17 @@ impl Slot {
         }
     }
 
-    /// Rows `first..first + rows` of this `[total, cols]` tensor, read in place
-    /// (None: not a 2-D tensor of `total` rows stored as it is served).
+    /// Rows `first..first + rows` of this `[total, cols]` tensor (its leading
+    /// dimensions flattened: a GGUF file's `[experts, rows, cols]`), read in place
+    /// (None: not a tensor of `total` rows stored as it is served).
     fn rows(&self, first: usize, rows: usize, total: usize) -> Option<Slot> {
+        let flat = |shape: &[usize]| match shape {
+            [lead @ .., cols] if !lead.is_empty() => Some((lead.iter().product::<usize>(), *cols)),
+            _ => None,
+        };
         match self {
             Slot::File { file, entry } => {
-                let (&[t, cols], Ok(dtype)) = (&entry.shape[..], &entry.dtype) else { return None };
+                let (Some((t, cols)), Ok(dtype)) = (flat(&entry.shape), &entry.dtype) else { return None };
                 let row = cols * dtype.size();
                 (t == total).then(|| Slot::File {
                     file: *file,
@@ -87,8 +92,8 @@ impl Slot {
                     },
                 })
             }
-            Slot::Gguf { file, tensor, tf: Transform::None, shape } => match shape[..] {
-                [t, cols] if t == total => {
+            Slot::Gguf { file, tensor, tf: Transform::None, shape } => match flat(shape) {
+                Some((t, cols)) if t == total => {
                     Some(Slot::Gguf { file: *file, tensor: *tensor, tf: Transform::Rows { first }, shape: vec![rows, cols] })
                 }
                 _ => None,
@@ -448,6 +453,7 @@ impl Weights {
     /// view of the one tensor (Q, K, V rows; gate rows, then up rows). A layer
     /// without them is left to [`Weights::check_config`] to name what is missing.
     fn split_fused(&mut self, config: &ModelConfig) -> Result<()> {
+        self.split_experts(config)?;
         if !config.architecture.family().fused_projections {
             return Ok(());
         }
@@ -468,6 +474,29 @@ impl Weights {
                     })?;
                     self.tensors.insert(name(part), view);
                     first += rows;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Serves a mixture of experts' stacked projections (a GGUF file's
+    /// `ffn_{gate,up,down}_exps`, `[experts, rows, cols]`) under each expert's
+    /// Hugging Face name, expert `e`'s rows a view of the one tensor.
+    fn split_experts(&mut self, config: &ModelConfig) -> Result<()> {
+        for l in 0..config.dims.num_layers {
+            let Some(m) = config.moe_layer(l) else { continue };
+            let h = config.dims.hidden_size;
+            for (proj, rows) in [("gate_proj", m.expert_ff), ("up_proj", m.expert_ff), ("down_proj", h)] {
+                let stacked = format!("model.layers.{l}.mlp.experts.{proj}.weight");
+                let Some(slot) = self.tensors.remove(&stacked) else { continue };
+                for e in 0..m.experts {
+                    let view = slot.rows(e * rows, rows, m.experts * rows).ok_or_else(|| ModelError::Shape {
+                        name: stacked.clone(),
+                        expected: vec![m.experts, rows, if proj == "down_proj" { m.expert_ff } else { h }],
+                        found: slot.shape().to_vec(),
+                    })?;
+                    self.tensors.insert(format!("model.layers.{l}.mlp.experts.{e}.{proj}.weight"), view);
                 }
             }
         }

@@ -436,6 +436,9 @@ struct LayerW {
     wu: Option<BufId>,
     wgu: Option<BufId>,
     wd: BufId,
+    /// A mixture of experts' router, every expert's gate and up rows, every
+    /// expert's down rows.
+    moe: Option<[BufId; 3]>,
     k_cache: BufId,
     v_cache: BufId,
 }
@@ -537,6 +540,12 @@ impl Plan {
         ] {
             self.act(name, len);
         }
+        if let Some(m) = &c.moe {
+            // The router's logits and route, and each token's experts' activations.
+            self.act("router_logits", t * m.experts);
+            self.act("route", t * m.experts);
+            self.act("expert_act", t * m.top_k * m.expert_ff);
+        }
         if self.options.fusion.qkv {
             self.act("qkv", t * (nq + 2 * nkv));
         }
@@ -620,17 +629,45 @@ impl Plan {
             }
         }
         self.weight(format!("L{l}.wo"), h * nq, &p("self_attn.o_proj.weight"));
-        let gu = vec![p("mlp.gate_proj.weight"), p("mlp.up_proj.weight")];
-        if !(self.options.fusion.gate_up && self.fused_weight(format!("L{l}.wgu"), 2 * inter * h, gu).is_some()) {
-            self.weight(format!("L{l}.wg"), inter * h, &p("mlp.gate_proj.weight"));
-            self.weight(format!("L{l}.wu"), inter * h, &p("mlp.up_proj.weight"));
+        if let Some(m) = c.moe_layer(l) {
+            self.expert_weights(l, m, h)?;
+        } else {
+            let gu = vec![p("mlp.gate_proj.weight"), p("mlp.up_proj.weight")];
+            if !(self.options.fusion.gate_up && self.fused_weight(format!("L{l}.wgu"), 2 * inter * h, gu).is_some()) {
+                self.weight(format!("L{l}.wg"), inter * h, &p("mlp.gate_proj.weight"));
+                self.weight(format!("L{l}.wu"), inter * h, &p("mlp.up_proj.weight"));
+            }
+            self.weight(format!("L{l}.wd"), h * inter, &p("mlp.down_proj.weight"));
         }
-        self.weight(format!("L{l}.wd"), h * inter, &p("mlp.down_proj.weight"));
         let kv = self.options.kv_dtype;
         // Checked in `Plan::new`.
         let cache = kv_cache_len(c, self.options.context).unwrap_or(0);
         self.add(format!("L{l}.k_cache"), BufRole::Cache, kv, cache, None);
         self.add(format!("L{l}.v_cache"), BufRole::Cache, kv, cache, None);
+        Ok(())
+    }
+
+    /// Layer `l`'s mixture of experts: the router, and every expert's gate then up
+    /// rows as one matrix and every expert's down rows as another (the kernels
+    /// pick each token's experts' rows out of them).
+    fn expert_weights(&mut self, l: usize, m: &crate::model::Moe, h: usize) -> Result<(), PlanError> {
+        let p = |s: &str| format!("model.layers.{l}.mlp.{s}");
+        let (e, ff) = (m.experts, m.expert_ff);
+        // The router stays f32 whatever the matrices' format (as llama.cpp's
+        // converter keeps it): the experts a token gets hang on its logits' order.
+        self.weight_f32(format!("L{l}.wr"), e * h, WeightSource::Tensor(p("gate.weight")));
+        let ex = |proj: &str| (0..e).map(|i| p(&format!("experts.{i}.{proj}.weight"))).collect::<Vec<_>>();
+        let gate_up = [ex("gate_proj"), ex("up_proj")].concat();
+        for (name, len, parts) in [("wgu_exps", 2 * e * ff * h, gate_up), ("wd_exps", e * h * ff, ex("down_proj"))] {
+            self.fused_weight(format!("L{l}.{name}"), len, parts).ok_or_else(|| {
+                PlanError::Unsupported(format!(
+                    "layer {l}'s experts: their {} matrices are not all in one storage type, or together exceed one binding of the \
+                     device ({} bytes); run on the CPU",
+                    if name == "wd_exps" { "down" } else { "gate and up" },
+                    self.binding_limit()
+                ))
+            })?;
+        }
         Ok(())
     }
 
@@ -657,6 +694,7 @@ impl Plan {
             wu: g("wu"),
             wgu: g("wgu"),
             wd: must("wd"),
+            moe: g("wr").map(|wr| [wr, must("wgu_exps"), must("wd_exps")]),
             k_cache: must("k_cache"),
             v_cache: must("v_cache"),
         }
@@ -690,11 +728,19 @@ impl Plan {
         self.buffers.iter().filter(|b| b.role == BufRole::Weight).map(BufferDecl::bytes).sum()
     }
 
-    /// Weight bytes a decode step reads: every weight buffer of the plan. The
+    /// Weight bytes a decode step reads: every weight buffer of the plan but, of a
+    /// mixture of experts, the `top_k` experts' share of its expert matrices. The
     /// embedding table is not one (the runtime copies a token's row outside the
     /// plan) unless it is also the LM head, which reads all of it.
     pub fn decode_read_bytes(&self) -> u64 {
-        self.weight_bytes()
+        let idle: u64 = (0..self.config.dims.num_layers)
+            .filter_map(|l| Some((self.config.moe_layer(l)?, self.lw(l).moe?)))
+            .map(|(m, [_, gu, d])| {
+                let bytes = self.buffers[gu].bytes() + self.buffers[d].bytes();
+                bytes / m.experts as u64 * (m.experts - m.top_k.min(m.experts)) as u64
+            })
+            .sum();
+        self.weight_bytes() - idle
     }
 
     /// Steps of one forward pass over `tokens` tokens at positions `pos0..pos0+tokens`.
@@ -1243,7 +1289,13 @@ impl Emitter<'_> {
         }
         let x = plan.x[s.cur];
         let xn = self.projection_input(x);
-        if gu_nm {
+        if let (Some(m), Some(ws)) = (c.moe_layer(l), w.moe) {
+            // The norm went with the residual add only when nothing folds it.
+            if pre && (nm || s.fold) {
+                self.rms(li, t, h, x, mlp_norm, xn)?;
+            }
+            self.experts(li, t, m, xn, ws, s.act, d)?;
+        } else if gu_nm {
             let p = s.pending.take();
             self.norm_gemv_chain(li, None, inter, h, [x, mlp_norm, wgu, act], p, Some(s.act))?;
             if p.is_some() {
@@ -1270,7 +1322,9 @@ impl Emitter<'_> {
             self.kernel(Slot::Activation, li, p, vec![gate, up, act], DType::F32)?;
         }
         let (x, other) = (plan.x[s.cur], plan.x[1 - s.cur]);
-        self.matmul(Slot::MatmulDown, li, None, t, h, inter, [act, w.wd, d])?;
+        if w.moe.is_none() {
+            self.matmul(Slot::MatmulDown, li, None, t, h, inter, [act, w.wd, d])?;
+        }
         if s.fold {
             s.pending = Some(Pending { branch: d, gain: if sandwich { w.post_ff_ln } else { None }, h: other });
             return Ok(());
@@ -1289,6 +1343,34 @@ impl Emitter<'_> {
         s.cur = 1 - s.cur;
         s.normed = !add_only;
         Ok(())
+    }
+
+    /// A mixture of experts over the normed rows `xn` into `out`: the router's
+    /// projection and top-k choice, then only the chosen experts' gate/up and down
+    /// projections, the down ones weighted by the route and summed.
+    #[allow(clippy::too_many_arguments)]
+    fn experts(
+        &mut self,
+        li: Option<usize>,
+        t: usize,
+        m: &crate::model::Moe,
+        xn: BufId,
+        ws: [BufId; 3],
+        act: Activation,
+        out: BufId,
+    ) -> Result<(), PlanError> {
+        let plan = self.plan;
+        let h = plan.config.dims.hidden_size;
+        let (experts, top_k, ff) = (m.experts, m.top_k, m.expert_ff);
+        let (logits, route, hidden) = (plan.id("router_logits"), plan.id("route"), plan.id("expert_act"));
+        let [wr, wgu, wd] = ws;
+        self.matmul(Slot::MatmulRouter, li, None, t, experts, h, [xn, wr, logits])?;
+        let p = Problem::MoeRoute { rows: t, experts, top_k, norm: m.norm_top_k };
+        self.kernel(Slot::MoeRoute, li, p, vec![logits, route], DType::F32)?;
+        let p = Problem::MoeGateUp { rows: t, experts, top_k, n: ff, k: h, act };
+        self.kernel(Slot::MoeGateUp, li, p, vec![xn, route, wgu, hidden], plan.dtype_of(wgu))?;
+        let p = Problem::MoeDown { rows: t, experts, top_k, n: h, k: ff };
+        self.kernel(Slot::MoeDown, li, p, vec![hidden, route, wd, out], plan.dtype_of(wd))
     }
 
     /// The LM head over the final-normed rows, block by block (on decode with

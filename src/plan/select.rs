@@ -57,6 +57,18 @@ pub enum Slot {
     /// (`Fusion::qkv_rope_cache`).
     #[strum(serialize = "fused.qkv_rope_cache")]
     QkvRopeCache,
+    /// A mixture of experts' router projection (`[experts, hidden]`).
+    #[strum(serialize = "matmul.router")]
+    MatmulRouter,
+    /// The router's top-k choice ([`Op::MoeRoute`]).
+    #[strum(serialize = "moe.route")]
+    MoeRoute,
+    /// The chosen experts' gate and up projections ([`Op::MoeGateUp`]).
+    #[strum(serialize = "moe.gate_up")]
+    MoeGateUp,
+    /// The chosen experts' down projections, weighted and summed ([`Op::MoeDown`]).
+    #[strum(serialize = "moe.down")]
+    MoeDown,
     /// The vision tower's patch embedding (regime [`Regime::Vision`], as every
     /// slot below).
     #[strum(serialize = "vision.patch_embed")]
@@ -191,6 +203,10 @@ pub const SLOTS: &[SlotDef] = &{
         row(Slot::NormMatmul, text("fused.norm_matmul", NormGemv, NormGemv, Some("norm_matmul"))),
         row(Slot::KvWrite, SlotDef { slot: Slot::KvWrite, ops: [None; 3], entry: None, fusion: None }),
         row(Slot::QkvRopeCache, text("fused.qkv_rope_cache", QkvRopeCache, QkvRopeCache, Some("qkv_rope_cache"))),
+        row(Slot::MatmulRouter, text("matmul.router", Gemm, Gemv, None)),
+        row(Slot::MoeRoute, text("moe.route", MoeRoute, MoeRoute, None)),
+        row(Slot::MoeGateUp, text("moe.gate_up", MoeGateUp, MoeGateUp, None)),
+        row(Slot::MoeDown, text("moe.down", MoeDown, MoeDown, None)),
         row(Slot::VisionPatchEmbed, tower("vision.patch_embed", PatchEmbed)),
         row(Slot::VisionAttention, tower("vision.attention", AttentionFull)),
         row(Slot::VisionMlp, tower("vision.mlp", Linear)),
@@ -488,6 +504,10 @@ mod tests {
                 "fused.norm_matmul",
                 "kv_write",
                 "fused.qkv_rope_cache",
+                "matmul.router",
+                "moe.route",
+                "moe.gate_up",
+                "moe.down",
                 "vision.patch_embed",
                 "vision.attention",
                 "vision.mlp",

@@ -121,6 +121,9 @@ pub struct KernelsDoc {
     pub residual: Option<At<Entry>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fused: Option<FusedDoc>,
+    /// A mixture of experts' kernels (absent: the runtime's defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeDoc>,
     /// The vision tower's and projector's kernels (a multimodal model's image
     /// path; regime `vision`). Absent, or a slot left out: the runtime's defaults.
     /// Only in the top-level `kernels`, not per layer or per format.
@@ -151,6 +154,7 @@ impl KernelsDoc {
             ("residual", "") => &mut self.residual,
             ("matmul", key) => section(&mut self.matmul, make)?.entry_mut(key)?,
             ("fused", key) => section(&mut self.fused, make)?.entry_mut(key)?,
+            ("moe", key) => section(&mut self.moe, make)?.entry_mut(key)?,
             ("vision", key) => section(&mut self.vision, make)?.entry_mut(key)?,
             _ => return None,
         })
@@ -194,6 +198,20 @@ entry_section! {
         gate_up,
         down_proj,
         lm_head,
+        /// A mixture of experts' router projection.
+        router,
+    }
+}
+
+entry_section! {
+    /// A mixture of experts' kernels (`kernels.moe`).
+    MoeDoc {
+        /// The router's top-k choice.
+        route,
+        /// The chosen experts' gate and up projections.
+        gate_up,
+        /// The chosen experts' down projections, weighted and summed.
+        down,
     }
 }
 

@@ -199,6 +199,19 @@ pub fn entries(model: &str, cfg: &ModelConfig, tokens: usize, context: usize) ->
         e("decode logits softmax", Problem::Softmax { rows: 1, dim: cfg.dims.vocab_size }, DType::F32),
     ];
     v.retain(|x| x.problem.op() != Op::QkNormRope || cfg.qk_norm_per_head());
+    if let Some(m) = &cfg.moe {
+        let (experts, top_k, ff) = (m.experts, m.top_k, m.expert_ff);
+        let gate_up = |rows| Problem::MoeGateUp { rows, experts, top_k, n: ff, k: h, act };
+        v.extend([
+            e("decode router", Problem::Gemv { n: experts, k: h }, DType::F32),
+            e("decode router top-k", Problem::MoeRoute { rows: 1, experts, top_k, norm: m.norm_top_k }, DType::F32),
+            e("decode experts gate/up", gate_up(1), DType::Q4_K),
+            e("decode experts down", Problem::MoeDown { rows: 1, experts, top_k, n: h, k: ff }, DType::Q6_K),
+            e("prefill router top-k", Problem::MoeRoute { rows: tokens, experts, top_k, norm: m.norm_top_k }, DType::F32),
+            e("prefill experts gate/up", gate_up(tokens), DType::Q4_K),
+            e("prefill experts down", Problem::MoeDown { rows: tokens, experts, top_k, n: h, k: ff }, DType::Q6_K),
+        ]);
+    }
     v
 }
 
@@ -333,9 +346,20 @@ mod tests {
         // The entries are a text pass's: the vision tower's ops (issue 16) are
         // not in one, and bench-kernels does not measure them yet.
         let vision = [Op::PatchEmbed, Op::Linear, Op::AttentionFull, Op::AvgPool];
-        for op in Op::ALL.into_iter().filter(|op| op.has_wgsl() && !vision.contains(op)) {
+        // A mixture of experts' ops are a MoE model's (Qwen3-30B-A3B's, below).
+        let moe = [Op::MoeRoute, Op::MoeGateUp, Op::MoeDown];
+        for op in Op::ALL.into_iter().filter(|op| op.has_wgsl() && !vision.contains(op) && !moe.contains(op)) {
             assert!(e.iter().any(|x| x.problem.op() == op), "{op} has no entry");
         }
+        assert!(!e.iter().any(|x| moe.contains(&x.problem.op())), "gemma3-1b has no experts");
+        let qwen = crate::model::builtin("qwen3-30b-a3b").expect("built in");
+        let q = entries("qwen3-30b-a3b", &qwen, 64, 512);
+        for op in moe {
+            assert!(q.iter().any(|x| x.problem.op() == op), "{op} has no entry for qwen3-30b-a3b");
+        }
+        assert!(
+            q.iter().any(|x| x.problem == Problem::MoeGateUp { rows: 1, experts: 128, top_k: 8, n: 768, k: 2048, act: Activation::Silu })
+        );
         assert!(e.iter().any(|x| x.problem == Problem::Gemv { n: 6912, k: 1152 } && x.dtype == DType::Q4_0));
         assert!(e.iter().any(|x| matches!(x.problem, Problem::AttentionDecode { kv_len: 512, head_dim: 256, .. })));
         let llama = crate::model::builtin("llama-3.2-1b").expect("built in");

@@ -52,6 +52,7 @@ fn every_fixture_loads_with_the_shapes_of_its_config() {
             "phi4-tiny",
             "qwen2-tiny-sharded",
             "qwen3-tiny",
+            "qwen3moe-tiny",
             "smollm2-tiny-bf16",
             "smollm3-tiny"
         ]
@@ -200,6 +201,7 @@ fn builtin_configs_are_consistent_and_have_the_published_sizes() {
         ("qwen3-0.6b", 596_049_920),
         ("qwen3-1.7b", 1_720_574_976),
         ("qwen3-4b", 4_022_468_096),
+        ("qwen3-30b-a3b", 30_532_122_624),
         ("smollm3-3b", 3_075_098_624),
         ("mistral-7b", 7_248_023_552),
         ("phi-4-mini", 3_836_021_760),
@@ -216,15 +218,18 @@ fn builtin_configs_are_consistent_and_have_the_published_sizes() {
         assert_eq!(c.tensor_shapes().iter().map(|(_, s)| s.iter().product::<usize>() as u64).sum::<u64>(), params);
         // Tied models read the embedding matrix once per token as the LM head (and
         // one row of it as the embedding); untied ones the head and one row of the
-        // embedding matrix.
+        // embedding matrix. A mixture of experts only its top_k experts.
         let (h, embed) = (c.dims.hidden_size as u64, (c.dims.vocab_size * c.dims.hidden_size) as u64);
-        let expect = if c.tie_word_embeddings { c.param_count() + h } else { c.param_count() - embed + h };
+        let active = c.active_param_count();
+        let expect = if c.tie_word_embeddings { active + h } else { active - embed + h };
         assert_eq!(c.weight_bytes_per_token(Dtype::BF16), 2 * expect, "{name}");
         assert_eq!(c.weight_bytes_per_token(ktune::kernels::DType::F32), 4 * expect, "{name}");
         // Round trip through JSON.
         let json = serde_json::to_string(&c).unwrap();
         assert_eq!(serde_json::from_str::<ModelConfig>(&json).unwrap(), c, "{name}");
     }
+    // Qwen3-30B-A3B: "3.3B activated" (8 of 128 experts of 768 on 48 layers).
+    assert_eq!(builtin("qwen3-30b-a3b").unwrap().active_param_count(), 3_353_032_704);
     let g = builtin("gemma3-1b").unwrap();
     assert_eq!(g.num_local_layers(), 22);
     assert_eq!((0..26).filter(|&l| g.layer_kind(l) == LayerKind::Global).collect::<Vec<_>>(), [5, 11, 17, 23]);

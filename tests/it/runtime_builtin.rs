@@ -81,6 +81,12 @@ fn reduced(name: &str, vocab: Option<usize>) -> ModelConfig {
     if has_nope {
         c.nope_layers = vec![LAYERS - 1];
     }
+    // A mixture of experts keeps its experts' shapes and its top-k, with one expert
+    // more than a token takes (Qwen3-30B-A3B's 128 would hold 2.4 GB of f32 in one
+    // layer): the router still leaves one out.
+    if let Some(m) = &mut c.moe {
+        m.experts = m.experts.min(m.top_k + 1);
+    }
     if let Some(v) = vocab.filter(|&v| v < c.dims.vocab_size) {
         c.dims.vocab_size = v;
         // The published special tokens lie beyond the cut (the runtime does not use them).

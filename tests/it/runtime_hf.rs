@@ -125,6 +125,39 @@ fn cpu_f16_cache_stays_close() {
     }
 }
 
+/// A decode step of a mixture of experts reads its router and its `top_k` experts
+/// of each layer, not all of them: the plan's figure (what `bench` reports per
+/// token) is the config's count of the active weights (less the one embedding row
+/// the runtime copies outside the plan), and far below every weight buffer's sum.
+#[test]
+fn moe_decode_reads_the_active_experts_share() {
+    let dir = fixtures().into_iter().find(|d| d.ends_with("qwen3moe-tiny")).expect("the MoE fixture");
+    let m = load_model(None, Some(&dir), None, 0).expect("fixture loads");
+    let c = &m.config;
+    let plan = Plan::new("fixture", c, PlanOptions::new(DType::F32, 8, 32), Selection::defaults(DeviceCaps::Cpu(CpuCaps::detect())))
+        .expect("plan");
+    let h = c.dims.hidden_size as u64;
+    assert_eq!(plan.decode_read_bytes() + 4 * h, c.weight_bytes_per_token(DType::F32));
+    let moe = c.moe.as_ref().expect("experts");
+    let idle = (moe.experts - moe.top_k) as u64 * 3 * (moe.expert_ff as u64 * h) * 4 * c.dims.num_layers as u64;
+    assert_eq!(plan.weight_bytes() - plan.decode_read_bytes(), idle);
+}
+
+/// Experts that do not fit one binding of the device are refused when the plan is
+/// made, naming the layer and the limit.
+#[test]
+fn experts_past_the_binding_limit_are_refused() {
+    let Some(gpu) = test_gpu() else { return };
+    let dir = fixtures().into_iter().find(|d| d.ends_with("qwen3moe-tiny")).expect("the MoE fixture");
+    let m = load_model(None, Some(&dir), None, 0).expect("fixture loads");
+    let mut caps = gpu.caps.clone();
+    caps.max_storage_binding = 64 << 10;
+    let opts = PlanOptions::new(DType::F32, 8, 32);
+    let err = Plan::new("fixture", &m.config, opts, Selection::defaults(DeviceCaps::Gpu(caps))).expect_err("does not fit");
+    let msg = err.to_string();
+    assert!(msg.contains("layer 0's experts") && msg.contains(&(64u64 << 10).to_string()), "{msg}");
+}
+
 /// The LM head in blocks: planned for a binding limit above every layer buffer but
 /// below the head (32 KiB without fusion: the largest layer weights are 128 x 64 f32;
 /// 64 KiB with the fused gate/up), prefilled at once and in chunks of 7 (several
@@ -136,6 +169,12 @@ fn gpu_lm_head_in_blocks_matches_transformers() {
     let mut split = 0;
     for dir in fixtures() {
         let name = dir.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+        // A mixture of experts keeps every expert of a layer in one binding (128 KiB
+        // of gate/up rows in the tiny one, above its 72 KiB head): no limit splits
+        // its head and fits its layers (`experts_past_the_binding_limit_are_refused`).
+        if read_json(dir.join("config.json"))["num_experts_per_tok"].is_number() {
+            continue;
+        }
         for (fusion, limit, chunk) in [(Fusion::NONE, 32 << 10, 64), (Fusion::ALL, 64 << 10, 7)] {
             let dev = Dev::GpuLimited(gpu.clone(), limit);
             let (rel, got, want, blocks) = run_blocks(&dir, &dev, fusion, DType::F32, chunk);

