@@ -36,7 +36,7 @@ use crate::kernels::contract::{
 use crate::kernels::cpu::qgemm::{I8_GEMM_PARAMS, XPanel, check_i8_gemm, rows_times_tokens_i8};
 use crate::kernels::cpu::{self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_TASK, Row, RowSplit, act_f32, par_rows, row};
 use crate::kernels::problem::{Activation, Op, Problem};
-use crate::kernels::quant::{DType, QView};
+use crate::kernels::quant::DType;
 use crate::kernels::wgsl::{ROWS_WG_PARAMS, WORKGROUP_SIZE, one_q_step, qfmt, shared_rows};
 use crate::shader;
 
@@ -76,21 +76,11 @@ pub fn variants() -> Vec<KernelDef> {
              then its lowest index)",
             WgslImpl::new(&ROUTE_WG, prepare_route_wg).shared(shared_route).check(check_route_wgsl),
         ),
-        KernelDef::new(
-            "moe_route_cpu",
-            Op::MoeRoute,
-            &[DType::F32],
-            ROUTE_CPU_PARAMS,
-            "per token: softmax, the top_k by a partial selection (select_nth); pool over tokens",
-            CpuImpl { run: run_route_select, check: check_route_cpu },
-        ),
-        KernelDef::new(
+        route_cpu("moe_route_cpu", "per token: softmax, the top_k by a partial selection (select_nth); pool over tokens", run_route_select),
+        route_cpu(
             "moe_route_passes_cpu",
-            Op::MoeRoute,
-            &[DType::F32],
-            ROUTE_CPU_PARAMS,
             "per token: softmax, the top_k by top_k passes over the logits (no index array; few experts a token); pool over tokens",
-            CpuImpl { run: run_route_passes, check: check_route_cpu },
+            run_route_passes,
         ),
         KernelDef::new(
             "moe_gate_up_wg",
@@ -183,6 +173,11 @@ pub fn variants() -> Vec<KernelDef> {
             CpuImpl { run: run_down_grouped, check: check_grouped },
         ),
     ]
+}
+
+/// A CPU router kernel over f32 logits, pool over tokens.
+fn route_cpu(id: &'static str, help: &'static str, run: crate::kernels::contract::CpuRunFn) -> KernelDef {
+    KernelDef::new(id, Op::MoeRoute, &[DType::F32], ROUTE_CPU_PARAMS, help, CpuImpl { run, check: check_route_cpu })
 }
 
 /// `(rows, experts, top_k, n, k, act)` of an expert problem (`act` 0 for the down projection).
@@ -439,23 +434,13 @@ fn run_gate_up(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'
     let slots = slot_experts(a.ins[1].f32(), rows, experts, top_k);
     let xs = (0..rows).map(|t| Act::new(&x[t * k..][..k], w, params)).collect::<Result<SmallVec<[_; 2]>, _>>()?;
     par_rows(&mut a.outs[0][..rows * top_k * n], 1, RowSplit::dynamic(params)?, |first, y| {
-        SCRATCH.with_borrow_mut(|up| {
-            let mut i = 0;
-            while i < y.len() {
-                let (p, f) = ((first + i) / n, (first + i) % n);
-                let len = (n - f).min(y.len() - i);
-                let seg = &mut y[i..i + len];
-                match slots[p] {
-                    None => seg.fill(0.0),
-                    Some(e) => {
-                        up.resize(len, 0.0);
-                        let xt = &xs[p / top_k];
-                        xt.rows(isa, w, k, e * n + f, seg);
-                        xt.rows(isa, w, k, (experts + e) * n + f, &mut up[..len]);
-                        seg.iter_mut().zip(up.iter()).for_each(|(g, u)| *g = act_f32(act, *g) * u);
-                    }
-                }
-                i += len;
+        by_row(first, y, n, |p, f, seg, up| match slots[p] {
+            None => seg.fill(0.0),
+            Some(e) => {
+                let xt = &xs[p / top_k];
+                xt.rows(isa, w, k, e * n + f, seg);
+                xt.rows(isa, w, k, (experts + e) * n + f, up);
+                seg.iter_mut().zip(up.iter()).for_each(|(g, u)| *g = act_f32(act, *g) * u);
             }
         })
     });
@@ -471,25 +456,32 @@ fn run_down(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>)
         .map(|p| slots[p].map(|_| Act::new(&h[p * k..][..k], w, params)).transpose())
         .collect::<Result<SmallVec<[_; 8]>, _>>()?;
     par_rows(&mut a.outs[0][..rows * n], 1, RowSplit::dynamic(params)?, |first, y| {
-        SCRATCH.with_borrow_mut(|part| {
-            let mut i = 0;
-            while i < y.len() {
-                let (t, f) = ((first + i) / n, (first + i) % n);
-                let len = (n - f).min(y.len() - i);
-                let seg = &mut y[i..i + len];
-                seg.fill(0.0);
-                part.resize(len, 0.0);
-                for j in 0..top_k {
-                    let (Some(e), Some(hj)) = (slots[t * top_k + j], &hs[t * top_k + j]) else { break };
-                    hj.rows(isa, w, k, e * n + f, &mut part[..len]);
-                    let g = route[t * experts + e];
-                    seg.iter_mut().zip(part.iter()).for_each(|(o, v)| *o += g * v);
-                }
-                i += len;
+        by_row(first, y, n, |t, f, seg, part| {
+            seg.fill(0.0);
+            for j in 0..top_k {
+                let (Some(e), Some(hj)) = (slots[t * top_k + j], &hs[t * top_k + j]) else { break };
+                hj.rows(isa, w, k, e * n + f, part);
+                let g = route[t * experts + e];
+                seg.iter_mut().zip(part.iter()).for_each(|(o, v)| *o += g * v);
             }
         })
     });
     Ok(())
+}
+
+/// Walks the flat chunk `y` (elements `first..`) of a `[_, n]` output in pieces
+/// that each lie in one row: `f(row, first feature, piece, scratch of its length)`.
+fn by_row(first: usize, y: &mut [f32], n: usize, mut f: impl FnMut(usize, usize, &mut [f32], &mut [f32])) {
+    SCRATCH.with_borrow_mut(|scratch| {
+        let mut i = 0;
+        while i < y.len() {
+            let (r, c) = ((first + i) / n, (first + i) % n);
+            let len = (n - c).min(y.len() - i);
+            scratch.resize(len, 0.0);
+            f(r, c, &mut y[i..i + len], &mut scratch[..len]);
+            i += len;
+        }
+    })
 }
 
 /// The slots sorted by expert: for expert `e`, `slots[start[e]..start[e + 1]]`.
@@ -532,152 +524,120 @@ fn row_f32(isa: Isa, w: CpuIn<'_>, r: usize, k: usize, out: &mut [f32]) {
     }
 }
 
-/// The grouped kernels' GEMMs. For every expert with tokens: its tokens' rows of
-/// `xs` gathered (`row_of(slot)`), then per panel of `nc` of its `n` features
-/// its rows (gate then up when `pair`, the up rows `experts n` further) dequantized
-/// once into an f32 panel and multiplied by the gathered rows through the
-/// cache-blocked f32 GEMM; `emit(e's slots, j0, nb, y[m_e, (1 + pair) nb])`.
-#[allow(clippy::too_many_arguments)]
-fn grouped_gemm(
-    isa: Isa,
-    by: &ByExpert,
-    w: CpuIn<'_>,
-    (experts, n, k, nc): (usize, usize, usize, usize),
-    pair: bool,
-    xs: &[f32],
-    row_of: impl Fn(usize) -> usize,
-    mut emit: impl FnMut(usize, &[usize], usize, usize, &[f32]),
-) {
-    use crate::kernels::cpu::sgemm::{Blocking, Micro, Split, gemm_blocked};
-    let width = if pair { 2 } else { 1 };
-    let nc = nc.clamp(1, n.max(1));
-    let blk = Blocking { mc: 96, nc: 128.min(width * nc), kc: 256 };
-    let (mut gathered, mut panel, mut y) = (Vec::new(), vec![0f32; width * nc * k], Vec::new());
-    for e in 0..experts {
-        let slots = by.of(e);
-        if slots.is_empty() {
-            continue;
-        }
-        gathered.clear();
-        slots.iter().for_each(|&s| gathered.extend_from_slice(&xs[row_of(s) * k..][..k]));
-        for j0 in (0..n).step_by(nc) {
-            let nb = nc.min(n - j0);
-            cpu::pool::for_chunks_mut(&mut panel[..width * nb * k], k, |i, r| {
-                let src = if i < nb { e * n + j0 + i } else { (experts + e) * n + j0 + i - nb };
-                row_f32(isa, w, src, k, r)
-            });
-            y.resize(slots.len() * width * nb, 0.0);
-            let panel = CpuIn::F32(&panel[..width * nb * k]);
-            gemm_blocked(Micro::for_isa(isa), blk, Split::Auto, slots.len(), width * nb, k, &gathered, panel, &mut y);
-            emit(e, slots, j0, nb, &y);
-        }
+/// How a grouped kernel multiplies an expert's rows by its gathered tokens.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Grouped {
+    /// Rows dequantized into f32 panels of `nc` for the blocked f32 GEMM.
+    F32,
+    /// The tokens quantized to int8 blocks once, the rows through the int8 GEMM
+    /// tiles straight from the blocks, in pool tasks of `rows_per_task`.
+    I8,
+}
+
+impl Grouped {
+    /// The parameter that sizes its blocks of rows.
+    fn block(self, params: &Params) -> Result<usize, KernelError> {
+        Ok((param(params, if self == Grouped::F32 { "nc" } else { "rows_per_task" })? as usize).max(1))
     }
 }
 
-fn run_gate_up_grouped(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Problem::MoeGateUp { rows, experts, top_k, n, k, act } = *prob else { return Err(wrong_op(kd, prob)) };
-    let isa = Isa::of(params)?;
-    let by = ByExpert::new(&slot_experts(a.ins[1].f32(), rows, experts, top_k), experts);
-    let h = &mut a.outs[0][..rows * top_k * n];
-    h.fill(0.0);
-    let dims = (experts, n, k, param(params, "nc")? as usize);
-    grouped_gemm(
-        isa,
-        &by,
-        a.ins[2],
-        dims,
-        true,
-        a.ins[0].f32(),
-        |p| p / top_k,
-        |_, slots, j0, nb, y| {
-            for (i, &p) in slots.iter().enumerate() {
-                let (g, u) = y[i * 2 * nb..][..2 * nb].split_at(nb);
-                let out = &mut h[p * n + j0..][..nb];
-                out.iter_mut().zip(g.iter().zip(u)).for_each(|(o, (g, u))| *o = act_f32(act, *g) * u);
-            }
-        },
-    );
-    Ok(())
-}
-
-fn run_down_grouped(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Problem::MoeDown { rows, experts, top_k, n, k } = *prob else { return Err(wrong_op(kd, prob)) };
-    let isa = Isa::of(params)?;
-    let route = a.ins[1].f32();
-    let by = ByExpert::new(&slot_experts(route, rows, experts, top_k), experts);
-    let y = &mut a.outs[0][..rows * n];
-    y.fill(0.0);
-    // Experts in ascending order: each token's slots summed in the order the
-    // gathered kernel sums them.
-    let dims = (experts, n, k, param(params, "nc")? as usize);
-    grouped_gemm(
-        isa,
-        &by,
-        a.ins[2],
-        dims,
-        false,
-        a.ins[0].f32(),
-        |p| p,
-        |e, slots, j0, nb, part| {
-            for (i, &p) in slots.iter().enumerate() {
-                let t = p / top_k;
-                let g = route[t * experts + e];
-                y[t * n + j0..][..nb].iter_mut().zip(&part[i * nb..][..nb]).for_each(|(o, v)| *o += g * v);
-            }
-        },
-    );
-    Ok(())
-}
-
-/// The int8 grouped kernels: for every expert with tokens, its tokens' rows of `xs`
-/// (`row_of(slot)`) quantized to int8 blocks once, then in pool tasks of
-/// `rows_per_task` of its `n` features its rows (gate and up when `pair`)
-/// through the int8 GEMM tiles; `emit(e, e's slots, j0, nb, [(1 + pair) nb][m_e])`.
-#[allow(clippy::too_many_arguments)]
-fn grouped_i8(
+/// One call of a grouped kernel: how it multiplies, its ISA, the slots sorted by
+/// expert, the expert weights and `(experts, n, k, rows a block)`.
+struct GroupedCall<'a> {
+    kind: Grouped,
     isa: Isa,
-    by: &ByExpert,
-    w: QView<'_>,
-    (experts, n, k, grain): (usize, usize, usize, usize),
-    pair: bool,
-    xs: &[f32],
-    row_of: impl Fn(usize) -> usize,
-    mut emit: impl FnMut(usize, &[usize], usize, usize, &[f32]),
-) {
-    let mut gathered = Vec::new();
-    for e in 0..experts {
-        let slots = by.of(e);
-        if slots.is_empty() {
-            continue;
-        }
-        gathered.clear();
-        slots.iter().for_each(|&s| gathered.extend_from_slice(&xs[row_of(s) * k..][..k]));
-        let xp = XPanel::quantize(&gathered, slots.len(), k);
-        let parts = cpu::par_row_blocks(n, grain.max(1), |j0, count| {
-            let mut v = rows_times_tokens_i8(isa, &xp, w, e * n + j0, count);
-            if pair {
-                v.extend(rows_times_tokens_i8(isa, &xp, w, (experts + e) * n + j0, count));
+    by: ByExpert,
+    w: CpuIn<'a>,
+    dims: (usize, usize, usize, usize),
+}
+
+impl<'a> GroupedCall<'a> {
+    /// The call for `route` (`rows` tokens' `[experts]` rows), the op's `n` x `k`
+    /// expert matrices `w` and the kernel's parameters.
+    fn new(
+        kind: Grouped,
+        params: &Params,
+        route: &[f32],
+        (rows, experts, top_k): (usize, usize, usize),
+        w: CpuIn<'a>,
+        (n, k): (usize, usize),
+    ) -> Result<GroupedCall<'a>, KernelError> {
+        let by = ByExpert::new(&slot_experts(route, rows, experts, top_k), experts);
+        Ok(GroupedCall { kind, isa: Isa::of(params)?, by, w, dims: (experts, n, k, kind.block(params)?) })
+    }
+
+    /// The grouped kernels' one loop. For every expert with tokens: its tokens'
+    /// rows of `xs` gathered (`row_of(slot)`) and multiplied, block by block of
+    /// its `n` features, by its rows (gate then up when `pair`, the up rows
+    /// `experts n` further); `emit(e, its slots, j0, nb, [(1 + pair) nb][m_e])`.
+    fn run(
+        &self,
+        pair: bool,
+        xs: &[f32],
+        row_of: impl Fn(usize) -> usize,
+        mut emit: impl FnMut(usize, &[usize], usize, usize, &[f32]),
+    ) -> Result<(), KernelError> {
+        use crate::kernels::cpu::sgemm::{Blocking, Micro, Split, gemm_blocked};
+        let (isa, w, (experts, n, k, block)) = (self.isa, self.w, self.dims);
+        let width = 1 + usize::from(pair);
+        let block = block.min(n.max(1));
+        let (mut gathered, mut panel, mut y, mut part) = (Vec::new(), vec![0f32; width * block * k], Vec::new(), Vec::new());
+        for e in 0..experts {
+            let slots = self.by.of(e);
+            if slots.is_empty() {
+                continue;
             }
-            v
-        });
-        for (j0, nb, part) in &parts {
-            emit(e, slots, *j0, *nb, part);
+            let m = slots.len();
+            gathered.clear();
+            slots.iter().for_each(|&s| gathered.extend_from_slice(&xs[row_of(s) * k..][..k]));
+            // Weight row of feature j of half h (gate 0, up 1).
+            let wrow = |h: usize, j: usize| (h * experts + e) * n + j;
+            if self.kind == Grouped::I8 {
+                let q = w.quant().ok_or_else(|| KernelError::Invalid {
+                    kernel: "moe_grouped_i8".into(),
+                    reason: "float weights for the int8 tiles".into(),
+                })?;
+                let xp = XPanel::quantize(&gathered, m, k);
+                let parts = cpu::par_row_blocks(n, block, |j0, count| {
+                    (0..width).flat_map(|h| rows_times_tokens_i8(isa, &xp, q, wrow(h, j0), count)).collect()
+                });
+                parts.iter().for_each(|(j0, nb, part)| emit(e, slots, *j0, *nb, part));
+                continue;
+            }
+            for j0 in (0..n).step_by(block) {
+                let nb = block.min(n - j0);
+                cpu::pool::for_chunks_mut(&mut panel[..width * nb * k], k, |i, r| row_f32(isa, w, wrow(i / nb, j0 + i % nb), k, r));
+                y.resize(m * width * nb, 0.0);
+                let blk = Blocking { mc: 96, nc: 128.min(width * nb), kc: 256 };
+                gemm_blocked(
+                    Micro::for_isa(isa),
+                    blk,
+                    Split::Auto,
+                    m,
+                    width * nb,
+                    k,
+                    &gathered,
+                    CpuIn::F32(&panel[..width * nb * k]),
+                    &mut y,
+                );
+                // [m][width nb] to the int8 tiles' [width nb][m].
+                part.resize(m * width * nb, 0.0);
+                for (i, row) in y.chunks(width * nb).enumerate() {
+                    row.iter().enumerate().for_each(|(c, v)| part[c * m + i] = *v);
+                }
+                emit(e, slots, j0, nb, &part);
+            }
         }
+        Ok(())
     }
 }
 
-fn run_gate_up_grouped_i8(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+fn run_gate_up_grouped_as(kind: Grouped, kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
     let Problem::MoeGateUp { rows, experts, top_k, n, k, act } = *prob else { return Err(wrong_op(kd, prob)) };
-    let (isa, w) = (Isa::of(params)?, cpu::qin(kd.id, &a.ins[2])?);
-    let by = ByExpert::new(&slot_experts(a.ins[1].f32(), rows, experts, top_k), experts);
+    let call = GroupedCall::new(kind, params, a.ins[1].f32(), (rows, experts, top_k), a.ins[2], (n, k))?;
     let h = &mut a.outs[0][..rows * top_k * n];
     h.fill(0.0);
-    let dims = (experts, n, k, param(params, "rows_per_task")? as usize);
-    grouped_i8(
-        isa,
-        &by,
-        w,
-        dims,
+    call.run(
         true,
         a.ins[0].f32(),
         |p| p / top_k,
@@ -690,36 +650,45 @@ fn run_gate_up_grouped_i8(kd: &KernelDef, prob: &Problem, params: &Params, mut a
                 }
             }
         },
-    );
-    Ok(())
+    )
 }
 
-fn run_down_grouped_i8(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+fn run_down_grouped_as(kind: Grouped, kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
     let Problem::MoeDown { rows, experts, top_k, n, k } = *prob else { return Err(wrong_op(kd, prob)) };
-    let (isa, w) = (Isa::of(params)?, cpu::qin(kd.id, &a.ins[2])?);
     let route = a.ins[1].f32();
-    let by = ByExpert::new(&slot_experts(route, rows, experts, top_k), experts);
+    let call = GroupedCall::new(kind, params, route, (rows, experts, top_k), a.ins[2], (n, k))?;
     let y = &mut a.outs[0][..rows * n];
     y.fill(0.0);
-    let dims = (experts, n, k, param(params, "rows_per_task")? as usize);
-    grouped_i8(
-        isa,
-        &by,
-        w,
-        dims,
+    // Experts in ascending order: each token's slots summed in the order the
+    // gathered kernel sums them.
+    call.run(
         false,
         a.ins[0].f32(),
         |p| p,
         |e, slots, j0, nb, part| {
             let m = slots.len();
             for (i, &p) in slots.iter().enumerate() {
-                let t = p / top_k;
-                let g = route[t * experts + e];
+                let g = route[(p / top_k) * experts + e];
                 for f in 0..nb {
-                    y[t * n + j0 + f] += g * part[f * m + i];
+                    y[(p / top_k) * n + j0 + f] += g * part[f * m + i];
                 }
             }
         },
-    );
-    Ok(())
+    )
+}
+
+fn run_gate_up_grouped(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), KernelError> {
+    run_gate_up_grouped_as(Grouped::F32, kd, prob, params, a)
+}
+
+fn run_gate_up_grouped_i8(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), KernelError> {
+    run_gate_up_grouped_as(Grouped::I8, kd, prob, params, a)
+}
+
+fn run_down_grouped(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), KernelError> {
+    run_down_grouped_as(Grouped::F32, kd, prob, params, a)
+}
+
+fn run_down_grouped_i8(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), KernelError> {
+    run_down_grouped_as(Grouped::I8, kd, prob, params, a)
 }
