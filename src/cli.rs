@@ -443,9 +443,9 @@ pub struct ModelSourceArgs {
     /// A Hugging Face model directory (config.json and safetensors weights).
     #[arg(long, value_name = "DIR")]
     pub model_dir: Option<std::path::PathBuf>,
-    /// A GGUF file (llama.cpp's format; architectures llama, qwen2, gemma3;
-    /// tensors F32, F16, BF16 and ggml's block formats Q8_0 … Q6_K, IQ4_NL,
-    /// IQ4_XS). Its tokenizer serves --prompt.
+    /// A GGUF file (llama.cpp's format; architectures llama, qwen2, qwen3,
+    /// qwen3moe, smollm3, gemma3, phi3, granite, olmo2; tensors F32, F16, BF16 and
+    /// ggml's block formats Q8_0 … Q6_K, IQ4_NL, IQ4_XS). Its tokenizer serves --prompt.
     #[arg(long, value_name = "FILE")]
     pub gguf: Option<std::path::PathBuf>,
     /// A model on the Hugging Face Hub: REPO[:QUANT_OR_FILE][@REVISION] (e.g.
