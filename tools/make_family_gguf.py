@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Converts the tiny random models of the newer families (tests/fixtures/qwen3-tiny,
-qwen3moe-tiny, phi3-tiny, phi4-tiny, mistral-tiny, smollm3-tiny, granite-tiny, olmo2-tiny;
+qwen3moe-tiny, phi3-tiny, phi4-tiny, mistral-tiny, smollm3-tiny, granite-tiny, olmo2-tiny,
+olmoe-tiny;
 made by tools/make_fixtures.py) to GGUF with llama.cpp's own converter, convert_hf_to_gguf.py, into tests/fixtures/gguf/NAME-TYPE.gguf, with
 NAME-TYPE.json beside each: the Hugging Face fixture's expected outputs (the same
 weights, so the same logits and greedy ids; for Q8_0, transformers on the file's weights
@@ -22,7 +23,11 @@ whole context; the expected outputs are then transformers' without the window),
 SmolLM3's skip RoPE on every fourth layer. Qwen3-MoE's files (`qwen3moe`) hold each
 layer's experts as 3-D tensors (ffn_{gate,up,down}_exps) and no norm_topk_prob key:
 llama.cpp always renormalises the chosen experts' weights for this architecture, as
-the fixture's config (norm_topk_prob true, Qwen3-30B-A3B's) does. MoE files' JSON
+the fixture's config (norm_topk_prob true, Qwen3-30B-A3B's) does. OLMoE's files
+(`olmoe`, pre-tokenizer `olmo`) hold the experts the same way, also with no
+norm_topk_prob key: llama.cpp never renormalises for this architecture, as the
+fixture's config (norm_topk_prob false, OLMoE-1B-7B's) does not; the expert width
+is the config's intermediate_size (the file's feed_forward_length). MoE files' JSON
 carries router_margin (see make_fixtures.py) and the config's MoE settings.
 
     python3 -m venv target/venv-py && target/venv-py/bin/pip install -r tools/requirements.txt
@@ -53,6 +58,7 @@ FAMILIES = [
     ("phi4-tiny", "gpt-4o", ["f32"], True),
     ("granite-tiny", "refact", ["f32", "q8_0"], True),
     ("olmo2-tiny", "dbrx", ["f32"], True),
+    ("olmoe-tiny", "olmo", ["f32"], True),
 ]
 
 TEXT = [
@@ -279,7 +285,8 @@ def main():
                     exp["config"].update(
                         num_experts=config.get("num_local_experts", config.get("num_experts")),
                         num_experts_per_tok=config["num_experts_per_tok"],
-                        moe_intermediate_size=config["moe_intermediate_size"],
+                        # (OLMoE: the experts' width is intermediate_size)
+                        moe_intermediate_size=config.get("moe_intermediate_size", config["intermediate_size"]),
                         norm_topk_prob=config["norm_topk_prob"],
                     )
                 about = f"{name} converted by llama.cpp's convert_hf_to_gguf.py --outtype {outtype}; expected: {how}"

@@ -52,6 +52,8 @@ from transformers import (
     MistralForCausalLM,
     Olmo2Config,
     Olmo2ForCausalLM,
+    OlmoeConfig,
+    OlmoeForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
     Qwen2Config,
@@ -204,6 +206,34 @@ def fixtures():
             "of intermediate size 32, router softmax over the 8 then top-2 renormalised to sum 1 (norm_topk_prob), "
             "experts stored one by one (mlp.experts.E.{gate,up,down}_proj), per-head q/k RMSNorm, head_dim 16, "
             "GQA 4:2, untied",
+            {},
+        ),
+        (
+            "olmoe-tiny",
+            OlmoeForCausalLM,
+            OlmoeConfig(
+                **{**COMMON, "intermediate_size": 32},
+                num_hidden_layers=2,
+                # No GQA: llama.cpp's OLMoE loader wants attn_k_norm of n_embd (the whole
+                # K projection without GQA) and refuses a GGUF with fewer KV heads.
+                num_key_value_heads=4,
+                vocab_size=288,
+                rms_norm_eps=1e-5,
+                max_position_embeddings=4096,
+                tie_word_embeddings=False,
+                num_experts=8,
+                num_experts_per_tok=2,
+                norm_topk_prob=False,
+                clip_qkv=None,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            ),
+            "f32",
+            69,
+            "OLMoE (OLMoE-1B-7B): every layer a sparse MoE block (no shared expert), 8 experts of intermediate "
+            "size 32 (the config's intermediate_size), router softmax over the 8 then top-2 NOT renormalised "
+            "(norm_topk_prob false), experts stored one by one (mlp.experts.E.{gate,up,down}_proj), q/k RMSNorm "
+            "over the whole projection (q_norm [64], k_norm [64]) before the split into heads, head_dim 16, "
+            "no GQA (4 KV heads, as OLMoE-1B-7B and llama.cpp's loader), untied",
             {},
         ),
         (

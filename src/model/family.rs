@@ -41,6 +41,8 @@ pub enum Architecture {
     #[serde(rename = "qwen3_moe")]
     #[strum(serialize = "qwen3_moe")]
     Qwen3Moe,
+    /// `OlmoeForCausalLM` (OLMoE-1B-7B).
+    Olmoe,
 }
 
 impl Architecture {
@@ -142,12 +144,22 @@ pub struct Family {
     /// and logits ([`Multipliers`](super::config::Multipliers): Granite).
     pub multipliers: bool,
     /// A mixture of experts in place of the MLP ([`Moe`](super::config::Moe):
-    /// Qwen3-MoE), read from `num_experts` (or `num_local_experts`),
-    /// `num_experts_per_tok`, `moe_intermediate_size`, `norm_topk_prob`,
-    /// `decoder_sparse_step`, `mlp_only_layers`; GGUF `expert_count`,
-    /// `expert_used_count`, `expert_feed_forward_length` (llama.cpp renormalises
-    /// the chosen experts' weights for these files).
-    pub moe: bool,
+    /// Qwen3-MoE, OLMoE), read from `num_experts` (or `num_local_experts`),
+    /// `num_experts_per_tok`, `moe_intermediate_size` (else `intermediate_size`),
+    /// `norm_topk_prob`, `decoder_sparse_step`, `mlp_only_layers`; GGUF
+    /// `expert_count`, `expert_used_count`, `expert_feed_forward_length` (else
+    /// `feed_forward_length`), no key saying whether the chosen experts' weights
+    /// are renormalised: llama.cpp's graph of the architecture decides, and so
+    /// does this.
+    pub moe: Option<MoeFamily>,
+}
+
+/// What a mixture-of-experts family's GGUF files leave to the architecture.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeFamily {
+    /// The chosen experts' weights renormalised to sum to 1 (llama.cpp's `norm_w`:
+    /// Qwen3-MoE yes, OLMoE no).
+    pub gguf_norm_top_k: bool,
 }
 
 /// The plain pre-norm decoder every family starts from.
@@ -174,7 +186,7 @@ const PLAIN: Family = Family {
     gguf_permuted_qk: true,
     fused_projections: false,
     multipliers: false,
-    moe: false,
+    moe: None,
 };
 
 /// Every family, one row each.
@@ -299,7 +311,22 @@ pub const FAMILIES: &[Family] = &[
         head_dim: Some(128),
         max_position_embeddings: 32_768,
         gguf_permuted_qk: false,
-        moe: true,
+        moe: Some(MoeFamily { gguf_norm_top_k: true }),
+        ..PLAIN
+    },
+    // OLMoE: pre-norms, q/k RMSNorm over each whole projection (OLMo 2's), a
+    // mixture of experts for the MLP, the chosen experts' weights as the softmax
+    // gives them.
+    Family {
+        arch: Architecture::Olmoe,
+        hf_class: "OlmoeForCausalLM",
+        model_type: "olmoe",
+        gguf_arch: Some("olmoe"),
+        qk_norm: true,
+        qk_norm_projection: true,
+        max_position_embeddings: 4096,
+        gguf_permuted_qk: false,
+        moe: Some(MoeFamily { gguf_norm_top_k: false }),
         ..PLAIN
     },
 ];

@@ -187,21 +187,25 @@ pub fn gguf_config(f: &GgufFile) -> Result<GgufConfig> {
 }
 
 /// The mixture of experts of a family that has one: `expert_count`,
-/// `expert_used_count`, `expert_feed_forward_length`, every layer sparse and the
-/// chosen experts' weights renormalised (llama.cpp's reading of these files); a
-/// file of another family that names experts is refused.
+/// `expert_used_count`, `expert_feed_forward_length` (else the MLP's width),
+/// every layer sparse and the chosen experts' weights renormalised as the family's
+/// llama.cpp graph does it ([`family::MoeFamily`]); a file of another family that
+/// names experts is refused.
 fn gguf_moe(m: &mut MetaReader<'_>, family: &family::Family) -> Result<Option<crate::model::config::Moe>> {
     let experts = m.usize_opt("expert_count")?.filter(|&n| n > 0);
-    if !family.moe {
+    let Some(rule) = family.moe else {
         return match experts {
             Some(_) => Err(m.unsupported(format!("`{}` > 0 (a mixture of experts)", m.key("expert_count")))),
             None => Ok(None),
         };
-    }
+    };
     let experts = experts.ok_or_else(|| m.err(format!("missing metadata `{}`", m.key("expert_count"))))?;
     let top_k = m.usize_req("expert_used_count")?;
-    let expert_ff = m.usize_req("expert_feed_forward_length")?;
-    Ok(Some(crate::model::config::Moe { experts, top_k, expert_ff, norm_top_k: true, dense_layers: Vec::new() }))
+    let expert_ff = match m.usize_opt("expert_feed_forward_length")? {
+        Some(w) => w,
+        None => m.usize_req("feed_forward_length")?,
+    };
+    Ok(Some(crate::model::config::Moe { experts, top_k, expert_ff, norm_top_k: rule.gguf_norm_top_k, dense_layers: Vec::new() }))
 }
 
 /// The architecture `general.architecture` names (and its name, the prefix of

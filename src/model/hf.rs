@@ -477,7 +477,7 @@ impl<'a> Reader<'a> {
             Some(n) => Some(n),
             None => self.usize_opt("num_local_experts")?,
         };
-        if !f.moe {
+        if f.moe.is_none() {
             return match experts {
                 Some(n) if n > 0 => Err(self.unsupported(format!("{n} experts for {} (a mixture of experts)", f.hf_class))),
                 _ => Ok(None),
@@ -485,7 +485,14 @@ impl<'a> Reader<'a> {
         }
         let experts = experts.ok_or_else(|| self.config_err("missing `num_experts`".into()))?;
         let top_k = self.usize_req("num_experts_per_tok")?;
-        let expert_ff = self.usize_req("moe_intermediate_size")?;
+        // OLMoE's experts are `intermediate_size` wide (it has no dense MLP).
+        let expert_ff = match self.usize_opt("moe_intermediate_size")? {
+            Some(w) => w,
+            None => self.usize_req("intermediate_size")?,
+        };
+        if self.get("clip_qkv").is_some_and(|v| !v.is_null()) {
+            return Err(self.unsupported("`clip_qkv` (Q, K and V clamped after the projections)".into()));
+        }
         // Qwen3MoeConfig's defaults.
         let norm_top_k = self.bool_opt("norm_topk_prob")?.unwrap_or(false);
         let step = self.usize_opt("decoder_sparse_step")?.unwrap_or(1);

@@ -48,6 +48,7 @@ fn every_fixture_loads_with_the_shapes_of_its_config() {
             "llama3-tiny",
             "mistral-tiny",
             "olmo2-tiny",
+            "olmoe-tiny",
             "phi3-tiny",
             "phi4-tiny",
             "qwen2-tiny-sharded",

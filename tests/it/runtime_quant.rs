@@ -313,7 +313,8 @@ fn norm_matmul_removes_the_norms_that_feed_projections() {
             // A mixture of experts keeps its norm: the router and the experts read the normed row.
             let moe_layers = (0..c.dims.num_layers).filter(|&l| c.moe_layer(l).is_some()).count();
             let kept_norms = if gemma && !base.residual_norm { 2 * c.dims.num_layers } else { 0 }
-                + if c.qk_norm && !base.qk_norm_rope { 2 * c.dims.num_layers } else { 0 }
+                // A q/k norm over the whole projection (OLMoE's) is a norm step of its own.
+                + if c.qk_norm && (!base.qk_norm_rope || c.qk_norm_projection()) { 2 * c.dims.num_layers } else { 0 }
                 + moe_layers;
             let norms = count(&d_on, Slot::Norm) + count(&d_on, Slot::ResidualNorm);
             assert_eq!(norms, kept_norms, "{}: {base:?}", dir.display());
