@@ -191,7 +191,7 @@ def expected_of(src: Path, tokens: list, n_new: int, state=None, config_changes=
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from make_fixtures import MIN_MARGIN, ROUTER_MIN_MARGIN, is_moe, router_hooks, router_margin
+    from make_fixtures import MIN_MARGIN, is_moe, record_router_margin, router_hooks
 
     config = AutoConfig.from_pretrained(src)
     for k, v in (config_changes or {}).items():
@@ -225,11 +225,7 @@ def expected_of(src: Path, tokens: list, n_new: int, state=None, config_changes=
         sys.exit(f"{src.name}: greedy choice too close to call on these weights (top-2 margin {margin:.4f})")
     g7 = lambda x: float(f"{x:.7g}")  # noqa: E731
     out = {"tokens": tokens, "logits": [[g7(v) for v in r] for r in logits.tolist()], "generated": generated}
-    if routed:
-        margin = router_margin(routed, config.num_experts_per_tok)
-        if margin < ROUTER_MIN_MARGIN:
-            sys.exit(f"{src.name}: expert choice too close to call on these weights (router margin {margin:.2e})")
-        out["router_margin"] = g7(margin)
+    record_router_margin(out, routed, config, f"{src.name}, on these weights")
     return out
 
 

@@ -524,12 +524,19 @@ def expected(model, config, seed):
         "generated": generated,
         "generated_logits": [[g7(v) for v in row] for row in gen_logits.tolist()],
     }
-    if routed:
-        rmargin = router_margin(routed, config.num_experts_per_tok)
-        if rmargin < ROUTER_MIN_MARGIN:
-            sys.exit(f"expert choice too close to call (router margin {rmargin:.2e}): change the seed or the init")
-        out["router_margin"] = g7(rmargin)
+    record_router_margin(out, routed, config, "change the seed or the init")
     return out
+
+
+def record_router_margin(out, routed, config, advice):
+    """For an MoE model (router logits `routed` seen): its router margin into
+    `out`, or an exit when it is under ROUTER_MIN_MARGIN."""
+    if not routed:
+        return
+    margin = router_margin(routed, config.num_experts_per_tok)
+    if margin < ROUTER_MIN_MARGIN:
+        sys.exit(f"expert choice too close to call (router margin {margin:.2e}): {advice}")
+    out["router_margin"] = g7(margin)
 
 
 def tensor_checks(out_dir):
