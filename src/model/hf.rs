@@ -424,6 +424,10 @@ impl<'a> Reader<'a> {
         if self.bool_opt("use_bidirectional_attention")? == Some(true) {
             return Err(self.unsupported("`use_bidirectional_attention: true` (an encoder, not a decoder)".into()));
         }
+        // OLMo's and OLMoE's option (null in the published configs).
+        if self.get("clip_qkv").is_some_and(|v| !v.is_null()) {
+            return Err(self.unsupported("`clip_qkv` (Q, K and V clamped after the projections)".into()));
+        }
         let (final_logit_softcapping, attn_logit_softcapping, query_pre_attn_scalar) = if f.soft_caps {
             (
                 self.f64_opt("final_logit_softcapping")?,
@@ -490,9 +494,6 @@ impl<'a> Reader<'a> {
             Some(w) => w,
             None => self.usize_req("intermediate_size")?,
         };
-        if self.get("clip_qkv").is_some_and(|v| !v.is_null()) {
-            return Err(self.unsupported("`clip_qkv` (Q, K and V clamped after the projections)".into()));
-        }
         // Qwen3MoeConfig's defaults.
         let norm_top_k = self.bool_opt("norm_topk_prob")?.unwrap_or(false);
         let step = self.usize_opt("decoder_sparse_step")?.unwrap_or(1);

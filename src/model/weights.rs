@@ -274,7 +274,7 @@ impl Weights {
             }
         }
         let mut weights = Weights { files: Vec::new(), gguf: vec![file.clone()], tensors, origin: path.display().to_string() };
-        weights.split_fused(&config)?;
+        weights.split_stacked(&config)?;
         Ok(GgufModel { config, ignored_keys, weights, file })
     }
 
@@ -441,10 +441,11 @@ impl Weights {
         Ok(meta)
     }
 
-    /// Fits the tensors to `config`: a family's fused projections split
-    /// ([`Weights::split_fused`]), then every tensor checked ([`Weights::check_config`]).
+    /// Fits the tensors to `config`: stacked experts and a family's fused
+    /// projections split ([`Weights::split_stacked`]), then every tensor checked
+    /// ([`Weights::check_config`]).
     pub fn fit_config(&mut self, config: &ModelConfig) -> Result<()> {
-        self.split_fused(config)?;
+        self.split_stacked(config)?;
         self.check_config(config)
     }
 
@@ -453,7 +454,6 @@ impl Weights {
     /// view of the one tensor (Q, K, V rows; gate rows, then up rows). A layer
     /// without them is left to [`Weights::check_config`] to name what is missing.
     fn split_fused(&mut self, config: &ModelConfig) -> Result<()> {
-        self.split_experts(config)?;
         if !config.architecture.family().fused_projections {
             return Ok(());
         }
@@ -478,6 +478,14 @@ impl Weights {
             }
         }
         Ok(())
+    }
+
+    /// Serves what a file stores stacked under the names the rest of ktune reads:
+    /// a mixture of experts' per-expert projections ([`Weights::split_experts`])
+    /// and a family's fused projections ([`Weights::split_fused`]).
+    fn split_stacked(&mut self, config: &ModelConfig) -> Result<()> {
+        self.split_experts(config)?;
+        self.split_fused(config)
     }
 
     /// Serves a mixture of experts' stacked projections (a GGUF file's
