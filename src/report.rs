@@ -235,6 +235,8 @@ pub struct VisionBench {
 pub struct BenchReport {
     pub device: String,
     pub model: String,
+    /// The model's decoder layers (what the table's dispatches a layer divide by).
+    pub layers: usize,
     pub prefill_tokens: usize,
     pub decode_tokens: usize,
     pub rounds: usize,

@@ -87,6 +87,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
     Ok(BenchReport {
         device: device.name(),
         model: m.name.clone(),
+        layers: m.config.dims.num_layers,
         prefill_tokens: args.prefill_tokens,
         decode_tokens: args.decode_tokens,
         rounds: args.rounds,

@@ -270,7 +270,7 @@ fn report(
         *other_formats.entry(*d).or_insert(0usize) += 1;
     }
     let decode_tps = if decode_seconds > 0.0 { decode_tokens as f64 / decode_seconds } else { 0.0 };
-    let weight_bytes = engine.plan.weight_bytes();
+    let weight_bytes = engine.plan.decode_read_bytes();
     Ok(RunReport {
         device: device.name(),
         backend: device.backend_name(),

@@ -1,7 +1,8 @@
 //! `bench` as a table of throughputs with their intervals (and, with `--image`,
 //! each entry's milliseconds per image through the vision tower; with `--kld`,
 //! each entry's divergence from the f32 reference), with the host's µs, the GPU's
-//! ms (timestamps) and the bytes read back per decode token.
+//! ms (timestamps), the bytes read back and (on a GPU) the dispatches per layer of
+//! a decode token.
 
 use tabled::settings::Style;
 
@@ -27,6 +28,7 @@ impl Report for BenchReport {
             "host µs/token",
             "GPU ms/token",
             "read back/token",
+            "dispatches/layer",
         ];
         if r.image.is_some() {
             head.extend(["vision ms/image (95% CI)", "vision time / first"]);
@@ -46,6 +48,9 @@ impl Report for BenchReport {
                 format!("{:.0}% ({:.0}–{:.0})", e.decode_pct_of_bound.median, e.decode_pct_of_bound.ci[0], e.decode_pct_of_bound.ci[1]),
             ];
             row.extend(decode_cost_cells(e.decode_counters.as_ref()));
+            // A decode token's dispatches (the LM head's and the pick's included) over the layers.
+            let gpu = e.decode_counters.as_ref().and_then(|c| c.gpu.as_ref());
+            row.push(gpu.map_or("-".into(), |g| format!("{:.2}", g.dispatches / r.layers.max(1) as f64)));
             if r.image.is_some() {
                 match &e.vision {
                     Some(v) => {

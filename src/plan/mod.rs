@@ -5,7 +5,11 @@
 //! One builder serves the runtime and the tuner: what the tuner measures is what
 //! `run` executes. The plan records which kernel variant serves each slot in each
 //! layer; fusion choices ([`Fusion`]) change which steps exist (`norm_matmul` only
-//! in decode: the RMSNorms that feed projections become their prologue).
+//! in decode: the RMSNorms that feed projections become their prologue). A fusion
+//! whose parts a file stores in different block formats (a published Q4_K_M's
+//! Q6_K values beside Q4_K queries) is, on a GPU, also a stacked weight of
+//! per-operand formats, which the decode chain's norm-fused projection reads in
+//! one dispatch; the other passes read its parts.
 
 pub mod select;
 pub mod vision;
@@ -16,7 +20,7 @@ use serde::Serialize;
 
 pub use select::{Choice, Selection, Slot};
 
-use crate::kernels::{Activation, DType, KernelDef, NormResidual, Op, Problem, RopeLayout};
+use crate::kernels::{Activation, DType, KernelDef, NormResidual, Op, Problem, RopeLayout, RowFormats};
 use crate::model::{LayerKind, ModelConfig, RopeScaling};
 
 /// Errors building a plan.
@@ -182,6 +186,11 @@ pub struct BufferDecl {
     pub len: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<WeightSource>,
+    /// A weight stacked from row blocks in different block formats (`dtype` is
+    /// the first block's): the per-operand formats of a fused projection whose
+    /// parts a file stores differently ([`Plan::stacked_weight`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub formats: Option<RowFormats>,
     /// RoPE frequencies for constants.
     #[serde(skip)]
     pub constant: Option<Vec<f32>>,
@@ -189,7 +198,13 @@ pub struct BufferDecl {
 
 impl BufferDecl {
     pub fn bytes(&self) -> u64 {
-        self.dtype.bytes_for(self.len)
+        match self.formats {
+            Some(f) => {
+                let cols = self.len / f.rows().max(1);
+                f.parts().iter().map(|&(rows, q)| DType::from(q).bytes_for(rows as usize * cols)).sum()
+            }
+            None => self.dtype.bytes_for(self.len),
+        }
     }
 }
 
@@ -475,7 +490,7 @@ impl Plan {
     fn add(&mut self, name: String, role: BufRole, dtype: DType, len: usize, source: Option<WeightSource>) -> BufId {
         let id = self.buffers.len();
         self.names.insert(name.clone(), id);
-        self.buffers.push(BufferDecl { name, role, dtype, len, source, constant: None });
+        self.buffers.push(BufferDecl { name, role, dtype, len, source, formats: None, constant: None });
         id
     }
 
@@ -496,6 +511,52 @@ impl Plan {
         let fits = d.bytes_for(len).saturating_add(512) <= self.binding_limit();
         (fits && parts.iter().all(|p| self.options.matrix_dtype(p) == d))
             .then(|| self.add(name, BufRole::Weight, d, len, Some(WeightSource::Concat(parts))))
+    }
+
+    /// Where the `(tensor, rows)` parts of a fusion (rows of `cols` columns) are
+    /// stored in different block formats: a weight stacked from them in their own
+    /// formats, which the decode chain's norm-fused projection reads in one
+    /// dispatch (per-operand formats); the plan lays out the parts as well, for the
+    /// passes whose kernels read one format. Only on a GPU, where a dispatch
+    /// costs what the CPU's function call does not, and only with the norm fused
+    /// into the projections (the one consumer); None otherwise.
+    fn stacked_weight(&mut self, name: String, parts: &[(String, usize)], cols: usize) -> Option<BufId> {
+        let gpu = matches!(self.selection.device, select::DeviceCaps::Gpu(_));
+        if !gpu || !self.options.fusion.norm_matmul {
+            return None;
+        }
+        let formats: Option<Vec<_>> = parts.iter().map(|(p, rows)| Some((*rows, self.options.matrix_dtype(p).quant()?))).collect();
+        let formats = RowFormats::new(&formats?)?;
+        // Only where a kernel of the device reads it (a gate/up with its activation).
+        let c = &self.config;
+        let act = (parts.len() == 2).then_some(if c.is_gelu() { Activation::GeluTanh } else { Activation::Silu });
+        let n = if act.is_some() { formats.rows() / 2 } else { formats.rows() };
+        let (eps, unit_offset) = (c.norm_eps() as f32, c.norm_unit_offset);
+        let p = Problem::NormGemv { n, k: cols, eps, unit_offset, residual: NormResidual::None, act, formats: Some(formats) };
+        let first = DType::from(formats.parts()[0].1);
+        self.selection.choose(Slot::NormMatmul, Regime::Decode, None, &p, first).ok()?;
+        let decl = BufferDecl {
+            name,
+            role: BufRole::Weight,
+            dtype: first,
+            len: formats.rows() * cols,
+            source: Some(WeightSource::Concat(parts.iter().map(|(p, _)| p.clone()).collect())),
+            formats: Some(formats),
+            constant: None,
+        };
+        // It must fit one binding, with room for the layout's alignment padding.
+        if decl.bytes().saturating_add(1024) > self.binding_limit() {
+            return None;
+        }
+        let id = self.buffers.len();
+        self.names.insert(decl.name.clone(), id);
+        self.buffers.push(decl);
+        Some(id)
+    }
+
+    /// Whether buffer `b` is a stacked weight of per-operand formats.
+    fn stacked(&self, b: BufId) -> bool {
+        self.buffers.get(b).is_some_and(|d| d.formats.is_some())
     }
 
     /// Norm gains: in the weight dtype, or f32 when the matrices are quantized.
@@ -613,6 +674,10 @@ impl Plan {
         }
         let names = ["q_proj", "k_proj", "v_proj"].map(|s| p(&format!("self_attn.{s}.weight")));
         let fused_qkv = self.options.fusion.qkv && self.fused_weight(format!("L{l}.wqkv"), (nq + 2 * nkv) * h, names.to_vec()).is_some();
+        if self.options.fusion.qkv && !fused_qkv {
+            let parts = [(names[0].clone(), nq), (names[1].clone(), nkv), (names[2].clone(), nkv)];
+            self.stacked_weight(format!("L{l}.wqkv"), &parts, h);
+        }
         if fused_qkv {
             if c.attention_bias {
                 let b = ["q_proj", "k_proj", "v_proj"].map(|s| p(&format!("self_attn.{s}.bias"))).to_vec();
@@ -633,7 +698,10 @@ impl Plan {
             self.expert_weights(l, m, h)?;
         } else {
             let gu = vec![p("mlp.gate_proj.weight"), p("mlp.up_proj.weight")];
-            if !(self.options.fusion.gate_up && self.fused_weight(format!("L{l}.wgu"), 2 * inter * h, gu).is_some()) {
+            if !(self.options.fusion.gate_up && self.fused_weight(format!("L{l}.wgu"), 2 * inter * h, gu.clone()).is_some()) {
+                if self.options.fusion.gate_up {
+                    self.stacked_weight(format!("L{l}.wgu"), &[(gu[0].clone(), inter), (gu[1].clone(), inter)], h);
+                }
                 self.weight(format!("L{l}.wg"), inter * h, &p("mlp.gate_proj.weight"));
                 self.weight(format!("L{l}.wu"), inter * h, &p("mlp.up_proj.weight"));
             }
@@ -733,6 +801,16 @@ impl Plan {
     /// embedding table is not one (the runtime copies a token's row outside the
     /// plan) unless it is also the LM head, which reads all of it.
     pub fn decode_read_bytes(&self) -> u64 {
+        // A stacked weight's parts are what prefill reads; decode reads the stack.
+        let shadowed: u64 = (0..self.config.dims.num_layers)
+            .flat_map(|l| {
+                let w = self.lw(l);
+                let qkv = w.wqkv.filter(|&b| self.stacked(b)).map(|_| [w.wq, w.wk, w.wv]);
+                let gu = w.wgu.filter(|&b| self.stacked(b)).map(|_| [w.wg, w.wu, None]);
+                qkv.into_iter().chain(gu).flatten().flatten()
+            })
+            .map(|b| self.buffers[b].bytes())
+            .sum();
         let idle: u64 = (0..self.config.dims.num_layers)
             .filter_map(|l| Some((self.config.moe_layer(l)?, self.lw(l).moe?)))
             .map(|(m, [_, gu, d])| {
@@ -740,7 +818,7 @@ impl Plan {
                 bytes / m.experts as u64 * (m.experts - m.top_k.min(m.experts)) as u64
             })
             .sum();
-        self.weight_bytes() - idle
+        self.weight_bytes() - idle - shadowed
     }
 
     /// Steps of one forward pass over `tokens` tokens at positions `pos0..pos0+tokens`.
@@ -953,6 +1031,15 @@ impl Emitter<'_> {
         let outputs = specs.iter().enumerate().filter(|(_, s)| s.is_output()).fold(0u32, |m, (i, _)| m | (1 << i));
         for (spec, &b) in specs.iter().zip(&binds) {
             let decl = &self.plan.buffers[b];
+            // A stacked weight only where the problem reads its per-operand formats.
+            if decl.formats.is_some() && decl.formats != problem.formats() {
+                return Err(PlanError::Unsupported(format!(
+                    "`{}` stacks per-operand formats ({}) that {} does not read",
+                    decl.name,
+                    decl.formats.map(|f| f.describe()).unwrap_or_default(),
+                    problem.describe()
+                )));
+            }
             if decl.len < spec.len() || decl.dtype != spec.dtype {
                 return Err(PlanError::Shape {
                     name: format!("{} ({} as {})", decl.name, decl.dtype, spec.dtype),
@@ -1017,7 +1104,7 @@ impl Emitter<'_> {
         pending: Option<Pending>,
         act: Option<Activation>,
     ) -> Result<(), PlanError> {
-        let p = self.chain_problem(n, k, pending.map_or(NormResidual::None, Pending::residual), act);
+        let p = self.chain_problem(n, k, w, pending.map_or(NormResidual::None, Pending::residual), act);
         let mut binds = vec![x];
         binds.extend(pending.iter().flat_map(|p| std::iter::once(p.branch).chain(p.gain)));
         binds.extend([g, w, y]);
@@ -1026,16 +1113,17 @@ impl Emitter<'_> {
     }
 
     /// The [`Problem::NormGemv`] of [`Emitter::norm_gemv_chain`].
-    fn chain_problem(&self, n: usize, k: usize, residual: NormResidual, act: Option<Activation>) -> Problem {
+    fn chain_problem(&self, n: usize, k: usize, w: BufId, residual: NormResidual, act: Option<Activation>) -> Problem {
         let c = &self.plan.config;
-        Problem::NormGemv { n, k, eps: c.norm_eps() as f32, unit_offset: c.norm_unit_offset, residual, act }
+        let formats = self.plan.buffers.get(w).and_then(|d| d.formats);
+        Problem::NormGemv { n, k, eps: c.norm_eps() as f32, unit_offset: c.norm_unit_offset, residual, act, formats }
     }
 
     /// Whether a kernel of this engine runs the norm-fused projection `n` x `k` over
     /// weight `w` with that residual prologue and activation (the WGSL ones without
     /// subgroups run the plain form only: the plan keeps the separate steps there).
     fn chain_runs(&self, l: Option<usize>, n: usize, k: usize, w: BufId, residual: NormResidual, act: Option<Activation>) -> bool {
-        let p = self.chain_problem(n, k, residual, act);
+        let p = self.chain_problem(n, k, w, residual, act);
         self.plan.selection.choose(Slot::NormMatmul, self.regime, l, &p, self.plan.dtype_of(w)).is_ok()
     }
 
@@ -1121,10 +1209,13 @@ impl Emitter<'_> {
         let (h, nq, nkv) = (c.dims.hidden_size, c.q_dim(), c.kv_dim());
         let id = |n: &str| plan.id(n);
         let (xn, q, k, v) = (id("xn"), id("q"), id("k"), id("v"));
-        // A layer whose parts differ in storage type runs them unfused.
-        let fused_qkv = f.qkv && w.wqkv.is_some();
+        // A layer whose parts differ in storage type runs them unfused, but in the
+        // norm-fused decode projection where a kernel takes per-operand formats.
         let li = Some(l);
         let wqkv = w.wqkv.unwrap_or(usize::MAX);
+        let fused_qkv = f.qkv
+            && w.wqkv.is_some()
+            && (!plan.stacked(wqkv) || nm && self.chain_runs(li, nq + 2 * nkv, h, wqkv, NormResidual::None, None));
         let qkv_folds = nm && fused_qkv && s.pending.is_some_and(|p| self.chain_runs(li, nq + 2 * nkv, h, wqkv, p.residual(), None));
         if let Some(p) = s.pending.take_if(|_| !qkv_folds) {
             self.add_pending(li, plan.x[s.cur], p, id("dn"))?;
@@ -1262,13 +1353,15 @@ impl Emitter<'_> {
         // Sandwich norms (Gemma 3): each branch normalized before its residual add
         // (OLMo 2 too, and no norm before the MLP).
         let (sandwich, branch, pre) = (c.sandwich_norms(), c.branch_norms(), c.pre_norms());
-        let fused_gu = plan.options.fusion.gate_up && w.wgu.is_some();
         let (x, other) = (plan.x[s.cur], plan.x[1 - s.cur]);
         let mlp_norm = if sandwich { w.pre_ff_ln.unwrap_or(usize::MAX) } else { w.post_attn_ln };
         // The fused gate/up as a norm-fused projection (with the residual in its
-        // prologue when folding), where this engine has a kernel for it.
+        // prologue when folding), where this engine has a kernel for it; a gate/up
+        // of per-operand formats only so (the other passes read its parts).
         let wgu = w.wgu.unwrap_or(usize::MAX);
-        let gu_nm = nm && fused_gu && self.chain_runs(li, inter, h, wgu, NormResidual::None, Some(s.act));
+        let gu_nm =
+            nm && plan.options.fusion.gate_up && w.wgu.is_some() && self.chain_runs(li, inter, h, wgu, NormResidual::None, Some(s.act));
+        let fused_gu = plan.options.fusion.gate_up && w.wgu.is_some() && (gu_nm || !plan.stacked(wgu));
         let post = if sandwich { NormResidual::Normed } else { NormResidual::Add };
         let gu_folds = gu_nm && s.fold && self.chain_runs(li, inter, h, wgu, post, Some(s.act));
         if s.fold {

@@ -9,7 +9,7 @@ use half::f16;
 
 use super::{RuntimeError, SlotTimes};
 use crate::kernels::memory::huge_pages;
-use crate::kernels::quant::QMatrix;
+use crate::kernels::quant::{QMatrix, QStack};
 use crate::kernels::{CpuArgs, CpuIn, DType};
 use crate::plan::{BufId, Plan, Plumb, Step, StepKind};
 
@@ -20,6 +20,9 @@ pub enum HostBuf {
     F16(Vec<f16>),
     /// A block-quantized weight matrix.
     Q(QMatrix),
+    /// A weight stacked from row blocks in different block formats (per-operand
+    /// formats: a fused projection whose parts the file stores differently).
+    Stack(QStack),
     /// A weight shared with other engines of the same model (read only).
     Shared(std::sync::Arc<HostBuf>),
 }
@@ -32,6 +35,7 @@ impl HostBuf {
             HostBuf::F32(v) => huge_pages(v),
             HostBuf::F16(v) => huge_pages(v),
             HostBuf::Q(m) => m.huge_pages(),
+            HostBuf::Stack(st) => st.parts.iter().for_each(QMatrix::huge_pages),
             HostBuf::Shared(b) => b.back_with_huge_pages(),
         }
     }
@@ -53,6 +57,14 @@ impl HostBuf {
                 let r0 = first / m.cols.max(1);
                 m.scale_rows(|r| scale.of(r0 + r));
                 HostBuf::Q(m)
+            }
+            HostBuf::Stack(mut st) => {
+                let mut r0 = first / st.cols().max(1);
+                for m in &mut st.parts {
+                    m.scale_rows(|r| scale.of(r0 + r));
+                    r0 += m.rows;
+                }
+                HostBuf::Stack(st)
             }
             HostBuf::Shared(b) => std::sync::Arc::unwrap_or_clone(b).scaled(first, scale),
         }
@@ -81,6 +93,7 @@ impl HostBuf {
             HostBuf::F32(v) => CpuIn::F32(v),
             HostBuf::F16(v) => CpuIn::F16(v),
             HostBuf::Q(m) => CpuIn::Q(m.view()),
+            HostBuf::Stack(st) => CpuIn::Stack(st),
             HostBuf::Shared(b) => b.as_in(),
         }
     }
@@ -90,6 +103,7 @@ impl HostBuf {
             HostBuf::F32(v) => v.len(),
             HostBuf::F16(v) => v.len(),
             HostBuf::Q(m) => m.rows * m.cols,
+            HostBuf::Stack(st) => st.rows() * st.cols(),
             HostBuf::Shared(b) => b.len(),
         }
     }
@@ -100,6 +114,7 @@ impl HostBuf {
             HostBuf::F32(v) => bytemuck::cast_slice(&v).to_vec(),
             HostBuf::F16(v) => bytemuck::cast_slice::<f16, u8>(&v).to_vec(),
             HostBuf::Q(m) => m.gpu_bytes(),
+            HostBuf::Stack(st) => st.gpu_bytes(),
             HostBuf::Shared(b) => std::sync::Arc::unwrap_or_clone(b).into_bytes(),
         }
     }
@@ -365,7 +380,7 @@ impl CpuExec {
                                 }
                             }
                         }
-                        HostBuf::Q(_) | HostBuf::Shared(_) => {
+                        HostBuf::Q(_) | HostBuf::Stack(_) | HostBuf::Shared(_) => {
                             return Err(RuntimeError::Internal("kv_write: the KV cache is never quantized or shared".into()));
                         }
                         HostBuf::F16(c) => {

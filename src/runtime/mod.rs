@@ -20,7 +20,7 @@ use half::f16;
 use serde::Serialize;
 
 use crate::gpu::GpuCtx;
-use crate::kernels::quant::QMatrix;
+use crate::kernels::quant::{QMatrix, QStack};
 use crate::kernels::sample::{Sampler, SamplerParams, SamplerState};
 use crate::kernels::{DType, KernelError};
 use crate::plan::{BufId, BufRole, Plan, PlanError, Slot, WeightSource};
@@ -265,6 +265,19 @@ fn load_buffer(plan: &Plan, store: &dyn TensorStore, i: usize) -> Result<Option<
     };
     let hb = match src {
         WeightSource::Tensor(name) => scaled(name, 0, store.load(name, b.dtype, b.len)?),
+        WeightSource::Concat(names) if let Some(f) = b.formats => {
+            // Per-operand formats: each part loaded in its own format, stacked.
+            let cols = b.len / f.rows().max(1);
+            let parts = names
+                .iter()
+                .zip(f.parts())
+                .map(|(n, &(rows, q))| match scaled(n, 0, store.load(n, q.into(), rows as usize * cols)?).owned() {
+                    HostBuf::Q(m) => Ok(m),
+                    _ => Err(RuntimeError::Internal(format!("`{n}` did not load as {q} blocks"))),
+                })
+                .collect::<Result<Vec<_>, RuntimeError>>()?;
+            HostBuf::Stack(QStack::new(parts).map_err(|e| RuntimeError::Internal(format!("`{}`: {e}", b.name)))?)
+        }
         WeightSource::Concat(names) => {
             let per = b.len / names.len().max(1);
             let lens = concat_lens(plan, names, b.len, per);
@@ -411,7 +424,7 @@ impl Engine {
         reserve_cpu_spares(&plan);
         let exec = CpuExec::new(&plan, |i| {
             let b = &plan.buffers[i];
-            let key = format!("{:?}|{}|{}|{:?}", b.source, b.dtype.name(), b.len, plan.options.cpu_repack);
+            let key = format!("{:?}|{}|{:?}|{}|{:?}", b.source, b.dtype.name(), b.formats, b.len, plan.options.cpu_repack);
             if b.role == BufRole::Weight
                 && let Ok(m) = memo.bufs.lock()
                 && let Some(hit) = m.get(&key)

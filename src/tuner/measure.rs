@@ -567,3 +567,50 @@ mod tests {
         assert!(r.program(0, 3).is_none());
     }
 }
+
+/// A measurement, not a check (ignored; run it on the device at hand): the
+/// norm-fused GEMV over a stacked weight of per-operand formats (Gemma 3 270M's
+/// mixed layers: Q5_0 queries and keys, Q8_0 values, k 640) against the same
+/// kernel over one format at the same size and the three parts on their own, timed
+/// by the tuner's own interleaved runner:
+/// `CI=true cargo test --release --lib stacked_norm_gemv_timing -- --ignored --nocapture`.
+#[cfg(test)]
+mod stacked_timing {
+    use super::*;
+    use crate::kernels::quant::QFormat;
+    use crate::kernels::{NormResidual, Problem, RowFormats, find};
+
+    #[test]
+    #[ignore]
+    fn stacked_norm_gemv_timing() {
+        let Some(gpu) = crate::testing::test_gpu() else { return };
+        let k = find("norm_gemv_q_subgroup").expect("registered");
+        let p = |n, formats, residual| Problem::NormGemv { n, k: 640, eps: 1e-6, unit_offset: true, residual, act: None, formats };
+        let stack = RowFormats::new(&[(1024, QFormat::Q5_0), (256, QFormat::Q5_0), (256, QFormat::Q8_0)]);
+        let cases = [
+            ("stack, normed residual", p(1536, stack, NormResidual::Normed), DType::Q5_0),
+            ("q5_0 1536, normed residual", p(1536, None, NormResidual::Normed), DType::Q5_0),
+            ("stack", p(1536, stack, NormResidual::None), DType::Q5_0),
+            ("q5_0 1536", p(1536, None, NormResidual::None), DType::Q5_0),
+            ("q8_0 1536", p(1536, None, NormResidual::None), DType::Q8_0),
+            ("q5_0 1024", p(1024, None, NormResidual::None), DType::Q5_0),
+            ("q5_0 256", p(256, None, NormResidual::None), DType::Q5_0),
+            ("q8_0 256", p(256, None, NormResidual::None), DType::Q8_0),
+        ];
+        let mut runners: Vec<(&str, Workload, Runner)> = cases
+            .into_iter()
+            .map(|(name, p, d)| {
+                let w = Workload::new(vec![(p, 1)], d, Some(gpu.clone()), 1, 64 << 20);
+                let r = Runner::new(Cand { kernel: k, params: k.default_params() }, &w);
+                (name, w, r)
+            })
+            .collect();
+        for _ in 0..30 {
+            runners.iter_mut().for_each(|(_, w, r)| r.sample(w));
+        }
+        for (name, _, r) in &runners {
+            let s = r.stats();
+            eprintln!("{name}: median {:.1} µs (95% CI {:.1}–{:.1})", s.median * 1e6, s.ci[0] * 1e6, s.ci[1] * 1e6);
+        }
+    }
+}

@@ -167,6 +167,45 @@ fn projections_mixing_f16_and_block_formats_decode() {
     }
 }
 
+/// The llama-quantize K-quant mixes store some layers' values in another format
+/// than their queries and keys (Q4_K_M: Q6_K `attn_v` in some layers; Q3_K_M: Q5_K
+/// in all): on the GPU those layers' fused Q/K/V is a stack of per-operand
+/// formats, which the decode chain's norm-fused projection reads in one
+/// dispatch, so a mixed layer decodes in the dispatches of a uniform one; the
+/// decode logits are the unfused plan's within 1e-4 of the scale.
+#[test]
+fn gpu_mixed_qkv_layers_decode_as_one_stacked_projection() {
+    let Some(gpu) = test_gpu() else { return };
+    for name in ["llama-k-q4_k_m.gguf", "llama-k-q3_k_m.gguf"] {
+        let path = dir().join(name);
+        let m = load_gguf(&path, None).expect("fixture loads");
+        let plan = |fusion| {
+            let opts = options(&m, fusion, None, 4, 8, &[]);
+            Plan::new("mixed", &m.config, opts, Selection::defaults(DeviceCaps::Gpu(gpu.caps.clone()))).expect("plan")
+        };
+        let fused = plan(Fusion::ALL);
+        let stacked: Vec<&str> = fused.buffers.iter().filter(|b| b.formats.is_some()).map(|b| b.name.as_str()).collect();
+        assert!(stacked.iter().any(|n| n.ends_with(".wqkv")), "{name}: no stacked Q/K/V in {stacked:?}");
+        // Every layer's decode steps: as many as any other layer's.
+        let steps = fused.steps(1, 4).expect("decode steps");
+        let per_layer: Vec<usize> = (0..m.config.dims.num_layers).map(|l| steps.iter().filter(|s| s.layer == Some(l)).count()).collect();
+        let reads_stack =
+            steps.iter().any(|s| matches!(&s.kind, ktune::plan::StepKind::Kernel { problem, .. } if problem.formats().is_some()));
+        assert!(reads_stack, "{name}: no decode step reads the stack");
+        assert!(per_layer[1..].iter().all(|&n| n == per_layer[1]), "{name}: decode steps per layer {per_layer:?}");
+        let rows = |p: Plan| {
+            let mut e = Engine::gpu(p, m.weights.clone(), gpu.clone(), true).expect("engine");
+            let mut rows = e.forward(&[1, 6, 9, 12]).expect("prefill");
+            for t in [7, 8, 15] {
+                rows.extend(e.forward(&[t]).expect("decode"));
+            }
+            rows
+        };
+        let rel = crate::common::rel_err(&rows(fused), &rows(plan(Fusion::NONE)));
+        assert!(rel < 1e-4, "{name}: stacked decode differs from unfused by {rel:.2e} of the scale");
+    }
+}
+
 /// Q4_K matrices repacked at load (`execution.cpuRepack: [q4_k]`, 8-row records)
 /// on the llama-quantize Q4_K_M fixture, whose Q4_K matrices all have whole 8-row
 /// groups: with the exact selection (f32 activations, blocks gathered back) it

@@ -13,30 +13,16 @@
 // h by the first workgroup; with an activation the weight is the fused gate/up
 // [2n, k] and y[r] = act(gate) * up. Without them the host binds x, g and y in
 // place of r, g_r and h (never read or written).
-// Includes: norm_gemv_q.wgsl (interface), qblock.wgsl (block decoding), act.wgsl,
-// norm_gemv_sg.wgsl (prologue, rows).
-// Requires: grid_sg.wgsl, grid.wgsl, norm_gemv_sg.wgsl.
+// Includes: norm_gemv_q.wgsl (interface), norm_gemv_q_sg.wgsl (the prologue's
+// bindings and gains, the entry point), qblock.wgsl (block decoding), act.wgsl,
+// norm_gemv_sg.wgsl (prologue, rows). Its twin over a weight of per-operand
+// formats: norm_gemv_qmix_subgroup.wgsl.
+// Requires: grid_sg.wgsl, grid.wgsl, norm_gemv_sg.wgsl, norm_gemv_q_sg.wgsl.
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
 override QFMT: u32 = 0u;
 override K4: u32 = 1u;
-
-@group(0) @binding(6) var<storage, read> r: array<vec4<f32>>;
-@group(0) @binding(8) var<storage, read> g_r: array<vec4<f32>>;
-@group(0) @binding(9) var<storage, read_write> h: array<f32>;
-
-// x·g' (the normalized input before its 1 / rms), by vec4.
-var<workgroup> xa: array<vec4<f32>, K4>;
-var<workgroup> sums: array<f32, WG>;
-
-// The norm's and the residual norm's gains of vec4 c as applied (prologue()).
-fn gain(c: u32) -> vec4<f32> {
-    return g[c] + vec4<f32>(select(0.0, 1.0, dims.unit_offset != 0u));
-}
-fn gain_r(c: u32) -> vec4<f32> {
-    return g_r[c] + vec4<f32>(select(0.0, 1.0, dims.unit_offset != 0u));
-}
 
 // This lane's partial dots of row `row` with xa: (gate or the row, up), striding
 // over the row's quant units.
@@ -64,10 +50,4 @@ fn lane_dots(s: SgGrid, row: u32) -> vec2<f32> {
         }
     }
     return acc;
-}
-
-@compute @workgroup_size(WG)
-fn main(s: SgGrid) {
-    let first = wg_linear(s.wid, s.nwg);
-    rows(s, first, prologue(s, first));
 }

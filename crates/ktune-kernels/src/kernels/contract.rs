@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use half::f16;
 use serde::Serialize;
 
-use super::problem::{Op, Problem};
+use super::problem::{Op, Problem, Role};
 use super::quant::{self, DType};
 use crate::device::{Backend, Caps, CpuCaps, GpuCaps};
 use crate::gpu::{GpuCtx, GpuProgram, Shader};
@@ -131,6 +131,9 @@ pub enum CpuIn<'a> {
     F16(&'a [f16]),
     /// A block-quantized matrix (quants and scales of [`quant::QMatrix`]).
     Q(quant::QView<'a>),
+    /// A matrix stacked from row blocks in different block formats (a weight of
+    /// per-operand formats, [`Problem::formats`]).
+    Stack(&'a quant::QStack),
 }
 
 impl<'a> CpuIn<'a> {
@@ -140,6 +143,7 @@ impl<'a> CpuIn<'a> {
             CpuIn::F32(s) => s.len(),
             CpuIn::F16(s) => s.len(),
             CpuIn::Q(q) => q.elems(),
+            CpuIn::Stack(s) => s.rows() * s.cols(),
         }
     }
     pub fn is_empty(&self) -> bool {
@@ -150,6 +154,8 @@ impl<'a> CpuIn<'a> {
             CpuIn::F32(_) => DType::F32,
             CpuIn::F16(_) => DType::F16,
             CpuIn::Q(q) => q.format.into(),
+            // A stack's kernels run as its first part's format (`KernelDef::check`).
+            CpuIn::Stack(s) => s.parts.first().map_or(DType::F32, |p| p.format.into()),
         }
     }
     /// The quantized view, for buffers declared quantized.
@@ -165,7 +171,7 @@ impl<'a> CpuIn<'a> {
             CpuIn::F32(s) => s,
             // The registry checks dtypes against the op's buffer specs before a
             // kernel runs, so an f16 activation never reaches here.
-            CpuIn::F16(_) | CpuIn::Q(_) => &[],
+            CpuIn::F16(_) | CpuIn::Q(_) | CpuIn::Stack(_) => &[],
         }
     }
     /// Element `i` widened to f32 (dequantized for a quantized matrix).
@@ -175,6 +181,17 @@ impl<'a> CpuIn<'a> {
             CpuIn::F32(s) => s[i],
             CpuIn::F16(s) => s[i].to_f32(),
             CpuIn::Q(q) => q.get(i),
+            CpuIn::Stack(s) => {
+                let mut i = i;
+                for p in &s.parts {
+                    let n = p.rows * p.cols;
+                    if i < n {
+                        return p.view().get(i);
+                    }
+                    i -= n;
+                }
+                0.0
+            }
         }
     }
 }
@@ -274,6 +291,9 @@ pub struct KernelDef {
     pub dtypes: &'static [DType],
     pub params: &'static [ParamSpec],
     pub imp: Impl,
+    /// Whether it takes per-operand formats ([`Problem::formats`]: a weight
+    /// stacked from row blocks in different block formats).
+    pub stacks: bool,
 }
 
 impl WgslImpl {
@@ -359,7 +379,12 @@ impl KernelDef {
         summary: &'static str,
         imp: impl Into<Impl>,
     ) -> KernelDef {
-        KernelDef { id, op, summary, dtypes, params, imp: imp.into() }
+        KernelDef { id, op, summary, dtypes, params, imp: imp.into(), stacks: false }
+    }
+
+    /// This kernel with per-operand formats taken ([`KernelDef::stacks`]).
+    pub fn stacks(self) -> KernelDef {
+        KernelDef { stacks: true, ..self }
     }
 }
 
@@ -435,6 +460,18 @@ impl KernelDef {
         }
         if !self.dtypes.contains(&dtype) {
             return Err(format!("no {dtype} variant"));
+        }
+        if let Some(f) = problem.formats() {
+            if !self.stacks {
+                return Err(format!("reads its weight in one format, not per-operand formats ({f})"));
+            }
+            if f.parts().first().is_none_or(|p| DType::from(p.1) != dtype) {
+                return Err(format!("per-operand formats ({f}) run as their first part's format, not {dtype}"));
+            }
+            let rows = problem.buffers(dtype).iter().find(|b| b.role == Role::Weight && b.id == "w").and_then(|b| b.shape.first().copied());
+            if rows != Some(f.rows()) {
+                return Err(format!("per-operand formats ({f}) cover {} rows, the weight has {}", f.rows(), rows.unwrap_or(0)));
+            }
         }
         self.check_params(params)?;
         match (&self.imp, caps) {
@@ -682,7 +719,8 @@ pub fn check_blocks(prob: &Problem, dtype: DType) -> Result<(), String> {
     if !dtype.is_quant() {
         return Err(format!("{dtype} is not a quantized format"));
     }
-    let be = dtype.quant().map_or(1, |f| f.block_elems());
+    // Per-operand formats: every part's rows whole blocks of its format.
+    let be = prob.formats().map_or_else(|| dtype.quant().map_or(1, |f| f.block_elems()), |f| f.block_elems());
     match depth(prob) {
         Some(k) if k == 0 || !k.is_multiple_of(be) => {
             Err(format!("k = {k} is not a positive multiple of {be} (the {dtype} block size); quantized rows are whole blocks"))

@@ -46,7 +46,7 @@ pub use contract::{
     WgslPrepareFn, WgslSetup, cpu_any, native_f16, no_shared, outs, packed_f16, param, pass_position, variant_label, wgsl_any, wrong_op,
 };
 pub use problem::{Activation, BufSpec, NormResidual, Op, Problem, Role, RopeLayout, attention_keys};
-pub use quant::DType;
+pub use quant::{DType, QStack, RowFormats};
 
 pub use crate::device::{Backend, Caps};
 use crate::gpu::Shader;

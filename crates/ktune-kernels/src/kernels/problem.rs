@@ -11,7 +11,7 @@
 
 use serde::Serialize;
 
-use super::quant::DType;
+use super::quant::{DType, QFormat, RowFormats};
 
 /// What a buffer is for (its `role`): decides its dtype and how the
 /// runtime lays it out.
@@ -235,6 +235,11 @@ pub enum Problem {
         residual: NormResidual,
         #[serde(skip_serializing_if = "Option::is_none")]
         act: Option<Activation>,
+        /// Per-operand formats: the weight is a stack of row blocks in different
+        /// block formats (a fused Q/K/V or gate/up of a file that mixes them;
+        /// the kernel's dtype is the first block's); None: all of `dtype`.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        formats: Option<RowFormats>,
     },
     /// One decode token's fused Q/K/V row `qkv[heads + 2 kv_heads, head_dim]` (q heads,
     /// then k heads, then v heads, as the fused QKV projection writes them) split,
@@ -392,7 +397,16 @@ fn b(id: &'static str, role: Role, dims: &[&'static str], shape: &[usize], dtype
 impl Problem {
     /// A plain [`Problem::NormGemv`]: no residual, no activation.
     pub fn norm_gemv(n: usize, k: usize, eps: f32, unit_offset: bool) -> Problem {
-        Problem::NormGemv { n, k, eps, unit_offset, residual: NormResidual::None, act: None }
+        Problem::NormGemv { n, k, eps, unit_offset, residual: NormResidual::None, act: None, formats: None }
+    }
+
+    /// The per-operand formats of the problem's weight, where it is a stack of row
+    /// blocks in different block formats ([`Problem::NormGemv`]'s `formats`).
+    pub fn formats(&self) -> Option<RowFormats> {
+        match *self {
+            Problem::NormGemv { formats, .. } => formats,
+            _ => None,
+        }
     }
 
     pub fn op(&self) -> Op {
@@ -672,6 +686,16 @@ impl Problem {
                     if s.role == Role::Weight { bytes * (rows * top_k).min(experts) as f64 / experts.max(1) as f64 } else { bytes }
                 })
                 .sum(),
+            // A stacked weight: each part's rows in its own format.
+            Problem::NormGemv { k, formats: Some(f), .. } => bufs
+                .iter()
+                .map(|s| match s.role {
+                    Role::Weight if s.id == "w" => {
+                        f.parts().iter().map(|&(r, q)| DType::from(q).bytes_for(r as usize * k)).sum::<u64>() as f64
+                    }
+                    _ => s.bytes() as f64,
+                })
+                .sum(),
             _ => bufs.iter().map(|s| s.bytes() as f64).sum(),
         }
     }
@@ -867,7 +891,7 @@ pub fn test_problems(op: Op) -> Vec<Problem> {
             Problem::norm_gemv(37, 160, 1e-6, true),
             // The decode chain's prologues: a residual added (Llama) or normed and
             // added (Gemma 3), and the fused gate/up with its activation.
-            Problem::NormGemv { n: 37, k: 64, eps: 1e-5, unit_offset: false, residual: NormResidual::Add, act: None },
+            Problem::NormGemv { n: 37, k: 64, eps: 1e-5, unit_offset: false, residual: NormResidual::Add, act: None, formats: None },
             Problem::NormGemv {
                 n: 19,
                 k: 256,
@@ -875,8 +899,47 @@ pub fn test_problems(op: Op) -> Vec<Problem> {
                 unit_offset: true,
                 residual: NormResidual::Normed,
                 act: Some(Activation::GeluTanh),
+                formats: None,
             },
-            Problem::NormGemv { n: 40, k: 160, eps: 1e-6, unit_offset: false, residual: NormResidual::Add, act: Some(Activation::Silu) },
+            Problem::NormGemv {
+                n: 40,
+                k: 160,
+                eps: 1e-6,
+                unit_offset: false,
+                residual: NormResidual::Add,
+                act: Some(Activation::Silu),
+                formats: None,
+            },
+            // Per-operand formats (a stacked weight, run as its first part's
+            // format): a Q4_K_M file's fused Q/K/V (queries and keys Q5_0, values
+            // Q8_0; K-quants with Q6_K values) and a gate/up whose halves differ.
+            Problem::NormGemv {
+                n: 56,
+                k: 256,
+                eps: 1e-6,
+                unit_offset: true,
+                residual: NormResidual::Normed,
+                act: None,
+                formats: RowFormats::new(&[(40, QFormat::Q5_0), (8, QFormat::Q5_0), (8, QFormat::Q8_0)]),
+            },
+            Problem::NormGemv {
+                n: 48,
+                k: 512,
+                eps: 1e-6,
+                unit_offset: false,
+                residual: NormResidual::None,
+                act: None,
+                formats: RowFormats::new(&[(32, QFormat::Q4_K), (8, QFormat::Q4_K), (8, QFormat::Q6_K)]),
+            },
+            Problem::NormGemv {
+                n: 19,
+                k: 256,
+                eps: 1e-5,
+                unit_offset: false,
+                residual: NormResidual::Add,
+                act: Some(Activation::Silu),
+                formats: RowFormats::new(&[(19, QFormat::Q4_K), (19, QFormat::Q6_K)]),
+            },
         ],
         Op::QkvRopeCache => {
             let p = |heads, kv_heads, head_dim, rot_dim, pos0, kv_cap, layout, norm, gain| Problem::QkvRopeCache {

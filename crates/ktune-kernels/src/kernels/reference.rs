@@ -127,7 +127,7 @@ pub fn compute(problem: &Problem, ins: &[Vec<f64>]) -> Vec<Vec<f64>> {
             let all = linear(&ins[0], &ins[1], bias.then(|| &ins[2]), 1, nq + 2 * nkv, k, false);
             vec![all[..nq].to_vec(), all[nq..nq + nkv].to_vec(), all[nq + nkv..].to_vec()]
         }
-        Problem::NormGemv { n, k, eps, unit_offset, residual, act } => norm_gemv(ins, n, k, eps as f64, unit_offset, residual, act),
+        Problem::NormGemv { n, k, eps, unit_offset, residual, act, .. } => norm_gemv(ins, n, k, eps as f64, unit_offset, residual, act),
         Problem::AttentionPrefill { tokens, kv_len, kv_cap, heads, kv_heads, head_dim, window, scale, bidi_start, bidi_end } => {
             let bidi = (bidi_start, bidi_end);
             let past = kv_len - tokens;

@@ -14,7 +14,7 @@ use serde::Serialize;
 use super::contract::{CpuArgs, CpuIn, Impl, KernelDef, KernelError, Params, pass_position};
 use super::problem::{BufSpec, Problem, Role};
 use super::quant::DType;
-use super::quant::{QFormat, QMatrix};
+use super::quant::{QFormat, QMatrix, QStack, RowFormats};
 use super::reference;
 use crate::device::Caps;
 use crate::gpu::GpuCtx;
@@ -26,6 +26,8 @@ pub enum HostTensor {
     F16(Vec<f16>),
     /// A block-quantized weight matrix.
     Q(QMatrix),
+    /// A weight of per-operand formats (row blocks in different block formats).
+    Stack(QStack),
 }
 
 impl HostTensor {
@@ -38,6 +40,7 @@ impl HostTensor {
             HostTensor::F32(v) => huge_pages(v),
             HostTensor::F16(v) => huge_pages(v),
             HostTensor::Q(m) => m.huge_pages(),
+            HostTensor::Stack(s) => s.parts.iter().for_each(QMatrix::huge_pages),
         }
     }
 
@@ -48,6 +51,7 @@ impl HostTensor {
             HostTensor::F32(v) => v.iter().map(|&x| x as f64).collect(),
             HostTensor::F16(v) => v.iter().map(|x| x.to_f64()).collect(),
             HostTensor::Q(m) => m.dequantize().into_iter().map(|x| x as f64).collect(),
+            HostTensor::Stack(s) => s.dequantize().into_iter().map(|x| x as f64).collect(),
         }
     }
     /// The bytes a GPU buffer holds (a quantized matrix in its single-buffer layout).
@@ -56,6 +60,7 @@ impl HostTensor {
             HostTensor::F32(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
             HostTensor::F16(v) => Cow::Borrowed(bytemuck::cast_slice(v)),
             HostTensor::Q(m) => Cow::Owned(m.gpu_bytes()),
+            HostTensor::Stack(s) => Cow::Owned(s.gpu_bytes()),
         }
     }
     pub fn as_in(&self) -> CpuIn<'_> {
@@ -63,6 +68,7 @@ impl HostTensor {
             HostTensor::F32(v) => CpuIn::F32(v),
             HostTensor::F16(v) => CpuIn::F16(v),
             HostTensor::Q(m) => CpuIn::Q(m.view()),
+            HostTensor::Stack(s) => CpuIn::Stack(s),
         }
     }
 }
@@ -81,6 +87,24 @@ fn quantize_spec(spec: &BufSpec, format: QFormat, v: &[f32]) -> QMatrix {
         scales: Vec::new(),
         layout: Default::default(),
     })
+}
+
+/// Quantizes `v` as the stacked `[rows, cols]` weight of per-operand formats `f`,
+/// each part's rows in its format (an empty stack when the shape is not whole
+/// blocks, as [`quantize_spec`]).
+fn stack_spec(spec: &BufSpec, f: RowFormats, v: &[f32]) -> HostTensor {
+    let cols = spec.shape.last().copied().unwrap_or(0);
+    let mut row0 = 0;
+    let parts = f.parts().iter().map(|&(rows, format)| {
+        let rows = rows as usize;
+        let part = v.get(row0 * cols..(row0 + rows) * cols).map_or_else(Vec::new, <[f32]>::to_vec);
+        row0 += rows;
+        QMatrix::quantize(format, rows, cols, &part)
+    });
+    match parts.collect::<Result<Vec<_>, _>>().and_then(QStack::new) {
+        Ok(s) => HostTensor::Stack(s),
+        Err(_) => HostTensor::Q(quantize_spec(spec, f.parts()[0].1, &[])),
+    }
 }
 
 /// Value written into output buffers before a run (f32, or f16 for an f16 cache
@@ -110,7 +134,9 @@ pub fn make_inputs_shared(problem: &Problem, dtype: DType, seed: u64, memo: &Inp
     inputs_of(problem, dtype)
         .map(|spec| {
             let make = || input_tensor(problem, &spec, if spec.id == "inv_freq" { Vec::new() } else { uniform(seed, &spec) });
-            if spec.role == Role::Cache { Arc::new(make()) } else { memo.get_or_make(seed, &spec, make) }
+            // A stacked weight is not the uniform one its spec also names.
+            let stacked = problem.formats().is_some() && spec.role == Role::Weight && spec.id == "w";
+            if spec.role == Role::Cache || stacked { Arc::new(make()) } else { memo.get_or_make(seed, &spec, make) }
         })
         .collect()
 }
@@ -134,6 +160,9 @@ fn input_tensor(problem: &Problem, spec: &BufSpec, mut v: Vec<f32>) -> HostTenso
     }
     if spec.role == Role::Cache {
         mask_cache_tail(problem, spec, &mut v);
+    }
+    if let Some(f) = problem.formats().filter(|_| spec.id == "w") {
+        return stack_spec(spec, f, &v);
     }
     match spec.dtype {
         DType::F32 => HostTensor::F32(v),

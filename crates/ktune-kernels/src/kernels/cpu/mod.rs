@@ -316,7 +316,7 @@ pub fn sub_row(w: CpuIn<'_>, r: usize, k: usize, c0: usize, c1: usize) -> Row<'_
         CpuIn::F32(s) => Row::F32(&s[r * k + c0..r * k + c1]),
         CpuIn::F16(s) => Row::F16(&s[r * k + c0..r * k + c1]),
         // Float kernels never get a quantized buffer: the registry checks dtypes.
-        CpuIn::Q(_) => Row::F32(&[]),
+        CpuIn::Q(_) | CpuIn::Stack(_) => Row::F32(&[]),
     }
 }
 

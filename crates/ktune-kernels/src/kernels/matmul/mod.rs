@@ -288,7 +288,7 @@ fn run_crate(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>
             widen(&w[..n * k], wide);
             crate_gemm(m, n, k, x, wide, y, par)
         }),
-        CpuIn::Q(_) => {
+        CpuIn::Q(_) | CpuIn::Stack(_) => {
             return Err(KernelError::BufferType { kernel: "gemm_crate_cpu".into(), buffer: "w".into(), expected: "f32 or f16" });
         }
     }

@@ -346,7 +346,7 @@ fn gate_up_panel<'a>(w: CpuIn<'a>, n: usize, k: usize, j0: usize, bn: usize, buf
         }
         // Float kernels never get a quantized buffer (the registry checks dtypes);
         // dequantize element-wise rather than fail if one did.
-        CpuIn::Q(_) => {
+        CpuIn::Q(_) | CpuIn::Stack(_) => {
             buf.clear();
             for i in 0..2 * bn {
                 let r = if i % 2 == 0 { j0 } else { n + j0 } + i / 2;

@@ -34,7 +34,7 @@ use crate::kernels::contract::{
 };
 use crate::kernels::cpu::{self, ACT_BITS, ActVec, ISA, Isa, RowSplit, check_isa, par_rows};
 use crate::kernels::problem::{NormResidual, Op, Problem};
-use crate::kernels::quant::DType;
+use crate::kernels::quant::{DType, QView, RowFormats, stack::Segment};
 use crate::kernels::wgsl::{ROWS_SG_PARAMS, ROWS_WG_PARAMS, qbinds, qfmt, storage_buffers, subgroup_fits, vec_alignment};
 use crate::shader;
 
@@ -50,16 +50,27 @@ static NORM_GEMV_Q_WG: Shader = shader!(
     "block_wg.wgsl",
     "reduce_wg.wgsl"
 );
-static NORM_GEMV_Q_SG: Shader = shader!(
-    "norm_gemv_q_subgroup.wgsl",
-    "norm_gemv_q.wgsl",
-    "qblock.wgsl",
-    "qgeom.wgsl",
-    "act.wgsl",
-    "norm_gemv_sg.wgsl",
-    "grid_sg.wgsl",
-    "grid.wgsl"
-);
+/// The quantized subgroup shader (`own`: its file) and its twin over per-operand
+/// formats: one list of includes.
+macro_rules! norm_gemv_q_sg {
+    ($own:literal) => {
+        shader!(
+            $own,
+            "norm_gemv_q.wgsl",
+            "norm_gemv_q_sg.wgsl",
+            "qblock.wgsl",
+            "qgeom.wgsl",
+            "act.wgsl",
+            "norm_gemv_sg.wgsl",
+            "grid_sg.wgsl",
+            "grid.wgsl"
+        )
+    };
+}
+static NORM_GEMV_Q_SG: Shader = norm_gemv_q_sg!("norm_gemv_q_subgroup.wgsl");
+/// `norm_gemv_q_subgroup`'s twin over a weight of per-operand formats.
+const QMIX_ALT: &[&Shader] = &[&NORM_GEMV_QMIX_SG];
+static NORM_GEMV_QMIX_SG: Shader = norm_gemv_q_sg!("norm_gemv_qmix_subgroup.wgsl");
 
 const QUANT: &[DType] = DType::QUANT;
 
@@ -96,9 +107,14 @@ pub fn variants() -> Vec<KernelDef> {
             Op::NormGemv,
             DType::QUANT,
             ROWS_SG_PARAMS,
-            "x·g formed once per workgroup in workgroup memory (x² summed alongside), then one subgroup per row, blocks dequantized in registers, subgroupAdd",
-            WgslImpl::new(&NORM_GEMV_Q_SG, prepare_quant).subgroups().shared(shared_prologue).check(check_q_subgroup),
-        ),
+            "x·g formed once per workgroup in workgroup memory (x² summed alongside), then one subgroup per row, blocks dequantized in registers, subgroupAdd; per-operand formats: each row's part sets its format",
+            WgslImpl::new(&NORM_GEMV_Q_SG, prepare_quant)
+                .subgroups()
+                .shared(shared_prologue)
+                .check(check_q_subgroup)
+                .alt_shaders(QMIX_ALT),
+        )
+        .stacks(),
         KernelDef::new(
             "norm_gemv_cpu",
             Op::NormGemv,
@@ -112,9 +128,10 @@ pub fn variants() -> Vec<KernelDef> {
             Op::NormGemv,
             QUANT,
             CPU_Q_PARAMS,
-            "x normalized once into a k-vector, then SIMD block dot products straight from the quants (f32 or int8 activations); pool over rows",
+            "x normalized once into a k-vector, then SIMD block dot products straight from the quants (f32 or int8 activations); pool over rows; per-operand formats: each part's rows in its format",
             CpuImpl { run: run_quant, check: cpu::check_quant },
-        ),
+        )
+        .stacks(),
     ]
 }
 
@@ -198,7 +215,7 @@ impl Roles {
 /// 1 + Activation::code), 0, 0})`.
 fn uniform(s: &WgslSetup<'_>) -> Result<(usize, Roles, [u32; 8]), KernelError> {
     match *s.problem {
-        Problem::NormGemv { n, k, eps, unit_offset, residual, act } => Ok((
+        Problem::NormGemv { n, k, eps, unit_offset, residual, act, .. } => Ok((
             n,
             Roles::of(residual),
             [n as u32, k as u32, eps.to_bits(), unit_offset as u32, residual.code(), act.map_or(0, |a| 1 + a.code()), 0, 0],
@@ -268,8 +285,13 @@ fn prepare_float(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
 
 /// The block-format shaders: x, g, the weight's quants and scales regions, y at
 /// 0-4, the uniform at 5; the subgroup shader's prologue buffers at 6, 8 and 9.
+/// A weight of per-operand formats runs the subgroup shader's twin, its parts'
+/// formats, rows and base blocks as overrides ([`RowFormats::layout`]).
 fn prepare_quant(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let (n, ro, u) = uniform(s)?;
+    if let Some(f) = s.problem.formats() {
+        return prepare_stack(s, f, n, &ro, &u);
+    }
     let (wg, rows) = (s.param("workgroup_size")?, s.param("rows_per_wg")?);
     let consts = [("WG", wg as f64), ("ROWS", rows as f64), ("QFMT", qfmt(s.dtype)), ("K4", k4(s))];
     let consts = if subgroups(s) { &consts[..] } else { &consts[..3] };
@@ -281,6 +303,52 @@ fn prepare_quant(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
         binds.extend(prologue_binds(s, &ro, [6, 8, 9]));
     }
     step(s, consts, binds, 5, &u, n)
+}
+
+/// [`prepare_quant`] over a stacked weight (the subgroup shader's twin).
+fn prepare_stack(s: &WgslSetup<'_>, f: RowFormats, n: usize, ro: &Roles, u: &[u32]) -> Result<GpuProgram, KernelError> {
+    let Problem::NormGemv { k, .. } = *s.problem else { return Err(wrong_op(s.kernel, s.problem)) };
+    let l = f.layout(k);
+    let buf = s.bufs[ro.w];
+    if buf.size() < l.total as u64 {
+        return Err(KernelError::BufferLen { kernel: s.kernel.id.into(), buffer: "w".into(), expected: l.total, got: buf.size() as usize });
+    }
+    // Runs of parts in one format: adjacent parts of one format lie contiguous
+    // (a part's base block is where the one before ends), so they read as one.
+    let mut runs: Vec<Segment> = Vec::with_capacity(l.segments.len());
+    for seg in &l.segments {
+        match runs.last_mut() {
+            Some(r) if r.format == seg.format => r.rows += seg.rows,
+            _ => runs.push(*seg),
+        }
+    }
+    let run = |i: usize| runs.get(i).or(runs.last()).copied();
+    let (Some(s0), Some(s1), Some(s2)) = (run(0), run(1), run(2)) else {
+        return Err(KernelError::Invalid { kernel: s.kernel.id.into(), reason: format!("per-operand formats {f} have no part") });
+    };
+    let words = [s0.rows as u32, s1.rows as u32, s1.base_block as u32, s2.base_block as u32];
+    let part_words = s.gpu.uniform(s.kernel.id, &words);
+    let consts = [
+        ("WG", s.param("workgroup_size")? as f64),
+        ("ROWS", s.param("rows_per_wg")? as f64),
+        ("K4", k4(s)),
+        ("QFMT0", qfmt(s0.format.into())),
+        ("QFMT1", qfmt(s1.format.into())),
+        ("QFMT2", qfmt(s2.format.into())),
+        ("RUNS", runs.len() as f64),
+    ];
+    let mut binds = vec![
+        (0, Bind::Whole(s.bufs[ro.x])),
+        (1, Bind::Whole(s.bufs[ro.g])),
+        (2, Bind::Range(buf, 0, l.quants as u64)),
+        (3, Bind::Range(buf, l.scales_offset as u64, l.scales.max(4) as u64)),
+        (4, Bind::Whole(s.bufs[ro.y])),
+        (7, Bind::Whole(&part_words)),
+    ];
+    binds.extend(prologue_binds(s, ro, [6, 8, 9]));
+    let mut program = step(&s.with_shader(&NORM_GEMV_QMIX_SG), &consts, binds, 5, u, n)?;
+    program.owned.push(part_words);
+    Ok(program)
 }
 
 // ---------------------------------------------------------------------------------
@@ -308,7 +376,7 @@ fn run_norm(
     a: CpuArgs<'_>,
     rows: impl Fn(&[f32], CpuIn<'_>, usize, &mut [f32]) -> Result<(), KernelError>,
 ) -> Result<(), KernelError> {
-    let Problem::NormGemv { n, k, eps, unit_offset, residual, act } = *prob else { return Err(wrong_op(kd, prob)) };
+    let Problem::NormGemv { n, k, eps, unit_offset, residual, act, .. } = *prob else { return Err(wrong_op(kd, prob)) };
     let isa = Isa::of(params)?;
     let ro = Roles::of(residual);
     let x = &a.ins[ro.x].f32()[..k];
@@ -350,18 +418,30 @@ fn run_float(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) ->
     })
 }
 
+/// The block-format rows; a weight of per-operand formats part by part, each
+/// with the normalized vector as its format's dots take it.
 fn run_quant(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), KernelError> {
     let (isa, split) = (Isa::of(params)?, RowSplit::dynamic(params)?);
     run_norm(kd, prob, params, a, |xn, w, first, y| {
-        let w = w.quant().ok_or_else(|| KernelError::BufferType {
-            kernel: "norm_gemv_q_cpu".into(),
-            buffer: "w".into(),
-            expected: "a quantized matrix",
-        })?;
-        // The normalized vector as gemv_q_cpu takes it: f32, or int8 blocks (act_bits 8).
-        let x = ActVec::new(xn, params, w.format)?;
-        par_rows(y, 1, split, |f, y| x.rows(isa, w, xn.len(), first + f, y, false));
-        Ok(())
+        let part = |w: QView<'_>, first: usize, y: &mut [f32]| {
+            // The normalized vector as gemv_q_cpu takes it: f32, or int8 blocks (act_bits 8).
+            let x = ActVec::new(xn, params, w.format)?;
+            par_rows(y, 1, split, |f, y| x.rows(isa, w, xn.len(), first + f, y, false));
+            Ok(())
+        };
+        match w {
+            CpuIn::Q(w) => part(w, first, y),
+            CpuIn::Stack(st) => {
+                let mut rest = y;
+                for p in &st.parts {
+                    let (head, tail) = rest.split_at_mut(p.rows.min(rest.len()));
+                    part(p.view(), 0, head)?;
+                    rest = tail;
+                }
+                Ok(())
+            }
+            _ => Err(KernelError::BufferType { kernel: kd.id.into(), buffer: "w".into(), expected: "a quantized matrix" }),
+        }
     })
 }
 
@@ -387,6 +467,38 @@ mod tests {
             let y = reference::compute(&Problem::Gemv { n, k }, &[xn, f64s[2].clone()]).remove(0);
             for (a, b) in fused[0].iter().zip(&y) {
                 assert!((*a as f64 - b).abs() < 1e-4 * (1.0 + b.abs()), "unit_offset {unit_offset}: {a} vs {b}");
+            }
+        }
+    }
+
+    /// A weight of per-operand formats (the parity sweep's stacked problems) runs
+    /// on the kernels that take it, CPU and WGSL, within the sweep's tolerance, and
+    /// every other norm-fused kernel refuses it rather than read one format.
+    #[test]
+    fn stacked_weights_run_where_taken_and_are_refused_elsewhere() {
+        use crate::device::{Caps, CpuCaps};
+        use crate::kernels::verify::{Runner, check_one};
+        let stacked: Vec<Problem> =
+            crate::kernels::problem::test_problems(Op::NormGemv).into_iter().filter(|p| p.formats().is_some()).collect();
+        assert_eq!(stacked.len(), 3);
+        let (cpu, gpu) = (CpuCaps::detect(), crate::testing::test_gpu());
+        for p in &stacked {
+            let dtype: DType = p.formats().unwrap().parts()[0].1.into();
+            for k in crate::kernels::for_op(Op::NormGemv) {
+                let params = k.default_params();
+                let (runner, caps) = match (&k.imp, &gpu) {
+                    (Impl::Cpu(_), _) => (Runner::Cpu, Caps::Cpu(&cpu)),
+                    (Impl::Wgsl(_), Some(g)) => (Runner::Gpu(g), Caps::Gpu(&g.caps)),
+                    (Impl::Wgsl(_), None) => continue,
+                };
+                let ok = k.check(caps, p, dtype, &params);
+                assert_eq!(ok.is_ok(), k.stacks, "{} on {}: {ok:?}", k.id, p.describe());
+                if k.stacks {
+                    let c = check_one(&runner, k, p, dtype, &params, 7);
+                    assert!(c.passed, "{} on {}: rel err {} (tolerance {})", k.id, p.describe(), c.rel_err, c.tolerance);
+                    // Any other dtype than the first part's is refused.
+                    assert!(k.check(caps, p, DType::Q8_0, &params).is_err() || dtype == DType::Q8_0);
+                }
             }
         }
     }

@@ -391,7 +391,7 @@ pub(super) fn part(w: CpuIn<'_>, c0: usize, len: usize) -> Row<'_> {
         CpuIn::F32(s) => Row::F32(&s[c0..c0 + len]),
         CpuIn::F16(s) => Row::F16(&s[c0..c0 + len]),
         // Norm gains are never quantized: the registry checks dtypes.
-        CpuIn::Q(_) => Row::F32(&[]),
+        CpuIn::Q(_) | CpuIn::Stack(_) => Row::F32(&[]),
     }
 }
 

@@ -25,6 +25,7 @@ mod decode;
 mod encode;
 pub mod formats;
 mod repack;
+pub mod stack;
 
 pub use decode::{GROUP, IQ4_LEVELS, Unpacked, dequantize_block, scale_min_k4, scales_mins_k4, unpack, unpack_scales, unpack_vals};
 pub use encode::quantize_block;
@@ -33,6 +34,7 @@ pub use repack::{
     DEFAULT_REPACK_MAX_ROW, REPACKABLE, X8_BYTES, X8_ROWS, default_repack, pack_scales_mins_k4, x8_record_bytes, x8_row_codes, x8_row_runs,
     x8_scale_min,
 };
+pub use stack::{QStack, RowFormats, StackLayout};
 
 use half::f16;
 

@@ -284,7 +284,7 @@ fn pack_rows_scalar(w: CpuIn<'_>, n: usize, k: usize, r0: usize, count: usize, p
         match w {
             CpuIn::F32(s) => lanes.zip(&s[r * k + pc..][..kb]).for_each(|(d, v)| *d = *v),
             CpuIn::F16(s) => lanes.zip(&s[r * k + pc..][..kb]).for_each(|(d, v)| *d = v.to_f32()),
-            CpuIn::Q(_) => lanes.enumerate().for_each(|(i, d)| *d = w.get(r * k + pc + i)),
+            CpuIn::Q(_) | CpuIn::Stack(_) => lanes.enumerate().for_each(|(i, d)| *d = w.get(r * k + pc + i)),
         }
     }
 }

@@ -72,7 +72,7 @@ pub unsafe fn pack8(w: CpuIn<'_>, k: usize, r0: usize, pc: usize, kb: usize, nr:
                 match w {
                     CpuIn::F32(s) => _mm256_loadu_ps(s[off..off + 8].as_ptr()),
                     CpuIn::F16(s) => _mm256_cvtph_ps(_mm_loadu_si128(s[off..off + 8].as_ptr() as *const __m128i)),
-                    CpuIn::Q(_) => {
+                    CpuIn::Q(_) | CpuIn::Stack(_) => {
                         let t: [f32; 8] = std::array::from_fn(|i| w.get(off + i));
                         _mm256_loadu_ps(t.as_ptr())
                     }
@@ -92,7 +92,7 @@ pub unsafe fn pack8(w: CpuIn<'_>, k: usize, r0: usize, pc: usize, kb: usize, nr:
             out[pp * nr + j] = match w {
                 CpuIn::F32(s) => s[off + pp],
                 CpuIn::F16(s) => s[off + pp].to_f32(),
-                CpuIn::Q(_) => w.get(off + pp),
+                CpuIn::Q(_) | CpuIn::Stack(_) => w.get(off + pp),
             };
         }
     }
