@@ -568,14 +568,14 @@ mod tests {
     }
 }
 
-/// A measurement, not a check (ignored; run it on the device at hand): the
+/// Measurements, not checks (ignored; run them on the device at hand). The
 /// norm-fused GEMV over a stacked weight of per-operand formats (Gemma 3 270M's
 /// mixed layers: Q5_0 queries and keys, Q8_0 values, k 640) against the same
 /// kernel over one format at the same size and the three parts on their own, timed
 /// by the tuner's own interleaved runner:
 /// `CI=true cargo test --release --lib stacked_norm_gemv_timing -- --ignored --nocapture`.
 #[cfg(test)]
-mod stacked_timing {
+mod timings {
     use super::*;
     use crate::kernels::quant::QFormat;
     use crate::kernels::{NormResidual, Problem, RowFormats, find};
@@ -608,9 +608,44 @@ mod stacked_timing {
         for _ in 0..30 {
             runners.iter_mut().for_each(|(_, w, r)| r.sample(w));
         }
-        for (name, _, r) in &runners {
+        report(&runners);
+    }
+
+    fn report(runners: &[(&str, Workload, Runner)]) {
+        for (name, _, r) in runners {
             let s = r.stats();
             eprintln!("{name}: median {:.1} µs (95% CI {:.1}–{:.1})", s.median * 1e6, s.ci[0] * 1e6, s.ci[1] * 1e6);
         }
+    }
+
+    /// The gathered and the grouped WGSL expert kernels in prefill: 64 tokens, each
+    /// of 32 experts taking 8 of them on average (4 a token), expert_ff 256, hidden
+    /// 512, Q4_K (Qwen3-30B-A3B's 128 x 8 over 768 x 2048 takes lavapipe minutes a
+    /// call): `CI=true cargo test --release --lib moe_prefill_timing -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn moe_prefill_timing() {
+        let Some(gpu) = crate::testing::test_gpu() else { return };
+        let (rows, experts, top_k, ff, hidden) = (64, 32, 4, 256, 512);
+        let gate_up = Problem::MoeGateUp { rows, experts, top_k, n: ff, k: hidden, act: crate::kernels::Activation::Silu };
+        let down = Problem::MoeDown { rows, experts, top_k, n: hidden, k: ff };
+        let mut runners: Vec<(&str, Workload, Runner)> = [
+            ("gate/up gathered", gate_up.clone(), "moe_gate_up_q_wg"),
+            ("gate/up grouped", gate_up, "moe_gate_up_grouped_q_wg"),
+            ("down gathered", down.clone(), "moe_down_q_wg"),
+            ("down grouped", down, "moe_down_grouped_q_wg"),
+        ]
+        .into_iter()
+        .map(|(name, p, id)| {
+            let k = find(id).expect("registered");
+            let w = Workload::new(vec![(p, 1)], DType::Q4_K, Some(gpu.clone()), 1, 64 << 20);
+            let r = Runner::new(Cand { kernel: k, params: k.default_params() }, &w);
+            (name, w, r)
+        })
+        .collect();
+        for _ in 0..10 {
+            runners.iter_mut().for_each(|(_, w, r)| r.sample(w));
+        }
+        report(&runners);
     }
 }

@@ -616,6 +616,12 @@ impl WgslSetup<'_> {
         WgslSetup { shader, ..*self }
     }
 
+    /// The same setup over other buffers in the op's binding order (a pass of a
+    /// multi-pass kernel binding its own scratch in place of an op buffer).
+    pub fn with_bufs<'b>(&'b self, bufs: &'b [&'b wgpu::Buffer]) -> WgslSetup<'b> {
+        WgslSetup { bufs, ..*self }
+    }
+
     /// Parameter `name` of the variant being prepared.
     pub fn param(&self, name: &str) -> Result<u32, KernelError> {
         param(self.params, name)

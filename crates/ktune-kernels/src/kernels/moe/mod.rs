@@ -14,7 +14,13 @@
 //! WGSL: `moe_route_thread` (an invocation per token) and `moe_route_wg` (a
 //! workgroup per token), `moe_gate_up_wg` / `moe_gate_up_q_wg` and `moe_down_wg` /
 //! `moe_down_q_wg` (float / block-format weights: the gathered expert GEMV, a
-//! workgroup per ROWS features of a slot or token reading only its expert's rows).
+//! workgroup per ROWS features of a slot or token reading only its expert's rows;
+//! decode's form), and the grouped forms (prefill's) `moe_gate_up_grouped_wg` /
+//! `_q_wg` and `moe_down_grouped_wg` / `_q_wg`: a workgroup per ROWS features of an
+//! expert walks the tokens routed to it TT at a time, each unit of the expert's rows
+//! decoded once for the tile (the down projection in two passes: the weighted
+//! products into the slots, then a token's slots summed, as no float atomics add
+//! into a token's row).
 //! CPU: `moe_route_cpu` / `moe_route_passes_cpu`; `moe_gate_up_cpu` and
 //! `moe_down_cpu` (gathered: block or float row dots of each slot's expert, f32 or
 //! int8 activations, pool over features; decode's form); the grouped forms, the
@@ -47,6 +53,24 @@ static GATE_UP_Q: Shader =
     shader!("moe_gate_up.wgsl", "moe_wq.wgsl", "moe_slot.wgsl", "qblock.wgsl", "qgeom.wgsl", "act.wgsl", "reduce_wg.wgsl");
 static DOWN: Shader = shader!("moe_down.wgsl", "moe_wf.wgsl", "moe_slot.wgsl", "wload.wgsl", "reduce_wg.wgsl");
 static DOWN_Q: Shader = shader!("moe_down.wgsl", "moe_wq.wgsl", "moe_slot.wgsl", "qblock.wgsl", "qgeom.wgsl", "reduce_wg.wgsl");
+static GATE_UP_GROUPED: Shader =
+    shader!("moe_gate_up_grouped.wgsl", "moe_wf.wgsl", "moe_tokens.wgsl", "wload.wgsl", "act.wgsl", "reduce_wg.wgsl");
+static GATE_UP_GROUPED_Q: Shader =
+    shader!("moe_gate_up_grouped.wgsl", "moe_wq.wgsl", "moe_tokens.wgsl", "qblock.wgsl", "qgeom.wgsl", "act.wgsl", "reduce_wg.wgsl");
+static DOWN_GROUPED: Shader = shader!("moe_down_grouped.wgsl", "moe_wf.wgsl", "moe_tokens.wgsl", "wload.wgsl", "reduce_wg.wgsl");
+static DOWN_GROUPED_Q: Shader =
+    shader!("moe_down_grouped.wgsl", "moe_wq.wgsl", "moe_tokens.wgsl", "qblock.wgsl", "qgeom.wgsl", "reduce_wg.wgsl");
+/// The grouped down projection's second pass: a token's slots summed.
+static DOWN_SUM: Shader = shader!("moe_down_sum.wgsl");
+const DOWN_SUM_ALT: &[&Shader] = &[&DOWN_SUM];
+
+/// The grouped WGSL kernels: workgroup size, an expert's features per workgroup,
+/// its tokens per tile (ROWS x TT at most 16: the registers).
+const GROUPED_WG_PARAMS: &[ParamSpec] = &[
+    WORKGROUP_SIZE,
+    ParamSpec::new("rows_per_wg", &[1, 2, 4], 2, "an expert's features per workgroup"),
+    ParamSpec::new("tokens_per_tile", &[2, 4, 8], 4, "an expert's tokens each unit of its rows is decoded once for"),
+];
 
 /// The router's CPU kernels: tokens per pool task.
 const ROUTE_CPU_PARAMS: &[ParamSpec] = &[ParamSpec::new("rows_per_task", &[1, 4, 16, 64], 4, "tokens per pool task")];
@@ -117,6 +141,42 @@ pub fn variants() -> Vec<KernelDef> {
             "gathered expert GEMV over block-format experts dequantized in registers: a workgroup per ROWS features of a \
              token, its slots weighted by their routes, one workgroup reduction",
             WgslImpl::new(&DOWN_Q, prepare_experts).shared(shared_rows).check(check_q_wgsl),
+        ),
+        KernelDef::new(
+            "moe_gate_up_grouped_wg",
+            Op::MoeGateUp,
+            DType::FLOAT,
+            GROUPED_WG_PARAMS,
+            "grouped (prefill): a workgroup per ROWS features of an expert, its tokens found in the route TT at a time, each \
+             unit of its gate and up rows read once for the tile's tokens; workgroup reduction, activation product",
+            WgslImpl::new(&GATE_UP_GROUPED, prepare_grouped).shared(shared_grouped).check(check_grouped_float_wgsl),
+        ),
+        KernelDef::new(
+            "moe_gate_up_grouped_q_wg",
+            Op::MoeGateUp,
+            DType::QUANT,
+            GROUPED_WG_PARAMS,
+            "grouped (prefill) over block-format experts: a workgroup per ROWS features of an expert, its tokens TT at a \
+             time, each unit of its gate and up rows decoded once for the tile's tokens; workgroup reduction, activation product",
+            WgslImpl::new(&GATE_UP_GROUPED_Q, prepare_grouped).shared(shared_grouped).check(check_grouped_q_wgsl),
+        ),
+        KernelDef::new(
+            "moe_down_grouped_wg",
+            Op::MoeDown,
+            DType::FLOAT,
+            GROUPED_WG_PARAMS,
+            "grouped (prefill), two passes: a workgroup per ROWS features of an expert, its tokens TT at a time, each unit \
+             of its rows read once for the tile, the route-weighted products into the slots; then a token's slots summed",
+            WgslImpl::new(&DOWN_GROUPED, prepare_grouped).shared(shared_grouped).check(check_grouped_float_wgsl).alt_shaders(DOWN_SUM_ALT),
+        ),
+        KernelDef::new(
+            "moe_down_grouped_q_wg",
+            Op::MoeDown,
+            DType::QUANT,
+            GROUPED_WG_PARAMS,
+            "grouped (prefill), two passes, block-format experts: each unit of an expert's rows decoded once for TT of its \
+             tokens, the route-weighted products into the slots; then a token's slots summed",
+            WgslImpl::new(&DOWN_GROUPED_Q, prepare_grouped).shared(shared_grouped).check(check_grouped_q_wgsl).alt_shaders(DOWN_SUM_ALT),
         ),
         KernelDef::new(
             "moe_gate_up_cpu",
@@ -265,6 +325,38 @@ fn check_q_wgsl(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -
     grid_rules(caps, prob, params)
 }
 
+/// The grouped kernels: grid y is the experts (and one more row of workgroups
+/// for gate/up's empty slots), ROWS x TT accumulators per invocation at most 16.
+fn grouped_rules(caps: &GpuCaps, prob: &Problem, params: &Params) -> Result<(), String> {
+    let Some((_, experts, ..)) = expert_dims(prob) else { return Ok(()) };
+    crate::kernels::wgsl::grid_dim(caps, experts + 1, "y (the experts)")?;
+    let (rows, tt) = (param(params, "rows_per_wg")?, param(params, "tokens_per_tile")?);
+    if rows * tt > 16 {
+        return Err(format!("rows_per_wg x tokens_per_tile = {} is above 16 (the kernel's registers)", rows * tt));
+    }
+    expert_rules(prob)
+}
+
+fn check_grouped_float_wgsl(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
+    match expert_dims(prob) {
+        Some((.., k, _)) if !k.is_multiple_of(4) => Err(format!("k = {k} is not a multiple of 4 (rows are read 4 elements a unit)")),
+        _ => grouped_rules(caps, prob, params),
+    }
+}
+
+fn check_grouped_q_wgsl(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    check_blocks(prob, dtype)?;
+    grouped_rules(caps, prob, params)
+}
+
+/// The grouped kernels' partials (a gate and an up one per feature and token for
+/// gate/up), the tile's tokens and their slots, and two words.
+fn shared_grouped(prob: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
+    let per = if matches!(prob, Problem::MoeGateUp { .. }) { 2 } else { 1 };
+    let (wg, rows, tt) = (param(params, "workgroup_size")?, param(params, "rows_per_wg")?, param(params, "tokens_per_tile")?);
+    Ok(4 * (per * wg * rows * tt) as u64 + 8 * tt as u64 + 8)
+}
+
 /// A gate and an up partial per invocation and feature.
 fn shared_gate_up(_: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
     Ok(8 * param(params, "workgroup_size")? as u64 * param(params, "rows_per_wg")? as u64)
@@ -310,6 +402,41 @@ fn prepare_experts(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
         consts.extend(s.w_f16_const());
         s.one_step("main", &consts, &uniform, grid)
     }
+}
+
+/// The grouped kernels: a workgroup per ROWS features (x) of an expert (y; gate/up
+/// one more row for the empty slots). The down projection's first pass writes the
+/// route-weighted products into a scratch of the slots, its second sums them.
+fn prepare_grouped(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let Some((rows, experts, top_k, n, k, act)) = expert_dims(s.problem) else { return Err(wrong_op(s.kernel, s.problem)) };
+    let per = s.param("rows_per_wg")?;
+    let gelu = u32::from(act == Some(Activation::GeluTanh));
+    let uniform = [rows as u32, experts as u32, top_k as u32, n as u32, k as u32, gelu];
+    let mut consts = vec![("WG", s.param("workgroup_size")? as f64), ("ROWS", per as f64), ("TT", s.param("tokens_per_tile")? as f64)];
+    if s.dtype.is_quant() {
+        consts.push(("QFMT", qfmt(s.dtype)));
+    } else {
+        consts.extend(s.w_f16_const());
+    }
+    let pass = |s: &WgslSetup<'_>, ys: usize| {
+        let grid = [groups(n, per), ys as u32, 1];
+        if s.dtype.is_quant() { one_q_step(s, 2, &consts, &uniform, grid) } else { s.one_step("main", &consts, &uniform, grid) }
+    };
+    if act.is_some() {
+        return pass(s, experts + 1);
+    }
+    let [h, route, w, out] = *s.bufs else {
+        return Err(KernelError::Buffers { kernel: s.kernel.id.into(), expected: 4, got: s.bufs.len() });
+    };
+    let slots = s.gpu.storage("moe_down_grouped slots", (4 * rows * top_k * n).max(16) as u64);
+    let mut program = pass(&s.with_bufs(&[h, route, w, &slots]), experts)?;
+    let sum = s.with_shader(&DOWN_SUM);
+    let sum_bufs = [&slots, route, out];
+    let second = sum.with_bufs(&sum_bufs).one_step("main", &[("WG", 64.0)], &uniform, grid_2d(groups(rows * n, 64)))?;
+    program.steps.extend(second.steps);
+    program.owned.extend(second.owned);
+    program.owned.push(slots);
+    Ok(program)
 }
 
 // ---- CPU ----
