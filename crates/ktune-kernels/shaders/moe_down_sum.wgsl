@@ -1,4 +1,4 @@
-// The second pass of moe_down_grouped: out[t, f] = the sum over token t's slots
+// The second pass of the grouped down projection (moe_grouped.wgsl): out[t, f] = the sum over token t's slots
 // that hold an expert (moe_slot.wgsl's count: its nonzero routes) of the route-
 // weighted products the first pass left in `parts` [rows * top_k, n], in slot
 // order (as the gathered kernel adds them). An invocation per output element.

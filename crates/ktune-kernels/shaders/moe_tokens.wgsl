@@ -1,5 +1,5 @@
-// The grouped expert kernels' walk over an expert's tokens (moe_gate_up_grouped,
-// moe_down_grouped: `shader!(FILE, .., "moe_tokens.wgsl")`): the tokens whose route
+// The grouped expert kernels' walk over an expert's tokens (moe_grouped.wgsl:
+// `shader!(FILE, .., "moe_tokens.wgsl")`): the tokens whose route
 // to expert e is nonzero, TT at a time in ascending order, gathered with their
 // slots of e (a token's slot: the expert's rank among the token's experts,
 // ascending, as moe_slot.wgsl counts them) into the including shader's

@@ -57,8 +57,8 @@ pub fn preferred(problem: &Problem, backend: Backend) -> &'static [&'static str]
         (Op::MoeDown, Backend::Cpu) => &["moe_down_grouped_i8_cpu", "moe_down_grouped_cpu"],
         // WGSL: gathered in decode; grouped by expert in prefill (each unit of an
         // expert's rows decoded once for 4 of its tokens): on lavapipe, 64 tokens
-        // over 32 experts (4 a token), Q4_K, gate/up 0.90 s against 1.19 gathered,
-        // down 0.99 against 1.16 (`moe_prefill_timing`, src/tuner/measure.rs).
+        // over 32 experts (4 a token), Q4_K, gate/up 0.99 s against 1.25 gathered,
+        // down 0.97 against 1.19 (`moe_prefill_timing`, src/tuner/measure.rs).
         (Op::MoeGateUp, Backend::Wgsl) if matches!(problem, Problem::MoeGateUp { rows: 1, .. }) => &["moe_gate_up_q_wg", "moe_gate_up_wg"],
         (Op::MoeGateUp, Backend::Wgsl) => &["moe_gate_up_grouped_q_wg", "moe_gate_up_grouped_wg"],
         (Op::MoeDown, Backend::Wgsl) if matches!(problem, Problem::MoeDown { rows: 1, .. }) => &["moe_down_q_wg", "moe_down_wg"],

@@ -53,13 +53,9 @@ static GATE_UP_Q: Shader =
     shader!("moe_gate_up.wgsl", "moe_wq.wgsl", "moe_slot.wgsl", "qblock.wgsl", "qgeom.wgsl", "act.wgsl", "reduce_wg.wgsl");
 static DOWN: Shader = shader!("moe_down.wgsl", "moe_wf.wgsl", "moe_slot.wgsl", "wload.wgsl", "reduce_wg.wgsl");
 static DOWN_Q: Shader = shader!("moe_down.wgsl", "moe_wq.wgsl", "moe_slot.wgsl", "qblock.wgsl", "qgeom.wgsl", "reduce_wg.wgsl");
-static GATE_UP_GROUPED: Shader =
-    shader!("moe_gate_up_grouped.wgsl", "moe_wf.wgsl", "moe_tokens.wgsl", "wload.wgsl", "act.wgsl", "reduce_wg.wgsl");
-static GATE_UP_GROUPED_Q: Shader =
-    shader!("moe_gate_up_grouped.wgsl", "moe_wq.wgsl", "moe_tokens.wgsl", "qblock.wgsl", "qgeom.wgsl", "act.wgsl", "reduce_wg.wgsl");
-static DOWN_GROUPED: Shader = shader!("moe_down_grouped.wgsl", "moe_wf.wgsl", "moe_tokens.wgsl", "wload.wgsl", "reduce_wg.wgsl");
-static DOWN_GROUPED_Q: Shader =
-    shader!("moe_down_grouped.wgsl", "moe_wq.wgsl", "moe_tokens.wgsl", "qblock.wgsl", "qgeom.wgsl", "reduce_wg.wgsl");
+static GROUPED: Shader = shader!("moe_grouped.wgsl", "moe_wf.wgsl", "moe_tokens.wgsl", "wload.wgsl", "act.wgsl", "reduce_wg.wgsl");
+static GROUPED_Q: Shader =
+    shader!("moe_grouped.wgsl", "moe_wq.wgsl", "moe_tokens.wgsl", "qblock.wgsl", "qgeom.wgsl", "act.wgsl", "reduce_wg.wgsl");
 /// The grouped down projection's second pass: a token's slots summed.
 static DOWN_SUM: Shader = shader!("moe_down_sum.wgsl");
 const DOWN_SUM_ALT: &[&Shader] = &[&DOWN_SUM];
@@ -149,7 +145,7 @@ pub fn variants() -> Vec<KernelDef> {
             GROUPED_WG_PARAMS,
             "grouped (prefill): a workgroup per ROWS features of an expert, its tokens found in the route TT at a time, each \
              unit of its gate and up rows read once for the tile's tokens; workgroup reduction, activation product",
-            WgslImpl::new(&GATE_UP_GROUPED, prepare_grouped).shared(shared_grouped).check(check_grouped_float_wgsl),
+            WgslImpl::new(&GROUPED, prepare_grouped).shared(shared_grouped).check(check_grouped_float_wgsl),
         ),
         KernelDef::new(
             "moe_gate_up_grouped_q_wg",
@@ -158,7 +154,7 @@ pub fn variants() -> Vec<KernelDef> {
             GROUPED_WG_PARAMS,
             "grouped (prefill) over block-format experts: a workgroup per ROWS features of an expert, its tokens TT at a \
              time, each unit of its gate and up rows decoded once for the tile's tokens; workgroup reduction, activation product",
-            WgslImpl::new(&GATE_UP_GROUPED_Q, prepare_grouped).shared(shared_grouped).check(check_grouped_q_wgsl),
+            WgslImpl::new(&GROUPED_Q, prepare_grouped).shared(shared_grouped).check(check_grouped_q_wgsl),
         ),
         KernelDef::new(
             "moe_down_grouped_wg",
@@ -167,7 +163,7 @@ pub fn variants() -> Vec<KernelDef> {
             GROUPED_WG_PARAMS,
             "grouped (prefill), two passes: a workgroup per ROWS features of an expert, its tokens TT at a time, each unit \
              of its rows read once for the tile, the route-weighted products into the slots; then a token's slots summed",
-            WgslImpl::new(&DOWN_GROUPED, prepare_grouped).shared(shared_grouped).check(check_grouped_float_wgsl).alt_shaders(DOWN_SUM_ALT),
+            WgslImpl::new(&GROUPED, prepare_grouped).shared(shared_grouped).check(check_grouped_float_wgsl).alt_shaders(DOWN_SUM_ALT),
         ),
         KernelDef::new(
             "moe_down_grouped_q_wg",
@@ -176,7 +172,7 @@ pub fn variants() -> Vec<KernelDef> {
             GROUPED_WG_PARAMS,
             "grouped (prefill), two passes, block-format experts: each unit of an expert's rows decoded once for TT of its \
              tokens, the route-weighted products into the slots; then a token's slots summed",
-            WgslImpl::new(&DOWN_GROUPED_Q, prepare_grouped).shared(shared_grouped).check(check_grouped_q_wgsl).alt_shaders(DOWN_SUM_ALT),
+            WgslImpl::new(&GROUPED_Q, prepare_grouped).shared(shared_grouped).check(check_grouped_q_wgsl).alt_shaders(DOWN_SUM_ALT),
         ),
         KernelDef::new(
             "moe_gate_up_cpu",
@@ -349,12 +345,12 @@ fn check_grouped_q_wgsl(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &P
     grouped_rules(caps, prob, params)
 }
 
-/// The grouped kernels' partials (a gate and an up one per feature and token for
-/// gate/up), the tile's tokens and their slots, and two words.
-fn shared_grouped(prob: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
-    let per = if matches!(prob, Problem::MoeGateUp { .. }) { 2 } else { 1 };
+/// The grouped kernels' partials (room for a gate and an up one per feature and
+/// token: the shader's one declaration), the tile's tokens and their slots, and
+/// two words.
+fn shared_grouped(_: &Problem, _: DType, params: &Params) -> Result<u64, KernelError> {
     let (wg, rows, tt) = (param(params, "workgroup_size")?, param(params, "rows_per_wg")?, param(params, "tokens_per_tile")?);
-    Ok(4 * (per * wg * rows * tt) as u64 + 8 * tt as u64 + 8)
+    Ok(4 * (2 * wg * rows * tt) as u64 + 8 * tt as u64 + 8)
 }
 
 /// A gate and an up partial per invocation and feature.
@@ -412,7 +408,12 @@ fn prepare_grouped(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let per = s.param("rows_per_wg")?;
     let gelu = u32::from(act == Some(Activation::GeluTanh));
     let uniform = [rows as u32, experts as u32, top_k as u32, n as u32, k as u32, gelu];
-    let mut consts = vec![("WG", s.param("workgroup_size")? as f64), ("ROWS", per as f64), ("TT", s.param("tokens_per_tile")? as f64)];
+    let mut consts = vec![
+        ("WG", s.param("workgroup_size")? as f64),
+        ("ROWS", per as f64),
+        ("TT", s.param("tokens_per_tile")? as f64),
+        ("GATED", if act.is_some() { 1.0 } else { 0.0 }),
+    ];
     if s.dtype.is_quant() {
         consts.push(("QFMT", qfmt(s.dtype)));
     } else {
