@@ -61,11 +61,13 @@ static DOWN_SUM: Shader = shader!("moe_down_sum.wgsl");
 const DOWN_SUM_ALT: &[&Shader] = &[&DOWN_SUM];
 
 /// The grouped WGSL kernels: workgroup size, an expert's features per workgroup,
-/// its tokens per tile (ROWS x TT at most 16: the registers).
+/// its tokens per tile (ROWS x TT at most 16: the registers). Two values each:
+/// every value is a parity set on lavapipe, where these kernels' sets cost the
+/// most of any family's (`tests/parity.rs`'s summary).
 const GROUPED_WG_PARAMS: &[ParamSpec] = &[
-    WORKGROUP_SIZE,
-    ParamSpec::new("rows_per_wg", &[1, 2, 4], 2, "an expert's features per workgroup"),
-    ParamSpec::new("tokens_per_tile", &[2, 4, 8], 4, "an expert's tokens each unit of its rows is decoded once for"),
+    ParamSpec::new("workgroup_size", &[64, 128], 64, "invocations per workgroup"),
+    ParamSpec::new("rows_per_wg", &[1, 2], 2, "an expert's features per workgroup"),
+    ParamSpec::new("tokens_per_tile", &[4, 8], 4, "an expert's tokens each unit of its rows is decoded once for"),
 ];
 
 /// The router's CPU kernels: tokens per pool task.
