@@ -674,16 +674,16 @@ impl Plan {
         }
         let names = ["q_proj", "k_proj", "v_proj"].map(|s| p(&format!("self_attn.{s}.weight")));
         let fused_qkv = self.options.fusion.qkv && self.fused_weight(format!("L{l}.wqkv"), (nq + 2 * nkv) * h, names.to_vec()).is_some();
-        if self.options.fusion.qkv && !fused_qkv {
+        let stacked_qkv = self.options.fusion.qkv && !fused_qkv && {
             let parts = [(names[0].clone(), nq), (names[1].clone(), nkv), (names[2].clone(), nkv)];
-            self.stacked_weight(format!("L{l}.wqkv"), &parts, h);
+            self.stacked_weight(format!("L{l}.wqkv"), &parts, h).is_some()
+        };
+        // The fused biases serve a fused weight and a stack alike (the split adds them).
+        if (fused_qkv || stacked_qkv) && c.attention_bias {
+            let b = ["q_proj", "k_proj", "v_proj"].map(|s| p(&format!("self_attn.{s}.bias"))).to_vec();
+            self.weight_f32(format!("L{l}.bqkv"), nq + 2 * nkv, WeightSource::Concat(b));
         }
-        if fused_qkv {
-            if c.attention_bias {
-                let b = ["q_proj", "k_proj", "v_proj"].map(|s| p(&format!("self_attn.{s}.bias"))).to_vec();
-                self.weight_f32(format!("L{l}.bqkv"), nq + 2 * nkv, WeightSource::Concat(b));
-            }
-        } else {
+        if !fused_qkv {
             self.weight(format!("L{l}.wq"), nq * h, &names[0]);
             self.weight(format!("L{l}.wk"), nkv * h, &names[1]);
             self.weight(format!("L{l}.wv"), nkv * h, &names[2]);

@@ -173,14 +173,25 @@ fn projections_mixing_f16_and_block_formats_decode() {
 /// formats, which the decode chain's norm-fused projection reads in one
 /// dispatch, so a mixed layer decodes in the dispatches of a uniform one; the
 /// decode logits are the unfused plan's within 1e-4 of the scale.
+///
+/// Also a Qwen2 model (Q/K/V biases) requantized at load to Q4_0 with Q8_0 values:
+/// the stack's split adds the fused biases.
 #[test]
 fn gpu_mixed_qkv_layers_decode_as_one_stacked_projection() {
     let Some(gpu) = test_gpu() else { return };
-    for name in ["llama-k-q4_k_m.gguf", "llama-k-q3_k_m.gguf"] {
+    for name in ["llama-k-q4_k_m.gguf", "llama-k-q3_k_m.gguf", "qwen2-tiny-f32.gguf"] {
         let path = dir().join(name);
         let m = load_gguf(&path, None).expect("fixture loads");
+        let biased = name.starts_with("qwen2");
         let plan = |fusion| {
-            let opts = options(&m, fusion, None, 4, 8, &[]);
+            let mut opts = options(&m, fusion, biased.then_some(DType::Q4_0), 4, 8, &[]);
+            if biased {
+                let mut formats = opts.matrix_formats.clone();
+                for l in 0..m.config.dims.num_layers {
+                    formats.insert(format!("model.layers.{l}.self_attn.v_proj.weight"), DType::Q8_0);
+                }
+                opts = opts.with_matrix_formats(formats);
+            }
             Plan::new("mixed", &m.config, opts, Selection::defaults(DeviceCaps::Gpu(gpu.caps.clone()))).expect("plan")
         };
         let fused = plan(Fusion::ALL);
