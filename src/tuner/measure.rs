@@ -597,22 +597,25 @@ mod timings {
             ("q5_0 256", p(256, None, NormResidual::None), DType::Q5_0),
             ("q8_0 256", p(256, None, NormResidual::None), DType::Q8_0),
         ];
+        time_interleaved(&gpu, cases.into_iter().map(|(name, p, d)| (name, p, d, k)).collect(), 30);
+    }
+
+    /// Each case `(name, problem, dtype, kernel)` at its default parameters, sampled
+    /// `rounds` times interleaved with the others by the tuner's runner; the medians
+    /// with their intervals on stderr.
+    fn time_interleaved(gpu: &Arc<GpuCtx>, cases: Vec<(&str, Problem, DType, &'static KernelDef)>, rounds: usize) {
         let mut runners: Vec<(&str, Workload, Runner)> = cases
             .into_iter()
-            .map(|(name, p, d)| {
+            .map(|(name, p, d, k)| {
                 let w = Workload::new(vec![(p, 1)], d, Some(gpu.clone()), 1, 64 << 20);
                 let r = Runner::new(Cand { kernel: k, params: k.default_params() }, &w);
                 (name, w, r)
             })
             .collect();
-        for _ in 0..30 {
+        for _ in 0..rounds {
             runners.iter_mut().for_each(|(_, w, r)| r.sample(w));
         }
-        report(&runners);
-    }
-
-    fn report(runners: &[(&str, Workload, Runner)]) {
-        for (name, _, r) in runners {
+        for (name, _, r) in &runners {
             let s = r.stats();
             eprintln!("{name}: median {:.1} µs (95% CI {:.1}–{:.1})", s.median * 1e6, s.ci[0] * 1e6, s.ci[1] * 1e6);
         }
@@ -629,23 +632,12 @@ mod timings {
         let (rows, experts, top_k, ff, hidden) = (64, 32, 4, 256, 512);
         let gate_up = Problem::MoeGateUp { rows, experts, top_k, n: ff, k: hidden, act: crate::kernels::Activation::Silu };
         let down = Problem::MoeDown { rows, experts, top_k, n: hidden, k: ff };
-        let mut runners: Vec<(&str, Workload, Runner)> = [
+        let cases = [
             ("gate/up gathered", gate_up.clone(), "moe_gate_up_q_wg"),
             ("gate/up grouped", gate_up, "moe_gate_up_grouped_q_wg"),
             ("down gathered", down.clone(), "moe_down_q_wg"),
             ("down grouped", down, "moe_down_grouped_q_wg"),
-        ]
-        .into_iter()
-        .map(|(name, p, id)| {
-            let k = find(id).expect("registered");
-            let w = Workload::new(vec![(p, 1)], DType::Q4_K, Some(gpu.clone()), 1, 64 << 20);
-            let r = Runner::new(Cand { kernel: k, params: k.default_params() }, &w);
-            (name, w, r)
-        })
-        .collect();
-        for _ in 0..10 {
-            runners.iter_mut().for_each(|(_, w, r)| r.sample(w));
-        }
-        report(&runners);
+        ];
+        time_interleaved(&gpu, cases.into_iter().map(|(name, p, id)| (name, p, DType::Q4_K, find(id).expect("registered"))).collect(), 10);
     }
 }

@@ -311,11 +311,17 @@ fn grid_rules(caps: &GpuCaps, prob: &Problem, params: &Params) -> Result<(), Str
     expert_rules(prob)
 }
 
-fn check_float_wgsl(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
+/// The float interface's rule (`moe_wf.wgsl`): rows read 4 elements a unit.
+fn float_units(prob: &Problem) -> Result<(), String> {
     match expert_dims(prob) {
         Some((.., k, _)) if !k.is_multiple_of(4) => Err(format!("k = {k} is not a multiple of 4 (rows are read 4 elements a unit)")),
-        _ => grid_rules(caps, prob, params),
+        _ => Ok(()),
     }
+}
+
+fn check_float_wgsl(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
+    float_units(prob)?;
+    grid_rules(caps, prob, params)
 }
 
 fn check_q_wgsl(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
@@ -336,10 +342,8 @@ fn grouped_rules(caps: &GpuCaps, prob: &Problem, params: &Params) -> Result<(), 
 }
 
 fn check_grouped_float_wgsl(caps: &GpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
-    match expert_dims(prob) {
-        Some((.., k, _)) if !k.is_multiple_of(4) => Err(format!("k = {k} is not a multiple of 4 (rows are read 4 elements a unit)")),
-        _ => grouped_rules(caps, prob, params),
-    }
+    float_units(prob)?;
+    grouped_rules(caps, prob, params)
 }
 
 fn check_grouped_q_wgsl(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
