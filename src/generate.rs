@@ -603,6 +603,13 @@ pub struct Generator {
     pub warnings: Vec<String>,
     /// The ids in the KV cache, in order (its first `engine.pos`).
     cached: Vec<u32>,
+    /// How many of the cached positions a prefill computed (a prompt's tokens,
+    /// in passes of two tokens or more): the ones a later prompt may reuse. The
+    /// generated tokens after them were computed one a step by the decode
+    /// kernels, whose arithmetic differs (int8 activations round differently
+    /// downstream), so a prompt that repeats them computes them again, as it
+    /// would on an empty cache.
+    prefilled: usize,
     /// The last prompt's length and the logits its last token gave, for a
     /// repeat of that prompt.
     prompt_logits: Option<(usize, Vec<f32>)>,
@@ -660,6 +667,7 @@ impl Generator {
             chain: p.chain,
             warnings,
             cached: Vec::new(),
+            prefilled: 0,
             prompt_logits: None,
         })
     }
@@ -684,6 +692,7 @@ impl Generator {
     /// Forgets the KV cache.
     pub fn reset(&mut self) {
         self.cached.clear();
+        self.prefilled = 0;
         self.prompt_logits = None;
         self.engine.reset();
     }
@@ -707,12 +716,15 @@ impl Generator {
         if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::Usage(format!("token id {bad} is outside the vocabulary (size {vocab})")));
         }
-        // Reuse the cached prefix: the same prompt again takes the logits its
-        // prefill left; otherwise at least the last prompt token is fed again, for
-        // its logits.
+        // Reuse the cached prefix a prefill computed: the same prompt again takes
+        // the logits its prefill left; otherwise at least the last two prompt
+        // tokens are fed again (a prompt of one token: that one), for the last
+        // one's logits from a pass of the prefill kernels, as on an empty cache
+        // ([`crate::runtime::prefill_passes`]): what a request answers does not
+        // depend on what the cache held.
         let common = self.cached.iter().zip(prompt).take_while(|(a, b)| a == b).count();
         let repeat = common == prompt.len() && self.prompt_logits.as_ref().is_some_and(|(n, _)| *n == prompt.len());
-        let same = if repeat { prompt.len() } else { common.min(prompt.len() - 1) };
+        let same = if repeat { prompt.len() } else { common.min(self.prefilled).min(prompt.len().saturating_sub(2)) };
         self.engine.pos = same;
         self.cached.truncate(same);
         let mut limits = limits.clone();
@@ -735,6 +747,8 @@ impl Generator {
             Ok((prefill_seconds, decoded)) => {
                 let pos = self.engine.pos;
                 self.cached = prompt.iter().chain(&decoded.generated).copied().take(pos).collect();
+                // A prompt of one token ran the decode kernels.
+                self.prefilled = if prompt.len() >= 2 { prompt.len() } else { 0 };
                 Ok(Completion { decoded, prompt_tokens: prompt.len(), prefilled: prompt.len() - same, prefill_seconds })
             }
             Err(e) => {
@@ -742,6 +756,12 @@ impl Generator {
                 Err(e)
             }
         }
+    }
+
+    /// The logits the last prompt's last token gave (before any sampling
+    /// penalty); None before a completion.
+    pub fn prompt_logits(&self) -> Option<&[f32]> {
+        self.prompt_logits.as_ref().map(|(_, l)| l.as_slice())
     }
 
     /// Tokens in the KV cache.

@@ -165,10 +165,29 @@ pub type PrefillPass = (usize, usize, (usize, usize));
 /// `tokens`; `(0, 0)` for none). With an image id, a pass never splits a run nor
 /// holds two (each pass has one bidirectional block); a run longer than `chunk`
 /// is an error.
+///
+/// Without an image, no pass of a prompt of two tokens or more holds one token
+/// alone (with a chunk of 2 or more): a pass of one token runs the decode
+/// kernels, whose arithmetic differs from the prefill kernels' (int8 rounding
+/// then carries the difference to the logits), while the prefill kernels give
+/// each token the same values however the prompt is cut into passes. So a
+/// prompt's logits do not depend on the chunk, nor on where an earlier call
+/// left off (see `Generator::complete`, which never leaves one token to a call).
 pub fn prefill_passes(tokens: &[u32], chunk: usize, image: Option<u32>) -> Result<Vec<PrefillPass>, RuntimeError> {
     let chunk = chunk.max(1);
     let Some(id) = image else {
-        return Ok((0..tokens.len()).step_by(chunk).map(|s| (s, (s + chunk).min(tokens.len()), (0, 0))).collect());
+        let mut passes: Vec<PrefillPass> = (0..tokens.len()).step_by(chunk).map(|s| (s, (s + chunk).min(tokens.len()), (0, 0))).collect();
+        // A last pass of one token takes the last token of the pass before
+        // (which keeps `chunk - 1 >= 1`).
+        if chunk >= 2
+            && passes.len() >= 2
+            && let [.., a, b] = passes.as_mut_slice()
+            && b.1 - b.0 == 1
+        {
+            a.1 -= 1;
+            b.0 -= 1;
+        }
+        return Ok(passes);
     };
     // The runs of image tokens, [start, end).
     let mut runs = Vec::new();

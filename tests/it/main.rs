@@ -14,6 +14,7 @@ mod cli;
 mod eval;
 mod fusion;
 mod fuzz_smoke;
+mod generate_cache;
 mod gpu_counters;
 mod gpu_faults;
 mod hostile_cli;

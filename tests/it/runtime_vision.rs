@@ -146,6 +146,10 @@ fn prefill_passes_keep_each_image_whole() {
     let img = 9;
     let t = [1, 2, 9, 9, 9, 3, 4, 9, 9, 5];
     assert_eq!(prefill_passes(&t, 4, None).unwrap(), vec![(0, 4, (0, 0)), (4, 8, (0, 0)), (8, 10, (0, 0))]);
+    // No pass of one token (the decode kernels' arithmetic): the last takes one
+    // from the pass before.
+    assert_eq!(prefill_passes(&t, 3, None).unwrap(), vec![(0, 3, (0, 0)), (3, 6, (0, 0)), (6, 8, (0, 0)), (8, 10, (0, 0))]);
+    assert_eq!(prefill_passes(&t[..1], 3, None).unwrap(), vec![(0, 1, (0, 0))]);
     assert_eq!(prefill_passes(&t, 4, Some(img)).unwrap(), vec![(0, 2, (0, 0)), (2, 6, (2, 5)), (6, 10, (7, 9))]);
     // Two images that would share a pass get one each.
     assert_eq!(prefill_passes(&t, 64, Some(img)).unwrap(), vec![(0, 7, (2, 5)), (7, 10, (7, 9))]);

@@ -133,7 +133,10 @@ fn prefill_block(isa: Isa, kv: &Kv<'_>, q: &[f32], i0: usize, block: usize, kh: 
     let mut m = vec![f32::NEG_INFINITY; rows];
     let mut l = vec![0.0f32; rows];
     let mut sc = vec![0.0f32; rows * bkv];
-    let klo = s.range(i0).0;
+    // Tiles start at multiples of `bkv` from key 0, wherever the pass or the
+    // block begins: a query row's online softmax then sees the same tiles (the
+    // same rescales, the same sums) however the prompt was cut into passes.
+    let klo = s.range(i0).0 / bkv * bkv;
     let khi = s.range(i0 + block - 1).1;
     let mut t0 = klo;
     while t0 < khi {

@@ -334,6 +334,34 @@ mod tests {
         assert!(run_all(&Runner::Gpu(&gpu), Caps::Gpu(&gpu.caps), super::super::Backend::Wgsl) > 0);
     }
 
+    /// A prefill cut into two calls anywhere gives each query row the values of
+    /// one call, bit for bit (what makes a prompt's logits independent of its
+    /// passes and of a reused KV cache): sliding windows longer than a key tile
+    /// (whose tiles start at multiples of the tile from key 0) and plain causal.
+    #[test]
+    fn cpu_prefill_rows_do_not_depend_on_where_a_call_starts() {
+        use crate::kernels::verify::{HostTensor, make_inputs, run_cpu};
+        let (t, cap, heads, kv_heads, d) = (200, 208, 4, 2, 16);
+        for id in ["attention_prefill_tiled_cpu", "attention_prefill_cpu"] {
+            let k = crate::kernels::find(id).expect("registered");
+            for window in [0, 100, 150] {
+                let whole = causal_prefill((t, t, cap), (heads, kv_heads, d), window, 0.2);
+                let ins = make_inputs(&whole, DType::F32, 5);
+                let all = run_cpu(k, &whole, DType::F32, &k.default_params(), &ins).expect("runs").remove(0);
+                let HostTensor::F32(q) = &ins[0] else { panic!("f32 queries") };
+                for a in [37, 101, 150] {
+                    let tail = causal_prefill((t - a, t, cap), (heads, kv_heads, d), window, 0.2);
+                    let mut part = ins.clone();
+                    part[0] = HostTensor::F32(q[a * heads * d..].to_vec());
+                    let got = run_cpu(k, &tail, DType::F32, &k.default_params(), &part).expect("runs").remove(0);
+                    let want = &all[a * heads * d..];
+                    let moved = got.iter().zip(want).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+                    assert_eq!(moved, 0, "{id} window {window}, a call from token {a}: {moved} values differ from one call's");
+                }
+            }
+        }
+    }
+
     #[test]
     fn splitkv_covers_wide_groups_with_few_workgroups() {
         let s = Shape::of(&extra_problems()[0]).expect("attention");
