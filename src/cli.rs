@@ -782,6 +782,12 @@ pub struct ServeArgs {
     /// Requests that may wait behind the one being served; past it, 429.
     #[arg(long, default_value_t = 16, value_name = "N")]
     pub queue: usize,
+    /// Requests generated at once (CPU): each in a sequence of its own (its KV
+    /// cache, taking memory as it grows and kept after its request for the next
+    /// one sharing its prefix), all advancing a token a step, so a request that
+    /// comes starts at the next step instead of after the others' answers
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub parallel: usize,
     /// Require `Authorization: Bearer KEY` on /v1/ requests (401 without it).
     #[arg(long, value_name = "KEY")]
     pub api_key: Option<String>,

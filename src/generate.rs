@@ -397,20 +397,19 @@ pub struct Decoded {
 }
 
 /// The text of the ids so far, and how much of it went out.
-struct TextSink<'a> {
-    tokenizer: Option<&'a Tokenizer>,
-    stop: &'a [String],
+struct TextSink {
+    stop: Vec<String>,
     streamed: usize,
     /// Where a stop string was found (the text ends there).
     cut: Option<usize>,
 }
 
-impl TextSink<'_> {
+impl TextSink {
     /// Streams what of `generated`'s text is final: not a cut character, not text
     /// a later token may rewrite, not the start of a stop string. Returns false
     /// when a stop string appeared or `stream` refused the piece.
-    fn push(&mut self, generated: &[u32], stream: &mut dyn FnMut(&str) -> bool) -> Result<bool> {
-        let Some(tok) = self.tokenizer else { return Ok(true) };
+    fn push(&mut self, tokenizer: Option<&Tokenizer>, generated: &[u32], stream: &mut dyn FnMut(&str) -> bool) -> Result<bool> {
+        let Some(tok) = tokenizer else { return Ok(true) };
         let text = tok.decode(generated)?;
         if text.ends_with('\u{FFFD}') || text.len() < self.streamed || !text.is_char_boundary(self.streamed) {
             return Ok(true);
@@ -444,8 +443,8 @@ impl TextSink<'_> {
     }
 
     /// The whole text, the held-back rest streamed (a character still cut at the end goes out as it is).
-    fn finish(&mut self, generated: &[u32], stream: &mut dyn FnMut(&str) -> bool) -> Result<Option<String>> {
-        let Some(tok) = self.tokenizer else { return Ok(None) };
+    fn finish(&mut self, tokenizer: Option<&Tokenizer>, generated: &[u32], stream: &mut dyn FnMut(&str) -> bool) -> Result<Option<String>> {
+        let Some(tok) = tokenizer else { return Ok(None) };
         let mut text = tok.decode(generated)?;
         if let Some(at) = self.cut {
             text.truncate(at);
@@ -453,6 +452,78 @@ impl TextSink<'_> {
             stream(&text[self.streamed..]);
         }
         Ok(Some(text))
+    }
+}
+
+/// One generation's ids as they come ([`Stepper::keep`]): kept, their text
+/// streamed, and whether generation goes on (an end-of-sequence id, a stop
+/// string, the token limit, a cancel). [`decode`] feeds it from a decode chain,
+/// `serve`'s sequences a step at a time.
+pub struct Stepper {
+    sink: TextSink,
+    pub generated: Vec<u32>,
+    pub stop_reason: StopReason,
+    failed: Option<Error>,
+    max_tokens: usize,
+    ignore_eos: bool,
+}
+
+impl Stepper {
+    pub fn new(limits: &Limits) -> Stepper {
+        Stepper {
+            sink: TextSink { stop: limits.stop.clone(), streamed: 0, cut: None },
+            generated: Vec::new(),
+            stop_reason: StopReason::MaxTokens,
+            failed: None,
+            max_tokens: limits.max_tokens,
+            ignore_eos: limits.ignore_eos,
+        }
+    }
+
+    /// Keeps `id`, streams its text; whether generation goes on.
+    pub fn keep(
+        &mut self,
+        id: u32,
+        tokenizer: Option<&Tokenizer>,
+        stop_ids: &[u32],
+        cancel: Option<&AtomicBool>,
+        stream: &mut dyn FnMut(&str) -> bool,
+    ) -> bool {
+        self.generated.push(id);
+        match self.sink.push(tokenizer, &self.generated, stream) {
+            Ok(true) => {}
+            Ok(false) => {
+                self.stop_reason = if self.sink.cut.is_some() { StopReason::Stop } else { StopReason::Cancelled };
+                return false;
+            }
+            Err(e) => {
+                self.failed = Some(e);
+                return false;
+            }
+        }
+        if !self.ignore_eos && stop_ids.contains(&id) {
+            self.stop_reason = StopReason::Eos;
+            return false;
+        }
+        if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            self.stop_reason = StopReason::Cancelled;
+            return false;
+        }
+        self.generated.len() < self.max_tokens
+    }
+
+    /// The ids, why they ended and the text (the held-back rest streamed); the
+    /// error a piece of text met, if one did.
+    pub fn finish(
+        mut self,
+        tokenizer: Option<&Tokenizer>,
+        stream: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<(Vec<u32>, StopReason, Option<String>)> {
+        if let Some(e) = self.failed {
+            return Err(e);
+        }
+        let text = self.sink.finish(tokenizer, &self.generated, stream)?;
+        Ok((self.generated, self.stop_reason, text))
     }
 }
 
@@ -479,51 +550,21 @@ pub fn decode(
     out: Output<'_>,
 ) -> Result<Decoded> {
     let Output { limits, cancel, stream } = out;
-    let mut sink = TextSink { tokenizer, stop: &limits.stop, streamed: 0, cut: None };
-    let mut generated = Vec::new();
-    let mut stop_reason = StopReason::MaxTokens;
-    let mut failed = None;
-    // Each id as it comes: kept, streamed, and whether generation goes on.
-    let mut keep = |id: u32, generated: &mut Vec<u32>| -> bool {
-        generated.push(id);
-        match sink.push(generated, stream) {
-            Ok(true) => {}
-            Ok(false) => {
-                stop_reason = if sink.cut.is_some() { StopReason::Stop } else { StopReason::Cancelled };
-                return false;
-            }
-            Err(e) => {
-                failed = Some(e);
-                return false;
-            }
-        }
-        if !limits.ignore_eos && stop_ids.contains(&id) {
-            stop_reason = StopReason::Eos;
-            return false;
-        }
-        if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
-            stop_reason = StopReason::Cancelled;
-            return false;
-        }
-        generated.len() < limits.max_tokens
-    };
+    let mut st = Stepper::new(limits);
     // Decode, timed from the first step's id: that step compiles the decode
     // schedule and on a GPU is the profiled one, so it is not counted.
     let mut timed: Option<(Instant, usize)> = None;
     let mut decode_seconds = 0.0;
-    if limits.max_tokens > 0 && keep(first, &mut generated) {
+    if limits.max_tokens > 0 && st.keep(first, tokenizer, stop_ids, cancel, stream) {
         engine.profile_next();
         engine.decode_chain(first, limits.max_tokens - 1, k, sampler, |id| {
             let t = timed.get_or_insert_with(|| (Instant::now(), 0));
             t.1 += 1;
             decode_seconds = t.0.elapsed().as_secs_f64();
-            keep(id, &mut generated)
+            st.keep(id, tokenizer, stop_ids, cancel, stream)
         })?;
     }
-    if let Some(e) = failed {
-        return Err(e);
-    }
-    let text = sink.finish(&generated, stream)?;
+    let (generated, stop_reason, text) = st.finish(tokenizer, stream)?;
     Ok(Decoded {
         generated,
         stop_reason,
@@ -583,6 +624,61 @@ pub struct Completion {
     /// Prompt tokens prefilled (the rest were in the KV cache already).
     pub prefilled: usize,
     pub prefill_seconds: f64,
+}
+
+/// A sequence of a [`Generator`] while another runs: its KV cache, the ids it
+/// holds and its last prompt's logits ([`Generator::swap_slot`]).
+pub struct Slot {
+    kv: crate::runtime::SeqKv,
+    cached: Vec<u32>,
+    prefilled: usize,
+    prompt_logits: Option<(usize, Vec<f32>)>,
+}
+
+impl Slot {
+    /// The ids its KV cache holds.
+    pub fn cached(&self) -> &[u32] {
+        &self.cached
+    }
+
+    /// Positions its KV cache was written up to (what it holds of memory).
+    pub fn kv_written(&self) -> usize {
+        self.kv.written()
+    }
+
+    /// Empties it, its KV memory handed back.
+    pub fn release(&mut self) {
+        self.kv.release();
+        self.cached.clear();
+        self.prefilled = 0;
+        self.prompt_logits = None;
+    }
+}
+
+/// A generation [`Generator::start`]ed and going a step at a time.
+pub struct Running {
+    prompt: Vec<u32>,
+    prefilled: usize,
+    prefill_seconds: f64,
+    sampler: Sampler,
+    stepper: Stepper,
+    /// The last id kept (fed at the next step).
+    next: u32,
+    going: bool,
+    decode_start: Instant,
+    steps: usize,
+}
+
+impl Running {
+    /// Whether it goes on (no end met yet).
+    pub fn going(&self) -> bool {
+        self.going
+    }
+
+    /// Ids generated so far.
+    pub fn generated(&self) -> usize {
+        self.stepper.generated.len()
+    }
 }
 
 /// A warmed engine with its tokenizer and chat template, for many prompts.
@@ -702,6 +798,31 @@ impl Generator {
     /// `max_tokens` cut to the context left).
     pub fn complete(&mut self, prompt: &[u32], params: SamplerParams, out: Output<'_>) -> Result<Completion> {
         let Output { limits, cancel, stream } = out;
+        let (limits, same) = self.prefill(prompt, limits)?;
+        let t0 = Instant::now();
+        let mut sampler = Sampler::new(params);
+        let result = self.prompt_first(prompt, same, &mut sampler).and_then(|first| {
+            let prefill_seconds = t0.elapsed().as_secs_f64();
+            let out = Output { limits: &limits, cancel, stream };
+            let decoded = decode(&mut self.engine, &mut sampler, first, Some(&self.tokenizer), &self.stop_ids, self.chain, out)?;
+            Ok((prefill_seconds, decoded))
+        });
+        match result {
+            Ok((prefill_seconds, decoded)) => {
+                self.settle(prompt, &decoded.generated);
+                Ok(Completion { decoded, prompt_tokens: prompt.len(), prefilled: prompt.len() - same, prefill_seconds })
+            }
+            Err(e) => {
+                self.reset();
+                Err(e)
+            }
+        }
+    }
+
+    /// A prompt checked and its reused prefix chosen: the limits cut to the
+    /// context left and how many of its tokens the KV cache holds (the engine
+    /// moved there).
+    fn prefill(&mut self, prompt: &[u32], limits: &Limits) -> Result<(Limits, usize)> {
         if prompt.is_empty() {
             return Err(Error::Usage("the prompt encodes to no tokens".into()));
         }
@@ -725,37 +846,125 @@ impl Generator {
         let common = self.cached.iter().zip(prompt).take_while(|(a, b)| a == b).count();
         let repeat = common == prompt.len() && self.prompt_logits.as_ref().is_some_and(|(n, _)| *n == prompt.len());
         let same = if repeat { prompt.len() } else { common.min(self.prefilled).min(prompt.len().saturating_sub(2)) };
+        if !repeat {
+            self.prompt_logits = None;
+        }
         self.engine.pos = same;
         self.cached.truncate(same);
         let mut limits = limits.clone();
         limits.max_tokens = limits.max_tokens.min(self.room(prompt.len()));
-        let t0 = Instant::now();
-        let rows = match self.prompt_logits.take() {
-            Some((_, logits)) if repeat => Ok(logits),
-            _ => self.engine.forward(&prompt[same..]).map(|mut rows| rows.pop().unwrap_or_default()).map_err(Error::from),
-        };
-        let result = rows.and_then(|last| {
-            let prefill_seconds = t0.elapsed().as_secs_f64();
-            let mut sampler = Sampler::new(params);
-            let first = sampler.sample(&last);
+        Ok((limits, same))
+    }
+
+    /// The prompt's tokens past `same` run (or the logits a repeat's prefill
+    /// left, kept for a repeat): the first id `sampler` picks from its last
+    /// token's logits.
+    fn prompt_first(&mut self, prompt: &[u32], same: usize, sampler: &mut Sampler) -> Result<u32> {
+        if self.prompt_logits.is_none() {
+            let last = self.engine.forward(&prompt[same..])?.pop().unwrap_or_default();
             self.prompt_logits = Some((prompt.len(), last));
-            let out = Output { limits: &limits, cancel, stream };
-            let decoded = decode(&mut self.engine, &mut sampler, first, Some(&self.tokenizer), &self.stop_ids, self.chain, out)?;
-            Ok((prefill_seconds, decoded))
-        });
-        match result {
-            Ok((prefill_seconds, decoded)) => {
-                let pos = self.engine.pos;
-                self.cached = prompt.iter().chain(&decoded.generated).copied().take(pos).collect();
-                // A prompt of one token ran the decode kernels.
-                self.prefilled = if prompt.len() >= 2 { prompt.len() } else { 0 };
-                Ok(Completion { decoded, prompt_tokens: prompt.len(), prefilled: prompt.len() - same, prefill_seconds })
-            }
+        }
+        Ok(sampler.sample(self.prompt_logits.as_ref().map(|(_, l)| l.as_slice()).unwrap_or_default()))
+    }
+
+    /// What the KV cache holds after a generation from `prompt`.
+    fn settle(&mut self, prompt: &[u32], generated: &[u32]) {
+        let pos = self.engine.pos;
+        self.cached = prompt.iter().chain(generated).copied().take(pos).collect();
+        // A prompt of one token ran the decode kernels.
+        self.prefilled = if prompt.len() >= 2 { prompt.len() } else { 0 };
+    }
+
+    /// A sequence of its own ([`Generator::swap_slot`]), its KV cache empty
+    /// (CPU engines).
+    pub fn new_slot(&self) -> Result<Slot> {
+        Ok(Slot { kv: self.engine.new_sequence()?, cached: Vec::new(), prefilled: 0, prompt_logits: None })
+    }
+
+    /// Swaps the sequence the generator runs (its KV cache, the ids it holds and
+    /// the last prompt's logits) with `slot`'s: many sequences share the engine,
+    /// each swapped in for its step.
+    pub fn swap_slot(&mut self, slot: &mut Slot) -> Result<()> {
+        self.engine.swap_sequence(&mut slot.kv)?;
+        std::mem::swap(&mut self.cached, &mut slot.cached);
+        std::mem::swap(&mut self.prefilled, &mut slot.prefilled);
+        std::mem::swap(&mut self.prompt_logits, &mut slot.prompt_logits);
+        Ok(())
+    }
+
+    /// Starts a generation a step at a time ([`Generator::advance`]): the prompt
+    /// prefilled past its reused prefix and the first id sampled and kept, as
+    /// [`Generator::complete`] does; `stream` gets its text.
+    pub fn start(
+        &mut self,
+        prompt: &[u32],
+        params: SamplerParams,
+        limits: &Limits,
+        stream: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Running> {
+        let (limits, same) = self.prefill(prompt, limits)?;
+        let t0 = Instant::now();
+        let mut sampler = Sampler::new(params);
+        let first = match self.prompt_first(prompt, same, &mut sampler) {
+            Ok(id) => id,
             Err(e) => {
                 self.reset();
-                Err(e)
+                return Err(e);
             }
+        };
+        let prefill_seconds = t0.elapsed().as_secs_f64();
+        let mut stepper = Stepper::new(&limits);
+        let going = limits.max_tokens > 0 && stepper.keep(first, Some(&self.tokenizer), &self.stop_ids, None, stream);
+        Ok(Running {
+            prompt: prompt.to_vec(),
+            prefilled: prompt.len() - same,
+            prefill_seconds,
+            sampler,
+            stepper,
+            next: first,
+            going,
+            decode_start: Instant::now(),
+            steps: 0,
+        })
+    }
+
+    /// One decode step of `run` (the generator's sequence must be its own):
+    /// its last id fed, the next sampled and kept; whether it goes on. The same
+    /// ids as [`Generator::complete`] gives on the CPU.
+    pub fn advance(&mut self, run: &mut Running, stream: &mut dyn FnMut(&str) -> bool) -> Result<bool> {
+        if !run.going {
+            return Ok(false);
         }
+        let id = match self.engine.decode_step(run.next) {
+            Ok(logits) => run.sampler.sample(logits),
+            Err(e) => {
+                self.reset();
+                return Err(e.into());
+            }
+        };
+        run.steps += 1;
+        run.next = id;
+        run.going = run.stepper.keep(id, Some(&self.tokenizer), &self.stop_ids, None, stream);
+        Ok(run.going)
+    }
+
+    /// Ends `run` (cancelled when it was still going): its completion, and what
+    /// the KV cache holds after it.
+    pub fn end(&mut self, mut run: Running, stream: &mut dyn FnMut(&str) -> bool) -> Result<Completion> {
+        if run.going {
+            run.stepper.stop_reason = StopReason::Cancelled;
+        }
+        let decode_seconds = run.decode_start.elapsed().as_secs_f64();
+        let (generated, stop_reason, text) = match run.stepper.finish(Some(&self.tokenizer), stream) {
+            Ok(r) => r,
+            Err(e) => {
+                self.reset();
+                return Err(e);
+            }
+        };
+        self.settle(&run.prompt, &generated);
+        let decoded = Decoded { generated, stop_reason, text, decode_tokens: run.steps, decode_seconds, steps: run.steps };
+        Ok(Completion { decoded, prompt_tokens: run.prompt.len(), prefilled: run.prefilled, prefill_seconds: run.prefill_seconds })
     }
 
     /// The logits the last prompt's last token gave (before any sampling

@@ -70,6 +70,17 @@ impl HostBuf {
         }
     }
 
+    /// Sets a float buffer to zeros, its whole pages handed back to the system
+    /// until written again ([`crate::kernels::memory::release_zeroed`]); other
+    /// kinds are left as they are (a KV cache is f32 or f16).
+    pub fn release_zeroed(&mut self) {
+        match self {
+            HostBuf::F32(v) => crate::kernels::memory::release_zeroed(v),
+            HostBuf::F16(v) => crate::kernels::memory::release_zeroed(v),
+            _ => {}
+        }
+    }
+
     /// A zeroed buffer (a quantized one as all-zero blocks, one block a row).
     pub fn zeros(dtype: DType, len: usize) -> HostBuf {
         match (dtype, dtype.quant()) {

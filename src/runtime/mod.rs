@@ -136,6 +136,35 @@ pub struct Engine {
     pub image_attention: ImageAttention,
     /// Host phases and GPU counts of the tallied decode steps ([`counters`]).
     tally: DecodeTally,
+    /// The most positions the KV cache held was written up to.
+    kv_written: usize,
+}
+
+/// One sequence's KV cache outside the engine ([`Engine::swap_sequence`]): the
+/// plan's cache buffers and the sequence's position, so many sequences share one
+/// engine (its weights, its compiled schedules) a step each in turn.
+pub struct SeqKv {
+    bufs: Vec<(BufId, HostBuf)>,
+    /// Tokens in this cache.
+    pub pos: usize,
+    /// The most positions written since it was made or released.
+    written: usize,
+}
+
+impl SeqKv {
+    /// The most positions this cache was written up to (what it takes of memory).
+    pub fn written(&self) -> usize {
+        self.written.max(self.pos)
+    }
+
+    /// Empties the cache and hands its memory back to the system.
+    pub fn release(&mut self) {
+        for (_, hb) in &mut self.bufs {
+            hb.release_zeroed();
+        }
+        self.pos = 0;
+        self.written = 0;
+    }
 }
 
 /// Rows that take the place of a placeholder token's embedding, in order.
@@ -493,6 +522,7 @@ impl Engine {
             soft: None,
             image_attention: ImageAttention::default(),
             tally: DecodeTally::default(),
+            kv_written: 0,
         })
     }
 
@@ -545,6 +575,55 @@ impl Engine {
     /// Forgets the KV cache (the next call starts at position 0).
     pub fn reset(&mut self) {
         self.pos = 0;
+    }
+
+    /// A new sequence's KV cache, empty, its memory taken only as positions are
+    /// written ([`SeqKv::release`]): the CPU only (a GPU engine's caches are its
+    /// device buffers, which its compiled passes bind).
+    pub fn new_sequence(&self) -> Result<SeqKv, RuntimeError> {
+        if self.is_gpu() {
+            return Err(RuntimeError::Internal("sequences of their own need a CPU engine".into()));
+        }
+        let bufs = self
+            .plan
+            .buffers
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.role == BufRole::Cache)
+            .map(|(i, b)| {
+                let mut hb = HostBuf::zeros(b.dtype, b.len);
+                hb.release_zeroed();
+                (i, hb)
+            })
+            .collect();
+        Ok(SeqKv { bufs, pos: 0, written: 0 })
+    }
+
+    /// Swaps the engine's KV cache and position with `seq`'s (no copy): the
+    /// engine then runs that sequence, and `seq` holds the one it ran. Swapping
+    /// back restores both.
+    pub fn swap_sequence(&mut self, seq: &mut SeqKv) -> Result<(), RuntimeError> {
+        let (engine_hw, seq_hw) = (self.kv_written(), seq.written());
+        let Exec::Cpu(e) = &mut self.exec else {
+            return Err(RuntimeError::Internal("sequences of their own need a CPU engine".into()));
+        };
+        for (id, hb) in &mut seq.bufs {
+            let Some(mine) = e.bufs.get_mut(*id) else {
+                return Err(RuntimeError::Internal(format!("a sequence's cache buffer {id} is not this engine's")));
+            };
+            std::mem::swap(mine, hb);
+        }
+        std::mem::swap(&mut self.pos, &mut seq.pos);
+        // The high-water marks travel with their caches.
+        self.kv_written = seq_hw;
+        seq.written = engine_hw;
+        Ok(())
+    }
+
+    /// The most positions the KV cache the engine holds was written up to since
+    /// it was made or released (what it takes of memory, page by page).
+    pub fn kv_written(&self) -> usize {
+        self.kv_written.max(self.pos)
     }
 
     /// Asks the GPU backend to time every step of the next forward pass.

@@ -445,3 +445,59 @@ fn serve_without_a_chat_template_answers_completions_only() {
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(json(&r)["error"]["message"].as_str().expect("message").contains("no chat template"), "{}", r.body);
 }
+
+/// `--parallel 3`: requests generated at once, each in a sequence of its own,
+/// answer what `run` answers alone (greedy and seeded sampling, chat and plain
+/// text), however they interleave and whatever their slots' caches held; a
+/// streaming client that leaves frees its slot while the others go on;
+/// /v1/models and /metrics say how many run.
+#[test]
+fn serve_parallel_sequences_answer_as_alone() {
+    let s = serve(&["--device", "cpu", "--parallel", "3", "--queue", "2", "--context", "4096"]);
+    let a = s.addr.clone();
+    assert_eq!(json(&request(&a, "GET", "/v1/models", &[], b""))["data"][0]["concurrency"], 3);
+    let sampled = ["--max-tokens", "8", "--temperature", "0.8", "--top-p", "0.9", "--seed", "7"];
+    let cases: Vec<(serde_json::Value, String, &str)> = vec![
+        (
+            serde_json::json!({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0.8, "top_p": 0.9, "seed": 7}),
+            run_text("Once upon a time", false, &sampled),
+            "/v1/completions",
+        ),
+        (
+            serde_json::json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 6, "temperature": 0}),
+            run_text("hello", true, &["--max-tokens", "6"]),
+            "/v1/chat/completions",
+        ),
+        (
+            serde_json::json!({"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 12, "temperature": 0}),
+            run_text("What is the capital of France?", true, &["--max-tokens", "12"]),
+            "/v1/chat/completions",
+        ),
+    ];
+    let text =
+        |v: &serde_json::Value| v["choices"][0]["text"].as_str().or(v["choices"][0]["message"]["content"].as_str()).map(String::from);
+    // Three rounds of every case at once: the slots keep their caches between rounds.
+    for round in 0..3 {
+        let threads: Vec<_> = cases
+            .iter()
+            .cloned()
+            .map(|(body, want, path)| {
+                let a = a.clone();
+                std::thread::spawn(move || (json(&post(&a, path, &body)), want))
+            })
+            .collect();
+        for t in threads {
+            let (v, want) = t.join().expect("joins");
+            assert_eq!(text(&v).as_deref(), Some(want.as_str()), "round {round}: {v}");
+        }
+    }
+    assert!(metric(&a, "ktune_batch_steps_total{sequences=\"3\"}") > 0.0, "three sequences advanced in one step");
+    assert!(metric(&a, "ktune_prefix_cache_hit_tokens_total") > 0.0, "the repeated prompts reused their slots' caches");
+    assert!(metric(&a, "ktune_kv_cache_positions") > 0.0);
+    // A long stream holds a slot; its client leaves: the slot frees, the others answer.
+    let hold = open_stream(&a, 3000);
+    let (body, want, path) = cases[1].clone();
+    assert_eq!(text(&json(&post(&a, path, &body))).as_deref(), Some(want.as_str()), "answered beside a long stream");
+    drop(hold);
+    assert_eq!(metric_reaching(&a, "ktune_cancelled_total", 1.0, 1000), 1.0, "the left stream is cancelled");
+}

@@ -132,7 +132,7 @@ pub(super) async fn handle(state: Arc<State>, req: Request<Incoming>) -> Respons
                     "object": "model",
                     "created": 0,
                     "owned_by": "ktune",
-                    "concurrency": 1,
+                    "concurrency": state.parallel,
                     "queue": state.queue,
                     "context_length": state.context,
                     "note": "requests are served one at a time by one engine, in order",
@@ -238,8 +238,11 @@ async fn generate(state: &Arc<State>, req: Request<Incoming>, kind: Kind) -> Res
     let (tx, mut events) = unbounded_channel();
     {
         let Ok(mut pending) = state.pending.lock() else { return fail(500, "the server's queue failed".into()) };
-        if *pending > state.queue {
-            return fail(429, format!("the queue is full ({} waiting, --queue {}); retry later", *pending - 1, state.queue));
+        if *pending >= state.queue + state.parallel {
+            return fail(
+                429,
+                format!("the queue is full ({} waiting, --queue {}); retry later", *pending + 1 - state.parallel, state.queue),
+            );
         }
         let sent = state.jobs.lock().ok().and_then(|j| j.as_ref().map(|j| j.send(Job { input, params, limits, events: tx }).is_ok()));
         if sent != Some(true) {
@@ -528,7 +531,7 @@ fn metrics(state: &State) -> String {
     }
     let rate = |n: u64, secs: f64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
     let net = &state.net;
-    let rows: [(&str, &str, &str, String); 11] = [
+    let rows: [(&str, &str, &str, String); 13] = [
         ("ktune_prompt_tokens_total", "counter", "Prompt tokens of the requests served.", m.prompt_tokens.to_string()),
         (
             "ktune_prefilled_tokens_total",
@@ -550,8 +553,20 @@ fn metrics(state: &State) -> String {
             format!("{:.3}", rate(m.decode_tokens, m.decode_seconds)),
         ),
         ("ktune_cancelled_total", "counter", "Generations cancelled (client gone).", m.cancelled.to_string()),
-        ("ktune_queue_length", "gauge", "Requests waiting behind the one being generated.", pending.saturating_sub(1).to_string()),
-        ("ktune_in_flight", "gauge", "Requests being generated (0 or 1).", pending.min(1).to_string()),
+        (
+            "ktune_queue_length",
+            "gauge",
+            "Requests waiting for a sequence slot (requests deferred).",
+            pending.saturating_sub(state.parallel).to_string(),
+        ),
+        ("ktune_in_flight", "gauge", "Requests being generated (at most --parallel).", pending.min(state.parallel).to_string()),
+        (
+            "ktune_prefix_cache_hit_tokens_total",
+            "counter",
+            "Prompt tokens a sequence's KV cache held already (not prefilled again).",
+            (m.prompt_tokens - m.prefilled_tokens.min(m.prompt_tokens)).to_string(),
+        ),
+        ("ktune_kv_cache_positions", "gauge", "Positions the sequences' KV caches hold in memory.", m.kv_positions.to_string()),
         ("ktune_connections_open", "gauge", "Connections being served.", net.open.load(Ordering::Relaxed).to_string()),
         (
             "ktune_connections_refused_total",
@@ -568,6 +583,10 @@ fn metrics(state: &State) -> String {
     ];
     for (name, kind, help, value) in rows {
         s.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"));
+    }
+    s.push_str("# HELP ktune_batch_steps_total Steps by the sequences they advanced (--parallel above 1; the last: that many or more).\n# TYPE ktune_batch_steps_total counter\n");
+    for (n, steps) in m.batch_steps.iter().enumerate().skip(1) {
+        s.push_str(&format!("ktune_batch_steps_total{{sequences=\"{n}\"}} {steps}\n"));
     }
     s
 }

@@ -64,6 +64,11 @@ struct Metrics {
     decode_tokens: u64,
     decode_seconds: f64,
     cancelled: u64,
+    /// Steps of the parallel worker by how many sequences each advanced (the
+    /// last entry: that many or more).
+    batch_steps: Vec<u64>,
+    /// Positions the slots' KV caches hold in memory.
+    kv_positions: usize,
 }
 
 /// What the request handlers and the worker share.
@@ -72,6 +77,8 @@ struct State {
     /// Requests sent to the worker and not finished (the one generating included).
     pending: Mutex<usize>,
     queue: usize,
+    /// Sequences generated at once (`--parallel`).
+    parallel: usize,
     metrics: Mutex<Metrics>,
     net: Arc<NetCounters>,
     shutdown: AtomicBool,
@@ -110,6 +117,15 @@ pub fn run(selector: Option<&str>, args: &ServeArgs, warn: &dyn Fn(&str)) -> Res
     for w in &g.warnings {
         warn(w);
     }
+    let parallel = match args.parallel {
+        0 => return Err(Error::Usage("--parallel 0: give at least 1".into())),
+        n if n > 1 && g.engine.is_gpu() => {
+            return Err(Error::Usage(format!(
+                "--parallel {n}: sequences of their own run on the CPU only so far; serve on --device cpu, or drop the flag"
+            )));
+        }
+        n => n,
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -125,7 +141,8 @@ pub fn run(selector: Option<&str>, args: &ServeArgs, warn: &dyn Fn(&str)) -> Res
         jobs: Mutex::new(Some(tx)),
         pending: Mutex::new(0),
         queue: args.queue,
-        metrics: Mutex::new(Metrics::default()),
+        parallel,
+        metrics: Mutex::new(Metrics { batch_steps: vec![0; parallel + 1], ..Metrics::default() }),
         net: Arc::new(NetCounters::default()),
         shutdown: AtomicBool::new(false),
         next_id: AtomicU64::new(1),
@@ -143,11 +160,12 @@ pub fn run(selector: Option<&str>, args: &ServeArgs, warn: &dyn Fn(&str)) -> Res
         Signals::new().map_err(|e| Error::Usage(format!("cannot catch SIGINT/SIGTERM: {e}")))?
     };
     eprintln!(
-        "ktune serve: {} on {}, {}, context {}, at most {} connections; listening on http://{addr}",
+        "ktune serve: {} on {}, {}, context {}, {} at once, at most {} connections; listening on http://{addr}",
         state.model_id,
         g.device,
         g.profile.as_deref().map_or("the runtime's defaults".to_string(), |p| format!("profile {p}")),
         g.context,
+        parallel,
         config.max_connections,
     );
     let worker = {

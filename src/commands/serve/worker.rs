@@ -10,7 +10,7 @@ use std::sync::mpsc;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::State;
-use crate::generate::{Completion, Generator, Limits, Output};
+use crate::generate::{Completion, Generator, Limits, Output, Running, Slot};
 use crate::kernels::sample::SamplerParams;
 use crate::report::StopReason;
 
@@ -37,22 +37,25 @@ pub(super) enum Event {
     Failed(u16, String),
 }
 
-/// The worker: one job at a time, in order; jobs left when shutting down get 503.
-/// Returns when every sender of `jobs` is gone.
+/// The worker: one job at a time, in order (with `state.parallel` above 1, as
+/// many sequences at once, [`work_parallel`]); jobs left when shutting down get
+/// 503. Returns when every sender of `jobs` is gone.
 pub(super) fn work(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
+    if state.parallel > 1 {
+        return work_parallel(g, jobs, state);
+    }
     for job in jobs {
         if state.shutdown.load(Ordering::SeqCst) {
             let _ = job.events.send(Event::Failed(503, "the server is shutting down".into()));
         } else {
             serve_job(&mut g, job, state);
         }
-        if let Ok(mut p) = state.pending.lock() {
-            *p = p.saturating_sub(1);
-        }
+        done_one(state);
     }
 }
 
-fn serve_job(g: &mut Generator, job: Job, state: &State) {
+/// The prompt of `job` as tokens, or the 400 that refuses it.
+fn prompt_of(g: &Generator, job: &Job) -> Result<Vec<u32>, String> {
     let prompt = match &job.input {
         Input::Messages(m) => {
             let turns: Vec<(&str, &str)> = m.iter().map(|(r, c)| (r.as_str(), c.as_str())).collect();
@@ -60,26 +63,30 @@ fn serve_job(g: &mut Generator, job: Job, state: &State) {
         }
         Input::Text(t) => g.encode(t, false).map_err(|e| e.to_string()),
     };
-    let prompt = match prompt {
+    match prompt {
         Ok(p) if p.is_empty() => Err("the prompt encodes to no tokens".to_string()),
         Ok(p) if p.len() >= g.context => {
             Err(format!("the prompt is {} tokens and the context holds {}: shorten it (the server's --context)", p.len(), g.context))
         }
         other => other,
-    };
-    let prompt = match prompt {
-        Ok(p) => p,
+    }
+}
+
+/// The prompt of `job`, its `Started` sent; None when refused (400 sent) or
+/// its client is gone.
+fn accept(g: &Generator, job: &Job) -> Option<Vec<u32>> {
+    match prompt_of(g, job) {
+        Ok(p) => job.events.send(Event::Started).is_ok().then_some(p),
         Err(msg) => {
             let _ = job.events.send(Event::Failed(400, msg));
-            return;
+            None
         }
-    };
-    if job.events.send(Event::Started).is_err() {
-        return;
     }
-    let events = &job.events;
-    let mut stream = |t: &str| events.send(Event::Text(t.to_string())).is_ok();
-    match g.complete(&prompt, job.params, Output { limits: &job.limits, cancel: None, stream: &mut stream }) {
+}
+
+/// A job's end: its counters into /metrics, its completion or error to its client.
+fn report(job: &Job, done: crate::Result<Completion>, state: &State) {
+    match done {
         Ok(c) => {
             if let Ok(mut m) = state.metrics.lock() {
                 m.prompt_tokens += c.prompt_tokens as u64;
@@ -93,10 +100,160 @@ fn serve_job(g: &mut Generator, job: Job, state: &State) {
                     eprintln!("ktune serve: a generation cancelled after {} tokens (client gone)", c.decoded.generated.len());
                 }
             }
-            let _ = events.send(Event::Done(Box::new(c)));
+            let _ = job.events.send(Event::Done(Box::new(c)));
         }
         Err(e) => {
-            let _ = events.send(Event::Failed(500, e.to_string()));
+            let _ = job.events.send(Event::Failed(500, e.to_string()));
         }
+    }
+}
+
+fn serve_job(g: &mut Generator, job: Job, state: &State) {
+    let Some(prompt) = accept(g, &job) else { return };
+    let events = &job.events;
+    let mut stream = |t: &str| events.send(Event::Text(t.to_string())).is_ok();
+    let done = g.complete(&prompt, job.params, Output { limits: &job.limits, cancel: None, stream: &mut stream });
+    report(&job, done, state);
+}
+
+/// A job being generated in a slot of [`work_parallel`].
+struct Active {
+    job: Job,
+    slot: usize,
+    run: Running,
+}
+
+/// `state.parallel` sequences at once, each in a slot of its own (its KV cache,
+/// kept after its request for the next one that shares its prefix): every step
+/// admits the jobs waiting while a slot is free (each prefilled and its first
+/// id sampled), then advances every running sequence by one token, so a client
+/// that comes waits for one step of the others, not for their whole answers,
+/// and one that leaves frees its slot at the next step. Each sequence computes
+/// exactly what it would alone: its step is the one-sequence decode step with
+/// its own cache swapped in.
+fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
+    let mut slots: Vec<Slot> = Vec::with_capacity(state.parallel);
+    for _ in 0..state.parallel {
+        match g.new_slot() {
+            Ok(s) => slots.push(s),
+            Err(e) => {
+                eprintln!("ktune serve: cannot make a sequence slot ({e}); serving one request at a time");
+                break;
+            }
+        }
+    }
+    if slots.is_empty() {
+        for job in jobs {
+            serve_job(&mut g, job, state);
+            done_one(state);
+        }
+        return;
+    }
+    let mut active: Vec<Active> = Vec::new();
+    // When each slot was last used (the least recent one is reused first).
+    let mut used = vec![0u64; slots.len()];
+    let mut clock = 0u64;
+    let mut open = true;
+    while open || !active.is_empty() {
+        // Admit while a slot is free: wait for a job only when nothing runs.
+        while active.len() < slots.len() && open {
+            let job = if active.is_empty() {
+                match jobs.recv() {
+                    Ok(j) => j,
+                    Err(_) => {
+                        open = false;
+                        break;
+                    }
+                }
+            } else {
+                match jobs.try_recv() {
+                    Ok(j) => j,
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        open = false;
+                        break;
+                    }
+                }
+            };
+            if state.shutdown.load(Ordering::SeqCst) {
+                let _ = job.events.send(Event::Failed(503, "the server is shutting down".into()));
+                done_one(state);
+                continue;
+            }
+            let Some(prompt) = accept(&g, &job) else {
+                done_one(state);
+                continue;
+            };
+            // The free slot whose cache shares most of the prompt, else the least recently used.
+            let busy: Vec<usize> = active.iter().map(|a| a.slot).collect();
+            let Some(slot) = (0..slots.len()).filter(|i| !busy.contains(i)).max_by_key(|&i| {
+                let common = slots[i].cached().iter().zip(&prompt).take_while(|(a, b)| a == b).count();
+                (common, u64::MAX - used[i])
+            }) else {
+                break;
+            };
+            clock += 1;
+            used[slot] = clock;
+            let events = job.events.clone();
+            let mut stream = |t: &str| events.send(Event::Text(t.to_string())).is_ok();
+            let started = in_slot(&mut g, &mut slots[slot], |g| g.start(&prompt, job.params, &job.limits, &mut stream));
+            match started {
+                Ok(run) if run.going() => active.push(Active { job, slot, run }),
+                Ok(run) => {
+                    let done = in_slot(&mut g, &mut slots[slot], |g| g.end(run, &mut stream));
+                    report(&job, done, state);
+                    done_one(state);
+                }
+                Err(e) => {
+                    report(&job, Err(e), state);
+                    done_one(state);
+                }
+            }
+        }
+        if let Ok(mut m) = state.metrics.lock() {
+            let last = m.batch_steps.len().saturating_sub(1);
+            if let Some(n) = m.batch_steps.get_mut(active.len().min(last)) {
+                *n += 1;
+            }
+            m.kv_positions = slots.iter().map(Slot::kv_written).sum();
+        }
+        // One token for every running sequence.
+        let mut i = 0;
+        while i < active.len() {
+            let a = &mut active[i];
+            let events = a.job.events.clone();
+            let mut stream = |t: &str| events.send(Event::Text(t.to_string())).is_ok();
+            let gone = a.job.events.is_closed();
+            let step = if gone { Ok(false) } else { in_slot(&mut g, &mut slots[a.slot], |g| g.advance(&mut a.run, &mut stream)) };
+            match step {
+                Ok(true) => i += 1,
+                Ok(false) => {
+                    let a = active.swap_remove(i);
+                    let done = in_slot(&mut g, &mut slots[a.slot], |g| g.end(a.run, &mut stream));
+                    report(&a.job, done, state);
+                    done_one(state);
+                }
+                Err(e) => {
+                    let a = active.swap_remove(i);
+                    report(&a.job, Err(e), state);
+                    done_one(state);
+                }
+            }
+        }
+    }
+}
+
+/// Runs `f` with `slot`'s sequence swapped into the generator, swapped back after.
+fn in_slot<T>(g: &mut Generator, slot: &mut Slot, f: impl FnOnce(&mut Generator) -> crate::Result<T>) -> crate::Result<T> {
+    g.swap_slot(slot)?;
+    let out = f(g);
+    g.swap_slot(slot)?;
+    out
+}
+
+/// One request sent to the worker is finished.
+fn done_one(state: &State) {
+    if let Ok(mut p) = state.pending.lock() {
+        *p = p.saturating_sub(1);
     }
 }

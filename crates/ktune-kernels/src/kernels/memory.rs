@@ -101,6 +101,36 @@ fn advise_huge(ptr: *const u8, bytes: usize) {
     }
 }
 
+/// Sets `data` to zeros and hands the whole pages inside it back to the system
+/// (`MADV_DONTNEED`: they read as zeros and take memory again only when written),
+/// the partial pages at its ends zeroed in place. A KV cache freed this way
+/// holds memory in proportion to the positions written since, so a server's
+/// sequences share the machine's memory by what they hold, not by the context
+/// each could reach. Elsewhere than Linux every element is written.
+pub fn release_zeroed<T: bytemuck::Zeroable + Copy>(data: &mut [T]) {
+    let size = std::mem::size_of::<T>().max(1);
+    #[cfg(target_os = "linux")]
+    {
+        const PAGE: usize = 4096;
+        let base = data.as_ptr() as usize;
+        let (start, end) = (base.next_multiple_of(PAGE), (base + std::mem::size_of_val(data)) / PAGE * PAGE);
+        if end > start && (start - base).is_multiple_of(size) {
+            let (head, rest) = data.split_at_mut((start - base) / size);
+            let (_, tail) = rest.split_at_mut((end - start) / size);
+            head.fill(T::zeroed());
+            tail.fill(T::zeroed());
+            // SAFETY: the range is whole pages inside `data`, which this call
+            // holds mutably; on private anonymous memory (the heap, mmapped
+            // allocations) MADV_DONTNEED makes them read back as zeros.
+            let done = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) } == 0;
+            if done {
+                return;
+            }
+        }
+    }
+    data.fill(T::zeroed());
+}
+
 #[cfg(test)]
 mod tests {
     use super::union_bytes;
@@ -112,5 +142,15 @@ mod tests {
         assert_eq!(union_bytes(vec![(10, 20), (10, 20), (10, 20)]), 10, "one buffer advised by three engines");
         assert_eq!(union_bytes(vec![(15, 30), (10, 20)]), 20, "overlapping");
         assert_eq!(union_bytes(vec![(40, 50), (10, 20), (12, 18)]), 20, "apart, and one inside another");
+    }
+
+    #[test]
+    fn released_memory_reads_as_zeros_and_can_be_written_again() {
+        let mut v: Vec<f32> = (0..100_000).map(|i| i as f32 + 1.0).collect();
+        super::release_zeroed(&mut v[3..]);
+        assert_eq!(&v[..3], &[1.0, 2.0, 3.0], "outside the slice nothing changes");
+        assert!(v[3..].iter().all(|&x| x == 0.0), "every released value reads 0");
+        v[50_000] = 7.0;
+        assert_eq!(v[50_000], 7.0);
     }
 }
