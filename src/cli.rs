@@ -627,6 +627,7 @@ impl GenerateArgs {
             chat_template: e.chat_template.clone(),
             command,
             template_required: command == "chat",
+            parallel: 1,
         })
     }
 }

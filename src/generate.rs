@@ -94,6 +94,8 @@ pub struct Passes {
     pub max_tokens: usize,
     /// Every position's logits, not only the last.
     pub all_logits: bool,
+    /// Sequences a decode batch holds (`serve --parallel`; 0 or 1: none).
+    pub batch_rows: usize,
 }
 
 /// A warmed engine with what it was chosen and built with.
@@ -146,7 +148,7 @@ impl ProfileChoice {
                 exec.weight_dtype
             )));
         }
-        let opts = settings.plan_options(m, &exec, passes.max_tokens, passes.context, passes.all_logits);
+        let opts = settings.plan_options(m, &exec, passes.max_tokens, passes.context, passes.all_logits).with_batch_rows(passes.batch_rows);
         let ctx = session::open_device(device, exec.trusted_shaders)?;
         // One engine: its weights need no memo to share them.
         let engine = Engines::of(m, ctx.clone(), None).build(opts, selection, &exec)?;
@@ -611,6 +613,8 @@ pub struct GeneratorSettings {
     /// Without a chat template: an error (chat), or a generator that renders no
     /// messages (serve: its completions need none).
     pub template_required: bool,
+    /// Sequences decoded at once (`serve --parallel`; 1: one).
+    pub parallel: usize,
 }
 
 /// The context a generator sizes its KV cache for without `--context`.
@@ -745,7 +749,14 @@ impl Generator {
             )));
         }
         let chunk = s.prefill_chunk.clamp(1, context);
-        let passes = Passes { context, context_flag: "--context", prefill_tokens: chunk, max_tokens: chunk, all_logits: false };
+        let passes = Passes {
+            context,
+            context_flag: "--context",
+            prefill_tokens: chunk,
+            max_tokens: chunk,
+            all_logits: false,
+            batch_rows: s.parallel.min(chunk),
+        };
         let p = s.choice.prepare(profile, &device, &s.model, &m, passes, &mut warnings)?;
         warnings.extend(p.engine.warnings());
         Ok(Generator {
@@ -875,6 +886,11 @@ impl Generator {
         self.prefilled = if prompt.len() >= 2 { prompt.len() } else { 0 };
     }
 
+    /// The most sequences one decode batch holds ([`Generator::advance_batch`]).
+    pub fn batch_rows(&self) -> usize {
+        self.engine.plan.options.batch_rows
+    }
+
     /// A sequence of its own ([`Generator::swap_slot`]), its KV cache empty
     /// (CPU engines).
     pub fn new_slot(&self) -> Result<Slot> {
@@ -946,6 +962,35 @@ impl Generator {
         run.next = id;
         run.going = run.stepper.keep(id, Some(&self.tokenizer), &self.stop_ids, None, stream);
         Ok(run.going)
+    }
+
+    /// One decode step of several sequences at once ([`Engine::decode_batch`],
+    /// CPU): each slot's generation fed its last id and its next sampled from
+    /// its own row of logits and kept, its text to `stream(i, piece)`. The slots
+    /// stay out of the generator. On an error every slot's cache is emptied.
+    pub fn advance_batch(
+        &mut self,
+        slots: &mut [&mut Slot],
+        runs: &mut [&mut Running],
+        stream: &mut dyn FnMut(usize, &str) -> bool,
+    ) -> Result<()> {
+        let tokens: Vec<u32> = runs.iter().map(|r| r.next).collect();
+        let vocab = self.engine.plan.config.dims.vocab_size;
+        let mut kvs: Vec<&mut crate::runtime::SeqKv> = slots.iter_mut().map(|s| &mut s.kv).collect();
+        let logits = match self.engine.decode_batch(&mut kvs, &tokens) {
+            Ok(l) => l,
+            Err(e) => {
+                slots.iter_mut().for_each(|s| s.release());
+                return Err(e.into());
+            }
+        };
+        for (i, run) in runs.iter_mut().enumerate() {
+            let id = run.sampler.sample(&logits[i * vocab..(i + 1) * vocab]);
+            run.steps += 1;
+            run.next = id;
+            run.going = run.stepper.keep(id, Some(&self.tokenizer), &self.stop_ids, None, &mut |t| stream(i, t));
+        }
+        Ok(())
     }
 
     /// Ends `run` (cancelled when it was still going): its completion, and what

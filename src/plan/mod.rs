@@ -291,6 +291,10 @@ pub struct PlanOptions {
     pub context: usize,
     /// Compute the logits of every prompt position (for `--dump-logits`), not only the last.
     pub all_logits: bool,
+    /// Rows of logits a decode batch reads ([`Plan::batch_steps`]: `serve
+    /// --parallel`'s sequences in one pass); 0 or 1: none.
+    #[serde(skip_serializing_if = "is_zero_rows")]
+    pub batch_rows: usize,
     pub fusion: Fusion,
     /// Parallel groups (the profile's `parallel`): q/k/v and gate/up run concurrently.
     pub parallel: Parallel,
@@ -329,6 +333,10 @@ pub fn default_cpu_repack(c: &ModelConfig, dtypes: impl IntoIterator<Item = DTyp
     )
 }
 
+fn is_zero_rows(n: &usize) -> bool {
+    *n == 0
+}
+
 impl PlanOptions {
     /// Passes of up to `max_tokens` tokens over a KV cache of `context`
     /// positions, every matrix in `weight_dtype`: the common form, with an f32
@@ -342,6 +350,7 @@ impl PlanOptions {
             max_tokens,
             context,
             all_logits: false,
+            batch_rows: 0,
             fusion: Fusion::ALL,
             parallel: Parallel::default(),
             cpu_repack: Vec::new(),
@@ -366,6 +375,11 @@ impl PlanOptions {
     /// These options with every position's logits (`all_logits`).
     pub fn with_all_logits(self, all_logits: bool) -> PlanOptions {
         PlanOptions { all_logits, ..self }
+    }
+
+    /// These options with decode batches of up to `batch_rows` sequences.
+    pub fn with_batch_rows(self, batch_rows: usize) -> PlanOptions {
+        PlanOptions { batch_rows, ..self }
     }
 
     /// These options with the matrices of `matrix_formats` in their own types.
@@ -628,7 +642,7 @@ impl Plan {
         self.norm_weight("final_norm".into(), h, "model.norm.weight");
         let head = if c.tie_word_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
         let w = self.options.matrix_dtype(head);
-        let logit_rows = if self.options.all_logits { t } else { 1 };
+        let logit_rows = if self.options.all_logits { t } else { self.options.batch_rows.clamp(1, t) };
         // A quantized block's buffer adds up to 272 bytes of alignment padding.
         let limit = if w.is_quant() { self.binding_limit().saturating_sub(512) } else { self.binding_limit() };
         let blocks = lm_head_blocks_bytes(c.dims.vocab_size, w.bytes_for(h), logit_rows, limit);
@@ -893,9 +907,41 @@ impl Plan {
             return Err(PlanError::TooManyTokens(pos0 + tokens, o.max_tokens, o.context));
         }
         let regime = if tokens == 1 { Regime::Decode } else { Regime::Prefill };
-        let mut e = Emitter { plan: self, regime, steps: Vec::new(), group: 0 };
+        let mut e = Emitter { plan: self, regime, steps: Vec::new(), group: 0, all_rows: false };
         e.forward(tokens, pos0)?;
         Ok(e.steps)
+    }
+
+    /// Steps of one decode pass over `rows` sequences (2 up to `batch_rows`), a
+    /// token each: the prefill's steps over `rows` tokens, every row's logits
+    /// read. The steps that depend on a token's position or sequence (RoPE, the
+    /// KV-cache write, attention) are built for position 0; the executor runs
+    /// them a row at a time, each at its own sequence's position over its own
+    /// cache ([`Plan::position_dependent`]).
+    pub fn batch_steps(&self, rows: usize) -> Result<Vec<Step>, PlanError> {
+        let o = &self.options;
+        if rows < 2 || rows > o.batch_rows.min(o.max_tokens) || rows > o.context {
+            return Err(PlanError::TooManyTokens(rows, o.batch_rows.min(o.max_tokens), o.context));
+        }
+        let mut e = Emitter { plan: self, regime: Regime::Prefill, steps: Vec::new(), group: 0, all_rows: true };
+        e.forward(rows, 0)?;
+        Ok(e.steps)
+    }
+
+    /// Whether `step` depends on where its tokens stand (their positions, their
+    /// sequence's KV cache): what a decode batch runs a row at a time.
+    pub fn position_dependent(step: &Step) -> bool {
+        match &step.kind {
+            StepKind::Kernel { problem, .. } => matches!(
+                problem,
+                Problem::Rope { .. }
+                    | Problem::QkNormRope { .. }
+                    | Problem::QkvRopeCache { .. }
+                    | Problem::AttentionPrefill { .. }
+                    | Problem::AttentionDecode { .. }
+            ),
+            StepKind::Plumb(p) => matches!(p, Plumb::KvWrite { .. }),
+        }
     }
 }
 
@@ -1000,6 +1046,8 @@ struct Emitter<'a> {
     regime: Regime,
     steps: Vec<Step>,
     group: u32,
+    /// Every row's logits (a decode batch), whatever `all_logits` says.
+    all_rows: bool,
 }
 
 impl Emitter<'_> {
@@ -1319,7 +1367,10 @@ impl Emitter<'_> {
         let scale = c.layer_attention_scale(l) as f32;
         let kv_len = s.pos0 + t;
         let (heads, kv_heads) = (c.dims.num_heads, c.dims.num_kv_heads);
-        let (p, slot) = if t == 1 {
+        let (p, slot) = if t == 1 || self.all_rows {
+            // A decode batch's rows each attend as a lone decode step does (its
+            // executor moves the problem to each row's position).
+            let kv_len = if self.all_rows { 1 } else { kv_len };
             (Problem::AttentionDecode { kv_len, kv_cap, heads, kv_heads, head_dim: hd, window, scale }, Slot::AttentionDecode)
         } else {
             let p = Problem::AttentionPrefill {
@@ -1337,7 +1388,13 @@ impl Emitter<'_> {
             (p, Slot::AttentionPrefill)
         };
         let (qr, attn, o) = (plan.id("qr"), plan.id("attn"), plan.id("o"));
-        self.kernel(slot, Some(l), p, vec![qr, w.k_cache, w.v_cache, attn], plan.options.kv_dtype)?;
+        let regime = self.regime;
+        if slot == Slot::AttentionDecode {
+            self.regime = Regime::Decode;
+        }
+        let chosen = self.kernel(slot, Some(l), p, vec![qr, w.k_cache, w.v_cache, attn], plan.options.kv_dtype);
+        self.regime = regime;
+        chosen?;
         self.matmul(Slot::MatmulO, Some(l), None, t, c.dims.hidden_size, c.q_dim(), [attn, w.wo, o])
     }
 
@@ -1485,7 +1542,7 @@ impl Emitter<'_> {
             }
             return Ok(());
         }
-        let (rows, src) = if t > 1 && plan.options.all_logits {
+        let (rows, src) = if t > 1 && (plan.options.all_logits || self.all_rows) {
             (t, xn)
         } else if t > 1 {
             let last = plan.id("last");

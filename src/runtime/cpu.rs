@@ -174,6 +174,10 @@ fn f32s_mut<'a>(bufs: &'a mut [HostBuf], id: BufId, what: &str) -> Result<&'a mu
 /// A kernel step's output buffers, taken out of the executor while it runs.
 type Taken = smallvec::SmallVec<[(BufId, Vec<f32>); 4]>;
 
+/// One row of a decode batch's position-dependent kernel: its rows of the
+/// step's outputs and how its call went.
+type RowJob<'a> = (smallvec::SmallVec<[&'a mut [f32]; 2]>, Result<(), RuntimeError>);
+
 /// An f32 buffer's values, through a shared weight.
 fn f32_of(b: &HostBuf) -> Option<&[f32]> {
     match b {
@@ -377,34 +381,11 @@ impl CpuExec {
             }
             Plumb::KvWrite { k, v, k_cache, v_cache, tokens, kv_heads, head_dim, kv_cap, pos0 } => {
                 for (src, dst) in [(k, k_cache), (v, v_cache)] {
-                    let write = |h: usize, t: usize| ((h * kv_cap + pos0 + t) * head_dim, (t * kv_heads + h) * head_dim);
                     let (cache, s) = two(&mut self.bufs, dst, src, "kv_write")?;
                     let Some(s) = f32_of(s) else {
                         return Err(RuntimeError::Internal("kv_write: the new keys/values are not f32".into()));
                     };
-                    match cache {
-                        HostBuf::F32(c) => {
-                            for t in 0..tokens {
-                                for h in 0..kv_heads {
-                                    let (d, o) = write(h, t);
-                                    c[d..d + head_dim].copy_from_slice(&s[o..o + head_dim]);
-                                }
-                            }
-                        }
-                        HostBuf::Q(_) | HostBuf::Stack(_) | HostBuf::Shared(_) => {
-                            return Err(RuntimeError::Internal("kv_write: the KV cache is never quantized or shared".into()));
-                        }
-                        HostBuf::F16(c) => {
-                            for t in 0..tokens {
-                                for h in 0..kv_heads {
-                                    let (d, o) = write(h, t);
-                                    for i in 0..head_dim {
-                                        c[d + i] = f16::from_f32(s[o + i]);
-                                    }
-                                }
-                            }
-                        }
-                    }
+                    kv_write(cache, s, tokens, kv_heads, head_dim, kv_cap, pos0)?;
                 }
             }
             Plumb::Copy { src, src_off, dst, dst_off, len } => {
@@ -416,6 +397,110 @@ impl CpuExec {
             }
         }
         Ok(())
+    }
+
+    /// Runs a decode batch's `steps` ([`Plan::batch_steps`] for `seqs.len()`
+    /// rows, a token of each sequence): every step over all rows at once, but
+    /// the position-dependent ones ([`Plan::position_dependent`]), which run a
+    /// row at a time: moved to one token at that sequence's position, reading
+    /// and writing the row's activations (`widths[buffer]`: an activation's
+    /// floats a token, 0 for other buffers) and the sequence's KV cache,
+    /// swapped in for the call.
+    pub fn run_rows(
+        &mut self,
+        steps: &[Step],
+        seqs: &mut [&mut super::SeqKv],
+        widths: &[usize],
+        times: &mut SlotTimes,
+    ) -> Result<(), RuntimeError> {
+        let mut i = 0;
+        while i < steps.len() {
+            let step = &steps[i];
+            if !Plan::position_dependent(step) {
+                // A parallel group runs as in a pass of its own.
+                let mut j = i + 1;
+                if let Some(g) = step.group {
+                    while j < steps.len() && steps[j].group == Some(g) && !Plan::position_dependent(&steps[j]) {
+                        j += 1;
+                    }
+                }
+                self.run(&steps[i..j], times)?;
+                i = j;
+                continue;
+            }
+            let t0 = Instant::now();
+            self.run_rows_of(step, seqs, widths)?;
+            times.add(step.slot, t0.elapsed().as_secs_f64());
+            i += 1;
+        }
+        Ok(())
+    }
+
+    /// A position-dependent step of a decode batch, every row as one token at
+    /// its sequence's position over its sequence's cache: a KV write row by row,
+    /// a kernel's rows side by side on the pool (each row's own parallel loop
+    /// inline on its task).
+    fn run_rows_of(&mut self, step: &Step, seqs: &mut [&mut super::SeqKv], widths: &[usize]) -> Result<(), RuntimeError> {
+        let cache_of = |seq: &super::SeqKv, id: BufId| seq.bufs.binary_search_by_key(&id, |(b, _)| *b).ok();
+        let StepKind::Kernel { kernel, params, problem, binds, outputs, .. } = &step.kind else {
+            let StepKind::Plumb(Plumb::KvWrite { k, v, k_cache, v_cache, kv_heads, head_dim, kv_cap, .. }) = &step.kind else {
+                return Err(RuntimeError::Internal("a decode batch's row step is not a KV write".into()));
+            };
+            for (r, seq) in seqs.iter_mut().enumerate() {
+                for (src, dst) in [(*k, *k_cache), (*v, *v_cache)] {
+                    let s = f32s(&self.bufs, src, "kv_write")?;
+                    let o = r * widths.get(src).copied().unwrap_or(0);
+                    let Some(at) = cache_of(seq, dst) else {
+                        return Err(RuntimeError::Internal(format!("kv_write: buffer {dst} is no sequence's cache")));
+                    };
+                    kv_write(&mut seq.bufs[at].1, &s[o..], 1, *kv_heads, *head_dim, *kv_cap, seq.pos)?;
+                }
+            }
+            return Ok(());
+        };
+        let rows = seqs.len();
+        let mut outs = self.take_outs(step)?;
+        let mut jobs: Vec<RowJob<'_>> = (0..rows).map(|_| (smallvec::SmallVec::new(), Ok(()))).collect();
+        let mut split = Ok(());
+        for (id, v) in outs.iter_mut() {
+            let w = widths.get(*id).copied().unwrap_or(0);
+            if w == 0 || v.len() < rows * w {
+                split = Err(RuntimeError::Internal(format!("`{}`: output buffer {id} has no row per sequence", step.slot.name())));
+                break;
+            }
+            for (job, row) in jobs.iter_mut().zip(v[..rows * w].chunks_mut(w)) {
+                job.0.push(row);
+            }
+        }
+        if split.is_ok() {
+            let (bufs, seqs) = (&self.bufs, &*seqs);
+            crate::kernels::cpu::pool::for_chunks_mut(&mut jobs, 1, |r, job| {
+                let (outs, res) = &mut job[0];
+                let seq = &seqs[r];
+                let problem = at_position(problem, seq.pos);
+                let ins = binds
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| outputs & (1 << i) == 0)
+                    .map(|(_, &b)| match cache_of(seq, b) {
+                        Some(at) => seq.bufs[at].1.as_in(),
+                        None => match bufs[b].as_in() {
+                            CpuIn::F32(v) => CpuIn::F32(&v[(r * widths.get(b).copied().unwrap_or(0)).min(v.len())..]),
+                            other => other,
+                        },
+                    })
+                    .collect();
+                let args = CpuArgs { ins, outs: outs.iter_mut().map(|o| &mut **o).collect() };
+                *res = kernel.run_cpu_planned(&problem, params, args).map_err(|e| RuntimeError::Kernel {
+                    slot: step.slot.name().into(),
+                    layer: step.layer,
+                    source: Box::new(e),
+                });
+            });
+        }
+        let first = jobs.into_iter().map(|(_, r)| r).find(Result::is_err).unwrap_or(Ok(()));
+        self.put_back(outs);
+        split.and(first)
     }
 
     /// Writes `data` into an f32 buffer at offset 0.
@@ -434,4 +519,58 @@ impl CpuExec {
     pub fn view(&self, id: BufId, len: usize) -> Result<&[f32], RuntimeError> {
         Ok(&f32s(&self.bufs, id, "read")?[..len])
     }
+}
+
+/// A position-dependent problem moved to one token at `pos` (a decode batch's row).
+fn at_position(p: &crate::kernels::Problem, pos: usize) -> crate::kernels::Problem {
+    use crate::kernels::Problem;
+    let mut p = p.clone();
+    match &mut p {
+        Problem::Rope { tokens, pos0, .. } | Problem::QkNormRope { tokens, pos0, .. } => (*tokens, *pos0) = (1, pos),
+        Problem::QkvRopeCache { pos0, .. } => *pos0 = pos,
+        Problem::AttentionPrefill { tokens, kv_len, bidi_start, bidi_end, .. } => {
+            (*tokens, *kv_len, *bidi_start, *bidi_end) = (1, pos + 1, 0, 0)
+        }
+        Problem::AttentionDecode { kv_len, .. } => *kv_len = pos + 1,
+        _ => {}
+    }
+    p
+}
+
+/// `tokens` rows of new keys or values `s` (`[tokens, kv_heads, head_dim]`) into
+/// the head-major cache `[kv_heads, kv_cap, head_dim]` at positions `pos0..`.
+fn kv_write(
+    cache: &mut HostBuf,
+    s: &[f32],
+    tokens: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    kv_cap: usize,
+    pos0: usize,
+) -> Result<(), RuntimeError> {
+    let write = |h: usize, t: usize| ((h * kv_cap + pos0 + t) * head_dim, (t * kv_heads + h) * head_dim);
+    match cache {
+        HostBuf::F32(c) => {
+            for t in 0..tokens {
+                for h in 0..kv_heads {
+                    let (d, o) = write(h, t);
+                    c[d..d + head_dim].copy_from_slice(&s[o..o + head_dim]);
+                }
+            }
+        }
+        HostBuf::Q(_) | HostBuf::Stack(_) | HostBuf::Shared(_) => {
+            return Err(RuntimeError::Internal("kv_write: the KV cache is never quantized or shared".into()));
+        }
+        HostBuf::F16(c) => {
+            for t in 0..tokens {
+                for h in 0..kv_heads {
+                    let (d, o) = write(h, t);
+                    for i in 0..head_dim {
+                        c[d + i] = f16::from_f32(s[o + i]);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }

@@ -138,6 +138,10 @@ pub struct Engine {
     tally: DecodeTally,
     /// The most positions the KV cache held was written up to.
     kv_written: usize,
+    /// Compiled decode batches by their rows ([`Engine::decode_batch`]), and
+    /// each buffer's floats a token (activations; 0 for the rest).
+    batch_schedules: Vec<(usize, Vec<crate::plan::Step>)>,
+    row_widths: Vec<usize>,
 }
 
 /// One sequence's KV cache outside the engine ([`Engine::swap_sequence`]): the
@@ -523,6 +527,8 @@ impl Engine {
             image_attention: ImageAttention::default(),
             tally: DecodeTally::default(),
             kv_written: 0,
+            batch_schedules: Vec::new(),
+            row_widths: Vec::new(),
         })
     }
 
@@ -618,6 +624,68 @@ impl Engine {
         self.kv_written = seq_hw;
         seq.written = engine_hw;
         Ok(())
+    }
+
+    /// One decode step of many sequences at once: `tokens[r]` fed to `seqs[r]`
+    /// at its position, its cache written there; the logits, row `r` for
+    /// sequence `r` (borrowed until the next call). Two or more sequences, on the
+    /// CPU ([`Plan::batch_steps`] up to the plan's `batch_rows`): the matrices
+    /// run once over all the rows (the prefill's kernels, each weight read once
+    /// for the batch), RoPE, the KV write and attention a row at a time over its
+    /// own sequence's cache. The engine's own cache and position are untouched.
+    pub fn decode_batch(&mut self, seqs: &mut [&mut SeqKv], tokens: &[u32]) -> Result<&[f32], RuntimeError> {
+        let b = tokens.len();
+        if b != seqs.len() {
+            return Err(RuntimeError::Internal(format!("{b} tokens for {} sequences", seqs.len())));
+        }
+        let ctx = self.plan.options.context;
+        if let Some(s) = seqs.iter().find(|s| s.pos + 1 > ctx) {
+            return Err(RuntimeError::ContextFull { pos: s.pos + 1, context: ctx });
+        }
+        if !matches!(self.exec, Exec::Cpu(_)) {
+            return Err(RuntimeError::Internal("a decode batch needs a CPU engine".into()));
+        }
+        self.embed(tokens)?;
+        let si = match self.batch_schedules.iter().position(|(n, _)| *n == b) {
+            Some(i) => i,
+            None => {
+                self.batch_schedules.push((b, self.plan.batch_steps(b)?));
+                self.batch_schedules.len() - 1
+            }
+        };
+        if self.row_widths.is_empty() {
+            let t = self.plan.options.max_tokens.max(1);
+            self.row_widths =
+                self.plan.buffers.iter().map(|d| if d.role == BufRole::Activation && d.len % t == 0 { d.len / t } else { 0 }).collect();
+        }
+        for v in self.pass_times.seconds.values_mut() {
+            *v = 0.0;
+        }
+        let (x0, vocab) = (self.plan.x[0], self.plan.config.dims.vocab_size);
+        self.logits.resize(b * vocab, 0.0);
+        let Exec::Cpu(e) = &mut self.exec else { return Err(RuntimeError::Internal("a decode batch needs a CPU engine".into())) };
+        cpu_pool(self.cpu_threads, self.cpu_spin_us, self.cpu_prefetch);
+        e.write(x0, &self.x)?;
+        e.run_rows(&self.batch_schedules[si].1, seqs, &self.row_widths, &mut self.pass_times)?;
+        for blk in &self.plan.lm_head {
+            scatter(&mut self.logits, e.view(blk.logits, b * blk.rows)?, blk.start, blk.rows, vocab);
+        }
+        if let Some(c) = self.plan.config.final_logit_softcapping
+            && c > 0.0
+        {
+            self.logits.iter_mut().for_each(|v| *v = ((*v as f64 / c).tanh() * c) as f32);
+        }
+        for s in seqs.iter_mut() {
+            s.pos += 1;
+            s.written = s.written.max(s.pos);
+        }
+        Ok(&self.logits)
+    }
+
+    /// Per-slot times of the last pass (a prefill chunk, a decode step, a
+    /// decode batch).
+    pub fn last_pass_times(&self) -> &SlotTimes {
+        &self.pass_times
     }
 
     /// The most positions the KV cache the engine holds was written up to since
@@ -1002,14 +1070,7 @@ impl Engine {
         // Each LM-head block's logits are `[rows, block rows]`: one read per block.
         match &mut self.exec {
             Exec::Cpu(e) => {
-                let pool = crate::kernels::cpu::pool::pool();
-                pool.set_threads(if self.cpu_threads == 0 { pool.capacity() } else { self.cpu_threads });
-                pool.set_spin(if self.cpu_spin_us == 0 {
-                    crate::kernels::cpu::pool::DEFAULT_SPIN
-                } else {
-                    std::time::Duration::from_micros(self.cpu_spin_us as u64)
-                });
-                crate::kernels::cpu::set_prefetch_bytes(self.cpu_prefetch.unwrap_or(crate::kernels::cpu::DEFAULT_PREFETCH));
+                cpu_pool(self.cpu_threads, self.cpu_spin_us, self.cpu_prefetch);
                 e.write(x0, &self.x)?;
                 phases.prepare += lap.lap();
                 // The kernels' parallel loops run on the persistent spinning pool
@@ -1060,6 +1121,15 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// The CPU pool as an engine runs its passes: `threads` (0: all), idle workers
+/// spinning `spin_us` µs (0: the default), int8 dots prefetching `prefetch` bytes.
+fn cpu_pool(threads: usize, spin_us: u32, prefetch: Option<u32>) {
+    let pool = crate::kernels::cpu::pool::pool();
+    pool.set_threads(if threads == 0 { pool.capacity() } else { threads });
+    pool.set_spin(if spin_us == 0 { crate::kernels::cpu::pool::DEFAULT_SPIN } else { std::time::Duration::from_micros(spin_us as u64) });
+    crate::kernels::cpu::set_prefetch_bytes(prefetch.unwrap_or(crate::kernels::cpu::DEFAULT_PREFETCH));
 }
 
 /// One LM-head block's `[rows, block_rows]` logits into the `[rows, vocab]` rows.

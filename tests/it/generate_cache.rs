@@ -16,12 +16,22 @@ use ktune::session::{ModelSettings, ModelSource};
 use crate::common::{fixture, gguf_dir, ktune, read_json, tempdir};
 
 fn open(chunk: usize) -> Generator {
+    open_as("smollm2-tiny-q8_0.gguf", chunk, 1)
+}
+
+/// The context a fixture runs in: 256 positions, or the model's own (a few
+/// fixtures hold 32).
+fn context_of(file: &str) -> Option<usize> {
+    (file == "smollm2-tiny-q8_0.gguf").then_some(256)
+}
+
+fn open_as(file: &str, chunk: usize, parallel: usize) -> Generator {
     let s = GeneratorSettings {
         model: ModelSettings {
-            source: ModelSource::Gguf(gguf_dir().join("smollm2-tiny-q8_0.gguf")),
+            source: ModelSource::Gguf(if file.contains('/') { file.into() } else { gguf_dir().join(file) }),
             mmproj: None,
             layers: None,
-            weight_dtype: None,
+            weight_dtype: file.contains("-k-").then_some(DType::F32),
             seed: 0,
             trusted_shaders: false,
         },
@@ -34,11 +44,12 @@ fn open(chunk: usize) -> Generator {
             batch: true,
             decode_chain: None,
         },
-        context: Some(256),
+        context: context_of(file),
         prefill_chunk: chunk,
-        chat_template: Some(fixture("chat_templates/smollm2.jinja")),
+        chat_template: file.starts_with("smollm2").then(|| fixture("chat_templates/smollm2.jinja")),
         command: "serve",
         template_required: false,
+        parallel,
     };
     Generator::open(Some("cpu"), &s).expect("the fixture opens")
 }
@@ -112,5 +123,117 @@ fn a_prompt_gives_the_same_logits_however_it_is_cut_into_passes() {
             let moved = last_logits(model, &tokens, chunk).iter().zip(&whole).filter(|(a, b)| a != b).count();
             assert_eq!(moved, 0, "{model}: passes of {chunk}: {moved} logits differ from one pass's");
         }
+    }
+}
+
+/// Sequences decoded together in one batch ([`Generator::advance_batch`]: the
+/// matrices once over every row, RoPE, the KV write and attention a row at a
+/// time over each sequence's own cache) give the ids each gives alone: greedy
+/// and seeded sampling, prompts of different lengths (the batch's positions
+/// differ every step), Gemma 3's sliding windows of 8 passed; sequences end at
+/// different steps and the batch shrinks, to one decoded alone. Fixtures: Q8_0
+/// weights (int8 activations: per 32 in both paths), Phi-3's sliding window,
+/// Qwen3-MoE's experts, and a K-quant Llama loaded as f32: the decode dots of
+/// Q4_K/Q6_K quantize activations per 256 where the batch's GEMM does per 32,
+/// so there a batch's ids may part from the lone ones at a near tie (as the
+/// prefill's do from llama.cpp's, `greedy_up_to_a_near_tie`).
+#[test]
+fn a_decode_batch_gives_every_sequence_its_answer_alone() {
+    use ktune::kernels::sample::SamplerParams as P;
+    for file in ["smollm2-tiny-q8_0.gguf", "phi3-tiny-q8_0.gguf", "llama-k-q4_k_m.gguf", "qwen3moe-tiny-q8_0.gguf"] {
+        let mut alone = open_as(file, 512, 1);
+        let mut batch = open_as(file, 512, 4);
+        // Lengths and budgets within the fixture's context (phi3's: 32 positions).
+        let room = batch.context;
+        let lengths = [5usize, 13, 30.min(room / 2), 2];
+        let prompts: Vec<Vec<u32>> = lengths.iter().map(|&n| (0..n).map(|i| 3 + ((i * 31 + n) % 90) as u32).collect()).collect();
+        let seeded = P { temperature: 0.9, top_p: 0.95, repeat_penalty: 1.1, seed: 11, ..P::GREEDY };
+        let params = [P::GREEDY, seeded, P::GREEDY, seeded];
+        let budgets: Vec<usize> = [16usize, 9, 20, 12].iter().zip(&lengths).map(|(&b, &n)| b.min(room - n - 1)).collect();
+        let mut slots: Vec<_> = (0..prompts.len()).map(|_| batch.new_slot().expect("a slot")).collect();
+        let mut runs = Vec::new();
+        for (i, slot) in slots.iter_mut().enumerate() {
+            let limits = Limits { max_tokens: budgets[i], stop: Vec::new(), ignore_eos: true };
+            batch.swap_slot(slot).unwrap();
+            runs.push(batch.start(&prompts[i], params[i], &limits, &mut |_| true).expect("prefills"));
+            batch.swap_slot(slot).unwrap();
+        }
+        let mut batched_steps = 0;
+        loop {
+            let going: Vec<usize> = (0..runs.len()).filter(|&i| runs[i].going()).collect();
+            if going.len() < 2 {
+                for &i in &going {
+                    batch.swap_slot(&mut slots[i]).unwrap();
+                    while batch.advance(&mut runs[i], &mut |_| true).unwrap() {}
+                    batch.swap_slot(&mut slots[i]).unwrap();
+                }
+                break;
+            }
+            let mut ss: Vec<_> = slots.iter_mut().enumerate().filter(|(i, _)| going.contains(i)).map(|(_, s)| s).collect();
+            let mut rs: Vec<_> = runs.iter_mut().enumerate().filter(|(i, _)| going.contains(i)).map(|(_, r)| r).collect();
+            batch.advance_batch(&mut ss, &mut rs, &mut |_, _| true).expect("a batch step");
+            batched_steps += 1;
+        }
+        assert!(batched_steps >= 8, "{file}: {batched_steps} batched steps");
+        for (i, (run, slot)) in runs.into_iter().zip(&mut slots).enumerate() {
+            batch.swap_slot(slot).unwrap();
+            let got = batch.end(run, &mut |_| true).expect("ends").decoded.generated;
+            batch.swap_slot(slot).unwrap();
+            alone.reset();
+            let limits = Limits { max_tokens: budgets[i], stop: Vec::new(), ignore_eos: true };
+            let mut sink = |_: &str| true;
+            let want = alone.complete(&prompts[i], params[i], Output { limits: &limits, cancel: None, stream: &mut sink }).unwrap();
+            assert_eq!(got, want.decoded.generated, "{file}: sequence {i} in a batch");
+        }
+    }
+}
+
+/// Decode batches of a real model (`KTUNE_REAL_GGUF`, e.g. SmolLM2-135M): tokens
+/// a second at 1 (the lone decode step), 2, 4, 8 and 16 sequences, interleaved
+/// rounds, and where a batch's time goes by slot. A measurement, not a check:
+/// `KTUNE_REAL_GGUF=target/real/SmolLM2-135M-Instruct.Q4_1.gguf cargo test
+/// --release --test it batch_decode_timing -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement on a real model file"]
+fn batch_decode_timing() {
+    let Some(path) = std::env::var_os("KTUNE_REAL_GGUF") else { return };
+    let mut g = open_as(path.to_str().expect("utf-8 path"), 512, 16);
+    let prompt: Vec<u32> = (0..24).map(|i| 100 + i).collect();
+    let sizes = [1usize, 2, 4, 8, 16];
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); sizes.len()];
+    for _round in 0..3 {
+        for (si, &b) in sizes.iter().enumerate() {
+            let mut slots: Vec<_> = (0..b).map(|_| g.new_slot().unwrap()).collect();
+            let limits = Limits { max_tokens: 40, stop: Vec::new(), ignore_eos: true };
+            let mut runs = Vec::new();
+            for slot in slots.iter_mut() {
+                g.swap_slot(slot).unwrap();
+                runs.push(g.start(&prompt, SamplerParams::GREEDY, &limits, &mut |_| true).unwrap());
+                g.swap_slot(slot).unwrap();
+            }
+            let steps = 32;
+            let t0 = std::time::Instant::now();
+            for _ in 0..steps {
+                if b == 1 {
+                    g.swap_slot(&mut slots[0]).unwrap();
+                    g.advance(&mut runs[0], &mut |_| true).unwrap();
+                    g.swap_slot(&mut slots[0]).unwrap();
+                } else {
+                    let mut ss: Vec<_> = slots.iter_mut().collect();
+                    let mut rs: Vec<_> = runs.iter_mut().collect();
+                    g.advance_batch(&mut ss, &mut rs, &mut |_, _| true).unwrap();
+                }
+            }
+            rates[si].push((steps * b) as f64 / t0.elapsed().as_secs_f64());
+            if b == 16 {
+                let mut t: Vec<_> = g.engine.last_pass_times().seconds.iter().map(|(k, v)| (*v, format!("{k:?}"))).collect();
+                t.sort_by(|a, b| b.0.total_cmp(&a.0));
+                eprintln!("batch of 16, ms by slot: {:?}", t.iter().map(|(v, k)| format!("{k} {:.2}", v * 1e3)).collect::<Vec<_>>());
+            }
+        }
+    }
+    for (b, r) in sizes.iter().zip(&mut rates) {
+        r.sort_by(f64::total_cmp);
+        eprintln!("{b:>2} sequences: {:.1} tok/s (median of {}; {:.1}-{:.1})", r[r.len() / 2], r.len(), r[0], r[r.len() - 1]);
     }
 }

@@ -112,7 +112,8 @@ pub fn run(selector: Option<&str>, args: &ServeArgs, warn: &dyn Fn(&str)) -> Res
         drain_timeout: secs("--drain-timeout", args.drain_timeout)?,
     };
     let body_timeout = secs("--body-timeout", args.body_timeout)?;
-    let settings = args.generate.generator("serve")?;
+    let mut settings = args.generate.generator("serve")?;
+    settings.parallel = args.parallel;
     let g = Generator::open(selector, &settings)?;
     for w in &g.warnings {
         warn(w);

@@ -217,28 +217,58 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
             }
             m.kv_positions = slots.iter().map(Slot::kv_written).sum();
         }
-        // One token for every running sequence.
+        // One token for every running sequence: two or more in one decode batch
+        // (each weight read once for all), one alone as `complete` decodes it.
+        // Groups of at most the engine's batch rows, the slots in ascending order.
+        active.sort_by_key(|a| a.slot);
+        let most = g.batch_rows().max(1);
+        let mut step = Ok(());
+        let (mut rest, mut at): (&mut [Slot], usize) = (&mut slots, 0);
+        for group in active.chunks_mut(most) {
+            let mut mine: Vec<&mut Slot> = Vec::with_capacity(group.len());
+            for a in group.iter() {
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut(a.slot - at);
+                let Some((one, tail)) = tail.split_first_mut() else { break };
+                mine.push(one);
+                rest = tail;
+                at = a.slot + 1;
+            }
+            let events: Vec<_> = group.iter().map(|a| a.job.events.clone()).collect();
+            let mut send = |i: usize, t: &str| events[i].send(Event::Text(t.to_string())).is_ok();
+            step = match (group, mine.as_mut_slice()) {
+                ([a], [slot]) => in_slot(&mut g, slot, |g| g.advance(&mut a.run, &mut |t| send(0, t))).map(|_| ()),
+                (group, mine) if group.len() == mine.len() => {
+                    let mut runs: Vec<&mut Running> = group.iter_mut().map(|a| &mut a.run).collect();
+                    g.advance_batch(mine, &mut runs, &mut send)
+                }
+                _ => Err(crate::Error::Usage("a running request lost its slot".into())),
+            };
+            if step.is_err() {
+                break;
+            }
+        }
+        if let Err(e) = step {
+            // The engine failed: every running request gets its error.
+            let msg = e.to_string();
+            for a in active.drain(..) {
+                report(&a.job, Err(crate::Error::Usage(msg.clone())), state);
+                done_one(state);
+            }
+            continue;
+        }
+        // The sequences that ended (or whose client left) give their answers.
         let mut i = 0;
         while i < active.len() {
-            let a = &mut active[i];
+            if active[i].run.going() && !active[i].job.events.is_closed() {
+                i += 1;
+                continue;
+            }
+            let a = active.swap_remove(i);
             let events = a.job.events.clone();
             let mut stream = |t: &str| events.send(Event::Text(t.to_string())).is_ok();
-            let gone = a.job.events.is_closed();
-            let step = if gone { Ok(false) } else { in_slot(&mut g, &mut slots[a.slot], |g| g.advance(&mut a.run, &mut stream)) };
-            match step {
-                Ok(true) => i += 1,
-                Ok(false) => {
-                    let a = active.swap_remove(i);
-                    let done = in_slot(&mut g, &mut slots[a.slot], |g| g.end(a.run, &mut stream));
-                    report(&a.job, done, state);
-                    done_one(state);
-                }
-                Err(e) => {
-                    let a = active.swap_remove(i);
-                    report(&a.job, Err(e), state);
-                    done_one(state);
-                }
-            }
+            let done = in_slot(&mut g, &mut slots[a.slot], |g| g.end(a.run, &mut stream));
+            report(&a.job, done, state);
+            done_one(state);
         }
     }
 }
