@@ -142,6 +142,8 @@ pub struct Engine {
     /// each buffer's floats a token (activations; 0 for the rest).
     batch_schedules: Vec<(usize, Vec<crate::plan::Step>)>,
     row_widths: Vec<usize>,
+    /// The packed rows of the decode batches' int8 GEMMs, kept.
+    panels: Option<Arc<crate::kernels::cpu::qgemm::PanelCache>>,
 }
 
 /// One sequence's KV cache outside the engine ([`Engine::swap_sequence`]): the
@@ -529,6 +531,7 @@ impl Engine {
             kv_written: 0,
             batch_schedules: Vec::new(),
             row_widths: Vec::new(),
+            panels: None,
         })
     }
 
@@ -666,7 +669,13 @@ impl Engine {
         let Exec::Cpu(e) = &mut self.exec else { return Err(RuntimeError::Internal("a decode batch needs a CPU engine".into())) };
         cpu_pool(self.cpu_threads, self.cpu_spin_us, self.cpu_prefetch);
         e.write(x0, &self.x)?;
-        e.run_rows(&self.batch_schedules[si].1, seqs, &self.row_widths, &mut self.pass_times)?;
+        // The int8 GEMMs keep their packed rows across batches (this engine's own
+        // weights, for its life): at a few tokens unpacking costs more than the
+        // arithmetic.
+        let panels = self.panels.get_or_insert_with(Default::default).clone();
+        crate::kernels::cpu::qgemm::with_panels(&panels, || {
+            e.run_rows(&self.batch_schedules[si].1, seqs, &self.row_widths, &mut self.pass_times)
+        })?;
         for blk in &self.plan.lm_head {
             scatter(&mut self.logits, e.view(blk.logits, b * blk.rows)?, blk.start, blk.rows, vocab);
         }

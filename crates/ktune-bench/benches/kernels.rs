@@ -257,9 +257,11 @@ fn gemm_micro(c: &mut Criterion) {
 /// `gemm_q_i8_cpu` with `rows_per_task 32` packs them) times 64 tokens, for
 /// the formats packed straight from their bytes (Q8_0, Q4_0) and one packed
 /// through the staging rows (Q4_K: own offsets; Q6_K: the folded -128 · scale).
-/// Throughput in multiply-adds.
+/// Throughput in multiply-adds. And at 8 tokens (a server's decode batch), the
+/// rows packed each call against the panels kept (`PanelCache`, what an
+/// engine's decode batches use).
 fn i8_gemm(c: &mut Criterion) {
-    use ktune_kernels::kernels::cpu::qgemm::{XPanel, rows_times_tokens_i8};
+    use ktune_kernels::kernels::cpu::qgemm::{PanelCache, XPanel, rows_times_tokens_i8};
     use ktune_kernels::kernels::quant::{QFormat, QMatrix};
     let mut g = c.benchmark_group("i8_gemm");
     let (rows, k, m) = (256usize, 2048usize, 64usize);
@@ -272,10 +274,26 @@ fn i8_gemm(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new(format!("{f:?}").to_lowercase(), format!("{rows}x{k}x{m}")), |b| {
             b.iter(|| {
                 for r0 in (0..rows).step_by(32) {
-                    black_box(rows_times_tokens_i8(cpu::Isa::best(), &xp, q.view(), r0, 32));
+                    black_box(rows_times_tokens_i8(cpu::Isa::best(), &xp, q.view(), r0, 32, None));
                 }
             })
         });
+    }
+    let m8 = 8;
+    let xp8 = XPanel::quantize(&x[..m8 * k], m8, k);
+    g.throughput(Throughput::Elements((rows * k * m8) as u64));
+    for f in [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q4_K] {
+        let q = QMatrix::quantize(f, rows, k, &w).expect("whole blocks");
+        let kept = PanelCache::default();
+        for (how, cache) in [("packed", None), ("kept", Some(&kept))] {
+            g.bench_function(BenchmarkId::new(format!("{f:?}_{how}").to_lowercase(), format!("{rows}x{k}x{m8}")), |b| {
+                b.iter(|| {
+                    for r0 in (0..rows).step_by(32) {
+                        black_box(rows_times_tokens_i8(cpu::Isa::best(), &xp8, q.view(), r0, 32, cache));
+                    }
+                })
+            });
+        }
     }
     g.bench_function(BenchmarkId::new("quantize_activations", format!("{m}x{k}")), |b| b.iter(|| black_box(XPanel::quantize(&x, m, k))));
     // One token's row on one thread (a decode projection's activations, or one

@@ -18,7 +18,7 @@ use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, groups};
 use crate::kernels::contract::check_blocks;
 use crate::kernels::contract::{CpuArgs, CpuImpl, CpuIn, KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, param, wrong_op};
-use crate::kernels::cpu::qgemm::{I8_GEMM_PARAMS, XPanel, check_i8_gemm, rows_times_tokens_i8};
+use crate::kernels::cpu::qgemm::{I8_GEMM_PARAMS, XPanel, active_panels, check_i8_gemm, rows_times_tokens_i8};
 use crate::kernels::cpu::sgemm::{Blocking, Micro, Split, gemm_blocked};
 use crate::kernels::cpu::{ISA, Isa, check_quant, dequantize_row, par_row_blocks, qin, rows_times_tokens, scatter_row_blocks};
 use crate::kernels::problem::{Op, Problem};
@@ -150,7 +150,8 @@ fn run_gemm_i8(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'
     let (x, w) = (a.ins[0].f32(), qin(kd.id, &a.ins[1])?);
     let xp = XPanel::quantize(&x[..m * k], m, k);
     let grain = (param(params, "rows_per_task")? as usize).max(1);
-    let parts = par_row_blocks(n, grain, |r0, count| rows_times_tokens_i8(isa, &xp, w, r0, count));
+    let kept = active_panels();
+    let parts = par_row_blocks(n, grain, |r0, count| rows_times_tokens_i8(isa, &xp, w, r0, count, kept.as_deref()));
     scatter_row_blocks(parts, m, n, &mut a.outs[0][..m * n]);
     Ok(())
 }

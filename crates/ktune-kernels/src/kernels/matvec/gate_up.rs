@@ -29,7 +29,7 @@ use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::kernels::act::gated_simd;
 use crate::kernels::contract::check_blocks;
 use crate::kernels::contract::{CpuArgs, CpuImpl, CpuIn, KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, param, wrong_op};
-use crate::kernels::cpu::qgemm::{I8_GEMM_PARAMS, XPanel, check_i8_gemm, rows_times_tokens_i8};
+use crate::kernels::cpu::qgemm::{I8_GEMM_PARAMS, XPanel, active_panels, check_i8_gemm, rows_times_tokens_i8};
 use crate::kernels::cpu::{
     self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_TASK, RowSplit, act_f32, check_isa, check_quant, par_row_blocks, par_rows, qin, row,
     rows_times_tokens, scatter_row_blocks,
@@ -487,7 +487,10 @@ fn run_gate_up_q_i8(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuA
     let Problem::GateUp { rows, n, k, act } = *prob else { return Err(wrong_op(kd, prob)) };
     let Some((isa, x, w)) = q_inputs(kd, params, &a, (rows, n))? else { return Ok(()) };
     let xp = XPanel::quantize(&x[..rows * k], rows, k);
-    gated_row_blocks(isa, act, params, (rows, n), &mut a.outs[0][..rows * n], |r0, count| rows_times_tokens_i8(isa, &xp, w, r0, count))
+    let kept = active_panels();
+    gated_row_blocks(isa, act, params, (rows, n), &mut a.outs[0][..rows * n], |r0, count| {
+        rows_times_tokens_i8(isa, &xp, w, r0, count, kept.as_deref())
+    })
 }
 
 /// A block-format call's ISA, activations and weights.

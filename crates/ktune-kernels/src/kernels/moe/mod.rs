@@ -733,7 +733,7 @@ impl<'a> GroupedCall<'a> {
                 })?;
                 let xp = XPanel::quantize(&gathered, m, k);
                 let parts = cpu::par_row_blocks(n, block, |j0, count| {
-                    (0..width).flat_map(|h| rows_times_tokens_i8(isa, &xp, q, wrow(h, j0), count)).collect()
+                    (0..width).flat_map(|h| rows_times_tokens_i8(isa, &xp, q, wrow(h, j0), count, None)).collect()
                 });
                 parts.iter().for_each(|(j0, nb, part)| emit(e, slots, *j0, *nb, part));
                 continue;

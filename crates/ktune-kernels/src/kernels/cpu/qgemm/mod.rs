@@ -387,12 +387,79 @@ pub fn i8_gemm_simd(isa: Isa) -> bool {
     isa.vnni() && features().avx512f
 }
 
+/// Packed rows kept for the life of the weights they were packed from: an
+/// engine that runs the int8 GEMMs again and again over few tokens (a server's
+/// decode batches) keeps each task's panel instead of unpacking its rows every
+/// pass, which at 8 tokens costs more than the arithmetic. The same panels as a
+/// pass packs (the same values), so the same results. Keyed by the weight's
+/// address and length and the rows: its owner must outlive nothing it packed
+/// (an engine owns one for its own weights, [`with_panels`] during its passes).
+#[derive(Default)]
+pub struct PanelCache {
+    panels: std::sync::Mutex<KeptPanels>,
+}
+
+/// Kept panels by (weight address, weight bytes, first row, rows).
+type KeptPanels = std::collections::HashMap<(usize, usize, usize, usize), std::sync::Arc<Panel>>;
+
+impl PanelCache {
+    /// Bytes the kept panels hold.
+    pub fn bytes(&self) -> usize {
+        self.panels.lock().map_or(0, |m| m.values().map(|p| p.vals.len() + 4 * (p.scale.len() + p.off.len())).sum())
+    }
+}
+
+thread_local! {
+    /// The panel cache of the engine whose pass this thread runs ([`with_panels`]).
+    static ACTIVE: RefCell<Option<std::sync::Arc<PanelCache>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with `cache` keeping the panels of the int8 GEMMs it calls on this
+/// thread (a kernel reads it before handing its tasks to the pool).
+pub fn with_panels<R>(cache: &std::sync::Arc<PanelCache>, f: impl FnOnce() -> R) -> R {
+    let before = ACTIVE.with(|a| a.replace(Some(cache.clone())));
+    let out = f();
+    ACTIVE.with(|a| *a.borrow_mut() = before);
+    out
+}
+
+/// The panel cache [`with_panels`] set on this thread, if any.
+pub fn active_panels() -> Option<std::sync::Arc<PanelCache>> {
+    ACTIVE.with(|a| a.borrow().clone())
+}
+
 /// `y[t, r]` for rows `r0..r0 + count` of `w` and every token of `x`: the rows
-/// packed once, then the interleaved int8 kernel (VNNI when `isa` has it, else
-/// the portable loops of the same arithmetic). Returns `[count][m]`.
-pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count: usize) -> Vec<f32> {
+/// packed once (or taken from `cache`, packed there the first time), then the
+/// interleaved int8 kernel (VNNI when `isa` has it, else the portable loops of
+/// the same arithmetic). Returns `[count][m]`.
+pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count: usize, cache: Option<&PanelCache>) -> Vec<f32> {
     let (m, k) = (x.m, x.k);
     let mut out = vec![0f32; count * m];
+    if let Some(cache) = cache {
+        let key = (w.quants.as_ptr() as usize, w.quants.len(), r0, count);
+        let kept = cache.panels.lock().ok().and_then(|m| m.get(&key).cloned());
+        let p = match kept {
+            Some(p) => p,
+            None => {
+                let mut p = Panel::default();
+                p.pack(isa, w, r0, count, k);
+                let p = std::sync::Arc::new(p);
+                if let Ok(mut m) = cache.panels.lock() {
+                    m.insert(key, p.clone());
+                }
+                p
+            }
+        };
+        #[cfg(target_arch = "x86_64")]
+        if i8_gemm_simd(isa) {
+            // SAFETY: AVX-512F/BW/VL/VNNI checked; the panel holds `count` rows of k
+            // in whole blocks of 16 and `x` m tokens of k (k a multiple of 32).
+            unsafe { vnni::rows_times_tokens(&p, x, count, &mut out, &[]) };
+            return out;
+        }
+        scalar(&p, x, count, &mut out);
+        return out;
+    }
     let mut run = |p: &mut Panel| {
         p.pack(isa, w, r0, count, k);
         #[cfg(target_arch = "x86_64")]
@@ -508,8 +575,8 @@ mod tests {
             let x = data(m * k, 5);
             let xp = XPanel::quantize(&x, m, k);
             let deq = w.dequantize();
-            let simd = rows_times_tokens_i8(Isa::best(), &xp, w.view(), 0, n);
-            let portable = rows_times_tokens_i8(Isa::Scalar, &xp, w.view(), 0, n);
+            let simd = rows_times_tokens_i8(Isa::best(), &xp, w.view(), 0, n, None);
+            let portable = rows_times_tokens_i8(Isa::Scalar, &xp, w.view(), 0, n, None);
             let scale = (k as f32).sqrt();
             for r in 0..n {
                 for t in 0..m {
@@ -594,5 +661,29 @@ mod tests {
                 assert_same_scales(&a, &b, format);
             }
         }
+    }
+
+    /// Panels kept in a cache give what panels packed each pass give, bit for
+    /// bit, the first time (packed into it) and after (read from it).
+    #[test]
+    fn kept_panels_give_the_packed_results() {
+        use crate::kernels::quant::QFormat;
+        let (n, k, m) = (48, 256, 5);
+        let x = data(m * k, 3);
+        let xp = XPanel::quantize(&x, m, k);
+        let cache = PanelCache::default();
+        for format in [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q8_0, QFormat::Q4_K, QFormat::Q6_K] {
+            let w = QMatrix::quantize(format, n, k, &data(n * k, 7)).unwrap();
+            for isa in [Isa::best(), Isa::Scalar] {
+                for r0 in [0, 16, 32] {
+                    let want = rows_times_tokens_i8(isa, &xp, w.view(), r0, 16, None);
+                    for _ in 0..2 {
+                        let got = rows_times_tokens_i8(isa, &xp, w.view(), r0, 16, Some(&cache));
+                        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{format:?} {isa:?} rows {r0}..");
+                    }
+                }
+            }
+        }
+        assert!(cache.bytes() > 0);
     }
 }
