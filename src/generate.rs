@@ -897,6 +897,24 @@ impl Generator {
         Ok(Slot { kv: self.engine.new_sequence()?, cached: Vec::new(), prefilled: 0, prompt_logits: None })
     }
 
+    /// How many tokens of `prompt` `slot`'s cache holds that a prefill computed
+    /// (what a request may reuse from it, [`Generator::start`]'s rule).
+    pub fn reusable(slot: &Slot, prompt: &[u32]) -> usize {
+        slot.cached.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(slot.prefilled)
+    }
+
+    /// `dst` given the first `n` tokens `src` holds (computed by a prefill:
+    /// at most [`Generator::reusable`]), copied, not computed again: a system
+    /// prompt one sequence prefilled serves the next that starts with it.
+    pub fn share_prefix(&self, dst: &mut Slot, src: &Slot, n: usize) -> Result<()> {
+        let n = n.min(src.prefilled).min(src.cached.len());
+        self.engine.copy_prefix(&mut dst.kv, &src.kv, n)?;
+        dst.cached = src.cached[..n].to_vec();
+        dst.prefilled = n;
+        dst.prompt_logits = None;
+        Ok(())
+    }
+
     /// Swaps the sequence the generator runs (its KV cache, the ids it holds and
     /// the last prompt's logits) with `slot`'s: many sequences share the engine,
     /// each swapped in for its step.

@@ -3,14 +3,22 @@
 # requires-python = ">=3.9"
 # dependencies = []
 # ///
-"""Load test of a running `ktune serve`: N requests from C concurrent clients
-(threads, the standard library's http.client, loopback only), each a
-non-streaming /v1/completions of --max-tokens tokens. Reports requests/s,
-p50/p99 latency of the requests answered 200, generated tokens/s, the status
-counts, and the server's RSS (VmRSS from /proc/PID/status) before, in the middle
-and after.
+"""Load test of a running OpenAI-style server (`ktune serve`, `llama-server`):
+N requests from C concurrent clients (threads, the standard library's
+http.client, loopback only), each a /v1/completions of --max-tokens tokens.
+Reports requests/s, generated tokens/s (aggregate), p50/p99 latency of the
+requests answered 200, the status counts, and the server's RSS (VmRSS from
+/proc/PID/status) before, in the middle and after.
+
+With --stream each request is streamed (server-sent events): it also reports
+p50/p99 time to first token and inter-token latency (the gaps between text
+events). With --system-tokens S every prompt starts with the same system
+prompt of about S words (a server with a prefix cache prefills it once) and
+--mixed gives the requests user texts of different lengths. With a list of
+clients (-c 1,2,4,8,16) each runs in turn, one JSON object a line.
 
     tools/load_serve.py --url http://127.0.0.1:8080 --pid PID -n 200 -c 8 --max-tokens 16
+    tools/load_serve.py --url http://127.0.0.1:8080 -c 1,8,16 --stream --system-tokens 512 --mixed
 """
 
 import argparse
@@ -21,6 +29,9 @@ import statistics
 import threading
 import time
 import urllib.parse
+
+WORDS = ("the sea and its tides keep the harbour town awake while ships come home "
+         "from distant islands carrying salt fish rope and stories").split()
 
 
 def rss_kib(pid):
@@ -33,37 +44,56 @@ def rss_kib(pid):
     return None
 
 
-def one(host, port, body):
+def one(host, port, body, stream):
+    """(status, latency s, generated tokens, time to first text s, gaps s)."""
     t0 = time.perf_counter()
     c = http.client.HTTPConnection(host, port, timeout=600)
+    first, gaps, tokens, status = None, [], 0, 0
     try:
         c.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
         r = c.getresponse()
-        data = r.read()
         status = r.status
+        if not stream or status != 200:
+            data = r.read()
+            if status == 200:
+                tokens = json.loads(data)["usage"]["completion_tokens"]
+        else:
+            last, events = None, 0
+            while True:
+                line = r.readline()
+                if not line:
+                    break
+                line = line.strip()
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue
+                ev = json.loads(line[6:])
+                if ev.get("usage"):
+                    tokens = ev["usage"].get("completion_tokens", tokens)
+                text = "".join(ch.get("text") or "" for ch in ev.get("choices") or [])
+                if text:
+                    now = time.perf_counter()
+                    events += 1
+                    if first is None:
+                        first = now - t0
+                    else:
+                        gaps.append(now - last)
+                    last = now
+            tokens = tokens or events
     except OSError as e:
-        return ("error:" + type(e).__name__, time.perf_counter() - t0, 0)
+        return ("error:" + type(e).__name__, time.perf_counter() - t0, 0, None, [])
     finally:
         c.close()
-    tokens = 0
-    if status == 200:
-        tokens = json.loads(data)["usage"]["completion_tokens"]
-    return (status, time.perf_counter() - t0, tokens)
+    return (status, time.perf_counter() - t0, tokens, first, gaps)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--url", default="http://127.0.0.1:8080")
-    ap.add_argument("--pid", type=int, help="the server's process id (for its RSS)")
-    ap.add_argument("-n", "--requests", type=int, default=200)
-    ap.add_argument("-c", "--clients", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--prompt", default="Write one sentence about the sea.")
-    a = ap.parse_args()
-    u = urllib.parse.urlparse(a.url)
-    if u.hostname not in ("127.0.0.1", "localhost", "::1"):
-        raise SystemExit("loopback only: give --url http://127.0.0.1:PORT")
-    body = json.dumps({"prompt": a.prompt, "max_tokens": a.max_tokens, "temperature": 0})
+def prompt_of(i, a):
+    system = " ".join(WORDS[j % len(WORDS)] for j in range(a.system_tokens))
+    n = 8 + (i * 37) % 120 if a.mixed else 8
+    user = " ".join(WORDS[(i + j) % len(WORDS)] for j in range(n))
+    return (system + "\n\n" if system else "") + a.prompt + " " + user
+
+
+def run(a, u, clients):
     results, lock = [], threading.Lock()
     next_i = iter(range(a.requests))
     rss = {"before": rss_kib(a.pid)}
@@ -74,42 +104,76 @@ def main():
                 i = next(next_i, None)
             if i is None:
                 return
-            r = one(u.hostname, u.port or 80, body)
+            body = {"prompt": prompt_of(i, a), "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True}
+            if a.stream:
+                body["stream"] = True
+                body["stream_options"] = {"include_usage": True}
+            r = one(u.hostname, u.port or 80, json.dumps(body), a.stream)
             with lock:
                 results.append(r)
                 if len(results) == a.requests // 2:
                     rss["middle"] = rss_kib(a.pid)
 
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(a.clients)]
+    threads = [threading.Thread(target=client) for _ in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
     rss["after"] = rss_kib(a.pid)
-    ok = sorted(lat for s, lat, _ in results if s == 200)
-    q = lambda p: ok[min(len(ok) - 1, int(p * len(ok)))] if ok else float("nan")
-    tokens = sum(n for _, _, n in results)
+    ok = [r for r in results if r[0] == 200]
+    lat = sorted(r[1] for r in ok)
+    ttft = sorted(r[3] for r in ok if r[3] is not None)
+    itl = sorted(g for r in ok for g in r[4])
+    q = lambda xs, p: round(xs[min(len(xs) - 1, int(p * len(xs)))], 4) if xs else None
+    tokens = sum(r[2] for r in results)
     out = {
         "requests": a.requests,
         "answered": len(results),
-        "clients": a.clients,
+        "clients": clients,
         "max_tokens": a.max_tokens,
-        "status": dict(collections.Counter(str(s) for s, _, _ in results)),
+        "status": dict(collections.Counter(str(r[0]) for r in results)),
         "wall_s": round(wall, 3),
         "requests_per_s": round(len(results) / wall, 2),
         "ok_per_s": round(len(ok) / wall, 2),
-        "latency_p50_s": round(statistics.median(ok), 3) if ok else None,
-        "latency_p99_s": round(q(0.99), 3) if ok else None,
+        "latency_p50_s": round(statistics.median(lat), 3) if lat else None,
+        "latency_p99_s": q(lat, 0.99),
+        "ttft_p50_s": q(ttft, 0.5),
+        "ttft_p99_s": q(ttft, 0.99),
+        "itl_p50_s": q(itl, 0.5),
+        "itl_p99_s": q(itl, 0.99),
         "generated_tokens": tokens,
         "tokens_per_s": round(tokens / wall, 1),
         "rss_kib": rss,
     }
-    print(json.dumps(out, indent=1))
     lost = a.requests - len(results)
-    errors = sum(1 for s, _, _ in results if s not in (200, 429))
-    raise SystemExit(1 if lost or errors else 0)
+    errors = sum(1 for r in results if r[0] not in (200, 429))
+    return out, lost or errors
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", default="http://127.0.0.1:8080")
+    ap.add_argument("--pid", type=int, help="the server's process id (for its RSS)")
+    ap.add_argument("-n", "--requests", type=int, default=200, help="requests per concurrency")
+    ap.add_argument("-c", "--clients", default="8", help="concurrent clients, or a comma-separated list")
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--prompt", default="Write one sentence about the sea.")
+    ap.add_argument("--stream", action="store_true", help="stream: time to first token and inter-token latency")
+    ap.add_argument("--system-tokens", type=int, default=0, help="a shared system prompt of about this many words")
+    ap.add_argument("--mixed", action="store_true", help="user texts of different lengths")
+    a = ap.parse_args()
+    u = urllib.parse.urlparse(a.url)
+    if u.hostname not in ("127.0.0.1", "localhost", "::1"):
+        raise SystemExit("loopback only: give --url http://127.0.0.1:PORT")
+    failed = False
+    lists = [int(c) for c in a.clients.split(",")]
+    for clients in lists:
+        out, bad = run(a, u, clients)
+        print(json.dumps(out) if len(lists) > 1 else json.dumps(out, indent=1), flush=True)
+        failed |= bool(bad)
+    raise SystemExit(1 if failed else 0)
 
 
 if __name__ == "__main__":

@@ -509,6 +509,8 @@ impl Engine {
     }
 
     fn finish(plan: Plan, exec: Exec, store: Arc<dyn TensorStore>) -> Result<Engine, RuntimeError> {
+        // Decode batches (CPU) keep the int8 GEMMs' packed rows.
+        let panels = (plan.options.batch_rows >= 2 && matches!(exec, Exec::Cpu(_))).then(Default::default);
         Ok(Engine {
             plan,
             exec,
@@ -531,7 +533,7 @@ impl Engine {
             kv_written: 0,
             batch_schedules: Vec::new(),
             row_widths: Vec::new(),
-            panels: None,
+            panels,
         })
     }
 
@@ -689,6 +691,39 @@ impl Engine {
             s.written = s.written.max(s.pos);
         }
         Ok(&self.logits)
+    }
+
+    /// `dst`'s cache given `src`'s first `n` positions (every layer's keys and
+    /// values copied, nothing recomputed): a prefix one sequence computed
+    /// shared with another. `dst` then holds `n` tokens.
+    pub fn copy_prefix(&self, dst: &mut SeqKv, src: &SeqKv, n: usize) -> Result<(), RuntimeError> {
+        let (heads, cap) = (self.plan.config.dims.num_kv_heads.max(1), self.plan.options.context);
+        if n > src.written() || n > cap || dst.bufs.len() != src.bufs.len() {
+            return Err(RuntimeError::Internal(format!("a prefix of {n} positions from a cache holding {}", src.written())));
+        }
+        for ((a, d), (b, s)) in dst.bufs.iter_mut().zip(&src.bufs) {
+            if a != b {
+                return Err(RuntimeError::Internal("two sequences of different engines".into()));
+            }
+            let per = d.len() / heads; // one head's kv_cap positions
+            let row = per / cap.max(1);
+            match (d, s) {
+                (HostBuf::F32(d), HostBuf::F32(s)) => {
+                    for h in 0..heads {
+                        d[h * per..h * per + n * row].copy_from_slice(&s[h * per..h * per + n * row]);
+                    }
+                }
+                (HostBuf::F16(d), HostBuf::F16(s)) => {
+                    for h in 0..heads {
+                        d[h * per..h * per + n * row].copy_from_slice(&s[h * per..h * per + n * row]);
+                    }
+                }
+                _ => return Err(RuntimeError::Internal("a KV cache is f32 or f16".into())),
+            }
+        }
+        dst.pos = n;
+        dst.written = dst.written.max(n);
+        Ok(())
     }
 
     /// Per-slot times of the last pass (a prefill chunk, a decode step, a
@@ -1084,7 +1119,12 @@ impl Engine {
                 phases.prepare += lap.lap();
                 // The kernels' parallel loops run on the persistent spinning pool
                 // (kernels::cpu::pool), whose caller is this thread.
-                e.run(steps, &mut self.pass_times)?;
+                // An engine of decode batches keeps its GEMMs' packed rows for its
+                // prefills too (the same weights).
+                match &self.panels {
+                    Some(p) if t > 1 => crate::kernels::cpu::qgemm::with_panels(p, || e.run(steps, &mut self.pass_times))?,
+                    _ => e.run(steps, &mut self.pass_times)?,
+                }
                 phases.compute += lap.lap();
                 self.dispatches_per_layer = steps.iter().filter(|s| s.layer == Some(0)).count();
                 for b in blocks {

@@ -237,3 +237,35 @@ fn batch_decode_timing() {
         eprintln!("{b:>2} sequences: {:.1} tok/s (median of {}; {:.1}-{:.1})", r[r.len() / 2], r.len(), r[0], r[r.len() - 1]);
     }
 }
+
+/// A prefix one sequence prefilled, copied into another's cache
+/// ([`Generator::share_prefix`], `serve --parallel`'s shared system prompt):
+/// the second prompt's logits and ids are an empty cache's, bit for bit, and
+/// only its own tokens are prefilled.
+#[test]
+fn a_shared_prefix_answers_as_computed() {
+    let mut g = open_as("smollm2-tiny-q8_0.gguf", 512, 4);
+    let mut fresh = open(512);
+    let system: Vec<u32> = (0..40).map(|i| 5 + (i * 13) % 80).collect();
+    let first: Vec<u32> = system.iter().copied().chain([7, 9, 11]).collect();
+    let second: Vec<u32> = system.iter().copied().chain([8, 10, 12, 14]).collect();
+    // As `answer` decodes.
+    let limits = Limits { max_tokens: 6, stop: Vec::new(), ignore_eos: true };
+    let (mut a, mut b) = (g.new_slot().unwrap(), g.new_slot().unwrap());
+    g.swap_slot(&mut a).unwrap();
+    let run = g.start(&first, SamplerParams::GREEDY, &limits, &mut |_| true).unwrap();
+    g.end(run, &mut |_| true).unwrap();
+    g.swap_slot(&mut a).unwrap();
+    assert_eq!(Generator::reusable(&a, &second), 40);
+    g.share_prefix(&mut b, &a, 40).unwrap();
+    g.swap_slot(&mut b).unwrap();
+    let mut run = g.start(&second, SamplerParams::GREEDY, &limits, &mut |_| true).unwrap();
+    let logits = g.prompt_logits().unwrap().to_vec();
+    while g.advance(&mut run, &mut |_| true).unwrap() {}
+    let got = g.end(run, &mut |_| true).unwrap();
+    g.swap_slot(&mut b).unwrap();
+    assert_eq!(got.prefilled, second.len() - 40, "only the new tokens prefilled");
+    let want = answer(&mut fresh, &second);
+    assert_eq!(got.decoded.generated, want.0);
+    assert!(logits.iter().zip(&want.1).all(|(x, y)| x.to_bits() == y.to_bits()), "the prompt's logits are an empty cache's");
+}

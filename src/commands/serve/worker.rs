@@ -194,6 +194,23 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
             };
             clock += 1;
             used[slot] = clock;
+            // Another slot holding more of the prompt (a system prompt, an earlier
+            // turn) shares it: copied, not prefilled again.
+            let own = Generator::reusable(&slots[slot], &prompt);
+            if let Some((from, n)) = (0..slots.len())
+                .filter(|&i| i != slot)
+                .map(|i| (i, Generator::reusable(&slots[i], &prompt)))
+                .max_by_key(|&(_, n)| n)
+                .filter(|&(_, n)| n > own && n >= 2)
+            {
+                let (a, b) = (slot.min(from), slot.max(from));
+                let (lo, hi) = slots.split_at_mut(b);
+                let (dst, src) = if slot < from { (&mut lo[a], &hi[0]) } else { (&mut hi[0], &lo[a]) };
+                if let Err(e) = g.share_prefix(dst, src, n) {
+                    eprintln!("ktune serve: a shared prefix was not copied ({e}); prefilling it");
+                    dst.release();
+                }
+            }
             let events = job.events.clone();
             let mut stream = |t: &str| events.send(Event::Text(t.to_string())).is_ok();
             let started = in_slot(&mut g, &mut slots[slot], |g| g.start(&prompt, job.params, &job.limits, &mut stream));
