@@ -789,6 +789,12 @@ pub struct ServeArgs {
     /// comes starts at the next step instead of after the others' answers
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub parallel: usize,
+    /// With --parallel: KV-cache positions all sequences together may hold in
+    /// memory (each request reserves its prompt and max_tokens; idle sequences'
+    /// kept prefixes give theirs back first; a request that does not fit waits
+    /// for a running one to end, one larger than the whole gets 400). 0: no limit
+    #[arg(long, default_value_t = 0, value_name = "TOKENS")]
+    pub kv_tokens: usize,
     /// Require `Authorization: Bearer KEY` on /v1/ requests (401 without it).
     #[arg(long, value_name = "KEY")]
     pub api_key: Option<String>,

@@ -493,11 +493,42 @@ fn serve_parallel_sequences_answer_as_alone() {
     }
     assert!(metric(&a, "ktune_batch_steps_total{sequences=\"3\"}") > 0.0, "three sequences advanced in one step");
     assert!(metric(&a, "ktune_prefix_cache_hit_tokens_total") > 0.0, "the repeated prompts reused their slots' caches");
-    assert!(metric(&a, "ktune_kv_cache_positions") > 0.0);
+    assert!(metric(&a, "ktune_kv_cache_tokens") > 0.0);
     // A long stream holds a slot; its client leaves: the slot frees, the others answer.
     let hold = open_stream(&a, 3000);
     let (body, want, path) = cases[1].clone();
     assert_eq!(text(&json(&post(&a, path, &body))).as_deref(), Some(want.as_str()), "answered beside a long stream");
     drop(hold);
     assert_eq!(metric_reaching(&a, "ktune_cancelled_total", 1.0, 1000), 1.0, "the left stream is cancelled");
+}
+
+/// `--kv-tokens`: every request reserves its prompt and max_tokens; past the
+/// limit a request waits for a running one to end (never an error mid-stream),
+/// so no more run at once than fit; one larger than the whole gets 400.
+#[test]
+fn serve_parallel_keeps_within_its_kv_memory() {
+    let s = serve(&["--device", "cpu", "--parallel", "4", "--kv-tokens", "80", "--queue", "8"]);
+    let a = s.addr.clone();
+    let want = run_text("Once upon a time", false, &["--max-tokens", "24"]);
+    let body = serde_json::json!({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0});
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let (a, body) = (a.clone(), body.clone());
+            std::thread::spawn(move || json(&post(&a, "/v1/completions", &body)))
+        })
+        .collect();
+    for t in threads {
+        let v = t.join().expect("joins");
+        assert_eq!(v["choices"][0]["text"], want.as_str(), "{v}");
+    }
+    // A request reserves 4 + 24 positions: two fit in 80, never three.
+    for n in 3..=4 {
+        assert_eq!(metric(&a, &format!("ktune_batch_steps_total{{sequences=\"{n}\"}}")), 0.0, "{n} sequences at once");
+    }
+    assert!(metric(&a, "ktune_batch_steps_total{sequences=\"2\"}") > 0.0, "two at once");
+    assert!(metric(&a, "ktune_kv_cache_tokens") <= 80.0);
+    let big = serde_json::json!({"prompt": "Once upon a time", "max_tokens": 100});
+    let r = post(&a, "/v1/completions", &big);
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("--kv-tokens"), "{}", r.body);
 }

@@ -524,6 +524,8 @@ fn now() -> u64 {
 fn metrics(state: &State) -> String {
     let Ok(m) = state.metrics.lock() else { return String::new() };
     let pending = state.pending.lock().map_or(0, |p| *p);
+    // Being generated: the parallel worker's running sequences, else the one job.
+    let processing = if state.parallel > 1 { m.processing.min(pending) } else { pending.min(1) };
     let mut s = String::new();
     s.push_str("# HELP ktune_requests_total Requests answered, by endpoint and HTTP status.\n# TYPE ktune_requests_total counter\n");
     for ((endpoint, status), n) in &m.requests {
@@ -531,7 +533,7 @@ fn metrics(state: &State) -> String {
     }
     let rate = |n: u64, secs: f64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
     let net = &state.net;
-    let rows: [(&str, &str, &str, String); 13] = [
+    let rows: [(&str, &str, &str, String); 15] = [
         ("ktune_prompt_tokens_total", "counter", "Prompt tokens of the requests served.", m.prompt_tokens.to_string()),
         (
             "ktune_prefilled_tokens_total",
@@ -566,7 +568,24 @@ fn metrics(state: &State) -> String {
             "Prompt tokens a sequence's KV cache held already (not prefilled again).",
             (m.prompt_tokens - m.prefilled_tokens.min(m.prompt_tokens)).to_string(),
         ),
-        ("ktune_kv_cache_positions", "gauge", "Positions the sequences' KV caches hold in memory.", m.kv_positions.to_string()),
+        (
+            "ktune_kv_cache_tokens",
+            "gauge",
+            "KV-cache positions the sequences hold in memory (llama-server's kv_cache_tokens).",
+            m.kv_positions.to_string(),
+        ),
+        (
+            "ktune_kv_cache_usage_ratio",
+            "gauge",
+            "KV-cache positions held over --kv-tokens (0 without a limit).",
+            format!("{:.4}", if state.kv_tokens > 0 { m.kv_positions as f64 / state.kv_tokens as f64 } else { 0.0 }),
+        ),
+        (
+            "ktune_requests_deferred",
+            "gauge",
+            "Requests waiting for KV memory or a sequence slot (llama-server's requests_deferred).",
+            pending.saturating_sub(processing).to_string(),
+        ),
         ("ktune_connections_open", "gauge", "Connections being served.", net.open.load(Ordering::Relaxed).to_string()),
         (
             "ktune_connections_refused_total",

@@ -69,6 +69,8 @@ struct Metrics {
     batch_steps: Vec<u64>,
     /// Positions the slots' KV caches hold in memory.
     kv_positions: usize,
+    /// Sequences the parallel worker is generating.
+    processing: usize,
 }
 
 /// What the request handlers and the worker share.
@@ -79,6 +81,8 @@ struct State {
     queue: usize,
     /// Sequences generated at once (`--parallel`).
     parallel: usize,
+    /// KV positions all sequences together may hold (`--kv-tokens`; 0: no limit).
+    kv_tokens: usize,
     metrics: Mutex<Metrics>,
     net: Arc<NetCounters>,
     shutdown: AtomicBool,
@@ -143,6 +147,7 @@ pub fn run(selector: Option<&str>, args: &ServeArgs, warn: &dyn Fn(&str)) -> Res
         pending: Mutex::new(0),
         queue: args.queue,
         parallel,
+        kv_tokens: args.kv_tokens,
         metrics: Mutex::new(Metrics { batch_steps: vec![0; parallel + 1], ..Metrics::default() }),
         net: Arc::new(NetCounters::default()),
         shutdown: AtomicBool::new(false),

@@ -121,6 +121,8 @@ struct Active {
     job: Job,
     slot: usize,
     run: Running,
+    /// KV positions it may write (its prompt and max_tokens).
+    reserved: usize,
 }
 
 /// `state.parallel` sequences at once, each in a slot of its own (its KV cache,
@@ -150,48 +152,100 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
         return;
     }
     let mut active: Vec<Active> = Vec::new();
+    // Jobs that wait for KV memory, oldest first (their prompts checked).
+    let mut deferred: std::collections::VecDeque<(Job, Vec<u32>)> = std::collections::VecDeque::new();
+    let limit = if state.kv_tokens == 0 { usize::MAX } else { state.kv_tokens };
     // When each slot was last used (the least recent one is reused first).
     let mut used = vec![0u64; slots.len()];
     let mut clock = 0u64;
     let mut open = true;
-    while open || !active.is_empty() {
+    while open || !active.is_empty() || !deferred.is_empty() {
         // Admit while a slot is free: wait for a job only when nothing runs.
-        while active.len() < slots.len() && open {
-            let job = if active.is_empty() {
-                match jobs.recv() {
-                    Ok(j) => j,
-                    Err(_) => {
-                        open = false;
-                        break;
+        while active.len() < slots.len() {
+            let (job, prompt) = match deferred.pop_front() {
+                Some(d) => d,
+                None if !open => break,
+                None => {
+                    let job = if active.is_empty() {
+                        match jobs.recv() {
+                            Ok(j) => j,
+                            Err(_) => {
+                                open = false;
+                                break;
+                            }
+                        }
+                    } else {
+                        match jobs.try_recv() {
+                            Ok(j) => j,
+                            Err(mpsc::TryRecvError::Empty) => break,
+                            Err(mpsc::TryRecvError::Disconnected) => {
+                                open = false;
+                                break;
+                            }
+                        }
+                    };
+                    if state.shutdown.load(Ordering::SeqCst) {
+                        let _ = job.events.send(Event::Failed(503, "the server is shutting down".into()));
+                        done_one(state);
+                        continue;
                     }
-                }
-            } else {
-                match jobs.try_recv() {
-                    Ok(j) => j,
-                    Err(mpsc::TryRecvError::Empty) => break,
-                    Err(mpsc::TryRecvError::Disconnected) => {
-                        open = false;
-                        break;
+                    match prompt_of(&g, &job) {
+                        Ok(p) => (job, p),
+                        Err(msg) => {
+                            let _ = job.events.send(Event::Failed(400, msg));
+                            done_one(state);
+                            continue;
+                        }
                     }
                 }
             };
-            if state.shutdown.load(Ordering::SeqCst) {
-                let _ = job.events.send(Event::Failed(503, "the server is shutting down".into()));
+            // The KV positions it may write: its prompt and every token it may generate.
+            let need = (prompt.len() + job.limits.max_tokens).min(g.context);
+            if need > limit {
+                let msg = format!(
+                    "the request needs {need} KV positions (its prompt and max_tokens) and the server holds {limit} for all                      requests (--kv-tokens): shorten it or ask fewer tokens"
+                );
+                let _ = job.events.send(Event::Failed(400, msg));
                 done_one(state);
                 continue;
             }
-            let Some(prompt) = accept(&g, &job) else {
-                done_one(state);
-                continue;
-            };
             // The free slot whose cache shares most of the prompt, else the least recently used.
             let busy: Vec<usize> = active.iter().map(|a| a.slot).collect();
             let Some(slot) = (0..slots.len()).filter(|i| !busy.contains(i)).max_by_key(|&i| {
                 let common = slots[i].cached().iter().zip(&prompt).take_while(|(a, b)| a == b).count();
                 (common, u64::MAX - used[i])
             }) else {
+                deferred.push_front((job, prompt));
                 break;
             };
+            // Within the KV memory: what the others hold and this one may take;
+            // idle slots' caches (kept for their prefixes) give theirs back first,
+            // least recently used first; else the job waits for a running one to end.
+            let reserved = |i: usize| active.iter().find(|a| a.slot == i).map_or(0, |a| a.reserved);
+            let held = |slots: &[Slot], i: usize| slots[i].kv_written().max(reserved(i));
+            let mut total: usize =
+                (0..slots.len()).filter(|&i| i != slot).map(|i| held(&slots, i)).sum::<usize>() + need.max(slots[slot].kv_written());
+            if total > limit && slots[slot].kv_written() > need {
+                total -= slots[slot].kv_written() - need;
+                slots[slot].release();
+            }
+            let mut idle: Vec<usize> = (0..slots.len()).filter(|&i| i != slot && !busy.contains(&i)).collect();
+            idle.sort_by_key(|&i| used[i]);
+            for i in idle {
+                if total <= limit {
+                    break;
+                }
+                total -= slots[i].kv_written();
+                slots[i].release();
+            }
+            if total > limit {
+                deferred.push_front((job, prompt));
+                break;
+            }
+            if job.events.send(Event::Started).is_err() {
+                done_one(state);
+                continue;
+            }
             clock += 1;
             used[slot] = clock;
             // Another slot holding more of the prompt (a system prompt, an earlier
@@ -215,7 +269,7 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
             let mut stream = |t: &str| events.send(Event::Text(t.to_string())).is_ok();
             let started = in_slot(&mut g, &mut slots[slot], |g| g.start(&prompt, job.params, &job.limits, &mut stream));
             match started {
-                Ok(run) if run.going() => active.push(Active { job, slot, run }),
+                Ok(run) if run.going() => active.push(Active { job, slot, run, reserved: need }),
                 Ok(run) => {
                     let done = in_slot(&mut g, &mut slots[slot], |g| g.end(run, &mut stream));
                     report(&job, done, state);
@@ -233,6 +287,7 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
                 *n += 1;
             }
             m.kv_positions = slots.iter().map(Slot::kv_written).sum();
+            m.processing = active.len();
         }
         // One token for every running sequence: two or more in one decode batch
         // (each weight read once for all), one alone as `complete` decodes it.
