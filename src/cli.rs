@@ -795,6 +795,11 @@ pub struct ServeArgs {
     /// for a running one to end, one larger than the whole gets 400). 0: no limit
     #[arg(long, default_value_t = 0, value_name = "TOKENS")]
     pub kv_tokens: usize,
+    /// With --parallel: prompt tokens prefilled between two decode steps (a
+    /// long prompt is prefilled in chunks of this many, so the running
+    /// sequences go on meanwhile)
+    #[arg(long, default_value_t = 64, value_name = "TOKENS")]
+    pub step_tokens: usize,
     /// Require `Authorization: Bearer KEY` on /v1/ requests (401 without it).
     #[arg(long, value_name = "KEY")]
     pub api_key: Option<String>,

@@ -671,12 +671,23 @@ pub struct Running {
     going: bool,
     decode_start: Instant,
     steps: usize,
+    /// Prompt tokens computed so far, and how many a step may add.
+    at: usize,
+    budget: usize,
+    /// Its prompt not yet all computed (no id sampled yet).
+    prefilling: bool,
+    max_tokens: usize,
 }
 
 impl Running {
-    /// Whether it goes on (no end met yet).
+    /// Whether it goes on (its prompt still being prefilled, or no end met yet).
     pub fn going(&self) -> bool {
-        self.going
+        self.prefilling || self.going
+    }
+
+    /// Whether its prompt is still being prefilled (it decodes after).
+    pub fn prefilling(&self) -> bool {
+        self.prefilling
     }
 
     /// Ids generated so far.
@@ -927,45 +938,85 @@ impl Generator {
     }
 
     /// Starts a generation a step at a time ([`Generator::advance`]): the prompt
-    /// prefilled past its reused prefix and the first id sampled and kept, as
-    /// [`Generator::complete`] does; `stream` gets its text.
+    /// past its reused prefix prefilled, `budget` tokens a step (the first chunk
+    /// now: a long prompt does not hold other sequences up for all of it), then
+    /// the first id sampled and kept, as [`Generator::complete`] does; `stream`
+    /// gets its text. The chunks never leave one token alone, and the prefill's
+    /// values do not depend on where a chunk ends: the same logits as one pass.
     pub fn start(
         &mut self,
         prompt: &[u32],
         params: SamplerParams,
         limits: &Limits,
+        budget: usize,
         stream: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Running> {
         let (limits, same) = self.prefill(prompt, limits)?;
+        let mut run = Running {
+            prompt: prompt.to_vec(),
+            prefilled: prompt.len() - same,
+            prefill_seconds: 0.0,
+            sampler: Sampler::new(params),
+            stepper: Stepper::new(&limits),
+            next: 0,
+            going: true,
+            decode_start: Instant::now(),
+            steps: 0,
+            // A repeat's logits are kept: nothing to prefill.
+            at: if self.prompt_logits.is_some() { prompt.len() } else { same },
+            budget: budget.max(2),
+            prefilling: true,
+            max_tokens: limits.max_tokens,
+        };
+        self.prefill_step(&mut run, stream)?;
+        Ok(run)
+    }
+
+    /// Up to `run.budget` more of its prompt's tokens (never one left alone);
+    /// at the prompt's end the first id sampled and kept, and the cache holds
+    /// the prompt (its positions shareable while the generation decodes).
+    fn prefill_step(&mut self, run: &mut Running, stream: &mut dyn FnMut(&str) -> bool) -> Result<()> {
         let t0 = Instant::now();
-        let mut sampler = Sampler::new(params);
-        let first = match self.prompt_first(prompt, same, &mut sampler) {
-            Ok(id) => id,
+        let len = run.prompt.len();
+        let left = len - run.at;
+        let mut n = run.budget.min(left);
+        if left - n == 1 {
+            n -= 1;
+        }
+        let done = if n < left {
+            self.engine.forward(&run.prompt[run.at..run.at + n]).map(|_| None).map_err(Error::from)
+        } else {
+            self.prompt_first(&run.prompt, run.at, &mut run.sampler).map(Some)
+        };
+        run.prefill_seconds += t0.elapsed().as_secs_f64();
+        let first = match done {
+            Ok(first) => first,
             Err(e) => {
                 self.reset();
                 return Err(e);
             }
         };
-        let prefill_seconds = t0.elapsed().as_secs_f64();
-        let mut stepper = Stepper::new(&limits);
-        let going = limits.max_tokens > 0 && stepper.keep(first, Some(&self.tokenizer), &self.stop_ids, None, stream);
-        Ok(Running {
-            prompt: prompt.to_vec(),
-            prefilled: prompt.len() - same,
-            prefill_seconds,
-            sampler,
-            stepper,
-            next: first,
-            going,
-            decode_start: Instant::now(),
-            steps: 0,
-        })
+        run.at += n;
+        if let Some(first) = first {
+            run.at = len;
+            run.prefilling = false;
+            run.next = first;
+            run.going = run.max_tokens > 0 && run.stepper.keep(first, Some(&self.tokenizer), &self.stop_ids, None, stream);
+            run.decode_start = Instant::now();
+            self.cached = run.prompt.clone();
+            self.prefilled = if len >= 2 { len } else { 0 };
+        }
+        Ok(())
     }
 
     /// One decode step of `run` (the generator's sequence must be its own):
     /// its last id fed, the next sampled and kept; whether it goes on. The same
     /// ids as [`Generator::complete`] gives on the CPU.
     pub fn advance(&mut self, run: &mut Running, stream: &mut dyn FnMut(&str) -> bool) -> Result<bool> {
+        if run.prefilling {
+            self.prefill_step(run, stream)?;
+            return Ok(run.prefilling || run.going);
+        }
         if !run.going {
             return Ok(false);
         }
@@ -1018,6 +1069,7 @@ impl Generator {
             run.stepper.stop_reason = StopReason::Cancelled;
         }
         let decode_seconds = run.decode_start.elapsed().as_secs_f64();
+        let unfinished = run.prefilling;
         let (generated, stop_reason, text) = match run.stepper.finish(Some(&self.tokenizer), stream) {
             Ok(r) => r,
             Err(e) => {
@@ -1025,7 +1077,14 @@ impl Generator {
                 return Err(e);
             }
         };
-        self.settle(&run.prompt, &generated);
+        if unfinished {
+            // Left while its prompt was prefilled: the cache holds what was.
+            let pos = self.engine.pos.min(run.prompt.len());
+            self.cached = run.prompt[..pos].to_vec();
+            self.prefilled = pos;
+        } else {
+            self.settle(&run.prompt, &generated);
+        }
         let decoded = Decoded { generated, stop_reason, text, decode_tokens: run.steps, decode_seconds, steps: run.steps };
         Ok(Completion { decoded, prompt_tokens: run.prompt.len(), prefilled: run.prefilled, prefill_seconds: run.prefill_seconds })
     }

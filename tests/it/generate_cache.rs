@@ -155,7 +155,7 @@ fn a_decode_batch_gives_every_sequence_its_answer_alone() {
         for (i, slot) in slots.iter_mut().enumerate() {
             let limits = Limits { max_tokens: budgets[i], stop: Vec::new(), ignore_eos: true };
             batch.swap_slot(slot).unwrap();
-            runs.push(batch.start(&prompts[i], params[i], &limits, &mut |_| true).expect("prefills"));
+            runs.push(batch.start(&prompts[i], params[i], &limits, usize::MAX, &mut |_| true).expect("prefills"));
             batch.swap_slot(slot).unwrap();
         }
         let mut batched_steps = 0;
@@ -208,7 +208,7 @@ fn batch_decode_timing() {
             let mut runs = Vec::new();
             for slot in slots.iter_mut() {
                 g.swap_slot(slot).unwrap();
-                runs.push(g.start(&prompt, SamplerParams::GREEDY, &limits, &mut |_| true).unwrap());
+                runs.push(g.start(&prompt, SamplerParams::GREEDY, &limits, usize::MAX, &mut |_| true).unwrap());
                 g.swap_slot(slot).unwrap();
             }
             let steps = 32;
@@ -239,9 +239,10 @@ fn batch_decode_timing() {
 }
 
 /// A prefix one sequence prefilled, copied into another's cache
-/// ([`Generator::share_prefix`], `serve --parallel`'s shared system prompt):
-/// the second prompt's logits and ids are an empty cache's, bit for bit, and
-/// only its own tokens are prefilled.
+/// ([`Generator::share_prefix`], `serve --parallel`'s shared system prompt),
+/// the rest of the second prompt prefilled a few tokens a step (`--step-tokens`):
+/// its logits and ids are an empty cache's, bit for bit, and only its own
+/// tokens are prefilled.
 #[test]
 fn a_shared_prefix_answers_as_computed() {
     let mut g = open_as("smollm2-tiny-q8_0.gguf", 512, 4);
@@ -253,13 +254,20 @@ fn a_shared_prefix_answers_as_computed() {
     let limits = Limits { max_tokens: 6, stop: Vec::new(), ignore_eos: true };
     let (mut a, mut b) = (g.new_slot().unwrap(), g.new_slot().unwrap());
     g.swap_slot(&mut a).unwrap();
-    let run = g.start(&first, SamplerParams::GREEDY, &limits, &mut |_| true).unwrap();
+    let run = g.start(&first, SamplerParams::GREEDY, &limits, usize::MAX, &mut |_| true).unwrap();
     g.end(run, &mut |_| true).unwrap();
     g.swap_slot(&mut a).unwrap();
     assert_eq!(Generator::reusable(&a, &second), 40);
     g.share_prefix(&mut b, &a, 40).unwrap();
     g.swap_slot(&mut b).unwrap();
-    let mut run = g.start(&second, SamplerParams::GREEDY, &limits, &mut |_| true).unwrap();
+    // Prefilled 3 tokens a step (chunks never leave one alone): the same values.
+    let mut run = g.start(&second, SamplerParams::GREEDY, &limits, 3, &mut |_| true).unwrap();
+    let mut chunks = 1;
+    while run.prefilling() {
+        g.advance(&mut run, &mut |_| true).unwrap();
+        chunks += 1;
+    }
+    assert!(chunks >= 2, "{chunks} chunks");
     let logits = g.prompt_logits().unwrap().to_vec();
     while g.advance(&mut run, &mut |_| true).unwrap() {}
     let got = g.end(run, &mut |_| true).unwrap();

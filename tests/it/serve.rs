@@ -448,12 +448,13 @@ fn serve_without_a_chat_template_answers_completions_only() {
 
 /// `--parallel 3`: requests generated at once, each in a sequence of its own,
 /// answer what `run` answers alone (greedy and seeded sampling, chat and plain
-/// text), however they interleave and whatever their slots' caches held; a
+/// text, prompts prefilled 4 tokens a step), however they interleave and
+/// whatever their slots' caches held; a
 /// streaming client that leaves frees its slot while the others go on;
 /// /v1/models and /metrics say how many run.
 #[test]
 fn serve_parallel_sequences_answer_as_alone() {
-    let s = serve(&["--device", "cpu", "--parallel", "3", "--queue", "2", "--context", "4096"]);
+    let s = serve(&["--device", "cpu", "--parallel", "3", "--queue", "2", "--context", "4096", "--step-tokens", "4"]);
     let a = s.addr.clone();
     assert_eq!(json(&request(&a, "GET", "/v1/models", &[], b""))["data"][0]["concurrency"], 3);
     let sampled = ["--max-tokens", "8", "--temperature", "0.8", "--top-p", "0.9", "--seed", "7"];

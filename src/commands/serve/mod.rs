@@ -83,6 +83,8 @@ struct State {
     parallel: usize,
     /// KV positions all sequences together may hold (`--kv-tokens`; 0: no limit).
     kv_tokens: usize,
+    /// Prompt tokens prefilled between two decode steps (`--step-tokens`).
+    step_tokens: usize,
     metrics: Mutex<Metrics>,
     net: Arc<NetCounters>,
     shutdown: AtomicBool,
@@ -148,6 +150,7 @@ pub fn run(selector: Option<&str>, args: &ServeArgs, warn: &dyn Fn(&str)) -> Res
         queue: args.queue,
         parallel,
         kv_tokens: args.kv_tokens,
+        step_tokens: args.step_tokens.max(2),
         metrics: Mutex::new(Metrics { batch_steps: vec![0; parallel + 1], ..Metrics::default() }),
         net: Arc::new(NetCounters::default()),
         shutdown: AtomicBool::new(false),

@@ -123,6 +123,8 @@ struct Active {
     run: Running,
     /// KV positions it may write (its prompt and max_tokens).
     reserved: usize,
+    /// Its admission's order (prompts are prefilled in it).
+    seq: u64,
 }
 
 /// `state.parallel` sequences at once, each in a slot of its own (its KV cache,
@@ -267,9 +269,9 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
             }
             let events = job.events.clone();
             let mut stream = |t: &str| events.send(Event::Text(t.to_string())).is_ok();
-            let started = in_slot(&mut g, &mut slots[slot], |g| g.start(&prompt, job.params, &job.limits, &mut stream));
+            let started = in_slot(&mut g, &mut slots[slot], |g| g.start(&prompt, job.params, &job.limits, state.step_tokens, &mut stream));
             match started {
-                Ok(run) if run.going() => active.push(Active { job, slot, run, reserved: need }),
+                Ok(run) if run.going() => active.push(Active { job, slot, run, reserved: need, seq: clock }),
                 Ok(run) => {
                     let done = in_slot(&mut g, &mut slots[slot], |g| g.end(run, &mut stream));
                     report(&job, done, state);
@@ -291,12 +293,14 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
         }
         // One token for every running sequence: two or more in one decode batch
         // (each weight read once for all), one alone as `complete` decodes it.
-        // Groups of at most the engine's batch rows, the slots in ascending order.
-        active.sort_by_key(|a| a.slot);
+        // Groups of at most the engine's batch rows, the slots in ascending order;
+        // the sequences whose prompts are still prefilled after them.
+        active.sort_by_key(|a| (a.run.prefilling(), a.slot));
+        let decoding = active.iter().take_while(|a| !a.run.prefilling()).count();
         let most = g.batch_rows().max(1);
         let mut step = Ok(());
         let (mut rest, mut at): (&mut [Slot], usize) = (&mut slots, 0);
-        for group in active.chunks_mut(most) {
+        for group in active[..decoding].chunks_mut(most) {
             let mut mine: Vec<&mut Slot> = Vec::with_capacity(group.len());
             for a in group.iter() {
                 let (_, tail) = std::mem::take(&mut rest).split_at_mut(a.slot - at);
@@ -318,6 +322,15 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
             if step.is_err() {
                 break;
             }
+        }
+        // One chunk of one prompt (the first admitted) a step: at most
+        // --step-tokens prefilled between two decode steps.
+        if step.is_ok()
+            && let Some(a) = active[decoding..].iter_mut().min_by_key(|a| a.seq)
+        {
+            let events = a.job.events.clone();
+            let mut stream = |t: &str| events.send(Event::Text(t.to_string())).is_ok();
+            step = in_slot(&mut g, &mut slots[a.slot], |g| g.advance(&mut a.run, &mut stream)).map(|_| ());
         }
         if let Err(e) = step {
             // The engine failed: every running request gets its error.

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Many clients at once, ktune serve against llama-server on the same file, the
+# same threads and context, interleaved rounds: for each round and each number
+# of clients C, `ktune serve --parallel C` (C = 1: one request at a time, as
+# without the flag) and `llama-server -np C` (continuous batching, one unified
+# KV cache) in turn, each loaded by tools/load_serve.py (streamed; one JSON line
+# a run, prefixed with the server and the round).
+#
+#   tools/bench_serve.sh MODEL.gguf                   # clients 1 8 16, 3 rounds
+#   CLIENTS="1 2 4 8 16" ROUNDS=5 TOKENS=32 tools/bench_serve.sh MODEL.gguf
+#   LOAD_ARGS="--system-tokens 400 --mixed" tools/bench_serve.sh MODEL.gguf
+#
+# Needs target/release/ktune and llama.cpp's llama-server (tools/build_llamacpp.sh
+# with LLAMACPP_TARGETS=llama-server; $LLAMACPP_BUILD as there). Nothing else
+# should run: the two share the machine's cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODEL=${1:?give a GGUF file}
+CLIENTS=${CLIENTS:-1 8 16}
+ROUNDS=${ROUNDS:-3}
+TOKENS=${TOKENS:-32}
+THREADS=${THREADS:-$(nproc)}
+CONTEXT=${CONTEXT:-4096}
+LOAD_ARGS=${LOAD_ARGS:-}
+BUILD=${LLAMACPP_BUILD:-target/llama.cpp-build}
+PORT=${PORT:-18200}
+LOG=$(mktemp)
+trap 'rm -f "$LOG"; kill %% 2>/dev/null || true' EXIT
+
+wait_ready() {
+    for _ in $(seq 600); do
+        if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then return 0; fi
+        sleep 0.1
+    done
+    echo "server did not start: $(tail -5 "$LOG")" >&2
+    return 1
+}
+
+load() { # server round clients
+    local n=$(($3 * 4 < 8 ? 8 : $3 * 4))
+    python3 tools/load_serve.py --url "http://127.0.0.1:$PORT" -n "$n" -c "$3" --max-tokens "$TOKENS" --stream $LOAD_ARGS \
+        | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); d.update(server='$1', round=$2); print(json.dumps(d))"
+}
+
+for round in $(seq "$ROUNDS"); do
+    for c in $CLIENTS; do
+        target/release/ktune serve --gguf "$MODEL" --device cpu --port "$PORT" --parallel "$c" --context "$CONTEXT" \
+            --queue 64 --ignore-eos >"$LOG" 2>&1 &
+        pid=$!
+        wait_ready && load ktune "$round" "$c"
+        kill "$pid"; wait "$pid" 2>/dev/null || true
+        "$BUILD/bin/llama-server" -m "$MODEL" --port "$PORT" -np "$c" -t "$THREADS" -c $((CONTEXT * c)) -cb -kvu \
+            >"$LOG" 2>&1 &
+        pid=$!
+        wait_ready && load llama-server "$round" "$c"
+        kill "$pid"; wait "$pid" 2>/dev/null || true
+    done
+done
