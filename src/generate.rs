@@ -690,6 +690,11 @@ impl Running {
         self.prefilling
     }
 
+    /// Its prompt.
+    pub fn prompt(&self) -> &[u32] {
+        &self.prompt
+    }
+
     /// Ids generated so far.
     pub fn generated(&self) -> usize {
         self.stepper.generated.len()

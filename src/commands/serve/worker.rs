@@ -116,6 +116,10 @@ fn serve_job(g: &mut Generator, job: Job, state: &State) {
     report(&job, done, state);
 }
 
+/// Tokens a prompt must share with one being prefilled to wait for it rather
+/// than prefill them itself.
+const SHARE_AT_LEAST: usize = 32;
+
 /// A job being generated in a slot of [`work_parallel`].
 struct Active {
     job: Job,
@@ -201,6 +205,20 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
                     }
                 }
             };
+            // A prompt that shares more with one being prefilled than any cache
+            // holds yet waits for that prefill and then copies it (a system
+            // prompt sent by many clients at once is computed once).
+            let held = (0..slots.len()).map(|i| Generator::reusable(&slots[i], &prompt)).max().unwrap_or(0);
+            let pending = active
+                .iter()
+                .filter(|a| a.run.prefilling())
+                .map(|a| a.run.prompt().iter().zip(&prompt).take_while(|(x, y)| x == y).count())
+                .max()
+                .unwrap_or(0);
+            if pending >= held + SHARE_AT_LEAST {
+                deferred.push_front((job, prompt));
+                break;
+            }
             // The KV positions it may write: its prompt and every token it may generate.
             let need = (prompt.len() + job.limits.max_tokens).min(g.context);
             if need > limit {
