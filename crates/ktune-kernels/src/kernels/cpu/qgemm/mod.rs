@@ -149,6 +149,10 @@ struct Panel {
     /// Scale group size (16 or 32) and the number of row blocks.
     sg: usize,
     blocks: usize,
+    /// `vals` holds two runs in each 64 bytes, the first in the low nibbles
+    /// ([`Panel::into_nibbles`]: a kept panel of 4-bit values, half the bytes
+    /// to stream); the SIMD tiles read it, the portable loops never get one.
+    nib: bool,
     /// `[block][group][run of 4][row 16][4]`.
     vals: Vec<u8>,
     /// `[block][group][row 16]`.
@@ -177,6 +181,7 @@ impl Panel {
         let (blocks, groups) = (rows.div_ceil(RB), k / sg);
         self.sg = sg;
         self.blocks = blocks;
+        self.nib = false;
         // Every value, scale and offset is written below: no clearing.
         self.vals.resize(blocks * RB * k, 0);
         self.scale.resize(blocks * groups * RB, 0.0);
@@ -387,6 +392,28 @@ pub fn i8_gemm_simd(isa: Isa) -> bool {
     isa.vnni() && features().avx512f
 }
 
+impl Panel {
+    /// This panel with two runs of 4-bit values in each 64 bytes (the run of
+    /// even index in the low nibbles), when every value fits in 4 bits (Q4_0,
+    /// Q4_1 and Q4_K pack their nibbles as they are); else as it is.
+    fn into_nibbles(mut self) -> Panel {
+        let run = RB * LANE;
+        if self.nib || self.vals.iter().any(|&v| v > 15) || !self.vals.len().is_multiple_of(2 * run) {
+            return self;
+        }
+        let mut packed = vec![0u8; self.vals.len() / 2];
+        for (dst, pair) in packed.chunks_exact_mut(run).zip(self.vals.chunks_exact(2 * run)) {
+            let (lo, hi) = pair.split_at(run);
+            for ((d, &l), &h) in dst.iter_mut().zip(lo).zip(hi) {
+                *d = l | (h << 4);
+            }
+        }
+        self.vals = packed;
+        self.nib = true;
+        self
+    }
+}
+
 /// Packed rows kept for the life of the weights they were packed from: an
 /// engine that runs the int8 GEMMs again and again over few tokens (a server's
 /// decode batches) keeps each task's panel instead of unpacking its rows every
@@ -399,7 +426,8 @@ pub struct PanelCache {
     panels: std::sync::Mutex<KeptPanels>,
 }
 
-/// Kept panels by (weight address, weight bytes, first row, rows).
+/// Kept panels by (weight address, weight bytes, first row, rows twice plus
+/// 1 for the SIMD tiles' form).
 type KeptPanels = std::collections::HashMap<(usize, usize, usize, usize), std::sync::Arc<Panel>>;
 
 impl PanelCache {
@@ -436,14 +464,16 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
     let (m, k) = (x.m, x.k);
     let mut out = vec![0f32; count * m];
     if let Some(cache) = cache {
-        let key = (w.quants.as_ptr() as usize, w.quants.len(), r0, count);
+        let simd = i8_gemm_simd(isa);
+        let key = (w.quants.as_ptr() as usize, w.quants.len(), r0, 2 * count + simd as usize);
         let kept = cache.panels.lock().ok().and_then(|m| m.get(&key).cloned());
         let p = match kept {
             Some(p) => p,
             None => {
                 let mut p = Panel::default();
                 p.pack(isa, w, r0, count, k);
-                let p = std::sync::Arc::new(p);
+                // The SIMD tiles read 4-bit values two to a byte.
+                let p = std::sync::Arc::new(if simd { p.into_nibbles() } else { p });
                 if let Ok(mut m) = cache.panels.lock() {
                     m.insert(key, p.clone());
                 }

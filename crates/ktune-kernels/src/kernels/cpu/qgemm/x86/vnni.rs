@@ -14,15 +14,23 @@ use super::super::{GROUP, LANE, Panel, QK, RB, XPanel};
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn rows_times_tokens(p: &Panel, x: &XPanel, count: usize, out: &mut [f32], next: &[u8]) {
     // SAFETY: the caller's contract, passed on.
-    unsafe { if p.bias != 0 { sweep::<true>(p, x, count, out, next) } else { sweep::<false>(p, x, count, out, next) } }
+    unsafe {
+        match (p.bias != 0, p.nib) {
+            (true, false) => sweep::<true, false>(p, x, count, out, next),
+            (false, false) => sweep::<false, false>(p, x, count, out, next),
+            (true, true) => sweep::<true, true>(p, x, count, out, next),
+            (false, true) => sweep::<false, true>(p, x, count, out, next),
+        }
+    }
 }
 
-/// [`rows_times_tokens`] for a panel with (`BIAS`) or without offsets.
+/// [`rows_times_tokens`] for a panel with (`BIAS`) or without offsets, of
+/// bytes or (`NIB`) of two 4-bit values a byte.
 ///
 /// # Safety
 /// As [`rows_times_tokens`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn sweep<const BIAS: bool>(p: &Panel, x: &XPanel, count: usize, out: &mut [f32], next: &[u8]) {
+unsafe fn sweep<const BIAS: bool, const NIB: bool>(p: &Panel, x: &XPanel, count: usize, out: &mut [f32], next: &[u8]) {
     let m = x.m;
     // `next` (bytes to bring into L2) spread over the tiles, a share per tile.
     let tiles = p.blocks.div_ceil(2) * (m / 4 + m % 4);
@@ -42,14 +50,14 @@ unsafe fn sweep<const BIAS: bool>(p: &Panel, x: &XPanel, count: usize, out: &mut
             // SAFETY: blocks b..b + r < p.blocks and tokens t..t + n < m.
             unsafe {
                 match (r, n, p.sg == QK) {
-                    (2, 4, true) => tile::<2, 4, 8, BIAS>(p, x, b, t, count, out),
-                    (2, 4, false) => tile::<2, 4, 4, BIAS>(p, x, b, t, count, out),
-                    (2, _, true) => tile::<2, 1, 8, BIAS>(p, x, b, t, count, out),
-                    (2, _, false) => tile::<2, 1, 4, BIAS>(p, x, b, t, count, out),
-                    (_, 4, true) => tile::<1, 4, 8, BIAS>(p, x, b, t, count, out),
-                    (_, 4, false) => tile::<1, 4, 4, BIAS>(p, x, b, t, count, out),
-                    (_, _, true) => tile::<1, 1, 8, BIAS>(p, x, b, t, count, out),
-                    (_, _, false) => tile::<1, 1, 4, BIAS>(p, x, b, t, count, out),
+                    (2, 4, true) => tile::<2, 4, 8, BIAS, NIB>(p, x, b, t, count, out),
+                    (2, 4, false) => tile::<2, 4, 4, BIAS, NIB>(p, x, b, t, count, out),
+                    (2, _, true) => tile::<2, 1, 8, BIAS, NIB>(p, x, b, t, count, out),
+                    (2, _, false) => tile::<2, 1, 4, BIAS, NIB>(p, x, b, t, count, out),
+                    (_, 4, true) => tile::<1, 4, 8, BIAS, NIB>(p, x, b, t, count, out),
+                    (_, 4, false) => tile::<1, 4, 4, BIAS, NIB>(p, x, b, t, count, out),
+                    (_, _, true) => tile::<1, 1, 8, BIAS, NIB>(p, x, b, t, count, out),
+                    (_, _, false) => tile::<1, 1, 4, BIAS, NIB>(p, x, b, t, count, out),
                 }
             }
             t += n;
@@ -68,7 +76,7 @@ unsafe fn sweep<const BIAS: bool>(p: &Panel, x: &XPanel, count: usize, out: &mut
 #[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile<const R: usize, const T: usize, const RUNS: usize, const BIAS: bool>(
+unsafe fn tile<const R: usize, const T: usize, const RUNS: usize, const BIAS: bool, const NIB: bool>(
     p: &Panel,
     x: &XPanel,
     b: usize,
@@ -101,7 +109,14 @@ unsafe fn tile<const R: usize, const T: usize, const RUNS: usize, const BIAS: bo
             for run in 0..RUNS {
                 let mut w = [_mm512_setzero_si512(); R];
                 for r in 0..R {
-                    w[r] = _mm512_loadu_si512(vals.add((((b + r) * groups + g) * RUNS + run) * RB * LANE) as *const __m512i);
+                    w[r] = if NIB {
+                        // Runs 2j and 2j + 1 share 64 bytes: low and high nibbles.
+                        let v = _mm512_loadu_si512(vals.add((((b + r) * groups + g) * RUNS / 2 + run / 2) * RB * LANE) as *const __m512i);
+                        let v = if run % 2 == 0 { v } else { _mm512_srli_epi16::<4>(v) };
+                        _mm512_and_si512(v, _mm512_set1_epi8(0x0F))
+                    } else {
+                        _mm512_loadu_si512(vals.add((((b + r) * groups + g) * RUNS + run) * RB * LANE) as *const __m512i)
+                    };
                 }
                 for c in 0..T {
                     let xv = _mm512_set1_epi32((xq.add((t + c) * k + g * sg + run * LANE) as *const i32).read_unaligned());
