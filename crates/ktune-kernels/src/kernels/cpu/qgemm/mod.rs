@@ -426,9 +426,9 @@ pub struct PanelCache {
     panels: std::sync::Mutex<KeptPanels>,
 }
 
-/// Kept panels by (weight address, weight bytes, first row, rows twice plus
-/// 1 for the SIMD tiles' form).
-type KeptPanels = std::collections::HashMap<(usize, usize, usize, usize), std::sync::Arc<Panel>>;
+/// Kept panels by (weight address and bytes, scales address, format, first
+/// row, rows twice plus 1 for the SIMD tiles' form).
+type KeptPanels = std::collections::HashMap<(usize, usize, usize, usize, usize, usize), std::sync::Arc<Panel>>;
 
 impl PanelCache {
     /// Bytes the kept panels hold.
@@ -465,7 +465,8 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
     let mut out = vec![0f32; count * m];
     if let Some(cache) = cache {
         let simd = i8_gemm_simd(isa);
-        let key = (w.quants.as_ptr() as usize, w.quants.len(), r0, 2 * count + simd as usize);
+        let key =
+            (w.quants.as_ptr() as usize, w.quants.len(), w.scales.as_ptr() as usize, w.format as usize, r0, 2 * count + simd as usize);
         let kept = cache.panels.lock().ok().and_then(|m| m.get(&key).cloned());
         let p = match kept {
             Some(p) => p,
@@ -701,9 +702,10 @@ mod tests {
         let (n, k, m) = (48, 256, 5);
         let x = data(m * k, 3);
         let xp = XPanel::quantize(&x, m, k);
-        let cache = PanelCache::default();
         for format in [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q8_0, QFormat::Q4_K, QFormat::Q6_K] {
             let w = QMatrix::quantize(format, n, k, &data(n * k, 7)).unwrap();
+            // A cache lives no longer than the weights it packed (an engine's own).
+            let cache = PanelCache::default();
             for isa in [Isa::best(), Isa::Scalar] {
                 for r0 in [0, 16, 32] {
                     let want = rows_times_tokens_i8(isa, &xp, w.view(), r0, 16, None);
@@ -713,7 +715,7 @@ mod tests {
                     }
                 }
             }
+            assert!(cache.bytes() > 0);
         }
-        assert!(cache.bytes() > 0);
     }
 }
