@@ -112,6 +112,20 @@ pub struct Prepared {
 }
 
 impl ProfileChoice {
+    /// No cached profile: the runtime's defaults (every fusion, batching, an f32
+    /// KV cache), or the `--profile` a caller sets over it.
+    pub fn uncached() -> ProfileChoice {
+        ProfileChoice {
+            profile: None,
+            no_profile: true,
+            strict_device: false,
+            kv_dtype: DType::F32,
+            fusion: Fusion::ALL,
+            batch: true,
+            decode_chain: None,
+        }
+    }
+
     /// The profile `--profile` names, read before anything heavy is built.
     pub fn read(&self) -> Result<Option<Profile>> {
         Ok(match &self.profile {

@@ -13,7 +13,6 @@ use crate::cli::{EvalArgs, ReferenceArg};
 use crate::eval::{self, LogitsReader, LogitsWriter, Path, Reference, Text};
 use crate::generate::{ProfileChoice, Source, check_source};
 use crate::kernels::DType;
-use crate::plan::Fusion;
 use crate::profile::Profile;
 use crate::progress::Progress;
 use crate::report::EvalReport;
@@ -87,15 +86,7 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
     // What is evaluated: the exact path, a profile, or the runtime's defaults (a
     // cached profile only when named: eval measures what it is given).
     let weight_dtype = settings.weight_dtype(&m);
-    let choice = ProfileChoice {
-        profile: args.profile.clone(),
-        no_profile: true,
-        strict_device: false,
-        kv_dtype: DType::F32,
-        fusion: Fusion::ALL,
-        batch: true,
-        decode_chain: None,
-    };
+    let choice = ProfileChoice { profile: args.profile.clone(), ..ProfileChoice::uncached() };
     let (evaluated, selection, exec) = if args.exact {
         if !matches!(device, crate::device::Device::Cpu(_)) {
             return Err(Error::Usage("--exact is the CPU's f32 path: give --device cpu".into()));

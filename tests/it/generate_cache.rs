@@ -10,7 +10,6 @@
 use ktune::generate::{Generator, GeneratorSettings, Limits, Output, ProfileChoice};
 use ktune::kernels::DType;
 use ktune::kernels::sample::SamplerParams;
-use ktune::plan::Fusion;
 use ktune::session::{ModelSettings, ModelSource};
 
 use crate::common::{fixture, gguf_dir, ktune, read_json, tempdir};
@@ -35,15 +34,7 @@ fn open_as(file: &str, chunk: usize, parallel: usize) -> Generator {
             seed: 0,
             trusted_shaders: false,
         },
-        choice: ProfileChoice {
-            profile: None,
-            no_profile: true,
-            strict_device: false,
-            kv_dtype: DType::F32,
-            fusion: Fusion::ALL,
-            batch: true,
-            decode_chain: None,
-        },
+        choice: ProfileChoice::uncached(),
         context: context_of(file),
         prefill_chunk: chunk,
         chat_template: file.starts_with("smollm2").then(|| fixture("chat_templates/smollm2.jinja")),
