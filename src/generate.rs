@@ -690,7 +690,6 @@ pub struct Running {
     budget: usize,
     /// Its prompt not yet all computed (no id sampled yet).
     prefilling: bool,
-    max_tokens: usize,
 }
 
 impl Running {
@@ -985,7 +984,6 @@ impl Generator {
             at: if self.prompt_logits.is_some() { prompt.len() } else { same },
             budget: budget.max(2),
             prefilling: true,
-            max_tokens: limits.max_tokens,
         };
         self.prefill_step(&mut run, stream)?;
         Ok(run)
@@ -1020,7 +1018,7 @@ impl Generator {
             run.at = len;
             run.prefilling = false;
             run.next = first;
-            run.going = run.max_tokens > 0 && run.stepper.keep(first, Some(&self.tokenizer), &self.stop_ids, None, stream);
+            run.going = run.stepper.max_tokens > 0 && run.stepper.keep(first, Some(&self.tokenizer), &self.stop_ids, None, stream);
             run.decode_start = Instant::now();
             self.cached = run.prompt.clone();
             self.prefilled = if len >= 2 { len } else { 0 };

@@ -681,11 +681,7 @@ impl Engine {
         for blk in &self.plan.lm_head {
             scatter(&mut self.logits, e.view(blk.logits, b * blk.rows)?, blk.start, blk.rows, vocab);
         }
-        if let Some(c) = self.plan.config.final_logit_softcapping
-            && c > 0.0
-        {
-            self.logits.iter_mut().for_each(|v| *v = ((*v as f64 / c).tanh() * c) as f32);
-        }
+        softcap(&mut self.logits, self.plan.config.final_logit_softcapping);
         for s in seqs.iter_mut() {
             s.pos += 1;
             s.written = s.written.max(s.pos);
@@ -1158,11 +1154,7 @@ impl Engine {
         } else {
             self.prefill_times = self.pass_times.clone();
         }
-        if let Some(c) = self.plan.config.final_logit_softcapping
-            && c > 0.0
-        {
-            self.logits.iter_mut().for_each(|v| *v = ((*v as f64 / c).tanh() * c) as f32);
-        }
+        softcap(&mut self.logits, self.plan.config.final_logit_softcapping);
         phases.post += lap.lap();
         if tallied {
             let counts = self.gpu_counts().zip(counts0).map(|(a, b)| a.since(&b));
@@ -1179,6 +1171,15 @@ fn cpu_pool(threads: usize, spin_us: u32, prefetch: Option<u32>) {
     pool.set_threads(if threads == 0 { pool.capacity() } else { threads });
     pool.set_spin(if spin_us == 0 { crate::kernels::cpu::pool::DEFAULT_SPIN } else { std::time::Duration::from_micros(spin_us as u64) });
     crate::kernels::cpu::set_prefetch_bytes(prefetch.unwrap_or(crate::kernels::cpu::DEFAULT_PREFETCH));
+}
+
+/// Gemma's final logit soft-capping, `c · tanh(v / c)` (None or 0: none).
+fn softcap(logits: &mut [f32], cap: Option<f64>) {
+    if let Some(c) = cap
+        && c > 0.0
+    {
+        logits.iter_mut().for_each(|v| *v = ((*v as f64 / c).tanh() * c) as f32);
+    }
 }
 
 /// One LM-head block's `[rows, block_rows]` logits into the `[rows, vocab]` rows.
