@@ -245,23 +245,20 @@ fn max_k<L: Lanes>(l: L, x: &[f32]) -> f32 {
     xs.remainder().iter().fold(l.hmax(m), |a, &v| if v > a { v } else { a })
 }
 
-/// `y = exp(x - m)`; returns the sum of `y`.
+/// `y = exp(y - m)` in place; returns the sum of `y`.
 #[inline(always)]
-fn exp_sum_k<L: Lanes>(l: L, x: &[f32], m: f32, y: &mut [f32]) -> f32 {
-    let n = y.len();
-    let x = &x[..n];
+fn exp_sum_k<L: Lanes>(l: L, y: &mut [f32], m: f32) -> f32 {
     let mv = l.splat(m);
     let mut acc = l.splat(0.0);
     let mut ys = y.chunks_exact_mut(L::N);
-    for (yc, xc) in (&mut ys).zip(x.chunks_exact(L::N)) {
-        let e = lanes::exp(l, l.sub(l.load(xc), mv));
+    for yc in &mut ys {
+        let e = lanes::exp(l, l.sub(l.load(yc), mv));
         acc = l.add(acc, e);
         l.store(yc, e);
     }
     let mut s = l.hsum(acc);
-    let t = n - n % L::N;
-    for (i, o) in ys.into_remainder().iter_mut().enumerate() {
-        *o = (x[t + i] - m).exp();
+    for o in ys.into_remainder() {
+        *o = (*o - m).exp();
         s += *o;
     }
     s
@@ -380,11 +377,18 @@ fn run_add_static(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArg
     Ok(())
 }
 
-/// Softmax of one row, three SIMD passes: max, exp and sum (stored in `y`), scale.
+/// Softmax of one row into `y` ([`softmax_in_place`] of a copy).
 pub(crate) fn softmax_row(isa: Isa, x: &[f32], y: &mut [f32]) {
-    isa_dispatch!(isa, |l| (x: &[f32] = x, y: &mut [f32] = y) -> () {
-        let m = max_k(l, x);
-        let s = exp_sum_k(l, x, m, y);
+    y.copy_from_slice(&x[..y.len()]);
+    softmax_in_place(isa, y)
+}
+
+/// Softmax of one row in place, three SIMD passes: max, exp and sum, scale (a
+/// decode attention's scores too).
+pub(crate) fn softmax_in_place(isa: Isa, y: &mut [f32]) {
+    isa_dispatch!(isa, |l| (y: &mut [f32] = y) -> () {
+        let m = max_k(l, y);
+        let s = exp_sum_k(l, y, m);
         scale_k(l, y, 1.0 / s);
     })
 }

@@ -6,7 +6,7 @@ use super::shape::{Shape, shape_or_invalid};
 use crate::device::CpuCaps;
 use crate::kernels::contract::{CpuArgs, CpuIn, KernelDef, KernelError, Params, param};
 use crate::kernels::cpu;
-use crate::kernels::cpu::{Isa, Row, axpy_row, row};
+use crate::kernels::cpu::{Isa, Row, axpy_row, row, sub_row};
 use crate::kernels::problem::Problem;
 use crate::kernels::quant::DType;
 
@@ -47,6 +47,11 @@ impl<'a> Kv<'a> {
     fn v(&self, kh: usize, j: usize) -> Row<'a> {
         row(self.v, self.s.row_of(kh, j), self.s.d)
     }
+    /// Value rows `lo..hi` of KV head `kh`, back to back.
+    fn v_rows(&self, kh: usize, (lo, hi): (usize, usize)) -> Row<'a> {
+        let d = self.s.d;
+        sub_row(self.v, self.s.row_of(kh, lo), d, 0, (hi - lo) * d)
+    }
 }
 
 /// One query row with a per-key online softmax: the accumulator is rescaled only
@@ -75,20 +80,14 @@ fn attend_online(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, (lo, hi): (usize, 
 /// Scores `scale * q · K[j]` for `j` in `lo..lo + out.len()`, four K rows per
 /// microkernel call when `four`.
 fn scores_into(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, lo: usize, four: bool, out: &mut [f32]) {
-    let n = out.len();
-    let mut c = 0;
     if four {
-        while c + 4 <= n {
-            let j = lo + c;
-            let r = cpu::dot4(isa, q, [kv.k(kh, j), kv.k(kh, j + 1), kv.k(kh, j + 2), kv.k(kh, j + 3)]);
-            for (o, v) in out[c..c + 4].iter_mut().zip(r) {
-                *o = v * kv.s.scale;
-            }
-            c += 4;
-        }
+        let d = kv.s.d;
+        cpu::dot_rows(isa, q, sub_row(kv.k, kv.s.row_of(kh, lo), d, 0, out.len() * d), out);
+        out.iter_mut().for_each(|o| *o *= kv.s.scale);
+        return;
     }
-    for (cc, o) in out.iter_mut().enumerate().skip(c) {
-        *o = cpu::dot(isa, q, kv.k(kh, lo + cc)) * kv.s.scale;
+    for (c, o) in out.iter_mut().enumerate() {
+        *o = cpu::dot(isa, q, kv.k(kh, lo + c)) * kv.s.scale;
     }
 }
 
@@ -228,12 +227,8 @@ pub(super) fn run_decode_heads(kd: &KernelDef, prob: &Problem, params: &Params, 
         cpu::pool::for_chunks_mut2(&mut a.outs[0][..s.heads * d], d, scores, n, |h, o, sc| {
             let kh = h / s.group();
             scores_into(isa, &kv, &q[h * d..][..d], kh, lo, four, sc);
-            let (_, l) = exp_row(sc);
-            let inv = 1.0 / l;
-            o.fill(0.0);
-            for (c, pc) in sc.iter().enumerate() {
-                axpy_row(isa, pc * inv, kv.v(kh, lo + c), o);
-            }
+            crate::kernels::act::softmax_in_place(isa, sc);
+            cpu::weighted_rows(isa, sc, kv.v_rows(kh, (lo, hi)), o);
         })
     });
     Ok(())

@@ -19,6 +19,18 @@ pub enum Row<'a> {
     F16(&'a [f16]),
 }
 
+impl<'a> From<&'a [f32]> for Row<'a> {
+    fn from(v: &'a [f32]) -> Row<'a> {
+        Row::F32(v)
+    }
+}
+
+impl<'a> From<&'a [f16]> for Row<'a> {
+    fn from(v: &'a [f16]) -> Row<'a> {
+        Row::F16(v)
+    }
+}
+
 /// `$e` with `$w` bound to the f32 or the f16 slice of a [`Row`] (one generic body
 /// for both storage types).
 macro_rules! with_row {
@@ -69,6 +81,36 @@ pub fn dot4(isa: Isa, x: &[f32], w: [Row<'_>; 4]) -> [f32; 4] {
         [Row::F32(a), Row::F32(b), Row::F32(c), Row::F32(d)] => dot4_f32(isa, x, [a, b, c, d]),
         [Row::F16(a), Row::F16(b), Row::F16(c), Row::F16(d)] => dot4_f16(isa, x, [a, b, c, d]),
         _ => [dot(isa, x, w[0]), dot(isa, x, w[1]), dot(isa, x, w[2]), dot(isa, x, w[3])],
+    }
+}
+
+/// `out[c] = x · w_c` over `out.len()` rows of `w` (`x.len()` elements each,
+/// back to back: a cache's consecutive keys of one head): the bits of [`dot4`]
+/// on each four rows from the first and [`dot`] on the rest, in one call.
+pub fn dot_rows(isa: Isa, x: &[f32], w: Row<'_>, out: &mut [f32]) {
+    let n = x.len();
+    let rows = out.len().min(with_row!(w, |w| w.len()).checked_div(n).unwrap_or(out.len()));
+    let out = &mut out[..rows];
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY (both arms): `Isa::from_param`/`best` only yield levels the CPU
+        // reports; `w` holds `rows` rows of `n`.
+        match (isa, w) {
+            (Isa::Avx512, Row::F32(w)) => return unsafe { x86::dot_rows_avx512(x, &w[..rows * n], out) },
+            (Isa::Avx512, Row::F16(w)) => return unsafe { x86::dot_rows_avx512(x, &w[..rows * n], out) },
+            (Isa::Simd256, Row::F32(w)) => return unsafe { x86::dot_rows_avx2(x, &w[..rows * n], out) },
+            (Isa::Simd256, Row::F16(w)) => return unsafe { x86::dot_rows_avx2(x, &w[..rows * n], out) },
+            _ => {}
+        }
+    }
+    let row = |c: usize| with_row!(w, |w| Row::from(&w[c * n..][..n]));
+    let mut c = 0;
+    while c + 4 <= rows {
+        out[c..c + 4].copy_from_slice(&dot4(isa, x, [row(c), row(c + 1), row(c + 2), row(c + 3)]));
+        c += 4;
+    }
+    for (c, o) in out.iter_mut().enumerate().skip(c) {
+        *o = dot(isa, x, row(c));
     }
 }
 
@@ -150,6 +192,61 @@ fn axpy_k<L: Lanes, W: Elem>(l: L, a: f32, x: &[W], y: &mut [f32]) {
     for (i, o) in ys.into_remainder().iter_mut().enumerate() {
         *o += a * x[t + i].f32();
     }
+}
+
+/// `o = Σ_r w[r] * v_r` over the rows `v_r` of `v` (`w.len()` rows of `o.len()`
+/// elements, back to back: a cache's consecutive keys of one head): the same
+/// per-element FMA chain as `o.fill(0)` and then [`axpy_row`] a row at a time,
+/// so the same bits, but one call for all the rows and each block of `o` kept
+/// in registers across them (a decode's softmax-weighted values).
+pub fn weighted_rows(isa: Isa, w: &[f32], v: Row<'_>, o: &mut [f32]) {
+    isa_dispatch!(isa, |l| (w: &[f32] = w, v: Row<'_> = v, o: &mut [f32] = o) -> () {
+        with_row!(v, |v| weighted_k(l, w, v, o))
+    })
+}
+
+#[inline(always)]
+fn weighted_k<L: Lanes, W: Elem>(l: L, w: &[f32], v: &[W], o: &mut [f32]) {
+    let d = o.len();
+    if d == 0 {
+        return;
+    }
+    let w = &w[..w.len().min(v.len() / d)];
+    let full = d - d % L::N;
+    let mut c0 = 0;
+    while c0 < full {
+        let c1 = match (full - c0) / L::N {
+            1 => weighted_cols::<L, W, 1>(l, w, v, d, c0, o),
+            2 => weighted_cols::<L, W, 2>(l, w, v, d, c0, o),
+            3 => weighted_cols::<L, W, 3>(l, w, v, d, c0, o),
+            _ => weighted_cols::<L, W, 4>(l, w, v, d, c0, o),
+        };
+        c0 = c1;
+    }
+    for (i, oi) in o[full..].iter_mut().enumerate() {
+        let mut s = 0.0;
+        for (r, &a) in w.iter().enumerate() {
+            s += a * v[r * d + full + i].f32();
+        }
+        *oi = s;
+    }
+}
+
+/// Columns `c0..c0 + B * L::N` of [`weighted_rows`]; returns the next column.
+#[inline(always)]
+fn weighted_cols<L: Lanes, W: Elem, const B: usize>(l: L, w: &[f32], v: &[W], d: usize, c0: usize, o: &mut [f32]) -> usize {
+    let mut acc = [l.splat(0.0); B];
+    for (r, &a) in w.iter().enumerate() {
+        let av = l.splat(a);
+        let row = &v[r * d + c0..][..B * L::N];
+        for (j, acc) in acc.iter_mut().enumerate() {
+            *acc = l.fma(av, W::load(l, &row[j * L::N..]), *acc);
+        }
+    }
+    for (j, acc) in acc.into_iter().enumerate() {
+        l.store(&mut o[c0 + j * L::N..], acc);
+    }
+    c0 + B * L::N
 }
 
 /// Portable dot product: eight interleaved accumulators.
@@ -240,6 +337,69 @@ mod arm;
 mod tests {
     use super::super::testdata;
     use super::*;
+
+    /// One call for many rows gives the bits of the row-at-a-time axpy chain
+    /// it replaces, at every ISA, row width (whole vectors, a remainder, less
+    /// than a vector) and storage type.
+    #[test]
+    fn weighted_rows_are_the_axpy_chain_bit_for_bit() {
+        for d in [1, 7, 16, 64, 72, 80, 129] {
+            for n in [0, 1, 5, 33] {
+                let w = testdata::signed(n, d as u64);
+                let v = testdata::signed(n * d, 7 + d as u64);
+                let vh: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+                for isa in [Isa::Scalar, Isa::from_param(2), Isa::best()] {
+                    for rows in [Row::F32(&v), Row::F16(&vh)] {
+                        let mut chain = vec![0.0f32; d];
+                        for (r, &a) in w.iter().enumerate() {
+                            let row = match rows {
+                                Row::F32(v) => Row::F32(&v[r * d..][..d]),
+                                Row::F16(v) => Row::F16(&v[r * d..][..d]),
+                            };
+                            axpy_row(isa, a, row, &mut chain);
+                        }
+                        let mut one = vec![f32::NAN; d];
+                        weighted_rows(isa, &w, rows, &mut one);
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&one), bits(&chain), "{isa:?} d={d} n={n}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Many rows' dots in one call are [`dot4`] on each four and [`dot`] on the
+    /// rest, bit for bit.
+    #[test]
+    fn dot_rows_are_dot4_and_dot_bit_for_bit() {
+        for d in [1, 7, 16, 64, 72, 129] {
+            for n in [0, 1, 5, 8, 11] {
+                let x = testdata::signed(d, 3 + d as u64);
+                let v = testdata::signed(n * d, 7 + d as u64);
+                let vh: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+                for isa in [Isa::Scalar, Isa::from_param(2), Isa::best()] {
+                    for rows in [Row::F32(&v), Row::F16(&vh)] {
+                        let row = |c: usize| match rows {
+                            Row::F32(v) => Row::F32(&v[c * d..][..d]),
+                            Row::F16(v) => Row::F16(&v[c * d..][..d]),
+                        };
+                        let mut each = Vec::new();
+                        while each.len() + 4 <= n {
+                            let c = each.len();
+                            each.extend(dot4(isa, &x, [row(c), row(c + 1), row(c + 2), row(c + 3)]));
+                        }
+                        while each.len() < n {
+                            each.push(dot(isa, &x, row(each.len())));
+                        }
+                        let mut one = vec![f32::NAN; n];
+                        dot_rows(isa, &x, rows, &mut one);
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&one), bits(&each), "{isa:?} d={d} n={n}");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn every_isa_matches_f64_dot_at_odd_lengths() {

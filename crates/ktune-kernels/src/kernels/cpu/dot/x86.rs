@@ -74,6 +74,7 @@ pub fn hsum256(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+#[inline]
 #[target_feature(enable = "avx512f")]
 pub unsafe fn dot_avx512<W: super::Weight>(x: &[f32], w: &[W]) -> f32 {
     let n = x.len();
@@ -100,6 +101,7 @@ pub unsafe fn dot_avx512<W: super::Weight>(x: &[f32], w: &[W]) -> f32 {
     _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])))
 }
 
+#[inline]
 #[target_feature(enable = "avx512f")]
 pub unsafe fn dot4_avx512<W: super::Weight>(x: &[f32], w: [&[W]; 4]) -> [f32; 4] {
     let n = x.len();
@@ -141,6 +143,7 @@ pub unsafe fn dot4_avx512<W: super::Weight>(x: &[f32], w: [&[W]; 4]) -> [f32; 4]
     out
 }
 
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_avx2<W: super::Weight>(x: &[f32], w: &[W]) -> f32 {
     let n = x.len();
@@ -168,6 +171,7 @@ pub unsafe fn dot_avx2<W: super::Weight>(x: &[f32], w: &[W]) -> f32 {
     s
 }
 
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot4_avx2<W: super::Weight>(x: &[f32], w: [&[W]; 4]) -> [f32; 4] {
     let n = x.len();
@@ -197,6 +201,36 @@ pub unsafe fn dot4_avx2<W: super::Weight>(x: &[f32], w: [&[W]; 4]) -> [f32; 4] {
     }
     out
 }
+
+/// `out[c] = x · w_c` over `out.len()` rows of `w` of `x.len()` each, back to
+/// back, stamped out per instruction set: four rows a `$dot4` (inlined), the
+/// rest one at a time by `$dot` (the bits of calling them row by row).
+macro_rules! dot_rows {
+    ($name:ident, $feat:literal, $dot4:ident, $dot:ident) => {
+        /// # Safety
+        /// The CPU has the function's features; `w` holds `out.len()` rows of `x.len()`.
+        #[target_feature(enable = $feat)]
+        pub unsafe fn $name<W: super::Weight>(x: &[f32], w: &[W], out: &mut [f32]) {
+            let n = x.len();
+            let row = |c: usize| &w[c * n..][..n];
+            let mut c = 0;
+            // SAFETY: the caller's features; every row has `n` elements.
+            unsafe {
+                while c + 4 <= out.len() {
+                    let r = $dot4(x, [row(c), row(c + 1), row(c + 2), row(c + 3)]);
+                    out[c..c + 4].copy_from_slice(&r);
+                    c += 4;
+                }
+                while c < out.len() {
+                    out[c] = $dot(x, row(c));
+                    c += 1;
+                }
+            }
+        }
+    };
+}
+dot_rows!(dot_rows_avx512, "avx512f", dot4_avx512, dot_avx512);
+dot_rows!(dot_rows_avx2, "avx2,fma,f16c", dot4_avx2, dot_avx2);
 
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn add_sumsq(x: &[f32], r: &[f32], h: &mut [f32]) -> f32 {
