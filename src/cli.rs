@@ -163,6 +163,12 @@ pub struct TuneArgs {
     /// runtime default's own divergence × 1.25, at least 1e-4.
     #[arg(long, value_name = "NATS", value_parser = max_kld)]
     pub max_kld: Option<f64>,
+    /// Tune for `serve --parallel` too: the kernels of a decode batch raced at
+    /// each of these batch sizes (sequences decoded together; 1 is the decode
+    /// regime, tuned anyway), the winners written as the profile's
+    /// `serve.batches`. Alone: 1,2,4,8,16. CPU only (batches run there).
+    #[arg(long, value_name = "SIZES", num_args = 0..=1, require_equals = true, default_missing_value = "1,2,4,8,16", value_parser = batch_sizes)]
+    pub serve_batches: Option<BatchSizes>,
     /// GPU: the L2 cache size (bytes; K, M, G suffixes: KiB, MiB, GiB) the slot
     /// races' rotating input copies must overflow (twice it in copies). Default:
     /// an estimate for the adapter's vendor and class.
@@ -305,6 +311,29 @@ fn max_kld(s: &str) -> Result<f64, String> {
         Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
         _ => Err(format!("`{s}`: give a KL divergence in nats, 0 or more (e.g. 0.005)")),
     }
+}
+
+/// `--serve-batches`' sizes, ascending, each once.
+#[derive(Clone, Debug)]
+pub struct BatchSizes(pub Vec<usize>);
+
+/// `--serve-batches`: batch sizes, comma separated, each 1 to 4096.
+fn batch_sizes(s: &str) -> Result<BatchSizes, String> {
+    let mut v = Vec::new();
+    for part in s.split(',') {
+        match part.trim().parse::<usize>() {
+            Ok(n) if (1..=*crate::profile::doc::BATCH_SIZES.end()).contains(&n) => v.push(n),
+            _ => {
+                return Err(format!(
+                    "`{part}`: give batch sizes from 1 to {}, comma separated (e.g. 1,2,4,8,16)",
+                    crate::profile::doc::BATCH_SIZES.end()
+                ));
+            }
+        }
+    }
+    v.sort_unstable();
+    v.dedup();
+    Ok(BatchSizes(v))
 }
 
 /// `--logits-dtype`: f32 or f16.

@@ -281,7 +281,7 @@ fn kld(
             }
         };
         let build = gpu_build.as_ref().unwrap_or(cpu_build);
-        let mut engine = eval::scoring_engine(build, settings, m, Path::Selected(e.selection.clone()), &e.exec, text.ctx)?;
+        let mut engine = eval::scoring_engine(build, settings, m, Path::Selected(Box::new(e.selection.clone())), &e.exec, text.ctx)?;
         let o = eval::evaluate(&text, &mut engine, Some(Reference::Engine(&mut references[r].1)), None, &Silent)?;
         out.push(o.divergence);
         progress.tick();

@@ -95,7 +95,7 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
         ("f32 reference (CPU, f32 activations, plain layouts)".to_string(), Path::F32Reference, exec)
     } else {
         let c = choice.choose(profile.as_ref(), &device, &settings, &m, ctx, ctx, &mut warnings)?;
-        (c.label.unwrap_or_else(|| "runtime defaults".into()), Path::Selected(c.selection), c.exec)
+        (c.label.unwrap_or_else(|| "runtime defaults".into()), Path::Selected(Box::new(c.selection)), c.exec)
     };
     let ctx_gpu = session::open_device(&device, exec.trusted_shaders)?;
     let build = Engines::of(&m, ctx_gpu, Some(WeightMemo::default()));
@@ -108,7 +108,7 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
             let defaults = choice.defaults(d, &settings, &m, weight_dtype);
             let (path, label) = match &args.reference {
                 Some(ReferenceArg::F32) => (Path::F32Reference, "f32 (CPU, f32 activations, plain layouts)".to_string()),
-                _ => (Path::Selected(defaults.selection), format!("runtime defaults on {}", d.name())),
+                _ => (Path::Selected(Box::new(defaults.selection)), format!("runtime defaults on {}", d.name())),
             };
             let ref_build = Engines { ctx: session::open_device(d, settings.trusted_shaders)?, ..build };
             Some((eval::scoring_engine(&ref_build, &settings, &m, path, &defaults.exec, ctx)?, label))

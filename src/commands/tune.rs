@@ -77,6 +77,7 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
         trusted_shaders: settings.trusted_shaders && !matches!(device, crate::device::Device::Cpu(_)),
         vision: if args.no_vision { None } else { m.vision.clone() },
         max_kld: args.max_kld,
+        serve_batches: args.serve_batches.as_ref().map_or(Vec::new(), |b| b.0.iter().copied().filter(|&b| b >= 2).collect()),
     };
     let key = tuner::cache_key(&device, &name, &m.config, &opts);
     let cache = Cache::open().map_err(tuner::TuneError::from)?;

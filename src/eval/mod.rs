@@ -354,7 +354,7 @@ pub fn pass_tokens(ctx: usize, vocab: usize) -> usize {
 /// What a scoring engine runs.
 pub enum Path {
     /// This selection, with the execution's layouts and KV cache.
-    Selected(Selection),
+    Selected(Box<Selection>),
     /// The f32 reference ([`f32_reference`]).
     F32Reference,
 }
@@ -390,7 +390,7 @@ pub fn scoring_engine(
 ) -> Result<Engine, EvalError> {
     let opts = scoring_options(settings.plan_options(m, exec, 1, ctx, true), ctx, m.config.dims.vocab_size);
     let (opts, selection) = match path {
-        Path::Selected(s) => (opts, s),
+        Path::Selected(s) => (opts, *s),
         Path::F32Reference => f32_reference(opts),
     };
     Ok(build.build(opts, selection, exec)?)

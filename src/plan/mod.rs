@@ -907,7 +907,7 @@ impl Plan {
             return Err(PlanError::TooManyTokens(pos0 + tokens, o.max_tokens, o.context));
         }
         let regime = if tokens == 1 { Regime::Decode } else { Regime::Prefill };
-        let mut e = Emitter { plan: self, regime, steps: Vec::new(), group: 0, all_rows: false };
+        let mut e = Emitter { plan: self, regime, steps: Vec::new(), group: 0, all_rows: false, batch: None };
         e.forward(tokens, pos0)?;
         Ok(e.steps)
     }
@@ -923,7 +923,7 @@ impl Plan {
         if rows < 2 || rows > o.batch_rows.min(o.max_tokens) || rows > o.context {
             return Err(PlanError::TooManyTokens(rows, o.batch_rows.min(o.max_tokens), o.context));
         }
-        let mut e = Emitter { plan: self, regime: Regime::Prefill, steps: Vec::new(), group: 0, all_rows: true };
+        let mut e = Emitter { plan: self, regime: Regime::Prefill, steps: Vec::new(), group: 0, all_rows: true, batch: Some(rows) };
         e.forward(rows, 0)?;
         Ok(e.steps)
     }
@@ -1048,6 +1048,9 @@ struct Emitter<'a> {
     group: u32,
     /// Every row's logits (a decode batch), whatever `all_logits` says.
     all_rows: bool,
+    /// A decode batch's sequences: the selection's batch tables come first
+    /// ([`Selection::batch_choice`]).
+    batch: Option<usize>,
 }
 
 impl Emitter<'_> {
@@ -1064,7 +1067,11 @@ impl Emitter<'_> {
         binds: Vec<BufId>,
         dtype: DType,
     ) -> Result<(), PlanError> {
-        let (choice, warning) = self.plan.selection.choose_noting(slot, self.regime, layer, &problem, dtype)?;
+        let sel = &self.plan.selection;
+        let (choice, warning) = match self.batch.and_then(|rows| sel.batch_choice(rows, (slot, self.regime), &problem, dtype)) {
+            Some(c) => (c, None),
+            None => sel.choose_noting(slot, self.regime, layer, &problem, dtype)?,
+        };
         // Every bound buffer must hold what the problem addresses (the plan's shape
         // check: what lets an executor skip the per-call check).
         let specs = problem.buffers(dtype);

@@ -274,12 +274,42 @@ pub struct Selection {
     /// use without a profile (the choice the tuner makes on every CPU measured);
     /// off in [`Selection::defaults`], the exact reference tests compare with.
     pub int8_activations: bool,
+    /// Choices for decode batches (`serve --parallel`), by the least batch size
+    /// each serves (a profile's `serve.batches`, tuned by `tune --serve-batches`):
+    /// a batch of `rows` sequences takes the table of the largest size not above
+    /// `rows`, and a slot that table leaves out takes the choices above.
+    pub batches: BTreeMap<usize, BatchChoices>,
+}
+
+/// One batch size's choices ([`Selection::batches`]): by slot, and by (format,
+/// slot) for a file's other matrix formats, as [`Selection::slots`] and
+/// [`Selection::formats`].
+#[derive(Clone, Debug, Default)]
+pub struct BatchChoices {
+    pub slots: BTreeMap<SlotKey, Choice>,
+    pub formats: BTreeMap<(DType, SlotKey), Choice>,
 }
 
 impl Selection {
     /// Runtime defaults only.
     pub fn defaults(device: DeviceCaps) -> Selection {
-        Selection { device, slots: BTreeMap::new(), formats: BTreeMap::new(), layers: Vec::new(), int8_activations: false }
+        Selection {
+            device,
+            slots: BTreeMap::new(),
+            formats: BTreeMap::new(),
+            layers: Vec::new(),
+            int8_activations: false,
+            batches: BTreeMap::new(),
+        }
+    }
+
+    /// The choice for `key` in a decode batch of `rows` sequences that the
+    /// batch tables ([`Selection::batches`]) make and that can run `problem`
+    /// (None: the regime's own choice serves).
+    pub fn batch_choice(&self, rows: usize, key: SlotKey, problem: &Problem, dtype: DType) -> Option<Choice> {
+        let (_, table) = self.batches.range(..=rows).next_back()?;
+        let c = table.formats.get(&(dtype, key)).or_else(|| table.slots.get(&key))?;
+        (c.kernel.op == problem.op() && c.kernel.check(self.device.caps(), problem, dtype, &c.params).is_ok()).then(|| c.clone())
     }
 
     /// The runtime's defaults as `run` and `bench` use them: [`Selection::defaults`]

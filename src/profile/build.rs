@@ -13,7 +13,7 @@ use super::doc::{self as pd, Candidate, Combination, DeviceReq, SchedulingDoc, S
 use super::{ExecSettings, FORMAT_VERSION, ProfileDoc, kernels_doc_with_formats};
 use crate::device::Device;
 use crate::kernels::{self, Backend, DType, Impl, Problem};
-use crate::plan::select::{Choice, SlotKey};
+use crate::plan::select::{BatchChoices, Choice, SlotKey};
 use crate::stats::{Stats, summarize};
 
 /// What a finished tune found, as plain data: the tuner fills it, this module
@@ -35,6 +35,10 @@ pub struct TuneRecord<'a> {
     pub choices: BTreeMap<SlotKey, Choice>,
     /// ...and by (format, slot) for a file's other matrix formats.
     pub formats: BTreeMap<(DType, SlotKey), Choice>,
+    /// The decode batch regimes' winners, by batch size (`serve.batches`)...
+    pub batches: BTreeMap<usize, BatchChoices>,
+    /// ...and each size's end-to-end check.
+    pub batch_times: &'a [pd::BatchEndToEnd],
     /// Every problem a chosen slot runs at, with its storage type (the winner's
     /// steps, the vision races' shapes): the device requirements follow from them.
     pub problems: Vec<(SlotKey, Problem, DType)>,
@@ -270,6 +274,7 @@ pub fn profile_doc(r: &TuneRecord<'_>) -> ProfileDoc {
                     confirmed: h.confirmed,
                 }
             }),
+            batches: r.batch_times.to_vec(),
             vision: r.vision.map(|v| {
                 // Median and interval, ms (zeros for a choice that never ran).
                 let ((tuned_ms, tuned_ci_ms), (default_ms, default_ci_ms)) = (ms(&v.tuned), ms(&v.default));
@@ -296,6 +301,13 @@ pub fn profile_doc(r: &TuneRecord<'_>) -> ProfileDoc {
         parallel,
         layers: BTreeMap::new(),
         scheduling: SchedulingDoc::default(),
+        serve: pd::ServeDoc {
+            batches: r
+                .batches
+                .iter()
+                .map(|(rows, t)| (rows.to_string(), pd::At::new(kernels_doc_with_formats(&t.slots, &t.formats))))
+                .collect(),
+        },
         tuning: Some(tuning),
     }
 }

@@ -71,6 +71,9 @@ fn entry_map(p: &Profile) -> BTreeMap<String, String> {
     for (range, k) in &p.doc.layers {
         add(&format!("layers {range}: "), &k.value);
     }
+    for (rows, k) in &p.doc.serve.batches {
+        add(&format!("serve.batches {rows}: "), &k.value);
+    }
     let e = &p.doc.execution;
     for (k, v) in [
         ("execution.batchCommands", e.batch_commands.to_string()),

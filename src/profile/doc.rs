@@ -76,10 +76,36 @@ pub struct ProfileDoc {
     /// Scheduling hints for the parallel groups.
     #[serde(default)]
     pub scheduling: SchedulingDoc,
+    /// Serving many sequences at once (`serve --parallel`): kernel choices per
+    /// decode batch size (written by `ktune tune --serve-batches`).
+    #[serde(default, skip_serializing_if = "ServeDoc::is_empty")]
+    pub serve: ServeDoc,
     /// Where the numbers came from (written by `ktune tune`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tuning: Option<Tuning>,
 }
+
+/// The `serve` section: kernel choices for decode batches of many sequences.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ServeDoc {
+    /// Keys: batch sizes (2 or more sequences); values: kernel choices as in
+    /// `kernels` for a decode batch of at least that many sequences (a batch
+    /// takes the largest size not above its own; a slot left out takes
+    /// `kernels`). A batch runs its projections as GEMMs over its tokens (the
+    /// prefill's kernels) and its attention a sequence at a time (the decode's).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub batches: BTreeMap<String, At<KernelsDoc>>,
+}
+
+impl ServeDoc {
+    pub fn is_empty(&self) -> bool {
+        self.batches.is_empty()
+    }
+}
+
+/// Batch sizes a `serve.batches` key may name.
+pub const BATCH_SIZES: std::ops::RangeInclusive<usize> = 2..=4096;
 
 /// Device requirements.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
@@ -712,6 +738,27 @@ pub struct EndToEnd {
     /// (absent for a text-only model, with `--no-vision`, and in older profiles).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vision: Option<VisionEndToEnd>,
+    /// Each decode batch size of `serve.batches` (`tune --serve-batches`): one
+    /// step of the whole model's batch with the raced kernels and with the
+    /// prefill's, interleaved on one engine (absent without batch regimes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub batches: Vec<BatchEndToEnd>,
+}
+
+/// One decode batch size timed end to end (`tuning.end_to_end.batches`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchEndToEnd {
+    /// Sequences decoded together.
+    pub sequences: usize,
+    /// Interleaved rounds, each a few steps with each choice.
+    pub rounds: usize,
+    /// Median ms of one batch step with the raced kernels...
+    pub tuned_ms: f64,
+    /// ...and with the prefill's kernels (the batch's fallback).
+    pub default_ms: f64,
+    /// Whether the raced kernels stayed in `serve.batches` (not slower).
+    pub kept: bool,
 }
 
 /// The end-to-end winner against the runtime default, head to head

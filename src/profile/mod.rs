@@ -18,7 +18,7 @@ pub use doc::{At, Entry, ExecutionDoc, KernelsDoc, ProfileDoc, VariantDoc};
 
 use crate::device::Device;
 use crate::kernels::{self, Backend, KernelDef, Op};
-use crate::plan::select::{Choice, DeviceCaps, LayerOverride, SLOTS, SlotKey};
+use crate::plan::select::{BatchChoices, Choice, DeviceCaps, LayerOverride, SLOTS, SlotKey};
 use crate::plan::{Fusion, Parallel, Regime, Selection, Slot};
 
 /// The format version this build reads and writes.
@@ -290,6 +290,31 @@ fn resolve_kernels(origin: &str, k: &KernelsDoc, backend: Option<Backend>) -> Re
     Ok(map)
 }
 
+/// The choices of `serve.batches`, by the least batch size each serves: each key
+/// a batch size in [`doc::BATCH_SIZES`], each value resolved as `kernels`.
+fn resolve_batches(origin: &str, serve: &doc::ServeDoc, backend: Option<Backend>) -> Result<BTreeMap<usize, BatchChoices>, ProfileError> {
+    let mut out = BTreeMap::new();
+    for (key, k) in &serve.batches {
+        let Some(rows) = key.trim().parse::<usize>().ok().filter(|r| doc::BATCH_SIZES.contains(r)) else {
+            return Err(at_err(
+                origin,
+                k,
+                format!(
+                    "`serve.batches`: `{key}` is not a batch size; key each entry by the least number of sequences ({} to {}) it serves",
+                    doc::BATCH_SIZES.start(),
+                    doc::BATCH_SIZES.end()
+                ),
+            ));
+        };
+        let choices =
+            BatchChoices { slots: resolve_kernels(origin, &k.value, backend)?, formats: resolve_formats(origin, &k.value, backend)? };
+        if out.insert(rows, choices).is_some() {
+            return Err(at_err(origin, k, format!("`serve.batches`: batch size {rows} is given twice (`{key}`); keep one")));
+        }
+    }
+    Ok(out)
+}
+
 /// Removes the entries of `k` that do not resolve (an unknown kernel, a parameter
 /// value this build does not have), saying which under `prefix` in `dropped`.
 fn prune_kernels(origin: &str, prefix: &str, k: &mut KernelsDoc, backend: Option<Backend>, dropped: &mut Vec<String>) {
@@ -359,6 +384,9 @@ impl Profile {
         for (key, layer) in p.doc.layers.iter_mut() {
             prune_kernels(origin, &format!("layers.{key}."), &mut layer.value, backend, &mut dropped);
         }
+        for (key, batch) in p.doc.serve.batches.iter_mut() {
+            prune_kernels(origin, &format!("serve.batches.{key}."), &mut batch.value, backend, &mut dropped);
+        }
         p.validate()?;
         Ok((p, dropped))
     }
@@ -391,6 +419,7 @@ impl Profile {
         let backend = self.backend()?;
         resolve_kernels(o, &d.kernels, backend)?;
         resolve_formats(o, &d.kernels, backend)?;
+        resolve_batches(o, &d.serve, backend)?;
         for (name, members) in &d.parallel {
             let Some((_, want)) = PARALLEL_GROUPS.iter().find(|(n, _)| n == name) else {
                 let known: Vec<&str> = PARALLEL_GROUPS.iter().map(|(n, _)| *n).collect();
@@ -572,6 +601,7 @@ impl Profile {
             }
             sel.layers.push(LayerOverride { first: a, last: b, slots: resolve_kernels(o, &k.value, backend)? });
         }
+        sel.batches = resolve_batches(o, &d.serve, backend)?;
         let e = &d.execution;
         let &ExecutionDoc { trusted_shaders, decode_chain, .. } = e;
         let par_on = d.scheduling.max_parallel_kernels > 1;

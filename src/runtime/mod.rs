@@ -638,6 +638,14 @@ impl Engine {
     /// run once over all the rows (the prefill's kernels, each weight read once
     /// for the batch), RoPE, the KV write and attention a row at a time over its
     /// own sequence's cache. The engine's own cache and position are untouched.
+    /// Replaces the selection's decode batch tables ([`Selection::batches`](crate::plan::Selection::batches)):
+    /// later batches are planned with these (the tuner's end-to-end check of
+    /// each batch regime, against the tables off).
+    pub fn set_batch_choices(&mut self, tables: std::collections::BTreeMap<usize, crate::plan::select::BatchChoices>) {
+        self.plan.selection.batches = tables;
+        self.batch_schedules.clear();
+    }
+
     pub fn decode_batch(&mut self, seqs: &mut [&mut SeqKv], tokens: &[u32]) -> Result<&[f32], RuntimeError> {
         let b = tokens.len();
         if b != seqs.len() {

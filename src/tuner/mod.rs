@@ -10,6 +10,7 @@
 //! ([`crate::profile::build`]). One deadline bounds it all; finished slot races are
 //! saved as they come so an interrupted tune resumes.
 
+pub mod batches;
 pub mod budget;
 pub mod e2e;
 pub mod kbench;
@@ -89,6 +90,9 @@ pub struct TuneOptions {
     /// end-to-end stage refuses a combination (None: the runtime default's own
     /// × [`e2e::KLD_BUDGET_FACTOR`], at least [`e2e::KLD_FLOOR`]).
     pub max_kld: Option<f64>,
+    /// `--serve-batches`: the decode batch sizes (2 or more sequences) whose
+    /// kernels race after the end-to-end stage ([`batches`]; empty: none).
+    pub serve_batches: Vec<usize>,
 }
 
 impl TuneOptions {
@@ -143,6 +147,8 @@ pub fn cache_key(device: &Device, model: &str, cfg: &ModelConfig, o: &TuneOption
         Some(k) => format!("{opts}|max_kld={k:e}"),
         None => opts,
     };
+    // Decode batch regimes: a tune with them is another profile (none: older keys hold).
+    let opts = if o.serve_batches.is_empty() { opts } else { format!("{opts}|serve_batches={:?}", o.serve_batches) };
     let ks = kernels::kernel_set_hash();
     crate::hash::sha256_parts::<&[&str]>(&[&device.fingerprint(), model, &cfg_json, &ks, env!("CARGO_PKG_VERSION"), SEARCH_REVISION, &opts])
 }
@@ -206,7 +212,10 @@ pub(crate) fn tune<D>(
     let space = budget.stage("search space", || space::survey(t, o, &caps, progress))?;
     let races = budget.stage("slot races", || race::run_all(t, o, &space, cache, resume, &budget, progress))?;
     let e2e = e2e::run(t, o, &caps, &space, &races, &budget, progress)?;
-    let found = Found { target: t, options: o, caps: &caps, rotation: &rotation, space: &space, races: &races, e2e: &e2e };
+    let chosen = &e2e.combos[e2e.best].0;
+    let batches = batches::run(t, o, &caps, chosen, &e2e.selection(chosen, &caps), cache, resume, &budget, progress)?;
+    let found =
+        Found { target: t, options: o, caps: &caps, rotation: &rotation, space: &space, races: &races, e2e: &e2e, batches: &batches };
     let record = found.record(limits, t.started.elapsed().as_secs_f64())?;
     let doc = budget.stage("writing the profile", || finish(&record));
     let uncollapsed = crate::kernels::memory::take_uncollapsed();
@@ -234,6 +243,8 @@ struct Found<'a> {
     space: &'a space::Space,
     races: &'a race::Races,
     e2e: &'a e2e::EndToEnd,
+    /// The decode batch regimes (`--serve-batches`).
+    batches: &'a batches::BatchRegimes,
 }
 
 impl<'a> Found<'a> {
@@ -243,7 +254,7 @@ impl<'a> Found<'a> {
     /// end, else those slots are left to the defaults), its execution settings,
     /// where its kernels run, and every race and combination as timed.
     fn record(&self, limits: (f64, &'static str), used_s: f64) -> Result<TuneRecord<'a>, TuneError> {
-        let Found { target: t, options: o, caps, rotation, space, races, e2e } = *self;
+        let Found { target: t, options: o, caps, rotation, space, races, e2e, batches } = *self;
         let chosen = &e2e.combos[e2e.best].0;
         let chosen_sel = e2e.selection(chosen, caps);
         let mut choices: BTreeMap<SlotKey, Choice> = BTreeMap::new();
@@ -296,8 +307,11 @@ impl<'a> Found<'a> {
                 .results
                 .iter()
                 .zip(&space.races)
+                .chain(batches.races.iter().map(|(_, r, res)| (res, r)))
                 .map(|(res, r)| (res, measure::Workload::describe_work(&r.shapes, r.dtype)))
                 .collect(),
+            batches: batches.tables.clone(),
+            batch_times: &batches.timed,
             measurement: doc::Measurement {
                 method: measure::Rotation::METHOD.into(),
                 cache_bytes: rotation.cache_bytes,
@@ -361,6 +375,7 @@ pub(crate) fn test_options(budget: Duration) -> TuneOptions {
         trusted_shaders: false,
         vision: None,
         max_kld: None,
+        serve_batches: Vec::new(),
     }
 }
 
@@ -409,7 +424,9 @@ mod tests {
             timed_layers: None,
         };
         let rotation = measure::Rotation::for_device(&device, None);
-        let found = Found { target: &t, options: &o, caps: &caps, rotation: &rotation, space: &space, races: &races, e2e: &e2e };
+        let batches = batches::BatchRegimes::default();
+        let found =
+            Found { target: &t, options: &o, caps: &caps, rotation: &rotation, space: &space, races: &races, e2e: &e2e, batches: &batches };
         let doc = crate::profile::build::profile_doc(&found.record((10.0, "test"), 1.0).expect("record"));
         let e = &doc.tuning.as_ref().expect("tuning").end_to_end;
         assert_eq!(e.decision.as_deref(), Some(reason));

@@ -25,6 +25,15 @@ fn context_of(file: &str) -> Option<usize> {
 }
 
 fn open_as(file: &str, chunk: usize, parallel: usize) -> Generator {
+    open_with(file, chunk, parallel, None)
+}
+
+/// [`open_as`] with `--profile FILE`.
+fn open_with(file: &str, chunk: usize, parallel: usize, profile: Option<std::path::PathBuf>) -> Generator {
+    let choice = match profile {
+        Some(p) => ProfileChoice { profile: Some(p), no_profile: false, ..ProfileChoice::uncached() },
+        None => ProfileChoice::uncached(),
+    };
     let s = GeneratorSettings {
         model: ModelSettings {
             source: ModelSource::Gguf(if file.contains('/') { file.into() } else { gguf_dir().join(file) }),
@@ -34,7 +43,7 @@ fn open_as(file: &str, chunk: usize, parallel: usize) -> Generator {
             seed: 0,
             trusted_shaders: false,
         },
-        choice: ProfileChoice::uncached(),
+        choice,
         context: context_of(file),
         prefill_chunk: chunk,
         chat_template: file.starts_with("smollm2").then(|| fixture("chat_templates/smollm2.jinja")),
@@ -176,6 +185,122 @@ fn a_decode_batch_gives_every_sequence_its_answer_alone() {
             let want = alone.complete(&prompts[i], params[i], Output { limits: &limits, cancel: None, stream: &mut sink }).unwrap();
             assert_eq!(got, want.decoded.generated, "{file}: sequence {i} in a batch");
         }
+    }
+}
+
+/// A profile's `serve.batches` (what `tune --serve-batches` writes) switches a
+/// decode batch's kernels with its size: batches of 2 and 3 sequences run the
+/// projections through `gemm_q_rows_cpu` (f32 activations) and the norms one
+/// way, batches of 4 or more through the int8 GEMM and another; a slot the
+/// tables leave out keeps the plan's own choice. Then, with tables that switch
+/// within the lone decode's int8 arithmetic (the GEMM's row tiles, the norm's
+/// split), a batch shrinking from four sequences through both regimes gives
+/// every sequence, greedy and seeded, its lone answer. (The rows kernel's f32
+/// activations are nearer the f32 reference than the decode's int8 ones, and a
+/// near-tie of this random fixture tells them apart after ten tokens.)
+#[test]
+fn a_profiles_batch_regimes_switch_kernels_as_the_batch_shrinks() {
+    use ktune::kernels::sample::SamplerParams as P;
+    use ktune::plan::{Slot, StepKind};
+    let tmp = tempdir();
+    let profile = |name: &str, two: &str, four: &str| {
+        let path = tmp.path().join(name);
+        let text = format!(
+            "name: batches\nmodel: smollm2-tiny\nversion: 1\ndevice: {{backend: cpu}}\n\
+             execution: {{weightDtype: q8_0, fusedQkv: true, fusedGateUp: true}}\n\
+             serve:\n  batches:\n    \"2\": {two}\n    \"4\": {four}\n"
+        );
+        std::fs::write(&path, text).expect("profile written");
+        path
+    };
+    let switching = profile(
+        "kernels.yaml",
+        "{matmul: {qkv_proj: {prefill: gemm_q_rows_cpu}, o_proj: {prefill: gemm_q_rows_cpu}, down_proj: {prefill: gemm_q_rows_cpu}}, \
+         norm: {prefill: {kernel: rms_norm_rows_cpu, params: {strategy: 2}}}}",
+        "{matmul: {qkv_proj: {prefill: {kernel: gemm_q_i8_cpu, params: {rows_per_task: 16}}}, down_proj: {prefill: gemm_q_i8_cpu}}, \
+         norm: {prefill: {kernel: rms_norm_rows_cpu, params: {strategy: 1}}}}",
+    );
+    let file = "smollm2-tiny-q8_0.gguf";
+    let g = open_with(file, 512, 4, Some(switching));
+    let kernel_of = |g: &Generator, rows: usize, slot: Slot| -> String {
+        let steps = g.engine.plan.batch_steps(rows).expect("a batch plan");
+        let ids: Vec<String> = steps
+            .iter()
+            .filter(|s| s.slot == slot)
+            .filter_map(|s| match &s.kind {
+                StepKind::Kernel { kernel, params, .. } => {
+                    Some(format!("{}{:?}", kernel.id, params.get("strategy").or(params.get("rows_per_task"))))
+                }
+                _ => None,
+            })
+            .collect();
+        assert!(!ids.is_empty() && ids.iter().all(|i| *i == ids[0]), "{slot:?} at {rows}: {ids:?}");
+        ids[0].clone()
+    };
+    for rows in [2, 3] {
+        assert!(kernel_of(&g, rows, Slot::MatmulDown).starts_with("gemm_q_rows_cpu"), "{rows}");
+        assert!(kernel_of(&g, rows, Slot::MatmulO).starts_with("gemm_q_rows_cpu"), "{rows}");
+        assert_eq!(kernel_of(&g, rows, Slot::Norm), "rms_norm_rows_cpuSome(2)");
+    }
+    assert_eq!(kernel_of(&g, 4, Slot::MatmulQkv), "gemm_q_i8_cpuSome(16)");
+    assert!(kernel_of(&g, 4, Slot::MatmulDown).starts_with("gemm_q_i8_cpu"));
+    assert_eq!(kernel_of(&g, 4, Slot::Norm), "rms_norm_rows_cpuSome(1)");
+    // Left out at 4: the plan's own choice, the int8 GEMM of the prefill.
+    assert!(kernel_of(&g, 4, Slot::MatmulO).starts_with("gemm_q_i8_cpu"), "{}", kernel_of(&g, 4, Slot::MatmulO));
+    drop(g);
+
+    let int8 = profile(
+        "int8.yaml",
+        "{matmul: {qkv_proj: {prefill: {kernel: gemm_q_i8_cpu, params: {rows_per_task: 16}}}, down_proj: {prefill: {kernel: gemm_q_i8_cpu, params: {rows_per_task: 16}}}}, \
+         norm: {prefill: {kernel: rms_norm_rows_cpu, params: {strategy: 2}}}}",
+        "{matmul: {qkv_proj: {prefill: {kernel: gemm_q_i8_cpu, params: {rows_per_task: 64}}}, down_proj: {prefill: {kernel: gemm_q_i8_cpu, params: {rows_per_task: 128}}}}, \
+         norm: {prefill: {kernel: rms_norm_rows_cpu, params: {strategy: 1}}}}",
+    );
+    let mut batch = open_with(file, 512, 4, Some(int8.clone()));
+    let mut alone = open_with(file, 512, 1, Some(int8));
+    assert_eq!(kernel_of(&batch, 2, Slot::MatmulDown), "gemm_q_i8_cpuSome(16)");
+    assert_eq!(kernel_of(&batch, 4, Slot::MatmulDown), "gemm_q_i8_cpuSome(128)");
+    let prompts: Vec<Vec<u32>> = [6usize, 11, 3, 17].iter().map(|&n| (0..n).map(|i| 4 + ((i * 29 + n) % 80) as u32).collect()).collect();
+    let seeded = P { temperature: 0.8, top_k: 20, seed: 5, ..P::GREEDY };
+    let params = [P::GREEDY, seeded, seeded, P::GREEDY];
+    // Budgets that end one sequence after another: 4, 3, 2 sequences, then one alone.
+    let budgets = [6usize, 10, 14, 18];
+    let mut slots: Vec<_> = (0..4).map(|_| batch.new_slot().expect("a slot")).collect();
+    let mut runs = Vec::new();
+    for (i, slot) in slots.iter_mut().enumerate() {
+        let limits = Limits { max_tokens: budgets[i], stop: Vec::new(), ignore_eos: true };
+        batch.swap_slot(slot).unwrap();
+        runs.push(batch.start(&prompts[i], params[i], &limits, usize::MAX, &mut |_| true).expect("prefills"));
+        batch.swap_slot(slot).unwrap();
+    }
+    let mut sizes = Vec::new();
+    loop {
+        let going: Vec<usize> = (0..runs.len()).filter(|&i| runs[i].going()).collect();
+        if going.len() < 2 {
+            for &i in &going {
+                batch.swap_slot(&mut slots[i]).unwrap();
+                while batch.advance(&mut runs[i], &mut |_| true).unwrap() {}
+                batch.swap_slot(&mut slots[i]).unwrap();
+            }
+            break;
+        }
+        sizes.push(going.len());
+        let mut ss: Vec<_> = slots.iter_mut().enumerate().filter(|(i, _)| going.contains(i)).map(|(_, s)| s).collect();
+        let mut rs: Vec<_> = runs.iter_mut().enumerate().filter(|(i, _)| going.contains(i)).map(|(_, r)| r).collect();
+        batch.advance_batch(&mut ss, &mut rs, &mut |_, _| true).expect("a batch step");
+    }
+    for n in [4, 3, 2] {
+        assert!(sizes.contains(&n), "no batch of {n}: {sizes:?}");
+    }
+    for (i, (run, slot)) in runs.into_iter().zip(&mut slots).enumerate() {
+        batch.swap_slot(slot).unwrap();
+        let got = batch.end(run, &mut |_| true).expect("ends").decoded.generated;
+        batch.swap_slot(slot).unwrap();
+        alone.reset();
+        let limits = Limits { max_tokens: budgets[i], stop: Vec::new(), ignore_eos: true };
+        let mut sink = |_: &str| true;
+        let want = alone.complete(&prompts[i], params[i], Output { limits: &limits, cancel: None, stream: &mut sink }).unwrap();
+        assert_eq!(got, want.decoded.generated, "sequence {i}");
     }
 }
 

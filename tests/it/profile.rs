@@ -198,6 +198,7 @@ fn tuned(decode_ms: f64, noise: f64, gemv_us: f64) -> Profile {
             decision: None,
             head_to_head: None,
             vision: None,
+            batches: Vec::new(),
         },
         ..Default::default()
     });

@@ -381,6 +381,19 @@ fn invalid_profiles_are_exit_2_with_a_position() {
     ktune(tmp.path()).args(["diff-profiles", g, c]).assert().code(0).stdout(predicate::str::contains("rms_norm_split_cpu"));
     ktune(tmp.path()).args(["diff-profiles", g, c, "--fail-on-change"]).assert().code(1);
     ktune(tmp.path()).args(["diff-profiles", g, c, "--threshold", "abc"]).assert().code(2);
+    // `serve.batches`: a key that is no batch size, an unknown kernel inside.
+    for (body, line, says) in [
+        ("serve:\n  batches:\n    \"1\": {norm: rms_norm_rows_cpu}\n", "bad.yaml:6:", "`1` is not a batch size"),
+        ("serve:\n  batches:\n    many: {norm: rms_norm_rows_cpu}\n", "bad.yaml:6:", "`many` is not a batch size"),
+        ("serve:\n  batches:\n    \"8\":\n      norm: rms_norm_quantum\n", "bad.yaml:7:", "rms_norm_rows_cpu"),
+    ] {
+        std::fs::write(&bad, format!("name: b\nmodel: m\nversion: 1\n{body}")).expect("write");
+        ktune(tmp.path())
+            .args(["diff-profiles", bad.to_str().expect("utf-8"), bad.to_str().expect("utf-8")])
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(line).and(predicate::str::contains(says)));
+    }
 }
 
 #[test]
@@ -412,6 +425,13 @@ fn bad_tune_flags_are_exit_2_before_any_work() {
             .assert()
             .code(2)
             .stderr(predicate::str::contains("size").or(predicate::str::contains("positive")));
+    }
+    for bad in ["--serve-batches=0", "--serve-batches=2,x", "--serve-batches=9000"] {
+        ktune(tmp.path())
+            .args(["tune", "--device", "cpu", "--model", "smollm2-135m", bad])
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains("batch sizes from 1 to 4096"));
     }
     // It is a GPU setting.
     ktune(tmp.path())
@@ -480,8 +500,24 @@ fn tune_on_the_gpu_gives_a_profile_that_runs_correctly() {
 #[test]
 fn a_q8_0_profile_runs_quantized_weights_and_refuses_others() {
     let (_tmp, cache, out) = tune_dirs("q8.yaml");
-    let r = tune_json(&cache, &out, &["--weight-dtype", "q8_0"]);
+    let r = tune_json(&cache, &out, &["--weight-dtype", "q8_0", "--serve-batches=1,2,8"]);
     let profile = serde_json::to_string(&r["profile"]).expect("json");
+    // The decode batch regimes: their races, and each size timed end to end on
+    // the whole model, its winners kept in `serve.batches` where not slower.
+    let t = &r["profile"]["tuning"];
+    let regimes: Vec<&str> = t["slots"].as_array().expect("slots").iter().filter_map(|s| s["regime"].as_str()).collect();
+    for b in ["batch 2", "batch 8"] {
+        assert!(regimes.contains(&b), "no race of {b}: {regimes:?}");
+    }
+    assert!(!regimes.contains(&"batch 1"), "1 is the decode regime: {regimes:?}");
+    let timed = t["end_to_end"]["batches"].as_array().expect("batch sizes timed end to end");
+    let served = &r["profile"]["serve"]["batches"];
+    for b in timed {
+        let (n, kept) = (b["sequences"].as_u64().expect("size"), b["kept"].as_bool().expect("kept"));
+        assert!(n == 2 || n == 8, "{b}");
+        assert!(b["tuned_ms"].as_f64().expect("ms") > 0.0 && b["default_ms"].as_f64().expect("ms") > 0.0, "{b}");
+        assert_eq!(served[n.to_string()].is_object(), kept, "{b}: {served}");
+    }
     assert!(profile.contains(r#""weightDtype":"q8_0""#), "{profile}");
     assert!(profile.contains("_q_cpu"), "no quantized kernel in the tuned profile: {profile}");
     let yaml = std::fs::read_to_string(&out).expect("profile written");

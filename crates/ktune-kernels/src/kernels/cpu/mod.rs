@@ -26,7 +26,9 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::LocalKey;
 
-pub use dot::{Row, add_sumsq, axpy, axpy_row, dot, dot_f16, dot_f32, dot2x4, dot4, dot4_f16, dot4_f32, dot_rows, scale_mul, weighted_rows};
+pub use dot::{
+    Row, add_sumsq, axpy, axpy_row, dot, dot_f16, dot_f32, dot_rows, dot2x4, dot4, dot4_f16, dot4_f32, scale_mul, weighted_rows,
+};
 pub(crate) use lanes::isa_dispatch;
 pub use lanes::{Elem, Lanes};
 pub use qdot::{
