@@ -1054,12 +1054,27 @@ impl Generator {
     /// CPU): each slot's generation fed its last id and its next sampled from
     /// its own row of logits and kept, its text to `stream(i, piece)`. The slots
     /// stay out of the generator. On an error every slot's cache is emptied.
+    /// Fewer slots than the selection's `min_batch` take lone steps instead
+    /// ([`Generator::advance`] a slot at a time).
     pub fn advance_batch(
         &mut self,
         slots: &mut [&mut Slot],
         runs: &mut [&mut Running],
         stream: &mut dyn FnMut(usize, &str) -> bool,
     ) -> Result<()> {
+        // Fewer than the profile's `serve.minBatch`: lone steps were faster.
+        if slots.len() < self.engine.plan.selection.min_batch {
+            for (i, (slot, run)) in slots.iter_mut().zip(runs.iter_mut()).enumerate() {
+                self.swap_slot(slot)?;
+                let step = self.advance(run, &mut |t| stream(i, t));
+                self.swap_slot(slot)?;
+                if let Err(e) = step {
+                    slots.iter_mut().for_each(|s| s.release());
+                    return Err(e);
+                }
+            }
+            return Ok(());
+        }
         let tokens: Vec<u32> = runs.iter().map(|r| r.next).collect();
         let vocab = self.engine.plan.config.dims.vocab_size;
         let mut kvs: Vec<&mut crate::runtime::SeqKv> = slots.iter_mut().map(|s| &mut s.kv).collect();

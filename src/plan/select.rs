@@ -279,6 +279,10 @@ pub struct Selection {
     /// a batch of `rows` sequences takes the table of the largest size not above
     /// `rows`, and a slot that table leaves out takes the choices above.
     pub batches: BTreeMap<usize, BatchChoices>,
+    /// The fewest sequences decoded in one batch pass; fewer decode one at a
+    /// time, each through the decode's own kernels (a profile's
+    /// `serve.minBatch`: where B lone GEMV steps beat one GEMM pass). At least 2.
+    pub min_batch: usize,
 }
 
 /// One batch size's choices ([`Selection::batches`]): by slot, and by (format,
@@ -300,6 +304,7 @@ impl Selection {
             layers: Vec::new(),
             int8_activations: false,
             batches: BTreeMap::new(),
+            min_batch: 2,
         }
     }
 

@@ -37,8 +37,10 @@ pub struct TuneRecord<'a> {
     pub formats: BTreeMap<(DType, SlotKey), Choice>,
     /// The decode batch regimes' winners, by batch size (`serve.batches`)...
     pub batches: BTreeMap<usize, BatchChoices>,
-    /// ...and each size's end-to-end check.
+    /// ...and each size's end-to-end check...
     pub batch_times: &'a [pd::BatchEndToEnd],
+    /// ...and the fewest sequences worth a batch pass (`serve.minBatch`).
+    pub min_batch: Option<usize>,
     /// Every problem a chosen slot runs at, with its storage type (the winner's
     /// steps, the vision races' shapes): the device requirements follow from them.
     pub problems: Vec<(SlotKey, Problem, DType)>,
@@ -302,6 +304,7 @@ pub fn profile_doc(r: &TuneRecord<'_>) -> ProfileDoc {
         layers: BTreeMap::new(),
         scheduling: SchedulingDoc::default(),
         serve: pd::ServeDoc {
+            min_batch: r.min_batch,
             batches: r
                 .batches
                 .iter()

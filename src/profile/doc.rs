@@ -87,8 +87,14 @@ pub struct ProfileDoc {
 
 /// The `serve` section: kernel choices for decode batches of many sequences.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ServeDoc {
+    /// The fewest sequences `serve --parallel` decodes in one batch pass; fewer
+    /// decode one at a time with the decode's kernels (absent: 2, every batch
+    /// of two or more in one pass). `tune --serve-batches` writes it where
+    /// lone steps were faster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_batch: Option<usize>,
     /// Keys: batch sizes (2 or more sequences); values: kernel choices as in
     /// `kernels` for a decode batch of at least that many sequences (a batch
     /// takes the largest size not above its own; a slot left out takes
@@ -100,7 +106,7 @@ pub struct ServeDoc {
 
 impl ServeDoc {
     pub fn is_empty(&self) -> bool {
-        self.batches.is_empty()
+        self.batches.is_empty() && self.min_batch.is_none()
     }
 }
 
@@ -755,8 +761,11 @@ pub struct BatchEndToEnd {
     pub rounds: usize,
     /// Median ms of one batch step with the raced kernels...
     pub tuned_ms: f64,
-    /// ...and with the prefill's kernels (the batch's fallback).
+    /// ...and with the prefill's kernels (the batch's fallback)...
     pub default_ms: f64,
+    /// ...and as many lone decode steps, one a sequence.
+    #[serde(default)]
+    pub lone_ms: f64,
     /// Whether the raced kernels stayed in `serve.batches` (not slower).
     pub kept: bool,
 }

@@ -420,6 +420,17 @@ impl Profile {
         resolve_kernels(o, &d.kernels, backend)?;
         resolve_formats(o, &d.kernels, backend)?;
         resolve_batches(o, &d.serve, backend)?;
+        if let Some(m) = d.serve.min_batch
+            && !(2..=*doc::BATCH_SIZES.end() + 1).contains(&m)
+        {
+            return Err(ProfileError::Invalid {
+                path: o.into(),
+                message: format!(
+                    "serve.minBatch is {m}: give the fewest sequences decoded in one pass, 2 to {} (or remove it)",
+                    *doc::BATCH_SIZES.end() + 1
+                ),
+            });
+        }
         for (name, members) in &d.parallel {
             let Some((_, want)) = PARALLEL_GROUPS.iter().find(|(n, _)| n == name) else {
                 let known: Vec<&str> = PARALLEL_GROUPS.iter().map(|(n, _)| *n).collect();
@@ -602,6 +613,7 @@ impl Profile {
             sel.layers.push(LayerOverride { first: a, last: b, slots: resolve_kernels(o, &k.value, backend)? });
         }
         sel.batches = resolve_batches(o, &d.serve, backend)?;
+        sel.min_batch = d.serve.min_batch.unwrap_or(2);
         let e = &d.execution;
         let &ExecutionDoc { trusted_shaders, decode_chain, .. } = e;
         let par_on = d.scheduling.max_parallel_kernels > 1;

@@ -141,6 +141,8 @@ pub struct Engine {
     /// Compiled decode batches by their rows ([`Engine::decode_batch`]), and
     /// each buffer's floats a token (activations; 0 for the rest).
     batch_schedules: Vec<(usize, Vec<crate::plan::Step>)>,
+    /// Decode batch passes run ([`Engine::batch_passes`]).
+    batch_passes: u64,
     row_widths: Vec<usize>,
     /// The packed rows of the decode batches' int8 GEMMs, kept.
     panels: Option<Arc<crate::kernels::cpu::qgemm::PanelCache>>,
@@ -532,6 +534,7 @@ impl Engine {
             tally: DecodeTally::default(),
             kv_written: 0,
             batch_schedules: Vec::new(),
+            batch_passes: 0,
             row_widths: Vec::new(),
             panels,
         })
@@ -646,6 +649,11 @@ impl Engine {
         self.batch_schedules.clear();
     }
 
+    /// Decode batch passes ([`Engine::decode_batch`]) this engine ran.
+    pub fn batch_passes(&self) -> u64 {
+        self.batch_passes
+    }
+
     pub fn decode_batch(&mut self, seqs: &mut [&mut SeqKv], tokens: &[u32]) -> Result<&[f32], RuntimeError> {
         let b = tokens.len();
         if b != seqs.len() {
@@ -658,6 +666,7 @@ impl Engine {
         if !matches!(self.exec, Exec::Cpu(_)) {
             return Err(RuntimeError::Internal("a decode batch needs a CPU engine".into()));
         }
+        self.batch_passes += 1;
         self.embed(tokens)?;
         let si = match self.batch_schedules.iter().position(|(n, _)| *n == b) {
             Some(i) => i,

@@ -34,6 +34,9 @@ pub(crate) struct BatchRegimes {
     pub tables: BTreeMap<usize, BatchChoices>,
     pub races: Vec<(usize, RaceDef, RaceResult)>,
     pub timed: Vec<BatchEndToEnd>,
+    /// The fewest sequences a batch pass should hold, where lone steps won at a
+    /// measured size (the largest such size and one); None: every batch.
+    pub min_batch: Option<usize>,
 }
 
 /// Interleaved rounds of the end-to-end check, each [`CHECK_STEPS`] timed batch
@@ -112,20 +115,20 @@ pub(crate) fn run(
         }
         found.races.push((rows, r, res));
     }
-    if found.tables.is_empty() {
-        return Ok(found);
-    }
     let end = budget.share(0.9);
     budget.stage("batch regimes: end to end", || check(t, o, chosen, sel, &mut found, end))?;
     Ok(found)
 }
 
 /// The end-to-end check: one engine of the winning combination; per batch size
-/// fresh sequences, and [`CHECK_ROUNDS`] rounds of a step each way untimed (a
-/// switch plans the batch anew) and [`CHECK_STEPS`] timed, the order alternating;
-/// a size whose median step with its winners is slower than with the prefill's
-/// choices (past a tie, [`super::TIE`]) loses its table. Rounds stop at `end` (a size not timed keeps its
-/// race winners, and the budget says so).
+/// fresh sequences and [`CHECK_ROUNDS`] rounds, each timing [`CHECK_STEPS`]
+/// steps (after one untimed: a switch plans the batch anew) of the batch with
+/// its winners, with the prefill's choices, and as lone decode steps, one a
+/// sequence, the order rotating. A size whose median step with its winners is
+/// slower than with the prefill's choices (past a tie, [`super::TIE`]) loses
+/// its table; where lone steps beat the batch (with what it keeps), batches of
+/// that size and fewer decode alone (`found.min_batch`). Rounds stop at `end` (a
+/// size not timed keeps its race winners).
 fn check(
     t: &Target<'_>,
     o: &TuneOptions,
@@ -134,47 +137,84 @@ fn check(
     found: &mut BatchRegimes,
     end: std::time::Instant,
 ) -> Result<(), TuneError> {
-    let sizes: Vec<usize> = found.tables.keys().copied().collect();
+    #[derive(Clone, Copy, PartialEq)]
+    enum Arm {
+        Tuned,
+        Default,
+        Lone,
+    }
+    let sizes = o.serve_batches.clone();
     let most = sizes.iter().copied().max().unwrap_or(2);
     let mut options = space::plan_options(o, chosen.fusion, chosen.parallel).with_batch_rows(most);
-    options.context = options.context.max(2 * CHECK_ROUNDS * (CHECK_STEPS + 1) + 1);
+    options.context = options.context.max(3 * CHECK_ROUNDS * (CHECK_STEPS + 1) + 1);
     let engines =
         crate::session::Engines { model: t.model, config: t.config, store: t.store.clone(), ctx: None, memo: None, check_decode: false };
     let mut e = engines.build(options, sel.clone(), &chosen.exec(o, false))?;
     let tables = found.tables.clone();
     let vocab = t.config.dims.vocab_size.max(1);
+    let mut lone_wins = None;
     for rows in sizes {
+        let table = tables.contains_key(&rows);
         let mut seqs: Vec<_> = (0..rows).map(|_| e.new_sequence()).collect::<Result<_, _>>()?;
         let tokens: Vec<u32> = (0..rows).map(|i| ((7 * i + 3) % vocab) as u32).collect();
-        let (mut on, mut off) = (Vec::new(), Vec::new());
+        let mut times: [Vec<f64>; 3] = Default::default();
+        let arms: Vec<Arm> = [Arm::Tuned, Arm::Default, Arm::Lone].into_iter().filter(|a| table || *a != Arm::Tuned).collect();
         for round in 0..CHECK_ROUNDS {
             if std::time::Instant::now() >= end {
                 break;
             }
-            for tuned in if round % 2 == 0 { [true, false] } else { [false, true] } {
-                e.set_batch_choices(if tuned { tables.clone() } else { BTreeMap::new() });
-                let mut refs: Vec<&mut crate::runtime::SeqKv> = seqs.iter_mut().collect();
-                e.decode_batch(&mut refs, &tokens)?;
+            for k in 0..arms.len() {
+                let arm = arms[(round + k) % arms.len()];
+                let mut step = |e: &mut crate::runtime::Engine| -> Result<(), TuneError> {
+                    if arm == Arm::Lone {
+                        for (s, &tok) in seqs.iter_mut().zip(&tokens) {
+                            e.swap_sequence(s)?;
+                            let r = e.decode_step(tok).map(|_| ());
+                            e.swap_sequence(s)?;
+                            r?;
+                        }
+                    } else {
+                        let mut refs: Vec<&mut crate::runtime::SeqKv> = seqs.iter_mut().collect();
+                        e.decode_batch(&mut refs, &tokens)?;
+                    }
+                    Ok(())
+                };
+                if arm != Arm::Lone {
+                    e.set_batch_choices(if arm == Arm::Tuned { tables.clone() } else { BTreeMap::new() });
+                }
+                step(&mut e)?;
                 let t0 = std::time::Instant::now();
                 for _ in 0..CHECK_STEPS {
-                    e.decode_batch(&mut refs, &tokens)?;
+                    step(&mut e)?;
                 }
-                let step = t0.elapsed().as_secs_f64() / CHECK_STEPS as f64;
-                if tuned { on.push(step) } else { off.push(step) }
+                times[arm as usize].push(t0.elapsed().as_secs_f64() / CHECK_STEPS as f64);
             }
         }
-        if on.is_empty() {
+        if times[Arm::Default as usize].is_empty() {
             continue;
         }
-        let (tuned_ms, default_ms) = (median(&on) * 1e3, median(&off) * 1e3);
+        let default_ms = median(&times[Arm::Default as usize]) * 1e3;
+        let tuned_ms = if table { median(&times[Arm::Tuned as usize]) * 1e3 } else { default_ms };
+        let lone_ms = median(&times[Arm::Lone as usize]) * 1e3;
         // Within a tie the raced winners stay (they won their slots' races).
-        let kept = tuned_ms <= default_ms * (1.0 + super::TIE);
-        if !kept {
+        let kept = table && tuned_ms <= default_ms * (1.0 + super::TIE);
+        if table && !kept {
             found.tables.remove(&rows);
         }
-        found.timed.push(BatchEndToEnd { sequences: rows, rounds: on.len(), tuned_ms, default_ms, kept });
-        drop(seqs);
+        let batch_ms = if kept { tuned_ms } else { default_ms };
+        if lone_ms * (1.0 + super::TIE) < batch_ms {
+            lone_wins = Some(rows);
+        }
+        found.timed.push(BatchEndToEnd {
+            sequences: rows,
+            rounds: times[Arm::Default as usize].len(),
+            tuned_ms,
+            default_ms,
+            lone_ms,
+            kept,
+        });
     }
+    found.min_batch = lone_wins.map(|r| r + 1);
     Ok(())
 }
 

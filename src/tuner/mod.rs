@@ -312,6 +312,7 @@ impl<'a> Found<'a> {
                 .collect(),
             batches: batches.tables.clone(),
             batch_times: &batches.timed,
+            min_batch: batches.min_batch,
             measurement: doc::Measurement {
                 method: measure::Rotation::METHOD.into(),
                 cache_bytes: rotation.cache_bytes,

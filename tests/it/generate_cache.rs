@@ -304,6 +304,65 @@ fn a_profiles_batch_regimes_switch_kernels_as_the_batch_shrinks() {
     }
 }
 
+/// A profile's `serve.minBatch` (where the tuner found lone steps faster):
+/// fewer sequences than it take lone decode steps, no batch pass, and give
+/// exactly their lone ids; as many as it decode in one pass.
+#[test]
+fn fewer_sequences_than_the_profiles_min_batch_decode_alone() {
+    use ktune::kernels::sample::SamplerParams as P;
+    let tmp = tempdir();
+    let profile = tmp.path().join("min.yaml");
+    std::fs::write(
+        &profile,
+        "name: m\nmodel: smollm2-tiny\nversion: 1\ndevice: {backend: cpu}\nexecution: {weightDtype: q8_0}\nserve: {minBatch: 3}\n",
+    )
+    .expect("profile written");
+    let file = "smollm2-tiny-q8_0.gguf";
+    let mut g = open_with(file, 512, 3, Some(profile.clone()));
+    let mut alone = open_with(file, 512, 1, Some(profile));
+    let prompts: Vec<Vec<u32>> = [5usize, 9, 14].iter().map(|&n| (0..n).map(|i| 6 + ((i * 17 + n) % 70) as u32).collect()).collect();
+    let seeded = P { temperature: 0.9, top_p: 0.9, seed: 3, ..P::GREEDY };
+    let budgets = [4usize, 12, 12];
+    let mut slots: Vec<_> = (0..3).map(|_| g.new_slot().expect("a slot")).collect();
+    let mut runs = Vec::new();
+    for (i, slot) in slots.iter_mut().enumerate() {
+        let limits = Limits { max_tokens: budgets[i], stop: Vec::new(), ignore_eos: true };
+        g.swap_slot(slot).unwrap();
+        runs.push(g.start(&prompts[i], seeded, &limits, usize::MAX, &mut |_| true).expect("prefills"));
+        g.swap_slot(slot).unwrap();
+    }
+    let (mut threes, mut twos) = (0, 0);
+    loop {
+        let going: Vec<usize> = (0..runs.len()).filter(|&i| runs[i].going()).collect();
+        if going.len() < 2 {
+            break;
+        }
+        let before = g.engine.batch_passes();
+        let mut ss: Vec<_> = slots.iter_mut().enumerate().filter(|(i, _)| going.contains(i)).map(|(_, s)| s).collect();
+        let mut rs: Vec<_> = runs.iter_mut().enumerate().filter(|(i, _)| going.contains(i)).map(|(_, r)| r).collect();
+        g.advance_batch(&mut ss, &mut rs, &mut |_, _| true).expect("a step");
+        let passes = g.engine.batch_passes() - before;
+        if going.len() == 3 {
+            assert_eq!(passes, 1, "three sequences: one batch pass");
+            threes += 1;
+        } else {
+            assert_eq!(passes, 0, "two sequences, fewer than minBatch: lone steps");
+            twos += 1;
+        }
+    }
+    assert!(threes >= 2 && twos >= 5, "{threes} batches of 3, {twos} steps of 2");
+    for (i, (run, slot)) in runs.into_iter().zip(&mut slots).enumerate() {
+        g.swap_slot(slot).unwrap();
+        let got = g.end(run, &mut |_| true).expect("ends").decoded.generated;
+        g.swap_slot(slot).unwrap();
+        alone.reset();
+        let limits = Limits { max_tokens: budgets[i], stop: Vec::new(), ignore_eos: true };
+        let mut sink = |_: &str| true;
+        let want = alone.complete(&prompts[i], seeded, Output { limits: &limits, cancel: None, stream: &mut sink }).unwrap();
+        assert_eq!(got, want.decoded.generated, "sequence {i}");
+    }
+}
+
 /// Decode batches of a real model (`KTUNE_REAL_GGUF`, e.g. SmolLM2-135M): tokens
 /// a second at 1 (the lone decode step), 2, 4, 8 and 16 sequences, interleaved
 /// rounds, and where a batch's time goes by slot. A measurement, not a check:

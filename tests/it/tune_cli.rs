@@ -386,6 +386,7 @@ fn invalid_profiles_are_exit_2_with_a_position() {
         ("serve:\n  batches:\n    \"1\": {norm: rms_norm_rows_cpu}\n", "bad.yaml:6:", "`1` is not a batch size"),
         ("serve:\n  batches:\n    many: {norm: rms_norm_rows_cpu}\n", "bad.yaml:6:", "`many` is not a batch size"),
         ("serve:\n  batches:\n    \"8\":\n      norm: rms_norm_quantum\n", "bad.yaml:7:", "rms_norm_rows_cpu"),
+        ("serve:\n  minBatch: 1\n", "bad.yaml", "serve.minBatch is 1"),
     ] {
         std::fs::write(&bad, format!("name: b\nmodel: m\nversion: 1\n{body}")).expect("write");
         ktune(tmp.path())
@@ -516,7 +517,13 @@ fn a_q8_0_profile_runs_quantized_weights_and_refuses_others() {
         let (n, kept) = (b["sequences"].as_u64().expect("size"), b["kept"].as_bool().expect("kept"));
         assert!(n == 2 || n == 8, "{b}");
         assert!(b["tuned_ms"].as_f64().expect("ms") > 0.0 && b["default_ms"].as_f64().expect("ms") > 0.0, "{b}");
+        assert!(b["lone_ms"].as_f64().expect("ms") > 0.0, "{b}");
         assert_eq!(served[n.to_string()].is_object(), kept, "{b}: {served}");
+    }
+    // Where lone steps beat a batch pass, batches that small decode alone.
+    if let Some(m) = r["profile"]["serve"]["minBatch"].as_u64() {
+        let won = timed.iter().filter(|b| b["sequences"].as_u64() == Some(m - 1)).count();
+        assert_eq!(won, 1, "minBatch {m} follows a timed size: {timed:?}");
     }
     assert!(profile.contains(r#""weightDtype":"q8_0""#), "{profile}");
     assert!(profile.contains("_q_cpu"), "no quantized kernel in the tuned profile: {profile}");
