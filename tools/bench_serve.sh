@@ -9,6 +9,11 @@
 #   tools/bench_serve.sh MODEL.gguf                   # clients 1 8 16, 3 rounds
 #   CLIENTS="1 2 4 8 16" ROUNDS=5 TOKENS=32 tools/bench_serve.sh MODEL.gguf
 #   LOAD_ARGS="--system-tokens 400 --mixed" tools/bench_serve.sh MODEL.gguf
+#   KTUNE_ARGS="--profile tuned.yaml" BASE_BIN=/old/ktune tools/bench_serve.sh MODEL.gguf
+#
+# KTUNE_ARGS: more flags for `ktune serve` (a profile); BASE_BIN (and
+# BASE_ARGS): a second ktune build, run as `ktune-base` in the same rounds (a
+# before/after); NO_LLAMA=1 leaves llama-server out.
 #
 # Needs target/release/ktune and llama.cpp's llama-server (tools/build_llamacpp.sh
 # with LLAMACPP_TARGETS=llama-server; $LLAMACPP_BUILD as there). Nothing else
@@ -22,6 +27,10 @@ TOKENS=${TOKENS:-32}
 THREADS=${THREADS:-$(nproc)}
 CONTEXT=${CONTEXT:-4096}
 LOAD_ARGS=${LOAD_ARGS:-}
+KTUNE_ARGS=${KTUNE_ARGS:-}
+BASE_BIN=${BASE_BIN:-}
+BASE_ARGS=${BASE_ARGS:-}
+NO_LLAMA=${NO_LLAMA:-}
 BUILD=${LLAMACPP_BUILD:-target/llama.cpp-build}
 PORT=${PORT:-18200}
 LOG=$(mktemp)
@@ -42,17 +51,29 @@ load() { # server round clients
         | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); d.update(server='$1', round=$2); print(json.dumps(d))"
 }
 
+ktune_serve() { # label round clients binary args...
+    local label=$1 round=$2 c=$3 bin=$4
+    shift 4
+    # shellcheck disable=SC2068 # the extra flags split into words on purpose
+    "$bin" serve --gguf "$MODEL" --device cpu --port "$PORT" --parallel "$c" --context "$CONTEXT" \
+        --queue 64 --ignore-eos $@ >"$LOG" 2>&1 &
+    local pid=$!
+    wait_ready && load "$label" "$round" "$c"
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+}
+
 for round in $(seq "$ROUNDS"); do
     for c in $CLIENTS; do
-        target/release/ktune serve --gguf "$MODEL" --device cpu --port "$PORT" --parallel "$c" --context "$CONTEXT" \
-            --queue 64 --ignore-eos >"$LOG" 2>&1 &
-        pid=$!
-        wait_ready && load ktune "$round" "$c"
-        kill "$pid"; wait "$pid" 2>/dev/null || true
-        "$BUILD/bin/llama-server" -m "$MODEL" --port "$PORT" -np "$c" -t "$THREADS" -c $((CONTEXT * c)) -cb -kvu \
-            >"$LOG" 2>&1 &
-        pid=$!
-        wait_ready && load llama-server "$round" "$c"
-        kill "$pid"; wait "$pid" 2>/dev/null || true
+        ktune_serve ktune "$round" "$c" target/release/ktune $KTUNE_ARGS
+        if [ -n "$BASE_BIN" ]; then
+            ktune_serve ktune-base "$round" "$c" "$BASE_BIN" $BASE_ARGS
+        fi
+        if [ -z "$NO_LLAMA" ]; then
+            "$BUILD/bin/llama-server" -m "$MODEL" --port "$PORT" -np "$c" -t "$THREADS" -c $((CONTEXT * c)) -cb -kvu \
+                >"$LOG" 2>&1 &
+            pid=$!
+            wait_ready && load llama-server "$round" "$c"
+            kill "$pid"; wait "$pid" 2>/dev/null || true
+        fi
     done
 done
