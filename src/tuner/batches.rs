@@ -8,10 +8,11 @@
 //! RoPE run a sequence at a time, as its decode does); each slot's kernels race
 //! at those shapes as the slot races do (gated by parity, cached, within the
 //! budget); then one engine of the winning combination times each batch
-//! size's whole decode step with the winners and with the prefill's choices,
-//! interleaved, and a size keeps its winners only where its step is not
-//! slower. The kept winners are the profile's `serve.batches`, which the
-//! runtime takes for a batch of at least that many sequences.
+//! size's whole decode step with the winners, with the prefill's choices and
+//! as lone decode steps, interleaved: a size keeps its winners only where its
+//! step is not slower, and where lone steps win, batches that small decode
+//! alone. The kept winners are the profile's `serve.batches` (and `minBatch`),
+//! which the runtime takes for a batch of at least that many sequences.
 
 use std::collections::BTreeMap;
 
@@ -40,20 +41,36 @@ pub(crate) struct BatchRegimes {
 }
 
 /// Interleaved rounds of the end-to-end check, each [`CHECK_STEPS`] timed batch
-/// steps with the winners and as many with the prefill's choices.
+/// steps with the winners, as many with the prefill's choices and as many as
+/// lone steps.
 const CHECK_ROUNDS: usize = 3;
 const CHECK_STEPS: usize = 4;
+
+/// The batch sizes of `--serve-batches` a context of `o.context` positions
+/// holds (a batch's sequences are one position each, but every one needs a
+/// position to decode at: the sizes below the context).
+fn sizes(o: &TuneOptions) -> Vec<usize> {
+    o.serve_batches.iter().copied().filter(|&b| b < o.context).collect()
+}
+
+/// The plan options of a batch plan of up to `most` sequences: the tune's,
+/// with passes of at least `most` tokens.
+fn batch_options(o: &TuneOptions, fusion: Fusion, parallel: Parallel, most: usize) -> crate::plan::PlanOptions {
+    let mut options = space::plan_options(o, fusion, parallel).with_batch_rows(most);
+    options.max_tokens = options.max_tokens.max(most);
+    options
+}
 
 /// The races of the batch sizes `o.serve_batches` (each 2 or more) for the
 /// plan of `fusion` under `sel` (the winning combination's): per batch size,
 /// one race per (slot, storage type) over the shapes of its row-independent
 /// kernel steps.
 pub(crate) fn races(t: &Target<'_>, o: &TuneOptions, fusion: Fusion, sel: &Selection) -> Result<Vec<(usize, RaceDef)>, TuneError> {
-    let Some(&most) = o.serve_batches.iter().max() else { return Ok(Vec::new()) };
-    let options = space::plan_options(o, fusion, Parallel::default()).with_batch_rows(most);
-    let plan = Plan::new(t.model, t.config, options, sel.clone())?;
+    let sizes = sizes(o);
+    let Some(&most) = sizes.iter().max() else { return Ok(Vec::new()) };
+    let plan = Plan::new(t.model, t.config, batch_options(o, fusion, Parallel::default(), most), sel.clone())?;
     let mut out: Vec<(usize, RaceDef)> = Vec::new();
-    for &rows in &o.serve_batches {
+    for &rows in &sizes {
         let mut counts: BTreeMap<(SlotKey, DType, String), (Problem, usize)> = BTreeMap::new();
         for s in plan.batch_steps(rows)? {
             if Plan::position_dependent(&s) {
@@ -95,6 +112,14 @@ pub(crate) fn run(
     if !matches!(caps, DeviceCaps::Cpu(_)) {
         budget.cut("decode batch regimes: not raced (`serve --parallel` batches run on the CPU only)".into());
         return Ok(BatchRegimes::default());
+    }
+    let beyond: Vec<String> = o.serve_batches.iter().filter(|&&b| b >= o.context).map(|b| b.to_string()).collect();
+    if !beyond.is_empty() {
+        budget.cut(format!(
+            "decode batch regimes: sizes {} not raced (not below --context {}, the positions a batch's sequences decode at)",
+            beyond.join(", "),
+            o.context
+        ));
     }
     let defs = budget.stage("batch regimes: plans", || races(t, o, chosen.fusion, sel))?;
     let (sizes, defs): (Vec<usize>, Vec<RaceDef>) = defs.into_iter().unzip();
@@ -143,9 +168,9 @@ fn check(
         Default,
         Lone,
     }
-    let sizes = o.serve_batches.clone();
+    let sizes = sizes(o);
     let most = sizes.iter().copied().max().unwrap_or(2);
-    let mut options = space::plan_options(o, chosen.fusion, chosen.parallel).with_batch_rows(most);
+    let mut options = batch_options(o, chosen.fusion, chosen.parallel, most);
     options.context = options.context.max(3 * CHECK_ROUNDS * (CHECK_STEPS + 1) + 1);
     let engines =
         crate::session::Engines { model: t.model, config: t.config, store: t.store.clone(), ctx: None, memo: None, check_decode: false };

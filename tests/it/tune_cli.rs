@@ -501,7 +501,8 @@ fn tune_on_the_gpu_gives_a_profile_that_runs_correctly() {
 #[test]
 fn a_q8_0_profile_runs_quantized_weights_and_refuses_others() {
     let (_tmp, cache, out) = tune_dirs("q8.yaml");
-    let r = tune_json(&cache, &out, &["--weight-dtype", "q8_0", "--serve-batches=1,2,8"]);
+    // 64 is past the context of 32: left out, said as a cut, the tune goes on.
+    let r = tune_json(&cache, &out, &["--weight-dtype", "q8_0", "--serve-batches=1,2,8,64"]);
     let profile = serde_json::to_string(&r["profile"]).expect("json");
     // The decode batch regimes: their races, and each size timed end to end on
     // the whole model, its winners kept in `serve.batches` where not slower.
@@ -511,6 +512,9 @@ fn a_q8_0_profile_runs_quantized_weights_and_refuses_others() {
         assert!(regimes.contains(&b), "no race of {b}: {regimes:?}");
     }
     assert!(!regimes.contains(&"batch 1"), "1 is the decode regime: {regimes:?}");
+    assert!(!regimes.contains(&"batch 64"), "64 is past the context: {regimes:?}");
+    let cuts = r["budget"]["cuts"].to_string();
+    assert!(cuts.contains("sizes 64 not raced"), "{cuts}");
     let timed = t["end_to_end"]["batches"].as_array().expect("batch sizes timed end to end");
     let served = &r["profile"]["serve"]["batches"];
     for b in timed {
