@@ -745,8 +745,8 @@ pub struct EndToEnd {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vision: Option<VisionEndToEnd>,
     /// Each decode batch size of `serve.batches` (`tune --serve-batches`): one
-    /// step of the whole model's batch with the raced kernels and with the
-    /// prefill's, interleaved on one engine (absent without batch regimes).
+    /// step of the whole model's batch with the raced kernels, without them and
+    /// as lone steps, interleaved on one engine (absent without batch regimes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub batches: Vec<BatchEndToEnd>,
 }
@@ -761,7 +761,8 @@ pub struct BatchEndToEnd {
     pub rounds: usize,
     /// Median ms of one batch step with the raced kernels...
     pub tuned_ms: f64,
-    /// ...and with the prefill's kernels (the batch's fallback)...
+    /// ...and without them: with the next smaller size's table, else the
+    /// prefill's kernels (what the size takes if its own is dropped)...
     pub default_ms: f64,
     /// ...and as many lone decode steps, one a sequence.
     #[serde(default)]

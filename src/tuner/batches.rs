@@ -8,8 +8,8 @@
 //! RoPE run a sequence at a time, as its decode does); each slot's kernels race
 //! at those shapes as the slot races do (gated by parity, cached, within the
 //! budget); then one engine of the winning combination times each batch
-//! size's whole decode step with the winners, with the prefill's choices and
-//! as lone decode steps, interleaved: a size keeps its winners only where its
+//! size's whole decode step with the winners, without them (what the size
+//! would take instead) and as lone decode steps, interleaved: a size keeps its winners only where its
 //! step is not slower, and where lone steps win, batches that small decode
 //! alone. The kept winners are the profile's `serve.batches` (and `minBatch`),
 //! which the runtime takes for a batch of at least that many sequences.
@@ -41,8 +41,7 @@ pub(crate) struct BatchRegimes {
 }
 
 /// Interleaved rounds of the end-to-end check, each [`CHECK_STEPS`] timed batch
-/// steps with the winners, as many with the prefill's choices and as many as
-/// lone steps.
+/// steps with the winners, as many without them and as many as lone steps.
 const CHECK_ROUNDS: usize = 3;
 const CHECK_STEPS: usize = 4;
 
@@ -148,10 +147,11 @@ pub(crate) fn run(
 /// The end-to-end check: one engine of the winning combination; per batch size
 /// fresh sequences and [`CHECK_ROUNDS`] rounds, each timing [`CHECK_STEPS`]
 /// steps (after one untimed: a switch plans the batch anew) of the batch with
-/// its winners, with the prefill's choices, and as lone decode steps, one a
-/// sequence, the order rotating. A size whose median step with its winners is
-/// slower than with the prefill's choices (past a tie, [`super::TIE`]) loses
-/// its table; where lone steps beat the batch (with what it keeps), batches of
+/// its winners, without them (the next smaller size's table, else the
+/// prefill's choices), and as lone decode steps, one a sequence, the order
+/// rotating; sizes in ascending order. A size whose median step with its
+/// winners is slower than without (past a tie, [`super::TIE`]) loses its
+/// table; where lone steps beat the batch (with what it keeps), batches of
 /// that size and fewer decode alone (`found.min_batch`). Rounds stop at `end` (a
 /// size not timed keeps its race winners).
 fn check(
@@ -175,11 +175,15 @@ fn check(
     let engines =
         crate::session::Engines { model: t.model, config: t.config, store: t.store.clone(), ctx: None, memo: None, check_decode: false };
     let mut e = engines.build(options, sel.clone(), &chosen.exec(o, false))?;
-    let tables = found.tables.clone();
     let vocab = t.config.dims.vocab_size.max(1);
     let mut lone_wins = None;
     for rows in sizes {
-        let table = tables.contains_key(&rows);
+        // With this size's table, and without it (what a batch of this size
+        // takes if it is dropped: the next smaller size's, else the prefill's
+        // choices); the smaller sizes' decisions already made.
+        let with = found.tables.clone();
+        let mut without = with.clone();
+        let table = without.remove(&rows).is_some();
         let mut seqs: Vec<_> = (0..rows).map(|_| e.new_sequence()).collect::<Result<_, _>>()?;
         let tokens: Vec<u32> = (0..rows).map(|i| ((7 * i + 3) % vocab) as u32).collect();
         let mut times: [Vec<f64>; 3] = Default::default();
@@ -205,7 +209,7 @@ fn check(
                     Ok(())
                 };
                 if arm != Arm::Lone {
-                    e.set_batch_choices(if arm == Arm::Tuned { tables.clone() } else { BTreeMap::new() });
+                    e.set_batch_choices(if arm == Arm::Tuned { with.clone() } else { without.clone() });
                 }
                 step(&mut e)?;
                 let t0 = std::time::Instant::now();
