@@ -634,16 +634,9 @@ impl Engine {
         Ok(())
     }
 
-    /// One decode step of many sequences at once: `tokens[r]` fed to `seqs[r]`
-    /// at its position, its cache written there; the logits, row `r` for
-    /// sequence `r` (borrowed until the next call). Two or more sequences, on the
-    /// CPU ([`Plan::batch_steps`] up to the plan's `batch_rows`): the matrices
-    /// run once over all the rows (the prefill's kernels, each weight read once
-    /// for the batch), RoPE, the KV write and attention a row at a time over its
-    /// own sequence's cache. The engine's own cache and position are untouched.
     /// Replaces the selection's decode batch tables ([`Selection::batches`](crate::plan::Selection::batches)):
     /// later batches are planned with these (the tuner's end-to-end check of
-    /// each batch regime, against the tables off).
+    /// each batch size's table against what the size takes without it).
     pub fn set_batch_choices(&mut self, tables: std::collections::BTreeMap<usize, crate::plan::select::BatchChoices>) {
         self.plan.selection.batches = tables;
         self.batch_schedules.clear();
@@ -654,6 +647,13 @@ impl Engine {
         self.batch_passes
     }
 
+    /// One decode step of many sequences at once: `tokens[r]` fed to `seqs[r]`
+    /// at its position, its cache written there; the logits, row `r` for
+    /// sequence `r` (borrowed until the next call). Two or more sequences, on the
+    /// CPU ([`Plan::batch_steps`] up to the plan's `batch_rows`): the matrices
+    /// run once over all the rows (the prefill's kernels, or the selection's
+    /// table for this batch size; each weight read once for the batch), RoPE, the KV write and attention a row at a time over its
+    /// own sequence's cache. The engine's own cache and position are untouched.
     pub fn decode_batch(&mut self, seqs: &mut [&mut SeqKv], tokens: &[u32]) -> Result<&[f32], RuntimeError> {
         let b = tokens.len();
         if b != seqs.len() {

@@ -150,41 +150,58 @@ fn a_decode_batch_gives_every_sequence_its_answer_alone() {
         let seeded = P { temperature: 0.9, top_p: 0.95, repeat_penalty: 1.1, seed: 11, ..P::GREEDY };
         let params = [P::GREEDY, seeded, P::GREEDY, seeded];
         let budgets: Vec<usize> = [16usize, 9, 20, 12].iter().zip(&lengths).map(|(&b, &n)| b.min(room - n - 1)).collect();
-        let mut slots: Vec<_> = (0..prompts.len()).map(|_| batch.new_slot().expect("a slot")).collect();
-        let mut runs = Vec::new();
-        for (i, slot) in slots.iter_mut().enumerate() {
-            let limits = Limits { max_tokens: budgets[i], stop: Vec::new(), ignore_eos: true };
-            batch.swap_slot(slot).unwrap();
-            runs.push(batch.start(&prompts[i], params[i], &limits, usize::MAX, &mut |_| true).expect("prefills"));
-            batch.swap_slot(slot).unwrap();
-        }
         let mut batched_steps = 0;
-        loop {
-            let going: Vec<usize> = (0..runs.len()).filter(|&i| runs[i].going()).collect();
-            if going.len() < 2 {
-                for &i in &going {
-                    batch.swap_slot(&mut slots[i]).unwrap();
-                    while batch.advance(&mut runs[i], &mut |_| true).unwrap() {}
-                    batch.swap_slot(&mut slots[i]).unwrap();
-                }
-                break;
-            }
-            let mut ss: Vec<_> = slots.iter_mut().enumerate().filter(|(i, _)| going.contains(i)).map(|(_, s)| s).collect();
-            let mut rs: Vec<_> = runs.iter_mut().enumerate().filter(|(i, _)| going.contains(i)).map(|(_, r)| r).collect();
-            batch.advance_batch(&mut ss, &mut rs, &mut |_, _| true).expect("a batch step");
-            batched_steps += 1;
-        }
+        batch_answers_as_alone(&mut batch, &mut alone, &prompts, &params, &budgets, file, |_, _| batched_steps += 1);
         assert!(batched_steps >= 8, "{file}: {batched_steps} batched steps");
-        for (i, (run, slot)) in runs.into_iter().zip(&mut slots).enumerate() {
-            batch.swap_slot(slot).unwrap();
-            let got = batch.end(run, &mut |_| true).expect("ends").decoded.generated;
-            batch.swap_slot(slot).unwrap();
-            alone.reset();
-            let limits = Limits { max_tokens: budgets[i], stop: Vec::new(), ignore_eos: true };
-            let mut sink = |_: &str| true;
-            let want = alone.complete(&prompts[i], params[i], Output { limits: &limits, cancel: None, stream: &mut sink }).unwrap();
-            assert_eq!(got, want.decoded.generated, "{file}: sequence {i} in a batch");
+    }
+}
+
+/// Prefills `prompts` into slots of `batch` (each with its sampling `params`
+/// and token `budgets`), decodes them together (`advance_batch`; the last one
+/// standing alone) until each ends, telling `step` of every batch step (its
+/// sequences, and the batch passes the engine ran for it), and asserts every
+/// sequence's ids are those `alone` gives the same request.
+fn batch_answers_as_alone(
+    batch: &mut Generator,
+    alone: &mut Generator,
+    prompts: &[Vec<u32>],
+    params: &[SamplerParams],
+    budgets: &[usize],
+    what: &str,
+    mut step: impl FnMut(usize, u64),
+) {
+    let limits = |i: usize| Limits { max_tokens: budgets[i], stop: Vec::new(), ignore_eos: true };
+    let mut slots: Vec<_> = (0..prompts.len()).map(|_| batch.new_slot().expect("a slot")).collect();
+    let mut runs = Vec::new();
+    for (i, slot) in slots.iter_mut().enumerate() {
+        batch.swap_slot(slot).unwrap();
+        runs.push(batch.start(&prompts[i], params[i], &limits(i), usize::MAX, &mut |_| true).expect("prefills"));
+        batch.swap_slot(slot).unwrap();
+    }
+    loop {
+        let going: Vec<usize> = (0..runs.len()).filter(|&i| runs[i].going()).collect();
+        if going.len() < 2 {
+            for &i in &going {
+                batch.swap_slot(&mut slots[i]).unwrap();
+                while batch.advance(&mut runs[i], &mut |_| true).unwrap() {}
+                batch.swap_slot(&mut slots[i]).unwrap();
+            }
+            break;
         }
+        let before = batch.engine.batch_passes();
+        let mut ss: Vec<_> = slots.iter_mut().enumerate().filter(|(i, _)| going.contains(i)).map(|(_, s)| s).collect();
+        let mut rs: Vec<_> = runs.iter_mut().enumerate().filter(|(i, _)| going.contains(i)).map(|(_, r)| r).collect();
+        batch.advance_batch(&mut ss, &mut rs, &mut |_, _| true).expect("a batch step");
+        step(going.len(), batch.engine.batch_passes() - before);
+    }
+    for (i, (run, slot)) in runs.into_iter().zip(&mut slots).enumerate() {
+        batch.swap_slot(slot).unwrap();
+        let got = batch.end(run, &mut |_| true).expect("ends").decoded.generated;
+        batch.swap_slot(slot).unwrap();
+        alone.reset();
+        let mut sink = |_: &str| true;
+        let want = alone.complete(&prompts[i], params[i], Output { limits: &limits(i), cancel: None, stream: &mut sink }).unwrap();
+        assert_eq!(got, want.decoded.generated, "{what}: sequence {i} in a batch");
     }
 }
 
@@ -265,42 +282,10 @@ fn a_profiles_batch_regimes_switch_kernels_as_the_batch_shrinks() {
     let params = [P::GREEDY, seeded, seeded, P::GREEDY];
     // Budgets that end one sequence after another: 4, 3, 2 sequences, then one alone.
     let budgets = [6usize, 10, 14, 18];
-    let mut slots: Vec<_> = (0..4).map(|_| batch.new_slot().expect("a slot")).collect();
-    let mut runs = Vec::new();
-    for (i, slot) in slots.iter_mut().enumerate() {
-        let limits = Limits { max_tokens: budgets[i], stop: Vec::new(), ignore_eos: true };
-        batch.swap_slot(slot).unwrap();
-        runs.push(batch.start(&prompts[i], params[i], &limits, usize::MAX, &mut |_| true).expect("prefills"));
-        batch.swap_slot(slot).unwrap();
-    }
     let mut sizes = Vec::new();
-    loop {
-        let going: Vec<usize> = (0..runs.len()).filter(|&i| runs[i].going()).collect();
-        if going.len() < 2 {
-            for &i in &going {
-                batch.swap_slot(&mut slots[i]).unwrap();
-                while batch.advance(&mut runs[i], &mut |_| true).unwrap() {}
-                batch.swap_slot(&mut slots[i]).unwrap();
-            }
-            break;
-        }
-        sizes.push(going.len());
-        let mut ss: Vec<_> = slots.iter_mut().enumerate().filter(|(i, _)| going.contains(i)).map(|(_, s)| s).collect();
-        let mut rs: Vec<_> = runs.iter_mut().enumerate().filter(|(i, _)| going.contains(i)).map(|(_, r)| r).collect();
-        batch.advance_batch(&mut ss, &mut rs, &mut |_, _| true).expect("a batch step");
-    }
+    batch_answers_as_alone(&mut batch, &mut alone, &prompts, &params, &budgets, "switching tables", |n, _| sizes.push(n));
     for n in [4, 3, 2] {
         assert!(sizes.contains(&n), "no batch of {n}: {sizes:?}");
-    }
-    for (i, (run, slot)) in runs.into_iter().zip(&mut slots).enumerate() {
-        batch.swap_slot(slot).unwrap();
-        let got = batch.end(run, &mut |_| true).expect("ends").decoded.generated;
-        batch.swap_slot(slot).unwrap();
-        alone.reset();
-        let limits = Limits { max_tokens: budgets[i], stop: Vec::new(), ignore_eos: true };
-        let mut sink = |_: &str| true;
-        let want = alone.complete(&prompts[i], params[i], Output { limits: &limits, cancel: None, stream: &mut sink }).unwrap();
-        assert_eq!(got, want.decoded.generated, "sequence {i}");
     }
 }
 
@@ -323,44 +308,17 @@ fn fewer_sequences_than_the_profiles_min_batch_decode_alone() {
     let prompts: Vec<Vec<u32>> = [5usize, 9, 14].iter().map(|&n| (0..n).map(|i| 6 + ((i * 17 + n) % 70) as u32).collect()).collect();
     let seeded = P { temperature: 0.9, top_p: 0.9, seed: 3, ..P::GREEDY };
     let budgets = [4usize, 12, 12];
-    let mut slots: Vec<_> = (0..3).map(|_| g.new_slot().expect("a slot")).collect();
-    let mut runs = Vec::new();
-    for (i, slot) in slots.iter_mut().enumerate() {
-        let limits = Limits { max_tokens: budgets[i], stop: Vec::new(), ignore_eos: true };
-        g.swap_slot(slot).unwrap();
-        runs.push(g.start(&prompts[i], seeded, &limits, usize::MAX, &mut |_| true).expect("prefills"));
-        g.swap_slot(slot).unwrap();
-    }
     let (mut threes, mut twos) = (0, 0);
-    loop {
-        let going: Vec<usize> = (0..runs.len()).filter(|&i| runs[i].going()).collect();
-        if going.len() < 2 {
-            break;
-        }
-        let before = g.engine.batch_passes();
-        let mut ss: Vec<_> = slots.iter_mut().enumerate().filter(|(i, _)| going.contains(i)).map(|(_, s)| s).collect();
-        let mut rs: Vec<_> = runs.iter_mut().enumerate().filter(|(i, _)| going.contains(i)).map(|(_, r)| r).collect();
-        g.advance_batch(&mut ss, &mut rs, &mut |_, _| true).expect("a step");
-        let passes = g.engine.batch_passes() - before;
-        if going.len() == 3 {
+    batch_answers_as_alone(&mut g, &mut alone, &prompts, &[seeded; 3], &budgets, "minBatch 3", |n, passes| {
+        if n == 3 {
             assert_eq!(passes, 1, "three sequences: one batch pass");
             threes += 1;
         } else {
             assert_eq!(passes, 0, "two sequences, fewer than minBatch: lone steps");
             twos += 1;
         }
-    }
+    });
     assert!(threes >= 2 && twos >= 5, "{threes} batches of 3, {twos} steps of 2");
-    for (i, (run, slot)) in runs.into_iter().zip(&mut slots).enumerate() {
-        g.swap_slot(slot).unwrap();
-        let got = g.end(run, &mut |_| true).expect("ends").decoded.generated;
-        g.swap_slot(slot).unwrap();
-        alone.reset();
-        let limits = Limits { max_tokens: budgets[i], stop: Vec::new(), ignore_eos: true };
-        let mut sink = |_: &str| true;
-        let want = alone.complete(&prompts[i], seeded, Output { limits: &limits, cancel: None, stream: &mut sink }).unwrap();
-        assert_eq!(got, want.decoded.generated, "sequence {i}");
-    }
 }
 
 /// Decode batches of a real model (`KTUNE_REAL_GGUF`, e.g. SmolLM2-135M): tokens
