@@ -338,51 +338,31 @@ mod tests {
     use super::super::testdata;
     use super::*;
 
-    /// One call for many rows gives the bits of the row-at-a-time axpy chain
-    /// it replaces, at every ISA, row width (whole vectors, a remainder, less
-    /// than a vector) and storage type.
+    /// The many-row calls give the bits of the row-at-a-time calls they
+    /// replace: [`weighted_rows`] the axpy chain, [`dot_rows`] [`dot4`] on each
+    /// four rows and [`dot`] on the rest; at every ISA, row width (whole
+    /// vectors, a remainder, less than a vector), row count and storage type.
     #[test]
-    fn weighted_rows_are_the_axpy_chain_bit_for_bit() {
+    fn many_row_calls_are_the_row_calls_bit_for_bit() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         for d in [1, 7, 16, 64, 72, 80, 129] {
-            for n in [0, 1, 5, 33] {
-                let w = testdata::signed(n, d as u64);
+            for n in [0, 1, 5, 8, 11, 33] {
+                let (w, x) = (testdata::signed(n, d as u64), testdata::signed(d, 3 + d as u64));
                 let v = testdata::signed(n * d, 7 + d as u64);
                 let vh: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
                 for isa in [Isa::Scalar, Isa::from_param(2), Isa::best()] {
                     for rows in [Row::F32(&v), Row::F16(&vh)] {
+                        let row = |r: usize| match rows {
+                            Row::F32(v) => Row::F32(&v[r * d..][..d]),
+                            Row::F16(v) => Row::F16(&v[r * d..][..d]),
+                        };
                         let mut chain = vec![0.0f32; d];
                         for (r, &a) in w.iter().enumerate() {
-                            let row = match rows {
-                                Row::F32(v) => Row::F32(&v[r * d..][..d]),
-                                Row::F16(v) => Row::F16(&v[r * d..][..d]),
-                            };
-                            axpy_row(isa, a, row, &mut chain);
+                            axpy_row(isa, a, row(r), &mut chain);
                         }
                         let mut one = vec![f32::NAN; d];
                         weighted_rows(isa, &w, rows, &mut one);
-                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                        assert_eq!(bits(&one), bits(&chain), "{isa:?} d={d} n={n}");
-                    }
-                }
-            }
-        }
-    }
-
-    /// Many rows' dots in one call are [`dot4`] on each four and [`dot`] on the
-    /// rest, bit for bit.
-    #[test]
-    fn dot_rows_are_dot4_and_dot_bit_for_bit() {
-        for d in [1, 7, 16, 64, 72, 129] {
-            for n in [0, 1, 5, 8, 11] {
-                let x = testdata::signed(d, 3 + d as u64);
-                let v = testdata::signed(n * d, 7 + d as u64);
-                let vh: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
-                for isa in [Isa::Scalar, Isa::from_param(2), Isa::best()] {
-                    for rows in [Row::F32(&v), Row::F16(&vh)] {
-                        let row = |c: usize| match rows {
-                            Row::F32(v) => Row::F32(&v[c * d..][..d]),
-                            Row::F16(v) => Row::F16(&v[c * d..][..d]),
-                        };
+                        assert_eq!(bits(&one), bits(&chain), "weighted_rows {isa:?} d={d} n={n}");
                         let mut each = Vec::new();
                         while each.len() + 4 <= n {
                             let c = each.len();
@@ -391,10 +371,9 @@ mod tests {
                         while each.len() < n {
                             each.push(dot(isa, &x, row(each.len())));
                         }
-                        let mut one = vec![f32::NAN; n];
-                        dot_rows(isa, &x, rows, &mut one);
-                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                        assert_eq!(bits(&one), bits(&each), "{isa:?} d={d} n={n}");
+                        let mut dots = vec![f32::NAN; n];
+                        dot_rows(isa, &x, rows, &mut dots);
+                        assert_eq!(bits(&dots), bits(&each), "dot_rows {isa:?} d={d} n={n}");
                     }
                 }
             }
