@@ -656,7 +656,7 @@ impl GenerateArgs {
             chat_template: e.chat_template.clone(),
             command,
             template_required: command == "chat",
-            parallel: 1,
+            parallel: Some(1),
         })
     }
 }
@@ -815,9 +815,11 @@ pub struct ServeArgs {
     /// Requests generated at once (CPU): each in a sequence of its own (its KV
     /// cache, taking memory as it grows and kept after its request for the next
     /// one sharing its prefix), all advancing a token a step, so a request that
-    /// comes starts at the next step instead of after the others' answers
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    pub parallel: usize,
+    /// comes starts at the next step instead of after the others' answers.
+    /// Default: the profile's largest tuned batch size (`tune --serve-batches`:
+    /// `serve.batches`, `serve.minBatch`), else 1
+    #[arg(long, value_name = "N")]
+    pub parallel: Option<usize>,
     /// With --parallel: KV-cache positions all sequences together may hold in
     /// memory (each request reserves its prompt and max_tokens; idle sequences'
     /// kept prefixes give theirs back first; a request that does not fit waits

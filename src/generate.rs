@@ -94,8 +94,9 @@ pub struct Passes {
     pub max_tokens: usize,
     /// Every position's logits, not only the last.
     pub all_logits: bool,
-    /// Sequences a decode batch holds (`serve --parallel`; 0 or 1: none).
-    pub batch_rows: usize,
+    /// Sequences a decode batch holds (`serve --parallel`; 0 or 1: none; None:
+    /// the profile's, [`Selection::serve_rows`](crate::plan::Selection::serve_rows)).
+    pub batch_rows: Option<usize>,
 }
 
 /// A warmed engine with what it was chosen and built with.
@@ -162,7 +163,8 @@ impl ProfileChoice {
                 exec.weight_dtype
             )));
         }
-        let opts = settings.plan_options(m, &exec, passes.max_tokens, passes.context, passes.all_logits).with_batch_rows(passes.batch_rows);
+        let rows = passes.batch_rows.unwrap_or_else(|| selection.serve_rows()).min(passes.max_tokens);
+        let opts = settings.plan_options(m, &exec, passes.max_tokens, passes.context, passes.all_logits).with_batch_rows(rows);
         let ctx = session::open_device(device, exec.trusted_shaders)?;
         // One engine: its weights need no memo to share them.
         let engine = Engines::of(m, ctx.clone(), None).build(opts, selection, &exec)?;
@@ -627,8 +629,9 @@ pub struct GeneratorSettings {
     /// Without a chat template: an error (chat), or a generator that renders no
     /// messages (serve: its completions need none).
     pub template_required: bool,
-    /// Sequences decoded at once (`serve --parallel`; 1: one).
-    pub parallel: usize,
+    /// Sequences decoded at once (`serve --parallel`; 1: one; None: the
+    /// profile's batch sizes say, else one).
+    pub parallel: Option<usize>,
 }
 
 /// The context a generator sizes its KV cache for without `--context`.
@@ -784,7 +787,7 @@ impl Generator {
             prefill_tokens: chunk,
             max_tokens: chunk,
             all_logits: false,
-            batch_rows: s.parallel.min(chunk),
+            batch_rows: s.parallel.map(|p| p.min(chunk)),
         };
         let p = s.choice.prepare(profile, &device, &s.model, &m, passes, &mut warnings)?;
         warnings.extend(p.engine.warnings());

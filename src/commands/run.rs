@@ -83,7 +83,7 @@ pub fn run_streaming(selector: Option<&str>, args: &RunSettings, stream: &mut dy
         prefill_tokens: prompt.len(),
         max_tokens: prompt.len().min(s.prefill_chunk.max(1)),
         all_logits: args.dump_logits.is_some(),
-        batch_rows: 0,
+        batch_rows: Some(0),
     };
     // Without --profile (or --no-profile): the best cached profile for this device,
     // model, weights and KV cache (profile::lookup).

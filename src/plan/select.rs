@@ -308,6 +308,14 @@ impl Selection {
         }
     }
 
+    /// The sequences a server runs at once by this selection's batch sizes:
+    /// the largest size with a table, or below `min_batch` (tuned: lone steps
+    /// won there); 1 without either (`serve` without `--parallel`).
+    pub fn serve_rows(&self) -> usize {
+        let tabled = self.batches.keys().max().copied().unwrap_or(1);
+        tabled.max(self.min_batch.saturating_sub(1)).max(1)
+    }
+
     /// The choice for `key` in a decode batch of `rows` sequences that the
     /// batch tables ([`Selection::batches`]) make and that can run `problem`
     /// (None: the regime's own choice serves).

@@ -25,11 +25,11 @@ fn context_of(file: &str) -> Option<usize> {
 }
 
 fn open_as(file: &str, chunk: usize, parallel: usize) -> Generator {
-    open_with(file, chunk, parallel, None)
+    open_with(file, chunk, Some(parallel), None)
 }
 
-/// [`open_as`] with `--profile FILE`.
-fn open_with(file: &str, chunk: usize, parallel: usize, profile: Option<std::path::PathBuf>) -> Generator {
+/// [`open_as`] with `--profile FILE` (`parallel` None: the profile's).
+fn open_with(file: &str, chunk: usize, parallel: Option<usize>, profile: Option<std::path::PathBuf>) -> Generator {
     let choice = match profile {
         Some(p) => ProfileChoice { profile: Some(p), no_profile: false, ..ProfileChoice::uncached() },
         None => ProfileChoice::uncached(),
@@ -238,7 +238,9 @@ fn a_profiles_batch_regimes_switch_kernels_as_the_batch_shrinks() {
          norm: {prefill: {kernel: rms_norm_rows_cpu, params: {strategy: 1}}}}",
     );
     let file = "smollm2-tiny-q8_0.gguf";
-    let g = open_with(file, 512, 4, Some(switching));
+    // Without --parallel a server runs the profile's largest batch size.
+    assert_eq!(open_with(file, 512, None, Some(switching.clone())).batch_rows(), 4);
+    let g = open_with(file, 512, Some(4), Some(switching));
     let kernel_of = |g: &Generator, rows: usize, slot: Slot| -> String {
         let steps = g.engine.plan.batch_steps(rows).expect("a batch plan");
         let ids: Vec<String> = steps
@@ -273,8 +275,8 @@ fn a_profiles_batch_regimes_switch_kernels_as_the_batch_shrinks() {
         "{matmul: {qkv_proj: {prefill: {kernel: gemm_q_i8_cpu, params: {rows_per_task: 64}}}, down_proj: {prefill: {kernel: gemm_q_i8_cpu, params: {rows_per_task: 128}}}}, \
          norm: {prefill: {kernel: rms_norm_rows_cpu, params: {strategy: 1}}}}",
     );
-    let mut batch = open_with(file, 512, 4, Some(int8.clone()));
-    let mut alone = open_with(file, 512, 1, Some(int8));
+    let mut batch = open_with(file, 512, Some(4), Some(int8.clone()));
+    let mut alone = open_with(file, 512, Some(1), Some(int8));
     assert_eq!(kernel_of(&batch, 2, Slot::MatmulDown), "gemm_q_i8_cpuSome(16)");
     assert_eq!(kernel_of(&batch, 4, Slot::MatmulDown), "gemm_q_i8_cpuSome(128)");
     let prompts: Vec<Vec<u32>> = [6usize, 11, 3, 17].iter().map(|&n| (0..n).map(|i| 4 + ((i * 29 + n) % 80) as u32).collect()).collect();
@@ -303,8 +305,10 @@ fn fewer_sequences_than_the_profiles_min_batch_decode_alone() {
     )
     .expect("profile written");
     let file = "smollm2-tiny-q8_0.gguf";
-    let mut g = open_with(file, 512, 3, Some(profile.clone()));
-    let mut alone = open_with(file, 512, 1, Some(profile));
+    // Without --parallel: below minBatch 3 is 2 sequences.
+    assert_eq!(open_with(file, 512, None, Some(profile.clone())).batch_rows(), 2);
+    let mut g = open_with(file, 512, Some(3), Some(profile.clone()));
+    let mut alone = open_with(file, 512, Some(1), Some(profile));
     let prompts: Vec<Vec<u32>> = [5usize, 9, 14].iter().map(|&n| (0..n).map(|i| 6 + ((i * 17 + n) % 70) as u32).collect()).collect();
     let seeded = P { temperature: 0.9, top_p: 0.9, seed: 3, ..P::GREEDY };
     let budgets = [4usize, 12, 12];

@@ -492,13 +492,17 @@ fn serve_parallel_sequences_answer_as_alone() {
             assert_eq!(text(&v).as_deref(), Some(want.as_str()), "round {round}: {v}");
         }
     }
-    assert!(metric(&a, "ktune_batch_steps_total{sequences=\"3\"}") > 0.0, "three sequences advanced in one step");
     assert!(metric(&a, "ktune_prefix_cache_hit_tokens_total") > 0.0, "the repeated prompts reused their slots' caches");
     assert!(metric(&a, "ktune_kv_cache_tokens") > 0.0);
-    // A long stream holds a slot; its client leaves: the slot frees, the others answer.
+    // A long stream holds a slot; its client leaves: the slot frees, the others
+    // answer, decoded in steps beside it (whatever the machine's load did to
+    // the rounds above, where three requests of a few tokens each may also
+    // have come one after another).
     let hold = open_stream(&a, 3000);
     let (body, want, path) = cases[1].clone();
     assert_eq!(text(&json(&post(&a, path, &body))).as_deref(), Some(want.as_str()), "answered beside a long stream");
+    let together = metric(&a, "ktune_batch_steps_total{sequences=\"2\"}") + metric(&a, "ktune_batch_steps_total{sequences=\"3\"}");
+    assert!(together > 0.0, "sequences advanced together in one step");
     drop(hold);
     assert_eq!(metric_reaching(&a, "ktune_cancelled_total", 1.0, 1000), 1.0, "the left stream is cancelled");
 }

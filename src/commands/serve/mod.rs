@@ -119,19 +119,23 @@ pub fn run(selector: Option<&str>, args: &ServeArgs, warn: &dyn Fn(&str)) -> Res
     };
     let body_timeout = secs("--body-timeout", args.body_timeout)?;
     let mut settings = args.generate.generator("serve")?;
+    if args.parallel == Some(0) {
+        return Err(Error::Usage("--parallel 0: give at least 1".into()));
+    }
     settings.parallel = args.parallel;
     let g = Generator::open(selector, &settings)?;
     for w in &g.warnings {
         warn(w);
     }
     let parallel = match args.parallel {
-        0 => return Err(Error::Usage("--parallel 0: give at least 1".into())),
-        n if n > 1 && g.engine.is_gpu() => {
+        // The profile's: the rows its plan was given (1 without batch sizes).
+        None => g.batch_rows().max(1),
+        Some(n) if n > 1 && g.engine.is_gpu() => {
             return Err(Error::Usage(format!(
                 "--parallel {n}: sequences of their own run on the CPU only so far; serve on --device cpu, or drop the flag"
             )));
         }
-        n => n,
+        Some(n) => n,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
