@@ -278,20 +278,33 @@ pub struct Selection {
     /// each serves (a profile's `serve.batches`, tuned by `tune --serve-batches`):
     /// a batch of `rows` sequences takes the table of the largest size not above
     /// `rows`, and a slot that table leaves out takes the choices above.
-    pub batches: BTreeMap<usize, BatchChoices>,
+    pub batches: BTreeMap<usize, SlotChoices>,
     /// The fewest sequences decoded in one batch pass; fewer decode one at a
     /// time, each through the decode's own kernels (a profile's
     /// `serve.minBatch`: where B lone GEMV steps beat one GEMM pass). At least 2.
     pub min_batch: usize,
 }
 
-/// One batch size's choices ([`Selection::batches`]): by slot, and by (format,
-/// slot) for a file's other matrix formats, as [`Selection::slots`] and
-/// [`Selection::formats`].
+/// Kernel choices as a selection holds them: by slot, and by (format, slot)
+/// for a file's other matrix formats ([`Selection::slots`],
+/// [`Selection::formats`]); a race's winners, one batch size's table
+/// ([`Selection::batches`]).
 #[derive(Clone, Debug, Default)]
-pub struct BatchChoices {
+pub struct SlotChoices {
     pub slots: BTreeMap<SlotKey, Choice>,
     pub formats: BTreeMap<(DType, SlotKey), Choice>,
+}
+
+impl SlotChoices {
+    /// `c` for `key` in storage type `dtype`: by (format, slot) when `dtype` is
+    /// one of a file's other matrix formats (`extra`), else by slot.
+    pub fn insert(&mut self, dtype: DType, key: SlotKey, c: Choice, extra: &std::collections::BTreeSet<DType>) {
+        if extra.contains(&dtype) {
+            self.formats.insert((dtype, key), c);
+        } else {
+            self.slots.insert(key, c);
+        }
+    }
 }
 
 impl Selection {

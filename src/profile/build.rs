@@ -13,7 +13,7 @@ use super::doc::{self as pd, Candidate, Combination, DeviceReq, SchedulingDoc, S
 use super::{ExecSettings, FORMAT_VERSION, ProfileDoc, kernels_doc_with_formats};
 use crate::device::Device;
 use crate::kernels::{self, Backend, DType, Impl, Problem};
-use crate::plan::select::{BatchChoices, Choice, SlotKey};
+use crate::plan::select::{Choice, SlotChoices, SlotKey};
 use crate::stats::{Stats, summarize};
 
 /// What a finished tune found, as plain data: the tuner fills it, this module
@@ -36,7 +36,7 @@ pub struct TuneRecord<'a> {
     /// ...and by (format, slot) for a file's other matrix formats.
     pub formats: BTreeMap<(DType, SlotKey), Choice>,
     /// The decode batch regimes' winners, by batch size (`serve.batches`)...
-    pub batches: BTreeMap<usize, BatchChoices>,
+    pub batches: BTreeMap<usize, SlotChoices>,
     /// ...and each size's end-to-end check...
     pub batch_times: &'a [pd::BatchEndToEnd],
     /// ...and the fewest sequences worth a batch pass (`serve.minBatch`).

@@ -18,7 +18,7 @@ pub use doc::{At, Entry, ExecutionDoc, KernelsDoc, ProfileDoc, VariantDoc};
 
 use crate::device::Device;
 use crate::kernels::{self, Backend, KernelDef, Op};
-use crate::plan::select::{BatchChoices, Choice, DeviceCaps, LayerOverride, SLOTS, SlotKey};
+use crate::plan::select::{Choice, DeviceCaps, LayerOverride, SLOTS, SlotChoices, SlotKey};
 use crate::plan::{Fusion, Parallel, Regime, Selection, Slot};
 
 /// The format version this build reads and writes.
@@ -292,7 +292,7 @@ fn resolve_kernels(origin: &str, k: &KernelsDoc, backend: Option<Backend>) -> Re
 
 /// The choices of `serve.batches`, by the least batch size each serves: each key
 /// a batch size in [`doc::BATCH_SIZES`], each value resolved as `kernels`.
-fn resolve_batches(origin: &str, serve: &doc::ServeDoc, backend: Option<Backend>) -> Result<BTreeMap<usize, BatchChoices>, ProfileError> {
+fn resolve_batches(origin: &str, serve: &doc::ServeDoc, backend: Option<Backend>) -> Result<BTreeMap<usize, SlotChoices>, ProfileError> {
     let mut out = BTreeMap::new();
     for (key, k) in &serve.batches {
         let Some(rows) = key.trim().parse::<usize>().ok().filter(|r| doc::BATCH_SIZES.contains(r)) else {
@@ -307,7 +307,7 @@ fn resolve_batches(origin: &str, serve: &doc::ServeDoc, backend: Option<Backend>
             ));
         };
         let choices =
-            BatchChoices { slots: resolve_kernels(origin, &k.value, backend)?, formats: resolve_formats(origin, &k.value, backend)? };
+            SlotChoices { slots: resolve_kernels(origin, &k.value, backend)?, formats: resolve_formats(origin, &k.value, backend)? };
         if out.insert(rows, choices).is_some() {
             return Err(at_err(origin, k, format!("`serve.batches`: batch size {rows} is given twice (`{key}`); keep one")));
         }

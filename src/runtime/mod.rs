@@ -637,7 +637,7 @@ impl Engine {
     /// Replaces the selection's decode batch tables ([`Selection::batches`](crate::plan::Selection::batches)):
     /// later batches are planned with these (the tuner's end-to-end check of
     /// each batch size's table against what the size takes without it).
-    pub fn set_batch_choices(&mut self, tables: std::collections::BTreeMap<usize, crate::plan::select::BatchChoices>) {
+    pub fn set_batch_choices(&mut self, tables: std::collections::BTreeMap<usize, crate::plan::select::SlotChoices>) {
         self.plan.selection.batches = tables;
         self.batch_schedules.clear();
     }

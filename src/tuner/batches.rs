@@ -22,7 +22,7 @@ use super::space::{self, RaceDef, Space, candidates};
 use super::{Progress, Target, TuneError, TuneOptions};
 use crate::device::DeviceCaps;
 use crate::kernels::{DType, Problem};
-use crate::plan::select::{BatchChoices, SlotKey};
+use crate::plan::select::{SlotChoices, SlotKey};
 use crate::plan::{Fusion, Parallel, Plan, Regime, Selection, StepKind};
 use crate::profile::build::RaceResult;
 use crate::profile::doc::BatchEndToEnd;
@@ -32,7 +32,7 @@ use crate::profile::doc::BatchEndToEnd;
 /// times (for the profile's record).
 #[derive(Default)]
 pub(crate) struct BatchRegimes {
-    pub tables: BTreeMap<usize, BatchChoices>,
+    pub tables: BTreeMap<usize, SlotChoices>,
     pub races: Vec<(usize, RaceDef, RaceResult)>,
     pub timed: Vec<BatchEndToEnd>,
     /// The fewest sequences a batch pass should hold, where lone steps won at a
@@ -130,12 +130,7 @@ pub(crate) fn run(
     for ((rows, r), mut res) in sizes.into_iter().zip(space.races).zip(results) {
         res.regime = format!("batch {rows}");
         if let Some(c) = res.winner_choice() {
-            let table = found.tables.entry(rows).or_default();
-            if extra.contains(&r.dtype) {
-                table.formats.insert((r.dtype, r.key), c);
-            } else {
-                table.slots.insert(r.key, c);
-            }
+            found.tables.entry(rows).or_default().insert(r.dtype, r.key, c, &extra);
         }
         found.races.push((rows, r, res));
     }

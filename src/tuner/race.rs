@@ -15,7 +15,7 @@ use crate::gpu::GpuCtx;
 use crate::kernels::problem::test_problems;
 use crate::kernels::verify::{InputMemo, Runner as CheckRunner, check_one};
 use crate::kernels::{self, DType, Problem};
-use crate::plan::select::{Choice, SlotKey};
+use crate::plan::select::SlotKey;
 use crate::profile::build::{CandRecord, RaceResult};
 use crate::profile::cache::{self, Cache};
 use crate::stats::{Stats, pick, summarize};
@@ -27,15 +27,8 @@ pub(crate) struct Races {
     pub resumed: usize,
 }
 
-/// Race winners as a selection holds them ([`Selection::slots`], [`Selection::formats`]).
-///
-/// [`Selection::slots`]: crate::plan::Selection::slots
-/// [`Selection::formats`]: crate::plan::Selection::formats
-#[derive(Clone, Debug, Default)]
-pub struct Winners {
-    pub slots: BTreeMap<SlotKey, Choice>,
-    pub formats: BTreeMap<(DType, SlotKey), Choice>,
-}
+/// Race winners as a selection holds them.
+pub type Winners = crate::plan::select::SlotChoices;
 
 impl Races {
     /// The winner of every race that has one: by slot, and by (format, slot) for
@@ -44,11 +37,7 @@ impl Races {
         let mut w = Winners::default();
         for (r, res) in space.races.iter().zip(&self.results) {
             if let Some(c) = res.winner_choice() {
-                if extra.contains(&r.dtype) {
-                    w.formats.insert((r.dtype, r.key), c);
-                } else {
-                    w.slots.insert(r.key, c);
-                }
+                w.insert(r.dtype, r.key, c, extra);
             }
         }
         w
