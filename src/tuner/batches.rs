@@ -26,6 +26,7 @@ use crate::plan::select::{SlotChoices, SlotKey};
 use crate::plan::{Fusion, Parallel, Plan, Regime, Selection, StepKind};
 use crate::profile::build::RaceResult;
 use crate::profile::doc::BatchEndToEnd;
+use crate::stats::summarize;
 
 /// What the stage found: per batch size its winners (those the end-to-end
 /// check kept), every race with its batch size and each size's end-to-end
@@ -141,7 +142,8 @@ pub(crate) fn run(
 
 /// The end-to-end check: one engine of the winning combination; per batch size
 /// fresh sequences and [`CHECK_ROUNDS`] rounds, each timing [`CHECK_STEPS`]
-/// steps (after one untimed: a switch plans the batch anew) of the batch with
+/// steps (after one untimed: a switch plans the batch anew; medians as
+/// [`summarize`] gives them) of the batch with
 /// its winners, without them (the next smaller size's table, else the
 /// prefill's choices), and as lone decode steps, one a sequence, the order
 /// rotating; sizes in ascending order. A size whose median step with its
@@ -217,18 +219,17 @@ fn check(
         if times[Arm::Default as usize].is_empty() {
             continue;
         }
-        let default_ms = median(&times[Arm::Default as usize]) * 1e3;
-        let tuned_ms = if table { median(&times[Arm::Tuned as usize]) * 1e3 } else { default_ms };
-        let lone_ms = median(&times[Arm::Lone as usize]) * 1e3;
+        let [tuned, default, lone] = times.each_ref().map(|t| summarize(t));
+        let tuned = if table { tuned } else { default.clone() };
         // Within a tie the raced winners stay (they won their slots' races).
-        let kept = table && tuned_ms <= default_ms * (1.0 + super::TIE);
+        let kept = table && tuned.ties_with(&default, super::TIE);
         if table && !kept {
             found.tables.remove(&rows);
         }
-        let batch_ms = if kept { tuned_ms } else { default_ms };
-        if lone_ms * (1.0 + super::TIE) < batch_ms {
+        if !(if kept { &tuned } else { &default }).ties_with(&lone, super::TIE) {
             lone_wins = Some(rows);
         }
+        let (tuned_ms, default_ms, lone_ms) = (tuned.median * 1e3, default.median * 1e3, lone.median * 1e3);
         found.timed.push(BatchEndToEnd {
             sequences: rows,
             rounds: times[Arm::Default as usize].len(),
@@ -240,10 +241,4 @@ fn check(
     }
     found.min_batch = lone_wins.map(|r| r + 1);
     Ok(())
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
