@@ -286,25 +286,27 @@ fn deliver(ids: &[u32], sampler: &mut Sampler, on_id: &mut impl FnMut(u32) -> bo
     (ids.len(), false)
 }
 
-/// Concatenates `parts` (each row-major with the same column count) along rows.
+/// Concatenates `parts` (each row-major with the same column count) along rows,
+/// into memory marked for huge pages before it is written (the weights it makes
+/// are backed by them). Parts of another kind than the first are left out (the
+/// caller's length check names the buffer).
 fn concat(parts: Vec<HostBuf>) -> HostBuf {
-    let mut it = parts.into_iter().map(HostBuf::owned);
-    let Some(first) = it.next() else { return HostBuf::F32(Vec::new()) };
-    it.fold(first, |acc, p| match (acc, p) {
-        (HostBuf::F32(mut a), HostBuf::F32(b)) => {
-            a.extend(b);
-            HostBuf::F32(a)
+    fn joined<T: Clone>(all: Vec<Vec<T>>) -> Vec<T> {
+        let mut v = crate::kernels::memory::huge_vec(all.iter().map(Vec::len).sum());
+        all.iter().for_each(|p| v.extend_from_slice(p));
+        v
+    }
+    let mut parts = parts.into_iter().map(HostBuf::owned).peekable();
+    match parts.peek() {
+        None => HostBuf::F32(Vec::new()),
+        Some(HostBuf::F32(_)) => HostBuf::F32(joined(parts.map_while(|p| if let HostBuf::F32(v) = p { Some(v) } else { None }).collect())),
+        Some(HostBuf::F16(_)) => HostBuf::F16(joined(parts.map_while(|p| if let HostBuf::F16(v) = p { Some(v) } else { None }).collect())),
+        Some(HostBuf::Q(_)) => {
+            let all: Vec<QMatrix> = parts.map_while(|p| if let HostBuf::Q(m) = p { Some(m) } else { None }).collect();
+            QMatrix::concat_rows(&all).map_or(HostBuf::F32(Vec::new()), HostBuf::Q)
         }
-        (HostBuf::F16(mut a), HostBuf::F16(b)) => {
-            a.extend(b);
-            HostBuf::F16(a)
-        }
-        (HostBuf::Q(a), HostBuf::Q(b)) => match QMatrix::concat_rows(&[a, b]) {
-            Ok(m) => HostBuf::Q(m),
-            Err(_) => HostBuf::F32(Vec::new()),
-        },
-        (a, _) => a,
-    })
+        Some(_) => parts.next().unwrap_or(HostBuf::F32(Vec::new())),
+    }
 }
 
 /// Loads buffer `i` of `plan` from `store` (None for activations, caches, constants).
@@ -1223,12 +1225,12 @@ impl TensorStore for crate::model::Weights {
         Ok(match (dtype, dtype.quant()) {
             (_, Some(format)) => HostBuf::Q(self.load_quant(name, format).map_err(w)?),
             (DType::F16, _) => {
-                let mut v = vec![f16::ZERO; len];
+                let mut v = crate::kernels::memory::huge_filled(len, f16::ZERO);
                 self.read_into(name, &mut v).map_err(w)?;
                 HostBuf::F16(v)
             }
             _ => {
-                let mut v = vec![0.0f32; len];
+                let mut v = crate::kernels::memory::huge_filled(len, 0.0f32);
                 self.read_into(name, &mut v).map_err(w)?;
                 HostBuf::F32(v)
             }
@@ -1251,12 +1253,12 @@ impl TensorStore for crate::model::Weights {
                 HostBuf::Q(self.load_quant_rows(name, format, start / cols, len / cols).map_err(w)?)
             }
             (DType::F16, _) => {
-                let mut v = vec![f16::ZERO; len];
+                let mut v = crate::kernels::memory::huge_filled(len, f16::ZERO);
                 self.read_range(name, start, &mut v).map_err(w)?;
                 HostBuf::F16(v)
             }
             _ => {
-                let mut v = vec![0.0f32; len];
+                let mut v = crate::kernels::memory::huge_filled(len, 0.0f32);
                 self.read_range(name, start, &mut v).map_err(w)?;
                 HostBuf::F32(v)
             }

@@ -38,7 +38,7 @@ pub fn cpu_read_bandwidth() -> f64 {
 /// [`cpu_read_bandwidth`] over `floats` f32s, the best of `passes`.
 fn cpu_read_bandwidth_over(floats: usize, passes: usize) -> f64 {
     use rayon::prelude::*;
-    let v: Vec<f32> = vec![1.0; floats];
+    let v: Vec<f32> = kernels::memory::huge_filled(floats, 1.0);
     kernels::memory::huge_pages(&v);
     let isa = kernels::cpu::Isa::best();
     let mut best = f64::INFINITY;

@@ -127,7 +127,7 @@ impl Workload {
                     // The copies after the first are copies in memory (what the
                     // rotation is for), never shared.
                     let mut all: Vec<Vec<Arc<HostTensor>>> = Vec::with_capacity(n);
-                    all.extend((1..n).map(|_| first.iter().map(|t| Arc::new(HostTensor::clone(t))).collect()));
+                    all.extend((1..n).map(|_| first.iter().map(|t| Arc::new(t.huge_clone())).collect()));
                     all.insert(0, first);
                     all.iter().flatten().for_each(|t| t.huge_pages());
                     inputs.push(all);

@@ -1,6 +1,6 @@
 //! Memory advice for large read-mostly buffers: backing them with transparent huge
-//! pages ([`huge_pages`]), which the runtime's weights, the parity checker's inputs
-//! and the bandwidth measurement ask for. No kernel code: `cpu/` and `quant/` both
+//! pages ([`huge_vec`] before they are written, [`huge_pages`] after), which the
+//! runtime's weights, the races' inputs and the bandwidth measurement ask for. No kernel code: `cpu/` and `quant/` both
 //! sit above it.
 
 use std::sync::OnceLock;
@@ -14,11 +14,41 @@ use std::sync::OnceLock;
 /// moves pages already filled into huge ones now rather than whenever khugepaged
 /// scans them. Best effort: where the kernel has neither (or THP is `never`),
 /// the pages stay as they are; contents never change. `KTUNE_NO_HUGEPAGES` set
-/// turns it off (for A/B measurements). The cost is at load: about 0.5 s more
-/// for the 1B model's 800 MB on this VM (pages copied into freshly zeroed huge
-/// pages), against ~2.7 ms saved on every decoded token.
+/// turns it off (for A/B measurements). Collapsing costs at load: about 0.5 s
+/// more for the 1B model's 800 MB on this VM (pages copied into freshly zeroed
+/// huge pages), against ~2.7 ms saved on every decoded token; memory made by
+/// [`huge_vec`] and filled after has nothing left to move.
 pub fn huge_pages<T>(data: &[T]) {
-    advise_huge(data.as_ptr().cast(), std::mem::size_of_val(data));
+    mark_huge(data.as_ptr().cast(), std::mem::size_of_val(data), true);
+}
+
+/// An empty vector with room for `capacity` elements whose memory is marked for
+/// huge pages before anything touches it: filled by the caller, its 2 MiB-aligned
+/// interior faults in as huge pages directly (where the system has them free), so
+/// the [`huge_pages`] that follows finds nothing to move. A buffer filled first
+/// and collapsed after is copied page by page into huge pages: on this 2-core VM
+/// that copy was a sixth of a CPU-and-GPU comparison of the built-in models' and
+/// up to 3-4 s a GB on a fragmented page cache. Best effort, as [`huge_pages`]:
+/// memory the allocator hands back already touched (small buffers from its heap)
+/// stays on small pages until collapsed.
+pub fn huge_vec<T>(capacity: usize) -> Vec<T> {
+    let v: Vec<T> = Vec::with_capacity(capacity);
+    mark_huge(v.as_ptr().cast(), v.capacity().saturating_mul(std::mem::size_of::<T>()), false);
+    v
+}
+
+/// `len` copies of `value` in a [`huge_vec`].
+pub fn huge_filled<T: Clone>(len: usize, value: T) -> Vec<T> {
+    let mut v = huge_vec(len);
+    v.resize(len, value);
+    v
+}
+
+/// A copy of `src` in a [`huge_vec`].
+pub fn huge_copy<T: Clone>(src: &[T]) -> Vec<T> {
+    let mut v = huge_vec(src.len());
+    v.extend_from_slice(src);
+    v
 }
 
 /// Until when [`huge_pages`] may collapse (None: always).
@@ -62,11 +92,11 @@ fn may_collapse() -> bool {
     COLLAPSE_UNTIL.lock().unwrap_or_else(|p| p.into_inner()).is_none_or(|t| std::time::Instant::now() < t)
 }
 
-/// `MADV_HUGEPAGE` then `MADV_COLLAPSE` over the 2 MiB-aligned interior of
-/// `bytes` bytes at `ptr`, one allocation's memory; collapsed 32 MiB at a time
+/// `MADV_HUGEPAGE` over the 2 MiB-aligned interior of `bytes` bytes at `ptr`,
+/// one allocation's memory, then (`collapse`) `MADV_COLLAPSE` 32 MiB at a time
 /// while [`collapse_until`] allows.
 #[allow(unused_variables)]
-fn advise_huge(ptr: *const u8, bytes: usize) {
+fn mark_huge(ptr: *const u8, bytes: usize, collapse: bool) {
     #[cfg(target_os = "linux")]
     {
         const HUGE: usize = 2 << 20;
@@ -84,6 +114,9 @@ fn advise_huge(ptr: *const u8, bytes: usize) {
         // advices change only how its pages are backed, never their contents.
         unsafe {
             libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+        }
+        if !collapse {
+            return;
         }
         const CHUNK: usize = 16 * HUGE;
         let mut at = start;

@@ -44,6 +44,19 @@ impl HostTensor {
         }
     }
 
+    /// A copy in memory marked for huge pages before it is written
+    /// ([`crate::kernels::memory::huge_vec`]): a race's rotating copies of its
+    /// inputs land on huge pages without being moved there.
+    pub fn huge_clone(&self) -> HostTensor {
+        use crate::kernels::memory::huge_copy;
+        match self {
+            HostTensor::F32(v) => HostTensor::F32(huge_copy(v)),
+            HostTensor::F16(v) => HostTensor::F16(huge_copy(v)),
+            HostTensor::Q(m) => HostTensor::Q(m.huge_clone()),
+            HostTensor::Stack(s) => HostTensor::Stack(QStack { parts: s.parts.iter().map(QMatrix::huge_clone).collect() }),
+        }
+    }
+
     /// The values as the kernels must see them (a quantized matrix dequantized:
     /// the reference computes with exactly the weights the kernels read).
     pub fn to_f64(&self) -> Vec<f64> {

@@ -304,6 +304,13 @@ impl QMatrix {
         crate::kernels::memory::huge_pages(&self.scales);
     }
 
+    /// A copy in memory marked for huge pages before it is written
+    /// ([`crate::kernels::memory::huge_vec`]).
+    pub fn huge_clone(&self) -> QMatrix {
+        use crate::kernels::memory::huge_copy;
+        QMatrix { quants: huge_copy(&self.quants), scales: huge_copy(&self.scales), ..*self }
+    }
+
     pub fn blocks(&self) -> usize {
         self.rows * self.blocks_per_row()
     }
@@ -351,8 +358,16 @@ impl QMatrix {
         let Some(first) = parts.first() else {
             return Err(QuantError::Concat("nothing to concatenate".into()));
         };
-        let mut out =
-            QMatrix { format: first.format, rows: 0, cols: first.cols, quants: Vec::new(), scales: Vec::new(), layout: Layout::Rows };
+        use crate::kernels::memory::huge_vec;
+        let (quants, scales) = (parts.iter().map(|p| p.quants.len()).sum(), parts.iter().map(|p| p.scales.len()).sum());
+        let mut out = QMatrix {
+            format: first.format,
+            rows: 0,
+            cols: first.cols,
+            quants: huge_vec(quants),
+            scales: huge_vec(scales),
+            layout: Layout::Rows,
+        };
         for p in parts {
             if p.layout != Layout::Rows {
                 return Err(QuantError::Concat(format!("a repacked {} matrix cannot be concatenated", p.format)));
@@ -418,8 +433,8 @@ impl QMatrix {
             return Err(QuantError::Len { format, rows, cols, expected, got: data.len() });
         }
         let (qb, header) = (format.quant_bytes(), format.header());
-        let mut quants = Vec::with_capacity(blocks * qb);
-        let mut scales = Vec::with_capacity(blocks * header.len());
+        let mut quants = crate::kernels::memory::huge_vec(blocks * qb);
+        let mut scales = crate::kernels::memory::huge_vec(blocks * header.len());
         for block in data.chunks_exact(bb) {
             split_block(header, block, &mut quants, &mut scales);
         }
@@ -457,8 +472,8 @@ impl QMatrix {
             return Err(QuantError::Len { format, rows, cols, expected: rows.saturating_mul(cols), got: x.len() });
         }
         let (qb, ns) = (format.quant_bytes(), format.scales_per_block());
-        let mut quants = vec![0u8; blocks * qb];
-        let mut scales = vec![f16::ZERO; blocks * ns];
+        use crate::kernels::memory::huge_filled;
+        let (mut quants, mut scales) = (huge_filled(blocks * qb, 0u8), huge_filled(blocks * ns, f16::ZERO));
         // Blocks are independent: in parallel, 64 at a time at least (an LM head's
         // 1.5M super-blocks took seconds on one core).
         use rayon::prelude::*;

@@ -128,8 +128,9 @@ impl QMatrix {
         let groups = self.rows / X8_ROWS;
         let (qb, ns, rb) = (self.format.quant_bytes(), self.format.scales_per_block(), x8_record_bytes(self.format));
         let (src, len, dst) = x8_codes(self.format);
-        let mut quants = vec![0u8; groups * bpr * rb];
-        let mut scales = vec![f16::ZERO; groups * bpr * ns * X8_ROWS];
+        use crate::kernels::memory::huge_filled;
+        let mut quants = huge_filled(groups * bpr * rb, 0u8);
+        let mut scales = huge_filled(groups * bpr * ns * X8_ROWS, f16::ZERO);
         for g in 0..groups {
             for c in 0..bpr {
                 let rec = &mut quants[(g * bpr + c) * rb..][..rb];
