@@ -28,7 +28,7 @@ pub trait Elem: Copy + Send + Sync + 'static {
 }
 
 macro_rules! elem {
-    ($t:ty, $from_f32:expr, |$o:ident| $as_f32:expr) => {
+    ($t:ty, $from_f32:expr, |$o:ident| $as_f32:expr, |$src:ident, $out:ident| $from_f32_slice:expr) => {
         impl Elem for $t {
             #[inline]
             fn from_f32(v: f32) -> $t {
@@ -39,25 +39,52 @@ macro_rules! elem {
                 $as_f32
             }
             fn from_f32_slice(src: &[f32], out: &mut [$t]) {
-                out.iter_mut().zip(src).for_each(|(o, v)| *o = $from_f32(*v));
+                let n = src.len().min(out.len());
+                let ($src, $out) = (&src[..n], &mut out[..n]);
+                $from_f32_slice
             }
             fn from_le_f32(src: &[u8], out: &mut [$t]) {
-                out.iter_mut().zip(src.chunks_exact(4)).for_each(|(o, b)| *o = $from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+                staged(out, |i, o| {
+                    o.iter_mut()
+                        .zip(src.get(4 * i..).unwrap_or(&[]).chunks_exact(4))
+                        .for_each(|(o, b)| *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                });
             }
             fn from_le_f16(src: &[u8], out: &mut [$t]) {
                 let one = |b: &[u8]| f16::from_le_bytes([b[0], b[1]]);
                 out.iter_mut().zip(src.chunks_exact(2)).for_each(|(o, b)| *o = <$t as FromF16>::from_f16(one(b)));
             }
             fn from_le_bf16(src: &[u8], out: &mut [$t]) {
-                out.iter_mut().zip(src.chunks_exact(2)).for_each(|(o, b)| *o = $from_f32(bf16::from_le_bytes([b[0], b[1]]).to_f32()));
+                staged(out, |i, o| {
+                    o.iter_mut()
+                        .zip(src.get(2 * i..).unwrap_or(&[]).chunks_exact(2))
+                        .for_each(|(o, b)| *o = bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                });
             }
             fn uniform(key: u64, start: u64, center: f32, half: f32, out: &mut [$t]) {
-                for (j, v) in out.iter_mut().enumerate() {
-                    *v = $from_f32(center + half * unit(key, start + j as u64));
-                }
+                staged(out, |i, o| o.iter_mut().enumerate().for_each(|(j, v)| *v = center + half * unit(key, start + (i + j) as u64)));
             }
         }
     };
+}
+
+/// Fills `out` through f32 values: `fill(i, chunk)` writes those of elements
+/// `i..i + chunk.len()`, in place for an f32 `out`, else into a staging buffer
+/// of 256 that [`Elem::from_f32_slice`] converts (for f16 with the CPU's vector
+/// conversion: one `f16::from_f32` an element was a tenth of a synthetic model's
+/// CPU-and-GPU comparison).
+#[inline]
+fn staged<T: Elem>(out: &mut [T], mut fill: impl FnMut(usize, &mut [f32])) {
+    if let Some(o) = T::as_f32(out) {
+        fill(0, o);
+        return;
+    }
+    let mut buf = [0f32; 256];
+    for (c, o) in out.chunks_mut(buf.len()).enumerate() {
+        let b = &mut buf[..o.len()];
+        fill(c * 256, b);
+        T::from_f32_slice(b, o);
+    }
 }
 
 /// An f16 as `Self`: widened for f32, copied for f16 (no round trip through f32).
@@ -79,8 +106,8 @@ impl FromF16 for f16 {
     }
 }
 
-elem!(f32, |v: f32| v, |out| Some(out));
-elem!(f16, f16::from_f32, |_out| None);
+elem!(f32, |v: f32| v, |out| Some(out), |src, out| out.copy_from_slice(src));
+elem!(f16, f16::from_f32, |_out| None, |src, out| half::slice::HalfFloatSliceExt::convert_from_f32_slice(out, src));
 
 /// SplitMix64's finalizer: a strong 64-bit mix.
 pub fn splitmix(mut z: u64) -> u64 {
