@@ -149,17 +149,31 @@ pub(crate) fn json(r: &Reply) -> serde_json::Value {
 /// The text of an SSE body: the `content` deltas (chat) or `text` pieces, and
 /// whether it ended with `data: [DONE]`.
 pub(crate) fn sse_text(body: &str) -> (String, bool) {
-    let mut text = String::new();
+    let (texts, _, done) = sse_choices(body);
+    (texts.into_iter().next().unwrap_or_default(), done)
+}
+
+/// An SSE body's text of each choice (by its `index`), how many chunks gave
+/// each a finish reason, and whether it ended with `data: [DONE]`.
+fn sse_choices(body: &str) -> (Vec<String>, Vec<usize>, bool) {
+    let (mut texts, mut finished) = (Vec::<String>::new(), Vec::<usize>::new());
     let events: Vec<&str> = body.split("\n\n").filter_map(|e| e.strip_prefix("data: ")).collect();
     for e in &events {
         if *e == "[DONE]" {
             continue;
         }
         let v: serde_json::Value = serde_json::from_str(e).unwrap_or_else(|err| panic!("{err}: {e}"));
-        let c = &v["choices"][0];
-        text.push_str(c["delta"]["content"].as_str().or(c["text"].as_str()).unwrap_or(""));
+        for c in v["choices"].as_array().into_iter().flatten() {
+            let i = c["index"].as_u64().unwrap_or_else(|| panic!("a choice without its index: {e}")) as usize;
+            if texts.len() <= i {
+                texts.resize(i + 1, String::new());
+                finished.resize(i + 1, 0);
+            }
+            texts[i].push_str(c["delta"]["content"].as_str().or(c["text"].as_str()).unwrap_or(""));
+            finished[i] += usize::from(c["finish_reason"].is_string());
+        }
     }
-    (text, events.last() == Some(&"[DONE]"))
+    (texts, finished, events.last() == Some(&"[DONE]"))
 }
 
 /// `run`'s text for `prompt` (with `--chat` when `chat`) and these sampling flags.
@@ -505,6 +519,50 @@ fn serve_parallel_sequences_answer_as_alone() {
     assert!(together > 0.0, "sequences advanced together in one step");
     drop(hold);
     assert_eq!(metric_reaching(&a, "ktune_cancelled_total", 1.0, 1000), 1.0, "the left stream is cancelled");
+}
+
+/// `n` choices of one request: choice i is the text the request gives alone
+/// with the seed plus i, streamed (chunks by index, each choice finished once,
+/// one `[DONE]`) and not, one sequence at a time and in one batch; the prompt
+/// counted once in the usage. An `n` past --parallel + --queue (or 0) is 400.
+#[test]
+fn serve_answers_n_choices_each_as_its_seed_alone() {
+    for parallel in ["1", "3"] {
+        let s = serve(&["--device", "cpu", "--parallel", parallel, "--queue", "2", "--context", "4096"]);
+        let a = s.addr.as_str();
+        let body =
+            serde_json::json!({"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0.9, "top_p": 0.95, "seed": 11, "n": 3});
+        let alone: Vec<serde_json::Value> = (0..3)
+            .map(|i| {
+                let mut b = body.clone();
+                (b["n"], b["seed"]) = (1.into(), (11 + i).into());
+                json(&post(a, "/v1/completions", &b))
+            })
+            .collect();
+        let texts: Vec<&str> = alone.iter().map(|v| v["choices"][0]["text"].as_str().expect("text")).collect();
+        assert!(texts.iter().any(|t| *t != texts[0]), "the seeds sample different texts: {texts:?}");
+        let v = json(&post(a, "/v1/completions", &body));
+        let choices = v["choices"].as_array().unwrap_or_else(|| panic!("--parallel {parallel}: {v}"));
+        assert_eq!(choices.len(), 3, "--parallel {parallel}: {v}");
+        for (i, c) in choices.iter().enumerate() {
+            assert_eq!((c["index"].as_u64(), c["text"].as_str()), (Some(i as u64), Some(texts[i])), "--parallel {parallel}: {v}");
+        }
+        let (u, one) = (&v["usage"], &alone[0]["usage"]);
+        let generated: u64 = alone.iter().map(|v| v["usage"]["completion_tokens"].as_u64().expect("tokens")).sum();
+        assert_eq!((&u["prompt_tokens"], u["completion_tokens"].as_u64()), (&one["prompt_tokens"], Some(generated)), "{v}");
+        let mut streamed = body.clone();
+        streamed["stream"] = true.into();
+        let r = post(a, "/v1/completions", &streamed);
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(sse_choices(&r.body), (texts.iter().map(|t| t.to_string()).collect(), vec![1; 3], true), "{}", r.body);
+        for n in [0, 6] {
+            let mut b = body.clone();
+            b["n"] = n.into();
+            let r = post(a, "/v1/completions", &b);
+            assert_eq!(r.status, 400, "n = {n}: {}", r.body);
+            assert!(json(&r)["error"]["message"].as_str().is_some_and(|m| m.contains("`n`")), "{}", r.body);
+        }
+    }
 }
 
 /// `--kv-tokens`: every request reserves its prompt and max_tokens; past the

@@ -107,6 +107,9 @@ struct Body {
     n: Option<u32>,
 }
 
+/// The most choices (`n`) one request may ask for (OpenAI's own limit).
+const MAX_CHOICES: usize = 128;
+
 /// The endpoints, as /metrics names them (any other path is `other`).
 const ENDPOINTS: [&str; 5] = ["/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions"];
 
@@ -135,7 +138,11 @@ pub(super) async fn handle(state: Arc<State>, req: Request<Incoming>) -> Respons
                     "concurrency": state.parallel,
                     "queue": state.queue,
                     "context_length": state.context,
-                    "note": "requests are served one at a time by one engine, in order",
+                    "note": if state.parallel > 1 {
+                        "up to `concurrency` sequences are decoded together, a batch a step; more requests wait in the queue"
+                    } else {
+                        "requests are served one at a time by one engine, in order"
+                    },
                 }],
             });
             json_response(&state, endpoint, 200, &body)
@@ -192,7 +199,7 @@ async fn generate(state: &Arc<State>, req: Request<Incoming>, kind: Kind) -> Res
         Ok(b) => b,
         Err(e) => return fail(400, format!("malformed JSON body: {e}")),
     };
-    let input = match (kind, b.messages, b.prompt) {
+    let mut input = match (kind, b.messages, b.prompt) {
         (Kind::Chat, Some(m), _) if !m.is_empty() => Input::Messages(
             m.into_iter()
                 .map(|m| {
@@ -211,8 +218,13 @@ async fn generate(state: &Arc<State>, req: Request<Incoming>, kind: Kind) -> Res
         (Kind::Text, _, Some(Prompt::Many(_))) => return fail(400, "`prompt`: one string (a batch of prompts is not served)".into()),
         (Kind::Text, _, None) => return fail(400, "`prompt` is required".into()),
     };
-    if b.n.is_some_and(|n| n != 1) {
-        return fail(400, "`n`: only 1 is served".into());
+    // `n` choices: as many sequences of the one prompt (the ones after the first
+    // share its prefill: the worker copies a prefilled prefix), choice i sampled
+    // with the seed plus i. All queued at once, or none.
+    let n = b.n.unwrap_or(1) as usize;
+    let most = MAX_CHOICES.min(state.queue + state.parallel);
+    if !(1..=most).contains(&n) {
+        return fail(400, format!("`n` is {n}: from 1 to {most} choices are served (at most {MAX_CHOICES}, and --parallel + --queue)"));
     }
     let d = state.defaults;
     let params = SamplerParams {
@@ -235,23 +247,38 @@ async fn generate(state: &Arc<State>, req: Request<Incoming>, kind: Kind) -> Res
     let limits =
         Limits { max_tokens: b.max_completion_tokens.or(b.max_tokens).unwrap_or(state.max_tokens), stop, ignore_eos: state.ignore_eos };
     // Queue it, or 429.
-    let (tx, mut events) = unbounded_channel();
+    let mut receivers = Vec::with_capacity(n);
     {
         let Ok(mut pending) = state.pending.lock() else { return fail(500, "the server's queue failed".into()) };
-        if *pending >= state.queue + state.parallel {
+        if *pending + n > state.queue + state.parallel {
             return fail(
                 429,
-                format!("the queue is full ({} waiting, --queue {}); retry later", *pending + 1 - state.parallel, state.queue),
+                format!(
+                    "the queue is full ({} waiting, --queue {}); retry later",
+                    (*pending + n).saturating_sub(state.parallel),
+                    state.queue
+                ),
             );
         }
-        let sent = state.jobs.lock().ok().and_then(|j| j.as_ref().map(|j| j.send(Job { input, params, limits, events: tx }).is_ok()));
-        if sent != Some(true) {
-            return fail(503, "the server is shutting down".into());
+        let Ok(jobs) = state.jobs.lock() else { return fail(500, "the server's queue failed".into()) };
+        let Some(jobs) = jobs.as_ref() else { return fail(503, "the server is shutting down".into()) };
+        for i in 0..n {
+            let (tx, rx) = unbounded_channel();
+            let params = SamplerParams { seed: params.seed.wrapping_add(i as u64), ..params };
+            let input = if i + 1 == n { std::mem::replace(&mut input, Input::Text(String::new())) } else { input.clone() };
+            // Jobs sent before a failed send are dropped with their receivers: cancelled.
+            if jobs.send(Job { input, params, limits: limits.clone(), events: tx }).is_err() {
+                return fail(503, "the server is shutting down".into());
+            }
+            *pending += 1;
+            receivers.push(rx);
         }
-        *pending += 1;
     }
-    // The prompt accepted, or why not.
-    match events.recv().await {
+    let mut events = Events::new(receivers);
+    // The prompt accepted, or why not: the first choice's answer (the others,
+    // of the same prompt, may start only after it, one sequence at a time; a
+    // later failure comes as their event).
+    match events.rx[0].recv().await {
         Some(Event::Started) => {}
         Some(Event::Failed(status, msg)) => return fail(status, msg),
         _ => return fail(500, "the worker stopped".into()),
@@ -260,15 +287,28 @@ async fn generate(state: &Arc<State>, req: Request<Incoming>, kind: Kind) -> Res
     if b.stream {
         record(state, endpoint, 200);
         let include_usage = b.stream_options.unwrap_or_default().include_usage;
-        let mut sse = Sse { state: state.clone(), events, kind, id, created: now(), include_usage, queue: VecDeque::new(), ended: false };
+        let mut sse = Sse {
+            state: state.clone(),
+            events,
+            kind,
+            id,
+            created: now(),
+            include_usage,
+            queue: VecDeque::new(),
+            done: Vec::new(),
+            ended: false,
+        };
         if kind == Kind::Chat {
-            sse.push(&sse.chunk(Some(""), None, true));
+            for i in 0..n {
+                sse.push(&sse.chunk(i, Some(""), None, true));
+            }
         }
         let mut r = with_type(Response::new(Reply::Sse(Box::new(sse))), "text/event-stream");
         r.headers_mut().insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         return r;
     }
-    let mut whole = Whole { state: state.clone(), events, kind, id, text: String::new(), probe: None, ended: false };
+    let mut whole =
+        Whole { state: state.clone(), texts: vec![String::new(); n], done: Vec::new(), events, kind, id, probe: None, ended: false };
     match tokio::time::timeout(PROBE, std::future::poll_fn(|cx| whole.poll_end(cx))).await {
         Ok((status, body)) => json_reply(status, &body),
         // Not ready: the 200 goes out now, and the body probes the client.
@@ -315,19 +355,62 @@ impl HttpBody for Reply {
     }
 }
 
+/// The events of a request's choices, one channel each (dropping this drops
+/// them all: the worker cancels every choice at its next token).
+pub(super) struct Events {
+    rx: Vec<UnboundedReceiver<Event>>,
+    /// Choices whose channel has ended.
+    closed: Vec<bool>,
+    /// The channel polled first next time (each in turn: no choice starves).
+    next: usize,
+}
+
+impl Events {
+    fn new(rx: Vec<UnboundedReceiver<Event>>) -> Events {
+        Events { closed: vec![false; rx.len()], rx, next: 0 }
+    }
+
+    fn len(&self) -> usize {
+        self.rx.len()
+    }
+
+    /// The next event of any choice with the choice's index; None once every
+    /// channel has ended.
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<(usize, Event)>> {
+        let n = self.rx.len();
+        for k in 0..n {
+            let i = (self.next + k) % n;
+            if self.closed[i] {
+                continue;
+            }
+            match self.rx[i].poll_recv(cx) {
+                Poll::Ready(Some(e)) => {
+                    self.next = (i + 1) % n;
+                    return Poll::Ready(Some((i, e)));
+                }
+                Poll::Ready(None) => self.closed[i] = true,
+                Poll::Pending => {}
+            }
+        }
+        if self.closed.iter().all(|&c| c) { Poll::Ready(None) } else { Poll::Pending }
+    }
+}
+
 /// Server-sent events: a chunk a text piece, the last with the finish reason
 /// (and the usage when asked), then `data: [DONE]`. hyper writes each event as
 /// it comes (chunked framing); a client gone fails a write, hyper drops this
 /// body and with it the events channel, and the worker cancels.
 pub(super) struct Sse {
     state: Arc<State>,
-    events: UnboundedReceiver<Event>,
+    events: Events,
     kind: Kind,
     id: String,
     created: u64,
     include_usage: bool,
     /// Events ready to go.
     queue: VecDeque<Bytes>,
+    /// The choices' completions, as they end.
+    done: Vec<Completion>,
     ended: bool,
 }
 
@@ -336,7 +419,7 @@ impl Sse {
         if self.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" }
     }
 
-    fn chunk(&self, text: Option<&str>, finish: Option<&str>, role: bool) -> Value {
+    fn chunk(&self, index: usize, text: Option<&str>, finish: Option<&str>, role: bool) -> Value {
         let choice = match self.kind {
             Kind::Chat => {
                 let mut delta = serde_json::Map::new();
@@ -346,9 +429,9 @@ impl Sse {
                 if let Some(t) = text {
                     delta.insert("content".into(), json!(t));
                 }
-                json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null})
+                json!({"index": index, "delta": delta, "finish_reason": finish, "logprobs": null})
             }
-            Kind::Text => json!({"index": 0, "text": text.unwrap_or(""), "finish_reason": finish, "logprobs": null}),
+            Kind::Text => json!({"index": index, "text": text.unwrap_or(""), "finish_reason": finish, "logprobs": null}),
         };
         json!({"id": self.id, "object": self.object(), "created": self.created, "model": self.state.model_id, "choices": [choice]})
     }
@@ -371,20 +454,24 @@ impl Sse {
                 return Poll::Ready(None);
             }
             match ready!(self.events.poll_recv(cx)) {
-                Some(Event::Text(t)) => self.push(&self.chunk(Some(&t), None, false)),
-                Some(Event::Done(c)) => {
-                    self.push(&self.chunk(None, Some(finish(&c)), false));
+                Some((i, Event::Text(t))) => self.push(&self.chunk(i, Some(&t), None, false)),
+                Some((i, Event::Done(c))) => {
+                    self.push(&self.chunk(i, None, Some(finish(&c)), false));
+                    self.done.push(*c);
+                    if self.done.len() < self.events.len() {
+                        continue;
+                    }
                     if self.include_usage {
-                        let v = json!({"id": self.id, "object": self.object(), "created": self.created, "model": self.state.model_id, "choices": [], "usage": usage(&c)});
+                        let v = json!({"id": self.id, "object": self.object(), "created": self.created, "model": self.state.model_id, "choices": [], "usage": usage(&self.done)});
                         self.push(&v);
                     }
                     self.end();
                 }
-                Some(Event::Failed(_, msg)) => {
+                Some((_, Event::Failed(_, msg))) => {
                     self.push(&json!({"error": {"message": msg, "type": "server_error", "param": null, "code": null}}));
                     self.end();
                 }
-                Some(Event::Started) => {}
+                Some((_, Event::Started)) => {}
                 None => self.end(),
             }
         }
@@ -398,10 +485,13 @@ impl Sse {
 /// cancels the generation.
 pub(super) struct Whole {
     state: Arc<State>,
-    events: UnboundedReceiver<Event>,
+    events: Events,
     kind: Kind,
     id: String,
-    text: String,
+    /// Each choice's text so far.
+    texts: Vec<String>,
+    /// The choices ended so far: (index, completion).
+    done: Vec<(usize, Completion)>,
     /// The probes' clock, from the first poll as a body.
     probe: Option<tokio::time::Interval>,
     ended: bool,
@@ -413,30 +503,40 @@ impl Whole {
         let endpoint = self.kind.path();
         loop {
             let (status, body) = match ready!(self.events.poll_recv(cx)) {
-                Some(Event::Text(t)) => {
-                    self.text.push_str(&t);
+                Some((i, Event::Text(t))) => {
+                    self.texts[i].push_str(&t);
                     continue;
                 }
-                Some(Event::Started) => continue,
-                Some(Event::Done(c)) => {
-                    let text = std::mem::take(&mut self.text);
-                    let choice = match self.kind {
-                        Kind::Chat => {
-                            json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish(&c), "logprobs": null})
-                        }
-                        Kind::Text => json!({"index": 0, "text": text, "finish_reason": finish(&c), "logprobs": null}),
-                    };
+                Some((_, Event::Started)) => continue,
+                Some((i, Event::Done(c))) => {
+                    self.done.push((i, *c));
+                    if self.done.len() < self.texts.len() {
+                        continue;
+                    }
+                    self.done.sort_by_key(|d| d.0);
+                    let choices: Vec<Value> = self
+                        .done
+                        .iter()
+                        .map(|(i, c)| {
+                            let text = std::mem::take(&mut self.texts[*i]);
+                            match self.kind {
+                                Kind::Chat => json!({"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": finish(c), "logprobs": null}),
+                                Kind::Text => json!({"index": i, "text": text, "finish_reason": finish(c), "logprobs": null}),
+                            }
+                        })
+                        .collect();
+                    let done: Vec<Completion> = std::mem::take(&mut self.done).into_iter().map(|d| d.1).collect();
                     let body = json!({
                         "id": self.id,
                         "object": if self.kind == Kind::Chat { "chat.completion" } else { "text_completion" },
                         "created": now(),
                         "model": self.state.model_id,
-                        "choices": [choice],
-                        "usage": usage(&c),
+                        "choices": choices,
+                        "usage": usage(&done),
                     });
                     (200, body)
                 }
-                Some(Event::Failed(status, msg)) => (status, error_json(status, None, &msg)),
+                Some((_, Event::Failed(status, msg))) => (status, error_json(status, None, &msg)),
                 None => (500, error_json(500, None, "the worker stopped")),
             };
             record(&self.state, endpoint, status);
@@ -511,9 +611,11 @@ fn finish(c: &Completion) -> &'static str {
     }
 }
 
-fn usage(c: &Completion) -> Value {
-    let n = c.decoded.generated.len();
-    json!({"prompt_tokens": c.prompt_tokens, "completion_tokens": n, "total_tokens": c.prompt_tokens + n})
+/// Token counts of a request's choices: their one prompt counted once.
+fn usage(choices: &[Completion]) -> Value {
+    let prompt = choices.first().map_or(0, |c| c.prompt_tokens);
+    let n: usize = choices.iter().map(|c| c.decoded.generated.len()).sum();
+    json!({"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n})
 }
 
 fn now() -> u64 {

@@ -15,6 +15,7 @@ use crate::kernels::sample::SamplerParams;
 use crate::report::StopReason;
 
 /// What the worker is asked to generate from.
+#[derive(Clone)]
 pub(super) enum Input {
     Messages(Vec<(String, String)>),
     Text(String),
@@ -46,11 +47,10 @@ pub(super) fn work(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
     }
     for job in jobs {
         if state.shutdown.load(Ordering::SeqCst) {
-            let _ = job.events.send(Event::Failed(503, "the server is shutting down".into()));
+            end_job(state, &job, Event::Failed(503, "the server is shutting down".into()));
         } else {
             serve_job(&mut g, job, state);
         }
-        done_one(state);
     }
 }
 
@@ -73,18 +73,23 @@ fn prompt_of(g: &Generator, job: &Job) -> Result<Vec<u32>, String> {
 }
 
 /// The prompt of `job`, its `Started` sent; None when refused (400 sent) or
-/// its client is gone.
-fn accept(g: &Generator, job: &Job) -> Option<Vec<u32>> {
+/// its client is gone (the job ended either way).
+fn accept(g: &Generator, job: &Job, state: &State) -> Option<Vec<u32>> {
     match prompt_of(g, job) {
-        Ok(p) => job.events.send(Event::Started).is_ok().then_some(p),
+        Ok(p) if job.events.send(Event::Started).is_ok() => Some(p),
+        Ok(_) => {
+            done_one(state);
+            None
+        }
         Err(msg) => {
-            let _ = job.events.send(Event::Failed(400, msg));
+            end_job(state, job, Event::Failed(400, msg));
             None
         }
     }
 }
 
-/// A job's end: its counters into /metrics, its completion or error to its client.
+/// A job's end: its counters into /metrics, its completion or error to its
+/// client ([`end_job`]).
 fn report(job: &Job, done: crate::Result<Completion>, state: &State) {
     match done {
         Ok(c) => {
@@ -100,16 +105,14 @@ fn report(job: &Job, done: crate::Result<Completion>, state: &State) {
                     eprintln!("ktune serve: a generation cancelled after {} tokens (client gone)", c.decoded.generated.len());
                 }
             }
-            let _ = job.events.send(Event::Done(Box::new(c)));
+            end_job(state, job, Event::Done(Box::new(c)));
         }
-        Err(e) => {
-            let _ = job.events.send(Event::Failed(500, e.to_string()));
-        }
+        Err(e) => end_job(state, job, Event::Failed(500, e.to_string())),
     }
 }
 
 fn serve_job(g: &mut Generator, job: Job, state: &State) {
-    let Some(prompt) = accept(g, &job) else { return };
+    let Some(prompt) = accept(g, &job, state) else { return };
     let events = &job.events;
     let mut stream = |t: &str| events.send(Event::Text(t.to_string())).is_ok();
     let done = g.complete(&prompt, job.params, Output { limits: &job.limits, cancel: None, stream: &mut stream });
@@ -153,7 +156,6 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
     if slots.is_empty() {
         for job in jobs {
             serve_job(&mut g, job, state);
-            done_one(state);
         }
         return;
     }
@@ -191,15 +193,13 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
                         }
                     };
                     if state.shutdown.load(Ordering::SeqCst) {
-                        let _ = job.events.send(Event::Failed(503, "the server is shutting down".into()));
-                        done_one(state);
+                        end_job(state, &job, Event::Failed(503, "the server is shutting down".into()));
                         continue;
                     }
                     match prompt_of(&g, &job) {
                         Ok(p) => (job, p),
                         Err(msg) => {
-                            let _ = job.events.send(Event::Failed(400, msg));
-                            done_one(state);
+                            end_job(state, &job, Event::Failed(400, msg));
                             continue;
                         }
                     }
@@ -225,8 +225,7 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
                 let msg = format!(
                     "the request needs {need} KV positions (its prompt and max_tokens) and the server holds {limit} for all                      requests (--kv-tokens): shorten it or ask fewer tokens"
                 );
-                let _ = job.events.send(Event::Failed(400, msg));
-                done_one(state);
+                end_job(state, &job, Event::Failed(400, msg));
                 continue;
             }
             // The free slot whose cache shares most of the prompt, else the least recently used.
@@ -293,11 +292,9 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
                 Ok(run) => {
                     let done = in_slot(&mut g, &mut slots[slot], |g| g.end(run, &mut stream));
                     report(&job, done, state);
-                    done_one(state);
                 }
                 Err(e) => {
                     report(&job, Err(e), state);
-                    done_one(state);
                 }
             }
         }
@@ -355,7 +352,6 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
             let msg = e.to_string();
             for a in active.drain(..) {
                 report(&a.job, Err(crate::Error::Usage(msg.clone())), state);
-                done_one(state);
             }
             continue;
         }
@@ -371,7 +367,6 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
             let mut stream = |t: &str| events.send(Event::Text(t.to_string())).is_ok();
             let done = in_slot(&mut g, &mut slots[a.slot], |g| g.end(a.run, &mut stream));
             report(&a.job, done, state);
-            done_one(state);
         }
     }
 }
@@ -382,6 +377,13 @@ fn in_slot<T>(g: &mut Generator, slot: &mut Slot, f: impl FnOnce(&mut Generator)
     let out = f(g);
     g.swap_slot(slot)?;
     out
+}
+
+/// A job's last event to its client, once the job no longer counts as pending:
+/// a client that sends its next request on the answer finds the room it freed.
+fn end_job(state: &State, job: &Job, last: Event) {
+    done_one(state);
+    let _ = job.events.send(last);
 }
 
 /// One request sent to the worker is finished.
