@@ -199,7 +199,7 @@ async fn generate(state: &Arc<State>, req: Request<Incoming>, kind: Kind) -> Res
         Ok(b) => b,
         Err(e) => return fail(400, format!("malformed JSON body: {e}")),
     };
-    let mut input = match (kind, b.messages, b.prompt) {
+    let input = match (kind, b.messages, b.prompt) {
         (Kind::Chat, Some(m), _) if !m.is_empty() => Input::Messages(
             m.into_iter()
                 .map(|m| {
@@ -265,9 +265,8 @@ async fn generate(state: &Arc<State>, req: Request<Incoming>, kind: Kind) -> Res
         for i in 0..n {
             let (tx, rx) = unbounded_channel();
             let params = SamplerParams { seed: params.seed.wrapping_add(i as u64), ..params };
-            let input = if i + 1 == n { std::mem::replace(&mut input, Input::Text(String::new())) } else { input.clone() };
             // Jobs sent before a failed send are dropped with their receivers: cancelled.
-            if jobs.send(Job { input, params, limits: limits.clone(), events: tx }).is_err() {
+            if jobs.send(Job { input: input.clone(), params, limits: limits.clone(), events: tx }).is_err() {
                 return fail(503, "the server is shutting down".into());
             }
             *pending += 1;
@@ -308,7 +307,7 @@ async fn generate(state: &Arc<State>, req: Request<Incoming>, kind: Kind) -> Res
         return r;
     }
     let mut whole =
-        Whole { state: state.clone(), texts: vec![String::new(); n], done: Vec::new(), events, kind, id, probe: None, ended: false };
+        Whole { state: state.clone(), texts: vec![String::new(); n], done: vec![None; n], events, kind, id, probe: None, ended: false };
     match tokio::time::timeout(PROBE, std::future::poll_fn(|cx| whole.poll_end(cx))).await {
         Ok((status, body)) => json_reply(status, &body),
         // Not ready: the 200 goes out now, and the body probes the client.
@@ -490,8 +489,8 @@ pub(super) struct Whole {
     id: String,
     /// Each choice's text so far.
     texts: Vec<String>,
-    /// The choices ended so far: (index, completion).
-    done: Vec<(usize, Completion)>,
+    /// Each choice's completion, once it ended.
+    done: Vec<Option<Completion>>,
     /// The probes' clock, from the first poll as a body.
     probe: Option<tokio::time::Interval>,
     ended: bool,
@@ -509,23 +508,20 @@ impl Whole {
                 }
                 Some((_, Event::Started)) => continue,
                 Some((i, Event::Done(c))) => {
-                    self.done.push((i, *c));
-                    if self.done.len() < self.texts.len() {
+                    self.done[i] = Some(*c);
+                    if self.done.iter().any(Option::is_none) {
                         continue;
                     }
-                    self.done.sort_by_key(|d| d.0);
-                    let choices: Vec<Value> = self
-                        .done
+                    let done: Vec<Completion> = std::mem::take(&mut self.done).into_iter().flatten().collect();
+                    let choices: Vec<Value> = done
                         .iter()
-                        .map(|(i, c)| {
-                            let text = std::mem::take(&mut self.texts[*i]);
-                            match self.kind {
-                                Kind::Chat => json!({"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": finish(c), "logprobs": null}),
-                                Kind::Text => json!({"index": i, "text": text, "finish_reason": finish(c), "logprobs": null}),
-                            }
+                        .zip(std::mem::take(&mut self.texts))
+                        .enumerate()
+                        .map(|(i, (c, text))| match self.kind {
+                            Kind::Chat => json!({"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": finish(c), "logprobs": null}),
+                            Kind::Text => json!({"index": i, "text": text, "finish_reason": finish(c), "logprobs": null}),
                         })
                         .collect();
-                    let done: Vec<Completion> = std::mem::take(&mut self.done).into_iter().map(|d| d.1).collect();
                     let body = json!({
                         "id": self.id,
                         "object": if self.kind == Kind::Chat { "chat.completion" } else { "text_completion" },

@@ -1,7 +1,7 @@
 //! Memory advice for large read-mostly buffers: backing them with transparent huge
 //! pages ([`huge_vec`] before they are written, [`huge_pages`] after), which the
-//! runtime's weights, the races' inputs and the bandwidth measurement ask for. No kernel code: `cpu/` and `quant/` both
-//! sit above it.
+//! runtime's weights, the races' inputs and the bandwidth measurement ask for.
+//! No kernel code: `cpu/` and `quant/` both sit above it.
 
 use std::sync::OnceLock;
 
