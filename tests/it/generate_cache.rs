@@ -334,7 +334,9 @@ fn fewer_sequences_than_the_profiles_min_batch_decode_alone() {
 #[ignore = "a measurement on a real model file"]
 fn batch_decode_timing() {
     let Some(path) = std::env::var_os("KTUNE_REAL_GGUF") else { return };
-    let mut g = open_as(path.to_str().expect("utf-8 path"), 512, 16);
+    // KTUNE_PROFILE: a profile's kernels (its batch tables) instead of the defaults.
+    let profile = std::env::var_os("KTUNE_PROFILE").map(std::path::PathBuf::from);
+    let mut g = open_with(path.to_str().expect("utf-8 path"), 512, Some(16), profile);
     let prompt: Vec<u32> = (0..24).map(|i| 100 + i).collect();
     let sizes = [1usize, 2, 4, 8, 16];
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); sizes.len()];

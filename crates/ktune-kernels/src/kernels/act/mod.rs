@@ -207,15 +207,26 @@ pub(crate) fn act_scalar(act: Activation, g: f32) -> f32 {
 fn gated_k<L: Lanes>(l: L, act: Activation, gate: &[f32], up: &[f32], y: &mut [f32]) {
     let n = y.len();
     let (gate, up) = (&gate[..n], &up[..n]);
-    let mut ys = y.chunks_exact_mut(L::N);
-    for ((yc, gc), uc) in (&mut ys).zip(gate.chunks_exact(L::N)).zip(up.chunks_exact(L::N)) {
+    let one = |gc: &[f32], uc: &[f32], yc: &mut [f32]| {
         let g = l.load(gc);
         let e = lanes::exp(l, l.sub(l.splat(0.0), act_arg(l, act, g)));
         l.store(yc, l.div(l.mul(g, l.load(uc)), l.add(l.splat(1.0), e)));
+    };
+    let mut ys = y.chunks_exact_mut(L::N);
+    for ((yc, gc), uc) in (&mut ys).zip(gate.chunks_exact(L::N)).zip(up.chunks_exact(L::N)) {
+        one(gc, uc, yc);
     }
+    // The tail through one padded vector, the same arithmetic: an element's
+    // value does not depend on where it stands in the call (a decode batch's
+    // features and a lone decode's fall differently into vectors).
     let t = n - n % L::N;
-    for (i, o) in ys.into_remainder().iter_mut().enumerate() {
-        *o = act_scalar(act, gate[t + i]) * up[t + i];
+    let rest = ys.into_remainder();
+    if !rest.is_empty() {
+        let (mut g, mut u, mut o) = ([0f32; 16], [0f32; 16], [0f32; 16]);
+        g[..rest.len()].copy_from_slice(&gate[t..]);
+        u[..rest.len()].copy_from_slice(&up[t..]);
+        one(&g[..L::N], &u[..L::N], &mut o[..L::N]);
+        rest.copy_from_slice(&o[..rest.len()]);
     }
 }
 

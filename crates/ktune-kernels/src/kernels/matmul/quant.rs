@@ -8,7 +8,8 @@
 //! `gemm_q_coop8` / `gemm_q_mma_emu` (the matrix-tile GEMM on cooperative matrices
 //! and its plain-loop emulation: [`super::mma`], registered here). CPU:
 //! `gemm_q_rows_cpu` (each weight row dequantized once into L1, dotted with tiles
-//! of tokens), `gemm_q_panel_cpu` (blocks of weight rows
+//! of tokens), `gemm_q_dots_cpu` (a decode batch: each token's dots as the
+//! decode GEMV's, eight rows at a time through every token), `gemm_q_panel_cpu` (blocks of weight rows
 //! dequantized into an f32 panel, then the cache-blocked f32 GEMM of [`super`]) and
 //! `gemm_q_i8_cpu` (int8 activations, interleaved rows, VNNI:
 //! [`crate::kernels::cpu::qgemm`]).
@@ -20,7 +21,10 @@ use crate::kernels::contract::check_blocks;
 use crate::kernels::contract::{CpuArgs, CpuImpl, CpuIn, KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, param, wrong_op};
 use crate::kernels::cpu::qgemm::{I8_GEMM_PARAMS, XPanel, active_panels, check_i8_gemm, rows_times_tokens_i8};
 use crate::kernels::cpu::sgemm::{Blocking, Micro, Split, gemm_blocked};
-use crate::kernels::cpu::{ISA, Isa, check_quant, dequantize_row, par_row_blocks, qin, rows_times_tokens, scatter_row_blocks};
+use crate::kernels::cpu::{
+    DOT_ROWS_PARAMS, ISA, Isa, check_quant, dequantize_row, par_row_blocks, qin, rows_times_tokens, rows_times_vectors, scatter_row_blocks,
+    token_vectors,
+};
 use crate::kernels::problem::{Op, Problem};
 use crate::kernels::quant::DType;
 use crate::kernels::wgsl::{grid_dim, one_q_step, qfmt};
@@ -156,6 +160,20 @@ fn run_gemm_i8(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'
     Ok(())
 }
 
+/// A few tokens (a server's decode batch) as the decode GEMV computes each
+/// ([`rows_times_vectors`]): every weight row read from memory once for all of
+/// them, no panel to pack or keep.
+fn run_gemm_dots(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::Gemm { m, n, k } = *prob else { return Err(wrong_op(kd, prob)) };
+    let isa = Isa::of(params)?;
+    let (x, w) = (a.ins[0].f32(), qin(kd.id, &a.ins[1])?);
+    let xs = token_vectors(x, m, k, params, w.format)?;
+    let (grain, four) = ((param(params, "rows_per_task")? as usize).max(1), param(params, "rows_per_pass")? == 4);
+    let parts = par_row_blocks(n, grain, |r0, count| rows_times_vectors(isa, &xs, w, k, r0, count, four));
+    scatter_row_blocks(parts, m, n, &mut a.outs[0][..m * n]);
+    Ok(())
+}
+
 fn run_gemm_panel(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
     let Problem::Gemm { m, n, k } = *prob else { return Err(wrong_op(kd, prob)) };
     let isa = Isa::of(params)?;
@@ -205,6 +223,15 @@ pub fn variants() -> Vec<KernelDef> {
             CpuImpl { run: run_gemm_i8, check: check_i8_gemm },
         ),
         KernelDef::new(
+            "gemm_q_dots_cpu",
+            Op::Gemm,
+            DType::QUANT,
+            DOT_ROWS_PARAMS,
+            "a few tokens (a decode batch): each token's dots as the decode GEMV's (int8 or f32 activations), eight weight rows \
+             at a time through every token, read from memory once; pool over rows",
+            CpuImpl { run: run_gemm_dots, check: check_quant },
+        ),
+        KernelDef::new(
             "gemm_q_panel_cpu",
             Op::Gemm,
             DType::QUANT,
@@ -226,6 +253,67 @@ mod tests {
     use crate::kernels::find;
     use crate::kernels::problem::Problem;
     use crate::kernels::quant::DType;
+
+    /// A decode batch through `gemm_q_dots_cpu` gives each token what the
+    /// decode's GEMV (`gemv_q_cpu`) gives it alone, bit for bit, and
+    /// `gate_up_q_dots_cpu` what `gate_up_q_cpu` gives one token: every format,
+    /// f32 and int8 activations, the four-row pass where a format has it, rows
+    /// in the 8-row repacked layout too, in tasks that split them unevenly.
+    #[test]
+    fn a_decode_batch_gets_each_tokens_lone_dots_bit_for_bit() {
+        use crate::device::CpuCaps;
+        use crate::kernels::problem::Activation;
+        use crate::kernels::quant::{QFormat, QMatrix};
+        use crate::kernels::verify::{HostTensor, run_cpu};
+        let (m, n, k, act) = (3, 40, 512, Activation::Silu);
+        let caps = CpuCaps::detect();
+        let data = |len: usize, seed: u64| crate::kernels::cpu::testdata::signed(len, seed);
+        let x = data(m * k, 1);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        // (batch kernel, its problem, the lone kernel, its problem, weight rows)
+        let pairs = [
+            ("gemm_q_dots_cpu", Problem::Gemm { m, n, k }, "gemv_q_cpu", Problem::Gemv { n, k }, n),
+            ("gate_up_q_dots_cpu", Problem::GateUp { rows: m, n, k, act }, "gate_up_q_cpu", Problem::GateUp { rows: 1, n, k, act }, 2 * n),
+        ];
+        for f in QFormat::ALL {
+            let dtype = DType::from(f);
+            for (batch, bp, lone, lp, rows) in &pairs {
+                let (batch, lone, rows) = (*batch, *lone, *rows);
+                let plain = QMatrix::quantize(f, rows, k, &data(rows * k, 2)).expect("quantized");
+                for w in [plain.repack_x8(), plain] {
+                    let layout = w.layout;
+                    let w = HostTensor::Q(w);
+                    for (act_bits, pass) in [(32, 1), (8, 1), (8, 4)] {
+                        let kd = find(batch).expect("registered");
+                        // gate_up passes one row at a time, as its lone kernel.
+                        let passes = kd.params.iter().any(|p| p.name == "rows_per_pass");
+                        if pass == 4 && !passes {
+                            continue;
+                        }
+                        let with_pass = |id: &str, more: &[(&str, u32)]| {
+                            let mut kv = vec![("act_bits", act_bits)];
+                            kv.extend(passes.then_some(("rows_per_pass", pass)));
+                            kv.extend_from_slice(more);
+                            find(id).expect("registered").params_with(&kv)
+                        };
+                        let bparams = with_pass(batch, &[("rows_per_task", 16)]);
+                        if kd.check(Caps::Cpu(&caps), bp, dtype, &bparams).is_err() {
+                            continue;
+                        }
+                        let lparams = with_pass(lone, &[]);
+                        let got = run_cpu(kd, bp, dtype, &bparams, &[HostTensor::F32(x.clone()), w.clone()]).expect("batch").remove(0);
+                        for t in 0..m {
+                            let xt = HostTensor::F32(x[t * k..(t + 1) * k].to_vec());
+                            let want =
+                                run_cpu(find(lone).expect("registered"), lp, dtype, &lparams, &[xt, w.clone()]).expect("lone").remove(0);
+                            let what = format!("{batch} {f} {layout:?} act_bits {act_bits} rows_per_pass {pass}: token {t}");
+                            assert_eq!(bits(&got[t * n..(t + 1) * n]), bits(&want[..n]), "{what}");
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     fn with(id: &str, kv: &[(&str, u32)]) -> Params {
         find(id).expect("registered").params_with(kv)

@@ -16,8 +16,9 @@
 //! block-format `gate_up_q_coop16/8`, `gate_up_q_mma_emu`
 //! ([`crate::kernels::matmul::mma`]). CPU: `gate_up_dot4_cpu` (dot4 over interleaved gate/up rows),
 //! `gate_up_blocked_cpu` (feature blocks with a packed f32 panel and the 2x4
-//! microkernel) and `gate_up_q_cpu` (block dot products in decode, each row
-//! dequantized once in prefill).
+//! microkernel), `gate_up_q_cpu` (block dot products in decode, each row
+//! dequantized once in prefill) and `gate_up_q_dots_cpu` (a decode batch: each
+//! token's dots as the decode's).
 
 use half::f16;
 use rayon::prelude::*;
@@ -158,6 +159,15 @@ pub fn variants() -> Vec<KernelDef> {
             CPU_Q_PARAMS,
             "gate and up rows of each feature dequantized once and dotted with every token (decode: block dots, f32 or int8 activations); activation product; pool over features",
             CpuImpl { run: run_gate_up_q, check: check_quant },
+        ),
+        KernelDef::new(
+            "gate_up_q_dots_cpu",
+            Op::GateUp,
+            DType::QUANT,
+            &cpu::DOT_ROWS_PARAMS[..3],
+            "a few tokens (a decode batch): each token's gate and up dots as the decode's (int8 or f32 activations), eight rows at \
+             a time through every token, read from memory once; activation product; pool over features",
+            CpuImpl { run: run_gate_up_q_dots, check: check_q_dots },
         ),
         KernelDef::new(
             "gate_up_q_panel_cpu",
@@ -434,6 +444,10 @@ fn prefill_only(why: &str, prob: &Problem, base: impl FnOnce() -> Result<(), Str
     }
 }
 
+fn check_q_dots(caps: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    prefill_only("gate_up_q_dots_cpu is for a few tokens together", prob, || check_quant(caps, prob, dtype, params))
+}
+
 fn check_q_panel(caps: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
     prefill_only("gate_up_q_panel_cpu dequantizes a weight panel for several tokens", prob, || check_quant(caps, prob, dtype, params))
 }
@@ -490,6 +504,19 @@ fn run_gate_up_q_i8(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuA
     let kept = active_panels();
     gated_row_blocks(isa, act, params, (rows, n), &mut a.outs[0][..rows * n], |r0, count| {
         rows_times_tokens_i8(isa, &xp, w, r0, count, kept.as_deref())
+    })
+}
+
+/// A few tokens (a server's decode batch): each token's gate and up dots as the
+/// decode's ([`rows_times_vectors`]), every weight row read once for all of them.
+fn run_gate_up_q_dots(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let Problem::GateUp { rows, n, k, act } = *prob else { return Err(wrong_op(kd, prob)) };
+    let Some((isa, x, w)) = q_inputs(kd, params, &a, (rows, n))? else { return Ok(()) };
+    let xs = cpu::token_vectors(x, rows, k, params, w.format)?;
+    // One row a pass, as the decode's `gate_up_q_cpu` (four rows a pass sum in
+    // another order).
+    gated_row_blocks(isa, act, params, (rows, n), &mut a.outs[0][..rows * n], |r0, count| {
+        cpu::rows_times_vectors(isa, &xs, w, k, r0, count, false)
     })
 }
 

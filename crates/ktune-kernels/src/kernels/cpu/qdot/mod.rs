@@ -21,7 +21,7 @@ use crate::kernels::quant::DType;
 use crate::kernels::quant::block::{F32Dot, I8Dot};
 use crate::kernels::quant::{GROUP, Layout, QFormat, QK, QK_K, QView, Unpacked, dequantize_block, unpack};
 
-pub use rows::{par_row_blocks, qin, qrow, rows_times_tokens, scatter_row_blocks};
+pub use rows::{par_row_blocks, qin, qrow, rows_times_tokens, rows_times_vectors, scatter_row_blocks, token_vectors};
 pub use xq8::XQ8;
 pub(super) use xq8::{quantize_row, reserve_spares};
 
@@ -43,6 +43,10 @@ pub const ACT_BITS: ParamSpec = ParamSpec {
     help: "activations: 32 f32 (exact dot with the dequantized weights), 8 int8 blocks of 32 with integer dot products \
            (llama.cpp's q8 activations: about 0.5% error, far fewer instructions per weight)",
 };
+/// The parameters of the kernels that give a few tokens the decode GEMV's dots
+/// ([`rows_times_vectors`]: `gemm_q_dots_cpu`, `gate_up_q_dots_cpu`); int8
+/// activations by default, as the decode's.
+pub const DOT_ROWS_PARAMS: &[ParamSpec] = &[super::ROWS_PER_TASK, super::ISA, ParamSpec { default: 8, ..ACT_BITS }, ROWS_PER_PASS];
 /// `rows_per_pass`: with int8 activations, weight rows per pass over the activation blocks.
 pub const ROWS_PER_PASS: ParamSpec = ParamSpec {
     name: "rows_per_pass",

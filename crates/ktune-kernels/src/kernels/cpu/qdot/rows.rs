@@ -1,16 +1,17 @@
 //! Weight-row access for the CPU block-format kernels ([`qin`], [`qrow`]) and the
 //! dequantize-once prefill step: a few weight rows dequantized into L1, dotted
-//! with every token ([`rows_times_tokens`]), row blocks run over the pool and
+//! with every token ([`rows_times_tokens`]); a few tokens' decode dots
+//! ([`rows_times_vectors`]); row blocks run over the pool and
 //! scattered back token-major ([`par_row_blocks`], [`scatter_row_blocks`]).
 
 use std::cell::RefCell;
 
-use super::dequantize_row;
+use super::{ActVec, dequantize_row};
 use crate::kernels::contract::CpuIn;
-use crate::kernels::contract::KernelError;
+use crate::kernels::contract::{KernelError, Params};
 use crate::kernels::cpu::dot::dot_f32;
 use crate::kernels::cpu::{Isa, pool, with_scratch};
-use crate::kernels::quant::QView;
+use crate::kernels::quant::{QFormat, QView};
 
 pub fn qin<'a>(k: &str, a: &CpuIn<'a>) -> Result<QView<'a>, KernelError> {
     a.quant().ok_or_else(|| KernelError::BufferType { kernel: k.into(), buffer: "w".into(), expected: "a quantized matrix" })
@@ -46,6 +47,34 @@ pub fn rows_times_tokens(isa: Isa, x: &[f32], m: usize, k: usize, w: QView<'_>, 
             }
         }
     });
+    out
+}
+
+/// The activation vectors of `m` tokens of `k` (`x`, token-major) as the decode's
+/// GEMV takes one ([`ActVec::new`]: int8 blocks with `act_bits` 8).
+pub fn token_vectors<'a>(x: &'a [f32], m: usize, k: usize, params: &Params, format: QFormat) -> Result<Vec<ActVec<'a>>, KernelError> {
+    x[..m * k].chunks_exact(k).map(|xt| ActVec::new(xt, params, format)).collect()
+}
+
+/// `y[t, r]` for rows `r0..r0 + count` of `w` and the vectors `xs` of every
+/// token, each dot as the decode's GEMV computes it ([`ActVec::rows`]), so a
+/// token among others gets the values it gets alone. Eight rows at a time go
+/// through every token: read from memory for the first, from L1 for the rest.
+/// Returns `[count][m]`.
+pub fn rows_times_vectors(isa: Isa, xs: &[ActVec<'_>], w: QView<'_>, k: usize, r0: usize, count: usize, four: bool) -> Vec<f32> {
+    const RUN: usize = 8;
+    let m = xs.len();
+    let mut out = vec![0f32; count * m];
+    let mut y = [0f32; RUN];
+    for c in (0..count).step_by(RUN) {
+        let y = &mut y[..RUN.min(count - c)];
+        for (t, x) in xs.iter().enumerate() {
+            x.rows(isa, w, k, r0 + c, y, four);
+            for (i, &v) in y.iter().enumerate() {
+                out[(c + i) * m + t] = v;
+            }
+        }
+    }
     out
 }
 
