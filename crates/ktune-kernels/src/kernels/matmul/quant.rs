@@ -26,7 +26,7 @@ use crate::kernels::cpu::{
     token_vectors,
 };
 use crate::kernels::problem::{Op, Problem};
-use crate::kernels::quant::DType;
+use crate::kernels::quant::{DType, QView};
 use crate::kernels::wgsl::{grid_dim, one_q_step, qfmt};
 use crate::shader;
 
@@ -137,41 +137,49 @@ fn prepare_tiled(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     one_q_step(s, 1, &consts, &[m as u32, n as u32, k as u32], grid)
 }
 
-fn run_gemm_rows(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+/// The row-block GEMMs: `block` gets the ISA, the tokens `x`, the weight and
+/// `(m, k)` and gives what computes weight rows `r0..r0 + count` against every
+/// token (`[count][m]`); tasks of `rows_per_task` rows run over the pool and
+/// their blocks go to `y[m, n]` token-major.
+fn by_row_blocks<'a, F>(
+    kd: &KernelDef,
+    prob: &Problem,
+    params: &Params,
+    mut a: CpuArgs<'a>,
+    block: impl FnOnce(Isa, &'a [f32], QView<'a>, (usize, usize)) -> Result<F, KernelError>,
+) -> Result<(), KernelError>
+where
+    F: Fn(usize, usize) -> Vec<f32> + Sync + Send,
+{
     let Problem::Gemm { m, n, k } = *prob else { return Err(wrong_op(kd, prob)) };
-    let isa = Isa::of(params)?;
     let (x, w) = (a.ins[0].f32(), qin(kd.id, &a.ins[1])?);
-    let grain = (param(params, "rows_per_task")? as usize).max(1);
-    let tile = param(params, "tokens_per_tile")? as usize;
-    let parts = par_row_blocks(n, grain, |r0, count| rows_times_tokens(isa, x, m, k, w, r0, count, tile));
+    let rows = block(Isa::of(params)?, x, w, (m, k))?;
+    let parts = par_row_blocks(n, (param(params, "rows_per_task")? as usize).max(1), rows);
     scatter_row_blocks(parts, m, n, &mut a.outs[0][..m * n]);
     Ok(())
 }
 
-fn run_gemm_i8(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Problem::Gemm { m, n, k } = *prob else { return Err(wrong_op(kd, prob)) };
-    let isa = Isa::of(params)?;
-    let (x, w) = (a.ins[0].f32(), qin(kd.id, &a.ins[1])?);
-    let xp = XPanel::quantize(&x[..m * k], m, k);
-    let grain = (param(params, "rows_per_task")? as usize).max(1);
-    let kept = active_panels();
-    let parts = par_row_blocks(n, grain, |r0, count| rows_times_tokens_i8(isa, &xp, w, r0, count, kept.as_deref()));
-    scatter_row_blocks(parts, m, n, &mut a.outs[0][..m * n]);
-    Ok(())
+fn run_gemm_rows(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let tile = param(params, "tokens_per_tile")? as usize;
+    by_row_blocks(kd, prob, params, a, |isa, x, w, (m, k)| Ok(move |r0, count| rows_times_tokens(isa, x, m, k, w, r0, count, tile)))
+}
+
+fn run_gemm_i8(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), KernelError> {
+    by_row_blocks(kd, prob, params, a, |isa, x, w, (m, k)| {
+        let (xp, kept) = (XPanel::quantize(&x[..m * k], m, k), active_panels());
+        Ok(move |r0, count| rows_times_tokens_i8(isa, &xp, w, r0, count, kept.as_deref()))
+    })
 }
 
 /// A few tokens (a server's decode batch) as the decode GEMV computes each
 /// ([`rows_times_vectors`]): every weight row read from memory once for all of
 /// them, no panel to pack or keep.
-fn run_gemm_dots(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
-    let Problem::Gemm { m, n, k } = *prob else { return Err(wrong_op(kd, prob)) };
-    let isa = Isa::of(params)?;
-    let (x, w) = (a.ins[0].f32(), qin(kd.id, &a.ins[1])?);
-    let xs = token_vectors(x, m, k, params, w.format)?;
-    let (grain, four) = ((param(params, "rows_per_task")? as usize).max(1), param(params, "rows_per_pass")? == 4);
-    let parts = par_row_blocks(n, grain, |r0, count| rows_times_vectors(isa, &xs, w, k, r0, count, four));
-    scatter_row_blocks(parts, m, n, &mut a.outs[0][..m * n]);
-    Ok(())
+fn run_gemm_dots(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let four = param(params, "rows_per_pass")? == 4;
+    by_row_blocks(kd, prob, params, a, |isa, x, w, (m, k)| {
+        let xs = token_vectors(x, m, k, params, w.format)?;
+        Ok(move |r0, count| rows_times_vectors(isa, &xs, w, k, r0, count, four))
+    })
 }
 
 fn run_gemm_panel(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
