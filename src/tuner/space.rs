@@ -197,8 +197,10 @@ impl Generated {
 }
 
 /// Candidates of a race: every variant of the op valid on every shape, the
-/// runtime's default first (the tie rule prefers earlier candidates), then
-/// registry order; the rest with the reason they were ruled out.
+/// exact selection's default first ([`Selection::defaults`]: f32 activations
+/// where the runtime's would take int8 ones; the tie rule prefers earlier
+/// candidates, so a tie goes to the exact kernel), then registry order; the
+/// rest with the reason they were ruled out.
 pub(crate) fn candidates(r: &RaceDef, caps: &DeviceCaps, strategy: Strategy) -> (Vec<Cand>, Generated) {
     let op = r.shapes[0].0.op();
     let mut valid = Vec::new();
