@@ -764,9 +764,17 @@ pub struct BatchEndToEnd {
     /// ...and without them: with the next smaller size's table, else the
     /// prefill's kernels (what the size takes if its own is dropped)...
     pub default_ms: f64,
-    /// ...and as many lone decode steps, one a sequence.
+    /// ...and as many lone decode steps, one a sequence...
     #[serde(default)]
     pub lone_ms: f64,
+    /// ...and, where a smaller size's table would reach this size, with the
+    /// plan's own (prefill) kernels as this size's table: kept as the size's
+    /// table where they beat what it would inherit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub own_ms: Option<f64>,
+    /// Whether the plan's own kernels became this size's table.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub own_kept: bool,
     /// Whether the raced kernels stayed in `serve.batches` (not slower).
     pub kept: bool,
 }

@@ -140,6 +140,21 @@ pub(crate) fn run(
     Ok(found)
 }
 
+/// The plan's own choices (its prefill's, at a batch of `rows`) for the slots
+/// raced at that size, as a batch table.
+fn own_choices(found: &BatchRegimes, rows: usize, sel: &Selection, o: &TuneOptions) -> SlotChoices {
+    let extra = o.extra_formats();
+    let mut table = SlotChoices::default();
+    for (_, r, _) in found.races.iter().filter(|(n, _, _)| *n == rows) {
+        if let Some((p, _)) = r.shapes.first()
+            && let Ok((c, _)) = sel.choose_noting(r.key.0, r.key.1, None, p, r.dtype)
+        {
+            table.insert(r.dtype, r.key, c, &extra);
+        }
+    }
+    table
+}
+
 /// The end-to-end check: one engine of the winning combination; per batch size
 /// fresh sequences and [`CHECK_ROUNDS`] rounds, each timing [`CHECK_STEPS`]
 /// steps (after one untimed: a switch plans the batch anew; medians as
@@ -164,11 +179,13 @@ fn check(
         Tuned,
         Default,
         Lone,
+        Own,
     }
     let sizes = sizes(o);
     let most = sizes.iter().copied().max().unwrap_or(2);
     let mut options = batch_options(o, chosen.fusion, chosen.parallel, most);
-    options.context = options.context.max(3 * CHECK_ROUNDS * (CHECK_STEPS + 1) + 1);
+    // Every arm (with, without, lone, own) advances the same sequences.
+    options.context = options.context.max(4 * CHECK_ROUNDS * (CHECK_STEPS + 1) + 1);
     let engines =
         crate::session::Engines { model: t.model, config: t.config, store: t.store.clone(), ctx: None, memo: None, check_decode: false };
     let mut e = engines.build(options, sel.clone(), &chosen.exec(o, false))?;
@@ -181,10 +198,20 @@ fn check(
         let with = found.tables.clone();
         let mut without = with.clone();
         let table = without.remove(&rows).is_some();
+        // Where a smaller size's table would reach this size, the plan's own
+        // choices as a table of this size too: a smaller size's kernels may be
+        // slower here than both (two sequences' dots at eight).
+        let own_table = own_choices(found, rows, sel, o);
+        let cascades = without.range(..rows).next_back().is_some() && !(own_table.slots.is_empty() && own_table.formats.is_empty());
+        let mut own = without.clone();
+        own.insert(rows, own_table.clone());
         let mut seqs: Vec<_> = (0..rows).map(|_| e.new_sequence()).collect::<Result<_, _>>()?;
         let tokens: Vec<u32> = (0..rows).map(|i| ((7 * i + 3) % vocab) as u32).collect();
-        let mut times: [Vec<f64>; 3] = Default::default();
-        let arms: Vec<Arm> = [Arm::Tuned, Arm::Default, Arm::Lone].into_iter().filter(|a| table || *a != Arm::Tuned).collect();
+        let mut times: [Vec<f64>; 4] = Default::default();
+        let arms: Vec<Arm> = [Arm::Tuned, Arm::Default, Arm::Lone, Arm::Own]
+            .into_iter()
+            .filter(|a| (table || *a != Arm::Tuned) && (cascades || *a != Arm::Own))
+            .collect();
         for round in 0..CHECK_ROUNDS {
             if std::time::Instant::now() >= end {
                 break;
@@ -205,8 +232,11 @@ fn check(
                     }
                     Ok(())
                 };
-                if arm != Arm::Lone {
-                    e.set_batch_choices(if arm == Arm::Tuned { with.clone() } else { without.clone() });
+                match arm {
+                    Arm::Tuned => e.set_batch_choices(with.clone()),
+                    Arm::Default => e.set_batch_choices(without.clone()),
+                    Arm::Own => e.set_batch_choices(own.clone()),
+                    Arm::Lone => {}
                 }
                 step(&mut e)?;
                 let t0 = std::time::Instant::now();
@@ -219,14 +249,22 @@ fn check(
         if times[Arm::Default as usize].is_empty() {
             continue;
         }
-        let [tuned, default, lone] = times.each_ref().map(|t| summarize(t));
+        let [tuned, default, lone, own_t] = times.each_ref().map(|t| summarize(t));
         let tuned = if table { tuned } else { default.clone() };
+        // The plan's own choices replace what the size would inherit only
+        // where they are faster past a tie.
+        let own_wins = cascades && !default.ties_with(&own_t, super::TIE);
+        let base = if own_wins { &own_t } else { &default };
         // Within a tie the raced winners stay (they won their slots' races).
-        let kept = table && tuned.ties_with(&default, super::TIE);
-        if table && !kept {
+        let kept = table && tuned.ties_with(base, super::TIE);
+        let own_kept = !kept && own_wins;
+        if !kept {
             found.tables.remove(&rows);
         }
-        if !(if kept { &tuned } else { &default }).ties_with(&lone, super::TIE) {
+        if own_kept {
+            found.tables.insert(rows, own_table);
+        }
+        if !(if kept { &tuned } else { base }).ties_with(&lone, super::TIE) {
             lone_wins = Some(rows);
         }
         let (tuned_ms, default_ms, lone_ms) = (tuned.median * 1e3, default.median * 1e3, lone.median * 1e3);
@@ -236,6 +274,8 @@ fn check(
             tuned_ms,
             default_ms,
             lone_ms,
+            own_ms: cascades.then_some(own_t.median * 1e3),
+            own_kept,
             kept,
         });
     }
