@@ -320,11 +320,17 @@ impl CpuExec {
         }
         {
             // One pool task per kernel; each kernel's own parallel loop then runs
-            // inline on its task's thread.
-            let bufs = &self.bufs;
+            // inline on its task's thread, which sees the caller's kept GEMM
+            // panels too (else an engine of decode batches packs the panels of
+            // its parallel projections every pass).
+            use crate::kernels::cpu::qgemm::{active_panels, with_panels};
+            let (bufs, kept) = (&self.bufs, active_panels());
             crate::kernels::cpu::pool::for_chunks_mut(&mut jobs, 1, |i, job| {
                 let (outs, res) = &mut job[0];
-                *res = call(bufs, &steps[i], outs);
+                *res = match &kept {
+                    Some(p) => with_panels(p, || call(bufs, &steps[i], outs)),
+                    None => call(bufs, &steps[i], outs),
+                };
             });
         }
         let mut first_err = Ok(());
