@@ -305,6 +305,11 @@ impl SlotChoices {
             self.slots.insert(key, c);
         }
     }
+
+    /// Whether no slot has a choice here.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty() && self.formats.is_empty()
+    }
 }
 
 impl Selection {

@@ -9,9 +9,11 @@
 //! at those shapes as the slot races do (gated by parity, cached, within the
 //! budget); then one engine of the winning combination times each batch
 //! size's whole decode step with the winners, without them (what the size
-//! would take instead) and as lone decode steps, interleaved: a size keeps its winners only where its
-//! step is not slower, and where lone steps win, batches that small decode
-//! alone. The kept winners are the profile's `serve.batches` (and `minBatch`),
+//! would take instead), with the plan's own kernels where a smaller size's
+//! table would reach it, and as lone decode steps, interleaved: a size keeps
+//! its winners only where its step is not slower than the better of the
+//! other two (its own kernels become its table where they beat what it would
+//! inherit), and where lone steps win, batches that small decode alone. The kept winners are the profile's `serve.batches` (and `minBatch`),
 //! which the runtime takes for a batch of at least that many sequences.
 
 use std::collections::BTreeMap;
@@ -160,10 +162,14 @@ fn own_choices(found: &BatchRegimes, rows: usize, sel: &Selection, o: &TuneOptio
 /// steps (after one untimed: a switch plans the batch anew; medians as
 /// [`summarize`] gives them) of the batch with
 /// its winners, without them (the next smaller size's table, else the
-/// prefill's choices), and as lone decode steps, one a sequence, the order
-/// rotating; sizes in ascending order. A size whose median step with its
-/// winners is slower than without (past a tie, [`super::TIE`]) loses its
-/// table; where lone steps beat the batch (with what it keeps), batches of
+/// prefill's choices), as lone decode steps, one a sequence, and, where a
+/// smaller size's table would reach it, with the plan's own choices as its
+/// table ([`own_choices`]), the order rotating; sizes in ascending order. The
+/// size's baseline is what it would inherit, or its own choices where those
+/// are faster past a tie ([`super::TIE`]): a size whose median step with its
+/// winners is slower than the baseline loses its table (and takes its own
+/// choices as its table where those were the baseline); where lone steps beat
+/// the batch (with what it keeps), batches of
 /// that size and fewer decode alone (`found.min_batch`). Rounds stop at `end` (a
 /// size not timed keeps its race winners).
 fn check(
@@ -202,9 +208,12 @@ fn check(
         // choices as a table of this size too: a smaller size's kernels may be
         // slower here than both (two sequences' dots at eight).
         let own_table = own_choices(found, rows, sel, o);
-        let cascades = without.range(..rows).next_back().is_some() && !(own_table.slots.is_empty() && own_table.formats.is_empty());
-        let mut own = without.clone();
-        own.insert(rows, own_table.clone());
+        let cascades = without.range(..rows).next_back().is_some() && !own_table.is_empty();
+        let own = cascades.then(|| {
+            let mut own = without.clone();
+            own.insert(rows, own_table.clone());
+            own
+        });
         let mut seqs: Vec<_> = (0..rows).map(|_| e.new_sequence()).collect::<Result<_, _>>()?;
         let tokens: Vec<u32> = (0..rows).map(|i| ((7 * i + 3) % vocab) as u32).collect();
         let mut times: [Vec<f64>; 4] = Default::default();
@@ -235,7 +244,8 @@ fn check(
                 match arm {
                     Arm::Tuned => e.set_batch_choices(with.clone()),
                     Arm::Default => e.set_batch_choices(without.clone()),
-                    Arm::Own => e.set_batch_choices(own.clone()),
+                    // Timed only where it `cascades` (`own` is then there).
+                    Arm::Own => own.iter().for_each(|t| e.set_batch_choices(t.clone())),
                     Arm::Lone => {}
                 }
                 step(&mut e)?;
