@@ -184,6 +184,24 @@ pub fn entries(model: &str, cfg: &ModelConfig, tokens: usize, context: usize) ->
             Problem::AttentionDecode { kv_len: context, kv_cap: context, heads, kv_heads, head_dim: hd, window: 0, scale },
             DType::F16,
         ),
+        // A server's decode batch: eight sequences' tokens over one cache of
+        // 16-position blocks, their lengths up to the context (`verify::paged_layout`).
+        e(
+            "batch decode attention (8 paged)",
+            Problem::AttentionPaged {
+                seqs: 8,
+                tokens: 8,
+                heads,
+                kv_heads,
+                head_dim: hd,
+                page: 16,
+                blocks: 8 * context.div_ceil(16),
+                max_blocks: context.div_ceil(16),
+                window: 0,
+                scale,
+            },
+            DType::F16,
+        ),
         e("prefill rms_norm", Problem::RmsNorm { rows: tokens, dim: h, eps, unit_offset }, DType::F32),
         e("prefill residual+norm", Problem::ResidualRmsNorm { rows: tokens, dim: h, eps, unit_offset }, DType::F32),
         e("prefill layer_norm", Problem::LayerNorm { rows: tokens, dim: h, eps }, DType::F32),

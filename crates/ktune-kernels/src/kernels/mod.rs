@@ -145,6 +145,7 @@ mod tests {
                 "gemv",
                 "attention_prefill",
                 "attention_decode",
+                "attention_paged",
                 "rms_norm",
                 "layer_norm",
                 "rope",

@@ -172,6 +172,31 @@ pub enum Problem {
     /// One query at position `kv_len - 1`. `q[heads,head_dim]`, caches as above,
     /// `out[heads,head_dim]`.
     AttentionDecode { kv_len: usize, kv_cap: usize, heads: usize, kv_heads: usize, head_dim: usize, window: usize, scale: f32 },
+    /// Causal grouped-query attention of a batch of `seqs` sequences over one
+    /// paged KV cache: a pool of `blocks` blocks, each `page` positions of every
+    /// KV head (`k_pool`/`v_pool[blocks,kv_heads,page,head_dim]`, cache dtype),
+    /// and per sequence a row of `pages[seqs, 2 + max_blocks]` (f32 holding whole
+    /// numbers, exact below 2^24): its query count `q_len`, its KV length
+    /// `kv_len`, then the pool block of each `page` positions in order (position
+    /// `j` at row `j % page` of block `pages[2 + j / page]`; blocks may be shared
+    /// between sequences, entries past `kv_len` are never read). Sequence `s`'s
+    /// queries are the next `q_len` rows of `q[tokens,heads,head_dim]` (the
+    /// `q_len` sum to `tokens`), at positions `kv_len - q_len ..kv_len`, each
+    /// seeing keys as [`attention_keys`] says (no bidirectional block); a decode
+    /// token is a sequence with `q_len = 1`, a prefill chunk one with more.
+    /// `out[tokens,heads,head_dim]`.
+    AttentionPaged {
+        seqs: usize,
+        tokens: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        page: usize,
+        blocks: usize,
+        max_blocks: usize,
+        window: usize,
+        scale: f32,
+    },
     /// `y = x / sqrt(mean(x²) + eps) * w` (or `* (1 + w)` when `unit_offset`, Gemma).
     /// `x[rows,dim]`, `w[dim]`, `y[rows,dim]`.
     RmsNorm { rows: usize, dim: usize, eps: f32, unit_offset: bool },
@@ -325,6 +350,7 @@ pub enum Op {
     Gemv,
     AttentionPrefill,
     AttentionDecode,
+    AttentionPaged,
     RmsNorm,
     LayerNorm,
     Rope,
@@ -348,11 +374,12 @@ pub enum Op {
 }
 
 impl Op {
-    pub const ALL: [Op; 24] = [
+    pub const ALL: [Op; 25] = [
         Op::Gemm,
         Op::Gemv,
         Op::AttentionPrefill,
         Op::AttentionDecode,
+        Op::AttentionPaged,
         Op::RmsNorm,
         Op::LayerNorm,
         Op::Rope,
@@ -415,6 +442,7 @@ impl Problem {
             Problem::Gemv { .. } => Op::Gemv,
             Problem::AttentionPrefill { .. } => Op::AttentionPrefill,
             Problem::AttentionDecode { .. } => Op::AttentionDecode,
+            Problem::AttentionPaged { .. } => Op::AttentionPaged,
             Problem::RmsNorm { .. } => Op::RmsNorm,
             Problem::LayerNorm { .. } => Op::LayerNorm,
             Problem::Rope { .. } => Op::Rope,
@@ -465,6 +493,16 @@ impl Problem {
                 b("v_cache", Cache, &["kv_heads", "kv_cap", "head_dim"], &[kv_heads, kv_cap, head_dim], d),
                 b("out", Output, &["heads", "head_dim"], &[heads, head_dim], f),
             ],
+            Problem::AttentionPaged { seqs, tokens, heads, kv_heads, head_dim, page, blocks, max_blocks, .. } => {
+                let pool = &["blocks", "kv_heads", "page", "head_dim"];
+                vec![
+                    b("q", Input, &["tokens", "heads", "head_dim"], &[tokens, heads, head_dim], f),
+                    b("k_pool", Cache, pool, &[blocks, kv_heads, page, head_dim], d),
+                    b("v_pool", Cache, pool, &[blocks, kv_heads, page, head_dim], d),
+                    b("pages", Input, &["seqs", "2+max_blocks"], &[seqs, 2 + max_blocks], f),
+                    b("out", Output, &["tokens", "heads", "head_dim"], &[tokens, heads, head_dim], f),
+                ]
+            }
             Problem::RmsNorm { rows, dim, .. } => vec![
                 b("x", Input, &["rows", "dim"], &[rows, dim], f),
                 b("w", Weight, &["dim"], &[dim], d),
@@ -627,6 +665,13 @@ impl Problem {
                 let seen = if window > 0 { kv_len.min(window) } else { kv_len };
                 4.0 * f(seen) * f(heads) * f(head_dim)
             }
+            Problem::AttentionPaged { seqs, tokens, heads, head_dim, page, max_blocks, window, .. } => {
+                // Unknown lengths: every sequence's queries as if at the end of a
+                // half-full table, a sliding window included.
+                let kv = (page * max_blocks / 2).max(tokens.div_ceil(seqs.max(1)));
+                let seen = if window > 0 { kv.min(window) } else { kv };
+                4.0 * f(seen) * f(tokens) * f(heads) * f(head_dim)
+            }
             Problem::RmsNorm { rows, dim, .. } => 4.0 * f(rows) * f(dim),
             Problem::LayerNorm { rows, dim, .. } => 7.0 * f(rows) * f(dim),
             Problem::Rope { tokens, heads, rot_dim, .. } => 3.0 * f(tokens) * f(heads) * f(rot_dim),
@@ -678,6 +723,18 @@ impl Problem {
                     if s.role == Role::Cache { bytes * kv_len as f64 / kv_cap as f64 } else { bytes }
                 })
                 .sum(),
+            // Per sequence half its table's positions (as `flops` counts them).
+            Problem::AttentionPaged { seqs, blocks, max_blocks, .. } => bufs
+                .iter()
+                .map(|s| {
+                    let bytes = s.bytes() as f64;
+                    if s.role == Role::Cache {
+                        bytes * (seqs * max_blocks).div_ceil(2).min(blocks) as f64 / blocks.max(1) as f64
+                    } else {
+                        bytes
+                    }
+                })
+                .sum(),
             // Only the experts the tokens use are read: at most rows * top_k of them.
             Problem::MoeGateUp { rows, experts, top_k, .. } | Problem::MoeDown { rows, experts, top_k, .. } => bufs
                 .iter()
@@ -708,6 +765,7 @@ impl Problem {
             Problem::GateUp { rows, .. } => rows < 8,
             Problem::MoeGateUp { rows, top_k, experts, .. } | Problem::MoeDown { rows, top_k, experts, .. } => rows * top_k < 8 * experts,
             Problem::AttentionPrefill { tokens, .. } | Problem::AttentionFull { tokens, .. } => tokens < 8,
+            Problem::AttentionPaged { seqs, tokens, .. } => tokens < 8 * seqs,
             Problem::Linear { m, .. } => m < 8,
             Problem::PatchEmbed { .. } => false,
             _ => true,
@@ -793,6 +851,30 @@ pub fn test_problems(op: Op) -> Vec<Problem> {
             Problem::AttentionDecode { kv_len: 517, kv_cap: 600, heads: 8, kv_heads: 2, head_dim: 128, window: 0, scale: 0.0884 },
             Problem::AttentionDecode { kv_len: 700, kv_cap: 700, heads: 6, kv_heads: 3, head_dim: 32, window: 64, scale: 0.18 },
         ],
+        // (seqs, tokens, heads, kv_heads, head_dim, page, blocks, max_blocks, window, scale):
+        // one decode token; decode tokens of three sequences; decode tokens and
+        // prefill chunks mixed; a sliding window across pages; head_dim 128 on small
+        // pages (the sequences' lengths and tables: `verify::paged_layout`).
+        Op::AttentionPaged => [
+            (1, 1, 1, 1, 8, 4, 2, 2, 0, 0.35),
+            (3, 3, 4, 2, 16, 16, 12, 4, 0, 0.25),
+            (4, 21, 4, 1, 64, 16, 40, 8, 0, 0.125),
+            (3, 10, 6, 3, 32, 32, 30, 8, 40, 0.18),
+            (2, 40, 8, 2, 128, 8, 40, 12, 0, 0.0884),
+        ]
+        .map(|(seqs, tokens, heads, kv_heads, head_dim, page, blocks, max_blocks, window, scale)| Problem::AttentionPaged {
+            seqs,
+            tokens,
+            heads,
+            kv_heads,
+            head_dim,
+            page,
+            blocks,
+            max_blocks,
+            window,
+            scale,
+        })
+        .to_vec(),
         Op::RmsNorm => vec![
             Problem::RmsNorm { rows: 1, dim: 7, eps: 1e-6, unit_offset: false },
             Problem::RmsNorm { rows: 3, dim: 1152, eps: 1e-6, unit_offset: true },

@@ -107,6 +107,39 @@ fn attention(
     out
 }
 
+/// [`attention`] of each sequence of a paged batch: its blocks' rows gathered
+/// into a cache of its own, its queries at the end of its length.
+fn attention_paged(
+    ins: &[Vec<f64>],
+    (seqs, tokens): (usize, usize),
+    (heads, kv_heads, d): (usize, usize, usize),
+    (page, max_blocks): (usize, usize),
+    window: usize,
+    scale: f64,
+) -> Vec<f64> {
+    let (q, kp, vp, pages) = (&ins[0], &ins[1], &ins[2], &ins[3]);
+    let mut out = vec![0.0; tokens * heads * d];
+    let mut t0 = 0;
+    for meta in pages.chunks(2 + max_blocks).take(seqs) {
+        let (q_len, kv) = (meta[0] as usize, meta[1] as usize);
+        let gather = |pool: &[f64]| {
+            let mut c = vec![0.0; kv_heads * kv * d];
+            for kh in 0..kv_heads {
+                for j in 0..kv {
+                    let at = ((meta[2 + j / page] as usize * kv_heads + kh) * page + j % page) * d;
+                    c[(kh * kv + j) * d..][..d].copy_from_slice(&pool[at..at + d]);
+                }
+            }
+            c
+        };
+        let rows = &q[t0 * heads * d..(t0 + q_len) * heads * d];
+        let o = attention(rows, &gather(kp), &gather(vp), q_len, kv - q_len, kv, heads, kv_heads, d, window, scale, (0, 0));
+        out[t0 * heads * d..(t0 + q_len) * heads * d].copy_from_slice(&o);
+        t0 += q_len;
+    }
+    out
+}
+
 /// What a kernel's output buffers hold before it runs in the parity check, so
 /// elements it forgets to write show up as errors; the reference of an op that
 /// writes part of a buffer (the fused KV-cache write) leaves it elsewhere.
@@ -135,6 +168,9 @@ pub fn compute(problem: &Problem, ins: &[Vec<f64>]) -> Vec<Vec<f64>> {
         }
         Problem::AttentionDecode { kv_len, kv_cap, heads, kv_heads, head_dim, window, scale } => {
             vec![attention(&ins[0], &ins[1], &ins[2], 1, kv_len - 1, kv_cap, heads, kv_heads, head_dim, window, scale as f64, (0, 0))]
+        }
+        Problem::AttentionPaged { seqs, tokens, heads, kv_heads, head_dim, page, max_blocks, window, scale, .. } => {
+            vec![attention_paged(ins, (seqs, tokens), (heads, kv_heads, head_dim), (page, max_blocks), window, scale as f64)]
         }
         Problem::AttentionFull { tokens, heads, head_dim, scale } => vec![attention_full(ins, tokens, heads, head_dim, scale as f64)],
         Problem::RmsNorm { rows, dim, eps, unit_offset } => vec![rms_rows(&ins[0], &ins[1], rows, dim, eps as f64, unit_offset)],

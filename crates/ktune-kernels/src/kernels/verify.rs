@@ -149,7 +149,9 @@ pub fn make_inputs_shared(problem: &Problem, dtype: DType, seed: u64, memo: &Inp
             let make = || input_tensor(problem, &spec, if spec.id == "inv_freq" { Vec::new() } else { uniform(seed, &spec) });
             // A stacked weight is not the uniform one its spec also names.
             let stacked = problem.formats().is_some() && spec.role == Role::Weight && spec.id == "w";
-            if spec.role == Role::Cache || stacked { Arc::new(make()) } else { memo.get_or_make(seed, &spec, make) }
+            // A cache, and a paged batch's table (what the problem alone says, not a
+            // draw), are never shared between problems.
+            if spec.role == Role::Cache || stacked || spec.id == "pages" { Arc::new(make()) } else { memo.get_or_make(seed, &spec, make) }
         })
         .collect()
 }
@@ -163,6 +165,9 @@ fn inputs_of(problem: &Problem, dtype: DType) -> impl Iterator<Item = BufSpec> {
 fn input_tensor(problem: &Problem, spec: &BufSpec, mut v: Vec<f32>) -> HostTensor {
     if spec.id == "inv_freq" {
         v = reference::rope_inv_freq(10000.0, 2 * spec.len(), None);
+    }
+    if spec.id == "pages" {
+        v = paged_layout(problem).unwrap_or(v);
     }
     if spec.id == "route" {
         // A router's answer: the values as logits, each row's top_k kept.
@@ -240,7 +245,94 @@ impl InputMemo {
     }
 }
 
+/// The `pages` of a [`Problem::AttentionPaged`] as the parity check, the races
+/// and `bench-kernels` run it, a function of the problem alone: the tokens split
+/// unevenly over the sequences (one at least each, the first a decode token
+/// where the others can take the rest, so decode tokens and prefill chunks mix), KV lengths from the queries' own to the table's whole, each
+/// sequence's blocks scattered over the pool, and from the second sequence on the
+/// first half of the blocks it has in common with the first one shared with it (a
+/// shared prefix); entries past a sequence's blocks name no block (`blocks`).
+/// None for another op, or a problem whose tokens cannot fit its tables.
+pub fn paged_layout(problem: &Problem) -> Option<Vec<f32>> {
+    let Problem::AttentionPaged { seqs, tokens, page, blocks, max_blocks, .. } = *problem else { return None };
+    let cap = page * max_blocks;
+    if seqs == 0 || tokens < seqs || tokens > seqs * cap || blocks == 0 {
+        return None;
+    }
+    // A small LCG: deterministic, no draw.
+    let mut state = (tokens * 31 + seqs * 7 + blocks) as u64;
+    let mut next = |n: usize| {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((state >> 33) % n.max(1) as u64) as usize
+    };
+    let mut q_len = vec![1usize; seqs];
+    let mut left = tokens - seqs;
+    // The first sequence a decode token where another can take the rest.
+    let chunks = if seqs > 1 && left <= (seqs - 1) * (cap - 1) { 1 } else { 0 };
+    while left > 0 {
+        let s = chunks + next(seqs - chunks);
+        if q_len[s] < cap {
+            q_len[s] += 1;
+            left -= 1;
+        }
+    }
+    // The pool's blocks in a scattered order (a stride coprime with their count).
+    let stride = (5..).step_by(2).find(|k| gcd(*k, blocks) == 1).unwrap_or(1);
+    let mut fresh = (0..).map(|i: usize| (i * stride + 3) % blocks);
+    let width = 2 + max_blocks;
+    let mut out = vec![blocks as f32; seqs * width];
+    let mut first: Vec<usize> = Vec::new();
+    for s in 0..seqs {
+        let kv = q_len[s] + next(cap - q_len[s] + 1);
+        let n = kv.div_ceil(page);
+        let shared = if s == 0 { 0 } else { n.min(first.len()) / 2 };
+        let row = &mut out[s * width..][..width];
+        row[0] = q_len[s] as f32;
+        row[1] = kv as f32;
+        let ids: Vec<usize> = first[..shared].iter().copied().chain(fresh.by_ref().take(n - shared)).collect();
+        for (slot, id) in row[2..].iter_mut().zip(&ids) {
+            *slot = *id as f32;
+        }
+        if s == 0 {
+            first = ids;
+        }
+    }
+    Some(out)
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// The pool rows no query of a [`Problem::AttentionPaged`] sees set to the
+/// sentinel (as a cache's tail is), so a kernel reading another sequence's
+/// block, a row past a length or before a window shows.
+fn mask_paged_pool(problem: &Problem, v: &mut [f32]) {
+    let Problem::AttentionPaged { kv_heads, head_dim, page, max_blocks, window, .. } = *problem else { return };
+    let Some(pages) = paged_layout(problem) else { return };
+    let row = page * head_dim; // one KV head's rows of one block
+    let mut seen = vec![false; v.len() / head_dim.max(1)];
+    for meta in pages.chunks(2 + max_blocks) {
+        let (q_len, kv) = (meta[0] as usize, meta[1] as usize);
+        let lo = super::problem::attention_keys(kv - q_len, window, (0, 0)).0;
+        for j in lo..kv {
+            let block = meta[2 + j / page] as usize;
+            for kh in 0..kv_heads {
+                seen[((block * kv_heads + kh) * row + (j % page) * head_dim) / head_dim] = true;
+            }
+        }
+    }
+    for (r, chunk) in v.chunks_mut(head_dim.max(1)).enumerate() {
+        if !seen[r] {
+            chunk.fill(SENTINEL);
+        }
+    }
+}
+
 fn mask_cache_tail(problem: &Problem, spec: &BufSpec, v: &mut [f32]) {
+    if matches!(problem, Problem::AttentionPaged { .. }) {
+        return mask_paged_pool(problem, v);
+    }
     let (kv_len, kv_cap, d) = match *problem {
         Problem::AttentionPrefill { kv_len, kv_cap, head_dim, .. } | Problem::AttentionDecode { kv_len, kv_cap, head_dim, .. } => {
             (kv_len, kv_cap, head_dim)

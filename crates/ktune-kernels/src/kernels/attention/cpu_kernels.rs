@@ -2,7 +2,7 @@
 //! and score rows they share, prefill by (token, head) rows or by key tiles per
 //! (token block, KV head), decode by heads or by split-KV partials merged per head.
 
-use super::shape::{Shape, shape_or_invalid};
+use super::shape::{Paged, PagedSeq, Shape, shape_or_invalid};
 use crate::device::CpuCaps;
 use crate::kernels::contract::{CpuArgs, CpuIn, KernelDef, KernelError, Params, param};
 use crate::kernels::cpu;
@@ -14,11 +14,16 @@ use crate::kernels::quant::DType;
 /// the caches and the queries.
 fn cpu_call<'a>(kd: &KernelDef, prob: &Problem, params: &Params, a: &CpuArgs<'a>) -> Result<(Shape, Isa, Kv<'a>, &'a [f32]), KernelError> {
     let s = shape_or_invalid(kd, prob)?;
-    Ok((s, Isa::of(params)?, Kv { k: a.ins[1], v: a.ins[2], s }, a.ins[0].f32()))
+    Ok((s, Isa::of(params)?, Kv { k: a.ins[1], v: a.ins[2], s, table: None }, a.ins[0].f32()))
 }
 
 pub(super) fn check_cpu(_: &CpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
     Shape::checked(prob)?;
+    Isa::param_available(param(params, "isa")?)
+}
+
+pub(super) fn check_paged_cpu(_: &CpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
+    Paged::checked(prob)?;
     Isa::param_available(param(params, "isa")?)
 }
 
@@ -32,20 +37,33 @@ fn scale_in_place(y: &mut [f32], c: f32) {
     }
 }
 
-/// Cache operands of one call.
+/// Cache operands of one call: a head-major cache, or a paged pool's blocks
+/// through one sequence's table (`(blocks, page)`, [`Problem::AttentionPaged`]).
 #[derive(Clone, Copy)]
 struct Kv<'a> {
     k: CpuIn<'a>,
     v: CpuIn<'a>,
     s: Shape,
+    table: Option<(&'a [f32], usize)>,
 }
 
 impl<'a> Kv<'a> {
+    /// Cache row of key `j` of KV head `kh`.
+    fn row_of(&self, kh: usize, j: usize) -> usize {
+        match self.table {
+            None => self.s.row_of(kh, j),
+            Some((t, page)) => (t[j / page] as usize * self.s.kv_heads + kh) * page + j % page,
+        }
+    }
+    /// The end of the run of consecutive cache rows key `j` starts (its block's).
+    fn run_end(&self, j: usize) -> usize {
+        self.table.map_or(usize::MAX, |(_, page)| (j / page + 1) * page)
+    }
     fn k(&self, kh: usize, j: usize) -> Row<'a> {
-        row(self.k, self.s.row_of(kh, j), self.s.d)
+        row(self.k, self.row_of(kh, j), self.s.d)
     }
     fn v(&self, kh: usize, j: usize) -> Row<'a> {
-        row(self.v, self.s.row_of(kh, j), self.s.d)
+        row(self.v, self.row_of(kh, j), self.s.d)
     }
     /// Value rows `lo..hi` of KV head `kh`, back to back.
     fn v_rows(&self, kh: usize, (lo, hi): (usize, usize)) -> Row<'a> {
@@ -78,11 +96,16 @@ fn attend_online(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, (lo, hi): (usize, 
 }
 
 /// Scores `scale * q · K[j]` for `j` in `lo..lo + out.len()`, four K rows per
-/// microkernel call when `four`.
+/// microkernel call when `four` (within each run of consecutive cache rows).
 fn scores_into(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, lo: usize, four: bool, out: &mut [f32]) {
     if four {
         let d = kv.s.d;
-        cpu::dot_rows(isa, q, sub_row(kv.k, kv.s.row_of(kh, lo), d, 0, out.len() * d), out);
+        let mut c = 0;
+        while c < out.len() {
+            let n = (kv.run_end(lo + c) - (lo + c)).min(out.len() - c);
+            cpu::dot_rows(isa, q, sub_row(kv.k, kv.row_of(kh, lo + c), d, 0, n * d), &mut out[c..c + n]);
+            c += n;
+        }
         out.iter_mut().for_each(|o| *o *= kv.s.scale);
         return;
     }
@@ -205,6 +228,86 @@ pub(super) fn run_prefill_tiled(kd: &KernelDef, prob: &Problem, params: &Params,
         }
     }
     Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// CPU: a paged batch
+
+/// Every sequence of a paged batch as the tiled prefill runs a call: tasks of
+/// (sequence, block of `block_q` queries, KV head), each over key tiles of
+/// `block_kv` read through the sequence's table (a decode token is a block of
+/// one query, its group's heads sharing each K/V row).
+pub(super) fn run_paged(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let (p, isa, seqs) = paged_call(kd, prob, params, &a)?;
+    let bq = (param(params, "block_q")? as usize).max(1);
+    let bkv = (param(params, "block_kv")? as usize).max(1);
+    let q = a.ins[0].f32();
+    let (g_n, d, hd) = (p.group(), p.d, p.heads * p.d);
+    // (sequence, first query, queries, KV head, outputs)
+    let mut tasks: Vec<(usize, usize, usize, usize, Vec<f32>)> = Vec::new();
+    for (si, sq) in seqs.iter().enumerate() {
+        for i0 in (0..sq.s.tokens).step_by(bq) {
+            tasks.extend((0..p.kv_heads).map(|kh| (si, i0, bq.min(sq.s.tokens - i0), kh, Vec::new())));
+        }
+    }
+    cpu::pool::for_chunks_mut(&mut tasks, 1, |_, t| {
+        let (si, i0, block, kh, acc) = &mut t[0];
+        let sq = &seqs[*si];
+        *acc = prefill_block(isa, &paged_kv((a.ins[1], a.ins[2]), &p, sq), &q[sq.t0 * hd..], *i0, *block, *kh, bkv);
+    });
+    let out = &mut a.outs[0];
+    for (si, i0, block, kh, acc) in tasks {
+        for t in 0..block {
+            let dst = ((seqs[si].t0 + i0 + t) * p.heads + kh * g_n) * d;
+            out[dst..dst + g_n * d].copy_from_slice(&acc[t * g_n * d..][..g_n * d]);
+        }
+    }
+    Ok(())
+}
+
+/// Every (query row, head) of a paged batch as `attention_prefill_cpu` runs a
+/// call's: pool tasks of `rows_per_task` rows, a per-key online softmax each.
+pub(super) fn run_paged_rows(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let (p, isa, seqs) = paged_call(kd, prob, params, &a)?;
+    let grain = (param(params, "rows_per_task")? as usize).max(1);
+    let (d, q) = (p.d, a.ins[0].f32());
+    // The sequence of each query row.
+    let of_row: Vec<usize> = seqs.iter().enumerate().flat_map(|(si, sq)| std::iter::repeat_n(si, sq.s.tokens)).collect();
+    let a = &mut a;
+    let ins = (a.ins[1], a.ins[2]);
+    let out = &mut a.outs[0][..p.tokens * p.heads * d];
+    cpu::pool::for_chunks_mut(out, d * grain, |ci, chunk| {
+        for (ri, o) in chunk.chunks_mut(d).enumerate() {
+            let r = ci * grain + ri;
+            let (t, h) = (r / p.heads, r % p.heads);
+            let sq = &seqs[of_row[t]];
+            attend_online(isa, &paged_kv(ins, &p, sq), &q[r * d..][..d], h / p.group(), sq.s.range(t - sq.t0), o);
+        }
+    });
+    Ok(())
+}
+
+/// What both paged kernels start from: the checked batch, the ISA level and the
+/// sequences its table describes (a table the pool cannot serve is `Invalid`).
+fn paged_call<'a>(
+    kd: &KernelDef,
+    prob: &Problem,
+    params: &Params,
+    a: &CpuArgs<'a>,
+) -> Result<(Paged, Isa, Vec<PagedSeq<'a>>), KernelError> {
+    if prob.op() != kd.op {
+        return Err(crate::kernels::contract::wrong_op(kd, prob));
+    }
+    let invalid = |reason: String| KernelError::Invalid { kernel: kd.id.to_string(), reason };
+    let p = Paged::checked(prob).map_err(invalid)?;
+    let isa = Isa::of(params)?;
+    let seqs = p.sequences(a.ins[3].f32()).map_err(invalid)?;
+    Ok((p, isa, seqs))
+}
+
+/// A sequence's K/V: the pools through its table.
+fn paged_kv<'a>((k, v): (CpuIn<'a>, CpuIn<'a>), p: &Paged, sq: &PagedSeq<'a>) -> Kv<'a> {
+    Kv { k, v, s: sq.s, table: Some((sq.table, p.page)) }
 }
 
 // ---------------------------------------------------------------------------

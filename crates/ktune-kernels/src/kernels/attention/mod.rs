@@ -26,18 +26,27 @@
 //! CPU decode: `attention_decode_heads_cpu` (one task per head, exact two-pass
 //! softmax) and `attention_decode_splitkv_cpu` (the key range split across tasks per
 //! KV head, (m, l, acc) partials merged per head).
+//! Paged batch (`attention_paged`: decode tokens and prefill chunks of many
+//! sequences in one call, each sequence's keys and values in blocks of `page`
+//! positions of one pool, found through its table): `attention_paged_stream`
+//! (WGSL, one workgroup per query row and head, the decode stream's row body
+//! through the table), `attention_paged_rows` (WGSL, one invocation per query row
+//! and head), `attention_paged_cpu` (the tiled prefill's key tiles per sequence,
+//! query block and KV head) and `attention_paged_rows_cpu` (the per-row online
+//! softmax over (query row, head) pairs).
 //! The CPU kernels use the SIMD dot products and the f32/f16 `axpy_row` of
 //! [`super::cpu`]; every variant takes f32 or f16 caches.
 //!
 //! Here: the registry (shaders, parameters, [`variants`]) and the dispatch step both
 //! WGSL sides build (`step_with`). `shape.rs`: the call's shape and the validity
-//! rules the kernels share; `wgsl_prefill.rs`, `wgsl_decode.rs`: the WGSL kernels'
-//! setup; `mma.rs`: prefill on matrix units; `cpu_kernels.rs`: the CPU kernels.
+//! rules the kernels share; `wgsl_prefill.rs`, `wgsl_decode.rs`, `wgsl_paged.rs`:
+//! the WGSL kernels' setup; `mma.rs`: prefill on matrix units; `cpu_kernels.rs`: the CPU kernels.
 
 mod cpu_kernels;
 mod mma;
 mod shape;
 mod wgsl_decode;
+mod wgsl_paged;
 mod wgsl_prefill;
 
 use std::sync::Arc;
@@ -49,11 +58,14 @@ use super::quant::DType;
 use super::wgsl::shared_wg;
 use crate::gpu::{GpuStep, Shader};
 use crate::shader;
-use cpu_kernels::{check_cpu, run_decode_heads, run_decode_splitkv, run_prefill_rows, run_prefill_tiled};
+use cpu_kernels::{
+    check_cpu, check_paged_cpu, run_decode_heads, run_decode_splitkv, run_paged, run_paged_rows, run_prefill_rows, run_prefill_tiled,
+};
 use shape::{Shape, check_grid, check_wgsl_shape, flash_wg_size, shape_or_invalid};
 use wgsl_decode::{
     check_splitkv, check_splitkv_sg, check_stream, prepare_splitkv, prepare_splitkv_sg, prepare_stream, shared_splitkv, shared_stream,
 };
+use wgsl_paged::{check_paged_rows, check_paged_stream, prepare_paged_rows, prepare_paged_stream, shared_paged_stream};
 use wgsl_prefill::{
     check_flash, check_flash2, check_flash2_sg, check_naive, flash2_wg_size, prepare_flash, prepare_flash2, prepare_naive, shared_flash,
     shared_flash2, shared_flash2_sg,
@@ -66,7 +78,10 @@ static PREFILL_FLASH2: Shader =
     shader!(head "attention_dims.wgsl"; "flash2.wgsl", "attention_prefill_flash2.wgsl", "attention.wgsl", "wload.wgsl");
 static PREFILL_FLASH2_SG: Shader =
     shader!(head "attention_dims.wgsl"; "flash2.wgsl", "attention_prefill_flash2_sg.wgsl", "attention.wgsl", "wload.wgsl");
-static DECODE_STREAM: Shader = shader!(head "attention_decode_head.wgsl", "attention_dims.wgsl"; "attention_decode_stream.wgsl", "attention.wgsl", "reduce_wg.wgsl", "wload.wgsl", "position.wgsl");
+static DECODE_STREAM: Shader = shader!(head "attention_decode_head.wgsl", "attention_dims.wgsl"; "attention_decode_stream.wgsl", "attention_stream.wgsl", "attention.wgsl", "reduce_wg.wgsl", "wload.wgsl", "position.wgsl");
+static PAGED_STREAM: Shader = shader!(head "attention_decode_head.wgsl", "attention_dims.wgsl"; "attention_paged_stream.wgsl", "attention_paged.wgsl", "attention_stream.wgsl", "attention.wgsl", "reduce_wg.wgsl", "wload.wgsl");
+static PAGED_ROWS: Shader =
+    shader!(head "attention_dims.wgsl"; "attention_paged_rows.wgsl", "attention_paged.wgsl", "attention.wgsl", "wload.wgsl");
 static DECODE_SPLITKV: Shader = shader!(head "attention_decode_head.wgsl", "attention_dims.wgsl"; "attention_decode_splitkv.wgsl", "attention.wgsl", "wload.wgsl", "position.wgsl");
 static DECODE_SPLITKV_SG: Shader = shader!(head "attention_decode_head.wgsl", "attention_dims.wgsl"; "attention_decode_splitkv_sg.wgsl", "attention.wgsl", "wload.wgsl", "position.wgsl");
 
@@ -144,6 +159,23 @@ const PREFILL_TILED_PARAMS: &[ParamSpec] = &[
     ISA,
 ];
 
+const PAGED_STREAM_PARAMS: &[ParamSpec] = &[
+    ParamSpec::new("workgroup_size", &[64, 128, 256], 64, "invocations per workgroup (one workgroup per query row and head)"),
+    ParamSpec::new("keys_per_thread", &[1, 2, 4, 8], 2, "keys each invocation scores per tile (tile = workgroup_size * keys_per_thread)"),
+];
+
+const PAGED_ROWS_PARAMS: &[ParamSpec] =
+    &[ParamSpec::new("workgroup_size", &[32, 64, 128, 256], 64, "query rows (and heads) per workgroup, one an invocation")];
+
+const PAGED_CPU_PARAMS: &[ParamSpec] = &[
+    ParamSpec::new("block_q", &[1, 4, 8, 16, 32], 8, "a sequence's queries per pool task (times the GQA group's heads)"),
+    ParamSpec::new("block_kv", &[16, 32, 64, 128, 256], 64, "keys per tile (score rows materialised per tile, read block by block)"),
+    ISA,
+];
+
+const PAGED_ROWS_CPU_PARAMS: &[ParamSpec] =
+    &[ParamSpec { name: "rows_per_task", values: &[1, 2, 4, 8, 16], default: 4, help: "(query row, head) pairs per pool task" }, ISA];
+
 const DECODE_HEADS_PARAMS: &[ParamSpec] =
     &[ParamSpec::new("keys_per_call", &[1, 4], 4, "K rows per dot-product microkernel call (4: dot4 shares each q load)"), ISA];
 
@@ -203,6 +235,38 @@ pub fn variants() -> Vec<KernelDef> {
             PREFILL_TILED_PARAMS,
             "pool over (token block, KV head); key tiles with materialised score rows (dot4), K/V tile shared by the GQA group",
             CpuImpl { run: run_prefill_tiled, check: check_cpu },
+        ),
+        KernelDef::new(
+            "attention_paged_stream",
+            Op::AttentionPaged,
+            DType::FLOAT,
+            PAGED_STREAM_PARAMS,
+            "one workgroup per query row and head of the batch streaming its sequence's keys block by block (the decode stream's row)",
+            WgslImpl::new(&PAGED_STREAM, prepare_paged_stream).shared(shared_paged_stream).check(check_paged_stream),
+        ),
+        KernelDef::new(
+            "attention_paged_rows",
+            Op::AttentionPaged,
+            DType::FLOAT,
+            PAGED_ROWS_PARAMS,
+            "one invocation per query row and head: per-key online softmax through the block table, the row in registers",
+            WgslImpl::new(&PAGED_ROWS, prepare_paged_rows).check(check_paged_rows),
+        ),
+        KernelDef::new(
+            "attention_paged_cpu",
+            Op::AttentionPaged,
+            DType::FLOAT,
+            PAGED_CPU_PARAMS,
+            "pool over (sequence, query block, KV head); the tiled prefill's key tiles read through each sequence's block table",
+            CpuImpl { run: run_paged, check: check_paged_cpu },
+        ),
+        KernelDef::new(
+            "attention_paged_rows_cpu",
+            Op::AttentionPaged,
+            DType::FLOAT,
+            PAGED_ROWS_CPU_PARAMS,
+            "pool over the batch's (query row, head) pairs; per-key online softmax through the sequence's block table",
+            CpuImpl { run: run_paged_rows, check: check_paged_cpu },
         ),
         KernelDef::new(
             "attention_decode_stream",
@@ -574,6 +638,72 @@ mod tests {
         // head_dim not whole 16-byte words
         let odd = causal_prefill((4, 4, 8), (2, 2, 12), 0, 1.0);
         assert!(reason(tree, &odd, DType::F16, &flash2_params(8, 4, 32, 8, 1), &caps).contains("multiple of 8"));
+    }
+
+    /// The parity problems' tables (`verify::paged_layout`) are what a server's
+    /// batch holds: every sequence's queries summing to the batch, blocks of the
+    /// pool, decode tokens beside prefill chunks, blocks shared between
+    /// sequences, lengths past one block and a window shorter than a sequence.
+    #[test]
+    fn paged_test_batches_mix_decode_chunks_and_shared_blocks() {
+        use crate::kernels::problem::{Op, test_problems};
+        use crate::kernels::verify::paged_layout;
+        let (mut mixed, mut shared, mut windowed) = (false, false, false);
+        for p in test_problems(Op::AttentionPaged) {
+            let Problem::AttentionPaged { seqs, tokens, page, blocks, max_blocks, window, .. } = p else { panic!("{p:?}") };
+            let pages = paged_layout(&p).expect("a layout");
+            let rows: Vec<&[f32]> = pages.chunks(2 + max_blocks).collect();
+            assert_eq!(rows.len(), seqs);
+            assert_eq!(rows.iter().map(|r| r[0] as usize).sum::<usize>(), tokens, "{}", p.describe());
+            let used: Vec<Vec<usize>> =
+                rows.iter().map(|r| r[2..2 + (r[1] as usize).div_ceil(page)].iter().map(|&b| b as usize).collect()).collect();
+            assert!(used.iter().flatten().all(|&b| b < blocks));
+            let q_lens: Vec<usize> = rows.iter().map(|r| r[0] as usize).collect();
+            mixed |= q_lens.contains(&1) && q_lens.iter().any(|&q| q > 1);
+            shared |= used.iter().skip(1).any(|u| u.iter().any(|b| used[0].contains(b)));
+            windowed |= window > 0 && rows.iter().any(|r| r[1] as usize > window && r[1] as usize > page);
+        }
+        assert!(mixed && shared && windowed, "mixed {mixed}, shared {shared}, windowed {windowed}");
+    }
+
+    /// A table the pool cannot serve is the kernel's error, naming what is wrong,
+    /// never a read out of bounds.
+    #[test]
+    fn paged_tables_the_pool_cannot_serve_are_refused() {
+        use crate::kernels::problem::{Op, test_problems};
+        use crate::kernels::verify::{HostTensor, make_inputs, run_cpu};
+        let p = test_problems(Op::AttentionPaged).remove(2);
+        let Problem::AttentionPaged { blocks, max_blocks, page, .. } = p else { panic!() };
+        let ins = make_inputs(&p, DType::F32, 3);
+        let with = |edit: &dyn Fn(&mut Vec<f32>)| {
+            let mut ins = ins.clone();
+            let HostTensor::F32(pages) = &mut ins[3] else { panic!("f32 pages") };
+            edit(pages);
+            ins
+        };
+        type Edit<'a> = &'a dyn Fn(&mut Vec<f32>);
+        let cases: [(Edit<'_>, &str); 4] = [
+            (&|t| t[2] = blocks as f32, "not one of the pool's"),
+            (&|t| t[2] = 1.5, "not one of the pool's"),
+            (&|t| t[1] = (page * max_blocks + 1) as f32, "kv_len"),
+            // one more query in a sequence that has the keys for it
+            (
+                &|t| {
+                    let w = 2 + max_blocks;
+                    let s = (0..t.len() / w).find(|s| t[s * w] < t[s * w + 1]).expect("a sequence with past keys");
+                    t[s * w] += 1.0;
+                },
+                "sum to",
+            ),
+        ];
+        for id in ["attention_paged_cpu", "attention_paged_rows_cpu"] {
+            let k = crate::kernels::find(id).expect("registered");
+            assert!(run_cpu(k, &p, DType::F32, &k.default_params(), &ins).is_ok());
+            for (edit, says) in &cases {
+                let err = run_cpu(k, &p, DType::F32, &k.default_params(), &with(*edit)).expect_err("refused").to_string();
+                assert!(err.contains(says), "{id}: {err}");
+            }
+        }
     }
 
     /// heads_per_wg is clamped to the group; a group it does not divide takes

@@ -89,6 +89,104 @@ impl Shape {
     }
 }
 
+/// One paged batch call ([`Problem::AttentionPaged`]), checked once; each of its
+/// sequences is a call of its own [`Shape`] whose rows come through its table.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Paged {
+    pub(super) seqs: usize,
+    pub(super) tokens: usize,
+    pub(super) heads: usize,
+    pub(super) kv_heads: usize,
+    pub(super) d: usize,
+    pub(super) page: usize,
+    pub(super) blocks: usize,
+    pub(super) max_blocks: usize,
+    pub(super) window: usize,
+    pub(super) scale: f32,
+}
+
+/// One sequence of a paged batch: its first query row in the call, its shape,
+/// its blocks.
+pub(super) struct PagedSeq<'a> {
+    pub(super) t0: usize,
+    pub(super) s: Shape,
+    pub(super) table: &'a [f32],
+}
+
+impl Paged {
+    pub(super) fn checked(p: &Problem) -> Result<Paged, String> {
+        let Problem::AttentionPaged { seqs, tokens, heads, kv_heads, head_dim: d, page, blocks, max_blocks, window, scale } = *p else {
+            return Err(format!("{} is not a paged attention problem", p.op()));
+        };
+        if d == 0 || heads == 0 || kv_heads == 0 || page == 0 || blocks == 0 || max_blocks == 0 || seqs == 0 {
+            return Err("head_dim, heads, kv_heads, page, blocks, max_blocks and seqs must be at least 1".into());
+        }
+        if heads % kv_heads != 0 {
+            return Err(format!("heads = {heads} is not a multiple of kv_heads = {kv_heads}"));
+        }
+        if tokens < seqs || tokens > seqs * page * max_blocks {
+            return Err(format!("tokens = {tokens} must be in seqs..=seqs * page * max_blocks ({seqs}..={})", seqs * page * max_blocks));
+        }
+        Ok(Paged { seqs, tokens, heads, kv_heads, d, page, blocks, max_blocks, window, scale })
+    }
+
+    /// Positions one sequence's table reaches.
+    pub(super) fn cap(&self) -> usize {
+        self.page * self.max_blocks
+    }
+
+    /// The sequences `pages` describes, each checked against the pool: at least
+    /// one query, no more than its KV length, a KV length its table reaches, each
+    /// block it reads a whole number below `blocks`, and the queries summing to
+    /// `tokens`.
+    pub(super) fn sequences<'a>(&self, pages: &'a [f32]) -> Result<Vec<PagedSeq<'a>>, String> {
+        let width = 2 + self.max_blocks;
+        if pages.len() < self.seqs * width {
+            return Err(format!("pages holds {} values, not seqs * (2 + max_blocks) = {}", pages.len(), self.seqs * width));
+        }
+        let mut t0 = 0;
+        let mut out = Vec::with_capacity(self.seqs);
+        for (i, meta) in pages.chunks(width).take(self.seqs).enumerate() {
+            let whole = |x: f32| x >= 0.0 && x.fract() == 0.0 && x < (1u32 << 24) as f32;
+            let (q_len, kv_len) = (meta[0] as usize, meta[1] as usize);
+            if !whole(meta[0]) || !whole(meta[1]) || q_len == 0 || q_len > kv_len || kv_len > self.cap() {
+                return Err(format!(
+                    "sequence {i}: q_len {} and kv_len {} must satisfy 1 <= q_len <= kv_len <= {}",
+                    meta[0],
+                    meta[1],
+                    self.cap()
+                ));
+            }
+            let table = &meta[2..2 + kv_len.div_ceil(self.page)];
+            if let Some(b) = table.iter().find(|&&b| !whole(b) || b as usize >= self.blocks) {
+                return Err(format!("sequence {i}: block {b} is not one of the pool's {}", self.blocks));
+            }
+            let s = Shape {
+                tokens: q_len,
+                kv_len,
+                kv_cap: self.cap(),
+                heads: self.heads,
+                kv_heads: self.kv_heads,
+                d: self.d,
+                window: self.window,
+                scale: self.scale,
+                bidi: (0, 0),
+            };
+            out.push(PagedSeq { t0, s, table });
+            t0 += q_len;
+        }
+        if t0 != self.tokens {
+            return Err(format!("the sequences' queries sum to {t0}, not tokens = {}", self.tokens));
+        }
+        Ok(out)
+    }
+
+    /// Query heads per KV head.
+    pub(super) fn group(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+}
+
 /// The checked shape of a CPU kernel's problem: [`wrong_op`] for another op
 /// (prefill and decode included), `Invalid` for a shape the kernels cannot run.
 pub(super) fn shape_or_invalid(kd: &KernelDef, p: &Problem) -> Result<Shape, KernelError> {
