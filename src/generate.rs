@@ -164,10 +164,22 @@ impl ProfileChoice {
             )));
         }
         let rows = passes.batch_rows.unwrap_or_else(|| selection.serve_rows()).min(passes.max_tokens);
-        let opts = settings.plan_options(m, &exec, passes.max_tokens, passes.context, passes.all_logits).with_batch_rows(rows);
+        let mut opts = settings.plan_options(m, &exec, passes.max_tokens, passes.context, passes.all_logits).with_batch_rows(rows);
+        // Sequences of their own (CPU) share one paged KV cache, which the
+        // fused QKV kernel does not write (nor an image's tokens, which attend
+        // to each other: a multimodal model's sequences keep caches of their own).
+        let paged = rows >= 2 && matches!(device, Device::Cpu(_)) && m.vision.is_none();
+        if paged {
+            opts.fusion.qkv_rope_cache = false;
+        }
         let ctx = session::open_device(device, exec.trusted_shaders)?;
         // One engine: its weights need no memo to share them.
-        let engine = Engines::of(m, ctx.clone(), None).build(opts, selection, &exec)?;
+        let mut engine = Engines::of(m, ctx.clone(), None).build(opts, selection, &exec)?;
+        if paged {
+            // Room for every row's sequence and the generator's own, each a whole
+            // context (`serve --kv-tokens` sizes it again).
+            engine.enable_paged((rows + 1) * passes.context)?;
+        }
         let chain = session::decode_chain(self.decode_chain, &exec);
         Ok(Prepared { engine, ctx, exec, label, chain })
     }

@@ -151,6 +151,78 @@ impl HostBuf {
 /// Buffers of a plan on the host.
 pub struct CpuExec {
     pub bufs: Vec<HostBuf>,
+    /// A paged KV cache in the plan's cache buffers (None: each buffer one
+    /// sequence's head-major cache).
+    pub paged: Option<Paged>,
+}
+
+/// A paged KV cache on the executor ([`super::Engine::enable_paged`]): the plan's
+/// cache buffers hold a pool of blocks (`[blocks, kv_heads, page, head_dim]`
+/// each), and the pass's sequences are the rows of `pages` (each `[q_len,
+/// kv_len, its blocks…]` as f32, [`Problem::AttentionPaged`]'s table), which the
+/// KV writes follow and the attention steps read through `kernel`, one call for
+/// every sequence of the pass.
+pub struct Paged {
+    /// Positions a block.
+    pub page: usize,
+    pub blocks: usize,
+    /// Blocks a sequence's table holds at most (the context's).
+    pub max_blocks: usize,
+    /// The plan's cache buffers (the pools).
+    pub caches: Vec<BufId>,
+    pub kernel: &'static crate::kernels::KernelDef,
+    pub params: crate::kernels::Params,
+    /// This pass's sequences' rows, and their count.
+    pub pages: Vec<f32>,
+    pub seqs: usize,
+}
+
+impl Paged {
+    /// Sequence `s`'s blocks, as the table row holds them.
+    fn table(&self, s: usize) -> &[f32] {
+        &self.pages[s * (2 + self.max_blocks) + 2..][..self.max_blocks]
+    }
+
+    /// Where the row of position `p` of KV head `h` lies in a pool of `kv_heads`
+    /// heads of `d`, for the pass's sequence `s`.
+    fn row_at(&self, s: usize, h: usize, p: usize, kv_heads: usize, d: usize) -> usize {
+        ((self.table(s)[p / self.page] as usize * kv_heads + h) * self.page + p % self.page) * d
+    }
+
+    /// The paged call of a planned attention step (its heads, window and scale)
+    /// over this pass's sequences; None for another step. A bidirectional block
+    /// (an image's tokens) has no paged form.
+    fn problem(&self, p: &crate::kernels::Problem) -> Result<Option<crate::kernels::Problem>, RuntimeError> {
+        use crate::kernels::Problem;
+        let (heads, kv_heads, head_dim, window, scale) = match *p {
+            Problem::AttentionPrefill { bidi_start, bidi_end, .. } if bidi_start < bidi_end => {
+                return Err(RuntimeError::Internal(
+                    "an image's tokens attend to each other, which the paged KV cache does not serve: serve images with --parallel 1"
+                        .into(),
+                ));
+            }
+            Problem::AttentionPrefill { heads, kv_heads, head_dim, window, scale, .. }
+            | Problem::AttentionDecode { heads, kv_heads, head_dim, window, scale, .. } => (heads, kv_heads, head_dim, window, scale),
+            Problem::QkvRopeCache { .. } => {
+                return Err(RuntimeError::Internal("the fused KV write has no paged form (the plan fuses qkv_rope_cache)".into()));
+            }
+            _ => return Ok(None),
+        };
+        let w = 2 + self.max_blocks;
+        let tokens = (0..self.seqs).map(|s| self.pages[s * w] as usize).sum();
+        Ok(Some(Problem::AttentionPaged {
+            seqs: self.seqs,
+            tokens,
+            heads,
+            kv_heads,
+            head_dim,
+            page: self.page,
+            blocks: self.blocks,
+            max_blocks: self.max_blocks,
+            window,
+            scale,
+        }))
+    }
 }
 
 fn f32s<'a>(bufs: &'a [HostBuf], id: BufId, what: &str) -> Result<&'a [f32], RuntimeError> {
@@ -201,16 +273,29 @@ fn two<'a>(bufs: &'a mut [HostBuf], a: BufId, b: BufId, what: &str) -> Result<(&
     })
 }
 
-/// Runs a kernel step on `bufs` (its inputs) and `outs` (its taken outputs).
-fn call(bufs: &[HostBuf], step: &Step, outs: &mut Taken) -> Result<(), RuntimeError> {
+/// Runs a kernel step on `bufs` (its inputs) and `outs` (its taken outputs);
+/// with a paged KV cache an attention step is the paged kernel's call over the
+/// pass's sequences (the step's inputs and the table).
+fn call(bufs: &[HostBuf], paged: Option<&Paged>, step: &Step, outs: &mut Taken) -> Result<(), RuntimeError> {
     let StepKind::Kernel { kernel, params, problem, binds, outputs, .. } = &step.kind else { return Ok(()) };
-    let ins = binds.iter().enumerate().filter(|(i, _)| outputs & (1 << i) == 0).map(|(_, &b)| bufs[b].as_in()).collect();
-    let args = CpuArgs { ins, outs: outs.iter_mut().map(|(_, v)| v.as_mut_slice()).collect() };
-    kernel.run_cpu_planned(problem, params, args).map_err(|e| RuntimeError::Kernel {
-        slot: step.slot.name().into(),
-        layer: step.layer,
-        source: Box::new(e),
-    })
+    let mut ins: crate::kernels::contract::CpuIns<'_> =
+        binds.iter().enumerate().filter(|(i, _)| outputs & (1 << i) == 0).map(|(_, &b)| bufs[b].as_in()).collect();
+    let paged_call = match paged {
+        Some(pg) => pg.problem(problem)?.map(|p| (pg, p)),
+        None => None,
+    };
+    let res = match paged_call {
+        Some((pg, p)) => {
+            ins.push(CpuIn::F32(&pg.pages));
+            let args = CpuArgs { ins, outs: outs.iter_mut().map(|(_, v)| v.as_mut_slice()).collect() };
+            pg.kernel.run_cpu_planned(&p, &pg.params, args)
+        }
+        None => {
+            let args = CpuArgs { ins, outs: outs.iter_mut().map(|(_, v)| v.as_mut_slice()).collect() };
+            kernel.run_cpu_planned(problem, params, args)
+        }
+    };
+    res.map_err(|e| RuntimeError::Kernel { slot: step.slot.name().into(), layer: step.layer, source: Box::new(e) })
 }
 
 impl CpuExec {
@@ -242,7 +327,7 @@ impl CpuExec {
                 hb.back_with_huge_pages();
             }
         }
-        Ok(CpuExec { bufs })
+        Ok(CpuExec { bufs, paged: None })
     }
 
     /// Runs `steps` in order, timing each slot. Allocates nothing: kernel calls
@@ -298,7 +383,7 @@ impl CpuExec {
         match &step.kind {
             StepKind::Kernel { .. } => {
                 let mut outs = self.take_outs(step)?;
-                let res = call(&self.bufs, step, &mut outs);
+                let res = call(&self.bufs, self.paged.as_ref(), step, &mut outs);
                 self.put_back(outs);
                 res
             }
@@ -324,12 +409,12 @@ impl CpuExec {
             // panels too (else an engine of decode batches packs the panels of
             // its parallel projections every pass).
             use crate::kernels::cpu::qgemm::{active_panels, with_panels};
-            let (bufs, kept) = (&self.bufs, active_panels());
+            let (bufs, paged, kept) = (&self.bufs, self.paged.as_ref(), active_panels());
             crate::kernels::cpu::pool::for_chunks_mut(&mut jobs, 1, |i, job| {
                 let (outs, res) = &mut job[0];
                 *res = match &kept {
-                    Some(p) => with_panels(p, || call(bufs, &steps[i], outs)),
-                    None => call(bufs, &steps[i], outs),
+                    Some(p) => with_panels(p, || call(bufs, paged, &steps[i], outs)),
+                    None => call(bufs, paged, &steps[i], outs),
                 };
             });
         }
@@ -391,7 +476,11 @@ impl CpuExec {
                     let Some(s) = f32_of(s) else {
                         return Err(RuntimeError::Internal("kv_write: the new keys/values are not f32".into()));
                     };
-                    kv_write(cache, s, tokens, kv_heads, head_dim, kv_cap, pos0)?;
+                    match &self.paged {
+                        // The pass's one sequence (a prefill chunk or a lone decode step).
+                        Some(pg) => kv_write(cache, s, tokens, kv_heads, head_dim, |h, t| pg.row_at(0, h, pos0 + t, kv_heads, head_dim))?,
+                        None => kv_write(cache, s, tokens, kv_heads, head_dim, |h, t| (h * kv_cap + pos0 + t) * head_dim)?,
+                    }
                 }
             }
             Plumb::Copy { src, src_off, dst, dst_off, len } => {
@@ -422,7 +511,12 @@ impl CpuExec {
         let mut i = 0;
         while i < steps.len() {
             let step = &steps[i];
-            if !Plan::position_dependent(step) {
+            // With a paged KV cache attention is one call over every row's sequence.
+            let paged_attention = match (&self.paged, &step.kind) {
+                (Some(pg), StepKind::Kernel { problem, .. }) => pg.problem(problem)?.is_some(),
+                _ => false,
+            };
+            if !Plan::position_dependent(step) || paged_attention {
                 // A parallel group runs as in a pass of its own.
                 let mut j = i + 1;
                 if let Some(g) = step.group {
@@ -452,14 +546,25 @@ impl CpuExec {
             let StepKind::Plumb(Plumb::KvWrite { k, v, k_cache, v_cache, kv_heads, head_dim, kv_cap, .. }) = &step.kind else {
                 return Err(RuntimeError::Internal("a decode batch's row step is not a KV write".into()));
             };
+            let (kv_heads, head_dim, kv_cap) = (*kv_heads, *head_dim, *kv_cap);
             for (r, seq) in seqs.iter_mut().enumerate() {
                 for (src, dst) in [(*k, *k_cache), (*v, *v_cache)] {
-                    let s = f32s(&self.bufs, src, "kv_write")?;
                     let o = r * widths.get(src).copied().unwrap_or(0);
+                    let pos = seq.pos;
+                    if let Some(pg) = &self.paged {
+                        // Row r's sequence's blocks (the pass's table row r).
+                        let (cache, s) = two(&mut self.bufs, dst, src, "kv_write")?;
+                        let Some(s) = f32_of(s) else {
+                            return Err(RuntimeError::Internal("kv_write: the new keys/values are not f32".into()));
+                        };
+                        kv_write(cache, &s[o..], 1, kv_heads, head_dim, |h, _| pg.row_at(r, h, pos, kv_heads, head_dim))?;
+                        continue;
+                    }
+                    let s = f32s(&self.bufs, src, "kv_write")?;
                     let Some(at) = cache_of(seq, dst) else {
                         return Err(RuntimeError::Internal(format!("kv_write: buffer {dst} is no sequence's cache")));
                     };
-                    kv_write(&mut seq.bufs[at].1, &s[o..], 1, *kv_heads, *head_dim, *kv_cap, seq.pos)?;
+                    kv_write(&mut seq.bufs[at].1, &s[o..], 1, kv_heads, head_dim, |h, _| (h * kv_cap + pos) * head_dim)?;
                 }
             }
             return Ok(());
@@ -509,6 +614,64 @@ impl CpuExec {
         split.and(first)
     }
 
+    /// Readies the paged KV cache for a pass over `seqs` (each its table, its
+    /// position and the tokens the pass feeds it): every block a new position
+    /// falls in is held by that table alone (a fresh one from `pool` past the
+    /// table's end; a copy of one another table also holds, its rows copied
+    /// before the pass writes), and `pages` holds the pass's table rows.
+    pub fn page_in(&mut self, pool: &super::kv_pool::KvPool, seqs: &mut [(&mut Vec<u32>, usize, usize)]) -> Result<(), RuntimeError> {
+        let Some(pg) = self.paged.as_mut() else {
+            return Err(RuntimeError::Internal("page_in: the KV cache is not paged".into()));
+        };
+        let (page, w) = (pg.page, 2 + pg.max_blocks);
+        pg.pages.clear();
+        pg.pages.resize(seqs.len() * w, pg.blocks as f32);
+        pg.seqs = seqs.len();
+        let mut copies: smallvec::SmallVec<[(u32, u32); 4]> = smallvec::SmallVec::new();
+        let full = || RuntimeError::KvFull { blocks: pool.blocks() };
+        for (s, (table, pos, n)) in seqs.iter_mut().enumerate() {
+            let end = *pos + *n;
+            if end.div_ceil(page) > pg.max_blocks {
+                return Err(RuntimeError::ContextFull { pos: end, context: pg.max_blocks * page });
+            }
+            for b in *pos / page..end.div_ceil(page) {
+                if b >= table.len() {
+                    table.push(pool.alloc().ok_or_else(full)?);
+                } else if pool.shared(table[b]) {
+                    let fresh = pool.alloc().ok_or_else(full)?;
+                    copies.push((table[b], fresh));
+                    pool.release(&[table[b]]);
+                    table[b] = fresh;
+                }
+            }
+            let row = &mut pg.pages[s * w..(s + 1) * w];
+            row[0] = *n as f32;
+            row[1] = end as f32;
+            for (slot, &b) in row[2..].iter_mut().zip(table.iter()) {
+                *slot = b as f32;
+            }
+        }
+        for (from, to) in copies {
+            self.copy_block(from as usize, to as usize)?;
+        }
+        Ok(())
+    }
+
+    /// Block `from`'s rows of every pool copied into block `to`.
+    fn copy_block(&mut self, from: usize, to: usize) -> Result<(), RuntimeError> {
+        let Some(pg) = &self.paged else { return Ok(()) };
+        for &id in &pg.caches {
+            let per = self.bufs[id].len() / pg.blocks.max(1);
+            let (a, b) = (from * per, to * per);
+            match &mut self.bufs[id] {
+                HostBuf::F32(v) => v.copy_within(a..a + per, b),
+                HostBuf::F16(v) => v.copy_within(a..a + per, b),
+                _ => return Err(RuntimeError::Internal("a KV cache is f32 or f16".into())),
+            }
+        }
+        Ok(())
+    }
+
     /// Writes `data` into an f32 buffer at offset 0.
     pub fn write(&mut self, id: BufId, data: &[f32]) -> Result<(), RuntimeError> {
         let b = f32s_mut(&mut self.bufs, id, "write")?;
@@ -544,17 +707,18 @@ fn at_position(p: &crate::kernels::Problem, pos: usize) -> crate::kernels::Probl
 }
 
 /// `tokens` rows of new keys or values `s` (`[tokens, kv_heads, head_dim]`) into
-/// the head-major cache `[kv_heads, kv_cap, head_dim]` at positions `pos0..`.
+/// a cache, the row of token `t` of KV head `h` at element `at(h, t)` (the
+/// head-major cache's `(h * kv_cap + pos0 + t) * head_dim`, or a paged pool's
+/// through the sequence's table).
 fn kv_write(
     cache: &mut HostBuf,
     s: &[f32],
     tokens: usize,
     kv_heads: usize,
     head_dim: usize,
-    kv_cap: usize,
-    pos0: usize,
+    at: impl Fn(usize, usize) -> usize,
 ) -> Result<(), RuntimeError> {
-    let write = |h: usize, t: usize| ((h * kv_cap + pos0 + t) * head_dim, (t * kv_heads + h) * head_dim);
+    let write = |h: usize, t: usize| (at(h, t), (t * kv_heads + h) * head_dim);
     match cache {
         HostBuf::F32(c) => {
             for t in 0..tokens {

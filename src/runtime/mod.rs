@@ -9,6 +9,7 @@ pub mod counters;
 pub mod cpu;
 pub mod gpu;
 pub mod image;
+pub mod kv_pool;
 pub mod tower;
 pub mod vision;
 pub mod vision_gpu;
@@ -51,6 +52,10 @@ pub enum RuntimeError {
     EmptyPrompt,
     #[error("context full: {pos} tokens of {context}; raise --context")]
     ContextFull { pos: usize, context: usize },
+    #[error(
+        "the paged KV cache's {blocks} blocks are all held by sequences: raise --kv-tokens, or serve fewer sequences at once (--parallel)"
+    )]
+    KvFull { blocks: usize },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -146,7 +151,21 @@ pub struct Engine {
     row_widths: Vec<usize>,
     /// The packed rows of the decode batches' int8 GEMMs, kept.
     panels: Option<Arc<crate::kernels::cpu::qgemm::PanelCache>>,
+    /// A paged KV cache ([`Engine::enable_paged`]): the pool's blocks and the
+    /// table of the sequence the engine holds.
+    paged: Option<EnginePaged>,
 }
+
+struct EnginePaged {
+    pool: kv_pool::KvPool,
+    page: usize,
+    table: Vec<u32>,
+}
+
+/// Positions one block of a paged KV cache holds ([`Engine::enable_paged`]):
+/// 16 rows of a KV head of 64 f32 are one 4 KiB page, and a sequence wastes
+/// at most 15 positions in its last block.
+pub const KV_PAGE: usize = 16;
 
 /// One sequence's KV cache outside the engine ([`Engine::swap_sequence`]): the
 /// plan's cache buffers and the sequence's position, so many sequences share one
@@ -157,6 +176,10 @@ pub struct SeqKv {
     pub pos: usize,
     /// The most positions written since it was made or released.
     written: usize,
+    /// With a paged KV cache: its blocks in position order (`bufs` empty), held
+    /// in `pool`.
+    table: Vec<u32>,
+    pool: Option<kv_pool::KvPool>,
 }
 
 impl SeqKv {
@@ -165,13 +188,27 @@ impl SeqKv {
         self.written.max(self.pos)
     }
 
-    /// Empties the cache and hands its memory back to the system.
+    /// Empties the cache and hands its memory back: to the system, or its
+    /// blocks to the paged cache's pool (a block another sequence shares stays
+    /// with it).
     pub fn release(&mut self) {
         for (_, hb) in &mut self.bufs {
             hb.release_zeroed();
         }
+        if let Some(pool) = &self.pool {
+            pool.release(&self.table);
+        }
+        self.table.clear();
         self.pos = 0;
         self.written = 0;
+    }
+}
+
+impl Drop for SeqKv {
+    fn drop(&mut self) {
+        if let Some(pool) = &self.pool {
+            pool.release(&self.table);
+        }
     }
 }
 
@@ -539,6 +576,7 @@ impl Engine {
             batch_passes: 0,
             row_widths: Vec::new(),
             panels,
+            paged: None,
         })
     }
 
@@ -600,6 +638,9 @@ impl Engine {
         if self.is_gpu() {
             return Err(RuntimeError::Internal("sequences of their own need a CPU engine".into()));
         }
+        if let Some(p) = &self.paged {
+            return Ok(SeqKv { bufs: Vec::new(), pos: 0, written: 0, table: Vec::new(), pool: Some(p.pool.clone()) });
+        }
         let bufs = self
             .plan
             .buffers
@@ -612,7 +653,7 @@ impl Engine {
                 (i, hb)
             })
             .collect();
-        Ok(SeqKv { bufs, pos: 0, written: 0 })
+        Ok(SeqKv { bufs, pos: 0, written: 0, table: Vec::new(), pool: None })
     }
 
     /// Swaps the engine's KV cache and position with `seq`'s (no copy): the
@@ -629,11 +670,75 @@ impl Engine {
             };
             std::mem::swap(mine, hb);
         }
+        if let Some(p) = &mut self.paged {
+            if seq.pool.is_none() {
+                return Err(RuntimeError::Internal("a sequence made before the KV cache was paged".into()));
+            }
+            std::mem::swap(&mut p.table, &mut seq.table);
+        }
         std::mem::swap(&mut self.pos, &mut seq.pos);
         // The high-water marks travel with their caches.
         self.kv_written = seq_hw;
         seq.written = engine_hw;
         Ok(())
+    }
+
+    /// Makes the KV cache paged (CPU): the plan's cache buffers become one pool
+    /// of blocks of [`KV_PAGE`] positions, enough for `positions` positions and
+    /// one whole context at least (its memory taken as blocks are first
+    /// written), every sequence a table of blocks ([`Engine::new_sequence`]):
+    /// a prefix shared between sequences is the same blocks, not a copy
+    /// ([`Engine::copy_prefix`]), and attention reads each sequence's blocks
+    /// through the paged kernel, every sequence of a decode batch in one call.
+    /// Forgets what the cache held; sequences made before no longer fit. Refused
+    /// on a GPU, and for a plan that writes the cache in its fused QKV kernel
+    /// (`fusedQkvRopeCache`).
+    pub fn enable_paged(&mut self, positions: usize) -> Result<(), RuntimeError> {
+        use crate::kernels::{Backend, Problem};
+        if self.plan.options.fusion.qkv_rope_cache {
+            return Err(RuntimeError::Internal("a paged KV cache needs the unfused KV write (execution.fusedQkvRopeCache: false)".into()));
+        }
+        let Exec::Cpu(e) = &mut self.exec else {
+            return Err(RuntimeError::Internal("a paged KV cache needs a CPU engine".into()));
+        };
+        let (page, ctx) = (KV_PAGE, self.plan.options.context.max(1));
+        let max_blocks = ctx.div_ceil(page);
+        let blocks = positions.div_ceil(page).max(max_blocks);
+        let d = &self.plan.config.dims;
+        let probe = Problem::AttentionPaged {
+            seqs: 1,
+            tokens: 1,
+            heads: d.num_heads.max(1),
+            kv_heads: d.num_kv_heads.max(1),
+            head_dim: d.head_dim.max(1),
+            page,
+            blocks,
+            max_blocks,
+            window: 0,
+            scale: 1.0,
+        };
+        let kernel = crate::kernels::preferred::preferred(&probe, Backend::Cpu)
+            .iter()
+            .find_map(|id| crate::kernels::find(id).ok())
+            .ok_or_else(|| RuntimeError::Internal("no CPU kernel serves paged attention".into()))?;
+        let caches: Vec<BufId> = self.plan.buffers.iter().enumerate().filter(|(_, b)| b.role == BufRole::Cache).map(|(i, _)| i).collect();
+        for &id in &caches {
+            let b = &self.plan.buffers[id];
+            let mut hb = HostBuf::zeros(b.dtype, b.len / ctx * page * blocks);
+            hb.release_zeroed();
+            e.bufs[id] = hb;
+        }
+        e.paged =
+            Some(cpu::Paged { page, blocks, max_blocks, caches, kernel, params: kernel.default_params(), pages: Vec::new(), seqs: 0 });
+        self.paged = Some(EnginePaged { pool: kv_pool::KvPool::new(blocks), page, table: Vec::new() });
+        self.pos = 0;
+        self.kv_written = 0;
+        Ok(())
+    }
+
+    /// A paged KV cache's blocks held by some sequence, and in all.
+    pub fn kv_blocks(&self) -> Option<(usize, usize)> {
+        self.paged.as_ref().map(|p| (p.pool.used(), p.pool.blocks()))
     }
 
     /// Replaces the selection's decode batch tables ([`Selection::batches`](crate::plan::Selection::batches)):
@@ -693,6 +798,10 @@ impl Engine {
         // The int8 GEMMs keep their packed rows across batches (this engine's own
         // weights, for its life): at a few tokens unpacking costs more than the
         // arithmetic.
+        if let Some(p) = &self.paged {
+            let mut rows: Vec<(&mut Vec<u32>, usize, usize)> = seqs.iter_mut().map(|s| (&mut s.table, s.pos, 1)).collect();
+            e.page_in(&p.pool, &mut rows)?;
+        }
         let panels = self.panels.get_or_insert_with(Default::default).clone();
         crate::kernels::cpu::qgemm::with_panels(&panels, || {
             e.run_rows(&self.batch_schedules[si].1, seqs, &self.row_widths, &mut self.pass_times)
@@ -715,6 +824,20 @@ impl Engine {
         let (heads, cap) = (self.plan.config.dims.num_kv_heads.max(1), self.plan.options.context);
         if n > src.written() || n > cap || dst.bufs.len() != src.bufs.len() {
             return Err(RuntimeError::Internal(format!("a prefix of {n} positions from a cache holding {}", src.written())));
+        }
+        if let Some(p) = &self.paged {
+            // Paged: the prefix's blocks held by both tables, nothing copied; the
+            // first write into a shared block copies it (`CpuExec::page_in`).
+            let blocks = n.div_ceil(p.page);
+            if src.table.len() < blocks || dst.pool.is_none() {
+                return Err(RuntimeError::Internal(format!("a prefix of {n} positions from a table of {} blocks", src.table.len())));
+            }
+            dst.release();
+            dst.table.extend_from_slice(&src.table[..blocks]);
+            p.pool.retain(&dst.table);
+            dst.pos = n;
+            dst.written = n;
+            return Ok(());
         }
         for ((a, d), (b, s)) in dst.bufs.iter_mut().zip(&src.bufs) {
             if a != b {
@@ -1131,6 +1254,9 @@ impl Engine {
             Exec::Cpu(e) => {
                 cpu_pool(self.cpu_threads, self.cpu_spin_us, self.cpu_prefetch);
                 e.write(x0, &self.x)?;
+                if let Some(p) = &mut self.paged {
+                    e.page_in(&p.pool, &mut [(&mut p.table, self.pos, t)])?;
+                }
                 phases.prepare += lap.lap();
                 // The kernels' parallel loops run on the persistent spinning pool
                 // (kernels::cpu::pool), whose caller is this thread.

@@ -397,7 +397,14 @@ fn a_shared_prefix_answers_as_computed() {
     g.end(run, &mut |_| true).unwrap();
     g.swap_slot(&mut a).unwrap();
     assert_eq!(Generator::reusable(&a, &second), 40);
+    // Sequences of their own share one paged KV cache: the prefix is a's
+    // blocks held by b too, nothing copied.
+    let page = ktune::runtime::KV_PAGE;
+    let held = |g: &Generator| g.engine.kv_blocks().expect("a paged KV cache").0;
+    let a_blocks = a.kv_written().div_ceil(page);
+    assert_eq!(held(&g), a_blocks);
     g.share_prefix(&mut b, &a, 40).unwrap();
+    assert_eq!(held(&g), a_blocks, "sharing takes no block");
     g.swap_slot(&mut b).unwrap();
     // Prefilled 3 tokens a step (chunks never leave one alone): the same values.
     let mut run = g.start(&second, SamplerParams::GREEDY, &limits, 3, &mut |_| true).unwrap();
@@ -411,6 +418,9 @@ fn a_shared_prefix_answers_as_computed() {
     while g.advance(&mut run, &mut |_| true).unwrap() {}
     let got = g.end(run, &mut |_| true).unwrap();
     g.swap_slot(&mut b).unwrap();
+    // b's first write fell in the shared block of positions 32..48: b wrote
+    // into a copy of its own, and holds the two blocks before it with a.
+    assert_eq!(held(&g), a_blocks + b.kv_written().div_ceil(page) - 40 / page);
     assert_eq!(got.prefilled, second.len() - 40, "only the new tokens prefilled");
     let want = answer(&mut fresh, &second);
     assert_eq!(got.decoded.generated, want.0);

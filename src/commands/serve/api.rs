@@ -631,7 +631,7 @@ fn metrics(state: &State) -> String {
     }
     let rate = |n: u64, secs: f64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
     let net = &state.net;
-    let rows: [(&str, &str, &str, String); 15] = [
+    let rows: [(&str, &str, &str, String); 17] = [
         ("ktune_prompt_tokens_total", "counter", "Prompt tokens of the requests served.", m.prompt_tokens.to_string()),
         (
             "ktune_prefilled_tokens_total",
@@ -677,6 +677,18 @@ fn metrics(state: &State) -> String {
             "gauge",
             "KV-cache positions held over --kv-tokens (0 without a limit).",
             format!("{:.4}", if state.kv_tokens > 0 { m.kv_positions as f64 / state.kv_tokens as f64 } else { 0.0 }),
+        ),
+        (
+            "ktune_kv_cache_blocks_used",
+            "gauge",
+            "Blocks of the paged KV cache some sequence holds (a prefix's blocks shared by several sequences count once).",
+            m.kv_blocks.0.to_string(),
+        ),
+        (
+            "ktune_kv_cache_blocks_total",
+            "gauge",
+            "Blocks of the paged KV cache (16 positions each; 0: not paged).",
+            m.kv_blocks.1.to_string(),
         ),
         (
             "ktune_requests_deferred",

@@ -69,6 +69,9 @@ struct Metrics {
     batch_steps: Vec<u64>,
     /// Positions the slots' KV caches hold in memory.
     kv_positions: usize,
+    /// The paged KV cache's blocks held (a block shared by several sequences
+    /// once) and in all; (0, 0) without one.
+    kv_blocks: (usize, usize),
     /// Sequences the parallel worker is generating.
     processing: usize,
 }
@@ -123,7 +126,7 @@ pub fn run(selector: Option<&str>, args: &ServeArgs, warn: &dyn Fn(&str)) -> Res
         return Err(Error::Usage("--parallel 0: give at least 1".into()));
     }
     settings.parallel = args.parallel;
-    let g = Generator::open(selector, &settings)?;
+    let mut g = Generator::open(selector, &settings)?;
     for w in &g.warnings {
         warn(w);
     }
@@ -137,6 +140,13 @@ pub fn run(selector: Option<&str>, args: &ServeArgs, warn: &dyn Fn(&str)) -> Res
         }
         Some(n) => n,
     };
+    if parallel > 1 && g.engine.kv_blocks().is_some() {
+        // The paged KV cache holds what --kv-tokens allows (and each sequence's
+        // last, partly filled block), else every sequence's whole context.
+        let page = crate::runtime::KV_PAGE;
+        let positions = if args.kv_tokens > 0 { args.kv_tokens + (parallel + 1) * page } else { (parallel + 1) * g.context };
+        g.engine.enable_paged(positions)?;
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

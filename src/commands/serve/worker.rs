@@ -304,6 +304,7 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
                 *n += 1;
             }
             m.kv_positions = slots.iter().map(Slot::kv_written).sum();
+            m.kv_blocks = g.engine.kv_blocks().unwrap_or_default();
             m.processing = active.len();
         }
         // One token for every running sequence: two or more in one decode batch

@@ -65,10 +65,22 @@ impl<'a> Kv<'a> {
     fn v(&self, kh: usize, j: usize) -> Row<'a> {
         row(self.v, self.row_of(kh, j), self.s.d)
     }
-    /// Value rows `lo..hi` of KV head `kh`, back to back.
-    fn v_rows(&self, kh: usize, (lo, hi): (usize, usize)) -> Row<'a> {
+    /// `o = Σ_j w[j - lo] * V[j]` over keys `lo..hi` of KV head `kh`: one
+    /// [`cpu::weighted_rows`] over each run of consecutive cache rows (the
+    /// later runs continuing the sums: the bits of one call).
+    fn weighted_values(&self, isa: Isa, kh: usize, (lo, hi): (usize, usize), w: &[f32], o: &mut [f32]) {
         let d = self.s.d;
-        sub_row(self.v, self.s.row_of(kh, lo), d, 0, (hi - lo) * d)
+        let mut j = lo;
+        while j < hi {
+            let end = self.run_end(j).min(hi);
+            let rows = sub_row(self.v, self.row_of(kh, j), d, 0, (end - j) * d);
+            if j == lo {
+                cpu::weighted_rows(isa, &w[..end - lo], rows, o);
+            } else {
+                cpu::weighted_rows_add(isa, &w[j - lo..end - lo], rows, o);
+            }
+            j = end;
+        }
     }
 }
 
@@ -96,15 +108,23 @@ fn attend_online(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, (lo, hi): (usize, 
 }
 
 /// Scores `scale * q · K[j]` for `j` in `lo..lo + out.len()`, four K rows per
-/// microkernel call when `four` (within each run of consecutive cache rows).
+/// microkernel call from `lo` when `four` (through a paged table too: the
+/// same groups of four, so the same bits as a head-major cache's).
 fn scores_into(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, lo: usize, four: bool, out: &mut [f32]) {
     if four {
         let d = kv.s.d;
-        let mut c = 0;
-        while c < out.len() {
-            let n = (kv.run_end(lo + c) - (lo + c)).min(out.len() - c);
-            cpu::dot_rows(isa, q, sub_row(kv.k, kv.row_of(kh, lo + c), d, 0, n * d), &mut out[c..c + n]);
-            c += n;
+        if kv.table.is_none() {
+            cpu::dot_rows(isa, q, sub_row(kv.k, kv.s.row_of(kh, lo), d, 0, out.len() * d), out);
+        } else {
+            let mut c = 0;
+            while c + 4 <= out.len() {
+                let j = lo + c;
+                out[c..c + 4].copy_from_slice(&cpu::dot4(isa, q, [kv.k(kh, j), kv.k(kh, j + 1), kv.k(kh, j + 2), kv.k(kh, j + 3)]));
+                c += 4;
+            }
+            for (c, o) in out.iter_mut().enumerate().skip(c) {
+                *o = cpu::dot(isa, q, kv.k(kh, lo + c));
+            }
         }
         out.iter_mut().for_each(|o| *o *= kv.s.scale);
         return;
@@ -112,6 +132,15 @@ fn scores_into(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, lo: usize, four: boo
     for (c, o) in out.iter_mut().enumerate() {
         *o = cpu::dot(isa, q, kv.k(kh, lo + c)) * kv.s.scale;
     }
+}
+
+/// One query row with an exact two-pass softmax: every score into `sc` (one per
+/// key), the softmax, then the weighted values.
+#[allow(clippy::too_many_arguments)]
+fn attend_two_pass(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, keys: (usize, usize), four: bool, sc: &mut [f32], o: &mut [f32]) {
+    scores_into(isa, kv, q, kh, keys.0, four, sc);
+    crate::kernels::act::softmax_in_place(isa, sc);
+    kv.weighted_values(isa, kh, keys, sc, o);
 }
 
 /// Turns scores into `exp(s - max)` in place; returns `(max, sum)`.
@@ -233,32 +262,55 @@ pub(super) fn run_prefill_tiled(kd: &KernelDef, prob: &Problem, params: &Params,
 // ---------------------------------------------------------------------------
 // CPU: a paged batch
 
-/// Every sequence of a paged batch as the tiled prefill runs a call: tasks of
-/// (sequence, block of `block_q` queries, KV head), each over key tiles of
-/// `block_kv` read through the sequence's table (a decode token is a block of
-/// one query, its group's heads sharing each K/V row).
+/// Every sequence of a paged batch as the runtime's defaults run it alone: a
+/// decode token (one query) as `attention_decode_heads_cpu` does (a task per
+/// query head, the exact two-pass softmax, four K rows a call), a prefill chunk
+/// as `attention_prefill_tiled_cpu` does (tasks of `block_q` queries and a KV
+/// head over key tiles of `block_kv`); the keys read through the sequence's
+/// table, the values a block at a time. Each sequence's outputs do not depend on
+/// the others in the batch, and are the bits of those kernels over a head-major
+/// cache holding the same rows.
 pub(super) fn run_paged(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
     let (p, isa, seqs) = paged_call(kd, prob, params, &a)?;
     let bq = (param(params, "block_q")? as usize).max(1);
     let bkv = (param(params, "block_kv")? as usize).max(1);
     let q = a.ins[0].f32();
     let (g_n, d, hd) = (p.group(), p.d, p.heads * p.d);
-    // (sequence, first query, queries, KV head, outputs)
+    // (sequence, first query, queries, head: a query head of a decode token, else
+    // a KV head, outputs)
     let mut tasks: Vec<(usize, usize, usize, usize, Vec<f32>)> = Vec::new();
     for (si, sq) in seqs.iter().enumerate() {
+        if sq.s.tokens == 1 {
+            tasks.extend((0..p.heads).map(|h| (si, 0, 1, h, Vec::new())));
+            continue;
+        }
         for i0 in (0..sq.s.tokens).step_by(bq) {
             tasks.extend((0..p.kv_heads).map(|kh| (si, i0, bq.min(sq.s.tokens - i0), kh, Vec::new())));
         }
     }
+    let pools = (a.ins[1], a.ins[2]);
     cpu::pool::for_chunks_mut(&mut tasks, 1, |_, t| {
-        let (si, i0, block, kh, acc) = &mut t[0];
+        let (si, i0, block, head, acc) = &mut t[0];
         let sq = &seqs[*si];
-        *acc = prefill_block(isa, &paged_kv((a.ins[1], a.ins[2]), &p, sq), &q[sq.t0 * hd..], *i0, *block, *kh, bkv);
+        let kv = paged_kv(pools, &p, sq);
+        if sq.s.tokens == 1 {
+            let keys = sq.s.range(0);
+            let mut sc = vec![0.0; keys.1 - keys.0];
+            acc.resize(d, 0.0);
+            attend_two_pass(isa, &kv, &q[(sq.t0 * p.heads + *head) * d..][..d], *head / g_n, keys, true, &mut sc, acc);
+        } else {
+            *acc = prefill_block(isa, &kv, &q[sq.t0 * hd..], *i0, *block, *head, bkv);
+        }
     });
     let out = &mut a.outs[0];
-    for (si, i0, block, kh, acc) in tasks {
+    for (si, i0, block, head, acc) in tasks {
+        let sq = &seqs[si];
+        if sq.s.tokens == 1 {
+            out[(sq.t0 * p.heads + head) * d..][..d].copy_from_slice(&acc);
+            continue;
+        }
         for t in 0..block {
-            let dst = ((seqs[si].t0 + i0 + t) * p.heads + kh * g_n) * d;
+            let dst = ((sq.t0 + i0 + t) * p.heads + head * g_n) * d;
             out[dst..dst + g_n * d].copy_from_slice(&acc[t * g_n * d..][..g_n * d]);
         }
     }
@@ -328,10 +380,7 @@ pub(super) fn run_decode_heads(kd: &KernelDef, prob: &Problem, params: &Params, 
     let n = hi - lo; // at least the query's own key
     cpu::with_scratch_cap(&SCORES, s.heads * n, s.heads * s.kv_cap, |scores| {
         cpu::pool::for_chunks_mut2(&mut a.outs[0][..s.heads * d], d, scores, n, |h, o, sc| {
-            let kh = h / s.group();
-            scores_into(isa, &kv, &q[h * d..][..d], kh, lo, four, sc);
-            crate::kernels::act::softmax_in_place(isa, sc);
-            cpu::weighted_rows(isa, sc, kv.v_rows(kh, (lo, hi)), o);
+            attend_two_pass(isa, &kv, &q[h * d..][..d], h / s.group(), (lo, hi), four, sc, o);
         })
     });
     Ok(())

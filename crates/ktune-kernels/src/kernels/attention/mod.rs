@@ -257,7 +257,7 @@ pub fn variants() -> Vec<KernelDef> {
             Op::AttentionPaged,
             DType::FLOAT,
             PAGED_CPU_PARAMS,
-            "pool over (sequence, query block, KV head); the tiled prefill's key tiles read through each sequence's block table",
+            "each sequence as the defaults run it alone (a decode token as decode_heads, a chunk as the tiled prefill), keys and values through its block table",
             CpuImpl { run: run_paged, check: check_paged_cpu },
         ),
         KernelDef::new(
@@ -664,6 +664,67 @@ mod tests {
             windowed |= window > 0 && rows.iter().any(|r| r[1] as usize > window && r[1] as usize > page);
         }
         assert!(mixed && shared && windowed, "mixed {mixed}, shared {shared}, windowed {windowed}");
+    }
+
+    /// `attention_paged_cpu` gives each sequence of a batch the bits the runtime's
+    /// default kernels give it alone over a head-major cache holding the same
+    /// rows (`attention_decode_heads_cpu` for a decode token,
+    /// `attention_prefill_tiled_cpu` for a chunk), windows included, f32 and f16:
+    /// a batch over the paged cache answers as a lone sequence does.
+    #[test]
+    fn paged_cpu_gives_each_sequence_the_lone_kernels_bits() {
+        use crate::kernels::problem::{Op, test_problems};
+        use crate::kernels::verify::{HostTensor, make_inputs, run_cpu};
+        let paged = crate::kernels::find("attention_paged_cpu").expect("registered");
+        let mut compared = (0, 0);
+        for p in test_problems(Op::AttentionPaged) {
+            let Problem::AttentionPaged { heads, kv_heads, head_dim: d, page, max_blocks, window, scale, .. } = p else { panic!() };
+            for dtype in [DType::F32, DType::F16] {
+                let ins = make_inputs(&p, dtype, 9);
+                let got = run_cpu(paged, &p, dtype, &paged.default_params(), &ins).expect("runs").remove(0);
+                let (HostTensor::F32(q), HostTensor::F32(pages)) = (&ins[0], &ins[3]) else { panic!("f32 q and pages") };
+                let mut t0 = 0;
+                for meta in pages.chunks(2 + max_blocks) {
+                    let (q_len, kv) = (meta[0] as usize, meta[1] as usize);
+                    // The sequence's rows gathered into head-major caches.
+                    let gather = |pool: &HostTensor| {
+                        let at = |kh: usize, j: usize| ((meta[2 + j / page] as usize * kv_heads + kh) * page + j % page) * d;
+                        let rows = |kh: usize, j: usize| at(kh, j)..at(kh, j) + d;
+                        match pool {
+                            HostTensor::F32(v) => {
+                                HostTensor::F32((0..kv_heads).flat_map(|kh| (0..kv).flat_map(move |j| v[rows(kh, j)].to_vec())).collect())
+                            }
+                            HostTensor::F16(v) => {
+                                HostTensor::F16((0..kv_heads).flat_map(|kh| (0..kv).flat_map(move |j| v[rows(kh, j)].to_vec())).collect())
+                            }
+                            _ => panic!("a float pool"),
+                        }
+                    };
+                    let q_rows = HostTensor::F32(q[t0 * heads * d..(t0 + q_len) * heads * d].to_vec());
+                    let lone_ins = [q_rows, gather(&ins[1]), gather(&ins[2])];
+                    let (id, lone) = if q_len == 1 {
+                        (
+                            "attention_decode_heads_cpu",
+                            Problem::AttentionDecode { kv_len: kv, kv_cap: kv, heads, kv_heads, head_dim: d, window, scale },
+                        )
+                    } else {
+                        ("attention_prefill_tiled_cpu", causal_prefill((q_len, kv, kv), (heads, kv_heads, d), window, scale))
+                    };
+                    let k = crate::kernels::find(id).expect("registered");
+                    let want = run_cpu(k, &lone, dtype, &k.default_params(), &lone_ins).expect("runs").remove(0);
+                    let mine = &got[t0 * heads * d..(t0 + q_len) * heads * d];
+                    let moved = mine.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                    assert_eq!(moved, 0, "{} {dtype}: the sequence at row {t0} ({q_len} of {kv}) differs from {id}", p.describe());
+                    if q_len == 1 {
+                        compared.0 += 1
+                    } else {
+                        compared.1 += 1
+                    }
+                    t0 += q_len;
+                }
+            }
+        }
+        assert!(compared.0 >= 6 && compared.1 >= 6, "{compared:?} decode tokens and chunks compared");
     }
 
     /// A table the pool cannot serve is the kernel's error, naming what is wrong,

@@ -201,12 +201,21 @@ fn axpy_k<L: Lanes, W: Elem>(l: L, a: f32, x: &[W], y: &mut [f32]) {
 /// in registers across them (a decode's softmax-weighted values).
 pub fn weighted_rows(isa: Isa, w: &[f32], v: Row<'_>, o: &mut [f32]) {
     isa_dispatch!(isa, |l| (w: &[f32] = w, v: Row<'_> = v, o: &mut [f32] = o) -> () {
-        with_row!(v, |v| weighted_k(l, w, v, o))
+        with_row!(v, |v| weighted_k(l, w, v, o, false))
+    })
+}
+
+/// `o += Σ_r w[r] * v_r`: [`weighted_rows`] continuing each element's FMA chain
+/// from `o`, so rows given in several calls (a paged cache's blocks) give the
+/// bits of one call over them all.
+pub fn weighted_rows_add(isa: Isa, w: &[f32], v: Row<'_>, o: &mut [f32]) {
+    isa_dispatch!(isa, |l| (w: &[f32] = w, v: Row<'_> = v, o: &mut [f32] = o) -> () {
+        with_row!(v, |v| weighted_k(l, w, v, o, true))
     })
 }
 
 #[inline(always)]
-fn weighted_k<L: Lanes, W: Elem>(l: L, w: &[f32], v: &[W], o: &mut [f32]) {
+fn weighted_k<L: Lanes, W: Elem>(l: L, w: &[f32], v: &[W], o: &mut [f32], add: bool) {
     let d = o.len();
     if d == 0 {
         return;
@@ -216,15 +225,15 @@ fn weighted_k<L: Lanes, W: Elem>(l: L, w: &[f32], v: &[W], o: &mut [f32]) {
     let mut c0 = 0;
     while c0 < full {
         let c1 = match (full - c0) / L::N {
-            1 => weighted_cols::<L, W, 1>(l, w, v, d, c0, o),
-            2 => weighted_cols::<L, W, 2>(l, w, v, d, c0, o),
-            3 => weighted_cols::<L, W, 3>(l, w, v, d, c0, o),
-            _ => weighted_cols::<L, W, 4>(l, w, v, d, c0, o),
+            1 => weighted_cols::<L, W, 1>(l, w, v, d, c0, o, add),
+            2 => weighted_cols::<L, W, 2>(l, w, v, d, c0, o, add),
+            3 => weighted_cols::<L, W, 3>(l, w, v, d, c0, o, add),
+            _ => weighted_cols::<L, W, 4>(l, w, v, d, c0, o, add),
         };
         c0 = c1;
     }
     for (i, oi) in o[full..].iter_mut().enumerate() {
-        let mut s = 0.0;
+        let mut s = if add { *oi } else { 0.0 };
         for (r, &a) in w.iter().enumerate() {
             s += a * v[r * d + full + i].f32();
         }
@@ -234,8 +243,13 @@ fn weighted_k<L: Lanes, W: Elem>(l: L, w: &[f32], v: &[W], o: &mut [f32]) {
 
 /// Columns `c0..c0 + B * L::N` of [`weighted_rows`]; returns the next column.
 #[inline(always)]
-fn weighted_cols<L: Lanes, W: Elem, const B: usize>(l: L, w: &[f32], v: &[W], d: usize, c0: usize, o: &mut [f32]) -> usize {
+fn weighted_cols<L: Lanes, W: Elem, const B: usize>(l: L, w: &[f32], v: &[W], d: usize, c0: usize, o: &mut [f32], add: bool) -> usize {
     let mut acc = [l.splat(0.0); B];
+    if add {
+        for (j, acc) in acc.iter_mut().enumerate() {
+            *acc = l.load(&o[c0 + j * L::N..]);
+        }
+    }
     for (r, &a) in w.iter().enumerate() {
         let av = l.splat(a);
         let row = &v[r * d + c0..][..B * L::N];
