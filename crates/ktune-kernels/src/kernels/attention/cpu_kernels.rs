@@ -116,11 +116,19 @@ fn scores_into(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, lo: usize, four: boo
         if kv.table.is_none() {
             cpu::dot_rows(isa, q, sub_row(kv.k, kv.s.row_of(kh, lo), d, 0, out.len() * d), out);
         } else {
+            // Whole groups of four within a block in one call; a group across
+            // two blocks (a window's first key off the groups of four) gathered.
             let mut c = 0;
             while c + 4 <= out.len() {
                 let j = lo + c;
-                out[c..c + 4].copy_from_slice(&cpu::dot4(isa, q, [kv.k(kh, j), kv.k(kh, j + 1), kv.k(kh, j + 2), kv.k(kh, j + 3)]));
-                c += 4;
+                let whole = (kv.run_end(j) - j).min(out.len() - c) / 4 * 4;
+                if whole > 0 {
+                    cpu::dot_rows(isa, q, sub_row(kv.k, kv.row_of(kh, j), d, 0, whole * d), &mut out[c..c + whole]);
+                    c += whole;
+                } else {
+                    out[c..c + 4].copy_from_slice(&cpu::dot4(isa, q, [kv.k(kh, j), kv.k(kh, j + 1), kv.k(kh, j + 2), kv.k(kh, j + 3)]));
+                    c += 4;
+                }
             }
             for (c, o) in out.iter_mut().enumerate().skip(c) {
                 *o = cpu::dot(isa, q, kv.k(kh, lo + c));
