@@ -13,7 +13,9 @@
 #
 # KTUNE_ARGS: more flags for `ktune serve` (a profile); BASE_BIN (and
 # BASE_ARGS): a second ktune build, run as `ktune-base` in the same rounds (a
-# before/after); NO_LLAMA=1 leaves llama-server out.
+# before/after); NO_LLAMA=1 leaves llama-server out; PARALLEL=P serves every
+# number of clients with `--parallel P` (one client on a server of many
+# sequences) instead of C.
 #
 # Needs target/release/ktune and llama.cpp's llama-server (tools/build_llamacpp.sh
 # with LLAMACPP_TARGETS=llama-server; $LLAMACPP_BUILD as there). Nothing else
@@ -31,6 +33,7 @@ KTUNE_ARGS=${KTUNE_ARGS:-}
 BASE_BIN=${BASE_BIN:-}
 BASE_ARGS=${BASE_ARGS:-}
 NO_LLAMA=${NO_LLAMA:-}
+PARALLEL=${PARALLEL:-}
 BUILD=${LLAMACPP_BUILD:-target/llama.cpp-build}
 PORT=${PORT:-18200}
 LOG=$(mktemp)
@@ -47,7 +50,7 @@ wait_ready() {
 
 load() { # server round clients
     local n=$(($3 * 4 < 8 ? 8 : $3 * 4))
-    python3 tools/load_serve.py --url "http://127.0.0.1:$PORT" -n "$n" -c "$3" --max-tokens "$TOKENS" --stream $LOAD_ARGS \
+    python3 tools/load_serve.py --url "http://127.0.0.1:$PORT" --pid "$pid" -n "$n" -c "$3" --max-tokens "$TOKENS" --stream $LOAD_ARGS \
         | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); d.update(server='$1', round=$2); print(json.dumps(d))"
 }
 
@@ -55,7 +58,7 @@ ktune_serve() { # label round clients binary args...
     local label=$1 round=$2 c=$3 bin=$4
     shift 4
     # shellcheck disable=SC2068 # the extra flags split into words on purpose
-    "$bin" serve --gguf "$MODEL" --device cpu --port "$PORT" --parallel "$c" --context "$CONTEXT" \
+    "$bin" serve --gguf "$MODEL" --device cpu --port "$PORT" --parallel "${PARALLEL:-$c}" --context "$CONTEXT" \
         --queue 64 --ignore-eos $@ >"$LOG" 2>&1 &
     local pid=$!
     wait_ready && load "$label" "$round" "$c"

@@ -163,9 +163,12 @@ struct EnginePaged {
 }
 
 /// Positions one block of a paged KV cache holds ([`Engine::enable_paged`]):
-/// 16 rows of a KV head of 64 f32 are one 4 KiB page, and a sequence wastes
-/// at most 15 positions in its last block.
-pub const KV_PAGE: usize = 16;
+/// attention reads a block's rows of a head in one call each for its scores
+/// and its values, so a sequence of 480 positions is 8 calls of each a head
+/// (with blocks of 16 the calls' own cost slowed a lone decode at that length by
+/// a tenth: `PARALLEL=8 CLIENTS=1 tools/bench_serve.sh`, docs/serve.md); a
+/// sequence leaves at most 63 positions of its last block unused.
+pub const KV_PAGE: usize = 64;
 
 /// One sequence's KV cache outside the engine ([`Engine::swap_sequence`]): the
 /// plan's cache buffers and the sequence's position, so many sequences share one
@@ -684,16 +687,16 @@ impl Engine {
     }
 
     /// Makes the KV cache paged (CPU): the plan's cache buffers become one pool
-    /// of blocks of [`KV_PAGE`] positions, enough for `positions` positions and
-    /// one whole context at least (its memory taken as blocks are first
-    /// written), every sequence a table of blocks ([`Engine::new_sequence`]):
+    /// of blocks of [`KV_PAGE`] positions, enough for `sequences` tables holding
+    /// `positions` positions together (each a partly filled last block) and one
+    /// whole context at least (its memory taken as blocks are first written), every sequence a table of blocks ([`Engine::new_sequence`]):
     /// a prefix shared between sequences is the same blocks, not a copy
     /// ([`Engine::copy_prefix`]), and attention reads each sequence's blocks
     /// through the paged kernel, every sequence of a decode batch in one call.
     /// Forgets what the cache held; sequences made before no longer fit. Refused
     /// on a GPU, and for a plan that writes the cache in its fused QKV kernel
     /// (`fusedQkvRopeCache`).
-    pub fn enable_paged(&mut self, positions: usize) -> Result<(), RuntimeError> {
+    pub fn enable_paged(&mut self, positions: usize, sequences: usize) -> Result<(), RuntimeError> {
         use crate::kernels::{Backend, Problem};
         if self.plan.options.fusion.qkv_rope_cache {
             return Err(RuntimeError::Internal("a paged KV cache needs the unfused KV write (execution.fusedQkvRopeCache: false)".into()));
@@ -703,7 +706,7 @@ impl Engine {
         };
         let (page, ctx) = (KV_PAGE, self.plan.options.context.max(1));
         let max_blocks = ctx.div_ceil(page);
-        let blocks = positions.div_ceil(page).max(max_blocks);
+        let blocks = (positions.div_ceil(page) + sequences).max(max_blocks);
         let d = &self.plan.config.dims;
         let probe = Problem::AttentionPaged {
             seqs: 1,

@@ -184,8 +184,8 @@ pub fn entries(model: &str, cfg: &ModelConfig, tokens: usize, context: usize) ->
             Problem::AttentionDecode { kv_len: context, kv_cap: context, heads, kv_heads, head_dim: hd, window: 0, scale },
             DType::F16,
         ),
-        // A server's decode batch: eight sequences' tokens over one cache of
-        // 16-position blocks, their lengths up to the context (`verify::paged_layout`).
+        // A server's decode batch: eight sequences' tokens over one paged cache
+        // (the runtime's blocks), their lengths up to the context (`verify::paged_layout`).
         e(
             "batch decode attention (8 paged)",
             Problem::AttentionPaged {
@@ -194,9 +194,9 @@ pub fn entries(model: &str, cfg: &ModelConfig, tokens: usize, context: usize) ->
                 heads,
                 kv_heads,
                 head_dim: hd,
-                page: 16,
-                blocks: 8 * context.div_ceil(16),
-                max_blocks: context.div_ceil(16),
+                page: crate::runtime::KV_PAGE,
+                blocks: 8 * context.div_ceil(crate::runtime::KV_PAGE),
+                max_blocks: context.div_ceil(crate::runtime::KV_PAGE),
                 window: 0,
                 scale,
             },

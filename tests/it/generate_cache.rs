@@ -418,8 +418,8 @@ fn a_shared_prefix_answers_as_computed() {
     while g.advance(&mut run, &mut |_| true).unwrap() {}
     let got = g.end(run, &mut |_| true).unwrap();
     g.swap_slot(&mut b).unwrap();
-    // b's first write fell in the shared block of positions 32..48: b wrote
-    // into a copy of its own, and holds the two blocks before it with a.
+    // b's first write fell in the shared block holding position 40: b wrote
+    // into a copy of its own, and holds the blocks before it with a.
     assert_eq!(held(&g), a_blocks + b.kv_written().div_ceil(page) - 40 / page);
     assert_eq!(got.prefilled, second.len() - 40, "only the new tokens prefilled");
     let want = answer(&mut fresh, &second);

@@ -590,10 +590,10 @@ fn serve_parallel_keeps_within_its_kv_memory() {
     }
     assert!(metric(&a, "ktune_batch_steps_total{sequences=\"2\"}") > 0.0, "two at once");
     assert!(metric(&a, "ktune_kv_cache_tokens") <= 80.0);
-    // The sequences' blocks of 16 positions in the paged cache: what two
-    // requests of 28 positions hold at most, a partly filled last block each.
+    // The sequences' blocks in the paged cache: what the requests' 80
+    // positions take at most, a partly filled last block each.
     let blocks = metric(&a, "ktune_kv_cache_blocks_used");
-    assert!(blocks > 0.0 && blocks <= (80 / 16 + 4) as f64, "{blocks} blocks held");
+    assert!(blocks > 0.0 && blocks <= (80 / ktune::runtime::KV_PAGE + 4) as f64, "{blocks} blocks held");
     assert!(metric(&a, "ktune_kv_cache_blocks_total") >= blocks);
     let big = serde_json::json!({"prompt": "Once upon a time", "max_tokens": 100});
     let r = post(&a, "/v1/completions", &big);

@@ -687,7 +687,7 @@ fn metrics(state: &State) -> String {
         (
             "ktune_kv_cache_blocks_total",
             "gauge",
-            "Blocks of the paged KV cache (16 positions each; 0: not paged).",
+            "Blocks of the paged KV cache (64 positions each; 0: not paged).",
             m.kv_blocks.1.to_string(),
         ),
         (

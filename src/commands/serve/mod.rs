@@ -142,10 +142,10 @@ pub fn run(selector: Option<&str>, args: &ServeArgs, warn: &dyn Fn(&str)) -> Res
     };
     if parallel > 1 && g.engine.kv_blocks().is_some() {
         // The paged KV cache holds what --kv-tokens allows (and each sequence's
-        // last, partly filled block), else every sequence's whole context.
-        let page = crate::runtime::KV_PAGE;
-        let positions = if args.kv_tokens > 0 { args.kv_tokens + (parallel + 1) * page } else { (parallel + 1) * g.context };
-        g.engine.enable_paged(positions)?;
+        // last, partly filled block), else every sequence's whole context; the
+        // generator's own sequence too.
+        let positions = if args.kv_tokens > 0 { args.kv_tokens } else { (parallel + 1) * g.context };
+        g.engine.enable_paged(positions, parallel + 1)?;
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
