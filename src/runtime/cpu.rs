@@ -280,22 +280,23 @@ fn call(bufs: &[HostBuf], paged: Option<&Paged>, step: &Step, outs: &mut Taken) 
     let StepKind::Kernel { kernel, params, problem, binds, outputs, .. } = &step.kind else { return Ok(()) };
     let mut ins: crate::kernels::contract::CpuIns<'_> =
         binds.iter().enumerate().filter(|(i, _)| outputs & (1 << i) == 0).map(|(_, &b)| bufs[b].as_in()).collect();
-    let paged_call = match paged {
-        Some(pg) => pg.problem(problem)?.map(|p| (pg, p)),
+    let paged_problem = match paged {
+        Some(pg) => pg.problem(problem)?,
         None => None,
     };
-    let res = match paged_call {
-        Some((pg, p)) => {
+    let (kernel, problem, params) = match (paged, &paged_problem) {
+        (Some(pg), Some(p)) => {
             ins.push(CpuIn::F32(&pg.pages));
-            let args = CpuArgs { ins, outs: outs.iter_mut().map(|(_, v)| v.as_mut_slice()).collect() };
-            pg.kernel.run_cpu_planned(&p, &pg.params, args)
+            (pg.kernel, p, &pg.params)
         }
-        None => {
-            let args = CpuArgs { ins, outs: outs.iter_mut().map(|(_, v)| v.as_mut_slice()).collect() };
-            kernel.run_cpu_planned(problem, params, args)
-        }
+        _ => (*kernel, problem, params),
     };
-    res.map_err(|e| RuntimeError::Kernel { slot: step.slot.name().into(), layer: step.layer, source: Box::new(e) })
+    let args = CpuArgs { ins, outs: outs.iter_mut().map(|(_, v)| v.as_mut_slice()).collect() };
+    kernel.run_cpu_planned(problem, params, args).map_err(|e| RuntimeError::Kernel {
+        slot: step.slot.name().into(),
+        layer: step.layer,
+        source: Box::new(e),
+    })
 }
 
 impl CpuExec {

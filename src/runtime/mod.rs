@@ -689,10 +689,12 @@ impl Engine {
     /// Makes the KV cache paged (CPU): the plan's cache buffers become one pool
     /// of blocks of [`KV_PAGE`] positions, enough for `sequences` tables holding
     /// `positions` positions together (each a partly filled last block) and one
-    /// whole context at least (its memory taken as blocks are first written), every sequence a table of blocks ([`Engine::new_sequence`]):
-    /// a prefix shared between sequences is the same blocks, not a copy
+    /// whole context at least (its memory taken as blocks are first written);
+    /// every sequence is a table of blocks ([`Engine::new_sequence`]), a prefix
+    /// shared between sequences the same blocks, not a copy
     /// ([`Engine::copy_prefix`]), and attention reads each sequence's blocks
-    /// through the paged kernel, every sequence of a decode batch in one call.
+    /// through the paged kernel (the op's preferred CPU kernel), every sequence
+    /// of a decode batch in one call.
     /// Forgets what the cache held; sequences made before no longer fit. Refused
     /// on a GPU, and for a plan that writes the cache in its fused QKV kernel
     /// (`fusedQkvRopeCache`).
@@ -707,6 +709,7 @@ impl Engine {
         let (page, ctx) = (KV_PAGE, self.plan.options.context.max(1));
         let max_blocks = ctx.div_ceil(page);
         let blocks = (positions.div_ceil(page) + sequences).max(max_blocks);
+        // The op's preferred kernel (the list depends on the op alone).
         let d = &self.plan.config.dims;
         let probe = Problem::AttentionPaged {
             seqs: 1,
