@@ -711,18 +711,13 @@ impl Engine {
         let blocks = (positions.div_ceil(page) + sequences).max(max_blocks);
         // The op's preferred kernel (the list depends on the op alone).
         let d = &self.plan.config.dims;
-        let probe = Problem::AttentionPaged {
-            seqs: 1,
-            tokens: 1,
-            heads: d.num_heads.max(1),
-            kv_heads: d.num_kv_heads.max(1),
-            head_dim: d.head_dim.max(1),
-            page,
-            blocks,
-            max_blocks,
-            window: 0,
-            scale: 1.0,
-        };
+        let probe = Problem::attention_paged(
+            (1, 1),
+            (d.num_heads.max(1), d.num_kv_heads.max(1), d.head_dim.max(1)),
+            (page, blocks, max_blocks),
+            0,
+            1.0,
+        );
         let kernel = crate::kernels::preferred::preferred(&probe, Backend::Cpu)
             .iter()
             .find_map(|id| crate::kernels::find(id).ok())

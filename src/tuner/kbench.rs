@@ -188,18 +188,13 @@ pub fn entries(model: &str, cfg: &ModelConfig, tokens: usize, context: usize) ->
         // (the runtime's blocks), their lengths up to the context (`verify::paged_layout`).
         e(
             "batch decode attention (8 paged)",
-            Problem::AttentionPaged {
-                seqs: 8,
-                tokens: 8,
-                heads,
-                kv_heads,
-                head_dim: hd,
-                page: crate::runtime::KV_PAGE,
-                blocks: 8 * context.div_ceil(crate::runtime::KV_PAGE),
-                max_blocks: context.div_ceil(crate::runtime::KV_PAGE),
-                window: 0,
+            Problem::attention_paged(
+                (8, 8),
+                (heads, kv_heads, hd),
+                (crate::runtime::KV_PAGE, 8 * context.div_ceil(crate::runtime::KV_PAGE), context.div_ceil(crate::runtime::KV_PAGE)),
+                0,
                 scale,
-            },
+            ),
             DType::F16,
         ),
         e("prefill rms_norm", Problem::RmsNorm { rows: tokens, dim: h, eps, unit_offset }, DType::F32),

@@ -422,6 +422,18 @@ fn b(id: &'static str, role: Role, dims: &[&'static str], shape: &[usize], dtype
 }
 
 impl Problem {
+    /// A [`Problem::AttentionPaged`] of `seqs` sequences and `tokens` queries,
+    /// `(heads, kv_heads, head_dim)`, a pool of `(page, blocks, max_blocks)`.
+    pub fn attention_paged(
+        (seqs, tokens): (usize, usize),
+        (heads, kv_heads, head_dim): (usize, usize, usize),
+        (page, blocks, max_blocks): (usize, usize, usize),
+        window: usize,
+        scale: f32,
+    ) -> Problem {
+        Problem::AttentionPaged { seqs, tokens, heads, kv_heads, head_dim, page, blocks, max_blocks, window, scale }
+    }
+
     /// A plain [`Problem::NormGemv`]: no residual, no activation.
     pub fn norm_gemv(n: usize, k: usize, eps: f32, unit_offset: bool) -> Problem {
         Problem::NormGemv { n, k, eps, unit_offset, residual: NormResidual::None, act: None, formats: None }
@@ -851,30 +863,16 @@ pub fn test_problems(op: Op) -> Vec<Problem> {
             Problem::AttentionDecode { kv_len: 517, kv_cap: 600, heads: 8, kv_heads: 2, head_dim: 128, window: 0, scale: 0.0884 },
             Problem::AttentionDecode { kv_len: 700, kv_cap: 700, heads: 6, kv_heads: 3, head_dim: 32, window: 64, scale: 0.18 },
         ],
-        // (seqs, tokens, heads, kv_heads, head_dim, page, blocks, max_blocks, window, scale):
-        // one decode token; decode tokens of three sequences; decode tokens and
+        // One decode token; decode tokens of three sequences; decode tokens and
         // prefill chunks mixed; a sliding window across pages; head_dim 128 on small
         // pages (the sequences' lengths and tables: `verify::paged_layout`).
-        Op::AttentionPaged => [
-            (1, 1, 1, 1, 8, 4, 2, 2, 0, 0.35),
-            (3, 3, 4, 2, 16, 16, 12, 4, 0, 0.25),
-            (4, 21, 4, 1, 64, 16, 40, 8, 0, 0.125),
-            (3, 10, 6, 3, 32, 32, 30, 8, 40, 0.18),
-            (2, 40, 8, 2, 128, 8, 40, 12, 0, 0.0884),
-        ]
-        .map(|(seqs, tokens, heads, kv_heads, head_dim, page, blocks, max_blocks, window, scale)| Problem::AttentionPaged {
-            seqs,
-            tokens,
-            heads,
-            kv_heads,
-            head_dim,
-            page,
-            blocks,
-            max_blocks,
-            window,
-            scale,
-        })
-        .to_vec(),
+        Op::AttentionPaged => vec![
+            Problem::attention_paged((1, 1), (1, 1, 8), (4, 2, 2), 0, 0.35),
+            Problem::attention_paged((3, 3), (4, 2, 16), (16, 12, 4), 0, 0.25),
+            Problem::attention_paged((4, 21), (4, 1, 64), (16, 40, 8), 0, 0.125),
+            Problem::attention_paged((3, 10), (6, 3, 32), (32, 30, 8), 40, 0.18),
+            Problem::attention_paged((2, 40), (8, 2, 128), (8, 40, 12), 0, 0.0884),
+        ],
         Op::RmsNorm => vec![
             Problem::RmsNorm { rows: 1, dim: 7, eps: 1e-6, unit_offset: false },
             Problem::RmsNorm { rows: 3, dim: 1152, eps: 1e-6, unit_offset: true },
