@@ -158,7 +158,6 @@ pub struct Engine {
 
 struct EnginePaged {
     pool: kv_pool::KvPool,
-    page: usize,
     table: Vec<u32>,
 }
 
@@ -731,7 +730,7 @@ impl Engine {
         }
         e.paged =
             Some(cpu::Paged { page, blocks, max_blocks, caches, kernel, params: kernel.default_params(), pages: Vec::new(), seqs: 0 });
-        self.paged = Some(EnginePaged { pool: kv_pool::KvPool::new(blocks), page, table: Vec::new() });
+        self.paged = Some(EnginePaged { pool: kv_pool::KvPool::new(blocks), table: Vec::new() });
         self.pos = 0;
         self.kv_written = 0;
         Ok(())
@@ -829,7 +828,7 @@ impl Engine {
         if let Some(p) = &self.paged {
             // Paged: the prefix's blocks held by both tables, nothing copied; the
             // first write into a shared block copies it (`CpuExec::page_in`).
-            let blocks = n.div_ceil(p.page);
+            let blocks = n.div_ceil(KV_PAGE);
             if src.table.len() < blocks || dst.pool.is_none() {
                 return Err(RuntimeError::Internal(format!("a prefix of {n} positions from a table of {} blocks", src.table.len())));
             }

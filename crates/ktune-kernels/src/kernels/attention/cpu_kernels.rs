@@ -113,26 +113,23 @@ fn attend_online(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, (lo, hi): (usize, 
 fn scores_into(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, lo: usize, four: bool, out: &mut [f32]) {
     if four {
         let d = kv.s.d;
-        if kv.table.is_none() {
-            cpu::dot_rows(isa, q, sub_row(kv.k, kv.s.row_of(kh, lo), d, 0, out.len() * d), out);
-        } else {
-            // Whole groups of four within a block in one call; a group across
-            // two blocks (a window's first key off the groups of four) gathered.
-            let mut c = 0;
-            while c + 4 <= out.len() {
-                let j = lo + c;
-                let whole = (kv.run_end(j) - j).min(out.len() - c) / 4 * 4;
-                if whole > 0 {
-                    cpu::dot_rows(isa, q, sub_row(kv.k, kv.row_of(kh, j), d, 0, whole * d), &mut out[c..c + whole]);
-                    c += whole;
-                } else {
-                    out[c..c + 4].copy_from_slice(&cpu::dot4(isa, q, [kv.k(kh, j), kv.k(kh, j + 1), kv.k(kh, j + 2), kv.k(kh, j + 3)]));
-                    c += 4;
-                }
+        // Whole groups of four within a run of consecutive rows in one call (a
+        // head-major cache: one run); a group across two blocks (a window's
+        // first key off the groups of four) gathered; the rest one row a call.
+        let mut c = 0;
+        while c + 4 <= out.len() {
+            let j = lo + c;
+            let whole = (kv.run_end(j) - j).min(out.len() - c) / 4 * 4;
+            if whole > 0 {
+                cpu::dot_rows(isa, q, sub_row(kv.k, kv.row_of(kh, j), d, 0, whole * d), &mut out[c..c + whole]);
+                c += whole;
+            } else {
+                out[c..c + 4].copy_from_slice(&cpu::dot4(isa, q, [kv.k(kh, j), kv.k(kh, j + 1), kv.k(kh, j + 2), kv.k(kh, j + 3)]));
+                c += 4;
             }
-            for (c, o) in out.iter_mut().enumerate().skip(c) {
-                *o = cpu::dot(isa, q, kv.k(kh, lo + c));
-            }
+        }
+        for (c, o) in out.iter_mut().enumerate().skip(c) {
+            *o = cpu::dot(isa, q, kv.k(kh, lo + c));
         }
         out.iter_mut().for_each(|o| *o *= kv.s.scale);
         return;
@@ -259,12 +256,19 @@ pub(super) fn run_prefill_tiled(kd: &KernelDef, prob: &Problem, params: &Params,
     });
     let out = &mut a.outs[0];
     for (i0, block, kh, acc) in blocks {
-        for t in 0..block {
-            let dst = ((i0 + t) * s.heads + kh * g_n) * d;
-            out[dst..dst + g_n * d].copy_from_slice(&acc[t * g_n * d..][..g_n * d]);
-        }
+        put_block(out, s.heads * d, g_n * d, (i0, block, kh), &acc);
     }
     Ok(())
+}
+
+/// A [`prefill_block`]'s outputs (`block` tokens from token `i0`, the `gd`
+/// floats a token of KV head `kh`'s query heads) into `out`'s rows of `row`
+/// floats (every head of a token).
+fn put_block(out: &mut [f32], row: usize, gd: usize, (i0, block, kh): (usize, usize, usize), acc: &[f32]) {
+    for t in 0..block {
+        let dst = (i0 + t) * row + kh * gd;
+        out[dst..dst + gd].copy_from_slice(&acc[t * gd..][..gd]);
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -317,10 +321,7 @@ pub(super) fn run_paged(kd: &KernelDef, prob: &Problem, params: &Params, mut a: 
             out[(sq.t0 * p.heads + head) * d..][..d].copy_from_slice(&acc);
             continue;
         }
-        for t in 0..block {
-            let dst = ((sq.t0 + i0 + t) * p.heads + head * g_n) * d;
-            out[dst..dst + g_n * d].copy_from_slice(&acc[t * g_n * d..][..g_n * d]);
-        }
+        put_block(out, hd, g_n * d, (sq.t0 + i0, block, head), &acc);
     }
     Ok(())
 }
