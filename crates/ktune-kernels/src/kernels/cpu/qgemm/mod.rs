@@ -467,7 +467,13 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
         let simd = i8_gemm_simd(isa);
         let key =
             (w.quants.as_ptr() as usize, w.quants.len(), w.scales.as_ptr() as usize, w.format as usize, r0, 2 * count + simd as usize);
-        let kept = cache.panels.lock().ok().and_then(|m| m.get(&key).cloned());
+        // This task's panel, and the next rows' (which this thread most likely
+        // computes next: pool tasks come in runs of consecutive chunks) to
+        // fetch into L2 while these compute: each panel is a stream of its own,
+        // a few KiB, too short for the hardware prefetcher to ramp up on.
+        let next_key = (key.0, key.1, key.2, key.3, r0 + count, key.5);
+        let (kept, next) =
+            cache.panels.lock().ok().map_or((None, None), |m| (m.get(&key).cloned(), m.get(&next_key).cloned()));
         let p = match kept {
             Some(p) => p,
             None => {
@@ -485,7 +491,16 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
         if i8_gemm_simd(isa) {
             // SAFETY: AVX-512F/BW/VL/VNNI checked; the panel holds `count` rows of k
             // in whole blocks of 16 and `x` m tokens of k (k a multiple of 32).
-            unsafe { vnni::rows_times_tokens(&p, x, count, &mut out, &[]) };
+            // (The offsets only where the tiles read them: a biased panel's are
+            // folded into its sums.)
+            let next = match next.as_deref() {
+                Some(n) => {
+                    let off: &[u8] = if n.bias == 0 { bytemuck::cast_slice(&n.off) } else { &[] };
+                    [n.vals.as_slice(), bytemuck::cast_slice(&n.scale), off]
+                }
+                None => [&[][..]; 3],
+            };
+            unsafe { vnni::rows_times_tokens(&p, x, count, &mut out, &next) };
             return out;
         }
         scalar(&p, x, count, &mut out);
@@ -503,7 +518,7 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
             let next = &w.quants[((r0 + count) * rb).min(w.quants.len())..((r0 + 2 * count) * rb).min(w.quants.len())];
             // SAFETY: AVX-512F/BW/VL/VNNI checked; the panel holds `count` rows of k
             // in whole blocks of 16 and `x` m tokens of k (k a multiple of 32).
-            unsafe { vnni::rows_times_tokens(p, x, count, &mut out, next) };
+            unsafe { vnni::rows_times_tokens(p, x, count, &mut out, &[next]) };
             return;
         }
         scalar(p, x, count, &mut out);

@@ -12,7 +12,7 @@ use super::super::{GROUP, LANE, Panel, QK, RB, XPanel};
 /// AVX-512F/BW/VL/VNNI available; `p` holds `count` rows of `x.k` (in whole
 /// blocks of 16).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-pub unsafe fn rows_times_tokens(p: &Panel, x: &XPanel, count: usize, out: &mut [f32], next: &[u8]) {
+pub unsafe fn rows_times_tokens(p: &Panel, x: &XPanel, count: usize, out: &mut [f32], next: &[&[u8]]) {
     // SAFETY: the caller's contract, passed on.
     unsafe {
         match (p.bias != 0, p.nib) {
@@ -30,21 +30,25 @@ pub unsafe fn rows_times_tokens(p: &Panel, x: &XPanel, count: usize, out: &mut [
 /// # Safety
 /// As [`rows_times_tokens`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn sweep<const BIAS: bool, const NIB: bool>(p: &Panel, x: &XPanel, count: usize, out: &mut [f32], next: &[u8]) {
+unsafe fn sweep<const BIAS: bool, const NIB: bool>(p: &Panel, x: &XPanel, count: usize, out: &mut [f32], next: &[&[u8]]) {
     let m = x.m;
-    // `next` (bytes to bring into L2) spread over the tiles, a share per tile.
+    // `next` (runs of bytes to bring into L2) spread over the tiles, a share
+    // per tile: the lines of each run in turn.
     let tiles = p.blocks.div_ceil(2) * (m / 4 + m % 4);
-    let lines = next.len().div_ceil(64);
+    let lines: usize = next.iter().map(|n| n.len().div_ceil(64)).sum();
     let per_tile = lines.div_ceil(tiles.max(1));
-    let mut line = 0;
+    let (mut line, mut run, mut at) = (0, 0, 0);
     let mut b = 0;
     while b < p.blocks {
         let r = if p.blocks - b >= 2 { 2 } else { 1 };
         let mut t = 0;
         while t < m {
             for _ in 0..per_tile.min(lines - line) {
-                _mm_prefetch::<_MM_HINT_T1>(next.as_ptr().wrapping_add(64 * line) as *const i8);
-                line += 1;
+                while at >= next[run].len() {
+                    (run, at) = (run + 1, 0);
+                }
+                _mm_prefetch::<_MM_HINT_T1>(next[run].as_ptr().wrapping_add(at) as *const i8);
+                (line, at) = (line + 1, at + 64);
             }
             let n = if m - t >= 4 { 4 } else { 1 };
             // SAFETY: blocks b..b + r < p.blocks and tokens t..t + n < m.
