@@ -295,6 +295,28 @@ fn i8_gemm(c: &mut Criterion) {
             });
         }
     }
+    // A decode batch's stream: kept panels larger than the last-level cache
+    // (120 matrices of 1536 x 576, SmolLM2-135M's gate and up projections of
+    // 30 layers twice over: 106 M weights, 60 MB of Q4_0 panels), 8 tokens,
+    // one thread; the panels come from DRAM each pass, as a server's decode
+    // batches read them.
+    let (rows, k) = (1536usize, 576usize);
+    let ws: Vec<f32> = (0..rows * k).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+    let xs = XPanel::quantize(&x[..m8 * k], m8, k);
+    let one = QMatrix::quantize(QFormat::Q4_0, rows, k, &ws).expect("whole blocks");
+    let many: Vec<QMatrix> = (0..120).map(|_| one.clone()).collect();
+    let kept = PanelCache::default();
+    g.throughput(Throughput::Elements((many.len() * rows * k * m8) as u64));
+    g.sample_size(10);
+    g.bench_function(BenchmarkId::new("q4_0_kept_dram", format!("120x{rows}x{k}x{m8}")), |b| {
+        b.iter(|| {
+            for q in &many {
+                for r0 in (0..rows).step_by(32) {
+                    black_box(rows_times_tokens_i8(cpu::Isa::best(), &xs, q.view(), r0, 32, Some(&kept)));
+                }
+            }
+        })
+    });
     g.bench_function(BenchmarkId::new("quantize_activations", format!("{m}x{k}")), |b| b.iter(|| black_box(XPanel::quantize(&x, m, k))));
     // One token's row on one thread (a decode projection's activations, or one
     // pool task of the above): the block scale search and the codes alone.

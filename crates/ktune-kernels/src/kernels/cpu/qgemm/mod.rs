@@ -158,6 +158,11 @@ struct Panel {
     /// `[block][group][row 16]`.
     scale: Vec<f32>,
     off: Vec<f32>,
+    /// The scales and offsets as halves instead (`scale` and `off` then empty),
+    /// where every one is a half exactly ([`Panel::into_halves`]: a kept panel
+    /// of Q4_0, Q4_1 or Q8_0, whose scales are the format's own f16 numbers):
+    /// the SIMD tiles read them, the portable loops never get them.
+    halves: Option<(Vec<half::f16>, Vec<half::f16>)>,
     /// Non-zero when every offset is `-bias · scale` (packed directly: Q8_0 128,
     /// Q4_0 8, Q5_0 16; staged: 128 where the format has no offset of its own,
     /// e.g. Q6_K, IQ4_NL): the SIMD tiles then start each group's integer sums at
@@ -182,6 +187,7 @@ impl Panel {
         self.sg = sg;
         self.blocks = blocks;
         self.nib = false;
+        self.halves = None;
         // Every value, scale and offset is written below: no clearing.
         self.vals.resize(blocks * RB * k, 0);
         self.scale.resize(blocks * groups * RB, 0.0);
@@ -412,6 +418,33 @@ impl Panel {
         self.nib = true;
         self
     }
+
+    /// This panel with its scales and offsets as halves when every one is a
+    /// half exactly (the same numbers, so the same results: a kept panel of a
+    /// 32-element format then streams as few bytes a row as the format's own
+    /// blocks; the tiles are bound by that stream at a decode batch's few
+    /// tokens); else as it is. A biased panel's offsets, which the tiles do not
+    /// read, are dropped.
+    fn into_halves(mut self) -> Panel {
+        let exact = |v: &[f32]| v.iter().all(|&x| half::f16::from_f32(x).to_f32().to_bits() == x.to_bits());
+        if self.halves.is_some() || !exact(&self.scale) || (self.bias == 0 && !exact(&self.off)) {
+            return self;
+        }
+        let halves = |v: &[f32]| v.iter().map(|&x| half::f16::from_f32(x)).collect::<Vec<_>>();
+        let off = if self.bias == 0 { halves(&self.off) } else { Vec::new() };
+        self.halves = Some((halves(&self.scale), off));
+        (self.scale, self.off) = (Vec::new(), Vec::new());
+        self
+    }
+
+    /// The bytes the tiles read: values, scales, offsets (where not folded).
+    fn streams(&self) -> [&[u8]; 3] {
+        let [scale, off]: [&[u8]; 2] = match &self.halves {
+            Some((s, o)) => [bytemuck::cast_slice(s), bytemuck::cast_slice(o)],
+            None => [bytemuck::cast_slice(&self.scale), bytemuck::cast_slice(&self.off)],
+        };
+        [&self.vals, scale, if self.bias == 0 { off } else { &[] }]
+    }
 }
 
 /// Packed rows kept for the life of the weights they were packed from: an
@@ -433,7 +466,14 @@ type KeptPanels = std::collections::HashMap<(usize, usize, usize, usize, usize, 
 impl PanelCache {
     /// Bytes the kept panels hold.
     pub fn bytes(&self) -> usize {
-        self.panels.lock().map_or(0, |m| m.values().map(|p| p.vals.len() + 4 * (p.scale.len() + p.off.len())).sum())
+        self.panels.lock().map_or(0, |m| {
+            m.values()
+                .map(|p| {
+                    let halves = p.halves.as_ref().map_or(0, |(s, o)| 2 * (s.len() + o.len()));
+                    p.vals.len() + 4 * (p.scale.len() + p.off.len()) + halves
+                })
+                .sum()
+        })
     }
 }
 
@@ -472,15 +512,15 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
         // fetch into L2 while these compute: each panel is a stream of its own,
         // a few KiB, too short for the hardware prefetcher to ramp up on.
         let next_key = (key.0, key.1, key.2, key.3, r0 + count, key.5);
-        let (kept, next) =
-            cache.panels.lock().ok().map_or((None, None), |m| (m.get(&key).cloned(), m.get(&next_key).cloned()));
+        let (kept, next) = cache.panels.lock().ok().map_or((None, None), |m| (m.get(&key).cloned(), m.get(&next_key).cloned()));
         let p = match kept {
             Some(p) => p,
             None => {
                 let mut p = Panel::default();
                 p.pack(isa, w, r0, count, k);
-                // The SIMD tiles read 4-bit values two to a byte.
-                let p = std::sync::Arc::new(if simd { p.into_nibbles() } else { p });
+                // The SIMD tiles read 4-bit values two to a byte, and scales as
+                // halves where they are.
+                let p = std::sync::Arc::new(if simd { p.into_nibbles().into_halves() } else { p });
                 if let Ok(mut m) = cache.panels.lock() {
                     m.insert(key, p.clone());
                 }
@@ -491,15 +531,7 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
         if i8_gemm_simd(isa) {
             // SAFETY: AVX-512F/BW/VL/VNNI checked; the panel holds `count` rows of k
             // in whole blocks of 16 and `x` m tokens of k (k a multiple of 32).
-            // (The offsets only where the tiles read them: a biased panel's are
-            // folded into its sums.)
-            let next = match next.as_deref() {
-                Some(n) => {
-                    let off: &[u8] = if n.bias == 0 { bytemuck::cast_slice(&n.off) } else { &[] };
-                    [n.vals.as_slice(), bytemuck::cast_slice(&n.scale), off]
-                }
-                None => [&[][..]; 3],
-            };
+            let next = next.as_deref().map_or([&[][..]; 3], Panel::streams);
             unsafe { vnni::rows_times_tokens(&p, x, count, &mut out, &next) };
             return out;
         }
@@ -730,6 +762,11 @@ mod tests {
                     }
                 }
             }
+            // The 32-element formats' kept scales are halves (their own f16
+            // numbers), the K formats' f32 (a super-block scale times a small
+            // integer is not a half in general).
+            let halves = cache.panels.lock().unwrap().values().any(|p| p.halves.is_some());
+            assert_eq!(halves, matches!(format, QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q8_0), "{format:?}");
             assert!(cache.bytes() > 0);
         }
     }

@@ -96,6 +96,7 @@ unsafe fn tile<const R: usize, const T: usize, const RUNS: usize, const BIAS: bo
     let isums = if sg == GROUP { &x.isum16 } else { &x.isum };
     let mut acc = [[_mm512_setzero_ps(); T]; R];
     let (vals, scale, off) = (p.vals.as_ptr(), p.scale.as_ptr(), p.off.as_ptr());
+    let halves = p.halves.as_ref().map(|(s, o)| (s.as_ptr(), o.as_ptr()));
     let (xq, xd, xs) = (x.q.as_ptr(), x.d.as_ptr(), sums.as_ptr());
     // SAFETY (every read): blocks b..b + R and groups below `groups` are inside
     // the panel; tokens t..t + T and elements below k inside x (the caller).
@@ -132,8 +133,16 @@ unsafe fn tile<const R: usize, const T: usize, const RUNS: usize, const BIAS: bo
             let mut s = [_mm512_setzero_ps(); R];
             let mut o = [_mm512_setzero_ps(); R];
             for r in 0..R {
-                s[r] = _mm512_loadu_ps(scale.add(((b + r) * groups + g) * RB));
-                o[r] = _mm512_loadu_ps(off.add(((b + r) * groups + g) * RB));
+                let at = ((b + r) * groups + g) * RB;
+                if let Some((sh, oh)) = halves {
+                    s[r] = _mm512_cvtph_ps(_mm256_loadu_si256(sh.add(at) as *const __m256i));
+                    if !BIAS {
+                        o[r] = _mm512_cvtph_ps(_mm256_loadu_si256(oh.add(at) as *const __m256i));
+                    }
+                } else {
+                    s[r] = _mm512_loadu_ps(scale.add(at));
+                    o[r] = _mm512_loadu_ps(off.add(at));
+                }
             }
             for c in 0..T {
                 let d = _mm512_set1_ps(*xd.add((t + c) * nb + g * sg / QK));
