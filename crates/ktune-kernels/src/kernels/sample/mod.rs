@@ -298,15 +298,105 @@ fn below_max(x: f32, max: f32) -> f32 {
 
 /// Index of the largest logit, the first on ties (greedy decoding), NaN read as
 /// `-inf` and subnormals as 0 ([`canon`]); 0 for an empty row.
+///
+/// Sixteen independent lanes (lane `l` sees elements `l, l + 16, …`), each
+/// keeping its largest key and the first index it was seen at, then the lanes
+/// merged (the largest key, the smallest index among equal keys) and the tail:
+/// the one loop's answer, in branch-free steps the compiler vectorises (a
+/// server decodes 8–16 sequences a step, each argmax over the whole
+/// vocabulary on the engine's thread while the pool waits).
 pub fn argmax(row: &[f32]) -> u32 {
-    let mut best = (0u32, 0usize);
-    for (i, &v) in row.iter().enumerate() {
-        let k = value_key(canon(v.to_bits()));
-        if k > best.0 {
-            best = (k, i);
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::cpu::features().avx512f {
+        // SAFETY: AVX-512F detected.
+        return unsafe { argmax_avx512(row) };
+    }
+    let (key, at) = argmax_lanes(row);
+    merge_lanes(row, key, at)
+}
+
+/// `value_key(canon(bits))` in integer operations and selects.
+#[inline(always)]
+fn key_of(bits: u32) -> u32 {
+    let nan = 0u32.wrapping_sub(u32::from(bits & 0x7FFF_FFFF > 0x7F80_0000));
+    let flush = 0u32.wrapping_sub(u32::from(bits & 0x7F80_0000 == 0));
+    let c = (bits & !nan & !flush) | (f32::NEG_INFINITY.to_bits() & nan);
+    let neg = 0u32.wrapping_sub(c >> 31);
+    (c ^ neg) | (!neg & 0x8000_0000)
+}
+
+/// Lanes of [`argmax`].
+const ARGMAX_LANES: usize = 16;
+
+/// Each lane's largest key over the whole chunks and the first index it was
+/// seen at (portable: the compiler vectorises what it can).
+fn argmax_lanes(row: &[f32]) -> ([u32; ARGMAX_LANES], [u32; ARGMAX_LANES]) {
+    const L: usize = ARGMAX_LANES;
+    let (mut key, mut at) = ([0u32; L], [0u32; L]);
+    for (c, chunk) in row.chunks_exact(L).enumerate() {
+        for l in 0..L {
+            let k = key_of(chunk[l].to_bits());
+            let better = k > key[l];
+            key[l] = if better { k } else { key[l] };
+            at[l] = if better { (c * L + l) as u32 } else { at[l] };
         }
     }
-    best.1 as u32
+    (key, at)
+}
+
+/// [`argmax_lanes`] in AVX-512 registers: a lane of the register per lane.
+///
+/// # Safety
+/// AVX-512F available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn argmax_avx512(row: &[f32]) -> u32 {
+    use std::arch::x86_64::*;
+    let (mut key, mut at) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+    let mut index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let step = _mm512_set1_epi32(ARGMAX_LANES as i32);
+    let (magnitude, exponent) = (_mm512_set1_epi32(0x7FFF_FFFF), _mm512_set1_epi32(0x7F80_0000));
+    let (neg_inf, sign) = (_mm512_set1_epi32(f32::NEG_INFINITY.to_bits() as i32), _mm512_set1_epi32(i32::MIN));
+    for chunk in row.chunks_exact(ARGMAX_LANES) {
+        // SAFETY: 16 readable floats.
+        let b = unsafe { _mm512_loadu_si512(chunk.as_ptr() as *const __m512i) };
+        // key_of, lane by lane.
+        let nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(b, magnitude), exponent);
+        let flush = _mm512_testn_epi32_mask(b, exponent);
+        let c = _mm512_mask_mov_epi32(_mm512_maskz_mov_epi32(!flush, b), nan, neg_inf);
+        let neg = _mm512_srai_epi32::<31>(c);
+        let k = _mm512_or_si512(_mm512_xor_si512(c, neg), _mm512_andnot_si512(neg, sign));
+        let better = _mm512_cmpgt_epu32_mask(k, key);
+        key = _mm512_mask_mov_epi32(key, better, k);
+        at = _mm512_mask_mov_epi32(at, better, index);
+        index = _mm512_add_epi32(index, step);
+    }
+    let (mut keys, mut ats) = ([0u32; ARGMAX_LANES], [0u32; ARGMAX_LANES]);
+    // SAFETY: 16 writable words each.
+    unsafe {
+        _mm512_storeu_si512(keys.as_mut_ptr() as *mut __m512i, key);
+        _mm512_storeu_si512(ats.as_mut_ptr() as *mut __m512i, at);
+    }
+    merge_lanes(row, keys, ats)
+}
+
+/// The lanes merged (the largest key, the smallest index among equal keys),
+/// then the elements after the whole chunks: the one loop's answer.
+fn merge_lanes(row: &[f32], key: [u32; ARGMAX_LANES], at: [u32; ARGMAX_LANES]) -> u32 {
+    let mut best = (0u32, 0u32);
+    for l in 0..ARGMAX_LANES {
+        if key[l] > best.0 || (key[l] == best.0 && at[l] < best.1) {
+            best = (key[l], at[l]);
+        }
+    }
+    let tail = row.len() - row.len() % ARGMAX_LANES;
+    for (i, &v) in row[tail..].iter().enumerate() {
+        let k = key_of(v.to_bits());
+        if k > best.0 {
+            best = (k, (tail + i) as u32);
+        }
+    }
+    best.1
 }
 
 /// Where a generation stands: the step (tokens sampled so far) and the ring of the

@@ -81,6 +81,42 @@ fn greedy_takes_the_first_maximum() {
     assert_eq!(s.state.step, 1);
 }
 
+/// The lane-wise argmax (AVX-512 where the CPU has it, and the portable lanes)
+/// is the one loop's: the first of the largest, over
+/// lengths around the lanes' 16, with ties, NaN, zeros of both signs and
+/// subnormals, the maximum in the tail or in a lane's later chunk.
+#[test]
+fn greedy_lanes_give_the_one_loops_answer() {
+    let one_loop = |row: &[f32]| {
+        let mut best = (0u32, 0usize);
+        for (i, &v) in row.iter().enumerate() {
+            let k = value_key(canon(v.to_bits()));
+            if k > best.0 {
+                best = (k, i);
+            }
+        }
+        best.1 as u32
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let edges = [0, 1, 0x7F7F_FFFF, 0x7F80_0000, 0x7F80_0001, 0x7FC0_0000, 0x007F_FFFF, 0x0080_0000, 0xFFFF_FFFF];
+    for b in edges.into_iter().chain(edges.map(|b| b | 0x8000_0000)).chain((0..100_000).map(|_| rng.random::<u32>())) {
+        assert_eq!(key_of(b), value_key(canon(b)), "{b:#x}");
+    }
+    let specials = [f32::NAN, -0.0, 0.0, 1e-42, -1e-42, f32::NEG_INFINITY, f32::INFINITY, 2.0, 2.0];
+    for case in 0..3000 {
+        let n = [0, 1, 15, 16, 17, 31, 32, 33, 47, 100, 1000][case % 11];
+        let mut row: Vec<f32> = (0..n).map(|_| (rng.random_range(0..6) as f32) - 3.0).collect();
+        for _ in 0..rng.random_range(0..4usize) {
+            if n > 0 {
+                row[rng.random_range(0..n)] = specials[rng.random_range(0..specials.len())];
+            }
+        }
+        assert_eq!(argmax(&row), one_loop(&row), "{row:?}");
+        let (key, at) = argmax_lanes(&row);
+        assert_eq!(merge_lanes(&row, key, at), one_loop(&row), "portable lanes: {row:?}");
+    }
+}
+
 fn random_logits(rng: &mut ChaCha8Rng, v: usize, spread: f32) -> Vec<f32> {
     (0..v).map(|_| rng.random_range(-spread..spread)).collect()
 }
