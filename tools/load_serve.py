@@ -104,7 +104,9 @@ def run(a, u, clients):
                 i = next(next_i, None)
             if i is None:
                 return
-            body = {"prompt": prompt_of(i, a), "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True}
+            body = {"prompt": prompt_of(i, a), "max_tokens": a.max_tokens, "temperature": a.temperature, "ignore_eos": True}
+            if a.temperature > 0:
+                body["seed"] = i
             if a.stream:
                 body["stream"] = True
                 body["stream_options"] = {"include_usage": True}
@@ -163,6 +165,7 @@ def main():
     ap.add_argument("--stream", action="store_true", help="stream: time to first token and inter-token latency")
     ap.add_argument("--system-tokens", type=int, default=0, help="a shared system prompt of about this many words")
     ap.add_argument("--mixed", action="store_true", help="user texts of different lengths")
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy); above 0 each request seeded with its number")
     a = ap.parse_args()
     u = urllib.parse.urlparse(a.url)
     if u.hostname not in ("127.0.0.1", "localhost", "::1"):
