@@ -299,7 +299,8 @@ fn i8_gemm(c: &mut Criterion) {
     // (120 matrices of 1536 x 576, SmolLM2-135M's gate and up projections of
     // 30 layers twice over: 106 M weights, 60 MB of Q4_0 panels), 8 tokens,
     // one thread; the panels come from DRAM each pass, as a server's decode
-    // batches read them.
+    // batches read them. In tasks of 32 rows (the default `rows_per_task`)
+    // and of 128: each task's panel is a stream of its own and a cache lookup.
     let (rows, k) = (1536usize, 576usize);
     let ws: Vec<f32> = (0..rows * k).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
     let xs = XPanel::quantize(&x[..m8 * k], m8, k);
@@ -308,15 +309,17 @@ fn i8_gemm(c: &mut Criterion) {
     let kept = PanelCache::default();
     g.throughput(Throughput::Elements((many.len() * rows * k * m8) as u64));
     g.sample_size(10);
-    g.bench_function(BenchmarkId::new("q4_0_kept_dram", format!("120x{rows}x{k}x{m8}")), |b| {
-        b.iter(|| {
-            for q in &many {
-                for r0 in (0..rows).step_by(32) {
-                    black_box(rows_times_tokens_i8(cpu::Isa::best(), &xs, q.view(), r0, 32, Some(&kept)));
+    for per in [32usize, 128] {
+        g.bench_function(BenchmarkId::new(format!("q4_0_kept_dram_{per}"), format!("120x{rows}x{k}x{m8}")), |b| {
+            b.iter(|| {
+                for q in &many {
+                    for r0 in (0..rows).step_by(per) {
+                        black_box(rows_times_tokens_i8(cpu::Isa::best(), &xs, q.view(), r0, per, Some(&kept)));
+                    }
                 }
-            }
-        })
-    });
+            })
+        });
+    }
     g.bench_function(BenchmarkId::new("quantize_activations", format!("{m}x{k}")), |b| b.iter(|| black_box(XPanel::quantize(&x, m, k))));
     // One token's row on one thread (a decode projection's activations, or one
     // pool task of the above): the block scale search and the codes alone.
