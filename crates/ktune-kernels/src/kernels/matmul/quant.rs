@@ -166,8 +166,9 @@ fn run_gemm_rows(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>
 
 fn run_gemm_i8(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), KernelError> {
     by_row_blocks(kd, prob, params, a, |isa, x, w, (m, k)| {
-        let (xp, kept) = (XPanel::quantize(&x[..m * k], m, k), active_panels());
-        Ok(move |r0, count| rows_times_tokens_i8(isa, &xp, w, r0, count, kept.as_deref()))
+        let xp = XPanel::quantize(&x[..m * k], m, k);
+        let kept = active_panels().and_then(|c| c.weight(isa, w, k));
+        Ok(move |r0, count| rows_times_tokens_i8(isa, &xp, w, r0, count, kept.as_ref()))
     })
 }
 

@@ -501,9 +501,9 @@ fn run_gate_up_q_i8(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuA
     let Problem::GateUp { rows, n, k, act } = *prob else { return Err(wrong_op(kd, prob)) };
     let Some((isa, x, w)) = q_inputs(kd, params, &a, (rows, n))? else { return Ok(()) };
     let xp = XPanel::quantize(&x[..rows * k], rows, k);
-    let kept = active_panels();
+    let kept = active_panels().and_then(|c| c.weight(isa, w, k));
     gated_row_blocks(isa, act, params, (rows, n), &mut a.outs[0][..rows * n], |r0, count| {
-        rows_times_tokens_i8(isa, &xp, w, r0, count, kept.as_deref())
+        rows_times_tokens_i8(isa, &xp, w, r0, count, kept.as_ref())
     })
 }
 

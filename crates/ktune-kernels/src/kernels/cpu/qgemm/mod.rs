@@ -149,6 +149,8 @@ struct Panel {
     /// Scale group size (16 or 32) and the number of row blocks.
     sg: usize,
     blocks: usize,
+    /// The weight rows packed (the last block's rows past them are zeros).
+    rows: usize,
     /// `vals` holds two runs in each 64 bytes, the first in the low nibbles
     /// ([`Panel::into_nibbles`]: a kept panel of 4-bit values, half the bytes
     /// to stream); the SIMD tiles read it, the portable loops never get one.
@@ -186,6 +188,7 @@ impl Panel {
         let (blocks, groups) = (rows.div_ceil(RB), k / sg);
         self.sg = sg;
         self.blocks = blocks;
+        self.rows = rows;
         self.nib = false;
         self.halves = None;
         // Every value, scale and offset is written below: no clearing.
@@ -459,15 +462,37 @@ pub struct PanelCache {
     panels: std::sync::Mutex<KeptPanels>,
 }
 
-/// Kept panels by (weight address and bytes, scales address, format, first
-/// row, rows twice plus 1 for the SIMD tiles' form).
-type KeptPanels = std::collections::HashMap<(usize, usize, usize, usize, usize, usize), std::sync::Arc<Panel>>;
+/// Each weight's slots by (weight address and bytes, scales address, format,
+/// the SIMD tiles' form).
+type KeptPanels = std::collections::HashMap<(usize, usize, usize, usize, bool), Slots>;
+
+/// A weight's kept panels, a slot per row where a task's rows may start.
+type Slots = std::sync::Arc<[std::sync::OnceLock<Panel>]>;
+
+/// One weight's kept panels, looked up once per kernel call ([`PanelCache::weight`])
+/// and read by its tasks without a lock: every pool task of a decode batch's
+/// GEMM (a microsecond of arithmetic at 8 tokens) looked its panel up in the
+/// shared map, under one lock the threads contended for (a tenth of a decode
+/// batch's samples with the hashing and the reference counts).
+pub struct KeptWeight {
+    slots: Slots,
+}
 
 impl PanelCache {
+    /// The kept panels of `w` (rows of `k`) for the kernel `isa` runs.
+    pub fn weight(&self, isa: Isa, w: QView<'_>, k: usize) -> Option<KeptWeight> {
+        let rows = w.quants.len() / row_bytes(w, k).max(1);
+        let key = (w.quants.as_ptr() as usize, w.quants.len(), w.scales.as_ptr() as usize, w.format as usize, i8_gemm_simd(isa));
+        let mut m = self.panels.lock().ok()?;
+        let slots = m.entry(key).or_insert_with(|| (0..rows).map(|_| std::sync::OnceLock::new()).collect());
+        Some(KeptWeight { slots: slots.clone() })
+    }
+
     /// Bytes the kept panels hold.
     pub fn bytes(&self) -> usize {
         self.panels.lock().map_or(0, |m| {
             m.values()
+                .flat_map(|slots| slots.iter().filter_map(std::sync::OnceLock::get))
                 .map(|p| {
                     let halves = p.halves.as_ref().map_or(0, |(s, o)| 2 * (s.len() + o.len()));
                     p.vals.len() + 4 * (p.scale.len() + p.off.len()) + halves
@@ -497,46 +522,41 @@ pub fn active_panels() -> Option<std::sync::Arc<PanelCache>> {
 }
 
 /// `y[t, r]` for rows `r0..r0 + count` of `w` and every token of `x`: the rows
-/// packed once (or taken from `cache`, packed there the first time), then the
-/// interleaved int8 kernel (VNNI when `isa` has it, else the portable loops of
-/// the same arithmetic). Returns `[count][m]`.
-pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count: usize, cache: Option<&PanelCache>) -> Vec<f32> {
+/// packed once (or taken from `kept`, packed there the first time: a slot holds
+/// the panel of the rows first asked for from its row; other rows from there
+/// are packed each time), then the interleaved int8 kernel (VNNI when `isa`
+/// has it, else the portable loops of the same arithmetic). Returns `[count][m]`.
+pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count: usize, kept: Option<&KeptWeight>) -> Vec<f32> {
     let (m, k) = (x.m, x.k);
     let mut out = vec![0f32; count * m];
-    if let Some(cache) = cache {
+    if let Some(kept) = kept
+        && let Some(slot) = kept.slots.get(r0)
+    {
         let simd = i8_gemm_simd(isa);
-        let key =
-            (w.quants.as_ptr() as usize, w.quants.len(), w.scales.as_ptr() as usize, w.format as usize, r0, 2 * count + simd as usize);
-        // This task's panel, and the next rows' (which this thread most likely
-        // computes next: pool tasks come in runs of consecutive chunks) to
-        // fetch into L2 while these compute: each panel is a stream of its own,
-        // a few KiB, too short for the hardware prefetcher to ramp up on.
-        let next_key = (key.0, key.1, key.2, key.3, r0 + count, key.5);
-        let (kept, next) = cache.panels.lock().ok().map_or((None, None), |m| (m.get(&key).cloned(), m.get(&next_key).cloned()));
-        let p = match kept {
-            Some(p) => p,
-            None => {
-                let mut p = Panel::default();
-                p.pack(isa, w, r0, count, k);
-                // The SIMD tiles read 4-bit values two to a byte, and scales as
-                // halves where they are.
-                let p = std::sync::Arc::new(if simd { p.into_nibbles().into_halves() } else { p });
-                if let Ok(mut m) = cache.panels.lock() {
-                    m.insert(key, p.clone());
-                }
-                p
+        let p = slot.get_or_init(|| {
+            let mut p = Panel::default();
+            p.pack(isa, w, r0, count, k);
+            // The SIMD tiles read 4-bit values two to a byte, and scales as
+            // halves where they are.
+            if simd { p.into_nibbles().into_halves() } else { p }
+        });
+        if p.rows == count {
+            #[cfg(target_arch = "x86_64")]
+            if simd {
+                // The next rows' panel (which this thread most likely computes
+                // next: pool tasks come in runs of consecutive chunks), fetched
+                // into L2 while these compute: each panel is a stream of its
+                // own, a few KiB, too short for the hardware prefetcher to ramp
+                // up on.
+                let next = kept.slots.get(r0 + count).and_then(std::sync::OnceLock::get).map_or([&[][..]; 3], Panel::streams);
+                // SAFETY: AVX-512F/BW/VL/VNNI checked; the panel holds `count` rows of k
+                // in whole blocks of 16 and `x` m tokens of k (k a multiple of 32).
+                unsafe { vnni::rows_times_tokens(p, x, count, &mut out, &next) };
+                return out;
             }
-        };
-        #[cfg(target_arch = "x86_64")]
-        if i8_gemm_simd(isa) {
-            // SAFETY: AVX-512F/BW/VL/VNNI checked; the panel holds `count` rows of k
-            // in whole blocks of 16 and `x` m tokens of k (k a multiple of 32).
-            let next = next.as_deref().map_or([&[][..]; 3], Panel::streams);
-            unsafe { vnni::rows_times_tokens(&p, x, count, &mut out, &next) };
+            scalar(p, x, count, &mut out);
             return out;
         }
-        scalar(&p, x, count, &mut out);
-        return out;
     }
     let mut run = |p: &mut Panel| {
         p.pack(isa, w, r0, count, k);
@@ -754,10 +774,12 @@ mod tests {
             // A cache lives no longer than the weights it packed (an engine's own).
             let cache = PanelCache::default();
             for isa in [Isa::best(), Isa::Scalar] {
-                for r0 in [0, 16, 32] {
-                    let want = rows_times_tokens_i8(isa, &xp, w.view(), r0, 16, None);
+                for (r0, count) in [(0, 16), (16, 16), (32, 16), (16, 32)] {
+                    let want = rows_times_tokens_i8(isa, &xp, w.view(), r0, count, None);
                     for _ in 0..2 {
-                        let got = rows_times_tokens_i8(isa, &xp, w.view(), r0, 16, Some(&cache));
+                        // (Rows 16..48 from a slot that holds rows 16..32: packed anew.)
+                        let kept = cache.weight(isa, w.view(), k);
+                        let got = rows_times_tokens_i8(isa, &xp, w.view(), r0, count, kept.as_ref());
                         assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{format:?} {isa:?} rows {r0}..");
                     }
                 }
@@ -765,7 +787,7 @@ mod tests {
             // The 32-element formats' kept scales are halves (their own f16
             // numbers), the K formats' f32 (a super-block scale times a small
             // integer is not a half in general).
-            let halves = cache.panels.lock().unwrap().values().any(|p| p.halves.is_some());
+            let halves = cache.panels.lock().unwrap().values().flat_map(|s| s.iter().filter_map(|p| p.get())).any(|p| p.halves.is_some());
             assert_eq!(halves, matches!(format, QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q8_0), "{format:?}");
             assert!(cache.bytes() > 0);
         }
