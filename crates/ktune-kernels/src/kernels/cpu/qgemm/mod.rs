@@ -466,8 +466,9 @@ pub struct PanelCache {
 /// the SIMD tiles' form).
 type KeptPanels = std::collections::HashMap<(usize, usize, usize, usize, bool), Slots>;
 
-/// A weight's kept panels, a slot per row where a task's rows may start.
-type Slots = std::sync::Arc<[std::sync::OnceLock<Panel>]>;
+/// A weight's kept panels, a slot per row block (16 rows) where a task's rows
+/// may start, each a pointer until filled.
+type Slots = std::sync::Arc<[std::sync::OnceLock<Box<Panel>>]>;
 
 /// One weight's kept panels, looked up once per kernel call ([`PanelCache::weight`])
 /// and read by its tasks without a lock: every pool task of a decode batch's
@@ -482,9 +483,10 @@ impl PanelCache {
     /// The kept panels of `w` (rows of `k`) for the kernel `isa` runs.
     pub fn weight(&self, isa: Isa, w: QView<'_>, k: usize) -> Option<KeptWeight> {
         let rows = w.quants.len() / row_bytes(w, k).max(1);
+        let blocks = rows.div_ceil(RB);
         let key = (w.quants.as_ptr() as usize, w.quants.len(), w.scales.as_ptr() as usize, w.format as usize, i8_gemm_simd(isa));
         let mut m = self.panels.lock().ok()?;
-        let slots = m.entry(key).or_insert_with(|| (0..rows).map(|_| std::sync::OnceLock::new()).collect());
+        let slots = m.entry(key).or_insert_with(|| (0..blocks).map(|_| std::sync::OnceLock::new()).collect());
         Some(KeptWeight { slots: slots.clone() })
     }
 
@@ -493,6 +495,7 @@ impl PanelCache {
         self.panels.lock().map_or(0, |m| {
             m.values()
                 .flat_map(|slots| slots.iter().filter_map(std::sync::OnceLock::get))
+                .map(|p| &**p)
                 .map(|p| {
                     let halves = p.halves.as_ref().map_or(0, |(s, o)| 2 * (s.len() + o.len()));
                     p.vals.len() + 4 * (p.scale.len() + p.off.len()) + halves
@@ -523,14 +526,15 @@ pub fn active_panels() -> Option<std::sync::Arc<PanelCache>> {
 
 /// `y[t, r]` for rows `r0..r0 + count` of `w` and every token of `x`: the rows
 /// packed once (or taken from `kept`, packed there the first time: a slot holds
-/// the panel of the rows first asked for from its row; other rows from there
-/// are packed each time), then the interleaved int8 kernel (VNNI when `isa`
+/// the panel of the rows first asked for from its row block; other rows from
+/// there, and rows not starting a block, are packed each time), then the interleaved int8 kernel (VNNI when `isa`
 /// has it, else the portable loops of the same arithmetic). Returns `[count][m]`.
 pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count: usize, kept: Option<&KeptWeight>) -> Vec<f32> {
     let (m, k) = (x.m, x.k);
     let mut out = vec![0f32; count * m];
     if let Some(kept) = kept
-        && let Some(slot) = kept.slots.get(r0)
+        && r0.is_multiple_of(RB)
+        && let Some(slot) = kept.slots.get(r0 / RB)
     {
         let simd = i8_gemm_simd(isa);
         let p = slot.get_or_init(|| {
@@ -538,7 +542,7 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
             p.pack(isa, w, r0, count, k);
             // The SIMD tiles read 4-bit values two to a byte, and scales as
             // halves where they are.
-            if simd { p.into_nibbles().into_halves() } else { p }
+            Box::new(if simd { p.into_nibbles().into_halves() } else { p })
         });
         if p.rows == count {
             #[cfg(target_arch = "x86_64")]
@@ -548,7 +552,8 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
                 // into L2 while these compute: each panel is a stream of its
                 // own, a few KiB, too short for the hardware prefetcher to ramp
                 // up on.
-                let next = kept.slots.get(r0 + count).and_then(std::sync::OnceLock::get).map_or([&[][..]; 3], Panel::streams);
+                let next = (r0 + count).is_multiple_of(RB).then(|| kept.slots.get((r0 + count) / RB)).flatten();
+                let next = next.and_then(std::sync::OnceLock::get).map_or([&[][..]; 3], |n| n.streams());
                 // SAFETY: AVX-512F/BW/VL/VNNI checked; the panel holds `count` rows of k
                 // in whole blocks of 16 and `x` m tokens of k (k a multiple of 32).
                 unsafe { vnni::rows_times_tokens(p, x, count, &mut out, &next) };
@@ -774,10 +779,11 @@ mod tests {
             // A cache lives no longer than the weights it packed (an engine's own).
             let cache = PanelCache::default();
             for isa in [Isa::best(), Isa::Scalar] {
-                for (r0, count) in [(0, 16), (16, 16), (32, 16), (16, 32)] {
+                for (r0, count) in [(0, 16), (16, 16), (32, 16), (16, 32), (8, 16)] {
                     let want = rows_times_tokens_i8(isa, &xp, w.view(), r0, count, None);
                     for _ in 0..2 {
-                        // (Rows 16..48 from a slot that holds rows 16..32: packed anew.)
+                        // (Rows 16..48 from a slot that holds rows 16..32, and rows
+                        // 8..24, not starting a block: packed anew.)
                         let kept = cache.weight(isa, w.view(), k);
                         let got = rows_times_tokens_i8(isa, &xp, w.view(), r0, count, kept.as_ref());
                         assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{format:?} {isa:?} rows {r0}..");
@@ -788,6 +794,7 @@ mod tests {
             // numbers), the K formats' f32 (a super-block scale times a small
             // integer is not a half in general).
             let halves = cache.panels.lock().unwrap().values().flat_map(|s| s.iter().filter_map(|p| p.get())).any(|p| p.halves.is_some());
+            assert!(std::mem::size_of::<std::sync::OnceLock<Box<Panel>>>() <= 16, "a slot a pointer until filled");
             assert_eq!(halves, matches!(format, QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q8_0), "{format:?}");
             assert!(cache.bytes() > 0);
         }
