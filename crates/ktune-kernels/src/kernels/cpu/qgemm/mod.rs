@@ -467,8 +467,9 @@ pub struct PanelCache {
 type KeptPanels = std::collections::HashMap<(usize, usize, usize, usize, bool), Slots>;
 
 /// A weight's kept panels, a slot per row block (16 rows) where a task's rows
-/// may start, each a pointer until filled.
-type Slots = std::sync::Arc<[std::sync::OnceLock<Box<Panel>>]>;
+/// may start, the panels in place (a task reads the next one's fields to
+/// fetch its rows: behind a pointer that was a miss a task).
+type Slots = std::sync::Arc<[std::sync::OnceLock<Panel>]>;
 
 /// One weight's kept panels, looked up once per kernel call ([`PanelCache::weight`])
 /// and read by its tasks without a lock: every pool task of a decode batch's
@@ -495,7 +496,6 @@ impl PanelCache {
         self.panels.lock().map_or(0, |m| {
             m.values()
                 .flat_map(|slots| slots.iter().filter_map(std::sync::OnceLock::get))
-                .map(|p| &**p)
                 .map(|p| {
                     let halves = p.halves.as_ref().map_or(0, |(s, o)| 2 * (s.len() + o.len()));
                     p.vals.len() + 4 * (p.scale.len() + p.off.len()) + halves
@@ -542,7 +542,7 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
             p.pack(isa, w, r0, count, k);
             // The SIMD tiles read 4-bit values two to a byte, and scales as
             // halves where they are.
-            Box::new(if simd { p.into_nibbles().into_halves() } else { p })
+            if simd { p.into_nibbles().into_halves() } else { p }
         });
         if p.rows == count {
             #[cfg(target_arch = "x86_64")]
@@ -553,7 +553,7 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
                 // own, a few KiB, too short for the hardware prefetcher to ramp
                 // up on.
                 let next = (r0 + count).is_multiple_of(RB).then(|| kept.slots.get((r0 + count) / RB)).flatten();
-                let next = next.and_then(std::sync::OnceLock::get).map_or([&[][..]; 3], |n| n.streams());
+                let next = next.and_then(std::sync::OnceLock::get).map_or([&[][..]; 3], Panel::streams);
                 // SAFETY: AVX-512F/BW/VL/VNNI checked; the panel holds `count` rows of k
                 // in whole blocks of 16 and `x` m tokens of k (k a multiple of 32).
                 unsafe { vnni::rows_times_tokens(p, x, count, &mut out, &next) };
@@ -794,7 +794,6 @@ mod tests {
             // numbers), the K formats' f32 (a super-block scale times a small
             // integer is not a half in general).
             let halves = cache.panels.lock().unwrap().values().flat_map(|s| s.iter().filter_map(|p| p.get())).any(|p| p.halves.is_some());
-            assert!(std::mem::size_of::<std::sync::OnceLock<Box<Panel>>>() <= 16, "a slot a pointer until filled");
             assert_eq!(halves, matches!(format, QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q8_0), "{format:?}");
             assert!(cache.bytes() > 0);
         }
