@@ -455,8 +455,9 @@ impl Panel {
 /// decode batches) keeps each task's panel instead of unpacking its rows every
 /// pass, which at 8 tokens costs more than the arithmetic. The same panels as a
 /// pass packs (the same values), so the same results. Keyed by the weight's
-/// address and length and the rows: its owner must outlive nothing it packed
-/// (an engine owns one for its own weights, [`with_panels`] during its passes).
+/// address and length, then by the rows' first block: its owner must outlive
+/// nothing it packed (an engine owns one for its own weights, [`with_panels`]
+/// during its passes).
 #[derive(Default)]
 pub struct PanelCache {
     panels: std::sync::Mutex<KeptPanels>,
@@ -527,8 +528,9 @@ pub fn active_panels() -> Option<std::sync::Arc<PanelCache>> {
 /// `y[t, r]` for rows `r0..r0 + count` of `w` and every token of `x`: the rows
 /// packed once (or taken from `kept`, packed there the first time: a slot holds
 /// the panel of the rows first asked for from its row block; other rows from
-/// there, and rows not starting a block, are packed each time), then the interleaved int8 kernel (VNNI when `isa`
-/// has it, else the portable loops of the same arithmetic). Returns `[count][m]`.
+/// there, and rows not starting a block, are packed each time), then the
+/// interleaved int8 kernel (VNNI when `isa` has it, else the portable loops of
+/// the same arithmetic). Returns `[count][m]`.
 pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count: usize, kept: Option<&KeptWeight>) -> Vec<f32> {
     let (m, k) = (x.m, x.k);
     let mut out = vec![0f32; count * m];
