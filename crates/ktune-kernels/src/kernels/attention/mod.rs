@@ -79,7 +79,7 @@ static PREFILL_FLASH2: Shader =
 static PREFILL_FLASH2_SG: Shader =
     shader!(head "attention_dims.wgsl"; "flash2.wgsl", "attention_prefill_flash2_sg.wgsl", "attention.wgsl", "wload.wgsl");
 static DECODE_STREAM: Shader = shader!(head "attention_decode_head.wgsl", "attention_dims.wgsl"; "attention_decode_stream.wgsl", "attention_stream.wgsl", "attention.wgsl", "reduce_wg.wgsl", "wload.wgsl", "position.wgsl");
-static PAGED_STREAM: Shader = shader!(head "attention_decode_head.wgsl", "attention_dims.wgsl"; "attention_paged_stream.wgsl", "attention_paged.wgsl", "attention_stream.wgsl", "attention.wgsl", "reduce_wg.wgsl", "wload.wgsl");
+static PAGED_STREAM: Shader = shader!(head "attention_decode_head.wgsl", "attention_dims.wgsl"; "attention_paged_stream.wgsl", "attention_paged.wgsl", "attention_stream.wgsl", "attention.wgsl", "grid.wgsl", "reduce_wg.wgsl", "wload.wgsl");
 static PAGED_ROWS: Shader =
     shader!(head "attention_dims.wgsl"; "attention_paged_rows.wgsl", "attention_paged.wgsl", "attention.wgsl", "wload.wgsl");
 static DECODE_SPLITKV: Shader = shader!(head "attention_decode_head.wgsl", "attention_dims.wgsl"; "attention_decode_splitkv.wgsl", "attention.wgsl", "wload.wgsl", "position.wgsl");
