@@ -302,9 +302,10 @@ fn below_max(x: f32, max: f32) -> f32 {
 /// Sixteen independent lanes (lane `l` sees elements `l, l + 16, …`), each
 /// keeping its largest key and the first index it was seen at, then the lanes
 /// merged (the largest key, the smallest index among equal keys) and the tail:
-/// the one loop's answer, in branch-free steps the compiler vectorises (a
-/// server decodes 8–16 sequences a step, each argmax over the whole
-/// vocabulary on the engine's thread while the pool waits).
+/// the one loop's answer, in an AVX-512 register where the CPU has it, else in
+/// branch-free portable lanes (a server decodes 8–16 sequences a step, each
+/// argmax over the whole vocabulary on the engine's thread while the pool
+/// waits).
 pub fn argmax(row: &[f32]) -> u32 {
     #[cfg(target_arch = "x86_64")]
     if crate::kernels::cpu::features().avx512f {
