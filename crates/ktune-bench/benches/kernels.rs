@@ -14,6 +14,7 @@
 //!     cargo bench -p ktune-bench --bench kernels -- gemv/cpu     # a subset (criterion filter)
 //!     cargo bench -p ktune-bench --bench kernels -- norm_gemv    # the fused norm + GEMV only
 //!     KTUNE_BENCH_GPU=0 cargo bench ...           # CPU only
+//!     cargo bench -p ktune-bench --bench kernels -- decode_batch # a server's 8-token batch: 30 layers' int8 projections
 //!     cargo bench -p ktune-bench --bench kernels -- repack       # Q4_K decode dots: rows vs the repacked X8 layout
 //!     cargo bench -p ktune-bench --bench kernels -- vision       # the SigLIP tower's CPU ops at gemma3-4b's shapes
 //!     cargo bench -p ktune-bench --bench kernels -- gemm_micro   # the f32 GEMM microkernel's ceiling on this CPU
@@ -268,13 +269,16 @@ fn i8_gemm(c: &mut Criterion) {
     let w: Vec<f32> = (0..rows * k).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
     let x: Vec<f32> = (0..m * k).map(|i| ((i * 104729) % 997) as f32 / 498.5 - 1.0).collect();
     let xp = XPanel::quantize(&x, m, k);
+    // One task's block of outputs (`[rows][tokens]`), as the kernels' tasks reuse one.
+    let mut out = vec![0f32; 128 * m];
     g.throughput(Throughput::Elements((rows * k * m) as u64));
     for f in [QFormat::Q8_0, QFormat::Q4_0, QFormat::Q4_K, QFormat::Q6_K] {
         let q = QMatrix::quantize(f, rows, k, &w).expect("whole blocks");
         g.bench_function(BenchmarkId::new(format!("{f:?}").to_lowercase(), format!("{rows}x{k}x{m}")), |b| {
             b.iter(|| {
                 for r0 in (0..rows).step_by(32) {
-                    black_box(rows_times_tokens_i8(cpu::Isa::best(), &xp, q.view(), r0, 32, None));
+                    rows_times_tokens_i8(cpu::Isa::best(), &xp, q.view(), r0, 32, None, &mut out);
+                    black_box(&out);
                 }
             })
         });
@@ -291,7 +295,8 @@ fn i8_gemm(c: &mut Criterion) {
                     // Looked up once a call, as a kernel does.
                     let w = cache.and_then(|c| c.weight(cpu::Isa::best(), q.view(), k));
                     for r0 in (0..rows).step_by(32) {
-                        black_box(rows_times_tokens_i8(cpu::Isa::best(), &xp8, q.view(), r0, 32, w.as_ref()));
+                        rows_times_tokens_i8(cpu::Isa::best(), &xp8, q.view(), r0, 32, w.as_ref(), &mut out);
+                        black_box(&out);
                     }
                 })
             });
@@ -317,7 +322,8 @@ fn i8_gemm(c: &mut Criterion) {
                 for q in &many {
                     let w = kept.weight(cpu::Isa::best(), q.view(), k);
                     for r0 in (0..rows).step_by(per) {
-                        black_box(rows_times_tokens_i8(cpu::Isa::best(), &xs, q.view(), r0, per, w.as_ref()));
+                        rows_times_tokens_i8(cpu::Isa::best(), &xs, q.view(), r0, per, w.as_ref(), &mut out);
+                        black_box(&out);
                     }
                 }
             })
@@ -416,5 +422,60 @@ fn vision(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group! { name = benches; config = config(); targets = membw, gemv, norm_gemv, gemm, gemm_micro, i8_gemm, repack, vision }
+/// A decode batch's projections through the registry's int8 kernels as an
+/// engine runs them (`gemm_q_i8_cpu`, `gate_up_q_i8_cpu`, default parameters,
+/// the panels kept across calls): SmolLM2-135M's layer (Q 576, K and V 192, O
+/// 576 rows of 576; gate and up 2 x 1536 of 576; down 576 of 1536) in Q4_0,
+/// 30 layers of their own weights (the panels come from DRAM, as a server's
+/// batches read them), 8 tokens, on the kernels' pool: the arithmetic with each
+/// call's quantization, pool runs and output writes.
+fn decode_batch_layers(c: &mut Criterion) {
+    use ktune_kernels::kernels::cpu::qgemm::{PanelCache, with_panels};
+    use ktune_kernels::kernels::problem::Activation;
+    let mut g = c.benchmark_group("decode_batch");
+    g.sample_size(10);
+    let (m, d, kv, ff, layers) = (8usize, 576usize, 192usize, 1536usize, 30usize);
+    let dtype = DType::Q4_0;
+    let gemm = kernels::find("gemm_q_i8_cpu").expect("registered");
+    let gate_up = kernels::find("gate_up_q_i8_cpu").expect("registered");
+    let calls: Vec<(&KernelDef, Problem)> = vec![
+        (gemm, Problem::Gemm { m, n: d, k: d }),
+        (gemm, Problem::Gemm { m, n: kv, k: d }),
+        (gemm, Problem::Gemm { m, n: kv, k: d }),
+        (gemm, Problem::Gemm { m, n: d, k: d }),
+        (gate_up, Problem::GateUp { rows: m, n: ff, k: d, act: Activation::Silu }),
+        (gemm, Problem::Gemm { m, n: d, k: ff }),
+    ];
+    let inputs: Vec<Vec<Vec<HostTensor>>> =
+        (0..layers).map(|l| calls.iter().map(|(_, p)| make_inputs(p, dtype, l as u64)).collect()).collect();
+    let mut outs: Vec<Vec<f32>> = calls.iter().map(|(_, p)| vec![0.0; output_lens(p, dtype)[0]]).collect();
+    let elems: usize = calls
+        .iter()
+        .map(|(_, p)| match *p {
+            Problem::Gemm { m, n, k } => m * n * k,
+            Problem::GateUp { rows, n, k, .. } => 2 * rows * n * k,
+            _ => 0,
+        })
+        .sum();
+    g.throughput(Throughput::Elements((elems * layers) as u64));
+    let panels = std::sync::Arc::new(PanelCache::default());
+    g.bench_function(BenchmarkId::new("smollm2_q4_0_layers", format!("{layers}x{m}")), |b| {
+        b.iter(|| {
+            with_panels(&panels, || {
+                for layer in &inputs {
+                    for (((k, p), ins), out) in calls.iter().zip(layer).zip(outs.iter_mut()) {
+                        let args = CpuArgs {
+                            ins: ins.iter().map(HostTensor::as_in).collect(),
+                            outs: std::iter::once(out.as_mut_slice()).collect(),
+                        };
+                        k.run_cpu(p, dtype, &k.default_params(), args).expect("kernel runs");
+                    }
+                }
+            })
+        })
+    });
+    g.finish();
+}
+
+criterion_group! { name = benches; config = config(); targets = membw, gemv, norm_gemv, gemm, gemm_micro, i8_gemm, decode_batch_layers, repack, vision }
 criterion_main!(benches);

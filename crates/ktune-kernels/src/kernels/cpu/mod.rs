@@ -34,7 +34,7 @@ pub(crate) use lanes::isa_dispatch;
 pub use lanes::{Elem, Lanes};
 pub use qdot::{
     ACT_BITS, ActVec, DOT_ROWS_PARAMS, ROWS_PER_PASS, XQ8, check_quant, dequantize, dequantize_row, dot_q, dot_q_i8, par_row_blocks, qin,
-    qrow, rows_times_tokens, rows_times_vectors, scatter_row_blocks, token_vectors,
+    qrow, row_blocks, rows_times_tokens, rows_times_vectors, token_vectors,
 };
 
 use super::contract::{CpuIn, KernelError, ParamSpec, Params, param};

@@ -22,8 +22,7 @@ use crate::kernels::contract::{CpuArgs, CpuImpl, CpuIn, KernelDef, KernelError, 
 use crate::kernels::cpu::qgemm::{I8_GEMM_PARAMS, XPanel, active_panels, check_i8_gemm, rows_times_tokens_i8};
 use crate::kernels::cpu::sgemm::{Blocking, Micro, Split, gemm_blocked};
 use crate::kernels::cpu::{
-    DOT_ROWS_PARAMS, ISA, Isa, check_quant, dequantize_row, par_row_blocks, qin, rows_times_tokens, rows_times_vectors, scatter_row_blocks,
-    token_vectors,
+    DOT_ROWS_PARAMS, ISA, Isa, check_quant, dequantize_row, qin, row_blocks, rows_times_tokens, rows_times_vectors, token_vectors,
 };
 use crate::kernels::problem::{Op, Problem};
 use crate::kernels::quant::{DType, QView};
@@ -139,8 +138,8 @@ fn prepare_tiled(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
 
 /// The row-block GEMMs: `block` gets the ISA, the tokens `x`, the weight and
 /// `(m, k)` and gives what computes weight rows `r0..r0 + count` against every
-/// token (`[count][m]`); tasks of `rows_per_task` rows run over the pool and
-/// their blocks go to `y[m, n]` token-major.
+/// token (into a `[count][m]` block); tasks of `rows_per_task` rows run over the
+/// pool, each writing its block into `y[m, n]` token-major ([`row_blocks`]).
 fn by_row_blocks<'a, F>(
     kd: &KernelDef,
     prob: &Problem,
@@ -149,26 +148,27 @@ fn by_row_blocks<'a, F>(
     block: impl FnOnce(Isa, &'a [f32], QView<'a>, (usize, usize)) -> Result<F, KernelError>,
 ) -> Result<(), KernelError>
 where
-    F: Fn(usize, usize) -> Vec<f32> + Sync + Send,
+    F: Fn(usize, usize, &mut [f32]) + Sync,
 {
     let Problem::Gemm { m, n, k } = *prob else { return Err(wrong_op(kd, prob)) };
     let (x, w) = (a.ins[0].f32(), qin(kd.id, &a.ins[1])?);
     let rows = block(Isa::of(params)?, x, w, (m, k))?;
-    let parts = par_row_blocks(n, (param(params, "rows_per_task")? as usize).max(1), rows);
-    scatter_row_blocks(parts, m, n, &mut a.outs[0][..m * n]);
+    row_blocks(&mut a.outs[0][..m * n], m, n, (param(params, "rows_per_task")? as usize).max(1), rows);
     Ok(())
 }
 
 fn run_gemm_rows(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), KernelError> {
     let tile = param(params, "tokens_per_tile")? as usize;
-    by_row_blocks(kd, prob, params, a, |isa, x, w, (m, k)| Ok(move |r0, count| rows_times_tokens(isa, x, m, k, w, r0, count, tile)))
+    by_row_blocks(kd, prob, params, a, |isa, x, w, (m, k)| {
+        Ok(move |r0, count, out: &mut [f32]| rows_times_tokens(isa, x, m, k, w, r0, count, tile, out))
+    })
 }
 
 fn run_gemm_i8(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), KernelError> {
     by_row_blocks(kd, prob, params, a, |isa, x, w, (m, k)| {
         let xp = XPanel::quantize(&x[..m * k], m, k);
         let kept = active_panels().and_then(|c| c.weight(isa, w, k));
-        Ok(move |r0, count| rows_times_tokens_i8(isa, &xp, w, r0, count, kept.as_ref()))
+        Ok(move |r0, count, out: &mut [f32]| rows_times_tokens_i8(isa, &xp, w, r0, count, kept.as_ref(), out))
     })
 }
 
@@ -179,7 +179,7 @@ fn run_gemm_dots(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>
     let four = param(params, "rows_per_pass")? == 4;
     by_row_blocks(kd, prob, params, a, |isa, x, w, (m, k)| {
         let xs = token_vectors(x, m, k, params, w.format)?;
-        Ok(move |r0, count| rows_times_vectors(isa, &xs, w, k, r0, count, four))
+        Ok(move |r0, count, out: &mut [f32]| rows_times_vectors(isa, &xs, w, k, r0, count, four, out))
     })
 }
 

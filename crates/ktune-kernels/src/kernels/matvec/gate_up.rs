@@ -32,8 +32,8 @@ use crate::kernels::contract::check_blocks;
 use crate::kernels::contract::{CpuArgs, CpuImpl, CpuIn, KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, param, wrong_op};
 use crate::kernels::cpu::qgemm::{I8_GEMM_PARAMS, XPanel, active_panels, check_i8_gemm, rows_times_tokens_i8};
 use crate::kernels::cpu::{
-    self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_TASK, RowSplit, act_f32, check_isa, check_quant, par_row_blocks, par_rows, qin, row,
-    rows_times_tokens, scatter_row_blocks,
+    self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_TASK, RowSplit, act_f32, check_isa, check_quant, par_rows, qin, row, row_blocks,
+    rows_times_tokens, with_scratch,
 };
 use crate::kernels::problem::{Activation, Op, Problem};
 use crate::kernels::quant::{DType, QView};
@@ -502,8 +502,8 @@ fn run_gate_up_q_i8(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuA
     let Some((isa, x, w)) = q_inputs(kd, params, &a, (rows, n))? else { return Ok(()) };
     let xp = XPanel::quantize(&x[..rows * k], rows, k);
     let kept = active_panels().and_then(|c| c.weight(isa, w, k));
-    gated_row_blocks(isa, act, params, (rows, n), &mut a.outs[0][..rows * n], |r0, count| {
-        rows_times_tokens_i8(isa, &xp, w, r0, count, kept.as_ref())
+    gated_row_blocks(isa, act, params, (rows, n), &mut a.outs[0][..rows * n], |r0, count, out| {
+        rows_times_tokens_i8(isa, &xp, w, r0, count, kept.as_ref(), out)
     })
 }
 
@@ -515,8 +515,8 @@ fn run_gate_up_q_dots(kd: &KernelDef, prob: &Problem, params: &Params, mut a: Cp
     let xs = cpu::token_vectors(x, rows, k, params, w.format)?;
     // One row a pass, as the decode's `gate_up_q_cpu` (four rows a pass sum in
     // another order).
-    gated_row_blocks(isa, act, params, (rows, n), &mut a.outs[0][..rows * n], |r0, count| {
-        cpu::rows_times_vectors(isa, &xs, w, k, r0, count, false)
+    gated_row_blocks(isa, act, params, (rows, n), &mut a.outs[0][..rows * n], |r0, count, out| {
+        cpu::rows_times_vectors(isa, &xs, w, k, r0, count, false, out)
     })
 }
 
@@ -534,26 +534,32 @@ fn q_inputs<'a>(kd: &KernelDef, params: &Params, a: &CpuArgs<'a>, (rows, n): (us
 }
 
 /// Prefill of `rows` tokens in tasks of `rows_per_task` of the `n` features:
-/// `times_tokens(r0, count)` gives weight rows `r0..r0 + count` against every token
-/// (`[count][rows]`), once for the gate rows and once for the up rows; their
-/// activation product goes to `y` (`[rows, n]`).
+/// `times_tokens(r0, count, out)` gives weight rows `r0..r0 + count` against
+/// every token (into `out`, `[count][rows]`), once for the gate rows and once for
+/// the up rows; their activation product goes to `y` (`[rows, n]`).
 fn gated_row_blocks(
     isa: Isa,
     act: Activation,
     params: &Params,
     (rows, n): (usize, usize),
     y: &mut [f32],
-    times_tokens: impl Fn(usize, usize) -> Vec<f32> + Sync + Send,
+    times_tokens: impl Fn(usize, usize, &mut [f32]) + Sync,
 ) -> Result<(), KernelError> {
     let grain = (param(params, "rows_per_task")? as usize).max(1);
-    let parts = par_row_blocks(n, grain, |j0, count| {
-        let (g, u) = (times_tokens(j0, count), times_tokens(n + j0, count));
-        let mut y = vec![0f32; g.len()];
-        gated_simd(isa, act, &g, &u, &mut y);
-        y
+    row_blocks(y, rows, n, grain, |j0, count, out| {
+        with_scratch(&GATE_UP, 2 * count * rows, |gu| {
+            let (g, u) = gu.split_at_mut(count * rows);
+            times_tokens(j0, count, g);
+            times_tokens(n + j0, count, u);
+            gated_simd(isa, act, g, u, out);
+        })
     });
-    scatter_row_blocks(parts, rows, n, y);
     Ok(())
+}
+
+thread_local! {
+    /// One task's gate and up blocks in [`gated_row_blocks`].
+    static GATE_UP: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 fn run_gate_up_q(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
@@ -576,5 +582,5 @@ fn run_gate_up_q(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs
         });
         return Ok(());
     }
-    gated_row_blocks(isa, act, params, (rows, n), y, |r0, count| rows_times_tokens(isa, x, rows, k, w, r0, count, 16))
+    gated_row_blocks(isa, act, params, (rows, n), y, |r0, count, out| rows_times_tokens(isa, x, rows, k, w, r0, count, 16, out))
 }

@@ -703,7 +703,8 @@ impl<'a> GroupedCall<'a> {
     /// The grouped kernels' one loop. For every expert with tokens: its tokens'
     /// rows of `xs` gathered (`row_of(slot)`) and multiplied, block by block of
     /// its `n` features, by its rows (gate then up when `pair`, the up rows
-    /// `experts n` further); `emit(e, its slots, j0, nb, [(1 + pair) nb][m_e])`.
+    /// `experts n` further); `emit(e, its slots, j0, nb, [1 + pair][m_e][nb])`
+    /// (each half token-major, as the int8 tiles write it).
     fn run(
         &self,
         pair: bool,
@@ -733,7 +734,11 @@ impl<'a> GroupedCall<'a> {
                 })?;
                 let xp = XPanel::quantize(&gathered, m, k);
                 let parts = cpu::par_row_blocks(n, block, |j0, count| {
-                    (0..width).flat_map(|h| rows_times_tokens_i8(isa, &xp, q, wrow(h, j0), count, None)).collect()
+                    let mut part = vec![0f32; width * count * m];
+                    for (h, out) in part.chunks_exact_mut(count * m).enumerate() {
+                        rows_times_tokens_i8(isa, &xp, q, wrow(h, j0), count, None, out);
+                    }
+                    part
                 });
                 parts.iter().for_each(|(j0, nb, part)| emit(e, slots, *j0, *nb, part));
                 continue;
@@ -754,10 +759,12 @@ impl<'a> GroupedCall<'a> {
                     CpuIn::F32(&panel[..width * nb * k]),
                     &mut y,
                 );
-                // [m][width nb] to the int8 tiles' [width nb][m].
+                // [m][width nb] to the int8 tiles' [width][m][nb].
                 part.resize(m * width * nb, 0.0);
                 for (i, row) in y.chunks(width * nb).enumerate() {
-                    row.iter().enumerate().for_each(|(c, v)| part[c * m + i] = *v);
+                    for (h, half) in row.chunks(nb).enumerate() {
+                        part[(h * m + i) * nb..][..nb].copy_from_slice(half);
+                    }
                 }
                 emit(e, slots, j0, nb, &part);
             }
@@ -780,7 +787,7 @@ fn run_gate_up_grouped_as(kind: Grouped, kd: &KernelDef, prob: &Problem, params:
             let (g, u) = part.split_at(nb * m);
             for (i, &p) in slots.iter().enumerate() {
                 for f in 0..nb {
-                    h[p * n + j0 + f] = act_f32(act, g[f * m + i]) * u[f * m + i];
+                    h[p * n + j0 + f] = act_f32(act, g[i * nb + f]) * u[i * nb + f];
                 }
             }
         },
@@ -800,11 +807,10 @@ fn run_down_grouped_as(kind: Grouped, kd: &KernelDef, prob: &Problem, params: &P
         a.ins[0].f32(),
         |p| p,
         |e, slots, j0, nb, part| {
-            let m = slots.len();
             for (i, &p) in slots.iter().enumerate() {
                 let g = route[(p / top_k) * experts + e];
                 for f in 0..nb {
-                    y[(p / top_k) * n + j0 + f] += g * part[f * m + i];
+                    y[(p / top_k) * n + j0 + f] += g * part[i * nb + f];
                 }
             }
         },

@@ -21,7 +21,7 @@ use crate::kernels::quant::DType;
 use crate::kernels::quant::block::{F32Dot, I8Dot};
 use crate::kernels::quant::{GROUP, Layout, QFormat, QK, QK_K, QView, Unpacked, dequantize_block, unpack};
 
-pub use rows::{par_row_blocks, qin, qrow, rows_times_tokens, rows_times_vectors, scatter_row_blocks, token_vectors};
+pub use rows::{par_row_blocks, qin, qrow, row_blocks, rows_times_tokens, rows_times_vectors, token_vectors};
 pub use xq8::XQ8;
 pub(super) use xq8::{quantize_row, reserve_spares};
 

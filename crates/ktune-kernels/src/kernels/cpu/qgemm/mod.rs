@@ -112,8 +112,8 @@ impl XPanel {
                 .zip(p.isum16.chunks_exact_mut(2 * nb).zip(p.isum.chunks_exact_mut(nb)))
                 .map(|(((q, d), (sum16, sum32)), (isum16, isum))| TokenRow { q, d, sum16, sum32, isum16, isum })
                 .collect();
-        super::pool::for_chunks_mut(&mut rows, 1, |t, row| {
-            let TokenRow { q, d, sum16, sum32, isum16, isum } = &mut row[0];
+        let one = |t: usize, row: &mut TokenRow<'_>| {
+            let TokenRow { q, d, sum16, sum32, isum16, isum } = row;
             quantize_row(&x[t * k..(t + 1) * k], false, q, |b, db, s| {
                 d[b] = db;
                 isum16[2 * b..2 * b + 2].copy_from_slice(&s);
@@ -122,7 +122,8 @@ impl XPanel {
                 sum16[2 * b + 1] = db * s[1] as f32;
                 sum32[b] = db * (s[0] + s[1]) as f32;
             });
-        });
+        };
+        super::pool::for_chunks_mut(&mut rows, 1, |t, row| one(t, &mut row[0]));
         drop(rows);
         p
     }
@@ -530,10 +531,10 @@ pub fn active_panels() -> Option<std::sync::Arc<PanelCache>> {
 /// the panel of the rows first asked for from its row block; other rows from
 /// there, and rows not starting a block, are packed each time), then the
 /// interleaved int8 kernel (VNNI when `isa` has it, else the portable loops of
-/// the same arithmetic). Returns `[count][m]`.
-pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count: usize, kept: Option<&KeptWeight>) -> Vec<f32> {
+/// the same arithmetic), into `out` token-major (`[m][count]`).
+pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count: usize, kept: Option<&KeptWeight>, out: &mut [f32]) {
     let (m, k) = (x.m, x.k);
-    let mut out = vec![0f32; count * m];
+    let out = &mut out[..count * m];
     if let Some(kept) = kept
         && r0.is_multiple_of(RB)
         && let Some(slot) = kept.slots.get(r0 / RB)
@@ -558,11 +559,11 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
                 let next = next.and_then(std::sync::OnceLock::get).map_or([&[][..]; 3], Panel::streams);
                 // SAFETY: AVX-512F/BW/VL/VNNI checked; the panel holds `count` rows of k
                 // in whole blocks of 16 and `x` m tokens of k (k a multiple of 32).
-                unsafe { vnni::rows_times_tokens(p, x, count, &mut out, &next) };
-                return out;
+                unsafe { vnni::rows_times_tokens(p, x, count, out, &next) };
+                return;
             }
-            scalar(p, x, count, &mut out);
-            return out;
+            scalar(p, x, count, out);
+            return;
         }
     }
     let mut run = |p: &mut Panel| {
@@ -577,16 +578,15 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
             let next = &w.quants[((r0 + count) * rb).min(w.quants.len())..((r0 + 2 * count) * rb).min(w.quants.len())];
             // SAFETY: AVX-512F/BW/VL/VNNI checked; the panel holds `count` rows of k
             // in whole blocks of 16 and `x` m tokens of k (k a multiple of 32).
-            unsafe { vnni::rows_times_tokens(p, x, count, &mut out, &[next]) };
+            unsafe { vnni::rows_times_tokens(p, x, count, out, &[next]) };
             return;
         }
-        scalar(p, x, count, &mut out);
+        scalar(p, x, count, out);
     };
     PANEL.with(|c| match c.try_borrow_mut() {
         Ok(mut p) => run(&mut p),
         Err(_) => run(&mut Panel::default()),
     });
-    out
 }
 
 /// Bytes of `quants` per weight row of `k` elements (an X8 record holds 8 rows'
@@ -620,7 +620,7 @@ fn scalar(p: &Panel, x: &XPanel, count: usize, out: &mut [f32]) {
                 let d = x.d[t * (k / QK) + g * sg / QK];
                 acc += p.scale[j] * d * dot as f32 + p.off[j] * sums[t * groups + g];
             }
-            out[i * m + t] = acc;
+            out[t * count + i] = acc;
         }
     }
 }
@@ -638,6 +638,13 @@ mod tests {
                 ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
             })
             .collect()
+    }
+
+    /// [`rows_times_tokens_i8`]'s `[m][count]` block, allocated.
+    fn i8_rows(isa: Isa, xp: &XPanel, w: QView<'_>, r0: usize, count: usize, kept: Option<&KeptWeight>) -> Vec<f32> {
+        let mut out = vec![0f32; count * xp.m];
+        rows_times_tokens_i8(isa, xp, w, r0, count, kept, &mut out);
+        out
     }
 
     /// The panel, quantized in place on the pool, holds for each token what
@@ -680,13 +687,13 @@ mod tests {
             let x = data(m * k, 5);
             let xp = XPanel::quantize(&x, m, k);
             let deq = w.dequantize();
-            let simd = rows_times_tokens_i8(Isa::best(), &xp, w.view(), 0, n, None);
-            let portable = rows_times_tokens_i8(Isa::Scalar, &xp, w.view(), 0, n, None);
+            let simd = i8_rows(Isa::best(), &xp, w.view(), 0, n, None);
+            let portable = i8_rows(Isa::Scalar, &xp, w.view(), 0, n, None);
             let scale = (k as f32).sqrt();
             for r in 0..n {
                 for t in 0..m {
                     let exact: f32 = (0..k).map(|e| deq[r * k + e] * x[t * k + e]).sum();
-                    let (a, b) = (simd[r * m + t], portable[r * m + t]);
+                    let (a, b) = (simd[t * n + r], portable[t * n + r]);
                     assert!((a - b).abs() <= 1e-4 * scale, "{format:?} r{r} t{t}: simd {a} scalar {b}");
                     assert!((a - exact).abs() <= 1e-2 * scale, "{format:?} r{r} t{t}: {a} vs {exact}");
                 }
@@ -782,12 +789,12 @@ mod tests {
             let cache = PanelCache::default();
             for isa in [Isa::best(), Isa::Scalar] {
                 for (r0, count) in [(0, 16), (16, 16), (32, 16), (16, 32), (8, 16)] {
-                    let want = rows_times_tokens_i8(isa, &xp, w.view(), r0, count, None);
+                    let want = i8_rows(isa, &xp, w.view(), r0, count, None);
                     for _ in 0..2 {
                         // (Rows 16..48 from a slot that holds rows 16..32, and rows
                         // 8..24, not starting a block: packed anew.)
                         let kept = cache.weight(isa, w.view(), k);
-                        let got = rows_times_tokens_i8(isa, &xp, w.view(), r0, count, kept.as_ref());
+                        let got = i8_rows(isa, &xp, w.view(), r0, count, kept.as_ref());
                         assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{format:?} {isa:?} rows {r0}..");
                     }
                 }

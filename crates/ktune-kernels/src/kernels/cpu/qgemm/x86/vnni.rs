@@ -72,7 +72,8 @@ unsafe fn sweep<const BIAS: bool, const NIB: bool>(p: &Panel, x: &XPanel, count:
 
 /// Row blocks `b..b + R` times tokens `t..t + T`; `RUNS` runs of 4 elements
 /// per scale group (8: groups of 32, 4: of 16). Writes rows below `count` of
-/// `out[row][token]` (`[count][m]`). `BIAS` (the panel's): the offsets are
+/// `out[token][row]` (`[m][count]`: a register of 16 rows of one token is one
+/// store). `BIAS` (the panel's): the offsets are
 /// `-bias · scale`, folded into the integer sums' starting value
 /// (`scale · d · (Σuq - bias · Σq)`: one multiply-add a group and token
 /// fewer per 16 rows).
@@ -88,7 +89,7 @@ unsafe fn tile<const R: usize, const T: usize, const RUNS: usize, const BIAS: bo
     count: usize,
     out: &mut [f32],
 ) {
-    let (m, k) = (x.m, x.k);
+    let k = x.k;
     let sg = RUNS * LANE;
     let groups = k / sg;
     let nb = k / QK;
@@ -154,17 +155,19 @@ unsafe fn tile<const R: usize, const T: usize, const RUNS: usize, const BIAS: bo
             }
         }
     }
-    let mut lanes = [0f32; RB];
     for r in 0..R {
+        let row = (b + r) * RB;
+        if row >= count {
+            continue;
+        }
+        // The rows below `count` of this block (all 16 but in a last block).
+        let keep: __mmask16 = if count - row >= RB { !0 } else { (1u16 << (count - row)) - 1 };
         for c in 0..T {
-            // SAFETY: 16 writable floats.
-            unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc[r][c]) };
-            for (l, &v) in lanes.iter().enumerate() {
-                let row = (b + r) * RB + l;
-                if row < count {
-                    out[row * m + t + c] = v;
-                }
-            }
+            let at = (t + c) * count + row;
+            assert!(at + (count - row).min(RB) <= out.len());
+            // SAFETY: the lanes `keep` selects, `(count - row).min(16)` floats
+            // from `at`, lie in `out` (asserted).
+            unsafe { _mm512_mask_storeu_ps(out.as_mut_ptr().add(at), keep, acc[r][c]) };
         }
     }
 }
