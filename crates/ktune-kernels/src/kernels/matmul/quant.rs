@@ -138,7 +138,7 @@ fn prepare_tiled(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
 
 /// The row-block GEMMs: `block` gets the ISA, the tokens `x`, the weight and
 /// `(m, k)` and gives what computes weight rows `r0..r0 + count` against every
-/// token (into a `[count][m]` block); tasks of `rows_per_task` rows run over the
+/// token (into a token-major `[m][count]` block); tasks of `rows_per_task` rows run over the
 /// pool, each writing its block into `y[m, n]` token-major ([`row_blocks`]).
 fn by_row_blocks<'a, F>(
     kd: &KernelDef,

@@ -535,7 +535,7 @@ fn q_inputs<'a>(kd: &KernelDef, params: &Params, a: &CpuArgs<'a>, (rows, n): (us
 
 /// Prefill of `rows` tokens in tasks of `rows_per_task` of the `n` features:
 /// `times_tokens(r0, count, out)` gives weight rows `r0..r0 + count` against
-/// every token (into `out`, `[count][rows]`), once for the gate rows and once for
+/// every token (into `out`, token-major `[rows][count]`), once for the gate rows and once for
 /// the up rows; their activation product goes to `y` (`[rows, n]`).
 fn gated_row_blocks(
     isa: Isa,
