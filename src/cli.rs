@@ -144,7 +144,8 @@ pub struct TuneArgs {
     /// Decode tokens per prompt the end-to-end score assumes.
     #[arg(long, default_value_t = 128)]
     pub decode_tokens: usize,
-    /// Storage type of the KV cache.
+    /// Storage type of the KV cache: f32, f16, or q8_0 (CPU; a head_dim of
+    /// whole blocks of 32).
     #[arg(long, default_value = "f32", value_parser = kv_dtype)]
     pub kv_dtype: DType,
     /// Also write the profile here.
@@ -282,6 +283,11 @@ pub struct EvalArgs {
     /// (exact: a reference read back gives the in-process figures bit for bit).
     #[arg(long, default_value = "f16", value_parser = logits_dtype)]
     pub logits_dtype: crate::eval::LogitsDtype,
+    /// Storage type of the evaluated engine's KV cache without a profile (f32,
+    /// f16 or q8_0, as llama-perplexity's -ctk/-ctv); the f32 reference keeps
+    /// an f32 cache.
+    #[arg(long, default_value = "f32", value_parser = kv_dtype, conflicts_with_all = ["exact", "profile"])]
+    pub kv_dtype: DType,
     /// Same as --format json.
     #[arg(long)]
     pub json: bool,
@@ -685,8 +691,9 @@ pub struct EngineArgs {
     /// Most prompt tokens per prefill pass (longer prompts are processed in chunks).
     #[arg(long, default_value_t = 512)]
     pub prefill_chunk: usize,
-    /// Storage type of the KV cache (without a profile; a cached profile is used
-    /// only when it was tuned with this KV dtype).
+    /// Storage type of the KV cache: f32, f16, or q8_0 (CPU; a head_dim of whole
+    /// blocks of 32). Without a profile; a cached profile is used only when it
+    /// was tuned with this KV dtype.
     #[arg(long, default_value = "f32", value_parser = kv_dtype)]
     pub kv_dtype: DType,
     /// Fusions (without a profile): `all`, `none`, or a list of qkv, gate_up, qk_norm_rope, residual_norm, norm_matmul, qkv_rope_cache.
@@ -923,11 +930,11 @@ fn weight_dtype(s: &str) -> Result<DType, String> {
     s.parse()
 }
 
-/// `--kv-dtype`: f32 or f16 (the block formats are for weights).
+/// `--kv-dtype`: f32, f16 or q8_0 (the other block formats are for weights).
 fn kv_dtype(s: &str) -> Result<DType, String> {
     let d: DType = s.parse()?;
-    if d.is_quant() {
-        return Err("the KV cache is stored as f32 or f16; block formats are for --weight-dtype".into());
+    if d.is_quant() && d != DType::Q8_0 {
+        return Err(format!("the KV cache is stored as f32, f16 or q8_0, not {d}; the other block formats are for --weight-dtype"));
     }
     Ok(d)
 }

@@ -237,7 +237,11 @@ impl ProfileChoice {
                 }
             }
         };
-        Ok(chosen.unwrap_or_else(|| self.defaults(device, settings, m, settings.weight_dtype(m))))
+        let chosen = chosen.unwrap_or_else(|| self.defaults(device, settings, m, settings.weight_dtype(m)));
+        // A profile's own KV cache type (execution.kvCacheDtype) checked as the flag's.
+        let what = if chosen.label.is_some() { "the profile's execution.kvCacheDtype" } else { "--kv-dtype" };
+        session::check_kv_dtype(&m.config, chosen.exec.kv_dtype, device, what)?;
+        Ok(chosen)
     }
 
     /// The runtime's defaults on `device` for `weight_dtype` weights, with this

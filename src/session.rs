@@ -254,6 +254,7 @@ pub fn check_context(c: &ModelConfig, context: usize, kv: DType, device: &Device
     if context > c.max_position_embeddings {
         return usage(format!("is past the model's {} (max_position_embeddings); give at most that", c.max_position_embeddings));
     }
+    check_kv_dtype(c, kv, device, "--kv-dtype")?;
     let (what, limit, per) = match device::DeviceCaps::from(device) {
         device::DeviceCaps::Gpu(g) => ("one GPU buffer holds", g.max_storage_binding.min(g.max_buffer_size), 1),
         device::DeviceCaps::Cpu(_) => ("memory available is", available_memory(), 2 * c.dims.num_layers as u64),
@@ -269,6 +270,30 @@ pub fn check_context(c: &ModelConfig, context: usize, kv: DType, device: &Device
             limit >> 20,
             limit / per_position
         ));
+    }
+    Ok(())
+}
+
+/// A KV cache type this model and device can hold: q8_0 keeps each cached row
+/// (`head_dim` values) in blocks of 32 and is read by the CPU's attention
+/// kernels (the WGSL ones read f32 and f16 caches). `what` names where it was
+/// asked for (the flag, or a profile's `execution.kvCacheDtype`).
+pub fn check_kv_dtype(c: &ModelConfig, kv: DType, device: &Device, what: &str) -> Result<()> {
+    if kv != DType::Q8_0 {
+        return Ok(());
+    }
+    if matches!(device::DeviceCaps::from(device), device::DeviceCaps::Gpu(_)) {
+        return Err(SessionError::Usage(format!(
+            "{what} q8_0: a q8_0 KV cache runs on the CPU (--device cpu); the GPU's attention kernels read f32 or f16 caches: \
+             give --kv-dtype f16 there"
+        )));
+    }
+    let d = c.dims.head_dim;
+    if !d.is_multiple_of(32) {
+        return Err(SessionError::Usage(format!(
+            "{what} q8_0: a q8_0 KV cache keeps each row in blocks of 32 values, and this model's head_dim is {d}: give \
+             --kv-dtype f16"
+        )));
     }
     Ok(())
 }

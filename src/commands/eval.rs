@@ -12,7 +12,6 @@ use std::time::Instant;
 use crate::cli::{EvalArgs, ReferenceArg};
 use crate::eval::{self, LogitsReader, LogitsWriter, Path, Reference, Text};
 use crate::generate::{ProfileChoice, Source, check_source};
-use crate::kernels::DType;
 use crate::profile::Profile;
 use crate::progress::Progress;
 use crate::report::EvalReport;
@@ -77,7 +76,7 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
         )));
     }
     let ctx = args.ctx.unwrap_or(DEFAULT_CTX.min(m.config.max_position_embeddings));
-    session::check_context(&m.config, ctx, DType::F32, &device, "--ctx")?;
+    session::check_context(&m.config, ctx, args.kv_dtype, &device, "--ctx")?;
     let text = Text::chunked(&ids, bos, ctx, args.chunks)?;
     if let Some(r) = &mut file_ref {
         text.check_reference(r, m.config.dims.vocab_size)?;
@@ -86,7 +85,7 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
     // What is evaluated: the exact path, a profile, or the runtime's defaults (a
     // cached profile only when named: eval measures what it is given).
     let weight_dtype = settings.weight_dtype(&m);
-    let choice = ProfileChoice { profile: args.profile.clone(), ..ProfileChoice::uncached() };
+    let choice = ProfileChoice { profile: args.profile.clone(), kv_dtype: args.kv_dtype, ..ProfileChoice::uncached() };
     let (evaluated, selection, exec) = if args.exact {
         if !matches!(device, crate::device::Device::Cpu(_)) {
             return Err(Error::Usage("--exact is the CPU's f32 path: give --device cpu".into()));

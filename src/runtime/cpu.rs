@@ -9,7 +9,7 @@ use half::f16;
 
 use super::{RuntimeError, SlotTimes};
 use crate::kernels::memory::huge_pages;
-use crate::kernels::quant::{QMatrix, QStack};
+use crate::kernels::quant::{QFormat, QMatrix, QStack, quantize_block};
 use crate::kernels::{CpuArgs, CpuIn, DType};
 use crate::plan::{BufId, Plan, Plumb, Step, StepKind};
 
@@ -72,11 +72,16 @@ impl HostBuf {
 
     /// Sets a float buffer to zeros, its whole pages handed back to the system
     /// until written again ([`crate::kernels::memory::release_zeroed`]); other
-    /// kinds are left as they are (a KV cache is f32 or f16).
+    /// kinds are left as they are (a KV cache is f32, f16 or q8_0 blocks,
+    /// whose codes and scales are released alike).
     pub fn release_zeroed(&mut self) {
         match self {
             HostBuf::F32(v) => crate::kernels::memory::release_zeroed(v),
             HostBuf::F16(v) => crate::kernels::memory::release_zeroed(v),
+            HostBuf::Q(m) => {
+                crate::kernels::memory::release_zeroed(&mut m.quants);
+                crate::kernels::memory::release_zeroed(&mut m.scales);
+            }
             _ => {}
         }
     }
@@ -667,7 +672,14 @@ impl CpuExec {
             match &mut self.bufs[id] {
                 HostBuf::F32(v) => v.copy_within(a..a + per, b),
                 HostBuf::F16(v) => v.copy_within(a..a + per, b),
-                _ => return Err(RuntimeError::Internal("a KV cache is f32 or f16".into())),
+                HostBuf::Q(m) => {
+                    // Blocks of whole rows: a block's elements are whole q8_0 blocks.
+                    let (be, qb, ns) = (m.format.block_elems(), m.format.quant_bytes(), m.format.scales_per_block());
+                    let (a, b, per) = (a / be, b / be, per / be);
+                    m.quants.copy_within(a * qb..(a + per) * qb, b * qb);
+                    m.scales.copy_within(a * ns..(a + per) * ns, b * ns);
+                }
+                _ => return Err(RuntimeError::Internal("a KV cache is f32, f16 or q8_0".into())),
             }
         }
         Ok(())
@@ -729,8 +741,22 @@ fn kv_write(
                 }
             }
         }
+        // q8_0: each row (whole blocks: the attention kernels' check) quantized
+        // as ggml's reference quantizer does, into the blocks from element `d`.
+        HostBuf::Q(c) if c.format == QFormat::Q8_0 && head_dim.is_multiple_of(32) => {
+            let (qb, be, ns) = (c.format.quant_bytes(), c.format.block_elems(), c.format.scales_per_block());
+            for t in 0..tokens {
+                for h in 0..kv_heads {
+                    let (d, o) = write(h, t);
+                    for (i, x) in s[o..o + head_dim].chunks_exact(be).enumerate() {
+                        let b = d / be + i;
+                        quantize_block(c.format, x, &mut c.quants[b * qb..(b + 1) * qb], &mut c.scales[b * ns..(b + 1) * ns]);
+                    }
+                }
+            }
+        }
         HostBuf::Q(_) | HostBuf::Stack(_) | HostBuf::Shared(_) => {
-            return Err(RuntimeError::Internal("kv_write: the KV cache is never quantized or shared".into()));
+            return Err(RuntimeError::Internal("kv_write: a KV cache is f32, f16 or q8_0 rows of whole blocks, never shared".into()));
         }
         HostBuf::F16(c) => {
             for t in 0..tokens {

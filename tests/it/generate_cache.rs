@@ -28,12 +28,21 @@ fn open_as(file: &str, chunk: usize, parallel: usize) -> Generator {
     open_with(file, chunk, Some(parallel), None)
 }
 
+/// [`open_with`] with a KV cache of `kv` (`--kv-dtype`).
+fn open_kv(file: &str, parallel: usize, kv: DType) -> Generator {
+    open_choice(file, 512, Some(parallel), ProfileChoice { kv_dtype: kv, ..ProfileChoice::uncached() })
+}
+
 /// [`open_as`] with `--profile FILE` (`parallel` None: the profile's).
 fn open_with(file: &str, chunk: usize, parallel: Option<usize>, profile: Option<std::path::PathBuf>) -> Generator {
     let choice = match profile {
         Some(p) => ProfileChoice { profile: Some(p), no_profile: false, ..ProfileChoice::uncached() },
         None => ProfileChoice::uncached(),
     };
+    open_choice(file, chunk, parallel, choice)
+}
+
+fn open_choice(file: &str, chunk: usize, parallel: Option<usize>, choice: ProfileChoice) -> Generator {
     let s = GeneratorSettings {
         model: ModelSettings {
             source: ModelSource::Gguf(if file.contains('/') { file.into() } else { gguf_dir().join(file) }),
@@ -153,6 +162,38 @@ fn a_decode_batch_gives_every_sequence_its_answer_alone() {
         let mut batched_steps = 0;
         batch_answers_as_alone(&mut batch, &mut alone, &prompts, &params, &budgets, file, |_, _| batched_steps += 1);
         assert!(batched_steps >= 8, "{file}: {batched_steps} batched steps");
+    }
+}
+
+/// A q8_0 KV cache (`--kv-dtype q8_0`, llama.cpp's `-ctk/-ctv q8_0`): a decode
+/// batch over the paged pool of q8_0 blocks gives every sequence the ids it gets
+/// alone over its own head-major q8_0 cache (greedy and seeded, lengths apart);
+/// and a prompt's logits stay near the f32 cache's (each cached row rounds to
+/// 8 bits a value with a scale per 32), but are not the f32 cache's: the cache
+/// is quantized. Fixtures whose head_dim is whole blocks: Qwen3 (32, per-head
+/// q/k norms) and the K-quant Llama loaded as f32 (64).
+#[test]
+fn a_q8_0_kv_cache_batch_answers_as_alone_and_near_the_f32_cache() {
+    use ktune::kernels::sample::SamplerParams as P;
+    for file in ["qwen3-tiny-q8_0.gguf", "llama-k-q4_k_m.gguf"] {
+        let mut alone = open_kv(file, 1, DType::Q8_0);
+        let mut batch = open_kv(file, 4, DType::Q8_0);
+        let prompts: Vec<Vec<u32>> =
+            [7usize, 19, 3, 26].iter().map(|&n| (0..n).map(|i| 5 + ((i * 23 + n) % 85) as u32).collect()).collect();
+        let seeded = P { temperature: 0.9, top_k: 30, seed: 3, ..P::GREEDY };
+        let params = [P::GREEDY, seeded, seeded, P::GREEDY];
+        let mut batched_steps = 0;
+        batch_answers_as_alone(&mut batch, &mut alone, &prompts, &params, &[12, 8, 16, 10], file, |_, _| batched_steps += 1);
+        assert!(batched_steps >= 6, "{file}: {batched_steps} batched steps");
+
+        let mut f32_cache = open_kv(file, 1, DType::F32);
+        let (_, want) = answer(&mut f32_cache, &prompts[3]);
+        alone.reset();
+        let (_, got) = answer(&mut alone, &prompts[3]);
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let worst = got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(worst > 0.0, "{file}: a q8_0 cache gave the f32 cache's logits bit for bit: was it quantized?");
+        assert!(worst < 0.03 * scale, "{file}: a q8_0 cache moved a logit by {worst} (the logits' scale {scale})");
     }
 }
 
@@ -381,11 +422,17 @@ fn batch_decode_timing() {
 /// ([`Generator::share_prefix`], `serve --parallel`'s shared system prompt),
 /// the rest of the second prompt prefilled a few tokens a step (`--step-tokens`):
 /// its logits and ids are an empty cache's, bit for bit, and only its own
-/// tokens are prefilled.
+/// tokens are prefilled; with an f32 cache, and with a q8_0 one (its blocks
+/// shared and copied on write as its codes and scales).
 #[test]
 fn a_shared_prefix_answers_as_computed() {
-    let mut g = open_as("smollm2-tiny-q8_0.gguf", 512, 4);
-    let mut fresh = open(512);
+    shared_prefix_answers_as_computed("smollm2-tiny-q8_0.gguf", DType::F32);
+    shared_prefix_answers_as_computed("qwen3-tiny-q8_0.gguf", DType::Q8_0);
+}
+
+fn shared_prefix_answers_as_computed(file: &str, kv: DType) {
+    let mut g = open_kv(file, 4, kv);
+    let mut fresh = open_kv(file, 1, kv);
     let system: Vec<u32> = (0..40).map(|i| 5 + (i * 13) % 80).collect();
     let first: Vec<u32> = system.iter().copied().chain([7, 9, 11]).collect();
     let second: Vec<u32> = system.iter().copied().chain([8, 10, 12, 14]).collect();
@@ -423,6 +470,6 @@ fn a_shared_prefix_answers_as_computed() {
     assert_eq!(held(&g), a_blocks + b.kv_written().div_ceil(page) - 40 / page);
     assert_eq!(got.prefilled, second.len() - 40, "only the new tokens prefilled");
     let want = answer(&mut fresh, &second);
-    assert_eq!(got.decoded.generated, want.0);
-    assert!(logits.iter().zip(&want.1).all(|(x, y)| x.to_bits() == y.to_bits()), "the prompt's logits are an empty cache's");
+    assert_eq!(got.decoded.generated, want.0, "{file} {kv}");
+    assert!(logits.iter().zip(&want.1).all(|(x, y)| x.to_bits() == y.to_bits()), "{file} {kv}: the prompt's logits are an empty cache's");
 }

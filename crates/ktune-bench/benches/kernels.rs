@@ -15,6 +15,7 @@
 //!     cargo bench -p ktune-bench --bench kernels -- norm_gemv    # the fused norm + GEMV only
 //!     KTUNE_BENCH_GPU=0 cargo bench ...           # CPU only
 //!     cargo bench -p ktune-bench --bench kernels -- decode_batch # a server's 8-token batch: 30 layers' int8 projections
+//!     cargo bench -p ktune-bench --bench kernels -- kv_cache     # decode attention over f32, f16 and q8_0 caches
 //!     cargo bench -p ktune-bench --bench kernels -- repack       # Q4_K decode dots: rows vs the repacked X8 layout
 //!     cargo bench -p ktune-bench --bench kernels -- vision       # the SigLIP tower's CPU ops at gemma3-4b's shapes
 //!     cargo bench -p ktune-bench --bench kernels -- gemm_micro   # the f32 GEMM microkernel's ceiling on this CPU
@@ -477,5 +478,31 @@ fn decode_batch_layers(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group! { name = benches; config = config(); targets = membw, gemv, norm_gemv, gemm, gemm_micro, i8_gemm, decode_batch_layers, repack, vision }
+/// A decode token's attention over its KV cache in each storage type the CPU
+/// kernels read (f32, f16, q8_0: `--kv-dtype`), through the runtime's decode
+/// default `attention_decode_heads_cpu`: SmolLM2-135M's heads (9 query, 3 KV,
+/// head_dim 64) over 1024 and 4096 cached positions. Throughput: the bytes of
+/// the keys and values read, as stored (q8_0: 34 bytes a block of 32).
+fn kv_cache(c: &mut Criterion) {
+    let mut g = c.benchmark_group("kv_cache");
+    let k = kernels::find("attention_decode_heads_cpu").expect("registered");
+    for kv_len in [1024usize, 4096] {
+        let p = Problem::AttentionDecode { kv_len, kv_cap: kv_len, heads: 9, kv_heads: 3, head_dim: 64, window: 0, scale: 0.125 };
+        for dtype in [DType::F32, DType::F16, DType::Q8_0] {
+            let ins = make_inputs(&p, dtype, 1);
+            let mut out = vec![0.0f32; output_lens(&p, dtype)[0]];
+            g.throughput(Throughput::Bytes(2 * dtype.bytes_for(3 * kv_len * 64)));
+            g.bench_function(BenchmarkId::new(format!("decode_heads/{dtype}"), kv_len), |b| {
+                b.iter(|| {
+                    let args =
+                        CpuArgs { ins: ins.iter().map(HostTensor::as_in).collect(), outs: std::iter::once(out.as_mut_slice()).collect() };
+                    k.run_cpu(&p, dtype, &k.default_params(), args).expect("kernel runs")
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group! { name = benches; config = config(); targets = membw, gemv, norm_gemv, gemm, gemm_micro, i8_gemm, decode_batch_layers, kv_cache, repack, vision }
 criterion_main!(benches);

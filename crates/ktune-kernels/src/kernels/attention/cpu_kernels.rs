@@ -17,14 +17,29 @@ fn cpu_call<'a>(kd: &KernelDef, prob: &Problem, params: &Params, a: &CpuArgs<'a>
     Ok((s, Isa::of(params)?, Kv { k: a.ins[1], v: a.ins[2], s, table: None }, a.ins[0].f32()))
 }
 
-pub(super) fn check_cpu(_: &CpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
-    Shape::checked(prob)?;
+pub(super) fn check_cpu(_: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    whole_blocks(Shape::checked(prob)?.d, dtype)?;
     Isa::param_available(param(params, "isa")?)
 }
 
-pub(super) fn check_paged_cpu(_: &CpuCaps, prob: &Problem, _: DType, params: &Params) -> Result<(), String> {
-    Paged::checked(prob)?;
+pub(super) fn check_paged_cpu(_: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    whole_blocks(Paged::checked(prob)?.d, dtype)?;
     Isa::param_available(param(params, "isa")?)
+}
+
+/// The cache types the CPU kernels read: f32, f16, and q8_0 blocks (llama.cpp's
+/// `-ctk q8_0 -ctv q8_0`).
+pub(super) const KV_TYPES: &[DType] = &[DType::F32, DType::F16, DType::Q8_0];
+
+/// A q8_0 cache holds each cached row (`head_dim` values) in whole blocks of 32.
+fn whole_blocks(head_dim: usize, dtype: DType) -> Result<(), String> {
+    if dtype == DType::Q8_0 && !head_dim.is_multiple_of(cpu::Q8_BLOCK) {
+        return Err(format!(
+            "a q8_0 KV cache keeps each row in blocks of {}; head_dim = {head_dim} is not a multiple (use an f16 or f32 cache)",
+            cpu::Q8_BLOCK
+        ));
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------
@@ -64,6 +79,19 @@ impl<'a> Kv<'a> {
     }
     fn v(&self, kh: usize, j: usize) -> Row<'a> {
         row(self.v, self.row_of(kh, j), self.s.d)
+    }
+    /// Whether the cache holds q8_0 blocks.
+    fn q8(&self) -> bool {
+        matches!(self.k, CpuIn::Q(_))
+    }
+    /// Keys or values `lo..hi` of KV head `kh` widened to f32 into `out` (a
+    /// q8_0 cache's exactly), row after row.
+    fn widen(&self, isa: Isa, keys: bool, kh: usize, (lo, hi): (usize, usize), out: &mut Vec<f32>) {
+        let d = self.s.d;
+        out.resize((hi - lo) * d, 0.0);
+        for (j, o) in (lo..hi).zip(out.chunks_exact_mut(d)) {
+            cpu::widen_row(isa, if keys { self.k(kh, j) } else { self.v(kh, j) }, o);
+        }
     }
     /// `o = Σ_j w[j - lo] * V[j]` over keys `lo..hi` of KV head `kh`: one
     /// [`cpu::weighted_rows`] over each run of consecutive cache rows (the
@@ -189,6 +217,10 @@ fn prefill_block(isa: Isa, kv: &Kv<'_>, q: &[f32], i0: usize, block: usize, kh: 
     let mut m = vec![f32::NEG_INFINITY; rows];
     let mut l = vec![0.0f32; rows];
     let mut sc = vec![0.0f32; rows * bkv];
+    // A q8_0 cache's tile widened to f32 once for all the block's rows (each
+    // value is exact in f32, so the values' sums are those of the blocks read
+    // in place; the scores those of f32 keys).
+    let (mut kt, mut vt) = (Vec::new(), Vec::new());
     // Tiles start at multiples of `bkv` from key 0, wherever the pass or the
     // block begins: a query row's online softmax then sees the same tiles (the
     // same rescales, the same sums) however the prompt was cut into passes.
@@ -198,6 +230,10 @@ fn prefill_block(isa: Isa, kv: &Kv<'_>, q: &[f32], i0: usize, block: usize, kh: 
     while t0 < khi {
         let t1 = (t0 + bkv).min(khi);
         let n = t1 - t0;
+        if kv.q8() {
+            kv.widen(isa, true, kh, (t0, t1), &mut kt);
+            kv.widen(isa, false, kh, (t0, t1), &mut vt);
+        }
         for t in 0..block {
             let (lo, hi) = s.range(i0 + t);
             let (a, b) = (lo.max(t0), hi.min(t1));
@@ -210,7 +246,13 @@ fn prefill_block(isa: Isa, kv: &Kv<'_>, q: &[f32], i0: usize, block: usize, kh: 
                 }
                 let h = kh * g_n + g;
                 let qr = &q[((i0 + t) * s.heads + h) * d..][..d];
-                scores_into(isa, kv, qr, kh, a, true, &mut srow[a - t0..b - t0]);
+                if kv.q8() {
+                    let out = &mut srow[a - t0..b - t0];
+                    cpu::dot_rows(isa, qr, Row::F32(&kt[(a - t0) * d..(b - t0) * d]), out);
+                    out.iter_mut().for_each(|o| *o *= s.scale);
+                } else {
+                    scores_into(isa, kv, qr, kh, a, true, &mut srow[a - t0..b - t0]);
+                }
                 let mt = srow[a - t0..b - t0].iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let mn = m[r].max(mt);
                 let c = (m[r] - mn).exp();
@@ -226,7 +268,7 @@ fn prefill_block(isa: Isa, kv: &Kv<'_>, q: &[f32], i0: usize, block: usize, kh: 
             }
         }
         for c in 0..n {
-            let vr = kv.v(kh, t0 + c);
+            let vr = if kv.q8() { Row::F32(&vt[c * d..][..d]) } else { kv.v(kh, t0 + c) };
             for r in 0..rows {
                 let pr = sc[r * bkv + c];
                 if pr != 0.0 {

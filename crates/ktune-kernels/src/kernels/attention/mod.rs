@@ -223,7 +223,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "attention_prefill_cpu",
             Op::AttentionPrefill,
-            DType::FLOAT,
+            cpu_kernels::KV_TYPES,
             PREFILL_ROWS_PARAMS,
             "pool over (token, head) rows; per-key online softmax, SIMD dot and axpy",
             CpuImpl { run: run_prefill_rows, check: check_cpu },
@@ -231,7 +231,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "attention_prefill_tiled_cpu",
             Op::AttentionPrefill,
-            DType::FLOAT,
+            cpu_kernels::KV_TYPES,
             PREFILL_TILED_PARAMS,
             "pool over (token block, KV head); key tiles with materialised score rows (dot4), K/V tile shared by the GQA group",
             CpuImpl { run: run_prefill_tiled, check: check_cpu },
@@ -255,7 +255,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "attention_paged_cpu",
             Op::AttentionPaged,
-            DType::FLOAT,
+            cpu_kernels::KV_TYPES,
             PAGED_CPU_PARAMS,
             "each sequence as the defaults run it alone (a decode token as decode_heads, a chunk as the tiled prefill), keys and values through its block table",
             CpuImpl { run: run_paged, check: check_paged_cpu },
@@ -263,7 +263,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "attention_paged_rows_cpu",
             Op::AttentionPaged,
-            DType::FLOAT,
+            cpu_kernels::KV_TYPES,
             PAGED_ROWS_CPU_PARAMS,
             "pool over the batch's (query row, head) pairs; per-key online softmax through the sequence's block table",
             CpuImpl { run: run_paged_rows, check: check_paged_cpu },
@@ -295,7 +295,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "attention_decode_heads_cpu",
             Op::AttentionDecode,
-            DType::FLOAT,
+            cpu_kernels::KV_TYPES,
             DECODE_HEADS_PARAMS,
             "one pool task per head; scores materialised, exact two-pass softmax, SIMD dot/dot4 and axpy",
             CpuImpl { run: run_decode_heads, check: check_cpu },
@@ -303,7 +303,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "attention_decode_splitkv_cpu",
             Op::AttentionDecode,
-            DType::FLOAT,
+            cpu_kernels::KV_TYPES,
             DECODE_SPLIT_PARAMS,
             "key range split across pool tasks per KV head (the group's heads share each K/V row); (m, l, acc) partials merged",
             CpuImpl { run: run_decode_splitkv, check: check_cpu },
@@ -676,10 +676,11 @@ mod tests {
         use crate::kernels::problem::{Op, test_problems};
         use crate::kernels::verify::{HostTensor, make_inputs, run_cpu};
         let paged = crate::kernels::find("attention_paged_cpu").expect("registered");
-        let mut compared = (0, 0);
+        let (mut compared, mut q8_seqs) = ((0, 0), 0);
         for p in test_problems(Op::AttentionPaged) {
             let Problem::AttentionPaged { heads, kv_heads, head_dim: d, page, max_blocks, window, scale, .. } = p else { panic!() };
-            for dtype in [DType::F32, DType::F16] {
+            let q8 = d.is_multiple_of(crate::kernels::cpu::Q8_BLOCK).then_some(DType::Q8_0);
+            for dtype in [DType::F32, DType::F16].into_iter().chain(q8) {
                 let ins = make_inputs(&p, dtype, 9);
                 let got = run_cpu(paged, &p, dtype, &paged.default_params(), &ins).expect("runs").remove(0);
                 let (HostTensor::F32(q), HostTensor::F32(pages)) = (&ins[0], &ins[3]) else { panic!("f32 q and pages") };
@@ -697,7 +698,19 @@ mod tests {
                             HostTensor::F16(v) => {
                                 HostTensor::F16((0..kv_heads).flat_map(|kh| (0..kv).flat_map(move |j| v[rows(kh, j)].to_vec())).collect())
                             }
-                            _ => panic!("a float pool"),
+                            // q8_0 rows of whole blocks: a row's codes and its d / 32 scales.
+                            HostTensor::Q(m) => {
+                                let b = crate::kernels::cpu::Q8_BLOCK;
+                                let each = || (0..kv_heads).flat_map(|kh| (0..kv).map(move |j| rows(kh, j)));
+                                HostTensor::Q(crate::kernels::quant::QMatrix {
+                                    rows: kv_heads * kv * d / b,
+                                    cols: b,
+                                    quants: each().flat_map(|r| m.quants[r].to_vec()).collect(),
+                                    scales: each().flat_map(|r| m.scales[r.start / b..r.end / b].to_vec()).collect(),
+                                    ..m.clone()
+                                })
+                            }
+                            _ => panic!("a float or q8_0 pool"),
                         }
                     };
                     let q_rows = HostTensor::F32(q[t0 * heads * d..(t0 + q_len) * heads * d].to_vec());
@@ -720,11 +733,13 @@ mod tests {
                     } else {
                         compared.1 += 1
                     }
+                    q8_seqs += usize::from(dtype == DType::Q8_0);
                     t0 += q_len;
                 }
             }
         }
         assert!(compared.0 >= 6 && compared.1 >= 6, "{compared:?} decode tokens and chunks compared");
+        assert!(q8_seqs >= 6, "{q8_seqs} sequences over q8_0 pools compared");
     }
 
     /// A table the pool cannot serve is the kernel's error, naming what is wrong,

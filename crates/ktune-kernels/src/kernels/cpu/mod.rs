@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::LocalKey;
 
 pub use dot::{
-    Row, add_sumsq, axpy, axpy_row, dot, dot_f16, dot_f32, dot_rows, dot2x4, dot4, dot4_f16, dot4_f32, scale_mul, weighted_rows,
-    weighted_rows_add,
+    Elems, Q8_BLOCK, Q8Row, Row, add_sumsq, axpy, axpy_row, dot, dot_f16, dot_f32, dot_rows, dot2x4, dot4, dot4_f16, dot4_f32, scale_mul,
+    weighted_rows, weighted_rows_add, widen_row,
 };
 pub(crate) use lanes::isa_dispatch;
 pub use lanes::{Elem, Lanes};
@@ -318,7 +318,13 @@ pub fn sub_row(w: CpuIn<'_>, r: usize, k: usize, c0: usize, c1: usize) -> Row<'_
     match w {
         CpuIn::F32(s) => Row::F32(&s[r * k + c0..r * k + c1]),
         CpuIn::F16(s) => Row::F16(&s[r * k + c0..r * k + c1]),
-        // Float kernels never get a quantized buffer: the registry checks dtypes.
+        // A q8_0 KV cache in rows of whole blocks (`k` and `c0` multiples of 32:
+        // the attention kernels' checks).
+        CpuIn::Q(q) if q.format == crate::kernels::quant::QFormat::Q8_0 && q.layout == crate::kernels::quant::Layout::Rows => {
+            let (lo, hi) = (r * k + c0, r * k + c1);
+            Row::Q8(Q8Row { q: bytemuck::cast_slice(&q.quants[lo..hi]), d: &q.scales[lo / Q8_BLOCK..hi.div_ceil(Q8_BLOCK)] })
+        }
+        // Float kernels never get another quantized buffer: the registry checks dtypes.
         CpuIn::Q(_) | CpuIn::Stack(_) => Row::F32(&[]),
     }
 }

@@ -655,6 +655,7 @@ fn row_f32(isa: Isa, w: CpuIn<'_>, r: usize, k: usize, out: &mut [f32]) {
         (Some(q), _) => cpu::qdot::dequantize_row(isa, q, r, k, &mut out[..k]),
         (None, Row::F32(s)) => out[..k].copy_from_slice(s),
         (None, Row::F16(s)) => out[..k].iter_mut().zip(s).for_each(|(o, v)| *o = v.to_f32()),
+        (None, Row::Q8(s)) => out[..k].iter_mut().enumerate().for_each(|(i, o)| *o = cpu::Elems::get(s, i)),
     }
 }
 

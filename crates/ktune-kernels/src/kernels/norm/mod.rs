@@ -481,6 +481,7 @@ mod tests {
                         let g = match w {
                             Row::F32(s) => s[i],
                             Row::F16(s) => s[i].to_f32(),
+                            Row::Q8(s) => crate::kernels::cpu::Elems::get(s, i),
                         };
                         assert!((y[i] - x[i] * 0.5 * (g + 1.0)).abs() < 1e-4, "rms_apply {isa:?} n={n}");
                     }
@@ -489,6 +490,7 @@ mod tests {
                         let g = match w {
                             Row::F32(s) => s[i],
                             Row::F16(s) => s[i].to_f32(),
+                            Row::Q8(s) => crate::kernels::cpu::Elems::get(s, i),
                         };
                         assert!((y[i] - ((x[i] - 100.0) * 2.0 * g + g)).abs() < 1e-4, "ln_apply {isa:?} n={n}");
                     }

@@ -12,11 +12,47 @@ use half::f16;
 use super::Isa;
 use super::lanes::{Elem, Lanes, isa_dispatch};
 
-/// A row of weights in either storage type.
+/// A row of weights or cached keys/values in one storage type: f32, f16, or
+/// q8_0 blocks (a quantized KV cache's rows).
 #[derive(Clone, Copy)]
 pub enum Row<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
+    Q8(Q8Row<'a>),
+}
+
+/// Elements in q8_0 blocks: 32 signed codes and one half scale a block,
+/// element `i` being `d[i / 32] * q[i]` (ggml's `block_q8_0`, its fields apart).
+#[derive(Clone, Copy)]
+pub struct Q8Row<'a> {
+    pub q: &'a [i8],
+    pub d: &'a [f16],
+}
+
+/// Elements a q8_0 block holds.
+pub const Q8_BLOCK: usize = 32;
+
+impl<'a> Row<'a> {
+    /// Elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Row::F32(w) => w.len(),
+            Row::F16(w) => w.len(),
+            Row::Q8(w) => w.q.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Elements `lo..hi` (a q8_0 row's from a block's first element: `lo` a
+    /// multiple of [`Q8_BLOCK`], as every row of a cache of whole blocks starts).
+    pub fn slice(self, lo: usize, hi: usize) -> Row<'a> {
+        match self {
+            Row::F32(w) => Row::F32(&w[lo..hi]),
+            Row::F16(w) => Row::F16(&w[lo..hi]),
+            Row::Q8(w) => Row::Q8(Q8Row { q: &w.q[lo..hi], d: &w.d[lo / Q8_BLOCK..hi.div_ceil(Q8_BLOCK)] }),
+        }
+    }
 }
 
 impl<'a> From<&'a [f32]> for Row<'a> {
@@ -32,12 +68,15 @@ impl<'a> From<&'a [f16]> for Row<'a> {
 }
 
 /// `$e` with `$w` bound to the f32 or the f16 slice of a [`Row`] (one generic body
-/// for both storage types).
+/// for both storage types). A q8_0 row (a KV cache's) does nothing: the float
+/// kernels this serves (norm gains) never get one, the registry checks dtypes;
+/// kernels that read cached rows use [`with_elems!`].
 macro_rules! with_row {
     ($row:expr, |$w:ident| $e:expr) => {
         match $row {
             $crate::kernels::cpu::Row::F32($w) => $e,
             $crate::kernels::cpu::Row::F16($w) => $e,
+            $crate::kernels::cpu::Row::Q8(_) => {}
         }
     };
 }
@@ -56,6 +95,59 @@ macro_rules! with_row_pair {
 }
 pub(crate) use with_row_pair;
 
+/// `$e` with `$w` bound to a [`Row`]'s elements as an [`Elems`] (a slice of f32
+/// or f16, or q8_0 blocks): one generic body for every storage type.
+macro_rules! with_elems {
+    ($row:expr, |$w:ident| $e:expr) => {
+        match $row {
+            $crate::kernels::cpu::Row::F32($w) => $e,
+            $crate::kernels::cpu::Row::F16($w) => $e,
+            $crate::kernels::cpu::Row::Q8($w) => $e,
+        }
+    };
+}
+
+/// A row's elements as lanes: `N` at a time from any element a multiple of `N`
+/// (a q8_0 vector never straddles two blocks: `N` divides 32), or one at a time.
+pub trait Elems: Copy {
+    /// Elements `i..i + L::N` widened to f32.
+    fn at<L: Lanes>(self, l: L, i: usize) -> L::V;
+    /// Element `i`.
+    fn get(self, i: usize) -> f32;
+    /// Elements.
+    fn count(self) -> usize;
+}
+
+impl<W: Elem> Elems for &[W] {
+    #[inline(always)]
+    fn at<L: Lanes>(self, l: L, i: usize) -> L::V {
+        W::load(l, &self[i..])
+    }
+    #[inline(always)]
+    fn get(self, i: usize) -> f32 {
+        self[i].f32()
+    }
+    #[inline(always)]
+    fn count(self) -> usize {
+        self.len()
+    }
+}
+
+impl Elems for Q8Row<'_> {
+    #[inline(always)]
+    fn at<L: Lanes>(self, l: L, i: usize) -> L::V {
+        l.mul(l.splat_f16(self.d[i / Q8_BLOCK]), l.load_i8(&self.q[i..]))
+    }
+    #[inline(always)]
+    fn get(self, i: usize) -> f32 {
+        self.d[i / Q8_BLOCK].to_f32() * f32::from(self.q[i])
+    }
+    #[inline(always)]
+    fn count(self) -> usize {
+        self.q.len()
+    }
+}
+
 /// A weight element the SIMD microkernels load (f32, or f16 widened on load).
 #[cfg(target_arch = "x86_64")]
 pub trait Weight: Elem + x86::Load {}
@@ -71,6 +163,85 @@ pub fn dot(isa: Isa, x: &[f32], w: Row<'_>) -> f32 {
     match w {
         Row::F32(w) => dot_f32(isa, x, w),
         Row::F16(w) => dot_f16(isa, x, w),
+        Row::Q8(w) => dot_q8(isa, x, w),
+    }
+}
+
+/// `Σ x[i] * w[i]` over a q8_0 row: per block `d * Σ x[i] * q[i]` (the codes
+/// widened to f32, the block's sum in lanes, then scaled into the row's lanes).
+pub fn dot_q8(isa: Isa, x: &[f32], w: Q8Row<'_>) -> f32 {
+    isa_dispatch!(isa, |l| (x: &[f32] = x, w: Q8Row<'_> = w) -> f32 {
+        let mut out = [0.0f32];
+        dot_q8_k(l, x, [w], &mut out);
+        out[0]
+    })
+}
+
+/// Four q8_0 dot products sharing `x` (each `x` vector loaded once for the four
+/// rows), each as [`dot_q8`] computes it alone.
+pub fn dot4_q8(isa: Isa, x: &[f32], w: [Q8Row<'_>; 4]) -> [f32; 4] {
+    isa_dispatch!(isa, |l| (x: &[f32] = x, w: [Q8Row<'_>; 4] = w) -> [f32; 4] {
+        let mut out = [0.0f32; 4];
+        dot_q8_k(l, x, w, &mut out);
+        out
+    })
+}
+
+/// [`dot_rows`] over q8_0 rows in one call of the ISA's function (a decode's
+/// keys: 64 values a row, where a call per four rows cost more than its sums):
+/// [`dot4_q8`]'s values on each four rows, [`dot_q8`]'s on the rest.
+fn dot_rows_q8(isa: Isa, x: &[f32], w: Q8Row<'_>, out: &mut [f32]) {
+    isa_dispatch!(isa, |l| (x: &[f32] = x, w: Q8Row<'_> = w, out: &mut [f32] = out) -> () {
+        let n = x.len();
+        let row = |c: usize| Q8Row { q: &w.q[c * n..(c + 1) * n], d: &w.d[c * n / Q8_BLOCK..((c + 1) * n).div_ceil(Q8_BLOCK)] };
+        let mut c = 0;
+        while c + 4 <= out.len() {
+            let mut four = [0.0f32; 4];
+            dot_q8_k(l, x, [row(c), row(c + 1), row(c + 2), row(c + 3)], &mut four);
+            out[c..c + 4].copy_from_slice(&four);
+            c += 4;
+        }
+        while c < out.len() {
+            let mut one = [0.0f32];
+            dot_q8_k(l, x, [row(c)], &mut one);
+            out[c] = one[0];
+            c += 1;
+        }
+    })
+}
+
+/// `R` q8_0 dot products sharing `x`: a row's blocks each summed in lanes and
+/// added to the row's lanes times the block's scale (one conversion of the
+/// scale a block, not one a vector); elements past the whole blocks one by one.
+/// A row's value does not depend on `R`.
+#[inline(always)]
+fn dot_q8_k<L: Lanes, const R: usize>(l: L, x: &[f32], w: [Q8Row<'_>; R], out: &mut [f32; R]) {
+    let n = w.iter().fold(x.len(), |m, r| m.min(r.q.len()));
+    let blocks = n / Q8_BLOCK;
+    let mut acc = [l.splat(0.0); R];
+    for b in 0..blocks {
+        let base = b * Q8_BLOCK;
+        let mut t = [l.splat(0.0); R];
+        let mut c = 0;
+        while c < Q8_BLOCK {
+            let xv = l.load(&x[base + c..]);
+            for (t, r) in t.iter_mut().zip(&w) {
+                *t = l.fma(xv, l.load_i8(&r.q[base + c..]), *t);
+            }
+            c += L::N;
+        }
+        for ((a, t), r) in acc.iter_mut().zip(t).zip(&w) {
+            *a = l.fma(l.splat_f16(r.d[b]), t, *a);
+        }
+    }
+    // A loop, not a closure (`array::from_fn`): a closure does not take the
+    // target features, and `hsum` would stay a call (see `Lanes`).
+    for ((o, a), r) in out.iter_mut().zip(acc).zip(&w) {
+        let mut s = l.hsum(a);
+        for (i, xi) in x[..n].iter().enumerate().skip(blocks * Q8_BLOCK) {
+            s += xi * r.get(i);
+        }
+        *o = s;
     }
 }
 
@@ -80,6 +251,7 @@ pub fn dot4(isa: Isa, x: &[f32], w: [Row<'_>; 4]) -> [f32; 4] {
     match w {
         [Row::F32(a), Row::F32(b), Row::F32(c), Row::F32(d)] => dot4_f32(isa, x, [a, b, c, d]),
         [Row::F16(a), Row::F16(b), Row::F16(c), Row::F16(d)] => dot4_f16(isa, x, [a, b, c, d]),
+        [Row::Q8(a), Row::Q8(b), Row::Q8(c), Row::Q8(d)] => dot4_q8(isa, x, [a, b, c, d]),
         _ => [dot(isa, x, w[0]), dot(isa, x, w[1]), dot(isa, x, w[2]), dot(isa, x, w[3])],
     }
 }
@@ -89,8 +261,11 @@ pub fn dot4(isa: Isa, x: &[f32], w: [Row<'_>; 4]) -> [f32; 4] {
 /// on each four rows from the first and [`dot`] on the rest, in one call.
 pub fn dot_rows(isa: Isa, x: &[f32], w: Row<'_>, out: &mut [f32]) {
     let n = x.len();
-    let rows = out.len().min(with_row!(w, |w| w.len()).checked_div(n).unwrap_or(out.len()));
+    let rows = out.len().min(w.len().checked_div(n).unwrap_or(out.len()));
     let out = &mut out[..rows];
+    if let Row::Q8(w) = w {
+        return dot_rows_q8(isa, x, w, out);
+    }
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY (both arms): `Isa::from_param`/`best` only yield levels the CPU
@@ -103,7 +278,7 @@ pub fn dot_rows(isa: Isa, x: &[f32], w: Row<'_>, out: &mut [f32]) {
             _ => {}
         }
     }
-    let row = |c: usize| with_row!(w, |w| Row::from(&w[c * n..][..n]));
+    let row = |c: usize| w.slice(c * n, (c + 1) * n);
     let mut c = 0;
     while c + 4 <= rows {
         out[c..c + 4].copy_from_slice(&dot4(isa, x, [row(c), row(c + 1), row(c + 2), row(c + 3)]));
@@ -170,27 +345,47 @@ pub fn axpy(isa: Isa, a: f32, x: &[f32], y: &mut [f32]) {
     axpy_row(isa, a, Row::F32(x), y)
 }
 
-/// `y += a * x` for an f32 or f16 row (one FMA per lane on the SIMD levels).
+/// `y += a * x` for a row of any storage type (one FMA per lane on the SIMD levels).
 #[inline]
 pub fn axpy_row(isa: Isa, a: f32, x: Row<'_>, y: &mut [f32]) {
     isa_dispatch!(isa, |l| (a: f32 = a, x: Row<'_> = x, y: &mut [f32] = y) -> () {
-        with_row!(x, |x| axpy_k(l, a, x, y))
+        with_elems!(x, |x| axpy_k(l, a, x, y))
     })
 }
 
 #[inline(always)]
-fn axpy_k<L: Lanes, W: Elem>(l: L, a: f32, x: &[W], y: &mut [f32]) {
-    let n = x.len().min(y.len());
-    let (x, y) = (&x[..n], &mut y[..n]);
+fn axpy_k<L: Lanes, R: Elems>(l: L, a: f32, x: R, y: &mut [f32]) {
+    let n = x.count().min(y.len());
+    let y = &mut y[..n];
     let av = l.splat(a);
     let mut ys = y.chunks_exact_mut(L::N);
-    for (yc, xc) in (&mut ys).zip(x.chunks_exact(L::N)) {
-        let v = l.fma(av, W::load(l, xc), l.load(yc));
+    for (c, yc) in (&mut ys).enumerate() {
+        let v = l.fma(av, x.at(l, c * L::N), l.load(yc));
         l.store(yc, v);
     }
     let t = n - n % L::N;
     for (i, o) in ys.into_remainder().iter_mut().enumerate() {
-        *o += a * x[t + i].f32();
+        *o += a * x.get(t + i);
+    }
+}
+
+/// `out = x` widened to f32 (a q8_0 row exactly: a half scale times an 8-bit
+/// code is an f32), `x.len()` elements.
+pub fn widen_row(isa: Isa, x: Row<'_>, out: &mut [f32]) {
+    isa_dispatch!(isa, |l| (x: Row<'_> = x, out: &mut [f32] = out) -> () {
+        with_elems!(x, |x| widen_k(l, x, out))
+    })
+}
+
+#[inline(always)]
+fn widen_k<L: Lanes, R: Elems>(l: L, x: R, out: &mut [f32]) {
+    let n = x.count().min(out.len());
+    let full = n - n % L::N;
+    for (c, o) in out[..full].chunks_exact_mut(L::N).enumerate() {
+        l.store(o, x.at(l, c * L::N));
+    }
+    for (i, o) in out[..n].iter_mut().enumerate().skip(full) {
+        *o = x.get(i);
     }
 }
 
@@ -201,7 +396,7 @@ fn axpy_k<L: Lanes, W: Elem>(l: L, a: f32, x: &[W], y: &mut [f32]) {
 /// in registers across them (a decode's softmax-weighted values).
 pub fn weighted_rows(isa: Isa, w: &[f32], v: Row<'_>, o: &mut [f32]) {
     isa_dispatch!(isa, |l| (w: &[f32] = w, v: Row<'_> = v, o: &mut [f32] = o) -> () {
-        with_row!(v, |v| weighted_k(l, w, v, o, false))
+        with_elems!(v, |v| weighted_k(l, w, v, o, false))
     })
 }
 
@@ -210,32 +405,32 @@ pub fn weighted_rows(isa: Isa, w: &[f32], v: Row<'_>, o: &mut [f32]) {
 /// bits of one call over them all.
 pub fn weighted_rows_add(isa: Isa, w: &[f32], v: Row<'_>, o: &mut [f32]) {
     isa_dispatch!(isa, |l| (w: &[f32] = w, v: Row<'_> = v, o: &mut [f32] = o) -> () {
-        with_row!(v, |v| weighted_k(l, w, v, o, true))
+        with_elems!(v, |v| weighted_k(l, w, v, o, true))
     })
 }
 
 #[inline(always)]
-fn weighted_k<L: Lanes, W: Elem>(l: L, w: &[f32], v: &[W], o: &mut [f32], add: bool) {
+fn weighted_k<L: Lanes, R: Elems>(l: L, w: &[f32], v: R, o: &mut [f32], add: bool) {
     let d = o.len();
     if d == 0 {
         return;
     }
-    let w = &w[..w.len().min(v.len() / d)];
+    let w = &w[..w.len().min(v.count() / d)];
     let full = d - d % L::N;
     let mut c0 = 0;
     while c0 < full {
         let c1 = match (full - c0) / L::N {
-            1 => weighted_cols::<L, W, 1>(l, w, v, d, c0, o, add),
-            2 => weighted_cols::<L, W, 2>(l, w, v, d, c0, o, add),
-            3 => weighted_cols::<L, W, 3>(l, w, v, d, c0, o, add),
-            _ => weighted_cols::<L, W, 4>(l, w, v, d, c0, o, add),
+            1 => weighted_cols::<L, R, 1>(l, w, v, d, c0, o, add),
+            2 => weighted_cols::<L, R, 2>(l, w, v, d, c0, o, add),
+            3 => weighted_cols::<L, R, 3>(l, w, v, d, c0, o, add),
+            _ => weighted_cols::<L, R, 4>(l, w, v, d, c0, o, add),
         };
         c0 = c1;
     }
     for (i, oi) in o[full..].iter_mut().enumerate() {
         let mut s = if add { *oi } else { 0.0 };
         for (r, &a) in w.iter().enumerate() {
-            s += a * v[r * d + full + i].f32();
+            s += a * v.get(r * d + full + i);
         }
         *oi = s;
     }
@@ -243,7 +438,7 @@ fn weighted_k<L: Lanes, W: Elem>(l: L, w: &[f32], v: &[W], o: &mut [f32], add: b
 
 /// Columns `c0..c0 + B * L::N` of [`weighted_rows`]; returns the next column.
 #[inline(always)]
-fn weighted_cols<L: Lanes, W: Elem, const B: usize>(l: L, w: &[f32], v: &[W], d: usize, c0: usize, o: &mut [f32], add: bool) -> usize {
+fn weighted_cols<L: Lanes, R: Elems, const B: usize>(l: L, w: &[f32], v: R, d: usize, c0: usize, o: &mut [f32], add: bool) -> usize {
     let mut acc = [l.splat(0.0); B];
     if add {
         for (j, acc) in acc.iter_mut().enumerate() {
@@ -252,9 +447,8 @@ fn weighted_cols<L: Lanes, W: Elem, const B: usize>(l: L, w: &[f32], v: &[W], d:
     }
     for (r, &a) in w.iter().enumerate() {
         let av = l.splat(a);
-        let row = &v[r * d + c0..][..B * L::N];
         for (j, acc) in acc.iter_mut().enumerate() {
-            *acc = l.fma(av, W::load(l, &row[j * L::N..]), *acc);
+            *acc = l.fma(av, v.at(l, r * d + c0 + j * L::N), *acc);
         }
     }
     for (j, acc) in acc.into_iter().enumerate() {
@@ -359,17 +553,17 @@ mod tests {
     #[test]
     fn many_row_calls_are_the_row_calls_bit_for_bit() {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        for d in [1, 7, 16, 64, 72, 80, 129] {
+        for d in [1, 7, 16, 32, 64, 72, 80, 96, 129] {
             for n in [0, 1, 5, 8, 11, 33] {
                 let (w, x) = (testdata::signed(n, d as u64), testdata::signed(d, 3 + d as u64));
                 let v = testdata::signed(n * d, 7 + d as u64);
                 let vh: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+                let vq = q8(&v);
                 for isa in [Isa::Scalar, Isa::from_param(2), Isa::best()] {
-                    for rows in [Row::F32(&v), Row::F16(&vh)] {
-                        let row = |r: usize| match rows {
-                            Row::F32(v) => Row::F32(&v[r * d..][..d]),
-                            Row::F16(v) => Row::F16(&v[r * d..][..d]),
-                        };
+                    // q8_0 rows where a row is whole blocks (a KV cache's).
+                    let q8_rows = d.is_multiple_of(Q8_BLOCK).then(|| Row::Q8(q8_row(&vq)));
+                    for rows in [Row::F32(&v), Row::F16(&vh)].into_iter().chain(q8_rows) {
+                        let row = |r: usize| rows.slice(r * d, (r + 1) * d);
                         let mut chain = vec![0.0f32; d];
                         for (r, &a) in w.iter().enumerate() {
                             axpy_row(isa, a, row(r), &mut chain);
@@ -388,7 +582,54 @@ mod tests {
                         let mut dots = vec![f32::NAN; n];
                         dot_rows(isa, &x, rows, &mut dots);
                         assert_eq!(bits(&dots), bits(&each), "dot_rows {isa:?} d={d} n={n}");
+                        // Rows in two calls (a paged cache's blocks) continue the chains.
+                        let cut = n / 2;
+                        let mut two = vec![f32::NAN; d];
+                        weighted_rows(isa, &w[..cut], rows.slice(0, cut * d), &mut two);
+                        weighted_rows_add(isa, &w[cut..], rows.slice(cut * d, n * d), &mut two);
+                        assert_eq!(bits(&two), bits(&one), "weighted_rows_add {isa:?} d={d} n={n}");
                     }
+                }
+            }
+        }
+    }
+
+    /// `v` (whole blocks of 32) quantized to q8_0.
+    fn q8(v: &[f32]) -> crate::kernels::quant::QMatrix {
+        let n = v.len() / Q8_BLOCK * Q8_BLOCK;
+        crate::kernels::quant::QMatrix::quantize(crate::kernels::quant::QFormat::Q8_0, n / Q8_BLOCK, Q8_BLOCK, &v[..n])
+            .expect("whole blocks")
+    }
+
+    fn q8_row(m: &crate::kernels::quant::QMatrix) -> Q8Row<'_> {
+        Q8Row { q: bytemuck::cast_slice(&m.quants), d: &m.scales }
+    }
+
+    /// A q8_0 row reads as its dequantized values: dots, axpy and weighted sums
+    /// against f64 over `QMatrix::dequantize`'s values, at every ISA.
+    #[test]
+    fn q8_rows_read_as_their_dequantized_values() {
+        for blocks in [1, 2, 3, 8, 9] {
+            let n = blocks * Q8_BLOCK;
+            let (x, w) = (testdata::signed(n, 40 + n as u64), testdata::signed(3 * n, 41 + n as u64));
+            let m = q8(&w);
+            let deq = m.dequantize();
+            let row = Row::Q8(q8_row(&m));
+            let exact: f64 = x.iter().zip(&deq).map(|(a, b)| *a as f64 * *b as f64).sum();
+            for isa in [Isa::Scalar, Isa::from_param(2), Isa::best()] {
+                let tol = 1e-5 * n as f64;
+                assert!((dot(isa, &x, row.slice(0, n)) as f64 - exact).abs() < tol, "dot q8 {isa:?} n={n}");
+                let mut y = x.clone();
+                axpy_row(isa, 0.5, row.slice(0, n), &mut y);
+                for i in 0..n {
+                    assert!((y[i] - (x[i] + 0.5 * deq[i])).abs() < 1e-6, "axpy q8 {isa:?} n={n}");
+                }
+                let a = [0.25f32, -0.5, 2.0];
+                let mut o = vec![0.0; n];
+                weighted_rows(isa, &a, row, &mut o);
+                for i in 0..n {
+                    let want: f64 = (0..3).map(|r| a[r] as f64 * deq[r * n + i] as f64).sum();
+                    assert!((o[i] as f64 - want).abs() < 1e-5, "weighted q8 {isa:?} n={n}");
                 }
             }
         }

@@ -27,6 +27,11 @@ pub trait Lanes: Copy {
     fn load(self, s: &[f32]) -> Self::V;
     /// Loads `s[..N]` halves widened to f32.
     fn load_f16(self, s: &[f16]) -> Self::V;
+    /// Loads `s[..N]` signed bytes widened to f32 (a q8_0 block's codes).
+    fn load_i8(self, s: &[i8]) -> Self::V;
+    /// A half widened to f32 in every lane (a q8_0 block's scale: one vector
+    /// conversion, not `f16::to_f32`'s call).
+    fn splat_f16(self, h: f16) -> Self::V;
     /// Stores into `s[..N]`.
     fn store(self, s: &mut [f32], v: Self::V);
     fn add(self, a: Self::V, b: Self::V) -> Self::V;
@@ -101,6 +106,15 @@ impl Lanes for Portable {
     fn load_f16(self, s: &[f16]) -> [f32; 8] {
         let s = &s[..8];
         std::array::from_fn(|i| s[i].to_f32())
+    }
+    #[inline(always)]
+    fn load_i8(self, s: &[i8]) -> [f32; 8] {
+        let s = &s[..8];
+        std::array::from_fn(|i| f32::from(s[i]))
+    }
+    #[inline(always)]
+    fn splat_f16(self, h: f16) -> [f32; 8] {
+        [h.to_f32(); 8]
     }
     #[inline(always)]
     fn store(self, s: &mut [f32], v: [f32; 8]) {

@@ -30,6 +30,8 @@ macro_rules! x86_lanes {
     (
         $(#[$doc:meta])* $t:ident ($features:literal), $w:literal bits, $n:literal lanes,
         load_f16: |$hp:ident| $load_f16:expr,
+        load_i8: |$bp:ident| $load_i8:expr,
+        splat_f16: |$hb:ident| $splat_f16:expr,
         round: |$ra:ident| $round:expr,
         hsum: |$sa:ident| $hsum:expr,
         hmax: |$ma:ident| $hmax:expr $(,)?
@@ -63,6 +65,16 @@ macro_rules! x86_lanes {
             fn load_f16(self, s: &[f16]) -> Self::V {
                 let $hp = s[..$n].as_ptr();
                 unsafe { $load_f16 }
+            }
+            #[inline(always)]
+            fn load_i8(self, s: &[i8]) -> Self::V {
+                let $bp = s[..$n].as_ptr();
+                unsafe { $load_i8 }
+            }
+            #[inline(always)]
+            fn splat_f16(self, h: f16) -> Self::V {
+                let $hb = h.to_bits() as i16;
+                unsafe { $splat_f16 }
             }
             #[inline(always)]
             fn store(self, s: &mut [f32], v: Self::V) {
@@ -103,6 +115,8 @@ x86_lanes! {
     /// AVX2 + FMA + F16C, 8 lanes. Exists only where the CPU has them.
     Avx2 ("AVX2, FMA and F16C"), 256 bits, 8 lanes,
     load_f16: |p| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+    load_i8: |p| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i))),
+    splat_f16: |h| _mm256_cvtph_ps(_mm_set1_epi16(h)),
     round: |a| _mm256_round_ps::<NEAREST>(a),
     hsum: |a| {
         let s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
@@ -120,6 +134,8 @@ x86_lanes! {
     /// AVX-512F, 16 lanes. Exists only where the CPU has it.
     Avx512 ("AVX-512F"), 512 bits, 16 lanes,
     load_f16: |p| _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)),
+    load_i8: |p| _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i))),
+    splat_f16: |h| _mm512_cvtph_ps(_mm256_set1_epi16(h)),
     round: |a| _mm512_roundscale_ps::<NEAREST>(a),
     hsum: |a| _mm512_reduce_add_ps(a),
     hmax: |a| _mm512_reduce_max_ps(a),
