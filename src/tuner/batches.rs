@@ -126,7 +126,7 @@ pub(crate) fn run(
     let defs = budget.stage("batch regimes: plans", || races(t, o, chosen.fusion, sel))?;
     let (sizes, defs): (Vec<usize>, Vec<RaceDef>) = defs.into_iter().unzip();
     let variants = defs.iter().map(|r| candidates(r, caps, o.strategy).0.len()).sum();
-    let space = Space { races: defs, per_fusion: Vec::new(), variants, ruled_out: BTreeMap::new(), combinations: 0.0 };
+    let space = Space { races: defs, per_fusion: Vec::new(), variants, ruled_out: BTreeMap::new(), combinations: 0.0, kept_panels: true };
     let Races { results, .. } = budget.stage("batch regimes: races", || race::run_all(t, o, &space, cache, resume, budget, progress))?;
     let extra = o.extra_formats();
     let mut found = BatchRegimes::default();

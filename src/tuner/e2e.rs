@@ -1408,8 +1408,14 @@ mod tests {
         };
         let gemm = Problem::Gemm { m: 100, n: 100, k: 100 }; // 2 MFLOP
         let lin = Problem::Linear { m: 100, n: 100, k: 100, gelu: false }; // 2 MFLOP
-        let space =
-            |races: Vec<RaceDef>| Space { races, per_fusion: Vec::new(), variants: 0, ruled_out: Default::default(), combinations: 0.0 };
+        let space = |races: Vec<RaceDef>| Space {
+            races,
+            per_fusion: Vec::new(),
+            variants: 0,
+            ruled_out: Default::default(),
+            combinations: 0.0,
+            kept_panels: false,
+        };
         let text = || def(Slot::MatmulGateUp, Regime::Prefill, gemm.clone(), 1);
         let mlp = def(Slot::VisionMlp, Regime::Vision, lin.clone(), 3);
         let norm = def(Slot::VisionNorm, Regime::Vision, Problem::LayerNorm { rows: 100, dim: 100, eps: 1e-6 }, 2);

@@ -12,6 +12,7 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
 use crate::gpu::{GpuCtx, GpuProgram};
+use crate::kernels::cpu::qgemm::{PanelCache, with_panels};
 use crate::kernels::verify::{GpuBuffers, HostTensor, InputMemo, make_inputs, make_inputs_shared, output_lens};
 use crate::kernels::{CpuArgs, DType, KernelDef, Params, Problem};
 use crate::stats::{Stats, summarize};
@@ -83,6 +84,11 @@ pub struct Workload {
     copies: Vec<usize>,
     /// GPU: per shape, one set of buffers per copy.
     gpu: Option<(Arc<GpuCtx>, Vec<Vec<GpuBuffers>>)>,
+    /// CPU: the candidates' packed GEMM rows kept across executions (one
+    /// `qgemm::PanelCache` for the race's candidates, as an engine of decode
+    /// batches keeps one for its kernels); each candidate's warm-up runs every
+    /// input copy once, so no timed execution packs ([`Workload::keep_panels`]).
+    pub panels: Option<Arc<PanelCache>>,
 }
 
 /// Copies of `bytes` of inputs that together reach `rotate_bytes` (at most 256).
@@ -144,7 +150,7 @@ impl Workload {
             }
         }
         let gpu = gpu.map(|ctx| (ctx, gpu_bufs));
-        Workload { dtype, shapes, inputs, copies, gpu }
+        Workload { dtype, shapes, inputs, copies, gpu, panels: None }
     }
 
     /// Input copies of shape `i`.
@@ -153,6 +159,14 @@ impl Workload {
     }
 
     /// The GPU buffers of copy `copy` of shape `i` (None on the CPU).
+    /// Keeps the CPU candidates' packed GEMM rows across executions
+    /// ([`Workload::panels`]; nothing on a GPU).
+    pub fn keep_panels(&mut self) {
+        if self.gpu.is_none() {
+            self.panels = Some(Arc::default());
+        }
+    }
+
     pub fn gpu_buffers(&self, i: usize, copy: usize) -> Option<&GpuBuffers> {
         self.gpu.as_ref().and_then(|(_, b)| b.get(i)).and_then(|c| c.get(copy))
     }
@@ -216,9 +230,11 @@ impl Runner {
                 }
             }
         }
-        // Warm up once per shape and calibrate repetitions.
+        // Warm up once per shape (every input copy once where the packed rows
+        // are kept: none is packed while timed) and calibrate repetitions.
         for i in 0..w.shapes.len() {
-            let t = self.time_shape(w, i, 1)?;
+            let warm = if w.panels.is_some() { w.copies(i) } else { 1 };
+            let t = self.time_shape(w, i, warm as u32)?;
             self.warm_up += t;
             let reps = (MIN_SAMPLE_S / t.max(1e-9)).ceil().clamp(1.0, 2000.0) as u32;
             self.reps.push(reps);
@@ -238,7 +254,7 @@ impl Runner {
                 let next = &mut self.next_copy;
                 // On the calling thread, as the runtime runs its passes: the
                 // kernel's parallel loops go to the kernels' pool.
-                {
+                let mut timed = || {
                     let t0 = Instant::now();
                     for _ in 0..reps {
                         *next = (*next + 1) % copies.len();
@@ -249,6 +265,10 @@ impl Runner {
                         k.run_cpu(p, w.dtype, params, args).map_err(|e| e.to_string())?;
                     }
                     Ok(t0.elapsed().as_secs_f64() / reps as f64)
+                };
+                match &w.panels {
+                    Some(kept) => with_panels(kept, timed),
+                    None => timed(),
                 }
             }
             Some((ctx, _)) => {
@@ -495,6 +515,35 @@ mod tests {
             assert_eq!((r.cache_bytes, r.rotate_bytes), (l3, 2 * l3), "the CPU ignores a GPU L2 override");
         }
         assert!(r.rotate_bytes >= 1 << 20);
+    }
+
+    /// A batch regime's workload (`keep_panels`) keeps the candidates' packed
+    /// rows in one cache, which the first candidate's warm-up fills for every
+    /// input copy and the timed executions only read (the int8 GEMM at a
+    /// decode batch's 8 rows); another workload keeps none.
+    #[test]
+    fn a_batch_regimes_candidates_keep_their_packed_rows() {
+        let p = Problem::Gemm { m: 8, n: 256, k: 512 };
+        let k = crate::kernels::find("gemm_q_i8_cpu").expect("registered");
+        let cand = |rows: u32| {
+            let mut params = k.default_params();
+            params.insert("rows_per_task".into(), rows);
+            Cand { kernel: k, params }
+        };
+        let mut w = Workload::new(vec![(p.clone(), 1)], DType::Q4_0, None, 5, 1 << 20);
+        assert!(w.copies(0) > 1, "copies to rotate through: {}", w.copies(0));
+        assert!(w.panels.is_none());
+        w.keep_panels();
+        let kept = w.panels.clone().expect("a panel cache");
+        let mut r = Runner::new(cand(32), &w);
+        assert!(r.error.is_none(), "{:?}", r.error);
+        let packed = kept.bytes();
+        assert!(packed > 0, "the warm-up packed the weight's rows");
+        r.sample(&w);
+        let mut other = Runner::new(cand(64), &w);
+        other.sample(&w);
+        assert!(r.error.is_none() && other.error.is_none(), "{:?} {:?}", r.error, other.error);
+        assert_eq!(kept.bytes(), packed, "every copy was packed in the first warm-up; nothing after it packs");
     }
 
     /// A race whose hard stop has passed before it starts samples one candidate

@@ -127,7 +127,7 @@ pub(crate) fn run_all(
         }
         let race_start = Instant::now();
         first_only += usize::from(race_start >= slot_deadline);
-        let res = run_race(t, r, o, Deadline::share(share), &mut gates, &memo, progress);
+        let res = run_race(t, r, o, Deadline::share(share), &mut gates, (&memo, space.kept_panels), progress);
         spent += race_start.elapsed();
         ran += 1;
         // A lost device fails every candidate from here on: stop, caching nothing of it.
@@ -398,13 +398,16 @@ const NOT_REACHED: &str = "not reached within the budget";
 /// samples candidates while its time lasts; those it did not reach are rejected
 /// as such, so the race's cost is bounded by its share of the budget whatever a
 /// sample costs (but its first candidate's).
+/// One slot's race; `(memo, kept_panels)`: the inputs drawn once for every
+/// race, and whether the CPU kernels keep their packed rows across calls
+/// ([`Space::kept_panels`]).
 fn run_race(
     t: &Target<'_>,
     r: &RaceDef,
     o: &TuneOptions,
     deadline: Deadline,
     gates: &mut GateCache,
-    memo: &InputMemo,
+    (memo, kept_panels): (&InputMemo, bool),
     progress: &dyn Progress,
 ) -> RaceResult {
     let caps = DeviceCaps::from(t.device);
@@ -424,8 +427,11 @@ fn run_race(
     // it they stay on 4 KiB pages, for every candidate alike).
     let now = Instant::now();
     kernels::memory::collapse_until(Some(now + deadline.soft.saturating_duration_since(now) / 2));
-    let w =
+    let mut w =
         Workload::with_memo(r.shapes.clone(), r.dtype, t.ctx.clone(), o.seed, usize::try_from(rotate).unwrap_or(usize::MAX), Some(memo));
+    if kept_panels {
+        w.keep_panels();
+    }
     let mut runners = prepare(passed, &w, deadline, &mut pool.rejected, true);
     let n = runners.len() as u64;
     progress.phase(&format!("{} ({}) {} candidates", r.key.0, r.key.1.name(), n), n * FULL_SAMPLES as u64);
@@ -590,7 +596,7 @@ mod tests {
         let (all, _) = candidates(&r, &caps, Strategy::Auto);
         assert!(all.len() > 3, "the op has several candidates: {}", all.len());
         let spent = Deadline { soft: Instant::now() + Duration::from_secs(3600), hard: Some(Instant::now()) };
-        let res = run_race(&t, &r, &o, spent, &mut GateCache::new(), &InputMemo::new(0), &crate::progress::Silent);
+        let res = run_race(&t, &r, &o, spent, &mut GateCache::new(), (&InputMemo::new(0), false), &crate::progress::Silent);
         assert_eq!(res.cands.len(), 1, "only the first candidate is measured: {:?}", res.cands);
         assert_eq!(res.cands[0].kernel, all[0].kernel.id, "the runtime's default");
         assert_eq!(res.cands[0].stats.n, 1, "one sample: {:?}", res.cands[0].stats);

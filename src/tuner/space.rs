@@ -37,6 +37,11 @@ pub(crate) struct Space {
     pub ruled_out: BTreeMap<String, usize>,
     /// Complete combinations (variants × fusion choices × execution flags).
     pub combinations: f64,
+    /// The CPU kernels timed with their packed rows kept across calls, as an
+    /// engine of decode batches keeps them (`qgemm::PanelCache`): the batch
+    /// regimes' races, whose int8 GEMMs would otherwise time packing the
+    /// runtime does not do.
+    pub kept_panels: bool,
 }
 
 /// Fusion choices that change the plan of `cfg`.
@@ -157,7 +162,7 @@ pub(crate) fn survey(t: &Target<'_>, o: &TuneOptions, caps: &DeviceCaps, progres
         ruled_out.values().sum::<usize>(),
         per_fusion.len()
     ));
-    Ok(Space { races, per_fusion, variants, ruled_out, combinations })
+    Ok(Space { races, per_fusion, variants, ruled_out, combinations, kept_panels: false })
 }
 
 /// The parameter sets a strategy starts from for `k`. Exhaustive and random search the full
