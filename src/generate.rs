@@ -178,7 +178,7 @@ impl ProfileChoice {
         if paged {
             // Room for every row's sequence and the generator's own, each a whole
             // context (`serve --kv-tokens` sizes it again).
-            engine.enable_paged((rows + 1) * passes.context, rows + 1)?;
+            warnings.extend(engine.enable_paged((rows + 1) * passes.context, rows + 1)?);
         }
         let chain = session::decode_chain(self.decode_chain, &exec);
         Ok(Prepared { engine, ctx, exec, label, chain })

@@ -697,7 +697,14 @@ impl Engine {
     /// Forgets what the cache held; sequences made before no longer fit. Refused
     /// on a GPU, and for a plan that writes the cache in its fused QKV kernel
     /// (`fusedQkvRopeCache`).
-    pub fn enable_paged(&mut self, positions: usize, sequences: usize) -> Result<(), RuntimeError> {
+    ///
+    /// The paged kernel takes the plan's attention choices where it computes
+    /// as they do (`attention_paged_cpu`: a chunk as `attention_prefill_tiled_cpu`
+    /// with its `block_q`/`block_kv`, a decode token as
+    /// `attention_decode_heads_cpu` with four keys a call; the ISA level of
+    /// both), so a paged sequence answers as the plan alone; the returned
+    /// notes name every choice it cannot take (a profile's other kernels).
+    pub fn enable_paged(&mut self, positions: usize, sequences: usize) -> Result<Vec<String>, RuntimeError> {
         use crate::kernels::{Backend, Problem};
         if self.plan.options.fusion.qkv_rope_cache {
             return Err(RuntimeError::Internal("a paged KV cache needs the unfused KV write (execution.fusedQkvRopeCache: false)".into()));
@@ -721,6 +728,7 @@ impl Engine {
             .iter()
             .find_map(|id| crate::kernels::find(id).ok())
             .ok_or_else(|| RuntimeError::Internal("no CPU kernel serves paged attention".into()))?;
+        let (params, notes) = paged_params(&self.plan, kernel)?;
         let caches: Vec<BufId> = self.plan.buffers.iter().enumerate().filter(|(_, b)| b.role == BufRole::Cache).map(|(i, _)| i).collect();
         for &id in &caches {
             let b = &self.plan.buffers[id];
@@ -728,15 +736,24 @@ impl Engine {
             hb.release_zeroed();
             e.bufs[id] = hb;
         }
-        e.paged =
-            Some(cpu::Paged { page, blocks, max_blocks, caches, kernel, params: kernel.default_params(), pages: Vec::new(), seqs: 0 });
+        e.paged = Some(cpu::Paged { page, blocks, max_blocks, caches, kernel, params, pages: Vec::new(), seqs: 0 });
         self.paged = Some(EnginePaged { pool: kv_pool::KvPool::new(blocks), table: Vec::new() });
         self.pos = 0;
         self.kv_written = 0;
-        Ok(())
+        Ok(notes)
+    }
+
+    /// The paged attention kernel and its parameters (None: not paged).
+    pub fn paged_attention(&self) -> Option<(&'static str, &crate::kernels::Params)> {
+        match &self.exec {
+            Exec::Cpu(e) => e.paged.as_ref().map(|p| (p.kernel.id, &p.params)),
+            _ => None,
+        }
     }
 
     /// A paged KV cache's blocks held by some sequence, and in all.
+    ///
+    /// (See [`paged_params`] for the attention it runs.)
     pub fn kv_blocks(&self) -> Option<(usize, usize)> {
         self.paged.as_ref().map(|p| (p.pool.used(), p.pool.blocks()))
     }
@@ -1413,4 +1430,57 @@ impl TensorStore for crate::model::Weights {
         }
         Ok(r)
     }
+}
+
+/// The parameters of `kernel` (the paged attention kernel) that compute as the
+/// plan's own attention choices ([`Engine::enable_paged`]), and a note for each
+/// choice it cannot take.
+fn paged_params(plan: &Plan, kernel: &'static crate::kernels::KernelDef) -> Result<(crate::kernels::Params, Vec<String>), RuntimeError> {
+    use crate::plan::{Step, StepKind};
+    let mut params = kernel.default_params();
+    let mut notes = Vec::new();
+    if kernel.id != "attention_paged_cpu" {
+        return Ok((params, notes));
+    }
+    let plan_err = |e: crate::plan::PlanError| RuntimeError::Internal(format!("the plan's attention steps: {e}"));
+    // The first layer's choice of each regime (a pass of two tokens, one of one).
+    let prefill = if plan.options.max_tokens >= 2 && plan.options.context >= 2 { plan.steps(2, 0).map_err(plan_err)? } else { Vec::new() };
+    let decode = plan.steps(1, 0).map_err(plan_err)?;
+    let chosen = |steps: &[Step], slot: Slot| {
+        steps.iter().find(|s| s.slot == slot).and_then(|s| match &s.kind {
+            StepKind::Kernel { kernel, params, .. } => Some((kernel.id, params.clone())),
+            StepKind::Plumb(_) => None,
+        })
+    };
+    let mut isa: Option<u32> = None;
+    let mut take = |slot: Slot, mirrored: &str, keys: &[&str], steps: &[Step], same: &dyn Fn(&crate::kernels::Params) -> bool| {
+        let Some((id, p)) = chosen(steps, slot) else { return };
+        if id != mirrored || !same(&p) {
+            notes.push(format!(
+                "the paged KV cache of `serve --parallel` runs {}, which computes as {mirrored}; the plan's {} choice {id} is not used for its sequences",
+                kernel.id,
+                slot.name()
+            ));
+            return;
+        }
+        for k in keys {
+            if let Some(&v) = p.get(*k) {
+                params.insert((*k).to_string(), v);
+            }
+        }
+        match (isa, p.get("isa")) {
+            (Some(a), Some(&b)) if a != b => notes.push(format!(
+                "the paged KV cache runs both regimes at one ISA level (isa={a}); the plan's {} choice asks isa={b}",
+                slot.name()
+            )),
+            (None, Some(&b)) => {
+                isa = Some(b);
+                params.insert("isa".into(), b);
+            }
+            _ => {}
+        }
+    };
+    take(Slot::AttentionPrefill, "attention_prefill_tiled_cpu", &["block_q", "block_kv"], &prefill, &|_| true);
+    take(Slot::AttentionDecode, "attention_decode_heads_cpu", &[], &decode, &|p| p.get("keys_per_call").is_none_or(|&k| k == 4));
+    Ok((params, notes))
 }

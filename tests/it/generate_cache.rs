@@ -197,6 +197,43 @@ fn a_q8_0_kv_cache_batch_answers_as_alone_and_near_the_f32_cache() {
     }
 }
 
+/// A profile's attention choices hold for the sequences of a paged KV cache:
+/// its tiled prefill's tiles (`block_q`, `block_kv`) are the paged kernel's, so
+/// a batch of sequences (prompt chunks and decode tokens over the pool) answers
+/// as each alone over its own cache with the profile's kernels, prompts longer
+/// than a tile of 16 keys. A choice the paged kernel does not compute as (the
+/// split-KV decode) is said, not dropped silently.
+#[test]
+fn a_paged_cache_takes_the_profiles_attention_tiles() {
+    use ktune::kernels::sample::SamplerParams as P;
+    let tmp = tempdir();
+    let profile = |name: &str, decode: &str| {
+        let path = tmp.path().join(name);
+        let text = format!(
+            "name: tiles\nmodel: smollm2-tiny\nversion: 1\ndevice: {{backend: cpu}}\n\
+             execution: {{weightDtype: q8_0}}\n\
+             kernels:\n  attention:\n    prefill: {{kernel: attention_prefill_tiled_cpu, params: {{block_q: 4, block_kv: 16}}}}\n    decode: {decode}\n"
+        );
+        std::fs::write(&path, text).expect("profile written");
+        path
+    };
+    let file = "smollm2-tiny-q8_0.gguf";
+    let tiles = profile("tiles.yaml", "attention_decode_heads_cpu");
+    let mut batch = open_with(file, 512, Some(4), Some(tiles.clone()));
+    let (id, params) = batch.engine.paged_attention().expect("a paged KV cache");
+    assert_eq!(id, "attention_paged_cpu");
+    assert_eq!((params.get("block_q"), params.get("block_kv")), (Some(&4), Some(&16)), "{params:?}");
+    assert!(!batch.warnings.iter().any(|w| w.contains("paged")), "{:?}", batch.warnings);
+    let mut alone = open_with(file, 512, Some(1), Some(tiles));
+    assert!(alone.engine.paged_attention().is_none());
+    let prompts: Vec<Vec<u32>> = [40usize, 23, 9, 33].iter().map(|&n| (0..n).map(|i| 4 + ((i * 17 + n) % 80) as u32).collect()).collect();
+    let seeded = P { temperature: 0.7, top_k: 40, seed: 9, ..P::GREEDY };
+    batch_answers_as_alone(&mut batch, &mut alone, &prompts, &[P::GREEDY, seeded, P::GREEDY, seeded], &[10, 14, 8, 12], "tiles", |_, _| {});
+
+    let split = open_with(file, 512, Some(4), Some(profile("split.yaml", "attention_decode_splitkv_cpu")));
+    assert!(split.warnings.iter().any(|w| w.contains("attention_decode_splitkv_cpu") && w.contains("not used")), "{:?}", split.warnings);
+}
+
 /// Prefills `prompts` into slots of `batch` (each with its sampling `params`
 /// and token `budgets`), decodes them together (`advance_batch`; the last one
 /// standing alone) until each ends, telling `step` of every batch step (its
