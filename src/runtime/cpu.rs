@@ -743,7 +743,7 @@ fn kv_write(
         }
         // q8_0: each row (whole blocks: the attention kernels' check) quantized
         // as ggml's reference quantizer does, into the blocks from element `d`.
-        HostBuf::Q(c) if c.format == QFormat::Q8_0 && head_dim.is_multiple_of(32) => {
+        HostBuf::Q(c) if c.format == QFormat::Q8_0 && head_dim.is_multiple_of(c.format.block_elems()) => {
             let (qb, be, ns) = (c.format.quant_bytes(), c.format.block_elems(), c.format.scales_per_block());
             for t in 0..tokens {
                 for h in 0..kv_heads {

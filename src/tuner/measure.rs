@@ -233,9 +233,10 @@ impl Runner {
         // Warm up once per shape (every input copy once where the packed rows
         // are kept: none is packed while timed) and calibrate repetitions.
         for i in 0..w.shapes.len() {
-            let warm = if w.panels.is_some() { w.copies(i) } else { 1 };
-            let t = self.time_shape(w, i, warm as u32)?;
-            self.warm_up += t;
+            // (At most 256 copies: `rotating_copies`.)
+            let warm = if w.panels.is_some() { w.copies(i) as u32 } else { 1 };
+            let t = self.time_shape(w, i, warm)?;
+            self.warm_up += t * f64::from(warm);
             let reps = (MIN_SAMPLE_S / t.max(1e-9)).ceil().clamp(1.0, 2000.0) as u32;
             self.reps.push(reps);
         }

@@ -321,8 +321,7 @@ pub fn sub_row(w: CpuIn<'_>, r: usize, k: usize, c0: usize, c1: usize) -> Row<'_
         // A q8_0 KV cache in rows of whole blocks (`k` and `c0` multiples of 32:
         // the attention kernels' checks).
         CpuIn::Q(q) if q.format == crate::kernels::quant::QFormat::Q8_0 && q.layout == crate::kernels::quant::Layout::Rows => {
-            let (lo, hi) = (r * k + c0, r * k + c1);
-            Row::Q8(Q8Row { q: bytemuck::cast_slice(&q.quants[lo..hi]), d: &q.scales[lo / Q8_BLOCK..hi.div_ceil(Q8_BLOCK)] })
+            Row::Q8(Q8Row { q: bytemuck::cast_slice(q.quants), d: q.scales }.slice(r * k + c0, r * k + c1))
         }
         // Float kernels never get another quantized buffer: the registry checks dtypes.
         CpuIn::Q(_) | CpuIn::Stack(_) => Row::F32(&[]),

@@ -32,6 +32,13 @@ pub struct Q8Row<'a> {
 /// Elements a q8_0 block holds.
 pub const Q8_BLOCK: usize = 32;
 
+impl<'a> Q8Row<'a> {
+    /// Elements `lo..hi`, `lo` a block's first ([`Row::slice`]).
+    pub fn slice(self, lo: usize, hi: usize) -> Q8Row<'a> {
+        Q8Row { q: &self.q[lo..hi], d: &self.d[lo / Q8_BLOCK..hi.div_ceil(Q8_BLOCK)] }
+    }
+}
+
 impl<'a> Row<'a> {
     /// Elements.
     pub fn len(&self) -> usize {
@@ -50,7 +57,7 @@ impl<'a> Row<'a> {
         match self {
             Row::F32(w) => Row::F32(&w[lo..hi]),
             Row::F16(w) => Row::F16(&w[lo..hi]),
-            Row::Q8(w) => Row::Q8(Q8Row { q: &w.q[lo..hi], d: &w.d[lo / Q8_BLOCK..hi.div_ceil(Q8_BLOCK)] }),
+            Row::Q8(w) => Row::Q8(w.slice(lo, hi)),
         }
     }
 }
@@ -193,7 +200,7 @@ pub fn dot4_q8(isa: Isa, x: &[f32], w: [Q8Row<'_>; 4]) -> [f32; 4] {
 fn dot_rows_q8(isa: Isa, x: &[f32], w: Q8Row<'_>, out: &mut [f32]) {
     isa_dispatch!(isa, |l| (x: &[f32] = x, w: Q8Row<'_> = w, out: &mut [f32] = out) -> () {
         let n = x.len();
-        let row = |c: usize| Q8Row { q: &w.q[c * n..(c + 1) * n], d: &w.d[c * n / Q8_BLOCK..((c + 1) * n).div_ceil(Q8_BLOCK)] };
+        let row = |c: usize| w.slice(c * n, (c + 1) * n);
         let mut c = 0;
         while c + 4 <= out.len() {
             let mut four = [0.0f32; 4];
