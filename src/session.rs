@@ -288,10 +288,10 @@ pub fn check_kv_dtype(c: &ModelConfig, kv: DType, device: &Device, what: &str) -
              give --kv-dtype f16 there"
         )));
     }
-    let d = c.dims.head_dim;
-    if !d.is_multiple_of(32) {
+    let (d, block) = (c.dims.head_dim, crate::kernels::cpu::Q8_BLOCK);
+    if !d.is_multiple_of(block) {
         return Err(SessionError::Usage(format!(
-            "{what} q8_0: a q8_0 KV cache keeps each row in blocks of 32 values, and this model's head_dim is {d}: give \
+            "{what} q8_0: a q8_0 KV cache keeps each row in blocks of {block} values, and this model's head_dim is {d}: give \
              --kv-dtype f16"
         )));
     }

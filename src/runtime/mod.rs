@@ -752,8 +752,6 @@ impl Engine {
     }
 
     /// A paged KV cache's blocks held by some sequence, and in all.
-    ///
-    /// (See [`paged_params`] for the attention it runs.)
     pub fn kv_blocks(&self) -> Option<(usize, usize)> {
         self.paged.as_ref().map(|p| (p.pool.used(), p.pool.blocks()))
     }
@@ -1453,9 +1451,11 @@ fn paged_params(plan: &Plan, kernel: &'static crate::kernels::KernelDef) -> Resu
         })
     };
     let mut isa: Option<u32> = None;
-    let mut take = |slot: Slot, mirrored: &str, keys: &[&str], steps: &[Step], same: &dyn Fn(&crate::kernels::Params) -> bool| {
+    // The plan's choice for `slot` taken when it is `mirrored` with `required`
+    // values: its `keys` copied, its ISA level shared by both regimes.
+    let mut take = |slot: Slot, mirrored: &str, keys: &[&str], required: &[(&str, u32)], steps: &[Step]| {
         let Some((id, p)) = chosen(steps, slot) else { return };
-        if id != mirrored || !same(&p) {
+        if id != mirrored || required.iter().any(|&(k, v)| p.get(k).is_some_and(|&x| x != v)) {
             notes.push(format!(
                 "the paged KV cache of `serve --parallel` runs {}, which computes as {mirrored}; the plan's {} choice {id} is not used for its sequences",
                 kernel.id,
@@ -1480,7 +1480,7 @@ fn paged_params(plan: &Plan, kernel: &'static crate::kernels::KernelDef) -> Resu
             _ => {}
         }
     };
-    take(Slot::AttentionPrefill, "attention_prefill_tiled_cpu", &["block_q", "block_kv"], &prefill, &|_| true);
-    take(Slot::AttentionDecode, "attention_decode_heads_cpu", &[], &decode, &|p| p.get("keys_per_call").is_none_or(|&k| k == 4));
+    take(Slot::AttentionPrefill, "attention_prefill_tiled_cpu", &["block_q", "block_kv"], &[], &prefill);
+    take(Slot::AttentionDecode, "attention_decode_heads_cpu", &[], &[("keys_per_call", 4)], &decode);
     Ok((params, notes))
 }

@@ -220,7 +220,7 @@ fn prefill_block(isa: Isa, kv: &Kv<'_>, q: &[f32], i0: usize, block: usize, kh: 
     // A q8_0 cache's tile widened to f32 once for all the block's rows (each
     // value is exact in f32, so the values' sums are those of the blocks read
     // in place; the scores those of f32 keys).
-    let (mut kt, mut vt) = (Vec::new(), Vec::new());
+    let (q8, mut kt, mut vt) = (kv.q8(), Vec::new(), Vec::new());
     // Tiles start at multiples of `bkv` from key 0, wherever the pass or the
     // block begins: a query row's online softmax then sees the same tiles (the
     // same rescales, the same sums) however the prompt was cut into passes.
@@ -230,7 +230,7 @@ fn prefill_block(isa: Isa, kv: &Kv<'_>, q: &[f32], i0: usize, block: usize, kh: 
     while t0 < khi {
         let t1 = (t0 + bkv).min(khi);
         let n = t1 - t0;
-        if kv.q8() {
+        if q8 {
             kv.widen(isa, true, kh, (t0, t1), &mut kt);
             kv.widen(isa, false, kh, (t0, t1), &mut vt);
         }
@@ -246,7 +246,7 @@ fn prefill_block(isa: Isa, kv: &Kv<'_>, q: &[f32], i0: usize, block: usize, kh: 
                 }
                 let h = kh * g_n + g;
                 let qr = &q[((i0 + t) * s.heads + h) * d..][..d];
-                if kv.q8() {
+                if q8 {
                     let out = &mut srow[a - t0..b - t0];
                     cpu::dot_rows(isa, qr, Row::F32(&kt[(a - t0) * d..(b - t0) * d]), out);
                     out.iter_mut().for_each(|o| *o *= s.scale);
@@ -268,7 +268,7 @@ fn prefill_block(isa: Isa, kv: &Kv<'_>, q: &[f32], i0: usize, block: usize, kh: 
             }
         }
         for c in 0..n {
-            let vr = if kv.q8() { Row::F32(&vt[c * d..][..d]) } else { kv.v(kh, t0 + c) };
+            let vr = if q8 { Row::F32(&vt[c * d..][..d]) } else { kv.v(kh, t0 + c) };
             for r in 0..rows {
                 let pr = sc[r * bkv + c];
                 if pr != 0.0 {
