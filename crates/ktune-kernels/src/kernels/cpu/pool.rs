@@ -299,6 +299,18 @@ pub fn for_each(tasks: usize, f: impl Fn(usize) + Sync) {
     pool().run(tasks, &f);
 }
 
+/// [`for_each`] in runs of consecutive indices (as [`for_chunks_mut`] hands
+/// out its chunks): a thread runs `i`, then `i + 1`, so what task `i + 1`
+/// reads can be fetched while task `i` computes (a kept GEMM panel's next).
+pub fn for_each_run(tasks: usize, f: impl Fn(usize) + Sync) {
+    let (runs, per) = runs(tasks);
+    pool().run(runs, &|r| {
+        for i in r * per..((r + 1) * per).min(tasks) {
+            f(i)
+        }
+    });
+}
+
 /// Chunks handed out in runs of consecutive chunks, at most four runs per
 /// participant: one atomic claim per run, not per chunk (a claim is a contended
 /// cache line between cores; a GEMV of 576 rows in chunks of 8 would pay 72).

@@ -114,7 +114,9 @@ pub fn row_blocks(y: &mut [f32], m: usize, n: usize, grain: usize, f: impl Fn(us
     let grain = grain.max(1);
     let y = &mut y[..m * n];
     let cols = Columns(y.as_mut_ptr());
-    pool::for_each(n.div_ceil(grain), |c| {
+    // Runs of consecutive row blocks a thread: a task's kept panel fetches the
+    // next block's, which the same thread then computes.
+    pool::for_each_run(n.div_ceil(grain), |c| {
         let (r0, count) = (c * grain, grain.min(n - c * grain));
         with_scratch(&BLOCK, count * m, |block| {
             block.fill(0.0);
