@@ -482,7 +482,8 @@ fn decode_batch_layers(c: &mut Criterion) {
 /// kernels read (f32, f16, q8_0: `--kv-dtype`), through the runtime's decode
 /// default `attention_decode_heads_cpu`: SmolLM2-135M's heads (9 query, 3 KV,
 /// head_dim 64) over 1024 and 4096 cached positions. Throughput: the bytes of
-/// the keys and values read, as stored (q8_0: 34 bytes a block of 32).
+/// the keys and values read, as stored (q8_0: 34 bytes a block of 32). Then
+/// a server's decode batch over the paged cache (`attention_paged_cpu`).
 fn kv_cache(c: &mut Criterion) {
     let mut g = c.benchmark_group("kv_cache");
     let k = kernels::find("attention_decode_heads_cpu").expect("registered");
@@ -500,6 +501,32 @@ fn kv_cache(c: &mut Criterion) {
                 })
             });
         }
+    }
+    // A decode batch's attention over the paged cache (`attention_paged_cpu`,
+    // the server's kernel): 8 sequences of one token each, 512 cached
+    // positions apiece in blocks of 64 scattered over the pool, SmolLM2-135M's
+    // heads. Throughput: the keys and values read, as stored.
+    let (seqs, kv_len, page) = (8usize, 512usize, 64usize);
+    let per = kv_len / page;
+    let blocks = seqs * per;
+    let p = Problem::attention_paged((seqs, seqs), (9, 3, 64), (page, blocks, per), 0, 0.125);
+    let k = kernels::find("attention_paged_cpu").expect("registered");
+    // Each sequence's blocks every 5th of the pool (not side by side).
+    let table: Vec<f32> = (0..seqs)
+        .flat_map(|s| [1.0, kv_len as f32].into_iter().chain((0..per).map(move |b| ((s * per + b) * 5 % blocks) as f32)))
+        .collect();
+    for dtype in [DType::F32, DType::F16] {
+        let mut ins = make_inputs(&p, dtype, 1);
+        ins[3] = HostTensor::F32(table.clone());
+        let mut out = vec![0.0f32; output_lens(&p, dtype)[0]];
+        g.throughput(Throughput::Bytes(2 * dtype.bytes_for(seqs * 3 * kv_len * 64)));
+        g.bench_function(BenchmarkId::new(format!("paged_decode/{dtype}"), format!("{seqs}x{kv_len}")), |b| {
+            b.iter(|| {
+                let args =
+                    CpuArgs { ins: ins.iter().map(HostTensor::as_in).collect(), outs: std::iter::once(out.as_mut_slice()).collect() };
+                k.run_cpu(&p, dtype, &k.default_params(), args).expect("kernel runs")
+            })
+        });
     }
     g.finish();
 }

@@ -176,6 +176,53 @@ fn attend_two_pass(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, keys: (usize, us
     kv.weighted_values(isa, kh, keys, sc, o);
 }
 
+/// The query heads of KV head `kh` (its GQA group, `q` their rows side by
+/// side) of one decode token, each as [`attend_two_pass`] computes it alone:
+/// the same microkernel calls on the same rows, so the same bits, but a run of
+/// cache rows at a time for the whole group (each block's keys scored for every
+/// head, then its values added into every head), so a paged cache's keys and
+/// values come from memory once a group instead of once a head. `sc` holds
+/// the group's score rows (`group * keys` floats), `o` its outputs. Where the
+/// runs would cut [`scores_into`]'s groups of four (a window from a key off
+/// them, blocks of a length not a multiple of four), head after head as alone.
+#[allow(clippy::too_many_arguments)]
+fn attend_group_two_pass(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, keys: (usize, usize), four: bool, sc: &mut [f32], o: &mut [f32]) {
+    let (d, g_n, (lo, hi)) = (kv.s.d, kv.s.group(), keys);
+    let n = hi - lo;
+    let aligned = !four || (lo.is_multiple_of(4) && kv.table.is_none_or(|(_, page)| page.is_multiple_of(4)));
+    if !aligned {
+        for g in 0..g_n {
+            attend_two_pass(isa, kv, &q[g * d..][..d], kh, keys, four, &mut sc[g * n..][..n], &mut o[g * d..][..d]);
+        }
+        return;
+    }
+    let mut j = lo;
+    while j < hi {
+        let end = kv.run_end(j).min(hi);
+        for g in 0..g_n {
+            scores_into(isa, kv, &q[g * d..][..d], kh, j, four, &mut sc[g * n + j - lo..g * n + end - lo]);
+        }
+        j = end;
+    }
+    for g in 0..g_n {
+        crate::kernels::act::softmax_in_place(isa, &mut sc[g * n..][..n]);
+    }
+    let mut j = lo;
+    while j < hi {
+        let end = kv.run_end(j).min(hi);
+        let rows = sub_row(kv.v, kv.row_of(kh, j), d, 0, (end - j) * d);
+        for g in 0..g_n {
+            let (w, o) = (&sc[g * n + j - lo..g * n + end - lo], &mut o[g * d..][..d]);
+            if j == lo {
+                cpu::weighted_rows(isa, w, rows, o);
+            } else {
+                cpu::weighted_rows_add(isa, w, rows, o);
+            }
+        }
+        j = end;
+    }
+}
+
 /// Turns scores into `exp(s - max)` in place; returns `(max, sum)`.
 fn exp_row(sc: &mut [f32]) -> (f32, f32) {
     let m = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -317,8 +364,9 @@ fn put_block(out: &mut [f32], row: usize, gd: usize, (i0, block, kh): (usize, us
 // CPU: a paged batch
 
 /// Every sequence of a paged batch as the runtime's defaults run it alone: a
-/// decode token (one query) as `attention_decode_heads_cpu` does (a task per
-/// query head, the exact two-pass softmax, four K rows a call), a prefill chunk
+/// decode token (one query) as `attention_decode_heads_cpu` does (the exact
+/// two-pass softmax, four K rows a call; a task per KV head, its query heads a
+/// block at a time: [`attend_group_two_pass`]), a prefill chunk
 /// as `attention_prefill_tiled_cpu` does (tasks of `block_q` queries and a KV
 /// head over key tiles of `block_kv`); the keys read through the sequence's
 /// table, the values a block at a time. Each sequence's outputs do not depend on
@@ -330,12 +378,12 @@ pub(super) fn run_paged(kd: &KernelDef, prob: &Problem, params: &Params, mut a: 
     let bkv = (param(params, "block_kv")? as usize).max(1);
     let q = a.ins[0].f32();
     let (g_n, d, hd) = (p.group(), p.d, p.heads * p.d);
-    // (sequence, first query, queries, head: a query head of a decode token, else
-    // a KV head, outputs)
+    // (sequence, first query, queries, KV head (a decode token's: its group of
+    // query heads), outputs)
     let mut tasks: Vec<(usize, usize, usize, usize, Vec<f32>)> = Vec::new();
     for (si, sq) in seqs.iter().enumerate() {
         if sq.s.tokens == 1 {
-            tasks.extend((0..p.heads).map(|h| (si, 0, 1, h, Vec::new())));
+            tasks.extend((0..p.kv_heads).map(|kh| (si, 0, 1, kh, Vec::new())));
             continue;
         }
         for i0 in (0..sq.s.tokens).step_by(bq) {
@@ -349,9 +397,9 @@ pub(super) fn run_paged(kd: &KernelDef, prob: &Problem, params: &Params, mut a: 
         let kv = paged_kv(pools, &p, sq);
         if sq.s.tokens == 1 {
             let keys = sq.s.range(0);
-            let mut sc = vec![0.0; keys.1 - keys.0];
-            acc.resize(d, 0.0);
-            attend_two_pass(isa, &kv, &q[(sq.t0 * p.heads + *head) * d..][..d], *head / g_n, keys, true, &mut sc, acc);
+            let mut sc = vec![0.0; g_n * (keys.1 - keys.0)];
+            acc.resize(g_n * d, 0.0);
+            attend_group_two_pass(isa, &kv, &q[(sq.t0 * p.heads + *head * g_n) * d..][..g_n * d], *head, keys, true, &mut sc, acc);
         } else {
             *acc = prefill_block(isa, &kv, &q[sq.t0 * hd..], *i0, *block, *head, bkv);
         }
@@ -360,7 +408,7 @@ pub(super) fn run_paged(kd: &KernelDef, prob: &Problem, params: &Params, mut a: 
     for (si, i0, block, head, acc) in tasks {
         let sq = &seqs[si];
         if sq.s.tokens == 1 {
-            out[(sq.t0 * p.heads + head) * d..][..d].copy_from_slice(&acc);
+            out[(sq.t0 * p.heads + head * g_n) * d..][..g_n * d].copy_from_slice(&acc);
             continue;
         }
         put_block(out, hd, g_n * d, (sq.t0 + i0, block, head), &acc);
