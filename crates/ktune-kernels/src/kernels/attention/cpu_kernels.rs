@@ -93,19 +93,23 @@ impl<'a> Kv<'a> {
             cpu::widen_row(isa, if keys { self.k(kh, j) } else { self.v(kh, j) }, o);
         }
     }
-    /// `o = Σ_j w[j - lo] * V[j]` over keys `lo..hi` of KV head `kh`: one
-    /// [`cpu::weighted_rows`] over each run of consecutive cache rows (the
-    /// later runs continuing the sums: the bits of one call).
+    /// `o = Σ_j w[j - lo] * V[j]` over keys `lo..hi` of KV head `kh`, for
+    /// each query head of `w`'s rows (of `hi - lo` weights) into `o`'s (of
+    /// `d`): one [`cpu::weighted_rows`] a head over each run of consecutive
+    /// cache rows (the later runs continuing the sums: the bits of one call),
+    /// every head's before the next run, so a run is read once for them all.
     fn weighted_values(&self, isa: Isa, kh: usize, (lo, hi): (usize, usize), w: &[f32], o: &mut [f32]) {
-        let d = self.s.d;
+        let (d, n) = (self.s.d, hi - lo);
         let mut j = lo;
         while j < hi {
             let end = self.run_end(j).min(hi);
             let rows = sub_row(self.v, self.row_of(kh, j), d, 0, (end - j) * d);
-            if j == lo {
-                cpu::weighted_rows(isa, &w[..end - lo], rows, o);
-            } else {
-                cpu::weighted_rows_add(isa, &w[j - lo..end - lo], rows, o);
+            for (w, o) in w.chunks_exact(n).zip(o.chunks_exact_mut(d)) {
+                if j == lo {
+                    cpu::weighted_rows(isa, &w[..end - lo], rows, o);
+                } else {
+                    cpu::weighted_rows_add(isa, &w[j - lo..end - lo], rows, o);
+                }
             }
             j = end;
         }
@@ -207,20 +211,7 @@ fn attend_group_two_pass(isa: Isa, kv: &Kv<'_>, q: &[f32], kh: usize, keys: (usi
     for g in 0..g_n {
         crate::kernels::act::softmax_in_place(isa, &mut sc[g * n..][..n]);
     }
-    let mut j = lo;
-    while j < hi {
-        let end = kv.run_end(j).min(hi);
-        let rows = sub_row(kv.v, kv.row_of(kh, j), d, 0, (end - j) * d);
-        for g in 0..g_n {
-            let (w, o) = (&sc[g * n + j - lo..g * n + end - lo], &mut o[g * d..][..d]);
-            if j == lo {
-                cpu::weighted_rows(isa, w, rows, o);
-            } else {
-                cpu::weighted_rows_add(isa, w, rows, o);
-            }
-        }
-        j = end;
-    }
+    kv.weighted_values(isa, kh, keys, &sc[..g_n * n], &mut o[..g_n * d]);
 }
 
 /// Turns scores into `exp(s - max)` in place; returns `(max, sum)`.
