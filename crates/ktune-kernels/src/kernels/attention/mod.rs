@@ -32,7 +32,8 @@
 //! (WGSL, one workgroup per query row and head, the decode stream's row body
 //! through the table), `attention_paged_rows` (WGSL, one invocation per query row
 //! and head), `attention_paged_cpu` (the tiled prefill's key tiles per sequence,
-//! query block and KV head) and `attention_paged_rows_cpu` (the per-row online
+//! query block and KV head; a decode token a task per KV head, its query heads
+//! a block of rows at a time) and `attention_paged_rows_cpu` (the per-row online
 //! softmax over (query row, head) pairs).
 //! The CPU kernels use the SIMD dot products and the f32/f16 `axpy_row` of
 //! [`super::cpu`]; every variant takes f32 or f16 caches.
