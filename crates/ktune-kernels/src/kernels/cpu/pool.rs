@@ -299,9 +299,10 @@ pub fn for_each(tasks: usize, f: impl Fn(usize) + Sync) {
     pool().run(tasks, &f);
 }
 
-/// [`for_each`] in runs of consecutive indices (as [`for_chunks_mut`] hands
-/// out its chunks): a thread runs `i`, then `i + 1`, so what task `i + 1`
-/// reads can be fetched while task `i` computes (a kept GEMM panel's next).
+/// [`for_each`] in runs of consecutive indices ([`runs`]; every chunked loop
+/// here hands out its chunks so): a thread runs `i`, then `i + 1`, so what
+/// task `i + 1` reads can be fetched while task `i` computes (a kept GEMM
+/// panel's next).
 pub fn for_each_run(tasks: usize, f: impl Fn(usize) + Sync) {
     let (runs, per) = runs(tasks);
     pool().run(runs, &|r| {
@@ -325,16 +326,13 @@ fn runs(chunks: usize) -> (usize, usize) {
 pub fn for_chunks_mut<T: Send>(y: &mut [T], grain: usize, f: impl Fn(usize, &mut [T]) + Sync) {
     let grain = grain.max(1);
     let (len, ptr) = (y.len(), SendPtr(y.as_mut_ptr()));
-    let (runs, per) = runs(len.div_ceil(grain));
-    pool().run(runs, &|r| {
-        for i in r * per..((r + 1) * per).min(len.div_ceil(grain)) {
-            let start = i * grain;
-            let n = grain.min(len - start);
-            // SAFETY: chunk i is elements start..start+n, disjoint from every other
-            // chunk, inside `y`, which is exclusively borrowed for this call.
-            let chunk = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(start), n) };
-            f(i, chunk)
-        }
+    for_each_run(len.div_ceil(grain), |i| {
+        let start = i * grain;
+        let n = grain.min(len - start);
+        // SAFETY: chunk i is elements start..start+n, disjoint from every other
+        // chunk, inside `y`, which is exclusively borrowed for this call.
+        let chunk = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(start), n) };
+        f(i, chunk)
     });
 }
 
@@ -350,19 +348,16 @@ pub fn for_chunks_mut2<A: Send, B: Send>(
     let (ga, gb) = (grain_a.max(1), grain_b.max(1));
     let tasks = a.len().div_ceil(ga).min(b.len().div_ceil(gb));
     let (la, pa, lb, pb) = (a.len(), SendPtr(a.as_mut_ptr()), b.len(), SendPtr(b.as_mut_ptr()));
-    let (runs, per) = runs(tasks);
-    pool().run(runs, &|r| {
-        for i in r * per..((r + 1) * per).min(tasks) {
-            let (sa, sb) = (i * ga, i * gb);
-            // SAFETY: as in `for_chunks_mut`, for each slice.
-            let (ca, cb) = unsafe {
-                (
-                    std::slice::from_raw_parts_mut(pa.get().add(sa), ga.min(la - sa)),
-                    std::slice::from_raw_parts_mut(pb.get().add(sb), gb.min(lb - sb)),
-                )
-            };
-            f(i, ca, cb)
-        }
+    for_each_run(tasks, |i| {
+        let (sa, sb) = (i * ga, i * gb);
+        // SAFETY: as in `for_chunks_mut`, for each slice.
+        let (ca, cb) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(pa.get().add(sa), ga.min(la - sa)),
+                std::slice::from_raw_parts_mut(pb.get().add(sb), gb.min(lb - sb)),
+            )
+        };
+        f(i, ca, cb)
     });
 }
 
@@ -374,19 +369,16 @@ pub fn for_chunks_mut3<T: Send>(parts: [&mut [T]; 3], grain: usize, f: impl Fn(u
     let lens = parts.each_ref().map(|p| p.len());
     let ptrs = parts.map(|p| SendPtr(p.as_mut_ptr()));
     let total: usize = counts.iter().sum();
-    let (runs, per) = runs(total);
-    pool().run(runs, &|r| {
-        for t in r * per..((r + 1) * per).min(total) {
-            let (mut part, mut i) = (0, t);
-            while i >= counts[part] {
-                i -= counts[part];
-                part += 1;
-            }
-            let start = i * grain;
-            // SAFETY: chunk i of slice `part` is this chunk's alone (as in `for_chunks_mut`).
-            let chunk = unsafe { std::slice::from_raw_parts_mut(ptrs[part].get().add(start), grain.min(lens[part] - start)) };
-            f(part, i, chunk)
+    for_each_run(total, |t| {
+        let (mut part, mut i) = (0, t);
+        while i >= counts[part] {
+            i -= counts[part];
+            part += 1;
         }
+        let start = i * grain;
+        // SAFETY: chunk i of slice `part` is this chunk's alone (as in `for_chunks_mut`).
+        let chunk = unsafe { std::slice::from_raw_parts_mut(ptrs[part].get().add(start), grain.min(lens[part] - start)) };
+        f(part, i, chunk)
     });
 }
 
@@ -399,16 +391,13 @@ pub fn for_row_chunks_mut<T: Send>(y: &mut [T], row_len: usize, grain: usize, f:
     let per_row = row_len.div_ceil(grain);
     let ptr = SendPtr(y.as_mut_ptr());
     let total = rows * per_row;
-    let (runs, per) = runs(total);
-    pool().run(runs, &|r| {
-        for t in r * per..((r + 1) * per).min(total) {
-            let (row, c) = (t / per_row, t % per_row);
-            let start = c * grain;
-            // SAFETY: chunk c of row `row` is elements row*row_len+start.. of `y`,
-            // disjoint from every other (row, chunk), inside the exclusive borrow.
-            let chunk = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(row * row_len + start), grain.min(row_len - start)) };
-            f(row, c, chunk)
-        }
+    for_each_run(total, |t| {
+        let (row, c) = (t / per_row, t % per_row);
+        let start = c * grain;
+        // SAFETY: chunk c of row `row` is elements row*row_len+start.. of `y`,
+        // disjoint from every other (row, chunk), inside the exclusive borrow.
+        let chunk = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(row * row_len + start), grain.min(row_len - start)) };
+        f(row, c, chunk)
     });
 }
 
