@@ -988,6 +988,25 @@ impl Generator {
         budget: usize,
         stream: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Running> {
+        let mut run = self.start_later(prompt, params, limits, budget, stream)?;
+        if run.prefilling {
+            self.prefill_step(&mut run, stream)?;
+        }
+        Ok(run)
+    }
+
+    /// [`Generator::start`] with nothing computed yet: its prompt's first chunk
+    /// waits for the next step ([`Generator::advance`], or a batch step that
+    /// runs it in the others' decode pass, [`Generator::advance_batch`]). A
+    /// repeat of the last prompt samples from its kept logits now.
+    pub fn start_later(
+        &mut self,
+        prompt: &[u32],
+        params: SamplerParams,
+        limits: &Limits,
+        budget: usize,
+        stream: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Running> {
         let (limits, same) = self.prefill(prompt, limits)?;
         let mut run = Running {
             prompt: prompt.to_vec(),
@@ -1004,8 +1023,28 @@ impl Generator {
             budget: budget.max(2),
             prefilling: true,
         };
-        self.prefill_step(&mut run, stream)?;
+        if run.at == prompt.len() {
+            self.prefill_step(&mut run, stream)?;
+        }
         Ok(run)
+    }
+
+    /// The tokens `run`'s next prefill step computes: from `run.at`, at most its
+    /// budget, never one left alone after them.
+    fn next_chunk(run: &Running) -> usize {
+        let left = run.prompt.len() - run.at;
+        let n = run.budget.min(left);
+        if left - n == 1 { n - 1 } else { n }
+    }
+
+    /// `run`'s prompt all computed and `first` its first id: kept (its text to
+    /// `stream`), and its decode begins.
+    fn first_kept(tokenizer: &Tokenizer, stop_ids: &[u32], run: &mut Running, first: u32, stream: &mut dyn FnMut(&str) -> bool) {
+        run.at = run.prompt.len();
+        run.prefilling = false;
+        run.next = first;
+        run.going = run.stepper.max_tokens > 0 && run.stepper.keep(first, Some(tokenizer), stop_ids, None, stream);
+        run.decode_start = Instant::now();
     }
 
     /// Up to `run.budget` more of its prompt's tokens (never one left alone);
@@ -1014,11 +1053,7 @@ impl Generator {
     fn prefill_step(&mut self, run: &mut Running, stream: &mut dyn FnMut(&str) -> bool) -> Result<()> {
         let t0 = Instant::now();
         let len = run.prompt.len();
-        let left = len - run.at;
-        let mut n = run.budget.min(left);
-        if left - n == 1 {
-            n -= 1;
-        }
+        let (left, n) = (len - run.at, Self::next_chunk(run));
         let done = if n < left {
             self.engine.forward(&run.prompt[run.at..run.at + n]).map(|_| None).map_err(Error::from)
         } else {
@@ -1034,11 +1069,7 @@ impl Generator {
         };
         run.at += n;
         if let Some(first) = first {
-            run.at = len;
-            run.prefilling = false;
-            run.next = first;
-            run.going = run.stepper.max_tokens > 0 && run.stepper.keep(first, Some(&self.tokenizer), &self.stop_ids, None, stream);
-            run.decode_start = Instant::now();
+            Self::first_kept(&self.tokenizer, &self.stop_ids, run, first, stream);
             self.cached = run.prompt.clone();
             self.prefilled = if len >= 2 { len } else { 0 };
         }
@@ -1074,38 +1105,89 @@ impl Generator {
     /// its own row of logits and kept, its text to `stream(i, piece)`. The slots
     /// stay out of the generator. On an error every slot's cache is emptied.
     /// Fewer slots than the selection's `min_batch` take lone steps instead
-    /// ([`Generator::advance`] a slot at a time).
+    /// ([`Generator::advance`] a slot at a time). A generation whose prompt is
+    /// still being prefilled takes its next chunk in the same pass
+    /// ([`Engine::batch_pass`]) where the KV cache is paged and the chunk is two
+    /// tokens or more (the first such generation; any other, and any without a
+    /// paged cache, a step alone): the chunk's values are a prefill's.
     pub fn advance_batch(
         &mut self,
         slots: &mut [&mut Slot],
         runs: &mut [&mut Running],
         stream: &mut dyn FnMut(usize, &str) -> bool,
     ) -> Result<()> {
-        // Fewer than the profile's `serve.minBatch`: lone steps were faster.
-        if slots.len() < self.engine.plan.selection.min_batch {
-            for (i, (slot, run)) in slots.iter_mut().zip(runs.iter_mut()).enumerate() {
-                self.swap_slot(slot)?;
-                let step = self.advance(run, &mut |t| stream(i, t));
-                self.swap_slot(slot)?;
-                if let Err(e) = step {
-                    slots.iter_mut().for_each(|s| s.release());
-                    return Err(e);
-                }
+        let decoding = runs.iter().filter(|r| !r.prefilling).count();
+        // A chunk joins a pass of one decode token or more, its logits' rows
+        // within the plan's batch rows.
+        let mixes = self.engine.kv_blocks().is_some() && decoding >= 1 && decoding < self.batch_rows();
+        let rows = self.engine.plan.options.max_tokens;
+        let mixed = runs
+            .iter()
+            .position(|r| r.prefilling && r.at < r.prompt.len() && (2..=rows - decoding.min(rows)).contains(&Self::next_chunk(r)))
+            .filter(|_| mixes);
+        let lone: Vec<usize> = (0..runs.len())
+            .filter(|&i| {
+                let alone = if runs[i].prefilling { Some(i) != mixed } else { (decoding + mixed.is_some() as usize) < 2 };
+                // Fewer than the profile's `serve.minBatch`: lone steps were faster.
+                alone || (mixed.is_none() && decoding < self.engine.plan.selection.min_batch)
+            })
+            .collect();
+        for &i in &lone {
+            self.swap_slot(slots[i])?;
+            let step = self.advance(runs[i], &mut |t| stream(i, t));
+            self.swap_slot(slots[i])?;
+            if let Err(e) = step {
+                slots.iter_mut().for_each(|s| s.release());
+                return Err(e);
             }
+        }
+        // The pass: the chunk's sequence first, then the decoding ones.
+        let order: Vec<usize> = mixed.into_iter().chain((0..runs.len()).filter(|&i| !runs[i].prefilling && !lone.contains(&i))).collect();
+        if order.is_empty() {
             return Ok(());
         }
-        let tokens: Vec<u32> = runs.iter().map(|r| r.next).collect();
+        let t0 = Instant::now();
+        let chunk = mixed.map(|i| (runs[i].at, Self::next_chunk(runs[i])));
+        let feeds: Vec<&[u32]> = order
+            .iter()
+            .map(|&i| match chunk.filter(|_| Some(i) == mixed) {
+                Some((at, n)) => &runs[i].prompt[at..at + n],
+                None => std::slice::from_ref(&runs[i].next),
+            })
+            .collect();
         let vocab = self.engine.plan.config.dims.vocab_size;
-        let mut kvs: Vec<&mut crate::runtime::SeqKv> = slots.iter_mut().map(|s| &mut s.kv).collect();
-        let logits = match self.engine.decode_batch(&mut kvs, &tokens) {
+        let mut kvs: Vec<&mut crate::runtime::SeqKv> = Vec::with_capacity(order.len());
+        {
+            let mut all: Vec<Option<&mut crate::runtime::SeqKv>> = slots.iter_mut().map(|s| Some(&mut s.kv)).collect();
+            kvs.extend(order.iter().filter_map(|&i| all[i].take()));
+        }
+        let logits = match self.engine.batch_pass(&mut kvs, &feeds) {
             Ok(l) => l,
             Err(e) => {
                 slots.iter_mut().for_each(|s| s.release());
                 return Err(e.into());
             }
         };
-        for (i, run) in runs.iter_mut().enumerate() {
-            let id = run.sampler.sample(&logits[i * vocab..(i + 1) * vocab]);
+        for (row, &i) in order.iter().enumerate() {
+            let row_logits = &logits[row * vocab..(row + 1) * vocab];
+            let run = &mut *runs[i];
+            if let (Some((_, n)), true) = (chunk, Some(i) == mixed) {
+                run.prefill_seconds += t0.elapsed().as_secs_f64();
+                run.at += n;
+                if run.at < run.prompt.len() {
+                    continue;
+                }
+                // Its prompt's last token: the first id, as a lone prefill samples it.
+                let len = run.prompt.len();
+                let first = run.sampler.sample(row_logits);
+                let slot = &mut *slots[i];
+                slot.prompt_logits = Some((len, row_logits.to_vec()));
+                slot.cached = run.prompt.clone();
+                slot.prefilled = if len >= 2 { len } else { 0 };
+                Self::first_kept(&self.tokenizer, &self.stop_ids, run, first, &mut |t| stream(i, t));
+                continue;
+            }
+            let id = run.sampler.sample(row_logits);
             run.steps += 1;
             run.next = id;
             run.going = run.stepper.keep(id, Some(&self.tokenizer), &self.stop_ids, None, &mut |t| stream(i, t));

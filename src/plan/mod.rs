@@ -611,7 +611,7 @@ impl Plan {
             ("act", t * inter),
             ("d", t * h),
             ("dn", t * h),
-            ("last", h),
+            ("last", h * self.options.batch_rows.clamp(1, t)),
         ] {
             self.act(name, len);
         }
@@ -907,7 +907,7 @@ impl Plan {
             return Err(PlanError::TooManyTokens(pos0 + tokens, o.max_tokens, o.context));
         }
         let regime = if tokens == 1 { Regime::Decode } else { Regime::Prefill };
-        let mut e = Emitter { plan: self, regime, steps: Vec::new(), group: 0, all_rows: false, batch: None };
+        let mut e = Emitter { plan: self, regime, steps: Vec::new(), group: 0, all_rows: false, tail: 0, batch: None };
         e.forward(tokens, pos0)?;
         Ok(e.steps)
     }
@@ -919,11 +919,23 @@ impl Plan {
     /// them a row at a time, each at its own sequence's position over its own
     /// cache ([`Plan::position_dependent`]).
     pub fn batch_steps(&self, rows: usize) -> Result<Vec<Step>, PlanError> {
+        self.mixed_steps(rows, rows)
+    }
+
+    /// Steps of one pass over `rows` tokens of several sequences whose logits
+    /// are read for the last `tail` rows only (2 up to `batch_rows` of them):
+    /// a decode batch ([`Plan::batch_steps`], `tail == rows`), or one with a
+    /// prompt's chunk before its decode tokens (`rows` up to `max_tokens`; the
+    /// chunk's last row the first of the tail). Built as [`Plan::batch_steps`]
+    /// builds, the executor moving the position-dependent steps to each
+    /// sequence's rows.
+    pub fn mixed_steps(&self, rows: usize, tail: usize) -> Result<Vec<Step>, PlanError> {
         let o = &self.options;
-        if rows < 2 || rows > o.batch_rows.min(o.max_tokens) || rows > o.context {
-            return Err(PlanError::TooManyTokens(rows, o.batch_rows.min(o.max_tokens), o.context));
+        let most = o.batch_rows.min(o.max_tokens);
+        if tail < 2 || tail > most || tail > rows || rows > o.max_tokens || rows > o.context {
+            return Err(PlanError::TooManyTokens(rows.max(tail), if rows > tail { o.max_tokens } else { most }, o.context));
         }
-        let mut e = Emitter { plan: self, regime: Regime::Prefill, steps: Vec::new(), group: 0, all_rows: true, batch: Some(rows) };
+        let mut e = Emitter { plan: self, regime: Regime::Prefill, steps: Vec::new(), group: 0, all_rows: true, tail, batch: Some(rows) };
         e.forward(rows, 0)?;
         Ok(e.steps)
     }
@@ -1048,6 +1060,9 @@ struct Emitter<'a> {
     group: u32,
     /// Every row's logits (a decode batch), whatever `all_logits` says.
     all_rows: bool,
+    /// With `all_rows`: the rows whose logits are read, the last ones (a
+    /// prompt's chunk before them reads its last row's only).
+    tail: usize,
     /// A decode batch's sequences: the selection's batch tables come first
     /// ([`Selection::batch_choice`]).
     batch: Option<usize>,
@@ -1549,7 +1564,11 @@ impl Emitter<'_> {
             }
             return Ok(());
         }
-        let (rows, src) = if t > 1 && (plan.options.all_logits || self.all_rows) {
+        let (rows, src) = if t > 1 && self.all_rows && self.tail < t {
+            let (last, n) = (plan.id("last"), self.tail);
+            self.plumb(Slot::MatmulLmHead, None, Plumb::Copy { src: xn, src_off: (t - n) * h, dst: last, dst_off: 0, len: n * h });
+            (n, last)
+        } else if t > 1 && (plan.options.all_logits || self.all_rows) {
             (t, xn)
         } else if t > 1 {
             let last = plan.id("last");

@@ -500,20 +500,25 @@ impl CpuExec {
         Ok(())
     }
 
-    /// Runs a decode batch's `steps` ([`Plan::batch_steps`] for `seqs.len()`
-    /// rows, a token of each sequence): every step over all rows at once, but
-    /// the position-dependent ones ([`Plan::position_dependent`]), which run a
-    /// row at a time: moved to one token at that sequence's position, reading
-    /// and writing the row's activations (`widths[buffer]`: an activation's
-    /// floats a token, 0 for other buffers) and the sequence's KV cache,
-    /// swapped in for the call.
+    /// Runs a batch pass's `steps` ([`Plan::mixed_steps`] over the rows of
+    /// `seqs`, `counts[s]` consecutive rows of sequence `s` in their order: a
+    /// decode batch's one token each, or a prompt's chunk too): every step over
+    /// all rows at once, but the position-dependent ones
+    /// ([`Plan::position_dependent`]), which run a sequence at a time: moved to
+    /// its rows at its position, reading and writing those rows' activations
+    /// (`widths[buffer]`: an activation's floats a token, 0 for other buffers)
+    /// and the sequence's KV cache, swapped in for the call.
     pub fn run_rows(
         &mut self,
         steps: &[Step],
         seqs: &mut [&mut super::SeqKv],
+        counts: &[usize],
         widths: &[usize],
         times: &mut SlotTimes,
     ) -> Result<(), RuntimeError> {
+        if counts.len() != seqs.len() {
+            return Err(RuntimeError::Internal(format!("{} row counts for {} sequences", counts.len(), seqs.len())));
+        }
         let mut i = 0;
         while i < steps.len() {
             let step = &steps[i];
@@ -535,18 +540,20 @@ impl CpuExec {
                 continue;
             }
             let t0 = Instant::now();
-            self.run_rows_of(step, seqs, widths)?;
+            self.run_rows_of(step, seqs, counts, widths)?;
             times.add(step.slot, t0.elapsed().as_secs_f64());
             i += 1;
         }
         Ok(())
     }
 
-    /// A position-dependent step of a decode batch, every row as one token at
-    /// its sequence's position over its sequence's cache: a KV write row by row,
-    /// a kernel's rows side by side on the pool (each row's own parallel loop
-    /// inline on its task).
-    fn run_rows_of(&mut self, step: &Step, seqs: &mut [&mut super::SeqKv], widths: &[usize]) -> Result<(), RuntimeError> {
+    /// A position-dependent step of a batch pass, each sequence's rows (`counts`)
+    /// as its tokens from its position over its cache: a KV write sequence by
+    /// sequence, a kernel's sequences side by side on the pool (each one's own
+    /// parallel loop inline on its task).
+    fn run_rows_of(&mut self, step: &Step, seqs: &mut [&mut super::SeqKv], counts: &[usize], widths: &[usize]) -> Result<(), RuntimeError> {
+        // Sequence r's first row.
+        let firsts: smallvec::SmallVec<[usize; 16]> = counts.iter().scan(0, |at, &n| Some(std::mem::replace(at, *at + n))).collect();
         let cache_of = |seq: &super::SeqKv, id: BufId| seq.bufs.binary_search_by_key(&id, |(b, _)| *b).ok();
         let StepKind::Kernel { kernel, params, problem, binds, outputs, .. } = &step.kind else {
             let StepKind::Plumb(Plumb::KvWrite { k, v, k_cache, v_cache, kv_heads, head_dim, kv_cap, .. }) = &step.kind else {
@@ -554,39 +561,43 @@ impl CpuExec {
             };
             let (kv_heads, head_dim, kv_cap) = (*kv_heads, *head_dim, *kv_cap);
             for (r, seq) in seqs.iter_mut().enumerate() {
+                let n = counts[r];
                 for (src, dst) in [(*k, *k_cache), (*v, *v_cache)] {
-                    let o = r * widths.get(src).copied().unwrap_or(0);
+                    let o = firsts[r] * widths.get(src).copied().unwrap_or(0);
                     let pos = seq.pos;
                     if let Some(pg) = &self.paged {
-                        // Row r's sequence's blocks (the pass's table row r).
+                        // Sequence r's blocks (the pass's table row r).
                         let (cache, s) = two(&mut self.bufs, dst, src, "kv_write")?;
                         let Some(s) = f32_of(s) else {
                             return Err(RuntimeError::Internal("kv_write: the new keys/values are not f32".into()));
                         };
-                        kv_write(cache, &s[o..], 1, kv_heads, head_dim, |h, _| pg.row_at(r, h, pos, kv_heads, head_dim))?;
+                        kv_write(cache, &s[o..], n, kv_heads, head_dim, |h, t| pg.row_at(r, h, pos + t, kv_heads, head_dim))?;
                         continue;
                     }
                     let s = f32s(&self.bufs, src, "kv_write")?;
                     let Some(at) = cache_of(seq, dst) else {
                         return Err(RuntimeError::Internal(format!("kv_write: buffer {dst} is no sequence's cache")));
                     };
-                    kv_write(&mut seq.bufs[at].1, &s[o..], 1, kv_heads, head_dim, |h, _| (h * kv_cap + pos) * head_dim)?;
+                    kv_write(&mut seq.bufs[at].1, &s[o..], n, kv_heads, head_dim, |h, t| (h * kv_cap + pos + t) * head_dim)?;
                 }
             }
             return Ok(());
         };
-        let rows = seqs.len();
+        let rows: usize = counts.iter().sum();
         let mut outs = self.take_outs(step)?;
-        let mut jobs: Vec<RowJob<'_>> = (0..rows).map(|_| (smallvec::SmallVec::new(), Ok(()))).collect();
+        let mut jobs: Vec<RowJob<'_>> = (0..seqs.len()).map(|_| (smallvec::SmallVec::new(), Ok(()))).collect();
         let mut split = Ok(());
         for (id, v) in outs.iter_mut() {
             let w = widths.get(*id).copied().unwrap_or(0);
             if w == 0 || v.len() < rows * w {
-                split = Err(RuntimeError::Internal(format!("`{}`: output buffer {id} has no row per sequence", step.slot.name())));
+                split = Err(RuntimeError::Internal(format!("`{}`: output buffer {id} has no row per token", step.slot.name())));
                 break;
             }
-            for (job, row) in jobs.iter_mut().zip(v[..rows * w].chunks_mut(w)) {
-                job.0.push(row);
+            let mut rest = &mut v[..rows * w];
+            for (job, &n) in jobs.iter_mut().zip(counts) {
+                let (mine, tail) = std::mem::take(&mut rest).split_at_mut(n * w);
+                job.0.push(mine);
+                rest = tail;
             }
         }
         if split.is_ok() {
@@ -594,7 +605,7 @@ impl CpuExec {
             crate::kernels::cpu::pool::for_chunks_mut(&mut jobs, 1, |r, job| {
                 let (outs, res) = &mut job[0];
                 let seq = &seqs[r];
-                let problem = at_position(problem, seq.pos);
+                let problem = at_position(problem, seq.pos, counts[r]);
                 let ins = binds
                     .iter()
                     .enumerate()
@@ -602,7 +613,7 @@ impl CpuExec {
                     .map(|(_, &b)| match cache_of(seq, b) {
                         Some(at) => seq.bufs[at].1.as_in(),
                         None => match bufs[b].as_in() {
-                            CpuIn::F32(v) => CpuIn::F32(&v[(r * widths.get(b).copied().unwrap_or(0)).min(v.len())..]),
+                            CpuIn::F32(v) => CpuIn::F32(&v[(firsts[r] * widths.get(b).copied().unwrap_or(0)).min(v.len())..]),
                             other => other,
                         },
                     })
@@ -703,15 +714,16 @@ impl CpuExec {
     }
 }
 
-/// A position-dependent problem moved to one token at `pos` (a decode batch's row).
-fn at_position(p: &crate::kernels::Problem, pos: usize) -> crate::kernels::Problem {
+/// A position-dependent problem moved to `n` tokens from `pos` (a batch pass's
+/// sequence: a decode token, or a prompt's chunk where the problem takes one).
+fn at_position(p: &crate::kernels::Problem, pos: usize, n: usize) -> crate::kernels::Problem {
     use crate::kernels::Problem;
     let mut p = p.clone();
     match &mut p {
-        Problem::Rope { tokens, pos0, .. } | Problem::QkNormRope { tokens, pos0, .. } => (*tokens, *pos0) = (1, pos),
+        Problem::Rope { tokens, pos0, .. } | Problem::QkNormRope { tokens, pos0, .. } => (*tokens, *pos0) = (n, pos),
         Problem::QkvRopeCache { pos0, .. } => *pos0 = pos,
         Problem::AttentionPrefill { tokens, kv_len, bidi_start, bidi_end, .. } => {
-            (*tokens, *kv_len, *bidi_start, *bidi_end) = (1, pos + 1, 0, 0)
+            (*tokens, *kv_len, *bidi_start, *bidi_end) = (n, pos + n, 0, 0)
         }
         Problem::AttentionDecode { kv_len, .. } => *kv_len = pos + 1,
         _ => {}

@@ -143,11 +143,14 @@ pub struct Engine {
     tally: DecodeTally,
     /// The most positions the KV cache held was written up to.
     kv_written: usize,
-    /// Compiled decode batches by their rows ([`Engine::decode_batch`]), and
-    /// each buffer's floats a token (activations; 0 for the rest).
-    batch_schedules: Vec<(usize, Vec<crate::plan::Step>)>,
-    /// Decode batch passes run ([`Engine::batch_passes`]).
+    /// Compiled batch passes by their rows and rows of logits
+    /// ([`Engine::batch_pass`]), and each buffer's floats a token (activations;
+    /// 0 for the rest).
+    batch_schedules: Vec<((usize, usize), Vec<crate::plan::Step>)>,
+    /// Decode batch passes run ([`Engine::batch_passes`]), and those of them
+    /// with a prompt's chunk ([`Engine::mixed_passes`]).
     batch_passes: u64,
+    mixed_passes: u64,
     row_widths: Vec<usize>,
     /// The packed rows of the decode batches' int8 GEMMs, kept.
     panels: Option<Arc<crate::kernels::cpu::qgemm::PanelCache>>,
@@ -576,6 +579,7 @@ impl Engine {
             kv_written: 0,
             batch_schedules: Vec::new(),
             batch_passes: 0,
+            mixed_passes: 0,
             row_widths: Vec::new(),
             panels,
             paged: None,
@@ -764,9 +768,14 @@ impl Engine {
         self.batch_schedules.clear();
     }
 
-    /// Decode batch passes ([`Engine::decode_batch`]) this engine ran.
+    /// Decode batch passes ([`Engine::decode_batch`], [`Engine::batch_pass`]) this engine ran.
     pub fn batch_passes(&self) -> u64 {
         self.batch_passes
+    }
+
+    /// Batch passes that ran a prompt's chunk beside decode tokens ([`Engine::batch_pass`]).
+    pub fn mixed_passes(&self) -> u64 {
+        self.mixed_passes
     }
 
     /// One decode step of many sequences at once: `tokens[r]` fed to `seqs[r]`
@@ -777,23 +786,53 @@ impl Engine {
     /// table for this batch size; each weight read once for the batch), RoPE, the KV write and attention a row at a time over its
     /// own sequence's cache. The engine's own cache and position are untouched.
     pub fn decode_batch(&mut self, seqs: &mut [&mut SeqKv], tokens: &[u32]) -> Result<&[f32], RuntimeError> {
-        let b = tokens.len();
+        let feeds: smallvec::SmallVec<[&[u32]; 16]> = tokens.iter().map(std::slice::from_ref).collect();
+        self.batch_pass(seqs, &feeds)
+    }
+
+    /// One pass over many sequences: `feeds[r]` fed to `seqs[r]` from its
+    /// position, its cache written there; the logits of each sequence's last
+    /// token, row `r` for sequence `r` (borrowed until the next call). Every
+    /// sequence but the first feeds one token (a decode step); the first may
+    /// feed a prompt's chunk (with a paged KV cache, [`Engine::enable_paged`]),
+    /// which then runs in the same pass as the others' decode tokens, each
+    /// weight read once for all ([`Plan::mixed_steps`]: its rows, then theirs;
+    /// the LM head over its last row and theirs). Its tokens take the prefill's
+    /// kernels (or the selection's table for the pass's rows) and the paged
+    /// kernel's chunk attention, the computation a prefill of that chunk does.
+    /// [`Engine::decode_batch`] is this with one token each.
+    pub fn batch_pass(&mut self, seqs: &mut [&mut SeqKv], feeds: &[&[u32]]) -> Result<&[f32], RuntimeError> {
+        let b = feeds.len();
         if b != seqs.len() {
-            return Err(RuntimeError::Internal(format!("{b} tokens for {} sequences", seqs.len())));
+            return Err(RuntimeError::Internal(format!("{b} feeds for {} sequences", seqs.len())));
+        }
+        let counts: smallvec::SmallVec<[usize; 16]> = feeds.iter().map(|f| f.len()).collect();
+        if counts.contains(&0) || counts.iter().skip(1).any(|&n| n != 1) {
+            return Err(RuntimeError::Internal(format!("a batch pass feeds one token a sequence, the first may feed more: {counts:?}")));
+        }
+        let rows: usize = counts.iter().sum();
+        if rows > b && self.paged.is_none() {
+            return Err(RuntimeError::Internal("a prompt's chunk in a batch pass needs the paged KV cache".into()));
         }
         let ctx = self.plan.options.context;
-        if let Some(s) = seqs.iter().find(|s| s.pos + 1 > ctx) {
-            return Err(RuntimeError::ContextFull { pos: s.pos + 1, context: ctx });
+        if let Some((s, n)) = seqs.iter().zip(&counts).find(|(s, n)| s.pos + *n > ctx) {
+            return Err(RuntimeError::ContextFull { pos: s.pos + n, context: ctx });
         }
         if !matches!(self.exec, Exec::Cpu(_)) {
             return Err(RuntimeError::Internal("a decode batch needs a CPU engine".into()));
         }
         self.batch_passes += 1;
-        self.embed(tokens)?;
-        let si = match self.batch_schedules.iter().position(|(n, _)| *n == b) {
+        self.mixed_passes += (rows > b) as u64;
+        let tokens: smallvec::SmallVec<[u32; 64]> = feeds.iter().flat_map(|f| f.iter().copied()).collect();
+        self.embed(&tokens)?;
+        let si = match self.batch_schedules.iter().position(|(n, _)| *n == (rows, b)) {
             Some(i) => i,
             None => {
-                self.batch_schedules.push((b, self.plan.batch_steps(b)?));
+                // A chunk's pass of each length stays compiled until too many are.
+                if self.batch_schedules.len() >= 64 {
+                    self.batch_schedules.retain(|((r, t), _)| r == t);
+                }
+                self.batch_schedules.push(((rows, b), self.plan.mixed_steps(rows, b)?));
                 self.batch_schedules.len() - 1
             }
         };
@@ -814,19 +853,20 @@ impl Engine {
         // weights, for its life): at a few tokens unpacking costs more than the
         // arithmetic.
         if let Some(p) = &self.paged {
-            let mut rows: Vec<(&mut Vec<u32>, usize, usize)> = seqs.iter_mut().map(|s| (&mut s.table, s.pos, 1)).collect();
-            e.page_in(&p.pool, &mut rows)?;
+            let mut table: Vec<(&mut Vec<u32>, usize, usize)> =
+                seqs.iter_mut().zip(&counts).map(|(s, &n)| (&mut s.table, s.pos, n)).collect();
+            e.page_in(&p.pool, &mut table)?;
         }
         let panels = self.panels.get_or_insert_with(Default::default).clone();
         crate::kernels::cpu::qgemm::with_panels(&panels, || {
-            e.run_rows(&self.batch_schedules[si].1, seqs, &self.row_widths, &mut self.pass_times)
+            e.run_rows(&self.batch_schedules[si].1, seqs, &counts, &self.row_widths, &mut self.pass_times)
         })?;
         for blk in &self.plan.lm_head {
             scatter(&mut self.logits, e.view(blk.logits, b * blk.rows)?, blk.start, blk.rows, vocab);
         }
         softcap(&mut self.logits, self.plan.config.final_logit_softcapping);
-        for s in seqs.iter_mut() {
-            s.pos += 1;
+        for (s, n) in seqs.iter_mut().zip(&counts) {
+            s.pos += n;
             s.written = s.written.max(s.pos);
         }
         Ok(&self.logits)

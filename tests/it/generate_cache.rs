@@ -160,8 +160,43 @@ fn a_decode_batch_gives_every_sequence_its_answer_alone() {
         let params = [P::GREEDY, seeded, P::GREEDY, seeded];
         let budgets: Vec<usize> = [16usize, 9, 20, 12].iter().zip(&lengths).map(|(&b, &n)| b.min(room - n - 1)).collect();
         let mut batched_steps = 0;
-        batch_answers_as_alone(&mut batch, &mut alone, &prompts, &params, &budgets, file, |_, _| batched_steps += 1);
+        batch_answers_as_alone(&mut batch, &mut alone, &prompts, &params, &budgets, None, file, |_, _| batched_steps += 1);
         assert!(batched_steps >= 8, "{file}: {batched_steps} batched steps");
+    }
+}
+
+/// Prompts prefilled in chunks inside the decode batch's pass
+/// ([`Engine::batch_pass`]: a chunk's rows before the decode tokens', each
+/// weight read once for all, the chunk's attention the paged kernel's prefill
+/// form) give the ids each request gives alone: greedy and seeded, chunks of 6
+/// over prompts of 9 to 37 tokens (a chunk never leaves one token alone),
+/// Phi-3's sliding window and the K-quant Llama loaded as f32.
+#[test]
+fn prompt_chunks_in_the_decode_pass_answer_as_alone() {
+    use ktune::kernels::sample::SamplerParams as P;
+    for file in ["smollm2-tiny-q8_0.gguf", "phi3-tiny-q8_0.gguf", "llama-k-q4_k_m.gguf"] {
+        let mut alone = open_as(file, 512, 1);
+        let mut batch = open_as(file, 512, 4);
+        assert!(batch.engine.kv_blocks().is_some(), "{file}: a paged KV cache");
+        // Lengths within the fixture's context (phi3's: 32 positions).
+        let room = batch.context;
+        let lengths = [9usize, 23, 37, 14].map(|n| n.min(room / 2));
+        let prompts: Vec<Vec<u32>> = lengths.iter().map(|&n| (0..n).map(|i| 3 + ((i * 29 + n) % 90) as u32).collect()).collect();
+        let seeded = P { temperature: 0.9, top_p: 0.95, seed: 5, ..P::GREEDY };
+        let budgets: Vec<usize> = [20usize, 9, 12, 16].iter().zip(&lengths).map(|(&b, &n)| b.min(room - n - 1)).collect();
+        let before = batch.engine.mixed_passes();
+        batch_answers_as_alone(
+            &mut batch,
+            &mut alone,
+            &prompts,
+            &[P::GREEDY, seeded, P::GREEDY, seeded],
+            &budgets,
+            Some(6),
+            file,
+            |_, _| {},
+        );
+        let mixed = batch.engine.mixed_passes() - before;
+        assert!(mixed >= 3, "{file}: {mixed} passes mixed a prompt's chunk into the decode batch");
     }
 }
 
@@ -183,7 +218,7 @@ fn a_q8_0_kv_cache_batch_answers_as_alone_and_near_the_f32_cache() {
         let seeded = P { temperature: 0.9, top_k: 30, seed: 3, ..P::GREEDY };
         let params = [P::GREEDY, seeded, seeded, P::GREEDY];
         let mut batched_steps = 0;
-        batch_answers_as_alone(&mut batch, &mut alone, &prompts, &params, &[12, 8, 16, 10], file, |_, _| batched_steps += 1);
+        batch_answers_as_alone(&mut batch, &mut alone, &prompts, &params, &[12, 8, 16, 10], None, file, |_, _| batched_steps += 1);
         assert!(batched_steps >= 6, "{file}: {batched_steps} batched steps");
 
         let mut f32_cache = open_kv(file, 1, DType::F32);
@@ -228,7 +263,16 @@ fn a_paged_cache_takes_the_profiles_attention_tiles() {
     assert!(alone.engine.paged_attention().is_none());
     let prompts: Vec<Vec<u32>> = [40usize, 23, 9, 33].iter().map(|&n| (0..n).map(|i| 4 + ((i * 17 + n) % 80) as u32).collect()).collect();
     let seeded = P { temperature: 0.7, top_k: 40, seed: 9, ..P::GREEDY };
-    batch_answers_as_alone(&mut batch, &mut alone, &prompts, &[P::GREEDY, seeded, P::GREEDY, seeded], &[10, 14, 8, 12], "tiles", |_, _| {});
+    batch_answers_as_alone(
+        &mut batch,
+        &mut alone,
+        &prompts,
+        &[P::GREEDY, seeded, P::GREEDY, seeded],
+        &[10, 14, 8, 12],
+        None,
+        "tiles",
+        |_, _| {},
+    );
 
     let split = open_with(file, 512, Some(4), Some(profile("split.yaml", "attention_decode_splitkv_cpu")));
     assert!(split.warnings.iter().any(|w| w.contains("attention_decode_splitkv_cpu") && w.contains("not used")), "{:?}", split.warnings);
@@ -238,13 +282,17 @@ fn a_paged_cache_takes_the_profiles_attention_tiles() {
 /// and token `budgets`), decodes them together (`advance_batch`; the last one
 /// standing alone) until each ends, telling `step` of every batch step (its
 /// sequences, and the batch passes the engine ran for it), and asserts every
-/// sequence's ids are those `alone` gives the same request.
+/// sequence's ids are those `alone` gives the same request. With `chunk`, every
+/// prompt but the first is started later (`start_later`) and prefilled `chunk`
+/// tokens a step in the batch steps (with a paged cache, in the others' pass).
+#[allow(clippy::too_many_arguments)]
 fn batch_answers_as_alone(
     batch: &mut Generator,
     alone: &mut Generator,
     prompts: &[Vec<u32>],
     params: &[SamplerParams],
     budgets: &[usize],
+    chunk: Option<usize>,
     what: &str,
     mut step: impl FnMut(usize, u64),
 ) {
@@ -253,7 +301,11 @@ fn batch_answers_as_alone(
     let mut runs = Vec::new();
     for (i, slot) in slots.iter_mut().enumerate() {
         batch.swap_slot(slot).unwrap();
-        runs.push(batch.start(&prompts[i], params[i], &limits(i), usize::MAX, &mut |_| true).expect("prefills"));
+        let run = match chunk {
+            Some(b) if i > 0 => batch.start_later(&prompts[i], params[i], &limits(i), b, &mut |_| true),
+            _ => batch.start(&prompts[i], params[i], &limits(i), usize::MAX, &mut |_| true),
+        };
+        runs.push(run.expect("prefills"));
         batch.swap_slot(slot).unwrap();
     }
     loop {
@@ -363,7 +415,7 @@ fn a_profiles_batch_regimes_switch_kernels_as_the_batch_shrinks() {
     // Budgets that end one sequence after another: 4, 3, 2 sequences, then one alone.
     let budgets = [6usize, 10, 14, 18];
     let mut sizes = Vec::new();
-    batch_answers_as_alone(&mut batch, &mut alone, &prompts, &params, &budgets, "switching tables", |n, _| sizes.push(n));
+    batch_answers_as_alone(&mut batch, &mut alone, &prompts, &params, &budgets, None, "switching tables", |n, _| sizes.push(n));
     for n in [4, 3, 2] {
         assert!(sizes.contains(&n), "no batch of {n}: {sizes:?}");
     }
@@ -391,7 +443,7 @@ fn fewer_sequences_than_the_profiles_min_batch_decode_alone() {
     let seeded = P { temperature: 0.9, top_p: 0.9, seed: 3, ..P::GREEDY };
     let budgets = [4usize, 12, 12];
     let (mut threes, mut twos) = (0, 0);
-    batch_answers_as_alone(&mut g, &mut alone, &prompts, &[seeded; 3], &budgets, "minBatch 3", |n, passes| {
+    batch_answers_as_alone(&mut g, &mut alone, &prompts, &[seeded; 3], &budgets, None, "minBatch 3", |n, passes| {
         if n == 3 {
             assert_eq!(passes, 1, "three sequences: one batch pass");
             threes += 1;

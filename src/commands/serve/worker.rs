@@ -160,6 +160,8 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
         return;
     }
     let mut active: Vec<Active> = Vec::new();
+    // Prompt chunks run in the decode batch's pass (a paged KV cache).
+    let mixes = g.engine.kv_blocks().is_some();
     // Jobs that wait for KV memory, oldest first (their prompts checked).
     let mut deferred: std::collections::VecDeque<(Job, Vec<u32>)> = std::collections::VecDeque::new();
     let limit = if state.kv_tokens == 0 { usize::MAX } else { state.kv_tokens };
@@ -286,7 +288,15 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
             }
             let events = job.events.clone();
             let mut stream = |t: &str| events.send(Event::Text(t.to_string())).is_ok();
-            let started = in_slot(&mut g, &mut slots[slot], |g| g.start(&prompt, job.params, &job.limits, state.step_tokens, &mut stream));
+            // With others decoding, its first chunk joins their next pass.
+            let later = mixes && active.iter().any(|a| !a.run.prefilling());
+            let started = in_slot(&mut g, &mut slots[slot], |g| {
+                if later {
+                    g.start_later(&prompt, job.params, &job.limits, state.step_tokens, &mut stream)
+                } else {
+                    g.start(&prompt, job.params, &job.limits, state.step_tokens, &mut stream)
+                }
+            });
             match started {
                 Ok(run) if run.going() => active.push(Active { job, slot, run, reserved: need, seq: clock }),
                 Ok(run) => {
@@ -310,38 +320,42 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
         // One token for every running sequence: two or more in one decode batch
         // (each weight read once for all), one alone as `complete` decodes it.
         // Groups of at most the engine's batch rows, the slots in ascending order;
-        // the sequences whose prompts are still prefilled after them.
+        // the sequences whose prompts are still prefilled after them. One chunk
+        // of one prompt (the first admitted) a step: at most --step-tokens
+        // prefilled between two decode steps, in the first group's pass where
+        // the KV cache is paged (`advance_batch`), else a pass of its own.
         active.sort_by_key(|a| (a.run.prefilling(), a.slot));
         let decoding = active.iter().take_while(|a| !a.run.prefilling()).count();
         let most = g.batch_rows().max(1);
+        let first = (decoding..active.len()).min_by_key(|&i| active[i].seq);
+        let mix = first.filter(|_| mixes && decoding >= 1 && decoding.min(most) < most);
+        if let Some(i) = mix {
+            // The chunk's sequence goes first in the first group.
+            active[..=i].rotate_right(1);
+        }
+        let batched = decoding + mix.is_some() as usize;
         let mut step = Ok(());
-        let (mut rest, mut at): (&mut [Slot], usize) = (&mut slots, 0);
-        for group in active[..decoding].chunks_mut(most) {
-            let mut mine: Vec<&mut Slot> = Vec::with_capacity(group.len());
-            for a in group.iter() {
-                let (_, tail) = std::mem::take(&mut rest).split_at_mut(a.slot - at);
-                let Some((one, tail)) = tail.split_first_mut() else { break };
-                mine.push(one);
-                rest = tail;
-                at = a.slot + 1;
-            }
-            let events: Vec<_> = group.iter().map(|a| a.job.events.clone()).collect();
-            let mut send = |i: usize, t: &str| events[i].send(Event::Text(t.to_string())).is_ok();
-            step = match (group, mine.as_mut_slice()) {
-                ([a], [slot]) => in_slot(&mut g, slot, |g| g.advance(&mut a.run, &mut |t| send(0, t))).map(|_| ()),
-                (group, mine) if group.len() == mine.len() => {
-                    let mut runs: Vec<&mut Running> = group.iter_mut().map(|a| &mut a.run).collect();
-                    g.advance_batch(mine, &mut runs, &mut send)
+        {
+            let mut all: Vec<Option<&mut Slot>> = slots.iter_mut().map(Some).collect();
+            for group in active[..batched].chunks_mut(most) {
+                let mut mine: Vec<&mut Slot> = group.iter().filter_map(|a| all[a.slot].take()).collect();
+                let events: Vec<_> = group.iter().map(|a| a.job.events.clone()).collect();
+                let mut send = |i: usize, t: &str| events[i].send(Event::Text(t.to_string())).is_ok();
+                step = match (group, mine.as_mut_slice()) {
+                    ([a], [slot]) => in_slot(&mut g, slot, |g| g.advance(&mut a.run, &mut |t| send(0, t))).map(|_| ()),
+                    (group, mine) if group.len() == mine.len() => {
+                        let mut runs: Vec<&mut Running> = group.iter_mut().map(|a| &mut a.run).collect();
+                        g.advance_batch(mine, &mut runs, &mut send)
+                    }
+                    _ => Err(crate::Error::Usage("a running request lost its slot".into())),
+                };
+                if step.is_err() {
+                    break;
                 }
-                _ => Err(crate::Error::Usage("a running request lost its slot".into())),
-            };
-            if step.is_err() {
-                break;
             }
         }
-        // One chunk of one prompt (the first admitted) a step: at most
-        // --step-tokens prefilled between two decode steps.
         if step.is_ok()
+            && mix.is_none()
             && let Some(a) = active[decoding..].iter_mut().min_by_key(|a| a.seq)
         {
             let events = a.job.events.clone();
