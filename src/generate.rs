@@ -988,27 +988,18 @@ impl Generator {
         budget: usize,
         stream: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Running> {
-        let mut run = self.start_later(prompt, params, limits, budget, stream)?;
-        if run.prefilling {
-            self.prefill_step(&mut run, stream)?;
-        }
+        let mut run = self.start_later(prompt, params, limits, budget)?;
+        self.prefill_step(&mut run, stream)?;
         Ok(run)
     }
 
     /// [`Generator::start`] with nothing computed yet: its prompt's first chunk
     /// waits for the next step ([`Generator::advance`], or a batch step that
-    /// runs it in the others' decode pass, [`Generator::advance_batch`]). A
-    /// repeat of the last prompt samples from its kept logits now.
-    pub fn start_later(
-        &mut self,
-        prompt: &[u32],
-        params: SamplerParams,
-        limits: &Limits,
-        budget: usize,
-        stream: &mut dyn FnMut(&str) -> bool,
-    ) -> Result<Running> {
+    /// runs it in the others' decode pass, [`Generator::advance_batch`]; a
+    /// repeat of the last prompt samples from its kept logits there).
+    pub fn start_later(&mut self, prompt: &[u32], params: SamplerParams, limits: &Limits, budget: usize) -> Result<Running> {
         let (limits, same) = self.prefill(prompt, limits)?;
-        let mut run = Running {
+        let run = Running {
             prompt: prompt.to_vec(),
             prefilled: prompt.len() - same,
             prefill_seconds: 0.0,
@@ -1023,9 +1014,6 @@ impl Generator {
             budget: budget.max(2),
             prefilling: true,
         };
-        if run.at == prompt.len() {
-            self.prefill_step(&mut run, stream)?;
-        }
         Ok(run)
     }
 

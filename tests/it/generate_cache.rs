@@ -302,7 +302,7 @@ fn batch_answers_as_alone(
     for (i, slot) in slots.iter_mut().enumerate() {
         batch.swap_slot(slot).unwrap();
         let run = match chunk {
-            Some(b) if i > 0 => batch.start_later(&prompts[i], params[i], &limits(i), b, &mut |_| true),
+            Some(b) if i > 0 => batch.start_later(&prompts[i], params[i], &limits(i), b),
             _ => batch.start(&prompts[i], params[i], &limits(i), usize::MAX, &mut |_| true),
         };
         runs.push(run.expect("prefills"));

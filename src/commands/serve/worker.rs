@@ -292,7 +292,7 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
             let later = mixes && active.iter().any(|a| !a.run.prefilling());
             let started = in_slot(&mut g, &mut slots[slot], |g| {
                 if later {
-                    g.start_later(&prompt, job.params, &job.limits, state.step_tokens, &mut stream)
+                    g.start_later(&prompt, job.params, &job.limits, state.step_tokens)
                 } else {
                     g.start(&prompt, job.params, &job.limits, state.step_tokens, &mut stream)
                 }
