@@ -727,6 +727,11 @@ impl Running {
         &self.prompt
     }
 
+    /// Its prompt's tokens in the KV cache so far (computed or reused).
+    pub fn computed(&self) -> usize {
+        self.at
+    }
+
     /// Ids generated so far.
     pub fn generated(&self) -> usize {
         self.stepper.generated.len()
@@ -1020,8 +1025,13 @@ impl Generator {
     /// The tokens `run`'s next prefill step computes: from `run.at`, at most its
     /// budget, never one left alone after them.
     fn next_chunk(run: &Running) -> usize {
+        Self::chunk_within(run, usize::MAX)
+    }
+
+    /// [`Generator::next_chunk`] within `cap` tokens.
+    fn chunk_within(run: &Running, cap: usize) -> usize {
         let left = run.prompt.len() - run.at;
-        let n = run.budget.min(left);
+        let n = run.budget.min(left).min(cap);
         if left - n == 1 { n - 1 } else { n }
     }
 
@@ -1093,11 +1103,15 @@ impl Generator {
     /// its own row of logits and kept, its text to `stream(i, piece)`. The slots
     /// stay out of the generator. On an error every slot's cache is emptied.
     /// Fewer slots than the selection's `min_batch` take lone steps instead
-    /// ([`Generator::advance`] a slot at a time). A generation whose prompt is
-    /// still being prefilled takes its next chunk in the same pass
-    /// ([`Engine::batch_pass`]) where the KV cache is paged and the chunk is two
-    /// tokens or more (the first such generation; any other, and any without a
-    /// paged cache, a step alone): the chunk's values are a prefill's.
+    /// ([`Generator::advance`] a slot at a time). Generations whose prompts are
+    /// still being prefilled take their next chunks in the same pass
+    /// ([`Engine::batch_pass`]) where the KV cache is paged and one decodes: in
+    /// their order, while the pass's chunk tokens stay within the first one's
+    /// budget, its sequences within the batch rows and its rows within the
+    /// plan's tokens; one past those waits for a later step, one that cannot
+    /// join a pass (a chunk of one token, a repeat's kept logits, no decoding
+    /// sequence, no paged cache) takes a step alone. A chunk's values are a
+    /// prefill's.
     pub fn advance_batch(
         &mut self,
         slots: &mut [&mut Slot],
@@ -1105,19 +1119,34 @@ impl Generator {
         stream: &mut dyn FnMut(usize, &str) -> bool,
     ) -> Result<()> {
         let decoding = runs.iter().filter(|r| !r.prefilling).count();
-        // A chunk joins a pass of one decode token or more, its logits' rows
-        // within the plan's batch rows.
-        let mixes = self.engine.kv_blocks().is_some() && decoding >= 1 && decoding < self.batch_rows();
-        let rows = self.engine.plan.options.max_tokens;
-        let mixed = runs
-            .iter()
-            .position(|r| r.prefilling && r.at < r.prompt.len() && (2..=rows - decoding.min(rows)).contains(&Self::next_chunk(r)))
-            .filter(|_| mixes);
+        let joins = self.engine.kv_blocks().is_some() && decoding >= 1;
+        let (most, max_rows) = (self.batch_rows(), self.engine.plan.options.max_tokens);
+        // (run, tokens) of the chunks in the pass.
+        let mut chunks: Vec<(usize, usize)> = Vec::new();
+        let mut waiting: Vec<usize> = Vec::new();
+        let (mut seqs, mut rows, mut budget) = (decoding, decoding, None);
+        for i in (0..runs.len()).filter(|&i| runs[i].prefilling) {
+            let r = &*runs[i];
+            if !joins || r.at == r.prompt.len() || Self::next_chunk(r) < 2 {
+                continue;
+            }
+            let left = budget.unwrap_or(r.budget);
+            let n = Self::chunk_within(r, left.min(max_rows.saturating_sub(rows)));
+            if n < 2 || seqs >= most {
+                waiting.push(i);
+                continue;
+            }
+            chunks.push((i, n));
+            (seqs, rows, budget) = (seqs + 1, rows + n, Some(left - n));
+        }
+        let chunk_of = |i: usize| chunks.iter().find(|c| c.0 == i).map(|c| c.1);
         let lone: Vec<usize> = (0..runs.len())
             .filter(|&i| {
-                let alone = if runs[i].prefilling { Some(i) != mixed } else { (decoding + mixed.is_some() as usize) < 2 };
+                if runs[i].prefilling {
+                    return chunk_of(i).is_none() && !waiting.contains(&i);
+                }
                 // Fewer than the profile's `serve.minBatch`: lone steps were faster.
-                alone || (mixed.is_none() && decoding < self.engine.plan.selection.min_batch)
+                decoding + chunks.len() < 2 || (chunks.is_empty() && decoding < self.engine.plan.selection.min_batch)
             })
             .collect();
         for &i in &lone {
@@ -1129,17 +1158,18 @@ impl Generator {
                 return Err(e);
             }
         }
-        // The pass: the chunk's sequence first, then the decoding ones.
-        let order: Vec<usize> = mixed.into_iter().chain((0..runs.len()).filter(|&i| !runs[i].prefilling && !lone.contains(&i))).collect();
+        // The pass: the decoding sequences and the chunks, in the caller's order.
+        let order: Vec<usize> = (0..runs.len())
+            .filter(|&i| !lone.contains(&i) && !waiting.contains(&i) && (!runs[i].prefilling || chunk_of(i).is_some()))
+            .collect();
         if order.is_empty() {
             return Ok(());
         }
         let t0 = Instant::now();
-        let chunk = mixed.map(|i| (runs[i].at, Self::next_chunk(runs[i])));
         let feeds: Vec<&[u32]> = order
             .iter()
-            .map(|&i| match chunk.filter(|_| Some(i) == mixed) {
-                Some((at, n)) => &runs[i].prompt[at..at + n],
+            .map(|&i| match chunk_of(i) {
+                Some(n) => &runs[i].prompt[runs[i].at..runs[i].at + n],
                 None => std::slice::from_ref(&runs[i].next),
             })
             .collect();
@@ -1159,7 +1189,7 @@ impl Generator {
         for (row, &i) in order.iter().enumerate() {
             let row_logits = &logits[row * vocab..(row + 1) * vocab];
             let run = &mut *runs[i];
-            if let (Some((_, n)), true) = (chunk, Some(i) == mixed) {
+            if let Some(n) = chunk_of(i) {
                 run.prefill_seconds += t0.elapsed().as_secs_f64();
                 run.at += n;
                 if run.at < run.prompt.len() {

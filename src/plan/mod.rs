@@ -907,7 +907,7 @@ impl Plan {
             return Err(PlanError::TooManyTokens(pos0 + tokens, o.max_tokens, o.context));
         }
         let regime = if tokens == 1 { Regime::Decode } else { Regime::Prefill };
-        let mut e = Emitter { plan: self, regime, steps: Vec::new(), group: 0, all_rows: false, tail: 0, batch: None };
+        let mut e = Emitter { plan: self, regime, steps: Vec::new(), group: 0, all_rows: false, heads: Vec::new(), batch: None };
         e.forward(tokens, pos0)?;
         Ok(e.steps)
     }
@@ -919,23 +919,37 @@ impl Plan {
     /// them a row at a time, each at its own sequence's position over its own
     /// cache ([`Plan::position_dependent`]).
     pub fn batch_steps(&self, rows: usize) -> Result<Vec<Step>, PlanError> {
-        self.mixed_steps(rows, rows)
+        self.pass_steps(&vec![1; rows])
     }
 
-    /// Steps of one pass over `rows` tokens of several sequences whose logits
-    /// are read for the last `tail` rows only (2 up to `batch_rows` of them):
-    /// a decode batch ([`Plan::batch_steps`], `tail == rows`), or one with a
-    /// prompt's chunk before its decode tokens (`rows` up to `max_tokens`; the
-    /// chunk's last row the first of the tail). Built as [`Plan::batch_steps`]
-    /// builds, the executor moving the position-dependent steps to each
-    /// sequence's rows.
-    pub fn mixed_steps(&self, rows: usize, tail: usize) -> Result<Vec<Step>, PlanError> {
+    /// Steps of one pass over several sequences, `counts[s]` consecutive rows of
+    /// sequence `s` (one for a decode token, more for a prompt's chunk; 2 up
+    /// to `batch_rows` sequences, `max_tokens` rows in all), the logits read for
+    /// each sequence's last row only: [`Plan::batch_steps`] when every count is
+    /// one, else the rows gathered into `last` before the LM head. Built as
+    /// [`Plan::batch_steps`] builds (the prefill's kernels, or the selection's
+    /// table for the pass's rows), the executor moving the position-dependent
+    /// steps to each sequence's rows.
+    pub fn pass_steps(&self, counts: &[usize]) -> Result<Vec<Step>, PlanError> {
         let o = &self.options;
+        let (seqs, rows) = (counts.len(), counts.iter().sum::<usize>());
         let most = o.batch_rows.min(o.max_tokens);
-        if tail < 2 || tail > most || tail > rows || rows > o.max_tokens || rows > o.context {
-            return Err(PlanError::TooManyTokens(rows.max(tail), if rows > tail { o.max_tokens } else { most }, o.context));
+        if seqs < 2 || seqs > most || counts.contains(&0) || rows > o.max_tokens || rows > o.context {
+            return Err(PlanError::TooManyTokens(rows.max(seqs), if rows > seqs { o.max_tokens } else { most }, o.context));
         }
-        let mut e = Emitter { plan: self, regime: Regime::Prefill, steps: Vec::new(), group: 0, all_rows: true, tail, batch: Some(rows) };
+        // The last rows' runs (first row, rows): none to gather when every row is one.
+        let mut heads: Vec<(usize, usize)> = Vec::new();
+        if rows > seqs {
+            let mut end = 0;
+            for &n in counts {
+                end += n;
+                match heads.last_mut() {
+                    Some((r0, k)) if *r0 + *k == end - 1 => *k += 1,
+                    _ => heads.push((end - 1, 1)),
+                }
+            }
+        }
+        let mut e = Emitter { plan: self, regime: Regime::Prefill, steps: Vec::new(), group: 0, all_rows: true, heads, batch: Some(rows) };
         e.forward(rows, 0)?;
         Ok(e.steps)
     }
@@ -1060,9 +1074,10 @@ struct Emitter<'a> {
     group: u32,
     /// Every row's logits (a decode batch), whatever `all_logits` says.
     all_rows: bool,
-    /// With `all_rows`: the rows whose logits are read, the last ones (a
-    /// prompt's chunk before them reads its last row's only).
-    tail: usize,
+    /// With `all_rows`: the runs of rows (first, count) whose logits are read,
+    /// gathered in order before the LM head (a prompt's chunk reads its last
+    /// row's only); empty: every row's.
+    heads: Vec<(usize, usize)>,
     /// A decode batch's sequences: the selection's batch tables come first
     /// ([`Selection::batch_choice`]).
     batch: Option<usize>,
@@ -1564,9 +1579,12 @@ impl Emitter<'_> {
             }
             return Ok(());
         }
-        let (rows, src) = if t > 1 && self.all_rows && self.tail < t {
-            let (last, n) = (plan.id("last"), self.tail);
-            self.plumb(Slot::MatmulLmHead, None, Plumb::Copy { src: xn, src_off: (t - n) * h, dst: last, dst_off: 0, len: n * h });
+        let (rows, src) = if t > 1 && self.all_rows && !self.heads.is_empty() {
+            let (last, mut n) = (plan.id("last"), 0);
+            for (r0, k) in std::mem::take(&mut self.heads) {
+                self.plumb(Slot::MatmulLmHead, None, Plumb::Copy { src: xn, src_off: r0 * h, dst: last, dst_off: n * h, len: k * h });
+                n += k;
+            }
             (n, last)
         } else if t > 1 && (plan.options.all_logits || self.all_rows) {
             (t, xn)

@@ -500,7 +500,7 @@ impl CpuExec {
         Ok(())
     }
 
-    /// Runs a batch pass's `steps` ([`Plan::mixed_steps`] over the rows of
+    /// Runs a batch pass's `steps` ([`Plan::pass_steps`] over the rows of
     /// `seqs`, `counts[s]` consecutive rows of sequence `s` in their order: a
     /// decode batch's one token each, or a prompt's chunk too): every step over
     /// all rows at once, but the position-dependent ones

@@ -143,14 +143,13 @@ pub struct Engine {
     tally: DecodeTally,
     /// The most positions the KV cache held was written up to.
     kv_written: usize,
-    /// Compiled batch passes by their rows and rows of logits
-    /// ([`Engine::batch_pass`]), and each buffer's floats a token (activations;
+    /// Compiled batch passes by their sequences' rows ([`Engine::batch_pass`]), and each buffer's floats a token (activations;
     /// 0 for the rest).
-    batch_schedules: Vec<((usize, usize), Vec<crate::plan::Step>)>,
-    /// Decode batch passes run ([`Engine::batch_passes`]), and those of them
-    /// with a prompt's chunk ([`Engine::mixed_passes`]).
+    batch_schedules: Vec<(Vec<usize>, Vec<crate::plan::Step>)>,
+    /// Decode batch passes run ([`Engine::batch_passes`]); those of them with
+    /// prompts' chunks, and the chunks ([`Engine::mixed_passes`]).
     batch_passes: u64,
-    mixed_passes: u64,
+    mixed_passes: (u64, u64),
     row_widths: Vec<usize>,
     /// The packed rows of the decode batches' int8 GEMMs, kept.
     panels: Option<Arc<crate::kernels::cpu::qgemm::PanelCache>>,
@@ -579,7 +578,7 @@ impl Engine {
             kv_written: 0,
             batch_schedules: Vec::new(),
             batch_passes: 0,
-            mixed_passes: 0,
+            mixed_passes: (0, 0),
             row_widths: Vec::new(),
             panels,
             paged: None,
@@ -773,8 +772,9 @@ impl Engine {
         self.batch_passes
     }
 
-    /// Batch passes that ran a prompt's chunk beside decode tokens ([`Engine::batch_pass`]).
-    pub fn mixed_passes(&self) -> u64 {
+    /// Batch passes that ran prompts' chunks beside decode tokens
+    /// ([`Engine::batch_pass`]), and the chunks they ran.
+    pub fn mixed_passes(&self) -> (u64, u64) {
         self.mixed_passes
     }
 
@@ -792,23 +792,23 @@ impl Engine {
 
     /// One pass over many sequences: `feeds[r]` fed to `seqs[r]` from its
     /// position, its cache written there; the logits of each sequence's last
-    /// token, row `r` for sequence `r` (borrowed until the next call). Every
-    /// sequence but the first feeds one token (a decode step); the first may
-    /// feed a prompt's chunk (with a paged KV cache, [`Engine::enable_paged`]),
-    /// which then runs in the same pass as the others' decode tokens, each
-    /// weight read once for all ([`Plan::mixed_steps`]: its rows, then theirs;
-    /// the LM head over its last row and theirs). Its tokens take the prefill's
-    /// kernels (or the selection's table for the pass's rows) and the paged
-    /// kernel's chunk attention, the computation a prefill of that chunk does.
-    /// [`Engine::decode_batch`] is this with one token each.
+    /// token, row `r` for sequence `r` (borrowed until the next call). A
+    /// sequence feeds one token (a decode step) or, with a paged KV cache
+    /// ([`Engine::enable_paged`]), a prompt's chunk, which then runs in the same
+    /// pass as the others' decode tokens, each weight read once for all
+    /// ([`Plan::pass_steps`]; the LM head over each sequence's last row only).
+    /// A chunk's tokens take the prefill's kernels (or the selection's table
+    /// for the pass's rows) and the paged kernel's chunk attention, the
+    /// computation a prefill of that chunk does. [`Engine::decode_batch`] is
+    /// this with one token each.
     pub fn batch_pass(&mut self, seqs: &mut [&mut SeqKv], feeds: &[&[u32]]) -> Result<&[f32], RuntimeError> {
         let b = feeds.len();
         if b != seqs.len() {
             return Err(RuntimeError::Internal(format!("{b} feeds for {} sequences", seqs.len())));
         }
         let counts: smallvec::SmallVec<[usize; 16]> = feeds.iter().map(|f| f.len()).collect();
-        if counts.contains(&0) || counts.iter().skip(1).any(|&n| n != 1) {
-            return Err(RuntimeError::Internal(format!("a batch pass feeds one token a sequence, the first may feed more: {counts:?}")));
+        if counts.contains(&0) {
+            return Err(RuntimeError::Internal("a batch pass feeds every sequence a token or more".into()));
         }
         let rows: usize = counts.iter().sum();
         if rows > b && self.paged.is_none() {
@@ -822,17 +822,19 @@ impl Engine {
             return Err(RuntimeError::Internal("a decode batch needs a CPU engine".into()));
         }
         self.batch_passes += 1;
-        self.mixed_passes += (rows > b) as u64;
+        let chunks = counts.iter().filter(|&&n| n > 1).count() as u64;
+        self.mixed_passes.0 += (chunks > 0) as u64;
+        self.mixed_passes.1 += chunks;
         let tokens: smallvec::SmallVec<[u32; 64]> = feeds.iter().flat_map(|f| f.iter().copied()).collect();
         self.embed(&tokens)?;
-        let si = match self.batch_schedules.iter().position(|(n, _)| *n == (rows, b)) {
+        let si = match self.batch_schedules.iter().position(|(n, _)| n[..] == counts[..]) {
             Some(i) => i,
             None => {
-                // A chunk's pass of each length stays compiled until too many are.
+                // The passes with chunks stay compiled until too many are.
                 if self.batch_schedules.len() >= 64 {
-                    self.batch_schedules.retain(|((r, t), _)| r == t);
+                    self.batch_schedules.retain(|(n, _)| n.iter().all(|&c| c == 1));
                 }
-                self.batch_schedules.push(((rows, b), self.plan.mixed_steps(rows, b)?));
+                self.batch_schedules.push((counts.to_vec(), self.plan.pass_steps(&counts)?));
                 self.batch_schedules.len() - 1
             }
         };

@@ -166,11 +166,12 @@ fn a_decode_batch_gives_every_sequence_its_answer_alone() {
 }
 
 /// Prompts prefilled in chunks inside the decode batch's pass
-/// ([`Engine::batch_pass`]: a chunk's rows before the decode tokens', each
-/// weight read once for all, the chunk's attention the paged kernel's prefill
-/// form) give the ids each request gives alone: greedy and seeded, chunks of 6
-/// over prompts of 9 to 37 tokens (a chunk never leaves one token alone),
-/// Phi-3's sliding window and the K-quant Llama loaded as f32.
+/// ([`Engine::batch_pass`]: each weight read once for the chunks' rows and the
+/// decode tokens', a chunk's attention the paged kernel's prefill form, the LM
+/// head over each sequence's last row) give the ids each request gives alone:
+/// greedy and seeded, prompts of 5 to 37 tokens prefilled 6 tokens a pass and
+/// 24 (several prompts' chunks in one pass: the budget is the pass's), a chunk never leaving one token alone, Phi-3's sliding window and
+/// the K-quant Llama loaded as f32.
 #[test]
 fn prompt_chunks_in_the_decode_pass_answer_as_alone() {
     use ktune::kernels::sample::SamplerParams as P;
@@ -180,23 +181,20 @@ fn prompt_chunks_in_the_decode_pass_answer_as_alone() {
         assert!(batch.engine.kv_blocks().is_some(), "{file}: a paged KV cache");
         // Lengths within the fixture's context (phi3's: 32 positions).
         let room = batch.context;
-        let lengths = [9usize, 23, 37, 14].map(|n| n.min(room / 2));
-        let prompts: Vec<Vec<u32>> = lengths.iter().map(|&n| (0..n).map(|i| 3 + ((i * 29 + n) % 90) as u32).collect()).collect();
         let seeded = P { temperature: 0.9, top_p: 0.95, seed: 5, ..P::GREEDY };
-        let budgets: Vec<usize> = [20usize, 9, 12, 16].iter().zip(&lengths).map(|(&b, &n)| b.min(room - n - 1)).collect();
-        let before = batch.engine.mixed_passes();
-        batch_answers_as_alone(
-            &mut batch,
-            &mut alone,
-            &prompts,
-            &[P::GREEDY, seeded, P::GREEDY, seeded],
-            &budgets,
-            Some(6),
-            file,
-            |_, _| {},
-        );
-        let mixed = batch.engine.mixed_passes() - before;
-        assert!(mixed >= 3, "{file}: {mixed} passes mixed a prompt's chunk into the decode batch");
+        for (chunk, lengths) in [(6, [9usize, 23, 37, 14]), (24, [9, 5, 7, 30])] {
+            let lengths = lengths.map(|n| n.min(room / 2));
+            let prompts: Vec<Vec<u32>> = lengths.iter().map(|&n| (0..n).map(|i| 3 + ((i * 29 + n) % 90) as u32).collect()).collect();
+            let budgets: Vec<usize> = [20usize, 9, 12, 16].iter().zip(&lengths).map(|(&b, &n)| b.min(room - n - 1)).collect();
+            let before = batch.engine.mixed_passes();
+            let params = [P::GREEDY, seeded, P::GREEDY, seeded];
+            batch_answers_as_alone(&mut batch, &mut alone, &prompts, &params, &budgets, Some(chunk), file, |_, _| {});
+            let (passes, chunks) = (batch.engine.mixed_passes().0 - before.0, batch.engine.mixed_passes().1 - before.1);
+            assert!(passes >= 2, "{file}, chunks of {chunk}: {passes} passes mixed prompts' chunks into the decode batch");
+            if chunk == 24 {
+                assert!(chunks > passes, "{file}: {chunks} chunks in {passes} passes: none held two prompts'");
+            }
+        }
     }
 }
 

@@ -319,21 +319,17 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
         }
         // One token for every running sequence: two or more in one decode batch
         // (each weight read once for all), one alone as `complete` decodes it.
-        // Groups of at most the engine's batch rows, the slots in ascending order;
-        // the sequences whose prompts are still prefilled after them. One chunk
-        // of one prompt (the first admitted) a step: at most --step-tokens
-        // prefilled between two decode steps, in the first group's pass where
-        // the KV cache is paged (`advance_batch`), else a pass of its own.
-        active.sort_by_key(|a| (a.run.prefilling(), a.slot));
+        // Groups of at most the engine's batch rows; the sequences whose prompts
+        // are still prefilled after them, the earliest admitted first. With a
+        // paged KV cache those join the last group's pass while it has room
+        // (`advance_batch`: their chunks within --step-tokens a pass); else, or
+        // when none could, one chunk of the earliest a step in a pass of its own.
+        active.sort_by_key(|a| if a.run.prefilling() { (1, a.seq as usize) } else { (0, a.slot) });
         let decoding = active.iter().take_while(|a| !a.run.prefilling()).count();
         let most = g.batch_rows().max(1);
-        let first = (decoding..active.len()).min_by_key(|&i| active[i].seq);
-        let mix = first.filter(|_| mixes && decoding >= 1 && decoding.min(most) < most);
-        if let Some(i) = mix {
-            // The chunk's sequence goes first in the first group.
-            active[..=i].rotate_right(1);
-        }
-        let batched = decoding + mix.is_some() as usize;
+        let room = if mixes && decoding >= 1 { most - (decoding - 1) % most - 1 } else { 0 };
+        let batched = decoding + room.min(active.len() - decoding);
+        let before: Vec<(usize, bool)> = active[decoding..].iter().map(|a| (a.run.computed(), a.run.prefilling())).collect();
         let mut step = Ok(());
         {
             let mut all: Vec<Option<&mut Slot>> = slots.iter_mut().map(Some).collect();
@@ -354,8 +350,9 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
                 }
             }
         }
+        let progressed = active[decoding..].iter().zip(&before).any(|(a, b)| (a.run.computed(), a.run.prefilling()) != *b);
         if step.is_ok()
-            && mix.is_none()
+            && !progressed
             && let Some(a) = active[decoding..].iter_mut().min_by_key(|a| a.seq)
         {
             let events = a.job.events.clone();
