@@ -143,8 +143,8 @@ pub struct Engine {
     tally: DecodeTally,
     /// The most positions the KV cache held was written up to.
     kv_written: usize,
-    /// Compiled batch passes by their sequences' rows ([`Engine::batch_pass`]), and each buffer's floats a token (activations;
-    /// 0 for the rest).
+    /// Compiled batch passes by their sequences' rows ([`Engine::batch_pass`]),
+    /// and each buffer's floats a token (activations; 0 for the rest).
     batch_schedules: Vec<(Vec<usize>, Vec<crate::plan::Step>)>,
     /// Decode batch passes run ([`Engine::batch_passes`]); those of them with
     /// prompts' chunks, and the chunks ([`Engine::mixed_passes`]).
