@@ -512,11 +512,18 @@ fn serve_parallel_sequences_answer_as_alone() {
     // answer, decoded in steps beside it (whatever the machine's load did to
     // the rounds above, where three requests of a few tokens each may also
     // have come one after another).
+    let fresh = ("Name three rivers.", run_text("Name three rivers.", true, &["--max-tokens", "6"]));
     let hold = open_stream(&a, 3000);
     let (body, want, path) = cases[1].clone();
     assert_eq!(text(&json(&post(&a, path, &body))).as_deref(), Some(want.as_str()), "answered beside a long stream");
     let together = metric(&a, "ktune_batch_steps_total{sequences=\"2\"}") + metric(&a, "ktune_batch_steps_total{sequences=\"3\"}");
     assert!(together > 0.0, "sequences advanced together in one step");
+    // A prompt no slot holds comes while the stream decodes: its chunks run in
+    // the stream's decode passes, and it answers as alone.
+    let chunks = metric(&a, "ktune_prompt_chunks_batched_total");
+    let body = serde_json::json!({"messages": [{"role": "user", "content": fresh.0}], "max_tokens": 6, "temperature": 0});
+    assert_eq!(text(&json(&post(&a, "/v1/chat/completions", &body))).as_deref(), Some(fresh.1.as_str()), "a new prompt beside a stream");
+    assert!(metric(&a, "ktune_prompt_chunks_batched_total") > chunks, "its chunks joined the stream's decode passes");
     drop(hold);
     assert_eq!(metric_reaching(&a, "ktune_cancelled_total", 1.0, 1000), 1.0, "the left stream is cancelled");
 }

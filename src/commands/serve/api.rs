@@ -631,13 +631,19 @@ fn metrics(state: &State) -> String {
     }
     let rate = |n: u64, secs: f64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
     let net = &state.net;
-    let rows: [(&str, &str, &str, String); 17] = [
+    let rows: [(&str, &str, &str, String); 18] = [
         ("ktune_prompt_tokens_total", "counter", "Prompt tokens of the requests served.", m.prompt_tokens.to_string()),
         (
             "ktune_prefilled_tokens_total",
             "counter",
             "Prompt tokens prefilled (the rest were in the KV cache).",
             m.prefilled_tokens.to_string(),
+        ),
+        (
+            "ktune_prompt_chunks_batched_total",
+            "counter",
+            "Prompt chunks prefilled in the decode batch's pass, beside other sequences' decode tokens (--parallel, a paged KV cache).",
+            m.batched_chunks.to_string(),
         ),
         ("ktune_generated_tokens_total", "counter", "Tokens generated.", m.generated_tokens.to_string()),
         (

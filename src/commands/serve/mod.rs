@@ -74,6 +74,8 @@ struct Metrics {
     kv_blocks: (usize, usize),
     /// Sequences the parallel worker is generating.
     processing: usize,
+    /// Prompt chunks prefilled in a decode batch's pass.
+    batched_chunks: u64,
 }
 
 /// What the request handlers and the worker share.

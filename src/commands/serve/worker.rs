@@ -350,6 +350,9 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
                 }
             }
         }
+        if let Ok(mut m) = state.metrics.lock() {
+            m.batched_chunks = g.engine.mixed_passes().1;
+        }
         let progressed = active[decoding..].iter().zip(&before).any(|(a, b)| (a.run.computed(), a.run.prefilling()) != *b);
         if step.is_ok()
             && !progressed
