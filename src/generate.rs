@@ -1121,19 +1121,17 @@ impl Generator {
         let decoding = runs.iter().filter(|r| !r.prefilling).count();
         let joins = self.engine.kv_blocks().is_some() && decoding >= 1;
         let (most, max_rows) = (self.batch_rows(), self.engine.plan.options.max_tokens);
+        // A prefilling generation that cannot join a pass steps alone; one that
+        // can but finds no room waits.
+        let alone = |r: &Running| !joins || r.at == r.prompt.len() || Self::next_chunk(r) < 2;
         // (run, tokens) of the chunks in the pass.
         let mut chunks: Vec<(usize, usize)> = Vec::new();
-        let mut waiting: Vec<usize> = Vec::new();
         let (mut seqs, mut rows, mut budget) = (decoding, decoding, None);
-        for i in (0..runs.len()).filter(|&i| runs[i].prefilling) {
+        for i in (0..runs.len()).filter(|&i| runs[i].prefilling && !alone(runs[i])) {
             let r = &*runs[i];
-            if !joins || r.at == r.prompt.len() || Self::next_chunk(r) < 2 {
-                continue;
-            }
             let left = budget.unwrap_or(r.budget);
             let n = Self::chunk_within(r, left.min(max_rows.saturating_sub(rows)));
             if n < 2 || seqs >= most {
-                waiting.push(i);
                 continue;
             }
             chunks.push((i, n));
@@ -1143,7 +1141,7 @@ impl Generator {
         let lone: Vec<usize> = (0..runs.len())
             .filter(|&i| {
                 if runs[i].prefilling {
-                    return chunk_of(i).is_none() && !waiting.contains(&i);
+                    return alone(runs[i]);
                 }
                 // Fewer than the profile's `serve.minBatch`: lone steps were faster.
                 decoding + chunks.len() < 2 || (chunks.is_empty() && decoding < self.engine.plan.selection.min_batch)
@@ -1159,9 +1157,7 @@ impl Generator {
             }
         }
         // The pass: the decoding sequences and the chunks, in the caller's order.
-        let order: Vec<usize> = (0..runs.len())
-            .filter(|&i| !lone.contains(&i) && !waiting.contains(&i) && (!runs[i].prefilling || chunk_of(i).is_some()))
-            .collect();
+        let order: Vec<usize> = (0..runs.len()).filter(|&i| !lone.contains(&i) && (chunk_of(i).is_some() || !runs[i].prefilling)).collect();
         if order.is_empty() {
             return Ok(());
         }

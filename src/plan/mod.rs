@@ -934,8 +934,11 @@ impl Plan {
         let o = &self.options;
         let (seqs, rows) = (counts.len(), counts.iter().sum::<usize>());
         let most = o.batch_rows.min(o.max_tokens);
-        if seqs < 2 || seqs > most || counts.contains(&0) || rows > o.max_tokens || rows > o.context {
-            return Err(PlanError::TooManyTokens(rows.max(seqs), if rows > seqs { o.max_tokens } else { most }, o.context));
+        if seqs < 2 || seqs > most || counts.contains(&0) {
+            return Err(PlanError::TooManyTokens(seqs, most, o.context));
+        }
+        if rows > o.max_tokens || rows > o.context {
+            return Err(PlanError::TooManyTokens(rows, o.max_tokens, o.context));
         }
         // The last rows' runs (first row, rows): none to gather when every row is one.
         let mut heads: Vec<(usize, usize)> = Vec::new();
