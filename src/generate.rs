@@ -165,10 +165,13 @@ impl ProfileChoice {
         }
         let rows = passes.batch_rows.unwrap_or_else(|| selection.serve_rows()).min(passes.max_tokens);
         let mut opts = settings.plan_options(m, &exec, passes.max_tokens, passes.context, passes.all_logits).with_batch_rows(rows);
-        // Sequences of their own (CPU) share one paged KV cache, which the
-        // fused QKV kernel does not write (nor an image's tokens, which attend
-        // to each other: a multimodal model's sequences keep caches of their own).
-        let paged = rows >= 2 && matches!(device, Device::Cpu(_)) && m.vision.is_none();
+        // Sequences of their own share one paged KV cache, which the fused QKV
+        // kernel does not write (nor an image's tokens, which attend to each
+        // other: a multimodal model's sequences keep caches of their own, on the
+        // CPU only). On a GPU only when asked for (`serve --parallel`): its
+        // passes then decode a token each, unchained.
+        let asked = passes.batch_rows.is_some_and(|r| r >= 2);
+        let paged = rows >= 2 && m.vision.is_none() && (matches!(device, Device::Cpu(_)) || asked);
         if paged {
             opts.fusion.qkv_rope_cache = false;
         }

@@ -168,65 +168,21 @@ pub struct CpuExec {
 /// KV writes follow and the attention steps read through `kernel`, one call for
 /// every sequence of the pass.
 pub struct Paged {
-    /// Positions a block.
-    pub page: usize,
     pub blocks: usize,
-    /// Blocks a sequence's table holds at most (the context's).
-    pub max_blocks: usize,
     /// The plan's cache buffers (the pools).
     pub caches: Vec<BufId>,
     pub kernel: &'static crate::kernels::KernelDef,
     pub params: crate::kernels::Params,
-    /// This pass's sequences' rows, and their count.
-    pub pages: Vec<f32>,
-    pub seqs: usize,
+    /// This pass's sequences' table rows.
+    pub tables: super::kv_pool::PassTables,
 }
 
 impl Paged {
-    /// Sequence `s`'s blocks, as the table row holds them.
-    fn table(&self, s: usize) -> &[f32] {
-        &self.pages[s * (2 + self.max_blocks) + 2..][..self.max_blocks]
-    }
-
     /// Where the row of position `p` of KV head `h` lies in a pool of `kv_heads`
     /// heads of `d`, for the pass's sequence `s`.
     fn row_at(&self, s: usize, h: usize, p: usize, kv_heads: usize, d: usize) -> usize {
-        ((self.table(s)[p / self.page] as usize * kv_heads + h) * self.page + p % self.page) * d
-    }
-
-    /// The paged call of a planned attention step (its heads, window and scale)
-    /// over this pass's sequences; None for another step. A bidirectional block
-    /// (an image's tokens) has no paged form.
-    fn problem(&self, p: &crate::kernels::Problem) -> Result<Option<crate::kernels::Problem>, RuntimeError> {
-        use crate::kernels::Problem;
-        let (heads, kv_heads, head_dim, window, scale) = match *p {
-            Problem::AttentionPrefill { bidi_start, bidi_end, .. } if bidi_start < bidi_end => {
-                return Err(RuntimeError::Internal(
-                    "an image's tokens attend to each other, which the paged KV cache does not serve: serve images with --parallel 1"
-                        .into(),
-                ));
-            }
-            Problem::AttentionPrefill { heads, kv_heads, head_dim, window, scale, .. }
-            | Problem::AttentionDecode { heads, kv_heads, head_dim, window, scale, .. } => (heads, kv_heads, head_dim, window, scale),
-            Problem::QkvRopeCache { .. } => {
-                return Err(RuntimeError::Internal("the fused KV write has no paged form (the plan fuses qkv_rope_cache)".into()));
-            }
-            _ => return Ok(None),
-        };
-        let w = 2 + self.max_blocks;
-        let tokens = (0..self.seqs).map(|s| self.pages[s * w] as usize).sum();
-        Ok(Some(Problem::AttentionPaged {
-            seqs: self.seqs,
-            tokens,
-            heads,
-            kv_heads,
-            head_dim,
-            page: self.page,
-            blocks: self.blocks,
-            max_blocks: self.max_blocks,
-            window,
-            scale,
-        }))
+        let page = self.tables.page;
+        ((self.tables.table(s)[p / page] as usize * kv_heads + h) * page + p % page) * d
     }
 }
 
@@ -286,12 +242,12 @@ fn call(bufs: &[HostBuf], paged: Option<&Paged>, step: &Step, outs: &mut Taken) 
     let mut ins: crate::kernels::contract::CpuIns<'_> =
         binds.iter().enumerate().filter(|(i, _)| outputs & (1 << i) == 0).map(|(_, &b)| bufs[b].as_in()).collect();
     let paged_problem = match paged {
-        Some(pg) => pg.problem(problem)?,
+        Some(pg) => pg.tables.problem(problem)?,
         None => None,
     };
     let (kernel, problem, params) = match (paged, &paged_problem) {
         (Some(pg), Some(p)) => {
-            ins.push(CpuIn::F32(&pg.pages));
+            ins.push(CpuIn::F32(&pg.tables.pages));
             (pg.kernel, p, &pg.params)
         }
         _ => (*kernel, problem, params),
@@ -524,7 +480,7 @@ impl CpuExec {
             let step = &steps[i];
             // With a paged KV cache attention is one call over every row's sequence.
             let paged_attention = match (&self.paged, &step.kind) {
-                (Some(pg), StepKind::Kernel { problem, .. }) => pg.problem(problem)?.is_some(),
+                (Some(pg), StepKind::Kernel { problem, .. }) => pg.tables.problem(problem)?.is_some(),
                 _ => false,
             };
             if !Plan::position_dependent(step) || paged_attention {
@@ -632,44 +588,19 @@ impl CpuExec {
     }
 
     /// Readies the paged KV cache for a pass over `seqs` (each its table, its
-    /// position and the tokens the pass feeds it): every block a new position
-    /// falls in is held by that table alone (a fresh one from `pool` past the
-    /// table's end; a copy of one another table also holds, its rows copied
-    /// before the pass writes), and `pages` holds the pass's table rows.
+    /// position and the tokens the pass feeds it; [`PassTables::page_in`](super::kv_pool::PassTables::page_in)),
+    /// the rows of the blocks copied on write copied here.
     pub fn page_in(&mut self, pool: &super::kv_pool::KvPool, seqs: &mut [(&mut Vec<u32>, usize, usize)]) -> Result<(), RuntimeError> {
         let Some(pg) = self.paged.as_mut() else {
             return Err(RuntimeError::Internal("page_in: the KV cache is not paged".into()));
         };
-        let (page, w) = (pg.page, 2 + pg.max_blocks);
-        pg.pages.clear();
-        pg.pages.resize(seqs.len() * w, pg.blocks as f32);
-        pg.seqs = seqs.len();
-        let mut copies: smallvec::SmallVec<[(u32, u32); 4]> = smallvec::SmallVec::new();
-        let full = || RuntimeError::KvFull { blocks: pool.blocks() };
-        for (s, (table, pos, n)) in seqs.iter_mut().enumerate() {
-            let end = *pos + *n;
-            if end.div_ceil(page) > pg.max_blocks {
-                return Err(RuntimeError::ContextFull { pos: end, context: pg.max_blocks * page });
-            }
-            for b in *pos / page..end.div_ceil(page) {
-                if b >= table.len() {
-                    table.push(pool.alloc().ok_or_else(full)?);
-                } else if pool.shared(table[b]) {
-                    let fresh = pool.alloc().ok_or_else(full)?;
-                    copies.push((table[b], fresh));
-                    pool.release(&[table[b]]);
-                    table[b] = fresh;
-                }
-            }
-            let row = &mut pg.pages[s * w..(s + 1) * w];
-            row[0] = *n as f32;
-            row[1] = end as f32;
-            for (slot, &b) in row[2..].iter_mut().zip(table.iter()) {
-                *slot = b as f32;
-            }
-        }
-        for (from, to) in copies {
+        pg.tables.page_in(pool, seqs)?;
+        let copies = std::mem::take(&mut pg.tables.copies);
+        for &(from, to) in &copies {
             self.copy_block(from as usize, to as usize)?;
+        }
+        if let Some(pg) = self.paged.as_mut() {
+            pg.tables.copies = copies;
         }
         Ok(())
     }

@@ -206,6 +206,32 @@ pub struct GpuExec {
     embed: Option<GpuProgram>,
     /// Every chained step's GPU time (None without timestamp queries).
     stamps: Option<TokenStamps>,
+    /// A paged KV cache ([`GpuExec::enable_paged`]).
+    pub paged: Option<GpuPaged>,
+}
+
+/// A paged KV cache on the GPU ([`super::Engine::enable_paged`]): the plan's
+/// cache buffers hold a pool of blocks (`[blocks, kv_heads, page, head_dim]`
+/// each), every pass is a batch of sequences (one for a lone prefill or decode
+/// step), its table rows in `pages` (what the paged attention kernel reads) and
+/// each row's position and block in `rows` (what RoPE, the fused q/k norm + RoPE
+/// and the KV write read: `shaders/position_rows.wgsl`,
+/// `runtime_plumb.wgsl`'s `kv_write_rows_*`), both written by the host a pass.
+pub struct GpuPaged {
+    /// The plan's cache buffers (the pools).
+    pub caches: Vec<BufId>,
+    pub kernel: &'static crate::kernels::KernelDef,
+    pub params: Params,
+    pub tables: super::kv_pool::PassTables,
+    pages: wgpu::Buffer,
+    /// `[positions; max_rows][blocks; max_rows]` (u32).
+    rows: wgpu::Buffer,
+    max_rows: usize,
+    /// Scratch of `rows`' words, reused.
+    words: Vec<u32>,
+    /// One block of the largest pool: a block copied on write goes through it
+    /// (a copy within one buffer is not allowed).
+    spare: wgpu::Buffer,
 }
 
 /// The GPU embedding of a decode token: `shaders/embed.wgsl` over the LM head's
@@ -259,6 +285,21 @@ fn embed_program(ctx: &GpuCtx, plan: &Plan, bufs: &[wgpu::Buffer], position: &wg
     }
     Ok(Some(prog))
 }
+
+/// One forward pass of [`GpuExec::run`]: `tokens` rows from position `pos0`
+/// (a paged pass's rows read theirs from its rows buffer), a decode step's
+/// `token` embedded on the GPU; its programs kept by `key` (the token count, or
+/// [`BATCH_KEY`] plus the rows of a batch pass, whose steps differ).
+#[derive(Clone, Copy, Debug)]
+pub struct Pass {
+    pub tokens: usize,
+    pub key: usize,
+    pub pos0: usize,
+    pub token: Option<u32>,
+}
+
+/// Where the keys of batch passes' programs start ([`Pass::key`]).
+pub const BATCH_KEY: usize = 1 << 24;
 
 /// An LM-head block as the selector reads it: its logits buffer, rows and first
 /// vocabulary row.
@@ -482,29 +523,132 @@ impl GpuExec {
             next_ring: 0,
             embed,
             stamps,
+            paged: None,
         })
+    }
+
+    /// Makes the cache buffers `caches` pools of `blocks` blocks of `page`
+    /// positions (each `bytes_per_position` a position), read by `kernel`
+    /// through the tables of passes of at most `max_rows` rows of sequences
+    /// holding `max_blocks` blocks each; every program is built again (they bound
+    /// the old buffers).
+    #[allow(clippy::too_many_arguments)]
+    pub fn enable_paged(
+        &mut self,
+        caches: Vec<BufId>,
+        bytes_per_position: &[u64],
+        (page, blocks, max_blocks): (usize, usize, usize),
+        max_rows: usize,
+        kernel: &'static crate::kernels::KernelDef,
+        params: Params,
+    ) -> Result<(), RuntimeError> {
+        let pool_bytes: Vec<u64> = bytes_per_position.iter().map(|b| b * (page * blocks) as u64).collect();
+        for (&id, &bytes) in caches.iter().zip(&pool_bytes) {
+            self.ctx.check_size(&format!("the paged KV cache's pool of buffer {id}"), bytes, true).map_err(err)?;
+        }
+        let table_bytes = (max_rows * (2 + max_blocks) * 4) as u64;
+        let (pages, rows, spare) = self
+            .ctx
+            .allocating("the paged KV cache's pools", || {
+                for (&id, &bytes) in caches.iter().zip(&pool_bytes) {
+                    self.bufs[id] = self.ctx.storage("kv pool", bytes);
+                    self.sizes[id] = bytes;
+                }
+                let block = pool_bytes.iter().max().copied().unwrap_or(0) / blocks.max(1) as u64;
+                let spare = self.ctx.storage("kv block copy", block);
+                (self.ctx.storage("kv pages", table_bytes), self.ctx.storage("kv rows", (2 * max_rows * 4) as u64), spare)
+            })
+            .map_err(err)?;
+        self.progs.clear();
+        let tables = super::kv_pool::PassTables::new(page, blocks, max_blocks);
+        self.paged = Some(GpuPaged { caches, kernel, params, tables, pages, rows, max_rows, words: Vec::new(), spare });
+        Ok(())
+    }
+
+    /// Readies a pass over paged sequences ([`PassTables::page_in`](super::kv_pool::PassTables::page_in)):
+    /// the blocks copied on write copied on the GPU (a submit ahead of the pass),
+    /// the pass's table rows and its rows' positions and blocks written.
+    pub fn page_in(&mut self, pool: &super::kv_pool::KvPool, seqs: &mut [(&mut Vec<u32>, usize, usize)]) -> Result<(), RuntimeError> {
+        let Some(pg) = self.paged.as_mut() else {
+            return Err(RuntimeError::Internal("page_in: the KV cache is not paged".into()));
+        };
+        let rows: usize = seqs.iter().map(|s| s.2).sum();
+        if rows > pg.max_rows || seqs.len() > pg.max_rows {
+            return Err(RuntimeError::Internal(format!("a pass of {rows} rows past the {} its tables hold", pg.max_rows)));
+        }
+        pg.tables.page_in(pool, seqs)?;
+        if !pg.tables.copies.is_empty() {
+            let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kv copies") });
+            for &id in &pg.caches {
+                let per = self.sizes[id] / pg.tables.blocks.max(1) as u64;
+                for &(from, to) in &pg.tables.copies {
+                    enc.copy_buffer_to_buffer(&self.bufs[id], from as u64 * per, &pg.spare, 0, per);
+                    enc.copy_buffer_to_buffer(&pg.spare, 0, &self.bufs[id], to as u64 * per, per);
+                }
+            }
+            self.ctx.submit(enc.finish());
+        }
+        pg.words.clear();
+        pg.words.resize(2 * pg.max_rows, 0);
+        for (r, (p, b)) in pg.tables.rows().enumerate() {
+            pg.words[r] = p as u32;
+            pg.words[pg.max_rows + r] = b as u32;
+        }
+        self.ctx.write(&pg.pages, 0, bytemuck::cast_slice(&pg.tables.pages));
+        self.ctx.write(&pg.rows, 0, bytemuck::cast_slice(&pg.words));
+        Ok(())
+    }
+
+    /// A step's signature as this executor builds it: with a paged KV cache an
+    /// attention step is the paged kernel over the pass's sequences.
+    fn sig(&self, step: &Step) -> Result<Sig, RuntimeError> {
+        if let (Some(pg), StepKind::Kernel { dtype, problem, binds, .. }) = (&self.paged, &step.kind)
+            && let Some(p) = pg.tables.problem(problem)?
+        {
+            return Ok(Sig::Kernel(pg.kernel.id, pg.params.clone(), *dtype, p, binds.clone()));
+        }
+        Ok(Sig::of(step))
     }
 
     /// Builds (or keeps) the program of every step of this pass.
     pub fn prepare(&mut self, tokens: usize, steps: &[Step]) -> Result<(), RuntimeError> {
         for (i, step) in steps.iter().enumerate() {
-            if self.progs.get(&(tokens, i)).is_some_and(|(old, _)| old.matches(step)) {
-                continue;
-            }
-            let sig = Sig::of(step);
+            let sig = match &self.paged {
+                None if self.progs.get(&(tokens, i)).is_some_and(|(old, _)| old.matches(step)) => continue,
+                None => Sig::of(step),
+                Some(_) => {
+                    let sig = self.sig(step)?;
+                    if self.progs.get(&(tokens, i)).is_some_and(|(old, _)| *old == sig) {
+                        continue;
+                    }
+                    sig
+                }
+            };
             let old = self.progs.remove(&(tokens, i));
             let build = || -> Result<Option<GpuProgram>, RuntimeError> {
-                match &step.kind {
-                    StepKind::Kernel { kernel, params, dtype, problem, binds, .. } => {
+                let failed = |e| RuntimeError::Kernel { slot: step.slot.name().into(), layer: step.layer, source: Box::new(e) };
+                match (&step.kind, &sig, &self.paged) {
+                    // Paged: attention through the tables, row positions from `rows`.
+                    (StepKind::Kernel { kernel, binds, .. }, Sig::Kernel(id, params, dtype, problem, _), Some(pg)) => {
+                        let refs: Vec<&wgpu::Buffer> = binds.iter().map(|&b| &self.bufs[b]).collect();
+                        let prog = if *id == pg.kernel.id && kernel.id != pg.kernel.id {
+                            let [q, k, v, out] = refs[..] else {
+                                return Err(RuntimeError::Internal(format!("an attention step binds {} buffers", refs.len())));
+                            };
+                            pg.kernel.prepare_wgsl(&self.ctx, problem, *dtype, params, &[q, k, v, &pg.pages, out], None)
+                        } else if crate::kernels::pass_position(problem).is_some() {
+                            kernel.prepare_wgsl_rows(&self.ctx, problem, *dtype, params, &refs, &pg.rows)
+                        } else {
+                            kernel.prepare_wgsl(&self.ctx, problem, *dtype, params, &refs, Some(&self.position))
+                        };
+                        Ok(Some(prog.map_err(failed)?))
+                    }
+                    (StepKind::Kernel { kernel, params, dtype, problem, binds, .. }, _, _) => {
                         let refs: Vec<&wgpu::Buffer> = binds.iter().map(|&b| &self.bufs[b]).collect();
                         let prog = kernel.prepare_wgsl(&self.ctx, problem, *dtype, params, &refs, Some(&self.position));
-                        Ok(Some(prog.map_err(|e| RuntimeError::Kernel {
-                            slot: step.slot.name().into(),
-                            layer: step.layer,
-                            source: Box::new(e),
-                        })?))
+                        Ok(Some(prog.map_err(failed)?))
                     }
-                    StepKind::Plumb(p) => self.plumb_program(p),
+                    (StepKind::Plumb(p), _, _) => self.plumb_program(p),
                 }
             };
             // The same kernel over the same buffers with other values (prefill
@@ -533,10 +677,26 @@ impl GpuExec {
             ),
             Plumb::BiasAdd { buf, bias, rows, n } => ("bias_add", vec![rows as u32, n as u32, 0, 0, 0], vec![b(bias), b(buf)], rows * n),
             Plumb::KvWrite { k, v, k_cache, v_cache, tokens, kv_heads, head_dim, kv_cap, .. } => {
-                let f16 = self.sizes[k_cache] == (kv_heads * kv_cap * head_dim * 2) as u64;
-                let entry = if f16 { "kv_write_f16" } else { "kv_write_f32" };
-                // The rows land at the position buffer's pos0 (the block's last word is unread).
-                let words = vec![tokens as u32, kv_heads as u32, head_dim as u32, kv_cap as u32, 0];
+                // Paged: each row at its own position and block (the rows buffer);
+                // else at the position buffer's pos0 (the block's last word unread).
+                let (entry, words, f16, position) = match &self.paged {
+                    Some(pg) => {
+                        let f16 = self.sizes[k_cache] == (pg.tables.blocks * kv_heads * pg.tables.page * head_dim * 2) as u64;
+                        let entry = if f16 { "kv_write_rows_f16" } else { "kv_write_rows_f32" };
+                        let words = vec![tokens as u32, kv_heads as u32, head_dim as u32, pg.tables.page as u32, pg.max_rows as u32];
+                        (entry, words, f16, (3, &pg.rows))
+                    }
+                    None => {
+                        let f16 = self.sizes[k_cache] == (kv_heads * kv_cap * head_dim * 2) as u64;
+                        let entry = if f16 { "kv_write_f16" } else { "kv_write_f32" };
+                        (
+                            entry,
+                            vec![tokens as u32, kv_heads as u32, head_dim as u32, kv_cap as u32, 0],
+                            f16,
+                            (POSITION_BINDING, &self.position),
+                        )
+                    }
+                };
                 let n = tokens * kv_heads * head_dim;
                 let items = if f16 { n / 2 } else { n };
                 let pipe = ctx.pipeline(&PLUMB, entry, &consts).map_err(err)?;
@@ -544,9 +704,7 @@ impl GpuExec {
                 let mut owned = Vec::new();
                 for (src, dst) in [(k, k_cache), (v, v_cache)] {
                     let u = ctx.uniform(entry, &words);
-                    let entries = [(0, b(src)), (1, b(dst)), (2, &u), (POSITION_BINDING, &self.position)]
-                        .map(|(i, buf)| (i, buf.clone(), 0, None))
-                        .to_vec();
+                    let entries = [(0, b(src)), (1, b(dst)), (2, &u), position].map(|(i, buf)| (i, buf.clone(), 0, None)).to_vec();
                     steps.push(ctx.step_entries(entry.to_string(), pipe.clone(), entries, grid_2d(groups(items, WG))).map_err(err)?);
                     owned.push(u);
                 }
@@ -561,27 +719,25 @@ impl GpuExec {
         Ok(Some(GpuProgram { steps: vec![step], owned: vec![u] }))
     }
 
-    /// Runs one forward pass of `tokens` tokens from position `pos0` (written to
+    /// Runs one forward pass of `pass.tokens` tokens from position `pass.pos0` (written to
     /// the position buffer) and returns the first `len` floats of each buffer of
     /// `reads` (copied to persistent staging buffers in the same submit, one wait
     /// for both); per-step GPU times go to `times` when profiling (timestamp
     /// queries). Its host time is added to `phases` (prepare, encode, submit,
-    /// wait, post). With `token` (a decode step, when [`GpuExec::embeds_on_gpu`])
+    /// wait, post). With `pass.token` (a decode step, when [`GpuExec::embeds_on_gpu`])
     /// the pass starts with that token's embedding, its id written with the
-    /// position (the step's only queue write).
-    #[allow(clippy::too_many_arguments)]
+    /// position (the step's only queue write). The programs are kept by
+    /// `pass.key` and the step's index.
     pub fn run(
         &mut self,
-        tokens: usize,
-        pos0: usize,
-        token: Option<u32>,
+        Pass { tokens, key, pos0, token }: Pass,
         steps: &[Step],
         times: &mut SlotTimes,
         reads: &[(BufId, usize)],
         phases: &mut Phases,
     ) -> Result<Vec<Vec<f32>>, RuntimeError> {
         let mut lap = Lap::start();
-        self.prepare(tokens, steps)?;
+        self.prepare(key, steps)?;
         let mut words = position_words(pos0, tokens);
         let embed = self.embed.is_some() && token.is_some();
         if embed {
@@ -597,7 +753,7 @@ impl GpuExec {
         let scope = self.ctx.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let qs = self.take_profile(steps.len());
         let mut encoder = None;
-        self.record_forward(&mut encoder, tokens, steps, embed, self.batch, qs.as_ref(), None, phases, &mut lap);
+        self.record_forward(&mut encoder, key, steps, embed, self.batch, qs.as_ref(), None, phases, &mut lap);
         let resolve = self.resolve(&mut encoder, qs.as_ref(), steps.len());
         if !reads.is_empty() {
             let enc = self.encoder(&mut encoder, "read");

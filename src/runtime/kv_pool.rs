@@ -8,6 +8,8 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::RuntimeError;
+
 /// The pool's bookkeeping, shared by the engine and every sequence of it.
 #[derive(Clone)]
 pub struct KvPool(Arc<Mutex<Blocks>>);
@@ -71,6 +73,116 @@ impl KvPool {
     /// Blocks in the pool.
     pub fn blocks(&self) -> usize {
         self.lock().refs.len()
+    }
+}
+
+/// The tables of a pass over paged sequences: where its rows' keys and values go
+/// and where its attention reads them.
+pub struct PassTables {
+    /// Positions a block, the pool's blocks, and a table row's block entries
+    /// (the context's).
+    pub page: usize,
+    pub blocks: usize,
+    pub max_blocks: usize,
+    /// A row of `2 + max_blocks` f32 a sequence: its tokens in the pass, its
+    /// length after them, its blocks (`pool blocks` past its last):
+    /// [`Problem::AttentionPaged`](crate::kernels::Problem::AttentionPaged)'s table.
+    pub pages: Vec<f32>,
+    pub seqs: usize,
+    /// Blocks to copy before the pass writes (`from`, `to`): a block another
+    /// table still holds, copied for the one about to write into it.
+    pub copies: Vec<(u32, u32)>,
+}
+
+impl PassTables {
+    pub fn new(page: usize, blocks: usize, max_blocks: usize) -> PassTables {
+        PassTables { page, blocks, max_blocks, pages: Vec::new(), seqs: 0, copies: Vec::new() }
+    }
+
+    /// Readies a pass over `seqs` (each its table, its position and the tokens
+    /// the pass feeds it): every block a new position falls in is held by that
+    /// table alone (a fresh one from `pool` past the table's end; a fresh one
+    /// for a block another table also holds, its copy listed in `copies`), and
+    /// `pages` holds the pass's table rows.
+    pub fn page_in(&mut self, pool: &KvPool, seqs: &mut [(&mut Vec<u32>, usize, usize)]) -> Result<(), RuntimeError> {
+        let (page, w) = (self.page, 2 + self.max_blocks);
+        self.pages.clear();
+        self.pages.resize(seqs.len() * w, self.blocks as f32);
+        self.seqs = seqs.len();
+        self.copies.clear();
+        let full = || RuntimeError::KvFull { blocks: pool.blocks() };
+        for (s, (table, pos, n)) in seqs.iter_mut().enumerate() {
+            let end = *pos + *n;
+            if end.div_ceil(page) > self.max_blocks {
+                return Err(RuntimeError::ContextFull { pos: end, context: self.max_blocks * page });
+            }
+            for b in *pos / page..end.div_ceil(page) {
+                if b >= table.len() {
+                    table.push(pool.alloc().ok_or_else(full)?);
+                } else if pool.shared(table[b]) {
+                    let fresh = pool.alloc().ok_or_else(full)?;
+                    self.copies.push((table[b], fresh));
+                    pool.release(&[table[b]]);
+                    table[b] = fresh;
+                }
+            }
+            let row = &mut self.pages[s * w..(s + 1) * w];
+            row[0] = *n as f32;
+            row[1] = end as f32;
+            for (slot, &b) in row[2..].iter_mut().zip(table.iter()) {
+                *slot = b as f32;
+            }
+        }
+        Ok(())
+    }
+
+    /// The paged call of a planned attention step (its heads, window and scale)
+    /// over this pass's sequences; None for another step. A bidirectional block
+    /// (an image's tokens) has no paged form.
+    pub fn problem(&self, p: &crate::kernels::Problem) -> Result<Option<crate::kernels::Problem>, RuntimeError> {
+        use crate::kernels::Problem;
+        let (heads, kv_heads, head_dim, window, scale) = match *p {
+            Problem::AttentionPrefill { bidi_start, bidi_end, .. } if bidi_start < bidi_end => {
+                return Err(RuntimeError::Internal(
+                    "an image's tokens attend to each other, which the paged KV cache does not serve: serve images with --parallel 1"
+                        .into(),
+                ));
+            }
+            Problem::AttentionPrefill { heads, kv_heads, head_dim, window, scale, .. }
+            | Problem::AttentionDecode { heads, kv_heads, head_dim, window, scale, .. } => (heads, kv_heads, head_dim, window, scale),
+            Problem::QkvRopeCache { .. } => {
+                return Err(RuntimeError::Internal("the fused KV write has no paged form (the plan fuses qkv_rope_cache)".into()));
+            }
+            _ => return Ok(None),
+        };
+        let tokens = self.rows().count();
+        Ok(Some(Problem::AttentionPaged {
+            seqs: self.seqs,
+            tokens,
+            heads,
+            kv_heads,
+            head_dim,
+            page: self.page,
+            blocks: self.blocks,
+            max_blocks: self.max_blocks,
+            window,
+            scale,
+        }))
+    }
+
+    /// Sequence `s`'s blocks, as the table row holds them.
+    pub fn table(&self, s: usize) -> &[f32] {
+        &self.pages[s * (2 + self.max_blocks) + 2..][..self.max_blocks]
+    }
+
+    /// The pass's rows in order: each row's position and the pool block it lies
+    /// in (a sequence's rows from its length before the pass).
+    pub fn rows(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let w = 2 + self.max_blocks;
+        (0..self.seqs).flat_map(move |s| {
+            let (n, end) = (self.pages[s * w] as usize, self.pages[s * w + 1] as usize);
+            (end - n..end).map(move |p| (p, self.table(s)[p / self.page] as usize))
+        })
     }
 }
 

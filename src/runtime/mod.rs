@@ -640,11 +640,11 @@ impl Engine {
     /// written ([`SeqKv::release`]): the CPU only (a GPU engine's caches are its
     /// device buffers, which its compiled passes bind).
     pub fn new_sequence(&self) -> Result<SeqKv, RuntimeError> {
-        if self.is_gpu() {
-            return Err(RuntimeError::Internal("sequences of their own need a CPU engine".into()));
-        }
         if let Some(p) = &self.paged {
             return Ok(SeqKv { bufs: Vec::new(), pos: 0, written: 0, table: Vec::new(), pool: Some(p.pool.clone()) });
+        }
+        if self.is_gpu() {
+            return Err(RuntimeError::Internal("sequences of their own on a GPU need the paged KV cache".into()));
         }
         let bufs = self
             .plan
@@ -666,14 +666,11 @@ impl Engine {
     /// back restores both.
     pub fn swap_sequence(&mut self, seq: &mut SeqKv) -> Result<(), RuntimeError> {
         let (engine_hw, seq_hw) = (self.kv_written(), seq.written());
-        let Exec::Cpu(e) = &mut self.exec else {
-            return Err(RuntimeError::Internal("sequences of their own need a CPU engine".into()));
-        };
-        for (id, hb) in &mut seq.bufs {
-            let Some(mine) = e.bufs.get_mut(*id) else {
-                return Err(RuntimeError::Internal(format!("a sequence's cache buffer {id} is not this engine's")));
-            };
-            std::mem::swap(mine, hb);
+        match &mut self.exec {
+            // A paged sequence is its table (below), on either device.
+            _ if self.paged.is_some() && seq.bufs.is_empty() => {}
+            Exec::Gpu(_) => return Err(RuntimeError::Internal("sequences of their own on a GPU need the paged KV cache".into())),
+            Exec::Cpu(e) => swap_bufs(e, seq)?,
         }
         if let Some(p) = &mut self.paged {
             if seq.pool.is_none() {
@@ -688,7 +685,7 @@ impl Engine {
         Ok(())
     }
 
-    /// Makes the KV cache paged (CPU): the plan's cache buffers become one pool
+    /// Makes the KV cache paged: the plan's cache buffers become one pool
     /// of blocks of [`KV_PAGE`] positions, enough for `sequences` tables holding
     /// `positions` positions together (each a partly filled last block) and one
     /// whole context at least (its memory taken as blocks are first written);
@@ -698,8 +695,11 @@ impl Engine {
     /// through the paged kernel (the op's preferred CPU kernel), every sequence
     /// of a decode batch in one call.
     /// Forgets what the cache held; sequences made before no longer fit. Refused
-    /// on a GPU, and for a plan that writes the cache in its fused QKV kernel
-    /// (`fusedQkvRopeCache`).
+    /// for a plan that writes the cache in its fused QKV kernel
+    /// (`fusedQkvRopeCache`), and on a GPU for q8_0 blocks. On a GPU every pass
+    /// then reads its rows' positions and tables from buffers the host writes
+    /// ([`gpu::GpuPaged`]), a lone sequence's too, and decode steps are not
+    /// chained.
     ///
     /// The paged kernel takes the plan's attention choices where it computes
     /// as they do (`attention_paged_cpu`: a chunk as `attention_prefill_tiled_cpu`
@@ -708,38 +708,54 @@ impl Engine {
     /// both), so a paged sequence answers as the plan alone; the returned
     /// notes name every choice it cannot take (a profile's other kernels).
     pub fn enable_paged(&mut self, positions: usize, sequences: usize) -> Result<Vec<String>, RuntimeError> {
-        use crate::kernels::{Backend, Problem};
+        use crate::kernels::{Backend, Caps, Problem};
         if self.plan.options.fusion.qkv_rope_cache {
             return Err(RuntimeError::Internal("a paged KV cache needs the unfused KV write (execution.fusedQkvRopeCache: false)".into()));
         }
-        let Exec::Cpu(e) = &mut self.exec else {
-            return Err(RuntimeError::Internal("a paged KV cache needs a CPU engine".into()));
-        };
         let (page, ctx) = (KV_PAGE, self.plan.options.context.max(1));
         let max_blocks = ctx.div_ceil(page);
         let blocks = (positions.div_ceil(page) + sequences).max(max_blocks);
-        // The op's preferred kernel (the list depends on the op alone).
-        let d = &self.plan.config.dims;
-        let probe = Problem::attention_paged(
-            (1, 1),
-            (d.num_heads.max(1), d.num_kv_heads.max(1), d.head_dim.max(1)),
-            (page, blocks, max_blocks),
-            0,
-            1.0,
-        );
-        let kernel = crate::kernels::preferred::preferred(&probe, Backend::Cpu)
-            .iter()
-            .find_map(|id| crate::kernels::find(id).ok())
-            .ok_or_else(|| RuntimeError::Internal("no CPU kernel serves paged attention".into()))?;
-        let (params, notes) = paged_params(&self.plan, kernel)?;
         let caches: Vec<BufId> = self.plan.buffers.iter().enumerate().filter(|(_, b)| b.role == BufRole::Cache).map(|(i, _)| i).collect();
-        for &id in &caches {
-            let b = &self.plan.buffers[id];
-            let mut hb = HostBuf::zeros(b.dtype, b.len / ctx * page * blocks);
-            hb.release_zeroed();
-            e.bufs[id] = hb;
+        let d = &self.plan.config.dims;
+        let dims = (d.num_heads.max(1), d.num_kv_heads.max(1), d.head_dim.max(1));
+        let max_rows = self.plan.options.max_tokens.max(1);
+        // The op's preferred kernel valid here (the list depends on the op alone).
+        let probe = Problem::attention_paged((1, max_rows), dims, (page, blocks, max_blocks), 0, 1.0);
+        let dtype = caches.first().map_or(crate::kernels::DType::F32, |&id| self.plan.buffers[id].dtype);
+        let (backend, gpu_caps) = match &self.exec {
+            Exec::Cpu(_) => (Backend::Cpu, None),
+            Exec::Gpu(g) => (Backend::Wgsl, Some(g.ctx.caps.clone())),
+        };
+        let kernel = crate::kernels::preferred::preferred(&probe, backend)
+            .iter()
+            .filter_map(|id| crate::kernels::find(id).ok())
+            .find(|k| gpu_caps.as_ref().is_none_or(|c| k.check(Caps::Gpu(c), &probe, dtype, &k.default_params()).is_ok()))
+            .ok_or_else(|| RuntimeError::Internal(format!("no {backend:?} kernel serves paged attention over {dtype} blocks")))?;
+        let (params, mut notes) = paged_params(&self.plan, kernel)?;
+        match &mut self.exec {
+            Exec::Cpu(e) => {
+                for &id in &caches {
+                    let b = &self.plan.buffers[id];
+                    let mut hb = HostBuf::zeros(b.dtype, b.len / ctx * page * blocks);
+                    hb.release_zeroed();
+                    e.bufs[id] = hb;
+                }
+                let tables = kv_pool::PassTables::new(page, blocks, max_blocks);
+                e.paged = Some(cpu::Paged { blocks, caches, kernel, params, tables });
+            }
+            Exec::Gpu(g) => {
+                if let Some(&id) = caches.iter().find(|&&id| self.plan.buffers[id].dtype.quant().is_some()) {
+                    let t = self.plan.buffers[id].dtype;
+                    return Err(RuntimeError::Internal(format!("a paged KV cache of {t} blocks on a GPU (f32 or f16 only)")));
+                }
+                let per_position: Vec<u64> = caches.iter().map(|&id| self.plan.buffers[id].bytes() / ctx as u64).collect();
+                g.enable_paged(caches, &per_position, (page, blocks, max_blocks), max_rows, kernel, params)?;
+                notes.push(format!(
+                    "on a GPU the paged KV cache runs {} for every sequence's attention (the plan's attention kernels serve no paged pass) and decodes a token a pass (no chained decode steps)",
+                    kernel.id
+                ));
+            }
         }
-        e.paged = Some(cpu::Paged { page, blocks, max_blocks, caches, kernel, params, pages: Vec::new(), seqs: 0 });
         self.paged = Some(EnginePaged { pool: kv_pool::KvPool::new(blocks), table: Vec::new() });
         self.pos = 0;
         self.kv_written = 0;
@@ -750,7 +766,7 @@ impl Engine {
     pub fn paged_attention(&self) -> Option<(&'static str, &crate::kernels::Params)> {
         match &self.exec {
             Exec::Cpu(e) => e.paged.as_ref().map(|p| (p.kernel.id, &p.params)),
-            _ => None,
+            Exec::Gpu(g) => g.paged.as_ref().map(|p| (p.kernel.id, &p.params)),
         }
     }
 
@@ -818,8 +834,8 @@ impl Engine {
         if let Some((s, n)) = seqs.iter().zip(&counts).find(|(s, n)| s.pos + *n > ctx) {
             return Err(RuntimeError::ContextFull { pos: s.pos + n, context: ctx });
         }
-        if !matches!(self.exec, Exec::Cpu(_)) {
-            return Err(RuntimeError::Internal("a decode batch needs a CPU engine".into()));
+        if self.is_gpu() && self.paged.is_none() {
+            return Err(RuntimeError::Internal("a decode batch on a GPU needs the paged KV cache".into()));
         }
         self.batch_passes += 1;
         let chunks = counts.iter().filter(|&&n| n > 1).count() as u64;
@@ -848,23 +864,43 @@ impl Engine {
         }
         let (x0, vocab) = (self.plan.x[0], self.plan.config.dims.vocab_size);
         self.logits.resize(b * vocab, 0.0);
-        let Exec::Cpu(e) = &mut self.exec else { return Err(RuntimeError::Internal("a decode batch needs a CPU engine".into())) };
-        cpu_pool(self.cpu_threads, self.cpu_spin_us, self.cpu_prefetch);
-        e.write(x0, &self.x)?;
-        // The int8 GEMMs keep their packed rows across batches (this engine's own
-        // weights, for its life): at a few tokens unpacking costs more than the
-        // arithmetic.
-        if let Some(p) = &self.paged {
-            let mut table: Vec<(&mut Vec<u32>, usize, usize)> =
-                seqs.iter_mut().zip(&counts).map(|(s, &n)| (&mut s.table, s.pos, n)).collect();
-            e.page_in(&p.pool, &mut table)?;
-        }
-        let panels = self.panels.get_or_insert_with(Default::default).clone();
-        crate::kernels::cpu::qgemm::with_panels(&panels, || {
-            e.run_rows(&self.batch_schedules[si].1, seqs, &counts, &self.row_widths, &mut self.pass_times)
-        })?;
-        for blk in &self.plan.lm_head {
-            scatter(&mut self.logits, e.view(blk.logits, b * blk.rows)?, blk.start, blk.rows, vocab);
+        let mut table: Vec<(&mut Vec<u32>, usize, usize)> = Vec::new();
+        match &mut self.exec {
+            Exec::Cpu(e) => {
+                cpu_pool(self.cpu_threads, self.cpu_spin_us, self.cpu_prefetch);
+                e.write(x0, &self.x)?;
+                if let Some(p) = &self.paged {
+                    table.extend(seqs.iter_mut().zip(&counts).map(|(s, &n)| (&mut s.table, s.pos, n)));
+                    e.page_in(&p.pool, &mut table)?;
+                    drop(table);
+                }
+                // The int8 GEMMs keep their packed rows across batches (this engine's own
+                // weights, for its life): at a few tokens unpacking costs more than the
+                // arithmetic.
+                let panels = self.panels.get_or_insert_with(Default::default).clone();
+                crate::kernels::cpu::qgemm::with_panels(&panels, || {
+                    e.run_rows(&self.batch_schedules[si].1, seqs, &counts, &self.row_widths, &mut self.pass_times)
+                })?;
+                for blk in &self.plan.lm_head {
+                    scatter(&mut self.logits, e.view(blk.logits, b * blk.rows)?, blk.start, blk.rows, vocab);
+                }
+            }
+            Exec::Gpu(e) => {
+                // Every step over all rows: RoPE and the KV write read each row's
+                // position and block, attention each sequence's table (page_in).
+                e.write(x0, &self.x);
+                let Some(p) = &self.paged else { return Err(RuntimeError::Internal("a GPU batch without its paged cache".into())) };
+                table.extend(seqs.iter_mut().zip(&counts).map(|(s, &n)| (&mut s.table, s.pos, n)));
+                e.page_in(&p.pool, &mut table)?;
+                drop(table);
+                let reads: Vec<(BufId, usize)> = self.plan.lm_head.iter().map(|blk| (blk.logits, b * blk.rows)).collect();
+                let mut phases = Phases::default();
+                let pass = gpu::Pass { tokens: rows, key: gpu::BATCH_KEY + rows, pos0: 0, token: None };
+                let parts = e.run(pass, &self.batch_schedules[si].1, &mut self.pass_times, &reads, &mut phases)?;
+                for (blk, part) in self.plan.lm_head.iter().zip(&parts) {
+                    scatter(&mut self.logits, part, blk.start, blk.rows, vocab);
+                }
+            }
         }
         softcap(&mut self.logits, self.plan.config.final_logit_softcapping);
         for (s, n) in seqs.iter_mut().zip(&counts) {
@@ -1088,7 +1124,9 @@ impl Engine {
         let full = |n: usize, pos: usize| {
             if n == want && want < max { Err(RuntimeError::ContextFull { pos: pos + 1, context: ctx }) } else { Ok(n) }
         };
-        if !self.is_gpu() {
+        // The CPU, and a GPU's paged cache (whose passes read the positions the
+        // host writes): a step at a time, sampled on the host.
+        if !self.is_gpu() || self.paged.is_some() {
             let mut token = first;
             for n in 1..=want {
                 let id = sampler.sample(self.decode_step(token)?);
@@ -1336,7 +1374,11 @@ impl Engine {
                 }
                 let reads: Vec<(BufId, usize)> = blocks.iter().map(|b| (b.logits, rows * b.rows)).collect();
                 phases.prepare += lap.lap();
-                let parts = e.run(t, self.pos, gpu_embed.then_some(tokens[0]), steps, &mut self.pass_times, &reads, &mut phases)?;
+                if let Some(p) = &mut self.paged {
+                    e.page_in(&p.pool, &mut [(&mut p.table, self.pos, t)])?;
+                }
+                let pass = gpu::Pass { tokens: t, key: t, pos0: self.pos, token: gpu_embed.then_some(tokens[0]) };
+                let parts = e.run(pass, steps, &mut self.pass_times, &reads, &mut phases)?;
                 lap.lap();
                 self.dispatches_per_layer = e.dispatches(t, steps, 0);
                 for (b, part) in blocks.iter().zip(&parts) {
@@ -1364,6 +1406,17 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// Swaps a CPU engine's cache buffers with `seq`'s (no copy).
+fn swap_bufs(e: &mut CpuExec, seq: &mut SeqKv) -> Result<(), RuntimeError> {
+    for (id, hb) in &mut seq.bufs {
+        let Some(mine) = e.bufs.get_mut(*id) else {
+            return Err(RuntimeError::Internal(format!("a sequence's cache buffer {id} is not this engine's")));
+        };
+        std::mem::swap(mine, hb);
+    }
+    Ok(())
 }
 
 /// The CPU pool as an engine runs its passes: `threads` (0: all), idle workers

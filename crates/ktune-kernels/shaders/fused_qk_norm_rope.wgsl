@@ -6,7 +6,7 @@
 // or (2i, 2i + 1), so both elements of a pair are read and written by the same
 // invocation; dims past rot_dim are only normalized. Any head_dim; the norm weight
 // is read as u32 words decoded by W_F16 (wload.wgsl). The uniform block is
-// rotary.wgsl's Dims; pos0 is position.wgsl's, not the block's.
+// rotary.wgsl's Dims; a row's position is position.wgsl's `row_position`.
 // Requires: rotary.wgsl, rms.wgsl, wload.wgsl, position.wgsl.
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
@@ -26,7 +26,7 @@ fn run_row(head: u32, first: u32, stride: u32) {
     let d = dims.head_dim;
     let base = head * d;
     let inv = rms_row_inv(base, first, stride, d, dims.eps);
-    let pos = position.pos0 + head / dims.heads;
+    let pos = row_position(head / dims.heads);
     let half = dims.rot_half;
     let unit = dims.unit_offset != 0u;
     for (var i = first; i < half; i += stride) {

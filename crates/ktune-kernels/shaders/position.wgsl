@@ -9,7 +9,9 @@
 // step's token id rides along for the GPU embedding (embed.wgsl). In a chain of
 // decode steps the GPU advances these words itself (chain.wgsl's `advance`, which
 // binds the buffer as storage): the next position, the selected id as the next
-// token, and the step's slot in the chain's id buffer.
+// token, and the step's slot in the chain's id buffer. A pass whose rows stand at
+// positions of their own (a batch of sequences) reads them through `row_position`
+// from position_rows.wgsl, which takes this file's place (`Shader::rows_form`).
 
 struct Position {
     pos0: u32,
@@ -19,3 +21,8 @@ struct Position {
 }
 
 @group(0) @binding(7) var<uniform> position: Position;
+
+// The position of the pass's row `r` (its token index): pos0 + r.
+fn row_position(r: u32) -> u32 {
+    return position.pos0 + r;
+}

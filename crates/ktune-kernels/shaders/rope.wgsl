@@ -2,8 +2,8 @@
 // pos0 + token: the interface of rope_pair and rope_shared (`shader!(VARIANT,
 // "rope.wgsl", ..)`). Dims 0 .. rot_dim rotate in rot_dim / 2 pairs, (i, i + rot/2)
 // (rotate half) or (2i, 2i + 1) (interleaved), by pos * inv_freq[i] (rotary.wgsl);
-// the dims after them are copied. The uniform block is rotary.wgsl's Dims; pos0
-// is position.wgsl's, not the block's.
+// the dims after them are copied. The uniform block is rotary.wgsl's Dims; a
+// row's position is position.wgsl's `row_position`, not the block's pos0.
 // Requires: rotary.wgsl, position.wgsl.
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;

@@ -24,7 +24,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let base = row * d;
     if (slot < half) {
         let p = base + rope_dims(slot, half, dims.interleaved == 1u);
-        let r = rope_rotate(x[p.x], x[p.y], rope_cs(position.pos0 + row / dims.heads, inv_freq[slot]));
+        let r = rope_rotate(x[p.x], x[p.y], rope_cs(row_position(row / dims.heads), inv_freq[slot]));
         y[p.x] = r.x;
         y[p.y] = r.y;
     } else {

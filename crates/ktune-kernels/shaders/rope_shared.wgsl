@@ -25,7 +25,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let h0 = (group % per_token) * HEADS;
     let d = dims.head_dim;
     let half = dims.rot_half;
-    let pos = position.pos0 + token;
+    let pos = row_position(token);
     for (var i = tid; i < half; i += WG) {
         cs[i] = rope_cs(pos, inv_freq[i]);
     }

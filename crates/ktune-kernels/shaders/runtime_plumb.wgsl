@@ -2,7 +2,8 @@
 // projection into q, k and v (adding the bias), a broadcast bias add in place,
 // and writing new K/V rows into the head-major cache ([kv_heads, kv_cap, head_dim])
 // as f32 or as packed f16 pairs at position.wgsl's pos0 (the block's `e` word is
-// not read).
+// not read), or into a paged pool ([blocks, kv_heads, page, head_dim]) at each
+// row's own position and block (`kv_write_rows_*`: a batch of sequences).
 // Requires: grid.wgsl, position.wgsl.
 
 override WG: u32 = 256;
@@ -11,8 +12,8 @@ struct Dims {
     a: u32,   // split: tokens        bias: rows   kv: tokens
     b: u32,   // split: nq            bias: n      kv: kv_heads
     c: u32,   // split: nkv           -            kv: head_dim
-    d: u32,   // split: has_bias      -            kv: kv_cap
-    e: u32,   //                                   kv: pos0
+    d: u32,   // split: has_bias      -            kv: kv_cap; kv rows: page
+    e: u32,   //                                   kv: pos0; kv rows: rows
 }
 
 @group(0) @binding(0) var<storage, read> src: array<f32>;
@@ -93,5 +94,47 @@ fn kv_write_f16(g: Grid) {
     let i = invocation(g) * 2u;
     if (i < kvh_dims.a * kvh_dims.b * kvh_dims.c) {
         kv_cache_f16[kv_index(i, kvh_dims) / 2u] = pack2x16float(vec2<f32>(kvh_src[i], kvh_src[i + 1u]));
+    }
+}
+
+// A paged pool's index of element i = (t * kvh + h) * d + e of the new rows
+// src[tokens, kv_heads, head_dim], row t at position `pos` in pool block `block`
+// (the pass's rows buffer, written by the host: rows[t], then rows[kd.e + t]).
+fn kv_rows_index(i: u32, kd: Dims, pos: u32, block: u32) -> u32 {
+    let d = kd.c;
+    let kvh = kd.b;
+    let h = (i / d) % kvh;
+    return ((block * kvh + h) * kd.d + pos % kd.d) * d + i % d;
+}
+
+@group(0) @binding(0) var<storage, read> kvr_src: array<f32>;
+@group(0) @binding(1) var<storage, read_write> kvr_cache_f32: array<f32>;
+@group(0) @binding(2) var<uniform> kvr_dims: Dims;
+@group(0) @binding(3) var<storage, read> kvr_rows: array<u32>;
+
+@compute @workgroup_size(WG)
+fn kv_write_rows_f32(g: Grid) {
+    let i = invocation(g);
+    let kd = kvr_dims;
+    if (i < kd.a * kd.b * kd.c) {
+        let t = i / (kd.b * kd.c);
+        kvr_cache_f32[kv_rows_index(i, kd, kvr_rows[t], kvr_rows[kd.e + t])] = kvr_src[i];
+    }
+}
+
+@group(0) @binding(0) var<storage, read> kvrh_src: array<f32>;
+@group(0) @binding(1) var<storage, read_write> kvrh_cache_f16: array<u32>;
+@group(0) @binding(2) var<uniform> kvrh_dims: Dims;
+@group(0) @binding(3) var<storage, read> kvrh_rows: array<u32>;
+
+// One invocation per pair of elements (head_dim is even), packed as two f16.
+@compute @workgroup_size(WG)
+fn kv_write_rows_f16(g: Grid) {
+    let i = invocation(g) * 2u;
+    let kd = kvrh_dims;
+    if (i < kd.a * kd.b * kd.c) {
+        let t = i / (kd.b * kd.c);
+        let at = kv_rows_index(i, kd, kvrh_rows[t], kvrh_rows[kd.e + t]);
+        kvrh_cache_f16[at / 2u] = pack2x16float(vec2<f32>(kvrh_src[i], kvrh_src[i + 1u]));
     }
 }

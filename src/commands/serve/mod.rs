@@ -134,10 +134,12 @@ pub fn run(selector: Option<&str>, args: &ServeArgs, warn: &dyn Fn(&str)) -> Res
     }
     let parallel = match args.parallel {
         // The profile's: the rows its plan was given (1 without batch sizes).
+        // (A GPU engine batches only with its paged KV cache, made when asked.)
+        None if g.engine.is_gpu() && g.engine.kv_blocks().is_none() => 1,
         None => g.batch_rows().max(1),
-        Some(n) if n > 1 && g.engine.is_gpu() => {
+        Some(n) if n > 1 && g.engine.is_gpu() && g.engine.kv_blocks().is_none() => {
             return Err(Error::Usage(format!(
-                "--parallel {n}: sequences of their own run on the CPU only so far; serve on --device cpu, or drop the flag"
+                "--parallel {n}: a vision model's sequences keep KV caches of their own, which run on the CPU only; serve it on --device cpu, or with --parallel 1"
             )));
         }
         Some(n) => n,

@@ -64,6 +64,35 @@ impl Shader {
     pub fn label(&self) -> String {
         self.files().collect::<Vec<_>>().join("+")
     }
+
+    /// This shader with `position_rows.wgsl` in place of `position.wgsl`: its
+    /// `row_position` then reads each row's own position from a storage buffer
+    /// at the position binding (a pass over a batch of sequences); None for a
+    /// shader that does not include `position.wgsl`. Made once a shader, kept for
+    /// the process (the pipeline caches key it by its includes).
+    pub fn rows_form(&'static self) -> Option<&'static Shader> {
+        const POSITION: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/position.wgsl"));
+        const ROWS: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/shaders/position_rows.wgsl"));
+        static FORMS: std::sync::Mutex<Vec<(usize, &'static Shader)>> = std::sync::Mutex::new(Vec::new());
+        if !self.includes.contains(&"position.wgsl") {
+            return None;
+        }
+        let me = self as *const Shader as usize;
+        let mut forms = FORMS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, f)) = forms.iter().find(|(k, _)| *k == me) {
+            return Some(f);
+        }
+        let includes: Vec<&'static str> =
+            self.includes.iter().map(|&f| if f == "position.wgsl" { "position_rows.wgsl" } else { f }).collect();
+        let form: &'static Shader = Box::leak(Box::new(Shader {
+            name: self.name,
+            source: Box::leak(self.source.replacen(POSITION, ROWS, 1).into_boxed_str()),
+            heads: self.heads,
+            includes: Box::leak(includes.into_boxed_slice()),
+        }));
+        forms.push((me, form));
+        Some(form)
+    }
 }
 
 /// Declares a `Shader` for `shaders/<file>` with any number of files of shared

@@ -248,6 +248,8 @@ pub struct WgslSetup<'a> {
     /// The pass-position buffer a position-reading kernel binds
     /// ([`WgslSetup::position`]); None: its own, holding the problem's position.
     position: Option<&'a wgpu::Buffer>,
+    /// `position` holds a position a row ([`KernelDef::prepare_wgsl_rows`]).
+    rows: bool,
 }
 
 /// Builds the pipelines, uniforms, scratch buffers and bind groups of one variant.
@@ -575,7 +577,35 @@ impl KernelDef {
         if specs.len() != bufs.len() {
             return Err(KernelError::Buffers { kernel: self.id.into(), expected: specs.len(), got: bufs.len() });
         }
-        (w.prepare)(&WgslSetup { kernel: self, shader: w.shader, gpu, problem, dtype, params, bufs, position })
+        (w.prepare)(&WgslSetup { kernel: self, shader: w.shader, gpu, problem, dtype, params, bufs, position, rows: false })
+    }
+
+    /// [`KernelDef::prepare_wgsl`] for a pass whose rows stand each at a position
+    /// of its own (a batch of sequences): `rows` holds one u32 a row, read through
+    /// `row_position` (`shaders/position_rows.wgsl` in place of `position.wgsl`,
+    /// [`Shader::rows_form`]). For RoPE and the fused q/k norm + RoPE; a kernel
+    /// whose shader reads no row positions is refused, naming it.
+    pub fn prepare_wgsl_rows(
+        &self,
+        gpu: &GpuCtx,
+        problem: &Problem,
+        dtype: DType,
+        params: &Params,
+        bufs: &[&wgpu::Buffer],
+        rows: &wgpu::Buffer,
+    ) -> Result<GpuProgram, KernelError> {
+        let Impl::Wgsl(w) = &self.imp else {
+            return Err(KernelError::NeedsCpu(self.id.to_string()));
+        };
+        if !matches!(problem, Problem::Rope { .. } | Problem::QkNormRope { .. }) || w.shader.rows_form().is_none() {
+            return Err(KernelError::Invalid { kernel: self.id.into(), reason: "reads no position a row (a batch of sequences)".into() });
+        }
+        let specs = problem.buffers(dtype);
+        if specs.len() != bufs.len() {
+            return Err(KernelError::Buffers { kernel: self.id.into(), expected: specs.len(), got: bufs.len() });
+        }
+        let position = Some(rows);
+        (w.prepare)(&WgslSetup { kernel: self, shader: w.shader, gpu, problem, dtype, params, bufs, position, rows: true })
     }
 }
 
@@ -607,7 +637,10 @@ pub fn no_shared(_: &Problem, _: DType, _: &Params) -> Result<u64, KernelError> 
 impl WgslSetup<'_> {
     /// The shader of the variant being prepared (its [`WgslImpl::shader`]).
     pub fn shader(&self) -> &'static Shader {
-        self.shader
+        match self.rows {
+            true => self.shader.rows_form().unwrap_or(self.shader),
+            false => self.shader,
+        }
     }
 
     /// The same setup with one of the variant's [`WgslImpl::alt_shaders`] (chosen by

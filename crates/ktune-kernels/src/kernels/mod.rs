@@ -100,7 +100,10 @@ pub fn shaders() -> Vec<&'static Shader> {
     let mut out: Vec<&'static Shader> = Vec::new();
     for k in registry() {
         if let Impl::Wgsl(w) = &k.imp {
-            for sh in std::iter::once(w.shader).chain(w.alt_shaders.iter().copied()) {
+            // The row-position forms of RoPE's kernels (a batch of sequences,
+            // `KernelDef::prepare_wgsl_rows`).
+            let rows = matches!(k.op, Op::Rope | Op::QkNormRope).then(|| w.shader.rows_form()).flatten();
+            for sh in std::iter::once(w.shader).chain(w.alt_shaders.iter().copied()).chain(rows) {
                 // One file can serve several shaders that prepend or append different files.
                 if !out.iter().any(|s| s.key() == sh.key()) {
                     out.push(sh);

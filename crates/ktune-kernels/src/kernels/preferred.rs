@@ -38,6 +38,7 @@ pub fn preferred(problem: &Problem, backend: Backend) -> &'static [&'static str]
         (Op::AttentionDecode, Backend::Cpu) => &["attention_decode_heads_cpu"],
         (Op::AttentionPrefill, Backend::Cpu) => &["attention_prefill_tiled_cpu"],
         (Op::AttentionPaged, Backend::Cpu) => &["attention_paged_cpu"],
+        (Op::AttentionPaged, Backend::Wgsl) => &["attention_paged_stream", "attention_paged_rows"],
         // `bench-kernels --quick` on lavapipe, Llama 3.2 1B shapes: the subgroup
         // variants won both races at their default parameters; without subgroups the
         // plain flash2 / split-KV ones follow. (Hardware GPUs: `preferred_on`.)
