@@ -10,12 +10,16 @@
 #   CLIENTS="1 2 4 8 16" ROUNDS=5 TOKENS=32 tools/bench_serve.sh MODEL.gguf
 #   LOAD_ARGS="--system-tokens 400 --mixed" tools/bench_serve.sh MODEL.gguf
 #   KTUNE_ARGS="--profile tuned.yaml" BASE_BIN=/old/ktune tools/bench_serve.sh MODEL.gguf
+#   DEVICE=vulkan NO_LLAMA=1 KTUNE_ARGS="--weight-dtype q4_0" tools/bench_serve.sh MODEL_DIR
 #
 # KTUNE_ARGS: more flags for `ktune serve` (a profile); BASE_BIN (and
 # BASE_ARGS): a second ktune build, run as `ktune-base` in the same rounds (a
 # before/after); NO_LLAMA=1 leaves llama-server out; PARALLEL=P serves every
 # number of clients with `--parallel P` (one client on a server of many
-# sequences) instead of C.
+# sequences) instead of C; DEVICE: ktune's --device (default cpu); KTUNE_BIN:
+# the ktune build (default target/release/ktune). A directory MODEL is a Hugging
+# Face model directory (--model-dir; llama-server needs a GGUF: NO_LLAMA=1), e.g.
+# tools/make_serve_model.py's.
 #
 # Needs target/release/ktune and llama.cpp's llama-server (tools/build_llamacpp.sh
 # with LLAMACPP_TARGETS=llama-server; $LLAMACPP_BUILD as there). Nothing else
@@ -36,6 +40,9 @@ NO_LLAMA=${NO_LLAMA:-}
 PARALLEL=${PARALLEL:-}
 BUILD=${LLAMACPP_BUILD:-target/llama.cpp-build}
 PORT=${PORT:-18200}
+DEVICE=${DEVICE:-cpu}
+KTUNE_BIN=${KTUNE_BIN:-target/release/ktune}
+if [ -d "$MODEL" ]; then SOURCE=--model-dir; else SOURCE=--gguf; fi
 LOG=$(mktemp)
 trap 'rm -f "$LOG"; kill %% 2>/dev/null || true' EXIT
 
@@ -58,7 +65,7 @@ ktune_serve() { # label round clients binary args...
     local label=$1 round=$2 c=$3 bin=$4
     shift 4
     # shellcheck disable=SC2068 # the extra flags split into words on purpose
-    "$bin" serve --gguf "$MODEL" --device cpu --port "$PORT" --parallel "${PARALLEL:-$c}" --context "$CONTEXT" \
+    "$bin" serve "$SOURCE" "$MODEL" --device "$DEVICE" --port "$PORT" --parallel "${PARALLEL:-$c}" --context "$CONTEXT" \
         --queue 64 --ignore-eos $@ >"$LOG" 2>&1 &
     local pid=$!
     wait_ready && load "$label" "$round" "$c"
@@ -67,7 +74,7 @@ ktune_serve() { # label round clients binary args...
 
 for round in $(seq "$ROUNDS"); do
     for c in $CLIENTS; do
-        ktune_serve ktune "$round" "$c" target/release/ktune $KTUNE_ARGS
+        ktune_serve ktune "$round" "$c" "$KTUNE_BIN" $KTUNE_ARGS
         if [ -n "$BASE_BIN" ]; then
             ktune_serve ktune-base "$round" "$c" "$BASE_BIN" $BASE_ARGS
         fi

@@ -599,6 +599,11 @@ impl GpuExec {
         Ok(())
     }
 
+    /// Drops the programs of the passes whose keys `gone` names ([`Pass::key`]).
+    pub fn forget(&mut self, gone: impl Fn(usize) -> bool) {
+        self.progs.retain(|(key, _), _| !gone(*key));
+    }
+
     /// A step's signature as this executor builds it: with a paged KV cache an
     /// attention step is the paged kernel over the pass's sequences.
     fn sig(&self, step: &Step) -> Result<Sig, RuntimeError> {

@@ -849,6 +849,11 @@ impl Engine {
                 // The passes with chunks stay compiled until too many are.
                 if self.batch_schedules.len() >= 64 {
                     self.batch_schedules.retain(|(n, _)| n.iter().all(|&c| c == 1));
+                    // A GPU's programs of the passes no schedule keeps go with them.
+                    if let Exec::Gpu(g) = &mut self.exec {
+                        let kept: Vec<usize> = self.batch_schedules.iter().map(|(n, _)| gpu::BATCH_KEY + n.iter().sum::<usize>()).collect();
+                        g.forget(|key| key >= gpu::BATCH_KEY && !kept.contains(&key));
+                    }
                 }
                 self.batch_schedules.push((counts.to_vec(), self.plan.pass_steps(&counts)?));
                 self.batch_schedules.len() - 1

@@ -17,7 +17,8 @@ pub fn preferred(problem: &Problem, backend: Backend) -> &'static [&'static str]
         (Op::Gemv, Backend::Cpu) => &["gemv_dot4_cpu", "gemv_q_cpu"],
         (Op::Gemv, Backend::Wgsl) => &["gemv_subgroup", "gemv_vec", "gemv_wg", "gemv_q_subgroup", "gemv_q_wg"],
         (Op::Gemm, Backend::Cpu) => &["gemm_blocked_cpu", "gemm_crate_cpu", "gemm_q_i8_cpu", "gemm_q_panel_cpu", "gemm_q_rows_cpu"],
-        (Op::Gemm, Backend::Wgsl) => &["gemm_tiled", "gemm_simple", "gemm_q_tiled"],
+        // A few tokens (a decode batch, a short prompt) read the blocks once.
+        (Op::Gemm, Backend::Wgsl) => &["gemm_tiled", "gemm_simple", "gemm_q_rows_subgroup", "gemm_q_tiled"],
         // The vision tower's ops on a GPU: the tiled forms first (the simple ones
         // take any shape).
         (Op::PatchEmbed, Backend::Wgsl) => &["patch_embed_im2col", "patch_embed_direct"],

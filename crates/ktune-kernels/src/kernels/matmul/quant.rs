@@ -6,7 +6,9 @@
 //! with `f16_tiles` the tiles are f16, half the workgroup memory;
 //! `QFMT` override, weight bound as quants and scales), `gemm_q_coop16` /
 //! `gemm_q_coop8` / `gemm_q_mma_emu` (the matrix-tile GEMM on cooperative matrices
-//! and its plain-loop emulation: [`super::mma`], registered here). CPU:
+//! and its plain-loop emulation: [`super::mma`], registered here),
+//! `gemm_q_rows_subgroup` (a few tokens: a subgroup a weight row, each unit
+//! dequantized once and dotted with every token, the weights read once). CPU:
 //! `gemm_q_rows_cpu` (each weight row dequantized once into L1, dotted with tiles
 //! of tokens), `gemm_q_dots_cpu` (a decode batch: each token's dots as the
 //! decode GEMV's, eight rows at a time through every token), `gemm_q_panel_cpu` (blocks of weight rows
@@ -16,7 +18,7 @@
 //! k must be a whole number of 32-element blocks.
 
 use crate::device::GpuCaps;
-use crate::gpu::{GpuProgram, Shader, groups};
+use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::kernels::contract::check_blocks;
 use crate::kernels::contract::{CpuArgs, CpuImpl, CpuIn, KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, param, wrong_op};
 use crate::kernels::cpu::qgemm::{I8_GEMM_PARAMS, XPanel, active_panels, check_i8_gemm, rows_times_tokens_i8};
@@ -26,13 +28,18 @@ use crate::kernels::cpu::{
 };
 use crate::kernels::problem::{Op, Problem};
 use crate::kernels::quant::{DType, QView};
-use crate::kernels::wgsl::{grid_dim, one_q_step, qfmt};
+use crate::kernels::wgsl::{ROWS_SG_PARAMS, grid_dim, one_q_step, qfmt, subgroup_fits};
 use crate::shader;
 
 static QGEMM_TILED: Shader =
     shader!(head "qgemm_tiled_f32.wgsl"; "qgemm_tiled.wgsl", "qgemm_tiled_body.wgsl", "reg_tile.wgsl", "qblock.wgsl", "qgeom.wgsl");
 static QGEMM_TILED_F16: Shader =
     shader!(head "qgemm_tiled_f16.wgsl"; "qgemm_tiled.wgsl", "qgemm_tiled_body.wgsl", "reg_tile.wgsl", "qblock.wgsl", "qgeom.wgsl");
+static QGEMM_ROWS_SG: Shader = shader!("qgemm_rows_subgroup.wgsl", "qblock.wgsl", "qgeom.wgsl", "row_sg.wgsl", "reduce_sg.wgsl");
+
+/// The most tokens `gemm_q_rows_subgroup` takes (two passes of its eight accumulators).
+pub const ROWS_SG_MAX_TOKENS: usize = 16;
+
 /// The f16-tile form `f16_tiles = 1` selects.
 static TILED_ALT: &[&Shader] = &[&QGEMM_TILED_F16];
 
@@ -204,6 +211,23 @@ fn run_gemm_panel(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArg
     Ok(())
 }
 
+fn check_rows_sg(caps: &GpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
+    subgroup_fits(caps, params)?;
+    if let Problem::Gemm { m, .. } = *prob
+        && m > ROWS_SG_MAX_TOKENS
+    {
+        return Err(format!("m = {m} tokens: more than the {ROWS_SG_MAX_TOKENS} it holds (the tiled GEMMs take these)"));
+    }
+    check_blocks(prob, dtype)
+}
+
+fn prepare_rows_sg(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
+    let Problem::Gemm { m, n, k } = *s.problem else { return Err(wrong_op(s.kernel, s.problem)) };
+    let (wg, rows) = (s.param("workgroup_size")?, s.param("rows_per_wg")?);
+    let consts = [("WG", wg as f64), ("ROWS", rows as f64), ("QFMT", qfmt(s.dtype))];
+    one_q_step(s, 1, &consts, &[m as u32, n as u32, k as u32], grid_2d(groups(n, rows)))
+}
+
 pub fn variants() -> Vec<KernelDef> {
     let mut v = vec![
         KernelDef::new(
@@ -214,6 +238,15 @@ pub fn variants() -> Vec<KernelDef> {
             "tile_k of w dequantized into workgroup memory with the x tile (vec4 rows, padded to an odd stride; f32 or f16), optionally \
              double-buffered; reg_m x reg_n register blocks",
             WgslImpl::new(&QGEMM_TILED, prepare_tiled).workgroup(tiled_wg).shared(tiled_shared).alt_shaders(TILED_ALT).check(check_tiled),
+        ),
+        KernelDef::new(
+            "gemm_q_rows_subgroup",
+            Op::Gemm,
+            DType::QUANT,
+            ROWS_SG_PARAMS,
+            "a few tokens (a decode batch, a short prompt): one subgroup per weight row, each block unit dequantized once in \
+             registers and dotted with every token (eight accumulators a lane), subgroupAdd; the weights read once",
+            WgslImpl::new(&QGEMM_ROWS_SG, prepare_rows_sg).subgroups().check(check_rows_sg),
         ),
         KernelDef::new(
             "gemm_q_rows_cpu",
