@@ -178,9 +178,14 @@ fn sse_choices(body: &str) -> (Vec<String>, Vec<usize>, bool) {
 
 /// `run`'s text for `prompt` (with `--chat` when `chat`) and these sampling flags.
 fn run_text(prompt: &str, chat: bool, flags: &[&str]) -> String {
+    run_text_on("cpu", prompt, chat, flags)
+}
+
+/// [`run_text`] on the device `device` names.
+fn run_text_on(device: &str, prompt: &str, chat: bool, flags: &[&str]) -> String {
     let cache = tempdir();
     let mut c = ktune_process(cache.path());
-    c.args(["run", "--device", "cpu", "--prompt", prompt, "--format", "json"]);
+    c.args(["run", "--device", device, "--prompt", prompt, "--format", "json"]);
     if chat {
         c.arg("--chat");
     }
@@ -356,6 +361,56 @@ fn serve_queues_refuses_past_the_bound_and_cancels_on_disconnect() {
     assert_eq!(cancelled, 2.0, "the non-streamed generation is cancelled when its client goes");
     let generated = metric(&a, "ktune_generated_tokens_total") - before;
     assert!(generated < 4000.0, "the cancelled generation stopped early: {generated} tokens");
+}
+
+/// `serve --parallel` on a GPU (lavapipe in CI; skipped loudly without one
+/// unless required): the sequences share the GPU's paged KV cache and advance in
+/// one pass a step; three requests at once (greedy and seeded, chat and text),
+/// in two rounds (the second's prompts held by the slots' caches), answer as
+/// `run` alone on the same GPU.
+#[test]
+fn serve_parallel_on_a_gpu_answers_as_run() {
+    let cache = tempdir();
+    let Some(dev) = crate::common::gpu_index(cache.path(), "serve --parallel") else { return };
+    let s = serve(&["--device", &dev, "--parallel", "3", "--context", "256", "--step-tokens", "4"]);
+    let a = s.addr.clone();
+    assert_eq!(json(&request(&a, "GET", "/v1/models", &[], b""))["data"][0]["concurrency"], 3);
+    let sampled = ["--max-tokens", "8", "--temperature", "0.8", "--top-p", "0.9", "--seed", "7"];
+    let cases: Vec<(serde_json::Value, String, &str)> = vec![
+        (
+            serde_json::json!({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0.8, "top_p": 0.9, "seed": 7}),
+            run_text_on(&dev, "Once upon a time", false, &sampled),
+            "/v1/completions",
+        ),
+        (
+            serde_json::json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 6, "temperature": 0}),
+            run_text_on(&dev, "hello", true, &["--max-tokens", "6"]),
+            "/v1/chat/completions",
+        ),
+        (
+            serde_json::json!({"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 12, "temperature": 0}),
+            run_text_on(&dev, "What is the capital of France?", true, &["--max-tokens", "12"]),
+            "/v1/chat/completions",
+        ),
+    ];
+    let text =
+        |v: &serde_json::Value| v["choices"][0]["text"].as_str().or(v["choices"][0]["message"]["content"].as_str()).map(String::from);
+    for round in 0..2 {
+        let threads: Vec<_> = cases
+            .iter()
+            .cloned()
+            .map(|(body, want, path)| {
+                let a = a.clone();
+                std::thread::spawn(move || (json(&post(&a, path, &body)), want))
+            })
+            .collect();
+        for t in threads {
+            let (v, want) = t.join().expect("joins");
+            assert_eq!(text(&v).as_deref(), Some(want.as_str()), "round {round} on the GPU: {v}");
+        }
+    }
+    assert!(metric(&a, "ktune_kv_cache_blocks_total") > 0.0, "a paged KV cache on the GPU");
+    assert!(metric(&a, "ktune_prefix_cache_hit_tokens_total") > 0.0, "the repeated prompts reused their slots' caches");
 }
 
 /// The venv `.ci/run` makes with `tools/requirements-serve.txt`; None (a loud
