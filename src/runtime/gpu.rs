@@ -642,7 +642,7 @@ impl GpuExec {
                             };
                             pg.kernel.prepare_wgsl(&self.ctx, problem, *dtype, params, &[q, k, v, &pg.pages, out], None)
                         } else if crate::kernels::pass_position(problem).is_some() {
-                            kernel.prepare_wgsl_rows(&self.ctx, problem, *dtype, params, &refs, &pg.rows)
+                            kernel.prepare_wgsl(&self.ctx, problem, *dtype, params, &refs, crate::kernels::PassPosition::Rows(&pg.rows))
                         } else {
                             kernel.prepare_wgsl(&self.ctx, problem, *dtype, params, &refs, Some(&self.position))
                         };

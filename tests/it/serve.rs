@@ -375,42 +375,56 @@ fn serve_parallel_on_a_gpu_answers_as_run() {
     let s = serve(&["--device", &dev, "--parallel", "3", "--context", "256", "--step-tokens", "4"]);
     let a = s.addr.clone();
     assert_eq!(json(&request(&a, "GET", "/v1/models", &[], b""))["data"][0]["concurrency"], 3);
+    let cases = parallel_cases(&dev);
+    for round in 0..2 {
+        answers_at_once(&a, &cases, &format!("round {round} on the GPU"));
+    }
+    assert!(metric(&a, "ktune_kv_cache_blocks_total") > 0.0, "a paged KV cache on the GPU");
+    assert!(metric(&a, "ktune_prefix_cache_hit_tokens_total") > 0.0, "the repeated prompts reused their slots' caches");
+}
+
+/// Three requests (greedy and seeded, chat and text) and the text `run` gives
+/// each alone on `device`: what the parallel servers are sent at once.
+fn parallel_cases(device: &str) -> Vec<(serde_json::Value, String, &'static str)> {
     let sampled = ["--max-tokens", "8", "--temperature", "0.8", "--top-p", "0.9", "--seed", "7"];
-    let cases: Vec<(serde_json::Value, String, &str)> = vec![
+    vec![
         (
             serde_json::json!({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0.8, "top_p": 0.9, "seed": 7}),
-            run_text_on(&dev, "Once upon a time", false, &sampled),
+            run_text_on(device, "Once upon a time", false, &sampled),
             "/v1/completions",
         ),
         (
             serde_json::json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 6, "temperature": 0}),
-            run_text_on(&dev, "hello", true, &["--max-tokens", "6"]),
+            run_text_on(device, "hello", true, &["--max-tokens", "6"]),
             "/v1/chat/completions",
         ),
         (
             serde_json::json!({"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 12, "temperature": 0}),
-            run_text_on(&dev, "What is the capital of France?", true, &["--max-tokens", "12"]),
+            run_text_on(device, "What is the capital of France?", true, &["--max-tokens", "12"]),
             "/v1/chat/completions",
         ),
-    ];
-    let text =
-        |v: &serde_json::Value| v["choices"][0]["text"].as_str().or(v["choices"][0]["message"]["content"].as_str()).map(String::from);
-    for round in 0..2 {
-        let threads: Vec<_> = cases
-            .iter()
-            .cloned()
-            .map(|(body, want, path)| {
-                let a = a.clone();
-                std::thread::spawn(move || (json(&post(&a, path, &body)), want))
-            })
-            .collect();
-        for t in threads {
-            let (v, want) = t.join().expect("joins");
-            assert_eq!(text(&v).as_deref(), Some(want.as_str()), "round {round} on the GPU: {v}");
-        }
+    ]
+}
+
+/// The completion's text (a chat's message or a text completion's).
+fn completion_text(v: &serde_json::Value) -> Option<String> {
+    v["choices"][0]["text"].as_str().or(v["choices"][0]["message"]["content"].as_str()).map(String::from)
+}
+
+/// Sends every case at once to the server at `addr`; each answers its text.
+fn answers_at_once(addr: &str, cases: &[(serde_json::Value, String, &'static str)], what: &str) {
+    let threads: Vec<_> = cases
+        .iter()
+        .cloned()
+        .map(|(body, want, path)| {
+            let a = addr.to_string();
+            std::thread::spawn(move || (json(&post(&a, path, &body)), want))
+        })
+        .collect();
+    for t in threads {
+        let (v, want) = t.join().expect("joins");
+        assert_eq!(completion_text(&v).as_deref(), Some(want.as_str()), "{what}: {v}");
     }
-    assert!(metric(&a, "ktune_kv_cache_blocks_total") > 0.0, "a paged KV cache on the GPU");
-    assert!(metric(&a, "ktune_prefix_cache_hit_tokens_total") > 0.0, "the repeated prompts reused their slots' caches");
 }
 
 /// The venv `.ci/run` makes with `tools/requirements-serve.txt`; None (a loud
@@ -526,40 +540,10 @@ fn serve_parallel_sequences_answer_as_alone() {
     let s = serve(&["--device", "cpu", "--parallel", "3", "--queue", "2", "--context", "4096", "--step-tokens", "4"]);
     let a = s.addr.clone();
     assert_eq!(json(&request(&a, "GET", "/v1/models", &[], b""))["data"][0]["concurrency"], 3);
-    let sampled = ["--max-tokens", "8", "--temperature", "0.8", "--top-p", "0.9", "--seed", "7"];
-    let cases: Vec<(serde_json::Value, String, &str)> = vec![
-        (
-            serde_json::json!({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0.8, "top_p": 0.9, "seed": 7}),
-            run_text("Once upon a time", false, &sampled),
-            "/v1/completions",
-        ),
-        (
-            serde_json::json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 6, "temperature": 0}),
-            run_text("hello", true, &["--max-tokens", "6"]),
-            "/v1/chat/completions",
-        ),
-        (
-            serde_json::json!({"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 12, "temperature": 0}),
-            run_text("What is the capital of France?", true, &["--max-tokens", "12"]),
-            "/v1/chat/completions",
-        ),
-    ];
-    let text =
-        |v: &serde_json::Value| v["choices"][0]["text"].as_str().or(v["choices"][0]["message"]["content"].as_str()).map(String::from);
+    let cases = parallel_cases("cpu");
     // Three rounds of every case at once: the slots keep their caches between rounds.
     for round in 0..3 {
-        let threads: Vec<_> = cases
-            .iter()
-            .cloned()
-            .map(|(body, want, path)| {
-                let a = a.clone();
-                std::thread::spawn(move || (json(&post(&a, path, &body)), want))
-            })
-            .collect();
-        for t in threads {
-            let (v, want) = t.join().expect("joins");
-            assert_eq!(text(&v).as_deref(), Some(want.as_str()), "round {round}: {v}");
-        }
+        answers_at_once(&a, &cases, &format!("round {round}"));
     }
     assert!(metric(&a, "ktune_prefix_cache_hit_tokens_total") > 0.0, "the repeated prompts reused their slots' caches");
     assert!(metric(&a, "ktune_kv_cache_tokens") > 0.0);
@@ -570,14 +554,18 @@ fn serve_parallel_sequences_answer_as_alone() {
     let fresh = ("Name three rivers.", run_text("Name three rivers.", true, &["--max-tokens", "6"]));
     let hold = open_stream(&a, 3000);
     let (body, want, path) = cases[1].clone();
-    assert_eq!(text(&json(&post(&a, path, &body))).as_deref(), Some(want.as_str()), "answered beside a long stream");
+    assert_eq!(completion_text(&json(&post(&a, path, &body))).as_deref(), Some(want.as_str()), "answered beside a long stream");
     let together = metric(&a, "ktune_batch_steps_total{sequences=\"2\"}") + metric(&a, "ktune_batch_steps_total{sequences=\"3\"}");
     assert!(together > 0.0, "sequences advanced together in one step");
     // A prompt no slot holds comes while the stream decodes: its chunks run in
     // the stream's decode passes, and it answers as alone.
     let chunks = metric(&a, "ktune_prompt_chunks_batched_total");
     let body = serde_json::json!({"messages": [{"role": "user", "content": fresh.0}], "max_tokens": 6, "temperature": 0});
-    assert_eq!(text(&json(&post(&a, "/v1/chat/completions", &body))).as_deref(), Some(fresh.1.as_str()), "a new prompt beside a stream");
+    assert_eq!(
+        completion_text(&json(&post(&a, "/v1/chat/completions", &body))).as_deref(),
+        Some(fresh.1.as_str()),
+        "a new prompt beside a stream"
+    );
     assert!(metric(&a, "ktune_prompt_chunks_batched_total") > chunks, "its chunks joined the stream's decode passes");
     drop(hold);
     assert_eq!(metric_reaching(&a, "ktune_cancelled_total", 1.0, 1000), 1.0, "the left stream is cancelled");

@@ -6,20 +6,12 @@
 // token finishes the row. The weights are read once for all the tokens (a GEMV's
 // traffic for m of them), m in passes of TOKENS. Needs SUBGROUP and k a whole
 // number of blocks (qbe()).
-// Requires: qblock.wgsl, qgeom.wgsl, row_sg.wgsl, reduce_sg.wgsl.
+// Requires: qgemm.wgsl, qblock.wgsl, qgeom.wgsl, row_sg.wgsl, reduce_sg.wgsl.
 
 override WG: u32 = 128;
 override ROWS: u32 = 4;
 override QFMT: u32 = 0u;
 const TOKENS: u32 = 8u;
-
-struct Dims { m: u32, n: u32, k: u32 }
-
-@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> wq: array<u32>;
-@group(0) @binding(2) var<storage, read> ws: array<u32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<uniform> dims: Dims;
 
 fn row_count() -> u32 {
     return dims.n;

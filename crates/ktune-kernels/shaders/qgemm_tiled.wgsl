@@ -22,8 +22,7 @@
 // and the main loop are qgemm_tiled_body.wgsl, the register block reg_tile.wgsl
 // (shared with the float tiled GEMMs).
 //
-// Needs k a whole number of blocks (qbe()); any m and n. Bindings: x, the weight
-// buffer twice (quants at 1, the scales region at 2), y, the uniform.
+// Needs k a whole number of blocks (qbe()); any m and n. Bindings: qgemm.wgsl's.
 
 override TILE_M: u32 = 32;
 override TILE_N: u32 = 64;
@@ -36,14 +35,6 @@ override WGS: u32 = 128;
 // 1: two tile buffers, the next step staged while this one is read, one barrier
 // per step (0: one buffer, two barriers per step).
 override DOUBLE_BUF: u32 = 0u;
-
-struct Dims { m: u32, n: u32, k: u32 }
-
-@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> wq: array<u32>;
-@group(0) @binding(2) var<storage, read> ws: array<u32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<uniform> dims: Dims;
 
 // Buffer b (0, or 1 with DOUBLE_BUF), row r of a tile, vec4 c along k, at
 // (b * rows + r) * (TILE_K / 4 + 1) + c.

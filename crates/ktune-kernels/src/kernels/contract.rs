@@ -248,8 +248,23 @@ pub struct WgslSetup<'a> {
     /// The pass-position buffer a position-reading kernel binds
     /// ([`WgslSetup::position`]); None: its own, holding the problem's position.
     position: Option<&'a wgpu::Buffer>,
-    /// `position` holds a position a row ([`KernelDef::prepare_wgsl_rows`]).
+    /// `position` holds a position a row ([`PassPosition::Rows`]).
     rows: bool,
+}
+
+/// Where a position-reading kernel finds its positions ([`KernelDef::prepare_wgsl`]).
+#[derive(Clone, Copy)]
+pub enum PassPosition<'a> {
+    /// The pass-position buffer (`shaders/position.wgsl`); None: the program's own.
+    Pass(Option<&'a wgpu::Buffer>),
+    /// One u32 a row (`shaders/position_rows.wgsl`): a batch of sequences.
+    Rows(&'a wgpu::Buffer),
+}
+
+impl<'a> From<Option<&'a wgpu::Buffer>> for PassPosition<'a> {
+    fn from(b: Option<&'a wgpu::Buffer>) -> PassPosition<'a> {
+        PassPosition::Pass(b)
+    }
 }
 
 /// Builds the pipelines, uniforms, scratch buffers and bind groups of one variant.
@@ -561,51 +576,36 @@ impl KernelDef {
     /// attention) binds `position` and reads pos0 / kv_len from it, so its program
     /// serves every position up to the problem's capacity and the caller moves it
     /// by writing that buffer. With None each such program holds its problem's own.
-    pub fn prepare_wgsl(
-        &self,
-        gpu: &GpuCtx,
-        problem: &Problem,
-        dtype: DType,
-        params: &Params,
-        bufs: &[&wgpu::Buffer],
-        position: Option<&wgpu::Buffer>,
-    ) -> Result<GpuProgram, KernelError> {
-        let Impl::Wgsl(w) = &self.imp else {
-            return Err(KernelError::NeedsCpu(self.id.to_string()));
-        };
-        let specs = problem.buffers(dtype);
-        if specs.len() != bufs.len() {
-            return Err(KernelError::Buffers { kernel: self.id.into(), expected: specs.len(), got: bufs.len() });
-        }
-        (w.prepare)(&WgslSetup { kernel: self, shader: w.shader, gpu, problem, dtype, params, bufs, position, rows: false })
-    }
-
-    /// [`KernelDef::prepare_wgsl`] for a pass whose rows stand each at a position
-    /// of its own (a batch of sequences): `rows` holds one u32 a row, read through
-    /// `row_position` (`shaders/position_rows.wgsl` in place of `position.wgsl`,
-    /// [`Shader::rows_form`]). For RoPE and the fused q/k norm + RoPE; a kernel
+    /// With [`PassPosition::Rows`] (RoPE and the fused q/k norm + RoPE) the rows of
+    /// a batch of sequences each read their own ([`Shader::rows_form`]); a kernel
     /// whose shader reads no row positions is refused, naming it.
-    pub fn prepare_wgsl_rows(
+    pub fn prepare_wgsl<'a>(
         &self,
         gpu: &GpuCtx,
         problem: &Problem,
         dtype: DType,
         params: &Params,
         bufs: &[&wgpu::Buffer],
-        rows: &wgpu::Buffer,
+        position: impl Into<PassPosition<'a>>,
     ) -> Result<GpuProgram, KernelError> {
         let Impl::Wgsl(w) = &self.imp else {
             return Err(KernelError::NeedsCpu(self.id.to_string()));
         };
-        if !matches!(problem, Problem::Rope { .. } | Problem::QkNormRope { .. }) || w.shader.rows_form().is_none() {
-            return Err(KernelError::Invalid { kernel: self.id.into(), reason: "reads no position a row (a batch of sequences)".into() });
+        let (position, rows) = match position.into() {
+            PassPosition::Pass(b) => (b, false),
+            PassPosition::Rows(b) => {
+                if !matches!(problem, Problem::Rope { .. } | Problem::QkNormRope { .. }) || w.shader.rows_form().is_none() {
+                    let reason = "reads no position a row (a batch of sequences)".into();
+                    return Err(KernelError::Invalid { kernel: self.id.into(), reason });
+                }
+                (Some(b), true)
+            }
+        };
+        let expected = problem.buffers(dtype).len();
+        if expected != bufs.len() {
+            return Err(KernelError::Buffers { kernel: self.id.into(), expected, got: bufs.len() });
         }
-        let specs = problem.buffers(dtype);
-        if specs.len() != bufs.len() {
-            return Err(KernelError::Buffers { kernel: self.id.into(), expected: specs.len(), got: bufs.len() });
-        }
-        let position = Some(rows);
-        (w.prepare)(&WgslSetup { kernel: self, shader: w.shader, gpu, problem, dtype, params, bufs, position, rows: true })
+        (w.prepare)(&WgslSetup { kernel: self, shader: w.shader, gpu, problem, dtype, params, bufs, position, rows })
     }
 }
 

@@ -42,8 +42,9 @@ pub mod wgsl;
 use std::sync::OnceLock;
 
 pub use contract::{
-    CpuArgs, CpuCheckFn, CpuImpl, CpuIn, CpuIns, CpuOuts, CpuRunFn, Impl, KernelDef, KernelError, ParamSpec, Params, WgslCheckFn, WgslImpl,
-    WgslPrepareFn, WgslSetup, cpu_any, native_f16, no_shared, outs, packed_f16, param, pass_position, variant_label, wgsl_any, wrong_op,
+    CpuArgs, CpuCheckFn, CpuImpl, CpuIn, CpuIns, CpuOuts, CpuRunFn, Impl, KernelDef, KernelError, ParamSpec, Params, PassPosition,
+    WgslCheckFn, WgslImpl, WgslPrepareFn, WgslSetup, cpu_any, native_f16, no_shared, outs, packed_f16, param, pass_position, variant_label,
+    wgsl_any, wrong_op,
 };
 pub use problem::{Activation, BufSpec, NormResidual, Op, Problem, Role, RopeLayout, attention_keys};
 pub use quant::{DType, QStack, RowFormats};
@@ -101,7 +102,7 @@ pub fn shaders() -> Vec<&'static Shader> {
     for k in registry() {
         if let Impl::Wgsl(w) = &k.imp {
             // The row-position forms of RoPE's kernels (a batch of sequences,
-            // `KernelDef::prepare_wgsl_rows`).
+            // `PassPosition::Rows`).
             let rows = matches!(k.op, Op::Rope | Op::QkNormRope).then(|| w.shader.rows_form()).flatten();
             for sh in std::iter::once(w.shader).chain(w.alt_shaders.iter().copied()).chain(rows) {
                 // One file can serve several shaders that prepend or append different files.

@@ -31,11 +31,10 @@ use crate::kernels::quant::{DType, QView};
 use crate::kernels::wgsl::{ROWS_SG_PARAMS, grid_dim, one_q_step, qfmt, subgroup_fits};
 use crate::shader;
 
-static QGEMM_TILED: Shader =
-    shader!(head "qgemm_tiled_f32.wgsl"; "qgemm_tiled.wgsl", "qgemm_tiled_body.wgsl", "reg_tile.wgsl", "qblock.wgsl", "qgeom.wgsl");
-static QGEMM_TILED_F16: Shader =
-    shader!(head "qgemm_tiled_f16.wgsl"; "qgemm_tiled.wgsl", "qgemm_tiled_body.wgsl", "reg_tile.wgsl", "qblock.wgsl", "qgeom.wgsl");
-static QGEMM_ROWS_SG: Shader = shader!("qgemm_rows_subgroup.wgsl", "qblock.wgsl", "qgeom.wgsl", "row_sg.wgsl", "reduce_sg.wgsl");
+static QGEMM_TILED: Shader = shader!(head "qgemm_tiled_f32.wgsl"; "qgemm_tiled.wgsl", "qgemm.wgsl", "qgemm_tiled_body.wgsl", "reg_tile.wgsl", "qblock.wgsl", "qgeom.wgsl");
+static QGEMM_TILED_F16: Shader = shader!(head "qgemm_tiled_f16.wgsl"; "qgemm_tiled.wgsl", "qgemm.wgsl", "qgemm_tiled_body.wgsl", "reg_tile.wgsl", "qblock.wgsl", "qgeom.wgsl");
+static QGEMM_ROWS_SG: Shader =
+    shader!("qgemm_rows_subgroup.wgsl", "qgemm.wgsl", "qblock.wgsl", "qgeom.wgsl", "row_sg.wgsl", "reduce_sg.wgsl");
 
 /// The most tokens `gemm_q_rows_subgroup` takes (two passes of its eight accumulators).
 pub const ROWS_SG_MAX_TOKENS: usize = 16;
