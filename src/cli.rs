@@ -167,7 +167,8 @@ pub struct TuneArgs {
     /// Tune for `serve --parallel` too: the kernels of a decode batch raced at
     /// each of these batch sizes (sequences decoded together; 1 is the decode
     /// regime, tuned anyway), the winners written as the profile's
-    /// `serve.batches`. Alone: 1,2,4,8,16. CPU only (batches run there).
+    /// `serve.batches`. Alone: 1,2,4,8,16. On a GPU checked over the paged KV
+    /// cache `serve --parallel` makes there.
     #[arg(long, value_name = "SIZES", num_args = 0..=1, require_equals = true, default_missing_value = "1,2,4,8,16", value_parser = batch_sizes)]
     pub serve_batches: Option<BatchSizes>,
     /// GPU: the L2 cache size (bytes; K, M, G suffixes: KiB, MiB, GiB) the slot

@@ -219,7 +219,7 @@ pub fn profile_doc(r: &TuneRecord<'_>) -> ProfileDoc {
                     .unwrap_or_default(),
                 copies: res.copies.iter().copied().max(),
                 candidates: cands,
-                rejected: res.rejected.iter().map(|(v, why)| pd::Rejected { variant: v.clone(), reason: why.clone() }).collect(),
+                rejected: rejected_doc(&res.rejected),
             }
         })
         .collect();
@@ -331,6 +331,30 @@ fn utc_now() -> String {
     jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
+/// The variants a race rejected, as the profile records them: each one that
+/// failed (its reason), and of those that shared one reason past
+/// [`REJECTED_PER_REASON`] (the variants a short race did not reach: on a GPU
+/// thousands a slot) the first ones and a count of the rest, so a profile stays
+/// within what its reader takes.
+fn rejected_doc(rejected: &[(String, String)]) -> Vec<pd::Rejected> {
+    let mut out: Vec<pd::Rejected> = Vec::new();
+    let mut per_reason: BTreeMap<&str, usize> = BTreeMap::new();
+    for (v, why) in rejected {
+        let n = per_reason.entry(why.as_str()).or_default();
+        *n += 1;
+        if *n <= REJECTED_PER_REASON {
+            out.push(pd::Rejected { variant: v.clone(), reason: why.clone() });
+        }
+    }
+    for (why, n) in per_reason.into_iter().filter(|(_, n)| *n > REJECTED_PER_REASON) {
+        out.push(pd::Rejected { variant: format!("{} more", n - REJECTED_PER_REASON), reason: why.to_string() });
+    }
+    out
+}
+
+/// Variants a slot's profile entry lists for one reason of rejection.
+const REJECTED_PER_REASON: usize = 16;
+
 #[cfg(test)]
 mod tests {
     /// The profile's `tuning.date`: RFC 3339 in UTC to the second, as before.
@@ -341,5 +365,19 @@ mod tests {
         let b = d.as_bytes();
         assert!(b[4] == b'-' && b[7] == b'-' && b[10] == b'T' && b[13] == b':' && b[16] == b':' && b[19] == b'Z', "{d}");
         assert!(d.starts_with("20"), "{d}");
+    }
+
+    /// A race's rejections as the profile lists them: every failure with its
+    /// reason, and past 16 of one reason (the variants a short GPU race did not
+    /// reach, thousands of them) a count of the rest.
+    #[test]
+    fn a_profile_lists_sixteen_rejections_of_a_reason_and_counts_the_rest() {
+        let mut rejected: Vec<(String, String)> = (0..40).map(|i| (format!("v{i}"), "not reached".to_string())).collect();
+        rejected.push(("bad".into(), "failed its check".into()));
+        let doc = super::rejected_doc(&rejected);
+        assert_eq!(doc.len(), 16 + 1 + 1);
+        assert_eq!(doc.iter().filter(|r| r.reason == "not reached").count(), 17);
+        assert!(doc.iter().any(|r| r.variant == "bad" && r.reason == "failed its check"));
+        assert!(doc.iter().any(|r| r.variant == "24 more" && r.reason == "not reached"));
     }
 }

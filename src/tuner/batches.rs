@@ -94,8 +94,8 @@ pub(crate) fn races(t: &Target<'_>, o: &TuneOptions, fusion: Fusion, sel: &Selec
     Ok(out)
 }
 
-/// Runs the stage: nothing without `--serve-batches`; on a GPU it says why it
-/// does not run (decode batches run on the CPU).
+/// Runs the stage: nothing without `--serve-batches`. On a GPU the end-to-end
+/// check runs over the paged KV cache that `serve --parallel` makes there.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     t: &Target<'_>,
@@ -109,10 +109,6 @@ pub(crate) fn run(
     progress: &dyn Progress,
 ) -> Result<BatchRegimes, TuneError> {
     if o.serve_batches.is_empty() {
-        return Ok(BatchRegimes::default());
-    }
-    if !matches!(caps, DeviceCaps::Cpu(_)) {
-        budget.cut("decode batch regimes: not raced (`serve --parallel` batches run on the CPU only)".into());
         return Ok(BatchRegimes::default());
     }
     let beyond: Vec<String> = o.serve_batches.iter().filter(|&&b| b >= o.context).map(|b| b.to_string()).collect();
@@ -192,9 +188,19 @@ fn check(
     let mut options = batch_options(o, chosen.fusion, chosen.parallel, most);
     // Every arm (with, without, lone, own) advances the same sequences.
     options.context = options.context.max(4 * CHECK_ROUNDS * (CHECK_STEPS + 1) + 1);
+    // A GPU's sequences share a paged KV cache, which the fused KV write does
+    // not write (as `serve --parallel` makes it).
+    let gpu = t.ctx.clone().filter(|_| !t.device.is_cpu());
+    if gpu.is_some() {
+        options.fusion.qkv_rope_cache = false;
+    }
+    let context = options.context;
     let engines =
-        crate::session::Engines { model: t.model, config: t.config, store: t.store.clone(), ctx: None, memo: None, check_decode: false };
+        crate::session::Engines { model: t.model, config: t.config, store: t.store.clone(), ctx: gpu, memo: None, check_decode: false };
     let mut e = engines.build(options, sel.clone(), &chosen.exec(o, false))?;
+    if e.is_gpu() {
+        e.enable_paged((most + 1) * context, most + 1)?;
+    }
     let vocab = t.config.dims.vocab_size.max(1);
     let mut lone_wins = None;
     for rows in sizes {

@@ -21,6 +21,9 @@ pub const RACES_LIMIT: f64 = 0.7;
 pub const TIMING_SHARE: f64 = 0.6;
 /// The share of what is left after the timing that the accuracy check may use.
 pub const ACCURACY_SHARE: f64 = 0.6;
+/// With `--serve-batches`: the share of what is left after the survey kept for
+/// the decode batch regimes (the stages before them end that much earlier).
+pub const BATCHES_SHARE: f64 = 0.3;
 
 /// One stage's wall time.
 #[derive(Clone, Debug, Serialize)]
@@ -44,6 +47,8 @@ pub struct BudgetReport {
 pub struct Budget {
     start: Instant,
     total: Duration,
+    /// Kept for a later stage ([`Budget::reserve`]): the earlier ones end before it.
+    reserved: Mutex<Duration>,
     log: Mutex<BudgetReport>,
 }
 
@@ -51,7 +56,8 @@ impl Budget {
     /// A budget of `total` counted from `start` (the command's start); what
     /// happened before now is recorded as the stage `before`.
     pub fn new(start: Instant, total: Duration, before: &str) -> Budget {
-        let b = Budget { start, total, log: Mutex::new(BudgetReport { budget_s: total.as_secs_f64(), ..Default::default() }) };
+        let log = Mutex::new(BudgetReport { budget_s: total.as_secs_f64(), ..Default::default() });
+        let b = Budget { start, total, reserved: Mutex::new(Duration::ZERO), log };
         b.record(before, start);
         let fixed = start.elapsed();
         if fixed >= total {
@@ -65,9 +71,21 @@ impl Budget {
         b
     }
 
-    /// When the budget ends.
+    /// When the budget ends (for the stages before a reserve, that much earlier).
     pub fn deadline(&self) -> Instant {
-        self.start + self.total
+        self.start + self.total.saturating_sub(*self.reserved.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Keeps `frac` of what is left now for a later stage: the stages until
+    /// [`Budget::release`] end before it.
+    pub fn reserve(&self, frac: f64) {
+        let left = (self.start + self.total).saturating_duration_since(Instant::now());
+        *self.reserved.lock().unwrap_or_else(|p| p.into_inner()) = left.mul_f64(frac);
+    }
+
+    /// Hands the reserve to the stages from now on.
+    pub fn release(&self) {
+        *self.reserved.lock().unwrap_or_else(|p| p.into_inner()) = Duration::ZERO;
     }
 
     /// The end of a stage that may use `frac` of what is left now.

@@ -211,9 +211,13 @@ pub(crate) fn tune<D>(
     let limits = budget.stage("device limits", || limits::measure(t, o.budget));
     let rotation = measure::Rotation::for_device(t.device, o.gpu_l2_bytes);
     let space = budget.stage("search space", || space::survey(t, o, &caps, progress))?;
+    if !o.serve_batches.is_empty() {
+        budget.reserve(budget::BATCHES_SHARE);
+    }
     let races = budget.stage("slot races", || race::run_all(t, o, &space, cache, resume, &budget, progress))?;
     let e2e = e2e::run(t, o, &caps, &space, &races, &budget, progress)?;
     let chosen = &e2e.combos[e2e.best].0;
+    budget.release();
     let batches = batches::run(t, o, &caps, chosen, &e2e.selection(chosen, &caps), cache, resume, &budget, progress)?;
     let found =
         Found { target: t, options: o, caps: &caps, rotation: &rotation, space: &space, races: &races, e2e: &e2e, batches: &batches };

@@ -12,9 +12,17 @@ fn expected_generated(name: &str) -> (Vec<u64>, Vec<u64>) {
 }
 
 fn tune_json(cache: &Path, out: &Path, extra: &[&str]) -> serde_json::Value {
+    tune_json_on("cpu", cache, out, extra)
+}
+
+/// [`tune_json`] on the device `device` names.
+fn tune_json_on(device: &str, cache: &Path, out: &Path, extra: &[&str]) -> serde_json::Value {
     let dir = fixture("llama3-tiny");
-    let mut args = vec!["tune", "--device", "cpu", "--model-dir", dir.to_str().expect("utf-8")];
-    args.extend(["--budget", "8s", "--prefill-tokens", "8", "--context", "32", "--decode-tokens", "16", "--format", "json"]);
+    let mut args = vec!["tune", "--device", device, "--model-dir", dir.to_str().expect("utf-8")];
+    if !extra.contains(&"--budget") {
+        args.extend(["--budget", "8s"]);
+    }
+    args.extend(["--prefill-tokens", "8", "--context", "32", "--decode-tokens", "16", "--format", "json"]);
     args.extend(["-o", out.to_str().expect("utf-8")]);
     args.extend(extra);
     let o = ktune(cache).args(&args).output().expect("runs");
@@ -494,6 +502,32 @@ fn tune_on_the_gpu_gives_a_profile_that_runs_correctly() {
         .assert()
         .code(2)
         .stderr(predicate::str::contains("wgsl kernels"));
+}
+
+/// `tune --serve-batches` on a GPU (lavapipe in CI; skipped loudly without one
+/// unless required): each batch size's slots are raced among the WGSL kernels
+/// (the few-token GEMM among them) and timed end to end over the paged KV cache
+/// `serve --parallel` makes there, against lone decode steps; what a size keeps
+/// is a WGSL table.
+#[test]
+fn tune_on_the_gpu_races_the_decode_batch_regimes() {
+    let (_tmp, cache, out) = tune_dirs("gpu-batches.yaml");
+    let Some(dev) = crate::common::gpu_index(&cache, "tune --serve-batches") else { return };
+    let r = tune_json_on(&dev, &cache, &out, &["--weight-dtype", "q8_0", "--serve-batches=2,8", "--budget", "20s"]);
+    let t = &r["profile"]["tuning"];
+    let slots = t["slots"].as_array().expect("slots");
+    for b in ["batch 2", "batch 8"] {
+        assert!(slots.iter().any(|s| s["regime"] == b), "no race of {b}");
+    }
+    let raced = serde_json::to_string(slots).expect("json");
+    assert!(raced.contains("gemm_q_rows_subgroup"), "the few-token GEMM was not raced: {raced}");
+    let timed = t["end_to_end"]["batches"].as_array().expect("batch sizes timed end to end");
+    assert_eq!(timed.len(), 2, "{timed:?}");
+    for b in timed {
+        assert!(b["default_ms"].as_f64().expect("ms") > 0.0 && b["lone_ms"].as_f64().expect("ms") > 0.0, "{b}");
+    }
+    let served = r["profile"]["serve"]["batches"].to_string();
+    assert!(!served.contains("_cpu"), "a GPU profile's batch table names CPU kernels: {served}");
 }
 
 /// `tune --weight-dtype q8_0` races the quantized kernels and records the weight
