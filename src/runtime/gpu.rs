@@ -618,16 +618,22 @@ impl GpuExec {
     /// Builds (or keeps) the program of every step of this pass.
     pub fn prepare(&mut self, tokens: usize, steps: &[Step]) -> Result<(), RuntimeError> {
         for (i, step) in steps.iter().enumerate() {
-            let sig = match &self.paged {
-                None if self.progs.get(&(tokens, i)).is_some_and(|(old, _)| old.matches(step)) => continue,
-                None => Sig::of(step),
-                Some(_) => {
-                    let sig = self.sig(step)?;
-                    if self.progs.get(&(tokens, i)).is_some_and(|(old, _)| *old == sig) {
-                        continue;
-                    }
-                    sig
+            // A paged attention step's signature is the paged kernel's (made
+            // here); the others are checked without building one.
+            let paged_attention = match (&self.paged, &step.kind) {
+                (Some(pg), StepKind::Kernel { problem, .. }) => pg.tables.problem(problem)?.is_some(),
+                _ => false,
+            };
+            let sig = if paged_attention {
+                let sig = self.sig(step)?;
+                if self.progs.get(&(tokens, i)).is_some_and(|(old, _)| *old == sig) {
+                    continue;
                 }
+                sig
+            } else if self.progs.get(&(tokens, i)).is_some_and(|(old, _)| old.matches(step)) {
+                continue;
+            } else {
+                Sig::of(step)
             };
             let old = self.progs.remove(&(tokens, i));
             let build = || -> Result<Option<GpuProgram>, RuntimeError> {
