@@ -820,12 +820,13 @@ pub struct ServeArgs {
     /// Requests that may wait behind the one being served; past it, 429.
     #[arg(long, default_value_t = 16, value_name = "N")]
     pub queue: usize,
-    /// Requests generated at once (CPU): each in a sequence of its own (its KV
+    /// Requests generated at once: each in a sequence of its own (its KV
     /// cache, taking memory as it grows and kept after its request for the next
     /// one sharing its prefix), all advancing a token a step, so a request that
-    /// comes starts at the next step instead of after the others' answers.
-    /// Default: the profile's largest tuned batch size (`tune --serve-batches`:
-    /// `serve.batches`, `serve.minBatch`), else 1
+    /// comes starts at the next step instead of after the others' answers (on a
+    /// GPU over one paged KV cache, decode steps not chained). Default on the
+    /// CPU: the profile's largest tuned batch size (`tune --serve-batches`:
+    /// `serve.batches`, `serve.minBatch`), else 1; on a GPU 1
     #[arg(long, value_name = "N")]
     pub parallel: Option<usize>,
     /// With --parallel: KV-cache positions all sequences together may hold in
