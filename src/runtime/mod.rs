@@ -637,8 +637,9 @@ impl Engine {
     }
 
     /// A new sequence's KV cache, empty, its memory taken only as positions are
-    /// written ([`SeqKv::release`]): the CPU only (a GPU engine's caches are its
-    /// device buffers, which its compiled passes bind).
+    /// written ([`SeqKv::release`]): a table of the paged cache's blocks, or on
+    /// the CPU without one buffers of its own (an unpaged GPU engine's caches
+    /// are its device buffers, which its compiled passes bind: refused).
     pub fn new_sequence(&self) -> Result<SeqKv, RuntimeError> {
         if let Some(p) = &self.paged {
             return Ok(SeqKv { bufs: Vec::new(), pos: 0, written: 0, table: Vec::new(), pool: Some(p.pool.clone()) });
