@@ -77,26 +77,24 @@ impl KvPool {
 }
 
 /// The tables of a pass over paged sequences: where its rows' keys and values go
-/// and where its attention reads them.
+/// and where its attention reads them. `page`: positions a block; `blocks`:
+/// the pool's; `max_blocks`: a table row's block entries (the context's).
+/// `pages`: a row of `2 + max_blocks` f32 for each of the pass's sequences
+/// ([`PassTables::seqs`]), its tokens in the pass, its length after them and its blocks
+/// (`blocks` past its last), [`Problem::AttentionPaged`](crate::kernels::Problem::AttentionPaged)'s
+/// table. `copies`: the blocks to copy (`from`, `to`) before the pass writes,
+/// each one another table still holds, copied for the one about to write into it.
 pub struct PassTables {
-    /// Positions a block, the pool's blocks, and a table row's block entries
-    /// (the context's).
     pub page: usize,
     pub blocks: usize,
     pub max_blocks: usize,
-    /// A row of `2 + max_blocks` f32 a sequence: its tokens in the pass, its
-    /// length after them, its blocks (`pool blocks` past its last):
-    /// [`Problem::AttentionPaged`](crate::kernels::Problem::AttentionPaged)'s table.
     pub pages: Vec<f32>,
-    pub seqs: usize,
-    /// Blocks to copy before the pass writes (`from`, `to`): a block another
-    /// table still holds, copied for the one about to write into it.
     pub copies: Vec<(u32, u32)>,
 }
 
 impl PassTables {
     pub fn new(page: usize, blocks: usize, max_blocks: usize) -> PassTables {
-        PassTables { page, blocks, max_blocks, pages: Vec::new(), seqs: 0, copies: Vec::new() }
+        PassTables { page, blocks, max_blocks, pages: Vec::new(), copies: Vec::new() }
     }
 
     /// Readies a pass over `seqs` (each its table, its position and the tokens
@@ -108,7 +106,6 @@ impl PassTables {
         let (page, w) = (self.page, 2 + self.max_blocks);
         self.pages.clear();
         self.pages.resize(seqs.len() * w, self.blocks as f32);
-        self.seqs = seqs.len();
         self.copies.clear();
         let full = || RuntimeError::KvFull { blocks: pool.blocks() };
         for (s, (table, pos, n)) in seqs.iter_mut().enumerate() {
@@ -157,7 +154,7 @@ impl PassTables {
         };
         let tokens = self.rows().count();
         Ok(Some(Problem::AttentionPaged {
-            seqs: self.seqs,
+            seqs: self.seqs(),
             tokens,
             heads,
             kv_heads,
@@ -170,6 +167,11 @@ impl PassTables {
         }))
     }
 
+    /// The pass's sequences (its table rows).
+    pub fn seqs(&self) -> usize {
+        self.pages.len() / (2 + self.max_blocks)
+    }
+
     /// Sequence `s`'s blocks, as the table row holds them.
     pub fn table(&self, s: usize) -> &[f32] {
         &self.pages[s * (2 + self.max_blocks) + 2..][..self.max_blocks]
@@ -179,7 +181,7 @@ impl PassTables {
     /// in (a sequence's rows from its length before the pass).
     pub fn rows(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
         let w = 2 + self.max_blocks;
-        (0..self.seqs).flat_map(move |s| {
+        (0..self.seqs()).flat_map(move |s| {
             let (n, end) = (self.pages[s * w] as usize, self.pages[s * w + 1] as usize);
             (end - n..end).map(move |p| (p, self.table(s)[p / self.page] as usize))
         })
