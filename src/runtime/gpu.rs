@@ -532,7 +532,6 @@ impl GpuExec {
     /// through the tables of passes of at most `max_rows` rows of sequences
     /// holding `max_blocks` blocks each; every program is built again (they bound
     /// the old buffers).
-    #[allow(clippy::too_many_arguments)]
     pub fn enable_paged(
         &mut self,
         caches: Vec<BufId>,
@@ -604,15 +603,11 @@ impl GpuExec {
         self.progs.retain(|(key, _), _| !gone(*key));
     }
 
-    /// A step's signature as this executor builds it: with a paged KV cache an
-    /// attention step is the paged kernel over the pass's sequences.
-    fn sig(&self, step: &Step) -> Result<Sig, RuntimeError> {
-        if let (Some(pg), StepKind::Kernel { dtype, problem, binds, .. }) = (&self.paged, &step.kind)
-            && let Some(p) = pg.tables.problem(problem)?
-        {
-            return Ok(Sig::Kernel(pg.kernel.id, pg.params.clone(), *dtype, p, binds.clone()));
-        }
-        Ok(Sig::of(step))
+    /// A paged attention step's signature: the paged kernel over the pass's
+    /// sequences (None for any other step, and without a paged cache).
+    fn paged_sig(&self, step: &Step) -> Result<Option<Sig>, RuntimeError> {
+        let (Some(pg), StepKind::Kernel { dtype, problem, binds, .. }) = (&self.paged, &step.kind) else { return Ok(None) };
+        Ok(pg.tables.problem(problem)?.map(|p| Sig::Kernel(pg.kernel.id, pg.params.clone(), *dtype, p, binds.clone())))
     }
 
     /// Builds (or keeps) the program of every step of this pass.
@@ -620,12 +615,7 @@ impl GpuExec {
         for (i, step) in steps.iter().enumerate() {
             // A paged attention step's signature is the paged kernel's (made
             // here); the others are checked without building one.
-            let paged_attention = match (&self.paged, &step.kind) {
-                (Some(pg), StepKind::Kernel { problem, .. }) => pg.tables.problem(problem)?.is_some(),
-                _ => false,
-            };
-            let sig = if paged_attention {
-                let sig = self.sig(step)?;
+            let sig = if let Some(sig) = self.paged_sig(step)? {
                 if self.progs.get(&(tokens, i)).is_some_and(|(old, _)| *old == sig) {
                     continue;
                 }

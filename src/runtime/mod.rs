@@ -102,6 +102,17 @@ enum Exec {
     Gpu(Box<GpuExec>),
 }
 
+impl Exec {
+    /// Readies the paged KV cache for a pass over `seqs` (each its table, its
+    /// position and the tokens the pass feeds it), on either executor.
+    fn page_in(&mut self, pool: &kv_pool::KvPool, seqs: &mut [(&mut Vec<u32>, usize, usize)]) -> Result<(), RuntimeError> {
+        match self {
+            Exec::Cpu(e) => e.page_in(pool, seqs),
+            Exec::Gpu(e) => e.page_in(pool, seqs),
+        }
+    }
+}
+
 /// A model ready to run on one device.
 pub struct Engine {
     pub plan: Plan,
@@ -870,16 +881,15 @@ impl Engine {
         }
         let (x0, vocab) = (self.plan.x[0], self.plan.config.dims.vocab_size);
         self.logits.resize(b * vocab, 0.0);
-        let mut table: Vec<(&mut Vec<u32>, usize, usize)> = Vec::new();
+        if let Some(p) = &self.paged {
+            let mut table: Vec<(&mut Vec<u32>, usize, usize)> =
+                seqs.iter_mut().zip(&counts).map(|(s, &n)| (&mut s.table, s.pos, n)).collect();
+            self.exec.page_in(&p.pool, &mut table)?;
+        }
         match &mut self.exec {
             Exec::Cpu(e) => {
                 cpu_pool(self.cpu_threads, self.cpu_spin_us, self.cpu_prefetch);
                 e.write(x0, &self.x)?;
-                if let Some(p) = &self.paged {
-                    table.extend(seqs.iter_mut().zip(&counts).map(|(s, &n)| (&mut s.table, s.pos, n)));
-                    e.page_in(&p.pool, &mut table)?;
-                    drop(table);
-                }
                 // The int8 GEMMs keep their packed rows across batches (this engine's own
                 // weights, for its life): at a few tokens unpacking costs more than the
                 // arithmetic.
@@ -895,10 +905,6 @@ impl Engine {
                 // Every step over all rows: RoPE and the KV write read each row's
                 // position and block, attention each sequence's table (page_in).
                 e.write(x0, &self.x);
-                let Some(p) = &self.paged else { return Err(RuntimeError::Internal("a GPU batch without its paged cache".into())) };
-                table.extend(seqs.iter_mut().zip(&counts).map(|(s, &n)| (&mut s.table, s.pos, n)));
-                e.page_in(&p.pool, &mut table)?;
-                drop(table);
                 let reads: Vec<(BufId, usize)> = self.plan.lm_head.iter().map(|blk| (blk.logits, b * blk.rows)).collect();
                 let mut phases = Phases::default();
                 let pass = gpu::Pass { tokens: rows, key: gpu::BATCH_KEY + rows, pos0: 0, token: None };
@@ -1350,14 +1356,14 @@ impl Engine {
         self.logits.resize(rows * vocab, 0.0);
         let steps = &self.schedules[si].1;
         let blocks = &self.plan.lm_head;
+        if let Some(p) = &mut self.paged {
+            self.exec.page_in(&p.pool, &mut [(&mut p.table, self.pos, t)])?;
+        }
         // Each LM-head block's logits are `[rows, block rows]`: one read per block.
         match &mut self.exec {
             Exec::Cpu(e) => {
                 cpu_pool(self.cpu_threads, self.cpu_spin_us, self.cpu_prefetch);
                 e.write(x0, &self.x)?;
-                if let Some(p) = &mut self.paged {
-                    e.page_in(&p.pool, &mut [(&mut p.table, self.pos, t)])?;
-                }
                 phases.prepare += lap.lap();
                 // The kernels' parallel loops run on the persistent spinning pool
                 // (kernels::cpu::pool), whose caller is this thread.
@@ -1380,9 +1386,6 @@ impl Engine {
                 }
                 let reads: Vec<(BufId, usize)> = blocks.iter().map(|b| (b.logits, rows * b.rows)).collect();
                 phases.prepare += lap.lap();
-                if let Some(p) = &mut self.paged {
-                    e.page_in(&p.pool, &mut [(&mut p.table, self.pos, t)])?;
-                }
                 let pass = gpu::Pass { tokens: t, key: t, pos0: self.pos, token: gpu_embed.then_some(tokens[0]) };
                 let parts = e.run(pass, steps, &mut self.pass_times, &reads, &mut phases)?;
                 lap.lap();
