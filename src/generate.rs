@@ -152,8 +152,14 @@ impl ProfileChoice {
         warnings: &mut Vec<String>,
     ) -> Result<Prepared> {
         session::check_context(&m.config, passes.context, self.kv_dtype, device, passes.context_flag)?;
-        let Chosen { selection, exec, label } =
+        let Chosen { selection, mut exec, label } =
             self.choose(profile.as_ref(), device, settings, m, passes.prefill_tokens, passes.context, warnings)?;
+        // Without a profile, a CPU engine asked to decode batches keeps every
+        // format it can in X8 records, which its batches' dots decode once for
+        // a few tokens ([`crate::plan::Selection::x8_batch_choice`]).
+        if label.is_none() && passes.batch_rows.is_some_and(|r| r >= 2) && matches!(device, Device::Cpu(_)) {
+            exec.repack = settings.default_repack(m, exec.weight_dtype, true);
+        }
         if let Some(want) = settings.weight_dtype
             && want != exec.weight_dtype
         {

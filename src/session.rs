@@ -167,6 +167,14 @@ impl ModelSettings {
         crate::profile::lookup::model_hash(&m.config, &self.matrix_formats(m, weight_dtype))
     }
 
+    /// The block formats a CPU engine for `m` in `weight_dtype` repacks without
+    /// a profile ([`crate::plan::default_cpu_repack`]; `batches`: an engine that
+    /// decodes several sequences a pass).
+    pub fn default_repack(&self, m: &LoadedModel, weight_dtype: DType, batches: bool) -> Vec<crate::kernels::quant::QFormat> {
+        let dtypes = std::iter::once(weight_dtype).chain(self.matrix_formats(m, weight_dtype).into_values());
+        crate::plan::default_cpu_repack(&m.config, dtypes, batches)
+    }
+
     /// The execution settings without a profile, the runtime's defaults: the
     /// given weight and KV types, fusions and GPU batching, the pool's defaults,
     /// the CPU's default repacking ([`crate::plan::default_cpu_repack`]; none on a
@@ -181,10 +189,7 @@ impl ModelSettings {
         fusion: Fusion,
     ) -> ExecSettings {
         let repack = match device {
-            Device::Cpu(_) => crate::plan::default_cpu_repack(
-                &m.config,
-                std::iter::once(weight_dtype).chain(self.matrix_formats(m, weight_dtype).into_values()),
-            ),
+            Device::Cpu(_) => self.default_repack(m, weight_dtype, false),
             Device::Gpu(_) => Vec::new(),
         };
         ExecSettings {

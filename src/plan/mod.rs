@@ -322,14 +322,17 @@ pub fn kv_cache_bytes(c: &ModelConfig, context: usize, kv: DType) -> Option<u64>
 /// The block formats a CPU engine repacks when no profile says, for a model of
 /// config `c` whose matrices come in `dtypes`
 /// ([`crate::kernels::quant::default_repack`]: Q4_0 of short-row models on
-/// AVX-512 VNNI). What `run`/`bench` use without a profile and the tuner's
-/// runtime-default combination.
-pub fn default_cpu_repack(c: &ModelConfig, dtypes: impl IntoIterator<Item = DType>) -> Vec<crate::kernels::quant::QFormat> {
+/// AVX-512 VNNI; with `batches`, an engine decoding several sequences a pass,
+/// every format with an X8 layout). What `run`/`bench` use without a profile
+/// and the tuner's runtime-default combination (`serve --parallel`: with
+/// `batches`).
+pub fn default_cpu_repack(c: &ModelConfig, dtypes: impl IntoIterator<Item = DType>, batches: bool) -> Vec<crate::kernels::quant::QFormat> {
     let formats: Vec<_> = dtypes.into_iter().filter_map(|d| d.quant()).collect();
     crate::kernels::quant::default_repack(
         crate::kernels::cpu::Isa::best().vnni(),
         c.dims.hidden_size.max(c.dims.intermediate_size),
         &formats,
+        batches,
     )
 }
 
@@ -473,6 +476,22 @@ struct LayerW {
 }
 
 impl Plan {
+    /// Whether the weight of `problem` (a projection's GEMM or the gate/up
+    /// pair's) in `dtype` is kept in X8 records by a CPU engine of this plan:
+    /// its format repacked ([`PlanOptions::cpu_repack`]) and its rows whole
+    /// groups of 8, as the load repacks it.
+    pub fn x8_weight(&self, problem: &Problem, dtype: DType) -> bool {
+        let rows = match *problem {
+            Problem::Gemm { n, .. } => n,
+            Problem::GateUp { n, .. } => 2 * n,
+            _ => return false,
+        };
+        matches!(self.selection.device, crate::device::DeviceCaps::Cpu(_))
+            && dtype.quant().is_some_and(|f| self.options.cpu_repack.contains(&f) && f.ops().cpu.x8.is_some())
+            && rows > 0
+            && rows.is_multiple_of(crate::kernels::quant::X8_ROWS)
+    }
+
     /// Lays out buffers for `cfg` under `opts`; `selection` picks kernels when steps are emitted.
     pub fn new(model: &str, cfg: &ModelConfig, opts: PlanOptions, selection: Selection) -> Result<Plan, PlanError> {
         if opts.max_tokens == 0 || opts.context == 0 || opts.max_tokens > opts.context {
@@ -1101,7 +1120,13 @@ impl Emitter<'_> {
         dtype: DType,
     ) -> Result<(), PlanError> {
         let sel = &self.plan.selection;
-        let (choice, warning) = match self.batch.and_then(|rows| sel.batch_choice(rows, (slot, self.regime), &problem, dtype)) {
+        let table = self.batch.and_then(|rows| sel.batch_choice(rows, (slot, self.regime), &problem, dtype));
+        // A pass of decode tokens only: the X8 records' batched dots, each token's
+        // lone decode's arithmetic (a prompt's chunk keeps the prefill's GEMM, as
+        // its whole prompt computes it in one pass).
+        let decode_only = self.batch.is_some() && self.heads.is_empty();
+        let x8 = || if decode_only && self.plan.x8_weight(&problem, dtype) { sel.x8_batch_choice(&problem, dtype) } else { None };
+        let (choice, warning) = match table.or_else(x8) {
             Some(c) => (c, None),
             None => sel.choose_noting(slot, self.regime, layer, &problem, dtype)?,
         };

@@ -285,6 +285,12 @@ pub struct Selection {
     pub min_batch: usize,
 }
 
+/// The most rows of a decode batch's pass that take the batched decode dots
+/// over X8 records by default ([`Selection::x8_batch_choice`]): on a 2-core
+/// EPYC (SmolLM2-135M Q4_0) they decode 2 to 6 sequences 6–59% faster than
+/// the int8 GEMM over its kept panels, 8 as fast, 10 and more slower.
+pub const X8_BATCH_ROWS: usize = 8;
+
 /// Kernel choices as a selection holds them: by slot, and by (format, slot)
 /// for a file's other matrix formats ([`Selection::slots`],
 /// [`Selection::formats`]); a race's winners, one batch size's table
@@ -341,6 +347,23 @@ impl Selection {
         let (_, table) = self.batches.range(..=rows).next_back()?;
         let c = table.formats.get(&(dtype, key)).or_else(|| table.slots.get(&key))?;
         (c.kernel.op == problem.op() && c.kernel.check(self.device.caps(), problem, dtype, &c.params).is_ok()).then(|| c.clone())
+    }
+
+    /// A decode batch's kernel for a block-format matrix the CPU engine keeps in
+    /// X8 records, where no batch table names one: up to [`X8_BATCH_ROWS`] rows,
+    /// the batched decode dots (`gemm_q_dots_cpu`, `gate_up_q_dots_cpu`), which
+    /// decode each record once for a few tokens and give each token its lone
+    /// decode's values, bit for bit. None beyond (the int8 GEMM over its kept
+    /// panels serves), or on a GPU. Measured in docs/serve.md.
+    pub fn x8_batch_choice(&self, problem: &Problem, dtype: DType) -> Option<Choice> {
+        let id = match *problem {
+            Problem::Gemm { m, .. } if m <= X8_BATCH_ROWS => "gemm_q_dots_cpu",
+            Problem::GateUp { rows, .. } if rows <= X8_BATCH_ROWS => "gate_up_q_dots_cpu",
+            _ => return None,
+        };
+        let k = kernels::find(id).ok()?;
+        let caps = self.device.caps();
+        self.default_params(k, dtype).into_iter().find(|p| k.check(caps, problem, dtype, p).is_ok()).map(|p| Choice::new(k, p))
     }
 
     /// The runtime's defaults as `run` and `bench` use them: [`Selection::defaults`]

@@ -525,7 +525,7 @@ pub(crate) fn run(
     if !gpu {
         // The runtime default repacks what `run` without a profile does.
         let dtypes = std::iter::once(o.weight_dtype).chain(o.matrix_formats.values().copied());
-        combos[0].0.repack = repack_bits(&crate::plan::default_cpu_repack(t.config, dtypes));
+        combos[0].0.repack = repack_bits(&crate::plan::default_cpu_repack(t.config, dtypes, false));
     }
     let timing_end = budget.share(TIMING_SHARE);
     // Every engine of the stage loads (quantizes, converts) the model's weights

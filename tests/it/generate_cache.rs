@@ -392,6 +392,104 @@ fn batch_answers_as_alone(
     }
 }
 
+/// The kernels (with their `strategy` or `rows_per_task`) of `slot`'s steps
+/// in the pass over sequences of `counts` rows
+/// ([`ktune::plan::Plan::pass_steps`]), with the storage type of each.
+fn pass_kernels(g: &Generator, counts: &[usize], slot: ktune::plan::Slot) -> Vec<(String, DType)> {
+    use ktune::plan::StepKind;
+    let steps = g.engine.plan.pass_steps(counts).expect("a batch plan");
+    steps
+        .iter()
+        .filter(|s| s.slot == slot)
+        .filter_map(|s| match &s.kind {
+            StepKind::Kernel { kernel, params, dtype, .. } => {
+                Some((format!("{}{:?}", kernel.id, params.get("strategy").or(params.get("rows_per_task"))), *dtype))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// [`pass_kernels`]' kernel, the same in every step.
+fn pass_kernel(g: &Generator, counts: &[usize], slot: ktune::plan::Slot) -> String {
+    let ids: Vec<String> = pass_kernels(g, counts, slot).into_iter().map(|(id, _)| id).collect();
+    assert!(!ids.is_empty() && ids.iter().all(|i| *i == ids[0]), "{slot:?} in a pass of {counts:?}: {ids:?}");
+    ids[0].clone()
+}
+
+/// Without a profile, a CPU server's engine (`--parallel` above 1) on AVX-512
+/// VNNI keeps every block-format matrix it can in X8 records, and a pass of
+/// decode tokens only, up to 8 rows, runs its projections through the
+/// batched decode dots over them (each token its lone decode's arithmetic,
+/// each record decoded once for a few tokens); a pass holding a prompt's chunk
+/// keeps the prefill's int8 GEMM for the projections (its prompt's own
+/// arithmetic), and so does a pass of more rows. A server of one sequence
+/// keeps the rows. Q8_0, and Q4_K with its Q6_K matrices (no X8 layout: the
+/// GEMM). Every sequence of a Q8_0 batch answers as alone on such an engine,
+/// greedy and seeded.
+#[test]
+fn a_cpu_server_decodes_its_batches_through_x8_dots() {
+    use ktune::kernels::cpu::Isa;
+    use ktune::kernels::quant::QFormat;
+    use ktune::kernels::sample::SamplerParams as P;
+    use ktune::plan::Slot;
+    let tmp = tempdir();
+    // The K-quant fixture in its own block formats (the other tests load it as f32).
+    let k4 = tmp.path().join("llama-q4km.gguf");
+    std::fs::copy(gguf_dir().join("llama-k-q4_k_m.gguf"), &k4).expect("copied");
+    let k4 = k4.to_str().expect("a UTF-8 path").to_string();
+    for (file, format) in [("smollm2-tiny-q8_0.gguf", QFormat::Q8_0), (k4.as_str(), QFormat::Q4_K)] {
+        let lone = open_as(file, 512, 1);
+        assert!(lone.engine.plan.options.cpu_repack.is_empty(), "{file}: one sequence keeps the rows");
+        drop(lone);
+        let mut batch = open_as(file, 512, 20);
+        if !Isa::best().vnni() {
+            eprintln!(
+                "a_cpu_server_decodes_its_batches_through_x8_dots: this CPU lacks AVX-512 VNNI: no X8 records by default (nothing more checked)"
+            );
+            assert!(batch.engine.plan.options.cpu_repack.is_empty(), "{file}");
+            continue;
+        }
+        assert!(batch.engine.plan.options.cpu_repack.contains(&format), "{file}: {:?}", batch.engine.plan.options.cpu_repack);
+        // Every projection stored in the repacked format takes the dots (a
+        // matrix of another, Q6_K, the GEMM), in a pass of decode tokens only.
+        let takes = |counts: &[usize], slot: Slot, dots: bool| {
+            let ks = pass_kernels(&batch, counts, slot);
+            assert!(ks.iter().any(|(_, d)| *d == DType::from(format)), "{file} {slot:?}: {ks:?}");
+            for (id, dtype) in ks {
+                let want = if dots && dtype == DType::from(format) { "gemm_q_dots_cpu" } else { "gemm_q_i8_cpu" };
+                assert!(id.starts_with(want), "{file} {slot:?} in a pass of {counts:?}: {id} ({dtype}), not {want}");
+            }
+        };
+        for rows in [2, 4, 8] {
+            takes(&vec![1; rows], Slot::MatmulQkv, true);
+            takes(&vec![1; rows], Slot::MatmulDown, true);
+        }
+        takes(&[1; 9], Slot::MatmulQkv, false);
+        if format == QFormat::Q8_0 {
+            // Its LM head (Q8_0 too) over each sequence's row.
+            takes(&[1; 4], Slot::MatmulLmHead, true);
+        }
+        // A prompt's chunk in the pass: the GEMM for the projections.
+        takes(&[1, 5, 1], Slot::MatmulQkv, false);
+        if format != QFormat::Q8_0 {
+            // (Its Q6_K matrices take the GEMM, whose activations round per 32
+            // where the lone decode's K-quant dots round per 256.)
+            continue;
+        }
+        let mut alone = open_as(file, 512, 20);
+        let room = batch.context;
+        let lengths = [5usize, 13, 30.min(room / 2), 2];
+        let prompts: Vec<Vec<u32>> = lengths.iter().map(|&n| (0..n).map(|i| 3 + ((i * 37 + n) % 90) as u32).collect()).collect();
+        let seeded = P { temperature: 0.9, top_p: 0.95, seed: 3, ..P::GREEDY };
+        let params = [P::GREEDY, seeded, P::GREEDY, seeded];
+        let budgets: Vec<usize> = [16usize, 9, 20, 12].iter().zip(&lengths).map(|(&b, &n)| b.min(room - n - 1)).collect();
+        let mut batched_steps = 0;
+        batch_answers_as_alone(&mut batch, &mut alone, &prompts, &params, &budgets, None, file, |_, _| batched_steps += 1);
+        assert!(batched_steps >= 8, "{file}: {batched_steps} batched steps");
+    }
+}
+
 /// A profile's `serve.batches` (what `tune --serve-batches` writes) switches a
 /// decode batch's kernels with its size: batches of 2 and 3 sequences run the
 /// projections through `gemm_q_rows_cpu` (f32 activations) and the norms one
@@ -405,7 +503,7 @@ fn batch_answers_as_alone(
 #[test]
 fn a_profiles_batch_regimes_switch_kernels_as_the_batch_shrinks() {
     use ktune::kernels::sample::SamplerParams as P;
-    use ktune::plan::{Slot, StepKind};
+    use ktune::plan::Slot;
     let tmp = tempdir();
     let profile = |name: &str, two: &str, four: &str| {
         let path = tmp.path().join(name);
@@ -428,21 +526,7 @@ fn a_profiles_batch_regimes_switch_kernels_as_the_batch_shrinks() {
     // Without --parallel a server runs the profile's largest batch size.
     assert_eq!(open_with(file, 512, None, Some(switching.clone())).batch_rows(), 4);
     let g = open_with(file, 512, Some(4), Some(switching));
-    let kernel_of = |g: &Generator, rows: usize, slot: Slot| -> String {
-        let steps = g.engine.plan.batch_steps(rows).expect("a batch plan");
-        let ids: Vec<String> = steps
-            .iter()
-            .filter(|s| s.slot == slot)
-            .filter_map(|s| match &s.kind {
-                StepKind::Kernel { kernel, params, .. } => {
-                    Some(format!("{}{:?}", kernel.id, params.get("strategy").or(params.get("rows_per_task"))))
-                }
-                _ => None,
-            })
-            .collect();
-        assert!(!ids.is_empty() && ids.iter().all(|i| *i == ids[0]), "{slot:?} at {rows}: {ids:?}");
-        ids[0].clone()
-    };
+    let kernel_of = |g: &Generator, rows: usize, slot: Slot| pass_kernel(g, &vec![1; rows], slot);
     for rows in [2, 3] {
         assert!(kernel_of(&g, rows, Slot::MatmulDown).starts_with("gemm_q_rows_cpu"), "{rows}");
         assert!(kernel_of(&g, rows, Slot::MatmulO).starts_with("gemm_q_rows_cpu"), "{rows}");
@@ -513,7 +597,7 @@ fn fewer_sequences_than_the_profiles_min_batch_decode_alone() {
 }
 
 /// Decode batches of a real model (`KTUNE_REAL_GGUF`, e.g. SmolLM2-135M): tokens
-/// a second at 1 (the lone decode step), 2, 4, 8 and 16 sequences, interleaved
+/// a second at 1 (the lone decode step), 2, 4, 8 and 16 sequences (or `KTUNE_BATCH_SIZES`), interleaved
 /// rounds, and where a batch's time goes by slot. A measurement, not a check:
 /// `KTUNE_REAL_GGUF=target/real/SmolLM2-135M-Instruct.Q4_1.gguf cargo test
 /// --release --test it batch_decode_timing -- --ignored --nocapture`.
@@ -523,9 +607,12 @@ fn batch_decode_timing() {
     let Some(path) = std::env::var_os("KTUNE_REAL_GGUF") else { return };
     // KTUNE_PROFILE: a profile's kernels (its batch tables) instead of the defaults.
     let profile = std::env::var_os("KTUNE_PROFILE").map(std::path::PathBuf::from);
-    let mut g = open_with(path.to_str().expect("utf-8 path"), 512, Some(16), profile);
     let prompt: Vec<u32> = (0..24).map(|i| 100 + i).collect();
-    let sizes = [1usize, 2, 4, 8, 16];
+    // KTUNE_BATCH_SIZES: the batch sizes timed (comma-separated; default 1,2,4,8,16).
+    let sizes: Vec<usize> = std::env::var("KTUNE_BATCH_SIZES")
+        .map(|v| v.split(',').map(|b| b.trim().parse().expect("a batch size")).collect())
+        .unwrap_or_else(|_| vec![1, 2, 4, 8, 16]);
+    let mut g = open_with(path.to_str().expect("utf-8 path"), 512, Some(sizes.iter().copied().max().unwrap_or(1).max(2)), profile);
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); sizes.len()];
     for _round in 0..3 {
         for (si, &b) in sizes.iter().enumerate() {
@@ -551,10 +638,10 @@ fn batch_decode_timing() {
                 }
             }
             rates[si].push((steps * b) as f64 / t0.elapsed().as_secs_f64());
-            if b == 16 {
+            if b >= 8 {
                 let mut t: Vec<_> = g.engine.last_pass_times().seconds.iter().map(|(k, v)| (*v, format!("{k:?}"))).collect();
                 t.sort_by(|a, b| b.0.total_cmp(&a.0));
-                eprintln!("batch of 16, ms by slot: {:?}", t.iter().map(|(v, k)| format!("{k} {:.2}", v * 1e3)).collect::<Vec<_>>());
+                eprintln!("batch of {b}, ms by slot: {:?}", t.iter().map(|(v, k)| format!("{k} {:.2}", v * 1e3)).collect::<Vec<_>>());
             }
         }
     }
@@ -593,8 +680,10 @@ fn a_shared_prefix_answers_as_computed_on_a_gpu() {
 fn shared_prefix_answers_as_computed(device: &str, file: &str, kv: DType) {
     let open = |parallel| open_on(device, file, 512, Some(parallel), ProfileChoice { kv_dtype: kv, ..ProfileChoice::uncached() });
     let mut g = open(4);
-    // On a GPU the fresh engine is paged too: its passes compute as g's.
-    let mut fresh = open(if device == "cpu" { 1 } else { 4 });
+    // The fresh engine is a server's of as many sequences too: its passes
+    // compute as g's (on a GPU paged; on a CPU its matrices in the same
+    // layout, X8 records, whose one-row dots round otherwise than the rows').
+    let mut fresh = open(4);
     let system: Vec<u32> = (0..40).map(|i| 5 + (i * 13) % 80).collect();
     let first: Vec<u32> = system.iter().copied().chain([7, 9, 11]).collect();
     let second: Vec<u32> = system.iter().copied().chain([8, 10, 12, 14]).collect();

@@ -306,7 +306,7 @@ mod tests {
         use crate::kernels::problem::Activation;
         use crate::kernels::quant::{QFormat, QMatrix};
         use crate::kernels::verify::{HostTensor, run_cpu};
-        let (m, n, k, act) = (3, 40, 512, Activation::Silu);
+        let (m, n, k, act) = (6, 40, 512, Activation::Silu);
         let caps = CpuCaps::detect();
         let data = |len: usize, seed: u64| crate::kernels::cpu::testdata::signed(len, seed);
         let x = data(m * k, 1);

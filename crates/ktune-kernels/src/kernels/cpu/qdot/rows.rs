@@ -10,8 +10,9 @@ use super::{ActVec, dequantize_row};
 use crate::kernels::contract::CpuIn;
 use crate::kernels::contract::{KernelError, Params};
 use crate::kernels::cpu::dot::dot_f32;
+use crate::kernels::cpu::qx8::rows_x8_tokens;
 use crate::kernels::cpu::{Isa, pool, with_scratch};
-use crate::kernels::quant::{QFormat, QView};
+use crate::kernels::quant::{Layout, QFormat, QView};
 
 pub fn qin<'a>(k: &str, a: &CpuIn<'a>) -> Result<QView<'a>, KernelError> {
     a.quant().ok_or_else(|| KernelError::BufferType { kernel: k.into(), buffer: "w".into(), expected: "a quantized matrix" })
@@ -58,11 +59,18 @@ pub fn token_vectors<'a>(x: &'a [f32], m: usize, k: usize, params: &Params, form
 /// `y[t, r]` for rows `r0..r0 + count` of `w` and the vectors `xs` of every
 /// token, each dot as the decode's GEMV computes it ([`ActVec::rows`]), so a
 /// token among others gets the values it gets alone. Eight rows at a time go
-/// through every token: read from memory for the first, from L1 for the rest.
-/// Into `out` token-major (`[m][count]`).
+/// through every token: read from memory for the first, from L1 for the rest;
+/// over [`Layout::X8`] records with int8 activations, decoded once for a few
+/// tokens at a time ([`rows_x8_tokens`]). Into `out` token-major (`[m][count]`).
 #[allow(clippy::too_many_arguments)]
 pub fn rows_times_vectors(isa: Isa, xs: &[ActVec<'_>], w: QView<'_>, k: usize, r0: usize, count: usize, four: bool, out: &mut [f32]) {
     const RUN: usize = 8;
+    if let Layout::X8 { .. } = w.layout {
+        let int8 = |t: usize| if let ActVec::I8(q) = &xs[t] { Some(q) } else { None };
+        if (0..xs.len()).all(|t| int8(t).is_some()) {
+            return rows_x8_tokens(isa, xs.len(), |t| int8(t).expect("int8 activations (checked)"), w, r0, count, out);
+        }
+    }
     let mut y = [0f32; RUN];
     for c in (0..count).step_by(RUN) {
         let y = &mut y[..RUN.min(count - c)];

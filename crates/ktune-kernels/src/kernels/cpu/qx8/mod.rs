@@ -45,49 +45,90 @@ use crate::kernels::quant::{IQ4_LEVELS, Layout, QK, QView, X8_BYTES, X8_ROWS, x8
 /// whole into a stack buffer.
 pub fn rows_x8(isa: Isa, x: &XQ8, w: QView<'_>, first: usize, y: &mut [f32]) {
     let Layout::X8 { bpr } = w.layout else { return };
-    let end = first + y.len();
+    groups(first, y.len(), |g, r, hi| {
+        let [out] = group(isa, [x], w, bpr, g);
+        y[r - first..hi - first].copy_from_slice(&out[r - g * X8_ROWS..hi - g * X8_ROWS]);
+    });
+}
+
+/// `f(g, r, hi)` for each group `g` of 8 rows that rows `first..first + count`
+/// reach, with the rows `r..hi` of it they hold (partial groups at either end).
+#[inline(always)]
+fn groups(first: usize, count: usize, mut f: impl FnMut(usize, usize, usize)) {
+    let end = first + count;
     let mut r = first;
     while r < end {
         let g = r / X8_ROWS;
-        let (lo, hi) = (g * X8_ROWS, ((g + 1) * X8_ROWS).min(end));
-        let out = group(isa, x, w, bpr, g);
-        y[r - first..hi - first].copy_from_slice(&out[r - lo..hi - lo]);
+        let hi = ((g + 1) * X8_ROWS).min(end);
+        f(g, r, hi);
         r = hi;
     }
 }
 
-/// The 8 dot products of rows `8 g..8 g + 8`.
+/// Tokens whose dots one pass over a group's records computes
+/// ([`rows_x8_tokens`]): their accumulators and the decoded codes fill the 16
+/// vector registers of AVX2 and most of AVX-512's 32.
+pub const X8_TOKENS: usize = 4;
+
+/// Rows `first..first + count` of the [`Layout::X8`] matrix `w` dotted with
+/// the activations `x(t)` of each token `t < m`, into `out` token-major (`[m][count]`):
+/// a group of 8 rows at a time, its records read and decoded once for up to
+/// [`X8_TOKENS`] tokens (from memory for the first tokens, from L1 for the
+/// rest). Every token's dots are computed as [`rows_x8`] computes them for it
+/// alone, bit for bit (a decode batch's token gets its lone decode's values).
+pub fn rows_x8_tokens<'a>(isa: Isa, m: usize, x: impl Fn(usize) -> &'a XQ8, w: QView<'_>, first: usize, count: usize, out: &mut [f32]) {
+    let Layout::X8 { bpr } = w.layout else { return };
+    assert!(out.len() >= m * count, "{} outputs for {m} tokens of {count} rows", out.len());
+    groups(first, count, |g, r, hi| {
+        let lo = g * X8_ROWS;
+        let mut put = |t0: usize, dots: &[[f32; X8_ROWS]]| {
+            for (j, d) in dots.iter().enumerate() {
+                out[(t0 + j) * count + r - first..][..hi - r].copy_from_slice(&d[r - lo..hi - lo]);
+            }
+        };
+        for t0 in (0..m).step_by(X8_TOKENS) {
+            match m - t0 {
+                1 => put(t0, &group(isa, [x(t0)], w, bpr, g)),
+                2 => put(t0, &group(isa, [x(t0), x(t0 + 1)], w, bpr, g)),
+                3 => put(t0, &group(isa, [x(t0), x(t0 + 1), x(t0 + 2)], w, bpr, g)),
+                _ => put(t0, &group(isa, std::array::from_fn::<_, X8_TOKENS, _>(|j| x(t0 + j)), w, bpr, g)),
+            }
+        }
+    });
+}
+
+/// The 8 dot products of rows `8 g..8 g + 8` with each of the tokens `xs`.
 #[inline]
-fn group(isa: Isa, x: &XQ8, w: QView<'_>, bpr: usize, g: usize) -> [f32; X8_ROWS] {
+fn group<const T: usize>(isa: Isa, xs: [&XQ8; T], w: QView<'_>, bpr: usize, g: usize) -> [[f32; X8_ROWS]; T] {
     let (rb, ns) = (x8_record_bytes(w.format), w.format.scales_per_block() * X8_ROWS);
     let rec = &w.quants[g * bpr * rb..(g + 1) * bpr * rb];
     let sc = &w.scales[g * bpr * ns..(g + 1) * bpr * ns];
     if let Some(X8::Codes32(codes)) = w.format.ops().cpu.x8 {
         #[cfg(target_arch = "x86_64")]
-        if isa.avx2() && x.q.len() >= bpr * QK && x.d.len() >= bpr && x.dsum.len() >= bpr {
+        if isa.avx2() && xs.iter().all(|x| x.q.len() >= bpr * QK && x.d.len() >= bpr && x.dsum.len() >= bpr) {
             // SAFETY: AVX2/FMA/F16C checked (VNNI too for `vnni`); `rec`, `sc` hold
-            // `bpr` records, `x` as many blocks (checked above).
+            // `bpr` records, each `x` as many blocks (checked above).
             return unsafe {
                 match (codes, isa.vnni()) {
-                    (Codes::Nibbles, true) => x86::vnni::group32::<0>(rec, sc, x, bpr),
-                    (Codes::Bytes, true) => x86::vnni::group32::<1>(rec, sc, x, bpr),
-                    (Codes::Levels, true) => x86::vnni::group32::<2>(rec, sc, x, bpr),
-                    (Codes::Nibbles, false) => x86::avx2::group32::<0>(rec, sc, x, bpr),
-                    (Codes::Bytes, false) => x86::avx2::group32::<1>(rec, sc, x, bpr),
-                    (Codes::Levels, false) => x86::avx2::group32::<2>(rec, sc, x, bpr),
+                    (Codes::Nibbles, true) => x86::vnni::group32::<0, T>(rec, sc, xs, bpr),
+                    (Codes::Bytes, true) => x86::vnni::group32::<1, T>(rec, sc, xs, bpr),
+                    (Codes::Levels, true) => x86::vnni::group32::<2, T>(rec, sc, xs, bpr),
+                    (Codes::Nibbles, false) => x86::avx2::group32::<0, T>(rec, sc, xs, bpr),
+                    (Codes::Bytes, false) => x86::avx2::group32::<1, T>(rec, sc, xs, bpr),
+                    (Codes::Levels, false) => x86::avx2::group32::<2, T>(rec, sc, xs, bpr),
                 }
             };
         }
-        return group32_portable(codes, rb, rec, sc, x, bpr);
+        return xs.map(|x| group32_portable(codes, rb, rec, sc, x, bpr));
     }
     #[cfg(target_arch = "x86_64")]
-    if x.per256 && isa.avx2() && x.q.len() >= bpr * 256 && x.d.len() >= 8 * bpr && x.dsum.len() >= 8 * bpr {
+    if isa.avx2() && xs.iter().all(|x| x.per256 && x.q.len() >= bpr * 256 && x.d.len() >= 8 * bpr && x.dsum.len() >= 8 * bpr) {
         // SAFETY: AVX2/FMA/F16C checked (VNNI too for `vnni`); `rec`, `sc` hold
-        // `bpr` records, `x` as many super-blocks (checked above).
-        return unsafe { if isa.vnni() { x86::vnni::group(rec, sc, x, bpr) } else { x86::avx2::group(rec, sc, x, bpr) } };
+        // `bpr` records, each `x` as many super-blocks (checked above).
+        return unsafe { if isa.vnni() { x86::vnni::group(rec, sc, xs, bpr) } else { x86::avx2::group(rec, sc, xs, bpr) } };
     }
     let _ = isa;
-    group_portable(rec, sc, x, bpr)
+    xs.map(|x| group_portable(rec, sc, x, bpr))
 }
 
 /// The portable loop: `x` with one scale per 256 or per 32.

@@ -15,116 +15,130 @@ macro_rules! x8_loops {
             use super::super::{X8_BYTES, X8_ROWS};
             use super::$dp;
 
+            /// The group's dot products with each of the `T` tokens `xs`, every
+            /// record read and its nibbles unpacked once for all of them; each
+            /// token's lanes go through the arithmetic of `T = 1` (the decode's
+            /// lone dots) in the same order, so a token gets the same bits
+            /// among others as alone.
+            ///
             /// # Safety
             /// The features of `$feat`; `rec` holds `bpr` records, `sc` their
-            /// 16 scales each, `x` `bpr` super-blocks with one scale per 256.
+            /// 16 scales each, each `x` `bpr` super-blocks with one scale per 256.
             #[target_feature(enable = $feat)]
-            pub unsafe fn group(rec: &[u8], sc: &[f16], x: &XQ8, bpr: usize) -> [f32; X8_ROWS] {
+            pub unsafe fn group<const T: usize>(rec: &[u8], sc: &[f16], xs: [&XQ8; T], bpr: usize) -> [[f32; X8_ROWS]; T] {
                 let pf = crate::kernels::cpu::prefetch_bytes();
-                assert!(rec.len() >= bpr * X8_BYTES && sc.len() >= bpr * 16 && x.q.len() >= 256 * bpr && x.dsum.len() >= 8 * bpr);
-                let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                assert!(rec.len() >= bpr * X8_BYTES && sc.len() >= bpr * 16);
+                assert!(xs.iter().all(|x| x.q.len() >= 256 * bpr && x.d.len() >= 8 * bpr && x.dsum.len() >= 8 * bpr));
+                let (mut acc, mut accm) = ([_mm256_setzero_ps(); T], [_mm256_setzero_ps(); T]);
                 for c in 0..bpr {
-                    // SAFETY: record c, its scales and super-block c of x (asserted above).
+                    // SAFETY: record c, its scales and super-block c of each x (asserted above).
                     unsafe {
                         let r = super::record(rec, c, X8_BYTES, pf);
-                        let xq = x.q.as_ptr().add(256 * c);
-                        let mut isum = _mm256_setzero_si256();
+                        let mut isum = [_mm256_setzero_si256(); T];
                         for p in 0..4 {
-                            let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                            let (mut lo, mut hi) = ([_mm256_setzero_si256(); T], [_mm256_setzero_si256(); T]);
                             for t in 0..8 {
                                 let (wl, wh) = super::nibbles(r, 8 * p + t);
-                                let xl = _mm256_set1_epi32((xq.add(64 * p + 4 * t) as *const i32).read_unaligned());
-                                let xh = _mm256_set1_epi32((xq.add(64 * p + 32 + 4 * t) as *const i32).read_unaligned());
-                                lo = $dp(lo, wl, xl);
-                                hi = $dp(hi, wh, xh);
+                                for j in 0..T {
+                                    let xq = xs[j].q.as_ptr().add(256 * c + 64 * p + 4 * t);
+                                    lo[j] = $dp(lo[j], wl, _mm256_set1_epi32((xq as *const i32).read_unaligned()));
+                                    hi[j] = $dp(hi[j], wh, _mm256_set1_epi32((xq.add(32) as *const i32).read_unaligned()));
+                                }
                             }
                             let sl = _mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(16 * p) as *const __m128i));
                             let sh = _mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(16 * p + 8) as *const __m128i));
-                            isum = _mm256_add_epi32(isum, _mm256_add_epi32(_mm256_mullo_epi32(lo, sl), _mm256_mullo_epi32(hi, sh)));
+                            for j in 0..T {
+                                let s = _mm256_add_epi32(_mm256_mullo_epi32(lo[j], sl), _mm256_mullo_epi32(hi[j], sh));
+                                isum[j] = _mm256_add_epi32(isum[j], s);
+                            }
                         }
                         let (d, dmin) = super::record_scales(sc.as_ptr().add(16 * c));
-                        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(x.d[8 * c])), acc);
-                        accm = super::add_mins(r, x.dsum.as_ptr().add(8 * c), dmin, accm);
+                        for j in 0..T {
+                            let dd = _mm256_mul_ps(d, _mm256_set1_ps(xs[j].d[8 * c]));
+                            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), dd, acc[j]);
+                            accm[j] = super::add_mins(r, xs[j].dsum.as_ptr().add(8 * c), dmin, accm[j]);
+                        }
                     }
                 }
-                let mut out = [0f32; X8_ROWS];
-                // SAFETY: 8 floats into an 8-float array.
-                unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc, accm)) };
+                let mut out = [[0f32; X8_ROWS]; T];
+                for j in 0..T {
+                    // SAFETY: 8 floats into an 8-float array.
+                    unsafe { _mm256_storeu_ps(out[j].as_mut_ptr(), _mm256_sub_ps(acc[j], accm[j])) };
+                }
                 out
             }
 
-            /// `acc + Σ4 w·s` per 32-bit lane for signed `w` (|w| ≤ 128): `|w|`
-            /// times `s` with `w`'s sign (llama.cpp's sign trick).
-            #[inline]
-            #[target_feature(enable = $feat)]
-            fn dps(acc: __m256i, w: __m256i, s: __m256i) -> __m256i {
-                $dp(acc, _mm256_sign_epi8(w, w), _mm256_sign_epi8(s, w))
-            }
-
             /// One group's block columns of a 32-element format (`F`: 0 Q4_0,
-            /// 1 Q8_0, 2 IQ4_NL), as [`super::super::group32_portable`] computes them.
+            /// 1 Q8_0, 2 IQ4_NL) with each of the `T` tokens `xs`, as
+            /// [`super::super::group32_portable`] computes them: every record read
+            /// and decoded (nibbles split, IQ4_NL's levels looked up, signs taken
+            /// for the sign trick: `|w|` times `x` with `w`'s sign) once for all the
+            /// tokens, each token's lanes as at `T = 1`.
             ///
             /// # Safety
             /// The features of `$feat`; `rec` holds `bpr` records of the format, `sc`
-            /// their 8 scales each, `x` `bpr` blocks (codes, scales and sums).
+            /// their 8 scales each, each `x` `bpr` blocks (codes, scales and sums).
             #[target_feature(enable = $feat)]
-            pub unsafe fn group32<const F: u8>(rec: &[u8], sc: &[f16], x: &XQ8, bpr: usize) -> [f32; X8_ROWS] {
+            pub unsafe fn group32<const F: u8, const T: usize>(rec: &[u8], sc: &[f16], xs: [&XQ8; T], bpr: usize) -> [[f32; X8_ROWS]; T] {
                 let pf = crate::kernels::cpu::prefetch_bytes();
                 let rb = if F == 1 { 256 } else { 128 };
-                assert!(rec.len() >= bpr * rb && sc.len() >= bpr * 8 && x.q.len() >= 32 * bpr && x.d.len() >= bpr && x.dsum.len() >= bpr);
+                assert!(rec.len() >= bpr * rb && sc.len() >= bpr * 8);
+                assert!(xs.iter().all(|x| x.q.len() >= 32 * bpr && x.d.len() >= bpr && x.dsum.len() >= bpr));
                 let m4 = _mm256_set1_epi8(0x0f);
                 // SAFETY: the 16 bytes of the table.
                 let table = unsafe {
                     let t = _mm_loadu_si128(crate::kernels::quant::IQ4_LEVELS.as_ptr() as *const __m128i);
                     _mm256_set_m128i(t, t)
                 };
-                let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                let (mut acc, mut accm) = ([_mm256_setzero_ps(); T], [_mm256_setzero_ps(); T]);
+                let (xq0, xd, xs_) = (xs.map(|x| x.q.as_ptr()), xs.map(|x| x.d.as_ptr()), xs.map(|x| x.dsum.as_ptr()));
                 for c in 0..bpr {
-                    // SAFETY: record c, its scales and block c of x (asserted above).
+                    // SAFETY: record c, its scales and block c of each x (asserted above).
                     unsafe {
                         let r = super::record(rec, c, rb, pf);
-                        let xq = x.q.as_ptr().add(32 * c);
-                        let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-                        if F == 1 {
-                            for t in 0..4 {
+                        let (mut lo, mut hi) = ([_mm256_setzero_si256(); T], [_mm256_setzero_si256(); T]);
+                        for t in 0..4 {
+                            // The step's two code vectors and their activations' offsets
+                            // in the block (Q8_0: loads 2t and 2t + 1; the nibble
+                            // formats: load t's low and high nibbles).
+                            let (wl, wh, el, eh) = if F == 1 {
                                 let w0 = _mm256_loadu_si256(r.add(64 * t) as *const __m256i);
-                                let w1 = _mm256_loadu_si256(r.add(64 * t + 32) as *const __m256i);
-                                lo = dps(lo, w0, _mm256_set1_epi32((xq.add(8 * t) as *const i32).read_unaligned()));
-                                hi = dps(hi, w1, _mm256_set1_epi32((xq.add(8 * t + 4) as *const i32).read_unaligned()));
-                            }
-                        } else {
-                            for t in 0..4 {
+                                (w0, _mm256_loadu_si256(r.add(64 * t + 32) as *const __m256i), 8 * t, 8 * t + 4)
+                            } else {
                                 let w = _mm256_loadu_si256(r.add(32 * t) as *const __m256i);
-                                let wl = _mm256_and_si256(w, m4);
-                                let wh = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4);
+                                let (wl, wh) = (_mm256_and_si256(w, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4));
                                 if F == 0 {
-                                    lo = $dp(lo, wl, _mm256_set1_epi32((xq.add(4 * t) as *const i32).read_unaligned()));
-                                    hi = $dp(hi, wh, _mm256_set1_epi32((xq.add(16 + 4 * t) as *const i32).read_unaligned()));
+                                    (wl, wh, 4 * t, 16 + 4 * t)
                                 } else {
-                                    lo = dps(
-                                        lo,
-                                        _mm256_shuffle_epi8(table, wl),
-                                        _mm256_set1_epi32((xq.add(4 * t) as *const i32).read_unaligned()),
-                                    );
-                                    hi = dps(
-                                        hi,
-                                        _mm256_shuffle_epi8(table, wh),
-                                        _mm256_set1_epi32((xq.add(16 + 4 * t) as *const i32).read_unaligned()),
-                                    );
+                                    (_mm256_shuffle_epi8(table, wl), _mm256_shuffle_epi8(table, wh), 4 * t, 16 + 4 * t)
                                 }
+                            };
+                            // Unsigned codes as they are; signed ones by the sign trick.
+                            let (ul, uh) = if F == 0 { (wl, wh) } else { (_mm256_sign_epi8(wl, wl), _mm256_sign_epi8(wh, wh)) };
+                            for j in 0..T {
+                                let xq = xq0[j].add(32 * c);
+                                let xl = _mm256_set1_epi32((xq.add(el) as *const i32).read_unaligned());
+                                let xh = _mm256_set1_epi32((xq.add(eh) as *const i32).read_unaligned());
+                                let (xl, xh) = if F == 0 { (xl, xh) } else { (_mm256_sign_epi8(xl, wl), _mm256_sign_epi8(xh, wh)) };
+                                lo[j] = $dp(lo[j], ul, xl);
+                                hi[j] = $dp(hi[j], uh, xh);
                             }
                         }
                         let d = _mm256_cvtph_ps(_mm_loadu_si128(sc.as_ptr().add(8 * c) as *const __m128i));
-                        let isum = _mm256_add_epi32(lo, hi);
-                        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(x.d[c])), acc);
-                        if F == 0 {
-                            accm = _mm256_fmadd_ps(d, _mm256_set1_ps(x.dsum[c]), accm);
+                        for j in 0..T {
+                            let isum = _mm256_add_epi32(lo[j], hi[j]);
+                            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(*xd[j].add(c))), acc[j]);
+                            if F == 0 {
+                                accm[j] = _mm256_fmadd_ps(d, _mm256_set1_ps(*xs_[j].add(c)), accm[j]);
+                            }
                         }
                     }
                 }
-                let mut out = [0f32; X8_ROWS];
-                // SAFETY: 8 floats into an 8-float array.
-                unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_fnmadd_ps(_mm256_set1_ps(8.0), accm, acc)) };
+                let mut out = [[0f32; X8_ROWS]; T];
+                for j in 0..T {
+                    // SAFETY: 8 floats into an 8-float array.
+                    unsafe { _mm256_storeu_ps(out[j].as_mut_ptr(), _mm256_fnmadd_ps(_mm256_set1_ps(8.0), accm[j], acc[j])) };
+                }
                 out
             }
         }
