@@ -1123,7 +1123,9 @@ impl Emitter<'_> {
         let table = self.batch.and_then(|rows| sel.batch_choice(rows, (slot, self.regime), &problem, dtype));
         // A pass of decode tokens only: the X8 records' batched dots, each token's
         // lone decode's arithmetic (a prompt's chunk keeps the prefill's GEMM, as
-        // its whole prompt computes it in one pass).
+        // its whole prompt computes it in one pass). The LM head of a pass with a
+        // chunk reads one row a sequence, gathered (`heads` taken by then): the
+        // dots too, as a lone prefill's last row takes the decode's GEMV.
         let decode_only = self.batch.is_some() && self.heads.is_empty();
         let x8 = || if decode_only && self.plan.x8_weight(&problem, dtype) { sel.x8_batch_choice(&problem, dtype) } else { None };
         let (choice, warning) = match table.or_else(x8) {
