@@ -152,14 +152,9 @@ impl ProfileChoice {
         warnings: &mut Vec<String>,
     ) -> Result<Prepared> {
         session::check_context(&m.config, passes.context, self.kv_dtype, device, passes.context_flag)?;
-        let Chosen { selection, mut exec, label } =
-            self.choose(profile.as_ref(), device, settings, m, passes.prefill_tokens, passes.context, warnings)?;
-        // Without a profile, a CPU engine asked to decode batches keeps every
-        // format it can in X8 records, which its batches' dots decode once for
-        // a few tokens ([`crate::plan::Selection::x8_batch_choice`]).
-        if label.is_none() && passes.batch_rows.is_some_and(|r| r >= 2) && matches!(device, Device::Cpu(_)) {
-            exec.repack = settings.default_repack(m, exec.weight_dtype, true);
-        }
+        let batches = passes.batch_rows.is_some_and(|r| r >= 2);
+        let Chosen { selection, exec, label } =
+            self.choose(profile.as_ref(), device, settings, m, passes.prefill_tokens, passes.context, batches, warnings)?;
         if let Some(want) = settings.weight_dtype
             && want != exec.weight_dtype
         {
@@ -197,8 +192,9 @@ impl ProfileChoice {
     /// [`ProfileChoice::read`] read it; labelled with its file), else of the best
     /// cached profile for a prefill of `prefill_tokens` and a context of
     /// `context` (unless `no_profile`; labelled with its cache label), else the
-    /// runtime's defaults ([`ProfileChoice::defaults`], no label). The lookup's
-    /// warnings and the profile's are added to `warnings`.
+    /// runtime's defaults ([`ProfileChoice::defaults`], no label; `batches`: for
+    /// an engine that decodes several sequences a pass). The lookup's warnings
+    /// and the profile's are added to `warnings`.
     #[allow(clippy::too_many_arguments)]
     pub fn choose(
         &self,
@@ -208,6 +204,7 @@ impl ProfileChoice {
         m: &LoadedModel,
         prefill_tokens: usize,
         context: usize,
+        batches: bool,
         warnings: &mut Vec<String>,
     ) -> Result<Chosen> {
         let chosen = match profile {
@@ -246,7 +243,7 @@ impl ProfileChoice {
                 }
             }
         };
-        let chosen = chosen.unwrap_or_else(|| self.defaults(device, settings, m, settings.weight_dtype(m)));
+        let chosen = chosen.unwrap_or_else(|| self.defaults(device, settings, m, settings.weight_dtype(m), batches));
         // A profile's own KV cache type (execution.kvCacheDtype) checked as the flag's.
         let what = if chosen.label.is_some() { "the profile's execution.kvCacheDtype" } else { "--kv-dtype" };
         session::check_kv_dtype(&m.config, chosen.exec.kv_dtype, device, what)?;
@@ -254,11 +251,12 @@ impl ProfileChoice {
     }
 
     /// The runtime's defaults on `device` for `weight_dtype` weights, with this
-    /// choice's KV cache, batching and fusions.
-    pub fn defaults(&self, device: &Device, settings: &ModelSettings, m: &LoadedModel, weight_dtype: DType) -> Chosen {
+    /// choice's KV cache, batching and fusions (`batches`: for an engine that
+    /// decodes several sequences a pass, `serve --parallel`).
+    pub fn defaults(&self, device: &Device, settings: &ModelSettings, m: &LoadedModel, weight_dtype: DType, batches: bool) -> Chosen {
         Chosen {
             selection: Selection::runtime(DeviceCaps::from(device)),
-            exec: settings.execution(device, m, weight_dtype, self.kv_dtype, self.batch, self.fusion),
+            exec: settings.execution(device, m, weight_dtype, self.kv_dtype, self.batch, self.fusion, batches),
             label: None,
         }
     }

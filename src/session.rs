@@ -167,18 +167,12 @@ impl ModelSettings {
         crate::profile::lookup::model_hash(&m.config, &self.matrix_formats(m, weight_dtype))
     }
 
-    /// The block formats a CPU engine for `m` in `weight_dtype` repacks without
-    /// a profile ([`crate::plan::default_cpu_repack`]; `batches`: an engine that
-    /// decodes several sequences a pass).
-    pub fn default_repack(&self, m: &LoadedModel, weight_dtype: DType, batches: bool) -> Vec<crate::kernels::quant::QFormat> {
-        let dtypes = std::iter::once(weight_dtype).chain(self.matrix_formats(m, weight_dtype).into_values());
-        crate::plan::default_cpu_repack(&m.config, dtypes, batches)
-    }
-
     /// The execution settings without a profile, the runtime's defaults: the
     /// given weight and KV types, fusions and GPU batching, the pool's defaults,
-    /// the CPU's default repacking ([`crate::plan::default_cpu_repack`]; none on a
+    /// the CPU's default repacking ([`crate::plan::default_cpu_repack`]; with
+    /// `batches`, an engine's that decodes several sequences a pass; none on a
     /// GPU), `--trusted-shaders`.
+    #[allow(clippy::too_many_arguments)]
     pub fn execution(
         &self,
         device: &Device,
@@ -187,9 +181,14 @@ impl ModelSettings {
         kv_dtype: DType,
         batch: bool,
         fusion: Fusion,
+        batches: bool,
     ) -> ExecSettings {
         let repack = match device {
-            Device::Cpu(_) => self.default_repack(m, weight_dtype, false),
+            Device::Cpu(_) => crate::plan::default_cpu_repack(
+                &m.config,
+                std::iter::once(weight_dtype).chain(self.matrix_formats(m, weight_dtype).into_values()),
+                batches,
+            ),
             Device::Gpu(_) => Vec::new(),
         };
         ExecSettings {

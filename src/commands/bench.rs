@@ -153,12 +153,12 @@ fn setups(
     };
     for (path, p) in profiles {
         let mut w = Vec::new();
-        let c = choice(Some(path)).choose(Some(p), device, settings, m, args.prefill_tokens, context, &mut w)?;
+        let c = choice(Some(path)).choose(Some(p), device, settings, m, args.prefill_tokens, context, false, &mut w)?;
         warnings.extend(w.into_iter().map(|w| format!("{}: {w}", path.display())));
         setups.push(Setup { name: path.display().to_string(), selection: c.selection, exec: c.exec });
     }
     if profiles.is_empty() && !args.no_profile {
-        let c = choice(None).choose(None, device, settings, m, args.prefill_tokens, context, warnings)?;
+        let c = choice(None).choose(None, device, settings, m, args.prefill_tokens, context, false, warnings)?;
         // Unlabelled, the choice fell to the runtime's defaults: the `default` entry.
         if let Some(name) = c.label {
             setups.push(Setup { name, selection: c.selection, exec: c.exec });
@@ -170,7 +170,7 @@ fn setups(
             (None, Some(first)) => first.exec.weight_dtype,
             _ => settings.weight_dtype(m),
         };
-        let c = choice(None).defaults(device, settings, m, weight_dtype);
+        let c = choice(None).defaults(device, settings, m, weight_dtype, false);
         setups.push(Setup { name: "default".into(), selection: c.selection, exec: c.exec });
     }
     if setups.is_empty() {
@@ -275,7 +275,7 @@ fn kld(
         let r = match references.iter().position(|(d, _)| *d == dtype) {
             Some(r) => r,
             None => {
-                let rexec = settings.execution(&cpu, m, dtype, DType::F32, true, Fusion::ALL);
+                let rexec = settings.execution(&cpu, m, dtype, DType::F32, true, Fusion::ALL, false);
                 references.push((dtype, eval::scoring_engine(cpu_build, settings, m, Path::F32Reference, &rexec, text.ctx)?));
                 references.len() - 1
             }

@@ -90,10 +90,10 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
         if !matches!(device, crate::device::Device::Cpu(_)) {
             return Err(Error::Usage("--exact is the CPU's f32 path: give --device cpu".into()));
         }
-        let exec = choice.defaults(&device, &settings, &m, weight_dtype).exec;
+        let exec = choice.defaults(&device, &settings, &m, weight_dtype, false).exec;
         ("f32 reference (CPU, f32 activations, plain layouts)".to_string(), Path::F32Reference, exec)
     } else {
-        let c = choice.choose(profile.as_ref(), &device, &settings, &m, ctx, ctx, &mut warnings)?;
+        let c = choice.choose(profile.as_ref(), &device, &settings, &m, ctx, ctx, false, &mut warnings)?;
         (c.label.unwrap_or_else(|| "runtime defaults".into()), Path::Selected(Box::new(c.selection)), c.exec)
     };
     let ctx_gpu = session::open_device(&device, exec.trusted_shaders)?;
@@ -104,7 +104,7 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
     let mut ref_engine = match &reference_device {
         None => None,
         Some(d) => {
-            let defaults = choice.defaults(d, &settings, &m, weight_dtype);
+            let defaults = choice.defaults(d, &settings, &m, weight_dtype, false);
             let (path, label) = match &args.reference {
                 Some(ReferenceArg::F32) => (Path::F32Reference, "f32 (CPU, f32 activations, plain layouts)".to_string()),
                 _ => (Path::Selected(Box::new(defaults.selection)), format!("runtime defaults on {}", d.name())),
