@@ -369,42 +369,52 @@ pub(super) fn run_paged(kd: &KernelDef, prob: &Problem, params: &Params, mut a: 
     let bkv = (param(params, "block_kv")? as usize).max(1);
     let q = a.ins[0].f32();
     let (g_n, d, hd) = (p.group(), p.d, p.heads * p.d);
+    // The outputs of every (token, KV head): its group's query heads side by
+    // side, `g_n * d` floats, each task writing its own in place.
+    let mut pieces: Vec<Option<&mut [f32]>> = a.outs[0][..p.tokens * hd].chunks_mut(g_n * d).map(Some).collect();
+    let mut take = |t: usize, kh: usize| pieces.get_mut(t * p.kv_heads + kh).and_then(Option::take);
     // (sequence, first query, queries, KV head (a decode token's: its group of
-    // query heads), outputs)
-    let mut tasks: Vec<(usize, usize, usize, usize, Vec<f32>)> = Vec::new();
+    // query heads), the outputs of its queries)
+    type Task<'o> = (usize, usize, usize, usize, smallvec::SmallVec<[&'o mut [f32]; 1]>);
+    let mut tasks: Vec<Task<'_>> = Vec::new();
     for (si, sq) in seqs.iter().enumerate() {
-        if sq.s.tokens == 1 {
-            tasks.extend((0..p.kv_heads).map(|kh| (si, 0, 1, kh, Vec::new())));
-            continue;
-        }
-        for i0 in (0..sq.s.tokens).step_by(bq) {
-            tasks.extend((0..p.kv_heads).map(|kh| (si, i0, bq.min(sq.s.tokens - i0), kh, Vec::new())));
+        for i0 in (0..sq.s.tokens).step_by(if sq.s.tokens == 1 { 1 } else { bq }) {
+            let block = bq.min(sq.s.tokens - i0);
+            for kh in 0..p.kv_heads {
+                let outs: Option<smallvec::SmallVec<_>> = (0..block).map(|t| take(sq.t0 + i0 + t, kh)).collect();
+                let outs =
+                    outs.ok_or_else(|| KernelError::Invalid { kernel: kd.id.to_string(), reason: "the table's sequences overlap".into() })?;
+                tasks.push((si, i0, block, kh, outs));
+            }
         }
     }
     let pools = (a.ins[1], a.ins[2]);
     cpu::pool::for_chunks_mut(&mut tasks, 1, |_, t| {
-        let (si, i0, block, head, acc) = &mut t[0];
+        let (si, i0, block, head, outs) = &mut t[0];
         let sq = &seqs[*si];
         let kv = paged_kv(pools, &p, sq);
         if sq.s.tokens == 1 {
             let keys = sq.s.range(0);
-            let mut sc = vec![0.0; g_n * (keys.1 - keys.0)];
-            acc.resize(g_n * d, 0.0);
-            attend_group_two_pass(isa, &kv, &q[(sq.t0 * p.heads + *head * g_n) * d..][..g_n * d], *head, keys, true, &mut sc, acc);
+            let q = &q[(sq.t0 * p.heads + *head * g_n) * d..][..g_n * d];
+            PAGED_SCORES.with(|sc| {
+                let mut sc = sc.borrow_mut();
+                let need = sc.len().max(g_n * (keys.1 - keys.0));
+                sc.resize(need, 0.0);
+                attend_group_two_pass(isa, &kv, q, *head, keys, true, &mut sc, outs[0]);
+            });
         } else {
-            *acc = prefill_block(isa, &kv, &q[sq.t0 * hd..], *i0, *block, *head, bkv);
+            let acc = prefill_block(isa, &kv, &q[sq.t0 * hd..], *i0, *block, *head, bkv);
+            for (o, acc) in outs.iter_mut().zip(acc.chunks_exact(g_n * d)) {
+                o.copy_from_slice(acc);
+            }
         }
     });
-    let out = &mut a.outs[0];
-    for (si, i0, block, head, acc) in tasks {
-        let sq = &seqs[si];
-        if sq.s.tokens == 1 {
-            out[(sq.t0 * p.heads + head * g_n) * d..][..g_n * d].copy_from_slice(&acc);
-            continue;
-        }
-        put_block(out, hd, g_n * d, (sq.t0 + i0, block, head), &acc);
-    }
     Ok(())
+}
+
+thread_local! {
+    /// A paged decode token's score rows (its group's), held by each pool worker.
+    static PAGED_SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Every (query row, head) of a paged batch as `attention_prefill_cpu` runs a
