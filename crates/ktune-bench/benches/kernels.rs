@@ -504,32 +504,58 @@ fn kv_cache(c: &mut Criterion) {
     }
     // A decode batch's attention over the paged cache (`attention_paged_cpu`,
     // the server's kernel): 8 sequences of one token each, 512 cached
-    // positions apiece in blocks of 64 scattered over the pool, SmolLM2-135M's
-    // heads. Throughput: the keys and values read, as stored.
-    let (seqs, kv_len, page) = (8usize, 512usize, 64usize);
-    let per = kv_len / page;
-    let blocks = seqs * per;
-    let p = Problem::attention_paged((seqs, seqs), (9, 3, 64), (page, blocks, per), 0, 0.125);
-    let k = kernels::find("attention_paged_cpu").expect("registered");
-    // Each sequence's blocks every 5th of the pool (not side by side).
-    let table: Vec<f32> = (0..seqs)
-        .flat_map(|s| [1.0, kv_len as f32].into_iter().chain((0..per).map(move |b| ((s * per + b) * 5 % blocks) as f32)))
-        .collect();
-    for dtype in [DType::F32, DType::F16] {
-        let mut ins = make_inputs(&p, dtype, 1);
-        ins[3] = HostTensor::F32(table.clone());
-        let mut out = vec![0.0f32; output_lens(&p, dtype)[0]];
-        g.throughput(Throughput::Bytes(2 * dtype.bytes_for(seqs * 3 * kv_len * 64)));
-        g.bench_function(BenchmarkId::new(format!("paged_decode/{dtype}"), format!("{seqs}x{kv_len}")), |b| {
+    // positions apiece, and 16 of 96 (a server's short chats), in blocks of 64
+    // scattered over the pool, SmolLM2-135M's heads. Throughput: the keys and
+    // values read, as stored.
+    for (seqs, kv_len) in [(8usize, 512usize), (16, 96)] {
+        let page = 64usize;
+        let per = kv_len.div_ceil(page);
+        let blocks = seqs * per;
+        let p = Problem::attention_paged((seqs, seqs), (9, 3, 64), (page, blocks, per), 0, 0.125);
+        let k = kernels::find("attention_paged_cpu").expect("registered");
+        // Each sequence's blocks every 5th of the pool (not side by side).
+        let table: Vec<f32> = (0..seqs)
+            .flat_map(|s| [1.0, kv_len as f32].into_iter().chain((0..per).map(move |b| ((s * per + b) * 5 % blocks) as f32)))
+            .collect();
+        for dtype in [DType::F32, DType::F16] {
+            let mut ins = make_inputs(&p, dtype, 1);
+            ins[3] = HostTensor::F32(table.clone());
+            let mut out = vec![0.0f32; output_lens(&p, dtype)[0]];
+            g.throughput(Throughput::Bytes(2 * dtype.bytes_for(seqs * 3 * kv_len * 64)));
+            g.bench_function(BenchmarkId::new(format!("paged_decode/{dtype}"), format!("{seqs}x{kv_len}")), |b| {
+                b.iter(|| {
+                    let args =
+                        CpuArgs { ins: ins.iter().map(HostTensor::as_in).collect(), outs: std::iter::once(out.as_mut_slice()).collect() };
+                    k.run_cpu(&p, dtype, &k.default_params(), args).expect("kernel runs")
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+/// A decode token's RoPE (`rope_table_cpu`, the runtime's default: SmolLM2's
+/// 9 query heads of 64, its tables kept a thread after the first layer) and a
+/// decode batch's sequence at a time as a server's pass rotates them; 16
+/// tokens of a prompt's chunk (tables computed on the pool).
+fn rope(c: &mut Criterion) {
+    let mut g = c.benchmark_group("rope");
+    let k = kernels::find("rope_table_cpu").expect("registered");
+    for tokens in [1usize, 16] {
+        let p = Problem::Rope { tokens, heads: 9, head_dim: 64, rot_dim: 64, pos0: 77, layout: kernels::RopeLayout::Half };
+        let ins = make_inputs(&p, DType::F32, 1);
+        let mut out = vec![0.0f32; output_lens(&p, DType::F32)[0]];
+        g.throughput(Throughput::Bytes(2 * 4 * (tokens * 9 * 64) as u64));
+        g.bench_function(BenchmarkId::new("table", tokens), |b| {
             b.iter(|| {
                 let args =
                     CpuArgs { ins: ins.iter().map(HostTensor::as_in).collect(), outs: std::iter::once(out.as_mut_slice()).collect() };
-                k.run_cpu(&p, dtype, &k.default_params(), args).expect("kernel runs")
+                k.run_cpu(&p, DType::F32, &k.default_params(), args).expect("kernel runs")
             })
         });
     }
     g.finish();
 }
 
-criterion_group! { name = benches; config = config(); targets = membw, gemv, norm_gemv, gemm, gemm_micro, i8_gemm, decode_batch_layers, kv_cache, repack, vision }
+criterion_group! { name = benches; config = config(); targets = membw, gemv, norm_gemv, gemm, gemm_micro, i8_gemm, decode_batch_layers, kv_cache, rope, repack, vision }
 criterion_main!(benches);

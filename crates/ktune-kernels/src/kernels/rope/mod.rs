@@ -247,6 +247,71 @@ fn fill_table(g: Geom, pos: usize, inv_freq: &[f32], t: &mut [f32]) {
     }
 }
 
+/// Tables a thread keeps ([`with_table`]): per frequency family (the
+/// `inv_freq` buffer's values, the layout and the pairs), the last positions'.
+struct TableCache {
+    families: Vec<Family>,
+}
+
+struct Family {
+    freq: Vec<f32>,
+    layout: RopeLayout,
+    half: usize,
+    by_pos: std::collections::HashMap<usize, Box<[f32]>>,
+}
+
+/// Frequency families a thread keeps (Gemma 3's local and global layers: two).
+const CACHED_FAMILIES: usize = 4;
+/// Positions a family keeps before it starts afresh (256 floats each at
+/// head_dim 128: half a MiB).
+const CACHED_POSITIONS: usize = 2048;
+
+thread_local! {
+    static TABLES: std::cell::RefCell<TableCache> = const { std::cell::RefCell::new(TableCache { families: Vec::new() }) };
+}
+
+/// Whether two frequency lists hold the same values bit for bit (so -0.0 and
+/// 0.0, whose sines differ in sign, are two families).
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// `f` with the table of `pos` ([`fill_table`]'s values, bit for bit), computed
+/// once a thread and kept: every layer's q and k of a decode token rotate by
+/// the same angles, so a decode step computes each position's sines once a
+/// thread rather than twice a layer.
+fn with_table<R>(g: Geom, pos: usize, inv_freq: &[f32], f: impl FnOnce(&[f32]) -> R) -> R {
+    let freq = &inv_freq[..g.half];
+    TABLES.with(|cell| {
+        let Ok(mut cache) = cell.try_borrow_mut() else {
+            let mut table = cpu::Scratch::zeroed(g.table_len());
+            fill_table(g, pos, inv_freq, &mut table);
+            return f(&table);
+        };
+        let at = match cache.families.iter().position(|fam| fam.layout == g.layout && fam.half == g.half && same_bits(&fam.freq, freq)) {
+            Some(i) => i,
+            None => {
+                if cache.families.len() >= CACHED_FAMILIES {
+                    cache.families.remove(0);
+                }
+                let by_pos = std::collections::HashMap::new();
+                cache.families.push(Family { freq: freq.to_vec(), layout: g.layout, half: g.half, by_pos });
+                cache.families.len() - 1
+            }
+        };
+        let fam = &mut cache.families[at];
+        if !fam.by_pos.contains_key(&pos) && fam.by_pos.len() >= CACHED_POSITIONS {
+            fam.by_pos.clear();
+        }
+        let table = fam.by_pos.entry(pos).or_insert_with(|| {
+            let mut t = vec![0.0; g.table_len()].into_boxed_slice();
+            fill_table(g, pos, inv_freq, &mut t);
+            t
+        });
+        f(table)
+    })
+}
+
 /// Rotates one head `x` into `y` with its token's table `t`; copies dims past rot.
 #[inline(always)]
 fn rotate_head_k<L: Lanes>(l: L, g: Geom, x: &[f32], t: &[f32], y: &mut [f32]) {
@@ -325,17 +390,29 @@ fn geom(prob: &Problem) -> Option<(usize, usize, Geom)> {
     }
 }
 
+/// Tokens up to which [`run_table`] rotates with the kept tables ([`with_table`])
+/// on the calling thread; a prompt's computes its tables on the pool.
+const CACHED_TOKENS: usize = 4;
+
 fn run_table(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>) -> Result<(), KernelError> {
     let Some((tokens, pos0, g)) = geom(prob) else { return Err(wrong_op(kd, prob)) };
     let isa = Isa::of(params)?;
     let per = (param(params, "rows_per_task")? as usize).max(1);
     let (x, inv_freq) = (a.ins[0].f32(), a.ins[1].f32());
     let tl = g.table_len();
+    let d = g.head_dim;
+    if tokens <= CACHED_TOKENS {
+        // A few tokens (a decode token, a batch pass's sequence): their kept tables.
+        let out = &mut a.outs[0][..tokens * g.heads * d];
+        for (t, y) in out.chunks_mut(g.heads * d).enumerate() {
+            with_table(g, pos0 + t, inv_freq, |table| rotate_token_rows(isa, g, x, t * g.heads, table, y));
+        }
+        return Ok(());
+    }
     let mut tables = cpu::Scratch::zeroed(tokens * tl);
     if tl > 0 {
         cpu::pool::for_chunks_mut(&mut tables, tl, |t, tab| fill_table(g, pos0 + t, inv_freq, tab));
     }
-    let d = g.head_dim;
     cpu::pool::for_chunks_mut(&mut a.outs[0][..tokens * g.heads * d], per * d, |i, y| rotate_rows(isa, g, x, i * per, &tables, y));
     Ok(())
 }
@@ -347,9 +424,7 @@ fn run_token(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>
     let (x, inv_freq) = (a.ins[0].f32(), a.ins[1].f32());
     let d = g.head_dim;
     cpu::pool::for_row_chunks_mut(&mut a.outs[0][..tokens * g.heads * d], g.heads * d, per * d, |t, c, y| {
-        let mut table = cpu::Scratch::zeroed(g.table_len());
-        fill_table(g, pos0 + t, inv_freq, &mut table);
-        rotate_token_rows(isa, g, x, t * g.heads + c * per, &table, y);
+        with_table(g, pos0 + t, inv_freq, |table| rotate_token_rows(isa, g, x, t * g.heads + c * per, table, y));
     });
     Ok(())
 }
@@ -385,6 +460,38 @@ mod tests {
         assert!((35..64).all(|i| (f[i] as f64 - plain[i] as f64 / 32.0).abs() <= 1e-6 * f[i] as f64));
         // without scaling: theta^(-2i/d)
         assert!((plain[32] as f64 - 500000f64.powf(-0.5)).abs() < 1e-9);
+    }
+
+    /// A kept table is [`fill_table`]'s, bit for bit, whichever families and
+    /// positions came before it: two frequency lists that differ only in a
+    /// zero's sign, both layouts, more families than are kept, more positions
+    /// than a family keeps.
+    #[test]
+    fn kept_tables_are_the_computed_ones() {
+        let a = inv_freq(10000.0, 64, None);
+        let mut b = a.clone();
+        b[31] = 0.0;
+        let mut c = b.clone();
+        c[31] = -0.0;
+        let bits = |t: &[f32]| t.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let mut families: Vec<(Vec<f32>, RopeLayout)> = Vec::new();
+        for f in [&a, &b, &c] {
+            for layout in [RopeLayout::Half, RopeLayout::Interleaved] {
+                families.push((f.clone(), layout));
+            }
+        }
+        for round in 0..2 {
+            for (fi, (f, layout)) in families.iter().enumerate() {
+                let g = Geom { heads: 1, head_dim: 64, half: 32, layout: *layout };
+                let positions: Vec<usize> = if fi == 0 && round == 0 { (0..CACHED_POSITIONS + 3).collect() } else { vec![0, 7, 70_000] };
+                for pos in positions {
+                    let mut fresh = vec![0.0; g.table_len()];
+                    fill_table(g, pos, f, &mut fresh);
+                    let kept = with_table(g, pos, f, |t| t.to_vec());
+                    assert_eq!(bits(&kept), bits(&fresh), "family {fi} position {pos} round {round}");
+                }
+            }
+        }
     }
 
     #[test]
