@@ -95,22 +95,18 @@ impl<'a> Kv<'a> {
     }
     /// `o = Σ_j w[j - lo] * V[j]` over keys `lo..hi` of KV head `kh`, for
     /// each query head of `w`'s rows (of `hi - lo` weights) into `o`'s (of
-    /// `d`): one [`cpu::weighted_rows`] a head over each run of consecutive
-    /// cache rows (the later runs continuing the sums: the bits of one call),
-    /// every head's before the next run, so a run is read once for them all.
+    /// `d`): over each run of consecutive cache rows, every head's sums at
+    /// once ([`cpu::weighted_rows_heads`]: a row widened once for them all;
+    /// the later runs continuing the sums), the bits of one
+    /// [`cpu::weighted_rows`] a head over all the keys.
     fn weighted_values(&self, isa: Isa, kh: usize, (lo, hi): (usize, usize), w: &[f32], o: &mut [f32]) {
         let (d, n) = (self.s.d, hi - lo);
+        let heads = w.len() / n.max(1);
         let mut j = lo;
         while j < hi {
             let end = self.run_end(j).min(hi);
             let rows = sub_row(self.v, self.row_of(kh, j), d, 0, (end - j) * d);
-            for (w, o) in w.chunks_exact(n).zip(o.chunks_exact_mut(d)) {
-                if j == lo {
-                    cpu::weighted_rows(isa, &w[..end - lo], rows, o);
-                } else {
-                    cpu::weighted_rows_add(isa, &w[j - lo..end - lo], rows, o);
-                }
-            }
+            cpu::weighted_rows_heads(isa, &w[j - lo..], n, rows, &mut o[..heads * d], d, j != lo);
             j = end;
         }
     }

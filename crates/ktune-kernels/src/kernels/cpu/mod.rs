@@ -28,7 +28,7 @@ use std::thread::LocalKey;
 
 pub use dot::{
     Elems, Q8_BLOCK, Q8Row, Row, add_sumsq, axpy, axpy_row, dot, dot_f16, dot_f32, dot_rows, dot2x4, dot4, dot4_f16, dot4_f32, scale_mul,
-    weighted_rows, weighted_rows_add, widen_row,
+    weighted_rows, weighted_rows_add, weighted_rows_heads, widen_row,
 };
 pub(crate) use lanes::isa_dispatch;
 pub use lanes::{Elem, Lanes};

@@ -416,6 +416,104 @@ pub fn weighted_rows_add(isa: Isa, w: &[f32], v: Row<'_>, o: &mut [f32]) {
     })
 }
 
+/// [`weighted_rows`] (`add`: [`weighted_rows_add`]) of several heads over the
+/// same rows: head `h`'s weights `w[h * stride..][..rows]`, its outputs
+/// `o[h * d..][..d]`, `d` the rows' width. Each row's vectors are loaded
+/// (widened) once for up to four heads; every head's element keeps the FMA
+/// chain of its own call, so the bits of a call a head.
+pub fn weighted_rows_heads(isa: Isa, w: &[f32], stride: usize, v: Row<'_>, o: &mut [f32], d: usize, add: bool) {
+    isa_dispatch!(isa, |l| (w: &[f32] = w, stride: usize = stride, v: Row<'_> = v, o: &mut [f32] = o, d: usize = d, add: bool = add) -> () {
+        with_elems!(v, |v| weighted_heads_k(l, w, stride, v, o, d, add))
+    })
+}
+
+#[inline(always)]
+fn weighted_heads_k<L: Lanes, R: Elems>(l: L, w: &[f32], stride: usize, v: R, o: &mut [f32], d: usize, add: bool) {
+    if d == 0 {
+        return;
+    }
+    let heads = o.len() / d;
+    let rows = (v.count() / d).min(stride);
+    if heads == 1 {
+        return weighted_k(l, &w[..rows], v, o, add);
+    }
+    let full = d - d % L::N;
+    let mut h = 0;
+    while h < heads {
+        let n = (heads - h).min(4);
+        let (ws, os) = (&w[h * stride..], &mut o[h * d..(h + n) * d]);
+        let mut c0 = 0;
+        while c0 < full {
+            let four = full - c0 >= 4 * L::N;
+            c0 = match (n, four) {
+                (1, true) => weighted_heads_cols::<L, R, 1, 4>(l, ws, stride, rows, v, d, c0, os, add),
+                (2, true) => weighted_heads_cols::<L, R, 2, 4>(l, ws, stride, rows, v, d, c0, os, add),
+                (3, true) => weighted_heads_cols::<L, R, 3, 4>(l, ws, stride, rows, v, d, c0, os, add),
+                (_, true) => weighted_heads_cols::<L, R, 4, 4>(l, ws, stride, rows, v, d, c0, os, add),
+                (1, false) => weighted_heads_cols::<L, R, 1, 1>(l, ws, stride, rows, v, d, c0, os, add),
+                (2, false) => weighted_heads_cols::<L, R, 2, 1>(l, ws, stride, rows, v, d, c0, os, add),
+                (3, false) => weighted_heads_cols::<L, R, 3, 1>(l, ws, stride, rows, v, d, c0, os, add),
+                (_, false) => weighted_heads_cols::<L, R, 4, 1>(l, ws, stride, rows, v, d, c0, os, add),
+            };
+        }
+        for (g, o) in os.chunks_exact_mut(d).enumerate() {
+            let w = &ws[g * stride..][..rows];
+            for (i, oi) in o[full..].iter_mut().enumerate() {
+                let mut s = if add { *oi } else { 0.0 };
+                for (r, &a) in w.iter().enumerate() {
+                    s += a * v.get(r * d + full + i);
+                }
+                *oi = s;
+            }
+        }
+        h += n;
+    }
+}
+
+/// Vector columns `c0..c0 + B * L::N` of [`weighted_rows_heads`] for `H`
+/// heads: per row, the row's `B` vectors widened once and added into each
+/// head's chains; returns the next column.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn weighted_heads_cols<L: Lanes, R: Elems, const H: usize, const B: usize>(
+    l: L,
+    w: &[f32],
+    stride: usize,
+    rows: usize,
+    v: R,
+    d: usize,
+    c0: usize,
+    o: &mut [f32],
+    add: bool,
+) -> usize {
+    let mut acc = [[l.splat(0.0); B]; H];
+    if add {
+        for (g, acc) in acc.iter_mut().enumerate() {
+            for (j, acc) in acc.iter_mut().enumerate() {
+                *acc = l.load(&o[g * d + c0 + j * L::N..]);
+            }
+        }
+    }
+    for r in 0..rows {
+        let mut x = [l.splat(0.0); B];
+        for (j, x) in x.iter_mut().enumerate() {
+            *x = v.at(l, r * d + c0 + j * L::N);
+        }
+        for (g, acc) in acc.iter_mut().enumerate() {
+            let a = l.splat(w[g * stride + r]);
+            for (acc, &x) in acc.iter_mut().zip(&x) {
+                *acc = l.fma(a, x, *acc);
+            }
+        }
+    }
+    for (g, acc) in acc.into_iter().enumerate() {
+        for (j, acc) in acc.into_iter().enumerate() {
+            l.store(&mut o[g * d + c0 + j * L::N..], acc);
+        }
+    }
+    c0 + B * L::N
+}
+
 #[inline(always)]
 fn weighted_k<L: Lanes, R: Elems>(l: L, w: &[f32], v: R, o: &mut [f32], add: bool) {
     let d = o.len();
@@ -589,6 +687,20 @@ mod tests {
                         let mut dots = vec![f32::NAN; n];
                         dot_rows(isa, &x, rows, &mut dots);
                         assert_eq!(bits(&dots), bits(&each), "dot_rows {isa:?} d={d} n={n}");
+                        // Three heads over the same rows: each its own call's bits.
+                        let ws: Vec<f32> = (0..3).flat_map(|h| w.iter().map(move |&a| a * (h as f32 + 0.5))).collect();
+                        let mut heads = vec![f32::NAN; 3 * d];
+                        let mut alone = vec![f32::NAN; 3 * d];
+                        for (h, o) in alone.chunks_exact_mut(d).enumerate() {
+                            weighted_rows(isa, &ws[h * n..(h + 1) * n], rows, o);
+                        }
+                        weighted_rows_heads(isa, &ws, n, rows, &mut heads, d, false);
+                        assert_eq!(bits(&heads), bits(&alone), "weighted_rows_heads {isa:?} d={d} n={n}");
+                        for (h, o) in alone.chunks_exact_mut(d).enumerate() {
+                            weighted_rows_add(isa, &ws[h * n..(h + 1) * n], rows, o);
+                        }
+                        weighted_rows_heads(isa, &ws, n, rows, &mut heads, d, true);
+                        assert_eq!(bits(&heads), bits(&alone), "weighted_rows_heads add {isa:?} d={d} n={n}");
                         // Rows in two calls (a paged cache's blocks) continue the chains.
                         let cut = n / 2;
                         let mut two = vec![f32::NAN; d];
