@@ -262,9 +262,10 @@ struct Family {
 
 /// Frequency families a thread keeps (Gemma 3's local and global layers: two).
 const CACHED_FAMILIES: usize = 4;
-/// Positions a family keeps before it starts afresh (256 floats each at
-/// head_dim 128: half a MiB).
-const CACHED_POSITIONS: usize = 2048;
+/// Floats of a family's tables a thread keeps (1 MiB for all its families)
+/// before the family starts afresh: 1024 positions at head_dim 64, 128 at
+/// 256 interleaved.
+const CACHED_FLOATS: usize = (1 << 18) / CACHED_FAMILIES;
 
 thread_local! {
     static TABLES: std::cell::RefCell<TableCache> = const { std::cell::RefCell::new(TableCache { families: Vec::new() }) };
@@ -300,7 +301,7 @@ fn with_table<R>(g: Geom, pos: usize, inv_freq: &[f32], f: impl FnOnce(&[f32]) -
             }
         };
         let fam = &mut cache.families[at];
-        if !fam.by_pos.contains_key(&pos) && fam.by_pos.len() >= CACHED_POSITIONS {
+        if !fam.by_pos.contains_key(&pos) && (fam.by_pos.len() + 1) * g.table_len() > CACHED_FLOATS {
             fam.by_pos.clear();
         }
         let table = fam.by_pos.entry(pos).or_insert_with(|| {
@@ -483,7 +484,8 @@ mod tests {
         for round in 0..2 {
             for (fi, (f, layout)) in families.iter().enumerate() {
                 let g = Geom { heads: 1, head_dim: 64, half: 32, layout: *layout };
-                let positions: Vec<usize> = if fi == 0 && round == 0 { (0..CACHED_POSITIONS + 3).collect() } else { vec![0, 7, 70_000] };
+                let kept = CACHED_FLOATS / g.table_len();
+                let positions: Vec<usize> = if fi == 0 && round == 0 { (0..kept + 3).collect() } else { vec![0, 7, 70_000] };
                 for pos in positions {
                     let mut fresh = vec![0.0; g.table_len()];
                     fill_table(g, pos, f, &mut fresh);
