@@ -248,23 +248,26 @@ fn fill_table(g: Geom, pos: usize, inv_freq: &[f32], t: &mut [f32]) {
 }
 
 /// Tables a thread keeps ([`with_table`]): per frequency family (the
-/// `inv_freq` buffer's values, the layout and the pairs), the last positions'.
+/// `inv_freq` buffer's values, the layout and the pairs), recent positions'.
 struct TableCache {
     families: Vec<Family>,
 }
 
+/// One family's tables, direct-mapped: position `p` in slot `p % slots`
+/// (`tags[slot]` the position it holds, `usize::MAX` none), all the storage
+/// taken when the family is first met, so a decode step allocates nothing.
 struct Family {
     freq: Vec<f32>,
     layout: RopeLayout,
     half: usize,
-    by_pos: std::collections::HashMap<usize, Box<[f32]>>,
+    tags: Vec<usize>,
+    tables: Vec<f32>,
 }
 
 /// Frequency families a thread keeps (Gemma 3's local and global layers: two).
 const CACHED_FAMILIES: usize = 4;
-/// Floats of a family's tables a thread keeps (1 MiB for all its families)
-/// before the family starts afresh: 1024 positions at head_dim 64, 128 at
-/// 256 interleaved.
+/// Floats of a family's tables a thread keeps (1 MiB for all its families):
+/// 1024 positions at head_dim 64, 128 at 256 interleaved.
 const CACHED_FLOATS: usize = (1 << 18) / CACHED_FAMILIES;
 
 thread_local! {
@@ -278,14 +281,15 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
 }
 
 /// `f` with the table of `pos` ([`fill_table`]'s values, bit for bit), computed
-/// once a thread and kept: every layer's q and k of a decode token rotate by
-/// the same angles, so a decode step computes each position's sines once a
-/// thread rather than twice a layer.
+/// once on this thread and kept while its slot is not taken by another
+/// position: every layer's q and k of a decode token rotate by the same
+/// angles, so a decode step computes each position's sines once a thread
+/// rather than twice a layer.
 fn with_table<R>(g: Geom, pos: usize, inv_freq: &[f32], f: impl FnOnce(&[f32]) -> R) -> R {
-    let freq = &inv_freq[..g.half];
+    let (freq, tl) = (&inv_freq[..g.half], g.table_len());
     TABLES.with(|cell| {
         let Ok(mut cache) = cell.try_borrow_mut() else {
-            let mut table = cpu::Scratch::zeroed(g.table_len());
+            let mut table = cpu::Scratch::zeroed(tl);
             fill_table(g, pos, inv_freq, &mut table);
             return f(&table);
         };
@@ -295,20 +299,19 @@ fn with_table<R>(g: Geom, pos: usize, inv_freq: &[f32], f: impl FnOnce(&[f32]) -
                 if cache.families.len() >= CACHED_FAMILIES {
                     cache.families.remove(0);
                 }
-                let by_pos = std::collections::HashMap::new();
-                cache.families.push(Family { freq: freq.to_vec(), layout: g.layout, half: g.half, by_pos });
+                let slots = (CACHED_FLOATS / tl.max(1)).max(1);
+                let (tags, tables) = (vec![usize::MAX; slots], vec![0.0; slots * tl]);
+                cache.families.push(Family { freq: freq.to_vec(), layout: g.layout, half: g.half, tags, tables });
                 cache.families.len() - 1
             }
         };
         let fam = &mut cache.families[at];
-        if !fam.by_pos.contains_key(&pos) && (fam.by_pos.len() + 1) * g.table_len() > CACHED_FLOATS {
-            fam.by_pos.clear();
+        let slot = pos % fam.tags.len();
+        let table = &mut fam.tables[slot * tl..(slot + 1) * tl];
+        if fam.tags[slot] != pos {
+            fill_table(g, pos, inv_freq, table);
+            fam.tags[slot] = pos;
         }
-        let table = fam.by_pos.entry(pos).or_insert_with(|| {
-            let mut t = vec![0.0; g.table_len()].into_boxed_slice();
-            fill_table(g, pos, inv_freq, &mut t);
-            t
-        });
         f(table)
     })
 }
@@ -424,8 +427,20 @@ fn run_token(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>
     let per = (param(params, "heads_per_task")? as usize).max(1).min(g.heads);
     let (x, inv_freq) = (a.ins[0].f32(), a.ins[1].f32());
     let d = g.head_dim;
-    cpu::pool::for_row_chunks_mut(&mut a.outs[0][..tokens * g.heads * d], g.heads * d, per * d, |t, c, y| {
-        with_table(g, pos0 + t, inv_freq, |table| rotate_token_rows(isa, g, x, t * g.heads + c * per, table, y));
+    let out = &mut a.outs[0][..tokens * g.heads * d];
+    if tokens == 1 {
+        // A decode token: the calling thread's kept table for every task (a
+        // worker's cache would allocate the first time that worker met the
+        // family, whichever step that is).
+        with_table(g, pos0, inv_freq, |table| {
+            cpu::pool::for_row_chunks_mut(out, g.heads * d, per * d, |_, c, y| rotate_token_rows(isa, g, x, c * per, table, y))
+        });
+        return Ok(());
+    }
+    cpu::pool::for_row_chunks_mut(out, g.heads * d, per * d, |t, c, y| {
+        let mut table = cpu::Scratch::zeroed(g.table_len());
+        fill_table(g, pos0 + t, inv_freq, &mut table);
+        rotate_token_rows(isa, g, x, t * g.heads + c * per, &table, y);
     });
     Ok(())
 }
