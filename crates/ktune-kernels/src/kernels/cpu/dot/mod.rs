@@ -403,7 +403,7 @@ fn widen_k<L: Lanes, R: Elems>(l: L, x: R, out: &mut [f32]) {
 /// in registers across them (a decode's softmax-weighted values).
 pub fn weighted_rows(isa: Isa, w: &[f32], v: Row<'_>, o: &mut [f32]) {
     isa_dispatch!(isa, |l| (w: &[f32] = w, v: Row<'_> = v, o: &mut [f32] = o) -> () {
-        with_elems!(v, |v| weighted_k(l, w, v, o, false))
+        with_elems!(v, |v| weighted_heads_k(l, w, w.len(), v, o, o.len(), false))
     })
 }
 
@@ -412,7 +412,7 @@ pub fn weighted_rows(isa: Isa, w: &[f32], v: Row<'_>, o: &mut [f32]) {
 /// bits of one call over them all.
 pub fn weighted_rows_add(isa: Isa, w: &[f32], v: Row<'_>, o: &mut [f32]) {
     isa_dispatch!(isa, |l| (w: &[f32] = w, v: Row<'_> = v, o: &mut [f32] = o) -> () {
-        with_elems!(v, |v| weighted_k(l, w, v, o, true))
+        with_elems!(v, |v| weighted_heads_k(l, w, w.len(), v, o, o.len(), true))
     })
 }
 
@@ -427,6 +427,21 @@ pub fn weighted_rows_heads(isa: Isa, w: &[f32], stride: usize, v: Row<'_>, o: &m
     })
 }
 
+/// What [`weighted_heads_cols`] reads: head `g`'s weights `w[g * stride..][..rows]`
+/// over the rows of `v` (`d` elements each), continuing `o` when `add`.
+#[derive(Clone, Copy)]
+struct Weighted<'a, R> {
+    w: &'a [f32],
+    stride: usize,
+    rows: usize,
+    v: R,
+    d: usize,
+    add: bool,
+}
+
+/// The weighted sums of [`weighted_rows_heads`] (one head: [`weighted_rows`]),
+/// up to four heads and four vector columns a pass over the rows; the
+/// columns past the whole vectors one element at a time.
 #[inline(always)]
 fn weighted_heads_k<L: Lanes, R: Elems>(l: L, w: &[f32], stride: usize, v: R, o: &mut [f32], d: usize, add: bool) {
     if d == 0 {
@@ -434,73 +449,68 @@ fn weighted_heads_k<L: Lanes, R: Elems>(l: L, w: &[f32], stride: usize, v: R, o:
     }
     let heads = o.len() / d;
     let rows = (v.count() / d).min(stride);
-    if heads == 1 {
-        return weighted_k(l, &w[..rows], v, o, add);
-    }
     let full = d - d % L::N;
     let mut h = 0;
     while h < heads {
         let n = (heads - h).min(4);
-        let (ws, os) = (&w[h * stride..], &mut o[h * d..(h + n) * d]);
+        let s = Weighted { w: &w[h * stride..], stride, rows, v, d, add };
+        let os = &mut o[h * d..(h + n) * d];
         let mut c0 = 0;
         while c0 < full {
-            let four = full - c0 >= 4 * L::N;
-            c0 = match (n, four) {
-                (1, true) => weighted_heads_cols::<L, R, 1, 4>(l, ws, stride, rows, v, d, c0, os, add),
-                (2, true) => weighted_heads_cols::<L, R, 2, 4>(l, ws, stride, rows, v, d, c0, os, add),
-                (3, true) => weighted_heads_cols::<L, R, 3, 4>(l, ws, stride, rows, v, d, c0, os, add),
-                (_, true) => weighted_heads_cols::<L, R, 4, 4>(l, ws, stride, rows, v, d, c0, os, add),
-                (1, false) => weighted_heads_cols::<L, R, 1, 1>(l, ws, stride, rows, v, d, c0, os, add),
-                (2, false) => weighted_heads_cols::<L, R, 2, 1>(l, ws, stride, rows, v, d, c0, os, add),
-                (3, false) => weighted_heads_cols::<L, R, 3, 1>(l, ws, stride, rows, v, d, c0, os, add),
-                (_, false) => weighted_heads_cols::<L, R, 4, 1>(l, ws, stride, rows, v, d, c0, os, add),
+            c0 = match n {
+                1 => weighted_heads_step::<L, R, 1>(l, s, c0, full, os),
+                2 => weighted_heads_step::<L, R, 2>(l, s, c0, full, os),
+                3 => weighted_heads_step::<L, R, 3>(l, s, c0, full, os),
+                _ => weighted_heads_step::<L, R, 4>(l, s, c0, full, os),
             };
         }
         for (g, o) in os.chunks_exact_mut(d).enumerate() {
-            let w = &ws[g * stride..][..rows];
+            let w = &s.w[g * stride..][..rows];
             for (i, oi) in o[full..].iter_mut().enumerate() {
-                let mut s = if add { *oi } else { 0.0 };
+                let mut acc = if add { *oi } else { 0.0 };
                 for (r, &a) in w.iter().enumerate() {
-                    s += a * v.get(r * d + full + i);
+                    acc += a * v.get(r * d + full + i);
                 }
-                *oi = s;
+                *oi = acc;
             }
         }
         h += n;
     }
 }
 
-/// Vector columns `c0..c0 + B * L::N` of [`weighted_rows_heads`] for `H`
-/// heads: per row, the row's `B` vectors widened once and added into each
-/// head's chains; returns the next column.
-#[allow(clippy::too_many_arguments)]
+/// The next pass of `H` heads from column `c0`: as many vector columns as
+/// remain before `full`, up to four.
 #[inline(always)]
-fn weighted_heads_cols<L: Lanes, R: Elems, const H: usize, const B: usize>(
-    l: L,
-    w: &[f32],
-    stride: usize,
-    rows: usize,
-    v: R,
-    d: usize,
-    c0: usize,
-    o: &mut [f32],
-    add: bool,
-) -> usize {
+fn weighted_heads_step<L: Lanes, R: Elems, const H: usize>(l: L, s: Weighted<'_, R>, c0: usize, full: usize, o: &mut [f32]) -> usize {
+    match (full - c0) / L::N {
+        1 => weighted_heads_cols::<L, R, H, 1>(l, s, c0, o),
+        2 => weighted_heads_cols::<L, R, H, 2>(l, s, c0, o),
+        3 => weighted_heads_cols::<L, R, H, 3>(l, s, c0, o),
+        _ => weighted_heads_cols::<L, R, H, 4>(l, s, c0, o),
+    }
+}
+
+/// Vector columns `c0..c0 + B * L::N` of `H` heads: per row, the row's `B`
+/// vectors widened once and added into each head's chains (each element's
+/// chain that of its head alone); returns the next column.
+#[inline(always)]
+fn weighted_heads_cols<L: Lanes, R: Elems, const H: usize, const B: usize>(l: L, s: Weighted<'_, R>, c0: usize, o: &mut [f32]) -> usize {
+    let d = s.d;
     let mut acc = [[l.splat(0.0); B]; H];
-    if add {
+    if s.add {
         for (g, acc) in acc.iter_mut().enumerate() {
             for (j, acc) in acc.iter_mut().enumerate() {
                 *acc = l.load(&o[g * d + c0 + j * L::N..]);
             }
         }
     }
-    for r in 0..rows {
+    for r in 0..s.rows {
         let mut x = [l.splat(0.0); B];
         for (j, x) in x.iter_mut().enumerate() {
-            *x = v.at(l, r * d + c0 + j * L::N);
+            *x = s.v.at(l, r * d + c0 + j * L::N);
         }
         for (g, acc) in acc.iter_mut().enumerate() {
-            let a = l.splat(w[g * stride + r]);
+            let a = l.splat(s.w[g * s.stride + r]);
             for (acc, &x) in acc.iter_mut().zip(&x) {
                 *acc = l.fma(a, x, *acc);
             }
@@ -510,54 +520,6 @@ fn weighted_heads_cols<L: Lanes, R: Elems, const H: usize, const B: usize>(
         for (j, acc) in acc.into_iter().enumerate() {
             l.store(&mut o[g * d + c0 + j * L::N..], acc);
         }
-    }
-    c0 + B * L::N
-}
-
-#[inline(always)]
-fn weighted_k<L: Lanes, R: Elems>(l: L, w: &[f32], v: R, o: &mut [f32], add: bool) {
-    let d = o.len();
-    if d == 0 {
-        return;
-    }
-    let w = &w[..w.len().min(v.count() / d)];
-    let full = d - d % L::N;
-    let mut c0 = 0;
-    while c0 < full {
-        let c1 = match (full - c0) / L::N {
-            1 => weighted_cols::<L, R, 1>(l, w, v, d, c0, o, add),
-            2 => weighted_cols::<L, R, 2>(l, w, v, d, c0, o, add),
-            3 => weighted_cols::<L, R, 3>(l, w, v, d, c0, o, add),
-            _ => weighted_cols::<L, R, 4>(l, w, v, d, c0, o, add),
-        };
-        c0 = c1;
-    }
-    for (i, oi) in o[full..].iter_mut().enumerate() {
-        let mut s = if add { *oi } else { 0.0 };
-        for (r, &a) in w.iter().enumerate() {
-            s += a * v.get(r * d + full + i);
-        }
-        *oi = s;
-    }
-}
-
-/// Columns `c0..c0 + B * L::N` of [`weighted_rows`]; returns the next column.
-#[inline(always)]
-fn weighted_cols<L: Lanes, R: Elems, const B: usize>(l: L, w: &[f32], v: R, d: usize, c0: usize, o: &mut [f32], add: bool) -> usize {
-    let mut acc = [l.splat(0.0); B];
-    if add {
-        for (j, acc) in acc.iter_mut().enumerate() {
-            *acc = l.load(&o[c0 + j * L::N..]);
-        }
-    }
-    for (r, &a) in w.iter().enumerate() {
-        let av = l.splat(a);
-        for (j, acc) in acc.iter_mut().enumerate() {
-            *acc = l.fma(av, v.at(l, r * d + c0 + j * L::N), *acc);
-        }
-    }
-    for (j, acc) in acc.into_iter().enumerate() {
-        l.store(&mut o[c0 + j * L::N..], acc);
     }
     c0 + B * L::N
 }
