@@ -274,6 +274,13 @@ thread_local! {
     static TABLES: std::cell::RefCell<TableCache> = const { std::cell::RefCell::new(TableCache { families: Vec::new() }) };
 }
 
+/// The table of `pos` computed now ([`fill_table`]), in scratch.
+fn fresh_table(g: Geom, pos: usize, inv_freq: &[f32]) -> cpu::Scratch {
+    let mut table = cpu::Scratch::zeroed(g.table_len());
+    fill_table(g, pos, inv_freq, &mut table);
+    table
+}
+
 /// Whether two frequency lists hold the same values bit for bit (so -0.0 and
 /// 0.0, whose sines differ in sign, are two families).
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
@@ -288,11 +295,7 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
 fn with_table<R>(g: Geom, pos: usize, inv_freq: &[f32], f: impl FnOnce(&[f32]) -> R) -> R {
     let (freq, tl) = (&inv_freq[..g.half], g.table_len());
     TABLES.with(|cell| {
-        let Ok(mut cache) = cell.try_borrow_mut() else {
-            let mut table = cpu::Scratch::zeroed(tl);
-            fill_table(g, pos, inv_freq, &mut table);
-            return f(&table);
-        };
+        let Ok(mut cache) = cell.try_borrow_mut() else { return f(&fresh_table(g, pos, inv_freq)) };
         let at = match cache.families.iter().position(|fam| fam.layout == g.layout && fam.half == g.half && same_bits(&fam.freq, freq)) {
             Some(i) => i,
             None => {
@@ -438,9 +441,7 @@ fn run_token(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuArgs<'_>
         return Ok(());
     }
     cpu::pool::for_row_chunks_mut(out, g.heads * d, per * d, |t, c, y| {
-        let mut table = cpu::Scratch::zeroed(g.table_len());
-        fill_table(g, pos0 + t, inv_freq, &mut table);
-        rotate_token_rows(isa, g, x, t * g.heads + c * per, &table, y);
+        rotate_token_rows(isa, g, x, t * g.heads + c * per, &fresh_table(g, pos0 + t, inv_freq), y)
     });
     Ok(())
 }
