@@ -322,18 +322,14 @@ pub fn kv_cache_bytes(c: &ModelConfig, context: usize, kv: DType) -> Option<u64>
 /// The block formats a CPU engine repacks when no profile says, for a model of
 /// config `c` whose matrices come in `dtypes`
 /// ([`crate::kernels::quant::default_repack`]: Q4_0 of short-row models on
-/// AVX-512 VNNI; with `batches`, an engine decoding several sequences a pass,
-/// every format with an X8 layout). What `run`/`bench` use without a profile
+/// AVX-512 VNNI, every format with an X8 layout with AVX2 alone or, on VNNI,
+/// with `batches`, an engine decoding several sequences a pass). What `run`/`bench` use without a profile
 /// and the tuner's runtime-default combination (`serve --parallel`: with
 /// `batches`).
 pub fn default_cpu_repack(c: &ModelConfig, dtypes: impl IntoIterator<Item = DType>, batches: bool) -> Vec<crate::kernels::quant::QFormat> {
     let formats: Vec<_> = dtypes.into_iter().filter_map(|d| d.quant()).collect();
-    crate::kernels::quant::default_repack(
-        crate::kernels::cpu::Isa::best().vnni(),
-        c.dims.hidden_size.max(c.dims.intermediate_size),
-        &formats,
-        batches,
-    )
+    let isa = crate::kernels::cpu::Isa::best();
+    crate::kernels::quant::default_repack(isa.avx2(), isa.vnni(), c.dims.hidden_size.max(c.dims.intermediate_size), &formats, batches)
 }
 
 fn is_zero_rows(n: &usize) -> bool {

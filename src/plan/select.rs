@@ -286,10 +286,22 @@ pub struct Selection {
 }
 
 /// The most rows of a decode batch's pass that take the batched decode dots
-/// over X8 records by default ([`Selection::x8_batch_choice`]): on a 2-core
-/// EPYC (SmolLM2-135M Q4_0) they decode 2 to 6 sequences 6–59% faster than
-/// the int8 GEMM over its kept panels, 8 as fast, 10 and more slower.
+/// over X8 records by default ([`Selection::x8_batch_choice`]) where the int8
+/// GEMM has its SIMD tiles (AVX-512 VNNI): on a 2-core EPYC (Zen 4,
+/// SmolLM2-135M Q4_0) they decode 2 to 6 sequences 6–59% faster than the int8
+/// GEMM over its kept panels, 8 as fast, 10 and more slower.
 pub const X8_BATCH_ROWS: usize = 8;
+
+/// The most rows of a decode batch's pass that take the batched decode dots by
+/// default on this CPU: [`X8_BATCH_ROWS`] where the int8 GEMM has its SIMD
+/// tiles, every pass elsewhere. Without them (AVX2 alone) a pass of more rows
+/// would take the f32 panel GEMM, which dequantizes its weights every pass for
+/// a few tokens: on a 2-core EPYC 7001 (Zen 1, AVX2 only; SmolLM2-135M Q4_0,
+/// `batch_decode_timing`) 16 sequences decoded 30.6 tok/s through it against
+/// 174.5 through the dots (8: 168.3), and 32 sequences 61.4 against 154.9.
+pub fn x8_batch_rows() -> usize {
+    if kernels::cpu::qgemm::i8_gemm_simd(Isa::best()) { X8_BATCH_ROWS } else { usize::MAX }
+}
 
 /// Kernel choices as a selection holds them: by slot, and by (format, slot)
 /// for a file's other matrix formats ([`Selection::slots`],
@@ -350,15 +362,15 @@ impl Selection {
     }
 
     /// A decode batch's kernel for a block-format matrix the CPU engine keeps in
-    /// X8 records, where no batch table names one: up to [`X8_BATCH_ROWS`] rows,
+    /// X8 records, where no batch table names one: up to [`x8_batch_rows`] rows,
     /// the batched decode dots (`gemm_q_dots_cpu`, `gate_up_q_dots_cpu`), which
     /// decode each record once for a few tokens and give each token its lone
     /// decode's values, bit for bit. None beyond (the int8 GEMM over its kept
     /// panels serves), or on a GPU. Measured in docs/serve.md.
     pub fn x8_batch_choice(&self, problem: &Problem, dtype: DType) -> Option<Choice> {
         let id = match *problem {
-            Problem::Gemm { m, .. } if m <= X8_BATCH_ROWS => "gemm_q_dots_cpu",
-            Problem::GateUp { rows, .. } if rows <= X8_BATCH_ROWS => "gate_up_q_dots_cpu",
+            Problem::Gemm { m, .. } if m <= x8_batch_rows() => "gemm_q_dots_cpu",
+            Problem::GateUp { rows, .. } if rows <= x8_batch_rows() => "gate_up_q_dots_cpu",
             _ => return None,
         };
         let k = kernels::find(id).ok()?;

@@ -417,16 +417,18 @@ fn pass_kernel(g: &Generator, counts: &[usize], slot: ktune::plan::Slot) -> Stri
     ids[0].clone()
 }
 
-/// Without a profile, a CPU server's engine (`--parallel` above 1) on AVX-512
-/// VNNI keeps every block-format matrix it can in X8 records, and a pass of
-/// decode tokens only, up to 8 rows, runs its projections through the
-/// batched decode dots over them (each token its lone decode's arithmetic,
-/// each record decoded once for a few tokens); a pass holding a prompt's chunk
-/// keeps the prefill's int8 GEMM for the projections (its prompt's own
-/// arithmetic), and so does a pass of more rows. A server of one sequence
-/// keeps the rows. Q8_0, and Q4_K with its Q6_K matrices (no X8 layout: the
-/// GEMM). Every sequence of a Q8_0 batch answers as alone on such an engine,
-/// greedy and seeded.
+/// Without a profile, a CPU server's engine (`--parallel` above 1) keeps
+/// every block-format matrix it can in X8 records (AVX2 or better), and a pass
+/// of decode tokens only runs its projections through the batched decode dots
+/// over them (each token its lone decode's arithmetic, each record decoded
+/// once for a few tokens): up to 8 rows on AVX-512 VNNI, where a pass of more
+/// rows takes the int8 GEMM over its kept panels, every pass with AVX2 alone
+/// (no SIMD int8 GEMM there: its f32 panel GEMM dequantizes every pass). A
+/// pass holding a prompt's chunk keeps the prefill's GEMM for the projections
+/// (its prompt's own arithmetic). A server of one sequence keeps these
+/// formats in rows on VNNI, in X8 records with AVX2 alone. Q8_0, and Q4_K with
+/// its Q6_K matrices (no X8 layout: the GEMM). Every sequence of a Q8_0 batch
+/// answers as alone on such an engine, greedy and seeded.
 #[test]
 fn a_cpu_server_decodes_its_batches_through_x8_dots() {
     use ktune::kernels::cpu::Isa;
@@ -438,14 +440,18 @@ fn a_cpu_server_decodes_its_batches_through_x8_dots() {
     let k4 = tmp.path().join("llama-q4km.gguf");
     std::fs::copy(gguf_dir().join("llama-k-q4_k_m.gguf"), &k4).expect("copied");
     let k4 = k4.to_str().expect("a UTF-8 path").to_string();
+    let (avx2, vnni) = (Isa::best().avx2(), Isa::best().vnni());
+    // The prefill's GEMM: the int8 one where it has SIMD tiles, else the f32 panels.
+    let gemm = if vnni { "gemm_q_i8_cpu" } else { "gemm_q_panel_cpu" };
     for (file, format) in [("smollm2-tiny-q8_0.gguf", QFormat::Q8_0), (k4.as_str(), QFormat::Q4_K)] {
         let lone = open_as(file, 512, 1);
-        assert!(lone.engine.plan.options.cpu_repack.is_empty(), "{file}: one sequence keeps the rows");
+        let lone_repack = &lone.engine.plan.options.cpu_repack;
+        assert_eq!(lone_repack.contains(&format), avx2 && !vnni, "{file}: one sequence's layout ({lone_repack:?})");
         drop(lone);
         let mut batch = open_as(file, 512, 20);
-        if !Isa::best().vnni() {
+        if !avx2 {
             eprintln!(
-                "a_cpu_server_decodes_its_batches_through_x8_dots: this CPU lacks AVX-512 VNNI: no X8 records by default (nothing more checked)"
+                "a_cpu_server_decodes_its_batches_through_x8_dots: this CPU lacks AVX2: no X8 records by default (nothing more checked)"
             );
             assert!(batch.engine.plan.options.cpu_repack.is_empty(), "{file}");
             continue;
@@ -457,7 +463,7 @@ fn a_cpu_server_decodes_its_batches_through_x8_dots() {
             let ks = pass_kernels(&batch, counts, slot);
             assert!(ks.iter().any(|(_, d)| *d == DType::from(format)), "{file} {slot:?}: {ks:?}");
             for (id, dtype) in ks {
-                let want = if dots && dtype == DType::from(format) { "gemm_q_dots_cpu" } else { "gemm_q_i8_cpu" };
+                let want = if dots && dtype == DType::from(format) { "gemm_q_dots_cpu" } else { gemm };
                 assert!(id.starts_with(want), "{file} {slot:?} in a pass of {counts:?}: {id} ({dtype}), not {want}");
             }
         };
@@ -465,7 +471,8 @@ fn a_cpu_server_decodes_its_batches_through_x8_dots() {
             takes(&vec![1; rows], Slot::MatmulQkv, true);
             takes(&vec![1; rows], Slot::MatmulDown, true);
         }
-        takes(&[1; 9], Slot::MatmulQkv, false);
+        takes(&[1; 9], Slot::MatmulQkv, !vnni);
+        takes(&[1; 17], Slot::MatmulDown, !vnni);
         if format == QFormat::Q8_0 {
             // Its LM head (Q8_0 too) over each sequence's row.
             takes(&[1; 4], Slot::MatmulLmHead, true);

@@ -56,31 +56,43 @@ pub const REPACKABLE: [QFormat; 4] = [QFormat::Q4_K, QFormat::Q4_0, QFormat::Q8_
 /// repacks Q4_0 without a profile ([`default_repack`]).
 pub const DEFAULT_REPACK_MAX_ROW: usize = 1536;
 
-/// The formats a CPU engine repacks when no profile says: Q4_0 among `formats`
-/// into [`Layout::X8`] on a CPU with AVX-512 VNNI, for a model whose every matrix
-/// row is at most [`DEFAULT_REPACK_MAX_ROW`] values long; nothing otherwise.
-/// Measured on a 2-core EPYC (Zen 4), `run --no-profile`, 64 + 64 tokens,
-/// builds alternated: SmolLM2-135M Q4_0 (rows of 576 and 1536) decodes 13-30%
-/// faster with X8 Q4_0 (3 of 3 pairs), the same file with its Q8_0 matrix
-/// repacked too no faster, and the SmolLM2 Q8_0 file 3-5% slower with X8 Q8_0 (3
-/// of 3); the Llama-3.2-1B-shaped Q8_0 file (rows of 2048 and 8192) decoded 23%
-/// faster in rows than in X8. Q4_K and IQ4_NL stay in rows (X8 Q4_K did not win
-/// end to end there). The tuner's runtime-default combination repacks the same,
-/// so a default that wins is recorded as it ran.
+/// The formats a CPU engine repacks when no profile says, by the CPU's
+/// instruction set (`avx2`: AVX2 + FMA + F16C; `vnni`: AVX-512 VNNI as well).
 ///
-/// An engine that decodes batches (`batches`: several sequences a pass, `serve
-/// --parallel`) repacks every format with an X8 layout among `formats` on
-/// AVX-512 VNNI, whatever the rows' length: its batched decode dots
-/// (`gemm_q_dots_cpu` over X8 records) decode each record once for a few
-/// tokens and give each its lone decode's values (measured in docs/serve.md:
-/// 2 to 6 sequences faster than the int8 GEMM; one token's dots within 2% and
-/// the prefill's GEMM no slower over X8 records than over rows).
-pub fn default_repack(vnni: bool, longest_row: usize, formats: &[QFormat], batches: bool) -> Vec<QFormat> {
-    if !vnni {
+/// With AVX-512 VNNI: Q4_0 among `formats` into [`Layout::X8`], for a model
+/// whose every matrix row is at most [`DEFAULT_REPACK_MAX_ROW`] values long;
+/// nothing otherwise. Measured on a 2-core EPYC (Zen 4), `run --no-profile`,
+/// 64 + 64 tokens, builds alternated: SmolLM2-135M Q4_0 (rows of 576 and 1536)
+/// decodes 13-30% faster with X8 Q4_0 (3 of 3 pairs), the same file with its
+/// Q8_0 matrix repacked too no faster, and the SmolLM2 Q8_0 file 3-5% slower
+/// with X8 Q8_0 (3 of 3); the Llama-3.2-1B-shaped Q8_0 file (rows of 2048 and
+/// 8192) decoded 23% faster in rows than in X8. Q4_K and IQ4_NL stay in rows
+/// (X8 Q4_K did not win end to end there). An engine that decodes batches
+/// (`batches`: several sequences a pass, `serve --parallel`) repacks every
+/// format with an X8 layout among `formats`, whatever the rows' length: its
+/// batched decode dots (`gemm_q_dots_cpu` over X8 records) decode each record
+/// once for a few tokens and give each its lone decode's values (measured in
+/// docs/serve.md: 2 to 6 sequences faster than the int8 GEMM; one token's dots
+/// within 2% and the prefill's GEMM no slower over X8 records than over rows).
+///
+/// With AVX2 and no VNNI (`maddubs` + `madd` for `vpdpbusd`), every format with
+/// an X8 layout among `formats`, any row length, alone or in batches: the row
+/// dots' per-row horizontal sums and scale conversions cost there what the
+/// records save. Measured on a 2-core EPYC 7001 (Zen 1, AVX2 only), `run
+/// --no-profile`, 64 tokens, three alternated pairs, tok/s: SmolLM2-135M Q4_0
+/// 62-67 in rows, 83-106 with X8 Q4_0 (its Q8_0 matrix in X8 too: 95-135);
+/// the Q8_0 file 60-62 -> 71-95; the IQ4_NL file 40-62 -> 75-96; the
+/// Llama-3.2-1B-shaped Q4_K_M file 11.0-11.6 -> 13.5-14.3 (its Q6_K matrices
+/// stay in rows). The tuner's runtime-default combination repacks the same, so
+/// a default that wins is recorded as it ran. Nothing without AVX2 (the
+/// portable loops over records are no faster than over rows).
+pub fn default_repack(avx2: bool, vnni: bool, longest_row: usize, formats: &[QFormat], batches: bool) -> Vec<QFormat> {
+    let every = || REPACKABLE.into_iter().filter(|f| formats.contains(f)).collect();
+    if !avx2 {
         return Vec::new();
     }
-    if batches {
-        return REPACKABLE.into_iter().filter(|f| formats.contains(f)).collect();
+    if batches || !vnni {
+        return every();
     }
     if longest_row > DEFAULT_REPACK_MAX_ROW {
         return Vec::new();
@@ -254,22 +266,33 @@ mod tests {
         assert_eq!(listed, with_x8);
     }
 
-    /// The runtime's default repack: Q4_0 of a short-row model on a VNNI CPU,
-    /// nothing for long rows, other formats or without VNNI; an engine decoding
-    /// batches every repackable format on VNNI.
+    /// The runtime's default repack: on a VNNI CPU Q4_0 of a short-row model,
+    /// nothing for long rows or other formats, an engine decoding batches every
+    /// repackable format; with AVX2 alone every repackable format; nothing
+    /// without AVX2.
     #[test]
-    fn default_repack_is_short_rows_q4_0_on_vnni_and_every_x8_format_for_batches() {
+    fn default_repack_follows_the_instruction_set() {
         use super::{DEFAULT_REPACK_MAX_ROW, QFormat, default_repack};
         let all = [QFormat::Q4_K, QFormat::Q4_0, QFormat::Q8_0, QFormat::IQ4_NL, QFormat::Q6_K];
-        assert_eq!(default_repack(true, 1536, &all, false), vec![QFormat::Q4_0]);
-        assert!(default_repack(true, 576, &[QFormat::Q8_0, QFormat::Q6_K], false).is_empty());
-        assert!(default_repack(true, DEFAULT_REPACK_MAX_ROW + 1, &all, false).is_empty());
-        assert!(default_repack(true, 8192, &all, false).is_empty());
-        assert!(default_repack(false, 576, &all, false).is_empty());
-        assert!(default_repack(true, 576, &[QFormat::Q4_K, QFormat::IQ4_NL], false).is_empty());
-        // An engine decoding batches: every repackable format present, any row length, VNNI only.
-        assert_eq!(default_repack(true, 8192, &[QFormat::Q6_K, QFormat::Q4_K, QFormat::Q8_0], true), vec![QFormat::Q4_K, QFormat::Q8_0]);
-        assert!(default_repack(false, 576, &all, true).is_empty());
+        let x8 = vec![QFormat::Q4_K, QFormat::Q4_0, QFormat::Q8_0, QFormat::IQ4_NL];
+        assert_eq!(default_repack(true, true, 1536, &all, false), vec![QFormat::Q4_0]);
+        assert!(default_repack(true, true, 576, &[QFormat::Q8_0, QFormat::Q6_K], false).is_empty());
+        assert!(default_repack(true, true, DEFAULT_REPACK_MAX_ROW + 1, &all, false).is_empty());
+        assert!(default_repack(true, true, 8192, &all, false).is_empty());
+        assert!(default_repack(true, true, 576, &[QFormat::Q4_K, QFormat::IQ4_NL], false).is_empty());
+        // An engine decoding batches: every repackable format present, any row length.
+        assert_eq!(
+            default_repack(true, true, 8192, &[QFormat::Q6_K, QFormat::Q4_K, QFormat::Q8_0], true),
+            vec![QFormat::Q4_K, QFormat::Q8_0]
+        );
+        // AVX2 without VNNI: every repackable format present, alone or in batches, any row length.
+        for batches in [false, true] {
+            assert_eq!(default_repack(true, false, 8192, &all, batches), x8);
+            assert_eq!(default_repack(true, false, 576, &[QFormat::Q6_K, QFormat::Q8_0], batches), vec![QFormat::Q8_0]);
+            assert!(default_repack(true, false, 576, &[QFormat::Q6_K, QFormat::Q4_1], batches).is_empty());
+            // No AVX2: nothing.
+            assert!(default_repack(false, false, 576, &all, batches).is_empty());
+        }
     }
 
     use super::*;
