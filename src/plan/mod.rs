@@ -1123,7 +1123,14 @@ impl Emitter<'_> {
         // chunk reads one row a sequence, gathered (`heads` taken by then): the
         // dots too, as a lone prefill's last row takes the decode's GEMV.
         let decode_only = self.batch.is_some() && self.heads.is_empty();
-        let x8 = || if decode_only && self.plan.x8_weight(&problem, dtype) { sel.x8_batch_choice(&problem, dtype) } else { None };
+        // Where the int8 GEMM has no SIMD tiles (AVX2 alone), every pass's X8
+        // matrices take the dots unless a profile chose otherwise: a prompt's
+        // rows then get the decode's arithmetic, whatever the pass (whole, a
+        // chunk, beside decode tokens), as fast as the f32 panel GEMM there.
+        let dots = decode_only
+            || (!crate::kernels::cpu::qgemm::i8_gemm_simd(crate::kernels::cpu::Isa::best())
+                && !sel.chooses((slot, self.regime), layer, &problem, dtype));
+        let x8 = || if dots && self.plan.x8_weight(&problem, dtype) { sel.x8_batch_choice(&problem, dtype) } else { None };
         let (choice, warning) = match table.or_else(x8) {
             Some(c) => (c, None),
             None => sel.choose_noting(slot, self.regime, layer, &problem, dtype)?,

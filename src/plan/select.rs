@@ -378,6 +378,13 @@ impl Selection {
         self.default_params(k, dtype).into_iter().find(|p| k.check(caps, problem, dtype, p).is_ok()).map(|p| Choice::new(k, p))
     }
 
+    /// Whether a choice of this selection's own (by format, by layer or by slot)
+    /// serves `problem` at `key`, rather than the runtime's default.
+    pub fn chooses(&self, key: SlotKey, layer: Option<usize>, problem: &Problem, dtype: DType) -> bool {
+        let runs = |c: &&Choice| c.kernel.op == problem.op() && c.kernel.check(self.device.caps(), problem, dtype, &c.params).is_ok();
+        self.formats.get(&(dtype, key)).filter(runs).is_some() || self.explicit(key, layer).filter(runs).is_some()
+    }
+
     /// The runtime's defaults as `run` and `bench` use them: [`Selection::defaults`]
     /// with int8 activations for CPU projections on block-format weights.
     pub fn runtime(device: DeviceCaps) -> Selection {
