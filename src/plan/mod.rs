@@ -1124,11 +1124,16 @@ impl Emitter<'_> {
         // dots too, as a lone prefill's last row takes the decode's GEMV.
         let decode_only = self.batch.is_some() && self.heads.is_empty();
         // Where the int8 GEMM has no SIMD tiles (AVX2 alone), every pass's X8
-        // matrices take the dots unless a profile chose otherwise: a prompt's
-        // rows then get the decode's arithmetic, whatever the pass (whole, a
-        // chunk, beside decode tokens), as fast as the f32 panel GEMM there.
+        // matrices of a 32-element format take the dots unless a profile chose
+        // otherwise: a prompt's rows then get the decode's arithmetic, whatever
+        // the pass (whole, a chunk, beside decode tokens), as fast as the f32
+        // panel GEMM there, with activations rounded per 32 as the int8 GEMM
+        // rounds them. (Q4_K's dots round them per 256: its prompts keep the
+        // f32 panel GEMM.)
+        let per32 = dtype.quant().is_some_and(|f| f.block_elems() == crate::kernels::quant::QK);
         let dots = decode_only
-            || (!crate::kernels::cpu::qgemm::i8_gemm_simd(crate::kernels::cpu::Isa::best())
+            || (per32
+                && !crate::kernels::cpu::qgemm::i8_gemm_simd(crate::kernels::cpu::Isa::best())
                 && !sel.chooses((slot, self.regime), layer, &problem, dtype));
         let x8 = || if dots && self.plan.x8_weight(&problem, dtype) { sel.x8_batch_choice(&problem, dtype) } else { None };
         let (choice, warning) = match table.or_else(x8) {

@@ -25,10 +25,10 @@ fn model(name: &str) -> PathBuf {
 }
 
 /// Whether the runtime's default prefill on this CPU quantizes activations to
-/// int8 (`gemm_q_i8_cpu`, which needs AVX-512 VNNI): then its logits differ from
-/// the f32 reference's; without it the prefill GEMMs dequantize the weights into
-/// f32 panels, and eval's scores (every position a prefill's) are the
-/// reference's exactly. The answer comes from the kernels `run` reports.
+/// int8 (`gemm_q_i8_cpu` with AVX-512 VNNI, the decode's dots over X8 records
+/// with AVX2 alone): then its logits differ from the f32 reference's; without
+/// it the prefill GEMMs dequantize the weights into f32 panels, and eval's
+/// scores (every position a prefill's) are the reference's exactly. The answer comes from the kernels `run` reports.
 fn int8_prefill(cache: &Path, gguf: &Path) -> bool {
     let o = ktune(cache)
         .args(["--device", "cpu", "run", "--no-profile", "--tokens", "1,2,3", "--max-tokens", "1", "--format", "json", "--gguf"])
@@ -38,10 +38,13 @@ fn int8_prefill(cache: &Path, gguf: &Path) -> bool {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
     let kernels = v["kernels"].as_array().expect("kernels");
-    let int8 =
-        kernels.iter().any(|k| k[0].as_str().is_some_and(|s| s.contains("(gemm)")) && k[1].as_str().is_some_and(|s| s.contains("_i8_")));
+    // The int8 GEMM (AVX-512 VNNI), or the decode's dots over X8 records with
+    // int8 activations (AVX2 alone).
+    let int8 = kernels.iter().any(|k| {
+        k[0].as_str().is_some_and(|s| s.contains("(gemm)")) && k[1].as_str().is_some_and(|s| s.contains("_i8_") || s.contains("act_bits=8"))
+    });
     if !int8 {
-        eprintln!("this CPU's default prefill keeps f32 activations (no AVX-512 VNNI): its divergence from the f32 reference is 0");
+        eprintln!("this CPU's default prefill keeps f32 activations (no AVX2): its divergence from the f32 reference is 0");
     }
     int8
 }

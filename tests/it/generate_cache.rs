@@ -425,8 +425,8 @@ fn pass_kernel(g: &Generator, counts: &[usize], slot: ktune::plan::Slot) -> Stri
 /// over them (each token its lone decode's arithmetic, each record decoded
 /// once for a few tokens): up to 8 rows on AVX-512 VNNI, where a pass of more
 /// rows, or holding a prompt's chunk, takes the int8 GEMM; every pass with
-/// AVX2 alone, chunks and whole prompts too (no SIMD int8 GEMM there: its f32
-/// panel GEMM dequantizes every pass). A server of one sequence keeps these
+/// AVX2 alone, and there a 32-element format's chunks and whole prompts too
+/// (no SIMD int8 GEMM there: its f32 panel GEMM dequantizes every pass). A server of one sequence keeps these
 /// formats in rows on VNNI, in X8 records with AVX2 alone. Q8_0, and Q4_K with
 /// its Q6_K matrices (no X8 layout: the GEMM). Every sequence of a Q8_0 batch
 /// answers as alone on such an engine, greedy and seeded.
@@ -479,9 +479,10 @@ fn a_cpu_server_decodes_its_batches_through_x8_dots() {
             takes(&[1; 4], Slot::MatmulLmHead, true);
         }
         // A prompt's chunk in the pass: the GEMM for the projections on VNNI,
-        // the dots with AVX2 alone (every pass there: a prompt's rows get the
-        // decode's arithmetic).
-        takes(&[1, 5, 1], Slot::MatmulQkv, !vnni);
+        // the dots with AVX2 alone for a 32-element format (every pass there: a
+        // prompt's rows get the decode's arithmetic; Q4_K's dots round the
+        // activations per 256, and its prompts keep the GEMM).
+        takes(&[1, 5, 1], Slot::MatmulQkv, !vnni && format != QFormat::Q4_K);
         if format != QFormat::Q8_0 {
             // (Its Q6_K matrices take the GEMM, whose activations round per 32
             // where the lone decode's K-quant dots round per 256.)
