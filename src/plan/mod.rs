@@ -1119,23 +1119,14 @@ impl Emitter<'_> {
         let table = self.batch.and_then(|rows| sel.batch_choice(rows, (slot, self.regime), &problem, dtype));
         // A pass of decode tokens only: the X8 records' batched dots, each token's
         // lone decode's arithmetic (a prompt's chunk keeps the prefill's GEMM, as
-        // its whole prompt computes it in one pass). The LM head of a pass with a
+        // its whole prompt computes it in one pass, where that GEMM has int8 SIMD
+        // tiles: `Selection::x8_choice` says when). The LM head of a pass with a
         // chunk reads one row a sequence, gathered (`heads` taken by then): the
         // dots too, as a lone prefill's last row takes the decode's GEMV.
         let decode_only = self.batch.is_some() && self.heads.is_empty();
-        // Where the int8 GEMM has no SIMD tiles (AVX2 alone), every pass's X8
-        // matrices of a 32-element format take the dots unless a profile chose
-        // otherwise: a prompt's rows then get the decode's arithmetic, whatever
-        // the pass (whole, a chunk, beside decode tokens), as fast as the f32
-        // panel GEMM there, with activations rounded per 32 as the int8 GEMM
-        // rounds them. (Q4_K's dots round them per 256: its prompts keep the
-        // f32 panel GEMM.)
-        let per32 = dtype.quant().is_some_and(|f| f.block_elems() == crate::kernels::quant::QK);
-        let dots = decode_only
-            || (per32
-                && !crate::kernels::cpu::qgemm::i8_gemm_simd(crate::kernels::cpu::Isa::best())
-                && !sel.chooses((slot, self.regime), layer, &problem, dtype));
-        let x8 = || if dots && self.plan.x8_weight(&problem, dtype) { sel.x8_batch_choice(&problem, dtype) } else { None };
+        let x8 = || {
+            self.plan.x8_weight(&problem, dtype).then(|| sel.x8_choice((slot, self.regime), layer, &problem, dtype, decode_only)).flatten()
+        };
         let (choice, warning) = match table.or_else(x8) {
             Some(c) => (c, None),
             None => sel.choose_noting(slot, self.regime, layer, &problem, dtype)?,

@@ -286,7 +286,7 @@ pub struct Selection {
 }
 
 /// The most rows of a decode batch's pass that take the batched decode dots
-/// over X8 records by default ([`Selection::x8_batch_choice`]) where the int8
+/// over X8 records by default ([`Selection::x8_choice`]) where the int8
 /// GEMM has its SIMD tiles (AVX-512 VNNI): on a 2-core EPYC (Zen 4,
 /// SmolLM2-135M Q4_0) they decode 2 to 6 sequences 6–59% faster than the int8
 /// GEMM over its kept panels, 8 as fast, 10 and more slower.
@@ -358,16 +358,32 @@ impl Selection {
     pub fn batch_choice(&self, rows: usize, key: SlotKey, problem: &Problem, dtype: DType) -> Option<Choice> {
         let (_, table) = self.batches.range(..=rows).next_back()?;
         let c = table.formats.get(&(dtype, key)).or_else(|| table.slots.get(&key))?;
-        (c.kernel.op == problem.op() && c.kernel.check(self.device.caps(), problem, dtype, &c.params).is_ok()).then(|| c.clone())
+        self.runs(c, problem, dtype).then(|| c.clone())
     }
 
-    /// A decode batch's kernel for a block-format matrix the CPU engine keeps in
-    /// X8 records, where no batch table names one: up to [`x8_batch_rows`] rows,
-    /// the batched decode dots (`gemm_q_dots_cpu`, `gate_up_q_dots_cpu`), which
-    /// decode each record once for a few tokens and give each token its lone
-    /// decode's values, bit for bit. None beyond (the int8 GEMM over its kept
-    /// panels serves), or on a GPU. Measured in docs/serve.md.
-    pub fn x8_batch_choice(&self, problem: &Problem, dtype: DType) -> Option<Choice> {
+    /// Whether `c` is a kernel of `problem`'s op that can run it here.
+    fn runs(&self, c: &Choice, problem: &Problem, dtype: DType) -> bool {
+        c.kernel.op == problem.op() && c.kernel.check(self.device.caps(), problem, dtype, &c.params).is_ok()
+    }
+
+    /// The kernel of a block-format matrix the CPU engine keeps in X8 records,
+    /// where no batch table names one, in a pass of decode tokens only
+    /// (`decode_only`) or with a prompt's rows: the batched decode dots
+    /// (`gemm_q_dots_cpu`, `gate_up_q_dots_cpu`), which decode each record once
+    /// for a few tokens and give each token its lone decode's values, bit for
+    /// bit, for a decode pass of up to [`x8_batch_rows`] rows; where the int8
+    /// GEMM has no SIMD tiles (AVX2 alone), for a prompt's rows too, of a
+    /// 32-element format whose slot this selection does not choose for
+    /// (a prompt then gets the decode's arithmetic however it is cut, its
+    /// activations rounded per 32 as the int8 GEMM rounds them; Q4_K's dots
+    /// round them per 256, and its prompts keep the f32 panel GEMM). None
+    /// otherwise (the regime's own choice serves). Measured in docs/serve.md.
+    pub fn x8_choice(&self, key: SlotKey, layer: Option<usize>, problem: &Problem, dtype: DType, decode_only: bool) -> Option<Choice> {
+        let per32 = dtype.quant().is_some_and(|f| f.block_elems() == kernels::quant::QK);
+        let prompt = per32 && !kernels::cpu::qgemm::i8_gemm_simd(Isa::best()) && !self.chooses(key, layer, problem, dtype);
+        if !decode_only && !prompt {
+            return None;
+        }
         let id = match *problem {
             Problem::Gemm { m, .. } if m <= x8_batch_rows() => "gemm_q_dots_cpu",
             Problem::GateUp { rows, .. } if rows <= x8_batch_rows() => "gate_up_q_dots_cpu",
@@ -380,8 +396,8 @@ impl Selection {
 
     /// Whether a choice of this selection's own (by format, by layer or by slot)
     /// serves `problem` at `key`, rather than the runtime's default.
-    pub fn chooses(&self, key: SlotKey, layer: Option<usize>, problem: &Problem, dtype: DType) -> bool {
-        let runs = |c: &&Choice| c.kernel.op == problem.op() && c.kernel.check(self.device.caps(), problem, dtype, &c.params).is_ok();
+    fn chooses(&self, key: SlotKey, layer: Option<usize>, problem: &Problem, dtype: DType) -> bool {
+        let runs = |c: &&Choice| self.runs(c, problem, dtype);
         self.formats.get(&(dtype, key)).filter(runs).is_some() || self.explicit(key, layer).filter(runs).is_some()
     }
 
@@ -450,9 +466,7 @@ impl Selection {
         dtype: DType,
     ) -> Result<(Choice, Option<String>), PlanError> {
         let want = problem.op();
-        if let Some(c) = self.formats.get(&(dtype, (slot, regime))).filter(|c| c.kernel.op == want)
-            && c.kernel.check(self.device.caps(), problem, dtype, &c.params).is_ok()
-        {
+        if let Some(c) = self.formats.get(&(dtype, (slot, regime))).filter(|c| self.runs(c, problem, dtype)) {
             return Ok((c.clone(), None));
         }
         // An explicit choice of another op (a GEMV chosen for lm_head, whose prefill
