@@ -1127,7 +1127,8 @@ impl Emitter<'_> {
         let x8 = || {
             self.plan.x8_weight(&problem, dtype).then(|| sel.x8_choice((slot, self.regime), layer, &problem, dtype, decode_only)).flatten()
         };
-        let (choice, warning) = match table.or_else(x8) {
+        let experts = || sel.experts_choice((slot, self.regime), layer, &problem, dtype);
+        let (choice, warning) = match table.or_else(x8).or_else(experts) {
             Some(c) => (c, None),
             None => sel.choose_noting(slot, self.regime, layer, &problem, dtype)?,
         };

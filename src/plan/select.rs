@@ -389,6 +389,34 @@ impl Selection {
             Problem::GateUp { rows, .. } if rows <= x8_batch_rows() => "gate_up_q_dots_cpu",
             _ => return None,
         };
+        self.default_choice_of(id, problem, dtype)
+    }
+
+    /// The kernel of a mixture's block-format experts on a CPU whose int8 GEMM
+    /// has no SIMD tiles (AVX2 alone), where no batch table names one and this
+    /// selection does not choose for the slot: the gathered kernel
+    /// (`moe_gate_up_cpu`, `moe_down_cpu`) with the runtime's int8 activations
+    /// for a pass of any rows, as a lone decode token takes it. Each token then
+    /// gets its lone decode's arithmetic in a decode batch, a prompt's chunk or
+    /// a whole prompt; the grouped kernel there would be the f32 one, which
+    /// dequantizes every expert it reads into f32 panels every pass and sums in
+    /// another order (a batch's ids parted from the lone decode's). None
+    /// otherwise (the regime's own choice serves). Measured in docs/serve.md.
+    pub fn experts_choice(&self, key: SlotKey, layer: Option<usize>, problem: &Problem, dtype: DType) -> Option<Choice> {
+        let id = match *problem {
+            Problem::MoeGateUp { rows, .. } if rows > 1 => "moe_gate_up_cpu",
+            Problem::MoeDown { rows, .. } if rows > 1 => "moe_down_cpu",
+            _ => return None,
+        };
+        let int8_dots = matches!(self.device, DeviceCaps::Cpu(_)) && self.int8_activations && dtype.is_quant();
+        if !int8_dots || kernels::cpu::qgemm::i8_gemm_simd(Isa::best()) || self.chooses(key, layer, problem, dtype) {
+            return None;
+        }
+        self.default_choice_of(id, problem, dtype)
+    }
+
+    /// `id` with the first of its default parameter sets that runs `problem`.
+    fn default_choice_of(&self, id: &str, problem: &Problem, dtype: DType) -> Option<Choice> {
         let k = kernels::find(id).ok()?;
         let caps = self.device.caps();
         self.default_params(k, dtype).into_iter().find(|p| k.check(caps, problem, dtype, p).is_ok()).map(|p| Choice::new(k, p))
