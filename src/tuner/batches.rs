@@ -123,7 +123,10 @@ pub(crate) fn run(
     let (sizes, defs): (Vec<usize>, Vec<RaceDef>) = defs.into_iter().unzip();
     let variants = defs.iter().map(|r| candidates(r, caps, o.strategy).0.len()).sum();
     let space = Space { races: defs, per_fusion: Vec::new(), variants, ruled_out: BTreeMap::new(), combinations: 0.0, kept_panels: true };
-    let Races { results, .. } = budget.stage("batch regimes: races", || race::run_all(t, o, &space, cache, resume, budget, progress))?;
+    budget.reserve(super::budget::BATCH_CHECK_SHARE);
+    let races = budget.stage("batch regimes: races", || race::run_all(t, o, &space, cache, resume, budget, progress));
+    budget.release();
+    let Races { results, .. } = races?;
     let extra = o.extra_formats();
     let mut found = BatchRegimes::default();
     for ((rows, r), mut res) in sizes.into_iter().zip(space.races).zip(results) {
