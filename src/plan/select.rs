@@ -298,7 +298,8 @@ pub const X8_BATCH_ROWS: usize = 8;
 /// would take the f32 panel GEMM, which dequantizes its weights every pass for
 /// a few tokens: on a 2-core EPYC 7001 (Zen 1, AVX2 only; SmolLM2-135M Q4_0,
 /// `batch_decode_timing`) 16 sequences decoded 30.6 tok/s through it against
-/// 174.5 through the dots (8: 168.3), and 32 sequences 61.4 against 154.9.
+/// 174.5 through the dots (8: 168.3), and 32 sequences 61.4 against 154.9;
+/// there a decode pass takes the dots over plain rows too (docs/serve.md).
 pub fn x8_batch_rows() -> usize {
     if kernels::cpu::qgemm::i8_gemm_simd(Isa::best()) { X8_BATCH_ROWS } else { usize::MAX }
 }
@@ -366,22 +367,36 @@ impl Selection {
         c.kernel.op == problem.op() && c.kernel.check(self.device.caps(), problem, dtype, &c.params).is_ok()
     }
 
-    /// The kernel of a block-format matrix the CPU engine keeps in X8 records,
-    /// where no batch table names one, in a pass of decode tokens only
-    /// (`decode_only`) or with a prompt's rows: the batched decode dots
-    /// (`gemm_q_dots_cpu`, `gate_up_q_dots_cpu`), which decode each record once
-    /// for a few tokens and give each token its lone decode's values, bit for
-    /// bit, for a decode pass of up to [`x8_batch_rows`] rows; where the int8
-    /// GEMM has no SIMD tiles (AVX2 alone), for a prompt's rows too, of a
-    /// 32-element format whose slot this selection does not choose for
-    /// (a prompt then gets the decode's arithmetic however it is cut, its
+    /// The kernel of a block-format matrix on the CPU, where no batch table
+    /// names one, in a pass of decode tokens only (`decode_only`) or with a
+    /// prompt's rows; `x8`: the engine keeps the matrix in X8 records. The
+    /// batched decode dots (`gemm_q_dots_cpu`, `gate_up_q_dots_cpu`), which
+    /// read each weight row once for a few tokens and give each token its lone
+    /// decode's values, bit for bit: for a decode pass of up to
+    /// [`x8_batch_rows`] rows over X8 records; where the int8 GEMM has no SIMD
+    /// tiles (AVX2 alone), for a decode pass over any block format's rows too
+    /// (plain rows: Q6_K, Q4_1, Q5_K, ..., which have no X8 layout or are not
+    /// repacked; the f32 panel GEMM there dequantized every weight every pass
+    /// and summed in another order), and for a prompt's rows of a 32-element
+    /// format kept in X8 records whose slot this selection does not choose
+    /// for (a prompt then gets the decode's arithmetic however it is cut, its
     /// activations rounded per 32 as the int8 GEMM rounds them; Q4_K's dots
     /// round them per 256, and its prompts keep the f32 panel GEMM). None
     /// otherwise (the regime's own choice serves). Measured in docs/serve.md.
-    pub fn x8_choice(&self, key: SlotKey, layer: Option<usize>, problem: &Problem, dtype: DType, decode_only: bool) -> Option<Choice> {
+    pub fn x8_choice(
+        &self,
+        key: SlotKey,
+        layer: Option<usize>,
+        problem: &Problem,
+        dtype: DType,
+        decode_only: bool,
+        x8: bool,
+    ) -> Option<Choice> {
+        let tiles = kernels::cpu::qgemm::i8_gemm_simd(Isa::best());
         let per32 = dtype.quant().is_some_and(|f| f.block_elems() == kernels::quant::QK);
-        let prompt = per32 && !kernels::cpu::qgemm::i8_gemm_simd(Isa::best()) && !self.chooses(key, layer, problem, dtype);
-        if !decode_only && !prompt {
+        let decode = decode_only && (x8 || (!tiles && dtype.is_quant() && matches!(self.device, DeviceCaps::Cpu(_))));
+        let prompt = x8 && per32 && !tiles && !self.chooses(key, layer, problem, dtype);
+        if !decode && !prompt {
             return None;
         }
         let id = match *problem {

@@ -428,8 +428,10 @@ fn pass_kernel(g: &Generator, counts: &[usize], slot: ktune::plan::Slot) -> Stri
 /// AVX2 alone, and there a 32-element format's chunks and whole prompts too
 /// (no SIMD int8 GEMM there: its f32 panel GEMM dequantizes every pass). A server of one sequence keeps these
 /// formats in rows on VNNI, in X8 records with AVX2 alone. Q8_0, and Q4_K with
-/// its Q6_K matrices (no X8 layout: the GEMM). Every sequence of a Q8_0 batch
-/// answers as alone on such an engine, greedy and seeded.
+/// its Q6_K matrices (no X8 layout: the GEMM on VNNI; with AVX2 alone the dots
+/// over their rows in a pass of decode tokens). Every sequence of a Q8_0 batch
+/// answers as alone on such an engine, greedy and seeded (of the Q4_K one too
+/// with AVX2 alone).
 #[test]
 fn a_cpu_server_decodes_its_batches_through_x8_dots() {
     use ktune::kernels::cpu::Isa;
@@ -459,12 +461,13 @@ fn a_cpu_server_decodes_its_batches_through_x8_dots() {
         }
         assert!(batch.engine.plan.options.cpu_repack.contains(&format), "{file}: {:?}", batch.engine.plan.options.cpu_repack);
         // Every projection stored in the repacked format takes the dots (a
-        // matrix of another, Q6_K, the GEMM), in a pass of decode tokens only.
+        // matrix of another, Q6_K, the GEMM on VNNI, the dots over its rows
+        // with AVX2 alone), in a pass of decode tokens only.
         let takes = |counts: &[usize], slot: Slot, dots: bool| {
             let ks = pass_kernels(&batch, counts, slot);
             assert!(ks.iter().any(|(_, d)| *d == DType::from(format)), "{file} {slot:?}: {ks:?}");
             for (id, dtype) in ks {
-                let want = if dots && dtype == DType::from(format) { "gemm_q_dots_cpu" } else { gemm };
+                let want = if dots && (dtype == DType::from(format) || !vnni) { "gemm_q_dots_cpu" } else { gemm };
                 assert!(id.starts_with(want), "{file} {slot:?} in a pass of {counts:?}: {id} ({dtype}), not {want}");
             }
         };
@@ -483,9 +486,10 @@ fn a_cpu_server_decodes_its_batches_through_x8_dots() {
         // prompt's rows get the decode's arithmetic; Q4_K's dots round the
         // activations per 256, and its prompts keep the GEMM).
         takes(&[1, 5, 1], Slot::MatmulQkv, !vnni && format != QFormat::Q4_K);
-        if format != QFormat::Q8_0 {
-            // (Its Q6_K matrices take the GEMM, whose activations round per 32
-            // where the lone decode's K-quant dots round per 256.)
+        if format != QFormat::Q8_0 && vnni {
+            // (Its Q6_K matrices take the GEMM on VNNI, whose activations round
+            // per 32 where the lone decode's K-quant dots round per 256; with
+            // AVX2 alone they take the dots over their rows, the lone arithmetic.)
             continue;
         }
         let mut alone = open_as(file, 512, 20);
@@ -554,8 +558,9 @@ fn a_profiles_batch_regimes_switch_kernels_as_the_batch_shrinks() {
     assert_eq!(kernel_of(&g, 4, Slot::MatmulQkv), "gemm_q_i8_cpuSome(16)");
     assert!(kernel_of(&g, 4, Slot::MatmulDown).starts_with("gemm_q_i8_cpu"));
     assert_eq!(kernel_of(&g, 4, Slot::Norm), "rms_norm_rows_cpuSome(1)");
-    // Left out at 4: the plan's own choice, the GEMM of the prefill.
-    let prefill_gemm = if vnni { "gemm_q_i8_cpu" } else { "gemm_q_panel_cpu" };
+    // Left out at 4: the plan's own choice, the GEMM of the prefill (with AVX2
+    // alone, a decode pass's dots over the rows).
+    let prefill_gemm = if vnni { "gemm_q_i8_cpu" } else { "gemm_q_dots_cpu" };
     assert!(kernel_of(&g, 4, Slot::MatmulO).starts_with(prefill_gemm), "{}", kernel_of(&g, 4, Slot::MatmulO));
     drop(g);
 
