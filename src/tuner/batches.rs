@@ -169,8 +169,9 @@ fn own_choices(found: &BatchRegimes, rows: usize, sel: &Selection, o: &TuneOptio
 /// winners is slower than the baseline loses its table (and takes its own
 /// choices as its table where those were the baseline); where lone steps beat
 /// the batch (with what it keeps), batches of
-/// that size and fewer decode alone (`found.min_batch`). Rounds stop at `end` (a
-/// size not timed keeps its race winners).
+/// that size and fewer decode alone (`found.min_batch`). Rounds stop at `end`,
+/// each size's at its share of the time left by its rows (a size not timed
+/// keeps its race winners).
 fn check(
     t: &Target<'_>,
     o: &TuneOptions,
@@ -206,7 +207,12 @@ fn check(
     }
     let vocab = t.config.dims.vocab_size.max(1);
     let mut lone_wins = None;
-    for rows in sizes {
+    for (i, &rows) in sizes.iter().enumerate() {
+        // This size's share of the time left, by its rows (a round's steps cost
+        // about that): a smaller size's rounds do not leave a larger one none.
+        let left: usize = sizes[i..].iter().sum();
+        let now = std::time::Instant::now();
+        let size_end = now + end.saturating_duration_since(now).mul_f64(rows as f64 / left.max(1) as f64);
         // With this size's table, and without it (what a batch of this size
         // takes if it is dropped: the next smaller size's, else the prefill's
         // choices); the smaller sizes' decisions already made.
@@ -231,7 +237,7 @@ fn check(
             .filter(|a| (table || *a != Arm::Tuned) && (cascades || *a != Arm::Own))
             .collect();
         for round in 0..CHECK_ROUNDS {
-            if std::time::Instant::now() >= end {
+            if std::time::Instant::now() >= size_end {
                 break;
             }
             for k in 0..arms.len() {
