@@ -374,15 +374,15 @@ impl Selection {
     /// read each weight row once for a few tokens and give each token its lone
     /// decode's values, bit for bit: for a decode pass of up to
     /// [`x8_batch_rows`] rows over X8 records; where the int8 GEMM has no SIMD
-    /// tiles (AVX2 alone), for a decode pass over any block format's rows too
-    /// (plain rows: Q6_K, Q4_1, Q5_K, ..., which have no X8 layout or are not
-    /// repacked; the f32 panel GEMM there dequantized every weight every pass
-    /// and summed in another order), and for a prompt's rows of a 32-element
-    /// format kept in X8 records whose slot this selection does not choose
-    /// for (a prompt then gets the decode's arithmetic however it is cut, its
-    /// activations rounded per 32 as the int8 GEMM rounds them; Q4_K's dots
-    /// round them per 256, and its prompts keep the f32 panel GEMM). None
-    /// otherwise (the regime's own choice serves). Measured in docs/serve.md.
+    /// tiles (AVX2 alone), for every pass over a block format, in X8 records
+    /// or plain rows (Q6_K, Q4_1, Q5_K, ..., which have no X8 layout or are not
+    /// repacked): a decode pass of any rows, and a prompt's rows (whole or in
+    /// chunks) where this selection does not choose for the slot. The f32
+    /// panel GEMM there dequantizes every weight every pass and sums in
+    /// another order; through the dots a prompt gets the decode's arithmetic
+    /// however it is cut (its activations rounded per block as llama.cpp's:
+    /// per 32, per 256 for the K-quants). None otherwise (the regime's own
+    /// choice serves). Measured in docs/serve.md.
     pub fn x8_choice(
         &self,
         key: SlotKey,
@@ -392,10 +392,10 @@ impl Selection {
         decode_only: bool,
         x8: bool,
     ) -> Option<Choice> {
-        let tiles = kernels::cpu::qgemm::i8_gemm_simd(Isa::best());
-        let per32 = dtype.quant().is_some_and(|f| f.block_elems() == kernels::quant::QK);
-        let decode = decode_only && (x8 || (!tiles && dtype.is_quant() && matches!(self.device, DeviceCaps::Cpu(_))));
-        let prompt = x8 && per32 && !tiles && !self.chooses(key, layer, problem, dtype);
+        // Without the int8 GEMM's SIMD tiles every pass over a block format.
+        let dots_only = !kernels::cpu::qgemm::i8_gemm_simd(Isa::best()) && dtype.is_quant() && matches!(self.device, DeviceCaps::Cpu(_));
+        let decode = decode_only && (x8 || dots_only);
+        let prompt = dots_only && !self.chooses(key, layer, problem, dtype);
         if !decode && !prompt {
             return None;
         }

@@ -425,11 +425,11 @@ fn pass_kernel(g: &Generator, counts: &[usize], slot: ktune::plan::Slot) -> Stri
 /// over them (each token its lone decode's arithmetic, each record decoded
 /// once for a few tokens): up to 8 rows on AVX-512 VNNI, where a pass of more
 /// rows, or holding a prompt's chunk, takes the int8 GEMM; every pass with
-/// AVX2 alone, and there a 32-element format's chunks and whole prompts too
-/// (no SIMD int8 GEMM there: its f32 panel GEMM dequantizes every pass). A server of one sequence keeps these
+/// AVX2 alone, chunks and whole prompts too (no SIMD int8 GEMM there: its f32
+/// panel GEMM dequantizes every pass). A server of one sequence keeps these
 /// formats in rows on VNNI, in X8 records with AVX2 alone. Q8_0, and Q4_K with
 /// its Q6_K matrices (no X8 layout: the GEMM on VNNI; with AVX2 alone the dots
-/// over their rows in a pass of decode tokens). Every sequence of a Q8_0 batch
+/// over their rows in every pass). Every sequence of a Q8_0 batch
 /// answers as alone on such an engine, greedy and seeded (of the Q4_K one too
 /// with AVX2 alone).
 #[test]
@@ -482,10 +482,9 @@ fn a_cpu_server_decodes_its_batches_through_x8_dots() {
             takes(&[1; 4], Slot::MatmulLmHead, true);
         }
         // A prompt's chunk in the pass: the GEMM for the projections on VNNI,
-        // the dots with AVX2 alone for a 32-element format (every pass there: a
-        // prompt's rows get the decode's arithmetic; Q4_K's dots round the
-        // activations per 256, and its prompts keep the GEMM).
-        takes(&[1, 5, 1], Slot::MatmulQkv, !vnni && format != QFormat::Q4_K);
+        // the dots with AVX2 alone (every pass there: a prompt's rows get the
+        // decode's arithmetic, the K-quants' activations rounded per 256).
+        takes(&[1, 5, 1], Slot::MatmulQkv, !vnni);
         if format != QFormat::Q8_0 && vnni {
             // (Its Q6_K matrices take the GEMM on VNNI, whose activations round
             // per 32 where the lone decode's K-quant dots round per 256; with
