@@ -376,8 +376,9 @@ impl Selection {
     /// [`x8_batch_rows`] rows over X8 records; where the int8 GEMM has no SIMD
     /// tiles (AVX2 alone), for every pass over a block format, in X8 records
     /// or plain rows (Q6_K, Q4_1, Q5_K, ..., which have no X8 layout or are not
-    /// repacked): a decode pass of any rows, and a prompt's rows (whole or in
-    /// chunks) where this selection does not choose for the slot. The f32
+    /// repacked): a decode pass of any rows, and with the runtime's int8
+    /// activations a prompt's rows (whole or in chunks) where this selection
+    /// does not choose for the slot. The f32
     /// panel GEMM there dequantizes every weight every pass and sums in
     /// another order; through the dots a prompt gets the decode's arithmetic
     /// however it is cut (its activations rounded per block as llama.cpp's:
@@ -392,10 +393,8 @@ impl Selection {
         decode_only: bool,
         x8: bool,
     ) -> Option<Choice> {
-        // Without the int8 GEMM's SIMD tiles every pass over a block format.
-        let dots_only = !kernels::cpu::qgemm::i8_gemm_simd(Isa::best()) && dtype.is_quant() && matches!(self.device, DeviceCaps::Cpu(_));
-        let decode = decode_only && (x8 || dots_only);
-        let prompt = dots_only && !self.chooses(key, layer, problem, dtype);
+        let decode = decode_only && (x8 || self.no_int8_tiles(dtype));
+        let prompt = self.no_int8_tiles(dtype) && self.int8_activations && !self.chooses(key, layer, problem, dtype);
         if !decode && !prompt {
             return None;
         }
@@ -423,11 +422,18 @@ impl Selection {
             Problem::MoeDown { rows, .. } if rows > 1 => "moe_down_cpu",
             _ => return None,
         };
-        let int8_dots = matches!(self.device, DeviceCaps::Cpu(_)) && self.int8_activations && dtype.is_quant();
-        if !int8_dots || kernels::cpu::qgemm::i8_gemm_simd(Isa::best()) || self.chooses(key, layer, problem, dtype) {
+        if !self.no_int8_tiles(dtype) || !self.int8_activations || self.chooses(key, layer, problem, dtype) {
             return None;
         }
         self.default_choice_of(id, problem, dtype)
+    }
+
+    /// Whether a `dtype` matrix on this device is a block format on a CPU
+    /// whose int8 GEMM has no SIMD tiles (AVX2 alone): there every pass over it
+    /// takes the decode's kernels by default ([`Selection::x8_choice`],
+    /// [`Selection::experts_choice`]).
+    fn no_int8_tiles(&self, dtype: DType) -> bool {
+        matches!(self.device, DeviceCaps::Cpu(_)) && dtype.is_quant() && !kernels::cpu::qgemm::i8_gemm_simd(Isa::best())
     }
 
     /// `id` with the first of its default parameter sets that runs `problem`.
