@@ -345,6 +345,8 @@ fn bench_kld_puts_each_entrys_divergence_beside_its_speed() {
 #[test]
 fn tune_refuses_a_combination_over_the_accuracy_budget() {
     let tmp = tempdir();
+    // The end-to-end record; every combination scored, or the budget's cut
+    // says how many were (a debug build on a 2-core EPYC 7001 scores some).
     let tune = |extra: &[&str]| -> serde_json::Value {
         let o = ktune(tmp.path())
             .args(["tune", "--device", "cpu", "--gguf"])
@@ -355,33 +357,44 @@ fn tune_refuses_a_combination_over_the_accuracy_budget() {
             .expect("runs");
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
-        r["profile"]["tuning"]["end_to_end"].clone()
+        let e2e = r["profile"]["tuning"]["end_to_end"].clone();
+        let combos = e2e["combinations"].as_array().expect("combinations");
+        let scored = combos.iter().filter(|c| c["kld"].is_f64()).count();
+        let cut = format!("accuracy: {scored} of {} combinations scored", combos.len());
+        assert!(scored == combos.len() || r["budget"]["cuts"].to_string().contains(&cut), "{cut}: {r}");
+        assert!(scored >= 2, "the default and another scored: {e2e}");
+        e2e
     };
     let int8 = int8_prefill(tmp.path(), &model("smollm2-tiny-q4_0"));
     let free = tune(&[]);
     let combos = free["combinations"].as_array().expect("combinations");
     assert!(combos.len() > 1, "{free}");
     // A divergence of what equals the reference rounds to a few 1e-9 either side of 0.
-    assert!(combos.iter().all(|c| c["kld"].as_f64().is_some_and(|k| (-1e-6..0.1).contains(&k))), "{free}");
+    assert!(combos.iter().all(|c| c["kld"].is_null() || c["kld"].as_f64().is_some_and(|k| (-1e-6..0.1).contains(&k))), "{free}");
     let default = combos.iter().find(|c| c["label"] == "runtime default").expect("default")["kld"].as_f64().expect("kld");
     // The default path quantizes activations to int8 where the CPU has VNNI: not the reference.
     assert_default_divergence(default, int8, &free);
     assert_eq!(free["max_kld"].as_f64(), Some((default * 1.25).max(1e-4)), "{free}");
+    // Over the budget, or faster than the default and not scored: refused.
+    let budget = free["max_kld"].as_f64().expect("budget");
+    let refused = |c: &serde_json::Value, over: bool| match c["kld"].as_f64() {
+        Some(_) => assert_eq!(c["refused"].is_string(), over, "{c}"),
+        None => assert!(c["refused"].as_str().is_none_or(|r| r.contains("not scored")), "{c}"),
+    };
     for c in combos {
-        assert_eq!(c["refused"].is_string(), c["kld"].as_f64().expect("kld") > free["max_kld"].as_f64().expect("budget"), "{c}");
+        refused(c, c["kld"].as_f64().is_some_and(|k| k > budget));
     }
 
     let strict = tune(&["--max-kld", "0", "--force"]);
     assert_eq!(strict["max_kld"].as_f64(), Some(0.0));
     let combos = strict["combinations"].as_array().expect("combinations");
-    let refused: Vec<&serde_json::Value> = combos.iter().filter(|c| c["refused"].is_string()).collect();
+    let out: Vec<&serde_json::Value> = combos.iter().filter(|c| c["refused"].is_string()).collect();
     // Every combination past 0 but the default is refused; with int8 activations there are such.
     for c in combos {
-        let over = c["kld"].as_f64().expect("kld") > 0.0 && c["label"] != "runtime default";
-        assert_eq!(c["refused"].is_string(), over, "{c}");
+        refused(c, c["kld"].as_f64().is_some_and(|k| k > 0.0) && c["label"] != "runtime default");
     }
-    assert!(!int8 || !refused.is_empty(), "{strict}");
-    for c in &refused {
+    assert!(!int8 || out.iter().any(|c| c["kld"].is_f64()), "{strict}");
+    for c in out.iter().filter(|c| c["kld"].is_f64()) {
         assert!(c["refused"].as_str().is_some_and(|r| r.contains("over the budget") && r.contains("--max-kld")), "{c}");
         assert_eq!(c["chosen"], false, "{c}");
     }
