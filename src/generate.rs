@@ -690,6 +690,11 @@ impl Slot {
         self.kv.written()
     }
 
+    /// Its KV cache (what it holds of a paged cache's blocks: [`SeqKv::claim`]).
+    pub fn kv(&self) -> &crate::runtime::SeqKv {
+        &self.kv
+    }
+
     /// Empties it, its KV memory handed back.
     pub fn release(&mut self) {
         self.kv.release();

@@ -76,6 +76,56 @@ impl KvPool {
     }
 }
 
+/// One sequence's part in [`claim`]: its table, the positions its cache holds
+/// (`pos`), the most it was written up to (`written`: a longer answer's blocks
+/// are still held) and the position its writes may reach (`end`: its prompt and
+/// max_tokens; `pos` for one that writes no more).
+#[derive(Clone, Copy)]
+pub struct Claim<'a> {
+    pub table: &'a [u32],
+    pub pos: usize,
+    pub written: usize,
+    pub end: usize,
+}
+
+/// What `seqs` (every table of a pool, as they would be) hold and may still
+/// take: (positions, blocks). A block several tables hold counts once, its
+/// fullest holder's positions; a sequence's writes from `pos` to `end` take a
+/// fresh block past its table's end and a copy of a block another of `seqs`
+/// also holds (copy on write: [`PassTables::page_in`]), each counted with the
+/// positions the writes fill. So a system prompt many sequences share counts
+/// once, and the blocks are what the pool must still hand out.
+pub fn claim(page: usize, seqs: &[Claim]) -> (usize, usize) {
+    let mut holders: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
+    for s in seqs {
+        for &id in s.table {
+            *holders.entry(id).or_default() += 1;
+        }
+    }
+    let filled = |reach: usize, i: usize| reach.saturating_sub(i * page).min(page);
+    let mut fill: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
+    let mut fresh = (0, 0);
+    for s in seqs {
+        let writes = if s.end > s.pos { s.pos / page..s.end.div_ceil(page) } else { 0..0 };
+        for (i, &id) in s.table.iter().enumerate() {
+            let written = writes.contains(&i);
+            if written && holders[&id] > 1 {
+                continue; // copied before the write: counted below
+            }
+            let reach = if written { s.end } else { s.written.max(s.pos) };
+            let f = fill.entry(id).or_default();
+            *f = (*f).max(filled(reach, i));
+        }
+        for i in writes {
+            if s.table.get(i).is_none_or(|id| holders[id] > 1) {
+                fresh.0 += filled(s.end, i);
+                fresh.1 += 1;
+            }
+        }
+    }
+    (fill.values().sum::<usize>() + fresh.0, fill.len() + fresh.1)
+}
+
 /// The tables of a pass over paged sequences: where its rows' keys and values go
 /// and where its attention reads them. `page`: positions a block; `blocks`:
 /// the pool's; `max_blocks`: a table row's block entries (the context's).
@@ -206,5 +256,26 @@ mod tests {
         assert!(p.alloc().is_some() && p.alloc().is_none(), "three blocks in all");
         p.release(&[a, c]);
         assert_eq!(p.used(), 1);
+    }
+
+    #[test]
+    fn a_shared_prefix_is_claimed_once_and_its_written_block_copied() {
+        let seq = |table: &'static [u32], pos, end| Claim { table, pos, written: pos, end };
+        // Alone: 100 positions in 2 blocks of 64, writing to 150 takes a third.
+        assert_eq!(claim(64, &[seq(&[0, 1], 100, 150)]), (150, 3));
+        // Two sequences share a prompt of 100 positions (blocks 0 and 1): block 0
+        // counts once; each writer copies block 1 (it fills to its end), and the
+        // original stays held until both have copied (one copy is its last holder).
+        assert_eq!(claim(64, &[seq(&[0, 1], 100, 110), seq(&[0, 1], 100, 120)]), (64 + 46 + 56, 3));
+        // One of them idle: block 1 stays its, 36 positions; the writer's copy is
+        // 56 positions, and its next block 0 more.
+        assert_eq!(claim(64, &[seq(&[0, 1], 100, 100), seq(&[0, 1], 100, 120)]), (64 + 36 + 56, 3));
+        // A prefix of whole blocks: nothing copied, the writer's next block fresh.
+        assert_eq!(claim(64, &[seq(&[0], 64, 64), seq(&[0], 64, 80)]), (64 + 16, 2));
+        // A longer answer's blocks are held past where the cache now ends.
+        let reused = Claim { table: &[0, 1, 2], pos: 10, written: 140, end: 20 };
+        assert_eq!(claim(64, &[reused]), (20 + 64 + 12, 3));
+        // Nothing written and nothing to come.
+        assert_eq!(claim(64, &[seq(&[], 0, 0)]), (0, 0));
     }
 }

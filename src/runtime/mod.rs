@@ -203,6 +203,21 @@ impl SeqKv {
         self.written.max(self.pos)
     }
 
+    /// Its part in [`kv_pool::claim`] (a paged sequence's), were it to keep its
+    /// first `keep` positions and write up to `end`.
+    pub fn claim(&self, keep: usize, end: usize) -> kv_pool::Claim<'_> {
+        let pos = keep.min(self.pos);
+        kv_pool::Claim { table: &self.table, pos, written: self.written(), end: end.max(pos) }
+    }
+
+    /// The part in [`kv_pool::claim`] of a sequence given this one's first `n`
+    /// positions ([`Engine::copy_prefix`]) and writing up to `end`.
+    pub fn prefix_claim(&self, n: usize, end: usize) -> kv_pool::Claim<'_> {
+        let n = n.min(self.written());
+        let table = &self.table[..n.div_ceil(KV_PAGE).min(self.table.len())];
+        kv_pool::Claim { table, pos: n, written: n, end: end.max(n) }
+    }
+
     /// Empties the cache and hands its memory back: to the system, or its
     /// blocks to the paged cache's pool (a block another sequence shares stays
     /// with it).

@@ -675,7 +675,7 @@ fn metrics(state: &State) -> String {
         (
             "ktune_kv_cache_tokens",
             "gauge",
-            "KV-cache positions the sequences hold in memory (llama-server's kv_cache_tokens).",
+            "KV-cache positions the sequences hold in memory, a block several share counted once (llama-server's kv_cache_tokens).",
             m.kv_positions.to_string(),
         ),
         (

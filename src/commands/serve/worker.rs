@@ -13,6 +13,7 @@ use super::State;
 use crate::generate::{Completion, Generator, Limits, Output, Running, Slot};
 use crate::kernels::sample::SamplerParams;
 use crate::report::StopReason;
+use crate::runtime::kv_pool;
 
 /// What the worker is asked to generate from.
 #[derive(Clone)]
@@ -165,6 +166,8 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
     // Jobs that wait for KV memory, oldest first (their prompts checked).
     let mut deferred: std::collections::VecDeque<(Job, Vec<u32>)> = std::collections::VecDeque::new();
     let limit = if state.kv_tokens == 0 { usize::MAX } else { state.kv_tokens };
+    // A paged KV cache's blocks (a prefix its sequences share held once).
+    let paged = g.engine.kv_blocks().map(|(_, blocks)| blocks);
     // When each slot was last used (the least recent one is reused first).
     let mut used = vec![0u64; slots.len()];
     let mut clock = 0u64;
@@ -225,7 +228,7 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
             let need = (prompt.len() + job.limits.max_tokens).min(g.context);
             if need > limit {
                 let msg = format!(
-                    "the request needs {need} KV positions (its prompt and max_tokens) and the server holds {limit} for all                      requests (--kv-tokens): shorten it or ask fewer tokens"
+                    "the request needs {need} KV positions (its prompt and max_tokens) and the server holds {limit} for all requests (--kv-tokens): shorten it or ask fewer tokens"
                 );
                 end_job(state, &job, Event::Failed(400, msg));
                 continue;
@@ -239,27 +242,16 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
                 deferred.push_front((job, prompt));
                 break;
             };
-            // Within the KV memory: what the others hold and this one may take;
-            // idle slots' caches (kept for their prefixes) give theirs back first,
-            // least recently used first; else the job waits for a running one to end.
-            let reserved = |i: usize| active.iter().find(|a| a.slot == i).map_or(0, |a| a.reserved);
-            let held = |slots: &[Slot], i: usize| slots[i].kv_written().max(reserved(i));
-            let mut total: usize =
-                (0..slots.len()).filter(|&i| i != slot).map(|i| held(&slots, i)).sum::<usize>() + need.max(slots[slot].kv_written());
-            if total > limit && slots[slot].kv_written() > need {
-                total -= slots[slot].kv_written() - need;
-                slots[slot].release();
-            }
-            let mut idle: Vec<usize> = (0..slots.len()).filter(|&i| i != slot && !busy.contains(&i)).collect();
-            idle.sort_by_key(|&i| used[i]);
-            for i in idle {
-                if total <= limit {
-                    break;
-                }
-                total -= slots[i].kv_written();
-                slots[i].release();
-            }
-            if total > limit {
+            // Another slot holding more of the prompt (a system prompt, an earlier
+            // turn) shares it: copied, not prefilled again.
+            let own = Generator::reusable(&slots[slot], &prompt);
+            let share = (0..slots.len())
+                .filter(|&i| i != slot)
+                .map(|i| (i, Generator::reusable(&slots[i], &prompt)))
+                .max_by_key(|&(_, n)| n)
+                .filter(|&(_, n)| n > own && n >= 2);
+            let mut claim = Claim { slot, need, own, share };
+            if !make_room(&mut slots, &active, &used, &mut claim, paged, limit) {
                 deferred.push_front((job, prompt));
                 break;
             }
@@ -269,15 +261,7 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
             }
             clock += 1;
             used[slot] = clock;
-            // Another slot holding more of the prompt (a system prompt, an earlier
-            // turn) shares it: copied, not prefilled again.
-            let own = Generator::reusable(&slots[slot], &prompt);
-            if let Some((from, n)) = (0..slots.len())
-                .filter(|&i| i != slot)
-                .map(|i| (i, Generator::reusable(&slots[i], &prompt)))
-                .max_by_key(|&(_, n)| n)
-                .filter(|&(_, n)| n > own && n >= 2)
-            {
+            if let Some((from, n)) = claim.share {
                 let (a, b) = (slot.min(from), slot.max(from));
                 let (lo, hi) = slots.split_at_mut(b);
                 let (dst, src) = if slot < from { (&mut lo[a], &hi[0]) } else { (&mut hi[0], &lo[a]) };
@@ -313,7 +297,7 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
             if let Some(n) = m.batch_steps.get_mut(active.len().min(last)) {
                 *n += 1;
             }
-            m.kv_positions = slots.iter().map(Slot::kv_written).sum();
+            m.kv_positions = held(&slots, &[], None, paged).0;
             m.kv_blocks = g.engine.kv_blocks().unwrap_or_default();
             m.processing = active.len();
         }
@@ -384,6 +368,79 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
             report(&a.job, done, state);
         }
     }
+}
+
+/// A job about to run in `slot`, its prompt and max_tokens `need` positions:
+/// `own` of them its slot's cache holds, or `share` another slot's (which, and
+/// how many) are copied into it.
+struct Claim {
+    slot: usize,
+    need: usize,
+    own: usize,
+    share: Option<(usize, usize)>,
+}
+
+/// What the slots hold of the KV memory and may still take, with `job` in its
+/// slot: (positions, a paged cache's blocks). Each running sequence may write its
+/// prompt and max_tokens; with a paged KV cache a block several sequences share
+/// counts once ([`kv_pool::claim`]), so a system prompt many requests share is
+/// held once; else each slot its own positions.
+fn held(slots: &[Slot], active: &[Active], job: Option<&Claim>, paged: Option<usize>) -> (usize, usize) {
+    let end = |i: usize| active.iter().find(|a| a.slot == i).map_or(0, |a| a.reserved);
+    if paged.is_none() {
+        let mut sum: usize = (0..slots.len()).map(|i| slots[i].kv_written().max(end(i))).sum();
+        if let Some(c) = job {
+            sum = sum - slots[c.slot].kv_written().max(end(c.slot)) + c.need.max(slots[c.slot].kv_written());
+        }
+        return (sum, 0);
+    }
+    let claims: Vec<kv_pool::Claim> = (0..slots.len())
+        .map(|i| match job {
+            Some(c) if c.slot == i => match c.share {
+                Some((from, n)) => slots[from].kv().prefix_claim(n, c.need),
+                None => slots[i].kv().claim(c.own, c.need),
+            },
+            _ => slots[i].kv().claim(usize::MAX, end(i)),
+        })
+        .collect();
+    kv_pool::claim(crate::runtime::KV_PAGE, &claims)
+}
+
+/// Makes room in the KV memory for `job` (`limit` positions, a paged cache's
+/// `paged` blocks): idle slots' kept caches give theirs back, least recently
+/// used first, its own slot's where it holds more than it needs, and last the
+/// one it would share a prefix from (the share then dropped) and its own slot's
+/// prefix; false when it must wait for a running one to end.
+fn make_room(slots: &mut [Slot], active: &[Active], used: &[u64], job: &mut Claim, paged: Option<usize>, limit: usize) -> bool {
+    let fits = |slots: &[Slot], job: &Claim| {
+        let (positions, blocks) = held(slots, active, Some(job), paged);
+        positions <= limit && paged.is_none_or(|p| blocks <= p)
+    };
+    let running = |i: usize| active.iter().any(|a| a.slot == i);
+    let source = job.share.map(|(from, _)| from);
+    let mut idle: Vec<usize> = (0..slots.len()).filter(|&i| i != job.slot && Some(i) != source && !running(i)).collect();
+    idle.sort_by_key(|&i| used[i]);
+    if !fits(slots, job) && job.share.is_none() && slots[job.slot].kv_written() > job.need {
+        slots[job.slot].release();
+    }
+    for i in idle {
+        if fits(slots, job) {
+            return true;
+        }
+        slots[i].release();
+    }
+    if !fits(slots, job)
+        && let Some(from) = source
+        && !running(from)
+    {
+        slots[from].release();
+        job.share = None;
+    }
+    if !fits(slots, job) {
+        slots[job.slot].release();
+        job.own = 0;
+    }
+    fits(slots, job)
 }
 
 /// Runs `f` with `slot`'s sequence swapped into the generator, swapped back after.
