@@ -101,13 +101,14 @@ fn cpu_kernel(k: &'static kernels::KernelDef) -> Result<(), Failed> {
 }
 
 /// One kernel on the test GPU, the sweep's parameter sets rotating over its
-/// storage types (`Sweep::AxesRotatingFormats`: each (set, format) is a compile on a
-/// software adapter, most of the suite's time). A matrix-unit kernel on an adapter without matrix
+/// storage types and test problems (`Sweep::AxesRotating`: on a software
+/// adapter each check is a compile or a dispatch the CPU runs, most of the
+/// suite's time). A matrix-unit kernel on an adapter without matrix
 /// units must refuse and say why; a float kernel may find no valid shape there
 /// (its `*_mma_emu` tiling must not), a block-format one must run checks.
 fn wgsl_kernel(k: &'static kernels::KernelDef) -> Result<(), Failed> {
     let Some(gpu) = test_gpu() else { return Ok(()) };
-    let v = verify::verify_kernel(&Runner::Gpu(&gpu), Caps::Gpu(&gpu.caps), k, verify::Sweep::AxesRotatingFormats);
+    let v = verify::verify_kernel(&Runner::Gpu(&gpu), Caps::Gpu(&gpu.caps), k, verify::Sweep::AxesRotating);
     if coop_refused(k, &gpu, &v) {
         return Ok(());
     }

@@ -616,26 +616,44 @@ pub struct KernelVerdict {
 pub enum Sweep {
     /// [`param_sweep`]'s axes, each set on every storage type the kernel takes.
     Axes,
-    /// The axes, the defaults on every storage type and each other set on
-    /// [`FORMATS_PER_SET`] of them, rotating, so that every storage type meets
-    /// several sets and every set several storage types: the test suite's sweep (on
-    /// a software adapter each (set, format) pair is a shader compile; the tuner's
-    /// gate still checks every variant it races on the device it tunes).
-    AxesRotatingFormats,
+    /// The axes, the defaults on every storage type and test problem, each
+    /// other set on [`FORMATS_PER_SET`] of the storage types and
+    /// [`PROBLEMS_PER_SET`] of the problems valid for it, both rotating, so that
+    /// every storage type and problem meets several sets and every set several
+    /// of each: the test suite's sweep (on a software adapter each check is a
+    /// shader compile or a dispatch the CPU runs; the tuner's gate still checks
+    /// every variant it races on the shapes and device it tunes).
+    AxesRotating,
     /// The full product of the parameters, each on every storage type.
     Full,
 }
 
-/// Storage types each non-default parameter set of [`Sweep::AxesRotatingFormats`] runs on.
+/// Storage types each non-default parameter set of [`Sweep::AxesRotating`] runs on.
 pub const FORMATS_PER_SET: usize = 3;
+
+/// Test problems each non-default parameter set of [`Sweep::AxesRotating`] runs
+/// on (of those valid for it and the storage type).
+pub const PROBLEMS_PER_SET: usize = 2;
+
+/// The `per` of `all` that parameter set number `set` of `sweep` takes: all of
+/// them, or for a non-default set of [`Sweep::AxesRotating`] `per`, rotating.
+fn rotated<T: Copy>(sweep: Sweep, set: usize, all: &[T], per: usize) -> Vec<T> {
+    let n = all.len();
+    if sweep != Sweep::AxesRotating || set == 0 || n <= per {
+        return all.to_vec();
+    }
+    (0..per).map(|j| all[((set - 1) * per + j) % n]).collect()
+}
 
 /// The storage types parameter set number `set` of `sweep` runs on.
 pub fn sweep_dtypes(k: &KernelDef, sweep: Sweep, set: usize) -> Vec<DType> {
-    let n = k.dtypes.len();
-    if sweep != Sweep::AxesRotatingFormats || set == 0 || n <= FORMATS_PER_SET {
-        return k.dtypes.to_vec();
-    }
-    (0..FORMATS_PER_SET).map(|j| k.dtypes[((set - 1) * FORMATS_PER_SET + j) % n]).collect()
+    rotated(sweep, set, k.dtypes, FORMATS_PER_SET)
+}
+
+/// The test problems (numbered, of those valid: `valid`) parameter set number
+/// `set` of `sweep` runs on.
+pub fn sweep_problems<'p>(sweep: Sweep, set: usize, valid: &[(usize, &'p Problem)]) -> Vec<(usize, &'p Problem)> {
+    rotated(sweep, set, valid, PROBLEMS_PER_SET)
 }
 
 pub fn verify_kernel(runner: &Runner<'_>, caps: Caps<'_>, k: &KernelDef, sweep: Sweep) -> KernelVerdict {
@@ -651,14 +669,20 @@ pub fn verify_kernel(runner: &Runner<'_>, caps: Caps<'_>, k: &KernelDef, sweep: 
         not_run: None,
     };
     let mut last_reason = None;
+    let problems = super::problem::test_problems(k.op);
     for (pi, params) in param_sweep(k, sweep == Sweep::Full).iter().enumerate() {
         for dtype in sweep_dtypes(k, sweep, pi) {
-            for (qi, problem) in super::problem::test_problems(k.op).iter().enumerate() {
-                if let Err(reason) = k.check(caps, problem, dtype, params) {
-                    v.skipped += 1;
-                    last_reason = Some(reason);
-                    continue;
+            let mut valid = Vec::with_capacity(problems.len());
+            for (qi, problem) in problems.iter().enumerate() {
+                match k.check(caps, problem, dtype, params) {
+                    Ok(()) => valid.push((qi, problem)),
+                    Err(reason) => {
+                        v.skipped += 1;
+                        last_reason = Some(reason);
+                    }
                 }
+            }
+            for (qi, problem) in sweep_problems(sweep, pi, &valid) {
                 let seed = 0x5eed ^ ((pi as u64) << 32) ^ ((qi as u64) << 8) ^ dtype as u64;
                 let c = check_one(runner, k, problem, dtype, params, seed);
                 v.checks += 1;
@@ -689,6 +713,24 @@ pub fn runs_on(k: &KernelDef, runner: &Runner<'_>) -> bool {
 mod tests {
     use super::*;
 
+    /// The rotating sweep runs the defaults on every valid test problem and each
+    /// other set on a few, rotating: every problem meets some other sets.
+    #[test]
+    fn rotating_problems_cover_every_problem_with_the_defaults_and_with_other_sets() {
+        let p: Vec<Problem> = (1..=5).map(|n| Problem::Gemm { m: n, n: 8, k: 8 }).collect();
+        let valid: Vec<(usize, &Problem)> = p.iter().enumerate().collect();
+        let numbers = |sweep, set| sweep_problems(sweep, set, &valid).iter().map(|(i, _)| *i).collect::<Vec<_>>();
+        assert_eq!(numbers(Sweep::AxesRotating, 0), vec![0, 1, 2, 3, 4], "the defaults on every problem");
+        assert_eq!(numbers(Sweep::Axes, 3), vec![0, 1, 2, 3, 4]);
+        assert_eq!(numbers(Sweep::AxesRotating, 1), vec![0, 1]);
+        assert_eq!(numbers(Sweep::AxesRotating, 3), vec![4, 0]);
+        let mut met: Vec<usize> = (1..4).flat_map(|s| numbers(Sweep::AxesRotating, s)).collect();
+        met.sort_unstable();
+        met.dedup();
+        assert_eq!(met, vec![0, 1, 2, 3, 4], "three other sets meet every problem");
+        assert_eq!(sweep_problems(Sweep::AxesRotating, 2, &valid[..1]).len(), 1, "fewer problems than a set takes: all");
+    }
+
     /// The rotating sweep keeps the defaults on every format and gives every format
     /// of a many-format kernel some other parameter sets too.
     #[test]
@@ -697,9 +739,9 @@ mod tests {
         let mut seen = 0;
         for k in many {
             let sets = param_sweep(k, false).len();
-            assert_eq!(sweep_dtypes(k, Sweep::AxesRotatingFormats, 0), k.dtypes.to_vec(), "{}: the defaults on every format", k.id);
+            assert_eq!(sweep_dtypes(k, Sweep::AxesRotating, 0), k.dtypes.to_vec(), "{}: the defaults on every format", k.id);
             let mut met: Vec<DType> = Vec::new();
-            for d in (1..sets).flat_map(|s| sweep_dtypes(k, Sweep::AxesRotatingFormats, s)) {
+            for d in (1..sets).flat_map(|s| sweep_dtypes(k, Sweep::AxesRotating, s)) {
                 if !met.contains(&d) {
                     met.push(d);
                 }
