@@ -1118,11 +1118,15 @@ impl<'a> Stage<'a> {
         let p = Paired::of(&tuned, &default);
         let ms = |x: &[f64]| summarize(x).median * 1e3;
         let figures = format!("request {:.1} vs {:.1} ms (medians)", ms(&tuned), ms(&default));
-        let confirmed = default.len() == tuned.len() && p.beats();
+        // The rounds' pairs decide, and the medians the report shows must agree
+        // (in a noisy run the paired ratios can favour what the medians do not).
+        let agree = ms(&tuned) < ms(&default);
+        let confirmed = default.len() == tuned.len() && p.beats() && agree;
         let reason = if confirmed {
             format!("{stage_reason}; confirmed head to head: {}, {figures}", p.how())
         } else {
-            format!("{stage_reason}; but head to head it did not beat the runtime default ({}; {figures}): the default stays", p.why_not())
+            let why = if p.beats() { format!("{}, but its median request is not faster", p.how()) } else { p.why_not() };
+            format!("{stage_reason}; but head to head it did not beat the runtime default ({why}; {figures}): the default stays")
         };
         Decision {
             best: if confirmed { best } else { 0 },
