@@ -615,6 +615,18 @@ fn serve_answers_n_choices_each_as_its_seed_alone() {
     }
 }
 
+/// `n` copies of the completion request `body` sent at once to the server at
+/// `addr`, each from a thread of its own: their answers.
+fn completions_at_once(addr: &str, body: &serde_json::Value, n: usize) -> Vec<serde_json::Value> {
+    let threads: Vec<_> = (0..n)
+        .map(|_| {
+            let (a, body) = (addr.to_string(), body.clone());
+            std::thread::spawn(move || json(&post(&a, "/v1/completions", &body)))
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().expect("joins")).collect()
+}
+
 /// `--kv-tokens`: every request reserves its prompt and max_tokens; past the
 /// limit a request waits for a running one to end (never an error mid-stream),
 /// so no more run at once than fit; one larger than the whole gets 400.
@@ -624,14 +636,7 @@ fn serve_parallel_keeps_within_its_kv_memory() {
     let a = s.addr.clone();
     let want = run_text("Once upon a time", false, &["--max-tokens", "24"]);
     let body = serde_json::json!({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0});
-    let threads: Vec<_> = (0..4)
-        .map(|_| {
-            let (a, body) = (a.clone(), body.clone());
-            std::thread::spawn(move || json(&post(&a, "/v1/completions", &body)))
-        })
-        .collect();
-    for t in threads {
-        let v = t.join().expect("joins");
+    for v in completions_at_once(&a, &body, 4) {
         assert_eq!(v["choices"][0]["text"], want.as_str(), "{v}");
     }
     // A request reserves 4 + 24 positions: two fit in 80, never three.
@@ -675,14 +680,7 @@ fn serve_parallel_holds_a_shared_prompt_once_in_its_kv_memory() {
     let kv_flag = kv.to_string();
     let s = serve(&["--device", "cpu", "--parallel", "4", "--kv-tokens", &kv_flag, "--queue", "8"]);
     let a = s.addr.clone();
-    let threads: Vec<_> = (0..4)
-        .map(|_| {
-            let (a, body) = (a.clone(), body.clone());
-            std::thread::spawn(move || json(&post(&a, "/v1/completions", &body)))
-        })
-        .collect();
-    for t in threads {
-        let v = t.join().expect("joins");
+    for v in completions_at_once(&a, &body, 4) {
         assert_eq!(completion_text(&v).as_deref(), Some(want.as_str()), "{v}");
     }
     assert!(metric(&a, "ktune_batch_steps_total{sequences=\"4\"}") > 0.0, "four at once within {kv} positions");
