@@ -346,12 +346,13 @@ fn bench_kld_puts_each_entrys_divergence_beside_its_speed() {
 fn tune_refuses_a_combination_over_the_accuracy_budget() {
     let tmp = tempdir();
     // The end-to-end record; every combination scored, or the budget's cut
-    // says how many were (a debug build on a 2-core EPYC 7001 scores some).
+    // says how many were (a debug build on a 2-core EPYC 7001 beside the
+    // suite scored 4 of 10 in 4 s, and none in another run: 10 s).
     let tune = |extra: &[&str]| -> serde_json::Value {
         let o = ktune(tmp.path())
             .args(["tune", "--device", "cpu", "--gguf"])
             .arg(model("smollm2-tiny-q4_0"))
-            .args(["--budget", "4s", "--prefill-tokens", "8", "--context", "32", "--decode-tokens", "4", "--format", "json"])
+            .args(["--budget", "10s", "--prefill-tokens", "8", "--context", "32", "--decode-tokens", "4", "--format", "json"])
             .args(extra)
             .output()
             .expect("runs");
