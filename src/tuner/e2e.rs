@@ -1117,10 +1117,11 @@ impl<'a> Stage<'a> {
         let [default, tuned] = t;
         let p = Paired::of(&tuned, &default);
         let ms = |x: &[f64]| summarize(x).median * 1e3;
-        let figures = format!("request {:.1} vs {:.1} ms (medians)", ms(&tuned), ms(&default));
+        let (tuned_ms, default_ms) = (ms(&tuned), ms(&default));
+        let figures = format!("request {tuned_ms:.1} vs {default_ms:.1} ms (medians)");
         // The rounds' pairs decide, and the medians the report shows must agree
         // (in a noisy run the paired ratios can favour what the medians do not).
-        let agree = ms(&tuned) < ms(&default);
+        let agree = tuned_ms < default_ms;
         let confirmed = default.len() == tuned.len() && p.beats() && agree;
         let reason = if confirmed {
             format!("{stage_reason}; confirmed head to head: {}, {figures}", p.how())
