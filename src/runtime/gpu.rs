@@ -220,6 +220,11 @@ pub struct GpuExec {
 pub struct GpuPaged {
     /// The plan's cache buffers (the pools).
     pub caches: Vec<BufId>,
+    /// The pools' storage type (f32, f16, or q8_0 blocks in a q8_0 matrix's
+    /// single-buffer layout: codes, then the scales) and each pool's values a
+    /// block.
+    pub dtype: DType,
+    block_elems: Vec<usize>,
     pub kernel: &'static crate::kernels::KernelDef,
     pub params: Params,
     pub tables: super::kv_pool::PassTables,
@@ -232,6 +237,23 @@ pub struct GpuPaged {
     /// One block of the largest pool: a block copied on write goes through it
     /// (a copy within one buffer is not allowed).
     spare: wgpu::Buffer,
+}
+
+/// A paged pool of `elems` values stored as `dtype`: its bytes, and its parts
+/// (offset, bytes) a block copy copies a share of: the values, and for q8_0
+/// blocks their scales (a q8_0 matrix's single-buffer layout,
+/// `QMatrix::gpu_bytes`, which `runtime_plumb.wgsl`'s `kv_write_rows_q8` writes
+/// and the paged attention kernels read).
+fn pool_layout(dtype: DType, elems: usize) -> (u64, [Option<(u64, u64)>; 2]) {
+    let total = dtype.bytes_for(elems);
+    match dtype.quant() {
+        Some(f) => {
+            let l = f.layout(f.blocks_for(elems));
+            let scales = (elems / f.block_elems() * f.scales_per_block() * 2) as u64;
+            (total, [Some((0, l.quants as u64)), Some((l.scales_offset as u64, scales))])
+        }
+        None => (total, [Some((0, total)), None]),
+    }
 }
 
 /// The GPU embedding of a decode token: `shaders/embed.wgsl` over the LM head's
@@ -528,20 +550,21 @@ impl GpuExec {
     }
 
     /// Makes the cache buffers `caches` pools of `blocks` blocks of `page`
-    /// positions (each `bytes_per_position` a position), read by `kernel`
-    /// through the tables of passes of at most `max_rows` rows of sequences
-    /// holding `max_blocks` blocks each; every program is built again (they bound
-    /// the old buffers).
+    /// positions (each `per_position` values a position, stored as `dtype`),
+    /// read by `kernel` through the tables of passes of at most `max_rows` rows
+    /// of sequences holding `max_blocks` blocks each; every program is built
+    /// again (they bound the old buffers).
     pub fn enable_paged(
         &mut self,
         caches: Vec<BufId>,
-        bytes_per_position: &[u64],
+        (dtype, per_position): (DType, &[usize]),
         (page, blocks, max_blocks): (usize, usize, usize),
         max_rows: usize,
         kernel: &'static crate::kernels::KernelDef,
         params: Params,
     ) -> Result<(), RuntimeError> {
-        let pool_bytes: Vec<u64> = bytes_per_position.iter().map(|b| b * (page * blocks) as u64).collect();
+        let block_elems: Vec<usize> = per_position.iter().map(|n| n * page).collect();
+        let pool_bytes: Vec<u64> = block_elems.iter().map(|&n| pool_layout(dtype, n * blocks).0).collect();
         for (&id, &bytes) in caches.iter().zip(&pool_bytes) {
             self.ctx.check_size(&format!("the paged KV cache's pool of buffer {id}"), bytes, true).map_err(err)?;
         }
@@ -553,14 +576,14 @@ impl GpuExec {
                     self.bufs[id] = self.ctx.storage("kv pool", bytes);
                     self.sizes[id] = bytes;
                 }
-                let block = pool_bytes.iter().max().copied().unwrap_or(0) / blocks.max(1) as u64;
+                let block = block_elems.iter().map(|&n| pool_layout(dtype, n).0).max().unwrap_or(0);
                 let spare = self.ctx.storage("kv block copy", block);
                 (self.ctx.storage("kv pages", table_bytes), self.ctx.storage("kv rows", (2 * max_rows * 4) as u64), spare)
             })
             .map_err(err)?;
         self.progs.clear();
         let tables = super::kv_pool::PassTables::new(page, blocks, max_blocks);
-        self.paged = Some(GpuPaged { caches, kernel, params, tables, pages, rows, max_rows, words: Vec::new(), spare });
+        self.paged = Some(GpuPaged { caches, dtype, block_elems, kernel, params, tables, pages, rows, max_rows, words: Vec::new(), spare });
         Ok(())
     }
 
@@ -578,11 +601,15 @@ impl GpuExec {
         pg.tables.page_in(pool, seqs)?;
         if !pg.tables.copies.is_empty() {
             let mut enc = self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kv copies") });
-            for &id in &pg.caches {
-                let per = self.sizes[id] / pg.tables.blocks.max(1) as u64;
-                for &(from, to) in &pg.tables.copies {
-                    enc.copy_buffer_to_buffer(&self.bufs[id], from as u64 * per, &pg.spare, 0, per);
-                    enc.copy_buffer_to_buffer(&pg.spare, 0, &self.bufs[id], to as u64 * per, per);
+            for (&id, &n) in pg.caches.iter().zip(&pg.block_elems) {
+                // A block's bytes in each part of the pool (its codes and its
+                // scales for q8_0 blocks).
+                let (_, parts) = pool_layout(pg.dtype, n * pg.tables.blocks);
+                for (start, per) in parts.into_iter().flatten().map(|(at, len)| (at, len / pg.tables.blocks.max(1) as u64)) {
+                    for &(from, to) in &pg.tables.copies {
+                        enc.copy_buffer_to_buffer(&self.bufs[id], start + from as u64 * per, &pg.spare, 0, per);
+                        enc.copy_buffer_to_buffer(&pg.spare, 0, &self.bufs[id], start + to as u64 * per, per);
+                    }
                 }
             }
             self.ctx.submit(enc.finish());
@@ -607,7 +634,9 @@ impl GpuExec {
     /// sequences (None for any other step, and without a paged cache).
     fn paged_sig(&self, step: &Step) -> Result<Option<Sig>, RuntimeError> {
         let (Some(pg), StepKind::Kernel { dtype, problem, binds, .. }) = (&self.paged, &step.kind) else { return Ok(None) };
-        Ok(pg.tables.problem(problem)?.map(|p| Sig::Kernel(pg.kernel.id, pg.params.clone(), *dtype, p, binds.clone())))
+        // The pools' type (a q8_0 pool replaces the float cache the plan was built with).
+        let dtype = if pg.tables.problem(problem)?.is_some() { pg.dtype } else { *dtype };
+        Ok(pg.tables.problem(problem)?.map(|p| Sig::Kernel(pg.kernel.id, pg.params.clone(), dtype, p, binds.clone())))
     }
 
     /// Builds (or keeps) the program of every step of this pass.
@@ -680,12 +709,21 @@ impl GpuExec {
             Plumb::KvWrite { k, v, k_cache, v_cache, tokens, kv_heads, head_dim, kv_cap, .. } => {
                 // Paged: each row at its own position and block (the rows buffer);
                 // else at the position buffer's pos0 (the block's last word unread).
-                let (entry, words, f16, position) = match &self.paged {
+                // Invocations a row's value: 1 (f32), 1/2 (f16 pairs), 1/32 (q8_0 blocks).
+                let (entry, words, per, position) = match &self.paged {
                     Some(pg) => {
-                        let f16 = self.sizes[k_cache] == (pg.tables.blocks * kv_heads * pg.tables.page * head_dim * 2) as u64;
-                        let entry = if f16 { "kv_write_rows_f16" } else { "kv_write_rows_f32" };
-                        let words = vec![tokens as u32, kv_heads as u32, head_dim as u32, pg.tables.page as u32, pg.max_rows as u32];
-                        (entry, words, f16, (3, &pg.rows))
+                        let mut words = vec![tokens as u32, kv_heads as u32, head_dim as u32, pg.tables.page as u32, pg.max_rows as u32];
+                        let (entry, per) = match pg.dtype {
+                            DType::F32 => ("kv_write_rows_f32", 1),
+                            DType::F16 => ("kv_write_rows_f16", 2),
+                            DType::Q8_0 => {
+                                let (_, parts) = pool_layout(pg.dtype, kv_heads * head_dim * pg.tables.page * pg.tables.blocks);
+                                words.push((parts[1].map_or(0, |p| p.0) / 4) as u32);
+                                ("kv_write_rows_q8", 32)
+                            }
+                            t => return Err(RuntimeError::Internal(format!("a paged KV cache of {t} values on a GPU"))),
+                        };
+                        (entry, words, per, (3, &pg.rows))
                     }
                     None => {
                         let f16 = self.sizes[k_cache] == (kv_heads * kv_cap * head_dim * 2) as u64;
@@ -693,13 +731,12 @@ impl GpuExec {
                         (
                             entry,
                             vec![tokens as u32, kv_heads as u32, head_dim as u32, kv_cap as u32, 0],
-                            f16,
+                            if f16 { 2 } else { 1 },
                             (POSITION_BINDING, &self.position),
                         )
                     }
                 };
-                let n = tokens * kv_heads * head_dim;
-                let items = if f16 { n / 2 } else { n };
+                let items = tokens * kv_heads * head_dim / per;
                 let pipe = ctx.pipeline(&PLUMB, entry, &consts).map_err(err)?;
                 let mut steps = Vec::new();
                 let mut owned = Vec::new();

@@ -167,6 +167,9 @@ pub struct Engine {
     /// A paged KV cache ([`Engine::enable_paged`]): the pool's blocks and the
     /// table of the sequence the engine holds.
     paged: Option<EnginePaged>,
+    /// The storage type of a paged KV cache's pools when it is not the plan's
+    /// cache type ([`Engine::page_kv_as`]).
+    pool_dtype: Option<DType>,
 }
 
 struct EnginePaged {
@@ -608,6 +611,7 @@ impl Engine {
             row_widths: Vec::new(),
             panels,
             paged: None,
+            pool_dtype: None,
         })
     }
 
@@ -723,10 +727,10 @@ impl Engine {
     /// of a decode batch in one call.
     /// Forgets what the cache held; sequences made before no longer fit. Refused
     /// for a plan that writes the cache in its fused QKV kernel
-    /// (`fusedQkvRopeCache`), and on a GPU for q8_0 blocks. On a GPU every pass
-    /// then reads its rows' positions and tables from buffers the host writes
-    /// ([`gpu::GpuPaged`]), a lone sequence's too, and decode steps are not
-    /// chained.
+    /// (`fusedQkvRopeCache`). The pools hold the plan's cache type, or the one
+    /// [`Engine::page_kv_as`] gave. On a GPU every pass then reads its rows'
+    /// positions and tables from buffers the host writes ([`gpu::GpuPaged`]), a
+    /// lone sequence's too, and decode steps are not chained.
     ///
     /// The paged kernel takes the plan's attention choices where it computes
     /// as they do (`attention_paged_cpu`: a chunk as `attention_prefill_tiled_cpu`
@@ -748,7 +752,8 @@ impl Engine {
         let max_rows = self.plan.options.max_tokens.max(1);
         // The op's preferred kernel valid here (the list depends on the op alone).
         let probe = Problem::attention_paged((1, max_rows), dims, (page, blocks, max_blocks), 0, 1.0);
-        let dtype = caches.first().map_or(crate::kernels::DType::F32, |&id| self.plan.buffers[id].dtype);
+        let planned = caches.first().map_or(crate::kernels::DType::F32, |&id| self.plan.buffers[id].dtype);
+        let dtype = self.pool_dtype.unwrap_or(planned);
         let (backend, gpu_caps) = match &self.exec {
             Exec::Cpu(_) => (Backend::Cpu, None),
             Exec::Gpu(g) => (Backend::Wgsl, Some(g.ctx.caps.clone())),
@@ -760,6 +765,9 @@ impl Engine {
             .ok_or_else(|| RuntimeError::Internal(format!("no {backend:?} kernel serves paged attention over {dtype} blocks")))?;
         let (params, mut notes) = paged_params(&self.plan, kernel)?;
         match &mut self.exec {
+            Exec::Cpu(_) if dtype != planned => {
+                return Err(RuntimeError::Internal(format!("a paged KV cache of {dtype} pools on the CPU, whose plan caches {planned}")));
+            }
             Exec::Cpu(e) => {
                 for &id in &caches {
                     let b = &self.plan.buffers[id];
@@ -771,12 +779,8 @@ impl Engine {
                 e.paged = Some(cpu::Paged { blocks, caches, kernel, params, tables });
             }
             Exec::Gpu(g) => {
-                if let Some(&id) = caches.iter().find(|&&id| self.plan.buffers[id].dtype.quant().is_some()) {
-                    let t = self.plan.buffers[id].dtype;
-                    return Err(RuntimeError::Internal(format!("a paged KV cache of {t} blocks on a GPU (f32 or f16 only)")));
-                }
-                let per_position: Vec<u64> = caches.iter().map(|&id| self.plan.buffers[id].bytes() / ctx as u64).collect();
-                g.enable_paged(caches, &per_position, (page, blocks, max_blocks), max_rows, kernel, params)?;
+                let per_position: Vec<usize> = caches.iter().map(|&id| self.plan.buffers[id].len / ctx).collect();
+                g.enable_paged(caches, (dtype, &per_position), (page, blocks, max_blocks), max_rows, kernel, params)?;
                 notes.push(format!(
                     "on a GPU the paged KV cache runs {} for every sequence's attention (the plan's attention kernels serve no paged pass) and decodes a token a pass (no chained decode steps)",
                     kernel.id
@@ -787,6 +791,16 @@ impl Engine {
         self.pos = 0;
         self.kv_written = 0;
         Ok(notes)
+    }
+
+    /// Makes the pools of a paged KV cache enabled after this
+    /// ([`Engine::enable_paged`]) hold `dtype` values instead of the plan's
+    /// cache type: on a GPU, q8_0 blocks for a plan built over a float cache
+    /// (the WGSL kernels read q8_0 only through the paged kernels, the KV
+    /// write quantizing each row's blocks as the CPU's does). Refused on the
+    /// CPU, whose plan caches the type it pages.
+    pub fn page_kv_as(&mut self, dtype: DType) {
+        self.pool_dtype = Some(dtype);
     }
 
     /// The paged attention kernel and its parameters (None: not paged).

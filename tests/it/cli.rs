@@ -148,8 +148,9 @@ fn run_prompt_and_tokens_are_mutually_exclusive() {
 }
 
 /// `--kv-dtype q8_0` runs where a q8_0 cache can be held and read (the CPU, a
-/// head_dim of whole blocks of 32); elsewhere, and for a block format the KV
-/// cache does not take, exit 2 naming the problem and the fix, no panic.
+/// head_dim of whole blocks of 32; a GPU's paged cache, `serve --parallel`);
+/// elsewhere (`run` on a GPU), and for a block format the KV cache does not
+/// take, exit 2 naming the problem and the fix, no panic.
 #[test]
 fn a_q8_0_kv_cache_runs_on_the_cpu_and_is_refused_where_it_cannot() {
     use crate::common::{gguf_dir, gpu_index, ktune_in, tempdir};
@@ -175,6 +176,6 @@ fn a_q8_0_kv_cache_runs_on_the_cpu_and_is_refused_where_it_cannot() {
     refused(run("smollm2-tiny-q8_0.gguf", "cpu", "q8_0"), &["head_dim is 16", "--kv-dtype f16"]);
     refused(run("qwen3-tiny-q8_0.gguf", "cpu", "q4_0"), &["f32, f16 or q8_0"]);
     if let Some(gpu) = gpu_index(cache.path(), "q8_0 KV refusal") {
-        refused(run("qwen3-tiny-q8_0.gguf", &gpu, "q8_0"), &["--device cpu", "--kv-dtype f16"]);
+        refused(run("qwen3-tiny-q8_0.gguf", &gpu, "q8_0"), &["serve --parallel", "--device cpu", "--kv-dtype f16"]);
     }
 }

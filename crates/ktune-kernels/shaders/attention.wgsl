@@ -69,6 +69,45 @@ fn key_span(pos: u32, first: u32, last: u32) -> vec4<u32> {
                      key_lo(first, dims.window, dims.b0, dims.b1), key_hi(last, dims.b0, dims.b1));
 }
 
+// K/V cache word i (wwords16(HD) a row) as its elements: .lo 0..4 and, with W_F16,
+// .hi 4..8. A q8_0 pool (KV_Q8) holds 8 codes a word, two words a 16-byte load,
+// block i / 4's f16 scale among the scales from u32 word dims.own2 on.
+struct KvWord { lo: vec4<f32>, hi: vec4<f32> }
+
+fn q8_word(codes: vec4<u32>, scales: vec4<u32>, i: u32) -> KvWord {
+    let two = select(codes.xy, codes.zw, (i & 1u) == 1u);
+    let sh = vec4<u32>(24u, 16u, 8u, 0u);
+    let lo = (vec4<i32>(bitcast<i32>(two.x)) << sh) >> vec4<u32>(24u);
+    let hi = (vec4<i32>(bitcast<i32>(two.y)) << sh) >> vec4<u32>(24u);
+    let s = dims.own2 + i / 8u;
+    let d = unpack2x16float(scales[s % 4u])[(i / 4u) % 2u];
+    return KvWord(vec4<f32>(lo) * d, vec4<f32>(hi) * d);
+}
+
+fn k_word(i: u32) -> KvWord {
+    if (KV_Q8) {
+        return q8_word(kc[i / 2u], kc[(dims.own2 + i / 8u) / 4u], i);
+    }
+    let w = kc[i];
+    return KvWord(wlo4(w), whi4(w));
+}
+
+fn v_word(i: u32) -> KvWord {
+    if (KV_Q8) {
+        return q8_word(vc[i / 2u], vc[(dims.own2 + i / 8u) / 4u], i);
+    }
+    let w = vc[i];
+    return KvWord(wlo4(w), whi4(w));
+}
+
+// xa · w.lo + xb · w.hi (W_F16) per component, as wload.wgsl's wmul16.
+fn kv_mul16(w: KvWord, xa: vec4<f32>, xb: vec4<f32>) -> vec4<f32> {
+    if (W_F16) {
+        return xa * w.lo + xb * w.hi;
+    }
+    return xa * w.lo;
+}
+
 // The KV head query head h reads (grouped-query attention).
 fn kv_head(h: u32, heads: u32, kv_heads: u32) -> u32 {
     return h / (heads / kv_heads);

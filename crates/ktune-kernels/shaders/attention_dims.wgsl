@@ -6,6 +6,10 @@
 // v_cache and dims bindings are attention.wgsl's.
 
 override W_F16: bool = false; // K/V as 16-byte words of 4 f32 or 8 packed f16 (wload.wgsl)
+// K/V as q8_0 blocks (attention.wgsl's k_word / v_word; W_F16 set too: 8 values a
+// word): a pool's int8 codes, then the blocks' f16 scales from u32 word `own2` on
+// (the single-buffer layout of a q8_0 matrix, kernels::quant::QMatrix::gpu_bytes).
+override KV_Q8: bool = false;
 
 struct Dims {
     tokens: u32,
@@ -20,7 +24,8 @@ struct Dims {
     b1: u32,
     // the kernel's own words (naive: head_dim; flash2: workgroups per KV head along
     // y; split-KV decode: workgroups per KV head along x, where the partials'
-    // (max, sum) pairs start; zero padding for the others)
+    // (max, sum) pairs start; paged: the width of a table row, with KV_Q8 the
+    // pools' first scale word; zero padding for the others)
     own: u32,
     own2: u32,
 }

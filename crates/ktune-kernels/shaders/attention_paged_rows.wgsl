@@ -34,7 +34,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         var s4 = vec4<f32>(0.0);
         for (var c = 0u; c < words; c++) {
             let qi = wx16(c);
-            s4 += wmul16(kc[row + c], q[qr + qi.x], q[qr + qi.y]);
+            s4 += kv_mul16(k_word(row + c), q[qr + qi.x], q[qr + qi.y]);
         }
         let s = (s4.x + s4.y + s4.z + s4.w) * dims.scale;
         let m_new = max(m, s);
@@ -42,11 +42,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         let p = exp(s - m_new);
         l = l * alpha + p;
         for (var c = 0u; c < words; c++) {
-            let w = vc[row + c];
+            let w = v_word(row + c);
             let qi = wx16(c);
-            acc[qi.x] = acc[qi.x] * alpha + p * wlo4(w);
+            acc[qi.x] = acc[qi.x] * alpha + p * w.lo;
             if (W_F16) {
-                acc[qi.y] = acc[qi.y] * alpha + p * whi4(w);
+                acc[qi.y] = acc[qi.y] * alpha + p * w.hi;
             }
         }
         m = m_new;

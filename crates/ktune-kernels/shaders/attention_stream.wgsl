@@ -24,7 +24,7 @@ fn score(row: u32) -> f32 {
     var s = vec4<f32>(0.0);
     for (var c = 0u; c < n; c++) {
         let qi = wx16(c);
-        s += wmul16(kc[base + c], qs[qi.x], qs[qi.y]);
+        s += kv_mul16(k_word(base + c), qs[qi.x], qs[qi.y]);
     }
     return s.x + s.y + s.z + s.w;
 }
@@ -72,10 +72,10 @@ fn stream_row(qr: u32, kh: u32, lo: u32, hi: u32, tid: u32) {
         if (rs.slice < rs.ns) {
             for (var c = rs.slice; c < n; c += rs.ns) {
                 let p = sc[c];
-                let w = vc[cache_row(kh, t0 + c) * rs.vl + rs.lane];
-                acc0 += p * wlo4(w);
+                let w = v_word(cache_row(kh, t0 + c) * rs.vl + rs.lane);
+                acc0 += p * w.lo;
                 if (W_F16) {
-                    acc1 += p * whi4(w);
+                    acc1 += p * w.hi;
                 }
             }
         }

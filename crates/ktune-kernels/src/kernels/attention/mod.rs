@@ -240,7 +240,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "attention_paged_stream",
             Op::AttentionPaged,
-            DType::FLOAT,
+            cpu_kernels::KV_TYPES,
             PAGED_STREAM_PARAMS,
             "one workgroup per query row and head of the batch streaming its sequence's keys block by block (the decode stream's row)",
             WgslImpl::new(&PAGED_STREAM, prepare_paged_stream).shared(shared_paged_stream).check(check_paged_stream),
@@ -248,7 +248,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "attention_paged_rows",
             Op::AttentionPaged,
-            DType::FLOAT,
+            cpu_kernels::KV_TYPES,
             PAGED_ROWS_PARAMS,
             "one invocation per query row and head: per-key online softmax through the block table, the row in registers",
             WgslImpl::new(&PAGED_ROWS, prepare_paged_rows).check(check_paged_rows),

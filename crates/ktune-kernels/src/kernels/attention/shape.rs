@@ -196,9 +196,10 @@ pub(super) fn shape_or_invalid(kd: &KernelDef, p: &Problem) -> Result<Shape, Ker
     Shape::checked(p).map_err(|reason| KernelError::Invalid { kernel: kd.id.to_string(), reason })
 }
 
-/// Cache elements per 16-byte word (the WGSL kernels' load unit).
+/// Cache elements per 16-byte word (the WGSL kernels' load unit; a q8_0 pool's word is
+/// 8 codes, half a load: `attention.wgsl`'s `k_word`).
 pub(super) fn per_word(dtype: DType) -> usize {
-    if dtype == DType::F16 { 8 } else { 4 }
+    if matches!(dtype, DType::F16 | DType::Q8_0) { 8 } else { 4 }
 }
 
 /// Shape rules shared by the WGSL kernels: 16-byte cache loads and u32 indexing.
