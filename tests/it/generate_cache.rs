@@ -302,32 +302,31 @@ fn a_gpu_q8_0_kv_cache_batch_answers_as_alone_and_near_the_f32_cache() {
     if ktune::testing::test_gpu().is_none() {
         return;
     }
-    for file in ["qwen3-tiny-q8_0.gguf"] {
-        let on_gpu = |parallel: usize, kv: DType| {
-            let g = open_on("vulkan", file, 512, Some(parallel), ProfileChoice { kv_dtype: kv, ..ProfileChoice::uncached() });
-            assert!(g.engine.is_gpu() && g.engine.kv_blocks().is_some(), "{file}: a paged KV cache on the GPU");
-            g
-        };
-        let (mut alone, mut batch) = (on_gpu(2, DType::Q8_0), on_gpu(4, DType::Q8_0));
-        let room = batch.context;
-        let lengths = [7usize, 19, 3, 26].map(|n| n.min(room / 2));
-        let prompts: Vec<Vec<u32>> = lengths.iter().map(|&n| (0..n).map(|i| 5 + ((i * 23 + n) % 85) as u32).collect()).collect();
-        let budgets: Vec<usize> = [12usize, 8, 16, 10].iter().zip(&lengths).map(|(&b, &n)| b.min(room - n - 1)).collect();
-        let seeded = P { temperature: 0.9, top_k: 30, seed: 3, ..P::GREEDY };
-        let mut batched = 0;
-        let params = [P::GREEDY, seeded, seeded, P::GREEDY];
-        batch_answers_as_alone(&mut batch, &mut alone, &prompts, &params, &budgets, Some(6), file, |_, n| batched += n);
-        assert!(batched >= 6, "{file}: {batched} batch passes");
+    let file = "qwen3-tiny-q8_0.gguf";
+    let on_gpu = |parallel: usize, kv: DType| {
+        let g = open_on("vulkan", file, 512, Some(parallel), ProfileChoice { kv_dtype: kv, ..ProfileChoice::uncached() });
+        assert!(g.engine.is_gpu() && g.engine.kv_blocks().is_some(), "{file}: a paged KV cache on the GPU");
+        g
+    };
+    let (mut alone, mut batch) = (on_gpu(2, DType::Q8_0), on_gpu(4, DType::Q8_0));
+    let room = batch.context;
+    let lengths = [7usize, 19, 3, 26].map(|n| n.min(room / 2));
+    let prompts: Vec<Vec<u32>> = lengths.iter().map(|&n| (0..n).map(|i| 5 + ((i * 23 + n) % 85) as u32).collect()).collect();
+    let budgets: Vec<usize> = [12usize, 8, 16, 10].iter().zip(&lengths).map(|(&b, &n)| b.min(room - n - 1)).collect();
+    let seeded = P { temperature: 0.9, top_k: 30, seed: 3, ..P::GREEDY };
+    let mut batched = 0;
+    let params = [P::GREEDY, seeded, seeded, P::GREEDY];
+    batch_answers_as_alone(&mut batch, &mut alone, &prompts, &params, &budgets, Some(6), file, |_, n| batched += n);
+    assert!(batched >= 6, "{file}: {batched} batch passes");
 
-        let mut f32_cache = on_gpu(2, DType::F32);
-        let (_, want) = answer(&mut f32_cache, &prompts[3]);
-        alone.reset();
-        let (_, got) = answer(&mut alone, &prompts[3]);
-        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let worst = got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        assert!(worst > 0.0, "{file}: a q8_0 cache gave the f32 cache's logits bit for bit: was it quantized?");
-        assert!(worst < 0.03 * scale, "{file}: a q8_0 cache moved a logit by {worst} (the logits' scale {scale})");
-    }
+    let mut f32_cache = on_gpu(2, DType::F32);
+    let (_, want) = answer(&mut f32_cache, &prompts[3]);
+    alone.reset();
+    let (_, got) = answer(&mut alone, &prompts[3]);
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let worst = got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(worst > 0.0, "{file}: a q8_0 cache gave the f32 cache's logits bit for bit: was it quantized?");
+    assert!(worst < 0.03 * scale, "{file}: a q8_0 cache moved a logit by {worst} (the logits' scale {scale})");
 }
 
 /// A profile's attention choices hold for the sequences of a paged KV cache:
