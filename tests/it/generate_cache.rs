@@ -278,15 +278,20 @@ fn a_q8_0_kv_cache_batch_answers_as_alone_and_near_the_f32_cache() {
         batch_answers_as_alone(&mut batch, &mut alone, &prompts, &params, &[12, 8, 16, 10], None, file, |_, _| batched_steps += 1);
         assert!(batched_steps >= 6, "{file}: {batched_steps} batched steps");
 
-        let mut f32_cache = open_kv(file, 1, DType::F32);
-        let (_, want) = answer(&mut f32_cache, &prompts[3]);
-        alone.reset();
-        let (_, got) = answer(&mut alone, &prompts[3]);
-        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let worst = got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        assert!(worst > 0.0, "{file}: a q8_0 cache gave the f32 cache's logits bit for bit: was it quantized?");
-        assert!(worst < 0.03 * scale, "{file}: a q8_0 cache moved a logit by {worst} (the logits' scale {scale})");
+        q8_0_near_f32(&mut alone, &mut open_kv(file, 1, DType::F32), &prompts[3], file);
     }
+}
+
+/// A prompt's logits through the q8_0 cache of `q8` near those through
+/// `f32_cache`, and not the same (the rows were quantized).
+fn q8_0_near_f32(q8: &mut Generator, f32_cache: &mut Generator, prompt: &[u32], file: &str) {
+    let (_, want) = answer(f32_cache, prompt);
+    q8.reset();
+    let (_, got) = answer(q8, prompt);
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let worst = got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(worst > 0.0, "{file}: a q8_0 cache gave the f32 cache's logits bit for bit: was it quantized?");
+    assert!(worst < 0.03 * scale, "{file}: a q8_0 cache moved a logit by {worst} (the logits' scale {scale})");
 }
 
 /// A q8_0 KV cache on a GPU (lavapipe in CI), paged (`serve --parallel`: the
@@ -319,14 +324,7 @@ fn a_gpu_q8_0_kv_cache_batch_answers_as_alone_and_near_the_f32_cache() {
     batch_answers_as_alone(&mut batch, &mut alone, &prompts, &params, &budgets, Some(6), file, |_, n| batched += n);
     assert!(batched >= 6, "{file}: {batched} batch passes");
 
-    let mut f32_cache = on_gpu(2, DType::F32);
-    let (_, want) = answer(&mut f32_cache, &prompts[3]);
-    alone.reset();
-    let (_, got) = answer(&mut alone, &prompts[3]);
-    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let worst = got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    assert!(worst > 0.0, "{file}: a q8_0 cache gave the f32 cache's logits bit for bit: was it quantized?");
-    assert!(worst < 0.03 * scale, "{file}: a q8_0 cache moved a logit by {worst} (the logits' scale {scale})");
+    q8_0_near_f32(&mut alone, &mut on_gpu(2, DType::F32), &prompts[3], file);
 }
 
 /// A profile's attention choices hold for the sequences of a paged KV cache:
