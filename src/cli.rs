@@ -144,8 +144,8 @@ pub struct TuneArgs {
     /// Decode tokens per prompt the end-to-end score assumes.
     #[arg(long, default_value_t = 128)]
     pub decode_tokens: usize,
-    /// Storage type of the KV cache: f32, f16, or q8_0 (on the CPU; a head_dim
-    /// of whole blocks of 32).
+    /// Storage type of the KV cache: f32, f16, or q8_0 (a head_dim of whole
+    /// blocks of 32).
     #[arg(long, default_value = "f32", value_parser = kv_dtype)]
     pub kv_dtype: DType,
     /// Also write the profile here.
@@ -692,10 +692,9 @@ pub struct EngineArgs {
     /// Most prompt tokens per prefill pass (longer prompts are processed in chunks).
     #[arg(long, default_value_t = 512)]
     pub prefill_chunk: usize,
-    /// Storage type of the KV cache: f32, f16, or q8_0 (on the CPU, and on a
-    /// GPU in `serve --parallel`'s paged cache; a head_dim of whole blocks of
-    /// 32). Without a profile; a cached profile is used only when it was tuned
-    /// with this KV dtype.
+    /// Storage type of the KV cache: f32, f16, or q8_0 (a head_dim of whole
+    /// blocks of 32). Without a profile; a cached profile is used only when it
+    /// was tuned with this KV dtype.
     #[arg(long, default_value = "f32", value_parser = kv_dtype)]
     pub kv_dtype: DType,
     /// Fusions (without a profile): `all`, `none`, or a list of qkv, gate_up, qk_norm_rope, residual_norm, norm_matmul, qkv_rope_cache.

@@ -152,7 +152,7 @@ impl ProfileChoice {
         warnings: &mut Vec<String>,
     ) -> Result<Prepared> {
         let batches = passes.batch_rows.is_some_and(|r| r >= 2);
-        session::check_context(&m.config, passes.context, self.kv_dtype, device, passes.context_flag, batches && m.vision.is_none())?;
+        session::check_context(&m.config, passes.context, self.kv_dtype, device, passes.context_flag)?;
         let Chosen { selection, exec, label } =
             self.choose(profile.as_ref(), device, settings, m, passes.prefill_tokens, passes.context, batches, warnings)?;
         if let Some(want) = settings.weight_dtype
@@ -176,21 +176,10 @@ impl ProfileChoice {
         if paged {
             opts.fusion.qkv_rope_cache = false;
         }
-        // A GPU's q8_0 KV cache is paged only (its paged kernels read q8_0
-        // blocks; the plan's own attention kernels f32 or f16): the plan is
-        // built over an f16 cache, which the pools then replace.
-        let gpu_q8 = exec.kv_dtype == DType::Q8_0 && !matches!(device, Device::Cpu(_));
-        if gpu_q8 {
-            session::check_kv_dtype(&m.config, exec.kv_dtype, device, "--kv-dtype", paged)?;
-            opts = opts.with_kv_dtype(DType::F16);
-        }
         let ctx = session::open_device(device, exec.trusted_shaders)?;
         // One engine: its weights need no memo to share them.
         let mut engine = Engines::of(m, ctx.clone(), None).build(opts, selection, &exec)?;
         if paged {
-            if gpu_q8 {
-                engine.page_kv_as(DType::Q8_0);
-            }
             // Room for every row's sequence and the generator's own, each a whole
             // context (`serve --kv-tokens` sizes it again).
             warnings.extend(engine.enable_paged((rows + 1) * passes.context, rows + 1)?);
@@ -257,7 +246,7 @@ impl ProfileChoice {
         let chosen = chosen.unwrap_or_else(|| self.defaults(device, settings, m, settings.weight_dtype(m), batches));
         // A profile's own KV cache type (execution.kvCacheDtype) checked as the flag's.
         let what = if chosen.label.is_some() { "the profile's execution.kvCacheDtype" } else { "--kv-dtype" };
-        session::check_kv_dtype(&m.config, chosen.exec.kv_dtype, device, what, batches && m.vision.is_none())?;
+        session::check_kv_dtype(&m.config, chosen.exec.kv_dtype, what)?;
         Ok(chosen)
     }
 

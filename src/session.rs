@@ -247,10 +247,10 @@ pub fn available_memory() -> u64 {
 
 /// Checks a context of `context` positions (what `flag` asked for) against what
 /// the model and the device allow: at most the model's
-/// `max_position_embeddings`, and a KV cache in `kv` (`paged`: [`check_kv_dtype`]) that fits (one layer's
+/// `max_position_embeddings`, and a KV cache in `kv` that fits (one layer's
 /// cache in one GPU buffer; the whole cache in the CPU's available memory). The
 /// usage error names the limit and the largest context that fits.
-pub fn check_context(c: &ModelConfig, context: usize, kv: DType, device: &Device, flag: &str, paged: bool) -> Result<()> {
+pub fn check_context(c: &ModelConfig, context: usize, kv: DType, device: &Device, flag: &str) -> Result<()> {
     let usage = |why: String| Err(SessionError::Usage(format!("{flag}: a context of {context} positions {why}")));
     if context == 0 {
         return usage("holds no token; give at least 1".into());
@@ -258,7 +258,7 @@ pub fn check_context(c: &ModelConfig, context: usize, kv: DType, device: &Device
     if context > c.max_position_embeddings {
         return usage(format!("is past the model's {} (max_position_embeddings); give at most that", c.max_position_embeddings));
     }
-    check_kv_dtype(c, kv, device, "--kv-dtype", paged)?;
+    check_kv_dtype(c, kv, "--kv-dtype")?;
     let (what, limit, per) = match device::DeviceCaps::from(device) {
         device::DeviceCaps::Gpu(g) => ("one GPU buffer holds", g.max_storage_binding.min(g.max_buffer_size), 1),
         device::DeviceCaps::Cpu(_) => ("memory available is", available_memory(), 2 * c.dims.num_layers as u64),
@@ -278,21 +278,13 @@ pub fn check_context(c: &ModelConfig, context: usize, kv: DType, device: &Device
     Ok(())
 }
 
-/// A KV cache type this model and device can hold: q8_0 keeps each cached row
-/// (`head_dim` values) in blocks of 32 and is read by the CPU's attention
-/// kernels, and on a GPU by the paged ones only (`paged`: the engine will page
-/// its cache, `serve --parallel`; the other WGSL attention kernels read f32 and
-/// f16 caches). `what` names where it was asked for (the flag, or a profile's
-/// `execution.kvCacheDtype`).
-pub fn check_kv_dtype(c: &ModelConfig, kv: DType, device: &Device, what: &str, paged: bool) -> Result<()> {
+/// A KV cache type this model can hold: q8_0 keeps each cached row
+/// (`head_dim` values) in blocks of 32, which the CPU's attention kernels and
+/// the WGSL ones that list it read (a GPU's plan takes those). `what` names
+/// where it was asked for (the flag, or a profile's `execution.kvCacheDtype`).
+pub fn check_kv_dtype(c: &ModelConfig, kv: DType, what: &str) -> Result<()> {
     if kv != DType::Q8_0 {
         return Ok(());
-    }
-    if !paged && matches!(device::DeviceCaps::from(device), device::DeviceCaps::Gpu(_)) {
-        return Err(SessionError::Usage(format!(
-            "{what} q8_0: on a GPU a q8_0 KV cache is a paged one, which `serve --parallel N` (N >= 2) holds; the GPU's other \
-             attention kernels read f32 or f16 caches: give --kv-dtype f16 there, or --device cpu"
-        )));
     }
     let (d, block) = (c.dims.head_dim, crate::kernels::cpu::Q8_BLOCK);
     if !d.is_multiple_of(block) {

@@ -55,7 +55,7 @@ pub fn run(selector: Option<&str>, args: &BenchArgs, progress: &dyn Progress) ->
         args.profile.iter().map(|p| Profile::load(p).map(|x| (p.clone(), x))).collect::<std::result::Result<_, _>>()?;
     let device = session::pick_device(selector)?;
     let m = settings.load()?;
-    session::check_context(&m.config, context, DType::F32, &device, "--prefill-tokens + --decode-tokens", false)?;
+    session::check_context(&m.config, context, DType::F32, &device, "--prefill-tokens + --decode-tokens")?;
     let image = image(args, &m)?;
     let mut warnings = m.warnings.clone();
     let ctx = session::open_device(&device, false)?;

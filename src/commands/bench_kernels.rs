@@ -59,8 +59,8 @@ pub fn run(selector: Option<&str>, args: &BenchKernelsArgs, progress: &dyn Progr
     }
     // The shapes' sizes, as run and tune check them: within each model and the adapter.
     for (_, c) in &configs {
-        session::check_context(c, context, crate::kernels::DType::F32, &device, "--context", false)?;
-        session::check_context(c, tokens, crate::kernels::DType::F32, &device, "--prefill-tokens", false)?;
+        session::check_context(c, context, crate::kernels::DType::F32, &device, "--context")?;
+        session::check_context(c, tokens, crate::kernels::DType::F32, &device, "--prefill-tokens")?;
     }
     let rotation = Rotation::for_device(&device, args.gpu_l2_bytes);
     let ctx = session::open_device(&device, args.trusted_shaders)?

@@ -76,7 +76,7 @@ pub fn run(selector: Option<&str>, args: &EvalArgs, progress: &dyn Progress) -> 
         )));
     }
     let ctx = args.ctx.unwrap_or(DEFAULT_CTX.min(m.config.max_position_embeddings));
-    session::check_context(&m.config, ctx, args.kv_dtype, &device, "--ctx", false)?;
+    session::check_context(&m.config, ctx, args.kv_dtype, &device, "--ctx")?;
     let text = Text::chunked(&ids, bos, ctx, args.chunks)?;
     if let Some(r) = &mut file_ref {
         text.check_reference(r, m.config.dims.vocab_size)?;

@@ -60,7 +60,7 @@ pub fn run(selector: Option<&str>, args: &TuneArgs, progress: &dyn Progress) -> 
         ));
     }
     let m = settings.load()?;
-    session::check_context(&m.config, args.context, kv_dtype, &device, "--context", false)?;
+    session::check_context(&m.config, args.context, kv_dtype, &device, "--context")?;
     let weight_dtype = settings.weight_dtype(&m);
     let name = settings.profile_name(&m);
     let opts = TuneOptions {

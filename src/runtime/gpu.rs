@@ -633,10 +633,9 @@ impl GpuExec {
     /// A paged attention step's signature: the paged kernel over the pass's
     /// sequences (None for any other step, and without a paged cache).
     fn paged_sig(&self, step: &Step) -> Result<Option<Sig>, RuntimeError> {
-        let (Some(pg), StepKind::Kernel { dtype, problem, binds, .. }) = (&self.paged, &step.kind) else { return Ok(None) };
-        // The pools' type (a q8_0 pool replaces the float cache the plan was built with).
-        let dtype = if pg.tables.problem(problem)?.is_some() { pg.dtype } else { *dtype };
-        Ok(pg.tables.problem(problem)?.map(|p| Sig::Kernel(pg.kernel.id, pg.params.clone(), dtype, p, binds.clone())))
+        let (Some(pg), StepKind::Kernel { problem, binds, .. }) = (&self.paged, &step.kind) else { return Ok(None) };
+        // Over the pools' type (a q8_0 pool replaces the f16 cache the plan was built over).
+        Ok(pg.tables.problem(problem)?.map(|p| Sig::Kernel(pg.kernel.id, pg.params.clone(), pg.dtype, p, binds.clone())))
     }
 
     /// Builds (or keeps) the program of every step of this pass.
@@ -726,14 +725,19 @@ impl GpuExec {
                         (entry, words, per, (3, &pg.rows))
                     }
                     None => {
-                        let f16 = self.sizes[k_cache] == (kv_heads * kv_cap * head_dim * 2) as u64;
-                        let entry = if f16 { "kv_write_f16" } else { "kv_write_f32" };
-                        (
-                            entry,
-                            vec![tokens as u32, kv_heads as u32, head_dim as u32, kv_cap as u32, 0],
-                            if f16 { 2 } else { 1 },
-                            (POSITION_BINDING, &self.position),
-                        )
+                        // The cache's type by its size (the plan's buffer in its layout).
+                        let n = kv_heads * kv_cap * head_dim;
+                        let mut words = vec![tokens as u32, kv_heads as u32, head_dim as u32, kv_cap as u32, 0];
+                        let (entry, per) = match self.sizes[k_cache] {
+                            s if s == (n * 2) as u64 => ("kv_write_f16", 2),
+                            s if s == DType::Q8_0.bytes_for(n) => {
+                                let (_, parts) = pool_layout(DType::Q8_0, n);
+                                words.push((parts[1].map_or(0, |p| p.0) / 4) as u32);
+                                ("kv_write_q8", 32)
+                            }
+                            _ => ("kv_write_f32", 1),
+                        };
+                        (entry, words, per, (POSITION_BINDING, &self.position))
                     }
                 };
                 let items = tokens * kv_heads * head_dim / per;

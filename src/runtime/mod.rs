@@ -167,9 +167,6 @@ pub struct Engine {
     /// A paged KV cache ([`Engine::enable_paged`]): the pool's blocks and the
     /// table of the sequence the engine holds.
     paged: Option<EnginePaged>,
-    /// The storage type of a paged KV cache's pools when it is not the plan's
-    /// cache type ([`Engine::page_kv_as`]).
-    pool_dtype: Option<DType>,
 }
 
 struct EnginePaged {
@@ -611,7 +608,6 @@ impl Engine {
             row_widths: Vec::new(),
             panels,
             paged: None,
-            pool_dtype: None,
         })
     }
 
@@ -727,10 +723,10 @@ impl Engine {
     /// of a decode batch in one call.
     /// Forgets what the cache held; sequences made before no longer fit. Refused
     /// for a plan that writes the cache in its fused QKV kernel
-    /// (`fusedQkvRopeCache`). The pools hold the plan's cache type, or the one
-    /// [`Engine::page_kv_as`] gave. On a GPU every pass then reads its rows'
-    /// positions and tables from buffers the host writes ([`gpu::GpuPaged`]), a
-    /// lone sequence's too, and decode steps are not chained.
+    /// (`fusedQkvRopeCache`). The pools hold the plan's cache type (f32, f16
+    /// or q8_0 blocks). On a GPU every pass then reads its rows' positions and
+    /// tables from buffers the host writes ([`gpu::GpuPaged`]), a lone
+    /// sequence's too, and decode steps are not chained.
     ///
     /// The paged kernel takes the plan's attention choices where it computes
     /// as they do (`attention_paged_cpu`: a chunk as `attention_prefill_tiled_cpu`
@@ -752,8 +748,7 @@ impl Engine {
         let max_rows = self.plan.options.max_tokens.max(1);
         // The op's preferred kernel valid here (the list depends on the op alone).
         let probe = Problem::attention_paged((1, max_rows), dims, (page, blocks, max_blocks), 0, 1.0);
-        let planned = caches.first().map_or(crate::kernels::DType::F32, |&id| self.plan.buffers[id].dtype);
-        let dtype = self.pool_dtype.unwrap_or(planned);
+        let dtype = caches.first().map_or(crate::kernels::DType::F32, |&id| self.plan.buffers[id].dtype);
         let (backend, gpu_caps) = match &self.exec {
             Exec::Cpu(_) => (Backend::Cpu, None),
             Exec::Gpu(g) => (Backend::Wgsl, Some(g.ctx.caps.clone())),
@@ -765,9 +760,6 @@ impl Engine {
             .ok_or_else(|| RuntimeError::Internal(format!("no {backend:?} kernel serves paged attention over {dtype} blocks")))?;
         let (params, mut notes) = paged_params(&self.plan, kernel)?;
         match &mut self.exec {
-            Exec::Cpu(_) if dtype != planned => {
-                return Err(RuntimeError::Internal(format!("a paged KV cache of {dtype} pools on the CPU, whose plan caches {planned}")));
-            }
             Exec::Cpu(e) => {
                 for &id in &caches {
                     let b = &self.plan.buffers[id];
@@ -791,16 +783,6 @@ impl Engine {
         self.pos = 0;
         self.kv_written = 0;
         Ok(notes)
-    }
-
-    /// Makes the pools of a paged KV cache enabled after this
-    /// ([`Engine::enable_paged`]) hold `dtype` values instead of the plan's
-    /// cache type: on a GPU, q8_0 blocks for a plan built over a float cache
-    /// (the WGSL kernels read q8_0 only through the paged kernels, the KV
-    /// write quantizing each row's blocks as the CPU's does). Refused on the
-    /// CPU, whose plan caches the type it pages.
-    pub fn page_kv_as(&mut self, dtype: DType) {
-        self.pool_dtype = Some(dtype);
     }
 
     /// The paged attention kernel and its parameters (None: not paged).

@@ -147,12 +147,12 @@ fn run_prompt_and_tokens_are_mutually_exclusive() {
         .stderr(predicate::str::contains("--prompt").and(predicate::str::contains("--tokens")));
 }
 
-/// `--kv-dtype q8_0` runs where a q8_0 cache can be held and read (the CPU, a
-/// head_dim of whole blocks of 32; a GPU's paged cache, `serve --parallel`);
-/// elsewhere (`run` on a GPU), and for a block format the KV cache does not
-/// take, exit 2 naming the problem and the fix, no panic.
+/// `--kv-dtype q8_0` runs where a q8_0 cache can be held and read (a head_dim
+/// of whole blocks of 32, on the CPU and on a GPU); elsewhere, and for a block
+/// format the KV cache does not take, exit 2 naming the problem and the fix, no
+/// panic.
 #[test]
-fn a_q8_0_kv_cache_runs_on_the_cpu_and_is_refused_where_it_cannot() {
+fn a_q8_0_kv_cache_runs_on_the_cpu_and_the_gpu_and_is_refused_where_it_cannot() {
     use crate::common::{gguf_dir, gpu_index, ktune_in, tempdir};
     let cache = tempdir();
     let run = |model: &str, device: &str, kv: &str| {
@@ -169,13 +169,17 @@ fn a_q8_0_kv_cache_runs_on_the_cpu_and_is_refused_where_it_cannot() {
         assert!(want.iter().all(|w| err.contains(w)), "{want:?} in: {err}");
         assert!(!err.contains("panicked"), "{err}");
     };
-    let ok = run("qwen3-tiny-q8_0.gguf", "cpu", "q8_0");
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&ok.stdout).expect("JSON");
-    assert_eq!(v["kv_dtype"], "q8_0", "{v}");
+    let runs = |device: &str| {
+        let ok = run("qwen3-tiny-q8_0.gguf", device, "q8_0");
+        assert!(ok.status.success(), "{device}: {}", String::from_utf8_lossy(&ok.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&ok.stdout).expect("JSON");
+        assert_eq!(v["kv_dtype"], "q8_0", "{device}: {v}");
+    };
+    runs("cpu");
     refused(run("smollm2-tiny-q8_0.gguf", "cpu", "q8_0"), &["head_dim is 16", "--kv-dtype f16"]);
     refused(run("qwen3-tiny-q8_0.gguf", "cpu", "q4_0"), &["f32, f16 or q8_0"]);
-    if let Some(gpu) = gpu_index(cache.path(), "q8_0 KV refusal") {
-        refused(run("qwen3-tiny-q8_0.gguf", &gpu, "q8_0"), &["serve --parallel", "--device cpu", "--kv-dtype f16"]);
+    if let Some(gpu) = gpu_index(cache.path(), "q8_0 KV cache") {
+        runs(&gpu);
+        refused(run("smollm2-tiny-q8_0.gguf", &gpu, "q8_0"), &["head_dim is 16", "--kv-dtype f16"]);
     }
 }

@@ -294,13 +294,15 @@ fn q8_0_near_f32(q8: &mut Generator, f32_cache: &mut Generator, prompt: &[u32], 
     assert!(worst < 0.03 * scale, "{file}: a q8_0 cache moved a logit by {worst} (the logits' scale {scale})");
 }
 
-/// A q8_0 KV cache on a GPU (lavapipe in CI), paged (`serve --parallel`: the
-/// paged kernels read q8_0 blocks, `kv_write_rows_q8` writes them): a batch of
-/// sequences, prompts' chunks beside decode tokens, gives each the ids it gets
-/// alone (greedy and seeded); a prompt's logits stay near the paged f32
-/// cache's and are not the same (the rows were quantized). Qwen3's head_dim of
-/// 32: one block a row, so neighbouring rows' scales share a word (the write's
-/// atomic halves); the paged kernels' parity covers 64 and 128.
+/// A q8_0 KV cache on a GPU (lavapipe in CI): a batch of sequences over the
+/// paged pool of q8_0 blocks (`serve --parallel`: `kv_write_rows_q8`, the
+/// paged kernels), prompts' chunks beside decode tokens, gives each the ids it
+/// gets alone over the plan's own head-major q8_0 cache (`kv_write_q8`, the
+/// decode stream and prefill kernels that read q8_0, decode steps chained),
+/// greedy and seeded; a prompt's logits stay near the f32 cache's and are not
+/// the same (the rows were quantized). Qwen3's head_dim of 32: one block a row,
+/// so neighbouring rows' scales share a word (the writes' atomic halves); the
+/// kernels' parity covers 64 and 128.
 #[test]
 fn a_gpu_q8_0_kv_cache_batch_answers_as_alone_and_near_the_f32_cache() {
     use ktune::kernels::sample::SamplerParams as P;
@@ -310,10 +312,11 @@ fn a_gpu_q8_0_kv_cache_batch_answers_as_alone_and_near_the_f32_cache() {
     let file = "qwen3-tiny-q8_0.gguf";
     let on_gpu = |parallel: usize, kv: DType| {
         let g = open_on("vulkan", file, 512, Some(parallel), ProfileChoice { kv_dtype: kv, ..ProfileChoice::uncached() });
-        assert!(g.engine.is_gpu() && g.engine.kv_blocks().is_some(), "{file}: a paged KV cache on the GPU");
+        assert!(g.engine.is_gpu(), "{file}: on the GPU");
+        assert_eq!(g.engine.kv_blocks().is_some(), parallel > 1, "{file}: paged with --parallel {parallel}");
         g
     };
-    let (mut alone, mut batch) = (on_gpu(2, DType::Q8_0), on_gpu(4, DType::Q8_0));
+    let (mut alone, mut batch) = (on_gpu(1, DType::Q8_0), on_gpu(4, DType::Q8_0));
     let room = batch.context;
     let lengths = [7usize, 19, 3, 26].map(|n| n.min(room / 2));
     let prompts: Vec<Vec<u32>> = lengths.iter().map(|&n| (0..n).map(|i| 5 + ((i * 23 + n) % 85) as u32).collect()).collect();
@@ -324,7 +327,7 @@ fn a_gpu_q8_0_kv_cache_batch_answers_as_alone_and_near_the_f32_cache() {
     batch_answers_as_alone(&mut batch, &mut alone, &prompts, &params, &budgets, Some(6), file, |_, n| batched += n);
     assert!(batched >= 6, "{file}: {batched} batch passes");
 
-    q8_0_near_f32(&mut alone, &mut on_gpu(2, DType::F32), &prompts[3], file);
+    q8_0_near_f32(&mut alone, &mut on_gpu(1, DType::F32), &prompts[3], file);
 }
 
 /// A profile's attention choices hold for the sequences of a paged KV cache:

@@ -34,19 +34,19 @@ fn load_tile(is_v: bool, base: u32, t0: u32, last: u32, tid: u32) {
     for (var idx = tid; idx < BKV * rw; idx += BQ * LANES) {
         let c = idx / rw;
         let x = idx % rw;
-        var w = vec4<u32>(0u);
+        var w = KvWord(vec4<f32>(0.0), vec4<f32>(0.0));
         if (t0 + c <= last) {
             let gi = (base + t0 + c) * rw + x;
             if (is_v) {
-                w = vc[gi];
+                w = v_word(gi);
             } else {
-                w = kc[gi];
+                w = k_word(gi);
             }
         }
         let ti = c * hd4 + wx16(x);
-        kv[ti.x] = wlo4(w);
+        kv[ti.x] = w.lo;
         if (W_F16) {
-            kv[ti.y] = whi4(w);
+            kv[ti.y] = w.hi;
         }
     }
 }

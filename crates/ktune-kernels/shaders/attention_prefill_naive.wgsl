@@ -58,7 +58,7 @@ fn scores(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         var acc = vec4<f32>(0.0);
         for (var c = 0u; c < n; c++) {
             let qi = qb + wx16(c);
-            acc += wmul16(kc[kb + c], q[qi.x], q[qi.y]);
+            acc += kv_mul16(k_word(kb + c), q[qi.x], q[qi.y]);
         }
         s = (acc.x + acc.y + acc.z + acc.w) * dims.scale;
     }
@@ -112,10 +112,10 @@ fn pv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<
     let hi = key_hi(pos, dims.b0, dims.b1);
     for (var j = key_lo(pos, dims.window, dims.b0, dims.b1); j <= hi; j++) {
         let p = sc[base + j];
-        let w = vc[(vb + j) * n + lane];
-        a0 += p * wlo4(w);
+        let w = v_word((vb + j) * n + lane);
+        a0 += p * w.lo;
         if (W_F16) {
-            a1 += p * whi4(w);
+            a1 += p * w.hi;
         }
     }
     let o = row * head_dim() + lane * word_elems();

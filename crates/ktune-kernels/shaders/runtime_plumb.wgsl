@@ -144,9 +144,9 @@ struct KvQ8Dims {
     a: u32,       // tokens
     b: u32,       // kv_heads
     c: u32,       // head_dim (whole blocks of 32)
-    d: u32,       // page
-    e: u32,       // rows
-    scales: u32,  // the pool's first scale word
+    d: u32,       // kv: kv_cap; kv rows: page
+    e: u32,       // kv rows: rows
+    scales: u32,  // the cache's first scale word
 }
 
 @group(0) @binding(0) var<storage, read> kvrq_src: array<f32>;
@@ -154,12 +154,54 @@ struct KvQ8Dims {
 @group(0) @binding(2) var<uniform> kvrq_dims: KvQ8Dims;
 @group(0) @binding(3) var<storage, read> kvrq_rows: array<u32>;
 
-// One invocation per block of 32 new values, quantized as ggml's
+// The 32 new values from src[e0] quantized into the cache's block b as ggml's
 // quantize_row_q8_0 (kernels::quant's BlockQ8_0): d = amax / 127, each code
-// round(x / d) half away from zero, d stored as f16. The pool is a q8_0 matrix's
-// single-buffer layout (QMatrix::gpu_bytes): 8 words of codes a block, then the
-// f16 scales from word `scales` on, two a word: a block sets its half of a scale
-// word atomically (its neighbour may be written by another invocation).
+// round(x / d) half away from zero, d stored as f16. The cache is a q8_0
+// matrix's single-buffer layout (QMatrix::gpu_bytes): 8 words of codes a block,
+// then the f16 scales from word `scales` on, two a word: a block sets its half
+// of a scale word atomically (its neighbour may be written by another
+// invocation).
+fn kv_q8_block(e0: u32, b: u32) {
+    var amax = 0.0;
+    for (var j = 0u; j < 32u; j++) {
+        amax = max(amax, abs(kvrq_src[e0 + j]));
+    }
+    let d = amax / 127.0;
+    let id = select(0.0, 1.0 / d, d != 0.0);
+    for (var w = 0u; w < 8u; w++) {
+        var word = 0u;
+        for (var j = 0u; j < 4u; j++) {
+            let r = kvrq_src[e0 + 4u * w + j] * id;
+            let f = floor(abs(r));
+            let q = i32(f + select(0.0, 1.0, abs(r) - f >= 0.5)) * select(1, -1, r < 0.0);
+            word |= (bitcast<u32>(q) & 255u) << (8u * j);
+        }
+        atomicStore(&kvrq_pool[8u * b + w], word);
+    }
+    let half = b % 2u;
+    let bits = pack2x16float(vec2<f32>(d, 0.0)) & 0xffffu;
+    let sw = kvrq_dims.scales + b / 2u;
+    atomicAnd(&kvrq_pool[sw], select(0xffff0000u, 0x0000ffffu, half == 1u));
+    atomicOr(&kvrq_pool[sw], bits << (16u * half));
+}
+
+// One invocation per block of 32 new values, into the head-major cache at
+// position.wgsl's pos0 (as kv_write_f32).
+@compute @workgroup_size(WG)
+fn kv_write_q8(g: Grid) {
+    let i = invocation(g);
+    let kd = kvrq_dims;
+    let per_row = kd.b * kd.c;
+    if (i >= kd.a * per_row / 32u) {
+        return;
+    }
+    let e0 = 32u * i;
+    let at = (((e0 / kd.c) % kd.b) * kd.d + position.pos0 + e0 / per_row) * kd.c + e0 % kd.c;
+    kv_q8_block(e0, at / 32u);
+}
+
+// One invocation per block of 32 new values, into a paged pool at each row's
+// position and block (as kv_write_rows_f32).
 @compute @workgroup_size(WG)
 fn kv_write_rows_q8(g: Grid) {
     let i = invocation(g);
@@ -173,26 +215,5 @@ fn kv_write_rows_q8(g: Grid) {
     let pos = kvrq_rows[t];
     let block = kvrq_rows[kd.e + t];
     let at = ((block * kd.b + (e0 / kd.c) % kd.b) * kd.d + pos % kd.d) * kd.c + e0 % kd.c;
-    var amax = 0.0;
-    for (var j = 0u; j < 32u; j++) {
-        amax = max(amax, abs(kvrq_src[e0 + j]));
-    }
-    let d = amax / 127.0;
-    let id = select(0.0, 1.0 / d, d != 0.0);
-    let b = at / 32u;
-    for (var w = 0u; w < 8u; w++) {
-        var word = 0u;
-        for (var j = 0u; j < 4u; j++) {
-            let r = kvrq_src[e0 + 4u * w + j] * id;
-            let f = floor(abs(r));
-            let q = i32(f + select(0.0, 1.0, abs(r) - f >= 0.5)) * select(1, -1, r < 0.0);
-            word |= (bitcast<u32>(q) & 255u) << (8u * j);
-        }
-        atomicStore(&kvrq_pool[8u * b + w], word);
-    }
-    let half = b % 2u;
-    let bits = pack2x16float(vec2<f32>(d, 0.0)) & 0xffffu;
-    let sw = kd.scales + b / 2u;
-    atomicAnd(&kvrq_pool[sw], select(0xffff0000u, 0x0000ffffu, half == 1u));
-    atomicOr(&kvrq_pool[sw], bits << (16u * half));
+    kv_q8_block(e0, at / 32u);
 }

@@ -188,7 +188,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "attention_prefill_naive",
             Op::AttentionPrefill,
-            DType::FLOAT,
+            cpu_kernels::KV_TYPES,
             NAIVE_PARAMS,
             "scores materialised in a scratch buffer; three dispatches: QKᵀ, row softmax, P·V",
             WgslImpl::new(&PREFILL_NAIVE, prepare_naive).shared(shared_wg).check(check_naive),
@@ -196,7 +196,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "attention_prefill_flash",
             Op::AttentionPrefill,
-            DType::FLOAT,
+            cpu_kernels::KV_TYPES,
             FLASH_PARAMS,
             "tiled online softmax: block_q queries per workgroup, K/V tiles of block_kv rows in workgroup memory",
             WgslImpl::new(&PREFILL_FLASH, prepare_flash).workgroup(flash_wg_size).shared(shared_flash).check(check_flash),
@@ -272,7 +272,7 @@ pub fn variants() -> Vec<KernelDef> {
         KernelDef::new(
             "attention_decode_stream",
             Op::AttentionDecode,
-            DType::FLOAT,
+            cpu_kernels::KV_TYPES,
             STREAM_PARAMS,
             "one workgroup per query head streaming the cache; online softmax per tile, coalesced V rows",
             WgslImpl::new(&DECODE_STREAM, prepare_stream).shared(shared_stream).check(check_stream),

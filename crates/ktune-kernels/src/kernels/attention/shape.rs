@@ -83,6 +83,12 @@ impl Shape {
         w
     }
 
+    /// Where a q8_0 cache's scales start ([`kv_scales_word`] of its
+    /// `[kv_heads, kv_cap, head_dim]` values).
+    pub(super) fn kv_scales_word(&self, dtype: DType) -> u32 {
+        kv_scales_word(dtype, self.kv_heads * self.kv_cap * self.d)
+    }
+
     /// Cache row of key `j` of KV head `kh`.
     pub(super) fn row_of(&self, kh: usize, j: usize) -> usize {
         kh * self.kv_cap + j
@@ -202,9 +208,36 @@ pub(super) fn per_word(dtype: DType) -> usize {
     if matches!(dtype, DType::F16 | DType::Q8_0) { 8 } else { 4 }
 }
 
+/// A cache of `dtype` values the WGSL kernels read, rows of `d`: f32, f16, or
+/// q8_0 rows of whole blocks.
+pub(super) fn check_kv_type(dtype: DType, d: usize) -> Result<(), String> {
+    if let Some(f) = dtype.quant() {
+        let be = f.block_elems();
+        if f != crate::kernels::quant::QFormat::Q8_0 || !d.is_multiple_of(be) {
+            return Err(format!("a cache of {dtype} rows of head_dim = {d} (q8_0 rows of whole {be}-value blocks only)"));
+        }
+    }
+    Ok(())
+}
+
+/// The cache's constants: `W_F16` (8 values a 16-byte word: f16, and q8_0's
+/// codes) and `KV_Q8` (`attention_dims.wgsl`).
+pub(super) fn kv_consts(dtype: DType) -> [(&'static str, f64); 2] {
+    let q8 = dtype == DType::Q8_0;
+    [("W_F16", f64::from(u8::from(q8 || dtype == DType::F16))), ("KV_Q8", f64::from(u8::from(q8)))]
+}
+
+/// The u32 word where the scales of a q8_0 cache of `elems` values start (a
+/// q8_0 matrix's single-buffer layout; the uniform's `own2`, which
+/// `attention.wgsl`'s `k_word` reads); 0 for a float cache.
+pub(super) fn kv_scales_word(dtype: DType, elems: usize) -> u32 {
+    dtype.quant().map_or(0, |f| (f.layout(f.blocks_for(elems)).scales_offset / 4) as u32)
+}
+
 /// Shape rules shared by the WGSL kernels: 16-byte cache loads and u32 indexing.
 pub(super) fn check_wgsl_shape(prob: &Problem, dtype: DType) -> Result<Shape, String> {
     let s = Shape::checked(prob)?;
+    check_kv_type(dtype, s.d)?;
     let need = per_word(dtype);
     if s.d % need != 0 {
         return Err(format!("head_dim = {} is not a multiple of {need} (16-byte {dtype} cache loads)", s.d));

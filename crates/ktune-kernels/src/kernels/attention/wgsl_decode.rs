@@ -6,7 +6,7 @@
 //! capacity: the split-KV grids and partial buffers are sized for the most keys a
 //! query can see there, and the splits past the visible keys exit at once.
 
-use super::shape::{Shape, check_grid, check_row_fits, check_wgsl_shape, per_word, shape_or_invalid};
+use super::shape::{Shape, check_grid, check_row_fits, check_wgsl_shape, kv_consts, per_word, shape_or_invalid};
 use super::{DECODE_SPLITKV, SPLITKV_MAX_HEADS, SPLITKV_SG_SLOTS, step_at, step_with};
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, POSITION_BINDING, grid_2d, groups};
@@ -34,8 +34,11 @@ pub(super) fn check_stream(_: &GpuCaps, prob: &Problem, dtype: DType, params: &P
 pub(super) fn prepare_stream(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let sh = shape_or_invalid(s.kernel, s.problem)?;
     let (wg, kpt) = (s.param("workgroup_size")?, s.param("keys_per_thread")?);
-    let consts = [("WG", wg as f64), ("KPT", kpt as f64), ("HD", sh.d as f64), ("W_F16", s.w_f16())];
-    s.one_step("main", &consts, &sh.prefill_words(), grid_2d(sh.heads as u32))
+    let [f16, q8] = kv_consts(s.dtype);
+    let consts = [("WG", wg as f64), ("KPT", kpt as f64), ("HD", sh.d as f64), f16, q8];
+    let mut words = sh.prefill_words();
+    words.extend([0, sh.kv_scales_word(s.dtype)]);
+    s.one_step("main", &consts, &words, grid_2d(sh.heads as u32))
 }
 
 /// How `attention_decode_splitkv` covers a GQA group: `nsub` workgroups of at most

@@ -5,7 +5,7 @@
 //! sequences' lengths and blocks from the `pages` buffer (`shaders/attention_paged.wgsl`),
 //! so one program serves every batch of its shape whatever the table holds.
 
-use super::shape::{Paged, check_grid, per_word};
+use super::shape::{Paged, check_grid, check_kv_type, kv_consts, kv_scales_word, per_word};
 use super::step_at;
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, grid_2d, groups};
@@ -22,30 +22,15 @@ const ROWS_MAX_HEAD_DIM: usize = 256;
 /// word where their blocks' scales start (`attention.wgsl`'s `k_word`).
 fn paged_words(p: &Paged, dtype: DType) -> Vec<u32> {
     let mut w: Vec<u32> = [p.tokens, p.seqs, p.page, p.heads, p.kv_heads, p.window].map(|v| v as u32).to_vec();
-    let scales = match dtype.quant() {
-        Some(f) => f.layout(f.blocks_for(p.blocks * p.kv_heads * p.page * p.d)).scales_offset / 4,
-        None => 0,
-    };
-    w.extend([p.scale.to_bits(), 0, 0, (2 + p.max_blocks) as u32, scales as u32]);
+    let scales = kv_scales_word(dtype, p.blocks * p.kv_heads * p.page * p.d);
+    w.extend([p.scale.to_bits(), 0, 0, (2 + p.max_blocks) as u32, scales]);
     w
-}
-
-/// The pools' constants: `W_F16` (8 values a 16-byte word: f16, and q8_0's
-/// codes) and `KV_Q8`.
-fn pool_consts(dtype: DType) -> [(&'static str, f64); 2] {
-    let q8 = dtype == DType::Q8_0;
-    [("W_F16", f64::from(u8::from(q8 || dtype == DType::F16))), ("KV_Q8", f64::from(u8::from(q8)))]
 }
 
 /// The rules both share: 16-byte pool loads and u32 indices.
 fn check_paged(prob: &Problem, dtype: DType) -> Result<Paged, String> {
     let p = Paged::checked(prob)?;
-    if let Some(f) = dtype.quant() {
-        let be = f.block_elems();
-        if f != crate::kernels::quant::QFormat::Q8_0 || p.d % be != 0 {
-            return Err(format!("a pool of {dtype} rows of head_dim = {} (q8_0 rows of whole {be}-value blocks only)", p.d));
-        }
-    }
+    check_kv_type(dtype, p.d)?;
     let need = per_word(dtype);
     if p.d % need != 0 {
         return Err(format!("head_dim = {} is not a multiple of {need} (16-byte {dtype} pool loads)", p.d));
@@ -91,7 +76,7 @@ pub(super) fn check_paged_stream(caps: &GpuCaps, prob: &Problem, dtype: DType, p
 pub(super) fn prepare_paged_stream(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let p = paged_of(s)?;
     let (wg, kpt) = (s.param("workgroup_size")?, s.param("keys_per_thread")?);
-    let [f16, q8] = pool_consts(s.dtype);
+    let [f16, q8] = kv_consts(s.dtype);
     let consts = [("WG", wg as f64), ("KPT", kpt as f64), ("HD", p.d as f64), f16, q8];
     paged_step(s, &p, &consts, grid_2d((p.tokens * p.heads) as u32))
 }
@@ -108,7 +93,7 @@ pub(super) fn check_paged_rows(caps: &GpuCaps, prob: &Problem, dtype: DType, par
 pub(super) fn prepare_paged_rows(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let p = paged_of(s)?;
     let wg = s.param("workgroup_size")?;
-    let [f16, q8] = pool_consts(s.dtype);
+    let [f16, q8] = kv_consts(s.dtype);
     let consts = [("WG", wg as f64), ("HD", p.d as f64), f16, q8];
     paged_step(s, &p, &consts, grid_2d(groups(p.tokens * p.heads, wg)))
 }

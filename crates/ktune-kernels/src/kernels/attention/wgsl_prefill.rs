@@ -3,7 +3,7 @@
 //! `_flash2_sg` with their geometry ([`Flash2Plan`]): validity, workgroup memory,
 //! `prepare`. Prefill on matrix units: `mma.rs`.
 
-use super::shape::{Shape, check_grid, check_wgsl_shape, per_word, shape_or_invalid};
+use super::shape::{Shape, check_grid, check_wgsl_shape, kv_consts, per_word, shape_or_invalid};
 use super::{FLASH2_WORDS, step_at};
 use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, grid_2d, groups};
@@ -31,9 +31,10 @@ pub(super) fn check_naive(caps: &GpuCaps, prob: &Problem, dtype: DType, _: &Para
 pub(super) fn prepare_naive(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let sh = shape_or_invalid(s.kernel, s.problem)?;
     let wg = s.param("workgroup_size")?;
-    let consts = [("WG", wg as f64), ("W_F16", s.w_f16())];
+    let [f16, q8] = kv_consts(s.dtype);
+    let consts = [("WG", wg as f64), f16, q8];
     let mut words = sh.prefill_words();
-    words.push(sh.d as u32);
+    words.extend([sh.d as u32, sh.kv_scales_word(s.dtype)]);
     let u = s.gpu.uniform(s.kernel.id, &words);
     let scores = s.gpu.storage("attention scores", scores_bytes(&sh));
     let (q, k, v, out) = (s.bufs[0], s.bufs[1], s.bufs[2], s.bufs[3]);
@@ -70,8 +71,11 @@ pub(super) fn check_flash(caps: &GpuCaps, prob: &Problem, dtype: DType, params: 
 pub(super) fn prepare_flash(s: &WgslSetup<'_>) -> Result<GpuProgram, KernelError> {
     let sh = shape_or_invalid(s.kernel, s.problem)?;
     let (bq, bkv, lanes) = (s.param("block_q")?, s.param("block_kv")?, s.param("lanes")?);
-    let consts = [("BQ", bq as f64), ("BKV", bkv as f64), ("LANES", lanes as f64), ("HD", sh.d as f64), ("W_F16", s.w_f16())];
-    s.one_step("main", &consts, &sh.prefill_words(), [groups(sh.tokens, bq), sh.heads as u32, 1])
+    let [f16, q8] = kv_consts(s.dtype);
+    let consts = [("BQ", bq as f64), ("BKV", bkv as f64), ("LANES", lanes as f64), ("HD", sh.d as f64), f16, q8];
+    let mut words = sh.prefill_words();
+    words.extend([0, sh.kv_scales_word(s.dtype)]);
+    s.one_step("main", &consts, &words, [groups(sh.tokens, bq), sh.heads as u32, 1])
 }
 
 /// How `attention_prefill_flash2*` lays out one call.
