@@ -185,35 +185,31 @@ fn kv_q8_block(e0: u32, b: u32) {
     atomicOr(&kvrq_pool[sw], bits << (16u * half));
 }
 
+// The first five words: the f32 and f16 writes' uniform (their index functions).
+fn kvq_dims() -> Dims {
+    let kd = kvrq_dims;
+    return Dims(kd.a, kd.b, kd.c, kd.d, kd.e);
+}
+
 // One invocation per block of 32 new values, into the head-major cache at
 // position.wgsl's pos0 (as kv_write_f32).
 @compute @workgroup_size(WG)
 fn kv_write_q8(g: Grid) {
-    let i = invocation(g);
-    let kd = kvrq_dims;
-    let per_row = kd.b * kd.c;
-    if (i >= kd.a * per_row / 32u) {
-        return;
+    let e0 = 32u * invocation(g);
+    let kd = kvq_dims();
+    if (e0 < kd.a * kd.b * kd.c) {
+        kv_q8_block(e0, kv_index(e0, kd) / 32u);
     }
-    let e0 = 32u * i;
-    let at = (((e0 / kd.c) % kd.b) * kd.d + position.pos0 + e0 / per_row) * kd.c + e0 % kd.c;
-    kv_q8_block(e0, at / 32u);
 }
 
 // One invocation per block of 32 new values, into a paged pool at each row's
 // position and block (as kv_write_rows_f32).
 @compute @workgroup_size(WG)
 fn kv_write_rows_q8(g: Grid) {
-    let i = invocation(g);
-    let kd = kvrq_dims;
-    let per_row = kd.b * kd.c;
-    if (i >= kd.a * per_row / 32u) {
-        return;
+    let e0 = 32u * invocation(g);
+    let kd = kvq_dims();
+    if (e0 < kd.a * kd.b * kd.c) {
+        let t = e0 / (kd.b * kd.c);
+        kv_q8_block(e0, kv_rows_index(e0, kd, kvrq_rows[t], kvrq_rows[kd.e + t]) / 32u);
     }
-    let e0 = 32u * i;
-    let t = e0 / per_row;
-    let pos = kvrq_rows[t];
-    let block = kvrq_rows[kd.e + t];
-    let at = ((block * kd.b + (e0 / kd.c) % kd.b) * kd.d + pos % kd.d) * kd.c + e0 % kd.c;
-    kv_q8_block(e0, at / 32u);
 }
