@@ -112,8 +112,9 @@ impl TuneOptions {
 /// Revision of the search itself: part of every cache key, so a tuner that searches
 /// differently does not return or resume what an older one found.
 /// (`rotate-1`: GPU races rotate input copies past the adapter's L2;
-/// `panels-1`: the batch regimes' races keep their GEMMs' packed rows.)
-const SEARCH_REVISION: &str = "descent-1-rotate-1-panels-1";
+/// `panels-1`: the batch regimes' races keep their GEMMs' packed rows;
+/// `first-1`: a race starts from the runtime's default, not the exact one.)
+const SEARCH_REVISION: &str = "descent-1-rotate-1-panels-1-first-1";
 
 /// Cache key of a tune: device, model config, kernel set, version, options.
 pub fn cache_key(device: &Device, model: &str, cfg: &ModelConfig, o: &TuneOptions) -> String {

@@ -571,6 +571,32 @@ mod tests {
         assert_eq!(uniq.len(), n);
     }
 
+    /// A CPU race over block-format weights (a decode batch's projection, 8
+    /// rows of Q4_0) starts from what runs without a profile, the runtime's
+    /// int8-activation default, then the exact selection's f32 one: a race
+    /// the budget cuts to one candidate times the kernel a server would run
+    /// anyway (it timed the f32 one, 4 to 6 times slower on a 1B model's projections, and
+    /// its table lost to the default end to end).
+    #[test]
+    fn a_race_starts_from_the_runtimes_default_then_the_exact_one() {
+        use crate::plan::Selection;
+        use crate::plan::select::Slot;
+        let caps = DeviceCaps::Cpu(CpuCaps::detect());
+        let r = RaceDef {
+            key: (Slot::MatmulQkv, Regime::Prefill),
+            dtype: DType::Q4_0,
+            shapes: vec![(Problem::Gemm { m: 8, n: 192, k: 256 }, 2)],
+        };
+        let (cands, _) = candidates(&r, &caps, Strategy::Auto);
+        let default = |sel: Selection| sel.default_choice(r.key.0, r.key.1, &r.shapes[0].0, r.dtype).expect("a default");
+        let (runtime, exact) = (default(Selection::runtime(caps.clone())), default(Selection::defaults(caps.clone())));
+        let label = |c: &Cand| c.kernel.label(&c.params);
+        assert_ne!(runtime.kernel.label(&runtime.params), exact.kernel.label(&exact.params), "int8 against f32 activations");
+        assert_eq!(label(&cands[0]), runtime.kernel.label(&runtime.params));
+        assert_eq!(label(&cands[1]), exact.kernel.label(&exact.params));
+        assert_eq!(cands.iter().filter(|c| label(c) == label(&cands[0])).count(), 1, "listed once");
+    }
+
     /// A race whose time runs out after its gate (the gate's parity checks are
     /// cheap; preparing a candidate warms it up at the real shapes, and a sample
     /// times them: seconds each for the vision tower's ops) prepares and samples

@@ -202,20 +202,23 @@ impl Generated {
 }
 
 /// Candidates of a race: every variant of the op valid on every shape, the
-/// exact selection's default first ([`Selection::defaults`]: f32 activations
-/// where the runtime's would take int8 ones; the tie rule prefers earlier
-/// candidates, so a tie goes to the exact kernel), then registry order; the
-/// rest with the reason they were ruled out.
+/// runtime's default first ([`Selection::runtime`]: what runs without a
+/// profile, int8 activations for a CPU's block-format projections; a race cut
+/// by the budget times it at least, and the tie rule, which prefers earlier
+/// candidates, keeps it), then the exact selection's ([`Selection::defaults`]:
+/// f32 activations) where it differs, then registry order; the rest with the
+/// reason they were ruled out.
 pub(crate) fn candidates(r: &RaceDef, caps: &DeviceCaps, strategy: Strategy) -> (Vec<Cand>, Generated) {
     let op = r.shapes[0].0.op();
     let mut valid = Vec::new();
     let mut pool = Generated::default();
-    let sel = Selection::defaults(caps.clone());
-    let default = sel.default_choice(r.key.0, r.key.1, &r.shapes[0].0, r.dtype).ok();
+    let default = |sel: Selection| sel.default_choice(r.key.0, r.key.1, &r.shapes[0].0, r.dtype).ok();
+    let (exact, runtime) = (default(Selection::defaults(caps.clone())), default(Selection::runtime(caps.clone())));
     for k in kernels::for_op(op).filter(|k| k.backend() == caps.backend()) {
         valid.extend(param_space(k, strategy).into_iter().filter_map(|params| pool.offer(k, params, r, caps)));
     }
-    if let Some(d) = default {
+    // The exact one to the front, then the runtime's before it.
+    for d in [exact, runtime].into_iter().flatten() {
         match valid.iter().position(|c| c.kernel.id == d.kernel.id && c.params == d.params) {
             Some(i) => {
                 let c = valid.remove(i);
