@@ -20,12 +20,12 @@ use std::collections::BTreeMap;
 
 use super::e2e::Combo;
 use super::race::{self, Races};
-use super::space::{self, RaceDef, Space, candidates};
+use super::space::{RaceDef, Space, candidates};
 use super::{Progress, Target, TuneError, TuneOptions};
 use crate::device::DeviceCaps;
 use crate::kernels::{DType, Problem};
 use crate::plan::select::{SlotChoices, SlotKey};
-use crate::plan::{Fusion, Parallel, Plan, Regime, Selection, StepKind};
+use crate::plan::{Parallel, Plan, Regime, Selection, StepKind};
 use crate::profile::build::RaceResult;
 use crate::profile::doc::BatchEndToEnd;
 use crate::stats::summarize;
@@ -55,10 +55,11 @@ fn sizes(o: &TuneOptions) -> Vec<usize> {
     o.serve_batches.iter().copied().filter(|&b| b < o.context).collect()
 }
 
-/// The plan options of a batch plan of up to `most` sequences: the tune's,
-/// with passes of at least `most` tokens.
-fn batch_options(o: &TuneOptions, fusion: Fusion, parallel: Parallel, most: usize) -> crate::plan::PlanOptions {
-    let mut options = space::plan_options(o, fusion, parallel).with_batch_rows(most);
+/// The plan options of a batch plan of `chosen` (its weight layouts too: the
+/// profile's, which a server loads) of up to `most` sequences, with passes of
+/// at least `most` tokens.
+fn batch_options(o: &TuneOptions, chosen: &Combo, most: usize) -> crate::plan::PlanOptions {
+    let mut options = chosen.plan_options(o).with_batch_rows(most);
     options.max_tokens = options.max_tokens.max(most);
     options
 }
@@ -67,10 +68,11 @@ fn batch_options(o: &TuneOptions, fusion: Fusion, parallel: Parallel, most: usiz
 /// plan of `fusion` under `sel` (the winning combination's): per batch size,
 /// one race per (slot, storage type) over the shapes of its row-independent
 /// kernel steps.
-pub(crate) fn races(t: &Target<'_>, o: &TuneOptions, fusion: Fusion, sel: &Selection) -> Result<Vec<(usize, RaceDef)>, TuneError> {
+pub(crate) fn races(t: &Target<'_>, o: &TuneOptions, chosen: &Combo, sel: &Selection) -> Result<Vec<(usize, RaceDef)>, TuneError> {
     let sizes = sizes(o);
     let Some(&most) = sizes.iter().max() else { return Ok(Vec::new()) };
-    let plan = Plan::new(t.model, t.config, batch_options(o, fusion, Parallel::default(), most), sel.clone())?;
+    let shapes = Combo { parallel: Parallel::default(), ..*chosen };
+    let plan = Plan::new(t.model, t.config, batch_options(o, &shapes, most), sel.clone())?;
     let mut out: Vec<(usize, RaceDef)> = Vec::new();
     for &rows in &sizes {
         let mut counts: BTreeMap<(SlotKey, DType, String), (Problem, usize)> = BTreeMap::new();
@@ -119,7 +121,7 @@ pub(crate) fn run(
             o.context
         ));
     }
-    let defs = budget.stage("batch regimes: plans", || races(t, o, chosen.fusion, sel))?;
+    let defs = budget.stage("batch regimes: plans", || races(t, o, chosen, sel))?;
     let (sizes, defs): (Vec<usize>, Vec<RaceDef>) = defs.into_iter().unzip();
     let variants = defs.iter().map(|r| candidates(r, caps, o.strategy).0.len()).sum();
     let space = Space { races: defs, per_fusion: Vec::new(), variants, ruled_out: BTreeMap::new(), combinations: 0.0, kept_panels: true };
@@ -192,7 +194,7 @@ fn check(
     }
     let sizes = sizes(o);
     let most = sizes.iter().copied().max().unwrap_or(2);
-    let mut options = batch_options(o, chosen.fusion, chosen.parallel, most);
+    let mut options = batch_options(o, chosen, most);
     // Every arm (with, without, lone, own) advances the same sequences.
     options.context = options.context.max(4 * CHECK_ROUNDS * (CHECK_STEPS + 1) + 1);
     // A GPU's sequences share a paged KV cache, which the fused KV write does
@@ -313,4 +315,28 @@ fn check(
     }
     found.min_batch = lone_wins.map(|r| r + 1);
     Ok(cuts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The batch check times the weight layouts the profile will make the
+    /// server load: a combination that repacks Q4_0 and Q8_0 into X8 records
+    /// plans its batches over them (the check had planned plain rows, where
+    /// other kernels win: tables it kept made a served batch of 4 sequences
+    /// 376 tok/s against 651 without them, on SmolLM2-135M Q4_0), and one
+    /// that repacks nothing keeps the plan's own (none by default).
+    #[test]
+    fn the_batch_check_plans_the_chosen_combinations_weight_layouts() {
+        use crate::kernels::quant::{QFormat, REPACKABLE};
+        let o = super::super::test_options(std::time::Duration::from_secs(1));
+        let bits = |fs: &[QFormat]| fs.iter().map(|f| 1u8 << REPACKABLE.iter().position(|r| r == f).expect("repackable")).sum::<u8>();
+        let repacked = Combo { repack: bits(&[QFormat::Q4_0, QFormat::Q8_0]), ..Combo::runtime_default() };
+        let options = batch_options(&o, &repacked, 8);
+        assert_eq!(options.cpu_repack, vec![QFormat::Q4_0, QFormat::Q8_0]);
+        assert!(options.batch_rows >= 8 && options.max_tokens >= 8);
+        let plain = Combo::runtime_default();
+        assert!(batch_options(&o, &plain, 8).cpu_repack.is_empty());
+    }
 }

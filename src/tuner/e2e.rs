@@ -97,6 +97,18 @@ impl Combo {
         crate::kernels::quant::REPACKABLE.iter().enumerate().filter(|(j, _)| (self.repack >> j) & 1 == 1).map(|(_, &f)| f).collect()
     }
 
+    /// The plan options of this combination for a model tuned with `o`: its
+    /// fusions and parallel groups, and on a CPU the weight layouts its profile
+    /// makes the runtime load ([`Combo::repack`]; none: the plan's own), so an
+    /// engine timed for it runs the kernels over the records it will run them on.
+    pub fn plan_options(&self, o: &TuneOptions) -> PlanOptions {
+        let mut opts = plan_options(o, self.fusion, self.parallel);
+        if self.repack != 0 {
+            opts.cpu_repack = self.repack_formats();
+        }
+        opts
+    }
+
     /// The execution settings of this combination, for a model tuned with `o`
     /// (on a GPU when `gpu`: trusted shader modules as `o` asks, and the decode
     /// chain recorded).
@@ -690,12 +702,9 @@ impl<'a> Stage<'a> {
     }
 
     fn options_for(&self, c: &Combo) -> PlanOptions {
-        let mut opts = plan_options(self.o, c.fusion, c.parallel);
+        let mut opts = c.plan_options(self.o);
         // The prompt, the untimed first decode step and the timed ones.
         opts.context = opts.context.max(self.o.prefill_tokens + 1 + sample_steps(c.decode_chain()));
-        if c.repack != 0 {
-            opts.cpu_repack = c.repack_formats();
-        }
         opts
     }
 
