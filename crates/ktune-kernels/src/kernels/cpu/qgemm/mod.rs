@@ -528,8 +528,10 @@ pub fn active_panels() -> Option<std::sync::Arc<PanelCache>> {
 
 /// `y[t, r]` for rows `r0..r0 + count` of `w` and every token of `x`: the rows
 /// packed once (or taken from `kept`, packed there the first time: a slot holds
-/// the panel of the rows first asked for from its row block; other rows from
-/// there, and rows not starting a block, are packed each time), then the
+/// the panel of the rows first asked for from its row block, and serves a call
+/// of those rows or fewer from there (a prompt's GEMM in tasks of 64 rows,
+/// then a decode batch's in tasks of 32); more rows from there, and rows not
+/// starting a block, are packed each time), then the
 /// interleaved int8 kernel (VNNI when `isa` has it, else the portable loops of
 /// the same arithmetic), into `out` token-major (`[m][count]`).
 pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count: usize, kept: Option<&KeptWeight>, out: &mut [f32]) {
@@ -547,7 +549,7 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
             // halves where they are.
             if simd { p.into_nibbles().into_halves() } else { p }
         });
-        if p.rows == count {
+        if count <= p.rows {
             #[cfg(target_arch = "x86_64")]
             if simd {
                 // The next rows' panel (which this thread most likely computes
@@ -557,8 +559,8 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
                 // up on.
                 let next = (r0 + count).is_multiple_of(RB).then(|| kept.slots.get((r0 + count) / RB)).flatten();
                 let next = next.and_then(std::sync::OnceLock::get).map_or([&[][..]; 3], Panel::streams);
-                // SAFETY: AVX-512F/BW/VL/VNNI checked; the panel holds `count` rows of k
-                // in whole blocks of 16 and `x` m tokens of k (k a multiple of 32).
+                // SAFETY: AVX-512F/BW/VL/VNNI checked; the panel holds at least `count`
+                // rows of k in whole blocks of 16 and `x` m tokens of k (k a multiple of 32).
                 unsafe { vnni::rows_times_tokens(p, x, count, out, &next) };
                 return;
             }
@@ -566,6 +568,8 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
             return;
         }
     }
+    #[cfg(test)]
+    tests::PACKED_ANEW.with(|n| n.set(n.get() + 1));
     let mut run = |p: &mut Panel| {
         p.pack(isa, w, r0, count, k);
         #[cfg(target_arch = "x86_64")]
@@ -638,6 +642,12 @@ mod tests {
                 ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
             })
             .collect()
+    }
+
+    thread_local! {
+        /// Calls of [`rows_times_tokens_i8`] on this thread that packed their
+        /// rows anew (no kept panel served them).
+        pub(super) static PACKED_ANEW: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
     }
 
     /// [`rows_times_tokens_i8`]'s `[m][count]` block, allocated.
@@ -803,6 +813,23 @@ mod tests {
             // numbers) where the SIMD tiles read them, the K formats' f32 (a
             // super-block scale times a small integer is not a half in
             // general); the portable loops' panels keep f32 scales.
+            // A slot packed for more rows serves fewer from its first (a prompt's
+            // tasks of 48 rows, then a decode batch's of 16 and 32), the same
+            // bits as those rows packed alone.
+            let wider = PanelCache::default();
+            for isa in [Isa::best(), Isa::Scalar] {
+                for count in [48, 16, 32, 40, 48] {
+                    let want = i8_rows(isa, &xp, w.view(), 0, count, None);
+                    let packed = PACKED_ANEW.with(std::cell::Cell::get);
+                    let got = i8_rows(isa, &xp, w.view(), 0, count, wider.weight(isa, w.view(), k).as_ref());
+                    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{format:?} {isa:?} rows 0..{count} of 48");
+                    assert_eq!(
+                        PACKED_ANEW.with(std::cell::Cell::get),
+                        packed,
+                        "{format:?} {isa:?} rows 0..{count}: read from the kept panel"
+                    );
+                }
+            }
             let halves = cache.panels.lock().unwrap().values().flat_map(|s| s.iter().filter_map(|p| p.get())).any(|p| p.halves.is_some());
             let simd = i8_gemm_simd(Isa::best());
             assert_eq!(halves, simd && matches!(format, QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q8_0), "{format:?}");

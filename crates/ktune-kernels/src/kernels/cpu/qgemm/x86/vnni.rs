@@ -5,12 +5,13 @@ use std::arch::x86_64::*;
 
 use super::super::{GROUP, LANE, Panel, QK, RB, XPanel};
 
-/// Every (row, token): two row blocks (32 rows) × 4 tokens a tile, then what
-/// is left one block and one token at a time.
+/// Every (row, token) of the panel's first `count` rows: two row blocks (32
+/// rows) × 4 tokens a tile, then what is left one block and one token at a
+/// time.
 ///
 /// # Safety
-/// AVX-512F/BW/VL/VNNI available; `p` holds `count` rows of `x.k` (in whole
-/// blocks of 16).
+/// AVX-512F/BW/VL/VNNI available; `p` holds at least `count` rows of `x.k`
+/// (in whole blocks of 16).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn rows_times_tokens(p: &Panel, x: &XPanel, count: usize, out: &mut [f32], next: &[&[u8]]) {
     // SAFETY: the caller's contract, passed on.
@@ -32,15 +33,17 @@ pub unsafe fn rows_times_tokens(p: &Panel, x: &XPanel, count: usize, out: &mut [
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn sweep<const BIAS: bool, const NIB: bool>(p: &Panel, x: &XPanel, count: usize, out: &mut [f32], next: &[&[u8]]) {
     let m = x.m;
+    // The blocks of the rows asked for (a kept panel may hold more).
+    let blocks = count.div_ceil(RB).min(p.blocks);
     // `next` (runs of bytes to bring into L2) spread over the tiles, a share
     // per tile: the lines of each run in turn.
-    let tiles = p.blocks.div_ceil(2) * (m / 4 + m % 4);
+    let tiles = blocks.div_ceil(2) * (m / 4 + m % 4);
     let lines: usize = next.iter().map(|n| n.len().div_ceil(64)).sum();
     let per_tile = lines.div_ceil(tiles.max(1));
     let (mut line, mut run, mut at) = (0, 0, 0);
     let mut b = 0;
-    while b < p.blocks {
-        let r = if p.blocks - b >= 2 { 2 } else { 1 };
+    while b < blocks {
+        let r = if blocks - b >= 2 { 2 } else { 1 };
         let mut t = 0;
         while t < m {
             for _ in 0..per_tile.min(lines - line) {
@@ -51,7 +54,7 @@ unsafe fn sweep<const BIAS: bool, const NIB: bool>(p: &Panel, x: &XPanel, count:
                 (line, at) = (line + 1, at + 64);
             }
             let n = if m - t >= 4 { 4 } else { 1 };
-            // SAFETY: blocks b..b + r < p.blocks and tokens t..t + n < m.
+            // SAFETY: blocks b..b + r <= blocks <= p.blocks and tokens t..t + n <= m.
             unsafe {
                 match (r, n, p.sg == QK) {
                     (2, 4, true) => tile::<2, 4, 8, BIAS, NIB>(p, x, b, t, count, out),
