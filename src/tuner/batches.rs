@@ -65,14 +65,15 @@ fn batch_options(o: &TuneOptions, chosen: &Combo, most: usize) -> crate::plan::P
 }
 
 /// The races of the batch sizes `o.serve_batches` (each 2 or more) for the
-/// plan of `fusion` under `sel` (the winning combination's): per batch size,
+/// plan of `chosen` (its fusions and weight layouts, the default parallel
+/// groups) under `sel` (its selection): per batch size,
 /// one race per (slot, storage type) over the shapes of its row-independent
 /// kernel steps.
 pub(crate) fn races(t: &Target<'_>, o: &TuneOptions, chosen: &Combo, sel: &Selection) -> Result<Vec<(usize, RaceDef)>, TuneError> {
     let sizes = sizes(o);
     let Some(&most) = sizes.iter().max() else { return Ok(Vec::new()) };
-    let shapes = Combo { parallel: Parallel::default(), ..*chosen };
-    let plan = Plan::new(t.model, t.config, batch_options(o, &shapes, most), sel.clone())?;
+    let grouped = Combo { parallel: Parallel::default(), ..*chosen };
+    let plan = Plan::new(t.model, t.config, batch_options(o, &grouped, most), sel.clone())?;
     let mut out: Vec<(usize, RaceDef)> = Vec::new();
     for &rows in &sizes {
         let mut counts: BTreeMap<(SlotKey, DType, String), (Problem, usize)> = BTreeMap::new();
@@ -329,10 +330,10 @@ mod tests {
     /// that repacks nothing keeps the plan's own (none by default).
     #[test]
     fn the_batch_check_plans_the_chosen_combinations_weight_layouts() {
-        use crate::kernels::quant::{QFormat, REPACKABLE};
+        use crate::kernels::quant::QFormat;
         let o = super::super::test_options(std::time::Duration::from_secs(1));
-        let bits = |fs: &[QFormat]| fs.iter().map(|f| 1u8 << REPACKABLE.iter().position(|r| r == f).expect("repackable")).sum::<u8>();
-        let repacked = Combo { repack: bits(&[QFormat::Q4_0, QFormat::Q8_0]), ..Combo::runtime_default() };
+        let repack = super::super::e2e::repack_bits(&[QFormat::Q4_0, QFormat::Q8_0]);
+        let repacked = Combo { repack, ..Combo::runtime_default() };
         let options = batch_options(&o, &repacked, 8);
         assert_eq!(options.cpu_repack, vec![QFormat::Q4_0, QFormat::Q8_0]);
         assert!(options.batch_rows >= 8 && options.max_tokens >= 8);

@@ -367,7 +367,7 @@ pub(crate) fn repack_choices(dtypes: &[crate::kernels::DType]) -> Vec<u8> {
 }
 
 /// [`Combo::repack`] bits of `formats` (the inverse of [`Combo::repack_formats`]).
-fn repack_bits(formats: &[crate::kernels::quant::QFormat]) -> u8 {
+pub(crate) fn repack_bits(formats: &[crate::kernels::quant::QFormat]) -> u8 {
     crate::kernels::quant::REPACKABLE.iter().enumerate().filter(|(_, f)| formats.contains(f)).fold(0, |bits, (j, _)| bits | (1 << j))
 }
 

@@ -575,8 +575,8 @@ mod tests {
     /// rows of Q4_0) starts from what runs without a profile, the runtime's
     /// int8-activation default, then the exact selection's f32 one: a race
     /// the budget cuts to one candidate times the kernel a server would run
-    /// anyway (it timed the f32 one, 4 to 6 times slower on a 1B model's projections, and
-    /// its table lost to the default end to end).
+    /// anyway (it timed the f32 one, 4 to 6 times slower on a 1B model's
+    /// projections, and its table lost to the default end to end).
     #[test]
     fn a_race_starts_from_the_runtimes_default_then_the_exact_one() {
         use crate::plan::Selection;

@@ -809,10 +809,6 @@ mod tests {
                     }
                 }
             }
-            // The 32-element formats' kept scales are halves (their own f16
-            // numbers) where the SIMD tiles read them, the K formats' f32 (a
-            // super-block scale times a small integer is not a half in
-            // general); the portable loops' panels keep f32 scales.
             // A slot packed for more rows serves fewer from its first (a prompt's
             // tasks of 48 rows, then a decode batch's of 16 and 32), the same
             // bits as those rows packed alone.
@@ -830,6 +826,10 @@ mod tests {
                     );
                 }
             }
+            // The 32-element formats' kept scales are halves (their own f16
+            // numbers) where the SIMD tiles read them, the K formats' f32 (a
+            // super-block scale times a small integer is not a half in
+            // general); the portable loops' panels keep f32 scales.
             let halves = cache.panels.lock().unwrap().values().flat_map(|s| s.iter().filter_map(|p| p.get())).any(|p| p.halves.is_some());
             let simd = i8_gemm_simd(Isa::best());
             assert_eq!(halves, simd && matches!(format, QFormat::Q4_0 | QFormat::Q4_1 | QFormat::Q8_0), "{format:?}");
