@@ -38,6 +38,7 @@ use super::counters::{Lap, Phases};
 use super::{RuntimeError, SlotTimes};
 use crate::gpu::builtin::{CHAIN, EMBED, RUNTIME_PLUMB as PLUMB, SELECT_ARGMAX, STAMPS};
 use crate::gpu::{Bind, GpuCtx, GpuProgram, POSITION_BINDING, grid_2d, groups, position_words};
+use crate::kernels::attention::kv_scales_word;
 use crate::kernels::sample::gpu::GpuSampler;
 use crate::kernels::sample::{SamplerParams, SamplerState};
 use crate::kernels::{DType, Params, Problem};
@@ -634,7 +635,7 @@ impl GpuExec {
     /// sequences (None for any other step, and without a paged cache).
     fn paged_sig(&self, step: &Step) -> Result<Option<Sig>, RuntimeError> {
         let (Some(pg), StepKind::Kernel { problem, binds, .. }) = (&self.paged, &step.kind) else { return Ok(None) };
-        // Over the pools' type (a q8_0 pool replaces the f16 cache the plan was built over).
+        // Over the pools' type (the plan's cache type: f32, f16 or q8_0 blocks).
         Ok(pg.tables.problem(problem)?.map(|p| Sig::Kernel(pg.kernel.id, pg.params.clone(), pg.dtype, p, binds.clone())))
     }
 
@@ -716,8 +717,7 @@ impl GpuExec {
                             DType::F32 => ("kv_write_rows_f32", 1),
                             DType::F16 => ("kv_write_rows_f16", 2),
                             DType::Q8_0 => {
-                                let (_, parts) = pool_layout(pg.dtype, kv_heads * head_dim * pg.tables.page * pg.tables.blocks);
-                                words.push((parts[1].map_or(0, |p| p.0) / 4) as u32);
+                                words.push(kv_scales_word(pg.dtype, kv_heads * head_dim * pg.tables.page * pg.tables.blocks));
                                 ("kv_write_rows_q8", 32)
                             }
                             t => return Err(RuntimeError::Internal(format!("a paged KV cache of {t} values on a GPU"))),
@@ -731,8 +731,7 @@ impl GpuExec {
                         let (entry, per) = match self.sizes[k_cache] {
                             s if s == (n * 2) as u64 => ("kv_write_f16", 2),
                             s if s == DType::Q8_0.bytes_for(n) => {
-                                let (_, parts) = pool_layout(DType::Q8_0, n);
-                                words.push((parts[1].map_or(0, |p| p.0) / 4) as u32);
+                                words.push(kv_scales_word(DType::Q8_0, n));
                                 ("kv_write_q8", 32)
                             }
                             _ => ("kv_write_f32", 1),

@@ -50,6 +50,8 @@ mod wgsl_decode;
 mod wgsl_paged;
 mod wgsl_prefill;
 
+pub use shape::kv_scales_word;
+
 use std::sync::Arc;
 
 use super::contract::{CpuImpl, KernelDef, KernelError, ParamSpec, WgslImpl, WgslSetup};

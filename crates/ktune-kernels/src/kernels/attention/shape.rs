@@ -230,7 +230,7 @@ pub(super) fn kv_consts(dtype: DType) -> [(&'static str, f64); 2] {
 /// The u32 word where the scales of a q8_0 cache of `elems` values start (a
 /// q8_0 matrix's single-buffer layout; the uniform's `own2`, which
 /// `attention.wgsl`'s `k_word` reads); 0 for a float cache.
-pub(super) fn kv_scales_word(dtype: DType, elems: usize) -> u32 {
+pub fn kv_scales_word(dtype: DType, elems: usize) -> u32 {
     dtype.quant().map_or(0, |f| (f.layout(f.blocks_for(elems)).scales_offset / 4) as u32)
 }
 
