@@ -11,13 +11,17 @@
 #   LOAD_ARGS="--system-tokens 400 --mixed" tools/bench_serve.sh MODEL.gguf
 #   KTUNE_ARGS="--profile tuned.yaml" BASE_BIN=/old/ktune tools/bench_serve.sh MODEL.gguf
 #   DEVICE=vulkan NO_LLAMA=1 KTUNE_ARGS="--weight-dtype q4_0" tools/bench_serve.sh MODEL_DIR
+#   PER_CLIENT=12 tools/bench_serve.sh MODEL.gguf     # longer runs, steadier rates
 #
 # KTUNE_ARGS: more flags for `ktune serve` (a profile); BASE_BIN (and
 # BASE_ARGS): a second ktune build, run as `ktune-base` in the same rounds (a
 # before/after); NO_LLAMA=1 leaves llama-server out; PARALLEL=P serves every
 # number of clients with `--parallel P` (one client on a server of many
 # sequences) instead of C; DEVICE: ktune's --device (default cpu); KTUNE_BIN:
-# the ktune build (default target/release/ktune). A directory MODEL is a Hugging
+# the ktune build (default target/release/ktune); PER_CLIENT: requests a client
+# sends in a run (default 4, at least 8 in all: a run of 8 clients then lasts
+# about 2 s on a 2-core CPU, short enough for one busy second of the machine to
+# move its rate by a tenth). A directory MODEL is a Hugging
 # Face model directory (--model-dir; llama-server needs a GGUF: NO_LLAMA=1), e.g.
 # tools/make_serve_model.py's.
 #
@@ -42,6 +46,7 @@ BUILD=${LLAMACPP_BUILD:-target/llama.cpp-build}
 PORT=${PORT:-18200}
 DEVICE=${DEVICE:-cpu}
 KTUNE_BIN=${KTUNE_BIN:-target/release/ktune}
+PER_CLIENT=${PER_CLIENT:-4}
 if [ -d "$MODEL" ]; then SOURCE=--model-dir; else SOURCE=--gguf; fi
 LOG=$(mktemp)
 trap 'rm -f "$LOG"; kill %% 2>/dev/null || true' EXIT
@@ -56,7 +61,7 @@ wait_ready() {
 }
 
 load() { # server round clients
-    local n=$(($3 * 4 < 8 ? 8 : $3 * 4))
+    local n=$(($3 * PER_CLIENT < 8 ? 8 : $3 * PER_CLIENT))
     python3 tools/load_serve.py --url "http://127.0.0.1:$PORT" --pid "$pid" -n "$n" -c "$3" --max-tokens "$TOKENS" --stream $LOAD_ARGS \
         | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); d.update(server='$1', round=$2); print(json.dumps(d))"
 }
