@@ -526,66 +526,116 @@ pub fn active_panels() -> Option<std::sync::Arc<PanelCache>> {
     ACTIVE.with(|a| a.borrow().clone())
 }
 
+/// Where a call of the tiles writes: `data` token-major, `stride` floats a
+/// token, the call's rows from `row` of each (a task's rows served by several
+/// kept panels, each writing its part).
+pub(super) struct OutRows<'a> {
+    data: &'a mut [f32],
+    stride: usize,
+    row: usize,
+}
+
+/// How far back from a row block [`KeptWeight::covering`] looks for a kept
+/// panel reaching it (tasks pack at most a few hundred rows).
+const MAX_BACK: usize = 32;
+
+impl KeptWeight {
+    /// The kept panel holding row `r` (a row block's first) and `r`'s block
+    /// within it: the panel of `r`'s slot, else one of an earlier slot that
+    /// reaches past `r` (a prompt's task of 64 rows serves a decode batch's
+    /// task at its row 32), else `rows` rows from `r` packed into `r`'s slot.
+    fn covering(&self, isa: Isa, w: QView<'_>, r: usize, rows: usize, k: usize) -> Option<(&Panel, usize)> {
+        let s = r / RB;
+        let slot = self.slots.get(s)?;
+        if let Some(p) = slot.get() {
+            return Some((p, 0));
+        }
+        for back in 1..=s.min(MAX_BACK) {
+            if let Some(p) = self.slots[s - back].get()
+                && p.rows > back * RB
+            {
+                return Some((p, back));
+            }
+        }
+        let simd = i8_gemm_simd(isa);
+        Some((
+            slot.get_or_init(|| {
+                let mut p = Panel::default();
+                p.pack(isa, w, r, rows, k);
+                // The SIMD tiles read 4-bit values two to a byte, and scales as
+                // halves where they are.
+                if simd { p.into_nibbles().into_halves() } else { p }
+            }),
+            0,
+        ))
+    }
+}
+
 /// `y[t, r]` for rows `r0..r0 + count` of `w` and every token of `x`: the rows
-/// packed once (or taken from `kept`, packed there the first time: a slot holds
-/// the panel of the rows first asked for from its row block, and serves a call
-/// of those rows or fewer from there (a prompt's GEMM in tasks of 64 rows,
-/// then a decode batch's in tasks of 32); more rows from there, and rows not
-/// starting a block, are packed each time), then the
-/// interleaved int8 kernel (VNNI when `isa` has it, else the portable loops of
-/// the same arithmetic), into `out` token-major (`[m][count]`).
+/// packed once (or read from `kept`'s panels: each row block's from the panel
+/// that holds it, whichever task packed it, a block with none packed there the
+/// first time with the rest of the task's rows, so tasks of other sizes (a
+/// prompt's GEMM in tasks of 64 rows, then a decode batch's in tasks of 32)
+/// share one copy and none packs again; rows not starting a block are packed
+/// each time), then the interleaved int8 kernel (VNNI when `isa` has it, else
+/// the portable loops of the same arithmetic), into `out` token-major
+/// (`[m][count]`).
 pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count: usize, kept: Option<&KeptWeight>, out: &mut [f32]) {
     let (m, k) = (x.m, x.k);
     let out = &mut out[..count * m];
+    let end = r0 + count;
+    let mut r = r0;
     if let Some(kept) = kept
         && r0.is_multiple_of(RB)
-        && let Some(slot) = kept.slots.get(r0 / RB)
     {
-        let simd = i8_gemm_simd(isa);
-        let p = slot.get_or_init(|| {
-            let mut p = Panel::default();
-            p.pack(isa, w, r0, count, k);
-            // The SIMD tiles read 4-bit values two to a byte, and scales as
-            // halves where they are.
-            if simd { p.into_nibbles().into_halves() } else { p }
-        });
-        if count <= p.rows {
+        while r < end && r.is_multiple_of(RB) {
+            let Some((p, at)) = kept.covering(isa, w, r, end - r, k) else { break };
+            let n = (p.rows - at * RB).min(end - r);
+            let o = OutRows { data: &mut *out, stride: count, row: r - r0 };
             #[cfg(target_arch = "x86_64")]
-            if simd {
+            if i8_gemm_simd(isa) {
                 // The next rows' panel (which this thread most likely computes
                 // next: pool tasks come in runs of consecutive chunks), fetched
                 // into L2 while these compute: each panel is a stream of its
                 // own, a few KiB, too short for the hardware prefetcher to ramp
                 // up on.
-                let next = (r0 + count).is_multiple_of(RB).then(|| kept.slots.get((r0 + count) / RB)).flatten();
+                let next = (r + n).is_multiple_of(RB).then(|| kept.slots.get((r + n) / RB)).flatten();
                 let next = next.and_then(std::sync::OnceLock::get).map_or([&[][..]; 3], Panel::streams);
-                // SAFETY: AVX-512F/BW/VL/VNNI checked; the panel holds at least `count`
-                // rows of k in whole blocks of 16 and `x` m tokens of k (k a multiple of 32).
-                unsafe { vnni::rows_times_tokens(p, x, count, out, &next) };
-                return;
+                // SAFETY: AVX-512F/BW/VL/VNNI checked; the panel holds rows `at * 16..at * 16 + n`
+                // of k in whole blocks of 16, `x` m tokens of k (k a multiple of 32), and `o`
+                // `n` rows from its `row` for every token.
+                unsafe { vnni::rows_times_tokens(p, at, x, n, o, &next) };
+                r += n;
+                continue;
             }
-            scalar(p, x, count, out);
+            scalar(p, at, x, n, o);
+            r += n;
+        }
+        if r == end {
             return;
         }
     }
     #[cfg(test)]
     tests::PACKED_ANEW.with(|n| n.set(n.get() + 1));
+    let (row, count_left) = (r - r0, end - r);
     let mut run = |p: &mut Panel| {
-        p.pack(isa, w, r0, count, k);
+        p.pack(isa, w, r, count_left, k);
+        let o = OutRows { data: &mut *out, stride: count, row };
         #[cfg(target_arch = "x86_64")]
         if i8_gemm_simd(isa) {
-            // The weight bytes of the next `count` rows, which this thread most
+            // The weight bytes of the next rows as many, which this thread most
             // likely packs next (pool tasks come in runs of consecutive chunks):
             // fetched into L2 while these rows compute, so the packing, which
             // otherwise waits on DRAM, overlaps the arithmetic.
             let rb = row_bytes(w, k);
-            let next = &w.quants[((r0 + count) * rb).min(w.quants.len())..((r0 + 2 * count) * rb).min(w.quants.len())];
-            // SAFETY: AVX-512F/BW/VL/VNNI checked; the panel holds `count` rows of k
-            // in whole blocks of 16 and `x` m tokens of k (k a multiple of 32).
-            unsafe { vnni::rows_times_tokens(p, x, count, out, &[next]) };
+            let next = &w.quants[(end * rb).min(w.quants.len())..((end + count_left) * rb).min(w.quants.len())];
+            // SAFETY: AVX-512F/BW/VL/VNNI checked; the panel holds `count_left` rows of k
+            // in whole blocks of 16, `x` m tokens of k (k a multiple of 32), and `o` as many
+            // rows from its `row` for every token.
+            unsafe { vnni::rows_times_tokens(p, 0, x, count_left, o, &[next]) };
             return;
         }
-        scalar(p, x, count, out);
+        scalar(p, 0, x, count_left, o);
     };
     PANEL.with(|c| match c.try_borrow_mut() {
         Ok(mut p) => run(&mut p),
@@ -603,13 +653,14 @@ fn row_bytes(w: QView<'_>, k: usize) -> usize {
 }
 
 /// The portable loops: per scale group, each row's integer sum of products, then
-/// `scale · d · Σ + off · d · Σq`, as the SIMD lanes do.
-fn scalar(p: &Panel, x: &XPanel, count: usize, out: &mut [f32]) {
+/// `scale · d · Σ + off · d · Σq`, as the SIMD lanes do; `n` rows from the
+/// panel's block `at` into `o`.
+fn scalar(p: &Panel, at: usize, x: &XPanel, n: usize, o: OutRows<'_>) {
     let (m, k, sg) = (x.m, x.k, p.sg);
     let groups = k / sg;
     let sums = x.group_sums(sg);
-    for i in 0..count {
-        let (blk, lane) = (i / RB, i % RB);
+    for i in 0..n {
+        let (blk, lane) = (at + i / RB, i % RB);
         for t in 0..m {
             let mut acc = 0f32;
             for g in 0..groups {
@@ -624,7 +675,7 @@ fn scalar(p: &Panel, x: &XPanel, count: usize, out: &mut [f32]) {
                 let d = x.d[t * (k / QK) + g * sg / QK];
                 acc += p.scale[j] * d * dot as f32 + p.off[j] * sums[t * groups + g];
             }
-            out[t * count + i] = acc;
+            o.data[t * o.stride + o.row + i] = acc;
         }
     }
 }
@@ -824,6 +875,37 @@ mod tests {
                         packed,
                         "{format:?} {isa:?} rows 0..{count}: read from the kept panel"
                     );
+                }
+            }
+            // Tasks of other sizes share the kept panels by position, whichever
+            // packed them: a decode batch's tasks of 16 rows at rows 16 and 32
+            // read a prompt's panel of rows 0..48 from its second and third
+            // blocks, and a prompt's task of 48 rows after a decode batch's
+            // tasks of 16 reads their three panels; nothing packs again.
+            for (first, then) in
+                [(&[(0, 48)][..], &[(16, 16), (32, 16), (16, 32), (0, 48)][..]), (&[(0, 16), (16, 16), (32, 16)], &[(0, 48), (16, 32)])]
+            {
+                for isa in [Isa::best(), Isa::Scalar] {
+                    let shared = PanelCache::default();
+                    for &(r0, count) in first {
+                        i8_rows(isa, &xp, w.view(), r0, count, shared.weight(isa, w.view(), k).as_ref());
+                    }
+                    let bytes = shared.bytes();
+                    for &(r0, count) in then {
+                        let want = i8_rows(isa, &xp, w.view(), r0, count, None);
+                        let packed = PACKED_ANEW.with(std::cell::Cell::get);
+                        let got = i8_rows(isa, &xp, w.view(), r0, count, shared.weight(isa, w.view(), k).as_ref());
+                        assert!(
+                            got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{format:?} {isa:?} rows {r0}+{count} after {first:?}"
+                        );
+                        assert_eq!(
+                            PACKED_ANEW.with(std::cell::Cell::get),
+                            packed,
+                            "{format:?} {isa:?} rows {r0}+{count} after {first:?}: packed anew"
+                        );
+                        assert_eq!(shared.bytes(), bytes, "{format:?} {isa:?} rows {r0}+{count} after {first:?}: a second copy kept");
+                    }
                 }
             }
             // The 32-element formats' kept scales are halves (their own f16

@@ -3,24 +3,26 @@
 
 use std::arch::x86_64::*;
 
-use super::super::{GROUP, LANE, Panel, QK, RB, XPanel};
+use super::super::{GROUP, LANE, OutRows, Panel, QK, RB, XPanel};
 
-/// Every (row, token) of the panel's first `count` rows: two row blocks (32
-/// rows) × 4 tokens a tile, then what is left one block and one token at a
-/// time.
+/// Every (row, token) of `count` rows of the panel from its row block `at`:
+/// two row blocks (32 rows) × 4 tokens a tile, then what is left one block and
+/// one token at a time; row `i` of token `t` into `o.data[t * o.stride + o.row + i]`.
 ///
 /// # Safety
-/// AVX-512F/BW/VL/VNNI available; `p` holds at least `count` rows of `x.k`
-/// (in whole blocks of 16).
+/// AVX-512F/BW/VL/VNNI available; `p` holds at least `at * 16 + count` rows of
+/// `x.k` (in whole blocks of 16); `o.data` holds `count` rows from `o.row` for
+/// each of `x.m` tokens.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-pub unsafe fn rows_times_tokens(p: &Panel, x: &XPanel, count: usize, out: &mut [f32], next: &[&[u8]]) {
+pub unsafe fn rows_times_tokens(p: &Panel, at: usize, x: &XPanel, count: usize, mut o: OutRows<'_>, next: &[&[u8]]) {
+    let o = &mut o;
     // SAFETY: the caller's contract, passed on.
     unsafe {
         match (p.bias != 0, p.nib) {
-            (true, false) => sweep::<true, false>(p, x, count, out, next),
-            (false, false) => sweep::<false, false>(p, x, count, out, next),
-            (true, true) => sweep::<true, true>(p, x, count, out, next),
-            (false, true) => sweep::<false, true>(p, x, count, out, next),
+            (true, false) => sweep::<true, false>(p, at, x, count, o, next),
+            (false, false) => sweep::<false, false>(p, at, x, count, o, next),
+            (true, true) => sweep::<true, true>(p, at, x, count, o, next),
+            (false, true) => sweep::<false, true>(p, at, x, count, o, next),
         }
     }
 }
@@ -31,40 +33,40 @@ pub unsafe fn rows_times_tokens(p: &Panel, x: &XPanel, count: usize, out: &mut [
 /// # Safety
 /// As [`rows_times_tokens`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn sweep<const BIAS: bool, const NIB: bool>(p: &Panel, x: &XPanel, count: usize, out: &mut [f32], next: &[&[u8]]) {
+unsafe fn sweep<const BIAS: bool, const NIB: bool>(p: &Panel, at: usize, x: &XPanel, count: usize, o: &mut OutRows<'_>, next: &[&[u8]]) {
     let m = x.m;
     // The blocks of the rows asked for (a kept panel may hold more).
-    let blocks = count.div_ceil(RB).min(p.blocks);
+    let blocks = count.div_ceil(RB).min(p.blocks.saturating_sub(at));
     // `next` (runs of bytes to bring into L2) spread over the tiles, a share
     // per tile: the lines of each run in turn.
     let tiles = blocks.div_ceil(2) * (m / 4 + m % 4);
     let lines: usize = next.iter().map(|n| n.len().div_ceil(64)).sum();
     let per_tile = lines.div_ceil(tiles.max(1));
-    let (mut line, mut run, mut at) = (0, 0, 0);
+    let (mut line, mut run, mut pos) = (0, 0, 0);
     let mut b = 0;
     while b < blocks {
         let r = if blocks - b >= 2 { 2 } else { 1 };
         let mut t = 0;
         while t < m {
             for _ in 0..per_tile.min(lines - line) {
-                while at >= next[run].len() {
-                    (run, at) = (run + 1, 0);
+                while pos >= next[run].len() {
+                    (run, pos) = (run + 1, 0);
                 }
-                _mm_prefetch::<_MM_HINT_T1>(next[run].as_ptr().wrapping_add(at) as *const i8);
-                (line, at) = (line + 1, at + 64);
+                _mm_prefetch::<_MM_HINT_T1>(next[run].as_ptr().wrapping_add(pos) as *const i8);
+                (line, pos) = (line + 1, pos + 64);
             }
             let n = if m - t >= 4 { 4 } else { 1 };
-            // SAFETY: blocks b..b + r <= blocks <= p.blocks and tokens t..t + n <= m.
+            // SAFETY: blocks at + b..at + b + r <= at + blocks <= p.blocks and tokens t..t + n <= m.
             unsafe {
                 match (r, n, p.sg == QK) {
-                    (2, 4, true) => tile::<2, 4, 8, BIAS, NIB>(p, x, b, t, count, out),
-                    (2, 4, false) => tile::<2, 4, 4, BIAS, NIB>(p, x, b, t, count, out),
-                    (2, _, true) => tile::<2, 1, 8, BIAS, NIB>(p, x, b, t, count, out),
-                    (2, _, false) => tile::<2, 1, 4, BIAS, NIB>(p, x, b, t, count, out),
-                    (_, 4, true) => tile::<1, 4, 8, BIAS, NIB>(p, x, b, t, count, out),
-                    (_, 4, false) => tile::<1, 4, 4, BIAS, NIB>(p, x, b, t, count, out),
-                    (_, _, true) => tile::<1, 1, 8, BIAS, NIB>(p, x, b, t, count, out),
-                    (_, _, false) => tile::<1, 1, 4, BIAS, NIB>(p, x, b, t, count, out),
+                    (2, 4, true) => tile::<2, 4, 8, BIAS, NIB>(p, at, x, b, t, count, o),
+                    (2, 4, false) => tile::<2, 4, 4, BIAS, NIB>(p, at, x, b, t, count, o),
+                    (2, _, true) => tile::<2, 1, 8, BIAS, NIB>(p, at, x, b, t, count, o),
+                    (2, _, false) => tile::<2, 1, 4, BIAS, NIB>(p, at, x, b, t, count, o),
+                    (_, 4, true) => tile::<1, 4, 8, BIAS, NIB>(p, at, x, b, t, count, o),
+                    (_, 4, false) => tile::<1, 4, 4, BIAS, NIB>(p, at, x, b, t, count, o),
+                    (_, _, true) => tile::<1, 1, 8, BIAS, NIB>(p, at, x, b, t, count, o),
+                    (_, _, false) => tile::<1, 1, 4, BIAS, NIB>(p, at, x, b, t, count, o),
                 }
             }
             t += n;
@@ -73,10 +75,10 @@ unsafe fn sweep<const BIAS: bool, const NIB: bool>(p: &Panel, x: &XPanel, count:
     }
 }
 
-/// Row blocks `b..b + R` times tokens `t..t + T`; `RUNS` runs of 4 elements
-/// per scale group (8: groups of 32, 4: of 16). Writes rows below `count` of
-/// `out[token][row]` (`[m][count]`: a register of 16 rows of one token is one
-/// store). `BIAS` (the panel's): the offsets are
+/// Row blocks `b..b + R` (of the call's; the panel's `at + b..`) times tokens
+/// `t..t + T`; `RUNS` runs of 4 elements per scale group (8: groups of 32, 4:
+/// of 16). Writes the call's rows below `count` of each token into `dst` (a
+/// register of 16 rows of one token is one store). `BIAS` (the panel's): the offsets are
 /// `-bias · scale`, folded into the integer sums' starting value
 /// (`scale · d · (Σuq - bias · Σq)`: one multiply-add a group and token
 /// fewer per 16 rows).
@@ -86,11 +88,12 @@ unsafe fn sweep<const BIAS: bool, const NIB: bool>(p: &Panel, x: &XPanel, count:
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn tile<const R: usize, const T: usize, const RUNS: usize, const BIAS: bool, const NIB: bool>(
     p: &Panel,
+    at: usize,
     x: &XPanel,
     b: usize,
     t: usize,
     count: usize,
-    out: &mut [f32],
+    dst: &mut OutRows<'_>,
 ) {
     let k = x.k;
     let sg = RUNS * LANE;
@@ -102,8 +105,9 @@ unsafe fn tile<const R: usize, const T: usize, const RUNS: usize, const BIAS: bo
     let (vals, scale, off) = (p.vals.as_ptr(), p.scale.as_ptr(), p.off.as_ptr());
     let halves = p.halves.as_ref().map(|(s, o)| (s.as_ptr(), o.as_ptr()));
     let (xq, xd, xs) = (x.q.as_ptr(), x.d.as_ptr(), sums.as_ptr());
-    // SAFETY (every read): blocks b..b + R and groups below `groups` are inside
-    // the panel; tokens t..t + T and elements below k inside x (the caller).
+    // SAFETY (every read): blocks at + b..at + b + R and groups below `groups`
+    // are inside the panel; tokens t..t + T and elements below k inside x (the caller).
+    let b = at + b;
     unsafe {
         for g in 0..groups {
             let mut dot = [[_mm512_setzero_si512(); T]; R];
@@ -159,18 +163,19 @@ unsafe fn tile<const R: usize, const T: usize, const RUNS: usize, const BIAS: bo
         }
     }
     for r in 0..R {
-        let row = (b + r) * RB;
+        // The call's row (the panel's block `b` is the call's `b - at`).
+        let row = (b - at + r) * RB;
         if row >= count {
             continue;
         }
         // The rows below `count` of this block (all 16 but in a last block).
         let keep: __mmask16 = if count - row >= RB { !0 } else { (1u16 << (count - row)) - 1 };
         for c in 0..T {
-            let at = (t + c) * count + row;
-            assert!(at + (count - row).min(RB) <= out.len());
+            let to = (t + c) * dst.stride + dst.row + row;
+            assert!(to + (count - row).min(RB) <= dst.data.len());
             // SAFETY: the lanes `keep` selects, `(count - row).min(16)` floats
-            // from `at`, lie in `out` (asserted).
-            unsafe { _mm512_mask_storeu_ps(out.as_mut_ptr().add(at), keep, acc[r][c]) };
+            // from `to`, lie in `dst.data` (asserted).
+            unsafe { _mm512_mask_storeu_ps(dst.data.as_mut_ptr().add(to), keep, acc[r][c]) };
         }
     }
 }
