@@ -592,23 +592,13 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
             let Some((p, at)) = kept.covering(isa, w, r, end - r, k) else { break };
             let n = (p.rows - at * RB).min(end - r);
             let o = OutRows { data: &mut *out, stride: count, row: r - r0 };
-            #[cfg(target_arch = "x86_64")]
-            if i8_gemm_simd(isa) {
-                // The next rows' panel (which this thread most likely computes
-                // next: pool tasks come in runs of consecutive chunks), fetched
-                // into L2 while these compute: each panel is a stream of its
-                // own, a few KiB, too short for the hardware prefetcher to ramp
-                // up on.
-                let next = (r + n).is_multiple_of(RB).then(|| kept.slots.get((r + n) / RB)).flatten();
-                let next = next.and_then(std::sync::OnceLock::get).map_or([&[][..]; 3], Panel::streams);
-                // SAFETY: AVX-512F/BW/VL/VNNI checked; the panel holds rows `at * 16..at * 16 + n`
-                // of k in whole blocks of 16, `x` m tokens of k (k a multiple of 32), and `o`
-                // `n` rows from its `row` for every token.
-                unsafe { vnni::rows_times_tokens(p, at, x, n, o, &next) };
-                r += n;
-                continue;
-            }
-            scalar(p, at, x, n, o);
+            // The next rows' panel (which this thread most likely computes
+            // next: pool tasks come in runs of consecutive chunks), fetched
+            // into L2 while these compute: each panel is a stream of its own,
+            // a few KiB, too short for the hardware prefetcher to ramp up on.
+            let next = (r + n).is_multiple_of(RB).then(|| kept.slots.get((r + n) / RB)).flatten();
+            let next = next.and_then(std::sync::OnceLock::get).map_or([&[][..]; 3], Panel::streams);
+            panel_rows(isa, p, at, x, n, o, &next);
             r += n;
         }
         if r == end {
@@ -620,27 +610,36 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
     let (row, count_left) = (r - r0, end - r);
     let mut run = |p: &mut Panel| {
         p.pack(isa, w, r, count_left, k);
-        let o = OutRows { data: &mut *out, stride: count, row };
-        #[cfg(target_arch = "x86_64")]
-        if i8_gemm_simd(isa) {
-            // The weight bytes of the next rows as many, which this thread most
-            // likely packs next (pool tasks come in runs of consecutive chunks):
-            // fetched into L2 while these rows compute, so the packing, which
-            // otherwise waits on DRAM, overlaps the arithmetic.
-            let rb = row_bytes(w, k);
-            let next = &w.quants[(end * rb).min(w.quants.len())..((end + count_left) * rb).min(w.quants.len())];
-            // SAFETY: AVX-512F/BW/VL/VNNI checked; the panel holds `count_left` rows of k
-            // in whole blocks of 16, `x` m tokens of k (k a multiple of 32), and `o` as many
-            // rows from its `row` for every token.
-            unsafe { vnni::rows_times_tokens(p, 0, x, count_left, o, &[next]) };
-            return;
-        }
-        scalar(p, 0, x, count_left, o);
+        // The weight bytes of the next rows as many, which this thread most
+        // likely packs next (pool tasks come in runs of consecutive chunks):
+        // fetched into L2 while these rows compute, so the packing, which
+        // otherwise waits on DRAM, overlaps the arithmetic.
+        let rb = row_bytes(w, k);
+        let next = &w.quants[(end * rb).min(w.quants.len())..((end + count_left) * rb).min(w.quants.len())];
+        panel_rows(isa, p, 0, x, count_left, OutRows { data: &mut *out, stride: count, row }, &[next]);
     };
     PANEL.with(|c| match c.try_borrow_mut() {
         Ok(mut p) => run(&mut p),
         Err(_) => run(&mut Panel::default()),
     });
+}
+
+/// `n` rows of `p` from its row block `at` times every token of `x`, into `o`:
+/// the VNNI tiles where `isa` has them (bringing the runs of `next` into L2
+/// meanwhile), else the portable loops of the same arithmetic.
+#[inline]
+fn panel_rows(isa: Isa, p: &Panel, at: usize, x: &XPanel, n: usize, o: OutRows<'_>, next: &[&[u8]]) {
+    assert!(n <= p.rows.saturating_sub(at * RB) && (at * RB + n).div_ceil(RB) <= p.blocks, "rows {at}·16 + {n} of a panel of {}", p.rows);
+    #[cfg(target_arch = "x86_64")]
+    if i8_gemm_simd(isa) {
+        // SAFETY: AVX-512F/BW/VL/VNNI checked; the panel holds rows `at * 16..at * 16 + n`
+        // of k in whole blocks of 16 (asserted), `x` m tokens of k (k a multiple of 32,
+        // as `XPanel::quantize` takes them); every store into `o` is checked.
+        unsafe { vnni::rows_times_tokens(p, at, x, n, o, next) };
+        return;
+    }
+    let _ = next;
+    scalar(p, at, x, n, o);
 }
 
 /// Bytes of `quants` per weight row of `k` elements (an X8 record holds 8 rows'
