@@ -186,11 +186,20 @@ pub struct Runner {
     pub dropped: Option<usize>,
     pub error: Option<String>,
     pub timestamps: bool,
-    /// Wall seconds of the warm-up: one execution of every shape (0 until prepared).
+    /// Wall seconds of the warm-up: one execution of every shape, every input
+    /// copy's where the packed rows are kept (0 until prepared).
     pub warm_up: f64,
+    /// Seconds of one execution of every shape once warm: what a sample's
+    /// executions cost (with kept packed rows, timed after the warm-up packed
+    /// them, which a server does once: the int8 GEMM's packing had made its
+    /// warm-up 11x the f32 kernel's at two sequences, which ran 10x slower).
+    pub exec_s: f64,
     /// The input copy the next execution reads (cycles through the copies).
     next_copy: usize,
 }
+
+/// Executions after a kept-panel warm-up that time a shape's steady cost.
+const STEADY_RUNS: u32 = 8;
 
 impl Runner {
     pub fn new(cand: Cand, w: &Workload) -> Runner {
@@ -205,6 +214,7 @@ impl Runner {
             error: None,
             timestamps: false,
             warm_up: 0.0,
+            exec_s: 0.0,
             next_copy: 0,
         };
         if let Err(e) = r.prepare(w) {
@@ -237,6 +247,9 @@ impl Runner {
             let warm = if w.panels.is_some() { w.copies(i) as u32 } else { 1 };
             let t = self.time_shape(w, i, warm)?;
             self.warm_up += t * f64::from(warm);
+            // Packed now: a few more executions give the steady cost.
+            let t = if warm > 1 { self.time_shape(w, i, warm.min(STEADY_RUNS))? } else { t };
+            self.exec_s += t;
             let reps = (MIN_SAMPLE_S / t.max(1e-9)).ceil().clamp(1.0, 2000.0) as u32;
             self.reps.push(reps);
         }
