@@ -153,7 +153,7 @@ impl ProfileChoice {
     ) -> Result<Prepared> {
         let batches = passes.batch_rows.is_some_and(|r| r >= 2);
         session::check_context(&m.config, passes.context, self.kv_dtype, device, passes.context_flag)?;
-        let Chosen { selection, exec, label } =
+        let Chosen { selection, mut exec, label } =
             self.choose(profile.as_ref(), device, settings, m, passes.prefill_tokens, passes.context, batches, warnings)?;
         if let Some(want) = settings.weight_dtype
             && want != exec.weight_dtype
@@ -165,6 +165,16 @@ impl ProfileChoice {
             )));
         }
         let rows = passes.batch_rows.unwrap_or_else(|| selection.serve_rows()).min(passes.max_tokens);
+        if rows >= 2 {
+            // An engine of several sequences loads its matrices in the layouts
+            // the profile gives a server (`serve.cpuRepack`), else in the
+            // runtime's default for one (not the lone decode's layouts: on a
+            // VNNI CPU a long-row model's plain rows, whose batches decode slower).
+            exec.repack = match exec.batch_repack.clone() {
+                Some(r) => r,
+                None => settings.default_repack(device, m, exec.weight_dtype, true),
+            };
+        }
         let mut opts = settings.plan_options(m, &exec, passes.max_tokens, passes.context, passes.all_logits).with_batch_rows(rows);
         // Sequences of their own share one paged KV cache, which the fused QKV
         // kernel does not write (nor an image's tokens, which attend to each

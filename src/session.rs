@@ -169,9 +169,8 @@ impl ModelSettings {
 
     /// The execution settings without a profile, the runtime's defaults: the
     /// given weight and KV types, fusions and GPU batching, the pool's defaults,
-    /// the CPU's default repacking ([`crate::plan::default_cpu_repack`]; with
-    /// `batches`, an engine's that decodes several sequences a pass; none on a
-    /// GPU), `--trusted-shaders`.
+    /// the default repacking ([`ModelSettings::default_repack`], with
+    /// `batches`), `--trusted-shaders`.
     #[allow(clippy::too_many_arguments)]
     pub fn execution(
         &self,
@@ -183,14 +182,7 @@ impl ModelSettings {
         fusion: Fusion,
         batches: bool,
     ) -> ExecSettings {
-        let repack = match device {
-            Device::Cpu(_) => crate::plan::default_cpu_repack(
-                &m.config,
-                std::iter::once(weight_dtype).chain(self.matrix_formats(m, weight_dtype).into_values()),
-                batches,
-            ),
-            Device::Gpu(_) => Vec::new(),
-        };
+        let repack = self.default_repack(device, m, weight_dtype, batches);
         ExecSettings {
             batch,
             fusion,
@@ -201,8 +193,30 @@ impl ModelSettings {
             spin_us: 0,
             prefetch: None,
             repack,
+            batch_repack: None,
             trusted_shaders: self.trusted_shaders,
             decode_chain: None,
+        }
+    }
+
+    /// The block formats an engine of `m` in `weight_dtype` repacks on `device`
+    /// when no profile says ([`crate::plan::default_cpu_repack`]; with
+    /// `batches`, an engine's that decodes several sequences a pass; none on a
+    /// GPU).
+    pub fn default_repack(
+        &self,
+        device: &Device,
+        m: &LoadedModel,
+        weight_dtype: DType,
+        batches: bool,
+    ) -> Vec<crate::kernels::quant::QFormat> {
+        match device {
+            Device::Cpu(_) => crate::plan::default_cpu_repack(
+                &m.config,
+                std::iter::once(weight_dtype).chain(self.matrix_formats(m, weight_dtype).into_values()),
+                batches,
+            ),
+            Device::Gpu(_) => Vec::new(),
         }
     }
 

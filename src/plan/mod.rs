@@ -1115,22 +1115,18 @@ impl Emitter<'_> {
         binds: Vec<BufId>,
         dtype: DType,
     ) -> Result<(), PlanError> {
-        let sel = &self.plan.selection;
-        let table = self.batch.and_then(|rows| sel.batch_choice(rows, (slot, self.regime), &problem, dtype));
-        // A pass of decode tokens only: the batched dots (over X8 records; over any
-        // block format's rows where the int8 GEMM has no SIMD tiles), each token's
+        // The batch tables first; then, in a pass of decode tokens only, the
+        // batched dots (over X8 records; over any block format's rows where the
+        // int8 GEMM has no SIMD tiles), each token's
         // lone decode's arithmetic (a prompt's chunk keeps the prefill's GEMM, as
         // its whole prompt computes it in one pass, where that GEMM has int8 SIMD
         // tiles: `Selection::x8_choice` says when). The LM head of a pass with a
         // chunk reads one row a sequence, gathered (`heads` taken by then): the
         // dots too, as a lone prefill's last row takes the decode's GEMV.
         let decode_only = self.batch.is_some() && self.heads.is_empty();
-        let x8 = || sel.x8_choice((slot, self.regime), layer, &problem, dtype, decode_only, self.plan.x8_weight(&problem, dtype));
-        let experts = || sel.experts_choice((slot, self.regime), layer, &problem, dtype);
-        let (choice, warning) = match table.or_else(x8).or_else(experts) {
-            Some(c) => (c, None),
-            None => sel.choose_noting(slot, self.regime, layer, &problem, dtype)?,
-        };
+        let x8 = self.plan.x8_weight(&problem, dtype);
+        let (choice, warning) =
+            self.plan.selection.pass_choice(self.batch, (slot, self.regime), layer, &problem, dtype, decode_only, x8)?;
         // Every bound buffer must hold what the problem addresses (the plan's shape
         // check: what lets an executor skip the per-call check).
         let specs = problem.buffers(dtype);

@@ -498,6 +498,33 @@ impl Selection {
         self.slots.get(&key)
     }
 
+    /// The kernel of `key` (layer `layer`) for `problem` in a pass of a plan:
+    /// in a decode batch of `batch` sequences the batch tables' choice
+    /// ([`Selection::batch_choice`]), then, on the CPU, the batched dots of a
+    /// pass of decode tokens only (`decode_only`; `x8`: the engine keeps the
+    /// weight in X8 records: [`Selection::x8_choice`]) and a mixture's
+    /// gathered kernels ([`Selection::experts_choice`]), else the regime's own
+    /// choice ([`Selection::choose_noting`], with its warning).
+    #[allow(clippy::too_many_arguments)]
+    pub fn pass_choice(
+        &self,
+        batch: Option<usize>,
+        key: SlotKey,
+        layer: Option<usize>,
+        problem: &Problem,
+        dtype: DType,
+        decode_only: bool,
+        x8: bool,
+    ) -> Result<(Choice, Option<String>), PlanError> {
+        let table = batch.and_then(|rows| self.batch_choice(rows, key, problem, dtype));
+        let x8 = || self.x8_choice(key, layer, problem, dtype, decode_only, x8);
+        let experts = || self.experts_choice(key, layer, problem, dtype);
+        match table.or_else(x8).or_else(experts) {
+            Some(c) => Ok((c, None)),
+            None => self.choose_noting(key.0, key.1, layer, problem, dtype),
+        }
+    }
+
     /// The variant serving `slot` for `problem`: the explicit choice when it can run
     /// the problem, else the default (with a warning when an explicit one was set).
     pub fn choose(&self, slot: Slot, regime: Regime, layer: Option<usize>, problem: &Problem, dtype: DType) -> Result<Choice, PlanError> {

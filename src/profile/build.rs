@@ -305,6 +305,7 @@ pub fn profile_doc(r: &TuneRecord<'_>) -> ProfileDoc {
         scheduling: SchedulingDoc::default(),
         serve: pd::ServeDoc {
             min_batch: r.min_batch,
+            cpu_repack: r.exec.batch_repack.as_ref().map(|v| v.iter().map(|f| f.name().to_string()).collect()),
             batches: r
                 .batches
                 .iter()

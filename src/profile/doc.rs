@@ -102,11 +102,18 @@ pub struct ServeDoc {
     /// prefill's kernels) and its attention a sequence at a time (the decode's).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub batches: BTreeMap<String, At<KernelsDoc>>,
+    /// CPU: block formats whose matrices a server of several sequences
+    /// (`serve --parallel`) repacks at load, as `execution.cpuRepack` says for
+    /// one sequence (`tune --serve-batches` writes the layouts its batch
+    /// tables were checked over; an empty list: every matrix as stored);
+    /// absent: the runtime's default for a server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_repack: Option<Vec<String>>,
 }
 
 impl ServeDoc {
     pub fn is_empty(&self) -> bool {
-        self.batches.is_empty() && self.min_batch.is_none()
+        self.batches.is_empty() && self.min_batch.is_none() && self.cpu_repack.is_none()
     }
 }
 
@@ -775,6 +782,14 @@ pub struct BatchEndToEnd {
     /// Whether the plan's own kernels became this size's table.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub own_kept: bool,
+    /// ...and, where they differ from the plan's own, with the runtime's
+    /// default kernels as this size's table (what a server without a profile
+    /// runs): kept as the size's table where they beat every other arm.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stock_ms: Option<f64>,
+    /// Whether the runtime's default kernels became this size's table.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stock_kept: bool,
     /// Whether the raced kernels stayed in `serve.batches` (not slower).
     pub kept: bool,
 }

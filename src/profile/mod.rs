@@ -93,6 +93,10 @@ pub struct ExecSettings {
     pub prefetch: Option<u32>,
     /// CPU: the block formats repacked at load ([`PlanOptions::cpu_repack`](crate::plan::PlanOptions::cpu_repack)).
     pub repack: Vec<crate::kernels::quant::QFormat>,
+    /// CPU: the block formats an engine of several sequences (`serve
+    /// --parallel`) repacks at load instead (the profile's `serve.cpuRepack`;
+    /// None: the runtime's default for such an engine).
+    pub batch_repack: Option<Vec<crate::kernels::quant::QFormat>>,
     /// GPU: shader modules without runtime bounds checks (`--trusted-shaders`).
     pub trusted_shaders: bool,
     /// GPU: decode steps chained per submit (`execution.decodeChain`; None:
@@ -290,6 +294,26 @@ fn resolve_kernels(origin: &str, k: &KernelsDoc, backend: Option<Backend>) -> Re
     Ok(map)
 }
 
+/// A profile's list of repacked formats (`execution.cpuRepack`,
+/// `serve.cpuRepack`, named `field`) holds only formats with a repacked layout.
+fn check_repack(o: &str, field: &str, formats: &[String]) -> Result<(), ProfileError> {
+    match formats.iter().find(|f| !REPACKABLE.iter().any(|r| r.name() == f.as_str())) {
+        None => Ok(()),
+        Some(f) => {
+            let allowed: Vec<_> = REPACKABLE.iter().map(|r| r.name()).collect();
+            Err(ProfileError::Invalid {
+                path: o.into(),
+                message: format!("{field} lists `{f}`, which has no repacked layout: list only {} or remove the field", allowed.join(", ")),
+            })
+        }
+    }
+}
+
+/// The formats of a checked repack list ([`check_repack`]).
+fn repack_formats(formats: &[String]) -> Vec<crate::kernels::quant::QFormat> {
+    formats.iter().filter_map(|f| f.parse().ok()).collect()
+}
+
 /// The choices of `serve.batches`, by the least batch size each serves: each key
 /// a batch size in [`doc::BATCH_SIZES`], each value resolved as `kernels`.
 fn resolve_batches(origin: &str, serve: &doc::ServeDoc, backend: Option<Backend>) -> Result<BTreeMap<usize, SlotChoices>, ProfileError> {
@@ -444,17 +468,9 @@ impl Profile {
                 return Err(at_err(o, members, format!("parallel group `{name}` must list exactly {}", want.join(", "))));
             }
         }
-        for f in &d.execution.cpu_repack {
-            if !REPACKABLE.iter().any(|r| r.name() == f.as_str()) {
-                let allowed: Vec<_> = REPACKABLE.iter().map(|r| r.name()).collect();
-                return Err(ProfileError::Invalid {
-                    path: o.into(),
-                    message: format!(
-                        "execution.cpuRepack lists `{f}`, which has no repacked layout: list only {} or remove the field",
-                        allowed.join(", ")
-                    ),
-                });
-            }
+        check_repack(o, "execution.cpuRepack", &d.execution.cpu_repack)?;
+        if let Some(r) = &d.serve.cpu_repack {
+            check_repack(o, "serve.cpuRepack", r)?;
         }
         if let Some(k) = d.execution.decode_chain
             && !(1..=doc::MAX_CHAIN as u32).contains(&k)
@@ -629,7 +645,8 @@ impl Profile {
             threads: e.cpu_threads as usize,
             spin_us: e.cpu_spin_us,
             prefetch: e.cpu_prefetch_bytes,
-            repack: e.cpu_repack.iter().filter_map(|f| f.parse().ok()).collect(),
+            repack: repack_formats(&e.cpu_repack),
+            batch_repack: d.serve.cpu_repack.as_deref().map(repack_formats),
             trusted_shaders,
             decode_chain,
         };

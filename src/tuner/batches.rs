@@ -23,12 +23,13 @@ use super::race::{self, Races};
 use super::space::{RaceDef, Space, candidates};
 use super::{Progress, Target, TuneError, TuneOptions};
 use crate::device::DeviceCaps;
+use crate::kernels::quant::QFormat;
 use crate::kernels::{DType, Problem};
-use crate::plan::select::{SlotChoices, SlotKey};
+use crate::plan::select::{Choice, SlotChoices, SlotKey};
 use crate::plan::{Parallel, Plan, Regime, Selection, StepKind};
 use crate::profile::build::RaceResult;
 use crate::profile::doc::BatchEndToEnd;
-use crate::stats::summarize;
+use crate::stats::{pick, summarize};
 
 /// What the stage found: per batch size its winners (those the end-to-end
 /// check kept), every race with its batch size and each size's end-to-end
@@ -41,6 +42,9 @@ pub(crate) struct BatchRegimes {
     /// The fewest sequences a batch pass should hold, where lone steps won at a
     /// measured size (the largest such size and one); None: every batch.
     pub min_batch: Option<usize>,
+    /// CPU: the layouts the stage planned the server's matrices in
+    /// ([`server_repack`]: the profile's `serve.cpuRepack`); None on a GPU.
+    pub repack: Option<Vec<QFormat>>,
 }
 
 /// Interleaved rounds of the end-to-end check, each [`CHECK_STEPS`] timed batch
@@ -55,25 +59,41 @@ fn sizes(o: &TuneOptions) -> Vec<usize> {
     o.serve_batches.iter().copied().filter(|&b| b < o.context).collect()
 }
 
-/// The plan options of a batch plan of `chosen` (its weight layouts too: the
-/// profile's, which a server loads) of up to `most` sequences, with passes of
-/// at least `most` tokens.
-fn batch_options(o: &TuneOptions, chosen: &Combo, most: usize) -> crate::plan::PlanOptions {
+/// The layouts a server of several sequences loads its matrices in on this
+/// CPU without a profile ([`crate::plan::default_cpu_repack`] with `batches`),
+/// which the stage plans its batches over and the profile's `serve.cpuRepack`
+/// records, so a server with the profile runs what was checked and its
+/// baseline is what a server without it runs (the lone decode's layouts, which
+/// the winning combination holds, may be a long-row model's plain rows on
+/// AVX-512 VNNI, whose batches decode slower: a 1B Q4_K_M model's served 8
+/// clients 8–11% behind no profile); None on a GPU (nothing is repacked).
+fn server_repack(t: &Target<'_>, o: &TuneOptions) -> Option<Vec<QFormat>> {
+    let dtypes = std::iter::once(o.weight_dtype).chain(o.matrix_formats.values().copied());
+    t.device.is_cpu().then(|| crate::plan::default_cpu_repack(t.config, dtypes, true))
+}
+
+/// The plan options of a batch plan of `chosen` (its fusions) of up to `most`
+/// sequences, with passes of at least `most` tokens, its matrices in the
+/// layouts `repack` ([`server_repack`]; None: `chosen`'s own).
+fn batch_options(o: &TuneOptions, chosen: &Combo, most: usize, repack: Option<&[QFormat]>) -> crate::plan::PlanOptions {
     let mut options = chosen.plan_options(o).with_batch_rows(most);
     options.max_tokens = options.max_tokens.max(most);
+    if let Some(r) = repack {
+        options.cpu_repack = r.to_vec();
+    }
     options
 }
 
 /// The races of the batch sizes `o.serve_batches` (each 2 or more) for the
-/// plan of `chosen` (its fusions and weight layouts, the default parallel
-/// groups) under `sel` (its selection): per batch size,
+/// plan of `chosen` (its fusions, the default parallel groups; the server's
+/// weight layouts, [`server_repack`]) under `sel` (its selection): per batch size,
 /// one race per (slot, storage type) over the shapes of its row-independent
 /// kernel steps.
 pub(crate) fn races(t: &Target<'_>, o: &TuneOptions, chosen: &Combo, sel: &Selection) -> Result<Vec<(usize, RaceDef)>, TuneError> {
     let sizes = sizes(o);
     let Some(&most) = sizes.iter().max() else { return Ok(Vec::new()) };
     let grouped = Combo { parallel: Parallel::default(), ..*chosen };
-    let plan = Plan::new(t.model, t.config, batch_options(o, &grouped, most), sel.clone())?;
+    let plan = Plan::new(t.model, t.config, batch_options(o, &grouped, most, server_repack(t, o).as_deref()), sel.clone())?;
     let mut out: Vec<(usize, RaceDef)> = Vec::new();
     for &rows in &sizes {
         let mut counts: BTreeMap<(SlotKey, DType, String), (Problem, usize)> = BTreeMap::new();
@@ -131,7 +151,7 @@ pub(crate) fn run(
     budget.release();
     let Races { results, .. } = races?;
     let extra = o.extra_formats();
-    let mut found = BatchRegimes::default();
+    let mut found = BatchRegimes { repack: server_repack(t, o), ..BatchRegimes::default() };
     for ((rows, r), mut res) in sizes.into_iter().zip(space.races).zip(results) {
         res.regime = format!("batch {rows}");
         if let Some(c) = res.winner_choice() {
@@ -147,14 +167,17 @@ pub(crate) fn run(
     Ok(found)
 }
 
-/// The plan's own choices (its prefill's, at a batch of `rows`) for the slots
-/// raced at that size, as a batch table.
-fn own_choices(found: &BatchRegimes, rows: usize, sel: &Selection, o: &TuneOptions) -> SlotChoices {
+/// What `sel` runs without batch tables in a decode batch of `rows` of
+/// `plan` (its layouts) for the slots raced at that size, as a batch table:
+/// the plan's own choices (the tuned selection: its prefill's kernels, the
+/// batched dots over X8 records where they are the default), or the runtime's
+/// defaults (what a server without a profile runs).
+fn choices_of(found: &BatchRegimes, rows: usize, sel: &Selection, plan: &Plan, o: &TuneOptions) -> SlotChoices {
     let extra = o.extra_formats();
     let mut table = SlotChoices::default();
     for (_, r, _) in found.races.iter().filter(|(n, _, _)| *n == rows) {
         if let Some((p, _)) = r.shapes.first()
-            && let Ok((c, _)) = sel.choose_noting(r.key.0, r.key.1, None, p, r.dtype)
+            && let Ok((c, _)) = sel.pass_choice(None, r.key, None, p, r.dtype, true, plan.x8_weight(p, r.dtype))
         {
             table.insert(r.dtype, r.key, c, &extra);
         }
@@ -162,22 +185,31 @@ fn own_choices(found: &BatchRegimes, rows: usize, sel: &Selection, o: &TuneOptio
     table
 }
 
-/// The end-to-end check: one engine of the winning combination; per batch size
-/// fresh sequences and [`CHECK_ROUNDS`] rounds, each timing [`CHECK_STEPS`]
-/// steps (after one untimed: a switch plans the batch anew; medians as
-/// [`summarize`] gives them) of the batch with
-/// its winners, without them (the next smaller size's table, else the
-/// prefill's choices), as lone decode steps, one a sequence, and, where a
-/// smaller size's table would reach it, with the plan's own choices as its
-/// table ([`own_choices`]), the order rotating; sizes in ascending order. The
-/// size's baseline is what it would inherit, or its own choices where those
-/// are faster past a tie ([`super::TIE`]): a size whose median step with its
-/// winners is slower than the baseline loses its table (and takes its own
-/// choices as its table where those were the baseline); where lone steps beat
-/// the batch (with what it keeps), batches of
-/// that size and fewer decode alone (`found.min_batch`). Rounds stop at `end`,
-/// each size's at its share of the time left by its rows, after its first
-/// (a size timed in fewer rounds is returned, "8 in 1 of 3 rounds").
+/// Whether two batch tables make the same choices (kernels and parameters).
+fn same_choices(a: &SlotChoices, b: &SlotChoices) -> bool {
+    fn same<K: Ord>(x: &BTreeMap<K, Choice>, y: &BTreeMap<K, Choice>) -> bool {
+        x.len() == y.len() && x.iter().all(|(k, c)| y.get(k).is_some_and(|d| c.kernel.id == d.kernel.id && c.params == d.params))
+    }
+    same(&a.slots, &b.slots) && same(&a.formats, &b.formats)
+}
+
+/// The end-to-end check: one engine of the winning combination over the
+/// server's weight layouts (`found.repack`); per batch size fresh sequences
+/// and [`CHECK_ROUNDS`] rounds, each timing [`CHECK_STEPS`] steps (after one
+/// untimed: a switch plans the batch anew; medians as [`summarize`] gives
+/// them) of the batch in each arm, the order rotating; sizes in ascending
+/// order. The arms, in the order a tie prefers them: with its winners; without
+/// them (what the size would inherit: the next smaller size's table, else the
+/// plan's own choices); where a smaller size's table would reach it, the
+/// plan's own choices as its table ([`choices_of`] under `sel`); the
+/// runtime's defaults as its table (what a server without the profile runs,
+/// where they differ from the plan's own); and as lone decode steps, one a
+/// sequence. The fastest arm past a tie ([`super::TIE`]; [`pick`]) gives the
+/// size's table (none where it is what the size inherits); where lone steps
+/// beat it, batches of that size and fewer decode alone (`found.min_batch`).
+/// Rounds stop at `end`, each size's at its share of the time left by its
+/// rows, after its first (a size timed in fewer rounds is returned, "8 in 1
+/// of 3 rounds").
 fn check(
     t: &Target<'_>,
     o: &TuneOptions,
@@ -186,18 +218,21 @@ fn check(
     found: &mut BatchRegimes,
     end: std::time::Instant,
 ) -> Result<Vec<String>, TuneError> {
+    /// The arms that decode a batch pass, in the order a tie prefers them.
     #[derive(Clone, Copy, PartialEq)]
     enum Arm {
         Tuned,
         Default,
-        Lone,
         Own,
+        Stock,
+        Lone,
     }
+    const ARMS: [Arm; 5] = [Arm::Tuned, Arm::Default, Arm::Own, Arm::Stock, Arm::Lone];
     let sizes = sizes(o);
     let most = sizes.iter().copied().max().unwrap_or(2);
-    let mut options = batch_options(o, chosen, most);
-    // Every arm (with, without, lone, own) advances the same sequences.
-    options.context = options.context.max(4 * CHECK_ROUNDS * (CHECK_STEPS + 1) + 1);
+    let mut options = batch_options(o, chosen, most, found.repack.as_deref());
+    // Every arm advances the same sequences.
+    options.context = options.context.max(5 * CHECK_ROUNDS * (CHECK_STEPS + 1) + 1);
     // A GPU's sequences share a paged KV cache, which the fused KV write does
     // not write (as `serve --parallel` makes it).
     let gpu = t.ctx.clone().filter(|_| !t.device.is_cpu());
@@ -211,6 +246,7 @@ fn check(
     if e.is_gpu() {
         e.enable_paged((most + 1) * context, most + 1)?;
     }
+    let stock_sel = Selection::runtime(sel.device.clone());
     let vocab = t.config.dims.vocab_size.max(1);
     let mut lone_wins = None;
     let mut cuts = Vec::new();
@@ -221,7 +257,7 @@ fn check(
         let now = std::time::Instant::now();
         let size_end = now + end.saturating_duration_since(now).mul_f64(rows as f64 / left.max(1) as f64);
         // With this size's table, and without it (what a batch of this size
-        // takes if it is dropped: the next smaller size's, else the prefill's
+        // takes if it is dropped: the next smaller size's, else the plan's own
         // choices); the smaller sizes' decisions already made.
         let with = found.tables.clone();
         let mut without = with.clone();
@@ -229,19 +265,30 @@ fn check(
         // Where a smaller size's table would reach this size, the plan's own
         // choices as a table of this size too: a smaller size's kernels may be
         // slower here than both (two sequences' dots at eight).
-        let own_table = own_choices(found, rows, sel, o);
+        let own_table = choices_of(found, rows, sel, &e.plan, o);
         let cascades = without.range(..rows).next_back().is_some() && !own_table.is_empty();
-        let own = cascades.then(|| {
-            let mut own = without.clone();
-            own.insert(rows, own_table.clone());
-            own
-        });
+        // The runtime's defaults as this size's table, where they are not the
+        // plan's own: the baseline of a server without the profile (a tuned
+        // prefill GEMM's tiles may be slower at sixteen sequences).
+        let stock_table = choices_of(found, rows, &stock_sel, &e.plan, o);
+        let stocked = !stock_table.is_empty() && !same_choices(&stock_table, &own_table);
+        let tables_of = |extra: &SlotChoices| {
+            let mut t = without.clone();
+            t.insert(rows, extra.clone());
+            t
+        };
+        let (own, stock) = (tables_of(&own_table), tables_of(&stock_table));
         let mut seqs: Vec<_> = (0..rows).map(|_| e.new_sequence()).collect::<Result<_, _>>()?;
         let tokens: Vec<u32> = (0..rows).map(|i| ((7 * i + 3) % vocab) as u32).collect();
-        let mut times: [Vec<f64>; 4] = Default::default();
-        let arms: Vec<Arm> = [Arm::Tuned, Arm::Default, Arm::Lone, Arm::Own]
+        let mut times: [Vec<f64>; ARMS.len()] = Default::default();
+        let arms: Vec<Arm> = ARMS
             .into_iter()
-            .filter(|a| (table || *a != Arm::Tuned) && (cascades || *a != Arm::Own))
+            .filter(|&a| match a {
+                Arm::Tuned => table,
+                Arm::Own => cascades,
+                Arm::Stock => stocked,
+                Arm::Default | Arm::Lone => true,
+            })
             .collect();
         for round in 0..CHECK_ROUNDS {
             // One round whatever the time: the engine is built (on a GPU most
@@ -269,8 +316,8 @@ fn check(
                 match arm {
                     Arm::Tuned => e.set_batch_choices(with.clone()),
                     Arm::Default => e.set_batch_choices(without.clone()),
-                    // Timed only where it `cascades` (`own` is then there).
-                    Arm::Own => own.iter().for_each(|t| e.set_batch_choices(t.clone())),
+                    Arm::Own => e.set_batch_choices(own.clone()),
+                    Arm::Stock => e.set_batch_choices(stock.clone()),
                     Arm::Lone => {}
                 }
                 step(&mut e)?;
@@ -284,34 +331,38 @@ fn check(
         if times[Arm::Default as usize].len() < CHECK_ROUNDS {
             cuts.push(format!("{rows} in {} of {CHECK_ROUNDS} rounds", times[Arm::Default as usize].len()));
         }
-        let [tuned, default, lone, own_t] = times.each_ref().map(|t| summarize(t));
-        let tuned = if table { tuned } else { default.clone() };
-        // The plan's own choices replace what the size would inherit only
-        // where they are faster past a tie.
-        let own_wins = cascades && !default.ties_with(&own_t, super::TIE);
-        let base = if own_wins { &own_t } else { &default };
-        // Within a tie the raced winners stay (they won their slots' races).
-        let kept = table && tuned.ties_with(base, super::TIE);
-        let own_kept = !kept && own_wins;
-        if !kept {
-            found.tables.remove(&rows);
+        let stats = times.each_ref().map(|t| summarize(t));
+        // The batch arms only (lone steps are what a batch is weighed against).
+        let batch_stats: Vec<_> = stats[..Arm::Lone as usize].to_vec();
+        let best = ARMS[pick(&batch_stats, super::TIE).unwrap_or(Arm::Default as usize)];
+        found.tables.remove(&rows);
+        match best {
+            Arm::Tuned => {
+                found.tables.insert(rows, with[&rows].clone());
+            }
+            Arm::Own => {
+                found.tables.insert(rows, own_table);
+            }
+            Arm::Stock => {
+                found.tables.insert(rows, stock_table);
+            }
+            Arm::Default | Arm::Lone => {}
         }
-        if own_kept {
-            found.tables.insert(rows, own_table);
-        }
-        if !(if kept { &tuned } else { base }).ties_with(&lone, super::TIE) {
+        if !stats[best as usize].ties_with(&stats[Arm::Lone as usize], super::TIE) {
             lone_wins = Some(rows);
         }
-        let (tuned_ms, default_ms, lone_ms) = (tuned.median * 1e3, default.median * 1e3, lone.median * 1e3);
+        let ms = |a: Arm| stats[a as usize].median * 1e3;
         found.timed.push(BatchEndToEnd {
             sequences: rows,
             rounds: times[Arm::Default as usize].len(),
-            tuned_ms,
-            default_ms,
-            lone_ms,
-            own_ms: cascades.then_some(own_t.median * 1e3),
-            own_kept,
-            kept,
+            tuned_ms: if table { ms(Arm::Tuned) } else { ms(Arm::Default) },
+            default_ms: ms(Arm::Default),
+            lone_ms: ms(Arm::Lone),
+            own_ms: cascades.then(|| ms(Arm::Own)),
+            own_kept: best == Arm::Own,
+            stock_ms: stocked.then(|| ms(Arm::Stock)),
+            stock_kept: best == Arm::Stock,
+            kept: best == Arm::Tuned,
         });
     }
     found.min_batch = lone_wins.map(|r| r + 1);
@@ -323,21 +374,28 @@ mod tests {
     use super::*;
 
     /// The batch check times the weight layouts the profile will make the
-    /// server load: a combination that repacks Q4_0 and Q8_0 into X8 records
-    /// plans its batches over them (the check had planned plain rows, where
-    /// other kernels win: tables it kept made a served batch of 4 sequences
-    /// 376 tok/s against 651 without them, on SmolLM2-135M Q4_0), and one
-    /// that repacks nothing keeps the plan's own (none by default).
+    /// server load: the server's own (`serve.cpuRepack`, the runtime's default
+    /// for several sequences) whatever the winning combination repacks for one
+    /// (the check had planned a 1B Q4_K_M model's plain rows, the lone decode's
+    /// layout on AVX-512 VNNI, and kept tables that a server without the
+    /// profile beat over its X8 records: 8 clients 8–11% behind), and on a GPU
+    /// (no server layout) the combination's own. Before that, plain rows
+    /// against X8 records had made a served batch of 4 sequences 376 tok/s
+    /// against 651 without the tables it kept, on SmolLM2-135M Q4_0.
     #[test]
-    fn the_batch_check_plans_the_chosen_combinations_weight_layouts() {
+    fn the_batch_check_plans_the_servers_weight_layouts() {
         use crate::kernels::quant::QFormat;
         let o = super::super::test_options(std::time::Duration::from_secs(1));
         let repack = super::super::e2e::repack_bits(&[QFormat::Q4_0, QFormat::Q8_0]);
         let repacked = Combo { repack, ..Combo::runtime_default() };
-        let options = batch_options(&o, &repacked, 8);
-        assert_eq!(options.cpu_repack, vec![QFormat::Q4_0, QFormat::Q8_0]);
-        assert!(options.batch_rows >= 8 && options.max_tokens >= 8);
         let plain = Combo::runtime_default();
-        assert!(batch_options(&o, &plain, 8).cpu_repack.is_empty());
+        let server = [QFormat::Q4_K, QFormat::Q8_0];
+        for c in [&repacked, &plain] {
+            let options = batch_options(&o, c, 8, Some(&server));
+            assert_eq!(options.cpu_repack, server.to_vec());
+            assert!(options.batch_rows >= 8 && options.max_tokens >= 8);
+        }
+        assert_eq!(batch_options(&o, &repacked, 8, None).cpu_repack, vec![QFormat::Q4_0, QFormat::Q8_0]);
+        assert!(batch_options(&o, &plain, 8, None).cpu_repack.is_empty());
     }
 }

@@ -123,6 +123,7 @@ impl Combo {
             spin_us: self.spin_us,
             prefetch: self.prefetch,
             repack: self.repack_formats(),
+            batch_repack: None,
             trusted_shaders: o.trusted_shaders && gpu,
             decode_chain: gpu.then(|| self.decode_chain() as u32),
         }

@@ -299,7 +299,10 @@ impl<'a> Found<'a> {
         }
         // Trusted modules and the decode chain recorded on a GPU (the chain the
         // winner decoded with), where they were raced.
-        let exec = chosen.exec(o, t.ctx.is_some());
+        let mut exec = chosen.exec(o, t.ctx.is_some());
+        // The layouts a server's batches were checked over (CPU, with
+        // `--serve-batches`): the profile's `serve.cpuRepack`.
+        exec.batch_repack = batches.repack.clone();
         Ok(TuneRecord {
             model: t.model,
             device: t.device,

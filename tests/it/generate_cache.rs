@@ -554,7 +554,8 @@ fn a_cpu_server_decodes_its_batches_through_x8_dots() {
 /// split), a batch shrinking from four sequences through both regimes gives
 /// every sequence, greedy and seeded, its lone answer. (The rows kernel's f32
 /// activations are nearer the f32 reference than the decode's int8 ones, and a
-/// near-tie of this random fixture tells them apart after ten tokens.)
+/// near-tie of this random fixture tells them apart after ten tokens.) The
+/// matrices stay rows (`serve.cpuRepack: []`), as the tables were written for.
 #[test]
 fn a_profiles_batch_regimes_switch_kernels_as_the_batch_shrinks() {
     use ktune::kernels::sample::SamplerParams as P;
@@ -565,7 +566,7 @@ fn a_profiles_batch_regimes_switch_kernels_as_the_batch_shrinks() {
         let text = format!(
             "name: batches\nmodel: smollm2-tiny\nversion: 1\ndevice: {{backend: cpu}}\n\
              execution: {{weightDtype: q8_0, fusedQkv: true, fusedGateUp: true}}\n\
-             serve:\n  batches:\n    \"2\": {two}\n    \"4\": {four}\n"
+             serve:\n  cpuRepack: []\n  batches:\n    \"2\": {two}\n    \"4\": {four}\n"
         );
         std::fs::write(&path, text).expect("profile written");
         path
@@ -635,6 +636,35 @@ fn a_profiles_batch_regimes_switch_kernels_as_the_batch_shrinks() {
     for n in [4, 3, 2] {
         assert!(sizes.contains(&n), "no batch of {n}: {sizes:?}");
     }
+}
+
+/// A server of several sequences loads its matrices in the layouts of the
+/// profile's `serve.cpuRepack` (what `tune --serve-batches` checked its tables
+/// over), else in the runtime's default for a server, never the lone decode's
+/// `execution.cpuRepack` (on a VNNI CPU a long-row model's plain rows, whose
+/// batches decoded 8–11% slower than a server without the profile); a server
+/// of one sequence keeps `execution.cpuRepack`.
+#[test]
+fn a_server_loads_the_profiles_server_layouts() {
+    use ktune::kernels::quant::QFormat;
+    let tmp = tempdir();
+    let profile = |name: &str, serve: &str| {
+        let path = tmp.path().join(name);
+        let text = format!(
+            "name: l\nmodel: smollm2-tiny\nversion: 1\ndevice: {{backend: cpu}}\nexecution: {{weightDtype: q8_0, cpuRepack: [q8_0]}}\n{serve}"
+        );
+        std::fs::write(&path, text).expect("profile written");
+        path
+    };
+    let file = "smollm2-tiny-q8_0.gguf";
+    let layout = |g: Generator| g.engine.plan.options.cpu_repack.clone();
+    let plain = profile("plain.yaml", "serve: {cpuRepack: []}\n");
+    assert_eq!(layout(open_with(file, 512, Some(4), Some(plain.clone()))), Vec::<QFormat>::new());
+    assert_eq!(layout(open_with(file, 512, Some(1), Some(plain))), vec![QFormat::Q8_0]);
+    let unsaid = profile("unsaid.yaml", "");
+    assert_eq!(layout(open_with(file, 512, Some(4), Some(unsaid))), layout(open_as(file, 512, 4)), "the runtime's default for a server");
+    let named = profile("named.yaml", "serve: {cpuRepack: [q8_0]}\n");
+    assert_eq!(layout(open_with(file, 512, Some(4), Some(named))), vec![QFormat::Q8_0]);
 }
 
 /// A profile's `serve.minBatch` (where the tuner found lone steps faster):

@@ -380,6 +380,31 @@ fn cpu_repack_resolves_and_old_profiles_repack_nothing() {
     }
 }
 
+/// `serve.cpuRepack` (the layouts a server of several sequences loads, which
+/// `tune --serve-batches` checked its tables over) resolves apart from
+/// `execution.cpuRepack` and survives a write, an empty list too (every matrix
+/// as stored); absent (every older profile) the runtime's default serves; a
+/// format without a repacked layout is refused naming the field.
+#[test]
+fn a_servers_repack_resolves_apart_from_the_lone_decodes() {
+    use ktune::kernels::quant::QFormat;
+    let (_, exec0) = load_and_resolve(GOOD);
+    assert_eq!(exec0.batch_repack, None, "absent: the runtime's default for a server");
+    let with = |serve: &str| GOOD.replace("execution:\n", "execution:\n  cpuRepack: [q4_k]\n") + serve;
+    for (serve, want) in
+        [("serve:\n  cpuRepack: [q4_0, q8_0]\n", vec![QFormat::Q4_0, QFormat::Q8_0]), ("serve:\n  cpuRepack: []\n", vec![])]
+    {
+        let (p, exec) = load_and_resolve(&with(serve));
+        assert_eq!(exec.repack, vec![QFormat::Q4_K], "{serve}");
+        assert_eq!(exec.batch_repack.as_deref(), Some(&want[..]), "{serve}");
+        let text = to_yaml(&p.doc).expect("yaml");
+        let again = Profile::from_str(&text, "g.yaml").unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert_eq!(again.doc.serve.cpu_repack, Some(want.iter().map(|f| f.name().to_string()).collect()), "{text}");
+    }
+    let e = Profile::from_str(&with("serve:\n  cpuRepack: [q6_k]\n"), "f.yaml").expect_err("q6_k").to_string();
+    assert!(e.contains("serve.cpuRepack") && e.contains("q6_k") && e.contains("q4_0"), "{e}");
+}
+
 /// `execution.trustedShaders` (tuned with `--trusted-shaders`) resolves and
 /// survives a write; absent (every older profile) the modules stay checked; a
 /// value that is not a boolean is refused.

@@ -569,8 +569,15 @@ fn a_q8_0_profile_runs_quantized_weights_and_refuses_others() {
         let own_kept = b["own_kept"].as_bool().unwrap_or(false);
         assert_eq!(b["own_ms"].is_number(), n == 8 && served["2"].is_object(), "{b}: {served}");
         assert!(!own_kept || (!kept && b["own_ms"].as_f64() < b["default_ms"].as_f64()), "{b}");
-        assert_eq!(served[n.to_string()].is_object(), kept || own_kept, "{b}: {served}");
+        // The runtime's defaults as the size's table (a server without the
+        // profile), where they are not the plan's own: kept where fastest.
+        let stock_kept = b["stock_kept"].as_bool().unwrap_or(false);
+        assert!(!stock_kept || (!kept && !own_kept && b["stock_ms"].as_f64() < b["default_ms"].as_f64()), "{b}");
+        assert_eq!(served[n.to_string()].is_object(), kept || own_kept || stock_kept, "{b}: {served}");
     }
+    // The layouts the batches were checked over, which a server loads.
+    let layouts = r["profile"]["serve"]["cpuRepack"].as_array().expect("serve.cpuRepack on a CPU");
+    assert!(layouts.iter().all(|f| ["q4_k", "q4_0", "q8_0", "iq4_nl"].contains(&f.as_str().unwrap_or(""))), "{layouts:?}");
     // Where lone steps beat a batch pass, batches that small decode alone.
     if let Some(m) = r["profile"]["serve"]["minBatch"].as_u64() {
         let won = timed.iter().filter(|b| b["sequences"].as_u64() == Some(m - 1)).count();
