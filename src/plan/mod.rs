@@ -1125,8 +1125,8 @@ impl Emitter<'_> {
         // dots too, as a lone prefill's last row takes the decode's GEMV.
         let decode_only = self.batch.is_some() && self.heads.is_empty();
         let x8 = self.plan.x8_weight(&problem, dtype);
-        let (choice, warning) =
-            self.plan.selection.pass_choice(self.batch, (slot, self.regime), layer, &problem, dtype, decode_only, x8)?;
+        let step = select::PassStep { batch: self.batch, key: (slot, self.regime), layer, problem: &problem, dtype, decode_only, x8 };
+        let (choice, warning) = self.plan.selection.pass_choice(&step)?;
         // Every bound buffer must hold what the problem addresses (the plan's shape
         // check: what lets an executor skip the per-call check).
         let specs = problem.buffers(dtype);

@@ -304,6 +304,21 @@ pub fn x8_batch_rows() -> usize {
     if kernels::cpu::qgemm::i8_gemm_simd(Isa::best()) { X8_BATCH_ROWS } else { usize::MAX }
 }
 
+/// One kernel step of a pass, as [`Selection::pass_choice`] chooses for it.
+#[derive(Clone, Copy)]
+pub struct PassStep<'a> {
+    /// The sequences of a decode batch (None: a lone sequence's pass).
+    pub batch: Option<usize>,
+    pub key: SlotKey,
+    pub layer: Option<usize>,
+    pub problem: &'a Problem,
+    pub dtype: DType,
+    /// A pass of decode tokens only (no prompt's chunk).
+    pub decode_only: bool,
+    /// The engine keeps the step's weight in X8 records.
+    pub x8: bool,
+}
+
 /// Kernel choices as a selection holds them: by slot, and by (format, slot)
 /// for a file's other matrix formats ([`Selection::slots`],
 /// [`Selection::formats`]); a race's winners, one batch size's table
@@ -498,24 +513,13 @@ impl Selection {
         self.slots.get(&key)
     }
 
-    /// The kernel of `key` (layer `layer`) for `problem` in a pass of a plan:
-    /// in a decode batch of `batch` sequences the batch tables' choice
-    /// ([`Selection::batch_choice`]), then, on the CPU, the batched dots of a
-    /// pass of decode tokens only (`decode_only`; `x8`: the engine keeps the
-    /// weight in X8 records: [`Selection::x8_choice`]) and a mixture's
-    /// gathered kernels ([`Selection::experts_choice`]), else the regime's own
-    /// choice ([`Selection::choose_noting`], with its warning).
-    #[allow(clippy::too_many_arguments)]
-    pub fn pass_choice(
-        &self,
-        batch: Option<usize>,
-        key: SlotKey,
-        layer: Option<usize>,
-        problem: &Problem,
-        dtype: DType,
-        decode_only: bool,
-        x8: bool,
-    ) -> Result<(Choice, Option<String>), PlanError> {
+    /// The kernel of step `s` of a pass: in a decode batch the batch tables'
+    /// choice ([`Selection::batch_choice`]), then, on the CPU, the batched dots
+    /// of a pass of decode tokens only ([`Selection::x8_choice`]) and a
+    /// mixture's gathered kernels ([`Selection::experts_choice`]), else the
+    /// regime's own choice ([`Selection::choose_noting`], with its warning).
+    pub fn pass_choice(&self, s: &PassStep<'_>) -> Result<(Choice, Option<String>), PlanError> {
+        let PassStep { batch, key, layer, problem, dtype, decode_only, x8 } = *s;
         let table = batch.and_then(|rows| self.batch_choice(rows, key, problem, dtype));
         let x8 = || self.x8_choice(key, layer, problem, dtype, decode_only, x8);
         let experts = || self.experts_choice(key, layer, problem, dtype);

@@ -25,7 +25,7 @@ use super::{Progress, Target, TuneError, TuneOptions};
 use crate::device::DeviceCaps;
 use crate::kernels::quant::QFormat;
 use crate::kernels::{DType, Problem};
-use crate::plan::select::{Choice, SlotChoices, SlotKey};
+use crate::plan::select::{Choice, PassStep, SlotChoices, SlotKey};
 use crate::plan::{Parallel, Plan, Regime, Selection, StepKind};
 use crate::profile::build::RaceResult;
 use crate::profile::doc::BatchEndToEnd;
@@ -177,7 +177,15 @@ fn choices_of(found: &BatchRegimes, rows: usize, sel: &Selection, plan: &Plan, o
     let mut table = SlotChoices::default();
     for (_, r, _) in found.races.iter().filter(|(n, _, _)| *n == rows) {
         if let Some((p, _)) = r.shapes.first()
-            && let Ok((c, _)) = sel.pass_choice(None, r.key, None, p, r.dtype, true, plan.x8_weight(p, r.dtype))
+            && let Ok((c, _)) = sel.pass_choice(&PassStep {
+                batch: None,
+                key: r.key,
+                layer: None,
+                problem: p,
+                dtype: r.dtype,
+                decode_only: true,
+                x8: plan.x8_weight(p, r.dtype),
+            })
         {
             table.insert(r.dtype, r.key, c, &extra);
         }

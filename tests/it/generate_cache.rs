@@ -68,6 +68,19 @@ fn open_on(selector: &str, file: &str, chunk: usize, parallel: Option<usize>, ch
     Generator::open(Some(selector), &s).expect("the fixture opens")
 }
 
+/// A CPU profile of the tiny SmolLM2 fixture in `dir`, named `name`: Q8_0
+/// weights repacked into X8 records for the lone decode
+/// (`execution.cpuRepack`), then `rest` (more top-level sections).
+fn q8_profile(dir: &std::path::Path, name: &str, rest: &str) -> std::path::PathBuf {
+    let path = dir.join(name);
+    let text = format!(
+        "name: {name}\nmodel: smollm2-tiny\nversion: 1\ndevice: {{backend: cpu}}\n\
+         execution: {{weightDtype: q8_0, cpuRepack: [q8_0]}}\n{rest}"
+    );
+    std::fs::write(&path, text).expect("profile written");
+    path
+}
+
 /// Greedy ids after `prompt`, and the logits the prompt's last token gave.
 fn answer(g: &mut Generator, prompt: &[u32]) -> (Vec<u32>, Vec<f32>) {
     let limits = Limits { max_tokens: 6, stop: Vec::new(), ignore_eos: true };
@@ -343,14 +356,10 @@ fn a_paged_cache_takes_the_profiles_attention_tiles() {
     use ktune::kernels::sample::SamplerParams as P;
     let tmp = tempdir();
     let profile = |name: &str, decode: &str| {
-        let path = tmp.path().join(name);
-        let text = format!(
-            "name: tiles\nmodel: smollm2-tiny\nversion: 1\ndevice: {{backend: cpu}}\n\
-             execution: {{weightDtype: q8_0, cpuRepack: [q8_0]}}\n\
-             kernels:\n  attention:\n    prefill: {{kernel: attention_prefill_tiled_cpu, params: {{block_q: 4, block_kv: 16}}}}\n    decode: {decode}\n"
+        let kernels = format!(
+            "kernels:\n  attention:\n    prefill: {{kernel: attention_prefill_tiled_cpu, params: {{block_q: 4, block_kv: 16}}}}\n    decode: {decode}\n"
         );
-        std::fs::write(&path, text).expect("profile written");
-        path
+        q8_profile(tmp.path(), name, &kernels)
     };
     let file = "smollm2-tiny-q8_0.gguf";
     let tiles = profile("tiles.yaml", "attention_decode_heads_cpu");
@@ -648,14 +657,7 @@ fn a_profiles_batch_regimes_switch_kernels_as_the_batch_shrinks() {
 fn a_server_loads_the_profiles_server_layouts() {
     use ktune::kernels::quant::QFormat;
     let tmp = tempdir();
-    let profile = |name: &str, serve: &str| {
-        let path = tmp.path().join(name);
-        let text = format!(
-            "name: l\nmodel: smollm2-tiny\nversion: 1\ndevice: {{backend: cpu}}\nexecution: {{weightDtype: q8_0, cpuRepack: [q8_0]}}\n{serve}"
-        );
-        std::fs::write(&path, text).expect("profile written");
-        path
-    };
+    let profile = |name: &str, serve: &str| q8_profile(tmp.path(), name, serve);
     let file = "smollm2-tiny-q8_0.gguf";
     let layout = |g: Generator| g.engine.plan.options.cpu_repack.clone();
     let plain = profile("plain.yaml", "serve: {cpuRepack: []}\n");
@@ -674,12 +676,7 @@ fn a_server_loads_the_profiles_server_layouts() {
 fn fewer_sequences_than_the_profiles_min_batch_decode_alone() {
     use ktune::kernels::sample::SamplerParams as P;
     let tmp = tempdir();
-    let profile = tmp.path().join("min.yaml");
-    std::fs::write(
-        &profile,
-        "name: m\nmodel: smollm2-tiny\nversion: 1\ndevice: {backend: cpu}\nexecution: {weightDtype: q8_0, cpuRepack: [q8_0]}\nserve: {minBatch: 3}\n",
-    )
-    .expect("profile written");
+    let profile = q8_profile(tmp.path(), "min.yaml", "serve: {minBatch: 3}\n");
     let file = "smollm2-tiny-q8_0.gguf";
     // Without --parallel: below minBatch 3 is 2 sequences.
     assert_eq!(open_with(file, 512, None, Some(profile.clone())).batch_rows(), 2);
