@@ -12,7 +12,8 @@ use super::{Profile, ProfileError, entries};
 /// A choice that differs.
 #[derive(Clone, Debug, Serialize)]
 pub struct Change {
-    /// `attention.decode`, `matmul.qkv_proj (prefill)`, `layers 0-5: attention`, `execution.batchCommands`, ...
+    /// `attention.decode`, `matmul.qkv_proj (prefill)`, `layers 0-5: attention`,
+    /// `serve.batches 8: norm (prefill)`, `execution.batchCommands`, `serve.cpuRepack`, ...
     pub what: String,
     pub old: String,
     pub new: String,
@@ -80,6 +81,14 @@ fn entry_map(p: &Profile) -> BTreeMap<String, String> {
         ("execution.kvCacheDtype", format!("{:?}", e.kv_cache_dtype).to_lowercase()),
         ("execution.weightDtype", format!("{:?}", e.weight_dtype).to_lowercase()),
         ("scheduling.maxParallelKernels", p.doc.scheduling.max_parallel_kernels.to_string()),
+        ("execution.cpuThreads", e.cpu_threads.to_string()),
+        ("execution.cpuSpinUs", e.cpu_spin_us.to_string()),
+        ("execution.cpuPrefetchBytes", or_default(e.cpu_prefetch_bytes.map(|b| b.to_string()))),
+        ("execution.cpuRepack", formats(&e.cpu_repack)),
+        ("execution.trustedShaders", e.trusted_shaders.to_string()),
+        ("execution.decodeChain", or_default(e.decode_chain.map(|k| k.to_string()))),
+        ("serve.minBatch", or_default(p.doc.serve.min_batch.map(|m| m.to_string()))),
+        ("serve.cpuRepack", or_default(p.doc.serve.cpu_repack.as_deref().map(formats))),
     ] {
         m.insert(k.to_string(), v);
     }
@@ -91,6 +100,16 @@ fn entry_map(p: &Profile) -> BTreeMap<String, String> {
         m.insert(format!("parallel.{name}"), "on".into());
     }
     m
+}
+
+/// A setting a profile leaves to the runtime, as a choice reads.
+fn or_default(v: Option<String>) -> String {
+    v.unwrap_or_else(|| "the runtime's default".into())
+}
+
+/// A list of block formats (`cpuRepack`) as a choice reads.
+fn formats(f: &[String]) -> String {
+    if f.is_empty() { "none".into() } else { f.join(", ") }
 }
 
 /// Compares a cost (smaller is better) with its confidence intervals.

@@ -235,6 +235,28 @@ fn diff_flags_a_regression_beyond_threshold_and_noise_only() {
     assert!(d.changes.iter().any(|c| c.what == "execution.fusedQkv" && c.old == "false" && c.new == "true"));
 }
 
+/// `diff-profiles` names a change of the CPU's execution settings and of a
+/// server's (the layouts a lone decode and a server load, the pool's
+/// threads, `serve.minBatch`), each with both values, a setting left to the
+/// runtime said as such.
+#[test]
+fn diff_names_the_layouts_and_the_servers_settings() {
+    let a = tuned(10.0, 0.01, 50.0);
+    let mut b = tuned(10.0, 0.01, 50.0);
+    b.doc.execution.cpu_repack = vec!["q4_k".into()];
+    b.doc.execution.cpu_threads = 2;
+    b.doc.serve.cpu_repack = Some(vec!["q4_k".into(), "q8_0".into()]);
+    b.doc.serve.min_batch = Some(3);
+    let d = diff(&a, &b, 5.0).expect("diffs");
+    assert!(d.changed && !d.regressed, "{d:?}");
+    let change = |what: &str| d.changes.iter().find(|c| c.what == what).map(|c| (c.old.as_str(), c.new.as_str()));
+    assert_eq!(change("execution.cpuRepack"), Some(("none", "q4_k")), "{:?}", d.changes);
+    assert_eq!(change("execution.cpuThreads"), Some(("0", "2")));
+    assert_eq!(change("serve.cpuRepack"), Some(("the runtime's default", "q4_k, q8_0")));
+    assert_eq!(change("serve.minBatch"), Some(("the runtime's default", "3")));
+    assert_eq!(d.changes.len(), 4, "{:?}", d.changes);
+}
+
 /// Every profile shipped in profiles/ loads, names a built-in model, carries its
 /// provenance, and resolves on a device of its backend.
 #[test]
