@@ -235,6 +235,13 @@ pub struct Choice {
     pub params: Params,
 }
 
+/// Two choices are the same variant: the same kernel with the same parameters.
+impl PartialEq for Choice {
+    fn eq(&self, other: &Choice) -> bool {
+        self.kernel.id == other.kernel.id && self.params == other.params
+    }
+}
+
 impl Choice {
     pub fn new(kernel: &'static KernelDef, params: Params) -> Choice {
         Choice { kernel, params }
@@ -323,7 +330,7 @@ pub struct PassStep<'a> {
 /// for a file's other matrix formats ([`Selection::slots`],
 /// [`Selection::formats`]); a race's winners, one batch size's table
 /// ([`Selection::batches`]).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct SlotChoices {
     pub slots: BTreeMap<SlotKey, Choice>,
     pub formats: BTreeMap<(DType, SlotKey), Choice>,

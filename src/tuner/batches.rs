@@ -25,7 +25,7 @@ use super::{Progress, Target, TuneError, TuneOptions};
 use crate::device::DeviceCaps;
 use crate::kernels::quant::QFormat;
 use crate::kernels::{DType, Problem};
-use crate::plan::select::{Choice, PassStep, SlotChoices, SlotKey};
+use crate::plan::select::{PassStep, SlotChoices, SlotKey};
 use crate::plan::{Parallel, Plan, Regime, Selection, StepKind};
 use crate::profile::build::RaceResult;
 use crate::profile::doc::BatchEndToEnd;
@@ -86,14 +86,20 @@ fn batch_options(o: &TuneOptions, chosen: &Combo, most: usize, repack: Option<&[
 
 /// The races of the batch sizes `o.serve_batches` (each 2 or more) for the
 /// plan of `chosen` (its fusions, the default parallel groups; the server's
-/// weight layouts, [`server_repack`]) under `sel` (its selection): per batch size,
+/// weight layouts `repack`, [`server_repack`]) under `sel` (its selection): per batch size,
 /// one race per (slot, storage type) over the shapes of its row-independent
 /// kernel steps.
-pub(crate) fn races(t: &Target<'_>, o: &TuneOptions, chosen: &Combo, sel: &Selection) -> Result<Vec<(usize, RaceDef)>, TuneError> {
+pub(crate) fn races(
+    t: &Target<'_>,
+    o: &TuneOptions,
+    chosen: &Combo,
+    sel: &Selection,
+    repack: Option<&[QFormat]>,
+) -> Result<Vec<(usize, RaceDef)>, TuneError> {
     let sizes = sizes(o);
     let Some(&most) = sizes.iter().max() else { return Ok(Vec::new()) };
     let grouped = Combo { parallel: Parallel::default(), ..*chosen };
-    let plan = Plan::new(t.model, t.config, batch_options(o, &grouped, most, server_repack(t, o).as_deref()), sel.clone())?;
+    let plan = Plan::new(t.model, t.config, batch_options(o, &grouped, most, repack), sel.clone())?;
     let mut out: Vec<(usize, RaceDef)> = Vec::new();
     for &rows in &sizes {
         let mut counts: BTreeMap<(SlotKey, DType, String), (Problem, usize)> = BTreeMap::new();
@@ -142,7 +148,8 @@ pub(crate) fn run(
             o.context
         ));
     }
-    let defs = budget.stage("batch regimes: plans", || races(t, o, chosen, sel))?;
+    let repack = server_repack(t, o);
+    let defs = budget.stage("batch regimes: plans", || races(t, o, chosen, sel, repack.as_deref()))?;
     let (sizes, defs): (Vec<usize>, Vec<RaceDef>) = defs.into_iter().unzip();
     let variants = defs.iter().map(|r| candidates(r, caps, o.strategy).0.len()).sum();
     let space = Space { races: defs, per_fusion: Vec::new(), variants, ruled_out: BTreeMap::new(), combinations: 0.0, kept_panels: true };
@@ -151,7 +158,7 @@ pub(crate) fn run(
     budget.release();
     let Races { results, .. } = races?;
     let extra = o.extra_formats();
-    let mut found = BatchRegimes { repack: server_repack(t, o), ..BatchRegimes::default() };
+    let mut found = BatchRegimes { repack, ..BatchRegimes::default() };
     for ((rows, r), mut res) in sizes.into_iter().zip(space.races).zip(results) {
         res.regime = format!("batch {rows}");
         if let Some(c) = res.winner_choice() {
@@ -191,14 +198,6 @@ fn choices_of(found: &BatchRegimes, rows: usize, sel: &Selection, plan: &Plan, o
         }
     }
     table
-}
-
-/// Whether two batch tables make the same choices (kernels and parameters).
-fn same_choices(a: &SlotChoices, b: &SlotChoices) -> bool {
-    fn same<K: Ord>(x: &BTreeMap<K, Choice>, y: &BTreeMap<K, Choice>) -> bool {
-        x.len() == y.len() && x.iter().all(|(k, c)| y.get(k).is_some_and(|d| c.kernel.id == d.kernel.id && c.params == d.params))
-    }
-    same(&a.slots, &b.slots) && same(&a.formats, &b.formats)
 }
 
 /// The end-to-end check: one engine of the winning combination over the
@@ -279,7 +278,7 @@ fn check(
         // plan's own: the baseline of a server without the profile (a tuned
         // prefill GEMM's tiles may be slower at sixteen sequences).
         let stock_table = choices_of(found, rows, &stock_sel, &e.plan, o);
-        let stocked = !stock_table.is_empty() && !same_choices(&stock_table, &own_table);
+        let stocked = !stock_table.is_empty() && stock_table != own_table;
         let tables_of = |extra: &SlotChoices| {
             let mut t = without.clone();
             t.insert(rows, extra.clone());
