@@ -125,6 +125,13 @@ fn main() {
     let args = Arguments::from_args();
     // Opened once, before the trials: a missing adapter skips (loudly) or fails here.
     let gpu = test_gpu().is_some();
+    // The trials run side by side, each thread between its kernel calls in the
+    // f64 reference or in lavapipe: a pool worker spinning for its next job
+    // (2 ms after each, the decode loop's setting) takes CPU the other trial
+    // could use. Parked at once, the suite ran 1.5-2.3% faster in each of three
+    // interleaved pairs with Mesa's shader cache warm (106-108 against 108-110 s
+    // on a 2-core Xeon); cold, lavapipe's compiles hide it.
+    ktune_kernels::kernels::cpu::pool::pool().set_spin(std::time::Duration::ZERO);
     // Longest first, so that the short ones fill the threads at the end: the WGSL
     // trials (on lavapipe mostly compiling), the properties, then the CPU trials.
     let mut trials: Vec<Trial> = Vec::new();
