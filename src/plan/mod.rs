@@ -299,7 +299,7 @@ pub struct PlanOptions {
     /// Parallel groups (the profile's `parallel`): q/k/v and gate/up run concurrently.
     pub parallel: Parallel,
     /// CPU: the block formats whose matrices a CPU engine repacks at load for its
-    /// decode dots (the profile's `execution.cpuRepack`: Q4_K, Q4_0, Q8_0, IQ4_NL, into
+    /// decode dots (the profile's `execution.cpuRepack`: Q4_K, Q4_0, Q8_0, IQ4_NL, Q6_K, into
     /// [`Layout::X8`](crate::kernels::quant::Layout::X8), matrices of whole groups
     /// of 8 rows). GPU engines ignore it.
     #[serde(skip_serializing_if = "Vec::is_empty")]

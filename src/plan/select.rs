@@ -397,7 +397,7 @@ impl Selection {
     /// decode's values, bit for bit: for a decode pass of up to
     /// [`x8_batch_rows`] rows over X8 records; where the int8 GEMM has no SIMD
     /// tiles (AVX2 alone), for every pass over a block format, in X8 records
-    /// or plain rows (Q6_K, Q4_1, Q5_K, ..., which have no X8 layout or are not
+    /// or plain rows (Q4_1, Q5_K, ..., which have no X8 layout, or formats not
     /// repacked): a decode pass of any rows, and with the runtime's int8
     /// activations a prompt's rows (whole or in chunks) where this selection
     /// does not choose for the slot. The f32

@@ -478,10 +478,8 @@ fn pass_kernel(g: &Generator, counts: &[usize], slot: ktune::plan::Slot) -> Stri
 /// AVX2 alone, chunks and whole prompts too (no SIMD int8 GEMM there: its f32
 /// panel GEMM dequantizes every pass). A server of one sequence keeps these
 /// formats in rows on VNNI, in X8 records with AVX2 alone. Q8_0, and Q4_K with
-/// its Q6_K matrices (no X8 layout: the GEMM on VNNI; with AVX2 alone the dots
-/// over their rows in every pass). Every sequence of a Q8_0 batch
-/// answers as alone on such an engine, greedy and seeded (of the Q4_K one too
-/// with AVX2 alone).
+/// its Q6_K matrices (X8 records of their own on a server). Every sequence of
+/// a batch answers as alone on such an engine, greedy and seeded.
 #[test]
 fn a_cpu_server_decodes_its_batches_through_x8_dots() {
     use ktune::kernels::cpu::Isa;
@@ -510,14 +508,16 @@ fn a_cpu_server_decodes_its_batches_through_x8_dots() {
             continue;
         }
         assert!(batch.engine.plan.options.cpu_repack.contains(&format), "{file}: {:?}", batch.engine.plan.options.cpu_repack);
-        // Every projection stored in the repacked format takes the dots (a
-        // matrix of another, Q6_K, the GEMM on VNNI, the dots over its rows
-        // with AVX2 alone), in a pass of decode tokens only.
+        // Every projection (in the file's format, or Q6_K, repacked too) takes
+        // the dots in a pass of decode tokens only.
+        let repacked = batch.engine.plan.options.cpu_repack.clone();
         let takes = |counts: &[usize], slot: Slot, dots: bool| {
             let ks = pass_kernels(&batch, counts, slot);
             assert!(ks.iter().any(|(_, d)| *d == DType::from(format)), "{file} {slot:?}: {ks:?}");
             for (id, dtype) in ks {
-                let want = if dots && (dtype == DType::from(format) || !vnni) { "gemm_q_dots_cpu" } else { gemm };
+                let x8 = dtype.quant().is_some_and(|f| repacked.contains(&f));
+                assert!(x8 || !vnni, "{file} {slot:?}: a {dtype} matrix left in rows on a server ({repacked:?})");
+                let want = if dots { "gemm_q_dots_cpu" } else { gemm };
                 assert!(id.starts_with(want), "{file} {slot:?} in a pass of {counts:?}: {id} ({dtype}), not {want}");
             }
         };
@@ -535,12 +535,6 @@ fn a_cpu_server_decodes_its_batches_through_x8_dots() {
         // the dots with AVX2 alone (every pass there: a prompt's rows get the
         // decode's arithmetic, the K-quants' activations rounded per 256).
         takes(&[1, 5, 1], Slot::MatmulQkv, !vnni);
-        if format != QFormat::Q8_0 && vnni {
-            // (Its Q6_K matrices take the GEMM on VNNI, whose activations round
-            // per 32 where the lone decode's K-quant dots round per 256; with
-            // AVX2 alone they take the dots over their rows, the lone arithmetic.)
-            continue;
-        }
         let mut alone = open_as(file, 512, 20);
         let room = batch.context;
         let lengths = [5usize, 13, 30.min(room / 2), 2];

@@ -386,18 +386,18 @@ fn cpu_repack_resolves_and_old_profiles_repack_nothing() {
     let again = Profile::from_str(&text, "g.yaml").unwrap_or_else(|e| panic!("{e}\n{text}"));
     assert_eq!(again.doc.execution.cpu_repack, vec!["q4_k".to_string()]);
     // Every format with a repacked layout, in the order listed.
-    let (p, exec) = load_and_resolve(&GOOD.replace("execution:\n", "execution:\n  cpuRepack: [q4_k, q4_0, q8_0, iq4_nl]\n"));
-    assert_eq!(exec.repack, vec![QFormat::Q4_K, QFormat::Q4_0, QFormat::Q8_0, QFormat::IQ4_NL]);
+    let (p, exec) = load_and_resolve(&GOOD.replace("execution:\n", "execution:\n  cpuRepack: [q4_k, q4_0, q8_0, iq4_nl, q6_k]\n"));
+    assert_eq!(exec.repack, vec![QFormat::Q4_K, QFormat::Q4_0, QFormat::Q8_0, QFormat::IQ4_NL, QFormat::Q6_K]);
     let text = to_yaml(&p.doc).expect("yaml");
     let again = Profile::from_str(&text, "g.yaml").unwrap_or_else(|e| panic!("{e}\n{text}"));
-    assert_eq!(again.doc.execution.cpu_repack, ["q4_k", "q4_0", "q8_0", "iq4_nl"].map(String::from).to_vec());
-    for bad in ["[q6_k]", "[q4_k, f16]", "[q4_0, q4_1]", "q4_k"] {
+    assert_eq!(again.doc.execution.cpu_repack, ["q4_k", "q4_0", "q8_0", "iq4_nl", "q6_k"].map(String::from).to_vec());
+    for bad in ["[q5_k]", "[q4_k, f16]", "[q4_0, q4_1]", "q4_k"] {
         let e = Profile::from_str(&GOOD.replace("execution:\n", &format!("execution:\n  cpuRepack: {bad}\n")), "f.yaml");
         let e = e.expect_err(bad).to_string();
         assert!(e.contains("cpuRepack") || e.contains("sequence"), "{bad}: {e}");
     }
     let e = Profile::from_str(&GOOD.replace("execution:\n", "execution:\n  cpuRepack: [q5_k]\n"), "f.yaml").expect_err("q5_k");
-    for allowed in ["q4_k", "q4_0", "q8_0", "iq4_nl"] {
+    for allowed in ["q4_k", "q4_0", "q8_0", "iq4_nl", "q6_k"] {
         assert!(e.to_string().contains(allowed), "names what is allowed ({allowed}): {e}");
     }
 }
@@ -423,8 +423,8 @@ fn a_servers_repack_resolves_apart_from_the_lone_decodes() {
         let again = Profile::from_str(&text, "g.yaml").unwrap_or_else(|e| panic!("{e}\n{text}"));
         assert_eq!(again.doc.serve.cpu_repack, Some(want.iter().map(|f| f.name().to_string()).collect()), "{text}");
     }
-    let e = Profile::from_str(&with("serve:\n  cpuRepack: [q6_k]\n"), "f.yaml").expect_err("q6_k").to_string();
-    assert!(e.contains("serve.cpuRepack") && e.contains("q6_k") && e.contains("q4_0"), "{e}");
+    let e = Profile::from_str(&with("serve:\n  cpuRepack: [q5_k]\n"), "f.yaml").expect_err("q5_k").to_string();
+    assert!(e.contains("serve.cpuRepack") && e.contains("q5_k") && e.contains("q6_k"), "{e}");
 }
 
 /// `execution.trustedShaders` (tuned with `--trusted-shaders`) resolves and

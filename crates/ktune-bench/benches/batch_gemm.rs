@@ -72,9 +72,13 @@ fn main() {
         // X8 records), best of 200 passes over every layer's matrices: what
         // the batched loop must not slow.
         {
-            use ktune_kernels::kernels::cpu::{ActVec, Isa, XQ8};
+            use ktune_kernels::kernels::cpu::{ActVec, Isa};
             let mut best = f64::MAX;
-            let xs: Vec<ActVec> = shapes.iter().map(|&(_, _, k, _)| ActVec::I8(XQ8::quantize(&vec![0.25f32; k]))).collect();
+            let ones = vec![0.25f32; shapes.iter().map(|s| s.2).max().unwrap_or(0)];
+            // The activations as the decode quantizes them for this format (one
+            // scale per 256 for the K-quants' super-block dots).
+            let params = find("gemm_q_dots_cpu").expect("registered").params_with(&[("act_bits", 8)]);
+            let xs: Vec<ActVec> = shapes.iter().map(|&(_, _, k, _)| ActVec::new(&ones[..k], &params, f).expect("act_bits 8")).collect();
             let mut y: Vec<Vec<f32>> = shapes.iter().map(|&(_, n, _, _)| vec![0f32; n]).collect();
             for _ in 0..200 {
                 let t = Instant::now();

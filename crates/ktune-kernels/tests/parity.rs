@@ -147,7 +147,7 @@ fn main() {
         property("every_quantized_op_has_both_backends_for_every_format", every_quantized_op_has_both_backends_for_every_format),
         property("preferred_kernels_exist_and_compute_their_op", preferred_kernels_exist_and_compute_their_op),
         property("trusted_wgsl_kernels_match_reference_one_per_family", trusted_wgsl_kernels_match_reference_one_per_family),
-        property("repacked_q4k_weights_give_the_row_layout_results", repacked_q4k_weights_give_the_row_layout_results),
+        property("repacked_k_quant_weights_give_the_row_layout_results", repacked_k_quant_weights_give_the_row_layout_results),
         property(
             "repacked_q4_0_q8_0_iq4_nl_weights_give_the_row_layout_results",
             repacked_q4_0_q8_0_iq4_nl_weights_give_the_row_layout_results,
@@ -338,14 +338,18 @@ fn trusted_wgsl_kernels_match_reference_one_per_family() {
     assert!(std::sync::Arc::ptr_eq(&p2, &gpu.pipeline(&WITH_INCLUDE, "main", &[]).expect("again")), "the pipeline is not cached");
 }
 
-/// Q4_K weights repacked at load (`execution.cpuRepack`, the `X8` layout) give
-/// every CPU kernel that takes Q4_K the results of the row layout: the decode dots
-/// through their 8-row path, everything else through the gathered blocks. Shapes
-/// of whole groups of 8 rows (the repack leaves other matrices as they are).
-fn repacked_q4k_weights_give_the_row_layout_results() {
-    let runs = repacked_weights_give_the_row_layout_results(ktune_kernels::kernels::DType::Q4_K);
-    counted(runs);
-    assert!(runs >= 10, "only {runs} repacked runs");
+/// Q4_K and Q6_K weights repacked at load (`execution.cpuRepack`, the `X8`
+/// layout) give every CPU kernel that takes them the results of the row layout:
+/// the decode dots through their 8-row path, everything else through the
+/// gathered blocks. Shapes of whole groups of 8 rows (the repack leaves other
+/// matrices as they are).
+fn repacked_k_quant_weights_give_the_row_layout_results() {
+    use ktune_kernels::kernels::DType;
+    for dtype in [DType::Q4_K, DType::Q6_K] {
+        let runs = repacked_weights_give_the_row_layout_results(dtype);
+        counted(runs);
+        assert!(runs >= 10, "{dtype}: only {runs} repacked runs");
+    }
 }
 
 /// The same for the 32-element formats with a repacked layout (Q4_0, Q8_0,

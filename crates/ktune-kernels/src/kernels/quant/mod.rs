@@ -31,8 +31,8 @@ pub use decode::{GROUP, IQ4_LEVELS, Unpacked, dequantize_block, scale_min_k4, sc
 pub use encode::quantize_block;
 pub use formats::{DType, QFormat};
 pub use repack::{
-    DEFAULT_REPACK_MAX_ROW, REPACKABLE, X8_BYTES, X8_ROWS, default_repack, pack_scales_mins_k4, x8_record_bytes, x8_row_codes, x8_row_runs,
-    x8_scale_min,
+    DEFAULT_REPACK_MAX_ROW, REPACKABLE, X8_BYTES, X8_K6_BYTES, X8_ROWS, default_repack, pack_scales_mins_k4, x8_k6_code, x8_k6_scale,
+    x8_record_bytes, x8_row_codes, x8_row_runs, x8_scale_min,
 };
 pub use stack::{QStack, RowFormats, StackLayout};
 

@@ -1,7 +1,7 @@
-//! Repacked weight layouts: Q4_K, Q4_0, Q8_0 and IQ4_NL matrices reordered at
-//! load time for the CPU's int8 decode dots ([`Layout::X8`]), as llama.cpp's CPU
-//! `REPACK` buffers reorder Q4_0/Q8_0/Q4_K/IQ4_NL rows into interleaved groups, in
-//! a layout of ours made for `vpdpbusd`.
+//! Repacked weight layouts: Q4_K, Q4_0, Q8_0, IQ4_NL and Q6_K matrices
+//! reordered at load time for the CPU's int8 decode dots ([`Layout::X8`]), as
+//! llama.cpp's CPU `REPACK` buffers reorder Q4_0/Q8_0/Q4_K/IQ4_NL rows into
+//! interleaved groups, in a layout of ours made for `vpdpbusd`.
 //!
 //! Rows go in groups of [`X8_ROWS`]; a group's block column `c` (of `bpr` per
 //! row) is one record of [`x8_record_bytes`] bytes at `(g * bpr + c) * bytes` in
@@ -31,6 +31,16 @@
 //!   IQ4_NL's go through the non-linear table (`vpshufb`) first.
 //! - Q8_0 (256 bytes, one block column): `scales`: `d` of rows 0..8; the 8 runs of
 //!   a row's 32 signed codes (load `t`: elements `4 t..4 t + 4`).
+//! - Q6_K ([`X8_K6_BYTES`] = 1664 bytes, one super-block column, no bytes
+//!   added): `scales`: `d` of rows 0..8; bytes `0..128`: the int8 scale of
+//!   16-element group `g` of row `i` at `8 g + i`; bytes `128..1664`: the 48 runs
+//!   of a row's 192 code bytes in ggml's order (`ql`, 128 bytes, then `qh`, 64),
+//!   so for half `h` of the super-block and `t < 8` the runs `16 h + t` and
+//!   `16 h + 8 + t` (`ql`) and `32 + 8 h + t` (`qh`) hold elements
+//!   `128 h + 32 s + 4 t..+4` of each row for `s = 0..4`: the low nibbles of
+//!   the first two and the high nibbles of both, each with its pair of `qh`
+//!   bits (bits `2 s`), in 6-bit unsigned codes (the `-32` enters through the
+//!   activations' sums per 16).
 //!
 //! A record of the 32-element formats is one block column and not several: a
 //! group's columns lie one after another either way, so grouping 4 or 8 columns
@@ -50,7 +60,7 @@ use super::{Layout, QFormat, QMatrix, QView, scales_mins_k4};
 /// The block formats with a repacked CPU layout (the profile's `execution.cpuRepack`),
 /// the formats whose type names an [`X8`] layout, in the order the tuner numbers
 /// them (its repack bits).
-pub const REPACKABLE: [QFormat; 4] = [QFormat::Q4_K, QFormat::Q4_0, QFormat::Q8_0, QFormat::IQ4_NL];
+pub const REPACKABLE: [QFormat; 5] = [QFormat::Q4_K, QFormat::Q4_0, QFormat::Q8_0, QFormat::IQ4_NL, QFormat::Q6_K];
 
 /// The longest matrix row (`max(hidden, intermediate)`) at which the runtime
 /// repacks Q4_0 without a profile ([`default_repack`]).
@@ -76,7 +86,8 @@ pub const DEFAULT_REPACK_MAX_ROW: usize = 1536;
 /// within 2% and the prefill's GEMM no slower over X8 records than over rows).
 ///
 /// With AVX2 and no VNNI (`maddubs` + `madd` for `vpdpbusd`), every format with
-/// an X8 layout among `formats`, any row length, alone or in batches: the row
+/// an X8 layout among `formats` but Q6_K, any row length (Q6_K too in batches;
+/// its lone decode over records is not measured on an AVX2-only CPU): the row
 /// dots' per-row horizontal sums and scale conversions cost there what the
 /// records save. Measured on a 2-core EPYC 7001 (Zen 1, AVX2 only), `run
 /// --no-profile`, 64 tokens, three alternated pairs, tok/s: SmolLM2-135M Q4_0
@@ -91,8 +102,11 @@ pub fn default_repack(avx2: bool, vnni: bool, longest_row: usize, formats: &[QFo
     if !avx2 {
         return Vec::new();
     }
-    if batches || !vnni {
+    if batches {
         return every();
+    }
+    if !vnni {
+        return REPACKABLE.into_iter().filter(|f| formats.contains(f) && *f != QFormat::Q6_K).collect();
     }
     if longest_row > DEFAULT_REPACK_MAX_ROW {
         return Vec::new();
@@ -104,8 +118,11 @@ pub fn default_repack(avx2: bool, vnni: bool, longest_row: usize, formats: &[QFo
 pub const X8_ROWS: usize = 8;
 /// Bytes of one Q4_K [`Layout::X8`] record in `quants` (8 rows' super-blocks).
 pub const X8_BYTES: usize = 1152;
-/// Bytes of a Q4_K block in the split layout (less `d`, `dmin`): 12 scale bytes, 128 code bytes.
-const Q4K_QB: usize = 140;
+/// Bytes of one Q6_K [`Layout::X8`] record in `quants` (8 rows' super-blocks).
+pub const X8_K6_BYTES: usize = 1664;
+/// Bytes of the longest repackable block in the split layout (Q6_K's, less
+/// `d`: 128 + 64 code bytes, 16 scales).
+const MAX_QB: usize = 208;
 
 /// Bytes of one [`Layout::X8`] record of `format` in `quants`: 8 rows' blocks of
 /// one column (Q4_K's with its scales and minima unpacked).
@@ -119,10 +136,22 @@ fn k4(format: QFormat) -> bool {
     format.ops().cpu.x8 == Some(X8::K4)
 }
 
+/// Whether the format's records are [`X8::K6`]'s (the int8 scales side by side).
+#[inline]
+fn k6(format: QFormat) -> bool {
+    format.ops().cpu.x8 == Some(X8::K6)
+}
+
 /// Where a block's code bytes lie: their offset in the split form, their count,
 /// and the offset of their runs in an X8 record.
 fn x8_codes(format: QFormat) -> (usize, usize, usize) {
-    if k4(format) { (12, 128, 128) } else { (0, format.quant_bytes(), 0) }
+    if k4(format) {
+        (12, 128, 128)
+    } else if k6(format) {
+        (0, 192, 128)
+    } else {
+        (0, format.quant_bytes(), 0)
+    }
 }
 
 /// The 12 packed scale bytes of a Q4_K block from its eight 6-bit scales (bytes
@@ -172,6 +201,11 @@ impl QMatrix {
                         for j in 0..8 {
                             rec[8 * j + i] = sm[j];
                             rec[64 + 8 * j + i] = sm[8 + j];
+                        }
+                    }
+                    if k6(self.format) {
+                        for g in 0..16 {
+                            rec[8 * g + i] = q[192 + g];
                         }
                     }
                     for t in 0..len / 4 {
@@ -227,15 +261,30 @@ pub fn x8_scale_min(rec: &[u8], i: usize, j: usize) -> (u8, u8) {
     (rec[8 * j + i], rec[64 + 8 * j + i])
 }
 
+/// Row `i`'s 6-bit Q6_K code of element `e` (0..256) from an X8 record.
+#[inline]
+pub fn x8_k6_code(rec: &[u8], i: usize, e: usize) -> u8 {
+    let (h, s, t, l) = (e / 128, e % 128 / 32, e % 32 / 4, e % 4);
+    let lo = (rec[128 + 32 * (16 * h + 8 * (s % 2) + t) + 4 * i + l] >> (4 * (s / 2))) & 0x0f;
+    let hi = (rec[128 + 32 * (32 + 8 * h + t) + 4 * i + l] >> (2 * s)) & 3;
+    lo | (hi << 4)
+}
+
+/// Row `i`'s int8 scale of 16-element group `g` from a Q6_K X8 record.
+#[inline]
+pub fn x8_k6_scale(rec: &[u8], i: usize, g: usize) -> i8 {
+    rec[8 * g + i] as i8
+}
+
 /// Block `c` of row `r` of a [`Layout::X8`] view in the split form: the quant
 /// bytes (the first `quant_bytes` of the array) and the header fields (the first
 /// `scales_per_block`).
-pub(super) fn gather_x8(w: &QView<'_>, r: usize, c: usize, bpr: usize) -> ([u8; Q4K_QB], [f16; 2]) {
+pub(super) fn gather_x8(w: &QView<'_>, r: usize, c: usize, bpr: usize) -> ([u8; MAX_QB], [f16; 2]) {
     let (g, i) = (r / X8_ROWS, r % X8_ROWS);
     let (ns, rb) = (w.format.scales_per_block(), x8_record_bytes(w.format));
     let rec = &w.quants[(g * bpr + c) * rb..][..rb];
     let sc = &w.scales[(g * bpr + c) * ns * X8_ROWS..][..ns * X8_ROWS];
-    let mut q = [0u8; Q4K_QB];
+    let mut q = [0u8; MAX_QB];
     let mut s = [f16::ZERO; 2];
     for (f, o) in s.iter_mut().enumerate().take(ns) {
         *o = sc[f * X8_ROWS + i];
@@ -246,6 +295,11 @@ pub(super) fn gather_x8(w: &QView<'_>, r: usize, c: usize, bpr: usize) -> ([u8; 
             (sm[j], sm[8 + j]) = x8_scale_min(rec, i, j);
         }
         q[..12].copy_from_slice(&pack_scales_mins_k4(&sm));
+    }
+    if k6(w.format) {
+        for g in 0..16 {
+            q[192 + g] = x8_k6_scale(rec, i, g) as u8;
+        }
     }
     let (src, len, at) = x8_codes(w.format);
     x8_row_runs(rec, i, at, &mut q[src..src + len]);
@@ -275,6 +329,7 @@ mod tests {
         use super::{DEFAULT_REPACK_MAX_ROW, QFormat, default_repack};
         let all = [QFormat::Q4_K, QFormat::Q4_0, QFormat::Q8_0, QFormat::IQ4_NL, QFormat::Q6_K];
         let x8 = vec![QFormat::Q4_K, QFormat::Q4_0, QFormat::Q8_0, QFormat::IQ4_NL];
+        let x8_all = vec![QFormat::Q4_K, QFormat::Q4_0, QFormat::Q8_0, QFormat::IQ4_NL, QFormat::Q6_K];
         assert_eq!(default_repack(true, true, 1536, &all, false), vec![QFormat::Q4_0]);
         assert!(default_repack(true, true, 576, &[QFormat::Q8_0, QFormat::Q6_K], false).is_empty());
         assert!(default_repack(true, true, DEFAULT_REPACK_MAX_ROW + 1, &all, false).is_empty());
@@ -282,14 +337,17 @@ mod tests {
         assert!(default_repack(true, true, 576, &[QFormat::Q4_K, QFormat::IQ4_NL], false).is_empty());
         // An engine decoding batches: every repackable format present, any row length.
         assert_eq!(
-            default_repack(true, true, 8192, &[QFormat::Q6_K, QFormat::Q4_K, QFormat::Q8_0], true),
-            vec![QFormat::Q4_K, QFormat::Q8_0]
+            default_repack(true, true, 8192, &[QFormat::Q6_K, QFormat::Q4_K, QFormat::Q8_0, QFormat::Q4_1], true),
+            vec![QFormat::Q4_K, QFormat::Q8_0, QFormat::Q6_K]
         );
-        // AVX2 without VNNI: every repackable format present, alone or in batches, any row length.
+        // AVX2 without VNNI: every repackable format present, any row length;
+        // Q6_K only in batches.
+        assert_eq!(default_repack(true, false, 8192, &all, false), x8);
+        assert_eq!(default_repack(true, false, 8192, &all, true), x8_all);
+        assert_eq!(default_repack(true, false, 576, &[QFormat::Q6_K, QFormat::Q8_0], false), vec![QFormat::Q8_0]);
+        assert_eq!(default_repack(true, false, 576, &[QFormat::Q6_K, QFormat::Q8_0], true), vec![QFormat::Q8_0, QFormat::Q6_K]);
         for batches in [false, true] {
-            assert_eq!(default_repack(true, false, 8192, &all, batches), x8);
-            assert_eq!(default_repack(true, false, 576, &[QFormat::Q6_K, QFormat::Q8_0], batches), vec![QFormat::Q8_0]);
-            assert!(default_repack(true, false, 576, &[QFormat::Q6_K, QFormat::Q4_1], batches).is_empty());
+            assert!(default_repack(true, false, 576, &[QFormat::Q5_K, QFormat::Q4_1], batches).is_empty());
             // No AVX2: nothing.
             assert!(default_repack(false, false, 576, &all, batches).is_empty());
         }
@@ -329,9 +387,42 @@ mod tests {
         assert_eq!(x.view().get(5 * 512 + 300), m.view().get(5 * 512 + 300));
         // Not 8 rows a group, or a format without a repacked layout: unchanged.
         assert_eq!(q4k(12, 256, 1).repack_x8().layout, Layout::Rows);
-        let q6 = QMatrix::quantize(QFormat::Q6_K, 8, 256, &crate::kernels::cpu::testdata::signed(8 * 256, 2)).unwrap();
-        assert!(!q6.can_repack_x8());
-        assert_eq!(q6.repack_x8(), q6);
+        let q5 = QMatrix::quantize(QFormat::Q5_K, 8, 256, &crate::kernels::cpu::testdata::signed(8 * 256, 2)).unwrap();
+        assert!(!q5.can_repack_x8());
+        assert_eq!(q5.repack_x8(), q5);
+    }
+
+    /// Q6_K's records: no bytes added, lossless, the scales side by side and
+    /// every element's 6-bit code where [`x8_k6_code`] reads it.
+    #[test]
+    fn x8_repack_of_q6k_is_lossless_and_reads_each_code() {
+        let (rows, cols) = (16, 512);
+        let m = QMatrix::quantize(QFormat::Q6_K, rows, cols, &crate::kernels::cpu::testdata::signed(rows * cols, 9)).unwrap();
+        let x = m.repack_x8();
+        assert_eq!(x.layout, Layout::X8 { bpr: 2 });
+        assert_eq!((x.quants.len(), x.scales.len()), (m.quants.len(), m.scales.len()), "no bytes added");
+        assert_eq!(x8_record_bytes(QFormat::Q6_K), X8_K6_BYTES);
+        assert_eq!(x.to_rows(), m);
+        assert_eq!(x.to_ggml(), m.to_ggml());
+        let (mut a, mut b) = (vec![0f32; rows * cols], vec![0f32; rows * cols]);
+        m.view().dequantize_into(&mut a);
+        x.view().dequantize_into(&mut b);
+        assert_eq!(a, b);
+        let mut vals = [0i8; 256];
+        for r in 0..rows {
+            for c in 0..2 {
+                let (g, i) = (r / X8_ROWS, r % X8_ROWS);
+                let rec = &x.quants[(g * 2 + c) * X8_K6_BYTES..][..X8_K6_BYTES];
+                let (q, _) = m.view().block(r * 2 + c);
+                <crate::kernels::quant::block::kquant::BlockQ6K as crate::kernels::quant::block::BlockFormat>::unpack_vals(q, &mut vals);
+                for (e, &v) in vals.iter().enumerate() {
+                    assert_eq!(x8_k6_code(rec, i, e) as i32 - 32, v as i32, "row {r} column {c} element {e}");
+                }
+                for grp in 0..16 {
+                    assert_eq!(x8_k6_scale(rec, i, grp), q[192 + grp] as i8);
+                }
+            }
+        }
     }
 
     #[test]

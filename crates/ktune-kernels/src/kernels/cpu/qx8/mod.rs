@@ -38,7 +38,9 @@ use half::f16;
 
 use super::{Isa, XQ8, with_scratch};
 use crate::kernels::quant::block::{Codes, X8};
-use crate::kernels::quant::{IQ4_LEVELS, Layout, QK, QView, X8_BYTES, X8_ROWS, x8_record_bytes, x8_row_codes, x8_scale_min};
+use crate::kernels::quant::{
+    IQ4_LEVELS, Layout, QK, QView, X8_BYTES, X8_K6_BYTES, X8_ROWS, x8_k6_code, x8_k6_scale, x8_record_bytes, x8_row_codes, x8_scale_min,
+};
 
 /// Rows `first..first + y.len()` of the [`Layout::X8`] matrix `w` dotted with
 /// `x` into `y`: whole groups of 8 rows, a partial group at either end computed
@@ -70,6 +72,12 @@ fn groups(first: usize, count: usize, mut f: impl FnMut(usize, usize, usize)) {
 /// vector registers of AVX2 and most of AVX-512's 32.
 pub const X8_TOKENS: usize = 4;
 
+/// Tokens a pass over a group of Q6_K records computes on AVX-512 VNNI
+/// ([`rows_x8_tokens`]): its loop keeps one accumulator and one column sum a
+/// token (16 of the 32 registers), so the 6-bit codes, rebuilt from three runs
+/// for every vector, are rebuilt once for 8 tokens.
+pub const X8_K6_TOKENS: usize = 8;
+
 /// Rows `first..first + count` of the [`Layout::X8`] matrix `w` dotted with
 /// the activations `x(t)` of each token `t < m`, into `out` token-major (`[m][count]`):
 /// a group of 8 rows at a time, its records read and decoded once for up to
@@ -79,6 +87,8 @@ pub const X8_TOKENS: usize = 4;
 pub fn rows_x8_tokens<'a>(isa: Isa, m: usize, x: impl Fn(usize) -> &'a XQ8, w: QView<'_>, first: usize, count: usize, out: &mut [f32]) {
     let Layout::X8 { bpr } = w.layout else { return };
     assert!(out.len() >= m * count, "{} outputs for {m} tokens of {count} rows", out.len());
+    let k6 = w.format.ops().cpu.x8 == Some(X8::K6);
+    let per_pass = if k6 && isa.vnni() { X8_K6_TOKENS } else { X8_TOKENS };
     groups(first, count, |g, r, hi| {
         let lo = g * X8_ROWS;
         let mut put = |t0: usize, dots: &[[f32; X8_ROWS]]| {
@@ -86,6 +96,20 @@ pub fn rows_x8_tokens<'a>(isa: Isa, m: usize, x: impl Fn(usize) -> &'a XQ8, w: Q
                 out[(t0 + j) * count + r - first..][..hi - r].copy_from_slice(&d[r - lo..hi - lo]);
             }
         };
+        if k6 {
+            for t0 in (0..m).step_by(per_pass) {
+                macro_rules! pass {
+                    ($($n:literal)*) => {
+                        match (m - t0).min(per_pass) {
+                            $($n => put(t0, &group_k6(isa, std::array::from_fn::<_, $n, _>(|j| x(t0 + j)), w, bpr, g)),)*
+                            _ => unreachable!("1 to {X8_K6_TOKENS} tokens a pass"),
+                        }
+                    };
+                }
+                pass!(1 2 3 4 5 6 7 8);
+            }
+            return;
+        }
         for t0 in (0..m).step_by(X8_TOKENS) {
             match m - t0 {
                 1 => put(t0, &group(isa, [x(t0)], w, bpr, g)),
@@ -121,6 +145,9 @@ fn group<const T: usize>(isa: Isa, xs: [&XQ8; T], w: QView<'_>, bpr: usize, g: u
         }
         return xs.map(|x| group32_portable(codes, rb, rec, sc, x, bpr));
     }
+    if w.format.ops().cpu.x8 == Some(X8::K6) {
+        return group_k6(isa, xs, w, bpr, g);
+    }
     #[cfg(target_arch = "x86_64")]
     if isa.avx2() && xs.iter().all(|x| x.per256 && x.q.len() >= bpr * 256 && x.d.len() >= 8 * bpr && x.dsum.len() >= 8 * bpr) {
         // SAFETY: AVX2/FMA/F16C checked (VNNI too for `vnni`); `rec`, `sc` hold
@@ -129,6 +156,21 @@ fn group<const T: usize>(isa: Isa, xs: [&XQ8; T], w: QView<'_>, bpr: usize, g: u
     }
     let _ = isa;
     xs.map(|x| group_portable(rec, sc, x, bpr))
+}
+
+/// The 8 dot products of the Q6_K rows `8 g..8 g + 8` with each of the tokens `xs`.
+#[inline]
+fn group_k6<const T: usize>(isa: Isa, xs: [&XQ8; T], w: QView<'_>, bpr: usize, g: usize) -> [[f32; X8_ROWS]; T] {
+    let rec = &w.quants[g * bpr * X8_K6_BYTES..(g + 1) * bpr * X8_K6_BYTES];
+    let sc = &w.scales[g * bpr * X8_ROWS..(g + 1) * bpr * X8_ROWS];
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx2() && xs.iter().all(|x| x.per256 && x.q.len() >= bpr * 256 && x.d.len() >= 8 * bpr && x.dsum16.len() >= 16 * bpr) {
+        // SAFETY: AVX2/FMA/F16C checked (VNNI too for `vnni`); `rec`, `sc` hold
+        // `bpr` records, each `x` as many super-blocks (checked above).
+        return unsafe { if isa.vnni() { x86::vnni::group_k6(rec, sc, xs, bpr) } else { x86::avx2::group_k6(rec, sc, xs, bpr) } };
+    }
+    let _ = isa;
+    xs.map(|x| group_k6_portable(rec, sc, x, bpr))
 }
 
 /// The portable loop: `x` with one scale per 256 or per 32.
@@ -163,6 +205,39 @@ fn group_portable(rec: &[u8], sc: &[f16], x: &XQ8, bpr: usize) -> [f32; X8_ROWS]
         }
     }
     std::array::from_fn(|i| acc[i] - accm[i])
+}
+
+/// The portable loop of Q6_K (`x` with one scale per 256 or per 32): per
+/// super-block column and row, each 16-element group's integer sum of the
+/// unsigned codes times the activations, times the group's int8 scale, summed in
+/// integers (per 256, or per 32 with the activations' scales); the `-32` as
+/// `Σ_g sc_g · dsum16_g` in f32 (groups in order), times `d`, subtracted times 32
+/// at the end.
+fn group_k6_portable(rec: &[u8], sc: &[f16], x: &XQ8, bpr: usize) -> [f32; X8_ROWS] {
+    let mut acc = [0f32; X8_ROWS];
+    let mut accm = [0f32; X8_ROWS];
+    for c in 0..bpr {
+        let r = &rec[c * X8_K6_BYTES..(c + 1) * X8_K6_BYTES];
+        let xq = &x.q[256 * c..256 * (c + 1)];
+        for i in 0..X8_ROWS {
+            let d = sc[X8_ROWS * c + i].to_f32();
+            let scaled: [i32; 16] = std::array::from_fn(|g| {
+                let s: i32 = (16 * g..16 * g + 16).map(|e| x8_k6_code(r, i, e) as i32 * xq[e] as i32).sum();
+                s * x8_k6_scale(r, i, g) as i32
+            });
+            if x.per256 {
+                let isum: i32 = scaled.iter().sum();
+                acc[i] = (isum as f32).mul_add(d * x.d[8 * c], acc[i]);
+            } else {
+                for b in 0..8 {
+                    acc[i] = ((scaled[2 * b] + scaled[2 * b + 1]) as f32).mul_add(d * x.d[8 * c + b], acc[i]);
+                }
+            }
+            let off = (0..16).fold(0f32, |o, g| (x8_k6_scale(r, i, g) as f32).mul_add(x.dsum16[16 * c + g], o));
+            accm[i] = off.mul_add(d, accm[i]);
+        }
+    }
+    std::array::from_fn(|i| (-32f32).mul_add(accm[i], acc[i]))
 }
 
 /// The portable loop of the 32-element formats (`x`: a scale per 32, or per 256
@@ -274,6 +349,8 @@ fn group_f32(isa: Isa, x: &[f32], sums: &[f32], w: QView<'_>, bpr: usize, g: usi
         return unsafe {
             match (kind, isa.vnni()) {
                 (X8::K4, true) => x86::f32_avx512::group_k(rec, sc, x, sums, bpr),
+                (X8::K6, true) => x86::f32_avx512::group_k6(rec, sc, x, bpr),
+                (X8::K6, false) => x86::f32_avx2::group_k6(rec, sc, x, bpr),
                 (X8::Codes32(Codes::Nibbles), true) => x86::f32_avx512::group32::<0>(rec, sc, x, bpr),
                 (X8::Codes32(Codes::Bytes), true) => x86::f32_avx512::group32::<1>(rec, sc, x, bpr),
                 (X8::Codes32(Codes::Levels), true) => x86::f32_avx512::group32::<2>(rec, sc, x, bpr),
@@ -287,6 +364,7 @@ fn group_f32(isa: Isa, x: &[f32], sums: &[f32], w: QView<'_>, bpr: usize, g: usi
     let _ = isa;
     match kind {
         X8::K4 => group_k_f32_portable(rec, sc, x, sums, bpr),
+        X8::K6 => group_k6_f32_portable(rec, sc, x, bpr),
         X8::Codes32(codes) => group32_f32_portable(codes, rb, rec, sc, x, bpr),
     }
 }
@@ -362,6 +440,41 @@ fn group_k_f32_portable(rec: &[u8], sc: &[f16], x: &[f32], sums: &[f32], bpr: us
     std::array::from_fn(|i| acc[i] - accm[i])
 }
 
+/// The portable f32 loop of Q6_K: per super-block column, row, half `h` and
+/// quarter `q` of its runs, for each of the four 16-element groups the runs
+/// `4 q..4 q + 4` reach (`s = 0..4`: elements `128 h + 32 s + 16 q..`), chains
+/// `ch[s][l]` over the 4 runs of `(code - 32) · x`, summed as
+/// `(ch0 + ch1) + (ch2 + ch3)` and times `d · sc_g` (`g = 8 h + 2 s + q`), as
+/// the SIMD loops add them.
+fn group_k6_f32_portable(rec: &[u8], sc: &[f16], x: &[f32], bpr: usize) -> [f32; X8_ROWS] {
+    let mut acc = [0f32; X8_ROWS];
+    for c in 0..bpr {
+        let r = &rec[c * X8_K6_BYTES..(c + 1) * X8_K6_BYTES];
+        let xb = &x[256 * c..256 * (c + 1)];
+        for (i, acc) in acc.iter_mut().enumerate() {
+            let d = sc[X8_ROWS * c + i].to_f32();
+            for h in 0..2 {
+                for q in 0..2 {
+                    let mut ch = [[0f32; 4]; 4];
+                    for t in 4 * q..4 * q + 4 {
+                        for (s, ch) in ch.iter_mut().enumerate() {
+                            for (l, ch) in ch.iter_mut().enumerate() {
+                                let e = 128 * h + 32 * s + 4 * t + l;
+                                *ch = ((x8_k6_code(r, i, e) as i32 - 32) as f32).mul_add(xb[e], *ch);
+                            }
+                        }
+                    }
+                    for (s, ch) in ch.iter().enumerate() {
+                        let sum = (ch[0] + ch[1]) + (ch[2] + ch[3]);
+                        *acc = sum.mul_add(d * x8_k6_scale(r, i, 8 * h + 2 * s + q) as f32, *acc);
+                    }
+                }
+            }
+        }
+    }
+    acc
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -418,6 +531,64 @@ mod tests {
             }
         }
     }
+    /// Q6_K's records: the portable loop within 1e-4 of the row dot with one
+    /// activation scale per 256 and per 32; SIMD and portable bit for bit over
+    /// partial groups at either end; a token among others gets its lone values
+    /// bit for bit ([`rows_x8_tokens`], 1 to 10 tokens: one pass or two); and
+    /// the decode's
+    /// activation vector takes the loop.
+    #[test]
+    fn x8_q6k_dots_agree_simd_and_portable_match_the_row_dots_and_batch_as_alone() {
+        let (rows, k) = (24, 768);
+        let m = QMatrix::quantize(QFormat::Q6_K, rows, k, &data(rows * k, 41)).unwrap();
+        let x8 = m.repack_x8();
+        let Layout::X8 { bpr } = x8.layout else { panic!("Q6_K not repacked") };
+        let v = x8.view();
+        for per256 in [true, false] {
+            let xv = data(k, 43);
+            let xq = if per256 { XQ8::quantize_k(&xv) } else { XQ8::quantize(&xv) };
+            let want: Vec<f32> = (0..rows).map(|r| dot_q_i8(Isa::Scalar, &xq, qrow(m.view(), r, k))).collect();
+            let portable: Vec<f32> = (0..rows)
+                .map(|r| {
+                    let g = r / X8_ROWS;
+                    let rec = &v.quants[g * bpr * X8_K6_BYTES..(g + 1) * bpr * X8_K6_BYTES];
+                    group_k6_portable(rec, &v.scales[g * bpr * X8_ROWS..], &xq, bpr)[r % X8_ROWS]
+                })
+                .collect();
+            for (r, (p, w)) in portable.iter().zip(&want).enumerate() {
+                assert!((p - w).abs() <= 1e-4 * (1.0 + w.abs()), "per256 {per256} row {r}: {p} vs the row dot {w}");
+            }
+            for isa in [Isa::Scalar, Isa::Simd256, Isa::best()] {
+                for (first, len) in [(0, rows), (3, 13), (8, 8), (17, 7)] {
+                    let mut y = vec![0f32; len];
+                    rows_x8(isa, &xq, v, first, &mut y);
+                    assert_eq!(y, portable[first..first + len], "{isa:?} per256 {per256}: SIMD and portable bit for bit");
+                }
+            }
+        }
+        let xs: Vec<XQ8> = (0..10).map(|t| XQ8::quantize_k(&data(k, 50 + t))).collect();
+        for isa in [Isa::Scalar, Isa::Simd256, Isa::best()] {
+            for m in 1..=xs.len() {
+                let (first, count) = (5, 17);
+                let mut out = vec![0f32; m * count];
+                rows_x8_tokens(isa, m, |t| &xs[t], v, first, count, &mut out);
+                for (t, x) in xs[..m].iter().enumerate() {
+                    let mut alone = vec![0f32; count];
+                    rows_x8(isa, x, v, first, &mut alone);
+                    assert_eq!(out[t * count..(t + 1) * count], alone, "{isa:?}: token {t} of {m}");
+                }
+            }
+        }
+        let xv = data(k, 44);
+        let act = ActVec::I8(XQ8::quantize_k(&xv));
+        let mut y = vec![0f32; rows];
+        act.rows(Isa::best(), v, k, 0, &mut y, false);
+        for (r, &y) in y.iter().enumerate() {
+            let w = act.dot(Isa::best(), qrow(m.view(), r, k));
+            assert!((y - w).abs() <= 1e-4 * (1.0 + w.abs()), "row {r}: {y} vs {w}");
+        }
+    }
+
     #[test]
     fn x8_dots_of_the_32_element_formats_agree_simd_and_portable_and_match_the_row_dots() {
         let (rows, k) = (24, 320);

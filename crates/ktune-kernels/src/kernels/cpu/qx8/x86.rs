@@ -68,6 +68,73 @@ macro_rules! x8_loops {
                 out
             }
 
+            /// One group's Q6_K super-block columns with each of the `T`
+            /// tokens `xs`, as [`super::super::group_k6_portable`] computes them:
+            /// every record's runs decoded into 6-bit codes once for all the
+            /// tokens; each 16-element group's integer sums, times its 8 rows'
+            /// int8 scales (`vpmulld`), into the column's sum (exact integers:
+            /// any order gives the same bits); the `-32` through the
+            /// activations' sums per 16.
+            ///
+            /// # Safety
+            /// The features of `$feat`; `rec` holds `bpr` records, `sc` their 8
+            /// scales each, each `x` `bpr` super-blocks with one scale per 256.
+            #[target_feature(enable = $feat)]
+            pub unsafe fn group_k6<const T: usize>(rec: &[u8], sc: &[f16], xs: [&XQ8; T], bpr: usize) -> [[f32; X8_ROWS]; T] {
+                use super::super::X8_K6_BYTES;
+                let pf = crate::kernels::cpu::prefetch_bytes();
+                assert!(rec.len() >= bpr * X8_K6_BYTES && sc.len() >= bpr * X8_ROWS);
+                assert!(xs.iter().all(|x| x.q.len() >= 256 * bpr && x.d.len() >= 8 * bpr && x.dsum16.len() >= 16 * bpr));
+                let (mut acc, mut accm) = ([_mm256_setzero_ps(); T], [_mm256_setzero_ps(); T]);
+                for c in 0..bpr {
+                    // SAFETY: record c, its scales and super-block c of each x (asserted above).
+                    unsafe {
+                        let r = super::record(rec, c, X8_K6_BYTES, pf);
+                        let mut isum = [_mm256_setzero_si256(); T];
+                        // One 16-element group at a time (`g = 8 h + 2 s + q`):
+                        // its four runs' codes against every token, then times
+                        // its 8 rows' scales.
+                        for h in 0..2 {
+                            for q in 0..2 {
+                                for s in 0..4 {
+                                    let mut a = [_mm256_setzero_si256(); T];
+                                    for t in 4 * q..4 * q + 4 {
+                                        let v = super::k6_codes(r, h, t, s);
+                                        for j in 0..T {
+                                            let xq = xs[j].q.as_ptr().add(256 * c + 128 * h + 32 * s + 4 * t);
+                                            a[j] = $dp(a[j], v, _mm256_set1_epi32((xq as *const i32).read_unaligned()));
+                                        }
+                                    }
+                                    let scv = _mm256_cvtepi8_epi32(_mm_loadl_epi64(r.add(8 * (8 * h + 2 * s + q)) as *const __m128i));
+                                    for j in 0..T {
+                                        isum[j] = _mm256_add_epi32(isum[j], _mm256_mullo_epi32(a[j], scv));
+                                    }
+                                }
+                            }
+                        }
+                        let d = _mm256_cvtph_ps(_mm_loadu_si128(sc.as_ptr().add(X8_ROWS * c) as *const __m128i));
+                        let mut off = [_mm256_setzero_ps(); T];
+                        for g in 0..16 {
+                            let scf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(r.add(8 * g) as *const __m128i)));
+                            for j in 0..T {
+                                off[j] = _mm256_fmadd_ps(scf, _mm256_set1_ps(xs[j].dsum16[16 * c + g]), off[j]);
+                            }
+                        }
+                        for j in 0..T {
+                            let dd = _mm256_mul_ps(d, _mm256_set1_ps(xs[j].d[8 * c]));
+                            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), dd, acc[j]);
+                            accm[j] = _mm256_fmadd_ps(off[j], d, accm[j]);
+                        }
+                    }
+                }
+                let mut out = [[0f32; X8_ROWS]; T];
+                for j in 0..T {
+                    // SAFETY: 8 floats into an 8-float array.
+                    unsafe { _mm256_storeu_ps(out[j].as_mut_ptr(), _mm256_fnmadd_ps(_mm256_set1_ps(32.0), accm[j], acc[j])) };
+                }
+                out
+            }
+
             /// One group's block columns of a 32-element format (`F`: 0 Q4_0,
             /// 1 Q8_0, 2 IQ4_NL) with each of the `T` tokens `xs`, as
             /// [`super::super::group32_portable`] computes them: every record read
@@ -189,6 +256,35 @@ unsafe fn nibbles(r: *const u8, i: usize) -> (__m256i, __m256i) {
     // SAFETY: the 32 bytes at 128 + 32i of the record (the caller's promise).
     let w = unsafe { _mm256_loadu_si256(r.add(128 + 32 * i) as *const __m256i) };
     (_mm256_and_si256(w, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(w), m4))
+}
+
+/// The 6-bit codes of a Q6_K record's runs for half `h`, `t < 8` and `s < 4`
+/// (see `quant/repack.rs`): in 32-bit lane `i`, row `i`'s codes of elements
+/// `128 h + 32 s + 4 t..+4` as unsigned bytes (the low nibbles of run
+/// `16 h + 8 (s % 2) + t`, or its high ones for `s >= 2`, with bits `2 s` of
+/// the `qh` run `32 + 8 h + t` above them).
+///
+/// # Safety
+/// `r` points to a whole Q6_K X8 record.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn k6_codes(r: *const u8, h: usize, t: usize, s: usize) -> __m256i {
+    let (m4, m30) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x30));
+    // SAFETY: runs 16h + 8(s % 2) + t and 32 + 8h + t of the record (the caller's promise).
+    let (ql, qh) = unsafe {
+        (
+            _mm256_loadu_si256(r.add(128 + 32 * (16 * h + 8 * (s % 2) + t)) as *const __m256i),
+            _mm256_loadu_si256(r.add(128 + 32 * (32 + 8 * h + t)) as *const __m256i),
+        )
+    };
+    let lo = if s < 2 { _mm256_and_si256(ql, m4) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(ql), m4) };
+    let hi = match s {
+        0 => _mm256_slli_epi16::<4>(qh),
+        1 => _mm256_slli_epi16::<2>(qh),
+        2 => qh,
+        _ => _mm256_srli_epi16::<2>(qh),
+    };
+    _mm256_or_si256(lo, _mm256_and_si256(hi, m30))
 }
 
 /// A Q4_K record's eight row scales `d` and eight row mins' scales `dmin` (the
@@ -325,6 +421,54 @@ macro_rules! f32_loops {
                         }
                         let d = _mm256_cvtph_ps(_mm_loadu_si128(sc.as_ptr().add(X8_ROWS * c) as *const __m128i));
                         acc = _mm256_fmadd_ps(chains(a, b), d, acc);
+                    }
+                }
+                let mut out = [0f32; X8_ROWS];
+                // SAFETY: 8 floats into an 8-float array.
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc) };
+                out
+            }
+
+            /// One group's Q6_K super-block columns with f32 activations, as
+            /// [`super::super::group_k6_f32_portable`] adds them.
+            ///
+            /// # Safety
+            /// The features of `$feat`.
+            #[target_feature(enable = $feat)]
+            pub unsafe fn group_k6(rec: &[u8], sc: &[f16], x: &[f32], bpr: usize) -> [f32; X8_ROWS] {
+                use super::super::X8_K6_BYTES;
+                let pf = crate::kernels::cpu::prefetch_bytes();
+                assert!(rec.len() >= bpr * X8_K6_BYTES && sc.len() >= bpr * X8_ROWS && x.len() >= 256 * bpr);
+                let bias = _mm256_set1_epi8(32);
+                let mut acc = _mm256_setzero_ps();
+                for c in 0..bpr {
+                    // SAFETY: record c, its 8 scales and super-block c of x (asserted above).
+                    unsafe {
+                        let r = super::record(rec, c, X8_K6_BYTES, pf);
+                        let xp = x.as_ptr().add(256 * c);
+                        let d = _mm256_cvtph_ps(_mm_loadu_si128(sc.as_ptr().add(X8_ROWS * c) as *const __m128i));
+                        for h in 0..2 {
+                            for q in 0..2 {
+                                let mut ch = [[_mm256_setzero_ps(); 4]; 4];
+                                for t in 4 * q..4 * q + 4 {
+                                    let v = [
+                                        _mm256_sub_epi8(super::k6_codes(r, h, t, 0), bias),
+                                        _mm256_sub_epi8(super::k6_codes(r, h, t, 1), bias),
+                                        _mm256_sub_epi8(super::k6_codes(r, h, t, 2), bias),
+                                        _mm256_sub_epi8(super::k6_codes(r, h, t, 3), bias),
+                                    ];
+                                    let e = 128 * h + 4 * t;
+                                    let [c0, c1, c2, c3] = &mut ch;
+                                    step(c0, c1, v[0], v[1], xp, e, e + 32);
+                                    step(c2, c3, v[2], v[3], xp, e + 64, e + 96);
+                                }
+                                for (s, ch) in ch.into_iter().enumerate() {
+                                    let g = 8 * h + 2 * s + q;
+                                    let scf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(r.add(8 * g) as *const __m128i)));
+                                    acc = _mm256_fmadd_ps(half4(ch), _mm256_mul_ps(d, scf), acc);
+                                }
+                            }
+                        }
                     }
                 }
                 let mut out = [0f32; X8_ROWS];

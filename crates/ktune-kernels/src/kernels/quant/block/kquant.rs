@@ -209,7 +209,7 @@ pub struct BlockQ6K;
 impl BlockFormat for BlockQ6K {
     const LAYOUT: Layout = Layout { ggml: 14, elems: 256, bytes: 210, header: &[208], offset: false, scale_group: GROUP };
     const ROW_FALLBACK: Option<QFormat> = Some(QFormat::Q8_0);
-    const CPU: CpuKernels = CpuKernels { i8_dot: I8Dot::SuperQ6K, ..UNPACKED };
+    const CPU: CpuKernels = CpuKernels { i8_dot: I8Dot::SuperQ6K, x8: Some(X8::K6), ..UNPACKED };
     fn unpack_vals(q: &[u8], v: &mut [i8; QK_K]) {
         let (ql, qh) = (&q[..128], &q[128..192]);
         for h in 0..2 {

@@ -77,6 +77,9 @@ pub enum X8 {
     /// Q4_K's records: the 8 rows' unpacked 6-bit scales and minima, then their
     /// nibbles in 4-byte runs.
     K4,
+    /// Q6_K's records: the 8 rows' int8 sub-block scales, then their low
+    /// nibbles and high bit pairs in 4-byte runs.
+    K6,
     /// A 32-element block's codes in 4-byte runs, read as [`Codes`].
     Codes32(Codes),
 }
