@@ -1375,10 +1375,11 @@ mod tests {
                 .map(|repack| Combo { repack, ..Combo::raced(Fusion::NONE, Parallel::default(), true) }.repack_formats())
                 .collect()
         };
-        assert!(sets(&[DType::F16, DType::Q6_K]).is_empty());
-        assert_eq!(sets(&[DType::Q4_K, DType::Q6_K]), vec![vec![QFormat::Q4_K]]);
+        assert!(sets(&[DType::F16, DType::Q5_K]).is_empty());
+        // A Q4_K_M file: each of its two repackable formats, then both.
+        assert_eq!(sets(&[DType::Q4_K, DType::Q6_K]), vec![vec![QFormat::Q4_K], vec![QFormat::Q6_K], vec![QFormat::Q4_K, QFormat::Q6_K]]);
         assert_eq!(
-            sets(&[DType::Q4_0, DType::Q8_0, DType::Q6_K, DType::Q4_0]),
+            sets(&[DType::Q4_0, DType::Q8_0, DType::Q5_K, DType::Q4_0]),
             vec![vec![QFormat::Q4_0], vec![QFormat::Q8_0], vec![QFormat::Q4_0, QFormat::Q8_0]]
         );
         let c = Combo { repack: repack_choices(&[DType::IQ4_NL, DType::Q4_K])[2], ..Combo::raced(Fusion::NONE, Parallel::default(), true) };

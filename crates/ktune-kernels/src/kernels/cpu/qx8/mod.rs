@@ -21,6 +21,13 @@
 //! `x` with `w`'s sign); per block, each row's integer sum converted once and
 //! multiplied by `d · d_x` in 8 lanes.
 //!
+//! Q6_K (one super-block column of the 8 rows a record) rebuilds each vector of
+//! 6-bit codes from a run of low nibbles and a run of high bit pairs, sums each
+//! 16-element group in integers (`vpdpbusd`), times the 8 rows' int8 scales of
+//! the group (`vpmulld`), into the column's integer sum; its `-32` through the
+//! activations' sums per 16 (`-32 Σ_g sc_g dsum16_g`, in f32), as the row dot
+//! takes it.
+//!
 //! With f32 activations (`act_bits` 32) the same records go through
 //! [`rows_x8_f32`]: per 32-byte load, byte `l` of each 32-bit lane (one row's
 //! code, sign-extended by two shifts; Q4_0's nibbles less 8 and IQ4_NL's table
@@ -74,8 +81,9 @@ pub const X8_TOKENS: usize = 4;
 
 /// Tokens a pass over a group of Q6_K records computes on AVX-512 VNNI
 /// ([`rows_x8_tokens`]): its loop keeps one accumulator and one column sum a
-/// token (16 of the 32 registers), so the 6-bit codes, rebuilt from three runs
-/// for every vector, are rebuilt once for 8 tokens.
+/// token (16 of the 32 registers), so the 6-bit codes, each vector rebuilt
+/// from a run of low nibbles and one of high bit pairs, are rebuilt once for 8
+/// tokens.
 pub const X8_K6_TOKENS: usize = 8;
 
 /// Rows `first..first + count` of the [`Layout::X8`] matrix `w` dotted with
