@@ -494,6 +494,36 @@ mod tests {
     use crate::kernels::cpu::testdata::signed as data;
     use crate::kernels::quant::{QFormat, QMatrix};
 
+    /// The portable loop's dots `portable` of every row of `v` within 1e-4 of
+    /// the row dots `want`, and [`rows_x8`] at every ISA, over ranges with
+    /// partial groups at either end, the portable values bit for bit.
+    fn near_the_row_dots_and_simd_as_portable(xq: &XQ8, v: QView<'_>, portable: &[f32], want: &[f32], what: &str) {
+        for (r, (p, w)) in portable.iter().zip(want).enumerate() {
+            assert!((p - w).abs() <= 1e-4 * (1.0 + w.abs()), "{what} row {r}: {p} vs the row dot {w}");
+        }
+        let rows = portable.len();
+        for isa in [Isa::Scalar, Isa::Simd256, Isa::best()] {
+            for (first, len) in [(0, rows), (3, 13), (8, 8), (17, 7)] {
+                let mut y = vec![0f32; len];
+                rows_x8(isa, xq, v, first, &mut y);
+                assert_eq!(y, portable[first..first + len], "{what} {isa:?}: SIMD and portable bit for bit");
+            }
+        }
+    }
+
+    /// What the decode kernels call ([`ActVec::rows`] over the X8 view `v`)
+    /// within 1e-4 of the vector's dot with each row of the same matrix in
+    /// rows (`rows`, `k` columns).
+    fn decode_vector_rows_near_its_row_dots(act: &ActVec<'_>, v: QView<'_>, rows: QView<'_>, k: usize, what: &str) {
+        let n = rows.quants.len() / (k / rows.format.block_elems() * rows.format.quant_bytes());
+        let mut y = vec![0f32; n];
+        act.rows(Isa::best(), v, k, 0, &mut y, false);
+        for (r, &y) in y.iter().enumerate() {
+            let w = act.dot(Isa::best(), qrow(rows, r, k));
+            assert!((y - w).abs() <= 1e-4 * (1.0 + w.abs()), "{what} row {r}: {y} vs {w}");
+        }
+    }
+
     #[test]
     fn x8_dots_agree_simd_and_portable_and_match_the_row_dots() {
         let (rows, k) = (24, 768);
@@ -563,16 +593,7 @@ mod tests {
                     group_k6_portable(rec, &v.scales[g * bpr * X8_ROWS..], &xq, bpr)[r % X8_ROWS]
                 })
                 .collect();
-            for (r, (p, w)) in portable.iter().zip(&want).enumerate() {
-                assert!((p - w).abs() <= 1e-4 * (1.0 + w.abs()), "per256 {per256} row {r}: {p} vs the row dot {w}");
-            }
-            for isa in [Isa::Scalar, Isa::Simd256, Isa::best()] {
-                for (first, len) in [(0, rows), (3, 13), (8, 8), (17, 7)] {
-                    let mut y = vec![0f32; len];
-                    rows_x8(isa, &xq, v, first, &mut y);
-                    assert_eq!(y, portable[first..first + len], "{isa:?} per256 {per256}: SIMD and portable bit for bit");
-                }
-            }
+            near_the_row_dots_and_simd_as_portable(&xq, v, &portable, &want, &format!("Q6_K per256 {per256}"));
         }
         let xs: Vec<XQ8> = (0..10).map(|t| XQ8::quantize_k(&data(k, 50 + t))).collect();
         for isa in [Isa::Scalar, Isa::Simd256, Isa::best()] {
@@ -588,13 +609,7 @@ mod tests {
             }
         }
         let xv = data(k, 44);
-        let act = ActVec::I8(XQ8::quantize_k(&xv));
-        let mut y = vec![0f32; rows];
-        act.rows(Isa::best(), v, k, 0, &mut y, false);
-        for (r, &y) in y.iter().enumerate() {
-            let w = act.dot(Isa::best(), qrow(m.view(), r, k));
-            assert!((y - w).abs() <= 1e-4 * (1.0 + w.abs()), "row {r}: {y} vs {w}");
-        }
+        decode_vector_rows_near_its_row_dots(&ActVec::I8(XQ8::quantize_k(&xv)), v, m.view(), k, "Q6_K");
     }
 
     #[test]
@@ -616,24 +631,10 @@ mod tests {
                     group32_portable(codes, rb, rec, sc, &xq, bpr)[r % X8_ROWS]
                 })
                 .collect();
-            for (r, (p, w)) in portable.iter().zip(&want).enumerate() {
-                assert!((p - w).abs() <= 1e-4 * (1.0 + w.abs()), "{format} row {r}: {p} vs the row dot {w}");
-            }
-            for isa in [Isa::Scalar, Isa::Simd256, Isa::best()] {
-                for (first, len) in [(0, rows), (3, 13), (8, 8), (17, 7)] {
-                    let mut y = vec![0f32; len];
-                    rows_x8(isa, &xq, v, first, &mut y);
-                    assert_eq!(y, portable[first..first + len], "{format} {isa:?}: SIMD and portable bit for bit");
-                }
-            }
+            near_the_row_dots_and_simd_as_portable(&xq, v, &portable, &want, &format.to_string());
             // Through the decode activation vectors, as the kernels call them.
             for act in [ActVec::I8(XQ8::quantize(&xv)), ActVec::F32(&xv)] {
-                let mut y = vec![0f32; rows];
-                act.rows(Isa::best(), v, k, 0, &mut y, false);
-                for (r, &v) in y.iter().enumerate() {
-                    let w = act.dot(Isa::best(), qrow(m.view(), r, k));
-                    assert!((v - w).abs() <= 1e-4 * (1.0 + w.abs()), "{format} row {r}: {v} vs {w}");
-                }
+                decode_vector_rows_near_its_row_dots(&act, v, m.view(), k, &format.to_string());
             }
         }
     }

@@ -82,10 +82,10 @@ macro_rules! x8_loops {
             #[target_feature(enable = $feat)]
             pub unsafe fn group_k6<const T: usize>(rec: &[u8], sc: &[f16], xs: [&XQ8; T], bpr: usize) -> [[f32; X8_ROWS]; T] {
                 use super::super::X8_K6_BYTES;
-                let pf = crate::kernels::cpu::prefetch_bytes();
-                assert!(rec.len() >= bpr * X8_K6_BYTES && sc.len() >= bpr * X8_ROWS);
-                assert!(xs.iter().all(|x| x.q.len() >= 256 * bpr && x.d.len() >= 8 * bpr && x.dsum16.len() >= 16 * bpr));
+                let x_holds = |x: &&XQ8| x.q.len() >= 256 * bpr && x.d.len() >= 8 * bpr && x.dsum16.len() >= 16 * bpr;
+                assert!(rec.len() >= bpr * X8_K6_BYTES && sc.len() >= bpr * X8_ROWS && xs.iter().all(x_holds));
                 let (mut acc, mut accm) = ([_mm256_setzero_ps(); T], [_mm256_setzero_ps(); T]);
+                let pf = crate::kernels::cpu::prefetch_bytes();
                 for c in 0..bpr {
                     // SAFETY: record c, its scales and super-block c of each x (asserted above).
                     unsafe {
