@@ -91,12 +91,15 @@ macro_rules! x8_loops {
                     unsafe {
                         let r = super::record(rec, c, X8_K6_BYTES, pf);
                         let mut isum = [_mm256_setzero_si256(); T];
-                        // One 16-element group at a time (`g = 8 h + 2 s + q`):
-                        // its four runs' codes against every token, then times
-                        // its 8 rows' scales.
+                        let mut off = [_mm256_setzero_ps(); T];
+                        // One 16-element group at a time, in order (`g = 8 h +
+                        // 2 s + q`): its four runs' codes against every token,
+                        // times its 8 rows' scales; the scales, loaded once, into
+                        // the offsets' sum too.
                         for h in 0..2 {
-                            for q in 0..2 {
-                                for s in 0..4 {
+                            for s in 0..4 {
+                                for q in 0..2 {
+                                    let g = 8 * h + 2 * s + q;
                                     let mut a = [_mm256_setzero_si256(); T];
                                     for t in 4 * q..4 * q + 4 {
                                         let v = super::k6_codes(r, h, t, s);
@@ -105,21 +108,16 @@ macro_rules! x8_loops {
                                             a[j] = $dp(a[j], v, _mm256_set1_epi32((xq as *const i32).read_unaligned()));
                                         }
                                     }
-                                    let scv = _mm256_cvtepi8_epi32(_mm_loadl_epi64(r.add(8 * (8 * h + 2 * s + q)) as *const __m128i));
+                                    let scv = _mm256_cvtepi8_epi32(_mm_loadl_epi64(r.add(8 * g) as *const __m128i));
+                                    let scf = _mm256_cvtepi32_ps(scv);
                                     for j in 0..T {
                                         isum[j] = _mm256_add_epi32(isum[j], _mm256_mullo_epi32(a[j], scv));
+                                        off[j] = _mm256_fmadd_ps(scf, _mm256_set1_ps(xs[j].dsum16[16 * c + g]), off[j]);
                                     }
                                 }
                             }
                         }
                         let d = _mm256_cvtph_ps(_mm_loadu_si128(sc.as_ptr().add(X8_ROWS * c) as *const __m128i));
-                        let mut off = [_mm256_setzero_ps(); T];
-                        for g in 0..16 {
-                            let scf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(r.add(8 * g) as *const __m128i)));
-                            for j in 0..T {
-                                off[j] = _mm256_fmadd_ps(scf, _mm256_set1_ps(xs[j].dsum16[16 * c + g]), off[j]);
-                            }
-                        }
                         for j in 0..T {
                             let dd = _mm256_mul_ps(d, _mm256_set1_ps(xs[j].d[8 * c]));
                             acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), dd, acc[j]);
