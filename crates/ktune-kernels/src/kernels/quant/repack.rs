@@ -136,21 +136,40 @@ fn k4(format: QFormat) -> bool {
     format.ops().cpu.x8 == Some(X8::K4)
 }
 
-/// Whether the format's records are [`X8::K6`]'s (the int8 scales side by side).
-#[inline]
-fn k6(format: QFormat) -> bool {
-    format.ops().cpu.x8 == Some(X8::K6)
-}
-
 /// Where a block's code bytes lie: their offset in the split form, their count,
 /// and the offset of their runs in an X8 record.
 fn x8_codes(format: QFormat) -> (usize, usize, usize) {
-    if k4(format) {
-        (12, 128, 128)
-    } else if k6(format) {
-        (0, 192, 128)
-    } else {
-        (0, format.quant_bytes(), 0)
+    match format.ops().cpu.x8 {
+        Some(X8::K4) => (12, 128, 128),
+        Some(X8::K6) => (0, 192, 128),
+        _ => (0, format.quant_bytes(), 0),
+    }
+}
+
+/// A K-quant block's (split form `q`) 16 header bytes into row `i` of its X8
+/// record, side by side with the other rows' (byte `k` at `8 k + i`): Q4_K's
+/// six-bit scales and minima unpacked from their 12 bytes, Q6_K's int8 scales
+/// as they are. Nothing for the 32-element formats (their header is the f16
+/// `d` alone, in `scales`).
+fn header_into_record(format: QFormat, q: &[u8], rec: &mut [u8], i: usize) {
+    let h: [u8; 16] = match format.ops().cpu.x8 {
+        Some(X8::K4) => scales_mins_k4(&q[..12]),
+        Some(X8::K6) => std::array::from_fn(|k| q[192 + k]),
+        _ => return,
+    };
+    for (k, v) in h.into_iter().enumerate() {
+        rec[8 * k + i] = v;
+    }
+}
+
+/// [`header_into_record`]'s inverse: row `i`'s header bytes from the record
+/// into the split block `q`.
+fn header_from_record(format: QFormat, rec: &[u8], i: usize, q: &mut [u8]) {
+    let h = || -> [u8; 16] { std::array::from_fn(|k| rec[8 * k + i]) };
+    match format.ops().cpu.x8 {
+        Some(X8::K4) => q[..12].copy_from_slice(&pack_scales_mins_k4(&h())),
+        Some(X8::K6) => q[192..208].copy_from_slice(&h()),
+        _ => {}
     }
 }
 
@@ -196,18 +215,7 @@ impl QMatrix {
                     for f in 0..ns {
                         sc[f * X8_ROWS + i] = self.scales[ns * b + f];
                     }
-                    if k4(self.format) {
-                        let sm = scales_mins_k4(&q[..12]);
-                        for j in 0..8 {
-                            rec[8 * j + i] = sm[j];
-                            rec[64 + 8 * j + i] = sm[8 + j];
-                        }
-                    }
-                    if k6(self.format) {
-                        for g in 0..16 {
-                            rec[8 * g + i] = q[192 + g];
-                        }
-                    }
+                    header_into_record(self.format, q, rec, i);
                     for t in 0..len / 4 {
                         let at = dst + 32 * t + 4 * i;
                         rec[at..at + 4].copy_from_slice(&q[src + 4 * t..][..4]);
@@ -289,18 +297,7 @@ pub(super) fn gather_x8(w: &QView<'_>, r: usize, c: usize, bpr: usize) -> ([u8; 
     for (f, o) in s.iter_mut().enumerate().take(ns) {
         *o = sc[f * X8_ROWS + i];
     }
-    if k4(w.format) {
-        let mut sm = [0u8; 16];
-        for j in 0..8 {
-            (sm[j], sm[8 + j]) = x8_scale_min(rec, i, j);
-        }
-        q[..12].copy_from_slice(&pack_scales_mins_k4(&sm));
-    }
-    if k6(w.format) {
-        for g in 0..16 {
-            q[192 + g] = x8_k6_scale(rec, i, g) as u8;
-        }
-    }
+    header_from_record(w.format, rec, i, &mut q);
     let (src, len, at) = x8_codes(w.format);
     x8_row_runs(rec, i, at, &mut q[src..src + len]);
     (q, s)
