@@ -75,28 +75,37 @@ fn groups(first: usize, count: usize, mut f: impl FnMut(usize, usize, usize)) {
 }
 
 /// Tokens whose dots one pass over a group's records computes
-/// ([`rows_x8_tokens`]): their accumulators and the decoded codes fill the 16
-/// vector registers of AVX2 and most of AVX-512's 32.
+/// ([`rows_x8_tokens`]) where [`tokens_a_pass`] gives no more: their
+/// accumulators and the decoded codes fill the 16 vector registers of AVX2 and
+/// most of AVX-512's 32 (Q4_K's loop: two running sums and an integer sum a
+/// token).
 pub const X8_TOKENS: usize = 4;
 
-/// Tokens a pass over a group of Q6_K records computes on AVX-512 VNNI
-/// ([`rows_x8_tokens`]): its loop keeps one accumulator and one column sum a
-/// token (16 of the 32 registers), so the 6-bit codes, each vector rebuilt
-/// from a run of low nibbles and one of high bit pairs, are rebuilt once for 8
-/// tokens.
-pub const X8_K6_TOKENS: usize = 8;
+/// Tokens a pass over a group's records computes on AVX-512 VNNI for Q6_K and
+/// the 32-element formats ([`tokens_a_pass`]): their loops keep two running
+/// sums and one integer sum a token (24 of the 32 registers), so the codes
+/// (Q6_K's each rebuilt from a run of low nibbles and one of high bit pairs,
+/// the nibble formats' split) are decoded once for 8 tokens.
+pub const X8_VNNI_TOKENS: usize = 8;
+
+/// Tokens a pass over a group of `format`'s records computes on `isa`.
+pub fn tokens_a_pass(isa: Isa, x8: Option<X8>) -> usize {
+    match x8 {
+        Some(X8::K6 | X8::Codes32(_)) if isa.vnni() => X8_VNNI_TOKENS,
+        _ => X8_TOKENS,
+    }
+}
 
 /// Rows `first..first + count` of the [`Layout::X8`] matrix `w` dotted with
 /// the activations `x(t)` of each token `t < m`, into `out` token-major (`[m][count]`):
 /// a group of 8 rows at a time, its records read and decoded once for up to
-/// [`X8_TOKENS`] tokens (from memory for the first tokens, from L1 for the
+/// [`tokens_a_pass`] tokens (from memory for the first tokens, from L1 for the
 /// rest). Every token's dots are computed as [`rows_x8`] computes them for it
 /// alone, bit for bit (a decode batch's token gets its lone decode's values).
 pub fn rows_x8_tokens<'a>(isa: Isa, m: usize, x: impl Fn(usize) -> &'a XQ8, w: QView<'_>, first: usize, count: usize, out: &mut [f32]) {
     let Layout::X8 { bpr } = w.layout else { return };
     assert!(out.len() >= m * count, "{} outputs for {m} tokens of {count} rows", out.len());
-    let k6 = w.format.ops().cpu.x8 == Some(X8::K6);
-    let per_pass = if k6 && isa.vnni() { X8_K6_TOKENS } else { X8_TOKENS };
+    let per_pass = tokens_a_pass(isa, w.format.ops().cpu.x8);
     groups(first, count, |g, r, hi| {
         let lo = g * X8_ROWS;
         let mut put = |t0: usize, dots: &[[f32; X8_ROWS]]| {
@@ -104,27 +113,16 @@ pub fn rows_x8_tokens<'a>(isa: Isa, m: usize, x: impl Fn(usize) -> &'a XQ8, w: Q
                 out[(t0 + j) * count + r - first..][..hi - r].copy_from_slice(&d[r - lo..hi - lo]);
             }
         };
-        if k6 {
-            for t0 in (0..m).step_by(per_pass) {
-                macro_rules! pass {
-                    ($($n:literal)*) => {
-                        match (m - t0).min(per_pass) {
-                            $($n => put(t0, &group_k6(isa, std::array::from_fn::<_, $n, _>(|j| x(t0 + j)), w, bpr, g)),)*
-                            _ => unreachable!("1 to {X8_K6_TOKENS} tokens a pass"),
-                        }
-                    };
-                }
-                pass!(1 2 3 4 5 6 7 8);
+        for t0 in (0..m).step_by(per_pass) {
+            macro_rules! pass {
+                ($($n:literal)*) => {
+                    match (m - t0).min(per_pass) {
+                        $($n => put(t0, &group(isa, std::array::from_fn::<_, $n, _>(|j| x(t0 + j)), w, bpr, g)),)*
+                        _ => unreachable!("1 to {X8_VNNI_TOKENS} tokens a pass"),
+                    }
+                };
             }
-            return;
-        }
-        for t0 in (0..m).step_by(X8_TOKENS) {
-            match m - t0 {
-                1 => put(t0, &group(isa, [x(t0)], w, bpr, g)),
-                2 => put(t0, &group(isa, [x(t0), x(t0 + 1)], w, bpr, g)),
-                3 => put(t0, &group(isa, [x(t0), x(t0 + 1), x(t0 + 2)], w, bpr, g)),
-                _ => put(t0, &group(isa, std::array::from_fn::<_, X8_TOKENS, _>(|j| x(t0 + j)), w, bpr, g)),
-            }
+            pass!(1 2 3 4 5 6 7 8);
         }
     });
 }
@@ -156,8 +154,12 @@ fn group<const T: usize>(isa: Isa, xs: [&XQ8; T], w: QView<'_>, bpr: usize, g: u
     if w.format.ops().cpu.x8 == Some(X8::K6) {
         return group_k6(isa, xs, w, bpr, g);
     }
+    // Q4_K's passes take at most X8_TOKENS tokens ([`tokens_a_pass`]).
     #[cfg(target_arch = "x86_64")]
-    if isa.avx2() && xs.iter().all(|x| x.per256 && x.q.len() >= bpr * 256 && x.d.len() >= 8 * bpr && x.dsum.len() >= 8 * bpr) {
+    if T <= X8_TOKENS
+        && isa.avx2()
+        && xs.iter().all(|x| x.per256 && x.q.len() >= bpr * 256 && x.d.len() >= 8 * bpr && x.dsum.len() >= 8 * bpr)
+    {
         // SAFETY: AVX2/FMA/F16C checked (VNNI too for `vnni`); `rec`, `sc` hold
         // `bpr` records, each `x` as many super-blocks (checked above).
         return unsafe { if isa.vnni() { x86::vnni::group(rec, sc, xs, bpr) } else { x86::avx2::group(rec, sc, xs, bpr) } };
@@ -524,8 +526,31 @@ mod tests {
         }
     }
 
+    /// A token among others gets its lone values bit for bit
+    /// ([`rows_x8_tokens`] against [`rows_x8`], 1 to 10 tokens: one pass or
+    /// two, at every ISA) over the X8 view `v` of `k` columns, rows 5..22
+    /// (partial groups at either end); activations per 256 where the format's
+    /// blocks are, else per 32.
+    fn tokens_among_others_as_alone(v: QView<'_>, k: usize, what: &str) {
+        let per256 = v.format.block_elems() == 256;
+        let xs: Vec<XQ8> =
+            (0..10).map(|t| if per256 { XQ8::quantize_k(&data(k, 50 + t)) } else { XQ8::quantize(&data(k, 50 + t)) }).collect();
+        for isa in [Isa::Scalar, Isa::Simd256, Isa::best()] {
+            for m in 1..=xs.len() {
+                let (first, count) = (5, 17);
+                let mut out = vec![0f32; m * count];
+                rows_x8_tokens(isa, m, |t| &xs[t], v, first, count, &mut out);
+                for (t, x) in xs[..m].iter().enumerate() {
+                    let mut alone = vec![0f32; count];
+                    rows_x8(isa, x, v, first, &mut alone);
+                    assert_eq!(out[t * count..(t + 1) * count], alone, "{what} {isa:?}: token {t} of {m}");
+                }
+            }
+        }
+    }
+
     #[test]
-    fn x8_dots_agree_simd_and_portable_and_match_the_row_dots() {
+    fn x8_dots_agree_simd_and_portable_match_the_row_dots_and_batch_as_alone() {
         let (rows, k) = (24, 768);
         let m = QMatrix::quantize(QFormat::Q4_K, rows, k, &data(rows * k, 3)).unwrap();
         let x8 = m.repack_x8();
@@ -560,6 +585,7 @@ mod tests {
                     }
                 }
             }
+            tokens_among_others_as_alone(x8.view(), k, "Q4_K");
             // Through the decode activation vector, as the kernels call it.
             let act = ActVec::I8(xq);
             let mut y = vec![0f32; rows];
@@ -595,25 +621,13 @@ mod tests {
                 .collect();
             near_the_row_dots_and_simd_as_portable(&xq, v, &portable, &want, &format!("Q6_K per256 {per256}"));
         }
-        let xs: Vec<XQ8> = (0..10).map(|t| XQ8::quantize_k(&data(k, 50 + t))).collect();
-        for isa in [Isa::Scalar, Isa::Simd256, Isa::best()] {
-            for m in 1..=xs.len() {
-                let (first, count) = (5, 17);
-                let mut out = vec![0f32; m * count];
-                rows_x8_tokens(isa, m, |t| &xs[t], v, first, count, &mut out);
-                for (t, x) in xs[..m].iter().enumerate() {
-                    let mut alone = vec![0f32; count];
-                    rows_x8(isa, x, v, first, &mut alone);
-                    assert_eq!(out[t * count..(t + 1) * count], alone, "{isa:?}: token {t} of {m}");
-                }
-            }
-        }
+        tokens_among_others_as_alone(v, k, "Q6_K");
         let xv = data(k, 44);
         decode_vector_rows_near_its_row_dots(&ActVec::I8(XQ8::quantize_k(&xv)), v, m.view(), k, "Q6_K");
     }
 
     #[test]
-    fn x8_dots_of_the_32_element_formats_agree_simd_and_portable_and_match_the_row_dots() {
+    fn x8_dots_of_the_32_element_formats_agree_simd_and_portable_match_the_row_dots_and_batch_as_alone() {
         let (rows, k) = (24, 320);
         let xv = data(k, 4);
         let xq = XQ8::quantize(&xv);
@@ -632,6 +646,7 @@ mod tests {
                 })
                 .collect();
             near_the_row_dots_and_simd_as_portable(&xq, v, &portable, &want, &format.to_string());
+            tokens_among_others_as_alone(v, k, &format.to_string());
             // Through the decode activation vectors, as the kernels call them.
             for act in [ActVec::I8(XQ8::quantize(&xv)), ActVec::F32(&xv)] {
                 decode_vector_rows_near_its_row_dots(&act, v, m.view(), k, &format.to_string());

@@ -161,7 +161,11 @@ macro_rules! x8_loops {
                     // SAFETY: record c, its scales and block c of each x (asserted above).
                     unsafe {
                         let r = super::record(rec, c, rb, pf);
-                        let (mut lo, mut hi) = ([_mm256_setzero_si256(); T], [_mm256_setzero_si256(); T]);
+                        // Each token's integer sums, the low and the high codes' (exact:
+                        // the same bits in any order): two chains of `vpdpbusd` up to
+                        // 4 tokens, one beyond, so 8 tokens' sums and running sums
+                        // fit AVX-512's 32 registers and still make 8 chains.
+                        let mut dot = [[_mm256_setzero_si256(); 2]; T];
                         for t in 0..4 {
                             // The step's two code vectors and their activations' offsets
                             // in the block (Q8_0: loads 2t and 2t + 1; the nibble
@@ -185,13 +189,16 @@ macro_rules! x8_loops {
                                 let xl = _mm256_set1_epi32((xq.add(el) as *const i32).read_unaligned());
                                 let xh = _mm256_set1_epi32((xq.add(eh) as *const i32).read_unaligned());
                                 let (xl, xh) = if F == 0 { (xl, xh) } else { (_mm256_sign_epi8(xl, wl), _mm256_sign_epi8(xh, wh)) };
-                                lo[j] = $dp(lo[j], ul, xl);
-                                hi[j] = $dp(hi[j], uh, xh);
+                                if T <= 4 {
+                                    dot[j] = [$dp(dot[j][0], ul, xl), $dp(dot[j][1], uh, xh)];
+                                } else {
+                                    dot[j][0] = $dp($dp(dot[j][0], ul, xl), uh, xh);
+                                }
                             }
                         }
                         let d = _mm256_cvtph_ps(_mm_loadu_si128(sc.as_ptr().add(8 * c) as *const __m128i));
                         for j in 0..T {
-                            let isum = _mm256_add_epi32(lo[j], hi[j]);
+                            let isum = if T <= 4 { _mm256_add_epi32(dot[j][0], dot[j][1]) } else { dot[j][0] };
                             acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(*xd[j].add(c))), acc[j]);
                             if F == 0 {
                                 accm[j] = _mm256_fmadd_ps(d, _mm256_set1_ps(*xs_[j].add(c)), accm[j]);
