@@ -520,7 +520,7 @@ fn repack_cpu(plan: &Plan, b: HostBuf) -> HostBuf {
         },
         _ => return b,
     };
-    if plan.options.cpu_repack.contains(&m.format) && m.can_repack_x8() { HostBuf::Q(m.repack_x8()) } else { b }
+    m.repacked_in(&plan.options.cpu_repack).map_or(b, HostBuf::Q)
 }
 
 /// The kernels' shared temporaries sized for one token of `plan`'s model on

@@ -152,7 +152,15 @@ pub(crate) fn run(
     let defs = budget.stage("batch regimes: plans", || races(t, o, chosen, sel, repack.as_deref()))?;
     let (sizes, defs): (Vec<usize>, Vec<RaceDef>) = defs.into_iter().unzip();
     let variants = defs.iter().map(|r| candidates(r, caps, o.strategy).0.len()).sum();
-    let space = Space { races: defs, per_fusion: Vec::new(), variants, ruled_out: BTreeMap::new(), combinations: 0.0, kept_panels: true };
+    let space = Space {
+        races: defs,
+        per_fusion: Vec::new(),
+        variants,
+        ruled_out: BTreeMap::new(),
+        combinations: 0.0,
+        kept_panels: true,
+        repack: repack.clone().unwrap_or_default(),
+    };
     budget.reserve(super::budget::BATCH_CHECK_SHARE);
     let races = budget.stage("batch regimes: races", || race::run_all(t, o, &space, cache, resume, budget, progress));
     budget.release();

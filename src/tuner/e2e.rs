@@ -1431,6 +1431,7 @@ mod tests {
             ruled_out: Default::default(),
             combinations: 0.0,
             kept_panels: false,
+            repack: Vec::new(),
         };
         let text = || def(Slot::MatmulGateUp, Regime::Prefill, gemm.clone(), 1);
         let mlp = def(Slot::VisionMlp, Regime::Vision, lin.clone(), 3);

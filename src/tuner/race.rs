@@ -89,7 +89,7 @@ pub(crate) fn run_all(
     // The races run so far and their time.
     let (mut ran, mut spent, mut first_only) = (0u32, Duration::ZERO, 0);
     for (i, r) in races.iter().enumerate() {
-        let key = race_cache_key(t, r, o);
+        let key = race_cache_key(t, r, o, space);
         if let Some(done) = cache.filter(|_| resume).and_then(|c| c.get::<RaceResult>("slots", &key)) {
             resumed += 1;
             rate = best_rate(rate, r, &done);
@@ -127,7 +127,7 @@ pub(crate) fn run_all(
         }
         let race_start = Instant::now();
         first_only += usize::from(race_start >= slot_deadline);
-        let res = run_race(t, r, o, Deadline::share(share), &mut gates, (&memo, space.kept_panels), progress);
+        let res = run_race(t, r, o, Deadline::share(share), &mut gates, (&memo, space.kept_panels, &space.repack), progress);
         spent += race_start.elapsed();
         ran += 1;
         // A lost device fails every candidate from here on: stop, caching nothing of it.
@@ -252,20 +252,30 @@ fn gate(c: &Cand, r: &RaceDef, caps: &DeviceCaps, ctx: Option<&GpuCtx>, seed: u6
     Ok(())
 }
 
-fn race_cache_key(t: &Target<'_>, r: &RaceDef, o: &TuneOptions) -> String {
+/// The cache key of race `r` of `space`: the device, the op's kernels, the
+/// slot, regime, storage type and shapes, the search and its measurement, and
+/// how the inputs are held where it is not the slot races' way (the batch
+/// regimes' kept panels and X8 records: a race timed over plain rows is not
+/// resumed for one over the server's layouts).
+fn race_cache_key(t: &Target<'_>, r: &RaceDef, o: &TuneOptions, space: &Space) -> String {
     let shapes: Vec<String> = r.shapes.iter().map(|(p, n)| format!("{}x{n}", p.describe())).collect();
-    crate::hash::sha256_parts::<&[&str]>(&[
-        &t.device.fingerprint(),
-        &cache::op_hash(r.shapes[0].0.op()),
-        r.key.0.name(),
-        r.key.1.name(),
-        r.dtype.name(),
-        &shapes.join(";"),
-        o.strategy.name(),
-        &o.seed.to_string(),
-        &o.measurement_key(),
-        SEARCH_REVISION,
-    ])
+    let mut parts = vec![
+        t.device.fingerprint(),
+        cache::op_hash(r.shapes[0].0.op()),
+        r.key.0.name().to_string(),
+        r.key.1.name().to_string(),
+        r.dtype.name().to_string(),
+        shapes.join(";"),
+        o.strategy.name().to_string(),
+        o.seed.to_string(),
+        o.measurement_key(),
+        SEARCH_REVISION.to_string(),
+    ];
+    if space.kept_panels || !space.repack.is_empty() {
+        let x8: Vec<&str> = space.repack.iter().map(|f| f.name()).collect();
+        parts.push(format!("kept panels {}; x8 {}", space.kept_panels, x8.join(",")));
+    }
+    crate::hash::sha256_parts(&parts)
 }
 
 /// Coordinate-descent steps after the axis sweep (auto and halving).
@@ -402,16 +412,17 @@ const NOT_REACHED: &str = "not reached within the budget";
 /// samples candidates while its time lasts; those it did not reach are rejected
 /// as such, so the race's cost is bounded by its share of the budget whatever a
 /// sample costs (but its first candidate's).
-/// One slot's race; `(memo, kept_panels)`: the inputs drawn once for every
-/// race, and whether the CPU kernels keep their packed rows across calls
-/// ([`Space::kept_panels`]).
+/// One slot's race; `(memo, kept_panels, repack)`: the inputs drawn once for
+/// every race, whether the CPU kernels keep their packed rows across calls
+/// ([`Space::kept_panels`]) and the formats whose weights they read in X8
+/// records ([`Space::repack`]).
 fn run_race(
     t: &Target<'_>,
     r: &RaceDef,
     o: &TuneOptions,
     deadline: Deadline,
     gates: &mut GateCache,
-    (memo, kept_panels): (&InputMemo, bool),
+    (memo, kept_panels, repack): (&InputMemo, bool, &[crate::kernels::quant::QFormat]),
     progress: &dyn Progress,
 ) -> RaceResult {
     let caps = DeviceCaps::from(t.device);
@@ -436,6 +447,7 @@ fn run_race(
     if kept_panels {
         w.keep_panels();
     }
+    w.repack(repack);
     let mut runners = prepare(passed, &w, deadline, &mut pool.rejected, true);
     let n = runners.len() as u64;
     progress.phase(&format!("{} ({}) {} candidates", r.key.0, r.key.1.name(), n), n * FULL_SAMPLES as u64);
@@ -654,7 +666,7 @@ mod tests {
         let (all, _) = candidates(&r, &caps, Strategy::Auto);
         assert!(all.len() > 3, "the op has several candidates: {}", all.len());
         let spent = Deadline { soft: Instant::now() + Duration::from_secs(3600), hard: Some(Instant::now()) };
-        let res = run_race(&t, &r, &o, spent, &mut GateCache::new(), (&InputMemo::new(0), false), &crate::progress::Silent);
+        let res = run_race(&t, &r, &o, spent, &mut GateCache::new(), (&InputMemo::new(0), false, &[]), &crate::progress::Silent);
         assert_eq!(res.cands.len(), 1, "only the first candidate is measured: {:?}", res.cands);
         assert_eq!(res.cands[0].kernel, all[0].kernel.id, "the runtime's default");
         assert_eq!(res.cands[0].stats.n, 1, "one sample: {:?}", res.cands[0].stats);

@@ -42,6 +42,10 @@ pub(crate) struct Space {
     /// regimes' races, whose int8 GEMMs would otherwise time packing the
     /// runtime does not do.
     pub kept_panels: bool,
+    /// The block formats whose weights the CPU races time in X8 records
+    /// ([`super::measure::Workload::repack`]): the batch regimes' races, over
+    /// the layouts the server loads (`serve.cpuRepack`); empty: plain rows.
+    pub repack: Vec<crate::kernels::quant::QFormat>,
 }
 
 /// Fusion choices that change the plan of `cfg`.
@@ -162,7 +166,7 @@ pub(crate) fn survey(t: &Target<'_>, o: &TuneOptions, caps: &DeviceCaps, progres
         ruled_out.values().sum::<usize>(),
         per_fusion.len()
     ));
-    Ok(Space { races, per_fusion, variants, ruled_out, combinations, kept_panels: false })
+    Ok(Space { races, per_fusion, variants, ruled_out, combinations, kept_panels: false, repack: Vec::new() })
 }
 
 /// The parameter sets a strategy starts from for `k`. Exhaustive and random search the full

@@ -226,6 +226,13 @@ impl QMatrix {
         QMatrix { format: self.format, rows: self.rows, cols: self.cols, quants, scales, layout: Layout::X8 { bpr } }
     }
 
+    /// This matrix in the layout a CPU engine that repacks `formats` keeps it
+    /// in: X8 records where its format is one of them and
+    /// [`QMatrix::can_repack_x8`]; None where it stays as it is.
+    pub fn repacked_in(&self, formats: &[QFormat]) -> Option<QMatrix> {
+        (formats.contains(&self.format) && self.can_repack_x8()).then(|| self.repack_x8())
+    }
+
     /// This matrix in [`Layout::Rows`] (a clone when it already is).
     pub fn to_rows(&self) -> QMatrix {
         if self.layout == Layout::Rows {
