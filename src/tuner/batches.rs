@@ -123,14 +123,43 @@ pub(crate) fn races(
     Ok(out)
 }
 
+/// The share of the stage's time kept from its races for the end-to-end
+/// check when `left` is what is left: on a CPU, where the check's engine is
+/// the weights' load, its time bounded by [`check_bound`] from the winning
+/// combination's decode seconds a token `decode_s`, twice that (at least a
+/// tenth, at most [`super::budget::BATCH_CHECK_SHARE`]); on a GPU, or without a
+/// decode time, [`super::budget::BATCH_CHECK_SHARE`] (the check's engine
+/// compiles its pipelines, most of its time on a software adapter). On a
+/// 2-core Xeon a 4-minute tune of SmolLM2-135M Q4_0 had kept half its
+/// stage (101 s) for a check of 4 s, while its races left most of the LM
+/// head's and the fused gate/up's candidates "not reached within the budget".
+fn check_share(gpu: bool, sizes: &[usize], decode_s: Option<f64>, left: std::time::Duration) -> f64 {
+    let most = super::budget::BATCH_CHECK_SHARE;
+    match decode_s.filter(|_| !gpu) {
+        Some(s) if !left.is_zero() => (2.0 * check_bound(sizes, s) / left.as_secs_f64()).clamp(0.1, most),
+        _ => most,
+    }
+}
+
+/// A bound on the end-to-end check's seconds from the decode seconds a token
+/// `decode_s`: every size's [`CHECK_ROUNDS`] rounds of `CHECK_STEPS + 1` steps
+/// in each of its (at most 5) arms, each step at most its rows' lone decode
+/// steps (the lone arm's; a batch pass costs less).
+fn check_bound(sizes: &[usize], decode_s: f64) -> f64 {
+    let steps = (CHECK_ROUNDS * (CHECK_STEPS + 1)) as f64;
+    sizes.iter().map(|&rows| 5.0 * steps * rows as f64 * decode_s).sum()
+}
+
 /// Runs the stage: nothing without `--serve-batches`. On a GPU the end-to-end
 /// check runs over the paged KV cache that `serve --parallel` makes there.
+/// `(chosen, decode_s)`: the winning combination and its decode seconds a
+/// token ([`super::e2e::EndToEnd::decode_seconds`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     t: &Target<'_>,
     o: &TuneOptions,
     caps: &DeviceCaps,
-    chosen: &Combo,
+    (chosen, decode_s): (&Combo, Option<f64>),
     sel: &Selection,
     cache: Option<&crate::profile::cache::Cache>,
     resume: bool,
@@ -150,6 +179,9 @@ pub(crate) fn run(
     }
     let repack = server_repack(t, o);
     let defs = budget.stage("batch regimes: plans", || races(t, o, chosen, sel, repack.as_deref()))?;
+    let gpu = t.ctx.is_some() && !t.device.is_cpu();
+    let left = budget.deadline().saturating_duration_since(std::time::Instant::now());
+    let check_frac = check_share(gpu, &sizes(o), decode_s, left);
     let (sizes, defs): (Vec<usize>, Vec<RaceDef>) = defs.into_iter().unzip();
     let variants = defs.iter().map(|r| candidates(r, caps, o.strategy).0.len()).sum();
     let space = Space {
@@ -161,7 +193,7 @@ pub(crate) fn run(
         kept_panels: true,
         repack: repack.clone().unwrap_or_default(),
     };
-    budget.reserve(super::budget::BATCH_CHECK_SHARE);
+    budget.reserve(check_frac);
     let races = budget.stage("batch regimes: races", || race::run_all(t, o, &space, cache, resume, budget, progress));
     budget.release();
     let Races { results, .. } = races?;
@@ -397,6 +429,26 @@ mod tests {
     /// (no server layout) the combination's own. Before that, plain rows
     /// against X8 records had made a served batch of 4 sequences 376 tok/s
     /// against 651 without the tables it kept, on SmolLM2-135M Q4_0.
+    /// The check's share of the stage on a CPU follows a bound of its time from
+    /// the decode seconds a token (a small model's leaves the races nine tenths),
+    /// within a tenth and the flat share; a GPU, or no decode time, keeps the
+    /// flat share.
+    #[test]
+    fn the_batch_check_keeps_what_its_rounds_need() {
+        use std::time::Duration;
+        let flat = super::super::budget::BATCH_CHECK_SHARE;
+        let sizes = [2, 4, 8, 16];
+        // 30 rows, 5 arms, 15 steps each: 2250 lone decode steps at most.
+        assert!((check_bound(&sizes, 0.004) - 9.0).abs() < 1e-9);
+        let left = Duration::from_secs(200);
+        assert_eq!(check_share(false, &sizes, Some(0.004), left), 0.1);
+        assert!((check_share(false, &sizes, Some(0.008), left) - 0.18).abs() < 1e-9);
+        assert_eq!(check_share(false, &sizes, Some(0.05), left), flat);
+        assert_eq!(check_share(true, &sizes, Some(0.004), left), flat);
+        assert_eq!(check_share(false, &sizes, None, left), flat);
+        assert_eq!(check_share(false, &sizes, Some(0.004), Duration::ZERO), flat);
+    }
+
     #[test]
     fn the_batch_check_plans_the_servers_weight_layouts() {
         use crate::kernels::quant::QFormat;

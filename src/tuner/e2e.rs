@@ -192,6 +192,17 @@ pub(crate) struct EndToEnd {
     pub timed_layers: Option<(usize, usize)>,
 }
 
+impl EndToEnd {
+    /// The winning combination's decode seconds a token on the whole model (the
+    /// median of its samples, scaled from the layers timed to the model's);
+    /// None where it has no sample.
+    pub fn decode_seconds(&self) -> Option<f64> {
+        let s = crate::stats::summarize(&self.samples.get(self.best)?.1).median;
+        let (timed, all) = self.timed_layers.unwrap_or((1, 1));
+        (s.is_finite() && s > 0.0).then(|| s * all as f64 / timed.max(1) as f64)
+    }
+}
+
 /// The accuracy budget over the runtime default's own divergence, without `--max-kld`.
 pub const KLD_BUDGET_FACTOR: f64 = 1.25;
 /// The least default budget (nats): a default at the f32 reference's own

@@ -219,7 +219,8 @@ pub(crate) fn tune<D>(
     let e2e = e2e::run(t, o, &caps, &space, &races, &budget, progress)?;
     let chosen = &e2e.combos[e2e.best].0;
     budget.release();
-    let batches = batches::run(t, o, &caps, chosen, &e2e.selection(chosen, &caps), cache, resume, &budget, progress)?;
+    let batches =
+        batches::run(t, o, &caps, (chosen, e2e.decode_seconds()), &e2e.selection(chosen, &caps), cache, resume, &budget, progress)?;
     let found =
         Found { target: t, options: o, caps: &caps, rotation: &rotation, space: &space, races: &races, e2e: &e2e, batches: &batches };
     let record = found.record(limits, t.started.elapsed().as_secs_f64())?;
