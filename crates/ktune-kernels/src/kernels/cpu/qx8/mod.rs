@@ -75,23 +75,22 @@ fn groups(first: usize, count: usize, mut f: impl FnMut(usize, usize, usize)) {
 }
 
 /// Tokens whose dots one pass over a group's records computes
-/// ([`rows_x8_tokens`]) where [`tokens_a_pass`] gives no more: their
-/// accumulators and the decoded codes fill the 16 vector registers of AVX2 and
-/// most of AVX-512's 32 (Q4_K's loop: two running sums and an integer sum a
-/// token).
+/// ([`rows_x8_tokens`]) on AVX2 without VNNI: their accumulators and the
+/// decoded codes fill its 16 vector registers.
 pub const X8_TOKENS: usize = 4;
 
-/// Tokens a pass over a group's records computes on AVX-512 VNNI for Q6_K and
-/// the 32-element formats ([`tokens_a_pass`]): their loops keep two running
-/// sums and one integer sum a token (24 of the 32 registers), so the codes
-/// (Q6_K's each rebuilt from a run of low nibbles and one of high bit pairs,
-/// the nibble formats' split) are decoded once for 8 tokens.
+/// Tokens a pass over a group's records computes on AVX-512 VNNI
+/// ([`tokens_a_pass`]), every X8 format: the loops keep one integer sum and
+/// one or two running sums a token (Q4_K past 4 tokens its low codes' sums,
+/// then its high ones', in one set of registers), so the codes (Q6_K's each
+/// rebuilt from a run of low nibbles and one of high bit pairs, the nibble
+/// formats' split) are decoded once for 8 tokens.
 pub const X8_VNNI_TOKENS: usize = 8;
 
 /// Tokens a pass over a group of `format`'s records computes on `isa`.
 pub fn tokens_a_pass(isa: Isa, x8: Option<X8>) -> usize {
     match x8 {
-        Some(X8::K6 | X8::Codes32(_)) if isa.vnni() => X8_VNNI_TOKENS,
+        Some(_) if isa.vnni() => X8_VNNI_TOKENS,
         _ => X8_TOKENS,
     }
 }
@@ -154,12 +153,8 @@ fn group<const T: usize>(isa: Isa, xs: [&XQ8; T], w: QView<'_>, bpr: usize, g: u
     if w.format.ops().cpu.x8 == Some(X8::K6) {
         return group_k6(isa, xs, w, bpr, g);
     }
-    // Q4_K's passes take at most X8_TOKENS tokens ([`tokens_a_pass`]).
     #[cfg(target_arch = "x86_64")]
-    if T <= X8_TOKENS
-        && isa.avx2()
-        && xs.iter().all(|x| x.per256 && x.q.len() >= bpr * 256 && x.d.len() >= 8 * bpr && x.dsum.len() >= 8 * bpr)
-    {
+    if isa.avx2() && xs.iter().all(|x| x.per256 && x.q.len() >= bpr * 256 && x.d.len() >= 8 * bpr && x.dsum.len() >= 8 * bpr) {
         // SAFETY: AVX2/FMA/F16C checked (VNNI too for `vnni`); `rec`, `sc` hold
         // `bpr` records, each `x` as many super-blocks (checked above).
         return unsafe { if isa.vnni() { x86::vnni::group(rec, sc, xs, bpr) } else { x86::avx2::group(rec, sc, xs, bpr) } };

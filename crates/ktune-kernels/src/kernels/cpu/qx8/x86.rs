@@ -36,20 +36,41 @@ macro_rules! x8_loops {
                         let r = super::record(rec, c, X8_BYTES, pf);
                         let mut isum = [_mm256_setzero_si256(); T];
                         for p in 0..4 {
-                            let (mut lo, mut hi) = ([_mm256_setzero_si256(); T], [_mm256_setzero_si256(); T]);
-                            for t in 0..8 {
-                                let (wl, wh) = super::nibbles(r, 8 * p + t);
-                                for j in 0..T {
-                                    let xq = xs[j].q.as_ptr().add(256 * c + 64 * p + 4 * t);
-                                    lo[j] = $dp(lo[j], wl, _mm256_set1_epi32((xq as *const i32).read_unaligned()));
-                                    hi[j] = $dp(hi[j], wh, _mm256_set1_epi32((xq.add(32) as *const i32).read_unaligned()));
+                            let scales = |h: usize| _mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(16 * p + 8 * h) as *const __m128i));
+                            if T <= 4 {
+                                let (mut lo, mut hi) = ([_mm256_setzero_si256(); T], [_mm256_setzero_si256(); T]);
+                                for t in 0..8 {
+                                    let (wl, wh) = super::nibbles(r, 8 * p + t);
+                                    for j in 0..T {
+                                        let xq = xs[j].q.as_ptr().add(256 * c + 64 * p + 4 * t);
+                                        lo[j] = $dp(lo[j], wl, _mm256_set1_epi32((xq as *const i32).read_unaligned()));
+                                        hi[j] = $dp(hi[j], wh, _mm256_set1_epi32((xq.add(32) as *const i32).read_unaligned()));
+                                    }
                                 }
-                            }
-                            let sl = _mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(16 * p) as *const __m128i));
-                            let sh = _mm256_cvtepu8_epi32(_mm_loadl_epi64(r.add(16 * p + 8) as *const __m128i));
-                            for j in 0..T {
-                                let s = _mm256_add_epi32(_mm256_mullo_epi32(lo[j], sl), _mm256_mullo_epi32(hi[j], sh));
-                                isum[j] = _mm256_add_epi32(isum[j], s);
+                                let (sl, sh) = (scales(0), scales(1));
+                                for j in 0..T {
+                                    let s = _mm256_add_epi32(_mm256_mullo_epi32(lo[j], sl), _mm256_mullo_epi32(hi[j], sh));
+                                    isum[j] = _mm256_add_epi32(isum[j], s);
+                                }
+                            } else {
+                                // More tokens than registers for both halves' sums:
+                                // the low codes' sums, then the high ones' (the
+                                // same integers).
+                                for h in 0..2 {
+                                    let mut part = [_mm256_setzero_si256(); T];
+                                    for t in 0..8 {
+                                        let (wl, wh) = super::nibbles(r, 8 * p + t);
+                                        let w = if h == 0 { wl } else { wh };
+                                        for j in 0..T {
+                                            let xq = xs[j].q.as_ptr().add(256 * c + 64 * p + 32 * h + 4 * t);
+                                            part[j] = $dp(part[j], w, _mm256_set1_epi32((xq as *const i32).read_unaligned()));
+                                        }
+                                    }
+                                    let s = scales(h);
+                                    for j in 0..T {
+                                        isum[j] = _mm256_add_epi32(isum[j], _mm256_mullo_epi32(part[j], s));
+                                    }
+                                }
                             }
                         }
                         let (d, dmin) = super::record_scales(sc.as_ptr().add(16 * c));
