@@ -87,7 +87,8 @@ pub const X8_TOKENS: usize = 4;
 /// formats' split) are decoded once for 8 tokens.
 pub const X8_VNNI_TOKENS: usize = 8;
 
-/// Tokens a pass over a group of `format`'s records computes on `isa`.
+/// Tokens a pass over a group of records of the X8 layout `x8` (a format's
+/// [`X8`], None for rows) computes on `isa`.
 pub fn tokens_a_pass(isa: Isa, x8: Option<X8>) -> usize {
     match x8 {
         Some(_) if isa.vnni() => X8_VNNI_TOKENS,
