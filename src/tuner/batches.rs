@@ -47,6 +47,16 @@ pub(crate) struct BatchRegimes {
     pub repack: Option<Vec<QFormat>>,
 }
 
+/// The shares of the stage's time (past the check's reserve, [`check_share`])
+/// its races may use in full, and past which none starts
+/// ([`race::run_all`]): only the check follows them, which has its reserve,
+/// where the slot races leave most of theirs to the end-to-end stage
+/// ([`super::budget::RACES_SHARE`]). With the slot races' shares a 4-minute
+/// SmolLM2-135M Q4_0 tune ended at 131 s of its 240 with 98 batch candidates
+/// "not reached within the budget".
+const BATCH_RACES_SHARE: f64 = 0.9;
+const BATCH_RACES_LIMIT: f64 = 0.95;
+
 /// Interleaved rounds of the end-to-end check, each [`CHECK_STEPS`] timed batch
 /// steps with the winners, as many without them and as many as lone steps.
 const CHECK_ROUNDS: usize = 3;
@@ -194,7 +204,9 @@ pub(crate) fn run(
         repack: repack.clone().unwrap_or_default(),
     };
     budget.reserve(check_frac);
-    let races = budget.stage("batch regimes: races", || race::run_all(t, o, &space, cache, resume, budget, progress));
+    let races = budget.stage("batch regimes: races", || {
+        race::run_all(t, o, &space, cache, resume, budget, (BATCH_RACES_SHARE, BATCH_RACES_LIMIT), progress)
+    });
     budget.release();
     let Races { results, .. } = races?;
     let extra = o.extra_formats();

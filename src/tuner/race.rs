@@ -56,11 +56,13 @@ impl Races {
 }
 
 /// Runs every race of `space` until the races' share of what is left of the
-/// budget ([`super::budget::RACES_SHARE`]: the slot deadline), sharing what is left of the
+/// budget (`shares.0`, the slot stage's [`super::budget::RACES_SHARE`]: the
+/// slot deadline; past `shares.1` no race starts), sharing what is left of the
 /// time evenly over the races still to run (each race's [`Deadline::share`]: past
 /// its share plus a quarter, a race prepares and samples nothing more but its
 /// first candidate). `cache` keeps finished races as they come; with `resume`
 /// races already there are reused.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run_all(
     t: &Target<'_>,
     o: &TuneOptions,
@@ -68,10 +70,11 @@ pub(crate) fn run_all(
     cache: Option<&Cache>,
     resume: bool,
     budget: &super::budget::Budget,
+    shares: (f64, f64),
     progress: &dyn Progress,
 ) -> Result<Races, TuneError> {
-    let slot_deadline = budget.share(super::budget::RACES_SHARE);
-    let races_limit = budget.share(super::budget::RACES_LIMIT);
+    let slot_deadline = budget.share(shares.0);
+    let races_limit = budget.share(shares.1);
     let races = &space.races;
     let mut results: Vec<RaceResult> = Vec::new();
     let mut resumed = 0;
