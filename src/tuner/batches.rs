@@ -61,6 +61,8 @@ const BATCH_RACES_LIMIT: f64 = 0.95;
 /// steps with the winners, as many without them and as many as lone steps.
 const CHECK_ROUNDS: usize = 3;
 const CHECK_STEPS: usize = 4;
+/// The most arms a size's round times ([`check`]'s `ARMS`).
+const CHECK_ARMS: usize = 5;
 
 /// The batch sizes of `--serve-batches` a context of `o.context` positions
 /// holds (a batch's sequences are one position each, but every one needs a
@@ -153,11 +155,11 @@ fn check_share(gpu: bool, sizes: &[usize], decode_s: Option<f64>, left: std::tim
 
 /// A bound on the end-to-end check's seconds from the decode seconds a token
 /// `decode_s`: every size's [`CHECK_ROUNDS`] rounds of `CHECK_STEPS + 1` steps
-/// in each of its (at most 5) arms, each step at most its rows' lone decode
+/// in each of its (at most [`CHECK_ARMS`]) arms, each step at most its rows' lone decode
 /// steps (the lone arm's; a batch pass costs less).
 fn check_bound(sizes: &[usize], decode_s: f64) -> f64 {
     let steps = (CHECK_ROUNDS * (CHECK_STEPS + 1)) as f64;
-    sizes.iter().map(|&rows| 5.0 * steps * rows as f64 * decode_s).sum()
+    sizes.iter().map(|&rows| CHECK_ARMS as f64 * steps * rows as f64 * decode_s).sum()
 }
 
 /// Runs the stage: nothing without `--serve-batches`. On a GPU the end-to-end
@@ -286,7 +288,7 @@ fn check(
         Stock,
         Lone,
     }
-    const ARMS: [Arm; 5] = [Arm::Tuned, Arm::Default, Arm::Own, Arm::Stock, Arm::Lone];
+    const ARMS: [Arm; CHECK_ARMS] = [Arm::Tuned, Arm::Default, Arm::Own, Arm::Stock, Arm::Lone];
     let sizes = sizes(o);
     let most = sizes.iter().copied().max().unwrap_or(2);
     let mut options = batch_options(o, chosen, most, found.repack.as_deref());
