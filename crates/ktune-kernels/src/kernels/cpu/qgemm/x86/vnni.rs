@@ -37,41 +37,71 @@ unsafe fn sweep<const BIAS: bool, const NIB: bool>(p: &Panel, at: usize, x: &XPa
     let m = x.m;
     // The blocks of the rows asked for (a kept panel may hold more).
     let blocks = count.div_ceil(RB).min(p.blocks.saturating_sub(at));
-    // `next` (runs of bytes to bring into L2) spread over the tiles, a share
-    // per tile: the lines of each run in turn.
+    // `next` (runs of bytes to bring into L2) spread over the tiles and, within
+    // a tile, over its scale groups: a burst of prefetches fills the line fill
+    // buffers and stalls the arithmetic behind them.
     let tiles = blocks.div_ceil(2) * (m / 4 + m % 4);
-    let lines: usize = next.iter().map(|n| n.len().div_ceil(64)).sum();
-    let per_tile = lines.div_ceil(tiles.max(1));
-    let (mut line, mut run, mut pos) = (0, 0, 0);
+    let mut ahead = Ahead::new(next, tiles);
     let mut b = 0;
     while b < blocks {
         let r = if blocks - b >= 2 { 2 } else { 1 };
         let mut t = 0;
         while t < m {
-            for _ in 0..per_tile.min(lines - line) {
-                while pos >= next[run].len() {
-                    (run, pos) = (run + 1, 0);
-                }
-                _mm_prefetch::<_MM_HINT_T1>(next[run].as_ptr().wrapping_add(pos) as *const i8);
-                (line, pos) = (line + 1, pos + 64);
-            }
             let n = if m - t >= 4 { 4 } else { 1 };
             // SAFETY: blocks at + b..at + b + r <= at + blocks <= p.blocks and tokens t..t + n <= m.
             unsafe {
                 match (r, n, p.sg == QK) {
-                    (2, 4, true) => tile::<2, 4, 8, BIAS, NIB>(p, at, x, b, t, count, o),
-                    (2, 4, false) => tile::<2, 4, 4, BIAS, NIB>(p, at, x, b, t, count, o),
-                    (2, _, true) => tile::<2, 1, 8, BIAS, NIB>(p, at, x, b, t, count, o),
-                    (2, _, false) => tile::<2, 1, 4, BIAS, NIB>(p, at, x, b, t, count, o),
-                    (_, 4, true) => tile::<1, 4, 8, BIAS, NIB>(p, at, x, b, t, count, o),
-                    (_, 4, false) => tile::<1, 4, 4, BIAS, NIB>(p, at, x, b, t, count, o),
-                    (_, _, true) => tile::<1, 1, 8, BIAS, NIB>(p, at, x, b, t, count, o),
-                    (_, _, false) => tile::<1, 1, 4, BIAS, NIB>(p, at, x, b, t, count, o),
+                    (2, 4, true) => tile::<2, 4, 8, BIAS, NIB>(p, at, x, b, t, count, o, &mut ahead),
+                    (2, 4, false) => tile::<2, 4, 4, BIAS, NIB>(p, at, x, b, t, count, o, &mut ahead),
+                    (2, _, true) => tile::<2, 1, 8, BIAS, NIB>(p, at, x, b, t, count, o, &mut ahead),
+                    (2, _, false) => tile::<2, 1, 4, BIAS, NIB>(p, at, x, b, t, count, o, &mut ahead),
+                    (_, 4, true) => tile::<1, 4, 8, BIAS, NIB>(p, at, x, b, t, count, o, &mut ahead),
+                    (_, 4, false) => tile::<1, 4, 4, BIAS, NIB>(p, at, x, b, t, count, o, &mut ahead),
+                    (_, _, true) => tile::<1, 1, 8, BIAS, NIB>(p, at, x, b, t, count, o, &mut ahead),
+                    (_, _, false) => tile::<1, 1, 4, BIAS, NIB>(p, at, x, b, t, count, o, &mut ahead),
                 }
             }
             t += n;
         }
         b += r;
+    }
+}
+
+/// The lines of the runs to bring into L2, a tile's share at a time, issued a
+/// few at each scale group of the tile.
+struct Ahead<'a> {
+    next: &'a [&'a [u8]],
+    /// Lines left in all, and a tile's share.
+    left: usize,
+    per_tile: usize,
+    /// The run and the byte within it of the next line.
+    run: usize,
+    pos: usize,
+}
+
+impl<'a> Ahead<'a> {
+    fn new(next: &'a [&'a [u8]], tiles: usize) -> Ahead<'a> {
+        let lines: usize = next.iter().map(|n| n.len().div_ceil(64)).sum();
+        Ahead { next, left: lines, per_tile: lines.div_ceil(tiles.max(1)), run: 0, pos: 0 }
+    }
+
+    /// Prefetches for each of a tile's `groups` scale groups: its share spread evenly.
+    fn per_group(&self, groups: usize) -> usize {
+        self.per_tile.min(self.left).div_ceil(groups.max(1))
+    }
+
+    /// Issues up to `n` prefetches.
+    #[inline(always)]
+    fn issue(&mut self, n: usize) {
+        for _ in 0..n.min(self.left) {
+            while self.pos >= self.next[self.run].len() {
+                (self.run, self.pos) = (self.run + 1, 0);
+            }
+            // SAFETY: SSE is baseline on x86_64; a prefetch reads nothing (the
+            // address is a line of the run's own bytes).
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(self.next[self.run].as_ptr().wrapping_add(self.pos) as *const i8) };
+            (self.left, self.pos) = (self.left - 1, self.pos + 64);
+        }
     }
 }
 
@@ -81,9 +111,10 @@ unsafe fn sweep<const BIAS: bool, const NIB: bool>(p: &Panel, at: usize, x: &XPa
 /// register of 16 rows of one token is one store). `BIAS` (the panel's): the offsets are
 /// `-bias · scale`, folded into the integer sums' starting value
 /// (`scale · d · (Σuq - bias · Σq)`: one multiply-add a group and token
-/// fewer per 16 rows).
+/// fewer per 16 rows). Issues `ahead`'s share of prefetches for this tile a few
+/// at each scale group.
 // Index loops over the register arrays: each (block, token) pairs two of them.
-#[allow(clippy::needless_range_loop)]
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn tile<const R: usize, const T: usize, const RUNS: usize, const BIAS: bool, const NIB: bool>(
@@ -94,6 +125,7 @@ unsafe fn tile<const R: usize, const T: usize, const RUNS: usize, const BIAS: bo
     t: usize,
     count: usize,
     dst: &mut OutRows<'_>,
+    ahead: &mut Ahead<'_>,
 ) {
     let k = x.k;
     let sg = RUNS * LANE;
@@ -108,8 +140,10 @@ unsafe fn tile<const R: usize, const T: usize, const RUNS: usize, const BIAS: bo
     // SAFETY (every read): blocks at + b..at + b + R and groups below `groups`
     // are inside the panel; tokens t..t + T and elements below k inside x (the caller).
     let b = at + b;
+    let per_group = ahead.per_group(groups);
     unsafe {
         for g in 0..groups {
+            ahead.issue(per_group);
             let mut dot = [[_mm512_setzero_si512(); T]; R];
             if BIAS {
                 for c in 0..T {
