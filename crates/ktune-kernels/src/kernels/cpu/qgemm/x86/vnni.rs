@@ -1,13 +1,13 @@
 //! The AVX-512 VNNI tiles of the int8 GEMM: two row blocks (32 rows) x 4 tokens
-//! a tile by `vpdpbusd`, the rest a block and a token at a time.
+//! a tile by `vpdpbusd`, a last block alone and the last 1 to 3 tokens together.
 
 use std::arch::x86_64::*;
 
 use super::super::{GROUP, LANE, OutRows, Panel, QK, RB, XPanel};
 
 /// Every (row, token) of `count` rows of the panel from its row block `at`:
-/// two row blocks (32 rows) × 4 tokens a tile, then what is left one block and
-/// one token at a time; row `i` of token `t` into `o.data[t * o.stride + o.row + i]`.
+/// two row blocks (32 rows) × 4 tokens a tile, a last block alone and the last
+/// 1 to 3 tokens in one tile; row `i` of token `t` into `o.data[t * o.stride + o.row + i]`.
 ///
 /// # Safety
 /// AVX-512F/BW/VL/VNNI available; `p` holds at least `at * 16 + count` rows of
@@ -40,25 +40,33 @@ unsafe fn sweep<const BIAS: bool, const NIB: bool>(p: &Panel, at: usize, x: &XPa
     // `next` (runs of bytes to bring into L2) spread over the tiles and, within
     // a tile, over its scale groups: a burst of prefetches fills the line fill
     // buffers and stalls the arithmetic behind them.
-    let tiles = blocks.div_ceil(2) * (m / 4 + m % 4);
+    let tiles = blocks.div_ceil(2) * m.div_ceil(4);
     let mut ahead = Ahead::new(next, tiles);
     let mut b = 0;
     while b < blocks {
         let r = if blocks - b >= 2 { 2 } else { 1 };
         let mut t = 0;
         while t < m {
-            let n = if m - t >= 4 { 4 } else { 1 };
+            // 4 tokens a tile, the last 1 to 3 in one tile of their own.
+            let n = (m - t).min(4);
+            // One tile's form for each number of tokens.
+            macro_rules! tiles {
+                ($r:literal, $runs:literal) => {
+                    match n {
+                        4 => tile::<$r, 4, $runs, BIAS, NIB>(p, at, x, b, t, count, o, &mut ahead),
+                        3 => tile::<$r, 3, $runs, BIAS, NIB>(p, at, x, b, t, count, o, &mut ahead),
+                        2 => tile::<$r, 2, $runs, BIAS, NIB>(p, at, x, b, t, count, o, &mut ahead),
+                        _ => tile::<$r, 1, $runs, BIAS, NIB>(p, at, x, b, t, count, o, &mut ahead),
+                    }
+                };
+            }
             // SAFETY: blocks at + b..at + b + r <= at + blocks <= p.blocks and tokens t..t + n <= m.
             unsafe {
-                match (r, n, p.sg == QK) {
-                    (2, 4, true) => tile::<2, 4, 8, BIAS, NIB>(p, at, x, b, t, count, o, &mut ahead),
-                    (2, 4, false) => tile::<2, 4, 4, BIAS, NIB>(p, at, x, b, t, count, o, &mut ahead),
-                    (2, _, true) => tile::<2, 1, 8, BIAS, NIB>(p, at, x, b, t, count, o, &mut ahead),
-                    (2, _, false) => tile::<2, 1, 4, BIAS, NIB>(p, at, x, b, t, count, o, &mut ahead),
-                    (_, 4, true) => tile::<1, 4, 8, BIAS, NIB>(p, at, x, b, t, count, o, &mut ahead),
-                    (_, 4, false) => tile::<1, 4, 4, BIAS, NIB>(p, at, x, b, t, count, o, &mut ahead),
-                    (_, _, true) => tile::<1, 1, 8, BIAS, NIB>(p, at, x, b, t, count, o, &mut ahead),
-                    (_, _, false) => tile::<1, 1, 4, BIAS, NIB>(p, at, x, b, t, count, o, &mut ahead),
+                match (r, p.sg == QK) {
+                    (2, true) => tiles!(2, 8),
+                    (2, false) => tiles!(2, 4),
+                    (_, true) => tiles!(1, 8),
+                    (_, false) => tiles!(1, 4),
                 }
             }
             t += n;
