@@ -377,10 +377,15 @@ const TOO_SLOW_MIN_S: f64 = 0.05;
 /// patches: 30x the flash kernel, tens of seconds a run) as too slow to race,
 /// without the samples that would cost the race its share (their warm-up past
 /// [`TOO_SLOW_MIN_S`]; the warm-up itself is not compared: where packed rows
-/// are kept it packs them, once, as a server does).
+/// are kept it packs them, once, as a server does). A kernel one of whose
+/// parameter sets was too slow that way has its other sets rejected unprepared
+/// ([`SlowKernels`]): an LM head's f32 panel kernel took a second each to warm
+/// up, 18x the int8 GEMM once warm, and its four sets left a batch race's
+/// samples to its first candidate alone.
 fn prepare(cands: Vec<Cand>, w: &Workload, deadline: Deadline, rejected: &mut Vec<(String, String)>, first_free: bool) -> Vec<Runner> {
     let mut out: Vec<Runner> = Vec::new();
     let (mut best, mut best_exec) = (f64::INFINITY, f64::INFINITY);
+    let mut slow = SlowKernels::default();
     for c in cands {
         // Exhausted, or would be before even the fastest warm-up so far is over.
         let fits = || deadline.hard.is_none_or(|h| best.is_infinite() || Instant::now() + Duration::from_secs_f64(best) <= h);
@@ -388,15 +393,20 @@ fn prepare(cands: Vec<Cand>, w: &Workload, deadline: Deadline, rejected: &mut Ve
             rejected.push((c.kernel.label(&c.params), NOT_REACHED.into()));
             continue;
         }
+        if let Some(why) = slow.sibling(c.kernel.id, best_exec) {
+            rejected.push((c.kernel.label(&c.params), why));
+            continue;
+        }
         let r = Runner::new(c, w);
         if r.error.is_none() {
             best = best.min(r.warm_up);
             best_exec = best_exec.min(r.exec_s);
+            slow.note(r.cand.kernel.id, r.warm_up, r.exec_s, best_exec);
         }
         out.push(r);
     }
     out.retain(|x| {
-        let slow = x.error.is_none() && x.warm_up >= TOO_SLOW_MIN_S && x.exec_s > TOO_SLOW * best_exec;
+        let slow = x.error.is_none() && too_slow(x.warm_up, x.exec_s, best_exec);
         if slow {
             rejected.push((
                 x.cand.kernel.label(&x.cand.params),
@@ -406,6 +416,40 @@ fn prepare(cands: Vec<Cand>, w: &Workload, deadline: Deadline, rejected: &mut Ve
         !slow
     });
     out
+}
+
+/// Whether a candidate that warmed up in `warm_up` seconds and runs in
+/// `exec_s` once warm is too slow to race beside one of `best_exec`.
+fn too_slow(warm_up: f64, exec_s: f64, best_exec: f64) -> bool {
+    warm_up >= TOO_SLOW_MIN_S && exec_s > TOO_SLOW * best_exec
+}
+
+/// The kernels a race's preparation found [`too_slow`] in one parameter set,
+/// with that set's execution time once warm.
+#[derive(Default)]
+struct SlowKernels(Vec<(&'static str, f64)>);
+
+impl SlowKernels {
+    /// Records kernel `id` when a set of it that warmed up in `warm_up` and
+    /// runs in `exec_s` is too slow beside `best_exec`.
+    fn note(&mut self, id: &'static str, warm_up: f64, exec_s: f64, best_exec: f64) {
+        if too_slow(warm_up, exec_s, best_exec) && !self.0.iter().any(|(k, _)| *k == id) {
+            self.0.push((id, exec_s));
+        }
+    }
+
+    /// Why another parameter set of kernel `id` is not prepared: one of its
+    /// sets ran [`TOO_SLOW`] times `best_exec` (the fastest so far) or more.
+    fn sibling(&self, id: &str, best_exec: f64) -> Option<String> {
+        let &(_, exec) = self.0.iter().find(|(k, _)| *k == id)?;
+        (exec > TOO_SLOW * best_exec).then(|| {
+            format!(
+                "too slow to race: another parameter set of {id} ran {:.3} ms an execution once warm, {:.0}x the fastest (not prepared)",
+                exec * 1e3,
+                exec / best_exec
+            )
+        })
+    }
 }
 
 /// Not prepared, or prepared and never sampled, before the race's deadline.
@@ -573,6 +617,26 @@ mod tests {
         let (dots, gemm) = (&runners[0], &runners[1]);
         assert!(dots.error.is_none() && gemm.error.is_none(), "{:?} {:?}", dots.error, gemm.error);
         assert!(gemm.exec_s > 0.0 && gemm.exec_s < gemm.warm_up, "{} s an execution, {} s the warm-up", gemm.exec_s, gemm.warm_up);
+    }
+
+    /// A kernel found too slow in one parameter set has its other sets
+    /// rejected before they are prepared (each warm-up may cost a second),
+    /// naming the set's time; other kernels, and a kernel whose set was
+    /// slow but not [`TOO_SLOW`] times the fastest, are prepared.
+    #[test]
+    fn a_kernel_too_slow_in_one_set_is_not_prepared_in_others() {
+        let mut slow = SlowKernels::default();
+        let best = 0.0014;
+        slow.note("gemm_q_i8_cpu", 0.7, best, best);
+        slow.note("gemm_q_panel_cpu", 0.85, 0.0254, best);
+        // Slow but cheap to warm up: one run says little, so it is not judged.
+        slow.note("gemm_q_dots_cpu", 0.01, 0.05, best);
+        let why = slow.sibling("gemm_q_panel_cpu", best).expect("the panel kernel's other sets are left out");
+        assert!(why.contains("25.400 ms") && why.contains("18x"), "{why}");
+        assert_eq!(slow.sibling("gemm_q_i8_cpu", best), None);
+        assert_eq!(slow.sibling("gemm_q_dots_cpu", best), None);
+        // Judged against the fastest so far when the sibling comes.
+        assert_eq!(slow.sibling("gemm_q_panel_cpu", 0.004), None, "6x a slower best is raced");
     }
 
     /// A landscape where two parameters only pay together: moving `mc` alone helps
