@@ -19,6 +19,7 @@
 use std::collections::BTreeMap;
 
 use super::e2e::Combo;
+use super::measure::Holding;
 use super::race::{self, Races};
 use super::space::{RaceDef, Space, candidates};
 use super::{Progress, Target, TuneError, TuneOptions};
@@ -202,8 +203,7 @@ pub(crate) fn run(
         variants,
         ruled_out: BTreeMap::new(),
         combinations: 0.0,
-        kept_panels: true,
-        repack: repack.clone().unwrap_or_default(),
+        holding: Holding::server(repack.clone().unwrap_or_default()),
     };
     budget.reserve(check_frac);
     let races = budget.stage("batch regimes: races", || {

@@ -1441,8 +1441,7 @@ mod tests {
             variants: 0,
             ruled_out: Default::default(),
             combinations: 0.0,
-            kept_panels: false,
-            repack: Vec::new(),
+            holding: Default::default(),
         };
         let text = || def(Slot::MatmulGateUp, Regime::Prefill, gemm.clone(), 1);
         let mlp = def(Slot::VisionMlp, Regime::Vision, lin.clone(), 3);

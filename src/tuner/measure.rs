@@ -159,6 +159,14 @@ impl Workload {
     }
 
     /// The GPU buffers of copy `copy` of shape `i` (None on the CPU).
+    /// Holds the inputs as `h` says: packed rows kept, weights repacked.
+    pub fn hold(&mut self, h: &Holding) {
+        if h.kept_panels {
+            self.keep_panels();
+        }
+        self.repack(&h.repack);
+    }
+
     /// Keeps the CPU candidates' packed GEMM rows across executions
     /// ([`Workload::panels`]; nothing on a GPU).
     pub fn keep_panels(&mut self) {
@@ -217,6 +225,37 @@ pub struct Runner {
     pub exec_s: f64,
     /// The input copy the next execution reads (cycles through the copies).
     next_copy: usize,
+}
+
+/// How a set of races holds its inputs on a CPU: the slot races' plain way
+/// (the default: nothing kept, plain rows), or a server's, which the batch
+/// regimes' races time their candidates in.
+#[derive(Clone, Debug, Default)]
+pub struct Holding {
+    /// The CPU kernels' packed rows kept across calls, as an engine of decode
+    /// batches keeps them (`qgemm::PanelCache`): the int8 GEMMs would
+    /// otherwise time packing the runtime does not do.
+    pub kept_panels: bool,
+    /// The block formats whose weights are timed in X8 records
+    /// ([`Workload::repack`]): the layouts the server loads
+    /// (`serve.cpuRepack`); empty: plain rows.
+    pub repack: Vec<crate::kernels::quant::QFormat>,
+}
+
+impl Holding {
+    /// A server's: packed rows kept, `repack`'s formats in X8 records.
+    pub fn server(repack: Vec<crate::kernels::quant::QFormat>) -> Holding {
+        Holding { kept_panels: true, repack }
+    }
+
+    /// What a race's cache key says of it; None for the plain way (the slot
+    /// races' keys stay as they were).
+    pub fn key(&self) -> Option<String> {
+        (self.kept_panels || !self.repack.is_empty()).then(|| {
+            let x8: Vec<&str> = self.repack.iter().map(|f| f.name()).collect();
+            format!("kept panels {}; x8 {}", self.kept_panels, x8.join(","))
+        })
+    }
 }
 
 /// Executions after a kept-panel warm-up that time a shape's steady cost.

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use super::measure::{self, Cand, Deadline, FULL_SAMPLES, Rotation, Runner, Strategy, Workload, race};
+use super::measure::{self, Cand, Deadline, FULL_SAMPLES, Holding, Rotation, Runner, Strategy, Workload, race};
 use super::space::{Generated, RaceDef, Space, candidates};
 use super::{Progress, SEARCH_REVISION, TIE, Target, TuneError, TuneOptions};
 use crate::device::DeviceCaps;
@@ -130,7 +130,7 @@ pub(crate) fn run_all(
         }
         let race_start = Instant::now();
         first_only += usize::from(race_start >= slot_deadline);
-        let res = run_race(t, r, o, Deadline::share(share), &mut gates, (&memo, space.kept_panels, &space.repack), progress);
+        let res = run_race(t, r, o, Deadline::share(share), &mut gates, (&memo, &space.holding), progress);
         spent += race_start.elapsed();
         ran += 1;
         // A lost device fails every candidate from here on: stop, caching nothing of it.
@@ -274,10 +274,7 @@ fn race_cache_key(t: &Target<'_>, r: &RaceDef, o: &TuneOptions, space: &Space) -
         o.measurement_key(),
         SEARCH_REVISION.to_string(),
     ];
-    if space.kept_panels || !space.repack.is_empty() {
-        let x8: Vec<&str> = space.repack.iter().map(|f| f.name()).collect();
-        parts.push(format!("kept panels {}; x8 {}", space.kept_panels, x8.join(",")));
-    }
+    parts.extend(space.holding.key());
     crate::hash::sha256_parts(&parts)
 }
 
@@ -439,7 +436,7 @@ impl SlowKernels {
     }
 
     /// Why another parameter set of kernel `id` is not prepared: one of its
-    /// sets ran [`TOO_SLOW`] times `best_exec` (the fastest so far) or more.
+    /// sets ran more than [`TOO_SLOW`] times `best_exec` (the fastest so far).
     fn sibling(&self, id: &str, best_exec: f64) -> Option<String> {
         let &(_, exec) = self.0.iter().find(|(k, _)| *k == id)?;
         (exec > TOO_SLOW * best_exec).then(|| {
@@ -459,17 +456,15 @@ const NOT_REACHED: &str = "not reached within the budget";
 /// samples candidates while its time lasts; those it did not reach are rejected
 /// as such, so the race's cost is bounded by its share of the budget whatever a
 /// sample costs (but its first candidate's).
-/// One slot's race; `(memo, kept_panels, repack)`: the inputs drawn once for
-/// every race, whether the CPU kernels keep their packed rows across calls
-/// ([`Space::kept_panels`]) and the formats whose weights they read in X8
-/// records ([`Space::repack`]).
+/// One slot's race; `(memo, holding)`: the inputs drawn once for every race,
+/// and how the race holds its inputs ([`Space::holding`]).
 fn run_race(
     t: &Target<'_>,
     r: &RaceDef,
     o: &TuneOptions,
     deadline: Deadline,
     gates: &mut GateCache,
-    (memo, kept_panels, repack): (&InputMemo, bool, &[crate::kernels::quant::QFormat]),
+    (memo, holding): (&InputMemo, &Holding),
     progress: &dyn Progress,
 ) -> RaceResult {
     let caps = DeviceCaps::from(t.device);
@@ -491,10 +486,7 @@ fn run_race(
     kernels::memory::collapse_until(Some(now + deadline.soft.saturating_duration_since(now) / 2));
     let mut w =
         Workload::with_memo(r.shapes.clone(), r.dtype, t.ctx.clone(), o.seed, usize::try_from(rotate).unwrap_or(usize::MAX), Some(memo));
-    if kept_panels {
-        w.keep_panels();
-    }
-    w.repack(repack);
+    w.hold(holding);
     let mut runners = prepare(passed, &w, deadline, &mut pool.rejected, true);
     let n = runners.len() as u64;
     progress.phase(&format!("{} ({}) {} candidates", r.key.0, r.key.1.name(), n), n * FULL_SAMPLES as u64);
@@ -733,7 +725,7 @@ mod tests {
         let (all, _) = candidates(&r, &caps, Strategy::Auto);
         assert!(all.len() > 3, "the op has several candidates: {}", all.len());
         let spent = Deadline { soft: Instant::now() + Duration::from_secs(3600), hard: Some(Instant::now()) };
-        let res = run_race(&t, &r, &o, spent, &mut GateCache::new(), (&InputMemo::new(0), false, &[]), &crate::progress::Silent);
+        let res = run_race(&t, &r, &o, spent, &mut GateCache::new(), (&InputMemo::new(0), &Holding::default()), &crate::progress::Silent);
         assert_eq!(res.cands.len(), 1, "only the first candidate is measured: {:?}", res.cands);
         assert_eq!(res.cands[0].kernel, all[0].kernel.id, "the runtime's default");
         assert_eq!(res.cands[0].stats.n, 1, "one sample: {:?}", res.cands[0].stats);

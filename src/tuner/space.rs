@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::measure::{Cand, Strategy};
+use super::measure::{Cand, Holding, Strategy};
 use super::{Progress, Target, TuneError, TuneOptions};
 use crate::device::DeviceCaps;
 use crate::kernels::{self, DType, KernelDef, Problem};
@@ -37,15 +37,9 @@ pub(crate) struct Space {
     pub ruled_out: BTreeMap<String, usize>,
     /// Complete combinations (variants × fusion choices × execution flags).
     pub combinations: f64,
-    /// The CPU kernels timed with their packed rows kept across calls, as an
-    /// engine of decode batches keeps them (`qgemm::PanelCache`): the batch
-    /// regimes' races, whose int8 GEMMs would otherwise time packing the
-    /// runtime does not do.
-    pub kept_panels: bool,
-    /// The block formats whose weights the CPU races time in X8 records
-    /// ([`super::measure::Workload::repack`]): the batch regimes' races, over
-    /// the layouts the server loads (`serve.cpuRepack`); empty: plain rows.
-    pub repack: Vec<crate::kernels::quant::QFormat>,
+    /// How the races hold their inputs: plain for the slot races, a server's
+    /// way for the batch regimes'.
+    pub holding: Holding,
 }
 
 /// Fusion choices that change the plan of `cfg`.
@@ -166,7 +160,7 @@ pub(crate) fn survey(t: &Target<'_>, o: &TuneOptions, caps: &DeviceCaps, progres
         ruled_out.values().sum::<usize>(),
         per_fusion.len()
     ));
-    Ok(Space { races, per_fusion, variants, ruled_out, combinations, kept_panels: false, repack: Vec::new() })
+    Ok(Space { races, per_fusion, variants, ruled_out, combinations, holding: Holding::default() })
 }
 
 /// The parameter sets a strategy starts from for `k`. Exhaustive and random search the full
