@@ -18,6 +18,7 @@
 
 use std::collections::BTreeMap;
 
+use super::budget::RaceShares;
 use super::e2e::Combo;
 use super::measure::Holding;
 use super::race::{self, Races};
@@ -55,8 +56,7 @@ pub(crate) struct BatchRegimes {
 /// ([`super::budget::RACES_SHARE`]). With the slot races' shares a 4-minute
 /// SmolLM2-135M Q4_0 tune ended at 131 s of its 240 with 98 batch candidates
 /// "not reached within the budget".
-const BATCH_RACES_SHARE: f64 = 0.9;
-const BATCH_RACES_LIMIT: f64 = 0.95;
+const BATCH_RACES: RaceShares = RaceShares { name: "batch races", full: 0.9, limit: 0.95 };
 
 /// Interleaved rounds of the end-to-end check, each [`CHECK_STEPS`] timed batch
 /// steps with the winners, as many without them and as many as lone steps.
@@ -206,9 +206,7 @@ pub(crate) fn run(
         holding: Holding::server(repack.clone().unwrap_or_default()),
     };
     budget.reserve(check_frac);
-    let races = budget.stage("batch regimes: races", || {
-        race::run_all(t, o, &space, cache, resume, budget, (BATCH_RACES_SHARE, BATCH_RACES_LIMIT), progress)
-    });
+    let races = budget.stage("batch regimes: races", || race::run_all(t, o, &space, cache, resume, budget, &BATCH_RACES, progress));
     budget.release();
     let Races { results, .. } = races?;
     let extra = o.extra_formats();

@@ -16,6 +16,18 @@ pub const RACES_SHARE: f64 = 0.55;
 /// The share of what is left after the survey past which no race starts (the
 /// rest: the end-to-end stage's minimum).
 pub const RACES_LIMIT: f64 = 0.7;
+
+/// A set of races' place in its stage's budget ([`super::race::run_all`]):
+/// what the budget's notes call them, the share of what is left that they
+/// may use in full and the share past which none starts.
+pub struct RaceShares {
+    pub name: &'static str,
+    pub full: f64,
+    pub limit: f64,
+}
+
+/// The slot races' shares.
+pub const SLOT_RACES: RaceShares = RaceShares { name: "slot races", full: RACES_SHARE, limit: RACES_LIMIT };
 /// The share of what is left after the races that the end-to-end timing may use
 /// (the rest: the accuracy check and the head-to-head confirmation).
 pub const TIMING_SHARE: f64 = 0.6;

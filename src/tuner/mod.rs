@@ -215,9 +215,7 @@ pub(crate) fn tune<D>(
     if !o.serve_batches.is_empty() {
         budget.reserve(budget::BATCHES_SHARE);
     }
-    let races = budget.stage("slot races", || {
-        race::run_all(t, o, &space, cache, resume, &budget, (budget::RACES_SHARE, budget::RACES_LIMIT), progress)
-    })?;
+    let races = budget.stage("slot races", || race::run_all(t, o, &space, cache, resume, &budget, &budget::SLOT_RACES, progress))?;
     let e2e = e2e::run(t, o, &caps, &space, &races, &budget, progress)?;
     let chosen = &e2e.combos[e2e.best].0;
     budget.release();

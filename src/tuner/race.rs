@@ -56,8 +56,8 @@ impl Races {
 }
 
 /// Runs every race of `space` until the races' share of what is left of the
-/// budget (`shares.0`, the slot stage's [`super::budget::RACES_SHARE`]: the
-/// slot deadline; past `shares.1` no race starts), sharing what is left of the
+/// budget (`shares.full`, the slot stage's [`super::budget::RACES_SHARE`]: the
+/// slot deadline; past `shares.limit` no race starts), sharing what is left of the
 /// time evenly over the races still to run (each race's [`Deadline::share`]: past
 /// its share plus a quarter, a race prepares and samples nothing more but its
 /// first candidate). `cache` keeps finished races as they come; with `resume`
@@ -70,11 +70,11 @@ pub(crate) fn run_all(
     cache: Option<&Cache>,
     resume: bool,
     budget: &super::budget::Budget,
-    shares: (f64, f64),
+    shares: &super::budget::RaceShares,
     progress: &dyn Progress,
 ) -> Result<Races, TuneError> {
-    let slot_deadline = budget.share(shares.0);
-    let races_limit = budget.share(shares.1);
+    let slot_deadline = budget.share(shares.full);
+    let races_limit = budget.share(shares.limit);
     let races = &space.races;
     let mut results: Vec<RaceResult> = Vec::new();
     let mut resumed = 0;
@@ -89,8 +89,11 @@ pub(crate) fn run_all(
     let caps = DeviceCaps::from(t.device);
     let raceable = races.iter().filter(|r| !candidates(r, &caps, o.strategy).0.is_empty()).count();
     let mut skipped = 0;
-    // The races run so far and their time.
+    // The races run so far and their time; those started within the slot
+    // deadline that reached only part of their candidates, and how many they
+    // left.
     let (mut ran, mut spent, mut first_only) = (0u32, Duration::ZERO, 0);
+    let (mut short, mut unreached) = (0, 0);
     for (i, r) in races.iter().enumerate() {
         let key = race_cache_key(t, r, o, space);
         if let Some(done) = cache.filter(|_| resume).and_then(|c| c.get::<RaceResult>("slots", &key)) {
@@ -133,6 +136,10 @@ pub(crate) fn run_all(
         let res = run_race(t, r, o, Deadline::share(share), &mut gates, (&memo, &space.holding), progress);
         spent += race_start.elapsed();
         ran += 1;
+        let cut_short = res.rejected.iter().filter(|(_, why)| why == NOT_REACHED).count();
+        if cut_short > 0 && race_start < slot_deadline {
+            (short, unreached) = (short + 1, unreached + cut_short);
+        }
         // A lost device fails every candidate from here on: stop, caching nothing of it.
         if let Some(lost) = t.ctx.as_ref().and_then(|c| c.lost()) {
             return Err(lost.into());
@@ -144,12 +151,18 @@ pub(crate) fn run_all(
         results.push(res);
     }
     progress.done();
+    let name = shares.name;
+    if short > 0 {
+        budget.cut(format!(
+            "{name}: {short} of {raceable} timed part of their candidates ({unreached} not reached within their shares; a larger --budget times them)"
+        ));
+    }
     if first_only > 0 {
-        budget.cut(format!("slot races: {first_only} of {raceable} measured their first candidate alone"));
+        budget.cut(format!("{name}: {first_only} of {raceable} measured their first candidate alone"));
     }
     if skipped > 0 {
         budget.cut(format!(
-            "slot races: {} of {} raced; the other {skipped} slots keep the runtime's default kernels",
+            "{name}: {} of {} raced; the other {skipped} slots keep the runtime's default kernels",
             raceable - skipped,
             raceable
         ));

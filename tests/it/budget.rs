@@ -61,6 +61,24 @@ fn a_short_budget_accounts_for_its_stages_and_says_what_it_cut() {
         Some(c) => assert!(c.contains(&format!("the other {unraced} slots")) && unraced > 0, "{c} vs {unraced} unraced slots"),
         None => assert_eq!(unraced, 0, "{cuts:?}"),
     }
+    // Races that ran out of their time with candidates left (prepared or not,
+    // never sampled: "not reached within the budget" alone) are said too: as
+    // timing part of their candidates, or, started past the races' share, as
+    // measuring their first alone; the first cut counts no more than there are.
+    let partial = slots
+        .iter()
+        .filter(|s| {
+            let r = s["rejected"].as_array().cloned().unwrap_or_default();
+            r.iter().any(|x| x["reason"].as_str() == Some("not reached within the budget"))
+        })
+        .count();
+    let part = cuts.iter().find(|c| c.starts_with("slot races: ") && c.contains("timed part of their candidates"));
+    let first = cuts.iter().any(|c| c.starts_with("slot races: ") && c.contains("measured their first candidate alone"));
+    if let Some(c) = part {
+        let n: usize = c["slot races: ".len()..].split(' ').next().and_then(|n| n.parse().ok()).expect("a count");
+        assert!(n >= 1 && n <= partial, "{c} vs {partial} races with candidates not reached");
+    }
+    assert!(partial == 0 || part.is_some() || first, "{partial} races left candidates unreached, no cut says so: {cuts:?}");
 }
 
 /// When one build of the whole model does not fit the end-to-end stage's share,
