@@ -28,6 +28,7 @@ pub struct RaceShares {
 
 /// The slot races' shares.
 pub const SLOT_RACES: RaceShares = RaceShares { name: "slot races", full: RACES_SHARE, limit: RACES_LIMIT };
+
 /// The share of what is left after the races that the end-to-end timing may use
 /// (the rest: the accuracy check and the head-to-head confirmation).
 pub const TIMING_SHARE: f64 = 0.6;
