@@ -844,27 +844,36 @@ mod tests {
         }
     }
 
-    /// Panels kept in a cache give what panels packed each pass give, bit for
-    /// bit, the first time (packed into it) and after (read from it).
+    /// Panels kept in a cache (4-bit values two to a byte, scales as halves,
+    /// where they are) give what panels packed each pass give, bit for bit, the
+    /// first time (packed into it) and after (read from it), in every tile
+    /// shape (5, 6 and 7 tokens: a last tile of 1, 2 and 3).
     #[test]
     fn kept_panels_give_the_packed_results() {
         use crate::kernels::quant::QFormat;
         let (n, k, m) = (48, 256, 5);
-        let x = data(m * k, 3);
-        let xp = XPanel::quantize(&x, m, k);
+        let x = data(7 * k, 3);
+        let xp = XPanel::quantize(&x[..m * k], m, k);
+        let tokens: Vec<XPanel> = (5..=7).map(|t| XPanel::quantize(&x[..t * k], t, k)).collect();
         for format in [QFormat::Q4_0, QFormat::Q4_1, QFormat::Q8_0, QFormat::Q4_K, QFormat::Q6_K] {
             let w = QMatrix::quantize(format, n, k, &data(n * k, 7)).unwrap();
             // A cache lives no longer than the weights it packed (an engine's own).
             let cache = PanelCache::default();
             for isa in [Isa::best(), Isa::Scalar] {
                 for (r0, count) in [(0, 16), (16, 16), (32, 16), (16, 32), (8, 16)] {
-                    let want = i8_rows(isa, &xp, w.view(), r0, count, None);
-                    for _ in 0..2 {
-                        // (Rows 16..48 from a slot that holds rows 16..32, and rows
-                        // 8..24, not starting a block: packed anew.)
-                        let kept = cache.weight(isa, w.view(), k);
-                        let got = i8_rows(isa, &xp, w.view(), r0, count, kept.as_ref());
-                        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{format:?} {isa:?} rows {r0}..");
+                    for xt in &tokens {
+                        let want = i8_rows(isa, xt, w.view(), r0, count, None);
+                        for _ in 0..2 {
+                            // (Rows 16..48 from a slot that holds rows 16..32, and rows
+                            // 8..24, not starting a block: packed anew.)
+                            let kept = cache.weight(isa, w.view(), k);
+                            let got = i8_rows(isa, xt, w.view(), r0, count, kept.as_ref());
+                            assert!(
+                                got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                                "{format:?} {isa:?} rows {r0}.., {} tokens",
+                                xt.m
+                            );
+                        }
                     }
                 }
             }
