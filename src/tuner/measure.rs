@@ -158,7 +158,6 @@ impl Workload {
         self.copies[i]
     }
 
-    /// The GPU buffers of copy `copy` of shape `i` (None on the CPU).
     /// Holds the inputs as `h` says: packed rows kept, weights repacked.
     pub fn hold(&mut self, h: &Holding) {
         if h.kept_panels {
@@ -196,6 +195,7 @@ impl Workload {
         }
     }
 
+    /// The GPU buffers of copy `copy` of shape `i` (None on the CPU).
     pub fn gpu_buffers(&self, i: usize, copy: usize) -> Option<&GpuBuffers> {
         self.gpu.as_ref().and_then(|(_, b)| b.get(i)).and_then(|c| c.get(copy))
     }
