@@ -28,6 +28,10 @@ const SMOLLM2: &[(&str, usize, usize, usize)] =
 const LLAMA_1B: &[(&str, usize, usize, usize)] =
     &[("qkv", 3072, 2048, 4), ("o", 2048, 2048, 4), ("gate_up", 16384, 2048, 4), ("down", 2048, 8192, 4), ("lm_head", 128256, 2048, 1)];
 
+/// A timed kernel: its name here, the kernel, X8 records or plain rows, and
+/// parameters past the defaults.
+type Arm = (&'static str, &'static str, bool, &'static [(&'static str, u32)]);
+
 fn main() {
     let mut formats = Vec::new();
     let (mut rounds, mut tokens, mut shapes) = (9usize, vec![1usize, 2, 4, 8, 16], SMOLLM2);
@@ -62,12 +66,16 @@ fn main() {
                     .collect()
             })
             .collect();
-        let arms: [(&str, &str, bool); 4] = [
-            ("i8 GEMM, rows", "gemm_q_i8_cpu", false),
-            ("i8 GEMM, X8", "gemm_q_i8_cpu", true),
-            ("dots, rows", "gemm_q_dots_cpu", false),
-            ("dots, X8", "gemm_q_dots_cpu", true),
+        // The int8 GEMM's VNNI tiles and, where AMX runs, its AMX tiles (`amx` 1).
+        let mut arms: Vec<Arm> = vec![
+            ("i8 GEMM, rows", "gemm_q_i8_cpu", false, &[]),
+            ("i8 GEMM, X8", "gemm_q_i8_cpu", true, &[]),
+            ("dots, rows", "gemm_q_dots_cpu", false, &[]),
+            ("dots, X8", "gemm_q_dots_cpu", true, &[]),
         ];
+        if ktune_kernels::kernels::cpu::qgemm::amx_granted() {
+            arms.insert(2, ("i8 X8, AMX", "gemm_q_i8_cpu", true, &[("amx", 1)]));
+        }
         // One token's dots on one thread (the lone decode's, `ActVec::rows` over
         // X8 records), best of 200 passes over every layer's matrices: what
         // the batched loop must not slow.
@@ -103,9 +111,9 @@ fn main() {
             // keeps them (the first round packs them): an arm's own cache.
             let panels: Vec<Arc<PanelCache>> = arms.iter().map(|_| Arc::new(PanelCache::default())).collect();
             for _ in 0..rounds {
-                for (a, &(_, id, x8)) in arms.iter().enumerate() {
+                for (a, &(_, id, x8, extra)) in arms.iter().enumerate() {
                     let kd = find(id).expect("registered");
-                    let params = kd.params_with(&[("act_bits", 8)]);
+                    let params = kd.params_with(&[&[("act_bits", 8)], extra].concat());
                     let t = Instant::now();
                     with_panels(&panels[a], || {
                         for (s, &(_, n, k, reps)) in shapes.iter().enumerate() {
@@ -122,7 +130,7 @@ fn main() {
                     times[a].push(t.elapsed().as_secs_f64());
                 }
             }
-            for (a, &(name, _, _)) in arms.iter().enumerate() {
+            for (a, &(name, _, _, _)) in arms.iter().enumerate() {
                 let mut v = times[a].clone();
                 v.sort_by(f64::total_cmp);
                 let med = v[v.len() / 2];

@@ -263,7 +263,7 @@ fn gemm_micro(c: &mut Criterion) {
 /// rows packed each call against the panels kept (`PanelCache`, what an
 /// engine's decode batches use).
 fn i8_gemm(c: &mut Criterion) {
-    use ktune_kernels::kernels::cpu::qgemm::{PanelCache, XPanel, rows_times_tokens_i8};
+    use ktune_kernels::kernels::cpu::qgemm::{I8Kernel, PanelCache, XPanel, rows_times_tokens_i8};
     use ktune_kernels::kernels::quant::{QFormat, QMatrix};
     let mut g = c.benchmark_group("i8_gemm");
     let (rows, k, m) = (256usize, 2048usize, 64usize);
@@ -278,7 +278,7 @@ fn i8_gemm(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new(format!("{f:?}").to_lowercase(), format!("{rows}x{k}x{m}")), |b| {
             b.iter(|| {
                 for r0 in (0..rows).step_by(32) {
-                    rows_times_tokens_i8(cpu::Isa::best(), &xp, q.view(), r0, 32, None, &mut out);
+                    rows_times_tokens_i8(I8Kernel::vnni(cpu::Isa::best()), &xp, q.view(), r0, 32, None, &mut out);
                     black_box(&out);
                 }
             })
@@ -296,7 +296,7 @@ fn i8_gemm(c: &mut Criterion) {
                     // Looked up once a call, as a kernel does.
                     let w = cache.and_then(|c| c.weight(cpu::Isa::best(), q.view(), k));
                     for r0 in (0..rows).step_by(32) {
-                        rows_times_tokens_i8(cpu::Isa::best(), &xp8, q.view(), r0, 32, w.as_ref(), &mut out);
+                        rows_times_tokens_i8(I8Kernel::vnni(cpu::Isa::best()), &xp8, q.view(), r0, 32, w.as_ref(), &mut out);
                         black_box(&out);
                     }
                 })
@@ -323,7 +323,7 @@ fn i8_gemm(c: &mut Criterion) {
                 for q in &many {
                     let w = kept.weight(cpu::Isa::best(), q.view(), k);
                     for r0 in (0..rows).step_by(per) {
-                        rows_times_tokens_i8(cpu::Isa::best(), &xs, q.view(), r0, per, w.as_ref(), &mut out);
+                        rows_times_tokens_i8(I8Kernel::vnni(cpu::Isa::best()), &xs, q.view(), r0, per, w.as_ref(), &mut out);
                         black_box(&out);
                     }
                 }

@@ -21,7 +21,7 @@ use crate::device::GpuCaps;
 use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::kernels::contract::check_blocks;
 use crate::kernels::contract::{CpuArgs, CpuImpl, CpuIn, KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, param, wrong_op};
-use crate::kernels::cpu::qgemm::{I8_GEMM_PARAMS, XPanel, active_panels, check_i8_gemm, rows_times_tokens_i8};
+use crate::kernels::cpu::qgemm::{I8_GEMM_PARAMS, I8Kernel, XPanel, active_panels, check_i8_gemm, rows_times_tokens_i8};
 use crate::kernels::cpu::sgemm::{Blocking, Micro, Split, gemm_blocked};
 use crate::kernels::cpu::{
     DOT_ROWS_PARAMS, ISA, Isa, check_quant, dequantize_row, qin, row_blocks, rows_times_tokens, rows_times_vectors, token_vectors,
@@ -171,10 +171,11 @@ fn run_gemm_rows(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>
 }
 
 fn run_gemm_i8(kd: &KernelDef, prob: &Problem, params: &Params, a: CpuArgs<'_>) -> Result<(), KernelError> {
+    let kernel = I8Kernel::of(params)?;
     by_row_blocks(kd, prob, params, a, |isa, x, w, (m, k)| {
         let xp = XPanel::quantize(&x[..m * k], m, k);
         let kept = active_panels().and_then(|c| c.weight(isa, w, k));
-        Ok(move |r0, count, out: &mut [f32]| rows_times_tokens_i8(isa, &xp, w, r0, count, kept.as_ref(), out))
+        Ok(move |r0, count, out: &mut [f32]| rows_times_tokens_i8(kernel, &xp, w, r0, count, kept.as_ref(), out))
     })
 }
 
@@ -260,7 +261,8 @@ pub fn variants() -> Vec<KernelDef> {
             Op::Gemm,
             DType::QUANT,
             I8_GEMM_PARAMS,
-            "activations quantized to int8 blocks once; weight rows interleaved 16 to a vector per task; VNNI tiles of 32 rows x 4 tokens",
+            "activations quantized to int8 blocks once; weight rows interleaved 16 to a vector per task; VNNI tiles of 32 rows x 4 tokens \
+             (or, `amx` 1, AMX tile multiplies of 16 rows x 16 tokens, the same bits)",
             CpuImpl { run: run_gemm_i8, check: check_i8_gemm },
         ),
         KernelDef::new(

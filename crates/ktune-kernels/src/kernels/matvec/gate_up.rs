@@ -30,7 +30,7 @@ use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::kernels::act::gated_simd;
 use crate::kernels::contract::check_blocks;
 use crate::kernels::contract::{CpuArgs, CpuImpl, CpuIn, KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, param, wrong_op};
-use crate::kernels::cpu::qgemm::{I8_GEMM_PARAMS, XPanel, active_panels, check_i8_gemm, rows_times_tokens_i8};
+use crate::kernels::cpu::qgemm::{I8_GEMM_PARAMS, I8Kernel, XPanel, active_panels, check_i8_gemm, rows_times_tokens_i8};
 use crate::kernels::cpu::{
     self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_TASK, RowSplit, act_f32, check_isa, check_quant, par_rows, qin, row, row_blocks,
     rows_times_tokens, with_scratch,
@@ -184,7 +184,8 @@ pub fn variants() -> Vec<KernelDef> {
             DType::QUANT,
             I8_GEMM_PARAMS,
             "GEMM style (prefill): tokens quantized to int8 blocks once, gate and up rows interleaved 16 to a vector per task, \
-             VNNI tiles of 32 rows x 4 tokens, activation product on the way out",
+             VNNI tiles of 32 rows x 4 tokens (or, `amx` 1, AMX tile multiplies of 16 rows x 16 tokens, the same bits), \
+             activation product on the way out",
             CpuImpl { run: run_gate_up_q_i8, check: check_q_i8 },
         ),
     ];
@@ -502,8 +503,9 @@ fn run_gate_up_q_i8(kd: &KernelDef, prob: &Problem, params: &Params, mut a: CpuA
     let Some((isa, x, w)) = q_inputs(kd, params, &a, (rows, n))? else { return Ok(()) };
     let xp = XPanel::quantize(&x[..rows * k], rows, k);
     let kept = active_panels().and_then(|c| c.weight(isa, w, k));
+    let kernel = I8Kernel::of(params)?;
     gated_row_blocks(isa, act, params, (rows, n), &mut a.outs[0][..rows * n], |r0, count, out| {
-        rows_times_tokens_i8(isa, &xp, w, r0, count, kept.as_ref(), out)
+        rows_times_tokens_i8(kernel, &xp, w, r0, count, kept.as_ref(), out)
     })
 }
 

@@ -39,7 +39,7 @@ use crate::gpu::{GpuProgram, Shader, grid_2d, groups};
 use crate::kernels::contract::{
     CpuArgs, CpuImpl, CpuIn, KernelDef, KernelError, ParamSpec, Params, WgslImpl, WgslSetup, check_blocks, param, wrong_op,
 };
-use crate::kernels::cpu::qgemm::{I8_GEMM_PARAMS, XPanel, check_i8_gemm, rows_times_tokens_i8};
+use crate::kernels::cpu::qgemm::{I8_GEMM_PARAMS, I8Kernel, XPanel, check_i8_gemm, rows_times_tokens_i8};
 use crate::kernels::cpu::{self, ACT_BITS, ActVec, ISA, Isa, ROWS_PER_TASK, Row, RowSplit, act_f32, par_rows, row};
 use crate::kernels::problem::{Activation, Op, Problem};
 use crate::kernels::quant::DType;
@@ -681,6 +681,8 @@ impl Grouped {
 struct GroupedCall<'a> {
     kind: Grouped,
     isa: Isa,
+    /// The int8 GEMM's multiplier (the int8 kind's `tiles` parameter).
+    i8: I8Kernel,
     by: ByExpert,
     w: CpuIn<'a>,
     dims: (usize, usize, usize, usize),
@@ -698,7 +700,9 @@ impl<'a> GroupedCall<'a> {
         (n, k): (usize, usize),
     ) -> Result<GroupedCall<'a>, KernelError> {
         let by = ByExpert::new(&slot_experts(route, rows, experts, top_k), experts);
-        Ok(GroupedCall { kind, isa: Isa::of(params)?, by, w, dims: (experts, n, k, kind.block(params)?) })
+        let isa = Isa::of(params)?;
+        let i8 = if kind == Grouped::I8 { I8Kernel::of(params)? } else { I8Kernel { isa, amx: false } };
+        Ok(GroupedCall { kind, isa, i8, by, w, dims: (experts, n, k, kind.block(params)?) })
     }
 
     /// The grouped kernels' one loop. For every expert with tokens: its tokens'
@@ -737,7 +741,7 @@ impl<'a> GroupedCall<'a> {
                 let parts = cpu::par_row_blocks(n, block, |j0, count| {
                     let mut part = vec![0f32; width * count * m];
                     for (h, out) in part.chunks_exact_mut(count * m).enumerate() {
-                        rows_times_tokens_i8(isa, &xp, q, wrow(h, j0), count, None, out);
+                        rows_times_tokens_i8(self.i8, &xp, q, wrow(h, j0), count, None, out);
                     }
                     part
                 });

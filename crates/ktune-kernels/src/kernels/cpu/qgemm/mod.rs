@@ -19,6 +19,12 @@
 //! scale`). Packing reads each of a block's 16 rows front to back into staging
 //! rows, then transposes 32 elements of the 16 rows at a time (a 16 x 8 dword
 //! transpose in AVX-512 registers).
+//!
+//! Where the CPU has AMX-INT8 and the system grants its tile state, `amx` 1
+//! takes each scale group's integer sums of 16 rows by 16 tokens in one tile
+//! multiply over the same panel (`x86/amx.rs`; its runs are already the layout
+//! AMX reads) and applies the same float steps in the same order: the same
+//! bits, fewer instructions where the groups are long (the tuner races it).
 
 use std::cell::RefCell;
 
@@ -48,16 +54,56 @@ pub const I8_GEMM_PARAMS: &[ParamSpec] = &[
         default: 0,
         help: "0 AVX-512 VNNI (invalid on a CPU without it), 1 portable loops of the same arithmetic",
     },
+    ParamSpec {
+        name: "amx",
+        values: &[0, 1],
+        default: 0,
+        help: "1 AMX tile multiplies take the VNNI tiles' integer sums (the same bits; invalid where the CPU lacks AMX or \
+               the system does not grant its state), 0 the VNNI tiles",
+    },
 ];
 
 /// The int8 GEMM kernels: VNNI at `isa` 0 only (AVX2's `maddubs` would saturate
 /// on unsigned bytes up to 255; the f32 panel kernels serve those CPUs).
 pub fn check_i8_gemm(caps: &CpuCaps, prob: &Problem, dtype: DType, params: &Params) -> Result<(), String> {
     check_quant(caps, prob, dtype, params)?;
-    if param(params, "isa")? == 0 && !i8_gemm_simd(Isa::best()) {
+    let isa = param(params, "isa")?;
+    if isa == 0 && !i8_gemm_simd(Isa::best()) {
         return Err("isa 0 needs AVX-512 VNNI, which this CPU lacks (the f32 panel kernels serve it)".into());
     }
+    if param(params, "amx")? == 1 && (isa != 0 || !amx_granted()) {
+        return Err("amx 1 needs isa 0 and a CPU with AMX-INT8 whose system grants the tile state (this one: none)".into());
+    }
     Ok(())
+}
+
+/// How the int8 GEMM multiplies: the ISA level of its packing and tiles, and
+/// whether AMX tile multiplies take the VNNI tiles' integer sums (the same bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct I8Kernel {
+    pub isa: Isa,
+    pub amx: bool,
+}
+
+impl I8Kernel {
+    /// The VNNI tiles at `isa` (the portable loops below it).
+    pub fn vnni(isa: Isa) -> I8Kernel {
+        I8Kernel { isa, amx: false }
+    }
+
+    /// As the kernel's `isa` and `amx` parameters ask.
+    pub fn of(params: &Params) -> Result<I8Kernel, crate::kernels::KernelError> {
+        let isa = Isa::of(params)?;
+        Ok(I8Kernel { isa, amx: param(params, "amx")? == 1 && i8_gemm_simd(isa) && amx_granted() })
+    }
+}
+
+/// Whether AMX's tile multiplies run here (listed by the CPU, granted by the system).
+pub fn amx_granted() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return x86::amx::granted();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// Weight rows per interleaved block (the lanes of a 512-bit vector).
@@ -87,6 +133,11 @@ pub struct XPanel {
     /// integer corrections of a biased panel).
     isum: Vec<i32>,
     isum16: Vec<i32>,
+    /// The codes scale group by scale group (`[k / sg][m][sg]`, groups of 16
+    /// and of 32), made the first time the AMX tiles ask: a tile load reads
+    /// each token's group `k` bytes apart in `q`, which at `k` 2048 or more
+    /// puts the 16 rows in one or two sets of the L1 cache.
+    by_group: [std::sync::OnceLock<Vec<i8>>; 2],
 }
 
 impl XPanel {
@@ -103,6 +154,7 @@ impl XPanel {
             sum32: vec![0.0; m * nb],
             isum: vec![0; m * nb],
             isum16: vec![0; m * 2 * nb],
+            by_group: Default::default(),
         };
         // Each token's share of every array, handed to its task.
         let mut rows: Vec<TokenRow<'_>> =
@@ -126,6 +178,21 @@ impl XPanel {
         super::pool::for_chunks_mut(&mut rows, 1, |t, row| one(t, &mut row[0]));
         drop(rows);
         p
+    }
+
+    /// The codes group by group of `sg` (16 or 32): token `t`'s element
+    /// `g * sg + e` at `(g * m + t) * sg + e`.
+    fn by_group(&self, sg: usize) -> &[i8] {
+        self.by_group[usize::from(sg == QK)].get_or_init(|| {
+            let (m, k) = (self.m, self.k);
+            let mut v = vec![0i8; m * k];
+            for (g, dst) in v.chunks_exact_mut(m * sg).enumerate() {
+                for (t, row) in dst.chunks_exact_mut(sg).enumerate() {
+                    row.copy_from_slice(&self.q[t * k + g * sg..][..sg]);
+                }
+            }
+            v
+        })
     }
 
     /// `d · Σq` per scale group of `sg` elements (16 or 32), per token.
@@ -580,7 +647,16 @@ impl KeptWeight {
 /// each time), then the interleaved int8 kernel (VNNI when `isa` has it, else
 /// the portable loops of the same arithmetic), into `out` token-major
 /// (`[m][count]`).
-pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count: usize, kept: Option<&KeptWeight>, out: &mut [f32]) {
+pub fn rows_times_tokens_i8(
+    kernel: I8Kernel,
+    x: &XPanel,
+    w: QView<'_>,
+    r0: usize,
+    count: usize,
+    kept: Option<&KeptWeight>,
+    out: &mut [f32],
+) {
+    let isa = kernel.isa;
     let (m, k) = (x.m, x.k);
     let out = &mut out[..count * m];
     let end = r0 + count;
@@ -598,7 +674,7 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
             // a few KiB, too short for the hardware prefetcher to ramp up on.
             let next = (r + n).is_multiple_of(RB).then(|| kept.slots.get((r + n) / RB)).flatten();
             let next = next.and_then(std::sync::OnceLock::get).map_or([&[][..]; 3], Panel::streams);
-            panel_rows(isa, p, at, x, n, o, &next);
+            panel_rows(kernel, p, at, x, n, o, &next);
             r += n;
         }
         if r == end {
@@ -616,7 +692,7 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
         // otherwise waits on DRAM, overlaps the arithmetic.
         let rb = row_bytes(w, k);
         let next = &w.quants[(end * rb).min(w.quants.len())..((end + count_left) * rb).min(w.quants.len())];
-        panel_rows(isa, p, 0, x, count_left, OutRows { data: &mut *out, stride: count, row }, &[next]);
+        panel_rows(kernel, p, 0, x, count_left, OutRows { data: &mut *out, stride: count, row }, &[next]);
     };
     PANEL.with(|c| match c.try_borrow_mut() {
         Ok(mut p) => run(&mut p),
@@ -628,14 +704,22 @@ pub fn rows_times_tokens_i8(isa: Isa, x: &XPanel, w: QView<'_>, r0: usize, count
 /// the VNNI tiles where `isa` has them (bringing the runs of `next` into L2
 /// meanwhile), else the portable loops of the same arithmetic.
 #[inline]
-fn panel_rows(isa: Isa, p: &Panel, at: usize, x: &XPanel, n: usize, o: OutRows<'_>, next: &[&[u8]]) {
+fn panel_rows(kernel: I8Kernel, p: &Panel, at: usize, x: &XPanel, n: usize, o: OutRows<'_>, next: &[&[u8]]) {
     assert!(n <= p.rows.saturating_sub(at * RB) && (at * RB + n).div_ceil(RB) <= p.blocks, "rows {at}·16 + {n} of a panel of {}", p.rows);
     #[cfg(target_arch = "x86_64")]
-    if i8_gemm_simd(isa) {
-        // SAFETY: AVX-512F/BW/VL/VNNI checked; the panel holds rows `at * 16..at * 16 + n`
-        // of k in whole blocks of 16 (asserted), `x` m tokens of k (k a multiple of 32,
-        // as `XPanel::quantize` takes them); every store into `o` is checked.
-        unsafe { vnni::rows_times_tokens(p, at, x, n, o, next) };
+    if i8_gemm_simd(kernel.isa) {
+        // SAFETY: AVX-512F/BW/VL/VNNI checked (and AMX granted where the kernel
+        // takes it: `I8Kernel` sets `amx` only then); the panel holds rows
+        // `at * 16..at * 16 + n` of k in whole blocks of 16 (asserted), `x` m
+        // tokens of k (k a multiple of 32, as `XPanel::quantize` takes them);
+        // every store into `o` is checked.
+        unsafe {
+            if kernel.amx && amx_granted() {
+                x86::amx::rows_times_tokens(p, at, x, n, o, next)
+            } else {
+                vnni::rows_times_tokens(p, at, x, n, o, next)
+            }
+        };
         return;
     }
     let _ = next;
@@ -702,8 +786,13 @@ mod tests {
 
     /// [`rows_times_tokens_i8`]'s `[m][count]` block, allocated.
     fn i8_rows(isa: Isa, xp: &XPanel, w: QView<'_>, r0: usize, count: usize, kept: Option<&KeptWeight>) -> Vec<f32> {
+        i8_rows_by(I8Kernel::vnni(isa), xp, w, r0, count, kept)
+    }
+
+    /// [`i8_rows`] by the kernel given (AMX's tiles or the VNNI ones).
+    fn i8_rows_by(kernel: I8Kernel, xp: &XPanel, w: QView<'_>, r0: usize, count: usize, kept: Option<&KeptWeight>) -> Vec<f32> {
         let mut out = vec![0f32; count * xp.m];
-        rows_times_tokens_i8(isa, xp, w, r0, count, kept, &mut out);
+        rows_times_tokens_i8(kernel, xp, w, r0, count, kept, &mut out);
         out
     }
 
@@ -766,6 +855,39 @@ mod tests {
                     part.iter().zip(&simd).all(|(a, b)| a.to_bits() == b.to_bits()),
                     "{format:?}: the first {fewer} of {m} tokens alone"
                 );
+            }
+        }
+    }
+
+    /// The AMX tiles give the VNNI tiles' bits: every form of panel (bytes and
+    /// nibbles, offsets and biases, f32 scales and halves: packed each pass and
+    /// kept), a partial last row block, 1 to 18 tokens (a tile multiply of 16
+    /// and one of the rest).
+    #[test]
+    fn amx_tiles_are_the_vnni_tiles() {
+        if !amx_granted() {
+            eprintln!("SKIPPED amx_tiles_are_the_vnni_tiles: this CPU has no AMX or the system does not grant it");
+            return;
+        }
+        let (vnni, amx) = (I8Kernel { isa: Isa::best(), amx: false }, I8Kernel { isa: Isa::best(), amx: true });
+        for format in [QFormat::Q4_0, QFormat::Q8_0, QFormat::Q4_1, QFormat::Q4_K, QFormat::Q6_K, QFormat::IQ4_NL] {
+            let k = if format.block_elems() == 256 { 512 } else { 96 };
+            let n = 37;
+            let w = QMatrix::quantize(format, n, k, &data(n * k, 3)).expect("quantizes");
+            let x = data(18 * k, 5);
+            let (kept_vnni, kept_amx) = (PanelCache::default(), PanelCache::default());
+            for m in [1, 2, 3, 5, 8, 15, 16, 17, 18] {
+                let xp = XPanel::quantize(&x[..m * k], m, k);
+                for (r0, count) in [(0, n), (16, 16)] {
+                    let want = i8_rows_by(vnni, &xp, w.view(), r0, count, None);
+                    let got = i8_rows_by(amx, &xp, w.view(), r0, count, None);
+                    let first = got.iter().zip(&want).position(|(a, b)| a.to_bits() != b.to_bits());
+                    assert!(first.is_none(), "{format:?} {m} tokens rows {r0}+{count}: packed panels differ first at {first:?}");
+                    let kv = i8_rows_by(vnni, &xp, w.view(), r0, count, kept_vnni.weight(Isa::best(), w.view(), k).as_ref());
+                    let ka = i8_rows_by(amx, &xp, w.view(), r0, count, kept_amx.weight(Isa::best(), w.view(), k).as_ref());
+                    let first = ka.iter().zip(&kv).position(|(a, b)| a.to_bits() != b.to_bits());
+                    assert!(first.is_none(), "{format:?} {m} tokens rows {r0}+{count}: kept panels differ first at {first:?}");
+                }
             }
         }
     }

@@ -2,6 +2,7 @@
 //! transpose every packing path ends in, the direct packing of the 32-element
 //! formats from their bytes ([`direct`]) and the `vpdpbusd` tiles ([`vnni`]).
 
+pub mod amx;
 pub mod direct;
 pub mod vnni;
 
@@ -56,6 +57,48 @@ unsafe fn transpose_store(z: [std::arch::x86_64::__m512i; 8], dst: *mut u8) {
         for c in 0..4 {
             _mm512_storeu_si512(dst.add(64 * c) as *mut _, _mm512_permutex2var_epi64(u[c], lo, u[c + 4]));
             _mm512_storeu_si512(dst.add(64 * (c + 4)) as *mut _, _mm512_permutex2var_epi64(u[c], hi, u[c + 4]));
+        }
+    }
+}
+
+/// The lines of the runs to bring into L2, a tile's share at a time, issued a
+/// few at each scale group of the tile.
+pub(super) struct Ahead<'a> {
+    next: &'a [&'a [u8]],
+    /// Lines left in all, and a tile's share.
+    left: usize,
+    per_tile: usize,
+    /// The run and the byte within it of the next line.
+    run: usize,
+    pos: usize,
+}
+
+impl<'a> Ahead<'a> {
+    pub(super) fn new(next: &'a [&'a [u8]], tiles: usize) -> Ahead<'a> {
+        let lines: usize = next.iter().map(|n| n.len().div_ceil(64)).sum();
+        Ahead { next, left: lines, per_tile: lines.div_ceil(tiles.max(1)), run: 0, pos: 0 }
+    }
+
+    /// Prefetches for each of a tile's `groups` scale groups: its share spread evenly.
+    pub(super) fn per_group(&self, groups: usize) -> usize {
+        self.per_tile.min(self.left).div_ceil(groups.max(1))
+    }
+
+    /// Issues up to `n` prefetches.
+    #[inline(always)]
+    pub(super) fn issue(&mut self, n: usize) {
+        for _ in 0..n.min(self.left) {
+            while self.pos >= self.next[self.run].len() {
+                (self.run, self.pos) = (self.run + 1, 0);
+            }
+            // SAFETY: SSE is baseline on x86_64; a prefetch reads nothing (the
+            // address is a line of the run's own bytes).
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                    self.next[self.run].as_ptr().wrapping_add(self.pos) as *const i8
+                )
+            };
+            (self.left, self.pos) = (self.left - 1, self.pos + 64);
         }
     }
 }

@@ -4,6 +4,7 @@
 use std::arch::x86_64::*;
 
 use super::super::{GROUP, LANE, OutRows, Panel, QK, RB, XPanel};
+use super::Ahead;
 
 /// Every (row, token) of `count` rows of the panel from its row block `at`:
 /// two row blocks (32 rows) × 4 tokens a tile, a last block alone and the last
@@ -72,44 +73,6 @@ unsafe fn sweep<const BIAS: bool, const NIB: bool>(p: &Panel, at: usize, x: &XPa
             t += n;
         }
         b += r;
-    }
-}
-
-/// The lines of the runs to bring into L2, a tile's share at a time, issued a
-/// few at each scale group of the tile.
-struct Ahead<'a> {
-    next: &'a [&'a [u8]],
-    /// Lines left in all, and a tile's share.
-    left: usize,
-    per_tile: usize,
-    /// The run and the byte within it of the next line.
-    run: usize,
-    pos: usize,
-}
-
-impl<'a> Ahead<'a> {
-    fn new(next: &'a [&'a [u8]], tiles: usize) -> Ahead<'a> {
-        let lines: usize = next.iter().map(|n| n.len().div_ceil(64)).sum();
-        Ahead { next, left: lines, per_tile: lines.div_ceil(tiles.max(1)), run: 0, pos: 0 }
-    }
-
-    /// Prefetches for each of a tile's `groups` scale groups: its share spread evenly.
-    fn per_group(&self, groups: usize) -> usize {
-        self.per_tile.min(self.left).div_ceil(groups.max(1))
-    }
-
-    /// Issues up to `n` prefetches.
-    #[inline(always)]
-    fn issue(&mut self, n: usize) {
-        for _ in 0..n.min(self.left) {
-            while self.pos >= self.next[self.run].len() {
-                (self.run, self.pos) = (self.run + 1, 0);
-            }
-            // SAFETY: SSE is baseline on x86_64; a prefetch reads nothing (the
-            // address is a line of the run's own bytes).
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(self.next[self.run].as_ptr().wrapping_add(self.pos) as *const i8) };
-            (self.left, self.pos) = (self.left - 1, self.pos + 64);
-        }
     }
 }
 

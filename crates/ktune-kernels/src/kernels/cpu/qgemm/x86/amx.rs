@@ -1,0 +1,321 @@
+//! The AMX tiles of the int8 GEMM: each scale group's integer sums of 16
+//! tokens by 16 rows in one tile multiply (`tdpbsud`: the tokens' int8 codes
+//! times the panel's unsigned bytes, which are already laid out as AMX reads
+//! its second operand: each 64-byte run holds 4 elements of each of the 16
+//! rows), then the VNNI tiles' float steps on those sums in the same order,
+//! so the same bits as [`super::vnni`] at a fraction of its instructions: a
+//! group of 32 costs the VNNI tiles 8 `vpdpbusd` and 4 float operations a
+//! (row block, token), these tiles the 4 float operations and a sixteenth of
+//! a tile multiply.
+//!
+//! The tile registers are set up once a call (`ldtilecfg`) and given back at
+//! its end (`tilerelease`); the instructions are written in `asm!` (Rust's
+//! AMX intrinsics are unstable). [`granted`] asks the kernel for the tile
+//! state once a process: a CPU that lists AMX where the system does not grant
+//! it keeps the VNNI tiles.
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+use std::sync::OnceLock;
+
+use super::super::{GROUP, LANE, OutRows, Panel, QK, RB, XPanel};
+use super::Ahead;
+
+/// Tokens a tile multiply takes (the rows of its first operand and result).
+const TOKENS: usize = 16;
+
+/// Whether this CPU lists AMX-TILE and AMX-INT8 and the system grants this
+/// process their register state (Linux's `arch_prctl(ARCH_REQ_XCOMP_PERM)`),
+/// asked once.
+pub fn granted() -> bool {
+    static GRANTED: OnceLock<bool> = OnceLock::new();
+    *GRANTED.get_or_init(|| {
+        // Leaf 7 read only where the CPU has it.
+        let listed = __get_cpuid_max(0).0 >= 7 && {
+            let l7 = __cpuid_count(7, 0);
+            l7.edx & (1 << 24) != 0 && l7.edx & (1 << 25) != 0
+        };
+        listed && super::super::super::features().vnni && request_tile_state()
+    })
+}
+
+/// Asks the kernel for the AMX tile data state (`XFEATURE_XTILEDATA`) for this
+/// process: refused where the system does not support or allow it.
+#[cfg(target_os = "linux")]
+fn request_tile_state() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: a request about this process's register state; no memory is passed.
+    unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn request_tile_state() -> bool {
+    false
+}
+
+/// A tile configuration (`ldtilecfg`'s 64 bytes, palette 1): tiles 0 and 1
+/// the integer sums of `n` tokens by 16 rows (dwords), 2 and 4 the tokens'
+/// codes of one scale group (`n` rows of `sg` bytes), 3 and 5 the group's
+/// runs of the 16 rows (`sg / 4` runs of 64 bytes); a group uses 0, 2, 3 and
+/// the next 1, 4, 5.
+#[repr(C, align(64))]
+struct Config([u8; 64]);
+
+impl Config {
+    fn new(n: usize, sg: usize) -> Config {
+        let mut c = [0u8; 64];
+        c[0] = 1;
+        for (tile, rows, bytes) in [(0, n, 64), (1, n, 64), (2, n, sg), (4, n, sg), (3, sg / 4, 64), (5, sg / 4, 64)] {
+            c[16 + 2 * tile..18 + 2 * tile].copy_from_slice(&(bytes as u16).to_le_bytes());
+            c[48 + tile] = rows as u8;
+        }
+        Config(c)
+    }
+}
+
+/// Groups whose tile multiplies are issued ahead of the float steps that read
+/// their sums: a tile store reaches the cache only once it retires, so sums
+/// read one group later wait for the whole group before them.
+const AHEAD: usize = 3;
+
+/// One group's integer sums: up to 16 tokens' 16 dwords.
+#[repr(C, align(64))]
+struct Sums([[i32; RB]; TOKENS]);
+
+/// One group's runs unpacked from nibbles.
+#[repr(C, align(64))]
+struct Runs([u8; 8 * RB * LANE]);
+
+/// Every (row, token) of `count` rows of the panel from its row block `at`,
+/// as [`super::vnni::rows_times_tokens`] writes them (the same bits): a row
+/// block by 16 tokens a tile.
+///
+/// # Safety
+/// AVX-512F/BW/VL/VNNI available and [`granted`] true; `p` holds at least
+/// `at * 16 + count` rows of `x.k` (in whole blocks of 16); `o.data` holds
+/// `count` rows from `o.row` for each of `x.m` tokens.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn rows_times_tokens(p: &Panel, at: usize, x: &XPanel, count: usize, mut o: OutRows<'_>, next: &[&[u8]]) {
+    let o = &mut o;
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        match (p.bias != 0, p.nib, p.sg == QK) {
+            (true, false, true) => sweep::<true, false, 8>(p, at, x, count, o, next),
+            (false, false, true) => sweep::<false, false, 8>(p, at, x, count, o, next),
+            (true, true, true) => sweep::<true, true, 8>(p, at, x, count, o, next),
+            (false, true, true) => sweep::<false, true, 8>(p, at, x, count, o, next),
+            (true, false, false) => sweep::<true, false, 4>(p, at, x, count, o, next),
+            (false, false, false) => sweep::<false, false, 4>(p, at, x, count, o, next),
+            (true, true, false) => sweep::<true, true, 4>(p, at, x, count, o, next),
+            (false, true, false) => sweep::<false, true, 4>(p, at, x, count, o, next),
+        }
+    }
+}
+
+/// [`rows_times_tokens`] for a panel with (`BIAS`) or without offsets, of
+/// bytes or (`NIB`) of two 4-bit values a byte, `RUNS` runs of 4 elements a
+/// scale group: the tokens 16 at a time, each time every row block.
+///
+/// # Safety
+/// As [`rows_times_tokens`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn sweep<const BIAS: bool, const NIB: bool, const RUNS: usize>(
+    p: &Panel,
+    at: usize,
+    x: &XPanel,
+    count: usize,
+    o: &mut OutRows<'_>,
+    next: &[&[u8]],
+) {
+    let m = x.m;
+    let blocks = count.div_ceil(RB).min(p.blocks.saturating_sub(at));
+    let mut ahead = Ahead::new(next, blocks * m.div_ceil(TOKENS));
+    let mut set = 0;
+    let mut t = 0;
+    while t < m {
+        let n = (m - t).min(TOKENS);
+        if n != set {
+            let cfg = Config::new(n, RUNS * LANE);
+            // SAFETY: AMX granted (the caller); `cfg` is a valid palette-1 configuration.
+            unsafe { asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly)) };
+            set = n;
+        }
+        for b in 0..blocks {
+            // SAFETY: block at + b < p.blocks and tokens t..t + n <= m.
+            unsafe { tile::<BIAS, NIB, RUNS>(p, at + b, x, t, n, (b * RB, count), o, &mut ahead) };
+        }
+        t += n;
+    }
+    // SAFETY: gives the tile registers back (configured above).
+    unsafe { asm!("tilerelease", options(nostack, nomem)) };
+}
+
+/// Row block `blk` of the panel times tokens `t..t + n` (the tiles configured
+/// for `n`), into the call's rows `row..` below `count` of each token.
+///
+/// # Safety
+/// As [`rows_times_tokens`], with the tiles configured for `n` tokens and
+/// groups of `RUNS * 4`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile<const BIAS: bool, const NIB: bool, const RUNS: usize>(
+    p: &Panel,
+    blk: usize,
+    x: &XPanel,
+    t: usize,
+    n: usize,
+    (row, count): (usize, usize),
+    dst: &mut OutRows<'_>,
+    ahead: &mut Ahead<'_>,
+) {
+    let k = x.k;
+    let sg = RUNS * LANE;
+    let groups = k / sg;
+    let nb = k / QK;
+    let sums = x.group_sums(sg);
+    let isums = if sg == GROUP { &x.isum16 } else { &x.isum };
+    let (vals, scale, off) = (p.vals.as_ptr(), p.scale.as_ptr(), p.off.as_ptr());
+    let halves = p.halves.as_ref().map(|(s, o)| (s.as_ptr(), o.as_ptr()));
+    let (xq, xd, xs) = (x.by_group(sg).as_ptr(), x.d.as_ptr(), sums.as_ptr());
+    let m = x.m;
+    let mut acc = [_mm512_setzero_ps(); TOKENS];
+    let mut ints: [Sums; AHEAD + 1] = std::array::from_fn(|_| Sums([[0; RB]; TOKENS]));
+    let mut runs: [Runs; AHEAD + 1] = std::array::from_fn(|_| Runs([0; 8 * RB * LANE]));
+    let per_group = ahead.per_group(groups);
+    // A nibble panel's groups are unpacked AHEAD groups before their multiply
+    // (a tile load waits for the stores it reads to retire, as the float steps
+    // wait for the tile's), the multiplies AHEAD groups before their float steps.
+    let unpacked = AHEAD;
+    for step in 0..groups + unpacked + AHEAD {
+        if step < groups {
+            // SAFETY: group `step` of block blk lies in the panel (as below).
+            unsafe {
+                if NIB {
+                    unpack::<RUNS>(vals.add((blk * groups + step) * RUNS / 2 * RB * LANE), &mut runs[step % (AHEAD + 1)])
+                } else {
+                    stage::<RUNS>(vals.add((blk * groups + step) * RUNS * RB * LANE), &mut runs[step % (AHEAD + 1)])
+                }
+            };
+        }
+        if step >= unpacked && step - unpacked < groups {
+            let g = step - unpacked;
+            // SAFETY (every read): group g < groups of block blk < p.blocks inside
+            // the panel (or unpacked from it); tokens t..t + n and elements
+            // g * sg..(g + 1) * sg inside x.
+            unsafe {
+                let w = runs[g % (AHEAD + 1)].0.as_ptr();
+                multiply(g, xq.add((g * m + t) * sg), sg, w, &mut ints[g % (AHEAD + 1)]);
+            }
+        }
+        if step < unpacked + AHEAD {
+            continue;
+        }
+        let g = step - unpacked - AHEAD;
+        ahead.issue(per_group);
+        let sums_g = &ints[g % (AHEAD + 1)];
+        // SAFETY (every read): as above; scales and offsets of group g of block blk.
+        unsafe {
+            let at = (blk * groups + g) * RB;
+            let (s, o) = if let Some((sh, oh)) = halves {
+                let s = _mm512_cvtph_ps(_mm256_loadu_si256(sh.add(at) as *const __m256i));
+                (s, if BIAS { s } else { _mm512_cvtph_ps(_mm256_loadu_si256(oh.add(at) as *const __m256i)) })
+            } else {
+                (_mm512_loadu_ps(scale.add(at)), _mm512_loadu_ps(off.add(at)))
+            };
+            for c in 0..n {
+                let mut dot = _mm512_load_si512(sums_g.0[c].as_ptr() as *const __m512i);
+                if BIAS {
+                    dot = _mm512_add_epi32(dot, _mm512_set1_epi32(-p.bias * isums[(t + c) * groups + g]));
+                }
+                let d = _mm512_set1_ps(*xd.add((t + c) * nb + g * sg / QK));
+                let a = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot), d), s, acc[c]);
+                acc[c] = if BIAS { a } else { _mm512_fmadd_ps(o, _mm512_set1_ps(*xs.add((t + c) * groups + g)), a) };
+            }
+        }
+    }
+    if row >= count {
+        return;
+    }
+    let keep: __mmask16 = if count - row >= RB { !0 } else { (1u16 << (count - row)) - 1 };
+    for (c, acc) in acc.iter().enumerate().take(n) {
+        let to = (t + c) * dst.stride + dst.row + row;
+        assert!(to + (count - row).min(RB) <= dst.data.len());
+        // SAFETY: the lanes `keep` selects, `(count - row).min(16)` floats from
+        // `to`, lie in `dst.data` (asserted).
+        unsafe { _mm512_mask_storeu_ps(dst.data.as_mut_ptr().add(to), keep, *acc) };
+    }
+}
+
+/// Group `g`'s integer sums of the tokens' codes at `a` (rows `k` bytes
+/// apart: the group's bytes) times the runs at `w` (64 bytes apart) into `into`: tiles 0, 2, 3
+/// for even groups, 1, 4, 5 for odd (a group's multiply need not wait for the
+/// store of the one before it).
+///
+/// # Safety
+/// The tiles configured for groups of the panel's size; `a` readable for the
+/// tiles' rows of `k` bytes, `w` for the group's runs.
+#[inline(always)]
+unsafe fn multiply(g: usize, a: *const i8, k: usize, w: *const u8, into: &mut Sums) {
+    // SAFETY: the caller's bounds; the tiles read and write only there.
+    unsafe {
+        if g.is_multiple_of(2) {
+            asm!(
+                "tilezero tmm0",
+                "tileloadd tmm2, [{a} + {k}*1]",
+                "tileloadd tmm3, [{w} + {s}*1]",
+                "tdpbsud tmm0, tmm2, tmm3",
+                "tilestored [{c} + {s}*1], tmm0",
+                a = in(reg) a, k = in(reg) k, w = in(reg) w, s = in(reg) RB * LANE, c = in(reg) into.0.as_mut_ptr(),
+                options(nostack),
+            );
+        } else {
+            asm!(
+                "tilezero tmm1",
+                "tileloadd tmm4, [{a} + {k}*1]",
+                "tileloadd tmm5, [{w} + {s}*1]",
+                "tdpbsud tmm1, tmm4, tmm5",
+                "tilestored [{c} + {s}*1], tmm1",
+                a = in(reg) a, k = in(reg) k, w = in(reg) w, s = in(reg) RB * LANE, c = in(reg) into.0.as_mut_ptr(),
+                options(nostack),
+            );
+        }
+    }
+}
+
+/// A nibble panel's group at `src` (`RUNS / 2` runs of 64 bytes, runs 2j and
+/// 2j + 1 in the low and high nibbles of the j-th) as `RUNS` runs of bytes.
+///
+/// # Safety
+/// AVX-512F/BW available; `src` readable for `RUNS * 32` bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn unpack<const RUNS: usize>(src: *const u8, into: &mut Runs) {
+    // SAFETY: the caller's bounds; `into` holds 8 runs.
+    unsafe {
+        for j in 0..RUNS / 2 {
+            let v = _mm512_loadu_si512(src.add(j * RB * LANE) as *const __m512i);
+            let lo = _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), _mm512_set1_epi8(0x0F));
+            _mm512_store_si512(into.0.as_mut_ptr().add(2 * j * RB * LANE) as *mut __m512i, lo);
+            _mm512_store_si512(into.0.as_mut_ptr().add((2 * j + 1) * RB * LANE) as *mut __m512i, hi);
+        }
+    }
+}
+
+/// A byte panel's group at `src` (`RUNS` runs of 64 bytes) copied to `into`.
+///
+/// # Safety
+/// AVX-512F available; `src` readable for `RUNS * 64` bytes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn stage<const RUNS: usize>(src: *const u8, into: &mut Runs) {
+    // SAFETY: the caller's bounds; `into` holds 8 runs.
+    unsafe {
+        for j in 0..RUNS {
+            let v = _mm512_loadu_si512(src.add(j * RB * LANE) as *const __m512i);
+            _mm512_store_si512(into.0.as_mut_ptr().add(j * RB * LANE) as *mut __m512i, v);
+        }
+    }
+}
