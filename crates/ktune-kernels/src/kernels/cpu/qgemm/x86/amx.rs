@@ -3,10 +3,13 @@
 //! times the panel's unsigned bytes, which are already laid out as AMX reads
 //! its second operand: each 64-byte run holds 4 elements of each of the 16
 //! rows), then the VNNI tiles' float steps on those sums in the same order,
-//! so the same bits as [`super::vnni`] at a fraction of its instructions: a
-//! group of 32 costs the VNNI tiles 8 `vpdpbusd` and 4 float operations a
-//! (row block, token), these tiles the 4 float operations and a sixteenth of
-//! a tile multiply.
+//! so the same bits as [`super::vnni`]: a group of 32 costs the VNNI tiles 8
+//! `vpdpbusd` and 4 float operations a (row block, token), these tiles the
+//! float operations (and the bias's add on a biased panel) and a sixteenth of
+//! a tile multiply and store, which pays where the tile unit keeps up with the
+//! float steps (Q4_K's groups of 32 at 16 tokens and more; docs/serve.md has
+//! the figures: a group of 16 costs a whole tile multiply for a quarter of
+//! its width).
 //!
 //! The tile registers are set up once a call (`ldtilecfg`) and given back at
 //! its end (`tilerelease`); the instructions are written in `asm!` (Rust's
@@ -18,8 +21,8 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use super::super::{GROUP, LANE, OutRows, Panel, QK, RB, XPanel};
-use super::Ahead;
+use super::super::{LANE, OutRows, Panel, QK, RB, XPanel};
+use super::{Ahead, Groups, store};
 
 /// Tokens a tile multiply takes (the rows of its first operand and result).
 const TOKENS: usize = 16;
@@ -170,23 +173,18 @@ unsafe fn tile<const BIAS: bool, const NIB: bool, const RUNS: usize>(
     dst: &mut OutRows<'_>,
     ahead: &mut Ahead<'_>,
 ) {
-    let k = x.k;
-    let sg = RUNS * LANE;
-    let groups = k / sg;
-    let nb = k / QK;
-    let sums = x.group_sums(sg);
-    let isums = if sg == GROUP { &x.isum16 } else { &x.isum };
-    let (vals, scale, off) = (p.vals.as_ptr(), p.scale.as_ptr(), p.off.as_ptr());
-    let halves = p.halves.as_ref().map(|(s, o)| (s.as_ptr(), o.as_ptr()));
-    let (xq, xd, xs) = (x.by_group(sg).as_ptr(), x.d.as_ptr(), sums.as_ptr());
-    let m = x.m;
+    let gs = Groups::new(p, x, RUNS * LANE);
+    let (sg, groups, isums, vals) = (gs.sg, gs.groups, gs.isums, gs.vals);
+    let (xq, m) = (x.by_group(sg).as_ptr(), x.m);
     let mut acc = [_mm512_setzero_ps(); TOKENS];
     let mut ints: [Sums; AHEAD + 1] = std::array::from_fn(|_| Sums([[0; RB]; TOKENS]));
     let mut runs: [Runs; AHEAD + 1] = std::array::from_fn(|_| Runs([0; 8 * RB * LANE]));
     let per_group = ahead.per_group(groups);
-    // A nibble panel's groups are unpacked AHEAD groups before their multiply
-    // (a tile load waits for the stores it reads to retire, as the float steps
-    // wait for the tile's), the multiplies AHEAD groups before their float steps.
+    // A group's runs are staged into L1 (unpacked from nibbles, or copied: a
+    // tile load from a stream that misses the cache stalls the tile unit)
+    // AHEAD groups before its multiply, which a tile load of stores not yet
+    // retired would wait for, as the float steps wait for the tile's store; the
+    // multiplies AHEAD groups before their float steps.
     let unpacked = AHEAD;
     for step in 0..groups + unpacked + AHEAD {
         if step < groups {
@@ -217,47 +215,30 @@ unsafe fn tile<const BIAS: bool, const NIB: bool, const RUNS: usize>(
         let sums_g = &ints[g % (AHEAD + 1)];
         // SAFETY (every read): as above; scales and offsets of group g of block blk.
         unsafe {
-            let at = (blk * groups + g) * RB;
-            let (s, o) = if let Some((sh, oh)) = halves {
-                let s = _mm512_cvtph_ps(_mm256_loadu_si256(sh.add(at) as *const __m256i));
-                (s, if BIAS { s } else { _mm512_cvtph_ps(_mm256_loadu_si256(oh.add(at) as *const __m256i)) })
-            } else {
-                (_mm512_loadu_ps(scale.add(at)), _mm512_loadu_ps(off.add(at)))
-            };
+            let so = gs.scales::<BIAS>(blk, g);
             for c in 0..n {
                 let mut dot = _mm512_load_si512(sums_g.0[c].as_ptr() as *const __m512i);
                 if BIAS {
                     dot = _mm512_add_epi32(dot, _mm512_set1_epi32(-p.bias * isums[(t + c) * groups + g]));
                 }
-                let d = _mm512_set1_ps(*xd.add((t + c) * nb + g * sg / QK));
-                let a = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot), d), s, acc[c]);
-                acc[c] = if BIAS { a } else { _mm512_fmadd_ps(o, _mm512_set1_ps(*xs.add((t + c) * groups + g)), a) };
+                acc[c] = gs.step::<BIAS>(acc[c], dot, so, t + c, g);
             }
         }
     }
-    if row >= count {
-        return;
-    }
-    let keep: __mmask16 = if count - row >= RB { !0 } else { (1u16 << (count - row)) - 1 };
-    for (c, acc) in acc.iter().enumerate().take(n) {
-        let to = (t + c) * dst.stride + dst.row + row;
-        assert!(to + (count - row).min(RB) <= dst.data.len());
-        // SAFETY: the lanes `keep` selects, `(count - row).min(16)` floats from
-        // `to`, lie in `dst.data` (asserted).
-        unsafe { _mm512_mask_storeu_ps(dst.data.as_mut_ptr().add(to), keep, *acc) };
-    }
+    // SAFETY: AVX-512F (the caller's); every store is checked.
+    unsafe { store(dst, (row, count), t, &acc[..n]) };
 }
 
-/// Group `g`'s integer sums of the tokens' codes at `a` (rows `k` bytes
-/// apart: the group's bytes) times the runs at `w` (64 bytes apart) into `into`: tiles 0, 2, 3
+/// Group `g`'s integer sums of the tokens' codes at `a` (rows `stride` bytes
+/// apart) times the runs at `w` (64 bytes apart) into `into`: tiles 0, 2, 3
 /// for even groups, 1, 4, 5 for odd (a group's multiply need not wait for the
 /// store of the one before it).
 ///
 /// # Safety
 /// The tiles configured for groups of the panel's size; `a` readable for the
-/// tiles' rows of `k` bytes, `w` for the group's runs.
+/// tiles' rows, `w` for the group's runs.
 #[inline(always)]
-unsafe fn multiply(g: usize, a: *const i8, k: usize, w: *const u8, into: &mut Sums) {
+unsafe fn multiply(g: usize, a: *const i8, stride: usize, w: *const u8, into: &mut Sums) {
     // SAFETY: the caller's bounds; the tiles read and write only there.
     unsafe {
         if g.is_multiple_of(2) {
@@ -267,7 +248,7 @@ unsafe fn multiply(g: usize, a: *const i8, k: usize, w: *const u8, into: &mut Su
                 "tileloadd tmm3, [{w} + {s}*1]",
                 "tdpbsud tmm0, tmm2, tmm3",
                 "tilestored [{c} + {s}*1], tmm0",
-                a = in(reg) a, k = in(reg) k, w = in(reg) w, s = in(reg) RB * LANE, c = in(reg) into.0.as_mut_ptr(),
+                a = in(reg) a, k = in(reg) stride, w = in(reg) w, s = in(reg) RB * LANE, c = in(reg) into.0.as_mut_ptr(),
                 options(nostack),
             );
         } else {
@@ -277,7 +258,7 @@ unsafe fn multiply(g: usize, a: *const i8, k: usize, w: *const u8, into: &mut Su
                 "tileloadd tmm5, [{w} + {s}*1]",
                 "tdpbsud tmm1, tmm4, tmm5",
                 "tilestored [{c} + {s}*1], tmm1",
-                a = in(reg) a, k = in(reg) k, w = in(reg) w, s = in(reg) RB * LANE, c = in(reg) into.0.as_mut_ptr(),
+                a = in(reg) a, k = in(reg) stride, w = in(reg) w, s = in(reg) RB * LANE, c = in(reg) into.0.as_mut_ptr(),
                 options(nostack),
             );
         }

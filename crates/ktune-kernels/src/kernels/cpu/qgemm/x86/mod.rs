@@ -6,6 +6,10 @@ pub mod amx;
 pub mod direct;
 pub mod vnni;
 
+use std::arch::x86_64::*;
+
+use super::{GROUP, OutRows, Panel, QK, RB, XPanel};
+
 /// 16 rows of 32 bytes (`src`, rows `stride` apart) to 8 runs of 64 bytes: run
 /// `r` holds bytes `4r..4r + 4` of each row in turn (a 16 x 8 transpose of dwords:
 /// rows i and i + 8 in one register, two 8 x 8 transposes side by side).
@@ -16,7 +20,6 @@ pub mod vnni;
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn transpose16x8(src: *const u8, stride: usize, dst: *mut u8) {
-    use std::arch::x86_64::*;
     // SAFETY: the caller's bounds.
     unsafe {
         let z: [__m512i; 8] = std::array::from_fn(|i| {
@@ -35,8 +38,7 @@ pub(super) unsafe fn transpose16x8(src: *const u8, stride: usize, dst: *mut u8) 
 /// AVX-512F available; `dst` writable for 512 bytes.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn transpose_store(z: [std::arch::x86_64::__m512i; 8], dst: *mut u8) {
-    use std::arch::x86_64::*;
+unsafe fn transpose_store(z: [__m512i; 8], dst: *mut u8) {
     // SAFETY: the caller's bounds.
     unsafe {
         // t[2p], t[2p + 1]: rows 2p and 2p + 1 interleaved by dwords (low, high
@@ -100,5 +102,109 @@ impl<'a> Ahead<'a> {
             };
             (self.left, self.pos) = (self.left - 1, self.pos + 64);
         }
+    }
+}
+
+/// What a tile reads for scale groups of `sg` elements (16 or 32): the
+/// panel's values, scales and offsets, and the tokens' block scales, group
+/// sums and integer group sums.
+pub(super) struct Groups<'a> {
+    pub k: usize,
+    pub sg: usize,
+    pub groups: usize,
+    nb: usize,
+    /// `Σq` per token and group (a biased panel's correction).
+    pub isums: &'a [i32],
+    pub vals: *const u8,
+    scale: *const f32,
+    off: *const f32,
+    halves: Option<(*const half::f16, *const half::f16)>,
+    xd: *const f32,
+    xs: *const f32,
+}
+
+impl<'a> Groups<'a> {
+    pub(super) fn new(p: &'a Panel, x: &'a XPanel, sg: usize) -> Groups<'a> {
+        let groups = x.k / sg;
+        Groups {
+            k: x.k,
+            sg,
+            groups,
+            nb: x.k / QK,
+            isums: if sg == GROUP { &x.isum16 } else { &x.isum },
+            vals: p.vals.as_ptr(),
+            scale: p.scale.as_ptr(),
+            off: p.off.as_ptr(),
+            halves: p.halves.as_ref().map(|(s, o)| (s.as_ptr(), o.as_ptr())),
+            xd: x.d.as_ptr(),
+            xs: x.group_sums(sg).as_ptr(),
+        }
+    }
+
+    /// The scales and offsets of group `g` of the panel's block `blk` (the
+    /// offsets not read where `BIAS`: they are folded into the sums).
+    ///
+    /// # Safety
+    /// AVX-512F available; block `blk` and group `g` inside the panel.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn scales<const BIAS: bool>(&self, blk: usize, g: usize) -> (__m512, __m512) {
+        let at = (blk * self.groups + g) * RB;
+        // SAFETY: the caller's bounds.
+        unsafe {
+            match self.halves {
+                Some((sh, oh)) => {
+                    let s = _mm512_cvtph_ps(_mm256_loadu_si256(sh.add(at) as *const __m256i));
+                    (s, if BIAS { _mm512_setzero_ps() } else { _mm512_cvtph_ps(_mm256_loadu_si256(oh.add(at) as *const __m256i)) })
+                }
+                None => (_mm512_loadu_ps(self.scale.add(at)), _mm512_loadu_ps(self.off.add(at))),
+            }
+        }
+    }
+
+    /// One (row block, token) group's float steps: `acc + scale · d · dot`
+    /// and, without `BIAS`, `+ off · d · Σq`, in that order (every tile the
+    /// same chain: the same bits).
+    ///
+    /// # Safety
+    /// AVX-512F available; `token` and group `g` inside the tokens.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn step<const BIAS: bool>(
+        &self,
+        acc: __m512,
+        dot: __m512i,
+        (s, o): (__m512, __m512),
+        token: usize,
+        g: usize,
+    ) -> __m512 {
+        // SAFETY: the caller's bounds.
+        unsafe {
+            let d = _mm512_set1_ps(*self.xd.add(token * self.nb + g * self.sg / QK));
+            let a = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot), d), s, acc);
+            if BIAS { a } else { _mm512_fmadd_ps(o, _mm512_set1_ps(*self.xs.add(token * self.groups + g)), a) }
+        }
+    }
+}
+
+/// Writes a row block's sums, `acc[c]` of token `t + c`, into the call's
+/// rows `row..` of each token below `count`.
+///
+/// # Safety
+/// AVX-512F available.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn store(dst: &mut OutRows<'_>, (row, count): (usize, usize), t: usize, acc: &[__m512]) {
+    if row >= count {
+        return;
+    }
+    // The rows below `count` of this block (all 16 but in a last block).
+    let keep: __mmask16 = if count - row >= RB { !0 } else { (1u16 << (count - row)) - 1 };
+    for (c, &a) in acc.iter().enumerate() {
+        let to = (t + c) * dst.stride + dst.row + row;
+        assert!(to + (count - row).min(RB) <= dst.data.len());
+        // SAFETY: the lanes `keep` selects, `(count - row).min(16)` floats
+        // from `to`, lie in `dst.data` (asserted).
+        unsafe { _mm512_mask_storeu_ps(dst.data.as_mut_ptr().add(to), keep, a) };
     }
 }

@@ -3,8 +3,8 @@
 
 use std::arch::x86_64::*;
 
-use super::super::{GROUP, LANE, OutRows, Panel, QK, RB, XPanel};
-use super::Ahead;
+use super::super::{LANE, OutRows, Panel, QK, RB, XPanel};
+use super::{Ahead, Groups, store};
 
 /// Every (row, token) of `count` rows of the panel from its row block `at`:
 /// two row blocks (32 rows) × 4 tokens a tile, a last block alone and the last
@@ -98,16 +98,10 @@ unsafe fn tile<const R: usize, const T: usize, const RUNS: usize, const BIAS: bo
     dst: &mut OutRows<'_>,
     ahead: &mut Ahead<'_>,
 ) {
-    let k = x.k;
-    let sg = RUNS * LANE;
-    let groups = k / sg;
-    let nb = k / QK;
-    let sums = x.group_sums(sg);
-    let isums = if sg == GROUP { &x.isum16 } else { &x.isum };
+    let gs = Groups::new(p, x, RUNS * LANE);
+    let (k, sg, groups, isums, vals) = (gs.k, gs.sg, gs.groups, gs.isums, gs.vals);
     let mut acc = [[_mm512_setzero_ps(); T]; R];
-    let (vals, scale, off) = (p.vals.as_ptr(), p.scale.as_ptr(), p.off.as_ptr());
-    let halves = p.halves.as_ref().map(|(s, o)| (s.as_ptr(), o.as_ptr()));
-    let (xq, xd, xs) = (x.q.as_ptr(), x.d.as_ptr(), sums.as_ptr());
+    let xq = x.q.as_ptr();
     // SAFETY (every read): blocks at + b..at + b + R and groups below `groups`
     // are inside the panel; tokens t..t + T and elements below k inside x (the caller).
     let b = at + b;
@@ -143,44 +137,20 @@ unsafe fn tile<const R: usize, const T: usize, const RUNS: usize, const BIAS: bo
                     }
                 }
             }
-            let mut s = [_mm512_setzero_ps(); R];
-            let mut o = [_mm512_setzero_ps(); R];
+            let mut so = [(_mm512_setzero_ps(), _mm512_setzero_ps()); R];
             for r in 0..R {
-                let at = ((b + r) * groups + g) * RB;
-                if let Some((sh, oh)) = halves {
-                    s[r] = _mm512_cvtph_ps(_mm256_loadu_si256(sh.add(at) as *const __m256i));
-                    if !BIAS {
-                        o[r] = _mm512_cvtph_ps(_mm256_loadu_si256(oh.add(at) as *const __m256i));
-                    }
-                } else {
-                    s[r] = _mm512_loadu_ps(scale.add(at));
-                    o[r] = _mm512_loadu_ps(off.add(at));
-                }
+                so[r] = gs.scales::<BIAS>(b + r, g);
             }
             for c in 0..T {
-                let d = _mm512_set1_ps(*xd.add((t + c) * nb + g * sg / QK));
-                let sum = _mm512_set1_ps(*xs.add((t + c) * groups + g));
                 for r in 0..R {
-                    let a = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot[r][c]), d), s[r], acc[r][c]);
-                    acc[r][c] = if BIAS { a } else { _mm512_fmadd_ps(o[r], sum, a) };
+                    acc[r][c] = gs.step::<BIAS>(acc[r][c], dot[r][c], so[r], t + c, g);
                 }
             }
         }
     }
     for r in 0..R {
         // The call's row (the panel's block `b` is the call's `b - at`).
-        let row = (b - at + r) * RB;
-        if row >= count {
-            continue;
-        }
-        // The rows below `count` of this block (all 16 but in a last block).
-        let keep: __mmask16 = if count - row >= RB { !0 } else { (1u16 << (count - row)) - 1 };
-        for c in 0..T {
-            let to = (t + c) * dst.stride + dst.row + row;
-            assert!(to + (count - row).min(RB) <= dst.data.len());
-            // SAFETY: the lanes `keep` selects, `(count - row).min(16)` floats
-            // from `to`, lie in `dst.data` (asserted).
-            unsafe { _mm512_mask_storeu_ps(dst.data.as_mut_ptr().add(to), keep, acc[r][c]) };
-        }
+        // SAFETY: AVX-512F (the caller's); every store is checked.
+        unsafe { store(dst, ((b - at + r) * RB, count), t, &acc[r]) };
     }
 }
