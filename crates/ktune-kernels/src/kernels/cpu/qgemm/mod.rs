@@ -31,7 +31,7 @@ use std::cell::RefCell;
 use super::qdot::{check_quant, quantize_row, unpack_fast};
 use super::{Isa, features};
 use crate::device::CpuCaps;
-use crate::kernels::contract::{ParamSpec, Params, param};
+use crate::kernels::contract::{KernelError, ParamSpec, Params, param};
 use crate::kernels::problem::Problem;
 use crate::kernels::quant::DType;
 use crate::kernels::quant::block::Stage;
@@ -92,7 +92,7 @@ impl I8Kernel {
     }
 
     /// As the kernel's `isa` and `amx` parameters ask.
-    pub fn of(params: &Params) -> Result<I8Kernel, crate::kernels::KernelError> {
+    pub fn of(params: &Params) -> Result<I8Kernel, KernelError> {
         let isa = Isa::of(params)?;
         Ok(I8Kernel { isa, amx: param(params, "amx")? == 1 && i8_gemm_simd(isa) && amx_granted() })
     }
