@@ -71,8 +71,15 @@ pub fn check_i8_gemm(caps: &CpuCaps, prob: &Problem, dtype: DType, params: &Para
     if isa == 0 && !i8_gemm_simd(Isa::best()) {
         return Err("isa 0 needs AVX-512 VNNI, which this CPU lacks (the f32 panel kernels serve it)".into());
     }
-    if param(params, "amx")? == 1 && (isa != 0 || !amx_granted()) {
-        return Err("amx 1 needs isa 0 and a CPU with AMX-INT8 whose system grants the tile state (this one: none)".into());
+    if param(params, "amx")? == 1 {
+        if isa != 0 {
+            return Err("amx 1 needs isa 0 (the portable loops have no tiles)".into());
+        }
+        if !amx_granted() {
+            return Err(
+                "amx 1 needs AMX-INT8 and its tile state, which this CPU lacks or its system does not grant (amx 0: the VNNI tiles)".into(),
+            );
+        }
     }
     Ok(())
 }
@@ -644,8 +651,9 @@ impl KeptWeight {
 /// first time with the rest of the task's rows, so tasks of other sizes (a
 /// prompt's GEMM in tasks of 64 rows, then a decode batch's in tasks of 32)
 /// share one copy and none packs again; rows not starting a block are packed
-/// each time), then the interleaved int8 kernel (VNNI when `isa` has it, else
-/// the portable loops of the same arithmetic), into `out` token-major
+/// each time), then the interleaved int8 kernel (VNNI when `isa` has it, AMX's
+/// tile multiplies where `kernel.amx` asks, else the portable loops of the same
+/// arithmetic), into `out` token-major
 /// (`[m][count]`).
 pub fn rows_times_tokens_i8(
     kernel: I8Kernel,
