@@ -299,16 +299,35 @@ pub struct Selection {
 /// GEMM over its kept panels, 8 as fast, 10 and more slower.
 pub const X8_BATCH_ROWS: usize = 8;
 
-/// The most rows of a decode batch's pass that take the batched decode dots by
-/// default on this CPU: [`X8_BATCH_ROWS`] where the int8 GEMM has its SIMD
-/// tiles, every pass elsewhere. Without them (AVX2 alone) a pass of more rows
+/// [`X8_BATCH_ROWS`] for the 32-element formats (Q4_0, Q8_0, IQ4_NL) on a CPU
+/// that lists AMX-INT8 (a Sapphire Rapids-class Xeon core: 512-bit integer
+/// multiplies at full width on two ports, where Zen 4 splits them in two), whose
+/// int8 GEMM tiles (512 bits wide) outrun the decode dots' 256-bit lanes from
+/// 3 rows. Both round these formats' activations per 32, so a token's values
+/// stay its lone decode's rounding. On a 2-core Xeon of family 6 model 207
+/// (`batch_gemm`, SmolLM2-135M's matrices, ms a step): Q4_0 at 3, 4, 8 rows
+/// 4.38–4.50 / 4.71–4.81 / 6.82–6.85 against the dots' 4.72–4.73 / 4.82–4.94 /
+/// 8.30–8.42, Q8_0 6.49–6.58 / 6.71–6.99 / 9.18–9.42 against 7.15–7.57 /
+/// 7.61–7.92 / 11.59–11.65, at 2 rows a tie (docs/serve.md). The K-quants keep
+/// [`X8_BATCH_ROWS`] (their dots are faster there up to 4 rows, and round per
+/// 256 as their lone decode does).
+pub const X8_BATCH_ROWS_32_WIDE: usize = 2;
+
+/// The most rows of a decode batch's pass over `dtype`'s X8 records that take
+/// the batched decode dots by default on this CPU: [`X8_BATCH_ROWS`] (or
+/// [`X8_BATCH_ROWS_32_WIDE`]) where the int8 GEMM has its SIMD tiles, every
+/// pass elsewhere. Without them (AVX2 alone) a pass of more rows
 /// would take the f32 panel GEMM, which dequantizes its weights every pass for
 /// a few tokens: on a 2-core EPYC 7001 (Zen 1, AVX2 only; SmolLM2-135M Q4_0,
 /// `batch_decode_timing`) 16 sequences decoded 30.6 tok/s through it against
 /// 174.5 through the dots (8: 168.3), and 32 sequences 61.4 against 154.9;
 /// there a decode pass takes the dots over plain rows too (docs/serve.md).
-pub fn x8_batch_rows() -> usize {
-    if kernels::cpu::qgemm::i8_gemm_simd(Isa::best()) { X8_BATCH_ROWS } else { usize::MAX }
+pub fn x8_batch_rows(dtype: DType) -> usize {
+    if !kernels::cpu::qgemm::i8_gemm_simd(Isa::best()) {
+        return usize::MAX;
+    }
+    let blocks_of_32 = dtype.quant().is_some_and(|f| f.block_elems() == 32);
+    if blocks_of_32 && kernels::cpu::features().amx_int8 { X8_BATCH_ROWS_32_WIDE } else { X8_BATCH_ROWS }
 }
 
 /// One kernel step of a pass, as [`Selection::pass_choice`] chooses for it.
@@ -421,8 +440,8 @@ impl Selection {
             return None;
         }
         let id = match *problem {
-            Problem::Gemm { m, .. } if m <= x8_batch_rows() => "gemm_q_dots_cpu",
-            Problem::GateUp { rows, .. } if rows <= x8_batch_rows() => "gate_up_q_dots_cpu",
+            Problem::Gemm { m, .. } if m <= x8_batch_rows(dtype) => "gemm_q_dots_cpu",
+            Problem::GateUp { rows, .. } if rows <= x8_batch_rows(dtype) => "gate_up_q_dots_cpu",
             _ => return None,
         };
         self.default_choice_of(id, problem, dtype)

@@ -473,7 +473,8 @@ fn pass_kernel(g: &Generator, counts: &[usize], slot: ktune::plan::Slot) -> Stri
 /// every block-format matrix it can in X8 records (AVX2 or better), and a pass
 /// of decode tokens only runs its projections through the batched decode dots
 /// over them (each token its lone decode's arithmetic, each record decoded
-/// once for a few tokens): up to 8 rows on AVX-512 VNNI, where a pass of more
+/// once for a few tokens): up to 8 rows on AVX-512 VNNI (the 32-element
+/// formats up to 2 on a CPU that lists AMX-INT8), where a pass of more
 /// rows, or holding a prompt's chunk, takes the int8 GEMM; every pass with
 /// AVX2 alone, chunks and whole prompts too (no SIMD int8 GEMM there: its f32
 /// panel GEMM dequantizes every pass). A server of one sequence keeps these
@@ -491,7 +492,7 @@ fn a_cpu_server_decodes_its_batches_through_x8_dots() {
     let k4 = tmp.path().join("llama-q4km.gguf");
     std::fs::copy(gguf_dir().join("llama-k-q4_k_m.gguf"), &k4).expect("copied");
     let k4 = k4.to_str().expect("a UTF-8 path").to_string();
-    let (avx2, vnni) = (Isa::best().avx2(), Isa::best().vnni());
+    let (avx2, vnni, amx) = (Isa::best().avx2(), Isa::best().vnni(), ktune::kernels::cpu::features().amx_int8);
     // The prefill's GEMM: the int8 one where it has SIMD tiles, else the f32 panels.
     let gemm = if vnni { "gemm_q_i8_cpu" } else { "gemm_q_panel_cpu" };
     for (file, format) in [("smollm2-tiny-q8_0.gguf", QFormat::Q8_0), (k4.as_str(), QFormat::Q4_K)] {
@@ -521,15 +522,30 @@ fn a_cpu_server_decodes_its_batches_through_x8_dots() {
                 assert!(id.starts_with(want), "{file} {slot:?} in a pass of {counts:?}: {id} ({dtype}), not {want}");
             }
         };
+        // Up to 8 rows (the 32-element formats up to 2 where the CPU lists
+        // AMX-INT8, whose 512-bit int8 GEMM tiles outrun the dots from 3).
+        let most = ktune::plan::select::x8_batch_rows(DType::from(format));
+        assert_eq!(
+            most,
+            if !vnni {
+                usize::MAX
+            } else if format == QFormat::Q4_K || !amx {
+                8
+            } else {
+                2
+            },
+            "{file}"
+        );
         for rows in [2, 4, 8] {
-            takes(&vec![1; rows], Slot::MatmulQkv, true);
-            takes(&vec![1; rows], Slot::MatmulDown, true);
+            takes(&vec![1; rows], Slot::MatmulQkv, rows <= most);
+            takes(&vec![1; rows], Slot::MatmulDown, rows <= most);
         }
         takes(&[1; 9], Slot::MatmulQkv, !vnni);
         takes(&[1; 17], Slot::MatmulDown, !vnni);
         if format == QFormat::Q8_0 {
             // Its LM head (Q8_0 too) over each sequence's row.
-            takes(&[1; 4], Slot::MatmulLmHead, true);
+            takes(&[1; 2], Slot::MatmulLmHead, true);
+            takes(&[1; 4], Slot::MatmulLmHead, 4 <= most);
         }
         // A prompt's chunk in the pass: the GEMM for the projections on VNNI,
         // the dots with AVX2 alone (every pass there: a prompt's rows get the

@@ -50,6 +50,10 @@ pub struct Features {
     pub vnni: bool,
     /// AVX2 + FMA + F16C, the 256-bit x86 level.
     pub avx2: bool,
+    /// Lists AMX-TILE and AMX-INT8 (whether or not the system grants their
+    /// state, [`qgemm::amx_granted`]): a Sapphire Rapids-class Xeon core, which
+    /// also runs 512-bit integer multiplies on two ports at full width.
+    pub amx_int8: bool,
     pub neon: bool,
 }
 
@@ -62,15 +66,22 @@ pub fn features() -> Features {
             use std::arch::is_x86_feature_detected as has;
             let avx2 = has!("avx2") && has!("fma") && has!("f16c");
             let vnni = avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni");
-            Features { avx512f: has!("avx512f"), vnni, avx2, neon: false }
+            // CPUID leaf 7 (EDX bits 24, 25), read where the CPU has it
+            // (`is_x86_feature_detected!`'s AMX names are unstable).
+            use std::arch::x86_64::{__cpuid_count, __get_cpuid_max};
+            let amx_int8 = __get_cpuid_max(0).0 >= 7 && {
+                let l7 = __cpuid_count(7, 0);
+                l7.edx & (1 << 24) != 0 && l7.edx & (1 << 25) != 0
+            };
+            Features { avx512f: has!("avx512f"), vnni, avx2, amx_int8, neon: false }
         }
         #[cfg(target_arch = "aarch64")]
         {
-            Features { avx512f: false, vnni: false, avx2: false, neon: std::arch::is_aarch64_feature_detected!("neon") }
+            Features { avx512f: false, vnni: false, avx2: false, amx_int8: false, neon: std::arch::is_aarch64_feature_detected!("neon") }
         }
         #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         {
-            Features { avx512f: false, vnni: false, avx2: false, neon: false }
+            Features { avx512f: false, vnni: false, avx2: false, amx_int8: false, neon: false }
         }
     })
 }

@@ -33,12 +33,8 @@ const TOKENS: usize = 16;
 pub fn granted() -> bool {
     static GRANTED: OnceLock<bool> = OnceLock::new();
     *GRANTED.get_or_init(|| {
-        // Leaf 7 read only where the CPU has it.
-        let listed = __get_cpuid_max(0).0 >= 7 && {
-            let l7 = __cpuid_count(7, 0);
-            l7.edx & (1 << 24) != 0 && l7.edx & (1 << 25) != 0
-        };
-        listed && super::super::super::features().vnni && request_tile_state()
+        let f = super::super::super::features();
+        f.amx_int8 && f.vnni && request_tile_state()
     })
 }
 
