@@ -309,8 +309,10 @@ pub const X8_BATCH_ROWS: usize = 8;
 /// 4.38–4.50 / 4.71–4.81 / 6.82–6.85 against the dots' 4.72–4.73 / 4.82–4.94 /
 /// 8.30–8.42, Q8_0 6.49–6.58 / 6.71–6.99 / 9.18–9.42 against 7.15–7.57 /
 /// 7.61–7.92 / 11.59–11.65, at 2 rows a tie (docs/serve.md). The K-quants keep
-/// [`X8_BATCH_ROWS`] (their dots are faster there up to 4 rows, and round per
-/// 256 as their lone decode does).
+/// [`X8_BATCH_ROWS`]: their dots round the activations per 256, as their lone
+/// decode does, the GEMM per 32 (with Q6_K's batches of 4 through the GEMM, where
+/// it is faster here, a sequence of the Q4_K_M fixture parted from its lone
+/// answer).
 pub const X8_BATCH_ROWS_32_WIDE: usize = 2;
 
 /// The most rows of a decode batch's pass over `dtype`'s X8 records that take
