@@ -299,26 +299,36 @@ pub struct Selection {
 /// GEMM over its kept panels, 8 as fast, 10 and more slower.
 pub const X8_BATCH_ROWS: usize = 8;
 
-/// [`X8_BATCH_ROWS`] for the 32-element formats (Q4_0, Q8_0, IQ4_NL) on a CPU
-/// that lists AMX-INT8 (a Sapphire Rapids-class Xeon core: 512-bit integer
-/// multiplies at full width on two ports, where Zen 4 splits them in two), whose
-/// int8 GEMM tiles (512 bits wide) outrun the decode dots' 256-bit lanes from
-/// 3 rows. Both round these formats' activations per 32, so a token's values
-/// stay its lone decode's rounding. On a 2-core Xeon of family 6 model 207
-/// (`batch_gemm`, SmolLM2-135M's matrices, ms a step): Q4_0 at 3, 4, 8 rows
-/// 4.38–4.50 / 4.71–4.81 / 6.82–6.85 against the dots' 4.72–4.73 / 4.82–4.94 /
-/// 8.30–8.42, Q8_0 6.49–6.58 / 6.71–6.99 / 9.18–9.42 against 7.15–7.57 /
-/// 7.61–7.92 / 11.59–11.65, at 2 rows a tie (docs/serve.md). The K-quants keep
-/// [`X8_BATCH_ROWS`]: their dots round the activations per 256, as their lone
-/// decode does, the GEMM per 32 (with Q6_K's batches of 4 through the GEMM, where
-/// it is faster here, a sequence of the Q4_K_M fixture parted from its lone
-/// answer).
-pub const X8_BATCH_ROWS_32_WIDE: usize = 2;
+/// The most rows of a decode pass over `format`'s X8 records that take the
+/// batched decode dots by default on a CPU that lists AMX-INT8 (a Sapphire
+/// Rapids-class Xeon core: 512-bit integer multiplies at full width on two
+/// ports, where Zen 4 splits them in two), whose int8 GEMM tiles (512 bits
+/// wide) outrun the dots' 256-bit lanes sooner: Q4_0 and Q8_0 from 3 rows,
+/// IQ4_NL from 6 (its GEMM unpacks the table's levels into the panel, its dots
+/// take them with one `vpshufb`). These round the activations per 32 in both.
+/// The K-quants keep [`X8_BATCH_ROWS`]: their dots round the activations per
+/// 256, as their lone decode does, the GEMM per 32 (with Q6_K's batches of 4
+/// through the GEMM, where it is faster, a sequence of the Q4_K_M fixture
+/// parted from its lone answer). On a 2-core Xeon of family 6 model 207
+/// (`batch_gemm`, SmolLM2-135M's matrices, ms a step, two runs, the GEMM
+/// against the dots): Q4_0 at 3 and 8 rows 4.38–4.50 and 6.82–6.85 against
+/// 4.72–4.73 and 8.30–8.42, Q8_0 6.49–6.58 and 9.18–9.42 against 7.15–7.57 and
+/// 11.59–11.65 (2 rows: a tie); IQ4_NL at 5 and 6 rows 8.55–10.03 and
+/// 8.88–9.20 against 7.88–7.93 and 9.26–9.92, at 3 rows 6.94–7.24 against
+/// 4.92–5.34 (docs/serve.md).
+fn x8_batch_rows_wide(format: kernels::quant::QFormat) -> usize {
+    use kernels::quant::QFormat;
+    match format {
+        QFormat::Q4_0 | QFormat::Q8_0 => 2,
+        QFormat::IQ4_NL => 5,
+        _ => X8_BATCH_ROWS,
+    }
+}
 
 /// The most rows of a decode batch's pass over `dtype`'s X8 records that take
-/// the batched decode dots by default on this CPU: [`X8_BATCH_ROWS`] (or
-/// [`X8_BATCH_ROWS_32_WIDE`]) where the int8 GEMM has its SIMD tiles, every
-/// pass elsewhere. Without them (AVX2 alone) a pass of more rows
+/// the batched decode dots by default on this CPU: [`X8_BATCH_ROWS`] where
+/// the int8 GEMM has its SIMD tiles (fewer for some formats on a CPU that lists
+/// AMX-INT8: [`x8_batch_rows_wide`]), every pass elsewhere. Without them (AVX2 alone) a pass of more rows
 /// would take the f32 panel GEMM, which dequantizes its weights every pass for
 /// a few tokens: on a 2-core EPYC 7001 (Zen 1, AVX2 only; SmolLM2-135M Q4_0,
 /// `batch_decode_timing`) 16 sequences decoded 30.6 tok/s through it against
@@ -328,8 +338,10 @@ pub fn x8_batch_rows(dtype: DType) -> usize {
     if !kernels::cpu::qgemm::i8_gemm_simd(Isa::best()) {
         return usize::MAX;
     }
-    let blocks_of_32 = dtype.quant().is_some_and(|f| f.block_elems() == 32);
-    if blocks_of_32 && kernels::cpu::features().amx_int8 { X8_BATCH_ROWS_32_WIDE } else { X8_BATCH_ROWS }
+    match dtype.quant() {
+        Some(f) if kernels::cpu::features().amx_int8 => x8_batch_rows_wide(f),
+        _ => X8_BATCH_ROWS,
+    }
 }
 
 /// One kernel step of a pass, as [`Selection::pass_choice`] chooses for it.

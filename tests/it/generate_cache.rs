@@ -473,8 +473,8 @@ fn pass_kernel(g: &Generator, counts: &[usize], slot: ktune::plan::Slot) -> Stri
 /// every block-format matrix it can in X8 records (AVX2 or better), and a pass
 /// of decode tokens only runs its projections through the batched decode dots
 /// over them (each token its lone decode's arithmetic, each record decoded
-/// once for a few tokens): up to 8 rows on AVX-512 VNNI (the 32-element
-/// formats up to 2 on a CPU that lists AMX-INT8), where a pass of more
+/// once for a few tokens): up to 8 rows on AVX-512 VNNI (Q4_0 and Q8_0 up
+/// to 2 on a CPU that lists AMX-INT8, IQ4_NL up to 5), where a pass of more
 /// rows, or holding a prompt's chunk, takes the int8 GEMM; every pass with
 /// AVX2 alone, chunks and whole prompts too (no SIMD int8 GEMM there: its f32
 /// panel GEMM dequantizes every pass). A server of one sequence keeps these
@@ -522,8 +522,8 @@ fn a_cpu_server_decodes_its_batches_through_x8_dots() {
                 assert!(id.starts_with(want), "{file} {slot:?} in a pass of {counts:?}: {id} ({dtype}), not {want}");
             }
         };
-        // Up to 8 rows (the 32-element formats up to 2 where the CPU lists
-        // AMX-INT8, whose 512-bit int8 GEMM tiles outrun the dots from 3).
+        // Up to 8 rows (Q8_0 up to 2 where the CPU lists AMX-INT8, whose
+        // 512-bit int8 GEMM tiles outrun the dots from 3).
         let most = ktune::plan::select::x8_batch_rows(DType::from(format));
         assert_eq!(
             most,
