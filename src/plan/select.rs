@@ -328,9 +328,9 @@ fn x8_batch_rows_wide(format: kernels::quant::QFormat) -> usize {
 /// The most rows of a decode batch's pass over `dtype`'s X8 records that take
 /// the batched decode dots by default on this CPU: [`X8_BATCH_ROWS`] where
 /// the int8 GEMM has its SIMD tiles (fewer for some formats on a CPU that lists
-/// AMX-INT8: [`x8_batch_rows_wide`]), every pass elsewhere. Without them (AVX2 alone) a pass of more rows
-/// would take the f32 panel GEMM, which dequantizes its weights every pass for
-/// a few tokens: on a 2-core EPYC 7001 (Zen 1, AVX2 only; SmolLM2-135M Q4_0,
+/// AMX-INT8: `x8_batch_rows_wide`), every pass elsewhere. Without them (AVX2
+/// alone) a pass of more rows would take the f32 panel GEMM, which
+/// dequantizes its weights every pass for a few tokens: on a 2-core EPYC 7001 (Zen 1, AVX2 only; SmolLM2-135M Q4_0,
 /// `batch_decode_timing`) 16 sequences decoded 30.6 tok/s through it against
 /// 174.5 through the dots (8: 168.3), and 32 sequences 61.4 against 154.9;
 /// there a decode pass takes the dots over plain rows too (docs/serve.md).
