@@ -235,28 +235,27 @@ unsafe fn tile<const BIAS: bool, const NIB: bool, const RUNS: usize>(
 /// tiles' rows, `w` for the group's runs.
 #[inline(always)]
 unsafe fn multiply(g: usize, a: *const i8, stride: usize, w: *const u8, into: &mut Sums) {
+    // One asm block a set of tiles (a tile's number is part of the instruction,
+    // not an operand).
+    macro_rules! multiply_in {
+        ($c:literal, $a:literal, $b:literal) => {
+            asm!(
+                concat!("tilezero tmm", $c),
+                concat!("tileloadd tmm", $a, ", [{a} + {k}*1]"),
+                concat!("tileloadd tmm", $b, ", [{w} + {s}*1]"),
+                concat!("tdpbsud tmm", $c, ", tmm", $a, ", tmm", $b),
+                concat!("tilestored [{c} + {s}*1], tmm", $c),
+                a = in(reg) a, k = in(reg) stride, w = in(reg) w, s = in(reg) RB * LANE, c = in(reg) into.0.as_mut_ptr(),
+                options(nostack),
+            )
+        };
+    }
     // SAFETY: the caller's bounds; the tiles read and write only there.
     unsafe {
         if g.is_multiple_of(2) {
-            asm!(
-                "tilezero tmm0",
-                "tileloadd tmm2, [{a} + {k}*1]",
-                "tileloadd tmm3, [{w} + {s}*1]",
-                "tdpbsud tmm0, tmm2, tmm3",
-                "tilestored [{c} + {s}*1], tmm0",
-                a = in(reg) a, k = in(reg) stride, w = in(reg) w, s = in(reg) RB * LANE, c = in(reg) into.0.as_mut_ptr(),
-                options(nostack),
-            );
+            multiply_in!("0", "2", "3");
         } else {
-            asm!(
-                "tilezero tmm1",
-                "tileloadd tmm4, [{a} + {k}*1]",
-                "tileloadd tmm5, [{w} + {s}*1]",
-                "tdpbsud tmm1, tmm4, tmm5",
-                "tilestored [{c} + {s}*1], tmm1",
-                a = in(reg) a, k = in(reg) stride, w = in(reg) w, s = in(reg) RB * LANE, c = in(reg) into.0.as_mut_ptr(),
-                options(nostack),
-            );
+            multiply_in!("1", "4", "5");
         }
     }
 }
