@@ -368,6 +368,32 @@ mod tests {
                 assert_eq!((dv.to_bits(), got, b), (d.to_bits(), want, a), "block {n}: AVX-512 scale and codes in one go");
             }
         }
+        // Four blocks a call, every run of four consecutive blocks of 32 above
+        // (the ties and the zero block among them, at each place of the four),
+        // and blocks of one magnitude where candidates may tie.
+        #[cfg(target_arch = "x86_64")]
+        if Isa::best() == Isa::Avx512 {
+            let mut all: Vec<f32> = blocks.concat();
+            all.extend((0..4 * 32).map(|i| if i % 3 == 0 { 1.0 } else { -1.0 }));
+            all.extend([0.0f32; 4 * 32]);
+            for start in (0..all.len() / 32 - 3).map(|b| 32 * b) {
+                let xs = &all[start..start + 128];
+                let (mut got_q, mut want_q) = ([1i8; 128], [0i8; 128]);
+                // SAFETY: AVX-512F checked; 128 values.
+                let (d, s) = unsafe { x86::scale_and_quantize4_avx512(xs, &mut got_q) };
+                for i in 0..4 {
+                    let xb = &xs[32 * i..32 * i + 32];
+                    let want_d = block_scale(xb);
+                    let want_s = quantize_block(xb, &mut want_q[32 * i..32 * i + 32], want_d);
+                    assert_eq!(
+                        (d[i].to_bits(), s[i]),
+                        (want_d.to_bits(), want_s),
+                        "blocks from {start}: block {i} of four, scale and sums"
+                    );
+                }
+                assert_eq!(got_q, want_q, "blocks from {start}: codes of four");
+            }
+        }
     }
 
     /// `x` as int8 blocks of 32 at the scales `scale` picks for each block.

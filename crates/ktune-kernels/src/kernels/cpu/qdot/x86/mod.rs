@@ -316,12 +316,21 @@ unsafe fn least_error_avx512(xs: &[f32], d: [f32; 4], id: [f32; 4]) -> usize {
         // SAFETY: a whole chunk of 16 floats.
         let v = unsafe { _mm512_loadu_ps(c.as_ptr()) };
         for j in 0..4 {
-            let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(v, vid[j]));
-            let e = _mm512_fnmadd_ps(vd[j], r, v);
-            acc[j] = _mm512_fmadd_ps(e, e, acc[j]);
+            acc[j] = add_sq_err(acc[j], v, vd[j], vid[j]);
         }
     }
     least_error([fold16(acc[0]), fold16(acc[1]), fold16(acc[2]), fold16(acc[3])])
+}
+
+/// `acc` plus the squared errors of the 16 values `v` rounded at the scale `d`
+/// (inverse `id`): `x - d · round(x / d)` (to nearest, ties to even), one
+/// fused multiply-add a term.
+#[inline]
+#[target_feature(enable = "avx2,fma,avx512f")]
+fn add_sq_err(acc: __m512, v: __m512, d: __m512, id: __m512) -> __m512 {
+    let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(v, id));
+    let e = _mm512_fnmadd_ps(d, r, v);
+    _mm512_fmadd_ps(e, e, acc)
 }
 
 /// Lane `l` and lane `l + 8` of `a` added into 8 lanes.
@@ -365,6 +374,100 @@ pub unsafe fn scale_and_quantize_avx512(xb: &[f32], q: &mut [i8]) -> (f32, [i32;
         let id = d.map(|d| 1.0 / d);
         let j = least_error_avx512(xb, d, id);
         (d[j], codes_avx512(xb, q, _mm512_set1_ps(id[j])))
+    }
+}
+
+/// Four consecutive blocks of 32 activations (`xb`: 128 values) searched and
+/// quantized together with AVX-512: per block what [`scale_and_quantize_avx512`]
+/// gives, bit for bit, with the four blocks' work side by side (one block's
+/// search is a chain of dependent steps, from its largest magnitude to the
+/// chosen candidate's codes; four chains fill the ports one leaves idle). The
+/// 16 candidate scales and their inverses take one vector division; the 16
+/// error sums fold in one tree whose every addition adds the lanes
+/// [`least_error`] adds (lane `l` and `l + 8`, then `l + 4`, then
+/// `(0 + 2) + (1 + 3)`), leaving block `b`'s four candidates in the 128-bit lane
+/// `b`, where the same minimum and comparison pick the same one.
+///
+/// # Safety
+/// AVX-512F available; `xb` and `q` hold 128 values.
+#[target_feature(enable = "avx2,fma,avx512f")]
+pub unsafe fn scale_and_quantize4_avx512(xb: &[f32], q: &mut [i8]) -> ([f32; 4], [[i32; 2]; 4]) {
+    assert!(xb.len() >= 128 && q.len() >= 128);
+    let steps = super::SCALE_STEPS;
+    // SAFETY: AVX-512F (the caller's promise), 128 values in and out (asserted).
+    unsafe {
+        let p = xb.as_ptr();
+        // (Loops, not closures: those would not inherit the target features.)
+        let mut v = [[_mm512_setzero_ps(); 2]; 4];
+        let mut amax = [0f32; 4];
+        for b in 0..4 {
+            v[b] = [_mm512_loadu_ps(p.add(32 * b)), _mm512_loadu_ps(p.add(32 * b + 16))];
+            amax[b] = amax_avx512(&xb[32 * b..32 * b + 32]);
+        }
+        // Lane 4b + j: block b's candidate j, as `candidate_scales` computes it.
+        let a = _mm512_setr_ps(
+            amax[0], amax[0], amax[0], amax[0], amax[1], amax[1], amax[1], amax[1], amax[2], amax[2], amax[2], amax[2], amax[3], amax[3],
+            amax[3], amax[3],
+        );
+        let s = _mm512_setr_ps(
+            steps[0], steps[1], steps[2], steps[3], steps[0], steps[1], steps[2], steps[3], steps[0], steps[1], steps[2], steps[3],
+            steps[0], steps[1], steps[2], steps[3],
+        );
+        let dv = _mm512_mul_ps(_mm512_div_ps(a, _mm512_set1_ps(127.0)), s);
+        let idv = _mm512_div_ps(_mm512_set1_ps(1.0), dv);
+        let (mut d, mut id) = ([0f32; 16], [0f32; 16]);
+        _mm512_storeu_ps(d.as_mut_ptr(), dv);
+        _mm512_storeu_ps(id.as_mut_ptr(), idv);
+        // Input 4j + b of the tree: block b's candidate j (where the tree's lanes
+        // put block b's four in its 128-bit lane b, in candidate order).
+        let mut acc = [_mm512_setzero_ps(); 16];
+        for (i, acc) in acc.iter_mut().enumerate() {
+            let (j, b) = (i / 4, i % 4);
+            let (vd, vid) = (_mm512_set1_ps(d[4 * b + j]), _mm512_set1_ps(id[4 * b + j]));
+            for h in v[b] {
+                *acc = add_sq_err(*acc, h, vd, vid);
+            }
+        }
+        // Lane l + lane l + 8: inputs 2i and 2i + 1 side by side, 8 lanes each.
+        let mut f8 = [_mm512_setzero_ps(); 8];
+        for (i, f) in f8.iter_mut().enumerate() {
+            let (x, y) = (acc[2 * i], acc[2 * i + 1]);
+            *f = _mm512_add_ps(_mm512_shuffle_f32x4::<0b01_00_01_00>(x, y), _mm512_shuffle_f32x4::<0b11_10_11_10>(x, y));
+        }
+        // Then l + (l + 4): one 128-bit lane an input (4i .. 4i + 3).
+        let mut f4 = [_mm512_setzero_ps(); 4];
+        for (i, f) in f4.iter_mut().enumerate() {
+            let (x, y) = (f8[2 * i], f8[2 * i + 1]);
+            *f = _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(x, y), _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y));
+        }
+        // Then (0 + 2) and (1 + 3) in each 128-bit lane L: inputs L and L + 4
+        // (L + 8 and L + 12 in the second).
+        let mut f2 = [_mm512_setzero_ps(); 2];
+        for (i, f) in f2.iter_mut().enumerate() {
+            let (x, y) = (_mm512_castps_pd(f4[2 * i]), _mm512_castps_pd(f4[2 * i + 1]));
+            *f = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+        }
+        // Then their sums: 128-bit lane L holds inputs L, L + 4, L + 8 and L + 12,
+        // block L's candidates.
+        let err = _mm512_add_ps(_mm512_shuffle_ps::<0b10_00_10_00>(f2[0], f2[1]), _mm512_shuffle_ps::<0b11_01_11_01>(f2[0], f2[1]));
+        let m = _mm512_min_ps(err, _mm512_shuffle_ps::<0b10_11_00_01>(err, err));
+        let m = _mm512_min_ps(m, _mm512_shuffle_ps::<0b01_00_11_10>(m, m));
+        let at = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(err, m) as u32;
+        let mut scales = [0f32; 4];
+        let mut sums = [[0i32; 2]; 4];
+        for b in 0..4 {
+            let (xs, qs) = (&xb[32 * b..32 * b + 32], &mut q[32 * b..32 * b + 32]);
+            if d[4 * b] == 0.0 {
+                // `candidate_scales`' None: every value 0.
+                qs.fill(0);
+                continue;
+            }
+            let bits = (at >> (4 * b)) & 0xf;
+            let j = if bits == 0 { 0 } else { bits.trailing_zeros() as usize };
+            scales[b] = d[4 * b + j];
+            sums[b] = codes_avx512(xs, qs, _mm512_set1_ps(id[4 * b + j]));
+        }
+        (scales, sums)
     }
 }
 
