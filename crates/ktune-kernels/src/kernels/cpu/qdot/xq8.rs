@@ -120,21 +120,8 @@ pub(in crate::kernels::cpu) fn quantize_row(x: &[f32], per256: bool, q: &mut [i8
     debug_assert!(!per256 || x.len().is_multiple_of(QK_K));
     let isa = Isa::best();
     let mut shared = 0f32;
-    // With AVX-512 and a scale a block, four blocks a call (the same scales and
-    // codes as one at a time: `scale_and_quantize4_avx512`), the rest below.
-    #[allow(unused_mut)]
-    let mut done = 0;
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && !per256 {
-        for (xs, qs) in x.chunks_exact(4 * QK).zip(q.chunks_exact_mut(4 * QK)) {
-            // SAFETY: AVX-512F checked; 128 values in, 128 codes out.
-            let (d, s) = unsafe { x86::scale_and_quantize4_avx512(xs, qs) };
-            for i in 0..4 {
-                block(done + i, d[i], s[i]);
-            }
-            done += 4;
-        }
-    }
+    // A scale a block: the blocks that go four at a time first.
+    let done = if per256 { 0 } else { by_fours(isa, x, q, &mut block) };
     for (b, (xb, qb)) in x.chunks_exact(QK).zip(q.chunks_exact_mut(QK)).enumerate().skip(done) {
         // The super-block's scale, once per 8 blocks.
         if per256 && b % 8 == 0 {
@@ -143,6 +130,27 @@ pub(in crate::kernels::cpu) fn quantize_row(x: &[f32], per256: bool, q: &mut [i8
         let (d, s) = scale_and_quantize(isa, xb, qb, per256.then_some(shared));
         block(b, d, s);
     }
+}
+
+/// With AVX-512, the leading blocks of `x` four a call (the same scales and
+/// codes as one at a time: `scale_and_quantize4_avx512`), each handed to
+/// `block`; how many it did (0 at other ISAs).
+fn by_fours(isa: Isa, x: &[f32], q: &mut [i8], block: &mut impl FnMut(usize, f32, [i32; 2])) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        let mut done = 0;
+        for (xs, qs) in x.chunks_exact(4 * QK).zip(q.chunks_exact_mut(4 * QK)) {
+            // SAFETY: AVX-512F checked; 128 values in, 128 codes out.
+            let (d, s) = unsafe { x86::scale_and_quantize4_avx512(xs, qs) };
+            for i in 0..4 {
+                block(done + i, d[i], s[i]);
+            }
+            done += 4;
+        }
+        return done;
+    }
+    let _ = (isa, x, q, block);
+    0
 }
 
 /// The shared scale of a super-block of 256 values ([`block_scale`]).

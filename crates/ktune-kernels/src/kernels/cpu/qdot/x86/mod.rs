@@ -382,7 +382,7 @@ pub unsafe fn scale_and_quantize_avx512(xb: &[f32], q: &mut [i8]) -> (f32, [i32;
 /// gives, bit for bit, with the four blocks' work side by side (one block's
 /// search is a chain of dependent steps, from its largest magnitude to the
 /// chosen candidate's codes; four chains fill the ports one leaves idle). The
-/// 16 candidate scales and their inverses take one vector division; the 16
+/// 16 candidate scales and their inverses take two vector divisions; the 16
 /// error sums fold in one tree whose every addition adds the lanes
 /// [`least_error`] adds (lane `l` and `l + 8`, then `l + 4`, then
 /// `(0 + 2) + (1 + 3)`), leaving block `b`'s four candidates in the 128-bit lane
