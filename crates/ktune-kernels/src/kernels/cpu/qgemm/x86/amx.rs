@@ -142,7 +142,13 @@ unsafe fn sweep<const BIAS: bool, const NIB: bool, const RUNS: usize>(
         }
         for b in 0..blocks {
             // SAFETY: block at + b < p.blocks and tokens t..t + n <= m.
-            unsafe { tile::<BIAS, NIB, RUNS>(p, at + b, x, t, n, (b * RB, count), o, &mut ahead) };
+            unsafe {
+                if n == TOKENS {
+                    tile::<BIAS, NIB, RUNS, true>(p, at + b, x, t, n, (b * RB, count), o, &mut ahead)
+                } else {
+                    tile::<BIAS, NIB, RUNS, false>(p, at + b, x, t, n, (b * RB, count), o, &mut ahead)
+                }
+            };
         }
         t += n;
     }
@@ -151,7 +157,10 @@ unsafe fn sweep<const BIAS: bool, const NIB: bool, const RUNS: usize>(
 }
 
 /// Row block `blk` of the panel times tokens `t..t + n` (the tiles configured
-/// for `n`), into the call's rows `row..` below `count` of each token.
+/// for `n`), into the call's rows `row..` below `count` of each token. `FULL`:
+/// `n` is [`TOKENS`], a constant, so the float steps' 16 accumulators stay in
+/// registers (with a count known only at run time they lived on the stack, a
+/// load and a store a step).
 ///
 /// # Safety
 /// As [`rows_times_tokens`], with the tiles configured for `n` tokens and
@@ -159,7 +168,7 @@ unsafe fn sweep<const BIAS: bool, const NIB: bool, const RUNS: usize>(
 #[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile<const BIAS: bool, const NIB: bool, const RUNS: usize>(
+unsafe fn tile<const BIAS: bool, const NIB: bool, const RUNS: usize, const FULL: bool>(
     p: &Panel,
     blk: usize,
     x: &XPanel,
@@ -169,6 +178,7 @@ unsafe fn tile<const BIAS: bool, const NIB: bool, const RUNS: usize>(
     dst: &mut OutRows<'_>,
     ahead: &mut Ahead<'_>,
 ) {
+    let n = if FULL { TOKENS } else { n };
     let gs = Groups::new(p, x, RUNS * LANE);
     let (sg, groups, isums, vals) = (gs.sg, gs.groups, gs.isums, gs.vals);
     let (xq, m) = (x.by_group(sg).as_ptr(), x.m);
@@ -200,7 +210,17 @@ unsafe fn tile<const BIAS: bool, const NIB: bool, const RUNS: usize>(
             // g * sg..(g + 1) * sg inside x.
             unsafe {
                 let w = runs[g % (AHEAD + 1)].0.as_ptr();
-                multiply(g, xq.add((g * m + t) * sg), sg, w, &mut ints[g % (AHEAD + 1)]);
+                multiply(g, xq.add((g * m + t) * sg), sg, w);
+                // The group before's sums stored only now, behind this group's
+                // multiply: a store right after its own multiply waited for it
+                // and held up what followed (half the samples of the tile
+                // sat on that store).
+                if g > 0 {
+                    store_sums(g - 1, &mut ints[(g - 1) % (AHEAD + 1)]);
+                }
+                if g + 1 == groups {
+                    store_sums(g, &mut ints[g % (AHEAD + 1)]);
+                }
             }
         }
         if step < unpacked + AHEAD {
@@ -226,15 +246,15 @@ unsafe fn tile<const BIAS: bool, const NIB: bool, const RUNS: usize>(
 }
 
 /// Group `g`'s integer sums of the tokens' codes at `a` (rows `stride` bytes
-/// apart) times the runs at `w` (64 bytes apart) into `into`: tiles 0, 2, 3
-/// for even groups, 1, 4, 5 for odd (a group's multiply need not wait for the
-/// store of the one before it).
+/// apart) times the runs at `w` (64 bytes apart), into tile 0 (tiles 2 and 3
+/// its operands) for even groups, 1 (4, 5) for odd: a group's multiply need
+/// not wait for the store of the one before it ([`store_sums`]).
 ///
 /// # Safety
 /// The tiles configured for groups of the panel's size; `a` readable for the
 /// tiles' rows, `w` for the group's runs.
 #[inline(always)]
-unsafe fn multiply(g: usize, a: *const i8, stride: usize, w: *const u8, into: &mut Sums) {
+unsafe fn multiply(g: usize, a: *const i8, stride: usize, w: *const u8) {
     // One asm block a set of tiles (a tile's number is part of the instruction,
     // not an operand).
     macro_rules! multiply_in {
@@ -244,18 +264,33 @@ unsafe fn multiply(g: usize, a: *const i8, stride: usize, w: *const u8, into: &m
                 concat!("tileloadd tmm", $a, ", [{a} + {k}*1]"),
                 concat!("tileloadd tmm", $b, ", [{w} + {s}*1]"),
                 concat!("tdpbsud tmm", $c, ", tmm", $a, ", tmm", $b),
-                concat!("tilestored [{c} + {s}*1], tmm", $c),
-                a = in(reg) a, k = in(reg) stride, w = in(reg) w, s = in(reg) RB * LANE, c = in(reg) into.0.as_mut_ptr(),
-                options(nostack),
+                a = in(reg) a, k = in(reg) stride, w = in(reg) w, s = in(reg) RB * LANE,
+                options(nostack, readonly),
             )
         };
     }
-    // SAFETY: the caller's bounds; the tiles read and write only there.
+    // SAFETY: the caller's bounds; the tiles read only there.
     unsafe {
         if g.is_multiple_of(2) {
             multiply_in!("0", "2", "3");
         } else {
             multiply_in!("1", "4", "5");
+        }
+    }
+}
+
+/// Group `g`'s sums ([`multiply`]'s tile 0 or 1) stored into `into`.
+///
+/// # Safety
+/// The tiles configured as for [`multiply`], group `g` multiplied.
+#[inline(always)]
+unsafe fn store_sums(g: usize, into: &mut Sums) {
+    // SAFETY: `into` holds the tile's rows of 64 bytes.
+    unsafe {
+        if g.is_multiple_of(2) {
+            asm!("tilestored [{c} + {s}*1], tmm0", c = in(reg) into.0.as_mut_ptr(), s = in(reg) RB * LANE, options(nostack));
+        } else {
+            asm!("tilestored [{c} + {s}*1], tmm1", c = in(reg) into.0.as_mut_ptr(), s = in(reg) RB * LANE, options(nostack));
         }
     }
 }
