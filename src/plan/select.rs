@@ -514,7 +514,9 @@ impl Selection {
 
     /// The parameter sets a default choice of `k` tries, best first: with
     /// `int8_activations`, `act_bits 8` (and `rows_per_pass 4` on a CPU without
-    /// AVX-512 VNNI) on block formats, then the kernel's own defaults.
+    /// AVX-512 VNNI) on block formats, then the kernel's own defaults; where
+    /// AMX runs, each first with `amx 2` (the int8 GEMMs' AMX tiles where
+    /// they pay: [`kernels::cpu::qgemm::AMX_TOKENS`]).
     fn default_params(&self, k: &KernelDef, dtype: DType) -> Vec<Params> {
         let base = k.default_params();
         // A kernel that only has int8 activations is not a default of the exact
@@ -537,7 +539,20 @@ impl Selection {
             v.push(p);
         }
         v.push(base);
+        // Where AMX runs, the int8 GEMMs' AMX tiles where they pay (`amx` 2:
+        // Q4_K's and Q4_1's panels from 16 tokens, the VNNI tiles elsewhere;
+        // the same bits), each set first with them.
+        if v.iter().any(|p| p.contains_key("amx")) && kernels::cpu::qgemm::amx_granted() {
+            v = v.into_iter().flat_map(|p| [Self::with_param(&p, "amx", 2), p]).collect();
+        }
         v
+    }
+
+    /// `p` with `name` set to `value`.
+    fn with_param(p: &Params, name: &str, value: u32) -> Params {
+        let mut p = p.clone();
+        p.insert(name.into(), value);
+        p
     }
 
     fn explicit(&self, key: SlotKey, layer: Option<usize>) -> Option<&Choice> {
@@ -699,6 +714,25 @@ mod tests {
     /// The slot table has a row per slot in [`Slot`]'s order with ops in the
     /// regimes the slot has (none for the untuned KV write), and each fusion
     /// choice has its one slot (no slot names an unknown fusion).
+    /// A CPU's default int8 GEMM takes AMX's tiles where they pay (`amx` 2)
+    /// where AMX runs, the VNNI tiles (`amx` 0) elsewhere; the float formats
+    /// are not its to take.
+    #[test]
+    fn the_default_int8_gemm_takes_amx_where_it_runs() {
+        let sel = Selection::runtime(DeviceCaps::Cpu(crate::device::CpuCaps::detect()));
+        let p = Problem::Gemm { m: 16, n: 64, k: 256 };
+        let c = sel.default_choice(Slot::MatmulO, Regime::Prefill, &p, DType::from(kernels::quant::QFormat::Q4_K)).expect("a kernel");
+        if !kernels::cpu::qgemm::i8_gemm_simd(Isa::best()) {
+            eprintln!("the_default_int8_gemm_takes_amx_where_it_runs: no AVX-512 VNNI here, no int8 GEMM by default ({})", c.kernel.id);
+            return;
+        }
+        assert_eq!(c.kernel.id, "gemm_q_i8_cpu");
+        let amx = kernels::cpu::qgemm::amx_granted();
+        assert_eq!(c.params.get("amx"), Some(&if amx { 2 } else { 0 }), "AMX granted: {amx}");
+        let f = sel.default_choice(Slot::MatmulO, Regime::Prefill, &p, DType::F32).expect("a kernel");
+        assert!(!f.params.contains_key("amx"), "{}", f.kernel.id);
+    }
+
     #[test]
     fn the_slot_table_has_every_slot_in_order_and_each_fusion_its_slot() {
         use crate::plan::Fusion;

@@ -262,7 +262,7 @@ pub fn variants() -> Vec<KernelDef> {
             DType::QUANT,
             I8_GEMM_PARAMS,
             "activations quantized to int8 blocks once; weight rows interleaved 16 to a vector per task; VNNI tiles of 32 rows x 4 tokens \
-             (or, `amx` 1, AMX tile multiplies of 16 rows x 16 tokens, the same bits)",
+             (or, `amx` 1 and 2, AMX tile multiplies of 16 rows x 16 tokens, the same bits)",
             CpuImpl { run: run_gemm_i8, check: check_i8_gemm },
         ),
         KernelDef::new(

@@ -184,7 +184,7 @@ pub fn variants() -> Vec<KernelDef> {
             DType::QUANT,
             I8_GEMM_PARAMS,
             "GEMM style (prefill): tokens quantized to int8 blocks once, gate and up rows interleaved 16 to a vector per task, \
-             VNNI tiles of 32 rows x 4 tokens (or, `amx` 1, AMX tile multiplies of 16 rows x 16 tokens, the same bits), \
+             VNNI tiles of 32 rows x 4 tokens (or, `amx` 1 and 2, AMX tile multiplies of 16 rows x 16 tokens, the same bits), \
              activation product on the way out",
             CpuImpl { run: run_gate_up_q_i8, check: check_q_i8 },
         ),

@@ -701,7 +701,7 @@ impl<'a> GroupedCall<'a> {
     ) -> Result<GroupedCall<'a>, KernelError> {
         let by = ByExpert::new(&slot_experts(route, rows, experts, top_k), experts);
         let isa = Isa::of(params)?;
-        let i8 = if kind == Grouped::I8 { I8Kernel::of(params)? } else { I8Kernel { isa, amx: false } };
+        let i8 = if kind == Grouped::I8 { I8Kernel::of(params)? } else { I8Kernel::vnni(isa) };
         Ok(GroupedCall { kind, isa, i8, by, w, dims: (experts, n, k, kind.block(params)?) })
     }
 

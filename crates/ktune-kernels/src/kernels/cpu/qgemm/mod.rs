@@ -56,10 +56,11 @@ pub const I8_GEMM_PARAMS: &[ParamSpec] = &[
     },
     ParamSpec {
         name: "amx",
-        values: &[0, 1],
+        values: &[0, 1, 2],
         default: 0,
-        help: "1 AMX tile multiplies take the VNNI tiles' integer sums (the same bits; invalid where the CPU lacks AMX or \
-               the system does not grant its state), 0 the VNNI tiles",
+        help: "AMX tile multiplies take the VNNI tiles' integer sums (the same bits; 1 and 2 invalid where the CPU lacks AMX or \
+               the system does not grant its state): 1 every panel's, 2 where they measured faster (kept nibble panels \
+               without a bias, Q4_K's and Q4_1's, from 16 tokens; the runtime's default where AMX runs), 0 the VNNI tiles",
     },
 ];
 
@@ -71,37 +72,79 @@ pub fn check_i8_gemm(caps: &CpuCaps, prob: &Problem, dtype: DType, params: &Para
     if isa == 0 && !i8_gemm_simd(Isa::best()) {
         return Err("isa 0 needs AVX-512 VNNI, which this CPU lacks (the f32 panel kernels serve it)".into());
     }
-    if param(params, "amx")? == 1 {
+    let amx = param(params, "amx")?;
+    if amx != 0 {
         if isa != 0 {
-            return Err("amx 1 needs isa 0 (the portable loops have no tiles)".into());
+            return Err(format!("amx {amx} needs isa 0 (the portable loops have no tiles)"));
         }
         if !amx_granted() {
-            return Err(
-                "amx 1 needs AMX-INT8 and its tile state, which this CPU lacks or its system does not grant (amx 0: the VNNI tiles)".into(),
-            );
+            return Err(format!(
+                "amx {amx} needs AMX-INT8 and its tile state, which this CPU lacks or its system does not grant (amx 0: the VNNI tiles)"
+            ));
         }
     }
     Ok(())
 }
 
 /// How the int8 GEMM multiplies: the ISA level of its packing and tiles, and
-/// whether AMX tile multiplies take the VNNI tiles' integer sums (the same bits).
+/// where AMX tile multiplies take the VNNI tiles' integer sums (the same bits).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct I8Kernel {
     pub isa: Isa,
-    pub amx: bool,
+    pub amx: Amx,
 }
+
+/// Which panels AMX's tile multiplies take (the `amx` parameter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Amx {
+    /// None: the VNNI tiles (`amx` 0).
+    Never,
+    /// Every panel (`amx` 1).
+    Always,
+    /// Where they measured faster than the VNNI tiles (`amx` 2): kept nibble
+    /// panels without a bias (Q4_K's, Q4_1's: a server's, whose engine keeps
+    /// its panels; one packed for a single call holds bytes) times
+    /// [`AMX_TOKENS`] tokens or more.
+    WherePaying,
+}
+
+/// The fewest tokens for which [`Amx::WherePaying`] takes the AMX tiles. On
+/// the 2-core Xeon of stops 77–80 (family 6 model 207; `batch_gemm q4_k q4_1
+/// --shape 1b --tokens 8,16,64 --rounds 5`, two runs, ms a step, VNNI against
+/// AMX in the same rounds): Q4_K at 16 tokens 29.4, 31.3 against 25.4, 28.3,
+/// at 64 110.9, 152.0 against 93.3, 123.7; Q4_1 at 16 26.9, 29.1 against
+/// 23.8, 25.5, at 64 106.9, 117.6 against 84.1, 90.4; at 8 tokens the AMX
+/// tiles 7–12% slower (18.7, 20.1 against 20.1, 21.9 on Q4_K). A biased panel
+/// (Q4_0, Q6_K: the bias added to the sums as one more vector operation) or
+/// one of bytes (Q8_0; Q6_K's groups of 16 a whole tile multiply for a
+/// quarter of its width) lost at every count (docs/serve.md).
+pub const AMX_TOKENS: usize = 16;
 
 impl I8Kernel {
     /// The VNNI tiles at `isa` (the portable loops below it).
     pub fn vnni(isa: Isa) -> I8Kernel {
-        I8Kernel { isa, amx: false }
+        I8Kernel { isa, amx: Amx::Never }
     }
 
-    /// As the kernel's `isa` and `amx` parameters ask.
+    /// As the kernel's `isa` and `amx` parameters ask (AMX only where it runs).
     pub fn of(params: &Params) -> Result<I8Kernel, KernelError> {
         let isa = Isa::of(params)?;
-        Ok(I8Kernel { isa, amx: param(params, "amx")? == 1 && i8_gemm_simd(isa) && amx_granted() })
+        let amx = match param(params, "amx")? {
+            _ if !(i8_gemm_simd(isa) && amx_granted()) => Amx::Never,
+            1 => Amx::Always,
+            2 => Amx::WherePaying,
+            _ => Amx::Never,
+        };
+        Ok(I8Kernel { isa, amx })
+    }
+
+    /// Whether AMX's tiles take panel `p` times `tokens` tokens.
+    fn amx_takes(&self, p: &Panel, tokens: usize) -> bool {
+        match self.amx {
+            Amx::Never => false,
+            Amx::Always => true,
+            Amx::WherePaying => p.nib && p.bias == 0 && tokens >= AMX_TOKENS,
+        }
     }
 }
 
@@ -722,7 +765,7 @@ fn panel_rows(kernel: I8Kernel, p: &Panel, at: usize, x: &XPanel, n: usize, o: O
         // tokens of k (k a multiple of 32, as `XPanel::quantize` takes them);
         // every store into `o` is checked.
         unsafe {
-            if kernel.amx && amx_granted() {
+            if kernel.amx_takes(p, x.m) && amx_granted() {
                 x86::amx::rows_times_tokens(p, at, x, n, o, next)
             } else {
                 vnni::rows_times_tokens(p, at, x, n, o, next)
@@ -877,7 +920,7 @@ mod tests {
             eprintln!("SKIPPED amx_tiles_are_the_vnni_tiles: this CPU has no AMX or the system does not grant it");
             return;
         }
-        let (vnni, amx) = (I8Kernel { isa: Isa::best(), amx: false }, I8Kernel { isa: Isa::best(), amx: true });
+        let (vnni, amx) = (I8Kernel::vnni(Isa::best()), I8Kernel { isa: Isa::best(), amx: Amx::Always });
         for format in [QFormat::Q4_0, QFormat::Q8_0, QFormat::Q4_1, QFormat::Q4_K, QFormat::Q6_K, QFormat::IQ4_NL] {
             let k = if format.block_elems() == 256 { 512 } else { 96 };
             let n = 37;
@@ -896,6 +939,37 @@ mod tests {
                     let first = ka.iter().zip(&kv).position(|(a, b)| a.to_bits() != b.to_bits());
                     assert!(first.is_none(), "{format:?} {m} tokens rows {r0}+{count}: kept panels differ first at {first:?}");
                 }
+            }
+        }
+    }
+
+    /// `amx` 2 takes AMX's tiles for the kept nibble panels without a bias
+    /// (Q4_K's, Q4_1's) from [`AMX_TOKENS`] tokens, the VNNI tiles for the
+    /// rest (Q4_0's biased nibbles, Q8_0's and Q6_K's bytes, a panel packed for
+    /// one call, which holds bytes) and for fewer tokens; `amx` 1 every panel,
+    /// 0 none. The bits are the same either way ([`amx_tiles_are_the_vnni_tiles`]).
+    #[test]
+    fn amx_where_paying_takes_the_unbiased_nibble_panels_from_16_tokens() {
+        if !i8_gemm_simd(Isa::best()) {
+            eprintln!("SKIPPED amx_where_paying_takes_the_unbiased_nibble_panels_from_16_tokens: no AVX-512 VNNI (no kept nibble panels)");
+            return;
+        }
+        let kernel = |amx| I8Kernel { isa: Isa::best(), amx };
+        for (format, pays) in
+            [(QFormat::Q4_K, true), (QFormat::Q4_1, true), (QFormat::Q4_0, false), (QFormat::Q8_0, false), (QFormat::Q6_K, false)]
+        {
+            let k = if format.block_elems() == 256 { 256 } else { 64 };
+            let w = QMatrix::quantize(format, 16, k, &data(16 * k, 7)).expect("quantizes");
+            let mut packed = Panel::default();
+            packed.pack(Isa::best(), w.view(), 0, 16, k);
+            let cache = PanelCache::default();
+            let weight = cache.weight(Isa::best(), w.view(), k).expect("kept");
+            let (kept, _) = weight.covering(Isa::best(), w.view(), 0, 16, k).expect("a kept panel");
+            for tokens in [1, 8, AMX_TOKENS - 1, AMX_TOKENS, 64] {
+                let paying = kernel(Amx::WherePaying).amx_takes(kept, tokens);
+                assert_eq!(paying, pays && tokens >= AMX_TOKENS, "{format:?} at {tokens} tokens");
+                assert!(!kernel(Amx::WherePaying).amx_takes(&packed, tokens), "{format:?}: a panel packed for one call");
+                assert!(kernel(Amx::Always).amx_takes(&packed, tokens) && !kernel(Amx::Never).amx_takes(kept, tokens));
             }
         }
     }
