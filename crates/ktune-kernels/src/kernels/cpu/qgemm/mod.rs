@@ -60,7 +60,7 @@ pub const I8_GEMM_PARAMS: &[ParamSpec] = &[
         default: 0,
         help: "AMX tile multiplies take the VNNI tiles' integer sums (the same bits; 1 and 2 invalid where the CPU lacks AMX or \
                the system does not grant its state): 1 every panel's, 2 where they measured faster (kept nibble panels \
-               without a bias, Q4_K's and Q4_1's, from 16 tokens; the runtime's default where AMX runs), 0 the VNNI tiles",
+               without a bias, Q4_K's and Q4_1's, from 14 tokens; the runtime's default where AMX runs), 0 the VNNI tiles",
     },
 ];
 
@@ -113,12 +113,15 @@ pub enum Amx {
 /// --shape 1b --tokens 8,16,64 --rounds 5`, two runs, ms a step, VNNI against
 /// AMX in the same rounds): Q4_K at 16 tokens 29.4, 31.3 against 25.4, 28.3,
 /// at 64 110.9, 152.0 against 93.3, 123.7; Q4_1 at 16 26.9, 29.1 against
-/// 23.8, 25.5, at 64 106.9, 117.6 against 84.1, 90.4; at 8 tokens the AMX
-/// tiles 7–12% slower (18.7, 20.1 against 20.1, 21.9 on Q4_K). A biased panel
+/// 23.8, 25.5, at 64 106.9, 117.6 against 84.1, 90.4; at 14 (`--tokens
+/// 10,12,14`, two runs) Q4_K 28.4, 27.2 against 26.2, 25.0 and Q4_1 25.0,
+/// 26.9 against 22.7, 25.9; at 10 and 12 even (within 5% either way); at 8
+/// tokens the AMX tiles 7–12% slower (18.7, 20.1 against 20.1, 21.9 on
+/// Q4_K), where the VNNI tiles' tokens go four a tile with none left over. A biased panel
 /// (Q4_0, Q6_K: the bias added to the sums as one more vector operation) or
 /// one of bytes (Q8_0; Q6_K's groups of 16 a whole tile multiply for a
 /// quarter of its width) lost at every count (docs/serve.md).
-pub const AMX_TOKENS: usize = 16;
+pub const AMX_TOKENS: usize = 14;
 
 impl I8Kernel {
     /// The VNNI tiles at `isa` (the portable loops below it).
@@ -949,9 +952,9 @@ mod tests {
     /// one call, which holds bytes) and for fewer tokens; `amx` 1 every panel,
     /// 0 none. The bits are the same either way ([`amx_tiles_are_the_vnni_tiles`]).
     #[test]
-    fn amx_where_paying_takes_the_unbiased_nibble_panels_from_16_tokens() {
+    fn amx_where_paying_takes_the_unbiased_nibble_panels_from_amx_tokens() {
         if !i8_gemm_simd(Isa::best()) {
-            eprintln!("SKIPPED amx_where_paying_takes_the_unbiased_nibble_panels_from_16_tokens: no AVX-512 VNNI (no kept nibble panels)");
+            eprintln!("SKIPPED amx_where_paying_takes_the_unbiased_nibble_panels_from_amx_tokens: no AVX-512 VNNI (no kept nibble panels)");
             return;
         }
         let kernel = |amx| I8Kernel { isa: Isa::best(), amx };
