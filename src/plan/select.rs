@@ -540,7 +540,7 @@ impl Selection {
         }
         v.push(base);
         // Where AMX runs, the int8 GEMMs' AMX tiles where they pay (`amx` 2:
-        // Q4_K's and Q4_1's panels from 14 tokens, the VNNI tiles elsewhere;
+        // Q4_K's and Q4_1's panels of long rows from 14 tokens, the VNNI tiles elsewhere;
         // the same bits), each set first with them.
         if v.iter().any(|p| p.contains_key("amx")) && kernels::cpu::qgemm::amx_granted() {
             v = v.into_iter().flat_map(|p| [Self::with_param(&p, "amx", 2), p]).collect();

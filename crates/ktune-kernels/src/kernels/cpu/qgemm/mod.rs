@@ -60,7 +60,7 @@ pub const I8_GEMM_PARAMS: &[ParamSpec] = &[
         default: 0,
         help: "AMX tile multiplies take the VNNI tiles' integer sums (the same bits; 1 and 2 invalid where the CPU lacks AMX or \
                the system does not grant its state): 1 every panel's, 2 where they measured faster (kept nibble panels \
-               without a bias, Q4_K's and Q4_1's, from 14 tokens; the runtime's default where AMX runs), 0 the VNNI tiles",
+               without a bias, Q4_K's and Q4_1's, of rows of 2048 or more, from 14 tokens; the runtime's default where AMX runs), 0 the VNNI tiles",
     },
 ];
 
@@ -103,8 +103,8 @@ pub enum Amx {
     Always,
     /// Where they measured faster than the VNNI tiles (`amx` 2): kept nibble
     /// panels without a bias (Q4_K's, Q4_1's: a server's, whose engine keeps
-    /// its panels; one packed for a single call holds bytes) times
-    /// [`AMX_TOKENS`] tokens or more.
+    /// its panels; one packed for a single call holds bytes) of rows of
+    /// [`AMX_MIN_K`] or more, times [`AMX_TOKENS`] tokens or more.
     WherePaying,
 }
 
@@ -122,6 +122,17 @@ pub enum Amx {
 /// one of bytes (Q8_0; Q6_K's groups of 16 a whole tile multiply for a
 /// quarter of its width) lost at every count (docs/serve.md).
 pub const AMX_TOKENS: usize = 14;
+
+/// The shortest rows for which [`Amx::WherePaying`] takes the AMX tiles: a
+/// tile's pipeline (runs staged and multiplies issued three groups ahead)
+/// fills and drains once a row block, and the tiles are configured once a
+/// task, which short rows do not pay back. Llama 3.2 1B's matrices (rows of
+/// 2048 and 8192) gain (above); SmolLM2-135M's (576 and 1536; `batch_gemm
+/// q4_1 --tokens 16,32 --rounds 5`, two runs) lose: Q4_1 at 16 tokens 9.41,
+/// 9.60 ms on VNNI against 10.13, 10.22 on AMX, at 32 16.86, 16.75 against
+/// 17.80, 18.01, and its server at 16 clients ran 4–7% slower with them in
+/// four rounds of four.
+pub const AMX_MIN_K: usize = 2048;
 
 impl I8Kernel {
     /// The VNNI tiles at `isa` (the portable loops below it).
@@ -141,12 +152,12 @@ impl I8Kernel {
         Ok(I8Kernel { isa, amx })
     }
 
-    /// Whether AMX's tiles take panel `p` times `tokens` tokens.
-    fn amx_takes(&self, p: &Panel, tokens: usize) -> bool {
+    /// Whether AMX's tiles take panel `p` (rows of `k`) times `tokens` tokens.
+    fn amx_takes(&self, p: &Panel, k: usize, tokens: usize) -> bool {
         match self.amx {
             Amx::Never => false,
             Amx::Always => true,
-            Amx::WherePaying => p.nib && p.bias == 0 && tokens >= AMX_TOKENS,
+            Amx::WherePaying => p.nib && p.bias == 0 && k >= AMX_MIN_K && tokens >= AMX_TOKENS,
         }
     }
 }
@@ -768,7 +779,7 @@ fn panel_rows(kernel: I8Kernel, p: &Panel, at: usize, x: &XPanel, n: usize, o: O
         // tokens of k (k a multiple of 32, as `XPanel::quantize` takes them);
         // every store into `o` is checked.
         unsafe {
-            if kernel.amx_takes(p, x.m) && amx_granted() {
+            if kernel.amx_takes(p, x.k, x.m) && amx_granted() {
                 x86::amx::rows_times_tokens(p, at, x, n, o, next)
             } else {
                 vnni::rows_times_tokens(p, at, x, n, o, next)
@@ -947,14 +958,17 @@ mod tests {
     }
 
     /// `amx` 2 takes AMX's tiles for the kept nibble panels without a bias
-    /// (Q4_K's, Q4_1's) from [`AMX_TOKENS`] tokens, the VNNI tiles for the
-    /// rest (Q4_0's biased nibbles, Q8_0's and Q6_K's bytes, a panel packed for
-    /// one call, which holds bytes) and for fewer tokens; `amx` 1 every panel,
-    /// 0 none. The bits are the same either way ([`amx_tiles_are_the_vnni_tiles`]).
+    /// (Q4_K's, Q4_1's) of rows of [`AMX_MIN_K`] or more from [`AMX_TOKENS`]
+    /// tokens, the VNNI tiles for the rest (Q4_0's biased nibbles, Q8_0's and
+    /// Q6_K's bytes, a panel packed for one call, which holds bytes, shorter
+    /// rows) and for fewer tokens; `amx` 1 every panel, 0 none. The bits are
+    /// the same either way ([`amx_tiles_are_the_vnni_tiles`]).
     #[test]
-    fn amx_where_paying_takes_the_unbiased_nibble_panels_from_amx_tokens() {
+    fn amx_where_paying_takes_long_unbiased_nibble_panels_from_amx_tokens() {
         if !i8_gemm_simd(Isa::best()) {
-            eprintln!("SKIPPED amx_where_paying_takes_the_unbiased_nibble_panels_from_amx_tokens: no AVX-512 VNNI (no kept nibble panels)");
+            eprintln!(
+                "SKIPPED amx_where_paying_takes_long_unbiased_nibble_panels_from_amx_tokens: no AVX-512 VNNI (no kept nibble panels)"
+            );
             return;
         }
         let kernel = |amx| I8Kernel { isa: Isa::best(), amx };
@@ -968,11 +982,14 @@ mod tests {
             let cache = PanelCache::default();
             let weight = cache.weight(Isa::best(), w.view(), k).expect("kept");
             let (kept, _) = weight.covering(Isa::best(), w.view(), 0, 16, k).expect("a kept panel");
-            for tokens in [1, 8, AMX_TOKENS - 1, AMX_TOKENS, 64] {
-                let paying = kernel(Amx::WherePaying).amx_takes(kept, tokens);
-                assert_eq!(paying, pays && tokens >= AMX_TOKENS, "{format:?} at {tokens} tokens");
-                assert!(!kernel(Amx::WherePaying).amx_takes(&packed, tokens), "{format:?}: a panel packed for one call");
-                assert!(kernel(Amx::Always).amx_takes(&packed, tokens) && !kernel(Amx::Never).amx_takes(kept, tokens));
+            // The panel's form is what decides, with the row length asked.
+            for row in [AMX_MIN_K / 2, AMX_MIN_K, 4 * AMX_MIN_K] {
+                for tokens in [1, 8, AMX_TOKENS - 1, AMX_TOKENS, 64] {
+                    let paying = kernel(Amx::WherePaying).amx_takes(kept, row, tokens);
+                    assert_eq!(paying, pays && row >= AMX_MIN_K && tokens >= AMX_TOKENS, "{format:?}, rows of {row}, {tokens} tokens");
+                    assert!(!kernel(Amx::WherePaying).amx_takes(&packed, row, tokens), "{format:?}: a panel packed for one call");
+                    assert!(kernel(Amx::Always).amx_takes(&packed, row, tokens) && !kernel(Amx::Never).amx_takes(kept, row, tokens));
+                }
             }
         }
     }
