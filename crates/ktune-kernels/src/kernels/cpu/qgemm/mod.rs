@@ -86,28 +86,6 @@ pub fn check_i8_gemm(caps: &CpuCaps, prob: &Problem, dtype: DType, params: &Para
     Ok(())
 }
 
-/// How the int8 GEMM multiplies: the ISA level of its packing and tiles, and
-/// where AMX tile multiplies take the VNNI tiles' integer sums (the same bits).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct I8Kernel {
-    pub isa: Isa,
-    pub amx: Amx,
-}
-
-/// Which panels AMX's tile multiplies take (the `amx` parameter).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Amx {
-    /// None: the VNNI tiles (`amx` 0).
-    Never,
-    /// Every panel (`amx` 1).
-    Always,
-    /// Where they measured faster than the VNNI tiles (`amx` 2): kept nibble
-    /// panels without a bias (Q4_K's, Q4_1's: a server's, whose engine keeps
-    /// its panels; one packed for a single call holds bytes) of rows of
-    /// [`AMX_MIN_K`] or more, times [`AMX_TOKENS`] tokens or more.
-    WherePaying,
-}
-
 /// The fewest tokens for which [`Amx::WherePaying`] takes the AMX tiles. On
 /// the 2-core Xeon of stops 77–80 (family 6 model 207; `batch_gemm q4_k q4_1
 /// --shape 1b --tokens 8,16,64 --rounds 5`, two runs, ms a step, VNNI against
@@ -133,6 +111,28 @@ pub const AMX_TOKENS: usize = 14;
 /// 17.80, 18.01, and its server at 16 clients ran 4–7% slower with them in
 /// four rounds of four.
 pub const AMX_MIN_K: usize = 2048;
+
+/// How the int8 GEMM multiplies: the ISA level of its packing and tiles, and
+/// where AMX tile multiplies take the VNNI tiles' integer sums (the same bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct I8Kernel {
+    pub isa: Isa,
+    pub amx: Amx,
+}
+
+/// Which panels AMX's tile multiplies take (the `amx` parameter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Amx {
+    /// None: the VNNI tiles (`amx` 0).
+    Never,
+    /// Every panel (`amx` 1).
+    Always,
+    /// Where they measured faster than the VNNI tiles (`amx` 2): kept nibble
+    /// panels without a bias (Q4_K's, Q4_1's: a server's, whose engine keeps
+    /// its panels; one packed for a single call holds bytes) of rows of
+    /// [`AMX_MIN_K`] or more, times [`AMX_TOKENS`] tokens or more.
+    WherePaying,
+}
 
 impl I8Kernel {
     /// The VNNI tiles at `isa` (the portable loops below it).
