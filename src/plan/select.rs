@@ -524,35 +524,25 @@ impl Selection {
         if !self.int8_activations && dtype.is_quant() && base.get("act_bits") == Some(&8) {
             return Vec::new();
         }
-        let mut v = Vec::new();
+        // Each set as the values it sets over the kernel's defaults.
+        let mut sets: Vec<Vec<(&str, u32)>> = Vec::new();
         if self.int8_activations && dtype.is_quant() && base.contains_key("act_bits") {
-            let mut p = base.clone();
-            p.insert("act_bits".into(), 8);
             // The four-row pass won on AVX2 (q4_1 +38% single-threaded); with
             // AVX-512 VNNI one row a pass wins end to end (SmolLM2-135M decode on a
             // 2-core EPYC: Q4_0 +13%, Q4_1 +12%, Q8_0 +19% with `rows_per_pass 1`).
             if base.contains_key("rows_per_pass") && !Isa::best().vnni() {
-                let mut p4 = p.clone();
-                p4.insert("rows_per_pass".into(), 4);
-                v.push(p4);
+                sets.push(vec![("act_bits", 8), ("rows_per_pass", 4)]);
             }
-            v.push(p);
+            sets.push(vec![("act_bits", 8)]);
         }
-        v.push(base);
+        sets.push(Vec::new());
         // Where AMX runs, the int8 GEMMs' AMX tiles where they pay (`amx` 2:
-        // Q4_K's and Q4_1's panels of long rows from 14 tokens, the VNNI tiles elsewhere;
-        // the same bits), each set first with them.
-        if v.iter().any(|p| p.contains_key("amx")) && kernels::cpu::qgemm::amx_granted() {
-            v = v.into_iter().flat_map(|p| [Self::with_param(&p, "amx", 2), p]).collect();
+        // Q4_K's and Q4_1's panels of long rows from 14 tokens, the VNNI tiles
+        // elsewhere; the same bits), each set first with them.
+        if base.contains_key("amx") && kernels::cpu::qgemm::amx_granted() {
+            sets = sets.into_iter().flat_map(|s| [[&s[..], &[("amx", 2)]].concat(), s]).collect();
         }
-        v
-    }
-
-    /// `p` with `name` set to `value`.
-    fn with_param(p: &Params, name: &str, value: u32) -> Params {
-        let mut p = p.clone();
-        p.insert(name.into(), value);
-        p
+        sets.iter().map(|s| k.params_with(s)).collect()
     }
 
     fn explicit(&self, key: SlotKey, layer: Option<usize>) -> Option<&Choice> {
