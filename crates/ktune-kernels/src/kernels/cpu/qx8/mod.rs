@@ -50,28 +50,44 @@ use crate::kernels::quant::{
 };
 
 /// Rows `first..first + y.len()` of the [`Layout::X8`] matrix `w` dotted with
-/// `x` into `y`: whole groups of 8 rows, a partial group at either end computed
-/// whole into a stack buffer.
+/// `x` into `y`: whole groups of 8 rows (two at a time where [`two_groups`]),
+/// a partial group at either end computed whole into a stack buffer.
 pub fn rows_x8(isa: Isa, x: &XQ8, w: QView<'_>, first: usize, y: &mut [f32]) {
     let Layout::X8 { bpr } = w.layout else { return };
-    groups(first, y.len(), |g, r, hi| {
-        let [out] = group(isa, [x], w, bpr, g);
+    groups(first, y.len(), two_groups(isa, w, x.per256), |g, n, r, hi| {
+        let [out] = group(isa, [x], w, bpr, g, n);
         y[r - first..hi - first].copy_from_slice(&out[r - g * X8_ROWS..hi - g * X8_ROWS]);
     });
 }
 
-/// `f(g, r, hi)` for each group `g` of 8 rows that rows `first..first + count`
-/// reach, with the rows `r..hi` of it they hold (partial groups at either end).
+/// `f(g, n, r, hi)` for each group `g` of 8 rows that rows `first..first +
+/// count` reach (with `two`, groups `g` and `g + 1` together, `n` = 2, where
+/// both are whole), with the rows `r..hi` of the `n` groups they hold
+/// (partial groups at either end).
 #[inline(always)]
-fn groups(first: usize, count: usize, mut f: impl FnMut(usize, usize, usize)) {
+fn groups(first: usize, count: usize, two: bool, mut f: impl FnMut(usize, usize, usize, usize)) {
     let end = first + count;
     let mut r = first;
     while r < end {
         let g = r / X8_ROWS;
-        let hi = ((g + 1) * X8_ROWS).min(end);
-        f(g, r, hi);
+        let n = if two && r == g * X8_ROWS && r + 2 * X8_ROWS <= end { 2 } else { 1 };
+        let hi = ((g + n) * X8_ROWS).min(end);
+        f(g, n, r, hi);
         r = hi;
     }
+}
+
+/// Whether the loops over `w`'s records take two groups of 8 rows at a time
+/// with activations with one scale per 256 (`per256`): Q4_K's on AVX-512 VNNI
+/// (each group's lanes in one half of a 512-bit vector, as a 256-bit one holds
+/// them: the same bits, half the instructions; `batch_gemm q4_k --shape 1b`:
+/// 8 tokens 1.21x, 4 1.07x, one 1.08x, docs/serve.md). Not Q6_K's: a
+/// multiply (`vpmulld`, on one port at 512 bits) a 16-element group and token
+/// bounds its loop, which measured no faster two groups at a time (8 tokens
+/// 49.0, 49.8 ms against 38.7, 40.7 one at a time; other arrangements of its
+/// offsets' sums within the machine's spread).
+fn two_groups(isa: Isa, w: QView<'_>, per256: bool) -> bool {
+    isa.vnni() && w.format.ops().cpu.x8 == Some(X8::K4) && per256
 }
 
 /// Tokens whose dots one pass over a group's records computes
@@ -106,9 +122,10 @@ pub fn rows_x8_tokens<'a>(isa: Isa, m: usize, x: impl Fn(usize) -> &'a XQ8, w: Q
     let Layout::X8 { bpr } = w.layout else { return };
     assert!(out.len() >= m * count, "{} outputs for {m} tokens of {count} rows", out.len());
     let per_pass = tokens_a_pass(isa, w.format.ops().cpu.x8);
-    groups(first, count, |g, r, hi| {
+    let two = two_groups(isa, w, (0..m).all(|t| x(t).per256));
+    groups(first, count, two, |g, n, r, hi| {
         let lo = g * X8_ROWS;
-        let mut put = |t0: usize, dots: &[[f32; X8_ROWS]]| {
+        let mut put = |t0: usize, dots: &[[f32; 16]]| {
             for (j, d) in dots.iter().enumerate() {
                 out[(t0 + j) * count + r - first..][..hi - r].copy_from_slice(&d[r - lo..hi - lo]);
             }
@@ -117,7 +134,7 @@ pub fn rows_x8_tokens<'a>(isa: Isa, m: usize, x: impl Fn(usize) -> &'a XQ8, w: Q
             macro_rules! pass {
                 ($($n:literal)*) => {
                     match (m - t0).min(per_pass) {
-                        $($n => put(t0, &group(isa, std::array::from_fn::<_, $n, _>(|j| x(t0 + j)), w, bpr, g)),)*
+                        $($n => put(t0, &group(isa, std::array::from_fn::<_, $n, _>(|j| x(t0 + j)), w, bpr, g, n)),)*
                         _ => unreachable!("1 to {X8_VNNI_TOKENS} tokens a pass"),
                     }
                 };
@@ -127,56 +144,75 @@ pub fn rows_x8_tokens<'a>(isa: Isa, m: usize, x: impl Fn(usize) -> &'a XQ8, w: Q
     });
 }
 
-/// The 8 dot products of rows `8 g..8 g + 8` with each of the tokens `xs`.
+/// The dot products of rows `8 g..8 (g + n)` (one group of 8, or two where
+/// [`two_groups`]) with each of the tokens `xs`: row `8 g + i` in lane `i`.
 #[inline]
-fn group<const T: usize>(isa: Isa, xs: [&XQ8; T], w: QView<'_>, bpr: usize, g: usize) -> [[f32; X8_ROWS]; T] {
+fn group<const T: usize>(isa: Isa, xs: [&XQ8; T], w: QView<'_>, bpr: usize, g: usize, n: usize) -> [[f32; 16]; T] {
     let (rb, ns) = (x8_record_bytes(w.format), w.format.scales_per_block() * X8_ROWS);
-    let rec = &w.quants[g * bpr * rb..(g + 1) * bpr * rb];
-    let sc = &w.scales[g * bpr * ns..(g + 1) * bpr * ns];
-    if let Some(X8::Codes32(codes)) = w.format.ops().cpu.x8 {
-        #[cfg(target_arch = "x86_64")]
-        if isa.avx2() && xs.iter().all(|x| x.q.len() >= bpr * QK && x.d.len() >= bpr && x.dsum.len() >= bpr) {
-            // SAFETY: AVX2/FMA/F16C checked (VNNI too for `vnni`); `rec`, `sc` hold
-            // `bpr` records, each `x` as many blocks (checked above).
-            return unsafe {
-                match (codes, isa.vnni()) {
-                    (Codes::Nibbles, true) => x86::vnni::group32::<0, T>(rec, sc, xs, bpr),
-                    (Codes::Bytes, true) => x86::vnni::group32::<1, T>(rec, sc, xs, bpr),
-                    (Codes::Levels, true) => x86::vnni::group32::<2, T>(rec, sc, xs, bpr),
-                    (Codes::Nibbles, false) => x86::avx2::group32::<0, T>(rec, sc, xs, bpr),
-                    (Codes::Bytes, false) => x86::avx2::group32::<1, T>(rec, sc, xs, bpr),
-                    (Codes::Levels, false) => x86::avx2::group32::<2, T>(rec, sc, xs, bpr),
-                }
-            };
-        }
-        return xs.map(|x| group32_portable(codes, rb, rec, sc, x, bpr));
-    }
-    if w.format.ops().cpu.x8 == Some(X8::K6) {
-        return group_k6(isa, xs, w, bpr, g);
+    let rec = &w.quants[g * bpr * rb..(g + n) * bpr * rb];
+    let sc = &w.scales[g * bpr * ns..(g + n) * bpr * ns];
+    let x8 = w.format.ops().cpu.x8;
+    assert!(n == 1 || two_groups(isa, w, xs.iter().all(|x| x.per256)), "two groups a pass only where `two_groups`");
+    #[cfg(target_arch = "x86_64")]
+    if let Some(X8::Codes32(codes)) = x8
+        && isa.avx2()
+        && xs.iter().all(|x| x.q.len() >= bpr * QK && x.d.len() >= bpr && x.dsum.len() >= bpr)
+    {
+        // SAFETY: AVX2/FMA/F16C checked (VNNI too for `vnni`); `rec`, `sc` hold
+        // `bpr` records, each `x` as many blocks (checked above).
+        return widen(unsafe {
+            match (codes, isa.vnni()) {
+                (Codes::Nibbles, true) => x86::vnni::group32::<0, T>(rec, sc, xs, bpr),
+                (Codes::Bytes, true) => x86::vnni::group32::<1, T>(rec, sc, xs, bpr),
+                (Codes::Levels, true) => x86::vnni::group32::<2, T>(rec, sc, xs, bpr),
+                (Codes::Nibbles, false) => x86::avx2::group32::<0, T>(rec, sc, xs, bpr),
+                (Codes::Bytes, false) => x86::avx2::group32::<1, T>(rec, sc, xs, bpr),
+                (Codes::Levels, false) => x86::avx2::group32::<2, T>(rec, sc, xs, bpr),
+            }
+        });
     }
     #[cfg(target_arch = "x86_64")]
     if isa.avx2() && xs.iter().all(|x| x.per256 && x.q.len() >= bpr * 256 && x.d.len() >= 8 * bpr && x.dsum.len() >= 8 * bpr) {
-        // SAFETY: AVX2/FMA/F16C checked (VNNI too for `vnni`); `rec`, `sc` hold
-        // `bpr` records, each `x` as many super-blocks (checked above).
-        return unsafe { if isa.vnni() { x86::vnni::group(rec, sc, xs, bpr) } else { x86::avx2::group(rec, sc, xs, bpr) } };
+        use x86::{Avx2Lanes, VnniLanes, Wide};
+        // SAFETY: AVX2/FMA/F16C checked (AVX-512 VNNI too for `vnni` and two
+        // groups: `two_groups`); `rec`, `sc` hold `n` groups of `bpr` records,
+        // each `x` as many super-blocks (checked above).
+        unsafe {
+            match (x8, isa.vnni(), n) {
+                (Some(X8::K4), true, 2) => return x86::vnni::group::<Wide, T>(rec, sc, xs, bpr),
+                (Some(X8::K4), true, _) => return x86::vnni::group::<VnniLanes, T>(rec, sc, xs, bpr),
+                (Some(X8::K4), false, _) => return x86::avx2::group::<Avx2Lanes, T>(rec, sc, xs, bpr),
+                (Some(X8::K6), true, _) if xs.iter().all(|x| x.dsum16.len() >= 16 * bpr) => {
+                    return x86::vnni::group_k6::<VnniLanes, T>(rec, sc, xs, bpr);
+                }
+                (Some(X8::K6), false, _) if xs.iter().all(|x| x.dsum16.len() >= 16 * bpr) => {
+                    return x86::avx2::group_k6::<Avx2Lanes, T>(rec, sc, xs, bpr);
+                }
+                _ => {}
+            }
+        }
     }
     let _ = isa;
-    xs.map(|x| group_portable(rec, sc, x, bpr))
+    // The portable loops, a group at a time.
+    let mut out = [[0f32; 16]; T];
+    for i in 0..n {
+        let (rec, sc) = (&rec[i * bpr * rb..(i + 1) * bpr * rb], &sc[i * bpr * ns..(i + 1) * bpr * ns]);
+        for (o, x) in out.iter_mut().zip(xs) {
+            let dots = match x8 {
+                Some(X8::Codes32(codes)) => group32_portable(codes, rb, rec, sc, x, bpr),
+                Some(X8::K6) => group_k6_portable(rec, sc, x, bpr),
+                _ => group_portable(rec, sc, x, bpr),
+            };
+            o[i * X8_ROWS..(i + 1) * X8_ROWS].copy_from_slice(&dots);
+        }
+    }
+    out
 }
 
-/// The 8 dot products of the Q6_K rows `8 g..8 g + 8` with each of the tokens `xs`.
-#[inline]
-fn group_k6<const T: usize>(isa: Isa, xs: [&XQ8; T], w: QView<'_>, bpr: usize, g: usize) -> [[f32; X8_ROWS]; T] {
-    let rec = &w.quants[g * bpr * X8_K6_BYTES..(g + 1) * bpr * X8_K6_BYTES];
-    let sc = &w.scales[g * bpr * X8_ROWS..(g + 1) * bpr * X8_ROWS];
-    #[cfg(target_arch = "x86_64")]
-    if isa.avx2() && xs.iter().all(|x| x.per256 && x.q.len() >= bpr * 256 && x.d.len() >= 8 * bpr && x.dsum16.len() >= 16 * bpr) {
-        // SAFETY: AVX2/FMA/F16C checked (VNNI too for `vnni`); `rec`, `sc` hold
-        // `bpr` records, each `x` as many super-blocks (checked above).
-        return unsafe { if isa.vnni() { x86::vnni::group_k6(rec, sc, xs, bpr) } else { x86::avx2::group_k6(rec, sc, xs, bpr) } };
-    }
-    let _ = isa;
-    xs.map(|x| group_k6_portable(rec, sc, x, bpr))
+/// One group's dots of each token in the first 8 lanes of 16.
+#[cfg(target_arch = "x86_64")]
+fn widen<const T: usize>(dots: [[f32; X8_ROWS]; T]) -> [[f32; 16]; T] {
+    dots.map(|d| std::array::from_fn(|i| if i < X8_ROWS { d[i] } else { 0.0 }))
 }
 
 /// The portable loop: `x` with one scale per 256 or per 32.
@@ -494,14 +530,15 @@ mod tests {
 
     /// The portable loop's dots `portable` of every row of `v` within 1e-4 of
     /// the row dots `want`, and [`rows_x8`] at every ISA, over ranges with
-    /// partial groups at either end, the portable values bit for bit.
+    /// partial groups at either end and two whole groups together, the
+    /// portable values bit for bit.
     fn near_the_row_dots_and_simd_as_portable(xq: &XQ8, v: QView<'_>, portable: &[f32], want: &[f32], what: &str) {
         for (r, (p, w)) in portable.iter().zip(want).enumerate() {
             assert!((p - w).abs() <= 1e-4 * (1.0 + w.abs()), "{what} row {r}: {p} vs the row dot {w}");
         }
         let rows = portable.len();
         for isa in [Isa::Scalar, Isa::Simd256, Isa::best()] {
-            for (first, len) in [(0, rows), (3, 13), (8, 8), (17, 7)] {
+            for (first, len) in [(0, rows), (3, 13), (8, 8), (17, 7), (8, 16)] {
                 let mut y = vec![0f32; len];
                 rows_x8(isa, xq, v, first, &mut y);
                 assert_eq!(y, portable[first..first + len], "{what} {isa:?}: SIMD and portable bit for bit");
@@ -524,16 +561,16 @@ mod tests {
 
     /// A token among others gets its lone values bit for bit
     /// ([`rows_x8_tokens`] against [`rows_x8`], 1 to 10 tokens: one pass or
-    /// two, at every ISA) over the X8 view `v` of `k` columns, rows 5..22
-    /// (partial groups at either end); activations per 256 where the format's
-    /// blocks are, else per 32.
+    /// two, at every ISA) over the X8 view `v` of `k` columns (24 rows), rows
+    /// 5..22 and 5..24 (partial groups at either end, or two whole groups
+    /// after one partial: the K-quants' two groups a pass on AVX-512 VNNI);
+    /// activations per 256 where the format's blocks are, else per 32.
     fn tokens_among_others_as_alone(v: QView<'_>, k: usize, what: &str) {
         let per256 = v.format.block_elems() == 256;
         let xs: Vec<XQ8> =
             (0..10).map(|t| if per256 { XQ8::quantize_k(&data(k, 50 + t)) } else { XQ8::quantize(&data(k, 50 + t)) }).collect();
         for isa in [Isa::Scalar, Isa::Simd256, Isa::best()] {
-            for m in 1..=xs.len() {
-                let (first, count) = (5, 17);
+            for (m, (first, count)) in (1..=xs.len()).flat_map(|m| [(m, (5, 17)), (m, (5, 19))]) {
                 let mut out = vec![0f32; m * count];
                 rows_x8_tokens(isa, m, |t| &xs[t], v, first, count, &mut out);
                 for (t, x) in xs[..m].iter().enumerate() {
@@ -559,7 +596,7 @@ mod tests {
             }
             for isa in [Isa::Scalar, Isa::Simd256, Isa::best()] {
                 // Unaligned ranges: partial groups at both ends.
-                for (first, len) in [(0, rows), (3, 13), (8, 8), (17, 7)] {
+                for (first, len) in [(0, rows), (3, 13), (8, 8), (17, 7), (8, 16)] {
                     let mut y = vec![0f32; len];
                     rows_x8(isa, &xq, x8.view(), first, &mut y);
                     for (i, &v) in y.iter().enumerate() {
