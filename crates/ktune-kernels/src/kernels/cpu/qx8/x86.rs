@@ -387,6 +387,53 @@ pub trait Lanes {
     unsafe fn store(v: Self::F) -> [f32; 16];
 }
 
+/// Each function `$f`, inline with the target features `$feat`.
+macro_rules! featured {
+    ($feat:literal; $($f:item)*) => {
+        $(
+            #[inline]
+            #[target_feature(enable = $feat)]
+            $f
+        )*
+    };
+}
+
+/// The lane-wise operations of [`Lanes`] that are one intrinsic at either
+/// width, each listed once with its 256-bit and 512-bit form, stamped into an
+/// implementation of one width (`y` or `z`) with the target features `$feat`.
+macro_rules! lane_ops {
+    ($w:ident, $feat:literal) => {
+        lane_ops! { @ $w, $feat;
+            and(a: I, b: I) -> I = _mm256_and_si256, _mm512_and_si512;
+            or(a: I, b: I) -> I = _mm256_or_si256, _mm512_or_si512;
+            add(a: I, b: I) -> I = _mm256_add_epi32, _mm512_add_epi32;
+            mullo(a: I, b: I) -> I = _mm256_mullo_epi32, _mm512_mullo_epi32;
+            shr4(v: I) -> I = _mm256_srli_epi16::<4>, _mm512_srli_epi16::<4>;
+            shr2(v: I) -> I = _mm256_srli_epi16::<2>, _mm512_srli_epi16::<2>;
+            shl4(v: I) -> I = _mm256_slli_epi16::<4>, _mm512_slli_epi16::<4>;
+            shl2(v: I) -> I = _mm256_slli_epi16::<2>, _mm512_slli_epi16::<2>;
+            cvt(v: I) -> F = _mm256_cvtepi32_ps, _mm512_cvtepi32_ps;
+            splat(v: f32) -> F = _mm256_set1_ps, _mm512_set1_ps;
+            splat8(v: i8) -> I = _mm256_set1_epi8, _mm512_set1_epi8;
+            mul(a: F, b: F) -> F = _mm256_mul_ps, _mm512_mul_ps;
+            fmadd(a: F, b: F, c: F) -> F = _mm256_fmadd_ps, _mm512_fmadd_ps;
+            fnmadd(a: F, b: F, c: F) -> F = _mm256_fnmadd_ps, _mm512_fnmadd_ps;
+            sub(a: F, b: F) -> F = _mm256_sub_ps, _mm512_sub_ps;
+            zi() -> I = _mm256_setzero_si256, _mm512_setzero_si512;
+            zf() -> F = _mm256_setzero_ps, _mm512_setzero_ps;
+        }
+    };
+    (@ y, $feat:literal; $($n:ident($($a:ident: $t:tt),*) -> $r:ident = $y:path, $z:path;)*) => {
+        featured! { $feat; $(unsafe fn $n($($a: lane_ops!(@t $t)),*) -> Self::$r { $y($($a),*) })* }
+    };
+    (@ z, $feat:literal; $($n:ident($($a:ident: $t:tt),*) -> $r:ident = $y:path, $z:path;)*) => {
+        featured! { $feat; $(unsafe fn $n($($a: lane_ops!(@t $t)),*) -> Self::$r { $z($($a),*) })* }
+    };
+    (@t I) => { Self::I };
+    (@t F) => { Self::F };
+    (@t $t:ty) => { $t };
+}
+
 /// One group in 256-bit vectors, `$dp` its dot product (the int8 loops of `$feat`).
 macro_rules! ymm_lanes {
     ($name:ident, $feat:literal, $dp:ident) => {
@@ -397,133 +444,37 @@ macro_rules! ymm_lanes {
             const G: usize = 1;
             type I = __m256i;
             type F = __m256;
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn zi() -> __m256i {
-                _mm256_setzero_si256()
-            }
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn zf() -> __m256 {
-                _mm256_setzero_ps()
-            }
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn load(r: *const u8, _: usize) -> __m256i {
-                // SAFETY: the caller's.
-                unsafe { _mm256_loadu_si256(r as *const __m256i) }
-            }
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn u8s(r: *const u8, _: usize) -> __m256i {
-                // SAFETY: the caller's.
-                unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(r as *const __m128i)) }
-            }
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn i8s(r: *const u8, _: usize) -> __m256i {
-                // SAFETY: the caller's.
-                unsafe { _mm256_cvtepi8_epi32(_mm_loadl_epi64(r as *const __m128i)) }
-            }
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn ph(s: *const half::f16, _: usize) -> __m256 {
-                // SAFETY: the caller's.
-                unsafe { _mm256_cvtph_ps(_mm_loadu_si128(s as *const __m128i)) }
-            }
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn bcast(p: *const i8) -> __m256i {
-                // SAFETY: the caller's.
-                unsafe { _mm256_set1_epi32((p as *const i32).read_unaligned()) }
-            }
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn splat8(v: i8) -> __m256i {
-                _mm256_set1_epi8(v)
-            }
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn dp(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-                $dp(acc, u, s)
-            }
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn and(a: __m256i, b: __m256i) -> __m256i {
-                _mm256_and_si256(a, b)
-            }
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn or(a: __m256i, b: __m256i) -> __m256i {
-                _mm256_or_si256(a, b)
-            }
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn add(a: __m256i, b: __m256i) -> __m256i {
-                _mm256_add_epi32(a, b)
-            }
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn mullo(a: __m256i, b: __m256i) -> __m256i {
-                _mm256_mullo_epi32(a, b)
-            }
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn shr4(v: __m256i) -> __m256i {
-                _mm256_srli_epi16::<4>(v)
-            }
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn shr2(v: __m256i) -> __m256i {
-                _mm256_srli_epi16::<2>(v)
-            }
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn shl4(v: __m256i) -> __m256i {
-                _mm256_slli_epi16::<4>(v)
-            }
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn shl2(v: __m256i) -> __m256i {
-                _mm256_slli_epi16::<2>(v)
-            }
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn cvt(v: __m256i) -> __m256 {
-                _mm256_cvtepi32_ps(v)
-            }
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn splat(v: f32) -> __m256 {
-                _mm256_set1_ps(v)
-            }
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn mul(a: __m256, b: __m256) -> __m256 {
-                _mm256_mul_ps(a, b)
-            }
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
-                _mm256_fmadd_ps(a, b, c)
-            }
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn fnmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
-                _mm256_fnmadd_ps(a, b, c)
-            }
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn sub(a: __m256, b: __m256) -> __m256 {
-                _mm256_sub_ps(a, b)
-            }
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn store(v: __m256) -> [f32; 16] {
-                let mut out = [0f32; 16];
-                // SAFETY: 8 floats into a 16-float array.
-                unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) };
-                out
+            lane_ops!(y, $feat);
+            featured! { $feat;
+                unsafe fn load(r: *const u8, _: usize) -> __m256i {
+                    // SAFETY: the caller's.
+                    unsafe { _mm256_loadu_si256(r as *const __m256i) }
+                }
+                unsafe fn u8s(r: *const u8, _: usize) -> __m256i {
+                    // SAFETY: the caller's.
+                    unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(r as *const __m128i)) }
+                }
+                unsafe fn i8s(r: *const u8, _: usize) -> __m256i {
+                    // SAFETY: the caller's.
+                    unsafe { _mm256_cvtepi8_epi32(_mm_loadl_epi64(r as *const __m128i)) }
+                }
+                unsafe fn ph(s: *const half::f16, _: usize) -> __m256 {
+                    // SAFETY: the caller's.
+                    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(s as *const __m128i)) }
+                }
+                unsafe fn bcast(p: *const i8) -> __m256i {
+                    // SAFETY: the caller's.
+                    unsafe { _mm256_set1_epi32((p as *const i32).read_unaligned()) }
+                }
+                unsafe fn dp(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+                    $dp(acc, u, s)
+                }
+                unsafe fn store(v: __m256) -> [f32; 16] {
+                    let mut out = [0f32; 16];
+                    // SAFETY: 8 floats into a 16-float array.
+                    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) };
+                    out
+                }
             }
         }
     };
@@ -536,28 +487,12 @@ ymm_lanes!(VnniLanes, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", dp_v
 /// group's lanes as [`VnniLanes`] computes them, half the instructions.
 pub struct Wide;
 
-/// The features of [`Wide`].
-macro_rules! wide {
-    ($($f:item)*) => {
-        $(
-            #[inline]
-            #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-            $f
-        )*
-    };
-}
-
 impl Lanes for Wide {
     const G: usize = 2;
     type I = __m512i;
     type F = __m512;
-    wide! {
-        unsafe fn zi() -> __m512i {
-            _mm512_setzero_si512()
-        }
-        unsafe fn zf() -> __m512 {
-            _mm512_setzero_ps()
-        }
+    lane_ops!(z, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni");
+    featured! { "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni";
         unsafe fn load(r: *const u8, next: usize) -> __m512i {
             // SAFETY: the caller's (32 bytes of each group).
             unsafe {
@@ -584,53 +519,8 @@ impl Lanes for Wide {
             // SAFETY: the caller's.
             unsafe { _mm512_set1_epi32((p as *const i32).read_unaligned()) }
         }
-        unsafe fn splat8(v: i8) -> __m512i {
-            _mm512_set1_epi8(v)
-        }
         unsafe fn dp(acc: __m512i, u: __m512i, s: __m512i) -> __m512i {
             _mm512_dpbusd_epi32(acc, u, s)
-        }
-        unsafe fn and(a: __m512i, b: __m512i) -> __m512i {
-            _mm512_and_si512(a, b)
-        }
-        unsafe fn or(a: __m512i, b: __m512i) -> __m512i {
-            _mm512_or_si512(a, b)
-        }
-        unsafe fn add(a: __m512i, b: __m512i) -> __m512i {
-            _mm512_add_epi32(a, b)
-        }
-        unsafe fn mullo(a: __m512i, b: __m512i) -> __m512i {
-            _mm512_mullo_epi32(a, b)
-        }
-        unsafe fn shr4(v: __m512i) -> __m512i {
-            _mm512_srli_epi16::<4>(v)
-        }
-        unsafe fn shr2(v: __m512i) -> __m512i {
-            _mm512_srli_epi16::<2>(v)
-        }
-        unsafe fn shl4(v: __m512i) -> __m512i {
-            _mm512_slli_epi16::<4>(v)
-        }
-        unsafe fn shl2(v: __m512i) -> __m512i {
-            _mm512_slli_epi16::<2>(v)
-        }
-        unsafe fn cvt(v: __m512i) -> __m512 {
-            _mm512_cvtepi32_ps(v)
-        }
-        unsafe fn splat(v: f32) -> __m512 {
-            _mm512_set1_ps(v)
-        }
-        unsafe fn mul(a: __m512, b: __m512) -> __m512 {
-            _mm512_mul_ps(a, b)
-        }
-        unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
-            _mm512_fmadd_ps(a, b, c)
-        }
-        unsafe fn fnmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
-            _mm512_fnmadd_ps(a, b, c)
-        }
-        unsafe fn sub(a: __m512, b: __m512) -> __m512 {
-            _mm512_sub_ps(a, b)
         }
         unsafe fn store(v: __m512) -> [f32; 16] {
             let mut out = [0f32; 16];
