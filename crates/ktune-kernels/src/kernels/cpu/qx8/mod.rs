@@ -146,15 +146,17 @@ pub fn rows_x8_tokens<'a>(isa: Isa, m: usize, x: impl Fn(usize) -> &'a XQ8, w: Q
 
 /// The dot products of rows `8 g..8 (g + n)` (one group of 8, or two where
 /// [`two_groups`]) with each of the tokens `xs`: row `8 g + i` in lane `i`.
+/// Two groups go to the loop of two groups a pass; any other loop takes one,
+/// so two groups asked of it go through the portable loops, a group at a time.
 #[inline]
 fn group<const T: usize>(isa: Isa, xs: [&XQ8; T], w: QView<'_>, bpr: usize, g: usize, n: usize) -> [[f32; 16]; T] {
     let (rb, ns) = (x8_record_bytes(w.format), w.format.scales_per_block() * X8_ROWS);
     let rec = &w.quants[g * bpr * rb..(g + n) * bpr * rb];
     let sc = &w.scales[g * bpr * ns..(g + n) * bpr * ns];
     let x8 = w.format.ops().cpu.x8;
-    assert!(n == 1 || two_groups(isa, w, xs.iter().all(|x| x.per256)), "two groups a pass only where `two_groups`");
     #[cfg(target_arch = "x86_64")]
     if let Some(X8::Codes32(codes)) = x8
+        && n == 1
         && isa.avx2()
         && xs.iter().all(|x| x.q.len() >= bpr * QK && x.d.len() >= bpr && x.dsum.len() >= bpr)
     {
@@ -180,13 +182,14 @@ fn group<const T: usize>(isa: Isa, xs: [&XQ8; T], w: QView<'_>, bpr: usize, g: u
         unsafe {
             match (x8, isa.vnni(), n) {
                 (Some(X8::K4), true, 2) => return x86::vnni::group::<Wide, T>(rec, sc, xs, bpr),
-                (Some(X8::K4), true, _) => return x86::vnni::group::<VnniLanes, T>(rec, sc, xs, bpr),
-                (Some(X8::K4), false, _) => return x86::avx2::group::<Avx2Lanes, T>(rec, sc, xs, bpr),
-                (Some(X8::K6), true, _) if xs.iter().all(|x| x.dsum16.len() >= 16 * bpr) => {
-                    return x86::vnni::group_k6::<VnniLanes, T>(rec, sc, xs, bpr);
-                }
-                (Some(X8::K6), false, _) if xs.iter().all(|x| x.dsum16.len() >= 16 * bpr) => {
-                    return x86::avx2::group_k6::<Avx2Lanes, T>(rec, sc, xs, bpr);
+                (Some(X8::K4), true, 1) => return x86::vnni::group::<VnniLanes, T>(rec, sc, xs, bpr),
+                (Some(X8::K4), false, 1) => return x86::avx2::group::<Avx2Lanes, T>(rec, sc, xs, bpr),
+                (Some(X8::K6), vnni, 1) if xs.iter().all(|x| x.dsum16.len() >= 16 * bpr) => {
+                    return if vnni {
+                        x86::vnni::group_k6::<VnniLanes, T>(rec, sc, xs, bpr)
+                    } else {
+                        x86::avx2::group_k6::<Avx2Lanes, T>(rec, sc, xs, bpr)
+                    };
                 }
                 _ => {}
             }
