@@ -300,15 +300,27 @@ impl Runner {
                 }
             }
         }
-        // Warm up once per shape (every input copy once where the packed rows
-        // are kept: none is packed while timed) and calibrate repetitions.
+        // Warm up once per shape, and where that execution packed rows into
+        // the kept panels, every other input copy once too (none is packed
+        // while timed); then calibrate repetitions. A candidate that keeps no
+        // panels (the dots, the f32 GEMMs) warms up once: a rotation of twice
+        // a 300 MiB last-level cache is 64 copies of a 1B model's 9 MiB
+        // matrix, whose warm-ups had taken three quarters of its batch races'
+        // time, every candidate's.
         for i in 0..w.shapes.len() {
+            let packed = || w.panels.as_ref().map(|p| p.bytes());
+            let before = packed();
+            let t = self.time_shape(w, i, 1)?;
+            self.warm_up += t;
             // (At most 256 copies: `rotating_copies`.)
-            let warm = if w.panels.is_some() { w.copies(i) as u32 } else { 1 };
-            let t = self.time_shape(w, i, warm)?;
-            self.warm_up += t * f64::from(warm);
-            // Packed now: a few more executions give the steady cost.
-            let t = if warm > 1 { self.time_shape(w, i, warm.min(STEADY_RUNS))? } else { t };
+            let rest = if packed() != before { w.copies(i) as u32 - 1 } else { 0 };
+            let t = if rest > 0 {
+                self.warm_up += self.time_shape(w, i, rest)? * f64::from(rest);
+                // Packed now: a few more executions give the steady cost.
+                self.time_shape(w, i, (rest + 1).min(STEADY_RUNS))?
+            } else {
+                t
+            };
             self.exec_s += t;
             let reps = (MIN_SAMPLE_S / t.max(1e-9)).ceil().clamp(1.0, 2000.0) as u32;
             self.reps.push(reps);
@@ -594,7 +606,8 @@ mod tests {
     /// A batch regime's workload (`keep_panels`) keeps the candidates' packed
     /// rows in one cache, which the first candidate's warm-up fills for every
     /// input copy and the timed executions only read (the int8 GEMM at a
-    /// decode batch's 8 rows); another workload keeps none.
+    /// decode batch's 8 rows); another workload keeps none; a candidate that
+    /// packs nothing warms up on one copy.
     #[test]
     fn a_batch_regimes_candidates_keep_their_packed_rows() {
         let p = Problem::Gemm { m: 8, n: 256, k: 512 };
@@ -618,6 +631,15 @@ mod tests {
         other.sample(&w);
         assert!(r.error.is_none() && other.error.is_none(), "{:?} {:?}", r.error, other.error);
         assert_eq!(kept.bytes(), packed, "every copy was packed in the first warm-up; nothing after it packs");
+        // Executions so far: the packing candidate's warm-up went through
+        // every copy (then its steady runs and one sample); the dots, which
+        // keep no panels, warm up on one copy.
+        let n = w.copies(0);
+        assert_eq!(r.next_copy, (n + n.min(STEADY_RUNS as usize) + r.reps[0] as usize) % n);
+        let dots = crate::kernels::find("gemm_q_dots_cpu").expect("registered");
+        let d = Runner::new(Cand { kernel: dots, params: dots.default_params() }, &w);
+        assert!(d.error.is_none(), "{:?}", d.error);
+        assert_eq!((d.next_copy, kept.bytes()), (1, packed), "one warm-up execution, nothing packed");
     }
 
     /// A batch regime's workload over the server's layouts (`repack`) holds
