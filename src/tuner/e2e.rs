@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use super::budget::{ACCURACY_SHARE, Budget, TIMING_SHARE};
 use super::measure::Strategy;
-use super::paired::{self, Paired};
+use super::paired::{self, Paired, Recorded};
 use super::race::{Races, Winners};
 use super::space::{Space, plan_options};
 use super::{Progress, TIE, Target, TuneError, TuneOptions};
@@ -392,19 +392,17 @@ fn request_times((prefill, decode): &(Vec<f64>, Vec<f64>), decode_tokens: usize,
 }
 
 /// Whether the raced vision winners (`tuned`, seconds per image per round) stay
-/// against the runtime's default vision kernels (`default`, the same rounds): by
-/// the paired rule a combination meets against the default ([`Paired::beats`]),
-/// and, as the head to head of the combinations asks, with the medians the
-/// profile records (`end_to_end.vision`: each series' after its outliers are
-/// dropped, which need not order as the rounds do) agreeing; with the reason.
+/// against the runtime's default vision kernels (`default`, the same rounds):
+/// as the head to head of the combinations decides, by the paired rule with
+/// the medians the profile records (`end_to_end.vision`) agreeing
+/// ([`Recorded::beats`]); with the reason.
 fn vision_verdict(tuned: &[f64], default: &[f64]) -> (bool, String) {
-    let p = Paired::of(tuned, default);
-    let (t, d) = (summarize(tuned).median * 1e3, summarize(default).median * 1e3);
-    let figures = format!("{t:.4} against {d:.4} ms an image (medians)");
-    if p.beats() && t < d {
-        return (true, format!("the raced vision kernels beat the runtime's defaults: {}, {figures}", p.how()));
+    let r = Recorded::of(tuned, default);
+    let figures = format!("{:.4} against {:.4} ms an image (medians)", r.tuned_ms, r.default_ms);
+    if r.beats() {
+        return (true, format!("the raced vision kernels beat the runtime's defaults: {}, {figures}", r.paired.how()));
     }
-    let why = if p.beats() { format!("{}, but their median image is not faster", p.how()) } else { p.why_not() };
+    let why = r.why_not("their median image");
     (false, format!("the raced vision kernels did not beat the runtime's defaults end to end ({why}; {figures}): the defaults stay"))
 }
 
@@ -1141,18 +1139,14 @@ impl<'a> Stage<'a> {
         self.progress.done();
         self.budget.record("end to end: head to head", confirm_start);
         let [default, tuned] = t;
-        let p = Paired::of(&tuned, &default);
-        let ms = |x: &[f64]| summarize(x).median * 1e3;
-        let (tuned_ms, default_ms) = (ms(&tuned), ms(&default));
-        let figures = format!("request {tuned_ms:.1} vs {default_ms:.1} ms (medians)");
-        // The rounds' pairs decide, and the medians the report shows must agree
-        // (in a noisy run the paired ratios can favour what the medians do not).
-        let agree = tuned_ms < default_ms;
-        let confirmed = default.len() == tuned.len() && p.beats() && agree;
+        // The rounds' pairs decide, and the medians the report shows must agree.
+        let r = Recorded::of(&tuned, &default);
+        let figures = format!("request {:.1} vs {:.1} ms (medians)", r.tuned_ms, r.default_ms);
+        let confirmed = default.len() == tuned.len() && r.beats();
         let reason = if confirmed {
-            format!("{stage_reason}; confirmed head to head: {}, {figures}", p.how())
+            format!("{stage_reason}; confirmed head to head: {}, {figures}", r.paired.how())
         } else {
-            let why = if p.beats() { format!("{}, but its median request is not faster", p.how()) } else { p.why_not() };
+            let why = r.why_not("its median request");
             format!("{stage_reason}; but head to head it did not beat the runtime default ({why}; {figures}): the default stays")
         };
         Decision {

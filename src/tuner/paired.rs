@@ -93,6 +93,38 @@ impl Paired {
     }
 }
 
+/// The paired rule as a verdict a profile records asks it: the rule on the
+/// rounds ([`Paired::beats`]) and the medians the record shows of the same
+/// two series (each series' after its outliers are dropped, [`summarize`]),
+/// which must agree: in a noisy run the paired ratios can favour what the
+/// medians do not (every round won, 0.4167 against 0.4116 ms, was seen).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Recorded {
+    pub paired: Paired,
+    /// The two series' medians, ms.
+    pub tuned_ms: f64,
+    pub default_ms: f64,
+}
+
+impl Recorded {
+    /// `times` against `default`, round by round, and their medians.
+    pub fn of(times: &[f64], default: &[f64]) -> Recorded {
+        let ms = |x: &[f64]| summarize(x).median * 1e3;
+        Recorded { paired: Paired::of(times, default), tuned_ms: ms(times), default_ms: ms(default) }
+    }
+
+    /// Whether it beats the default by the rule and by the medians.
+    pub fn beats(&self) -> bool {
+        self.paired.beats() && self.tuned_ms < self.default_ms
+    }
+
+    /// Why it does not beat the default, `median` naming the median of its
+    /// series ("its median request").
+    pub fn why_not(&self, median: &str) -> String {
+        if self.paired.beats() { format!("{}, but {median} is not faster", self.paired.how()) } else { self.paired.why_not() }
+    }
+}
+
 /// The combination to keep when every round timed each one once (interleaved),
 /// by each one's rounds against the default (index 0; an empty list: out of the
 /// choice): the lowest median ratio among those that beat it ([`Paired::beats`]),
