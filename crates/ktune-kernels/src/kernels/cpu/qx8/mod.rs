@@ -81,11 +81,11 @@ fn groups(first: usize, count: usize, two: bool, mut f: impl FnMut(usize, usize,
 /// with activations with one scale per 256 (`per256`): Q4_K's on AVX-512 VNNI
 /// (each group's lanes in one half of a 512-bit vector, as a 256-bit one holds
 /// them: the same bits, half the instructions; `batch_gemm q4_k --shape 1b`:
-/// 8 tokens 1.21x, 4 1.07x, one 1.08x, docs/serve.md). Not Q6_K's: a
-/// multiply (`vpmulld`, on one port at 512 bits) a 16-element group and token
-/// bounds its loop, which measured no faster two groups at a time (8 tokens
-/// 49.0, 49.8 ms against 38.7, 40.7 one at a time; other arrangements of its
-/// offsets' sums within the machine's spread).
+/// 8 tokens 1.21x, 4 1.07x, one 1.08x, docs/serve.md). Not Q6_K's: its loop
+/// measured no faster two groups at a time (8 tokens 49.0, 49.8 ms against
+/// 38.7, 40.7 one at a time; other arrangements of its offsets' sums within
+/// the machine's spread), and neither its multiplies nor its decode bound it
+/// at 8 tokens (both replaced in trials, docs/serve.md).
 fn two_groups(isa: Isa, w: QView<'_>, per256: bool) -> bool {
     isa.vnni() && w.format.ops().cpu.x8 == Some(X8::K4) && per256
 }
