@@ -55,6 +55,9 @@ struct Shared {
     /// successful claim of one of its tasks (Acquire), while the caller is still
     /// waiting for that task: valid for exactly as long as it is read.
     job: UnsafeCell<Option<*const Task<'static>>>,
+    /// Whether a claim of the current job takes a share of the tasks left
+    /// ([`Pool::run_runs`]) rather than one; written with `job`.
+    guided: AtomicBool,
     /// Tasks of the current job finished.
     done: AtomicUsize,
     /// A task of the current job panicked.
@@ -115,6 +118,7 @@ impl Pool {
         let shared = Arc::new(Shared {
             claim: AtomicU64::new(0),
             job: UnsafeCell::new(None),
+            guided: AtomicBool::new(false),
             done: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             spin_ns: AtomicU64::new(DEFAULT_SPIN.as_nanos() as u64),
@@ -168,6 +172,22 @@ impl Pool {
     /// have finished. Inline on the calling thread when there is one task, one
     /// thread, a task of this pool calls it, or another caller holds the pool.
     pub fn run(&self, tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+        self.run_with(tasks, f, false)
+    }
+
+    /// [`Pool::run`] in runs of consecutive indices: a claim takes a
+    /// participant's share of the tasks left (at least one), so the runs
+    /// shrink as the job ends. One claim a task costs a contended cache line a
+    /// task; fixed runs (four a participant, as this pool handed out before)
+    /// leave one thread waiting for the other's last run. A two-thread
+    /// 8-sequence pass of SmolLM2 (jobs of a few dozen microseconds) spent 17%
+    /// of its samples claiming and waiting with fixed runs, 16% with claims of
+    /// a quarter of what was left, 13% with these (docs/serve.md).
+    pub fn run_runs(&self, tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+        self.run_with(tasks, f, true)
+    }
+
+    fn run_with(&self, tasks: usize, f: &(dyn Fn(usize) + Sync), guided: bool) {
         if tasks == 0 {
             return;
         }
@@ -190,6 +210,7 @@ impl Pool {
             *s.job.get() = Some(erased);
         }
         s.done.store(0, Relaxed);
+        s.guided.store(guided, Relaxed);
         s.panicked.store(false, Relaxed);
         let epoch = (s.claim.load(Relaxed) >> EPOCH_SHIFT).wrapping_add(1) & FIELD_EPOCH;
         s.claim.store(pack(epoch, tasks, 0), SeqCst);
@@ -224,20 +245,24 @@ fn work(s: &Shared, epoch: u64) -> usize {
         if c >> EPOCH_SHIFT != epoch || i >= tasks {
             return ran;
         }
-        if s.claim.compare_exchange_weak(c, c + 1, AcqRel, Relaxed).is_err() {
+        // `guided` is the job's (written before the claim store that published
+        // it, read after an Acquire load of that claim word).
+        let take = if s.guided.load(Relaxed) { ((tasks - i) / s.active.load(Relaxed).max(1)).max(1) } else { 1 };
+        if s.claim.compare_exchange_weak(c, c + take as u64, AcqRel, Relaxed).is_err() {
             continue;
         }
-        // SAFETY: task `i` of this job is claimed and not yet done, so the caller
-        // is still inside `run` and `job` holds its live body (see `Shared`).
+        // SAFETY: tasks `i..i + take` of this job are claimed and not yet done,
+        // so the caller is still inside `run` and `job` holds its live body
+        // (see `Shared`).
         let f = unsafe { (*s.job.get()).map(|p| &*p) };
         if let Some(f) = f {
             let was = IN_TASK.with(|t| t.replace(true));
-            if catch_unwind(AssertUnwindSafe(|| f(i))).is_err() {
+            if catch_unwind(AssertUnwindSafe(|| (i..i + take).for_each(f))).is_err() {
                 s.panicked.store(true, Release);
             }
             IN_TASK.with(|t| t.set(was));
         }
-        ran += 1;
+        ran += take;
     }
 }
 
@@ -299,26 +324,17 @@ pub fn for_each(tasks: usize, f: impl Fn(usize) + Sync) {
     pool().run(tasks, &f);
 }
 
-/// [`for_each`] in runs of consecutive indices ([`runs`]; every chunked loop
-/// here hands out its chunks so): a thread runs `i`, then `i + 1`, so what
-/// task `i + 1` reads can be fetched while task `i` computes (a kept GEMM
-/// panel's next).
+/// [`for_each`] in runs of consecutive indices ([`Pool::run_runs`]; every
+/// chunked loop here hands out its chunks so): a thread runs `i`, then
+/// `i + 1`, so what task `i + 1` reads can be fetched while task `i` computes
+/// (a kept GEMM panel's next).
 pub fn for_each_run(tasks: usize, f: impl Fn(usize) + Sync) {
-    let (runs, per) = runs(tasks);
-    pool().run(runs, &|r| {
-        for i in r * per..((r + 1) * per).min(tasks) {
-            f(i)
-        }
-    });
-}
-
-/// Chunks handed out in runs of consecutive chunks, at most four runs per
-/// participant: one atomic claim per run, not per chunk (a claim is a contended
-/// cache line between cores; a GEMV of 576 rows in chunks of 8 would pay 72).
-/// Returns (runs, chunks per run).
-fn runs(chunks: usize) -> (usize, usize) {
-    let per = chunks.div_ceil(4 * pool().threads()).max(1);
-    (chunks.div_ceil(per), per)
+    if tasks <= MAX_TASKS {
+        return pool().run_runs(tasks, &f);
+    }
+    // More than a claim word counts: runs of `per` first.
+    let per = tasks.div_ceil(MAX_TASKS);
+    pool().run_runs(tasks.div_ceil(per), &|r| (r * per..((r + 1) * per).min(tasks)).for_each(&f));
 }
 
 /// Splits `y` into chunks of `grain` elements and runs `f(chunk index, chunk)` on
@@ -459,15 +475,36 @@ mod tests {
         for threads in [1, 2, 3, 8] {
             let p = Pool::new(threads);
             for tasks in [0, 1, 2, 7, 100, 1000] {
-                let hits: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(0)).collect();
-                for _ in 0..5 {
-                    p.run(tasks, &|i| {
+                for runs in [false, true] {
+                    let hits: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(0)).collect();
+                    let f = |i: usize| {
                         hits[i].fetch_add(1, Relaxed);
-                    });
+                    };
+                    for _ in 0..5 {
+                        if runs { p.run_runs(tasks, &f) } else { p.run(tasks, &f) }
+                    }
+                    assert!(hits.iter().all(|h| h.load(Relaxed) == 5), "threads {threads} tasks {tasks} runs {runs}");
                 }
-                assert!(hits.iter().all(|h| h.load(Relaxed) == 5), "threads {threads} tasks {tasks}");
             }
         }
+    }
+
+    /// A claim of [`Pool::run_runs`] is a run of consecutive tasks, shorter as
+    /// the job ends: a thread that ran `i` ran `i + 1` next unless another
+    /// thread claimed it, and the claims (runs begun) are far fewer than the tasks.
+    #[test]
+    fn runs_are_consecutive_and_shrink() {
+        let p = Pool::new(2);
+        let tasks = 1000;
+        let by: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(usize::MAX)).collect();
+        let id = || std::thread::current().id();
+        let caller = id();
+        p.run_runs(tasks, &|i| by[i].store(usize::from(id() != caller), Relaxed));
+        let owner: Vec<usize> = by.iter().map(|b| b.load(Relaxed)).collect();
+        assert!(owner.iter().all(|&o| o < 2), "every task ran");
+        let changes = owner.windows(2).filter(|w| w[0] != w[1]).count();
+        // Halving claims over 1000 tasks: about 2 log2(1000) runs at most.
+        assert!(changes <= 40, "{changes} changes of thread over 1000 tasks");
     }
 
     /// Back-to-back jobs of a few tasks each (as `rms_norm_split` alternates a
@@ -487,12 +524,14 @@ mod tests {
                 // small job's epoch with the next large job's count claimed past
                 // the small job's end.
                 let tasks = if job % 2 == 0 { 2 } else { 9 };
-                p.run(tasks, &|i| {
+                let f = |i: usize| {
                     std::hint::black_box(i);
                     if current.load(SeqCst) != job || i >= tasks {
                         stale.fetch_add(1, Relaxed);
                     }
-                });
+                };
+                // Jobs of single claims and of runs in turn.
+                if job % 3 == 0 { p.run_runs(tasks, &f) } else { p.run(tasks, &f) }
             }
             assert_eq!(stale.load(Relaxed), 0, "{threads} threads: tasks ran after their job returned");
         }
