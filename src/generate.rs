@@ -1204,6 +1204,25 @@ impl Generator {
                 return Err(e.into());
             }
         };
+        // Every row that samples (a decoding sequence, a prompt whose last chunk
+        // this was) samples on the pool, a row a task: each sampler is its own
+        // sequence's, so the order changes nothing (8 rows' argmax of SmolLM2's
+        // 49152 logits were a hundredth of the pass, the pool's workers idle).
+        let mut picks: Vec<(usize, &mut Sampler, u32)> = Vec::with_capacity(order.len());
+        for (row, (i, run)) in runs.iter_mut().enumerate().filter(|(i, _)| order.contains(i)).enumerate() {
+            if chunk_of(i).is_none_or(|n| run.at + n >= run.prompt.len()) {
+                picks.push((row, &mut run.sampler, 0));
+            }
+        }
+        crate::kernels::cpu::pool::for_chunks_mut(&mut picks, 1, |_, p| {
+            let (row, sampler, id) = &mut p[0];
+            *id = sampler.sample(&logits[*row * vocab..(*row + 1) * vocab]);
+        });
+        let mut ids: smallvec::SmallVec<[Option<u32>; 16]> = smallvec::smallvec![None; order.len()];
+        for (row, _, id) in picks {
+            ids[row] = Some(id);
+        }
+        let unsampled = |row: usize| crate::runtime::RuntimeError::Internal(format!("a batch pass's row {row} was not sampled"));
         for (row, &i) in order.iter().enumerate() {
             let row_logits = &logits[row * vocab..(row + 1) * vocab];
             let run = &mut *runs[i];
@@ -1215,7 +1234,7 @@ impl Generator {
                 }
                 // Its prompt's last token: the first id, as a lone prefill samples it.
                 let len = run.prompt.len();
-                let first = run.sampler.sample(row_logits);
+                let first = ids[row].ok_or_else(|| unsampled(row))?;
                 let slot = &mut *slots[i];
                 slot.prompt_logits = Some((len, row_logits.to_vec()));
                 slot.cached = run.prompt.clone();
@@ -1223,7 +1242,7 @@ impl Generator {
                 Self::first_kept(&self.tokenizer, &self.stop_ids, run, first, &mut |t| stream(i, t));
                 continue;
             }
-            let id = run.sampler.sample(row_logits);
+            let id = ids[row].ok_or_else(|| unsampled(row))?;
             run.steps += 1;
             run.next = id;
             run.going = run.stepper.keep(id, Some(&self.tokenizer), &self.stop_ids, None, &mut |t| stream(i, t));

@@ -401,11 +401,23 @@ impl CpuExec {
                         Some(b) => Some(f32s(&self.bufs, b, "split_qkv bias")?),
                         None => None,
                     };
-                    for t in 0..tokens {
+                    let [Ok(tq), Ok(tk), Ok(tv)] = &mut taken else { return Ok(()) };
+                    // The tokens' rows on the pool, a token a task (a decode batch's
+                    // rows: a copy on the engine's thread alone was a hundredth
+                    // of a SmolLM2 8-sequence pass).
+                    let mut rows: smallvec::SmallVec<[[&mut [f32]; 3]; 16]> = tq
+                        .chunks_mut(nq)
+                        .zip(tk.chunks_mut(nkv))
+                        .zip(tv.chunks_mut(nkv))
+                        .take(tokens)
+                        .map(|((q, k), v)| [q, k, v])
+                        .collect();
+                    if rows.len() < tokens || s.len() < tokens * w {
+                        return Err(RuntimeError::Internal(format!("split_qkv: buffers hold fewer than {tokens} rows")));
+                    }
+                    crate::kernels::cpu::pool::for_chunks_mut(&mut rows, 1, |t, parts| {
                         let row = &s[t * w..(t + 1) * w];
-                        for (part, (off, n)) in [(0usize, nq), (nq, nkv), (nq + nkv, nkv)].into_iter().enumerate() {
-                            let Ok(dst) = &mut taken[part] else { continue };
-                            let dst = &mut dst[t * n..(t + 1) * n];
+                        for (dst, (off, n)) in parts[0].iter_mut().zip([(0usize, nq), (nq, nkv), (nq + nkv, nkv)]) {
                             dst.copy_from_slice(&row[off..off + n]);
                             if let Some(b) = b {
                                 for (d, bb) in dst.iter_mut().zip(&b[off..off + n]) {
@@ -413,7 +425,7 @@ impl CpuExec {
                                 }
                             }
                         }
-                    }
+                    });
                     Ok(())
                 })();
                 for (id, vv) in [q, k, v].into_iter().zip(taken) {
@@ -642,6 +654,11 @@ impl CpuExec {
     /// The first `len` elements of an f32 buffer, borrowed.
     pub fn view(&self, id: BufId, len: usize) -> Result<&[f32], RuntimeError> {
         Ok(&f32s(&self.bufs, id, "read")?[..len])
+    }
+
+    /// [`CpuExec::view`], mutably.
+    pub fn view_mut(&mut self, id: BufId, len: usize) -> Result<&mut [f32], RuntimeError> {
+        Ok(&mut f32s_mut(&mut self.bufs, id, "read")?[..len])
     }
 }
 

@@ -891,7 +891,16 @@ impl Engine {
             *v = 0.0;
         }
         let (x0, vocab) = (self.plan.x[0], self.plan.config.dims.vocab_size);
-        self.logits.resize(b * vocab, 0.0);
+        // One LM-head block of every row on the CPU: the pass's logits are read
+        // where the head wrote them (a copy of 8 rows of SmolLM2's 49152 was a
+        // seventieth of its 8-sequence pass, the pool's workers idle meanwhile).
+        let in_place = match (&self.exec, &self.plan.lm_head[..]) {
+            (Exec::Cpu(_), [blk]) => blk.rows == vocab,
+            _ => false,
+        };
+        if !in_place {
+            self.logits.resize(b * vocab, 0.0);
+        }
         if let Some(p) = &self.paged {
             let mut table: Vec<(&mut Vec<u32>, usize, usize)> =
                 seqs.iter_mut().zip(&counts).map(|(s, &n)| (&mut s.table, s.pos, n)).collect();
@@ -908,7 +917,7 @@ impl Engine {
                 crate::kernels::cpu::qgemm::with_panels(&panels, || {
                     e.run_rows(&self.batch_schedules[si].1, seqs, &counts, &self.row_widths, &mut self.pass_times)
                 })?;
-                for blk in &self.plan.lm_head {
+                for blk in self.plan.lm_head.iter().filter(|_| !in_place) {
                     scatter(&mut self.logits, e.view(blk.logits, b * blk.rows)?, blk.start, blk.rows, vocab);
                 }
             }
@@ -925,11 +934,17 @@ impl Engine {
                 }
             }
         }
-        softcap(&mut self.logits, self.plan.config.final_logit_softcapping);
         for (s, n) in seqs.iter_mut().zip(&counts) {
             s.pos += n;
             s.written = s.written.max(s.pos);
         }
+        let cap = self.plan.config.final_logit_softcapping;
+        if let (Exec::Cpu(e), true) = (&mut self.exec, in_place) {
+            let logits = e.view_mut(self.plan.lm_head[0].logits, b * vocab)?;
+            softcap(logits, cap);
+            return Ok(logits);
+        }
+        softcap(&mut self.logits, cap);
         Ok(&self.logits)
     }
 

@@ -372,7 +372,8 @@ pub(super) fn run_paged(kd: &KernelDef, prob: &Problem, params: &Params, mut a: 
     // (sequence, first query, queries, KV head (a decode token's: its group of
     // query heads), the outputs of its queries)
     type Task<'o> = (usize, usize, usize, usize, smallvec::SmallVec<[&'o mut [f32]; 1]>);
-    let mut tasks: Vec<Task<'_>> = Vec::new();
+    let blocks: usize = seqs.iter().map(|sq| sq.s.tokens.div_ceil(if sq.s.tokens == 1 { 1 } else { bq })).sum();
+    let mut tasks: Vec<Task<'_>> = Vec::with_capacity(blocks * p.kv_heads);
     for (si, sq) in seqs.iter().enumerate() {
         for i0 in (0..sq.s.tokens).step_by(if sq.s.tokens == 1 { 1 } else { bq }) {
             let block = bq.min(sq.s.tokens - i0);

@@ -376,7 +376,15 @@ pub(super) fn ln_apply(isa: Isa, x: &[f32], w: Row<'_>, b: Row<'_>, mean: f32, r
 /// The norm gain `w` (or `1 + w`, Gemma) widened to f32 once per call.
 pub fn gains(w: CpuIn<'_>, dim: usize, unit_offset: bool) -> super::cpu::Scratch {
     let off = if unit_offset { 1.0 } else { 0.0 };
-    super::cpu::Scratch::from_fn(dim, |i| w.get(i) + off)
+    // Matched once, not per element (`CpuIn::get`: a hundredth of a SmolLM2
+    // 8-sequence pass's time, on the engine's thread alone).
+    let mut g = super::cpu::Scratch::zeroed(dim);
+    match w {
+        CpuIn::F32(s) => g.iter_mut().zip(&s[..dim]).for_each(|(d, &v)| *d = v + off),
+        CpuIn::F16(s) => g.iter_mut().zip(&s[..dim]).for_each(|(d, v)| *d = v.to_f32() + off),
+        other => g.iter_mut().enumerate().for_each(|(i, d)| *d = other.get(i) + off),
+    }
+    g
 }
 
 /// `1 / sqrt(mean + eps)` from a sum of squares over `dim` elements.

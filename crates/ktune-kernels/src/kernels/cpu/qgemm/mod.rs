@@ -185,7 +185,8 @@ fn scale_group(format: QFormat) -> usize {
 pub struct XPanel {
     pub k: usize,
     pub m: usize,
-    /// `[m][k]` int8 codes.
+    /// `[m][k]` int8 codes (this and the arrays below may run longer: a kept
+    /// array's tail past `m` tokens, never read).
     q: Vec<i8>,
     /// `[m][k / 32]` block scales `d`.
     d: Vec<f32>,
@@ -204,30 +205,75 @@ pub struct XPanel {
     by_group: [std::sync::OnceLock<Vec<i8>>; 2],
 }
 
+/// An [`XPanel`]'s arrays, kept by its thread between calls: a decode batch
+/// quantizes a panel for every projection of every layer, seven allocations
+/// each otherwise (a fortieth of a SmolLM2 8-sequence pass's time, all of it
+/// on the engine's thread while the pool's workers wait).
+#[derive(Default)]
+struct XArrays {
+    q: Vec<i8>,
+    d: Vec<f32>,
+    sum16: Vec<f32>,
+    sum32: Vec<f32>,
+    isum: Vec<i32>,
+    isum16: Vec<i32>,
+}
+
+thread_local! {
+    /// The arrays of this thread's dropped panels (a few: a kernel holds one
+    /// panel at a time, a parallel group's kernels one each).
+    static X_SPARE: RefCell<Vec<XArrays>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Panels' arrays a thread keeps.
+const X_KEPT: usize = 4;
+
+/// `v` with `len` elements or more (a kept array keeps its longest length, so
+/// a panel of the down projection's `k` after one of the others' zeroes
+/// nothing; every element of an `m × k` panel is written before it is read:
+/// [`XPanel::quantize`] writes each block's codes and sums).
+fn sized<T: Copy + Default>(mut v: Vec<T>, len: usize) -> Vec<T> {
+    if v.len() < len {
+        v.resize(len, T::default());
+    }
+    v
+}
+
 impl XPanel {
     /// Quantizes the `m` rows of `x` (`[m][k]`, k a multiple of 32) in place,
     /// the tokens in parallel on the pool, one token a task.
     pub fn quantize(x: &[f32], m: usize, k: usize) -> XPanel {
         let nb = k / QK;
+        // The smallest kept arrays that hold the panel, else the largest (grown).
+        let a = X_SPARE
+            .try_with(|l| {
+                let mut l = l.borrow_mut();
+                let fits = |a: &XArrays| a.q.len() >= m * k && a.d.len() >= m * nb;
+                let at = l.iter().enumerate().filter(|(_, a)| fits(a)).min_by_key(|(_, a)| a.q.len()).map(|(i, _)| i);
+                at.or_else(|| l.iter().enumerate().max_by_key(|(_, a)| a.q.len()).map(|(i, _)| i)).map(|i| l.swap_remove(i))
+            })
+            .ok()
+            .flatten()
+            .unwrap_or_default();
         let mut p = XPanel {
             k,
             m,
-            q: vec![0; m * k],
-            d: vec![0.0; m * nb],
-            sum16: vec![0.0; m * 2 * nb],
-            sum32: vec![0.0; m * nb],
-            isum: vec![0; m * nb],
-            isum16: vec![0; m * 2 * nb],
+            q: sized(a.q, m * k),
+            d: sized(a.d, m * nb),
+            sum16: sized(a.sum16, m * 2 * nb),
+            sum32: sized(a.sum32, m * nb),
+            isum: sized(a.isum, m * nb),
+            isum16: sized(a.isum16, m * 2 * nb),
             by_group: Default::default(),
         };
         // Each token's share of every array, handed to its task.
-        let mut rows: Vec<TokenRow<'_>> =
-            p.q.chunks_exact_mut(k)
-                .zip(p.d.chunks_exact_mut(nb))
-                .zip(p.sum16.chunks_exact_mut(2 * nb).zip(p.sum32.chunks_exact_mut(nb)))
-                .zip(p.isum16.chunks_exact_mut(2 * nb).zip(p.isum.chunks_exact_mut(nb)))
-                .map(|(((q, d), (sum16, sum32)), (isum16, isum))| TokenRow { q, d, sum16, sum32, isum16, isum })
-                .collect();
+        let mut rows: smallvec::SmallVec<[TokenRow<'_>; 16]> = p.q[..m * k]
+            .chunks_exact_mut(k)
+            .zip(p.d[..m * nb].chunks_exact_mut(nb))
+            .zip(p.sum16[..m * 2 * nb].chunks_exact_mut(2 * nb).zip(p.sum32[..m * nb].chunks_exact_mut(nb)))
+            .zip(p.isum16[..m * 2 * nb].chunks_exact_mut(2 * nb).zip(p.isum[..m * nb].chunks_exact_mut(nb)))
+            .map(|(((q, d), (sum16, sum32)), (isum16, isum))| TokenRow { q, d, sum16, sum32, isum16, isum })
+            .collect();
         let one = |t: usize, row: &mut TokenRow<'_>| {
             let TokenRow { q, d, sum16, sum32, isum16, isum } = row;
             quantize_row(&x[t * k..(t + 1) * k], false, q, |b, db, s| {
@@ -262,6 +308,29 @@ impl XPanel {
     /// `d · Σq` per scale group of `sg` elements (16 or 32), per token.
     fn group_sums(&self, sg: usize) -> &[f32] {
         if sg == GROUP { &self.sum16 } else { &self.sum32 }
+    }
+}
+
+impl Drop for XPanel {
+    fn drop(&mut self) {
+        use std::mem::take;
+        let a = XArrays {
+            q: take(&mut self.q),
+            d: take(&mut self.d),
+            sum16: take(&mut self.sum16),
+            sum32: take(&mut self.sum32),
+            isum: take(&mut self.isum),
+            isum16: take(&mut self.isum16),
+        };
+        if a.q.capacity() > 0 {
+            // (Gone at the thread's end: then the arrays are freed.)
+            let _ = X_SPARE.try_with(|l| {
+                let mut l = l.borrow_mut();
+                if l.len() < X_KEPT {
+                    l.push(a);
+                }
+            });
+        }
     }
 }
 
@@ -863,7 +932,9 @@ mod tests {
 
     /// The panel, quantized in place on the pool, holds for each token what
     /// the decode path's [`XQ8`](super::super::XQ8) of that token holds: the
-    /// same codes, scales and sums (integer and scaled, per half and per block).
+    /// same codes, scales and sums (integer and scaled, per half and per block),
+    /// also when the panel's arrays are a larger earlier panel's, kept by the
+    /// thread with that panel's numbers in them.
     #[test]
     fn panel_tokens_are_the_decode_quantization_of_each_token() {
         let (m, k) = (7usize, 96usize);
@@ -871,7 +942,16 @@ mod tests {
         // An outlier block and a zero block: the scale search and its zero case.
         x[40] = 30.0;
         x[3 * k..3 * k + 32].fill(0.0);
-        let p = XPanel::quantize(&x, m, k);
+        for kept in [false, true] {
+            if kept {
+                drop(XPanel::quantize(&data(9 * 1536, 11), 9, 1536));
+            }
+            panel_matches_decode(&x, m, k);
+        }
+    }
+
+    fn panel_matches_decode(x: &[f32], m: usize, k: usize) {
+        let p = XPanel::quantize(x, m, k);
         let nb = k / QK;
         for t in 0..m {
             let xq = super::super::XQ8::quantize(&x[t * k..(t + 1) * k]);
