@@ -182,11 +182,27 @@ fn scale_group(format: QFormat) -> usize {
 }
 
 /// Activations of `m` tokens as int8 blocks, laid out for [`rows_times_tokens_i8`].
+/// Its arrays ([`XArrays`], read through `Deref`) are kept by the thread when
+/// it is dropped and reused by the next panel it quantizes: a decode batch
+/// quantizes a panel for every projection of every layer, seven allocations
+/// each otherwise (a fortieth of a SmolLM2 8-sequence pass's time, all of it
+/// on the engine's thread while the pool's workers wait).
 pub struct XPanel {
     pub k: usize,
     pub m: usize,
-    /// `[m][k]` int8 codes (this and the arrays below may run longer: a kept
-    /// array's tail past `m` tokens, never read).
+    a: XArrays,
+    /// The codes scale group by scale group (`[k / sg][m][sg]`, groups of 16
+    /// and of 32), made the first time the AMX tiles ask: a tile load reads
+    /// each token's group `k` bytes apart in `q`, which at `k` 2048 or more
+    /// puts the 16 rows in one or two sets of the L1 cache.
+    by_group: [std::sync::OnceLock<Vec<i8>>; 2],
+}
+
+/// An [`XPanel`]'s arrays. Each may run longer than the panel: a kept
+/// array's tail past `m` tokens, never read.
+#[derive(Default)]
+pub struct XArrays {
+    /// `[m][k]` int8 codes.
     q: Vec<i8>,
     /// `[m][k / 32]` block scales `d`.
     d: Vec<f32>,
@@ -198,25 +214,13 @@ pub struct XPanel {
     /// integer corrections of a biased panel).
     isum: Vec<i32>,
     isum16: Vec<i32>,
-    /// The codes scale group by scale group (`[k / sg][m][sg]`, groups of 16
-    /// and of 32), made the first time the AMX tiles ask: a tile load reads
-    /// each token's group `k` bytes apart in `q`, which at `k` 2048 or more
-    /// puts the 16 rows in one or two sets of the L1 cache.
-    by_group: [std::sync::OnceLock<Vec<i8>>; 2],
 }
 
-/// An [`XPanel`]'s arrays, kept by its thread between calls: a decode batch
-/// quantizes a panel for every projection of every layer, seven allocations
-/// each otherwise (a fortieth of a SmolLM2 8-sequence pass's time, all of it
-/// on the engine's thread while the pool's workers wait).
-#[derive(Default)]
-struct XArrays {
-    q: Vec<i8>,
-    d: Vec<f32>,
-    sum16: Vec<f32>,
-    sum32: Vec<f32>,
-    isum: Vec<i32>,
-    isum16: Vec<i32>,
+impl std::ops::Deref for XPanel {
+    type Target = XArrays;
+    fn deref(&self) -> &XArrays {
+        &self.a
+    }
 }
 
 thread_local! {
@@ -245,7 +249,7 @@ impl XPanel {
     pub fn quantize(x: &[f32], m: usize, k: usize) -> XPanel {
         let nb = k / QK;
         // The smallest kept arrays that hold the panel, else the largest (grown).
-        let a = X_SPARE
+        let kept = X_SPARE
             .try_with(|l| {
                 let mut l = l.borrow_mut();
                 let fits = |a: &XArrays| a.q.len() >= m * k && a.d.len() >= m * nb;
@@ -255,23 +259,20 @@ impl XPanel {
             .ok()
             .flatten()
             .unwrap_or_default();
-        let mut p = XPanel {
-            k,
-            m,
-            q: sized(a.q, m * k),
-            d: sized(a.d, m * nb),
-            sum16: sized(a.sum16, m * 2 * nb),
-            sum32: sized(a.sum32, m * nb),
-            isum: sized(a.isum, m * nb),
-            isum16: sized(a.isum16, m * 2 * nb),
-            by_group: Default::default(),
+        let mut a = XArrays {
+            q: sized(kept.q, m * k),
+            d: sized(kept.d, m * nb),
+            sum16: sized(kept.sum16, m * 2 * nb),
+            sum32: sized(kept.sum32, m * nb),
+            isum: sized(kept.isum, m * nb),
+            isum16: sized(kept.isum16, m * 2 * nb),
         };
         // Each token's share of every array, handed to its task.
-        let mut rows: smallvec::SmallVec<[TokenRow<'_>; 16]> = p.q[..m * k]
+        let mut rows: smallvec::SmallVec<[TokenRow<'_>; 16]> = a.q[..m * k]
             .chunks_exact_mut(k)
-            .zip(p.d[..m * nb].chunks_exact_mut(nb))
-            .zip(p.sum16[..m * 2 * nb].chunks_exact_mut(2 * nb).zip(p.sum32[..m * nb].chunks_exact_mut(nb)))
-            .zip(p.isum16[..m * 2 * nb].chunks_exact_mut(2 * nb).zip(p.isum[..m * nb].chunks_exact_mut(nb)))
+            .zip(a.d[..m * nb].chunks_exact_mut(nb))
+            .zip(a.sum16[..m * 2 * nb].chunks_exact_mut(2 * nb).zip(a.sum32[..m * nb].chunks_exact_mut(nb)))
+            .zip(a.isum16[..m * 2 * nb].chunks_exact_mut(2 * nb).zip(a.isum[..m * nb].chunks_exact_mut(nb)))
             .map(|(((q, d), (sum16, sum32)), (isum16, isum))| TokenRow { q, d, sum16, sum32, isum16, isum })
             .collect();
         let one = |t: usize, row: &mut TokenRow<'_>| {
@@ -287,7 +288,7 @@ impl XPanel {
         };
         super::pool::for_chunks_mut(&mut rows, 1, |t, row| one(t, &mut row[0]));
         drop(rows);
-        p
+        XPanel { k, m, a, by_group: Default::default() }
     }
 
     /// The codes group by group of `sg` (16 or 32): token `t`'s element
@@ -313,15 +314,7 @@ impl XPanel {
 
 impl Drop for XPanel {
     fn drop(&mut self) {
-        use std::mem::take;
-        let a = XArrays {
-            q: take(&mut self.q),
-            d: take(&mut self.d),
-            sum16: take(&mut self.sum16),
-            sum32: take(&mut self.sum32),
-            isum: take(&mut self.isum),
-            isum16: take(&mut self.isum16),
-        };
+        let a = std::mem::take(&mut self.a);
         if a.q.capacity() > 0 {
             // (Gone at the thread's end: then the arrays are freed.)
             let _ = X_SPARE.try_with(|l| {
