@@ -386,20 +386,14 @@ impl<T> Spares<T> {
 
     /// The smallest kept buffer that `fits` (sizes by `size`), else the largest
     /// (the caller grows it): a small request never takes the buffer a large
-    /// one needs.
+    /// one needs ([`take_fitting`]).
     pub fn take(&self, fits: impl Fn(&T) -> bool, size: impl Fn(&T) -> usize) -> Option<T> {
-        let mut l = self.lock();
-        let fitting = l.iter().enumerate().filter(|(_, v)| fits(v)).min_by_key(|(_, v)| size(v)).map(|(i, _)| i);
-        let i = fitting.or_else(|| l.iter().enumerate().max_by_key(|(_, v)| size(v)).map(|(i, _)| i))?;
-        Some(l.swap_remove(i))
+        take_fitting(&mut self.lock(), fits, size)
     }
 
     /// Keeps `v` for the next [`Spares::take`].
     pub fn give(&self, v: T) {
-        let mut l = self.lock();
-        if l.len() < SPARES_KEPT {
-            l.push(v);
-        }
+        keep_within(&mut self.lock(), v, SPARES_KEPT);
     }
 
     /// Makes sure `count` kept buffers `fit`, adding `make()`s.
@@ -417,6 +411,38 @@ impl<T> Spares<T> {
             l.push(make());
         }
     }
+}
+
+/// Removes and returns the smallest of `list` that `fits` (sizes by `size`),
+/// else the largest: the rule of [`Spares`] and of a thread's own kept buffers
+/// ([`take_local`]).
+pub fn take_fitting<T>(list: &mut Vec<T>, fits: impl Fn(&T) -> bool, size: impl Fn(&T) -> usize) -> Option<T> {
+    let fitting = list.iter().enumerate().filter(|(_, v)| fits(v)).min_by_key(|(_, v)| size(v)).map(|(i, _)| i);
+    let i = fitting.or_else(|| list.iter().enumerate().max_by_key(|(_, v)| size(v)).map(|(i, _)| i))?;
+    Some(list.swap_remove(i))
+}
+
+/// Keeps `v` in `list` unless it holds `most` already (then `v` is freed).
+fn keep_within<T>(list: &mut Vec<T>, v: T, most: usize) {
+    if list.len() < most {
+        list.push(v);
+    }
+}
+
+/// [`take_fitting`] from this thread's own list `key` (no lock: buffers one
+/// thread makes and drops, as an int8 GEMM's activation panel); None when
+/// the list is empty, borrowed or gone (the thread ending).
+pub fn take_local<T: 'static>(key: &'static LocalKey<RefCell<Vec<T>>>, fits: impl Fn(&T) -> bool, size: impl Fn(&T) -> usize) -> Option<T> {
+    key.try_with(|l| l.try_borrow_mut().ok().and_then(|mut l| take_fitting(&mut l, fits, size))).ok().flatten()
+}
+
+/// Keeps `v` in this thread's list `key` for [`take_local`], at most `most`.
+pub fn give_local<T: 'static>(key: &'static LocalKey<RefCell<Vec<T>>>, v: T, most: usize) {
+    let _ = key.try_with(|l| {
+        if let Ok(mut l) = l.try_borrow_mut() {
+            keep_within(&mut l, v, most);
+        }
+    });
 }
 
 impl<T> Default for Spares<T> {

@@ -249,16 +249,7 @@ impl XPanel {
     pub fn quantize(x: &[f32], m: usize, k: usize) -> XPanel {
         let nb = k / QK;
         // The smallest kept arrays that hold the panel, else the largest (grown).
-        let kept = X_SPARE
-            .try_with(|l| {
-                let mut l = l.borrow_mut();
-                let fits = |a: &XArrays| a.q.len() >= m * k && a.d.len() >= m * nb;
-                let at = l.iter().enumerate().filter(|(_, a)| fits(a)).min_by_key(|(_, a)| a.q.len()).map(|(i, _)| i);
-                at.or_else(|| l.iter().enumerate().max_by_key(|(_, a)| a.q.len()).map(|(i, _)| i)).map(|i| l.swap_remove(i))
-            })
-            .ok()
-            .flatten()
-            .unwrap_or_default();
+        let kept = super::take_local(&X_SPARE, |a| a.q.len() >= m * k && a.d.len() >= m * nb, |a| a.q.len()).unwrap_or_default();
         let mut a = XArrays {
             q: sized(kept.q, m * k),
             d: sized(kept.d, m * nb),
@@ -316,13 +307,7 @@ impl Drop for XPanel {
     fn drop(&mut self) {
         let a = std::mem::take(&mut self.a);
         if a.q.capacity() > 0 {
-            // (Gone at the thread's end: then the arrays are freed.)
-            let _ = X_SPARE.try_with(|l| {
-                let mut l = l.borrow_mut();
-                if l.len() < X_KEPT {
-                    l.push(a);
-                }
-            });
+            super::give_local(&X_SPARE, a, X_KEPT);
         }
     }
 }
