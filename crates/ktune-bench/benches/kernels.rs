@@ -19,6 +19,7 @@
 //!     cargo bench -p ktune-bench --bench kernels -- repack       # Q4_K decode dots: rows vs the repacked X8 layout
 //!     cargo bench -p ktune-bench --bench kernels -- vision       # the SigLIP tower's CPU ops at gemma3-4b's shapes
 //!     cargo bench -p ktune-bench --bench kernels -- gemm_micro   # the f32 GEMM microkernel's ceiling on this CPU
+//!     cargo bench -p ktune-bench --bench kernels -- pool         # the kernels' pool: what a job costs beyond its tasks
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -39,6 +40,32 @@ const PREFILL_T: usize = 128;
 
 fn config() -> Criterion {
     Criterion::default().sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2))
+}
+
+/// The kernels' pool's own cost a job (what a decode pass pays a few hundred
+/// times over): a job of one task a thread that does nothing, and a chunked
+/// loop of 64 empty tasks (claims of shrinking runs); each job's start, claims
+/// and the wait for its last task.
+fn pool_jobs(c: &mut Criterion) {
+    let mut g = c.benchmark_group("pool");
+    let pool = cpu::pool::pool();
+    let threads = pool.threads();
+    g.throughput(Throughput::Elements(1));
+    g.bench_function(BenchmarkId::new("empty_job", format!("{threads}_tasks")), |b| {
+        b.iter(|| {
+            pool.run(threads, &|i| {
+                black_box(i);
+            })
+        })
+    });
+    g.bench_function(BenchmarkId::new("empty_runs", "64_tasks"), |b| {
+        b.iter(|| {
+            cpu::pool::for_each_run(64, |i| {
+                black_box(i);
+            })
+        })
+    });
+    g.finish();
 }
 
 /// Read bandwidth: a parallel SIMD dot product of a buffer with itself (every byte
@@ -557,5 +584,5 @@ fn rope(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group! { name = benches; config = config(); targets = membw, gemv, norm_gemv, gemm, gemm_micro, i8_gemm, decode_batch_layers, kv_cache, rope, repack, vision }
+criterion_group! { name = benches; config = config(); targets = pool_jobs, membw, gemv, norm_gemv, gemm, gemm_micro, i8_gemm, decode_batch_layers, kv_cache, rope, repack, vision }
 criterion_main!(benches);
