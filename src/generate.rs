@@ -448,30 +448,90 @@ pub struct Decoded {
 }
 
 /// The text of the ids so far, and how much of it went out.
+#[derive(Default)]
 struct TextSink {
     stop: Vec<String>,
     streamed: usize,
     /// Where a stop string was found (the text ends there).
     cut: Option<usize>,
+    /// The text of the ids so far that later ids do not change ([`TextSink::grow`]).
+    text: String,
+    /// The ids from `window` on are decoded again with each new id: those
+    /// before `read` gave `window_text`, the text's tail; those from `read`
+    /// on have given no whole text yet.
+    window: usize,
+    read: usize,
+    window_text: String,
+    /// The tokenizer rewrote text a later id should only have extended: the
+    /// whole ids are decoded with each new one from then on.
+    whole: bool,
 }
 
 impl TextSink {
+    fn new(stop: Vec<String>) -> TextSink {
+        TextSink { stop, ..TextSink::default() }
+    }
+
+    /// The text of `generated` (the ids so far; the last one new) into
+    /// `text`; false when the new id completes no text yet (a character cut
+    /// between tokens, a run of byte pieces not yet ended). Decodes only the ids since the last id whose text was
+    /// whole, and the one before (a decoder's first-token rules then apply to
+    /// the window's first id, and the piece is what the new ids add after it),
+    /// as `tokenizers`' `DecodeStream` does: decoding every id again with each
+    /// new one cost `O(n)` a token, a whole sequence `O(n²)` on the engine's
+    /// thread while the pool waited. A tokenizer whose text of the window does
+    /// not begin with the window's earlier text (one that rewrites text behind
+    /// it) is decoded whole from then on, as before.
+    fn grow(&mut self, tok: &Tokenizer, generated: &[u32]) -> Result<bool> {
+        // A run of byte-fallback pieces may still turn into U+FFFDs (all of it,
+        // what looked whole included) until an id of another kind ends it.
+        if generated.last().is_some_and(|&id| tok.is_byte_piece(id)) {
+            return Ok(false);
+        }
+        if self.whole {
+            self.text = tok.decode(generated)?;
+            return Ok(!self.text.ends_with('\u{FFFD}'));
+        }
+        let now = tok.decode(&generated[self.window.min(generated.len())..])?;
+        if now.len() <= self.window_text.len() || now.ends_with('\u{FFFD}') {
+            return Ok(false);
+        }
+        if !now.starts_with(&self.window_text) {
+            self.whole = true;
+            return self.grow(tok, generated);
+        }
+        self.text.push_str(&now[self.window_text.len()..]);
+        (self.window, self.read) = (self.read, generated.len());
+        self.window_text = tok.decode(&generated[self.window..self.read])?;
+        Ok(true)
+    }
+
     /// Streams what of `generated`'s text is final: not a cut character, not text
     /// a later token may rewrite, not the start of a stop string. Returns false
     /// when a stop string appeared or `stream` refused the piece.
     fn push(&mut self, tokenizer: Option<&Tokenizer>, generated: &[u32], stream: &mut dyn FnMut(&str) -> bool) -> Result<bool> {
         let Some(tok) = tokenizer else { return Ok(true) };
-        let text = tok.decode(generated)?;
-        if text.ends_with('\u{FFFD}') || text.len() < self.streamed || !text.is_char_boundary(self.streamed) {
+        if !self.grow(tok, generated)? {
             return Ok(true);
+        }
+        let text = std::mem::take(&mut self.text);
+        let on = self.scan(&text, stream);
+        self.text = text;
+        Ok(on)
+    }
+
+    /// [`TextSink::push`]'s look at the text so far.
+    fn scan(&mut self, text: &str, stream: &mut dyn FnMut(&str) -> bool) -> bool {
+        if text.len() < self.streamed || !text.is_char_boundary(self.streamed) {
+            return true;
         }
         // A stop string anywhere past what went out (it may start inside held text).
         let from = text.floor_char_boundary(self.streamed.saturating_sub(self.stop.iter().map(String::len).max().unwrap_or(0)));
         if let Some(at) = self.stop.iter().filter(|s| !s.is_empty()).filter_map(|s| text[from..].find(s.as_str()).map(|i| from + i)).min() {
             let at = at.max(self.streamed);
             self.cut = Some(at);
-            self.emit(&text, at, stream);
-            return Ok(false);
+            self.emit(text, at, stream);
+            return false;
         }
         // Hold back a suffix that is the start of a stop string.
         let held = self
@@ -481,7 +541,7 @@ impl TextSink {
             .max()
             .unwrap_or(0);
         let end = text.floor_char_boundary(text.len() - held).max(self.streamed);
-        Ok(self.emit(&text, end, stream))
+        self.emit(text, end, stream)
     }
 
     fn emit(&mut self, text: &str, end: usize, stream: &mut dyn FnMut(&str) -> bool) -> bool {
@@ -522,7 +582,7 @@ pub struct Stepper {
 impl Stepper {
     pub fn new(limits: &Limits) -> Stepper {
         Stepper {
-            sink: TextSink { stop: limits.stop.clone(), streamed: 0, cut: None },
+            sink: TextSink::new(limits.stop.clone()),
             generated: Vec::new(),
             stop_reason: StopReason::MaxTokens,
             failed: None,

@@ -453,6 +453,16 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// Whether token `id` is one byte of byte fallback (a piece `<0xNN>`): a
+    /// run of them decodes together, each to U+FFFD when the run is no UTF-8,
+    /// so the text of a run is known only once it ends.
+    pub fn is_byte_piece(&self, id: u32) -> bool {
+        self.inner.id_to_token(id).is_some_and(|p| {
+            let b = p.as_bytes();
+            b.len() == 6 && b.starts_with(b"<0x") && b[5] == b'>' && b[3..5].iter().all(u8::is_ascii_hexdigit)
+        })
+    }
+
     /// The text of `ids`, special tokens left out. Bytes that are not valid UTF-8
     /// (a multi-byte character cut between tokens) become U+FFFD.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {

@@ -37,6 +37,7 @@ mod sample;
 mod serve;
 mod serve_hostile;
 mod snapshots;
+mod stream_text;
 mod timestamps;
 mod tokenizer_spm;
 mod tune_cli;
