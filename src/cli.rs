@@ -37,8 +37,8 @@ pub enum Command {
     /// followed by a line `---`.
     Chat(Box<ChatArgs>),
     /// Serve a model over HTTP with the OpenAI API (/v1/chat/completions,
-    /// /v1/completions, /v1/models), /health and /metrics; requests are queued and
-    /// served one at a time.
+    /// /v1/completions, /v1/models), /health and /metrics; with --parallel N up to
+    /// N requests decoded together (continuous batching), the rest queued.
     Serve(Box<ServeArgs>),
     /// Tune a model's kernels on a device and write the profile (cached).
     Tune(TuneArgs),
