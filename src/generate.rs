@@ -474,14 +474,15 @@ impl TextSink {
 
     /// The text of `generated` (the ids so far; the last one new) into
     /// `text`; false when the new id completes no text yet (a character cut
-    /// between tokens, a run of byte pieces not yet ended). Decodes only the ids since the last id whose text was
-    /// whole, and the one before (a decoder's first-token rules then apply to
-    /// the window's first id, and the piece is what the new ids add after it),
-    /// as `tokenizers`' `DecodeStream` does: decoding every id again with each
-    /// new one cost `O(n)` a token, a whole sequence `O(n²)` on the engine's
-    /// thread while the pool waited. A tokenizer whose text of the window does
-    /// not begin with the window's earlier text (one that rewrites text behind
-    /// it) is decoded whole from then on, as before.
+    /// between tokens, a run of byte pieces not yet ended). Decodes only a
+    /// window, as `tokenizers`' `DecodeStream` does: the ids that gave the
+    /// last whole piece and those after them (a decoder's first-token rules
+    /// then apply alike to the window with and without the new ids, and the
+    /// new text is what they add). Decoding every id again with each new one
+    /// cost `O(n)` a token, a whole sequence `O(n²)` on the engine's thread
+    /// while the pool waited. A tokenizer whose window's text does not begin
+    /// with the window's earlier text (one that rewrites text behind it) is
+    /// decoded whole from then on, as before.
     fn grow(&mut self, tok: &Tokenizer, generated: &[u32]) -> Result<bool> {
         // A run of byte-fallback pieces may still turn into U+FFFDs (all of it,
         // what looked whole included) until an id of another kind ends it.
