@@ -731,6 +731,32 @@ pub struct GeneratorSettings {
 /// The context a generator sizes its KV cache for without `--context`.
 pub const DEFAULT_CONTEXT: usize = 4096;
 
+/// What turns a request's text or chat turns into its prompt's tokens: a
+/// [`Generator`]'s tokenizer and chat template, which a server clones so that
+/// its requests are tokenized on their own threads (a megabyte of text is a
+/// good part of a second of tokenizing, which on the engine's thread held up
+/// every sequence it was decoding).
+#[derive(Clone)]
+pub struct Prompter {
+    pub tokenizer: Tokenizer,
+    /// The chat template, or why there is none.
+    template: std::result::Result<ChatTemplate, String>,
+}
+
+impl Prompter {
+    /// The chat template's prompt for `turns` (`(role, content)`), as tokens.
+    pub fn render(&self, turns: &[(&str, &str)]) -> Result<Vec<u32>> {
+        let t = self.template.as_ref().map_err(|e| Error::Usage(e.clone()))?;
+        self.encode(&t.render_messages(turns)?, true)
+    }
+
+    /// `text` as tokens, special tokens written by the text itself (a rendered
+    /// chat template) when `template`, else as the tokenizer's post-processor adds them.
+    pub fn encode(&self, text: &str, template: bool) -> Result<Vec<u32>> {
+        Ok(if template { self.tokenizer.encode_with(text, false)? } else { self.tokenizer.encode(text)? })
+    }
+}
+
 /// One completion of a [`Generator`].
 #[derive(Clone, Debug)]
 pub struct Completion {
@@ -824,9 +850,9 @@ impl Running {
 /// A warmed engine with its tokenizer and chat template, for many prompts.
 pub struct Generator {
     pub engine: Engine,
-    pub tokenizer: Tokenizer,
-    /// The chat template, or why there is none.
-    template: std::result::Result<ChatTemplate, String>,
+    /// The tokenizer and the chat template (a server clones it for its
+    /// requests' threads).
+    pub prompter: Prompter,
     /// End-of-sequence and end-of-turn ids.
     pub stop_ids: Vec<u32>,
     /// The model's name (its file stem for a GGUF file).
@@ -898,8 +924,7 @@ impl Generator {
         Ok(Generator {
             engine: p.engine,
             stop_ids: stop_ids(&m, Some(&tokenizer), true),
-            tokenizer,
-            template,
+            prompter: Prompter { tokenizer, template },
             model: match &s.model.source {
                 ModelSource::Gguf(path) => path.file_stem().map_or_else(|| m.name.clone(), |f| f.to_string_lossy().into_owned()),
                 _ => m.name.clone(),
@@ -913,18 +938,6 @@ impl Generator {
             prefilled: 0,
             prompt_logits: None,
         })
-    }
-
-    /// The chat template's prompt for `turns` (`(role, content)`), as tokens.
-    pub fn render(&self, turns: &[(&str, &str)]) -> Result<Vec<u32>> {
-        let t = self.template.as_ref().map_err(|e| Error::Usage(e.clone()))?;
-        self.encode(&t.render_messages(turns)?, true)
-    }
-
-    /// `text` as tokens, special tokens written by the text itself (a rendered
-    /// chat template) when `template`, else as the tokenizer's post-processor adds them.
-    pub fn encode(&self, text: &str, template: bool) -> Result<Vec<u32>> {
-        Ok(if template { self.tokenizer.encode_with(text, false)? } else { self.tokenizer.encode(text)? })
     }
 
     /// Tokens left for generation after a prompt of `prompt` tokens.
@@ -951,7 +964,7 @@ impl Generator {
         let result = self.prompt_first(prompt, same, &mut sampler).and_then(|first| {
             let prefill_seconds = t0.elapsed().as_secs_f64();
             let out = Output { limits: &limits, cancel, stream };
-            let decoded = decode(&mut self.engine, &mut sampler, first, Some(&self.tokenizer), &self.stop_ids, self.chain, out)?;
+            let decoded = decode(&mut self.engine, &mut sampler, first, Some(&self.prompter.tokenizer), &self.stop_ids, self.chain, out)?;
             Ok((prefill_seconds, decoded))
         });
         match result {
@@ -1150,7 +1163,7 @@ impl Generator {
         };
         run.at += n;
         if let Some(first) = first {
-            Self::first_kept(&self.tokenizer, &self.stop_ids, run, first, stream);
+            Self::first_kept(&self.prompter.tokenizer, &self.stop_ids, run, first, stream);
             self.cached = run.prompt.clone();
             self.prefilled = if len >= 2 { len } else { 0 };
         }
@@ -1177,7 +1190,7 @@ impl Generator {
         };
         run.steps += 1;
         run.next = id;
-        run.going = run.stepper.keep(id, Some(&self.tokenizer), &self.stop_ids, None, stream);
+        run.going = run.stepper.keep(id, Some(&self.prompter.tokenizer), &self.stop_ids, None, stream);
         Ok(run.going)
     }
 
@@ -1300,13 +1313,13 @@ impl Generator {
                 slot.prompt_logits = Some((len, row_logits.to_vec()));
                 slot.cached = run.prompt.clone();
                 slot.prefilled = if len >= 2 { len } else { 0 };
-                Self::first_kept(&self.tokenizer, &self.stop_ids, run, first, &mut |t| stream(i, t));
+                Self::first_kept(&self.prompter.tokenizer, &self.stop_ids, run, first, &mut |t| stream(i, t));
                 continue;
             }
             let id = ids[row].ok_or_else(|| unsampled(row))?;
             run.steps += 1;
             run.next = id;
-            run.going = run.stepper.keep(id, Some(&self.tokenizer), &self.stop_ids, None, &mut |t| stream(i, t));
+            run.going = run.stepper.keep(id, Some(&self.prompter.tokenizer), &self.stop_ids, None, &mut |t| stream(i, t));
         }
         Ok(())
     }
@@ -1319,7 +1332,7 @@ impl Generator {
         }
         let decode_seconds = run.decode_start.elapsed().as_secs_f64();
         let unfinished = run.prefilling;
-        let (generated, stop_reason, text) = match run.stepper.finish(Some(&self.tokenizer), stream) {
+        let (generated, stop_reason, text) = match run.stepper.finish(Some(&self.prompter.tokenizer), stream) {
             Ok(r) => r,
             Err(e) => {
                 self.reset();

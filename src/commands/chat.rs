@@ -202,7 +202,7 @@ pub fn run(selector: Option<&str>, args: &ChatArgs, warn: &dyn Fn(&str)) -> Resu
 /// until it fits. None (and a notice) when `user` alone does not fit.
 fn fit(g: &Generator, chat: &mut Conversation, user: &str, reply: usize) -> Result<Option<Vec<u32>>> {
     loop {
-        let ids = g.render(&chat.messages(user))?;
+        let ids = g.prompter.render(&chat.messages(user))?;
         let fits = ids.len() + reply.min(g.context / 2).max(1) <= g.context;
         if fits || (chat.turns.is_empty() && ids.len() < g.context) {
             return Ok(Some(ids));

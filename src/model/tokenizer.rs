@@ -45,6 +45,7 @@ const GPT4O_SPLIT: &str = concat!(
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
 
 /// A loaded `tokenizer.json`.
+#[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,

@@ -95,13 +95,13 @@ fn a_request_answers_alike_whatever_the_cache_held() {
     let mut warm = open(512);
     // A chunk of 3 cuts every prompt into passes (never one of a single token).
     let mut chunked = open(3);
-    let hello = warm.render(&[("user", "hello")]).unwrap();
-    let other = warm.render(&[("user", "what is the capital of France?")]).unwrap();
+    let hello = warm.prompter.render(&[("user", "hello")]).unwrap();
+    let other = warm.prompter.render(&[("user", "what is the capital of France?")]).unwrap();
     let (first, _) = answer(&mut fresh, &hello);
-    let said = warm.tokenizer.decode(&first).unwrap();
+    let said = warm.prompter.tokenizer.decode(&first).unwrap();
     // A chat's second turn: the first turn and its answer as the prefix.
-    let second = warm.render(&[("user", "hello"), ("assistant", &said), ("user", "and then?")]).unwrap();
-    let plain = warm.encode("Once upon a time", false).unwrap();
+    let second = warm.prompter.render(&[("user", "hello"), ("assistant", &said), ("user", "and then?")]).unwrap();
+    let plain = warm.prompter.encode("Once upon a time", false).unwrap();
     let single = vec![plain[0]];
     let order = [&hello, &other, &hello, &second, &plain, &hello, &second, &single, &plain, &other, &second];
     for (i, prompt) in order.into_iter().enumerate() {

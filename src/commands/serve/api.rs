@@ -21,8 +21,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
-use super::{Event, Input, Job, State, error_json};
-use crate::generate::{Completion, Limits};
+use super::{Event, Job, State, error_json};
+use crate::generate::{Completion, Limits, Prompter};
 use crate::kernels::sample::SamplerParams;
 use crate::report::StopReason;
 
@@ -183,6 +183,45 @@ async fn read_body(state: &State, req: Request<Incoming>) -> Result<Bytes, (u16,
 
 /// Reads and checks a generating request, hands it to the worker and answers
 /// once generation starts (or why it does not).
+/// What a request asks to generate from.
+enum Input {
+    Messages(Vec<(String, String)>),
+    Text(String),
+}
+
+/// The prompt's tokens, or the status and message that refuse it. Tokenized
+/// on a blocking thread of the runtime, a few at once (`State::tokenizing`):
+/// not on the event loop (every connection's), nor on the engine's thread,
+/// where a megabyte of prompt held up every sequence it was decoding for as
+/// long as its tokenizing took (0.75 s on SmolLM2's tokenizer, docs/serve.md).
+async fn tokenize(state: &Arc<State>, input: Input) -> Result<Vec<u32>, (u16, String)> {
+    let Ok(_permit) = state.tokenizing.acquire().await else { return Err((503, "the server is shutting down".into())) };
+    let st = state.clone();
+    match tokio::task::spawn_blocking(move || prompt_tokens(&st.prompter, &input, st.context)).await {
+        Ok(r) => r.map_err(|msg| (400, msg)),
+        Err(e) => Err((500, format!("tokenizing the prompt failed: {e}"))),
+    }
+}
+
+/// `input` as tokens for a context of `context` positions, or the message
+/// that refuses it.
+fn prompt_tokens(p: &Prompter, input: &Input, context: usize) -> Result<Vec<u32>, String> {
+    let prompt = match input {
+        Input::Messages(m) => {
+            let turns: Vec<(&str, &str)> = m.iter().map(|(r, c)| (r.as_str(), c.as_str())).collect();
+            p.render(&turns).map_err(|e| e.to_string())
+        }
+        Input::Text(t) => p.encode(t, false).map_err(|e| e.to_string()),
+    };
+    match prompt {
+        Ok(p) if p.is_empty() => Err("the prompt encodes to no tokens".to_string()),
+        Ok(p) if p.len() >= context => {
+            Err(format!("the prompt is {} tokens and the context holds {context}: shorten it (the server's --context)", p.len()))
+        }
+        other => other,
+    }
+}
+
 async fn generate(state: &Arc<State>, req: Request<Incoming>, kind: Kind) -> Response<Reply> {
     let endpoint = kind.path();
     let fail = |status: u16, msg: String| error_response(state, endpoint, status, &msg);
@@ -246,19 +285,26 @@ async fn generate(state: &Arc<State>, req: Request<Incoming>, kind: Kind) -> Res
     };
     let limits =
         Limits { max_tokens: b.max_completion_tokens.or(b.max_tokens).unwrap_or(state.max_tokens), stop, ignore_eos: state.ignore_eos };
+    // A full queue answers before the prompt is tokenized, and again after.
+    let full = |pending: usize| {
+        (pending + n > state.queue + state.parallel).then(|| {
+            let waiting = (pending + n).saturating_sub(state.parallel);
+            fail(429, format!("the queue is full ({waiting} waiting, --queue {}); retry later", state.queue))
+        })
+    };
+    if let Some(r) = state.pending.lock().ok().and_then(|p| full(*p)) {
+        return r;
+    }
+    let prompt = match tokenize(state, input).await {
+        Ok(p) => p,
+        Err((status, msg)) => return fail(status, msg),
+    };
     // Queue it, or 429.
     let mut receivers = Vec::with_capacity(n);
     {
         let Ok(mut pending) = state.pending.lock() else { return fail(500, "the server's queue failed".into()) };
-        if *pending + n > state.queue + state.parallel {
-            return fail(
-                429,
-                format!(
-                    "the queue is full ({} waiting, --queue {}); retry later",
-                    (*pending + n).saturating_sub(state.parallel),
-                    state.queue
-                ),
-            );
+        if let Some(r) = full(*pending) {
+            return r;
         }
         let Ok(jobs) = state.jobs.lock() else { return fail(500, "the server's queue failed".into()) };
         let Some(jobs) = jobs.as_ref() else { return fail(503, "the server is shutting down".into()) };
@@ -266,7 +312,7 @@ async fn generate(state: &Arc<State>, req: Request<Incoming>, kind: Kind) -> Res
             let (tx, rx) = unbounded_channel();
             let params = SamplerParams { seed: params.seed.wrapping_add(i as u64), ..params };
             // Jobs sent before a failed send are dropped with their receivers: cancelled.
-            if jobs.send(Job { input: input.clone(), params, limits: limits.clone(), events: tx }).is_err() {
+            if jobs.send(Job { prompt: prompt.clone(), params, limits: limits.clone(), events: tx }).is_err() {
                 return fail(503, "the server is shutting down".into());
             }
             *pending += 1;

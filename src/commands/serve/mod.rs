@@ -47,7 +47,7 @@ use crate::generate::{self, Generator};
 use crate::kernels::sample::SamplerParams;
 use crate::{Error, Result};
 use net::NetCounters;
-use worker::{Event, Input, Job};
+use worker::{Event, Job};
 
 /// How long the process waits for the engine's thread after the drain (it stops
 /// at its next token once its requests are gone).
@@ -103,6 +103,11 @@ struct State {
     ignore_eos: bool,
     defaults: SamplerParams,
     context: usize,
+    /// The engine's tokenizer and chat template, for the requests' own threads.
+    prompter: crate::generate::Prompter,
+    /// Prompts tokenized at once: half the machine's cores (at least one), the
+    /// other half the engine's whatever the requests send.
+    tokenizing: tokio::sync::Semaphore,
 }
 
 /// Serves until SIGINT or SIGTERM; `warn` shows the warnings of loading (the
@@ -182,6 +187,8 @@ pub fn run(selector: Option<&str>, args: &ServeArgs, warn: &dyn Fn(&str)) -> Res
         ignore_eos: args.generate.sampling.ignore_eos,
         defaults,
         context: g.context,
+        prompter: g.prompter.clone(),
+        tokenizing: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(1, |n| n.get() / 2).max(1)),
     });
     let signals = {
         let _in_runtime = runtime.enter();

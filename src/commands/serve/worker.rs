@@ -15,15 +15,9 @@ use crate::kernels::sample::SamplerParams;
 use crate::report::StopReason;
 use crate::runtime::kv_pool;
 
-/// What the worker is asked to generate from.
-#[derive(Clone)]
-pub(super) enum Input {
-    Messages(Vec<(String, String)>),
-    Text(String),
-}
-
 pub(super) struct Job {
-    pub input: Input,
+    /// The prompt's tokens (the request's handler tokenized it: [`super::api`]).
+    pub prompt: Vec<u32>,
     pub params: SamplerParams,
     pub limits: Limits,
     pub events: UnboundedSender<Event>,
@@ -55,38 +49,14 @@ pub(super) fn work(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
     }
 }
 
-/// The prompt of `job` as tokens, or the 400 that refuses it.
-fn prompt_of(g: &Generator, job: &Job) -> Result<Vec<u32>, String> {
-    let prompt = match &job.input {
-        Input::Messages(m) => {
-            let turns: Vec<(&str, &str)> = m.iter().map(|(r, c)| (r.as_str(), c.as_str())).collect();
-            g.render(&turns).map_err(|e| e.to_string())
-        }
-        Input::Text(t) => g.encode(t, false).map_err(|e| e.to_string()),
-    };
-    match prompt {
-        Ok(p) if p.is_empty() => Err("the prompt encodes to no tokens".to_string()),
-        Ok(p) if p.len() >= g.context => {
-            Err(format!("the prompt is {} tokens and the context holds {}: shorten it (the server's --context)", p.len(), g.context))
-        }
-        other => other,
+/// The prompt of `job`, its `Started` sent; None when its client is gone (the
+/// job ended).
+fn accept(job: &mut Job, state: &State) -> Option<Vec<u32>> {
+    if job.events.send(Event::Started).is_err() {
+        done_one(state);
+        return None;
     }
-}
-
-/// The prompt of `job`, its `Started` sent; None when refused (400 sent) or
-/// its client is gone (the job ended either way).
-fn accept(g: &Generator, job: &Job, state: &State) -> Option<Vec<u32>> {
-    match prompt_of(g, job) {
-        Ok(p) if job.events.send(Event::Started).is_ok() => Some(p),
-        Ok(_) => {
-            done_one(state);
-            None
-        }
-        Err(msg) => {
-            end_job(state, job, Event::Failed(400, msg));
-            None
-        }
-    }
+    Some(std::mem::take(&mut job.prompt))
 }
 
 /// A job's end: its counters into /metrics, its completion or error to its
@@ -112,8 +82,8 @@ fn report(job: &Job, done: crate::Result<Completion>, state: &State) {
     }
 }
 
-fn serve_job(g: &mut Generator, job: Job, state: &State) {
-    let Some(prompt) = accept(g, &job, state) else { return };
+fn serve_job(g: &mut Generator, mut job: Job, state: &State) {
+    let Some(prompt) = accept(&mut job, state) else { return };
     let events = &job.events;
     let mut stream = |t: &str| events.send(Event::Text(t.to_string())).is_ok();
     let done = g.complete(&prompt, job.params, Output { limits: &job.limits, cancel: None, stream: &mut stream });
@@ -201,13 +171,9 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
                         end_job(state, &job, Event::Failed(503, "the server is shutting down".into()));
                         continue;
                     }
-                    match prompt_of(&g, &job) {
-                        Ok(p) => (job, p),
-                        Err(msg) => {
-                            end_job(state, &job, Event::Failed(400, msg));
-                            continue;
-                        }
-                    }
+                    let mut job = job;
+                    let prompt = std::mem::take(&mut job.prompt);
+                    (job, prompt)
                 }
             };
             // A prompt that shares more with one being prefilled than any cache
