@@ -297,10 +297,21 @@ fn serve_refuses_bad_requests_with_openai_errors() {
     let r = request(a, "POST", "/v1/completions", &auth, br#"{"prompt": ""}"#);
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(json(&r)["error"]["message"].as_str().expect("message").contains("no tokens"), "{}", r.body);
+    // Stop strings past what the engine looks for at each token: too many, too long.
+    let many = serde_json::json!({"prompt": "hi", "stop": vec!["zq"; 17]}).to_string();
+    let r = request(a, "POST", "/v1/completions", &auth, many.as_bytes());
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(json(&r)["error"]["message"].as_str().expect("message").contains("at most 16"), "{}", r.body);
+    let long = serde_json::json!({"prompt": "hi", "stop": ["z".repeat(513)]}).to_string();
+    let r = request(a, "POST", "/v1/completions", &auth, long.as_bytes());
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(json(&r)["error"]["message"].as_str().expect("message").contains("at most 512"), "{}", r.body);
+    let fits = serde_json::json!({"prompt": "hi", "max_tokens": 2, "stop": vec!["z".repeat(512); 2]}).to_string();
+    assert_eq!(request(a, "POST", "/v1/completions", &auth, fits.as_bytes()).status, 200);
     assert_eq!(request(a, "POST", "/v1/completions", &auth, ok).status, 200, "the server goes on");
     assert_eq!(request(a, "GET", "/nowhere", &[], b"").status, 404);
     // /metrics and /health need no key.
-    assert_eq!(metric(a, "ktune_requests_total{endpoint=\"/v1/completions\",status=\"400\"}"), 4.0);
+    assert_eq!(metric(a, "ktune_requests_total{endpoint=\"/v1/completions\",status=\"400\"}"), 6.0);
     assert_eq!(metric(a, "ktune_requests_total{endpoint=\"/v1/completions\",status=\"413\"}"), 1.0);
     assert_eq!(metric(a, "ktune_requests_total{endpoint=\"/v1/completions\",status=\"401\"}"), 1.0);
 }

@@ -183,6 +183,13 @@ async fn read_body(state: &State, req: Request<Incoming>) -> Result<Bytes, (u16,
 
 /// Reads and checks a generating request, hands it to the worker and answers
 /// once generation starts (or why it does not).
+/// Stop strings a request may give, and the bytes of each: the engine's
+/// thread looks for every one in the new text at each token, and 800 KB of
+/// them (50,000 strings, or one of 400 KB) cost it about 10 ms a token of
+/// their request, which every sequence of its passes waited for.
+const MAX_STOPS: usize = 16;
+const MAX_STOP_BYTES: usize = 512;
+
 /// What a request asks to generate from.
 enum Input {
     Messages(Vec<(String, String)>),
@@ -283,6 +290,12 @@ async fn generate(state: &Arc<State>, req: Request<Incoming>, kind: Kind) -> Res
         Some(Stop::One(s)) => vec![s],
         Some(Stop::Many(s)) => s,
     };
+    if stop.len() > MAX_STOPS {
+        return fail(400, format!("`stop`: {} strings; at most {MAX_STOPS} are served", stop.len()));
+    }
+    if let Some(s) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return fail(400, format!("`stop`: a string of {} bytes; each may be at most {MAX_STOP_BYTES}", s.len()));
+    }
     let limits =
         Limits { max_tokens: b.max_completion_tokens.or(b.max_tokens).unwrap_or(state.max_tokens), stop, ignore_eos: state.ignore_eos };
     // A full queue answers before the prompt is tokenized, and again after.
