@@ -181,8 +181,6 @@ async fn read_body(state: &State, req: Request<Incoming>) -> Result<Bytes, (u16,
     }
 }
 
-/// Reads and checks a generating request, hands it to the worker and answers
-/// once generation starts (or why it does not).
 /// Stop strings a request may give, and the bytes of each: the engine's
 /// thread looks for every one in the new text at each token, and 800 KB of
 /// them (50,000 strings, or one of 400 KB) cost it about 10 ms a token of
@@ -201,10 +199,16 @@ enum Input {
 /// not on the event loop (every connection's), nor on the engine's thread,
 /// where a megabyte of prompt held up every sequence it was decoding for as
 /// long as its tokenizing took (0.75 s on SmolLM2's tokenizer, docs/serve.md).
+/// The permit goes with the blocking task: a client that leaves while its
+/// prompt is tokenized frees its place only when the tokenizing ends.
 async fn tokenize(state: &Arc<State>, input: Input) -> Result<Vec<u32>, (u16, String)> {
-    let Ok(_permit) = state.tokenizing.acquire().await else { return Err((503, "the server is shutting down".into())) };
+    let Ok(permit) = state.tokenizing.clone().acquire_owned().await else { return Err((503, "the server is shutting down".into())) };
     let st = state.clone();
-    match tokio::task::spawn_blocking(move || prompt_tokens(&st.prompter, &input, st.context)).await {
+    let task = move || {
+        let _permit = permit;
+        prompt_tokens(&st.prompter, &input, st.context)
+    };
+    match tokio::task::spawn_blocking(task).await {
         Ok(r) => r.map_err(|msg| (400, msg)),
         Err(e) => Err((500, format!("tokenizing the prompt failed: {e}"))),
     }
@@ -229,6 +233,8 @@ fn prompt_tokens(p: &Prompter, input: &Input, context: usize) -> Result<Vec<u32>
     }
 }
 
+/// Reads and checks a generating request, hands it to the worker and answers
+/// once generation starts (or why it does not).
 async fn generate(state: &Arc<State>, req: Request<Incoming>, kind: Kind) -> Response<Reply> {
     let endpoint = kind.path();
     let fail = |status: u16, msg: String| error_response(state, endpoint, status, &msg);

@@ -107,7 +107,7 @@ struct State {
     prompter: crate::generate::Prompter,
     /// Prompts tokenized at once: half the machine's cores (at least one), the
     /// other half the engine's whatever the requests send.
-    tokenizing: tokio::sync::Semaphore,
+    tokenizing: Arc<tokio::sync::Semaphore>,
 }
 
 /// Serves until SIGINT or SIGTERM; `warn` shows the warnings of loading (the
@@ -188,7 +188,7 @@ pub fn run(selector: Option<&str>, args: &ServeArgs, warn: &dyn Fn(&str)) -> Res
         defaults,
         context: g.context,
         prompter: g.prompter.clone(),
-        tokenizing: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(1, |n| n.get() / 2).max(1)),
+        tokenizing: Arc::new(tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(1, |n| n.get() / 2).max(1))),
     });
     let signals = {
         let _in_runtime = runtime.enter();
