@@ -188,6 +188,24 @@ async fn read_body(state: &State, req: Request<Incoming>) -> Result<Bytes, (u16,
 const MAX_STOPS: usize = 16;
 const MAX_STOP_BYTES: usize = 512;
 
+/// A request's places in the queue (`State::pending`) not yet handed to the
+/// worker with a job: given back when it is dropped (the request refused,
+/// or its client gone while its prompt was tokenized).
+struct Places<'a> {
+    state: &'a State,
+    n: usize,
+}
+
+impl Drop for Places<'_> {
+    fn drop(&mut self) {
+        if self.n > 0
+            && let Ok(mut p) = self.state.pending.lock()
+        {
+            *p = p.saturating_sub(self.n);
+        }
+    }
+}
+
 /// What a request asks to generate from.
 enum Input {
     Messages(Vec<(String, String)>),
@@ -304,27 +322,25 @@ async fn generate(state: &Arc<State>, req: Request<Incoming>, kind: Kind) -> Res
     }
     let limits =
         Limits { max_tokens: b.max_completion_tokens.or(b.max_tokens).unwrap_or(state.max_tokens), stop, ignore_eos: state.ignore_eos };
-    // A full queue answers before the prompt is tokenized, and again after.
-    let full = |pending: usize| {
-        (pending + n > state.queue + state.parallel).then(|| {
-            let waiting = (pending + n).saturating_sub(state.parallel);
-            fail(429, format!("the queue is full ({waiting} waiting, --queue {}); retry later", state.queue))
-        })
+    // Its places in the queue, or 429: taken before the prompt is tokenized,
+    // so that --queue bounds the requests waiting to be tokenized too (a
+    // client of large prompts gets 429 where it would hold up everyone
+    // else's tokenizing), and given back if it is not queued in the end.
+    let mut places = {
+        let Ok(mut pending) = state.pending.lock() else { return fail(500, "the server's queue failed".into()) };
+        if *pending + n > state.queue + state.parallel {
+            let waiting = (*pending + n).saturating_sub(state.parallel);
+            return fail(429, format!("the queue is full ({waiting} waiting, --queue {}); retry later", state.queue));
+        }
+        *pending += n;
+        Places { state, n }
     };
-    if let Some(r) = state.pending.lock().ok().and_then(|p| full(*p)) {
-        return r;
-    }
     let prompt = match tokenize(state, input).await {
         Ok(p) => p,
         Err((status, msg)) => return fail(status, msg),
     };
-    // Queue it, or 429.
     let mut receivers = Vec::with_capacity(n);
     {
-        let Ok(mut pending) = state.pending.lock() else { return fail(500, "the server's queue failed".into()) };
-        if let Some(r) = full(*pending) {
-            return r;
-        }
         let Ok(jobs) = state.jobs.lock() else { return fail(500, "the server's queue failed".into()) };
         let Some(jobs) = jobs.as_ref() else { return fail(503, "the server is shutting down".into()) };
         for i in 0..n {
@@ -334,7 +350,8 @@ async fn generate(state: &Arc<State>, req: Request<Incoming>, kind: Kind) -> Res
             if jobs.send(Job { prompt: prompt.clone(), params, limits: limits.clone(), events: tx }).is_err() {
                 return fail(503, "the server is shutting down".into());
             }
-            *pending += 1;
+            // The place is the job's now: the worker gives it back when it ends.
+            places.n -= 1;
             receivers.push(rx);
         }
     }
