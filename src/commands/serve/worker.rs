@@ -49,14 +49,13 @@ pub(super) fn work(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
     }
 }
 
-/// The prompt of `job`, its `Started` sent; None when its client is gone (the
-/// job ended).
-fn accept(job: &mut Job, state: &State) -> Option<Vec<u32>> {
+/// Sends `job` its `Started`; false when its client is gone (the job ended).
+fn accept(job: &Job, state: &State) -> bool {
     if job.events.send(Event::Started).is_err() {
         done_one(state);
-        return None;
+        return false;
     }
-    Some(std::mem::take(&mut job.prompt))
+    true
 }
 
 /// A job's end: its counters into /metrics, its completion or error to its
@@ -82,11 +81,13 @@ fn report(job: &Job, done: crate::Result<Completion>, state: &State) {
     }
 }
 
-fn serve_job(g: &mut Generator, mut job: Job, state: &State) {
-    let Some(prompt) = accept(&mut job, state) else { return };
+fn serve_job(g: &mut Generator, job: Job, state: &State) {
+    if !accept(&job, state) {
+        return;
+    }
     let events = &job.events;
     let mut stream = |t: &str| events.send(Event::Text(t.to_string())).is_ok();
-    let done = g.complete(&prompt, job.params, Output { limits: &job.limits, cancel: None, stream: &mut stream });
+    let done = g.complete(&job.prompt, job.params, Output { limits: &job.limits, cancel: None, stream: &mut stream });
     report(&job, done, state);
 }
 
@@ -134,7 +135,7 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
     // Prompt chunks run in the decode batch's pass (a paged KV cache).
     let mixes = g.engine.kv_blocks().is_some();
     // Jobs that wait for KV memory, oldest first (their prompts checked).
-    let mut deferred: std::collections::VecDeque<(Job, Vec<u32>)> = std::collections::VecDeque::new();
+    let mut deferred: std::collections::VecDeque<Job> = std::collections::VecDeque::new();
     let limit = if state.kv_tokens == 0 { usize::MAX } else { state.kv_tokens };
     // A paged KV cache's blocks (a prefix its sequences share held once).
     let paged = g.engine.kv_blocks().map(|(_, blocks)| blocks);
@@ -145,7 +146,7 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
     while open || !active.is_empty() || !deferred.is_empty() {
         // Admit while a slot is free: wait for a job only when nothing runs.
         while active.len() < slots.len() {
-            let (job, prompt) = match deferred.pop_front() {
+            let job = match deferred.pop_front() {
                 Some(d) => d,
                 None if !open => break,
                 None => {
@@ -171,23 +172,22 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
                         end_job(state, &job, Event::Failed(503, "the server is shutting down".into()));
                         continue;
                     }
-                    let mut job = job;
-                    let prompt = std::mem::take(&mut job.prompt);
-                    (job, prompt)
+                    job
                 }
             };
+            let prompt = &job.prompt;
             // A prompt that shares more with one being prefilled than any cache
             // holds yet waits for that prefill and then copies it (a system
             // prompt sent by many clients at once is computed once).
-            let held = (0..slots.len()).map(|i| Generator::reusable(&slots[i], &prompt)).max().unwrap_or(0);
+            let held = (0..slots.len()).map(|i| Generator::reusable(&slots[i], prompt)).max().unwrap_or(0);
             let pending = active
                 .iter()
                 .filter(|a| a.run.prefilling())
-                .map(|a| a.run.prompt().iter().zip(&prompt).take_while(|(x, y)| x == y).count())
+                .map(|a| a.run.prompt().iter().zip(prompt).take_while(|(x, y)| x == y).count())
                 .max()
                 .unwrap_or(0);
             if pending >= held + SHARE_AT_LEAST {
-                deferred.push_front((job, prompt));
+                deferred.push_front(job);
                 break;
             }
             // The KV positions it may write: its prompt and every token it may generate.
@@ -202,27 +202,26 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
             // The free slot whose cache shares most of the prompt, else the least recently used.
             let busy: Vec<usize> = active.iter().map(|a| a.slot).collect();
             let Some(slot) = (0..slots.len()).filter(|i| !busy.contains(i)).max_by_key(|&i| {
-                let common = slots[i].cached().iter().zip(&prompt).take_while(|(a, b)| a == b).count();
+                let common = slots[i].cached().iter().zip(prompt).take_while(|(a, b)| a == b).count();
                 (common, u64::MAX - used[i])
             }) else {
-                deferred.push_front((job, prompt));
+                deferred.push_front(job);
                 break;
             };
             // Another slot holding more of the prompt (a system prompt, an earlier
             // turn) shares it: copied, not prefilled again.
-            let own = Generator::reusable(&slots[slot], &prompt);
+            let own = Generator::reusable(&slots[slot], prompt);
             let share = (0..slots.len())
                 .filter(|&i| i != slot)
-                .map(|i| (i, Generator::reusable(&slots[i], &prompt)))
+                .map(|i| (i, Generator::reusable(&slots[i], prompt)))
                 .max_by_key(|&(_, n)| n)
                 .filter(|&(_, n)| n > own && n >= 2);
             let mut claim = Claim { slot, need, own, share };
             if !make_room(&mut slots, &active, &used, &mut claim, paged, limit) {
-                deferred.push_front((job, prompt));
+                deferred.push_front(job);
                 break;
             }
-            if job.events.send(Event::Started).is_err() {
-                done_one(state);
+            if !accept(&job, state) {
                 continue;
             }
             clock += 1;
@@ -242,9 +241,9 @@ fn work_parallel(mut g: Generator, jobs: mpsc::Receiver<Job>, state: &State) {
             let later = mixes && active.iter().any(|a| !a.run.prefilling());
             let started = in_slot(&mut g, &mut slots[slot], |g| {
                 if later {
-                    g.start_later(&prompt, job.params, &job.limits, state.step_tokens)
+                    g.start_later(prompt, job.params, &job.limits, state.step_tokens)
                 } else {
-                    g.start(&prompt, job.params, &job.limits, state.step_tokens, &mut stream)
+                    g.start(prompt, job.params, &job.limits, state.step_tokens, &mut stream)
                 }
             });
             match started {
