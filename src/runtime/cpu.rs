@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 use super::{RuntimeError, SlotTimes};
 use crate::kernels::memory::huge_pages;
@@ -722,12 +723,43 @@ fn kv_write(
             for t in 0..tokens {
                 for h in 0..kv_heads {
                     let (d, o) = write(h, t);
-                    for i in 0..head_dim {
-                        c[d + i] = f16::from_f32(s[o + i]);
-                    }
+                    // A row at a time (F16C where the CPU has it; the same
+                    // round-to-nearest-even as `f16::from_f32`).
+                    c[d..d + head_dim].convert_from_f32_slice(&s[o..o + head_dim]);
                 }
             }
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An f16 cache's rows are written a row at a time (F16C where the CPU has
+    /// it) with the bits `f16::from_f32` gives each value: ties to even,
+    /// subnormals, overflow to infinity, NaN kept a NaN.
+    #[test]
+    fn an_f16_cache_row_is_each_value_rounded_alone() {
+        let (tokens, kv_heads, head_dim) = (2, 3, 40);
+        let n = tokens * kv_heads * head_dim;
+        let special = [0.0, -0.0, 1.0 + f32::EPSILON * 2048.0, 65504.0, 65520.0, 1e6, -1e6, 6e-8, 3e-8, 1e-40, f32::NAN];
+        let s: Vec<f32> =
+            (0..n).map(|i| special.get(i % 17).copied().unwrap_or((i as f32 * 0.7311).sin() * 10f32.powi(i as i32 % 9 - 4))).collect();
+        let (cap, pos0) = (5, 1);
+        let mut cache = HostBuf::F16(vec![f16::ZERO; kv_heads * cap * head_dim]);
+        kv_write(&mut cache, &s, tokens, kv_heads, head_dim, |h, t| (h * cap + pos0 + t) * head_dim).expect("written");
+        let HostBuf::F16(c) = &cache else { unreachable!() };
+        for t in 0..tokens {
+            for h in 0..kv_heads {
+                for i in 0..head_dim {
+                    let (want, got) = (f16::from_f32(s[(t * kv_heads + h) * head_dim + i]), c[(h * cap + pos0 + t) * head_dim + i]);
+                    assert!(want.to_bits() == got.to_bits() || want.is_nan() && got.is_nan(), "t {t} h {h} i {i}: {want} against {got}");
+                }
+            }
+        }
+        // Rows no token reached stay as they were.
+        assert!((0..kv_heads).all(|h| c[h * cap * head_dim..][..head_dim].iter().all(|v| v.to_bits() == 0)));
+    }
 }
