@@ -12,6 +12,9 @@
 #   KTUNE_ARGS="--profile tuned.yaml" BASE_BIN=/old/ktune tools/bench_serve.sh MODEL.gguf
 #   DEVICE=vulkan NO_LLAMA=1 KTUNE_ARGS="--weight-dtype q4_0" tools/bench_serve.sh MODEL_DIR
 #   PER_CLIENT=12 tools/bench_serve.sh MODEL.gguf     # longer runs, steadier rates
+#   WARM=1 ROUNDS=8 tools/bench_serve.sh MODEL.gguf   # servers kept up, runs alternated
+#   PAIRED=1 NO_LLAMA=1 BASE_BIN=/old/ktune CLIENTS=1 ROUNDS=10 tools/bench_serve.sh MODEL.gguf  # request by request
+#   PAIRED=1 CLIENTS=8 ROUNDS=6 BLOCK=4 tools/bench_serve.sh MODEL.gguf  # waves of 8, ktune against llama-server
 #
 # KTUNE_ARGS: more flags for `ktune serve` (a profile); BASE_BIN (and
 # BASE_ARGS): a second ktune build, run as `ktune-base` in the same rounds (a
@@ -23,7 +26,19 @@
 # about 2 s on a 2-core CPU, short enough for one busy second of the machine to
 # move its rate by a tenth). A directory MODEL is a Hugging
 # Face model directory (--model-dir; llama-server needs a GGUF: NO_LLAMA=1), e.g.
-# tools/make_serve_model.py's.
+# tools/make_serve_model.py's. WARM=1 starts every server of a number of
+# clients once (each on its own port, one untimed warm-up run each) and then
+# alternates their runs round by round, the order reversed every other round
+# (ABC CBA ...): each run of one server sits next to the others', seconds
+# apart, so a drift of the machine's speed (these VMs move by 30% between
+# states) falls on all of them instead of on whichever ran in the slow minute.
+# An idle server waits on its socket; the prompts are the same in every round
+# either way (a server's prefix cache holds them after the first run, as it
+# does within a run). PAIRED=1 (exactly two servers: ktune and ktune-base, or
+# ktune and llama-server) goes finer: the servers kept up, waves of C requests
+# at once, each wave sent to both in turn (tools/load_serve.py --alternate),
+# ROUNDS blocks of BLOCK waves (default 16) for each C; one JSON object a C
+# with each server's rate and the blocks' ratios (ktune's over the other's).
 #
 # Needs target/release/ktune and llama.cpp's llama-server (tools/build_llamacpp.sh
 # with LLAMACPP_TARGETS=llama-server; $LLAMACPP_BUILD as there). Nothing else
@@ -49,46 +64,102 @@ KTUNE_BIN=${KTUNE_BIN:-target/release/ktune}
 PER_CLIENT=${PER_CLIENT:-4}
 if [ -d "$MODEL" ]; then SOURCE=--model-dir; else SOURCE=--gguf; fi
 LOG=$(mktemp)
-trap 'rm -f "$LOG"; kill %% 2>/dev/null || true' EXIT
+trap 'rm -f "$LOG" "$LOG".*; kill $(jobs -p) 2>/dev/null || true' EXIT
 
-wait_ready() {
+wait_ready() { # port log
     for _ in $(seq 600); do
-        if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then return 0; fi
+        if curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1; then return 0; fi
         sleep 0.1
     done
-    echo "server did not start: $(tail -5 "$LOG")" >&2
+    echo "server did not start: $(tail -5 "$2")" >&2
     return 1
 }
 
-load() { # server round clients
-    local n=$(($3 * PER_CLIENT < 8 ? 8 : $3 * PER_CLIENT))
-    python3 tools/load_serve.py --url "http://127.0.0.1:$PORT" --pid "$pid" -n "$n" -c "$3" --max-tokens "$TOKENS" --stream $LOAD_ARGS \
+load() { # server round clients port pid [requests]
+    local n=${6:-$(($3 * PER_CLIENT < 8 ? 8 : $3 * PER_CLIENT))}
+    python3 tools/load_serve.py --url "http://127.0.0.1:$4" --pid "$5" -n "$n" -c "$3" --max-tokens "$TOKENS" --stream $LOAD_ARGS \
         | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); d.update(server='$1', round=$2); print(json.dumps(d))"
 }
 
-ktune_serve() { # label round clients binary args...
-    local label=$1 round=$2 c=$3 bin=$4
-    shift 4
-    # shellcheck disable=SC2068 # the extra flags split into words on purpose
-    "$bin" serve "$SOURCE" "$MODEL" --device "$DEVICE" --port "$PORT" --parallel "${PARALLEL:-$c}" --context "$CONTEXT" \
-        --queue 64 --ignore-eos $@ >"$LOG" 2>&1 &
-    local pid=$!
-    wait_ready && load "$label" "$round" "$c"
-    kill "$pid"; wait "$pid" 2>/dev/null || true
+start() { # label clients port log: starts the server, its pid in $pid
+    local label=$1 c=$2 port=$3 log=$4 bin args
+    case $label in
+    llama-server)
+        "$BUILD/bin/llama-server" -m "$MODEL" --port "$port" -np "$c" -t "$THREADS" -c $((CONTEXT * c)) -cb -kvu \
+            >"$log" 2>&1 &
+        ;;
+    *)
+        if [ "$label" = ktune ]; then bin=$KTUNE_BIN args=$KTUNE_ARGS; else bin=$BASE_BIN args=$BASE_ARGS; fi
+        # shellcheck disable=SC2086 # the extra flags split into words on purpose
+        "$bin" serve "$SOURCE" "$MODEL" --device "$DEVICE" --port "$port" --parallel "${PARALLEL:-$c}" --context "$CONTEXT" \
+            --queue 64 --ignore-eos $args >"$log" 2>&1 &
+        ;;
+    esac
+    pid=$!
 }
+
+SERVERS=ktune
+if [ -n "$BASE_BIN" ]; then SERVERS="$SERVERS ktune-base"; fi
+if [ -z "$NO_LLAMA" ]; then SERVERS="$SERVERS llama-server"; fi
+
+if [ -n "${PAIRED:-}" ]; then
+    read -r -a both <<<"$SERVERS"
+    if [ "${#both[@]}" != 2 ]; then
+        echo "PAIRED=1 compares two servers: give BASE_BIN with NO_LLAMA=1, or neither" >&2
+        exit 2
+    fi
+    BLOCK=${BLOCK:-16}
+    for c in $CLIENTS; do
+        declare -A PIDS=()
+        for i in 0 1; do
+            start "${both[$i]}" "$c" $((PORT + i)) "$LOG.$i"
+            PIDS[$i]=$pid
+        done
+        for i in 0 1; do
+            wait_ready $((PORT + i)) "$LOG.$i"
+            load "${both[$i]}" 0 "$c" $((PORT + i)) "${PIDS[$i]}" "$c" >/dev/null
+        done
+        python3 tools/load_serve.py --url "http://127.0.0.1:$PORT" --alternate "http://127.0.0.1:$((PORT + 1))" \
+            -c "$c" -n $((ROUNDS * BLOCK * c)) --block "$BLOCK" --max-tokens "$TOKENS" --stream $LOAD_ARGS \
+            | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); d.update(servers='${both[*]}'); print(json.dumps(d))"
+        for i in 0 1; do kill "${PIDS[$i]}"; wait "${PIDS[$i]}" 2>/dev/null || true; done
+        rm -f "$LOG".*
+        unset PIDS
+    done
+    exit 0
+fi
+
+if [ -n "${WARM:-}" ]; then
+    for c in $CLIENTS; do
+        declare -A PIDS=() PORTS=()
+        i=0
+        for s in $SERVERS; do
+            PORTS[$s]=$((PORT + i)) i=$((i + 1))
+            start "$s" "$c" "${PORTS[$s]}" "$LOG.$s"
+            PIDS[$s]=$pid
+        done
+        for s in $SERVERS; do
+            wait_ready "${PORTS[$s]}" "$LOG.$s"
+            load "$s" 0 "$c" "${PORTS[$s]}" "${PIDS[$s]}" "$c" >/dev/null
+        done
+        order=$SERVERS
+        for round in $(seq "$ROUNDS"); do
+            for s in $order; do load "$s" "$round" "$c" "${PORTS[$s]}" "${PIDS[$s]}"; done
+            order=$(echo "$order" | tr ' ' '\n' | tac | tr '\n' ' ')
+        done
+        for s in $SERVERS; do kill "${PIDS[$s]}"; wait "${PIDS[$s]}" 2>/dev/null || true; done
+        rm -f "$LOG".*
+        unset PIDS PORTS
+    done
+    exit 0
+fi
 
 for round in $(seq "$ROUNDS"); do
     for c in $CLIENTS; do
-        ktune_serve ktune "$round" "$c" "$KTUNE_BIN" $KTUNE_ARGS
-        if [ -n "$BASE_BIN" ]; then
-            ktune_serve ktune-base "$round" "$c" "$BASE_BIN" $BASE_ARGS
-        fi
-        if [ -z "$NO_LLAMA" ]; then
-            "$BUILD/bin/llama-server" -m "$MODEL" --port "$PORT" -np "$c" -t "$THREADS" -c $((CONTEXT * c)) -cb -kvu \
-                >"$LOG" 2>&1 &
-            pid=$!
-            wait_ready && load llama-server "$round" "$c"
+        for s in $SERVERS; do
+            start "$s" "$c" "$PORT" "$LOG"
+            wait_ready "$PORT" "$LOG" && load "$s" "$round" "$c" "$PORT" "$pid"
             kill "$pid"; wait "$pid" 2>/dev/null || true
-        fi
+        done
     done
 done

@@ -17,8 +17,18 @@ prompt of about S words (a server with a prefix cache prefills it once) and
 --mixed gives the requests user texts of different lengths. With a list of
 clients (-c 1,2,4,8,16) each runs in turn, one JSON object a line.
 
+With --alternate URL2 the requests go in waves of C at once (-c C, one
+number), each wave to both servers, one after the other (the order swapped
+every wave), so the two are measured seconds apart and a change of the
+machine's speed falls on both; it reports each server's tokens/s (over its
+waves' wall time) and time to first token over the run and the ratios of
+the waves (URL's over URL2's) in blocks of --block waves: their median and
+range. A wave starts its C requests together and ends with the last, so its
+rate is a little under a continuous load's.
+
     tools/load_serve.py --url http://127.0.0.1:8080 --pid PID -n 200 -c 8 --max-tokens 16
     tools/load_serve.py --url http://127.0.0.1:8080 -c 1,8,16 --stream --system-tokens 512 --mixed
+    tools/load_serve.py --url http://127.0.0.1:8080 --alternate http://127.0.0.1:8081 -c 1 -n 160 --block 16 --stream
 """
 
 import argparse
@@ -154,6 +164,61 @@ def run(a, u, clients):
     return out, lost or errors
 
 
+def alternate(a, u, v, clients):
+    """Waves of `clients` concurrent requests, each wave to `u` and then the
+    same requests to `v` (the order swapped every wave): per server its
+    tokens/s (tokens over the waves' wall time) and time to first token p50
+    over the run, and the ratios (u over v) of blocks of `a.block` waves."""
+    def body(i):
+        b = {"prompt": prompt_of(i, a), "max_tokens": a.max_tokens, "temperature": a.temperature, "ignore_eos": True}
+        if a.temperature > 0:
+            b["seed"] = i
+        if a.stream:
+            b["stream"] = True
+            b["stream_options"] = {"include_usage": True}
+        return json.dumps(b)
+
+    def wave(x, bodies):
+        """(tokens, wall s, times to first token, statuses) of one wave."""
+        results = [None] * len(bodies)
+
+        def client(j):
+            results[j] = one(x.hostname, x.port or 80, bodies[j], a.stream)
+
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=client, args=(j,)) for j in range(len(bodies))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        return (sum(r[2] for r in results), wall, [r[3] for r in results if r[3] is not None], [r[0] for r in results])
+
+    waves = []
+    for w in range(a.requests // clients):
+        bodies = [body(w * clients + j) for j in range(clients)]
+        order = (u, v) if w % 2 == 0 else (v, u)
+        got = {id(x): wave(x, bodies) for x in order}
+        waves.append((got[id(u)], got[id(v)]))
+    bad = sum(1 for p in waves for r in p for st in r[3] if st != 200)
+    rate = lambda ws: sum(w[0] for w in ws) / sum(w[1] for w in ws)
+    ttft = lambda ws: statistics.median(t for w in ws for t in w[2]) if a.stream else None
+    blocks = [waves[b : b + a.block] for b in range(0, len(waves) - a.block + 1, a.block)]
+    ratios = sorted(rate([p[0] for p in bl]) / rate([p[1] for p in bl]) for bl in blocks)
+    firsts = sorted(ttft([p[0] for p in bl]) / ttft([p[1] for p in bl]) for bl in blocks) if a.stream else []
+    out = {
+        "clients": clients,
+        "waves": len(waves),
+        "block": a.block,
+        "status_errors": bad,
+        "tokens_per_s": [round(rate([p[0] for p in waves]), 2), round(rate([p[1] for p in waves]), 2)],
+        "ttft_p50_s": [ttft([p[0] for p in waves]), ttft([p[1] for p in waves])] if a.stream else None,
+        "rate_ratio_blocks": {"median": round(statistics.median(ratios), 4), "min": round(ratios[0], 4), "max": round(ratios[-1], 4), "all": [round(r, 4) for r in ratios]} if ratios else None,
+        "ttft_ratio_blocks": {"median": round(statistics.median(firsts), 4), "min": round(firsts[0], 4), "max": round(firsts[-1], 4)} if firsts else None,
+    }
+    return out, bad
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default="http://127.0.0.1:8080")
@@ -165,11 +230,25 @@ def main():
     ap.add_argument("--stream", action="store_true", help="stream: time to first token and inter-token latency")
     ap.add_argument("--system-tokens", type=int, default=0, help="a shared system prompt of about this many words")
     ap.add_argument("--mixed", action="store_true", help="user texts of different lengths")
+    ap.add_argument("--alternate", metavar="URL2", help="a second server: waves of -c requests, each to both in turn (paired rates)")
+    ap.add_argument("--block", type=int, default=16, help="with --alternate: waves a block of the ratios")
     ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy); above 0 each request seeded with its number")
     a = ap.parse_args()
     u = urllib.parse.urlparse(a.url)
     if u.hostname not in ("127.0.0.1", "localhost", "::1"):
         raise SystemExit("loopback only: give --url http://127.0.0.1:PORT")
+    if a.alternate:
+        v = urllib.parse.urlparse(a.alternate)
+        if v.hostname not in ("127.0.0.1", "localhost", "::1"):
+            raise SystemExit("loopback only: give --alternate http://127.0.0.1:PORT")
+        if not a.clients.isdigit():
+            raise SystemExit(f"--alternate takes one number of clients, not -c {a.clients}")
+        clients = int(a.clients)
+        if clients < 1 or a.block < 1 or a.requests < a.block * clients:
+            raise SystemExit(f"--alternate needs at least one block: -n {a.requests} is fewer than --block {a.block} waves of -c {clients}")
+        out, bad = alternate(a, u, v, clients)
+        print(json.dumps(out, indent=1))
+        raise SystemExit(1 if bad else 0)
     failed = False
     lists = [int(c) for c in a.clients.split(",")]
     for clients in lists:
