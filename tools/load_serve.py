@@ -103,6 +103,17 @@ def prompt_of(i, a):
     return (system + "\n\n" if system else "") + a.prompt + " " + user
 
 
+def body_of(i, a):
+    """Request `i`'s JSON body: its prompt, the run's settings, its seed."""
+    body = {"prompt": prompt_of(i, a), "max_tokens": a.max_tokens, "temperature": a.temperature, "ignore_eos": True}
+    if a.temperature > 0:
+        body["seed"] = i
+    if a.stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    return json.dumps(body)
+
+
 def run(a, u, clients):
     results, lock = [], threading.Lock()
     next_i = iter(range(a.requests))
@@ -114,13 +125,7 @@ def run(a, u, clients):
                 i = next(next_i, None)
             if i is None:
                 return
-            body = {"prompt": prompt_of(i, a), "max_tokens": a.max_tokens, "temperature": a.temperature, "ignore_eos": True}
-            if a.temperature > 0:
-                body["seed"] = i
-            if a.stream:
-                body["stream"] = True
-                body["stream_options"] = {"include_usage": True}
-            r = one(u.hostname, u.port or 80, json.dumps(body), a.stream)
+            r = one(u.hostname, u.port or 80, body_of(i, a), a.stream)
             with lock:
                 results.append(r)
                 if len(results) == a.requests // 2:
@@ -169,15 +174,6 @@ def alternate(a, u, v, clients):
     same requests to `v` (the order swapped every wave): per server its
     tokens/s (tokens over the waves' wall time) and time to first token p50
     over the run, and the ratios (u over v) of blocks of `a.block` waves."""
-    def body(i):
-        b = {"prompt": prompt_of(i, a), "max_tokens": a.max_tokens, "temperature": a.temperature, "ignore_eos": True}
-        if a.temperature > 0:
-            b["seed"] = i
-        if a.stream:
-            b["stream"] = True
-            b["stream_options"] = {"include_usage": True}
-        return json.dumps(b)
-
     def wave(x, bodies):
         """(tokens, wall s, times to first token, statuses) of one wave."""
         results = [None] * len(bodies)
@@ -196,7 +192,7 @@ def alternate(a, u, v, clients):
 
     waves = []
     for w in range(a.requests // clients):
-        bodies = [body(w * clients + j) for j in range(clients)]
+        bodies = [body_of(w * clients + j, a) for j in range(clients)]
         order = (u, v) if w % 2 == 0 else (v, u)
         got = {id(x): wave(x, bodies) for x in order}
         waves.append((got[id(u)], got[id(v)]))
