@@ -208,9 +208,9 @@ fn f32s_mut<'a>(bufs: &'a mut [HostBuf], id: BufId, what: &str) -> Result<&'a mu
 /// A kernel step's output buffers, taken out of the executor while it runs.
 type Taken = smallvec::SmallVec<[(BufId, Vec<f32>); 4]>;
 
-/// One row of a decode batch's position-dependent kernel: its rows of the
-/// step's outputs and how its call went.
-type RowJob<'a> = (smallvec::SmallVec<[&'a mut [f32]; 2]>, Result<(), RuntimeError>);
+/// One row of a decode batch's position-dependent kernels (one job): its rows
+/// of each step's outputs and how its calls went.
+type RowJob<'a> = (smallvec::SmallVec<[smallvec::SmallVec<[&'a mut [f32]; 2]>; 2]>, Result<(), RuntimeError>);
 
 /// An f32 buffer's values, through a shared weight.
 fn f32_of(b: &HostBuf) -> Option<&[f32]> {
@@ -508,23 +508,70 @@ impl CpuExec {
                 i = j;
                 continue;
             }
+            // Position-dependent kernels that follow it and share no buffer
+            // with it or each other but what they read (q's and k's RoPE) run in
+            // its job, each sequence's steps in order on its task.
+            let mut j = i + 1;
+            while j < steps.len() && self.joins_row_job(&steps[i..j], &steps[j])? {
+                j += 1;
+            }
             let t0 = Instant::now();
-            self.run_rows_of(step, seqs, counts, widths)?;
-            times.add(step.slot, t0.elapsed().as_secs_f64());
-            i += 1;
+            self.run_rows_of(&steps[i..j], seqs, counts, widths)?;
+            let share = t0.elapsed().as_secs_f64() / (j - i) as f64;
+            steps[i..j].iter().for_each(|s| times.add(s.slot, share));
+            i = j;
         }
         Ok(())
     }
 
-    /// A position-dependent step of a batch pass, each sequence's rows (`counts`)
-    /// as its tokens from its position over its cache: a KV write sequence by
-    /// sequence, a kernel's sequences side by side on the pool (each one's own
-    /// parallel loop inline on its task).
-    fn run_rows_of(&mut self, step: &Step, seqs: &mut [&mut super::SeqKv], counts: &[usize], widths: &[usize]) -> Result<(), RuntimeError> {
+    /// Whether the position-dependent kernel `next` may run in the row job of
+    /// `run` (kernels each): not a paged attention step (one call over every
+    /// sequence), and no buffer that one of them writes is read or written by
+    /// another (their outputs are taken out of the executor while the job
+    /// runs, so none may be another's input).
+    fn joins_row_job(&self, run: &[Step], next: &Step) -> Result<bool, RuntimeError> {
+        fn io(s: &Step) -> Option<(&crate::kernels::Problem, &[BufId], u32)> {
+            match &s.kind {
+                StepKind::Kernel { problem, binds, outputs, .. } if Plan::position_dependent(s) => Some((problem, binds, *outputs)),
+                _ => None,
+            }
+        }
+        fn writes(b: &[BufId], o: u32) -> impl Iterator<Item = BufId> + '_ {
+            b.iter().enumerate().filter(move |(i, _)| o & (1 << i) != 0).map(|(_, &b)| b)
+        }
+        let Some((problem, binds, outputs)) = io(next) else { return Ok(false) };
+        if let Some(pg) = &self.paged
+            && pg.tables.problem(problem)?.is_some()
+        {
+            return Ok(false);
+        }
+        for s in run {
+            let Some((_, b, o)) = io(s) else { return Ok(false) };
+            if writes(binds, outputs).any(|w| b.contains(&w)) || writes(b, o).any(|w| binds.contains(&w)) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// A position-dependent step of a batch pass (a KV write alone, or a `run`
+    /// of kernels that [`CpuExec::joins_row_job`] let share a job), each
+    /// sequence's rows (`counts`) as its tokens from its position over its
+    /// cache: a KV write sequence by sequence, the kernels' sequences side by
+    /// side on the pool (a sequence's steps in order on its task, each one's
+    /// own parallel loop inline there).
+    fn run_rows_of(
+        &mut self,
+        run: &[Step],
+        seqs: &mut [&mut super::SeqKv],
+        counts: &[usize],
+        widths: &[usize],
+    ) -> Result<(), RuntimeError> {
+        let step = &run[0];
         // Sequence r's first row.
         let firsts: smallvec::SmallVec<[usize; 16]> = counts.iter().scan(0, |at, &n| Some(std::mem::replace(at, *at + n))).collect();
         let cache_of = |seq: &super::SeqKv, id: BufId| seq.bufs.binary_search_by_key(&id, |(b, _)| *b).ok();
-        let StepKind::Kernel { kernel, params, problem, binds, outputs, .. } = &step.kind else {
+        let StepKind::Kernel { .. } = &step.kind else {
             let StepKind::Plumb(Plumb::KvWrite { k, v, k_cache, v_cache, kv_heads, head_dim, kv_cap, .. }) = &step.kind else {
                 return Err(RuntimeError::Internal("a decode batch's row step is not a KV write".into()));
             };
@@ -553,50 +600,71 @@ impl CpuExec {
             return Ok(());
         };
         let rows: usize = counts.iter().sum();
-        let mut outs = self.take_outs(step)?;
+        // Every step's outputs taken, each cut into its sequences' rows.
+        let mut taken: smallvec::SmallVec<[Taken; 2]> = smallvec::SmallVec::new();
+        for s in run {
+            match self.take_outs(s) {
+                Ok(outs) => taken.push(outs),
+                Err(e) => {
+                    taken.into_iter().for_each(|outs| self.put_back(outs));
+                    return Err(e);
+                }
+            }
+        }
         let mut jobs: Vec<RowJob<'_>> = (0..seqs.len()).map(|_| (smallvec::SmallVec::new(), Ok(()))).collect();
         let mut split = Ok(());
-        for (id, v) in outs.iter_mut() {
-            let w = widths.get(*id).copied().unwrap_or(0);
-            if w == 0 || v.len() < rows * w {
-                split = Err(RuntimeError::Internal(format!("`{}`: output buffer {id} has no row per token", step.slot.name())));
-                break;
+        'steps: for (s, outs) in run.iter().zip(taken.iter_mut()) {
+            for job in jobs.iter_mut() {
+                job.0.push(smallvec::SmallVec::new());
             }
-            let mut rest = &mut v[..rows * w];
-            for (job, &n) in jobs.iter_mut().zip(counts) {
-                let (mine, tail) = std::mem::take(&mut rest).split_at_mut(n * w);
-                job.0.push(mine);
-                rest = tail;
+            for (id, v) in outs.iter_mut() {
+                let w = widths.get(*id).copied().unwrap_or(0);
+                if w == 0 || v.len() < rows * w {
+                    split = Err(RuntimeError::Internal(format!("`{}`: output buffer {id} has no row per token", s.slot.name())));
+                    break 'steps;
+                }
+                let mut rest = &mut v[..rows * w];
+                for (job, &n) in jobs.iter_mut().zip(counts) {
+                    let (mine, tail) = std::mem::take(&mut rest).split_at_mut(n * w);
+                    job.0.last_mut().expect("a step's rows").push(mine);
+                    rest = tail;
+                }
             }
         }
         if split.is_ok() {
             let (bufs, seqs) = (&self.bufs, &*seqs);
             crate::kernels::cpu::pool::for_chunks_mut(&mut jobs, 1, |r, job| {
-                let (outs, res) = &mut job[0];
+                let (steps_outs, res) = &mut job[0];
                 let seq = &seqs[r];
-                let problem = at_position(problem, seq.pos, counts[r]);
-                let ins = binds
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, _)| outputs & (1 << i) == 0)
-                    .map(|(_, &b)| match cache_of(seq, b) {
-                        Some(at) => seq.bufs[at].1.as_in(),
-                        None => match bufs[b].as_in() {
-                            CpuIn::F32(v) => CpuIn::F32(&v[(firsts[r] * widths.get(b).copied().unwrap_or(0)).min(v.len())..]),
-                            other => other,
-                        },
-                    })
-                    .collect();
-                let args = CpuArgs { ins, outs: outs.iter_mut().map(|o| &mut **o).collect() };
-                *res = kernel.run_cpu_planned(&problem, params, args).map_err(|e| RuntimeError::Kernel {
-                    slot: step.slot.name().into(),
-                    layer: step.layer,
-                    source: Box::new(e),
-                });
+                for (step, outs) in run.iter().zip(steps_outs.iter_mut()) {
+                    let StepKind::Kernel { kernel, params, problem, binds, outputs, .. } = &step.kind else { continue };
+                    let problem = at_position(problem, seq.pos, counts[r]);
+                    let ins = binds
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| outputs & (1 << i) == 0)
+                        .map(|(_, &b)| match cache_of(seq, b) {
+                            Some(at) => seq.bufs[at].1.as_in(),
+                            None => match bufs[b].as_in() {
+                                CpuIn::F32(v) => CpuIn::F32(&v[(firsts[r] * widths.get(b).copied().unwrap_or(0)).min(v.len())..]),
+                                other => other,
+                            },
+                        })
+                        .collect();
+                    let args = CpuArgs { ins, outs: outs.iter_mut().map(|o| &mut **o).collect() };
+                    *res = kernel.run_cpu_planned(&problem, params, args).map_err(|e| RuntimeError::Kernel {
+                        slot: step.slot.name().into(),
+                        layer: step.layer,
+                        source: Box::new(e),
+                    });
+                    if res.is_err() {
+                        return;
+                    }
+                }
             });
         }
         let first = jobs.into_iter().map(|(_, r)| r).find(Result::is_err).unwrap_or(Ok(()));
-        self.put_back(outs);
+        taken.into_iter().for_each(|outs| self.put_back(outs));
         split.and(first)
     }
 
