@@ -272,6 +272,28 @@ pub struct Step {
     pub warning: Option<String>,
 }
 
+impl Step {
+    /// A kernel step's bound buffers that it reads, in binding order (none
+    /// for a plumbing step).
+    pub fn reads(&self) -> impl Iterator<Item = BufId> + '_ {
+        self.binds_where(false)
+    }
+
+    /// A kernel step's bound buffers that it writes (its `outputs`), in
+    /// binding order (none for a plumbing step).
+    pub fn writes(&self) -> impl Iterator<Item = BufId> + '_ {
+        self.binds_where(true)
+    }
+
+    fn binds_where(&self, written: bool) -> impl Iterator<Item = BufId> + '_ {
+        let (binds, outputs): (&[BufId], u32) = match &self.kind {
+            StepKind::Kernel { binds, outputs, .. } => (binds, *outputs),
+            StepKind::Plumb(_) => (&[], 0),
+        };
+        binds.iter().enumerate().filter(move |(i, _)| (outputs & (1 << i) != 0) == written).map(|(_, &b)| b)
+    }
+}
+
 /// Options that shape the layout.
 #[derive(Clone, Debug, Serialize)]
 pub struct PlanOptions {

@@ -239,9 +239,8 @@ fn two<'a>(bufs: &'a mut [HostBuf], a: BufId, b: BufId, what: &str) -> Result<(&
 /// with a paged KV cache an attention step is the paged kernel's call over the
 /// pass's sequences (the step's inputs and the table).
 fn call(bufs: &[HostBuf], paged: Option<&Paged>, step: &Step, outs: &mut Taken) -> Result<(), RuntimeError> {
-    let StepKind::Kernel { kernel, params, problem, binds, outputs, .. } = &step.kind else { return Ok(()) };
-    let mut ins: crate::kernels::contract::CpuIns<'_> =
-        binds.iter().enumerate().filter(|(i, _)| outputs & (1 << i) == 0).map(|(_, &b)| bufs[b].as_in()).collect();
+    let StepKind::Kernel { kernel, params, problem, .. } = &step.kind else { return Ok(()) };
+    let mut ins: crate::kernels::contract::CpuIns<'_> = step.reads().map(|b| bufs[b].as_in()).collect();
     let paged_problem = match paged {
         Some(pg) => pg.tables.problem(problem)?,
         None => None,
@@ -326,11 +325,9 @@ impl CpuExec {
     /// allocation) in binding order.
     fn take_outs(&mut self, step: &Step) -> Result<Taken, RuntimeError> {
         let mut outs = Taken::new();
-        if let StepKind::Kernel { kernel, binds, outputs, .. } = &step.kind {
-            for (i, &b) in binds.iter().enumerate() {
-                if outputs & (1 << i) != 0 {
-                    outs.push((b, std::mem::take(f32s_mut(&mut self.bufs, b, kernel.id)?)));
-                }
+        if let StepKind::Kernel { kernel, .. } = &step.kind {
+            for b in step.writes() {
+                outs.push((b, std::mem::take(f32s_mut(&mut self.bufs, b, kernel.id)?)));
             }
         }
         Ok(outs)
@@ -491,12 +488,7 @@ impl CpuExec {
         let mut i = 0;
         while i < steps.len() {
             let step = &steps[i];
-            // With a paged KV cache attention is one call over every row's sequence.
-            let paged_attention = match (&self.paged, &step.kind) {
-                (Some(pg), StepKind::Kernel { problem, .. }) => pg.tables.problem(problem)?.is_some(),
-                _ => false,
-            };
-            if !Plan::position_dependent(step) || paged_attention {
+            if !self.by_rows(step)? {
                 // A parallel group runs as in a pass of its own.
                 let mut j = i + 1;
                 if let Some(g) = step.group {
@@ -524,34 +516,29 @@ impl CpuExec {
         Ok(())
     }
 
+    /// Whether a batch pass runs `step` a sequence at a time: a
+    /// position-dependent step, but for attention over a paged KV cache (one
+    /// call over every row's sequence).
+    fn by_rows(&self, step: &Step) -> Result<bool, RuntimeError> {
+        let paged_attention = match (&self.paged, &step.kind) {
+            (Some(pg), StepKind::Kernel { problem, .. }) => pg.tables.problem(problem)?.is_some(),
+            _ => false,
+        };
+        Ok(Plan::position_dependent(step) && !paged_attention)
+    }
+
     /// Whether the position-dependent kernel `next` may run in the row job of
     /// `run` (kernels each): not a paged attention step (one call over every
     /// sequence), and no buffer that one of them writes is read or written by
     /// another (their outputs are taken out of the executor while the job
     /// runs, so none may be another's input).
     fn joins_row_job(&self, run: &[Step], next: &Step) -> Result<bool, RuntimeError> {
-        fn io(s: &Step) -> Option<(&crate::kernels::Problem, &[BufId], u32)> {
-            match &s.kind {
-                StepKind::Kernel { problem, binds, outputs, .. } if Plan::position_dependent(s) => Some((problem, binds, *outputs)),
-                _ => None,
-            }
-        }
-        fn writes(b: &[BufId], o: u32) -> impl Iterator<Item = BufId> + '_ {
-            b.iter().enumerate().filter(move |(i, _)| o & (1 << i) != 0).map(|(_, &b)| b)
-        }
-        let Some((problem, binds, outputs)) = io(next) else { return Ok(false) };
-        if let Some(pg) = &self.paged
-            && pg.tables.problem(problem)?.is_some()
-        {
+        if !matches!(next.kind, StepKind::Kernel { .. }) || !self.by_rows(next)? {
             return Ok(false);
         }
-        for s in run {
-            let Some((_, b, o)) = io(s) else { return Ok(false) };
-            if writes(binds, outputs).any(|w| b.contains(&w)) || writes(b, o).any(|w| binds.contains(&w)) {
-                return Ok(false);
-            }
-        }
-        Ok(true)
+        // A buffer one writes that the other binds at all (reads or writes).
+        let touches = |a: &Step, b: &Step| a.writes().any(|w| b.reads().chain(b.writes()).any(|x| x == w));
+        Ok(run.iter().all(|s| matches!(s.kind, StepKind::Kernel { .. }) && !touches(next, s) && !touches(s, next)))
     }
 
     /// A position-dependent step of a batch pass (a KV write alone, or a `run`
@@ -614,9 +601,8 @@ impl CpuExec {
         let mut jobs: Vec<RowJob<'_>> = (0..seqs.len()).map(|_| (smallvec::SmallVec::new(), Ok(()))).collect();
         let mut split = Ok(());
         'steps: for (s, outs) in run.iter().zip(taken.iter_mut()) {
-            for job in jobs.iter_mut() {
-                job.0.push(smallvec::SmallVec::new());
-            }
+            // Step s's outputs, each sequence's rows of each.
+            let mut cut: Vec<smallvec::SmallVec<[&mut [f32]; 2]>> = (0..seqs.len()).map(|_| smallvec::SmallVec::new()).collect();
             for (id, v) in outs.iter_mut() {
                 let w = widths.get(*id).copied().unwrap_or(0);
                 if w == 0 || v.len() < rows * w {
@@ -624,12 +610,13 @@ impl CpuExec {
                     break 'steps;
                 }
                 let mut rest = &mut v[..rows * w];
-                for (job, &n) in jobs.iter_mut().zip(counts) {
-                    let (mine, tail) = std::mem::take(&mut rest).split_at_mut(n * w);
-                    job.0.last_mut().expect("a step's rows").push(mine);
+                for (mine, &n) in cut.iter_mut().zip(counts) {
+                    let (rows_of, tail) = std::mem::take(&mut rest).split_at_mut(n * w);
+                    mine.push(rows_of);
                     rest = tail;
                 }
             }
+            jobs.iter_mut().zip(cut).for_each(|(job, mine)| job.0.push(mine));
         }
         if split.is_ok() {
             let (bufs, seqs) = (&self.bufs, &*seqs);
@@ -637,13 +624,11 @@ impl CpuExec {
                 let (steps_outs, res) = &mut job[0];
                 let seq = &seqs[r];
                 for (step, outs) in run.iter().zip(steps_outs.iter_mut()) {
-                    let StepKind::Kernel { kernel, params, problem, binds, outputs, .. } = &step.kind else { continue };
+                    let StepKind::Kernel { kernel, params, problem, .. } = &step.kind else { continue };
                     let problem = at_position(problem, seq.pos, counts[r]);
-                    let ins = binds
-                        .iter()
-                        .enumerate()
-                        .filter(|(i, _)| outputs & (1 << i) == 0)
-                        .map(|(_, &b)| match cache_of(seq, b) {
+                    let ins = step
+                        .reads()
+                        .map(|b| match cache_of(seq, b) {
                             Some(at) => seq.bufs[at].1.as_in(),
                             None => match bufs[b].as_in() {
                                 CpuIn::F32(v) => CpuIn::F32(&v[(firsts[r] * widths.get(b).copied().unwrap_or(0)).min(v.len())..]),
