@@ -101,6 +101,26 @@ start() { # label clients port log: starts the server, its pid in $pid
 SERVERS=ktune
 if [ -n "$BASE_BIN" ]; then SERVERS="$SERVERS ktune-base"; fi
 if [ -z "$NO_LLAMA" ]; then SERVERS="$SERVERS llama-server"; fi
+declare -A PIDS=() PORTS=()
+
+up() { # clients: every server started on its own port and warmed by one untimed run of C requests
+    local i=0 s
+    for s in $SERVERS; do
+        PORTS[$s]=$((PORT + i)) i=$((i + 1))
+        start "$s" "$1" "${PORTS[$s]}" "$LOG.$s"
+        PIDS[$s]=$pid
+    done
+    for s in $SERVERS; do
+        wait_ready "${PORTS[$s]}" "$LOG.$s"
+        load "$s" 0 "$1" "${PORTS[$s]}" "${PIDS[$s]}" "$1" >/dev/null
+    done
+}
+
+down() { # the servers of `up` stopped
+    local s
+    for s in $SERVERS; do kill "${PIDS[$s]}"; wait "${PIDS[$s]}" 2>/dev/null || true; done
+    rm -f "$LOG".*
+}
 
 if [ -n "${PAIRED:-}" ]; then
     read -r -a both <<<"$SERVERS"
@@ -110,46 +130,24 @@ if [ -n "${PAIRED:-}" ]; then
     fi
     BLOCK=${BLOCK:-16}
     for c in $CLIENTS; do
-        declare -A PIDS=()
-        for i in 0 1; do
-            start "${both[$i]}" "$c" $((PORT + i)) "$LOG.$i"
-            PIDS[$i]=$pid
-        done
-        for i in 0 1; do
-            wait_ready $((PORT + i)) "$LOG.$i"
-            load "${both[$i]}" 0 "$c" $((PORT + i)) "${PIDS[$i]}" "$c" >/dev/null
-        done
-        python3 tools/load_serve.py --url "http://127.0.0.1:$PORT" --alternate "http://127.0.0.1:$((PORT + 1))" \
+        up "$c"
+        python3 tools/load_serve.py --url "http://127.0.0.1:${PORTS[${both[0]}]}" --alternate "http://127.0.0.1:${PORTS[${both[1]}]}" \
             -c "$c" -n $((ROUNDS * BLOCK * c)) --block "$BLOCK" --max-tokens "$TOKENS" --stream $LOAD_ARGS \
             | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); d.update(servers='${both[*]}'); print(json.dumps(d))"
-        for i in 0 1; do kill "${PIDS[$i]}"; wait "${PIDS[$i]}" 2>/dev/null || true; done
-        rm -f "$LOG".*
-        unset PIDS
+        down
     done
     exit 0
 fi
 
 if [ -n "${WARM:-}" ]; then
     for c in $CLIENTS; do
-        declare -A PIDS=() PORTS=()
-        i=0
-        for s in $SERVERS; do
-            PORTS[$s]=$((PORT + i)) i=$((i + 1))
-            start "$s" "$c" "${PORTS[$s]}" "$LOG.$s"
-            PIDS[$s]=$pid
-        done
-        for s in $SERVERS; do
-            wait_ready "${PORTS[$s]}" "$LOG.$s"
-            load "$s" 0 "$c" "${PORTS[$s]}" "${PIDS[$s]}" "$c" >/dev/null
-        done
+        up "$c"
         order=$SERVERS
         for round in $(seq "$ROUNDS"); do
             for s in $order; do load "$s" "$round" "$c" "${PORTS[$s]}" "${PIDS[$s]}"; done
             order=$(echo "$order" | tr ' ' '\n' | tac | tr '\n' ' ')
         done
-        for s in $SERVERS; do kill "${PIDS[$s]}"; wait "${PIDS[$s]}" 2>/dev/null || true; done
-        rm -f "$LOG".*
-        unset PIDS PORTS
+        down
     done
     exit 0
 fi
