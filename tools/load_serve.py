@@ -193,12 +193,14 @@ def alternate(a, u, v, clients):
     waves = []
     for w in range(a.requests // clients):
         bodies = [body_of(w * clients + j, a) for j in range(clients)]
-        order = (u, v) if w % 2 == 0 else (v, u)
-        got = {id(x): wave(x, bodies) for x in order}
-        waves.append((got[id(u)], got[id(v)]))
+        if w % 2 == 0:
+            waves.append((wave(u, bodies), wave(v, bodies)))
+        else:
+            second = wave(v, bodies)
+            waves.append((wave(u, bodies), second))
     bad = sum(1 for p in waves for r in p for st in r[3] if st != 200)
     rate = lambda ws: sum(w[0] for w in ws) / sum(w[1] for w in ws)
-    ttft = lambda ws: statistics.median(t for w in ws for t in w[2]) if a.stream else None
+    ttft = lambda ws: statistics.median([t for w in ws for t in w[2]] or [float("nan")]) if a.stream else None
     blocks = [waves[b : b + a.block] for b in range(0, len(waves) - a.block + 1, a.block)]
     ratios = sorted(rate([p[0] for p in bl]) / rate([p[1] for p in bl]) for bl in blocks)
     firsts = sorted(ttft([p[0] for p in bl]) / ttft([p[1] for p in bl]) for bl in blocks) if a.stream else []
@@ -230,13 +232,15 @@ def main():
     ap.add_argument("--block", type=int, default=16, help="with --alternate: waves a block of the ratios")
     ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy); above 0 each request seeded with its number")
     a = ap.parse_args()
-    u = urllib.parse.urlparse(a.url)
-    if u.hostname not in ("127.0.0.1", "localhost", "::1"):
-        raise SystemExit("loopback only: give --url http://127.0.0.1:PORT")
+    def loopback(url, flag):
+        x = urllib.parse.urlparse(url)
+        if x.hostname not in ("127.0.0.1", "localhost", "::1"):
+            raise SystemExit(f"loopback only: give {flag} http://127.0.0.1:PORT")
+        return x
+
+    u = loopback(a.url, "--url")
     if a.alternate:
-        v = urllib.parse.urlparse(a.alternate)
-        if v.hostname not in ("127.0.0.1", "localhost", "::1"):
-            raise SystemExit("loopback only: give --alternate http://127.0.0.1:PORT")
+        v = loopback(a.alternate, "--alternate")
         if not a.clients.isdigit():
             raise SystemExit(f"--alternate takes one number of clients, not -c {a.clients}")
         clients = int(a.clients)
