@@ -533,12 +533,15 @@ impl CpuExec {
     /// another (their outputs are taken out of the executor while the job
     /// runs, so none may be another's input).
     fn joins_row_job(&self, run: &[Step], next: &Step) -> Result<bool, RuntimeError> {
-        if !matches!(next.kind, StepKind::Kernel { .. }) || !self.by_rows(next)? {
+        let kernel = |s: &Step| matches!(s.kind, StepKind::Kernel { .. });
+        // (A KV write's run ends before the paged attention step after it is
+        // asked for its paged problem.)
+        if !kernel(next) || !run.iter().all(kernel) || !self.by_rows(next)? {
             return Ok(false);
         }
         // A buffer one writes that the other binds at all (reads or writes).
         let touches = |a: &Step, b: &Step| a.writes().any(|w| b.reads().chain(b.writes()).any(|x| x == w));
-        Ok(run.iter().all(|s| matches!(s.kind, StepKind::Kernel { .. }) && !touches(next, s) && !touches(s, next)))
+        Ok(run.iter().all(|s| !touches(next, s) && !touches(s, next)))
     }
 
     /// A position-dependent step of a batch pass (a KV write alone, or a `run`
